@@ -1,0 +1,44 @@
+// meshlearn: one binary, git-style subcommands. Each subcommand lives in cmd_<name>.cc.
+#include <cstdlib>
+#include <iostream>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/log.h"
+#include "meshlearn/cli.h"
+
+int main(int argc, char** argv) {
+  using meshlearn::cli::GlobalOptions;
+  GlobalOptions g;
+  const char* home = std::getenv("MESHLEARN_HOME");
+  g.home = meshlearn::ExpandHome(home ? home : "~/.meshlearn");
+
+  CLI::App app{"meshlearn: train machine-learning models on a network of computers that do not "
+               "trust each other, and prove that the training happened."};
+  app.require_subcommand(1);
+  app.fallthrough();
+  app.set_version_flag("--version", std::string(MESHLEARN_VERSION));
+  app.add_flag("--json", g.json, "Print machine-readable JSON on stdout");
+  app.add_option("--log-level", g.log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+  app.add_option("--home", g.home, "Directory for keys and local state ($MESHLEARN_HOME)")
+      ->capture_default_str();
+  app.footer(
+      "Examples:\n"
+      "  meshlearn version\n"
+      "  meshlearn keys new alice\n"
+      "  meshlearn train examples/fashion-mlp.toml\n"
+      "  meshlearn devnet --solvers 4 --task examples/fashion-mlp.toml\n"
+      "Run `meshlearn COMMAND --help` for a command's options. Docs: docs/index.md");
+  app.parse_complete_callback([&g] {
+    meshlearn::Status s = meshlearn::SetLogLevel(g.log_level);
+    if (!s.ok()) throw CLI::ValidationError("--log-level", s.message());
+    meshlearn::InitLogging(g.log_level);
+  });
+  meshlearn::cli::AddAllCommands(app, g);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return g.exit_code;
+}

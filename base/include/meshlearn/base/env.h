@@ -1,0 +1,75 @@
+// Files come in through Env so tests can run on memory and inject faults (leveldb's idea).
+//
+// WriteFileAtomic is the only way we write a file that must survive a crash: it writes a
+// temporary file in the same directory, fsyncs it, renames it over the target and fsyncs the
+// directory. After a crash at any instant the target holds either the old or the new content,
+// never a mix, and no temporary is left under the target's name.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshlearn/base/bytes.h"
+#include "meshlearn/base/status.h"
+
+namespace meshlearn {
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  virtual Result<std::string> ReadFile(const std::string& path) = 0;
+  // `mode` is the permission of a newly created file (0600 for secrets).
+  virtual Status WriteFileAtomic(const std::string& path, std::string_view data,
+                                 uint32_t mode = 0644) = 0;
+  virtual bool FileExists(const std::string& path) = 0;
+  virtual Status DeleteFile(const std::string& path) = 0;
+  // Creates the directory and its parents; OK if it exists.
+  virtual Status CreateDirs(const std::string& path, uint32_t mode = 0755) = 0;
+  // Names (not paths) of the entries of a directory, sorted.
+  virtual Result<std::vector<std::string>> ListDir(const std::string& path) = 0;
+  virtual Result<uint64_t> FileSize(const std::string& path) = 0;
+  // Permission bits of a file (for checking that key files are 0600).
+  virtual Result<uint32_t> FileMode(const std::string& path) = 0;
+
+  // The real file system. Thread-safe.
+  static Env* Default();
+};
+
+// An in-memory file system for tests. Thread-compatible (one thread at a time).
+// Faults: FailWritesAfter(n) makes the (n+1)-th and later atomic writes fail without touching the
+// target, as a full disk or a crash before rename would.
+class MemEnv final : public Env {
+ public:
+  Result<std::string> ReadFile(const std::string& path) override;
+  Status WriteFileAtomic(const std::string& path, std::string_view data,
+                         uint32_t mode = 0644) override;
+  bool FileExists(const std::string& path) override;
+  Status DeleteFile(const std::string& path) override;
+  Status CreateDirs(const std::string& path, uint32_t mode = 0755) override;
+  Result<std::vector<std::string>> ListDir(const std::string& path) override;
+  Result<uint64_t> FileSize(const std::string& path) override;
+  Result<uint32_t> FileMode(const std::string& path) override;
+
+  void FailWritesAfter(int64_t n) { writes_left_ = n; }
+
+ private:
+  struct File {
+    std::string data;
+    uint32_t mode;
+  };
+  std::map<std::string, File> files_;
+  std::map<std::string, uint32_t> dirs_;
+  int64_t writes_left_ = -1;  // -1: never fail
+};
+
+// Joins path components with '/'.
+std::string JoinPath(std::string_view a, std::string_view b);
+// Expands a leading "~/" with $HOME.
+std::string ExpandHome(std::string_view path);
+
+}  // namespace meshlearn

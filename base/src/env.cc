@@ -1,0 +1,242 @@
+#include "meshlearn/base/env.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace meshlearn {
+namespace {
+
+Status ErrnoStatus(const std::string& what, const std::string& path, int err) {
+  std::string m = what + " " + path + ": " + std::strerror(err);
+  if (err == ENOENT) return NotFound(m);
+  if (err == EACCES || err == EPERM) return PermissionDenied(m + " (check the file's permissions)");
+  if (err == ENOSPC) return ResourceExhausted(m + " (free some disk space)");
+  return Internal(m);
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+class PosixEnv final : public Env {
+ public:
+  Result<std::string> ReadFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("cannot open", path, errno);
+    std::string out;
+    char buf[1 << 16];
+    while (true) {
+      ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        int err = errno;
+        ::close(fd);
+        return ErrnoStatus("cannot read", path, err);
+      }
+      if (n == 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return out;
+  }
+
+  Status WriteFileAtomic(const std::string& path, std::string_view data, uint32_t mode) override {
+    static std::atomic<uint64_t> counter{0};
+    std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
+                      std::to_string(counter.fetch_add(1));
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) return ErrnoStatus("cannot create", tmp, errno);
+    // open() applies the umask; make the mode exact (0600 for secrets must be 0600).
+    ::fchmod(fd, mode);
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        int err = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return ErrnoStatus("cannot write", tmp, err);
+      }
+      off += static_cast<size_t>(n);
+    }
+    if (::fsync(fd) != 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return ErrnoStatus("cannot fsync", tmp, err);
+    }
+    ::close(fd);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      int err = errno;
+      ::unlink(tmp.c_str());
+      return ErrnoStatus("cannot rename onto", path, err);
+    }
+    int dfd = ::open(DirName(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+    return Status::Ok();
+  }
+
+  bool FileExists(const std::string& path) override { return ::access(path.c_str(), F_OK) == 0; }
+
+  Status DeleteFile(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return ErrnoStatus("cannot delete", path, errno);
+    return Status::Ok();
+  }
+
+  Status CreateDirs(const std::string& path, uint32_t mode) override {
+    if (path.empty()) return InvalidArgument("CreateDirs: empty path");
+    std::string cur;
+    size_t i = 0;
+    while (i <= path.size()) {
+      size_t slash = path.find('/', i);
+      if (slash == std::string::npos) slash = path.size();
+      cur = path.substr(0, slash);
+      if (!cur.empty() && ::mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) {
+        return ErrnoStatus("cannot create directory", cur, errno);
+      }
+      i = slash + 1;
+    }
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return FailedPrecondition(path + " exists and is not a directory");
+    }
+    return Status::Ok();
+  }
+
+  Result<std::vector<std::string>> ListDir(const std::string& path) override {
+    DIR* d = ::opendir(path.c_str());
+    if (d == nullptr) return ErrnoStatus("cannot list", path, errno);
+    std::vector<std::string> names;
+    while (struct dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  Result<uint64_t> FileSize(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus("cannot stat", path, errno);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  Result<uint32_t> FileMode(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus("cannot stat", path, errno);
+    return static_cast<uint32_t>(st.st_mode & 07777);
+  }
+};
+
+}  // namespace
+
+Env* Env::Default() {
+  static PosixEnv env;
+  return &env;
+}
+
+Result<std::string> MemEnv::ReadFile(const std::string& path) {
+  auto it = files_.find(path);
+  if (it == files_.end()) return NotFound("cannot open " + path + ": No such file or directory");
+  return it->second.data;
+}
+
+Status MemEnv::WriteFileAtomic(const std::string& path, std::string_view data, uint32_t mode) {
+  if (writes_left_ == 0) return Internal("cannot write " + path + ": injected fault");
+  if (writes_left_ > 0) --writes_left_;
+  std::string dir = DirName(path);
+  if (dir != "." && dir != "/" && !dirs_.count(dir)) {
+    return NotFound("cannot create " + path + ": No such file or directory");
+  }
+  auto it = files_.find(path);
+  uint32_t m = it == files_.end() ? mode : mode;  // rename replaces the inode, and its mode
+  files_[path] = File{std::string(data), m};
+  return Status::Ok();
+}
+
+bool MemEnv::FileExists(const std::string& path) {
+  return files_.count(path) > 0 || dirs_.count(path) > 0;
+}
+
+Status MemEnv::DeleteFile(const std::string& path) {
+  if (files_.erase(path) == 0) return NotFound("cannot delete " + path + ": No such file");
+  return Status::Ok();
+}
+
+Status MemEnv::CreateDirs(const std::string& path, uint32_t mode) {
+  std::string cur;
+  size_t i = 0;
+  while (i <= path.size()) {
+    size_t slash = path.find('/', i);
+    if (slash == std::string::npos) slash = path.size();
+    cur = path.substr(0, slash);
+    if (!cur.empty()) {
+      if (files_.count(cur)) return FailedPrecondition(cur + " exists and is not a directory");
+      dirs_.emplace(cur, mode);
+    }
+    i = slash + 1;
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> MemEnv::ListDir(const std::string& path) {
+  if (!dirs_.count(path)) return NotFound("cannot list " + path + ": No such directory");
+  std::vector<std::string> names;
+  std::string prefix = path + "/";
+  auto collect = [&](const std::string& p) {
+    if (p.compare(0, prefix.size(), prefix) == 0 && p.find('/', prefix.size()) == std::string::npos) {
+      names.push_back(p.substr(prefix.size()));
+    }
+  };
+  for (const auto& [p, f] : files_) collect(p);
+  for (const auto& [p, m] : dirs_) collect(p);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<uint64_t> MemEnv::FileSize(const std::string& path) {
+  auto it = files_.find(path);
+  if (it == files_.end()) return NotFound("cannot stat " + path + ": No such file");
+  return static_cast<uint64_t>(it->second.data.size());
+}
+
+Result<uint32_t> MemEnv::FileMode(const std::string& path) {
+  auto it = files_.find(path);
+  if (it == files_.end()) return NotFound("cannot stat " + path + ": No such file");
+  return it->second.mode;
+}
+
+std::string JoinPath(std::string_view a, std::string_view b) {
+  if (a.empty()) return std::string(b);
+  if (!b.empty() && b.front() == '/') return std::string(b);
+  std::string out(a);
+  if (out.back() != '/') out += '/';
+  out += b;
+  return out;
+}
+
+std::string ExpandHome(std::string_view path) {
+  if (path.size() >= 2 && path[0] == '~' && path[1] == '/') {
+    const char* home = std::getenv("HOME");
+    return JoinPath(home ? home : "/root", path.substr(2));
+  }
+  return std::string(path);
+}
+
+}  // namespace meshlearn

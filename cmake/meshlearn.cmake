@@ -1,0 +1,35 @@
+# Helpers shared by every library's CMakeLists.txt.
+
+# meshlearn_library(NAME name SOURCES ... DEPS ...)
+# A static library with public headers under <dir>/include (included as <meshlearn/<lib>/x.h>).
+function(meshlearn_library)
+  cmake_parse_arguments(ARG "" "NAME" "SOURCES;DEPS" ${ARGN})
+  add_library(${ARG_NAME} STATIC ${ARG_SOURCES})
+  target_include_directories(${ARG_NAME} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
+  target_link_libraries(${ARG_NAME} PUBLIC ${ARG_DEPS})
+endfunction()
+
+# meshlearn_test(NAME name SOURCES ... DEPS ... [LABELS ...])
+# A GoogleTest binary; each TEST becomes its own CTest entry. Tests run with the source tree as
+# working directory so they can find fixtures by relative path.
+function(meshlearn_test)
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  if(NOT MESHLEARN_BUILD_TESTS)
+    return()
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${ARG_NAME} PRIVATE
+                             MESHLEARN_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+                             MESHLEARN_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  set(labels ${ARG_LABELS})
+  if(NOT labels)
+    set(labels unit)
+  endif()
+  gtest_discover_tests(${ARG_NAME} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                       PROPERTIES LABELS "${labels}" TIMEOUT ${ARG_TIMEOUT}
+                       DISCOVERY_TIMEOUT 60)
+endfunction()

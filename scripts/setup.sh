@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what meshlearn needs to build, test and run, from Debian packages only.
+# Idempotent: installs only what is missing and runs `apt-get update` at most once.
+# Usage: scripts/setup.sh            (as root, or with sudo available)
+set -euo pipefail
+
+# Build toolchain and libraries. Each line says why the package is here.
+packages=(
+  build-essential cmake ninja-build pkg-config git   # toolchain
+  clang-format clang-tidy clang libclang-rt-14-dev   # format/lint targets, libFuzzer
+  libsodium-dev          # BLAKE2b, ed25519, argon2id, secretbox
+  libsqlite3-dev         # ledger storage
+  libcpp-httplib-dev     # HTTP server and client
+  nlohmann-json3-dev     # JSON-RPC, reports, --json output
+  libcli11-dev           # command-line parsing
+  libspdlog-dev libfmt-dev  # logging
+  libtomlplusplus-dev    # config and task files
+  libzstd-dev zlib1g-dev # zstd on the wire; gzip for IDX datasets
+  libgtest-dev libgmock-dev  # unit tests
+  libbenchmark-dev       # micro-benchmarks
+  libopenblas-dev        # GEMM baseline in bench/ only
+  dataset-fashion-mnist  # the real dataset for examples and tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${#missing[@]} missing package(s): ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup: done"
