@@ -1,0 +1,122 @@
+// The engine's kernels: free functions on plain float buffers, in Forward/Backward pairs
+// (llm.c style). Shapes are in the comments; all buffers are row-major and contiguous.
+//
+// DETERMINISM CONTRACT (see docs/engine.md). For every op, the bits of every output depend only
+// on the inputs — not on the thread count, not on the SIMD width, not on the machine:
+//  * Each output element is computed by one thread; threads split independent outputs only.
+//  * Unless an op's comment says otherwise, a reduction over k is a sequential chain in increasing
+//    k: acc = fma(a[k], b[k], acc), starting from the stated initial value (0 or the bias). SIMD
+//    lanes hold *different outputs*, never parts of one sum. std::fma / _mm*_fmadd_ps are used
+//    explicitly; -ffp-contract=off forbids the compiler from inventing others.
+//  * Long reductions with a single output (norms, means over a whole buffer) use SumTree(): blocks
+//    of kSumBlock elements summed sequentially, block partials then combined pairwise in a fixed
+//    binary tree.
+//  * Transcendentals come from engine/math.h (own polynomials), never from libm.
+//
+// Backward kernels ACCUMULATE into gradient buffers: d += (full sum), so callers zero gradients
+// before a step and residual branches add naturally. The full sum is formed first and added once.
+//
+// Each op has a reference kernel (namespace ref, plain loops, the canonical order) and a fast
+// kernel (namespace meshlearn::engine, blocked + SIMD + threads) that must equal it bit for bit.
+// The fast kernels dispatch on the active KernelConfig (see backend.h).
+#pragma once
+
+#include <cstdint>
+
+namespace meshlearn::engine {
+
+inline constexpr int64_t kSumBlock = 1024;
+
+// Fixed-order sum of n floats (see contract above).
+float SumTree(const float* x, int64_t n);
+// Fixed-order sum of squares (for global gradient norms).
+float SumSquaresTree(const float* x, int64_t n);
+
+#define MESHLEARN_KERNEL_DECLS                                                                     \
+  /* out(B,OC) = inp(B,C) @ weight(OC,C)^T + bias(OC). bias may be null (then init 0).           \
+     out[b,o] = chain over c of fma(inp[b,c], weight[o,c], .) starting at bias[o]. */            \
+  void LinearForward(float* out, const float* inp, const float* weight, const float* bias,       \
+                     int64_t B, int64_t C, int64_t OC);                                           \
+  /* dinp(B,C) += dout @ weight  : chain over o of fma(dout[b,o], weight[o,c], .) from 0          \
+     dweight(OC,C) += dout^T @ inp: chain over b of fma(dout[b,o], inp[b,c], .) from 0            \
+     dbias(OC) += chain over b of dout[b,o] (plain adds) from 0. Any of dinp/dbias may be null. */ \
+  void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,              \
+                      const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC);   \
+                                                                                                  \
+  /* inp(B,C,H,W), weight(OC,C,KH,KW), bias(OC) -> out(B,OC,OH,OW); zero padding `pad`, stride.   \
+     OH = (H + 2*pad - KH)/stride + 1. out = chain over (c,kh,kw) in that nesting order, from bias. \
+     Backward: dinp, dweight, dbias accumulate; dweight chains over (b,oh,ow); dinp chains over   \
+     (oc,kh,kw) contributions in increasing order; dbias over (b,oh,ow). */                        \
+  void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias,       \
+                     int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,          \
+                     int64_t KW, int64_t stride, int64_t pad);                                    \
+  void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout,               \
+                      const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,     \
+                      int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride, int64_t pad); \
+                                                                                                  \
+  /* Max pool, window k, stride s, no padding: inp(B,C,H,W) -> out(B,C,OH,OW), argmax(B,C,OH,OW)  \
+     holds the flat index into inp of the first maximum (ties: lowest index). */                  \
+  void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C,      \
+                        int64_t H, int64_t W, int64_t k, int64_t s);                              \
+  void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B,        \
+                         int64_t C, int64_t OH, int64_t OW);                                      \
+                                                                                                  \
+  void ReluForward(float* out, const float* inp, int64_t n);                                      \
+  void ReluBackward(float* dinp, const float* dout, const float* inp, int64_t n);                 \
+  /* GELU, tanh form: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))), tanh from math.h. */               \
+  void GeluForward(float* out, const float* inp, int64_t n);                                      \
+  void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n);                 \
+                                                                                                  \
+  /* logits(B,V), targets(B) in [0,V) -> probs(B,V), losses(B); returns mean loss (SumTree / B).  \
+     Row max, then exp(x-max) from math.h, row sum is a sequential chain over v.                  \
+     Backward: dlogits(B,V) += (probs - onehot) * (dloss / B). */                                 \
+  float SoftmaxCrossEntropyForward(float* probs, float* losses, const float* logits,             \
+                                   const int32_t* targets, int64_t B, int64_t V);                 \
+  void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,   \
+                                   float dloss, int64_t B, int64_t V);                            \
+                                                                                                  \
+  /* inp(N,C) -> out(N,C), mean(N), rstd(N); weight(C), bias(C); eps 1e-5.                        \
+     mean = chain of adds / C; var = chain of (x-mean)^2 via fma / C; rstd = 1/sqrt(var+eps).     \
+     Backward accumulates dinp, dweight (chain over n), dbias (chain over n). */                  \
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,                   \
+                        const float* weight, const float* bias, int64_t N, int64_t C);            \
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,           \
+                         const float* inp, const float* weight, const float* mean,                \
+                         const float* rstd, int64_t N, int64_t C);                                \
+                                                                                                  \
+  /* out(N,C) = table[ids[n], :], table(V,C). Backward: dtable[v,c] += chain over n (increasing)  \
+     of dout[n,c] for ids[n]==v; threads split columns c, so the order never depends on threads. */ \
+  void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C); \
+  void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N,        \
+                         int64_t C, int64_t V);                                                   \
+                                                                                                  \
+  /* Multi-head causal self-attention (llm.c layout). qkv(B,T,3C) with q,k,v in that order,       \
+     NH heads of size hs=C/NH -> out(B,T,C); saves preatt(B,NH,T,T) and att(B,NH,T,T).            \
+     scale 1/sqrt(hs); masked positions (t2>t) are 0 in att. */                                   \
+  void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B,      \
+                        int64_t T, int64_t C, int64_t NH);                                        \
+  void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* dout,            \
+                         const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,     \
+                         int64_t NH);                                                             \
+                                                                                                  \
+  /* out = a + b. Backward: da += dout, db += dout. */                                            \
+  void ResidualForward(float* out, const float* a, const float* b, int64_t n);                   \
+  void ResidualBackward(float* da, float* db, const float* dout, int64_t n);                     \
+                                                                                                  \
+  /* Inverted dropout with probability p: keep element i iff                                      \
+     U32ToUnitFloat(Philox4x32({i_lo, i_hi, stream_lo, stream_hi}, seed)[0]) >= p; kept values    \
+     scaled by 1/(1-p). mask(n) stores the scale (0 or 1/(1-p)). seed/stream from the caller      \
+     (task seed, unit, step, layer), so a replay draws the same mask. */                          \
+  void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float p,             \
+                      uint64_t seed, uint64_t stream);                                            \
+  void DropoutBackward(float* dinp, const float* dout, const float* mask, int64_t n);
+
+// Fast kernels (dispatching on the active KernelConfig).
+MESHLEARN_KERNEL_DECLS
+
+namespace ref {
+// Reference kernels: plain single-threaded loops in the canonical order.
+MESHLEARN_KERNEL_DECLS
+}  // namespace ref
+
+}  // namespace meshlearn::engine
