@@ -1,0 +1,181 @@
+// The records the ledger keeps: accounts, nodes, tasks, work units, and the chain-wide totals.
+// These are plain values; the Chain (chain.h) owns the state and hands out copies.
+//
+// Tokens are integers in the smallest unit (uint64_t, never floats, never negative). Every
+// record has one canonical encoding (base/encoding.h) which the state hash covers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/base/encoding.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/sign.h"
+#include "meshlearn/base/status.h"
+
+namespace meshlearn::ledger {
+
+using Amount = uint64_t;  // smallest token unit
+
+// Stake on its way out: released to the balance by Withdraw once height >= release_height.
+struct Unbonding {
+  PublicKey node_id;
+  Amount amount = 0;
+  uint64_t release_height = 0;
+  bool operator==(const Unbonding&) const = default;
+};
+
+struct Account {
+  PublicKey key;
+  Amount balance = 0;
+  uint64_t nonce = 0;  // the nonce the next transaction from this account must carry
+  std::vector<Unbonding> unbonding;  // in order of release_height (then insertion)
+  bool operator==(const Account&) const = default;
+};
+
+// Node roles: a bit set.
+inline constexpr uint32_t kRoleSolver = 1u << 0;
+inline constexpr uint32_t kRoleVerifier = 1u << 1;
+inline constexpr uint32_t kRoleWhistleblower = 1u << 2;
+inline constexpr uint32_t kRoleAggregator = 1u << 3;
+inline constexpr uint32_t kAllRoles =
+    kRoleSolver | kRoleVerifier | kRoleWhistleblower | kRoleAggregator;
+
+// "solver,verifier" <-> bit set. Parse rejects unknown names and an empty list.
+std::string RolesToString(uint32_t roles);
+Result<uint32_t> ParseRoles(std::string_view comma_separated);
+
+enum class NodeStatus : uint8_t {
+  kActive = 0,
+  kJailed = 1,     // slashed; gets no work until it re-registers (later issue)
+  kUnbonding = 2,  // left the network; its stake is unbonding
+};
+std::string_view NodeStatusName(NodeStatus s);
+
+// What a node can do. Throughput is the integer score of the standard benchmark (higher is
+// faster), measured by the node and reported at registration.
+struct NodeCapabilities {
+  uint32_t cores = 0;
+  uint64_t memory_bytes = 0;
+  std::string accelerator;  // "" for CPU only, e.g. "cuda:H100"
+  uint64_t throughput = 0;
+
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("cores", s.cores);
+    v("memory_bytes", s.memory_bytes);
+    v("accelerator", s.accelerator);
+    v("throughput", s.throughput);
+  }
+  bool operator==(const NodeCapabilities&) const = default;
+};
+
+struct Reputation {
+  uint64_t units_completed = 0;
+  uint64_t units_verified_clean = 0;
+  uint64_t clean_streak = 0;
+  uint64_t failures = 0;
+  uint64_t slashes = 0;
+  uint64_t joined_height = 0;
+  bool operator==(const Reputation&) const = default;
+};
+
+// A node is identified by its own ed25519 key (the key its daemon signs messages with), and
+// owned by the account that registered it. One account may own many nodes.
+struct NodeRecord {
+  PublicKey id;
+  PublicKey owner;
+  std::string endpoint;  // "http://host:port"
+  uint32_t roles = 0;    // kRole* bits
+  NodeCapabilities capabilities;
+  Amount price = 0;  // asking price per work unit
+  Amount stake = 0;  // bonded (unbonding stake moved to the owner's Account::unbonding)
+  NodeStatus status = NodeStatus::kActive;
+  Reputation reputation;
+  uint64_t last_heartbeat_height = 0;
+  bool operator==(const NodeRecord&) const = default;
+};
+
+enum class TaskStatus : uint8_t {
+  kOpen = 0,       // escrowed, waiting for or running work
+  kFinished = 1,   // all work settled; unspent escrow refunded
+  kCancelled = 2,  // cancelled by the submitter; unspent escrow refunded
+};
+std::string_view TaskStatusName(TaskStatus s);
+
+// Task id = TaskIdFor(submitter, nonce of the SubmitTask transaction): clients know it before
+// the block.
+struct TaskRecord {
+  Hash256 id;
+  PublicKey submitter;
+  Hash256 spec_hash;  // content address of the task spec blob
+  Amount budget = 0;  // escrowed at submission
+  Amount escrow = 0;  // what is left of the budget
+  Amount spent = 0;   // paid out (including the treasury cut); budget == escrow + spent + refunded
+  Amount refunded = 0;
+  Amount price_cap = 0;  // most the submitter pays per work unit
+  TaskStatus status = TaskStatus::kOpen;
+  uint64_t created_height = 0;
+  uint32_t unit_count = 0;  // work units created so far (ids 0..unit_count-1)
+  std::string memo;
+  bool operator==(const TaskRecord&) const = default;
+};
+Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce);
+
+enum class WorkUnitStatus : uint8_t {
+  kPending = 0,    // created, not assigned
+  kAssigned = 1,   // assigned to a solver, deadline running
+  kCommitted = 2,  // the solver committed a result
+  kVerified = 3,   // settled and paid
+  kFailed = 4,     // failed verification or deadline
+  kCancelled = 5,  // the task was cancelled
+};
+std::string_view WorkUnitStatusName(WorkUnitStatus s);
+
+struct WorkUnit {
+  Hash256 task_id;
+  uint32_t index = 0;
+  WorkUnitStatus status = WorkUnitStatus::kPending;
+  PublicKey assignee;  // node id; zero when unassigned
+  uint64_t deadline_height = 0;
+  Hash256 result_hash;  // zero until committed
+  Amount paid = 0;
+  bool operator==(const WorkUnit&) const = default;
+};
+
+// Where every token is. The invariant, checked after every block in tests and debug builds:
+//   balances + staked + unbonding + escrow + treasury + jackpot == minted
+struct Totals {
+  Amount balances = 0;
+  Amount staked = 0;     // bonded on nodes
+  Amount unbonding = 0;  // leaving nodes, not yet withdrawn
+  Amount escrow = 0;
+  Amount treasury = 0;
+  Amount jackpot = 0;
+  Amount minted = 0;
+  // OK iff the invariant holds (sums computed without overflow).
+  Status Check() const;
+  bool operator==(const Totals&) const = default;
+};
+
+// Canonical encodings (state hash and SQLite rows) and JSON views (RPC).
+void EncodeAccount(Encoder& e, const Account& a);
+Status DecodeAccount(Decoder& d, Account* a);
+void EncodeNode(Encoder& e, const NodeRecord& n);
+Status DecodeNode(Decoder& d, NodeRecord* n);
+void EncodeTask(Encoder& e, const TaskRecord& t);
+Status DecodeTask(Decoder& d, TaskRecord* t);
+void EncodeWorkUnit(Encoder& e, const WorkUnit& u);
+Status DecodeWorkUnit(Decoder& d, WorkUnit* u);
+
+nlohmann::json AccountToJson(const Account& a);
+nlohmann::json NodeToJson(const NodeRecord& n);
+nlohmann::json TaskToJson(const TaskRecord& t);
+nlohmann::json WorkUnitToJson(const WorkUnit& u);
+nlohmann::json TotalsToJson(const Totals& t);
+
+}  // namespace meshlearn::ledger

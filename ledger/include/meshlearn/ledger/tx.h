@@ -1,0 +1,263 @@
+// Signed transactions: the only way ledger state changes.
+//
+// A Transaction names its chain (no replay across networks), its sender and the sender's next
+// nonce (no replay within the chain), a fee (may be 0) and one typed payload; the sender signs
+// it with ed25519. The payload types are listed once, in tx_types.h.
+//
+//   Transaction tx = BuildSignedTx(alice, "meshlearn-devnet", /*nonce=*/0,
+//                                  TransferTx{.to = bob.public_key(), .amount = 100});
+//   Bytes wire = EncodeTx(tx);                 // what goes over RPC
+//   ML_ASSIGN_OR_RETURN(Transaction back, DecodeTx(wire));
+//   Hash256 id = TxId(back);                   // == TxId(tx)
+//   nlohmann::json view = TxToJson(tx);        // for explorers and the CLI
+//
+// Encoding (canonical, base/encoding.h):
+//   u8 version(=1) | string chain_id | pubkey sender | u64 nonce | u64 fee | u16 type tag |
+//   payload fields in Visit order | signature
+// The signature covers SigningBytes(tx): a domain tag and everything before the signature.
+// DecodeTx refuses inputs over kMaxTxBytes, truncated inputs, unknown tags, over-long fields
+// and trailing bytes. All functions here are pure and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/base/bytes.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/sign.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/ledger/state.h"
+#include "meshlearn/ledger/tx_types.h"
+
+namespace meshlearn::ledger {
+
+inline constexpr size_t kMaxTxBytes = 16 * 1024;       // a whole encoded transaction
+inline constexpr uint32_t kMaxChainIdLength = 64;
+inline constexpr uint32_t kMaxStringFieldLength = 1024;  // endpoint, memo, accelerator, ...
+inline constexpr uint8_t kTxVersion = 1;
+
+enum class TxType : uint16_t {
+#define ML_TX_ENUM_(Name, tag, module) k##Name = tag,
+  MESHLEARN_LEDGER_TX_TYPES(ML_TX_ENUM_)
+#undef ML_TX_ENUM_
+};
+// "Transfer", "RegisterNode", ...; "Unknown" for a value not in the list.
+std::string_view TxTypeName(TxType t);
+Result<TxType> TxTypeFromName(std::string_view name);
+
+// ---- Payloads. Each lists its fields once, in Visit, which drives encoding and JSON. Field
+// types understood by Visit: uint8/16/32/64_t, int64_t, bool, std::string (<=
+// kMaxStringFieldLength), PublicKey, Hash256, NodeCapabilities.
+
+// Moves `amount` from the sender's balance to `to` (creating `to` if new).
+struct TransferTx {
+  static constexpr TxType kType = TxType::kTransfer;
+  PublicKey to;
+  Amount amount = 0;
+  std::string memo;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("to", s.to);
+    v("amount", s.amount);
+    v("memo", s.memo);
+  }
+  bool operator==(const TransferTx&) const = default;
+};
+
+// Devnets only (genesis faucet = true): mints `amount` (<= params.faucet_max_amount) to
+// `recipient`. The sender may be a new key (its account is created with nonce 0).
+struct FaucetTx {
+  static constexpr TxType kType = TxType::kFaucet;
+  PublicKey recipient;
+  Amount amount = 0;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("recipient", s.recipient);
+    v("amount", s.amount);
+  }
+  bool operator==(const FaucetTx&) const = default;
+};
+
+// Bonds `amount` from the sender's balance onto a node the sender owns.
+struct StakeTx {
+  static constexpr TxType kType = TxType::kStake;
+  PublicKey node_id;
+  Amount amount = 0;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("node_id", s.node_id);
+    v("amount", s.amount);
+  }
+  bool operator==(const StakeTx&) const = default;
+};
+
+// Starts unbonding `amount` of a node's stake; Withdraw releases it after
+// params.unbonding_delay_blocks. An active node must keep its roles' minimum stake.
+struct UnstakeTx {
+  static constexpr TxType kType = TxType::kUnstake;
+  PublicKey node_id;
+  Amount amount = 0;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("node_id", s.node_id);
+    v("amount", s.amount);
+  }
+  bool operator==(const UnstakeTx&) const = default;
+};
+
+// Moves every matured unbonding entry of the sender to its balance. Fails if none matured.
+struct WithdrawTx {
+  static constexpr TxType kType = TxType::kWithdraw;
+  template <typename S, typename V>
+  static void Visit(S&, V&&) {}
+  bool operator==(const WithdrawTx&) const = default;
+};
+
+// Registers a node owned by the sender and bonds `stake` (>= the minimum of its roles).
+struct RegisterNodeTx {
+  static constexpr TxType kType = TxType::kRegisterNode;
+  PublicKey node_id;
+  std::string endpoint;
+  uint32_t roles = 0;
+  NodeCapabilities capabilities;
+  Amount price = 0;
+  Amount stake = 0;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("node_id", s.node_id);
+    v("endpoint", s.endpoint);
+    v("roles", s.roles);
+    v("capabilities", s.capabilities);
+    v("price", s.price);
+    v("stake", s.stake);
+  }
+  bool operator==(const RegisterNodeTx&) const = default;
+};
+
+// Replaces a node's endpoint, roles, capabilities and price (owner only, active nodes only).
+struct UpdateNodeTx {
+  static constexpr TxType kType = TxType::kUpdateNode;
+  PublicKey node_id;
+  std::string endpoint;
+  uint32_t roles = 0;
+  NodeCapabilities capabilities;
+  Amount price = 0;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("node_id", s.node_id);
+    v("endpoint", s.endpoint);
+    v("roles", s.roles);
+    v("capabilities", s.capabilities);
+    v("price", s.price);
+  }
+  bool operator==(const UpdateNodeTx&) const = default;
+};
+
+// Records that the node is online at this height (owner only).
+struct HeartbeatTx {
+  static constexpr TxType kType = TxType::kHeartbeat;
+  PublicKey node_id;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("node_id", s.node_id);
+  }
+  bool operator==(const HeartbeatTx&) const = default;
+};
+
+// The node leaves: status becomes unbonding and all its stake starts unbonding.
+struct LeaveNodeTx {
+  static constexpr TxType kType = TxType::kLeaveNode;
+  PublicKey node_id;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("node_id", s.node_id);
+  }
+  bool operator==(const LeaveNodeTx&) const = default;
+};
+
+// Posts a training task and escrows `budget` from the sender's balance. The task id is
+// TaskIdFor(sender, nonce).
+struct SubmitTaskTx {
+  static constexpr TxType kType = TxType::kSubmitTask;
+  Hash256 spec_hash;
+  Amount budget = 0;
+  Amount price_cap = 0;
+  std::string memo;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("spec_hash", s.spec_hash);
+    v("budget", s.budget);
+    v("price_cap", s.price_cap);
+    v("memo", s.memo);
+  }
+  bool operator==(const SubmitTaskTx&) const = default;
+};
+
+// Cancels an open task (submitter only) and refunds the escrow not yet spent.
+struct CancelTaskTx {
+  static constexpr TxType kType = TxType::kCancelTask;
+  Hash256 task_id;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+  }
+  bool operator==(const CancelTaskTx&) const = default;
+};
+
+namespace internal {
+template <typename Ignored, typename... T>
+struct VariantOfRest {
+  using type = std::variant<T...>;
+};
+}  // namespace internal
+
+// One of the payload structs above, in tx_types.h order.
+#define ML_TX_ALTERNATIVE_(Name, tag, module) , Name##Tx
+using TxPayload =
+    internal::VariantOfRest<void MESHLEARN_LEDGER_TX_TYPES(ML_TX_ALTERNATIVE_)>::type;
+#undef ML_TX_ALTERNATIVE_
+
+TxType PayloadType(const TxPayload& p);
+
+struct Transaction {
+  std::string chain_id;
+  PublicKey sender;
+  uint64_t nonce = 0;
+  Amount fee = 0;  // paid to the treasury when the transaction succeeds
+  TxPayload payload;
+  Signature signature;
+  bool operator==(const Transaction&) const = default;
+};
+
+Bytes EncodeTx(const Transaction& tx);
+// Refuses inputs over kMaxTxBytes, truncated or trailing bytes, unknown types, bad fields.
+// Does NOT check the signature (see VerifyTxSignature).
+Result<Transaction> DecodeTx(ByteSpan wire);
+
+// The bytes the sender signs: domain tag "meshlearn.tx.v1" + the encoding without signature.
+Bytes SigningBytes(const Transaction& tx);
+// Id = BLAKE2b over the full encoding (signature included). ed25519 as libsodium checks it is
+// not malleable, so a transaction has one id.
+Hash256 TxId(const Transaction& tx);
+bool VerifyTxSignature(const Transaction& tx);
+
+// Sets tx.sender to the signer's key and fills tx.signature.
+Transaction SignTx(Transaction tx, const KeyPair& signer);
+// Builds and signs in one step: the usual way clients make a transaction.
+Transaction BuildSignedTx(const KeyPair& signer, std::string chain_id, uint64_t nonce,
+                          TxPayload payload, Amount fee = 0);
+
+// JSON views. TxToJson gives {"id","chain_id","sender","nonce","fee","type","payload":{...},
+// "signature"}; keys and hashes are hex, amounts are JSON integers, roles a bit set.
+// PayloadFromJson reads {"type": "Transfer", ...fields} (the CLI builds payloads this way);
+// TxFromJson reads TxToJson's output back (the "id" is ignored).
+nlohmann::json PayloadToJson(const TxPayload& p);
+Result<TxPayload> PayloadFromJson(const nlohmann::json& j);
+nlohmann::json TxToJson(const Transaction& tx);
+Result<Transaction> TxFromJson(const nlohmann::json& j);
+
+}  // namespace meshlearn::ledger
