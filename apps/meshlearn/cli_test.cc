@@ -11,12 +11,12 @@
 
 namespace {
 
-struct Run {
+struct CmdResult {
   int code;
   std::string out;  // stdout and stderr together
 };
 
-Run Meshlearn(const std::string& args, const std::string& home) {
+CmdResult Meshlearn(const std::string& args, const std::string& home) {
   std::string cmd = "MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
@@ -33,7 +33,7 @@ std::string TempHome() {
 }
 
 TEST(Cli, HelpListsCommandsWithExamples) {
-  Run r = Meshlearn("--help", TempHome());
+  CmdResult r = Meshlearn("--help", TempHome());
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("keys"), std::string::npos);
   EXPECT_NE(r.out.find("version"), std::string::npos);
@@ -41,7 +41,7 @@ TEST(Cli, HelpListsCommandsWithExamples) {
 }
 
 TEST(Cli, VersionJson) {
-  Run r = Meshlearn("--json version", TempHome());
+  CmdResult r = Meshlearn("--json version", TempHome());
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_TRUE(j.contains("git_commit"));
@@ -49,33 +49,33 @@ TEST(Cli, VersionJson) {
 }
 
 TEST(Cli, BadLogLevelIsAUsageError) {
-  Run r = Meshlearn("--log-level loud version", TempHome());
+  CmdResult r = Meshlearn("--log-level loud version", TempHome());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("trace, debug, info"), std::string::npos) << r.out;
 }
 
 TEST(Cli, KeysLifecycle) {
   std::string home = TempHome();
-  Run created = Meshlearn("--json keys new alice --no-passphrase", home);
+  CmdResult created = Meshlearn("--json keys new alice --no-passphrase", home);
   ASSERT_EQ(created.code, 0) << created.out;
   std::string pk = nlohmann::json::parse(created.out)["public_key"];
 
-  Run dup = Meshlearn("keys new alice --no-passphrase", home);
+  CmdResult dup = Meshlearn("keys new alice --no-passphrase", home);
   EXPECT_EQ(dup.code, 1);
   EXPECT_NE(dup.out.find("already exists"), std::string::npos);
 
-  Run list = Meshlearn("--json keys list", home);
+  CmdResult list = Meshlearn("--json keys list", home);
   ASSERT_EQ(list.code, 0);
   EXPECT_EQ(nlohmann::json::parse(list.out)[0]["public_key"], pk);
 
   std::string backup = home + "/backup.json";
   ASSERT_EQ(Meshlearn("keys export alice " + backup, home).code, 0);
   std::string other = TempHome();
-  Run imp = Meshlearn("--json keys import " + backup, other);
+  CmdResult imp = Meshlearn("--json keys import " + backup, other);
   ASSERT_EQ(imp.code, 0) << imp.out;
   EXPECT_EQ(nlohmann::json::parse(imp.out)["public_key"], pk);
 
-  Run err = Meshlearn("--json keys show nobody", home);
+  CmdResult err = Meshlearn("--json keys show nobody", home);
   EXPECT_EQ(err.code, 1);
   EXPECT_TRUE(nlohmann::json::parse(err.out).contains("error"));
 }
@@ -86,7 +86,7 @@ TEST(Cli, EncryptedKeyWithPassphraseFile) {
   FILE* f = fopen(pass.c_str(), "w");
   fputs("correct horse\n", f);
   fclose(f);
-  Run r = Meshlearn("--json keys new bob --passphrase-file " + pass, home);
+  CmdResult r = Meshlearn("--json keys new bob --passphrase-file " + pass, home);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["encrypted"], true);
 }
