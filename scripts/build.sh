@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Configures and builds one build type. Used by run.sh and test.sh; handy by hand too.
+# Usage: scripts/build.sh [release|asan] [ninja targets...]
+#   release -> build/       (-O2, warnings are errors)
+#   asan    -> build-asan/  (Debug -O1 with AddressSanitizer + UndefinedBehaviorSanitizer)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind="${1:-release}"
+shift || true
+jobs="${MESHLEARN_JOBS:-$(nproc)}"
+case "$kind" in
+  release)
+    dir=build
+    flags=(-DCMAKE_BUILD_TYPE=Release -DMESHLEARN_WERROR=ON -DMESHLEARN_BUILD_TESTS=ON)
+    ;;
+  asan)
+    dir=build-asan
+    flags=(-DCMAKE_BUILD_TYPE=Debug -DMESHLEARN_SANITIZE=ON -DMESHLEARN_WERROR=ON
+           -DMESHLEARN_BUILD_TESTS=ON -DMESHLEARN_BUILD_BENCH=OFF)
+    ;;
+  *)
+    echo "build.sh: unknown build kind '$kind'; use release or asan" >&2
+    exit 2
+    ;;
+esac
+cmake -S . -B "$dir" -G Ninja "${flags[@]}" > "$dir.configure.log" 2>&1 || {
+  cat "$dir.configure.log" >&2
+  exit 1
+}
+echo "build: $kind in $dir/ with $jobs jobs"
+ninja -C "$dir" -j "$jobs" "$@"

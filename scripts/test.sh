@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test: the release build (all tests, including
+# the slow end-to-end ones), then the ASan+UBSan build (every test not labelled "slow").
+#
+# Usage: scripts/test.sh                 everything (what CI runs)
+#        scripts/test.sh --release-only  skip the sanitizer build
+#        MESHLEARN_SLOW_TESTS=1 scripts/test.sh   also the long scenarios (more crash-test kills,
+#                                                bigger simulated networks)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+release_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --release-only) release_only=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown option '$arg'" >&2; exit 2 ;;
+  esac
+done
+
+bash scripts/setup.sh
+jobs="${MESHLEARN_JOBS:-$(nproc)}"
+start=$(date +%s)
+
+bash scripts/build.sh release
+echo "== release tests =="
+ctest --test-dir build -j "$jobs" --output-on-failure --timeout 900
+
+if [ "$release_only" -eq 0 ]; then
+  bash scripts/build.sh asan
+  echo "== sanitizer tests (ASan + UBSan, label 'slow' excluded) =="
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan -j "$jobs" --output-on-failure --timeout 1200 -LE slow
+fi
+echo "test.sh: all tests passed in $(( $(date +%s) - start ))s"
