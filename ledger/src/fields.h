@@ -1,0 +1,191 @@
+// Internal: visitors that turn a struct's Visit(s, v) field list into canonical encoding,
+// decoding and JSON. Payload structs (tx.h) and NodeCapabilities use them, so a field is
+// listed once and all four views agree.
+#pragma once
+
+#include <concepts>
+#include <limits>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/base/encoding.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/sign.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/ledger/tx.h"
+
+namespace meshlearn::ledger::internal {
+
+struct NullVisitor {
+  template <typename T>
+  void operator()(const char*, T&) {}
+};
+
+template <typename T>
+concept HasVisit = requires(T& t) { T::Visit(t, NullVisitor{}); };
+
+struct FieldEncoder {
+  Encoder& e;
+  void operator()(const char*, const uint8_t& v) { e.PutU8(v); }
+  void operator()(const char*, const uint16_t& v) { e.PutU16(v); }
+  void operator()(const char*, const uint32_t& v) { e.PutU32(v); }
+  void operator()(const char*, const uint64_t& v) { e.PutU64(v); }
+  void operator()(const char*, const int64_t& v) { e.PutI64(v); }
+  void operator()(const char*, const bool& v) { e.PutBool(v); }
+  void operator()(const char*, const std::string& v) { e.PutString(v); }
+  void operator()(const char*, const PublicKey& v) { e.PutPublicKey(v); }
+  void operator()(const char*, const Hash256& v) { e.PutHash(v); }
+  template <HasVisit T>
+  void operator()(const char*, const T& v) {
+    T::Visit(v, *this);
+  }
+};
+
+// Stops at the first error (kept in `status`).
+struct FieldDecoder {
+  Decoder& d;
+  Status status;
+  void operator()(const char* n, uint8_t& v) { Do([&] { return d.GetU8(&v, n); }); }
+  void operator()(const char* n, uint16_t& v) { Do([&] { return d.GetU16(&v, n); }); }
+  void operator()(const char* n, uint32_t& v) { Do([&] { return d.GetU32(&v, n); }); }
+  void operator()(const char* n, uint64_t& v) { Do([&] { return d.GetU64(&v, n); }); }
+  void operator()(const char* n, int64_t& v) { Do([&] { return d.GetI64(&v, n); }); }
+  void operator()(const char* n, bool& v) { Do([&] { return d.GetBool(&v, n); }); }
+  void operator()(const char* n, std::string& v) {
+    Do([&] { return d.GetString(&v, n, kMaxStringFieldLength); });
+  }
+  void operator()(const char* n, PublicKey& v) { Do([&] { return d.GetPublicKey(&v, n); }); }
+  void operator()(const char* n, Hash256& v) { Do([&] { return d.GetHash(&v, n); }); }
+  template <HasVisit T>
+  void operator()(const char*, T& v) {
+    T::Visit(v, *this);
+  }
+
+ private:
+  template <typename F>
+  void Do(F&& f) {
+    if (status.ok()) status = f();
+  }
+};
+
+struct FieldToJson {
+  nlohmann::json& j;
+  template <typename T>
+    requires std::is_integral_v<T>
+  void operator()(const char* n, const T& v) {
+    j[n] = v;
+  }
+  void operator()(const char* n, const std::string& v) { j[n] = v; }
+  void operator()(const char* n, const PublicKey& v) { j[n] = v.ToHex(); }
+  void operator()(const char* n, const Hash256& v) { j[n] = v.ToHex(); }
+  template <HasVisit T>
+  void operator()(const char* n, const T& v) {
+    nlohmann::json sub = nlohmann::json::object();
+    T::Visit(v, FieldToJson{sub});
+    j[n] = std::move(sub);
+  }
+};
+
+// Reads the fields named by Visit from a JSON object. A missing field keeps its default; a key
+// that is no field is an error (catches typos); wrong types and out-of-range numbers too.
+struct FieldFromJson {
+  const nlohmann::json& j;
+  std::string where;  // "Transfer payload"
+  Status status;
+  std::set<std::string> seen;
+
+  template <typename T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
+  void operator()(const char* n, T& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (f->is_number_unsigned()) {
+      uint64_t u = f->get<uint64_t>();
+      if (u <= static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+        v = static_cast<T>(u);
+        return;
+      }
+    } else if (f->is_number_integer()) {
+      int64_t i = f->get<int64_t>();
+      if (std::is_signed_v<T> && i >= static_cast<int64_t>(std::numeric_limits<T>::min())) {
+        v = static_cast<T>(i);
+        return;
+      }
+    }
+    Fail(n, "must be an integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+                std::to_string(std::numeric_limits<T>::max()) + "], got " + f->dump());
+  }
+  void operator()(const char* n, bool& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (!f->is_boolean()) return Fail(n, "must be true or false, got " + f->dump());
+    v = f->get<bool>();
+  }
+  void operator()(const char* n, std::string& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (!f->is_string()) return Fail(n, "must be a string, got " + f->dump());
+    v = f->get<std::string>();
+    if (v.size() > kMaxStringFieldLength) {
+      Fail(n, "is longer than " + std::to_string(kMaxStringFieldLength) + " bytes");
+    }
+  }
+  void operator()(const char* n, PublicKey& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (!f->is_string()) return Fail(n, "must be a hex public key, got " + f->dump());
+    auto r = PublicKey::FromHex(f->get<std::string>(), n);
+    if (!r.ok()) return SetError(r.status());
+    v = *r;
+  }
+  void operator()(const char* n, Hash256& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (!f->is_string()) return Fail(n, "must be a hex hash, got " + f->dump());
+    auto r = Hash256::FromHex(f->get<std::string>(), n);
+    if (!r.ok()) return SetError(r.status());
+    v = *r;
+  }
+  template <HasVisit T>
+  void operator()(const char* n, T& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (!f->is_object()) return Fail(n, "must be an object, got " + f->dump());
+    FieldFromJson sub{*f, where + "." + n};
+    T::Visit(v, sub);
+    if (sub.status.ok()) sub.CheckNoUnknownKeys();
+    if (!sub.status.ok()) SetError(sub.status);
+  }
+
+  // Call after Visit: every key must have been a field. `also_allowed` keys are skipped.
+  void CheckNoUnknownKeys(const std::set<std::string>& also_allowed = {}) {
+    if (!status.ok()) return;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (!seen.count(it.key()) && !also_allowed.count(it.key())) {
+        status = InvalidArgument(where + ": unknown field '" + it.key() + "'");
+        return;
+      }
+    }
+  }
+
+ private:
+  const nlohmann::json* Field(const char* n) {
+    if (!status.ok()) return nullptr;
+    seen.insert(n);
+    auto it = j.find(n);
+    if (it == j.end()) return nullptr;
+    return &*it;
+  }
+  void Fail(const char* n, const std::string& what) {
+    SetError(InvalidArgument(where + ": field '" + n + "' " + what));
+  }
+  void SetError(Status s) {
+    if (status.ok()) status = std::move(s);
+  }
+};
+
+}  // namespace meshlearn::ledger::internal

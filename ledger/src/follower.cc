@@ -1,0 +1,117 @@
+#include "meshlearn/ledger/follower.h"
+
+#include <chrono>
+#include <thread>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/hex.h"
+#include "meshlearn/base/log.h"
+#include "meshlearn/ledger/block.h"
+
+namespace meshlearn::ledger {
+
+Follower::Follower(SharedChain* chain, RpcClient* upstream, PublicKey sequencer,
+                   FollowerOptions options)
+    : chain_(chain), upstream_(upstream), sequencer_(sequencer), options_(std::move(options)) {
+  if (options_.batch == 0) options_.batch = 1;
+}
+
+Status Follower::CheckUpstream() {
+  ML_ASSIGN_OR_RETURN(nlohmann::json st, upstream_->Call("chain_status", nlohmann::json::object()));
+  auto [ours, chain_id] = chain_->With([](Chain& c) {
+    return std::make_pair(c.genesis_hash().ToHex(), c.genesis().chain_id);
+  });
+  std::string theirs = st.value("genesis_hash", std::string());
+  if (theirs != ours) {
+    return FailedPrecondition("the ledger at " + upstream_->url() + " runs chain '" +
+                              st.value("chain_id", std::string("?")) + "' with genesis " + theirs +
+                              ", but our genesis.toml (chain '" + chain_id + "') hashes to " +
+                              ours + "; use that chain's genesis.toml");
+  }
+  upstream_height_.store(st.value("height", uint64_t{0}));
+  return Status::Ok();
+}
+
+Status Follower::Refuse(uint64_t height, const std::string& raw_hex, const Status& why) {
+  std::string where;
+  if (!options_.evidence_dir.empty()) {
+    Env* env = Env::Default();
+    std::string path = JoinPath(options_.evidence_dir, "refused-block-" + std::to_string(height) + ".hex");
+    if (env->CreateDirs(options_.evidence_dir).ok() && env->WriteFileAtomic(path, raw_hex + "\n").ok()) {
+      where = "; the block is saved in " + path;
+    }
+  }
+  Status s = PermissionDenied("REFUSED block " + std::to_string(height) + " from the sequencer at " +
+                              upstream_->url() + ": " + why.message() +
+                              ". The sequencer served a block that does not verify; this follower "
+                              "stopped at height " + std::to_string(height - 1) + where);
+  ML_LOG_ERROR("{}", s.message());
+  return s;
+}
+
+Result<uint64_t> Follower::SyncOnce() {
+  uint64_t applied = 0;
+  for (;;) {
+    uint64_t from = chain_->height() + 1;
+    ML_ASSIGN_OR_RETURN(nlohmann::json r,
+                        upstream_->Call("get_blocks", {{"from", from}, {"limit", options_.batch}}));
+    if (!r.contains("blocks") || !r["blocks"].is_array()) {
+      return Unavailable(upstream_->url() + " answered get_blocks without a blocks array");
+    }
+    upstream_height_.store(r.value("height", uint64_t{0}));
+    const nlohmann::json& blocks = r["blocks"];
+    if (blocks.empty()) return applied;
+    for (const nlohmann::json& raw : blocks) {
+      uint64_t height = chain_->height() + 1;
+      if (!raw.is_string()) return Refuse(height, raw.dump(), InvalidArgument("not a hex string"));
+      std::string hex = raw.get<std::string>();
+      Result<Bytes> bytes = HexDecode(hex, "block");
+      if (!bytes.ok()) return Refuse(height, hex, bytes.status());
+      Result<Block> block = DecodeBlock(*bytes);
+      if (!block.ok()) return Refuse(height, hex, block.status());
+      if (block->header.height != height) {
+        return Refuse(height, hex,
+                      InvalidArgument("asked for block " + std::to_string(height) + ", got block " +
+                                      std::to_string(block->header.height)));
+      }
+      if (sequencer_ == PublicKey{}) {
+        // Trust on first use, for a genesis that names no sequencer.
+        sequencer_ = block->header.sequencer;
+        ML_LOG_WARN("genesis names no sequencer; pinning {} from block {}",
+                    sequencer_.ToHex(), height);
+      }
+      Status s = chain_->With([&](Chain& c) { return c.ApplyBlock(*block, sequencer_); });
+      if (!s.ok()) {
+        if (s.code() == StatusCode::kInternal || s.code() == StatusCode::kUnavailable) return s;
+        return Refuse(height, hex, s);
+      }
+      chain_->PublishHeight(height);
+      ++applied;
+    }
+  }
+}
+
+Status Follower::Run() {
+  while (!stop_.load()) {
+    Result<uint64_t> n = SyncOnce();
+    if (!n.ok()) {
+      if (n.status().code() == StatusCode::kPermissionDenied) return n.status();
+      if (n.status().code() == StatusCode::kUnavailable) {
+        ML_LOG_WARN("follower: {}; retrying", n.status().message());
+        std::this_thread::sleep_for(std::chrono::milliseconds(options_.retry_ms));
+        continue;
+      }
+      return n.status();
+    }
+    if (stop_.load()) break;
+    Result<nlohmann::json> w = upstream_->Call(
+        "wait_block", {{"after", chain_->height()}, {"timeout_ms", options_.long_poll_ms}});
+    if (!w.ok()) {
+      ML_LOG_WARN("follower: {}; retrying", w.status().message());
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.retry_ms));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace meshlearn::ledger

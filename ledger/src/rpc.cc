@@ -1,0 +1,501 @@
+#include "meshlearn/ledger/rpc.h"
+
+#include <exception>
+#include <limits>
+
+#include "meshlearn/base/hex.h"
+#include "meshlearn/base/log.h"
+#include "meshlearn/ledger/block.h"
+#include "meshlearn/ledger/chain.h"
+#include "meshlearn/ledger/sequencer.h"
+#include "meshlearn/ledger/shared_chain.h"
+
+namespace meshlearn::ledger {
+namespace {
+
+using nlohmann::json;
+
+// An error answer, thrown inside this file only (HandleOne catches it) so the handlers read as
+// straight-line code.
+struct RpcError {
+  int code;
+  std::string message;
+  StatusCode status;
+};
+
+[[noreturn]] void Fail(int code, std::string message, StatusCode status) {
+  throw RpcError{code, std::move(message), status};
+}
+[[noreturn]] void BadParam(const std::string& message) {
+  Fail(kRpcInvalidParams, message, StatusCode::kInvalidArgument);
+}
+
+int RpcCodeFor(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kNotFound: return kRpcNotFound;
+    case StatusCode::kResourceExhausted: return kRpcLimitExceeded;
+    case StatusCode::kUnavailable: return kRpcUnavailable;
+    case StatusCode::kInternal:
+    case StatusCode::kDataLoss: return kRpcInternalError;
+    default: return kRpcTxRejected;
+  }
+}
+
+[[noreturn]] void FailStatus(const Status& s, int code) { Fail(code, s.message(), s.code()); }
+
+// Typed access to params, with errors that name the parameter and what it should be.
+class Params {
+ public:
+  Params(const std::string& method, const json& p) : method_(method), p_(p) {}
+
+  bool Has(const char* name) const { return p_.contains(name) && !p_[name].is_null(); }
+
+  uint64_t U64(const char* name) const {
+    if (!Has(name)) BadParam(Where(name) + " is required (a non-negative integer)");
+    const json& v = p_[name];
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+      BadParam(Where(name) + " must be a non-negative integer, got " + Short(v));
+    }
+    return v.get<uint64_t>();
+  }
+  uint64_t U64(const char* name, uint64_t def) const { return Has(name) ? U64(name) : def; }
+
+  bool Bool(const char* name, bool def) const {
+    if (!Has(name)) return def;
+    if (!p_[name].is_boolean()) BadParam(Where(name) + " must be true or false, got " + Short(p_[name]));
+    return p_[name].get<bool>();
+  }
+
+  std::string Str(const char* name) const {
+    if (!Has(name)) BadParam(Where(name) + " is required (a string)");
+    if (!p_[name].is_string()) BadParam(Where(name) + " must be a string, got " + Short(p_[name]));
+    return p_[name].get<std::string>();
+  }
+
+  PublicKey Key(const char* name) const {
+    Result<PublicKey> k = PublicKey::FromHex(Str(name), Where(name));
+    if (!k.ok()) BadParam(k.status().message() + " (64 hex digits)");
+    return *k;
+  }
+  Hash256 Hash(const char* name) const {
+    Result<Hash256> h = Hash256::FromHex(Str(name), Where(name));
+    if (!h.ok()) BadParam(h.status().message() + " (64 hex digits)");
+    return *h;
+  }
+
+  // Every key must be one of `known`: a typo is an error, not silently ignored.
+  void Only(std::initializer_list<const char*> known) const {
+    for (auto it = p_.begin(); it != p_.end(); ++it) {
+      bool ok = false;
+      for (const char* k : known) ok = ok || it.key() == k;
+      if (!ok) {
+        std::string list;
+        for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
+        BadParam(method_ + ": unknown parameter '" + it.key() + "' (known: " +
+                 (list.empty() ? "none" : list) + ")");
+      }
+    }
+  }
+
+ private:
+  std::string Where(const char* name) const { return method_ + ": params." + name; }
+  static std::string Short(const json& v) {
+    std::string s = v.dump();
+    return s.size() > 40 ? s.substr(0, 40) + "..." : s;
+  }
+  const std::string& method_;
+  const json& p_;
+};
+
+struct Page {
+  uint64_t offset;
+  uint64_t limit;
+};
+
+Page GetPage(const Params& p, const RpcLimits& limits) {
+  uint64_t limit = p.U64("limit", limits.default_page);
+  if (limit == 0 || limit > static_cast<uint64_t>(limits.max_page)) {
+    BadParam("params.limit must be 1.." + std::to_string(limits.max_page) + ", got " +
+             std::to_string(limit));
+  }
+  return {p.U64("cursor", 0), limit};
+}
+
+json PageResult(json items, const Page& page) {
+  size_t n = items.size();
+  json next = n == page.limit ? json(page.offset + n) : json(nullptr);
+  return {{"items", std::move(items)}, {"next_cursor", next}};
+}
+
+template <typename T>
+T OrFail(Result<T> r) {
+  if (!r.ok()) FailStatus(r.status(), RpcCodeFor(r.status()));
+  return std::move(r).value();
+}
+
+}  // namespace
+
+json RpcErrorResponse(const json& id, int code, const std::string& message, StatusCode status) {
+  return {{"jsonrpc", "2.0"},
+          {"id", id},
+          {"error",
+           {{"code", code},
+            {"message", message},
+            {"data", {{"status", std::string(StatusCodeName(status))}}}}}};
+}
+
+bool JsonTooDeep(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+RpcService::RpcService(SharedChain* chain, Sequencer* sequencer, RpcLimits limits,
+                       RpcServiceInfo info)
+    : chain_(chain), sequencer_(sequencer), limits_(limits), info_(std::move(info)) {}
+
+void RpcService::Shutdown() { chain_->Shutdown(); }
+
+std::string RpcService::HandleBody(std::string_view body) {
+  if (body.size() > limits_.max_body_bytes) {
+    return RpcErrorResponse(nullptr, kRpcLimitExceeded,
+                            "request body is " + std::to_string(body.size()) +
+                                " bytes, over the limit of " +
+                                std::to_string(limits_.max_body_bytes) + "; send less per request",
+                            StatusCode::kResourceExhausted)
+        .dump();
+  }
+  if (JsonTooDeep(body, limits_.max_json_depth)) {
+    return RpcErrorResponse(nullptr, kRpcLimitExceeded,
+                            "request JSON nests deeper than " +
+                                std::to_string(limits_.max_json_depth) + " levels; flatten it",
+                            StatusCode::kResourceExhausted)
+        .dump();
+  }
+  json request = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (request.is_discarded()) {
+    return RpcErrorResponse(nullptr, kRpcParseError,
+                            "request body is not valid JSON; send a JSON-RPC 2.0 object like "
+                            "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"chain_status\"}",
+                            StatusCode::kInvalidArgument)
+        .dump();
+  }
+  // Invalid UTF-8 in a string we echo back would make dump() throw; replace it instead.
+  return HandleRpc(request).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json RpcService::HandleRpc(const json& request) {
+  if (!request.is_array()) return HandleOne(request);
+  if (request.empty()) {
+    return RpcErrorResponse(nullptr, kRpcInvalidRequest, "empty batch: send at least one request",
+                            StatusCode::kInvalidArgument);
+  }
+  if (request.size() > limits_.max_batch) {
+    return RpcErrorResponse(nullptr, kRpcLimitExceeded,
+                            "batch of " + std::to_string(request.size()) +
+                                " requests is over the limit of " +
+                                std::to_string(limits_.max_batch) + "; split it",
+                            StatusCode::kResourceExhausted);
+  }
+  json out = json::array();
+  for (const json& r : request) out.push_back(HandleOne(r));
+  return out;
+}
+
+json RpcService::HandleOne(const json& request) {
+  json id = nullptr;
+  try {
+    if (!request.is_object()) {
+      Fail(kRpcInvalidRequest, "a request must be a JSON object with jsonrpc, id, method, params",
+           StatusCode::kInvalidArgument);
+    }
+    if (request.contains("id")) {
+      const json& rid = request["id"];
+      if (rid.is_string() || rid.is_number() || rid.is_null()) id = rid;
+      else Fail(kRpcInvalidRequest, "id must be a string, a number or null", StatusCode::kInvalidArgument);
+    }
+    if (!request.contains("jsonrpc") || request["jsonrpc"] != "2.0") {
+      Fail(kRpcInvalidRequest, "jsonrpc must be \"2.0\"", StatusCode::kInvalidArgument);
+    }
+    if (!request.contains("method") || !request["method"].is_string()) {
+      Fail(kRpcInvalidRequest, "method must be a string (e.g. \"chain_status\")",
+           StatusCode::kInvalidArgument);
+    }
+    json params = json::object();
+    if (request.contains("params") && !request["params"].is_null()) {
+      params = request["params"];
+      if (!params.is_object()) {
+        Fail(kRpcInvalidParams, "params must be an object of named parameters",
+             StatusCode::kInvalidArgument);
+      }
+    }
+    json result = Dispatch(request["method"].get<std::string>(), params);
+    return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
+  } catch (const RpcError& e) {
+    return RpcErrorResponse(id, e.code, e.message, e.status);
+  } catch (const std::exception& e) {
+    // A bug, not bad input: say so, and keep serving.
+    ML_LOG_ERROR("rpc: internal error: {}", e.what());
+    return RpcErrorResponse(id, kRpcInternalError, std::string("internal error: ") + e.what(),
+                            StatusCode::kInternal);
+  }
+}
+
+json RpcService::Dispatch(const std::string& method, const json& params) {
+  Params p(method, params);
+
+  if (method == "chain_status") {
+    p.Only({});
+    json j = chain_->With([&](Chain& c) {
+      const Genesis& g = c.genesis();
+      return json{{"chain_id", g.chain_id},
+                  {"genesis_hash", c.genesis_hash().ToHex()},
+                  {"height", c.Height()},
+                  {"state_hash", c.StateHash().ToHex()},
+                  {"last_block_hash", c.LastBlockHash().ToHex()},
+                  {"last_block_time_ms", c.LastBlockTime()},
+                  {"block_interval_ms", g.block_interval_ms},
+                  {"sequencer", g.sequencer.ToHex()},
+                  {"faucet", g.faucet},
+                  {"totals", TotalsToJson(c.GetTotals())}};
+    });
+    j["role"] = info_.role;
+    if (!info_.upstream.empty()) j["upstream"] = info_.upstream;
+    if (sequencer_) {
+      j["mempool"] = sequencer_->mempool_size();
+      j["sequencer_key"] = sequencer_->public_key().ToHex();
+    }
+    return j;
+  }
+
+  if (method == "send_tx") {
+    p.Only({"tx", "wait_ms"});
+    std::string hex = p.Str("tx");
+    if (hex.size() > 2 * kMaxTxBytes) {
+      Fail(kRpcLimitExceeded,
+           "send_tx: params.tx is " + std::to_string(hex.size() / 2) +
+               " bytes, over the transaction limit of " + std::to_string(kMaxTxBytes),
+           StatusCode::kResourceExhausted);
+    }
+    Result<Bytes> bytes = HexDecode(hex, "send_tx: params.tx");
+    if (!bytes.ok()) BadParam(bytes.status().message() + " (the canonical transaction as hex)");
+    Result<Transaction> tx = DecodeTx(*bytes);
+    if (!tx.ok()) BadParam("send_tx: params.tx does not decode: " + tx.status().message());
+    uint64_t wait_ms = p.U64("wait_ms", 0);
+    if (wait_ms > static_cast<uint64_t>(limits_.max_wait_ms)) {
+      BadParam("send_tx: params.wait_ms must be <= " + std::to_string(limits_.max_wait_ms));
+    }
+    if (!sequencer_) {
+      Fail(kRpcReadOnly,
+           "this ledger node is a read-only follower" +
+               (info_.upstream.empty() ? std::string() : " of " + info_.upstream) +
+               "; send transactions to the sequencer",
+           StatusCode::kFailedPrecondition);
+    }
+    if (!VerifyTxSignature(*tx)) {
+      Fail(kRpcTxRejected,
+           "send_tx: bad signature: the transaction was not signed by its sender " +
+               tx->sender.ToHex() + " (or was changed after signing)",
+           StatusCode::kPermissionDenied);
+    }
+    Result<TxStatusInfo> st = sequencer_->Submit(*tx);
+    if (!st.ok()) FailStatus(st.status().WithPrefix("send_tx"), RpcCodeFor(st.status()));
+    if (wait_ms > 0 && st->state == TxState::kPending) {
+      if (waiters_.fetch_add(1) >= limits_.max_waiters) {
+        // The tx is admitted; only the wait is refused. The client polls get_tx instead.
+        waiters_.fetch_sub(1);
+        return TxStatusToJson(*st);
+      }
+      TxStatusInfo done = sequencer_->WaitFor(st->tx_id, static_cast<int64_t>(wait_ms));
+      waiters_.fetch_sub(1);
+      return TxStatusToJson(done);
+    }
+    return TxStatusToJson(*st);
+  }
+
+  if (method == "get_tx") {
+    p.Only({"id"});
+    Hash256 id = p.Hash("id");
+    TxStatusInfo info = sequencer_ ? sequencer_->Lookup(id) : LookupCommitted(chain_, id);
+    json j = TxStatusToJson(info);
+    if (info.state == TxState::kIncluded) {
+      Result<TxRecord> rec = chain_->With([&](Chain& c) { return c.GetTransaction(id); });
+      if (rec.ok()) j["tx"] = TxToJson(rec->tx);
+    }
+    return j;
+  }
+
+  if (method == "get_block") {
+    p.Only({"height", "raw"});
+    uint64_t h = p.U64("height");
+    bool raw = p.Bool("raw", false);
+    Block b = OrFail(chain_->With([&](Chain& c) -> Result<Block> {
+      if (h == 0 || h > c.Height()) {
+        return NotFound("get_block: no block at height " + std::to_string(h) +
+                        "; blocks are 1.." + std::to_string(c.Height()));
+      }
+      return c.GetBlock(h);
+    }));
+    json j = BlockToJson(b);
+    if (raw) j["raw"] = HexEncode(EncodeBlock(b));
+    return j;
+  }
+
+  if (method == "get_blocks") {
+    p.Only({"from", "limit"});
+    uint64_t from = p.U64("from");
+    uint64_t limit = p.U64("limit", limits_.max_blocks_per_call);
+    if (from == 0) BadParam("get_blocks: params.from must be >= 1 (the first block)");
+    if (limit == 0 || limit > limits_.max_blocks_per_call) {
+      BadParam("get_blocks: params.limit must be 1.." + std::to_string(limits_.max_blocks_per_call));
+    }
+    json blocks = json::array();
+    uint64_t height = 0;
+    Status s = chain_->With([&](Chain& c) -> Status {
+      height = c.Height();
+      for (uint64_t h = from; h <= height && h < from + limit; ++h) {
+        Result<Block> b = c.GetBlock(h);
+        if (!b.ok()) return b.status();
+        blocks.push_back(HexEncode(EncodeBlock(*b)));
+      }
+      return Status::Ok();
+    });
+    if (!s.ok()) FailStatus(s, kRpcInternalError);
+    return {{"from", from}, {"height", height}, {"blocks", std::move(blocks)}};
+  }
+
+  if (method == "get_account") {
+    p.Only({"address"});
+    PublicKey key = p.Key("address");
+    Result<Account> a = chain_->With([&](Chain& c) { return c.GetAccount(key); });
+    if (!a.ok() && a.status().code() == StatusCode::kNotFound) {
+      // An account that never received anything: report it empty, the way wallets show it.
+      Account empty;
+      empty.key = key;
+      json j = AccountToJson(empty);
+      j["exists"] = false;
+      return j;
+    }
+    json j = AccountToJson(OrFail(std::move(a)));
+    j["exists"] = true;
+    return j;
+  }
+
+  if (method == "get_node") {
+    p.Only({"id"});
+    PublicKey id = p.Key("id");
+    return NodeToJson(OrFail(chain_->With([&](Chain& c) { return c.GetNode(id); })));
+  }
+
+  if (method == "get_task") {
+    p.Only({"id", "units"});
+    Hash256 id = p.Hash("id");
+    bool units = p.Bool("units", false);
+    json j;
+    chain_->With([&](Chain& c) {
+      TaskRecord t = OrFail(c.GetTask(id));
+      j = TaskToJson(t);
+      if (units) {
+        j["units"] = json::array();
+        for (const WorkUnit& u : c.ListWorkUnits(id)) j["units"].push_back(WorkUnitToJson(u));
+      }
+    });
+    return j;
+  }
+
+  if (method == "list_nodes") {
+    p.Only({"cursor", "limit"});
+    Page page = GetPage(p, limits_);
+    json items = json::array();
+    for (const NodeRecord& n :
+         chain_->With([&](Chain& c) { return c.ListNodes(page.offset, page.limit); })) {
+      items.push_back(NodeToJson(n));
+    }
+    return PageResult(std::move(items), page);
+  }
+
+  if (method == "list_tasks") {
+    p.Only({"cursor", "limit"});
+    Page page = GetPage(p, limits_);
+    json items = json::array();
+    for (const TaskRecord& t :
+         chain_->With([&](Chain& c) { return c.ListTasks(page.offset, page.limit); })) {
+      items.push_back(TaskToJson(t));
+    }
+    return PageResult(std::move(items), page);
+  }
+
+  if (method == "account_history") {
+    p.Only({"address", "cursor", "limit"});
+    PublicKey key = p.Key("address");
+    Page page = GetPage(p, limits_);
+    json items = json::array();
+    for (const TxRecord& r : chain_->With(
+             [&](Chain& c) { return c.ListAccountTxs(key, page.offset, page.limit); })) {
+      json tx = TxToJson(r.tx);
+      tx["receipt"] = ReceiptToJson(r.receipt);
+      items.push_back(std::move(tx));
+    }
+    return PageResult(std::move(items), page);
+  }
+
+  if (method == "wait_block") {
+    p.Only({"after", "timeout_ms"});
+    uint64_t after = p.U64("after");
+    uint64_t timeout = p.U64("timeout_ms", 10000);
+    if (timeout > static_cast<uint64_t>(limits_.max_wait_ms)) {
+      BadParam("wait_block: params.timeout_ms must be <= " + std::to_string(limits_.max_wait_ms));
+    }
+    if (chain_->shutting_down()) {
+      Fail(kRpcUnavailable, "the ledger service is shutting down; retry later",
+           StatusCode::kUnavailable);
+    }
+    if (waiters_.fetch_add(1) >= limits_.max_waiters) {
+      waiters_.fetch_sub(1);
+      Fail(kRpcLimitExceeded,
+           "too many clients are waiting for blocks (" + std::to_string(limits_.max_waiters) +
+               "); retry in a second",
+           StatusCode::kResourceExhausted);
+    }
+    uint64_t h = chain_->WaitAbove(after, static_cast<int64_t>(timeout));
+    waiters_.fetch_sub(1);
+    return {{"height", h}, {"timed_out", h <= after}};
+  }
+
+  if (method == "get_genesis") {
+    p.Only({});
+    return chain_->With([](Chain& c) {
+      return json{{"toml", GenesisToToml(c.genesis())},
+                  {"genesis_hash", c.genesis_hash().ToHex()},
+                  {"genesis", GenesisToJson(c.genesis())}};
+    });
+  }
+
+  Fail(kRpcMethodNotFound,
+       "unknown method '" + (method.size() > 64 ? method.substr(0, 64) + "..." : method) +
+           "'; methods: chain_status, send_tx, get_tx, get_block, get_blocks, get_account, "
+           "get_node, get_task, list_nodes, list_tasks, account_history, wait_block, get_genesis",
+       StatusCode::kNotFound);
+}
+
+}  // namespace meshlearn::ledger

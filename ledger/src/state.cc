@@ -1,0 +1,288 @@
+#include "meshlearn/ledger/state.h"
+
+#include "fields.h"
+#include "meshlearn/ledger/genesis.h"
+
+namespace meshlearn::ledger {
+
+namespace {
+
+struct RoleName {
+  uint32_t bit;
+  const char* name;
+};
+constexpr RoleName kRoleNames[] = {{kRoleSolver, "solver"},
+                                   {kRoleVerifier, "verifier"},
+                                   {kRoleWhistleblower, "whistleblower"},
+                                   {kRoleAggregator, "aggregator"}};
+
+}  // namespace
+
+std::string RolesToString(uint32_t roles) {
+  std::string out;
+  for (const RoleName& r : kRoleNames) {
+    if (roles & r.bit) {
+      if (!out.empty()) out += ",";
+      out += r.name;
+    }
+  }
+  return out;
+}
+
+Result<uint32_t> ParseRoles(std::string_view list) {
+  uint32_t roles = 0;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string_view::npos) end = list.size();
+    std::string_view name = list.substr(start, end - start);
+    while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
+    while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
+    bool found = false;
+    for (const RoleName& r : kRoleNames) {
+      if (name == r.name) {
+        roles |= r.bit;
+        found = true;
+      }
+    }
+    if (!found) {
+      return InvalidArgument("roles: unknown role '" + std::string(name) +
+                             "' (known: solver, verifier, whistleblower, aggregator)");
+    }
+    start = end + 1;
+  }
+  if (roles == 0) return InvalidArgument("roles: give at least one role");
+  return roles;
+}
+
+std::string_view NodeStatusName(NodeStatus s) {
+  switch (s) {
+    case NodeStatus::kActive: return "active";
+    case NodeStatus::kJailed: return "jailed";
+    case NodeStatus::kUnbonding: return "unbonding";
+  }
+  return "unknown";
+}
+
+std::string_view TaskStatusName(TaskStatus s) {
+  switch (s) {
+    case TaskStatus::kOpen: return "open";
+    case TaskStatus::kFinished: return "finished";
+    case TaskStatus::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+std::string_view WorkUnitStatusName(WorkUnitStatus s) {
+  switch (s) {
+    case WorkUnitStatus::kPending: return "pending";
+    case WorkUnitStatus::kAssigned: return "assigned";
+    case WorkUnitStatus::kCommitted: return "committed";
+    case WorkUnitStatus::kVerified: return "verified";
+    case WorkUnitStatus::kFailed: return "failed";
+    case WorkUnitStatus::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce) {
+  Hasher h("meshlearn.task.v1");
+  h.Update(submitter.span());
+  h.UpdateU64(nonce);
+  return h.Finish();
+}
+
+Status Totals::Check() const {
+  uint64_t sum = 0;
+  bool overflow = false;
+  for (Amount part : {balances, staked, unbonding, escrow, treasury, jackpot}) {
+    overflow |= __builtin_add_overflow(sum, part, &sum);
+  }
+  if (overflow || sum != minted) {
+    return Internal("ledger invariant broken: balances " + std::to_string(balances) +
+                    " + staked " + std::to_string(staked) + " + unbonding " +
+                    std::to_string(unbonding) + " + escrow " + std::to_string(escrow) +
+                    " + treasury " + std::to_string(treasury) + " + jackpot " +
+                    std::to_string(jackpot) + (overflow ? " overflows" : " = " + std::to_string(sum)) +
+                    ", minted " + std::to_string(minted));
+  }
+  return Status::Ok();
+}
+
+// ---- Encodings. Field order is part of the state hash: append, never reorder.
+
+void EncodeAccount(Encoder& e, const Account& a) {
+  e.PutPublicKey(a.key).PutU64(a.balance).PutU64(a.nonce);
+  e.PutU32(static_cast<uint32_t>(a.unbonding.size()));
+  for (const Unbonding& u : a.unbonding) {
+    e.PutPublicKey(u.node_id).PutU64(u.amount).PutU64(u.release_height);
+  }
+}
+
+Status DecodeAccount(Decoder& d, Account* a) {
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&a->key, "key"));
+  ML_RETURN_IF_ERROR(d.GetU64(&a->balance, "balance"));
+  ML_RETURN_IF_ERROR(d.GetU64(&a->nonce, "nonce"));
+  uint32_t n;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "unbonding", 1u << 20, 48));
+  a->unbonding.resize(n);
+  for (Unbonding& u : a->unbonding) {
+    ML_RETURN_IF_ERROR(d.GetPublicKey(&u.node_id, "unbonding.node_id"));
+    ML_RETURN_IF_ERROR(d.GetU64(&u.amount, "unbonding.amount"));
+    ML_RETURN_IF_ERROR(d.GetU64(&u.release_height, "unbonding.release_height"));
+  }
+  return Status::Ok();
+}
+
+template <typename E>
+static Status GetEnum(Decoder& d, E* out, uint8_t max, std::string_view field) {
+  uint8_t v;
+  ML_RETURN_IF_ERROR(d.GetU8(&v, field));
+  if (v > max) {
+    return DataLoss(std::string(field) + ": unknown value " + std::to_string(v));
+  }
+  *out = static_cast<E>(v);
+  return Status::Ok();
+}
+
+void EncodeNode(Encoder& e, const NodeRecord& n) {
+  e.PutPublicKey(n.id).PutPublicKey(n.owner).PutString(n.endpoint).PutU32(n.roles);
+  NodeCapabilities::Visit(n.capabilities, internal::FieldEncoder{e});
+  e.PutU64(n.price).PutU64(n.stake).PutU8(static_cast<uint8_t>(n.status));
+  const Reputation& r = n.reputation;
+  e.PutU64(r.units_completed).PutU64(r.units_verified_clean).PutU64(r.clean_streak);
+  e.PutU64(r.failures).PutU64(r.slashes).PutU64(r.joined_height);
+  e.PutU64(n.last_heartbeat_height);
+}
+
+Status DecodeNode(Decoder& d, NodeRecord* n) {
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&n->id, "id"));
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&n->owner, "owner"));
+  ML_RETURN_IF_ERROR(d.GetString(&n->endpoint, "endpoint", kMaxStringFieldLength));
+  ML_RETURN_IF_ERROR(d.GetU32(&n->roles, "roles"));
+  internal::FieldDecoder fd{d, Status::Ok()};
+  NodeCapabilities::Visit(n->capabilities, fd);
+  ML_RETURN_IF_ERROR(fd.status);
+  ML_RETURN_IF_ERROR(d.GetU64(&n->price, "price"));
+  ML_RETURN_IF_ERROR(d.GetU64(&n->stake, "stake"));
+  ML_RETURN_IF_ERROR(GetEnum(d, &n->status, 2, "status"));
+  Reputation& r = n->reputation;
+  ML_RETURN_IF_ERROR(d.GetU64(&r.units_completed, "units_completed"));
+  ML_RETURN_IF_ERROR(d.GetU64(&r.units_verified_clean, "units_verified_clean"));
+  ML_RETURN_IF_ERROR(d.GetU64(&r.clean_streak, "clean_streak"));
+  ML_RETURN_IF_ERROR(d.GetU64(&r.failures, "failures"));
+  ML_RETURN_IF_ERROR(d.GetU64(&r.slashes, "slashes"));
+  ML_RETURN_IF_ERROR(d.GetU64(&r.joined_height, "joined_height"));
+  ML_RETURN_IF_ERROR(d.GetU64(&n->last_heartbeat_height, "last_heartbeat_height"));
+  return Status::Ok();
+}
+
+void EncodeTask(Encoder& e, const TaskRecord& t) {
+  e.PutHash(t.id).PutPublicKey(t.submitter).PutHash(t.spec_hash);
+  e.PutU64(t.budget).PutU64(t.escrow).PutU64(t.spent).PutU64(t.refunded).PutU64(t.price_cap);
+  e.PutU8(static_cast<uint8_t>(t.status)).PutU64(t.created_height).PutU32(t.unit_count);
+  e.PutString(t.memo);
+}
+
+Status DecodeTask(Decoder& d, TaskRecord* t) {
+  ML_RETURN_IF_ERROR(d.GetHash(&t->id, "id"));
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&t->submitter, "submitter"));
+  ML_RETURN_IF_ERROR(d.GetHash(&t->spec_hash, "spec_hash"));
+  ML_RETURN_IF_ERROR(d.GetU64(&t->budget, "budget"));
+  ML_RETURN_IF_ERROR(d.GetU64(&t->escrow, "escrow"));
+  ML_RETURN_IF_ERROR(d.GetU64(&t->spent, "spent"));
+  ML_RETURN_IF_ERROR(d.GetU64(&t->refunded, "refunded"));
+  ML_RETURN_IF_ERROR(d.GetU64(&t->price_cap, "price_cap"));
+  ML_RETURN_IF_ERROR(GetEnum(d, &t->status, 2, "status"));
+  ML_RETURN_IF_ERROR(d.GetU64(&t->created_height, "created_height"));
+  ML_RETURN_IF_ERROR(d.GetU32(&t->unit_count, "unit_count"));
+  ML_RETURN_IF_ERROR(d.GetString(&t->memo, "memo", kMaxStringFieldLength));
+  return Status::Ok();
+}
+
+void EncodeWorkUnit(Encoder& e, const WorkUnit& u) {
+  e.PutHash(u.task_id).PutU32(u.index).PutU8(static_cast<uint8_t>(u.status));
+  e.PutPublicKey(u.assignee).PutU64(u.deadline_height).PutHash(u.result_hash).PutU64(u.paid);
+}
+
+Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
+  ML_RETURN_IF_ERROR(d.GetHash(&u->task_id, "task_id"));
+  ML_RETURN_IF_ERROR(d.GetU32(&u->index, "index"));
+  ML_RETURN_IF_ERROR(GetEnum(d, &u->status, 5, "status"));
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&u->assignee, "assignee"));
+  ML_RETURN_IF_ERROR(d.GetU64(&u->deadline_height, "deadline_height"));
+  ML_RETURN_IF_ERROR(d.GetHash(&u->result_hash, "result_hash"));
+  ML_RETURN_IF_ERROR(d.GetU64(&u->paid, "paid"));
+  return Status::Ok();
+}
+
+// ---- JSON views.
+
+nlohmann::json AccountToJson(const Account& a) {
+  nlohmann::json unbonding = nlohmann::json::array();
+  for (const Unbonding& u : a.unbonding) {
+    unbonding.push_back({{"node_id", u.node_id.ToHex()},
+                         {"amount", u.amount},
+                         {"release_height", u.release_height}});
+  }
+  return {{"key", a.key.ToHex()},
+          {"balance", a.balance},
+          {"nonce", a.nonce},
+          {"unbonding", std::move(unbonding)}};
+}
+
+nlohmann::json NodeToJson(const NodeRecord& n) {
+  nlohmann::json caps = nlohmann::json::object();
+  NodeCapabilities::Visit(n.capabilities, internal::FieldToJson{caps});
+  const Reputation& r = n.reputation;
+  return {{"id", n.id.ToHex()},
+          {"owner", n.owner.ToHex()},
+          {"endpoint", n.endpoint},
+          {"roles", n.roles},
+          {"role_names", RolesToString(n.roles)},
+          {"capabilities", std::move(caps)},
+          {"price", n.price},
+          {"stake", n.stake},
+          {"status", std::string(NodeStatusName(n.status))},
+          {"reputation",
+           {{"units_completed", r.units_completed},
+            {"units_verified_clean", r.units_verified_clean},
+            {"clean_streak", r.clean_streak},
+            {"failures", r.failures},
+            {"slashes", r.slashes},
+            {"joined_height", r.joined_height}}},
+          {"last_heartbeat_height", n.last_heartbeat_height}};
+}
+
+nlohmann::json TaskToJson(const TaskRecord& t) {
+  return {{"id", t.id.ToHex()},
+          {"submitter", t.submitter.ToHex()},
+          {"spec_hash", t.spec_hash.ToHex()},
+          {"budget", t.budget},
+          {"escrow", t.escrow},
+          {"spent", t.spent},
+          {"refunded", t.refunded},
+          {"price_cap", t.price_cap},
+          {"status", std::string(TaskStatusName(t.status))},
+          {"created_height", t.created_height},
+          {"unit_count", t.unit_count},
+          {"memo", t.memo}};
+}
+
+nlohmann::json WorkUnitToJson(const WorkUnit& u) {
+  return {{"task_id", u.task_id.ToHex()},
+          {"index", u.index},
+          {"status", std::string(WorkUnitStatusName(u.status))},
+          {"assignee", u.assignee.ToHex()},
+          {"deadline_height", u.deadline_height},
+          {"result_hash", u.result_hash.ToHex()},
+          {"paid", u.paid}};
+}
+
+nlohmann::json TotalsToJson(const Totals& t) {
+  return {{"balances", t.balances}, {"staked", t.staked},     {"unbonding", t.unbonding},
+          {"escrow", t.escrow},     {"treasury", t.treasury}, {"jackpot", t.jackpot},
+          {"minted", t.minted}};
+}
+
+}  // namespace meshlearn::ledger

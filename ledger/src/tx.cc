@@ -1,0 +1,216 @@
+#include "meshlearn/ledger/tx.h"
+
+#include "fields.h"
+#include "meshlearn/base/encoding.h"
+
+namespace meshlearn::ledger {
+
+namespace {
+
+constexpr std::string_view kTxDomain = "meshlearn.tx.v1";
+
+// Everything but the signature.
+void EncodeUnsigned(Encoder& e, const Transaction& tx) {
+  e.PutU8(kTxVersion).PutString(tx.chain_id).PutPublicKey(tx.sender).PutU64(tx.nonce);
+  e.PutU64(tx.fee).PutU16(static_cast<uint16_t>(PayloadType(tx.payload)));
+  std::visit([&](const auto& p) { std::decay_t<decltype(p)>::Visit(p, internal::FieldEncoder{e}); },
+             tx.payload);
+}
+
+template <typename T>
+Status DecodePayloadAs(Decoder& d, TxPayload* out) {
+  T p;
+  internal::FieldDecoder fd{d, Status::Ok()};
+  T::Visit(p, fd);
+  ML_RETURN_IF_ERROR(fd.status);
+  *out = std::move(p);
+  return Status::Ok();
+}
+
+Status DecodePayload(Decoder& d, uint16_t tag, TxPayload* out) {
+  switch (tag) {
+#define ML_TX_DECODE_CASE_(Name, tag, module) \
+  case tag:                                   \
+    return DecodePayloadAs<Name##Tx>(d, out);
+    MESHLEARN_LEDGER_TX_TYPES(ML_TX_DECODE_CASE_)
+#undef ML_TX_DECODE_CASE_
+  }
+  return InvalidArgument("transaction: unknown type tag " + std::to_string(tag));
+}
+
+template <typename T>
+Result<TxPayload> PayloadFromJsonAs(const nlohmann::json& j) {
+  T p;
+  internal::FieldFromJson r{j, std::string(TxTypeName(T::kType)) + " payload", Status::Ok(), {}};
+  T::Visit(p, r);
+  r.CheckNoUnknownKeys({"type"});
+  if (!r.status.ok()) return r.status;
+  return TxPayload(std::move(p));
+}
+
+}  // namespace
+
+std::string_view TxTypeName(TxType t) {
+  switch (t) {
+#define ML_TX_NAME_CASE_(Name, tag, module) \
+  case TxType::k##Name:                     \
+    return #Name;
+    MESHLEARN_LEDGER_TX_TYPES(ML_TX_NAME_CASE_)
+#undef ML_TX_NAME_CASE_
+  }
+  return "Unknown";
+}
+
+Result<TxType> TxTypeFromName(std::string_view name) {
+#define ML_TX_FROM_NAME_(Name, tag, module) \
+  if (name == #Name) return TxType::k##Name;
+  MESHLEARN_LEDGER_TX_TYPES(ML_TX_FROM_NAME_)
+#undef ML_TX_FROM_NAME_
+  std::string known;
+#define ML_TX_LIST_NAME_(Name, tag, module) known += (known.empty() ? "" : ", ") + std::string(#Name);
+  MESHLEARN_LEDGER_TX_TYPES(ML_TX_LIST_NAME_)
+#undef ML_TX_LIST_NAME_
+  return InvalidArgument("unknown transaction type '" + std::string(name) + "' (known: " + known +
+                         ")");
+}
+
+TxType PayloadType(const TxPayload& p) {
+  return std::visit([](const auto& v) { return std::decay_t<decltype(v)>::kType; }, p);
+}
+
+Bytes EncodeTx(const Transaction& tx) {
+  Encoder e;
+  EncodeUnsigned(e, tx);
+  e.PutSignature(tx.signature);
+  return e.Take();
+}
+
+Result<Transaction> DecodeTx(ByteSpan wire) {
+  if (wire.size() > kMaxTxBytes) {
+    return ResourceExhausted("transaction: " + std::to_string(wire.size()) +
+                             " bytes, over the limit of " + std::to_string(kMaxTxBytes));
+  }
+  Decoder d(wire, "transaction");
+  Transaction tx;
+  uint8_t version;
+  ML_RETURN_IF_ERROR(d.GetU8(&version, "version"));
+  if (version != kTxVersion) {
+    return InvalidArgument("transaction: unsupported version " + std::to_string(version) +
+                           " (this build understands " + std::to_string(kTxVersion) + ")");
+  }
+  ML_RETURN_IF_ERROR(d.GetString(&tx.chain_id, "chain_id", kMaxChainIdLength));
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&tx.sender, "sender"));
+  ML_RETURN_IF_ERROR(d.GetU64(&tx.nonce, "nonce"));
+  ML_RETURN_IF_ERROR(d.GetU64(&tx.fee, "fee"));
+  uint16_t tag;
+  ML_RETURN_IF_ERROR(d.GetU16(&tag, "type"));
+  ML_RETURN_IF_ERROR(DecodePayload(d, tag, &tx.payload));
+  ML_RETURN_IF_ERROR(d.GetSignature(&tx.signature, "signature"));
+  ML_RETURN_IF_ERROR(d.Finish());
+  return tx;
+}
+
+Bytes SigningBytes(const Transaction& tx) {
+  Encoder e;
+  e.PutRaw(AsBytes(kTxDomain));
+  EncodeUnsigned(e, tx);
+  return e.Take();
+}
+
+Hash256 TxId(const Transaction& tx) {
+  Hasher h("meshlearn.txid.v1");
+  h.Update(EncodeTx(tx));
+  return h.Finish();
+}
+
+bool VerifyTxSignature(const Transaction& tx) {
+  return Verify(tx.sender, SigningBytes(tx), tx.signature);
+}
+
+Transaction SignTx(Transaction tx, const KeyPair& signer) {
+  tx.sender = signer.public_key();
+  tx.signature = signer.Sign(SigningBytes(tx));
+  return tx;
+}
+
+Transaction BuildSignedTx(const KeyPair& signer, std::string chain_id, uint64_t nonce,
+                          TxPayload payload, Amount fee) {
+  Transaction tx;
+  tx.chain_id = std::move(chain_id);
+  tx.nonce = nonce;
+  tx.fee = fee;
+  tx.payload = std::move(payload);
+  return SignTx(std::move(tx), signer);
+}
+
+nlohmann::json PayloadToJson(const TxPayload& p) {
+  nlohmann::json j = nlohmann::json::object();
+  j["type"] = std::string(TxTypeName(PayloadType(p)));
+  std::visit([&](const auto& v) { std::decay_t<decltype(v)>::Visit(v, internal::FieldToJson{j}); },
+             p);
+  return j;
+}
+
+Result<TxPayload> PayloadFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return InvalidArgument("payload: must be a JSON object, got " + j.dump());
+  auto type = j.find("type");
+  if (type == j.end() || !type->is_string()) {
+    return InvalidArgument("payload: needs \"type\" (e.g. \"Transfer\")");
+  }
+  ML_ASSIGN_OR_RETURN(TxType t, TxTypeFromName(type->get<std::string>()));
+  switch (t) {
+#define ML_TX_FROM_JSON_CASE_(Name, tag, module) \
+  case TxType::k##Name:                          \
+    return PayloadFromJsonAs<Name##Tx>(j);
+    MESHLEARN_LEDGER_TX_TYPES(ML_TX_FROM_JSON_CASE_)
+#undef ML_TX_FROM_JSON_CASE_
+  }
+  return Internal("unreachable");
+}
+
+nlohmann::json TxToJson(const Transaction& tx) {
+  return {{"id", TxId(tx).ToHex()},
+          {"chain_id", tx.chain_id},
+          {"sender", tx.sender.ToHex()},
+          {"nonce", tx.nonce},
+          {"fee", tx.fee},
+          {"type", std::string(TxTypeName(PayloadType(tx.payload)))},
+          {"payload", PayloadToJson(tx.payload)},
+          {"signature", tx.signature.ToHex()}};
+}
+
+Result<Transaction> TxFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return InvalidArgument("transaction: must be a JSON object");
+  Transaction tx;
+  auto get_str = [&](const char* k) -> Result<std::string> {
+    auto it = j.find(k);
+    if (it == j.end() || !it->is_string()) {
+      return InvalidArgument(std::string("transaction: needs string field '") + k + "'");
+    }
+    return it->get<std::string>();
+  };
+  auto get_u64 = [&](const char* k) -> Result<uint64_t> {
+    auto it = j.find(k);
+    if (it == j.end()) return uint64_t{0};
+    if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0)) {
+      return InvalidArgument(std::string("transaction: field '") + k +
+                             "' must be a non-negative integer");
+    }
+    return it->get<uint64_t>();
+  };
+  ML_ASSIGN_OR_RETURN(tx.chain_id, get_str("chain_id"));
+  ML_ASSIGN_OR_RETURN(std::string sender, get_str("sender"));
+  ML_ASSIGN_OR_RETURN(tx.sender, PublicKey::FromHex(sender, "sender"));
+  ML_ASSIGN_OR_RETURN(tx.nonce, get_u64("nonce"));
+  ML_ASSIGN_OR_RETURN(tx.fee, get_u64("fee"));
+  auto payload = j.find("payload");
+  if (payload == j.end()) return InvalidArgument("transaction: needs 'payload'");
+  ML_ASSIGN_OR_RETURN(tx.payload, PayloadFromJson(*payload));
+  if (j.contains("signature")) {
+    ML_ASSIGN_OR_RETURN(std::string sig, get_str("signature"));
+    ML_ASSIGN_OR_RETURN(tx.signature, Signature::FromHex(sig, "signature"));
+  }
+  return tx;
+}
+
+}  // namespace meshlearn::ledger
