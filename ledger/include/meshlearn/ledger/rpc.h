@@ -1,0 +1,117 @@
+// The ledger's JSON-RPC 2.0 API, as a pure request -> response function (no sockets): the HTTP
+// server (rpc_server.h) and the fuzzer feed it bytes, tests feed it JSON.
+//
+//   SharedChain shared(&chain);
+//   Sequencer seq(&shared, key, clock);            // absent on a follower: sends are refused
+//   RpcService rpc(&shared, &seq);
+//   json answer = rpc.HandleRpc({{"jsonrpc","2.0"},{"id",1},{"method","chain_status"}});
+//
+// Methods (params are a JSON object; heights, amounts and nonces are JSON integers, keys,
+// hashes and ids are lower-case hex):
+//   chain_status      {}                                -> chain id, height, state hash, ...
+//   send_tx           {tx: HEX, wait_ms?: N}            -> {tx_id, status, receipt?}
+//                     The canonical signed bytes. Idempotent: sending a tx again returns its
+//                     state (pending / included with its receipt) and never executes it twice.
+//                     With wait_ms, answers once the tx's block is committed (or wait_ms passes).
+//   get_tx            {id: HEX}                         -> {tx_id, status, height?, receipt?}
+//                     status: pending | included | rejected (with error) | unknown
+//   get_block         {height: N, raw?: bool}           -> the block (and its canonical hex)
+//   get_blocks        {from: N, limit?: N}              -> {blocks: [HEX...]} for followers
+//   get_account       {address: HEX}                    -> balance, nonce, stake, ...
+//   get_node          {id: HEX}    get_task {id: HEX}
+//   list_nodes        {cursor?, limit?}   list_tasks {cursor?, limit?}
+//   account_history   {address: HEX, cursor?, limit?}   -> {items, next_cursor}
+//   wait_block        {after: N, timeout_ms?: N}        -> {height, timed_out}: long-poll, answers
+//                     as soon as height > after (or at the timeout)
+//   get_genesis       {}                                -> {toml, genesis_hash}
+//   faucet            {address: HEX, amount?: N}        -> like send_tx, paid by the chain's faucet
+//
+// Errors: {code, message, data: {status}}; `status` is a StatusCode name (rpc_client.h maps it
+// back), the message says what to fix. Codes: the JSON-RPC standard ones, and kRpc* below.
+// Limits: body size, nesting depth of the JSON, batch size, page size, long-poll time and the
+// number of concurrent long-polls.
+//
+// Thread-safe: the HTTP server calls it from many threads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/base/status.h"
+
+namespace meshlearn::ledger {
+
+class SharedChain;
+class Sequencer;
+
+enum RpcErrorCode : int {
+  kRpcParseError = -32700,
+  kRpcInvalidRequest = -32600,
+  kRpcMethodNotFound = -32601,
+  kRpcInvalidParams = -32602,
+  kRpcInternalError = -32603,
+  kRpcTxRejected = -32000,     // the transaction is invalid now (signature, nonce, funds, ...)
+  kRpcNotFound = -32001,       // no such block, account, node, task or transaction
+  kRpcReadOnly = -32002,       // a follower: send transactions to the sequencer
+  kRpcLimitExceeded = -32003,  // body size, JSON depth, batch, rate, mempool or waiter limit
+  kRpcUnavailable = -32004,    // shutting down; retry elsewhere or later
+};
+
+struct RpcLimits {
+  size_t max_body_bytes = 1 << 20;
+  int max_json_depth = 16;
+  size_t max_batch = 100;
+  int64_t max_page = 100;
+  int64_t default_page = 20;
+  int64_t max_wait_ms = 30000;
+  int max_waiters = 48;  // long-polls at once; keep below the server's thread count
+  size_t max_blocks_per_call = 100;
+};
+
+// Extra facts a service states about itself in chain_status.
+struct RpcServiceInfo {
+  std::string role = "sequencer";  // or "follower"
+  std::string upstream;            // a follower's sequencer URL
+};
+
+class RpcService {
+ public:
+  // `sequencer` may be null (a follower): send_tx and faucet then answer kRpcReadOnly.
+  // Both must outlive the service.
+  RpcService(SharedChain* chain, Sequencer* sequencer, RpcLimits limits = {},
+             RpcServiceInfo info = {});
+
+  // One request object or a batch (array); answers a response object or an array.
+  nlohmann::json HandleRpc(const nlohmann::json& request);
+  // Raw HTTP body in, response text out: checks size and depth before parsing.
+  std::string HandleBody(std::string_view body);
+
+  // Wakes long-polls and refuses new ones; called on shutdown.
+  void Shutdown();
+
+  const RpcLimits& limits() const { return limits_; }
+
+ private:
+  nlohmann::json HandleOne(const nlohmann::json& request);
+  nlohmann::json Dispatch(const std::string& method, const nlohmann::json& params);
+
+  SharedChain* chain_;
+  Sequencer* sequencer_;
+  RpcLimits limits_;
+  RpcServiceInfo info_;
+  std::atomic<int> waiters_{0};
+};
+
+// {"jsonrpc":"2.0","id":id,"error":{"code":..,"message":..,"data":{"status":..}}}
+nlohmann::json RpcErrorResponse(const nlohmann::json& id, int code, const std::string& message,
+                                StatusCode status);
+
+// True when `text` nests arrays/objects deeper than `max_depth` (strings are skipped, so
+// brackets inside them do not count). Linear, no recursion: safe on hostile input.
+bool JsonTooDeep(std::string_view text, int max_depth);
+
+}  // namespace meshlearn::ledger

@@ -1,0 +1,23 @@
+# The ledger's service layer: JSON-RPC over HTTP, the sequencer, the follower and the RPC client.
+# Included by ledger/CMakeLists.txt, which compiles these into meshlearn_ledger and the tests into
+# ledger_service_test. Owned by the service side; the core side owns CMakeLists.txt.
+set(LEDGER_SERVICE_SOURCES
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/follower.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/rate_limit.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_client.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_server.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/sequencer.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/shared_chain.cc
+)
+
+set(LEDGER_SERVICE_TESTS)
+
+# libFuzzer target over the JSON-RPC handlers (clang only). For coverage inside the library too,
+# configure with -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link (scripts/fuzz.sh does).
+if(MESHLEARN_BUILD_FUZZ AND CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  add_executable(rpc_fuzz ${CMAKE_SOURCE_DIR}/fuzz/rpc_fuzz.cc)
+  target_link_libraries(rpc_fuzz PRIVATE meshlearn_ledger)
+  target_compile_options(rpc_fuzz PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_options(rpc_fuzz PRIVATE -fsanitize=fuzzer,address,undefined)
+endif()
