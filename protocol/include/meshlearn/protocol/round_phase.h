@@ -1,0 +1,149 @@
+// The per-task round state machine: where a task is in its rounds, driven by ledger events.
+//
+// Phases of a round (the task's phase is the current round's phase):
+//
+//   assigning ──(every unit has a solver)──> training ──(every unit committed)──> aggregating
+//       ^   <──(an assignment expired: unit pending again)──┘                          │
+//       │                                                            aggregate committed
+//       │                                                                             v
+//   next round <──(window closed, no hold)── awaiting_verification_window ──(last round)──> final
+//
+// Pure and event-driven: no clock (heights come with the events), no I/O. The ledger keeps one
+// machine per task in its state, feeds it the block's events in order, and acts on the returned
+// RoundUpdate (penalise expired nodes, pay finalized rounds). Scheduling itself is AssignUnits in
+// scheduler.h: the ledger calls it with PendingUnits() and feeds the result to OnAssigned().
+//
+// The verification window is the seam for the verification issue: a round becomes final only when
+// `verification_window_blocks` blocks have passed since its aggregate was committed (0 = at
+// once) and no hold is active (HoldFinality/ReleaseFinality, e.g. while a dispute is open).
+// RewindRound re-runs the current round from its starting weights after fraud is proven.
+//
+//   Result<RoundStateMachine> m = RoundStateMachine::Create(config);
+//   m->OnBlock(h);                                   // every block, first
+//   auto pending = m->PendingUnits();                // -> AssignUnits -> m->OnAssigned(...)
+//   m->OnUnitCommitted(unit, node, result_hash, h);  // commit transactions
+//   m->OnAggregateCommitted(round, weights_hash, h); // aggregator's transaction
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/protocol/types.h"
+
+namespace meshlearn::protocol {
+
+enum class RoundPhase : uint8_t {
+  kRoundPhaseAssigning = 0,               // some unit of the round has no solver
+  kRoundPhaseTraining,                    // every unit has a solver; some not committed
+  kRoundPhaseAggregating,                 // every unit committed; waiting for the aggregate
+  kRoundPhaseAwaitingVerificationWindow,  // aggregate committed; waiting for finality
+  kRoundPhaseFinal,                       // every round final: the task is done
+};
+std::string_view RoundPhaseName(RoundPhase phase);
+
+struct RoundMachineConfig {
+  TaskId task;
+  uint32_t rounds = 0;
+  uint32_t units_per_round = 0;
+  uint64_t verification_window_blocks = 0;  // 0 = a round is final when its aggregate commits
+  Hash256 initial_weights;                  // content hash of the task's initial weights
+  uint64_t start_height = 0;                // height of the block that accepted the task
+};
+
+// What an event did, for the caller to act on.
+struct RoundUpdate {
+  // Assignments that passed their deadline without a commit: the units are pending again, the
+  // nodes excluded from them. Apply ApplyMissedDeadline to each node; do not pay them.
+  std::vector<Assignment> expired;
+  // Rounds that became final in this event (pay their solvers and aggregator).
+  std::vector<uint32_t> finalized_rounds;
+};
+
+struct CommittedUnit {
+  UnitId unit;
+  NodeId node;
+  Hash256 result;  // hash of the delta blob (and Merkle root, as the node defines it)
+  uint64_t height = 0;
+};
+
+class RoundStateMachine {
+ public:
+  static Result<RoundStateMachine> Create(const RoundMachineConfig& config);
+
+  RoundPhase phase() const { return phase_; }
+  // The round in progress (== rounds once final).
+  uint32_t round() const { return round_; }
+  uint64_t height() const { return height_; }
+  // Global weights the current round trains from (the last final aggregate, or the initial
+  // weights). weights_history()[r] are the weights round r started from; the last entry is the
+  // newest final weights.
+  const Hash256& round_weights() const { return weights_history_.back(); }
+  const std::vector<Hash256>& weights_history() const { return weights_history_; }
+  // Height at which the current round's window closes (valid in the awaiting phase).
+  uint64_t window_end_height() const { return window_end_; }
+
+  // Units of the current round without a solver, sorted, with their excluded nodes.
+  std::vector<PendingUnit> PendingUnits() const;
+  // Assignments of the current round not yet committed, sorted by unit.
+  std::vector<Assignment> OpenAssignments() const;
+  // Committed units of the current round, sorted by unit (what the aggregator fetches).
+  std::vector<CommittedUnit> CommittedUnits() const;
+
+  // --- events ---------------------------------------------------------------------------------
+  // A new block. Heights never decrease. Expires overdue assignments (deadline < height) and
+  // closes the verification window when due.
+  Result<RoundUpdate> OnBlock(uint64_t height);
+  // Scheduler output. Each assignment must be for a pending unit of the current round and a
+  // node not excluded from it; nothing changes if any is not.
+  Status OnAssigned(std::span<const Assignment> assignments);
+  // A solver's commit. Accepted only from the node the unit is assigned to, at or before its
+  // deadline; a late or foreign commit is refused (and so not paid).
+  Status OnUnitCommitted(const UnitId& unit, const NodeId& node, const Hash256& result,
+                         uint64_t height);
+  // Explicit expiry (e.g. the node deregistered): as if its deadline had passed.
+  Result<RoundUpdate> OnUnitExpired(const UnitId& unit);
+  // The aggregator's commit of round `round`'s new global weights.
+  Result<RoundUpdate> OnAggregateCommitted(uint32_t round, const Hash256& new_weights,
+                                           uint64_t height);
+
+  // --- seams for verification -----------------------------------------------------------------
+  // While holds are active the window does not close (a dispute is open).
+  void HoldFinality() { ++holds_; }
+  Result<RoundUpdate> ReleaseFinality();
+  // Fraud proven in the current, not yet final round: every unit becomes pending again (the
+  // given nodes excluded from all of them) and the round re-runs from round_weights().
+  Status RewindRound(std::span<const NodeId> exclude);
+
+ private:
+  enum class UnitState : uint8_t { kPending, kAssigned, kCommitted };
+  struct Unit {
+    UnitState state = UnitState::kPending;
+    Assignment assignment;
+    Hash256 result;
+    uint64_t commit_height = 0;
+    std::vector<NodeId> excluded;
+  };
+
+  explicit RoundStateMachine(const RoundMachineConfig& config);
+  void StartRound();
+  void RecomputePhase();
+  Assignment Expire(Unit& u);
+  void MaybeFinalize(RoundUpdate& update);
+  Result<Unit*> FindUnit(const UnitId& unit);
+
+  RoundMachineConfig config_;
+  RoundPhase phase_ = RoundPhase::kRoundPhaseAssigning;
+  uint32_t round_ = 0;
+  uint64_t height_ = 0;
+  uint64_t window_end_ = 0;
+  uint32_t holds_ = 0;
+  Hash256 pending_weights_;  // aggregate of the current round, final when the window closes
+  std::vector<Hash256> weights_history_;
+  std::vector<Unit> units_;  // index = shard
+};
+
+}  // namespace meshlearn::protocol

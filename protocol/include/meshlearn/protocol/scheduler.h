@@ -1,0 +1,124 @@
+// Scheduling: which solver trains which work unit, and by when (DESIGN.md step 3).
+//
+// AssignUnits is a deterministic function of (task, node views, pending units, block hash,
+// height): the ledger calls it when it builds a block, and every follower that replays the block
+// gets the same assignments. All arithmetic is integer; the only randomness is an Rng seeded from
+// the block hash and the task id.
+//
+// Rules (docs/protocol.md has the formulas):
+//   * eligible = active status, heartbeat within `liveness_blocks`, memory >= the task's need,
+//     price <= the task's cap, throughput and bandwidth reported, reputation >= the floor;
+//   * weight = (1 / estimated unit time) x reputation; the estimated time is
+//     FLOPs / throughput + round trips x latency + 2 x model bytes / bandwidth, so a node twice
+//     as fast gets about twice the units;
+//   * units are dealt by systematic sampling over a shuffled order (one random offset, equally
+//     spaced points on the cumulative weights): every node gets floor or ceil of its exact share
+//     units x weight / total, in O(nodes + units);
+//   * each assignment's deadline covers the node's queue (units already in flight plus the ones
+//     dealt before it in this call), times a slack factor;
+//   * a unit a node let expire is never dealt to that node again (PendingUnit::excluded).
+//
+//   SchedulerParams params;
+//   Result<ScheduleResult> r = AssignUnits(task, nodes, pending, block.hash, block.height, params);
+//   for (const Assignment& a : r->assignments) ...;  // record in ledger state
+//   ...
+//   for (const Assignment& a : OverdueAssignments(open, height)) {
+//     ApplyMissedDeadline(reputation_of(a.node));    // and: not paid
+//     pending.push_back({a.unit, {a.node}});          // reassigned at the next AssignUnits
+//   }
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/protocol/types.h"
+
+namespace meshlearn::protocol {
+
+struct SchedulerParams {
+  uint64_t block_interval_ms = 1000;  // converts estimated times into block heights
+  // A node is live if its last heartbeat is at most this many blocks old.
+  uint64_t liveness_blocks = 30;
+  // Deadline = estimate x slack (permille: 2000 = twice the estimate) ...
+  uint32_t deadline_slack_permille = 2000;
+  // ... but never fewer than this many blocks after assignment.
+  uint64_t min_deadline_blocks = 5;
+  // Nodes whose ReputationPermille is below this get no work.
+  uint32_t min_reputation_permille = 100;
+  // Network round trips per unit (fetch weights, commit result), each costing latency_ms.
+  uint32_t round_trips_per_unit = 2;
+};
+
+// Why a node can or cannot receive units of a task. Shown to operators ("why no work?").
+enum class Eligibility : uint8_t {
+  kEligibilityOk = 0,
+  kEligibilityNotActive,       // jailed, exiting or offline
+  kEligibilityStaleHeartbeat,  // no heartbeat within liveness_blocks
+  kEligibilityInsufficientMemory,
+  kEligibilityOverPriceCap,
+  kEligibilityNoThroughput,  // throughput or bandwidth not reported (0)
+  kEligibilityLowReputation,
+};
+std::string_view EligibilityName(Eligibility e);
+
+Eligibility CheckEligibility(const NodeView& node, const TaskSpecView& task, uint64_t height,
+                             const SchedulerParams& params);
+
+// Memory a solver needs: task.memory_required_bytes when set, else 5 x model_bytes (weights,
+// gradients, two Adam moments, and the round's global weights to form the delta). Saturating.
+uint64_t RequiredMemoryBytes(const TaskSpecView& task);
+
+// Reputation as a multiplier in permille (1000 = neutral, new node):
+//   completion = 1000 x (completed + 4) / (completed + failures + 4)   (4 = prior of a new node)
+//   bonus      = 10 x min(clean_streak, 20)                            (up to +20%)
+//   score      = completion x (1000 + bonus) / 1000 / (1 + 2 x slashes)
+// Range [0, 1200].
+uint32_t ReputationPermille(const Reputation& rep);
+
+// Estimated wall time of one unit on `node`, in milliseconds (>= 1):
+//   ceil(UnitFlops x 1000 / throughput) + round_trips x latency + ceil(2 x model_bytes x 1000 /
+//   bandwidth). REQUIRES: throughput_flops > 0 and bandwidth_bytes_per_s > 0.
+uint64_t EstimatedUnitMs(const NodeView& node, const TaskSpecView& task,
+                         const SchedulerParams& params);
+
+// Relative share of units: (2^32 / EstimatedUnitMs) x ReputationPermille, >= 1 for an eligible
+// node. Only ratios between nodes matter.
+uint64_t SchedulingWeight(const NodeView& node, const TaskSpecView& task,
+                          const SchedulerParams& params);
+
+// Deadline of a unit that is `queue_position`-th (0-based) in the node's queue, assigned at
+// `height`: height + max(min_deadline_blocks,
+//                        ceil((queue_position + 1) x unit_ms x slack / 1000 / block_interval_ms)).
+uint64_t DeadlineHeight(uint64_t height, uint64_t unit_ms, uint64_t queue_position,
+                        const SchedulerParams& params);
+
+struct ScheduleResult {
+  // Sorted by unit id.
+  std::vector<Assignment> assignments;
+  // Units no eligible node could take (no eligible node, or all of them excluded). They stay
+  // pending; the next AssignUnits tries again (new nodes join, heartbeats resume).
+  std::vector<UnitId> unassigned;
+  uint64_t eligible_nodes = 0;
+};
+
+// Deals `pending` units to `nodes` for the block at `height` whose hash is `block_hash`.
+// The result does not depend on the order of `nodes` or `pending`: both are put in canonical
+// order (by id) first — in O(n) when the caller already passes nodes sorted by id, as the
+// ledger's registry does. Errors: duplicate node ids or unit ids, a unit of another task, an
+// invalid task.
+Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const NodeView> nodes,
+                                   std::span<const PendingUnit> pending, const Hash256& block_hash,
+                                   uint64_t height, const SchedulerParams& params = {});
+
+// Assignments whose deadline has passed at `height` (deadline_height < height), in the order
+// given. The unit is reassigned and the node penalised; a commit for it is no longer accepted.
+std::vector<Assignment> OverdueAssignments(std::span<const Assignment> open, uint64_t height);
+
+// The reputation cost of a missed deadline: one more failure, and the clean streak ends.
+void ApplyMissedDeadline(Reputation& rep);
+
+}  // namespace meshlearn::protocol

@@ -1,0 +1,105 @@
+// Plain input and output records of the protocol algorithms. The ledger fills them from its state
+// (node registry, task table, reputation table) and the node fills them from what it observes;
+// the algorithms in protocol/ never read the ledger, a clock, a file or a socket themselves.
+//
+// Money is always an integer number of tokens; heights are block heights; sizes are bytes; rates
+// are per second. No floating point appears in these records, so everything the scheduler
+// computes from them is integer arithmetic and replays identically on every follower.
+#pragma once
+
+#include <compare>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/sign.h"
+
+namespace meshlearn::protocol {
+
+// A node (solver) is identified by its ed25519 public key, as in the ledger's node registry.
+using NodeId = PublicKey;
+// A task is identified by the hash of its SubmitTask transaction (or any 32-byte id the ledger
+// assigns; the protocol only needs it to be unique and stable).
+using TaskId = Hash256;
+
+// Counters the ledger keeps per node. Only the ledger changes them (after verification, on a
+// missed deadline, on a slash); the scheduler reads them to weight nodes.
+struct Reputation {
+  uint64_t completed = 0;       // units committed before their deadline
+  uint64_t verified_clean = 0;  // units that a verifier re-executed and found equal
+  uint64_t clean_streak = 0;    // consecutive clean verifications (reset by any failure)
+  uint64_t failures = 0;        // missed deadlines (and other non-fraud failures)
+  uint64_t slashes = 0;         // proven fraud
+
+  bool operator==(const Reputation&) const = default;
+};
+
+enum class NodeStatus : uint8_t {
+  kNodeStatusActive = 0,  // registered, staked, may receive work
+  kNodeStatusJailed,      // temporarily barred (e.g. after a slash)
+  kNodeStatusExiting,     // unbonding; finishes its work but gets none new
+  kNodeStatusOffline,     // deregistered or marked offline by the ledger
+};
+
+// What the scheduler knows about one solver.
+struct NodeView {
+  NodeId id;
+  uint64_t memory_bytes = 0;           // memory available for training
+  uint64_t throughput_flops = 0;       // FLOP/s measured by the standard benchmark
+  uint32_t latency_ms = 0;             // reported round-trip latency to the network
+  uint64_t bandwidth_bytes_per_s = 0;  // reported sustained bandwidth (both directions)
+  uint64_t price_per_gflop = 0;        // tokens asked per 10^9 training FLOPs
+  uint64_t last_heartbeat_height = 0;  // height of the block that carried its last heartbeat
+  Reputation reputation;
+  NodeStatus status = NodeStatus::kNodeStatusActive;
+  // Units already assigned to this node and not yet committed or expired (from earlier
+  // assignments). New units queue behind them, so their deadlines are later.
+  uint32_t inflight_units = 0;
+};
+
+// The parts of a task the decomposition and the scheduler need.
+struct TaskSpecView {
+  TaskId id;
+  uint32_t rounds = 0;           // outer (DiLoCo) rounds
+  uint32_t units_per_round = 0;  // work units (= data shards) per round
+  uint32_t inner_steps = 0;      // H: optimizer steps each unit runs from the round's weights
+  uint32_t batch_size = 0;       // samples per inner step
+  // Training FLOPs for one sample, forward + backward (about 6 x parameters for a dense net).
+  uint64_t flops_per_sample = 0;
+  uint64_t model_bytes = 0;  // size of the weights (and of a delta), float32
+  // Memory a solver needs. 0 = estimate from model_bytes (see RequiredMemoryBytes).
+  uint64_t memory_required_bytes = 0;
+  uint64_t price_cap_per_gflop = 0;  // highest price_per_gflop the submitter accepts
+  uint64_t seed = 0;                 // task seed: data order, initialisation
+  uint64_t num_examples = 0;         // dataset size (samples, or token windows)
+};
+
+// One work unit: H inner steps on shard `shard` of round `round`, from the round's global weights.
+struct UnitId {
+  TaskId task;
+  uint32_t round = 0;
+  uint32_t shard = 0;
+
+  // Canonical order: task, then round, then shard. Aggregation and scheduling sort by it.
+  auto operator<=>(const UnitId&) const = default;
+  std::string ToString() const;  // "3f2a9c01b4de/r2/s5"
+};
+
+// A unit given to a node. The node must commit its result at or before `deadline_height`.
+struct Assignment {
+  UnitId unit;
+  NodeId node;
+  uint64_t assigned_height = 0;
+  uint64_t deadline_height = 0;
+
+  bool operator==(const Assignment&) const = default;
+};
+
+// A unit waiting for a solver, and the nodes that may not take it (they let it expire before).
+struct PendingUnit {
+  UnitId unit;
+  std::vector<NodeId> excluded;
+};
+
+}  // namespace meshlearn::protocol

@@ -1,0 +1,262 @@
+#include "meshlearn/protocol/round_phase.h"
+
+#include <algorithm>
+#include <string>
+
+#include "meshlearn/base/check.h"
+
+namespace meshlearn::protocol {
+namespace {
+
+UnitId UnitOf(const TaskId& task, uint32_t round, size_t shard) {
+  return UnitId{task, round, static_cast<uint32_t>(shard)};
+}
+
+}  // namespace
+
+std::string_view RoundPhaseName(RoundPhase phase) {
+  switch (phase) {
+    case RoundPhase::kRoundPhaseAssigning: return "assigning";
+    case RoundPhase::kRoundPhaseTraining: return "training";
+    case RoundPhase::kRoundPhaseAggregating: return "aggregating";
+    case RoundPhase::kRoundPhaseAwaitingVerificationWindow: return "awaiting_verification_window";
+    case RoundPhase::kRoundPhaseFinal: return "final";
+  }
+  return "unknown";
+}
+
+Result<RoundStateMachine> RoundStateMachine::Create(const RoundMachineConfig& config) {
+  if (config.rounds == 0) return InvalidArgument("task: rounds must be > 0, got 0");
+  if (config.units_per_round == 0) {
+    return InvalidArgument("task: units_per_round must be > 0, got 0");
+  }
+  return RoundStateMachine(config);
+}
+
+RoundStateMachine::RoundStateMachine(const RoundMachineConfig& config)
+    : config_(config), height_(config.start_height) {
+  weights_history_.push_back(config.initial_weights);
+  StartRound();
+}
+
+void RoundStateMachine::StartRound() {
+  units_.assign(config_.units_per_round, Unit{});
+  window_end_ = 0;
+  pending_weights_ = Hash256{};
+  phase_ = RoundPhase::kRoundPhaseAssigning;
+}
+
+void RoundStateMachine::RecomputePhase() {
+  if (phase_ == RoundPhase::kRoundPhaseAwaitingVerificationWindow ||
+      phase_ == RoundPhase::kRoundPhaseFinal) {
+    return;
+  }
+  bool any_pending = false, any_assigned = false;
+  for (const Unit& u : units_) {
+    any_pending |= u.state == UnitState::kPending;
+    any_assigned |= u.state == UnitState::kAssigned;
+  }
+  phase_ = any_pending    ? RoundPhase::kRoundPhaseAssigning
+           : any_assigned ? RoundPhase::kRoundPhaseTraining
+                          : RoundPhase::kRoundPhaseAggregating;
+}
+
+
+std::vector<PendingUnit> RoundStateMachine::PendingUnits() const {
+  std::vector<PendingUnit> out;
+  if (phase_ == RoundPhase::kRoundPhaseFinal) return out;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (units_[i].state == UnitState::kPending) {
+      out.push_back({UnitOf(config_.task, round_, i), units_[i].excluded});
+    }
+  }
+  return out;
+}
+
+std::vector<Assignment> RoundStateMachine::OpenAssignments() const {
+  std::vector<Assignment> out;
+  for (const Unit& u : units_) {
+    if (u.state == UnitState::kAssigned) out.push_back(u.assignment);
+  }
+  return out;
+}
+
+std::vector<CommittedUnit> RoundStateMachine::CommittedUnits() const {
+  std::vector<CommittedUnit> out;
+  for (const Unit& u : units_) {
+    if (u.state == UnitState::kCommitted) {
+      out.push_back({u.assignment.unit, u.assignment.node, u.result, u.commit_height});
+    }
+  }
+  return out;
+}
+
+Result<RoundStateMachine::Unit*> RoundStateMachine::FindUnit(const UnitId& unit) {
+  if (phase_ == RoundPhase::kRoundPhaseFinal) {
+    return FailedPrecondition("task " + config_.task.ShortHex() + " is final; unit " +
+                              unit.ToString() + " is not open");
+  }
+  if (unit.task != config_.task || unit.round != round_ || unit.shard >= units_.size()) {
+    return FailedPrecondition("unit " + unit.ToString() + " is not a unit of the current round " +
+                              std::to_string(round_) + " of task " + config_.task.ShortHex());
+  }
+  return &units_[unit.shard];
+}
+
+Assignment RoundStateMachine::Expire(Unit& u) {
+  CHECK(u.state == UnitState::kAssigned);
+  Assignment a = u.assignment;
+  u.state = UnitState::kPending;
+  if (std::find(u.excluded.begin(), u.excluded.end(), a.node) == u.excluded.end()) {
+    u.excluded.push_back(a.node);
+  }
+  u.assignment = Assignment{};
+  return a;
+}
+
+void RoundStateMachine::MaybeFinalize(RoundUpdate& update) {
+  if (phase_ != RoundPhase::kRoundPhaseAwaitingVerificationWindow) return;
+  if (holds_ > 0 || height_ < window_end_) return;
+  update.finalized_rounds.push_back(round_);
+  weights_history_.push_back(pending_weights_);
+  ++round_;
+  if (round_ == config_.rounds) {
+    units_.clear();
+    phase_ = RoundPhase::kRoundPhaseFinal;
+    return;
+  }
+  StartRound();
+}
+
+Result<RoundUpdate> RoundStateMachine::OnBlock(uint64_t height) {
+  if (height < height_) {
+    return InvalidArgument("round machine: block height went back from " +
+                           std::to_string(height_) + " to " + std::to_string(height));
+  }
+  height_ = height;
+  RoundUpdate update;
+  if (phase_ == RoundPhase::kRoundPhaseTraining || phase_ == RoundPhase::kRoundPhaseAssigning) {
+    for (Unit& u : units_) {
+      if (u.state == UnitState::kAssigned && u.assignment.deadline_height < height) {
+        update.expired.push_back(Expire(u));
+      }
+    }
+    RecomputePhase();
+  }
+  MaybeFinalize(update);
+  return update;
+}
+
+Status RoundStateMachine::OnAssigned(std::span<const Assignment> assignments) {
+  // Validate everything first so that a bad batch changes nothing.
+  std::vector<uint32_t> seen;
+  for (const Assignment& a : assignments) {
+    ML_ASSIGN_OR_RETURN(Unit * u, FindUnit(a.unit));
+    if (u->state != UnitState::kPending) {
+      return FailedPrecondition("unit " + a.unit.ToString() + " is not pending");
+    }
+    if (std::find(seen.begin(), seen.end(), a.unit.shard) != seen.end()) {
+      return InvalidArgument("unit " + a.unit.ToString() + " assigned twice in one batch");
+    }
+    seen.push_back(a.unit.shard);
+    if (std::find(u->excluded.begin(), u->excluded.end(), a.node) != u->excluded.end()) {
+      return FailedPrecondition("node " + a.node.ShortHex() + " let unit " + a.unit.ToString() +
+                                " expire before and may not take it again");
+    }
+    if (a.deadline_height < height_) {
+      return InvalidArgument("assignment of unit " + a.unit.ToString() + " has deadline " +
+                             std::to_string(a.deadline_height) + " before the current height " +
+                             std::to_string(height_));
+    }
+  }
+  for (const Assignment& a : assignments) {
+    Unit& u = units_[a.unit.shard];
+    u.state = UnitState::kAssigned;
+    u.assignment = a;
+  }
+  RecomputePhase();
+  return Status::Ok();
+}
+
+Status RoundStateMachine::OnUnitCommitted(const UnitId& unit, const NodeId& node,
+                                          const Hash256& result, uint64_t height) {
+  ML_ASSIGN_OR_RETURN(Unit * u, FindUnit(unit));
+  if (u->state != UnitState::kAssigned || u->assignment.node != node) {
+    return FailedPrecondition("unit " + unit.ToString() + " is not assigned to node " +
+                              node.ShortHex() + " (expired, reassigned or already committed)");
+  }
+  if (height > u->assignment.deadline_height) {
+    return FailedPrecondition("commit of unit " + unit.ToString() + " at height " +
+                              std::to_string(height) + " is after its deadline " +
+                              std::to_string(u->assignment.deadline_height));
+  }
+  u->state = UnitState::kCommitted;
+  u->result = result;
+  u->commit_height = height;
+  RecomputePhase();
+  return Status::Ok();
+}
+
+Result<RoundUpdate> RoundStateMachine::OnUnitExpired(const UnitId& unit) {
+  ML_ASSIGN_OR_RETURN(Unit * u, FindUnit(unit));
+  if (u->state != UnitState::kAssigned) {
+    return FailedPrecondition("unit " + unit.ToString() + " is not assigned, cannot expire");
+  }
+  RoundUpdate update;
+  update.expired.push_back(Expire(*u));
+  RecomputePhase();
+  return update;
+}
+
+Result<RoundUpdate> RoundStateMachine::OnAggregateCommitted(uint32_t round,
+                                                            const Hash256& new_weights,
+                                                            uint64_t height) {
+  if (phase_ != RoundPhase::kRoundPhaseAggregating || round != round_) {
+    return FailedPrecondition("aggregate for round " + std::to_string(round) + " of task " +
+                              config_.task.ShortHex() + " not expected: the task is in round " +
+                              std::to_string(round_) + ", phase " +
+                              std::string(RoundPhaseName(phase_)));
+  }
+  if (height < height_) {
+    return InvalidArgument("aggregate commit height " + std::to_string(height) +
+                           " is before the current height " + std::to_string(height_));
+  }
+  height_ = height;
+  pending_weights_ = new_weights;
+  window_end_ = height + config_.verification_window_blocks;
+  phase_ = RoundPhase::kRoundPhaseAwaitingVerificationWindow;
+  RoundUpdate update;
+  MaybeFinalize(update);
+  return update;
+}
+
+Result<RoundUpdate> RoundStateMachine::ReleaseFinality() {
+  if (holds_ == 0) return FailedPrecondition("round machine: ReleaseFinality without a hold");
+  --holds_;
+  RoundUpdate update;
+  MaybeFinalize(update);
+  return update;
+}
+
+Status RoundStateMachine::RewindRound(std::span<const NodeId> exclude) {
+  if (phase_ == RoundPhase::kRoundPhaseFinal) {
+    return FailedPrecondition("task " + config_.task.ShortHex() + " is final; nothing to rewind");
+  }
+  for (Unit& u : units_) {
+    u.state = UnitState::kPending;
+    u.assignment = Assignment{};
+    u.result = Hash256{};
+    u.commit_height = 0;
+    for (const NodeId& n : exclude) {
+      if (std::find(u.excluded.begin(), u.excluded.end(), n) == u.excluded.end()) {
+        u.excluded.push_back(n);
+      }
+    }
+  }
+  window_end_ = 0;
+  pending_weights_ = Hash256{};
+  phase_ = RoundPhase::kRoundPhaseAssigning;
+  return Status::Ok();
+}
+
+}  // namespace meshlearn::protocol

@@ -1,0 +1,280 @@
+#include "meshlearn/protocol/scheduler.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "meshlearn/base/check.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/protocol/decompose.h"
+
+namespace meshlearn::protocol {
+namespace {
+
+// 128-bit intermediates keep products like FLOPs x 1000 exact. __extension__ silences
+// -Wpedantic; GCC and Clang on every 64-bit target we build for provide the type.
+__extension__ typedef unsigned __int128 U128;
+
+uint64_t Saturate(U128 v) { return v > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(v); }
+
+uint64_t MulDivCeil(uint64_t a, uint64_t b, uint64_t c) {
+  CHECK_GT(c, 0u);
+  const U128 p = static_cast<U128>(a) * b;
+  return Saturate((p + c - 1) / c);
+}
+
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+uint64_t ScheduleSeed(const Hash256& block_hash, const TaskId& task, uint64_t height) {
+  Hasher h("meshlearn.schedule");
+  h.Update(block_hash).Update(task).UpdateU64(height);
+  const Hash256 d = h.Finish();
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | d.bytes[static_cast<size_t>(i)];
+  return v;
+}
+
+bool IsExcluded(const PendingUnit& unit, const NodeId& node) {
+  return std::find(unit.excluded.begin(), unit.excluded.end(), node) != unit.excluded.end();
+}
+
+// Scaling keeps the total weight below 2^62 so prefix sums and Rng::Uniform stay in 64 bits.
+constexpr uint64_t kMaxTotalWeight = uint64_t{1} << 62;
+constexpr uint64_t kRateScale = uint64_t{1} << 32;
+// Draws before falling back to a scan when a drawn node is excluded from a unit.
+constexpr int kMaxRedraws = 64;
+
+}  // namespace
+
+std::string_view EligibilityName(Eligibility e) {
+  switch (e) {
+    case Eligibility::kEligibilityOk: return "ok";
+    case Eligibility::kEligibilityNotActive: return "not active (jailed, exiting or offline)";
+    case Eligibility::kEligibilityStaleHeartbeat: return "no recent heartbeat";
+    case Eligibility::kEligibilityInsufficientMemory: return "not enough memory for the task";
+    case Eligibility::kEligibilityOverPriceCap: return "price above the task's price cap";
+    case Eligibility::kEligibilityNoThroughput: return "throughput or bandwidth not reported";
+    case Eligibility::kEligibilityLowReputation: return "reputation below the floor";
+  }
+  return "unknown";
+}
+
+uint64_t RequiredMemoryBytes(const TaskSpecView& task) {
+  if (task.memory_required_bytes != 0) return task.memory_required_bytes;
+  return Saturate(static_cast<U128>(task.model_bytes) * 5);
+}
+
+uint32_t ReputationPermille(const Reputation& rep) {
+  constexpr uint64_t kPrior = 4;
+  const uint64_t completed = std::min<uint64_t>(rep.completed, uint64_t{1} << 40);
+  const uint64_t failures = std::min<uint64_t>(rep.failures, uint64_t{1} << 40);
+  const uint64_t completion = 1000 * (completed + kPrior) / (completed + failures + kPrior);
+  const uint64_t bonus = 10 * std::min<uint64_t>(rep.clean_streak, 20);
+  const uint64_t slashes = std::min<uint64_t>(rep.slashes, uint64_t{1} << 40);
+  const uint64_t score = completion * (1000 + bonus) / 1000 / (1 + 2 * slashes);
+  return static_cast<uint32_t>(score);
+}
+
+Eligibility CheckEligibility(const NodeView& node, const TaskSpecView& task, uint64_t height,
+                             const SchedulerParams& params) {
+  if (node.status != NodeStatus::kNodeStatusActive) return Eligibility::kEligibilityNotActive;
+  if (node.last_heartbeat_height > height ||
+      height - node.last_heartbeat_height > params.liveness_blocks) {
+    // A heartbeat "from the future" cannot be in ledger state; treat it as stale rather than
+    // trusting it.
+    return Eligibility::kEligibilityStaleHeartbeat;
+  }
+  if (node.memory_bytes < RequiredMemoryBytes(task)) {
+    return Eligibility::kEligibilityInsufficientMemory;
+  }
+  if (node.price_per_gflop > task.price_cap_per_gflop) {
+    return Eligibility::kEligibilityOverPriceCap;
+  }
+  if (node.throughput_flops == 0 || node.bandwidth_bytes_per_s == 0) {
+    return Eligibility::kEligibilityNoThroughput;
+  }
+  if (ReputationPermille(node.reputation) < params.min_reputation_permille) {
+    return Eligibility::kEligibilityLowReputation;
+  }
+  return Eligibility::kEligibilityOk;
+}
+
+uint64_t EstimatedUnitMs(const NodeView& node, const TaskSpecView& task,
+                         const SchedulerParams& params) {
+  CHECK_GT(node.throughput_flops, 0u);
+  CHECK_GT(node.bandwidth_bytes_per_s, 0u);
+  const uint64_t compute_ms = MulDivCeil(UnitFlops(task), 1000, node.throughput_flops);
+  const uint64_t latency_ms = static_cast<uint64_t>(params.round_trips_per_unit) * node.latency_ms;
+  const uint64_t transfer_bytes = Saturate(static_cast<U128>(task.model_bytes) * 2);
+  const uint64_t transfer_ms = MulDivCeil(transfer_bytes, 1000, node.bandwidth_bytes_per_s);
+  return std::max<uint64_t>(1, SaturatingAdd(SaturatingAdd(compute_ms, latency_ms), transfer_ms));
+}
+
+uint64_t SchedulingWeight(const NodeView& node, const TaskSpecView& task,
+                          const SchedulerParams& params) {
+  const uint64_t rate = std::max<uint64_t>(1, kRateScale / EstimatedUnitMs(node, task, params));
+  const uint64_t rep = std::max<uint32_t>(1, ReputationPermille(node.reputation));
+  return rate * rep;  // <= 2^32 x 1200 < 2^43
+}
+
+uint64_t DeadlineHeight(uint64_t height, uint64_t unit_ms, uint64_t queue_position,
+                        const SchedulerParams& params) {
+  CHECK_GT(params.block_interval_ms, 0u);
+  const U128 total_ms = static_cast<U128>(unit_ms) * (static_cast<U128>(queue_position) + 1);
+  const U128 slack_ms = total_ms * params.deadline_slack_permille;  // x1000
+  const U128 per_block = static_cast<U128>(params.block_interval_ms) * 1000;
+  const uint64_t blocks = Saturate((slack_ms + per_block - 1) / per_block);
+  return SaturatingAdd(height, std::max(params.min_deadline_blocks, blocks));
+}
+
+Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const NodeView> nodes,
+                                   std::span<const PendingUnit> pending, const Hash256& block_hash,
+                                   uint64_t height, const SchedulerParams& params) {
+  ML_RETURN_IF_ERROR(ValidateDecomposition(task));
+  if (params.block_interval_ms == 0) {
+    return InvalidArgument("scheduler: block_interval_ms must be > 0, got 0");
+  }
+
+  // Canonical node order (by id). The ledger passes its registry sorted, so this is one O(n)
+  // pass; otherwise we sort an index.
+  std::vector<uint32_t> order(nodes.size());
+  std::iota(order.begin(), order.end(), 0u);
+  auto id_less = [&](uint32_t a, uint32_t b) { return nodes[a].id < nodes[b].id; };
+  if (!std::is_sorted(order.begin(), order.end(), id_less)) {
+    std::sort(order.begin(), order.end(), id_less);
+  }
+  for (size_t i = 1; i < order.size(); ++i) {
+    if (nodes[order[i - 1]].id == nodes[order[i]].id) {
+      return InvalidArgument("scheduler: node " + nodes[order[i]].id.ShortHex() +
+                             " appears twice in the node list");
+    }
+  }
+
+  // Canonical unit order.
+  std::vector<uint32_t> units(pending.size());
+  std::iota(units.begin(), units.end(), 0u);
+  auto unit_less = [&](uint32_t a, uint32_t b) { return pending[a].unit < pending[b].unit; };
+  if (!std::is_sorted(units.begin(), units.end(), unit_less)) {
+    std::sort(units.begin(), units.end(), unit_less);
+  }
+  for (size_t i = 0; i < units.size(); ++i) {
+    const UnitId& u = pending[units[i]].unit;
+    if (u.task != task.id) {
+      return InvalidArgument("scheduler: unit " + u.ToString() + " belongs to another task than " +
+                             task.id.ShortHex());
+    }
+    if (u.round >= task.rounds || u.shard >= task.units_per_round) {
+      return InvalidArgument("scheduler: unit " + u.ToString() + " is outside the task's " +
+                             std::to_string(task.rounds) + " rounds x " +
+                             std::to_string(task.units_per_round) + " shards");
+    }
+    if (i > 0 && pending[units[i - 1]].unit == u) {
+      return InvalidArgument("scheduler: unit " + u.ToString() + " is pending twice");
+    }
+  }
+
+  // Eligible nodes with their weights and unit time estimates.
+  struct Candidate {
+    uint32_t node;
+    uint64_t weight;
+    uint64_t unit_ms;
+    uint64_t queued;  // units ahead of the next one dealt to this node
+  };
+  std::vector<Candidate> cands;
+  cands.reserve(order.size());
+  for (uint32_t idx : order) {
+    const NodeView& n = nodes[idx];
+    if (CheckEligibility(n, task, height, params) != Eligibility::kEligibilityOk) continue;
+    cands.push_back({idx, SchedulingWeight(n, task, params), EstimatedUnitMs(n, task, params),
+                     n.inflight_units});
+  }
+
+  ScheduleResult result;
+  result.eligible_nodes = cands.size();
+  if (units.empty()) return result;
+  if (cands.empty()) {
+    for (uint32_t u : units) result.unassigned.push_back(pending[u].unit);
+    return result;
+  }
+
+  Rng rng(ScheduleSeed(block_hash, task.id, height));
+  // Shuffle (Fisher-Yates) so that which nodes get the rounding remainder varies from block to
+  // block and is not tied to the order of ids.
+  for (size_t i = cands.size() - 1; i > 0; --i) {
+    std::swap(cands[i], cands[rng.Uniform(i + 1)]);
+  }
+
+  U128 total128 = 0;
+  for (const Candidate& c : cands) total128 += c.weight;
+  int shift = 0;
+  while ((total128 >> shift) >= kMaxTotalWeight) ++shift;
+  std::vector<uint64_t> prefix_end(cands.size());  // cumulative weight through candidate i
+  uint64_t total = 0;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    cands[i].weight = std::max<uint64_t>(1, cands[i].weight >> shift);
+    total += cands[i].weight;
+    prefix_end[i] = total;
+  }
+
+  // Systematic sampling: point k = floor((u + k x total) / m) for one uniform u in [0, total).
+  // The points are increasing and spaced total/m apart, so one merge walk over the prefix sums
+  // deals all m slots; node i receives floor or ceil of m x weight_i / total.
+  const uint64_t m = units.size();
+  const uint64_t u0 = rng.Uniform(total);
+  std::vector<uint32_t> slot(m);  // candidate index of each slot, in point order
+  size_t c = 0;
+  for (uint64_t k = 0; k < m; ++k) {
+    const uint64_t point = static_cast<uint64_t>((static_cast<U128>(k) * total + u0) / m);
+    while (prefix_end[c] <= point) ++c;
+    slot[k] = static_cast<uint32_t>(c);
+  }
+
+  auto draw = [&](const PendingUnit& p) -> int64_t {
+    for (int attempt = 0; attempt < kMaxRedraws; ++attempt) {
+      const uint64_t r = rng.Uniform(total);
+      const size_t j = static_cast<size_t>(
+          std::upper_bound(prefix_end.begin(), prefix_end.end(), r) - prefix_end.begin());
+      if (!IsExcluded(p, nodes[cands[j].node].id)) return static_cast<int64_t>(j);
+    }
+    // Nearly every eligible node is excluded: take the first one that is not, in shuffled order.
+    for (size_t j = 0; j < cands.size(); ++j) {
+      if (!IsExcluded(p, nodes[cands[j].node].id)) return static_cast<int64_t>(j);
+    }
+    return -1;
+  };
+
+  result.assignments.reserve(m);
+  for (uint64_t k = 0; k < m; ++k) {
+    const PendingUnit& p = pending[units[k]];
+    int64_t j = slot[k];
+    if (IsExcluded(p, nodes[cands[static_cast<size_t>(j)].node].id)) j = draw(p);
+    if (j < 0) {
+      result.unassigned.push_back(p.unit);
+      continue;
+    }
+    Candidate& cand = cands[static_cast<size_t>(j)];
+    Assignment a;
+    a.unit = p.unit;
+    a.node = nodes[cand.node].id;
+    a.assigned_height = height;
+    a.deadline_height = DeadlineHeight(height, cand.unit_ms, cand.queued, params);
+    ++cand.queued;
+    result.assignments.push_back(a);
+  }
+  return result;
+}
+
+std::vector<Assignment> OverdueAssignments(std::span<const Assignment> open, uint64_t height) {
+  std::vector<Assignment> out;
+  for (const Assignment& a : open) {
+    if (a.deadline_height < height) out.push_back(a);
+  }
+  return out;
+}
+
+void ApplyMissedDeadline(Reputation& rep) {
+  ++rep.failures;
+  rep.clean_streak = 0;
+}
+
+}  // namespace meshlearn::protocol
