@@ -1,0 +1,84 @@
+// Optimizers (SGD with momentum / Nesterov, AdamW), learning-rate schedules and global-norm
+// gradient clipping — all written element-wise with an explicit order of operations and no libm,
+// so an update gives the same bits on every machine.
+//
+//   [optimizer]
+//   kind = "adamw"            # sgd | adamw
+//   lr = 1e-3
+//   beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0
+//   momentum = 0.9, nesterov = true        # sgd
+//   grad_clip = 1.0           # global L2 norm; 0 = off
+//   schedule = "cosine"       # constant | cosine (with linear warm-up, down to min_lr)
+//   warmup_steps = 100, min_lr = 1e-5
+//
+// Update rules (per element, float32, in this order; t = step + 1):
+//   AdamW:  p -= lr*wd*p  (decoupled, only tensors of rank >= 2: weights, not biases/norms)
+//           m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*(g*g)
+//           p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc_i = 1 - b_i^t  (PyTorch's form)
+//   SGD:    g += wd*p (rank >= 2);  buf = mu*buf + g;  d = nesterov ? g + mu*buf : buf;  p -= lr*d
+// Clipping: norm = sqrt(sum over params, in order, of SumSquaresTree(grad)); if norm > clip every
+// gradient is multiplied by clip / (norm + 1e-6).
+//
+// Not thread-safe; one Optimizer per model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshlearn/base/config.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/model.h"
+
+namespace meshlearn::engine {
+
+struct OptimizerSpec {
+  std::string kind = "adamw";  // sgd | adamw
+  double lr = 1e-3;
+  double momentum = 0.0;  // sgd
+  bool nesterov = false;  // sgd
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
+  double weight_decay = 0.0;
+  double grad_clip = 0.0;  // 0 = off
+  std::string schedule = "constant";  // constant | cosine
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  int64_t total_steps = 0;  // for the cosine schedule; set from the task's steps
+
+  static Result<OptimizerSpec> FromConfig(const ConfigFile& optimizer);
+  std::string ToJson() const;
+  static Result<OptimizerSpec> FromJson(const std::string& json, const std::string& what);
+};
+
+class Optimizer {
+ public:
+  // Creates zeroed state for `params` (m, v or momentum buffers). The parameter list must not
+  // change afterwards.
+  Optimizer(OptimizerSpec spec, const std::vector<Param>& params);
+
+  const OptimizerSpec& spec() const { return spec_; }
+  // Learning rate for 0-based `step`, as a float (computed in double, rounded once).
+  float LearningRate(int64_t step) const;
+
+  // Clips and applies one update using each Param::grad. Returns the gradient norm before
+  // clipping. `step` is 0-based (the bias correction uses t = step + 1).
+  float Step(std::vector<Param>& params, int64_t step);
+
+  // Optimizer state tensors with stable names ("optim.m.<param>", "optim.v.<param>",
+  // "optim.momentum.<param>"), in a fixed order, for checkpoints and the state hash.
+  struct NamedState {
+    std::string name;
+    Tensor* tensor;
+  };
+  std::vector<NamedState> State();
+
+ private:
+  OptimizerSpec spec_;
+  std::vector<std::string> param_names_;
+  std::vector<Tensor> m_, v_;  // adamw: m, v; sgd: m = momentum buffer (if momentum > 0)
+};
+
+// sqrt(sum of squares of all gradients), in parameter order (deterministic).
+float GlobalGradNorm(const std::vector<Param>& params);
+
+}  // namespace meshlearn::engine

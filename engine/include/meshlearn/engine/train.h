@@ -1,0 +1,125 @@
+// Training tasks: a TOML file describing data, model, optimizer and schedule, and the Trainer that
+// runs it step by step, deterministically.
+//
+//   [task]
+//   name = "fashion-mlp"
+//   seed = 1                     # init, data order, dropout
+//   stream = 0                   # work-unit id: a different stream draws different batches
+//   [data]
+//   format = "idx"               # idx | npy | text | tokens
+//   train_images = "...train-images-idx3-ubyte.gz"   (idx; npy uses train_x/train_y/test_x/test_y)
+//   train_labels = "..."; test_images = "..."; test_labels = "..."
+//   mean = 0.2860; std = 0.3530  # x = (pixel/255 - mean) / std
+//   # text: path = "/usr/share/common-licenses/GPL-3", val_fraction = 0.1 (character level)
+//   # tokens: train = "train.bin", val = "val.bin", vocab_size = 50304 (uint16 files)
+//   [model] ...                  # see model.h
+//   [optimizer] ...              # see optim.h
+//   [train]
+//   steps = 2000
+//   batch_size = 128
+//   seq_len = 64                 # GPT only; default block_size
+//   eval_batch_size = 1000       # classification evaluation chunk
+//   eval_batches = 8             # GPT: batches of validation windows
+//
+// Relative data paths are resolved against the task file's directory.
+//
+//   ML_ASSIGN_OR_RETURN(TaskSpec task, TaskSpec::Load(env, "examples/fashion-mlp.toml"));
+//   ML_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> tr, Trainer::Create(env, task));
+//   while (tr->state().step < task.steps) tr->Step();
+//   ML_ASSIGN_OR_RETURN(EvalResult r, tr->Evaluate());
+//   Hash256 h = StateHash(tr->state());
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/data.h"
+#include "meshlearn/engine/model.h"
+#include "meshlearn/engine/optim.h"
+
+namespace meshlearn::engine {
+
+struct DataSpec {
+  std::string format;  // idx | npy | text | tokens
+  std::string train_x, train_y, test_x, test_y;  // idx: images/labels; npy: x/y
+  double mean = 0.0, std = 1.0;
+  std::string text_path;  // text
+  double val_fraction = 0.1;
+  std::string train_tokens, val_tokens;  // tokens
+  int64_t vocab_size = 0;                // tokens
+};
+
+struct TaskSpec {
+  std::string path;  // the task file (for messages)
+  std::string name;
+  uint64_t seed = 1;
+  uint64_t stream = 0;
+  DataSpec data;
+  ModelSpec model;
+  OptimizerSpec optimizer;
+  int64_t steps = 0;
+  int64_t batch_size = 0;
+  int64_t seq_len = 0;
+  int64_t eval_batch_size = 1000;
+  int64_t eval_batches = 8;
+
+  static Result<TaskSpec> Load(Env* env, const std::string& path);
+  static Result<TaskSpec> Parse(std::string_view toml, const std::string& name,
+                                const std::string& base_dir);
+};
+
+// Loaded data of a task: classification (train/test) or tokens (train/val).
+struct TaskData {
+  bool tokens = false;
+  ClassificationData train, test;
+  TokenData train_tokens, val_tokens;
+  CharVocab vocab{};  // text only
+};
+// Loads and validates the data; for GPT text tasks fills in model.gpt.vocab_size when it is 0
+// (and checks it otherwise).
+Result<TaskData> LoadTaskData(Env* env, TaskSpec& task);
+
+struct EvalResult {
+  double loss = 0;        // mean cross-entropy
+  double accuracy = -1;   // classification only (fraction of argmax == label); -1 otherwise
+  int64_t samples = 0;    // examples (classification) or predicted tokens (GPT)
+};
+
+// Evaluates `model` on the task's test / validation split, deterministically.
+EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data);
+
+class Trainer {
+ public:
+  // Loads the data, builds the model, initialises it from task.seed, creates the optimizer.
+  static Result<std::unique_ptr<Trainer>> Create(Env* env, TaskSpec task);
+
+  // Continues from a checkpoint of the same task (model and optimizer must match).
+  Status Resume(TrainState state);
+
+  // One optimizer step on the batch of step state().step; returns the batch loss.
+  float Step();
+  EvalResult Evaluate() { return engine::Evaluate(*state_.model, task_, data_); }
+
+  TrainState& state() { return state_; }
+  const TaskSpec& task() const { return task_; }
+  const TaskData& data() const { return data_; }
+  float last_grad_norm() const { return last_grad_norm_; }
+  int64_t samples_per_step() const;
+  // The batch of a given step (a pure function of seed, stream, step).
+  Batch BatchForStep(int64_t step);
+
+ private:
+  Trainer(TaskSpec task, TaskData data) : task_(std::move(task)), data_(std::move(data)) {}
+
+  TaskSpec task_;
+  TaskData data_;
+  TrainState state_;
+  std::unique_ptr<BatchSampler> sampler_;
+  float last_grad_norm_ = 0;
+};
+
+}  // namespace meshlearn::engine

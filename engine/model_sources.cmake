@@ -1,0 +1,39 @@
+# The model/training side of the engine (tensors, layers, optimizers, data, checkpoints, training).
+# Included by engine/CMakeLists.txt; compiled into meshlearn_engine and engine_model_test.
+set(ENGINE_MODEL_SOURCES
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/tensor.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/init.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/model.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/optim.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/data.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/safetensors.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/checkpoint.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/train.cc
+)
+set(ENGINE_MODEL_TESTS
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/init_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/model_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/optim_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/data_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/safetensors_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/train_test.cc
+)
+
+# Tests that take more than ~20 s in a release build get the label "slow" (ctest -L slow / -LE
+# slow). engine_model_test is registered with gtest_discover_tests, whose tests only exist at ctest
+# time, so the label is applied by an extra CTest include file that runs after the discovered
+# tests are defined.
+set(ENGINE_MODEL_SLOW_TESTS
+  TrainQualityTest.FashionMlpReachesTarget
+  TrainQualityTest.FashionCnnReachesTarget
+  TrainQualityTest.TinyGptLossFallsBelowUniform
+  TorchCheckTest.PyTorchPredictsTheSame
+)
+set(_slow_file ${CMAKE_CURRENT_BINARY_DIR}/engine_model_slow_labels.cmake)
+set(_slow_text "")
+foreach(t ${ENGINE_MODEL_SLOW_TESTS})
+  string(APPEND _slow_text "if(TEST ${t})\n  set_tests_properties(${t} PROPERTIES LABELS slow)\nendif()\n")
+endforeach()
+file(WRITE ${_slow_file} "${_slow_text}")
+# Deferred so that it is appended after gtest_discover_tests' own include file.
+cmake_language(DEFER CALL set_property DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_slow_file})

@@ -1,0 +1,126 @@
+#include "meshlearn/engine/checkpoint.h"
+
+#include <set>
+
+#include "meshlearn/engine/safetensors.h"
+
+namespace meshlearn::engine {
+namespace {
+
+void HashTensor(Hasher& h, const std::string& name, const Tensor& t) {
+  h.UpdateU64(name.size());
+  h.Update(name);
+  h.UpdateU64(t.shape().size());
+  for (int64_t d : t.shape()) h.UpdateU64(static_cast<uint64_t>(d));
+  h.UpdateU64(static_cast<uint64_t>(t.size()) * 4);
+  h.Update(ByteSpan(reinterpret_cast<const uint8_t*>(t.data()), t.size() * 4));
+}
+
+Hash256 HashState(TrainState& st, bool with_optimizer);
+
+void AddCommon(SafetensorsWriter& w, TrainState& st, bool with_optimizer) {
+  w.SetMetadata("step", std::to_string(st.step));
+  w.SetMetadata("seed", std::to_string(st.seed));
+  w.SetMetadata("stream", std::to_string(st.stream));
+  w.SetMetadata("model", st.model->spec().ToJson());
+  w.SetMetadata("state_hash", HashState(st, with_optimizer).ToHex());
+  for (const Param& p : st.model->params()) w.AddF32(p.name, p.value);
+}
+
+Result<uint64_t> ParseU64(const SafetensorsFile& f, const std::string& key) {
+  ML_ASSIGN_OR_RETURN(std::string v, f.Metadata(key));
+  if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos) {
+    return DataLoss(f.name() + ": __metadata__." + key + " must be a decimal integer, got '" + v + "'");
+  }
+  return std::stoull(v);
+}
+
+Hash256 HashState(TrainState& st, bool with_optimizer) {
+  Hasher h("meshlearn.train_state.v1");
+  h.UpdateU64(static_cast<uint64_t>(st.step));
+  h.UpdateU64(st.seed);
+  h.UpdateU64(st.stream);
+  for (const Param& p : st.model->params()) HashTensor(h, p.name, p.value);
+  if (st.optimizer && with_optimizer) {
+    for (const Optimizer::NamedState& s : st.optimizer->State()) HashTensor(h, s.name, *s.tensor);
+  }
+  return h.Finish();
+}
+
+}  // namespace
+
+Hash256 StateHash(TrainState& st) { return HashState(st, /*with_optimizer=*/true); }
+
+Status SaveCheckpoint(Env* env, const std::string& path, TrainState& st) {
+  CHECK(st.optimizer) << "SaveCheckpoint needs an optimizer";
+  SafetensorsWriter w;
+  w.SetMetadata("format", kCheckpointFormat);
+  w.SetMetadata("optimizer", st.optimizer->spec().ToJson());
+  AddCommon(w, st, /*with_optimizer=*/true);
+  for (const Optimizer::NamedState& s : st.optimizer->State()) w.AddF32(s.name, *s.tensor);
+  return w.Write(env, path);
+}
+
+Status SaveModel(Env* env, const std::string& path, TrainState& st,
+                 const std::map<std::string, std::string>& extra) {
+  SafetensorsWriter w;
+  w.SetMetadata("format", kModelFormat);
+  for (const auto& [k, v] : extra) w.SetMetadata(k, v);
+  // The stored hash covers what the file holds: parameters, step and counters, no optimizer.
+  AddCommon(w, st, /*with_optimizer=*/false);
+  return w.Write(env, path);
+}
+
+Result<TrainState> LoadCheckpoint(Env* env, const std::string& path) {
+  ML_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Read(env, path));
+  ML_ASSIGN_OR_RETURN(std::string format, f.Metadata("format"));
+  if (format != kCheckpointFormat && format != kModelFormat) {
+    return DataLoss(path + ": __metadata__.format is '" + format + "', expected '" +
+                    kCheckpointFormat + "' or '" + kModelFormat + "'");
+  }
+  TrainState st;
+  ML_ASSIGN_OR_RETURN(uint64_t step, ParseU64(f, "step"));
+  st.step = static_cast<int64_t>(step);
+  ML_ASSIGN_OR_RETURN(st.seed, ParseU64(f, "seed"));
+  ML_ASSIGN_OR_RETURN(st.stream, ParseU64(f, "stream"));
+  ML_ASSIGN_OR_RETURN(std::string model_json, f.Metadata("model"));
+  Result<ModelSpec> spec = ModelSpec::FromJson(model_json, path);
+  if (!spec.ok()) return DataLoss(spec.status().message());
+  Result<std::unique_ptr<Model>> model = Model::Create(*spec);
+  if (!model.ok()) return DataLoss(path + ": " + model.status().message());
+  st.model = std::move(*model);
+  std::set<std::string> expected;
+  for (Param& p : st.model->params()) {
+    ML_ASSIGN_OR_RETURN(p.value, f.GetF32(p.name, p.value.shape()));
+    expected.insert(p.name);
+  }
+  if (format == kCheckpointFormat) {
+    ML_ASSIGN_OR_RETURN(std::string opt_json, f.Metadata("optimizer"));
+    Result<OptimizerSpec> ospec = OptimizerSpec::FromJson(opt_json, path);
+    if (!ospec.ok()) return DataLoss(ospec.status().message());
+    st.optimizer = std::make_unique<Optimizer>(*ospec, st.model->params());
+    for (const Optimizer::NamedState& s : st.optimizer->State()) {
+      ML_ASSIGN_OR_RETURN(*s.tensor, f.GetF32(s.name, s.tensor->shape()));
+      expected.insert(s.name);
+    }
+  }
+  for (const auto& [name, e] : f.entries()) {
+    if (!expected.count(name)) {
+      return DataLoss(path + ": unexpected tensor '" + name + "' (not part of this model" +
+                      std::string(format == kModelFormat ? "; optimizer state in a model file?" : "") +
+                      ")");
+    }
+  }
+  // The stored hash must match what we loaded: catches edits that keep the file well-formed.
+  Result<std::string> stored = f.Metadata("state_hash");
+  if (stored.ok()) {
+    std::string actual = StateHash(st).ToHex();
+    if (*stored != actual) {
+      return DataLoss(path + ": state hash mismatch: metadata says " + *stored +
+                      " but the tensors hash to " + actual + " (file modified or corrupt)");
+    }
+  }
+  return st;
+}
+
+}  // namespace meshlearn::engine

@@ -1,0 +1,224 @@
+#include "meshlearn/engine/optim.h"
+
+#include <cmath>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/engine/init.h"
+#include "meshlearn/engine/kernels.h"
+
+namespace meshlearn::engine {
+namespace {
+
+// Range helpers (designated initializers that skip members trip -Wmissing-field-initializers).
+[[maybe_unused]] inline IntRange IRange(std::optional<int64_t> min, std::optional<int64_t> max) {
+  IntRange r;
+  r.min = min;
+  r.max = max;
+  return r;
+}
+[[maybe_unused]] inline DoubleRange DRange(std::optional<double> min, std::optional<double> max,
+                                           bool min_exclusive, bool max_exclusive) {
+  DoubleRange r;
+  r.min = min;
+  r.max = max;
+  r.min_exclusive = min_exclusive;
+  r.max_exclusive = max_exclusive;
+  return r;
+}
+}  // namespace
+
+Result<OptimizerSpec> OptimizerSpec::FromConfig(const ConfigFile& c) {
+  OptimizerSpec s;
+  ML_ASSIGN_OR_RETURN(s.kind, c.GetEnum("kind", {"sgd", "adamw", "adam"}));
+  if (s.kind == "adam") s.kind = "adamw";  // Adam is AdamW with weight_decay = 0
+  ML_ASSIGN_OR_RETURN(s.lr, c.GetDouble("lr", DRange(0, 100, true, false)));
+  ML_ASSIGN_OR_RETURN(s.weight_decay, c.GetDouble("weight_decay", 0.0, DRange(0, 1, false, false)));
+  ML_ASSIGN_OR_RETURN(s.grad_clip, c.GetDouble("grad_clip", 0.0, DRange(0, std::nullopt, false, false)));
+  ML_ASSIGN_OR_RETURN(s.schedule, c.GetEnum("schedule", {"constant", "cosine"}, std::string("constant")));
+  ML_ASSIGN_OR_RETURN(s.warmup_steps, c.GetInt("warmup_steps", 0, IRange(0, std::nullopt)));
+  ML_ASSIGN_OR_RETURN(s.min_lr, c.GetDouble("min_lr", 0.0, DRange(0, std::nullopt, false, false)));
+  if (s.min_lr > s.lr) {
+    return c.Error("min_lr", "(" + std::to_string(s.min_lr) + ") must be <= lr (" +
+                                 std::to_string(s.lr) + ")");
+  }
+  std::vector<std::string> known = {"kind", "lr", "weight_decay", "grad_clip", "schedule",
+                                    "warmup_steps", "min_lr"};
+  if (s.kind == "sgd") {
+    ML_ASSIGN_OR_RETURN(s.momentum, c.GetDouble("momentum", 0.0, DRange(0, 1, false, true)));
+    ML_ASSIGN_OR_RETURN(s.nesterov, c.GetBool("nesterov", false));
+    if (s.nesterov && s.momentum == 0) {
+      return c.Error("nesterov", "needs momentum > 0 (set optimizer.momentum, e.g. 0.9)");
+    }
+    known.insert(known.end(), {"momentum", "nesterov"});
+  } else {
+    ML_ASSIGN_OR_RETURN(s.beta1, c.GetDouble("beta1", 0.9, DRange(0, 1, false, true)));
+    ML_ASSIGN_OR_RETURN(s.beta2, c.GetDouble("beta2", 0.999, DRange(0, 1, false, true)));
+    ML_ASSIGN_OR_RETURN(s.eps, c.GetDouble("eps", 1e-8, DRange(0, std::nullopt, true, false)));
+    known.insert(known.end(), {"beta1", "beta2", "eps"});
+  }
+  ML_RETURN_IF_ERROR(c.CheckKnownKeys(known));
+  return s;
+}
+
+std::string OptimizerSpec::ToJson() const {
+  nlohmann::json j = {{"kind", kind},           {"lr", lr},
+                      {"momentum", momentum},   {"nesterov", nesterov},
+                      {"beta1", beta1},         {"beta2", beta2},
+                      {"eps", eps},             {"weight_decay", weight_decay},
+                      {"grad_clip", grad_clip}, {"schedule", schedule},
+                      {"warmup_steps", warmup_steps}, {"min_lr", min_lr},
+                      {"total_steps", total_steps}};
+  return j.dump();
+}
+
+Result<OptimizerSpec> OptimizerSpec::FromJson(const std::string& json, const std::string& what) {
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return InvalidArgument(what + ": bad optimizer spec: not a JSON object");
+  }
+  try {
+    OptimizerSpec s;
+    s.kind = j.at("kind").get<std::string>();
+    s.lr = j.at("lr").get<double>();
+    s.momentum = j.at("momentum").get<double>();
+    s.nesterov = j.at("nesterov").get<bool>();
+    s.beta1 = j.at("beta1").get<double>();
+    s.beta2 = j.at("beta2").get<double>();
+    s.eps = j.at("eps").get<double>();
+    s.weight_decay = j.at("weight_decay").get<double>();
+    s.grad_clip = j.at("grad_clip").get<double>();
+    s.schedule = j.at("schedule").get<std::string>();
+    s.warmup_steps = j.at("warmup_steps").get<int64_t>();
+    s.min_lr = j.at("min_lr").get<double>();
+    s.total_steps = j.at("total_steps").get<int64_t>();
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(what + ": bad optimizer spec: " + e.what());
+  }
+}
+
+Optimizer::Optimizer(OptimizerSpec spec, const std::vector<Param>& params) : spec_(std::move(spec)) {
+  for (const Param& p : params) {
+    param_names_.push_back(p.name);
+    if (spec_.kind == "adamw") {
+      m_.emplace_back(p.value.shape());
+      v_.emplace_back(p.value.shape());
+    } else if (spec_.momentum > 0) {
+      m_.emplace_back(p.value.shape());
+    }
+  }
+}
+
+float Optimizer::LearningRate(int64_t step) const {
+  const double lr = spec_.lr;
+  if (spec_.warmup_steps > 0 && step < spec_.warmup_steps) {
+    return static_cast<float>(lr * static_cast<double>(step + 1) /
+                              static_cast<double>(spec_.warmup_steps));
+  }
+  if (spec_.schedule == "constant") return static_cast<float>(lr);
+  const int64_t span = spec_.total_steps - spec_.warmup_steps;
+  if (span <= 0) return static_cast<float>(spec_.min_lr);
+  double progress = static_cast<double>(step - spec_.warmup_steps) / static_cast<double>(span);
+  if (progress > 1.0) progress = 1.0;
+  // cos(pi * progress) = cos(2 pi * progress/2), from the engine's own polynomial.
+  double c = DetCos2Pi(progress * 0.5);
+  return static_cast<float>(spec_.min_lr + 0.5 * (lr - spec_.min_lr) * (1.0 + c));
+}
+
+float GlobalGradNorm(const std::vector<Param>& params) {
+  float total = 0.0f;
+  for (const Param& p : params) total += SumSquaresTree(p.grad.data(), p.grad.size());
+  return std::sqrt(total);
+}
+
+namespace {
+
+// b^t by repeated squaring in double: a fixed sequence of IEEE multiplications.
+double PowInt(double b, int64_t t) {
+  double r = 1.0;
+  while (t > 0) {
+    if (t & 1) r *= b;
+    b *= b;
+    t >>= 1;
+  }
+  return r;
+}
+
+}  // namespace
+
+float Optimizer::Step(std::vector<Param>& params, int64_t step) {
+  CHECK_EQ(params.size(), param_names_.size());
+  const float norm = GlobalGradNorm(params);
+  if (spec_.grad_clip > 0 && norm > static_cast<float>(spec_.grad_clip)) {
+    const float scale = static_cast<float>(spec_.grad_clip) / (norm + 1e-6f);
+    for (Param& p : params) {
+      float* g = p.grad.data();
+      for (int64_t i = 0; i < p.grad.size(); ++i) g[i] = g[i] * scale;
+    }
+  }
+  const float lr = LearningRate(step);
+  const float wd = static_cast<float>(spec_.weight_decay);
+  if (spec_.kind == "adamw") {
+    const int64_t t = step + 1;
+    const float b1 = static_cast<float>(spec_.beta1), b2 = static_cast<float>(spec_.beta2);
+    const float one_minus_b1 = static_cast<float>(1.0 - spec_.beta1);
+    const float one_minus_b2 = static_cast<float>(1.0 - spec_.beta2);
+    const float step_size = static_cast<float>(lr / (1.0 - PowInt(spec_.beta1, t)));
+    const float bc2_sqrt = std::sqrt(static_cast<float>(1.0 - PowInt(spec_.beta2, t)));
+    const float eps = static_cast<float>(spec_.eps);
+    const float decay = 1.0f - lr * wd;
+    for (size_t k = 0; k < params.size(); ++k) {
+      Param& p = params[k];
+      float* w = p.value.data();
+      const float* g = p.grad.data();
+      float* m = m_[k].data();
+      float* v = v_[k].data();
+      const bool decayed = wd != 0.0f && p.value.shape().size() >= 2;
+      const int64_t n = p.value.size();
+      for (int64_t i = 0; i < n; ++i) {
+        float wi = decayed ? w[i] * decay : w[i];
+        float mi = b1 * m[i] + one_minus_b1 * g[i];
+        float vi = b2 * v[i] + one_minus_b2 * (g[i] * g[i]);
+        m[i] = mi;
+        v[i] = vi;
+        float denom = std::sqrt(vi) / bc2_sqrt + eps;
+        w[i] = wi - step_size * (mi / denom);
+      }
+    }
+  } else {
+    const float mu = static_cast<float>(spec_.momentum);
+    for (size_t k = 0; k < params.size(); ++k) {
+      Param& p = params[k];
+      float* w = p.value.data();
+      const float* g = p.grad.data();
+      float* buf = mu > 0 ? m_[k].data() : nullptr;
+      const bool decayed = wd != 0.0f && p.value.shape().size() >= 2;
+      const int64_t n = p.value.size();
+      for (int64_t i = 0; i < n; ++i) {
+        float gi = decayed ? g[i] + wd * w[i] : g[i];
+        float d = gi;
+        if (buf) {
+          float b = mu * buf[i] + gi;
+          buf[i] = b;
+          d = spec_.nesterov ? gi + mu * b : b;
+        }
+        w[i] = w[i] - lr * d;
+      }
+    }
+  }
+  return norm;
+}
+
+std::vector<Optimizer::NamedState> Optimizer::State() {
+  std::vector<NamedState> out;
+  const bool adam = spec_.kind == "adamw";
+  for (size_t k = 0; k < m_.size(); ++k) {
+    out.push_back({(adam ? "optim.m." : "optim.momentum.") + param_names_[k], &m_[k]});
+  }
+  for (size_t k = 0; k < v_.size(); ++k) out.push_back({"optim.v." + param_names_[k], &v_[k]});
+  return out;
+}
+
+}  // namespace meshlearn::engine

@@ -1,0 +1,220 @@
+#include "meshlearn/engine/safetensors.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+namespace meshlearn::engine {
+
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes little-endian");
+
+std::string_view DTypeName(DType d) {
+  switch (d) {
+    case DType::kF32: return "F32";
+    case DType::kI32: return "I32";
+    case DType::kU8: return "U8";
+    case DType::kI64: return "I64";
+    case DType::kF64: return "F64";
+  }
+  return "?";
+}
+
+int DTypeSize(DType d) {
+  switch (d) {
+    case DType::kF32: case DType::kI32: return 4;
+    case DType::kU8: return 1;
+    case DType::kI64: case DType::kF64: return 8;
+  }
+  return 0;
+}
+
+namespace {
+
+bool ParseDType(const std::string& s, DType* d) {
+  for (DType c : {DType::kF32, DType::kI32, DType::kU8, DType::kI64, DType::kF64}) {
+    if (s == DTypeName(c)) {
+      *d = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+void SafetensorsWriter::AddF32(const std::string& name, const Shape& shape, const float* data) {
+  CHECK(name != "__metadata__" && !entries_.count(name)) << name;
+  SafetensorsEntry e{name, DType::kF32, shape,
+                     std::string(reinterpret_cast<const char*>(data), NumElements(shape) * 4)};
+  entries_[name] = std::move(e);
+}
+
+void SafetensorsWriter::AddI32(const std::string& name, const Shape& shape, const int32_t* data) {
+  CHECK(name != "__metadata__" && !entries_.count(name)) << name;
+  SafetensorsEntry e{name, DType::kI32, shape,
+                     std::string(reinterpret_cast<const char*>(data), NumElements(shape) * 4)};
+  entries_[name] = std::move(e);
+}
+
+std::string SafetensorsWriter::Serialize() const {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  uint64_t offset = 0;
+  for (const auto& [name, e] : entries_) {  // std::map: sorted by name
+    header[name] = {{"dtype", std::string(DTypeName(e.dtype))},
+                    {"shape", e.shape},
+                    {"data_offsets", {offset, offset + e.bytes.size()}}};
+    offset += e.bytes.size();
+  }
+  std::string h = header.dump();
+  while (h.size() % 8 != 0) h.push_back(' ');
+  std::string out(8, '\0');
+  uint64_t n = h.size();
+  std::memcpy(out.data(), &n, 8);
+  out += h;
+  out.reserve(out.size() + offset);
+  for (const auto& [name, e] : entries_) out += e.bytes;
+  return out;
+}
+
+Status SafetensorsWriter::Write(Env* env, const std::string& path) const {
+  return env->WriteFileAtomic(path, Serialize());
+}
+
+Result<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const std::string& name) {
+  auto bad = [&](const std::string& what) {
+    return DataLoss(name + ": not a valid safetensors file: " + what);
+  };
+  if (bytes.size() < 8) {
+    return bad("file is " + std::to_string(bytes.size()) +
+               " bytes, shorter than the 8-byte header length (truncated?)");
+  }
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  if (n > kMaxHeaderBytes) {
+    return bad("header length " + std::to_string(n) + " exceeds the limit of " +
+               std::to_string(kMaxHeaderBytes) + " bytes");
+  }
+  if (n > bytes.size() - 8) {
+    return bad("header length " + std::to_string(n) + " runs past the end of the file (" +
+               std::to_string(bytes.size()) + " bytes; truncated?)");
+  }
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n), nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded()) return bad("header is not valid JSON");
+  if (!header.is_object()) return bad("header JSON is not an object");
+
+  SafetensorsFile f;
+  f.name_ = name;
+  const uint64_t data_size = bytes.size() - 8 - n;
+  std::string_view data = bytes.substr(8 + n);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<std::string> range_names;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& key = it.key();
+    const nlohmann::json& v = it.value();
+    if (key == "__metadata__") {
+      if (!v.is_object()) return bad("__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) return bad("__metadata__." + m.key() + " is not a string");
+        f.metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = "tensor '" + key + "'";
+    if (!v.is_object()) return bad(where + " is not an object");
+    for (auto m = v.begin(); m != v.end(); ++m) {
+      if (m.key() != "dtype" && m.key() != "shape" && m.key() != "data_offsets") {
+        return bad(where + " has unknown field '" + m.key() + "'");
+      }
+    }
+    SafetensorsEntry e;
+    e.name = key;
+    if (!v.contains("dtype") || !v["dtype"].is_string()) return bad(where + ": missing dtype");
+    if (!ParseDType(v["dtype"].get<std::string>(), &e.dtype)) {
+      return bad(where + ": unsupported dtype '" + v["dtype"].get<std::string>() +
+                 "' (supported: F32, I32, U8, I64, F64)");
+    }
+    if (!v.contains("shape") || !v["shape"].is_array()) return bad(where + ": missing shape");
+    // Count elements with overflow checks: a hostile shape must not wrap around.
+    uint64_t count = 1;
+    for (const nlohmann::json& d : v["shape"]) {
+      if (!d.is_number_unsigned()) return bad(where + ": shape entries must be non-negative integers");
+      uint64_t dim = d.get<uint64_t>();
+      if (dim > (uint64_t{1} << 40) || (dim != 0 && count > (uint64_t{1} << 40) / dim)) {
+        return bad(where + ": shape is too large");
+      }
+      count *= dim;
+      e.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const nlohmann::json* off = v.contains("data_offsets") ? &v["data_offsets"] : nullptr;
+    if (!off || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+        !(*off)[1].is_number_unsigned()) {
+      return bad(where + ": data_offsets must be [begin, end] with non-negative integers");
+    }
+    uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
+    if (begin > end || end > data_size) {
+      return bad(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                 "] out of range of the " + std::to_string(data_size) +
+                 "-byte data section (truncated?)");
+    }
+    if (end - begin != count * DTypeSize(e.dtype)) {
+      return bad(where + ": data_offsets span " + std::to_string(end - begin) + " bytes but shape " +
+                 ShapeToString(e.shape) + " of " + std::string(DTypeName(e.dtype)) + " needs " +
+                 std::to_string(count * DTypeSize(e.dtype)));
+    }
+    e.bytes = std::string(data.substr(begin, end - begin));
+    ranges.push_back({begin, end});
+    range_names.push_back(key);
+    f.entries_[key] = std::move(e);
+  }
+  // Ranges must tile [0, data_size) exactly: no overlap, no hole, no trailing bytes.
+  std::vector<size_t> order(ranges.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
+  uint64_t pos = 0;
+  for (size_t i : order) {
+    if (ranges[i].first < pos) return bad("tensor '" + range_names[i] + "' overlaps another tensor");
+    if (ranges[i].first > pos) {
+      return bad("bytes [" + std::to_string(pos) + ", " + std::to_string(ranges[i].first) +
+                 ") of the data section belong to no tensor");
+    }
+    pos = ranges[i].second;
+  }
+  if (pos != data_size) {
+    return bad(std::to_string(data_size - pos) + " trailing bytes after the last tensor");
+  }
+  return f;
+}
+
+Result<SafetensorsFile> SafetensorsFile::Read(Env* env, const std::string& path) {
+  Result<std::string> bytes = env->ReadFile(path);
+  if (!bytes.ok()) return bytes.status();
+  return Parse(*bytes, path);
+}
+
+Result<std::string> SafetensorsFile::Metadata(const std::string& key) const {
+  auto it = metadata_.find(key);
+  if (it == metadata_.end()) return DataLoss(name_ + ": __metadata__ has no '" + key + "'");
+  return it->second;
+}
+
+Result<Tensor> SafetensorsFile::GetF32(const std::string& tensor, const Shape& expect) const {
+  auto it = entries_.find(tensor);
+  if (it == entries_.end()) return DataLoss(name_ + ": missing tensor '" + tensor + "'");
+  const SafetensorsEntry& e = it->second;
+  if (e.dtype != DType::kF32) {
+    return DataLoss(name_ + ": tensor '" + tensor + "' has dtype " + std::string(DTypeName(e.dtype)) +
+                    ", expected F32");
+  }
+  if (!expect.empty() && e.shape != expect) {
+    return DataLoss(name_ + ": tensor '" + tensor + "' has shape " + ShapeToString(e.shape) +
+                    ", expected " + ShapeToString(expect));
+  }
+  Tensor t(e.shape);
+  if (!e.bytes.empty()) std::memcpy(t.data(), e.bytes.data(), e.bytes.size());
+  return t;
+}
+
+}  // namespace meshlearn::engine

@@ -1,0 +1,308 @@
+#include "meshlearn/engine/train.h"
+
+#include <optional>
+
+#include "meshlearn/base/config.h"
+
+namespace meshlearn::engine {
+namespace {
+
+// Range helpers (designated initializers that skip members trip -Wmissing-field-initializers).
+[[maybe_unused]] inline IntRange IRange(std::optional<int64_t> min, std::optional<int64_t> max) {
+  IntRange r;
+  r.min = min;
+  r.max = max;
+  return r;
+}
+[[maybe_unused]] inline DoubleRange DRange(std::optional<double> min, std::optional<double> max,
+                                           bool min_exclusive, bool max_exclusive) {
+  DoubleRange r;
+  r.min = min;
+  r.max = max;
+  r.min_exclusive = min_exclusive;
+  r.max_exclusive = max_exclusive;
+  return r;
+}
+}  // namespace
+namespace {
+
+std::string Resolve(const std::string& base_dir, const std::string& p) {
+  if (p.empty() || p[0] == '/' || base_dir.empty()) return p;
+  return JoinPath(base_dir, p);
+}
+
+Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
+  DataSpec d;
+  ML_ASSIGN_OR_RETURN(d.format, c.GetEnum("format", {"idx", "npy", "text", "tokens"}));
+  if (d.format == "idx" || d.format == "npy") {
+    const bool idx = d.format == "idx";
+    const std::string x = idx ? "_images" : "_x", y = idx ? "_labels" : "_y";
+    ML_ASSIGN_OR_RETURN(d.train_x, c.GetString("train" + x));
+    ML_ASSIGN_OR_RETURN(d.train_y, c.GetString("train" + y));
+    ML_ASSIGN_OR_RETURN(d.test_x, c.GetString("test" + x));
+    ML_ASSIGN_OR_RETURN(d.test_y, c.GetString("test" + y));
+    ML_ASSIGN_OR_RETURN(d.mean, c.GetDouble("mean", 0.0));
+    ML_ASSIGN_OR_RETURN(d.std, c.GetDouble("std", 1.0, DRange(0, std::nullopt, true, false)));
+    ML_RETURN_IF_ERROR(c.CheckKnownKeys(
+        {"format", "train" + x, "train" + y, "test" + x, "test" + y, "mean", "std"}));
+    d.train_x = Resolve(base, d.train_x);
+    d.train_y = Resolve(base, d.train_y);
+    d.test_x = Resolve(base, d.test_x);
+    d.test_y = Resolve(base, d.test_y);
+  } else if (d.format == "text") {
+    ML_ASSIGN_OR_RETURN(d.text_path, c.GetString("path"));
+    ML_ASSIGN_OR_RETURN(d.val_fraction,
+                        c.GetDouble("val_fraction", 0.1, DRange(0, 0.5, true, false)));
+    ML_RETURN_IF_ERROR(c.CheckKnownKeys({"format", "path", "val_fraction"}));
+    d.text_path = Resolve(base, d.text_path);
+  } else {
+    ML_ASSIGN_OR_RETURN(d.train_tokens, c.GetString("train"));
+    ML_ASSIGN_OR_RETURN(d.val_tokens, c.GetString("val"));
+    ML_ASSIGN_OR_RETURN(d.vocab_size, c.GetInt("vocab_size", IRange(2, 65536)));
+    ML_RETURN_IF_ERROR(c.CheckKnownKeys({"format", "train", "val", "vocab_size"}));
+    d.train_tokens = Resolve(base, d.train_tokens);
+    d.val_tokens = Resolve(base, d.val_tokens);
+  }
+  return d;
+}
+
+}  // namespace
+
+Result<TaskSpec> TaskSpec::Parse(std::string_view toml, const std::string& name,
+                                 const std::string& base_dir) {
+  ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Parse(toml, name));
+  ML_RETURN_IF_ERROR(cfg.CheckKnownKeys({"task", "data", "model", "optimizer", "train"}));
+  TaskSpec t;
+  t.path = name;
+  if (cfg.Has("task")) {
+    ML_ASSIGN_OR_RETURN(ConfigFile task, cfg.GetTable("task"));
+    ML_RETURN_IF_ERROR(task.CheckKnownKeys({"name", "seed", "stream"}));
+    ML_ASSIGN_OR_RETURN(t.name, task.GetString("name", ""));
+    ML_ASSIGN_OR_RETURN(int64_t seed, task.GetInt("seed", 1, IRange(0, std::nullopt)));
+    ML_ASSIGN_OR_RETURN(int64_t stream, task.GetInt("stream", 0, IRange(0, 0xffffffffLL)));
+    t.seed = static_cast<uint64_t>(seed);
+    t.stream = static_cast<uint64_t>(stream);
+  }
+  ML_ASSIGN_OR_RETURN(ConfigFile data, cfg.GetTable("data"));
+  ML_ASSIGN_OR_RETURN(t.data, ParseData(data, base_dir));
+  ML_ASSIGN_OR_RETURN(ConfigFile model, cfg.GetTable("model"));
+  ML_ASSIGN_OR_RETURN(t.model, ModelSpec::FromConfig(model));
+  ML_ASSIGN_OR_RETURN(ConfigFile opt, cfg.GetTable("optimizer"));
+  ML_ASSIGN_OR_RETURN(t.optimizer, OptimizerSpec::FromConfig(opt));
+  ML_ASSIGN_OR_RETURN(ConfigFile train, cfg.GetTable("train"));
+  ML_RETURN_IF_ERROR(train.CheckKnownKeys(
+      {"steps", "batch_size", "seq_len", "eval_batch_size", "eval_batches"}));
+  ML_ASSIGN_OR_RETURN(t.steps, train.GetInt("steps", IRange(0, int64_t{1} << 40)));
+  ML_ASSIGN_OR_RETURN(t.batch_size, train.GetInt("batch_size", IRange(1, 1 << 20)));
+  ML_ASSIGN_OR_RETURN(t.eval_batch_size,
+                      train.GetInt("eval_batch_size", 1000, IRange(1, 1 << 20)));
+  ML_ASSIGN_OR_RETURN(t.eval_batches, train.GetInt("eval_batches", 8, IRange(1, 1 << 20)));
+  const bool gpt = t.model.kind == "gpt";
+  const bool token_data = t.data.format == "text" || t.data.format == "tokens";
+  if (gpt != token_data) {
+    return InvalidArgument(name + ": model.kind \"" + t.model.kind + "\" does not fit data.format \"" +
+                           t.data.format + "\" (GPT models train on text or tokens; sequential "
+                           "models on idx or npy)");
+  }
+  if (gpt) {
+    ML_ASSIGN_OR_RETURN(t.seq_len, train.GetInt("seq_len", t.model.gpt.block_size,
+                                                IRange(1, t.model.gpt.block_size)));
+    if (t.data.format == "tokens") {
+      if (t.model.gpt.vocab_size == 0) t.model.gpt.vocab_size = t.data.vocab_size;
+      if (t.model.gpt.vocab_size != t.data.vocab_size) {
+        return InvalidArgument(name + ": model.vocab_size (" + std::to_string(t.model.gpt.vocab_size) +
+                               ") differs from data.vocab_size (" +
+                               std::to_string(t.data.vocab_size) + ")");
+      }
+    }
+  } else if (train.Has("seq_len")) {
+    return train.Error("seq_len", "only applies to GPT models; remove it");
+  }
+  t.optimizer.total_steps = t.steps;
+  return t;
+}
+
+Result<TaskSpec> TaskSpec::Load(Env* env, const std::string& path) {
+  ML_ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
+  size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "" : path.substr(0, slash);
+  return Parse(text, path, dir);
+}
+
+Result<TaskData> LoadTaskData(Env* env, TaskSpec& task) {
+  TaskData d;
+  const DataSpec& s = task.data;
+  const float mean = static_cast<float>(s.mean), std = static_cast<float>(s.std);
+  if (s.format == "idx" || s.format == "npy") {
+    if (s.format == "idx") {
+      ML_ASSIGN_OR_RETURN(d.train, LoadIdx(env, s.train_x, s.train_y, mean, std));
+      ML_ASSIGN_OR_RETURN(d.test, LoadIdx(env, s.test_x, s.test_y, mean, std));
+    } else {
+      ML_ASSIGN_OR_RETURN(d.train, LoadNpyPair(env, s.train_x, s.train_y, mean, std));
+      ML_ASSIGN_OR_RETURN(d.test, LoadNpyPair(env, s.test_x, s.test_y, mean, std));
+    }
+    Shape want = task.model.input;
+    for (const ClassificationData* c : {&d.train, &d.test}) {
+      Shape got(c->x.shape().begin() + 1, c->x.shape().end());
+      if (NumElements(got) != NumElements(want)) {
+        return InvalidArgument(task.path + ": model.input " + ShapeToString(want) +
+                               " does not match the data's sample shape " + ShapeToString(got));
+      }
+    }
+    // Reshape the samples to the model's input shape (same element count, row-major).
+    for (ClassificationData* c : {&d.train, &d.test}) {
+      Shape s2 = {c->size()};
+      s2.insert(s2.end(), want.begin(), want.end());
+      c->x = Tensor(s2, std::move(c->x.vec()));
+    }
+    ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> probe, Model::Create(task.model));
+    const int64_t classes = probe->NumOutputs();
+    for (const ClassificationData* c : {&d.train, &d.test}) {
+      if (c->num_classes > classes) {
+        return InvalidArgument(task.path + ": the data has labels up to " +
+                               std::to_string(c->num_classes - 1) + " but the model outputs " +
+                               std::to_string(classes) +
+                               " classes; set the last linear layer's out to at least " +
+                               std::to_string(c->num_classes));
+      }
+    }
+    if (d.train.size() < 1) return InvalidArgument(s.train_x + ": no training samples");
+    return d;
+  }
+  d.tokens = true;
+  if (s.format == "text") {
+    ML_ASSIGN_OR_RETURN(std::string text, env->ReadFile(s.text_path));
+    if (text.size() < 1000) {
+      return InvalidArgument(s.text_path + ": only " + std::to_string(text.size()) +
+                             " bytes; a text task needs at least 1000");
+    }
+    d.vocab = BuildCharVocab(text);
+    const int64_t V = static_cast<int64_t>(d.vocab.chars.size());
+    if (task.model.gpt.vocab_size == 0) task.model.gpt.vocab_size = V;
+    if (task.model.gpt.vocab_size < V) {
+      return InvalidArgument(task.path + ": model.vocab_size " +
+                             std::to_string(task.model.gpt.vocab_size) + " is smaller than the " +
+                             std::to_string(V) + " distinct characters of " + s.text_path +
+                             "; omit vocab_size to take it from the data");
+    }
+    std::vector<int32_t> all = EncodeChars(d.vocab, text);
+    const size_t n_val = static_cast<size_t>(static_cast<double>(all.size()) * s.val_fraction);
+    d.train_tokens.tokens.assign(all.begin(), all.end() - n_val);
+    d.val_tokens.tokens.assign(all.end() - n_val, all.end());
+    d.train_tokens.vocab_size = d.val_tokens.vocab_size = task.model.gpt.vocab_size;
+  } else {
+    ML_ASSIGN_OR_RETURN(d.train_tokens, LoadTokens(env, s.train_tokens, s.vocab_size));
+    ML_ASSIGN_OR_RETURN(d.val_tokens, LoadTokens(env, s.val_tokens, s.vocab_size));
+  }
+  const int64_t T = task.seq_len;
+  if (static_cast<int64_t>(d.train_tokens.tokens.size()) < T + 1 ||
+      static_cast<int64_t>(d.val_tokens.tokens.size()) < T + 1) {
+    return InvalidArgument(task.path + ": the train and validation splits need at least seq_len + 1 = " +
+                           std::to_string(T + 1) + " tokens each");
+  }
+  return d;
+}
+
+EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data) {
+  EvalResult r;
+  double loss_sum = 0;
+  if (!data.tokens) {
+    const ClassificationData& test = data.test;
+    int64_t correct = 0;
+    for (int64_t start = 0; start < test.size(); start += task.eval_batch_size) {
+      const int64_t n = std::min(task.eval_batch_size, test.size() - start);
+      std::vector<int64_t> idx(n);
+      for (int64_t j = 0; j < n; ++j) idx[j] = start + j;
+      Batch b = MakeClassificationBatch(test, idx);
+      float loss = model.Forward(b, ForwardOptions{});
+      loss_sum += static_cast<double>(loss) * static_cast<double>(n);
+      TensorView lg = model.logits();
+      std::vector<int32_t> pred = ArgmaxRows(lg.data(), n, lg.dim(1));
+      for (int64_t j = 0; j < n; ++j) correct += pred[j] == b.targets[j];
+    }
+    r.samples = test.size();
+    r.loss = loss_sum / static_cast<double>(r.samples);
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
+    return r;
+  }
+  // GPT: consecutive non-overlapping windows from the start of the validation split.
+  const int64_t T = task.seq_len, B = task.batch_size;
+  const int64_t n_windows =
+      std::min<int64_t>((static_cast<int64_t>(data.val_tokens.tokens.size()) - 1) / T,
+                        task.eval_batches * B);
+  for (int64_t w0 = 0; w0 < n_windows; w0 += B) {
+    const int64_t n = std::min(B, n_windows - w0);
+    std::vector<int64_t> starts(n);
+    for (int64_t j = 0; j < n; ++j) starts[j] = (w0 + j) * T;
+    Batch b = MakeTokenBatch(data.val_tokens, starts, T);
+    float loss = model.Forward(b, ForwardOptions{});
+    loss_sum += static_cast<double>(loss) * static_cast<double>(n * T);
+    r.samples += n * T;
+  }
+  r.loss = loss_sum / static_cast<double>(r.samples);
+  return r;
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(Env* env, TaskSpec task) {
+  ML_ASSIGN_OR_RETURN(TaskData data, LoadTaskData(env, task));
+  std::unique_ptr<Trainer> t(new Trainer(std::move(task), std::move(data)));
+  ML_ASSIGN_OR_RETURN(t->state_.model, Model::Create(t->task_.model));
+  t->state_.model->Init(t->task_.seed);
+  t->state_.optimizer = std::make_unique<Optimizer>(t->task_.optimizer, t->state_.model->params());
+  t->state_.seed = t->task_.seed;
+  t->state_.stream = t->task_.stream;
+  if (!t->data_.tokens) {
+    t->sampler_ = std::make_unique<BatchSampler>(t->task_.seed, t->task_.stream,
+                                                 t->data_.train.size(), t->task_.batch_size);
+  }
+  return t;
+}
+
+Status Trainer::Resume(TrainState st) {
+  if (st.model->spec().ToJson() != task_.model.ToJson()) {
+    return InvalidArgument("checkpoint model " + st.model->spec().ToJson() +
+                           " differs from the task's model " + task_.model.ToJson());
+  }
+  if (!st.optimizer) return InvalidArgument("the file has no optimizer state (a model file?)");
+  if (st.optimizer->spec().ToJson() != task_.optimizer.ToJson()) {
+    return InvalidArgument("checkpoint optimizer " + st.optimizer->spec().ToJson() +
+                           " differs from the task's optimizer " + task_.optimizer.ToJson());
+  }
+  if (st.seed != task_.seed || st.stream != task_.stream) {
+    return InvalidArgument("checkpoint seed/stream " + std::to_string(st.seed) + "/" +
+                           std::to_string(st.stream) + " differ from the task's " +
+                           std::to_string(task_.seed) + "/" + std::to_string(task_.stream));
+  }
+  state_ = std::move(st);
+  return Status::Ok();
+}
+
+int64_t Trainer::samples_per_step() const {
+  return task_.batch_size;
+}
+
+Batch Trainer::BatchForStep(int64_t step) {
+  if (!data_.tokens) return MakeClassificationBatch(data_.train, sampler_->Indices(step));
+  std::vector<int64_t> starts =
+      WindowStarts(task_.seed, task_.stream, step, task_.batch_size,
+                   static_cast<int64_t>(data_.train_tokens.tokens.size()), task_.seq_len);
+  return MakeTokenBatch(data_.train_tokens, starts, task_.seq_len);
+}
+
+float Trainer::Step() {
+  const int64_t step = state_.step;
+  Batch b = BatchForStep(step);
+  Model& m = *state_.model;
+  m.ZeroGrad();
+  // Dropout masks depend on the work-unit stream too, so units draw different masks.
+  ForwardOptions opts{.train = true,
+                      .dropout_seed = task_.seed + task_.stream * 0x9E3779B97F4A7C15ULL,
+                      .step = static_cast<uint64_t>(step)};
+  float loss = m.Forward(b, opts);
+  m.Backward();
+  last_grad_norm_ = state_.optimizer->Step(m.params(), step);
+  state_.step = step + 1;
+  return loss;
+}
+
+}  // namespace meshlearn::engine
