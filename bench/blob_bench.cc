@@ -1,0 +1,196 @@
+// blob_bench: throughput of the blob store and of blob transfer over loopback HTTP.
+//
+//   blob_bench [--size_mb=32] [--repeats=3] [--benchmarks=hash,put,get,fetch1,fetch3]
+//
+// Prints one JSON line per case (best of --repeats) and a final line of ratios against the
+// baselines measured in the same run: put and get against plain BLAKE2b hashing of the same bytes
+// (the least any verified store must do), fetch from 3 providers against fetch from 1.
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/net/blob_service.h"
+#include "meshlearn/net/blob_store.h"
+#include "meshlearn/net/http_transport.h"
+
+using namespace meshlearn;
+using namespace meshlearn::net;
+
+namespace {
+
+double Seconds(const std::function<void()>& fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Best(int repeats, const std::function<double()>& run) {
+  double best = 1e30;
+  for (int i = 0; i < repeats; ++i) best = std::min(best, run());
+  return best;
+}
+
+void Die(const Status& s) {
+  std::fprintf(stderr, "blob_bench: %s\n", s.ToString().c_str());
+  std::exit(1);
+}
+
+struct Provider {
+  std::unique_ptr<BlobStore> store;
+  std::unique_ptr<BlobService> service;
+  Router router;
+  std::unique_ptr<HttpServer> server;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t size_mb = 32;
+  int repeats = 3;
+  std::set<std::string> cases = {"hash", "put", "get", "fetch1", "fetch3"};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--size_mb=", 0) == 0) {
+      size_mb = std::stoul(a.substr(10));
+    } else if (a.rfind("--repeats=", 0) == 0) {
+      repeats = std::stoi(a.substr(10));
+    } else if (a.rfind("--benchmarks=", 0) == 0) {
+      cases.clear();
+      std::stringstream ss(a.substr(13));
+      std::string c;
+      while (std::getline(ss, c, ',')) cases.insert(c);
+    } else {
+      std::fprintf(stderr, "usage: blob_bench [--size_mb=N] [--repeats=N] [--benchmarks=a,b]\n");
+      return 2;
+    }
+  }
+  if (size_mb == 0 || repeats <= 0) {
+    std::fprintf(stderr, "blob_bench: --size_mb and --repeats must be > 0\n");
+    return 2;
+  }
+
+  char tmpl[] = "/tmp/meshlearn_blob_bench_XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  std::string dir = tmpl;
+  Env* env = Env::Default();
+
+  Bytes data(size_mb << 20);
+  Rng rng(1);
+  for (size_t i = 0; i < data.size(); i += 4) {
+    uint32_t v = rng.NextU32();
+    for (size_t k = 0; k < 4 && i + k < data.size(); ++k) data[i + k] = static_cast<uint8_t>(v >> (8 * k));
+  }
+  const double mb = static_cast<double>(data.size()) / (1 << 20);
+  std::map<std::string, double> secs;
+  auto report = [&](const std::string& name, double s) {
+    secs[name] = s;
+    std::printf("{\"bench\":\"blob\",\"case\":\"%s\",\"bytes\":%zu,\"seconds\":%.6f,"
+                "\"mib_per_s\":%.1f}\n",
+                name.c_str(), data.size(), s, mb / s);
+    std::fflush(stdout);
+  };
+
+  if (cases.count("hash")) {
+    report("hash", Best(repeats, [&] {
+             return Seconds([&] { (void)BuildManifest(data); });
+           }));
+  }
+
+  BlobId id;
+  int run = 0;
+  if (cases.count("put") || cases.count("get")) {
+    double put = Best(repeats, [&] {
+      std::string d = dir + "/put" + std::to_string(run++);
+      auto store = BlobStore::Open(env, d);
+      if (!store.ok()) Die(store.status());
+      double s = Seconds([&] {
+        Result<BlobId> r = (*store)->Put(data);
+        if (!r.ok()) Die(r.status());
+        id = *r;
+      });
+      if (cases.count("get") == 0) std::filesystem::remove_all(d);
+      return s;
+    });
+    if (cases.count("put")) report("put", put);
+    if (cases.count("get")) {
+      auto store = BlobStore::Open(env, dir + "/put" + std::to_string(run - 1));
+      if (!store.ok()) Die(store.status());
+      report("get", Best(repeats, [&] {
+               return Seconds([&] {
+                 Result<Bytes> r = (*store)->Get(id);
+                 if (!r.ok()) Die(r.status());
+               });
+             }));
+    }
+  }
+
+  if (cases.count("fetch1") || cases.count("fetch3")) {
+    Provider providers[3];
+    std::vector<std::string> endpoints;
+    for (int i = 0; i < 3; ++i) {
+      Provider& p = providers[i];
+      auto store = BlobStore::Open(env, dir + "/provider" + std::to_string(i));
+      if (!store.ok()) Die(store.status());
+      p.store = std::move(*store);
+      Result<BlobId> r = p.store->Put(data);
+      if (!r.ok()) Die(r.status());
+      id = *r;
+      p.service = std::make_unique<BlobService>(p.store.get());
+      p.service->Register(&p.router);
+      p.server = std::make_unique<HttpServer>(&p.router);
+      Result<uint16_t> port = p.server->Start("127.0.0.1", 0);
+      if (!port.ok()) Die(port.status());
+      endpoints.push_back(p.server->endpoint());
+    }
+    HttpTransport transport;
+    for (int n : {1, 3}) {
+      std::string name = "fetch" + std::to_string(n);
+      if (!cases.count(name)) continue;
+      std::vector<std::string> eps(endpoints.begin(), endpoints.begin() + n);
+      report(name, Best(repeats, [&] {
+               std::string d = dir + "/fetch" + std::to_string(run++);
+               auto store = BlobStore::Open(env, d);
+               if (!store.ok()) Die(store.status());
+               Fetcher fetcher(&transport, store->get());
+               double s = Seconds([&] {
+                 Result<FetchStats> st = fetcher.Fetch(id, eps);
+                 if (!st.ok()) Die(st.status());
+               });
+               std::filesystem::remove_all(d);
+               return s;
+             }));
+    }
+  }
+
+  // Ratios: > 1 means the first is faster than the second.
+  std::string ratios = "{\"bench\":\"blob\",\"case\":\"ratios\"";
+  auto ratio = [&](const char* name, const char* fast, const char* base) {
+    if (secs.count(fast) && secs.count(base)) {
+      char buf[128];
+      std::snprintf(buf, sizeof(buf), ",\"%s\":%.3f", name, secs[base] / secs[fast]);
+      ratios += buf;
+    }
+  };
+  ratio("put_vs_hash", "put", "hash");
+  ratio("get_vs_hash", "get", "hash");
+  ratio("fetch1_vs_get", "fetch1", "get");
+  ratio("fetch3_vs_fetch1", "fetch3", "fetch1");
+  std::printf("%s}\n", ratios.c_str());
+  std::filesystem::remove_all(dir);
+  return 0;
+}
