@@ -1,1 +1,260 @@
+#include "meshlearn/protocol/round_phase.h"
+
 #include <gtest/gtest.h>
+
+#include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/scheduler.h"
+
+namespace meshlearn::protocol {
+namespace {
+
+NodeId Id(uint8_t i) {
+  NodeId id;
+  id.bytes[0] = i;
+  return id;
+}
+
+RoundMachineConfig Config(uint64_t window) {
+  RoundMachineConfig c;
+  c.task = Blake2b("round-task");
+  c.rounds = 2;
+  c.units_per_round = 3;
+  c.verification_window_blocks = window;
+  c.initial_weights = Blake2b("w0");
+  c.start_height = 10;
+  return c;
+}
+
+Assignment Assign(const RoundMachineConfig& c, uint32_t round, uint32_t shard, uint8_t node,
+                  uint64_t height, uint64_t deadline) {
+  return Assignment{UnitId{c.task, round, shard}, Id(node), height, deadline};
+}
+
+// Assigns and commits every unit of the current round at `height`.
+void RunRound(RoundStateMachine& m, const RoundMachineConfig& c, uint64_t height) {
+  std::vector<Assignment> as;
+  for (uint32_t s = 0; s < c.units_per_round; ++s) {
+    as.push_back(Assign(c, m.round(), s, static_cast<uint8_t>(s + 1), height, height + 10));
+  }
+  ASSERT_TRUE(m.OnAssigned(as).ok());
+  for (const Assignment& a : as) {
+    ASSERT_TRUE(m.OnUnitCommitted(a.unit, a.node, Blake2b(a.unit.ToString()), height + 1).ok());
+  }
+}
+
+TEST(RoundPhaseTest, FullLifecycleWithVerificationWindow) {
+  const RoundMachineConfig c = Config(5);
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  EXPECT_EQ(m->round(), 0u);
+  EXPECT_EQ(m->PendingUnits().size(), 3u);
+  EXPECT_EQ(m->round_weights(), c.initial_weights);
+
+  // Partial assignment stays in "assigning".
+  ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 0, 1, 10, 30)}).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 1, 2, 10, 30),
+                                                    Assign(c, 0, 2, 3, 10, 30)})
+                  .ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseTraining);
+  EXPECT_EQ(m->OpenAssignments().size(), 3u);
+
+  for (uint32_t s = 0; s < 3; ++s) {
+    ASSERT_TRUE(m->OnBlock(11 + s).ok());
+    const UnitId u{c.task, 0, s};
+    ASSERT_TRUE(m->OnUnitCommitted(u, Id(static_cast<uint8_t>(s + 1)), Blake2b("r"), 11 + s).ok());
+  }
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAggregating);
+  ASSERT_EQ(m->CommittedUnits().size(), 3u);
+  EXPECT_EQ(m->CommittedUnits()[1].node, Id(2));
+
+  // An aggregate for the wrong round is refused.
+  EXPECT_FALSE(m->OnAggregateCommitted(1, Blake2b("w1"), 14).ok());
+  auto up = m->OnAggregateCommitted(0, Blake2b("w1"), 14);
+  ASSERT_TRUE(up.ok());
+  EXPECT_TRUE(up->finalized_rounds.empty());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);
+  EXPECT_EQ(m->window_end_height(), 19u);
+  EXPECT_EQ(m->round_weights(), c.initial_weights);  // not final yet
+
+  up = m->OnBlock(18);
+  ASSERT_TRUE(up.ok());
+  EXPECT_TRUE(up->finalized_rounds.empty());
+  up = m->OnBlock(19);
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->finalized_rounds, std::vector<uint32_t>{0});
+  EXPECT_EQ(m->round(), 1u);
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  EXPECT_EQ(m->round_weights(), Blake2b("w1"));
+  EXPECT_EQ(m->PendingUnits()[0].unit, (UnitId{c.task, 1, 0}));
+
+  RunRound(*m, c, 20);
+  ASSERT_TRUE(m->OnAggregateCommitted(1, Blake2b("w2"), 22).ok());
+  up = m->OnBlock(27);
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->finalized_rounds, std::vector<uint32_t>{1});
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseFinal);
+  EXPECT_EQ(m->weights_history(),
+            (std::vector<Hash256>{c.initial_weights, Blake2b("w1"), Blake2b("w2")}));
+  EXPECT_TRUE(m->PendingUnits().empty());
+  EXPECT_FALSE(m->OnUnitCommitted(UnitId{c.task, 1, 0}, Id(1), Blake2b("x"), 28).ok());
+}
+
+TEST(RoundPhaseTest, ZeroWindowFinalizesImmediately) {
+  const RoundMachineConfig c = Config(0);
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  RunRound(*m, c, 10);
+  auto up = m->OnAggregateCommitted(0, Blake2b("w1"), 12);
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->finalized_rounds, std::vector<uint32_t>{0});
+  EXPECT_EQ(m->round(), 1u);
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+}
+
+TEST(RoundPhaseTest, ExpiryReassignsAndRefusesLateCommit) {
+  const RoundMachineConfig c = Config(0);
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 0, 1, 10, 20),
+                                                    Assign(c, 0, 1, 2, 10, 30),
+                                                    Assign(c, 0, 2, 3, 10, 30)})
+                  .ok());
+  ASSERT_TRUE(m->OnBlock(20).ok());  // at the deadline: still open
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseTraining);
+  auto up = m->OnBlock(21);
+  ASSERT_TRUE(up.ok());
+  ASSERT_EQ(up->expired.size(), 1u);
+  EXPECT_EQ(up->expired[0].node, Id(1));
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  auto pending = m->PendingUnits();
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].excluded, std::vector<NodeId>{Id(1)});
+
+  // The late node's commit is refused (not paid), and it may not take the unit again.
+  const UnitId u0{c.task, 0, 0};
+  EXPECT_EQ(m->OnUnitCommitted(u0, Id(1), Blake2b("late"), 21).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 0, 1, 21, 40)}).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 0, 4, 21, 40)}).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseTraining);
+  // A commit after the deadline (before the next block expired it) is refused too.
+  EXPECT_FALSE(m->OnUnitCommitted(u0, Id(4), Blake2b("r"), 41).ok());
+  EXPECT_TRUE(m->OnUnitCommitted(u0, Id(4), Blake2b("r"), 40).ok());
+  // A commit from a node the unit is not assigned to is refused.
+  EXPECT_FALSE(m->OnUnitCommitted(UnitId{c.task, 0, 1}, Id(3), Blake2b("r"), 25).ok());
+
+  // Explicit expiry event.
+  auto ex = m->OnUnitExpired(UnitId{c.task, 0, 2});
+  ASSERT_TRUE(ex.ok());
+  ASSERT_EQ(ex->expired.size(), 1u);
+  EXPECT_EQ(ex->expired[0].node, Id(3));
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  EXPECT_FALSE(m->OnUnitExpired(UnitId{c.task, 0, 2}).ok());  // already pending
+
+  // Heights never go back.
+  EXPECT_FALSE(m->OnBlock(5).ok());
+}
+
+TEST(RoundPhaseTest, HoldKeepsTheWindowOpenAndRewindReruns) {
+  const RoundMachineConfig c = Config(2);
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  RunRound(*m, c, 10);
+  ASSERT_TRUE(m->OnAggregateCommitted(0, Blake2b("w1"), 12).ok());
+  m->HoldFinality();
+  auto up = m->OnBlock(20);
+  ASSERT_TRUE(up.ok());
+  EXPECT_TRUE(up->finalized_rounds.empty());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);
+
+  // Fraud proven: the round re-runs from the same weights without the cheater.
+  ASSERT_TRUE(m->RewindRound(std::vector<NodeId>{Id(2)}).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  EXPECT_EQ(m->round(), 0u);
+  EXPECT_EQ(m->round_weights(), c.initial_weights);
+  auto pending = m->PendingUnits();
+  ASSERT_EQ(pending.size(), 3u);
+  for (const auto& p : pending) EXPECT_EQ(p.excluded, std::vector<NodeId>{Id(2)});
+
+  EXPECT_FALSE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 1, 2, 21, 40)}).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  std::vector<Assignment> as;
+  for (uint32_t s = 0; s < 3; ++s) as.push_back(Assign(c, 0, s, 9, 21, 40));
+  ASSERT_TRUE(m->OnAssigned(as).ok());
+  for (const Assignment& a : as) ASSERT_TRUE(m->OnUnitCommitted(a.unit, a.node, {}, 22).ok());
+  ASSERT_TRUE(m->OnAggregateCommitted(0, Blake2b("w1b"), 23).ok());
+  ASSERT_TRUE(m->OnBlock(30).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);  // still held
+  up = m->ReleaseFinality();
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->finalized_rounds, std::vector<uint32_t>{0});
+  EXPECT_EQ(m->round_weights(), Blake2b("w1b"));
+  EXPECT_FALSE(m->ReleaseFinality().ok());
+}
+
+// The machine and the scheduler together: pending units go through AssignUnits, an expired unit
+// comes back with its late node excluded and lands elsewhere.
+TEST(RoundPhaseTest, DrivesTheScheduler) {
+  RoundMachineConfig c = Config(0);
+  c.units_per_round = 6;
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  TaskSpecView t;
+  t.id = c.task;
+  t.rounds = c.rounds;
+  t.units_per_round = c.units_per_round;
+  t.inner_steps = 10;
+  t.batch_size = 4;
+  t.flops_per_sample = 1'000'000;
+  t.model_bytes = 1000;
+  t.price_cap_per_gflop = 1;
+  t.num_examples = 600;
+  std::vector<NodeView> nodes(3);
+  for (uint8_t i = 0; i < 3; ++i) {
+    nodes[i].id = Id(i + 1);
+    nodes[i].memory_bytes = 1 << 20;
+    nodes[i].throughput_flops = 1'000'000'000;
+    nodes[i].bandwidth_bytes_per_s = 1'000'000;
+    nodes[i].last_heartbeat_height = 10;
+  }
+  auto r = AssignUnits(t, nodes, m->PendingUnits(), Blake2b("b10"), 10);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(m->OnAssigned(r->assignments).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseTraining);
+  const Assignment victim = r->assignments[0];
+  for (const Assignment& a : r->assignments) {
+    if (a.unit != victim.unit) {
+      ASSERT_TRUE(m->OnUnitCommitted(a.unit, a.node, {}, 11).ok());
+    }
+  }
+  auto up = m->OnBlock(victim.deadline_height + 1);
+  ASSERT_TRUE(up.ok());
+  ASSERT_EQ(up->expired.size(), 1u);
+  for (NodeView& n : nodes) {
+    n.last_heartbeat_height = victim.deadline_height;
+    if (n.id == victim.node) ApplyMissedDeadline(n.reputation);
+  }
+  r = AssignUnits(t, nodes, m->PendingUnits(), Blake2b("b-next"), victim.deadline_height + 1);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->assignments.size(), 1u);
+  EXPECT_NE(r->assignments[0].node, victim.node);
+  ASSERT_TRUE(m->OnAssigned(r->assignments).ok());
+  ASSERT_TRUE(m->OnUnitCommitted(victim.unit, r->assignments[0].node, {},
+                                 victim.deadline_height + 1)
+                  .ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAggregating);
+}
+
+TEST(RoundPhaseTest, CreateRejectsEmptyTask) {
+  RoundMachineConfig c = Config(0);
+  c.rounds = 0;
+  EXPECT_FALSE(RoundStateMachine::Create(c).ok());
+  EXPECT_EQ(RoundPhaseName(RoundPhase::kRoundPhaseAwaitingVerificationWindow),
+            "awaiting_verification_window");
+}
+
+}  // namespace
+}  // namespace meshlearn::protocol
