@@ -1,1 +1,355 @@
+// Fast kernels == reference kernels, bit for bit, on every SIMD path this CPU supports and on 1,
+// 2 and 4 threads, over odd shapes; plus finite-difference gradient checks of the reference.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "meshlearn/engine/backend.h"
+#include "meshlearn/engine/kernels.h"
+#include "test_util.h"
+
+namespace meshlearn::engine {
+namespace {
+
+using testing::AllConfigs;
+using testing::BitEqual;
+using testing::ConfigGuard;
+using testing::RandomVec;
+using Outputs = std::vector<std::vector<float>>;
+
+// run(fast) returns every buffer the op writes. The reference result is compared with the fast
+// result on every configuration.
+void ExpectFastEqualsRef(const std::string& name, const std::function<Outputs(bool)>& run) {
+  ConfigGuard guard;
+  const Outputs want = run(false);
+  for (const KernelConfig& c : AllConfigs()) {
+    ASSERT_TRUE(SetKernelConfig(c).ok());
+    const Outputs got = run(true);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      std::string why;
+      EXPECT_TRUE(BitEqual(want[i], got[i], &why))
+          << name << " output " << i << " on " << SimdPathName(c.simd) << " x" << c.threads
+          << " threads: " << why;
+    }
+  }
+}
+
+#define KERNEL(fast, Name) ((fast) ? &::meshlearn::engine::Name : &::meshlearn::engine::ref::Name)
+
+struct LinearShape {
+  int64_t B, C, OC;
+};
+
+TEST(KernelsTest, LinearForwardBackward) {
+  for (LinearShape s : {LinearShape{1, 1, 1}, LinearShape{3, 5, 7}, LinearShape{13, 37, 29},
+                        LinearShape{33, 300, 65}, LinearShape{70, 19, 130},
+                        LinearShape{5, 600, 3}}) {
+    for (bool with_bias : {true, false}) {
+      auto inp = RandomVec(s.B * s.C, 1), w = RandomVec(s.OC * s.C, 2), b = RandomVec(s.OC, 3);
+      auto dout = RandomVec(s.B * s.OC, 4);
+      ExpectFastEqualsRef("LinearForward", [&](bool fast) {
+        std::vector<float> out(s.B * s.OC, -7.0f);
+        KERNEL(fast, LinearForward)(out.data(), inp.data(), w.data(), with_bias ? b.data() : nullptr,
+                                    s.B, s.C, s.OC);
+        return Outputs{out};
+      });
+      ExpectFastEqualsRef("LinearBackward", [&](bool fast) {
+        auto dinp = RandomVec(s.B * s.C, 5), dw = RandomVec(s.OC * s.C, 6), db = RandomVec(s.OC, 7);
+        KERNEL(fast, LinearBackward)(dinp.data(), dw.data(), with_bias ? db.data() : nullptr,
+                                     dout.data(), inp.data(), w.data(), s.B, s.C, s.OC);
+        return Outputs{dinp, dw, db};
+      });
+    }
+  }
+}
+
+struct ConvShape {
+  int64_t B, C, H, W, OC, KH, KW, stride, pad;
+};
+
+TEST(KernelsTest, Conv2dForwardBackward) {
+  for (ConvShape s : {ConvShape{1, 1, 5, 5, 1, 3, 3, 1, 0}, ConvShape{2, 3, 7, 9, 5, 3, 3, 1, 1},
+                      ConvShape{3, 4, 11, 10, 17, 5, 5, 2, 2}, ConvShape{5, 2, 8, 8, 3, 1, 1, 1, 0},
+                      ConvShape{1, 6, 13, 13, 33, 3, 2, 3, 1}, ConvShape{4, 13, 9, 9, 7, 3, 3, 1, 1}}) {
+    const int64_t OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
+    const int64_t OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
+    auto inp = RandomVec(s.B * s.C * s.H * s.W, 11), w = RandomVec(s.OC * s.C * s.KH * s.KW, 12);
+    auto bias = RandomVec(s.OC, 13), dout = RandomVec(s.B * s.OC * OH * OW, 14);
+    ExpectFastEqualsRef("Conv2dForward", [&](bool fast) {
+      std::vector<float> out(s.B * s.OC * OH * OW);
+      KERNEL(fast, Conv2dForward)(out.data(), inp.data(), w.data(), bias.data(), s.B, s.C, s.H, s.W,
+                                  s.OC, s.KH, s.KW, s.stride, s.pad);
+      return Outputs{out};
+    });
+    ExpectFastEqualsRef("Conv2dBackward", [&](bool fast) {
+      auto dinp = RandomVec(inp.size(), 15), dw = RandomVec(w.size(), 16), db = RandomVec(s.OC, 17);
+      KERNEL(fast, Conv2dBackward)(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
+                                   w.data(), s.B, s.C, s.H, s.W, s.OC, s.KH, s.KW, s.stride, s.pad);
+      return Outputs{dinp, dw, db};
+    });
+  }
+}
+
+TEST(KernelsTest, MaxPool) {
+  for (auto [k, st] : {std::pair<int64_t, int64_t>{2, 2}, {3, 2}, {3, 1}}) {
+    const int64_t B = 3, C = 5, H = 11, W = 9, OH = (H - k) / st + 1, OW = (W - k) / st + 1;
+    auto inp = RandomVec(B * C * H * W, 21);
+    for (size_t i = 0; i < inp.size(); i += 7) inp[i] = 0.5f;  // ties
+    auto dout = RandomVec(B * C * OH * OW, 22);
+    ExpectFastEqualsRef("MaxPool2d", [&](bool fast) {
+      std::vector<float> out(B * C * OH * OW);
+      std::vector<int32_t> am(out.size());
+      KERNEL(fast, MaxPool2dForward)(out.data(), am.data(), inp.data(), B, C, H, W, k, st);
+      auto dinp = RandomVec(inp.size(), 23);
+      KERNEL(fast, MaxPool2dBackward)(dinp.data(), dout.data(), am.data(), B, C, OH, OW);
+      std::vector<float> amf(am.begin(), am.end());
+      return Outputs{out, amf, dinp};
+    });
+  }
+}
+
+TEST(KernelsTest, ElementWise) {
+  for (int64_t n : {1, 7, 16, 33, 1000, 40001}) {
+    auto x = RandomVec(n, 31, -6.0f, 6.0f), g = RandomVec(n, 32), y = RandomVec(n, 33);
+    x[0] = 0.0f;
+    ExpectFastEqualsRef("Relu", [&](bool fast) {
+      std::vector<float> out(n);
+      auto d = RandomVec(n, 34);
+      KERNEL(fast, ReluForward)(out.data(), x.data(), n);
+      KERNEL(fast, ReluBackward)(d.data(), g.data(), x.data(), n);
+      return Outputs{out, d};
+    });
+    ExpectFastEqualsRef("Gelu", [&](bool fast) {
+      std::vector<float> out(n);
+      auto d = RandomVec(n, 35);
+      KERNEL(fast, GeluForward)(out.data(), x.data(), n);
+      KERNEL(fast, GeluBackward)(d.data(), g.data(), x.data(), n);
+      return Outputs{out, d};
+    });
+    ExpectFastEqualsRef("Residual", [&](bool fast) {
+      std::vector<float> out(n);
+      auto da = RandomVec(n, 36), db = RandomVec(n, 37);
+      KERNEL(fast, ResidualForward)(out.data(), x.data(), y.data(), n);
+      KERNEL(fast, ResidualBackward)(da.data(), db.data(), g.data(), n);
+      return Outputs{out, da, db};
+    });
+    ExpectFastEqualsRef("Dropout", [&](bool fast) {
+      std::vector<float> out(n), mask(n);
+      auto d = RandomVec(n, 38);
+      KERNEL(fast, DropoutForward)(out.data(), mask.data(), x.data(), n, 0.3f, 0x1234567890ull, 77);
+      KERNEL(fast, DropoutBackward)(d.data(), g.data(), mask.data(), n);
+      return Outputs{out, mask, d};
+    });
+    ExpectFastEqualsRef("SumTree", [&](bool fast) {
+      float a = KERNEL(fast, SumTree)(x.data(), n);
+      float b = KERNEL(fast, SumSquaresTree)(x.data(), n);
+      return Outputs{{a, b}};
+    });
+  }
+}
+
+TEST(KernelsTest, SumTreeLong) {
+  for (int64_t n : {1024, 1025, 8 * 1024, 9 * 1024 + 5, 100003}) {
+    auto x = RandomVec(n, 41);
+    ExpectFastEqualsRef("SumTree", [&](bool fast) {
+      return Outputs{{KERNEL(fast, SumTree)(x.data(), n), KERNEL(fast, SumSquaresTree)(x.data(), n)}};
+    });
+  }
+}
+
+TEST(KernelsTest, SoftmaxCrossEntropy) {
+  for (auto [B, V] : {std::pair<int64_t, int64_t>{1, 1}, {5, 10}, {7, 33}, {64, 10}, {3, 1001}}) {
+    auto logits = RandomVec(B * V, 51, -8.0f, 8.0f);
+    std::vector<int32_t> targets(B);
+    for (int64_t b = 0; b < B; ++b) targets[b] = static_cast<int32_t>((b * 7 + 3) % V);
+    ExpectFastEqualsRef("SoftmaxCE", [&](bool fast) {
+      std::vector<float> probs(B * V), losses(B);
+      float loss = KERNEL(fast, SoftmaxCrossEntropyForward)(probs.data(), losses.data(),
+                                                            logits.data(), targets.data(), B, V);
+      auto d = RandomVec(B * V, 52);
+      KERNEL(fast, SoftmaxCrossEntropyBackward)(d.data(), probs.data(), targets.data(), 0.7f, B, V);
+      return Outputs{probs, losses, {loss}, d};
+    });
+  }
+}
+
+TEST(KernelsTest, LayerNorm) {
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {17, 33}, {64, 200}}) {
+    auto x = RandomVec(N * C, 61, -3.0f, 3.0f), w = RandomVec(C, 62), b = RandomVec(C, 63);
+    auto g = RandomVec(N * C, 64);
+    ExpectFastEqualsRef("LayerNorm", [&](bool fast) {
+      std::vector<float> out(N * C), mean(N), rstd(N);
+      KERNEL(fast, LayerNormForward)(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                     b.data(), N, C);
+      auto dx = RandomVec(N * C, 65), dw = RandomVec(C, 66), db = RandomVec(C, 67);
+      KERNEL(fast, LayerNormBackward)(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
+                                      mean.data(), rstd.data(), N, C);
+      return Outputs{out, mean, rstd, dx, dw, db};
+    });
+  }
+}
+
+TEST(KernelsTest, Embedding) {
+  const int64_t N = 37, C = 19, V = 11;
+  auto table = RandomVec(V * C, 71), g = RandomVec(N * C, 72);
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; ++n) ids[n] = static_cast<int32_t>((n * n + 3) % (V - 2));  // some unused
+  ExpectFastEqualsRef("Embedding", [&](bool fast) {
+    std::vector<float> out(N * C);
+    KERNEL(fast, EmbeddingForward)(out.data(), ids.data(), table.data(), N, C);
+    auto dt = RandomVec(V * C, 73);
+    KERNEL(fast, EmbeddingBackward)(dt.data(), g.data(), ids.data(), N, C, V);
+    return Outputs{out, dt};
+  });
+}
+
+TEST(KernelsTest, Attention) {
+  struct S {
+    int64_t B, T, C, NH;
+  };
+  for (S s : {S{1, 1, 4, 1}, S{2, 5, 12, 3}, S{2, 17, 40, 4}, S{1, 40, 64, 2}}) {
+    auto qkv = RandomVec(s.B * s.T * 3 * s.C, 81, -2.0f, 2.0f), g = RandomVec(s.B * s.T * s.C, 82);
+    ExpectFastEqualsRef("Attention", [&](bool fast) {
+      const int64_t TT = s.B * s.NH * s.T * s.T;
+      std::vector<float> out(s.B * s.T * s.C), pre(TT, 9.0f), att(TT, 9.0f);
+      KERNEL(fast, AttentionForward)(out.data(), pre.data(), att.data(), qkv.data(), s.B, s.T, s.C,
+                                     s.NH);
+      auto dqkv = RandomVec(qkv.size(), 83);
+      std::vector<float> dpre(TT, 5.0f), datt(TT, 5.0f);
+      KERNEL(fast, AttentionBackward)(dqkv.data(), dpre.data(), datt.data(), g.data(), qkv.data(),
+                                      att.data(), s.B, s.T, s.C, s.NH);
+      return Outputs{out, pre, att, dqkv, dpre, datt};
+    });
+  }
+}
+
+// ---- Finite-difference gradient checks of the reference kernels --------------------------------
+//
+// loss = sum(out * R) in double; the analytic gradient comes from the backward kernel with
+// dout = R; the numerical one from central differences of the float forward.
+
+double Dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+void CheckGrad(const std::string& name, std::vector<float>* param, const std::vector<float>& grad,
+               const std::function<double()>& loss, float eps, double tol) {
+  for (size_t j = 0; j < param->size(); j += 1 + param->size() / 23) {
+    const float saved = (*param)[j];
+    (*param)[j] = saved + eps;
+    const double lp = loss();
+    (*param)[j] = saved - eps;
+    const double lm = loss();
+    (*param)[j] = saved;
+    const double num = (lp - lm) / (2.0 * static_cast<double>(eps));
+    EXPECT_NEAR(num, grad[j], tol * (1.0 + std::fabs(num))) << name << " index " << j;
+  }
+}
+
+TEST(GradCheckTest, Linear) {
+  const int64_t B = 4, C = 6, OC = 5;
+  auto inp = RandomVec(B * C, 1), w = RandomVec(OC * C, 2), b = RandomVec(OC, 3), R = RandomVec(B * OC, 4);
+  auto loss = [&] {
+    std::vector<float> out(B * OC);
+    ref::LinearForward(out.data(), inp.data(), w.data(), b.data(), B, C, OC);
+    return Dot(out, R);
+  };
+  std::vector<float> di(inp.size()), dw(w.size()), db(b.size());
+  ref::LinearBackward(di.data(), dw.data(), db.data(), R.data(), inp.data(), w.data(), B, C, OC);
+  CheckGrad("inp", &inp, di, loss, 1e-2f, 1e-3);
+  CheckGrad("weight", &w, dw, loss, 1e-2f, 1e-3);
+  CheckGrad("bias", &b, db, loss, 1e-2f, 1e-3);
+}
+
+TEST(GradCheckTest, Conv2d) {
+  const int64_t B = 2, C = 3, H = 7, W = 6, OC = 4, K = 3, s = 2, p = 1;
+  const int64_t OH = (H + 2 * p - K) / s + 1, OW = (W + 2 * p - K) / s + 1;
+  auto inp = RandomVec(B * C * H * W, 1), w = RandomVec(OC * C * K * K, 2), b = RandomVec(OC, 3);
+  auto R = RandomVec(B * OC * OH * OW, 4);
+  auto loss = [&] {
+    std::vector<float> out(R.size());
+    ref::Conv2dForward(out.data(), inp.data(), w.data(), b.data(), B, C, H, W, OC, K, K, s, p);
+    return Dot(out, R);
+  };
+  std::vector<float> di(inp.size()), dw(w.size()), db(b.size());
+  ref::Conv2dBackward(di.data(), dw.data(), db.data(), R.data(), inp.data(), w.data(), B, C, H, W,
+                      OC, K, K, s, p);
+  CheckGrad("inp", &inp, di, loss, 1e-2f, 1e-3);
+  CheckGrad("weight", &w, dw, loss, 1e-2f, 1e-3);
+  CheckGrad("bias", &b, db, loss, 1e-2f, 1e-3);
+}
+
+TEST(GradCheckTest, GeluLayerNormSoftmax) {
+  const int64_t N = 3, C = 8;
+  auto x = RandomVec(N * C, 1, -3, 3), w = RandomVec(C, 2), b = RandomVec(C, 3), R = RandomVec(N * C, 4);
+  {
+    auto loss = [&] {
+      std::vector<float> out(N * C);
+      ref::GeluForward(out.data(), x.data(), N * C);
+      return Dot(out, R);
+    };
+    std::vector<float> dx(x.size());
+    ref::GeluBackward(dx.data(), R.data(), x.data(), N * C);
+    CheckGrad("gelu", &x, dx, loss, 1e-3f, 2e-3);
+  }
+  {
+    auto loss = [&] {
+      std::vector<float> out(N * C), m(N), r(N);
+      ref::LayerNormForward(out.data(), m.data(), r.data(), x.data(), w.data(), b.data(), N, C);
+      return Dot(out, R);
+    };
+    std::vector<float> out(N * C), m(N), r(N), dx(x.size()), dw(C), db(C);
+    ref::LayerNormForward(out.data(), m.data(), r.data(), x.data(), w.data(), b.data(), N, C);
+    ref::LayerNormBackward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), m.data(),
+                           r.data(), N, C);
+    CheckGrad("layernorm x", &x, dx, loss, 1e-3f, 5e-3);
+    CheckGrad("layernorm w", &w, dw, loss, 1e-3f, 5e-3);
+    CheckGrad("layernorm b", &b, db, loss, 1e-3f, 5e-3);
+  }
+  {
+    std::vector<int32_t> t = {1, 7, 0};
+    auto loss = [&] {
+      std::vector<float> probs(N * C), l(N);
+      return static_cast<double>(
+          ref::SoftmaxCrossEntropyForward(probs.data(), l.data(), x.data(), t.data(), N, C));
+    };
+    std::vector<float> probs(N * C), l(N), dx(x.size());
+    ref::SoftmaxCrossEntropyForward(probs.data(), l.data(), x.data(), t.data(), N, C);
+    ref::SoftmaxCrossEntropyBackward(dx.data(), probs.data(), t.data(), 1.0f, N, C);
+    CheckGrad("softmax", &x, dx, loss, 1e-2f, 5e-3);
+  }
+}
+
+TEST(GradCheckTest, Attention) {
+  const int64_t B = 1, T = 4, C = 6, NH = 2;
+  auto qkv = RandomVec(B * T * 3 * C, 1), R = RandomVec(B * T * C, 2);
+  auto loss = [&] {
+    std::vector<float> out(B * T * C), pre(B * NH * T * T), att(pre.size());
+    ref::AttentionForward(out.data(), pre.data(), att.data(), qkv.data(), B, T, C, NH);
+    return Dot(out, R);
+  };
+  std::vector<float> out(B * T * C), pre(B * NH * T * T), att(pre.size()), dpre(pre.size()),
+      datt(pre.size()), dqkv(qkv.size());
+  ref::AttentionForward(out.data(), pre.data(), att.data(), qkv.data(), B, T, C, NH);
+  ref::AttentionBackward(dqkv.data(), dpre.data(), datt.data(), R.data(), qkv.data(), att.data(), B,
+                         T, C, NH);
+  CheckGrad("qkv", &qkv, dqkv, loss, 1e-2f, 5e-3);
+}
+
+TEST(BackendTest, ParseAndSet) {
+  ConfigGuard guard;
+  EXPECT_TRUE(ParseSimdPath("auto").ok());
+  EXPECT_FALSE(ParseSimdPath("sse9").ok());
+  EXPECT_FALSE(SetKernelConfig(KernelConfig{SimdPath::kScalar, 0}).ok());
+  EXPECT_TRUE(SetKernelConfig(KernelConfig{SimdPath::kScalar, 3}).ok());
+  EXPECT_EQ(GetKernelConfig().threads, 3);
+}
+
+}  // namespace
+}  // namespace meshlearn::engine

@@ -115,8 +115,11 @@ float SumSquaresTree(const float* x, int64_t n);
 MESHLEARN_KERNEL_DECLS
 
 namespace ref {
-// Reference kernels: plain single-threaded loops in the canonical order.
+// Reference kernels: plain single-threaded loops in the canonical order (kernels_ref.cc is the
+// specification of every op's floating-point operation sequence).
 MESHLEARN_KERNEL_DECLS
+float SumTree(const float* x, int64_t n);
+float SumSquaresTree(const float* x, int64_t n);
 }  // namespace ref
 
 }  // namespace meshlearn::engine

@@ -1,0 +1,988 @@
+// Internal: the fast kernels, written once over Vf (simd.h) and compiled three times (scalar,
+// AVX2, AVX-512) into TU-private namespaces. They must equal the reference kernels
+// (kernels_ref.cc) bit for bit; the comments name the reference chain each loop reproduces.
+//
+// The workhorse is one GEMM: C(M,N) = chain over k of fma(A[m,k], B[k,n], .), from an initial
+// value (0, a per-column bias or a per-row bias). A register-blocked micro-kernel holds an
+// MR x NR tile of independent accumulators (NR = NRV vectors) and walks k in increasing order, so
+// every output is exactly the reference's sequential chain. Blocking over k (KC) stores the
+// running accumulator as a float and reloads it, which does not change the chain either. A and B
+// are packed into micro-panels by "packers", which is also how convolutions run as implicit GEMMs
+// (the packer reads the image directly, zero padding included). Threads split the output tile
+// grid; the decomposition changes who computes a tile, never how.
+#pragma once
+
+#include "kernels_internal.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/engine/kernels.h"
+#include "meshlearn/engine/threadpool.h"
+
+namespace meshlearn::engine::MESHLEARN_SIMD_NS {
+
+using internal::kGelu3K1;
+using internal::kGeluK0;
+using internal::kGeluK1;
+using internal::kLayerNormEps;
+
+#if MESHLEARN_SIMD_LEVEL == 2
+inline constexpr int kMR = 12;
+inline constexpr int kNRV = 2;
+#elif MESHLEARN_SIMD_LEVEL == 1
+inline constexpr int kMR = 6;
+inline constexpr int kNRV = 2;
+#else
+inline constexpr int kMR = 4;
+inline constexpr int kNRV = 4;
+#endif
+inline constexpr int kNR = kNRV * kW;
+inline constexpr int64_t kKC = 256;
+inline constexpr int64_t kMC = kMR * 16;
+inline constexpr int64_t kNC = kNR * 32;
+
+inline float ScalarFma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- GEMM ------------------------------------------------------------------------------------
+
+struct GemmOut {
+  float* c = nullptr;
+  int64_t ldc = 0;
+  const float* bias_col = nullptr;  // (N): initial value per column
+  const float* bias_row = nullptr;  // (M): initial value per row
+  float alpha = 1.0f;               // result = chain * alpha, when use_alpha
+  bool use_alpha = false;
+  bool accumulate = false;  // c = c + result
+};
+
+// acc[r][j] += A[:, r] * B[:, j-th vector] over kc steps.
+inline void MicroKernel(int64_t kc, const float* __restrict pa, const float* __restrict pb,
+                        Vf (&acc)[kMR][kNRV]) {
+  for (int64_t k = 0; k < kc; ++k) {
+    Vf b[kNRV];
+#pragma GCC unroll 4
+    for (int j = 0; j < kNRV; ++j) b[j] = Load(pb + j * kW);
+#pragma GCC unroll 16
+    for (int r = 0; r < kMR; ++r) {
+      const Vf a = Set1(pa[r]);
+#pragma GCC unroll 4
+      for (int j = 0; j < kNRV; ++j) acc[r][j] = Fma(a, b[j], acc[r][j]);
+    }
+    pa += kMR;
+    pb += kNR;
+  }
+}
+
+// One MR x NR tile (mr x nr valid). cin: running partial (or null: start from bias/0).
+// final_out: apply alpha/accumulate and write to o.c; else store the raw partial to pout.
+inline void Tile(int64_t kc, const float* pa, const float* pb, int mr, int nr, int64_t m0,
+                 int64_t n0, const float* cin, int64_t ldcin, const GemmOut& o, bool final_out,
+                 float* pout, int64_t ldpout) {
+  Vf acc[kMR][kNRV];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMR; ++r) {
+#pragma GCC unroll 4
+    for (int j = 0; j < kNRV; ++j) {
+      const int nv = nr - j * kW;
+      if (cin != nullptr) {
+        acc[r][j] = r < mr ? LoadPartial(cin + r * ldcin + j * kW, nv) : Zero();
+      } else if (o.bias_col != nullptr) {
+        acc[r][j] = LoadPartial(o.bias_col + n0 + j * kW, nv);
+      } else if (o.bias_row != nullptr) {
+        acc[r][j] = Set1(r < mr ? o.bias_row[m0 + r] : 0.0f);
+      } else {
+        acc[r][j] = Zero();
+      }
+    }
+  }
+  MicroKernel(kc, pa, pb, acc);
+  if (final_out) {
+    float* c = o.c + m0 * o.ldc + n0;
+#pragma GCC unroll 16
+    for (int r = 0; r < kMR; ++r) {
+      if (r >= mr) break;
+#pragma GCC unroll 4
+      for (int j = 0; j < kNRV; ++j) {
+        const int nv = nr - j * kW;
+        if (nv <= 0) break;
+        Vf v = acc[r][j];
+        if (o.use_alpha) v = v * Set1(o.alpha);
+        float* p = c + r * o.ldc + j * kW;
+        if (nv >= kW) {
+          if (o.accumulate) v = Load(p) + v;
+          Store(p, v);
+        } else {
+          if (o.accumulate) v = LoadPartial(p, nv) + v;
+          StorePartial(p, v, nv);
+        }
+      }
+    }
+  } else {
+#pragma GCC unroll 16
+    for (int r = 0; r < kMR; ++r) {
+      if (r >= mr) break;
+#pragma GCC unroll 4
+      for (int j = 0; j < kNRV; ++j) {
+        const int nv = nr - j * kW;
+        if (nv <= 0) break;
+        StorePartial(pout + r * ldpout + j * kW, acc[r][j], nv);
+      }
+    }
+  }
+}
+
+// Computes rows [m_begin, m_end) x columns [n_begin, n_end) of the GEMM on the calling thread.
+// pack_a(dst, m0, mr, k0, kc): dst[kk*MR + r] = A[m0+r, k0+kk], zero for r >= mr.
+// pack_b(dst, n0, nr, k0, kc): dst[kk*NR + j] = B[k0+kk, n0+j], zero for j >= nr.
+// partial: where running partials go between k blocks when the output cannot hold them
+// (accumulate or alpha); null means o.c holds them.
+template <typename PackA, typename PackB>
+void GemmBlock(int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, int64_t K,
+               const PackA& pack_a, const PackB& pack_b, const GemmOut& o, float* partial,
+               int64_t ldp) {
+  if (m_end <= m_begin || n_end <= n_begin) return;
+  const int64_t nkb = K == 0 ? 1 : CeilDiv(K, kKC);
+  float* pb_buf = ScratchBuffer(0, kKC * kNC);
+  float* pa_buf = ScratchBuffer(1, kKC * kMC);
+  float* pbase = partial != nullptr ? partial : o.c;
+  const int64_t ldb = partial != nullptr ? ldp : o.ldc;
+  for (int64_t jc = n_begin; jc < n_end; jc += kNC) {
+    const int64_t nc = MinI(kNC, n_end - jc);
+    const int64_t npanels = CeilDiv(nc, kNR);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const int64_t k0 = kb * kKC;
+      const int64_t kc = MinI(kKC, K - k0);
+      const bool first = kb == 0, last = kb == nkb - 1;
+      for (int64_t jp = 0; jp < npanels; ++jp) {
+        pack_b(pb_buf + jp * kc * kNR, jc + jp * kNR, MinI(kNR, nc - jp * kNR), k0, kc);
+      }
+      for (int64_t ic = m_begin; ic < m_end; ic += kMC) {
+        const int64_t mc = MinI(kMC, m_end - ic);
+        const int64_t mpanels = CeilDiv(mc, kMR);
+        for (int64_t ip = 0; ip < mpanels; ++ip) {
+          pack_a(pa_buf + ip * kc * kMR, ic + ip * kMR, MinI(kMR, mc - ip * kMR), k0, kc);
+        }
+        for (int64_t jp = 0; jp < npanels; ++jp) {
+          const int64_t n0 = jc + jp * kNR;
+          const int nr = static_cast<int>(MinI(kNR, nc - jp * kNR));
+          for (int64_t ip = 0; ip < mpanels; ++ip) {
+            const int64_t m0 = ic + ip * kMR;
+            const int mr = static_cast<int>(MinI(kMR, mc - ip * kMR));
+            const float* cin = first ? nullptr : pbase + m0 * ldb + n0;
+            Tile(kc, pa_buf + ip * kc * kMR, pb_buf + jp * kc * kNR, mr, nr, m0, n0, cin, ldb, o,
+                 last, pbase + m0 * ldb + n0, ldb);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The whole GEMM, split over `threads` by output columns (or rows when there are few columns).
+template <typename PackA, typename PackB>
+void Gemm(int64_t M, int64_t N, int64_t K, const PackA& pack_a, const PackB& pack_b,
+          const GemmOut& o, int threads) {
+  if (M <= 0 || N <= 0) return;
+  float* partial = nullptr;
+  if ((o.accumulate || o.use_alpha) && K > kKC) partial = ScratchBuffer(2, M * N);
+  const int64_t npanels = CeilDiv(N, kNR), mpanels = CeilDiv(M, kMR);
+  if (threads > 1 && M * N * (K + 1) < (int64_t{1} << 16)) threads = 1;
+  if (threads <= 1) {
+    GemmBlock(0, M, 0, N, K, pack_a, pack_b, o, partial, N);
+    return;
+  }
+  const bool split_n = npanels >= threads || npanels >= mpanels;
+  const int64_t units = split_n ? npanels : mpanels;
+  const int64_t tasks = MinI(units, threads);
+  ParallelFor(tasks, threads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t u0 = units * t / tasks, u1 = units * (t + 1) / tasks;
+      if (split_n) {
+        GemmBlock(0, M, u0 * kNR, MinI(N, u1 * kNR), K, pack_a, pack_b, o, partial, N);
+      } else {
+        GemmBlock(u0 * kMR, MinI(M, u1 * kMR), 0, N, K, pack_a, pack_b, o, partial, N);
+      }
+    }
+  });
+}
+
+// Packer for A stored with strides: A[m,k] = a[m*rs + k*cs].
+struct StridedA {
+  const float* a;
+  int64_t rs, cs;
+  void operator()(float* dst, int64_t m0, int64_t mr, int64_t k0, int64_t kc) const {
+    for (int64_t r = 0; r < kMR; ++r) {
+      if (r < mr) {
+        const float* src = a + (m0 + r) * rs + k0 * cs;
+        for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kMR + r] = src[kk * cs];
+      } else {
+        for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kMR + r] = 0.0f;
+      }
+    }
+  }
+};
+
+// Packer for B stored with strides: B[k,n] = b[k*rs + n*cs].
+struct StridedB {
+  const float* b;
+  int64_t rs, cs;
+  void operator()(float* dst, int64_t n0, int64_t nr, int64_t k0, int64_t kc) const {
+    if (cs == 1) {
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        const float* src = b + (k0 + kk) * rs + n0;
+        float* d = dst + kk * kNR;
+        if (nr == kNR) {
+          for (int j = 0; j < kNRV; ++j) Store(d + j * kW, Load(src + j * kW));
+        } else {
+          for (int64_t j = 0; j < kNR; ++j) d[j] = j < nr ? src[j] : 0.0f;
+        }
+      }
+    } else {
+      for (int64_t j = 0; j < kNR; ++j) {
+        if (j < nr) {
+          const float* src = b + k0 * rs + (n0 + j) * cs;
+          for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = src[kk * rs];
+        } else {
+          for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = 0.0f;
+        }
+      }
+    }
+  }
+};
+
+// ---- Linear ----------------------------------------------------------------------------------
+
+void LinearForward(float* out, const float* inp, const float* weight, const float* bias,
+                   int64_t B, int64_t C, int64_t OC) {
+  // out[b,o] = chain over c of fma(inp[b,c], weight[o,c]) from bias[o]: A = inp, B = weight^T.
+  GemmOut o;
+  o.c = out;
+  o.ldc = OC;
+  o.bias_col = bias;
+  Gemm(B, OC, C, StridedA{inp, C, 1}, StridedB{weight, 1, C}, o, internal::ActiveThreads());
+}
+
+void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                    const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
+  const int threads = internal::ActiveThreads();
+  if (dinp != nullptr) {
+    // dinp[b,c] += chain over o of fma(dout[b,o], weight[o,c]).
+    GemmOut o;
+    o.c = dinp;
+    o.ldc = C;
+    o.accumulate = true;
+    Gemm(B, C, OC, StridedA{dout, OC, 1}, StridedB{weight, C, 1}, o, threads);
+  }
+  if (dweight != nullptr) {
+    // dweight[o,c] += chain over b of fma(dout[b,o], inp[b,c]).
+    GemmOut o;
+    o.c = dweight;
+    o.ldc = C;
+    o.accumulate = true;
+    Gemm(OC, C, B, StridedA{dout, 1, OC}, StridedB{inp, C, 1}, o, threads);
+  }
+  if (dbias != nullptr) {
+    // dbias[o] += chain over b of dout[b,o] (adds); lanes hold different o.
+    for (int64_t o0 = 0; o0 < OC; o0 += kW) {
+      const int nv = static_cast<int>(MinI(kW, OC - o0));
+      Vf acc = Zero();
+      for (int64_t b = 0; b < B; ++b) acc = acc + LoadPartial(dout + b * OC + o0, nv);
+      StorePartial(dbias + o0, LoadPartial(dbias + o0, nv) + acc, nv);
+    }
+  }
+}
+
+// ---- Conv2d (implicit GEMM) --------------------------------------------------------------------
+
+struct ConvGeom {
+  int64_t C, H, W, OC, KH, KW, stride, pad, OH, OW;
+};
+
+// Forward, one image: B[k=(c,kh,kw), n=(oh,ow)] = x[c, oh*s-pad+kh, ow*s-pad+kw] or 0.
+struct ConvImageB {
+  const float* x;  // (C,H,W) of one image
+  const ConvGeom* g;
+  void operator()(float* dst, int64_t n0, int64_t nr, int64_t k0, int64_t kc) const {
+    int64_t ih0[kNR], iw0[kNR];
+    for (int64_t j = 0; j < kNR; ++j) {
+      const int64_t n = j < nr ? n0 + j : n0;
+      ih0[j] = (n / g->OW) * g->stride - g->pad;
+      iw0[j] = (n % g->OW) * g->stride - g->pad;
+    }
+    const int64_t kk_per_c = g->KH * g->KW;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t k = k0 + kk;
+      const int64_t c = k / kk_per_c, kh = (k % kk_per_c) / g->KW, kw = k % g->KW;
+      const float* plane = x + c * g->H * g->W;
+      float* d = dst + kk * kNR;
+      for (int64_t j = 0; j < kNR; ++j) {
+        const int64_t ih = ih0[j] + kh, iw = iw0[j] + kw;
+        const bool in = j < nr && static_cast<uint64_t>(ih) < static_cast<uint64_t>(g->H) &&
+                        static_cast<uint64_t>(iw) < static_cast<uint64_t>(g->W);
+        d[j] = in ? plane[ih * g->W + iw] : 0.0f;
+      }
+    }
+  }
+};
+
+// dinp, one image: A[m=c, k=(oc,kh,kw)] = w[oc,c,kh,kw].
+struct ConvWeightTA {
+  const float* w;
+  const ConvGeom* g;
+  void operator()(float* dst, int64_t m0, int64_t mr, int64_t k0, int64_t kc) const {
+    const int64_t kk_per_oc = g->KH * g->KW;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t k = k0 + kk, oc = k / kk_per_oc, r = k % kk_per_oc;
+      const float* src = w + oc * g->C * kk_per_oc + r;
+      for (int64_t i = 0; i < kMR; ++i) dst[kk * kMR + i] = i < mr ? src[(m0 + i) * kk_per_oc] : 0.0f;
+    }
+  }
+};
+
+// dinp, one image: B[k=(oc,kh,kw), n=(ih,iw)] = dout[oc, oh, ow] when ih+pad-kh = oh*s etc.
+struct ConvDoutB {
+  const float* dout;  // (OC,OH,OW) of one image
+  const ConvGeom* g;
+  void operator()(float* dst, int64_t n0, int64_t nr, int64_t k0, int64_t kc) const {
+    int64_t th0[kNR], tw0[kNR];
+    for (int64_t j = 0; j < kNR; ++j) {
+      const int64_t n = j < nr ? n0 + j : n0;
+      th0[j] = n / g->W + g->pad;
+      tw0[j] = n % g->W + g->pad;
+    }
+    const int64_t kk_per_oc = g->KH * g->KW, s = g->stride;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t k = k0 + kk;
+      const int64_t oc = k / kk_per_oc, kh = (k % kk_per_oc) / g->KW, kw = k % g->KW;
+      const float* plane = dout + oc * g->OH * g->OW;
+      float* d = dst + kk * kNR;
+      for (int64_t j = 0; j < kNR; ++j) {
+        const int64_t th = th0[j] - kh, tw = tw0[j] - kw;
+        float v = 0.0f;
+        if (j < nr && th >= 0 && tw >= 0) {
+          if (s == 1) {
+            if (th < g->OH && tw < g->OW) v = plane[th * g->OW + tw];
+          } else if (th % s == 0 && tw % s == 0 && th / s < g->OH && tw / s < g->OW) {
+            v = plane[(th / s) * g->OW + tw / s];
+          }
+        }
+        d[j] = v;
+      }
+    }
+  }
+};
+
+// dweight: A[m=oc, k=(b,p)] = dout[b,oc,p].
+struct ConvDoutA {
+  const float* dout;
+  const ConvGeom* g;
+  void operator()(float* dst, int64_t m0, int64_t mr, int64_t k0, int64_t kc) const {
+    const int64_t P = g->OH * g->OW;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t k = k0 + kk, b = k / P, p = k % P;
+      const float* src = dout + b * g->OC * P + p;
+      for (int64_t i = 0; i < kMR; ++i) dst[kk * kMR + i] = i < mr ? src[(m0 + i) * P] : 0.0f;
+    }
+  }
+};
+
+// dweight: B[k=(b,oh,ow), n=(c,kh,kw)] = x[b, c, oh*s-pad+kh, ow*s-pad+kw] or 0.
+struct ConvImageBT {
+  const float* x;  // (B,C,H,W)
+  const ConvGeom* g;
+  void operator()(float* dst, int64_t n0, int64_t nr, int64_t k0, int64_t kc) const {
+    int64_t cc[kNR], kh[kNR], kw[kNR];
+    const int64_t kk_per_c = g->KH * g->KW;
+    for (int64_t j = 0; j < kNR; ++j) {
+      const int64_t n = j < nr ? n0 + j : n0;
+      cc[j] = n / kk_per_c;
+      kh[j] = (n % kk_per_c) / g->KW;
+      kw[j] = n % g->KW;
+    }
+    const int64_t P = g->OH * g->OW;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t k = k0 + kk, b = k / P, p = k % P;
+      const int64_t ih0 = (p / g->OW) * g->stride - g->pad, iw0 = (p % g->OW) * g->stride - g->pad;
+      const float* img = x + b * g->C * g->H * g->W;
+      float* d = dst + kk * kNR;
+      for (int64_t j = 0; j < kNR; ++j) {
+        const int64_t ih = ih0 + kh[j], iw = iw0 + kw[j];
+        const bool in = j < nr && static_cast<uint64_t>(ih) < static_cast<uint64_t>(g->H) &&
+                        static_cast<uint64_t>(iw) < static_cast<uint64_t>(g->W);
+        d[j] = in ? img[(cc[j] * g->H + ih) * g->W + iw] : 0.0f;
+      }
+    }
+  }
+};
+
+ConvGeom MakeGeom(int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
+                  int64_t stride, int64_t pad) {
+  return ConvGeom{C, H, W, OC, KH, KW, stride, pad, (H + 2 * pad - KH) / stride + 1,
+                  (W + 2 * pad - KW) / stride + 1};
+}
+
+void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias,
+                   int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
+                   int64_t stride, int64_t pad) {
+  const ConvGeom g = MakeGeom(C, H, W, OC, KH, KW, stride, pad);
+  const int64_t P = g.OH * g.OW, K = C * KH * KW;
+  const int threads = internal::ActiveThreads();
+  // out[b] (OC x P) = W (OC x K) @ col(b) (K x P), rows start at bias[oc].
+  auto image = [&](int64_t b, int th) {
+    GemmOut o;
+    o.c = out + b * OC * P;
+    o.ldc = P;
+    o.bias_row = bias;
+    Gemm(OC, P, K, StridedA{weight, K, 1}, ConvImageB{inp + b * C * H * W, &g}, o, th);
+  };
+  if (B >= threads) {
+    ParallelFor(B, threads, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) image(b, 1);
+    });
+  } else {
+    for (int64_t b = 0; b < B; ++b) image(b, threads);
+  }
+}
+
+void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                    const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,
+                    int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride, int64_t pad) {
+  const ConvGeom g = MakeGeom(C, H, W, OC, KH, KW, stride, pad);
+  const int64_t P = g.OH * g.OW, K = C * KH * KW;
+  const int threads = internal::ActiveThreads();
+  if (dinp != nullptr) {
+    // dinp[b] (C x HW) += W^T' (C x OC*KH*KW) @ dcol(b) (OC*KH*KW x HW).
+    auto image = [&](int64_t b, int th) {
+      GemmOut o;
+      o.c = dinp + b * C * H * W;
+      o.ldc = H * W;
+      o.accumulate = true;
+      Gemm(C, H * W, OC * KH * KW, ConvWeightTA{weight, &g}, ConvDoutB{dout + b * OC * P, &g}, o,
+           th);
+    };
+    if (B >= threads) {
+      ParallelFor(B, threads, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) image(b, 1);
+      });
+    } else {
+      for (int64_t b = 0; b < B; ++b) image(b, threads);
+    }
+  }
+  if (dweight != nullptr) {
+    // dweight (OC x K) += dout' (OC x B*P) @ col' (B*P x K).
+    GemmOut o;
+    o.c = dweight;
+    o.ldc = K;
+    o.accumulate = true;
+    Gemm(OC, K, B * P, ConvDoutA{dout, &g}, ConvImageBT{inp, &g}, o, threads);
+  }
+  if (dbias != nullptr) {
+    // dbias[oc] += chain over (b, p) of adds. Independent chains per oc, 8 at a time for ILP.
+    ParallelFor(CeilDiv(OC, 8), threads, [&](int64_t g0, int64_t g1) {
+      for (int64_t grp = g0; grp < g1; ++grp) {
+        const int64_t oc0 = grp * 8, cnt = MinI(8, OC - oc0);
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t p = 0; p < P; ++p)
+            for (int64_t i = 0; i < cnt; ++i) acc[i] = acc[i] + dout[(b * OC + oc0 + i) * P + p];
+        for (int64_t i = 0; i < cnt; ++i) dbias[oc0 + i] += acc[i];
+      }
+    });
+  }
+}
+
+// ---- Pooling ------------------------------------------------------------------------------
+
+void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C,
+                      int64_t H, int64_t W, int64_t k, int64_t s) {
+  const int64_t OH = (H - k) / s + 1, OW = (W - k) / s + 1;
+  ParallelFor(B * C, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
+    for (int64_t bc = p0; bc < p1; ++bc)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          int64_t best_i = (bc * H + oh * s) * W + ow * s;
+          float best = inp[best_i];
+          for (int64_t kh = 0; kh < k; ++kh)
+            for (int64_t kw = 0; kw < k; ++kw) {
+              const int64_t i = (bc * H + oh * s + kh) * W + ow * s + kw;
+              if (inp[i] > best) {
+                best = inp[i];
+                best_i = i;
+              }
+            }
+          out[(bc * OH + oh) * OW + ow] = best;
+          argmax[(bc * OH + oh) * OW + ow] = static_cast<int32_t>(best_i);
+        }
+  });
+}
+
+void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B,
+                       int64_t C, int64_t OH, int64_t OW) {
+  // Each (b,c) plane's argmax points into the same plane of dinp, so planes are independent;
+  // within a plane outputs add in increasing order like the reference.
+  const int64_t P = OH * OW;
+  ParallelFor(B * C, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
+    for (int64_t i = p0 * P; i < p1 * P; ++i) dinp[argmax[i]] += dout[i];
+  });
+}
+
+// ---- Element-wise --------------------------------------------------------------------------
+
+// Runs body(i0, nv) over [0, n) in vector steps (nv < kW only for the tail), threaded for
+// large n.
+template <typename Body>
+void ForEachVec(int64_t n, const Body& body) {
+  const int64_t nvec = CeilDiv(n, kW);
+  const int threads = n >= (int64_t{1} << 15) ? internal::ActiveThreads() : 1;
+  ParallelFor(nvec, threads, [&](int64_t v0, int64_t v1) {
+    for (int64_t v = v0; v < v1; ++v) {
+      const int64_t i = v * kW;
+      body(i, static_cast<int>(MinI(kW, n - i)));
+    }
+  });
+}
+
+void ReluForward(float* out, const float* inp, int64_t n) {
+  ForEachVec(n, [&](int64_t i, int nv) {
+    const Vf x = LoadPartial(inp + i, nv);
+    StorePartial(out + i, Select(Gt(x, Zero()), x, Zero()), nv);
+  });
+}
+void ReluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  ForEachVec(n, [&](int64_t i, int nv) {
+    const Vf x = LoadPartial(inp + i, nv), g = LoadPartial(dout + i, nv);
+    StorePartial(dinp + i, LoadPartial(dinp + i, nv) + Select(Gt(x, Zero()), g, Zero()), nv);
+  });
+}
+
+void GeluForward(float* out, const float* inp, int64_t n) {
+  ForEachVec(n, [&](int64_t i, int nv) {
+    const Vf x = LoadPartial(inp + i, nv);
+    const Vf cube = (x * x) * x;
+    const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
+    StorePartial(out + i, (Set1(0.5f) * x) * (Set1(1.0f) + TanhV(inner)), nv);
+  });
+}
+void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  ForEachVec(n, [&](int64_t i, int nv) {
+    const Vf x = LoadPartial(inp + i, nv);
+    const Vf cube = (x * x) * x;
+    const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
+    const Vf t = TanhV(inner);
+    const Vf sech2 = Set1(1.0f) - t * t;
+    const Vf grad = Set1(0.5f) * (Set1(1.0f) + t) +
+                    (((Set1(0.5f) * x) * sech2) * Set1(kGeluK0)) *
+                        (Set1(1.0f) + (Set1(kGelu3K1) * x) * x);
+    StorePartial(dinp + i, LoadPartial(dinp + i, nv) + grad * LoadPartial(dout + i, nv), nv);
+  });
+}
+
+void ResidualForward(float* out, const float* a, const float* b, int64_t n) {
+  ForEachVec(n, [&](int64_t i, int nv) {
+    StorePartial(out + i, LoadPartial(a + i, nv) + LoadPartial(b + i, nv), nv);
+  });
+}
+void ResidualBackward(float* da, float* db, const float* dout, int64_t n) {
+  ForEachVec(n, [&](int64_t i, int nv) {
+    const Vf g = LoadPartial(dout + i, nv);
+    StorePartial(da + i, LoadPartial(da + i, nv) + g, nv);
+    StorePartial(db + i, LoadPartial(db + i, nv) + g, nv);
+  });
+}
+
+void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed,
+                    uint64_t stream) {
+  const float keep_scale = 1.0f / (1.0f - p);
+  const uint32_t key0 = static_cast<uint32_t>(seed), key1 = static_cast<uint32_t>(seed >> 32);
+  const uint32_t s0 = static_cast<uint32_t>(stream), s1 = static_cast<uint32_t>(stream >> 32);
+  const int threads = n >= (int64_t{1} << 14) ? internal::ActiveThreads() : 1;
+  ParallelFor(n, threads, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint64_t u = static_cast<uint64_t>(i);
+      const uint32_t r =
+          Philox4x32({static_cast<uint32_t>(u), static_cast<uint32_t>(u >> 32), s0, s1},
+                     {key0, key1})[0];
+      mask[i] = U32ToUnitFloat(r) >= p ? keep_scale : 0.0f;
+      out[i] = inp[i] * mask[i];
+    }
+  });
+}
+void DropoutBackward(float* dinp, const float* dout, const float* mask, int64_t n) {
+  ForEachVec(n, [&](int64_t i, int nv) {
+    StorePartial(dinp + i,
+                 LoadPartial(dinp + i, nv) + LoadPartial(dout + i, nv) * LoadPartial(mask + i, nv),
+                 nv);
+  });
+}
+
+// ---- Softmax cross-entropy -------------------------------------------------------------------
+
+float SumTreeImpl(const float* x, int64_t n, bool squares);
+
+float SoftmaxCrossEntropyForward(float* probs, float* losses, const float* logits,
+                                 const int32_t* targets, int64_t B, int64_t V) {
+  const int threads = B * V >= (int64_t{1} << 14) ? internal::ActiveThreads() : 1;
+  ParallelFor(B, threads, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* x = logits + b * V;
+      float* p = probs + b * V;
+      float m = x[0];
+      for (int64_t v = 1; v < V; ++v) m = x[v] > m ? x[v] : m;
+      const Vf mv = Set1(m);
+      for (int64_t v = 0; v < V; v += kW) {
+        const int nv = static_cast<int>(MinI(kW, V - v));
+        StorePartial(p + v, ExpV(LoadPartial(x + v, nv) - mv), nv);
+      }
+      float sum = 0.0f;  // sequential chain over v, like the reference
+      for (int64_t v = 0; v < V; ++v) sum = sum + p[v];
+      const Vf sv = Set1(sum);
+      for (int64_t v = 0; v < V; v += kW) {
+        const int nv = static_cast<int>(MinI(kW, V - v));
+        StorePartial(p + v, LoadPartial(p + v, nv) / sv, nv);
+      }
+      losses[b] = First(LogV(Set1(sum))) - (x[targets[b]] - m);
+    }
+  });
+  return SumTreeImpl(losses, B, false) / static_cast<float>(B);
+}
+
+void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
+                                 float dloss, int64_t B, int64_t V) {
+  const float scale = dloss / static_cast<float>(B);
+  const int threads = B * V >= (int64_t{1} << 15) ? internal::ActiveThreads() : 1;
+  ParallelFor(B, threads, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float* d = dlogits + b * V;
+      const float* p = probs + b * V;
+      // Non-target columns: d + (p - 0) * scale, and p - 0 == p exactly; the target column is
+      // redone from its saved old value as d + (p - 1) * scale.
+      const int64_t t = targets[b];
+      const float old = d[t];
+      for (int64_t v = 0; v < V; v += kW) {
+        const int nv = static_cast<int>(MinI(kW, V - v));
+        StorePartial(d + v, LoadPartial(d + v, nv) + LoadPartial(p + v, nv) * Set1(scale), nv);
+      }
+      d[t] = old + (p[t] - 1.0f) * scale;
+    }
+  });
+}
+
+// ---- LayerNorm -------------------------------------------------------------------------------
+
+void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                      const float* bias, int64_t N, int64_t C) {
+  const int threads = N * C >= (int64_t{1} << 14) ? internal::ActiveThreads() : 1;
+  ParallelFor(N, threads, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* x = inp + n * C;
+      float m = 0.0f;
+      for (int64_t c = 0; c < C; ++c) m = m + x[c];
+      m = m / static_cast<float>(C);
+      float v = 0.0f;
+      for (int64_t c = 0; c < C; ++c) {
+        const float xm = x[c] - m;
+        v = ScalarFma(xm, xm, v);
+      }
+      v = v / static_cast<float>(C);
+      const float s = 1.0f / __builtin_sqrtf(v + kLayerNormEps);
+      const Vf mv = Set1(m), sv = Set1(s);
+      for (int64_t c = 0; c < C; c += kW) {
+        const int nv = static_cast<int>(MinI(kW, C - c));
+        const Vf norm = (LoadPartial(x + c, nv) - mv) * sv;
+        StorePartial(out + n * C + c,
+                     Fma(norm, LoadPartial(weight + c, nv), LoadPartial(bias + c, nv)), nv);
+      }
+      mean[n] = m;
+      rstd[n] = s;
+    }
+  });
+}
+
+void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int64_t N, int64_t C) {
+  const int threads = N * C >= (int64_t{1} << 14) ? internal::ActiveThreads() : 1;
+  if (dinp != nullptr) {
+    ParallelFor(N, threads, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* x = inp + n * C;
+        const float* g = dout + n * C;
+        const float m = mean[n], s = rstd[n];
+        float dmean = 0.0f, dnmean = 0.0f;
+        for (int64_t c = 0; c < C; ++c) {
+          const float norm = (x[c] - m) * s;
+          const float dnorm = weight[c] * g[c];
+          dmean = dmean + dnorm;
+          dnmean = ScalarFma(dnorm, norm, dnmean);
+        }
+        dmean = dmean / static_cast<float>(C);
+        dnmean = dnmean / static_cast<float>(C);
+        const Vf mv = Set1(m), sv = Set1(s), dmv = Set1(dmean), dnv = Set1(dnmean);
+        for (int64_t c = 0; c < C; c += kW) {
+          const int nv = static_cast<int>(MinI(kW, C - c));
+          const Vf norm = (LoadPartial(x + c, nv) - mv) * sv;
+          const Vf dnorm = LoadPartial(weight + c, nv) * LoadPartial(g + c, nv);
+          const Vf dval = ((dnorm - dmv) - norm * dnv) * sv;
+          StorePartial(dinp + n * C + c, LoadPartial(dinp + n * C + c, nv) + dval, nv);
+        }
+      }
+    });
+  }
+  if (dweight != nullptr || dbias != nullptr) {
+    // Chains over n per column; lanes hold columns.
+    ParallelFor(CeilDiv(C, kW), threads, [&](int64_t v0, int64_t v1) {
+      for (int64_t vb = v0; vb < v1; ++vb) {
+        const int64_t c = vb * kW;
+        const int nv = static_cast<int>(MinI(kW, C - c));
+        Vf dw = Zero(), db = Zero();
+        for (int64_t n = 0; n < N; ++n) {
+          const Vf g = LoadPartial(dout + n * C + c, nv);
+          const Vf norm = (LoadPartial(inp + n * C + c, nv) - Set1(mean[n])) * Set1(rstd[n]);
+          dw = Fma(norm, g, dw);
+          db = db + g;
+        }
+        if (dweight != nullptr) StorePartial(dweight + c, LoadPartial(dweight + c, nv) + dw, nv);
+        if (dbias != nullptr) StorePartial(dbias + c, LoadPartial(dbias + c, nv) + db, nv);
+      }
+    });
+  }
+}
+
+// ---- Embedding -------------------------------------------------------------------------------
+
+void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
+  const int threads = N * C >= (int64_t{1} << 15) ? internal::ActiveThreads() : 1;
+  ParallelFor(N, threads, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* src = table + static_cast<int64_t>(ids[n]) * C;
+      for (int64_t c = 0; c < C; ++c) out[n * C + c] = src[c];
+    }
+  });
+}
+
+void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
+                       int64_t V) {
+  // Counting sort of positions by id (stable: increasing n within an id), then one chain per
+  // touched row; rows are independent, so threads split the list of touched rows.
+  int32_t* order = reinterpret_cast<int32_t*>(ScratchBuffer(3, N + 1));
+  float* starts_f = ScratchBuffer(4, V + 1);  // reused as int32 storage
+  int32_t* starts = reinterpret_cast<int32_t*>(starts_f);
+  for (int64_t v = 0; v <= V; ++v) starts[v] = 0;
+  for (int64_t n = 0; n < N; ++n) starts[ids[n] + 1]++;
+  for (int64_t v = 0; v < V; ++v) starts[v + 1] += starts[v];
+  {
+    int32_t* fill = reinterpret_cast<int32_t*>(ScratchBuffer(5, V + 1));
+    for (int64_t v = 0; v <= V; ++v) fill[v] = starts[v];
+    for (int64_t n = 0; n < N; ++n) order[fill[ids[n]]++] = static_cast<int32_t>(n);
+  }
+  const int threads = N * C >= (int64_t{1} << 15) ? internal::ActiveThreads() : 1;
+  ParallelFor(V, threads, [&](int64_t va, int64_t vb) {
+    for (int64_t v = va; v < vb; ++v) {
+      const int32_t s0 = starts[v], s1 = starts[v + 1];
+      if (s0 == s1) continue;
+      for (int64_t c = 0; c < C; c += kW) {
+        const int nv = static_cast<int>(MinI(kW, C - c));
+        Vf acc = Zero();
+        for (int32_t s = s0; s < s1; ++s) acc = acc + LoadPartial(dout + order[s] * C + c, nv);
+        StorePartial(dtable + v * C + c, LoadPartial(dtable + v * C + c, nv) + acc, nv);
+      }
+    }
+  });
+}
+
+// ---- Attention -------------------------------------------------------------------------------
+
+void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B,
+                      int64_t T, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
+  ParallelFor(B * NH, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
+    for (int64_t bh = p0; bh < p1; ++bh) {
+      const int64_t b = bh / NH, h = bh % NH;
+      const float* q = qkv + b * T * C3 + h * hs;
+      float* pre = preatt + bh * T * T;
+      float* a = att + bh * T * T;
+      // preatt = (chain over i of q[t,i] k[t2,i]) * scale.
+      GemmOut o;
+      o.c = pre;
+      o.ldc = T;
+      o.alpha = scale;
+      o.use_alpha = true;
+      Gemm(T, T, hs, StridedA{q, C3, 1}, StridedB{q + C, 1, C3}, o, 1);
+      for (int64_t t = 0; t < T; ++t) {
+        float* pr = pre + t * T;
+        float* ar = a + t * T;
+        for (int64_t t2 = t + 1; t2 < T; ++t2) pr[t2] = 0.0f;
+        float m = pr[0];
+        for (int64_t t2 = 1; t2 <= t; ++t2) m = pr[t2] > m ? pr[t2] : m;
+        const Vf mv = Set1(m);
+        for (int64_t t2 = 0; t2 <= t; t2 += kW) {
+          const int nv = static_cast<int>(MinI(kW, t + 1 - t2));
+          StorePartial(ar + t2, ExpV(LoadPartial(pr + t2, nv) - mv), nv);
+        }
+        float sum = 0.0f;
+        for (int64_t t2 = 0; t2 <= t; ++t2) sum = sum + ar[t2];
+        const Vf inv = Set1(1.0f / sum);
+        for (int64_t t2 = 0; t2 <= t; t2 += kW) {
+          const int nv = static_cast<int>(MinI(kW, t + 1 - t2));
+          StorePartial(ar + t2, LoadPartial(ar + t2, nv) * inv, nv);
+        }
+        for (int64_t t2 = t + 1; t2 < T; ++t2) ar[t2] = 0.0f;
+      }
+      // out[t,i] = chain over t2 of att[t,t2] v[t2,i].
+      GemmOut oo;
+      oo.c = out + b * T * C + h * hs;
+      oo.ldc = C;
+      Gemm(T, hs, T, StridedA{a, T, 1}, StridedB{q + 2 * C, C3, 1}, oo, 1);
+    }
+  });
+}
+
+void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* dout,
+                       const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                       int64_t NH) {
+  const int64_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
+  ParallelFor(B * NH, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
+    for (int64_t bh = p0; bh < p1; ++bh) {
+      const int64_t b = bh / NH, h = bh % NH;
+      const float* q = qkv + b * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      const float* g = dout + b * T * C + h * hs;
+      float* dq = dqkv + b * T * C3 + h * hs;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* A = att + bh * T * T;
+      float* dA = datt + bh * T * T;
+      float* dP = dpreatt + bh * T * T;
+      {  // datt = dout @ v^T, masked to 0.
+        GemmOut o;
+        o.c = dA;
+        o.ldc = T;
+        Gemm(T, T, hs, StridedA{g, C, 1}, StridedB{v, 1, C3}, o, 1);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t t2 = t + 1; t2 < T; ++t2) dA[t * T + t2] = 0.0f;
+      }
+      {  // dv += att^T @ dout.
+        GemmOut o;
+        o.c = dv;
+        o.ldc = C3;
+        o.accumulate = true;
+        Gemm(T, hs, T, StridedA{A, 1, T}, StridedB{g, C, 1}, o, 1);
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        const float* ar = A + t * T;
+        const float* dar = dA + t * T;
+        float s = 0.0f;
+        for (int64_t t2 = 0; t2 < T; ++t2) s = ScalarFma(ar[t2], dar[t2], s);
+        const Vf sv = Set1(s);
+        for (int64_t t2 = 0; t2 < T; t2 += kW) {
+          const int nv = static_cast<int>(MinI(kW, T - t2));
+          StorePartial(dP + t * T + t2, LoadPartial(ar + t2, nv) * (LoadPartial(dar + t2, nv) - sv),
+                       nv);
+        }
+        for (int64_t t2 = t + 1; t2 < T; ++t2) dP[t * T + t2] = 0.0f;
+      }
+      {  // dq += (dpreatt @ k) * scale.
+        GemmOut o;
+        o.c = dq;
+        o.ldc = C3;
+        o.accumulate = true;
+        o.alpha = scale;
+        o.use_alpha = true;
+        Gemm(T, hs, T, StridedA{dP, T, 1}, StridedB{k, C3, 1}, o, 1);
+      }
+      {  // dk += (dpreatt^T @ q) * scale.
+        GemmOut o;
+        o.c = dk;
+        o.ldc = C3;
+        o.accumulate = true;
+        o.alpha = scale;
+        o.use_alpha = true;
+        Gemm(T, hs, T, StridedA{dP, 1, T}, StridedB{q, C3, 1}, o, 1);
+      }
+    }
+  });
+}
+
+// ---- Sums and math arrays ----------------------------------------------------------------------
+
+// Same blocks and tree as ref::SumTree. Eight blocks at a time for instruction-level parallelism
+// (each block is still its own sequential chain).
+float SumTreeImpl(const float* x, int64_t n, bool squares) {
+  if (n <= 0) return 0.0f;
+  const int64_t nb = CeilDiv(n, kSumBlock);
+  float* p = ScratchBuffer(6, nb);
+  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+    const int64_t cnt = MinI(8, nb - b0);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const bool full = cnt == 8 && (b0 + 8) * kSumBlock <= n;
+    if (full) {
+      for (int64_t i = 0; i < kSumBlock; ++i)
+        for (int j = 0; j < 8; ++j) {
+          const float v = x[(b0 + j) * kSumBlock + i];
+          acc[j] = squares ? ScalarFma(v, v, acc[j]) : acc[j] + v;
+        }
+    } else {
+      for (int64_t j = 0; j < cnt; ++j) {
+        const int64_t s = (b0 + j) * kSumBlock, e = MinI(n, s + kSumBlock);
+        for (int64_t i = s; i < e; ++i) acc[j] = squares ? ScalarFma(x[i], x[i], acc[j]) : acc[j] + x[i];
+      }
+    }
+    for (int64_t j = 0; j < cnt; ++j) p[b0 + j] = acc[j];
+  }
+  int64_t m = nb;
+  while (m > 1) {
+    const int64_t half = m / 2;
+    for (int64_t i = 0; i < half; ++i) p[i] = p[2 * i] + p[2 * i + 1];
+    if (m % 2 == 1) p[half] = p[m - 1];
+    m = half + m % 2;
+  }
+  return p[0];
+}
+
+float SumTree(const float* x, int64_t n) { return SumTreeImpl(x, n, false); }
+float SumSquaresTree(const float* x, int64_t n) { return SumTreeImpl(x, n, true); }
+
+template <Vf (*F)(Vf)>
+void MapArray(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += kW) {
+    const int nv = static_cast<int>(MinI(kW, n - i));
+    StorePartial(y + i, F(LoadPartial(x + i, nv)), nv);
+  }
+}
+
+inline internal::KernelTable MakeTable() {
+  internal::KernelTable t;
+  t.linear_forward = &LinearForward;
+  t.linear_backward = &LinearBackward;
+  t.conv2d_forward = &Conv2dForward;
+  t.conv2d_backward = &Conv2dBackward;
+  t.maxpool2d_forward = &MaxPool2dForward;
+  t.maxpool2d_backward = &MaxPool2dBackward;
+  t.relu_forward = &ReluForward;
+  t.relu_backward = &ReluBackward;
+  t.gelu_forward = &GeluForward;
+  t.gelu_backward = &GeluBackward;
+  t.softmax_ce_forward = &SoftmaxCrossEntropyForward;
+  t.softmax_ce_backward = &SoftmaxCrossEntropyBackward;
+  t.layernorm_forward = &LayerNormForward;
+  t.layernorm_backward = &LayerNormBackward;
+  t.embedding_forward = &EmbeddingForward;
+  t.embedding_backward = &EmbeddingBackward;
+  t.attention_forward = &AttentionForward;
+  t.attention_backward = &AttentionBackward;
+  t.residual_forward = &ResidualForward;
+  t.residual_backward = &ResidualBackward;
+  t.dropout_forward = &DropoutForward;
+  t.dropout_backward = &DropoutBackward;
+  t.sum_tree = &SumTree;
+  t.sum_squares_tree = &SumSquaresTree;
+  t.exp_array = &MapArray<ExpV>;
+  t.log_array = &MapArray<LogV>;
+  t.tanh_array = &MapArray<TanhV>;
+  t.erf_array = &MapArray<ErfV>;
+  return t;
+}
+
+}  // namespace meshlearn::engine::MESHLEARN_SIMD_NS

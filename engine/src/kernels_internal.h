@@ -1,0 +1,70 @@
+// Internal: the per-SIMD-path kernel tables and the constants shared by reference and fast
+// kernels (one definition, so both compute the same expressions).
+#pragma once
+
+#include <cstdint>
+
+namespace meshlearn::engine::internal {
+
+inline constexpr float kLayerNormEps = 1e-5f;
+inline constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2/pi)
+inline constexpr float kGeluK1 = 0.044715f;
+inline constexpr float kGelu3K1 = 3.0f * 0.044715f;
+
+// One entry per fast kernel; a SIMD path provides the whole table.
+struct KernelTable {
+  void (*linear_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
+                         int64_t);
+  void (*linear_backward)(float*, float*, float*, const float*, const float*, const float*,
+                          int64_t, int64_t, int64_t);
+  void (*conv2d_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+  void (*conv2d_backward)(float*, float*, float*, const float*, const float*, const float*, int64_t,
+                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+  void (*maxpool2d_forward)(float*, int32_t*, const float*, int64_t, int64_t, int64_t, int64_t,
+                            int64_t, int64_t);
+  void (*maxpool2d_backward)(float*, const float*, const int32_t*, int64_t, int64_t, int64_t,
+                             int64_t);
+  void (*relu_forward)(float*, const float*, int64_t);
+  void (*relu_backward)(float*, const float*, const float*, int64_t);
+  void (*gelu_forward)(float*, const float*, int64_t);
+  void (*gelu_backward)(float*, const float*, const float*, int64_t);
+  float (*softmax_ce_forward)(float*, float*, const float*, const int32_t*, int64_t, int64_t);
+  void (*softmax_ce_backward)(float*, const float*, const int32_t*, float, int64_t, int64_t);
+  void (*layernorm_forward)(float*, float*, float*, const float*, const float*, const float*,
+                            int64_t, int64_t);
+  void (*layernorm_backward)(float*, float*, float*, const float*, const float*, const float*,
+                             const float*, const float*, int64_t, int64_t);
+  void (*embedding_forward)(float*, const int32_t*, const float*, int64_t, int64_t);
+  void (*embedding_backward)(float*, const float*, const int32_t*, int64_t, int64_t, int64_t);
+  void (*attention_forward)(float*, float*, float*, const float*, int64_t, int64_t, int64_t,
+                            int64_t);
+  void (*attention_backward)(float*, float*, float*, const float*, const float*, const float*,
+                             int64_t, int64_t, int64_t, int64_t);
+  void (*residual_forward)(float*, const float*, const float*, int64_t);
+  void (*residual_backward)(float*, float*, const float*, int64_t);
+  void (*dropout_forward)(float*, float*, const float*, int64_t, float, uint64_t, uint64_t);
+  void (*dropout_backward)(float*, const float*, const float*, int64_t);
+  float (*sum_tree)(const float*, int64_t);
+  float (*sum_squares_tree)(const float*, int64_t);
+  void (*exp_array)(float*, const float*, int64_t);
+  void (*log_array)(float*, const float*, int64_t);
+  void (*tanh_array)(float*, const float*, int64_t);
+  void (*erf_array)(float*, const float*, int64_t);
+};
+
+const KernelTable& ScalarKernelTable();
+#if defined(MESHLEARN_ENGINE_X86)
+const KernelTable& Avx2KernelTable();
+const KernelTable& Avx512KernelTable();
+#endif
+// The table of the active SIMD path (backend.h).
+const KernelTable& ActiveKernelTable();
+// The active thread count (backend.h); a plain function so SIMD TUs need no STL.
+int ActiveThreads();
+
+// Checks shared by reference and fast kernels; abort with a message on a broken precondition.
+void CheckTargets(const int32_t* targets, int64_t B, int64_t V);
+void CheckIds(const int32_t* ids, int64_t N, int64_t V);
+
+}  // namespace meshlearn::engine::internal

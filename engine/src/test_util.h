@@ -1,0 +1,56 @@
+// Test helpers shared by the engine kernel tests.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "meshlearn/base/rng.h"
+#include "meshlearn/engine/backend.h"
+
+namespace meshlearn::engine::testing {
+
+inline std::vector<float> RandomVec(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = lo + (hi - lo) * static_cast<float>(rng.UniformDouble());
+  return v;
+}
+
+inline bool BitEqual(const std::vector<float>& a, const std::vector<float>& b, std::string* why) {
+  if (a.size() != b.size()) {
+    *why = "size " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], 4) != 0) {
+      *why = "index " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " +
+             std::to_string(b[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Every (SIMD path the CPU supports) x (threads 1, 2, 4) configuration.
+inline std::vector<KernelConfig> AllConfigs() {
+  std::vector<KernelConfig> out;
+  for (SimdPath p : {SimdPath::kScalar, SimdPath::kAvx2, SimdPath::kAvx512}) {
+    if (!SimdPathSupported(p)) continue;
+    for (int t : {1, 2, 4}) out.push_back(KernelConfig{p, t});
+  }
+  return out;
+}
+
+// Restores the kernel configuration at scope exit.
+class ConfigGuard {
+ public:
+  ConfigGuard() : saved_(GetKernelConfig()) {}
+  ~ConfigGuard() { (void)SetKernelConfig(saved_); }
+
+ private:
+  KernelConfig saved_;
+};
+
+}  // namespace meshlearn::engine::testing
