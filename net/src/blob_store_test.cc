@@ -179,7 +179,8 @@ TEST(BlobStoreTest, FailedWritesLeaveNoPartialChunk) {
   ASSERT_FALSE(id.ok());
   env.FailWritesAfter(-1);
   // Every chunk file that exists is complete and matches its name.
-  for (const std::string& name : *env.ListDir("/b/chunks")) {
+  std::vector<std::string> names = *env.ListDir("/b/chunks");
+  for (const std::string& name : names) {
     std::string content = *env.ReadFile("/b/chunks/" + name);
     EXPECT_EQ(Blake2b(content).ToHex(), name);
   }

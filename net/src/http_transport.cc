@@ -64,6 +64,7 @@ Result<uint16_t> HttpServer::Start(const std::string& host, uint16_t port) {
   s.set_read_timeout(static_cast<time_t>(options_.read_timeout_ms / 1000),
                      static_cast<time_t>((options_.read_timeout_ms % 1000) * 1000));
   s.set_keep_alive_max_count(1000);
+  s.set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(options_.keep_alive_timeout_ms / 1000)));
   s.set_tcp_nodelay(true);
   const Router* router = router_;
   s.Post(R"(/ml/v1/([a-z0-9._-]{1,64}))",

@@ -132,7 +132,8 @@ class Fetcher {
   Fetcher(Transport* transport, BlobStore* store, FetchOptions options = {});
 
   // Starts fetching `id` from `providers` (endpoints; order is a preference, ties go to the
-  // earlier one). `done` runs once, on a transport thread or the event loop: OK when the whole
+  // earlier one). `done` runs once, on a transport thread or the event loop (or inside FetchAsync
+  // when there is nothing to send, e.g. the blob is already complete): OK when the whole
   // blob is in the store; otherwise the error names what was missing and why each provider
   // failed, and whatever chunks did arrive stay in the store for the next attempt.
   void FetchAsync(const BlobId& id, std::vector<std::string> providers, DoneCallback done);

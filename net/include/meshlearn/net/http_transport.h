@@ -39,6 +39,9 @@ Status ParseHostPort(std::string_view endpoint, std::string* host, uint16_t* por
 struct HttpServerOptions {
   int threads = 8;
   int64_t read_timeout_ms = 30'000;
+  // An idle keep-alive connection is closed after this long. Stop() waits for the idle ones, so
+  // this also bounds how long Stop() takes.
+  int64_t keep_alive_timeout_ms = 1'000;
 };
 
 class HttpServer {
