@@ -360,9 +360,15 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
         bad = resp.status();
       } else {
         wire = resp->payload.size();
-        data = DecodeChunkPayload(*resp, manifest_.ChunkLength(s.chunk));
-        if (!data.ok()) bad = data.status();
-        if (bad.ok()) bad = VerifyChunk(manifest_, s.chunk, *data);
+        uint32_t want = manifest_.ChunkLength(s.chunk);
+        data = DecodeChunkPayload(*resp, want);
+        if (!data.ok()) {
+          bad = data.status();
+        } else if (data->size() != want) {
+          bad = InvalidArgument("chunk " + std::to_string(s.chunk) + ": expected " +
+                                std::to_string(want) + " bytes, got " +
+                                std::to_string(data->size()));
+        }
       }
     }
     Status stored;
@@ -372,7 +378,10 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
       aborted = !status_.ok();
     }
     if (!aborted && failed.ok() && bad.ok()) {
+      // PutChunk checks the bytes against the manifest's hash (hashing once, not twice).
       stored = store_->PutChunk(manifest_.chunks[s.chunk], *data);
+      if (stored.code() == StatusCode::kInvalidArgument) bad = stored.WithPrefix(
+          "chunk " + std::to_string(s.chunk));
     }
 
     std::vector<Send> sends;
@@ -402,7 +411,7 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
         DropLocked(s.provider, "sent a bad chunk " + std::to_string(s.chunk) + ": " +
                                    bad.message());
         queue_.push_back(s.chunk);
-      } else if (!stored.ok()) {
+      } else if (!stored.ok()) {  // the store refused good data: quota or disk
         Fail(stored.WithPrefix("blob " + id_.ShortHex() + ": storing chunk " +
                                std::to_string(s.chunk)));
       } else if (!aborted) {

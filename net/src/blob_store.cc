@@ -130,13 +130,13 @@ Result<Bytes> BlobStore::Get(const BlobId& id) {
   Bytes out;
   out.reserve(m.total_size);
   Status s;
-  for (size_t i = 0; i < m.chunks.size(); ++i) {
-    Result<Bytes> c = GetChunk(m.chunks[i]);
+  for (size_t i = 0; i < m.chunks.size() && s.ok(); ++i) {
+    Result<std::string> c = ReadChunk(m.chunks[i]);
     if (!c.ok()) {
       s = c.status().WithPrefix("blob " + id.ShortHex() + " chunk " + std::to_string(i));
-      break;
+    } else {
+      out.insert(out.end(), c->begin(), c->end());
     }
-    out.insert(out.end(), c->begin(), c->end());
   }
   Release(id);
   if (!s.ok()) return s;
@@ -207,13 +207,18 @@ Status BlobStore::PutChunkLocked(const Hash256& hash, ByteSpan data) {
 }
 
 Result<Bytes> BlobStore::GetChunk(const Hash256& hash) {
+  ML_ASSIGN_OR_RETURN(std::string data, ReadChunk(hash));
+  return ToBytes(data);
+}
+
+Result<std::string> BlobStore::ReadChunk(const Hash256& hash) {
   std::string data;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!chunks_.count(hash)) return NotFound("chunk " + hash.ShortHex() + " is not in the store");
     ML_ASSIGN_OR_RETURN(data, env_->ReadFile(ChunkPath(hash)));
   }
-  if (Blake2b(AsBytes(data)) == hash) return ToBytes(data);
+  if (Blake2b(AsBytes(data)) == hash) return data;  // hashed outside the lock
   std::lock_guard<std::mutex> lock(mu_);
   auto it = chunks_.find(hash);
   if (it != chunks_.end()) {

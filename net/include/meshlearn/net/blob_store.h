@@ -118,6 +118,8 @@ class BlobStore {
   // All *Locked methods REQUIRE mu_ held.
   Status PutManifestLocked(const Manifest& m, Bytes encoded);
   Status PutChunkLocked(const Hash256& hash, ByteSpan data);
+  // Reads and verifies a chunk file; a corrupt one is deleted (DataLoss).
+  Result<std::string> ReadChunk(const Hash256& hash);
   bool HasBlobLocked(const BlobId& id) const;
   bool EvictableLocked(const BlobId& id) const;
   // Frees space until `need` more bytes fit in the quota, or fails with nothing evicted beyond
