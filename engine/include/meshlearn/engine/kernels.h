@@ -39,14 +39,18 @@ float SumSquaresTree(const float* x, int64_t n);
                      int64_t B, int64_t C, int64_t OC);                                           \
   /* dinp(B,C) += dout @ weight  : chain over o of fma(dout[b,o], weight[o,c], .) from 0          \
      dweight(OC,C) += dout^T @ inp: chain over b of fma(dout[b,o], inp[b,c], .) from 0            \
-     dbias(OC) += chain over b of dout[b,o] (plain adds) from 0. Any of dinp/dbias may be null. */ \
+     dbias(OC) += chain over b of dout[b,o] (plain adds) from 0. dinp/dweight/dbias may be null. */ \
   void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,              \
                       const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC);   \
                                                                                                   \
   /* inp(B,C,H,W), weight(OC,C,KH,KW), bias(OC) -> out(B,OC,OH,OW); zero padding `pad`, stride.   \
-     OH = (H + 2*pad - KH)/stride + 1. out = chain over (c,kh,kw) in that nesting order, from bias. \
-     Backward: dinp, dweight, dbias accumulate; dweight chains over (b,oh,ow); dinp chains over   \
-     (oc,kh,kw) contributions in increasing order; dbias over (b,oh,ow). */                        \
+     OH = (H + 2*pad - KH)/stride + 1. out = chain over (c,kh,kw) in that nesting order, from bias \
+     (0 if bias is null); padding positions are in the chain as fma(0, w, acc).                   \
+     Backward: dinp, dweight, dbias accumulate (each may be null); dweight chains over (b,oh,ow)   \
+     (padding as fma(dout, 0, acc)); dinp[b,c,ih,iw] chains over every (oc,kh,kw) in increasing   \
+     order, the term being fma(g, w[oc,c,kh,kw], acc) with g = dout[b,oc,oh,ow] where             \
+     ih = oh*stride - pad + kh (and iw likewise) has a solution in range, else g = 0;              \
+     dbias over (b,oh,ow). */                                                                     \
   void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias,       \
                      int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,          \
                      int64_t KW, int64_t stride, int64_t pad);                                    \
@@ -55,7 +59,9 @@ float SumSquaresTree(const float* x, int64_t n);
                       int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride, int64_t pad); \
                                                                                                   \
   /* Max pool, window k, stride s, no padding: inp(B,C,H,W) -> out(B,C,OH,OW), argmax(B,C,OH,OW)  \
-     holds the flat index into inp of the first maximum (ties: lowest index). */                  \
+     holds the flat index into inp of the first maximum (ties: lowest index; a NaN is skipped     \
+     unless it is the window's first element). Backward: dinp[argmax[i]] += dout[i] one output at  \
+     a time in increasing i (matters only for overlapping windows, s < k). */                     \
   void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C,      \
                         int64_t H, int64_t W, int64_t k, int64_t s);                              \
   void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B,        \
@@ -68,16 +74,18 @@ float SumSquaresTree(const float* x, int64_t n);
   void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n);                 \
                                                                                                   \
   /* logits(B,V), targets(B) in [0,V) -> probs(B,V), losses(B); returns mean loss (SumTree / B).  \
-     Row max, then exp(x-max) from math.h, row sum is a sequential chain over v.                  \
-     Backward: dlogits(B,V) += (probs - onehot) * (dloss / B). */                                 \
+     Row max, then e = Exp(x-max) from math.h, row sum is a sequential chain over v, probs = e/sum, \
+     losses[b] = Log(sum) - (x[target] - max). Backward: dlogits(B,V) += (probs - onehot) * s with \
+     s = dloss / B (float). REQUIRES: 0 <= targets[b] < V (checked). */                           \
   float SoftmaxCrossEntropyForward(float* probs, float* losses, const float* logits,             \
                                    const int32_t* targets, int64_t B, int64_t V);                 \
   void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,   \
                                    float dloss, int64_t B, int64_t V);                            \
                                                                                                   \
   /* inp(N,C) -> out(N,C), mean(N), rstd(N); weight(C), bias(C); eps 1e-5.                        \
-     mean = chain of adds / C; var = chain of (x-mean)^2 via fma / C; rstd = 1/sqrt(var+eps).     \
-     Backward accumulates dinp, dweight (chain over n), dbias (chain over n). */                  \
+     mean = chain of adds / C; var = chain of (x-mean)^2 via fma / C; rstd = 1/sqrt(var+eps);     \
+     out = fma((x-mean)*rstd, weight, bias). Backward (llm.c formula) accumulates dinp, dweight    \
+     (chain over n), dbias (chain over n); any of them may be null. */                            \
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,                   \
                         const float* weight, const float* bias, int64_t N, int64_t C);            \
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,           \
@@ -85,14 +93,19 @@ float SumSquaresTree(const float* x, int64_t n);
                          const float* rstd, int64_t N, int64_t C);                                \
                                                                                                   \
   /* out(N,C) = table[ids[n], :], table(V,C). Backward: dtable[v,c] += chain over n (increasing)  \
-     of dout[n,c] for ids[n]==v; threads split columns c, so the order never depends on threads. */ \
+     of dout[n,c] for ids[n]==v, added once; rows no id hits are untouched. Threads split rows v.  \
+     REQUIRES: 0 <= ids[n] < V (checked in backward). */                                          \
   void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C); \
   void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N,        \
                          int64_t C, int64_t V);                                                   \
                                                                                                   \
   /* Multi-head causal self-attention (llm.c layout). qkv(B,T,3C) with q,k,v in that order,       \
      NH heads of size hs=C/NH -> out(B,T,C); saves preatt(B,NH,T,T) and att(B,NH,T,T).            \
-     scale 1/sqrt(hs); masked positions (t2>t) are 0 in att. */                                   \
+     scale = 1/sqrt(hs); preatt = (chain over i of q.k) * scale, 0 where masked (t2 > t); att =    \
+     Exp(preatt - rowmax) / chain-sum (as e * (1/sum)), 0 where masked; out[t] = chain over ALL t2 \
+     of fma(att[t,t2], v[t2], .) (masked terms are fma(0, v, acc)). Backward: dqkv accumulates;   \
+     datt and dpreatt are scratch (B,NH,T,T) outputs, OVERWRITTEN (0 where masked). dq = chain     \
+     over t2 of dpreatt*k, then * scale, then added to dqkv; dk likewise over t. */               \
   void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B,      \
                         int64_t T, int64_t C, int64_t NH);                                        \
   void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* dout,            \
