@@ -18,6 +18,24 @@ bool TotalLess(float a, float b) {
   return std::signbit(a) && !std::signbit(b);
 }
 
+// Sorts a column of one coordinate's values. Columns are short (one value per solver), where
+// insertion sort beats std::sort severalfold; both give the same result under TotalLess.
+void SortColumn(std::vector<float>& col) {
+  if (col.size() > 32) {
+    std::sort(col.begin(), col.end(), TotalLess);
+    return;
+  }
+  for (size_t i = 1; i < col.size(); ++i) {
+    const float x = col[i];
+    size_t k = i;
+    while (k > 0 && TotalLess(x, col[k - 1])) {
+      col[k] = col[k - 1];
+      --k;
+    }
+    col[k] = x;
+  }
+}
+
 bool AllFinite(std::span<const float> v) {
   for (float x : v) {
     if (!std::isfinite(x)) return false;
@@ -67,7 +85,7 @@ std::vector<double> TrimmedMeanDouble(const Rows& rows, size_t k) {
   std::vector<float> col(n);
   for (size_t j = 0; j < d; ++j) {
     for (size_t i = 0; i < n; ++i) col[i] = rows[i]->delta[j];
-    std::sort(col.begin(), col.end(), TotalLess);
+    SortColumn(col);
     double s = 0.0;
     for (size_t i = k; i < n - k; ++i) s += static_cast<double>(col[i]);
     out[j] = s / static_cast<double>(n - 2 * k);
@@ -121,14 +139,12 @@ std::vector<float> CenteredClip(const Rows& rows, const AggregationConfig& confi
 Result<std::vector<size_t>> KrumSelect(const Rows& rows, const AggregationConfig& config) {
   const size_t n = rows.size();
   if (n == 1) return std::vector<size_t>{0};
-  const int64_t f = config.krum_byzantine >= 0
-                        ? config.krum_byzantine
-                        : (n >= 3 ? static_cast<int64_t>((n - 3) / 2) : 0);
+  const int64_t f = config.krum_byzantine >= 0 ? config.krum_byzantine
+                                               : (n >= 3 ? static_cast<int64_t>((n - 3) / 2) : 0);
   if (f > 0 && static_cast<int64_t>(n) < 2 * f + 3) {
     return InvalidArgument("aggregation: krum with krum_byzantine=" + std::to_string(f) +
-                           " needs at least " + std::to_string(2 * f + 3) +
-                           " contributions, got " + std::to_string(n) +
-                           "; lower krum_byzantine or add units");
+                           " needs at least " + std::to_string(2 * f + 3) + " contributions, got " +
+                           std::to_string(n) + "; lower krum_byzantine or add units");
   }
   const uint64_t select = config.krum_select;
   if (select > n - static_cast<size_t>(f)) {
@@ -142,7 +158,8 @@ Result<std::vector<size_t>> KrumSelect(const Rows& rows, const AggregationConfig
     for (size_t b = a + 1; b < n; ++b) {
       double s = 0.0;
       for (size_t j = 0; j < d; ++j) {
-        const double t = static_cast<double>(rows[a]->delta[j]) - static_cast<double>(rows[b]->delta[j]);
+        const double t =
+            static_cast<double>(rows[a]->delta[j]) - static_cast<double>(rows[b]->delta[j]);
         s += t * t;
       }
       dist[a * n + b] = dist[b * n + a] = s;
@@ -176,11 +193,16 @@ Result<std::vector<size_t>> KrumSelect(const Rows& rows, const AggregationConfig
 
 std::string_view AggregationRuleName(AggregationRule rule) {
   switch (rule) {
-    case AggregationRule::kAggregationRuleWeightedMean: return "mean";
-    case AggregationRule::kAggregationRuleTrimmedMean: return "trimmed_mean";
-    case AggregationRule::kAggregationRuleMedian: return "median";
-    case AggregationRule::kAggregationRuleCenteredClip: return "centered_clip";
-    case AggregationRule::kAggregationRuleKrum: return "krum";
+    case AggregationRule::kAggregationRuleWeightedMean:
+      return "mean";
+    case AggregationRule::kAggregationRuleTrimmedMean:
+      return "trimmed_mean";
+    case AggregationRule::kAggregationRuleMedian:
+      return "median";
+    case AggregationRule::kAggregationRuleCenteredClip:
+      return "centered_clip";
+    case AggregationRule::kAggregationRuleKrum:
+      return "krum";
   }
   return "unknown";
 }
@@ -192,8 +214,10 @@ Result<AggregationRule> ParseAggregationRule(std::string_view name) {
         AggregationRule::kAggregationRuleKrum}) {
     if (AggregationRuleName(r) == name) return r;
   }
-  return InvalidArgument("aggregation rule must be one of mean, trimmed_mean, median, "
-                         "centered_clip, krum; got \"" + std::string(name) + "\"");
+  return InvalidArgument(
+      "aggregation rule must be one of mean, trimmed_mean, median, "
+      "centered_clip, krum; got \"" +
+      std::string(name) + "\"");
 }
 
 Status ValidateAggregationConfig(const AggregationConfig& config) {
@@ -212,7 +236,8 @@ Status ValidateAggregationConfig(const AggregationConfig& config) {
     return InvalidArgument("aggregation: krum_byzantine must be >= 0 (or -1 = automatic), got " +
                            std::to_string(config.krum_byzantine));
   }
-  if (config.krum_select == 0) return InvalidArgument("aggregation: krum_select must be >= 1, got 0");
+  if (config.krum_select == 0)
+    return InvalidArgument("aggregation: krum_select must be >= 1, got 0");
   return Status::Ok();
 }
 
@@ -303,7 +328,8 @@ std::vector<float> PseudoGradient(std::span<const float> global, std::span<const
 
 Status ValidateOuterOptimizerConfig(const OuterOptimizerConfig& config) {
   if (!(config.lr > 0.0f) || !std::isfinite(config.lr)) {
-    return InvalidArgument("task: outer_optimizer.lr must be > 0, got " + std::to_string(config.lr));
+    return InvalidArgument("task: outer_optimizer.lr must be > 0, got " +
+                           std::to_string(config.lr));
   }
   if (!(config.momentum >= 0.0f && config.momentum < 1.0f)) {
     return InvalidArgument("task: outer_optimizer.momentum must be in [0, 1), got " +

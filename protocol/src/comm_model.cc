@@ -15,8 +15,7 @@ CommModelResult CompareCommunication(const CommModelInput& in) {
   const double n = static_cast<double>(in.num_solvers);
 
   CommModelResult r;
-  r.diloco_bytes_per_sample =
-      (model + static_cast<double>(in.commit_overhead_bytes)) / (h * batch);
+  r.diloco_bytes_per_sample = (model + static_cast<double>(in.commit_overhead_bytes)) / (h * batch);
   r.sync_parameter_server_bytes_per_sample = model / batch;
   r.sync_ring_allreduce_bytes_per_sample = 2.0 * (n - 1.0) / n * model / batch;
   r.ratio_vs_sync_parameter_server =

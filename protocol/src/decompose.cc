@@ -33,10 +33,10 @@ Status ValidateDecomposition(const TaskSpecView& task) {
   if (task.inner_steps == 0) return InvalidArgument("task: inner_steps (H) must be > 0, got 0");
   if (task.batch_size == 0) return InvalidArgument("task: batch_size must be > 0, got 0");
   if (task.num_examples < task.units_per_round) {
-    return InvalidArgument("task: the dataset has " + std::to_string(task.num_examples) +
-                           " examples, fewer than units_per_round=" +
-                           std::to_string(task.units_per_round) +
-                           "; lower units_per_round or use a larger dataset");
+    return InvalidArgument(
+        "task: the dataset has " + std::to_string(task.num_examples) +
+        " examples, fewer than units_per_round=" + std::to_string(task.units_per_round) +
+        "; lower units_per_round or use a larger dataset");
   }
   return Status::Ok();
 }

@@ -16,11 +16,16 @@ UnitId UnitOf(const TaskId& task, uint32_t round, size_t shard) {
 
 std::string_view RoundPhaseName(RoundPhase phase) {
   switch (phase) {
-    case RoundPhase::kRoundPhaseAssigning: return "assigning";
-    case RoundPhase::kRoundPhaseTraining: return "training";
-    case RoundPhase::kRoundPhaseAggregating: return "aggregating";
-    case RoundPhase::kRoundPhaseAwaitingVerificationWindow: return "awaiting_verification_window";
-    case RoundPhase::kRoundPhaseFinal: return "final";
+    case RoundPhase::kRoundPhaseAssigning:
+      return "assigning";
+    case RoundPhase::kRoundPhaseTraining:
+      return "training";
+    case RoundPhase::kRoundPhaseAggregating:
+      return "aggregating";
+    case RoundPhase::kRoundPhaseAwaitingVerificationWindow:
+      return "awaiting_verification_window";
+    case RoundPhase::kRoundPhaseFinal:
+      return "final";
   }
   return "unknown";
 }
@@ -60,7 +65,6 @@ void RoundStateMachine::RecomputePhase() {
            : any_assigned ? RoundPhase::kRoundPhaseTraining
                           : RoundPhase::kRoundPhaseAggregating;
 }
-
 
 std::vector<PendingUnit> RoundStateMachine::PendingUnits() const {
   std::vector<PendingUnit> out;
@@ -130,8 +134,8 @@ void RoundStateMachine::MaybeFinalize(RoundUpdate& update) {
 
 Result<RoundUpdate> RoundStateMachine::OnBlock(uint64_t height) {
   if (height < height_) {
-    return InvalidArgument("round machine: block height went back from " +
-                           std::to_string(height_) + " to " + std::to_string(height));
+    return InvalidArgument("round machine: block height went back from " + std::to_string(height_) +
+                           " to " + std::to_string(height));
   }
   height_ = height;
   RoundUpdate update;

@@ -54,9 +54,9 @@ TEST(RoundPhaseTest, FullLifecycleWithVerificationWindow) {
   // Partial assignment stays in "assigning".
   ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 0, 1, 10, 30)}).ok());
   EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
-  ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 1, 2, 10, 30),
-                                                    Assign(c, 0, 2, 3, 10, 30)})
-                  .ok());
+  ASSERT_TRUE(
+      m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 1, 2, 10, 30), Assign(c, 0, 2, 3, 10, 30)})
+          .ok());
   EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseTraining);
   EXPECT_EQ(m->OpenAssignments().size(), 3u);
 
@@ -117,10 +117,10 @@ TEST(RoundPhaseTest, ExpiryReassignsAndRefusesLateCommit) {
   const RoundMachineConfig c = Config(0);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
-  ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 0, 1, 10, 20),
-                                                    Assign(c, 0, 1, 2, 10, 30),
-                                                    Assign(c, 0, 2, 3, 10, 30)})
-                  .ok());
+  ASSERT_TRUE(
+      m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 0, 1, 10, 20), Assign(c, 0, 1, 2, 10, 30),
+                                            Assign(c, 0, 2, 3, 10, 30)})
+          .ok());
   ASSERT_TRUE(m->OnBlock(20).ok());  // at the deadline: still open
   EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseTraining);
   auto up = m->OnBlock(21);
@@ -242,9 +242,8 @@ TEST(RoundPhaseTest, DrivesTheScheduler) {
   ASSERT_EQ(r->assignments.size(), 1u);
   EXPECT_NE(r->assignments[0].node, victim.node);
   ASSERT_TRUE(m->OnAssigned(r->assignments).ok());
-  ASSERT_TRUE(m->OnUnitCommitted(victim.unit, r->assignments[0].node, {},
-                                 victim.deadline_height + 1)
-                  .ok());
+  ASSERT_TRUE(
+      m->OnUnitCommitted(victim.unit, r->assignments[0].node, {}, victim.deadline_height + 1).ok());
   EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAggregating);
 }
 

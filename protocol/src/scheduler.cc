@@ -48,13 +48,20 @@ constexpr int kMaxRedraws = 64;
 
 std::string_view EligibilityName(Eligibility e) {
   switch (e) {
-    case Eligibility::kEligibilityOk: return "ok";
-    case Eligibility::kEligibilityNotActive: return "not active (jailed, exiting or offline)";
-    case Eligibility::kEligibilityStaleHeartbeat: return "no recent heartbeat";
-    case Eligibility::kEligibilityInsufficientMemory: return "not enough memory for the task";
-    case Eligibility::kEligibilityOverPriceCap: return "price above the task's price cap";
-    case Eligibility::kEligibilityNoThroughput: return "throughput or bandwidth not reported";
-    case Eligibility::kEligibilityLowReputation: return "reputation below the floor";
+    case Eligibility::kEligibilityOk:
+      return "ok";
+    case Eligibility::kEligibilityNotActive:
+      return "not active (jailed, exiting or offline)";
+    case Eligibility::kEligibilityStaleHeartbeat:
+      return "no recent heartbeat";
+    case Eligibility::kEligibilityInsufficientMemory:
+      return "not enough memory for the task";
+    case Eligibility::kEligibilityOverPriceCap:
+      return "price above the task's price cap";
+    case Eligibility::kEligibilityNoThroughput:
+      return "throughput or bandwidth not reported";
+    case Eligibility::kEligibilityLowReputation:
+      return "reputation below the floor";
   }
   return "unknown";
 }

@@ -249,8 +249,8 @@ TEST(SchedulerTest, ExpiredUnitIsReassignedToSomeoneElseAndCostsReputation) {
   EXPECT_EQ(overdue[0], late);
 
   // The ledger applies the penalty to the late node's reputation.
-  auto late_node =
-      std::find_if(nodes.begin(), nodes.end(), [&](const NodeView& n) { return n.id == late.node; });
+  auto late_node = std::find_if(nodes.begin(), nodes.end(),
+                                [&](const NodeView& n) { return n.id == late.node; });
   ASSERT_NE(late_node, nodes.end());
   late_node->reputation.completed = 10;
   late_node->reputation.clean_streak = 5;
@@ -298,17 +298,17 @@ TEST(SchedulerTest, JoinerGetsWorkFromTheNextAssignment) {
 TEST(SchedulerTest, LowReputationIsExcludedAndWeighsLess) {
   Reputation fresh;
   EXPECT_EQ(ReputationPermille(fresh), 1000u);
-  Reputation good{.completed = 96, .verified_clean = 50, .clean_streak = 30, .failures = 0,
-                  .slashes = 0};
+  Reputation good{
+      .completed = 96, .verified_clean = 50, .clean_streak = 30, .failures = 0, .slashes = 0};
   EXPECT_EQ(ReputationPermille(good), 1200u);  // 1000 x 1.2 (streak bonus capped at 20)
-  Reputation flaky{.completed = 4, .verified_clean = 0, .clean_streak = 0, .failures = 2,
-                   .slashes = 0};
+  Reputation flaky{
+      .completed = 4, .verified_clean = 0, .clean_streak = 0, .failures = 2, .slashes = 0};
   EXPECT_EQ(ReputationPermille(flaky), 800u);  // 1000 x 8 / 10
-  Reputation slashed{.completed = 0, .verified_clean = 0, .clean_streak = 0, .failures = 0,
-                     .slashes = 1};
+  Reputation slashed{
+      .completed = 0, .verified_clean = 0, .clean_streak = 0, .failures = 0, .slashes = 1};
   EXPECT_EQ(ReputationPermille(slashed), 333u);
-  Reputation hopeless{.completed = 0, .verified_clean = 0, .clean_streak = 0, .failures = 40,
-                      .slashes = 0};
+  Reputation hopeless{
+      .completed = 0, .verified_clean = 0, .clean_streak = 0, .failures = 40, .slashes = 0};
   EXPECT_EQ(ReputationPermille(hopeless), 90u);  // 1000 x 4 / 44
 
   const TaskSpecView t = Task(8);

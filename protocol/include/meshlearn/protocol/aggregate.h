@@ -64,9 +64,9 @@ struct Contribution {
 };
 
 struct AggregateResult {
-  std::vector<float> delta;       // the aggregated pseudo-gradient
-  std::vector<UnitId> used;       // units that entered the rule (Krum: the selected ones), sorted
-  std::vector<UnitId> rejected;   // units rejected for a NaN/Inf coordinate, sorted
+  std::vector<float> delta;      // the aggregated pseudo-gradient
+  std::vector<UnitId> used;      // units that entered the rule (Krum: the selected ones), sorted
+  std::vector<UnitId> rejected;  // units rejected for a NaN/Inf coordinate, sorted
 };
 
 // Checks a config for a rule (ranges), independent of the contributions.
