@@ -6,6 +6,7 @@
 
 #include <httplib.h>
 
+#include "meshlearn/base/hex.h"
 #include "meshlearn/ledger/rpc.h"
 
 namespace meshlearn::ledger {
@@ -97,6 +98,68 @@ std::string DefaultRpcUrl(const std::string& flag) {
   if (!flag.empty()) return flag;
   if (const char* env = std::getenv("MESHLEARN_RPC"); env && *env) return env;
   return "http://127.0.0.1:7700";
+}
+
+}  // namespace meshlearn::ledger
+
+namespace meshlearn::ledger {
+
+Result<std::string> FetchChainId(RpcClient& rpc) {
+  ML_ASSIGN_OR_RETURN(nlohmann::json st, rpc.Call("chain_status", nlohmann::json::object()));
+  if (!st.contains("chain_id") || !st["chain_id"].is_string()) {
+    return Unavailable(rpc.url() + " answered chain_status without a chain_id");
+  }
+  return st["chain_id"].get<std::string>();
+}
+
+Result<uint64_t> FetchNextNonce(RpcClient& rpc, const PublicKey& sender) {
+  ML_ASSIGN_OR_RETURN(nlohmann::json a, rpc.Call("get_account", {{"address", sender.ToHex()}}));
+  if (!a.contains("nonce") || !a["nonce"].is_number_unsigned()) {
+    return Unavailable(rpc.url() + " answered get_account without a nonce");
+  }
+  return a["nonce"].get<uint64_t>();
+}
+
+Result<nlohmann::json> SendTxAndWait(RpcClient& rpc, const Transaction& tx, int64_t timeout_ms,
+                                     const std::function<void(int64_t)>& progress) {
+  using Steady = std::chrono::steady_clock;
+  const std::string hex = HexEncode(EncodeTx(tx));
+  const Hash256 id = TxId(tx);
+  const auto start = Steady::now();
+  auto waited_ms = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - start).count();
+  };
+  for (;;) {
+    int64_t left = timeout_ms - waited_ms();
+    if (left <= 0) {
+      return DeadlineExceeded("transaction " + id.ToHex() + " was not included within " +
+                              std::to_string(timeout_ms / 1000) +
+                              "s; it may still be: check with `meshlearn wallet tx " + id.ToHex() +
+                              "`, or send it again (it will not be paid twice)");
+    }
+    // Short waits so progress is reported; each resend of the same bytes is a no-op on the
+    // ledger while the transaction is pending.
+    int64_t wait = std::min<int64_t>(left, 1000);
+    Result<nlohmann::json> r = rpc.Call("send_tx", {{"tx", hex}, {"wait_ms", wait}});
+    if (!r.ok()) {
+      if (r.status().code() != StatusCode::kUnavailable) return r.status();
+      // Unreachable after the client's own retries; keep trying until the deadline.
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(left, 500)));
+    } else {
+      std::string status = r->value("status", std::string());
+      if (status == "included") {
+        // get_tx adds the transaction itself to the receipt.
+        Result<nlohmann::json> full = rpc.Call("get_tx", {{"id", id.ToHex()}});
+        return full.ok() ? *full : *r;
+      }
+      if (status == "rejected") {
+        const nlohmann::json& e = (*r)["error"];
+        return FailedPrecondition("the ledger dropped transaction " + id.ShortHex() + ": " +
+                                  e.value("message", std::string("no reason given")));
+      }
+    }
+    if (progress) progress(waited_ms());
+  }
 }
 
 }  // namespace meshlearn::ledger

@@ -109,12 +109,14 @@ TxStatusInfo Sequencer::Lookup(const Hash256& tx_id) {
 }
 
 TxStatusInfo Sequencer::WaitFor(const Hash256& tx_id, int64_t timeout_ms) {
-  int64_t deadline = clock_->MonotonicMicros() + timeout_ms * 1000;
+  // Real time, not clock_: this is a wait on other threads, not a block timestamp.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
     // Height first: a block committed after this read wakes the wait below.
     uint64_t h = chain_->height();
     TxStatusInfo info = Lookup(tx_id);
-    int64_t left_ms = (deadline - clock_->MonotonicMicros()) / 1000;
+    int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now()).count();
     if (info.state != TxState::kPending || left_ms <= 0 || chain_->shutting_down()) return info;
     chain_->WaitAbove(h, left_ms);
   }

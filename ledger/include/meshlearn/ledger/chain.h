@@ -92,7 +92,7 @@ class Chain {
 
   // ---- Reads.
   uint64_t Height() const { return height_; }   // 0 before the first block
-  Hash256 StateHash() const;                     // after the last block (or genesis)
+  Hash256 StateHash() const { return state_hash_; }  // after the last block (or genesis)
   Hash256 LastBlockHash() const { return last_block_hash_; }  // GenesisHash at height 0
   int64_t LastBlockTime() const { return last_block_time_ms_; }
   Result<Block> GetBlock(uint64_t height) const;  // 1..Height()
@@ -122,6 +122,9 @@ class Chain {
 
  private:
   Chain(Genesis genesis, std::unique_ptr<Store> store, std::unique_ptr<LedgerState> state);
+  // Checks the books, persists the block and moves the head; rolls the state back on error.
+  Status CommitBlock(const Block& block);
+  Result<TxRecord> TxAt(uint64_t height, uint32_t index) const;
 
   Genesis genesis_;
   Hash256 genesis_hash_;
@@ -130,6 +133,7 @@ class Chain {
   uint64_t height_ = 0;
   Hash256 last_block_hash_;
   int64_t last_block_time_ms_ = 0;
+  Hash256 state_hash_;
 };
 
 }  // namespace meshlearn::ledger

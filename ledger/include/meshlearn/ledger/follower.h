@@ -29,7 +29,7 @@ struct FollowerOptions {
   int64_t long_poll_ms = 20000;  // wait_block timeout per call
   uint32_t batch = 100;          // blocks per get_blocks call
   int64_t retry_ms = 1000;       // after the upstream is unreachable
-  std::string evidence_dir;      // where a refused block is written (empty: nowhere)
+  std::string evidence_dir = "";      // where a refused block is written (empty: nowhere)
 };
 
 class Follower {

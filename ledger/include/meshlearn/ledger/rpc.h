@@ -75,7 +75,7 @@ struct RpcLimits {
 // Extra facts a service states about itself in chain_status.
 struct RpcServiceInfo {
   std::string role = "sequencer";  // or "follower"
-  std::string upstream;            // a follower's sequencer URL
+  std::string upstream = "";       // a follower's sequencer URL
 };
 
 class RpcService {

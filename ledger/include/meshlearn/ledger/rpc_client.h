@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshlearn/base/status.h"
+#include "meshlearn/ledger/tx.h"
 
 namespace httplib {
 class Client;
@@ -62,6 +64,20 @@ class RpcClient {
   std::unique_ptr<httplib::Client> http_;
   int64_t next_id_ = 1;
 };
+
+// ---- Helpers for clients that send transactions (the CLI's wallet, nodes).
+
+// The chain id and the sender's next nonce, as the ledger at `rpc` sees them now.
+Result<std::string> FetchChainId(RpcClient& rpc);
+Result<uint64_t> FetchNextNonce(RpcClient& rpc, const PublicKey& sender);
+
+// Sends `tx` and waits until its block is committed: returns get_tx's answer (status
+// "included", with the receipt; the receipt may say the tx failed). While it is pending the same
+// bytes are sent again -- idempotent, never paid twice. Errors: the ledger's refusal (bad nonce,
+// funds, signature...), DeadlineExceeded after `timeout_ms`, Unavailable if unreachable.
+// `progress` (optional) is called about once a second with the milliseconds waited so far.
+Result<nlohmann::json> SendTxAndWait(RpcClient& rpc, const Transaction& tx, int64_t timeout_ms,
+                                     const std::function<void(int64_t)>& progress = {});
 
 // The RPC endpoint to use: `flag` if set, else $MESHLEARN_RPC, else http://127.0.0.1:7700.
 std::string DefaultRpcUrl(const std::string& flag);

@@ -33,7 +33,7 @@ namespace meshlearn::ledger {
 class RpcService;
 
 struct RpcServerOptions {
-  RateLimitOptions rate_limit;
+  RateLimitOptions rate_limit = {};
   size_t max_body_bytes = 1 << 20;
   int threads = 64;
 };

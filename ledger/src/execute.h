@@ -1,0 +1,111 @@
+// Internal: how transactions change the state.
+//
+// ExecuteBlockTx runs one transaction of a block: the admission check (signature, chain id,
+// exact nonce, known sender, size), then the nonce bump, then the fee and the type's executor.
+// If the executor (or the fee) fails, everything after the nonce bump is rolled back and the
+// receipt carries the reason.
+//
+// Executors are generated from tx_types.h: for X(Name, tag, module) there must be
+//   Status ExecuteName(ExecContext& ctx, const NameTx& tx);
+// in ledger/src/<module>.cc. An executor validates its input and returns a non-OK Status
+// (with a message naming the field and the fix) to fail the transaction; it may leave partial
+// changes behind when it fails, the rollback removes them. Use the primitives below for every
+// movement of tokens so that the books stay balanced and arithmetic stays checked.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "ledger_state.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/ledger/block.h"
+#include "meshlearn/ledger/genesis.h"
+#include "meshlearn/ledger/tx.h"
+
+namespace meshlearn::ledger {
+
+struct ExecContext {
+  LedgerState& state;
+  const Genesis& genesis;
+  uint64_t height;       // of the block being executed
+  int64_t time_ms;       // of the block being executed (sequencer's clock, in the header)
+  Hash256 block_seed;    // the previous block's hash: the only randomness execution may use
+  const Transaction& tx;
+  const Hash256& tx_id;
+
+  const ChainParams& params() const { return genesis.params; }
+};
+
+#define ML_DECLARE_EXECUTOR_(Name, tag, module) \
+  Status Execute##Name(ExecContext& ctx, const Name##Tx& tx);
+MESHLEARN_LEDGER_TX_TYPES(ML_DECLARE_EXECUTOR_)
+#undef ML_DECLARE_EXECUTOR_
+
+// Whether `tx` may enter a block at this point: size (and canonical field limits), chain id,
+// signature, a known sender (or a faucet transaction with nonce 0 on a faucet chain) and
+// nonce == the sender's next nonce (`exact_nonce`) or >= it (mempool). Changes nothing.
+Status CheckAdmission(const LedgerState& state, const Genesis& genesis, const Transaction& tx,
+                      bool exact_nonce);
+
+// Runs one transaction of a block. Returns the admission Status: when not OK the transaction
+// is not part of the block and the state is untouched. When OK, *receipt says whether it
+// succeeded.
+Status ExecuteBlockTx(LedgerState& state, const Genesis& genesis, uint64_t height,
+                      int64_t time_ms, const Hash256& block_seed, const Transaction& tx,
+                      uint32_t index, Receipt* receipt);
+
+// Keys a transaction concerns (sender and every PublicKey field of its payload), sorted and
+// distinct: the account history index.
+std::vector<PublicKey> TxParties(const Transaction& tx);
+
+// ---- Checked arithmetic. Overflow and underflow are clean failures, never wraps.
+Status CheckedAdd(Amount a, Amount b, Amount* out, std::string_view what);
+Status CheckedSub(Amount a, Amount b, Amount* out, std::string_view what);
+// floor(amount * bps / 10000) without overflow. REQUIRES: bps <= 10000.
+Amount BasisPoints(Amount amount, uint32_t bps);
+
+// ---- Token primitives (accounts.cc). Each keeps the invariant.
+// Adds to an account's balance, creating the account if new.
+Status Credit(LedgerState& s, const PublicKey& to, Amount amount);
+// Takes from a balance; FailedPrecondition "insufficient funds" if it is short.
+Status Debit(LedgerState& s, const PublicKey& from, Amount amount, std::string_view what);
+// Creates new tokens (faucet): minted and the balance grow together.
+Status Mint(LedgerState& s, const PublicKey& to, Amount amount);
+Status CreditTreasury(LedgerState& s, Amount amount);
+
+// ---- Staking primitives (staking.cc).
+// Moves up to `amount` of a node's bonded stake out: slash_jackpot_bps of it to the jackpot,
+// the rest to the treasury. Jails the node, counts the slash, resets its clean streak.
+// *slashed gets what was taken (less than asked when the stake is short).
+Status SlashNode(LedgerState& s, const ChainParams& p, const PublicKey& node_id, Amount amount,
+                 Amount* slashed);
+// Pays from the jackpot pool to an account (forced-error rewards).
+Status PayFromJackpot(LedgerState& s, const PublicKey& to, Amount amount);
+// Starts unbonding `amount` of a node's stake to its owner, released at height + delay.
+Status BeginUnbonding(LedgerState& s, const ChainParams& p, uint64_t height, NodeRecord* node,
+                      Amount amount);
+
+// ---- Task primitives (tasks.cc).
+// Pays `amount` out of a task's escrow: treasury_cut_bps to the treasury, the rest to `to`.
+Status PayFromEscrow(LedgerState& s, const ChainParams& p, const Hash256& task_id,
+                     const PublicKey& to, Amount amount);
+// Ends an open task: refunds the remaining escrow to the submitter; status `final_status`.
+Status CloseTask(LedgerState& s, const Hash256& task_id, TaskStatus final_status);
+// Work units: the network issue schedules, commits and verifies; these keep the records.
+Status AddWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t* index);
+Status AssignWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index,
+                      const PublicKey& node_id, uint64_t deadline_height);
+Status CommitWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index,
+                      const Hash256& result_hash);
+// Verified clean: pays `amount` (<= the task's price cap) from escrow to the assignee's owner
+// and credits the node's reputation.
+Status SettleWorkUnit(LedgerState& s, const ChainParams& p, const Hash256& task_id,
+                      uint32_t index, Amount amount);
+// Failed verification or deadline: counts a failure, resets the streak.
+Status FailWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index);
+
+// Helpers for executors.
+Result<NodeRecord*> OwnedNode(LedgerState& s, const PublicKey& node_id, const PublicKey& owner);
+
+}  // namespace meshlearn::ledger

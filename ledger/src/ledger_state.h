@@ -1,0 +1,135 @@
+// Internal: the ledger state in memory, with an undo journal.
+//
+// Each table is a sorted map (deterministic iteration for the state hash) that records the old
+// value of a row before every change. Execution takes a Mark before a transaction and rolls
+// back to it when the transaction fails; a block that is refused rolls back to the mark taken
+// at its start. Changed keys are remembered (dirty) so the store writes only those rows.
+//
+// Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/sign.h"
+#include "meshlearn/ledger/genesis.h"
+#include "meshlearn/ledger/state.h"
+
+namespace meshlearn::ledger {
+
+template <typename K, typename V>
+class JournaledMap {
+ public:
+  const V* Find(const K& k) const {
+    auto it = rows_.find(k);
+    return it == rows_.end() ? nullptr : &it->second;
+  }
+  // Journals the row, then returns it for changing; nullptr if absent (nothing journaled).
+  V* FindMutable(const K& k) {
+    auto it = rows_.find(k);
+    if (it == rows_.end()) return nullptr;
+    journal_.push_back({k, it->second});
+    dirty_.insert(k);
+    return &it->second;
+  }
+  // Inserts or replaces.
+  void Put(const K& k, V v) {
+    auto it = rows_.find(k);
+    journal_.push_back({k, it == rows_.end() ? std::nullopt : std::optional<V>(it->second)});
+    dirty_.insert(k);
+    rows_.insert_or_assign(k, std::move(v));
+  }
+  void Erase(const K& k) {
+    auto it = rows_.find(k);
+    if (it == rows_.end()) return;
+    journal_.push_back({k, std::move(it->second)});
+    dirty_.insert(k);
+    rows_.erase(it);
+  }
+
+  const std::map<K, V>& rows() const { return rows_; }
+  size_t JournalSize() const { return journal_.size(); }
+  void RollbackTo(size_t mark) {
+    while (journal_.size() > mark) {
+      auto& [k, old] = journal_.back();
+      if (old) {
+        rows_.insert_or_assign(k, std::move(*old));
+      } else {
+        rows_.erase(k);
+      }
+      journal_.pop_back();
+    }
+  }
+  void ClearJournal() { journal_.clear(); }
+  const std::set<K>& dirty() const { return dirty_; }
+  void ClearDirty() { dirty_.clear(); }
+  void MarkAllDirty() {
+    for (const auto& [k, v] : rows_) dirty_.insert(k);
+  }
+  // Loading from the store: no journal, not dirty.
+  void LoadRow(const K& k, V v) { rows_.insert_or_assign(k, std::move(v)); }
+
+ private:
+  std::map<K, V> rows_;
+  std::vector<std::pair<K, std::optional<V>>> journal_;
+  std::set<K> dirty_;
+};
+
+// Chain-wide counters.
+struct Globals {
+  Amount treasury = 0;
+  Amount jackpot = 0;
+  Amount minted = 0;
+  bool operator==(const Globals&) const = default;
+};
+
+using WorkUnitKey = std::pair<Hash256, uint32_t>;  // (task id, index)
+
+// Store table ids (part of the on-disk format).
+enum class StateTable : uint8_t {
+  kGlobals = 0,
+  kAccounts = 1,
+  kNodes = 2,
+  kTasks = 3,
+  kUnits = 4,
+};
+
+class LedgerState {
+ public:
+  struct Mark {
+    size_t accounts, nodes, tasks, units, globals;
+  };
+
+  // The state before block 1: genesis balances minted.
+  static LedgerState FromGenesis(const Genesis& g);
+
+  JournaledMap<PublicKey, Account> accounts;
+  JournaledMap<PublicKey, NodeRecord> nodes;
+  JournaledMap<Hash256, TaskRecord> tasks;
+  JournaledMap<WorkUnitKey, WorkUnit> units;
+  JournaledMap<uint8_t, Globals> globals;  // one row, key 0
+
+  const Globals& g() const;
+  Globals* MutableGlobals();  // journals
+
+  Mark GetMark() const;
+  void RollbackTo(const Mark& m);
+  void ClearJournal();
+  void ClearDirty();
+  void MarkAllDirty();
+
+  // BLAKE2b over the canonical encoding of every row, table by table, in key order.
+  Hash256 Hash() const;
+  Totals ComputeTotals() const;
+
+  // Row encodings for the store (value bytes; the key is encoded by the store).
+  static Bytes EncodeGlobals(const Globals& g);
+  static Status DecodeGlobals(ByteSpan b, Globals* g);
+};
+
+}  // namespace meshlearn::ledger

@@ -1,0 +1,94 @@
+// Nodes: registration, updates, heartbeats and leaving.
+#include "execute.h"
+
+namespace meshlearn::ledger {
+
+namespace {
+
+Status CheckNodeFields(std::string_view what, const std::string& endpoint, uint32_t roles) {
+  if (endpoint.empty()) {
+    return InvalidArgument(std::string(what) + ": endpoint is empty (give \"http://host:port\")");
+  }
+  if (roles == 0 || (roles & ~kAllRoles) != 0) {
+    return InvalidArgument(std::string(what) + ": roles must be a non-empty set of solver, " +
+                           "verifier, whistleblower, aggregator (bits 0-3), got " +
+                           std::to_string(roles));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ExecuteRegisterNode(ExecContext& ctx, const RegisterNodeTx& tx) {
+  if (tx.node_id == PublicKey{}) return InvalidArgument("register node: node_id is the zero key");
+  ML_RETURN_IF_ERROR(CheckNodeFields("register node", tx.endpoint, tx.roles));
+  Amount min = ctx.params().MinStakeFor(tx.roles);
+  if (tx.stake < min) {
+    return FailedPrecondition("register node: stake " + std::to_string(tx.stake) +
+                              " is below the minimum " + std::to_string(min) + " for roles " +
+                              RolesToString(tx.roles));
+  }
+  NodeRecord n;
+  if (const NodeRecord* old = ctx.state.nodes.Find(tx.node_id)) {
+    // A node that left may come back under the same owner; its reputation stays.
+    if (old->owner != ctx.tx.sender || old->status != NodeStatus::kUnbonding) {
+      return AlreadyExists("register node: node " + tx.node_id.ToHex() + " is already registered");
+    }
+    n = *old;
+  } else {
+    n.id = tx.node_id;
+    n.owner = ctx.tx.sender;
+    n.reputation.joined_height = ctx.height;
+  }
+  n.endpoint = tx.endpoint;
+  n.roles = tx.roles;
+  n.capabilities = tx.capabilities;
+  n.price = tx.price;
+  n.status = NodeStatus::kActive;
+  n.last_heartbeat_height = ctx.height;
+  ML_RETURN_IF_ERROR(CheckedAdd(n.stake, tx.stake, &n.stake, "node stake"));
+  ML_RETURN_IF_ERROR(Debit(ctx.state, ctx.tx.sender, tx.stake, "node stake"));
+  ctx.state.nodes.Put(tx.node_id, std::move(n));
+  return Status::Ok();
+}
+
+Status ExecuteUpdateNode(ExecContext& ctx, const UpdateNodeTx& tx) {
+  ML_RETURN_IF_ERROR(CheckNodeFields("update node", tx.endpoint, tx.roles));
+  ML_ASSIGN_OR_RETURN(NodeRecord * n, OwnedNode(ctx.state, tx.node_id, ctx.tx.sender));
+  if (n->status != NodeStatus::kActive) {
+    return FailedPrecondition("update node: node " + tx.node_id.ShortHex() + " is " +
+                              std::string(NodeStatusName(n->status)));
+  }
+  Amount min = ctx.params().MinStakeFor(tx.roles);
+  if (n->stake < min) {
+    return FailedPrecondition("update node: stake " + std::to_string(n->stake) +
+                              " is below the minimum " + std::to_string(min) + " for roles " +
+                              RolesToString(tx.roles) + "; stake more first");
+  }
+  n->endpoint = tx.endpoint;
+  n->roles = tx.roles;
+  n->capabilities = tx.capabilities;
+  n->price = tx.price;
+  return Status::Ok();
+}
+
+Status ExecuteHeartbeat(ExecContext& ctx, const HeartbeatTx& tx) {
+  ML_ASSIGN_OR_RETURN(NodeRecord * n, OwnedNode(ctx.state, tx.node_id, ctx.tx.sender));
+  if (n->status == NodeStatus::kUnbonding) {
+    return FailedPrecondition("heartbeat: node " + tx.node_id.ShortHex() + " has left");
+  }
+  n->last_heartbeat_height = ctx.height;
+  return Status::Ok();
+}
+
+Status ExecuteLeaveNode(ExecContext& ctx, const LeaveNodeTx& tx) {
+  ML_ASSIGN_OR_RETURN(NodeRecord * n, OwnedNode(ctx.state, tx.node_id, ctx.tx.sender));
+  if (n->status == NodeStatus::kUnbonding) {
+    return FailedPrecondition("leave node: node " + tx.node_id.ShortHex() + " already left");
+  }
+  n->status = NodeStatus::kUnbonding;
+  if (n->stake == 0) return Status::Ok();
+  return BeginUnbonding(ctx.state, ctx.params(), ctx.height, n, n->stake);
+}
+
+}  // namespace meshlearn::ledger

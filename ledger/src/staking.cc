@@ -1,0 +1,101 @@
+// Staking: bonding tokens to nodes, unbonding with a delay, withdrawing, and slashing.
+#include "execute.h"
+
+namespace meshlearn::ledger {
+
+Status BeginUnbonding(LedgerState& s, const ChainParams& p, uint64_t height, NodeRecord* node,
+                      Amount amount) {
+  ML_RETURN_IF_ERROR(CheckedSub(node->stake, amount, &node->stake, "unstake"));
+  Account* owner = s.accounts.FindMutable(node->owner);
+  if (owner == nullptr) {
+    Account fresh;
+    fresh.key = node->owner;
+    s.accounts.Put(node->owner, fresh);
+    owner = s.accounts.FindMutable(node->owner);
+  }
+  Unbonding u;
+  u.node_id = node->id;
+  u.amount = amount;
+  ML_RETURN_IF_ERROR(
+      CheckedAdd(height, p.unbonding_delay_blocks, &u.release_height, "unbonding release height"));
+  owner->unbonding.push_back(u);
+  return Status::Ok();
+}
+
+Status SlashNode(LedgerState& s, const ChainParams& p, const PublicKey& node_id, Amount amount,
+                 Amount* slashed) {
+  NodeRecord* n = s.nodes.FindMutable(node_id);
+  if (n == nullptr) return NotFound("slash: node " + node_id.ToHex() + " is not registered");
+  Amount take = std::min(amount, n->stake);
+  n->stake -= take;
+  n->status = NodeStatus::kJailed;
+  n->reputation.slashes++;
+  n->reputation.clean_streak = 0;
+  Amount to_jackpot = BasisPoints(take, p.slash_jackpot_bps);
+  Globals* g = s.MutableGlobals();
+  ML_RETURN_IF_ERROR(CheckedAdd(g->jackpot, to_jackpot, &g->jackpot, "jackpot"));
+  ML_RETURN_IF_ERROR(CheckedAdd(g->treasury, take - to_jackpot, &g->treasury, "treasury"));
+  if (slashed) *slashed = take;
+  return Status::Ok();
+}
+
+Status PayFromJackpot(LedgerState& s, const PublicKey& to, Amount amount) {
+  Globals* g = s.MutableGlobals();
+  ML_RETURN_IF_ERROR(CheckedSub(g->jackpot, amount, &g->jackpot, "jackpot payout"));
+  return Credit(s, to, amount);
+}
+
+Status ExecuteStake(ExecContext& ctx, const StakeTx& tx) {
+  if (tx.amount == 0) return InvalidArgument("stake: amount must be > 0");
+  ML_ASSIGN_OR_RETURN(NodeRecord * n, OwnedNode(ctx.state, tx.node_id, ctx.tx.sender));
+  if (n->status == NodeStatus::kUnbonding) {
+    return FailedPrecondition("stake: node " + tx.node_id.ShortHex() +
+                              " has left; register it again first");
+  }
+  ML_RETURN_IF_ERROR(CheckedAdd(n->stake, tx.amount, &n->stake, "node stake"));
+  return Debit(ctx.state, ctx.tx.sender, tx.amount, "stake");
+}
+
+Status ExecuteUnstake(ExecContext& ctx, const UnstakeTx& tx) {
+  if (tx.amount == 0) return InvalidArgument("unstake: amount must be > 0");
+  ML_ASSIGN_OR_RETURN(NodeRecord * n, OwnedNode(ctx.state, tx.node_id, ctx.tx.sender));
+  if (n->status != NodeStatus::kActive) {
+    return FailedPrecondition("unstake: node " + tx.node_id.ShortHex() + " is " +
+                              std::string(NodeStatusName(n->status)) +
+                              "; only an active node can unstake");
+  }
+  if (tx.amount > n->stake) {
+    return FailedPrecondition("unstake: amount " + std::to_string(tx.amount) +
+                              " is more than the node's stake " + std::to_string(n->stake));
+  }
+  Amount min = ctx.params().MinStakeFor(n->roles);
+  if (n->stake - tx.amount < min) {
+    return FailedPrecondition("unstake: would leave " + std::to_string(n->stake - tx.amount) +
+                              ", below the minimum stake " + std::to_string(min) +
+                              " of its roles; use LeaveNode to unstake everything");
+  }
+  return BeginUnbonding(ctx.state, ctx.params(), ctx.height, n, tx.amount);
+}
+
+Status ExecuteWithdraw(ExecContext& ctx, const WithdrawTx&) {
+  const Account* a = ctx.state.accounts.Find(ctx.tx.sender);
+  Amount released = 0;
+  uint64_t next_release = UINT64_MAX;
+  for (const Unbonding& u : a->unbonding) {
+    if (u.release_height <= ctx.height) {
+      ML_RETURN_IF_ERROR(CheckedAdd(released, u.amount, &released, "withdraw"));
+    } else {
+      next_release = std::min(next_release, u.release_height);
+    }
+  }
+  if (released == 0) {
+    if (next_release == UINT64_MAX) return FailedPrecondition("withdraw: nothing is unbonding");
+    return FailedPrecondition("withdraw: nothing has matured yet; next release at height " +
+                              std::to_string(next_release));
+  }
+  Account* m = ctx.state.accounts.FindMutable(ctx.tx.sender);
+  std::erase_if(m->unbonding, [&](const Unbonding& u) { return u.release_height <= ctx.height; });
+  return CheckedAdd(m->balance, released, &m->balance, "balance");
+}
+
+}  // namespace meshlearn::ledger

@@ -1,0 +1,176 @@
+// Tasks and work units: escrow in, payments out, refunds. The network issue adds the
+// transactions that schedule, commit and verify work units on top of the primitives here.
+#include "execute.h"
+
+namespace meshlearn::ledger {
+
+namespace {
+
+Result<TaskRecord*> OpenTask(LedgerState& s, const Hash256& task_id, std::string_view what) {
+  const TaskRecord* t = s.tasks.Find(task_id);
+  if (t == nullptr) return NotFound(std::string(what) + ": task " + task_id.ToHex() + " not found");
+  if (t->status != TaskStatus::kOpen) {
+    return FailedPrecondition(std::string(what) + ": task " + task_id.ShortHex() + " is " +
+                              std::string(TaskStatusName(t->status)));
+  }
+  return s.tasks.FindMutable(task_id);
+}
+
+Result<WorkUnit*> Unit(LedgerState& s, const Hash256& task_id, uint32_t index,
+                       std::string_view what) {
+  WorkUnit* u = s.units.FindMutable({task_id, index});
+  if (u == nullptr) {
+    return NotFound(std::string(what) + ": work unit " + std::to_string(index) + " of task " +
+                    task_id.ShortHex() + " not found");
+  }
+  return u;
+}
+
+}  // namespace
+
+Status PayFromEscrow(LedgerState& s, const ChainParams& p, const Hash256& task_id,
+                     const PublicKey& to, Amount amount) {
+  ML_ASSIGN_OR_RETURN(TaskRecord * t, OpenTask(s, task_id, "pay from escrow"));
+  ML_RETURN_IF_ERROR(CheckedSub(t->escrow, amount, &t->escrow, "escrow of task " + task_id.ShortHex()));
+  ML_RETURN_IF_ERROR(CheckedAdd(t->spent, amount, &t->spent, "task spent"));
+  Amount cut = BasisPoints(amount, p.treasury_cut_bps);
+  ML_RETURN_IF_ERROR(CreditTreasury(s, cut));
+  return Credit(s, to, amount - cut);
+}
+
+Status CloseTask(LedgerState& s, const Hash256& task_id, TaskStatus final_status) {
+  ML_ASSIGN_OR_RETURN(TaskRecord * t, OpenTask(s, task_id, "close task"));
+  Amount refund = t->escrow;
+  t->escrow = 0;
+  ML_RETURN_IF_ERROR(CheckedAdd(t->refunded, refund, &t->refunded, "task refunded"));
+  t->status = final_status;
+  PublicKey submitter = t->submitter;
+  // Units not yet settled will never be paid now.
+  for (uint32_t i = 0; i < t->unit_count; ++i) {
+    const WorkUnit* u = s.units.Find({task_id, i});
+    if (u == nullptr || u->status == WorkUnitStatus::kVerified ||
+        u->status == WorkUnitStatus::kFailed || u->status == WorkUnitStatus::kCancelled) {
+      continue;
+    }
+    s.units.FindMutable({task_id, i})->status = WorkUnitStatus::kCancelled;
+  }
+  return Credit(s, submitter, refund);
+}
+
+Status AddWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t* index) {
+  ML_ASSIGN_OR_RETURN(TaskRecord * t, OpenTask(s, task_id, "add work unit"));
+  if (t->unit_count == UINT32_MAX) return ResourceExhausted("add work unit: too many units");
+  WorkUnit u;
+  u.task_id = task_id;
+  u.index = t->unit_count++;
+  s.units.Put({task_id, u.index}, u);
+  if (index) *index = u.index;
+  return Status::Ok();
+}
+
+Status AssignWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index,
+                      const PublicKey& node_id, uint64_t deadline_height) {
+  const NodeRecord* n = s.nodes.Find(node_id);
+  if (n == nullptr || n->status != NodeStatus::kActive) {
+    return FailedPrecondition("assign work unit: node " + node_id.ShortHex() + " is not active");
+  }
+  ML_ASSIGN_OR_RETURN(WorkUnit * u, Unit(s, task_id, index, "assign work unit"));
+  if (u->status != WorkUnitStatus::kPending && u->status != WorkUnitStatus::kFailed) {
+    return FailedPrecondition("assign work unit: unit " + std::to_string(index) + " is " +
+                              std::string(WorkUnitStatusName(u->status)));
+  }
+  u->status = WorkUnitStatus::kAssigned;
+  u->assignee = node_id;
+  u->deadline_height = deadline_height;
+  u->result_hash = Hash256{};
+  return Status::Ok();
+}
+
+Status CommitWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index,
+                      const Hash256& result_hash) {
+  ML_ASSIGN_OR_RETURN(WorkUnit * u, Unit(s, task_id, index, "commit work unit"));
+  if (u->status != WorkUnitStatus::kAssigned) {
+    return FailedPrecondition("commit work unit: unit " + std::to_string(index) + " is " +
+                              std::string(WorkUnitStatusName(u->status)));
+  }
+  u->status = WorkUnitStatus::kCommitted;
+  u->result_hash = result_hash;
+  return Status::Ok();
+}
+
+Status SettleWorkUnit(LedgerState& s, const ChainParams& p, const Hash256& task_id,
+                      uint32_t index, Amount amount) {
+  const TaskRecord* t = s.tasks.Find(task_id);
+  if (t == nullptr) return NotFound("settle work unit: task " + task_id.ToHex() + " not found");
+  if (amount > t->price_cap) {
+    return InvalidArgument("settle work unit: payment " + std::to_string(amount) +
+                           " is over the task's price cap " + std::to_string(t->price_cap));
+  }
+  ML_ASSIGN_OR_RETURN(WorkUnit * u, Unit(s, task_id, index, "settle work unit"));
+  if (u->status != WorkUnitStatus::kCommitted) {
+    return FailedPrecondition("settle work unit: unit " + std::to_string(index) + " is " +
+                              std::string(WorkUnitStatusName(u->status)));
+  }
+  u->status = WorkUnitStatus::kVerified;
+  u->paid = amount;
+  PublicKey node_id = u->assignee;
+  NodeRecord* n = s.nodes.FindMutable(node_id);
+  if (n == nullptr) return NotFound("settle work unit: assignee node is not registered");
+  n->reputation.units_completed++;
+  n->reputation.units_verified_clean++;
+  n->reputation.clean_streak++;
+  return PayFromEscrow(s, p, task_id, n->owner, amount);
+}
+
+Status FailWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index) {
+  ML_ASSIGN_OR_RETURN(WorkUnit * u, Unit(s, task_id, index, "fail work unit"));
+  if (u->status != WorkUnitStatus::kAssigned && u->status != WorkUnitStatus::kCommitted) {
+    return FailedPrecondition("fail work unit: unit " + std::to_string(index) + " is " +
+                              std::string(WorkUnitStatusName(u->status)));
+  }
+  u->status = WorkUnitStatus::kFailed;
+  if (NodeRecord* n = s.nodes.FindMutable(u->assignee)) {
+    n->reputation.failures++;
+    n->reputation.clean_streak = 0;
+  }
+  return Status::Ok();
+}
+
+Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
+  if (tx.spec_hash.IsZero()) {
+    return InvalidArgument("submit task: spec_hash is zero (store the task spec as a blob first)");
+  }
+  if (tx.budget == 0) return InvalidArgument("submit task: budget must be > 0");
+  if (tx.price_cap == 0 || tx.price_cap > tx.budget) {
+    return InvalidArgument("submit task: price_cap must be in [1, budget], got " +
+                           std::to_string(tx.price_cap));
+  }
+  Hash256 id = TaskIdFor(ctx.tx.sender, ctx.tx.nonce);
+  if (ctx.state.tasks.Find(id) != nullptr) {
+    return AlreadyExists("submit task: task " + id.ToHex() + " exists");
+  }
+  ML_RETURN_IF_ERROR(Debit(ctx.state, ctx.tx.sender, tx.budget, "task budget"));
+  TaskRecord t;
+  t.id = id;
+  t.submitter = ctx.tx.sender;
+  t.spec_hash = tx.spec_hash;
+  t.budget = tx.budget;
+  t.escrow = tx.budget;
+  t.price_cap = tx.price_cap;
+  t.created_height = ctx.height;
+  t.memo = tx.memo;
+  ctx.state.tasks.Put(id, std::move(t));
+  return Status::Ok();
+}
+
+Status ExecuteCancelTask(ExecContext& ctx, const CancelTaskTx& tx) {
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  if (t == nullptr) return NotFound("cancel task: task " + tx.task_id.ToHex() + " not found");
+  if (t->submitter != ctx.tx.sender) {
+    return PermissionDenied("cancel task: only the submitter " + t->submitter.ShortHex() +
+                            " may cancel task " + tx.task_id.ShortHex());
+  }
+  return CloseTask(ctx.state, tx.task_id, TaskStatus::kCancelled);
+}
+
+}  // namespace meshlearn::ledger
