@@ -20,6 +20,8 @@
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/kernels.h"
 
+extern "C" char* openblas_get_corename(void);
+
 namespace {
 
 using meshlearn::engine::GetKernelConfig;
@@ -112,10 +114,10 @@ int main(int argc, char** argv) {
       std::printf(
           "{\"bench\":\"linear_forward\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"threads\":%d,"
           "\"simd\":\"%s\",\"meshlearn_gflops\":%.2f,\"openblas_gflops\":%.2f,\"ratio\":%.3f,"
-          "\"bitwise_same_across_threads\":%s}\n",
+          "\"bitwise_same_across_threads\":%s,\"openblas_core\":\"%s\"}\n",
           static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), t,
           simd.c_str(), flops / ours * 1e-9, flops / blas * 1e-9, blas / ours,
-          same ? "true" : "false");
+          same ? "true" : "false", openblas_get_corename());
       std::fflush(stdout);
     }
   }

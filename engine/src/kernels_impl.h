@@ -210,6 +210,13 @@ struct StridedA {
   const float* a;
   int64_t rs, cs;
   void operator()(float* dst, int64_t m0, int64_t mr, int64_t k0, int64_t kc) const {
+    if (rs == 1 && mr == kMR) {  // A^T stored row-major: the MR values of one k are contiguous
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        const float* src = a + m0 + (k0 + kk) * cs;
+        for (int64_t r = 0; r < kMR; ++r) dst[kk * kMR + r] = src[r];
+      }
+      return;
+    }
     for (int64_t r = 0; r < kMR; ++r) {
       if (r < mr) {
         const float* src = a + (m0 + r) * rs + k0 * cs;
@@ -293,6 +300,14 @@ void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout
 
 // ---- Conv2d (implicit GEMM) --------------------------------------------------------------------
 
+// dst[t] = src[t] for t in [lo, hi), in vector steps.
+inline void CopyRun(float* dst, const float* src, int64_t lo, int64_t hi) {
+  for (int64_t t = lo; t < hi; t += kW) {
+    const int nv = static_cast<int>(MinI(kW, hi - t));
+    StorePartial(dst + t, LoadPartial(src + t, nv), nv);
+  }
+}
+
 struct ConvGeom {
   int64_t C, H, W, OC, KH, KW, stride, pad, OH, OW;
 };
@@ -309,6 +324,29 @@ struct ConvImageB {
       iw0[j] = (n % g->OW) * g->stride - g->pad;
     }
     const int64_t kk_per_c = g->KH * g->KW;
+    if (g->stride == 1) {
+      // Within one output row the panel reads a contiguous run of one input row.
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        const int64_t k = k0 + kk;
+        const int64_t c = k / kk_per_c, kh = (k % kk_per_c) / g->KW, kw = k % g->KW;
+        const float* plane = x + c * g->H * g->W;
+        float* d = dst + kk * kNR;
+        for (int j = 0; j < kNRV; ++j) Store(d + j * kW, Zero());
+        int64_t j = 0;
+        while (j < nr) {
+          const int64_t n = n0 + j, oh = n / g->OW, ow = n % g->OW;
+          const int64_t run = MinI(nr - j, g->OW - ow);  // columns left in this output row
+          const int64_t ih = oh - g->pad + kh;
+          if (static_cast<uint64_t>(ih) < static_cast<uint64_t>(g->H)) {
+            const int64_t iw0 = ow - g->pad + kw;  // input column of the run's first element
+            const int64_t lo = MaxI(0, -iw0), hi = MinI(run, g->W - iw0);
+            CopyRun(d + j, plane + ih * g->W + iw0, lo, hi);
+          }
+          j += run;
+        }
+      }
+      return;
+    }
     for (int64_t kk = 0; kk < kc; ++kk) {
       const int64_t k = k0 + kk;
       const int64_t c = k / kk_per_c, kh = (k % kk_per_c) / g->KW, kw = k % g->KW;
@@ -350,6 +388,29 @@ struct ConvDoutB {
       tw0[j] = n % g->W + g->pad;
     }
     const int64_t kk_per_oc = g->KH * g->KW, s = g->stride;
+    if (s == 1) {
+      // B[(oc,kh,kw), (ih,iw)] = dout[oc, ih+pad-kh, iw+pad-kw]: contiguous runs along iw.
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        const int64_t k = k0 + kk;
+        const int64_t oc = k / kk_per_oc, kh = (k % kk_per_oc) / g->KW, kw = k % g->KW;
+        const float* plane = dout + oc * g->OH * g->OW;
+        float* d = dst + kk * kNR;
+        for (int j = 0; j < kNRV; ++j) Store(d + j * kW, Zero());
+        int64_t j = 0;
+        while (j < nr) {
+          const int64_t n = n0 + j, ih = n / g->W, iw = n % g->W;
+          const int64_t run = MinI(nr - j, g->W - iw);
+          const int64_t oh = ih + g->pad - kh;
+          if (static_cast<uint64_t>(oh) < static_cast<uint64_t>(g->OH)) {
+            const int64_t ow0 = iw + g->pad - kw;
+            const int64_t lo = MaxI(0, -ow0), hi = MinI(run, g->OW - ow0);
+            CopyRun(d + j, plane + oh * g->OW + ow0, lo, hi);
+          }
+          j += run;
+        }
+      }
+      return;
+    }
     for (int64_t kk = 0; kk < kc; ++kk) {
       const int64_t k = k0 + kk;
       const int64_t oc = k / kk_per_oc, kh = (k % kk_per_oc) / g->KW, kw = k % g->KW;
@@ -399,6 +460,31 @@ struct ConvImageBT {
       kw[j] = n % g->KW;
     }
     const int64_t P = g->OH * g->OW;
+    if (g->stride == 1) {
+      // For one n = (c,kh,kw), consecutive k = (b,oh,ow) read a contiguous run of an input row.
+      for (int64_t j = 0; j < kNR; ++j) {
+        if (j >= nr) {
+          for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = 0.0f;
+          continue;
+        }
+        int64_t kk = 0;
+        while (kk < kc) {
+          const int64_t k = k0 + kk, b = k / P, p = k % P, oh = p / g->OW, ow = p % g->OW;
+          const int64_t run = MinI(kc - kk, g->OW - ow);
+          const int64_t ih = oh - g->pad + kh[j];
+          const float* row = x + ((b * g->C + cc[j]) * g->H + ih) * g->W;
+          const int64_t iw0 = ow - g->pad + kw[j];
+          const bool row_in = static_cast<uint64_t>(ih) < static_cast<uint64_t>(g->H);
+          for (int64_t t = 0; t < run; ++t) {
+            const int64_t iw = iw0 + t;
+            dst[(kk + t) * kNR + j] =
+                row_in && static_cast<uint64_t>(iw) < static_cast<uint64_t>(g->W) ? row[iw] : 0.0f;
+          }
+          kk += run;
+        }
+      }
+      return;
+    }
     for (int64_t kk = 0; kk < kc; ++kk) {
       const int64_t k = k0 + kk, b = k / P, p = k % P;
       const int64_t ih0 = (p / g->OW) * g->stride - g->pad, iw0 = (p % g->OW) * g->stride - g->pad;
