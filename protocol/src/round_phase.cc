@@ -48,7 +48,13 @@ void RoundStateMachine::StartRound() {
   units_.assign(config_.units_per_round, Unit{});
   window_end_ = 0;
   pending_weights_ = Hash256{};
+  aggregator_.reset();
+  aggregator_excluded_.clear();
   phase_ = RoundPhase::kRoundPhaseAssigning;
+}
+
+bool RoundStateMachine::NeedsAggregator() const {
+  return phase_ == RoundPhase::kRoundPhaseAggregating && !aggregator_.has_value();
 }
 
 void RoundStateMachine::RecomputePhase() {
@@ -147,8 +153,34 @@ Result<RoundUpdate> RoundStateMachine::OnBlock(uint64_t height) {
     }
     RecomputePhase();
   }
+  if (phase_ == RoundPhase::kRoundPhaseAggregating && aggregator_ &&
+      aggregator_->deadline_height < height) {
+    update.expired_aggregator = aggregator_;
+    aggregator_excluded_.push_back(aggregator_->node);
+    aggregator_.reset();
+  }
   MaybeFinalize(update);
   return update;
+}
+
+Status RoundStateMachine::OnAggregatorAssigned(const AggregatorAssignment& aggregator) {
+  if (!NeedsAggregator() || aggregator.task != config_.task || aggregator.round != round_) {
+    return FailedPrecondition(
+        "aggregator for round " + std::to_string(aggregator.round) + " not expected: task " +
+        config_.task.ShortHex() + " is in round " + std::to_string(round_) + ", phase " +
+        std::string(RoundPhaseName(phase_)) + (aggregator_ ? ", aggregator already assigned" : ""));
+  }
+  if (std::find(aggregator_excluded_.begin(), aggregator_excluded_.end(), aggregator.node) !=
+      aggregator_excluded_.end()) {
+    return FailedPrecondition("node " + aggregator.node.ShortHex() +
+                              " let this round's aggregation expire and may not take it again");
+  }
+  if (aggregator.deadline_height < height_) {
+    return InvalidArgument("aggregator deadline " + std::to_string(aggregator.deadline_height) +
+                           " is before the current height " + std::to_string(height_));
+  }
+  aggregator_ = aggregator;
+  return Status::Ok();
 }
 
 Status RoundStateMachine::OnAssigned(std::span<const Assignment> assignments) {
@@ -213,6 +245,7 @@ Result<RoundUpdate> RoundStateMachine::OnUnitExpired(const UnitId& unit) {
 }
 
 Result<RoundUpdate> RoundStateMachine::OnAggregateCommitted(uint32_t round,
+                                                            const NodeId& aggregator,
                                                             const Hash256& new_weights,
                                                             uint64_t height) {
   if (phase_ != RoundPhase::kRoundPhaseAggregating || round != round_) {
@@ -220,6 +253,15 @@ Result<RoundUpdate> RoundStateMachine::OnAggregateCommitted(uint32_t round,
                               config_.task.ShortHex() + " not expected: the task is in round " +
                               std::to_string(round_) + ", phase " +
                               std::string(RoundPhaseName(phase_)));
+  }
+  if (!aggregator_ || aggregator_->node != aggregator) {
+    return FailedPrecondition("node " + aggregator.ShortHex() + " is not the aggregator of round " +
+                              std::to_string(round_) + " of task " + config_.task.ShortHex());
+  }
+  if (height > aggregator_->deadline_height) {
+    return FailedPrecondition("aggregate of round " + std::to_string(round_) + " at height " +
+                              std::to_string(height) + " is after its deadline " +
+                              std::to_string(aggregator_->deadline_height));
   }
   if (height < height_) {
     return InvalidArgument("aggregate commit height " + std::to_string(height) +
@@ -257,8 +299,15 @@ Status RoundStateMachine::RewindRound(std::span<const NodeId> exclude) {
       }
     }
   }
+  for (const NodeId& n : exclude) {
+    if (std::find(aggregator_excluded_.begin(), aggregator_excluded_.end(), n) ==
+        aggregator_excluded_.end()) {
+      aggregator_excluded_.push_back(n);
+    }
+  }
   window_end_ = 0;
   pending_weights_ = Hash256{};
+  aggregator_.reset();
   phase_ = RoundPhase::kRoundPhaseAssigning;
   return Status::Ok();
 }

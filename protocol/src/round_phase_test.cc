@@ -30,6 +30,19 @@ Assignment Assign(const RoundMachineConfig& c, uint32_t round, uint32_t shard, u
   return Assignment{UnitId{c.task, round, shard}, Id(node), height, deadline};
 }
 
+constexpr uint8_t kAggregator = 100;
+
+// Assigns the aggregator (deadline 10 blocks after `height`) and commits the aggregate.
+Result<RoundUpdate> CommitAggregate(RoundStateMachine& m, const RoundMachineConfig& c,
+                                    uint32_t round, const Hash256& weights, uint64_t height) {
+  if (m.NeedsAggregator()) {
+    Status s = m.OnAggregatorAssigned(
+        AggregatorAssignment{c.task, m.round(), Id(kAggregator), height, height + 10});
+    if (!s.ok()) return s;
+  }
+  return m.OnAggregateCommitted(round, Id(kAggregator), weights, height);
+}
+
 // Assigns and commits every unit of the current round at `height`.
 void RunRound(RoundStateMachine& m, const RoundMachineConfig& c, uint64_t height) {
   std::vector<Assignment> as;
@@ -69,9 +82,15 @@ TEST(RoundPhaseTest, FullLifecycleWithVerificationWindow) {
   ASSERT_EQ(m->CommittedUnits().size(), 3u);
   EXPECT_EQ(m->CommittedUnits()[1].node, Id(2));
 
-  // An aggregate for the wrong round is refused.
-  EXPECT_FALSE(m->OnAggregateCommitted(1, Blake2b("w1"), 14).ok());
-  auto up = m->OnAggregateCommitted(0, Blake2b("w1"), 14);
+  // An aggregate for the wrong round, or from a node that is not the aggregator, is refused.
+  EXPECT_TRUE(m->NeedsAggregator());
+  EXPECT_FALSE(m->OnAggregateCommitted(0, Id(kAggregator), Blake2b("w1"), 14).ok());
+  ASSERT_TRUE(
+      m->OnAggregatorAssigned(AggregatorAssignment{c.task, 0, Id(kAggregator), 14, 30}).ok());
+  EXPECT_FALSE(m->NeedsAggregator());
+  EXPECT_FALSE(m->OnAggregateCommitted(1, Id(kAggregator), Blake2b("w1"), 14).ok());
+  EXPECT_FALSE(m->OnAggregateCommitted(0, Id(1), Blake2b("w1"), 14).ok());
+  auto up = CommitAggregate(*m, c, 0, Blake2b("w1"), 14);
   ASSERT_TRUE(up.ok());
   EXPECT_TRUE(up->finalized_rounds.empty());
   EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);
@@ -90,7 +109,7 @@ TEST(RoundPhaseTest, FullLifecycleWithVerificationWindow) {
   EXPECT_EQ(m->PendingUnits()[0].unit, (UnitId{c.task, 1, 0}));
 
   RunRound(*m, c, 20);
-  ASSERT_TRUE(m->OnAggregateCommitted(1, Blake2b("w2"), 22).ok());
+  ASSERT_TRUE(CommitAggregate(*m, c, 1, Blake2b("w2"), 22).ok());
   up = m->OnBlock(27);
   ASSERT_TRUE(up.ok());
   EXPECT_EQ(up->finalized_rounds, std::vector<uint32_t>{1});
@@ -106,7 +125,7 @@ TEST(RoundPhaseTest, ZeroWindowFinalizesImmediately) {
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
-  auto up = m->OnAggregateCommitted(0, Blake2b("w1"), 12);
+  auto up = CommitAggregate(*m, c, 0, Blake2b("w1"), 12);
   ASSERT_TRUE(up.ok());
   EXPECT_EQ(up->finalized_rounds, std::vector<uint32_t>{0});
   EXPECT_EQ(m->round(), 1u);
@@ -163,7 +182,7 @@ TEST(RoundPhaseTest, HoldKeepsTheWindowOpenAndRewindReruns) {
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
-  ASSERT_TRUE(m->OnAggregateCommitted(0, Blake2b("w1"), 12).ok());
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1"), 12).ok());
   m->HoldFinality();
   auto up = m->OnBlock(20);
   ASSERT_TRUE(up.ok());
@@ -185,7 +204,7 @@ TEST(RoundPhaseTest, HoldKeepsTheWindowOpenAndRewindReruns) {
   for (uint32_t s = 0; s < 3; ++s) as.push_back(Assign(c, 0, s, 9, 21, 40));
   ASSERT_TRUE(m->OnAssigned(as).ok());
   for (const Assignment& a : as) ASSERT_TRUE(m->OnUnitCommitted(a.unit, a.node, {}, 22).ok());
-  ASSERT_TRUE(m->OnAggregateCommitted(0, Blake2b("w1b"), 23).ok());
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1b"), 23).ok());
   ASSERT_TRUE(m->OnBlock(30).ok());
   EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);  // still held
   up = m->ReleaseFinality();
@@ -245,6 +264,31 @@ TEST(RoundPhaseTest, DrivesTheScheduler) {
   ASSERT_TRUE(
       m->OnUnitCommitted(victim.unit, r->assignments[0].node, {}, victim.deadline_height + 1).ok());
   EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAggregating);
+}
+
+TEST(RoundPhaseTest, ExpiredAggregatorIsReplaced) {
+  const RoundMachineConfig c = Config(0);
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  RunRound(*m, c, 10);
+  EXPECT_FALSE(m->OnAggregatorAssigned(AggregatorAssignment{c.task, 1, Id(50), 11, 20}).ok());
+  ASSERT_TRUE(m->OnAggregatorAssigned(AggregatorAssignment{c.task, 0, Id(50), 11, 20}).ok());
+  EXPECT_FALSE(m->OnAggregatorAssigned(AggregatorAssignment{c.task, 0, Id(51), 11, 20}).ok());
+  ASSERT_TRUE(m->OnBlock(20).ok());
+  auto up = m->OnBlock(21);
+  ASSERT_TRUE(up.ok());
+  ASSERT_TRUE(up->expired_aggregator.has_value());
+  EXPECT_EQ(up->expired_aggregator->node, Id(50));
+  EXPECT_TRUE(m->NeedsAggregator());
+  EXPECT_EQ(m->AggregatorExcluded(), std::vector<NodeId>{Id(50)});
+  EXPECT_FALSE(m->OnAggregateCommitted(0, Id(50), Blake2b("late"), 21).ok());
+  EXPECT_FALSE(m->OnAggregatorAssigned(AggregatorAssignment{c.task, 0, Id(50), 21, 40}).ok());
+  ASSERT_TRUE(m->OnAggregatorAssigned(AggregatorAssignment{c.task, 0, Id(51), 21, 40}).ok());
+  EXPECT_FALSE(m->OnAggregateCommitted(0, Id(51), Blake2b("w1"), 41).ok());  // after deadline
+  up = m->OnAggregateCommitted(0, Id(51), Blake2b("w1"), 40);
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->finalized_rounds, std::vector<uint32_t>{0});
+  EXPECT_TRUE(m->AggregatorExcluded().empty());  // a new round starts clean
 }
 
 TEST(RoundPhaseTest, CreateRejectsEmptyTask) {

@@ -25,9 +25,10 @@ uint64_t MulDivCeil(uint64_t a, uint64_t b, uint64_t c) {
 
 uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
-uint64_t ScheduleSeed(const Hash256& block_hash, const TaskId& task, uint64_t height) {
-  Hasher h("meshlearn.schedule");
-  h.Update(block_hash).Update(task).UpdateU64(height);
+uint64_t ScheduleSeed(std::string_view domain, const Hash256& block_hash, const TaskId& task,
+                      uint64_t height, uint64_t extra = 0) {
+  Hasher h(domain);
+  h.Update(block_hash).Update(task).UpdateU64(height).UpdateU64(extra);
   const Hash256 d = h.Finish();
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = v << 8 | d.bytes[static_cast<size_t>(i)];
@@ -204,7 +205,7 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
     return result;
   }
 
-  Rng rng(ScheduleSeed(block_hash, task.id, height));
+  Rng rng(ScheduleSeed("meshlearn.schedule", block_hash, task.id, height));
   // Shuffle (Fisher-Yates) so that which nodes get the rounding remainder varies from block to
   // block and is not tied to the order of ids.
   for (size_t i = cands.size() - 1; i > 0; --i) {
@@ -269,6 +270,84 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
     result.assignments.push_back(a);
   }
   return result;
+}
+
+uint64_t EstimatedAggregationMs(const NodeView& node, const TaskSpecView& task,
+                                const SchedulerParams& params) {
+  CHECK_GT(node.throughput_flops, 0u);
+  CHECK_GT(node.bandwidth_bytes_per_s, 0u);
+  const uint64_t units = task.units_per_round;
+  const uint64_t bytes = Saturate(static_cast<U128>(units + 1) * task.model_bytes);
+  const uint64_t transfer_ms = MulDivCeil(bytes, 1000, node.bandwidth_bytes_per_s);
+  const uint64_t latency_ms = static_cast<uint64_t>(params.round_trips_per_unit) * node.latency_ms;
+  const uint64_t flops =
+      Saturate(static_cast<U128>(units) * (task.model_bytes / 4) * kAggregationFlopsPerValue);
+  const uint64_t compute_ms = MulDivCeil(flops, 1000, node.throughput_flops);
+  return std::max<uint64_t>(1, SaturatingAdd(SaturatingAdd(transfer_ms, latency_ms), compute_ms));
+}
+
+Result<AggregatorAssignment> AssignAggregator(const TaskSpecView& task,
+                                              std::span<const NodeView> nodes, uint32_t round,
+                                              std::span<const NodeId> exclude,
+                                              const Hash256& block_hash, uint64_t height,
+                                              const SchedulerParams& params) {
+  ML_RETURN_IF_ERROR(ValidateDecomposition(task));
+  if (params.block_interval_ms == 0) {
+    return InvalidArgument("scheduler: block_interval_ms must be > 0, got 0");
+  }
+  if (round >= task.rounds) {
+    return InvalidArgument("scheduler: round " + std::to_string(round) + " is outside the task's " +
+                           std::to_string(task.rounds) + " rounds");
+  }
+  // Canonical order by id (one O(n) check when already sorted), as in AssignUnits.
+  std::vector<uint32_t> order(nodes.size());
+  std::iota(order.begin(), order.end(), 0u);
+  auto id_less = [&](uint32_t a, uint32_t b) { return nodes[a].id < nodes[b].id; };
+  if (!std::is_sorted(order.begin(), order.end(), id_less)) {
+    std::sort(order.begin(), order.end(), id_less);
+  }
+  std::vector<uint32_t> cand;
+  std::vector<uint64_t> weight;
+  U128 total128 = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const NodeView& n = nodes[order[i]];
+    if (i > 0 && nodes[order[i - 1]].id == n.id) {
+      return InvalidArgument("scheduler: node " + n.id.ShortHex() +
+                             " appears twice in the node list");
+    }
+    if (CheckEligibility(n, task, height, params) != Eligibility::kEligibilityOk) continue;
+    if (std::find(exclude.begin(), exclude.end(), n.id) != exclude.end()) continue;
+    const uint64_t rate =
+        std::max<uint64_t>(1, kRateScale / EstimatedAggregationMs(n, task, params));
+    const uint64_t w = rate * std::max<uint32_t>(1, ReputationPermille(n.reputation));
+    cand.push_back(order[i]);
+    weight.push_back(w);
+    total128 += w;
+  }
+  if (cand.empty()) {
+    return Unavailable("scheduler: no eligible aggregator for round " + std::to_string(round) +
+                       " of task " + task.id.ShortHex());
+  }
+  int shift = 0;
+  while ((total128 >> shift) >= kMaxTotalWeight) ++shift;
+  uint64_t total = 0;
+  for (uint64_t& w : weight) {
+    w = std::max<uint64_t>(1, w >> shift);
+    total += w;
+  }
+  Rng rng(ScheduleSeed("meshlearn.aggregator", block_hash, task.id, height, round));
+  uint64_t r = rng.Uniform(total);
+  size_t j = 0;
+  while (r >= weight[j]) r -= weight[j++];
+  const NodeView& chosen = nodes[cand[j]];
+  AggregatorAssignment a;
+  a.task = task.id;
+  a.round = round;
+  a.node = chosen.id;
+  a.assigned_height = height;
+  a.deadline_height =
+      DeadlineHeight(height, EstimatedAggregationMs(chosen, task, params), 0, params);
+  return a;
 }
 
 std::vector<Assignment> OverdueAssignments(std::span<const Assignment> open, uint64_t height) {

@@ -375,6 +375,45 @@ TEST(SchedulerTest, RejectsBadInput) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(SchedulerTest, AggregatorSelection) {
+  const TaskSpecView t = Task(8);
+  std::vector<NodeView> nodes;
+  for (uint32_t i = 0; i < 4; ++i) nodes.push_back(Node(i));
+  nodes[0].status = NodeStatus::kNodeStatusJailed;
+  nodes[3].bandwidth_bytes_per_s = 2'250'000;  // 9 x 1000 bytes take 4 ms
+  SchedulerParams p;
+  // 9 x 1000 bytes at 1e9 B/s -> 1 ms; 8 x 250 x 64 FLOP at 1e9 FLOP/s -> 1 ms.
+  EXPECT_EQ(EstimatedAggregationMs(nodes[1], t, p), 2u);
+
+  auto a = AssignAggregator(t, nodes, 3, {}, BlockHash(1), kHeight, p);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = AssignAggregator(t, nodes, 3, {}, BlockHash(1), kHeight, p);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(a->round, 3u);
+  EXPECT_EQ(a->task, t.id);
+  EXPECT_EQ(a->deadline_height, kHeight + p.min_deadline_blocks);
+
+  std::map<NodeId, int> count;
+  const std::vector<NodeId> exclude = {nodes[2].id};
+  for (uint64_t blk = 0; blk < 600; ++blk) {
+    auto r = AssignAggregator(t, nodes, 0, exclude, BlockHash(blk), kHeight, p);
+    ASSERT_TRUE(r.ok());
+    ++count[r->node];
+  }
+  EXPECT_EQ(count[nodes[0].id], 0);  // jailed
+  EXPECT_EQ(count[nodes[2].id], 0);  // excluded
+  // Node 1: 2 ms per aggregation; node 3: 4 + 1 = 5 ms -> weights 5 : 2, shares 0.71 : 0.29.
+  EXPECT_GT(count[nodes[1].id], 360);
+  EXPECT_LT(count[nodes[1].id], 500);
+
+  const std::vector<NodeId> everyone = {nodes[1].id, nodes[2].id, nodes[3].id};
+  auto none = AssignAggregator(t, nodes, 0, everyone, BlockHash(0), kHeight, p);
+  EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(AssignAggregator(t, nodes, t.rounds, {}, BlockHash(0), kHeight, p).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(SchedulerTest, TenThousandNodesHeterogeneous) {
   TaskSpecView t = Task(1000);
   t.rounds = 1;

@@ -22,10 +22,14 @@
 //   m->OnBlock(h);                                   // every block, first
 //   auto pending = m->PendingUnits();                // -> AssignUnits -> m->OnAssigned(...)
 //   m->OnUnitCommitted(unit, node, result_hash, h);  // commit transactions
-//   m->OnAggregateCommitted(round, weights_hash, h); // aggregator's transaction
+//   if (m->NeedsAggregator())                        // -> AssignAggregator(...,
+//   m->AggregatorExcluded())
+//     m->OnAggregatorAssigned(aggregator);
+//   m->OnAggregateCommitted(round, node, weights_hash, h);  // aggregator's transaction
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -61,6 +65,8 @@ struct RoundUpdate {
   std::vector<Assignment> expired;
   // Rounds that became final in this event (pay their solvers and aggregator).
   std::vector<uint32_t> finalized_rounds;
+  // The aggregator missed its deadline: penalise it (ApplyMissedDeadline), assign another.
+  std::optional<AggregatorAssignment> expired_aggregator;
 };
 
 struct CommittedUnit {
@@ -93,6 +99,13 @@ class RoundStateMachine {
   // Committed units of the current round, sorted by unit (what the aggregator fetches).
   std::vector<CommittedUnit> CommittedUnits() const;
 
+  // True in the aggregating phase while no aggregator is assigned (AssignAggregator, then
+  // OnAggregatorAssigned).
+  bool NeedsAggregator() const;
+  // Nodes that let this round's aggregation expire; pass to AssignAggregator as `exclude`.
+  const std::vector<NodeId>& AggregatorExcluded() const { return aggregator_excluded_; }
+  const std::optional<AggregatorAssignment>& aggregator() const { return aggregator_; }
+
   // --- events ---------------------------------------------------------------------------------
   // A new block. Heights never decrease. Expires overdue assignments (deadline < height) and
   // closes the verification window when due.
@@ -106,9 +119,13 @@ class RoundStateMachine {
                          uint64_t height);
   // Explicit expiry (e.g. the node deregistered): as if its deadline had passed.
   Result<RoundUpdate> OnUnitExpired(const UnitId& unit);
-  // The aggregator's commit of round `round`'s new global weights.
-  Result<RoundUpdate> OnAggregateCommitted(uint32_t round, const Hash256& new_weights,
-                                           uint64_t height);
+  // AssignAggregator output, in the aggregating phase, for the current round; refused when an
+  // aggregator is already assigned or the node is excluded.
+  Status OnAggregatorAssigned(const AggregatorAssignment& aggregator);
+  // The assigned aggregator's commit of round `round`'s new global weights, at or before its
+  // deadline.
+  Result<RoundUpdate> OnAggregateCommitted(uint32_t round, const NodeId& aggregator,
+                                           const Hash256& new_weights, uint64_t height);
 
   // --- seams for verification -----------------------------------------------------------------
   // While holds are active the window does not close (a dispute is open).
@@ -141,7 +158,10 @@ class RoundStateMachine {
   uint64_t height_ = 0;
   uint64_t window_end_ = 0;
   uint32_t holds_ = 0;
-  Hash256 pending_weights_;  // aggregate of the current round, final when the window closes
+  Hash256 pending_weights_;
+  std::optional<AggregatorAssignment> aggregator_;
+  std::vector<NodeId>
+      aggregator_excluded_;  // aggregate of the current round, final when the window closes
   std::vector<Hash256> weights_history_;
   std::vector<Unit> units_;  // index = shard
 };

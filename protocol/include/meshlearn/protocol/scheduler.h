@@ -114,6 +114,25 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
                                    std::span<const PendingUnit> pending, const Hash256& block_hash,
                                    uint64_t height, const SchedulerParams& params = {});
 
+// Estimated wall time for `node` to aggregate one round, in milliseconds (>= 1): download every
+// unit's delta, combine them, upload the new weights:
+//   ceil((units_per_round + 1) x model_bytes x 1000 / bandwidth) + round_trips x latency
+//   + ceil(units_per_round x (model_bytes / 4) x kAggregationFlopsPerValue x 1000 / throughput).
+// REQUIRES: throughput_flops > 0 and bandwidth_bytes_per_s > 0.
+inline constexpr uint64_t kAggregationFlopsPerValue = 64;  // generous: sorts, Krum distances
+uint64_t EstimatedAggregationMs(const NodeView& node, const TaskSpecView& task,
+                                const SchedulerParams& params);
+
+// Picks the aggregator of round `round`: one eligible node (same rules as for solvers) not in
+// `exclude`, drawn with weight (2^32 / EstimatedAggregationMs) x reputation from the block's
+// randomness; deadline as DeadlineHeight with queue position 0. Unavailable when no node
+// qualifies (retry at a later block).
+Result<AggregatorAssignment> AssignAggregator(const TaskSpecView& task,
+                                              std::span<const NodeView> nodes, uint32_t round,
+                                              std::span<const NodeId> exclude,
+                                              const Hash256& block_hash, uint64_t height,
+                                              const SchedulerParams& params = {});
+
 // Assignments whose deadline has passed at `height` (deadline_height < height), in the order
 // given. The unit is reassigned and the node penalised; a commit for it is no longer accepted.
 std::vector<Assignment> OverdueAssignments(std::span<const Assignment> open, uint64_t height);

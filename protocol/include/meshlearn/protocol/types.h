@@ -96,6 +96,18 @@ struct Assignment {
   bool operator==(const Assignment&) const = default;
 };
 
+// The node that aggregates round `round` of a task and commits its new global weights by
+// `deadline_height`.
+struct AggregatorAssignment {
+  TaskId task;
+  uint32_t round = 0;
+  NodeId node;
+  uint64_t assigned_height = 0;
+  uint64_t deadline_height = 0;
+
+  bool operator==(const AggregatorAssignment&) const = default;
+};
+
 // A unit waiting for a solver, and the nodes that may not take it (they let it expire before).
 struct PendingUnit {
   UnitId unit;
