@@ -245,6 +245,10 @@ EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data) {
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(Env* env, TaskSpec task) {
   ML_ASSIGN_OR_RETURN(TaskData data, LoadTaskData(env, task));
+  return Create(std::move(task), std::move(data));
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(TaskSpec task, TaskData data) {
   std::unique_ptr<Trainer> t(new Trainer(std::move(task), std::move(data)));
   ML_ASSIGN_OR_RETURN(t->state_.model, Model::Create(t->task_.model));
   t->state_.model->Init(t->task_.seed);

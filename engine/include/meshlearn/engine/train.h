@@ -96,6 +96,8 @@ class Trainer {
  public:
   // Loads the data, builds the model, initialises it from task.seed, creates the optimizer.
   static Result<std::unique_ptr<Trainer>> Create(Env* env, TaskSpec task);
+  // Same, with data already loaded by LoadTaskData(env, task) (tests and benchmarks reuse it).
+  static Result<std::unique_ptr<Trainer>> Create(TaskSpec task, TaskData data);
 
   // Continues from a checkpoint of the same task (model and optimizer must match).
   Status Resume(TrainState state);

@@ -1,0 +1,295 @@
+// Training end to end: bitwise determinism across thread counts and SIMD paths, checkpoint resume,
+// task-file errors, the Fashion-MNIST / tiny-GPT quality targets (label "slow") and the PyTorch
+// cross-check of saved models (tools/safetensors_check.py).
+#include "meshlearn/engine/train.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/engine/backend.h"
+#include "meshlearn/engine/safetensors.h"
+
+namespace meshlearn::engine {
+namespace {
+
+const std::string kSrc = MESHLEARN_SOURCE_DIR;
+
+bool HaveFashion() {
+  return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+}
+
+TaskSpec LoadExample(const std::string& name) {
+  Result<TaskSpec> t = TaskSpec::Load(Env::Default(), kSrc + "/examples/" + name);
+  CHECK(t.ok()) << t.status().ToString();
+  return *t;
+}
+
+// Restores the process-wide kernel configuration when a test ends.
+class KernelConfigGuard {
+ public:
+  KernelConfigGuard() : saved_(GetKernelConfig()) {}
+  ~KernelConfigGuard() { CHECK(SetKernelConfig(saved_).ok()); }
+
+ private:
+  KernelConfig saved_;
+};
+
+std::vector<KernelConfig> AllConfigs() {
+  std::vector<KernelConfig> out;
+  for (SimdPath p : {SimdPath::kScalar, SimdPath::kAvx2, SimdPath::kAvx512}) {
+    if (!SimdPathSupported(p)) continue;
+    for (int threads : {1, 2, 4}) out.push_back({p, threads});
+  }
+  return out;
+}
+
+// Trains `steps` steps of `task` under every kernel configuration; all state hashes must agree.
+void ExpectSameHashEverywhere(TaskSpec task, int64_t steps) {
+  KernelConfigGuard guard;
+  Result<TaskData> data = LoadTaskData(Env::Default(), task);
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  std::string first, first_name;
+  for (const KernelConfig& c : AllConfigs()) {
+    ASSERT_TRUE(SetKernelConfig(c).ok());
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(task, *data);
+    ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+    float loss = 0;
+    for (int64_t s = 0; s < steps; ++s) loss = (*tr)->Step();
+    EXPECT_TRUE(std::isfinite(loss));
+    const std::string h = StateHash((*tr)->state()).ToHex();
+    const std::string name = std::string(SimdPathName(c.simd)) + "/" + std::to_string(c.threads);
+    std::printf("  %-10s %s loss %.6f\n", name.c_str(), h.c_str(), loss);
+    if (first.empty()) {
+      first = h;
+      first_name = name;
+    } else {
+      EXPECT_EQ(h, first) << name << " differs from " << first_name;
+    }
+  }
+}
+
+TEST(DeterminismTest, MlpStateHashSameForAllThreadsAndSimd) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed at /usr/share/datasets";
+  TaskSpec t = LoadExample("fashion-mlp.toml");
+  t.batch_size = 64;
+  ExpectSameHashEverywhere(t, 5);
+}
+
+TEST(DeterminismTest, CnnStateHashSameForAllThreadsAndSimd) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed at /usr/share/datasets";
+  TaskSpec t = LoadExample("fashion-cnn.toml");
+  t.batch_size = 16;
+  ExpectSameHashEverywhere(t, 3);
+}
+
+TEST(DeterminismTest, TinyGptStateHashSameForAllThreadsAndSimd) {
+  TaskSpec t = LoadExample("tiny-gpt.toml");
+  t.batch_size = 4;
+  ExpectSameHashEverywhere(t, 3);
+}
+
+TEST(DeterminismTest, ResumeFromCheckpointGivesTheSameState) {
+  TaskSpec t = LoadExample("tiny-gpt.toml");
+  t.batch_size = 2;
+  t.seq_len = 16;
+  Result<std::unique_ptr<Trainer>> a = Trainer::Create(Env::Default(), t);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  for (int s = 0; s < 6; ++s) (*a)->Step();
+  Result<std::unique_ptr<Trainer>> b = Trainer::Create(Env::Default(), t);
+  ASSERT_TRUE(b.ok());
+  for (int s = 0; s < 3; ++s) (*b)->Step();
+  MemEnv env;
+  ASSERT_TRUE(SaveCheckpoint(&env, "/ckpt.safetensors", (*b)->state()).ok());
+  Result<TrainState> loaded = LoadCheckpoint(&env, "/ckpt.safetensors");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(StateHash(*loaded), StateHash((*b)->state()));
+  Result<std::unique_ptr<Trainer>> c = Trainer::Create(Env::Default(), t);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Resume(std::move(*loaded)).ok());
+  for (int s = 0; s < 3; ++s) (*c)->Step();
+  EXPECT_EQ(StateHash((*c)->state()), StateHash((*a)->state()));
+  // A different stream trains on different batches.
+  t.stream = 1;
+  Result<std::unique_ptr<Trainer>> d = Trainer::Create(Env::Default(), t);
+  ASSERT_TRUE(d.ok());
+  for (int s = 0; s < 6; ++s) (*d)->Step();
+  EXPECT_NE(StateHash((*d)->state()), StateHash((*a)->state()));
+}
+
+TEST(CheckpointTest, TamperedCheckpointIsRefused) {
+  TaskSpec t = LoadExample("tiny-gpt.toml");
+  t.batch_size = 2;
+  t.seq_len = 8;
+  Result<std::unique_ptr<Trainer>> a = Trainer::Create(Env::Default(), t);
+  ASSERT_TRUE(a.ok());
+  (*a)->Step();
+  MemEnv env;
+  ASSERT_TRUE(SaveCheckpoint(&env, "/c", (*a)->state()).ok());
+  std::string bytes = *env.ReadFile("/c");
+  bytes[bytes.size() - 3] ^= 0x40;  // flip a bit in the last tensor
+  ASSERT_TRUE(env.WriteFileAtomic("/c", bytes).ok());
+  Result<TrainState> st = LoadCheckpoint(&env, "/c");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("state hash mismatch"), std::string::npos)
+      << st.status().message();
+  // A model file is not a checkpoint: resuming from it is refused with a reason.
+  ASSERT_TRUE(SaveModel(&env, "/m", (*a)->state()).ok());
+  Result<TrainState> m = LoadCheckpoint(&env, "/m");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Status s = (*a)->Resume(std::move(*m));
+  EXPECT_NE(s.message().find("no optimizer state"), std::string::npos) << s.ToString();
+}
+
+void ExpectTaskError(const std::string& toml, const std::string& needle, bool names_task = true) {
+  Result<TaskSpec> t = TaskSpec::Parse(toml, "bad.toml", "");
+  Status s = t.status();
+  if (t.ok()) s = Trainer::Create(Env::Default(), *t).status();
+  ASSERT_FALSE(s.ok()) << "accepted; expected: " << needle;
+  EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  if (names_task) {
+    EXPECT_NE(s.message().find("bad.toml"), std::string::npos) << s.message();
+  }
+}
+
+const char kGoodTail[] = R"(
+[model]
+kind = "gpt"
+n_layer = 1
+n_head = 1
+n_embd = 8
+block_size = 8
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[train]
+steps = 1
+batch_size = 1
+)";
+
+TEST(TaskTest, MalformedTaskFilesGiveClearErrors) {
+  const std::string data = "[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n";
+  ExpectTaskError("[dta]\n" + data + kGoodTail, "unknown key 'dta'");
+  ExpectTaskError("[data]\nformat = \"csv\"\n" + std::string(kGoodTail), "format");
+  ExpectTaskError(data + "[model]\nkind = \"gpt\"\n", "n_layer");
+  std::string tail = kGoodTail;
+  ExpectTaskError(data + tail.substr(0, tail.find("[train]")) + "[train]\nsteps = 1\n", "batch_size");
+  ExpectTaskError(
+      "[data]\nformat = \"idx\"\ntrain_images = \"a\"\ntrain_labels = \"b\"\ntest_images = \"c\"\n"
+      "test_labels = \"d\"\n" + std::string(kGoodTail),
+      "does not fit data.format");
+  ExpectTaskError(data + std::string(kGoodTail) + "seq_len = 9\n", "seq_len");
+  ExpectTaskError("[data]\nformat = \"text\"\npath = \"/nonexistent/x.txt\"\n" + std::string(kGoodTail),
+                  "/nonexistent/x.txt", /*names_task=*/false);
+}
+
+// ---- Quality targets (label "slow") ------------------------------------------------------------
+
+EvalResult TrainExample(const std::string& name, double* seconds) {
+  TaskSpec t = LoadExample(name);
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), t);
+  CHECK(tr.ok()) << tr.status().ToString();
+  auto start = std::chrono::steady_clock::now();
+  while ((*tr)->state().step < t.steps) (*tr)->Step();
+  EvalResult r = (*tr)->Evaluate();
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("  %s: %lld steps, test loss %.4f, accuracy %.4f, %.1f s, state %s\n", name.c_str(),
+              static_cast<long long>(t.steps), r.loss, r.accuracy, *seconds,
+              StateHash((*tr)->state()).ShortHex().c_str());
+  return r;
+}
+
+TEST(TrainQualityTest, FashionMlpReachesTarget) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed at /usr/share/datasets";
+  double secs;
+  EvalResult r = TrainExample("fashion-mlp.toml", &secs);
+  EXPECT_GE(r.accuracy, 0.88);
+}
+
+TEST(TrainQualityTest, FashionCnnReachesTarget) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed at /usr/share/datasets";
+  double secs;
+  EvalResult r = TrainExample("fashion-cnn.toml", &secs);
+  EXPECT_GE(r.accuracy, 0.91);
+}
+
+TEST(TrainQualityTest, TinyGptLossFallsBelowUniform) {
+  TaskSpec t = LoadExample("tiny-gpt.toml");
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), t);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  const double uniform = std::log(static_cast<double>(t.model.gpt.vocab_size == 0
+                                                          ? (*tr)->task().model.gpt.vocab_size
+                                                          : t.model.gpt.vocab_size));
+  EvalResult before = (*tr)->Evaluate();
+  while ((*tr)->state().step < t.steps) (*tr)->Step();
+  EvalResult after = (*tr)->Evaluate();
+  std::printf("  tiny-gpt: uniform log(V) %.3f, val loss %.4f -> %.4f after %lld steps\n", uniform,
+              before.loss, after.loss, static_cast<long long>(t.steps));
+  EXPECT_NEAR(before.loss, uniform, 0.3);
+  EXPECT_LT(after.loss, 0.6 * uniform);
+}
+
+// ---- PyTorch cross-check (label "slow") --------------------------------------------------------
+
+bool TorchAvailable() {
+  return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+}
+
+// Trains a few steps, saves the model and a fixture (inputs + meshlearn's logits), and asks
+// tools/safetensors_check.py to rebuild the model in PyTorch and compare predictions.
+void CheckWithTorch(const std::string& example, int64_t steps) {
+  TaskSpec t = LoadExample(example);
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), t);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  for (int64_t s = 0; s < steps; ++s) (*tr)->Step();
+  const std::string dir = std::string(MESHLEARN_BINARY_DIR) + "/engine_model_test_torch";
+  ASSERT_TRUE(Env::Default()->CreateDirs(dir).ok());
+  const std::string model_path = dir + "/" + t.name + ".safetensors";
+  const std::string fixture_path = dir + "/" + t.name + ".fixture.safetensors";
+  ASSERT_TRUE(SaveModel(Env::Default(), model_path, (*tr)->state()).ok());
+  Batch b;
+  const TaskData& d = (*tr)->data();
+  if (d.tokens) {
+    std::vector<int64_t> starts = {0, 100, 200, 300};
+    b = MakeTokenBatch(d.val_tokens, starts, t.seq_len);
+  } else {
+    std::vector<int64_t> idx(256);
+    for (int i = 0; i < 256; ++i) idx[i] = i;
+    b = MakeClassificationBatch(d.test, idx);
+  }
+  Model& m = *(*tr)->state().model;
+  m.Forward(b, ForwardOptions{});
+  TensorView lg = m.logits();
+  SafetensorsWriter w;
+  if (d.tokens) {
+    w.AddI32("tokens", {b.size, b.seq_len}, b.tokens.data());
+  } else {
+    w.AddF32("inputs", b.inputs);
+  }
+  w.AddF32("logits", lg.shape(), lg.data());
+  ASSERT_TRUE(w.Write(Env::Default(), fixture_path).ok());
+  const std::string cmd = "/usr/bin/python3 " + kSrc + "/tools/safetensors_check.py " + model_path +
+                          " --fixture " + fixture_path;
+  std::printf("  %s\n", cmd.c_str());
+  std::fflush(stdout);
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+TEST(TorchCheckTest, PyTorchPredictsTheSame) {
+  if (!TorchAvailable()) {
+    GTEST_SKIP() << "/usr/bin/python3 cannot import torch; install python3-torch to run the "
+                    "PyTorch cross-check";
+  }
+  CheckWithTorch("tiny-gpt.toml", 20);
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed at /usr/share/datasets";
+  CheckWithTorch("fashion-mlp.toml", 50);
+  CheckWithTorch("fashion-cnn.toml", 20);
+}
+
+}  // namespace
+}  // namespace meshlearn::engine
