@@ -42,8 +42,8 @@ Result<std::unique_ptr<Chain>> Chain::Open(const std::string& db_path, const Gen
   } else {
     head = *meta;
     if (head.genesis_hash != gh) {
-      return FailedPrecondition(db_path + ": ledger database was created from genesis " +
-                                head.genesis_hash.ToHex() + ", but the given genesis hashes to " +
+      return FailedPrecondition(db_path + ": ledger database was created from a different genesis (" +
+                                head.genesis_hash.ToHex() + "); the given genesis hashes to " +
                                 gh.ToHex() + "; use the network's genesis file or a new database");
     }
     ML_RETURN_IF_ERROR(store->LoadState(state.get()));

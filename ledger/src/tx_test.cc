@@ -2,24 +2,141 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/rng.h"
+#include "test_util.h"
+
 namespace meshlearn::ledger {
 namespace {
 
-KeyPair Key(uint8_t i) {
-  KeySeed s;
-  s.bytes.fill(i);
-  return KeyPair::FromSeed(s);
+using testing::TestKey;
+
+// One sample payload of every type, with every field set.
+std::vector<TxPayload> SamplePayloads() {
+  PublicKey k = TestKey(9).public_key();
+  NodeCapabilities caps{.cores = 16, .memory_bytes = 1ull << 35, .accelerator = "cuda:H200",
+                        .throughput = 777};
+  std::vector<TxPayload> out = {
+      TransferTx{.to = k, .amount = 12345, .memo = "rent"},
+      FaucetTx{.recipient = k, .amount = 99},
+      StakeTx{.node_id = k, .amount = 1},
+      UnstakeTx{.node_id = k, .amount = 2},
+      WithdrawTx{},
+      RegisterNodeTx{.node_id = k, .endpoint = "http://h:1", .roles = kRoleSolver | kRoleAggregator,
+                     .capabilities = caps, .price = 3, .stake = 400},
+      UpdateNodeTx{.node_id = k, .endpoint = "http://h:2", .roles = kRoleVerifier,
+                   .capabilities = caps, .price = 4},
+      HeartbeatTx{.node_id = k},
+      LeaveNodeTx{.node_id = k},
+      SubmitTaskTx{.spec_hash = Blake2b("spec"), .budget = 1000, .price_cap = 10, .memo = "m"},
+      CancelTaskTx{.task_id = Blake2b("task")},
+  };
+  return out;
 }
 
-TEST(TxTest, EncodeDecodeRoundTrip) {
-  KeyPair a = Key(1), b = Key(2);
-  Transaction tx = BuildSignedTx(a, "test", 7, TransferTx{.to = b.public_key(), .amount = 5});
-  Bytes wire = EncodeTx(tx);
-  auto back = DecodeTx(wire);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
-  EXPECT_EQ(*back, tx);
-  EXPECT_EQ(TxId(*back), TxId(tx));
-  EXPECT_TRUE(VerifyTxSignature(*back));
+TEST(TxTest, SamplesCoverEveryType) {
+  std::set<TxType> seen;
+  for (const TxPayload& p : SamplePayloads()) seen.insert(PayloadType(p));
+  EXPECT_EQ(seen.size(), std::variant_size_v<TxPayload>);
+}
+
+TEST(TxTest, EveryTypeRoundTripsThroughBytesAndJson) {
+  KeyPair a = TestKey(1);
+  for (const TxPayload& p : SamplePayloads()) {
+    Transaction tx = BuildSignedTx(a, "test", 7, p, /*fee=*/2);
+    SCOPED_TRACE(TxTypeName(PayloadType(p)));
+    EXPECT_TRUE(VerifyTxSignature(tx));
+    auto back = DecodeTx(EncodeTx(tx));
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, tx);
+    EXPECT_EQ(TxId(*back), TxId(tx));
+    nlohmann::json j = TxToJson(tx);
+    EXPECT_EQ(j["type"], std::string(TxTypeName(PayloadType(p))));
+    EXPECT_EQ(j["id"], TxId(tx).ToHex());
+    auto from_json = TxFromJson(nlohmann::json::parse(j.dump()));
+    ASSERT_TRUE(from_json.ok()) << from_json.status().ToString();
+    EXPECT_EQ(*from_json, tx);
+    EXPECT_EQ(TxTypeFromName(TxTypeName(PayloadType(p))).value(), PayloadType(p));
+  }
+}
+
+TEST(TxTest, DecodeRefusesEveryTruncationAndTrailingByte) {
+  KeyPair a = TestKey(1);
+  for (const TxPayload& p : SamplePayloads()) {
+    Bytes wire = EncodeTx(BuildSignedTx(a, "test", 1, p));
+    for (size_t n = 0; n < wire.size(); ++n) {
+      EXPECT_FALSE(DecodeTx(ByteSpan(wire.data(), n)).ok()) << n;
+    }
+    wire.push_back(0);
+    auto r = DecodeTx(wire);
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("trailing"), std::string::npos) << r.status().ToString();
+  }
+}
+
+TEST(TxTest, DecodeRefusesUnknownTypeVersionAndOversize) {
+  Bytes wire = EncodeTx(BuildSignedTx(TestKey(1), "test", 1, WithdrawTx{}));
+  // Layout: version(1) chain_id(4+4) sender(32) nonce(8) fee(8) type(2).
+  size_t type_at = 1 + 4 + 4 + 32 + 8 + 8;
+  Bytes bad = wire;
+  bad[type_at] = 0xff;
+  EXPECT_NE(DecodeTx(bad).status().message().find("unknown type"), std::string::npos);
+  bad = wire;
+  bad[0] = 9;
+  EXPECT_NE(DecodeTx(bad).status().message().find("version"), std::string::npos);
+  Bytes big(kMaxTxBytes + 1, 1);
+  EXPECT_EQ(DecodeTx(big).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(TxTest, SignatureCoversEverything) {
+  KeyPair a = TestKey(1);
+  Transaction tx = BuildSignedTx(a, "test", 1, TransferTx{.to = TestKey(2).public_key(), .amount = 5});
+  Transaction t = tx;
+  t.nonce = 2;
+  EXPECT_FALSE(VerifyTxSignature(t));
+  t = tx;
+  t.chain_id = "other";
+  EXPECT_FALSE(VerifyTxSignature(t));
+  t = tx;
+  t.fee = 1;
+  EXPECT_FALSE(VerifyTxSignature(t));
+  t = tx;
+  t.sender = TestKey(2).public_key();
+  EXPECT_FALSE(VerifyTxSignature(t));
+  t = tx;
+  t.payload = FaucetTx{.recipient = TestKey(2).public_key(), .amount = 5};
+  EXPECT_FALSE(VerifyTxSignature(t));
+}
+
+TEST(TxTest, PayloadFromJsonForTheCli) {
+  auto p = PayloadFromJson(nlohmann::json::parse(
+      R"({"type":"Transfer","to":")" + TestKey(2).public_key().ToHex() + R"(","amount":5})"));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(std::get<TransferTx>(*p).amount, 5u);
+  EXPECT_EQ(std::get<TransferTx>(*p).memo, "");
+  // Typos, wrong types, negative amounts, unknown types are refused with the field named.
+  auto bad = PayloadFromJson(nlohmann::json::parse(R"({"type":"Transfer","amonut":5})"));
+  EXPECT_NE(bad.status().message().find("amonut"), std::string::npos);
+  bad = PayloadFromJson(nlohmann::json::parse(R"({"type":"Transfer","amount":-5})"));
+  EXPECT_NE(bad.status().message().find("amount"), std::string::npos);
+  bad = PayloadFromJson(nlohmann::json::parse(R"({"type":"Transfer","amount":"5"})"));
+  EXPECT_FALSE(bad.ok());
+  bad = PayloadFromJson(nlohmann::json::parse(R"({"type":"Tranfser"})"));
+  EXPECT_NE(bad.status().message().find("unknown transaction type"), std::string::npos);
+  bad = PayloadFromJson(nlohmann::json::parse(R"({"type":"RegisterNode","capabilities":{"cpus":1}})"));
+  EXPECT_NE(bad.status().message().find("cpus"), std::string::npos);
+  bad = PayloadFromJson(nlohmann::json::parse(R"([1,2])"));
+  EXPECT_FALSE(bad.ok());
+  bad = PayloadFromJson(nlohmann::json::parse(R"({"type":"RegisterNode","capabilities":[1]})"));
+  EXPECT_FALSE(bad.ok());
+}
+
+TEST(TxTest, RolesParse) {
+  EXPECT_EQ(ParseRoles("solver,verifier").value(), kRoleSolver | kRoleVerifier);
+  EXPECT_EQ(ParseRoles("aggregator, whistleblower").value(),
+            kRoleAggregator | kRoleWhistleblower);
+  EXPECT_FALSE(ParseRoles("").ok());
+  EXPECT_FALSE(ParseRoles("miner").ok());
+  EXPECT_EQ(RolesToString(kAllRoles), "solver,verifier,whistleblower,aggregator");
 }
 
 }  // namespace

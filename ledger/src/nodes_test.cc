@@ -1,0 +1,154 @@
+// RegisterNode, UpdateNode, Heartbeat, LeaveNode.
+#include "test_util.h"
+
+namespace meshlearn::ledger {
+namespace {
+
+using testing::ChainFixture;
+using testing::TestKey;
+
+class NodesTest : public ChainFixture {
+ protected:
+  RegisterNodeTx Reg(const KeyPair& node, Amount stake = 100) {
+    return RegisterNodeTx{.node_id = node.public_key(),
+                          .endpoint = "http://127.0.0.1:7000",
+                          .roles = kRoleSolver | kRoleVerifier,
+                          .capabilities = {.cores = 8,
+                                           .memory_bytes = 16ull << 30,
+                                           .accelerator = "",
+                                           .throughput = 1234},
+                          .price = 5,
+                          .stake = stake};
+  }
+  KeyPair node1_ = TestKey(50);
+  KeyPair node2_ = TestKey(51);
+};
+
+TEST_F(NodesTest, RegisterBondsStakeAndRecordsEverything) {
+  Produce({});  // height 1, so joined_height is 2
+  Receipt r = Run(Tx(alice_, Reg(node1_, 150)));
+  ASSERT_TRUE(r.ok) << r.reason;
+  auto n = chain_->GetNode(node1_.public_key());
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->owner, alice_.public_key());
+  EXPECT_EQ(n->stake, 150u);
+  EXPECT_EQ(n->status, NodeStatus::kActive);
+  EXPECT_EQ(n->capabilities.throughput, 1234u);
+  EXPECT_EQ(n->reputation.joined_height, 2u);
+  EXPECT_EQ(n->last_heartbeat_height, 2u);
+  EXPECT_EQ(Balance(alice_), kFunds - 150);
+  EXPECT_EQ(chain_->GetTotals().staked, 150u);
+}
+
+TEST_F(NodesTest, OneAccountOwnsSeveralNodes) {
+  EXPECT_TRUE(Run(Tx(alice_, Reg(node1_))).ok);
+  EXPECT_TRUE(Run(Tx(alice_, Reg(node2_))).ok);
+  auto nodes = chain_->ListNodes(0, 10);
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].owner, alice_.public_key());
+  EXPECT_EQ(nodes[1].owner, alice_.public_key());
+  EXPECT_EQ(chain_->ListNodes(1, 10).size(), 1u);
+  EXPECT_EQ(chain_->ListNodes(2, 10).size(), 0u);
+  EXPECT_EQ(chain_->ListNodes(0, 1).size(), 1u);
+}
+
+TEST_F(NodesTest, RegisterFailures) {
+  Receipt r = Run(Tx(alice_, Reg(node1_, 99)));
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("below the minimum"), std::string::npos) << r.reason;
+  RegisterNodeTx bad = Reg(node1_);
+  bad.roles = 0;
+  EXPECT_FALSE(Run(Tx(alice_, bad)).ok);
+  bad = Reg(node1_);
+  bad.roles = 1u << 7;
+  EXPECT_FALSE(Run(Tx(alice_, bad)).ok);
+  bad = Reg(node1_);
+  bad.endpoint = "";
+  EXPECT_FALSE(Run(Tx(alice_, bad)).ok);
+  bad = Reg(node1_, kFunds + 1);
+  r = Run(Tx(alice_, bad));
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("insufficient funds"), std::string::npos) << r.reason;
+  EXPECT_FALSE(chain_->GetNode(node1_.public_key()).ok());
+  EXPECT_EQ(Balance(alice_), kFunds);
+  // Registered once; a second registration (even by another account) is refused.
+  EXPECT_TRUE(Run(Tx(alice_, Reg(node1_))).ok);
+  r = Run(Tx(bob_, Reg(node1_)));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.code, StatusCode::kAlreadyExists);
+  EXPECT_EQ(Balance(bob_), kFunds);
+}
+
+TEST_F(NodesTest, UpdateNode) {
+  ASSERT_TRUE(Run(Tx(alice_, Reg(node1_))).ok);
+  UpdateNodeTx u{.node_id = node1_.public_key(),
+                 .endpoint = "http://10.0.0.1:9000",
+                 .roles = kRoleAggregator,
+                 .capabilities = {.cores = 2, .memory_bytes = 1, .accelerator = "cuda:H200",
+                                  .throughput = 9},
+                 .price = 11};
+  Receipt r = Run(Tx(alice_, u));
+  ASSERT_TRUE(r.ok) << r.reason;
+  auto n = chain_->GetNode(node1_.public_key());
+  EXPECT_EQ(n->endpoint, "http://10.0.0.1:9000");
+  EXPECT_EQ(n->roles, kRoleAggregator);
+  EXPECT_EQ(n->capabilities.accelerator, "cuda:H200");
+  EXPECT_EQ(n->price, 11u);
+  // Not the owner.
+  r = Run(Tx(bob_, u));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.code, StatusCode::kPermissionDenied);
+  // Unknown node.
+  u.node_id = node2_.public_key();
+  r = Run(Tx(alice_, u));
+  EXPECT_EQ(r.code, StatusCode::kNotFound);
+}
+
+TEST_F(NodesTest, UpdateNeedsStakeForNewRoles) {
+  genesis_.params.min_stake_aggregator = 500;
+  testing::TempDir other;
+  chain_ = std::move(*Chain::Open(other.File("x.db"), genesis_));
+  ASSERT_TRUE(Run(Tx(alice_, Reg(node1_, 100))).ok);
+  Receipt r = Run(Tx(alice_, UpdateNodeTx{.node_id = node1_.public_key(),
+                                          .endpoint = "http://x:1",
+                                          .roles = kRoleAggregator}));
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("below the minimum"), std::string::npos) << r.reason;
+}
+
+TEST_F(NodesTest, Heartbeat) {
+  ASSERT_TRUE(Run(Tx(alice_, Reg(node1_))).ok);
+  Produce({});
+  Produce({});
+  Receipt r = Run(Tx(alice_, HeartbeatTx{.node_id = node1_.public_key()}));
+  ASSERT_TRUE(r.ok) << r.reason;
+  EXPECT_EQ(chain_->GetNode(node1_.public_key())->last_heartbeat_height, chain_->Height());
+  EXPECT_FALSE(Run(Tx(bob_, HeartbeatTx{.node_id = node1_.public_key()})).ok);
+  EXPECT_FALSE(Run(Tx(alice_, HeartbeatTx{.node_id = node2_.public_key()})).ok);
+}
+
+TEST_F(NodesTest, LeaveUnbondsEverythingAndCanComeBack) {
+  ASSERT_TRUE(Run(Tx(alice_, Reg(node1_, 300))).ok);
+  ASSERT_TRUE(Run(Tx(alice_, LeaveNodeTx{.node_id = node1_.public_key()})).ok);
+  auto n = chain_->GetNode(node1_.public_key());
+  EXPECT_EQ(n->status, NodeStatus::kUnbonding);
+  EXPECT_EQ(n->stake, 0u);
+  auto a = chain_->GetAccount(alice_.public_key());
+  ASSERT_EQ(a->unbonding.size(), 1u);
+  EXPECT_EQ(a->unbonding[0].amount, 300u);
+  EXPECT_EQ(a->unbonding[0].release_height, chain_->Height() + genesis_.params.unbonding_delay_blocks);
+  EXPECT_EQ(chain_->GetTotals().unbonding, 300u);
+  // Leaving twice, heartbeating or staking after leaving fail.
+  EXPECT_FALSE(Run(Tx(alice_, LeaveNodeTx{.node_id = node1_.public_key()})).ok);
+  EXPECT_FALSE(Run(Tx(alice_, HeartbeatTx{.node_id = node1_.public_key()})).ok);
+  EXPECT_FALSE(Run(Tx(alice_, StakeTx{.node_id = node1_.public_key(), .amount = 5})).ok);
+  // Someone else cannot take the id; the owner can come back and keeps the record.
+  EXPECT_FALSE(Run(Tx(bob_, Reg(node1_))).ok);
+  Receipt r = Run(Tx(alice_, Reg(node1_, 100)));
+  ASSERT_TRUE(r.ok) << r.reason;
+  EXPECT_EQ(chain_->GetNode(node1_.public_key())->status, NodeStatus::kActive);
+  EXPECT_EQ(chain_->GetNode(node1_.public_key())->reputation.joined_height, 1u);
+}
+
+}  // namespace
+}  // namespace meshlearn::ledger

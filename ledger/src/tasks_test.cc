@@ -1,0 +1,138 @@
+// SubmitTask, CancelTask, and the escrow / work-unit primitives.
+#include "execute.h"
+#include "test_util.h"
+
+namespace meshlearn::ledger {
+namespace {
+
+using testing::ChainFixture;
+using testing::TestKey;
+
+class TasksTest : public ChainFixture {
+ protected:
+  SubmitTaskTx Submit(Amount budget) {
+    return SubmitTaskTx{
+        .spec_hash = Blake2b("spec"), .budget = budget, .price_cap = 10, .memo = "mnist"};
+  }
+};
+
+TEST_F(TasksTest, SubmitEscrowsBudget) {
+  Transaction tx = Tx(alice_, Submit(5000));
+  Hash256 id = TaskIdFor(alice_.public_key(), tx.nonce);
+  Receipt r = Run(tx);
+  ASSERT_TRUE(r.ok) << r.reason;
+  auto t = chain_->GetTask(id);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->escrow, 5000u);
+  EXPECT_EQ(t->status, TaskStatus::kOpen);
+  EXPECT_EQ(t->memo, "mnist");
+  EXPECT_EQ(Balance(alice_), kFunds - 5000);
+  EXPECT_EQ(chain_->GetTotals().escrow, 5000u);
+  EXPECT_EQ(chain_->ListTasks(0, 10).size(), 1u);
+}
+
+TEST_F(TasksTest, SubmitFailures) {
+  Receipt r = Run(Tx(alice_, Submit(kFunds + 1)));
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("insufficient funds"), std::string::npos);
+  r = Run(Tx(alice_, Submit(UINT64_MAX)));
+  EXPECT_FALSE(r.ok);
+  EXPECT_FALSE(Run(Tx(alice_, Submit(0))).ok);
+  SubmitTaskTx s = Submit(100);
+  s.spec_hash = Hash256{};
+  EXPECT_FALSE(Run(Tx(alice_, s)).ok);
+  s = Submit(100);
+  s.price_cap = 101;
+  EXPECT_FALSE(Run(Tx(alice_, s)).ok);
+  EXPECT_EQ(Balance(alice_), kFunds);
+  EXPECT_TRUE(chain_->ListTasks(0, 10).empty());
+}
+
+TEST_F(TasksTest, CancelRefundsUnspent) {
+  Transaction tx = Tx(alice_, Submit(5000));
+  Hash256 id = TaskIdFor(alice_.public_key(), tx.nonce);
+  ASSERT_TRUE(Run(tx).ok);
+  EXPECT_EQ(Run(Tx(bob_, CancelTaskTx{.task_id = id})).code, StatusCode::kPermissionDenied);
+  EXPECT_EQ(Run(Tx(alice_, CancelTaskTx{.task_id = Blake2b("nope")})).code, StatusCode::kNotFound);
+  Receipt r = Run(Tx(alice_, CancelTaskTx{.task_id = id}));
+  ASSERT_TRUE(r.ok) << r.reason;
+  auto t = chain_->GetTask(id);
+  EXPECT_EQ(t->status, TaskStatus::kCancelled);
+  EXPECT_EQ(t->escrow, 0u);
+  EXPECT_EQ(t->refunded, 5000u);
+  EXPECT_EQ(Balance(alice_), kFunds);
+  r = Run(Tx(alice_, CancelTaskTx{.task_id = id}));
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("cancelled"), std::string::npos) << r.reason;
+}
+
+// The work-unit lifecycle on a bare state, as the network issue will drive it.
+TEST(TaskPrimitivesTest, WorkUnitLifecyclePaysAndKeepsBooks) {
+  KeyPair submitter = TestKey(80), owner = TestKey(81), node = TestKey(82);
+  Genesis g = DevnetGenesis({submitter.public_key(), owner.public_key()}, 10'000, "prim");
+  g.params.treasury_cut_bps = 1000;  // 10%
+  LedgerState s = LedgerState::FromGenesis(g);
+  NodeRecord n;
+  n.id = node.public_key();
+  n.owner = owner.public_key();
+  n.roles = kRoleSolver;
+  s.nodes.Put(n.id, n);
+  Hash256 id = TaskIdFor(submitter.public_key(), 0);
+  TaskRecord t;
+  t.id = id;
+  t.submitter = submitter.public_key();
+  t.budget = t.escrow = 1000;
+  t.price_cap = 300;
+  s.tasks.Put(id, t);
+  ASSERT_TRUE(Debit(s, submitter.public_key(), 1000, "budget").ok());
+  ASSERT_TRUE(s.ComputeTotals().Check().ok());
+
+  uint32_t u0 = 99, u1 = 99;
+  ASSERT_TRUE(AddWorkUnit(s, id, &u0).ok());
+  ASSERT_TRUE(AddWorkUnit(s, id, &u1).ok());
+  EXPECT_EQ(u0, 0u);
+  EXPECT_EQ(u1, 1u);
+  EXPECT_FALSE(CommitWorkUnit(s, id, u0, Blake2b("r")).ok());  // not assigned
+  ASSERT_TRUE(AssignWorkUnit(s, id, u0, node.public_key(), 50).ok());
+  ASSERT_TRUE(AssignWorkUnit(s, id, u1, node.public_key(), 50).ok());
+  EXPECT_FALSE(AssignWorkUnit(s, id, u0, node.public_key(), 50).ok());  // already assigned
+  ASSERT_TRUE(CommitWorkUnit(s, id, u0, Blake2b("r")).ok());
+  EXPECT_FALSE(SettleWorkUnit(s, g.params, id, u0, 301).ok());  // over the price cap
+  ASSERT_TRUE(SettleWorkUnit(s, g.params, id, u0, 200).ok());
+  EXPECT_EQ(s.accounts.Find(owner.public_key())->balance, 10'000u + 180);
+  EXPECT_EQ(s.g().treasury, 20u);
+  EXPECT_EQ(s.tasks.Find(id)->escrow, 800u);
+  EXPECT_EQ(s.tasks.Find(id)->spent, 200u);
+  EXPECT_EQ(s.nodes.Find(node.public_key())->reputation.clean_streak, 1u);
+  ASSERT_TRUE(s.ComputeTotals().Check().ok());
+
+  ASSERT_TRUE(FailWorkUnit(s, id, u1).ok());
+  EXPECT_EQ(s.nodes.Find(node.public_key())->reputation.failures, 1u);
+  EXPECT_EQ(s.nodes.Find(node.public_key())->reputation.clean_streak, 0u);
+
+  ASSERT_TRUE(CloseTask(s, id, TaskStatus::kFinished).ok());
+  EXPECT_EQ(s.accounts.Find(submitter.public_key())->balance, 10'000u - 200);
+  EXPECT_EQ(s.tasks.Find(id)->refunded, 800u);
+  EXPECT_FALSE(PayFromEscrow(s, g.params, id, owner.public_key(), 1).ok());  // closed
+  EXPECT_FALSE(AddWorkUnit(s, id, &u0).ok());
+  ASSERT_TRUE(s.ComputeTotals().Check().ok());
+}
+
+TEST(TaskPrimitivesTest, EscrowCannotGoNegative) {
+  KeyPair submitter = TestKey(80);
+  Genesis g = DevnetGenesis({submitter.public_key()}, 100, "prim");
+  LedgerState s = LedgerState::FromGenesis(g);
+  Hash256 id = TaskIdFor(submitter.public_key(), 0);
+  TaskRecord t;
+  t.id = id;
+  t.submitter = submitter.public_key();
+  t.budget = t.escrow = 50;
+  s.tasks.Put(id, t);
+  ASSERT_TRUE(Debit(s, submitter.public_key(), 50, "budget").ok());
+  EXPECT_FALSE(PayFromEscrow(s, g.params, id, submitter.public_key(), 51).ok());
+  EXPECT_TRUE(PayFromEscrow(s, g.params, id, submitter.public_key(), 50).ok());
+  EXPECT_TRUE(s.ComputeTotals().Check().ok());
+}
+
+}  // namespace
+}  // namespace meshlearn::ledger

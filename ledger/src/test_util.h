@@ -1,0 +1,99 @@
+// Internal test helpers for the ledger: deterministic keys, a chain in a temporary directory,
+// and block production that checks the books after every block.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/ledger/chain.h"
+
+namespace meshlearn::ledger::testing {
+
+inline KeyPair TestKey(uint8_t i) {
+  KeySeed s;
+  s.bytes.fill(i);
+  s.bytes[31] = 0x5a;
+  return KeyPair::FromSeed(s);
+}
+
+// A fresh directory under the system temp dir, removed at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ledger_test_XXXXXX").string();
+    char* p = mkdtemp(tmpl.data());
+    EXPECT_NE(p, nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+class ChainFixture : public ::testing::Test {
+ protected:
+  static constexpr Amount kFunds = 1'000'000;
+
+  ChainFixture()
+      : alice_(TestKey(1)), bob_(TestKey(2)), carol_(TestKey(3)), sequencer_(TestKey(100)) {
+    genesis_ = DevnetGenesis({alice_.public_key(), bob_.public_key()}, kFunds, "test-chain");
+  }
+
+  void SetUp() override { Reopen(); }
+
+  void Reopen() {
+    chain_.reset();
+    auto c = Chain::Open(dir_.File("ledger.db"), genesis_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    chain_ = std::move(*c);
+  }
+
+  Transaction Tx(const KeyPair& from, TxPayload p, Amount fee = 0) {
+    return BuildSignedTx(from, genesis_.chain_id, chain_->NextNonce(from.public_key()),
+                         std::move(p), fee);
+  }
+
+  // Produces one block, checks the invariant, returns it.
+  Block Produce(std::vector<Transaction> txs, std::vector<RejectedTx>* rejected = nullptr) {
+    time_ms_ += 1000;
+    auto b = chain_->ProduceBlock(std::move(txs), time_ms_, sequencer_, rejected);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    Status inv = chain_->CheckInvariants();
+    EXPECT_TRUE(inv.ok()) << inv.ToString();
+    return b.ok() ? *b : Block{};
+  }
+
+  // Produces a block with one transaction that must be included; returns its receipt.
+  Receipt Run(const Transaction& tx) {
+    std::vector<RejectedTx> rejected;
+    Block b = Produce({tx}, &rejected);
+    EXPECT_TRUE(rejected.empty()) << rejected[0].status.ToString();
+    EXPECT_EQ(b.receipts.size(), 1u);
+    return b.receipts.empty() ? Receipt{} : b.receipts[0];
+  }
+
+  Amount Balance(const KeyPair& k) {
+    auto a = chain_->GetAccount(k.public_key());
+    return a.ok() ? a->balance : 0;
+  }
+
+  TempDir dir_;
+  Genesis genesis_;
+  KeyPair alice_, bob_, carol_, sequencer_;
+  std::unique_ptr<Chain> chain_;
+  int64_t time_ms_ = 0;
+};
+
+}  // namespace meshlearn::ledger::testing
