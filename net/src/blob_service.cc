@@ -171,6 +171,8 @@ namespace {
 
 // Requests of one chunk that may fail (time out, be refused) before the fetch gives up.
 constexpr int kMaxAttemptsPerChunk = 8;
+// Passes over the provider list looking for a manifest.
+constexpr int kManifestRounds = 3;
 
 // One fetch in progress. Every callback holds a shared_ptr to it.
 class FetchJob : public std::enable_shared_from_this<FetchJob> {
@@ -201,23 +203,35 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
     size_t in_flight = 0;
     int consecutive_failures = 0;
     bool dropped = false;
+    bool lacks_manifest = false;  // answered NotFound to the manifest request
   };
   struct Send {
     size_t chunk;
     size_t provider;
   };
 
-  // ---- manifest phase: one provider at a time, in order.
+  // ---- manifest phase: one provider at a time, in order; providers that failed for a transient
+  // reason (timeout, broken connection) get up to kManifestRounds tries in all.
   void RequestManifest(size_t from) {
     size_t i = from;
-    while (i < providers_.size() && providers_[i].dropped) ++i;
-    if (i >= providers_.size()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      Fail(Unavailable("blob " + id_.ShortHex() + ": no provider gave a valid manifest" +
-                       ErrorSummaryLocked()));
-      MaybeFinishLocked();
+    while (true) {
+      while (i < providers_.size() && (providers_[i].dropped || providers_[i].lacks_manifest)) ++i;
+      if (i < providers_.size() || ++manifest_round_ >= kManifestRounds) break;
+      i = 0;  // another round over the providers that may still answer
+      bool any = false;
+      for (const Provider& p : providers_) any = any || !(p.dropped || p.lacks_manifest);
+      if (!any) {
+        i = providers_.size();
+        break;
+      }
     }
     if (i >= providers_.size()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        Fail(Unavailable("blob " + id_.ShortHex() + ": no provider gave a valid manifest" +
+                         ErrorSummaryLocked()));
+        MaybeFinishLocked();
+      }
       FinishIfDecided();
       return;
     }
@@ -238,6 +252,7 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
         bool liar = r.ok();
         NoteErrorLocked(i, m.status(), liar ? "sent a bad manifest: " : "manifest: ");
         if (liar) DropLocked(i, "sent a bad manifest: " + m.status().message());
+        if (m.status().code() == StatusCode::kNotFound) providers_[i].lacks_manifest = true;
       }
       RequestManifest(i + 1);
       return;
@@ -499,6 +514,7 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
   std::map<std::string, std::string> last_error_;
   size_t in_flight_ = 0;
   size_t rotate_ = 0;
+  int manifest_round_ = 0;
   bool decided_ = false;
   bool finished_ = false;
 };

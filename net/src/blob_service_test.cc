@@ -134,6 +134,27 @@ TEST_F(BlobFetchTest, LyingProviderBadManifestIsRefused) {
   EXPECT_FALSE(me.store->HasManifest(other.id()));
 }
 
+TEST_F(BlobFetchTest, FlakyProviderIsAskedAgain) {
+  Liar flaky(&net_, "flaky");
+  Peer backing(&net_, "backing"), me(&net_, "me");
+  BlobId id = Seed(&backing);
+  int manifest_calls = 0, chunk_calls = 0;
+  flaky.manifest = [&] {
+    if (manifest_calls++ == 0) return Result<Bytes>(Unavailable("busy, try later"));
+    return backing.store->GetManifestBytes(id);
+  };
+  flaky.chunk = [&](const Request& r) {
+    if (chunk_calls++ % 3 == 0) return Result<Bytes>(Unavailable("busy, try later"));
+    return backing.service->HandleChunk(r);
+  };
+  Fetcher fetcher(me.node->transport(), me.store.get());
+  Result<FetchStats> st = fetcher.Fetch(id, {"flaky"});
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(manifest_calls, 2);
+  EXPECT_GT(st->failed_requests, 10u);
+  EXPECT_EQ(*me.store->Get(id), data_);
+}
+
 TEST_F(BlobFetchTest, OnlyLiarsFailsCleanlyAndStoresNothingBad) {
   Liar liar(&net_, "liar");
   Peer me(&net_, "me");
