@@ -1,6 +1,9 @@
 // The public fast kernels: each forwards to the table of the active SIMD path (backend.h).
 #include "kernels_internal.h"
+#include <array>
+
 #include "meshlearn/base/check.h"
+#include "meshlearn/base/rng.h"
 #include "meshlearn/engine/kernels.h"
 
 namespace meshlearn::engine {
@@ -111,6 +114,14 @@ void DropoutBackward(float* dinp, const float* dout, const float* mask, int64_t 
 }
 
 namespace internal {
+
+float DropoutUniform(uint64_t i, uint64_t seed, uint64_t stream) {
+  const std::array<uint32_t, 4> r = Philox4x32(
+      {static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), static_cast<uint32_t>(stream),
+       static_cast<uint32_t>(stream >> 32)},
+      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  return U32ToUnitFloat(r[0]);
+}
 
 void CheckTargets(const int32_t* targets, int64_t B, int64_t V) {
   for (int64_t b = 0; b < B; ++b) {

@@ -13,7 +13,6 @@
 #pragma once
 
 #include "kernels_internal.h"
-#include "meshlearn/base/rng.h"
 #include "meshlearn/engine/kernels.h"
 #include "meshlearn/engine/threadpool.h"
 
@@ -678,16 +677,11 @@ void ResidualBackward(float* da, float* db, const float* dout, int64_t n) {
 void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed,
                     uint64_t stream) {
   const float keep_scale = 1.0f / (1.0f - p);
-  const uint32_t key0 = static_cast<uint32_t>(seed), key1 = static_cast<uint32_t>(seed >> 32);
-  const uint32_t s0 = static_cast<uint32_t>(stream), s1 = static_cast<uint32_t>(stream >> 32);
   const int threads = n >= (int64_t{1} << 14) ? internal::ActiveThreads() : 1;
   ParallelFor(n, threads, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const uint64_t u = static_cast<uint64_t>(i);
-      const uint32_t r =
-          Philox4x32({static_cast<uint32_t>(u), static_cast<uint32_t>(u >> 32), s0, s1},
-                     {key0, key1})[0];
-      mask[i] = U32ToUnitFloat(r) >= p ? keep_scale : 0.0f;
+      const float u = internal::DropoutUniform(static_cast<uint64_t>(i), seed, stream);
+      mask[i] = u >= p ? keep_scale : 0.0f;
       out[i] = inp[i] * mask[i];
     }
   });

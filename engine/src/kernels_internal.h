@@ -63,6 +63,10 @@ const KernelTable& ActiveKernelTable();
 // The active thread count (backend.h); a plain function so SIMD TUs need no STL.
 int ActiveThreads();
 
+// The dropout draw of element i: U32ToUnitFloat(Philox4x32({i_lo, i_hi, stream_lo, stream_hi},
+// {seed_lo, seed_hi})[0]). Out of line in a baseline TU so SIMD TUs need no STL or base inlines.
+float DropoutUniform(uint64_t i, uint64_t seed, uint64_t stream);
+
 // Checks shared by reference and fast kernels; abort with a message on a broken precondition.
 void CheckTargets(const int32_t* targets, int64_t B, int64_t V);
 void CheckIds(const int32_t* ids, int64_t N, int64_t V);

@@ -432,15 +432,9 @@ void ResidualBackward(float* da, float* db, const float* dout, int64_t n) {
 void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed,
                     uint64_t stream) {
   const float keep_scale = 1.0f / (1.0f - p);
-  const std::array<uint32_t, 2> key = {static_cast<uint32_t>(seed),
-                                       static_cast<uint32_t>(seed >> 32)};
   for (int64_t i = 0; i < n; ++i) {
-    const uint64_t u = static_cast<uint64_t>(i);
-    std::array<uint32_t, 4> r =
-        Philox4x32({static_cast<uint32_t>(u), static_cast<uint32_t>(u >> 32),
-                    static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
-                   key);
-    mask[i] = U32ToUnitFloat(r[0]) >= p ? keep_scale : 0.0f;
+    mask[i] = internal::DropoutUniform(static_cast<uint64_t>(i), seed, stream) >= p ? keep_scale
+                                                                                     : 0.0f;
     out[i] = inp[i] * mask[i];
   }
 }

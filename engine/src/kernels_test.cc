@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "meshlearn/base/rng.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/kernels.h"
 #include "test_util.h"
@@ -349,6 +350,32 @@ TEST(BackendTest, ParseAndSet) {
   EXPECT_FALSE(SetKernelConfig(KernelConfig{SimdPath::kScalar, 0}).ok());
   EXPECT_TRUE(SetKernelConfig(KernelConfig{SimdPath::kScalar, 3}).ok());
   EXPECT_EQ(GetKernelConfig().threads, 3);
+}
+
+}  // namespace
+}  // namespace meshlearn::engine
+
+namespace meshlearn::engine {
+namespace {
+
+// The dropout mask is the documented pure function of (i, seed, stream), so a verifier can
+// recompute any element without running the op.
+TEST(KernelsTest, DropoutMaskIsThePhiloxFormula) {
+  const int64_t n = 1000;
+  const uint64_t seed = 0xfeedface12345678ull, stream = (7ull << 32) | 9;
+  const float p = 0.25f;
+  std::vector<float> x(n, 2.0f), out(n), mask(n);
+  DropoutForward(out.data(), mask.data(), x.data(), n, p, seed, stream);
+  int kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    auto r = Philox4x32({static_cast<uint32_t>(i), 0u, 9u, 7u}, {0x12345678u, 0xfeedfaceu});
+    const bool keep = U32ToUnitFloat(r[0]) >= p;
+    EXPECT_EQ(mask[i], keep ? 1.0f / (1.0f - p) : 0.0f) << i;
+    EXPECT_EQ(out[i], 2.0f * mask[i]) << i;
+    kept += keep;
+  }
+  EXPECT_GT(kept, 650);
+  EXPECT_LT(kept, 850);
 }
 
 }  // namespace
