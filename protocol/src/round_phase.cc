@@ -4,9 +4,28 @@
 #include <string>
 
 #include "meshlearn/base/check.h"
+#include "meshlearn/base/encoding.h"
 
 namespace meshlearn::protocol {
 namespace {
+
+constexpr uint8_t kEncodingVersion = 1;
+// Bounds for decoding: more nodes than this excluded from one unit is not a state we produce.
+constexpr uint32_t kMaxExcluded = 1u << 20;
+constexpr uint32_t kMaxUnitsPerRound = 1u << 24;
+
+void PutNodes(Encoder& e, const std::vector<NodeId>& nodes) {
+  e.PutU32(static_cast<uint32_t>(nodes.size()));
+  for (const NodeId& n : nodes) e.PutPublicKey(n);
+}
+
+Status GetNodes(Decoder& d, std::vector<NodeId>* nodes, std::string_view field) {
+  uint32_t count = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&count, field, kMaxExcluded, PublicKey::kSize));
+  nodes->resize(count);
+  for (NodeId& n : *nodes) ML_RETURN_IF_ERROR(d.GetPublicKey(&n, field));
+  return Status::Ok();
+}
 
 UnitId UnitOf(const TaskId& task, uint32_t round, size_t shard) {
   return UnitId{task, round, static_cast<uint32_t>(shard)};
@@ -132,6 +151,9 @@ void RoundStateMachine::MaybeFinalize(RoundUpdate& update) {
   ++round_;
   if (round_ == config_.rounds) {
     units_.clear();
+    aggregator_.reset();
+    aggregator_excluded_.clear();
+    pending_weights_ = Hash256{};
     phase_ = RoundPhase::kRoundPhaseFinal;
     return;
   }
@@ -282,6 +304,143 @@ Result<RoundUpdate> RoundStateMachine::ReleaseFinality() {
   RoundUpdate update;
   MaybeFinalize(update);
   return update;
+}
+
+Bytes RoundStateMachine::Encode() const {
+  Encoder e;
+  e.PutU8(kEncodingVersion);
+  e.PutHash(config_.task).PutU32(config_.rounds).PutU32(config_.units_per_round);
+  e.PutU64(config_.verification_window_blocks).PutHash(config_.initial_weights);
+  e.PutU64(config_.start_height);
+  e.PutU8(static_cast<uint8_t>(phase_)).PutU32(round_).PutU64(height_).PutU64(window_end_);
+  e.PutU32(holds_).PutHash(pending_weights_);
+  e.PutBool(aggregator_.has_value());
+  if (aggregator_) {
+    e.PutHash(aggregator_->task).PutU32(aggregator_->round).PutPublicKey(aggregator_->node);
+    e.PutU64(aggregator_->assigned_height).PutU64(aggregator_->deadline_height);
+  }
+  PutNodes(e, aggregator_excluded_);
+  e.PutU32(static_cast<uint32_t>(weights_history_.size()));
+  for (const Hash256& h : weights_history_) e.PutHash(h);
+  e.PutU32(static_cast<uint32_t>(units_.size()));
+  for (const Unit& u : units_) {
+    e.PutU8(static_cast<uint8_t>(u.state));
+    e.PutHash(u.assignment.unit.task).PutU32(u.assignment.unit.round);
+    e.PutU32(u.assignment.unit.shard).PutPublicKey(u.assignment.node);
+    e.PutU64(u.assignment.assigned_height).PutU64(u.assignment.deadline_height);
+    e.PutHash(u.result).PutU64(u.commit_height);
+    PutNodes(e, u.excluded);
+  }
+  return e.Take();
+}
+
+Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
+  Decoder d(bytes, "round state");
+  uint8_t version = 0;
+  ML_RETURN_IF_ERROR(d.GetU8(&version, "version"));
+  if (version != kEncodingVersion) {
+    return DataLoss("round state: unknown encoding version " + std::to_string(version));
+  }
+  RoundMachineConfig c;
+  ML_RETURN_IF_ERROR(d.GetHash(&c.task, "task"));
+  ML_RETURN_IF_ERROR(d.GetU32(&c.rounds, "rounds"));
+  ML_RETURN_IF_ERROR(d.GetU32(&c.units_per_round, "units_per_round"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.verification_window_blocks, "verification_window_blocks"));
+  ML_RETURN_IF_ERROR(d.GetHash(&c.initial_weights, "initial_weights"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.start_height, "start_height"));
+  if (c.units_per_round > kMaxUnitsPerRound) {
+    return DataLoss("round state: units_per_round " + std::to_string(c.units_per_round) +
+                    " is out of range");
+  }
+  ML_ASSIGN_OR_RETURN(RoundStateMachine m, Create(c));
+
+  uint8_t phase = 0;
+  ML_RETURN_IF_ERROR(d.GetU8(&phase, "phase"));
+  if (phase > static_cast<uint8_t>(RoundPhase::kRoundPhaseFinal)) {
+    return DataLoss("round state: invalid phase " + std::to_string(phase));
+  }
+  m.phase_ = static_cast<RoundPhase>(phase);
+  ML_RETURN_IF_ERROR(d.GetU32(&m.round_, "round"));
+  ML_RETURN_IF_ERROR(d.GetU64(&m.height_, "height"));
+  ML_RETURN_IF_ERROR(d.GetU64(&m.window_end_, "window_end"));
+  ML_RETURN_IF_ERROR(d.GetU32(&m.holds_, "holds"));
+  ML_RETURN_IF_ERROR(d.GetHash(&m.pending_weights_, "pending_weights"));
+  bool has_aggregator = false;
+  ML_RETURN_IF_ERROR(d.GetBool(&has_aggregator, "has_aggregator"));
+  if (has_aggregator) {
+    AggregatorAssignment a;
+    ML_RETURN_IF_ERROR(d.GetHash(&a.task, "aggregator.task"));
+    ML_RETURN_IF_ERROR(d.GetU32(&a.round, "aggregator.round"));
+    ML_RETURN_IF_ERROR(d.GetPublicKey(&a.node, "aggregator.node"));
+    ML_RETURN_IF_ERROR(d.GetU64(&a.assigned_height, "aggregator.assigned_height"));
+    ML_RETURN_IF_ERROR(d.GetU64(&a.deadline_height, "aggregator.deadline_height"));
+    m.aggregator_ = a;
+  }
+  ML_RETURN_IF_ERROR(GetNodes(d, &m.aggregator_excluded_, "aggregator_excluded"));
+  uint32_t history = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&history, "weights_history", c.rounds + 1, Hash256::kSize));
+  m.weights_history_.resize(history);
+  for (Hash256& h : m.weights_history_) ML_RETURN_IF_ERROR(d.GetHash(&h, "weights_history"));
+  uint32_t units = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&units, "units", c.units_per_round, 1));
+  m.units_.resize(units);
+  for (Unit& u : m.units_) {
+    uint8_t state = 0;
+    ML_RETURN_IF_ERROR(d.GetU8(&state, "unit.state"));
+    if (state > static_cast<uint8_t>(UnitState::kCommitted)) {
+      return DataLoss("round state: invalid unit state " + std::to_string(state));
+    }
+    u.state = static_cast<UnitState>(state);
+    ML_RETURN_IF_ERROR(d.GetHash(&u.assignment.unit.task, "unit.task"));
+    ML_RETURN_IF_ERROR(d.GetU32(&u.assignment.unit.round, "unit.round"));
+    ML_RETURN_IF_ERROR(d.GetU32(&u.assignment.unit.shard, "unit.shard"));
+    ML_RETURN_IF_ERROR(d.GetPublicKey(&u.assignment.node, "unit.node"));
+    ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.assigned_height, "unit.assigned_height"));
+    ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.deadline_height, "unit.deadline_height"));
+    ML_RETURN_IF_ERROR(d.GetHash(&u.result, "unit.result"));
+    ML_RETURN_IF_ERROR(d.GetU64(&u.commit_height, "unit.commit_height"));
+    ML_RETURN_IF_ERROR(GetNodes(d, &u.excluded, "unit.excluded"));
+  }
+  ML_RETURN_IF_ERROR(d.Finish());
+
+  // Only states the events can produce.
+  const bool final = m.phase_ == RoundPhase::kRoundPhaseFinal;
+  if (final != (m.round_ == c.rounds) || m.round_ > c.rounds ||
+      m.weights_history_.size() != size_t{m.round_} + 1 ||
+      m.units_.size() != (final ? 0 : c.units_per_round)) {
+    return DataLoss("round state: round " + std::to_string(m.round_) + ", phase " +
+                    std::string(RoundPhaseName(m.phase_)) + " and " +
+                    std::to_string(m.units_.size()) + " units are inconsistent");
+  }
+  for (size_t i = 0; i < m.units_.size(); ++i) {
+    const Unit& u = m.units_[i];
+    if (u.state != UnitState::kPending && u.assignment.unit != UnitOf(c.task, m.round_, i)) {
+      return DataLoss("round state: unit " + std::to_string(i) + " holds an assignment of " +
+                      u.assignment.unit.ToString());
+    }
+  }
+  if (m.aggregator_ && (m.aggregator_->task != c.task || m.aggregator_->round != m.round_)) {
+    return DataLoss("round state: the aggregator is for another round");
+  }
+  if (m.phase_ == RoundPhase::kRoundPhaseAwaitingVerificationWindow) {
+    for (const Unit& u : m.units_) {
+      if (u.state != UnitState::kCommitted) {
+        return DataLoss("round state: awaiting the verification window with uncommitted units");
+      }
+    }
+  }
+  if (m.aggregator_ && m.phase_ != RoundPhase::kRoundPhaseAggregating &&
+      m.phase_ != RoundPhase::kRoundPhaseAwaitingVerificationWindow) {
+    return DataLoss("round state: an aggregator is assigned in phase " +
+                    std::string(RoundPhaseName(m.phase_)));
+  }
+  const RoundPhase stored = m.phase_;
+  m.RecomputePhase();
+  if (m.phase_ != stored) {
+    return DataLoss("round state: phase " + std::string(RoundPhaseName(stored)) +
+                    " does not match the units' states");
+  }
+  return m;
 }
 
 Status RoundStateMachine::RewindRound(std::span<const NodeId> exclude) {

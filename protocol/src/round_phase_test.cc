@@ -291,6 +291,81 @@ TEST(RoundPhaseTest, ExpiredAggregatorIsReplaced) {
   EXPECT_TRUE(m->AggregatorExcluded().empty());  // a new round starts clean
 }
 
+// Decode(Encode(m)) is m: same encoding, and it behaves the same from there on.
+void ExpectRoundTrip(const RoundStateMachine& m) {
+  const Bytes bytes = m.Encode();
+  auto back = RoundStateMachine::Decode(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Encode(), bytes);
+  EXPECT_EQ(back->phase(), m.phase());
+  EXPECT_EQ(back->round(), m.round());
+  EXPECT_EQ(back->weights_history(), m.weights_history());
+  EXPECT_EQ(back->OpenAssignments(), m.OpenAssignments());
+  EXPECT_EQ(back->PendingUnits().size(), m.PendingUnits().size());
+}
+
+TEST(RoundPhaseTest, EncodeDecodeRoundTripsThroughALifecycle) {
+  const RoundMachineConfig c = Config(3);
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  ExpectRoundTrip(*m);
+  ASSERT_TRUE(
+      m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 0, 1, 10, 12), Assign(c, 0, 1, 2, 10, 30)})
+          .ok());
+  ExpectRoundTrip(*m);
+  ASSERT_TRUE(m->OnBlock(13).ok());  // unit 0 expires: excluded list is non-empty
+  ExpectRoundTrip(*m);
+  ASSERT_TRUE(
+      m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 0, 3, 13, 30), Assign(c, 0, 2, 3, 13, 30)})
+          .ok());
+  for (uint32_t s = 0; s < 3; ++s) {
+    const auto open = m->OpenAssignments();
+    ASSERT_FALSE(open.empty());
+    ASSERT_TRUE(m->OnUnitCommitted(open[0].unit, open[0].node, Blake2b("r"), 14).ok());
+    ExpectRoundTrip(*m);
+  }
+  ASSERT_TRUE(
+      m->OnAggregatorAssigned(AggregatorAssignment{c.task, 0, Id(kAggregator), 14, 20}).ok());
+  ExpectRoundTrip(*m);
+  ASSERT_TRUE(m->OnAggregateCommitted(0, Id(kAggregator), Blake2b("w1"), 15).ok());
+  m->HoldFinality();
+  ExpectRoundTrip(*m);
+  ASSERT_TRUE(m->ReleaseFinality().ok());
+  ASSERT_TRUE(m->OnBlock(18).ok());
+  ExpectRoundTrip(*m);
+  RunRound(*m, c, 20);
+  ASSERT_TRUE(CommitAggregate(*m, c, 1, Blake2b("w2"), 22).ok());
+  ASSERT_TRUE(m->OnBlock(25).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseFinal);
+  ExpectRoundTrip(*m);
+}
+
+TEST(RoundPhaseTest, DecodeRejectsCorruptState) {
+  const RoundMachineConfig c = Config(3);
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 1, 2, 10, 30)}).ok());
+  const Bytes good = m->Encode();
+  for (size_t len = 0; len < good.size(); ++len) {
+    Bytes cut(good.begin(), good.begin() + static_cast<ptrdiff_t>(len));
+    EXPECT_FALSE(RoundStateMachine::Decode(cut).ok()) << "truncated to " << len;
+  }
+  Bytes trailing = good;
+  trailing.push_back(0);
+  EXPECT_FALSE(RoundStateMachine::Decode(trailing).ok());
+  // The phase byte follows version, task, rounds, units, window, initial weights, start height.
+  const size_t phase_at = 1 + 32 + 4 + 4 + 8 + 32 + 8;
+  ASSERT_EQ(good[phase_at], static_cast<uint8_t>(RoundPhase::kRoundPhaseAssigning));
+  for (uint8_t bad : {uint8_t{1}, uint8_t{2}, uint8_t{3}, uint8_t{4}, uint8_t{9}}) {
+    Bytes b = good;
+    b[phase_at] = bad;
+    EXPECT_FALSE(RoundStateMachine::Decode(b).ok()) << "phase " << int{bad};
+  }
+  Bytes v = good;
+  v[0] = 2;
+  EXPECT_EQ(RoundStateMachine::Decode(v).status().code(), StatusCode::kDataLoss);
+}
+
 TEST(RoundPhaseTest, CreateRejectsEmptyTask) {
   RoundMachineConfig c = Config(0);
   c.rounds = 0;

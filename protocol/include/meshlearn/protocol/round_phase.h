@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "meshlearn/base/bytes.h"
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/protocol/types.h"
@@ -126,6 +127,14 @@ class RoundStateMachine {
   // deadline.
   Result<RoundUpdate> OnAggregateCommitted(uint32_t round, const NodeId& aggregator,
                                            const Hash256& new_weights, uint64_t height);
+
+  // --- persistence ----------------------------------------------------------------------------
+  // Canonical encoding (base/encoding.h rules) of the whole machine, for ledger state: one
+  // machine has exactly one encoding, so its hash can enter the state hash.
+  Bytes Encode() const;
+  // Inverse of Encode. Rejects truncated or trailing input and any state the events could not
+  // have produced (unit of another round, phase inconsistent with the units, ...).
+  static Result<RoundStateMachine> Decode(ByteSpan bytes);
 
   // --- seams for verification -----------------------------------------------------------------
   // While holds are active the window does not close (a dispute is open).
