@@ -53,7 +53,9 @@ struct GemmOut {
   bool accumulate = false;  // c = c + result
 };
 
-// acc[r][j] += A[:, r] * B[:, j-th vector] over kc steps.
+// acc[r][j] += A[:, r] * B[:, j-th vector] over kc steps, for the first R rows of the panel
+// (R < kMR serves short edge panels without computing rows that are thrown away).
+template <int R>
 inline void MicroKernel(int64_t kc, const float* __restrict pa, const float* __restrict pb,
                         Vf (&acc)[kMR][kNRV]) {
   for (int64_t k = 0; k < kc; ++k) {
@@ -61,7 +63,7 @@ inline void MicroKernel(int64_t kc, const float* __restrict pa, const float* __r
 #pragma GCC unroll 4
     for (int j = 0; j < kNRV; ++j) b[j] = Load(pb + j * kW);
 #pragma GCC unroll 16
-    for (int r = 0; r < kMR; ++r) {
+    for (int r = 0; r < R; ++r) {
       const Vf a = Set1(pa[r]);
 #pragma GCC unroll 4
       for (int j = 0; j < kNRV; ++j) acc[r][j] = Fma(a, b[j], acc[r][j]);
@@ -93,7 +95,15 @@ inline void Tile(int64_t kc, const float* pa, const float* pb, int mr, int nr, i
       }
     }
   }
-  MicroKernel(kc, pa, pb, acc);
+  if (mr == kMR) {
+    MicroKernel<kMR>(kc, pa, pb, acc);
+  } else if (mr <= kMR / 4) {
+    MicroKernel<kMR / 4>(kc, pa, pb, acc);
+  } else if (mr <= kMR / 2) {
+    MicroKernel<kMR / 2>(kc, pa, pb, acc);
+  } else {
+    MicroKernel<kMR>(kc, pa, pb, acc);
+  }
   if (final_out) {
     float* c = o.c + m0 * o.ldc + n0;
 #pragma GCC unroll 16
@@ -311,51 +321,69 @@ struct ConvGeom {
   int64_t C, H, W, OC, KH, KW, stride, pad, OH, OW;
 };
 
+// A maximal stretch of consecutive GEMM indices that stay within one row of the output (or input)
+// plane: positions [j0, j0+len) map to (row, col0 + t).
+struct Run {
+  int64_t j0, len, row, col0;
+};
+
+// Splits flat plane positions [n0, n0+nr) of a plane with `width` columns into runs.
+inline int SplitRuns(int64_t n0, int64_t nr, int64_t width, Run* runs) {
+  int count = 0;
+  int64_t row = n0 / width, col = n0 % width;
+  for (int64_t j = 0; j < nr;) {
+    const int64_t len = MinI(nr - j, width - col);
+    runs[count++] = Run{j, len, row, col};
+    j += len;
+    ++row;
+    col = 0;
+  }
+  return count;
+}
+
+// (a, b, c) digits of k in the mixed radix (*, B, C), advanced one step at a time.
+struct Digits3 {
+  int64_t a, b, c, nb, nc;
+  Digits3(int64_t k, int64_t nb_, int64_t nc_)
+      : a(k / (nb_ * nc_)), b((k / nc_) % nb_), c(k % nc_), nb(nb_), nc(nc_) {}
+  void Next() {
+    if (++c == nc) {
+      c = 0;
+      if (++b == nb) {
+        b = 0;
+        ++a;
+      }
+    }
+  }
+};
+
 // Forward, one image: B[k=(c,kh,kw), n=(oh,ow)] = x[c, oh*s-pad+kh, ow*s-pad+kw] or 0.
 struct ConvImageB {
   const float* x;  // (C,H,W) of one image
   const ConvGeom* g;
   void operator()(float* dst, int64_t n0, int64_t nr, int64_t k0, int64_t kc) const {
-    int64_t ih0[kNR], iw0[kNR];
-    for (int64_t j = 0; j < kNR; ++j) {
-      const int64_t n = j < nr ? n0 + j : n0;
-      ih0[j] = (n / g->OW) * g->stride - g->pad;
-      iw0[j] = (n % g->OW) * g->stride - g->pad;
-    }
-    const int64_t kk_per_c = g->KH * g->KW;
-    if (g->stride == 1) {
-      // Within one output row the panel reads a contiguous run of one input row.
-      for (int64_t kk = 0; kk < kc; ++kk) {
-        const int64_t k = k0 + kk;
-        const int64_t c = k / kk_per_c, kh = (k % kk_per_c) / g->KW, kw = k % g->KW;
-        const float* plane = x + c * g->H * g->W;
-        float* d = dst + kk * kNR;
-        for (int j = 0; j < kNRV; ++j) Store(d + j * kW, Zero());
-        int64_t j = 0;
-        while (j < nr) {
-          const int64_t n = n0 + j, oh = n / g->OW, ow = n % g->OW;
-          const int64_t run = MinI(nr - j, g->OW - ow);  // columns left in this output row
-          const int64_t ih = oh - g->pad + kh;
-          if (static_cast<uint64_t>(ih) < static_cast<uint64_t>(g->H)) {
-            const int64_t iw0 = ow - g->pad + kw;  // input column of the run's first element
-            const int64_t lo = MaxI(0, -iw0), hi = MinI(run, g->W - iw0);
-            CopyRun(d + j, plane + ih * g->W + iw0, lo, hi);
-          }
-          j += run;
-        }
-      }
-      return;
-    }
-    for (int64_t kk = 0; kk < kc; ++kk) {
-      const int64_t k = k0 + kk;
-      const int64_t c = k / kk_per_c, kh = (k % kk_per_c) / g->KW, kw = k % g->KW;
-      const float* plane = x + c * g->H * g->W;
+    const int64_t s = g->stride;
+    Run runs[kNR];
+    const int nruns = SplitRuns(n0, nr, g->OW, runs);
+    Digits3 d3(k0, g->KH, g->KW);  // (c, kh, kw)
+    for (int64_t kk = 0; kk < kc; ++kk, d3.Next()) {
+      const float* plane = x + d3.a * g->H * g->W;
       float* d = dst + kk * kNR;
-      for (int64_t j = 0; j < kNR; ++j) {
-        const int64_t ih = ih0[j] + kh, iw = iw0[j] + kw;
-        const bool in = j < nr && static_cast<uint64_t>(ih) < static_cast<uint64_t>(g->H) &&
-                        static_cast<uint64_t>(iw) < static_cast<uint64_t>(g->W);
-        d[j] = in ? plane[ih * g->W + iw] : 0.0f;
+      for (int j = 0; j < kNRV; ++j) Store(d + j * kW, Zero());
+      for (int r = 0; r < nruns; ++r) {
+        const Run& run = runs[r];
+        const int64_t ih = run.row * s - g->pad + d3.b;
+        if (static_cast<uint64_t>(ih) >= static_cast<uint64_t>(g->H)) continue;
+        const float* row = plane + ih * g->W;
+        const int64_t iw0 = run.col0 * s - g->pad + d3.c;  // input column of t = 0
+        if (s == 1) {
+          CopyRun(d + run.j0, row + iw0, MaxI(0, -iw0), MinI(run.len, g->W - iw0));
+        } else {
+          for (int64_t t = 0; t < run.len; ++t) {
+            const int64_t iw = iw0 + t * s;
+            if (static_cast<uint64_t>(iw) < static_cast<uint64_t>(g->W)) d[run.j0 + t] = row[iw];
+          }
+        }
       }
     }
   }
@@ -375,57 +403,36 @@ struct ConvWeightTA {
   }
 };
 
-// dinp, one image: B[k=(oc,kh,kw), n=(ih,iw)] = dout[oc, oh, ow] when ih+pad-kh = oh*s etc.
+// dinp, one image: B[k=(oc,kh,kw), n=(ih,iw)] = dout[oc, oh, ow] when ih+pad-kh = oh*s and
+// iw+pad-kw = ow*s, else 0.
 struct ConvDoutB {
   const float* dout;  // (OC,OH,OW) of one image
   const ConvGeom* g;
   void operator()(float* dst, int64_t n0, int64_t nr, int64_t k0, int64_t kc) const {
-    int64_t th0[kNR], tw0[kNR];
-    for (int64_t j = 0; j < kNR; ++j) {
-      const int64_t n = j < nr ? n0 + j : n0;
-      th0[j] = n / g->W + g->pad;
-      tw0[j] = n % g->W + g->pad;
-    }
-    const int64_t kk_per_oc = g->KH * g->KW, s = g->stride;
-    if (s == 1) {
-      // B[(oc,kh,kw), (ih,iw)] = dout[oc, ih+pad-kh, iw+pad-kw]: contiguous runs along iw.
-      for (int64_t kk = 0; kk < kc; ++kk) {
-        const int64_t k = k0 + kk;
-        const int64_t oc = k / kk_per_oc, kh = (k % kk_per_oc) / g->KW, kw = k % g->KW;
-        const float* plane = dout + oc * g->OH * g->OW;
-        float* d = dst + kk * kNR;
-        for (int j = 0; j < kNRV; ++j) Store(d + j * kW, Zero());
-        int64_t j = 0;
-        while (j < nr) {
-          const int64_t n = n0 + j, ih = n / g->W, iw = n % g->W;
-          const int64_t run = MinI(nr - j, g->W - iw);
-          const int64_t oh = ih + g->pad - kh;
-          if (static_cast<uint64_t>(oh) < static_cast<uint64_t>(g->OH)) {
-            const int64_t ow0 = iw + g->pad - kw;
-            const int64_t lo = MaxI(0, -ow0), hi = MinI(run, g->OW - ow0);
-            CopyRun(d + j, plane + oh * g->OW + ow0, lo, hi);
-          }
-          j += run;
-        }
-      }
-      return;
-    }
-    for (int64_t kk = 0; kk < kc; ++kk) {
-      const int64_t k = k0 + kk;
-      const int64_t oc = k / kk_per_oc, kh = (k % kk_per_oc) / g->KW, kw = k % g->KW;
-      const float* plane = dout + oc * g->OH * g->OW;
+    const int64_t s = g->stride;
+    Run runs[kNR];
+    const int nruns = SplitRuns(n0, nr, g->W, runs);
+    Digits3 d3(k0, g->KH, g->KW);  // (oc, kh, kw)
+    for (int64_t kk = 0; kk < kc; ++kk, d3.Next()) {
+      const float* plane = dout + d3.a * g->OH * g->OW;
       float* d = dst + kk * kNR;
-      for (int64_t j = 0; j < kNR; ++j) {
-        const int64_t th = th0[j] - kh, tw = tw0[j] - kw;
-        float v = 0.0f;
-        if (j < nr && th >= 0 && tw >= 0) {
-          if (s == 1) {
-            if (th < g->OH && tw < g->OW) v = plane[th * g->OW + tw];
-          } else if (th % s == 0 && tw % s == 0 && th / s < g->OH && tw / s < g->OW) {
-            v = plane[(th / s) * g->OW + tw / s];
+      for (int j = 0; j < kNRV; ++j) Store(d + j * kW, Zero());
+      for (int r = 0; r < nruns; ++r) {
+        const Run& run = runs[r];
+        const int64_t th = run.row + g->pad - d3.b;  // = oh * s
+        if (th < 0) continue;
+        if (s == 1) {
+          if (th >= g->OH) continue;
+          const int64_t ow0 = run.col0 + g->pad - d3.c;
+          CopyRun(d + run.j0, plane + th * g->OW + ow0, MaxI(0, -ow0), MinI(run.len, g->OW - ow0));
+        } else {
+          if (th % s != 0 || th / s >= g->OH) continue;
+          const float* row = plane + (th / s) * g->OW;
+          for (int64_t t = 0; t < run.len; ++t) {
+            const int64_t tw = run.col0 + t + g->pad - d3.c;
+            if (tw >= 0 && tw % s == 0 && tw / s < g->OW) d[run.j0 + t] = row[tw / s];
           }
         }
-        d[j] = v;
       }
     }
   }
@@ -437,63 +444,71 @@ struct ConvDoutA {
   const ConvGeom* g;
   void operator()(float* dst, int64_t m0, int64_t mr, int64_t k0, int64_t kc) const {
     const int64_t P = g->OH * g->OW;
+    int64_t b = k0 / P, p = k0 % P;
     for (int64_t kk = 0; kk < kc; ++kk) {
-      const int64_t k = k0 + kk, b = k / P, p = k % P;
       const float* src = dout + b * g->OC * P + p;
       for (int64_t i = 0; i < kMR; ++i) dst[kk * kMR + i] = i < mr ? src[(m0 + i) * P] : 0.0f;
+      if (++p == P) {
+        p = 0;
+        ++b;
+      }
     }
   }
 };
 
-// dweight: B[k=(b,oh,ow), n=(c,kh,kw)] = x[b, c, oh*s-pad+kh, ow*s-pad+kw] or 0.
+// dweight: B[k=(b,oh,ow), n=(c,kh,kw)] = x[b, c, oh*s-pad+kh, ow*s-pad+kw] or 0. For one n,
+// consecutive k within an output row read (for stride 1) a contiguous run of an input row.
 struct ConvImageBT {
   const float* x;  // (B,C,H,W)
   const ConvGeom* g;
   void operator()(float* dst, int64_t n0, int64_t nr, int64_t k0, int64_t kc) const {
-    int64_t cc[kNR], kh[kNR], kw[kNR];
-    const int64_t kk_per_c = g->KH * g->KW;
-    for (int64_t j = 0; j < kNR; ++j) {
-      const int64_t n = j < nr ? n0 + j : n0;
-      cc[j] = n / kk_per_c;
-      kh[j] = (n % kk_per_c) / g->KW;
-      kw[j] = n % g->KW;
-    }
-    const int64_t P = g->OH * g->OW;
-    if (g->stride == 1) {
-      // For one n = (c,kh,kw), consecutive k = (b,oh,ow) read a contiguous run of an input row.
-      for (int64_t j = 0; j < kNR; ++j) {
-        if (j >= nr) {
-          for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = 0.0f;
-          continue;
-        }
-        int64_t kk = 0;
-        while (kk < kc) {
-          const int64_t k = k0 + kk, b = k / P, p = k % P, oh = p / g->OW, ow = p % g->OW;
-          const int64_t run = MinI(kc - kk, g->OW - ow);
-          const int64_t ih = oh - g->pad + kh[j];
-          const float* row = x + ((b * g->C + cc[j]) * g->H + ih) * g->W;
-          const int64_t iw0 = ow - g->pad + kw[j];
-          const bool row_in = static_cast<uint64_t>(ih) < static_cast<uint64_t>(g->H);
-          for (int64_t t = 0; t < run; ++t) {
-            const int64_t iw = iw0 + t;
-            dst[(kk + t) * kNR + j] =
-                row_in && static_cast<uint64_t>(iw) < static_cast<uint64_t>(g->W) ? row[iw] : 0.0f;
-          }
-          kk += run;
+    const int64_t P = g->OH * g->OW, s = g->stride;
+    // Runs over k: split [k0, k0+kc) at image and output-row boundaries.
+    Run runs[kKC + 1];
+    int64_t imgs[kKC + 1];
+    int nruns = 0;
+    {
+      int64_t b = k0 / P, p = k0 % P;
+      for (int64_t kk = 0; kk < kc;) {
+        const int64_t oh = p / g->OW, ow = p % g->OW;
+        const int64_t len = MinI(kc - kk, g->OW - ow);
+        imgs[nruns] = b;
+        runs[nruns++] = Run{kk, len, oh, ow};
+        kk += len;
+        p += len;
+        if (p == P) {
+          p = 0;
+          ++b;
         }
       }
-      return;
     }
-    for (int64_t kk = 0; kk < kc; ++kk) {
-      const int64_t k = k0 + kk, b = k / P, p = k % P;
-      const int64_t ih0 = (p / g->OW) * g->stride - g->pad, iw0 = (p % g->OW) * g->stride - g->pad;
-      const float* img = x + b * g->C * g->H * g->W;
-      float* d = dst + kk * kNR;
-      for (int64_t j = 0; j < kNR; ++j) {
-        const int64_t ih = ih0 + kh[j], iw = iw0 + kw[j];
-        const bool in = j < nr && static_cast<uint64_t>(ih) < static_cast<uint64_t>(g->H) &&
-                        static_cast<uint64_t>(iw) < static_cast<uint64_t>(g->W);
-        d[j] = in ? img[(cc[j] * g->H + ih) * g->W + iw] : 0.0f;
+    Digits3 d3(n0, g->KH, g->KW);  // (c, kh, kw)
+    for (int64_t j = 0; j < kNR; ++j, d3.Next()) {
+      if (j >= nr) {
+        for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = 0.0f;
+        continue;
+      }
+      for (int r = 0; r < nruns; ++r) {
+        const Run& run = runs[r];
+        float* d = dst + run.j0 * kNR + j;
+        const int64_t ih = run.row * s - g->pad + d3.b;
+        if (static_cast<uint64_t>(ih) >= static_cast<uint64_t>(g->H)) {
+          for (int64_t t = 0; t < run.len; ++t) d[t * kNR] = 0.0f;
+          continue;
+        }
+        const float* row = x + ((imgs[r] * g->C + d3.a) * g->H + ih) * g->W;
+        const int64_t iw0 = run.col0 * s - g->pad + d3.c;
+        if (s == 1) {
+          const int64_t lo = MinI(run.len, MaxI(0, -iw0)), hi = MaxI(lo, MinI(run.len, g->W - iw0));
+          for (int64_t t = 0; t < lo; ++t) d[t * kNR] = 0.0f;
+          for (int64_t t = lo; t < hi; ++t) d[t * kNR] = row[iw0 + t];
+          for (int64_t t = hi; t < run.len; ++t) d[t * kNR] = 0.0f;
+        } else {
+          for (int64_t t = 0; t < run.len; ++t) {
+            const int64_t iw = iw0 + t * s;
+            d[t * kNR] = static_cast<uint64_t>(iw) < static_cast<uint64_t>(g->W) ? row[iw] : 0.0f;
+          }
+        }
       }
     }
   }
