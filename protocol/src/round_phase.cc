@@ -328,6 +328,7 @@ Bytes RoundStateMachine::Encode() const {
     e.PutHash(u.assignment.unit.task).PutU32(u.assignment.unit.round);
     e.PutU32(u.assignment.unit.shard).PutPublicKey(u.assignment.node);
     e.PutU64(u.assignment.assigned_height).PutU64(u.assignment.deadline_height);
+    e.PutU64(u.assignment.price_per_gflop);
     e.PutHash(u.result).PutU64(u.commit_height);
     PutNodes(e, u.excluded);
   }
@@ -397,6 +398,7 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
     ML_RETURN_IF_ERROR(d.GetPublicKey(&u.assignment.node, "unit.node"));
     ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.assigned_height, "unit.assigned_height"));
     ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.deadline_height, "unit.deadline_height"));
+    ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.price_per_gflop, "unit.price_per_gflop"));
     ML_RETURN_IF_ERROR(d.GetHash(&u.result, "unit.result"));
     ML_RETURN_IF_ERROR(d.GetU64(&u.commit_height, "unit.commit_height"));
     ML_RETURN_IF_ERROR(GetNodes(d, &u.excluded, "unit.excluded"));

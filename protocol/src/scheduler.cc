@@ -266,6 +266,7 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
     a.node = nodes[cand.node].id;
     a.assigned_height = height;
     a.deadline_height = DeadlineHeight(height, cand.unit_ms, cand.queued, params);
+    a.price_per_gflop = nodes[cand.node].price_per_gflop;
     ++cand.queued;
     result.assignments.push_back(a);
   }
@@ -356,6 +357,10 @@ std::vector<Assignment> OverdueAssignments(std::span<const Assignment> open, uin
     if (a.deadline_height < height) out.push_back(a);
   }
   return out;
+}
+
+uint64_t UnitCostTokens(const TaskSpecView& task, uint64_t price_per_gflop) {
+  return MulDivCeil(UnitFlops(task), price_per_gflop, 1'000'000'000);
 }
 
 void ApplyMissedDeadline(Reputation& rep) {

@@ -102,6 +102,7 @@ TEST(SchedulerTest, AssignmentsAreSortedAndComplete) {
   ASSERT_TRUE(r.ok());
   ASSERT_EQ(r->assignments.size(), 32u);
   for (size_t i = 0; i < 32; ++i) {
+    EXPECT_EQ(r->assignments[i].price_per_gflop, 5u);  // locked at assignment
     EXPECT_EQ(r->assignments[i].unit, (UnitId{t.id, 3, static_cast<uint32_t>(i)}));
     EXPECT_EQ(r->assignments[i].assigned_height, kHeight);
     EXPECT_GT(r->assignments[i].deadline_height, kHeight);
@@ -318,6 +319,15 @@ TEST(SchedulerTest, LowReputationIsExcludedAndWeighsLess) {
   NodeView a = Node(2), b = Node(3);
   b.reputation = flaky;
   EXPECT_EQ(SchedulingWeight(b, t, {}) * 10, SchedulingWeight(a, t, {}) * 8);
+}
+
+TEST(SchedulerTest, UnitCost) {
+  TaskSpecView t = Task(8);  // 1.6 GFLOP per unit
+  EXPECT_EQ(UnitCostTokens(t, 5), 8u);
+  EXPECT_EQ(UnitCostTokens(t, 1), 2u);  // 1.6 rounds up
+  EXPECT_EQ(UnitCostTokens(t, 0), 0u);
+  t.flops_per_sample = UINT64_MAX;
+  EXPECT_EQ(UnitCostTokens(t, UINT64_MAX), UINT64_MAX);  // saturates
 }
 
 TEST(SchedulerTest, EstimateAndDeadlineFormulas) {

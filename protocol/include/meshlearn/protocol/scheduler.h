@@ -137,6 +137,9 @@ Result<AggregatorAssignment> AssignAggregator(const TaskSpecView& task,
 // given. The unit is reassigned and the node penalised; a commit for it is no longer accepted.
 std::vector<Assignment> OverdueAssignments(std::span<const Assignment> open, uint64_t height);
 
+// Tokens one unit costs at `price_per_gflop`: ceil(UnitFlops x price / 10^9), saturating.
+uint64_t UnitCostTokens(const TaskSpecView& task, uint64_t price_per_gflop);
+
 // The reputation cost of a missed deadline: one more failure, and the clean streak ends.
 void ApplyMissedDeadline(Reputation& rep);
 

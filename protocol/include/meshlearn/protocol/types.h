@@ -92,6 +92,9 @@ struct Assignment {
   NodeId node;
   uint64_t assigned_height = 0;
   uint64_t deadline_height = 0;
+  // The node's price when the unit was assigned: what the unit pays if it is committed in time
+  // and survives verification (UnitCostTokens), whatever the node asks later.
+  uint64_t price_per_gflop = 0;
 
   bool operator==(const Assignment&) const = default;
 };
