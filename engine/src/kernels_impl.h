@@ -194,7 +194,8 @@ void Gemm(int64_t M, int64_t N, int64_t K, const PackA& pack_a, const PackB& pac
   float* partial = nullptr;
   if ((o.accumulate || o.use_alpha) && K > kKC) partial = ScratchBuffer(2, M * N);
   const int64_t npanels = CeilDiv(N, kNR), mpanels = CeilDiv(M, kMR);
-  if (threads > 1 && M * N * (K + 1) < (int64_t{1} << 16)) threads = 1;
+  // Below ~2^18 multiply-adds a wake-up of the pool (a few microseconds) costs more than it saves.
+  if (threads > 1 && M * N * (K + 1) < (int64_t{1} << 18)) threads = 1;
   if (threads <= 1) {
     GemmBlock(0, M, 0, N, K, pack_a, pack_b, o, partial, N);
     return;
@@ -627,12 +628,12 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
 
 // ---- Element-wise --------------------------------------------------------------------------
 
-// Runs body(i0, nv) over [0, n) in vector steps (nv < kW only for the tail), threaded for
-// large n.
+// Runs body(i0, nv) over [0, n) in vector steps (nv < kW only for the tail), threaded when n is
+// at least min_parallel (memory-bound ops need a large n to gain from a second thread).
 template <typename Body>
-void ForEachVec(int64_t n, const Body& body) {
+void ForEachVec(int64_t n, const Body& body, int64_t min_parallel = int64_t{1} << 17) {
   const int64_t nvec = CeilDiv(n, kW);
-  const int threads = n >= (int64_t{1} << 15) ? internal::ActiveThreads() : 1;
+  const int threads = n >= min_parallel ? internal::ActiveThreads() : 1;
   ParallelFor(nvec, threads, [&](int64_t v0, int64_t v1) {
     for (int64_t v = v0; v < v1; ++v) {
       const int64_t i = v * kW;
@@ -660,7 +661,7 @@ void GeluForward(float* out, const float* inp, int64_t n) {
     const Vf cube = (x * x) * x;
     const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
     StorePartial(out + i, (Set1(0.5f) * x) * (Set1(1.0f) + TanhV(inner)), nv);
-  });
+  }, int64_t{1} << 14);
 }
 void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
   ForEachVec(n, [&](int64_t i, int nv) {
@@ -673,7 +674,7 @@ void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
                     (((Set1(0.5f) * x) * sech2) * Set1(kGeluK0)) *
                         (Set1(1.0f) + (Set1(kGelu3K1) * x) * x);
     StorePartial(dinp + i, LoadPartial(dinp + i, nv) + grad * LoadPartial(dout + i, nv), nv);
-  });
+  }, int64_t{1} << 14);
 }
 
 void ResidualForward(float* out, const float* a, const float* b, int64_t n) {

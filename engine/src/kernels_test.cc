@@ -48,7 +48,8 @@ struct LinearShape {
 TEST(KernelsTest, LinearForwardBackward) {
   for (LinearShape s : {LinearShape{1, 1, 1}, LinearShape{3, 5, 7}, LinearShape{13, 37, 29},
                         LinearShape{33, 300, 65}, LinearShape{70, 19, 130},
-                        LinearShape{5, 600, 3}}) {
+                        LinearShape{5, 600, 3}, LinearShape{130, 257, 300},
+                        LinearShape{300, 70, 9}}) {
     for (bool with_bias : {true, false}) {
       auto inp = RandomVec(s.B * s.C, 1), w = RandomVec(s.OC * s.C, 2), b = RandomVec(s.OC, 3);
       auto dout = RandomVec(s.B * s.OC, 4);
@@ -114,7 +115,7 @@ TEST(KernelsTest, MaxPool) {
 }
 
 TEST(KernelsTest, ElementWise) {
-  for (int64_t n : {1, 7, 16, 33, 1000, 40001}) {
+  for (int64_t n : {1, 7, 16, 33, 1000, 40001, 200003}) {
     auto x = RandomVec(n, 31, -6.0f, 6.0f), g = RandomVec(n, 32), y = RandomVec(n, 33);
     x[0] = 0.0f;
     ExpectFastEqualsRef("Relu", [&](bool fast) {
