@@ -5,7 +5,8 @@
 //   gemm_bench                       # all cases
 //   gemm_bench --sizes=256,512 --threads=1
 //
-// Each timing is the best of several repetitions (the machine may be shared). The engine result
+// Each timing is the best of several repetitions, the two contenders alternating (the machine
+// may be shared). The engine result
 // is also checked to be bitwise identical between thread counts.
 #include <cblas.h>
 
@@ -13,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -35,21 +38,26 @@ std::vector<float> Random(int64_t n, uint64_t seed) {
   return v;
 }
 
-// Best wall time in seconds of fn over repetitions lasting at least ~min_total seconds.
-template <typename F>
-double BestTime(F&& fn, double min_total = 0.4) {
-  fn();  // warm-up
-  double best = 1e30, total = 0;
-  int reps = 0;
-  while ((total < min_total || reps < 3) && reps < 200) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = dt < best ? dt : best;
-    total += dt;
-    ++reps;
+double Seconds(const std::function<void()>& fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Best wall times of a and b, alternating repetitions so that a shared machine's load hits both
+// alike; at least ~min_total seconds in all.
+std::pair<double, double> BestTimes(const std::function<void()>& a, const std::function<void()>& b,
+                                    double min_total = 0.8) {
+  a();  // warm-up
+  b();
+  double best_a = 1e30, best_b = 1e30, total = 0;
+  for (int reps = 0; (total < min_total || reps < 5) && reps < 400; ++reps) {
+    const double ta = Seconds(a), tb = Seconds(b);
+    best_a = ta < best_a ? ta : best_a;
+    best_b = tb < best_b ? tb : best_b;
+    total += ta + tb;
   }
-  return best;
+  return {best_a, best_b};
 }
 
 std::vector<int> ParseList(const char* s) {
@@ -101,15 +109,16 @@ int main(int argc, char** argv) {
     for (int t : threads) {
       if (!SetKernelConfig(KernelConfig{base.simd, t}).ok()) return 1;
       openblas_set_num_threads(t);
-      double ours = BestTime([&] {
-        meshlearn::engine::LinearForward(out.data(), inp.data(), w.data(), bias.data(), M, K, N);
-      });
+      auto [ours, blas] = BestTimes(
+          [&] {
+            meshlearn::engine::LinearForward(out.data(), inp.data(), w.data(), bias.data(), M, K, N);
+          },
+          [&] {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, inp.data(), K,
+                        w.data(), K, 0.0f, blas_out.data(), N);
+          });
       if (first.empty()) first = out;
       const bool same = std::memcmp(first.data(), out.data(), out.size() * 4) == 0;
-      double blas = BestTime([&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, inp.data(), K, w.data(),
-                    K, 0.0f, blas_out.data(), N);
-      });
       const double flops = 2.0 * M * N * K;
       std::printf(
           "{\"bench\":\"linear_forward\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"threads\":%d,"
@@ -129,22 +138,24 @@ int main(int argc, char** argv) {
     const int64_t OH = (c.H + 2 * c.p - c.K) / c.s + 1, OW = (c.W + 2 * c.p - c.K) / c.s + 1;
     auto x = Random(c.B * c.C * c.H * c.W, 4), w = Random(c.OC * c.C * c.K * c.K, 5);
     auto bias = Random(c.OC, 6);
-    std::vector<float> out(c.B * c.OC * OH * OW), col(c.C * c.K * c.K * OH * OW);
+    std::vector<float> out(c.B * c.OC * OH * OW), out2(out.size()), col(c.C * c.K * c.K * OH * OW);
     for (int t : threads) {
       if (!SetKernelConfig(KernelConfig{base.simd, t}).ok()) return 1;
       openblas_set_num_threads(t);
-      double ours = BestTime([&] {
-        meshlearn::engine::Conv2dForward(out.data(), x.data(), w.data(), bias.data(), c.B, c.C, c.H,
-                                         c.W, c.OC, c.K, c.K, c.s, c.p);
-      });
-      double blas = BestTime([&] {
-        for (int64_t b = 0; b < c.B; ++b) {
-          Im2col(col.data(), x.data() + b * c.C * c.H * c.W, c.C, c.H, c.W, c.K, c.s, c.p, OH, OW);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c.OC, OH * OW, c.C * c.K * c.K,
-                      1.0f, w.data(), c.C * c.K * c.K, col.data(), OH * OW, 0.0f,
-                      out.data() + b * c.OC * OH * OW, OH * OW);
-        }
-      });
+      auto [ours, blas] = BestTimes(
+          [&] {
+            meshlearn::engine::Conv2dForward(out.data(), x.data(), w.data(), bias.data(), c.B, c.C,
+                                             c.H, c.W, c.OC, c.K, c.K, c.s, c.p);
+          },
+          [&] {
+            for (int64_t b = 0; b < c.B; ++b) {
+              Im2col(col.data(), x.data() + b * c.C * c.H * c.W, c.C, c.H, c.W, c.K, c.s, c.p, OH,
+                     OW);
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c.OC, OH * OW,
+                          c.C * c.K * c.K, 1.0f, w.data(), c.C * c.K * c.K, col.data(), OH * OW,
+                          0.0f, out2.data() + b * c.OC * OH * OW, OH * OW);
+            }
+          });
       const double flops = 2.0 * c.B * c.OC * OH * OW * c.C * c.K * c.K;
       std::printf(
           "{\"bench\":\"conv2d_forward\",\"B\":%lld,\"C\":%lld,\"H\":%lld,\"OC\":%lld,\"K\":%lld,"
