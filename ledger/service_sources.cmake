@@ -11,7 +11,27 @@ set(LEDGER_SERVICE_SOURCES
   ${CMAKE_CURRENT_SOURCE_DIR}/src/shared_chain.cc
 )
 
-set(LEDGER_SERVICE_TESTS)
+set(LEDGER_SERVICE_TESTS
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/follower_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/rate_limit_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_corpus_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_http_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/sequencer_test.cc
+)
+
+# The crash test runs the real `meshlearn chain serve` and SIGKILLs it; it needs the binary,
+# which apps/ defines after this directory (target names resolve at generate time).
+# MESHLEARN_SLOW_TESTS=1 raises the number of kills.
+meshlearn_test(NAME ledger_crash_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/crash_test.cc
+  DEPS meshlearn_ledger
+  LABELS slow
+  TIMEOUT 900)
+if(TARGET ledger_crash_test)
+  add_dependencies(ledger_crash_test meshlearn)
+  target_compile_definitions(ledger_crash_test PRIVATE MESHLEARN_BIN="$<TARGET_FILE:meshlearn>")
+endif()
 
 # libFuzzer target over the JSON-RPC handlers (clang only). For coverage inside the library too,
 # configure with -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link (scripts/fuzz.sh does).

@@ -45,18 +45,25 @@ struct Server {
   std::string log;
 };
 
-// Starts `meshlearn --json chain serve` and waits for the line with its URL.
-Server StartServer(const std::string& dir, const std::string& home, int run) {
+// Starts `meshlearn --json <args>` with output to `log` and waits for its first JSON line with
+// `url_key` (the URL it serves). pid -1 if it exited first.
+Server StartMeshlearn(const std::vector<std::string>& args, const std::string& home,
+                      const std::string& log, const char* url_key) {
   Server s;
-  s.log = dir + "/serve-" + std::to_string(run) + ".log";
+  s.log = log;
   s.pid = fork();
   if (s.pid == 0) {
     int fd = open(s.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
     setenv("MESHLEARN_HOME", home.c_str(), 1);
-    execl(MESHLEARN_BIN, MESHLEARN_BIN, "--json", "--log-level", "warn", "chain", "serve", "--dir",
-          dir.c_str(), "--listen", "127.0.0.1:0", "--rate-limit", "0", static_cast<char*>(nullptr));
+    std::vector<char*> argv;
+    std::string bin = MESHLEARN_BIN;
+    argv.push_back(bin.data());
+    std::vector<std::string> copy = args;
+    for (std::string& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
     _exit(127);
   }
   for (;;) {
@@ -65,19 +72,25 @@ Server StartServer(const std::string& dir, const std::string& home, int run) {
     for (std::string line; std::getline(lines, line);) {
       if (line.rfind("{", 0) != 0) continue;
       json j = json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.contains("url")) {
-        s.url = j["url"];
+      if (!j.is_discarded() && j.contains(url_key)) {
+        s.url = j[url_key];
         return s;
       }
     }
     int status;
     if (waitpid(s.pid, &status, WNOHANG) == s.pid) {
-      ADD_FAILURE() << "chain serve exited before listening:\n" << out;
+      ADD_FAILURE() << "meshlearn exited before listening:\n" << out;
       s.pid = -1;
       return s;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+Server StartServer(const std::string& dir, const std::string& home, int run) {
+  return StartMeshlearn({"--json", "--log-level", "warn", "chain", "serve", "--dir", dir, "--listen",
+                         "127.0.0.1:0", "--rate-limit", "0"},
+                        home, dir + "/serve-" + std::to_string(run) + ".log", "url");
 }
 
 void Kill(Server& s) {
@@ -193,6 +206,108 @@ TEST(ChainCrash, KilledServerLosesNoAcknowledgedTransaction) {
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ((*b)["header"]["state_hash"], last_state.ToHex()) << b->dump();
   Kill(server);
+}
+
+}  // namespace
+}  // namespace meshlearn::ledger
+
+namespace meshlearn::ledger {
+namespace {
+
+struct Cli {
+  int code;
+  std::string out;
+  json j;  // stdout parsed, when it is JSON
+};
+
+Cli Meshlearn(const std::string& args, const std::string& home) {
+  std::string cmd = "MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args + " 2>" + home + "/stderr.txt";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  Cli r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out + ReadAll(home + "/stderr.txt"), json()};
+  r.j = json::parse(out, nullptr, false);
+  return r;
+}
+
+// The CLI end to end: init, serve, wallet commands, a follower, and the follower refusing sends.
+TEST(ChainCli, InitServeWalletFollow) {
+  std::string home = testing::TempDir();
+  ASSERT_EQ(Meshlearn("keys new alice --no-passphrase", home).code, 0);
+  ASSERT_EQ(Meshlearn("keys new bob --no-passphrase", home).code, 0);
+  std::string dir = home + "/chain";
+  Cli init = Meshlearn("--json chain init --dir " + dir + " --fund alice=1000 --faucet --block-interval-ms 50", home);
+  ASSERT_EQ(init.code, 0) << init.out;
+  EXPECT_EQ(init.j["accounts"], 1);
+  Cli again = Meshlearn("chain init --dir " + dir, home);
+  EXPECT_EQ(again.code, 1);
+  EXPECT_NE(again.out.find("already holds a chain"), std::string::npos) << again.out;
+
+  Server seq = StartServer(dir, home, 0);
+  ASSERT_GT(seq.pid, 0);
+  std::string rpc = " --rpc " + seq.url;
+
+  Cli bal = Meshlearn("--json wallet balance --key alice" + rpc, home);
+  ASSERT_EQ(bal.code, 0) << bal.out;
+  EXPECT_EQ(bal.j["balance"], 1000);
+
+  Cli tr = Meshlearn("--json wallet transfer bob 250 --key alice --memo hi" + rpc, home);
+  ASSERT_EQ(tr.code, 0) << tr.out;
+  EXPECT_EQ(tr.j["status"], "included");
+  EXPECT_EQ(tr.j["receipt"]["ok"], true);
+
+  Cli human = Meshlearn("wallet transfer bob 5 --key alice" + rpc, home);
+  ASSERT_EQ(human.code, 0) << human.out;
+  EXPECT_NE(human.out.find("included in block"), std::string::npos) << human.out;
+
+  Cli too_much = Meshlearn("--json wallet transfer bob 999999 --key alice" + rpc, home);
+  EXPECT_EQ(too_much.code, 1) << too_much.out;
+
+  Cli faucet = Meshlearn("--json wallet faucet 500 --key bob" + rpc, home);
+  ASSERT_EQ(faucet.code, 0) << faucet.out;
+  Cli bob = Meshlearn("--json wallet balance --key bob" + rpc, home);
+  EXPECT_EQ(bob.j["balance"], 250 + 5 + 500) << bob.out;
+
+  Cli hist = Meshlearn("--json wallet history --key alice --limit 2" + rpc, home);
+  ASSERT_EQ(hist.code, 0) << hist.out;
+  EXPECT_EQ(hist.j["items"].size(), 2u);
+  EXPECT_FALSE(hist.j["next_cursor"].is_null());
+
+  Cli st = Meshlearn("--json chain status" + rpc, home);
+  ASSERT_EQ(st.code, 0) << st.out;
+  uint64_t height = st.j["height"];
+  EXPECT_GE(height, 3u);
+
+  Cli help = Meshlearn("wallet transfer --help", home);
+  EXPECT_NE(help.out.find("Examples"), std::string::npos);
+
+  // A follower catches up, serves the same state, and refuses sends.
+  Server fol = StartMeshlearn({"--json", "chain", "follow", seq.url, "--dir", home + "/follower",
+                               "--listen", "127.0.0.1:0"},
+                              home, home + "/follow.log", "url");
+  ASSERT_GT(fol.pid, 0);
+  RpcClient frpc(fol.url);
+  for (;;) {
+    Result<json> w = frpc.Call("wait_block", {{"after", height - 1}, {"timeout_ms", 1000}});
+    ASSERT_TRUE(w.ok()) << w.status().ToString() << ReadAll(fol.log);
+    if ((*w)["height"].get<uint64_t>() >= height) break;
+  }
+  RpcClient srpc(seq.url);
+  Result<json> a = srpc.Call("get_block", {{"height", height}});
+  Result<json> b = frpc.Call("get_block", {{"height", height}});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)["header"], (*b)["header"]);
+  Cli ro = Meshlearn("wallet transfer bob 1 --key alice --rpc " + fol.url, home);
+  EXPECT_EQ(ro.code, 1);
+  EXPECT_NE(ro.out.find("read-only"), std::string::npos) << ro.out;
+  Cli fst = Meshlearn("--json chain status --rpc " + fol.url, home);
+  EXPECT_EQ(fst.j["role"], "follower");
+
+  Kill(fol);
+  Kill(seq);
 }
 
 }  // namespace

@@ -20,7 +20,9 @@ bool RateLimiter::Allow(const std::string& client, int64_t now_micros) {
   Bucket& b = it->second;
   // Monotonic time never goes back, but a caller mixing clocks must not mint tokens.
   int64_t elapsed = std::max<int64_t>(0, now_micros - b.last_micros);
-  b.tokens = std::min(options_.burst, b.tokens + elapsed * 1e-6 * options_.rate_per_second);
+  // Multiply before dividing: 100 ms at 10/s must give exactly one token.
+  b.tokens = std::min(options_.burst,
+                      b.tokens + static_cast<double>(elapsed) * options_.rate_per_second / 1e6);
   b.last_micros = std::max(b.last_micros, now_micros);
   if (b.tokens < 1) return false;
   b.tokens -= 1;
@@ -31,8 +33,8 @@ void RateLimiter::Evict(int64_t now_micros) {
   // A bucket that would be full by now belongs to an idle client: forgetting it loses nothing.
   for (auto it = buckets_.begin(); it != buckets_.end();) {
     double refilled = it->second.tokens +
-                      std::max<int64_t>(0, now_micros - it->second.last_micros) * 1e-6 *
-                          options_.rate_per_second;
+                      static_cast<double>(std::max<int64_t>(0, now_micros - it->second.last_micros)) *
+                          options_.rate_per_second / 1e6;
     it = refilled >= options_.burst ? buckets_.erase(it) : std::next(it);
   }
   if (buckets_.size() < options_.max_clients) return;

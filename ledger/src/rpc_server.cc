@@ -34,8 +34,16 @@ Status RpcServer::Start(const std::string& host, int port) {
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_read_timeout(10, 0);
   http_->set_write_timeout(10, 0);
-  http_->set_keep_alive_timeout(30);
+  // Stop() waits for idle keep-alive connections to time out, so keep that short; clients
+  // reconnect transparently.
+  http_->set_keep_alive_timeout(1);
   http_->set_tcp_nodelay(true);
+  // httplib's default also sets SO_REUSEPORT, which would let a second server bind the same
+  // port and steal half the requests; a port in use must be an error instead.
+  http_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+  });
 
   size_t max_body = options_.max_body_bytes;
   http_->set_error_handler([max_body](const httplib::Request& req, httplib::Response& res) {

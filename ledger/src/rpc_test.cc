@@ -141,9 +141,9 @@ TEST(Rpc, MalformedRequests) {
   EXPECT_EQ(ErrorCode(unknown), kRpcMethodNotFound);
   EXPECT_EQ(unknown["id"], "x");
   EXPECT_NE(unknown["error"]["message"].get<std::string>().find("chain_status"), std::string::npos);
-  // Invalid UTF-8 echoed in an error does not break the answer.
+  // Invalid UTF-8 is not JSON: a parse error, not a crash when the method name is echoed.
   json utf = body("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\xfe\"}");
-  EXPECT_EQ(ErrorCode(utf), kRpcMethodNotFound);
+  EXPECT_EQ(ErrorCode(utf), kRpcParseError);
 }
 
 TEST(Rpc, DeepJsonIsRefusedBeforeParsing) {

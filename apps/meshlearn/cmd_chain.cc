@@ -1,0 +1,336 @@
+// meshlearn chain init|serve|follow|status: run the ledger (the app-chain) and look at it.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <charconv>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/hex.h"
+#include "meshlearn/base/keyfile.h"
+#include "meshlearn/base/log.h"
+#include "meshlearn/cli.h"
+#include "meshlearn/ledger/chain.h"
+#include "meshlearn/ledger/follower.h"
+#include "meshlearn/ledger/genesis.h"
+#include "meshlearn/ledger/rpc.h"
+#include "meshlearn/ledger/rpc_client.h"
+#include "meshlearn/ledger/rpc_server.h"
+#include "meshlearn/ledger/sequencer.h"
+#include "meshlearn/ledger/shared_chain.h"
+
+namespace meshlearn::cli {
+namespace {
+
+using ledger::Chain;
+using ledger::Genesis;
+using nlohmann::json;
+
+struct ChainArgs {
+  std::string dir;
+  std::string chain_id = "meshlearn-devnet";
+  int64_t block_interval_ms = 1000;
+  std::vector<std::string> fund;
+  bool faucet = false;
+  bool devnet = false;
+  std::string listen = "127.0.0.1:7700";
+  std::string follow_listen = "127.0.0.1:7701";
+  std::string rpc;
+  std::string url;
+  std::string sequencer;
+  std::string genesis_hash;
+  double rate_limit = 200;
+  size_t max_body = 1 << 20;
+};
+
+std::string GenesisPath(const std::string& dir) { return JoinPath(dir, "genesis.toml"); }
+std::string DbPath(const std::string& dir) { return JoinPath(dir, "chain.db"); }
+std::string ChainKeysDir(const std::string& dir) { return JoinPath(dir, "keys"); }
+
+// "alice" (a key in the key store) or 64 hex digits.
+Result<PublicKey> ResolveKey(const std::string& who, const GlobalOptions& g, std::string_view what) {
+  if (who.size() == 2 * PublicKey::kSize) {
+    Result<PublicKey> k = PublicKey::FromHex(who, what);
+    if (k.ok()) return k;
+  }
+  KeyStore store(Env::Default(), g.KeysDir());
+  Result<KeyInfo> info = store.Info(who);
+  if (!info.ok()) {
+    return InvalidArgument(std::string(what) + " '" + who +
+                           "' is neither a public key (64 hex digits) nor a key in " +
+                           store.dir() + " (see `meshlearn keys list`)");
+  }
+  return info->public_key;
+}
+
+// Blocks SIGINT and SIGTERM in every thread started after this, so sigwait gets them.
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);  // a worker thread asking main to wake up
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+Status RunInit(GlobalOptions& g, ChainArgs& a) {
+  Env* env = Env::Default();
+  if (env->FileExists(GenesisPath(a.dir))) {
+    return AlreadyExists(GenesisPath(a.dir) +
+                         " exists: this directory already holds a chain; serve it with `meshlearn "
+                         "chain serve --dir " + a.dir + "`, or init another --dir");
+  }
+  ML_RETURN_IF_ERROR(env->CreateDirs(a.dir, 0700));
+  Genesis gen = a.devnet ? ledger::DevnetGenesis({}, 0, a.chain_id) : Genesis{};
+  gen.chain_id = a.chain_id;
+  gen.block_interval_ms = a.block_interval_ms;
+  gen.genesis_time_ms = SystemClock::Default()->NowMillis();
+  gen.faucet = a.faucet || a.devnet;
+  for (const std::string& f : a.fund) {
+    size_t eq = f.rfind('=');
+    uint64_t amount = 0;
+    const char* end = f.data() + f.size();
+    if (eq == std::string::npos ||
+        std::from_chars(f.data() + eq + 1, end, amount).ptr != end || eq + 1 == f.size()) {
+      return InvalidArgument("--fund '" + f + "' is not KEY=AMOUNT (e.g. --fund alice=1000000)");
+    }
+    ML_ASSIGN_OR_RETURN(PublicKey key, ResolveKey(f.substr(0, eq), g, "--fund"));
+    gen.accounts.push_back({key, amount});
+  }
+  // The sequencer's key lives with the chain, unencrypted (the service starts unattended);
+  // the directory is 0700 and the key file 0600.
+  KeyStore keys(env, ChainKeysDir(a.dir));
+  Result<KeyPair> seq = keys.Create("sequencer", "");
+  if (!seq.ok()) return seq.status().WithPrefix(a.dir);
+  gen.sequencer = seq->public_key();
+  ML_RETURN_IF_ERROR(ledger::ValidateGenesis(gen));
+  ML_RETURN_IF_ERROR(ledger::WriteGenesis(env, GenesisPath(a.dir), gen));
+  std::string hash = ledger::GenesisHash(gen).ToHex();
+  json j = {{"dir", a.dir},
+            {"genesis", GenesisPath(a.dir)},
+            {"genesis_hash", hash},
+            {"chain_id", gen.chain_id},
+            {"sequencer", gen.sequencer.ToHex()},
+            {"sequencer_key", keys.PathOf("sequencer")},
+            {"faucet", gen.faucet},
+            {"accounts", gen.accounts.size()}};
+  g.Output(j, [&] {
+    std::cout << "initialised chain '" << gen.chain_id << "' in " << a.dir << "\n"
+              << "genesis:       " << GenesisPath(a.dir) << " (hash " << hash << ")\n"
+              << "sequencer key: " << keys.PathOf("sequencer") << " ("
+              << gen.sequencer.ShortHex() << "...)\n"
+              << "block every " << gen.block_interval_ms << " ms; " << gen.accounts.size()
+              << " funded account(s); faucet " << (gen.faucet ? "on" : "off") << "\n"
+              << "next: meshlearn chain serve --dir " << a.dir << " --listen 127.0.0.1:7700\n";
+  });
+  return Status::Ok();
+}
+
+Result<Genesis> LoadChainGenesis(const std::string& dir) {
+  Env* env = Env::Default();
+  if (!env->FileExists(GenesisPath(dir))) {
+    return NotFound(GenesisPath(dir) + " does not exist; create a chain with `meshlearn chain "
+                    "init --dir " + dir + "` (or follow one with `meshlearn chain follow URL`)");
+  }
+  return ledger::LoadGenesis(env, GenesisPath(dir));
+}
+
+Status RunServe(GlobalOptions& g, ChainArgs& a) {
+  ML_ASSIGN_OR_RETURN(auto listen, ledger::ParseListenAddress(a.listen));
+  ML_ASSIGN_OR_RETURN(Genesis gen, LoadChainGenesis(a.dir));
+  KeyStore keys(Env::Default(), ChainKeysDir(a.dir));
+  ML_ASSIGN_OR_RETURN(KeyPair key, keys.Load("sequencer", ""));
+  if (gen.sequencer != PublicKey{} && gen.sequencer != key.public_key()) {
+    return FailedPrecondition(keys.PathOf("sequencer") + " is not the sequencer named in " +
+                              GenesisPath(a.dir) + " (" + gen.sequencer.ShortHex() + "...)");
+  }
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Chain> chain, Chain::Open(DbPath(a.dir), gen));
+  sigset_t stop_signals = BlockStopSignals();
+
+  ledger::SharedChain shared(chain.get());
+  ledger::Sequencer sequencer(&shared, key, SystemClock::Default());
+  ledger::RpcLimits limits;
+  limits.max_body_bytes = a.max_body;
+  ledger::RpcService service(&shared, &sequencer, limits);
+  ledger::RpcServerOptions opts;
+  opts.max_body_bytes = a.max_body;
+  opts.rate_limit.rate_per_second = a.rate_limit;
+  opts.rate_limit.burst = std::max(1.0, 2 * a.rate_limit);
+  ledger::RpcServer server(&service, opts);
+  ML_RETURN_IF_ERROR(server.Start(listen.first, listen.second));
+  sequencer.Start();
+
+  json j = {{"url", server.url()},
+            {"chain_id", gen.chain_id},
+            {"height", chain->Height()},
+            {"genesis_hash", chain->genesis_hash().ToHex()}};
+  if (g.json) {
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::cout << "serving chain '" << gen.chain_id << "' at " << server.url() << " (height "
+              << shared.height() << ", a block every " << gen.block_interval_ms
+              << " ms); Ctrl-C to stop" << std::endl;
+  }
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  ML_LOG_INFO("signal {}: stopping", sig);
+  server.Stop();
+  sequencer.Stop();
+  if (!g.json) std::cout << "stopped at height " << shared.height() << std::endl;
+  return Status::Ok();
+}
+
+Status RunFollow(GlobalOptions& g, ChainArgs& a) {
+  Env* env = Env::Default();
+  std::optional<std::pair<std::string, int>> listen;
+  if (!a.follow_listen.empty()) {
+    ML_ASSIGN_OR_RETURN(auto l, ledger::ParseListenAddress(a.follow_listen));
+    listen = l;
+  }
+  ledger::RpcClient upstream(a.url, {.read_timeout_ms = 15000});
+  if (!env->FileExists(GenesisPath(a.dir))) {
+    // First start: take the genesis from the sequencer. The hash printed here is what an
+    // operator compares with the one the network publishes (or pins with --genesis-hash).
+    ML_ASSIGN_OR_RETURN(json gj, upstream.Call("get_genesis", json::object()));
+    ML_ASSIGN_OR_RETURN(Genesis fetched, ledger::ParseGenesis(gj.value("toml", ""), a.url));
+    std::string hash = ledger::GenesisHash(fetched).ToHex();
+    if (!a.genesis_hash.empty() && a.genesis_hash != hash) {
+      return FailedPrecondition("the genesis served by " + a.url + " hashes to " + hash +
+                                ", not the --genesis-hash " + a.genesis_hash + "; wrong network?");
+    }
+    ML_RETURN_IF_ERROR(env->CreateDirs(a.dir, 0700));
+    ML_RETURN_IF_ERROR(ledger::WriteGenesis(env, GenesisPath(a.dir), fetched));
+    if (!g.json) {
+      std::cerr << "fetched genesis of chain '" << fetched.chain_id << "' from " << a.url
+                << " (hash " << hash << ")" << (a.genesis_hash.empty() ? "; pin it with --genesis-hash" : "")
+                << std::endl;
+    }
+  }
+  ML_ASSIGN_OR_RETURN(Genesis gen, LoadChainGenesis(a.dir));
+  PublicKey seq = gen.sequencer;
+  if (!a.sequencer.empty()) {
+    ML_ASSIGN_OR_RETURN(seq, PublicKey::FromHex(a.sequencer, "--sequencer"));
+  }
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Chain> chain, Chain::Open(DbPath(a.dir), gen));
+  sigset_t stop_signals = BlockStopSignals();
+  ledger::SharedChain shared(chain.get());
+  ledger::Follower follower(&shared, &upstream, seq,
+                            {.long_poll_ms = 5000, .evidence_dir = a.dir});
+  ML_RETURN_IF_ERROR(follower.CheckUpstream());
+
+  ledger::RpcService service(&shared, nullptr, {}, {.role = "follower", .upstream = a.url});
+  ledger::RpcServer server(&service);
+  if (listen) ML_RETURN_IF_ERROR(server.Start(listen->first, listen->second));
+
+  Status result;
+  std::atomic<bool> done{false};
+  std::thread worker([&] {
+    result = follower.Run();
+    done.store(true);
+    kill(getpid(), SIGUSR1);
+  });
+  if (!g.json) {
+    std::cout << "following " << a.url << " (chain '" << gen.chain_id << "', local height "
+              << shared.height() << ", upstream " << follower.upstream_height() << ")"
+              << (listen ? "; serving reads at " + server.url() : std::string()) << std::endl;
+  } else {
+    std::cout << json{{"following", a.url}, {"url", listen ? server.url() : ""}}.dump()
+              << std::endl;
+  }
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  follower.Stop();
+  worker.join();
+  if (listen) server.Stop();
+  if (!result.ok()) return result;
+  if (!g.json) std::cout << "stopped at height " << shared.height() << std::endl;
+  return Status::Ok();
+}
+
+Status RunStatus(GlobalOptions& g, ChainArgs& a) {
+  ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc), {.retries = 1});
+  ML_ASSIGN_OR_RETURN(json st, rpc.Call("chain_status", json::object()));
+  g.Output(st, [&] {
+    std::cout << "chain:        " << st.value("chain_id", "?") << " (" << st.value("role", "?")
+              << " at " << rpc.url() << ")\n"
+              << "height:       " << st.value("height", uint64_t{0}) << "\n"
+              << "state hash:   " << st.value("state_hash", "") << "\n"
+              << "last block:   " << st.value("last_block_hash", "") << " at "
+              << st.value("last_block_time_ms", int64_t{0}) << " ms\n"
+              << "genesis hash: " << st.value("genesis_hash", "") << "\n"
+              << "sequencer:    " << st.value("sequencer", "") << "\n";
+    if (st.contains("mempool")) std::cout << "mempool:      " << st["mempool"] << " pending\n";
+    if (st.contains("totals")) std::cout << "totals:       " << st["totals"].dump() << "\n";
+  });
+  return Status::Ok();
+}
+
+void AddChain(CLI::App& root, GlobalOptions& g) {
+  static ChainArgs a;
+  CLI::App* chain = root.add_subcommand("chain", "Run the ledger (sequencer or follower) and inspect it");
+  chain->require_subcommand(1);
+  chain->footer(
+      "Examples:\n"
+      "  meshlearn keys new alice --no-passphrase\n"
+      "  meshlearn chain init --dir ~/chain --fund alice=1000000 --faucet\n"
+      "  meshlearn chain serve --dir ~/chain --listen 127.0.0.1:7700\n"
+      "  meshlearn chain follow http://127.0.0.1:7700 --dir ~/follower --listen 127.0.0.1:7701\n"
+      "  meshlearn chain status --rpc http://127.0.0.1:7701\n"
+      "See docs/operators.md.");
+
+  CLI::App* init = chain->add_subcommand("init", "Create a chain: genesis.toml and the sequencer key");
+  init->add_option("--dir", a.dir, "Directory for the chain (created; must not hold one)")->required();
+  init->add_option("--chain-id", a.chain_id, "Chain id (1-64 of A-Z a-z 0-9 _ . -)")->capture_default_str();
+  init->add_option("--block-interval-ms", a.block_interval_ms, "Time between blocks")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{3600000}));
+  init->add_option("--fund", a.fund, "KEY=AMOUNT: a genesis balance (KEY: key name or hex); repeatable");
+  init->add_flag("--faucet", a.faucet, "Allow Faucet transactions (devnets only)");
+  init->add_flag("--devnet", a.devnet, "Devnet parameters: faucet, small stakes, short unbonding");
+  init->footer("Examples:\n"
+               "  meshlearn chain init --dir ./chain --faucet\n"
+               "  meshlearn chain init --dir ./chain --chain-id test-1 --block-interval-ms 500 \\\n"
+               "      --fund alice=1000000 --fund 3b6a27bc...=5000");
+  init->callback([&g] { g.Exit(RunInit(g, a)); });
+
+  CLI::App* serve = chain->add_subcommand("serve", "Run the sequencer and its JSON-RPC API");
+  serve->add_option("--dir", a.dir, "Chain directory (from `chain init`)")->required();
+  serve->add_option("--listen", a.listen, "HOST:PORT for JSON-RPC (port 0: any free port)")
+      ->capture_default_str();
+  serve->add_option("--rate-limit", a.rate_limit, "Requests per second per client address (0: off)")
+      ->capture_default_str();
+  serve->add_option("--max-body", a.max_body, "Largest request body in bytes")->capture_default_str();
+  serve->footer("Examples:\n"
+                "  meshlearn chain serve --dir ./chain\n"
+                "  meshlearn chain serve --dir ./chain --listen 127.0.0.1:0 --json   # prints the URL\n"
+                "Stop with Ctrl-C or SIGTERM; a crash loses no acknowledged transaction.");
+  serve->callback([&g] { g.Exit(RunServe(g, a)); });
+
+  CLI::App* follow = chain->add_subcommand("follow", "Replay a sequencer's blocks, verify them, serve reads");
+  follow->add_option("url", a.url, "The sequencer's RPC URL")->required();
+  follow->add_option("--dir", a.dir, "Directory for this follower's copy of the chain")->required();
+  follow->add_option("--listen", a.follow_listen, "HOST:PORT to serve read-only JSON-RPC ('' for none)")
+      ->capture_default_str();
+  follow->add_option("--sequencer", a.sequencer, "Expected sequencer key (default: genesis.toml's)");
+  follow->add_option("--genesis-hash", a.genesis_hash, "Refuse a fetched genesis with another hash");
+  follow->footer("Examples:\n"
+                 "  meshlearn chain follow http://127.0.0.1:7700 --dir ./follower --listen 127.0.0.1:7701\n"
+                 "  meshlearn chain follow http://seq:7700 --dir ./f --genesis-hash 9f2c...\n"
+                 "A block that does not verify (signature, re-execution, state hash) is refused: the\n"
+                 "follower stops, exits 1, and keeps the block in DIR/refused-block-H.hex.");
+  follow->callback([&g] { g.Exit(RunFollow(g, a)); });
+
+  CLI::App* status = chain->add_subcommand("status", "Show a ledger's height, state hash and totals");
+  status->add_option("--rpc", a.rpc, "RPC URL (default $MESHLEARN_RPC or http://127.0.0.1:7700)");
+  status->footer("Examples:\n  meshlearn chain status\n  meshlearn --json chain status --rpc http://127.0.0.1:7701");
+  status->callback([&g] { g.Exit(RunStatus(g, a)); });
+}
+
+}  // namespace
+
+MESHLEARN_COMMAND(30, AddChain);
+
+}  // namespace meshlearn::cli

@@ -1,0 +1,239 @@
+// meshlearn wallet balance|transfer|stake|unstake|withdraw|history|faucet|tx: an account's
+// tokens on the ledger. Sending commands sign with a key from the key store, wait until the
+// transaction's block is committed and print the receipt.
+#include <iostream>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/keyfile.h"
+#include "meshlearn/base/progress.h"
+#include "meshlearn/cli.h"
+#include "meshlearn/ledger/rpc_client.h"
+#include "meshlearn/ledger/tx.h"
+
+namespace meshlearn::cli {
+namespace {
+
+using ledger::Amount;
+using nlohmann::json;
+
+struct WalletArgs {
+  std::string key;
+  std::string rpc;
+  std::string passphrase_file;
+  std::string address;  // balance/history: a key name or hex, instead of --key
+  std::string to;
+  std::string node;
+  std::string memo;
+  std::string tx_id;
+  Amount amount = 0;
+  Amount fee = 0;
+  int64_t timeout_s = 60;
+  uint64_t limit = 20;
+  uint64_t cursor = 0;
+};
+
+Result<PublicKey> ResolveAddress(const GlobalOptions& g, const std::string& who, std::string_view what) {
+  if (who.size() == 2 * PublicKey::kSize) {
+    Result<PublicKey> k = PublicKey::FromHex(who, what);
+    if (k.ok()) return k;
+  }
+  KeyStore store(Env::Default(), g.KeysDir());
+  Result<KeyInfo> info = store.Info(who);
+  if (!info.ok()) {
+    return InvalidArgument(std::string(what) + " '" + who +
+                           "' is neither a public key (64 hex digits) nor a key in " + store.dir() +
+                           " (see `meshlearn keys list`)");
+  }
+  return info->public_key;
+}
+
+// The account a read command is about: the positional address, else --key.
+Result<PublicKey> SubjectOf(const GlobalOptions& g, const WalletArgs& a) {
+  if (!a.address.empty()) return ResolveAddress(g, a.address, "address");
+  if (!a.key.empty()) return ResolveAddress(g, a.key, "--key");
+  return InvalidArgument("name the account: --key NAME or an address (64 hex digits)");
+}
+
+std::string ShortJson(const json& receipt) {
+  if (receipt.value("ok", false)) return "ok";
+  return "FAILED: " + receipt.value("reason", std::string("no reason given"));
+}
+
+// Signs `payload` with --key, sends it and waits for its block; prints the receipt.
+Status Send(GlobalOptions& g, const WalletArgs& a, ledger::TxPayload payload, const std::string& what) {
+  if (a.key.empty()) return InvalidArgument("--key NAME is required: the key that signs and pays");
+  KeyStore store(Env::Default(), g.KeysDir());
+  ML_ASSIGN_OR_RETURN(std::string pass, ReadPassphrase(a.passphrase_file, false, !g.json));
+  ML_ASSIGN_OR_RETURN(KeyPair kp, store.Load(a.key, pass));
+  ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
+  ML_ASSIGN_OR_RETURN(std::string chain_id, ledger::FetchChainId(rpc));
+  ML_ASSIGN_OR_RETURN(uint64_t nonce, ledger::FetchNextNonce(rpc, kp.public_key()));
+  ledger::Transaction tx = ledger::BuildSignedTx(kp, chain_id, nonce, std::move(payload), a.fee);
+  std::string id = ledger::TxId(tx).ToHex();
+  if (!g.json) std::cerr << what << ": sent tx " << id.substr(0, 12) << " (nonce " << nonce << ")" << std::endl;
+  auto progress = [&](int64_t waited_ms) {
+    if (!g.json && waited_ms >= 2000) {
+      std::cerr << "  waiting for the next block... " << waited_ms / 1000 << "s" << std::endl;
+    }
+  };
+  ML_ASSIGN_OR_RETURN(json done, ledger::SendTxAndWait(rpc, tx, a.timeout_s * 1000, progress));
+  const json receipt = done.value("receipt", json::object());
+  g.Output(done, [&] {
+    std::cout << what << " included in block " << done.value("height", uint64_t{0}) << ": "
+              << ShortJson(receipt) << "\ntx: " << id << "\n";
+  });
+  if (!receipt.value("ok", false)) {
+    g.exit_code = 1;  // the receipt (printed above) says why
+  }
+  return Status::Ok();
+}
+
+Status RunBalance(GlobalOptions& g, const WalletArgs& a) {
+  ML_ASSIGN_OR_RETURN(PublicKey who, SubjectOf(g, a));
+  ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
+  ML_ASSIGN_OR_RETURN(json acct, rpc.Call("get_account", {{"address", who.ToHex()}}));
+  g.Output(acct, [&] {
+    std::cout << "account: " << who.ToHex() << "\nbalance: " << acct.value("balance", Amount{0})
+              << "\nnonce:   " << acct.value("nonce", uint64_t{0}) << "\n";
+    if (acct.contains("unbonding") && acct["unbonding"].is_array()) {
+      for (const json& u : acct["unbonding"]) std::cout << "unbonding: " << u.dump() << "\n";
+    }
+    if (!acct.value("exists", true)) std::cout << "(the ledger has never seen this account)\n";
+  });
+  return Status::Ok();
+}
+
+Status RunHistory(GlobalOptions& g, const WalletArgs& a) {
+  ML_ASSIGN_OR_RETURN(PublicKey who, SubjectOf(g, a));
+  ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
+  ML_ASSIGN_OR_RETURN(json page, rpc.Call("account_history", {{"address", who.ToHex()},
+                                                              {"cursor", a.cursor},
+                                                              {"limit", a.limit}}));
+  g.Output(page, [&] {
+    const json& items = page["items"];
+    if (items.empty()) std::cout << "no transactions\n";
+    for (const json& t : items) {
+      const json r = t.value("receipt", json::object());
+      std::cout << "block " << r.value("height", uint64_t{0}) << "  " << t.value("type", "?")
+                << "  nonce " << t.value("nonce", uint64_t{0}) << "  "
+                << t.value("payload", json::object()).dump() << "  " << ShortJson(r) << "\n";
+    }
+    if (!page["next_cursor"].is_null()) {
+      std::cout << "more: --cursor " << page["next_cursor"] << "\n";
+    }
+  });
+  return Status::Ok();
+}
+
+Status RunTx(GlobalOptions& g, const WalletArgs& a) {
+  ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
+  ML_ASSIGN_OR_RETURN(json t, rpc.Call("get_tx", {{"id", a.tx_id}}));
+  g.Output(t, [&] { std::cout << t.dump(2) << "\n"; });
+  return Status::Ok();
+}
+
+void AddCommon(CLI::App* cmd, WalletArgs& a, bool sends) {
+  cmd->add_option("--key", a.key, sends ? "Key that signs and pays (see `meshlearn keys list`)"
+                                        : "Key whose account to show");
+  cmd->add_option("--rpc", a.rpc, "Ledger RPC URL (default $MESHLEARN_RPC or http://127.0.0.1:7700)");
+  if (sends) {
+    cmd->add_option("--passphrase-file", a.passphrase_file,
+                    "Read the key's passphrase from this file (else $MESHLEARN_PASSPHRASE or a prompt)");
+    cmd->add_option("--fee", a.fee, "Fee paid to the treasury")->capture_default_str();
+    cmd->add_option("--timeout", a.timeout_s, "Seconds to wait for inclusion")->capture_default_str();
+  }
+}
+
+void AddWallet(CLI::App& root, GlobalOptions& g) {
+  static WalletArgs a;
+  CLI::App* w = root.add_subcommand("wallet", "Balances, transfers and stake on the ledger");
+  w->require_subcommand(1);
+  w->footer(
+      "Examples:\n"
+      "  meshlearn wallet faucet --key alice                 # devnets: mint test tokens\n"
+      "  meshlearn wallet balance --key alice\n"
+      "  meshlearn wallet transfer bob 250 --key alice --memo rent\n"
+      "  meshlearn wallet stake NODE_ID 1000 --key alice\n"
+      "  meshlearn wallet history --key alice --limit 10\n"
+      "Sending waits until the block is committed and prints the receipt. Sending the same\n"
+      "transaction again (e.g. after a timeout) never pays twice.");
+
+  CLI::App* bal = w->add_subcommand("balance", "Show an account's balance and nonce");
+  bal->add_option("address", a.address, "Key name or public key (default: --key)");
+  AddCommon(bal, a, false);
+  bal->footer("Examples:\n  meshlearn wallet balance --key alice\n  meshlearn --json wallet balance 3b6a27bc...");
+  bal->callback([&g] { g.Exit(RunBalance(g, a)); });
+
+  CLI::App* tr = w->add_subcommand("transfer", "Send tokens to another account");
+  tr->add_option("to", a.to, "Recipient: key name or public key")->required();
+  tr->add_option("amount", a.amount, "Amount in the smallest unit")->required();
+  tr->add_option("--memo", a.memo, "Free text stored with the transfer");
+  AddCommon(tr, a, true);
+  tr->footer("Examples:\n  meshlearn wallet transfer bob 250 --key alice\n"
+             "  meshlearn --json wallet transfer 3b6a27bc... 1000 --key alice --fee 1");
+  tr->callback([&g] {
+    Result<PublicKey> to = ResolveAddress(g, a.to, "recipient");
+    if (!to.ok()) return g.Exit(to.status());
+    g.Exit(Send(g, a, ledger::TransferTx{.to = *to, .amount = a.amount, .memo = a.memo}, "transfer"));
+  });
+
+  CLI::App* st = w->add_subcommand("stake", "Bond tokens onto a node you own");
+  st->add_option("node", a.node, "Node id (its key name or public key)")->required();
+  st->add_option("amount", a.amount, "Amount to bond")->required();
+  AddCommon(st, a, true);
+  st->footer("Examples:\n  meshlearn wallet stake node1 1000 --key alice");
+  st->callback([&g] {
+    Result<PublicKey> node = ResolveAddress(g, a.node, "node");
+    if (!node.ok()) return g.Exit(node.status());
+    g.Exit(Send(g, a, ledger::StakeTx{.node_id = *node, .amount = a.amount}, "stake"));
+  });
+
+  CLI::App* un = w->add_subcommand("unstake", "Start unbonding stake from a node you own");
+  un->add_option("node", a.node, "Node id (its key name or public key)")->required();
+  un->add_option("amount", a.amount, "Amount to unbond")->required();
+  AddCommon(un, a, true);
+  un->footer("Examples:\n  meshlearn wallet unstake node1 500 --key alice\n"
+             "The tokens become withdrawable after the chain's unbonding delay (`wallet withdraw`).");
+  un->callback([&g] {
+    Result<PublicKey> node = ResolveAddress(g, a.node, "node");
+    if (!node.ok()) return g.Exit(node.status());
+    g.Exit(Send(g, a, ledger::UnstakeTx{.node_id = *node, .amount = a.amount}, "unstake"));
+  });
+
+  CLI::App* wd = w->add_subcommand("withdraw", "Move matured unbonded stake to your balance");
+  AddCommon(wd, a, true);
+  wd->footer("Examples:\n  meshlearn wallet withdraw --key alice");
+  wd->callback([&g] { g.Exit(Send(g, a, ledger::WithdrawTx{}, "withdraw")); });
+
+  CLI::App* hi = w->add_subcommand("history", "List an account's transactions, newest first");
+  hi->add_option("address", a.address, "Key name or public key (default: --key)");
+  hi->add_option("--limit", a.limit, "Transactions per page (1-100)")->capture_default_str();
+  hi->add_option("--cursor", a.cursor, "Where to continue (printed by the previous page)");
+  AddCommon(hi, a, false);
+  hi->footer("Examples:\n  meshlearn wallet history --key alice\n  meshlearn wallet history --key alice --cursor 20");
+  hi->callback([&g] { g.Exit(RunHistory(g, a)); });
+
+  CLI::App* fa = w->add_subcommand("faucet", "Mint test tokens to your account (devnet chains)");
+  a.amount = 1'000'000;
+  fa->add_option("amount", a.amount, "Amount to mint")->capture_default_str();
+  AddCommon(fa, a, true);
+  fa->footer("Examples:\n  meshlearn wallet faucet --key alice\n  meshlearn wallet faucet 5000 --key alice");
+  fa->callback([&g] {
+    if (a.key.empty()) return g.Exit(InvalidArgument("--key NAME is required: the account to fund"));
+    Result<PublicKey> me = ResolveAddress(g, a.key, "--key");
+    if (!me.ok()) return g.Exit(me.status());
+    g.Exit(Send(g, a, ledger::FaucetTx{.recipient = *me, .amount = a.amount}, "faucet"));
+  });
+
+  CLI::App* tx = w->add_subcommand("tx", "Show a transaction's status and receipt");
+  tx->add_option("id", a.tx_id, "Transaction id (hex)")->required();
+  tx->add_option("--rpc", a.rpc, "Ledger RPC URL");
+  tx->footer("Examples:\n  meshlearn wallet tx 5f0c...");
+  tx->callback([&g] { g.Exit(RunTx(g, a)); });
+}
+
+}  // namespace
+
+MESHLEARN_COMMAND(35, AddWallet);
+
+}  // namespace meshlearn::cli
