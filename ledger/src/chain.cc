@@ -1,6 +1,7 @@
 #include "meshlearn/ledger/chain.h"
 
 #include "execute.h"
+#include "meshlearn/base/merkle.h"
 #include "ledger_state.h"
 #include "store.h"
 
@@ -70,7 +71,7 @@ Result<std::unique_ptr<Chain>> Chain::Open(const std::string& db_path, const Gen
 }
 
 Status Chain::CheckTx(const Transaction& tx) const {
-  ML_RETURN_IF_ERROR(CheckAdmission(*state_, genesis_, tx, /*exact_nonce=*/false));
+  ML_RETURN_IF_ERROR(CheckAdmission(*state_, genesis_, PreparedTx(tx), /*exact_nonce=*/false));
   if (tx.fee > 0) {
     const Account* a = state_->accounts.Find(tx.sender);
     Amount balance = a ? a->balance : 0;
@@ -131,26 +132,28 @@ Result<Block> Chain::ProduceBlock(std::vector<Transaction> txs, int64_t time_ms,
   h.time_ms = time_ms;
   h.sequencer = sequencer.public_key();
   size_t bytes = 0;
+  std::vector<Hash256> ids;
   for (Transaction& tx : txs) {
+    PreparedTx p(tx);
     Status adm = Status::Ok();
-    size_t size = EncodeTx(tx).size();
-    if (b.txs.size() >= kMaxTxsPerBlock || bytes + size > kMaxBlockTxBytes) {
+    if (b.txs.size() >= kMaxTxsPerBlock || bytes + p.wire.size() > kMaxBlockTxBytes) {
       adm = ResourceExhausted("block is full; resubmit for the next block");
     }
     Receipt r;
     if (adm.ok()) {
-      adm = ExecuteBlockTx(*state_, genesis_, h.height, time_ms, h.prev_hash, tx,
+      adm = ExecuteBlockTx(*state_, genesis_, h.height, time_ms, h.prev_hash, p,
                            static_cast<uint32_t>(b.txs.size()), &r);
     }
     if (!adm.ok()) {
-      if (rejected) rejected->push_back({TxId(tx), adm});
+      if (rejected) rejected->push_back({p.id, adm});
       continue;
     }
-    bytes += size;
+    bytes += p.wire.size();
+    ids.push_back(p.id);
     b.txs.push_back(std::move(tx));
     b.receipts.push_back(std::move(r));
   }
-  h.tx_root = TxRoot(b.txs);
+  h.tx_root = MerkleRoot(ids);
   h.receipts_root = ReceiptsRoot(b.receipts);
   h.state_hash = state_->Hash();
   b.signature = sequencer.Sign(BlockHash(h).span());
@@ -186,7 +189,15 @@ Status Chain::ApplyBlock(const Block& block, const PublicKey& expected_sequencer
   if (block.txs.size() != block.receipts.size() || block.txs.size() > kMaxTxsPerBlock) {
     return InvalidArgument(name + ": malformed (transaction and receipt counts)");
   }
-  if (TxRoot(block.txs) != h.tx_root) {
+  std::vector<PreparedTx> prepared;
+  std::vector<Hash256> ids;
+  prepared.reserve(block.txs.size());
+  ids.reserve(block.txs.size());
+  for (const Transaction& tx : block.txs) {
+    prepared.emplace_back(tx);
+    ids.push_back(prepared.back().id);
+  }
+  if (MerkleRoot(ids) != h.tx_root) {
     return InvalidArgument(name + ": transaction root does not match its transactions");
   }
   std::vector<Receipt> receipts;
@@ -195,7 +206,7 @@ Status Chain::ApplyBlock(const Block& block, const PublicKey& expected_sequencer
   for (uint32_t i = 0; i < block.txs.size() && refused.ok(); ++i) {
     Receipt r;
     Status adm =
-        ExecuteBlockTx(*state_, genesis_, h.height, h.time_ms, h.prev_hash, block.txs[i], i, &r);
+        ExecuteBlockTx(*state_, genesis_, h.height, h.time_ms, h.prev_hash, prepared[i], i, &r);
     if (!adm.ok()) {
       refused = InvalidArgument(name + ": transaction " + std::to_string(i) +
                                 " is not admissible: " + adm.ToString());
@@ -335,7 +346,8 @@ Status Chain::ReplayFromGenesis(Hash256* replayed) const {
     }
     for (uint32_t i = 0; i < b.txs.size(); ++i) {
       Receipt r;
-      Status adm = ExecuteBlockTx(s, genesis_, h.height, h.time_ms, h.prev_hash, b.txs[i], i, &r);
+      Status adm = ExecuteBlockTx(s, genesis_, h.height, h.time_ms, h.prev_hash,
+                                  PreparedTx(b.txs[i]), i, &r);
       if (!adm.ok()) {
         return DataLoss("replay: block " + std::to_string(height) + " tx " + std::to_string(i) +
                         " is not admissible: " + adm.ToString());

@@ -32,6 +32,25 @@ Status Dispatch(ExecContext& ctx) {
       ctx.tx.payload);
 }
 
+// The limits DecodeTx applies, checked on the struct (an in-process Transaction can hold
+// anything; a block must only carry what every follower can decode).
+struct LimitChecker {
+  Status status;
+  void operator()(const char* n, const std::string& v) {
+    if (status.ok() && v.size() > kMaxStringFieldLength) {
+      status = InvalidArgument(std::string("transaction: field '") + n + "' is " +
+                               std::to_string(v.size()) + " bytes, over the limit of " +
+                               std::to_string(kMaxStringFieldLength));
+    }
+  }
+  template <internal::HasVisit T>
+  void operator()(const char*, const T& v) {
+    T::Visit(v, *this);
+  }
+  template <typename T>
+  void operator()(const char*, const T&) {}
+};
+
 std::string Truncate(std::string s) {
   if (s.size() > kMaxReasonLength) s.resize(kMaxReasonLength);
   return s;
@@ -63,21 +82,30 @@ Amount BasisPoints(Amount amount, uint32_t bps) {
   return q * bps + r * bps / 10000;
 }
 
-Status CheckAdmission(const LedgerState& state, const Genesis& genesis, const Transaction& tx,
+PreparedTx::PreparedTx(const Transaction& t) : tx(t), wire(EncodeTx(t)), id(TxIdOfEncoded(wire)) {}
+
+Status CheckAdmission(const LedgerState& state, const Genesis& genesis, const PreparedTx& p,
                       bool exact_nonce) {
-  Bytes wire = EncodeTx(tx);
-  if (wire.size() > kMaxTxBytes) {
-    return ResourceExhausted("transaction is " + std::to_string(wire.size()) +
+  const Transaction& tx = p.tx;
+  if (p.wire.size() > kMaxTxBytes) {
+    return ResourceExhausted("transaction is " + std::to_string(p.wire.size()) +
                              " bytes, over the limit of " + std::to_string(kMaxTxBytes));
   }
   if (tx.chain_id != genesis.chain_id) {
     return InvalidArgument("transaction is for chain '" + tx.chain_id + "', this is '" +
                            genesis.chain_id + "'");
   }
-  // Field limits exactly as a follower's decoder applies them.
-  auto decoded = DecodeTx(wire);
-  if (!decoded.ok()) return decoded.status();
-  if (!VerifyTxSignature(tx)) {
+  LimitChecker limits{Status::Ok()};
+  std::visit([&](const auto& v) { std::decay_t<decltype(v)>::Visit(v, limits); }, tx.payload);
+  ML_RETURN_IF_ERROR(limits.status);
+  // The signed bytes are the domain tag followed by the encoding minus the signature.
+  constexpr std::string_view kDomain = "meshlearn.tx.v1";
+  Bytes message;
+  message.reserve(kDomain.size() + p.wire.size());
+  message.insert(message.end(), kDomain.begin(), kDomain.end());
+  message.insert(message.end(), p.wire.begin(), p.wire.end() - Signature::kSize);
+  DCHECK(message == SigningBytes(tx));
+  if (!Verify(tx.sender, message, tx.signature)) {
     return PermissionDenied("transaction signature does not verify for sender " +
                             tx.sender.ToHex());
   }
@@ -102,10 +130,11 @@ Status CheckAdmission(const LedgerState& state, const Genesis& genesis, const Tr
 }
 
 Status ExecuteBlockTx(LedgerState& state, const Genesis& genesis, uint64_t height,
-                      int64_t time_ms, const Hash256& block_seed, const Transaction& tx,
+                      int64_t time_ms, const Hash256& block_seed, const PreparedTx& p,
                       uint32_t index, Receipt* receipt) {
-  ML_RETURN_IF_ERROR(CheckAdmission(state, genesis, tx, /*exact_nonce=*/true));
-  Hash256 id = TxId(tx);
+  ML_RETURN_IF_ERROR(CheckAdmission(state, genesis, p, /*exact_nonce=*/true));
+  const Transaction& tx = p.tx;
+  const Hash256& id = p.id;
   // The nonce is consumed whatever happens next.
   if (Account* a = state.accounts.FindMutable(tx.sender)) {
     a->nonce++;

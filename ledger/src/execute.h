@@ -42,17 +42,25 @@ struct ExecContext {
 MESHLEARN_LEDGER_TX_TYPES(ML_DECLARE_EXECUTOR_)
 #undef ML_DECLARE_EXECUTOR_
 
+// A transaction with its encoding and id, computed once per block pass.
+struct PreparedTx {
+  explicit PreparedTx(const Transaction& t);
+  const Transaction& tx;
+  Bytes wire;  // EncodeTx(tx)
+  Hash256 id;  // TxId(tx)
+};
+
 // Whether `tx` may enter a block at this point: size (and canonical field limits), chain id,
 // signature, a known sender (or a faucet transaction with nonce 0 on a faucet chain) and
 // nonce == the sender's next nonce (`exact_nonce`) or >= it (mempool). Changes nothing.
-Status CheckAdmission(const LedgerState& state, const Genesis& genesis, const Transaction& tx,
+Status CheckAdmission(const LedgerState& state, const Genesis& genesis, const PreparedTx& p,
                       bool exact_nonce);
 
 // Runs one transaction of a block. Returns the admission Status: when not OK the transaction
 // is not part of the block and the state is untouched. When OK, *receipt says whether it
 // succeeded.
 Status ExecuteBlockTx(LedgerState& state, const Genesis& genesis, uint64_t height,
-                      int64_t time_ms, const Hash256& block_seed, const Transaction& tx,
+                      int64_t time_ms, const Hash256& block_seed, const PreparedTx& p,
                       uint32_t index, Receipt* receipt);
 
 // Keys a transaction concerns (sender and every PublicKey field of its payload), sorted and

@@ -117,9 +117,11 @@ Bytes SigningBytes(const Transaction& tx) {
   return e.Take();
 }
 
-Hash256 TxId(const Transaction& tx) {
+Hash256 TxId(const Transaction& tx) { return TxIdOfEncoded(EncodeTx(tx)); }
+
+Hash256 TxIdOfEncoded(ByteSpan wire) {
   Hasher h("meshlearn.txid.v1");
-  h.Update(EncodeTx(tx));
+  h.Update(wire);
   return h.Finish();
 }
 

@@ -243,6 +243,8 @@ Bytes SigningBytes(const Transaction& tx);
 // Id = BLAKE2b over the full encoding (signature included). ed25519 as libsodium checks it is
 // not malleable, so a transaction has one id.
 Hash256 TxId(const Transaction& tx);
+// The same id from the encoding (EncodeTx's output), without re-encoding.
+Hash256 TxIdOfEncoded(ByteSpan wire);
 bool VerifyTxSignature(const Transaction& tx);
 
 // Sets tx.sender to the signer's key and fills tx.signature.
