@@ -67,6 +67,23 @@ int ActiveThreads();
 // {seed_lo, seed_hi})[0]). Out of line in a baseline TU so SIMD TUs need no STL or base inlines.
 float DropoutUniform(uint64_t i, uint64_t seed, uint64_t stream);
 
+// Puts the calling thread's floating-point environment in the state every kernel assumes (x86:
+// MXCSR round-to-nearest, no flush-to-zero, no denormals-are-zero) for the guard's lifetime and
+// restores it afterwards. Another library (or user code) that enables FTZ/DAZ would otherwise
+// change results silently.
+class FpEnvGuard {
+ public:
+  FpEnvGuard();
+  ~FpEnvGuard();
+  FpEnvGuard(const FpEnvGuard&) = delete;
+  FpEnvGuard& operator=(const FpEnvGuard&) = delete;
+
+ private:
+  unsigned saved_;
+};
+// Sets the calling thread's floating-point control state to the canonical one (no restore).
+void SetCanonicalFpEnv();
+
 // Checks shared by reference and fast kernels; abort with a message on a broken precondition.
 void CheckTargets(const int32_t* targets, int64_t B, int64_t V);
 void CheckIds(const int32_t* ids, int64_t N, int64_t V);

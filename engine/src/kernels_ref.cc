@@ -59,6 +59,7 @@ using internal::kLayerNormEps;
 
 void LinearForward(float* out, const float* inp, const float* weight, const float* bias,
                    int64_t B, int64_t C, int64_t OC) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t o = 0; o < OC; ++o) {
       float acc = bias != nullptr ? bias[o] : 0.0f;
@@ -70,6 +71,7 @@ void LinearForward(float* out, const float* inp, const float* weight, const floa
 
 void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                     const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
+  internal::FpEnvGuard fp_guard;
   if (dinp != nullptr) {
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t c = 0; c < C; ++c) {
@@ -100,6 +102,7 @@ void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout
 void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias,
                    int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {
+  internal::FpEnvGuard fp_guard;
   const int64_t OH = (H + 2 * pad - KH) / stride + 1, OW = (W + 2 * pad - KW) / stride + 1;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t oc = 0; oc < OC; ++oc)
@@ -122,6 +125,7 @@ void Conv2dForward(float* out, const float* inp, const float* weight, const floa
 void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                     const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,
                     int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride, int64_t pad) {
+  internal::FpEnvGuard fp_guard;
   const int64_t OH = (H + 2 * pad - KH) / stride + 1, OW = (W + 2 * pad - KW) / stride + 1;
   if (dinp != nullptr) {
     // dinp[b,c,ih,iw] += chain over (oc,kh,kw) of fma(g, w[oc,c,kh,kw]) where g is
@@ -176,6 +180,7 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
 
 void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C,
                       int64_t H, int64_t W, int64_t k, int64_t s) {
+  internal::FpEnvGuard fp_guard;
   const int64_t OH = (H - k) / s + 1, OW = (W - k) / s + 1;
   for (int64_t bc = 0; bc < B * C; ++bc)
     for (int64_t oh = 0; oh < OH; ++oh)
@@ -197,18 +202,22 @@ void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, 
 
 void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B,
                        int64_t C, int64_t OH, int64_t OW) {
+  internal::FpEnvGuard fp_guard;
   // Overlapping windows add into dinp one output at a time, in increasing output index.
   for (int64_t i = 0; i < B * C * OH * OW; ++i) dinp[argmax[i]] += dout[i];
 }
 
 void ReluForward(float* out, const float* inp, int64_t n) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t i = 0; i < n; ++i) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
 }
 void ReluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t i = 0; i < n; ++i) dinp[i] = dinp[i] + (inp[i] > 0.0f ? dout[i] : 0.0f);
 }
 
 void GeluForward(float* out, const float* inp, int64_t n) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t i = 0; i < n; ++i) {
     float x = inp[i];
     float cube = (x * x) * x;
@@ -217,6 +226,7 @@ void GeluForward(float* out, const float* inp, int64_t n) {
   }
 }
 void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t i = 0; i < n; ++i) {
     float x = inp[i];
     float cube = (x * x) * x;
@@ -231,6 +241,7 @@ void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
 
 float SoftmaxCrossEntropyForward(float* probs, float* losses, const float* logits,
                                  const int32_t* targets, int64_t B, int64_t V) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t b = 0; b < B; ++b) {
     const float* x = logits + b * V;
     float* p = probs + b * V;
@@ -248,6 +259,7 @@ float SoftmaxCrossEntropyForward(float* probs, float* losses, const float* logit
 }
 void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
                                  float dloss, int64_t B, int64_t V) {
+  internal::FpEnvGuard fp_guard;
   const float scale = dloss / static_cast<float>(B);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t v = 0; v < V; ++v) {
@@ -258,6 +270,7 @@ void SoftmaxCrossEntropyBackward(float* dlogits, const float* probs, const int32
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int64_t N, int64_t C) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t n = 0; n < N; ++n) {
     const float* x = inp + n * C;
     float m = 0.0f;
@@ -278,6 +291,7 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int64_t N, int64_t C) {
+  internal::FpEnvGuard fp_guard;
   if (dinp != nullptr) {
     for (int64_t n = 0; n < N; ++n) {
       const float* x = inp + n * C;
@@ -313,11 +327,13 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
 }
 
 void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c) out[n * C + c] = table[ids[n] * C + c];
 }
 void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
                        int64_t V) {
+  internal::FpEnvGuard fp_guard;
   // Rows that no id hits are left untouched.
   for (int64_t v = 0; v < V; ++v) {
     bool hit = false;
@@ -334,6 +350,7 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int
 
 void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B,
                       int64_t T, int64_t C, int64_t NH) {
+  internal::FpEnvGuard fp_guard;
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
   for (int64_t b = 0; b < B; ++b)
@@ -370,6 +387,7 @@ void AttentionForward(float* out, float* preatt, float* att, const float* qkv, i
 void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* dout,
                        const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
                        int64_t NH) {
+  internal::FpEnvGuard fp_guard;
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
   for (int64_t b = 0; b < B; ++b)
@@ -420,9 +438,11 @@ void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* do
 }
 
 void ResidualForward(float* out, const float* a, const float* b, int64_t n) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 void ResidualBackward(float* da, float* db, const float* dout, int64_t n) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t i = 0; i < n; ++i) {
     da[i] += dout[i];
     db[i] += dout[i];
@@ -431,6 +451,7 @@ void ResidualBackward(float* da, float* db, const float* dout, int64_t n) {
 
 void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed,
                     uint64_t stream) {
+  internal::FpEnvGuard fp_guard;
   const float keep_scale = 1.0f / (1.0f - p);
   for (int64_t i = 0; i < n; ++i) {
     mask[i] = internal::DropoutUniform(static_cast<uint64_t>(i), seed, stream) >= p ? keep_scale
@@ -439,10 +460,17 @@ void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float 
   }
 }
 void DropoutBackward(float* dinp, const float* dout, const float* mask, int64_t n) {
+  internal::FpEnvGuard fp_guard;
   for (int64_t i = 0; i < n; ++i) dinp[i] = dinp[i] + dout[i] * mask[i];
 }
 
-float SumTree(const float* x, int64_t n) { return SumTreeRef(x, n, false); }
-float SumSquaresTree(const float* x, int64_t n) { return SumTreeRef(x, n, true); }
+float SumTree(const float* x, int64_t n) {
+  internal::FpEnvGuard fp_guard;
+  return SumTreeRef(x, n, false);
+}
+float SumSquaresTree(const float* x, int64_t n) {
+  internal::FpEnvGuard fp_guard;
+  return SumTreeRef(x, n, true);
+}
 
 }  // namespace meshlearn::engine::ref

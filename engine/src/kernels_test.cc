@@ -381,3 +381,34 @@ TEST(KernelsTest, DropoutMaskIsThePhiloxFormula) {
 
 }  // namespace
 }  // namespace meshlearn::engine
+
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+
+namespace meshlearn::engine {
+namespace {
+
+// A caller that enabled flush-to-zero / denormals-are-zero (as some libraries do) must not change
+// kernel results: the kernels run under the canonical MXCSR and restore the caller's.
+TEST(KernelsTest, FlushToZeroModeDoesNotChangeResults) {
+  testing::ConfigGuard guard;
+  const int64_t B = 9, C = 37, OC = 40;
+  auto inp = RandomVec(B * C, 1), w = RandomVec(OC * C, 2);
+  for (auto& x : inp) x *= 1e-37f;  // products and sums are subnormal
+  std::vector<float> want(B * OC), got(B * OC);
+  ref::LinearForward(want.data(), inp.data(), w.data(), nullptr, B, C, OC);
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040);  // FTZ | DAZ
+  for (const KernelConfig& c : AllConfigs()) {
+    ASSERT_TRUE(SetKernelConfig(c).ok());
+    LinearForward(got.data(), inp.data(), w.data(), nullptr, B, C, OC);
+    std::string why;
+    EXPECT_TRUE(BitEqual(want, got, &why)) << SimdPathName(c.simd) << " x" << c.threads << ": " << why;
+    EXPECT_EQ(_mm_getcsr() & 0xFFC0, (saved | 0x8040) & 0xFFC0) << "caller's MXCSR not restored";
+  }
+  _mm_setcsr(saved);
+}
+
+}  // namespace
+}  // namespace meshlearn::engine
+#endif

@@ -15,11 +15,15 @@ float Log(float x) { return mathscalar::LogV({x}).v; }
 float Tanh(float x) { return mathscalar::TanhV({x}).v; }
 float Erf(float x) { return mathscalar::ErfV({x}).v; }
 
-void ExpArray(float* y, const float* x, int64_t n) { internal::ActiveKernelTable().exp_array(y, x, n); }
-void LogArray(float* y, const float* x, int64_t n) { internal::ActiveKernelTable().log_array(y, x, n); }
+void ExpArray(float* y, const float* x, int64_t n) {
+  internal::FpEnvGuard fp_guard; internal::ActiveKernelTable().exp_array(y, x, n); }
+void LogArray(float* y, const float* x, int64_t n) {
+  internal::FpEnvGuard fp_guard; internal::ActiveKernelTable().log_array(y, x, n); }
 void TanhArray(float* y, const float* x, int64_t n) {
+  internal::FpEnvGuard fp_guard;
   internal::ActiveKernelTable().tanh_array(y, x, n);
 }
-void ErfArray(float* y, const float* x, int64_t n) { internal::ActiveKernelTable().erf_array(y, x, n); }
+void ErfArray(float* y, const float* x, int64_t n) {
+  internal::FpEnvGuard fp_guard; internal::ActiveKernelTable().erf_array(y, x, n); }
 
 }  // namespace meshlearn::engine

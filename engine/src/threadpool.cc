@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels_internal.h"
 #include "meshlearn/base/check.h"
 
 namespace meshlearn::engine {
@@ -93,6 +94,7 @@ class ThreadPool {
         seen = generation_;
         ++active_;
       }
+      internal::SetCanonicalFpEnv();  // workers only ever run kernel chunks
       RunChunks();
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -12,6 +12,9 @@
 //    of kSumBlock elements summed sequentially, block partials then combined pairwise in a fixed
 //    binary tree.
 //  * Transcendentals come from engine/math.h (own polynomials), never from libm.
+//  * Every kernel (fast and ref) runs under the canonical floating-point environment (round to
+//    nearest, no flush-to-zero, no denormals-are-zero) whatever the caller set, and restores the
+//    caller's environment on return.
 //
 // Backward kernels ACCUMULATE into gradient buffers: d += (full sum), so callers zero gradients
 // before a step and residual branches add naturally. The full sum is formed first and added once.
