@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshlearn/base/rng.h"
@@ -92,8 +92,10 @@ int main(int argc, char** argv) {
   std::vector<int> sizes = {256, 384, 512, 768, 1024};
   std::vector<int> threads = {1, 2};
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--sizes=", 8) == 0) sizes = ParseList(argv[i] + 8);
-    else if (std::strncmp(argv[i], "--threads=", 10) == 0) threads = ParseList(argv[i] + 10);
+    if (std::strncmp(argv[i], "--sizes=", 8) == 0)
+      sizes = ParseList(argv[i] + 8);
+    else if (std::strncmp(argv[i], "--threads=", 10) == 0)
+      threads = ParseList(argv[i] + 10);
     else {
       std::fprintf(stderr, "usage: gemm_bench [--sizes=256,512] [--threads=1,2]\n");
       return 2;
@@ -111,7 +113,8 @@ int main(int argc, char** argv) {
       openblas_set_num_threads(t);
       auto [ours, blas] = BestTimes(
           [&] {
-            meshlearn::engine::LinearForward(out.data(), inp.data(), w.data(), bias.data(), M, K, N);
+            meshlearn::engine::LinearForward(out.data(), inp.data(), w.data(), bias.data(), M, K,
+                                             N);
           },
           [&] {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, inp.data(), K,
@@ -151,9 +154,9 @@ int main(int argc, char** argv) {
             for (int64_t b = 0; b < c.B; ++b) {
               Im2col(col.data(), x.data() + b * c.C * c.H * c.W, c.C, c.H, c.W, c.K, c.s, c.p, OH,
                      OW);
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c.OC, OH * OW,
-                          c.C * c.K * c.K, 1.0f, w.data(), c.C * c.K * c.K, col.data(), OH * OW,
-                          0.0f, out2.data() + b * c.OC * OH * OW, OH * OW);
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c.OC, OH * OW, c.C * c.K * c.K,
+                          1.0f, w.data(), c.C * c.K * c.K, col.data(), OH * OW, 0.0f,
+                          out2.data() + b * c.OC * OH * OW, OH * OW);
             }
           });
       const double flops = 2.0 * c.B * c.OC * OH * OW * c.C * c.K * c.K;

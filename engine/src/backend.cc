@@ -71,7 +71,8 @@ State& GlobalState() {
     if (c.ok()) {
       s->config = *c;
     } else {
-      std::fprintf(stderr, "meshlearn engine: %s (using defaults)\n", c.status().ToString().c_str());
+      std::fprintf(stderr, "meshlearn engine: %s (using defaults)\n",
+                   c.status().ToString().c_str());
       s->config.simd = BestSupported();
       s->config.threads = DefaultThreads();
     }
@@ -144,7 +145,9 @@ Status ConfigureFromEnv() {
 }
 
 namespace internal {
-const KernelTable& ActiveKernelTable() { return *GlobalState().table.load(std::memory_order_relaxed); }
+const KernelTable& ActiveKernelTable() {
+  return *GlobalState().table.load(std::memory_order_relaxed);
+}
 int ActiveThreads() { return GlobalState().config.threads; }
 }  // namespace internal
 

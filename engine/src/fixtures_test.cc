@@ -173,8 +173,8 @@ TEST_F(FixturesTest, SoftmaxCrossEntropy) {
   auto targets = I("targets");
   const int64_t B = fx_["logits"].dims[0], V = fx_["logits"].dims[1];
   std::vector<float> probs(B * V), losses(B), dlogits(B * V);
-  float loss = SoftmaxCrossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(),
-                                          B, V);
+  float loss =
+      SoftmaxCrossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(), B, V);
   SoftmaxCrossEntropyBackward(dlogits.data(), probs.data(), targets.data(), 1.0f, B, V);
   ExpectClose("probs", probs);
   ExpectClose("losses", losses);
@@ -202,7 +202,8 @@ TEST_F(FixturesTest, Embedding) {
   Load("embedding");
   auto table = F("table"), dout = F("dout");
   auto ids = I("ids");
-  const int64_t V = fx_["table"].dims[0], C = fx_["table"].dims[1], N = static_cast<int64_t>(ids.size());
+  const int64_t V = fx_["table"].dims[0], C = fx_["table"].dims[1],
+                N = static_cast<int64_t>(ids.size());
   std::vector<float> out(N * C), dtable(V * C);
   EmbeddingForward(out.data(), ids.data(), table.data(), N, C);
   EmbeddingBackward(dtable.data(), dout.data(), ids.data(), N, C, V);
@@ -218,8 +219,8 @@ TEST_F(FixturesTest, Attention) {
   std::vector<float> out(B * T * C), pre(B * NH * T * T), att(pre.size()), dpre(pre.size()),
       datt(pre.size()), dqkv(qkv.size());
   AttentionForward(out.data(), pre.data(), att.data(), qkv.data(), B, T, C, NH);
-  AttentionBackward(dqkv.data(), dpre.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T,
-                    C, NH);
+  AttentionBackward(dqkv.data(), dpre.data(), datt.data(), dout.data(), qkv.data(), att.data(), B,
+                    T, C, NH);
   ExpectClose("out", out);
   ExpectClose("att", att);
   ExpectClose("dqkv", dqkv);

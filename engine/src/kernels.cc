@@ -1,6 +1,6 @@
 // The public fast kernels: each forwards to the table of the active SIMD path (backend.h).
-#include "kernels_internal.h"
 #include <array>
+#include "kernels_internal.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
@@ -23,27 +23,27 @@ float SumSquaresTree(const float* x, int64_t n) {
   return ActiveKernelTable().sum_squares_tree(x, n);
 }
 
-void LinearForward(float* out, const float* inp, const float* weight, const float* bias,
-                   int64_t B, int64_t C, int64_t OC) {
+void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                   int64_t C, int64_t OC) {
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().linear_forward(out, inp, weight, bias, B, C, OC);
 }
-void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                    const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
+void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int64_t B, int64_t C, int64_t OC) {
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().linear_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
 }
-void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias,
-                   int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
+void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                   int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {
   internal::FpEnvGuard fp_guard;
   CHECK(stride >= 1 && pad >= 0 && H + 2 * pad >= KH && W + 2 * pad >= KW)
       << "conv2d: bad geometry";
   ActiveKernelTable().conv2d_forward(out, inp, weight, bias, B, C, H, W, OC, KH, KW, stride, pad);
 }
-void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                    const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,
-                    int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride, int64_t pad) {
+void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC,
+                    int64_t KH, int64_t KW, int64_t stride, int64_t pad) {
   internal::FpEnvGuard fp_guard;
   CHECK(stride >= 1 && pad >= 0 && H + 2 * pad >= KH && W + 2 * pad >= KW)
       << "conv2d: bad geometry";
@@ -56,8 +56,8 @@ void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, 
   CHECK(k >= 1 && s >= 1 && H >= k && W >= k) << "maxpool2d: bad geometry";
   ActiveKernelTable().maxpool2d_forward(out, argmax, inp, B, C, H, W, k, s);
 }
-void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B,
-                       int64_t C, int64_t OH, int64_t OW) {
+void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B, int64_t C,
+                       int64_t OH, int64_t OW) {
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().maxpool2d_backward(dinp, dout, argmax, B, C, OH, OW);
 }
@@ -98,8 +98,7 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int64_t N, int64_t C) {
   internal::FpEnvGuard fp_guard;
-  ActiveKernelTable().layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N,
-                                         C);
+  ActiveKernelTable().layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
   internal::FpEnvGuard fp_guard;
@@ -111,8 +110,8 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int
   internal::CheckIds(ids, N, V);
   ActiveKernelTable().embedding_backward(dtable, dout, ids, N, C, V);
 }
-void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B,
-                      int64_t T, int64_t C, int64_t NH) {
+void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B, int64_t T,
+                      int64_t C, int64_t NH) {
   internal::FpEnvGuard fp_guard;
   CHECK(NH >= 1 && C % NH == 0) << "attention: C=" << C << " not divisible by NH=" << NH;
   ActiveKernelTable().attention_forward(out, preatt, att, qkv, B, T, C, NH);
@@ -146,7 +145,7 @@ void DropoutBackward(float* dinp, const float* dout, const float* mask, int64_t 
 namespace internal {
 
 namespace {
-constexpr unsigned kCanonicalMxcsr = 0x1F80;  // all exceptions masked, round to nearest
+constexpr unsigned kCanonicalMxcsr = 0x1F80;    // all exceptions masked, round to nearest
 constexpr unsigned kMxcsrControlMask = 0xFFC0;  // everything but the sticky status flags
 }  // namespace
 
@@ -167,18 +166,17 @@ void SetCanonicalFpEnv() {}
 #endif
 
 float DropoutUniform(uint64_t i, uint64_t seed, uint64_t stream) {
-  const std::array<uint32_t, 4> r = Philox4x32(
-      {static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), static_cast<uint32_t>(stream),
-       static_cast<uint32_t>(stream >> 32)},
-      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  const std::array<uint32_t, 4> r =
+      Philox4x32({static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32),
+                  static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                 {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
   return U32ToUnitFloat(r[0]);
 }
 
 void CheckTargets(const int32_t* targets, int64_t B, int64_t V) {
   for (int64_t b = 0; b < B; ++b) {
-    CHECK(targets[b] >= 0 && targets[b] < V)
-        << "softmax cross-entropy: target[" << b << "] = " << targets[b] << " not in [0, " << V
-        << ")";
+    CHECK(targets[b] >= 0 && targets[b] < V) << "softmax cross-entropy: target[" << b
+                                             << "] = " << targets[b] << " not in [0, " << V << ")";
   }
 }
 

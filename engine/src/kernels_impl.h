@@ -268,8 +268,8 @@ struct StridedB {
 
 // ---- Linear ----------------------------------------------------------------------------------
 
-void LinearForward(float* out, const float* inp, const float* weight, const float* bias,
-                   int64_t B, int64_t C, int64_t OC) {
+void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                   int64_t C, int64_t OC) {
   // out[b,o] = chain over c of fma(inp[b,c], weight[o,c]) from bias[o]: A = inp, B = weight^T.
   GemmOut o;
   o.c = out;
@@ -278,8 +278,8 @@ void LinearForward(float* out, const float* inp, const float* weight, const floa
   Gemm(B, OC, C, StridedA{inp, C, 1}, StridedB{weight, 1, C}, o, internal::ActiveThreads());
 }
 
-void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                    const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
+void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int64_t B, int64_t C, int64_t OC) {
   const int threads = internal::ActiveThreads();
   if (dinp != nullptr) {
     // dinp[b,c] += chain over o of fma(dout[b,o], weight[o,c]).
@@ -399,7 +399,8 @@ struct ConvWeightTA {
     for (int64_t kk = 0; kk < kc; ++kk) {
       const int64_t k = k0 + kk, oc = k / kk_per_oc, r = k % kk_per_oc;
       const float* src = w + oc * g->C * kk_per_oc + r;
-      for (int64_t i = 0; i < kMR; ++i) dst[kk * kMR + i] = i < mr ? src[(m0 + i) * kk_per_oc] : 0.0f;
+      for (int64_t i = 0; i < kMR; ++i)
+        dst[kk * kMR + i] = i < mr ? src[(m0 + i) * kk_per_oc] : 0.0f;
     }
   }
 };
@@ -517,12 +518,20 @@ struct ConvImageBT {
 
 ConvGeom MakeGeom(int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                   int64_t stride, int64_t pad) {
-  return ConvGeom{C, H, W, OC, KH, KW, stride, pad, (H + 2 * pad - KH) / stride + 1,
+  return ConvGeom{C,
+                  H,
+                  W,
+                  OC,
+                  KH,
+                  KW,
+                  stride,
+                  pad,
+                  (H + 2 * pad - KH) / stride + 1,
                   (W + 2 * pad - KW) / stride + 1};
 }
 
-void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias,
-                   int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
+void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                   int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {
   const ConvGeom g = MakeGeom(C, H, W, OC, KH, KW, stride, pad);
   const int64_t P = g.OH * g.OW, K = C * KH * KW;
@@ -544,9 +553,9 @@ void Conv2dForward(float* out, const float* inp, const float* weight, const floa
   }
 }
 
-void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                    const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,
-                    int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride, int64_t pad) {
+void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC,
+                    int64_t KH, int64_t KW, int64_t stride, int64_t pad) {
   const ConvGeom g = MakeGeom(C, H, W, OC, KH, KW, stride, pad);
   const int64_t P = g.OH * g.OW, K = C * KH * KW;
   const int threads = internal::ActiveThreads();
@@ -616,8 +625,8 @@ void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, 
   });
 }
 
-void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B,
-                       int64_t C, int64_t OH, int64_t OW) {
+void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B, int64_t C,
+                       int64_t OH, int64_t OW) {
   // Each (b,c) plane's argmax points into the same plane of dinp, so planes are independent;
   // within a plane outputs add in increasing order like the reference.
   const int64_t P = OH * OW;
@@ -656,25 +665,31 @@ void ReluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
 }
 
 void GeluForward(float* out, const float* inp, int64_t n) {
-  ForEachVec(n, [&](int64_t i, int nv) {
-    const Vf x = LoadPartial(inp + i, nv);
-    const Vf cube = (x * x) * x;
-    const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
-    StorePartial(out + i, (Set1(0.5f) * x) * (Set1(1.0f) + TanhV(inner)), nv);
-  }, int64_t{1} << 14);
+  ForEachVec(
+      n,
+      [&](int64_t i, int nv) {
+        const Vf x = LoadPartial(inp + i, nv);
+        const Vf cube = (x * x) * x;
+        const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
+        StorePartial(out + i, (Set1(0.5f) * x) * (Set1(1.0f) + TanhV(inner)), nv);
+      },
+      int64_t{1} << 14);
 }
 void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
-  ForEachVec(n, [&](int64_t i, int nv) {
-    const Vf x = LoadPartial(inp + i, nv);
-    const Vf cube = (x * x) * x;
-    const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
-    const Vf t = TanhV(inner);
-    const Vf sech2 = Set1(1.0f) - t * t;
-    const Vf grad = Set1(0.5f) * (Set1(1.0f) + t) +
-                    (((Set1(0.5f) * x) * sech2) * Set1(kGeluK0)) *
-                        (Set1(1.0f) + (Set1(kGelu3K1) * x) * x);
-    StorePartial(dinp + i, LoadPartial(dinp + i, nv) + grad * LoadPartial(dout + i, nv), nv);
-  }, int64_t{1} << 14);
+  ForEachVec(
+      n,
+      [&](int64_t i, int nv) {
+        const Vf x = LoadPartial(inp + i, nv);
+        const Vf cube = (x * x) * x;
+        const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
+        const Vf t = TanhV(inner);
+        const Vf sech2 = Set1(1.0f) - t * t;
+        const Vf grad =
+            Set1(0.5f) * (Set1(1.0f) + t) +
+            (((Set1(0.5f) * x) * sech2) * Set1(kGeluK0)) * (Set1(1.0f) + (Set1(kGelu3K1) * x) * x);
+        StorePartial(dinp + i, LoadPartial(dinp + i, nv) + grad * LoadPartial(dout + i, nv), nv);
+      },
+      int64_t{1} << 14);
 }
 
 void ResidualForward(float* out, const float* a, const float* b, int64_t n) {
@@ -887,8 +902,8 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int
 
 // ---- Attention -------------------------------------------------------------------------------
 
-void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B,
-                      int64_t T, int64_t C, int64_t NH) {
+void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B, int64_t T,
+                      int64_t C, int64_t NH) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
   ParallelFor(B * NH, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
@@ -1022,7 +1037,8 @@ float SumTreeImpl(const float* x, int64_t n, bool squares) {
     } else {
       for (int64_t j = 0; j < cnt; ++j) {
         const int64_t s = (b0 + j) * kSumBlock, e = MinI(n, s + kSumBlock);
-        for (int64_t i = s; i < e; ++i) acc[j] = squares ? ScalarFma(x[i], x[i], acc[j]) : acc[j] + x[i];
+        for (int64_t i = s; i < e; ++i)
+          acc[j] = squares ? ScalarFma(x[i], x[i], acc[j]) : acc[j] + x[i];
       }
     }
     for (int64_t j = 0; j < cnt; ++j) p[b0 + j] = acc[j];

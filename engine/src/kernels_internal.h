@@ -15,8 +15,8 @@ inline constexpr float kGelu3K1 = 3.0f * 0.044715f;
 struct KernelTable {
   void (*linear_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
                          int64_t);
-  void (*linear_backward)(float*, float*, float*, const float*, const float*, const float*,
-                          int64_t, int64_t, int64_t);
+  void (*linear_backward)(float*, float*, float*, const float*, const float*, const float*, int64_t,
+                          int64_t, int64_t);
   void (*conv2d_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
   void (*conv2d_backward)(float*, float*, float*, const float*, const float*, const float*, int64_t,

@@ -51,14 +51,13 @@ float SumTreeRef(const float* x, int64_t n, bool squares) {
   return CombineTree(std::move(partials));
 }
 
-
 using internal::kGelu3K1;
 using internal::kGeluK0;
 using internal::kGeluK1;
 using internal::kLayerNormEps;
 
-void LinearForward(float* out, const float* inp, const float* weight, const float* bias,
-                   int64_t B, int64_t C, int64_t OC) {
+void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                   int64_t C, int64_t OC) {
   internal::FpEnvGuard fp_guard;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t o = 0; o < OC; ++o) {
@@ -69,8 +68,8 @@ void LinearForward(float* out, const float* inp, const float* weight, const floa
   }
 }
 
-void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                    const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
+void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int64_t B, int64_t C, int64_t OC) {
   internal::FpEnvGuard fp_guard;
   if (dinp != nullptr) {
     for (int64_t b = 0; b < B; ++b) {
@@ -99,8 +98,8 @@ void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout
   }
 }
 
-void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias,
-                   int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
+void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                   int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {
   internal::FpEnvGuard fp_guard;
   const int64_t OH = (H + 2 * pad - KH) / stride + 1, OW = (W + 2 * pad - KW) / stride + 1;
@@ -122,9 +121,9 @@ void Conv2dForward(float* out, const float* inp, const float* weight, const floa
         }
 }
 
-void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                    const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,
-                    int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride, int64_t pad) {
+void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC,
+                    int64_t KH, int64_t KW, int64_t stride, int64_t pad) {
   internal::FpEnvGuard fp_guard;
   const int64_t OH = (H + 2 * pad - KH) / stride + 1, OW = (W + 2 * pad - KW) / stride + 1;
   if (dinp != nullptr) {
@@ -200,8 +199,8 @@ void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, 
       }
 }
 
-void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B,
-                       int64_t C, int64_t OH, int64_t OW) {
+void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B, int64_t C,
+                       int64_t OH, int64_t OW) {
   internal::FpEnvGuard fp_guard;
   // Overlapping windows add into dinp one output at a time, in increasing output index.
   for (int64_t i = 0; i < B * C * OH * OW; ++i) dinp[argmax[i]] += dout[i];
@@ -233,8 +232,7 @@ void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
     float inner = kGeluK0 * (x + kGeluK1 * cube);
     float t = Tanh(inner);
     float sech2 = 1.0f - t * t;
-    float grad = 0.5f * (1.0f + t) +
-                 (((0.5f * x) * sech2) * kGeluK0) * (1.0f + (kGelu3K1 * x) * x);
+    float grad = 0.5f * (1.0f + t) + (((0.5f * x) * sech2) * kGeluK0) * (1.0f + (kGelu3K1 * x) * x);
     dinp[i] = dinp[i] + grad * dout[i];
   }
 }
@@ -348,8 +346,8 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int
   }
 }
 
-void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B,
-                      int64_t T, int64_t C, int64_t NH) {
+void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B, int64_t T,
+                      int64_t C, int64_t NH) {
   internal::FpEnvGuard fp_guard;
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
@@ -454,8 +452,8 @@ void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float 
   internal::FpEnvGuard fp_guard;
   const float keep_scale = 1.0f / (1.0f - p);
   for (int64_t i = 0; i < n; ++i) {
-    mask[i] = internal::DropoutUniform(static_cast<uint64_t>(i), seed, stream) >= p ? keep_scale
-                                                                                     : 0.0f;
+    mask[i] =
+        internal::DropoutUniform(static_cast<uint64_t>(i), seed, stream) >= p ? keep_scale : 0.0f;
     out[i] = inp[i] * mask[i];
   }
 }

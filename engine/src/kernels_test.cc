@@ -47,22 +47,22 @@ struct LinearShape {
 
 TEST(KernelsTest, LinearForwardBackward) {
   for (LinearShape s : {LinearShape{1, 1, 1}, LinearShape{3, 5, 7}, LinearShape{13, 37, 29},
-                        LinearShape{33, 300, 65}, LinearShape{70, 19, 130},
-                        LinearShape{5, 600, 3}, LinearShape{130, 257, 300},
-                        LinearShape{300, 70, 9}}) {
+                        LinearShape{33, 300, 65}, LinearShape{70, 19, 130}, LinearShape{5, 600, 3},
+                        LinearShape{130, 257, 300}, LinearShape{300, 70, 9}}) {
     for (bool with_bias : {true, false}) {
       auto inp = RandomVec(s.B * s.C, 1), w = RandomVec(s.OC * s.C, 2), b = RandomVec(s.OC, 3);
       auto dout = RandomVec(s.B * s.OC, 4);
       ExpectFastEqualsRef("LinearForward", [&](bool fast) {
         std::vector<float> out(s.B * s.OC, -7.0f);
-        KERNEL(fast, LinearForward)(out.data(), inp.data(), w.data(), with_bias ? b.data() : nullptr,
-                                    s.B, s.C, s.OC);
+        KERNEL(fast, LinearForward)
+        (out.data(), inp.data(), w.data(), with_bias ? b.data() : nullptr, s.B, s.C, s.OC);
         return Outputs{out};
       });
       ExpectFastEqualsRef("LinearBackward", [&](bool fast) {
         auto dinp = RandomVec(s.B * s.C, 5), dw = RandomVec(s.OC * s.C, 6), db = RandomVec(s.OC, 7);
-        KERNEL(fast, LinearBackward)(dinp.data(), dw.data(), with_bias ? db.data() : nullptr,
-                                     dout.data(), inp.data(), w.data(), s.B, s.C, s.OC);
+        KERNEL(fast, LinearBackward)
+        (dinp.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(), inp.data(), w.data(),
+         s.B, s.C, s.OC);
         return Outputs{dinp, dw, db};
       });
     }
@@ -74,23 +74,26 @@ struct ConvShape {
 };
 
 TEST(KernelsTest, Conv2dForwardBackward) {
-  for (ConvShape s : {ConvShape{1, 1, 5, 5, 1, 3, 3, 1, 0}, ConvShape{2, 3, 7, 9, 5, 3, 3, 1, 1},
-                      ConvShape{3, 4, 11, 10, 17, 5, 5, 2, 2}, ConvShape{5, 2, 8, 8, 3, 1, 1, 1, 0},
-                      ConvShape{1, 6, 13, 13, 33, 3, 2, 3, 1}, ConvShape{4, 13, 9, 9, 7, 3, 3, 1, 1}}) {
+  for (ConvShape s :
+       {ConvShape{1, 1, 5, 5, 1, 3, 3, 1, 0}, ConvShape{2, 3, 7, 9, 5, 3, 3, 1, 1},
+        ConvShape{3, 4, 11, 10, 17, 5, 5, 2, 2}, ConvShape{5, 2, 8, 8, 3, 1, 1, 1, 0},
+        ConvShape{1, 6, 13, 13, 33, 3, 2, 3, 1}, ConvShape{4, 13, 9, 9, 7, 3, 3, 1, 1}}) {
     const int64_t OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
     const int64_t OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
     auto inp = RandomVec(s.B * s.C * s.H * s.W, 11), w = RandomVec(s.OC * s.C * s.KH * s.KW, 12);
     auto bias = RandomVec(s.OC, 13), dout = RandomVec(s.B * s.OC * OH * OW, 14);
     ExpectFastEqualsRef("Conv2dForward", [&](bool fast) {
       std::vector<float> out(s.B * s.OC * OH * OW);
-      KERNEL(fast, Conv2dForward)(out.data(), inp.data(), w.data(), bias.data(), s.B, s.C, s.H, s.W,
-                                  s.OC, s.KH, s.KW, s.stride, s.pad);
+      KERNEL(fast, Conv2dForward)
+      (out.data(), inp.data(), w.data(), bias.data(), s.B, s.C, s.H, s.W, s.OC, s.KH, s.KW,
+       s.stride, s.pad);
       return Outputs{out};
     });
     ExpectFastEqualsRef("Conv2dBackward", [&](bool fast) {
       auto dinp = RandomVec(inp.size(), 15), dw = RandomVec(w.size(), 16), db = RandomVec(s.OC, 17);
-      KERNEL(fast, Conv2dBackward)(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
-                                   w.data(), s.B, s.C, s.H, s.W, s.OC, s.KH, s.KW, s.stride, s.pad);
+      KERNEL(fast, Conv2dBackward)
+      (dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), s.B, s.C, s.H, s.W,
+       s.OC, s.KH, s.KW, s.stride, s.pad);
       return Outputs{dinp, dw, db};
     });
   }
@@ -158,7 +161,8 @@ TEST(KernelsTest, SumTreeLong) {
   for (int64_t n : {1024, 1025, 8 * 1024, 9 * 1024 + 5, 100003}) {
     auto x = RandomVec(n, 41);
     ExpectFastEqualsRef("SumTree", [&](bool fast) {
-      return Outputs{{KERNEL(fast, SumTree)(x.data(), n), KERNEL(fast, SumSquaresTree)(x.data(), n)}};
+      return Outputs{
+          {KERNEL(fast, SumTree)(x.data(), n), KERNEL(fast, SumSquaresTree)(x.data(), n)}};
     });
   }
 }
@@ -185,11 +189,12 @@ TEST(KernelsTest, LayerNorm) {
     auto g = RandomVec(N * C, 64);
     ExpectFastEqualsRef("LayerNorm", [&](bool fast) {
       std::vector<float> out(N * C), mean(N), rstd(N);
-      KERNEL(fast, LayerNormForward)(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
-                                     b.data(), N, C);
+      KERNEL(fast, LayerNormForward)
+      (out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
       auto dx = RandomVec(N * C, 65), dw = RandomVec(C, 66), db = RandomVec(C, 67);
-      KERNEL(fast, LayerNormBackward)(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
-                                      mean.data(), rstd.data(), N, C);
+      KERNEL(fast, LayerNormBackward)
+      (dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
+       C);
       return Outputs{out, mean, rstd, dx, dw, db};
     });
   }
@@ -199,7 +204,8 @@ TEST(KernelsTest, Embedding) {
   const int64_t N = 37, C = 19, V = 11;
   auto table = RandomVec(V * C, 71), g = RandomVec(N * C, 72);
   std::vector<int32_t> ids(N);
-  for (int64_t n = 0; n < N; ++n) ids[n] = static_cast<int32_t>((n * n + 3) % (V - 2));  // some unused
+  for (int64_t n = 0; n < N; ++n)
+    ids[n] = static_cast<int32_t>((n * n + 3) % (V - 2));  // some unused
   ExpectFastEqualsRef("Embedding", [&](bool fast) {
     std::vector<float> out(N * C);
     KERNEL(fast, EmbeddingForward)(out.data(), ids.data(), table.data(), N, C);
@@ -218,12 +224,13 @@ TEST(KernelsTest, Attention) {
     ExpectFastEqualsRef("Attention", [&](bool fast) {
       const int64_t TT = s.B * s.NH * s.T * s.T;
       std::vector<float> out(s.B * s.T * s.C), pre(TT, 9.0f), att(TT, 9.0f);
-      KERNEL(fast, AttentionForward)(out.data(), pre.data(), att.data(), qkv.data(), s.B, s.T, s.C,
-                                     s.NH);
+      KERNEL(fast, AttentionForward)
+      (out.data(), pre.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
       auto dqkv = RandomVec(qkv.size(), 83);
       std::vector<float> dpre(TT, 5.0f), datt(TT, 5.0f);
-      KERNEL(fast, AttentionBackward)(dqkv.data(), dpre.data(), datt.data(), g.data(), qkv.data(),
-                                      att.data(), s.B, s.T, s.C, s.NH);
+      KERNEL(fast, AttentionBackward)
+      (dqkv.data(), dpre.data(), datt.data(), g.data(), qkv.data(), att.data(), s.B, s.T, s.C,
+       s.NH);
       return Outputs{out, pre, att, dqkv, dpre, datt};
     });
   }
@@ -256,7 +263,8 @@ void CheckGrad(const std::string& name, std::vector<float>* param, const std::ve
 
 TEST(GradCheckTest, Linear) {
   const int64_t B = 4, C = 6, OC = 5;
-  auto inp = RandomVec(B * C, 1), w = RandomVec(OC * C, 2), b = RandomVec(OC, 3), R = RandomVec(B * OC, 4);
+  auto inp = RandomVec(B * C, 1), w = RandomVec(OC * C, 2), b = RandomVec(OC, 3),
+       R = RandomVec(B * OC, 4);
   auto loss = [&] {
     std::vector<float> out(B * OC);
     ref::LinearForward(out.data(), inp.data(), w.data(), b.data(), B, C, OC);
@@ -289,7 +297,8 @@ TEST(GradCheckTest, Conv2d) {
 
 TEST(GradCheckTest, GeluLayerNormSoftmax) {
   const int64_t N = 3, C = 8;
-  auto x = RandomVec(N * C, 1, -3, 3), w = RandomVec(C, 2), b = RandomVec(C, 3), R = RandomVec(N * C, 4);
+  auto x = RandomVec(N * C, 1, -3, 3), w = RandomVec(C, 2), b = RandomVec(C, 3),
+       R = RandomVec(N * C, 4);
   {
     auto loss = [&] {
       std::vector<float> out(N * C);
@@ -403,7 +412,8 @@ TEST(KernelsTest, FlushToZeroModeDoesNotChangeResults) {
     ASSERT_TRUE(SetKernelConfig(c).ok());
     LinearForward(got.data(), inp.data(), w.data(), nullptr, B, C, OC);
     std::string why;
-    EXPECT_TRUE(BitEqual(want, got, &why)) << SimdPathName(c.simd) << " x" << c.threads << ": " << why;
+    EXPECT_TRUE(BitEqual(want, got, &why))
+        << SimdPathName(c.simd) << " x" << c.threads << ": " << why;
     EXPECT_EQ(_mm_getcsr() & 0xFFC0, (saved | 0x8040) & 0xFFC0) << "caller's MXCSR not restored";
   }
   _mm_setcsr(saved);

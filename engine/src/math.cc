@@ -5,8 +5,8 @@
 #include "meshlearn/engine/math.h"
 
 #include "kernels_internal.h"
-#include "simd.h"
 #include "math_impl.h"
+#include "simd.h"
 
 namespace meshlearn::engine {
 
@@ -16,14 +16,20 @@ float Tanh(float x) { return mathscalar::TanhV({x}).v; }
 float Erf(float x) { return mathscalar::ErfV({x}).v; }
 
 void ExpArray(float* y, const float* x, int64_t n) {
-  internal::FpEnvGuard fp_guard; internal::ActiveKernelTable().exp_array(y, x, n); }
+  internal::FpEnvGuard fp_guard;
+  internal::ActiveKernelTable().exp_array(y, x, n);
+}
 void LogArray(float* y, const float* x, int64_t n) {
-  internal::FpEnvGuard fp_guard; internal::ActiveKernelTable().log_array(y, x, n); }
+  internal::FpEnvGuard fp_guard;
+  internal::ActiveKernelTable().log_array(y, x, n);
+}
 void TanhArray(float* y, const float* x, int64_t n) {
   internal::FpEnvGuard fp_guard;
   internal::ActiveKernelTable().tanh_array(y, x, n);
 }
 void ErfArray(float* y, const float* x, int64_t n) {
-  internal::FpEnvGuard fp_guard; internal::ActiveKernelTable().erf_array(y, x, n); }
+  internal::FpEnvGuard fp_guard;
+  internal::ActiveKernelTable().erf_array(y, x, n);
+}
 
 }  // namespace meshlearn::engine

@@ -126,8 +126,8 @@ TEST(MathTest, SimdPathsMatchScalarBitwise) {
   std::vector<float> xs = Sweep(-120.0f, 120.0f, 200001, 9);
   for (float v : Sweep(-3.0f, 3.0f, 20001, 10)) xs.push_back(v);
   const float inf = std::numeric_limits<float>::infinity();
-  for (float v : {0.0f, -0.0f, inf, -inf, std::nanf(""), 1e-40f, -1e-40f, 1e-45f, 3.4e38f,
-                  -3.4e38f, 0.625f, -0.625f, 1.0f, -1.0f, 4.0f, 88.7228394f, -103.97f})
+  for (float v : {0.0f, -0.0f, inf, -inf, std::nanf(""), 1e-40f, -1e-40f, 1e-45f, 3.4e38f, -3.4e38f,
+                  0.625f, -0.625f, 1.0f, -1.0f, 4.0f, 88.7228394f, -103.97f})
     xs.push_back(v);
   Rng rng(11);
   for (int i = 0; i < 100000; ++i) {
@@ -151,7 +151,8 @@ TEST(MathTest, SimdPathsMatchScalarBitwise) {
       std::vector<float> got(xs.size());
       fn.array(got.data(), xs.data(), static_cast<int64_t>(xs.size()));
       std::string why;
-      EXPECT_TRUE(testing::BitEqual(want, got, &why)) << fn.name << " on " << SimdPathName(p) << ": " << why;
+      EXPECT_TRUE(testing::BitEqual(want, got, &why))
+          << fn.name << " on " << SimdPathName(p) << ": " << why;
     }
   }
 }

@@ -128,8 +128,9 @@ inline void Frexp(Vf x, Vf* m, Vf* e) {
   __m256i ex = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 23), _mm256_set1_epi32(0xff)),
                                 _mm256_set1_epi32(126));
   *e = {_mm256_cvtepi32_ps(ex)};
-  __m256i mm = _mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0x807fffffu))),
-                               _mm256_set1_epi32(0x3f000000));
+  __m256i mm =
+      _mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0x807fffffu))),
+                      _mm256_set1_epi32(0x3f000000));
   *m = {_mm256_castsi256_ps(mm)};
 }
 
@@ -184,8 +185,9 @@ inline void Frexp(Vf x, Vf* m, Vf* e) {
   __m512i ex = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 23), _mm512_set1_epi32(0xff)),
                                 _mm512_set1_epi32(126));
   *e = {_mm512_cvtepi32_ps(ex)};
-  __m512i mm = _mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0x807fffffu))),
-                               _mm512_set1_epi32(0x3f000000));
+  __m512i mm =
+      _mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0x807fffffu))),
+                      _mm512_set1_epi32(0x3f000000));
   *m = {_mm512_castsi512_ps(mm)};
 }
 #else
