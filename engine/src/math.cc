@@ -5,8 +5,10 @@
 #include "meshlearn/engine/math.h"
 
 #include "kernels_internal.h"
-#include "math_impl.h"
+// clang-format off
 #include "simd.h"
+#include "math_impl.h"
+// clang-format on
 
 namespace meshlearn::engine {
 
