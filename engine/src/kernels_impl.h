@@ -13,6 +13,8 @@
 #pragma once
 
 #include "kernels_internal.h"
+#include "math_impl.h"
+#include "simd.h"
 #include "meshlearn/engine/kernels.h"
 #include "meshlearn/engine/threadpool.h"
 

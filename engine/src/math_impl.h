@@ -1,11 +1,13 @@
 // Internal: the engine's transcendental functions, written once over Vf (simd.h) so the scalar,
 // AVX2 and AVX-512 builds execute the same sequence of IEEE operations and give the same bits.
-// Include after simd.h, inside no namespace (this file opens the TU's private namespace).
+// Define MESHLEARN_SIMD_LEVEL / MESHLEARN_SIMD_NS first (see simd.h); include outside any namespace.
 //
 // The algorithms are Cephes-style: argument reduction, then a fixed polynomial evaluated by
 // Horner's rule with explicit fused multiply-adds. Accuracy (measured by math_test over sweeps
 // against double-precision libm): see math.h.
 #pragma once
+
+#include "simd.h"
 
 namespace meshlearn::engine::MESHLEARN_SIMD_NS {
 
