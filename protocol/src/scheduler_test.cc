@@ -424,6 +424,29 @@ TEST(SchedulerTest, AggregatorSelection) {
             StatusCode::kInvalidArgument);
 }
 
+// Pins the assignment algorithm: followers replaying old blocks must deal the same units. If a
+// change to AssignUnits alters this, it is a consensus change (a new ledger version).
+TEST(SchedulerTest, GoldenAssignments) {
+  const TaskSpecView t = Task(24);
+  std::vector<NodeView> nodes;
+  for (uint32_t i = 0; i < 9; ++i) {
+    nodes.push_back(Node(i, 500'000'000 + uint64_t{i} * 250'000'000));
+    nodes.back().latency_ms = 5 * i;
+    nodes.back().reputation.completed = i;
+    nodes.back().reputation.failures = i % 3;
+  }
+  auto r = AssignUnits(t, nodes, Pending(t, 4), BlockHash(42), kHeight);
+  ASSERT_TRUE(r.ok());
+  std::string got;
+  for (const Assignment& a : r->assignments) {
+    got +=
+        std::to_string(a.node.bytes[3]) + ":" + std::to_string(a.deadline_height - kHeight) + ",";
+  }
+  EXPECT_EQ(got,
+            "0:7,1:5,1:9,2:5,3:5,3:6,3:8,4:5,4:5,5:5,5:5,5:6,6:5,6:5,6:6,6:7,7:5,7:5,7:5,7:7,8:5,8:"
+            "5,8:5,8:6,");
+}
+
 TEST(SchedulerTest, TenThousandNodesHeterogeneous) {
   TaskSpecView t = Task(1000);
   t.rounds = 1;
