@@ -1,5 +1,6 @@
 #include "meshlearn/ledger/block.h"
 
+#include "fields.h"
 #include "meshlearn/base/merkle.h"
 
 namespace meshlearn::ledger {
@@ -21,6 +22,9 @@ Status GetHeader(Decoder& d, BlockHeader* h) {
     return InvalidArgument("block: unsupported version " + std::to_string(version));
   }
   ML_RETURN_IF_ERROR(d.GetString(&h->chain_id, "chain_id", kMaxChainIdLength));
+  if (!internal::IsValidUtf8(h->chain_id)) {
+    return InvalidArgument("block: chain_id is not valid UTF-8");
+  }
   ML_RETURN_IF_ERROR(d.GetU64(&h->height, "height"));
   ML_RETURN_IF_ERROR(d.GetHash(&h->prev_hash, "prev_hash"));
   ML_RETURN_IF_ERROR(d.GetI64(&h->time_ms, "time_ms"));
@@ -65,6 +69,9 @@ Status DecodeReceipt(Decoder& d, Receipt* r) {
     return InvalidArgument("receipt: ok flag and status code disagree");
   }
   ML_RETURN_IF_ERROR(d.GetString(&r->reason, "receipt.reason", kMaxReasonLength));
+  if (!internal::IsValidUtf8(r->reason)) {
+    return InvalidArgument("receipt: reason is not valid UTF-8");
+  }
   return Status::Ok();
 }
 

@@ -42,6 +42,9 @@ struct LimitChecker {
                                std::to_string(v.size()) + " bytes, over the limit of " +
                                std::to_string(kMaxStringFieldLength));
     }
+    if (status.ok() && !internal::IsValidUtf8(v)) {
+      status = InvalidArgument(std::string("transaction: field '") + n + "' is not valid UTF-8");
+    }
   }
   template <internal::HasVisit T>
   void operator()(const char*, const T& v) {
@@ -51,8 +54,12 @@ struct LimitChecker {
   void operator()(const char*, const T&) {}
 };
 
+// Receipts carry at most kMaxReasonLength bytes, cut on a UTF-8 character boundary.
 std::string Truncate(std::string s) {
-  if (s.size() > kMaxReasonLength) s.resize(kMaxReasonLength);
+  if (s.size() <= kMaxReasonLength) return s;
+  size_t cut = kMaxReasonLength;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xc0) == 0x80) --cut;
+  s.resize(cut);
   return s;
 }
 

@@ -20,6 +20,43 @@
 
 namespace meshlearn::ledger::internal {
 
+// Strict UTF-8 (no overlongs, no surrogates, <= U+10FFFF). Strings in transactions must be
+// valid so that every JSON view of them can be printed.
+inline bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int n;
+    uint32_t cp;
+    if ((c & 0xe0) == 0xc0) {
+      n = 1;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      n = 2;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + static_cast<size_t>(n) >= s.size()) return false;  // continuation bytes missing
+    for (int k = 1; k <= n; ++k) {
+      unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
 struct NullVisitor {
   template <typename T>
   void operator()(const char*, T&) {}
@@ -57,6 +94,9 @@ struct FieldDecoder {
   void operator()(const char* n, bool& v) { Do([&] { return d.GetBool(&v, n); }); }
   void operator()(const char* n, std::string& v) {
     Do([&] { return d.GetString(&v, n, kMaxStringFieldLength); });
+    if (status.ok() && !IsValidUtf8(v)) {
+      status = InvalidArgument(std::string("field '") + n + "' is not valid UTF-8");
+    }
   }
   void operator()(const char* n, PublicKey& v) { Do([&] { return d.GetPublicKey(&v, n); }); }
   void operator()(const char* n, Hash256& v) { Do([&] { return d.GetHash(&v, n); }); }

@@ -99,6 +99,9 @@ Result<Transaction> DecodeTx(ByteSpan wire) {
                            " (this build understands " + std::to_string(kTxVersion) + ")");
   }
   ML_RETURN_IF_ERROR(d.GetString(&tx.chain_id, "chain_id", kMaxChainIdLength));
+  if (!internal::IsValidUtf8(tx.chain_id)) {
+    return InvalidArgument("transaction: chain_id is not valid UTF-8");
+  }
   ML_RETURN_IF_ERROR(d.GetPublicKey(&tx.sender, "sender"));
   ML_RETURN_IF_ERROR(d.GetU64(&tx.nonce, "nonce"));
   ML_RETURN_IF_ERROR(d.GetU64(&tx.fee, "fee"));

@@ -130,6 +130,19 @@ TEST(TxTest, PayloadFromJsonForTheCli) {
   EXPECT_FALSE(bad.ok());
 }
 
+TEST(TxTest, StringsMustBeUtf8) {
+  Transaction tx = BuildSignedTx(TestKey(1), "test", 1,
+                                 TransferTx{.to = TestKey(2).public_key(), .amount = 1,
+                                            .memo = "caf\xc3\xa9 \xf0\x9f\x9a\x80"});
+  EXPECT_TRUE(DecodeTx(EncodeTx(tx)).ok());
+  for (std::string bad : {"\xff", "\xc3", "\xc0\x80", "\xed\xa0\x80", "ab\xf4\x90\x80\x80"}) {
+    std::get<TransferTx>(tx.payload).memo = bad;
+    auto r = DecodeTx(EncodeTx(tx));
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("UTF-8"), std::string::npos) << r.status().ToString();
+  }
+}
+
 TEST(TxTest, RolesParse) {
   EXPECT_EQ(ParseRoles("solver,verifier").value(), kRoleSolver | kRoleVerifier);
   EXPECT_EQ(ParseRoles("aggregator, whistleblower").value(),
