@@ -204,6 +204,22 @@ TEST(AggregateTest, BitwiseIndependentOfInputOrder) {
   }
 }
 
+// Pins the bits of every rule on a fixed input: a verifier on another CPU (ARM, another libc)
+// must recompute the aggregate exactly. A change here is a protocol change.
+TEST(AggregateTest, GoldenBits) {
+  const Deltas d = RandomDeltas(3, 8, 100);
+  std::string got;
+  for (Rule rule : kAllRules) {
+    const std::vector<float> out = Agg(d, Config(rule));
+    const Hash256 h =
+        Blake2b(ByteSpan(reinterpret_cast<const uint8_t*>(out.data()), out.size() * 4));
+    got += std::string(AggregationRuleName(rule)) + "=" + h.ShortHex() + " ";
+  }
+  EXPECT_EQ(got,
+            "mean=529f285b18e2 trimmed_mean=ff4907268fff median=f48f3c39638f "
+            "centered_clip=869e3c0f2c44 krum=39d6659aee85 ");
+}
+
 TEST(AggregateTest, NonFiniteContributionsAreRejectedByEveryRule) {
   const Deltas clean = RandomDeltas(2, 7, 64);
   Deltas dirty = clean;
