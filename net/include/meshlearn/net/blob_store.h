@@ -14,7 +14,8 @@
 // used first, skipping pinned and held blobs; if that is not enough the write fails with
 // ResourceExhausted and nothing changes. Pins (Pin/Unpin) are persistent reference counts, for
 // blobs the node must keep (its model, its task data). Holds (Hold/Release) are in-memory and are
-// for work in progress (a fetch, a read), so a crash never leaks them.
+// for work in progress (a fetch, a read), so a crash never leaks them. The use order for LRU is
+// kept in memory only: after a restart, blobs not used since are evicted first, in id order.
 //
 //   ML_ASSIGN_OR_RETURN(auto store, BlobStore::Open(Env::Default(), "/var/lib/ml/blobs",
 //                                                    {.quota_bytes = 10ull << 30}));

@@ -83,6 +83,8 @@ class Transport {
   virtual void WaitUntil(const std::function<bool()>& done) = 0;
 
   // Synchronous form: SendAsync + WaitUntil.
+  // REQUIRES (HTTP): not called from a transport callback or a handler served by the same
+  // process's worker pool while all of its workers may be busy; use SendAsync there.
   Result<Bytes> Send(const std::string& endpoint, Request request);
 };
 
