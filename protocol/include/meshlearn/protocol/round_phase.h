@@ -22,8 +22,7 @@
 //   m->OnBlock(h);                                   // every block, first
 //   auto pending = m->PendingUnits();                // -> AssignUnits -> m->OnAssigned(...)
 //   m->OnUnitCommitted(unit, node, result_hash, h);  // commit transactions
-//   if (m->NeedsAggregator())                        // -> AssignAggregator(...,
-//   m->AggregatorExcluded())
+//   if (m->NeedsAggregator())  // -> AssignAggregator(..., m->AggregatorExcluded(), ...)
 //     m->OnAggregatorAssigned(aggregator);
 //   m->OnAggregateCommitted(round, node, weights_hash, h);  // aggregator's transaction
 #pragma once
