@@ -255,6 +255,13 @@ struct StridedB {
           for (int64_t j = 0; j < kNR; ++j) d[j] = j < nr ? src[j] : 0.0f;
         }
       }
+    } else if (nr == kNR && kW > 1 && cs * (kW - 1) < (int64_t{1} << 31)) {
+      // Transposing pack (e.g. weight^T): one strided gather per vector of a row.
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        const float* src = b + (k0 + kk) * rs + n0 * cs;
+        float* d = dst + kk * kNR;
+        for (int j = 0; j < kNRV; ++j) Store(d + j * kW, GatherStrided(src + j * kW * cs, cs));
+      }
     } else {
       for (int64_t j = 0; j < kNR; ++j) {
         if (j < nr) {

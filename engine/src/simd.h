@@ -39,6 +39,8 @@ inline void StorePartial(float* p, Vf a, int n) {
 }
 inline Vf Set1(float x) { return {x}; }
 inline float First(Vf a) { return a.v; }
+// Lanes p[0], p[stride], p[2*stride], ...; REQUIRES: stride * (kWidth - 1) fits in int32.
+inline Vf GatherStrided(const float* p, int64_t stride) { return {p[0]}; }
 inline Vf Zero() { return {0.0f}; }
 inline Vf operator+(Vf a, Vf b) { return {a.v + b.v}; }
 inline Vf operator-(Vf a, Vf b) { return {a.v - b.v}; }
@@ -97,6 +99,11 @@ inline void Store(float* p, Vf a) { _mm256_storeu_ps(p, a.v); }
 inline void StorePartial(float* p, Vf a, int n) { _mm256_maskstore_ps(p, TailMask(n), a.v); }
 inline Vf Set1(float x) { return {_mm256_set1_ps(x)}; }
 inline float First(Vf a) { return _mm256_cvtss_f32(a.v); }
+inline Vf GatherStrided(const float* p, int64_t stride) {
+  const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                         _mm256_set1_epi32(static_cast<int>(stride)));
+  return {_mm256_i32gather_ps(p, idx, 4)};
+}
 inline Vf Zero() { return {_mm256_setzero_ps()}; }
 inline Vf operator+(Vf a, Vf b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline Vf operator-(Vf a, Vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
@@ -151,6 +158,12 @@ inline void Store(float* p, Vf a) { _mm512_storeu_ps(p, a.v); }
 inline void StorePartial(float* p, Vf a, int n) { _mm512_mask_storeu_ps(p, TailMask(n), a.v); }
 inline Vf Set1(float x) { return {_mm512_set1_ps(x)}; }
 inline float First(Vf a) { return _mm512_cvtss_f32(a.v); }
+inline Vf GatherStrided(const float* p, int64_t stride) {
+  const __m512i idx =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(stride)));
+  return {_mm512_i32gather_ps(idx, p, 4)};
+}
 inline Vf Zero() { return {_mm512_setzero_ps()}; }
 inline Vf operator+(Vf a, Vf b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline Vf operator-(Vf a, Vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
