@@ -738,28 +738,62 @@ void DropoutBackward(float* dinp, const float* dout, const float* mask, int64_t 
 
 float SumTreeImpl(const float* x, int64_t n, bool squares);
 
+// True when rows [r, r + kW) can be processed with lanes holding rows (gathers with stride ld).
+inline bool RowGroupFits(int64_t r, int64_t r_end, int64_t ld) {
+  return kW > 1 && r + kW <= r_end && ld * (kW - 1) < (int64_t{1} << 31);
+}
+
 float SoftmaxCrossEntropyForward(float* probs, float* losses, const float* logits,
                                  const int32_t* targets, int64_t B, int64_t V) {
   const int threads = B * V >= (int64_t{1} << 14) ? internal::ActiveThreads() : 1;
   ParallelFor(B, threads, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* x = logits + b * V;
-      float* p = probs + b * V;
-      float m = x[0];
-      for (int64_t v = 1; v < V; ++v) m = x[v] > m ? x[v] : m;
-      const Vf mv = Set1(m);
-      for (int64_t v = 0; v < V; v += kW) {
-        const int nv = static_cast<int>(MinI(kW, V - v));
-        StorePartial(p + v, ExpV(LoadPartial(x + v, nv) - mv), nv);
+    for (int64_t b = b0; b < b1;) {
+      // Row maxima and row sums are sequential chains per row; with a full group of kW rows the
+      // lanes hold kW rows' chains (same order per row), else one row at a time.
+      const int group = RowGroupFits(b, b1, V) ? kW : 1;
+      float ms[kW], ss[kW];
+      if (group > 1) {
+        const float* xg = logits + b * V;
+        Vf m = GatherStrided(xg, V);
+        for (int64_t v = 1; v < V; ++v) m = Max(GatherStrided(xg + v, V), m);
+        Store(ms, m);
+      } else {
+        const float* x = logits + b * V;
+        float m = x[0];
+        for (int64_t v = 1; v < V; ++v) m = x[v] > m ? x[v] : m;
+        ms[0] = m;
       }
-      float sum = 0.0f;  // sequential chain over v, like the reference
-      for (int64_t v = 0; v < V; ++v) sum = sum + p[v];
-      const Vf sv = Set1(sum);
-      for (int64_t v = 0; v < V; v += kW) {
-        const int nv = static_cast<int>(MinI(kW, V - v));
-        StorePartial(p + v, LoadPartial(p + v, nv) / sv, nv);
+      for (int i = 0; i < group; ++i) {
+        const float* x = logits + (b + i) * V;
+        float* p = probs + (b + i) * V;
+        const Vf mv = Set1(ms[i]);
+        for (int64_t v = 0; v < V; v += kW) {
+          const int nv = static_cast<int>(MinI(kW, V - v));
+          StorePartial(p + v, ExpV(LoadPartial(x + v, nv) - mv), nv);
+        }
       }
-      losses[b] = First(LogV(Set1(sum))) - (x[targets[b]] - m);
+      if (group > 1) {
+        const float* pg = probs + b * V;
+        Vf sum = Zero();
+        for (int64_t v = 0; v < V; ++v) sum = sum + GatherStrided(pg + v, V);
+        Store(ss, sum);
+      } else {
+        const float* p = probs + b * V;
+        float sum = 0.0f;
+        for (int64_t v = 0; v < V; ++v) sum = sum + p[v];
+        ss[0] = sum;
+      }
+      for (int i = 0; i < group; ++i) {
+        const float* x = logits + (b + i) * V;
+        float* p = probs + (b + i) * V;
+        const Vf sv = Set1(ss[i]);
+        for (int64_t v = 0; v < V; v += kW) {
+          const int nv = static_cast<int>(MinI(kW, V - v));
+          StorePartial(p + v, LoadPartial(p + v, nv) / sv, nv);
+        }
+        losses[b + i] = First(LogV(Set1(ss[i]))) - (x[targets[b + i]] - ms[i]);
+      }
+      b += group;
     }
   });
   return SumTreeImpl(losses, B, false) / static_cast<float>(B);
@@ -792,27 +826,51 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
                       const float* bias, int64_t N, int64_t C) {
   const int threads = N * C >= (int64_t{1} << 14) ? internal::ActiveThreads() : 1;
   ParallelFor(N, threads, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const float* x = inp + n * C;
-      float m = 0.0f;
-      for (int64_t c = 0; c < C; ++c) m = m + x[c];
-      m = m / static_cast<float>(C);
-      float v = 0.0f;
-      for (int64_t c = 0; c < C; ++c) {
-        const float xm = x[c] - m;
-        v = ScalarFma(xm, xm, v);
+    for (int64_t n = n0; n < n1;) {
+      // Mean and variance chains: lanes hold kW rows when a full group fits, else one row.
+      const int group = RowGroupFits(n, n1, C) ? kW : 1;
+      float ms[kW], ss[kW];
+      if (group > 1) {
+        const float* xg = inp + n * C;
+        const Vf cf = Set1(static_cast<float>(C));
+        Vf m = Zero();
+        for (int64_t c = 0; c < C; ++c) m = m + GatherStrided(xg + c, C);
+        m = m / cf;
+        Vf v = Zero();
+        for (int64_t c = 0; c < C; ++c) {
+          const Vf xm = GatherStrided(xg + c, C) - m;
+          v = Fma(xm, xm, v);
+        }
+        v = v / cf;
+        Store(ms, m);
+        Store(ss, Set1(1.0f) / Sqrt(v + Set1(kLayerNormEps)));
+      } else {
+        const float* x = inp + n * C;
+        float m = 0.0f;
+        for (int64_t c = 0; c < C; ++c) m = m + x[c];
+        m = m / static_cast<float>(C);
+        float v = 0.0f;
+        for (int64_t c = 0; c < C; ++c) {
+          const float xm = x[c] - m;
+          v = ScalarFma(xm, xm, v);
+        }
+        v = v / static_cast<float>(C);
+        ms[0] = m;
+        ss[0] = 1.0f / __builtin_sqrtf(v + kLayerNormEps);
       }
-      v = v / static_cast<float>(C);
-      const float s = 1.0f / __builtin_sqrtf(v + kLayerNormEps);
-      const Vf mv = Set1(m), sv = Set1(s);
-      for (int64_t c = 0; c < C; c += kW) {
-        const int nv = static_cast<int>(MinI(kW, C - c));
-        const Vf norm = (LoadPartial(x + c, nv) - mv) * sv;
-        StorePartial(out + n * C + c,
-                     Fma(norm, LoadPartial(weight + c, nv), LoadPartial(bias + c, nv)), nv);
+      for (int i = 0; i < group; ++i) {
+        const float* x = inp + (n + i) * C;
+        const Vf mv = Set1(ms[i]), sv = Set1(ss[i]);
+        for (int64_t c = 0; c < C; c += kW) {
+          const int nv = static_cast<int>(MinI(kW, C - c));
+          const Vf norm = (LoadPartial(x + c, nv) - mv) * sv;
+          StorePartial(out + (n + i) * C + c,
+                       Fma(norm, LoadPartial(weight + c, nv), LoadPartial(bias + c, nv)), nv);
+        }
+        mean[n + i] = ms[i];
+        rstd[n + i] = ss[i];
       }
-      mean[n] = m;
-      rstd[n] = s;
+      n += group;
     }
   });
 }
@@ -823,27 +881,52 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
   const int threads = N * C >= (int64_t{1} << 14) ? internal::ActiveThreads() : 1;
   if (dinp != nullptr) {
     ParallelFor(N, threads, [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const float* x = inp + n * C;
-        const float* g = dout + n * C;
-        const float m = mean[n], s = rstd[n];
-        float dmean = 0.0f, dnmean = 0.0f;
-        for (int64_t c = 0; c < C; ++c) {
-          const float norm = (x[c] - m) * s;
-          const float dnorm = weight[c] * g[c];
-          dmean = dmean + dnorm;
-          dnmean = ScalarFma(dnorm, norm, dnmean);
+      for (int64_t n = n0; n < n1;) {
+        const int group = RowGroupFits(n, n1, C) ? kW : 1;
+        float dms[kW], dns[kW];
+        if (group > 1) {
+          const float* xg = inp + n * C;
+          const float* gg = dout + n * C;
+          const Vf m = LoadPartial(mean + n, kW), s = LoadPartial(rstd + n, kW);
+          Vf dmean = Zero(), dnmean = Zero();
+          for (int64_t c = 0; c < C; ++c) {
+            const Vf norm = (GatherStrided(xg + c, C) - m) * s;
+            const Vf dnorm = Set1(weight[c]) * GatherStrided(gg + c, C);
+            dmean = dmean + dnorm;
+            dnmean = Fma(dnorm, norm, dnmean);
+          }
+          const Vf cf = Set1(static_cast<float>(C));
+          Store(dms, dmean / cf);
+          Store(dns, dnmean / cf);
+        } else {
+          const float* x = inp + n * C;
+          const float* g = dout + n * C;
+          const float m = mean[n], s = rstd[n];
+          float dmean = 0.0f, dnmean = 0.0f;
+          for (int64_t c = 0; c < C; ++c) {
+            const float norm = (x[c] - m) * s;
+            const float dnorm = weight[c] * g[c];
+            dmean = dmean + dnorm;
+            dnmean = ScalarFma(dnorm, norm, dnmean);
+          }
+          dms[0] = dmean / static_cast<float>(C);
+          dns[0] = dnmean / static_cast<float>(C);
         }
-        dmean = dmean / static_cast<float>(C);
-        dnmean = dnmean / static_cast<float>(C);
-        const Vf mv = Set1(m), sv = Set1(s), dmv = Set1(dmean), dnv = Set1(dnmean);
-        for (int64_t c = 0; c < C; c += kW) {
-          const int nv = static_cast<int>(MinI(kW, C - c));
-          const Vf norm = (LoadPartial(x + c, nv) - mv) * sv;
-          const Vf dnorm = LoadPartial(weight + c, nv) * LoadPartial(g + c, nv);
-          const Vf dval = ((dnorm - dmv) - norm * dnv) * sv;
-          StorePartial(dinp + n * C + c, LoadPartial(dinp + n * C + c, nv) + dval, nv);
+        for (int i = 0; i < group; ++i) {
+          const float* x = inp + (n + i) * C;
+          const float* g = dout + (n + i) * C;
+          const Vf mv = Set1(mean[n + i]), sv = Set1(rstd[n + i]);
+          const Vf dmv = Set1(dms[i]), dnv = Set1(dns[i]);
+          for (int64_t c = 0; c < C; c += kW) {
+            const int nv = static_cast<int>(MinI(kW, C - c));
+            const Vf norm = (LoadPartial(x + c, nv) - mv) * sv;
+            const Vf dnorm = LoadPartial(weight + c, nv) * LoadPartial(g + c, nv);
+            const Vf dval = ((dnorm - dmv) - norm * dnv) * sv;
+            StorePartial(dinp + (n + i) * C + c, LoadPartial(dinp + (n + i) * C + c, nv) + dval,
+                         nv);
+          }
         }
+        n += group;
       }
     });
   }
