@@ -41,6 +41,23 @@ Status ValidateDecomposition(const TaskSpecView& task) {
   return Status::Ok();
 }
 
+Status ValidateTaskSpec(const TaskSpecView& task) {
+  ML_RETURN_IF_ERROR(ValidateDecomposition(task));
+  if (task.model_bytes == 0 || task.model_bytes % 4 != 0) {
+    return InvalidArgument("task: model_bytes must be a positive multiple of 4 (float32), got " +
+                           std::to_string(task.model_bytes));
+  }
+  if (task.flops_per_sample == 0) {
+    return InvalidArgument(
+        "task: flops_per_sample must be > 0 (about 6 x parameters for a dense net), got 0");
+  }
+  if (task.price_cap_per_gflop == 0) {
+    return InvalidArgument(
+        "task: price_cap_per_gflop must be > 0, got 0; no solver works for free");
+  }
+  return Status::Ok();
+}
+
 std::vector<UnitId> RoundUnits(const TaskSpecView& task, uint32_t round) {
   CHECK_LT(round, task.rounds);
   std::vector<UnitId> units;

@@ -33,6 +33,25 @@ TEST(DecomposeTest, ValidateNamesTheField) {
   EXPECT_NE(s.message().find("units_per_round"), std::string::npos) << s.message();
 }
 
+TEST(DecomposeTest, ValidateTaskSpec) {
+  TaskSpecView t = SmallTask();
+  t.model_bytes = 4000;
+  t.price_cap_per_gflop = 3;
+  EXPECT_TRUE(ValidateTaskSpec(t).ok());
+  TaskSpecView bad = t;
+  bad.model_bytes = 4001;
+  EXPECT_NE(ValidateTaskSpec(bad).message().find("model_bytes"), std::string::npos);
+  bad = t;
+  bad.flops_per_sample = 0;
+  EXPECT_NE(ValidateTaskSpec(bad).message().find("flops_per_sample"), std::string::npos);
+  bad = t;
+  bad.price_cap_per_gflop = 0;
+  EXPECT_NE(ValidateTaskSpec(bad).message().find("price_cap_per_gflop"), std::string::npos);
+  bad = t;
+  bad.rounds = 0;
+  EXPECT_NE(ValidateTaskSpec(bad).message().find("rounds"), std::string::npos);
+}
+
 TEST(DecomposeTest, RoundUnitsAreCanonical) {
   const TaskSpecView t = SmallTask();
   std::vector<UnitId> units = RoundUnits(t, 2);

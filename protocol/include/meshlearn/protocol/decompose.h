@@ -24,6 +24,12 @@ namespace meshlearn::protocol {
 // num_examples > 0 and at least one example per shard. Errors name the field and the fix.
 Status ValidateDecomposition(const TaskSpecView& task);
 
+// Everything the protocol needs from a task spec, for SubmitTask to refuse a bad spec before any
+// money moves: ValidateDecomposition, plus model_bytes > 0 and a multiple of 4 (float32),
+// flops_per_sample > 0 and price_cap_per_gflop > 0. (The aggregation and outer-optimizer
+// settings have their own Validate* in aggregate.h.)
+Status ValidateTaskSpec(const TaskSpecView& task);
+
 // The S unit ids of round `round`, in canonical order (shard 0 .. S-1).
 // REQUIRES: round < task.rounds.
 std::vector<UnitId> RoundUnits(const TaskSpecView& task, uint32_t round);
