@@ -60,6 +60,7 @@ struct GemmOut {
 template <int R>
 inline void MicroKernel(int64_t kc, const float* __restrict pa, const float* __restrict pb,
                         Vf (&acc)[kMR][kNRV]) {
+#pragma GCC unroll 4
   for (int64_t k = 0; k < kc; ++k) {
     Vf b[kNRV];
 #pragma GCC unroll 4
