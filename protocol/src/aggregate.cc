@@ -242,10 +242,22 @@ Status ValidateAggregationConfig(const AggregationConfig& config) {
 }
 
 Result<AggregateResult> Aggregate(std::span<const Contribution> contributions,
-                                  const AggregationConfig& config) {
+                                  const AggregationConfig& config,
+                                  std::span<const size_t> tensor_sizes) {
   ML_RETURN_IF_ERROR(ValidateAggregationConfig(config));
   if (contributions.empty()) return InvalidArgument("aggregation: no contributions");
   const size_t d = contributions[0].delta.size();
+  if (!tensor_sizes.empty()) {
+    size_t sum = 0;
+    for (size_t s : tensor_sizes) {
+      if (s == 0) return InvalidArgument("aggregation: a tensor of size 0 in tensor_sizes");
+      sum += s;
+    }
+    if (sum != d) {
+      return InvalidArgument("aggregation: tensor_sizes add up to " + std::to_string(sum) +
+                             ", but the deltas have " + std::to_string(d) + " values");
+    }
+  }
 
   Rows sorted;
   sorted.reserve(contributions.size());
@@ -277,6 +289,48 @@ Result<AggregateResult> Aggregate(std::span<const Contribution> contributions,
   }
   const size_t n = rows.size();
   for (const Contribution* c : rows) result.used.push_back(c->unit);
+
+  // Per-tensor centered clipping and Krum: the rule runs on each tensor's slice of the deltas on
+  // its own (norms and distances per tensor), and the slices are concatenated. Coordinate-wise
+  // rules give the same result either way.
+  const bool per_tensor =
+      tensor_sizes.size() > 1 && (config.rule == AggregationRule::kAggregationRuleCenteredClip ||
+                                  config.rule == AggregationRule::kAggregationRuleKrum);
+  if (per_tensor) {
+    result.delta.reserve(d);
+    std::vector<bool> selected_any(n, false);
+    size_t offset = 0;
+    std::vector<Contribution> slices(n);
+    Rows slice_rows(n);
+    for (size_t size : tensor_sizes) {
+      for (size_t i = 0; i < n; ++i) {
+        slices[i] = *rows[i];
+        slices[i].delta = rows[i]->delta.subspan(offset, size);
+        slice_rows[i] = &slices[i];
+      }
+      std::vector<float> part;
+      if (config.rule == AggregationRule::kAggregationRuleCenteredClip) {
+        part = CenteredClip(slice_rows, config);
+      } else {
+        ML_ASSIGN_OR_RETURN(std::vector<size_t> chosen, KrumSelect(slice_rows, config));
+        Rows selected;
+        for (size_t i : chosen) {
+          selected.push_back(slice_rows[i]);
+          selected_any[i] = true;
+        }
+        part = ToFloat(UnweightedMean(selected));
+      }
+      result.delta.insert(result.delta.end(), part.begin(), part.end());
+      offset += size;
+    }
+    if (config.rule == AggregationRule::kAggregationRuleKrum) {
+      result.used.clear();
+      for (size_t i = 0; i < n; ++i) {
+        if (selected_any[i]) result.used.push_back(rows[i]->unit);
+      }
+    }
+    return result;
+  }
 
   switch (config.rule) {
     case AggregationRule::kAggregationRuleWeightedMean: {

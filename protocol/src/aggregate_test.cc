@@ -178,6 +178,40 @@ bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+TEST(AggregateTest, PerTensorClipAndKrum) {
+  // Two tensors of 2 values. Contribution 3 is an outlier only in tensor 1, contribution 0 only
+  // in tensor 0; per tensor, Krum avoids each outlier where it is one.
+  Deltas d;
+  d.Add({100, 100, 1, 1});
+  d.Add({1, 1, 1, 1});
+  d.Add({1, 1, 1.1f, 1.1f});
+  d.Add({1.1f, 1.1f, -100, -100});
+  d.Add({1.2f, 1.2f, 1.2f, 1.2f});
+  const std::vector<size_t> sizes = {2, 2};
+  AggregationConfig c = Config(kKrum);
+  c.krum_byzantine = 1;
+  auto contribs = d.Contributions();
+  auto per = Aggregate(contribs, c, sizes);
+  ASSERT_TRUE(per.ok()) << per.status().ToString();
+  for (float x : per->delta) EXPECT_NEAR(x, 1.0, 0.25);
+  // Tensor sizes that cut the delta into one piece are the same as none.
+  const std::vector<size_t> whole = {4};
+  auto one = Aggregate(contribs, c, whole);
+  auto none = Aggregate(contribs, c);
+  ASSERT_TRUE(one.ok() && none.ok());
+  EXPECT_TRUE(BitwiseEqual(one->delta, none->delta));
+  // Per-tensor clipping with a radius from each tensor's own distances keeps both outliers out.
+  AggregationConfig clip = Config(kClip);
+  auto clipped = Aggregate(contribs, clip, sizes);
+  ASSERT_TRUE(clipped.ok());
+  for (float x : clipped->delta) EXPECT_NEAR(x, 1.0, 0.5);
+  // Sizes must add up to the delta size.
+  const std::vector<size_t> bad = {2, 3};
+  EXPECT_EQ(Aggregate(contribs, c, bad).status().code(), StatusCode::kInvalidArgument);
+  const std::vector<size_t> zero = {4, 0};
+  EXPECT_EQ(Aggregate(contribs, c, zero).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(AggregateTest, BitwiseIndependentOfInputOrder) {
   // 9 contributions sort columns by insertion sort, 40 by std::sort: same contract.
   for (size_t n : {size_t{9}, size_t{40}}) {

@@ -73,11 +73,16 @@ struct AggregateResult {
 Status ValidateAggregationConfig(const AggregationConfig& config);
 
 // Combines the contributions. The result does not depend on their order.
-// Errors: no contributions, duplicate unit ids, deltas of different sizes, zero total samples
-// (mean), every contribution rejected, a config out of range, too few contributions for the
-// rule (Krum with n < 2f + 3).
+// `tensor_sizes` (optional) cuts the flat deltas into consecutive tensors (sizes add up to the
+// delta size); centered clipping and Krum then run per tensor (norms, distances and the Krum
+// choice per tensor; `used` lists units Krum chose for any tensor). The coordinate-wise rules
+// ignore it. Empty = one tensor.
+// Errors: no contributions, duplicate unit ids, deltas of different sizes, bad tensor_sizes,
+// zero total samples (mean), every contribution rejected, a config out of range, too few
+// contributions for the rule (Krum with n < 2f + 3).
 Result<AggregateResult> Aggregate(std::span<const Contribution> contributions,
-                                  const AggregationConfig& config);
+                                  const AggregationConfig& config,
+                                  std::span<const size_t> tensor_sizes = {});
 
 // delta = global - local: the pseudo-gradient a solver reports after its inner steps.
 // REQUIRES: global.size() == local.size().
