@@ -4,10 +4,11 @@
 //
 // Prints one JSON line per case (best of --repeats) and a final line of ratios against the
 // baselines measured in the same run: put and get against plain BLAKE2b hashing of the same bytes
-// (the least any verified store must do), fetch from 3 providers against fetch from 1. On loopback
-// every provider shares this machine's CPUs, so 3 providers cannot beat 1 by much; sim1/sim3 run
-// the same fetch on the simulated network with a bandwidth-limited link per provider, where the
-// spreading of chunks over providers shows (virtual time, deterministic).
+// (the least any verified store must do); fetch, which stores what it gets, against put; fetch
+// from 3 providers against fetch from 1. On loopback every provider shares this machine's CPUs,
+// so 3 providers cannot beat 1 by much; sim1/sim3 run the same fetch on the simulated network
+// with a bandwidth-limited link per provider, where spreading chunks over providers shows
+// (virtual time, deterministic).
 #include <stdlib.h>
 
 #include <chrono>
@@ -232,7 +233,7 @@ int main(int argc, char** argv) {
   };
   ratio("put_vs_hash", "put", "hash");
   ratio("get_vs_hash", "get", "hash");
-  ratio("fetch1_vs_get", "fetch1", "get");
+  ratio("fetch1_vs_put", "fetch1", "put");
   ratio("fetch3_vs_fetch1", "fetch3", "fetch1");
   ratio("sim3_vs_sim1", "sim3", "sim1");
   std::printf("%s}\n", ratios.c_str());

@@ -139,8 +139,14 @@ void HttpTransport::WaitUntil(const std::function<bool()>& done) {
 }
 
 void HttpTransport::WorkerLoop() {
-  // One keep-alive connection per peer per worker.
-  std::map<std::string, std::unique_ptr<httplib::Client>> clients;
+  // One keep-alive connection per peer per worker, the least recently used closed beyond
+  // max_cached_connections.
+  struct Cached {
+    std::unique_ptr<httplib::Client> client;
+    uint64_t last_use = 0;
+  };
+  std::map<std::string, Cached> clients;
+  uint64_t uses = 0;
   while (true) {
     Job job;
     {
@@ -155,7 +161,17 @@ void HttpTransport::WorkerLoop() {
       std::string host;
       uint16_t port = 0;
       ML_RETURN_IF_ERROR(ParseHostPort(job.endpoint, &host, &port));
-      std::unique_ptr<httplib::Client>& client = clients[job.endpoint];
+      auto cached = clients.find(job.endpoint);
+      if (cached == clients.end() && clients.size() >= options_.max_cached_connections) {
+        auto oldest = clients.begin();
+        for (auto it = clients.begin(); it != clients.end(); ++it) {
+          if (it->second.last_use < oldest->second.last_use) oldest = it;
+        }
+        clients.erase(oldest);
+      }
+      Cached& entry = clients[job.endpoint];
+      entry.last_use = ++uses;
+      std::unique_ptr<httplib::Client>& client = entry.client;
       if (client == nullptr) {
         client = std::make_unique<httplib::Client>(host, port);
         client->set_keep_alive(true);

@@ -23,6 +23,8 @@
 //   ML_RETURN_IF_ERROR(store->Pin(id));
 //   ML_ASSIGN_OR_RETURN(Bytes back, store->Get(id));
 //
+// One BlobStore per directory at a time (Open deletes temporaries it did not write).
+//
 // Thread-safety: all methods are thread-safe (one internal mutex; the Env is only ever called
 // under it, so a thread-compatible MemEnv works). Chunk hashing is done outside the mutex.
 #pragma once

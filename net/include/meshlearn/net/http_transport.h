@@ -37,7 +37,9 @@ namespace meshlearn::net {
 Status ParseHostPort(std::string_view endpoint, std::string* host, uint16_t* port);
 
 struct HttpServerOptions {
-  int threads = 8;
+  // cpp-httplib serves each connection on one worker for as long as it is kept alive, so this
+  // bounds the concurrent connections; idle ones give their worker back after keep_alive_timeout.
+  int threads = 32;
   int64_t read_timeout_ms = 30'000;
   // An idle keep-alive connection is closed after this long. Stop() waits for the idle ones, so
   // this also bounds how long Stop() takes.
@@ -72,6 +74,8 @@ class HttpServer {
 
 struct HttpTransportOptions {
   int threads = 8;  // concurrent requests in flight
+  // Keep-alive connections cached per worker; beyond this the least recently used one is closed.
+  size_t max_cached_connections = 16;
   int64_t connect_timeout_ms = 5'000;
 };
 
