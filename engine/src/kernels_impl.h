@@ -569,7 +569,51 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
   const ConvGeom g = MakeGeom(C, H, W, OC, KH, KW, stride, pad);
   const int64_t P = g.OH * g.OW, K = C * KH * KW;
   const int threads = internal::ActiveThreads();
-  if (dinp != nullptr) {
+  if (dinp != nullptr && stride == 1 && C < kMR / 2) {
+    // Few input channels (e.g. the first layer): a GEMM would waste most of its MR-row tiles and
+    // be bound by packing, so run the reference chain directly with lanes holding kW adjacent
+    // input columns. Out-of-range terms are fma(0, w, acc) exactly as in the reference.
+    // Four input rows per task give four independent chains to hide the fma latency.
+    constexpr int kRows = 4;
+    const int64_t row_blocks = CeilDiv(H, kRows);
+    ParallelFor(B * C * row_blocks, threads, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t bc = t / row_blocks, ih0 = (t % row_blocks) * kRows;
+        const int64_t b = bc / C, c = bc % C;
+        const int nrows = static_cast<int>(MinI(kRows, H - ih0));
+        for (int64_t iw0 = 0; iw0 < W; iw0 += kW) {
+          const int nv = static_cast<int>(MinI(kW, W - iw0));
+          Vf acc[kRows] = {Zero(), Zero(), Zero(), Zero()};
+          for (int64_t oc = 0; oc < OC; ++oc) {
+            const float* plane = dout + (b * OC + oc) * g.OH * g.OW;
+            const float* wk = weight + (oc * C + c) * KH * KW;
+            for (int64_t kh = 0; kh < KH; ++kh) {
+              for (int64_t kw = 0; kw < KW; ++kw) {
+                // Lane i of row ih reads dout[ih + pad - kh, ow0 + i], ow0 = iw0 + pad - kw.
+                const int64_t ow0 = iw0 + pad - kw;
+                const int lo = static_cast<int>(MaxI(0, MinI(kW, -ow0)));
+                const int hi = static_cast<int>(MaxI(0, MinI(kW, g.OW - ow0)));
+                const Vf wv = Set1(wk[kh * KW + kw]);
+#pragma GCC unroll 4
+                for (int r = 0; r < kRows; ++r) {
+                  const int64_t oh = ih0 + r + pad - kh;
+                  Vf gv = Zero();
+                  if (r < nrows && oh >= 0 && oh < g.OH && hi > lo) {
+                    gv = LoadRange(plane + oh * g.OW + ow0, lo, hi);
+                  }
+                  acc[r] = Fma(gv, wv, acc[r]);
+                }
+              }
+            }
+          }
+          for (int r = 0; r < nrows; ++r) {
+            float* d = dinp + (bc * H + ih0 + r) * W + iw0;
+            StorePartial(d, LoadPartial(d, nv) + acc[r], nv);
+          }
+        }
+      }
+    });
+  } else if (dinp != nullptr) {
     // dinp[b] (C x HW) += W^T' (C x OC*KH*KW) @ dcol(b) (OC*KH*KW x HW).
     auto image = [&](int64_t b, int th) {
       GemmOut o;

@@ -77,7 +77,8 @@ TEST(KernelsTest, Conv2dForwardBackward) {
   for (ConvShape s :
        {ConvShape{1, 1, 5, 5, 1, 3, 3, 1, 0}, ConvShape{2, 3, 7, 9, 5, 3, 3, 1, 1},
         ConvShape{3, 4, 11, 10, 17, 5, 5, 2, 2}, ConvShape{5, 2, 8, 8, 3, 1, 1, 1, 0},
-        ConvShape{1, 6, 13, 13, 33, 3, 2, 3, 1}, ConvShape{4, 13, 9, 9, 7, 3, 3, 1, 1}}) {
+        ConvShape{1, 6, 13, 13, 33, 3, 2, 3, 1}, ConvShape{4, 13, 9, 9, 7, 3, 3, 1, 1},
+        ConvShape{3, 1, 28, 28, 16, 5, 5, 1, 2}, ConvShape{2, 5, 19, 37, 4, 3, 5, 1, 2}}) {
     const int64_t OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
     const int64_t OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
     auto inp = RandomVec(s.B * s.C * s.H * s.W, 11), w = RandomVec(s.OC * s.C * s.KH * s.KW, 12);
