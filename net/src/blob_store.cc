@@ -20,7 +20,7 @@ std::set<Hash256> Distinct(const std::vector<Hash256>& v) { return {v.begin(), v
 }  // namespace
 
 BlobStore::BlobStore(Env* env, std::string dir, BlobStoreOptions options)
-    : env_(env), dir_(std::move(dir)), options_(options) {}
+    : env_(env), dir_(std::move(dir)), options_(options), parallel_io_(env == Env::Default()) {}
 
 Result<std::unique_ptr<BlobStore>> BlobStore::Open(Env* env, std::string dir,
                                                    BlobStoreOptions options) {
@@ -193,8 +193,26 @@ Status BlobStore::PutChunk(const Hash256& hash, ByteSpan data) {
   if (got != hash) {
     return InvalidArgument("chunk " + hash.ShortHex() + ": content hashes to " + got.ShortHex());
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  return PutChunkLocked(hash, data);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!parallel_io_) return PutChunkLocked(hash, data);
+  // Reserve the space under the lock, write without it (parallel fetches overlap their fsyncs),
+  // publish under it. A chunk being written is not in chunks_, so nothing evicts or reads it.
+  io_cv_.wait(lock, [&] { return !writing_.count(hash); });
+  if (chunks_.count(hash)) return Status::Ok();
+  ML_RETURN_IF_ERROR(MakeRoomLocked(data.size(), nullptr));
+  used_bytes_ += data.size();
+  writing_.insert(hash);
+  lock.unlock();
+  Status s = env_->WriteFileAtomic(ChunkPath(hash), AsStringView(data));
+  lock.lock();
+  writing_.erase(hash);
+  if (s.ok() && !chunks_.count(hash)) {
+    chunks_[hash] = data.size();
+  } else {
+    used_bytes_ -= data.size();  // failed, or Put wrote it meanwhile and counted it
+  }
+  io_cv_.notify_all();
+  return s;
 }
 
 Status BlobStore::PutChunkLocked(const Hash256& hash, ByteSpan data) {
@@ -214,9 +232,18 @@ Result<Bytes> BlobStore::GetChunk(const Hash256& hash) {
 Result<std::string> BlobStore::ReadChunk(const Hash256& hash) {
   std::string data;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (!chunks_.count(hash)) return NotFound("chunk " + hash.ShortHex() + " is not in the store");
-    ML_ASSIGN_OR_RETURN(data, env_->ReadFile(ChunkPath(hash)));
+    if (parallel_io_) lock.unlock();
+    Result<std::string> r = env_->ReadFile(ChunkPath(hash));
+    if (!r.ok()) {
+      // Evicted between the check and the read (parallel I/O only): simply not here any more.
+      if (r.status().code() == StatusCode::kNotFound) {
+        return NotFound("chunk " + hash.ShortHex() + " is not in the store");
+      }
+      return r.status();
+    }
+    data = std::move(*r);
   }
   if (Blake2b(AsBytes(data)) == hash) return data;  // hashed outside the lock
   std::lock_guard<std::mutex> lock(mu_);

@@ -25,14 +25,18 @@
 //
 // One BlobStore per directory at a time (Open deletes temporaries it did not write).
 //
-// Thread-safety: all methods are thread-safe (one internal mutex; the Env is only ever called
-// under it, so a thread-compatible MemEnv works). Chunk hashing is done outside the mutex.
+// Thread-safety: all methods are thread-safe (one internal mutex). Chunk hashing is done outside
+// it. With Env::Default(), which is thread-safe, PutChunk and chunk reads also do their file I/O
+// outside it, so parallel fetches overlap their fsyncs; any other Env (MemEnv is only
+// thread-compatible) is only ever called under the mutex.
 #pragma once
 
 #include <cstdint>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -136,6 +140,7 @@ class BlobStore {
   Env* const env_;
   const std::string dir_;
   const BlobStoreOptions options_;
+  const bool parallel_io_;  // env_ is thread-safe: chunk I/O may run outside mu_
 
   std::mutex mu_;
   std::map<Hash256, uint64_t> chunks_;  // chunk files on disk -> size
@@ -143,6 +148,8 @@ class BlobStore {
   std::map<BlobId, BlobInfo> blobs_;
   std::map<BlobId, uint32_t> pins_;
   std::map<BlobId, uint32_t> holds_;
+  std::set<Hash256> writing_;         // chunks being written outside mu_ (parallel_io_)
+  std::condition_variable io_cv_;     // signalled when a write outside mu_ ends
   uint64_t used_bytes_ = 0;
   uint64_t tick_ = 0;
   uint64_t evicted_blobs_ = 0;
