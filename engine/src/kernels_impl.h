@@ -14,9 +14,9 @@
 
 #include "kernels_internal.h"
 #include "math_impl.h"
-#include "simd.h"
 #include "meshlearn/engine/kernels.h"
 #include "meshlearn/engine/threadpool.h"
+#include "simd.h"
 
 namespace meshlearn::engine::MESHLEARN_SIMD_NS {
 
@@ -1056,25 +1056,63 @@ void AttentionForward(float* out, float* preatt, float* att, const float* qkv, i
       o.alpha = scale;
       o.use_alpha = true;
       Gemm(T, T, hs, StridedA{q, C3, 1}, StridedB{q + C, 1, C3}, o, 1);
+      // Softmax per row t over t2 <= t. Row maxima and sums are sequential chains per row; a full
+      // group of kW rows runs them with lanes holding rows (a lane joins the chain at t2 <= t).
       for (int64_t t = 0; t < T; ++t) {
-        float* pr = pre + t * T;
-        float* ar = a + t * T;
-        for (int64_t t2 = t + 1; t2 < T; ++t2) pr[t2] = 0.0f;
-        float m = pr[0];
-        for (int64_t t2 = 1; t2 <= t; ++t2) m = pr[t2] > m ? pr[t2] : m;
-        const Vf mv = Set1(m);
-        for (int64_t t2 = 0; t2 <= t; t2 += kW) {
-          const int nv = static_cast<int>(MinI(kW, t + 1 - t2));
-          StorePartial(ar + t2, ExpV(LoadPartial(pr + t2, nv) - mv), nv);
+        for (int64_t t2 = t + 1; t2 < T; ++t2) pre[t * T + t2] = 0.0f;
+      }
+      for (int64_t t0 = 0; t0 < T;) {
+        const int group = RowGroupFits(t0, T, T) ? kW : 1;
+        float ms[kW], ss[kW];
+        if (group > 1) {
+          const float* pg = pre + t0 * T;
+          const Vf row = Set1(static_cast<float>(t0)) + Iota();  // lane i holds row t0 + i
+          Vf m = GatherStrided(pg, T);
+          for (int64_t t2 = 1; t2 < t0 + kW; ++t2) {
+            const Mask active = Le(Set1(static_cast<float>(t2)), row);
+            m = Select(active, Max(GatherStrided(pg + t2, T), m), m);
+          }
+          Store(ms, m);
+        } else {
+          const float* pr = pre + t0 * T;
+          float m = pr[0];
+          for (int64_t t2 = 1; t2 <= t0; ++t2) m = pr[t2] > m ? pr[t2] : m;
+          ms[0] = m;
         }
-        float sum = 0.0f;
-        for (int64_t t2 = 0; t2 <= t; ++t2) sum = sum + ar[t2];
-        const Vf inv = Set1(1.0f / sum);
-        for (int64_t t2 = 0; t2 <= t; t2 += kW) {
-          const int nv = static_cast<int>(MinI(kW, t + 1 - t2));
-          StorePartial(ar + t2, LoadPartial(ar + t2, nv) * inv, nv);
+        for (int i = 0; i < group; ++i) {
+          const int64_t t = t0 + i;
+          const Vf mv = Set1(ms[i]);
+          for (int64_t t2 = 0; t2 <= t; t2 += kW) {
+            const int nv = static_cast<int>(MinI(kW, t + 1 - t2));
+            StorePartial(a + t * T + t2, ExpV(LoadPartial(pre + t * T + t2, nv) - mv), nv);
+          }
         }
-        for (int64_t t2 = t + 1; t2 < T; ++t2) ar[t2] = 0.0f;
+        if (group > 1) {
+          const float* ag = a + t0 * T;
+          const Vf row = Set1(static_cast<float>(t0)) + Iota();
+          Vf sum = Zero();
+          for (int64_t t2 = 0; t2 < t0 + kW; ++t2) {
+            const Mask active = Le(Set1(static_cast<float>(t2)), row);
+            sum = Select(active, sum + GatherStrided(ag + t2, T), sum);
+          }
+          Store(ss, sum);
+        } else {
+          const float* ar = a + t0 * T;
+          float sum = 0.0f;
+          for (int64_t t2 = 0; t2 <= t0; ++t2) sum = sum + ar[t2];
+          ss[0] = sum;
+        }
+        for (int i = 0; i < group; ++i) {
+          const int64_t t = t0 + i;
+          float* ar = a + t * T;
+          const Vf inv = Set1(1.0f / ss[i]);
+          for (int64_t t2 = 0; t2 <= t; t2 += kW) {
+            const int nv = static_cast<int>(MinI(kW, t + 1 - t2));
+            StorePartial(ar + t2, LoadPartial(ar + t2, nv) * inv, nv);
+          }
+          for (int64_t t2 = t + 1; t2 < T; ++t2) ar[t2] = 0.0f;
+        }
+        t0 += group;
       }
       // out[t,i] = chain over t2 of att[t,t2] v[t2,i].
       GemmOut oo;
@@ -1118,18 +1156,34 @@ void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* do
         o.accumulate = true;
         Gemm(T, hs, T, StridedA{A, 1, T}, StridedB{g, C, 1}, o, 1);
       }
-      for (int64_t t = 0; t < T; ++t) {
-        const float* ar = A + t * T;
-        const float* dar = dA + t * T;
-        float s = 0.0f;
-        for (int64_t t2 = 0; t2 < T; ++t2) s = ScalarFma(ar[t2], dar[t2], s);
-        const Vf sv = Set1(s);
-        for (int64_t t2 = 0; t2 < T; t2 += kW) {
-          const int nv = static_cast<int>(MinI(kW, T - t2));
-          StorePartial(dP + t * T + t2, LoadPartial(ar + t2, nv) * (LoadPartial(dar + t2, nv) - sv),
-                       nv);
+      for (int64_t t0 = 0; t0 < T;) {
+        // s_t = chain over all t2 of att*datt; lanes hold rows for a full group.
+        const int group = RowGroupFits(t0, T, T) ? kW : 1;
+        float ss[kW];
+        if (group > 1) {
+          Vf sv = Zero();
+          for (int64_t t2 = 0; t2 < T; ++t2) {
+            sv = Fma(GatherStrided(A + t0 * T + t2, T), GatherStrided(dA + t0 * T + t2, T), sv);
+          }
+          Store(ss, sv);
+        } else {
+          float s = 0.0f;
+          for (int64_t t2 = 0; t2 < T; ++t2) s = ScalarFma(A[t0 * T + t2], dA[t0 * T + t2], s);
+          ss[0] = s;
         }
-        for (int64_t t2 = t + 1; t2 < T; ++t2) dP[t * T + t2] = 0.0f;
+        for (int i = 0; i < group; ++i) {
+          const int64_t t = t0 + i;
+          const float* ar = A + t * T;
+          const float* dar = dA + t * T;
+          const Vf sv = Set1(ss[i]);
+          for (int64_t t2 = 0; t2 < T; t2 += kW) {
+            const int nv = static_cast<int>(MinI(kW, T - t2));
+            StorePartial(dP + t * T + t2,
+                         LoadPartial(ar + t2, nv) * (LoadPartial(dar + t2, nv) - sv), nv);
+          }
+          for (int64_t t2 = t + 1; t2 < T; ++t2) dP[t * T + t2] = 0.0f;
+        }
+        t0 += group;
       }
       {  // dq += (dpreatt @ k) * scale.
         GemmOut o;

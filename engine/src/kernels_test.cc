@@ -220,7 +220,7 @@ TEST(KernelsTest, Attention) {
   struct S {
     int64_t B, T, C, NH;
   };
-  for (S s : {S{1, 1, 4, 1}, S{2, 5, 12, 3}, S{2, 17, 40, 4}, S{1, 40, 64, 2}}) {
+  for (S s : {S{1, 1, 4, 1}, S{2, 5, 12, 3}, S{2, 17, 40, 4}, S{1, 40, 64, 2}, S{2, 64, 32, 2}}) {
     auto qkv = RandomVec(s.B * s.T * 3 * s.C, 81, -2.0f, 2.0f), g = RandomVec(s.B * s.T * s.C, 82);
     ExpectFastEqualsRef("Attention", [&](bool fast) {
       const int64_t TT = s.B * s.NH * s.T * s.T;

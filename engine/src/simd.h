@@ -39,6 +39,8 @@ inline void StorePartial(float* p, Vf a, int n) {
 }
 // Lanes i in [lo, hi) load p[i]; the others are 0 and p[i] is not touched for them.
 inline Vf LoadRange(const float* p, int lo, int hi) { return {lo <= 0 && 0 < hi ? *p : 0.0f}; }
+// Lane indices 0, 1, 2, ... as floats.
+inline Vf Iota() { return {0.0f}; }
 inline Vf Set1(float x) { return {x}; }
 inline float First(Vf a) { return a.v; }
 // Lanes p[0], p[stride], p[2*stride], ...; REQUIRES: stride * (kWidth - 1) fits in int32.
@@ -99,6 +101,7 @@ inline Vf Load(const float* p) { return {_mm256_loadu_ps(p)}; }
 inline Vf LoadPartial(const float* p, int n) { return {_mm256_maskload_ps(p, TailMask(n))}; }
 inline void Store(float* p, Vf a) { _mm256_storeu_ps(p, a.v); }
 inline void StorePartial(float* p, Vf a, int n) { _mm256_maskstore_ps(p, TailMask(n), a.v); }
+inline Vf Iota() { return {_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7)}; }
 inline Vf LoadRange(const float* p, int lo, int hi) {
   return {_mm256_maskload_ps(p, _mm256_andnot_si256(TailMask(lo), TailMask(hi)))};
 }
@@ -161,6 +164,7 @@ inline Vf Load(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline Vf LoadPartial(const float* p, int n) { return {_mm512_maskz_loadu_ps(TailMask(n), p)}; }
 inline void Store(float* p, Vf a) { _mm512_storeu_ps(p, a.v); }
 inline void StorePartial(float* p, Vf a, int n) { _mm512_mask_storeu_ps(p, TailMask(n), a.v); }
+inline Vf Iota() { return {_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}; }
 inline Vf LoadRange(const float* p, int lo, int hi) {
   return {_mm512_maskz_loadu_ps(static_cast<__mmask16>(TailMask(hi) & ~TailMask(lo)), p)};
 }
