@@ -159,78 +159,101 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
     return InvalidArgument("scheduler: block_interval_ms must be > 0, got 0");
   }
 
-  // Canonical node order (by id). The ledger passes its registry sorted, so this is one O(n)
-  // pass; otherwise we sort an index.
-  std::vector<uint32_t> order(nodes.size());
-  std::iota(order.begin(), order.end(), 0u);
-  auto id_less = [&](uint32_t a, uint32_t b) { return nodes[a].id < nodes[b].id; };
-  if (!std::is_sorted(order.begin(), order.end(), id_less)) {
-    std::sort(order.begin(), order.end(), id_less);
-  }
-  for (size_t i = 1; i < order.size(); ++i) {
-    if (nodes[order[i - 1]].id == nodes[order[i]].id) {
-      return InvalidArgument("scheduler: node " + nodes[order[i]].id.ShortHex() +
-                             " appears twice in the node list");
-    }
-  }
-
-  // Canonical unit order. Every unit must be of this task, so (round, shard) orders them.
-  for (const PendingUnit& p : pending) {
-    if (p.unit.task != task.id) {
-      return InvalidArgument("scheduler: unit " + p.unit.ToString() +
-                             " belongs to another task than " + task.id.ShortHex());
-    }
-  }
-  std::vector<uint32_t> units(pending.size());
-  std::iota(units.begin(), units.end(), 0u);
+  // Canonical unit order: (round, shard), every unit being of this task. The ledger passes pending
+  // units sorted, so the fast path validates and checks the order in one pass; otherwise an index
+  // is sorted. `units` stays empty on the fast path (identity order).
+  std::vector<uint32_t> units;
   auto unit_less = [&](uint32_t a, uint32_t b) {
     const UnitId& x = pending[a].unit;
     const UnitId& y = pending[b].unit;
     return x.round != y.round ? x.round < y.round : x.shard < y.shard;
   };
-  if (!std::is_sorted(units.begin(), units.end(), unit_less)) {
-    std::sort(units.begin(), units.end(), unit_less);
-  }
-  for (size_t i = 0; i < units.size(); ++i) {
-    const UnitId& u = pending[units[i]].unit;
+  bool units_sorted = true;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const UnitId& u = pending[i].unit;
+    if (u.task != task.id) {
+      return InvalidArgument("scheduler: unit " + u.ToString() + " belongs to another task than " +
+                             task.id.ShortHex());
+    }
     if (u.round >= task.rounds || u.shard >= task.units_per_round) {
       return InvalidArgument("scheduler: unit " + u.ToString() + " is outside the task's " +
                              std::to_string(task.rounds) + " rounds x " +
                              std::to_string(task.units_per_round) + " shards");
     }
-    if (i > 0 && pending[units[i - 1]].unit == u) {
-      return InvalidArgument("scheduler: unit " + u.ToString() + " is pending twice");
+    if (i > 0 && !unit_less(static_cast<uint32_t>(i - 1), static_cast<uint32_t>(i))) {
+      units_sorted = false;
     }
   }
+  if (!units_sorted) {
+    units.resize(pending.size());
+    std::iota(units.begin(), units.end(), 0u);
+    std::sort(units.begin(), units.end(), unit_less);
+    for (size_t i = 1; i < units.size(); ++i) {
+      if (!unit_less(units[i - 1], units[i])) {
+        return InvalidArgument("scheduler: unit " + pending[units[i]].unit.ToString() +
+                               " is pending twice");
+      }
+    }
+  }
+  auto unit_at = [&](size_t k) -> const PendingUnit& {
+    return units_sorted ? pending[k] : pending[units[k]];
+  };
 
   // Eligible nodes in canonical (id) order, as parallel arrays: the passes below touch only the
-  // small arrays they need, which keeps 10^4 nodes near-linear (cache-resident).
+  // small arrays they need. One pass over `nodes` reads each node once (at 10^4 nodes they no
+  // longer fit in L2, so a separate pass to check the order would double the memory traffic).
   std::vector<uint32_t> cand_node;  // index into `nodes`
   std::vector<uint64_t> cand_weight, cand_unit_ms, cand_queued;
-  cand_node.reserve(order.size());
-  cand_weight.reserve(order.size());
-  cand_unit_ms.reserve(order.size());
-  cand_queued.reserve(order.size());
-  for (uint32_t idx : order) {
+  cand_node.reserve(nodes.size());
+  cand_weight.reserve(nodes.size());
+  cand_unit_ms.reserve(nodes.size());
+  cand_queued.reserve(nodes.size());
+  auto consider = [&](uint32_t idx) {
     const NodeView& n = nodes[idx];
     const uint32_t rep = ReputationPermille(n.reputation);
     if (CheckEligibilityWithReputation(n, task, height, params, rep) !=
         Eligibility::kEligibilityOk) {
-      continue;
+      return;
     }
     const uint64_t unit_ms = EstimatedUnitMs(n, task, params);
     cand_node.push_back(idx);
     cand_weight.push_back(WeightFrom(unit_ms, rep));
     cand_unit_ms.push_back(unit_ms);
     cand_queued.push_back(n.inflight_units);
+  };
+  // Fast path: nodes come strictly ascending by id (the ledger's registry order).
+  bool nodes_sorted = true;
+  for (uint32_t i = 0; i < nodes.size(); ++i) {
+    if (i > 0 && !(nodes[i - 1].id < nodes[i].id)) {
+      nodes_sorted = false;
+      break;
+    }
+    consider(i);
+  }
+  if (!nodes_sorted) {
+    cand_node.clear();
+    cand_weight.clear();
+    cand_unit_ms.clear();
+    cand_queued.clear();
+    std::vector<uint32_t> order(nodes.size());
+    std::iota(order.begin(), order.end(), 0u);
+    std::sort(order.begin(), order.end(),
+              [&](uint32_t a, uint32_t b) { return nodes[a].id < nodes[b].id; });
+    for (size_t i = 1; i < order.size(); ++i) {
+      if (nodes[order[i - 1]].id == nodes[order[i]].id) {
+        return InvalidArgument("scheduler: node " + nodes[order[i]].id.ShortHex() +
+                               " appears twice in the node list");
+      }
+    }
+    for (uint32_t idx : order) consider(idx);
   }
   const size_t nc = cand_node.size();
 
   ScheduleResult result;
   result.eligible_nodes = nc;
-  if (units.empty()) return result;
+  if (pending.empty()) return result;
   if (nc == 0) {
-    for (uint32_t u : units) result.unassigned.push_back(pending[u].unit);
+    for (size_t k = 0; k < pending.size(); ++k) result.unassigned.push_back(unit_at(k).unit);
     return result;
   }
 
@@ -256,7 +279,7 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
   // Systematic sampling: point k = floor((u + k x total) / m) for one uniform u in [0, total).
   // The points are increasing and spaced total/m apart, so one merge walk over the prefix sums
   // deals all m units; candidate i receives floor or ceil of m x weight_i / total.
-  const uint64_t m = units.size();
+  const uint64_t m = pending.size();
   const uint64_t u0 = rng.Uniform(total);
   std::vector<uint32_t> dealt(nc, 0);
   size_t pos = 0;
@@ -290,7 +313,7 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
   for (uint64_t k = 0; k < m; ++k) {
     while (dealt[cand] == 0) ++cand;
     --dealt[cand];
-    const PendingUnit& p = pending[units[k]];
+    const PendingUnit& p = unit_at(k);
     int64_t j = static_cast<int64_t>(cand);
     if (excluded(p, cand)) j = draw(p);
     if (j < 0) {
