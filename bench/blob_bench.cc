@@ -96,11 +96,14 @@ int main(int argc, char** argv) {
   }
   const double mb = static_cast<double>(data.size()) / (1 << 20);
   std::map<std::string, double> secs;
+  std::map<std::string, uint64_t> failed;  // fetch cases: failed requests over all repeats
   auto report = [&](const std::string& name, double s) {
     secs[name] = s;
+    std::string extra;
+    if (failed.count(name)) extra = ",\"failed_requests\":" + std::to_string(failed[name]);
     std::printf("{\"bench\":\"blob\",\"case\":\"%s\",\"bytes\":%zu,\"seconds\":%.6f,"
-                "\"mib_per_s\":%.1f}\n",
-                name.c_str(), data.size(), s, mb / s);
+                "\"mib_per_s\":%.1f%s}\n",
+                name.c_str(), data.size(), s, mb / s, extra.c_str());
     std::fflush(stdout);
   };
 
@@ -159,16 +162,19 @@ int main(int argc, char** argv) {
     for (int n : {1, 3}) {
       std::string name = "fetch" + std::to_string(n);
       if (!cases.count(name)) continue;
-      runs.push_back({name, [&, n] {
+      runs.push_back({name, [&, n, name] {
                         std::vector<std::string> eps(endpoints.begin(), endpoints.begin() + n);
                         std::string d = dir + "/fetch" + std::to_string(run++);
                         auto store = BlobStore::Open(env, d);
                         if (!store.ok()) Die(store.status());
                         Fetcher fetcher(transport.get(), store->get());
+                        uint64_t failures = 0;
                         double s = Seconds([&] {
                           Result<FetchStats> st = fetcher.Fetch(id, eps);
                           if (!st.ok()) Die(st.status());
+                          failures = st->failed_requests;
                         });
+                        failed[name] += failures;
                         std::filesystem::remove_all(d);
                         return s;
                       }});

@@ -241,5 +241,33 @@ TEST(BlobStoreTest, ConcurrentPutsAndGets) {
   EXPECT_EQ(store->stats().chunk_files, 1u + 4 * 5 * 2);
 }
 
+TEST(BlobStoreTest, ParallelChunkWritesKeepAccountsExact) {
+  TempDir tmp;
+  auto store = OpenOrDie(Env::Default(), tmp.path());
+  std::vector<Bytes> chunks;
+  for (int i = 0; i < 8; ++i) chunks.push_back(RandomBytes(kChunk + i, 3000 + i));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      // Every thread writes every chunk, in a different order: the same chunk is often written
+      // by two threads at once.
+      for (int i = 0; i < 8; ++i) {
+        const Bytes& c = chunks[(i + t) % 8];
+        CHECK(store->PutChunk(Blake2b(c), c).ok());
+        CHECK(*store->GetChunk(Blake2b(c)) == c);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  uint64_t expect = 0;
+  for (const Bytes& c : chunks) expect += c.size();
+  EXPECT_EQ(store->stats().chunk_files, 8u);
+  EXPECT_EQ(store->stats().used_bytes, expect);
+  store.reset();
+  auto reopened = OpenOrDie(Env::Default(), tmp.path());
+  EXPECT_EQ(reopened->stats().used_bytes, expect);  // no temporaries were left behind
+  EXPECT_EQ(reopened->stats().chunk_files, 8u);
+}
+
 }  // namespace
 }  // namespace meshlearn::net
