@@ -387,8 +387,6 @@ class SequentialModel final : public Model {
       const bool need_dinp = ii > 0;  // no gradient for the data
       if (l.kind == "flatten" || (l.kind == "dropout" && !L.mask)) continue;  // dout passes through
       float* dinp = need_dinp ? arena_.AllocZeroed({in_n}).data() : nullptr;
-      // Conv2dBackward always writes dinp; give it scratch when the input is the data.
-      if (l.kind == "conv2d" && !dinp) dinp = arena_.AllocZeroed({in_n}).data();
       if (l.kind == "linear") {
         LinearBackward(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
                        params_[L.weight].value.data(), B, L.in_shape[0], l.out);
