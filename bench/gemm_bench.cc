@@ -6,14 +6,17 @@
 //   gemm_bench --sizes=256,512 --threads=1
 //
 // Each timing is the best of several repetitions, the two contenders alternating (the machine
-// may be shared). The engine result
-// is also checked to be bitwise identical between thread counts.
+// may be shared). Besides wall-clock GFLOP/s it prints GFLOP per process-CPU-second, which a busy
+// host's time slicing does not distort (with 2 threads it is per CPU, not per wall second). The
+// engine result is also checked to be bitwise identical between thread counts.
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <utility>
@@ -38,24 +41,39 @@ std::vector<float> Random(int64_t n, uint64_t seed) {
   return v;
 }
 
-double Seconds(const std::function<void()>& fn) {
+struct Time {
+  double wall = 1e30;  // seconds
+  double cpu = 1e30;   // process CPU seconds (all threads): robust to time slicing on a busy host
+};
+
+Time Measure(const std::function<void()>& fn) {
+  timespec c0, c1;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
   auto t0 = std::chrono::steady_clock::now();
   fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Time t;
+  t.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+  t.cpu = static_cast<double>(c1.tv_sec - c0.tv_sec) +
+          1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec);
+  return t;
 }
 
-// Best wall times of a and b, alternating repetitions so that a shared machine's load hits both
-// alike; at least ~min_total seconds in all.
-std::pair<double, double> BestTimes(const std::function<void()>& a, const std::function<void()>& b,
-                                    double min_total = 0.8) {
+// Best wall and CPU times of a and b, alternating repetitions so that a shared machine's load
+// hits both alike; at least ~min_total wall seconds in all.
+std::pair<Time, Time> BestTimes(const std::function<void()>& a, const std::function<void()>& b,
+                                double min_total = 0.8) {
   a();  // warm-up
   b();
-  double best_a = 1e30, best_b = 1e30, total = 0;
+  Time best_a, best_b;
+  double total = 0;
   for (int reps = 0; (total < min_total || reps < 5) && reps < 400; ++reps) {
-    const double ta = Seconds(a), tb = Seconds(b);
-    best_a = ta < best_a ? ta : best_a;
-    best_b = tb < best_b ? tb : best_b;
-    total += ta + tb;
+    const Time ta = Measure(a), tb = Measure(b);
+    best_a.wall = std::min(best_a.wall, ta.wall);
+    best_a.cpu = std::min(best_a.cpu, ta.cpu);
+    best_b.wall = std::min(best_b.wall, tb.wall);
+    best_b.cpu = std::min(best_b.cpu, tb.cpu);
+    total += ta.wall + tb.wall;
   }
   return {best_a, best_b};
 }
@@ -126,9 +144,12 @@ int main(int argc, char** argv) {
       std::printf(
           "{\"bench\":\"linear_forward\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"threads\":%d,"
           "\"simd\":\"%s\",\"meshlearn_gflops\":%.2f,\"openblas_gflops\":%.2f,\"ratio\":%.3f,"
+          "\"meshlearn_gflops_per_cpu_s\":%.2f,\"openblas_gflops_per_cpu_s\":%.2f,\"cpu_ratio\":%."
+          "3f,"
           "\"bitwise_same_across_threads\":%s,\"openblas_core\":\"%s\"}\n",
           static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), t,
-          simd.c_str(), flops / ours * 1e-9, flops / blas * 1e-9, blas / ours,
+          simd.c_str(), flops / ours.wall * 1e-9, flops / blas.wall * 1e-9, blas.wall / ours.wall,
+          flops / ours.cpu * 1e-9, flops / blas.cpu * 1e-9, blas.cpu / ours.cpu,
           same ? "true" : "false", openblas_get_corename());
       std::fflush(stdout);
     }
@@ -163,10 +184,12 @@ int main(int argc, char** argv) {
       std::printf(
           "{\"bench\":\"conv2d_forward\",\"B\":%lld,\"C\":%lld,\"H\":%lld,\"OC\":%lld,\"K\":%lld,"
           "\"threads\":%d,\"simd\":\"%s\",\"meshlearn_gflops\":%.2f,"
-          "\"im2col_openblas_gflops\":%.2f,\"ratio\":%.3f}\n",
+          "\"im2col_openblas_gflops\":%.2f,\"ratio\":%.3f,\"meshlearn_gflops_per_cpu_s\":%.2f,"
+          "\"im2col_openblas_gflops_per_cpu_s\":%.2f,\"cpu_ratio\":%.3f}\n",
           static_cast<long long>(c.B), static_cast<long long>(c.C), static_cast<long long>(c.H),
           static_cast<long long>(c.OC), static_cast<long long>(c.K), t, simd.c_str(),
-          flops / ours * 1e-9, flops / blas * 1e-9, blas / ours);
+          flops / ours.wall * 1e-9, flops / blas.wall * 1e-9, blas.wall / ours.wall,
+          flops / ours.cpu * 1e-9, flops / blas.cpu * 1e-9, blas.cpu / ours.cpu);
       std::fflush(stdout);
     }
   }
