@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
   Rng rng(1);
   for (size_t i = 0; i < data.size(); i += 4) {
     uint32_t v = rng.NextU32();
-    for (size_t k = 0; k < 4 && i + k < data.size(); ++k) data[i + k] = static_cast<uint8_t>(v >> (8 * k));
+    for (size_t k = 0; k < 4 && i + k < data.size(); ++k)
+      data[i + k] = static_cast<uint8_t>(v >> (8 * k));
   }
   const double mb = static_cast<double>(data.size()) / (1 << 20);
   std::map<std::string, double> secs;
@@ -101,9 +102,10 @@ int main(int argc, char** argv) {
     secs[name] = s;
     std::string extra;
     if (failed.count(name)) extra = ",\"failed_requests\":" + std::to_string(failed[name]);
-    std::printf("{\"bench\":\"blob\",\"case\":\"%s\",\"bytes\":%zu,\"seconds\":%.6f,"
-                "\"mib_per_s\":%.1f%s}\n",
-                name.c_str(), data.size(), s, mb / s, extra.c_str());
+    std::printf(
+        "{\"bench\":\"blob\",\"case\":\"%s\",\"bytes\":%zu,\"seconds\":%.6f,"
+        "\"mib_per_s\":%.1f%s}\n",
+        name.c_str(), data.size(), s, mb / s, extra.c_str());
     std::fflush(stdout);
   };
 
@@ -212,7 +214,8 @@ int main(int argc, char** argv) {
         if (Result<BlobId> r = p->store->Put(data); !r.ok()) Die(r.status());
         names.push_back("p" + std::to_string(i));
       }
-      p->service = std::make_unique<BlobService>(p->store.get(), BlobServiceOptions{.compress = false});
+      p->service =
+          std::make_unique<BlobService>(p->store.get(), BlobServiceOptions{.compress = false});
       p->service->Register(&p->router);
       net.AddNode(i == 0 ? "me" : names.back())->Serve(&p->router);
       peers.push_back(std::move(p));
@@ -223,9 +226,10 @@ int main(int argc, char** argv) {
     if (!st.ok()) Die(st.status());
     double s = static_cast<double>(net.NowMicros() - t0) / 1e6;
     secs[name] = s;
-    std::printf("{\"bench\":\"blob\",\"case\":\"%s\",\"bytes\":%zu,\"virtual_seconds\":%.6f,"
-                "\"mib_per_s\":%.1f}\n",
-                name.c_str(), data.size(), s, mb / s);
+    std::printf(
+        "{\"bench\":\"blob\",\"case\":\"%s\",\"bytes\":%zu,\"virtual_seconds\":%.6f,"
+        "\"mib_per_s\":%.1f}\n",
+        name.c_str(), data.size(), s, mb / s);
   }
 
   // Ratios: > 1 means the first is faster than the second.

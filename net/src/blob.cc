@@ -43,10 +43,10 @@ Status ValidateBlobSize(uint64_t size, uint32_t chunk_size) {
                              std::to_string(kMaxBlobSize) + " bytes");
   }
   if (ChunkCountFor(size, chunk_size) > kMaxManifestChunks) {
-    return ResourceExhausted("blob of " + std::to_string(size) + " bytes needs " +
-                             std::to_string(ChunkCountFor(size, chunk_size)) +
-                             " chunks, more than the limit of " +
-                             std::to_string(kMaxManifestChunks) + "; split it or use larger chunks");
+    return ResourceExhausted(
+        "blob of " + std::to_string(size) + " bytes needs " +
+        std::to_string(ChunkCountFor(size, chunk_size)) + " chunks, more than the limit of " +
+        std::to_string(kMaxManifestChunks) + "; split it or use larger chunks");
   }
   return Status::Ok();
 }

@@ -113,7 +113,8 @@ Result<Bytes> ZstdDecompress(ByteSpan data, size_t max_size) {
 Result<Bytes> DecodeChunkPayload(const ChunkResponse& m, size_t max_size) {
   if (m.raw_size > max_size) {
     return ResourceExhausted("chunk of " + std::to_string(m.raw_size) +
-                             " bytes exceeds the expected size limit of " + std::to_string(max_size));
+                             " bytes exceeds the expected size limit of " +
+                             std::to_string(max_size));
   }
   Bytes data;
   if (m.encoding == ChunkEncoding::kChunkEncodingZstd) {
@@ -363,8 +364,8 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
 
   void OnChunk(Send s, Result<Bytes> r) {
     // Decode, decompress and verify outside the lock: HTTP callbacks run in parallel.
-    Status bad;            // the provider lied
-    Status failed;         // the request failed
+    Status bad;     // the provider lied
+    Status failed;  // the request failed
     Result<Bytes> data = Status(StatusCode::kInternal, "unset");
     uint64_t wire = 0;
     if (!r.ok()) {
@@ -380,9 +381,9 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
         if (!data.ok()) {
           bad = data.status();
         } else if (data->size() != want) {
-          bad = InvalidArgument("chunk " + std::to_string(s.chunk) + ": expected " +
-                                std::to_string(want) + " bytes, got " +
-                                std::to_string(data->size()));
+          bad =
+              InvalidArgument("chunk " + std::to_string(s.chunk) + ": expected " +
+                              std::to_string(want) + " bytes, got " + std::to_string(data->size()));
         }
       }
     }
@@ -395,8 +396,8 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
     if (!aborted && failed.ok() && bad.ok()) {
       // PutChunk checks the bytes against the manifest's hash (hashing once, not twice).
       stored = store_->PutChunk(manifest_.chunks[s.chunk], *data);
-      if (stored.code() == StatusCode::kInvalidArgument) bad = stored.WithPrefix(
-          "chunk " + std::to_string(s.chunk));
+      if (stored.code() == StatusCode::kInvalidArgument)
+        bad = stored.WithPrefix("chunk " + std::to_string(s.chunk));
     }
 
     std::vector<Send> sends;
@@ -423,8 +424,8 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
       } else if (!bad.ok()) {
         ++stats_.failed_requests;
         NoteErrorLocked(s.provider, bad, "sent a bad chunk: ");
-        DropLocked(s.provider, "sent a bad chunk " + std::to_string(s.chunk) + ": " +
-                                   bad.message());
+        DropLocked(s.provider,
+                   "sent a bad chunk " + std::to_string(s.chunk) + ": " + bad.message());
         queue_.push_back(s.chunk);
       } else if (!stored.ok()) {  // the store refused good data: quota or disk
         Fail(stored.WithPrefix("blob " + id_.ShortHex() + ": storing chunk " +
@@ -508,9 +509,9 @@ class FetchJob : public std::enable_shared_from_this<FetchJob> {
   Status status_;
   FetchStats stats_;
   std::deque<size_t> queue_;
-  std::vector<std::set<size_t>> lacks_;   // per chunk: providers that answered NotFound
-  std::vector<size_t> last_failed_;        // per chunk: provider whose request last failed
-  std::vector<int> attempts_;              // per chunk: requests that failed or are in flight
+  std::vector<std::set<size_t>> lacks_;  // per chunk: providers that answered NotFound
+  std::vector<size_t> last_failed_;      // per chunk: provider whose request last failed
+  std::vector<int> attempts_;            // per chunk: requests that failed or are in flight
   std::map<std::string, std::string> last_error_;
   size_t in_flight_ = 0;
   size_t rotate_ = 0;
@@ -527,8 +528,7 @@ Fetcher::Fetcher(Transport* transport, BlobStore* store, FetchOptions options)
   CHECK_GT(options_.max_in_flight_per_provider, 0u);
 }
 
-void Fetcher::FetchAsync(const BlobId& id, std::vector<std::string> providers,
-                         DoneCallback done) {
+void Fetcher::FetchAsync(const BlobId& id, std::vector<std::string> providers, DoneCallback done) {
   auto job = std::make_shared<FetchJob>(transport_, store_, options_, id, std::move(providers),
                                         std::move(done));
   job->Start();

@@ -39,8 +39,10 @@ struct Peer {
 // A provider that answers with whatever the test tells it to.
 struct Liar {
   Liar(SimNetwork* net, const std::string& name) {
-    router.Register(kMethodBlobManifest, [this](const Request&) { return manifest(); }, 64);
-    router.Register(kMethodBlobChunk, [this](const Request& r) { return chunk(r); }, 64);
+    router.Register(
+        kMethodBlobManifest, [this](const Request&) { return manifest(); }, 64);
+    router.Register(
+        kMethodBlobChunk, [this](const Request& r) { return chunk(r); }, 64);
     net->AddNode(name)->Serve(&router);
   }
   std::function<Result<Bytes>()> manifest = [] { return Result<Bytes>(NotFound("no")); };
@@ -161,7 +163,8 @@ TEST_F(BlobFetchTest, OnlyLiarsFailsCleanlyAndStoresNothingBad) {
   BlobId id = manifest_.id();
   liar.manifest = [&] { return Result<Bytes>(EncodeManifest(manifest_)); };
   liar.chunk = [&](const Request&) {
-    return Result<Bytes>(EncodeChunkResponse({ChunkEncoding::kChunkEncodingRaw, 3, ToBytes("bad")}));
+    return Result<Bytes>(
+        EncodeChunkResponse({ChunkEncoding::kChunkEncodingRaw, 3, ToBytes("bad")}));
   };
   Fetcher fetcher(me.node->transport(), me.store.get());
   Result<FetchStats> st = fetcher.Fetch(id, {"liar"});
@@ -180,8 +183,7 @@ TEST_F(BlobFetchTest, ZstdBombIsRefusedBySizeLimit) {
   ASSERT_LT(bomb.size(), 64u << 10);
   bomber.manifest = [&] { return Result<Bytes>(EncodeManifest(manifest_)); };
   bomber.chunk = [&](const Request&) {
-    return Result<Bytes>(
-        EncodeChunkResponse({ChunkEncoding::kChunkEncodingZstd, kChunk, bomb}));
+    return Result<Bytes>(EncodeChunkResponse({ChunkEncoding::kChunkEncodingZstd, kChunk, bomb}));
   };
   Fetcher fetcher(me.node->transport(), me.store.get());
   Result<FetchStats> st = fetcher.Fetch(id, {"bomber", "good"});
@@ -234,7 +236,8 @@ TEST_F(BlobFetchTest, ServiceRefusesMalformedRequestsAndChangesNothing) {
   BlobStoreStats before = p.store->stats();
   Transport* t = me.node->transport();
   EXPECT_EQ(t->Send("p", Request{kMethodBlobChunk, ToBytes("short")}).status().code(),
-            StatusCode::kDataLoss) << "truncated request";
+            StatusCode::kDataLoss)
+      << "truncated request";
   EXPECT_EQ(t->Send("p", Request{kMethodBlobManifest, Bytes(200, 0)}).status().code(),
             StatusCode::kResourceExhausted);
   EXPECT_EQ(t->Send("p", Request{kMethodBlobChunk, EncodeChunkRequest({Blake2b("?"), true})})
@@ -309,8 +312,10 @@ TEST_F(BlobFetchTest, MaxBlobBytesRefusesLargeBlobs) {
 // 50 nodes; one has the blob; the others fetch it at once from the seeder and a few random
 // peers that may not have it yet. Returns a digest of the run.
 std::string SwarmRun(uint64_t seed) {
-  SimNetwork net(seed, LinkParams{.latency_us = 3000, .jitter_us = 2000,
-                                  .bandwidth_bytes_per_sec = 20e6, .loss = 0.01});
+  SimNetwork net(
+      seed,
+      LinkParams{
+          .latency_us = 3000, .jitter_us = 2000, .bandwidth_bytes_per_sec = 20e6, .loss = 0.01});
   std::vector<std::unique_ptr<Peer>> peers;
   for (int i = 0; i < 50; ++i) {
     peers.push_back(std::make_unique<Peer>(&net, "n" + std::to_string(i)));
@@ -324,8 +329,7 @@ std::string SwarmRun(uint64_t seed) {
   for (int i = 1; i < 50; ++i) {
     std::vector<std::string> providers = {"n" + std::to_string(rng.Uniform(50)), "n0",
                                           "n" + std::to_string(rng.Uniform(50))};
-    fetchers.push_back(std::make_unique<Fetcher>(peers[i]->node->transport(),
-                                                 peers[i]->store.get(),
+    fetchers.push_back(std::make_unique<Fetcher>(peers[i]->node->transport(), peers[i]->store.get(),
                                                  FetchOptions{.request_timeout_ms = 500}));
     fetchers.back()->FetchAsync(id, providers, [&, i](const Status& s, const FetchStats& st) {
       ok += s.ok();

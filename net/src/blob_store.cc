@@ -398,7 +398,8 @@ Status BlobStore::MakeRoomLocked(uint64_t need, const BlobId* keep) {
   }
   std::vector<std::pair<uint64_t, BlobId>> lru;
   for (const auto& [id, info] : blobs_) {
-    if (EvictableLocked(id) && !(keep != nullptr && id == *keep)) lru.push_back({info.last_use, id});
+    if (EvictableLocked(id) && !(keep != nullptr && id == *keep))
+      lru.push_back({info.last_use, id});
   }
   std::sort(lru.begin(), lru.end());
   uint64_t used = used_bytes_ - orphan_bytes;

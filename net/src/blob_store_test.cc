@@ -115,8 +115,8 @@ TEST(BlobStoreTest, QuotaEvictsLeastRecentlyUsedUnpinned) {
   ASSERT_TRUE(store->Pin(a).ok());
   ASSERT_TRUE(store->Get(b).ok());  // b is now more recent than c
   BlobId d = *store->Put(RandomBytes(2 * kChunk, 13), kChunk);
-  EXPECT_TRUE(store->HasBlob(a));   // pinned
-  EXPECT_TRUE(store->HasBlob(b));   // recently used
+  EXPECT_TRUE(store->HasBlob(a));       // pinned
+  EXPECT_TRUE(store->HasBlob(b));       // recently used
   EXPECT_FALSE(store->HasManifest(c));  // least recently used: evicted
   EXPECT_TRUE(store->HasBlob(d));
   EXPECT_EQ(store->stats().evicted_blobs, 1u);

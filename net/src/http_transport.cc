@@ -64,7 +64,8 @@ Result<uint16_t> HttpServer::Start(const std::string& host, uint16_t port) {
   s.set_read_timeout(static_cast<time_t>(options_.read_timeout_ms / 1000),
                      static_cast<time_t>((options_.read_timeout_ms % 1000) * 1000));
   s.set_keep_alive_max_count(1000);
-  s.set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(options_.keep_alive_timeout_ms / 1000)));
+  s.set_keep_alive_timeout(
+      std::max<time_t>(1, static_cast<time_t>(options_.keep_alive_timeout_ms / 1000)));
   s.set_tcp_nodelay(true);
   const Router* router = router_;
   s.Post(R"(/ml/v1/([a-z0-9._-]{1,64}))",
@@ -78,8 +79,7 @@ Result<uint16_t> HttpServer::Start(const std::string& host, uint16_t port) {
              res.set_content(std::string(AsStringView(*out)), "application/octet-stream");
            } else {
              res.status = 400;
-             res.set_header(kStatusHeader,
-                            std::to_string(static_cast<int>(out.status().code())));
+             res.set_header(kStatusHeader, std::to_string(static_cast<int>(out.status().code())));
              res.set_content(out.status().message(), "text/plain");
            }
          });
@@ -124,8 +124,7 @@ HttpTransport::~HttpTransport() {
   for (Job& j : left) j.done(Unavailable("request to " + j.endpoint + ": transport shut down"));
 }
 
-void HttpTransport::SendAsync(const std::string& endpoint, Request request,
-                              ResponseCallback done) {
+void HttpTransport::SendAsync(const std::string& endpoint, Request request, ResponseCallback done) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     queue_.push_back(Job{endpoint, std::move(request), std::move(done)});
@@ -207,8 +206,8 @@ void HttpTransport::WorkerLoop() {
       }
       if (!sent) {
         client.reset();
-        return Unavailable(peer + ": " + job.request.method + " failed: " +
-                           httplib::to_string(err));
+        return Unavailable(peer + ": " + job.request.method +
+                           " failed: " + httplib::to_string(err));
       }
       if (res.status == 200) return ToBytes(body);
       if (res.has_header(kStatusHeader)) {
@@ -227,9 +226,7 @@ void HttpTransport::WorkerLoop() {
                          std::to_string(res.status));
     }();
     job.done(std::move(result));
-    {
-      std::lock_guard<std::mutex> lock(wait_mu_);
-    }
+    { std::lock_guard<std::mutex> lock(wait_mu_); }
     wait_cv_.notify_all();
   }
 }

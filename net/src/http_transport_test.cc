@@ -50,11 +50,13 @@ TEST(HttpTransportTest, ParseHostPort) {
 
 TEST(HttpTransportTest, RequestsErrorsAndLimitsOnLoopback) {
   Router router;
-  router.Register("echo", [](const Request& r) -> Result<Bytes> { return r.body; }, 1000);
-  router.Register("big", [](const Request&) -> Result<Bytes> { return Bytes(100'000, 7); }, 10);
-  router.Register("deny", [](const Request&) -> Result<Bytes> {
-    return PermissionDenied("bad signature");
-  }, 10);
+  router.Register(
+      "echo", [](const Request& r) -> Result<Bytes> { return r.body; }, 1000);
+  router.Register(
+      "big", [](const Request&) -> Result<Bytes> { return Bytes(100'000, 7); }, 10);
+  router.Register(
+      "deny", [](const Request&) -> Result<Bytes> { return PermissionDenied("bad signature"); },
+      10);
   HttpServer server(&router);
   Result<uint16_t> port = server.Start("127.0.0.1", 0);
   ASSERT_TRUE(port.ok()) << port.status().ToString();
@@ -90,7 +92,8 @@ TEST(HttpTransportTest, RequestsErrorsAndLimitsOnLoopback) {
 
 TEST(HttpTransportTest, ConcurrentAsyncRequests) {
   Router router;
-  router.Register("echo", [](const Request& r) -> Result<Bytes> { return r.body; }, 1000);
+  router.Register(
+      "echo", [](const Request& r) -> Result<Bytes> { return r.body; }, 1000);
   HttpServer server(&router);
   ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
   HttpTransport client({.threads = 4});

@@ -211,9 +211,8 @@ void SimNetwork::SendFrom(SimNode* from, const std::string& to_name, Request req
   size_t req_bytes = request.body.size() + request.method.size();
   auto shared_req = std::make_shared<Request>(std::move(request));
   Transmit(from, to, req_bytes, "req " + method, [this, from, to, shared_req, complete] {
-    Result<Bytes> r = to->router_ == nullptr
-                          ? Result<Bytes>(NotFound("node serves no methods"))
-                          : to->router_->Dispatch(*shared_req);
+    Result<Bytes> r = to->router_ == nullptr ? Result<Bytes>(NotFound("node serves no methods"))
+                                             : to->router_->Dispatch(*shared_req);
     size_t resp_bytes = r.ok() ? r->size() : r.status().message().size();
     auto shared_resp = std::make_shared<Result<Bytes>>(std::move(r));
     Transmit(to, from, resp_bytes, "resp " + shared_req->method,

@@ -9,9 +9,12 @@ namespace {
 
 Router EchoRouter() {
   Router r;
-  r.Register("echo", [](const Request& q) -> Result<Bytes> { return q.body; }, 1 << 20);
-  r.Register("big", [](const Request&) -> Result<Bytes> { return Bytes(10'000, 1); }, 16);
-  r.Register("fail", [](const Request&) -> Result<Bytes> { return PermissionDenied("nope"); }, 16);
+  r.Register(
+      "echo", [](const Request& q) -> Result<Bytes> { return q.body; }, 1 << 20);
+  r.Register(
+      "big", [](const Request&) -> Result<Bytes> { return Bytes(10'000, 1); }, 16);
+  r.Register(
+      "fail", [](const Request&) -> Result<Bytes> { return PermissionDenied("nope"); }, 16);
   return r;
 }
 
@@ -59,8 +62,7 @@ TEST(SimTransportTest, ErrorsAndLimits) {
   small.max_response_bytes = 1000;
   EXPECT_EQ(t->Send("b", small).status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(t->Send("c", Request{"echo", {}}).status().code(), StatusCode::kUnavailable);
-  EXPECT_EQ(t->Send("b", Request{"Bad Method", {}}).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->Send("b", Request{"Bad Method", {}}).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(SimTransportTest, PartitionBlocksUntilHealed) {
@@ -125,8 +127,10 @@ TEST(SimTransportTest, KillAndRestart) {
 
 // 50 nodes each send to 5 random others over lossy, jittery links; returns the trace.
 std::vector<std::string> RunMesh(uint64_t seed, int* ok_count) {
-  SimNetwork net(seed, LinkParams{.latency_us = 2000, .jitter_us = 1500,
-                                  .bandwidth_bytes_per_sec = 10e6, .loss = 0.05});
+  SimNetwork net(
+      seed,
+      LinkParams{
+          .latency_us = 2000, .jitter_us = 1500, .bandwidth_bytes_per_sec = 10e6, .loss = 0.05});
   net.EnableTrace(true);
   Router router = EchoRouter();
   std::vector<SimNode*> nodes;
@@ -144,8 +148,8 @@ std::vector<std::string> RunMesh(uint64_t seed, int* ok_count) {
       q.timeout_ms = 1000;
       nodes[i]->transport()->SendAsync(to, q, [&, i, to](Result<Bytes> r) {
         *ok_count += r.ok();
-        results.push_back("t=" + std::to_string(net.NowMicros()) + " n" + std::to_string(i) +
-                          "<" + to + " " + (r.ok() ? "ok" : r.status().ToString()));
+        results.push_back("t=" + std::to_string(net.NowMicros()) + " n" + std::to_string(i) + "<" +
+                          to + " " + (r.ok() ? "ok" : r.status().ToString()));
       });
     }
   }

@@ -13,8 +13,9 @@ Status ValidateMethod(std::string_view method) {
   }
   for (char c : method) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-    if (!ok) return InvalidArgument("method name may use only [a-z0-9._-], got '" +
-                                    std::string(method) + "'");
+    if (!ok)
+      return InvalidArgument("method name may use only [a-z0-9._-], got '" + std::string(method) +
+                             "'");
   }
   return Status::Ok();
 }
@@ -55,7 +56,8 @@ Result<Bytes> Transport::Send(const std::string& endpoint, Request request) {
   });
   std::lock_guard<std::mutex> lock(slot->mu);
   if (!slot->result.has_value()) {
-    return Unavailable("request to " + endpoint + " never completed (simulation ran out of events)");
+    return Unavailable("request to " + endpoint +
+                       " never completed (simulation ran out of events)");
   }
   return std::move(*slot->result);
 }

@@ -102,9 +102,9 @@ class BlobService {
 // ---- Fetching --------------------------------------------------------------------------------
 
 struct FetchOptions {
-  size_t max_in_flight = 8;               // chunk requests outstanding, all providers together
+  size_t max_in_flight = 8;  // chunk requests outstanding, all providers together
   size_t max_in_flight_per_provider = 4;
-  int max_consecutive_failures = 3;       // then the provider is dropped for this fetch
+  int max_consecutive_failures = 3;  // then the provider is dropped for this fetch
   int64_t request_timeout_ms = 30'000;
   bool accept_zstd = true;
   uint64_t max_blob_bytes = kMaxBlobSize;  // refuse (ResourceExhausted) larger blobs
@@ -115,9 +115,9 @@ struct FetchStats {
   uint64_t total_chunks = 0;
   uint64_t chunks_already_present = 0;  // on disk before this fetch: the resumed part
   uint64_t chunks_fetched = 0;
-  uint64_t wire_bytes = 0;              // chunk payload bytes received (compressed)
-  uint64_t raw_bytes = 0;               // chunk bytes stored
-  uint64_t failed_requests = 0;         // transport errors, NotFound, refused data
+  uint64_t wire_bytes = 0;       // chunk payload bytes received (compressed)
+  uint64_t raw_bytes = 0;        // chunk bytes stored
+  uint64_t failed_requests = 0;  // transport errors, NotFound, refused data
   bool manifest_fetched = false;
   std::map<std::string, uint64_t> chunks_by_provider;
   // Providers dropped for lying or failing, with the reason.

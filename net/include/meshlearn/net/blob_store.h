@@ -31,8 +31,8 @@
 // thread-compatible) is only ever called under the mutex.
 #pragma once
 
-#include <cstdint>
 #include <condition_variable>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,8 +55,8 @@ struct BlobStoreStats {
   uint64_t chunk_files = 0;
   uint64_t manifests = 0;
   uint64_t complete_blobs = 0;
-  uint64_t evicted_blobs = 0;  // since Open
-  uint64_t dropped_chunks = 0; // orphan or corrupt chunk files deleted since Open
+  uint64_t evicted_blobs = 0;   // since Open
+  uint64_t dropped_chunks = 0;  // orphan or corrupt chunk files deleted since Open
 };
 
 class BlobStore {
@@ -144,12 +144,12 @@ class BlobStore {
 
   std::mutex mu_;
   std::map<Hash256, uint64_t> chunks_;  // chunk files on disk -> size
-  std::map<Hash256, uint32_t> refs_;    // manifests listing a hash (each counts once), on disk or not
+  std::map<Hash256, uint32_t> refs_;  // manifests listing a hash (each counts once), on disk or not
   std::map<BlobId, BlobInfo> blobs_;
   std::map<BlobId, uint32_t> pins_;
   std::map<BlobId, uint32_t> holds_;
-  std::set<Hash256> writing_;         // chunks being written outside mu_ (parallel_io_)
-  std::condition_variable io_cv_;     // signalled when a write outside mu_ ends
+  std::set<Hash256> writing_;      // chunks being written outside mu_ (parallel_io_)
+  std::condition_variable io_cv_;  // signalled when a write outside mu_ ends
   uint64_t used_bytes_ = 0;
   uint64_t tick_ = 0;
   uint64_t evicted_blobs_ = 0;
