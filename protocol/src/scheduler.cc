@@ -159,46 +159,6 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
     return InvalidArgument("scheduler: block_interval_ms must be > 0, got 0");
   }
 
-  // Canonical unit order: (round, shard), every unit being of this task. The ledger passes pending
-  // units sorted, so the fast path validates and checks the order in one pass; otherwise an index
-  // is sorted. `units` stays empty on the fast path (identity order).
-  std::vector<uint32_t> units;
-  auto unit_less = [&](uint32_t a, uint32_t b) {
-    const UnitId& x = pending[a].unit;
-    const UnitId& y = pending[b].unit;
-    return x.round != y.round ? x.round < y.round : x.shard < y.shard;
-  };
-  bool units_sorted = true;
-  for (size_t i = 0; i < pending.size(); ++i) {
-    const UnitId& u = pending[i].unit;
-    if (u.task != task.id) {
-      return InvalidArgument("scheduler: unit " + u.ToString() + " belongs to another task than " +
-                             task.id.ShortHex());
-    }
-    if (u.round >= task.rounds || u.shard >= task.units_per_round) {
-      return InvalidArgument("scheduler: unit " + u.ToString() + " is outside the task's " +
-                             std::to_string(task.rounds) + " rounds x " +
-                             std::to_string(task.units_per_round) + " shards");
-    }
-    if (i > 0 && !unit_less(static_cast<uint32_t>(i - 1), static_cast<uint32_t>(i))) {
-      units_sorted = false;
-    }
-  }
-  if (!units_sorted) {
-    units.resize(pending.size());
-    std::iota(units.begin(), units.end(), 0u);
-    std::sort(units.begin(), units.end(), unit_less);
-    for (size_t i = 1; i < units.size(); ++i) {
-      if (!unit_less(units[i - 1], units[i])) {
-        return InvalidArgument("scheduler: unit " + pending[units[i]].unit.ToString() +
-                               " is pending twice");
-      }
-    }
-  }
-  auto unit_at = [&](size_t k) -> const PendingUnit& {
-    return units_sorted ? pending[k] : pending[units[k]];
-  };
-
   // Eligible nodes in canonical (id) order, as parallel arrays: the passes below touch only the
   // small arrays they need. One pass over `nodes` reads each node once (at 10^4 nodes they no
   // longer fit in L2, so a separate pass to check the order would double the memory traffic).
@@ -251,87 +211,128 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
 
   ScheduleResult result;
   result.eligible_nodes = nc;
-  if (pending.empty()) return result;
-  if (nc == 0) {
-    for (size_t k = 0; k < pending.size(); ++k) result.unassigned.push_back(unit_at(k).unit);
-    return result;
-  }
-
-  Rng rng(ScheduleSeed("meshlearn.schedule", block_hash, task.id, height));
-  // Lay the candidates end to end in a shuffled order (Fisher-Yates), so that which nodes get the
-  // rounding remainder varies from block to block and is not tied to the order of ids.
-  std::vector<uint32_t> perm(nc);
-  std::iota(perm.begin(), perm.end(), 0u);
-  for (size_t i = nc - 1; i > 0; --i) std::swap(perm[i], perm[rng.Uniform(i + 1)]);
-
-  U128 total128 = 0;
-  for (uint64_t w : cand_weight) total128 += w;
-  int shift = 0;
-  while ((total128 >> shift) >= kMaxTotalWeight) ++shift;
-  for (uint64_t& w : cand_weight) w = std::max<uint64_t>(1, w >> shift);
-  std::vector<uint64_t> prefix_end(nc);  // cumulative weight through perm[i]
-  uint64_t total = 0;
-  for (size_t i = 0; i < nc; ++i) {
-    total += cand_weight[perm[i]];
-    prefix_end[i] = total;
-  }
-
-  // Systematic sampling: point k = floor((u + k x total) / m) for one uniform u in [0, total).
-  // The points are increasing and spaced total/m apart, so one merge walk over the prefix sums
-  // deals all m units; candidate i receives floor or ceil of m x weight_i / total.
   const uint64_t m = pending.size();
-  const uint64_t u0 = rng.Uniform(total);
-  std::vector<uint32_t> dealt(nc, 0);
-  size_t pos = 0;
-  for (uint64_t k = 0; k < m; ++k) {
-    const uint64_t point = static_cast<uint64_t>((static_cast<U128>(k) * total + u0) / m);
-    while (prefix_end[pos] <= point) ++pos;
-    ++dealt[perm[pos]];
-  }
+  if (m == 0) return result;
 
-  auto excluded = [&](const PendingUnit& p, size_t cand) {
-    return !p.excluded.empty() && IsExcluded(p, nodes[cand_node[cand]].id);
-  };
-  // A weighted redraw for a unit whose dealt node is excluded from it.
-  auto draw = [&](const PendingUnit& p) -> int64_t {
-    for (int attempt = 0; attempt < kMaxRedraws; ++attempt) {
-      const uint64_t r = rng.Uniform(total);
-      const size_t j = static_cast<size_t>(
-          std::upper_bound(prefix_end.begin(), prefix_end.end(), r) - prefix_end.begin());
-      if (!excluded(p, perm[j])) return perm[j];
+  // Pending units are read once, in the final pass below, which also validates them: of this
+  // task, in range, and in canonical order (round, shard) strictly ascending, as the ledger keeps
+  // them. Input in any other order takes the slow path at the end: sort a copy and start over.
+  bool unsorted = false;
+  auto check_unit = [&](size_t k) -> Status {
+    const UnitId& u = pending[k].unit;
+    if (u.task != task.id) {
+      return InvalidArgument("scheduler: unit " + u.ToString() + " belongs to another task than " +
+                             task.id.ShortHex());
     }
-    // Nearly every eligible node is excluded: take the first one that is not, in shuffled order.
-    for (size_t j = 0; j < nc; ++j) {
-      if (!excluded(p, perm[j])) return perm[j];
+    if (u.round >= task.rounds || u.shard >= task.units_per_round) {
+      return InvalidArgument("scheduler: unit " + u.ToString() + " is outside the task's " +
+                             std::to_string(task.rounds) + " rounds x " +
+                             std::to_string(task.units_per_round) + " shards");
     }
-    return -1;
+    if (k > 0) {
+      const UnitId& prev = pending[k - 1].unit;
+      if (!(prev.round < u.round || (prev.round == u.round && prev.shard < u.shard))) {
+        unsorted = true;
+      }
+    }
+    return Status::Ok();
   };
 
-  // Units in canonical order go to the candidates in id order, dealt[i] units to candidate i.
-  result.assignments.reserve(m);
-  size_t cand = 0;
-  for (uint64_t k = 0; k < m; ++k) {
-    while (dealt[cand] == 0) ++cand;
-    --dealt[cand];
-    const PendingUnit& p = unit_at(k);
-    int64_t j = static_cast<int64_t>(cand);
-    if (excluded(p, cand)) j = draw(p);
-    if (j < 0) {
-      result.unassigned.push_back(p.unit);
-      continue;
+  if (nc == 0) {
+    for (size_t k = 0; k < m && !unsorted; ++k) {
+      ML_RETURN_IF_ERROR(check_unit(k));
+      result.unassigned.push_back(pending[k].unit);
     }
-    const size_t c = static_cast<size_t>(j);
-    const NodeView& n = nodes[cand_node[c]];
-    Assignment a;
-    a.unit = p.unit;
-    a.node = n.id;
-    a.assigned_height = height;
-    a.deadline_height = DeadlineHeight(height, cand_unit_ms[c], cand_queued[c], params);
-    a.price_per_gflop = n.price_per_gflop;
-    ++cand_queued[c];
-    result.assignments.push_back(a);
+  } else {
+    Rng rng(ScheduleSeed("meshlearn.schedule", block_hash, task.id, height));
+    // Lay the candidates end to end in a shuffled order (Fisher-Yates), so that which nodes get
+    // the rounding remainder varies from block to block and is not tied to the order of ids.
+    std::vector<uint32_t> perm(nc);
+    std::iota(perm.begin(), perm.end(), 0u);
+    for (size_t i = nc - 1; i > 0; --i) std::swap(perm[i], perm[rng.Uniform(i + 1)]);
+
+    U128 total128 = 0;
+    for (uint64_t w : cand_weight) total128 += w;
+    int shift = 0;
+    while ((total128 >> shift) >= kMaxTotalWeight) ++shift;
+    for (uint64_t& w : cand_weight) w = std::max<uint64_t>(1, w >> shift);
+    std::vector<uint64_t> prefix_end(nc);  // cumulative weight through perm[i]
+    uint64_t total = 0;
+    for (size_t i = 0; i < nc; ++i) {
+      total += cand_weight[perm[i]];
+      prefix_end[i] = total;
+    }
+
+    // Systematic sampling: point k = floor((u + k x total) / m) for one uniform u in [0, total).
+    // The points are increasing and spaced total/m apart, so one merge walk over the prefix sums
+    // deals all m units; candidate i receives floor or ceil of m x weight_i / total.
+    const uint64_t u0 = rng.Uniform(total);
+    std::vector<uint32_t> dealt(nc, 0);
+    size_t pos = 0;
+    for (uint64_t k = 0; k < m; ++k) {
+      const uint64_t point = static_cast<uint64_t>((static_cast<U128>(k) * total + u0) / m);
+      while (prefix_end[pos] <= point) ++pos;
+      ++dealt[perm[pos]];
+    }
+
+    auto excluded = [&](const PendingUnit& p, size_t cand) {
+      return !p.excluded.empty() && IsExcluded(p, nodes[cand_node[cand]].id);
+    };
+    // A weighted redraw for a unit whose dealt node is excluded from it.
+    auto draw = [&](const PendingUnit& p) -> int64_t {
+      for (int attempt = 0; attempt < kMaxRedraws; ++attempt) {
+        const uint64_t r = rng.Uniform(total);
+        const size_t j = static_cast<size_t>(
+            std::upper_bound(prefix_end.begin(), prefix_end.end(), r) - prefix_end.begin());
+        if (!excluded(p, perm[j])) return perm[j];
+      }
+      // Nearly every eligible node is excluded: the first one that is not, in shuffled order.
+      for (size_t j = 0; j < nc; ++j) {
+        if (!excluded(p, perm[j])) return perm[j];
+      }
+      return -1;
+    };
+
+    // Units in canonical order go to the candidates in id order, dealt[i] units to candidate i.
+    result.assignments.reserve(m);
+    size_t cand = 0;
+    for (uint64_t k = 0; k < m && !unsorted; ++k) {
+      ML_RETURN_IF_ERROR(check_unit(k));
+      while (dealt[cand] == 0) ++cand;
+      --dealt[cand];
+      const PendingUnit& p = pending[k];
+      int64_t j = static_cast<int64_t>(cand);
+      if (excluded(p, cand)) j = draw(p);
+      if (j < 0) {
+        result.unassigned.push_back(p.unit);
+        continue;
+      }
+      const size_t c = static_cast<size_t>(j);
+      const NodeView& n = nodes[cand_node[c]];
+      Assignment a;
+      a.unit = p.unit;
+      a.node = n.id;
+      a.assigned_height = height;
+      a.deadline_height = DeadlineHeight(height, cand_unit_ms[c], cand_queued[c], params);
+      a.price_per_gflop = n.price_per_gflop;
+      ++cand_queued[c];
+      result.assignments.push_back(a);
+    }
   }
-  return result;
+  if (!unsorted) return result;
+
+  // Slow path: the pending units were not in canonical order. Validate them all, sort a copy,
+  // refuse duplicates, and schedule the sorted copy (which takes the fast path).
+  for (size_t k = 0; k < m; ++k) ML_RETURN_IF_ERROR(check_unit(k));
+  std::vector<PendingUnit> sorted(pending.begin(), pending.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const PendingUnit& a, const PendingUnit& b) { return a.unit < b.unit; });
+  for (size_t k = 1; k < sorted.size(); ++k) {
+    if (sorted[k - 1].unit == sorted[k].unit) {
+      return InvalidArgument("scheduler: unit " + sorted[k].unit.ToString() + " is pending twice");
+    }
+  }
+  return AssignUnits(task, nodes, sorted, block_hash, height, params);
 }
 
 uint64_t EstimatedAggregationMs(const NodeView& node, const TaskSpecView& task,
