@@ -162,9 +162,10 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
   // Eligible nodes in canonical (id) order, as parallel arrays: the passes below touch only the
   // small arrays they need. One pass over `nodes` reads each node once (at 10^4 nodes they no
   // longer fit in L2, so a separate pass to check the order would double the memory traffic).
-  std::vector<uint32_t> cand_node;  // index into `nodes`
-  std::vector<uint64_t> cand_weight, cand_unit_ms, cand_queued;
-  cand_node.reserve(nodes.size());
+  std::vector<uint64_t> cand_weight, cand_unit_ms, cand_queued, cand_price;
+  std::vector<NodeId> cand_id;  // copied so the final pass does not read the nodes again
+  cand_price.reserve(nodes.size());
+  cand_id.reserve(nodes.size());
   cand_weight.reserve(nodes.size());
   cand_unit_ms.reserve(nodes.size());
   cand_queued.reserve(nodes.size());
@@ -176,10 +177,11 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
       return;
     }
     const uint64_t unit_ms = EstimatedUnitMs(n, task, params);
-    cand_node.push_back(idx);
     cand_weight.push_back(WeightFrom(unit_ms, rep));
     cand_unit_ms.push_back(unit_ms);
     cand_queued.push_back(n.inflight_units);
+    cand_price.push_back(n.price_per_gflop);
+    cand_id.push_back(n.id);
   };
   // Fast path: nodes come strictly ascending by id (the ledger's registry order).
   bool nodes_sorted = true;
@@ -191,10 +193,11 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
     consider(i);
   }
   if (!nodes_sorted) {
-    cand_node.clear();
     cand_weight.clear();
     cand_unit_ms.clear();
     cand_queued.clear();
+    cand_price.clear();
+    cand_id.clear();
     std::vector<uint32_t> order(nodes.size());
     std::iota(order.begin(), order.end(), 0u);
     std::sort(order.begin(), order.end(),
@@ -207,7 +210,7 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
     }
     for (uint32_t idx : order) consider(idx);
   }
-  const size_t nc = cand_node.size();
+  const size_t nc = cand_id.size();
 
   ScheduleResult result;
   result.eligible_nodes = nc;
@@ -276,7 +279,7 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
     }
 
     auto excluded = [&](const PendingUnit& p, size_t cand) {
-      return !p.excluded.empty() && IsExcluded(p, nodes[cand_node[cand]].id);
+      return !p.excluded.empty() && IsExcluded(p, cand_id[cand]);
     };
     // A weighted redraw for a unit whose dealt node is excluded from it.
     auto draw = [&](const PendingUnit& p) -> int64_t {
@@ -308,13 +311,12 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
         continue;
       }
       const size_t c = static_cast<size_t>(j);
-      const NodeView& n = nodes[cand_node[c]];
       Assignment a;
       a.unit = p.unit;
-      a.node = n.id;
+      a.node = cand_id[c];
       a.assigned_height = height;
       a.deadline_height = DeadlineHeight(height, cand_unit_ms[c], cand_queued[c], params);
-      a.price_per_gflop = n.price_per_gflop;
+      a.price_per_gflop = cand_price[c];
       ++cand_queued[c];
       result.assignments.push_back(a);
     }
