@@ -1,5 +1,6 @@
 #include "meshlearn/ledger/block.h"
 
+#include "execute.h"
 #include "fields.h"
 #include "meshlearn/base/merkle.h"
 
@@ -98,11 +99,23 @@ Hash256 ReceiptsRoot(const std::vector<Receipt>& receipts) {
 }
 
 Bytes EncodeBlock(const Block& b) {
+  std::vector<Bytes> wires;
+  std::vector<ByteSpan> spans;
+  wires.reserve(b.txs.size());
+  for (const Transaction& tx : b.txs) {
+    wires.push_back(EncodeTx(tx));
+    spans.push_back(wires.back());
+  }
+  return EncodeBlockWithTxWires(b, spans);
+}
+
+Bytes EncodeBlockWithTxWires(const Block& b, const std::vector<ByteSpan>& tx_wires) {
+  DCHECK(tx_wires.size() == b.txs.size());
   Encoder e;
   PutHeader(e, b.header);
   e.PutSignature(b.signature);
-  e.PutU32(static_cast<uint32_t>(b.txs.size()));
-  for (const Transaction& tx : b.txs) e.PutBytes(EncodeTx(tx));
+  e.PutU32(static_cast<uint32_t>(tx_wires.size()));
+  for (ByteSpan w : tx_wires) e.PutBytes(w);
   e.PutU32(static_cast<uint32_t>(b.receipts.size()));
   for (const Receipt& r : b.receipts) EncodeReceipt(e, r);
   return e.Take();

@@ -83,12 +83,12 @@ Status Chain::CheckTx(const Transaction& tx) const {
   return Status::Ok();
 }
 
-Status Chain::CommitBlock(const Block& block) {
+Status Chain::CommitBlock(const Block& block, const std::vector<ByteSpan>& tx_wires) {
   Status s = state_->ComputeTotals().Check();
   if (!s.ok()) s = s.WithPrefix(BlockName(block.header.height));
   Bytes encoded;
   if (s.ok()) {
-    encoded = EncodeBlock(block);
+    encoded = EncodeBlockWithTxWires(block, tx_wires);
     if (encoded.size() > kMaxBlockBytes) {
       s = ResourceExhausted(BlockName(block.header.height) + " is too large to store");
     }
@@ -133,7 +133,11 @@ Result<Block> Chain::ProduceBlock(std::vector<Transaction> txs, int64_t time_ms,
   h.sequencer = sequencer.public_key();
   size_t bytes = 0;
   std::vector<Hash256> ids;
-  for (Transaction& tx : txs) {
+  // Prepared transactions keep their encodings for the store; `txs` is not touched again, so
+  // the references inside stay valid (the block gets copies).
+  std::vector<PreparedTx> included;
+  included.reserve(txs.size());
+  for (const Transaction& tx : txs) {
     PreparedTx p(tx);
     Status adm = Status::Ok();
     if (b.txs.size() >= kMaxTxsPerBlock || bytes + p.wire.size() > kMaxBlockTxBytes) {
@@ -150,14 +154,18 @@ Result<Block> Chain::ProduceBlock(std::vector<Transaction> txs, int64_t time_ms,
     }
     bytes += p.wire.size();
     ids.push_back(p.id);
-    b.txs.push_back(std::move(tx));
+    b.txs.push_back(tx);
     b.receipts.push_back(std::move(r));
+    included.push_back(std::move(p));
   }
   h.tx_root = MerkleRoot(ids);
   h.receipts_root = ReceiptsRoot(b.receipts);
   h.state_hash = state_->Hash();
   b.signature = sequencer.Sign(BlockHash(h).span());
-  ML_RETURN_IF_ERROR(CommitBlock(b));
+  std::vector<ByteSpan> wires;
+  wires.reserve(included.size());
+  for (const PreparedTx& p : included) wires.push_back(p.wire);
+  ML_RETURN_IF_ERROR(CommitBlock(b, wires));
   return b;
 }
 
@@ -233,7 +241,10 @@ Status Chain::ApplyBlock(const Block& block, const PublicKey& expected_sequencer
     state_->ClearJournal();
     return refused;
   }
-  return CommitBlock(block);
+  std::vector<ByteSpan> wires;
+  wires.reserve(prepared.size());
+  for (const PreparedTx& p : prepared) wires.push_back(p.wire);
+  return CommitBlock(block, wires);
 }
 
 Result<Block> Chain::GetBlock(uint64_t height) const {

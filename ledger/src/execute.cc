@@ -89,7 +89,19 @@ Amount BasisPoints(Amount amount, uint32_t bps) {
   return q * bps + r * bps / 10000;
 }
 
-PreparedTx::PreparedTx(const Transaction& t) : tx(t), wire(EncodeTx(t)), id(TxIdOfEncoded(wire)) {}
+namespace {
+constexpr std::string_view kTxDomain = "meshlearn.tx.v1";
+}  // namespace
+
+PreparedTx::PreparedTx(const Transaction& t) : tx(t) {
+  Bytes enc = EncodeTx(t);
+  buffer.reserve(kTxDomain.size() + enc.size());
+  buffer.insert(buffer.end(), kTxDomain.begin(), kTxDomain.end());
+  buffer.insert(buffer.end(), enc.begin(), enc.end());
+  wire = ByteSpan(buffer).subspan(kTxDomain.size());
+  signed_message = ByteSpan(buffer).first(buffer.size() - Signature::kSize);
+  id = TxIdOfEncoded(wire);
+}
 
 Status CheckAdmission(const LedgerState& state, const Genesis& genesis, const PreparedTx& p,
                       bool exact_nonce) {
@@ -105,14 +117,8 @@ Status CheckAdmission(const LedgerState& state, const Genesis& genesis, const Pr
   LimitChecker limits{Status::Ok()};
   std::visit([&](const auto& v) { std::decay_t<decltype(v)>::Visit(v, limits); }, tx.payload);
   ML_RETURN_IF_ERROR(limits.status);
-  // The signed bytes are the domain tag followed by the encoding minus the signature.
-  constexpr std::string_view kDomain = "meshlearn.tx.v1";
-  Bytes message;
-  message.reserve(kDomain.size() + p.wire.size());
-  message.insert(message.end(), kDomain.begin(), kDomain.end());
-  message.insert(message.end(), p.wire.begin(), p.wire.end() - Signature::kSize);
-  DCHECK(message == SigningBytes(tx));
-  if (!Verify(tx.sender, message, tx.signature)) {
+  DCHECK(Bytes(p.signed_message.begin(), p.signed_message.end()) == SigningBytes(tx));
+  if (!Verify(tx.sender, p.signed_message, tx.signature)) {
     return PermissionDenied("transaction signature does not verify for sender " +
                             tx.sender.ToHex());
   }

@@ -42,13 +42,20 @@ struct ExecContext {
 MESHLEARN_LEDGER_TX_TYPES(ML_DECLARE_EXECUTOR_)
 #undef ML_DECLARE_EXECUTOR_
 
-// A transaction with its encoding and id, computed once per block pass.
+// A transaction with its encoding and id, computed once per block pass. One buffer holds the
+// signing domain tag followed by the encoding, so the signed message and the wire encoding are
+// both views of it.
 struct PreparedTx {
   explicit PreparedTx(const Transaction& t);
   const Transaction& tx;
-  Bytes wire;  // EncodeTx(tx)
-  Hash256 id;  // TxId(tx)
+  Bytes buffer;    // "meshlearn.tx.v1" + EncodeTx(tx)
+  ByteSpan wire;   // EncodeTx(tx)
+  ByteSpan signed_message;  // SigningBytes(tx)
+  Hash256 id;      // TxId(tx)
 };
+
+// EncodeBlock(b), reusing the transactions' encodings (tx_wires[i] == EncodeTx(b.txs[i])).
+Bytes EncodeBlockWithTxWires(const Block& b, const std::vector<ByteSpan>& tx_wires);
 
 // Whether `tx` may enter a block at this point: size (and canonical field limits), chain id,
 // signature, a known sender (or a faucet transaction with nonce 0 on a faucet chain) and

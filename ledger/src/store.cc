@@ -110,7 +110,8 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   std::unique_ptr<Store> s(new Store(db));
   sqlite3_busy_timeout(db, 5000);
   // WAL + FULL: a commit is durable when it returns, and readers do not block the writer.
-  ML_RETURN_IF_ERROR(s->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
+  ML_RETURN_IF_ERROR(s->Exec(
+      "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA cache_size=-32768;"));
   ML_RETURN_IF_ERROR(s->Exec(kSchema));
   ML_RETURN_IF_ERROR(s->Prepare("INSERT OR REPLACE INTO meta(key, value) VALUES('head', ?)",
                                 &s->put_meta_));
@@ -212,7 +213,8 @@ Status Store::Commit(const StoredMeta& meta, LedgerState* state, const Block* bl
   ML_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
   auto write = [&]() -> Status {
     auto bind_blob = [](sqlite3_stmt* st, int i, ByteSpan b) {
-      return sqlite3_bind_blob(st, i, b.data(), static_cast<int>(b.size()), SQLITE_TRANSIENT);
+      // STATIC: every buffer bound here outlives the sqlite3_step that reads it.
+      return sqlite3_bind_blob(st, i, b.data(), static_cast<int>(b.size()), SQLITE_STATIC);
     };
     auto step = [&](sqlite3_stmt* st, const char* what) -> Status {
       Reset r(st);

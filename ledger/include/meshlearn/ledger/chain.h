@@ -21,7 +21,8 @@
 //   ML_RETURN_IF_ERROR(follower->ApplyBlock(b, sequencer_key.public_key()));
 //
 // Thread-safety: NOT thread-safe. One thread at a time, including the const getters (they
-// share the SQLite connection); the RPC service wraps a Chain in a mutex.
+// share the SQLite connection); the RPC service wraps a Chain in a mutex. One Chain per database
+// file: two processes writing the same file would diverge in memory.
 #pragma once
 
 #include <cstdint>
@@ -107,7 +108,8 @@ class Chain {
   Result<TaskRecord> GetTask(const Hash256& task_id) const;
   std::vector<TaskRecord> ListTasks(uint64_t offset, uint64_t limit) const;  // by task id
   std::vector<WorkUnit> ListWorkUnits(const Hash256& task_id) const;
-  // Transactions sent by or to `key` (transfer recipient, faucet recipient), newest first.
+  // Transactions that name `key`: as sender or in any public-key field of the payload
+  // (transfer or faucet recipient, node id), newest first.
   std::vector<TxRecord> ListAccountTxs(const PublicKey& key, uint64_t offset,
                                        uint64_t limit) const;
   Totals GetTotals() const;
@@ -123,7 +125,7 @@ class Chain {
  private:
   Chain(Genesis genesis, std::unique_ptr<Store> store, std::unique_ptr<LedgerState> state);
   // Checks the books, persists the block and moves the head; rolls the state back on error.
-  Status CommitBlock(const Block& block);
+  Status CommitBlock(const Block& block, const std::vector<ByteSpan>& tx_wires);
   Result<TxRecord> TxAt(uint64_t height, uint32_t index) const;
 
   Genesis genesis_;
