@@ -8,7 +8,8 @@
 // The fetcher trusts nothing a provider says: the manifest must hash to the requested id, every
 // chunk must decompress to at most its manifest length and hash to its manifest hash. A provider
 // that sends a bad manifest or a bad chunk is dropped for the rest of the fetch and the work goes
-// to the others; one that fails to answer three times in a row is dropped too. Chunks already in
+// to the others; one that fails to answer three times in a row is dropped too. The manifest is
+// asked of one provider at a time, in order, for up to three rounds. Chunks already in
 // the store are not fetched again, so a fetch that failed half way (a provider died, the network
 // split) resumes where it stopped when called again.
 //
@@ -19,8 +20,9 @@
 //   Result<FetchStats> st = fetcher.Fetch(id, {"10.0.0.2:7000", "10.0.0.3:7000"});
 //
 // Thread-safety: BlobService is thread-safe (its handlers may run concurrently). A Fetcher may run
-// several fetches at once, from any threads the Transport allows; each fetch's callbacks are
-// serialized by the fetch's own mutex, and `done` runs once, after every request has completed.
+// several fetches at once, from any threads the Transport allows. Each fetch's bookkeeping is
+// guarded by its own mutex; decoding, verifying and storing chunks run in parallel on the
+// transport's threads. `done` runs once, after every request of the fetch has completed.
 #pragma once
 
 #include <cstdint>
