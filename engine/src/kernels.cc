@@ -47,6 +47,7 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
   internal::FpEnvGuard fp_guard;
   CHECK(stride >= 1 && pad >= 0 && H + 2 * pad >= KH && W + 2 * pad >= KW)
       << "conv2d: bad geometry";
+  CHECK(C * H * W < (int64_t{1} << 31)) << "conv2d: one image must have < 2^31 elements";
   ActiveKernelTable().conv2d_backward(dinp, dweight, dbias, dout, inp, weight, B, C, H, W, OC, KH,
                                       KW, stride, pad);
 }

@@ -468,58 +468,44 @@ struct ConvDoutA {
   }
 };
 
-// dweight: B[k=(b,oh,ow), n=(c,kh,kw)] = x[b, c, oh*s-pad+kh, ow*s-pad+kw] or 0. For one n,
-// consecutive k within an output row read (for stride 1) a contiguous run of an input row.
+// dweight: B[k=(b,oh,ow), n=(c,kh,kw)] = x[b, c, oh*s-pad+kh, ow*s-pad+kw] or 0. One row kk of
+// the panel is a masked gather: lane j reads x at (image offset of kk) + (offset of n0 + j).
 struct ConvImageBT {
   const float* x;  // (B,C,H,W)
   const ConvGeom* g;
   void operator()(float* dst, int64_t n0, int64_t nr, int64_t k0, int64_t kc) const {
-    const int64_t P = g->OH * g->OW, s = g->stride;
-    // Runs over k: split [k0, k0+kc) at image and output-row boundaries.
-    Run runs[kKC + 1];
-    int64_t imgs[kKC + 1];
-    int nruns = 0;
-    {
-      int64_t b = k0 / P, p = k0 % P;
-      for (int64_t kk = 0; kk < kc;) {
-        const int64_t oh = p / g->OW, ow = p % g->OW;
-        const int64_t len = MinI(kc - kk, g->OW - ow);
-        imgs[nruns] = b;
-        runs[nruns++] = Run{kk, len, oh, ow};
-        kk += len;
-        p += len;
-        if (p == P) {
-          p = 0;
-          ++b;
-        }
-      }
-    }
+    const int64_t P = g->OH * g->OW, s = g->stride, HW = g->H * g->W;
+    alignas(64) int32_t idx[kNR];
+    alignas(64) float khf[kNR], kwf[kNR], in_panel[kNR];
     Digits3 d3(n0, g->KH, g->KW);  // (c, kh, kw)
     for (int64_t j = 0; j < kNR; ++j, d3.Next()) {
-      if (j >= nr) {
-        for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = 0.0f;
-        continue;
+      const bool valid = j < nr;
+      idx[j] = valid ? static_cast<int32_t>(d3.a * HW + d3.b * g->W + d3.c) : 0;
+      khf[j] = valid ? static_cast<float>(d3.b) : 0.0f;
+      kwf[j] = valid ? static_cast<float>(d3.c) : 0.0f;
+      in_panel[j] = valid ? 1.0f : 0.0f;
+    }
+    const Vf hf = Set1(static_cast<float>(g->H)), wf = Set1(static_cast<float>(g->W));
+    int64_t b = k0 / P, p = k0 % P;
+    int64_t oh = p / g->OW, ow = p % g->OW;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t ih0 = oh * s - g->pad, iw0 = ow * s - g->pad;
+      const float* img = x + b * g->C * HW;  // int32 offsets stay within one image
+      const int32_t off = static_cast<int32_t>(ih0 * g->W + iw0);
+      const Vf ih0v = Set1(static_cast<float>(ih0)), iw0v = Set1(static_cast<float>(iw0));
+      float* d = dst + kk * kNR;
+      for (int jv = 0; jv < kNRV; ++jv) {
+        const Vf ih = ih0v + Load(khf + jv * kW), iw = iw0v + Load(kwf + jv * kW);
+        const Mask m =
+            And(And(Lt(Zero(), Load(in_panel + jv * kW)), And(Le(Zero(), ih), Lt(ih, hf))),
+                And(Le(Zero(), iw), Lt(iw, wf)));
+        Store(d + jv * kW, GatherOffset(img, idx + jv * kW, off, m));
       }
-      for (int r = 0; r < nruns; ++r) {
-        const Run& run = runs[r];
-        float* d = dst + run.j0 * kNR + j;
-        const int64_t ih = run.row * s - g->pad + d3.b;
-        if (static_cast<uint64_t>(ih) >= static_cast<uint64_t>(g->H)) {
-          for (int64_t t = 0; t < run.len; ++t) d[t * kNR] = 0.0f;
-          continue;
-        }
-        const float* row = x + ((imgs[r] * g->C + d3.a) * g->H + ih) * g->W;
-        const int64_t iw0 = run.col0 * s - g->pad + d3.c;
-        if (s == 1) {
-          const int64_t lo = MinI(run.len, MaxI(0, -iw0)), hi = MaxI(lo, MinI(run.len, g->W - iw0));
-          for (int64_t t = 0; t < lo; ++t) d[t * kNR] = 0.0f;
-          for (int64_t t = lo; t < hi; ++t) d[t * kNR] = row[iw0 + t];
-          for (int64_t t = hi; t < run.len; ++t) d[t * kNR] = 0.0f;
-        } else {
-          for (int64_t t = 0; t < run.len; ++t) {
-            const int64_t iw = iw0 + t * s;
-            d[t * kNR] = static_cast<uint64_t>(iw) < static_cast<uint64_t>(g->W) ? row[iw] : 0.0f;
-          }
+      if (++ow == g->OW) {
+        ow = 0;
+        if (++oh == g->OH) {
+          oh = 0;
+          ++b;
         }
       }
     }

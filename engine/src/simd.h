@@ -41,6 +41,11 @@ inline void StorePartial(float* p, Vf a, int n) {
 inline Vf LoadRange(const float* p, int lo, int hi) { return {lo <= 0 && 0 < hi ? *p : 0.0f}; }
 // Lane indices 0, 1, 2, ... as floats.
 inline Vf Iota() { return {0.0f}; }
+inline Mask And(Mask a, Mask b) { return a && b; }
+// Lanes with m set load base[idx[i] + off]; the others are 0 and touch no memory.
+inline Vf GatherOffset(const float* base, const int32_t* idx, int32_t off, Mask m) {
+  return {m ? base[static_cast<int64_t>(idx[0]) + off] : 0.0f};
+}
 inline Vf Set1(float x) { return {x}; }
 inline float First(Vf a) { return a.v; }
 // Lanes p[0], p[stride], p[2*stride], ...; REQUIRES: stride * (kWidth - 1) fits in int32.
@@ -102,6 +107,12 @@ inline Vf LoadPartial(const float* p, int n) { return {_mm256_maskload_ps(p, Tai
 inline void Store(float* p, Vf a) { _mm256_storeu_ps(p, a.v); }
 inline void StorePartial(float* p, Vf a, int n) { _mm256_maskstore_ps(p, TailMask(n), a.v); }
 inline Vf Iota() { return {_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7)}; }
+inline Mask And(Mask a, Mask b) { return _mm256_and_ps(a, b); }
+inline Vf GatherOffset(const float* base, const int32_t* idx, int32_t off, Mask m) {
+  const __m256i i = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)),
+                                     _mm256_set1_epi32(off));
+  return {_mm256_mask_i32gather_ps(_mm256_setzero_ps(), base, i, m, 4)};
+}
 inline Vf LoadRange(const float* p, int lo, int hi) {
   return {_mm256_maskload_ps(p, _mm256_andnot_si256(TailMask(lo), TailMask(hi)))};
 }
@@ -165,6 +176,11 @@ inline Vf LoadPartial(const float* p, int n) { return {_mm512_maskz_loadu_ps(Tai
 inline void Store(float* p, Vf a) { _mm512_storeu_ps(p, a.v); }
 inline void StorePartial(float* p, Vf a, int n) { _mm512_mask_storeu_ps(p, TailMask(n), a.v); }
 inline Vf Iota() { return {_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}; }
+inline Mask And(Mask a, Mask b) { return static_cast<Mask>(a & b); }
+inline Vf GatherOffset(const float* base, const int32_t* idx, int32_t off, Mask m) {
+  const __m512i i = _mm512_add_epi32(_mm512_loadu_si512(idx), _mm512_set1_epi32(off));
+  return {_mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, i, base, 4)};
+}
 inline Vf LoadRange(const float* p, int lo, int hi) {
   return {_mm512_maskz_loadu_ps(static_cast<__mmask16>(TailMask(hi) & ~TailMask(lo)), p)};
 }
