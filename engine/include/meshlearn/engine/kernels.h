@@ -9,8 +9,9 @@
 //    lanes hold *different outputs*, never parts of one sum. std::fma / _mm*_fmadd_ps are used
 //    explicitly; -ffp-contract=off forbids the compiler from inventing others.
 //  * Long reductions with a single output (norms, means over a whole buffer) use SumTree(): blocks
-//    of kSumBlock elements summed sequentially, block partials then combined pairwise in a fixed
-//    binary tree.
+//    of kSumBlock elements summed sequentially (acc = 0; acc = acc + x[i]; SumSquaresTree uses
+//    acc = fma(x[i], x[i], acc)), then the block partials are combined level by level,
+//    p[i] = p[2i] + p[2i+1], an odd last partial moving up unchanged. n = 0 gives 0.
 //  * Transcendentals come from engine/math.h (own polynomials), never from libm.
 //  * Every kernel (fast and ref) runs under the canonical floating-point environment (round to
 //    nearest, no flush-to-zero, no denormals-are-zero) whatever the caller set, and restores the
