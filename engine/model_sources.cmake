@@ -30,10 +30,15 @@ set(ENGINE_MODEL_SLOW_TESTS
   TorchCheckTest.PyTorchPredictsTheSame
 )
 set(_slow_file ${CMAKE_CURRENT_BINARY_DIR}/engine_model_slow_labels.cmake)
-set(_slow_text "")
-foreach(t ${ENGINE_MODEL_SLOW_TESTS})
-  string(APPEND _slow_text "if(TEST ${t})\n  set_tests_properties(${t} PROPERTIES LABELS slow)\nendif()\n")
+# engine_model_test_TESTS is set by gtest_discover_tests' generated file (same CTest scope).
+string(REPLACE ";" " " _slow_list "${ENGINE_MODEL_SLOW_TESTS}")
+file(WRITE ${_slow_file} "set(_engine_slow ${_slow_list})
+foreach(_t \${engine_model_test_TESTS})
+  list(FIND _engine_slow \"\${_t}\" _i)
+  if(NOT _i EQUAL -1)
+    set_tests_properties(\"\${_t}\" PROPERTIES LABELS slow)
+  endif()
 endforeach()
-file(WRITE ${_slow_file} "${_slow_text}")
+")
 # Deferred so that it is appended after gtest_discover_tests' own include file.
 cmake_language(DEFER CALL set_property DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_slow_file})
