@@ -1,5 +1,6 @@
 #include "meshlearn/engine/train.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "meshlearn/base/config.h"
@@ -71,7 +72,9 @@ Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
 Result<TaskSpec> TaskSpec::Parse(std::string_view toml, const std::string& name,
                                  const std::string& base_dir) {
   ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Parse(toml, name));
-  ML_RETURN_IF_ERROR(cfg.CheckKnownKeys({"task", "data", "model", "optimizer", "train"}));
+  // [network] belongs to network tasks (node/network_task.h); local training ignores it.
+  ML_RETURN_IF_ERROR(
+      cfg.CheckKnownKeys({"task", "data", "model", "optimizer", "train", "network"}));
   TaskSpec t;
   t.path = name;
   if (cfg.Has("task")) {
@@ -307,6 +310,43 @@ float Trainer::Step() {
   last_grad_norm_ = state_.optimizer->Step(m.params(), step);
   state_.step = step + 1;
   return loss;
+}
+
+std::vector<float> Trainer::FlatParams() const {
+  std::vector<float> flat;
+  flat.reserve(static_cast<size_t>(state_.model->NumParameters()));
+  for (const Param& p : state_.model->params()) {
+    flat.insert(flat.end(), p.value.data(), p.value.data() + p.value.size());
+  }
+  return flat;
+}
+
+Status Trainer::SetFlatParams(std::span<const float> params) {
+  const int64_t n = state_.model->NumParameters();
+  if (static_cast<int64_t>(params.size()) != n) {
+    return InvalidArgument("weights have " + std::to_string(params.size()) +
+                           " values but the model has " + std::to_string(n) + " parameters");
+  }
+  size_t off = 0;
+  for (Param& p : state_.model->params()) {
+    std::copy(params.begin() + static_cast<std::ptrdiff_t>(off),
+              params.begin() + static_cast<std::ptrdiff_t>(off + p.value.size()), p.value.data());
+    off += static_cast<size_t>(p.value.size());
+  }
+  return Status::Ok();
+}
+
+Status Trainer::StartUnit(uint64_t stream, std::span<const float> params) {
+  ML_RETURN_IF_ERROR(SetFlatParams(params));
+  task_.stream = stream;
+  state_.stream = stream;
+  state_.step = 0;
+  state_.optimizer = std::make_unique<Optimizer>(task_.optimizer, state_.model->params());
+  if (!data_.tokens) {
+    sampler_ = std::make_unique<BatchSampler>(task_.seed, stream, data_.train.size(),
+                                              task_.batch_size);
+  }
+  return Status::Ok();
 }
 
 }  // namespace meshlearn::engine

@@ -32,6 +32,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 #include <string>
 
 #include "meshlearn/base/env.h"
@@ -113,6 +115,16 @@ class Trainer {
   int64_t samples_per_step() const;
   // The batch of a given step (a pure function of seed, stream, step).
   Batch BatchForStep(int64_t step);
+
+  // ---- Work units (network training). A unit restarts the trainer on a new data stream from
+  // given weights: parameters <- `params`, fresh (zeroed) optimizer state, step 0, stream
+  // `stream`. So a unit's result depends only on (task, params, stream), whoever runs it.
+  // Errors if params has the wrong size.
+  Status StartUnit(uint64_t stream, std::span<const float> params);
+  // All parameters, concatenated in model order (the layout of weights and deltas on the wire).
+  std::vector<float> FlatParams() const;
+  // REQUIRES-checked: params.size() == number of parameters.
+  Status SetFlatParams(std::span<const float> params);
 
  private:
   Trainer(TaskSpec task, TaskData data) : task_(std::move(task)), data_(std::move(data)) {}

@@ -1,0 +1,68 @@
+// Executes one work unit: H inner optimizer steps from the round's global weights, the same
+// computation for the solver that is paid for it and the verifier that replays it.
+//
+// A unit is a pure function of (task, global weights, unit stream): the batches and dropout
+// masks of inner step s come from (task seed, unit stream, s), and the inner optimizer starts
+// from zeroed state at step 0. The executor records the training-state hash after step 0 (the
+// starting point), after every k-th step and after the last step; the Merkle root over those
+// hashes is the unit's commitment, so a verifier can later replay any k-step segment and compare.
+//
+//   UnitExecutor ex(trainer.get());
+//   ML_ASSIGN_OR_RETURN(UnitOutcome out, ex.Run(global, {.stream = s, .inner_steps = 50,
+//                                                        .checkpoint_interval = 10}));
+//   // out.delta = global - local (the pseudo-gradient), out.commitment = Merkle root
+//
+// Thread-compatible: one Run at a time per executor (the trainer is shared state).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/train.h"
+
+namespace meshlearn::node {
+
+struct UnitWork {
+  uint64_t stream = 0;              // the unit's stream id (protocol::UnitSeed)
+  int64_t inner_steps = 0;          // H
+  int64_t checkpoint_interval = 0;  // k; 0 = only the start and the end are hashed
+};
+
+struct UnitOutcome {
+  // State hashes after step 0, k, 2k, ..., and H (H is included once even if k divides it).
+  std::vector<int64_t> hashed_steps;
+  std::vector<Hash256> state_hashes;
+  Hash256 commitment;         // MerkleRoot(state_hashes)
+  std::vector<float> delta;   // global - local, in model parameter order
+  Hash256 delta_hash;         // BLAKE2b over the delta's little-endian float bytes
+  float mean_loss = 0;        // mean training loss over the unit's steps
+  uint64_t samples = 0;       // inner_steps x batch size
+};
+
+// Called after every inner step (progress bars, kill-and-resume tests).
+using StepCallback = std::function<void(int64_t step, float loss)>;
+
+class UnitExecutor {
+ public:
+  // `trainer` must outlive the executor; its data and model spec define the task.
+  explicit UnitExecutor(engine::Trainer* trainer) : trainer_(trainer) {}
+
+  // REQUIRES: global.size() == number of model parameters; work.inner_steps > 0.
+  Result<UnitOutcome> Run(std::span<const float> global, const UnitWork& work,
+                          const StepCallback& on_step = nullptr);
+
+ private:
+  engine::Trainer* trainer_;
+};
+
+// Steps at which a unit of `inner_steps` steps with checkpoint interval `k` hashes its state.
+std::vector<int64_t> HashedSteps(int64_t inner_steps, int64_t k);
+
+// BLAKE2b over the little-endian bytes of a float vector (the id of a delta or of weights).
+Hash256 HashFloats(std::span<const float> v);
+
+}  // namespace meshlearn::node

@@ -1,0 +1,56 @@
+#include "meshlearn/node/network_task.h"
+
+namespace meshlearn::node {
+
+Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
+  ML_ASSIGN_OR_RETURN(ConfigFile n, cfg.GetTable("network"));
+  ML_RETURN_IF_ERROR(n.CheckKnownKeys(
+      {"rounds", "units_per_round", "inner_steps", "checkpoint_interval", "aggregation",
+       "trim_fraction", "clip_radius", "clip_iterations", "krum_select", "krum_byzantine",
+       "outer_lr", "outer_momentum", "outer_nesterov", "budget", "price_cap"}));
+  NetworkSpec s;
+  ML_ASSIGN_OR_RETURN(int64_t rounds, n.GetInt("rounds", {.min = 1, .max = 100000}));
+  ML_ASSIGN_OR_RETURN(int64_t units, n.GetInt("units_per_round", {.min = 1, .max = 4096}));
+  ML_ASSIGN_OR_RETURN(int64_t h, n.GetInt("inner_steps", {.min = 1, .max = 1000000}));
+  ML_ASSIGN_OR_RETURN(int64_t k, n.GetInt("checkpoint_interval", 0, {.min = 0, .max = h}));
+  s.rounds = static_cast<uint32_t>(rounds);
+  s.units_per_round = static_cast<uint32_t>(units);
+  s.inner_steps = static_cast<uint32_t>(h);
+  s.checkpoint_interval = static_cast<uint32_t>(k);
+
+  ML_ASSIGN_OR_RETURN(std::string rule,
+                      n.GetEnum("aggregation",
+                                {"mean", "trimmed_mean", "median", "centered_clip", "krum"},
+                                std::string("mean")));
+  ML_ASSIGN_OR_RETURN(s.aggregation.rule, protocol::ParseAggregationRule(rule));
+  ML_ASSIGN_OR_RETURN(s.aggregation.trim_fraction,
+                      n.GetDouble("trim_fraction", 0.125, {.min = 0, .max = 0.5, .max_exclusive = true}));
+  ML_ASSIGN_OR_RETURN(s.aggregation.clip_radius, n.GetDouble("clip_radius", 0.0, {.min = 0}));
+  ML_ASSIGN_OR_RETURN(int64_t iters, n.GetInt("clip_iterations", 3, {.min = 1, .max = 100}));
+  s.aggregation.clip_iterations = static_cast<uint32_t>(iters);
+  ML_ASSIGN_OR_RETURN(int64_t select, n.GetInt("krum_select", 1, {.min = 1, .max = units}));
+  s.aggregation.krum_select = static_cast<uint32_t>(select);
+  ML_ASSIGN_OR_RETURN(int64_t byz, n.GetInt("krum_byzantine", -1, {.min = -1, .max = units}));
+  s.aggregation.krum_byzantine = static_cast<int32_t>(byz);
+  Status agg = protocol::ValidateAggregationConfig(s.aggregation);
+  if (!agg.ok()) return n.Error("aggregation", "is not valid: " + agg.message());
+
+  ML_ASSIGN_OR_RETURN(double lr, n.GetDouble("outer_lr", 0.7, {.min = 0, .max = 10, .min_exclusive = true}));
+  ML_ASSIGN_OR_RETURN(double mom, n.GetDouble("outer_momentum", 0.9, {.min = 0, .max = 1, .max_exclusive = true}));
+  ML_ASSIGN_OR_RETURN(s.outer.nesterov, n.GetBool("outer_nesterov", true));
+  s.outer.lr = static_cast<float>(lr);
+  s.outer.momentum = static_cast<float>(mom);
+
+  ML_ASSIGN_OR_RETURN(int64_t budget, n.GetInt("budget", 0, {.min = 0}));
+  ML_ASSIGN_OR_RETURN(int64_t cap, n.GetInt("price_cap", 0, {.min = 0}));
+  s.budget = static_cast<uint64_t>(budget);
+  s.price_cap = static_cast<uint64_t>(cap);
+  return s;
+}
+
+Result<NetworkSpec> NetworkSpec::Load(Env* env, const std::string& path) {
+  ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Load(env, path));
+  return FromConfig(cfg);
+}
+
+}  // namespace meshlearn::node
