@@ -95,6 +95,13 @@ TEST_F(ChainTest, OversizeTxRefused) {
   EXPECT_EQ(DecodeTx(big).status().code(), StatusCode::kResourceExhausted);
 }
 
+TEST_F(ChainTest, InvalidUtf8Refused) {
+  // A transaction built in-process can hold any bytes; it must not enter a block that
+  // followers could not decode (or print as JSON).
+  Transaction tx = Tx(alice_, TransferTx{.to = carol_.public_key(), .amount = 1, .memo = "\xff"});
+  ExpectRefused(tx, StatusCode::kInvalidArgument, "UTF-8");
+}
+
 TEST_F(ChainTest, UnknownAccountRefused) {
   KeyPair dave = TestKey(9);
   ExpectRefused(Pay(dave, 1), StatusCode::kNotFound, "has no account");
