@@ -151,5 +151,43 @@ TEST(HttpTransportTest, FetchBlobFromTwoProviders) {
   EXPECT_TRUE(mine->HasBlob(id2));
 }
 
+// Over real sockets too, a provider that lies is refused and the blob comes from the honest one.
+TEST(HttpTransportTest, LyingProviderOverHttpIsRefused) {
+  TempDir dir;
+  Bytes data = RandomBytes(3 * 4096 + 10, 5);
+  auto good_store = std::move(*BlobStore::Open(Env::Default(), dir.path() + "/good"));
+  BlobId id = *good_store->Put(data, 4096);
+  BlobService good_service(good_store.get());
+  Router good_router;
+  good_service.Register(&good_router);
+  HttpServer good(&good_router);
+  ASSERT_TRUE(good.Start("127.0.0.1", 0).ok());
+
+  Router liar_router;
+  Manifest real = *good_store->GetManifest(id);
+  liar_router.Register(
+      kMethodBlobManifest, [&](const Request&) -> Result<Bytes> { return EncodeManifest(real); },
+      64);
+  liar_router.Register(
+      kMethodBlobChunk,
+      [](const Request&) -> Result<Bytes> {
+        ChunkResponse bomb{ChunkEncoding::kChunkEncodingZstd, 4096,
+                           ZstdCompress(Bytes(16u << 20, 0), 1)};
+        return EncodeChunkResponse(bomb);
+      },
+      64);
+  HttpServer liar(&liar_router);
+  ASSERT_TRUE(liar.Start("127.0.0.1", 0).ok());
+
+  auto mine = std::move(*BlobStore::Open(Env::Default(), dir.path() + "/me"));
+  HttpTransport client;
+  Fetcher fetcher(&client, mine.get());
+  Result<FetchStats> st = fetcher.Fetch(id, {liar.endpoint(), good.endpoint()});
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->dropped_providers.count(liar.endpoint()), 1u);
+  EXPECT_EQ(st->chunks_by_provider.count(liar.endpoint()), 0u);
+  EXPECT_EQ(*mine->Get(id), data);
+}
+
 }  // namespace
 }  // namespace meshlearn::net
