@@ -526,12 +526,116 @@ ConvGeom MakeGeom(int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64
                   (W + 2 * pad - KW) / stride + 1};
 }
 
+// Direct stride-1 convolution tile: R output channels x NV vectors of one output row, chained over
+// k = (c, kh, kw) in increasing order. B rows are read straight from a zero-padded image (row
+// pitch pw, plane pitch pplane): for a fixed (c, kh) the kw terms are contiguous, so nothing is
+// packed. pa is the weight panel packed as pa[k*kMR + r].
+template <int R, int NV>
+inline void DirectConvTile(const float* __restrict pa, const float* __restrict img, int64_t C,
+                           int64_t KH, int64_t KW, int64_t pw, int64_t pplane,
+                           Vf (&acc)[kMR][kNRV]) {
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t kh = 0; kh < KH; ++kh) {
+      const float* row = img + c * pplane + kh * pw;
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        Vf bv[NV];
+#pragma GCC unroll 2
+        for (int j = 0; j < NV; ++j) bv[j] = Load(row + kw + j * kW);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const Vf av = Set1(pa[r]);
+#pragma GCC unroll 2
+          for (int j = 0; j < NV; ++j) acc[r][j] = Fma(av, bv[j], acc[r][j]);
+        }
+        pa += kMR;
+      }
+    }
+  }
+}
+
+template <int NV>
+void DirectConvRow(const float* pa_all, const float* img, const float* bias, float* out_row,
+                   int64_t out_plane, int64_t OC, int64_t K, int64_t C, int64_t KH, int64_t KW,
+                   int64_t pw, int64_t pplane, int64_t ow0, int nr) {
+  for (int64_t m0 = 0; m0 < OC; m0 += kMR) {
+    const int mr = static_cast<int>(MinI(kMR, OC - m0));
+    Vf acc[kMR][kNRV];
+#pragma GCC unroll 16
+    for (int r = 0; r < kMR; ++r) {
+      const Vf init = Set1(bias != nullptr && r < mr ? bias[m0 + r] : 0.0f);
+#pragma GCC unroll 2
+      for (int j = 0; j < kNRV; ++j) acc[r][j] = init;
+    }
+    const float* pa = pa_all + (m0 / kMR) * K * kMR;
+    const float* src = img + ow0;
+    if (mr <= kMR / 4) {
+      DirectConvTile<kMR / 4, NV>(pa, src, C, KH, KW, pw, pplane, acc);
+    } else if (mr <= kMR / 2) {
+      DirectConvTile<kMR / 2, NV>(pa, src, C, KH, KW, pw, pplane, acc);
+    } else {
+      DirectConvTile<kMR, NV>(pa, src, C, KH, KW, pw, pplane, acc);
+    }
+    for (int r = 0; r < mr; ++r) {
+      float* o = out_row + (m0 + r) * out_plane + ow0;
+      for (int j = 0; j < NV; ++j) {
+        const int nv = nr - j * kW;
+        if (nv <= 0) break;
+        StorePartial(o + j * kW, acc[r][j], nv);
+      }
+    }
+  }
+}
+
 void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
                    int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {
   const ConvGeom g = MakeGeom(C, H, W, OC, KH, KW, stride, pad);
   const int64_t P = g.OH * g.OW, K = C * KH * KW;
   const int threads = internal::ActiveThreads();
+  if (stride == 1 && g.OW >= kW / 2 + 1) {
+    // Direct convolution: pad every image once, then each (image, output row, channel panel)
+    // tile chains over (c, kh, kw) reading contiguous input rows. Same chain as the reference:
+    // padding positions are zeros of the padded copy, i.e. fma(0, w, acc).
+    const int64_t pw = W + 2 * pad, ph = H + 2 * pad, pplane = ph * pw;
+    const int nv_row = g.OW > kW ? 2 : 1;  // vectors per tile: one when a row fits in one
+    const int64_t tile_w = nv_row * kW;
+    const int64_t slack = tile_w + KW;  // reads past a row's end stay inside the buffer
+    const int64_t mpanels = CeilDiv(OC, kMR);
+    float* pa = ScratchBuffer(5, mpanels * kMR * K);
+    float* padded = ScratchBuffer(7, B * C * pplane + slack);
+    for (int64_t ip = 0; ip < mpanels; ++ip) {
+      StridedA{weight, K, 1}(pa + ip * K * kMR, ip * kMR, MinI(kMR, OC - ip * kMR), 0, K);
+    }
+    ParallelFor(B * C, threads, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        float* dst = padded + p * pplane;
+        for (int64_t i = 0; i < pplane; ++i) dst[i] = 0.0f;
+        for (int64_t ih = 0; ih < H; ++ih) {
+          const float* src = inp + p * H * W + ih * W;
+          for (int64_t iw = 0; iw < W; ++iw) dst[(ih + pad) * pw + pad + iw] = src[iw];
+        }
+      }
+    });
+    for (int64_t i = 0; i < slack; ++i) padded[B * C * pplane + i] = 0.0f;
+    const int64_t tiles_per_row = CeilDiv(g.OW, tile_w);
+    ParallelFor(B * g.OH, threads, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / g.OH, oh = t % g.OH;
+        const float* img = padded + b * C * pplane + oh * pw;
+        float* out_row = out + b * OC * P + oh * g.OW;
+        for (int64_t tw = 0; tw < tiles_per_row; ++tw) {
+          const int64_t ow0 = tw * tile_w;
+          const int nr = static_cast<int>(MinI(tile_w, g.OW - ow0));
+          if (nv_row == 2) {
+            DirectConvRow<2>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0, nr);
+          } else {
+            DirectConvRow<1>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0, nr);
+          }
+        }
+      }
+    });
+    return;
+  }
   // out[b] (OC x P) = W (OC x K) @ col(b) (K x P), rows start at bias[oc].
   auto image = [&](int64_t b, int th) {
     GemmOut o;
