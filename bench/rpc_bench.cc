@@ -3,7 +3,8 @@
 //   rpc_bench [--txs N] [--clients C] [--block-interval-ms MS]
 //
 // Cases (one JSON line each):
-//   inprocess_send_tx   send_tx straight into RpcService::HandleRpc (no HTTP): the baseline
+//   inprocess_send_tx   send_tx straight into RpcService::HandleRpc from C threads, until all
+//                       are committed (no HTTP): the baseline
 //   http_chain_status   the cheapest call over HTTP: the transport's ceiling
 //   http_send_tx        send_tx over HTTP, C clients in parallel, until all are committed
 //                       (end to end: admission, block production, fsync'd commit)
@@ -126,15 +127,22 @@ int main(int argc, char** argv) {
   // Baseline: in-process admission of the same kind of transactions, then their commit.
   auto batch = PrepareTxs(l, txs, 0);
   double t0 = Now();
-  for (size_t c = 0; c < batch.size(); ++c) {
-    for (const std::string& hex : batch[c]) {
-      json r = l.rpc->HandleRpc({{"jsonrpc", "2.0"}, {"id", 1}, {"method", "send_tx"}, {"params", {{"tx", hex}}}});
-      if (!r.contains("result")) {
-        std::fprintf(stderr, "in-process send_tx failed: %s\n", r.dump().c_str());
-        return 1;
-      }
+  std::atomic<int> failed{0};
+  {
+    std::vector<std::thread> ts;
+    for (size_t c = 0; c < batch.size(); ++c) {
+      ts.emplace_back([&, c] {
+        for (const std::string& hex : batch[c]) {
+          json r = l.rpc->HandleRpc({{"jsonrpc", "2.0"}, {"id", 1}, {"method", "send_tx"}, {"params", {{"tx", hex}}}});
+          if (!r.contains("result") && failed.fetch_add(1) == 0) {
+            std::fprintf(stderr, "in-process send_tx failed: %s\n", r.dump().c_str());
+          }
+        }
+      });
     }
+    for (auto& t : ts) t.join();
   }
+  if (failed.load() > 0) return 1;
   WaitAllCommitted(l, batch[0].size());
   double base = txs / (Now() - t0);
   std::printf("%s\n", json{{"bench", "rpc"}, {"case", "inprocess_send_tx"}, {"txs", txs},

@@ -166,7 +166,7 @@ Status RunServe(GlobalOptions& g, ChainArgs& a) {
 
   json j = {{"url", server.url()},
             {"chain_id", gen.chain_id},
-            {"height", chain->Height()},
+            {"height", shared.height()},
             {"genesis_hash", chain->genesis_hash().ToHex()}};
   if (g.json) {
     std::cout << j.dump() << std::endl;

@@ -106,31 +106,40 @@ struct Acked {
   uint64_t height;
 };
 
-// Sends transfers from `from` as fast as the server acknowledges them, until the server dies
-// or `stop`. Records each acknowledged (included) transaction.
+// Sends transfers from `from` in windows of kWindow (admitted together, so blocks hold many
+// transactions and a kill often lands in the middle of a commit), until the server dies or
+// `stop`. Records each transaction the server acknowledged as included.
 void SendUntilDead(const std::string& url, const KeyPair& from, const KeyPair& to,
                    std::atomic<bool>& stop, std::mutex& mu, std::vector<Acked>& acked,
                    uint64_t seed) {
+  constexpr int kWindow = 8;
   RpcClient rpc(url, {.connect_timeout_ms = 1000, .read_timeout_ms = 5000, .retries = 0});
   std::mt19937_64 rng(seed);
   Result<uint64_t> nonce = FetchNextNonce(rpc, from.public_key());
   if (!nonce.ok()) return;
   uint64_t n = *nonce;
   while (!stop.load()) {
-    Transaction tx = BuildSignedTx(from, testing::TestLedger::kChainId, n,
-                                   TransferTx{.to = to.public_key(), .amount = 1 + rng() % 100, .memo = ""});
-    std::string hex = testing::TxHex(tx);
-    for (;;) {  // resend the same bytes until acknowledged: never pays twice
-      Result<json> r = rpc.Call("send_tx", {{"tx", hex}, {"wait_ms", 1000}});
-      if (!r.ok()) return;  // the server was killed (or refused: then the test fails below)
-      if ((*r)["status"] == "included") {
-        std::lock_guard<std::mutex> lock(mu);
-        acked.push_back({TxId(tx), (*r)["height"].get<uint64_t>()});
-        break;
-      }
-      if ((*r)["status"] != "pending" || stop.load()) return;
+    std::vector<Transaction> window;
+    for (int i = 0; i < kWindow; ++i) {
+      window.push_back(BuildSignedTx(from, testing::TestLedger::kChainId, n + i,
+                                     TransferTx{.to = to.public_key(), .amount = 1 + rng() % 100, .memo = ""}));
+      Result<json> r = rpc.Call("send_tx", {{"tx", testing::TxHex(window.back())}});
+      if (!r.ok()) return;  // the server was killed
     }
-    ++n;
+    for (const Transaction& tx : window) {
+      std::string hex = testing::TxHex(tx);
+      for (;;) {  // resend the same bytes until acknowledged: never pays twice
+        Result<json> r = rpc.Call("send_tx", {{"tx", hex}, {"wait_ms", 1000}});
+        if (!r.ok()) return;
+        if ((*r)["status"] == "included") {
+          std::lock_guard<std::mutex> lock(mu);
+          acked.push_back({TxId(tx), (*r)["height"].get<uint64_t>()});
+          break;
+        }
+        if ((*r)["status"] != "pending" || stop.load()) return;
+      }
+    }
+    n += kWindow;
   }
 }
 

@@ -88,6 +88,10 @@ Result<uint64_t> Follower::SyncOnce() {
       chain_->PublishHeight(height);
       ++applied;
     }
+    if (blocks.size() >= options_.batch) {  // catching up: say how far
+      ML_LOG_INFO("follower: verified up to block {} of {}", chain_->height(),
+                  upstream_height_.load());
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 #include "meshlearn/ledger/rpc_server.h"
 
+#include <chrono>
 #include <charconv>
 
 #include <httplib.h>
@@ -99,7 +100,16 @@ Status RpcServer::Start(const std::string& host, int port) {
     port_ = port;
   }
   host_ = host;
-  thread_ = std::thread([this] { http_->listen_after_bind(); });
+  listening_done_ = false;
+  thread_ = std::thread([this] {
+    http_->listen_after_bind();
+    listening_done_ = true;
+  });
+  // httplib's stop() is a no-op until the listen loop runs; wait for it so that a Stop() right
+  // after Start() cannot leave the thread listening forever.
+  while (!http_->is_running() && !listening_done_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   ML_LOG_INFO("JSON-RPC listening on {}", url());
   return Status::Ok();
 }

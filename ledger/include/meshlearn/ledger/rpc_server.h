@@ -14,6 +14,7 @@
 // Thread-safe; requests are served by a pool of `threads` threads (long-polls hold one each).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -62,6 +63,7 @@ class RpcServer {
   RateLimiter limiter_;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
+  std::atomic<bool> listening_done_{false};
   std::string host_;
   int port_ = 0;
 };
