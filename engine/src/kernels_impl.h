@@ -530,17 +530,19 @@ ConvGeom MakeGeom(int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64
 // k = (c, kh, kw) in increasing order. B rows are read straight from a zero-padded image (row
 // pitch pw, plane pitch pplane): for a fixed (c, kh) the kw terms are contiguous, so nothing is
 // packed. pa is the weight panel packed as pa[k*kMR + r].
-template <int R, int NV>
+// kFlip (the input gradient): the term of (kh, kw) reads row KH-1-kh and column KW-1-kw.
+template <int R, int NV, bool kFlip>
 inline void DirectConvTile(const float* __restrict pa, const float* __restrict img, int64_t C,
                            int64_t KH, int64_t KW, int64_t pw, int64_t pplane,
                            Vf (&acc)[kMR][kNRV]) {
   for (int64_t c = 0; c < C; ++c) {
     for (int64_t kh = 0; kh < KH; ++kh) {
-      const float* row = img + c * pplane + kh * pw;
+      const float* row = img + c * pplane + (kFlip ? KH - 1 - kh : kh) * pw;
       for (int64_t kw = 0; kw < KW; ++kw) {
+        const float* src = row + (kFlip ? KW - 1 - kw : kw);
         Vf bv[NV];
 #pragma GCC unroll 2
-        for (int j = 0; j < NV; ++j) bv[j] = Load(row + kw + j * kW);
+        for (int j = 0; j < NV; ++j) bv[j] = Load(src + j * kW);
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
           const Vf av = Set1(pa[r]);
@@ -553,10 +555,12 @@ inline void DirectConvTile(const float* __restrict pa, const float* __restrict i
   }
 }
 
-template <int NV>
+// One output row segment [ow0, ow0 + nr) for all OC rows of pa_all (panels of kMR). accumulate:
+// out += chain (input gradient), else out = chain from bias.
+template <int NV, bool kFlip>
 void DirectConvRow(const float* pa_all, const float* img, const float* bias, float* out_row,
                    int64_t out_plane, int64_t OC, int64_t K, int64_t C, int64_t KH, int64_t KW,
-                   int64_t pw, int64_t pplane, int64_t ow0, int nr) {
+                   int64_t pw, int64_t pplane, int64_t ow0, int nr, bool accumulate) {
   for (int64_t m0 = 0; m0 < OC; m0 += kMR) {
     const int mr = static_cast<int>(MinI(kMR, OC - m0));
     Vf acc[kMR][kNRV];
@@ -569,18 +573,19 @@ void DirectConvRow(const float* pa_all, const float* img, const float* bias, flo
     const float* pa = pa_all + (m0 / kMR) * K * kMR;
     const float* src = img + ow0;
     if (mr <= kMR / 4) {
-      DirectConvTile<kMR / 4, NV>(pa, src, C, KH, KW, pw, pplane, acc);
+      DirectConvTile<kMR / 4, NV, kFlip>(pa, src, C, KH, KW, pw, pplane, acc);
     } else if (mr <= kMR / 2) {
-      DirectConvTile<kMR / 2, NV>(pa, src, C, KH, KW, pw, pplane, acc);
+      DirectConvTile<kMR / 2, NV, kFlip>(pa, src, C, KH, KW, pw, pplane, acc);
     } else {
-      DirectConvTile<kMR, NV>(pa, src, C, KH, KW, pw, pplane, acc);
+      DirectConvTile<kMR, NV, kFlip>(pa, src, C, KH, KW, pw, pplane, acc);
     }
     for (int r = 0; r < mr; ++r) {
       float* o = out_row + (m0 + r) * out_plane + ow0;
       for (int j = 0; j < NV; ++j) {
         const int nv = nr - j * kW;
         if (nv <= 0) break;
-        StorePartial(o + j * kW, acc[r][j], nv);
+        const Vf v = accumulate ? LoadPartial(o + j * kW, nv) + acc[r][j] : acc[r][j];
+        StorePartial(o + j * kW, v, nv);
       }
     }
   }
@@ -627,9 +632,11 @@ void Conv2dForward(float* out, const float* inp, const float* weight, const floa
           const int64_t ow0 = tw * tile_w;
           const int nr = static_cast<int>(MinI(tile_w, g.OW - ow0));
           if (nv_row == 2) {
-            DirectConvRow<2>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0, nr);
+            DirectConvRow<2, false>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0,
+                                    nr, false);
           } else {
-            DirectConvRow<1>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0, nr);
+            DirectConvRow<1, false>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0,
+                                    nr, false);
           }
         }
       }
@@ -699,6 +706,53 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
           for (int r = 0; r < nrows; ++r) {
             float* d = dinp + (bc * H + ih0 + r) * W + iw0;
             StorePartial(d, LoadPartial(d, nv) + acc[r], nv);
+          }
+        }
+      }
+    });
+  } else if (dinp != nullptr && stride == 1 && pad <= KH - 1 && pad <= KW - 1 && W >= kW / 2 + 1) {
+    // Direct input gradient: dout zero-padded by (KH-1-pad, KW-1-pad) so that the term of
+    // (oc, kh, kw) for input (ih, iw) is Q[oc][ih + KH-1-kh][iw + KW-1-kw]; a tile chains over
+    // (oc, kh, kw) in increasing order with lanes on iw, exactly the reference chain (terms with
+    // no matching output read zeros of Q: fma(0, w, acc)).
+    const int64_t tp = KH - 1 - pad, lp = KW - 1 - pad;
+    const int64_t qh = H + KH - 1, qw = W + KW - 1, qplane = qh * qw;
+    const int nv_row = W > kW ? 2 : 1;
+    const int64_t tile_w = nv_row * kW;
+    const int64_t slack = tile_w + KW;
+    const int64_t KD = OC * KH * KW;
+    const int64_t mpanels = CeilDiv(C, kMR);
+    float* pa = ScratchBuffer(5, mpanels * kMR * KD);
+    float* q = ScratchBuffer(7, B * OC * qplane + slack);
+    for (int64_t ip = 0; ip < mpanels; ++ip) {
+      ConvWeightTA{weight, &g}(pa + ip * KD * kMR, ip * kMR, MinI(kMR, C - ip * kMR), 0, KD);
+    }
+    ParallelFor(B * OC, threads, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        float* dst = q + p * qplane;
+        for (int64_t i = 0; i < qplane; ++i) dst[i] = 0.0f;
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+          const float* src = dout + p * P + oh * g.OW;
+          for (int64_t ow = 0; ow < g.OW; ++ow) dst[(oh + tp) * qw + lp + ow] = src[ow];
+        }
+      }
+    });
+    for (int64_t i = 0; i < slack; ++i) q[B * OC * qplane + i] = 0.0f;
+    const int64_t tiles_per_row = CeilDiv(W, tile_w);
+    ParallelFor(B * H, threads, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / H, ih = t % H;
+        const float* img = q + b * OC * qplane + ih * qw;
+        float* out_row = dinp + b * C * H * W + ih * W;
+        for (int64_t tw = 0; tw < tiles_per_row; ++tw) {
+          const int64_t iw0 = tw * tile_w;
+          const int nr = static_cast<int>(MinI(tile_w, W - iw0));
+          if (nv_row == 2) {
+            DirectConvRow<2, true>(pa, img, nullptr, out_row, H * W, C, KD, OC, KH, KW, qw, qplane,
+                                   iw0, nr, true);
+          } else {
+            DirectConvRow<1, true>(pa, img, nullptr, out_row, H * W, C, KD, OC, KH, KW, qw, qplane,
+                                   iw0, nr, true);
           }
         }
       }
