@@ -805,8 +805,31 @@ void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, 
   const int64_t OH = (H - k) / s + 1, OW = (W - k) / s + 1;
   ParallelFor(B * C, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
     for (int64_t bc = p0; bc < p1; ++bc)
-      for (int64_t oh = 0; oh < OH; ++oh)
-        for (int64_t ow = 0; ow < OW; ++ow) {
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        int64_t ow = 0;
+        // Full vectors of kW outputs: lanes hold outputs, the window is scanned in the same
+        // (kh, kw) order with the same strict '>' test, and the winner's window position is kept
+        // as a small exact float code kh*k + kw.
+        for (; kW > 1 && ow + kW <= OW; ow += kW) {
+          const float* win = inp + (bc * H + oh * s) * W + ow * s;
+          Vf best = GatherStrided(win, s), code = Zero();
+          for (int64_t kh = 0; kh < k; ++kh)
+            for (int64_t kw = (kh == 0 ? 1 : 0); kw < k; ++kw) {
+              const Vf v = GatherStrided(win + kh * W + kw, s);
+              const Mask m = Gt(v, best);
+              best = Select(m, v, best);
+              code = Select(m, Set1(static_cast<float>(kh * k + kw)), code);
+            }
+          Store(out + (bc * OH + oh) * OW + ow, best);
+          float codes[kW];
+          Store(codes, code);
+          for (int i = 0; i < kW; ++i) {
+            const int64_t c = static_cast<int64_t>(codes[i]);
+            argmax[(bc * OH + oh) * OW + ow + i] =
+                static_cast<int32_t>((bc * H + oh * s + c / k) * W + (ow + i) * s + c % k);
+          }
+        }
+        for (; ow < OW; ++ow) {
           int64_t best_i = (bc * H + oh * s) * W + ow * s;
           float best = inp[best_i];
           for (int64_t kh = 0; kh < k; ++kh)
@@ -820,6 +843,7 @@ void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, 
           out[(bc * OH + oh) * OW + ow] = best;
           argmax[(bc * OH + oh) * OW + ow] = static_cast<int32_t>(best_i);
         }
+      }
   });
 }
 

@@ -101,8 +101,12 @@ TEST(KernelsTest, Conv2dForwardBackward) {
 }
 
 TEST(KernelsTest, MaxPool) {
-  for (auto [k, st] : {std::pair<int64_t, int64_t>{2, 2}, {3, 2}, {3, 1}}) {
-    const int64_t B = 3, C = 5, H = 11, W = 9, OH = (H - k) / st + 1, OW = (W - k) / st + 1;
+  struct Case {
+    int64_t k, st, H, W;
+  };
+  for (auto [k, st, H, W] : {Case{2, 2, 11, 9}, Case{3, 2, 11, 9}, Case{3, 1, 11, 9},
+                             Case{2, 2, 28, 28}, Case{2, 2, 9, 70}, Case{3, 1, 7, 37}}) {
+    const int64_t B = 3, C = 5, OH = (H - k) / st + 1, OW = (W - k) / st + 1;
     auto inp = RandomVec(B * C * H * W, 21);
     for (size_t i = 0; i < inp.size(); i += 7) inp[i] = 0.5f;  // ties
     auto dout = RandomVec(B * C * OH * OW, 22);
