@@ -31,7 +31,13 @@ function(meshlearn_test)
   if(NOT labels)
     set(labels unit)
   endif()
+  # Slow tests train models on both cores: run them one at a time so they do not fight over CPUs
+  # (and time out) under `ctest -j2`.
+  set(serial FALSE)
+  if("slow" IN_LIST labels)
+    set(serial TRUE)
+  endif()
   gtest_discover_tests(${ARG_NAME} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
-                       PROPERTIES LABELS "${labels}" TIMEOUT ${ARG_TIMEOUT}
+                       PROPERTIES LABELS "${labels}" TIMEOUT ${ARG_TIMEOUT} RUN_SERIAL ${serial}
                        DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -23,8 +23,9 @@ case "$kind" in
     exit 2
     ;;
 esac
-cmake -S . -B "$dir" -G Ninja "${flags[@]}" > "$dir.configure.log" 2>&1 || {
-  cat "$dir.configure.log" >&2
+mkdir -p "$dir"
+cmake -S . -B "$dir" -G Ninja "${flags[@]}" > "$dir/configure.log" 2>&1 || {
+  cat "$dir/configure.log" >&2
   exit 1
 }
 echo "build: $kind in $dir/ with $jobs jobs"

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
       "  meshlearn version\n"
       "  meshlearn keys new alice\n"
       "  meshlearn train examples/fashion-mlp.toml\n"
-      "  meshlearn devnet --solvers 4 --task examples/fashion-mlp.toml\n"
+      "  meshlearn chain init --dir chain --faucet && meshlearn chain serve --dir chain\n"
       "Run `meshlearn COMMAND --help` for a command's options. Docs: docs/index.md");
   app.parse_complete_callback([&g] {
     meshlearn::Status s = meshlearn::SetLogLevel(g.log_level);

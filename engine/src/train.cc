@@ -93,18 +93,18 @@ Result<TaskSpec> TaskSpec::Parse(std::string_view toml, const std::string& name,
   ML_ASSIGN_OR_RETURN(ConfigFile opt, cfg.GetTable("optimizer"));
   ML_ASSIGN_OR_RETURN(t.optimizer, OptimizerSpec::FromConfig(opt));
   ML_ASSIGN_OR_RETURN(ConfigFile train, cfg.GetTable("train"));
-  ML_RETURN_IF_ERROR(train.CheckKnownKeys(
-      {"steps", "batch_size", "seq_len", "eval_batch_size", "eval_batches"}));
+  ML_RETURN_IF_ERROR(
+      train.CheckKnownKeys({"steps", "batch_size", "seq_len", "eval_batch_size", "eval_batches"}));
   ML_ASSIGN_OR_RETURN(t.steps, train.GetInt("steps", IRange(0, int64_t{1} << 40)));
   ML_ASSIGN_OR_RETURN(t.batch_size, train.GetInt("batch_size", IRange(1, 1 << 20)));
-  ML_ASSIGN_OR_RETURN(t.eval_batch_size,
-                      train.GetInt("eval_batch_size", 1000, IRange(1, 1 << 20)));
+  ML_ASSIGN_OR_RETURN(t.eval_batch_size, train.GetInt("eval_batch_size", 1000, IRange(1, 1 << 20)));
   ML_ASSIGN_OR_RETURN(t.eval_batches, train.GetInt("eval_batches", 8, IRange(1, 1 << 20)));
   const bool gpt = t.model.kind == "gpt";
   const bool token_data = t.data.format == "text" || t.data.format == "tokens";
   if (gpt != token_data) {
-    return InvalidArgument(name + ": model.kind \"" + t.model.kind + "\" does not fit data.format \"" +
-                           t.data.format + "\" (GPT models train on text or tokens; sequential "
+    return InvalidArgument(name + ": model.kind \"" + t.model.kind +
+                           "\" does not fit data.format \"" + t.data.format +
+                           "\" (GPT models train on text or tokens; sequential "
                            "models on idx or npy)");
   }
   if (gpt) {
@@ -113,9 +113,9 @@ Result<TaskSpec> TaskSpec::Parse(std::string_view toml, const std::string& name,
     if (t.data.format == "tokens") {
       if (t.model.gpt.vocab_size == 0) t.model.gpt.vocab_size = t.data.vocab_size;
       if (t.model.gpt.vocab_size != t.data.vocab_size) {
-        return InvalidArgument(name + ": model.vocab_size (" + std::to_string(t.model.gpt.vocab_size) +
-                               ") differs from data.vocab_size (" +
-                               std::to_string(t.data.vocab_size) + ")");
+        return InvalidArgument(
+            name + ": model.vocab_size (" + std::to_string(t.model.gpt.vocab_size) +
+            ") differs from data.vocab_size (" + std::to_string(t.data.vocab_size) + ")");
       }
     }
   } else if (train.Has("seq_len")) {
@@ -200,7 +200,8 @@ Result<TaskData> LoadTaskData(Env* env, TaskSpec& task) {
   const int64_t T = task.seq_len;
   if (static_cast<int64_t>(d.train_tokens.tokens.size()) < T + 1 ||
       static_cast<int64_t>(d.val_tokens.tokens.size()) < T + 1) {
-    return InvalidArgument(task.path + ": the train and validation splits need at least seq_len + 1 = " +
+    return InvalidArgument(task.path +
+                           ": the train and validation splits need at least seq_len + 1 = " +
                            std::to_string(T + 1) + " tokens each");
   }
   return d;
@@ -230,9 +231,8 @@ EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data) {
   }
   // GPT: consecutive non-overlapping windows from the start of the validation split.
   const int64_t T = task.seq_len, B = task.batch_size;
-  const int64_t n_windows =
-      std::min<int64_t>((static_cast<int64_t>(data.val_tokens.tokens.size()) - 1) / T,
-                        task.eval_batches * B);
+  const int64_t n_windows = std::min<int64_t>(
+      (static_cast<int64_t>(data.val_tokens.tokens.size()) - 1) / T, task.eval_batches * B);
   for (int64_t w0 = 0; w0 < n_windows; w0 += B) {
     const int64_t n = std::min(B, n_windows - w0);
     std::vector<int64_t> starts(n);
@@ -284,9 +284,7 @@ Status Trainer::Resume(TrainState st) {
   return Status::Ok();
 }
 
-int64_t Trainer::samples_per_step() const {
-  return task_.batch_size;
-}
+int64_t Trainer::samples_per_step() const { return task_.batch_size; }
 
 Batch Trainer::BatchForStep(int64_t step) {
   if (!data_.tokens) return MakeClassificationBatch(data_.train, sampler_->Indices(step));
@@ -336,15 +334,21 @@ Status Trainer::SetFlatParams(std::span<const float> params) {
   return Status::Ok();
 }
 
-Status Trainer::StartUnit(uint64_t stream, std::span<const float> params) {
+Status Trainer::StartUnit(uint64_t stream, std::span<const float> params, double lr_scale) {
+  if (!(lr_scale > 0.0 && lr_scale <= 1.0)) {
+    return InvalidArgument("unit lr_scale must be in (0, 1], got " + std::to_string(lr_scale));
+  }
   ML_RETURN_IF_ERROR(SetFlatParams(params));
   task_.stream = stream;
   state_.stream = stream;
   state_.step = 0;
-  state_.optimizer = std::make_unique<Optimizer>(task_.optimizer, state_.model->params());
+  OptimizerSpec inner = task_.optimizer;
+  inner.lr *= lr_scale;
+  inner.min_lr *= lr_scale;
+  state_.optimizer = std::make_unique<Optimizer>(inner, state_.model->params());
   if (!data_.tokens) {
-    sampler_ = std::make_unique<BatchSampler>(task_.seed, stream, data_.train.size(),
-                                              task_.batch_size);
+    sampler_ =
+        std::make_unique<BatchSampler>(task_.seed, stream, data_.train.size(), task_.batch_size);
   }
   return Status::Ok();
 }

@@ -84,7 +84,8 @@ Result<LocalDilocoResult> RunLocalDiloco(engine::Trainer* trainer, const Network
     for (uint32_t i = 0; i < units.size(); ++i) {
       UnitWork work{.stream = protocol::UnitSeed(view.seed, units[i]),
                     .inner_steps = net.inner_steps,
-                    .checkpoint_interval = net.checkpoint_interval};
+                    .checkpoint_interval = net.checkpoint_interval,
+                    .lr_scale = net.InnerLrScale(r)};
       ML_ASSIGN_OR_RETURN(UnitOutcome out, executor.Run(global, work));
       bool garbage = i + options.garbage_units >= units.size() && options.garbage_units > 0;
       if (garbage) {

@@ -7,7 +7,7 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
   ML_RETURN_IF_ERROR(n.CheckKnownKeys(
       {"rounds", "units_per_round", "inner_steps", "checkpoint_interval", "aggregation",
        "trim_fraction", "clip_radius", "clip_iterations", "krum_select", "krum_byzantine",
-       "outer_lr", "outer_momentum", "outer_nesterov", "budget", "price_cap"}));
+       "outer_lr", "outer_momentum", "outer_nesterov", "inner_lr_final", "budget", "price_cap"}));
   NetworkSpec s;
   ML_ASSIGN_OR_RETURN(int64_t rounds, n.GetInt("rounds", {.min = 1, .max = 100000}));
   ML_ASSIGN_OR_RETURN(int64_t units, n.GetInt("units_per_round", {.min = 1, .max = 4096}));
@@ -41,11 +41,18 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
   s.outer.lr = static_cast<float>(lr);
   s.outer.momentum = static_cast<float>(mom);
 
+  ML_ASSIGN_OR_RETURN(s.inner_lr_final, n.GetDouble("inner_lr_final", 1.0,
+                                                    {.min = 0, .max = 1, .min_exclusive = true}));
   ML_ASSIGN_OR_RETURN(int64_t budget, n.GetInt("budget", 0, {.min = 0}));
   ML_ASSIGN_OR_RETURN(int64_t cap, n.GetInt("price_cap", 0, {.min = 0}));
   s.budget = static_cast<uint64_t>(budget);
   s.price_cap = static_cast<uint64_t>(cap);
   return s;
+}
+
+double NetworkSpec::InnerLrScale(uint32_t round) const {
+  if (rounds <= 1) return 1.0;
+  return 1.0 - (1.0 - inner_lr_final) * static_cast<double>(round) / static_cast<double>(rounds - 1);
 }
 
 Result<NetworkSpec> NetworkSpec::Load(Env* env, const std::string& path) {

@@ -59,3 +59,20 @@ TEST(NetworkSpec, MissingTable) {
 
 }  // namespace
 }  // namespace meshlearn::node
+
+namespace meshlearn::node {
+namespace {
+
+TEST(NetworkSpec, InnerLrDecaysLinearlyAcrossRounds) {
+  NetworkSpec s;
+  s.rounds = 5;
+  s.inner_lr_final = 0.2;
+  EXPECT_EQ(s.InnerLrScale(0), 1.0);
+  EXPECT_DOUBLE_EQ(s.InnerLrScale(2), 0.6);
+  EXPECT_DOUBLE_EQ(s.InnerLrScale(4), 0.2);
+  s.rounds = 1;
+  EXPECT_EQ(s.InnerLrScale(0), 1.0);
+}
+
+}  // namespace
+}  // namespace meshlearn::node

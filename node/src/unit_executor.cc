@@ -32,7 +32,7 @@ Result<UnitOutcome> UnitExecutor::Run(std::span<const float> global, const UnitW
     return InvalidArgument("unit checkpoint_interval must be >= 0, got " +
                            std::to_string(work.checkpoint_interval));
   }
-  ML_RETURN_IF_ERROR(trainer_->StartUnit(work.stream, global));
+  ML_RETURN_IF_ERROR(trainer_->StartUnit(work.stream, global, work.lr_scale));
 
   UnitOutcome out;
   out.hashed_steps = HashedSteps(work.inner_steps, work.checkpoint_interval);

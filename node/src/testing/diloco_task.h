@@ -52,7 +52,7 @@ batch_size = 64
 [network]
 rounds = )" + std::to_string(rounds) + "\nunits_per_round = " + std::to_string(units) +
          "\ninner_steps = " + std::to_string(inner_steps) +
-         "\ncheckpoint_interval = " + std::to_string(std::min(10, inner_steps)) + "\naggregation = \"" + rule + "\"\n";
+         "\ninner_lr_final = 0.1\ncheckpoint_interval = " + std::to_string(std::min(10, inner_steps)) + "\naggregation = \"" + rule + "\"\n";
 }
 
 struct DilocoSetup {

@@ -8,6 +8,9 @@
 //   Rng rng(seed);            // sequential stream
 //   uint64_t i = rng.Uniform(n);  // unbiased integer in [0, n)
 //   double u = rng.UniformDouble();
+//
+// There is no Rng interface with a fake: an Rng is a pure function of (seed, stream), so a test
+// that needs particular draws picks a seed, and production code and tests run the same generator.
 #pragma once
 
 #include <array>

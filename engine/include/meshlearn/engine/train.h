@@ -33,8 +33,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/status.h"
@@ -46,7 +46,7 @@
 namespace meshlearn::engine {
 
 struct DataSpec {
-  std::string format;  // idx | npy | text | tokens
+  std::string format;                            // idx | npy | text | tokens
   std::string train_x, train_y, test_x, test_y;  // idx: images/labels; npy: x/y
   double mean = 0.0, std = 1.0;
   std::string text_path;  // text
@@ -86,9 +86,9 @@ struct TaskData {
 Result<TaskData> LoadTaskData(Env* env, TaskSpec& task);
 
 struct EvalResult {
-  double loss = 0;        // mean cross-entropy
-  double accuracy = -1;   // classification only (fraction of argmax == label); -1 otherwise
-  int64_t samples = 0;    // examples (classification) or predicted tokens (GPT)
+  double loss = 0;       // mean cross-entropy
+  double accuracy = -1;  // classification only (fraction of argmax == label); -1 otherwise
+  int64_t samples = 0;   // examples (classification) or predicted tokens (GPT)
 };
 
 // Evaluates `model` on the task's test / validation split, deterministically.
@@ -118,9 +118,9 @@ class Trainer {
 
   // ---- Work units (network training). A unit restarts the trainer on a new data stream from
   // given weights: parameters <- `params`, fresh (zeroed) optimizer state, step 0, stream
-  // `stream`. So a unit's result depends only on (task, params, stream), whoever runs it.
-  // Errors if params has the wrong size.
-  Status StartUnit(uint64_t stream, std::span<const float> params);
+  // `stream`, inner learning rate (and min_lr) scaled by `lr_scale`. So a unit's result depends
+  // only on (task, params, stream, lr_scale), whoever runs it. Errors if params has the wrong size.
+  Status StartUnit(uint64_t stream, std::span<const float> params, double lr_scale = 1.0);
   // All parameters, concatenated in model order (the layout of weights and deltas on the wire).
   std::vector<float> FlatParams() const;
   // REQUIRES-checked: params.size() == number of parameters.

@@ -15,6 +15,7 @@
 //   outer_lr = 0.7            # DiLoCo outer Nesterov SGD
 //   outer_momentum = 0.9
 //   outer_nesterov = true
+//   inner_lr_final = 1.0      # inner lr factor of the last round; rounds decay linearly to it
 //   budget = 1000000          # tokens escrowed by the submitter
 //   price_cap = 100           # highest price per GFLOP accepted from a solver
 //
@@ -37,6 +38,10 @@ struct NetworkSpec {
   uint32_t checkpoint_interval = 0;
   protocol::AggregationConfig aggregation;
   protocol::OuterOptimizerConfig outer;
+  // The inner optimizer's learning rate in round r is lr x InnerLrScale(r): 1 in round 0,
+  // falling linearly to inner_lr_final in the last round (integer ratio, exact in double).
+  double inner_lr_final = 1.0;
+  double InnerLrScale(uint32_t round) const;
   uint64_t budget = 0;
   uint64_t price_cap = 0;
 

@@ -30,6 +30,7 @@ struct UnitWork {
   uint64_t stream = 0;              // the unit's stream id (protocol::UnitSeed)
   int64_t inner_steps = 0;          // H
   int64_t checkpoint_interval = 0;  // k; 0 = only the start and the end are hashed
+  double lr_scale = 1.0;            // inner learning-rate factor of this unit's round
 };
 
 struct UnitOutcome {
