@@ -51,7 +51,8 @@ std::string SourceDir() {
 
 // Returns samples/s of meshlearn on `model` ("mlp" | "cnn"), or -1 on error.
 double MeshlearnSamplesPerSec(const std::string& src, const std::string& model, int steps) {
-  Result<TaskSpec> task = TaskSpec::Load(Env::Default(), src + "/examples/fashion-" + model + ".toml");
+  Result<TaskSpec> task =
+      TaskSpec::Load(Env::Default(), src + "/examples/fashion-" + model + ".toml");
   if (!task.ok()) {
     std::fprintf(stderr, "error: %s\n", task.status().ToString().c_str());
     return -1;
@@ -88,9 +89,10 @@ double MeshlearnSamplesPerSec(const std::string& src, const std::string& model, 
 
 double TorchSamplesPerSec(const std::string& src, const std::string& model, int threads, int steps,
                           const std::string& env_prefix = "") {
-  const std::string cmd = env_prefix + "/usr/bin/python3 " + src + "/tools/torch_train_bench.py --model " + model +
-                          " --threads " + std::to_string(threads) + " --batch 64 --steps " +
-                          std::to_string(steps) + " 2>/dev/null";
+  const std::string cmd = env_prefix + "/usr/bin/python3 " + src +
+                          "/tools/torch_train_bench.py --model " + model + " --threads " +
+                          std::to_string(threads) + " --batch 64 --steps " + std::to_string(steps) +
+                          " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return -1;
   std::string out;
@@ -111,10 +113,14 @@ int main(int argc, char** argv) {
   std::string simd = "auto";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--benchmarks=", 0) == 0) benches = Split(a.substr(13));
-    else if (a.rfind("--threads=", 0) == 0) threads = Split(a.substr(10));
-    else if (a.rfind("--steps=", 0) == 0) steps = std::atoi(a.c_str() + 8);
-    else if (a.rfind("--simd=", 0) == 0) simd = a.substr(7);
+    if (a.rfind("--benchmarks=", 0) == 0)
+      benches = Split(a.substr(13));
+    else if (a.rfind("--threads=", 0) == 0)
+      threads = Split(a.substr(10));
+    else if (a.rfind("--steps=", 0) == 0)
+      steps = std::atoi(a.c_str() + 8);
+    else if (a.rfind("--simd=", 0) == 0)
+      simd = a.substr(7);
     else {
       std::fprintf(stderr,
                    "usage: train_bench [--benchmarks=mlp,cnn] [--threads=1,2] [--steps=200] "
@@ -141,10 +147,10 @@ int main(int argc, char** argv) {
       // on a VM (see engine/KERNELS.md). Measure it as installed and with the core type forced,
       // and compare against the faster of the two.
       double pt_default = TorchSamplesPerSec(src, b, n, case_steps);
-      double pt_tuned = TorchSamplesPerSec(src, b, n, case_steps,
-                                           SimdPathSupported(SimdPath::kAvx512)
-                                               ? "OPENBLAS_CORETYPE=SkylakeX "
-                                               : "OPENBLAS_CORETYPE=Haswell ");
+      double pt_tuned =
+          TorchSamplesPerSec(src, b, n, case_steps,
+                             SimdPathSupported(SimdPath::kAvx512) ? "OPENBLAS_CORETYPE=SkylakeX "
+                                                                  : "OPENBLAS_CORETYPE=Haswell ");
       double pt = std::max(pt_default, pt_tuned);
       nlohmann::json j = {{"bench", "train_" + b},
                           {"threads", n},

@@ -114,7 +114,8 @@ Status RunTrain(GlobalOptions& g, const TrainArgs& a) {
     }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double rate = secs > 0 ? static_cast<double>((step - first_step) * t.batch_size) / secs : 0;
+    const double rate =
+        secs > 0 ? static_cast<double>((step - first_step) * t.batch_size) / secs : 0;
     bar.Update(step, fmt::format("loss {:.4f}  {:.0f} samples/s", loss_ema, rate));
   }
   const double train_secs =
@@ -159,8 +160,8 @@ Status RunTrain(GlobalOptions& g, const TrainArgs& a) {
     std::cout << fmt::format("final loss   {:.4f} (last batch {:.4f})\n", loss_ema, last_loss);
     if (!a.no_eval) {
       if (ev.accuracy >= 0) {
-        std::cout << fmt::format("test         loss {:.4f}, accuracy {:.4f} ({} samples)\n", ev.loss,
-                                 ev.accuracy, ev.samples);
+        std::cout << fmt::format("test         loss {:.4f}, accuracy {:.4f} ({} samples)\n",
+                                 ev.loss, ev.accuracy, ev.samples);
       } else {
         std::cout << fmt::format("validation   loss {:.4f} ({} tokens)\n", ev.loss, ev.samples);
       }
@@ -185,12 +186,13 @@ Status RunEval(GlobalOptions& g, const EvalArgs& a) {
   EvalResult ev = engine::Evaluate(*st.model, task, data);
   st.optimizer.reset();  // the model's own hash (parameters, step, counters)
   const std::string hash = engine::StateHash(st).ToHex();
-  nlohmann::json j = {{"model", a.model},  {"task", task.name},       {"step", st.step},
-                      {"loss", ev.loss},   {"samples", ev.samples},   {"model_hash", hash},
+  nlohmann::json j = {{"model", a.model},       {"task", task.name},     {"step", st.step},
+                      {"loss", ev.loss},        {"samples", ev.samples}, {"model_hash", hash},
                       {"kernels", KernelJson()}};
   if (ev.accuracy >= 0) j["accuracy"] = ev.accuracy;
   g.Output(j, [&] {
-    std::cout << fmt::format("{} (step {}) on {}: loss {:.4f}", a.model, st.step, task.name, ev.loss);
+    std::cout << fmt::format("{} (step {}) on {}: loss {:.4f}", a.model, st.step, task.name,
+                             ev.loss);
     if (ev.accuracy >= 0) std::cout << fmt::format(", accuracy {:.4f}", ev.accuracy);
     std::cout << fmt::format(" over {} {}\nmodel hash {}\n", ev.samples,
                              ev.accuracy >= 0 ? "samples" : "tokens", hash);
@@ -220,7 +222,8 @@ void AddTrain(CLI::App& root, GlobalOptions& g) {
       "  meshlearn train examples/fashion-mlp.toml\n"
       "  meshlearn train examples/fashion-cnn.toml --steps 500 --out /tmp/cnn\n"
       "  meshlearn train examples/tiny-gpt.toml --threads 1 --simd scalar --json\n"
-      "  meshlearn train examples/tiny-gpt.toml --steps 800 --resume out/tiny-gpt/checkpoint.safetensors\n"
+      "  meshlearn train examples/tiny-gpt.toml --steps 800 --resume "
+      "out/tiny-gpt/checkpoint.safetensors\n"
       "  meshlearn eval out/fashion-mlp/model.safetensors --task examples/fashion-mlp.toml");
   cmd->callback([&g] { g.Exit(RunTrain(g, a)); });
 

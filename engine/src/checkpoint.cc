@@ -1,5 +1,6 @@
 #include "meshlearn/engine/checkpoint.h"
 
+#include <charconv>
 #include <set>
 
 #include "meshlearn/engine/safetensors.h"
@@ -30,9 +31,15 @@ void AddCommon(SafetensorsWriter& w, TrainState& st, bool with_optimizer) {
 Result<uint64_t> ParseU64(const SafetensorsFile& f, const std::string& key) {
   ML_ASSIGN_OR_RETURN(std::string v, f.Metadata(key));
   if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos) {
-    return DataLoss(f.name() + ": __metadata__." + key + " must be a decimal integer, got '" + v + "'");
+    return DataLoss(f.name() + ": __metadata__." + key + " must be a decimal integer, got '" + v +
+                    "'");
   }
-  return std::stoull(v);
+  uint64_t out = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || end != v.data() + v.size()) {
+    return DataLoss(f.name() + ": __metadata__." + key + " is out of range: '" + v + "'");
+  }
+  return out;
 }
 
 Hash256 HashState(TrainState& st, bool with_optimizer) {
@@ -106,9 +113,9 @@ Result<TrainState> LoadCheckpoint(Env* env, const std::string& path) {
   }
   for (const auto& [name, e] : f.entries()) {
     if (!expected.count(name)) {
-      return DataLoss(path + ": unexpected tensor '" + name + "' (not part of this model" +
-                      std::string(format == kModelFormat ? "; optimizer state in a model file?" : "") +
-                      ")");
+      return DataLoss(
+          path + ": unexpected tensor '" + name + "' (not part of this model" +
+          std::string(format == kModelFormat ? "; optimizer state in a model file?" : "") + ")");
     }
   }
   // The stored hash must match what we loaded: catches edits that keep the file well-formed.

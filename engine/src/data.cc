@@ -96,7 +96,8 @@ Result<ClassificationData> LoadIdx(Env* env, const std::string& images, const st
                     std::to_string(lab.size() - 8) + " bytes of data (truncated?)");
   }
   ClassificationData d;
-  d.x = Tensor({static_cast<int64_t>(n), 1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)});
+  d.x =
+      Tensor({static_cast<int64_t>(n), 1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)});
   float* x = d.x.data();
   const unsigned char* px = ip + 16;
   for (uint64_t i = 0; i < n * rows * cols; ++i) {
@@ -130,7 +131,9 @@ int64_t NpyArray::AsInt(int64_t i) const {
 }
 
 Result<NpyArray> ParseNpy(std::string_view b, const std::string& name) {
-  auto bad = [&](const std::string& what) { return DataLoss(name + ": not a valid .npy file: " + what); };
+  auto bad = [&](const std::string& what) {
+    return DataLoss(name + ": not a valid .npy file: " + what);
+  };
   if (b.size() < 10 || b.substr(0, 6) != "\x93NUMPY") return bad("missing \\x93NUMPY magic");
   const int major = static_cast<unsigned char>(b[6]);
   size_t header_len, start;
@@ -140,14 +143,16 @@ Result<NpyArray> ParseNpy(std::string_view b, const std::string& name) {
   } else if (major == 2 || major == 3) {
     if (b.size() < 12) return bad("truncated header");
     header_len = 0;
-    for (int k = 3; k >= 0; --k) header_len = header_len << 8 | static_cast<unsigned char>(b[8 + k]);
+    for (int k = 3; k >= 0; --k)
+      header_len = header_len << 8 | static_cast<unsigned char>(b[8 + k]);
     start = 12;
   } else {
     return bad("unsupported format version " + std::to_string(major));
   }
   if (header_len > b.size() - start) return bad("header length runs past the end of the file");
   std::string h(b.substr(start, header_len));
-  // The header is a Python dict literal: {'descr': '<f4', 'fortran_order': False, 'shape': (N, 784), }
+  // The header is a Python dict literal: {'descr': '<f4', 'fortran_order': False, 'shape': (N,
+  // 784), }
   auto field = [&](const std::string& key) -> std::string {
     size_t k = h.find("'" + key + "'");
     if (k == std::string::npos) return "";
@@ -164,9 +169,12 @@ Result<NpyArray> ParseNpy(std::string_view b, const std::string& name) {
   };
   NpyArray a;
   std::string descr = field("descr");
-  if (descr == "'<f4'") a.dtype = "f4";
-  else if (descr == "'|u1'" || descr == "'<u1'") a.dtype = "u1";
-  else if (descr == "'<i4'") a.dtype = "i4";
+  if (descr == "'<f4'")
+    a.dtype = "f4";
+  else if (descr == "'|u1'" || descr == "'<u1'")
+    a.dtype = "u1";
+  else if (descr == "'<i4'")
+    a.dtype = "i4";
   else {
     return bad("unsupported dtype " + (descr.empty() ? std::string("(missing)") : descr) +
                "; convert with arr.astype(np.float32) / np.uint8 / np.int32");
@@ -183,12 +191,14 @@ Result<NpyArray> ParseNpy(std::string_view b, const std::string& name) {
   size_t pos = 0;
   while (pos < inner.size()) {
     size_t comma = inner.find(',', pos);
-    std::string tok = inner.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string tok =
+        inner.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     pos = comma == std::string::npos ? inner.size() : comma + 1;
     size_t f = tok.find_first_not_of(' ');
     if (f == std::string::npos) continue;
     tok = tok.substr(f, tok.find_last_not_of(' ') - f + 1);
-    if (tok.empty() || tok.find_first_not_of("0123456789") != std::string::npos || tok.size() > 12) {
+    if (tok.empty() || tok.find_first_not_of("0123456789") != std::string::npos ||
+        tok.size() > 12) {
       return bad("bad shape entry '" + tok + "'");
     }
     uint64_t d = std::stoull(tok);
@@ -357,9 +367,9 @@ std::vector<int64_t> WindowStarts(uint64_t seed, uint64_t stream, int64_t step, 
   CHECK_GE(n_tokens, T + 1);
   std::vector<int64_t> out(B);
   for (int64_t b = 0; b < B; ++b) {
-    out[b] = static_cast<int64_t>(PhiloxUniform(seed, kDomainWindow, stream,
-                                                static_cast<uint64_t>(step),
-                                                static_cast<uint64_t>(b), n_tokens - T));
+    out[b] =
+        static_cast<int64_t>(PhiloxUniform(seed, kDomainWindow, stream, static_cast<uint64_t>(step),
+                                           static_cast<uint64_t>(b), n_tokens - T));
   }
   return out;
 }

@@ -99,8 +99,8 @@ TEST(DataTest, IdxRejectsCorruptGzip) {
 
 std::string Npy(const std::string& descr, const std::string& shape, const std::string& data,
                 const std::string& fortran = "False") {
-  std::string h = "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " + shape +
-                  ", }";
+  std::string h =
+      "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " + shape + ", }";
   while ((10 + h.size() + 1) % 64 != 0) h.push_back(' ');
   h.push_back('\n');
   std::string out = "\x93NUMPY";
@@ -113,7 +113,8 @@ std::string Npy(const std::string& descr, const std::string& shape, const std::s
 
 TEST(DataTest, NpyParsesFloatAndInt) {
   float f[6] = {1, 2, 3, 4, 5, 6};
-  Result<NpyArray> a = ParseNpy(Npy("<f4", "(2, 3)", std::string(reinterpret_cast<char*>(f), 24)), "a.npy");
+  Result<NpyArray> a =
+      ParseNpy(Npy("<f4", "(2, 3)", std::string(reinterpret_cast<char*>(f), 24)), "a.npy");
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_EQ(a->shape, (Shape{2, 3}));
   EXPECT_EQ(a->AsFloat(4), 5.0f);
@@ -148,7 +149,8 @@ TEST(DataTest, NpyPairChecksLengths) {
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("has 2 labels but /x.npy has 3 samples"), std::string::npos)
       << d.status().message();
-  ASSERT_TRUE(env.WriteFileAtomic("/y.npy", Npy("|u1", "(3,)", std::string("\x01\x00\x02", 3))).ok());
+  ASSERT_TRUE(
+      env.WriteFileAtomic("/y.npy", Npy("|u1", "(3,)", std::string("\x01\x00\x02", 3))).ok());
   d = LoadNpyPair(&env, "/x.npy", "/y.npy", 0, 1);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->num_classes, 3);

@@ -65,19 +65,23 @@ double DetLog(double x) {
 
 double DetCos2Pi(double u) {
   // Quadrant reduction on u (exact: multiplications by 4 and subtractions of integers).
-  double q = u * 4.0;                 // [0, 4)
+  double q = u * 4.0;                  // [0, 4)
   int quadrant = static_cast<int>(q);  // 0..3
-  double f = q - quadrant;            // [0, 1): angle f * pi/2 inside the quadrant
+  double f = q - quadrant;             // [0, 1): angle f * pi/2 inside the quadrant
   bool upper = f > 0.5;
   double t = (upper ? (1.0 - f) : f) * (kPi / 2);  // |t| <= pi/4
   // cos/sin of the in-quadrant angle a = f*pi/2.
   double c = upper ? SinPoly(t) : CosPoly(t);  // cos(a)
   double s = upper ? CosPoly(t) : SinPoly(t);  // sin(a)
   switch (quadrant & 3) {
-    case 0: return c;
-    case 1: return -s;
-    case 2: return -c;
-    default: return s;
+    case 0:
+      return c;
+    case 1:
+      return -s;
+    case 2:
+      return -c;
+    default:
+      return s;
   }
 }
 
@@ -92,10 +96,10 @@ double DetCos(double x) {
 }
 
 float NormalSample(uint64_t seed, uint64_t stream, uint64_t index) {
-  std::array<uint32_t, 4> r = Philox4x32(
-      {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
-       static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
-      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  std::array<uint32_t, 4> r =
+      Philox4x32({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                  static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                 {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
   // u1 in (0, 1] from 53 bits (never 0, so the log is finite); u2 in [0, 1).
   uint64_t a = (static_cast<uint64_t>(r[0]) << 32 | r[1]) >> 11;
   uint64_t b = (static_cast<uint64_t>(r[2]) << 32 | r[3]) >> 11;
@@ -112,10 +116,10 @@ void FillNormal(float* x, int64_t n, float std, uint64_t seed, uint64_t stream) 
 void FillUniform(float* x, int64_t n, float bound, uint64_t seed, uint64_t stream) {
   for (int64_t i = 0; i < n; ++i) {
     uint64_t idx = static_cast<uint64_t>(i);
-    std::array<uint32_t, 4> r = Philox4x32(
-        {static_cast<uint32_t>(idx), static_cast<uint32_t>(idx >> 32),
-         static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
-        {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+    std::array<uint32_t, 4> r =
+        Philox4x32({static_cast<uint32_t>(idx), static_cast<uint32_t>(idx >> 32),
+                    static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                   {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
     x[i] = bound * (2.0f * U32ToUnitFloat(r[0]) - 1.0f);
   }
 }

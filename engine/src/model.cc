@@ -30,8 +30,8 @@ namespace {
 }  // namespace
 namespace {
 
-const std::vector<std::string> kLayerKinds = {"linear", "conv2d", "maxpool2d", "relu",
-                                              "gelu",   "flatten", "dropout",  "layernorm"};
+const std::vector<std::string> kLayerKinds = {"linear", "conv2d",  "maxpool2d", "relu",
+                                              "gelu",   "flatten", "dropout",   "layernorm"};
 
 Result<LayerSpec> ParseLayer(const ConfigFile& t) {
   LayerSpec l;
@@ -41,7 +41,8 @@ Result<LayerSpec> ParseLayer(const ConfigFile& t) {
     ML_ASSIGN_OR_RETURN(l.out, t.GetInt("out", IRange(1, 1 << 20)));
     ML_ASSIGN_OR_RETURN(l.init, t.GetEnum("init", {"kaiming", "xavier", "normal", "uniform"},
                                           std::string("kaiming")));
-    ML_ASSIGN_OR_RETURN(l.init_std, t.GetDouble("init_std", 0.02, DRange(0, std::nullopt, true, false)));
+    ML_ASSIGN_OR_RETURN(l.init_std,
+                        t.GetDouble("init_std", 0.02, DRange(0, std::nullopt, true, false)));
     ML_ASSIGN_OR_RETURN(l.bias, t.GetBool("bias", true));
     known.insert(known.end(), {"out", "init", "init_std", "bias"});
   }
@@ -251,8 +252,7 @@ class SequentialModel final : public Model {
     Shape s = spec_.input;  // per-sample shape
     for (size_t i = 0; i < spec_.layers.size(); ++i) {
       const LayerSpec& l = spec_.layers[i];
-      const std::string where =
-          "model.layers[" + std::to_string(i) + "] (" + l.kind + ")";
+      const std::string where = "model.layers[" + std::to_string(i) + "] (" + l.kind + ")";
       const std::string prefix = "layers." + std::to_string(i) + ".";
       Layer L;
       L.spec = l;
@@ -301,9 +301,10 @@ class SequentialModel final : public Model {
       layers_.push_back(L);
     }
     if (s.size() != 1 || s[0] < 2) {
-      return InvalidArgument("model.layers: the last layer must output a vector of class logits "
-                             "(at least 2), got shape " + ShapeToString(s) +
-                             "; end with a linear layer with out = number of classes");
+      return InvalidArgument(
+          "model.layers: the last layer must output a vector of class logits "
+          "(at least 2), got shape " +
+          ShapeToString(s) + "; end with a linear layer with out = number of classes");
     }
     num_outputs_ = s[0];
     return Status::Ok();
@@ -413,9 +414,8 @@ class SequentialModel final : public Model {
         // Parameter gradients still needed when layernorm is the first layer.
         const int64_t C = L.in_shape.back();
         float* scratch = arena_.AllocZeroed({in_n}).data();
-        LayerNormBackward(scratch, params_[L.weight].grad.data(),
-                          params_[L.weight + 1].grad.data(), dout, in,
-                          params_[L.weight].value.data(), L.mean, L.rstd, in_n / C, C);
+        LayerNormBackward(scratch, params_[L.weight].grad.data(), params_[L.weight + 1].grad.data(),
+                          dout, in, params_[L.weight].value.data(), L.mean, L.rstd, in_n / C, C);
       }
       dout = dinp;
     }
@@ -425,7 +425,7 @@ class SequentialModel final : public Model {
   struct Layer {
     LayerSpec spec;
     Shape in_shape, out_shape;
-    int weight = -1;       // index into params_ (bias, if any, is weight + 1)
+    int weight = -1;  // index into params_ (bias, if any, is weight + 1)
     bool has_bias = false;
     int32_t* argmax = nullptr;
     float* mask = nullptr;
@@ -513,8 +513,8 @@ class GptModel final : public Model {
 
   float Forward(const Batch& batch, const ForwardOptions& opts) override {
     const GptSpec& g = spec_.gpt;
-    const int64_t B = batch.size, T = batch.seq_len, C = g.n_embd, V = g.vocab_size,
-                  NH = g.n_head, NL = g.n_layer;
+    const int64_t B = batch.size, T = batch.seq_len, C = g.n_embd, V = g.vocab_size, NH = g.n_head,
+                  NL = g.n_layer;
     CHECK(T >= 1 && T <= g.block_size) << "T=" << T;
     CHECK_EQ(static_cast<int64_t>(batch.tokens.size()), B * T);
     CHECK_EQ(static_cast<int64_t>(batch.targets.size()), B * T);
@@ -595,8 +595,8 @@ class GptModel final : public Model {
     float* dlogits = Zeroed(N * V);
     SoftmaxCrossEntropyBackward(dlogits, probs_, targets_, 1.0f, N, V);
     float* dlnf = Zeroed(N * C);
-    LinearBackward(dlnf, params_[0].grad.data(), nullptr, dlogits, lnf_, params_[0].value.data(),
-                   N, C, V);
+    LinearBackward(dlnf, params_[0].grad.data(), nullptr, dlogits, lnf_, params_[0].value.data(), N,
+                   C, V);
     float* dresidual = Zeroed(N * C);
     LayerNormBackward(dresidual, params_[lnf].grad.data(), params_[lnf + 1].grad.data(), dlnf,
                       last_residual_, params_[lnf].value.data(), lnf_mean_, lnf_rstd_, N, C);

@@ -7,6 +7,7 @@
 
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/init.h"
+#include "meshlearn/engine/safetensors.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -75,8 +76,10 @@ vocab_size = 11
 
 void FillBatch(Batch& b, int64_t classes) {
   for (int64_t i = 0; i < b.inputs.size(); ++i) b.inputs[i] = NormalSample(9, 9, i);
-  for (size_t i = 0; i < b.targets.size(); ++i) b.targets[i] = static_cast<int32_t>((i * 7 + 3) % classes);
-  for (size_t i = 0; i < b.tokens.size(); ++i) b.tokens[i] = static_cast<int32_t>((i * 5 + 1) % classes);
+  for (size_t i = 0; i < b.targets.size(); ++i)
+    b.targets[i] = static_cast<int32_t>((i * 7 + 3) % classes);
+  for (size_t i = 0; i < b.tokens.size(); ++i)
+    b.tokens[i] = static_cast<int32_t>((i * 5 + 1) % classes);
 }
 
 float kFiniteDifferenceStep = 3e-3f;
@@ -152,17 +155,19 @@ void ExpectSpecError(const std::string& toml, const std::string& needle) {
 
 TEST(ModelTest, SpecErrorsAreClear) {
   ExpectSpecError("[model]\ninput = [4]\n[[model.layers]]\nkind = \"linaer\"\nout = 2\n", "linaer");
-  ExpectSpecError("[model]\ninput = [4]\n[[model.layers]]\nkind = \"linear\"\nout = 2\nbais = true\n",
-                  "bias");
+  ExpectSpecError(
+      "[model]\ninput = [4]\n[[model.layers]]\nkind = \"linear\"\nout = 2\nbais = true\n", "bias");
   ExpectSpecError("[model]\ninput = [1, 4, 4]\n[[model.layers]]\nkind = \"linear\"\nout = 2\n",
                   "add a layer with kind = \"flatten\"");
   ExpectSpecError("[model]\ninput = [2, 2]\n[[model.layers]]\nkind = \"relu\"\n",
                   "end with a linear layer");
-  ExpectSpecError("[model]\ninput = [1, 4, 4]\n[[model.layers]]\nkind = \"conv2d\"\nout = 2\nkernel = 9\n",
-                  "larger than the padded input");
+  ExpectSpecError(
+      "[model]\ninput = [1, 4, 4]\n[[model.layers]]\nkind = \"conv2d\"\nout = 2\nkernel = 9\n",
+      "larger than the padded input");
   ExpectSpecError("[model]\ninput = [4]\n", "layers");
   ExpectSpecError(
-      "[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 3\nn_embd = 8\nblock_size = 4\nvocab_size = 5\n",
+      "[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 3\nn_embd = 8\nblock_size = 4\nvocab_size = "
+      "5\n",
       "divisible by n_head");
   ExpectSpecError("[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 8\nblock_size = 4\n",
                   "vocab_size");
@@ -189,6 +194,40 @@ TEST(ModelTest, SavedModelLoadsBackAndPredictsIdentically) {
   ASSERT_EQ(lg2.size(), static_cast<int64_t>(before.size()));
   EXPECT_EQ(0, std::memcmp(lg2.data(), before.data(), before.size() * 4));
   EXPECT_EQ(StateHash(*back), StateHash(st));
+}
+
+TEST(ModelTest, MalformedCheckpointMetadataIsRefused) {
+  MemEnv env;
+  auto write = [&](const std::string& step, const std::string& model_json) {
+    SafetensorsWriter w;
+    w.SetMetadata("format", kModelFormat);
+    w.SetMetadata("step", step);
+    w.SetMetadata("seed", "1");
+    w.SetMetadata("stream", "0");
+    w.SetMetadata("model", model_json);
+    CHECK(w.Write(&env, "/m.safetensors").ok());
+  };
+  Result<ModelSpec> spec = SpecFrom(kGpt);
+  ASSERT_TRUE(spec.ok());
+  write("12x", spec->ToJson());
+  Result<TrainState> st = LoadCheckpoint(&env, "/m.safetensors");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("__metadata__.step must be a decimal integer"),
+            std::string::npos)
+      << st.status().message();
+  write("99999999999999999999", spec->ToJson());
+  st = LoadCheckpoint(&env, "/m.safetensors");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("out of range"), std::string::npos) << st.status().message();
+  write("1", "{\"kind\": \"gpt\"}");
+  st = LoadCheckpoint(&env, "/m.safetensors");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("bad model spec"), std::string::npos) << st.status().message();
+  write("1", spec->ToJson());  // well-formed metadata, but no tensors
+  st = LoadCheckpoint(&env, "/m.safetensors");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("missing tensor 'transformer.wte.weight'"), std::string::npos)
+      << st.status().message();
 }
 
 }  // namespace

@@ -35,16 +35,18 @@ Result<OptimizerSpec> OptimizerSpec::FromConfig(const ConfigFile& c) {
   if (s.kind == "adam") s.kind = "adamw";  // Adam is AdamW with weight_decay = 0
   ML_ASSIGN_OR_RETURN(s.lr, c.GetDouble("lr", DRange(0, 100, true, false)));
   ML_ASSIGN_OR_RETURN(s.weight_decay, c.GetDouble("weight_decay", 0.0, DRange(0, 1, false, false)));
-  ML_ASSIGN_OR_RETURN(s.grad_clip, c.GetDouble("grad_clip", 0.0, DRange(0, std::nullopt, false, false)));
-  ML_ASSIGN_OR_RETURN(s.schedule, c.GetEnum("schedule", {"constant", "cosine"}, std::string("constant")));
+  ML_ASSIGN_OR_RETURN(s.grad_clip,
+                      c.GetDouble("grad_clip", 0.0, DRange(0, std::nullopt, false, false)));
+  ML_ASSIGN_OR_RETURN(s.schedule,
+                      c.GetEnum("schedule", {"constant", "cosine"}, std::string("constant")));
   ML_ASSIGN_OR_RETURN(s.warmup_steps, c.GetInt("warmup_steps", 0, IRange(0, std::nullopt)));
   ML_ASSIGN_OR_RETURN(s.min_lr, c.GetDouble("min_lr", 0.0, DRange(0, std::nullopt, false, false)));
   if (s.min_lr > s.lr) {
     return c.Error("min_lr", "(" + std::to_string(s.min_lr) + ") must be <= lr (" +
                                  std::to_string(s.lr) + ")");
   }
-  std::vector<std::string> known = {"kind", "lr", "weight_decay", "grad_clip", "schedule",
-                                    "warmup_steps", "min_lr"};
+  std::vector<std::string> known = {"kind",     "lr",           "weight_decay", "grad_clip",
+                                    "schedule", "warmup_steps", "min_lr"};
   if (s.kind == "sgd") {
     ML_ASSIGN_OR_RETURN(s.momentum, c.GetDouble("momentum", 0.0, DRange(0, 1, false, true)));
     ML_ASSIGN_OR_RETURN(s.nesterov, c.GetBool("nesterov", false));
@@ -63,12 +65,18 @@ Result<OptimizerSpec> OptimizerSpec::FromConfig(const ConfigFile& c) {
 }
 
 std::string OptimizerSpec::ToJson() const {
-  nlohmann::json j = {{"kind", kind},           {"lr", lr},
-                      {"momentum", momentum},   {"nesterov", nesterov},
-                      {"beta1", beta1},         {"beta2", beta2},
-                      {"eps", eps},             {"weight_decay", weight_decay},
-                      {"grad_clip", grad_clip}, {"schedule", schedule},
-                      {"warmup_steps", warmup_steps}, {"min_lr", min_lr},
+  nlohmann::json j = {{"kind", kind},
+                      {"lr", lr},
+                      {"momentum", momentum},
+                      {"nesterov", nesterov},
+                      {"beta1", beta1},
+                      {"beta2", beta2},
+                      {"eps", eps},
+                      {"weight_decay", weight_decay},
+                      {"grad_clip", grad_clip},
+                      {"schedule", schedule},
+                      {"warmup_steps", warmup_steps},
+                      {"min_lr", min_lr},
                       {"total_steps", total_steps}};
   return j.dump();
 }
@@ -99,7 +107,8 @@ Result<OptimizerSpec> OptimizerSpec::FromJson(const std::string& json, const std
   }
 }
 
-Optimizer::Optimizer(OptimizerSpec spec, const std::vector<Param>& params) : spec_(std::move(spec)) {
+Optimizer::Optimizer(OptimizerSpec spec, const std::vector<Param>& params)
+    : spec_(std::move(spec)) {
   for (const Param& p : params) {
     param_names_.push_back(p.name);
     if (spec_.kind == "adamw") {

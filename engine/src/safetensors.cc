@@ -12,20 +12,30 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 
 std::string_view DTypeName(DType d) {
   switch (d) {
-    case DType::kF32: return "F32";
-    case DType::kI32: return "I32";
-    case DType::kU8: return "U8";
-    case DType::kI64: return "I64";
-    case DType::kF64: return "F64";
+    case DType::kF32:
+      return "F32";
+    case DType::kI32:
+      return "I32";
+    case DType::kU8:
+      return "U8";
+    case DType::kI64:
+      return "I64";
+    case DType::kF64:
+      return "F64";
   }
   return "?";
 }
 
 int DTypeSize(DType d) {
   switch (d) {
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kU8: return 1;
-    case DType::kI64: case DType::kF64: return 8;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kU8:
+      return 1;
+    case DType::kI64:
+    case DType::kF64:
+      return 8;
   }
   return 0;
 }
@@ -101,7 +111,8 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const std
     return bad("header length " + std::to_string(n) + " runs past the end of the file (" +
                std::to_string(bytes.size()) + " bytes; truncated?)");
   }
-  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json header =
+      nlohmann::json::parse(bytes.substr(8, n), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return bad("header is not valid JSON");
   if (!header.is_object()) return bad("header JSON is not an object");
 
@@ -140,7 +151,8 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const std
     // Count elements with overflow checks: a hostile shape must not wrap around.
     uint64_t count = 1;
     for (const nlohmann::json& d : v["shape"]) {
-      if (!d.is_number_unsigned()) return bad(where + ": shape entries must be non-negative integers");
+      if (!d.is_number_unsigned())
+        return bad(where + ": shape entries must be non-negative integers");
       uint64_t dim = d.get<uint64_t>();
       if (dim > (uint64_t{1} << 40) || (dim != 0 && count > (uint64_t{1} << 40) / dim)) {
         return bad(where + ": shape is too large");
@@ -160,8 +172,9 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const std
                  "-byte data section (truncated?)");
     }
     if (end - begin != count * DTypeSize(e.dtype)) {
-      return bad(where + ": data_offsets span " + std::to_string(end - begin) + " bytes but shape " +
-                 ShapeToString(e.shape) + " of " + std::string(DTypeName(e.dtype)) + " needs " +
+      return bad(where + ": data_offsets span " + std::to_string(end - begin) +
+                 " bytes but shape " + ShapeToString(e.shape) + " of " +
+                 std::string(DTypeName(e.dtype)) + " needs " +
                  std::to_string(count * DTypeSize(e.dtype)));
     }
     e.bytes = std::string(data.substr(begin, end - begin));
@@ -175,7 +188,8 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const std
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
   uint64_t pos = 0;
   for (size_t i : order) {
-    if (ranges[i].first < pos) return bad("tensor '" + range_names[i] + "' overlaps another tensor");
+    if (ranges[i].first < pos)
+      return bad("tensor '" + range_names[i] + "' overlaps another tensor");
     if (ranges[i].first > pos) {
       return bad("bytes [" + std::to_string(pos) + ", " + std::to_string(ranges[i].first) +
                  ") of the data section belong to no tensor");
@@ -205,8 +219,8 @@ Result<Tensor> SafetensorsFile::GetF32(const std::string& tensor, const Shape& e
   if (it == entries_.end()) return DataLoss(name_ + ": missing tensor '" + tensor + "'");
   const SafetensorsEntry& e = it->second;
   if (e.dtype != DType::kF32) {
-    return DataLoss(name_ + ": tensor '" + tensor + "' has dtype " + std::string(DTypeName(e.dtype)) +
-                    ", expected F32");
+    return DataLoss(name_ + ": tensor '" + tensor + "' has dtype " +
+                    std::string(DTypeName(e.dtype)) + ", expected F32");
   }
   if (!expect.empty() && e.shape != expect) {
     return DataLoss(name_ + ": tensor '" + tensor + "' has shape " + ShapeToString(e.shape) +

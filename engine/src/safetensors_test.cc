@@ -55,7 +55,9 @@ TEST(SafetensorsTest, EmptyTensorAndNoMetadata) {
   EXPECT_EQ(f->GetF32("e")->size(), 0);
 }
 
-TEST(SafetensorsTest, RefusesTruncatedLength) { ExpectBad("abc", "shorter than the 8-byte header"); }
+TEST(SafetensorsTest, RefusesTruncatedLength) {
+  ExpectBad("abc", "shorter than the 8-byte header");
+}
 
 TEST(SafetensorsTest, RefusesHeaderPastEnd) {
   std::string b = Header("{}", "");
@@ -83,8 +85,7 @@ TEST(SafetensorsTest, RefusesNegativeShape) {
 }
 
 TEST(SafetensorsTest, RefusesShapeOffsetMismatch) {
-  ExpectBad(Header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "abcd"),
-            "needs 8");
+  ExpectBad(Header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "abcd"), "needs 8");
 }
 
 TEST(SafetensorsTest, RefusesOffsetsOutOfRange) {

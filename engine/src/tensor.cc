@@ -30,7 +30,8 @@ TensorView TensorView::Flatten2d() const {
   return Reshape({shape_[0], shape_[0] == 0 ? 0 : size() / shape_[0]});
 }
 
-Tensor::Tensor(Shape shape, std::vector<float> data) : shape_(std::move(shape)), data_(std::move(data)) {
+Tensor::Tensor(Shape shape, std::vector<float> data)
+    : shape_(std::move(shape)), data_(std::move(data)) {
   CHECK_EQ(static_cast<int64_t>(data_.size()), NumElements(shape_));
 }
 

@@ -182,19 +182,23 @@ batch_size = 1
 )";
 
 TEST(TaskTest, MalformedTaskFilesGiveClearErrors) {
-  const std::string data = "[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n";
+  const std::string data =
+      "[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n";
   ExpectTaskError("[dta]\n" + data + kGoodTail, "unknown key 'dta'");
   ExpectTaskError("[data]\nformat = \"csv\"\n" + std::string(kGoodTail), "format");
   ExpectTaskError(data + "[model]\nkind = \"gpt\"\n", "n_layer");
   std::string tail = kGoodTail;
-  ExpectTaskError(data + tail.substr(0, tail.find("[train]")) + "[train]\nsteps = 1\n", "batch_size");
+  ExpectTaskError(data + tail.substr(0, tail.find("[train]")) + "[train]\nsteps = 1\n",
+                  "batch_size");
   ExpectTaskError(
       "[data]\nformat = \"idx\"\ntrain_images = \"a\"\ntrain_labels = \"b\"\ntest_images = \"c\"\n"
-      "test_labels = \"d\"\n" + std::string(kGoodTail),
+      "test_labels = \"d\"\n" +
+          std::string(kGoodTail),
       "does not fit data.format");
   ExpectTaskError(data + std::string(kGoodTail) + "seq_len = 9\n", "seq_len");
-  ExpectTaskError("[data]\nformat = \"text\"\npath = \"/nonexistent/x.txt\"\n" + std::string(kGoodTail),
-                  "/nonexistent/x.txt", /*names_task=*/false);
+  ExpectTaskError(
+      "[data]\nformat = \"text\"\npath = \"/nonexistent/x.txt\"\n" + std::string(kGoodTail),
+      "/nonexistent/x.txt", /*names_task=*/false);
 }
 
 // ---- Quality targets (label "slow") ------------------------------------------------------------
@@ -231,9 +235,8 @@ TEST(TrainQualityTest, TinyGptLossFallsBelowUniform) {
   TaskSpec t = LoadExample("tiny-gpt.toml");
   Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), t);
   ASSERT_TRUE(tr.ok()) << tr.status().ToString();
-  const double uniform = std::log(static_cast<double>(t.model.gpt.vocab_size == 0
-                                                          ? (*tr)->task().model.gpt.vocab_size
-                                                          : t.model.gpt.vocab_size));
+  const double uniform = std::log(static_cast<double>(
+      t.model.gpt.vocab_size == 0 ? (*tr)->task().model.gpt.vocab_size : t.model.gpt.vocab_size));
   EvalResult before = (*tr)->Evaluate();
   while ((*tr)->state().step < t.steps) (*tr)->Step();
   EvalResult after = (*tr)->Evaluate();

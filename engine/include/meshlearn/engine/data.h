@@ -60,8 +60,8 @@ Result<NpyArray> ParseNpy(std::string_view bytes, const std::string& name);
 Result<NpyArray> LoadNpy(Env* env, const std::string& path);
 // x from a float32/uint8 array (N, ...) (uint8 scaled by 1/255), y from a uint8/int32 array (N).
 // Then x = (x - mean) / std.
-Result<ClassificationData> LoadNpyPair(Env* env, const std::string& x_path, const std::string& y_path,
-                                       float mean, float std);
+Result<ClassificationData> LoadNpyPair(Env* env, const std::string& x_path,
+                                       const std::string& y_path, float mean, float std);
 
 // Flat little-endian uint16 token file (nanoGPT's train.bin).
 Result<TokenData> LoadTokens(Env* env, const std::string& path, int64_t vocab_size);

@@ -39,14 +39,14 @@
 namespace meshlearn::engine {
 
 struct LayerSpec {
-  std::string kind;         // linear conv2d maxpool2d relu gelu flatten dropout layernorm
-  int64_t out = 0;          // linear: out features; conv2d: out channels
-  int64_t kernel = 0;       // conv2d, maxpool2d
-  int64_t stride = 0;       // conv2d default 1; maxpool2d default = kernel
-  int64_t pad = 0;          // conv2d
-  double p = 0.0;           // dropout probability
+  std::string kind;    // linear conv2d maxpool2d relu gelu flatten dropout layernorm
+  int64_t out = 0;     // linear: out features; conv2d: out channels
+  int64_t kernel = 0;  // conv2d, maxpool2d
+  int64_t stride = 0;  // conv2d default 1; maxpool2d default = kernel
+  int64_t pad = 0;     // conv2d
+  double p = 0.0;      // dropout probability
   std::string init = "kaiming";
-  double init_std = 0.02;   // for init = "normal"
+  double init_std = 0.02;  // for init = "normal"
   bool bias = true;
 };
 
@@ -77,7 +77,7 @@ struct Param {
 // One mini-batch. Sequential models read `inputs` (B, input...) and `targets` (B) class ids;
 // GPT models read `tokens` and `targets`, both (B, T) with T <= block_size.
 struct Batch {
-  int64_t size = 0;  // B
+  int64_t size = 0;     // B
   int64_t seq_len = 0;  // T (GPT only)
   Tensor inputs;
   std::vector<int32_t> tokens;
@@ -85,8 +85,8 @@ struct Batch {
 };
 
 struct ForwardOptions {
-  bool train = false;          // keep activations for Backward(); apply dropout
-  uint64_t dropout_seed = 0;   // dropout mask of layer l at step s: Philox(seed, s<<16 | l)
+  bool train = false;         // keep activations for Backward(); apply dropout
+  uint64_t dropout_seed = 0;  // dropout mask of layer l at step s: Philox(seed, s<<16 | l)
   uint64_t step = 0;
 };
 

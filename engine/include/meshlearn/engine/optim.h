@@ -35,11 +35,11 @@ namespace meshlearn::engine {
 struct OptimizerSpec {
   std::string kind = "adamw";  // sgd | adamw
   double lr = 1e-3;
-  double momentum = 0.0;  // sgd
-  bool nesterov = false;  // sgd
+  double momentum = 0.0;                          // sgd
+  bool nesterov = false;                          // sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
   double weight_decay = 0.0;
-  double grad_clip = 0.0;  // 0 = off
+  double grad_clip = 0.0;             // 0 = off
   std::string schedule = "constant";  // constant | cosine
   int64_t warmup_steps = 0;
   double min_lr = 0.0;

@@ -17,8 +17,8 @@
 //   w.AddF32("fc1.weight", tensor);
 //   w.SetMetadata("step", "100");
 //   ML_RETURN_IF_ERROR(w.Write(Env::Default(), "model.safetensors"));
-//   ML_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Read(Env::Default(), "model.safetensors"));
-//   ML_ASSIGN_OR_RETURN(Tensor t, f.GetF32("fc1.weight", {256, 784}));
+//   ML_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Read(Env::Default(),
+//   "model.safetensors")); ML_ASSIGN_OR_RETURN(Tensor t, f.GetF32("fc1.weight", {256, 784}));
 #pragma once
 
 #include <cstdint>
