@@ -105,6 +105,28 @@ void CheckGradients(Model& m, const Batch& b) {
   }
 }
 
+TEST(TensorTest, ViewsAndArena) {
+  Tensor t({2, 3, 4});
+  for (int64_t i = 0; i < t.size(); ++i) t[i] = static_cast<float>(i);
+  TensorView f = t.view().Flatten2d();
+  EXPECT_EQ(f.shape(), (Shape{2, 12}));
+  EXPECT_EQ(f.data(), t.data());  // a view, not a copy
+  EXPECT_EQ(t.view().Reshape({24}).size(), 24);
+  EXPECT_EQ(ShapeToString(t.shape()), "(2, 3, 4)");
+  Arena arena;
+  TensorView a = arena.Alloc({3});
+  TensorView b = arena.AllocZeroed({5, 7});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u);
+  EXPECT_NE(a.data(), b.data());
+  for (int64_t i = 0; i < b.size(); ++i) EXPECT_EQ(b.data()[i], 0.0f);
+  const int64_t cap = arena.capacity_bytes();
+  arena.Reset();
+  EXPECT_EQ(arena.Alloc({3}).data(), a.data());  // memory is reused after Reset
+  arena.Alloc({int64_t{5} << 20});               // larger than a block: grows
+  EXPECT_GT(arena.capacity_bytes(), cap);
+}
+
 TEST(ModelTest, SequentialGradientsMatchFiniteDifferences) {
   std::unique_ptr<Model> m = MustCreate(kCnn);
   Batch b = m->EmptyBatch(3);
@@ -222,11 +244,13 @@ TEST(ModelTest, MalformedCheckpointMetadataIsRefused) {
   write("1", "{\"kind\": \"gpt\"}");
   st = LoadCheckpoint(&env, "/m.safetensors");
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.status().message().find("bad model spec"), std::string::npos) << st.status().message();
+  EXPECT_NE(st.status().message().find("bad model spec"), std::string::npos)
+      << st.status().message();
   write("1", spec->ToJson());  // well-formed metadata, but no tensors
   st = LoadCheckpoint(&env, "/m.safetensors");
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.status().message().find("missing tensor 'transformer.wte.weight'"), std::string::npos)
+  EXPECT_NE(st.status().message().find("missing tensor 'transformer.wte.weight'"),
+            std::string::npos)
       << st.status().message();
 }
 
