@@ -1,5 +1,11 @@
 // Runs the real `meshlearn` binary and checks its output and exit codes.
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
 
 #include <array>
 #include <cstdio>
@@ -89,6 +95,82 @@ TEST(Cli, EncryptedKeyWithPassphraseFile) {
   CmdResult r = Meshlearn("--json keys new bob --passphrase-file " + pass, home);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["encrypted"], true);
+}
+
+// A ledger sequencer as a real process on loopback, for wallet tests.
+class ChainServer {
+ public:
+  explicit ChainServer(const std::string& home) {
+    std::string init = "chain init --dir " + home + "/chain --devnet --block-interval-ms 200 "
+                       "--fund alice=1000000";
+    EXPECT_EQ(Meshlearn(init, home).code, 0);
+    std::string out = home + "/serve.out";
+    pid_ = fork();
+    if (pid_ == 0) {
+      setenv("MESHLEARN_HOME", home.c_str(), 1);
+      FILE* f = freopen(out.c_str(), "w", stdout);
+      (void)f;
+      execl(MESHLEARN_BIN, MESHLEARN_BIN, "--json", "chain", "serve", "--dir",
+            (home + "/chain").c_str(), "--listen", "127.0.0.1:0", (char*)nullptr);
+      _exit(127);
+    }
+    for (int i = 0; i < 300 && url_.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::ifstream in(out);
+      std::string line;
+      if (std::getline(in, line) && !line.empty()) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded() && j.contains("url")) url_ = j["url"];
+      }
+    }
+  }
+  ~ChainServer() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  const std::string& url() const { return url_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string url_;
+};
+
+uint64_t Balance(const std::string& who, const std::string& url, const std::string& home) {
+  CmdResult r = Meshlearn("--json wallet balance " + who + " --rpc " + url + " 2>/dev/null", home);
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  return j.is_discarded() ? 0 : j.value("balance", uint64_t{0});
+}
+
+// A send that timed out is retried by running the same command again: the wallet resends the
+// very same signed transaction (kept in $MESHLEARN_HOME/outbox), so it is paid once. A different
+// command is refused while it is unconfirmed; after a confirmed send, the same command pays again.
+TEST(Cli, WalletRetryAfterTimeoutPaysOnce) {
+  std::string home = TempHome();
+  ASSERT_EQ(Meshlearn("keys new alice --no-passphrase", home).code, 0);
+  ASSERT_EQ(Meshlearn("keys new bob --no-passphrase", home).code, 0);
+  ChainServer server(home);
+  ASSERT_FALSE(server.url().empty()) << "chain serve did not start";
+  const std::string rpc = " --rpc " + server.url();
+
+  // --timeout 0: the wait ends at once, as a timeout would; the transaction waits in the outbox.
+  CmdResult timed_out = Meshlearn("wallet transfer bob 100 --key alice --timeout 0" + rpc, home);
+  EXPECT_EQ(timed_out.code, 1);
+  EXPECT_NE(timed_out.out.find("Re-running this same command"), std::string::npos) << timed_out.out;
+  EXPECT_TRUE(std::ifstream(home + "/outbox/alice.tx").good());
+
+  CmdResult other = Meshlearn("wallet transfer bob 7 --key alice" + rpc, home);
+  EXPECT_EQ(other.code, 1);
+  EXPECT_NE(other.out.find("unconfirmed transaction"), std::string::npos) << other.out;
+
+  CmdResult retry = Meshlearn("wallet transfer bob 100 --key alice --timeout 30" + rpc, home);
+  ASSERT_EQ(retry.code, 0) << retry.out;
+  EXPECT_NE(retry.out.find("resending the earlier"), std::string::npos) << retry.out;
+  CmdResult again = Meshlearn("wallet transfer bob 100 --key alice --timeout 30" + rpc, home);
+  ASSERT_EQ(again.code, 0) << again.out;  // a confirmed send left no outbox: a new payment
+  EXPECT_EQ(Balance("bob", server.url(), home), 200u);
+  EXPECT_FALSE(std::ifstream(home + "/outbox/alice.tx").good());
 }
 
 }  // namespace

@@ -2,8 +2,10 @@
 // tokens on the ledger. Sending commands sign with a key from the key store, wait until the
 // transaction's block is committed and print the receipt.
 #include <iostream>
+#include <optional>
 
 #include "meshlearn/base/env.h"
+#include "meshlearn/base/hex.h"
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/progress.h"
 #include "meshlearn/cli.h"
@@ -60,6 +62,33 @@ std::string ShortJson(const json& receipt) {
 }
 
 // Signs `payload` with --key, sends it and waits for its block; prints the receipt.
+// The outbox holds, per key, the last signed transaction whose inclusion this command has not yet
+// seen (it timed out). Re-running the same command finds it and resends the very same bytes
+// (ed25519 signatures are deterministic, so "the same command" is "the same signed transaction at
+// that nonce"), and the ledger includes a transaction at most once: a retry never pays twice. A
+// command that saw its transaction included leaves no outbox entry, so sending the same transfer
+// again on purpose is a new payment.
+std::string OutboxPath(const GlobalOptions& g, const std::string& key) {
+  return JoinPath(JoinPath(g.home, "outbox"), key + ".tx");
+}
+
+Result<std::optional<ledger::Transaction>> ReadOutbox(const std::string& path) {
+  Env* env = Env::Default();
+  if (!env->FileExists(path)) return std::optional<ledger::Transaction>();
+  ML_ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  Result<Bytes> bytes = HexDecode(text, path);
+  Result<ledger::Transaction> tx = bytes.ok() ? ledger::DecodeTx(*bytes)
+                                              : Result<ledger::Transaction>(bytes.status());
+  if (!tx.ok()) {
+    // A damaged outbox entry cannot be resent; drop it rather than block the key forever.
+    std::cerr << "warning: ignoring unreadable " << path << ": " << tx.status().message() << "\n";
+    ML_RETURN_IF_ERROR(env->DeleteFile(path));
+    return std::optional<ledger::Transaction>();
+  }
+  return std::optional<ledger::Transaction>(std::move(*tx));
+}
+
 Status Send(GlobalOptions& g, const WalletArgs& a, ledger::TxPayload payload, const std::string& what) {
   if (a.key.empty()) return InvalidArgument("--key NAME is required: the key that signs and pays");
   KeyStore store(Env::Default(), g.KeysDir());
@@ -68,15 +97,55 @@ Status Send(GlobalOptions& g, const WalletArgs& a, ledger::TxPayload payload, co
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
   ML_ASSIGN_OR_RETURN(std::string chain_id, ledger::FetchChainId(rpc));
   ML_ASSIGN_OR_RETURN(uint64_t nonce, ledger::FetchNextNonce(rpc, kp.public_key()));
-  ledger::Transaction tx = ledger::BuildSignedTx(kp, chain_id, nonce, std::move(payload), a.fee);
-  std::string id = ledger::TxId(tx).ToHex();
-  if (!g.json) std::cerr << what << ": sent tx " << id.substr(0, 12) << " (nonce " << nonce << ")" << std::endl;
+
+  const std::string outbox = OutboxPath(g, a.key);
+  ML_ASSIGN_OR_RETURN(std::optional<ledger::Transaction> pending, ReadOutbox(outbox));
+  std::optional<ledger::Transaction> tx;
+  if (pending) {
+    ledger::Transaction same = ledger::BuildSignedTx(kp, chain_id, pending->nonce, payload, a.fee);
+    if (ledger::TxId(same) == ledger::TxId(*pending)) {
+      tx = std::move(*pending);  // the command that timed out, run again: resend, never re-pay
+      if (!g.json) std::cerr << what << ": resending the earlier, unconfirmed transaction\n";
+    } else if (pending->nonce >= nonce) {
+      return FailedPrecondition(
+          "key '" + a.key + "' has an unconfirmed transaction " + ledger::TxId(*pending).ToHex() +
+          " (nonce " + std::to_string(pending->nonce) + ") from an earlier command that timed "
+          "out; re-run that command to resend it, or check it with `meshlearn wallet tx ID`; "
+          "delete " + outbox + " to abandon it");
+    } else {
+      ML_RETURN_IF_ERROR(Env::Default()->DeleteFile(outbox));  // included or superseded
+    }
+  }
+  if (!tx) tx = ledger::BuildSignedTx(kp, chain_id, nonce, std::move(payload), a.fee);
+  ML_RETURN_IF_ERROR(Env::Default()->CreateDirs(JoinPath(g.home, "outbox"), 0700));
+  ML_RETURN_IF_ERROR(
+      Env::Default()->WriteFileAtomic(outbox, HexEncode(ledger::EncodeTx(*tx)) + "\n", 0600));
+
+  std::string id = ledger::TxId(*tx).ToHex();
+  if (!g.json) {
+    std::cerr << what << ": sent tx " << id.substr(0, 12) << " (nonce " << tx->nonce << ")"
+              << std::endl;
+  }
   auto progress = [&](int64_t waited_ms) {
     if (!g.json && waited_ms >= 2000) {
       std::cerr << "  waiting for the next block... " << waited_ms / 1000 << "s" << std::endl;
     }
   };
-  ML_ASSIGN_OR_RETURN(json done, ledger::SendTxAndWait(rpc, tx, a.timeout_s * 1000, progress));
+  Result<json> sent = ledger::SendTxAndWait(rpc, *tx, a.timeout_s * 1000, progress);
+  if (!sent.ok()) {
+    if (sent.status().code() == StatusCode::kDeadlineExceeded) {
+      return DeadlineExceeded(sent.status().message() +
+                              ". Re-running this same command resends the same signed "
+                              "transaction, so it is included at most once");
+    }
+    if (sent.status().code() != StatusCode::kUnavailable) {
+      // The ledger refused it outright (it will never be included): nothing to resend.
+      (void)Env::Default()->DeleteFile(outbox);
+    }
+    return sent.status();
+  }
+  ML_RETURN_IF_ERROR(Env::Default()->DeleteFile(outbox));
+  const json done = *sent;
   const json receipt = done.value("receipt", json::object());
   g.Output(done, [&] {
     std::cout << what << " included in block " << done.value("height", uint64_t{0}) << ": "
@@ -140,7 +209,9 @@ void AddCommon(CLI::App* cmd, WalletArgs& a, bool sends) {
     cmd->add_option("--passphrase-file", a.passphrase_file,
                     "Read the key's passphrase from this file (else $MESHLEARN_PASSPHRASE or a prompt)");
     cmd->add_option("--fee", a.fee, "Fee paid to the treasury")->capture_default_str();
-    cmd->add_option("--timeout", a.timeout_s, "Seconds to wait for inclusion")->capture_default_str();
+    cmd->add_option("--timeout", a.timeout_s, "Seconds to wait for inclusion")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
   }
 }
 

@@ -135,7 +135,7 @@ Result<nlohmann::json> SendTxAndWait(RpcClient& rpc, const Transaction& tx, int6
       return DeadlineExceeded("transaction " + id.ToHex() + " was not included within " +
                               std::to_string(timeout_ms / 1000) +
                               "s; it may still be: check with `meshlearn wallet tx " + id.ToHex() +
-                              "`, or send it again (it will not be paid twice)");
+                              "`");
     }
     // Short waits so progress is reported; each resend of the same bytes is a no-op on the
     // ledger while the transaction is pending.
