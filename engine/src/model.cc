@@ -7,27 +7,9 @@
 
 #include "meshlearn/engine/init.h"
 #include "meshlearn/engine/kernels.h"
+#include "config_ranges.h"
 
 namespace meshlearn::engine {
-namespace {
-
-// Range helpers (designated initializers that skip members trip -Wmissing-field-initializers).
-[[maybe_unused]] inline IntRange IRange(std::optional<int64_t> min, std::optional<int64_t> max) {
-  IntRange r;
-  r.min = min;
-  r.max = max;
-  return r;
-}
-[[maybe_unused]] inline DoubleRange DRange(std::optional<double> min, std::optional<double> max,
-                                           bool min_exclusive, bool max_exclusive) {
-  DoubleRange r;
-  r.min = min;
-  r.max = max;
-  r.min_exclusive = min_exclusive;
-  r.max_exclusive = max_exclusive;
-  return r;
-}
-}  // namespace
 namespace {
 
 const std::vector<std::string> kLayerKinds = {"linear", "conv2d",  "maxpool2d", "relu",

@@ -4,27 +4,9 @@
 #include <optional>
 
 #include "meshlearn/base/config.h"
+#include "config_ranges.h"
 
 namespace meshlearn::engine {
-namespace {
-
-// Range helpers (designated initializers that skip members trip -Wmissing-field-initializers).
-[[maybe_unused]] inline IntRange IRange(std::optional<int64_t> min, std::optional<int64_t> max) {
-  IntRange r;
-  r.min = min;
-  r.max = max;
-  return r;
-}
-[[maybe_unused]] inline DoubleRange DRange(std::optional<double> min, std::optional<double> max,
-                                           bool min_exclusive, bool max_exclusive) {
-  DoubleRange r;
-  r.min = min;
-  r.max = max;
-  r.min_exclusive = min_exclusive;
-  r.max_exclusive = max_exclusive;
-  return r;
-}
-}  // namespace
 namespace {
 
 std::string Resolve(const std::string& base_dir, const std::string& p) {
