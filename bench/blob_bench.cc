@@ -30,6 +30,8 @@
 #include "meshlearn/net/http_transport.h"
 #include "meshlearn/net/sim_transport.h"
 
+#include "bench_util.h"
+
 using namespace meshlearn;
 using namespace meshlearn::net;
 
@@ -66,10 +68,8 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--repeats=", 0) == 0) {
       repeats = std::stoi(a.substr(10));
     } else if (a.rfind("--benchmarks=", 0) == 0) {
-      cases.clear();
-      std::stringstream ss(a.substr(13));
-      std::string c;
-      while (std::getline(ss, c, ',')) cases.insert(c);
+      std::vector<std::string> names = meshlearn::bench::SplitList(a.substr(13));
+      cases = std::set<std::string>(names.begin(), names.end());
     } else {
       std::fprintf(stderr, "usage: blob_bench [--size_mb=N] [--repeats=N] [--benchmarks=a,b]\n");
       return 2;

@@ -30,6 +30,8 @@
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/scheduler.h"
 
+#include "bench_util.h"
+
 using namespace meshlearn;
 using namespace meshlearn::protocol;
 
@@ -244,10 +246,8 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--dim=", 0) == 0) {
       dim = std::stoul(a.substr(6));
     } else if (a.rfind("--benchmarks=", 0) == 0) {
-      cases.clear();
-      std::stringstream ss(a.substr(13));
-      std::string c;
-      while (std::getline(ss, c, ',')) cases.insert(c);
+      std::vector<std::string> names = meshlearn::bench::SplitList(a.substr(13));
+      cases = std::set<std::string>(names.begin(), names.end());
     } else {
       std::fprintf(stderr,
                    "usage: scheduler_bench [--repeats=N] [--dim=N] "

@@ -26,20 +26,14 @@
 #include "meshlearn/engine/init.h"
 #include "meshlearn/engine/train.h"
 
+#include "bench_util.h"
+
 namespace {
 
 using namespace meshlearn;
 using namespace meshlearn::engine;
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
+using bench::SplitList;
 
 std::string SourceDir() {
   // The bench runs from the build tree or the source tree; find examples/ from either.
@@ -114,9 +108,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--benchmarks=", 0) == 0)
-      benches = Split(a.substr(13));
+      benches = SplitList(a.substr(13));
     else if (a.rfind("--threads=", 0) == 0)
-      threads = Split(a.substr(10));
+      threads = SplitList(a.substr(10));
     else if (a.rfind("--steps=", 0) == 0)
       steps = std::atoi(a.c_str() + 8);
     else if (a.rfind("--simd=", 0) == 0)
