@@ -164,9 +164,7 @@ Status MemEnv::WriteFileAtomic(const std::string& path, std::string_view data, u
   if (dir != "." && dir != "/" && !dirs_.count(dir)) {
     return NotFound("cannot create " + path + ": No such file or directory");
   }
-  auto it = files_.find(path);
-  uint32_t m = it == files_.end() ? mode : mode;  // rename replaces the inode, and its mode
-  files_[path] = File{std::string(data), m};
+  files_[path] = File{std::string(data), mode};  // rename replaces the inode, and its mode
   return Status::Ok();
 }
 
