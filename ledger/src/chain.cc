@@ -158,6 +158,7 @@ Result<Block> Chain::ProduceBlock(std::vector<Transaction> txs, int64_t time_ms,
     b.receipts.push_back(std::move(r));
     included.push_back(std::move(p));
   }
+  EndBlock(*state_, genesis_, h.height, h.prev_hash);  // network training (network.cc)
   h.tx_root = MerkleRoot(ids);
   h.receipts_root = ReceiptsRoot(b.receipts);
   h.state_hash = state_->Hash();
@@ -221,6 +222,7 @@ Status Chain::ApplyBlock(const Block& block, const PublicKey& expected_sequencer
     }
     receipts.push_back(std::move(r));
   }
+  if (refused.ok()) EndBlock(*state_, genesis_, h.height, h.prev_hash);  // network.cc
   if (refused.ok() && ReceiptsRoot(receipts) != h.receipts_root) {
     refused = InvalidArgument(name + ": receipts differ from our execution (receipts root " +
                               ReceiptsRoot(receipts).ToHex() + ", block says " +
@@ -368,6 +370,7 @@ Status Chain::ReplayFromGenesis(Hash256* replayed) const {
                         " gives a different receipt");
       }
     }
+    EndBlock(s, genesis_, h.height, h.prev_hash);  // network training (network.cc)
     s.ClearJournal();
     s.ClearDirty();
     Hash256 sh = s.Hash();

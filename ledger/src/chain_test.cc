@@ -202,7 +202,8 @@ TEST_F(ChainTest, ReplayFromGenesisMatches) {
   KeyPair node = TestKey(40);
   Run(Tx(alice_, RegisterNodeTx{.node_id = node.public_key(), .endpoint = "http://a:1",
                                 .roles = kRoleSolver, .stake = 200}));
-  Run(Tx(bob_, SubmitTaskTx{.spec_hash = Blake2b("s"), .budget = 900, .price_cap = 9}));
+  Run(Tx(bob_, SubmitTaskTx{.spec_hash = Blake2b("s"), .budget = 900, .price_cap = 9,
+                            .params = testing::TestTaskParams()}));
   Run(Tx(alice_, UnstakeTx{.node_id = node.public_key(), .amount = 50}));
   std::vector<RejectedTx> rejected;
   Produce({Tx(carol_, TransferTx{.to = bob_.public_key(), .amount = 1})}, &rejected);

@@ -25,7 +25,8 @@ const std::string kCorpusDir = std::string(MESHLEARN_SOURCE_DIR) + "/fuzz/corpus
 std::vector<std::pair<std::string, Bytes>> Seeds() {
   KeyPair a = TestKey(1), seq = TestKey(100);
   PublicKey k = TestKey(2).public_key();
-  NodeCapabilities caps{.cores = 4, .memory_bytes = 1 << 30, .accelerator = "cuda", .throughput = 5};
+  NodeCapabilities caps{.cores = 4, .memory_bytes = 1 << 30, .accelerator = "cuda", .throughput = 5,
+                        .latency_ms = 3, .bandwidth_bytes_per_s = 1 << 20};
   std::vector<std::pair<std::string, TxPayload>> payloads = {
       {"transfer", TransferTx{.to = k, .amount = 5, .memo = "m\xc3\xa9mo"}},
       {"faucet", FaucetTx{.recipient = k, .amount = 9}},
@@ -38,8 +39,15 @@ std::vector<std::pair<std::string, Bytes>> Seeds() {
                                    .capabilities = caps, .price = 3}},
       {"heartbeat", HeartbeatTx{.node_id = k}},
       {"leave_node", LeaveNodeTx{.node_id = k}},
-      {"submit_task", SubmitTaskTx{.spec_hash = Blake2b("s"), .budget = 10, .price_cap = 1}},
+      {"submit_task", SubmitTaskTx{.spec_hash = Blake2b("s"), .budget = 10, .price_cap = 1,
+                                   .params = testing::TestTaskParams()}},
       {"cancel_task", CancelTaskTx{.task_id = Blake2b("t")}},
+      {"commit_unit", CommitUnitTx{.task_id = Blake2b("t"), .index = 3, .node_id = k,
+                                   .result_hash = Blake2b("d"), .commitment = Blake2b("c"),
+                                   .loss_micros = 9}},
+      {"commit_aggregate", CommitAggregateTx{.task_id = Blake2b("t"), .round = 1, .node_id = k,
+                                             .state_hash = Blake2b("g"),
+                                             .test_accuracy_ppm = 5, .test_loss_micros = 6}},
   };
   std::vector<std::pair<std::string, Bytes>> out;
   Block block;

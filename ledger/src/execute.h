@@ -22,6 +22,8 @@
 #include "meshlearn/ledger/block.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/tx.h"
+#include "meshlearn/protocol/scheduler.h"
+#include "meshlearn/protocol/types.h"
 
 namespace meshlearn::ledger {
 
@@ -119,6 +121,21 @@ Status SettleWorkUnit(LedgerState& s, const ChainParams& p, const Hash256& task_
                       uint32_t index, Amount amount);
 // Failed verification or deadline: counts a failure, resets the streak.
 Status FailWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index);
+
+// ---- Network training (network.cc): the ledger drives protocol::RoundStateMachine and the
+// scheduler. See docs/ledger.md, "Network training".
+// The protocol's view of a task: its params, id and price cap.
+protocol::TaskSpecView TaskSpecViewOf(const Hash256& task_id, const TaskParams& params,
+                                      Amount price_cap);
+protocol::SchedulerParams SchedulerParamsOf(const Genesis& genesis);
+// Tokens one unit of `t` costs at `price_per_gflop` (protocol::UnitCostTokens).
+Amount UnitCost(const TaskRecord& t, Amount price_per_gflop);
+// The end-of-block step: after a block's transactions, before its state hash, on every path
+// (sequencer, follower, replay). For every open task in id order: expire overdue assignments
+// (failure counted, never paid), assign pending units and the aggregator, pay finalized rounds,
+// finish a final task. A task whose step fails (a bug, not an input) is left as it was before
+// the step, so the function cannot fail and every replica does the same.
+void EndBlock(LedgerState& s, const Genesis& genesis, uint64_t height, const Hash256& block_seed);
 
 // Helpers for executors.
 Result<NodeRecord*> OwnedNode(LedgerState& s, const PublicKey& node_id, const PublicKey& owner);

@@ -42,6 +42,17 @@ Status ValidateGenesis(const Genesis& g) {
     return InvalidArgument("genesis: params.slash_jackpot_bps must be <= 10000, got " +
                            std::to_string(g.params.slash_jackpot_bps));
   }
+  if (g.params.deadline_slack_permille < 1000) {
+    return InvalidArgument("genesis: params.deadline_slack_permille must be >= 1000 (no less "
+                           "than the estimate), got " +
+                           std::to_string(g.params.deadline_slack_permille));
+  }
+  if (g.params.min_deadline_blocks == 0) {
+    return InvalidArgument("genesis: params.min_deadline_blocks must be >= 1");
+  }
+  if (g.params.liveness_blocks == 0) {
+    return InvalidArgument("genesis: params.liveness_blocks must be >= 1");
+  }
   std::set<PublicKey> seen;
   Amount total = 0;
   for (const GenesisAccount& a : g.accounts) {
@@ -63,6 +74,7 @@ Hash256 GenesisHash(const Genesis& g) {
   e.PutU64(p.min_stake_solver).PutU64(p.min_stake_verifier).PutU64(p.min_stake_whistleblower);
   e.PutU64(p.min_stake_aggregator).PutU64(p.unbonding_delay_blocks);
   e.PutU32(p.treasury_cut_bps).PutU32(p.slash_jackpot_bps).PutU64(p.faucet_max_amount);
+  e.PutU64(p.liveness_blocks).PutU32(p.deadline_slack_permille).PutU64(p.min_deadline_blocks);
   e.PutU32(static_cast<uint32_t>(g.accounts.size()));
   for (const GenesisAccount& a : g.accounts) e.PutPublicKey(a.key).PutU64(a.balance);
   Hasher h("meshlearn.genesis.v1");
@@ -90,7 +102,8 @@ Result<Genesis> ParseGenesis(std::string_view toml_text, std::string name) {
     ML_RETURN_IF_ERROR(p.CheckKnownKeys(
         {"min_stake_solver", "min_stake_verifier", "min_stake_whistleblower",
          "min_stake_aggregator", "unbonding_delay_blocks", "treasury_cut_bps",
-         "slash_jackpot_bps", "faucet_max_amount"}));
+         "slash_jackpot_bps", "faucet_max_amount", "liveness_blocks",
+         "deadline_slack_permille", "min_deadline_blocks"}));
     ChainParams& cp = g.params;
     auto get_u64 = [&](const char* key, uint64_t* out) -> Status {
       ML_ASSIGN_OR_RETURN(int64_t v, p.GetInt(key, static_cast<int64_t>(*out), {.min = 0}));
@@ -103,6 +116,12 @@ Result<Genesis> ParseGenesis(std::string_view toml_text, std::string name) {
     ML_RETURN_IF_ERROR(get_u64("min_stake_aggregator", &cp.min_stake_aggregator));
     ML_RETURN_IF_ERROR(get_u64("unbonding_delay_blocks", &cp.unbonding_delay_blocks));
     ML_RETURN_IF_ERROR(get_u64("faucet_max_amount", &cp.faucet_max_amount));
+    ML_RETURN_IF_ERROR(get_u64("liveness_blocks", &cp.liveness_blocks));
+    ML_RETURN_IF_ERROR(get_u64("min_deadline_blocks", &cp.min_deadline_blocks));
+    ML_ASSIGN_OR_RETURN(int64_t slack, p.GetInt("deadline_slack_permille",
+                                                cp.deadline_slack_permille,
+                                                {.min = 1000, .max = 1000000}));
+    cp.deadline_slack_permille = static_cast<uint32_t>(slack);
     ML_ASSIGN_OR_RETURN(int64_t cut, p.GetInt("treasury_cut_bps", cp.treasury_cut_bps,
                                               {.min = 0, .max = 10000}));
     cp.treasury_cut_bps = static_cast<uint32_t>(cut);
@@ -151,6 +170,9 @@ std::string GenesisToToml(const Genesis& g) {
   o << "treasury_cut_bps = " << p.treasury_cut_bps << "\n";
   o << "slash_jackpot_bps = " << p.slash_jackpot_bps << "\n";
   o << "faucet_max_amount = " << p.faucet_max_amount << "\n";
+  o << "liveness_blocks = " << p.liveness_blocks << "\n";
+  o << "deadline_slack_permille = " << p.deadline_slack_permille << "\n";
+  o << "min_deadline_blocks = " << p.min_deadline_blocks << "\n";
   for (const GenesisAccount& a : g.accounts) {
     o << "\n[[accounts]]\nkey = \"" << a.key.ToHex() << "\"\nbalance = " << a.balance << "\n";
   }
@@ -162,7 +184,8 @@ Status WriteGenesis(Env* env, const std::string& path, const Genesis& g) {
   constexpr uint64_t kMaxToml = static_cast<uint64_t>(INT64_MAX);
   const ChainParams& p = g.params;
   for (uint64_t v : {p.min_stake_solver, p.min_stake_verifier, p.min_stake_whistleblower,
-                     p.min_stake_aggregator, p.unbonding_delay_blocks, p.faucet_max_amount}) {
+                     p.min_stake_aggregator, p.unbonding_delay_blocks, p.faucet_max_amount,
+                     p.liveness_blocks, p.min_deadline_blocks}) {
     if (v > kMaxToml) return InvalidArgument(path + ": a parameter exceeds the TOML integer range");
   }
   for (const GenesisAccount& a : g.accounts) {
@@ -194,7 +217,10 @@ nlohmann::json GenesisToJson(const Genesis& g) {
             {"unbonding_delay_blocks", p.unbonding_delay_blocks},
             {"treasury_cut_bps", p.treasury_cut_bps},
             {"slash_jackpot_bps", p.slash_jackpot_bps},
-            {"faucet_max_amount", p.faucet_max_amount}}},
+            {"faucet_max_amount", p.faucet_max_amount},
+            {"liveness_blocks", p.liveness_blocks},
+            {"deadline_slack_permille", p.deadline_slack_permille},
+            {"min_deadline_blocks", p.min_deadline_blocks}}},
           {"accounts", std::move(accounts)}};
 }
 
@@ -208,6 +234,9 @@ Genesis DevnetGenesis(const std::vector<PublicKey>& funded_keys, Amount balance_
   g.params.min_stake_whistleblower = 100;
   g.params.min_stake_aggregator = 100;
   g.params.unbonding_delay_blocks = 10;
+  g.params.liveness_blocks = 60;
+  g.params.deadline_slack_permille = 6000;
+  g.params.min_deadline_blocks = 20;
   for (const PublicKey& k : funded_keys) g.accounts.push_back({k, balance_each});
   return g;
 }

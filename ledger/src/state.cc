@@ -2,6 +2,7 @@
 
 #include "fields.h"
 #include "meshlearn/ledger/genesis.h"
+#include "meshlearn/protocol/round_phase.h"
 
 namespace meshlearn::ledger {
 
@@ -182,6 +183,15 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
   e.PutU64(t.budget).PutU64(t.escrow).PutU64(t.spent).PutU64(t.refunded).PutU64(t.price_cap);
   e.PutU8(static_cast<uint8_t>(t.status)).PutU64(t.created_height).PutU32(t.unit_count);
   e.PutString(t.memo);
+  TaskParams::Visit(t.params, internal::FieldEncoder{e});
+  e.PutBytes(t.runtime).PutHash(t.final_state);
+  e.PutU32(static_cast<uint32_t>(t.round_results.size()));
+  for (const RoundResult& r : t.round_results) {
+    e.PutHash(r.state).PutU32(r.test_accuracy_ppm).PutU64(r.test_loss_micros);
+    e.PutPublicKey(r.aggregator).PutU64(r.committed_height).PutU64(r.aggregator_price);
+    e.PutU64(r.aggregator_paid);
+  }
+  e.PutU32(t.rounds_settled).PutU64(t.aggregator_price);
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -197,12 +207,32 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
   ML_RETURN_IF_ERROR(d.GetU64(&t->created_height, "created_height"));
   ML_RETURN_IF_ERROR(d.GetU32(&t->unit_count, "unit_count"));
   ML_RETURN_IF_ERROR(d.GetString(&t->memo, "memo", kMaxStringFieldLength));
+  internal::FieldDecoder fd{d, Status::Ok()};
+  TaskParams::Visit(t->params, fd);
+  ML_RETURN_IF_ERROR(fd.status);
+  ML_RETURN_IF_ERROR(d.GetBytes(&t->runtime, "runtime"));
+  ML_RETURN_IF_ERROR(d.GetHash(&t->final_state, "final_state"));
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "round_results", 1u << 24, 32 + 4 + 8 + 32 + 8 + 8 + 8));
+  t->round_results.resize(n);
+  for (RoundResult& r : t->round_results) {
+    ML_RETURN_IF_ERROR(d.GetHash(&r.state, "round_results.state"));
+    ML_RETURN_IF_ERROR(d.GetU32(&r.test_accuracy_ppm, "round_results.test_accuracy_ppm"));
+    ML_RETURN_IF_ERROR(d.GetU64(&r.test_loss_micros, "round_results.test_loss_micros"));
+    ML_RETURN_IF_ERROR(d.GetPublicKey(&r.aggregator, "round_results.aggregator"));
+    ML_RETURN_IF_ERROR(d.GetU64(&r.committed_height, "round_results.committed_height"));
+    ML_RETURN_IF_ERROR(d.GetU64(&r.aggregator_price, "round_results.aggregator_price"));
+    ML_RETURN_IF_ERROR(d.GetU64(&r.aggregator_paid, "round_results.aggregator_paid"));
+  }
+  ML_RETURN_IF_ERROR(d.GetU32(&t->rounds_settled, "rounds_settled"));
+  ML_RETURN_IF_ERROR(d.GetU64(&t->aggregator_price, "aggregator_price"));
   return Status::Ok();
 }
 
 void EncodeWorkUnit(Encoder& e, const WorkUnit& u) {
   e.PutHash(u.task_id).PutU32(u.index).PutU8(static_cast<uint8_t>(u.status));
   e.PutPublicKey(u.assignee).PutU64(u.deadline_height).PutHash(u.result_hash).PutU64(u.paid);
+  e.PutU32(u.round).PutU32(u.shard).PutHash(u.commitment).PutU64(u.loss_micros).PutU64(u.price);
 }
 
 Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
@@ -213,6 +243,11 @@ Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
   ML_RETURN_IF_ERROR(d.GetU64(&u->deadline_height, "deadline_height"));
   ML_RETURN_IF_ERROR(d.GetHash(&u->result_hash, "result_hash"));
   ML_RETURN_IF_ERROR(d.GetU64(&u->paid, "paid"));
+  ML_RETURN_IF_ERROR(d.GetU32(&u->round, "round"));
+  ML_RETURN_IF_ERROR(d.GetU32(&u->shard, "shard"));
+  ML_RETURN_IF_ERROR(d.GetHash(&u->commitment, "commitment"));
+  ML_RETURN_IF_ERROR(d.GetU64(&u->loss_micros, "loss_micros"));
+  ML_RETURN_IF_ERROR(d.GetU64(&u->price, "price"));
   return Status::Ok();
 }
 
@@ -255,6 +290,35 @@ nlohmann::json NodeToJson(const NodeRecord& n) {
 }
 
 nlohmann::json TaskToJson(const TaskRecord& t) {
+  nlohmann::json params = nlohmann::json::object();
+  TaskParams::Visit(t.params, internal::FieldToJson{params});
+  nlohmann::json results = nlohmann::json::array();
+  for (size_t r = 0; r < t.round_results.size(); ++r) {
+    const RoundResult& rr = t.round_results[r];
+    results.push_back({{"round", r},
+                       {"state", rr.state.ToHex()},
+                       {"test_accuracy_ppm", rr.test_accuracy_ppm},
+                       {"test_loss_micros", rr.test_loss_micros},
+                       {"aggregator", rr.aggregator.ToHex()},
+                       {"committed_height", rr.committed_height},
+                       {"aggregator_price", rr.aggregator_price},
+                       {"aggregator_paid", rr.aggregator_paid}});
+  }
+  nlohmann::json phase = nullptr, round = nullptr, aggregator = nullptr;
+  nlohmann::json history = nlohmann::json::array();
+  if (!t.runtime.empty()) {
+    auto m = protocol::RoundStateMachine::Decode(t.runtime);
+    if (m.ok()) {
+      phase = std::string(protocol::RoundPhaseName(m->phase()));
+      round = m->round();
+      for (const Hash256& h : m->weights_history()) history.push_back(h.ToHex());
+      if (m->aggregator()) {
+        aggregator = {{"node", m->aggregator()->node.ToHex()},
+                      {"round", m->aggregator()->round},
+                      {"deadline_height", m->aggregator()->deadline_height}};
+      }
+    }
+  }
   return {{"id", t.id.ToHex()},
           {"submitter", t.submitter.ToHex()},
           {"spec_hash", t.spec_hash.ToHex()},
@@ -266,16 +330,29 @@ nlohmann::json TaskToJson(const TaskRecord& t) {
           {"status", std::string(TaskStatusName(t.status))},
           {"created_height", t.created_height},
           {"unit_count", t.unit_count},
-          {"memo", t.memo}};
+          {"memo", t.memo},
+          {"params", std::move(params)},
+          {"phase", std::move(phase)},
+          {"round", std::move(round)},
+          {"weights_history", std::move(history)},
+          {"aggregator", std::move(aggregator)},
+          {"final_state", t.final_state.ToHex()},
+          {"round_results", std::move(results)},
+          {"rounds_settled", t.rounds_settled}};
 }
 
 nlohmann::json WorkUnitToJson(const WorkUnit& u) {
   return {{"task_id", u.task_id.ToHex()},
           {"index", u.index},
+          {"round", u.round},
+          {"shard", u.shard},
           {"status", std::string(WorkUnitStatusName(u.status))},
           {"assignee", u.assignee.ToHex()},
           {"deadline_height", u.deadline_height},
           {"result_hash", u.result_hash.ToHex()},
+          {"commitment", u.commitment.ToHex()},
+          {"loss_micros", u.loss_micros},
+          {"price", u.price},
           {"paid", u.paid}};
 }
 

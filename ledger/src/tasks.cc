@@ -1,6 +1,8 @@
 // Tasks and work units: escrow in, payments out, refunds. The network issue adds the
 // transactions that schedule, commit and verify work units on top of the primitives here.
 #include "execute.h"
+#include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/round_phase.h"
 
 namespace meshlearn::ledger {
 
@@ -102,9 +104,11 @@ Status SettleWorkUnit(LedgerState& s, const ChainParams& p, const Hash256& task_
                       uint32_t index, Amount amount) {
   const TaskRecord* t = s.tasks.Find(task_id);
   if (t == nullptr) return NotFound("settle work unit: task " + task_id.ToHex() + " not found");
-  if (amount > t->price_cap) {
+  Amount cap = UnitCost(*t, t->price_cap);
+  if (amount > cap) {
     return InvalidArgument("settle work unit: payment " + std::to_string(amount) +
-                           " is over the task's price cap " + std::to_string(t->price_cap));
+                           " is over one unit's cost at the task's price cap, " +
+                           std::to_string(cap));
   }
   ML_ASSIGN_OR_RETURN(WorkUnit * u, Unit(s, task_id, index, "settle work unit"));
   if (u->status != WorkUnitStatus::kCommitted) {
@@ -138,17 +142,44 @@ Status FailWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index) {
 
 Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
   if (tx.spec_hash.IsZero()) {
-    return InvalidArgument("submit task: spec_hash is zero (store the task spec as a blob first)");
+    return InvalidArgument("submit task: spec_hash is zero (store the task bundle as a blob first)");
   }
   if (tx.budget == 0) return InvalidArgument("submit task: budget must be > 0");
-  if (tx.price_cap == 0 || tx.price_cap > tx.budget) {
-    return InvalidArgument("submit task: price_cap must be in [1, budget], got " +
-                           std::to_string(tx.price_cap));
+  if (tx.price_cap == 0) {
+    return InvalidArgument("submit task: price_cap must be > 0 (tokens per 10^9 training FLOPs)");
+  }
+  const TaskParams& p = tx.params;
+  if (p.initial_state.IsZero()) {
+    return InvalidArgument(
+        "submit task: params.initial_state is zero (store the round-0 global state as a blob "
+        "first)");
   }
   Hash256 id = TaskIdFor(ctx.tx.sender, ctx.tx.nonce);
+  protocol::TaskSpecView view = TaskSpecViewOf(id, p, tx.price_cap);
+  Status valid = protocol::ValidateTaskSpec(view);
+  if (!valid.ok()) return InvalidArgument("submit task: params: " + valid.message());
+  uint64_t units = static_cast<uint64_t>(p.rounds) * p.units_per_round;
+  if (units > kMaxTaskUnits) {
+    return InvalidArgument("submit task: params.rounds x params.units_per_round is " +
+                           std::to_string(units) + ", over the limit of " +
+                           std::to_string(kMaxTaskUnits) + "; use fewer rounds or units");
+  }
+  if (p.checkpoint_interval == 0 || p.checkpoint_interval > p.inner_steps) {
+    return InvalidArgument("submit task: params.checkpoint_interval must be in [1, inner_steps = " +
+                           std::to_string(p.inner_steps) + "], got " +
+                           std::to_string(p.checkpoint_interval));
+  }
   if (ctx.state.tasks.Find(id) != nullptr) {
     return AlreadyExists("submit task: task " + id.ToHex() + " exists");
   }
+  protocol::RoundMachineConfig config{.task = id,
+                                      .rounds = p.rounds,
+                                      .units_per_round = p.units_per_round,
+                                      .verification_window_blocks = p.verification_window_blocks,
+                                      .initial_weights = p.initial_state,
+                                      .start_height = ctx.height};
+  Result<protocol::RoundStateMachine> machine = protocol::RoundStateMachine::Create(config);
+  if (!machine.ok()) return InvalidArgument("submit task: " + machine.status().message());
   ML_RETURN_IF_ERROR(Debit(ctx.state, ctx.tx.sender, tx.budget, "task budget"));
   TaskRecord t;
   t.id = id;
@@ -159,6 +190,19 @@ Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
   t.price_cap = tx.price_cap;
   t.created_height = ctx.height;
   t.memo = tx.memo;
+  t.params = p;
+  t.runtime = machine->Encode();
+  t.unit_count = static_cast<uint32_t>(units);
+  for (uint32_t r = 0; r < p.rounds; ++r) {
+    for (uint32_t shard = 0; shard < p.units_per_round; ++shard) {
+      WorkUnit u;
+      u.task_id = id;
+      u.index = r * p.units_per_round + shard;
+      u.round = r;
+      u.shard = shard;
+      ctx.state.units.Put({id, u.index}, std::move(u));
+    }
+  }
   ctx.state.tasks.Put(id, std::move(t));
   return Status::Ok();
 }

@@ -12,7 +12,8 @@ class TasksTest : public ChainFixture {
  protected:
   SubmitTaskTx Submit(Amount budget) {
     return SubmitTaskTx{
-        .spec_hash = Blake2b("spec"), .budget = budget, .price_cap = 10, .memo = "mnist"};
+        .spec_hash = Blake2b("spec"), .budget = budget, .price_cap = 10, .memo = "mnist",
+        .params = testing::TestTaskParams()};
   }
 };
 
@@ -42,7 +43,7 @@ TEST_F(TasksTest, SubmitFailures) {
   s.spec_hash = Hash256{};
   EXPECT_FALSE(Run(Tx(alice_, s)).ok);
   s = Submit(100);
-  s.price_cap = 101;
+  s.price_cap = 0;
   EXPECT_FALSE(Run(Tx(alice_, s)).ok);
   EXPECT_EQ(Balance(alice_), kFunds);
   EXPECT_TRUE(chain_->ListTasks(0, 10).empty());

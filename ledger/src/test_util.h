@@ -42,6 +42,23 @@ class TempDir {
   std::string path_;
 };
 
+// Valid parameters of a small network task (2 rounds x 3 units; one unit is 4 x 8 samples of
+// 10^9 FLOPs = 32 GFLOP, so it costs 32 x the price per GFLOP).
+inline TaskParams TestTaskParams() {
+  return TaskParams{.rounds = 2,
+                    .units_per_round = 3,
+                    .inner_steps = 4,
+                    .batch_size = 8,
+                    .checkpoint_interval = 2,
+                    .flops_per_sample = 1'000'000'000,
+                    .model_bytes = 4000,
+                    .memory_bytes = 0,
+                    .num_examples = 300,
+                    .seed = 7,
+                    .initial_state = Blake2b("initial state"),
+                    .verification_window_blocks = 0};
+}
+
 class ChainFixture : public ::testing::Test {
  protected:
   static constexpr Amount kFunds = 1'000'000;

@@ -14,7 +14,7 @@ using testing::TestKey;
 std::vector<TxPayload> SamplePayloads() {
   PublicKey k = TestKey(9).public_key();
   NodeCapabilities caps{.cores = 16, .memory_bytes = 1ull << 35, .accelerator = "cuda:H200",
-                        .throughput = 777};
+                        .throughput = 777, .latency_ms = 12, .bandwidth_bytes_per_s = 1ull << 30};
   std::vector<TxPayload> out = {
       TransferTx{.to = k, .amount = 12345, .memo = "rent"},
       FaucetTx{.recipient = k, .amount = 99},
@@ -27,8 +27,15 @@ std::vector<TxPayload> SamplePayloads() {
                    .capabilities = caps, .price = 4},
       HeartbeatTx{.node_id = k},
       LeaveNodeTx{.node_id = k},
-      SubmitTaskTx{.spec_hash = Blake2b("spec"), .budget = 1000, .price_cap = 10, .memo = "m"},
+      SubmitTaskTx{.spec_hash = Blake2b("spec"), .budget = 1000, .price_cap = 10, .memo = "m",
+                   .params = testing::TestTaskParams()},
       CancelTaskTx{.task_id = Blake2b("task")},
+      CommitUnitTx{.task_id = Blake2b("task"), .index = 5, .node_id = k,
+                   .result_hash = Blake2b("delta"), .commitment = Blake2b("root"),
+                   .loss_micros = 2'300'000},
+      CommitAggregateTx{.task_id = Blake2b("task"), .round = 1, .node_id = k,
+                        .state_hash = Blake2b("state"), .test_accuracy_ppm = 871'000,
+                        .test_loss_micros = 380'000},
   };
   return out;
 }

@@ -16,6 +16,9 @@
 //   treasury_cut_bps = 200              # of every payout from escrow, in basis points
 //   slash_jackpot_bps = 5000            # share of slashed stake that goes to the jackpot pool
 //   faucet_max_amount = 1000000000
+//   liveness_blocks = 30                # scheduler: a node is live if its heartbeat is this recent
+//   deadline_slack_permille = 2000      # scheduler: deadline = estimate x slack / 1000 ...
+//   min_deadline_blocks = 5             # ... but at least this many blocks after assignment
 //   [[accounts]]
 //   key = "<hex public key>"
 //   balance = 1000000
@@ -46,6 +49,10 @@ struct ChainParams {
   uint32_t treasury_cut_bps = 200;   // <= 10000
   uint32_t slash_jackpot_bps = 5000;  // <= 10000
   Amount faucet_max_amount = 1'000'000'000;
+  // Scheduler knobs (protocol::SchedulerParams): generous values let a loaded machine keep up.
+  uint64_t liveness_blocks = 30;
+  uint32_t deadline_slack_permille = 2000;  // >= 1000
+  uint64_t min_deadline_blocks = 5;         // >= 1
   bool operator==(const ChainParams&) const = default;
 
   // The stake a node with these roles must keep while active: the largest of the roles' minima.
@@ -80,8 +87,10 @@ std::string GenesisToToml(const Genesis& g);
 Status WriteGenesis(Env* env, const std::string& path, const Genesis& g);
 nlohmann::json GenesisToJson(const Genesis& g);
 
-// A devnet genesis: faucet on, each key funded with `balance_each`, small minimum stakes and
-// a short unbonding delay (10 blocks) so local tests move quickly.
+// A devnet genesis: faucet on, each key funded with `balance_each`, small minimum stakes,
+// a short unbonding delay (10 blocks) so local tests move quickly, and generous scheduler
+// knobs (liveness 60 blocks, slack 6000 permille, deadlines at least 20 blocks) so a loaded
+// machine does not miss deadlines.
 Genesis DevnetGenesis(const std::vector<PublicKey>& funded_keys, Amount balance_each,
                       std::string chain_id = "meshlearn-devnet");
 

@@ -56,13 +56,16 @@ enum class NodeStatus : uint8_t {
 };
 std::string_view NodeStatusName(NodeStatus s);
 
-// What a node can do. Throughput is the integer score of the standard benchmark (higher is
-// faster), measured by the node and reported at registration.
+// What a node can do, measured by `meshlearn node bench` and reported at registration.
+// The scheduler (protocol/scheduler.h) reads memory, throughput, latency and bandwidth; a node
+// with throughput or bandwidth 0 gets no work.
 struct NodeCapabilities {
   uint32_t cores = 0;
   uint64_t memory_bytes = 0;
   std::string accelerator;  // "" for CPU only, e.g. "cuda:H100"
-  uint64_t throughput = 0;
+  uint64_t throughput = 0;  // training FLOP/s of the standard benchmark
+  uint32_t latency_ms = 0;  // round-trip latency to the network
+  uint64_t bandwidth_bytes_per_s = 0;  // sustained, both directions
 
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
@@ -70,6 +73,8 @@ struct NodeCapabilities {
     v("memory_bytes", s.memory_bytes);
     v("accelerator", s.accelerator);
     v("throughput", s.throughput);
+    v("latency_ms", s.latency_ms);
+    v("bandwidth_bytes_per_s", s.bandwidth_bytes_per_s);
   }
   bool operator==(const NodeCapabilities&) const = default;
 };
@@ -92,7 +97,7 @@ struct NodeRecord {
   std::string endpoint;  // "http://host:port"
   uint32_t roles = 0;    // kRole* bits
   NodeCapabilities capabilities;
-  Amount price = 0;  // asking price per work unit
+  Amount price = 0;  // asking price, tokens per 10^9 training FLOPs (protocol::UnitCostTokens)
   Amount stake = 0;  // bonded (unbonding stake moved to the owner's Account::unbonding)
   NodeStatus status = NodeStatus::kActive;
   Reputation reputation;
@@ -107,6 +112,55 @@ enum class TaskStatus : uint8_t {
 };
 std::string_view TaskStatusName(TaskStatus s);
 
+// The training parameters of a task (carried by SubmitTaskTx, kept in TaskRecord::params).
+// The ledger checks them with protocol::ValidateTaskSpec and drives the task's rounds from
+// them. Work unit index = round * units_per_round + shard; rounds x units_per_round <=
+// kMaxTaskUnits.
+struct TaskParams {
+  uint32_t rounds = 0;               // outer (DiLoCo) rounds, R
+  uint32_t units_per_round = 0;      // work units (= data shards) per round, S
+  uint32_t inner_steps = 0;          // H: optimizer steps per unit
+  uint32_t batch_size = 0;           // samples per inner step
+  uint32_t checkpoint_interval = 0;  // k: a checkpoint every k inner steps
+  uint64_t flops_per_sample = 0;     // training FLOPs per sample (forward + backward)
+  uint64_t model_bytes = 0;          // float32 weights (and one delta)
+  uint64_t memory_bytes = 0;         // a solver's need; 0 = protocol::RequiredMemoryBytes
+  uint64_t num_examples = 0;         // dataset size
+  uint64_t seed = 0;                 // task seed (data order, initialisation)
+  Hash256 initial_state;             // blob id of the round-0 global state blob
+  uint64_t verification_window_blocks = 0;  // 0: a round is final when its aggregate commits
+
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("rounds", s.rounds);
+    v("units_per_round", s.units_per_round);
+    v("inner_steps", s.inner_steps);
+    v("batch_size", s.batch_size);
+    v("checkpoint_interval", s.checkpoint_interval);
+    v("flops_per_sample", s.flops_per_sample);
+    v("model_bytes", s.model_bytes);
+    v("memory_bytes", s.memory_bytes);
+    v("num_examples", s.num_examples);
+    v("seed", s.seed);
+    v("initial_state", s.initial_state);
+    v("verification_window_blocks", s.verification_window_blocks);
+  }
+  bool operator==(const TaskParams&) const = default;
+};
+inline constexpr uint64_t kMaxTaskUnits = 100000;  // rounds x units_per_round
+
+// What the aggregator of a finished round reported (CommitAggregate), and what it was paid.
+struct RoundResult {
+  Hash256 state;                   // blob id of the round's new global state
+  uint32_t test_accuracy_ppm = 0;  // accuracy on the test set, parts per million
+  uint64_t test_loss_micros = 0;   // mean test loss x 1e6
+  PublicKey aggregator;            // node that committed it
+  uint64_t committed_height = 0;
+  Amount aggregator_price = 0;  // its price (per GFLOP) when it was assigned
+  Amount aggregator_paid = 0;   // set when the round is settled
+  bool operator==(const RoundResult&) const = default;
+};
+
 // Task id = TaskIdFor(submitter, nonce of the SubmitTask transaction): clients know it before
 // the block.
 struct TaskRecord {
@@ -117,11 +171,19 @@ struct TaskRecord {
   Amount escrow = 0;  // what is left of the budget
   Amount spent = 0;   // paid out (including the treasury cut); budget == escrow + spent + refunded
   Amount refunded = 0;
-  Amount price_cap = 0;  // most the submitter pays per work unit
+  Amount price_cap = 0;  // most the submitter pays, tokens per 10^9 training FLOPs
   TaskStatus status = TaskStatus::kOpen;
   uint64_t created_height = 0;
-  uint32_t unit_count = 0;  // work units created so far (ids 0..unit_count-1)
+  uint32_t unit_count = 0;  // work units (ids 0..unit_count-1); rounds x units_per_round
   std::string memo;
+  // ---- Network training (docs/ledger.md, "Network training").
+  TaskParams params;
+  // protocol::RoundStateMachine::Encode(): the task's rounds, assignments and aggregator.
+  Bytes runtime;
+  Hash256 final_state;  // blob id of the final global state; zero until finished
+  std::vector<RoundResult> round_results;  // [r] for every round whose aggregate committed
+  uint32_t rounds_settled = 0;  // finalized rounds already paid (0..rounds)
+  Amount aggregator_price = 0;  // the current aggregator's price (per GFLOP) at assignment
   bool operator==(const TaskRecord&) const = default;
 };
 Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce);
@@ -136,14 +198,20 @@ enum class WorkUnitStatus : uint8_t {
 };
 std::string_view WorkUnitStatusName(WorkUnitStatus s);
 
+// Work unit index = round * units_per_round + shard.
 struct WorkUnit {
   Hash256 task_id;
   uint32_t index = 0;
   WorkUnitStatus status = WorkUnitStatus::kPending;
   PublicKey assignee;  // node id; zero when unassigned
   uint64_t deadline_height = 0;
-  Hash256 result_hash;  // zero until committed
+  Hash256 result_hash;  // blob id of the delta blob; zero until committed
   Amount paid = 0;
+  uint32_t round = 0;
+  uint32_t shard = 0;
+  Hash256 commitment;        // Merkle root of the unit's checkpoint state hashes
+  uint64_t loss_micros = 0;  // solver-reported mean training loss x 1e6 (display only)
+  Amount price = 0;          // the assignee's price (per GFLOP) when the unit was assigned
   bool operator==(const WorkUnit&) const = default;
 };
 

@@ -51,7 +51,8 @@ Result<TxType> TxTypeFromName(std::string_view name);
 
 // ---- Payloads. Each lists its fields once, in Visit, which drives encoding and JSON. Field
 // types understood by Visit: uint8/16/32/64_t, int64_t, bool, std::string (<=
-// kMaxStringFieldLength), PublicKey, Hash256, NodeCapabilities.
+// kMaxStringFieldLength), PublicKey, Hash256, and structs with a Visit (NodeCapabilities,
+// TaskParams).
 
 // Moves `amount` from the sender's balance to `to` (creating `to` if new).
 struct TransferTx {
@@ -180,19 +181,24 @@ struct LeaveNodeTx {
 };
 
 // Posts a training task and escrows `budget` from the sender's balance. The task id is
-// TaskIdFor(sender, nonce).
+// TaskIdFor(sender, nonce). spec_hash: blob id of the task bundle; price_cap: the most the
+// submitter pays, tokens per 10^9 training FLOPs. The params are checked with
+// protocol::ValidateTaskSpec before any money moves; all rounds x units_per_round work units
+// are created at once.
 struct SubmitTaskTx {
   static constexpr TxType kType = TxType::kSubmitTask;
   Hash256 spec_hash;
   Amount budget = 0;
   Amount price_cap = 0;
   std::string memo;
+  TaskParams params;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("spec_hash", s.spec_hash);
     v("budget", s.budget);
     v("price_cap", s.price_cap);
     v("memo", s.memo);
+    v("params", s.params);
   }
   bool operator==(const SubmitTaskTx&) const = default;
 };
@@ -206,6 +212,53 @@ struct CancelTaskTx {
     v("task_id", s.task_id);
   }
   bool operator==(const CancelTaskTx&) const = default;
+};
+
+// A solver's result for work unit `index` (= round * units_per_round + shard) of a task. Sender:
+// the node's own key or its owner. Accepted only from the unit's assignee, at or before its
+// deadline. result_hash: blob id of the delta blob; commitment: Merkle root of the unit's
+// checkpoint state hashes; loss_micros: mean training loss x 1e6 (display only).
+struct CommitUnitTx {
+  static constexpr TxType kType = TxType::kCommitUnit;
+  Hash256 task_id;
+  uint32_t index = 0;
+  PublicKey node_id;
+  Hash256 result_hash;
+  Hash256 commitment;
+  uint64_t loss_micros = 0;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("node_id", s.node_id);
+    v("result_hash", s.result_hash);
+    v("commitment", s.commitment);
+    v("loss_micros", s.loss_micros);
+  }
+  bool operator==(const CommitUnitTx&) const = default;
+};
+
+// The aggregator's new global state for round `round` of a task. Sender: the node's own key or
+// its owner. Accepted only from the round's assigned aggregator, at or before its deadline.
+// state_hash: blob id of the new global state blob; test metrics as the aggregator measured.
+struct CommitAggregateTx {
+  static constexpr TxType kType = TxType::kCommitAggregate;
+  Hash256 task_id;
+  uint32_t round = 0;
+  PublicKey node_id;
+  Hash256 state_hash;
+  uint32_t test_accuracy_ppm = 0;
+  uint64_t test_loss_micros = 0;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("round", s.round);
+    v("node_id", s.node_id);
+    v("state_hash", s.state_hash);
+    v("test_accuracy_ppm", s.test_accuracy_ppm);
+    v("test_loss_micros", s.test_loss_micros);
+  }
+  bool operator==(const CommitAggregateTx&) const = default;
 };
 
 namespace internal {

@@ -24,4 +24,6 @@
   X(Heartbeat, 22, nodes)            \
   X(LeaveNode, 23, nodes)            \
   X(SubmitTask, 30, tasks)           \
-  X(CancelTask, 31, tasks)
+  X(CancelTask, 31, tasks)           \
+  X(CommitUnit, 40, network)         \
+  X(CommitAggregate, 41, network)

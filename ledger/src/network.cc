@@ -1,0 +1,318 @@
+// Network training: the ledger runs each open task's protocol::RoundStateMachine (kept encoded
+// in TaskRecord::runtime) and the protocol's scheduler.
+//
+//   CommitUnit       a solver's result    -> RoundStateMachine::OnUnitCommitted, unit committed
+//   CommitAggregate  an aggregator's state -> RoundStateMachine::OnAggregateCommitted
+//   EndBlock         after every block's transactions (sequencer, follower, replay): expire,
+//                    assign units and aggregators, pay finalized rounds, finish final tasks.
+//
+// Everything here is a deterministic function of the state, the height and the previous block
+// hash: sorted maps, integer arithmetic, no clocks. See docs/ledger.md, "Network training".
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "execute.h"
+#include "meshlearn/base/log.h"
+#include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/scheduler.h"
+
+namespace meshlearn::ledger {
+
+protocol::TaskSpecView TaskSpecViewOf(const Hash256& task_id, const TaskParams& p,
+                                      Amount price_cap) {
+  protocol::TaskSpecView v;
+  v.id = task_id;
+  v.rounds = p.rounds;
+  v.units_per_round = p.units_per_round;
+  v.inner_steps = p.inner_steps;
+  v.batch_size = p.batch_size;
+  v.flops_per_sample = p.flops_per_sample;
+  v.model_bytes = p.model_bytes;
+  v.memory_required_bytes = p.memory_bytes;
+  v.price_cap_per_gflop = price_cap;
+  v.seed = p.seed;
+  v.num_examples = p.num_examples;
+  return v;
+}
+
+protocol::SchedulerParams SchedulerParamsOf(const Genesis& g) {
+  protocol::SchedulerParams sp;
+  sp.block_interval_ms = static_cast<uint64_t>(g.block_interval_ms);
+  sp.liveness_blocks = g.params.liveness_blocks;
+  sp.deadline_slack_permille = g.params.deadline_slack_permille;
+  sp.min_deadline_blocks = g.params.min_deadline_blocks;
+  return sp;
+}
+
+Amount UnitCost(const TaskRecord& t, Amount price_per_gflop) {
+  return protocol::UnitCostTokens(TaskSpecViewOf(t.id, t.params, t.price_cap), price_per_gflop);
+}
+
+namespace {
+
+using protocol::RoundStateMachine;
+
+Result<RoundStateMachine> LoadMachine(const TaskRecord& t) {
+  if (t.runtime.empty()) {
+    return FailedPrecondition("task " + t.id.ShortHex() + " has no round state (not a network task)");
+  }
+  Result<RoundStateMachine> m = RoundStateMachine::Decode(t.runtime);
+  if (!m.ok()) return DataLoss("task " + t.id.ShortHex() + ": " + m.status().message());
+  return m;
+}
+
+// Stores the machine back into the task if it changed (an unchanged task stays clean).
+void SaveMachine(LedgerState& s, const Hash256& task_id, const RoundStateMachine& m) {
+  Bytes enc = m.Encode();
+  const TaskRecord* t = s.tasks.Find(task_id);
+  if (t != nullptr && t->runtime == enc) return;
+  if (TaskRecord* mt = s.tasks.FindMutable(task_id)) mt->runtime = std::move(enc);
+}
+
+// The open task `task_id`, for a commit transaction.
+Result<const TaskRecord*> OpenTaskFor(const LedgerState& s, const Hash256& task_id,
+                                      std::string_view what) {
+  const TaskRecord* t = s.tasks.Find(task_id);
+  if (t == nullptr) return NotFound(std::string(what) + ": task " + task_id.ToHex() + " not found");
+  if (t->status != TaskStatus::kOpen) {
+    return FailedPrecondition(std::string(what) + ": task " + task_id.ShortHex() + " is " +
+                              std::string(TaskStatusName(t->status)));
+  }
+  return t;
+}
+
+// A commit is signed by the node's own key or by its owner.
+Status CheckNodeSender(const LedgerState& s, const PublicKey& node_id, const PublicKey& sender,
+                       std::string_view what) {
+  const NodeRecord* n = s.nodes.Find(node_id);
+  if (n == nullptr) {
+    return NotFound(std::string(what) + ": node " + node_id.ToHex() + " is not registered");
+  }
+  if (sender != node_id && sender != n->owner) {
+    return PermissionDenied(std::string(what) + ": the sender must be node " +
+                            node_id.ShortHex() + " itself or its owner " + n->owner.ShortHex());
+  }
+  return Status::Ok();
+}
+
+uint32_t UnitIndex(const TaskRecord& t, const protocol::UnitId& u) {
+  return u.round * t.params.units_per_round + u.shard;
+}
+
+void CountFailure(LedgerState& s, const PublicKey& node_id) {
+  if (NodeRecord* n = s.nodes.FindMutable(node_id)) {
+    n->reputation.failures++;
+    n->reputation.clean_streak = 0;
+  }
+}
+
+// Active nodes with `role`, in id order, as the scheduler sees them.
+std::vector<protocol::NodeView> NodeViews(const LedgerState& s, uint32_t role,
+                                          const std::map<PublicKey, uint64_t>& inflight) {
+  std::vector<protocol::NodeView> out;
+  for (const auto& [id, n] : s.nodes.rows()) {
+    if ((n.roles & role) == 0 || n.status != NodeStatus::kActive) continue;
+    protocol::NodeView v;
+    v.id = id;
+    v.memory_bytes = n.capabilities.memory_bytes;
+    v.throughput_flops = n.capabilities.throughput;
+    v.latency_ms = n.capabilities.latency_ms;
+    v.bandwidth_bytes_per_s = n.capabilities.bandwidth_bytes_per_s;
+    v.price_per_gflop = n.price;
+    v.last_heartbeat_height = n.last_heartbeat_height;
+    v.reputation.completed = n.reputation.units_completed;
+    v.reputation.verified_clean = n.reputation.units_verified_clean;
+    v.reputation.clean_streak = n.reputation.clean_streak;
+    v.reputation.failures = n.reputation.failures;
+    v.reputation.slashes = n.reputation.slashes;
+    v.status = protocol::NodeStatus::kNodeStatusActive;
+    auto it = inflight.find(id);
+    uint64_t q = it == inflight.end() ? 0 : it->second;
+    v.inflight_units = static_cast<uint32_t>(std::min<uint64_t>(q, UINT32_MAX));
+    out.push_back(v);
+  }
+  return out;
+}
+
+// Pays round `round` of a finalized task: each committed unit its cost at its assignment price,
+// the aggregator one unit's cost at its price; never more than the escrow left.
+Status SettleRound(LedgerState& s, const ChainParams& p, const Hash256& task_id, uint32_t round) {
+  const TaskRecord* t = s.tasks.Find(task_id);
+  const uint32_t per_round = t->params.units_per_round;
+  for (uint32_t shard = 0; shard < per_round; ++shard) {
+    uint32_t index = round * per_round + shard;
+    const WorkUnit* u = s.units.Find({task_id, index});
+    if (u == nullptr || u->status != WorkUnitStatus::kCommitted) continue;
+    t = s.tasks.Find(task_id);
+    Amount amount = std::min(UnitCost(*t, u->price), t->escrow);
+    ML_RETURN_IF_ERROR(SettleWorkUnit(s, p, task_id, index, amount));
+  }
+  t = s.tasks.Find(task_id);
+  if (round < t->round_results.size()) {
+    const RoundResult& rr = t->round_results[round];
+    const NodeRecord* agg = s.nodes.Find(rr.aggregator);
+    if (agg != nullptr) {
+      Amount amount = std::min(UnitCost(*t, rr.aggregator_price), t->escrow);
+      PublicKey owner = agg->owner;
+      ML_RETURN_IF_ERROR(PayFromEscrow(s, p, task_id, owner, amount));
+      s.tasks.FindMutable(task_id)->round_results[round].aggregator_paid = amount;
+    }
+  }
+  return Status::Ok();
+}
+
+// One task's end-of-block step (docs/ledger.md, "Network training", steps 1-5).
+Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
+                   const Hash256& task_id, RoundStateMachine& m,
+                   std::map<PublicKey, uint64_t>& inflight) {
+  const protocol::SchedulerParams sp = SchedulerParamsOf(g);
+  // 1. Expiry: the unit is pending again (and never paid); the node's failure is counted.
+  ML_ASSIGN_OR_RETURN(protocol::RoundUpdate update, m.OnBlock(height));
+  for (const protocol::Assignment& a : update.expired) {
+    uint32_t index = UnitIndex(*s.tasks.Find(task_id), a.unit);
+    ML_RETURN_IF_ERROR(FailWorkUnit(s, task_id, index));
+    WorkUnit* u = s.units.FindMutable({task_id, index});
+    u->status = WorkUnitStatus::kPending;
+    u->assignee = PublicKey{};
+    u->deadline_height = 0;
+    u->price = 0;
+    if (inflight[a.node] > 0) inflight[a.node]--;
+  }
+  if (update.expired_aggregator) CountFailure(s, update.expired_aggregator->node);
+
+  const TaskRecord* t = s.tasks.Find(task_id);
+  const protocol::TaskSpecView view = TaskSpecViewOf(task_id, t->params, t->price_cap);
+  // 2. Pending units -> solvers.
+  std::vector<protocol::PendingUnit> pending = m.PendingUnits();
+  if (!pending.empty()) {
+    std::vector<protocol::NodeView> nodes = NodeViews(s, kRoleSolver, inflight);
+    ML_ASSIGN_OR_RETURN(protocol::ScheduleResult r,
+                        protocol::AssignUnits(view, nodes, pending, seed, height, sp));
+    if (!r.assignments.empty()) {
+      ML_RETURN_IF_ERROR(m.OnAssigned(r.assignments));
+      for (const protocol::Assignment& a : r.assignments) {
+        uint32_t index = UnitIndex(*s.tasks.Find(task_id), a.unit);
+        ML_RETURN_IF_ERROR(AssignWorkUnit(s, task_id, index, a.node, a.deadline_height));
+        s.units.FindMutable({task_id, index})->price = a.price_per_gflop;
+        inflight[a.node]++;
+      }
+    }
+  }
+  // 3. Aggregator.
+  if (m.NeedsAggregator()) {
+    std::vector<protocol::NodeView> nodes = NodeViews(s, kRoleAggregator, inflight);
+    Result<protocol::AggregatorAssignment> a = protocol::AssignAggregator(
+        view, nodes, m.round(), m.AggregatorExcluded(), seed, height, sp);
+    if (a.ok()) {
+      ML_RETURN_IF_ERROR(m.OnAggregatorAssigned(*a));
+      const NodeRecord* n = s.nodes.Find(a->node);
+      Amount price = n ? n->price : 0;
+      if (t->aggregator_price != price) s.tasks.FindMutable(task_id)->aggregator_price = price;
+    } else if (a.status().code() != StatusCode::kUnavailable) {
+      return a.status();
+    }
+  }
+  SaveMachine(s, task_id, m);
+  // 4. Pay every finalized round not yet paid.
+  const uint32_t finalized = static_cast<uint32_t>(m.weights_history().size() - 1);
+  while (s.tasks.Find(task_id)->rounds_settled < finalized) {
+    uint32_t round = s.tasks.Find(task_id)->rounds_settled;
+    ML_RETURN_IF_ERROR(SettleRound(s, g.params, task_id, round));
+    s.tasks.FindMutable(task_id)->rounds_settled = round + 1;
+  }
+  // 5. Done: record the final state and refund the rest.
+  if (m.phase() == protocol::RoundPhase::kRoundPhaseFinal) {
+    s.tasks.FindMutable(task_id)->final_state = m.round_weights();
+    ML_RETURN_IF_ERROR(CloseTask(s, task_id, TaskStatus::kFinished));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ExecuteCommitUnit(ExecContext& ctx, const CommitUnitTx& tx) {
+  constexpr std::string_view kWhat = "commit unit";
+  ML_ASSIGN_OR_RETURN(const TaskRecord* t, OpenTaskFor(ctx.state, tx.task_id, kWhat));
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  if (tx.index >= t->unit_count) {
+    return InvalidArgument("commit unit: index " + std::to_string(tx.index) + " is out of range; " +
+                           "task " + tx.task_id.ShortHex() + " has " +
+                           std::to_string(t->unit_count) + " units");
+  }
+  if (tx.result_hash.IsZero()) {
+    return InvalidArgument("commit unit: result_hash is zero (store the delta blob first)");
+  }
+  ML_ASSIGN_OR_RETURN(RoundStateMachine m, LoadMachine(*t));
+  const uint32_t per_round = t->params.units_per_round;
+  protocol::UnitId unit{tx.task_id, tx.index / per_round, tx.index % per_round};
+  Status s = m.OnUnitCommitted(unit, tx.node_id, tx.result_hash, ctx.height);
+  if (!s.ok()) return s.WithPrefix("commit unit");
+  ML_RETURN_IF_ERROR(CommitWorkUnit(ctx.state, tx.task_id, tx.index, tx.result_hash));
+  WorkUnit* u = ctx.state.units.FindMutable({tx.task_id, tx.index});
+  u->commitment = tx.commitment;
+  u->loss_micros = tx.loss_micros;
+  SaveMachine(ctx.state, tx.task_id, m);
+  return Status::Ok();
+}
+
+Status ExecuteCommitAggregate(ExecContext& ctx, const CommitAggregateTx& tx) {
+  constexpr std::string_view kWhat = "commit aggregate";
+  ML_ASSIGN_OR_RETURN(const TaskRecord* t, OpenTaskFor(ctx.state, tx.task_id, kWhat));
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  if (tx.state_hash.IsZero()) {
+    return InvalidArgument("commit aggregate: state_hash is zero (store the state blob first)");
+  }
+  ML_ASSIGN_OR_RETURN(RoundStateMachine m, LoadMachine(*t));
+  Result<protocol::RoundUpdate> update =
+      m.OnAggregateCommitted(tx.round, tx.node_id, tx.state_hash, ctx.height);
+  if (!update.ok()) return update.status().WithPrefix("commit aggregate");
+  RoundResult rr;
+  rr.state = tx.state_hash;
+  rr.test_accuracy_ppm = tx.test_accuracy_ppm;
+  rr.test_loss_micros = tx.test_loss_micros;
+  rr.aggregator = tx.node_id;
+  rr.committed_height = ctx.height;
+  rr.aggregator_price = t->aggregator_price;
+  TaskRecord* mt = ctx.state.tasks.FindMutable(tx.task_id);
+  // One entry per round, in order (a re-run round replaces its entry).
+  if (mt->round_results.size() > tx.round) mt->round_results.resize(tx.round);
+  if (mt->round_results.size() != tx.round) {
+    return Internal("commit aggregate: task " + tx.task_id.ShortHex() + " has " +
+                    std::to_string(mt->round_results.size()) + " round results before round " +
+                    std::to_string(tx.round));
+  }
+  mt->round_results.push_back(rr);
+  // Finalized rounds (window 0: this one, at once) are paid by the block's end step.
+  SaveMachine(ctx.state, tx.task_id, m);
+  return Status::Ok();
+}
+
+void EndBlock(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& block_seed) {
+  // Open network tasks in id order, with their machines; the nodes' in-flight units across all
+  // of them (their queues lengthen new deadlines).
+  std::vector<std::pair<Hash256, RoundStateMachine>> tasks;
+  std::map<PublicKey, uint64_t> inflight;
+  for (const auto& [id, t] : s.tasks.rows()) {
+    if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
+    Result<RoundStateMachine> m = LoadMachine(t);
+    if (!m.ok()) {
+      ML_LOG_ERROR("ledger: end of block {}: {}", height, m.status().ToString());
+      continue;
+    }
+    for (const protocol::Assignment& a : m->OpenAssignments()) inflight[a.node]++;
+    tasks.emplace_back(id, std::move(*m));
+  }
+  for (auto& [id, m] : tasks) {
+    LedgerState::Mark mark = s.GetMark();
+    Status st = AdvanceTask(s, g, height, block_seed, id, m, inflight);
+    if (!st.ok()) {
+      // A bug, not an input: every replica fails the same way; leave the task as it was.
+      s.RollbackTo(mark);
+      ML_LOG_ERROR("ledger: end of block {}: task {}: {}", height, id.ShortHex(), st.ToString());
+    }
+  }
+}
+
+}  // namespace meshlearn::ledger
