@@ -23,6 +23,12 @@ case "$kind" in
     exit 2
     ;;
 esac
+# A second tree for parallel work (helpers, experiments): MESHLEARN_BUILD_DIR=build-x.
+dir="${MESHLEARN_BUILD_DIR:-$dir}"
+# ccache, where installed (developer machines), shares objects between build trees.
+if command -v ccache > /dev/null; then
+  flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
 mkdir -p "$dir"
 cmake -S . -B "$dir" -G Ninja "${flags[@]}" > "$dir/configure.log" 2>&1 || {
   cat "$dir/configure.log" >&2

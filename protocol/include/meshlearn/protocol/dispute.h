@@ -1,0 +1,169 @@
+// The dispute game: two-phase bisection with a referee (Verde-style refereed delegation;
+// DESIGN.md, "One task, end to end", step 7).
+//
+// A defender (the solver) and a challenger (a verifier or whistleblower) agree on the training
+// state after step `first_step` and disagree on the state after `last_step`. The game narrows the
+// disagreement by bisection, both parties posting the hash at the midpoint each turn:
+//
+//   phase 1 (steps)      positions are training steps in [first, last]; equal hashes at the
+//                        midpoint move the agreed end up, different ones move the disputed end
+//                        down, until one step separates them;
+//   phase 2 (operators)  inside that step, positions 0..num_operators over the chained operator
+//                        hashes C_0 = agreed state hash, C_j = OperatorChainHash(C_{j-1}, out_j)
+//                        (the engine records out_j, the hash of operator j's output, in a fixed
+//                        order); the parties first post C_n, then bisect down to one operator;
+//   referee              the ledger computes that single transition (one operator, or one whole
+//                        step when num_operators == 0 or the parties agree on C_n) from inputs it
+//                        checks against the agreed hash, and Rule()s with the correct output.
+//
+// A party whose claim equals the referee's output wins; a party that posts nothing by a turn's
+// deadline loses at once. Because an honest party only ever posts true hashes, every hash both
+// parties agree on is true, so the final transition starts from a true input and the honest
+// party's output is the referee's: an honest party never loses.
+//
+// Pure: heights come in with the calls. The state has one canonical encoding (Encode/Decode) so
+// the ledger keeps it in its state hash.
+//
+//   Result<DisputeGame> g = DisputeGame::Create(config);
+//   DisputeQuery q = g->query();                           // stage, position, deadline
+//   g->Post(DisputeParty::kDefender, q.position, h_defender, height);
+//   g->Post(DisputeParty::kChallenger, q.position, h_challenger, height);
+//   g->OnBlock(height);                                    // deadlines
+//   if (g->stage() == DisputeStage::kDisputeReferee) g->Rule(referee_output_hash);
+//   g->outcome();                                          // who was honest
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "meshlearn/base/bytes.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/protocol/types.h"
+
+namespace meshlearn::protocol {
+
+enum class DisputeParty : uint8_t {
+  kDefender = 0,    // the solver whose work is challenged
+  kChallenger = 1,  // the verifier (or whistleblower) that found a mismatch
+};
+std::string_view DisputePartyName(DisputeParty p);
+
+enum class DisputeStage : uint8_t {
+  kDisputeSteps = 0,      // phase 1: bisecting training steps
+  kDisputeOperators = 1,  // phase 2: bisecting the operators of one step
+  kDisputeReferee = 2,    // waiting for the referee's computation
+  kDisputeResolved = 3,
+};
+std::string_view DisputeStageName(DisputeStage s);
+
+// C_j = BLAKE2b("meshlearn.dispute.op", C_{j-1}, out_j): one hash commits to every operator
+// output up to j, so agreeing on C_j means agreeing on all of them.
+Hash256 OperatorChainHash(const Hash256& previous, const Hash256& operator_output);
+
+struct DisputeConfig {
+  UnitId unit;
+  NodeId defender;
+  NodeId challenger;
+  uint64_t first_step = 0;  // both agree on the state after this step
+  uint64_t last_step = 0;   // they disagree on the state after this step (> first_step)
+  Hash256 agreed;           // state hash after first_step
+  Hash256 defender_claim;   // state hash after last_step, per the defender
+  Hash256 challenger_claim; // ... per the challenger (!= defender_claim)
+  uint32_t num_operators = 0;  // recorded operator outputs per step; 0: the referee runs steps
+  uint64_t response_blocks = 10;  // blocks each turn may take
+  uint64_t start_height = 0;
+};
+
+// What both parties must post now.
+struct DisputeQuery {
+  DisputeStage stage = DisputeStage::kDisputeSteps;
+  uint64_t position = 0;  // a step (phase 1) or an operator chain index C_position (phase 2)
+  uint64_t step = 0;      // phase 2: the step whose operators are bisected
+  uint64_t deadline_height = 0;
+};
+
+// The single transition the referee computes once the game has narrowed it.
+struct RefereeTask {
+  bool whole_step = true;       // true: one training step; false: one operator of `step`
+  uint64_t step = 0;            // from the state after step - 1 to the state after step
+  uint32_t operator_index = 0;  // 1-based operator index when !whole_step
+  // Input hash the referee must start from (a state hash for a whole step, C_{j-1} for an
+  // operator) and the two claimed outputs (a state hash, or C_j).
+  Hash256 input;
+  Hash256 defender_output;
+  Hash256 challenger_output;
+};
+
+struct DisputeOutcome {
+  bool defender_honest = false;
+  bool challenger_honest = false;
+  std::string reason;  // "referee: defender's output differs", "challenger missed its turn", ...
+};
+
+class DisputeGame {
+ public:
+  static Result<DisputeGame> Create(const DisputeConfig& config);
+
+  const DisputeConfig& config() const { return config_; }
+  DisputeStage stage() const { return stage_; }
+  // Valid in the steps and operators stages.
+  DisputeQuery query() const;
+  // Valid in the referee stage. For a whole step, `step` is the step the referee executes: from
+  // the agreed state after step-1 to the state after step.
+  const RefereeTask& referee_task() const { return referee_; }
+  // Valid once resolved.
+  const DisputeOutcome& outcome() const { return outcome_; }
+  // Turns played so far (both parties posted): at most ceil(log2(steps)) + 1 + ceil(log2(ops)).
+  uint32_t turns() const { return turns_; }
+
+  // A party's hash for the current query. Refused (nothing changes): a resolved or referee
+  // stage, a position that is not the query's, a post after the deadline, a second post by
+  // the same party this turn. The second post of a turn advances the game.
+  Status Post(DisputeParty party, uint64_t position, const Hash256& hash, uint64_t height);
+
+  // A new block. After a turn's deadline, a party that has not posted loses (both: both lose).
+  // Heights never decrease.
+  Status OnBlock(uint64_t height);
+
+  // The referee's computed output for referee_task(): the party whose output equals it is
+  // honest; if neither does, both lied.
+  Status Rule(const Hash256& correct_output);
+
+  Bytes Encode() const;
+  static Result<DisputeGame> Decode(ByteSpan bytes);
+
+ private:
+  explicit DisputeGame(const DisputeConfig& config);
+  void Advance();  // after both posts of a turn
+  void EnterReferee(bool whole_step, uint64_t step, uint32_t op, const Hash256& input,
+                    const Hash256& d_out, const Hash256& c_out);
+  void StartTurn(uint64_t height);
+
+  DisputeConfig config_;
+  DisputeStage stage_ = DisputeStage::kDisputeSteps;
+  // Bisection interval: agreed at lo (hash lo_hash), disputed at hi (claims d_hi, c_hi).
+  uint64_t lo_ = 0;
+  uint64_t hi_ = 0;
+  Hash256 lo_hash_;
+  Hash256 d_hi_;
+  Hash256 c_hi_;
+  // Phase 2 needs the step being bisected and its state claims (the whole-step fallback).
+  uint64_t step_ = 0;
+  Hash256 step_input_;
+  Hash256 step_d_out_;
+  Hash256 step_c_out_;
+  bool chain_end_known_ = false;  // phase 2: C_n claims posted
+  uint64_t position_ = 0;
+  uint64_t deadline_ = 0;
+  uint64_t last_post_height_ = 0;  // height of the post that completed the last turn
+  std::optional<Hash256> d_post_;
+  std::optional<Hash256> c_post_;
+  uint32_t turns_ = 0;
+  RefereeTask referee_;
+  DisputeOutcome outcome_;
+};
+
+}  // namespace meshlearn::protocol

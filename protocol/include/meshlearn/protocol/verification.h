@@ -1,0 +1,89 @@
+// Which work gets checked, and the secrets that keep solvers and verifiers honest (DESIGN.md,
+// "One task, end to end", steps 6 and 8). Pure functions of their inputs: the ledger evaluates
+// them when it builds a block and every follower gets the same answers.
+//
+// Randomness. Every draw here is keyed by a `beacon`: the hash of a block produced AFTER the
+// thing being checked was committed (the ledger passes the hash of the block that follows the
+// commit). A solver cannot know, when it commits, whether its unit will be checked or which of
+// its k-step segments will be replayed.
+//
+//   uint32_t p = VerificationProbabilityPermille(node_reputation, params);
+//   if (SelectedForVerification(beacon, unit, p)) {
+//     std::vector<uint32_t> segs = SegmentsToReplay(beacon, unit, num_segments, params);
+//   }
+//
+// Forced errors (Truebit): before its work a solver commits SecretCommitment(secret). Once the
+// assignment's beacon exists, IsForcedError(secret, beacon, unit, rate) says whether this unit
+// must carry a deliberately wrong result. Only the solver (who knows the secret) can evaluate it
+// before it reveals the secret, after the verdicts are in; verifiers who called a forced error
+// clean lose stake, those who caught it share the jackpot, and the solver is not punished.
+//
+// Verdicts are committed, then revealed (VerdictCommitment), so verifiers cannot copy each other.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/protocol/types.h"
+
+namespace meshlearn::protocol {
+
+struct VerificationParams {
+  // Adaptive sampling (BOINC-style): every unit of a node with fewer than `trusted_after`
+  // verified-clean units is checked; after that the probability is about 1 / clean_streak, never
+  // below `floor_permille`. A node with slashes is checked always.
+  uint64_t trusted_after = 10;
+  uint32_t floor_permille = 50;  // 5%
+  // Segments replayed per checked unit (capped by the unit's segment count).
+  uint32_t segments_per_check = 1;
+  // Forced errors per 10^6 units (Truebit's "jackpot" frequency). 0 disables them.
+  uint32_t forced_error_per_million = 5000;  // 0.5%
+};
+Status ValidateVerificationParams(const VerificationParams& params);
+
+// Probability (permille, 1..1000) that a unit of a node with reputation `rep` is verified:
+//   1000                          if rep.slashes > 0 or rep.verified_clean < trusted_after
+//   max(floor, ceil(1000 / streak)) otherwise (streak >= 1)
+uint32_t VerificationProbabilityPermille(const Reputation& rep, const VerificationParams& params);
+
+// Whether `unit` is checked: one uniform draw in [0, 1000) from (beacon, unit) is below
+// `probability_permille`.
+bool SelectedForVerification(const Hash256& beacon, const UnitId& unit,
+                             uint32_t probability_permille);
+
+// The segments (0 .. num_segments-1) of a checked unit to replay: min(segments_per_check,
+// num_segments) distinct indices drawn from (beacon, unit), sorted. Segment j replays from the
+// state hashed after step j*k to the one after step min((j+1)*k, H).
+std::vector<uint32_t> SegmentsToReplay(const Hash256& beacon, const UnitId& unit,
+                                       uint32_t num_segments, const VerificationParams& params);
+
+// Number of k-step segments of a unit of H steps (ceil(H / k); 1 when k == 0).
+uint32_t SegmentCount(uint64_t inner_steps, uint64_t checkpoint_interval);
+
+// ---- Forced errors.
+// What a solver publishes before it works (in its registration or per task).
+Hash256 SecretCommitment(const Hash256& secret);
+// Whether the solver must commit a wrong result for `unit`, given the beacon of its assignment.
+bool IsForcedError(const Hash256& secret, const Hash256& beacon, const UnitId& unit,
+                   uint32_t per_million);
+// The wrong result a forced error commits: a hash that cannot collide with an honest result.
+Hash256 ForcedErrorResult(const Hash256& secret, const UnitId& unit, const Hash256& honest);
+
+// ---- Commit-reveal verdicts.
+enum class Verdict : uint8_t {
+  kVerdictClean = 1,     // replayed hashes equal the committed ones
+  kVerdictMismatch = 2,  // a replayed hash differs: opens a dispute
+};
+std::string_view VerdictName(Verdict v);
+// Binds the verdict to the verifier, the unit and a random salt; revealed later with the salt.
+Hash256 VerdictCommitment(Verdict verdict, const Hash256& salt, const NodeId& verifier,
+                          const UnitId& unit);
+// OK iff (verdict, salt) opens `commitment` for this verifier and unit.
+Status CheckVerdictReveal(const Hash256& commitment, Verdict verdict, const Hash256& salt,
+                          const NodeId& verifier, const UnitId& unit);
+
+}  // namespace meshlearn::protocol

@@ -1,0 +1,318 @@
+#include "meshlearn/protocol/dispute.h"
+
+#include <utility>
+
+#include "meshlearn/base/encoding.h"
+
+namespace meshlearn::protocol {
+namespace {
+
+constexpr uint8_t kEncodingVersion = 1;
+constexpr uint32_t kMaxReasonLength = 256;
+
+void PutOptionalHash(Encoder& e, const std::optional<Hash256>& h) {
+  e.PutBool(h.has_value());
+  if (h) e.PutHash(*h);
+}
+
+Status GetOptionalHash(Decoder& d, std::optional<Hash256>* h, std::string_view field) {
+  bool present = false;
+  ML_RETURN_IF_ERROR(d.GetBool(&present, field));
+  h->reset();
+  if (present) {
+    Hash256 v;
+    ML_RETURN_IF_ERROR(d.GetHash(&v, field));
+    *h = v;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string_view DisputePartyName(DisputeParty p) {
+  return p == DisputeParty::kDefender ? "defender" : "challenger";
+}
+
+std::string_view DisputeStageName(DisputeStage s) {
+  switch (s) {
+    case DisputeStage::kDisputeSteps:
+      return "steps";
+    case DisputeStage::kDisputeOperators:
+      return "operators";
+    case DisputeStage::kDisputeReferee:
+      return "referee";
+    case DisputeStage::kDisputeResolved:
+      return "resolved";
+  }
+  return "unknown";
+}
+
+Hash256 OperatorChainHash(const Hash256& previous, const Hash256& operator_output) {
+  return Hasher("meshlearn.dispute.op").Update(previous).Update(operator_output).Finish();
+}
+
+Result<DisputeGame> DisputeGame::Create(const DisputeConfig& config) {
+  if (config.last_step <= config.first_step) {
+    return InvalidArgument("dispute: last_step " + std::to_string(config.last_step) +
+                           " must be after first_step " + std::to_string(config.first_step));
+  }
+  if (config.defender_claim == config.challenger_claim) {
+    return InvalidArgument("dispute: the two claims are equal; there is nothing to dispute");
+  }
+  if (config.response_blocks == 0) {
+    return InvalidArgument("dispute: response_blocks must be >= 1, got 0");
+  }
+  if (config.defender == config.challenger) {
+    return InvalidArgument("dispute: a node cannot challenge itself");
+  }
+  return DisputeGame(config);
+}
+
+DisputeGame::DisputeGame(const DisputeConfig& config)
+    : config_(config),
+      lo_(config.first_step),
+      hi_(config.last_step),
+      lo_hash_(config.agreed),
+      d_hi_(config.defender_claim),
+      c_hi_(config.challenger_claim) {
+  deadline_ = config.start_height;
+  if (hi_ - lo_ == 1) {
+    Advance();  // nothing to bisect: go straight to the step (phase 2 or the referee)
+  } else {
+    StartTurn(config.start_height);
+  }
+}
+
+void DisputeGame::StartTurn(uint64_t height) {
+  if (stage_ == DisputeStage::kDisputeSteps || chain_end_known_) {
+    position_ = lo_ + (hi_ - lo_) / 2;
+  } else {
+    position_ = config_.num_operators;  // phase 2 opens with the chain end C_n
+  }
+  deadline_ = height + config_.response_blocks;
+  d_post_.reset();
+  c_post_.reset();
+}
+
+DisputeQuery DisputeGame::query() const {
+  return DisputeQuery{stage_, position_,
+                      stage_ == DisputeStage::kDisputeOperators ? step_ : 0, deadline_};
+}
+
+void DisputeGame::EnterReferee(bool whole_step, uint64_t step, uint32_t op, const Hash256& input,
+                               const Hash256& d_out, const Hash256& c_out) {
+  stage_ = DisputeStage::kDisputeReferee;
+  referee_ = RefereeTask{whole_step, step, op, input, d_out, c_out};
+}
+
+// Called when a turn completes (both posted), and once from the constructor when the claimed
+// range is already a single step.
+void DisputeGame::Advance() {
+  uint64_t height = deadline_;  // turns advance at the latest at their deadline; see Post
+  if (d_post_ && c_post_) {
+    ++turns_;
+    const Hash256& d = *d_post_;
+    const Hash256& c = *c_post_;
+    if (stage_ == DisputeStage::kDisputeOperators && !chain_end_known_) {
+      chain_end_known_ = true;
+      if (d == c) {
+        // Same operator outputs, different states: the step's last part (the state update
+        // itself) is what differs; the referee runs the whole step.
+        EnterReferee(true, step_, 0, step_input_, step_d_out_, step_c_out_);
+        return;
+      }
+      lo_ = 0;
+      hi_ = config_.num_operators;
+      lo_hash_ = step_input_;  // C_0 = the agreed state hash
+      d_hi_ = d;
+      c_hi_ = c;
+    } else if (d == c) {
+      lo_ = position_;
+      lo_hash_ = d;
+    } else {
+      hi_ = position_;
+      d_hi_ = d;
+      c_hi_ = c;
+    }
+    height = last_post_height_;
+  }
+  if (hi_ - lo_ > 1) {
+    StartTurn(height);
+    return;
+  }
+  if (stage_ == DisputeStage::kDisputeSteps) {
+    step_ = hi_;
+    step_input_ = lo_hash_;
+    step_d_out_ = d_hi_;
+    step_c_out_ = c_hi_;
+    if (config_.num_operators == 0) {
+      EnterReferee(true, step_, 0, step_input_, step_d_out_, step_c_out_);
+      return;
+    }
+    stage_ = DisputeStage::kDisputeOperators;
+    chain_end_known_ = false;
+    StartTurn(height);
+    return;
+  }
+  // Phase 2 narrowed to one operator: C_lo agreed, C_hi disputed, hi = lo + 1.
+  EnterReferee(false, step_, static_cast<uint32_t>(hi_), lo_hash_, d_hi_, c_hi_);
+}
+
+Status DisputeGame::Post(DisputeParty party, uint64_t position, const Hash256& hash,
+                         uint64_t height) {
+  std::string who(DisputePartyName(party));
+  if (stage_ != DisputeStage::kDisputeSteps && stage_ != DisputeStage::kDisputeOperators) {
+    return FailedPrecondition("dispute: " + who + " posted in stage " +
+                              std::string(DisputeStageName(stage_)) + "; no move is expected");
+  }
+  if (position != position_) {
+    return InvalidArgument("dispute: " + who + " posted position " + std::to_string(position) +
+                           ", the game asks for " + std::to_string(position_));
+  }
+  if (height > deadline_) {
+    return DeadlineExceeded("dispute: " + who + " posted at height " + std::to_string(height) +
+                            ", after the turn's deadline " + std::to_string(deadline_));
+  }
+  std::optional<Hash256>& slot = party == DisputeParty::kDefender ? d_post_ : c_post_;
+  if (slot) return AlreadyExists("dispute: " + who + " already posted this turn");
+  slot = hash;
+  last_post_height_ = height;
+  if (d_post_ && c_post_) Advance();
+  return Status::Ok();
+}
+
+Status DisputeGame::OnBlock(uint64_t height) {
+  if (stage_ != DisputeStage::kDisputeSteps && stage_ != DisputeStage::kDisputeOperators) {
+    return Status::Ok();
+  }
+  if (height <= deadline_) return Status::Ok();
+  stage_ = DisputeStage::kDisputeResolved;
+  outcome_.defender_honest = d_post_.has_value();
+  outcome_.challenger_honest = c_post_.has_value();
+  if (!d_post_ && !c_post_) {
+    outcome_.reason = "both parties missed their turn";
+  } else {
+    outcome_.reason = std::string(DisputePartyName(d_post_ ? DisputeParty::kChallenger
+                                                           : DisputeParty::kDefender)) +
+                      " missed its turn";
+  }
+  return Status::Ok();
+}
+
+Status DisputeGame::Rule(const Hash256& correct_output) {
+  if (stage_ != DisputeStage::kDisputeReferee) {
+    return FailedPrecondition("dispute: the referee rules only in the referee stage, not in " +
+                              std::string(DisputeStageName(stage_)));
+  }
+  stage_ = DisputeStage::kDisputeResolved;
+  outcome_.defender_honest = referee_.defender_output == correct_output;
+  outcome_.challenger_honest = referee_.challenger_output == correct_output;
+  std::string what = referee_.whole_step
+                         ? "step " + std::to_string(referee_.step)
+                         : "operator " + std::to_string(referee_.operator_index) + " of step " +
+                               std::to_string(referee_.step);
+  if (outcome_.defender_honest) {
+    outcome_.reason = "referee recomputed " + what + ": the challenger's output is wrong";
+  } else if (outcome_.challenger_honest) {
+    outcome_.reason = "referee recomputed " + what + ": the defender's output is wrong";
+  } else {
+    outcome_.reason = "referee recomputed " + what + ": both outputs are wrong";
+  }
+  return Status::Ok();
+}
+
+Bytes DisputeGame::Encode() const {
+  Encoder e;
+  e.PutU8(kEncodingVersion);
+  e.PutHash(config_.unit.task).PutU32(config_.unit.round).PutU32(config_.unit.shard);
+  e.PutPublicKey(config_.defender).PutPublicKey(config_.challenger);
+  e.PutU64(config_.first_step).PutU64(config_.last_step);
+  e.PutHash(config_.agreed).PutHash(config_.defender_claim).PutHash(config_.challenger_claim);
+  e.PutU32(config_.num_operators).PutU64(config_.response_blocks).PutU64(config_.start_height);
+  e.PutU8(static_cast<uint8_t>(stage_));
+  e.PutU64(lo_).PutU64(hi_).PutHash(lo_hash_).PutHash(d_hi_).PutHash(c_hi_);
+  e.PutU64(step_).PutHash(step_input_).PutHash(step_d_out_).PutHash(step_c_out_);
+  e.PutBool(chain_end_known_).PutU64(position_).PutU64(deadline_).PutU64(last_post_height_);
+  PutOptionalHash(e, d_post_);
+  PutOptionalHash(e, c_post_);
+  e.PutU32(turns_);
+  e.PutBool(referee_.whole_step).PutU64(referee_.step).PutU32(referee_.operator_index);
+  e.PutHash(referee_.input).PutHash(referee_.defender_output).PutHash(referee_.challenger_output);
+  e.PutBool(outcome_.defender_honest).PutBool(outcome_.challenger_honest);
+  e.PutString(outcome_.reason);
+  return e.Take();
+}
+
+Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
+  Decoder d(bytes);
+  uint8_t version = 0;
+  ML_RETURN_IF_ERROR(d.GetU8(&version, "dispute.version"));
+  if (version != kEncodingVersion) {
+    return InvalidArgument("dispute: unknown encoding version " + std::to_string(version));
+  }
+  DisputeConfig c;
+  ML_RETURN_IF_ERROR(d.GetHash(&c.unit.task, "dispute.unit.task"));
+  ML_RETURN_IF_ERROR(d.GetU32(&c.unit.round, "dispute.unit.round"));
+  ML_RETURN_IF_ERROR(d.GetU32(&c.unit.shard, "dispute.unit.shard"));
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&c.defender, "dispute.defender"));
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&c.challenger, "dispute.challenger"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.first_step, "dispute.first_step"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.last_step, "dispute.last_step"));
+  ML_RETURN_IF_ERROR(d.GetHash(&c.agreed, "dispute.agreed"));
+  ML_RETURN_IF_ERROR(d.GetHash(&c.defender_claim, "dispute.defender_claim"));
+  ML_RETURN_IF_ERROR(d.GetHash(&c.challenger_claim, "dispute.challenger_claim"));
+  ML_RETURN_IF_ERROR(d.GetU32(&c.num_operators, "dispute.num_operators"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.response_blocks, "dispute.response_blocks"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.start_height, "dispute.start_height"));
+  ML_ASSIGN_OR_RETURN(DisputeGame g, Create(c));
+  uint8_t stage = 0;
+  ML_RETURN_IF_ERROR(d.GetU8(&stage, "dispute.stage"));
+  if (stage > static_cast<uint8_t>(DisputeStage::kDisputeResolved)) {
+    return InvalidArgument("dispute: unknown stage " + std::to_string(stage));
+  }
+  g.stage_ = static_cast<DisputeStage>(stage);
+  ML_RETURN_IF_ERROR(d.GetU64(&g.lo_, "dispute.lo"));
+  ML_RETURN_IF_ERROR(d.GetU64(&g.hi_, "dispute.hi"));
+  ML_RETURN_IF_ERROR(d.GetHash(&g.lo_hash_, "dispute.lo_hash"));
+  ML_RETURN_IF_ERROR(d.GetHash(&g.d_hi_, "dispute.defender_hi"));
+  ML_RETURN_IF_ERROR(d.GetHash(&g.c_hi_, "dispute.challenger_hi"));
+  ML_RETURN_IF_ERROR(d.GetU64(&g.step_, "dispute.step"));
+  ML_RETURN_IF_ERROR(d.GetHash(&g.step_input_, "dispute.step_input"));
+  ML_RETURN_IF_ERROR(d.GetHash(&g.step_d_out_, "dispute.step_defender_out"));
+  ML_RETURN_IF_ERROR(d.GetHash(&g.step_c_out_, "dispute.step_challenger_out"));
+  ML_RETURN_IF_ERROR(d.GetBool(&g.chain_end_known_, "dispute.chain_end_known"));
+  ML_RETURN_IF_ERROR(d.GetU64(&g.position_, "dispute.position"));
+  ML_RETURN_IF_ERROR(d.GetU64(&g.deadline_, "dispute.deadline"));
+  ML_RETURN_IF_ERROR(d.GetU64(&g.last_post_height_, "dispute.last_post_height"));
+  ML_RETURN_IF_ERROR(GetOptionalHash(d, &g.d_post_, "dispute.defender_post"));
+  ML_RETURN_IF_ERROR(GetOptionalHash(d, &g.c_post_, "dispute.challenger_post"));
+  ML_RETURN_IF_ERROR(d.GetU32(&g.turns_, "dispute.turns"));
+  ML_RETURN_IF_ERROR(d.GetBool(&g.referee_.whole_step, "dispute.referee.whole_step"));
+  ML_RETURN_IF_ERROR(d.GetU64(&g.referee_.step, "dispute.referee.step"));
+  ML_RETURN_IF_ERROR(d.GetU32(&g.referee_.operator_index, "dispute.referee.operator"));
+  ML_RETURN_IF_ERROR(d.GetHash(&g.referee_.input, "dispute.referee.input"));
+  ML_RETURN_IF_ERROR(d.GetHash(&g.referee_.defender_output, "dispute.referee.defender_output"));
+  ML_RETURN_IF_ERROR(
+      d.GetHash(&g.referee_.challenger_output, "dispute.referee.challenger_output"));
+  ML_RETURN_IF_ERROR(d.GetBool(&g.outcome_.defender_honest, "dispute.defender_honest"));
+  ML_RETURN_IF_ERROR(d.GetBool(&g.outcome_.challenger_honest, "dispute.challenger_honest"));
+  ML_RETURN_IF_ERROR(d.GetString(&g.outcome_.reason, "dispute.reason", kMaxReasonLength));
+  ML_RETURN_IF_ERROR(d.Finish());
+  // States the game cannot reach.
+  if (g.lo_ >= g.hi_ && g.stage_ != DisputeStage::kDisputeReferee &&
+      g.stage_ != DisputeStage::kDisputeResolved) {
+    return InvalidArgument("dispute: bisection interval is empty");
+  }
+  if (g.stage_ == DisputeStage::kDisputeSteps &&
+      (g.lo_ < c.first_step || g.hi_ > c.last_step || g.position_ <= g.lo_ ||
+       g.position_ >= g.hi_)) {
+    return InvalidArgument("dispute: step interval outside the disputed segment");
+  }
+  if (g.stage_ == DisputeStage::kDisputeOperators && g.chain_end_known_ &&
+      g.hi_ > c.num_operators) {
+    return InvalidArgument("dispute: operator interval outside the step's operators");
+  }
+  return g;
+}
+
+}  // namespace meshlearn::protocol

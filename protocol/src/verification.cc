@@ -1,0 +1,127 @@
+#include "meshlearn/protocol/verification.h"
+
+#include <algorithm>
+#include <string>
+
+#include "meshlearn/base/rng.h"
+#include "meshlearn/protocol/decompose.h"
+
+namespace meshlearn::protocol {
+namespace {
+
+uint64_t FirstU64(const Hash256& h) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | h.bytes[static_cast<size_t>(i)];
+  return v;  // little-endian: independent of the host's byte order
+}
+
+// An Rng keyed by (domain, beacon, unit): every purpose gets its own independent stream.
+Rng DrawRng(std::string_view domain, const Hash256& beacon, const UnitId& unit) {
+  return Rng(FirstU64(Hasher(domain).Update(beacon).Update(UnitKey(unit)).Finish()));
+}
+
+}  // namespace
+
+Status ValidateVerificationParams(const VerificationParams& params) {
+  if (params.floor_permille == 0 || params.floor_permille > 1000) {
+    return InvalidArgument("verification: floor_permille must be in [1, 1000], got " +
+                           std::to_string(params.floor_permille) +
+                           " (0 would let a trusted node go unchecked forever)");
+  }
+  if (params.segments_per_check == 0) {
+    return InvalidArgument("verification: segments_per_check must be >= 1, got 0");
+  }
+  if (params.forced_error_per_million > 1'000'000) {
+    return InvalidArgument("verification: forced_error_per_million must be <= 1000000, got " +
+                           std::to_string(params.forced_error_per_million));
+  }
+  return Status::Ok();
+}
+
+uint32_t VerificationProbabilityPermille(const Reputation& rep, const VerificationParams& params) {
+  if (rep.slashes > 0 || rep.verified_clean < params.trusted_after || rep.clean_streak == 0) {
+    return 1000;
+  }
+  uint64_t p = (1000 + rep.clean_streak - 1) / rep.clean_streak;  // ceil(1000 / streak)
+  return static_cast<uint32_t>(std::clamp<uint64_t>(p, params.floor_permille, 1000));
+}
+
+bool SelectedForVerification(const Hash256& beacon, const UnitId& unit,
+                             uint32_t probability_permille) {
+  if (probability_permille >= 1000) return true;
+  Rng rng = DrawRng("meshlearn.verify.select", beacon, unit);
+  return rng.Uniform(1000) < probability_permille;
+}
+
+uint32_t SegmentCount(uint64_t inner_steps, uint64_t checkpoint_interval) {
+  if (checkpoint_interval == 0 || inner_steps == 0) return 1;
+  return static_cast<uint32_t>((inner_steps + checkpoint_interval - 1) / checkpoint_interval);
+}
+
+std::vector<uint32_t> SegmentsToReplay(const Hash256& beacon, const UnitId& unit,
+                                       uint32_t num_segments, const VerificationParams& params) {
+  uint32_t want = std::min(params.segments_per_check, num_segments);
+  std::vector<uint32_t> pool(num_segments);
+  for (uint32_t i = 0; i < num_segments; ++i) pool[i] = i;
+  // Partial Fisher-Yates: the first `want` entries are a uniform sample without replacement.
+  Rng rng = DrawRng("meshlearn.verify.segments", beacon, unit);
+  for (uint32_t i = 0; i < want; ++i) {
+    uint32_t j = i + static_cast<uint32_t>(rng.Uniform(num_segments - i));
+    std::swap(pool[i], pool[j]);
+  }
+  pool.resize(want);
+  std::sort(pool.begin(), pool.end());
+  return pool;
+}
+
+Hash256 SecretCommitment(const Hash256& secret) {
+  return Hasher("meshlearn.forced.commit").Update(secret).Finish();
+}
+
+bool IsForcedError(const Hash256& secret, const Hash256& beacon, const UnitId& unit,
+                   uint32_t per_million) {
+  if (per_million == 0) return false;
+  Hash256 h = Hasher("meshlearn.forced.draw").Update(secret).Update(beacon).Update(UnitKey(unit))
+                  .Finish();
+  return Rng(FirstU64(h)).Uniform(1'000'000) < per_million;
+}
+
+Hash256 ForcedErrorResult(const Hash256& secret, const UnitId& unit, const Hash256& honest) {
+  return Hasher("meshlearn.forced.result").Update(secret).Update(UnitKey(unit)).Update(honest)
+      .Finish();
+}
+
+std::string_view VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kVerdictClean:
+      return "clean";
+    case Verdict::kVerdictMismatch:
+      return "mismatch";
+  }
+  return "unknown";
+}
+
+Hash256 VerdictCommitment(Verdict verdict, const Hash256& salt, const NodeId& verifier,
+                          const UnitId& unit) {
+  return Hasher("meshlearn.verdict")
+      .UpdateU64(static_cast<uint64_t>(verdict))
+      .Update(salt)
+      .Update(verifier.span())
+      .Update(UnitKey(unit))
+      .Finish();
+}
+
+Status CheckVerdictReveal(const Hash256& commitment, Verdict verdict, const Hash256& salt,
+                          const NodeId& verifier, const UnitId& unit) {
+  if (verdict != Verdict::kVerdictClean && verdict != Verdict::kVerdictMismatch) {
+    return InvalidArgument("verdict reveal: unknown verdict " +
+                           std::to_string(static_cast<int>(verdict)));
+  }
+  if (VerdictCommitment(verdict, salt, verifier, unit) != commitment) {
+    return PermissionDenied("verdict reveal: (verdict, salt) does not open the commitment of " +
+                            verifier.ShortHex() + " for unit " + unit.ToString());
+  }
+  return Status::Ok();
+}
+
+}  // namespace meshlearn::protocol

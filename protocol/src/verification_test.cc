@@ -1,0 +1,144 @@
+#include "meshlearn/protocol/verification.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+namespace meshlearn::protocol {
+namespace {
+
+UnitId Unit(uint32_t round, uint32_t shard) { return UnitId{Blake2b("task"), round, shard}; }
+
+Reputation Trusted(uint64_t streak) {
+  Reputation r;
+  r.verified_clean = 100;
+  r.completed = 100;
+  r.clean_streak = streak;
+  return r;
+}
+
+TEST(VerificationTest, ProbabilityIsOneForNewAndSlashedNodes) {
+  VerificationParams p;
+  EXPECT_EQ(VerificationProbabilityPermille(Reputation{}, p), 1000u);
+  Reputation almost = Trusted(50);
+  almost.verified_clean = p.trusted_after - 1;
+  EXPECT_EQ(VerificationProbabilityPermille(almost, p), 1000u);
+  Reputation slashed = Trusted(50);
+  slashed.slashes = 1;
+  EXPECT_EQ(VerificationProbabilityPermille(slashed, p), 1000u);
+  EXPECT_EQ(VerificationProbabilityPermille(Trusted(0), p), 1000u);
+}
+
+TEST(VerificationTest, ProbabilityFallsAsOneOverStreakToTheFloor) {
+  VerificationParams p;
+  p.floor_permille = 50;
+  EXPECT_EQ(VerificationProbabilityPermille(Trusted(1), p), 1000u);
+  EXPECT_EQ(VerificationProbabilityPermille(Trusted(4), p), 250u);
+  EXPECT_EQ(VerificationProbabilityPermille(Trusted(3), p), 334u);  // ceil(1000 / 3)
+  EXPECT_EQ(VerificationProbabilityPermille(Trusted(20), p), 50u);
+  EXPECT_EQ(VerificationProbabilityPermille(Trusted(1000000), p), 50u);  // never below the floor
+}
+
+TEST(VerificationTest, SelectionFrequencyMatchesTheProbability) {
+  Hash256 beacon = Blake2b("block 17");
+  for (uint32_t p : {50u, 250u, 700u}) {
+    int selected = 0;
+    const int n = 20000;
+    for (int i = 0; i < n; ++i) selected += SelectedForVerification(beacon, Unit(i / 100, i % 100), p);
+    double rate = static_cast<double>(selected) / n;
+    EXPECT_NEAR(rate, p / 1000.0, 0.02) << "p=" << p;
+  }
+  for (int i = 0; i < 100; ++i) EXPECT_TRUE(SelectedForVerification(beacon, Unit(0, i), 1000));
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(SelectedForVerification(beacon, Unit(0, i), 0));
+}
+
+TEST(VerificationTest, SelectionDependsOnTheBeaconAndIsDeterministic) {
+  int same = 0;
+  for (uint32_t i = 0; i < 1000; ++i) {
+    bool a = SelectedForVerification(Blake2b("beacon a"), Unit(1, i), 500);
+    EXPECT_EQ(a, SelectedForVerification(Blake2b("beacon a"), Unit(1, i), 500));
+    same += a == SelectedForVerification(Blake2b("beacon b"), Unit(1, i), 500);
+  }
+  // Independent draws agree about half the time; a selection that ignored the beacon would
+  // agree always.
+  EXPECT_GT(same, 400);
+  EXPECT_LT(same, 600);
+}
+
+TEST(VerificationTest, SegmentsAreDistinctSortedAndCoverEverySegment) {
+  EXPECT_EQ(SegmentCount(100, 10), 10u);
+  EXPECT_EQ(SegmentCount(101, 10), 11u);
+  EXPECT_EQ(SegmentCount(100, 0), 1u);
+  EXPECT_EQ(SegmentCount(5, 10), 1u);
+  VerificationParams p;
+  p.segments_per_check = 3;
+  std::set<uint32_t> seen;
+  for (uint32_t i = 0; i < 200; ++i) {
+    std::vector<uint32_t> s = SegmentsToReplay(Blake2b("b"), Unit(0, i), 10, p);
+    ASSERT_EQ(s.size(), 3u);
+    EXPECT_TRUE(std::is_sorted(s.begin(), s.end()));
+    EXPECT_EQ(std::set<uint32_t>(s.begin(), s.end()).size(), 3u);
+    for (uint32_t x : s) {
+      EXPECT_LT(x, 10u);
+      seen.insert(x);
+    }
+  }
+  EXPECT_EQ(seen.size(), 10u);
+  EXPECT_EQ(SegmentsToReplay(Blake2b("b"), Unit(0, 0), 2, p).size(), 2u);  // capped
+}
+
+TEST(VerificationTest, ForcedErrorsFollowTheRateAndNeedTheSecret) {
+  Hash256 secret = Blake2b("solver secret");
+  Hash256 beacon = Blake2b("assignment block");
+  int forced = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) forced += IsForcedError(secret, beacon, Unit(i / 1000, i % 1000), 10000);
+  EXPECT_NEAR(forced / static_cast<double>(n), 0.01, 0.002);
+  for (int i = 0; i < 1000; ++i) EXPECT_FALSE(IsForcedError(secret, beacon, Unit(0, i), 0));
+  // Another secret gives other units: knowing the beacon alone does not predict them.
+  int differ = 0;
+  for (int i = 0; i < 2000; ++i) {
+    differ += IsForcedError(secret, beacon, Unit(0, i), 500000) !=
+              IsForcedError(Blake2b("other secret"), beacon, Unit(0, i), 500000);
+  }
+  EXPECT_GT(differ, 800);
+  EXPECT_NE(SecretCommitment(secret), SecretCommitment(Blake2b("other secret")));
+  EXPECT_NE(SecretCommitment(secret), secret);
+  Hash256 honest = Blake2b("honest delta");
+  EXPECT_NE(ForcedErrorResult(secret, Unit(0, 1), honest), honest);
+  EXPECT_NE(ForcedErrorResult(secret, Unit(0, 1), honest), ForcedErrorResult(secret, Unit(0, 2), honest));
+}
+
+TEST(VerificationTest, VerdictRevealMustOpenTheCommitment) {
+  PublicKey v1;
+  v1.bytes.fill(1);
+  PublicKey v2;
+  v2.bytes.fill(2);
+  Hash256 salt = Blake2b("salt");
+  Hash256 c = VerdictCommitment(Verdict::kVerdictClean, salt, v1, Unit(0, 0));
+  EXPECT_TRUE(CheckVerdictReveal(c, Verdict::kVerdictClean, salt, v1, Unit(0, 0)).ok());
+  EXPECT_FALSE(CheckVerdictReveal(c, Verdict::kVerdictMismatch, salt, v1, Unit(0, 0)).ok());
+  EXPECT_FALSE(CheckVerdictReveal(c, Verdict::kVerdictClean, Blake2b("x"), v1, Unit(0, 0)).ok());
+  // Copying another verifier's commitment does not let the copier reveal it.
+  EXPECT_FALSE(CheckVerdictReveal(c, Verdict::kVerdictClean, salt, v2, Unit(0, 0)).ok());
+  EXPECT_FALSE(CheckVerdictReveal(c, Verdict::kVerdictClean, salt, v1, Unit(0, 1)).ok());
+  EXPECT_EQ(CheckVerdictReveal(c, static_cast<Verdict>(7), salt, v1, Unit(0, 0)).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(VerificationTest, ParamsAreValidated) {
+  EXPECT_TRUE(ValidateVerificationParams({}).ok());
+  VerificationParams p;
+  p.floor_permille = 0;
+  EXPECT_FALSE(ValidateVerificationParams(p).ok());
+  p = {};
+  p.segments_per_check = 0;
+  EXPECT_FALSE(ValidateVerificationParams(p).ok());
+  p = {};
+  p.forced_error_per_million = 1'000'001;
+  EXPECT_FALSE(ValidateVerificationParams(p).ok());
+}
+
+}  // namespace
+}  // namespace meshlearn::protocol
