@@ -9,6 +9,7 @@
 #include "meshlearn/ledger/chain.h"
 #include "meshlearn/ledger/sequencer.h"
 #include "meshlearn/ledger/shared_chain.h"
+#include "meshlearn/protocol/round_phase.h"
 
 namespace meshlearn::ledger {
 namespace {
@@ -423,6 +424,53 @@ json RpcService::Dispatch(const std::string& method, const json& params) {
     return j;
   }
 
+  if (method == "node_work") {
+    p.Only({"id"});
+    PublicKey node = p.Key("id");
+    json units = json::array(), aggregations = json::array();
+    uint64_t height = 0;
+    chain_->With([&](Chain& c) {
+      height = c.Height();
+      for (const TaskRecord& t : c.ListTasks(0, UINT64_MAX)) {
+        if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
+        auto m = protocol::RoundStateMachine::Decode(t.runtime);
+        if (!m.ok()) continue;
+        const uint32_t per_round = t.params.units_per_round;
+        const std::string start = m->round_weights().ToHex();
+        for (const protocol::Assignment& a : m->OpenAssignments()) {
+          if (a.node != node) continue;
+          units.push_back({{"task_id", t.id.ToHex()},
+                           {"index", a.unit.round * per_round + a.unit.shard},
+                           {"round", a.unit.round},
+                           {"shard", a.unit.shard},
+                           {"deadline_height", a.deadline_height},
+                           {"start_state", start},
+                           {"spec_hash", t.spec_hash.ToHex()}});
+        }
+        const auto& agg = m->aggregator();
+        if (agg && agg->node == node &&
+            m->phase() == protocol::RoundPhase::kRoundPhaseAggregating) {
+          json committed = json::array();
+          for (const protocol::CommittedUnit& u : m->CommittedUnits()) {
+            committed.push_back({{"index", u.unit.round * per_round + u.unit.shard},
+                                 {"shard", u.unit.shard},
+                                 {"node", u.node.ToHex()},
+                                 {"result_hash", u.result.ToHex()}});
+          }
+          aggregations.push_back({{"task_id", t.id.ToHex()},
+                                  {"round", agg->round},
+                                  {"deadline_height", agg->deadline_height},
+                                  {"start_state", start},
+                                  {"spec_hash", t.spec_hash.ToHex()},
+                                  {"units", std::move(committed)}});
+        }
+      }
+    });
+    return {{"height", height},
+            {"units", std::move(units)},
+            {"aggregations", std::move(aggregations)}};
+  }
+
   if (method == "list_nodes") {
     p.Only({"cursor", "limit"});
     Page page = GetPage(p, limits_);
@@ -494,7 +542,8 @@ json RpcService::Dispatch(const std::string& method, const json& params) {
   Fail(kRpcMethodNotFound,
        "unknown method '" + (method.size() > 64 ? method.substr(0, 64) + "..." : method) +
            "'; methods: chain_status, send_tx, get_tx, get_block, get_blocks, get_account, "
-           "get_node, get_task, list_nodes, list_tasks, account_history, wait_block, get_genesis",
+           "get_node, get_task, node_work, list_nodes, list_tasks, account_history, wait_block, "
+           "get_genesis",
        StatusCode::kNotFound);
 }
 

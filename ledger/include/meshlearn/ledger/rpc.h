@@ -18,7 +18,32 @@
 //   get_block         {height: N, raw?: bool}           -> the block (and its canonical hex)
 //   get_blocks        {from: N, limit?: N}              -> {blocks: [HEX...]} for followers
 //   get_account       {address: HEX}                    -> balance, nonce, stake, ...
-//   get_node          {id: HEX}    get_task {id: HEX}
+//   get_node          {id: HEX}
+//   get_task          {id: HEX, units?: bool}           -> the task (TaskToJson, state.h):
+//                     id, submitter, spec_hash, budget, escrow, spent, refunded, price_cap,
+//                     status, created_height, unit_count, memo, rounds_settled, and
+//                     "params" {rounds, units_per_round, inner_steps, batch_size,
+//                       checkpoint_interval, flops_per_sample, model_bytes, memory_bytes,
+//                       num_examples, seed, initial_state, verification_window_blocks},
+//                     "phase" (assigning | training | aggregating |
+//                       awaiting_verification_window | final), "round" (the round in
+//                       progress, == rounds once final), "weights_history" [state blob ids:
+//                       [r] = what round r trains from; the last is the newest final state],
+//                     "aggregator" {node, round, deadline_height} | null, "final_state"
+//                       (zero hex until finished), "round_results" [{round, state,
+//                       test_accuracy_ppm, test_loss_micros, aggregator, committed_height,
+//                       aggregator_price, aggregator_paid}];
+//                     with units=true also "units" [{task_id, index, round, shard, status,
+//                       assignee, deadline_height, result_hash, commitment, loss_micros, price,
+//                       paid}] (status: pending | assigned | committed | verified | failed |
+//                       cancelled; index = round * units_per_round + shard)
+//   node_work         {id: node key HEX}                -> what the node must do now:
+//                     {height, units: [{task_id, index, round, shard, deadline_height,
+//                       start_state, spec_hash}], aggregations: [{task_id, round,
+//                       deadline_height, start_state, spec_hash, units: [{index, shard, node,
+//                       result_hash}]}]}; start_state: blob id of the global state the round
+//                     trains from. Commit by deadline_height (inclusive) with CommitUnit /
+//                     CommitAggregate.
 //   list_nodes        {cursor?, limit?}   list_tasks {cursor?, limit?}
 //   account_history   {address: HEX, cursor?, limit?}   -> {items, next_cursor}
 //   wait_block        {after: N, timeout_ms?: N}        -> {height, timed_out}: long-poll, answers
