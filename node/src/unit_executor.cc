@@ -1,5 +1,7 @@
 #include "meshlearn/node/unit_executor.h"
 
+#include <algorithm>
+
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/protocol/aggregate.h"
@@ -25,6 +27,42 @@ Hash256 HashFloats(std::span<const float> v) {
 
 Result<UnitOutcome> UnitExecutor::Run(std::span<const float> global, const UnitWork& work,
                                       const StepCallback& on_step) {
+  return Run(global, work, UnitRunOptions{.on_step = on_step});
+}
+
+namespace {
+
+// Copies a checkpoint's parameters and optimizer state into the trainer's (fresh) unit state.
+Status ApplyResume(engine::TrainState& dst, engine::TrainState& src) {
+  if (!src.model || !src.optimizer) {
+    return InvalidArgument("unit resume: the checkpoint has no model or no optimizer state");
+  }
+  std::vector<engine::Param>& dp = dst.model->params();
+  std::vector<engine::Param>& sp = src.model->params();
+  if (dp.size() != sp.size()) return InvalidArgument("unit resume: parameter count differs");
+  for (size_t i = 0; i < dp.size(); ++i) {
+    if (dp[i].name != sp[i].name || dp[i].value.size() != sp[i].value.size()) {
+      return InvalidArgument("unit resume: parameter " + dp[i].name + " does not match");
+    }
+    std::copy(sp[i].value.data(), sp[i].value.data() + sp[i].value.size(), dp[i].value.data());
+  }
+  auto ds = dst.optimizer->State();
+  auto ss = src.optimizer->State();
+  if (ds.size() != ss.size()) return InvalidArgument("unit resume: optimizer state differs");
+  for (size_t i = 0; i < ds.size(); ++i) {
+    if (ds[i].name != ss[i].name || ds[i].tensor->size() != ss[i].tensor->size()) {
+      return InvalidArgument("unit resume: optimizer state " + ds[i].name + " does not match");
+    }
+    std::copy(ss[i].tensor->data(), ss[i].tensor->data() + ss[i].tensor->size(),
+              ds[i].tensor->data());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<UnitOutcome> UnitExecutor::Run(std::span<const float> global, const UnitWork& work,
+                                      const UnitRunOptions& options) {
   if (work.inner_steps <= 0) {
     return InvalidArgument("unit inner_steps must be > 0, got " + std::to_string(work.inner_steps));
   }
@@ -38,15 +76,48 @@ Result<UnitOutcome> UnitExecutor::Run(std::span<const float> global, const UnitW
   out.hashed_steps = HashedSteps(work.inner_steps, work.checkpoint_interval);
   size_t next_hash = 0;
   double loss_sum = 0;
-  for (int64_t s = 0; s <= work.inner_steps; ++s) {
-    if (next_hash < out.hashed_steps.size() && out.hashed_steps[next_hash] == s) {
+  int64_t first = 0;
+  if (options.resume != nullptr) {
+    UnitResume& r = *options.resume;
+    size_t pos = 0;
+    while (pos < out.hashed_steps.size() && out.hashed_steps[pos] != r.step) ++pos;
+    if (r.step <= 0 || r.step >= work.inner_steps || pos == out.hashed_steps.size() ||
+        r.state_hashes.size() != pos + 1 || r.state.step != r.step ||
+        r.state.stream != work.stream) {
+      return InvalidArgument("unit resume: checkpoint at step " + std::to_string(r.step) +
+                             " does not fit this unit (H=" + std::to_string(work.inner_steps) +
+                             ", k=" + std::to_string(work.checkpoint_interval) + ")");
+    }
+    ML_RETURN_IF_ERROR(ApplyResume(trainer_->state(), r.state));
+    trainer_->state().step = r.step;
+    if (engine::StateHash(trainer_->state()) != r.state_hashes.back()) {
+      return InvalidArgument("unit resume: the checkpoint's state hash differs from the one "
+                             "recorded at step " + std::to_string(r.step));
+    }
+    out.state_hashes = r.state_hashes;
+    next_hash = pos + 1;
+    loss_sum = r.loss_sum;
+    first = r.step;
+  }
+  for (int64_t s = first; s <= work.inner_steps; ++s) {
+    if (s > first && next_hash < out.hashed_steps.size() && out.hashed_steps[next_hash] == s) {
+      out.state_hashes.push_back(engine::StateHash(trainer_->state()));
+      ++next_hash;
+      if (options.on_checkpoint && s > 0 && s < work.inner_steps) {
+        ML_RETURN_IF_ERROR(options.on_checkpoint(s, trainer_->state(), out.state_hashes, loss_sum));
+      }
+    } else if (s == 0) {
       out.state_hashes.push_back(engine::StateHash(trainer_->state()));
       ++next_hash;
     }
     if (s == work.inner_steps) break;
+    if (options.should_stop && options.should_stop()) {
+      return Unavailable("unit stopped at step " + std::to_string(s) + " of " +
+                         std::to_string(work.inner_steps));
+    }
     float loss = trainer_->Step();
     loss_sum += loss;
-    if (on_step) on_step(s + 1, loss);
+    if (options.on_step) options.on_step(s + 1, loss);
   }
   out.commitment = MerkleRoot(out.state_hashes);
   std::vector<float> local = trainer_->FlatParams();

@@ -47,6 +47,32 @@ struct UnitOutcome {
 // Called after every inner step (progress bars, kill-and-resume tests).
 using StepCallback = std::function<void(int64_t step, float loss)>;
 
+// Called at every hashed step s with 0 < s < H (every k-th step), after its state hash was
+// recorded: `hashes` are the state hashes so far (the last one is step s's), `loss_sum` the sum
+// of the step losses so far (double, accumulated in step order). A node saves a checkpoint here;
+// an error stops the unit and is returned by Run.
+using CheckpointCallback = std::function<Status(int64_t step, engine::TrainState& state,
+                                                const std::vector<Hash256>& hashes,
+                                                double loss_sum)>;
+
+// Where a unit that was interrupted continues: what a CheckpointCallback saw at `step`.
+// Continuing gives bit for bit the outcome of an uninterrupted run.
+struct UnitResume {
+  int64_t step = 0;
+  std::vector<Hash256> state_hashes;
+  double loss_sum = 0;
+  engine::TrainState state;  // parameters and optimizer state at `step` (LoadCheckpoint)
+};
+
+struct UnitRunOptions {
+  StepCallback on_step;
+  CheckpointCallback on_checkpoint;
+  UnitResume* resume = nullptr;  // consumed (its tensors are copied into the trainer)
+  // Checked before every step; true stops the unit with Unavailable (a daemon shutting down;
+  // the last checkpoint is where it resumes).
+  std::function<bool()> should_stop;
+};
+
 class UnitExecutor {
  public:
   // `trainer` must outlive the executor; its data and model spec define the task.
@@ -55,6 +81,11 @@ class UnitExecutor {
   // REQUIRES: global.size() == number of model parameters; work.inner_steps > 0.
   Result<UnitOutcome> Run(std::span<const float> global, const UnitWork& work,
                           const StepCallback& on_step = nullptr);
+  // The same with checkpoint and resume hooks. A resume must come from a run of the same unit
+  // (same global weights, stream, lr_scale): its step must be a hashed step below H and its
+  // tensors must match the model; otherwise InvalidArgument.
+  Result<UnitOutcome> Run(std::span<const float> global, const UnitWork& work,
+                          const UnitRunOptions& options);
 
  private:
   engine::Trainer* trainer_;

@@ -1,0 +1,178 @@
+// NodeAgent: everything a node does, with its transport, clock, files, blob store and ledger
+// client injected, so the same code runs as the `meshlearn node run` daemon (HTTP, real clock,
+// real files) and by the dozen inside one test process (SimNetwork, FakeClock, MemEnv).
+//
+// Driving: call Tick() after every new block (the daemon follows blocks by long-poll; a
+// simulation calls it per node per block). One Tick:
+//   1. polls its transactions in flight (TxSender) and handles their outcomes;
+//   2. registers the node if the ledger does not know it (RegisterNode with the capabilities,
+//      endpoint, price and stake of AgentOptions) or updates it if its endpoint, capabilities or
+//      price changed; heartbeats every `heartbeat_every_blocks`;
+//   3. reads node_work and does at most ONE job: an aggregation it is assigned (first), or one
+//      assigned unit (earliest deadline first). TickReport::busy says more work is waiting, so
+//      the daemon ticks again at once instead of waiting for a block.
+//
+// A unit: fetch the task bundle + data (once per task) and the round's start state, train H
+// inner steps with UnitExecutor (stream = protocol::UnitSeed(task seed, UnitId{content id,
+// round, shard}), lr_scale = NetworkSpec::InnerLrScale(round): exactly RunLocalDiloco's), save
+// a checkpoint every k steps under <data_dir>/units/, store the delta blob (pinned), send
+// CommitUnit. Killed mid-unit, the next agent on the same data dir resumes from the last
+// checkpoint and produces the same bits. A unit whose memory need (TaskParams::memory_bytes or
+// protocol::RequiredMemoryBytes) exceeds capabilities.memory_bytes is refused, with the reason
+// in the log.
+//
+// An aggregation: fetch every committed delta blob (from its committer's endpoint first, then
+// from every registered node), decode it (a malformed delta blob is logged and left out, like a
+// NaN delta), protocol::Aggregate with the task's rule, protocol::OuterStep with the outer
+// momentum carried in the state blob, evaluate on the test set, store the new state blob
+// (pinned), send CommitAggregate with the test accuracy and loss.
+//
+// Serving: RegisterServices() puts net::BlobService (download) and BlobUploadService (upload,
+// blob_push.h) on a router, which the daemon serves over HTTP and a simulation on a SimNode.
+//
+//   NodeAgent agent({.env = env, .clock = clock, .transport = transport, .store = store.get(),
+//                    .chain = &chain, .key = node_key},
+//                   {.data_dir = dir, .endpoint = "127.0.0.1:7801", .capabilities = bench,
+//                    .price = 1, .stake = 1000});
+//   agent.RegisterServices(&router);
+//   while (running) { ML_ASSIGN_OR_RETURN(TickReport r, agent.Tick()); if (!r.busy) wait_block; }
+//
+// Thread-compatible: one thread calls Tick. The registered services are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "meshlearn/base/clock.h"
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/sign.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/state.h"
+#include "meshlearn/net/blob_service.h"
+#include "meshlearn/net/blob_store.h"
+#include "meshlearn/net/transport.h"
+#include "meshlearn/node/blob_push.h"
+#include "meshlearn/node/chain_client.h"
+#include "meshlearn/node/task_bundle.h"
+
+namespace meshlearn::node {
+
+struct AgentDeps {
+  Env* env = nullptr;
+  const Clock* clock = nullptr;       // measures step times (speed factor) and log times
+  net::Transport* transport = nullptr;
+  net::BlobStore* store = nullptr;
+  ChainClient* chain = nullptr;
+  KeyPair key = KeyPair::FromSeed(KeySeed{});  // the node's key: its id, owner and signer
+};
+
+struct AgentOptions {
+  std::string data_dir;  // progress, checkpoints, task data files, tx outbox
+  std::string endpoint;  // how peers reach this node's blob services
+  uint32_t roles = ledger::kRoleSolver | ledger::kRoleAggregator;
+  ledger::NodeCapabilities capabilities;  // from `node bench` (throughput x speed_factor is sent)
+  ledger::Amount price = 1;               // tokens per 10^9 training FLOPs
+  ledger::Amount stake = 0;               // bonded at registration
+  uint64_t heartbeat_every_blocks = 5;
+  // (0, 1]: a deliberately slow node, for tests and demos. It reports throughput x factor and
+  // after each inner step sleeps (1/factor - 1) x the step's time (through `sleep`).
+  double speed_factor = 1.0;
+  std::function<void(int64_t micros)> sleep;  // null: no sleeping (virtual time)
+  uint32_t max_units = 0;                     // stop taking units after this many; 0 = no limit
+  net::FetchOptions fetch;
+  UploadOptions upload;
+  // Log lines ("unit 3f2a9c01/7 r1 s2: step 20/50 loss 0.41"). Null: discarded.
+  std::function<void(const std::string&)> log;
+  // Checked before every inner step: true stops the unit (it resumes from its last checkpoint
+  // next time) and Tick returns Unavailable. The daemon sets it on SIGTERM.
+  std::function<bool()> should_stop;
+  // Test hook: called after each checkpoint of a unit; an error aborts the Tick as a crash
+  // would (nothing after the checkpoint is written).
+  std::function<Status(const Hash256& task, uint32_t index, int64_t step)> after_checkpoint;
+};
+
+struct TickReport {
+  uint64_t height = 0;
+  uint32_t units_run = 0;
+  uint32_t aggregations_run = 0;
+  bool busy = false;  // more work waits: tick again without waiting for a block
+};
+
+struct AgentStats {
+  uint64_t units_completed = 0;   // delta computed and CommitUnit sent
+  uint64_t units_resumed = 0;     // continued from a checkpoint
+  uint64_t units_refused = 0;     // did not fit in memory
+  uint64_t commits_ok = 0;        // CommitUnit receipts ok
+  uint64_t commits_failed = 0;
+  uint64_t aggregations = 0;      // CommitAggregate sent
+  uint64_t aggregations_ok = 0;
+  uint64_t bad_deltas = 0;        // malformed delta blobs left out of an aggregation
+  uint64_t tx_failed = 0;         // any transaction whose receipt failed or that was refused
+};
+
+class NodeAgent {
+ public:
+  NodeAgent(AgentDeps deps, AgentOptions options);
+  ~NodeAgent();
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  // Registers "blob.manifest", "blob.chunk", "blob.put_chunk", "blob.put_manifest".
+  void RegisterServices(net::Router* router);
+
+  Result<TickReport> Tick();
+
+  const PublicKey& id() const { return deps_.key.public_key(); }
+  const AgentStats& stats() const { return stats_; }
+  bool registered() const { return registered_; }
+  TxSender& tx_sender() { return *tx_; }
+
+ private:
+  struct TaskContext;
+  struct UnitKeyLess;
+
+  void Log(const std::string& line);
+  Status EnsureRegistered(uint64_t height);
+  Result<TaskContext*> GetTaskContext(const Hash256& task_id);
+  // The blob's bytes, fetched first from `preferred`, then from every active node.
+  Result<Bytes> FetchBlob(const Hash256& id, const std::vector<std::string>& preferred, bool pin);
+  Result<std::vector<std::string>> Providers(bool refresh);
+  Status RunUnit(const UnitAssignment& a);
+  Status RunAggregation(const AggregationAssignment& a);
+  void HandleOutcomes();
+  std::string UnitDir(const Hash256& task, uint32_t index) const;
+
+  AgentDeps deps_;
+  AgentOptions options_;
+  std::unique_ptr<TxSender> tx_;
+  std::unique_ptr<net::BlobService> blob_service_;
+  std::unique_ptr<BlobUploadService> upload_service_;
+  std::unique_ptr<net::Fetcher> fetcher_;
+  std::map<Hash256, std::unique_ptr<TaskContext>> tasks_;
+  AgentStats stats_;
+
+  bool registered_ = false;
+  bool left_ = false;
+  uint64_t last_heartbeat_sent_ = 0;
+  uint64_t height_ = 0;
+  uint64_t providers_height_ = UINT64_MAX;
+  std::vector<NodeInfo> nodes_;
+  // (task, unit index) -> tx id of the CommitUnit in flight / committed ok.
+  std::map<std::pair<Hash256, uint32_t>, Hash256> unit_commits_;
+  std::set<std::pair<Hash256, uint32_t>> units_done_ok_;
+  std::map<std::pair<Hash256, uint32_t>, Hash256> agg_commits_;  // (task, round)
+  std::set<std::pair<Hash256, uint32_t>> aggs_done_ok_;
+  std::map<Hash256, std::string> refused_logged_;
+  uint32_t units_taken_ = 0;
+  bool skipped_ = false;  // RunUnit did not run the unit (memory, max_units)
+  bool crashed_ = false;  // the after_checkpoint hook failed
+};
+
+}  // namespace meshlearn::node

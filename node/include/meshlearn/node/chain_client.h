@@ -1,0 +1,231 @@
+// The node's view of the ledger: a JSON-RPC caller with two implementations, typed helpers for
+// the calls a node makes, and a transaction sender.
+//
+//   HttpChainClient chain("http://127.0.0.1:7700");     // a daemon, the CLI
+//   InProcessChainClient chain(&rpc_service);            // whole-network simulations
+//   ML_ASSIGN_OR_RETURN(NodeWork w, GetNodeWork(chain, node_key.public_key()));
+//
+//   TxSender tx(&chain, node_key, {.env = env, .outbox_path = dir + "/outbox"});
+//   ML_RETURN_IF_ERROR(tx.Init());                      // chain id, next nonce, resend outbox
+//   ML_ASSIGN_OR_RETURN(Hash256 id, tx.Send(ledger::HeartbeatTx{...}));   // does not block
+//   ... later, once per block:  tx.Poll();  for (auto& o : tx.TakeOutcomes()) ...
+//   // CLI style, blocking:
+//   ML_ASSIGN_OR_RETURN(TxOutcome o, tx.SendAndWait(ledger::LeaveNodeTx{...}, 60000));
+//
+// Nonces: TxSender allocates them locally (next = the account's nonce at Init, then +1 per
+// send), so several transactions can be in flight in one block. Every transaction in flight is
+// kept, signed, in memory and (with an outbox path) on disk; Poll asks get_tx about each and
+// sends the very same bytes again when the ledger does not know it (e.g. the sequencer
+// restarted): the ledger executes one signed transaction at most once, so a resend never pays
+// or commits twice. After a restart Init reloads the outbox and resends it.
+//
+// Thread-safety: ChainClient implementations are thread-safe. TxSender is thread-compatible.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/base/clock.h"
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/sign.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/ledger/rpc_client.h"
+#include "meshlearn/ledger/tx.h"
+
+namespace meshlearn::ledger {
+class RpcService;
+}
+
+namespace meshlearn::node {
+
+class ChainClient {
+ public:
+  virtual ~ChainClient() = default;
+  // The `result` of one JSON-RPC call; a JSON-RPC error becomes a Status with the server's
+  // status code and message.
+  virtual Result<nlohmann::json> Call(const std::string& method, const nlohmann::json& params) = 0;
+  // "http://host:port" or "in-process", for messages.
+  virtual std::string Describe() const = 0;
+};
+
+class HttpChainClient final : public ChainClient {
+ public:
+  explicit HttpChainClient(std::string url, ledger::RpcClientOptions options = {})
+      : rpc_(std::move(url), options) {}
+  Result<nlohmann::json> Call(const std::string& method, const nlohmann::json& params) override {
+    return rpc_.Call(method, params);
+  }
+  std::string Describe() const override { return rpc_.url(); }
+  ledger::RpcClient& rpc() { return rpc_; }
+
+ private:
+  ledger::RpcClient rpc_;
+};
+
+// Calls RpcService::HandleRpc directly. `wait_block` blocks on the chain's height like over
+// HTTP, so a single-threaded simulation must not call it (it drives blocks itself).
+class InProcessChainClient final : public ChainClient {
+ public:
+  explicit InProcessChainClient(ledger::RpcService* service) : service_(service) {}
+  Result<nlohmann::json> Call(const std::string& method, const nlohmann::json& params) override;
+  std::string Describe() const override { return "in-process ledger"; }
+
+ private:
+  ledger::RpcService* service_;
+  std::atomic<int64_t> next_id_{1};
+};
+
+// Turns a JSON-RPC response object into its result or a Status (shared by both clients).
+Result<nlohmann::json> RpcResultOrStatus(const nlohmann::json& response);
+
+// ---- Typed reads -------------------------------------------------------------------------
+
+struct ChainStatusInfo {
+  std::string chain_id;
+  uint64_t height = 0;
+};
+Result<ChainStatusInfo> GetChainStatus(ChainClient& chain);
+
+// Long-poll: returns the height as soon as it is above `after`, or at the timeout (then the
+// returned height may equal `after`). HTTP only (see InProcessChainClient).
+Result<uint64_t> WaitForBlockAbove(ChainClient& chain, uint64_t after, int64_t timeout_ms);
+
+struct NodeInfo {
+  PublicKey id;
+  PublicKey owner;
+  std::string endpoint;
+  uint32_t roles = 0;
+  std::string status;  // "active" | "jailed" | "unbonding"
+  uint64_t stake = 0;
+  uint64_t price = 0;
+  uint64_t last_heartbeat_height = 0;
+};
+// nullopt when the ledger does not know the node.
+Result<std::optional<NodeInfo>> GetNode(ChainClient& chain, const PublicKey& id);
+// Every registered node (all pages).
+Result<std::vector<NodeInfo>> ListNodes(ChainClient& chain);
+// Endpoints of the active nodes, in registry order, without `self` ("" keeps all).
+std::vector<std::string> ActiveEndpoints(const std::vector<NodeInfo>& nodes,
+                                         const std::string& self = "");
+
+// node_work (rpc.h): everything a node has to do now.
+struct UnitAssignment {
+  Hash256 task_id;
+  uint32_t index = 0;
+  uint32_t round = 0;
+  uint32_t shard = 0;
+  uint64_t deadline_height = 0;
+  Hash256 start_state;  // blob id of the global state the round trains from
+};
+struct AggregationInput {
+  uint32_t index = 0;
+  uint32_t shard = 0;
+  PublicKey node;       // the committer (its endpoint serves the delta)
+  Hash256 result_hash;  // blob id of the delta blob
+};
+struct AggregationAssignment {
+  Hash256 task_id;
+  uint32_t round = 0;
+  uint64_t deadline_height = 0;
+  Hash256 start_state;
+  std::vector<AggregationInput> units;
+};
+struct NodeWork {
+  uint64_t height = 0;
+  std::vector<UnitAssignment> units;
+  std::vector<AggregationAssignment> aggregations;
+};
+Result<NodeWork> GetNodeWork(ChainClient& chain, const PublicKey& node);
+Result<NodeWork> ParseNodeWork(const nlohmann::json& j);
+
+// get_task: the raw JSON (fields in rpc.h) and the parts a node needs.
+struct TaskInfo {
+  Hash256 id;
+  Hash256 spec_hash;    // blob id of the task bundle
+  std::string status;   // "open" | "finished" | "cancelled"
+  Hash256 final_state;  // zero until finished
+  nlohmann::json raw;
+};
+Result<TaskInfo> GetTask(ChainClient& chain, const Hash256& id, bool units = false);
+
+// ---- Sending transactions ------------------------------------------------------------------
+
+struct TxOutcome {
+  Hash256 id;
+  std::string type;  // "CommitUnit", ...
+  bool included = false;  // false: the ledger refused or dropped it (see reason)
+  bool ok = false;        // included and executed successfully
+  uint64_t height = 0;
+  std::string reason;  // failure reason (receipt or refusal)
+};
+
+struct TxSenderOptions {
+  Env* env = nullptr;        // for the outbox; null = no outbox
+  std::string outbox_path;   // file holding the signed transactions in flight
+  size_t max_in_flight = 32;
+};
+
+class TxSender {
+ public:
+  // `chain` must outlive the sender. The signer is the sender of every transaction.
+  TxSender(ChainClient* chain, KeyPair signer, TxSenderOptions options = {});
+
+  // Fetches the chain id and the account's nonce, loads the outbox and resends it. Call before
+  // anything else; may be called again to retry after Unavailable.
+  Status Init();
+  bool initialized() const { return initialized_; }
+  const std::string& chain_id() const { return chain_id_; }
+  // The nonce the next Send will use.
+  uint64_t next_nonce() const { return next_nonce_; }
+  const PublicKey& sender() const { return signer_.public_key(); }
+
+  // Signs `payload` with the next nonce and submits it without waiting (send_tx). Returns the
+  // tx id. A ledger that cannot be reached leaves the tx in flight (Poll resends it); a refusal
+  // (bad nonce, mempool full, ...) is an error and the nonce is re-read from the ledger.
+  Result<Hash256> Send(ledger::TxPayload payload);
+  // Asks about every transaction in flight; included ones leave (their outcome is queued for
+  // TakeOutcomes), unknown ones are sent again.
+  Status Poll();
+  std::vector<TxOutcome> TakeOutcomes();
+
+  size_t in_flight() const { return in_flight_.size(); }
+  bool IsInFlight(const Hash256& id) const;
+  // Type names of the transactions in flight ("Heartbeat", ...), for "one at a time" policies.
+  bool HasInFlight(ledger::TxType type) const;
+
+  // Send, then Poll every `poll_ms` (sleeping with `sleep`) until it is included or
+  // `timeout_ms` passes (DeadlineExceeded; it stays in the outbox and is resent later).
+  Result<TxOutcome> SendAndWait(ledger::TxPayload payload, int64_t timeout_ms,
+                                const std::function<void(int64_t ms)>& sleep, int64_t poll_ms = 250);
+
+ private:
+  struct InFlight {
+    ledger::Transaction tx;
+    Bytes wire;
+    Hash256 id;
+  };
+  Status Submit(const InFlight& f);  // send_tx, wait_ms 0
+  Status SaveOutbox();
+  Status Resync();
+
+  ChainClient* chain_;
+  KeyPair signer_;
+  TxSenderOptions options_;
+  bool initialized_ = false;
+  std::string chain_id_;
+  uint64_t next_nonce_ = 0;
+  bool resync_ = false;
+  std::map<uint64_t, InFlight> in_flight_;  // by nonce
+  std::vector<TxOutcome> outcomes_;
+};
+
+}  // namespace meshlearn::node

@@ -1,0 +1,109 @@
+// The task bundle: what a submitter publishes so that any node can rebuild a network task.
+//
+// A bundle is the task file's TOML text with every data file path replaced by "blob:<hex id>"
+// (the blob id of that file, net/blob.h), stored itself as a blob; its blob id is the task's
+// spec_hash on the ledger (SubmitTaskTx::spec_hash). A node fetches the bundle, then each data
+// blob, writes them as files under its data dir, and builds the engine TaskSpec with those paths.
+//
+//   // Submitter (`meshlearn task submit`, devnet):
+//   ML_ASSIGN_OR_RETURN(TaskBundle b, MakeBundle(env, "examples/fashion-mlp.toml", &store));
+//   // b.id = the bundle blob (spec_hash); b.files[i].id = the data blobs; all stored + pinned
+//   // in `store`: push b.id and every b.files[i].id (and the initial state) with PushBlob.
+//
+//   // Node:
+//   ML_ASSIGN_OR_RETURN(LoadedBundle t, LoadBundle(bundle_text, [&](const net::BlobId& id,
+//                                                  const std::string& key) -> Result<std::string> {
+//     ... fetch `id`, write it to a file, return the file's path ...
+//   }));
+//   ML_ASSIGN_OR_RETURN(auto trainer, engine::Trainer::Create(env, t.task));
+//
+// Data keys per [data] format: idx: train_images train_labels test_images test_labels;
+// npy: train_x train_y test_x test_y; text: path; tokens: train val. Each must be written as
+// `key = "path"` on its own line inside the [data] table (the rewrite is textual so the rest of
+// the file, comments included, stays as the submitter wrote it; the result is re-parsed and
+// checked, so an unusual layout is refused with an error, never silently kept).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/net/blob.h"
+#include "meshlearn/net/blob_store.h"
+#include "meshlearn/node/network_task.h"
+
+namespace meshlearn::node {
+
+inline constexpr size_t kMaxBundleBytes = 1 << 20;  // a task file is small text
+inline constexpr char kBlobPathPrefix[] = "blob:";
+
+struct BundleDataFile {
+  std::string key;   // "train_images"
+  std::string path;  // the submitter's local file
+  net::BlobId id;
+  uint64_t size = 0;
+};
+
+struct TaskBundle {
+  std::string text;  // the bundle (rewritten TOML)
+  net::BlobId id;    // blob id of `text`: the task's spec_hash
+  std::vector<BundleDataFile> files;
+};
+
+// The [data] keys that name files for a data format ("idx" -> the four above).
+std::vector<std::string> DataFileKeys(std::string_view format);
+
+// Reads the task file, checks it (engine TaskSpec and [network]), stores every data file and the
+// bundle text in `store` (pinned) and returns the bundle.
+Result<TaskBundle> MakeBundle(Env* env, const std::string& task_path, net::BlobStore* store);
+
+// Replaces the values of `replacements` (key -> new string value) inside the [data] table of
+// `toml`. Errors if a key is not found there. Pure (tests use it directly).
+Result<std::string> RewriteDataPaths(std::string_view toml,
+                                     const std::vector<std::pair<std::string, std::string>>& replacements);
+
+// Returns the local path of data blob `id` (named `key` in [data]), fetching it if needed.
+using BundleResolver =
+    std::function<Result<std::string>(const net::BlobId& id, const std::string& key)>;
+
+struct LoadedBundle {
+  engine::TaskSpec task;  // data paths = the resolver's local files
+  NetworkSpec net;
+  std::vector<std::pair<std::string, net::BlobId>> data_blobs;  // key -> id
+};
+
+// The data blobs a bundle needs, without resolving them.
+Result<std::vector<std::pair<std::string, net::BlobId>>> BundleDataBlobs(std::string_view text);
+// Parses and validates a bundle (refuses a data path that is not "blob:<64 hex>", anything over
+// kMaxBundleBytes, a missing or bad [network] table) and resolves its data blobs.
+Result<LoadedBundle> LoadBundle(std::string_view text, const BundleResolver& resolver);
+
+// Facts about a network task that the ledger's TaskParams carry, computed from a trainer built
+// from the task (so its initial parameters are round 0's weights).
+struct TaskFacts {
+  uint64_t num_params = 0;
+  uint64_t model_bytes = 0;        // 4 x num_params
+  uint64_t flops_per_sample = 0;   // EstimateFlopsPerSample
+  uint64_t num_examples = 0;       // training examples (token windows: tokens)
+  uint32_t batch_size = 0;
+  uint64_t seed = 0;
+  // The id the unit streams are derived from: MakeTaskView(trainer, net).id, a hash of the
+  // task's name, seed and model (local_diloco.cc). Units use UnitId{content_id, round, shard},
+  // never the ledger's task id, so a network run and RunLocalDiloco train on the same streams.
+  Hash256 content_id;
+};
+TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& net);
+
+// Training FLOPs of one sample, forward + backward (3 x the forward multiply-adds x 2): linear
+// and conv2d layers counted exactly from their shapes, GPT as 6 x parameters x seq_len plus
+// attention. The standard benchmark (`node bench`) uses the same count, so the scheduler's time
+// estimates are consistent.
+uint64_t EstimateFlopsPerSample(const engine::TaskSpec& task, uint64_t num_params);
+
+}  // namespace meshlearn::node

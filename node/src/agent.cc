@@ -1,0 +1,536 @@
+#include "meshlearn/node/agent.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/unit_executor.h"
+#include "meshlearn/protocol/aggregate.h"
+#include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/scheduler.h"
+
+namespace meshlearn::node {
+
+using nlohmann::json;
+
+struct NodeAgent::TaskContext {
+  Hash256 id;
+  TaskInfo info;
+  LoadedBundle bundle;
+  std::unique_ptr<engine::Trainer> trainer;
+  TaskFacts facts;
+  uint64_t memory_need = 0;
+};
+
+namespace {
+
+std::string TaskShort(const Hash256& t) { return t.ShortHex(); }
+
+uint64_t DoubleBits(double d) { return std::bit_cast<uint64_t>(d); }
+double BitsDouble(uint64_t b) { return std::bit_cast<double>(b); }
+
+Result<json> ReadJson(Env* env, const std::string& path) {
+  ML_ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return DataLoss(path + " is not a JSON object");
+  return j;
+}
+
+}  // namespace
+
+NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
+    : deps_(std::move(deps)), options_(std::move(options)) {
+  tx_ = std::make_unique<TxSender>(
+      deps_.chain, deps_.key,
+      TxSenderOptions{.env = deps_.env, .outbox_path = JoinPath(options_.data_dir, "outbox")});
+  blob_service_ = std::make_unique<net::BlobService>(deps_.store);
+  upload_service_ = std::make_unique<BlobUploadService>(deps_.store, options_.upload);
+  fetcher_ = std::make_unique<net::Fetcher>(deps_.transport, deps_.store, options_.fetch);
+  if (options_.speed_factor <= 0 || options_.speed_factor > 1) options_.speed_factor = 1;
+}
+
+NodeAgent::~NodeAgent() = default;
+
+void NodeAgent::RegisterServices(net::Router* router) {
+  blob_service_->Register(router);
+  upload_service_->Register(router);
+}
+
+void NodeAgent::Log(const std::string& line) {
+  if (options_.log) options_.log(line);
+}
+
+std::string NodeAgent::UnitDir(const Hash256& task, uint32_t index) const {
+  return JoinPath(JoinPath(options_.data_dir, "units"), task.ToHex() + "-" + std::to_string(index));
+}
+
+Result<std::vector<std::string>> NodeAgent::Providers(bool refresh) {
+  if (refresh || providers_height_ != height_) {
+    ML_ASSIGN_OR_RETURN(nodes_, ListNodes(*deps_.chain));
+    providers_height_ = height_;
+  }
+  return ActiveEndpoints(nodes_, options_.endpoint);
+}
+
+Result<Bytes> NodeAgent::FetchBlob(const Hash256& id, const std::vector<std::string>& preferred,
+                                   bool pin) {
+  net::BlobId bid{id};
+  if (!deps_.store->HasBlob(bid)) {
+    std::vector<std::string> providers = preferred;
+    ML_ASSIGN_OR_RETURN(std::vector<std::string> all, Providers(false));
+    for (const std::string& p : all) {
+      if (std::find(providers.begin(), providers.end(), p) == providers.end()) providers.push_back(p);
+    }
+    providers.erase(std::remove(providers.begin(), providers.end(), options_.endpoint),
+                    providers.end());
+    if (providers.empty()) {
+      return Unavailable("blob " + id.ShortHex() + " is not here and no other node is registered");
+    }
+    Result<net::FetchStats> st = fetcher_->Fetch(bid, providers);
+    if (!st.ok()) return st.status().WithPrefix("fetch blob " + id.ShortHex());
+  }
+  if (pin && !deps_.store->IsPinned(bid)) ML_RETURN_IF_ERROR(deps_.store->Pin(bid));
+  deps_.store->Hold(bid);
+  Result<Bytes> out = deps_.store->Get(bid);
+  deps_.store->Release(bid);
+  return out;
+}
+
+Result<NodeAgent::TaskContext*> NodeAgent::GetTaskContext(const Hash256& task_id) {
+  auto it = tasks_.find(task_id);
+  if (it != tasks_.end()) return it->second.get();
+  auto ctx = std::make_unique<TaskContext>();
+  ctx->id = task_id;
+  ML_ASSIGN_OR_RETURN(ctx->info, GetTask(*deps_.chain, task_id));
+  ML_ASSIGN_OR_RETURN(Bytes bundle_bytes, FetchBlob(ctx->info.spec_hash, {}, /*pin=*/true));
+  std::string text(AsStringView(bundle_bytes));
+  const std::string data_dir =
+      JoinPath(JoinPath(JoinPath(options_.data_dir, "tasks"), task_id.ToHex()), "data");
+  ML_RETURN_IF_ERROR(deps_.env->CreateDirs(data_dir));
+  auto resolver = [&](const net::BlobId& id, const std::string& key) -> Result<std::string> {
+    std::string path = JoinPath(data_dir, id.ToHex());
+    if (deps_.env->FileExists(path)) return path;
+    ML_ASSIGN_OR_RETURN(Bytes data, FetchBlob(id.hash, {}, /*pin=*/true));
+    Log("task " + TaskShort(task_id) + ": fetched data." + key + " (" +
+        std::to_string(data.size()) + " bytes)");
+    ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(path, AsStringView(data)));
+    return path;
+  };
+  ML_ASSIGN_OR_RETURN(ctx->bundle, LoadBundle(text, resolver));
+  ML_ASSIGN_OR_RETURN(ctx->trainer, engine::Trainer::Create(deps_.env, ctx->bundle.task));
+  ctx->facts = ComputeTaskFacts(*ctx->trainer, ctx->bundle.net);
+  protocol::TaskSpecView view;
+  view.model_bytes = ctx->facts.model_bytes;
+  if (ctx->info.raw.contains("params") && ctx->info.raw["params"].is_object()) {
+    view.memory_required_bytes = ctx->info.raw["params"].value("memory_bytes", uint64_t{0});
+  }
+  ctx->memory_need = protocol::RequiredMemoryBytes(view);
+  Log("task " + TaskShort(task_id) + ": loaded (" + std::to_string(ctx->facts.num_params) +
+      " parameters, " + std::to_string(ctx->bundle.net.rounds) + " rounds x " +
+      std::to_string(ctx->bundle.net.units_per_round) + " units)");
+  TaskContext* raw = ctx.get();
+  tasks_[task_id] = std::move(ctx);
+  return raw;
+}
+
+Status NodeAgent::EnsureRegistered(uint64_t height) {
+  if (left_) return Status::Ok();
+  ledger::NodeCapabilities caps = options_.capabilities;
+  caps.throughput = static_cast<uint64_t>(static_cast<double>(caps.throughput) * options_.speed_factor);
+  if (!registered_) {
+    if (tx_->HasInFlight(ledger::TxType::kRegisterNode) || tx_->HasInFlight(ledger::TxType::kUpdateNode)) {
+      return Status::Ok();
+    }
+    ML_ASSIGN_OR_RETURN(std::optional<NodeInfo> me, GetNode(*deps_.chain, id()));
+    if (!me) {
+      Log("registering node " + id().ShortHex() + " at " + options_.endpoint + " (stake " +
+          std::to_string(options_.stake) + ", price " + std::to_string(options_.price) + ")");
+      ML_RETURN_IF_ERROR(tx_->Send(ledger::RegisterNodeTx{.node_id = id(),
+                                                         .endpoint = options_.endpoint,
+                                                         .roles = options_.roles,
+                                                         .capabilities = caps,
+                                                         .price = options_.price,
+                                                         .stake = options_.stake})
+                             .status());
+      return Status::Ok();
+    }
+    if (me->status == "unbonding") {
+      Log("node " + id().ShortHex() + " has left the network (unbonding); not taking work");
+      left_ = true;
+      return Status::Ok();
+    }
+    Result<json> raw = deps_.chain->Call("get_node", {{"id", id().ToHex()}});
+    bool same = raw.ok() && me->endpoint == options_.endpoint && me->price == options_.price &&
+                me->roles == options_.roles;
+    if (same && raw->contains("capabilities")) {
+      const json& c = (*raw)["capabilities"];
+      same = c.value("throughput", uint64_t{0}) == caps.throughput &&
+             c.value("memory_bytes", uint64_t{0}) == caps.memory_bytes &&
+             c.value("latency_ms", 0u) == caps.latency_ms &&
+             c.value("bandwidth_bytes_per_s", uint64_t{0}) == caps.bandwidth_bytes_per_s &&
+             c.value("cores", 0u) == caps.cores;
+    }
+    if (!same && me->status == "active") {
+      Log("updating node " + id().ShortHex() + ": endpoint " + options_.endpoint);
+      ML_RETURN_IF_ERROR(tx_->Send(ledger::UpdateNodeTx{.node_id = id(),
+                                                       .endpoint = options_.endpoint,
+                                                       .roles = options_.roles,
+                                                       .capabilities = caps,
+                                                       .price = options_.price})
+                             .status());
+    }
+    registered_ = true;
+    last_heartbeat_sent_ = std::max(last_heartbeat_sent_, me->last_heartbeat_height);
+  }
+  if (options_.heartbeat_every_blocks > 0 &&
+      height >= last_heartbeat_sent_ + options_.heartbeat_every_blocks &&
+      !tx_->HasInFlight(ledger::TxType::kHeartbeat)) {
+    ML_RETURN_IF_ERROR(tx_->Send(ledger::HeartbeatTx{.node_id = id()}).status());
+    last_heartbeat_sent_ = height;
+  }
+  return Status::Ok();
+}
+
+void NodeAgent::HandleOutcomes() {
+  for (const TxOutcome& o : tx_->TakeOutcomes()) {
+    if (!o.ok) {
+      ++stats_.tx_failed;
+      Log(o.type + " " + o.id.ShortHex() + (o.included ? " failed: " : " refused: ") + o.reason);
+    }
+    if (o.type == "RegisterNode" && o.ok) registered_ = false;  // re-read the record next tick
+    if (o.type == "RegisterNode" && !o.ok) registered_ = false;
+    for (auto it = unit_commits_.begin(); it != unit_commits_.end(); ++it) {
+      if (it->second != o.id) continue;
+      if (o.ok) {
+        ++stats_.commits_ok;
+        units_done_ok_.insert(it->first);
+      } else {
+        ++stats_.commits_failed;
+      }
+      unit_commits_.erase(it);
+      break;
+    }
+    for (auto it = agg_commits_.begin(); it != agg_commits_.end(); ++it) {
+      if (it->second != o.id) continue;
+      if (o.ok) {
+        ++stats_.aggregations_ok;
+        aggs_done_ok_.insert(it->first);
+      }
+      agg_commits_.erase(it);
+      break;
+    }
+  }
+}
+
+Result<TickReport> NodeAgent::Tick() {
+  TickReport report;
+  if (!tx_->initialized()) ML_RETURN_IF_ERROR(tx_->Init());
+  Status polled = tx_->Poll();
+  if (!polled.ok()) Log("polling transactions: " + polled.message());
+  HandleOutcomes();
+
+  ML_ASSIGN_OR_RETURN(NodeWork work, GetNodeWork(*deps_.chain, id()));
+  height_ = work.height;
+  report.height = work.height;
+  ML_RETURN_IF_ERROR(EnsureRegistered(work.height));
+  if (left_ || !registered_) return report;
+
+  // Aggregations first: a round waits for them.
+  std::vector<const AggregationAssignment*> aggs;
+  for (const AggregationAssignment& a : work.aggregations) {
+    auto key = std::make_pair(a.task_id, a.round);
+    if (aggs_done_ok_.count(key) || agg_commits_.count(key)) continue;
+    aggs.push_back(&a);
+  }
+  std::vector<const UnitAssignment*> units;
+  for (const UnitAssignment& u : work.units) {
+    auto key = std::make_pair(u.task_id, u.index);
+    if (units_done_ok_.count(key) || unit_commits_.count(key)) continue;
+    units.push_back(&u);
+  }
+  std::sort(units.begin(), units.end(), [](const UnitAssignment* a, const UnitAssignment* b) {
+    return std::tie(a->deadline_height, a->task_id, a->index) <
+           std::tie(b->deadline_height, b->task_id, b->index);
+  });
+
+  if (!aggs.empty()) {
+    Status s = RunAggregation(*aggs.front());
+    if (!s.ok()) {
+      Log("aggregation of task " + TaskShort(aggs.front()->task_id) + " round " +
+          std::to_string(aggs.front()->round) + " failed: " + s.message());
+    } else {
+      ++report.aggregations_run;
+    }
+    report.busy = aggs.size() > 1 || !units.empty();
+    return report;
+  }
+  for (const UnitAssignment* u : units) {
+    skipped_ = false;
+    Status s = RunUnit(*u);
+    if (crashed_) return s;  // the crash hook: stop as a killed process would
+    if (skipped_) continue;  // refused (memory) or over max_units: nothing ran, try the next
+    if (!s.ok()) {
+      Log("unit " + TaskShort(u->task_id) + "/" + std::to_string(u->index) + " failed: " +
+          s.message());
+    } else {
+      ++report.units_run;
+    }
+    report.busy = units.size() > 1;
+    break;
+  }
+  return report;
+}
+
+Status NodeAgent::RunUnit(const UnitAssignment& a) {
+  const auto key = std::make_pair(a.task_id, a.index);
+  const std::string dir = UnitDir(a.task_id, a.index);
+  const std::string done_path = JoinPath(dir, "done.json");
+  const std::string name = "unit " + TaskShort(a.task_id) + "/" + std::to_string(a.index) + " r" +
+                           std::to_string(a.round) + " s" + std::to_string(a.shard);
+
+  // Finished before (a crash after the delta was stored, or a failed commit): commit again.
+  if (deps_.env->FileExists(done_path)) {
+    ML_ASSIGN_OR_RETURN(json d, ReadJson(deps_.env, done_path));
+    if (d.value("start_state", std::string()) == a.start_state.ToHex()) {
+      ML_ASSIGN_OR_RETURN(Hash256 result, Hash256::FromHex(d.value("result", std::string())));
+      ML_ASSIGN_OR_RETURN(Hash256 commitment, Hash256::FromHex(d.value("commitment", std::string())));
+      ML_ASSIGN_OR_RETURN(Hash256 txid,
+                          tx_->Send(ledger::CommitUnitTx{.task_id = a.task_id,
+                                                         .index = a.index,
+                                                         .node_id = id(),
+                                                         .result_hash = result,
+                                                         .commitment = commitment,
+                                                         .loss_micros = d.value("loss_micros", uint64_t{0})}));
+      unit_commits_[key] = txid;
+      Log(name + ": committing the stored result again");
+      return Status::Ok();
+    }
+  }
+
+  if (options_.max_units > 0 && units_taken_ >= options_.max_units) {
+    skipped_ = true;
+    return Status::Ok();
+  }
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, GetTaskContext(a.task_id));
+  if (ctx->memory_need > options_.capabilities.memory_bytes) {
+    ++stats_.units_refused;
+    std::string why = name + ": refused: needs " + std::to_string(ctx->memory_need) +
+                      " bytes of memory, this node has " +
+                      std::to_string(options_.capabilities.memory_bytes);
+    if (refused_logged_[a.task_id] != why) Log(why);
+    refused_logged_[a.task_id] = why;
+    skipped_ = true;
+    return Status::Ok();
+  }
+  const NetworkSpec& net = ctx->bundle.net;
+  if (a.round >= net.rounds || a.shard >= net.units_per_round) {
+    return InvalidArgument(name + ": round/shard outside the task's " + std::to_string(net.rounds) +
+                           " x " + std::to_string(net.units_per_round));
+  }
+  ML_ASSIGN_OR_RETURN(Bytes state_bytes, FetchBlob(a.start_state, {}, /*pin=*/true));
+  ML_ASSIGN_OR_RETURN(GlobalState start, DecodeGlobalState(state_bytes, ctx->facts.num_params));
+
+  protocol::UnitId uid{ctx->facts.content_id, a.round, a.shard};
+  UnitWork work{.stream = protocol::UnitSeed(ctx->facts.seed, uid),
+                .inner_steps = net.inner_steps,
+                .checkpoint_interval = net.checkpoint_interval,
+                .lr_scale = net.InnerLrScale(a.round)};
+
+  ML_RETURN_IF_ERROR(deps_.env->CreateDirs(dir));
+  const std::string progress_path = JoinPath(dir, "progress.json");
+  std::optional<UnitResume> resume;
+  if (deps_.env->FileExists(progress_path)) {
+    Result<json> p = ReadJson(deps_.env, progress_path);
+    if (p.ok() && p->value("start_state", std::string()) == a.start_state.ToHex() &&
+        p->value("stream", uint64_t{0}) == work.stream) {
+      UnitResume r;
+      r.step = p->value("step", int64_t{0});
+      r.loss_sum = BitsDouble(p->value("loss_sum_bits", uint64_t{0}));
+      bool good = true;
+      for (const json& h : p->value("hashes", json::array())) {
+        Result<Hash256> hh = Hash256::FromHex(h.get<std::string>());
+        if (!hh.ok()) good = false;
+        else r.state_hashes.push_back(*hh);
+      }
+      Result<engine::TrainState> st =
+          engine::LoadCheckpoint(deps_.env, JoinPath(dir, p->value("checkpoint", std::string())));
+      if (good && st.ok()) {
+        r.state = std::move(*st);
+        resume = std::move(r);
+      } else {
+        Log(name + ": ignoring an unreadable checkpoint; starting over");
+      }
+    }
+  }
+
+  ++units_taken_;
+  Log(name + (resume ? ": resuming at step " + std::to_string(resume->step) : ": training") +
+      " (" + std::to_string(net.inner_steps) + " steps)");
+  const double factor = options_.speed_factor;
+  int64_t step_start = deps_.clock ? deps_.clock->MonotonicMicros() : 0;
+  UnitRunOptions run;
+  run.resume = resume ? &*resume : nullptr;
+  run.on_step = [&](int64_t step, float loss) {
+    if (factor < 1.0 && options_.sleep && deps_.clock) {
+      int64_t took = deps_.clock->MonotonicMicros() - step_start;
+      options_.sleep(static_cast<int64_t>(static_cast<double>(took) * (1.0 / factor - 1.0)));
+    }
+    if (deps_.clock) step_start = deps_.clock->MonotonicMicros();
+    if (step == net.inner_steps || (net.checkpoint_interval > 0 && step % net.checkpoint_interval == 0)) {
+      Log(name + ": step " + std::to_string(step) + "/" + std::to_string(net.inner_steps) +
+          " loss " + std::to_string(loss));
+    }
+  };
+  run.on_checkpoint = [&](int64_t step, engine::TrainState& state, const std::vector<Hash256>& hashes,
+                          double loss_sum) -> Status {
+    const std::string ckpt = "ckpt-" + std::to_string(step) + ".safetensors";
+    ML_RETURN_IF_ERROR(engine::SaveCheckpoint(deps_.env, JoinPath(dir, ckpt), state));
+    json p = {{"start_state", a.start_state.ToHex()}, {"stream", work.stream}, {"step", step},
+              {"loss_sum_bits", DoubleBits(loss_sum)}, {"checkpoint", ckpt},
+              {"hashes", json::array()}};
+    for (const Hash256& h : hashes) p["hashes"].push_back(h.ToHex());
+    ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(progress_path, p.dump()));
+    // Older checkpoints are no longer needed.
+    Result<std::vector<std::string>> names = deps_.env->ListDir(dir);
+    if (names.ok()) {
+      for (const std::string& n : *names) {
+        if (n.starts_with("ckpt-") && n != ckpt) (void)deps_.env->DeleteFile(JoinPath(dir, n));
+      }
+    }
+    if (options_.after_checkpoint) {
+      Status hook = options_.after_checkpoint(a.task_id, a.index, step);
+      if (!hook.ok()) {
+        crashed_ = true;
+        return hook;
+      }
+    }
+    return Status::Ok();
+  };
+  run.should_stop = options_.should_stop;
+  UnitExecutor executor(ctx->trainer.get());
+  Result<UnitOutcome> ran = executor.Run(start.weights, work, run);
+  if (!ran.ok()) {
+    if (options_.should_stop && options_.should_stop()) crashed_ = true;  // stop Tick now
+    return ran.status();
+  }
+  UnitOutcome out = std::move(*ran);
+  if (resume) ++stats_.units_resumed;
+
+  Bytes delta = EncodeDelta(out.delta);
+  ML_ASSIGN_OR_RETURN(net::BlobId delta_id, deps_.store->Put(delta));
+  ML_RETURN_IF_ERROR(deps_.store->Pin(delta_id));
+  const uint64_t loss_micros =
+      std::isfinite(out.mean_loss) && out.mean_loss > 0
+          ? static_cast<uint64_t>(std::llround(static_cast<double>(out.mean_loss) * 1e6))
+          : 0;
+  json d = {{"start_state", a.start_state.ToHex()}, {"result", delta_id.ToHex()},
+            {"commitment", out.commitment.ToHex()}, {"loss_micros", loss_micros},
+            {"round", a.round}, {"shard", a.shard}};
+  ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(done_path, d.dump()));
+  ML_ASSIGN_OR_RETURN(Hash256 txid, tx_->Send(ledger::CommitUnitTx{.task_id = a.task_id,
+                                                                  .index = a.index,
+                                                                  .node_id = id(),
+                                                                  .result_hash = delta_id.hash,
+                                                                  .commitment = out.commitment,
+                                                                  .loss_micros = loss_micros}));
+  unit_commits_[key] = txid;
+  ++stats_.units_completed;
+  Log(name + ": done, loss " + std::to_string(out.mean_loss) + ", delta " + delta_id.ShortHex() +
+      " committed");
+  return Status::Ok();
+}
+
+Status NodeAgent::RunAggregation(const AggregationAssignment& a) {
+  const auto key = std::make_pair(a.task_id, a.round);
+  const std::string name = "aggregate " + TaskShort(a.task_id) + " r" + std::to_string(a.round);
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, GetTaskContext(a.task_id));
+  const NetworkSpec& net = ctx->bundle.net;
+  const uint64_t n = ctx->facts.num_params;
+  const std::string done_path = JoinPath(JoinPath(options_.data_dir, "aggregates"),
+                                         a.task_id.ToHex() + "-" + std::to_string(a.round) + ".json");
+  Hash256 state_id;
+  uint32_t acc_ppm = 0;
+  uint64_t loss_micros = 0;
+  bool have = false;
+  if (deps_.env->FileExists(done_path)) {
+    ML_ASSIGN_OR_RETURN(json d, ReadJson(deps_.env, done_path));
+    if (d.value("start_state", std::string()) == a.start_state.ToHex()) {
+      ML_ASSIGN_OR_RETURN(state_id, Hash256::FromHex(d.value("state", std::string())));
+      acc_ppm = d.value("accuracy_ppm", 0u);
+      loss_micros = d.value("loss_micros", uint64_t{0});
+      have = deps_.store->HasBlob(net::BlobId{state_id});
+    }
+  }
+  if (!have) {
+    ML_ASSIGN_OR_RETURN(Bytes state_bytes, FetchBlob(a.start_state, {}, /*pin=*/true));
+    ML_ASSIGN_OR_RETURN(GlobalState state, DecodeGlobalState(state_bytes, n));
+    ML_ASSIGN_OR_RETURN(std::vector<std::string> all, Providers(true));
+    (void)all;
+    std::map<PublicKey, std::string> endpoint_of;
+    for (const NodeInfo& ni : nodes_) endpoint_of[ni.id] = ni.endpoint;
+
+    std::vector<std::vector<float>> deltas;
+    std::vector<protocol::UnitId> ids;
+    deltas.reserve(a.units.size());
+    for (const AggregationInput& in : a.units) {
+      std::vector<std::string> preferred;
+      if (endpoint_of.count(in.node)) preferred.push_back(endpoint_of[in.node]);
+      ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(in.result_hash, preferred, /*pin=*/false));
+      Result<std::vector<float>> d = DecodeDelta(blob, n);
+      if (!d.ok()) {
+        ++stats_.bad_deltas;
+        Log(name + ": leaving out unit " + std::to_string(in.index) + " of node " +
+            in.node.ShortHex() + ": " + d.status().message());
+        continue;
+      }
+      deltas.push_back(std::move(*d));
+      ids.push_back(protocol::UnitId{ctx->facts.content_id, a.round, in.shard});
+    }
+    std::vector<protocol::Contribution> contributions;
+    const uint64_t samples =
+        static_cast<uint64_t>(net.inner_steps) * ctx->trainer->samples_per_step();
+    for (size_t i = 0; i < deltas.size(); ++i) {
+      contributions.push_back({.unit = ids[i], .samples = samples, .delta = deltas[i]});
+    }
+    ML_ASSIGN_OR_RETURN(protocol::AggregateResult agg,
+                        protocol::Aggregate(contributions, net.aggregation));
+    if (!agg.rejected.empty()) {
+      Log(name + ": the rule rejected " + std::to_string(agg.rejected.size()) +
+          " contributions with NaN/Inf");
+    }
+    protocol::OuterStep(state.weights, state.momentum, agg.delta, net.outer);
+    ML_RETURN_IF_ERROR(ctx->trainer->SetFlatParams(state.weights));
+    engine::EvalResult eval = ctx->trainer->Evaluate();
+    acc_ppm = eval.accuracy >= 0 ? static_cast<uint32_t>(std::llround(eval.accuracy * 1e6)) : 0;
+    loss_micros = std::isfinite(eval.loss) && eval.loss > 0
+                      ? static_cast<uint64_t>(std::llround(eval.loss * 1e6))
+                      : 0;
+    ML_ASSIGN_OR_RETURN(net::BlobId sid, deps_.store->Put(EncodeGlobalState(state)));
+    ML_RETURN_IF_ERROR(deps_.store->Pin(sid));
+    state_id = sid.hash;
+    ML_RETURN_IF_ERROR(deps_.env->CreateDirs(JoinPath(options_.data_dir, "aggregates")));
+    json d = {{"start_state", a.start_state.ToHex()}, {"state", state_id.ToHex()},
+              {"accuracy_ppm", acc_ppm}, {"loss_micros", loss_micros}};
+    ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(done_path, d.dump()));
+    Log(name + ": " + std::to_string(contributions.size()) + " deltas, test accuracy " +
+        std::to_string(eval.accuracy) + " loss " + std::to_string(eval.loss) + ", state " +
+        state_id.ShortHex());
+  }
+  ML_ASSIGN_OR_RETURN(Hash256 txid, tx_->Send(ledger::CommitAggregateTx{.task_id = a.task_id,
+                                                                       .round = a.round,
+                                                                       .node_id = id(),
+                                                                       .state_hash = state_id,
+                                                                       .test_accuracy_ppm = acc_ppm,
+                                                                       .test_loss_micros = loss_micros}));
+  agg_commits_[key] = txid;
+  ++stats_.aggregations;
+  return Status::Ok();
+}
+
+}  // namespace meshlearn::node

@@ -1,0 +1,225 @@
+#include "meshlearn/node/task_bundle.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "meshlearn/base/config.h"
+#include "meshlearn/node/local_diloco.h"
+
+namespace meshlearn::node {
+namespace {
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+// The data path of `key` in a parsed DataSpec.
+std::string* DataField(engine::DataSpec& d, const std::string& key) {
+  if (d.format == "idx") {
+    if (key == "train_images") return &d.train_x;
+    if (key == "train_labels") return &d.train_y;
+    if (key == "test_images") return &d.test_x;
+    if (key == "test_labels") return &d.test_y;
+  } else if (d.format == "npy") {
+    if (key == "train_x") return &d.train_x;
+    if (key == "train_y") return &d.train_y;
+    if (key == "test_x") return &d.test_x;
+    if (key == "test_y") return &d.test_y;
+  } else if (d.format == "text") {
+    if (key == "path") return &d.text_path;
+  } else if (d.format == "tokens") {
+    if (key == "train") return &d.train_tokens;
+    if (key == "val") return &d.val_tokens;
+  }
+  return nullptr;
+}
+
+Result<engine::TaskSpec> ParseBundleSpec(std::string_view text) {
+  if (text.size() > kMaxBundleBytes) {
+    return InvalidArgument("task bundle is " + std::to_string(text.size()) +
+                           " bytes, over the limit " + std::to_string(kMaxBundleBytes));
+  }
+  // base_dir "": "blob:<hex>" paths are kept as they are.
+  return engine::TaskSpec::Parse(text, "task bundle", "");
+}
+
+}  // namespace
+
+std::vector<std::string> DataFileKeys(std::string_view format) {
+  if (format == "idx") return {"train_images", "train_labels", "test_images", "test_labels"};
+  if (format == "npy") return {"train_x", "train_y", "test_x", "test_y"};
+  if (format == "text") return {"path"};
+  if (format == "tokens") return {"train", "val"};
+  return {};
+}
+
+Result<std::string> RewriteDataPaths(
+    std::string_view toml, const std::vector<std::pair<std::string, std::string>>& replacements) {
+  std::vector<bool> done(replacements.size(), false);
+  std::string out;
+  out.reserve(toml.size() + 64 * replacements.size());
+  std::string table;
+  size_t pos = 0;
+  while (pos < toml.size()) {
+    size_t nl = toml.find('\n', pos);
+    size_t end = nl == std::string_view::npos ? toml.size() : nl;
+    std::string_view line = toml.substr(pos, end - pos);
+    std::string_view t = Trim(line);
+    std::string replaced;
+    if (!t.empty() && t.front() == '[') {
+      size_t close = t.find(']');
+      table = close == std::string_view::npos ? "" : std::string(Trim(t.substr(1, close - 1)));
+      if (!table.empty() && table.front() == '[') table.clear();  // [[array]]
+    } else if (table == "data") {
+      size_t eq = t.find('=');
+      if (eq != std::string_view::npos) {
+        std::string key(Trim(t.substr(0, eq)));
+        for (size_t i = 0; i < replacements.size(); ++i) {
+          if (replacements[i].first == key) {
+            if (done[i]) return InvalidArgument("data." + key + " appears twice");
+            replaced = key + " = \"" + replacements[i].second + "\"";
+            done[i] = true;
+          }
+        }
+      }
+    }
+    out += replaced.empty() ? std::string(line) : replaced;
+    if (nl != std::string_view::npos) out += '\n';
+    pos = end + 1;
+  }
+  for (size_t i = 0; i < replacements.size(); ++i) {
+    if (!done[i]) {
+      return InvalidArgument("could not find data." + replacements[i].first +
+                             " as a line `" + replacements[i].first +
+                             " = \"...\"` inside the [data] table; write it that way");
+    }
+  }
+  return out;
+}
+
+Result<TaskBundle> MakeBundle(Env* env, const std::string& task_path, net::BlobStore* store) {
+  ML_ASSIGN_OR_RETURN(std::string text, env->ReadFile(task_path));
+  ML_ASSIGN_OR_RETURN(engine::TaskSpec spec, engine::TaskSpec::Load(env, task_path));
+  ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Parse(text, task_path));
+  ML_RETURN_IF_ERROR(NetworkSpec::FromConfig(cfg).status());
+
+  TaskBundle bundle;
+  std::vector<std::pair<std::string, std::string>> repl;
+  for (const std::string& key : DataFileKeys(spec.data.format)) {
+    std::string* path = DataField(spec.data, key);
+    if (path == nullptr || path->empty()) {
+      return InvalidArgument(task_path + ": data." + key + " is empty");
+    }
+    Result<std::string> data = env->ReadFile(*path);
+    if (!data.ok()) {
+      return data.status().WithPrefix(task_path + ": data." + key + " (" + *path + ")");
+    }
+    ML_ASSIGN_OR_RETURN(net::BlobId id, store->Put(AsBytes(*data)));
+    ML_RETURN_IF_ERROR(store->Pin(id));
+    bundle.files.push_back({key, *path, id, data->size()});
+    repl.emplace_back(key, std::string(kBlobPathPrefix) + id.ToHex());
+  }
+  ML_ASSIGN_OR_RETURN(bundle.text, RewriteDataPaths(text, repl));
+  // The rewrite must give a bundle that parses to exactly those blobs.
+  ML_ASSIGN_OR_RETURN(auto blobs, BundleDataBlobs(bundle.text));
+  if (blobs.size() != bundle.files.size()) {
+    return Internal("bundle rewrite lost a data file");
+  }
+  for (size_t i = 0; i < blobs.size(); ++i) {
+    if (blobs[i].second != bundle.files[i].id) {
+      return InvalidArgument(task_path + ": data." + blobs[i].first +
+                             " could not be rewritten (is it written twice?)");
+    }
+  }
+  ML_ASSIGN_OR_RETURN(bundle.id, store->Put(AsBytes(bundle.text)));
+  ML_RETURN_IF_ERROR(store->Pin(bundle.id));
+  return bundle;
+}
+
+Result<std::vector<std::pair<std::string, net::BlobId>>> BundleDataBlobs(std::string_view text) {
+  ML_ASSIGN_OR_RETURN(engine::TaskSpec spec, ParseBundleSpec(text));
+  std::vector<std::pair<std::string, net::BlobId>> out;
+  for (const std::string& key : DataFileKeys(spec.data.format)) {
+    std::string* path = DataField(spec.data, key);
+    std::string_view v = path ? std::string_view(*path) : std::string_view();
+    if (!v.starts_with(kBlobPathPrefix)) {
+      return InvalidArgument("task bundle: data." + key + " is \"" + std::string(v.substr(0, 80)) +
+                             "\", expected \"blob:<64 hex digits>\" (bundles name data by blob id)");
+    }
+    Result<net::BlobId> id = net::BlobId::FromHex(v.substr(std::strlen(kBlobPathPrefix)));
+    if (!id.ok()) return id.status().WithPrefix("task bundle: data." + key);
+    out.emplace_back(key, *id);
+  }
+  return out;
+}
+
+Result<LoadedBundle> LoadBundle(std::string_view text, const BundleResolver& resolver) {
+  ML_ASSIGN_OR_RETURN(engine::TaskSpec spec, ParseBundleSpec(text));
+  ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Parse(text, "task bundle"));
+  LoadedBundle out;
+  ML_ASSIGN_OR_RETURN(out.net, NetworkSpec::FromConfig(cfg));
+  ML_ASSIGN_OR_RETURN(out.data_blobs, BundleDataBlobs(text));
+  for (const auto& [key, id] : out.data_blobs) {
+    ML_ASSIGN_OR_RETURN(std::string local, resolver(id, key));
+    *DataField(spec.data, key) = local;
+  }
+  out.task = std::move(spec);
+  return out;
+}
+
+uint64_t EstimateFlopsPerSample(const engine::TaskSpec& task, uint64_t num_params) {
+  const engine::ModelSpec& m = task.model;
+  if (m.kind == "gpt") {
+    const uint64_t t = static_cast<uint64_t>(task.seq_len > 0 ? task.seq_len : m.gpt.block_size);
+    return 6 * num_params * t +
+           12 * static_cast<uint64_t>(m.gpt.n_layer) * t * t * static_cast<uint64_t>(m.gpt.n_embd);
+  }
+  // Sequential: follow the shape. Multiply-adds of the forward pass x 2 (FLOPs) x 3 (backward
+  // costs about twice the forward).
+  std::vector<int64_t> shape(m.input.begin(), m.input.end());
+  auto numel = [&] {
+    uint64_t n = 1;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    return n;
+  };
+  uint64_t macs = 0;
+  for (const engine::LayerSpec& l : m.layers) {
+    if (l.kind == "linear") {
+      uint64_t in = shape.empty() ? 0 : static_cast<uint64_t>(shape.back());
+      uint64_t rows = in == 0 ? 0 : numel() / in;
+      macs += rows * in * static_cast<uint64_t>(l.out);
+      shape.back() = l.out;
+    } else if (l.kind == "conv2d" && shape.size() == 3) {
+      int64_t stride = l.stride > 0 ? l.stride : 1;
+      int64_t h = (shape[1] + 2 * l.pad - l.kernel) / stride + 1;
+      int64_t w = (shape[2] + 2 * l.pad - l.kernel) / stride + 1;
+      macs += static_cast<uint64_t>(shape[0] * l.kernel * l.kernel) *
+              static_cast<uint64_t>(l.out * std::max<int64_t>(h, 0) * std::max<int64_t>(w, 0));
+      shape = {l.out, h, w};
+    } else if (l.kind == "maxpool2d" && shape.size() == 3) {
+      int64_t stride = l.stride > 0 ? l.stride : l.kernel;
+      shape = {shape[0], (shape[1] - l.kernel) / stride + 1, (shape[2] - l.kernel) / stride + 1};
+    } else if (l.kind == "flatten") {
+      shape = {static_cast<int64_t>(numel())};
+    }
+  }
+  uint64_t flops = 6 * macs;
+  return std::max<uint64_t>(flops, 6 * num_params);
+}
+
+TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& net) {
+  TaskFacts f;
+  protocol::TaskSpecView view = MakeTaskView(trainer, net);
+  f.num_params = trainer.FlatParams().size();
+  f.model_bytes = 4 * f.num_params;
+  f.flops_per_sample = EstimateFlopsPerSample(trainer.task(), f.num_params);
+  f.num_examples = view.num_examples;
+  f.batch_size = view.batch_size;
+  f.seed = view.seed;
+  f.content_id = view.id;
+  return f;
+}
+
+}  // namespace meshlearn::node
