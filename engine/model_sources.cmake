@@ -9,6 +9,7 @@ set(ENGINE_MODEL_SOURCES
   ${CMAKE_CURRENT_SOURCE_DIR}/src/safetensors.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/checkpoint.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/train.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/op_trace.cc
 )
 set(ENGINE_MODEL_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/init_test.cc
@@ -17,6 +18,7 @@ set(ENGINE_MODEL_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/data_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/safetensors_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/train_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/op_trace_test.cc
 )
 
 # Tests that take more than ~20 s in a release build get the label "slow" (ctest -L slow / -LE

@@ -288,6 +288,11 @@ float Trainer::Step() {
   float loss = m.Forward(b, opts);
   m.Backward();
   last_grad_norm_ = state_.optimizer->Step(m.params(), step);
+  if (OpTrace* trace = m.op_trace()) {  // the update is the step's last operator
+    for (const Param& p : m.params()) {
+      trace->Record(p.name, {p.value.data(), static_cast<size_t>(p.value.size())});
+    }
+  }
   state_.step = step + 1;
   return loss;
 }
@@ -325,6 +330,11 @@ Status Trainer::StartUnit(uint64_t stream, std::span<const float> params, double
   state_.stream = stream;
   state_.step = 0;
   OptimizerSpec inner = task_.optimizer;
+  // A unit restarts its optimizer at step 0, so a warm-up or a cosine over [train].steps would
+  // replay the same ramp in every unit: a unit's inner rate is constant (lr x lr_scale), and the
+  // network task decays it across rounds instead (network.inner_lr_final).
+  inner.schedule = "constant";
+  inner.warmup_steps = 0;
   inner.lr *= lr_scale;
   inner.min_lr *= lr_scale;
   state_.optimizer = std::make_unique<Optimizer>(inner, state_.model->params());

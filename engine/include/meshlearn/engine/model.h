@@ -34,6 +34,7 @@
 
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/tensor.h"
 
 namespace meshlearn::engine {
@@ -119,9 +120,27 @@ class Model {
   // A Batch of `n` samples with this model's input shape (zeros), for tests and tools.
   Batch EmptyBatch(int64_t n, int64_t seq_len = 0) const;
 
+  // Per-operator output hashes (op_trace.h): while set, Forward and Backward record every
+  // operator's output in a fixed order. Not owned; nullptr (the default) records nothing.
+  void set_op_trace(OpTrace* trace) { trace_ = trace; }
+  OpTrace* op_trace() const { return trace_; }
+
  protected:
   explicit Model(ModelSpec spec) : spec_(std::move(spec)) {}
   Param& AddParam(std::string name, Shape shape);
+  void TraceOp(const char* name, const float* values, int64_t n) {
+    if (trace_) trace_->Record(name, {values, static_cast<size_t>(n)});
+  }
+  void TraceOp(const std::string& name, const float* values, int64_t n) {
+    if (trace_) trace_->Record(name, {values, static_cast<size_t>(n)});
+  }
+  // Every parameter gradient, in parameter order (the end of Backward).
+  void TraceParamGrads() {
+    if (!trace_) return;
+    for (const Param& p : params_) {
+      trace_->Record(p.name + ".grad", {p.grad.data(), static_cast<size_t>(p.grad.size())});
+    }
+  }
 
   ModelSpec spec_;
   std::vector<Param> params_;
@@ -132,6 +151,7 @@ class Model {
   };
   std::vector<InitRule> init_;
   Arena arena_;
+  OpTrace* trace_ = nullptr;
 };
 
 // Index of the largest logit of each row (first on ties).

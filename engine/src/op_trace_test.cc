@@ -1,0 +1,153 @@
+// Per-operator output hashes of a training step (op_trace.h): deterministic, complete, and the
+// first difference names the first operator that computed something different.
+#include "meshlearn/engine/op_trace.h"
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/rng.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/train.h"
+
+namespace meshlearn::engine {
+namespace {
+
+constexpr char kMlp[] = R"(
+[task]
+name = "trace-mlp"
+seed = 7
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [12]
+[[model.layers]]
+kind = "linear"
+out = 16
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 8
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 4
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 10
+batch_size = 8
+)";
+
+// Synthetic 4-class data: enough for a few steps, no files.
+TaskData SyntheticData() {
+  TaskData d;
+  Rng rng(3);
+  const int64_t n = 64;
+  std::vector<float> x(static_cast<size_t>(n * 12));
+  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
+  d.train.x = Tensor({n, 12}, x);
+  d.train.y.resize(n);
+  for (int64_t i = 0; i < n; ++i) d.train.y[i] = static_cast<int32_t>(rng.Uniform(4));
+  d.train.num_classes = 4;
+  d.test = d.train;
+  return d;
+}
+
+std::unique_ptr<Trainer> MakeTrainer() {
+  Result<TaskSpec> spec = TaskSpec::Parse(kMlp, "trace-mlp.toml", ".");
+  CHECK(spec.ok()) << spec.status().ToString();
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, SyntheticData());
+  CHECK(tr.ok()) << tr.status().ToString();
+  return std::move(*tr);
+}
+
+OpTrace TraceStep(Trainer& tr) {
+  OpTrace trace;
+  tr.state().model->set_op_trace(&trace);
+  tr.Step();
+  tr.state().model->set_op_trace(nullptr);
+  return trace;
+}
+
+size_t IndexOf(const OpTrace& t, const std::string& name) {
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t.name(i) == name) return i;
+  }
+  ADD_FAILURE() << "no operator " << name;
+  return t.size();
+}
+
+TEST(OpTraceTest, RecordsEveryOperatorInAFixedOrder) {
+  auto a = MakeTrainer();
+  OpTrace t = TraceStep(*a);
+  // 5 layer outputs, loss, logits grad, 4 activation grads (none for the data), 6 parameter
+  // grads, 6 updated parameters.
+  ASSERT_EQ(t.size(), 5u + 1 + 1 + 4 + 6 + 6);
+  EXPECT_EQ(t.name(0), "layers.0.out");
+  EXPECT_EQ(t.name(5), "loss");
+  EXPECT_EQ(t.name(6), "logits.grad");
+  EXPECT_EQ(t.name(t.size() - 1), "layers.4.bias");
+  auto b = MakeTrainer();
+  OpTrace u = TraceStep(*b);
+  EXPECT_EQ(FirstDifference(t, u), -1);
+  EXPECT_EQ(t.hashes(), u.hashes());
+}
+
+TEST(OpTraceTest, TracingDoesNotChangeTheComputation) {
+  auto a = MakeTrainer();
+  auto b = MakeTrainer();
+  for (int s = 0; s < 3; ++s) {
+    TraceStep(*a);
+    b->Step();
+  }
+  EXPECT_EQ(StateHash(a->state()), StateHash(b->state()));
+}
+
+TEST(OpTraceTest, FirstDifferenceIsTheFirstOperatorThatReadsAChangedWeight) {
+  auto honest = MakeTrainer();
+  auto cheat = MakeTrainer();
+  // A changed weight of the third linear layer (layers.4): everything before its forward output
+  // is identical, its output is the first difference.
+  cheat->state().model->params()[4].value.data()[3] += 1e-3f;
+  OpTrace t = TraceStep(*honest);
+  OpTrace u = TraceStep(*cheat);
+  EXPECT_EQ(FirstDifference(t, u), static_cast<int64_t>(IndexOf(t, "layers.4.out")));
+}
+
+TEST(OpTraceTest, AWrongUpdateShowsOnlyInTheLastOperators) {
+  // Same forward and backward, a different optimizer (a lazy or noisy solver's update): the
+  // first difference is the first updated parameter.
+  auto honest = MakeTrainer();
+  std::string other = kMlp;
+  other.replace(other.find("lr = 1e-2"), 9, "lr = 2e-2");
+  Result<TaskSpec> spec2 = TaskSpec::Parse(other, "trace-mlp.toml", ".");
+  ASSERT_TRUE(spec2.ok());
+  auto cheat = std::move(*Trainer::Create(*spec2, SyntheticData()));
+  OpTrace t = TraceStep(*honest);
+  OpTrace u = TraceStep(*cheat);
+  EXPECT_EQ(FirstDifference(t, u), static_cast<int64_t>(IndexOf(t, "layers.0.weight")));
+}
+
+TEST(OpTraceTest, FirstDifferenceOfPrefixes) {
+  OpTrace a, b;
+  std::vector<float> v = {1, 2, 3};
+  a.Record("x", v);
+  b.Record("x", v);
+  EXPECT_EQ(FirstDifference(a, b), -1);
+  b.Record("y", v);
+  EXPECT_EQ(FirstDifference(a, b), 1);
+  a.Record("y", std::vector<float>{1, 2, 4});
+  EXPECT_EQ(FirstDifference(a, b), 1);
+  OpTrace c;
+  c.Record("z", v);  // same values, other operator: different hash
+  EXPECT_EQ(FirstDifference(a, c), 0);
+}
+
+}  // namespace
+}  // namespace meshlearn::engine
