@@ -222,4 +222,21 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
   return f;
 }
 
+ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
+                                  const Hash256& initial_state, uint64_t memory_bytes) {
+  return ledger::TaskParams{
+      .rounds = net.rounds,
+      .units_per_round = net.units_per_round,
+      .inner_steps = net.inner_steps,
+      .batch_size = facts.batch_size,
+      .checkpoint_interval = net.checkpoint_interval == 0 ? net.inner_steps : net.checkpoint_interval,
+      .flops_per_sample = facts.flops_per_sample,
+      .model_bytes = facts.model_bytes,
+      .memory_bytes = memory_bytes,
+      .num_examples = facts.num_examples,
+      .seed = facts.seed,
+      .initial_state = initial_state,
+      .verification_window_blocks = 0};
+}
+
 }  // namespace meshlearn::node

@@ -34,6 +34,7 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/state.h"
 #include "meshlearn/net/blob.h"
 #include "meshlearn/net/blob_store.h"
 #include "meshlearn/node/network_task.h"
@@ -99,6 +100,13 @@ struct TaskFacts {
   Hash256 content_id;
 };
 TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& net);
+
+// The ledger's TaskParams of a task (what SubmitTaskTx carries): from the [network] table and
+// the facts; initial_state = blob id of EncodeGlobalState(InitialState(trainer)). A
+// checkpoint_interval of 0 ("hash only the start and the end") is sent as inner_steps, which
+// hashes the same steps (HashedSteps(H, 0) == HashedSteps(H, H)); the ledger wants k >= 1.
+ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
+                                  const Hash256& initial_state, uint64_t memory_bytes = 0);
 
 // Training FLOPs of one sample, forward + backward (3 x the forward multiply-adds x 2): linear
 // and conv2d layers counted exactly from their shapes, GPT as 6 x parameters x seq_len plus

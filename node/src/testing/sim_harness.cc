@@ -1,0 +1,243 @@
+#include "testing/sim_harness.h"
+
+#include <stdlib.h>
+
+#include <iostream>
+
+#include "meshlearn/base/hash.h"
+#include "meshlearn/node/blob_push.h"
+#include "meshlearn/node/local_diloco.h"
+
+namespace meshlearn::node::testing {
+
+using nlohmann::json;
+
+namespace {
+
+KeyPair DerivedKey(uint64_t seed, const std::string& who) {
+  Hasher h("meshlearn.sim.key");
+  h.UpdateU64(seed).Update(who);
+  Hash256 d = h.Finish();
+  KeySeed s;
+  std::copy(d.bytes.begin(), d.bytes.end(), s.bytes.begin());
+  return KeyPair::FromSeed(s);
+}
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/meshlearn-sim-XXXXXX";
+  char* d = mkdtemp(tmpl);
+  return d ? d : "/tmp";
+}
+
+}  // namespace
+
+SimHarness::SimHarness(SimOptions options)
+    : options_(std::move(options)),
+      clock_(1'700'000'000'000),
+      seq_key_(DerivedKey(options_.seed, "sequencer")),
+      submitter_(DerivedKey(options_.seed, "submitter")) {
+  if (options_.env == nullptr) {
+    own_env_ = std::make_unique<MemEnv>();
+    env_ = own_env_.get();
+  } else {
+    env_ = options_.env;
+  }
+  options_.node_options.resize(options_.nodes);
+  for (int i = 0; i < options_.nodes; ++i) {
+    node_keys_.push_back(DerivedKey(options_.seed, "node" + std::to_string(i)));
+  }
+}
+
+SimHarness::~SimHarness() {
+  agents_.clear();
+  if (!chain_dir_.empty()) {
+    std::string cmd = "rm -rf '" + chain_dir_ + "'";
+    (void)!system(cmd.c_str());
+  }
+}
+
+json SimHarness::Call(const std::string& method, const json& params) {
+  Result<json> r = client_->Call(method, params);
+  if (!r.ok()) return json{{"error", r.status().ToString()}};
+  return *r;
+}
+
+json SimHarness::Task(bool units) {
+  json p = {{"id", task_id_.ToHex()}};
+  if (units) p["units"] = true;
+  return Call("get_task", p);
+}
+
+uint64_t SimHarness::height() { return shared_->height(); }
+
+ledger::Totals SimHarness::Totals() {
+  return shared_->With([](ledger::Chain& c) { return c.GetTotals(); });
+}
+
+Status SimHarness::MakeAgent(int i) {
+  const std::string name = "n" + std::to_string(i);
+  routers_[i] = std::make_unique<net::Router>();
+  agents_[i] = std::make_unique<NodeAgent>(
+      AgentDeps{.env = env_,
+                .clock = net_->clock(),
+                .transport = net_->node(name)->transport(),
+                .store = stores_[i].get(),
+                .chain = client_.get(),
+                .key = node_keys_[i]},
+      agent_opts_[i]);
+  agents_[i]->RegisterServices(routers_[i].get());
+  net_->node(name)->Serve(routers_[i].get());
+  return Status::Ok();
+}
+
+Status SimHarness::Setup() {
+  std::vector<PublicKey> funded = {submitter_.public_key()};
+  for (const KeyPair& k : node_keys_) funded.push_back(k.public_key());
+  genesis_ = ledger::DevnetGenesis(funded, 1'000'000'000'000ull, "meshlearn-sim");
+  genesis_.block_interval_ms = options_.block_interval_ms;
+  genesis_.sequencer = seq_key_.public_key();
+  genesis_.genesis_time_ms = clock_.NowMillis();
+  chain_dir_ = TempDir();
+  ML_ASSIGN_OR_RETURN(chain_, ledger::Chain::Open(chain_dir_ + "/chain.db", genesis_));
+  shared_ = std::make_unique<ledger::SharedChain>(chain_.get());
+  sequencer_ = std::make_unique<ledger::Sequencer>(shared_.get(), seq_key_, &clock_);
+  rpc_ = std::make_unique<ledger::RpcService>(shared_.get(), sequencer_.get());
+  client_ = std::make_unique<InProcessChainClient>(rpc_.get());
+  net_ = std::make_unique<net::SimNetwork>(
+      options_.seed, net::LinkParams{.latency_us = 2000, .bandwidth_bytes_per_sec = 1e9});
+
+  const int n = options_.nodes;
+  stores_.resize(n);
+  routers_.resize(n);
+  agents_.resize(n);
+  agent_opts_.resize(n);
+  for (int i = 0; i < n; ++i) {
+    const std::string name = "n" + std::to_string(i);
+    net_->AddNode(name);
+    const std::string dir = "/nodes/" + name;
+    ML_ASSIGN_OR_RETURN(stores_[i], net::BlobStore::Open(env_, dir + "/blobs"));
+    const SimNodeOptions& no = options_.node_options[i];
+    AgentOptions& o = agent_opts_[i];
+    o.data_dir = dir;
+    o.endpoint = name;
+    o.roles = no.roles;
+    o.capabilities = {.cores = 1,
+                      .memory_bytes = no.memory_bytes,
+                      .accelerator = "",
+                      .throughput = options_.throughput,
+                      .latency_ms = 2,
+                      .bandwidth_bytes_per_s = 1'000'000'000};
+    o.price = options_.price;
+    o.stake = genesis_.params.MinStakeFor(no.roles);
+    o.speed_factor = no.speed_factor;
+    o.heartbeat_every_blocks = 5;
+    o.fetch.request_timeout_ms = 2000;
+    if (options_.log) {
+      o.log = [name](const std::string& line) { std::cerr << "[" << name << "] " << line << "\n"; };
+    }
+    ML_RETURN_IF_ERROR(MakeAgent(i));
+  }
+  net_->AddNode("submitter");
+
+  // Register every node.
+  for (int b = 0; b < 20; ++b) {
+    ML_RETURN_IF_ERROR(Step());
+    bool all = true;
+    for (const KeyPair& k : node_keys_) {
+      Result<std::optional<NodeInfo>> ni = GetNode(*client_, k.public_key());
+      if (!ni.ok() || !*ni) all = false;
+    }
+    if (all) break;
+    if (b == 19) return DeadlineExceeded("sim: nodes did not register in 20 blocks");
+  }
+
+  // The submitter: bundle, initial state, push to two nodes, SubmitTask.
+  ML_ASSIGN_OR_RETURN(submitter_store_, net::BlobStore::Open(env_, "/submitter/blobs"));
+  ML_RETURN_IF_ERROR(env_->WriteFileAtomic("/submitter/task.toml", options_.task_toml));
+  ML_ASSIGN_OR_RETURN(bundle_, MakeBundle(env_, "/submitter/task.toml", submitter_store_.get()));
+  ML_ASSIGN_OR_RETURN(engine::TaskSpec spec, engine::TaskSpec::Load(env_, "/submitter/task.toml"));
+  ML_ASSIGN_OR_RETURN(auto trainer, engine::Trainer::Create(env_, spec));
+  ML_ASSIGN_OR_RETURN(NetworkSpec net, NetworkSpec::Load(env_, "/submitter/task.toml"));
+  TaskFacts facts = ComputeTaskFacts(*trainer, net);
+  ML_ASSIGN_OR_RETURN(net::BlobId init, submitter_store_->Put(EncodeGlobalState(InitialState(*trainer))));
+  ML_RETURN_IF_ERROR(submitter_store_->Pin(init));
+  std::vector<net::BlobId> blobs = {bundle_.id, init};
+  for (const BundleDataFile& f : bundle_.files) blobs.push_back(f.id);
+  std::vector<std::string> targets = {"n0", n > 1 ? "n1" : "n0"};
+  if (targets[0] == targets[1]) targets.pop_back();
+  for (const net::BlobId& id : blobs) {
+    ML_RETURN_IF_ERROR(
+        PushBlob(net_->node("submitter")->transport(), submitter_store_.get(), id, targets).status());
+  }
+
+  submitter_tx_ = std::make_unique<TxSender>(client_.get(), submitter_);
+  ML_RETURN_IF_ERROR(submitter_tx_->Init());
+  ledger::TaskParams params = MakeTaskParams(facts, net, init.hash);
+  task_id_ = ledger::TaskIdFor(submitter_.public_key(), submitter_tx_->next_nonce());
+  ML_RETURN_IF_ERROR(submitter_tx_
+                         ->Send(ledger::SubmitTaskTx{.spec_hash = bundle_.id.hash,
+                                                     .budget = net.budget,
+                                                     .price_cap = net.price_cap,
+                                                     .memo = "sim",
+                                                     .params = params})
+                         .status());
+  for (int b = 0; b < 5; ++b) {
+    ML_RETURN_IF_ERROR(Step());
+    (void)submitter_tx_->Poll();
+    for (const TxOutcome& o : submitter_tx_->TakeOutcomes()) {
+      if (!o.ok) return FailedPrecondition("sim: SubmitTask failed: " + o.reason);
+      return Status::Ok();
+    }
+  }
+  return DeadlineExceeded("sim: SubmitTask not included in 5 blocks");
+}
+
+Status SimHarness::Step() {
+  clock_.AdvanceMillis(options_.block_interval_ms);
+  ML_RETURN_IF_ERROR(sequencer_->ProduceOnce().status());
+  ML_RETURN_IF_ERROR(shared_->With([](ledger::Chain& c) { return c.CheckInvariants(); }));
+  for (auto& a : agents_) {
+    if (!a) continue;
+    Result<TickReport> r = a->Tick();
+    if (!r.ok()) return r.status().WithPrefix("node " + a->id().ShortHex());
+  }
+  if (options_.on_block) options_.on_block(height());
+  return Status::Ok();
+}
+
+Status SimHarness::RunUntilFinished(uint64_t max_blocks) {
+  for (uint64_t b = 0; b < max_blocks; ++b) {
+    json t = Task(false);
+    if (t.value("status", std::string()) == "finished") return Status::Ok();
+    if (t.contains("error")) return Internal("sim: get_task: " + t["error"].dump());
+    ML_RETURN_IF_ERROR(Step());
+  }
+  return DeadlineExceeded("sim: the task did not finish in " + std::to_string(max_blocks) +
+                          " blocks: " + Task(false).dump().substr(0, 2000));
+}
+
+void SimHarness::Kill(int i) {
+  agents_[i].reset();
+  net_->Kill("n" + std::to_string(i));
+}
+
+Status SimHarness::Restart(int i, std::function<void(AgentOptions&)> tweak) {
+  if (tweak) tweak(agent_opts_[i]);
+  net_->Restart("n" + std::to_string(i));
+  return MakeAgent(i);
+}
+
+Result<GlobalState> SimHarness::FinalState() {
+  json t = Task(false);
+  ML_ASSIGN_OR_RETURN(Hash256 id, Hash256::FromHex(t.value("final_state", std::string())));
+  std::vector<std::string> providers;
+  for (int i = 0; i < options_.nodes; ++i) {
+    if (agents_[i]) providers.push_back("n" + std::to_string(i));
+  }
+  net::Fetcher fetcher(net_->node("submitter")->transport(), submitter_store_.get());
+  ML_RETURN_IF_ERROR(fetcher.Fetch(net::BlobId{id}, providers).status());
+  ML_ASSIGN_OR_RETURN(Bytes b, submitter_store_->Get(net::BlobId{id}));
+  return DecodeGlobalState(b);
+}
+
+}  // namespace meshlearn::node::testing
