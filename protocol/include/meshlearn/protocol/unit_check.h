@@ -1,0 +1,190 @@
+// The verification of one committed work unit, from selection to settlement (DESIGN.md, "One task,
+// end to end", steps 6-9): a pure, event-driven state machine the ledger keeps per committed unit.
+//
+//   committed ──(next block: beacon)──> not selected ─────────────────────────────┐
+//       │                                                                          │
+//       └──> selected: verifiers assigned ──> commit phase ──> reveal phase ──┬──> settled
+//                                                                             │
+//                                            a mismatch verdict ──> disputed ─┘ (game outcome)
+//
+// Selection and segments come from the beacon, the hash of the block after the commit
+// (verification.h). Verifiers commit their verdict, then reveal it (commit-reveal). In the same
+// reveal window the solver reveals the secret of this unit (a hash chain registered with the node:
+// SecretCommitment(secret) must equal the node's previous head), which says whether the unit was a
+// forced error. Resolution, when the reveal window closes:
+//
+//   forced error   verifiers that called it clean approved work they never ran: slashed; those
+//                  that caught it share the jackpot; the solver is not punished and must commit
+//                  the honest result (the unit is re-run correctly);
+//   a mismatch     a dispute (dispute.h) between the solver and the first verifier (in verifier
+//                  order) that revealed a mismatch; finality is held until it resolves;
+//   all clean      the solver's clean streak grows; the verifiers are paid for what they replayed.
+//
+// A verifier that does not commit or reveal in time counts a failure and is not paid. A solver
+// that does not reveal its secret in time is treated as having cheated (its unit fails).
+// A whistleblower may challenge a unit settled clean through the same dispute game until the
+// task's round is final; if the solver loses, the verifiers that approved it are slashed too.
+//
+// Everything is decided here; the ledger applies the returned CheckEffects (slash, pay, fail).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshlearn/base/bytes.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/protocol/dispute.h"
+#include "meshlearn/protocol/types.h"
+#include "meshlearn/protocol/verification.h"
+
+namespace meshlearn::protocol {
+
+enum class CheckStage : uint8_t {
+  kCheckAwaitingBeacon = 0,  // committed; selection happens at the next block
+  kCheckCommitVerdicts,      // verifiers commit their verdicts
+  kCheckRevealVerdicts,      // verifiers reveal; the solver reveals its secret
+  kCheckDisputed,            // a dispute game is running
+  kCheckSettled,             // outcome() is final
+};
+std::string_view CheckStageName(CheckStage s);
+
+enum class CheckResult : uint8_t {
+  kCheckPending = 0,
+  kCheckUnchecked,     // not selected: accepted unchecked (the solver's streak is unchanged)
+  kCheckClean,         // replayed and equal (or the challenger lost its dispute)
+  kCheckFraud,         // the solver lost a dispute, or did not reveal its secret
+  kCheckForcedError,   // a forced error: re-run the unit honestly; the solver is not punished
+};
+std::string_view CheckResultName(CheckResult r);
+
+struct UnitCheckConfig {
+  UnitId unit;
+  NodeId solver;
+  Hash256 result;           // the committed result (delta blob id)
+  Hash256 commitment;       // Merkle root of the unit's state hashes (node::UnitExecutor)
+  uint64_t inner_steps = 0;          // H
+  uint64_t checkpoint_interval = 0;  // k: leaves are the states after steps 0, k, 2k, ..., H
+  uint32_t num_operators = 0;        // recorded operators per step (engine::OpTrace), for disputes
+  // The solver's secret-chain head when it committed: the revealed secret must hash to it.
+  Hash256 secret_head;
+  uint64_t forced_error_per_million = 0;
+  // The beacon of the unit's assignment (the forced-error draw uses it; the solver knew its
+  // secret before that block existed).
+  Hash256 assignment_beacon;
+  uint64_t commit_height = 0;
+  uint64_t commit_blocks = 10;  // verdict commit window, from selection
+  uint64_t reveal_blocks = 10;  // verdict and secret reveal window, after the commit window
+  uint64_t dispute_response_blocks = 10;
+  uint32_t verifiers_per_unit = 1;
+};
+
+// A verifier's evidence that segment `segment` does not replay to the committed state: the two
+// committed leaves around it, with their inclusion proofs in the solver's commitment, and the
+// state hash the verifier's replay produced.
+struct MismatchClaim {
+  uint32_t segment = 0;
+  Hash256 start;  // committed state hash at the segment's start (the replay started from it)
+  MerkleProof start_proof;
+  Hash256 solver_end;  // committed state hash at the segment's end
+  MerkleProof end_proof;
+  Hash256 replayed_end;  // what the verifier computed (!= solver_end)
+};
+
+// What the ledger must do after an event.
+struct CheckEffects {
+  std::vector<NodeId> slash;           // lose stake (fraud, lazy approval of a forced error)
+  std::vector<NodeId> jackpot_winners; // caught a forced error: share the jackpot
+  std::vector<NodeId> failures;        // missed a deadline: reputation failure, not paid
+  std::vector<NodeId> pay_verifiers;   // replayed and revealed honestly: paid for the replay
+  std::vector<NodeId> rewarded;        // won a dispute: rewarded from the slashed stake
+  bool solver_clean = false;           // credit the solver's clean streak
+  bool rerun_unit = false;             // forced error or fraud: the unit must be run again
+  bool settled = false;                // this event settled the check
+};
+
+class UnitCheck {
+ public:
+  static Result<UnitCheck> Create(const UnitCheckConfig& config);
+
+  const UnitCheckConfig& config() const { return config_; }
+  CheckStage stage() const { return stage_; }
+  CheckResult result() const { return result_; }
+  const std::string& reason() const { return reason_; }
+  // Valid once selected.
+  const std::vector<NodeId>& verifiers() const { return verifiers_; }
+  const std::vector<uint32_t>& segments() const { return segments_; }
+  uint64_t deadline_height() const { return deadline_; }
+  const std::optional<DisputeGame>& dispute() const { return dispute_; }
+  DisputeGame* mutable_dispute() { return dispute_ ? &*dispute_ : nullptr; }
+
+  // The block after the commit: `beacon` is that block's seed (the hash of the block holding
+  // the commit). `probability_permille` comes from VerificationProbabilityPermille(solver's
+  // reputation). `candidates`: verifier nodes able to check (sorted by id; the solver is
+  // skipped); verifiers_per_unit of them are drawn from the beacon. No candidate: the unit is
+  // accepted unchecked.
+  Result<CheckEffects> OnBeacon(const Hash256& beacon, uint32_t probability_permille,
+                                std::span<const NodeId> candidates,
+                                const VerificationParams& params, uint64_t height);
+  Status OnVerdictCommitted(const NodeId& verifier, const Hash256& commitment, uint64_t height);
+  // A mismatch verdict must carry its claim (checked against the commitment: the segment must be
+  // one of segments(), the proofs must verify, the replayed end must differ).
+  Status OnVerdictRevealed(const NodeId& verifier, Verdict verdict, const Hash256& salt,
+                           const MismatchClaim* claim, uint64_t height);
+  // The solver's secret for this unit (checked against config.secret_head).
+  Status OnSecretRevealed(const Hash256& secret, uint64_t height);
+  // Every block: closes windows (effects of missed deadlines and the resolution).
+  Result<CheckEffects> OnBlock(uint64_t height);
+  // The dispute resolved (the ledger drives the game and its referee; see dispute.h).
+  Result<CheckEffects> OnDisputeResolved();
+  // A whistleblower challenges a unit settled clean or unchecked (the ledger allows it until
+  // the unit's round is final): a dispute between the solver and the whistleblower. If the
+  // solver loses, every verifier that revealed "clean" is slashed with it.
+  Status OnChallenge(const NodeId& whistleblower, const MismatchClaim& claim, uint64_t height);
+
+  Bytes Encode() const;
+  static Result<UnitCheck> Decode(ByteSpan bytes);
+
+ private:
+  explicit UnitCheck(const UnitCheckConfig& config) : config_(config) {}
+  int VerifierIndex(const NodeId& n) const;
+  CheckEffects Resolve(uint64_t height);
+
+  struct VerdictSlot {
+    std::optional<Hash256> commitment;
+    std::optional<Verdict> verdict;
+    // For a mismatch: the claim without its proofs (already checked).
+    uint32_t segment = 0;
+    Hash256 start, solver_end, replayed_end;
+  };
+
+  UnitCheckConfig config_;
+  CheckStage stage_ = CheckStage::kCheckAwaitingBeacon;
+  CheckResult result_ = CheckResult::kCheckPending;
+  std::string reason_;
+  std::vector<NodeId> verifiers_;
+  std::vector<VerdictSlot> slots_;
+  std::vector<uint32_t> segments_;
+  uint64_t deadline_ = 0;
+  std::optional<Hash256> secret_;
+  bool forced_ = false;
+  std::optional<DisputeGame> dispute_;
+  int challenger_ = -1;  // slot index of the verifier in the dispute; -1: a whistleblower's
+  std::optional<NodeId> whistleblower_;
+};
+
+// The verifiers' pay and slash amounts, in tokens, for a unit whose training costs
+// `unit_cost` tokens at the solver's price:
+//   a verifier replays `segments_replayed` of `num_segments` segments and is paid that share of
+//   the unit's cost (at least 1 token);
+//   a slash takes `slash_multiple` times the unit's cost (capped by the stake by the ledger), so
+//   a cheater loses more than the unit could ever pay.
+uint64_t VerifierPay(uint64_t unit_cost, uint32_t segments_replayed, uint32_t num_segments);
+uint64_t SlashAmount(uint64_t unit_cost, uint32_t slash_multiple);
+
+}  // namespace meshlearn::protocol

@@ -1,0 +1,548 @@
+#include "meshlearn/protocol/unit_check.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "meshlearn/base/encoding.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/protocol/decompose.h"
+
+namespace meshlearn::protocol {
+namespace {
+
+constexpr uint8_t kEncodingVersion = 1;
+constexpr uint32_t kMaxVerifiers = 64;
+constexpr uint32_t kMaxSegments = 1u << 20;
+constexpr uint32_t kMaxReason = 256;
+
+uint64_t FirstU64(const Hash256& h) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | h.bytes[static_cast<size_t>(i)];
+  return v;
+}
+
+void Append(std::vector<NodeId>& to, const NodeId& n) {
+  if (std::find(to.begin(), to.end(), n) == to.end()) to.push_back(n);
+}
+
+}  // namespace
+
+std::string_view CheckStageName(CheckStage s) {
+  switch (s) {
+    case CheckStage::kCheckAwaitingBeacon:
+      return "awaiting_beacon";
+    case CheckStage::kCheckCommitVerdicts:
+      return "commit_verdicts";
+    case CheckStage::kCheckRevealVerdicts:
+      return "reveal_verdicts";
+    case CheckStage::kCheckDisputed:
+      return "disputed";
+    case CheckStage::kCheckSettled:
+      return "settled";
+  }
+  return "unknown";
+}
+
+std::string_view CheckResultName(CheckResult r) {
+  switch (r) {
+    case CheckResult::kCheckPending:
+      return "pending";
+    case CheckResult::kCheckUnchecked:
+      return "unchecked";
+    case CheckResult::kCheckClean:
+      return "clean";
+    case CheckResult::kCheckFraud:
+      return "fraud";
+    case CheckResult::kCheckForcedError:
+      return "forced_error";
+  }
+  return "unknown";
+}
+
+uint64_t VerifierPay(uint64_t unit_cost, uint32_t segments_replayed, uint32_t num_segments) {
+  if (num_segments == 0) return 1;
+  // unit_cost x replayed / segments without overflow (replayed <= segments).
+  uint64_t whole = unit_cost / num_segments * segments_replayed;
+  uint64_t part = unit_cost % num_segments * segments_replayed / num_segments;
+  return std::max<uint64_t>(1, whole + part);
+}
+
+uint64_t SlashAmount(uint64_t unit_cost, uint32_t slash_multiple) {
+  if (unit_cost != 0 && slash_multiple > UINT64_MAX / unit_cost) return UINT64_MAX;
+  return std::max<uint64_t>(1, unit_cost * slash_multiple);
+}
+
+Result<UnitCheck> UnitCheck::Create(const UnitCheckConfig& c) {
+  if (c.inner_steps == 0) return InvalidArgument("unit check: inner_steps must be > 0");
+  if (c.verifiers_per_unit == 0 || c.verifiers_per_unit > kMaxVerifiers) {
+    return InvalidArgument("unit check: verifiers_per_unit must be in [1, " +
+                           std::to_string(kMaxVerifiers) + "], got " +
+                           std::to_string(c.verifiers_per_unit));
+  }
+  if (c.commit_blocks == 0 || c.reveal_blocks == 0 || c.dispute_response_blocks == 0) {
+    return InvalidArgument("unit check: commit, reveal and dispute windows must be >= 1 block");
+  }
+  if (c.result.IsZero()) return InvalidArgument("unit check: the committed result is zero");
+  if (SegmentCount(c.inner_steps, c.checkpoint_interval) > kMaxSegments) {
+    return InvalidArgument("unit check: too many segments; raise checkpoint_interval");
+  }
+  return UnitCheck(c);
+}
+
+int UnitCheck::VerifierIndex(const NodeId& n) const {
+  for (size_t i = 0; i < verifiers_.size(); ++i) {
+    if (verifiers_[i] == n) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Result<CheckEffects> UnitCheck::OnBeacon(const Hash256& beacon, uint32_t probability_permille,
+                                         std::span<const NodeId> candidates,
+                                         const VerificationParams& params, uint64_t height) {
+  if (stage_ != CheckStage::kCheckAwaitingBeacon) {
+    return FailedPrecondition("unit check: " + config_.unit.ToString() + " already has its beacon");
+  }
+  ML_RETURN_IF_ERROR(ValidateVerificationParams(params));
+  CheckEffects fx;
+  std::vector<NodeId> pool;
+  for (const NodeId& n : candidates) {
+    if (n != config_.solver) pool.push_back(n);
+  }
+  std::sort(pool.begin(), pool.end());
+  pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
+  const bool selected =
+      !pool.empty() && SelectedForVerification(beacon, config_.unit, probability_permille);
+  if (selected) {
+    // Partial Fisher-Yates over the sorted candidates, keyed by the beacon.
+    Rng rng(FirstU64(Hasher("meshlearn.verify.assign").Update(beacon)
+                         .Update(UnitKey(config_.unit)).Finish()));
+    const size_t want = std::min<size_t>(config_.verifiers_per_unit, pool.size());
+    for (size_t i = 0; i < want; ++i) {
+      size_t j = i + static_cast<size_t>(rng.Uniform(pool.size() - i));
+      std::swap(pool[i], pool[j]);
+    }
+    verifiers_.assign(pool.begin(), pool.begin() + static_cast<ptrdiff_t>(want));
+    slots_.assign(want, VerdictSlot{});
+    segments_ = SegmentsToReplay(beacon, config_.unit,
+                                 SegmentCount(config_.inner_steps, config_.checkpoint_interval),
+                                 params);
+    stage_ = CheckStage::kCheckCommitVerdicts;
+    deadline_ = height + config_.commit_blocks;
+  } else {
+    // Not checked; the solver still reveals its secret (a forced error must be re-run).
+    stage_ = CheckStage::kCheckRevealVerdicts;
+    deadline_ = height + config_.reveal_blocks;
+  }
+  return fx;
+}
+
+Status UnitCheck::OnVerdictCommitted(const NodeId& verifier, const Hash256& commitment,
+                                     uint64_t height) {
+  if (stage_ != CheckStage::kCheckCommitVerdicts) {
+    return FailedPrecondition("verdict commit for " + config_.unit.ToString() +
+                              ": the commit window is not open (stage " +
+                              std::string(CheckStageName(stage_)) + ")");
+  }
+  if (height > deadline_) return DeadlineExceeded("verdict commit: the commit window closed");
+  int i = VerifierIndex(verifier);
+  if (i < 0) {
+    return PermissionDenied("verdict commit: node " + verifier.ShortHex() +
+                            " is not a verifier of " + config_.unit.ToString());
+  }
+  if (slots_[static_cast<size_t>(i)].commitment) {
+    return AlreadyExists("verdict commit: node " + verifier.ShortHex() + " already committed");
+  }
+  slots_[static_cast<size_t>(i)].commitment = commitment;
+  return Status::Ok();
+}
+
+Status UnitCheck::OnVerdictRevealed(const NodeId& verifier, Verdict verdict, const Hash256& salt,
+                                    const MismatchClaim* claim, uint64_t height) {
+  if (stage_ != CheckStage::kCheckRevealVerdicts) {
+    return FailedPrecondition("verdict reveal for " + config_.unit.ToString() +
+                              ": the reveal window is not open (stage " +
+                              std::string(CheckStageName(stage_)) + ")");
+  }
+  if (height > deadline_) return DeadlineExceeded("verdict reveal: the reveal window closed");
+  int i = VerifierIndex(verifier);
+  if (i < 0) {
+    return PermissionDenied("verdict reveal: node " + verifier.ShortHex() +
+                            " is not a verifier of " + config_.unit.ToString());
+  }
+  VerdictSlot& slot = slots_[static_cast<size_t>(i)];
+  if (!slot.commitment) {
+    return FailedPrecondition("verdict reveal: node " + verifier.ShortHex() +
+                              " committed no verdict in time");
+  }
+  if (slot.verdict) return AlreadyExists("verdict reveal: node " + verifier.ShortHex() +
+                                         " already revealed");
+  ML_RETURN_IF_ERROR(CheckVerdictReveal(*slot.commitment, verdict, salt, verifier, config_.unit));
+  VerdictSlot checked = slot;
+  if (verdict == Verdict::kVerdictMismatch) {
+    if (claim == nullptr) {
+      return InvalidArgument("verdict reveal: a mismatch must carry its claim (segment, "
+                             "committed states with proofs, replayed state)");
+    }
+    if (std::find(segments_.begin(), segments_.end(), claim->segment) == segments_.end()) {
+      return InvalidArgument("verdict reveal: segment " + std::to_string(claim->segment) +
+                             " was not drawn for replay");
+    }
+    const uint64_t leaves = SegmentCount(config_.inner_steps, config_.checkpoint_interval) + 1ull;
+    if (claim->start_proof.index != claim->segment ||
+        claim->end_proof.index != claim->segment + 1ull ||
+        claim->start_proof.leaf_count != leaves || claim->end_proof.leaf_count != leaves ||
+        !MerkleVerify(config_.commitment, claim->start, claim->start_proof) ||
+        !MerkleVerify(config_.commitment, claim->solver_end, claim->end_proof)) {
+      return InvalidArgument("verdict reveal: the claim's states are not the solver's committed "
+                             "states of segment " + std::to_string(claim->segment));
+    }
+    if (claim->replayed_end == claim->solver_end) {
+      return InvalidArgument("verdict reveal: the replayed state equals the committed one; "
+                             "that is a clean verdict");
+    }
+    checked.segment = claim->segment;
+    checked.start = claim->start;
+    checked.solver_end = claim->solver_end;
+    checked.replayed_end = claim->replayed_end;
+  }
+  checked.verdict = verdict;
+  slot = checked;
+  return Status::Ok();
+}
+
+Status UnitCheck::OnSecretRevealed(const Hash256& secret, uint64_t height) {
+  if (stage_ != CheckStage::kCheckRevealVerdicts) {
+    return FailedPrecondition("secret reveal for " + config_.unit.ToString() +
+                              ": only in the reveal window, after the verdicts are committed "
+                              "(stage " + std::string(CheckStageName(stage_)) + ")");
+  }
+  if (height > deadline_) return DeadlineExceeded("secret reveal: the reveal window closed");
+  if (secret_) return AlreadyExists("secret reveal: already revealed");
+  if (SecretCommitment(secret) != config_.secret_head) {
+    return PermissionDenied("secret reveal: the secret does not hash to the solver's "
+                            "registered secret head");
+  }
+  secret_ = secret;
+  forced_ = IsForcedError(secret, config_.assignment_beacon, config_.unit,
+                          static_cast<uint32_t>(config_.forced_error_per_million));
+  return Status::Ok();
+}
+
+CheckEffects UnitCheck::Resolve(uint64_t height) {
+  CheckEffects fx;
+  std::vector<size_t> clean, mismatch;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const VerdictSlot& s = slots_[i];
+    if (!s.verdict) {
+      if (s.commitment) Append(fx.failures, verifiers_[i]);  // committed, never revealed
+      continue;
+    }
+    (*s.verdict == Verdict::kVerdictClean ? clean : mismatch).push_back(i);
+  }
+  auto settle = [&](CheckResult r, std::string why) {
+    stage_ = CheckStage::kCheckSettled;
+    result_ = r;
+    reason_ = std::move(why);
+    fx.settled = true;
+  };
+  if (!secret_) {
+    Append(fx.slash, config_.solver);
+    for (size_t i : clean) Append(fx.pay_verifiers, verifiers_[i]);
+    for (size_t i : mismatch) Append(fx.pay_verifiers, verifiers_[i]);
+    fx.rerun_unit = true;
+    settle(CheckResult::kCheckFraud, "the solver did not reveal its secret in time");
+    return fx;
+  }
+  if (forced_) {
+    for (size_t i : clean) Append(fx.slash, verifiers_[i]);  // approved work it never ran
+    for (size_t i : mismatch) Append(fx.jackpot_winners, verifiers_[i]);
+    fx.rerun_unit = true;
+    settle(CheckResult::kCheckForcedError,
+           "forced error: " + std::to_string(mismatch.size()) + " verifier(s) caught it, " +
+               std::to_string(clean.size()) + " approved it");
+    return fx;
+  }
+  if (!mismatch.empty()) {
+    const size_t i = mismatch.front();
+    const VerdictSlot& s = slots_[i];
+    DisputeConfig dc;
+    dc.unit = config_.unit;
+    dc.defender = config_.solver;
+    dc.challenger = verifiers_[i];
+    dc.first_step = static_cast<uint64_t>(s.segment) * config_.checkpoint_interval;
+    dc.last_step = config_.checkpoint_interval == 0
+                       ? config_.inner_steps
+                       : std::min<uint64_t>(dc.first_step + config_.checkpoint_interval,
+                                            config_.inner_steps);
+    dc.agreed = s.start;
+    dc.defender_claim = s.solver_end;
+    dc.challenger_claim = s.replayed_end;
+    dc.num_operators = config_.num_operators;
+    dc.response_blocks = config_.dispute_response_blocks;
+    dc.start_height = height;
+    Result<DisputeGame> g = DisputeGame::Create(dc);
+    if (g.ok()) {
+      dispute_ = std::move(*g);
+      challenger_ = static_cast<int>(i);
+      stage_ = CheckStage::kCheckDisputed;
+      reason_ = "verifier " + verifiers_[i].ShortHex() + " found a mismatch in segment " +
+                std::to_string(s.segment);
+      return fx;
+    }
+  }
+  if (clean.empty()) {
+    settle(CheckResult::kCheckUnchecked, verifiers_.empty() ? "not selected for verification"
+                                                            : "no verifier revealed a verdict");
+    return fx;
+  }
+  for (size_t i : clean) Append(fx.pay_verifiers, verifiers_[i]);
+  fx.solver_clean = true;
+  settle(CheckResult::kCheckClean, std::to_string(clean.size()) + " verifier(s) replayed " +
+                                       std::to_string(segments_.size()) + " segment(s): equal");
+  return fx;
+}
+
+Result<CheckEffects> UnitCheck::OnBlock(uint64_t height) {
+  CheckEffects fx;
+  if (stage_ == CheckStage::kCheckCommitVerdicts && height > deadline_) {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i].commitment) Append(fx.failures, verifiers_[i]);
+    }
+    stage_ = CheckStage::kCheckRevealVerdicts;
+    deadline_ += config_.reveal_blocks;
+  }
+  if (stage_ == CheckStage::kCheckRevealVerdicts && height > deadline_) {
+    CheckEffects r = Resolve(height);
+    for (const NodeId& n : fx.failures) Append(r.failures, n);
+    return r;
+  }
+  if (stage_ == CheckStage::kCheckDisputed) {
+    ML_RETURN_IF_ERROR(dispute_->OnBlock(height));
+    if (dispute_->stage() == DisputeStage::kDisputeResolved) return OnDisputeResolved();
+  }
+  return fx;
+}
+
+Result<CheckEffects> UnitCheck::OnDisputeResolved() {
+  if (stage_ != CheckStage::kCheckDisputed || !dispute_ ||
+      dispute_->stage() != DisputeStage::kDisputeResolved) {
+    return FailedPrecondition("unit check: no resolved dispute for " + config_.unit.ToString());
+  }
+  const DisputeOutcome& o = dispute_->outcome();
+  const NodeId challenger = whistleblower_ ? *whistleblower_ : verifiers_[static_cast<size_t>(challenger_)];
+  CheckEffects fx;
+  fx.settled = true;
+  stage_ = CheckStage::kCheckSettled;
+  if (!o.defender_honest) {
+    Append(fx.slash, config_.solver);
+    // Every verifier that called the work clean approved something wrong.
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.slash, verifiers_[i]);
+      if (slots_[i].verdict == Verdict::kVerdictMismatch && verifiers_[i] != challenger) {
+        Append(fx.pay_verifiers, verifiers_[i]);
+      }
+    }
+    if (o.challenger_honest) {
+      Append(fx.rewarded, challenger);
+      if (!whistleblower_) Append(fx.pay_verifiers, challenger);
+    } else {
+      Append(fx.slash, challenger);
+    }
+    fx.rerun_unit = true;
+    result_ = CheckResult::kCheckFraud;
+    reason_ = "dispute: " + o.reason;
+    return fx;
+  }
+  // The solver was right: the challenger (and every verifier that claimed a mismatch) was not.
+  Append(fx.slash, challenger);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].verdict == Verdict::kVerdictMismatch) Append(fx.slash, verifiers_[i]);
+    if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.pay_verifiers, verifiers_[i]);
+  }
+  fx.solver_clean = true;
+  result_ = CheckResult::kCheckClean;
+  reason_ = "dispute: " + o.reason;
+  return fx;
+}
+
+Status UnitCheck::OnChallenge(const NodeId& whistleblower, const MismatchClaim& claim,
+                              uint64_t height) {
+  if (stage_ != CheckStage::kCheckSettled ||
+      (result_ != CheckResult::kCheckClean && result_ != CheckResult::kCheckUnchecked)) {
+    return FailedPrecondition("challenge of " + config_.unit.ToString() +
+                              ": only a unit settled clean or unchecked can be challenged (it is " +
+                              std::string(CheckResultName(result_)) + ")");
+  }
+  if (whistleblower == config_.solver) {
+    return InvalidArgument("challenge: a solver cannot challenge its own unit");
+  }
+  const uint64_t segments = SegmentCount(config_.inner_steps, config_.checkpoint_interval);
+  if (claim.segment >= segments || claim.start_proof.index != claim.segment ||
+      claim.end_proof.index != claim.segment + 1ull ||
+      claim.start_proof.leaf_count != segments + 1 || claim.end_proof.leaf_count != segments + 1 ||
+      !MerkleVerify(config_.commitment, claim.start, claim.start_proof) ||
+      !MerkleVerify(config_.commitment, claim.solver_end, claim.end_proof)) {
+    return InvalidArgument("challenge: the claim's states are not the solver's committed states "
+                           "of segment " + std::to_string(claim.segment));
+  }
+  DisputeConfig dc;
+  dc.unit = config_.unit;
+  dc.defender = config_.solver;
+  dc.challenger = whistleblower;
+  dc.first_step = static_cast<uint64_t>(claim.segment) * config_.checkpoint_interval;
+  dc.last_step = config_.checkpoint_interval == 0
+                     ? config_.inner_steps
+                     : std::min<uint64_t>(dc.first_step + config_.checkpoint_interval,
+                                          config_.inner_steps);
+  dc.agreed = claim.start;
+  dc.defender_claim = claim.solver_end;
+  dc.challenger_claim = claim.replayed_end;
+  dc.num_operators = config_.num_operators;
+  dc.response_blocks = config_.dispute_response_blocks;
+  dc.start_height = height;
+  ML_ASSIGN_OR_RETURN(DisputeGame g, DisputeGame::Create(dc));
+  dispute_ = std::move(g);
+  whistleblower_ = whistleblower;
+  challenger_ = -1;
+  stage_ = CheckStage::kCheckDisputed;
+  result_ = CheckResult::kCheckPending;
+  reason_ = "whistleblower " + whistleblower.ShortHex() + " challenged segment " +
+            std::to_string(claim.segment);
+  return Status::Ok();
+}
+
+Bytes UnitCheck::Encode() const {
+  Encoder e;
+  e.PutU8(kEncodingVersion);
+  const UnitCheckConfig& c = config_;
+  e.PutHash(c.unit.task).PutU32(c.unit.round).PutU32(c.unit.shard).PutPublicKey(c.solver);
+  e.PutHash(c.result).PutHash(c.commitment).PutU64(c.inner_steps).PutU64(c.checkpoint_interval);
+  e.PutU32(c.num_operators).PutHash(c.secret_head).PutU64(c.forced_error_per_million);
+  e.PutHash(c.assignment_beacon).PutU64(c.commit_height).PutU64(c.commit_blocks);
+  e.PutU64(c.reveal_blocks).PutU64(c.dispute_response_blocks).PutU32(c.verifiers_per_unit);
+  e.PutU8(static_cast<uint8_t>(stage_)).PutU8(static_cast<uint8_t>(result_)).PutString(reason_);
+  e.PutU32(static_cast<uint32_t>(verifiers_.size()));
+  for (size_t i = 0; i < verifiers_.size(); ++i) {
+    const VerdictSlot& s = slots_[i];
+    e.PutPublicKey(verifiers_[i]);
+    e.PutBool(s.commitment.has_value());
+    if (s.commitment) e.PutHash(*s.commitment);
+    e.PutU8(s.verdict ? static_cast<uint8_t>(*s.verdict) : 0);
+    e.PutU32(s.segment).PutHash(s.start).PutHash(s.solver_end).PutHash(s.replayed_end);
+  }
+  e.PutU32(static_cast<uint32_t>(segments_.size()));
+  for (uint32_t s : segments_) e.PutU32(s);
+  e.PutU64(deadline_);
+  e.PutBool(secret_.has_value());
+  if (secret_) e.PutHash(*secret_);
+  e.PutBool(forced_);
+  e.PutBool(dispute_.has_value());
+  if (dispute_) e.PutBytes(dispute_->Encode());
+  e.PutI64(challenger_);
+  e.PutBool(whistleblower_.has_value());
+  if (whistleblower_) e.PutPublicKey(*whistleblower_);
+  return e.Take();
+}
+
+Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
+  Decoder d(bytes);
+  uint8_t version = 0;
+  ML_RETURN_IF_ERROR(d.GetU8(&version, "check.version"));
+  if (version != kEncodingVersion) {
+    return InvalidArgument("unit check: unknown encoding version " + std::to_string(version));
+  }
+  UnitCheckConfig c;
+  ML_RETURN_IF_ERROR(d.GetHash(&c.unit.task, "check.unit.task"));
+  ML_RETURN_IF_ERROR(d.GetU32(&c.unit.round, "check.unit.round"));
+  ML_RETURN_IF_ERROR(d.GetU32(&c.unit.shard, "check.unit.shard"));
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&c.solver, "check.solver"));
+  ML_RETURN_IF_ERROR(d.GetHash(&c.result, "check.result"));
+  ML_RETURN_IF_ERROR(d.GetHash(&c.commitment, "check.commitment"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.inner_steps, "check.inner_steps"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.checkpoint_interval, "check.checkpoint_interval"));
+  ML_RETURN_IF_ERROR(d.GetU32(&c.num_operators, "check.num_operators"));
+  ML_RETURN_IF_ERROR(d.GetHash(&c.secret_head, "check.secret_head"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.forced_error_per_million, "check.forced_error_per_million"));
+  ML_RETURN_IF_ERROR(d.GetHash(&c.assignment_beacon, "check.assignment_beacon"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.commit_height, "check.commit_height"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.commit_blocks, "check.commit_blocks"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.reveal_blocks, "check.reveal_blocks"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.dispute_response_blocks, "check.dispute_response_blocks"));
+  ML_RETURN_IF_ERROR(d.GetU32(&c.verifiers_per_unit, "check.verifiers_per_unit"));
+  ML_ASSIGN_OR_RETURN(UnitCheck u, Create(c));
+  uint8_t stage = 0, result = 0;
+  ML_RETURN_IF_ERROR(d.GetU8(&stage, "check.stage"));
+  ML_RETURN_IF_ERROR(d.GetU8(&result, "check.result_kind"));
+  if (stage > static_cast<uint8_t>(CheckStage::kCheckSettled) ||
+      result > static_cast<uint8_t>(CheckResult::kCheckForcedError)) {
+    return InvalidArgument("unit check: unknown stage or result");
+  }
+  u.stage_ = static_cast<CheckStage>(stage);
+  u.result_ = static_cast<CheckResult>(result);
+  ML_RETURN_IF_ERROR(d.GetString(&u.reason_, "check.reason", kMaxReason));
+  uint32_t nv = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&nv, "check.verifiers", kMaxVerifiers, 32));
+  u.verifiers_.resize(nv);
+  u.slots_.resize(nv);
+  for (uint32_t i = 0; i < nv; ++i) {
+    VerdictSlot& s = u.slots_[i];
+    ML_RETURN_IF_ERROR(d.GetPublicKey(&u.verifiers_[i], "check.verifier"));
+    bool has = false;
+    ML_RETURN_IF_ERROR(d.GetBool(&has, "check.verdict_commitment"));
+    if (has) {
+      Hash256 h;
+      ML_RETURN_IF_ERROR(d.GetHash(&h, "check.verdict_commitment"));
+      s.commitment = h;
+    }
+    uint8_t v = 0;
+    ML_RETURN_IF_ERROR(d.GetU8(&v, "check.verdict"));
+    if (v > 2) return InvalidArgument("unit check: unknown verdict " + std::to_string(v));
+    if (v != 0) s.verdict = static_cast<Verdict>(v);
+    ML_RETURN_IF_ERROR(d.GetU32(&s.segment, "check.segment"));
+    ML_RETURN_IF_ERROR(d.GetHash(&s.start, "check.start"));
+    ML_RETURN_IF_ERROR(d.GetHash(&s.solver_end, "check.solver_end"));
+    ML_RETURN_IF_ERROR(d.GetHash(&s.replayed_end, "check.replayed_end"));
+  }
+  uint32_t ns = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&ns, "check.segments", kMaxSegments, 4));
+  u.segments_.resize(ns);
+  for (uint32_t& s : u.segments_) ML_RETURN_IF_ERROR(d.GetU32(&s, "check.segment"));
+  ML_RETURN_IF_ERROR(d.GetU64(&u.deadline_, "check.deadline"));
+  bool has_secret = false;
+  ML_RETURN_IF_ERROR(d.GetBool(&has_secret, "check.secret"));
+  if (has_secret) {
+    Hash256 h;
+    ML_RETURN_IF_ERROR(d.GetHash(&h, "check.secret"));
+    u.secret_ = h;
+  }
+  ML_RETURN_IF_ERROR(d.GetBool(&u.forced_, "check.forced"));
+  bool has_dispute = false;
+  ML_RETURN_IF_ERROR(d.GetBool(&has_dispute, "check.dispute"));
+  if (has_dispute) {
+    Bytes g;
+    ML_RETURN_IF_ERROR(d.GetBytes(&g, "check.dispute", 1u << 16));
+    ML_ASSIGN_OR_RETURN(DisputeGame game, DisputeGame::Decode(g));
+    u.dispute_ = std::move(game);
+  }
+  int64_t ch = 0;
+  ML_RETURN_IF_ERROR(d.GetI64(&ch, "check.challenger"));
+  if (ch < -1 || ch >= static_cast<int64_t>(nv)) {
+    return InvalidArgument("unit check: challenger index out of range");
+  }
+  u.challenger_ = static_cast<int>(ch);
+  bool has_wb = false;
+  ML_RETURN_IF_ERROR(d.GetBool(&has_wb, "check.whistleblower"));
+  if (has_wb) {
+    PublicKey k;
+    ML_RETURN_IF_ERROR(d.GetPublicKey(&k, "check.whistleblower"));
+    u.whistleblower_ = k;
+  }
+  ML_RETURN_IF_ERROR(d.Finish());
+  if (u.stage_ == CheckStage::kCheckDisputed &&
+      (!u.dispute_ || (u.challenger_ < 0 && !u.whistleblower_))) {
+    return InvalidArgument("unit check: disputed without a dispute");
+  }
+  return u;
+}
+
+}  // namespace meshlearn::protocol

@@ -1,0 +1,342 @@
+#include "meshlearn/protocol/unit_check.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace meshlearn::protocol {
+namespace {
+
+NodeId Node(uint8_t b) {
+  NodeId n;
+  n.bytes.fill(b);
+  return n;
+}
+
+const NodeId kSolver = Node(1);
+const NodeId kV1 = Node(2), kV2 = Node(3), kV3 = Node(4), kWhistle = Node(9);
+const Hash256 kSecret = Blake2b("solver secret 17");
+
+// The replay of one segment from a state: an honest run's next leaf is Replay(previous).
+Hash256 Replay(const Hash256& from) { return Hasher("replay").Update(from).Finish(); }
+
+// Leaves after steps 0, 5, 10, 15, 20 (H = 20, k = 5: 4 segments). A lazy solver's leaves do
+// not follow from each other.
+std::vector<Hash256> Leaves(bool lazy) {
+  std::vector<Hash256> l = {Blake2b("global weights")};
+  for (int i = 0; i < 4; ++i) {
+    l.push_back(lazy ? Hasher("lazy").Update(l.back()).Finish() : Replay(l.back()));
+  }
+  return l;
+}
+
+UnitCheckConfig Config(bool lazy, uint64_t forced_per_million = 0) {
+  UnitCheckConfig c;
+  c.unit = UnitId{Blake2b("task"), 3, 1};
+  c.solver = kSolver;
+  c.result = Blake2b("delta");
+  c.commitment = MerkleRoot(Leaves(lazy));
+  c.inner_steps = 20;
+  c.checkpoint_interval = 5;
+  c.num_operators = 8;
+  c.secret_head = SecretCommitment(kSecret);
+  c.forced_error_per_million = forced_per_million;
+  c.assignment_beacon = Blake2b("assignment block");
+  c.commit_height = 100;
+  c.commit_blocks = 3;
+  c.reveal_blocks = 3;
+  c.dispute_response_blocks = 2;
+  c.verifiers_per_unit = 2;
+  return c;
+}
+
+MismatchClaim ClaimFor(bool lazy, uint32_t segment, const Hash256* replayed = nullptr) {
+  std::vector<Hash256> l = Leaves(lazy);
+  MismatchClaim c;
+  c.segment = segment;
+  c.start = l[segment];
+  c.start_proof = MerkleProve(l, segment);
+  c.solver_end = l[segment + 1];
+  c.end_proof = MerkleProve(l, segment + 1);
+  c.replayed_end = replayed ? *replayed : Replay(l[segment]);
+  return c;
+}
+
+struct Verifier {
+  NodeId id;
+  Verdict verdict;
+  Hash256 salt;
+};
+
+// Selection with both verifiers drawn from three candidates at probability 1.
+UnitCheck Selected(const UnitCheckConfig& cfg) {
+  auto c = UnitCheck::Create(cfg);
+  CHECK(c.ok()) << c.status().ToString();
+  std::vector<NodeId> candidates = {kV1, kV2, kV3, kSolver};
+  auto fx = c->OnBeacon(Blake2b("block 101"), 1000, candidates, VerificationParams{}, 101);
+  CHECK(fx.ok()) << fx.status().ToString();
+  return std::move(*c);
+}
+
+// Commits at 102, reveals at 105 (the reveal window is 105..107), secret revealed, then the
+// window closes at 108.
+CheckEffects RunWindows(UnitCheck& c, bool lazy, const std::vector<Verdict>& verdicts,
+                        bool reveal_secret = true) {
+  for (size_t i = 0; i < c.verifiers().size() && i < verdicts.size(); ++i) {
+    Hash256 salt = Blake2b("salt " + std::to_string(i));
+    EXPECT_TRUE(c.OnVerdictCommitted(c.verifiers()[i],
+                                     VerdictCommitment(verdicts[i], salt, c.verifiers()[i],
+                                                       c.config().unit),
+                                     102).ok());
+  }
+  CheckEffects all;
+  auto merge = [&](const CheckEffects& fx) {
+    all.slash.insert(all.slash.end(), fx.slash.begin(), fx.slash.end());
+    all.failures.insert(all.failures.end(), fx.failures.begin(), fx.failures.end());
+    all.jackpot_winners.insert(all.jackpot_winners.end(), fx.jackpot_winners.begin(),
+                               fx.jackpot_winners.end());
+    all.pay_verifiers.insert(all.pay_verifiers.end(), fx.pay_verifiers.begin(),
+                             fx.pay_verifiers.end());
+    all.rewarded.insert(all.rewarded.end(), fx.rewarded.begin(), fx.rewarded.end());
+    all.solver_clean |= fx.solver_clean;
+    all.rerun_unit |= fx.rerun_unit;
+    all.settled |= fx.settled;
+  };
+  for (uint64_t h = 102; h <= 105; ++h) merge(*c.OnBlock(h));  // the commit window closes
+  EXPECT_EQ(c.stage(), CheckStage::kCheckRevealVerdicts);
+  for (size_t i = 0; i < c.verifiers().size() && i < verdicts.size(); ++i) {
+    Hash256 salt = Blake2b("salt " + std::to_string(i));
+    MismatchClaim claim = ClaimFor(lazy, c.segments()[0]);
+    Status s = c.OnVerdictRevealed(c.verifiers()[i], verdicts[i], salt,
+                                   verdicts[i] == Verdict::kVerdictMismatch ? &claim : nullptr, 105);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  if (reveal_secret) {
+    EXPECT_TRUE(c.OnSecretRevealed(kSecret, 106).ok());
+  }
+  for (uint64_t h = 106; h <= 108; ++h) merge(*c.OnBlock(h));  // the reveal window closes
+  return all;
+}
+
+bool Has(const std::vector<NodeId>& v, const NodeId& n) {
+  return std::find(v.begin(), v.end(), n) != v.end();
+}
+
+TEST(UnitCheckTest, UnselectedUnitIsAcceptedUnchecked) {
+  auto c = UnitCheck::Create(Config(false));
+  ASSERT_TRUE(c.ok());
+  std::vector<NodeId> candidates = {kV1, kV2};
+  ASSERT_TRUE(c->OnBeacon(Blake2b("b"), 0, candidates, {}, 101).ok());
+  EXPECT_TRUE(c->verifiers().empty());
+  EXPECT_EQ(c->stage(), CheckStage::kCheckRevealVerdicts);
+  ASSERT_TRUE(c->OnSecretRevealed(kSecret, 102).ok());
+  auto fx = c->OnBlock(105);
+  ASSERT_TRUE(fx.ok());
+  EXPECT_TRUE(fx->settled);
+  EXPECT_EQ(c->result(), CheckResult::kCheckUnchecked);
+  EXPECT_TRUE(fx->slash.empty());
+  EXPECT_FALSE(fx->solver_clean);
+}
+
+TEST(UnitCheckTest, HonestWorkIsCleanAndVerifiersArePaid) {
+  UnitCheck c = Selected(Config(false));
+  ASSERT_EQ(c.verifiers().size(), 2u);
+  EXPECT_FALSE(Has(c.verifiers(), kSolver));
+  ASSERT_EQ(c.segments().size(), 1u);
+  CheckEffects fx = RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  EXPECT_EQ(c.result(), CheckResult::kCheckClean) << c.reason();
+  EXPECT_TRUE(fx.solver_clean);
+  EXPECT_TRUE(fx.slash.empty());
+  EXPECT_EQ(fx.pay_verifiers.size(), 2u);
+}
+
+TEST(UnitCheckTest, LazySolverLosesTheDisputeAndTheRubberStampIsSlashedWithIt) {
+  UnitCheck c = Selected(Config(true));
+  // verifiers()[0] replays honestly and finds the mismatch; [1] approves without running.
+  CheckEffects fx = RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed) << c.reason();
+  const NodeId honest = c.verifiers()[0], stamp = c.verifiers()[1];
+  DisputeGame* g = c.mutable_dispute();
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->config().first_step, uint64_t{c.segments()[0]} * 5);
+  EXPECT_EQ(g->config().defender, kSolver);
+  EXPECT_EQ(g->config().challenger, honest);
+  // The lazy solver cannot defend its claim and stops answering; the challenger posts.
+  DisputeQuery q = g->query();
+  ASSERT_TRUE(g->Post(DisputeParty::kChallenger, q.position, Blake2b("true"), 109).ok());
+  CheckEffects end;
+  for (uint64_t h = 109; h <= q.deadline_height + 1 && c.stage() == CheckStage::kCheckDisputed; ++h) {
+    end = *c.OnBlock(h);
+  }
+  ASSERT_EQ(c.stage(), CheckStage::kCheckSettled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
+  EXPECT_TRUE(Has(end.slash, kSolver));
+  EXPECT_TRUE(Has(end.slash, stamp));
+  EXPECT_FALSE(Has(end.slash, honest));
+  EXPECT_TRUE(Has(end.rewarded, honest));
+  EXPECT_TRUE(end.rerun_unit);
+  EXPECT_FALSE(end.solver_clean);
+  (void)fx;
+}
+
+TEST(UnitCheckTest, LyingVerifierLosesAndTheHonestSolverIsNeverSlashed) {
+  // A verifier claims honest work replays to a made-up state.
+  UnitCheck d = Selected(Config(false));
+  Hash256 salt = Blake2b("liar salt");
+  const NodeId liar = d.verifiers()[0];
+  ASSERT_TRUE(d.OnVerdictCommitted(liar, VerdictCommitment(Verdict::kVerdictMismatch, salt, liar,
+                                                           d.config().unit), 102).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(d.OnBlock(h).ok());
+  Hash256 fake = Blake2b("made up");
+  MismatchClaim claim = ClaimFor(false, d.segments()[0], &fake);
+  ASSERT_TRUE(d.OnVerdictRevealed(liar, Verdict::kVerdictMismatch, salt, &claim, 105).ok());
+  ASSERT_TRUE(d.OnSecretRevealed(kSecret, 105).ok());
+  for (uint64_t h = 106; h <= 108; ++h) ASSERT_TRUE(d.OnBlock(h).ok());
+  ASSERT_EQ(d.stage(), CheckStage::kCheckDisputed);
+  // Play the game with the referee: the solver answers truthfully, the liar with its story;
+  // here the referee's ruling is the solver's claim at the final transition.
+  DisputeGame* g = d.mutable_dispute();
+  uint64_t h = 109;
+  while (g->stage() == DisputeStage::kDisputeSteps || g->stage() == DisputeStage::kDisputeOperators) {
+    DisputeQuery q = g->query();
+    Hash256 truth = Hasher("t").UpdateU64(q.stage == DisputeStage::kDisputeSteps).UpdateU64(q.position).Finish();
+    ASSERT_TRUE(g->Post(DisputeParty::kDefender, q.position, truth, h).ok());
+    ASSERT_TRUE(g->Post(DisputeParty::kChallenger, q.position,
+                        q.position == 0 ? truth : Blake2b("lie"), h).ok());
+    ++h;
+  }
+  ASSERT_EQ(g->stage(), DisputeStage::kDisputeReferee);
+  ASSERT_TRUE(g->Rule(g->referee_task().defender_output).ok());
+  auto fx = d.OnDisputeResolved();
+  ASSERT_TRUE(fx.ok());
+  EXPECT_EQ(d.result(), CheckResult::kCheckClean);
+  EXPECT_TRUE(Has(fx->slash, liar));
+  EXPECT_FALSE(Has(fx->slash, kSolver));
+  EXPECT_TRUE(fx->solver_clean);
+}
+
+TEST(UnitCheckTest, ForcedErrorCatchesTheRubberStampAndSparesTheSolver) {
+  // Every unit is a forced error: the solver committed deliberately wrong states.
+  UnitCheck c = Selected(Config(true, 1'000'000));
+  const NodeId honest = c.verifiers()[0], stamp = c.verifiers()[1];
+  CheckEffects fx = RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
+  ASSERT_EQ(c.stage(), CheckStage::kCheckSettled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckForcedError) << c.reason();
+  EXPECT_TRUE(Has(fx.slash, stamp));
+  EXPECT_FALSE(Has(fx.slash, honest));
+  EXPECT_FALSE(Has(fx.slash, kSolver));
+  EXPECT_TRUE(Has(fx.jackpot_winners, honest));
+  EXPECT_TRUE(fx.rerun_unit);
+}
+
+TEST(UnitCheckTest, ASolverThatHidesItsSecretIsTreatedAsACheater) {
+  UnitCheck c = Selected(Config(false));
+  CheckEffects fx = RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean},
+                               /*reveal_secret=*/false);
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
+  EXPECT_TRUE(Has(fx.slash, kSolver));
+  EXPECT_EQ(fx.pay_verifiers.size(), 2u);
+}
+
+TEST(UnitCheckTest, SilentVerifiersCountFailures) {
+  UnitCheck c = Selected(Config(false));
+  const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
+  Hash256 salt = Blake2b("s");
+  // a commits but never reveals; b never commits.
+  ASSERT_TRUE(c.OnVerdictCommitted(a, VerdictCommitment(Verdict::kVerdictClean, salt, a, c.config().unit), 102).ok());
+  CheckEffects all;
+  for (uint64_t h = 102; h <= 108; ++h) {
+    CheckEffects fx = *c.OnBlock(h);
+    if (h == 105) {
+      ASSERT_TRUE(c.OnSecretRevealed(kSecret, h).ok());
+    }
+    all.failures.insert(all.failures.end(), fx.failures.begin(), fx.failures.end());
+  }
+  EXPECT_TRUE(Has(all.failures, a));
+  EXPECT_TRUE(Has(all.failures, b));
+  EXPECT_EQ(c.result(), CheckResult::kCheckUnchecked);
+}
+
+TEST(UnitCheckTest, BadRevealsAreRefused) {
+  UnitCheck c = Selected(Config(true));
+  const NodeId v = c.verifiers()[0];
+  Hash256 salt = Blake2b("salt");
+  ASSERT_TRUE(c.OnVerdictCommitted(v, VerdictCommitment(Verdict::kVerdictMismatch, salt, v, c.config().unit), 102).ok());
+  MismatchClaim claim = ClaimFor(true, c.segments()[0]);
+  // Too early: the commit window is open (copying would be possible).
+  EXPECT_EQ(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 102).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.OnSecretRevealed(kSecret, 102).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.OnVerdictCommitted(Node(77), Blake2b("x"), 102).code(), StatusCode::kPermissionDenied);
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, Blake2b("wrong"), &claim, 105).ok());
+  EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, nullptr, 105).ok());
+  MismatchClaim bad = claim;
+  bad.solver_end = Blake2b("not committed");
+  EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &bad, 105).ok());
+  MismatchClaim other = ClaimFor(true, (c.segments()[0] + 1) % 4);
+  EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &other, 105).ok());
+  EXPECT_EQ(c.OnSecretRevealed(Blake2b("not the secret"), 105).code(), StatusCode::kPermissionDenied);
+  EXPECT_TRUE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 105).ok());
+  EXPECT_EQ(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 105).code(),
+            StatusCode::kAlreadyExists);
+}
+
+TEST(UnitCheckTest, WhistleblowerChallengesACleanVerdict) {
+  // Lazy work approved by rubber stamps only.
+  UnitCheck c = Selected(Config(true));
+  const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
+  RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_EQ(c.result(), CheckResult::kCheckClean);
+  MismatchClaim claim = ClaimFor(true, 3);  // any segment may be challenged
+  EXPECT_FALSE(c.OnChallenge(kSolver, claim, 110).ok());
+  MismatchClaim bad = claim;
+  bad.start = Blake2b("x");
+  EXPECT_FALSE(c.OnChallenge(kWhistle, bad, 110).ok());
+  ASSERT_TRUE(c.OnChallenge(kWhistle, claim, 110).ok());
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
+  DisputeGame* g = c.mutable_dispute();
+  EXPECT_EQ(g->config().challenger, kWhistle);
+  DisputeQuery q = g->query();
+  ASSERT_TRUE(g->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), 111).ok());
+  CheckEffects fx;
+  for (uint64_t h = 111; c.stage() == CheckStage::kCheckDisputed; ++h) fx = *c.OnBlock(h);
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
+  EXPECT_TRUE(Has(fx.slash, kSolver));
+  EXPECT_TRUE(Has(fx.slash, a));
+  EXPECT_TRUE(Has(fx.slash, b));
+  EXPECT_TRUE(Has(fx.rewarded, kWhistle));
+  EXPECT_FALSE(Has(fx.slash, kWhistle));
+}
+
+TEST(UnitCheckTest, EncodeDecodeAtEveryStage) {
+  UnitCheck c = Selected(Config(true));
+  auto roundtrip = [](const UnitCheck& u) {
+    Bytes w = u.Encode();
+    auto back = UnitCheck::Decode(w);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->Encode(), w);
+    for (size_t cut = 0; cut < w.size(); cut += 13) {
+      EXPECT_FALSE(UnitCheck::Decode(ByteSpan(w.data(), cut)).ok());
+    }
+  };
+  roundtrip(c);
+  RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
+  roundtrip(c);
+  auto u = UnitCheck::Create(Config(false));
+  ASSERT_TRUE(u.ok());
+  roundtrip(*u);
+}
+
+TEST(UnitCheckTest, PayAndSlashAmounts) {
+  EXPECT_EQ(VerifierPay(1000, 1, 4), 250u);
+  EXPECT_EQ(VerifierPay(1000, 4, 4), 1000u);
+  EXPECT_EQ(VerifierPay(3, 1, 4), 1u);  // at least one token
+  EXPECT_EQ(VerifierPay(UINT64_MAX, 3, 3), UINT64_MAX);
+  EXPECT_EQ(SlashAmount(1000, 10), 10000u);
+  EXPECT_EQ(SlashAmount(UINT64_MAX / 2, 10), UINT64_MAX);
+}
+
+}  // namespace
+}  // namespace meshlearn::protocol
