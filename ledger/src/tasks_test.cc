@@ -83,7 +83,11 @@ TEST(TaskPrimitivesTest, WorkUnitLifecyclePaysAndKeepsBooks) {
   t.id = id;
   t.submitter = submitter.public_key();
   t.budget = t.escrow = 1000;
-  t.price_cap = 300;
+  t.price_cap = 300;  // per GFLOP; one unit here is 1 GFLOP, so a unit costs at most 300
+  t.params = testing::TestTaskParams();
+  t.params.inner_steps = 1;
+  t.params.batch_size = 1;
+  t.params.checkpoint_interval = 1;
   s.tasks.Put(id, t);
   ASSERT_TRUE(Debit(s, submitter.public_key(), 1000, "budget").ok());
   ASSERT_TRUE(s.ComputeTotals().Check().ok());
