@@ -129,6 +129,30 @@ TEST(NetworkSimTest, RefusesUnitsThatDoNotFitInMemory) {
   EXPECT_EQ(sim.agent(1)->stats().units_completed, 0u);
 }
 
+TEST(NetworkSimTest, HalfSpeedNodeGetsAboutHalfTheUnits) {
+  Fixture f(14, /*rounds=*/2, /*units=*/28, /*H=*/2, /*k=*/1);
+  SimHarness sim({.seed = 14,
+                  .nodes = 4,
+                  .task_toml = f.toml,
+                  .node_options = {{}, {}, {}, {.speed_factor = 0.5}},
+                  // Slow enough that compute, not the 2 ms latency, dominates a unit's time.
+                  .throughput = 1'000'000,
+                  .env = &f.env});
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  double fast = 0;
+  for (int i = 0; i < 3; ++i) fast += sim.agent(i)->stats().units_completed;
+  fast /= 3;
+  double slow = sim.agent(3)->stats().units_completed;
+  EXPECT_GT(slow, 0.3 * fast);
+  EXPECT_LT(slow, 0.7 * fast) << "slow " << slow << " fast " << fast;
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+}
+
 Hash256 RunFiftyNodes(uint64_t seed) {
   Fixture f(seed, /*rounds=*/2, /*units=*/25, /*H=*/4, /*k=*/2);
   SimHarness sim({.seed = seed, .nodes = 50, .task_toml = f.toml, .env = &f.env});

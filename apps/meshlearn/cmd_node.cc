@@ -1,0 +1,362 @@
+// meshlearn node init|bench|run|leave: run a training node (docs/operators.md, "Run a node").
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "meshlearn/base/clock.h"
+#include "meshlearn/base/config.h"
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/keyfile.h"
+#include "meshlearn/base/log.h"
+#include "meshlearn/cli.h"
+#include "meshlearn/ledger/tx.h"
+#include "meshlearn/net/blob_store.h"
+#include "meshlearn/net/http_transport.h"
+#include "meshlearn/node/agent.h"
+#include "meshlearn/node/bench.h"
+#include "meshlearn/node/chain_client.h"
+
+namespace meshlearn::cli {
+namespace {
+
+using nlohmann::json;
+
+struct NodeArgs {
+  std::string config = "node.toml";
+  double seconds = 2.0;
+};
+
+// node.toml, validated (see the footer of `meshlearn node --help` and docs/operators.md).
+struct NodeConfig {
+  std::string path;
+  std::string data_dir;
+  std::string rpc = "http://127.0.0.1:7700";
+  std::string listen = "127.0.0.1:7801";
+  std::string endpoint;  // default: listen
+  uint32_t roles = ledger::kRoleSolver | ledger::kRoleAggregator;
+  uint64_t price = 1;
+  uint64_t stake = 1000;
+  uint64_t heartbeat_blocks = 5;
+  uint64_t blob_quota_bytes = 10ull << 30;
+  double speed_factor = 1.0;
+  uint32_t max_units = 0;
+  bool have_capabilities = false;
+  ledger::NodeCapabilities capabilities;
+  uint32_t latency_ms = 5;
+  uint64_t bandwidth_bytes_per_s = 100'000'000;
+};
+
+Result<NodeConfig> LoadNodeConfig(const std::string& path) {
+  Env* env = Env::Default();
+  if (!env->FileExists(path)) {
+    return NotFound(path + " does not exist; write one (see `meshlearn node --help` for an "
+                           "example) or pass --config PATH");
+  }
+  ML_ASSIGN_OR_RETURN(ConfigFile c, ConfigFile::Load(env, path));
+  ML_RETURN_IF_ERROR(c.CheckKnownKeys({"data_dir", "rpc", "listen", "endpoint", "roles", "price",
+                                       "stake", "heartbeat_blocks", "blob_quota_bytes",
+                                       "speed_factor", "max_units", "capabilities"}));
+  NodeConfig n;
+  n.path = path;
+  ML_ASSIGN_OR_RETURN(n.data_dir, c.GetString("data_dir"));
+  if (n.data_dir.empty()) return c.Error("data_dir", "is empty; name a directory for keys, blobs and progress");
+  n.data_dir = ExpandHome(n.data_dir);
+  if (n.data_dir[0] != '/') {
+    size_t slash = path.rfind('/');
+    if (slash != std::string::npos) n.data_dir = JoinPath(path.substr(0, slash), n.data_dir);
+  }
+  ML_ASSIGN_OR_RETURN(n.rpc, c.GetString("rpc", n.rpc));
+  ML_ASSIGN_OR_RETURN(n.listen, c.GetString("listen", n.listen));
+  {
+    std::string host;
+    uint16_t port = 0;
+    Status s = net::ParseHostPort(n.listen, &host, &port);
+    if (!s.ok()) return c.Error("listen", "must be \"host:port\" (e.g. \"0.0.0.0:7801\"): " + s.message());
+  }
+  ML_ASSIGN_OR_RETURN(n.endpoint, c.GetString("endpoint", ""));
+  if (n.endpoint.empty()) n.endpoint = n.listen;
+  {
+    std::string host;
+    uint16_t port = 0;
+    if (!net::ParseHostPort(n.endpoint, &host, &port).ok() || port == 0) {
+      return c.Error("endpoint", "must be \"host:port\" that other nodes can dial, e.g. \"203.0.113.5:7801\"");
+    }
+    if (host == "0.0.0.0") {
+      return c.Error("endpoint", "is 0.0.0.0, which peers cannot dial; set endpoint to this machine's address");
+    }
+  }
+  ML_ASSIGN_OR_RETURN(std::string roles, c.GetString("roles", "solver,aggregator"));
+  Result<uint32_t> r = ledger::ParseRoles(roles);
+  if (!r.ok()) return c.Error("roles", "is not valid: " + r.status().message());
+  n.roles = *r;
+  ML_ASSIGN_OR_RETURN(int64_t price, c.GetInt("price", 1, {.min = 0}));
+  ML_ASSIGN_OR_RETURN(int64_t stake, c.GetInt("stake", 1000, {.min = 0}));
+  ML_ASSIGN_OR_RETURN(int64_t hb, c.GetInt("heartbeat_blocks", 5, {.min = 1, .max = 100000}));
+  ML_ASSIGN_OR_RETURN(int64_t quota, c.GetInt("blob_quota_bytes", int64_t{10} << 30, {.min = 1 << 20}));
+  ML_ASSIGN_OR_RETURN(n.speed_factor, c.GetDouble("speed_factor", 1.0, {.min = 0, .max = 1, .min_exclusive = true}));
+  ML_ASSIGN_OR_RETURN(int64_t max_units, c.GetInt("max_units", 0, {.min = 0, .max = 1 << 30}));
+  n.price = static_cast<uint64_t>(price);
+  n.stake = static_cast<uint64_t>(stake);
+  n.heartbeat_blocks = static_cast<uint64_t>(hb);
+  n.blob_quota_bytes = static_cast<uint64_t>(quota);
+  n.max_units = static_cast<uint32_t>(max_units);
+  if (c.Has("capabilities")) {
+    ML_ASSIGN_OR_RETURN(ConfigFile caps, c.GetTable("capabilities"));
+    ML_RETURN_IF_ERROR(caps.CheckKnownKeys(
+        {"throughput", "memory_bytes", "cores", "latency_ms", "bandwidth_bytes_per_s", "accelerator"}));
+    ML_ASSIGN_OR_RETURN(int64_t tp, caps.GetInt("throughput", 0, {.min = 0}));
+    ML_ASSIGN_OR_RETURN(int64_t mem, caps.GetInt("memory_bytes", 0, {.min = 0}));
+    ML_ASSIGN_OR_RETURN(int64_t cores, caps.GetInt("cores", 0, {.min = 0, .max = 1 << 20}));
+    ML_ASSIGN_OR_RETURN(int64_t lat, caps.GetInt("latency_ms", 5, {.min = 0, .max = 1 << 30}));
+    ML_ASSIGN_OR_RETURN(int64_t bw, caps.GetInt("bandwidth_bytes_per_s", 100'000'000, {.min = 1}));
+    ML_ASSIGN_OR_RETURN(n.capabilities.accelerator, caps.GetString("accelerator", ""));
+    n.latency_ms = static_cast<uint32_t>(lat);
+    n.bandwidth_bytes_per_s = static_cast<uint64_t>(bw);
+    n.capabilities.throughput = static_cast<uint64_t>(tp);
+    n.capabilities.memory_bytes = static_cast<uint64_t>(mem);
+    n.capabilities.cores = static_cast<uint32_t>(cores);
+    n.capabilities.latency_ms = n.latency_ms;
+    n.capabilities.bandwidth_bytes_per_s = n.bandwidth_bytes_per_s;
+    // Throughput 0 means "measure at start"; a partial table is completed from the machine.
+    n.have_capabilities = tp > 0;
+  }
+  return n;
+}
+
+std::string KeysDir(const NodeConfig& c) { return JoinPath(c.data_dir, "keys"); }
+
+// The node's key: <data_dir>/keys/node.key, created on first use. Encrypted with
+// $MESHLEARN_PASSPHRASE when set (a daemon cannot prompt).
+Result<KeyPair> LoadOrCreateNodeKey(const NodeConfig& c, bool* created) {
+  Env* env = Env::Default();
+  ML_RETURN_IF_ERROR(env->CreateDirs(c.data_dir, 0700));
+  KeyStore store(env, KeysDir(c));
+  const char* pass_env = getenv("MESHLEARN_PASSPHRASE");
+  std::string pass = pass_env ? pass_env : "";
+  if (store.Info("node").ok()) {
+    if (created) *created = false;
+    return store.Load("node", pass);
+  }
+  if (created) *created = true;
+  return store.Create("node", pass);
+}
+
+Status RunInit(GlobalOptions& g, const NodeArgs& a) {
+  ML_ASSIGN_OR_RETURN(NodeConfig c, LoadNodeConfig(a.config));
+  bool created = false;
+  ML_ASSIGN_OR_RETURN(KeyPair key, LoadOrCreateNodeKey(c, &created));
+  json j = {{"node_id", key.public_key().ToHex()}, {"data_dir", c.data_dir},
+            {"key_created", created}, {"endpoint", c.endpoint}};
+  g.Output(j, [&] {
+    std::cout << "node id:  " << key.public_key().ToHex() << (created ? " (new key)" : "")
+              << "\ndata dir: " << c.data_dir << "\nendpoint: " << c.endpoint
+              << "\nFund this id with enough tokens for its stake (" << c.stake
+              << "), then run `meshlearn node run --config " << a.config << "`.\n";
+  });
+  return Status::Ok();
+}
+
+Status RunBench(GlobalOptions& g, const NodeArgs& a) {
+  if (!g.json) std::cerr << "benchmarking for " << a.seconds << " s..." << std::endl;
+  ML_ASSIGN_OR_RETURN(node::BenchResult b, node::RunStandardBench({.seconds = a.seconds}));
+  g.Output(b.ToJson(), [&] {
+    std::cout << "throughput: " << b.flops_per_s / 1e9 << " GFLOP/s (" << b.steps << " steps in "
+              << b.seconds << " s, MLP 784-256-128-10, batch 64)\nmemory:     "
+              << b.memory_bytes / (1 << 20) << " MiB\ncores:      " << b.cores
+              << "\n\nFor node.toml:\n[capabilities]\nthroughput = " << b.flops_per_s
+              << "\nmemory_bytes = " << b.memory_bytes << "\ncores = " << b.cores
+              << "\nlatency_ms = " << b.latency_ms
+              << "\nbandwidth_bytes_per_s = " << b.bandwidth_bytes_per_s << "\n";
+  });
+  return Status::Ok();
+}
+
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
+  (void)g;
+  ML_ASSIGN_OR_RETURN(NodeConfig c, LoadNodeConfig(a.config));
+  bool created = false;
+  ML_ASSIGN_OR_RETURN(KeyPair key, LoadOrCreateNodeKey(c, &created));
+  ML_LOG_INFO("node {} ({}), data dir {}", key.public_key().ToHex(), created ? "new key" : "key loaded",
+              c.data_dir);
+  ledger::NodeCapabilities caps = c.capabilities;
+  if (!c.have_capabilities) {
+    ML_LOG_INFO("no [capabilities] in {}: running the standard benchmark (`meshlearn node bench`)", c.path);
+    ML_ASSIGN_OR_RETURN(node::BenchResult b,
+                        node::RunStandardBench({.seconds = 2.0,
+                                                .latency_ms = c.latency_ms,
+                                                .bandwidth_bytes_per_s = c.bandwidth_bytes_per_s}));
+    ledger::NodeCapabilities measured = b.ToCapabilities();
+    if (caps.memory_bytes != 0) measured.memory_bytes = caps.memory_bytes;
+    if (caps.cores != 0) measured.cores = caps.cores;
+    measured.accelerator = caps.accelerator;
+    caps = measured;
+    ML_LOG_INFO("benchmark: {:.2f} GFLOP/s, {} MiB, {} cores", caps.throughput / 1e9,
+                caps.memory_bytes >> 20, caps.cores);
+  }
+  Env* env = Env::Default();
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<net::BlobStore> store,
+                      net::BlobStore::Open(env, JoinPath(c.data_dir, "blobs"),
+                                           {.quota_bytes = c.blob_quota_bytes}));
+  node::HttpChainClient chain(c.rpc, {.read_timeout_ms = 15000});
+  net::HttpTransport transport;
+  std::atomic<bool> stop{false};
+
+  node::AgentOptions opts;
+  opts.data_dir = c.data_dir;
+  opts.endpoint = c.endpoint;
+  opts.roles = c.roles;
+  opts.capabilities = caps;
+  opts.price = c.price;
+  opts.stake = c.stake;
+  opts.heartbeat_every_blocks = c.heartbeat_blocks;
+  opts.speed_factor = c.speed_factor;
+  opts.sleep = [](int64_t us) { std::this_thread::sleep_for(std::chrono::microseconds(us)); };
+  opts.max_units = c.max_units;
+  opts.log = [](const std::string& line) { ML_LOG_INFO("{}", line); };
+  opts.should_stop = [&stop] { return stop.load(); };
+  node::NodeAgent agent({.env = env,
+                         .clock = SystemClock::Default(),
+                         .transport = &transport,
+                         .store = store.get(),
+                         .chain = &chain,
+                         .key = key},
+                        opts);
+  net::Router router;
+  agent.RegisterServices(&router);
+
+  sigset_t stop_signals = BlockStopSignals();
+  net::HttpServer server(&router);
+  std::string host;
+  uint16_t port = 0;
+  ML_RETURN_IF_ERROR(net::ParseHostPort(c.listen, &host, &port));
+  Result<uint16_t> bound = server.Start(host, port);
+  if (!bound.ok()) {
+    return bound.status().WithPrefix("cannot serve blobs on listen = \"" + c.listen + "\" (" +
+                                     c.path + "); is the port in use?");
+  }
+  ML_LOG_INFO("serving blobs on {}:{}, advertised as {}; ledger {}", host, *bound, c.endpoint, c.rpc);
+
+  Status loop_status;
+  std::thread loop([&] {
+    uint64_t failures = 0;
+    while (!stop.load()) {
+      Result<node::TickReport> r = agent.Tick();
+      if (stop.load()) break;
+      if (!r.ok()) {
+        ++failures;
+        ML_LOG_WARN("tick: {} (retrying)", r.status().ToString());
+        for (int i = 0; i < 20 && !stop.load(); ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(std::min<uint64_t>(100 * failures, 100)));
+        }
+        continue;
+      }
+      failures = 0;
+      if (r->busy) continue;
+      Result<uint64_t> h = node::WaitForBlockAbove(chain, r->height, 2000);
+      if (!h.ok()) {
+        ML_LOG_WARN("waiting for a block: {}", h.status().ToString());
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
+    }
+  });
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  ML_LOG_INFO("signal {}: stopping (a unit in progress resumes from its last checkpoint)", sig);
+  stop.store(true);
+  loop.join();
+  server.Stop();
+  ML_LOG_INFO("stopped; units completed {}, aggregations {}", agent.stats().units_completed,
+              agent.stats().aggregations);
+  return loop_status;
+}
+
+Status RunLeave(GlobalOptions& g, const NodeArgs& a) {
+  ML_ASSIGN_OR_RETURN(NodeConfig c, LoadNodeConfig(a.config));
+  ML_ASSIGN_OR_RETURN(KeyPair key, LoadOrCreateNodeKey(c, nullptr));
+  node::HttpChainClient chain(c.rpc);
+  node::TxSender tx(&chain, key,
+                    {.env = Env::Default(), .outbox_path = JoinPath(c.data_dir, "outbox-cli")});
+  ML_RETURN_IF_ERROR(tx.Init());
+  ML_ASSIGN_OR_RETURN(
+      node::TxOutcome o,
+      tx.SendAndWait(ledger::LeaveNodeTx{.node_id = key.public_key()}, 60000,
+                     [](int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }));
+  if (!o.ok) return FailedPrecondition("leave node: " + o.reason);
+  json j = {{"node_id", key.public_key().ToHex()}, {"tx_id", o.id.ToHex()}, {"height", o.height}};
+  g.Output(j, [&] {
+    std::cout << "node " << key.public_key().ToHex() << " left in block " << o.height
+              << "; its stake is unbonding (withdraw it later with `meshlearn --home " << c.data_dir << " wallet withdraw --key node`).\n"
+              << "Stop the daemon (SIGTERM) once its units in flight are committed.\n";
+  });
+  return Status::Ok();
+}
+
+void AddNode(CLI::App& root, GlobalOptions& g) {
+  static NodeArgs a;
+  CLI::App* n = root.add_subcommand("node", "Run a training node: bench, run, leave");
+  n->require_subcommand(1);
+  n->footer(
+      "Examples:\n"
+      "  meshlearn node bench                        # measure this machine\n"
+      "  meshlearn node init --config node.toml      # create the node key, print its id\n"
+      "  meshlearn node run --config node.toml       # register, heartbeat, train, aggregate\n"
+      "  meshlearn node leave --config node.toml     # unregister, start unbonding the stake\n"
+      "\nnode.toml:\n"
+      "  data_dir = \"~/.meshlearn/node\"     # keys, blobs, unit progress (crash-safe)\n"
+      "  rpc = \"http://127.0.0.1:7700\"     # the ledger\n"
+      "  listen = \"127.0.0.1:7801\"         # blob server\n"
+      "  endpoint = \"\"                     # what peers dial; default = listen\n"
+      "  roles = \"solver,aggregator\"\n"
+      "  price = 1                         # tokens per 10^9 training FLOPs\n"
+      "  stake = 1000                      # bonded at registration\n"
+      "  heartbeat_blocks = 5\n"
+      "  blob_quota_bytes = 10737418240\n"
+      "  speed_factor = 1.0                # < 1: a deliberately slow node (tests, demos)\n"
+      "  [capabilities]                    # optional: paste `node bench`; measured if absent\n"
+      "  throughput = 20000000000\n"
+      "  memory_bytes = 17179869184\n");
+
+  CLI::App* bench = n->add_subcommand("bench", "Measure training throughput, memory and cores");
+  bench->add_option("--seconds", a.seconds, "How long to measure")->capture_default_str();
+  bench->footer("Examples:\n  meshlearn node bench\n  meshlearn --json node bench --seconds 5");
+  bench->callback([&g] { g.Exit(RunBench(g, a)); });
+
+  CLI::App* init = n->add_subcommand("init", "Create the node's data dir and key; print its id");
+  init->add_option("--config", a.config, "node.toml")->capture_default_str();
+  init->footer("Examples:\n  meshlearn node init --config node.toml\n  meshlearn --json node init --config n1/node.toml");
+  init->callback([&g] { g.Exit(RunInit(g, a)); });
+
+  CLI::App* run = n->add_subcommand("run", "Run the node daemon until SIGTERM or Ctrl-C");
+  run->add_option("--config", a.config, "node.toml")->capture_default_str();
+  run->footer(
+      "Examples:\n  meshlearn node run --config node.toml\n"
+      "It registers the node if needed, heartbeats, trains the units assigned to it (with a\n"
+      "checkpoint every k steps: killed, it resumes there), aggregates rounds it is assigned and\n"
+      "serves blobs to other nodes. SIGTERM/SIGINT stop it cleanly.");
+  run->callback([&g] { g.Exit(RunDaemon(g, a)); });
+
+  CLI::App* leave = n->add_subcommand("leave", "Unregister the node and start unbonding its stake");
+  leave->add_option("--config", a.config, "node.toml")->capture_default_str();
+  leave->footer("Examples:\n  meshlearn node leave --config node.toml");
+  leave->callback([&g] { g.Exit(RunLeave(g, a)); });
+}
+
+}  // namespace
+
+MESHLEARN_COMMAND(45, AddNode);
+
+}  // namespace meshlearn::cli
