@@ -291,5 +291,98 @@ TEST(Rpc, FollowerIsReadOnly) {
   EXPECT_EQ(st["result"]["role"], "follower");
 }
 
+// get_task's network fields and node_work: what a node reads to act, through a one-round task.
+TEST(Rpc, NodeWorkAndTaskProgress) {
+  TestLedger t;
+  KeyPair node = testing::KeyFromByte(20);
+  auto send = [&](const KeyPair& from, TxPayload p) {
+    uint64_t nonce = t.shared->With([&](Chain& c) { return c.NextNonce(from.public_key()); });
+    json r = t.Call("send_tx", {{"tx", TxHex(BuildSignedTx(from, TestLedger::kChainId, nonce, p))}});
+    EXPECT_TRUE(r.contains("result")) << r.dump();
+    EXPECT_TRUE(t.sequencer->ProduceOnce().ok());
+    json got = t.Call("get_tx", {{"id", r["result"]["tx_id"]}});
+    EXPECT_EQ(got["result"]["receipt"]["ok"], true) << got.dump();
+  };
+  send(t.alice, RegisterNodeTx{.node_id = node.public_key(),
+                               .endpoint = "http://n:1",
+                               .roles = kRoleSolver | kRoleAggregator,
+                               .capabilities = {.memory_bytes = 1ull << 30,
+                                                .throughput = 1'000'000'000'000,
+                                                .latency_ms = 1,
+                                                .bandwidth_bytes_per_s = 1'000'000'000},
+                               .price = 2,
+                               .stake = 100});
+  Hash256 init = Blake2b("init");
+  TaskParams params{.rounds = 1, .units_per_round = 2, .inner_steps = 2, .batch_size = 4,
+                    .checkpoint_interval = 1, .flops_per_sample = 1000, .model_bytes = 40,
+                    .num_examples = 10, .seed = 1, .initial_state = init};
+  uint64_t nonce = t.shared->With([&](Chain& c) { return c.NextNonce(t.bob.public_key()); });
+  Hash256 task = TaskIdFor(t.bob.public_key(), nonce);
+  send(t.bob, SubmitTaskTx{.spec_hash = Blake2b("bundle"), .budget = 1000, .price_cap = 5,
+                           .params = params});
+
+  json work = t.Call("node_work", {{"id", node.public_key().ToHex()}})["result"];
+  EXPECT_EQ(work["height"], 2);
+  ASSERT_EQ(work["units"].size(), 2u) << work.dump();
+  EXPECT_EQ(work["aggregations"].size(), 0u);
+  const json& u0 = work["units"][0];
+  EXPECT_EQ(u0["task_id"], task.ToHex());
+  EXPECT_EQ(u0["index"], 0);
+  EXPECT_EQ(u0["round"], 0);
+  EXPECT_EQ(u0["shard"], 0);
+  EXPECT_EQ(u0["start_state"], init.ToHex());
+  EXPECT_EQ(u0["spec_hash"], Blake2b("bundle").ToHex());
+  EXPECT_GT(u0["deadline_height"].get<uint64_t>(), 2u);
+
+  json task_json = t.Call("get_task", {{"id", task.ToHex()}, {"units", true}})["result"];
+  EXPECT_EQ(task_json["phase"], "training");
+  EXPECT_EQ(task_json["round"], 0);
+  EXPECT_EQ(task_json["aggregator"], nullptr);
+  EXPECT_EQ(task_json["params"]["initial_state"], init.ToHex());
+  EXPECT_EQ(task_json["weights_history"], json::array({init.ToHex()}));
+  ASSERT_EQ(task_json["units"].size(), 2u);
+  for (const char* k : {"index", "round", "shard", "status", "assignee", "deadline_height",
+                        "result_hash", "commitment", "loss_micros", "paid"}) {
+    EXPECT_TRUE(task_json["units"][1].contains(k)) << k;
+  }
+  EXPECT_EQ(task_json["units"][1]["status"], "assigned");
+  EXPECT_EQ(task_json["units"][1]["assignee"], node.public_key().ToHex());
+
+  for (uint32_t i = 0; i < 2; ++i) {
+    send(t.alice, CommitUnitTx{.task_id = task, .index = i, .node_id = node.public_key(),
+                               .result_hash = Blake2b("delta" + std::to_string(i)),
+                               .commitment = Blake2b("root"), .loss_micros = 5});
+  }
+  work = t.Call("node_work", {{"id", node.public_key().ToHex()}})["result"];
+  EXPECT_EQ(work["units"].size(), 0u);
+  ASSERT_EQ(work["aggregations"].size(), 1u) << work.dump();
+  const json& agg = work["aggregations"][0];
+  EXPECT_EQ(agg["task_id"], task.ToHex());
+  EXPECT_EQ(agg["round"], 0);
+  EXPECT_EQ(agg["start_state"], init.ToHex());
+  ASSERT_EQ(agg["units"].size(), 2u);
+  EXPECT_EQ(agg["units"][1]["index"], 1);
+  EXPECT_EQ(agg["units"][1]["shard"], 1);
+  EXPECT_EQ(agg["units"][1]["node"], node.public_key().ToHex());
+  EXPECT_EQ(agg["units"][1]["result_hash"], Blake2b("delta1").ToHex());
+  task_json = t.Call("get_task", {{"id", task.ToHex()}})["result"];
+  EXPECT_EQ(task_json["aggregator"]["node"], node.public_key().ToHex());
+  EXPECT_EQ(task_json["aggregator"]["round"], 0);
+
+  send(t.alice, CommitAggregateTx{.task_id = task, .round = 0, .node_id = node.public_key(),
+                                  .state_hash = Blake2b("final"), .test_accuracy_ppm = 900'000,
+                                  .test_loss_micros = 100});
+  task_json = t.Call("get_task", {{"id", task.ToHex()}})["result"];
+  EXPECT_EQ(task_json["status"], "finished");
+  EXPECT_EQ(task_json["phase"], "final");
+  EXPECT_EQ(task_json["final_state"], Blake2b("final").ToHex());
+  ASSERT_EQ(task_json["round_results"].size(), 1u);
+  EXPECT_EQ(task_json["round_results"][0]["state"], Blake2b("final").ToHex());
+  EXPECT_EQ(task_json["round_results"][0]["test_accuracy_ppm"], 900'000);
+  work = t.Call("node_work", {{"id", node.public_key().ToHex()}})["result"];
+  EXPECT_EQ(work["units"].size() + work["aggregations"].size(), 0u);
+  EXPECT_EQ(ErrorCode(t.Call("node_work", {{"id", "zz"}})), kRpcInvalidParams);
+}
+
 }  // namespace
 }  // namespace meshlearn::ledger
