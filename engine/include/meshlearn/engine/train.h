@@ -118,7 +118,8 @@ class Trainer {
 
   // ---- Work units (network training). A unit restarts the trainer on a new data stream from
   // given weights: parameters <- `params`, fresh (zeroed) optimizer state, step 0, stream
-  // `stream`, inner learning rate (and min_lr) scaled by `lr_scale`. So a unit's result depends
+  // `stream`, a constant inner learning rate lr x `lr_scale` (the [optimizer] schedule and
+  // warm-up are for `train`; a unit ignores them). So a unit's result depends
   // only on (task, params, stream, lr_scale), whoever runs it. Errors if params has the wrong size.
   Status StartUnit(uint64_t stream, std::span<const float> params, double lr_scale = 1.0);
   // All parameters, concatenated in model order (the layout of weights and deltas on the wire).
