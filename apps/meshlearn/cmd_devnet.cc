@@ -1,0 +1,549 @@
+// meshlearn devnet: a whole meshlearn network on this machine, as real processes on loopback —
+// one `meshlearn chain serve` and N `meshlearn node run` — that trains one task end to end:
+// genesis funding the submitter and every node, wait for the nodes to register, submit the task
+// (the code of `task submit`), show progress, fetch the final model, write report.json, stop
+// every process (SIGTERM, then SIGKILL) on completion, on error and on Ctrl-C.
+//
+// Scenario flags for tests and demos: --speed I=F (solver I runs at F x speed), --kill I@U
+// (kill -9 solver I once U units are committed), --late I@R (start solver I only when round R
+// begins). Children get PR_SET_PDEATHSIG, so even a kill -9 of devnet leaves no orphan.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "meshlearn/base/clock.h"
+#include "meshlearn/base/keyfile.h"
+#include "meshlearn/base/progress.h"
+#include "meshlearn/cli.h"
+#include "meshlearn/engine/backend.h"
+#include "meshlearn/ledger/genesis.h"
+#include "meshlearn/node/local_diloco.h"
+#include "task_client.h"
+
+namespace meshlearn::cli {
+namespace {
+
+using nlohmann::json;
+
+std::atomic<int> g_stop_signal{0};
+void OnStopSignal(int sig) { g_stop_signal.store(sig); }
+
+struct DevnetArgs {
+  std::string task;
+  std::string out = "out/devnet";
+  int solvers = 4;
+  int64_t block_interval_ms = 500;
+  int64_t timeout_s = 3600;
+  bool check_reference = true;
+  int64_t rounds = 0;  // override network.rounds (quick runs)
+  std::vector<std::string> speed;  // "I=F"
+  std::vector<std::string> kill;   // "I@U"
+  std::vector<std::string> late;   // "I@R"
+  uint64_t price = 1;
+};
+
+// A child process whose stdout/stderr go to a log file.
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  std::string log;
+  bool alive() const { return pid > 0; }
+};
+
+Result<Child> Spawn(const std::string& name, const std::vector<std::string>& args,
+                    const std::string& log, const std::string& home) {
+  Child c{name, -1, log};
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return Internal("fork failed for " + name);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // devnet gone (even by kill -9): so is the child
+    if (getppid() != parent) _exit(1);
+    setpgid(0, 0);  // Ctrl-C on the terminal reaches devnet only; devnet stops the children
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    setenv("MESHLEARN_HOME", home.c_str(), 1);
+    FILE* f = freopen(log.c_str(), "w", stdout);
+    (void)f;
+    dup2(fileno(stdout), fileno(stderr));
+    std::vector<char*> argv;
+    std::string self = "/proc/self/exe";
+    static std::string exe;
+    char buf[4096];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+    exe = n > 0 ? std::string(buf, static_cast<size_t>(n)) : self;
+    argv.push_back(exe.data());
+    std::vector<std::string> copy = args;
+    for (std::string& s : copy) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(exe.c_str(), argv.data());
+    _exit(127);
+  }
+  c.pid = pid;
+  return c;
+}
+
+void Stop(Child& c, int sig = SIGTERM) {
+  if (c.pid > 0) kill(c.pid, sig);
+}
+
+// SIGTERM every child, wait up to `grace_ms`, then SIGKILL and reap.
+void StopAll(std::vector<Child>& children, int64_t grace_ms) {
+  for (Child& c : children) Stop(c, SIGTERM);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (true) {
+    bool any = false;
+    for (Child& c : children) {
+      if (c.pid <= 0) continue;
+      if (waitpid(c.pid, nullptr, WNOHANG) == c.pid) {
+        c.pid = -1;
+      } else {
+        any = true;
+      }
+    }
+    if (!any) return;
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(grace_ms)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (Child& c : children) {
+    if (c.pid > 0) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, nullptr, 0);
+      c.pid = -1;
+    }
+  }
+}
+
+// Owns the children: stops them whatever way RunDevnet returns.
+struct Fleet {
+  std::vector<Child> children;
+  ~Fleet() { StopAll(children, 5000); }
+};
+
+Result<uint16_t> FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Internal("socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return Internal("bind() to a free loopback port failed");
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+Status Interrupted() {
+  return Unavailable(fmt::format("interrupted by signal {}; every devnet process was stopped",
+                               g_stop_signal.load()));
+}
+
+template <typename T>
+Result<std::map<int, T>> ParseScenario(const std::vector<std::string>& items, char sep,
+                                       int solvers, const std::string& flag) {
+  std::map<int, T> out;
+  for (const std::string& s : items) {
+    size_t p = s.find(sep);
+    try {
+      if (p == std::string::npos) throw std::invalid_argument("");
+      int i = std::stoi(s.substr(0, p));
+      if (i < 0 || i >= solvers) throw std::out_of_range("");
+      if constexpr (std::is_same_v<T, double>) {
+        out[i] = std::stod(s.substr(p + 1));
+      } else {
+        out[i] = static_cast<T>(std::stoll(s.substr(p + 1)));
+      }
+    } catch (...) {
+      return InvalidArgument(fmt::format("{} '{}' is not SOLVER{}VALUE with SOLVER in 0..{}", flag,
+                                         s, sep, solvers - 1));
+    }
+  }
+  return out;
+}
+
+Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
+  ML_RETURN_IF_ERROR(engine::ConfigureFromEnv());
+  Env* env = Env::Default();
+  const auto t_start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  };
+  auto say = [&](const std::string& s) {
+    if (!g.json) std::cerr << s << std::endl;
+  };
+  if (a.solvers < 1 || a.solvers > 64) return InvalidArgument("--solvers must be in 1..64");
+  ML_ASSIGN_OR_RETURN(auto speeds, ParseScenario<double>(a.speed, '=', a.solvers, "--speed"));
+  ML_ASSIGN_OR_RETURN(auto kills, ParseScenario<uint64_t>(a.kill, '@', a.solvers, "--kill"));
+  ML_ASSIGN_OR_RETURN(auto lates, ParseScenario<uint64_t>(a.late, '@', a.solvers, "--late"));
+  for (auto& [i, f] : speeds) {
+    if (!(f > 0 && f <= 1)) return InvalidArgument("--speed factors must be in (0, 1]");
+  }
+
+  // 1. The task, validated before anything starts.
+  ML_ASSIGN_OR_RETURN(PreparedTask task, PrepareTask(env, a.task));
+  if (a.rounds > 0) {
+    task.net.rounds = static_cast<uint32_t>(a.rounds);
+    task.params.rounds = task.net.rounds;
+    task.view.rounds = task.net.rounds;
+    task.total_units = uint64_t{task.net.rounds} * task.net.units_per_round;
+  }
+  say(fmt::format("devnet: {} ({} rounds x {} units x {} steps), {} solvers", a.task,
+                  task.net.rounds, task.net.units_per_round, task.net.inner_steps, a.solvers));
+
+  // 2. Directories, keys, genesis.
+  const std::string dir = a.out;
+  if (env->FileExists(JoinPath(dir, "chain"))) {
+    return AlreadyExists(JoinPath(dir, "chain") + " exists (an earlier devnet); remove " + dir +
+                         " or pass another --out");
+  }
+  const std::string home = JoinPath(dir, "home");
+  ML_RETURN_IF_ERROR(env->CreateDirs(home, 0700));
+  ML_RETURN_IF_ERROR(env->CreateDirs(JoinPath(dir, "logs")));
+  KeyStore user_keys(env, JoinPath(home, "keys"));
+  ML_ASSIGN_OR_RETURN(KeyPair submitter, user_keys.Create("submitter", ""));
+  std::vector<PublicKey> funded = {submitter.public_key()};
+  std::vector<std::string> node_dirs;
+  std::vector<PublicKey> node_ids;
+  for (int i = 0; i < a.solvers; ++i) {
+    std::string nd = JoinPath(dir, fmt::format("node{}", i));
+    ML_RETURN_IF_ERROR(env->CreateDirs(nd, 0700));
+    KeyStore ks(env, JoinPath(nd, "keys"));
+    ML_ASSIGN_OR_RETURN(KeyPair nk, ks.Create("node", ""));
+    node_dirs.push_back(nd);
+    node_ids.push_back(nk.public_key());
+    funded.push_back(nk.public_key());
+  }
+  const uint64_t balance = std::max<uint64_t>(task.net.budget * 2, 10'000'000);
+  ledger::Genesis gen = ledger::DevnetGenesis(funded, balance);
+  gen.block_interval_ms = a.block_interval_ms;
+  gen.genesis_time_ms = SystemClock::Default()->NowMillis();
+  const std::string chain_dir = JoinPath(dir, "chain");
+  ML_RETURN_IF_ERROR(env->CreateDirs(chain_dir, 0700));
+  KeyStore chain_keys(env, JoinPath(chain_dir, "keys"));
+  ML_ASSIGN_OR_RETURN(KeyPair seq, chain_keys.Create("sequencer", ""));
+  gen.sequencer = seq.public_key();
+  ML_RETURN_IF_ERROR(ledger::ValidateGenesis(gen));
+  ML_RETURN_IF_ERROR(ledger::WriteGenesis(env, JoinPath(chain_dir, "genesis.toml"), gen));
+
+  // 3. Processes.
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  Fleet fleet;
+  ML_ASSIGN_OR_RETURN(uint16_t chain_port, FreePort());
+  const std::string rpc_url = fmt::format("http://127.0.0.1:{}", chain_port);
+  ML_ASSIGN_OR_RETURN(Child chain,
+                      Spawn("chain", {"chain", "serve", "--dir", chain_dir, "--listen",
+                                      fmt::format("127.0.0.1:{}", chain_port), "--rate-limit", "0"},
+                            JoinPath(dir, "logs/chain.log"), home));
+  fleet.children.push_back(chain);
+  ledger::RpcClient rpc(rpc_url, {.retries = 5});
+  {
+    Status up = Unavailable("not started");
+    for (int i = 0; i < 100 && !up.ok(); ++i) {
+      if (g_stop_signal.load()) return Interrupted();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      up = rpc.Call("chain_status", json::object()).status();
+    }
+    if (!up.ok()) {
+      return Unavailable("chain serve did not answer at " + rpc_url + " (see " +
+                         JoinPath(dir, "logs/chain.log") + "): " + up.message());
+    }
+  }
+  say("ledger at " + rpc_url);
+
+  std::vector<size_t> node_child(a.solvers, SIZE_MAX);
+  auto start_node = [&](int i) -> Status {
+    ML_ASSIGN_OR_RETURN(uint16_t port, FreePort());
+    std::string cfg = fmt::format(
+        "data_dir = \"{}\"\nrpc = \"{}\"\nlisten = \"127.0.0.1:{}\"\nroles = \"solver,aggregator\"\n"
+        "price = {}\nstake = 1000\nheartbeat_blocks = 5\nspeed_factor = {}\n",
+        node_dirs[i], rpc_url, port, a.price, speeds.count(i) ? speeds[i] : 1.0);
+    const std::string path = JoinPath(node_dirs[i], "node.toml");
+    ML_RETURN_IF_ERROR(env->WriteFileAtomic(path, cfg));
+    ML_ASSIGN_OR_RETURN(Child c, Spawn(fmt::format("node{}", i), {"node", "run", "--config", path},
+                                       JoinPath(dir, fmt::format("logs/node{}.log", i)), home));
+    node_child[i] = fleet.children.size();
+    fleet.children.push_back(c);
+    return Status::Ok();
+  };
+  int started = 0;
+  for (int i = 0; i < a.solvers; ++i) {
+    if (lates.count(i)) continue;
+    ML_RETURN_IF_ERROR(start_node(i));
+    ++started;
+  }
+  // Wait until they are registered and active.
+  {
+    size_t active = 0;
+    for (int i = 0; i < 1200; ++i) {
+      if (g_stop_signal.load()) return Interrupted();
+      Result<std::vector<std::string>> eps = NodeEndpoints(rpc);
+      active = eps.ok() ? eps->size() : 0;
+      if (active >= static_cast<size_t>(started)) break;
+      for (const Child& c : fleet.children) {
+        if (c.pid > 0 && waitpid(c.pid, nullptr, WNOHANG) == c.pid) {
+          return Internal(c.name + " exited during start-up; see " + c.log);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (active < static_cast<size_t>(started)) {
+      return DeadlineExceeded(fmt::format("only {} of {} nodes registered within 120 s; see {}/logs",
+                                          active, started, dir));
+    }
+  }
+  say(fmt::format("{} node(s) registered ({:.1f}s)", started, elapsed()));
+
+  // 4. Submit (the code of `task submit`).
+  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, JoinPath(home, "blobs")));
+  SubmitOptions so;
+  so.memo = "devnet " + task.task.name;
+  so.log = [&](const std::string& s) { say(s); };
+  const double t_submit = elapsed();
+  ML_ASSIGN_OR_RETURN(SubmittedTask sub, SubmitPreparedTask(rpc, submitter, &task, store.get(), so));
+  say(fmt::format("task {} submitted in block {}", sub.task_id.ToHex(), sub.height));
+
+  // 5. Watch, with the scenario events.
+  ProgressBar bar("devnet", static_cast<int64_t>(task.total_units), "units", !g.json);
+  std::map<int, bool> killed, late_started;
+  json events = json::array();
+  auto on_progress = [&](const json& j) {
+    TaskProgress p = ProgressOf(j);
+    bar.Update(static_cast<int64_t>(p.units_committed), ProgressLine(p));
+    for (auto& [i, at] : kills) {
+      if (!killed[i] && p.units_committed >= at && node_child[i] != SIZE_MAX) {
+        Child& c = fleet.children[node_child[i]];
+        // Only while it holds an assigned unit: the point is a unit lost mid-round.
+        bool holds = false;
+        for (const json& u : j.value("units", json::array())) {
+          if (u.value("status", "") == "assigned" && u.value("assignee", "") == node_ids[i].ToHex()) {
+            holds = true;
+          }
+        }
+        if (!holds) continue;
+        Stop(c, SIGKILL);
+        waitpid(c.pid, nullptr, 0);
+        c.pid = -1;
+        killed[i] = true;
+        events.push_back({{"event", "kill -9"}, {"solver", i}, {"node", node_ids[i].ToHex()},
+                          {"units_committed", p.units_committed}, {"seconds", elapsed()}});
+      }
+    }
+    for (auto& [i, at] : lates) {
+      if (!late_started[i] && p.rounds_done >= at) {
+        late_started[i] = true;
+        Status s = start_node(i);
+        events.push_back({{"event", "join"}, {"solver", i}, {"node", node_ids[i].ToHex()},
+                          {"round", p.rounds_done}, {"ok", s.ok()}, {"seconds", elapsed()}});
+      }
+    }
+  };
+  std::string died;
+  auto stop = [&] {
+    if (g_stop_signal.load()) return true;
+    if (fleet.children[0].pid > 0 && waitpid(fleet.children[0].pid, nullptr, WNOHANG) == fleet.children[0].pid) {
+      fleet.children[0].pid = -1;
+      died = "the ledger (chain serve) exited; see " + fleet.children[0].log;
+      return true;
+    }
+    return false;
+  };
+  Result<json> watched = WatchTask(rpc, sub.task_id, a.timeout_s * 1000, on_progress, stop);
+  if (!watched.ok()) {
+    bar.Finish();
+    if (g_stop_signal.load()) return Interrupted();
+    if (!died.empty()) return Internal(died);
+    return watched.status();
+  }
+  const double t_done = elapsed();
+  json final_task = *watched;
+  TaskProgress p = ProgressOf(final_task);
+  bar.Finish(ProgressLine(p));
+  if (p.status != "finished") {
+    return Internal("the task ended " + p.status + ", not finished: " + ProgressLine(p));
+  }
+
+  // 6. Fetch the final model.
+  uint64_t fetched_bytes = 0;
+  ML_ASSIGN_OR_RETURN(Hash256 fs, Hash256::FromHex(p.final_state, "final_state"));
+  ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(rpc, store.get(), net::BlobId{fs}, &fetched_bytes));
+  const std::string model = JoinPath(dir, "model.safetensors");
+  Hash256 weights_hash;
+  ML_RETURN_IF_ERROR(WriteModel(env, task.task, blob, model, &weights_hash));
+
+  // 7. Accounting: units per node, paid units, tokens, bytes moved, the token invariant.
+  std::map<std::string, json> per_node;
+  uint64_t paid_units = 0, paid_tokens = 0, committed = 0, unpaid_committed = 0;
+  for (const json& u : final_task.value("units", json::array())) {
+    const std::string who = u.value("assignee", "");
+    const uint64_t paid = u.value("paid", uint64_t{0});
+    const std::string st = u.value("status", "");
+    json& n = per_node[who];
+    if (n.is_null()) n = {{"units", 0}, {"paid", 0}};
+    if (st == "committed" || st == "verified") {
+      ++committed;
+      n["units"] = n["units"].get<int>() + 1;
+      if (paid == 0) ++unpaid_committed;
+    }
+    if (paid > 0) {
+      ++paid_units;
+      paid_tokens += paid;
+      n["paid"] = n["paid"].get<uint64_t>() + paid;
+    }
+  }
+  json nodes = json::array();
+  for (int i = 0; i < a.solvers; ++i) {
+    const std::string id = node_ids[i].ToHex();
+    json n = per_node.count(id) ? per_node[id] : json{{"units", 0}, {"paid", 0}};
+    n["solver"] = i;
+    n["node"] = id;
+    n["speed"] = speeds.count(i) ? speeds[i] : 1.0;
+    n["killed"] = killed.count(i) > 0;
+    n["late"] = lates.count(i) > 0;
+    Result<json> nr = rpc.Call("get_node", {{"id", id}});
+    if (nr.ok()) n["reputation"] = nr->value("reputation", json::object());
+    nodes.push_back(n);
+  }
+  ML_ASSIGN_OR_RETURN(json chain_status, rpc.Call("chain_status", json::object()));
+  const json totals = chain_status.value("totals", json::object());
+  uint64_t sum = 0, minted = 0;
+  for (const auto& [k, v] : totals.items()) {
+    if (k == "minted" || k == "total_minted") {
+      minted = v.get<uint64_t>();
+    } else if (v.is_number_unsigned()) {
+      sum += v.get<uint64_t>();
+    }
+  }
+  // Blob traffic: what the task's blobs weigh on the wire, from what the nodes report.
+  const uint64_t model_bytes = task.params.model_bytes;
+  const uint64_t deltas = committed;
+  const uint64_t bytes_moved = sub.pushed_bytes + fetched_bytes +
+                               deltas * (model_bytes + 13) * 2 +  // to the aggregator (+ copy)
+                               task.net.rounds * (2 * model_bytes + 13) * task.net.units_per_round;
+
+  *report = {{"task", a.task},
+             {"task_id", sub.task_id.ToHex()},
+             {"solvers", a.solvers},
+             {"rounds", p.rounds_done},
+             {"units_per_round", task.net.units_per_round},
+             {"inner_steps", task.net.inner_steps},
+             {"units", task.total_units},
+             {"units_committed", committed},
+             {"units_paid", paid_units},
+             {"committed_unpaid", unpaid_committed},
+             {"test_accuracy", p.last_accuracy},
+             {"test_loss", p.last_test_loss},
+             {"tokens_paid", paid_tokens},
+             {"spent", p.spent},
+             {"refunded", p.refunded},
+             {"budget", p.budget},
+             {"bytes_published", sub.pushed_bytes},
+             {"bytes_moved_estimate", bytes_moved},
+             {"final_state", p.final_state},
+             {"final_weights_hash", weights_hash.ToHex()},
+             {"model", model},
+             {"seconds_total", elapsed()},
+             {"seconds_training", t_done - t_submit},
+             {"nodes", nodes},
+             {"events", events},
+             {"chain_totals", totals},
+             {"token_invariant", minted == 0 ? json(nullptr) : json(minted == sum)},
+             {"round_results", final_task.value("round_results", json::array())}};
+
+  // 8. Stop the network before the (CPU-heavy) reference check.
+  StopAll(fleet.children, 5000);
+  if (a.check_reference) {
+    say("checking against the in-process reference (meshlearn diloco)...");
+    node::LocalDilocoOptions lo;
+    lo.eval_every_round = false;
+    const double t_ref = elapsed();
+    node::NetworkSpec net = task.net;
+    ML_ASSIGN_OR_RETURN(node::LocalDilocoResult ref, node::RunLocalDiloco(task.trainer.get(), net, lo));
+    (*report)["reference_hash"] = ref.final_hash.ToHex();
+    (*report)["reference_accuracy"] = ref.rounds.back().eval.accuracy;
+    (*report)["reference_seconds"] = elapsed() - t_ref;
+    (*report)["matches_reference"] = ref.final_hash == weights_hash;
+  }
+  ML_RETURN_IF_ERROR(env->WriteFileAtomic(JoinPath(dir, "report.json"), report->dump(2) + "\n"));
+  (*report)["report"] = JoinPath(dir, "report.json");
+  if (a.check_reference && !(*report)["matches_reference"].get<bool>()) {
+    return DataLoss("the devnet's final weights " + weights_hash.ToHex() +
+                    " differ from the in-process reference " +
+                    (*report)["reference_hash"].get<std::string>() + " (report: " +
+                    JoinPath(dir, "report.json") + ")");
+  }
+  return Status::Ok();
+}
+
+void AddDevnet(CLI::App& root, GlobalOptions& g) {
+  static DevnetArgs a;
+  CLI::App* cmd = root.add_subcommand(
+      "devnet", "Run a whole network on this machine (ledger + nodes as processes) and train a task");
+  cmd->add_option("--task", a.task, "Task file with a [network] table")->required();
+  cmd->add_option("--solvers", a.solvers, "Nodes to start (solver and aggregator roles)")->capture_default_str();
+  cmd->add_option("--out", a.out, "Directory for the chain, the nodes, logs, model and report.json (must not hold a devnet)")
+      ->capture_default_str();
+  cmd->add_option("--block-interval-ms", a.block_interval_ms, "Time between blocks")->capture_default_str();
+  cmd->add_option("--timeout", a.timeout_s, "Give up after this many seconds")->capture_default_str();
+  cmd->add_option("--rounds", a.rounds, "Override network.rounds (quick runs)");
+  cmd->add_option("--price", a.price, "Every node's price, tokens per GFLOP")->capture_default_str();
+  cmd->add_option("--check-reference,!--no-check-reference", a.check_reference,
+                  "Compare the final weights with `meshlearn diloco` run in this process")
+      ->capture_default_str();
+  cmd->add_option("--speed", a.speed, "I=F: solver I runs at F x speed (e.g. 3=0.5); repeatable");
+  cmd->add_option("--kill", a.kill, "I@U: kill -9 solver I mid-unit once U units are committed; repeatable");
+  cmd->add_option("--late", a.late, "I@R: start solver I only after round R finished; repeatable");
+  cmd->footer(
+      "Examples:\n"
+      "  meshlearn devnet --solvers 4 --task examples/fashion-mlp.toml --out out/devnet\n"
+      "  meshlearn --json devnet --solvers 4 --task examples/fashion-cnn.toml --out out/cnn\n"
+      "  meshlearn devnet --solvers 4 --task tests/devnet-tiny.toml --out /tmp/d --kill 1@2 --late 3@1\n"
+      "Writes DIR/model.safetensors and DIR/report.json (accuracy, rounds, units, tokens paid, bytes,\n"
+      "final state hash vs the in-process reference); logs of every process in DIR/logs.\n"
+      "Ctrl-C stops every process it started.");
+  cmd->callback([&g] {
+    json report;
+    Status s = RunDevnet(g, a, &report);
+    if (!s.ok()) return g.Exit(s);
+    g.Output(report, [&] {
+      std::cout << fmt::format(
+          "devnet: {} rounds, {} units ({} paid) on {} solvers: test accuracy {:.4f} in {:.0f}s\n"
+          "tokens paid {} (refunded {}); final weights {}{}\nmodel: {}\nreport: {}\n",
+          report["rounds"].get<uint64_t>(), report["units_committed"].get<uint64_t>(),
+          report["units_paid"].get<uint64_t>(), report["solvers"].get<int>(),
+          report["test_accuracy"].get<double>(), report["seconds_training"].get<double>(),
+          report["spent"].get<uint64_t>(), report["refunded"].get<uint64_t>(),
+          report["final_weights_hash"].get<std::string>(),
+          report.contains("matches_reference")
+              ? (report["matches_reference"].get<bool>() ? " (= the in-process reference)"
+                                                         : " (DIFFERS from the reference)")
+              : "",
+          report["model"].get<std::string>(), report["report"].get<std::string>());
+    });
+  });
+}
+
+}  // namespace
+
+MESHLEARN_COMMAND(20, AddDevnet);
+
+}  // namespace meshlearn::cli
