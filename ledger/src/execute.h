@@ -109,14 +109,15 @@ Status PayFromEscrow(LedgerState& s, const ChainParams& p, const Hash256& task_i
                      const PublicKey& to, Amount amount);
 // Ends an open task: refunds the remaining escrow to the submitter; status `final_status`.
 Status CloseTask(LedgerState& s, const Hash256& task_id, TaskStatus final_status);
-// Work units: the network issue schedules, commits and verifies; these keep the records.
+// Work units: network.cc schedules and commits (verification is a later issue); these keep
+// the records.
 Status AddWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t* index);
 Status AssignWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index,
                       const PublicKey& node_id, uint64_t deadline_height);
 Status CommitWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index,
                       const Hash256& result_hash);
-// Verified clean: pays `amount` (<= the task's price cap) from escrow to the assignee's owner
-// and credits the node's reputation.
+// Verified clean: pays `amount` (<= one unit's cost at the task's price cap) from escrow to
+// the assignee's owner and credits the node's reputation.
 Status SettleWorkUnit(LedgerState& s, const ChainParams& p, const Hash256& task_id,
                       uint32_t index, Amount amount);
 // Failed verification or deadline: counts a failure, resets the streak.

@@ -56,7 +56,8 @@ using protocol::RoundStateMachine;
 
 Result<RoundStateMachine> LoadMachine(const TaskRecord& t) {
   if (t.runtime.empty()) {
-    return FailedPrecondition("task " + t.id.ShortHex() + " has no round state (not a network task)");
+    return FailedPrecondition("task " + t.id.ShortHex() +
+                              " has no round state (not a network task)");
   }
   Result<RoundStateMachine> m = RoundStateMachine::Decode(t.runtime);
   if (!m.ok()) return DataLoss("task " + t.id.ShortHex() + ": " + m.status().message());
@@ -91,8 +92,8 @@ Status CheckNodeSender(const LedgerState& s, const PublicKey& node_id, const Pub
     return NotFound(std::string(what) + ": node " + node_id.ToHex() + " is not registered");
   }
   if (sender != node_id && sender != n->owner) {
-    return PermissionDenied(std::string(what) + ": the sender must be node " +
-                            node_id.ShortHex() + " itself or its owner " + n->owner.ShortHex());
+    return PermissionDenied(std::string(what) + ": the sender must be node " + node_id.ShortHex() +
+                            " itself or its owner " + n->owner.ShortHex());
   }
   return Status::Ok();
 }

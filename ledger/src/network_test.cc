@@ -19,15 +19,15 @@ using testing::TempDir;
 using testing::TestKey;
 using testing::TestTaskParams;
 
-constexpr Amount kPrice = 10;         // every node's price per GFLOP
+constexpr Amount kPrice = 10;          // every node's price per GFLOP
 constexpr Amount kUnitCost = 32 * 10;  // 32 GFLOP per unit (TestTaskParams) x kPrice
 
 class NetworkTest : public ChainFixture {
  protected:
   NetworkTest() : dave_(TestKey(4)), n1_(TestKey(11)), n2_(TestKey(12)), n3_(TestKey(13)) {
-    genesis_ = DevnetGenesis({alice_.public_key(), bob_.public_key(), carol_.public_key(),
-                              dave_.public_key()},
-                             kFunds, "test-chain");
+    genesis_ = DevnetGenesis(
+        {alice_.public_key(), bob_.public_key(), carol_.public_key(), dave_.public_key()}, kFunds,
+        "test-chain");
     genesis_.params.liveness_blocks = 1000;  // no heartbeats needed in these tests
     genesis_.params.min_deadline_blocks = 4;
     genesis_.params.deadline_slack_permille = 2000;
@@ -106,11 +106,11 @@ class NetworkTest : public ChainFixture {
   // Registers the three nodes (n1 four times as fast) and submits the task; returns the
   // submit's receipt.
   Receipt Start(Amount budget) {
-    std::vector<Receipt> r = Step({Q(alice_, Reg(n1_, 4'000'000'000'000)),
-                                   Q(bob_, Reg(n2_, 1'000'000'000'000)),
-                                   Q(carol_, Reg(n3_, 1'000'000'000'000)),
-                                   // n1 signs some of its commits itself.
-                                   Q(alice_, TransferTx{.to = n1_.public_key(), .amount = 10})});
+    std::vector<Receipt> r =
+        Step({Q(alice_, Reg(n1_, 4'000'000'000'000)), Q(bob_, Reg(n2_, 1'000'000'000'000)),
+              Q(carol_, Reg(n3_, 1'000'000'000'000)),
+              // n1 signs some of its commits itself.
+              Q(alice_, TransferTx{.to = n1_.public_key(), .amount = 10})});
     for (const Receipt& x : r) EXPECT_TRUE(x.ok) << x.reason;
     Transaction submit = Q(dave_, Submit(budget));
     task_id_ = TaskIdFor(dave_.public_key(), submit.nonce);
@@ -356,10 +356,10 @@ TEST_F(NetworkTest, PaymentsNeverExceedTheEscrow) {
   RoundStateMachine m = Machine();
   ASSERT_TRUE(m.aggregator().has_value());
   PublicKey agg = m.aggregator()->node;
-  std::vector<Receipt> r = Step({Q(*owner_.at(agg), CommitAggregateTx{.task_id = task_id_,
-                                                                       .round = 0,
-                                                                       .node_id = agg,
-                                                                       .state_hash = Blake2b("s1")})});
+  std::vector<Receipt> r =
+      Step({Q(*owner_.at(agg),
+              CommitAggregateTx{
+                  .task_id = task_id_, .round = 0, .node_id = agg, .state_hash = Blake2b("s1")})});
   ASSERT_TRUE(r[0].ok) << r[0].reason;
   TaskRecord t = Task();
   EXPECT_EQ(t.escrow, 0u);

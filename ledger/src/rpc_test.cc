@@ -297,7 +297,8 @@ TEST(Rpc, NodeWorkAndTaskProgress) {
   KeyPair node = testing::KeyFromByte(20);
   auto send = [&](const KeyPair& from, TxPayload p) {
     uint64_t nonce = t.shared->With([&](Chain& c) { return c.NextNonce(from.public_key()); });
-    json r = t.Call("send_tx", {{"tx", TxHex(BuildSignedTx(from, TestLedger::kChainId, nonce, p))}});
+    Transaction tx = BuildSignedTx(from, TestLedger::kChainId, nonce, p);
+    json r = t.Call("send_tx", {{"tx", TxHex(tx)}});
     EXPECT_TRUE(r.contains("result")) << r.dump();
     EXPECT_TRUE(t.sequencer->ProduceOnce().ok());
     json got = t.Call("get_tx", {{"id", r["result"]["tx_id"]}});

@@ -1,4 +1,4 @@
-// Tasks and work units: escrow in, payments out, refunds. The network issue adds the
+// Tasks and work units: escrow in, payments out, refunds. network.cc adds the
 // transactions that schedule, commit and verify work units on top of the primitives here.
 #include "execute.h"
 #include "meshlearn/protocol/decompose.h"
@@ -142,7 +142,8 @@ Status FailWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index) {
 
 Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
   if (tx.spec_hash.IsZero()) {
-    return InvalidArgument("submit task: spec_hash is zero (store the task bundle as a blob first)");
+    return InvalidArgument(
+        "submit task: spec_hash is zero (store the task bundle as a blob first)");
   }
   if (tx.budget == 0) return InvalidArgument("submit task: budget must be > 0");
   if (tx.price_cap == 0) {
