@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds (release), and runs a local meshlearn network
-# that trains a real model on Fashion-MNIST with verification — or, until the devnet lands in
-# this checkout, a local training run of the same model.
+# The main job: installs what is missing, builds (release), and runs a local meshlearn network —
+# a ledger and 4 nodes as processes on loopback — that trains the Fashion-MNIST MLP with DiLoCo
+# (`meshlearn devnet`, docs/submitters.md). Writes out/devnet/model.safetensors and
+# out/devnet/report.json (accuracy, rounds, units, bytes moved, tokens paid, and whether the final
+# weights equal the in-process reference bit for bit).
 #
-# Usage: scripts/run.sh [extra devnet/train flags]
+# Usage: scripts/run.sh [extra devnet flags, e.g. --task examples/fashion-cnn.toml]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh release meshlearn
 bin=build/apps/meshlearn
-out=out
-mkdir -p "$out"
-if "$bin" devnet --help >/dev/null 2>&1; then
-  exec "$bin" devnet --solvers 4 --task examples/fashion-mlp.toml --out "$out/devnet" "$@"
-else
-  exec "$bin" train examples/fashion-mlp.toml --out "$out/fashion-mlp" "$@"
-fi
+out=out/devnet
+# A devnet directory holds one chain: start each run from a fresh one.
+rm -rf "$out"
+mkdir -p out
+exec "$bin" devnet --solvers 4 --task examples/fashion-mlp.toml --out "$out" "$@"
