@@ -278,8 +278,13 @@ Result<TxRecord> Chain::TxAt(uint64_t height, uint32_t index) const {
 }
 
 Result<TxRecord> Chain::GetTransaction(const Hash256& tx_id) const {
-  ML_ASSIGN_OR_RETURN(auto where, store_->FindTx(tx_id));
-  return TxAt(where.first, where.second);
+  // The index is keyed by an id prefix: take the candidate whose receipt has the full id.
+  ML_ASSIGN_OR_RETURN(auto candidates, store_->FindTxCandidates(tx_id));
+  for (const auto& [height, index] : candidates) {
+    ML_ASSIGN_OR_RETURN(TxRecord rec, TxAt(height, index));
+    if (rec.receipt.tx_id == tx_id) return rec;
+  }
+  return NotFound("transaction " + tx_id.ToHex() + " not found");
 }
 
 Result<Receipt> Chain::GetReceipt(const Hash256& tx_id) const {

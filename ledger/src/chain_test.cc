@@ -173,6 +173,42 @@ TEST_F(ChainTest, ReceiptsAndHistory) {
   EXPECT_EQ(chain_->ListAccountTxs(TestKey(77).public_key(), 0, 10).size(), 0u);
 }
 
+// The history and transaction indexes keep recent blocks in memory and flush them to SQLite in
+// batches (store.h); lookups must see both halves, in order, before and after a reopen.
+TEST_F(ChainTest, HistoryAcrossIndexFlushesAndReopens) {
+  constexpr int kBlocks = 300;  // more than one flush (every 256 blocks at most)
+  std::vector<Transaction> sent;
+  for (int i = 0; i < kBlocks; ++i) {
+    sent.push_back(Pay(alice_, 1));
+    Run(sent.back());
+  }
+  auto check = [&] {
+    for (int i : {0, 1, 200, 255, 256, 299}) {
+      auto rec = chain_->GetTransaction(TxId(sent[i]));
+      ASSERT_TRUE(rec.ok()) << i << ": " << rec.status().ToString();
+      EXPECT_EQ(rec->tx, sent[i]);
+      EXPECT_EQ(rec->receipt.height, static_cast<uint64_t>(i + 1));
+    }
+    std::vector<TxRecord> all;
+    for (uint64_t offset = 0; offset < kBlocks + 10; offset += 7) {
+      auto page = chain_->ListAccountTxs(alice_.public_key(), offset, 7);
+      all.insert(all.end(), page.begin(), page.end());
+    }
+    ASSERT_EQ(all.size(), static_cast<size_t>(kBlocks));
+    for (int i = 0; i < kBlocks; ++i) EXPECT_EQ(all[i].tx, sent[kBlocks - 1 - i]) << i;
+    EXPECT_EQ(chain_->ListAccountTxs(carol_.public_key(), 0, 1000).size(),
+              static_cast<size_t>(kBlocks));
+    EXPECT_TRUE(chain_->ListAccountTxs(TestKey(77).public_key(), 0, 10).empty());
+    EXPECT_EQ(chain_->GetTransaction(Blake2b("x")).status().code(), StatusCode::kNotFound);
+  };
+  check();
+  Reopen();  // the blocks after the last flush are re-indexed from the store
+  check();
+  sent.push_back(Pay(alice_, 1));
+  Run(sent.back());
+  EXPECT_EQ(chain_->ListAccountTxs(alice_.public_key(), 0, 1)[0].tx, sent.back());
+}
+
 TEST_F(ChainTest, RestartResumesAtLastBlockWithSameState) {
   for (int i = 0; i < 5; ++i) Produce({Pay(alice_, 1), Pay(bob_, 2)});
   Hash256 state = chain_->StateHash();

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -21,6 +22,49 @@
 #include "meshlearn/ledger/state.h"
 
 namespace meshlearn::ledger {
+
+using WorkUnitKey = std::pair<Hash256, uint32_t>;  // (task id, index)
+
+// Key order of the tables: the same order as K's operator< (bytewise for keys and hashes, so
+// iteration, paging and the state hash are unchanged), but a 32-byte key compares as four
+// big-endian words instead of a memcmp call: lookups are most of what execution does.
+namespace internal {
+inline bool Less32(const uint8_t* a, const uint8_t* b) {
+  for (int i = 0; i < 32; i += 8) {
+    uint64_t x, y;
+    std::memcpy(&x, a + i, 8);
+    std::memcpy(&y, b + i, 8);
+    if (x != y) return __builtin_bswap64(x) < __builtin_bswap64(y);
+  }
+  return false;
+}
+}  // namespace internal
+
+template <typename K>
+struct KeyLess {
+  bool operator()(const K& a, const K& b) const { return a < b; }
+};
+template <>
+struct KeyLess<PublicKey> {
+  static_assert(PublicKey::kSize == 32);
+  bool operator()(const PublicKey& a, const PublicKey& b) const {
+    return internal::Less32(a.bytes.data(), b.bytes.data());
+  }
+};
+template <>
+struct KeyLess<Hash256> {
+  static_assert(Hash256::kSize == 32);
+  bool operator()(const Hash256& a, const Hash256& b) const {
+    return internal::Less32(a.bytes.data(), b.bytes.data());
+  }
+};
+template <>
+struct KeyLess<WorkUnitKey> {
+  bool operator()(const WorkUnitKey& a, const WorkUnitKey& b) const {
+    if (a.first != b.first) return internal::Less32(a.first.bytes.data(), b.first.bytes.data());
+    return a.second < b.second;
+  }
+};
 
 template <typename K, typename V>
 class JournaledMap {
@@ -52,7 +96,7 @@ class JournaledMap {
     rows_.erase(it);
   }
 
-  const std::map<K, V>& rows() const { return rows_; }
+  const std::map<K, V, KeyLess<K>>& rows() const { return rows_; }
   size_t JournalSize() const { return journal_.size(); }
   void RollbackTo(size_t mark) {
     while (journal_.size() > mark) {
@@ -66,7 +110,7 @@ class JournaledMap {
     }
   }
   void ClearJournal() { journal_.clear(); }
-  const std::set<K>& dirty() const { return dirty_; }
+  const std::set<K, KeyLess<K>>& dirty() const { return dirty_; }
   void ClearDirty() { dirty_.clear(); }
   void MarkAllDirty() {
     for (const auto& [k, v] : rows_) dirty_.insert(k);
@@ -75,9 +119,9 @@ class JournaledMap {
   void LoadRow(const K& k, V v) { rows_.insert_or_assign(k, std::move(v)); }
 
  private:
-  std::map<K, V> rows_;
+  std::map<K, V, KeyLess<K>> rows_;
   std::vector<std::pair<K, std::optional<V>>> journal_;
-  std::set<K> dirty_;
+  std::set<K, KeyLess<K>> dirty_;
 };
 
 // Chain-wide counters.
@@ -87,8 +131,6 @@ struct Globals {
   Amount minted = 0;
   bool operator==(const Globals&) const = default;
 };
-
-using WorkUnitKey = std::pair<Hash256, uint32_t>;  // (task id, index)
 
 // Store table ids (part of the on-disk format).
 enum class StateTable : uint8_t {
