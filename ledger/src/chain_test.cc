@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sqlite3.h>
+
 #include "test_util.h"
 
 namespace meshlearn::ledger {
@@ -207,6 +209,39 @@ TEST_F(ChainTest, HistoryAcrossIndexFlushesAndReopens) {
   sent.push_back(Pay(alice_, 1));
   Run(sent.back());
   EXPECT_EQ(chain_->ListAccountTxs(alice_.public_key(), 0, 1)[0].tx, sent.back());
+}
+
+// A database written before the compact index layout (txs/account_txs tables) gets its indexes
+// rebuilt from its blocks on open.
+TEST_F(ChainTest, OldIndexLayoutIsRebuiltOnOpen) {
+  std::vector<Transaction> sent;
+  for (int i = 0; i < 4; ++i) {
+    sent.push_back(Pay(i % 2 ? bob_ : alice_, 1));
+    Run(sent.back());
+  }
+  chain_.reset();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(dir_.File("ledger.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "DELETE FROM tx_index; DELETE FROM account_history; "
+                         "DELETE FROM account_ids; DELETE FROM meta WHERE key = 'indexed'; "
+                         "CREATE TABLE txs(id BLOB PRIMARY KEY, height, idx); "
+                         "CREATE TABLE account_txs(account, height, idx);",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  Reopen();
+  for (const Transaction& tx : sent) {
+    auto rec = chain_->GetTransaction(TxId(tx));
+    ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+    EXPECT_EQ(rec->tx, tx);
+  }
+  auto hist = chain_->ListAccountTxs(alice_.public_key(), 0, 10);
+  ASSERT_EQ(hist.size(), 2u);
+  EXPECT_EQ(hist[0].tx, sent[2]);
+  EXPECT_EQ(chain_->ListAccountTxs(carol_.public_key(), 0, 10).size(), 4u);
+  Reopen();  // migrated once: the old tables are gone
+  EXPECT_EQ(chain_->ListAccountTxs(carol_.public_key(), 0, 10).size(), 4u);
 }
 
 TEST_F(ChainTest, RestartResumesAtLastBlockWithSameState) {
