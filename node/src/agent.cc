@@ -191,8 +191,13 @@ Status NodeAgent::EnsureRegistered(uint64_t height) {
   if (options_.heartbeat_every_blocks > 0 &&
       height >= last_heartbeat_sent_ + options_.heartbeat_every_blocks &&
       !tx_->HasInFlight(ledger::TxType::kHeartbeat)) {
-    ML_RETURN_IF_ERROR(tx_->Send(ledger::HeartbeatTx{.node_id = id()}).status());
-    last_heartbeat_sent_ = height;
+    Result<Hash256> hb = tx_->Send(ledger::HeartbeatTx{.node_id = id()});
+    if (!hb.ok()) {
+      Log("heartbeat not sent: " + hb.status().message());  // retried next block
+      registered_ = false;  // re-read the record (did the node leave?)
+    } else {
+      last_heartbeat_sent_ = height;
+    }
   }
   return Status::Ok();
 }
@@ -203,8 +208,8 @@ void NodeAgent::HandleOutcomes() {
       ++stats_.tx_failed;
       Log(o.type + " " + o.id.ShortHex() + (o.included ? " failed: " : " refused: ") + o.reason);
     }
-    if (o.type == "RegisterNode" && o.ok) registered_ = false;  // re-read the record next tick
-    if (o.type == "RegisterNode" && !o.ok) registered_ = false;
+    // Re-read the node record next tick: registered now, or failed, or the node left.
+    if (o.type == "RegisterNode" || (o.type == "Heartbeat" && !o.ok)) registered_ = false;
     for (auto it = unit_commits_.begin(); it != unit_commits_.end(); ++it) {
       if (it->second != o.id) continue;
       if (o.ok) {

@@ -271,9 +271,19 @@ Result<Hash256> TxSender::Send(ledger::TxPayload payload) {
     return ResourceExhausted("too many transactions in flight (" +
                              std::to_string(in_flight_.size()) + "); wait for a block");
   }
-  ledger::Transaction tx = ledger::BuildSignedTx(signer_, chain_id_, next_nonce_, std::move(payload));
+  ledger::Transaction tx = ledger::BuildSignedTx(signer_, chain_id_, next_nonce_, payload);
   InFlight f{tx, ledger::EncodeTx(tx), ledger::TxId(tx)};
   Status s = Submit(f);
+  // Another client of the same key (e.g. `node leave` next to the daemon) holds this nonce in
+  // the mempool: take the next one.
+  for (int bump = 0; bump < 16 && !s.ok() && s.code() == StatusCode::kFailedPrecondition &&
+                     s.message().find("already taken") != std::string::npos;
+       ++bump) {
+    ++next_nonce_;
+    tx = ledger::BuildSignedTx(signer_, chain_id_, next_nonce_, payload);
+    f = InFlight{tx, ledger::EncodeTx(tx), ledger::TxId(tx)};
+    s = Submit(f);
+  }
   if (!s.ok() && s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kDeadlineExceeded) {
     // Refused outright: the nonce is unused. Re-read it in case it was wrong.
     resync_ = true;
