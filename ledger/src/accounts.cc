@@ -6,7 +6,11 @@ namespace meshlearn::ledger {
 
 Status Credit(LedgerState& s, const PublicKey& to, Amount amount) {
   if (Account* a = s.accounts.FindMutable(to)) {
-    return CheckedAdd(a->balance, amount, &a->balance, "balance of " + to.ShortHex());
+    if (a->balance > UINT64_MAX - amount) {  // the message is built only on failure
+      return CheckedAdd(a->balance, amount, &a->balance, "balance of " + to.ShortHex());
+    }
+    a->balance += amount;
+    return Status::Ok();
   }
   Account fresh;
   fresh.key = to;
