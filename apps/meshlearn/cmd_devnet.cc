@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -177,6 +178,67 @@ Result<std::map<int, T>> ParseScenario(const std::vector<std::string>& items, ch
   return out;
 }
 
+// Blob traffic of a finished devnet, measured from what every node holds: each copy of a blob on
+// a node other than the one that made it (a solver's delta, an aggregator's state) or received it
+// from the submitter (bundle, data, initial state) travelled over the network once.
+struct Traffic {
+  uint64_t delta_bytes = 0;  // solvers' uploads: deltas fetched by aggregators
+  uint64_t deltas = 0;
+  uint64_t state_bytes = 0;  // global states fetched by solvers
+  uint64_t task_bytes = 0;   // bundle, data and initial state spread between nodes
+};
+
+Result<Traffic> MeasureTraffic(Env* env, const std::vector<std::string>& node_dirs,
+                               const std::vector<PublicKey>& node_ids, const json& task,
+                               const std::vector<std::string>& pushed_to_dirs,
+                               const std::vector<net::BlobId>& published) {
+  std::vector<std::unique_ptr<net::BlobStore>> stores;
+  for (const std::string& d : node_dirs) {
+    ML_ASSIGN_OR_RETURN(auto st, net::BlobStore::Open(env, JoinPath(d, "blobs")));
+    stores.push_back(std::move(st));
+  }
+  auto index_of = [&](const std::string& hex) -> int {
+    for (size_t i = 0; i < node_ids.size(); ++i) {
+      if (node_ids[i].ToHex() == hex) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  // Copies of `id` on nodes other than `origins`, times its size.
+  auto copies = [&](const std::string& hex, const std::vector<int>& origins) -> uint64_t {
+    Result<Hash256> h = Hash256::FromHex(hex, "blob");
+    if (!h.ok()) return 0;
+    net::BlobId id{*h};
+    uint64_t size = 0, n = 0;
+    for (size_t i = 0; i < stores.size(); ++i) {
+      if (!stores[i]->HasBlob(id)) continue;
+      if (size == 0) {
+        Result<net::Manifest> m = stores[i]->GetManifest(id);
+        if (m.ok()) size = m->total_size;
+      }
+      if (std::find(origins.begin(), origins.end(), static_cast<int>(i)) == origins.end()) ++n;
+    }
+    return n * size;
+  };
+  Traffic t;
+  for (const json& u : task.value("units", json::array())) {
+    const std::string st = u.value("status", "");
+    if (st != "committed" && st != "verified") continue;
+    ++t.deltas;
+    t.delta_bytes += copies(u.value("result_hash", ""), {index_of(u.value("assignee", ""))});
+  }
+  for (const json& r : task.value("round_results", json::array())) {
+    t.state_bytes += copies(r.value("state", ""), {index_of(r.value("aggregator", ""))});
+  }
+  std::vector<int> pushed;
+  for (const std::string& d : pushed_to_dirs) {
+    for (size_t i = 0; i < node_dirs.size(); ++i) {
+      if (node_dirs[i] == d) pushed.push_back(static_cast<int>(i));
+    }
+  }
+  for (const net::BlobId& b : published) t.task_bytes += copies(b.ToHex(), pushed);
+  return t;
+}
+
 Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
   ML_RETURN_IF_ERROR(engine::ConfigureFromEnv());
   Env* env = Env::Default();
@@ -271,6 +333,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
   say("ledger at " + rpc_url);
 
   std::vector<size_t> node_child(a.solvers, SIZE_MAX);
+  std::map<std::string, std::string> endpoint_dir;
   auto start_node = [&](int i) -> Status {
     ML_ASSIGN_OR_RETURN(uint16_t port, FreePort());
     std::string cfg = fmt::format(
@@ -278,6 +341,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
         "price = {}\nstake = 1000\nheartbeat_blocks = 5\nspeed_factor = {}\n",
         node_dirs[i], rpc_url, port, a.price, speeds.count(i) ? speeds[i] : 1.0);
     const std::string path = JoinPath(node_dirs[i], "node.toml");
+    endpoint_dir[fmt::format("127.0.0.1:{}", port)] = node_dirs[i];
     ML_RETURN_IF_ERROR(env->WriteFileAtomic(path, cfg));
     ML_ASSIGN_OR_RETURN(Child c, Spawn(fmt::format("node{}", i), {"node", "run", "--config", path},
                                        JoinPath(dir, fmt::format("logs/node{}.log", i)), home));
@@ -433,12 +497,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
       sum += v.get<uint64_t>();
     }
   }
-  // Blob traffic: what the task's blobs weigh on the wire, from what the nodes report.
   const uint64_t model_bytes = task.params.model_bytes;
-  const uint64_t deltas = committed;
-  const uint64_t bytes_moved = sub.pushed_bytes + fetched_bytes +
-                               deltas * (model_bytes + 13) * 2 +  // to the aggregator (+ copy)
-                               task.net.rounds * (2 * model_bytes + 13) * task.net.units_per_round;
 
   *report = {{"task", a.task},
              {"task_id", sub.task_id.ToHex()},
@@ -457,12 +516,13 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
              {"refunded", p.refunded},
              {"budget", p.budget},
              {"bytes_published", sub.pushed_bytes},
-             {"bytes_moved_estimate", bytes_moved},
              {"final_state", p.final_state},
              {"final_weights_hash", weights_hash.ToHex()},
              {"model", model},
              {"seconds_total", elapsed()},
              {"seconds_training", t_done - t_submit},
+             {"submit_height", sub.height},
+             {"blocks_training", chain_status.value("height", uint64_t{0}) - sub.height},
              {"nodes", nodes},
              {"events", events},
              {"chain_totals", totals},
@@ -471,6 +531,31 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
 
   // 8. Stop the network before the (CPU-heavy) reference check.
   StopAll(fleet.children, 5000);
+  {
+    std::vector<std::string> pushed_dirs;
+    for (const std::string& ep : sub.pushed_to) {
+      if (endpoint_dir.count(ep)) pushed_dirs.push_back(endpoint_dir[ep]);
+    }
+    ML_ASSIGN_OR_RETURN(Traffic tr, MeasureTraffic(env, node_dirs, node_ids, final_task, pushed_dirs, sub.blobs));
+    const double samples = static_cast<double>(tr.deltas) * task.net.inner_steps * task.params.batch_size;
+    const double per_sample = samples > 0 ? static_cast<double>(tr.delta_bytes) / samples : 0;
+    const double n = std::max<double>(2, task.net.units_per_round);
+    const double sync_ps = static_cast<double>(model_bytes) / task.params.batch_size;
+    const double sync_ring = 2 * (n - 1) / n * sync_ps;
+    (*report)["traffic"] = {
+        {"solver_upload_bytes", tr.delta_bytes},
+        {"deltas", tr.deltas},
+        {"state_download_bytes", tr.state_bytes},
+        {"task_blob_bytes_between_nodes", tr.task_bytes},
+        {"submitter_push_bytes", sub.pushed_bytes},
+        {"bytes_per_solver_sample", per_sample},
+        {"sync_parameter_server_bytes_per_sample", sync_ps},
+        {"sync_ring_allreduce_bytes_per_sample", sync_ring},
+        {"ratio_vs_sync_parameter_server", per_sample > 0 ? sync_ps / per_sample : 0},
+        {"ratio_vs_sync_ring_allreduce", per_sample > 0 ? sync_ring / per_sample : 0}};
+    (*report)["bytes_moved"] = tr.delta_bytes + tr.state_bytes + tr.task_bytes + sub.pushed_bytes +
+                               fetched_bytes;
+  }
   if (a.check_reference) {
     say("checking against the in-process reference (meshlearn diloco)...");
     node::LocalDilocoOptions lo;

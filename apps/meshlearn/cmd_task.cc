@@ -139,6 +139,7 @@ Result<SubmittedTask> SubmitPreparedTask(ledger::RpcClient& rpc, const KeyPair& 
   }
   ML_ASSIGN_OR_RETURN(TaskBlobs blobs, StoreTaskBlobs(Env::Default(), t, store));
   SubmittedTask out;
+  out.blobs = blobs.all;
   net::HttpTransport transport;
   // Replication: each blob goes to `replicas` nodes (rotating, so the load spreads).
   const size_t replicas = std::min<size_t>(std::max(1, o.replicas), endpoints.size());

@@ -72,6 +72,7 @@ struct SubmittedTask {
   uint64_t height = 0;
   std::vector<std::string> pushed_to;  // endpoints
   uint64_t pushed_bytes = 0;
+  std::vector<net::BlobId> blobs;  // published: bundle, data files, initial state
 };
 
 // Checks the balance, publishes the task's blobs to `replicas` registered nodes (PushBlob),
