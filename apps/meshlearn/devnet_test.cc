@@ -1,0 +1,152 @@
+// End-to-end tests of `meshlearn devnet` with real processes on loopback (a ledger and nodes), on
+// the tiny task tests/devnet-tiny.toml, and of `meshlearn task submit` refusing bad task files
+// before anything is escrowed.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using nlohmann::json;
+
+struct CmdResult {
+  int code;
+  std::string out;
+};
+
+CmdResult Meshlearn(const std::string& args, const std::string& home) {
+  std::string cmd = "MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/meshlearn-devnet-XXXXXX";
+  return mkdtemp(tmpl);
+}
+
+bool HaveFashion() {
+  return std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good();
+}
+
+json ReadReport(const std::string& dir) {
+  std::ifstream in(dir + "/report.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str(), nullptr, false);
+}
+
+// No process of a devnet may outlive it.
+void ExpectNoOrphans(const std::string& dir) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (char& c : cmdline) c = c == '\0' ? ' ' : c;
+    EXPECT_EQ(cmdline.find(dir + "/"), std::string::npos) << "still running: pid " << name << ": " << cmdline;
+  }
+}
+
+void CheckCommon(const json& r) {
+  ASSERT_FALSE(r.is_discarded());
+  EXPECT_EQ(r["rounds"], 3);
+  EXPECT_EQ(r["units_committed"], 12);
+  // Every committed unit was paid, and nothing else was.
+  EXPECT_EQ(r["units_paid"], r["units_committed"]);
+  EXPECT_EQ(r["committed_unpaid"], 0);
+  EXPECT_TRUE(r["matches_reference"].get<bool>()) << r.dump(2);
+  ASSERT_FALSE(r["token_invariant"].is_null()) << "chain_status has no totals";
+  EXPECT_TRUE(r["token_invariant"].get<bool>()) << r.dump(2);
+  EXPECT_EQ(r["spent"].get<uint64_t>() + r["refunded"].get<uint64_t>(), r["budget"].get<uint64_t>());
+}
+
+#ifndef MESHLEARN_DEVNET_SLOW
+TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  std::string dir = TempDir() + "/d";
+  CmdResult r = Meshlearn("--json devnet --solvers 4 --task tests/devnet-tiny.toml --block-interval-ms 200 "
+                          "--timeout 300 --out " + dir, dir + "-home");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json rep = ReadReport(dir);
+  CheckCommon(rep);
+  ExpectNoOrphans(dir);
+}
+
+#else
+// kill -9 of a solver holding a unit: the task still completes, the unit is reassigned after its
+// deadline and the killed node is never paid for it; a node joining mid-task gets work; a node
+// at half speed gets fewer units.
+TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  std::string dir = TempDir() + "/d";
+  CmdResult r = Meshlearn("--json devnet --solvers 5 --task tests/devnet-tiny.toml --block-interval-ms 200 "
+                          "--timeout 600 --kill 1@1 --late 4@1 --speed 2=0.5 --out " + dir,
+                          dir + "-home");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json rep = ReadReport(dir);
+  CheckCommon(rep);
+  ASSERT_EQ(rep["events"].size(), 2u) << rep.dump(2);
+  for (const json& n : rep["nodes"]) {
+    if (n["killed"].get<bool>()) {
+      EXPECT_GE(n["reputation"].value("failures", 0), 1) << n.dump();
+    }
+    if (n["late"].get<bool>()) {
+      EXPECT_GE(n["units"].get<int>(), 1) << n.dump();
+    }
+  }
+  ExpectNoOrphans(dir);
+}
+
+#endif
+
+#ifndef MESHLEARN_DEVNET_SLOW
+TEST(TaskSubmit, BadTaskFilesAreRefusedBeforeEscrow) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  std::string dir = TempDir();
+  std::ifstream in("tests/devnet-tiny.toml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string good = ss.str();
+  struct Case {
+    std::string from, to, expect;
+  };
+  const Case cases[] = {
+      {"budget = 100000", "budget = 0", "network.budget"},
+      {"price_cap = 100", "price_cap = 0", "network.price_cap"},
+      {"units_per_round = 4", "units_per_round = 0", "units_per_round"},
+      {"inner_steps = 10", "inner_steps = -3", "inner_steps"},
+      {"checkpoint_interval = 5", "checkpoint_interval = 50", "checkpoint_interval"},
+      {"aggregation = \"mean\"", "aggregation = \"avg\"", "aggregation"},
+      {"budget = 100000", "budget = 1", "does not pay even one unit"},
+  };
+  for (const Case& c : cases) {
+    std::string text = good;
+    text.replace(text.find(c.from), c.from.size(), c.to);
+    const std::string path = dir + "/bad.toml";
+    std::ofstream(path) << text;
+    // No ledger is running at this --rpc: a refusal here happened before any network call.
+    CmdResult r = Meshlearn("task submit " + path + " --key nobody --rpc http://127.0.0.1:9", dir);
+    EXPECT_EQ(r.code, 1) << c.to << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.to << "\n" << r.out;
+  }
+  CmdResult ok = Meshlearn("task submit tests/devnet-tiny.toml --dry-run", dir);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+#endif
+
+}  // namespace
