@@ -228,6 +228,42 @@ Status UnitCheck::OnSecretRevealed(const Hash256& secret, uint64_t height) {
   return Status::Ok();
 }
 
+Status UnitCheck::StartDispute(size_t slot, uint64_t height) {
+  const VerdictSlot& s = slots_[slot];
+  DisputeConfig dc;
+  dc.unit = config_.unit;
+  dc.defender = config_.solver;
+  dc.challenger = verifiers_[slot];
+  dc.first_step = static_cast<uint64_t>(s.segment) * config_.checkpoint_interval;
+  dc.last_step = config_.checkpoint_interval == 0
+                     ? config_.inner_steps
+                     : std::min<uint64_t>(dc.first_step + config_.checkpoint_interval,
+                                          config_.inner_steps);
+  dc.agreed = s.start;
+  dc.defender_claim = s.solver_end;
+  dc.challenger_claim = s.replayed_end;
+  dc.num_operators = config_.num_operators;
+  dc.response_blocks = config_.dispute_response_blocks;
+  dc.start_height = height;
+  ML_ASSIGN_OR_RETURN(DisputeGame g, DisputeGame::Create(dc));
+  dispute_ = std::move(g);
+  challenger_ = static_cast<int>(slot);
+  stage_ = CheckStage::kCheckDisputed;
+  reason_ = "verifier " + verifiers_[slot].ShortHex() + " found a mismatch in segment " +
+            std::to_string(s.segment);
+  return Status::Ok();
+}
+
+bool UnitCheck::RefutedBefore(size_t slot, size_t upto) const {
+  for (size_t k = 0; k < upto && k < slots_.size(); ++k) {
+    if (slots_[k].verdict == Verdict::kVerdictMismatch &&
+        slots_[k].segment == slots_[slot].segment) {
+      return true;
+    }
+  }
+  return false;
+}
+
 CheckEffects UnitCheck::Resolve(uint64_t height) {
   CheckEffects fx;
   std::vector<size_t> clean, mismatch;
@@ -256,40 +292,19 @@ CheckEffects UnitCheck::Resolve(uint64_t height) {
   if (forced_) {
     for (size_t i : clean) Append(fx.slash, verifiers_[i]);  // approved work it never ran
     for (size_t i : mismatch) Append(fx.jackpot_winners, verifiers_[i]);
+    // A verifier that committed and then kept its verdict back is slashed like one that called
+    // it clean: the solver's secret is revealed in the same window, so otherwise a verifier
+    // could commit "clean" unread and withhold the reveal exactly when the unit is forced.
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].commitment && !slots_[i].verdict) Append(fx.slash, verifiers_[i]);
+    }
     fx.rerun_unit = true;
     settle(CheckResult::kCheckForcedError,
            "forced error: " + std::to_string(mismatch.size()) + " verifier(s) caught it, " +
                std::to_string(clean.size()) + " approved it");
     return fx;
   }
-  if (!mismatch.empty()) {
-    const size_t i = mismatch.front();
-    const VerdictSlot& s = slots_[i];
-    DisputeConfig dc;
-    dc.unit = config_.unit;
-    dc.defender = config_.solver;
-    dc.challenger = verifiers_[i];
-    dc.first_step = static_cast<uint64_t>(s.segment) * config_.checkpoint_interval;
-    dc.last_step = config_.checkpoint_interval == 0
-                       ? config_.inner_steps
-                       : std::min<uint64_t>(dc.first_step + config_.checkpoint_interval,
-                                            config_.inner_steps);
-    dc.agreed = s.start;
-    dc.defender_claim = s.solver_end;
-    dc.challenger_claim = s.replayed_end;
-    dc.num_operators = config_.num_operators;
-    dc.response_blocks = config_.dispute_response_blocks;
-    dc.start_height = height;
-    Result<DisputeGame> g = DisputeGame::Create(dc);
-    if (g.ok()) {
-      dispute_ = std::move(*g);
-      challenger_ = static_cast<int>(i);
-      stage_ = CheckStage::kCheckDisputed;
-      reason_ = "verifier " + verifiers_[i].ShortHex() + " found a mismatch in segment " +
-                std::to_string(s.segment);
-      return fx;
-    }
-  }
+  if (!mismatch.empty() && StartDispute(mismatch.front(), height).ok()) return fx;
   if (clean.empty()) {
     settle(CheckResult::kCheckUnchecked, verifiers_.empty() ? "not selected for verification"
                                                             : "no verifier revealed a verdict");
@@ -318,50 +333,88 @@ Result<CheckEffects> UnitCheck::OnBlock(uint64_t height) {
   }
   if (stage_ == CheckStage::kCheckDisputed) {
     ML_RETURN_IF_ERROR(dispute_->OnBlock(height));
-    if (dispute_->stage() == DisputeStage::kDisputeResolved) return OnDisputeResolved();
+    if (dispute_->stage() == DisputeStage::kDisputeResolved) return OnDisputeResolved(height);
   }
   return fx;
 }
 
-Result<CheckEffects> UnitCheck::OnDisputeResolved() {
+Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
   if (stage_ != CheckStage::kCheckDisputed || !dispute_ ||
       dispute_->stage() != DisputeStage::kDisputeResolved) {
     return FailedPrecondition("unit check: no resolved dispute for " + config_.unit.ToString());
   }
   const DisputeOutcome& o = dispute_->outcome();
-  const NodeId challenger = whistleblower_ ? *whistleblower_ : verifiers_[static_cast<size_t>(challenger_)];
   CheckEffects fx;
-  fx.settled = true;
-  stage_ = CheckStage::kCheckSettled;
+  if (whistleblower_) {
+    // The verifiers' verdicts were paid (or slashed) when the check first settled; a challenge
+    // only adds what it proves.
+    const NodeId wb = *whistleblower_;
+    fx.settled = true;
+    stage_ = CheckStage::kCheckSettled;
+    reason_ = "whistleblower dispute: " + o.reason;
+    if (!o.defender_honest) {
+      Append(fx.slash, config_.solver);
+      for (size_t i = 0; i < slots_.size(); ++i) {  // they approved something wrong
+        if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.slash, verifiers_[i]);
+      }
+      Append(o.challenger_honest ? fx.rewarded : fx.slash, wb);
+      fx.rerun_unit = true;
+      result_ = CheckResult::kCheckFraud;
+    } else {
+      // The solver's streak was credited (or not) when the check first settled; not again.
+      Append(fx.slash, wb);
+      result_ = CheckResult::kCheckClean;
+    }
+    return fx;
+  }
+  const size_t ci = static_cast<size_t>(challenger_);
+  const NodeId challenger = verifiers_[ci];
   if (!o.defender_honest) {
     Append(fx.slash, config_.solver);
-    // Every verifier that called the work clean approved something wrong.
     for (size_t i = 0; i < slots_.size(); ++i) {
+      // Every verifier that called the work clean approved something wrong.
       if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.slash, verifiers_[i]);
-      if (slots_[i].verdict == Verdict::kVerdictMismatch && verifiers_[i] != challenger) {
+      // Mismatches in segments an earlier dispute refuted were slashed then.
+      if (slots_[i].verdict == Verdict::kVerdictMismatch && i != ci && !RefutedBefore(i, ci)) {
         Append(fx.pay_verifiers, verifiers_[i]);
       }
     }
     if (o.challenger_honest) {
       Append(fx.rewarded, challenger);
-      if (!whistleblower_) Append(fx.pay_verifiers, challenger);
+      Append(fx.pay_verifiers, challenger);
     } else {
       Append(fx.slash, challenger);
     }
     fx.rerun_unit = true;
+    fx.settled = true;
+    stage_ = CheckStage::kCheckSettled;
     result_ = CheckResult::kCheckFraud;
     reason_ = "dispute: " + o.reason;
     return fx;
   }
-  // The solver was right: the challenger (and every verifier that claimed a mismatch) was not.
-  Append(fx.slash, challenger);
+  // The solver's segment replays to its committed state: every mismatch claimed in that segment
+  // was wrong. A mismatch in another segment is not refuted by it and gets its own dispute.
+  const std::string reason = "dispute: " + o.reason;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].verdict == Verdict::kVerdictMismatch) Append(fx.slash, verifiers_[i]);
+    if (slots_[i].verdict == Verdict::kVerdictMismatch &&
+        slots_[i].segment == slots_[ci].segment) {
+      Append(fx.slash, verifiers_[i]);
+    }
+  }
+  for (size_t j = ci + 1; j < slots_.size(); ++j) {
+    if (slots_[j].verdict == Verdict::kVerdictMismatch && !RefutedBefore(j, ci + 1) &&
+        StartDispute(j, height).ok()) {
+      return fx;
+    }
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.pay_verifiers, verifiers_[i]);
   }
   fx.solver_clean = true;
+  fx.settled = true;
+  stage_ = CheckStage::kCheckSettled;
   result_ = CheckResult::kCheckClean;
-  reason_ = "dispute: " + o.reason;
+  reason_ = reason;
   return fx;
 }
 

@@ -207,7 +207,7 @@ TEST(UnitCheckTest, LyingVerifierLosesAndTheHonestSolverIsNeverSlashed) {
   }
   ASSERT_EQ(g->stage(), DisputeStage::kDisputeReferee);
   ASSERT_TRUE(g->Rule(g->referee_task().defender_output).ok());
-  auto fx = d.OnDisputeResolved();
+  auto fx = d.OnDisputeResolved(h);
   ASSERT_TRUE(fx.ok());
   EXPECT_EQ(d.result(), CheckResult::kCheckClean);
   EXPECT_TRUE(Has(fx->slash, liar));
@@ -307,6 +307,136 @@ TEST(UnitCheckTest, WhistleblowerChallengesACleanVerdict) {
   EXPECT_TRUE(Has(fx.slash, b));
   EXPECT_TRUE(Has(fx.rewarded, kWhistle));
   EXPECT_FALSE(Has(fx.slash, kWhistle));
+}
+
+TEST(UnitCheckTest, AFailedWhistleblowerChallengePaysAndSlashesNoVerifierAgain) {
+  // Honest work settled clean (both verifiers paid, the solver's streak credited); a
+  // whistleblower's challenge fails. Only the whistleblower loses: the verifiers are not paid a
+  // second time and the solver's streak is not credited twice.
+  UnitCheck c = Selected(Config(false));
+  RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_EQ(c.result(), CheckResult::kCheckClean);
+  Hash256 fake = Blake2b("made up");
+  ASSERT_TRUE(c.OnChallenge(kWhistle, ClaimFor(false, 2, &fake), 110).ok());
+  DisputeGame* g = c.mutable_dispute();
+  DisputeQuery q = g->query();
+  ASSERT_TRUE(g->Post(DisputeParty::kDefender, q.position, Blake2b("t"), 111).ok());
+  CheckEffects fx;
+  for (uint64_t h = 111; c.stage() == CheckStage::kCheckDisputed && h < 120; ++h) {
+    fx = *c.OnBlock(h);
+  }
+  EXPECT_EQ(c.result(), CheckResult::kCheckClean);
+  EXPECT_TRUE(fx.settled);
+  EXPECT_EQ(fx.slash, std::vector<NodeId>{kWhistle});
+  EXPECT_TRUE(fx.pay_verifiers.empty());
+  EXPECT_FALSE(fx.solver_clean);
+  EXPECT_FALSE(fx.rerun_unit);
+}
+
+TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
+  // Two segments are replayed. The solver cheated in one; its accomplice, drawn first, claims a
+  // mismatch in the other (honest) segment and loses that dispute on purpose. The honest
+  // verifier's claim is not refuted by it: it gets its own dispute, and the cheat is caught.
+  UnitCheckConfig cfg = Config(false);
+  VerificationParams params;
+  params.segments_per_check = 2;
+  const Hash256 beacon = Blake2b("block 101");
+  std::vector<uint32_t> segs = SegmentsToReplay(beacon, cfg.unit, 4, params);
+  ASSERT_EQ(segs.size(), 2u);
+  const uint32_t honest_seg = segs[0], cheat_seg = segs[1];
+  std::vector<Hash256> l = {Blake2b("global weights")};
+  for (uint32_t i = 0; i < 4; ++i) {
+    l.push_back(i == cheat_seg ? Hasher("lazy").Update(l.back()).Finish() : Replay(l.back()));
+  }
+  cfg.commitment = MerkleRoot(l);
+  auto made = UnitCheck::Create(cfg);
+  ASSERT_TRUE(made.ok());
+  UnitCheck c = std::move(*made);
+  std::vector<NodeId> candidates = {kV1, kV2, kV3};
+  ASSERT_TRUE(c.OnBeacon(beacon, 1000, candidates, params, 101).ok());
+  ASSERT_EQ(c.segments(), segs);
+  const NodeId accomplice = c.verifiers()[0], honest = c.verifiers()[1];
+  auto claim = [&](uint32_t seg, const Hash256& replayed) {
+    MismatchClaim m;
+    m.segment = seg;
+    m.start = l[seg];
+    m.start_proof = MerkleProve(l, seg);
+    m.solver_end = l[seg + 1];
+    m.end_proof = MerkleProve(l, seg + 1);
+    m.replayed_end = replayed;
+    return m;
+  };
+  MismatchClaim fake = claim(honest_seg, Blake2b("made up"));
+  MismatchClaim real = claim(cheat_seg, Replay(l[cheat_seg]));
+  const Hash256 s1 = Blake2b("s1"), s2 = Blake2b("s2");
+  ASSERT_TRUE(c.OnVerdictCommitted(accomplice, VerdictCommitment(Verdict::kVerdictMismatch, s1,
+                                                                 accomplice, cfg.unit), 102).ok());
+  ASSERT_TRUE(c.OnVerdictCommitted(honest, VerdictCommitment(Verdict::kVerdictMismatch, s2,
+                                                             honest, cfg.unit), 102).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  ASSERT_TRUE(c.OnVerdictRevealed(accomplice, Verdict::kVerdictMismatch, s1, &fake, 105).ok());
+  ASSERT_TRUE(c.OnVerdictRevealed(honest, Verdict::kVerdictMismatch, s2, &real, 105).ok());
+  ASSERT_TRUE(c.OnSecretRevealed(kSecret, 105).ok());
+  for (uint64_t h = 106; h <= 108; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
+  ASSERT_EQ(c.dispute()->config().challenger, accomplice);
+  // The accomplice stops answering: the solver wins the first dispute.
+  DisputeQuery q = c.mutable_dispute()->query();
+  ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kDefender, q.position, Blake2b("t"), 109).ok());
+  CheckEffects first;
+  uint64_t h = 109;
+  for (; h <= q.deadline_height + 1; ++h) {
+    first = *c.OnBlock(h);
+    if (c.stage() != CheckStage::kCheckDisputed || c.dispute()->config().challenger != accomplice) {
+      break;
+    }
+  }
+  ++h;
+  EXPECT_TRUE(Has(first.slash, accomplice));
+  EXPECT_FALSE(Has(first.slash, honest));
+  EXPECT_FALSE(first.settled);
+  // The second dispute: the honest verifier against the solver, in the cheated segment.
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
+  EXPECT_EQ(c.dispute()->config().challenger, honest);
+  EXPECT_EQ(c.dispute()->config().first_step, uint64_t{cheat_seg} * 5);
+  q = c.mutable_dispute()->query();
+  ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), h).ok());
+  CheckEffects second;
+  for (const uint64_t end = h + 10; c.stage() == CheckStage::kCheckDisputed && h <= end; ++h) {
+    second = *c.OnBlock(h);
+  }
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
+  EXPECT_TRUE(Has(second.slash, kSolver));
+  EXPECT_TRUE(Has(second.rewarded, honest));
+  EXPECT_FALSE(Has(second.slash, honest));
+  EXPECT_FALSE(Has(second.pay_verifiers, accomplice));  // slashed already, not paid
+  EXPECT_TRUE(second.rerun_unit);
+}
+
+TEST(UnitCheckTest, AVerifierThatWithholdsItsRevealOnAForcedErrorIsSlashed) {
+  // The secret is revealed in the verdicts' reveal window, so a verifier that committed "clean"
+  // without replaying could watch for it and stay silent when the unit is forced.
+  UnitCheck c = Selected(Config(true, 1'000'000));
+  const NodeId catcher = c.verifiers()[0], silent = c.verifiers()[1];
+  const Hash256 s1 = Blake2b("s1"), s2 = Blake2b("s2");
+  ASSERT_TRUE(c.OnVerdictCommitted(catcher, VerdictCommitment(Verdict::kVerdictMismatch, s1,
+                                                              catcher, c.config().unit), 102).ok());
+  ASSERT_TRUE(c.OnVerdictCommitted(silent, VerdictCommitment(Verdict::kVerdictClean, s2, silent,
+                                                             c.config().unit), 102).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  ASSERT_TRUE(c.OnSecretRevealed(kSecret, 105).ok());
+  MismatchClaim claim = ClaimFor(true, c.segments()[0]);
+  ASSERT_TRUE(c.OnVerdictRevealed(catcher, Verdict::kVerdictMismatch, s1, &claim, 106).ok());
+  CheckEffects fx;
+  for (uint64_t h = 106; h <= 108; ++h) {
+    CheckEffects e = *c.OnBlock(h);
+    if (e.settled) fx = e;
+  }
+  EXPECT_EQ(c.result(), CheckResult::kCheckForcedError);
+  EXPECT_TRUE(Has(fx.slash, silent));
+  EXPECT_TRUE(Has(fx.jackpot_winners, catcher));
+  EXPECT_FALSE(Has(fx.slash, catcher));
+  EXPECT_FALSE(Has(fx.slash, kSolver));
 }
 
 TEST(UnitCheckTest, EncodeDecodeAtEveryStage) {

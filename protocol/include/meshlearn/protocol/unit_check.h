@@ -17,13 +17,18 @@
 //                  that caught it share the jackpot; the solver is not punished and must commit
 //                  the honest result (the unit is re-run correctly);
 //   a mismatch     a dispute (dispute.h) between the solver and the first verifier (in verifier
-//                  order) that revealed a mismatch; finality is held until it resolves;
+//                  order) that revealed a mismatch; finality is held until it resolves. If the
+//                  solver wins, the mismatches claimed in that segment are slashed and the next
+//                  claim in another segment gets its own dispute;
 //   all clean      the solver's clean streak grows; the verifiers are paid for what they replayed.
 //
-// A verifier that does not commit or reveal in time counts a failure and is not paid. A solver
-// that does not reveal its secret in time is treated as having cheated (its unit fails).
+// A verifier that does not commit or reveal in time counts a failure and is not paid; on a
+// forced error, one that committed and did not reveal is slashed like one that approved it (it
+// saw the secret before its reveal was due). A solver that does not reveal its secret in time
+// is treated as having cheated (its unit fails).
 // A whistleblower may challenge a unit settled clean through the same dispute game until the
-// task's round is final; if the solver loses, the verifiers that approved it are slashed too.
+// task's round is final; if the solver loses, the verifiers that approved it are slashed too;
+// if the whistleblower loses, only it is slashed (the verifiers were settled already).
 //
 // Everything is decided here; the ledger applies the returned CheckEffects (slash, pay, fail).
 #pragma once
@@ -140,8 +145,11 @@ class UnitCheck {
   Status OnSecretRevealed(const Hash256& secret, uint64_t height);
   // Every block: closes windows (effects of missed deadlines and the resolution).
   Result<CheckEffects> OnBlock(uint64_t height);
-  // The dispute resolved (the ledger drives the game and its referee; see dispute.h).
-  Result<CheckEffects> OnDisputeResolved();
+  // The dispute resolved (the ledger drives the game and its referee; see dispute.h), at
+  // `height`. A solver that wins refutes the mismatches claimed in that segment only: a mismatch
+  // another verifier claimed in a different segment opens the next dispute (at `height`), so a
+  // colluding verifier cannot shield a cheat by losing a dispute on a segment that was honest.
+  Result<CheckEffects> OnDisputeResolved(uint64_t height);
   // A whistleblower challenges a unit settled clean or unchecked (the ledger allows it until
   // the unit's round is final): a dispute between the solver and the whistleblower. If the
   // solver loses, every verifier that revealed "clean" is slashed with it.
@@ -154,6 +162,11 @@ class UnitCheck {
   explicit UnitCheck(const UnitCheckConfig& config) : config_(config) {}
   int VerifierIndex(const NodeId& n) const;
   CheckEffects Resolve(uint64_t height);
+  // Opens the dispute between the solver and the verifier of `slot` (its mismatch claim).
+  Status StartDispute(size_t slot, uint64_t height);
+  // Whether a verifier of slots [0, upto) claimed a mismatch in the segment `slot` claims: in
+  // slot order, every such segment has already been refuted by a dispute the solver won.
+  bool RefutedBefore(size_t slot, size_t upto) const;
 
   struct VerdictSlot {
     std::optional<Hash256> commitment;
