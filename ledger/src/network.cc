@@ -265,6 +265,12 @@ Status ExecuteCommitAggregate(ExecContext& ctx, const CommitAggregateTx& tx) {
   if (tx.state_hash.IsZero()) {
     return InvalidArgument("commit aggregate: state_hash is zero (store the state blob first)");
   }
+  if (tx.test_accuracy_ppm > 1'000'000) {
+    return InvalidArgument(
+        "commit aggregate: test_accuracy_ppm must be <= 1000000 (parts per "
+        "million: 1000000 is 100%), got " +
+        std::to_string(tx.test_accuracy_ppm));
+  }
   ML_ASSIGN_OR_RETURN(RoundStateMachine m, LoadMachine(*t));
   Result<protocol::RoundUpdate> update =
       m.OnAggregateCommitted(tx.round, tx.node_id, tx.state_hash, ctx.height);

@@ -371,6 +371,29 @@ TEST_F(NetworkTest, PaymentsNeverExceedTheEscrow) {
   EXPECT_TRUE(chain_->ReplayFromGenesis().ok());
 }
 
+TEST_F(NetworkTest, AnAccuracyOver100PercentIsRefused) {
+  ASSERT_TRUE(Start(100'000).ok);
+  std::vector<Transaction> txs;
+  for (const WorkUnit& u : Units()) {
+    if (u.round == 0) txs.push_back(OwnerCommit(u));
+  }
+  for (const Receipt& x : Step(txs)) EXPECT_TRUE(x.ok) << x.reason;
+  ASSERT_TRUE(Machine().aggregator().has_value());
+  PublicKey agg = Machine().aggregator()->node;
+  CommitAggregateTx c{.task_id = task_id_,
+                      .round = 0,
+                      .node_id = agg,
+                      .state_hash = Blake2b("s1"),
+                      .test_accuracy_ppm = 1'000'001};
+  std::vector<Receipt> r = Step({Q(*owner_.at(agg), c)});
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("test_accuracy_ppm"), std::string::npos) << r[0].reason;
+  EXPECT_TRUE(Task().round_results.empty());
+  c.test_accuracy_ppm = 1'000'000;
+  r = Step({Q(*owner_.at(agg), c)});
+  EXPECT_TRUE(r[0].ok) << r[0].reason;
+}
+
 TEST_F(NetworkTest, CancelStopsTheTask) {
   ASSERT_TRUE(Start(50'000).ok);
   std::vector<Receipt> r = Step({Q(dave_, CancelTaskTx{.task_id = task_id_})});
