@@ -344,31 +344,46 @@ TEST_F(NetworkTest, WholeTaskThroughBlocks) {
   EXPECT_EQ(Task().final_state, Blake2b("state 2"));
 }
 
-TEST_F(NetworkTest, PaymentsNeverExceedTheEscrow) {
-  // The budget covers a little over two units: later units and the aggregator get what is left.
-  constexpr Amount kBudget = 2 * kUnitCost + 5;
-  ASSERT_TRUE(Start(kBudget).ok);
+TEST_F(NetworkTest, ABudgetBelowTheMostTheTaskCanCostIsRefused) {
+  // 2 rounds x (6 units + 1 aggregation) x 32 GFLOP x price cap 20 = 8960 tokens.
+  constexpr Amount kMost = 2 * 7 * 32 * 20;
+  Amount before = Balance(dave_);
+  Receipt r = Start(kMost - 1);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("raise budget or lower price_cap"), std::string::npos) << r.reason;
+  EXPECT_EQ(Balance(dave_), before);
+  EXPECT_FALSE(chain_->GetTask(task_id_).ok());
+  Transaction again = Q(dave_, Submit(kMost));
+  task_id_ = TaskIdFor(dave_.public_key(), again.nonce);
+  Receipt ok = Step({again})[0];
+  EXPECT_TRUE(ok.ok) << ok.reason;
+  EXPECT_EQ(Task().escrow, kMost);
+}
+
+TEST_F(NetworkTest, CancelPaysTheCommittedUnitsFirst) {
+  ASSERT_TRUE(Start(100'000).ok);
   std::vector<Transaction> txs;
-  for (const WorkUnit& u : Units()) {
-    if (u.round == 0) txs.push_back(OwnerCommit(u));
-  }
+  const WorkUnit first = Units().front();
+  txs.push_back(OwnerCommit(first));
   for (const Receipt& x : Step(txs)) EXPECT_TRUE(x.ok) << x.reason;
-  RoundStateMachine m = Machine();
-  ASSERT_TRUE(m.aggregator().has_value());
-  PublicKey agg = m.aggregator()->node;
-  std::vector<Receipt> r =
-      Step({Q(*owner_.at(agg),
-              CommitAggregateTx{
-                  .task_id = task_id_, .round = 0, .node_id = agg, .state_hash = Blake2b("s1")})});
+  std::vector<Receipt> r = Step({Q(dave_, CancelTaskTx{.task_id = task_id_})});
   ASSERT_TRUE(r[0].ok) << r[0].reason;
   TaskRecord t = Task();
-  EXPECT_EQ(t.escrow, 0u);
-  EXPECT_EQ(t.spent, kBudget);
-  EXPECT_EQ(t.rounds_settled, 1u);
+  EXPECT_EQ(t.status, TaskStatus::kCancelled);
   Amount paid = 0;
-  for (const WorkUnit& u : Units()) paid += u.paid;
-  EXPECT_EQ(paid + t.round_results[0].aggregator_paid, kBudget);
-  EXPECT_TRUE(chain_->ReplayFromGenesis().ok());
+  for (const WorkUnit& u : Units()) {
+    if (u.index == first.index) {
+      EXPECT_EQ(u.status, WorkUnitStatus::kVerified);
+      EXPECT_EQ(u.paid, kUnitCost);
+    } else {
+      EXPECT_EQ(u.paid, 0u);
+    }
+    paid += u.paid;
+  }
+  EXPECT_EQ(t.spent, paid);
+  EXPECT_EQ(t.escrow, 0u);
+  EXPECT_EQ(t.refunded, 100'000 - paid);
+  EXPECT_TRUE(chain_->CheckInvariants().ok());
 }
 
 TEST_F(NetworkTest, AnAccuracyOver100PercentIsRefused) {

@@ -1,6 +1,9 @@
 // Tasks and work units: escrow in, payments out, refunds. network.cc adds the
 // transactions that schedule, commit and verify work units on top of the primitives here.
+#include <algorithm>
+
 #include "execute.h"
+#include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/round_phase.h"
 
@@ -170,6 +173,21 @@ Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
                            std::to_string(p.inner_steps) + "], got " +
                            std::to_string(p.checkpoint_interval));
   }
+  // The escrow must cover the most the task can cost: every unit and every round's aggregation
+  // paid at the price cap (an expired unit is paid once, to the node that commits it). So no
+  // node ever works on a unit the escrow cannot pay.
+  const Amount unit_cost = protocol::UnitCostTokens(view, tx.price_cap);
+  const uint64_t paid_units = static_cast<uint64_t>(p.rounds) * (p.units_per_round + 1ull);
+  const Amount most = unit_cost != 0 && paid_units > UINT64_MAX / unit_cost
+                          ? UINT64_MAX
+                          : unit_cost * paid_units;
+  if (tx.budget < most) {
+    return InvalidArgument("submit task: budget " + std::to_string(tx.budget) +
+                           " is below the most this task can cost, " + std::to_string(most) +
+                           " = rounds x (units_per_round + 1 aggregation) x " +
+                           std::to_string(unit_cost) +
+                           " tokens per unit at price_cap; raise budget or lower price_cap");
+  }
   if (ctx.state.tasks.Find(id) != nullptr) {
     return AlreadyExists("submit task: task " + id.ToHex() + " exists");
   }
@@ -214,6 +232,18 @@ Status ExecuteCancelTask(ExecContext& ctx, const CancelTaskTx& tx) {
   if (t->submitter != ctx.tx.sender) {
     return PermissionDenied("cancel task: only the submitter " + t->submitter.ShortHex() +
                             " may cancel task " + tx.task_id.ShortHex());
+  }
+  // Work already committed is paid before the refund: its results are published, so cancelling
+  // must not be a way to get them for free.
+  if (t->status == TaskStatus::kOpen) {
+    const uint32_t count = t->unit_count;
+    for (uint32_t i = 0; i < count; ++i) {
+      const WorkUnit* u = ctx.state.units.Find({tx.task_id, i});
+      if (u == nullptr || u->status != WorkUnitStatus::kCommitted) continue;
+      const TaskRecord* cur = ctx.state.tasks.Find(tx.task_id);
+      Amount amount = std::min(UnitCost(*cur, u->price), cur->escrow);
+      ML_RETURN_IF_ERROR(SettleWorkUnit(ctx.state, ctx.params(), tx.task_id, i, amount));
+    }
   }
   return CloseTask(ctx.state, tx.task_id, TaskStatus::kCancelled);
 }

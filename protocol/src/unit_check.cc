@@ -176,13 +176,17 @@ Status UnitCheck::OnVerdictRevealed(const NodeId& verifier, Verdict verdict, con
   }
   if (slot.verdict) return AlreadyExists("verdict reveal: node " + verifier.ShortHex() +
                                          " already revealed");
-  ML_RETURN_IF_ERROR(CheckVerdictReveal(*slot.commitment, verdict, salt, verifier, config_.unit));
+  if (verdict == Verdict::kVerdictMismatch && claim == nullptr) {
+    return InvalidArgument("verdict reveal: a mismatch must carry its claim (segment, "
+                           "committed states with proofs, replayed state)");
+  }
+  const Hash256 evidence = verdict == Verdict::kVerdictMismatch
+                               ? MismatchEvidence(claim->segment, claim->replayed_end)
+                               : Hash256{};
+  ML_RETURN_IF_ERROR(
+      CheckVerdictReveal(*slot.commitment, verdict, salt, verifier, config_.unit, evidence));
   VerdictSlot checked = slot;
   if (verdict == Verdict::kVerdictMismatch) {
-    if (claim == nullptr) {
-      return InvalidArgument("verdict reveal: a mismatch must carry its claim (segment, "
-                             "committed states with proofs, replayed state)");
-    }
     if (std::find(segments_.begin(), segments_.end(), claim->segment) == segments_.end()) {
       return InvalidArgument("verdict reveal: segment " + std::to_string(claim->segment) +
                              " was not drawn for replay");

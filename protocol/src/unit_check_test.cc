@@ -78,6 +78,15 @@ UnitCheck Selected(const UnitCheckConfig& cfg) {
   return std::move(*c);
 }
 
+// The evidence a verdict commits to: for a mismatch, the claim RunWindows reveals.
+Hash256 EvidenceOf(Verdict v, bool lazy, const UnitCheck& c) {
+  if (v != Verdict::kVerdictMismatch) return Hash256{};
+  MismatchClaim claim = ClaimFor(lazy, c.segments()[0]);
+  return MismatchEvidence(claim.segment, claim.replayed_end);
+}
+
+Hash256 EvidenceOf(const MismatchClaim& m) { return MismatchEvidence(m.segment, m.replayed_end); }
+
 // Commits at 102, reveals at 105 (the reveal window is 105..107), secret revealed, then the
 // window closes at 108.
 CheckEffects RunWindows(UnitCheck& c, bool lazy, const std::vector<Verdict>& verdicts,
@@ -86,7 +95,8 @@ CheckEffects RunWindows(UnitCheck& c, bool lazy, const std::vector<Verdict>& ver
     Hash256 salt = Blake2b("salt " + std::to_string(i));
     EXPECT_TRUE(c.OnVerdictCommitted(c.verifiers()[i],
                                      VerdictCommitment(verdicts[i], salt, c.verifiers()[i],
-                                                       c.config().unit),
+                                                       c.config().unit,
+                                                       EvidenceOf(verdicts[i], lazy, c)),
                                      102).ok());
   }
   CheckEffects all;
@@ -184,11 +194,12 @@ TEST(UnitCheckTest, LyingVerifierLosesAndTheHonestSolverIsNeverSlashed) {
   UnitCheck d = Selected(Config(false));
   Hash256 salt = Blake2b("liar salt");
   const NodeId liar = d.verifiers()[0];
-  ASSERT_TRUE(d.OnVerdictCommitted(liar, VerdictCommitment(Verdict::kVerdictMismatch, salt, liar,
-                                                           d.config().unit), 102).ok());
-  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(d.OnBlock(h).ok());
   Hash256 fake = Blake2b("made up");
   MismatchClaim claim = ClaimFor(false, d.segments()[0], &fake);
+  ASSERT_TRUE(d.OnVerdictCommitted(liar, VerdictCommitment(Verdict::kVerdictMismatch, salt, liar,
+                                                           d.config().unit, EvidenceOf(claim)),
+                                   102).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(d.OnBlock(h).ok());
   ASSERT_TRUE(d.OnVerdictRevealed(liar, Verdict::kVerdictMismatch, salt, &claim, 105).ok());
   ASSERT_TRUE(d.OnSecretRevealed(kSecret, 105).ok());
   for (uint64_t h = 106; h <= 108; ++h) ASSERT_TRUE(d.OnBlock(h).ok());
@@ -257,12 +268,28 @@ TEST(UnitCheckTest, SilentVerifiersCountFailures) {
   EXPECT_EQ(c.result(), CheckResult::kCheckUnchecked);
 }
 
+TEST(UnitCheckTest, ABlindMismatchCannotRevealACopiedClaim) {
+  // A lazy verifier commits "mismatch" without replaying, hoping to copy another verifier's
+  // claim once it is published: its commitment does not bind that claim, so the reveal fails.
+  UnitCheck c = Selected(Config(true));
+  const NodeId lazy = c.verifiers()[1];
+  Hash256 salt = Blake2b("salt");
+  ASSERT_TRUE(c.OnVerdictCommitted(lazy, VerdictCommitment(Verdict::kVerdictMismatch, salt, lazy,
+                                                           c.config().unit), 102).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  MismatchClaim copied = ClaimFor(true, c.segments()[0]);
+  EXPECT_EQ(c.OnVerdictRevealed(lazy, Verdict::kVerdictMismatch, salt, &copied, 105).code(),
+            StatusCode::kPermissionDenied);
+}
+
 TEST(UnitCheckTest, BadRevealsAreRefused) {
   UnitCheck c = Selected(Config(true));
   const NodeId v = c.verifiers()[0];
   Hash256 salt = Blake2b("salt");
-  ASSERT_TRUE(c.OnVerdictCommitted(v, VerdictCommitment(Verdict::kVerdictMismatch, salt, v, c.config().unit), 102).ok());
   MismatchClaim claim = ClaimFor(true, c.segments()[0]);
+  ASSERT_TRUE(c.OnVerdictCommitted(v, VerdictCommitment(Verdict::kVerdictMismatch, salt, v,
+                                                        c.config().unit, EvidenceOf(claim)),
+                                   102).ok());
   // Too early: the commit window is open (copying would be possible).
   EXPECT_EQ(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 102).code(),
             StatusCode::kFailedPrecondition);
@@ -370,9 +397,11 @@ TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
   MismatchClaim real = claim(cheat_seg, Replay(l[cheat_seg]));
   const Hash256 s1 = Blake2b("s1"), s2 = Blake2b("s2");
   ASSERT_TRUE(c.OnVerdictCommitted(accomplice, VerdictCommitment(Verdict::kVerdictMismatch, s1,
-                                                                 accomplice, cfg.unit), 102).ok());
+                                                                 accomplice, cfg.unit,
+                                                                 EvidenceOf(fake)), 102).ok());
   ASSERT_TRUE(c.OnVerdictCommitted(honest, VerdictCommitment(Verdict::kVerdictMismatch, s2,
-                                                             honest, cfg.unit), 102).ok());
+                                                             honest, cfg.unit, EvidenceOf(real)),
+                                   102).ok());
   for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
   ASSERT_TRUE(c.OnVerdictRevealed(accomplice, Verdict::kVerdictMismatch, s1, &fake, 105).ok());
   ASSERT_TRUE(c.OnVerdictRevealed(honest, Verdict::kVerdictMismatch, s2, &real, 105).ok());
@@ -419,8 +448,10 @@ TEST(UnitCheckTest, AVerifierThatWithholdsItsRevealOnAForcedErrorIsSlashed) {
   UnitCheck c = Selected(Config(true, 1'000'000));
   const NodeId catcher = c.verifiers()[0], silent = c.verifiers()[1];
   const Hash256 s1 = Blake2b("s1"), s2 = Blake2b("s2");
+  MismatchClaim caught = ClaimFor(true, c.segments()[0]);
   ASSERT_TRUE(c.OnVerdictCommitted(catcher, VerdictCommitment(Verdict::kVerdictMismatch, s1,
-                                                              catcher, c.config().unit), 102).ok());
+                                                              catcher, c.config().unit,
+                                                              EvidenceOf(caught)), 102).ok());
   ASSERT_TRUE(c.OnVerdictCommitted(silent, VerdictCommitment(Verdict::kVerdictClean, s2, silent,
                                                              c.config().unit), 102).ok());
   for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());

@@ -101,24 +101,29 @@ std::string_view VerdictName(Verdict v) {
   return "unknown";
 }
 
+Hash256 MismatchEvidence(uint32_t segment, const Hash256& replayed_end) {
+  return Hasher("meshlearn.verdict.evidence").UpdateU64(segment).Update(replayed_end).Finish();
+}
+
 Hash256 VerdictCommitment(Verdict verdict, const Hash256& salt, const NodeId& verifier,
-                          const UnitId& unit) {
+                          const UnitId& unit, const Hash256& evidence) {
   return Hasher("meshlearn.verdict")
       .UpdateU64(static_cast<uint64_t>(verdict))
       .Update(salt)
       .Update(verifier.span())
       .Update(UnitKey(unit))
+      .Update(evidence)
       .Finish();
 }
 
 Status CheckVerdictReveal(const Hash256& commitment, Verdict verdict, const Hash256& salt,
-                          const NodeId& verifier, const UnitId& unit) {
+                          const NodeId& verifier, const UnitId& unit, const Hash256& evidence) {
   if (verdict != Verdict::kVerdictClean && verdict != Verdict::kVerdictMismatch) {
     return InvalidArgument("verdict reveal: unknown verdict " +
                            std::to_string(static_cast<int>(verdict)));
   }
-  if (VerdictCommitment(verdict, salt, verifier, unit) != commitment) {
-    return PermissionDenied("verdict reveal: (verdict, salt) does not open the commitment of " +
+  if (VerdictCommitment(verdict, salt, verifier, unit, evidence) != commitment) {
+    return PermissionDenied("verdict reveal: (verdict, salt, evidence) does not open the commitment of " +
                             verifier.ShortHex() + " for unit " + unit.ToString());
   }
   return Status::Ok();

@@ -79,11 +79,17 @@ enum class Verdict : uint8_t {
   kVerdictMismatch = 2,  // a replayed hash differs: opens a dispute
 };
 std::string_view VerdictName(Verdict v);
-// Binds the verdict to the verifier, the unit and a random salt; revealed later with the salt.
+// What a mismatch verdict commits to besides the verdict: the segment and the state hash the
+// verifier's replay produced. Binding it into the commitment stops a lazy verifier from
+// committing "mismatch" blind and revealing a copy of another verifier's published claim.
+Hash256 MismatchEvidence(uint32_t segment, const Hash256& replayed_end);
+// Binds the verdict (and, for a mismatch, its evidence; zero for clean) to the verifier, the unit
+// and a random salt; revealed later with the salt.
 Hash256 VerdictCommitment(Verdict verdict, const Hash256& salt, const NodeId& verifier,
-                          const UnitId& unit);
-// OK iff (verdict, salt) opens `commitment` for this verifier and unit.
+                          const UnitId& unit, const Hash256& evidence = Hash256{});
+// OK iff (verdict, salt, evidence) opens `commitment` for this verifier and unit.
 Status CheckVerdictReveal(const Hash256& commitment, Verdict verdict, const Hash256& salt,
-                          const NodeId& verifier, const UnitId& unit);
+                          const NodeId& verifier, const UnitId& unit,
+                          const Hash256& evidence = Hash256{});
 
 }  // namespace meshlearn::protocol
