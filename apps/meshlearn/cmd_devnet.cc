@@ -422,11 +422,18 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
     }
   };
   std::string died;
+  // A process that exits on its own (not one --kill stopped) is a failure: say which and where
+  // its log is, rather than wait for the timeout.
   auto stop = [&] {
     if (g_stop_signal.load()) return true;
-    if (fleet.children[0].pid > 0 && waitpid(fleet.children[0].pid, nullptr, WNOHANG) == fleet.children[0].pid) {
-      fleet.children[0].pid = -1;
-      died = "the ledger (chain serve) exited; see " + fleet.children[0].log;
+    for (Child& c : fleet.children) {
+      int status = 0;
+      if (c.pid <= 0 || waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.pid = -1;
+      died = c.name + " exited unexpectedly (" +
+             (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
+                                  : "exit code " + std::to_string(WEXITSTATUS(status))) +
+             "); see " + c.log;
       return true;
     }
     return false;

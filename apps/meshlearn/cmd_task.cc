@@ -76,11 +76,13 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   const uint64_t unit_cost = protocol::UnitCostTokens(t.view, t.net.price_cap);
   // Each round pays its units and one unit's cost to the aggregator.
   t.cost_at_cap = unit_cost * (t.total_units + t.net.rounds);
-  if (t.net.budget < unit_cost) {
+  // The ledger refuses a budget below the most the task can cost (no node works unpaid).
+  if (t.net.budget < t.cost_at_cap) {
     return InvalidArgument(fmt::format(
-        "{}: network.budget = {} does not pay even one unit ({} tokens at price_cap {}); raise "
-        "it to at least {} (the whole task at the cap)", path, t.net.budget, unit_cost,
-        t.net.price_cap, t.cost_at_cap));
+        "{}: network.budget = {} is below the most this task can cost, {} = rounds x "
+        "(units_per_round + 1 aggregation) x {} tokens a unit at price_cap {}; raise "
+        "network.budget to at least {} or lower network.price_cap", path, t.net.budget,
+        t.cost_at_cap, unit_cost, t.net.price_cap, t.cost_at_cap));
   }
   return t;
 }
