@@ -29,6 +29,7 @@ using nlohmann::json;
 struct NodeArgs {
   std::string config = "node.toml";
   double seconds = 2.0;
+  bool rejoin = false;
 };
 
 // node.toml, validated (see the footer of `meshlearn node --help` and docs/operators.md).
@@ -45,6 +46,9 @@ struct NodeConfig {
   uint64_t blob_quota_bytes = 10ull << 30;
   double speed_factor = 1.0;
   uint32_t max_units = 0;
+  uint64_t memory_limit_bytes = 0;
+  uint64_t release_after_blocks = 100;
+  bool keep_final_states = false;
   bool have_capabilities = false;
   ledger::NodeCapabilities capabilities;
   uint32_t latency_ms = 5;
@@ -60,7 +64,9 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   ML_ASSIGN_OR_RETURN(ConfigFile c, ConfigFile::Load(env, path));
   ML_RETURN_IF_ERROR(c.CheckKnownKeys({"data_dir", "rpc", "listen", "endpoint", "roles", "price",
                                        "stake", "heartbeat_blocks", "blob_quota_bytes",
-                                       "speed_factor", "max_units", "capabilities"}));
+                                       "speed_factor", "max_units", "memory_limit_bytes",
+                                       "release_after_blocks", "keep_final_states",
+                                       "capabilities"}));
   NodeConfig n;
   n.path = path;
   ML_ASSIGN_OR_RETURN(n.data_dir, c.GetString("data_dir"));
@@ -105,6 +111,11 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   n.heartbeat_blocks = static_cast<uint64_t>(hb);
   n.blob_quota_bytes = static_cast<uint64_t>(quota);
   n.max_units = static_cast<uint32_t>(max_units);
+  ML_ASSIGN_OR_RETURN(int64_t mem_limit, c.GetInt("memory_limit_bytes", 0, {.min = 0}));
+  ML_ASSIGN_OR_RETURN(int64_t release, c.GetInt("release_after_blocks", 100, {.min = 0}));
+  ML_ASSIGN_OR_RETURN(n.keep_final_states, c.GetBool("keep_final_states", false));
+  n.memory_limit_bytes = static_cast<uint64_t>(mem_limit);
+  n.release_after_blocks = static_cast<uint64_t>(release);
   if (c.Has("capabilities")) {
     ML_ASSIGN_OR_RETURN(ConfigFile caps, c.GetTable("capabilities"));
     ML_RETURN_IF_ERROR(caps.CheckKnownKeys(
@@ -228,6 +239,10 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   opts.max_units = c.max_units;
   opts.log = [](const std::string& line) { ML_LOG_INFO("{}", line); };
   opts.should_stop = [&stop] { return stop.load(); };
+  opts.rejoin = a.rejoin;
+  opts.memory_limit_bytes = c.memory_limit_bytes;
+  opts.release_after_blocks = c.release_after_blocks;
+  opts.keep_final_states = c.keep_final_states;
   node::NodeAgent agent({.env = env,
                          .clock = SystemClock::Default(),
                          .transport = &transport,
@@ -236,6 +251,7 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
                          .key = key},
                         opts);
   net::Router router;
+  if (!agent.init_status().ok()) return agent.init_status();
   agent.RegisterServices(&router);
 
   sigset_t stop_signals = BlockStopSignals();
@@ -251,11 +267,34 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   ML_LOG_INFO("serving blobs on {}:{}, advertised as {}; ledger {}", host, *bound, c.endpoint, c.rpc);
 
   Status loop_status;
+  std::atomic<bool> self_stop{false};
+  auto stop_self = [&](Status why) {
+    loop_status = std::move(why);
+    self_stop.store(true);
+    kill(getpid(), SIGTERM);  // wakes sigwait below
+  };
   std::thread loop([&] {
     uint64_t failures = 0;
     while (!stop.load()) {
       Result<node::TickReport> r = agent.Tick();
       if (stop.load()) break;
+      if (agent.left()) {
+        if (!agent.was_active()) {
+          // Started on a node that had left: nothing to do. Say how to come back.
+          stop_self(FailedPrecondition(
+              "node " + key.public_key().ToHex() + " has left the network (meshlearn node leave); "
+              "it takes no work. To rejoin, run `meshlearn node run --config " + a.config +
+              " --rejoin` (RegisterNode again, bonding stake = " + std::to_string(c.stake) +
+              " from the node's account)"));
+          break;
+        }
+        if (agent.tx_sender().in_flight() == 0) {
+          ML_LOG_INFO("the node left the network (meshlearn node leave) and has no transaction "
+                      "in flight: stopping");
+          stop_self(Status::Ok());
+          break;
+        }
+      }
       if (!r.ok()) {
         ++failures;
         ML_LOG_WARN("tick: {} (retrying)", r.status().ToString());
@@ -275,7 +314,9 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   });
   int sig = 0;
   sigwait(&stop_signals, &sig);
-  ML_LOG_INFO("signal {}: stopping (a unit in progress resumes from its last checkpoint)", sig);
+  if (!self_stop.load()) {
+    ML_LOG_INFO("signal {}: stopping (a unit in progress resumes from its last checkpoint)", sig);
+  }
   stop.store(true);
   loop.join();
   server.Stop();
@@ -324,7 +365,10 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  price = 1                         # tokens per 10^9 training FLOPs\n"
       "  stake = 1000                      # bonded at registration\n"
       "  heartbeat_blocks = 5\n"
-      "  blob_quota_bytes = 10737418240\n"
+      "  blob_quota_bytes = 10737418240     # unpinned blobs are evicted LRU beyond this\n"
+      "  release_after_blocks = 100        # unpin a closed task's blobs this many blocks later\n"
+      "  keep_final_states = false         # ... but keep final models this node holds\n"
+      "  memory_limit_bytes = 0            # memory really available to a unit (0: capabilities)\n"
       "  speed_factor = 1.0                # < 1: a deliberately slow node (tests, demos)\n"
       "  [capabilities]                    # optional: paste `node bench`; measured if absent\n"
       "  throughput = 20000000000\n"
@@ -342,11 +386,14 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
 
   CLI::App* run = n->add_subcommand("run", "Run the node daemon until SIGTERM or Ctrl-C");
   run->add_option("--config", a.config, "node.toml")->capture_default_str();
+  run->add_flag("--rejoin", a.rejoin,
+                "If the node left the network (node leave), register it again (bonds `stake` anew)");
   run->footer(
       "Examples:\n  meshlearn node run --config node.toml\n"
       "It registers the node if needed, heartbeats, trains the units assigned to it (with a\n"
       "checkpoint every k steps: killed, it resumes there), aggregates rounds it is assigned and\n"
-      "serves blobs to other nodes. SIGTERM/SIGINT stop it cleanly.");
+      "serves blobs to other nodes. SIGTERM/SIGINT stop it cleanly.\n"
+      "A node that left (node leave) exits with an error unless started with --rejoin.");
   run->callback([&g] { g.Exit(RunDaemon(g, a)); });
 
   CLI::App* leave = n->add_subcommand("leave", "Unregister the node and start unbonding its stake");

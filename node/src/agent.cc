@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -35,6 +36,15 @@ std::string TaskShort(const Hash256& t) { return t.ShortHex(); }
 uint64_t DoubleBits(double d) { return std::bit_cast<uint64_t>(d); }
 double BitsDouble(uint64_t b) { return std::bit_cast<double>(b); }
 
+std::string TaskReason(const Hash256& t) { return "task:" + t.ToHex(); }
+std::string StateReason(const Hash256& t) { return "state:" + t.ToHex(); }
+std::string DeltaReason(const Hash256& t, uint32_t round) {
+  return "delta:" + t.ToHex() + ":" + std::to_string(round);
+}
+std::string KeepFinalReason(const Hash256& t) { return "keep-final:" + t.ToHex(); }
+constexpr char kUploadPrefix[] = "upload:";
+constexpr char kKeepReason[] = "keep";
+
 Result<json> ReadJson(Env* env, const std::string& path) {
   ML_ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -50,7 +60,28 @@ NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
       deps_.chain, deps_.key,
       TxSenderOptions{.env = deps_.env, .outbox_path = JoinPath(options_.data_dir, "outbox")});
   blob_service_ = std::make_unique<net::BlobService>(deps_.store);
+  Result<std::unique_ptr<PinBook>> book =
+      PinBook::Open(deps_.env, JoinPath(options_.data_dir, "pins.json"), deps_.store);
+  if (book.ok()) {
+    book_ = std::move(*book);
+    // The operator's keep list is exactly options_.keep_blobs.
+    std::set<Hash256> keep(options_.keep_blobs.begin(), options_.keep_blobs.end());
+    Result<size_t> dropped = book_->Remove([&](const Hash256& id, const std::string& r) {
+      return r == kKeepReason && !keep.count(id);
+    });
+    if (!dropped.ok()) init_status_ = dropped.status();
+    for (const Hash256& id : keep) {
+      if (init_status_.ok()) init_status_ = book_->Add(id, kKeepReason);
+    }
+  } else {
+    init_status_ = book.status().WithPrefix("node data dir " + options_.data_dir);
+  }
+  options_.upload.on_complete = [this](const net::BlobId& id) -> Status {
+    if (!book_) return Unavailable("this node is not ready to store uploads");
+    return book_->Add(id.hash, kUploadPrefix + std::to_string(seen_height_.load()));
+  };
   upload_service_ = std::make_unique<BlobUploadService>(deps_.store, options_.upload);
+  options_.fetch.pin = false;
   fetcher_ = std::make_unique<net::Fetcher>(deps_.transport, deps_.store, options_.fetch);
   if (options_.speed_factor <= 0 || options_.speed_factor > 1) options_.speed_factor = 1;
 }
@@ -79,7 +110,7 @@ Result<std::vector<std::string>> NodeAgent::Providers(bool refresh) {
 }
 
 Result<Bytes> NodeAgent::FetchBlob(const Hash256& id, const std::vector<std::string>& preferred,
-                                   bool pin) {
+                                   const std::string& reason) {
   net::BlobId bid{id};
   if (!deps_.store->HasBlob(bid)) {
     std::vector<std::string> providers = preferred;
@@ -95,9 +126,9 @@ Result<Bytes> NodeAgent::FetchBlob(const Hash256& id, const std::vector<std::str
     Result<net::FetchStats> st = fetcher_->Fetch(bid, providers);
     if (!st.ok()) return st.status().WithPrefix("fetch blob " + id.ShortHex());
   }
-  if (pin && !deps_.store->IsPinned(bid)) ML_RETURN_IF_ERROR(deps_.store->Pin(bid));
   deps_.store->Hold(bid);
-  Result<Bytes> out = deps_.store->Get(bid);
+  Status pinned = reason.empty() ? Status::Ok() : book_->Add(id, reason);
+  Result<Bytes> out = pinned.ok() ? deps_.store->Get(bid) : Result<Bytes>(pinned);
   deps_.store->Release(bid);
   return out;
 }
@@ -108,7 +139,7 @@ Result<NodeAgent::TaskContext*> NodeAgent::GetTaskContext(const Hash256& task_id
   auto ctx = std::make_unique<TaskContext>();
   ctx->id = task_id;
   ML_ASSIGN_OR_RETURN(ctx->info, GetTask(*deps_.chain, task_id));
-  ML_ASSIGN_OR_RETURN(Bytes bundle_bytes, FetchBlob(ctx->info.spec_hash, {}, /*pin=*/true));
+  ML_ASSIGN_OR_RETURN(Bytes bundle_bytes, FetchBlob(ctx->info.spec_hash, {}, TaskReason(task_id)));
   std::string text(AsStringView(bundle_bytes));
   const std::string data_dir =
       JoinPath(JoinPath(JoinPath(options_.data_dir, "tasks"), task_id.ToHex()), "data");
@@ -116,7 +147,7 @@ Result<NodeAgent::TaskContext*> NodeAgent::GetTaskContext(const Hash256& task_id
   auto resolver = [&](const net::BlobId& id, const std::string& key) -> Result<std::string> {
     std::string path = JoinPath(data_dir, id.ToHex());
     if (deps_.env->FileExists(path)) return path;
-    ML_ASSIGN_OR_RETURN(Bytes data, FetchBlob(id.hash, {}, /*pin=*/true));
+    ML_ASSIGN_OR_RETURN(Bytes data, FetchBlob(id.hash, {}, TaskReason(task_id)));
     Log("task " + TaskShort(task_id) + ": fetched data." + key + " (" +
         std::to_string(data.size()) + " bytes)");
     ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(path, AsStringView(data)));
@@ -143,6 +174,7 @@ Status NodeAgent::EnsureRegistered(uint64_t height) {
   if (left_) return Status::Ok();
   ledger::NodeCapabilities caps = options_.capabilities;
   caps.throughput = static_cast<uint64_t>(static_cast<double>(caps.throughput) * options_.speed_factor);
+  if (memory_reported_ > 0) caps.memory_bytes = std::min(caps.memory_bytes, memory_reported_);
   if (!registered_) {
     if (tx_->HasInFlight(ledger::TxType::kRegisterNode) || tx_->HasInFlight(ledger::TxType::kUpdateNode)) {
       return Status::Ok();
@@ -160,11 +192,29 @@ Status NodeAgent::EnsureRegistered(uint64_t height) {
                              .status());
       return Status::Ok();
     }
+    const bool first_look = !looked_;
+    looked_ = true;
     if (me->status == "unbonding") {
-      Log("node " + id().ShortHex() + " has left the network (unbonding); not taking work");
+      if (first_look && options_.rejoin) {
+        Log("node " + id().ShortHex() + " left the network earlier; rejoining at " +
+            options_.endpoint + " (RegisterNode, stake " + std::to_string(options_.stake) + ")");
+        ML_RETURN_IF_ERROR(tx_->Send(ledger::RegisterNodeTx{.node_id = id(),
+                                                           .endpoint = options_.endpoint,
+                                                           .roles = options_.roles,
+                                                           .capabilities = caps,
+                                                           .price = options_.price,
+                                                           .stake = options_.stake})
+                               .status());
+        return Status::Ok();
+      }
+      Log("node " + id().ShortHex() + " has left the network (its record is unbonding, after " +
+          "LeaveNode): it takes no work. To come back, start it with rejoin (`meshlearn node " +
+          "run --rejoin`): RegisterNode again, bonding a new stake of " +
+          std::to_string(options_.stake));
       left_ = true;
       return Status::Ok();
     }
+    was_active_ = was_active_ || me->status == "active";
     Result<json> raw = deps_.chain->Call("get_node", {{"id", id().ToHex()}});
     bool same = raw.ok() && me->endpoint == options_.endpoint && me->price == options_.price &&
                 me->roles == options_.roles;
@@ -235,6 +285,7 @@ void NodeAgent::HandleOutcomes() {
 
 Result<TickReport> NodeAgent::Tick() {
   TickReport report;
+  ML_RETURN_IF_ERROR(init_status_);
   if (!tx_->initialized()) ML_RETURN_IF_ERROR(tx_->Init());
   Status polled = tx_->Poll();
   if (!polled.ok()) Log("polling transactions: " + polled.message());
@@ -242,8 +293,14 @@ Result<TickReport> NodeAgent::Tick() {
 
   ML_ASSIGN_OR_RETURN(NodeWork work, GetNodeWork(*deps_.chain, id()));
   height_ = work.height;
+  seen_height_.store(work.height);
+  if (first_height_ == 0) first_height_ = work.height;
   report.height = work.height;
   ML_RETURN_IF_ERROR(EnsureRegistered(work.height));
+  if (height_ >= last_review_height_ + std::max<uint64_t>(options_.gc_every_blocks, 1)) {
+    Status reviewed = ReviewPins();
+    if (!reviewed.ok()) Log("blob clean-up: " + reviewed.message());  // retried next time
+  }
   if (left_ || !registered_) return report;
 
   // Aggregations first: a round waits for them.
@@ -323,13 +380,26 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
     return Status::Ok();
   }
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, GetTaskContext(a.task_id));
-  if (ctx->memory_need > options_.capabilities.memory_bytes) {
+  const uint64_t registered_memory = options_.capabilities.memory_bytes;
+  const uint64_t memory = options_.memory_limit_bytes > 0
+                              ? std::min(options_.memory_limit_bytes, registered_memory)
+                              : registered_memory;
+  if (ctx->memory_need > memory) {
     ++stats_.units_refused;
     std::string why = name + ": refused: needs " + std::to_string(ctx->memory_need) +
-                      " bytes of memory, this node has " +
-                      std::to_string(options_.capabilities.memory_bytes);
+                      " bytes of memory, this node can use " + std::to_string(memory) +
+                      "; it expires at its deadline (block " + std::to_string(a.deadline_height) +
+                      ") and goes to another node";
     if (refused_logged_[a.task_id] != why) Log(why);
     refused_logged_[a.task_id] = why;
+    if (memory < registered_memory && memory_reported_ != memory) {
+      // The ledger still believes the registered memory: tell it, so that the scheduler stops
+      // assigning this node units it cannot run.
+      memory_reported_ = memory;
+      registered_ = false;  // EnsureRegistered sends UpdateNode with the lower value
+      Log("reporting memory_bytes = " + std::to_string(memory) + " to the ledger (registered " +
+          std::to_string(registered_memory) + ")");
+    }
     skipped_ = true;
     return Status::Ok();
   }
@@ -338,7 +408,7 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
     return InvalidArgument(name + ": round/shard outside the task's " + std::to_string(net.rounds) +
                            " x " + std::to_string(net.units_per_round));
   }
-  ML_ASSIGN_OR_RETURN(Bytes state_bytes, FetchBlob(a.start_state, {}, /*pin=*/true));
+  ML_ASSIGN_OR_RETURN(Bytes state_bytes, FetchBlob(a.start_state, {}, StateReason(a.task_id)));
   ML_ASSIGN_OR_RETURN(GlobalState start, DecodeGlobalState(state_bytes, ctx->facts.num_params));
 
   protocol::UnitId uid{ctx->facts.content_id, a.round, a.shard};
@@ -347,6 +417,7 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
                 .checkpoint_interval = net.checkpoint_interval,
                 .lr_scale = net.InnerLrScale(a.round)};
 
+  ML_RETURN_IF_ERROR(book_->AddUnit(a.task_id, a.index, a.round));  // before any file of it
   ML_RETURN_IF_ERROR(deps_.env->CreateDirs(dir));
   const std::string progress_path = JoinPath(dir, "progress.json");
   std::optional<UnitResume> resume;
@@ -401,13 +472,8 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
               {"hashes", json::array()}};
     for (const Hash256& h : hashes) p["hashes"].push_back(h.ToHex());
     ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(progress_path, p.dump()));
-    // Older checkpoints are no longer needed.
-    Result<std::vector<std::string>> names = deps_.env->ListDir(dir);
-    if (names.ok()) {
-      for (const std::string& n : *names) {
-        if (n.starts_with("ckpt-") && n != ckpt) (void)deps_.env->DeleteFile(JoinPath(dir, n));
-      }
-    }
+    // Every checkpoint stays until the unit's round is final (ReviewPins): the verifier replays
+    // k-step segments from them.
     if (options_.after_checkpoint) {
       Status hook = options_.after_checkpoint(a.task_id, a.index, step);
       if (!hook.ok()) {
@@ -429,7 +495,7 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
 
   Bytes delta = EncodeDelta(out.delta);
   ML_ASSIGN_OR_RETURN(net::BlobId delta_id, deps_.store->Put(delta));
-  ML_RETURN_IF_ERROR(deps_.store->Pin(delta_id));
+  ML_RETURN_IF_ERROR(book_->Add(delta_id.hash, DeltaReason(a.task_id, a.round)));
   const uint64_t loss_micros =
       std::isfinite(out.mean_loss) && out.mean_loss > 0
           ? static_cast<uint64_t>(std::llround(static_cast<double>(out.mean_loss) * 1e6))
@@ -470,10 +536,11 @@ Status NodeAgent::RunAggregation(const AggregationAssignment& a) {
       acc_ppm = d.value("accuracy_ppm", 0u);
       loss_micros = d.value("loss_micros", uint64_t{0});
       have = deps_.store->HasBlob(net::BlobId{state_id});
+      if (have) ML_RETURN_IF_ERROR(book_->Add(state_id, StateReason(a.task_id)));
     }
   }
   if (!have) {
-    ML_ASSIGN_OR_RETURN(Bytes state_bytes, FetchBlob(a.start_state, {}, /*pin=*/true));
+    ML_ASSIGN_OR_RETURN(Bytes state_bytes, FetchBlob(a.start_state, {}, StateReason(a.task_id)));
     ML_ASSIGN_OR_RETURN(GlobalState state, DecodeGlobalState(state_bytes, n));
     ML_ASSIGN_OR_RETURN(std::vector<std::string> all, Providers(true));
     (void)all;
@@ -486,7 +553,7 @@ Status NodeAgent::RunAggregation(const AggregationAssignment& a) {
     for (const AggregationInput& in : a.units) {
       std::vector<std::string> preferred;
       if (endpoint_of.count(in.node)) preferred.push_back(endpoint_of[in.node]);
-      ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(in.result_hash, preferred, /*pin=*/false));
+      ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(in.result_hash, preferred, /*reason=*/""));
       Result<std::vector<float>> d = DecodeDelta(blob, n);
       if (!d.ok()) {
         ++stats_.bad_deltas;
@@ -517,7 +584,7 @@ Status NodeAgent::RunAggregation(const AggregationAssignment& a) {
                       ? static_cast<uint64_t>(std::llround(eval.loss * 1e6))
                       : 0;
     ML_ASSIGN_OR_RETURN(net::BlobId sid, deps_.store->Put(EncodeGlobalState(state)));
-    ML_RETURN_IF_ERROR(deps_.store->Pin(sid));
+    ML_RETURN_IF_ERROR(book_->Add(sid.hash, StateReason(a.task_id)));
     state_id = sid.hash;
     ML_RETURN_IF_ERROR(deps_.env->CreateDirs(JoinPath(options_.data_dir, "aggregates")));
     json d = {{"start_state", a.start_state.ToHex()}, {"state", state_id.ToHex()},
@@ -535,6 +602,179 @@ Status NodeAgent::RunAggregation(const AggregationAssignment& a) {
                                                                        .test_loss_micros = loss_micros}));
   agg_commits_[key] = txid;
   ++stats_.aggregations;
+  return Status::Ok();
+}
+
+// ---- Blob clean-up ---------------------------------------------------------------------------
+
+void NodeAgent::DeleteUnitFiles(const Hash256& task, uint32_t index) {
+  const std::string dir = UnitDir(task, index);
+  Result<std::vector<std::string>> names = deps_.env->ListDir(dir);
+  if (!names.ok()) return;  // never created (the unit was refused before its first file)
+  for (const std::string& n : *names) (void)deps_.env->DeleteFile(JoinPath(dir, n));
+  ++stats_.unit_dirs_deleted;
+}
+
+Status NodeAgent::AdoptUploads() {
+  std::map<Hash256, uint64_t> uploads;  // blob -> earliest upload height
+  for (const auto& [id, reasons] : book_->Snapshot()) {
+    for (const std::string& r : reasons) {
+      if (!r.starts_with(kUploadPrefix)) continue;
+      uint64_t h = std::strtoull(r.c_str() + std::strlen(kUploadPrefix), nullptr, 10);
+      if (h == 0) h = first_height_;  // uploaded before this agent's first Tick
+      auto [it, inserted] = uploads.emplace(id, h);
+      if (!inserted) it->second = std::min(it->second, h);
+    }
+  }
+  if (uploads.empty()) return Status::Ok();
+  std::set<Hash256> adopted;
+  json cursor = 0;
+  for (int page = 0; page < 100000; ++page) {
+    ML_ASSIGN_OR_RETURN(json j, deps_.chain->Call("list_tasks", {{"cursor", cursor}, {"limit", 100}}));
+    if (!j.contains("items") || !j["items"].is_array()) return DataLoss("list_tasks: no items");
+    for (const json& t : j["items"]) {
+      if (t.value("status", std::string()) != "open") continue;
+      Result<Hash256> task = Hash256::FromHex(t.value("id", std::string()));
+      Result<Hash256> spec = Hash256::FromHex(t.value("spec_hash", std::string()));
+      Result<Hash256> init = Hash256::FromHex(
+          t.contains("params") && t["params"].is_object()
+              ? t["params"].value("initial_state", std::string())
+              : std::string());
+      if (!task.ok() || !spec.ok()) continue;
+      if (uploads.count(*spec)) {
+        ML_RETURN_IF_ERROR(book_->Add(*spec, TaskReason(*task)));
+        adopted.insert(*spec);
+        // Its data blobs (uploaded with it, or fetched later) belong to the task too.
+        Result<Bytes> bundle = deps_.store->Get(net::BlobId{*spec});
+        if (bundle.ok()) {
+          Result<std::vector<std::pair<std::string, net::BlobId>>> data =
+              BundleDataBlobs(AsStringView(*bundle));
+          if (data.ok()) {
+            for (const auto& [key, id] : *data) {
+              ML_RETURN_IF_ERROR(book_->Add(id.hash, TaskReason(*task)));
+              adopted.insert(id.hash);
+            }
+          }
+        }
+        Log("task " + TaskShort(*task) + ": keeping the bundle and data pushed to this node "
+            "while the task is open");
+      }
+      if (init.ok() && uploads.count(*init)) {
+        ML_RETURN_IF_ERROR(book_->Add(*init, StateReason(*task)));
+        adopted.insert(*init);
+      }
+    }
+    if (!j.contains("next_cursor") || j["next_cursor"].is_null()) break;
+    cursor = j["next_cursor"];
+  }
+  const uint64_t grace = options_.upload_grace_blocks;
+  ML_ASSIGN_OR_RETURN(size_t freed, book_->Remove([&](const Hash256& id, const std::string& r) {
+    if (!r.starts_with(kUploadPrefix)) return false;
+    uint64_t h = std::strtoull(r.c_str() + std::strlen(kUploadPrefix), nullptr, 10);
+    if (h == 0) h = first_height_;
+    return adopted.count(id) > 0 || h + grace <= height_;
+  }));
+  stats_.blobs_unpinned += freed;
+  return Status::Ok();
+}
+
+Status NodeAgent::ReleaseTask(const Hash256& task, const Hash256& final_state) {
+  const bool keep_final = options_.keep_final_states && !final_state.IsZero() &&
+                          deps_.store->HasBlob(net::BlobId{final_state});
+  if (keep_final) ML_RETURN_IF_ERROR(book_->Add(final_state, KeepFinalReason(task)));
+  ML_ASSIGN_OR_RETURN(size_t freed, book_->Remove([&](const Hash256&, const std::string& r) {
+    std::string kind;
+    Hash256 t;
+    return PinBook::ParseTaskReason(r, &kind, &t) && t == task && kind != "keep-final";
+  }));
+  stats_.blobs_unpinned += freed;
+  std::vector<PinBook::UnitKey> units;
+  for (const auto& [k, round] : book_->Units()) {
+    if (k.first != task) continue;
+    DeleteUnitFiles(k.first, k.second);
+    units.push_back(k);
+  }
+  ML_RETURN_IF_ERROR(book_->RemoveUnits(units));
+  // The data files written from the task's data blobs, and the aggregation records.
+  const std::string data_dir =
+      JoinPath(JoinPath(JoinPath(options_.data_dir, "tasks"), task.ToHex()), "data");
+  if (Result<std::vector<std::string>> names = deps_.env->ListDir(data_dir); names.ok()) {
+    for (const std::string& n : *names) (void)deps_.env->DeleteFile(JoinPath(data_dir, n));
+  }
+  const std::string agg_dir = JoinPath(options_.data_dir, "aggregates");
+  if (Result<std::vector<std::string>> names = deps_.env->ListDir(agg_dir); names.ok()) {
+    for (const std::string& n : *names) {
+      if (n.starts_with(task.ToHex() + "-")) (void)deps_.env->DeleteFile(JoinPath(agg_dir, n));
+    }
+  }
+  tasks_.erase(task);
+  refused_logged_.erase(task);
+  ML_RETURN_IF_ERROR(book_->ForgetTask(task));
+  Log("task " + TaskShort(task) + " closed: released " + std::to_string(freed) + " blobs and " +
+      std::to_string(units.size()) + " unit directories" +
+      (keep_final ? " (final state " + final_state.ShortHex() + " kept)" : std::string()));
+  return Status::Ok();
+}
+
+Status NodeAgent::ReviewPins() {
+  last_review_height_ = height_;
+  ML_RETURN_IF_ERROR(AdoptUploads());
+  const std::map<PinBook::UnitKey, uint32_t> units = book_->Units();
+  for (const Hash256& task : book_->Tasks({"keep-final"})) {
+    Result<TaskInfo> info = GetTask(*deps_.chain, task);
+    if (!info.ok() && info.status().code() != StatusCode::kNotFound) return info.status();
+    const bool gone = !info.ok();  // unknown to this ledger (e.g. a devnet started afresh)
+    std::vector<Hash256> history;
+    if (!gone && info->raw.contains("weights_history") && info->raw["weights_history"].is_array()) {
+      for (const json& h : info->raw["weights_history"]) {
+        Result<Hash256> hh = Hash256::FromHex(h.is_string() ? h.get<std::string>() : "");
+        if (hh.ok()) history.push_back(*hh);
+      }
+    }
+    const Hash256 final_state = gone ? Hash256{} : info->final_state;
+    if (gone || info->status != "open") {
+      uint64_t seen = book_->ClosedSeen(task);
+      if (seen == 0) {
+        seen = height_;
+        ML_RETURN_IF_ERROR(book_->SetClosedSeen(task, seen));
+        Log("task " + TaskShort(task) + " is " + (gone ? "unknown to the ledger" : info->status) +
+            ": its blobs are released in " + std::to_string(options_.release_after_blocks) +
+            " blocks");
+      }
+      if (height_ >= seen + options_.release_after_blocks) {
+        ML_RETURN_IF_ERROR(ReleaseTask(task, final_state));
+        continue;
+      }
+    }
+    // Rounds [0, finalized) are final. SEAM (verification): weights_history grows only when a
+    // round's verification window has closed, so deltas and checkpoints of a round that can
+    // still be checked or disputed stay.
+    const uint32_t finalized = history.empty() ? 0 : static_cast<uint32_t>(history.size() - 1);
+    std::set<Hash256> old_states(history.begin(), history.end());
+    if (!history.empty()) {
+      old_states.erase(history.front());  // the initial state
+      old_states.erase(history.back());   // the current round's (or the final) weights
+    }
+    old_states.erase(final_state);
+    ML_ASSIGN_OR_RETURN(size_t freed, book_->Remove([&](const Hash256& id, const std::string& r) {
+      std::string kind;
+      Hash256 t;
+      if (!PinBook::ParseTaskReason(r, &kind, &t) || t != task) return false;
+      if (kind == "delta") {
+        uint32_t round = static_cast<uint32_t>(std::strtoul(r.c_str() + r.rfind(':') + 1, nullptr, 10));
+        return round < finalized;
+      }
+      return kind == "state" && old_states.count(id) > 0;
+    }));
+    stats_.blobs_unpinned += freed;
+    std::vector<PinBook::UnitKey> done;
+    for (const auto& [k, round] : units) {
+      if (k.first != task || round >= finalized) continue;
+      DeleteUnitFiles(k.first, k.second);
+      done.push_back(k);
+    }
+    ML_RETURN_IF_ERROR(book_->RemoveUnits(done));
+  }
   return Status::Ok();
 }
 

@@ -66,7 +66,11 @@ Result<Bytes> BlobUploadService::HandlePutManifest(const net::Request& request) 
     return FailedPrecondition("blob.put_manifest: chunks of " + id.ShortHex() +
                               " were dropped meanwhile (store full?); upload again");
   }
-  if (options_.pin && !store_->IsPinned(id)) ML_RETURN_IF_ERROR(store_->Pin(id));
+  if (options_.on_complete) {
+    ML_RETURN_IF_ERROR(options_.on_complete(id).WithPrefix("blob.put_manifest"));
+  } else if (options_.pin && !store_->IsPinned(id)) {
+    ML_RETURN_IF_ERROR(store_->Pin(id));
+  }
   return Bytes{};
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/pin_book.h"
 #include "meshlearn/node/unit_executor.h"
 #include "testing/sim_harness.h"
 #include "testing/synthetic_task.h"
@@ -151,6 +152,221 @@ TEST(NetworkSimTest, HalfSpeedNodeGetsAboutHalfTheUnits) {
   Result<GlobalState> st = sim.FinalState();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+}
+
+// Files (not directories) under `dir`, recursively (MemEnv lists both).
+int CountFiles(Env* env, const std::string& dir) {
+  Result<std::vector<std::string>> names = env->ListDir(dir);
+  if (!names.ok()) return 0;
+  int n = 0;
+  for (const std::string& name : *names) {
+    const std::string p = JoinPath(dir, name);
+    n += env->FileSize(p).ok() ? 1 : CountFiles(env, p);
+  }
+  return n;
+}
+
+int CountPinned(net::BlobStore* store) {
+  int n = 0;
+  for (const net::BlobId& id : store->ListBlobs()) n += store->IsPinned(id) ? 1 : 0;
+  return n;
+}
+
+TEST(NetworkSimTest, SmallBlobQuotaStaysBoundedAndTheTaskFinishes) {
+  // Hidden width 512: a global state blob is ~150 KB, a delta ~75 KB, the task data ~85 KB. A
+  // node that pinned everything would hold ~2 MB after 6 rounds; each node here has 1 MiB.
+  MemEnv env;
+  Result<std::string> toml = testing::WriteSyntheticTask(&env, "/data", 15, 480, 160, 32, 4,
+                                                         /*rounds=*/6, /*units=*/4, /*H=*/3,
+                                                         /*k=*/1, "mean", /*hidden=*/512);
+  ASSERT_TRUE(toml.ok()) << toml.status().ToString();
+  constexpr uint64_t kQuota = 1 << 20;
+  uint64_t max_used = 0;
+  bool restarted = false;
+  SimHarness* simp = nullptr;
+  SimHarness sim({.seed = 15,
+                  .nodes = 2,
+                  .task_toml = *toml,
+                  .node_options = {{.blob_quota_bytes = kQuota}, {.blob_quota_bytes = kQuota}},
+                  .agent_options =
+                      [](int i, AgentOptions& o) {
+                        o.release_after_blocks = 3;
+                        o.keep_final_states = true;
+                        (void)i;
+                      },
+                  .env = &env,
+                  .on_block = [&](uint64_t) {
+                    for (int i = 0; i < 2; ++i) {
+                      max_used = std::max(max_used, simp->store(i)->stats().used_bytes);
+                    }
+                    // A restart mid-task reloads the pin book from the data dir.
+                    json t = simp->Task(false);
+                    if (!restarted && t.contains("round") && t["round"].is_number() &&
+                        t["round"].get<int>() == 3) {
+                      restarted = true;
+                      simp->Kill(0);
+                      EXPECT_TRUE(simp->Restart(0).ok());
+                    }
+                  }});
+  simp = &sim;
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  EXPECT_TRUE(restarted);
+  json task = sim.Task(true);
+  ExpectEveryUnitPaid(task, 24);
+  Result<GlobalState> final_state = sim.FinalState();
+  ASSERT_TRUE(final_state.ok()) << final_state.status().ToString();
+  EXPECT_EQ(HashFloats(final_state->weights), HashFloats(LocalReference(&env, *toml)));
+
+  uint64_t evicted = 0, unpinned = 0;
+  for (int i = 0; i < 2; ++i) {
+    net::BlobStoreStats st = sim.store(i)->stats();
+    EXPECT_LE(st.used_bytes, kQuota);
+    evicted += st.evicted_blobs;
+    unpinned += sim.agent(i)->stats().blobs_unpinned;
+  }
+  EXPECT_LE(max_used, kQuota);
+  EXPECT_GT(evicted, 0u);  // released blobs made room for new ones
+  EXPECT_GT(unpinned, 0u);
+
+  // Some blocks after the task finished, every pin of it is gone except the final state (the
+  // operators asked to keep final states: a node that holds it keeps it), and the checkpoints
+  // and data files are deleted.
+  for (int b = 0; b < 6; ++b) ASSERT_TRUE(sim.Step().ok());
+  Result<Hash256> final_id = Hash256::FromHex(task.value("final_state", std::string()));
+  ASSERT_TRUE(final_id.ok());
+  int holders = 0;
+  for (int i = 0; i < 2; ++i) {
+    const bool holds = sim.store(i)->HasBlob(net::BlobId{*final_id});
+    holders += holds ? 1 : 0;
+    EXPECT_EQ(CountPinned(sim.store(i)), holds ? 1 : 0) << "node " << i;
+    EXPECT_EQ(sim.store(i)->IsPinned(net::BlobId{*final_id}), holds);
+    EXPECT_EQ(sim.agent(i)->pin_book()->Snapshot().size(), holds ? 1u : 0u);
+    EXPECT_TRUE(sim.agent(i)->pin_book()->Units().empty());
+    EXPECT_EQ(CountFiles(&env, "/nodes/n" + std::to_string(i) + "/units"), 0);
+    EXPECT_EQ(CountFiles(&env, "/nodes/n" + std::to_string(i) + "/tasks"), 0);
+  }
+  EXPECT_GE(holders, 1);
+}
+
+TEST(NetworkSimTest, AgentRefusesUnitsOverItsRealMemoryAndTheyAreReassigned) {
+  Fixture f(16, /*rounds=*/2, /*units=*/3, /*H=*/3, /*k=*/0);
+  std::vector<std::string> refusals;
+  // Node 1 registered 8 GiB (so the scheduler assigns it units) but can really use 1 KiB.
+  SimHarness sim({.seed = 16,
+                  .nodes = 2,
+                  .task_toml = f.toml,
+                  .node_options = {{}, {.memory_limit_bytes = 1024}},
+                  .log_sink =
+                      [&](int i, const std::string& line) {
+                        if (i == 1 && line.find("refused") != std::string::npos) {
+                          refusals.push_back(line);
+                        }
+                      },
+                  .env = &f.env});
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  EXPECT_GT(sim.agent(1)->stats().units_refused, 0u);
+  EXPECT_EQ(sim.agent(1)->stats().units_completed, 0u);
+  EXPECT_EQ(sim.agent(0)->stats().units_completed, 6u);
+  ASSERT_FALSE(refusals.empty());
+  EXPECT_NE(refusals[0].find("this node can use 1024"), std::string::npos) << refusals[0];
+  json task = sim.Task(true);
+  ExpectEveryUnitPaid(task, 6);
+  for (const json& u : task["units"]) {
+    EXPECT_EQ(u.value("assignee", std::string()), sim.node_key(0).public_key().ToHex()) << u.dump();
+  }
+  // The expired unit cost node 1 reputation, and it now reports the memory it really has.
+  json n1 = sim.Call("get_node", {{"id", sim.node_key(1).public_key().ToHex()}});
+  EXPECT_GT(n1["reputation"].value("failures", uint64_t{0}), 0u) << n1.dump();
+  EXPECT_EQ(n1["capabilities"].value("memory_bytes", uint64_t{0}), 1024u) << n1.dump();
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+}
+
+TEST(NetworkSimTest, NodeThatLeftIdlesUnlessRejoining) {
+  Fixture f(17, /*rounds=*/1, /*units=*/2, /*H=*/2, /*k=*/0);
+  std::vector<std::string> logs;
+  SimHarness sim({.seed = 17,
+                  .nodes = 2,
+                  .task_toml = f.toml,
+                  .log_sink = [&](int i, const std::string& line) { if (i == 1) logs.push_back(line); },
+                  .env = &f.env});
+  ASSERT_TRUE(sim.Setup().ok());
+  auto status_of_1 = [&] {
+    return sim.Call("get_node", {{"id", sim.node_key(1).public_key().ToHex()}}).value("status", std::string());
+  };
+  ASSERT_TRUE(sim.agent(1)->tx_sender().Send(ledger::LeaveNodeTx{.node_id = sim.node_key(1).public_key()}).ok());
+  // The running agent notices (its heartbeat fails) and stops taking work.
+  for (int b = 0; b < 20 && !sim.agent(1)->left(); ++b) ASSERT_TRUE(sim.Step().ok());
+  EXPECT_EQ(status_of_1(), "unbonding");
+  EXPECT_TRUE(sim.agent(1)->left());
+  EXPECT_TRUE(sim.agent(1)->was_active());
+
+  // Started again: it says it left and how to rejoin; it does not register by itself.
+  sim.Kill(1);
+  ASSERT_TRUE(sim.Restart(1).ok());
+  logs.clear();
+  for (int b = 0; b < 3; ++b) ASSERT_TRUE(sim.Step().ok());
+  EXPECT_TRUE(sim.agent(1)->left());
+  EXPECT_FALSE(sim.agent(1)->was_active());
+  EXPECT_EQ(status_of_1(), "unbonding");
+  bool told = false;
+  for (const std::string& l : logs) told = told || l.find("--rejoin") != std::string::npos;
+  EXPECT_TRUE(told);
+
+  // With rejoin it registers again.
+  sim.Kill(1);
+  ASSERT_TRUE(sim.Restart(1, [](AgentOptions& o) { o.rejoin = true; }).ok());
+  for (int b = 0; b < 10 && status_of_1() != "active"; ++b) ASSERT_TRUE(sim.Step().ok());
+  EXPECT_EQ(status_of_1(), "active");
+  ASSERT_TRUE(sim.Step().ok());
+  EXPECT_FALSE(sim.agent(1)->left());
+  EXPECT_TRUE(sim.agent(1)->registered());
+}
+
+TEST(PinBookTest, ReconcilesTheStoreAndSurvivesReopen) {
+  MemEnv env;
+  Result<std::unique_ptr<net::BlobStore>> store = net::BlobStore::Open(&env, "/n/blobs");
+  ASSERT_TRUE(store.ok());
+  net::BlobStore* s = store->get();
+  Result<net::BlobId> a = s->Put(AsBytes("blob a"));
+  Result<net::BlobId> b = s->Put(AsBytes("blob b"));
+  Result<net::BlobId> c = s->Put(AsBytes("blob c"));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_TRUE(s->Pin(*c).ok());  // a pin nobody recorded (a crash, or an older node)
+  ASSERT_TRUE(s->Pin(*c).ok());
+  const Hash256 task = Blake2b(AsBytes("task"));
+  {
+    Result<std::unique_ptr<PinBook>> book = PinBook::Open(&env, "/n/pins.json", s);
+    ASSERT_TRUE(book.ok()) << book.status().ToString();
+    EXPECT_FALSE(s->IsPinned(*c));
+    ASSERT_TRUE((*book)->Add(a->hash, "task:" + task.ToHex()).ok());
+    ASSERT_TRUE((*book)->Add(a->hash, "keep").ok());
+    ASSERT_TRUE((*book)->Add(b->hash, "delta:" + task.ToHex() + ":2").ok());
+    ASSERT_TRUE((*book)->AddUnit(task, 7, 2).ok());
+    EXPECT_TRUE(s->IsPinned(*a));
+    EXPECT_TRUE(s->IsPinned(*b));
+    EXPECT_EQ((*book)->Tasks(), std::set<Hash256>{task});
+    // A crash after the book was written but before the store's pin: simulate with an Unpin.
+    ASSERT_TRUE(s->Unpin(*b).ok());
+  }
+  Result<std::unique_ptr<PinBook>> book = PinBook::Open(&env, "/n/pins.json", s);
+  ASSERT_TRUE(book.ok()) << book.status().ToString();
+  EXPECT_TRUE(s->IsPinned(*b));
+  EXPECT_EQ((*book)->Units().size(), 1u);
+  Result<size_t> freed = (*book)->Remove([](const Hash256&, const std::string& r) { return r != "keep"; });
+  ASSERT_TRUE(freed.ok());
+  EXPECT_EQ(*freed, 1u);
+  EXPECT_FALSE(s->IsPinned(*b));
+  EXPECT_TRUE(s->IsPinned(*a));
+  ASSERT_TRUE(env.WriteFileAtomic("/n/pins.json", "{\"version\": 1, \"blobs\": {\"zz\": []}}").ok());
+  EXPECT_EQ(PinBook::Open(&env, "/n/pins.json", s).status().code(), StatusCode::kDataLoss);
 }
 
 Hash256 RunFiftyNodes(uint64_t seed) {

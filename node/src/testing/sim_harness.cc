@@ -87,7 +87,7 @@ Status SimHarness::MakeAgent(int i) {
       agent_opts_[i]);
   agents_[i]->RegisterServices(routers_[i].get());
   net_->node(name)->Serve(routers_[i].get());
-  return Status::Ok();
+  return agents_[i]->init_status();
 }
 
 Status SimHarness::Setup() {
@@ -115,8 +115,9 @@ Status SimHarness::Setup() {
     const std::string name = "n" + std::to_string(i);
     net_->AddNode(name);
     const std::string dir = "/nodes/" + name;
-    ML_ASSIGN_OR_RETURN(stores_[i], net::BlobStore::Open(env_, dir + "/blobs"));
     const SimNodeOptions& no = options_.node_options[i];
+    ML_ASSIGN_OR_RETURN(stores_[i], net::BlobStore::Open(env_, dir + "/blobs",
+                                                         {.quota_bytes = no.blob_quota_bytes}));
     AgentOptions& o = agent_opts_[i];
     o.data_dir = dir;
     o.endpoint = name;
@@ -132,9 +133,14 @@ Status SimHarness::Setup() {
     o.speed_factor = no.speed_factor;
     o.heartbeat_every_blocks = 5;
     o.fetch.request_timeout_ms = 2000;
-    if (options_.log) {
-      o.log = [name](const std::string& line) { std::cerr << "[" << name << "] " << line << "\n"; };
+    o.memory_limit_bytes = no.memory_limit_bytes;
+    if (options_.log || options_.log_sink) {
+      o.log = [name, i, echo = options_.log, sink = options_.log_sink](const std::string& line) {
+        if (echo) std::cerr << "[" << name << "] " << line << "\n";
+        if (sink) sink(i, line);
+      };
     }
+    if (options_.agent_options) options_.agent_options(i, o);
     ML_RETURN_IF_ERROR(MakeAgent(i));
   }
   net_->AddNode("submitter");

@@ -35,7 +35,9 @@ namespace meshlearn::node::testing {
 
 struct SimNodeOptions {
   double speed_factor = 1.0;
-  uint64_t memory_bytes = 8ull << 30;
+  uint64_t memory_bytes = 8ull << 30;  // registered
+  uint64_t memory_limit_bytes = 0;     // AgentOptions::memory_limit_bytes (real memory)
+  uint64_t blob_quota_bytes = 0;       // the node's BlobStore quota (0: none)
   uint32_t roles = ledger::kRoleSolver | ledger::kRoleAggregator;
 };
 
@@ -48,6 +50,10 @@ struct SimOptions {
   uint64_t throughput = 1'000'000'000;  // reported FLOP/s of every node (x speed factor)
   ledger::Amount price = 1;
   bool log = false;  // agent logs to stderr
+  // Every agent log line with its node index (in addition to `log`).
+  std::function<void(int node, const std::string& line)> log_sink;
+  // Applied to every node's AgentOptions at Setup (tests tune clean-up here).
+  std::function<void(int node, AgentOptions& options)> agent_options;
   Env* env = nullptr;
   // Called after every block with its height (tests inject faults here).
   std::function<void(uint64_t height)> on_block;
@@ -76,6 +82,7 @@ class SimHarness {
   // The final global state (fetched from the nodes by the submitter).
   Result<GlobalState> FinalState();
   NodeAgent* agent(int i) { return agents_[i].get(); }
+  net::BlobStore* store(int i) { return stores_[i].get(); }
   AgentOptions& agent_options(int i) { return agent_opts_[i]; }
   const KeyPair& node_key(int i) const { return node_keys_[i]; }
   net::SimNetwork& network() { return *net_; }

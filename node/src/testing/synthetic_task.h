@@ -39,7 +39,8 @@ inline Result<std::string> WriteSyntheticTask(Env* env, const std::string& dir, 
                                               int64_t n_train, int64_t n_test, int64_t dim,
                                               int64_t classes, uint32_t rounds, uint32_t units,
                                               uint32_t inner_steps, uint32_t k,
-                                              const std::string& aggregation = "mean") {
+                                              const std::string& aggregation = "mean",
+                                              int64_t hidden = 16) {
   ML_RETURN_IF_ERROR(env->CreateDirs(dir));
   Rng rng(seed, 7);
   std::vector<float> w(static_cast<size_t>(dim * classes));
@@ -72,7 +73,7 @@ inline Result<std::string> WriteSyntheticTask(Env* env, const std::string& dir, 
          "\"  # features\ntrain_y = \"" + JoinPath(dir, "train_y.npy") + "\"\ntest_x = \"" +
          JoinPath(dir, "test_x.npy") + "\"\ntest_y = \"" + JoinPath(dir, "test_y.npy") +
          "\"\n\n[model]\ninput = [" + std::to_string(dim) +
-         "]\n[[model.layers]]\nkind = \"linear\"\nout = 16\n[[model.layers]]\nkind = \"relu\"\n"
+         "]\n[[model.layers]]\nkind = \"linear\"\nout = " + std::to_string(hidden) + "\n[[model.layers]]\nkind = \"relu\"\n"
          "[[model.layers]]\nkind = \"linear\"\nout = " + std::to_string(classes) +
          "\n\n[optimizer]\nkind = \"adamw\"\nlr = 0.01\nweight_decay = 0.0\n\n[train]\nsteps = 1\n"
          "batch_size = 16\neval_batch_size = 256\n\n[network]\nrounds = " + std::to_string(rounds) +

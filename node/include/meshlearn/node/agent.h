@@ -17,15 +17,42 @@
 // round, shard}), lr_scale = NetworkSpec::InnerLrScale(round): exactly RunLocalDiloco's), save
 // a checkpoint every k steps under <data_dir>/units/, store the delta blob (pinned), send
 // CommitUnit. Killed mid-unit, the next agent on the same data dir resumes from the last
-// checkpoint and produces the same bits. A unit whose memory need (TaskParams::memory_bytes or
-// protocol::RequiredMemoryBytes) exceeds capabilities.memory_bytes is refused, with the reason
-// in the log.
+// checkpoint and produces the same bits. A unit whose memory need (TaskParams::memory_bytes, or
+// protocol::RequiredMemoryBytes of the model the bundle really builds) exceeds the node's real
+// memory (memory_limit_bytes, else capabilities.memory_bytes) is refused, with the reason in the
+// log; it expires at its deadline and the ledger gives it to another node. When the real limit
+// is below the memory the node registered, the node also reports the lower value (UpdateNode)
+// so that the scheduler stops assigning it such units.
 //
 // An aggregation: fetch every committed delta blob (from its committer's endpoint first, then
 // from every registered node), decode it (a malformed delta blob is logged and left out, like a
 // NaN delta), protocol::Aggregate with the task's rule, protocol::OuterStep with the outer
 // momentum carried in the state blob, evaluate on the test set, store the new state blob
 // (pinned), send CommitAggregate with the test accuracy and loss.
+//
+// Blobs the node keeps (PinBook, <data_dir>/pins.json): every pin has a reason, and the pin goes
+// when its last reason ends; unpinned blobs stay on disk until the BlobStore's LRU needs their
+// room (blob_quota_bytes). Reasons and when they end (reviewed every `gc_every_blocks`, one
+// get_task per task the node holds something of):
+//   "task:<T>"        bundle and data blobs of task T: some blocks after T is closed (below);
+//   "state:<T>"       a global state of T (a round's start state, or one the node aggregated):
+//                     once it is older than T's current round weights, except T's initial and
+//                     final states; states not in T's weights history yet (an aggregate waiting
+//                     for finality) stay;
+//   "delta:<T>:<r>"   the node's delta for round r of T: once round r is final;
+//   "upload:<h>"      pushed to the node at height h (blob.put_manifest): replaced by "task:<T>"
+//                     / "state:<T>" when an open task T uses it as bundle, data or initial
+//                     state; dropped after `upload_grace_blocks` if no open task does;
+//   "keep"            the operator's keep_blobs: never ends;
+//   "keep-final:<T>"  T's final state when keep_final_states: never ends.
+// A closed (finished or cancelled) task: `release_after_blocks` blocks after the node first saw
+// it closed, every reason naming it ends, its unit directories and data files are deleted.
+// A unit's checkpoints (<data_dir>/units/<T>-<index>/) are all kept until the unit's round is
+// final, then deleted. SEAM (verification): a round is final only when its verification window
+// has closed (the task's weights_history grows only then), so a verifier can replay any k-step
+// segment from the solver's checkpoint and a dispute can bisect it until then; keeping them
+// longer (e.g. for a dispute still open) means holding finality (RoundStateMachine::
+// HoldFinality), not a node-side rule.
 //
 // Serving: RegisterServices() puts net::BlobService (download) and BlobUploadService (upload,
 // blob_push.h) on a router, which the daemon serves over HTTP and a simulation on a SimNode.
@@ -40,6 +67,7 @@
 // Thread-compatible: one thread calls Tick. The registered services are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -60,6 +88,7 @@
 #include "meshlearn/net/transport.h"
 #include "meshlearn/node/blob_push.h"
 #include "meshlearn/node/chain_client.h"
+#include "meshlearn/node/pin_book.h"
 #include "meshlearn/node/task_bundle.h"
 
 namespace meshlearn::node {
@@ -86,8 +115,21 @@ struct AgentOptions {
   double speed_factor = 1.0;
   std::function<void(int64_t micros)> sleep;  // null: no sleeping (virtual time)
   uint32_t max_units = 0;                     // stop taking units after this many; 0 = no limit
-  net::FetchOptions fetch;
-  UploadOptions upload;
+  net::FetchOptions fetch;  // .pin is ignored: the agent pins with a reason (PinBook)
+  UploadOptions upload;     // .pin/.on_complete are set by the agent (reason "upload:<h>")
+  // The memory this node can really give a unit now; 0 = capabilities.memory_bytes. Units that
+  // need more are refused (see above).
+  uint64_t memory_limit_bytes = 0;
+  // Blob clean-up (see "Blobs the node keeps").
+  uint64_t gc_every_blocks = 1;
+  uint64_t release_after_blocks = 100;  // after a task is closed
+  uint64_t upload_grace_blocks = 100;   // for uploads no open task uses
+  std::vector<Hash256> keep_blobs;      // never unpinned
+  bool keep_final_states = false;       // keep closed tasks' final states pinned
+  // A node that left (LeaveNode, its record is unbonding) registers again at start-up
+  // (RegisterNode with `stake`) instead of idling. Only the record seen by the first Tick counts:
+  // a node that leaves while running stops taking work.
+  bool rejoin = false;
   // Log lines ("unit 3f2a9c01/7 r1 s2: step 20/50 loss 0.41"). Null: discarded.
   std::function<void(const std::string&)> log;
   // Checked before every inner step: true stops the unit (it resumes from its last checkpoint
@@ -108,13 +150,15 @@ struct TickReport {
 struct AgentStats {
   uint64_t units_completed = 0;   // delta computed and CommitUnit sent
   uint64_t units_resumed = 0;     // continued from a checkpoint
-  uint64_t units_refused = 0;     // did not fit in memory
+  uint64_t units_refused = 0;     // did not fit in memory (each Tick that refused one)
   uint64_t commits_ok = 0;        // CommitUnit receipts ok
   uint64_t commits_failed = 0;
   uint64_t aggregations = 0;      // CommitAggregate sent
   uint64_t aggregations_ok = 0;
   uint64_t bad_deltas = 0;        // malformed delta blobs left out of an aggregation
   uint64_t tx_failed = 0;         // any transaction whose receipt failed or that was refused
+  uint64_t blobs_unpinned = 0;    // pins released (their last reason ended)
+  uint64_t unit_dirs_deleted = 0;  // unit checkpoint directories cleaned up
 };
 
 class NodeAgent {
@@ -132,6 +176,13 @@ class NodeAgent {
   const PublicKey& id() const { return deps_.key.public_key(); }
   const AgentStats& stats() const { return stats_; }
   bool registered() const { return registered_; }
+  // The node's record is unbonding (it left) and it is not rejoining: it takes no work.
+  bool left() const { return left_; }
+  // True once the node was seen active on the ledger by this agent.
+  bool was_active() const { return was_active_; }
+  // Why this agent could not start (the pin book did not load); Tick returns it too.
+  const Status& init_status() const { return init_status_; }
+  PinBook* pin_book() { return book_.get(); }
   TxSender& tx_sender() { return *tx_; }
 
  private:
@@ -142,12 +193,19 @@ class NodeAgent {
   Status EnsureRegistered(uint64_t height);
   Result<TaskContext*> GetTaskContext(const Hash256& task_id);
   // The blob's bytes, fetched first from `preferred`, then from every active node.
-  Result<Bytes> FetchBlob(const Hash256& id, const std::vector<std::string>& preferred, bool pin);
+  // With a non-empty `reason` the blob is pinned for it (PinBook).
+  Result<Bytes> FetchBlob(const Hash256& id, const std::vector<std::string>& preferred,
+                          const std::string& reason);
   Result<std::vector<std::string>> Providers(bool refresh);
   Status RunUnit(const UnitAssignment& a);
   Status RunAggregation(const AggregationAssignment& a);
   void HandleOutcomes();
   std::string UnitDir(const Hash256& task, uint32_t index) const;
+  // Blob clean-up (see "Blobs the node keeps").
+  Status ReviewPins();
+  Status AdoptUploads();
+  Status ReleaseTask(const Hash256& task, const Hash256& final_state);
+  void DeleteUnitFiles(const Hash256& task, uint32_t index);
 
   AgentDeps deps_;
   AgentOptions options_;
@@ -155,11 +213,19 @@ class NodeAgent {
   std::unique_ptr<net::BlobService> blob_service_;
   std::unique_ptr<BlobUploadService> upload_service_;
   std::unique_ptr<net::Fetcher> fetcher_;
+  std::unique_ptr<PinBook> book_;
+  Status init_status_;
   std::map<Hash256, std::unique_ptr<TaskContext>> tasks_;
   AgentStats stats_;
 
   bool registered_ = false;
   bool left_ = false;
+  bool looked_ = false;      // the node's record was read once (rejoin applies only then)
+  bool was_active_ = false;
+  uint64_t memory_reported_ = 0;  // nonzero: the lower memory reported after a refusal
+  uint64_t last_review_height_ = 0;
+  uint64_t first_height_ = 0;  // the height seen by the first Tick
+  std::atomic<uint64_t> seen_height_{0};  // height_ for the upload threads
   uint64_t last_heartbeat_sent_ = 0;
   uint64_t height_ = 0;
   uint64_t providers_height_ = UINT64_MAX;

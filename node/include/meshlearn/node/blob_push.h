@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,6 +48,9 @@ Result<PutChunkRequest> DecodePutChunkRequest(ByteSpan wire);
 struct UploadOptions {
   uint64_t max_blob_bytes = 4ull << 30;  // larger manifests are refused (ResourceExhausted)
   bool pin = true;                       // pin a completed upload (the node keeps it)
+  // Set: called with the id of every completed upload INSTEAD of pinning it (the node agent
+  // records why it keeps the blob, node/pin_book.h); an error refuses the upload.
+  std::function<Status(const net::BlobId&)> on_complete;
 };
 
 class BlobUploadService {
