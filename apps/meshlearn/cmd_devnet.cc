@@ -598,9 +598,8 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
   cmd->add_option("--timeout", a.timeout_s, "Give up after this many seconds")->capture_default_str();
   cmd->add_option("--rounds", a.rounds, "Override network.rounds (quick runs)");
   cmd->add_option("--price", a.price, "Every node's price, tokens per GFLOP")->capture_default_str();
-  cmd->add_option("--check-reference,!--no-check-reference", a.check_reference,
-                  "Compare the final weights with `meshlearn diloco` run in this process")
-      ->capture_default_str();
+  cmd->add_flag("--check-reference,!--no-check-reference", a.check_reference,
+                "Compare the final weights with `meshlearn diloco` run in this process (default on)");
   cmd->add_option("--speed", a.speed, "I=F: solver I runs at F x speed (e.g. 3=0.5); repeatable");
   cmd->add_option("--kill", a.kill, "I@U: kill -9 solver I mid-unit once U units are committed; repeatable");
   cmd->add_option("--late", a.late, "I@R: start solver I only after round R finished; repeatable");

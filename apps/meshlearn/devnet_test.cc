@@ -1,10 +1,13 @@
 // End-to-end tests of `meshlearn devnet` with real processes on loopback (a ledger and nodes), on
 // the tiny task tests/devnet-tiny.toml, and of `meshlearn task submit` refusing bad task files
 // before anything is escrowed.
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +90,41 @@ TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
   ExpectNoOrphans(dir);
 }
 
+
+// Ctrl-C (SIGINT) in the middle of a task: devnet stops every process it started and fails.
+TEST(Devnet, InterruptStopsEveryProcess) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  std::string dir = TempDir() + "/d";
+  const std::string out = dir + ".out";
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("MESHLEARN_HOME", (dir + "-home").c_str(), 1);
+    FILE* f = freopen(out.c_str(), "w", stderr);
+    (void)f;
+    execl(MESHLEARN_BIN, MESHLEARN_BIN, "devnet", "--solvers", "2", "--task",
+          "tests/devnet-tiny.toml", "--block-interval-ms", "200", "--out", dir.c_str(),
+          (char*)nullptr);
+    _exit(127);
+  }
+  // Wait until the task is submitted (the nodes are up and working).
+  bool submitted = false;
+  for (int i = 0; i < 600 && !submitted; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream in(out);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    submitted = text.find("submitted in block") != std::string::npos;
+  }
+  ASSERT_TRUE(submitted);
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  std::ifstream in(out);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("interrupted by signal 2"), std::string::npos) << text;
+  ExpectNoOrphans(dir);
+}
 #else
 // kill -9 of a solver holding a unit: the task still completes, the unit is reassigned after its
 // deadline and the killed node is never paid for it; a node joining mid-task gets work; a node

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.footer(
       "Examples:\n"
+      "  meshlearn devnet --solvers 4 --task examples/fashion-mlp.toml --out out/devnet\n"
       "  meshlearn version\n"
       "  meshlearn keys new alice\n"
       "  meshlearn train examples/fashion-mlp.toml\n"
