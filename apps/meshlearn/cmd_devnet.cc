@@ -53,6 +53,7 @@ struct DevnetArgs {
   std::vector<std::string> kill;   // "I@U"
   std::vector<std::string> late;   // "I@R"
   uint64_t price = 1;
+  bool keep = false;  // leave the network running after the task (for `meshlearn task ...`)
 };
 
 // A child process whose stdout/stderr go to a log file.
@@ -536,6 +537,13 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
              {"token_invariant", minted == 0 ? json(nullptr) : json(minted == sum)},
              {"round_results", final_task.value("round_results", json::array())}};
 
+  if (a.keep) {
+    std::cerr << "task finished; the network stays up for `meshlearn task ...` commands:\n"
+              << "  MESHLEARN_HOME=" << home << " meshlearn task status " << sub.task_id.ToHex()
+              << " --rpc " << rpc_url << "\nCtrl-C stops it." << std::endl;
+    while (!g_stop_signal.load()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    g_stop_signal.store(0);
+  }
   // 8. Stop the network before the (CPU-heavy) reference check.
   StopAll(fleet.children, 5000);
   {
@@ -600,6 +608,7 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
   cmd->add_option("--price", a.price, "Every node's price, tokens per GFLOP")->capture_default_str();
   cmd->add_flag("--check-reference,!--no-check-reference", a.check_reference,
                 "Compare the final weights with `meshlearn diloco` run in this process (default on)");
+  cmd->add_flag("--keep", a.keep, "After the task, keep the network running until Ctrl-C (try `meshlearn task ...` on it)");
   cmd->add_option("--speed", a.speed, "I=F: solver I runs at F x speed (e.g. 3=0.5); repeatable");
   cmd->add_option("--kill", a.kill, "I@U: kill -9 solver I mid-unit once U units are committed; repeatable");
   cmd->add_option("--late", a.late, "I@R: start solver I only after round R finished; repeatable");
