@@ -48,7 +48,6 @@ struct DevnetArgs {
   int64_t block_interval_ms = 500;
   int64_t timeout_s = 3600;
   bool check_reference = true;
-  int64_t rounds = 0;  // override network.rounds (quick runs)
   std::vector<std::string> speed;  // "I=F"
   std::vector<std::string> kill;   // "I@U"
   std::vector<std::string> late;   // "I@R"
@@ -260,12 +259,6 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
 
   // 1. The task, validated before anything starts.
   ML_ASSIGN_OR_RETURN(PreparedTask task, PrepareTask(env, a.task));
-  if (a.rounds > 0) {
-    task.net.rounds = static_cast<uint32_t>(a.rounds);
-    task.params.rounds = task.net.rounds;
-    task.view.rounds = task.net.rounds;
-    task.total_units = uint64_t{task.net.rounds} * task.net.units_per_round;
-  }
   say(fmt::format("devnet: {} ({} rounds x {} units x {} steps), {} solvers", a.task,
                   task.net.rounds, task.net.units_per_round, task.net.inner_steps, a.solvers));
 
@@ -604,7 +597,6 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       ->capture_default_str();
   cmd->add_option("--block-interval-ms", a.block_interval_ms, "Time between blocks")->capture_default_str();
   cmd->add_option("--timeout", a.timeout_s, "Give up after this many seconds")->capture_default_str();
-  cmd->add_option("--rounds", a.rounds, "Override network.rounds (quick runs)");
   cmd->add_option("--price", a.price, "Every node's price, tokens per GFLOP")->capture_default_str();
   cmd->add_flag("--check-reference,!--no-check-reference", a.check_reference,
                 "Compare the final weights with `meshlearn diloco` run in this process (default on)");

@@ -33,6 +33,33 @@ namespace {
 
 std::string TaskShort(const Hash256& t) { return t.ShortHex(); }
 
+// The bundle (what the node trains) must describe the task the ledger schedules and pays: a
+// submitter that published a bundle whose [network] table or data disagree with SubmitTask's
+// params would have nodes compute something nobody can check. Refuse such a task.
+Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
+                                const nlohmann::json& task) {
+  if (!task.contains("params") || !task["params"].is_object()) {
+    return InvalidArgument("the ledger's task record has no params");
+  }
+  const nlohmann::json& p = task["params"];
+  const uint64_t k = net.checkpoint_interval == 0 ? net.inner_steps : net.checkpoint_interval;
+  const std::pair<const char*, uint64_t> expected[] = {
+      {"rounds", net.rounds},           {"units_per_round", net.units_per_round},
+      {"inner_steps", net.inner_steps}, {"checkpoint_interval", k},
+      {"batch_size", facts.batch_size}, {"num_examples", facts.num_examples},
+      {"seed", facts.seed},             {"model_bytes", facts.model_bytes}};
+  for (const auto& [key, want] : expected) {
+    const uint64_t got = p.value(key, uint64_t{0});
+    if (got != want) {
+      return InvalidArgument(std::string("the task bundle says ") + key + " = " +
+                             std::to_string(want) + " but the ledger's params." + key + " = " +
+                             std::to_string(got) +
+                             "; the submitter published an inconsistent task, refusing it");
+    }
+  }
+  return Status::Ok();
+}
+
 uint64_t DoubleBits(double d) { return std::bit_cast<uint64_t>(d); }
 double BitsDouble(uint64_t b) { return std::bit_cast<double>(b); }
 
@@ -156,6 +183,8 @@ Result<NodeAgent::TaskContext*> NodeAgent::GetTaskContext(const Hash256& task_id
   ML_ASSIGN_OR_RETURN(ctx->bundle, LoadBundle(text, resolver));
   ML_ASSIGN_OR_RETURN(ctx->trainer, engine::Trainer::Create(deps_.env, ctx->bundle.task));
   ctx->facts = ComputeTaskFacts(*ctx->trainer, ctx->bundle.net);
+  ML_RETURN_IF_ERROR(CheckBundleMatchesLedger(ctx->facts, ctx->bundle.net, ctx->info.raw)
+                         .WithPrefix("task " + TaskShort(task_id)));
   protocol::TaskSpecView view;
   view.model_bytes = ctx->facts.model_bytes;
   if (ctx->info.raw.contains("params") && ctx->info.raw["params"].is_object()) {

@@ -130,6 +130,23 @@ TEST(NetworkSimTest, RefusesUnitsThatDoNotFitInMemory) {
   EXPECT_EQ(sim.agent(1)->stats().units_completed, 0u);
 }
 
+TEST(NetworkSimTest, NodesRefuseATaskWhoseBundleDisagreesWithTheLedger) {
+  // The submitter publishes a bundle of 2 rounds but tells the ledger 3: nobody trains it.
+  Fixture f(14, /*rounds=*/2, /*units=*/2, /*H=*/3, /*k=*/0);
+  SimHarness sim({.seed = 14,
+                  .nodes = 2,
+                  .task_toml = f.toml,
+                  .env = &f.env,
+                  .tweak_params = [](ledger::TaskParams& p) { p.rounds += 1; }});
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  EXPECT_FALSE(sim.RunUntilFinished(40).ok());
+  json task = sim.Task(true);
+  EXPECT_EQ(task.value("status", std::string()), "open");
+  for (const json& u : task["units"]) EXPECT_NE(u.value("status", std::string()), "committed");
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(sim.agent(i)->stats().units_completed, 0u);
+}
+
 TEST(NetworkSimTest, HalfSpeedNodeGetsAboutHalfTheUnits) {
   Fixture f(14, /*rounds=*/2, /*units=*/28, /*H=*/2, /*k=*/1);
   SimHarness sim({.seed = 14,

@@ -179,6 +179,7 @@ Status SimHarness::Setup() {
   submitter_tx_ = std::make_unique<TxSender>(client_.get(), submitter_);
   ML_RETURN_IF_ERROR(submitter_tx_->Init());
   ledger::TaskParams params = MakeTaskParams(facts, net, init.hash);
+  if (options_.tweak_params) options_.tweak_params(params);
   task_id_ = ledger::TaskIdFor(submitter_.public_key(), submitter_tx_->next_nonce());
   ML_RETURN_IF_ERROR(submitter_tx_
                          ->Send(ledger::SubmitTaskTx{.spec_hash = bundle_.id.hash,

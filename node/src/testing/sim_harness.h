@@ -57,6 +57,8 @@ struct SimOptions {
   Env* env = nullptr;
   // Called after every block with its height (tests inject faults here).
   std::function<void(uint64_t height)> on_block;
+  // Changes the submitted params (tests of a submitter whose bundle and params disagree).
+  std::function<void(ledger::TaskParams& params)> tweak_params;
 };
 
 class SimHarness {
