@@ -209,16 +209,18 @@ Status NodeAgent::EnsureRegistered(uint64_t height) {
       return Status::Ok();
     }
     ML_ASSIGN_OR_RETURN(std::optional<NodeInfo> me, GetNode(*deps_.chain, id()));
+    auto register_tx = [&] {
+      return ledger::RegisterNodeTx{.node_id = id(),
+                                    .endpoint = options_.endpoint,
+                                    .roles = options_.roles,
+                                    .capabilities = caps,
+                                    .price = options_.price,
+                                    .stake = options_.stake};
+    };
     if (!me) {
       Log("registering node " + id().ShortHex() + " at " + options_.endpoint + " (stake " +
           std::to_string(options_.stake) + ", price " + std::to_string(options_.price) + ")");
-      ML_RETURN_IF_ERROR(tx_->Send(ledger::RegisterNodeTx{.node_id = id(),
-                                                         .endpoint = options_.endpoint,
-                                                         .roles = options_.roles,
-                                                         .capabilities = caps,
-                                                         .price = options_.price,
-                                                         .stake = options_.stake})
-                             .status());
+      ML_RETURN_IF_ERROR(tx_->Send(register_tx()).status());
       return Status::Ok();
     }
     const bool first_look = !looked_;
@@ -227,13 +229,7 @@ Status NodeAgent::EnsureRegistered(uint64_t height) {
       if (first_look && options_.rejoin) {
         Log("node " + id().ShortHex() + " left the network earlier; rejoining at " +
             options_.endpoint + " (RegisterNode, stake " + std::to_string(options_.stake) + ")");
-        ML_RETURN_IF_ERROR(tx_->Send(ledger::RegisterNodeTx{.node_id = id(),
-                                                           .endpoint = options_.endpoint,
-                                                           .roles = options_.roles,
-                                                           .capabilities = caps,
-                                                           .price = options_.price,
-                                                           .stake = options_.stake})
-                               .status());
+        ML_RETURN_IF_ERROR(tx_->Send(register_tx()).status());
         return Status::Ok();
       }
       Log("node " + id().ShortHex() + " has left the network (its record is unbonding, after " +

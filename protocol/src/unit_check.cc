@@ -89,6 +89,27 @@ Result<UnitCheck> UnitCheck::Create(const UnitCheckConfig& c) {
   return UnitCheck(c);
 }
 
+DisputeConfig UnitCheck::DisputeOver(const NodeId& challenger, uint32_t segment,
+                                     const Hash256& start, const Hash256& solver_end,
+                                     const Hash256& replayed_end, uint64_t height) const {
+  DisputeConfig dc;
+  dc.unit = config_.unit;
+  dc.defender = config_.solver;
+  dc.challenger = challenger;
+  dc.first_step = static_cast<uint64_t>(segment) * config_.checkpoint_interval;
+  dc.last_step = config_.checkpoint_interval == 0
+                     ? config_.inner_steps
+                     : std::min<uint64_t>(dc.first_step + config_.checkpoint_interval,
+                                          config_.inner_steps);
+  dc.agreed = start;
+  dc.defender_claim = solver_end;
+  dc.challenger_claim = replayed_end;
+  dc.num_operators = config_.num_operators;
+  dc.response_blocks = config_.dispute_response_blocks;
+  dc.start_height = height;
+  return dc;
+}
+
 int UnitCheck::VerifierIndex(const NodeId& n) const {
   for (size_t i = 0; i < verifiers_.size(); ++i) {
     if (verifiers_[i] == n) return static_cast<int>(i);
@@ -234,22 +255,9 @@ Status UnitCheck::OnSecretRevealed(const Hash256& secret, uint64_t height) {
 
 Status UnitCheck::StartDispute(size_t slot, uint64_t height) {
   const VerdictSlot& s = slots_[slot];
-  DisputeConfig dc;
-  dc.unit = config_.unit;
-  dc.defender = config_.solver;
-  dc.challenger = verifiers_[slot];
-  dc.first_step = static_cast<uint64_t>(s.segment) * config_.checkpoint_interval;
-  dc.last_step = config_.checkpoint_interval == 0
-                     ? config_.inner_steps
-                     : std::min<uint64_t>(dc.first_step + config_.checkpoint_interval,
-                                          config_.inner_steps);
-  dc.agreed = s.start;
-  dc.defender_claim = s.solver_end;
-  dc.challenger_claim = s.replayed_end;
-  dc.num_operators = config_.num_operators;
-  dc.response_blocks = config_.dispute_response_blocks;
-  dc.start_height = height;
-  ML_ASSIGN_OR_RETURN(DisputeGame g, DisputeGame::Create(dc));
+  ML_ASSIGN_OR_RETURN(DisputeGame g,
+                      DisputeGame::Create(DisputeOver(verifiers_[slot], s.segment, s.start,
+                                                      s.solver_end, s.replayed_end, height)));
   dispute_ = std::move(g);
   challenger_ = static_cast<int>(slot);
   stage_ = CheckStage::kCheckDisputed;
@@ -442,22 +450,10 @@ Status UnitCheck::OnChallenge(const NodeId& whistleblower, const MismatchClaim& 
     return InvalidArgument("challenge: the claim's states are not the solver's committed states "
                            "of segment " + std::to_string(claim.segment));
   }
-  DisputeConfig dc;
-  dc.unit = config_.unit;
-  dc.defender = config_.solver;
-  dc.challenger = whistleblower;
-  dc.first_step = static_cast<uint64_t>(claim.segment) * config_.checkpoint_interval;
-  dc.last_step = config_.checkpoint_interval == 0
-                     ? config_.inner_steps
-                     : std::min<uint64_t>(dc.first_step + config_.checkpoint_interval,
-                                          config_.inner_steps);
-  dc.agreed = claim.start;
-  dc.defender_claim = claim.solver_end;
-  dc.challenger_claim = claim.replayed_end;
-  dc.num_operators = config_.num_operators;
-  dc.response_blocks = config_.dispute_response_blocks;
-  dc.start_height = height;
-  ML_ASSIGN_OR_RETURN(DisputeGame g, DisputeGame::Create(dc));
+  ML_ASSIGN_OR_RETURN(DisputeGame g,
+                      DisputeGame::Create(DisputeOver(whistleblower, claim.segment, claim.start,
+                                                      claim.solver_end, claim.replayed_end,
+                                                      height)));
   dispute_ = std::move(g);
   whistleblower_ = whistleblower;
   challenger_ = -1;

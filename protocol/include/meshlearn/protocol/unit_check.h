@@ -161,6 +161,10 @@ class UnitCheck {
  private:
   explicit UnitCheck(const UnitCheckConfig& config) : config_(config) {}
   int VerifierIndex(const NodeId& n) const;
+  // The dispute of `challenger` against the solver over segment `segment`.
+  DisputeConfig DisputeOver(const NodeId& challenger, uint32_t segment, const Hash256& start,
+                            const Hash256& solver_end, const Hash256& replayed_end,
+                            uint64_t height) const;
   CheckEffects Resolve(uint64_t height);
   // Opens the dispute between the solver and the verifier of `slot` (its mismatch claim).
   Status StartDispute(size_t slot, uint64_t height);
