@@ -129,4 +129,43 @@ Result<UnitOutcome> UnitExecutor::Run(std::span<const float> global, const UnitW
   return out;
 }
 
+Result<SegmentReplay> ReplaySegment(engine::Trainer* trainer, std::span<const float> global,
+                                    const UnitWork& work, uint32_t segment,
+                                    engine::TrainState* start, const Hash256* expected_start) {
+  const std::vector<int64_t> steps = HashedSteps(work.inner_steps, work.checkpoint_interval);
+  if (work.inner_steps <= 0 || segment + 1ull >= steps.size()) {
+    return InvalidArgument("replay: segment " + std::to_string(segment) + " is out of range; " +
+                           "the unit has " + std::to_string(steps.size() - 1) + " segments");
+  }
+  SegmentReplay r;
+  r.first_step = steps[segment];
+  r.last_step = steps[segment + 1];
+  ML_RETURN_IF_ERROR(trainer->StartUnit(work.stream, global, work.lr_scale));
+  if (r.first_step > 0) {
+    if (start == nullptr) {
+      return InvalidArgument("replay: segment " + std::to_string(segment) +
+                             " starts at step " + std::to_string(r.first_step) +
+                             " and needs the solver's checkpoint there");
+    }
+    if (start->step != r.first_step || start->stream != work.stream) {
+      return InvalidArgument("replay: the checkpoint is of step " + std::to_string(start->step) +
+                             " (stream " + std::to_string(start->stream) + "), segment " +
+                             std::to_string(segment) + " starts at step " +
+                             std::to_string(r.first_step));
+    }
+    ML_RETURN_IF_ERROR(ApplyResume(trainer->state(), *start));
+    trainer->state().step = r.first_step;
+  }
+  r.start_hash = engine::StateHash(trainer->state());
+  if (expected_start != nullptr && r.start_hash != *expected_start) {
+    return FailedPrecondition("replay: the solver's state at step " +
+                              std::to_string(r.first_step) +
+                              " does not hash to its committed state " +
+                              expected_start->ShortHex());
+  }
+  for (int64_t s = r.first_step; s < r.last_step; ++s) trainer->Step();
+  r.end_hash = engine::StateHash(trainer->state());
+  return r;
+}
+
 }  // namespace meshlearn::node

@@ -91,6 +91,24 @@ class UnitExecutor {
   engine::Trainer* trainer_;
 };
 
+// What a verifier computes (docs/verification.md): segment `segment` of a unit replayed from the
+// solver's state at its start. Segment j runs from the state after step j*k to the state after
+// min((j+1)*k, H); segment 0 starts from the unit's own start (the round's global weights, fresh
+// optimizer), so it needs no checkpoint (`start` may be null).
+struct SegmentReplay {
+  int64_t first_step = 0;  // the state the replay started from is the one after this step
+  int64_t last_step = 0;   // ... and it ends after this step
+  Hash256 start_hash;      // StateHash of the start state
+  Hash256 end_hash;        // StateHash after the replay: the committed leaf segment+1 if honest
+};
+// Errors: a segment out of range; a start state of another unit or step; a start state whose
+// hash is not `expected_start` (when given: the committed leaf) -- the solver served a checkpoint
+// that is not the one it committed, which is itself a mismatch.
+Result<SegmentReplay> ReplaySegment(engine::Trainer* trainer, std::span<const float> global,
+                                    const UnitWork& work, uint32_t segment,
+                                    engine::TrainState* start,
+                                    const Hash256* expected_start = nullptr);
+
 // Steps at which a unit of `inner_steps` steps with checkpoint interval `k` hashes its state.
 std::vector<int64_t> HashedSteps(int64_t inner_steps, int64_t k);
 
