@@ -49,6 +49,7 @@ struct NodeConfig {
   uint64_t memory_limit_bytes = 0;
   uint64_t release_after_blocks = 100;
   bool keep_final_states = false;
+  node::Adversary adversary = node::Adversary::kNone;  // testing only
   bool have_capabilities = false;
   ledger::NodeCapabilities capabilities;
   uint32_t latency_ms = 5;
@@ -66,7 +67,7 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
                                        "stake", "heartbeat_blocks", "blob_quota_bytes",
                                        "speed_factor", "max_units", "memory_limit_bytes",
                                        "release_after_blocks", "keep_final_states",
-                                       "capabilities"}));
+                                       "adversary", "capabilities"}));
   NodeConfig n;
   n.path = path;
   ML_ASSIGN_OR_RETURN(n.data_dir, c.GetString("data_dir"));
@@ -114,6 +115,16 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   ML_ASSIGN_OR_RETURN(int64_t mem_limit, c.GetInt("memory_limit_bytes", 0, {.min = 0}));
   ML_ASSIGN_OR_RETURN(int64_t release, c.GetInt("release_after_blocks", 100, {.min = 0}));
   ML_ASSIGN_OR_RETURN(n.keep_final_states, c.GetBool("keep_final_states", false));
+  {
+    ML_ASSIGN_OR_RETURN(std::string adv, c.GetString("adversary", ""));
+    Result<node::Adversary> parsed = node::ParseAdversary(adv);
+    if (!parsed.ok()) {
+      return c.Error("adversary", "must be one of " + node::AdversaryChoices() +
+                                      " (testing only; leave it out for an honest node), got \"" +
+                                      adv + "\"");
+    }
+    n.adversary = *parsed;
+  }
   n.memory_limit_bytes = static_cast<uint64_t>(mem_limit);
   n.release_after_blocks = static_cast<uint64_t>(release);
   if (c.Has("capabilities")) {
@@ -243,6 +254,7 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   opts.memory_limit_bytes = c.memory_limit_bytes;
   opts.release_after_blocks = c.release_after_blocks;
   opts.keep_final_states = c.keep_final_states;
+  opts.adversary = c.adversary;
   node::NodeAgent agent({.env = env,
                          .clock = SystemClock::Default(),
                          .transport = &transport,
@@ -370,6 +382,7 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  keep_final_states = false         # ... but keep final models this node holds\n"
       "  memory_limit_bytes = 0            # memory really available to a unit (0: capabilities)\n"
       "  speed_factor = 1.0                # < 1: a deliberately slow node (tests, demos)\n"
+      "  # adversary = \"lazy\"              # testing only: lazy|noisy|wrong_data|copy|stale\n"
       "  [capabilities]                    # optional: paste `node bench`; measured if absent\n"
       "  throughput = 20000000000\n"
       "  memory_bytes = 17179869184\n");

@@ -111,6 +111,11 @@ NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
   options_.fetch.pin = false;
   fetcher_ = std::make_unique<net::Fetcher>(deps_.transport, deps_.store, options_.fetch);
   if (options_.speed_factor <= 0 || options_.speed_factor > 1) options_.speed_factor = 1;
+  if (options_.adversary != Adversary::kNone) {
+    Log("!!! ADVERSARY MODE: this node cheats as a \"" +
+        std::string(AdversaryName(options_.adversary)) +
+        "\" solver (testing only); verifiers should catch and slash it !!!");
+  }
 }
 
 NodeAgent::~NodeAgent() = default;
@@ -509,8 +514,26 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
     return Status::Ok();
   };
   run.should_stop = options_.should_stop;
-  UnitExecutor executor(ctx->trainer.get());
-  Result<UnitOutcome> ran = executor.Run(start.weights, work, run);
+  Result<UnitOutcome> ran = Unavailable("not run");
+  if (options_.adversary == Adversary::kNone) {
+    UnitExecutor executor(ctx->trainer.get());
+    ran = executor.Run(start.weights, work, run);
+  } else {
+    AdversaryInputs in;
+    std::vector<float> peer;
+    if (options_.adversary == Adversary::kCopy) {
+      Result<std::vector<float>> got = PeerDelta(a, ctx->facts.num_params);
+      if (got.ok()) peer = std::move(*got);
+      Log(name + ": adversary copy: " +
+          (got.ok() ? std::string("copying another solver's delta")
+                    : "nothing to copy (" + got.status().message() + "), running lazily"));
+    }
+    in.peer_delta = peer;
+    auto earlier = last_outcome_.find(a.task_id);
+    if (earlier != last_outcome_.end()) in.earlier = &earlier->second;
+    ran = RunAdversaryUnit(options_.adversary, ctx->trainer.get(), start.weights, work, run, in);
+    if (ran.ok() && options_.adversary == Adversary::kStale) last_outcome_[a.task_id] = *ran;
+  }
   if (!ran.ok()) {
     if (options_.should_stop && options_.should_stop()) crashed_ = true;  // stop Tick now
     return ran.status();
@@ -540,6 +563,26 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
   Log(name + ": done, loss " + std::to_string(out.mean_loss) + ", delta " + delta_id.ShortHex() +
       " committed");
   return Status::Ok();
+}
+
+Result<std::vector<float>> NodeAgent::PeerDelta(const UnitAssignment& a, uint64_t num_params) {
+  ML_ASSIGN_OR_RETURN(TaskInfo t, GetTask(*deps_.chain, a.task_id, /*units=*/true));
+  if (!t.raw.contains("units") || !t.raw["units"].is_array()) return NotFound("no units listed");
+  for (const json& u : t.raw["units"]) {
+    const std::string status = u.value("status", std::string());
+    if (u.value("round", uint32_t{0}) != a.round || u.value("index", uint32_t{0}) == a.index ||
+        (status != "committed" && status != "verified") ||
+        u.value("assignee", std::string()) == id().ToHex()) {
+      continue;
+    }
+    Result<Hash256> h = Hash256::FromHex(u.value("result_hash", std::string()));
+    if (!h.ok() || h->IsZero()) continue;
+    Result<Bytes> blob = FetchBlob(*h, {}, DeltaReason(a.task_id, a.round));
+    if (!blob.ok()) continue;
+    Result<std::vector<float>> d = DecodeDelta(*blob, num_params);
+    if (d.ok()) return d;
+  }
+  return NotFound("no other solver has committed a unit of round " + std::to_string(a.round));
 }
 
 Status NodeAgent::RunAggregation(const AggregationAssignment& a) {

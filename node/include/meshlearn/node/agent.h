@@ -86,6 +86,7 @@
 #include "meshlearn/net/blob_service.h"
 #include "meshlearn/net/blob_store.h"
 #include "meshlearn/net/transport.h"
+#include "meshlearn/node/adversary.h"
 #include "meshlearn/node/blob_push.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/pin_book.h"
@@ -135,6 +136,10 @@ struct AgentOptions {
   // Checked before every inner step: true stops the unit (it resumes from its last checkpoint
   // next time) and Tick returns Unavailable. The daemon sets it on SIGTERM.
   std::function<bool()> should_stop;
+  // Testing and demos only (adversary.h, docs/operators.md): the node cheats as this kind of
+  // solver in every unit it runs (copy borrows a committed delta of another solver of the same
+  // round from get_task; stale re-commits its previous unit of the task). Logged loudly at start.
+  Adversary adversary = Adversary::kNone;
   // Test hook: called after each checkpoint of a unit; an error aborts the Tick as a crash
   // would (nothing after the checkpoint is written).
   std::function<Status(const Hash256& task, uint32_t index, int64_t step)> after_checkpoint;
@@ -198,6 +203,8 @@ class NodeAgent {
                           const std::string& reason);
   Result<std::vector<std::string>> Providers(bool refresh);
   Status RunUnit(const UnitAssignment& a);
+  // Adversary "copy": a committed delta of another unit of a's round.
+  Result<std::vector<float>> PeerDelta(const UnitAssignment& a, uint64_t num_params);
   Status RunAggregation(const AggregationAssignment& a);
   void HandleOutcomes();
   std::string UnitDir(const Hash256& task, uint32_t index) const;
@@ -239,6 +246,7 @@ class NodeAgent {
   uint32_t units_taken_ = 0;
   bool skipped_ = false;  // RunUnit did not run the unit (memory, max_units)
   bool crashed_ = false;  // the after_checkpoint hook failed
+  std::map<Hash256, UnitOutcome> last_outcome_;  // adversary "stale": the previous unit per task
 };
 
 }  // namespace meshlearn::node

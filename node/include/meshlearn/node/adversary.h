@@ -1,0 +1,60 @@
+// Deliberately cheating solvers, for tests and demos of verification (docs/verification.md,
+// docs/operators.md "Adversary modes"). Never for real work: every mode commits a unit that
+// looks well-formed to the ledger (a result blob and the Merkle root of a list of state hashes)
+// but that an honest replay of at least one of its segments (node::ReplaySegment) does not
+// reach.
+//
+//   lazy        runs only every other inner step, but hashes and checkpoints its states as if it
+//               had run them all (state.step advances on the skipped steps too);
+//   noisy       trains honestly, then perturbs the weights with small deterministic noise after
+//               step max(1, H/2);
+//   wrong_data  trains on another unit's data stream, labelling its states with its own stream;
+//   copy        commits another solver's delta for the same round when it can get one, with the
+//               commitment of a lazy run of its own unit (no delta: behaves as lazy);
+//   stale       re-commits its own result and commitment of an earlier round of the task (none
+//               yet: behaves as lazy).
+//
+//   ML_ASSIGN_OR_RETURN(Adversary adv, ParseAdversary("lazy"));
+//   ML_ASSIGN_OR_RETURN(UnitOutcome out, RunAdversaryUnit(adv, trainer, global, work, opts, {}));
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/node/unit_executor.h"
+
+namespace meshlearn::node {
+
+enum class Adversary : uint8_t { kNone, kLazy, kNoisy, kWrongData, kCopy, kStale };
+
+// "none", "lazy", "noisy", "wrong_data", "copy", "stale".
+std::string_view AdversaryName(Adversary a);
+// "" and "none" -> kNone; an unknown name -> InvalidArgument naming the allowed values.
+Result<Adversary> ParseAdversary(std::string_view name);
+// The allowed values, for error messages: "\"lazy\", \"noisy\", ...".
+std::string AdversaryChoices();
+
+// What a cheating solver borrows.
+struct AdversaryInputs {
+  // wrong_data: the stream it trains on instead of its own; 0 = a stream derived from its own.
+  uint64_t other_stream = 0;
+  // copy: another solver's delta for the same round (empty: none could be had).
+  std::span<const float> peer_delta;
+  // stale: the outcome it committed for an earlier round of the task (null: none yet).
+  const UnitOutcome* earlier = nullptr;
+};
+
+// Runs `work` as adversary `adv` would and returns what it commits. The outcome is well-formed:
+// commitment == MerkleRoot(state_hashes), one state hash per HashedSteps step, delta_hash ==
+// HashFloats(delta). options.on_step / on_checkpoint / should_stop are honoured (checkpoints are
+// the adversary's own states, labelled with work.stream and the hashed step); options.resume is
+// ignored (an adversary restarts the unit: same bits). kNone runs the honest UnitExecutor.
+Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
+                                     std::span<const float> global, const UnitWork& work,
+                                     const UnitRunOptions& options, const AdversaryInputs& in);
+
+}  // namespace meshlearn::node

@@ -1,0 +1,256 @@
+// Each adversary mode commits a well-formed unit that an honest verifier's replay
+// (ReplaySegment) of at least one of its segments, from the adversary's own checkpoints, does
+// not reach; the same replay of honest work reaches every committed leaf.
+#include "meshlearn/node/adversary.h"
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "testing/sim_harness.h"
+#include "testing/synthetic_task.h"
+
+namespace meshlearn::node {
+namespace {
+
+constexpr char kTask[] = R"(
+[task]
+name = "adversary-test"
+seed = 5
+[data]
+format = "idx"
+train_images = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+train_labels = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"
+test_images = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
+test_labels = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"
+[model]
+input = [784]
+[[model.layers]]
+kind = "linear"
+out = 16
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 10
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[train]
+steps = 1
+batch_size = 16
+)";
+
+class AdversaryTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    Result<engine::TaskSpec> task = engine::TaskSpec::Parse(kTask, "adversary-test.toml", ".");
+    ASSERT_TRUE(task.ok()) << task.status().ToString();
+    Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::Create(Env::Default(), *task);
+    ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+    trainer_ = tr->release();
+  }
+  static void TearDownTestSuite() { delete trainer_; }
+
+  // What a solver committed, with the checkpoints it serves.
+  struct Committed {
+    UnitOutcome outcome;
+    MemEnv env;
+  };
+
+  std::unique_ptr<Committed> Solve(Adversary adv, std::span<const float> global,
+                                   const UnitWork& work, const AdversaryInputs& in = {}) {
+    auto c = std::make_unique<Committed>();
+    UnitRunOptions opts;
+    opts.on_checkpoint = [&](int64_t step, engine::TrainState& st, const std::vector<Hash256>&,
+                             double) -> Status {
+      return engine::SaveCheckpoint(&c->env, "ckpt-" + std::to_string(step), st);
+    };
+    Result<UnitOutcome> out = RunAdversaryUnit(adv, trainer_, global, work, opts, in);
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    if (out.ok()) c->outcome = std::move(*out);
+    // Well-formed, as the ledger sees it.
+    const UnitOutcome& o = c->outcome;
+    EXPECT_EQ(o.state_hashes.size(), HashedSteps(work.inner_steps, work.checkpoint_interval).size());
+    EXPECT_EQ(o.commitment, MerkleRoot(o.state_hashes));
+    EXPECT_EQ(o.delta.size(), global.size());
+    EXPECT_EQ(o.delta_hash, HashFloats(o.delta));
+    return c;
+  }
+
+  // The segments an honest replay catches: it fails on the served checkpoint (not the committed
+  // leaf) or ends off the next committed leaf. Segments whose checkpoint the solver does not have
+  // are skipped (segment 0 needs none).
+  std::vector<uint32_t> CaughtSegments(const Committed& c, std::span<const float> global,
+                                       const UnitWork& honest) {
+    std::vector<uint32_t> caught;
+    const std::vector<Hash256>& leaves = c.outcome.state_hashes;
+    const std::vector<int64_t> steps = HashedSteps(honest.inner_steps, honest.checkpoint_interval);
+    for (uint32_t seg = 0; seg + 1 < steps.size(); ++seg) {
+      std::unique_ptr<engine::TrainState> start;
+      if (seg > 0) {
+        auto st = engine::LoadCheckpoint(const_cast<MemEnv*>(&c.env),
+                                         "ckpt-" + std::to_string(steps[seg]));
+        if (!st.ok()) continue;
+        start = std::make_unique<engine::TrainState>(std::move(*st));
+      }
+      Result<SegmentReplay> r =
+          ReplaySegment(trainer_, global, honest, seg, start.get(), &leaves[seg]);
+      if (!r.ok()) {
+        EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+        caught.push_back(seg);
+      } else if (r->end_hash != leaves[seg + 1]) {
+        caught.push_back(seg);
+      }
+    }
+    return caught;
+  }
+
+  static engine::Trainer* trainer_;
+  static constexpr UnitWork kWork{.stream = 90, .inner_steps = 8, .checkpoint_interval = 4,
+                                  .lr_scale = 1.0};
+};
+engine::Trainer* AdversaryTest::trainer_ = nullptr;
+
+TEST(AdversaryNames, ParseAndName) {
+  for (Adversary a : {Adversary::kNone, Adversary::kLazy, Adversary::kNoisy,
+                      Adversary::kWrongData, Adversary::kCopy, Adversary::kStale}) {
+    Result<Adversary> p = ParseAdversary(AdversaryName(a));
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(*p, a);
+  }
+  EXPECT_EQ(*ParseAdversary(""), Adversary::kNone);
+  Result<Adversary> bad = ParseAdversary("sloppy");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("\"wrong_data\""), std::string::npos);
+  EXPECT_NE(bad.status().message().find("sloppy"), std::string::npos);
+}
+
+TEST_F(AdversaryTest, HonestWorkReplaysToEveryLeaf) {
+  std::vector<float> global = trainer_->FlatParams();
+  auto c = Solve(Adversary::kNone, global, kWork);
+  EXPECT_TRUE(CaughtSegments(*c, global, kWork).empty());
+}
+
+TEST_F(AdversaryTest, LazyIsCaught) {
+  std::vector<float> global = trainer_->FlatParams();
+  auto c = Solve(Adversary::kLazy, global, kWork);
+  // It skipped steps in both segments.
+  EXPECT_EQ(CaughtSegments(*c, global, kWork), (std::vector<uint32_t>{0, 1}));
+}
+
+TEST_F(AdversaryTest, NoisyIsCaughtInTheSegmentOfItsNoise) {
+  std::vector<float> global = trainer_->FlatParams();
+  auto c = Solve(Adversary::kNoisy, global, kWork);
+  // The noise comes after step H/2 = 4, at the end of segment 0; segment 1 is honest work from
+  // the noisy state.
+  EXPECT_EQ(CaughtSegments(*c, global, kWork), (std::vector<uint32_t>{0}));
+}
+
+TEST_F(AdversaryTest, WrongDataIsCaughtInEverySegment) {
+  std::vector<float> global = trainer_->FlatParams();
+  auto c = Solve(Adversary::kWrongData, global, kWork, {.other_stream = 91});
+  EXPECT_EQ(c->outcome.state_hashes[0], Solve(Adversary::kNone, global, kWork)->outcome.state_hashes[0])
+      << "its states are labelled with its own stream";
+  EXPECT_EQ(CaughtSegments(*c, global, kWork), (std::vector<uint32_t>{0, 1}));
+}
+
+TEST_F(AdversaryTest, CopyCommitsThePeersDeltaAndIsCaught) {
+  std::vector<float> global = trainer_->FlatParams();
+  UnitWork peer_work = kWork;
+  peer_work.stream = 92;
+  auto peer = Solve(Adversary::kNone, global, peer_work);
+  auto c = Solve(Adversary::kCopy, global, kWork, {.peer_delta = peer->outcome.delta});
+  EXPECT_EQ(c->outcome.delta_hash, peer->outcome.delta_hash);
+  EXPECT_FALSE(CaughtSegments(*c, global, kWork).empty());
+  // The peer's own unit replays fine.
+  EXPECT_TRUE(CaughtSegments(*peer, global, peer_work).empty());
+  // Nothing to copy: lazy.
+  auto alone = Solve(Adversary::kCopy, global, kWork);
+  EXPECT_EQ(alone->outcome.commitment, Solve(Adversary::kLazy, global, kWork)->outcome.commitment);
+  EXPECT_FALSE(CaughtSegments(*alone, global, kWork).empty());
+}
+
+TEST_F(AdversaryTest, StaleIsCaught) {
+  // Round 0 from `global0`, honest; round 1 from the weights after it, stale.
+  std::vector<float> global0 = trainer_->FlatParams();
+  UnitWork r0 = kWork;
+  r0.stream = 93;
+  auto first = Solve(Adversary::kStale, global0, r0);  // no earlier result: lazy
+  EXPECT_FALSE(CaughtSegments(*first, global0, r0).empty());
+  auto honest0 = Solve(Adversary::kNone, global0, r0);
+  std::vector<float> global1 = global0;
+  for (size_t i = 0; i < global1.size(); ++i) global1[i] -= honest0->outcome.delta[i];
+  auto c = Solve(Adversary::kStale, global1, kWork, {.earlier = &honest0->outcome});
+  EXPECT_EQ(c->outcome.commitment, honest0->outcome.commitment);
+  EXPECT_EQ(CaughtSegments(*c, global1, kWork), (std::vector<uint32_t>{0}));  // no checkpoints
+}
+
+// In the in-process network: the node logs that it cheats, and its commits are accepted as
+// well-formed units (the ledger does not verify yet). Node 0 is stale (every unit after its
+// first re-commits that first result), node 1 copies when it can (its second unit of a round
+// runs a block after the first units of the round were committed).
+TEST(AdversaryAgentTest, CheatingNodesCommitWellFormedUnits) {
+  MemEnv env;
+  Result<std::string> toml =
+      testing::WriteSyntheticTask(&env, "/data", 21, 480, 160, 32, 4, /*rounds=*/2, /*units=*/6,
+                                  /*h=*/4, /*k=*/2);
+  ASSERT_TRUE(toml.ok()) << toml.status().ToString();
+  std::vector<std::vector<std::string>> logs(3);
+  testing::SimHarness sim(
+      {.seed = 21,
+       .nodes = 3,
+       .task_toml = *toml,
+       .log_sink = [&](int node, const std::string& line) { logs[node].push_back(line); },
+       .agent_options =
+           [](int node, AgentOptions& o) {
+             if (node == 0) o.adversary = Adversary::kStale;
+             if (node == 1) o.adversary = Adversary::kCopy;
+           },
+       .env = &env});
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  auto logged = [&](int node, const std::string& what) {
+    for (const std::string& l : logs[node]) {
+      if (l.find(what) != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(logged(0, "ADVERSARY MODE") && logged(0, "\"stale\""));
+  EXPECT_TRUE(logged(1, "ADVERSARY MODE") && logged(1, "\"copy\""));
+  EXPECT_FALSE(logged(2, "ADVERSARY"));
+
+  nlohmann::json task = sim.Task(true);
+  EXPECT_EQ(task.value("status", std::string()), "finished") << task.dump();
+  std::vector<nlohmann::json> stale;
+  for (const nlohmann::json& u : task["units"]) {
+    if (u.value("assignee", std::string()) == sim.node_key(0).public_key().ToHex()) {
+      stale.push_back(u);
+    }
+  }
+  ASSERT_FALSE(stale.empty()) << task.dump();
+  for (const nlohmann::json& u : stale) {
+    EXPECT_EQ(u.value("result_hash", std::string()), stale[0].value("result_hash", std::string()));
+    EXPECT_EQ(u.value("commitment", std::string()), stale[0].value("commitment", std::string()));
+  }
+  EXPECT_GT(sim.agent(1)->stats().units_completed, 0u);
+  EXPECT_TRUE(logged(1, "adversary copy:"));
+  bool copied = false;  // same seed, same blocks: node 1 finds a committed delta to copy
+  for (const nlohmann::json& u : task["units"]) {
+    if (u.value("assignee", std::string()) != sim.node_key(1).public_key().ToHex()) continue;
+    for (const nlohmann::json& v : task["units"]) {
+      if (&v != &u && v.value("round", 0u) == u.value("round", 0u) &&
+          v.value("result_hash", std::string()) == u.value("result_hash", std::string())) {
+        copied = true;
+      }
+    }
+  }
+  EXPECT_TRUE(copied) << task.dump();
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
+}  // namespace
+}  // namespace meshlearn::node
