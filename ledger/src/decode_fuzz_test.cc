@@ -48,6 +48,7 @@ std::vector<std::pair<std::string, Bytes>> Seeds() {
       {"commit_aggregate", CommitAggregateTx{.task_id = Blake2b("t"), .round = 1, .node_id = k,
                                              .state_hash = Blake2b("g"),
                                              .test_accuracy_ppm = 5, .test_loss_micros = 6}},
+      {"report_unavailable", ReportUnavailableTx{.task_id = Blake2b("t"), .index = 2, .node_id = k}},
   };
   std::vector<std::pair<std::string, Bytes>> out;
   Block block;

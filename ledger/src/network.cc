@@ -296,6 +296,48 @@ Status ExecuteCommitAggregate(ExecContext& ctx, const CommitAggregateTx& tx) {
   return Status::Ok();
 }
 
+Status ExecuteReportUnavailable(ExecContext& ctx, const ReportUnavailableTx& tx) {
+  constexpr std::string_view kWhat = "report unavailable";
+  ML_ASSIGN_OR_RETURN(const TaskRecord* t, OpenTaskFor(ctx.state, tx.task_id, kWhat));
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  ML_ASSIGN_OR_RETURN(RoundStateMachine m, LoadMachine(*t));
+  if (!m.aggregator() || m.aggregator()->node != tx.node_id) {
+    return PermissionDenied("report unavailable: node " + tx.node_id.ShortHex() +
+                            " is not the assigned aggregator of task " + tx.task_id.ShortHex() +
+                            " round " + std::to_string(m.round()));
+  }
+  const uint32_t per_round = t->params.units_per_round;
+  if (tx.index >= t->unit_count || tx.index / per_round != m.round()) {
+    return InvalidArgument("report unavailable: unit " + std::to_string(tx.index) +
+                           " is not a unit of the round being aggregated (" +
+                           std::to_string(m.round()) + ")");
+  }
+  const WorkUnit* u = ctx.state.units.Find({tx.task_id, tx.index});
+  if (u == nullptr || u->status != WorkUnitStatus::kCommitted) {
+    return FailedPrecondition("report unavailable: unit " + std::to_string(tx.index) +
+                              " is not committed");
+  }
+  const PublicKey solver = u->assignee;
+  std::vector<protocol::NodeId> exclude = {solver};
+  ML_RETURN_IF_ERROR(m.RewindRound(exclude));
+  ML_RETURN_IF_ERROR(FailWorkUnit(ctx.state, tx.task_id, tx.index));
+  // Every unit of the round is pending again (they re-run from the same weights, with the same
+  // results); none was paid yet (a round is paid when it is final).
+  for (uint32_t shard = 0; shard < per_round; ++shard) {
+    WorkUnit* w = ctx.state.units.FindMutable({tx.task_id, m.round() * per_round + shard});
+    if (w == nullptr) continue;
+    w->status = WorkUnitStatus::kPending;
+    w->assignee = PublicKey{};
+    w->deadline_height = 0;
+    w->result_hash = Hash256{};
+    w->commitment = Hash256{};
+    w->loss_micros = 0;
+    w->price = 0;
+  }
+  SaveMachine(ctx.state, tx.task_id, m);
+  return Status::Ok();
+}
+
 void EndBlock(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& block_seed) {
   // Open network tasks in id order, with their machines; the nodes' in-flight units across all
   // of them (their queues lengthen new deadlines).

@@ -386,6 +386,77 @@ TEST_F(NetworkTest, CancelPaysTheCommittedUnitsFirst) {
   EXPECT_TRUE(chain_->CheckInvariants().ok());
 }
 
+TEST_F(NetworkTest, AnUnavailableDeltaRerunsTheRoundWithoutItsSolver) {
+  ASSERT_TRUE(Start(100'000).ok);
+  std::vector<Transaction> txs;
+  for (const WorkUnit& u : Units()) {
+    if (u.round == 0) txs.push_back(OwnerCommit(u));
+  }
+  for (const Receipt& x : Step(txs)) EXPECT_TRUE(x.ok) << x.reason;
+  RoundStateMachine m = Machine();
+  ASSERT_EQ(m.phase(), RoundPhase::kRoundPhaseAggregating);
+  ASSERT_TRUE(m.aggregator().has_value());
+  const PublicKey agg = m.aggregator()->node;
+  const WorkUnit lost = Units().front();
+  const PublicKey solver = lost.assignee;
+  const uint64_t failures = chain_->GetNode(solver).value().reputation.failures;
+  PublicKey other_node;
+  for (const KeyPair* k : {&n1_, &n2_, &n3_}) {
+    if (k->public_key() != agg) other_node = k->public_key();
+  }
+  const WorkUnit round1 = Units().back();
+  std::vector<Receipt> r = Step({
+      // Only the assigned aggregator may report...
+      Q(*owner_.at(other_node), ReportUnavailableTx{.task_id = task_id_, .index = lost.index,
+                                                    .node_id = other_node}),
+      // ... and only a unit of the round it aggregates.
+      Q(*owner_.at(agg), ReportUnavailableTx{.task_id = task_id_, .index = round1.index,
+                                             .node_id = agg}),
+  });
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("not the assigned aggregator"), std::string::npos) << r[0].reason;
+  EXPECT_FALSE(r[1].ok);
+  r = Step({Q(*owner_.at(agg), ReportUnavailableTx{.task_id = task_id_, .index = lost.index,
+                                                   .node_id = agg})});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  EXPECT_EQ(chain_->GetNode(solver).value().reputation.failures, failures + 1);
+  // The round runs again from the same weights; the solver gets none of its units.
+  m = Machine();
+  EXPECT_EQ(m.round(), 0u);
+  EXPECT_NE(m.phase(), RoundPhase::kRoundPhaseAggregating);
+  for (const WorkUnit& u : Units()) {
+    if (u.round != 0) continue;
+    EXPECT_NE(u.status, WorkUnitStatus::kCommitted);
+    EXPECT_EQ(u.paid, 0u);
+    EXPECT_NE(u.assignee, solver) << "unit " << u.index;
+  }
+  // The rest of the task completes and the books balance.
+  for (int i = 0; i < 20 && Task().status == TaskStatus::kOpen; ++i) {
+    std::vector<Transaction> more;
+    for (const WorkUnit& u : Units()) {
+      if (u.status == WorkUnitStatus::kAssigned) more.push_back(OwnerCommit(u));
+    }
+    RoundStateMachine mm = Machine();
+    if (mm.aggregator().has_value() && mm.phase() == RoundPhase::kRoundPhaseAggregating) {
+      PublicKey a = mm.aggregator()->node;
+      more.push_back(Q(*owner_.at(a), CommitAggregateTx{.task_id = task_id_,
+                                                       .round = mm.round(),
+                                                       .node_id = a,
+                                                       .state_hash = Blake2b("s" + std::to_string(mm.round()))}));
+    }
+    Step(more);
+  }
+  EXPECT_EQ(Task().status, TaskStatus::kFinished);
+  for (const WorkUnit& u : Units()) {
+    if (u.round == 0) {
+      EXPECT_NE(u.assignee, solver);
+    }
+  }
+  EXPECT_TRUE(chain_->CheckInvariants().ok());
+  EXPECT_TRUE(chain_->ReplayFromGenesis().ok());
+}
+
 TEST_F(NetworkTest, AnAccuracyOver100PercentIsRefused) {
   ASSERT_TRUE(Start(100'000).ok);
   std::vector<Transaction> txs;

@@ -36,6 +36,7 @@ std::vector<TxPayload> SamplePayloads() {
       CommitAggregateTx{.task_id = Blake2b("task"), .round = 1, .node_id = k,
                         .state_hash = Blake2b("state"), .test_accuracy_ppm = 871'000,
                         .test_loss_micros = 380'000},
+      ReportUnavailableTx{.task_id = Blake2b("task"), .index = 7, .node_id = k},
   };
   return out;
 }

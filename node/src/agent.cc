@@ -343,7 +343,14 @@ Result<TickReport> NodeAgent::Tick() {
   std::vector<const UnitAssignment*> units;
   for (const UnitAssignment& u : work.units) {
     auto key = std::make_pair(u.task_id, u.index);
-    if (units_done_ok_.count(key) || unit_commits_.count(key)) continue;
+    if (unit_commits_.count(key)) continue;
+    if (units_done_ok_.erase(key) > 0) {
+      // Our commit of this unit was included, yet it is assigned again: its round was re-run
+      // (ReportUnavailable). The stored result is committed again below (same weights, same
+      // bits) without training.
+      Log("task " + TaskShort(u.task_id) + " unit " + std::to_string(u.index) +
+          ": assigned again after its round was re-run");
+    }
     units.push_back(&u);
   }
   std::sort(units.begin(), units.end(), [](const UnitAssignment* a, const UnitAssignment* b) {
@@ -585,6 +592,26 @@ Result<std::vector<float>> NodeAgent::PeerDelta(const UnitAssignment& a, uint64_
   return NotFound("no other solver has committed a unit of round " + std::to_string(a.round));
 }
 
+void NodeAgent::ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why) {
+  const auto key = std::make_pair(task_id, index);
+  const uint32_t tries = ++delta_fetch_failures_[key];
+  if (tries < std::max<uint32_t>(options_.report_unavailable_after, 1) ||
+      reported_unavailable_.count(key)) {
+    return;
+  }
+  Result<Hash256> txid = tx_->Send(
+      ledger::ReportUnavailableTx{.task_id = task_id, .index = index, .node_id = id()});
+  if (!txid.ok()) {
+    Log("reporting unit " + std::to_string(index) + " unavailable failed: " +
+        txid.status().message());
+    return;
+  }
+  reported_unavailable_.insert(key);
+  Log("task " + TaskShort(task_id) + " unit " + std::to_string(index) + ": its delta could not "
+      "be fetched from anyone after " + std::to_string(tries) + " tries (" + why.message() +
+      "); reported unavailable, the round re-runs without its solver");
+}
+
 Status NodeAgent::RunAggregation(const AggregationAssignment& a) {
   const auto key = std::make_pair(a.task_id, a.round);
   const std::string name = "aggregate " + TaskShort(a.task_id) + " r" + std::to_string(a.round);
@@ -621,7 +648,12 @@ Status NodeAgent::RunAggregation(const AggregationAssignment& a) {
     for (const AggregationInput& in : a.units) {
       std::vector<std::string> preferred;
       if (endpoint_of.count(in.node)) preferred.push_back(endpoint_of[in.node]);
-      ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(in.result_hash, preferred, /*reason=*/""));
+      Result<Bytes> fetched = FetchBlob(in.result_hash, preferred, /*reason=*/"");
+      if (!fetched.ok()) {
+        ReportIfUnavailable(a.task_id, in.index, fetched.status());
+        return fetched.status();
+      }
+      Bytes blob = std::move(*fetched);
       Result<std::vector<float>> d = DecodeDelta(blob, n);
       if (!d.ok()) {
         ++stats_.bad_deltas;

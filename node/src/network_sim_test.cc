@@ -147,6 +147,57 @@ TEST(NetworkSimTest, NodesRefuseATaskWhoseBundleDisagreesWithTheLedger) {
   for (int i = 0; i < 2; ++i) EXPECT_EQ(sim.agent(i)->stats().units_completed, 0u);
 }
 
+TEST(NetworkSimTest, ADeadSolversUnfetchableDeltaIsReportedAndTheRoundReruns) {
+  // A solver commits its unit and dies before anybody copied its delta: the aggregator cannot
+  // fetch it, reports it unavailable, and the round re-runs without that solver. Units are
+  // deterministic, so the final model is still the reference's.
+  Fixture f(16, /*rounds=*/2, /*units=*/3, /*H=*/4, /*k=*/2);
+  SimHarness* simp = nullptr;
+  int killed = -1;
+  std::vector<std::string> reports;
+  SimOptions o;
+  o.seed = 16;
+  o.nodes = 4;
+  o.task_toml = f.toml;
+  o.env = &f.env;
+  o.log_sink = [&](int, const std::string& line) {
+    if (line.find("reported unavailable") != std::string::npos) reports.push_back(line);
+  };
+  o.on_block = [&](uint64_t) {
+    if (killed >= 0 || simp == nullptr) return;
+    for (int i = 0; i < 4; ++i) {
+      // Its CommitUnit is in the mempool: it lands in the next block, with nobody to serve it.
+      if (simp->agent(i) != nullptr && simp->agent(i)->stats().units_completed > 0) {
+        killed = i;
+        simp->Kill(i);
+        return;
+      }
+    }
+  };
+  SimHarness sim(o);
+  simp = &sim;
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(800);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  ASSERT_GE(killed, 0);
+  EXPECT_FALSE(reports.empty());
+  json task = sim.Task(true);
+  EXPECT_EQ(task.value("status", std::string()), "finished");
+  Result<GlobalState> final_state = sim.FinalState();
+  ASSERT_TRUE(final_state.ok()) << final_state.status().ToString();
+  EXPECT_EQ(HashFloats(final_state->weights), HashFloats(LocalReference(&f.env, f.toml)));
+  const std::string dead = sim.node_key(killed).public_key().ToHex();
+  for (const json& u : task["units"]) {
+    if (u.value("assignee", std::string()) == dead) {
+      EXPECT_EQ(u.value("paid", uint64_t{0}), 0u) << u.dump();
+    }
+  }
+  json node = sim.Call("get_node", {{"id", dead}});
+  EXPECT_GE(node["reputation"].value("failures", uint64_t{0}), 1u) << node.dump();
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
 TEST(NetworkSimTest, HalfSpeedNodeGetsAboutHalfTheUnits) {
   Fixture f(14, /*rounds=*/2, /*units=*/28, /*H=*/2, /*k=*/1);
   SimHarness sim({.seed = 14,

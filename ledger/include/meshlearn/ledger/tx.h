@@ -261,6 +261,25 @@ struct CommitAggregateTx {
   bool operator==(const CommitAggregateTx&) const = default;
 };
 
+// The assigned aggregator of a round could not fetch unit `index`'s committed delta from
+// anyone (its solver died before anybody copied it). Units are deterministic, so the round is
+// re-run without that solver: every unit of the round is pending again, the solver is excluded
+// from them, counts a failure and is never paid for the unit. Only the round's assigned
+// aggregator may report, only for a committed unit of the round it aggregates.
+struct ReportUnavailableTx {
+  static constexpr TxType kType = TxType::kReportUnavailable;
+  Hash256 task_id;
+  uint32_t index = 0;
+  PublicKey node_id;  // the reporting aggregator
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("node_id", s.node_id);
+  }
+  bool operator==(const ReportUnavailableTx&) const = default;
+};
+
 namespace internal {
 template <typename Ignored, typename... T>
 struct VariantOfRest {

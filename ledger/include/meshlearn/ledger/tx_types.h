@@ -26,4 +26,5 @@
   X(SubmitTask, 30, tasks)           \
   X(CancelTask, 31, tasks)           \
   X(CommitUnit, 40, network)         \
-  X(CommitAggregate, 41, network)
+  X(CommitAggregate, 41, network)   \
+  X(ReportUnavailable, 42, network)

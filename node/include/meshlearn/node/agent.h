@@ -116,6 +116,10 @@ struct AgentOptions {
   double speed_factor = 1.0;
   std::function<void(int64_t micros)> sleep;  // null: no sleeping (virtual time)
   uint32_t max_units = 0;                     // stop taking units after this many; 0 = no limit
+  // As an aggregator: after this many failed attempts to fetch a committed unit's delta from
+  // anyone (its solver died before anybody copied it), report it unavailable to the ledger, which
+  // re-runs the round without that solver (ReportUnavailableTx).
+  uint32_t report_unavailable_after = 5;
   net::FetchOptions fetch;  // .pin is ignored: the agent pins with a reason (PinBook)
   UploadOptions upload;     // .pin/.on_complete are set by the agent (reason "upload:<h>")
   // The memory this node can really give a unit now; 0 = capabilities.memory_bytes. Units that
@@ -206,6 +210,7 @@ class NodeAgent {
   // Adversary "copy": a committed delta of another unit of a's round.
   Result<std::vector<float>> PeerDelta(const UnitAssignment& a, uint64_t num_params);
   Status RunAggregation(const AggregationAssignment& a);
+  void ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why);
   void HandleOutcomes();
   std::string UnitDir(const Hash256& task, uint32_t index) const;
   // Blob clean-up (see "Blobs the node keeps").
@@ -242,6 +247,9 @@ class NodeAgent {
   std::set<std::pair<Hash256, uint32_t>> units_done_ok_;
   std::map<std::pair<Hash256, uint32_t>, Hash256> agg_commits_;  // (task, round)
   std::set<std::pair<Hash256, uint32_t>> aggs_done_ok_;
+  // (task, unit index) -> failed fetches of its delta while aggregating; reported once.
+  std::map<std::pair<Hash256, uint32_t>, uint32_t> delta_fetch_failures_;
+  std::set<std::pair<Hash256, uint32_t>> reported_unavailable_;
   std::map<Hash256, std::string> refused_logged_;
   uint32_t units_taken_ = 0;
   bool skipped_ = false;  // RunUnit did not run the unit (memory, max_units)
