@@ -33,8 +33,10 @@ function(meshlearn_test)
   endif()
   # Slow tests train models on both cores: run them one at a time so they do not fight over CPUs
   # (and time out) under `ctest -j2`.
+  # "long" (minutes; scripts/test.sh runs them with MESHLEARN_SLOW_TESTS=1) is serial too. One
+  # label per test: gtest_discover_tests cannot pass a list.
   set(serial FALSE)
-  if("slow" IN_LIST labels)
+  if("slow" IN_LIST labels OR "long" IN_LIST labels)
     set(serial TRUE)
   endif()
   gtest_discover_tests(${ARG_NAME} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
