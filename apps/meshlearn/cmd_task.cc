@@ -73,9 +73,8 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   if (!v.ok()) return v.WithPrefix(path);
   t.total_units = uint64_t{t.net.rounds} * t.net.units_per_round;
   t.unit_flops = protocol::UnitFlops(t.view);
-  const uint64_t unit_cost = protocol::UnitCostTokens(t.view, t.net.price_cap);
-  // Each round pays its units and one unit's cost to the aggregator.
-  t.cost_at_cap = unit_cost * (t.total_units + t.net.rounds);
+  ledger::Amount unit_cost = 0;
+  t.cost_at_cap = ledger::MaxTaskCost(p, t.net.price_cap, &unit_cost);  // the ledger's own rule
   // The ledger refuses a budget below the most the task can cost (no node works unpaid).
   if (t.net.budget < t.cost_at_cap) {
     return InvalidArgument(fmt::format(

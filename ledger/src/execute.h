@@ -131,6 +131,12 @@ protocol::TaskSpecView TaskSpecViewOf(const Hash256& task_id, const TaskParams& 
 protocol::SchedulerParams SchedulerParamsOf(const Genesis& genesis);
 // Tokens one unit of `t` costs at `price_per_gflop` (protocol::UnitCostTokens).
 Amount UnitCost(const TaskRecord& t, Amount price_per_gflop);
+// Settles committed unit `index` at its assignee's price when assigned, never above the escrow
+// left (SettleWorkUnit).
+Status SettleAtAssignedPrice(LedgerState& s, const ChainParams& p, const Hash256& task_id,
+                             uint32_t index);
+// A unit back to pending with no assignee, result or price (expiry, a re-run round).
+void ResetWorkUnit(WorkUnit* u);
 // The end-of-block step: after a block's transactions, before its state hash, on every path
 // (sequencer, follower, replay). For every open task in id order: expire overdue assignments
 // (failure counted, never paid), assign pending units and the aggregator, pay finalized rounds,

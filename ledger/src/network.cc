@@ -146,9 +146,7 @@ Status SettleRound(LedgerState& s, const ChainParams& p, const Hash256& task_id,
     uint32_t index = round * per_round + shard;
     const WorkUnit* u = s.units.Find({task_id, index});
     if (u == nullptr || u->status != WorkUnitStatus::kCommitted) continue;
-    t = s.tasks.Find(task_id);
-    Amount amount = std::min(UnitCost(*t, u->price), t->escrow);
-    ML_RETURN_IF_ERROR(SettleWorkUnit(s, p, task_id, index, amount));
+    ML_RETURN_IF_ERROR(SettleAtAssignedPrice(s, p, task_id, index));
   }
   t = s.tasks.Find(task_id);
   if (round < t->round_results.size()) {
@@ -174,11 +172,7 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
   for (const protocol::Assignment& a : update.expired) {
     uint32_t index = UnitIndex(*s.tasks.Find(task_id), a.unit);
     ML_RETURN_IF_ERROR(FailWorkUnit(s, task_id, index));
-    WorkUnit* u = s.units.FindMutable({task_id, index});
-    u->status = WorkUnitStatus::kPending;
-    u->assignee = PublicKey{};
-    u->deadline_height = 0;
-    u->price = 0;
+    ResetWorkUnit(s.units.FindMutable({task_id, index}));
     if (inflight[a.node] > 0) inflight[a.node]--;
   }
   if (update.expired_aggregator) CountFailure(s, update.expired_aggregator->node);
@@ -325,14 +319,7 @@ Status ExecuteReportUnavailable(ExecContext& ctx, const ReportUnavailableTx& tx)
   // results); none was paid yet (a round is paid when it is final).
   for (uint32_t shard = 0; shard < per_round; ++shard) {
     WorkUnit* w = ctx.state.units.FindMutable({tx.task_id, m.round() * per_round + shard});
-    if (w == nullptr) continue;
-    w->status = WorkUnitStatus::kPending;
-    w->assignee = PublicKey{};
-    w->deadline_height = 0;
-    w->result_hash = Hash256{};
-    w->commitment = Hash256{};
-    w->loss_micros = 0;
-    w->price = 0;
+    if (w != nullptr) ResetWorkUnit(w);
   }
   SaveMachine(ctx.state, tx.task_id, m);
   return Status::Ok();

@@ -143,6 +143,35 @@ Status FailWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index) {
   return Status::Ok();
 }
 
+Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost) {
+  const Amount unit = protocol::UnitCostTokens(TaskSpecViewOf(Hash256{}, params, price_cap),
+                                               price_cap);
+  if (unit_cost != nullptr) *unit_cost = unit;
+  const uint64_t paid_units = static_cast<uint64_t>(params.rounds) * (params.units_per_round + 1ull);
+  return unit != 0 && paid_units > UINT64_MAX / unit ? UINT64_MAX : unit * paid_units;
+}
+
+Status SettleAtAssignedPrice(LedgerState& s, const ChainParams& p, const Hash256& task_id,
+                             uint32_t index) {
+  const TaskRecord* t = s.tasks.Find(task_id);
+  const WorkUnit* u = s.units.Find({task_id, index});
+  if (t == nullptr || u == nullptr) {
+    return NotFound("settle work unit: unit " + std::to_string(index) + " of task " +
+                    task_id.ShortHex() + " not found");
+  }
+  return SettleWorkUnit(s, p, task_id, index, std::min(UnitCost(*t, u->price), t->escrow));
+}
+
+void ResetWorkUnit(WorkUnit* u) {
+  u->status = WorkUnitStatus::kPending;
+  u->assignee = PublicKey{};
+  u->deadline_height = 0;
+  u->result_hash = Hash256{};
+  u->commitment = Hash256{};
+  u->loss_micros = 0;
+  u->price = 0;
+}
+
 Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
   if (tx.spec_hash.IsZero()) {
     return InvalidArgument(
@@ -173,14 +202,10 @@ Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
                            std::to_string(p.inner_steps) + "], got " +
                            std::to_string(p.checkpoint_interval));
   }
-  // The escrow must cover the most the task can cost: every unit and every round's aggregation
-  // paid at the price cap (an expired unit is paid once, to the node that commits it). So no
-  // node ever works on a unit the escrow cannot pay.
-  const Amount unit_cost = protocol::UnitCostTokens(view, tx.price_cap);
-  const uint64_t paid_units = static_cast<uint64_t>(p.rounds) * (p.units_per_round + 1ull);
-  const Amount most = unit_cost != 0 && paid_units > UINT64_MAX / unit_cost
-                          ? UINT64_MAX
-                          : unit_cost * paid_units;
+  // The escrow must cover the most the task can cost (an expired unit is paid once, to the node
+  // that commits it), so no node ever works on a unit the escrow cannot pay.
+  Amount unit_cost = 0;
+  const Amount most = MaxTaskCost(p, tx.price_cap, &unit_cost);
   if (tx.budget < most) {
     return InvalidArgument("submit task: budget " + std::to_string(tx.budget) +
                            " is below the most this task can cost, " + std::to_string(most) +
@@ -240,9 +265,7 @@ Status ExecuteCancelTask(ExecContext& ctx, const CancelTaskTx& tx) {
     for (uint32_t i = 0; i < count; ++i) {
       const WorkUnit* u = ctx.state.units.Find({tx.task_id, i});
       if (u == nullptr || u->status != WorkUnitStatus::kCommitted) continue;
-      const TaskRecord* cur = ctx.state.tasks.Find(tx.task_id);
-      Amount amount = std::min(UnitCost(*cur, u->price), cur->escrow);
-      ML_RETURN_IF_ERROR(SettleWorkUnit(ctx.state, ctx.params(), tx.task_id, i, amount));
+      ML_RETURN_IF_ERROR(SettleAtAssignedPrice(ctx.state, ctx.params(), tx.task_id, i));
     }
   }
   return CloseTask(ctx.state, tx.task_id, TaskStatus::kCancelled);

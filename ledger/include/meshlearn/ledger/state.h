@@ -188,6 +188,12 @@ struct TaskRecord {
 };
 Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce);
 
+// The most a task can cost at `price_cap` (tokens per GFLOP): every unit and every round's
+// aggregation paid one unit's cost at the cap, i.e. rounds x (units_per_round + 1) x unit cost
+// (saturating). SubmitTask refuses a smaller budget; clients check the same before publishing.
+// `unit_cost` (optional) receives one unit's cost at the cap.
+Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost = nullptr);
+
 enum class WorkUnitStatus : uint8_t {
   kPending = 0,    // created, not assigned
   kAssigned = 1,   // assigned to a solver, deadline running
