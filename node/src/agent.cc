@@ -168,6 +168,9 @@ Result<Bytes> NodeAgent::FetchBlob(const Hash256& id, const std::vector<std::str
 Result<NodeAgent::TaskContext*> NodeAgent::GetTaskContext(const Hash256& task_id) {
   auto it = tasks_.find(task_id);
   if (it != tasks_.end()) return it->second.get();
+  // A task refused once (its bundle disagrees with the ledger) stays refused: do not fetch and
+  // parse its bundle again every tick.
+  if (auto r = refused_tasks_.find(task_id); r != refused_tasks_.end()) return r->second;
   auto ctx = std::make_unique<TaskContext>();
   ctx->id = task_id;
   ML_ASSIGN_OR_RETURN(ctx->info, GetTask(*deps_.chain, task_id));
@@ -188,8 +191,13 @@ Result<NodeAgent::TaskContext*> NodeAgent::GetTaskContext(const Hash256& task_id
   ML_ASSIGN_OR_RETURN(ctx->bundle, LoadBundle(text, resolver));
   ML_ASSIGN_OR_RETURN(ctx->trainer, engine::Trainer::Create(deps_.env, ctx->bundle.task));
   ctx->facts = ComputeTaskFacts(*ctx->trainer, ctx->bundle.net);
-  ML_RETURN_IF_ERROR(CheckBundleMatchesLedger(ctx->facts, ctx->bundle.net, ctx->info.raw)
-                         .WithPrefix("task " + TaskShort(task_id)));
+  if (Status match = CheckBundleMatchesLedger(ctx->facts, ctx->bundle.net, ctx->info.raw);
+      !match.ok()) {
+    Status refused = match.WithPrefix("task " + TaskShort(task_id));
+    Log(refused.message());
+    refused_tasks_.emplace(task_id, refused);
+    return refused;
+  }
   protocol::TaskSpecView view;
   view.model_bytes = ctx->facts.model_bytes;
   if (ctx->info.raw.contains("params") && ctx->info.raw["params"].is_object()) {

@@ -6,47 +6,17 @@
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "testing/diloco_task.h"
 
 namespace meshlearn::node {
 namespace {
 
 // A small MLP on Fashion-MNIST: real data, a few steps.
-constexpr char kTask[] = R"(
-[task]
-name = "unit-test"
-seed = 3
-[data]
-format = "idx"
-train_images = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
-train_labels = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"
-test_images = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
-test_labels = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"
-[model]
-input = [784]
-[[model.layers]]
-kind = "linear"
-out = 32
-[[model.layers]]
-kind = "relu"
-[[model.layers]]
-kind = "linear"
-out = 10
-[optimizer]
-kind = "adamw"
-lr = 1e-3
-[train]
-steps = 1
-batch_size = 32
-)";
-
 class UnitExecutorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    Result<engine::TaskSpec> task = engine::TaskSpec::Parse(kTask, "unit-test.toml", ".");
-    ASSERT_TRUE(task.ok()) << task.status().ToString();
-    Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::Create(Env::Default(), *task);
-    ASSERT_TRUE(tr.ok()) << tr.status().ToString();
-    trainer_ = tr->release();
+    trainer_ = SmallFashionTrainer("unit-test", 3, 32, 32);
+    ASSERT_NE(trainer_, nullptr);
   }
   static void TearDownTestSuite() { delete trainer_; }
   static engine::Trainer* trainer_;

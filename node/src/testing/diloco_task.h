@@ -55,6 +55,41 @@ rounds = )" + std::to_string(rounds) + "\nunits_per_round = " + std::to_string(u
          "\ninner_lr_final = 0.1\ncheckpoint_interval = " + std::to_string(std::min(10, inner_steps)) + "\naggregation = \"" + rule + "\"\n";
 }
 
+// A small Fashion-MNIST MLP 784-hidden-10 trainer (AdamW 1e-3) for tests of units, replays and
+// adversaries; owned by the caller.
+inline engine::Trainer* SmallFashionTrainer(const std::string& name, int seed, int hidden,
+                                            int batch_size) {
+  const std::string text = "[task]\nname = \"" + name + "\"\nseed = " + std::to_string(seed) + R"(
+[data]
+format = "idx"
+train_images = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+train_labels = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"
+test_images = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
+test_labels = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"
+[model]
+input = [784]
+[[model.layers]]
+kind = "linear"
+out = )" + std::to_string(hidden) + R"(
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 10
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[train]
+steps = 1
+batch_size = )" + std::to_string(batch_size) + "\n";
+  Result<engine::TaskSpec> task = engine::TaskSpec::Parse(text, name + ".toml", ".");
+  EXPECT_TRUE(task.ok()) << task.status().ToString();
+  if (!task.ok()) return nullptr;
+  Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::Create(Env::Default(), *task);
+  EXPECT_TRUE(tr.ok()) << tr.status().ToString();
+  return tr.ok() ? tr->release() : nullptr;
+}
+
 struct DilocoSetup {
   std::unique_ptr<engine::Trainer> trainer;
   NetworkSpec net;

@@ -250,6 +250,7 @@ class NodeAgent {
   // (task, unit index) -> failed fetches of its delta while aggregating; reported once.
   std::map<std::pair<Hash256, uint32_t>, uint32_t> delta_fetch_failures_;
   std::set<std::pair<Hash256, uint32_t>> reported_unavailable_;
+  std::map<Hash256, Status> refused_tasks_;  // bundle inconsistent with the ledger's params
   std::map<Hash256, std::string> refused_logged_;
   uint32_t units_taken_ = 0;
   bool skipped_ = false;  // RunUnit did not run the unit (memory, max_units)
