@@ -150,9 +150,12 @@ Result<CheckEffects> UnitCheck::OnBeacon(const Hash256& beacon, uint32_t probabi
     stage_ = CheckStage::kCheckCommitVerdicts;
     deadline_ = height + config_.commit_blocks;
   } else {
-    // Not checked; the solver still reveals its secret (a forced error must be re-run).
-    stage_ = CheckStage::kCheckRevealVerdicts;
-    deadline_ = height + config_.reveal_blocks;
+    // Not checked; the solver still reveals its secret (a forced error must be re-run), in the
+    // same window as a checked unit's: reveal windows then open in commit order, so revealing a
+    // later secret (which reveals every earlier one) never happens while an earlier unit's
+    // verdicts can still be committed.
+    stage_ = CheckStage::kCheckCommitVerdicts;
+    deadline_ = height + config_.commit_blocks;
   }
   return fx;
 }
@@ -208,10 +211,6 @@ Status UnitCheck::OnVerdictRevealed(const NodeId& verifier, Verdict verdict, con
       CheckVerdictReveal(*slot.commitment, verdict, salt, verifier, config_.unit, evidence));
   VerdictSlot checked = slot;
   if (verdict == Verdict::kVerdictMismatch) {
-    if (std::find(segments_.begin(), segments_.end(), claim->segment) == segments_.end()) {
-      return InvalidArgument("verdict reveal: segment " + std::to_string(claim->segment) +
-                             " was not drawn for replay");
-    }
     const uint64_t leaves = SegmentCount(config_.inner_steps, config_.checkpoint_interval) + 1ull;
     if (claim->start_proof.index != claim->segment ||
         claim->end_proof.index != claim->segment + 1ull ||
@@ -235,7 +234,8 @@ Status UnitCheck::OnVerdictRevealed(const NodeId& verifier, Verdict verdict, con
   return Status::Ok();
 }
 
-Status UnitCheck::OnSecretRevealed(const Hash256& secret, uint64_t height) {
+Status UnitCheck::OnSecretRevealed(const Hash256& secret, const Hash256& start_leaf,
+                                   uint64_t height) {
   if (stage_ != CheckStage::kCheckRevealVerdicts) {
     return FailedPrecondition("secret reveal for " + config_.unit.ToString() +
                               ": only in the reveal window, after the verdicts are committed "
@@ -243,13 +243,13 @@ Status UnitCheck::OnSecretRevealed(const Hash256& secret, uint64_t height) {
   }
   if (height > deadline_) return DeadlineExceeded("secret reveal: the reveal window closed");
   if (secret_) return AlreadyExists("secret reveal: already revealed");
-  if (SecretCommitment(secret) != config_.secret_head) {
-    return PermissionDenied("secret reveal: the secret does not hash to the solver's "
-                            "registered secret head");
-  }
+  ML_RETURN_IF_ERROR(CheckSecretInChain(secret, config_.secret_anchor, config_.secret_distance));
   secret_ = secret;
   forced_ = IsForcedError(secret, config_.assignment_beacon, config_.unit,
                           static_cast<uint32_t>(config_.forced_error_per_million));
+  const uint64_t leaves = SegmentCount(config_.inner_steps, config_.checkpoint_interval) + 1ull;
+  forced_form_ok_ =
+      forced_ && ForcedCommitment(secret, config_.unit, start_leaf, leaves) == config_.commitment;
   return Status::Ok();
 }
 
@@ -299,6 +299,17 @@ CheckEffects UnitCheck::Resolve(uint64_t height) {
     for (size_t i : mismatch) Append(fx.pay_verifiers, verifiers_[i]);
     fx.rerun_unit = true;
     settle(CheckResult::kCheckFraud, "the solver did not reveal its secret in time");
+    return fx;
+  }
+  if (forced_ && !forced_form_ok_) {
+    // Drawn for a forced error but committed something else (typically its honest work, to get
+    // honest verifiers slashed for calling it clean): a protocol violation by the solver.
+    Append(fx.slash, config_.solver);
+    for (size_t i : clean) Append(fx.pay_verifiers, verifiers_[i]);
+    for (size_t i : mismatch) Append(fx.pay_verifiers, verifiers_[i]);
+    fx.rerun_unit = true;
+    settle(CheckResult::kCheckFraud, "the solver was drawn for a forced error and did not "
+                                     "commit it");
     return fx;
   }
   if (forced_) {
@@ -470,7 +481,8 @@ Bytes UnitCheck::Encode() const {
   const UnitCheckConfig& c = config_;
   e.PutHash(c.unit.task).PutU32(c.unit.round).PutU32(c.unit.shard).PutPublicKey(c.solver);
   e.PutHash(c.result).PutHash(c.commitment).PutU64(c.inner_steps).PutU64(c.checkpoint_interval);
-  e.PutU32(c.num_operators).PutHash(c.secret_head).PutU64(c.forced_error_per_million);
+  e.PutU32(c.num_operators).PutHash(c.secret_anchor).PutU64(c.secret_distance);
+  e.PutU64(c.forced_error_per_million);
   e.PutHash(c.assignment_beacon).PutU64(c.commit_height).PutU64(c.commit_blocks);
   e.PutU64(c.reveal_blocks).PutU64(c.dispute_response_blocks).PutU32(c.verifiers_per_unit);
   e.PutU8(static_cast<uint8_t>(stage_)).PutU8(static_cast<uint8_t>(result_)).PutString(reason_);
@@ -488,7 +500,7 @@ Bytes UnitCheck::Encode() const {
   e.PutU64(deadline_);
   e.PutBool(secret_.has_value());
   if (secret_) e.PutHash(*secret_);
-  e.PutBool(forced_);
+  e.PutBool(forced_).PutBool(forced_form_ok_);
   e.PutBool(dispute_.has_value());
   if (dispute_) e.PutBytes(dispute_->Encode());
   e.PutI64(challenger_);
@@ -514,7 +526,8 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetU64(&c.inner_steps, "check.inner_steps"));
   ML_RETURN_IF_ERROR(d.GetU64(&c.checkpoint_interval, "check.checkpoint_interval"));
   ML_RETURN_IF_ERROR(d.GetU32(&c.num_operators, "check.num_operators"));
-  ML_RETURN_IF_ERROR(d.GetHash(&c.secret_head, "check.secret_head"));
+  ML_RETURN_IF_ERROR(d.GetHash(&c.secret_anchor, "check.secret_anchor"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.secret_distance, "check.secret_distance"));
   ML_RETURN_IF_ERROR(d.GetU64(&c.forced_error_per_million, "check.forced_error_per_million"));
   ML_RETURN_IF_ERROR(d.GetHash(&c.assignment_beacon, "check.assignment_beacon"));
   ML_RETURN_IF_ERROR(d.GetU64(&c.commit_height, "check.commit_height"));
@@ -569,6 +582,7 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
     u.secret_ = h;
   }
   ML_RETURN_IF_ERROR(d.GetBool(&u.forced_, "check.forced"));
+  ML_RETURN_IF_ERROR(d.GetBool(&u.forced_form_ok_, "check.forced_form_ok"));
   bool has_dispute = false;
   ML_RETURN_IF_ERROR(d.GetBool(&has_dispute, "check.dispute"));
   if (has_dispute) {

@@ -20,26 +20,36 @@ const Hash256 kSecret = Blake2b("solver secret 17");
 // The replay of one segment from a state: an honest run's next leaf is Replay(previous).
 Hash256 Replay(const Hash256& from) { return Hasher("replay").Update(from).Finish(); }
 
-// Leaves after steps 0, 5, 10, 15, 20 (H = 20, k = 5: 4 segments). A lazy solver's leaves do
-// not follow from each other.
-std::vector<Hash256> Leaves(bool lazy) {
+// What the solver's committed states are: 0 honest, 1 lazy (they do not follow from each other),
+// 2 a forced error (verification.h ForcedCommitment). Tests pass `true`/`false` for lazy.
+constexpr int kForced = 2;
+const UnitId kUnit{Blake2b("task"), 3, 1};
+
+// Leaves after steps 0, 5, 10, 15, 20 (H = 20, k = 5: 4 segments).
+std::vector<Hash256> Leaves(int work) {
   std::vector<Hash256> l = {Blake2b("global weights")};
   for (int i = 0; i < 4; ++i) {
-    l.push_back(lazy ? Hasher("lazy").Update(l.back()).Finish() : Replay(l.back()));
+    if (work == kForced) {
+      l.push_back(ForcedLeaf(kSecret, kUnit, static_cast<uint64_t>(i) + 1));
+    } else {
+      l.push_back(work ? Hasher("lazy").Update(l.back()).Finish() : Replay(l.back()));
+    }
   }
   return l;
 }
+const Hash256 kStart = Leaves(0)[0];
 
-UnitCheckConfig Config(bool lazy, uint64_t forced_per_million = 0) {
+UnitCheckConfig Config(int work, uint64_t forced_per_million = 0) {
   UnitCheckConfig c;
-  c.unit = UnitId{Blake2b("task"), 3, 1};
+  c.unit = kUnit;
   c.solver = kSolver;
   c.result = Blake2b("delta");
-  c.commitment = MerkleRoot(Leaves(lazy));
+  c.commitment = MerkleRoot(Leaves(work));
   c.inner_steps = 20;
   c.checkpoint_interval = 5;
   c.num_operators = 8;
-  c.secret_head = SecretCommitment(kSecret);
+  c.secret_anchor = SecretCommitment(kSecret);
+  c.secret_distance = 1;
   c.forced_error_per_million = forced_per_million;
   c.assignment_beacon = Blake2b("assignment block");
   c.commit_height = 100;
@@ -50,7 +60,7 @@ UnitCheckConfig Config(bool lazy, uint64_t forced_per_million = 0) {
   return c;
 }
 
-MismatchClaim ClaimFor(bool lazy, uint32_t segment, const Hash256* replayed = nullptr) {
+MismatchClaim ClaimFor(int lazy, uint32_t segment, const Hash256* replayed = nullptr) {
   std::vector<Hash256> l = Leaves(lazy);
   MismatchClaim c;
   c.segment = segment;
@@ -79,7 +89,7 @@ UnitCheck Selected(const UnitCheckConfig& cfg) {
 }
 
 // The evidence a verdict commits to: for a mismatch, the claim RunWindows reveals.
-Hash256 EvidenceOf(Verdict v, bool lazy, const UnitCheck& c) {
+Hash256 EvidenceOf(Verdict v, int lazy, const UnitCheck& c) {
   if (v != Verdict::kVerdictMismatch) return Hash256{};
   MismatchClaim claim = ClaimFor(lazy, c.segments()[0]);
   return MismatchEvidence(claim.segment, claim.replayed_end);
@@ -89,7 +99,7 @@ Hash256 EvidenceOf(const MismatchClaim& m) { return MismatchEvidence(m.segment, 
 
 // Commits at 102, reveals at 105 (the reveal window is 105..107), secret revealed, then the
 // window closes at 108.
-CheckEffects RunWindows(UnitCheck& c, bool lazy, const std::vector<Verdict>& verdicts,
+CheckEffects RunWindows(UnitCheck& c, int lazy, const std::vector<Verdict>& verdicts,
                         bool reveal_secret = true) {
   for (size_t i = 0; i < c.verifiers().size() && i < verdicts.size(); ++i) {
     Hash256 salt = Blake2b("salt " + std::to_string(i));
@@ -122,7 +132,7 @@ CheckEffects RunWindows(UnitCheck& c, bool lazy, const std::vector<Verdict>& ver
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
   if (reveal_secret) {
-    EXPECT_TRUE(c.OnSecretRevealed(kSecret, 106).ok());
+    EXPECT_TRUE(c.OnSecretRevealed(kSecret, kStart, 106).ok());
   }
   for (uint64_t h = 106; h <= 108; ++h) merge(*c.OnBlock(h));  // the reveal window closes
   return all;
@@ -138,9 +148,13 @@ TEST(UnitCheckTest, UnselectedUnitIsAcceptedUnchecked) {
   std::vector<NodeId> candidates = {kV1, kV2};
   ASSERT_TRUE(c->OnBeacon(Blake2b("b"), 0, candidates, {}, 101).ok());
   EXPECT_TRUE(c->verifiers().empty());
+  // Its secret is revealed in the same window as a checked unit's (after the commit window).
+  EXPECT_EQ(c->stage(), CheckStage::kCheckCommitVerdicts);
+  EXPECT_EQ(c->OnSecretRevealed(kSecret, kStart, 102).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(c->OnBlock(105).ok());
   EXPECT_EQ(c->stage(), CheckStage::kCheckRevealVerdicts);
-  ASSERT_TRUE(c->OnSecretRevealed(kSecret, 102).ok());
-  auto fx = c->OnBlock(105);
+  ASSERT_TRUE(c->OnSecretRevealed(kSecret, kStart, 105).ok());
+  auto fx = c->OnBlock(108);
   ASSERT_TRUE(fx.ok());
   EXPECT_TRUE(fx->settled);
   EXPECT_EQ(c->result(), CheckResult::kCheckUnchecked);
@@ -201,7 +215,7 @@ TEST(UnitCheckTest, LyingVerifierLosesAndTheHonestSolverIsNeverSlashed) {
                                    102).ok());
   for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(d.OnBlock(h).ok());
   ASSERT_TRUE(d.OnVerdictRevealed(liar, Verdict::kVerdictMismatch, salt, &claim, 105).ok());
-  ASSERT_TRUE(d.OnSecretRevealed(kSecret, 105).ok());
+  ASSERT_TRUE(d.OnSecretRevealed(kSecret, kStart, 105).ok());
   for (uint64_t h = 106; h <= 108; ++h) ASSERT_TRUE(d.OnBlock(h).ok());
   ASSERT_EQ(d.stage(), CheckStage::kCheckDisputed);
   // Play the game with the referee: the solver answers truthfully, the liar with its story;
@@ -228,9 +242,9 @@ TEST(UnitCheckTest, LyingVerifierLosesAndTheHonestSolverIsNeverSlashed) {
 
 TEST(UnitCheckTest, ForcedErrorCatchesTheRubberStampAndSparesTheSolver) {
   // Every unit is a forced error: the solver committed deliberately wrong states.
-  UnitCheck c = Selected(Config(true, 1'000'000));
+  UnitCheck c = Selected(Config(kForced, 1'000'000));
   const NodeId honest = c.verifiers()[0], stamp = c.verifiers()[1];
-  CheckEffects fx = RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
+  CheckEffects fx = RunWindows(c, kForced, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
   ASSERT_EQ(c.stage(), CheckStage::kCheckSettled);
   EXPECT_EQ(c.result(), CheckResult::kCheckForcedError) << c.reason();
   EXPECT_TRUE(Has(fx.slash, stamp));
@@ -259,7 +273,7 @@ TEST(UnitCheckTest, SilentVerifiersCountFailures) {
   for (uint64_t h = 102; h <= 108; ++h) {
     CheckEffects fx = *c.OnBlock(h);
     if (h == 105) {
-      ASSERT_TRUE(c.OnSecretRevealed(kSecret, h).ok());
+      ASSERT_TRUE(c.OnSecretRevealed(kSecret, kStart, h).ok());
     }
     all.failures.insert(all.failures.end(), fx.failures.begin(), fx.failures.end());
   }
@@ -293,7 +307,7 @@ TEST(UnitCheckTest, BadRevealsAreRefused) {
   // Too early: the commit window is open (copying would be possible).
   EXPECT_EQ(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 102).code(),
             StatusCode::kFailedPrecondition);
-  EXPECT_EQ(c.OnSecretRevealed(kSecret, 102).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.OnSecretRevealed(kSecret, kStart, 102).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(c.OnVerdictCommitted(Node(77), Blake2b("x"), 102).code(), StatusCode::kPermissionDenied);
   for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
   EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, Blake2b("wrong"), &claim, 105).ok());
@@ -301,9 +315,10 @@ TEST(UnitCheckTest, BadRevealsAreRefused) {
   MismatchClaim bad = claim;
   bad.solver_end = Blake2b("not committed");
   EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &bad, 105).ok());
+  // A claim about another segment than the committed evidence does not open the commitment.
   MismatchClaim other = ClaimFor(true, (c.segments()[0] + 1) % 4);
   EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &other, 105).ok());
-  EXPECT_EQ(c.OnSecretRevealed(Blake2b("not the secret"), 105).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(c.OnSecretRevealed(Blake2b("not the secret"), kStart, 105).code(), StatusCode::kPermissionDenied);
   EXPECT_TRUE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 105).ok());
   EXPECT_EQ(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 105).code(),
             StatusCode::kAlreadyExists);
@@ -405,7 +420,7 @@ TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
   for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
   ASSERT_TRUE(c.OnVerdictRevealed(accomplice, Verdict::kVerdictMismatch, s1, &fake, 105).ok());
   ASSERT_TRUE(c.OnVerdictRevealed(honest, Verdict::kVerdictMismatch, s2, &real, 105).ok());
-  ASSERT_TRUE(c.OnSecretRevealed(kSecret, 105).ok());
+  ASSERT_TRUE(c.OnSecretRevealed(kSecret, kStart, 105).ok());
   for (uint64_t h = 106; h <= 108; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
   ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
   ASSERT_EQ(c.dispute()->config().challenger, accomplice);
@@ -445,18 +460,18 @@ TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
 TEST(UnitCheckTest, AVerifierThatWithholdsItsRevealOnAForcedErrorIsSlashed) {
   // The secret is revealed in the verdicts' reveal window, so a verifier that committed "clean"
   // without replaying could watch for it and stay silent when the unit is forced.
-  UnitCheck c = Selected(Config(true, 1'000'000));
+  UnitCheck c = Selected(Config(kForced, 1'000'000));
   const NodeId catcher = c.verifiers()[0], silent = c.verifiers()[1];
   const Hash256 s1 = Blake2b("s1"), s2 = Blake2b("s2");
-  MismatchClaim caught = ClaimFor(true, c.segments()[0]);
+  MismatchClaim caught = ClaimFor(kForced, c.segments()[0]);
   ASSERT_TRUE(c.OnVerdictCommitted(catcher, VerdictCommitment(Verdict::kVerdictMismatch, s1,
                                                               catcher, c.config().unit,
                                                               EvidenceOf(caught)), 102).ok());
   ASSERT_TRUE(c.OnVerdictCommitted(silent, VerdictCommitment(Verdict::kVerdictClean, s2, silent,
                                                              c.config().unit), 102).ok());
   for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
-  ASSERT_TRUE(c.OnSecretRevealed(kSecret, 105).ok());
-  MismatchClaim claim = ClaimFor(true, c.segments()[0]);
+  ASSERT_TRUE(c.OnSecretRevealed(kSecret, kStart, 105).ok());
+  MismatchClaim claim = ClaimFor(kForced, c.segments()[0]);
   ASSERT_TRUE(c.OnVerdictRevealed(catcher, Verdict::kVerdictMismatch, s1, &claim, 106).ok());
   CheckEffects fx;
   for (uint64_t h = 106; h <= 108; ++h) {
@@ -497,6 +512,34 @@ TEST(UnitCheckTest, PayAndSlashAmounts) {
   EXPECT_EQ(VerifierPay(UINT64_MAX, 3, 3), UINT64_MAX);
   EXPECT_EQ(SlashAmount(1000, 10), 10000u);
   EXPECT_EQ(SlashAmount(UINT64_MAX / 2, 10), UINT64_MAX);
+}
+
+TEST(UnitCheckTest, ASolverThatIgnoresItsForcedErrorCannotGetHonestVerifiersSlashed) {
+  // Drawn for a forced error, the solver commits its honest work instead: honest verifiers call
+  // it clean. The revealed secret shows the commitment is not the forced one: the solver is the
+  // one that broke the protocol, the verifiers are paid.
+  UnitCheck c = Selected(Config(false, 1'000'000));
+  CheckEffects fx = RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud) << c.reason();
+  EXPECT_TRUE(Has(fx.slash, kSolver));
+  EXPECT_EQ(fx.slash.size(), 1u);
+  EXPECT_EQ(fx.pay_verifiers.size(), 2u);
+  EXPECT_TRUE(fx.rerun_unit);
+}
+
+TEST(UnitCheckTest, AMismatchMayNameASegmentThatWasNotDrawn) {
+  // The solver served no checkpoint matching its commitment, so the verifier replayed from the
+  // unit's start and found the first wrong segment elsewhere.
+  UnitCheck c = Selected(Config(true));
+  const NodeId v = c.verifiers()[0];
+  const uint32_t other_segment = (c.segments()[0] + 1) % 4;
+  MismatchClaim claim = ClaimFor(true, other_segment);
+  Hash256 salt = Blake2b("salt");
+  ASSERT_TRUE(c.OnVerdictCommitted(v, VerdictCommitment(Verdict::kVerdictMismatch, salt, v,
+                                                        c.config().unit, EvidenceOf(claim)),
+                                   102).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  EXPECT_TRUE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 105).ok());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "meshlearn/base/merkle.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/protocol/decompose.h"
 
@@ -86,9 +87,39 @@ bool IsForcedError(const Hash256& secret, const Hash256& beacon, const UnitId& u
   return Rng(FirstU64(h)).Uniform(1'000'000) < per_million;
 }
 
-Hash256 ForcedErrorResult(const Hash256& secret, const UnitId& unit, const Hash256& honest) {
-  return Hasher("meshlearn.forced.result").Update(secret).Update(UnitKey(unit)).Update(honest)
+Hash256 SecretChainElement(const Hash256& seed, uint64_t index) {
+  Hash256 x = Hasher("meshlearn.forced.chain").Update(seed).Finish();  // x_L
+  for (uint64_t i = kSecretChainLength; i > index; --i) x = SecretCommitment(x);
+  return x;
+}
+
+Status CheckSecretInChain(const Hash256& secret, const Hash256& anchor, uint64_t distance) {
+  if (distance == 0 || distance > kMaxSecretDistance) {
+    return InvalidArgument("secret reveal: the secret is " + std::to_string(distance) +
+                           " links below the last known one; must be 1.." +
+                           std::to_string(kMaxSecretDistance));
+  }
+  Hash256 x = secret;
+  for (uint64_t i = 0; i < distance; ++i) x = SecretCommitment(x);
+  if (x != anchor) {
+    return PermissionDenied("secret reveal: the secret does not hash to the solver's registered "
+                            "secret chain (" + std::to_string(distance) + " links)");
+  }
+  return Status::Ok();
+}
+
+Hash256 ForcedLeaf(const Hash256& secret, const UnitId& unit, uint64_t leaf) {
+  return Hasher("meshlearn.forced.leaf").Update(secret).Update(UnitKey(unit)).UpdateU64(leaf)
       .Finish();
+}
+
+Hash256 ForcedCommitment(const Hash256& secret, const UnitId& unit, const Hash256& start_leaf,
+                         uint64_t num_leaves) {
+  std::vector<Hash256> leaves;
+  leaves.reserve(num_leaves);
+  leaves.push_back(start_leaf);
+  for (uint64_t i = 1; i < num_leaves; ++i) leaves.push_back(ForcedLeaf(secret, unit, i));
+  return MerkleRoot(leaves);
 }
 
 std::string_view VerdictName(Verdict v) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <set>
 
+#include "meshlearn/base/merkle.h"
+
 namespace meshlearn::protocol {
 namespace {
 
@@ -105,9 +107,31 @@ TEST(VerificationTest, ForcedErrorsFollowTheRateAndNeedTheSecret) {
   EXPECT_GT(differ, 800);
   EXPECT_NE(SecretCommitment(secret), SecretCommitment(Blake2b("other secret")));
   EXPECT_NE(SecretCommitment(secret), secret);
-  Hash256 honest = Blake2b("honest delta");
-  EXPECT_NE(ForcedErrorResult(secret, Unit(0, 1), honest), honest);
-  EXPECT_NE(ForcedErrorResult(secret, Unit(0, 1), honest), ForcedErrorResult(secret, Unit(0, 2), honest));
+  // A forced commitment keeps the true start and replaces every later leaf; it depends on the
+  // secret and the unit, so nobody else can forge one before the secret is revealed.
+  Hash256 start = Blake2b("start state");
+  Hash256 forced_root = ForcedCommitment(secret, Unit(0, 1), start, 5);
+  EXPECT_EQ(forced_root, MerkleRoot({start, ForcedLeaf(secret, Unit(0, 1), 1),
+                                ForcedLeaf(secret, Unit(0, 1), 2), ForcedLeaf(secret, Unit(0, 1), 3),
+                                ForcedLeaf(secret, Unit(0, 1), 4)}));
+  EXPECT_NE(forced_root, ForcedCommitment(secret, Unit(0, 2), start, 5));
+  EXPECT_NE(forced_root, ForcedCommitment(Blake2b("other secret"), Unit(0, 1), start, 5));
+  EXPECT_NE(forced_root, ForcedCommitment(secret, Unit(0, 1), Blake2b("other start"), 5));
+}
+
+TEST(VerificationTest, SecretChainRevealsOnlyDownward) {
+  const Hash256 seed = Blake2b("node seed");
+  const Hash256 head = SecretChainElement(seed, 0);
+  const Hash256 x3 = SecretChainElement(seed, 3);
+  EXPECT_EQ(SecretCommitment(SecretChainElement(seed, 1)), head);
+  EXPECT_TRUE(CheckSecretInChain(x3, head, 3).ok());
+  EXPECT_TRUE(CheckSecretInChain(x3, SecretChainElement(seed, 2), 1).ok());
+  EXPECT_EQ(CheckSecretInChain(x3, head, 2).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckSecretInChain(Blake2b("guess"), head, 3).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckSecretInChain(x3, x3, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckSecretInChain(x3, head, kMaxSecretDistance + 1).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_NE(SecretChainElement(Blake2b("another seed"), 0), head);
 }
 
 TEST(VerificationTest, VerdictRevealMustOpenTheCommitment) {

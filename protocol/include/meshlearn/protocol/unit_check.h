@@ -76,8 +76,11 @@ struct UnitCheckConfig {
   uint64_t inner_steps = 0;          // H
   uint64_t checkpoint_interval = 0;  // k: leaves are the states after steps 0, k, 2k, ..., H
   uint32_t num_operators = 0;        // recorded operators per step (engine::OpTrace), for disputes
-  // The solver's secret-chain head when it committed: the revealed secret must hash to it.
-  Hash256 secret_head;
+  // The solver's secret for this unit sits `secret_distance` links below `secret_anchor`, the
+  // deepest element of its secret chain the ledger knew when the unit was committed
+  // (verification.h, CheckSecretInChain).
+  Hash256 secret_anchor;
+  uint64_t secret_distance = 1;
   uint64_t forced_error_per_million = 0;
   // The beacon of the unit's assignment (the forced-error draw uses it; the solver knew its
   // secret before that block existed).
@@ -137,12 +140,17 @@ class UnitCheck {
                                 std::span<const NodeId> candidates,
                                 const VerificationParams& params, uint64_t height);
   Status OnVerdictCommitted(const NodeId& verifier, const Hash256& commitment, uint64_t height);
-  // A mismatch verdict must carry its claim (checked against the commitment: the segment must be
-  // one of segments(), the proofs must verify, the replayed end must differ).
+  // A mismatch verdict must carry its claim (checked against the commitment: the proofs must
+  // verify, the replayed end must differ). The claim may name any segment: a verifier replays
+  // the drawn ones, and when the solver cannot serve a checkpoint that hashes to a committed
+  // leaf, it replays from the unit's start and claims the first segment whose end differs.
   Status OnVerdictRevealed(const NodeId& verifier, Verdict verdict, const Hash256& salt,
                            const MismatchClaim* claim, uint64_t height);
-  // The solver's secret for this unit (checked against config.secret_head).
-  Status OnSecretRevealed(const Hash256& secret, uint64_t height);
+  // The solver's secret for this unit (checked against config.secret_anchor). `start_leaf` is
+  // the true state hash after step 0; it is needed only when the secret says the unit was a
+  // forced error, to check that the solver really committed ForcedCommitment (a forced unit
+  // committed any other way is fraud: honest verifiers that called it clean were right).
+  Status OnSecretRevealed(const Hash256& secret, const Hash256& start_leaf, uint64_t height);
   // Every block: closes windows (effects of missed deadlines and the resolution).
   Result<CheckEffects> OnBlock(uint64_t height);
   // The dispute resolved (the ledger drives the game and its referee; see dispute.h), at
@@ -190,6 +198,7 @@ class UnitCheck {
   uint64_t deadline_ = 0;
   std::optional<Hash256> secret_;
   bool forced_ = false;
+  bool forced_form_ok_ = false;  // a forced unit committed ForcedCommitment
   std::optional<DisputeGame> dispute_;
   int challenger_ = -1;  // slot index of the verifier in the dispute; -1: a whistleblower's
   std::optional<NodeId> whistleblower_;

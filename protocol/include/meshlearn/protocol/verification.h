@@ -65,13 +65,31 @@ std::vector<uint32_t> SegmentsToReplay(const Hash256& beacon, const UnitId& unit
 uint32_t SegmentCount(uint64_t inner_steps, uint64_t checkpoint_interval);
 
 // ---- Forced errors.
-// What a solver publishes before it works (in its registration or per task).
+// A node's secrets form a hash chain fixed before it does any work: x_L from a private seed,
+// x_{i-1} = SecretCommitment(x_i); it registers the head x_0. Its i-th committed unit (i >= 1, in
+// commit order) uses x_i, revealed after that unit's verdicts are committed. Revealing x_i
+// reveals every x_j with j < i, never one with j > i.
 Hash256 SecretCommitment(const Hash256& secret);
+inline constexpr uint64_t kSecretChainLength = 1u << 16;  // units one registration can commit
+// x_index of the chain grown from `seed` (index 0 = the head), for index <= kSecretChainLength.
+Hash256 SecretChainElement(const Hash256& seed, uint64_t index);
+// OK iff applying SecretCommitment `distance` times (1..kMaxSecretDistance) to `secret` gives
+// `anchor`, i.e. `secret` sits `distance` links below a chain element already known.
+inline constexpr uint64_t kMaxSecretDistance = 4096;
+Status CheckSecretInChain(const Hash256& secret, const Hash256& anchor, uint64_t distance);
 // Whether the solver must commit a wrong result for `unit`, given the beacon of its assignment.
 bool IsForcedError(const Hash256& secret, const Hash256& beacon, const UnitId& unit,
                    uint32_t per_million);
-// The wrong result a forced error commits: a hash that cannot collide with an honest result.
-Hash256 ForcedErrorResult(const Hash256& secret, const UnitId& unit, const Hash256& honest);
+// What a forced error commits. Every committed state after the start is replaced:
+// leaf 0 stays the true start state, leaf i >= 1 becomes ForcedLeaf(secret, unit, i), so every
+// k-step segment a verifier replays ends somewhere else than the committed leaf, and the
+// commitment is ForcedCommitment(...) over `num_leaves` = SegmentCount + 1 leaves. When the
+// secret is revealed anyone can check that a forced unit really carried its error (a solver
+// that commits honest work when forced could otherwise get honest verifiers slashed). The
+// delta (the unit's result) stays honest, so the round's aggregate is not harmed.
+Hash256 ForcedLeaf(const Hash256& secret, const UnitId& unit, uint64_t leaf);
+Hash256 ForcedCommitment(const Hash256& secret, const UnitId& unit, const Hash256& start_leaf,
+                         uint64_t num_leaves);
 
 // ---- Commit-reveal verdicts.
 enum class Verdict : uint8_t {
