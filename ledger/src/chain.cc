@@ -332,6 +332,15 @@ std::vector<WorkUnit> Chain::ListWorkUnits(const Hash256& task_id) const {
   return out;
 }
 
+Result<WorkUnit> Chain::GetWorkUnit(const Hash256& task_id, uint32_t index) const {
+  const WorkUnit* u = state_->units.Find({task_id, index});
+  if (u == nullptr) {
+    return NotFound("unit " + std::to_string(index) + " of task " + task_id.ShortHex() +
+                    " not found");
+  }
+  return *u;
+}
+
 std::vector<TxRecord> Chain::ListAccountTxs(const PublicKey& key, uint64_t offset,
                                             uint64_t limit) const {
   std::vector<TxRecord> out;

@@ -22,6 +22,7 @@
 #include "meshlearn/ledger/block.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/tx.h"
+#include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/types.h"
 
@@ -143,6 +144,33 @@ void ResetWorkUnit(WorkUnit* u);
 // finish a final task. A task whose step fails (a bug, not an input) is left as it was before
 // the step, so the function cannot fail and every replica does the same.
 void EndBlock(LedgerState& s, const Genesis& genesis, uint64_t height, const Hash256& block_seed);
+
+// Shared by network.cc and verification.cc.
+Result<protocol::RoundStateMachine> LoadMachine(const TaskRecord& t);
+// Stores the machine back into the task if it changed (an unchanged task stays clean).
+void SaveMachine(LedgerState& s, const Hash256& task_id, const protocol::RoundStateMachine& m);
+// The open task `task_id`, for a transaction about it (`what` names the transaction).
+Result<const TaskRecord*> OpenTaskFor(const LedgerState& s, const Hash256& task_id,
+                                      std::string_view what);
+// A node's transaction is signed by the node's own key or by its owner.
+Status CheckNodeSender(const LedgerState& s, const PublicKey& node_id, const PublicKey& sender,
+                       std::string_view what);
+// Reputation: a failure, and the clean streak starts over.
+void CountFailure(LedgerState& s, const PublicKey& node_id);
+uint32_t UnitIndex(const TaskRecord& t, const protocol::UnitId& u);
+
+// ---- Verification (verification.cc; docs/verification.md).
+// CommitUnit on a chain with verification: binds the solver's next secret to the unit, opens
+// the unit's check (WorkUnit::check) and holds the round's finality until it settles.
+Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
+                     const PublicKey& solver, uint64_t secret_index,
+                     protocol::RoundStateMachine& m);
+// The end-of-block step for the current round's checks of one task, before the round machine's
+// OnBlock: beacons, closed windows, dispute deadlines and rulings; applies the effects (slash,
+// pay, jackpot, reputation), rewinds the round on fraud or a forced error, and leaves exactly
+// one finality hold per unsettled check.
+Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
+                   const Hash256& task_id, protocol::RoundStateMachine& m);
 
 // Helpers for executors.
 Result<NodeRecord*> OwnedNode(LedgerState& s, const PublicKey& node_id, const PublicKey& owner);

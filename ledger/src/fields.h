@@ -76,6 +76,10 @@ struct FieldEncoder {
   void operator()(const char*, const std::string& v) { e.PutString(v); }
   void operator()(const char*, const PublicKey& v) { e.PutPublicKey(v); }
   void operator()(const char*, const Hash256& v) { e.PutHash(v); }
+  void operator()(const char*, const std::vector<Hash256>& v) {
+    e.PutU32(static_cast<uint32_t>(v.size()));
+    for (const Hash256& h : v) e.PutHash(h);
+  }
   template <HasVisit T>
   void operator()(const char*, const T& v) {
     T::Visit(v, *this);
@@ -100,6 +104,13 @@ struct FieldDecoder {
   }
   void operator()(const char* n, PublicKey& v) { Do([&] { return d.GetPublicKey(&v, n); }); }
   void operator()(const char* n, Hash256& v) { Do([&] { return d.GetHash(&v, n); }); }
+  void operator()(const char* n, std::vector<Hash256>& v) {
+    uint32_t count = 0;
+    Do([&] { return d.GetCount(&count, n, kMaxHashListLength, 32); });
+    if (!status.ok()) return;
+    v.resize(count);
+    for (Hash256& h : v) Do([&] { return d.GetHash(&h, n); });
+  }
   template <HasVisit T>
   void operator()(const char*, T& v) {
     T::Visit(v, *this);
@@ -122,6 +133,11 @@ struct FieldToJson {
   void operator()(const char* n, const std::string& v) { j[n] = v; }
   void operator()(const char* n, const PublicKey& v) { j[n] = v.ToHex(); }
   void operator()(const char* n, const Hash256& v) { j[n] = v.ToHex(); }
+  void operator()(const char* n, const std::vector<Hash256>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const Hash256& h : v) a.push_back(h.ToHex());
+    j[n] = std::move(a);
+  }
   template <HasVisit T>
   void operator()(const char* n, const T& v) {
     nlohmann::json sub = nlohmann::json::object();
@@ -189,6 +205,21 @@ struct FieldFromJson {
     auto r = Hash256::FromHex(f->get<std::string>(), n);
     if (!r.ok()) return SetError(r.status());
     v = *r;
+  }
+  void operator()(const char* n, std::vector<Hash256>& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (!f->is_array() || f->size() > kMaxHashListLength) {
+      return Fail(n, "must be an array of at most " + std::to_string(kMaxHashListLength) +
+                         " hex hashes");
+    }
+    v.clear();
+    for (const nlohmann::json& e : *f) {
+      if (!e.is_string()) return Fail(n, "must hold hex hashes, got " + e.dump());
+      auto r = Hash256::FromHex(e.get<std::string>(), n);
+      if (!r.ok()) return SetError(r.status());
+      v.push_back(*r);
+    }
   }
   template <HasVisit T>
   void operator()(const char* n, T& v) {

@@ -1,7 +1,9 @@
 #include "meshlearn/ledger/genesis.h"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/encoding.h"
@@ -17,6 +19,50 @@ Amount ChainParams::MinStakeFor(uint32_t roles) const {
   if (roles & kRoleAggregator) m = std::max(m, min_stake_aggregator);
   return m;
 }
+
+protocol::VerificationParams ChainParams::Verification() const {
+  protocol::VerificationParams v;
+  v.trusted_after = verify_trusted_after;
+  v.floor_permille = verify_floor_permille;
+  v.segments_per_check = verify_segments_per_check;
+  v.forced_error_per_million = forced_error_per_million;
+  return v;
+}
+
+namespace {
+
+// ChainParams::Visit visitors: the genesis hash's encoding and the [params] table reader.
+struct ParamEncoder {
+  Encoder& e;
+  void operator()(const char*, const uint64_t& v) { e.PutU64(v); }
+  void operator()(const char*, const uint32_t& v) { e.PutU32(v); }
+  void operator()(const char*, const bool& v) { e.PutBool(v); }
+};
+
+struct ParamReader {
+  const ConfigFile& table;
+  Status status;
+  void operator()(const char* n, uint64_t& v) {
+    if (!status.ok()) return;
+    Result<int64_t> r = table.GetInt(n, static_cast<int64_t>(v), {.min = 0});
+    if (r.ok()) v = static_cast<uint64_t>(*r);
+    else status = r.status();
+  }
+  void operator()(const char* n, uint32_t& v) {
+    if (!status.ok()) return;
+    Result<int64_t> r = table.GetInt(n, v, {.min = 0, .max = UINT32_MAX});
+    if (r.ok()) v = static_cast<uint32_t>(*r);
+    else status = r.status();
+  }
+  void operator()(const char* n, bool& v) {
+    if (!status.ok()) return;
+    Result<bool> r = table.GetBool(n, v);
+    if (r.ok()) v = *r;
+    else status = r.status();
+  }
+};
+
+}  // namespace
 
 Status ValidateGenesis(const Genesis& g) {
   if (g.chain_id.empty() || g.chain_id.size() > kMaxChainIdLength) {
@@ -53,6 +99,23 @@ Status ValidateGenesis(const Genesis& g) {
   if (g.params.liveness_blocks == 0) {
     return InvalidArgument("genesis: params.liveness_blocks must be >= 1");
   }
+  const ChainParams& p = g.params;
+  if (Status v = protocol::ValidateVerificationParams(p.Verification()); !v.ok()) {
+    return v.WithPrefix("genesis: params");
+  }
+  if (p.verifiers_per_unit == 0 || p.verifiers_per_unit > 64) {
+    return InvalidArgument("genesis: params.verifiers_per_unit must be in [1, 64], got " +
+                           std::to_string(p.verifiers_per_unit));
+  }
+  if (p.verdict_commit_blocks == 0 || p.verdict_reveal_blocks == 0 ||
+      p.dispute_response_blocks == 0) {
+    return InvalidArgument("genesis: params.verdict_commit_blocks, verdict_reveal_blocks and "
+                           "dispute_response_blocks must be >= 1");
+  }
+  if (p.slash_multiple == 0) {
+    return InvalidArgument("genesis: params.slash_multiple must be >= 1 (a cheater must lose "
+                           "more than a unit pays)");
+  }
   std::set<PublicKey> seen;
   Amount total = 0;
   for (const GenesisAccount& a : g.accounts) {
@@ -70,11 +133,8 @@ Hash256 GenesisHash(const Genesis& g) {
   Encoder e;
   e.PutString(g.chain_id).PutI64(g.genesis_time_ms).PutI64(g.block_interval_ms);
   e.PutPublicKey(g.sequencer).PutBool(g.faucet);
-  const ChainParams& p = g.params;
-  e.PutU64(p.min_stake_solver).PutU64(p.min_stake_verifier).PutU64(p.min_stake_whistleblower);
-  e.PutU64(p.min_stake_aggregator).PutU64(p.unbonding_delay_blocks);
-  e.PutU32(p.treasury_cut_bps).PutU32(p.slash_jackpot_bps).PutU64(p.faucet_max_amount);
-  e.PutU64(p.liveness_blocks).PutU32(p.deadline_slack_permille).PutU64(p.min_deadline_blocks);
+  e.PutPublicKey(g.referee);
+  ChainParams::Visit(g.params, ParamEncoder{e});
   e.PutU32(static_cast<uint32_t>(g.accounts.size()));
   for (const GenesisAccount& a : g.accounts) e.PutPublicKey(a.key).PutU64(a.balance);
   Hasher h("meshlearn.genesis.v1");
@@ -85,7 +145,7 @@ Hash256 GenesisHash(const Genesis& g) {
 Result<Genesis> ParseGenesis(std::string_view toml_text, std::string name) {
   ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Parse(toml_text, name));
   ML_RETURN_IF_ERROR(cfg.CheckKnownKeys({"chain_id", "genesis_time_ms", "block_interval_ms",
-                                         "sequencer", "faucet", "params", "accounts"}));
+                                         "sequencer", "referee", "faucet", "params", "accounts"}));
   Genesis g;
   ML_ASSIGN_OR_RETURN(g.chain_id, cfg.GetString("chain_id"));
   ML_ASSIGN_OR_RETURN(g.genesis_time_ms, cfg.GetInt("genesis_time_ms", 0, {.min = 0}));
@@ -96,38 +156,21 @@ Result<Genesis> ParseGenesis(std::string_view toml_text, std::string name) {
     if (!k.ok()) return cfg.Error("sequencer", "must be a hex public key: " + k.status().message());
     g.sequencer = *k;
   }
+  ML_ASSIGN_OR_RETURN(std::string referee, cfg.GetString("referee", ""));
+  if (!referee.empty()) {
+    auto k = PublicKey::FromHex(referee, "referee");
+    if (!k.ok()) return cfg.Error("referee", "must be a hex public key: " + k.status().message());
+    g.referee = *k;
+  }
   ML_ASSIGN_OR_RETURN(g.faucet, cfg.GetBool("faucet", false));
   if (cfg.Has("params")) {
     ML_ASSIGN_OR_RETURN(ConfigFile p, cfg.GetTable("params"));
-    ML_RETURN_IF_ERROR(p.CheckKnownKeys(
-        {"min_stake_solver", "min_stake_verifier", "min_stake_whistleblower",
-         "min_stake_aggregator", "unbonding_delay_blocks", "treasury_cut_bps",
-         "slash_jackpot_bps", "faucet_max_amount", "liveness_blocks",
-         "deadline_slack_permille", "min_deadline_blocks"}));
-    ChainParams& cp = g.params;
-    auto get_u64 = [&](const char* key, uint64_t* out) -> Status {
-      ML_ASSIGN_OR_RETURN(int64_t v, p.GetInt(key, static_cast<int64_t>(*out), {.min = 0}));
-      *out = static_cast<uint64_t>(v);
-      return Status::Ok();
-    };
-    ML_RETURN_IF_ERROR(get_u64("min_stake_solver", &cp.min_stake_solver));
-    ML_RETURN_IF_ERROR(get_u64("min_stake_verifier", &cp.min_stake_verifier));
-    ML_RETURN_IF_ERROR(get_u64("min_stake_whistleblower", &cp.min_stake_whistleblower));
-    ML_RETURN_IF_ERROR(get_u64("min_stake_aggregator", &cp.min_stake_aggregator));
-    ML_RETURN_IF_ERROR(get_u64("unbonding_delay_blocks", &cp.unbonding_delay_blocks));
-    ML_RETURN_IF_ERROR(get_u64("faucet_max_amount", &cp.faucet_max_amount));
-    ML_RETURN_IF_ERROR(get_u64("liveness_blocks", &cp.liveness_blocks));
-    ML_RETURN_IF_ERROR(get_u64("min_deadline_blocks", &cp.min_deadline_blocks));
-    ML_ASSIGN_OR_RETURN(int64_t slack, p.GetInt("deadline_slack_permille",
-                                                cp.deadline_slack_permille,
-                                                {.min = 1000, .max = 1000000}));
-    cp.deadline_slack_permille = static_cast<uint32_t>(slack);
-    ML_ASSIGN_OR_RETURN(int64_t cut, p.GetInt("treasury_cut_bps", cp.treasury_cut_bps,
-                                              {.min = 0, .max = 10000}));
-    cp.treasury_cut_bps = static_cast<uint32_t>(cut);
-    ML_ASSIGN_OR_RETURN(int64_t jp, p.GetInt("slash_jackpot_bps", cp.slash_jackpot_bps,
-                                             {.min = 0, .max = 10000}));
-    cp.slash_jackpot_bps = static_cast<uint32_t>(jp);
+    std::vector<std::string> keys;
+    ChainParams::Visit(g.params, [&](const char* n, const auto&) { keys.emplace_back(n); });
+    ML_RETURN_IF_ERROR(p.CheckKnownKeys(keys));
+    ParamReader reader{p};
+    ChainParams::Visit(g.params, reader);
+    ML_RETURN_IF_ERROR(reader.status);
   }
   if (cfg.Has("accounts")) {
     ML_ASSIGN_OR_RETURN(std::vector<ConfigFile> accounts, cfg.GetTableArray("accounts"));
@@ -159,20 +202,19 @@ std::string GenesisToToml(const Genesis& g) {
   o << "genesis_time_ms = " << g.genesis_time_ms << "\n";
   o << "block_interval_ms = " << g.block_interval_ms << "\n";
   if (g.sequencer != PublicKey{}) o << "sequencer = \"" << g.sequencer.ToHex() << "\"\n";
+  if (g.referee != PublicKey{}) o << "referee = \"" << g.referee.ToHex() << "\"\n";
   o << "faucet = " << (g.faucet ? "true" : "false") << "\n\n";
   const ChainParams& p = g.params;
   o << "[params]\n";
-  o << "min_stake_solver = " << p.min_stake_solver << "\n";
-  o << "min_stake_verifier = " << p.min_stake_verifier << "\n";
-  o << "min_stake_whistleblower = " << p.min_stake_whistleblower << "\n";
-  o << "min_stake_aggregator = " << p.min_stake_aggregator << "\n";
-  o << "unbonding_delay_blocks = " << p.unbonding_delay_blocks << "\n";
-  o << "treasury_cut_bps = " << p.treasury_cut_bps << "\n";
-  o << "slash_jackpot_bps = " << p.slash_jackpot_bps << "\n";
-  o << "faucet_max_amount = " << p.faucet_max_amount << "\n";
-  o << "liveness_blocks = " << p.liveness_blocks << "\n";
-  o << "deadline_slack_permille = " << p.deadline_slack_permille << "\n";
-  o << "min_deadline_blocks = " << p.min_deadline_blocks << "\n";
+  ChainParams::Visit(p, [&](const char* n, const auto& v) {
+    o << n << " = ";
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, bool>) {
+      o << (v ? "true" : "false");
+    } else {
+      o << v;
+    }
+    o << "\n";
+  });
   for (const GenesisAccount& a : g.accounts) {
     o << "\n[[accounts]]\nkey = \"" << a.key.ToHex() << "\"\nbalance = " << a.balance << "\n";
   }
@@ -183,11 +225,11 @@ Status WriteGenesis(Env* env, const std::string& path, const Genesis& g) {
   ML_RETURN_IF_ERROR(ValidateGenesis(g));
   constexpr uint64_t kMaxToml = static_cast<uint64_t>(INT64_MAX);
   const ChainParams& p = g.params;
-  for (uint64_t v : {p.min_stake_solver, p.min_stake_verifier, p.min_stake_whistleblower,
-                     p.min_stake_aggregator, p.unbonding_delay_blocks, p.faucet_max_amount,
-                     p.liveness_blocks, p.min_deadline_blocks}) {
-    if (v > kMaxToml) return InvalidArgument(path + ": a parameter exceeds the TOML integer range");
-  }
+  bool too_big = false;
+  ChainParams::Visit(p, [&](const char*, const auto& v) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, uint64_t>) too_big |= v > kMaxToml;
+  });
+  if (too_big) return InvalidArgument(path + ": a parameter exceeds the TOML integer range");
   for (const GenesisAccount& a : g.accounts) {
     if (a.balance > kMaxToml) {
       return InvalidArgument(path + ": balance of " + a.key.ToHex() +
@@ -202,25 +244,16 @@ nlohmann::json GenesisToJson(const Genesis& g) {
   for (const GenesisAccount& a : g.accounts) {
     accounts.push_back({{"key", a.key.ToHex()}, {"balance", a.balance}});
   }
-  const ChainParams& p = g.params;
+  nlohmann::json params = nlohmann::json::object();
+  ChainParams::Visit(g.params, [&](const char* n, const auto& v) { params[n] = v; });
   return {{"chain_id", g.chain_id},
           {"genesis_hash", GenesisHash(g).ToHex()},
           {"genesis_time_ms", g.genesis_time_ms},
           {"block_interval_ms", g.block_interval_ms},
           {"sequencer", g.sequencer.ToHex()},
           {"faucet", g.faucet},
-          {"params",
-           {{"min_stake_solver", p.min_stake_solver},
-            {"min_stake_verifier", p.min_stake_verifier},
-            {"min_stake_whistleblower", p.min_stake_whistleblower},
-            {"min_stake_aggregator", p.min_stake_aggregator},
-            {"unbonding_delay_blocks", p.unbonding_delay_blocks},
-            {"treasury_cut_bps", p.treasury_cut_bps},
-            {"slash_jackpot_bps", p.slash_jackpot_bps},
-            {"faucet_max_amount", p.faucet_max_amount},
-            {"liveness_blocks", p.liveness_blocks},
-            {"deadline_slack_permille", p.deadline_slack_permille},
-            {"min_deadline_blocks", p.min_deadline_blocks}}},
+          {"referee", g.referee.ToHex()},
+          {"params", params},
           {"accounts", std::move(accounts)}};
 }
 
@@ -237,6 +270,9 @@ Genesis DevnetGenesis(const std::vector<PublicKey>& funded_keys, Amount balance_
   g.params.liveness_blocks = 60;
   g.params.deadline_slack_permille = 6000;
   g.params.min_deadline_blocks = 20;
+  // TRANSITION: devnets turn verification on once the node daemon plays its verification roles
+  // (secret reveals, verdicts, disputes); until then a devnet accepts units unchecked.
+  g.params.verification = false;
   for (const PublicKey& k : funded_keys) g.accounts.push_back({k, balance_each});
   return g;
 }

@@ -50,29 +50,23 @@ Amount UnitCost(const TaskRecord& t, Amount price_per_gflop) {
   return protocol::UnitCostTokens(TaskSpecViewOf(t.id, t.params, t.price_cap), price_per_gflop);
 }
 
-namespace {
-
-using protocol::RoundStateMachine;
-
-Result<RoundStateMachine> LoadMachine(const TaskRecord& t) {
+Result<protocol::RoundStateMachine> LoadMachine(const TaskRecord& t) {
   if (t.runtime.empty()) {
     return FailedPrecondition("task " + t.id.ShortHex() +
                               " has no round state (not a network task)");
   }
-  Result<RoundStateMachine> m = RoundStateMachine::Decode(t.runtime);
+  Result<protocol::RoundStateMachine> m = protocol::RoundStateMachine::Decode(t.runtime);
   if (!m.ok()) return DataLoss("task " + t.id.ShortHex() + ": " + m.status().message());
   return m;
 }
 
-// Stores the machine back into the task if it changed (an unchanged task stays clean).
-void SaveMachine(LedgerState& s, const Hash256& task_id, const RoundStateMachine& m) {
+void SaveMachine(LedgerState& s, const Hash256& task_id, const protocol::RoundStateMachine& m) {
   Bytes enc = m.Encode();
   const TaskRecord* t = s.tasks.Find(task_id);
-  if (t != nullptr && t->runtime == enc) return;
+  if (t != nullptr && t->runtime == enc) return;  // an unchanged task stays clean
   if (TaskRecord* mt = s.tasks.FindMutable(task_id)) mt->runtime = std::move(enc);
 }
 
-// The open task `task_id`, for a commit transaction.
 Result<const TaskRecord*> OpenTaskFor(const LedgerState& s, const Hash256& task_id,
                                       std::string_view what) {
   const TaskRecord* t = s.tasks.Find(task_id);
@@ -84,7 +78,6 @@ Result<const TaskRecord*> OpenTaskFor(const LedgerState& s, const Hash256& task_
   return t;
 }
 
-// A commit is signed by the node's own key or by its owner.
 Status CheckNodeSender(const LedgerState& s, const PublicKey& node_id, const PublicKey& sender,
                        std::string_view what) {
   const NodeRecord* n = s.nodes.Find(node_id);
@@ -98,16 +91,20 @@ Status CheckNodeSender(const LedgerState& s, const PublicKey& node_id, const Pub
   return Status::Ok();
 }
 
-uint32_t UnitIndex(const TaskRecord& t, const protocol::UnitId& u) {
-  return u.round * t.params.units_per_round + u.shard;
-}
-
 void CountFailure(LedgerState& s, const PublicKey& node_id) {
   if (NodeRecord* n = s.nodes.FindMutable(node_id)) {
     n->reputation.failures++;
     n->reputation.clean_streak = 0;
   }
 }
+
+uint32_t UnitIndex(const TaskRecord& t, const protocol::UnitId& u) {
+  return u.round * t.params.units_per_round + u.shard;
+}
+
+namespace {
+
+using protocol::RoundStateMachine;
 
 // Active nodes with `role`, in id order, as the scheduler sees them.
 std::vector<protocol::NodeView> NodeViews(const LedgerState& s, uint32_t role,
@@ -167,6 +164,8 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
                    const Hash256& task_id, RoundStateMachine& m,
                    std::map<PublicKey, uint64_t>& inflight) {
   const protocol::SchedulerParams sp = SchedulerParamsOf(g);
+  // 0. Verification of the current round's committed units (may rewind the round).
+  if (g.params.verification) ML_RETURN_IF_ERROR(DriveChecks(s, g, height, seed, task_id, m));
   // 1. Expiry: the unit is pending again (and never paid); the node's failure is counted.
   ML_ASSIGN_OR_RETURN(protocol::RoundUpdate update, m.OnBlock(height));
   for (const protocol::Assignment& a : update.expired) {
@@ -190,7 +189,9 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
       for (const protocol::Assignment& a : r.assignments) {
         uint32_t index = UnitIndex(*s.tasks.Find(task_id), a.unit);
         ML_RETURN_IF_ERROR(AssignWorkUnit(s, task_id, index, a.node, a.deadline_height));
-        s.units.FindMutable({task_id, index})->price = a.price_per_gflop;
+        WorkUnit* u = s.units.FindMutable({task_id, index});
+        u->price = a.price_per_gflop;
+        u->assignment_beacon = seed;  // the forced-error draw's beacon
         inflight[a.node]++;
       }
     }
@@ -248,6 +249,9 @@ Status ExecuteCommitUnit(ExecContext& ctx, const CommitUnitTx& tx) {
   WorkUnit* u = ctx.state.units.FindMutable({tx.task_id, tx.index});
   u->commitment = tx.commitment;
   u->loss_micros = tx.loss_micros;
+  if (ctx.params().verification) {
+    ML_RETURN_IF_ERROR(OpenUnitCheck(ctx, tx.task_id, tx.index, tx.node_id, tx.secret_index, m));
+  }
   SaveMachine(ctx.state, tx.task_id, m);
   return Status::Ok();
 }

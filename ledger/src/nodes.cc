@@ -28,6 +28,11 @@ Status ExecuteRegisterNode(ExecContext& ctx, const RegisterNodeTx& tx) {
                               " is below the minimum " + std::to_string(min) + " for roles " +
                               RolesToString(tx.roles));
   }
+  if (ctx.params().verification && (tx.roles & kRoleSolver) != 0 && tx.secret_head.IsZero()) {
+    return InvalidArgument("register node: secret_head is zero; a solver on a chain with "
+                           "verification must register the head of its forced-error secret "
+                           "chain (protocol::SecretChainElement(seed, 0))");
+  }
   NodeRecord n;
   if (const NodeRecord* old = ctx.state.nodes.Find(tx.node_id)) {
     // A node that left may come back under the same owner; its reputation stays.
@@ -46,6 +51,10 @@ Status ExecuteRegisterNode(ExecContext& ctx, const RegisterNodeTx& tx) {
   n.price = tx.price;
   n.status = NodeStatus::kActive;
   n.last_heartbeat_height = ctx.height;
+  // A (re-)registration starts a fresh secret chain.
+  n.secret_anchor = tx.secret_head;
+  n.secret_anchor_index = 0;
+  n.secrets_committed = 0;
   ML_RETURN_IF_ERROR(CheckedAdd(n.stake, tx.stake, &n.stake, "node stake"));
   ML_RETURN_IF_ERROR(Debit(ctx.state, ctx.tx.sender, tx.stake, "node stake"));
   ctx.state.nodes.Put(tx.node_id, std::move(n));

@@ -10,6 +10,7 @@
 #include "meshlearn/ledger/sequencer.h"
 #include "meshlearn/ledger/shared_chain.h"
 #include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/unit_check.h"
 
 namespace meshlearn::ledger {
 namespace {
@@ -427,10 +428,14 @@ json RpcService::Dispatch(const std::string& method, const json& params) {
   if (method == "node_work") {
     p.Only({"id"});
     PublicKey node = p.Key("id");
-    json units = json::array(), aggregations = json::array();
+    json units = json::array(), aggregations = json::array(), checks = json::array();
     uint64_t height = 0;
+    uint64_t next_secret_index = 0;
     chain_->With([&](Chain& c) {
       height = c.Height();
+      Result<NodeRecord> me = c.GetNode(node);
+      const bool whistleblower = me.ok() && (me->roles & kRoleWhistleblower) != 0;
+      if (me.ok()) next_secret_index = me->secrets_committed + 1;
       for (const TaskRecord& t : c.ListTasks(0, UINT64_MAX)) {
         if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
         auto m = protocol::RoundStateMachine::Decode(t.runtime);
@@ -439,13 +444,17 @@ json RpcService::Dispatch(const std::string& method, const json& params) {
         const std::string start = m->round_weights().ToHex();
         for (const protocol::Assignment& a : m->OpenAssignments()) {
           if (a.node != node) continue;
+          const uint32_t index = a.unit.round * per_round + a.unit.shard;
+          Result<WorkUnit> wu = c.GetWorkUnit(t.id, index);
           units.push_back({{"task_id", t.id.ToHex()},
-                           {"index", a.unit.round * per_round + a.unit.shard},
+                           {"index", index},
                            {"round", a.unit.round},
                            {"shard", a.unit.shard},
                            {"deadline_height", a.deadline_height},
                            {"start_state", start},
-                           {"spec_hash", t.spec_hash.ToHex()}});
+                           {"spec_hash", t.spec_hash.ToHex()},
+                           {"assignment_beacon",
+                            wu.ok() ? wu->assignment_beacon.ToHex() : Hash256{}.ToHex()}});
         }
         const auto& agg = m->aggregator();
         if (agg && agg->node == node &&
@@ -464,11 +473,76 @@ json RpcService::Dispatch(const std::string& method, const json& params) {
                                   {"spec_hash", t.spec_hash.ToHex()},
                                   {"units", std::move(committed)}});
         }
+        if (m->phase() == protocol::RoundPhase::kRoundPhaseFinal) continue;
+        // Verification of the current round: the units this node solves, verifies or disputes,
+        // and (for a whistleblower) the settled ones it may re-check.
+        for (uint32_t shard = 0; shard < per_round; ++shard) {
+          Result<WorkUnit> wu = c.GetWorkUnit(t.id, m->round() * per_round + shard);
+          if (!wu.ok() || wu->check.empty()) continue;
+          auto check = protocol::UnitCheck::Decode(wu->check);
+          if (!check.ok()) continue;
+          std::vector<std::string> roles;
+          if (check->config().solver == node) roles.push_back("solver");
+          for (const protocol::NodeId& v : check->verifiers()) {
+            if (v == node) roles.push_back("verifier");
+          }
+          if (const auto& d = check->dispute()) {
+            if (d->config().challenger == node && check->config().solver != node &&
+                std::find(check->verifiers().begin(), check->verifiers().end(), node) ==
+                    check->verifiers().end()) {
+              roles.push_back("challenger");
+            }
+          }
+          const bool settled = check->stage() == protocol::CheckStage::kCheckSettled;
+          const bool challengeable =
+              settled && (check->result() == protocol::CheckResult::kCheckClean ||
+                          check->result() == protocol::CheckResult::kCheckUnchecked);
+          if (whistleblower && challengeable && check->config().solver != node) {
+            roles.push_back("whistleblower");
+          }
+          if (roles.empty() || (settled && !challengeable)) continue;
+          json j = WorkUnitToJson(*wu);
+          j["roles"] = roles;
+          j["start_state"] = start;
+          j["spec_hash"] = t.spec_hash.ToHex();
+          Result<NodeRecord> solver = c.GetNode(check->config().solver);
+          j["solver_endpoint"] = solver.ok() ? solver->endpoint : "";
+          checks.push_back(std::move(j));
+        }
       }
     });
     return {{"height", height},
             {"units", std::move(units)},
-            {"aggregations", std::move(aggregations)}};
+            {"aggregations", std::move(aggregations)},
+            {"checks", std::move(checks)},
+            {"next_secret_index", next_secret_index}};
+  }
+
+  if (method == "referee_work") {
+    p.Only({});
+    json disputes = json::array();
+    uint64_t height = 0;
+    chain_->With([&](Chain& c) {
+      height = c.Height();
+      for (const TaskRecord& t : c.ListTasks(0, UINT64_MAX)) {
+        if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
+        for (const WorkUnit& u : c.ListWorkUnits(t.id)) {
+          if (u.check.empty()) continue;
+          auto check = protocol::UnitCheck::Decode(u.check);
+          if (!check.ok() || !check->dispute() ||
+              check->stage() != protocol::CheckStage::kCheckDisputed ||
+              check->dispute()->stage() != protocol::DisputeStage::kDisputeReferee) {
+            continue;
+          }
+          json j = WorkUnitToJson(u);
+          auto m = protocol::RoundStateMachine::Decode(t.runtime);
+          j["start_state"] = m.ok() ? m->round_weights().ToHex() : "";
+          j["spec_hash"] = t.spec_hash.ToHex();
+          disputes.push_back(std::move(j));
+        }
+      }
+    });
+    return {{"height", height}, {"disputes", std::move(disputes)}};
   }
 
   if (method == "list_nodes") {
@@ -542,7 +616,7 @@ json RpcService::Dispatch(const std::string& method, const json& params) {
   Fail(kRpcMethodNotFound,
        "unknown method '" + (method.size() > 64 ? method.substr(0, 64) + "..." : method) +
            "'; methods: chain_status, send_tx, get_tx, get_block, get_blocks, get_account, "
-           "get_node, get_task, node_work, list_nodes, list_tasks, account_history, wait_block, "
+           "get_node, get_task, node_work, referee_work, list_nodes, list_tasks, account_history, wait_block, "
            "get_genesis",
        StatusCode::kNotFound);
 }

@@ -3,6 +3,7 @@
 #include "fields.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/unit_check.h"
 
 namespace meshlearn::ledger {
 
@@ -154,6 +155,7 @@ void EncodeNode(Encoder& e, const NodeRecord& n) {
   e.PutU64(r.units_completed).PutU64(r.units_verified_clean).PutU64(r.clean_streak);
   e.PutU64(r.failures).PutU64(r.slashes).PutU64(r.joined_height);
   e.PutU64(n.last_heartbeat_height);
+  e.PutHash(n.secret_anchor).PutU64(n.secret_anchor_index).PutU64(n.secrets_committed);
 }
 
 Status DecodeNode(Decoder& d, NodeRecord* n) {
@@ -175,6 +177,9 @@ Status DecodeNode(Decoder& d, NodeRecord* n) {
   ML_RETURN_IF_ERROR(d.GetU64(&r.slashes, "slashes"));
   ML_RETURN_IF_ERROR(d.GetU64(&r.joined_height, "joined_height"));
   ML_RETURN_IF_ERROR(d.GetU64(&n->last_heartbeat_height, "last_heartbeat_height"));
+  ML_RETURN_IF_ERROR(d.GetHash(&n->secret_anchor, "secret_anchor"));
+  ML_RETURN_IF_ERROR(d.GetU64(&n->secret_anchor_index, "secret_anchor_index"));
+  ML_RETURN_IF_ERROR(d.GetU64(&n->secrets_committed, "secrets_committed"));
   return Status::Ok();
 }
 
@@ -233,6 +238,7 @@ void EncodeWorkUnit(Encoder& e, const WorkUnit& u) {
   e.PutHash(u.task_id).PutU32(u.index).PutU8(static_cast<uint8_t>(u.status));
   e.PutPublicKey(u.assignee).PutU64(u.deadline_height).PutHash(u.result_hash).PutU64(u.paid);
   e.PutU32(u.round).PutU32(u.shard).PutHash(u.commitment).PutU64(u.loss_micros).PutU64(u.price);
+  e.PutHash(u.assignment_beacon).PutU64(u.secret_index).PutBytes(u.check);
 }
 
 Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
@@ -248,6 +254,9 @@ Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
   ML_RETURN_IF_ERROR(d.GetHash(&u->commitment, "commitment"));
   ML_RETURN_IF_ERROR(d.GetU64(&u->loss_micros, "loss_micros"));
   ML_RETURN_IF_ERROR(d.GetU64(&u->price, "price"));
+  ML_RETURN_IF_ERROR(d.GetHash(&u->assignment_beacon, "assignment_beacon"));
+  ML_RETURN_IF_ERROR(d.GetU64(&u->secret_index, "secret_index"));
+  ML_RETURN_IF_ERROR(d.GetBytes(&u->check, "check", 1u << 20));
   return Status::Ok();
 }
 
@@ -286,7 +295,10 @@ nlohmann::json NodeToJson(const NodeRecord& n) {
             {"failures", r.failures},
             {"slashes", r.slashes},
             {"joined_height", r.joined_height}}},
-          {"last_heartbeat_height", n.last_heartbeat_height}};
+          {"last_heartbeat_height", n.last_heartbeat_height},
+          {"secret_anchor", n.secret_anchor.ToHex()},
+          {"secret_anchor_index", n.secret_anchor_index},
+          {"secrets_committed", n.secrets_committed}};
 }
 
 nlohmann::json TaskToJson(const TaskRecord& t) {
@@ -342,6 +354,11 @@ nlohmann::json TaskToJson(const TaskRecord& t) {
 }
 
 nlohmann::json WorkUnitToJson(const WorkUnit& u) {
+  nlohmann::json check = nullptr;
+  if (!u.check.empty()) {
+    Result<protocol::UnitCheck> c = protocol::UnitCheck::Decode(u.check);
+    check = c.ok() ? UnitCheckToJson(*c) : nlohmann::json{{"error", c.status().message()}};
+  }
   return {{"task_id", u.task_id.ToHex()},
           {"index", u.index},
           {"round", u.round},
@@ -353,7 +370,10 @@ nlohmann::json WorkUnitToJson(const WorkUnit& u) {
           {"commitment", u.commitment.ToHex()},
           {"loss_micros", u.loss_micros},
           {"price", u.price},
-          {"paid", u.paid}};
+          {"paid", u.paid},
+          {"assignment_beacon", u.assignment_beacon.ToHex()},
+          {"secret_index", u.secret_index},
+          {"check", std::move(check)}};
 }
 
 nlohmann::json TotalsToJson(const Totals& t) {

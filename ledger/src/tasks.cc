@@ -124,8 +124,10 @@ Status SettleWorkUnit(LedgerState& s, const ChainParams& p, const Hash256& task_
   NodeRecord* n = s.nodes.FindMutable(node_id);
   if (n == nullptr) return NotFound("settle work unit: assignee node is not registered");
   n->reputation.units_completed++;
-  n->reputation.units_verified_clean++;
-  n->reputation.clean_streak++;
+  if (!p.verification) {  // with verification, a clean check credits these (verification.cc)
+    n->reputation.units_verified_clean++;
+    n->reputation.clean_streak++;
+  }
   return PayFromEscrow(s, p, task_id, n->owner, amount);
 }
 
@@ -143,11 +145,13 @@ Status FailWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index) {
   return Status::Ok();
 }
 
-Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost) {
+Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost,
+                   uint32_t verifiers_per_unit) {
   const Amount unit = protocol::UnitCostTokens(TaskSpecViewOf(Hash256{}, params, price_cap),
                                                price_cap);
   if (unit_cost != nullptr) *unit_cost = unit;
-  const uint64_t paid_units = static_cast<uint64_t>(params.rounds) * (params.units_per_round + 1ull);
+  const uint64_t per_round = params.units_per_round * (1ull + verifiers_per_unit) + 1ull;
+  const uint64_t paid_units = static_cast<uint64_t>(params.rounds) * per_round;
   return unit != 0 && paid_units > UINT64_MAX / unit ? UINT64_MAX : unit * paid_units;
 }
 
@@ -170,6 +174,9 @@ void ResetWorkUnit(WorkUnit* u) {
   u->commitment = Hash256{};
   u->loss_micros = 0;
   u->price = 0;
+  u->assignment_beacon = Hash256{};
+  u->secret_index = 0;
+  u->check.clear();
 }
 
 Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
@@ -205,12 +212,13 @@ Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
   // The escrow must cover the most the task can cost (an expired unit is paid once, to the node
   // that commits it), so no node ever works on a unit the escrow cannot pay.
   Amount unit_cost = 0;
-  const Amount most = MaxTaskCost(p, tx.price_cap, &unit_cost);
+  const uint32_t verifiers = ctx.params().verification ? ctx.params().verifiers_per_unit : 0;
+  const Amount most = MaxTaskCost(p, tx.price_cap, &unit_cost, verifiers);
   if (tx.budget < most) {
     return InvalidArgument("submit task: budget " + std::to_string(tx.budget) +
                            " is below the most this task can cost, " + std::to_string(most) +
-                           " = rounds x (units_per_round + 1 aggregation) x " +
-                           std::to_string(unit_cost) +
+                           " = rounds x (units_per_round x (1 + " + std::to_string(verifiers) +
+                           " verifiers) + 1 aggregation) x " + std::to_string(unit_cost) +
                            " tokens per unit at price_cap; raise budget or lower price_cap");
   }
   if (ctx.state.tasks.Find(id) != nullptr) {

@@ -15,6 +15,13 @@ std::vector<TxPayload> SamplePayloads() {
   PublicKey k = TestKey(9).public_key();
   NodeCapabilities caps{.cores = 16, .memory_bytes = 1ull << 35, .accelerator = "cuda:H200",
                         .throughput = 777, .latency_ms = 12, .bandwidth_bytes_per_s = 1ull << 30};
+  MismatchClaimField claim{
+      .segment = 3,
+      .start = Blake2b("s3"),
+      .start_proof = {.index = 3, .leaf_count = 11, .siblings = {Blake2b("a"), Blake2b("b")}},
+      .solver_end = Blake2b("s4"),
+      .end_proof = {.index = 4, .leaf_count = 11, .siblings = {Blake2b("c")}},
+      .replayed_end = Blake2b("r4")};
   std::vector<TxPayload> out = {
       TransferTx{.to = k, .amount = 12345, .memo = "rent"},
       FaucetTx{.recipient = k, .amount = 99},
@@ -22,7 +29,8 @@ std::vector<TxPayload> SamplePayloads() {
       UnstakeTx{.node_id = k, .amount = 2},
       WithdrawTx{},
       RegisterNodeTx{.node_id = k, .endpoint = "http://h:1", .roles = kRoleSolver | kRoleAggregator,
-                     .capabilities = caps, .price = 3, .stake = 400},
+                     .capabilities = caps, .price = 3, .stake = 400,
+                     .secret_head = Blake2b("head")},
       UpdateNodeTx{.node_id = k, .endpoint = "http://h:2", .roles = kRoleVerifier,
                    .capabilities = caps, .price = 4},
       HeartbeatTx{.node_id = k},
@@ -32,11 +40,21 @@ std::vector<TxPayload> SamplePayloads() {
       CancelTaskTx{.task_id = Blake2b("task")},
       CommitUnitTx{.task_id = Blake2b("task"), .index = 5, .node_id = k,
                    .result_hash = Blake2b("delta"), .commitment = Blake2b("root"),
-                   .loss_micros = 2'300'000},
+                   .loss_micros = 2'300'000, .secret_index = 3},
       CommitAggregateTx{.task_id = Blake2b("task"), .round = 1, .node_id = k,
                         .state_hash = Blake2b("state"), .test_accuracy_ppm = 871'000,
                         .test_loss_micros = 380'000},
       ReportUnavailableTx{.task_id = Blake2b("task"), .index = 7, .node_id = k},
+      CommitVerdictTx{.task_id = Blake2b("task"), .index = 2, .node_id = k,
+                      .commitment = Blake2b("sealed")},
+      RevealVerdictTx{.task_id = Blake2b("task"), .index = 2, .node_id = k, .verdict = 2,
+                      .salt = Blake2b("salt"), .claim = claim},
+      RevealSecretTx{.task_id = Blake2b("task"), .index = 2, .node_id = k,
+                     .secret = Blake2b("secret"), .start_leaf = Blake2b("leaf0")},
+      DisputePostTx{.task_id = Blake2b("task"), .index = 2, .node_id = k, .position = 17,
+                    .hash = Blake2b("mid")},
+      ChallengeUnitTx{.task_id = Blake2b("task"), .index = 2, .node_id = k, .claim = claim},
+      RuleDisputeTx{.task_id = Blake2b("task"), .index = 2, .output = Blake2b("out")},
   };
   return out;
 }

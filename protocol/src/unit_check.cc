@@ -55,6 +55,8 @@ std::string_view CheckResultName(CheckResult r) {
       return "fraud";
     case CheckResult::kCheckForcedError:
       return "forced_error";
+    case CheckResult::kCheckAbandoned:
+      return "abandoned";
   }
   return "unknown";
 }
@@ -294,11 +296,12 @@ CheckEffects UnitCheck::Resolve(uint64_t height) {
     fx.settled = true;
   };
   if (!secret_) {
-    Append(fx.slash, config_.solver);
+    // A claimed mismatch is disputed anyway: hiding the secret must not dodge the game.
+    if (!mismatch.empty() && StartDispute(mismatch.front(), height).ok()) return fx;
+    Append(fx.failures, config_.solver);
     for (size_t i : clean) Append(fx.pay_verifiers, verifiers_[i]);
-    for (size_t i : mismatch) Append(fx.pay_verifiers, verifiers_[i]);
     fx.rerun_unit = true;
-    settle(CheckResult::kCheckFraud, "the solver did not reveal its secret in time");
+    settle(CheckResult::kCheckAbandoned, "the solver did not reveal its secret in time");
     return fx;
   }
   if (forced_ && !forced_form_ok_) {
@@ -540,7 +543,7 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetU8(&stage, "check.stage"));
   ML_RETURN_IF_ERROR(d.GetU8(&result, "check.result_kind"));
   if (stage > static_cast<uint8_t>(CheckStage::kCheckSettled) ||
-      result > static_cast<uint8_t>(CheckResult::kCheckForcedError)) {
+      result > static_cast<uint8_t>(CheckResult::kCheckAbandoned)) {
     return InvalidArgument("unit check: unknown stage or result");
   }
   u.stage_ = static_cast<CheckStage>(stage);

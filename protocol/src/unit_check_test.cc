@@ -254,13 +254,23 @@ TEST(UnitCheckTest, ForcedErrorCatchesTheRubberStampAndSparesTheSolver) {
   EXPECT_TRUE(fx.rerun_unit);
 }
 
-TEST(UnitCheckTest, ASolverThatHidesItsSecretIsTreatedAsACheater) {
+TEST(UnitCheckTest, ASolverThatHidesItsSecretLosesTheUnitButIsNotSlashed) {
+  // An honest solver that crashed after committing looks the same: no slash, a failure, re-run.
   UnitCheck c = Selected(Config(false));
   CheckEffects fx = RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean},
                                /*reveal_secret=*/false);
-  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
-  EXPECT_TRUE(Has(fx.slash, kSolver));
+  EXPECT_EQ(c.result(), CheckResult::kCheckAbandoned);
+  EXPECT_TRUE(fx.slash.empty());
+  EXPECT_TRUE(Has(fx.failures, kSolver));
+  EXPECT_TRUE(fx.rerun_unit);
   EXPECT_EQ(fx.pay_verifiers.size(), 2u);
+}
+
+TEST(UnitCheckTest, HidingTheSecretDoesNotDodgeADispute) {
+  UnitCheck c = Selected(Config(true));
+  RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean},
+             /*reveal_secret=*/false);
+  EXPECT_EQ(c.stage(), CheckStage::kCheckDisputed);
 }
 
 TEST(UnitCheckTest, SilentVerifiersCountFailures) {

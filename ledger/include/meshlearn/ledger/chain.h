@@ -108,6 +108,7 @@ class Chain {
   Result<TaskRecord> GetTask(const Hash256& task_id) const;
   std::vector<TaskRecord> ListTasks(uint64_t offset, uint64_t limit) const;  // by task id
   std::vector<WorkUnit> ListWorkUnits(const Hash256& task_id) const;
+  Result<WorkUnit> GetWorkUnit(const Hash256& task_id, uint32_t index) const;
   // Transactions that name `key`: as sender or in any public-key field of the payload
   // (transfer or faucet recipient, node id), newest first.
   std::vector<TxRecord> ListAccountTxs(const PublicKey& key, uint64_t offset,

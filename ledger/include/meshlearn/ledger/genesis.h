@@ -6,6 +6,7 @@
 //   genesis_time_ms = 0
 //   block_interval_ms = 1000
 //   sequencer = "<hex public key>"      # optional; if set, only this key may sign blocks
+//   referee = "<hex public key>"        # optional; rules disputes (default: the sequencer)
 //   faucet = true                       # devnets only
 //   [params]                            # every key optional, defaults below
 //   min_stake_solver = 1000
@@ -19,6 +20,16 @@
 //   liveness_blocks = 30                # scheduler: a node is live if its heartbeat is this recent
 //   deadline_slack_permille = 2000      # scheduler: deadline = estimate x slack / 1000 ...
 //   min_deadline_blocks = 5             # ... but at least this many blocks after assignment
+//   verification = true                 # check committed units (docs/verification.md)
+//   verify_trusted_after = 10           # every unit of a node with fewer clean units is checked
+//   verify_floor_permille = 50          # ... then about 1/streak, never below this
+//   verify_segments_per_check = 1       # k-step segments a verifier replays
+//   forced_error_per_million = 5000     # Truebit forced errors
+//   verifiers_per_unit = 1
+//   verdict_commit_blocks = 5           # windows, in blocks
+//   verdict_reveal_blocks = 5
+//   dispute_response_blocks = 5         # each dispute turn
+//   slash_multiple = 10                 # a slash takes this many times the unit's cost
 //   [[accounts]]
 //   key = "<hex public key>"
 //   balance = 1000000
@@ -37,6 +48,7 @@
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/ledger/state.h"
+#include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::ledger {
 
@@ -53,10 +65,51 @@ struct ChainParams {
   uint64_t liveness_blocks = 30;
   uint32_t deadline_slack_permille = 2000;  // >= 1000
   uint64_t min_deadline_blocks = 5;         // >= 1
+  // ---- Verification (docs/verification.md). Off: committed units are accepted unchecked and
+  // solvers need no secret chain (networks that predate verification, some tests).
+  bool verification = true;
+  // protocol::VerificationParams.
+  uint64_t verify_trusted_after = protocol::VerificationParams{}.trusted_after;
+  uint32_t verify_floor_permille = protocol::VerificationParams{}.floor_permille;  // 1..1000
+  uint32_t verify_segments_per_check = protocol::VerificationParams{}.segments_per_check;
+  uint32_t forced_error_per_million = protocol::VerificationParams{}.forced_error_per_million;
+  uint32_t verifiers_per_unit = 1;      // 1..64
+  uint64_t verdict_commit_blocks = 5;   // >= 1
+  uint64_t verdict_reveal_blocks = 5;   // >= 1
+  uint64_t dispute_response_blocks = 5; // >= 1: each dispute turn
+  // A slash takes slash_multiple x the unit's cost (protocol::SlashAmount), capped by the stake.
+  uint32_t slash_multiple = 10;  // >= 1
   bool operator==(const ChainParams&) const = default;
+
+  // Every field once, in canonical order: genesis hash, TOML, JSON.
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("min_stake_solver", s.min_stake_solver);
+    v("min_stake_verifier", s.min_stake_verifier);
+    v("min_stake_whistleblower", s.min_stake_whistleblower);
+    v("min_stake_aggregator", s.min_stake_aggregator);
+    v("unbonding_delay_blocks", s.unbonding_delay_blocks);
+    v("treasury_cut_bps", s.treasury_cut_bps);
+    v("slash_jackpot_bps", s.slash_jackpot_bps);
+    v("faucet_max_amount", s.faucet_max_amount);
+    v("liveness_blocks", s.liveness_blocks);
+    v("deadline_slack_permille", s.deadline_slack_permille);
+    v("min_deadline_blocks", s.min_deadline_blocks);
+    v("verification", s.verification);
+    v("verify_trusted_after", s.verify_trusted_after);
+    v("verify_floor_permille", s.verify_floor_permille);
+    v("verify_segments_per_check", s.verify_segments_per_check);
+    v("forced_error_per_million", s.forced_error_per_million);
+    v("verifiers_per_unit", s.verifiers_per_unit);
+    v("verdict_commit_blocks", s.verdict_commit_blocks);
+    v("verdict_reveal_blocks", s.verdict_reveal_blocks);
+    v("dispute_response_blocks", s.dispute_response_blocks);
+    v("slash_multiple", s.slash_multiple);
+  }
 
   // The stake a node with these roles must keep while active: the largest of the roles' minima.
   Amount MinStakeFor(uint32_t roles) const;
+  protocol::VerificationParams Verification() const;
 };
 
 struct GenesisAccount {
@@ -70,6 +123,11 @@ struct Genesis {
   int64_t genesis_time_ms = 0;
   int64_t block_interval_ms = 1000;
   PublicKey sequencer;  // all zero: any key may sequence (the follower passes its own)
+  // The key whose RuleDispute transactions the ledger accepts: the referee that computes the
+  // single step or operator a dispute narrowed to (docs/verification.md, "Referee"). All zero:
+  // the sequencer key (and, when that is zero too, disputes that reach the referee stage are
+  // decided by the response deadline only).
+  PublicKey referee;
   bool faucet = false;
   ChainParams params;
   std::vector<GenesisAccount> accounts;  // distinct keys

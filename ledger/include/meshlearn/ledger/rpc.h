@@ -35,15 +35,27 @@
 //                       aggregator_price, aggregator_paid}];
 //                     with units=true also "units" [{task_id, index, round, shard, status,
 //                       assignee, deadline_height, result_hash, commitment, loss_micros, price,
-//                       paid}] (status: pending | assigned | committed | verified | failed |
+//                       paid, assignment_beacon, secret_index, check}] (check: null, or
+//                       {stage, result, reason, solver, commit_height, deadline_height,
+//                       verifiers, segments, num_segments, dispute: null | {stage, defender,
+//                       challenger, first_step, last_step, agreed, turns, query | referee |
+//                       outcome}}) (status: pending | assigned | committed | verified | failed |
 //                       cancelled; index = round * units_per_round + shard)
 //   node_work         {id: node key HEX}                -> what the node must do now:
-//                     {height, units: [{task_id, index, round, shard, deadline_height,
-//                       start_state, spec_hash}], aggregations: [{task_id, round,
-//                       deadline_height, start_state, spec_hash, units: [{index, shard, node,
-//                       result_hash}]}]}; start_state: blob id of the global state the round
-//                     trains from. Commit by deadline_height (inclusive) with CommitUnit /
-//                     CommitAggregate.
+//                     {height, next_secret_index, units: [{task_id, index, round, shard,
+//                       deadline_height, start_state, spec_hash, assignment_beacon}],
+//                       aggregations: [{task_id, round, deadline_height, start_state, spec_hash,
+//                       units: [{index, shard, node, result_hash}]}],
+//                       checks: [a unit JSON (as in get_task, with "check") plus roles
+//                       (solver | verifier | challenger | whistleblower), start_state,
+//                       spec_hash, solver_endpoint]}; start_state: blob id of the global state
+//                     the round trains from. Commit by deadline_height (inclusive) with
+//                     CommitUnit (secret_index = next_secret_index, one more per commit in
+//                     flight) / CommitAggregate. checks: the current round's units under
+//                     verification this node takes part in (docs/verification.md).
+//   referee_work      {}                                -> {height, disputes: [unit JSON with
+//                       "check".dispute.referee, start_state, spec_hash]}: disputes waiting
+//                     for the referee's RuleDispute
 //   list_nodes        {cursor?, limit?}   list_tasks {cursor?, limit?}
 //   account_history   {address: HEX, cursor?, limit?}   -> {items, next_cursor}
 //   wait_block        {after: N, timeout_ms?: N}        -> {height, timed_out}: long-poll, answers

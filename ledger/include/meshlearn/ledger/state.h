@@ -12,10 +12,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshlearn/base/bytes.h"
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
+
+namespace meshlearn::protocol {
+class UnitCheck;
+}  // namespace meshlearn::protocol
 
 namespace meshlearn::ledger {
 
@@ -102,6 +107,12 @@ struct NodeRecord {
   NodeStatus status = NodeStatus::kActive;
   Reputation reputation;
   uint64_t last_heartbeat_height = 0;
+  // Forced-error secrets (protocol/verification.h): the deepest element of the node's secret
+  // chain the ledger knows (the registered head, then the latest revealed secret), its index,
+  // and how many units the node has committed (its n-th committed unit uses chain element n).
+  Hash256 secret_anchor;
+  uint64_t secret_anchor_index = 0;
+  uint64_t secrets_committed = 0;
   bool operator==(const NodeRecord&) const = default;
 };
 
@@ -188,11 +199,14 @@ struct TaskRecord {
 };
 Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce);
 
-// The most a task can cost at `price_cap` (tokens per GFLOP): every unit and every round's
-// aggregation paid one unit's cost at the cap, i.e. rounds x (units_per_round + 1) x unit cost
-// (saturating). SubmitTask refuses a smaller budget; clients check the same before publishing.
-// `unit_cost` (optional) receives one unit's cost at the cap.
-Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost = nullptr);
+// The most a task can cost at `price_cap` (tokens per GFLOP): every unit, each of its
+// `verifiers_per_unit` verifications (a verifier is paid at most one unit's cost) and every
+// round's aggregation paid one unit's cost at the cap, i.e.
+// rounds x (units_per_round x (1 + verifiers_per_unit) + 1) x unit cost (saturating). SubmitTask
+// refuses a smaller budget (verifiers: the genesis verifiers_per_unit, 0 without verification);
+// clients check the same before publishing. `unit_cost` (optional) receives one unit's cost.
+Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost = nullptr,
+                   uint32_t verifiers_per_unit = 0);
 
 enum class WorkUnitStatus : uint8_t {
   kPending = 0,    // created, not assigned
@@ -218,6 +232,10 @@ struct WorkUnit {
   Hash256 commitment;        // Merkle root of the unit's checkpoint state hashes
   uint64_t loss_micros = 0;  // solver-reported mean training loss x 1e6 (display only)
   Amount price = 0;          // the assignee's price (per GFLOP) when the unit was assigned
+  // ---- Verification (docs/verification.md).
+  Hash256 assignment_beacon;  // block seed when assigned: the forced-error draw uses it
+  uint64_t secret_index = 0;  // the solver's secret chain element for this commit
+  Bytes check;                // protocol::UnitCheck::Encode() while checked; empty otherwise
   bool operator==(const WorkUnit&) const = default;
 };
 
@@ -251,5 +269,8 @@ nlohmann::json NodeToJson(const NodeRecord& n);
 nlohmann::json TaskToJson(const TaskRecord& t);
 nlohmann::json WorkUnitToJson(const WorkUnit& u);
 nlohmann::json TotalsToJson(const Totals& t);
+// A unit's verification (WorkUnit::check): stage, result, verifiers, segments, deadlines, the
+// dispute's current query or referee task (ledger/src/verification.cc).
+nlohmann::json UnitCheckToJson(const protocol::UnitCheck& c);
 
 }  // namespace meshlearn::ledger

@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +40,7 @@ inline constexpr size_t kMaxTxBytes = 16 * 1024;       // a whole encoded transa
 inline constexpr uint32_t kMaxChainIdLength = 64;
 inline constexpr uint32_t kMaxStringFieldLength = 1024;  // endpoint, memo, accelerator, ...
 inline constexpr uint8_t kTxVersion = 1;
+inline constexpr uint32_t kMaxHashListLength = 64;  // a std::vector<Hash256> field (Merkle path)
 
 enum class TxType : uint16_t {
 #define ML_TX_ENUM_(Name, tag, module) k##Name = tag,
@@ -51,8 +53,8 @@ Result<TxType> TxTypeFromName(std::string_view name);
 
 // ---- Payloads. Each lists its fields once, in Visit, which drives encoding and JSON. Field
 // types understood by Visit: uint8/16/32/64_t, int64_t, bool, std::string (<=
-// kMaxStringFieldLength), PublicKey, Hash256, and structs with a Visit (NodeCapabilities,
-// TaskParams).
+// kMaxStringFieldLength), PublicKey, Hash256, std::vector<Hash256> (<= kMaxHashListLength), and
+// structs with a Visit (NodeCapabilities, TaskParams, MerkleProofField, MismatchClaimField).
 
 // Moves `amount` from the sender's balance to `to` (creating `to` if new).
 struct TransferTx {
@@ -127,6 +129,9 @@ struct RegisterNodeTx {
   NodeCapabilities capabilities;
   Amount price = 0;
   Amount stake = 0;
+  // Head of the node's forced-error secret chain (protocol::SecretChainElement(seed, 0)).
+  // Required for a solver on a chain with verification on.
+  Hash256 secret_head;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("node_id", s.node_id);
@@ -135,6 +140,7 @@ struct RegisterNodeTx {
     v("capabilities", s.capabilities);
     v("price", s.price);
     v("stake", s.stake);
+    v("secret_head", s.secret_head);
   }
   bool operator==(const RegisterNodeTx&) const = default;
 };
@@ -226,6 +232,10 @@ struct CommitUnitTx {
   Hash256 result_hash;
   Hash256 commitment;
   uint64_t loss_micros = 0;
+  // With verification: the node's secret chain element bound to this commit, which must be the
+  // next one (NodeRecord::secrets_committed + 1); it decides, with the unit's assignment beacon,
+  // whether the unit is a forced error. Ignored without verification.
+  uint64_t secret_index = 0;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("task_id", s.task_id);
@@ -234,6 +244,7 @@ struct CommitUnitTx {
     v("result_hash", s.result_hash);
     v("commitment", s.commitment);
     v("loss_micros", s.loss_micros);
+    v("secret_index", s.secret_index);
   }
   bool operator==(const CommitUnitTx&) const = default;
 };
@@ -278,6 +289,161 @@ struct ReportUnavailableTx {
     v("node_id", s.node_id);
   }
   bool operator==(const ReportUnavailableTx&) const = default;
+};
+
+// ---- Verification (docs/verification.md, ledger/src/verification.cc). Every one names a
+// committed unit (task_id, index) under check and the node acting (sender: the node's key or its
+// owner). Windows are in blocks and are set by genesis params.
+
+// A Merkle inclusion proof (base/merkle.h) as a transaction field.
+struct MerkleProofField {
+  uint64_t index = 0;
+  uint64_t leaf_count = 0;
+  std::vector<Hash256> siblings;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("index", s.index);
+    v("leaf_count", s.leaf_count);
+    v("siblings", s.siblings);
+  }
+  bool operator==(const MerkleProofField&) const = default;
+};
+
+// protocol::MismatchClaim: segment `segment` of the solver's commitment does not replay to its
+// committed end; `start`/`solver_end` are committed leaves (with proofs), `replayed_end` what
+// the claimant's replay produced.
+struct MismatchClaimField {
+  uint32_t segment = 0;
+  Hash256 start;
+  MerkleProofField start_proof;
+  Hash256 solver_end;
+  MerkleProofField end_proof;
+  Hash256 replayed_end;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("segment", s.segment);
+    v("start", s.start);
+    v("start_proof", s.start_proof);
+    v("solver_end", s.solver_end);
+    v("end_proof", s.end_proof);
+    v("replayed_end", s.replayed_end);
+  }
+  bool operator==(const MismatchClaimField&) const = default;
+};
+
+// A drawn verifier's sealed verdict: protocol::VerdictCommitment(verdict, salt, node, unit,
+// evidence). Only in the unit's commit window.
+struct CommitVerdictTx {
+  static constexpr TxType kType = TxType::kCommitVerdict;
+  Hash256 task_id;
+  uint32_t index = 0;
+  PublicKey node_id;
+  Hash256 commitment;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("node_id", s.node_id);
+    v("commitment", s.commitment);
+  }
+  bool operator==(const CommitVerdictTx&) const = default;
+};
+
+// Opens a committed verdict in the reveal window. verdict: 1 clean, 2 mismatch (then `claim` is
+// the evidence; it is ignored for clean).
+struct RevealVerdictTx {
+  static constexpr TxType kType = TxType::kRevealVerdict;
+  Hash256 task_id;
+  uint32_t index = 0;
+  PublicKey node_id;
+  uint8_t verdict = 0;
+  Hash256 salt;
+  MismatchClaimField claim;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("node_id", s.node_id);
+    v("verdict", s.verdict);
+    v("salt", s.salt);
+    v("claim", s.claim);
+  }
+  bool operator==(const RevealVerdictTx&) const = default;
+};
+
+// The solver reveals the secret chain element of this unit (WorkUnit::secret_index) in the
+// reveal window; start_leaf: its committed state hash after step 0 (checked only when the secret
+// says the unit was a forced error).
+struct RevealSecretTx {
+  static constexpr TxType kType = TxType::kRevealSecret;
+  Hash256 task_id;
+  uint32_t index = 0;
+  PublicKey node_id;
+  Hash256 secret;
+  Hash256 start_leaf;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("node_id", s.node_id);
+    v("secret", s.secret);
+    v("start_leaf", s.start_leaf);
+  }
+  bool operator==(const RevealSecretTx&) const = default;
+};
+
+// A party's move in the unit's dispute: its hash at the current query's position (a state hash
+// after step `position` in phase 1, the operator chain hash C_position in phase 2).
+struct DisputePostTx {
+  static constexpr TxType kType = TxType::kDisputePost;
+  Hash256 task_id;
+  uint32_t index = 0;
+  PublicKey node_id;
+  uint64_t position = 0;
+  Hash256 hash;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("node_id", s.node_id);
+    v("position", s.position);
+    v("hash", s.hash);
+  }
+  bool operator==(const DisputePostTx&) const = default;
+};
+
+// A whistleblower challenges a unit settled clean or unchecked, before its round is final: a
+// dispute between the solver and the whistleblower (whose stake is its bond).
+struct ChallengeUnitTx {
+  static constexpr TxType kType = TxType::kChallengeUnit;
+  Hash256 task_id;
+  uint32_t index = 0;
+  PublicKey node_id;
+  MismatchClaimField claim;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("node_id", s.node_id);
+    v("claim", s.claim);
+  }
+  bool operator==(const ChallengeUnitTx&) const = default;
+};
+
+// The referee's result for a dispute in the referee stage: the correct output hash of the single
+// step or operator the game narrowed to (protocol::RefereeTask). Sender: the genesis referee.
+struct RuleDisputeTx {
+  static constexpr TxType kType = TxType::kRuleDispute;
+  Hash256 task_id;
+  uint32_t index = 0;
+  Hash256 output;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("output", s.output);
+  }
+  bool operator==(const RuleDisputeTx&) const = default;
 };
 
 namespace internal {

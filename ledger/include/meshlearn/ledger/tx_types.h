@@ -26,5 +26,11 @@
   X(SubmitTask, 30, tasks)           \
   X(CancelTask, 31, tasks)           \
   X(CommitUnit, 40, network)         \
-  X(CommitAggregate, 41, network)   \
-  X(ReportUnavailable, 42, network)
+  X(CommitAggregate, 41, network)    \
+  X(ReportUnavailable, 42, network)  \
+  X(CommitVerdict, 50, verification) \
+  X(RevealVerdict, 51, verification) \
+  X(RevealSecret, 52, verification)  \
+  X(DisputePost, 53, verification)   \
+  X(ChallengeUnit, 54, verification) \
+  X(RuleDispute, 55, verification)

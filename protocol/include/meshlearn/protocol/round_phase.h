@@ -138,6 +138,7 @@ class RoundStateMachine {
   // --- seams for verification -----------------------------------------------------------------
   // While holds are active the window does not close (a dispute is open).
   void HoldFinality() { ++holds_; }
+  uint32_t holds() const { return holds_; }
   Result<RoundUpdate> ReleaseFinality();
   // Fraud proven in the current, not yet final round: every unit becomes pending again (the
   // given nodes excluded from all of them) and the round re-runs from round_weights().

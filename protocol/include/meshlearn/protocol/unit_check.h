@@ -65,6 +65,9 @@ enum class CheckResult : uint8_t {
   kCheckClean,         // replayed and equal (or the challenger lost its dispute)
   kCheckFraud,         // the solver lost a dispute, or did not reveal its secret
   kCheckForcedError,   // a forced error: re-run the unit honestly; the solver is not punished
+  kCheckAbandoned,     // the solver did not reveal its secret and nobody claimed a mismatch
+                       // (it crashed, or hid a forced error): re-run without it, unpaid, a
+                       // failure, not a slash
 };
 std::string_view CheckResultName(CheckResult r);
 

@@ -1,0 +1,477 @@
+// Verified training: the ledger runs one protocol::UnitCheck per committed unit (kept encoded in
+// WorkUnit::check) and applies what it decides (docs/verification.md).
+//
+//   CommitUnit     opens the check: the solver's next secret is bound to the unit, the round's
+//                  finality is held until the check settles
+//   CommitVerdict  a drawn verifier's sealed verdict           -> UnitCheck::OnVerdictCommitted
+//   RevealVerdict  ... opened, with a mismatch's evidence       -> UnitCheck::OnVerdictRevealed
+//   RevealSecret   the solver's secret for the unit             -> UnitCheck::OnSecretRevealed
+//   DisputePost    a party's move in the bisection game         -> DisputeGame::Post
+//   ChallengeUnit  a whistleblower disputes a settled unit      -> UnitCheck::OnChallenge
+//   RuleDispute    the referee's output for the narrowed step   -> DisputeGame::Rule
+//   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
+//                  reputation; fraud or a forced error rewinds the round (DriveChecks)
+//
+// Deterministic like the rest of the runtime: the only randomness is the block seed.
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "execute.h"
+#include "meshlearn/base/log.h"
+#include "meshlearn/protocol/unit_check.h"
+#include "meshlearn/protocol/verification.h"
+
+namespace meshlearn::ledger {
+namespace {
+
+using protocol::CheckEffects;
+using protocol::CheckStage;
+using protocol::UnitCheck;
+
+Result<UnitCheck> LoadCheck(const WorkUnit& u) {
+  Result<UnitCheck> c = UnitCheck::Decode(u.check);
+  if (!c.ok()) {
+    return DataLoss("unit " + std::to_string(u.index) + " of task " + u.task_id.ShortHex() +
+                    ": " + c.status().message());
+  }
+  return c;
+}
+
+void SaveCheck(LedgerState& s, const Hash256& task_id, uint32_t index, const UnitCheck& c) {
+  Bytes enc = c.Encode();
+  const WorkUnit* u = s.units.Find({task_id, index});
+  if (u == nullptr || u->check == enc) return;
+  s.units.FindMutable({task_id, index})->check = std::move(enc);
+}
+
+// The unit a verification transaction names: open task, existing unit, under check.
+Result<const WorkUnit*> CheckedUnit(const LedgerState& s, const Hash256& task_id, uint32_t index,
+                                    std::string_view what) {
+  ML_ASSIGN_OR_RETURN(const TaskRecord* t, OpenTaskFor(s, task_id, what));
+  if (index >= t->unit_count) {
+    return InvalidArgument(std::string(what) + ": index " + std::to_string(index) +
+                           " is out of range; task " + task_id.ShortHex() + " has " +
+                           std::to_string(t->unit_count) + " units");
+  }
+  const WorkUnit* u = s.units.Find({task_id, index});
+  if (u == nullptr || u->check.empty()) {
+    return FailedPrecondition(std::string(what) + ": unit " + std::to_string(index) +
+                              " of task " + task_id.ShortHex() +
+                              " is not under verification (not committed, or its round re-ran)");
+  }
+  return u;
+}
+
+MerkleProof ProofOf(const MerkleProofField& f) {
+  return MerkleProof{.index = f.index, .leaf_count = f.leaf_count, .siblings = f.siblings};
+}
+
+protocol::MismatchClaim ClaimOf(const MismatchClaimField& f) {
+  protocol::MismatchClaim c;
+  c.segment = f.segment;
+  c.start = f.start;
+  c.start_proof = ProofOf(f.start_proof);
+  c.solver_end = f.solver_end;
+  c.end_proof = ProofOf(f.end_proof);
+  c.replayed_end = f.replayed_end;
+  return c;
+}
+
+// Who may sign RuleDispute: the genesis referee, else the sequencer.
+PublicKey RefereeKey(const Genesis& g) { return g.referee == PublicKey{} ? g.sequencer : g.referee; }
+
+// Verifier nodes in id order (UnitCheck draws from them; the solver is skipped there).
+std::vector<protocol::NodeId> VerifierCandidates(const LedgerState& s) {
+  std::vector<protocol::NodeId> out;
+  for (const auto& [id, n] : s.nodes.rows()) {
+    if ((n.roles & kRoleVerifier) != 0 && n.status == NodeStatus::kActive) out.push_back(id);
+  }
+  return out;
+}
+
+protocol::Reputation ReputationOf(const NodeRecord& n) {
+  protocol::Reputation r;
+  r.completed = n.reputation.units_completed;
+  r.verified_clean = n.reputation.units_verified_clean;
+  r.clean_streak = n.reputation.clean_streak;
+  r.failures = n.reputation.failures;
+  r.slashes = n.reputation.slashes;
+  return r;
+}
+
+// Pays `amount` from the jackpot pool, split equally among `winners` (their owners), never more
+// than the pool holds.
+Status PayJackpotShares(LedgerState& s, const std::vector<protocol::NodeId>& winners,
+                        Amount amount) {
+  if (winners.empty()) return Status::Ok();
+  Amount share = std::min(amount, s.g().jackpot) / winners.size();
+  if (share == 0) return Status::Ok();
+  for (const protocol::NodeId& w : winners) {
+    const NodeRecord* n = s.nodes.Find(w);
+    if (n == nullptr) continue;
+    ML_RETURN_IF_ERROR(PayFromJackpot(s, n->owner, share));
+  }
+  return Status::Ok();
+}
+
+// Slashes a cheating solver; "the cheater's stake pays for the redo": up to one round's most
+// cost of what went to the treasury is added to the task's escrow (and budget).
+Status SlashSolverIntoEscrow(LedgerState& s, const ChainParams& p, const Hash256& task_id,
+                             const protocol::NodeId& solver, Amount amount) {
+  Amount slashed = 0;
+  ML_RETURN_IF_ERROR(SlashNode(s, p, solver, amount, &slashed));
+  const TaskRecord* t = s.tasks.Find(task_id);
+  Amount unit_cost = 0;
+  MaxTaskCost(t->params, t->price_cap, &unit_cost);
+  const uint64_t per_round = t->params.units_per_round * (1ull + p.verifiers_per_unit) + 1ull;
+  Amount redo = unit_cost != 0 && per_round > UINT64_MAX / unit_cost ? UINT64_MAX
+                                                                      : unit_cost * per_round;
+  Amount to_escrow = std::min({redo, slashed - BasisPoints(slashed, p.slash_jackpot_bps),
+                               s.g().treasury});
+  if (to_escrow == 0) return Status::Ok();
+  Globals* g = s.MutableGlobals();
+  g->treasury -= to_escrow;
+  TaskRecord* mt = s.tasks.FindMutable(task_id);
+  ML_RETURN_IF_ERROR(CheckedAdd(mt->escrow, to_escrow, &mt->escrow, "task escrow"));
+  return CheckedAdd(mt->budget, to_escrow, &mt->budget, "task budget");
+}
+
+// Applies one event's effects for unit `index`. Sets *rewind (and adds the solver to *exclude
+// for fraud) when the round must re-run.
+Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id, uint32_t index,
+                    const UnitCheck& c, const CheckEffects& fx, bool* rewind,
+                    std::vector<protocol::NodeId>* exclude) {
+  const TaskRecord* t = s.tasks.Find(task_id);
+  const WorkUnit* u = s.units.Find({task_id, index});
+  const Amount unit_cost = UnitCost(*t, u->price);
+  const Amount slash = protocol::SlashAmount(unit_cost, p.slash_multiple);
+  const protocol::NodeId solver = c.config().solver;
+  for (const protocol::NodeId& n : fx.slash) {
+    if (n == solver) {
+      ML_RETURN_IF_ERROR(SlashSolverIntoEscrow(s, p, task_id, n, slash));
+    } else {
+      ML_RETURN_IF_ERROR(SlashNode(s, p, n, slash, nullptr));
+    }
+  }
+  for (const protocol::NodeId& n : fx.failures) CountFailure(s, n);
+  // Rewards from the jackpot: what this event slashed into it, at most one slash per winner.
+  std::vector<protocol::NodeId> winners = fx.jackpot_winners;
+  for (const protocol::NodeId& n : fx.rewarded) {
+    if (std::find(winners.begin(), winners.end(), n) == winners.end()) winners.push_back(n);
+  }
+  ML_RETURN_IF_ERROR(PayJackpotShares(s, winners, slash * winners.size()));
+  const uint32_t segments =
+      protocol::SegmentCount(c.config().inner_steps, c.config().checkpoint_interval);
+  const Amount verifier_pay = protocol::VerifierPay(
+      unit_cost, static_cast<uint32_t>(c.segments().size()), segments);
+  for (const protocol::NodeId& n : fx.pay_verifiers) {
+    const NodeRecord* node = s.nodes.Find(n);
+    Amount amount = std::min(verifier_pay, s.tasks.Find(task_id)->escrow);
+    if (node == nullptr || amount == 0) continue;
+    ML_RETURN_IF_ERROR(PayFromEscrow(s, p, task_id, node->owner, amount));
+  }
+  if (fx.solver_clean) {
+    if (NodeRecord* n = s.nodes.FindMutable(solver)) {
+      n->reputation.units_verified_clean++;
+      n->reputation.clean_streak++;
+    }
+  }
+  if (fx.rerun_unit) {
+    *rewind = true;
+    if (c.result() == protocol::CheckResult::kCheckFraud ||
+        c.result() == protocol::CheckResult::kCheckAbandoned) {
+      exclude->push_back(solver);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
+                     const PublicKey& solver, uint64_t secret_index,
+                     protocol::RoundStateMachine& m) {
+  const ChainParams& p = ctx.params();
+  NodeRecord* n = ctx.state.nodes.FindMutable(solver);
+  if (n == nullptr) return NotFound("commit unit: node " + solver.ToHex() + " is not registered");
+  if (secret_index != n->secrets_committed + 1) {
+    return InvalidArgument("commit unit: secret_index must be " +
+                           std::to_string(n->secrets_committed + 1) +
+                           " (the node's next secret chain element), got " +
+                           std::to_string(secret_index));
+  }
+  const uint64_t distance = secret_index - n->secret_anchor_index;
+  if (distance > protocol::kMaxSecretDistance || secret_index > protocol::kSecretChainLength) {
+    return FailedPrecondition("commit unit: node " + solver.ShortHex() + " has " +
+                              std::to_string(distance) +
+                              " unrevealed secrets or an exhausted chain; reveal them first");
+  }
+  const TaskRecord* t = ctx.state.tasks.Find(task_id);
+  const WorkUnit* u = ctx.state.units.Find({task_id, index});
+  protocol::UnitCheckConfig cfg;
+  cfg.unit = protocol::UnitId{task_id, u->round, u->shard};
+  cfg.solver = solver;
+  cfg.result = u->result_hash;
+  cfg.commitment = u->commitment;
+  cfg.inner_steps = t->params.inner_steps;
+  cfg.checkpoint_interval = t->params.checkpoint_interval;
+  cfg.num_operators = 0;  // the referee rules on whole steps (docs/verification.md, "Referee")
+  cfg.secret_anchor = n->secret_anchor;
+  cfg.secret_distance = distance;
+  cfg.forced_error_per_million = p.forced_error_per_million;
+  cfg.assignment_beacon = u->assignment_beacon;
+  cfg.commit_height = ctx.height;
+  cfg.commit_blocks = p.verdict_commit_blocks;
+  cfg.reveal_blocks = p.verdict_reveal_blocks;
+  cfg.dispute_response_blocks = p.dispute_response_blocks;
+  cfg.verifiers_per_unit = p.verifiers_per_unit;
+  Result<UnitCheck> c = UnitCheck::Create(cfg);
+  if (!c.ok()) return c.status().WithPrefix("commit unit");
+  n->secrets_committed = secret_index;
+  WorkUnit* mu = ctx.state.units.FindMutable({task_id, index});
+  mu->secret_index = secret_index;
+  mu->check = c->Encode();
+  m.HoldFinality();
+  return Status::Ok();
+}
+
+Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
+                   const Hash256& task_id, protocol::RoundStateMachine& m) {
+  if (m.phase() == protocol::RoundPhase::kRoundPhaseFinal) return Status::Ok();
+  const ChainParams& p = g.params;
+  const protocol::VerificationParams vp = p.Verification();
+  const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
+  std::vector<protocol::NodeId> candidates;
+  bool have_candidates = false;
+  bool rewind = false;
+  std::vector<protocol::NodeId> exclude;
+  for (uint32_t shard = 0; shard < per_round; ++shard) {
+    const uint32_t index = m.round() * per_round + shard;
+    const WorkUnit* u = s.units.Find({task_id, index});
+    if (u == nullptr || u->check.empty()) continue;
+    ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+    if (c.stage() == CheckStage::kCheckSettled) continue;
+    CheckEffects fx;
+    if (c.stage() == CheckStage::kCheckAwaitingBeacon) {
+      if (c.config().commit_height >= height) continue;  // the beacon is the next block's seed
+      if (!have_candidates) {
+        candidates = VerifierCandidates(s);
+        have_candidates = true;
+      }
+      const NodeRecord* solver = s.nodes.Find(c.config().solver);
+      const uint32_t prob = solver == nullptr
+                                ? 1000
+                                : protocol::VerificationProbabilityPermille(ReputationOf(*solver), vp);
+      ML_ASSIGN_OR_RETURN(fx, c.OnBeacon(seed, prob, candidates, vp, height));
+    } else {
+      ML_ASSIGN_OR_RETURN(fx, c.OnBlock(height));
+    }
+    SaveCheck(s, task_id, index, c);
+    ML_RETURN_IF_ERROR(ApplyEffects(s, p, task_id, index, c, fx, &rewind, &exclude));
+    if (fx.settled) {
+      ML_LOG_INFO("ledger: task {} unit {}: {} ({})", task_id.ShortHex(), index,
+                  protocol::CheckResultName(c.result()), c.reason());
+    }
+  }
+  if (rewind) {
+    // Fraud or a forced error: the round re-runs from its start weights; every unit is pending
+    // again (the deterministic ones come back with the same results), the cheater excluded.
+    ML_RETURN_IF_ERROR(m.RewindRound(exclude));
+    for (uint32_t shard = 0; shard < per_round; ++shard) {
+      const uint32_t index = m.round() * per_round + shard;
+      WorkUnit* w = s.units.FindMutable({task_id, index});
+      if (w == nullptr) continue;
+      if (w->status == WorkUnitStatus::kCommitted &&
+          std::find(exclude.begin(), exclude.end(), w->assignee) != exclude.end()) {
+        ML_RETURN_IF_ERROR(FailWorkUnit(s, task_id, index));
+      }
+      ResetWorkUnit(w);
+    }
+    TaskRecord* t = s.tasks.FindMutable(task_id);
+    if (t->round_results.size() > m.round()) t->round_results.resize(m.round());
+  }
+  // One hold per unsettled check of the current round (a rewind dropped them all).
+  uint32_t open = 0;
+  for (uint32_t shard = 0; shard < per_round; ++shard) {
+    const WorkUnit* u = s.units.Find({task_id, m.round() * per_round + shard});
+    if (u == nullptr || u->check.empty()) continue;
+    ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+    if (c.stage() != CheckStage::kCheckSettled) ++open;
+  }
+  while (m.holds() < open) m.HoldFinality();
+  while (m.holds() > open) ML_RETURN_IF_ERROR(m.ReleaseFinality().status());
+  return Status::Ok();
+}
+
+// ---- Transactions.
+
+Status ExecuteCommitVerdict(ExecContext& ctx, const CommitVerdictTx& tx) {
+  constexpr std::string_view kWhat = "commit verdict";
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
+  ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  ML_RETURN_IF_ERROR(c.OnVerdictCommitted(tx.node_id, tx.commitment, ctx.height));
+  SaveCheck(ctx.state, tx.task_id, tx.index, c);
+  return Status::Ok();
+}
+
+Status ExecuteRevealVerdict(ExecContext& ctx, const RevealVerdictTx& tx) {
+  constexpr std::string_view kWhat = "reveal verdict";
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  if (tx.verdict != static_cast<uint8_t>(protocol::Verdict::kVerdictClean) &&
+      tx.verdict != static_cast<uint8_t>(protocol::Verdict::kVerdictMismatch)) {
+    return InvalidArgument("reveal verdict: verdict must be 1 (clean) or 2 (mismatch), got " +
+                           std::to_string(tx.verdict));
+  }
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
+  ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  const auto verdict = static_cast<protocol::Verdict>(tx.verdict);
+  protocol::MismatchClaim claim = ClaimOf(tx.claim);
+  ML_RETURN_IF_ERROR(c.OnVerdictRevealed(
+      tx.node_id, verdict, tx.salt,
+      verdict == protocol::Verdict::kVerdictMismatch ? &claim : nullptr, ctx.height));
+  SaveCheck(ctx.state, tx.task_id, tx.index, c);
+  return Status::Ok();
+}
+
+Status ExecuteRevealSecret(ExecContext& ctx, const RevealSecretTx& tx) {
+  constexpr std::string_view kWhat = "reveal secret";
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
+  ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  if (c.config().solver != tx.node_id) {
+    return PermissionDenied("reveal secret: node " + tx.node_id.ShortHex() +
+                            " is not the solver of unit " + std::to_string(tx.index));
+  }
+  ML_RETURN_IF_ERROR(c.OnSecretRevealed(tx.secret, tx.start_leaf, ctx.height));
+  const uint64_t secret_index = u->secret_index;
+  SaveCheck(ctx.state, tx.task_id, tx.index, c);
+  // The deepest known element of the chain moves down: later units' secrets are checked
+  // against it (and it reveals nothing about them).
+  NodeRecord* n = ctx.state.nodes.FindMutable(tx.node_id);
+  if (secret_index > n->secret_anchor_index) {
+    n->secret_anchor = tx.secret;
+    n->secret_anchor_index = secret_index;
+  }
+  return Status::Ok();
+}
+
+Status ExecuteDisputePost(ExecContext& ctx, const DisputePostTx& tx) {
+  constexpr std::string_view kWhat = "dispute post";
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
+  ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  protocol::DisputeGame* game = c.mutable_dispute();
+  if (c.stage() != CheckStage::kCheckDisputed || game == nullptr) {
+    return FailedPrecondition("dispute post: unit " + std::to_string(tx.index) +
+                              " has no dispute running (stage " +
+                              std::string(protocol::CheckStageName(c.stage())) + ")");
+  }
+  protocol::DisputeParty party;
+  if (tx.node_id == game->config().defender) {
+    party = protocol::DisputeParty::kDefender;
+  } else if (tx.node_id == game->config().challenger) {
+    party = protocol::DisputeParty::kChallenger;
+  } else {
+    return PermissionDenied("dispute post: node " + tx.node_id.ShortHex() +
+                            " is not a party of the dispute on unit " + std::to_string(tx.index));
+  }
+  ML_RETURN_IF_ERROR(game->Post(party, tx.position, tx.hash, ctx.height));
+  SaveCheck(ctx.state, tx.task_id, tx.index, c);
+  return Status::Ok();
+}
+
+Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
+  constexpr std::string_view kWhat = "challenge unit";
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  const NodeRecord* wb = ctx.state.nodes.Find(tx.node_id);
+  if ((wb->roles & kRoleWhistleblower) == 0 || wb->status != NodeStatus::kActive) {
+    return PermissionDenied("challenge unit: node " + tx.node_id.ShortHex() +
+                            " is not an active whistleblower (its stake is the challenge's bond)");
+  }
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  ML_ASSIGN_OR_RETURN(protocol::RoundStateMachine m, LoadMachine(*t));
+  if (u->round != m.round() || m.phase() == protocol::RoundPhase::kRoundPhaseFinal) {
+    return FailedPrecondition("challenge unit: round " + std::to_string(u->round) +
+                              " of task " + tx.task_id.ShortHex() +
+                              " is final; a challenge must come before its window closes");
+  }
+  ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  ML_RETURN_IF_ERROR(c.OnChallenge(tx.node_id, ClaimOf(tx.claim), ctx.height));
+  SaveCheck(ctx.state, tx.task_id, tx.index, c);
+  m.HoldFinality();  // DriveChecks keeps one hold per unsettled check
+  SaveMachine(ctx.state, tx.task_id, m);
+  return Status::Ok();
+}
+
+Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
+  constexpr std::string_view kWhat = "rule dispute";
+  const PublicKey referee = RefereeKey(ctx.genesis);
+  if (referee == PublicKey{} || ctx.tx.sender != referee) {
+    return PermissionDenied("rule dispute: only the chain's referee " +
+                            (referee == PublicKey{} ? std::string("(none configured)")
+                                              : referee.ShortHex()) +
+                            " may rule");
+  }
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
+  ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  protocol::DisputeGame* game = c.mutable_dispute();
+  if (c.stage() != CheckStage::kCheckDisputed || game == nullptr ||
+      game->stage() != protocol::DisputeStage::kDisputeReferee) {
+    return FailedPrecondition("rule dispute: unit " + std::to_string(tx.index) +
+                              " has no dispute waiting for the referee");
+  }
+  ML_RETURN_IF_ERROR(game->Rule(tx.output));
+  SaveCheck(ctx.state, tx.task_id, tx.index, c);
+  return Status::Ok();
+}
+
+nlohmann::json UnitCheckToJson(const UnitCheck& c) {
+  nlohmann::json verifiers = nlohmann::json::array();
+  for (const protocol::NodeId& v : c.verifiers()) verifiers.push_back(v.ToHex());
+  nlohmann::json j = {{"stage", std::string(protocol::CheckStageName(c.stage()))},
+                      {"result", std::string(protocol::CheckResultName(c.result()))},
+                      {"reason", c.reason()},
+                      {"solver", c.config().solver.ToHex()},
+                      {"commit_height", c.config().commit_height},
+                      {"deadline_height", c.deadline_height()},
+                      {"verifiers", std::move(verifiers)},
+                      {"segments", c.segments()},
+                      {"num_segments", protocol::SegmentCount(c.config().inner_steps,
+                                                              c.config().checkpoint_interval)},
+                      {"dispute", nullptr}};
+  if (const auto& d = c.dispute()) {
+    nlohmann::json dj = {{"stage", std::string(protocol::DisputeStageName(d->stage()))},
+                         {"defender", d->config().defender.ToHex()},
+                         {"challenger", d->config().challenger.ToHex()},
+                         {"first_step", d->config().first_step},
+                         {"last_step", d->config().last_step},
+                         {"agreed", d->config().agreed.ToHex()},
+                         {"turns", d->turns()}};
+    if (d->stage() == protocol::DisputeStage::kDisputeSteps ||
+        d->stage() == protocol::DisputeStage::kDisputeOperators) {
+      protocol::DisputeQuery q = d->query();
+      dj["query"] = {{"position", q.position},
+                     {"step", q.step},
+                     {"deadline_height", q.deadline_height}};
+    } else if (d->stage() == protocol::DisputeStage::kDisputeReferee) {
+      const protocol::RefereeTask& r = d->referee_task();
+      dj["referee"] = {{"whole_step", r.whole_step},
+                       {"step", r.step},
+                       {"operator_index", r.operator_index},
+                       {"input", r.input.ToHex()},
+                       {"defender_output", r.defender_output.ToHex()},
+                       {"challenger_output", r.challenger_output.ToHex()}};
+    } else {
+      dj["outcome"] = {{"defender_honest", d->outcome().defender_honest},
+                       {"challenger_honest", d->outcome().challenger_honest},
+                       {"reason", d->outcome().reason}};
+    }
+    j["dispute"] = std::move(dj);
+  }
+  return j;
+}
+
+}  // namespace meshlearn::ledger
