@@ -1,0 +1,680 @@
+// Verified training on the ledger (verification.cc): committed units checked through blocks by
+// simulated solvers, verifiers, a whistleblower and the referee — clean work paid, a cheater
+// caught through the dispute game (silent or overruled by the referee), a lying verifier slashed,
+// a rubber stamp caught by a forced error and by a whistleblower, a crashed solver not slashed,
+// and every new transaction's failure paths. Every block is replayed by a follower (same state
+// hash) and the token invariant is checked after it.
+#include <map>
+#include <set>
+
+#include "execute.h"
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/unit_check.h"
+#include "meshlearn/protocol/verification.h"
+#include "test_util.h"
+
+namespace meshlearn::ledger {
+namespace {
+
+using protocol::CheckResult;
+using protocol::CheckStage;
+using protocol::RoundPhase;
+using protocol::UnitCheck;
+using protocol::Verdict;
+using testing::ChainFixture;
+using testing::TempDir;
+using testing::TestKey;
+using testing::TestTaskParams;
+
+constexpr Amount kPrice = 10;
+constexpr Amount kUnitCost = 32 * kPrice;  // TestTaskParams: 32 GFLOP per unit
+constexpr Amount kStake = 100'000;
+constexpr uint32_t kSlashMultiple = 10;
+
+// State hashes of a unit's training, as the simulated parties see them: the honest state after
+// step s, and a lazy solver's (right at step 0, wrong after).
+Hash256 TrueState(uint32_t index, uint64_t step) {
+  if (step == 0) return Hasher("start").UpdateU64(index).Finish();
+  return Hasher("true").UpdateU64(index).UpdateU64(step).Finish();
+}
+Hash256 LazyState(uint32_t index, uint64_t step) {
+  if (step == 0) return TrueState(index, 0);
+  return Hasher("lazy").UpdateU64(index).UpdateU64(step).Finish();
+}
+
+class VerificationTest : public ChainFixture {
+ protected:
+  VerificationTest()
+      : dave_(TestKey(4)), erin_(TestKey(5)), frank_(TestKey(6)), gina_(TestKey(7)),
+        referee_(TestKey(8)), s1_(TestKey(21)), s2_(TestKey(22)), v1_(TestKey(23)),
+        v2_(TestKey(24)), wb_(TestKey(25)), agg_(TestKey(26)) {
+    genesis_ = DevnetGenesis({alice_.public_key(), bob_.public_key(), carol_.public_key(),
+                              dave_.public_key(), erin_.public_key(), frank_.public_key(),
+                              gina_.public_key(), referee_.public_key()},
+                             kFunds, "verify-chain");
+    ChainParams& p = genesis_.params;
+    p.verification = true;
+    p.liveness_blocks = 1000;
+    p.min_deadline_blocks = 4;
+    p.verdict_commit_blocks = 2;
+    p.verdict_reveal_blocks = 2;
+    p.dispute_response_blocks = 2;
+    p.forced_error_per_million = 0;
+    p.slash_multiple = kSlashMultiple;
+    p.verifiers_per_unit = 1;
+    genesis_.referee = referee_.public_key();
+    owner_[s1_.public_key()] = &alice_;
+    owner_[s2_.public_key()] = &bob_;
+    owner_[v1_.public_key()] = &carol_;
+    owner_[v2_.public_key()] = &dave_;
+    owner_[wb_.public_key()] = &erin_;
+    owner_[agg_.public_key()] = &frank_;
+  }
+
+  void SetUp() override {
+    ChainFixture::SetUp();
+    auto f = Chain::Open(follower_dir_.File("follower.db"), genesis_);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    follower_ = std::move(*f);
+  }
+
+  static Hash256 SeedOf(const KeyPair& node) { return Blake2b("secret seed " + node.public_key().ToHex()); }
+  static Hash256 Secret(const KeyPair& node, uint64_t i) {
+    return protocol::SecretChainElement(SeedOf(node), i);
+  }
+
+  Transaction Q(const KeyPair& from, TxPayload p) {
+    uint64_t nonce = chain_->NextNonce(from.public_key()) + queued_[from.public_key()]++;
+    return BuildSignedTx(from, genesis_.chain_id, nonce, std::move(p));
+  }
+  // A node's transaction, signed by its owner.
+  Transaction N(const KeyPair& node, TxPayload p) { return Q(*owner_.at(node.public_key()), p); }
+
+  std::vector<Receipt> Step(std::vector<Transaction> txs = {}) {
+    queued_.clear();
+    std::vector<RejectedTx> rejected;
+    Block b = Produce(std::move(txs), &rejected);
+    EXPECT_TRUE(rejected.empty()) << rejected[0].status.ToString();
+    Status s = follower_->ApplyBlock(b, sequencer_.public_key());
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(follower_->StateHash(), chain_->StateHash());
+    EXPECT_TRUE(follower_->CheckInvariants().ok());
+    return b.receipts;
+  }
+  void StepOk(std::vector<Transaction> txs) {
+    for (const Receipt& r : Step(std::move(txs))) EXPECT_TRUE(r.ok) << r.reason;
+  }
+  void Steps(int n) {
+    for (int i = 0; i < n; ++i) Step();
+  }
+
+  RegisterNodeTx Reg(const KeyPair& node, uint32_t roles) {
+    return RegisterNodeTx{.node_id = node.public_key(),
+                          .endpoint = "http://node:1",
+                          .roles = roles,
+                          .capabilities = {.cores = 4,
+                                           .memory_bytes = 1ull << 30,
+                                           .throughput = 1'000'000'000'000,
+                                           .latency_ms = 1,
+                                           .bandwidth_bytes_per_s = 1'000'000'000},
+                          .price = kPrice,
+                          .stake = kStake,
+                          .secret_head = Secret(node, 0)};
+  }
+
+  // Registers the nodes (`verifiers` of v1, v2 with the verifier role) and submits a task of
+  // one round of two units (H = 4, k = 2: 2 segments, 3 leaves).
+  void Start(int verifiers = 1) {
+    std::vector<Transaction> txs = {N(s1_, Reg(s1_, kRoleSolver)), N(s2_, Reg(s2_, kRoleSolver)),
+                                    N(wb_, Reg(wb_, kRoleWhistleblower)),
+                                    N(agg_, Reg(agg_, kRoleAggregator))};
+    if (verifiers >= 1) txs.push_back(N(v1_, Reg(v1_, kRoleVerifier)));
+    if (verifiers >= 2) txs.push_back(N(v2_, Reg(v2_, kRoleVerifier)));
+    StepOk(txs);
+    TaskParams p = TestTaskParams();
+    p.rounds = 1;
+    p.units_per_round = 2;
+    p.num_examples = 200;
+    p.verification_window_blocks = 12;
+    Amount unit_cost = 0;
+    Amount budget = MaxTaskCost(p, 20, &unit_cost, genesis_.params.verifiers_per_unit);
+    Transaction submit = Q(gina_, SubmitTaskTx{.spec_hash = Blake2b("bundle"),
+                                               .budget = budget,
+                                               .price_cap = 20,
+                                               .params = p});
+    task_id_ = TaskIdFor(gina_.public_key(), submit.nonce);
+    StepOk({submit});
+    budget_ = budget;
+  }
+
+  TaskRecord Task() { return chain_->GetTask(task_id_).value(); }
+  protocol::RoundStateMachine Machine() {
+    return protocol::RoundStateMachine::Decode(Task().runtime).value();
+  }
+  WorkUnit Unit(uint32_t index) { return chain_->GetWorkUnit(task_id_, index).value(); }
+  NodeRecord Node(const KeyPair& k) { return chain_->GetNode(k.public_key()).value(); }
+  UnitCheck Check(uint32_t index) { return UnitCheck::Decode(Unit(index).check).value(); }
+  // False once the unit's round re-ran (its check was dropped).
+  bool HasCheck(uint32_t index) { return !Unit(index).check.empty(); }
+  const KeyPair& Key(const PublicKey& id) {
+    for (const KeyPair* k : {&s1_, &s2_, &v1_, &v2_, &wb_, &agg_}) {
+      if (k->public_key() == id) return *k;
+    }
+    ADD_FAILURE() << "unknown node " << id.ShortHex();
+    return s1_;
+  }
+  // The unit assigned to `solver` (its first), or -1.
+  int UnitOf(const KeyPair& solver) {
+    for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
+      if (u.assignee == solver.public_key() && u.status == WorkUnitStatus::kAssigned) {
+        return static_cast<int>(u.index);
+      }
+    }
+    return -1;
+  }
+
+  static std::vector<Hash256> Leaves(uint32_t index, bool lazy) {
+    std::vector<Hash256> l;
+    for (uint64_t s : {0, 2, 4}) l.push_back(lazy ? LazyState(index, s) : TrueState(index, s));
+    return l;
+  }
+  // A solver's commit of unit `index` with these leaves.
+  Transaction CommitTx(uint32_t index, const std::vector<Hash256>& leaves,
+                       const Hash256* commitment = nullptr) {
+    const WorkUnit u = Unit(index);
+    const KeyPair& solver = Key(u.assignee);
+    uint64_t next = Node(solver).secrets_committed + 1 + pending_secrets_[u.assignee]++;
+    return N(solver, CommitUnitTx{.task_id = task_id_,
+                                  .index = index,
+                                  .node_id = u.assignee,
+                                  .result_hash = Blake2b("delta " + std::to_string(index)),
+                                  .commitment = commitment ? *commitment : MerkleRoot(leaves),
+                                  .loss_micros = 1,
+                                  .secret_index = next});
+  }
+  void CommitAll(const std::map<uint32_t, bool>& lazy) {
+    std::vector<Transaction> txs;
+    for (const auto& [index, l] : lazy) txs.push_back(CommitTx(index, Leaves(index, l)));
+    pending_secrets_.clear();
+    StepOk(txs);
+  }
+
+  static MismatchClaimField ClaimOf(const std::vector<Hash256>& leaves, uint32_t segment,
+                                    const Hash256& replayed) {
+    auto proof = [&](uint64_t i) {
+      MerkleProof p = MerkleProve(leaves, i);
+      return MerkleProofField{.index = p.index, .leaf_count = p.leaf_count, .siblings = p.siblings};
+    };
+    return MismatchClaimField{.segment = segment,
+                              .start = leaves[segment],
+                              .start_proof = proof(segment),
+                              .solver_end = leaves[segment + 1],
+                              .end_proof = proof(segment + 1),
+                              .replayed_end = replayed};
+  }
+
+  // A verifier's verdict on unit `index`: sealed now, opened by Reveal later.
+  struct Sealed {
+    Verdict verdict;
+    Hash256 salt;
+    MismatchClaimField claim;
+  };
+  Transaction SealTx(const KeyPair& verifier, uint32_t index, const Sealed& v) {
+    const UnitCheck c = Check(index);
+    Hash256 evidence = v.verdict == Verdict::kVerdictMismatch
+                           ? protocol::MismatchEvidence(v.claim.segment, v.claim.replayed_end)
+                           : Hash256{};
+    return N(verifier, CommitVerdictTx{.task_id = task_id_,
+                                       .index = index,
+                                       .node_id = verifier.public_key(),
+                                       .commitment = protocol::VerdictCommitment(
+                                           v.verdict, v.salt, verifier.public_key(),
+                                           c.config().unit, evidence)});
+  }
+  Transaction RevealTx(const KeyPair& verifier, uint32_t index, const Sealed& v) {
+    return N(verifier, RevealVerdictTx{.task_id = task_id_,
+                                       .index = index,
+                                       .node_id = verifier.public_key(),
+                                       .verdict = static_cast<uint8_t>(v.verdict),
+                                       .salt = v.salt,
+                                       .claim = v.claim});
+  }
+  Transaction SecretTx(uint32_t index) {
+    const WorkUnit u = Unit(index);
+    const KeyPair& solver = Key(u.assignee);
+    return N(solver, RevealSecretTx{.task_id = task_id_,
+                                    .index = index,
+                                    .node_id = u.assignee,
+                                    .secret = Secret(solver, u.secret_index),
+                                    .start_leaf = TrueState(index, 0)});
+  }
+  // Steps until unit `index`'s check is in `stage` (at most `limit` blocks).
+  void StepUntil(uint32_t index, CheckStage stage, int limit = 10) {
+    for (int i = 0; i < limit && HasCheck(index) && Check(index).stage() != stage; ++i) Step();
+    ASSERT_TRUE(HasCheck(index)) << "the round re-ran";
+    ASSERT_EQ(Check(index).stage(), stage) << CheckStageName(Check(index).stage());
+  }
+  // Steps until the check settles or the round re-runs (which drops it).
+  void StepUntilDone(uint32_t index, int limit = 10) {
+    for (int i = 0; i < limit && HasCheck(index) &&
+                    Check(index).stage() != CheckStage::kCheckSettled;
+         ++i) {
+      Step();
+    }
+  }
+  Sealed Clean() { return Sealed{Verdict::kVerdictClean, Blake2b("salt " + std::to_string(++salt_)), {}}; }
+  Sealed Mismatch(uint32_t index, uint32_t segment, bool solver_lazy, const Hash256& replayed) {
+    return Sealed{Verdict::kVerdictMismatch, Blake2b("salt " + std::to_string(++salt_)),
+                  ClaimOf(Leaves(index, solver_lazy), segment, replayed)};
+  }
+  // The verifier drawn for unit `index`.
+  const KeyPair& VerifierOf(uint32_t index) { return Key(Check(index).verifiers().at(0)); }
+
+  // Plays the dispute on unit `index`: the defender posts `defender(step)`, the challenger
+  // `challenger(step)` (a party whose function is null stays silent) until it resolves or
+  // reaches the referee.
+  void PlayDispute(uint32_t index, std::function<Hash256(uint64_t)> defender,
+                   std::function<Hash256(uint64_t)> challenger) {
+    for (int turn = 0; turn < 20; ++turn) {
+      if (!HasCheck(index)) return;
+      const UnitCheck c = Check(index);
+      if (c.stage() != CheckStage::kCheckDisputed) return;
+      const protocol::DisputeGame& g = *c.dispute();
+      if (g.stage() != protocol::DisputeStage::kDisputeSteps) return;
+      const uint64_t pos = g.query().position;
+      std::vector<Transaction> txs;
+      if (defender) {
+        txs.push_back(N(Key(g.config().defender),
+                        DisputePostTx{.task_id = task_id_, .index = index,
+                                      .node_id = g.config().defender, .position = pos,
+                                      .hash = defender(pos)}));
+      }
+      if (challenger) {
+        txs.push_back(N(Key(g.config().challenger),
+                        DisputePostTx{.task_id = task_id_, .index = index,
+                                      .node_id = g.config().challenger, .position = pos,
+                                      .hash = challenger(pos)}));
+      }
+      StepOk(txs);
+      if (!defender || !challenger) Steps(genesis_.params.dispute_response_blocks + 1);
+    }
+  }
+
+  // The round restarted (a rewind): no unit committed, no aggregate, units pending or assigned.
+  bool Rerunning() {
+    protocol::RoundStateMachine m = Machine();
+    return (m.phase() == RoundPhase::kRoundPhaseAssigning ||
+            m.phase() == RoundPhase::kRoundPhaseTraining) &&
+           m.CommittedUnits().empty() && Task().round_results.size() == m.round();
+  }
+
+  // The aggregator commits the round (at once: the round is final only once its checks settle
+  // and its verification window closes).
+  void Aggregate() {
+    for (int i = 0; i < 10 && !Machine().aggregator(); ++i) Step();
+    ASSERT_TRUE(Machine().aggregator().has_value());
+    StepOk({N(agg_, CommitAggregateTx{.task_id = task_id_, .round = Machine().round(),
+                                      .node_id = agg_.public_key(),
+                                      .state_hash = Blake2b("aggregate"),
+                                      .test_accuracy_ppm = 900'000})});
+  }
+  void FinishTask() {
+    for (int i = 0; i < 40 && Task().status == TaskStatus::kOpen; ++i) Step();
+    ASSERT_EQ(Task().status, TaskStatus::kFinished);
+  }
+
+  KeyPair dave_, erin_, frank_, gina_, referee_;
+  KeyPair s1_, s2_, v1_, v2_, wb_, agg_;
+  std::map<PublicKey, const KeyPair*> owner_;
+  std::map<PublicKey, uint64_t> queued_;
+  std::map<PublicKey, uint64_t> pending_secrets_;
+  TempDir follower_dir_;
+  std::unique_ptr<Chain> follower_;
+  Hash256 task_id_;
+  Amount budget_ = 0;
+  int salt_ = 0;
+};
+
+TEST_F(VerificationTest, HonestWorkIsCheckedCleanAndEveryonePaid) {
+  Start();
+  const int u1 = UnitOf(s1_), u2 = UnitOf(s2_);
+  ASSERT_GE(u1, 0);
+  ASSERT_GE(u2, 0);
+  EXPECT_FALSE(Unit(u1).assignment_beacon.IsZero());
+  const Amount v1_before = Balance(carol_);
+  CommitAll({{u1, false}, {u2, false}});
+  EXPECT_EQ(Unit(u1).secret_index, 1u);
+  EXPECT_EQ(Node(s1_).secrets_committed, 1u);
+  EXPECT_EQ(Check(u1).stage(), CheckStage::kCheckAwaitingBeacon);
+  // The aggregate may come at once, but the round is not final while checks are open.
+  Aggregate();
+  EXPECT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);
+  // New nodes: every unit is checked; v1 is the only verifier.
+  for (int u : {u1, u2}) {
+    ASSERT_EQ(Check(u).stage(), CheckStage::kCheckCommitVerdicts);
+    EXPECT_EQ(Check(u).verifiers().at(0), v1_.public_key());
+  }
+  Sealed a = Clean(), b = Clean();
+  StepOk({SealTx(v1_, u1, a), SealTx(v1_, u2, b)});
+  StepUntil(u1, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
+  EXPECT_EQ(Node(s1_).secret_anchor, Secret(s1_, 1));  // the anchor moved down the chain
+  StepUntilDone(u1);
+  for (int u : {u1, u2}) EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();
+  EXPECT_EQ(Node(s1_).reputation.units_verified_clean, 1u);
+  EXPECT_EQ(Node(s1_).reputation.clean_streak, 1u);
+  // The verifier replayed 1 of 2 segments of each unit: half a unit's cost each, less the cut.
+  const Amount pay = protocol::VerifierPay(kUnitCost, 1, 2);
+  const Amount cut = BasisPoints(pay, genesis_.params.treasury_cut_bps);
+  EXPECT_EQ(Balance(carol_), v1_before + 2 * (pay - cut));
+  FinishTask();
+  EXPECT_EQ(Unit(u1).status, WorkUnitStatus::kVerified);
+  EXPECT_EQ(Unit(u1).paid, kUnitCost);
+  for (const KeyPair* k : {&s1_, &s2_, &v1_, &wb_, &agg_}) {
+    EXPECT_EQ(Node(*k).reputation.slashes, 0u);
+    EXPECT_EQ(Node(*k).stake, kStake);
+  }
+}
+
+TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns) {
+  Start();
+  const int lazy = UnitOf(s1_), honest = UnitOf(s2_);
+  CommitAll({{lazy, true}, {honest, false}});
+  Aggregate();  // the aggregator works at once; the round is final only after the checks
+  Sealed caught = Mismatch(lazy, 0, /*solver_lazy=*/true, TrueState(lazy, 2));
+  Sealed ok = Clean();
+  StepOk({SealTx(v1_, lazy, caught), SealTx(v1_, honest, ok)});
+  StepUntil(lazy, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, lazy, caught), RevealTx(v1_, honest, ok), SecretTx(lazy), SecretTx(honest)});
+  StepUntil(lazy, CheckStage::kCheckDisputed);
+  const Amount escrow_before = Task().escrow;
+  const Amount v1_balance = Balance(carol_);
+  // The verifier answers every turn with the true state; the cheater is silent and loses.
+  PlayDispute(lazy, nullptr, [&](uint64_t s) { return TrueState(lazy, s); });
+  NodeRecord cheater = Node(s1_);
+  EXPECT_EQ(cheater.reputation.slashes, 1u);
+  EXPECT_EQ(cheater.status, NodeStatus::kJailed);
+  EXPECT_EQ(cheater.stake, kStake - kSlashMultiple * kUnitCost);
+  // The round re-runs from its start: every unit given out again, the cheater excluded.
+  EXPECT_TRUE(Rerunning());
+  EXPECT_TRUE(Unit(lazy).check.empty());
+  EXPECT_GT(Task().escrow, escrow_before);  // the cheater's stake pays for the redo
+  EXPECT_GT(Balance(carol_), v1_balance);   // the verifier was paid and rewarded
+  // The honest solver does both units now; they are checked and the task finishes.
+  Steps(1);
+  EXPECT_EQ(Unit(lazy).assignee, s2_.public_key());
+  EXPECT_EQ(Unit(honest).assignee, s2_.public_key());
+  CommitAll({{lazy, false}, {honest, false}});
+  Aggregate();
+  Sealed a = Clean(), b = Clean();
+  StepOk({SealTx(v1_, lazy, a), SealTx(v1_, honest, b)});
+  StepUntil(lazy, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, lazy, a), RevealTx(v1_, honest, b), SecretTx(lazy), SecretTx(honest)});
+  FinishTask();
+  EXPECT_EQ(Balance(alice_), kFunds - kStake);  // the cheater's owner was never paid
+  EXPECT_EQ(Unit(lazy).paid, kUnitCost);
+  EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
+  EXPECT_EQ(Node(v1_).reputation.slashes, 0u);
+  EXPECT_EQ(Node(s2_).secrets_committed, 3u);
+}
+
+// Both parties play the whole game; the referee computes the narrowed step and rules.
+class RefereeTest : public VerificationTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(RefereeTest, TheRefereeRulesForTheHonestParty) {
+  const bool solver_lies = GetParam();
+  Start();
+  const int u = UnitOf(s1_), other = UnitOf(s2_);
+  CommitAll({{u, solver_lies}, {other, false}});
+  Step();
+  // The liar's states: a lazy solver's, or a verifier that invents a mismatch.
+  auto verifier_lie = [&](uint64_t s) { return Hasher("invented").UpdateU64(s).Finish(); };
+  // A lazy solver is wrong from step 1 on: segment 0 (agreed start: the true state after step
+  // 0). The lying verifier claims segment 1 (agreed start: the true state after step 2).
+  const uint32_t segment = solver_lies ? 0 : 1;
+  Sealed claim = Mismatch(u, segment, solver_lies,
+                          solver_lies ? TrueState(u, 2) : verifier_lie(4));
+  Sealed ok = Clean();
+  StepOk({SealTx(v1_, u, claim), SealTx(v1_, other, ok)});
+  StepUntil(u, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, u, claim), RevealTx(v1_, other, ok), SecretTx(u), SecretTx(other)});
+  StepUntil(u, CheckStage::kCheckDisputed);
+  auto solver_states = [&](uint64_t s) { return solver_lies ? LazyState(u, s) : TrueState(u, s); };
+  auto verifier_states = [&](uint64_t s) {
+    return solver_lies ? TrueState(u, s) : (s <= 2 ? TrueState(u, s) : verifier_lie(s));
+  };
+  PlayDispute(u, solver_states, verifier_states);
+  const UnitCheck c = Check(u);
+  ASSERT_EQ(c.dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  const protocol::RefereeTask task = c.dispute()->referee_task();
+  EXPECT_TRUE(task.whole_step);
+  // Only the referee rules.
+  RuleDisputeTx rule{.task_id = task_id_, .index = static_cast<uint32_t>(u),
+                     .output = TrueState(u, task.step)};
+  std::vector<Receipt> r = Step({Q(gina_, rule)});
+  EXPECT_EQ(r[0].code, StatusCode::kPermissionDenied) << r[0].reason;
+  StepOk({Q(referee_, rule)});
+  r = Step({Q(referee_, rule)});  // nothing left to rule
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
+  StepUntilDone(u, 3);
+  if (solver_lies) {
+    EXPECT_FALSE(HasCheck(u));  // fraud: the round re-runs
+    EXPECT_TRUE(Rerunning());
+    EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+    EXPECT_EQ(Node(v1_).reputation.slashes, 0u);
+  } else {
+    EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();
+    EXPECT_EQ(Node(v1_).reputation.slashes, 1u);  // the lying verifier
+    EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
+    EXPECT_EQ(Node(s1_).reputation.units_verified_clean, 1u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EachSideLies, RefereeTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "SolverLies" : "VerifierLies"; });
+
+class ForcedErrorTest : public VerificationTest {
+ protected:
+  ForcedErrorTest() {
+    genesis_.params.forced_error_per_million = 1'000'000;  // every unit is a forced error
+    genesis_.params.verifiers_per_unit = 2;
+  }
+};
+
+TEST_F(ForcedErrorTest, AForcedErrorCatchesTheRubberStamp) {
+  Start(/*verifiers=*/2);
+  const int u = UnitOf(s1_), other = UnitOf(s2_);
+  // The solver knows its draw: it commits the forced form (true start, forced leaves).
+  std::vector<Transaction> txs;
+  for (int index : {u, other}) {
+    const WorkUnit w = Unit(index);
+    const KeyPair& solver = Key(w.assignee);
+    const uint64_t i = Node(solver).secrets_committed + 1 + pending_secrets_[w.assignee];
+    protocol::UnitId id{task_id_, w.round, w.shard};
+    ASSERT_TRUE(protocol::IsForcedError(Secret(solver, i), w.assignment_beacon, id, 1'000'000));
+    Hash256 forced = protocol::ForcedCommitment(Secret(solver, i), id, TrueState(index, 0), 3);
+    txs.push_back(CommitTx(index, {}, &forced));
+  }
+  pending_secrets_.clear();
+  StepOk(txs);
+  Step();
+  const UnitCheck c = Check(u);
+  ASSERT_EQ(c.verifiers().size(), 2u);
+  const KeyPair& honest = Key(c.verifiers()[0]);
+  const KeyPair& stamp = Key(c.verifiers()[1]);
+  // The honest verifier's replay of segment 0 ends at the true state, not the forced leaf.
+  const WorkUnit w = Unit(u);
+  protocol::UnitId id{task_id_, w.round, w.shard};
+  std::vector<Hash256> forced_leaves = {TrueState(u, 0),
+                                        protocol::ForcedLeaf(Secret(s1_, w.secret_index), id, 1),
+                                        protocol::ForcedLeaf(Secret(s1_, w.secret_index), id, 2)};
+  Sealed catch_it{Verdict::kVerdictMismatch, Blake2b("h"), ClaimOf(forced_leaves, 0, TrueState(u, 2))};
+  Sealed stamp_it = Clean();
+  StepOk({SealTx(honest, u, catch_it), SealTx(stamp, u, stamp_it)});
+  StepUntil(u, CheckStage::kCheckRevealVerdicts);
+  const Amount honest_before = Balance(*owner_.at(honest.public_key()));
+  StepOk({RevealTx(honest, u, catch_it), RevealTx(stamp, u, stamp_it), SecretTx(u), SecretTx(other)});
+  StepUntilDone(u);
+  EXPECT_FALSE(HasCheck(u));  // settled as a forced error: the round re-runs
+  EXPECT_GT(Balance(*owner_.at(honest.public_key())), honest_before);  // jackpot share
+  EXPECT_EQ(Node(stamp).reputation.slashes, 1u);
+  EXPECT_EQ(Node(honest).reputation.slashes, 0u);
+  EXPECT_EQ(Node(s1_).reputation.slashes, 0u);  // the solver did what it was told
+  EXPECT_TRUE(Rerunning());  // the unit is re-run
+}
+
+TEST_F(VerificationTest, AWhistleblowerCatchesWhatARubberStampApproved) {
+  Start();
+  const int lazy = UnitOf(s1_), honest = UnitOf(s2_);
+  CommitAll({{lazy, true}, {honest, false}});
+  Aggregate();
+  Sealed stamp1 = Clean(), stamp2 = Clean();
+  StepOk({SealTx(v1_, lazy, stamp1), SealTx(v1_, honest, stamp2)});
+  StepUntil(lazy, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, lazy, stamp1), RevealTx(v1_, honest, stamp2), SecretTx(lazy),
+          SecretTx(honest)});
+  StepUntilDone(lazy);
+  ASSERT_EQ(Check(lazy).result(), CheckResult::kCheckClean);
+  ASSERT_NE(Machine().phase(), RoundPhase::kRoundPhaseFinal);  // the window is still open
+  // A challenge by a node without the role, or of the honest unit's wrong claim, is refused.
+  MismatchClaimField claim = ClaimOf(Leaves(lazy, true), 0, TrueState(lazy, 2));
+  std::vector<Receipt> r = Step({N(v1_, ChallengeUnitTx{.task_id = task_id_, .index = static_cast<uint32_t>(lazy),
+                                                         .node_id = v1_.public_key(), .claim = claim})});
+  EXPECT_EQ(r[0].code, StatusCode::kPermissionDenied) << r[0].reason;
+  const Amount wb_before = Balance(erin_);
+  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_, .index = static_cast<uint32_t>(lazy),
+                                 .node_id = wb_.public_key(), .claim = claim})});
+  EXPECT_EQ(Check(lazy).stage(), CheckStage::kCheckDisputed);
+  PlayDispute(lazy, nullptr, [&](uint64_t s) { return TrueState(lazy, s); });
+  EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(v1_).reputation.slashes, 1u);  // it approved the cheat
+  EXPECT_EQ(Node(wb_).reputation.slashes, 0u);
+  EXPECT_GT(Balance(erin_), wb_before);  // rewarded from the jackpot
+  EXPECT_TRUE(Rerunning());
+}
+
+TEST_F(VerificationTest, ASolverThatNeverRevealsLosesTheUnitWithoutASlash) {
+  Start();
+  const int silent = UnitOf(s1_), honest = UnitOf(s2_);
+  CommitAll({{silent, false}, {honest, false}});
+  Step();
+  Sealed a = Clean(), b = Clean();
+  StepOk({SealTx(v1_, silent, a), SealTx(v1_, honest, b)});
+  StepUntil(silent, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, silent, a), RevealTx(v1_, honest, b), SecretTx(honest)});  // s1 crashed
+  for (int i = 0; i < 4; ++i) Step();
+  EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
+  EXPECT_EQ(Node(s1_).stake, kStake);
+  EXPECT_GE(Node(s1_).reputation.failures, 1u);
+  EXPECT_TRUE(Rerunning());
+  Steps(1);
+  EXPECT_EQ(Unit(silent).assignee, s2_.public_key());  // re-run without it
+}
+
+TEST_F(VerificationTest, BadVerificationTransactionsAreRefused) {
+  // Bad transactions share blocks with good ones: each fails alone and changes nothing.
+  Start();
+  const int u = UnitOf(s1_), other = UnitOf(s2_);
+  const uint32_t ui = static_cast<uint32_t>(u);
+  auto verdict_commit = [&](const KeyPair& signer, const KeyPair& node, uint32_t index) {
+    return Q(signer, CommitVerdictTx{.task_id = task_id_, .index = index,
+                                     .node_id = node.public_key(), .commitment = Blake2b("x")});
+  };
+  // A commit must carry the node's next secret index; before its commit a unit has no check.
+  CommitUnitTx bad = std::get<CommitUnitTx>(CommitTx(u, Leaves(u, false)).payload);
+  pending_secrets_.clear();
+  queued_.clear();
+  bad.secret_index = 5;
+  std::vector<Receipt> r = Step({N(s1_, bad), verdict_commit(carol_, v1_, ui)});
+  EXPECT_EQ(r[0].code, StatusCode::kInvalidArgument) << r[0].reason;
+  EXPECT_EQ(r[1].code, StatusCode::kFailedPrecondition) << r[1].reason;
+  CommitAll({{u, false}, {other, false}});
+  // The commit's own block: no beacon yet, so no verdict; the secret only in the reveal window.
+  r = Step({verdict_commit(carol_, v1_, ui), SecretTx(u)});
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
+  EXPECT_EQ(r[1].code, StatusCode::kFailedPrecondition) << r[1].reason;
+  ASSERT_EQ(Check(u).stage(), CheckStage::kCheckCommitVerdicts);
+  // Commit window: only a drawn verifier, signed by itself or its owner, in range, once.
+  Sealed early = Clean(), later = Clean();
+  r = Step({verdict_commit(dave_, v2_, ui),    // v2 is not registered
+            verdict_commit(bob_, s2_, ui),     // not a drawn verifier
+            verdict_commit(gina_, v1_, ui),    // someone else's node
+            verdict_commit(carol_, v1_, 99),   // out of range
+            SealTx(v1_, u, early), SealTx(v1_, other, later)});
+  EXPECT_EQ(r[0].code, StatusCode::kNotFound) << r[0].reason;
+  EXPECT_EQ(r[1].code, StatusCode::kPermissionDenied) << r[1].reason;
+  EXPECT_EQ(r[2].code, StatusCode::kPermissionDenied) << r[2].reason;
+  EXPECT_EQ(r[3].code, StatusCode::kInvalidArgument) << r[3].reason;
+  EXPECT_TRUE(r[4].ok) << r[4].reason;
+  EXPECT_TRUE(r[5].ok) << r[5].reason;
+  r = Step({SealTx(v1_, u, early)});
+  EXPECT_EQ(r[0].code, StatusCode::kAlreadyExists) << r[0].reason;
+  StepUntil(u, CheckStage::kCheckRevealVerdicts);
+  // Reveal window: an unknown verdict, a wrong salt, a secret from the wrong node or chain
+  // element, a dispute move without a dispute, a ruling without one, a challenge of a unit that
+  // has not settled; then the honest reveals, in the same block.
+  Sealed wrong_salt = early;
+  wrong_salt.salt = Blake2b("other salt");
+  RevealVerdictTx unknown = std::get<RevealVerdictTx>(RevealTx(v1_, u, early).payload);
+  queued_.clear();
+  unknown.verdict = 7;
+  r = Step({Q(carol_, unknown), RevealTx(v1_, u, wrong_salt),
+            N(s2_, RevealSecretTx{.task_id = task_id_, .index = ui, .node_id = s2_.public_key(),
+                                  .secret = Secret(s2_, 1)}),
+            N(s1_, RevealSecretTx{.task_id = task_id_, .index = ui, .node_id = s1_.public_key(),
+                                  .secret = Secret(s1_, 2)}),
+            N(s1_, DisputePostTx{.task_id = task_id_, .index = ui, .node_id = s1_.public_key(),
+                                 .position = 1, .hash = Blake2b("h")}),
+            Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = ui, .output = Blake2b("o")}),
+            N(wb_, ChallengeUnitTx{.task_id = task_id_, .index = ui, .node_id = wb_.public_key(),
+                                   .claim = ClaimOf(Leaves(u, false), 0, Blake2b("r"))}),
+            RevealTx(v1_, u, early), RevealTx(v1_, other, later), SecretTx(u), SecretTx(other)});
+  EXPECT_EQ(r[0].code, StatusCode::kInvalidArgument) << r[0].reason;
+  EXPECT_EQ(r[1].code, StatusCode::kPermissionDenied) << r[1].reason;
+  EXPECT_EQ(r[2].code, StatusCode::kPermissionDenied) << r[2].reason;  // not its unit
+  EXPECT_EQ(r[3].code, StatusCode::kPermissionDenied) << r[3].reason;  // not its secret
+  EXPECT_EQ(r[4].code, StatusCode::kFailedPrecondition) << r[4].reason;
+  EXPECT_EQ(r[5].code, StatusCode::kFailedPrecondition) << r[5].reason;
+  EXPECT_EQ(r[6].code, StatusCode::kFailedPrecondition) << r[6].reason;
+  for (size_t i = 7; i < r.size(); ++i) EXPECT_TRUE(r[i].ok) << r[i].reason;
+  StepUntilDone(u);
+  EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();
+}
+
+TEST_F(VerificationTest, ASolverMustRegisterASecretChain) {
+  RegisterNodeTx reg = Reg(s1_, kRoleSolver);
+  reg.secret_head = Hash256{};
+  std::vector<Receipt> r = Step({N(s1_, reg)});
+  EXPECT_EQ(r[0].code, StatusCode::kInvalidArgument);
+  EXPECT_NE(r[0].reason.find("secret_head"), std::string::npos) << r[0].reason;
+  // A verifier needs none.
+  RegisterNodeTx v = Reg(v1_, kRoleVerifier);
+  v.secret_head = Hash256{};
+  StepOk({N(v1_, v)});
+}
+
+TEST_F(VerificationTest, VerificationParamsRoundTripThroughGenesisToml) {
+  Genesis g = genesis_;
+  g.params.verify_floor_permille = 77;
+  g.params.slash_multiple = 3;
+  auto back = ParseGenesis(GenesisToToml(g));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, g);
+  EXPECT_NE(GenesisHash(*back), GenesisHash(genesis_));
+  Genesis bad = g;
+  bad.params.verify_floor_permille = 0;
+  EXPECT_FALSE(ValidateGenesis(bad).ok());
+  bad = g;
+  bad.params.slash_multiple = 0;
+  EXPECT_FALSE(ValidateGenesis(bad).ok());
+  std::string toml = GenesisToToml(g);
+  toml.replace(toml.find("slash_multiple"), 14, "slash_multipel");
+  auto typo = ParseGenesis(toml);
+  EXPECT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("slash_multipel"), std::string::npos)
+      << typo.status().ToString();
+}
+
+}  // namespace
+}  // namespace meshlearn::ledger
