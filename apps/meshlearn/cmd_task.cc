@@ -11,6 +11,7 @@
 #include "meshlearn/base/progress.h"
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/blob_service.h"
 #include "meshlearn/net/http_transport.h"
@@ -74,12 +75,16 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   t.total_units = uint64_t{t.net.rounds} * t.net.units_per_round;
   t.unit_flops = protocol::UnitFlops(t.view);
   ledger::Amount unit_cost = 0;
-  t.cost_at_cap = ledger::MaxTaskCost(p, t.net.price_cap, &unit_cost);  // the ledger's own rule
+  // The ledger's own rule, for a chain with the default verifiers per unit (the ledger refuses
+  // with the amount it needs when its genesis says otherwise).
+  t.cost_at_cap = ledger::MaxTaskCost(p, t.net.price_cap, &unit_cost,
+                                      ledger::ChainParams{}.verifiers_per_unit);
   // The ledger refuses a budget below the most the task can cost (no node works unpaid).
   if (t.net.budget < t.cost_at_cap) {
     return InvalidArgument(fmt::format(
         "{}: network.budget = {} is below the most this task can cost, {} = rounds x "
-        "(units_per_round + 1 aggregation) x {} tokens a unit at price_cap {}; raise "
+        "(units_per_round x (1 solver + 1 verifier) + 1 aggregation) x {} tokens a unit at "
+        "price_cap {}; raise "
         "network.budget to at least {} or lower network.price_cap", path, t.net.budget,
         t.cost_at_cap, unit_cost, t.net.price_cap, t.cost_at_cap));
   }
@@ -572,6 +577,7 @@ void AddTask(CLI::App& root, GlobalOptions& g) {
       "  meshlearn task submit examples/fashion-mlp.toml --key alice\n"
       "  meshlearn task watch 3f2a...\n"
       "  meshlearn task fetch 3f2a... --out out/mlp\n"
+      "  meshlearn task audit 3f2a... --full\n"
       "See docs/submitters.md.");
 
   CLI::App* sub = task->add_subcommand("submit", "Validate, publish and submit a task file (escrows its budget)");

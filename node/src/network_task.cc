@@ -7,7 +7,8 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
   ML_RETURN_IF_ERROR(n.CheckKnownKeys(
       {"rounds", "units_per_round", "inner_steps", "checkpoint_interval", "aggregation",
        "trim_fraction", "clip_radius", "clip_iterations", "krum_select", "krum_byzantine",
-       "outer_lr", "outer_momentum", "outer_nesterov", "inner_lr_final", "budget", "price_cap"}));
+       "outer_lr", "outer_momentum", "outer_nesterov", "inner_lr_final",
+       "verification_window_blocks", "budget", "price_cap"}));
   NetworkSpec s;
   ML_ASSIGN_OR_RETURN(int64_t rounds, n.GetInt("rounds", {.min = 1, .max = 100000}));
   ML_ASSIGN_OR_RETURN(int64_t units, n.GetInt("units_per_round", {.min = 1, .max = 4096}));
@@ -43,6 +44,9 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
 
   ML_ASSIGN_OR_RETURN(s.inner_lr_final, n.GetDouble("inner_lr_final", 1.0,
                                                     {.min = 0, .max = 1, .min_exclusive = true}));
+  ML_ASSIGN_OR_RETURN(int64_t window, n.GetInt("verification_window_blocks", 5,
+                                               {.min = 0, .max = 100000}));
+  s.verification_window_blocks = static_cast<uint64_t>(window);
   ML_ASSIGN_OR_RETURN(int64_t budget, n.GetInt("budget", 0, {.min = 0}));
   ML_ASSIGN_OR_RETURN(int64_t cap, n.GetInt("price_cap", 0, {.min = 0}));
   s.budget = static_cast<uint64_t>(budget);

@@ -236,7 +236,7 @@ ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net
       .num_examples = facts.num_examples,
       .seed = facts.seed,
       .initial_state = initial_state,
-      .verification_window_blocks = 0};
+      .verification_window_blocks = net.verification_window_blocks};
 }
 
 }  // namespace meshlearn::node

@@ -16,6 +16,8 @@
 //   outer_momentum = 0.9
 //   outer_nesterov = true
 //   inner_lr_final = 1.0      # inner lr factor of the last round; rounds decay linearly to it
+//   verification_window_blocks = 5  # blocks after a round's aggregate in which a whistleblower
+//                             # may still challenge its units (docs/verification.md)
 //   budget = 1000000          # tokens escrowed by the submitter
 //   price_cap = 100           # highest price per GFLOP accepted from a solver
 //
@@ -42,6 +44,7 @@ struct NetworkSpec {
   // falling linearly to inner_lr_final in the last round (integer ratio, exact in double).
   double inner_lr_final = 1.0;
   double InnerLrScale(uint32_t round) const;
+  uint64_t verification_window_blocks = 5;
   uint64_t budget = 0;
   uint64_t price_cap = 0;
 
