@@ -209,6 +209,10 @@ Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
                            std::to_string(p.inner_steps) + "], got " +
                            std::to_string(p.checkpoint_interval));
   }
+  if (p.tolerance_rel_l2_ppm > 1'000'000 || p.tolerance_cosine_gap_ppb > 1'000'000'000) {
+    return InvalidArgument("submit task: params.tolerance_rel_l2_ppm must be <= 1000000 and "
+                           "params.tolerance_cosine_gap_ppb <= 1000000000 (0 and 0: exact mode)");
+  }
   // The escrow must cover the most the task can cost (an expired unit is paid once, to the node
   // that commits it), so no node ever works on a unit the escrow cannot pay.
   Amount unit_cost = 0;

@@ -226,6 +226,7 @@ Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
   cfg.reveal_blocks = p.verdict_reveal_blocks;
   cfg.dispute_response_blocks = p.dispute_response_blocks;
   cfg.verifiers_per_unit = p.verifiers_per_unit;
+  cfg.tolerance = t->params.tolerance_rel_l2_ppm != 0 || t->params.tolerance_cosine_gap_ppb != 0;
   Result<UnitCheck> c = UnitCheck::Create(cfg);
   if (!c.ok()) return c.status().WithPrefix("commit unit");
   n->secrets_committed = secret_index;
@@ -423,7 +424,21 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
     return FailedPrecondition("rule dispute: unit " + std::to_string(tx.index) +
                               " has no dispute waiting for the referee");
   }
-  ML_RETURN_IF_ERROR(game->Rule(tx.output));
+  if (game->referee_task().segment) {
+    if (tx.tolerance_verdict != 1 && tx.tolerance_verdict != 2) {
+      return InvalidArgument("rule dispute: unit " + std::to_string(tx.index) +
+                             " is verified in tolerance mode; tolerance_verdict must be 1 "
+                             "(within tolerance) or 2 (outside), got " +
+                             std::to_string(tx.tolerance_verdict));
+    }
+    ML_RETURN_IF_ERROR(game->RuleTolerance(tx.tolerance_verdict == 1));
+  } else {
+    if (tx.tolerance_verdict != 0) {
+      return InvalidArgument("rule dispute: unit " + std::to_string(tx.index) +
+                             " is verified exactly; rule with `output` and tolerance_verdict 0");
+    }
+    ML_RETURN_IF_ERROR(game->Rule(tx.output));
+  }
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
   return Status::Ok();
 }
@@ -459,6 +474,8 @@ nlohmann::json UnitCheckToJson(const UnitCheck& c) {
     } else if (d->stage() == protocol::DisputeStage::kDisputeReferee) {
       const protocol::RefereeTask& r = d->referee_task();
       dj["referee"] = {{"whole_step", r.whole_step},
+                       {"segment", r.segment},
+                       {"first_step", r.first_step},
                        {"step", r.step},
                        {"operator_index", r.operator_index},
                        {"input", r.input.ToHex()},

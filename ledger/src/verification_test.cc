@@ -125,7 +125,7 @@ class VerificationTest : public ChainFixture {
 
   // Registers the nodes (`verifiers` of v1, v2 with the verifier role) and submits a task of
   // one round of two units (H = 4, k = 2: 2 segments, 3 leaves).
-  void Start(int verifiers = 1) {
+  void Start(int verifiers = 1, uint32_t tolerance_ppm = 0) {
     std::vector<Transaction> txs = {N(s1_, Reg(s1_, kRoleSolver)), N(s2_, Reg(s2_, kRoleSolver)),
                                     N(wb_, Reg(wb_, kRoleWhistleblower)),
                                     N(agg_, Reg(agg_, kRoleAggregator))};
@@ -137,6 +137,7 @@ class VerificationTest : public ChainFixture {
     p.units_per_round = 2;
     p.num_examples = 200;
     p.verification_window_blocks = 12;
+    p.tolerance_rel_l2_ppm = tolerance_ppm;
     Amount unit_cost = 0;
     Amount budget = MaxTaskCost(p, 20, &unit_cost, genesis_.params.verifiers_per_unit);
     Transaction submit = Q(gina_, SubmitTaskTx{.spec_hash = Blake2b("bundle"),
@@ -640,6 +641,37 @@ TEST_F(VerificationTest, BadVerificationTransactionsAreRefused) {
   for (size_t i = 7; i < r.size(); ++i) EXPECT_TRUE(r[i].ok) << r[i].reason;
   StepUntilDone(u);
   EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();
+}
+
+TEST_F(VerificationTest, InToleranceModeTheRefereeJudgesTheWholeSegment) {
+  Start(/*verifiers=*/1, /*tolerance_ppm=*/50);
+  const int u = UnitOf(s1_), other = UnitOf(s2_);
+  CommitAll({{u, false}, {other, false}});
+  Aggregate();
+  // The verifier's replay on other hardware ends elsewhere and, it says, out of tolerance.
+  Sealed claim = Mismatch(u, 1, false, Blake2b("replayed on another machine"));
+  Sealed ok = Clean();
+  StepOk({SealTx(v1_, u, claim), SealTx(v1_, other, ok)});
+  StepUntil(u, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, u, claim), RevealTx(v1_, other, ok), SecretTx(u), SecretTx(other)});
+  StepUntil(u, CheckStage::kCheckDisputed);
+  // No bisection: the game is at the referee at once, over the whole segment (steps 2..4).
+  const UnitCheck disputed = Check(u);
+  const protocol::DisputeGame& g = *disputed.dispute();
+  ASSERT_EQ(g.stage(), protocol::DisputeStage::kDisputeReferee);
+  EXPECT_TRUE(g.referee_task().segment);
+  EXPECT_EQ(g.referee_task().first_step, 2u);
+  EXPECT_EQ(g.referee_task().step, 4u);
+  const uint32_t ui = static_cast<uint32_t>(u);
+  std::vector<Receipt> r =
+      Step({Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = ui, .output = Blake2b("o")})});
+  EXPECT_EQ(r[0].code, StatusCode::kInvalidArgument) << r[0].reason;
+  // The referee's replay finds the solver's committed state within tolerance: the solver wins.
+  StepOk({Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = ui, .tolerance_verdict = 1})});
+  StepUntilDone(u, 3);
+  EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();
+  EXPECT_EQ(Node(v1_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
 }
 
 TEST_F(VerificationTest, ASolverMustRegisterASecretChain) {

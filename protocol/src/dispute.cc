@@ -76,7 +76,12 @@ DisputeGame::DisputeGame(const DisputeConfig& config)
       d_hi_(config.defender_claim),
       c_hi_(config.challenger_claim) {
   deadline_ = config.start_height;
-  if (hi_ - lo_ == 1) {
+  if (config.tolerance) {
+    EnterReferee(true, config.last_step, 0, config.agreed, config.defender_claim,
+                 config.challenger_claim);
+    referee_.segment = true;
+    referee_.first_step = config.first_step;
+  } else if (hi_ - lo_ == 1) {
     Advance();  // nothing to bisect: go straight to the step (phase 2 or the referee)
   } else {
     StartTurn(config.start_height);
@@ -102,7 +107,12 @@ DisputeQuery DisputeGame::query() const {
 void DisputeGame::EnterReferee(bool whole_step, uint64_t step, uint32_t op, const Hash256& input,
                                const Hash256& d_out, const Hash256& c_out) {
   stage_ = DisputeStage::kDisputeReferee;
-  referee_ = RefereeTask{whole_step, step, op, input, d_out, c_out};
+  referee_ = RefereeTask{.whole_step = whole_step,
+                         .step = step,
+                         .operator_index = op,
+                         .input = input,
+                         .defender_output = d_out,
+                         .challenger_output = c_out};
 }
 
 // Called when a turn completes (both posted), and once from the constructor when the claimed
@@ -204,6 +214,9 @@ Status DisputeGame::Rule(const Hash256& correct_output) {
     return FailedPrecondition("dispute: the referee rules only in the referee stage, not in " +
                               std::string(DisputeStageName(stage_)));
   }
+  if (referee_.segment) {
+    return InvalidArgument("dispute: a tolerance-mode segment is ruled with RuleTolerance");
+  }
   stage_ = DisputeStage::kDisputeResolved;
   outcome_.defender_honest = referee_.defender_output == correct_output;
   outcome_.challenger_honest = referee_.challenger_output == correct_output;
@@ -221,6 +234,20 @@ Status DisputeGame::Rule(const Hash256& correct_output) {
   return Status::Ok();
 }
 
+Status DisputeGame::RuleTolerance(bool defender_within_tolerance) {
+  if (stage_ != DisputeStage::kDisputeReferee || !referee_.segment) {
+    return FailedPrecondition("dispute: RuleTolerance rules a tolerance-mode segment at the "
+                              "referee stage only");
+  }
+  stage_ = DisputeStage::kDisputeResolved;
+  outcome_.defender_honest = defender_within_tolerance;
+  outcome_.challenger_honest = !defender_within_tolerance;
+  outcome_.reason = "referee replayed steps " + std::to_string(referee_.first_step) + ".." +
+                    std::to_string(referee_.step) + ": the defender's state is " +
+                    (defender_within_tolerance ? "within" : "outside") + " the task's tolerance";
+  return Status::Ok();
+}
+
 Bytes DisputeGame::Encode() const {
   Encoder e;
   e.PutU8(kEncodingVersion);
@@ -229,6 +256,7 @@ Bytes DisputeGame::Encode() const {
   e.PutU64(config_.first_step).PutU64(config_.last_step);
   e.PutHash(config_.agreed).PutHash(config_.defender_claim).PutHash(config_.challenger_claim);
   e.PutU32(config_.num_operators).PutU64(config_.response_blocks).PutU64(config_.start_height);
+  e.PutBool(config_.tolerance);
   e.PutU8(static_cast<uint8_t>(stage_));
   e.PutU64(lo_).PutU64(hi_).PutHash(lo_hash_).PutHash(d_hi_).PutHash(c_hi_);
   e.PutU64(step_).PutHash(step_input_).PutHash(step_d_out_).PutHash(step_c_out_);
@@ -237,6 +265,7 @@ Bytes DisputeGame::Encode() const {
   PutOptionalHash(e, c_post_);
   e.PutU32(turns_);
   e.PutBool(referee_.whole_step).PutU64(referee_.step).PutU32(referee_.operator_index);
+  e.PutBool(referee_.segment).PutU64(referee_.first_step);
   e.PutHash(referee_.input).PutHash(referee_.defender_output).PutHash(referee_.challenger_output);
   e.PutBool(outcome_.defender_honest).PutBool(outcome_.challenger_honest);
   e.PutString(outcome_.reason);
@@ -264,6 +293,7 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetU32(&c.num_operators, "dispute.num_operators"));
   ML_RETURN_IF_ERROR(d.GetU64(&c.response_blocks, "dispute.response_blocks"));
   ML_RETURN_IF_ERROR(d.GetU64(&c.start_height, "dispute.start_height"));
+  ML_RETURN_IF_ERROR(d.GetBool(&c.tolerance, "dispute.tolerance"));
   ML_ASSIGN_OR_RETURN(DisputeGame g, Create(c));
   uint8_t stage = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&stage, "dispute.stage"));
@@ -290,6 +320,8 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetBool(&g.referee_.whole_step, "dispute.referee.whole_step"));
   ML_RETURN_IF_ERROR(d.GetU64(&g.referee_.step, "dispute.referee.step"));
   ML_RETURN_IF_ERROR(d.GetU32(&g.referee_.operator_index, "dispute.referee.operator"));
+  ML_RETURN_IF_ERROR(d.GetBool(&g.referee_.segment, "dispute.referee.segment"));
+  ML_RETURN_IF_ERROR(d.GetU64(&g.referee_.first_step, "dispute.referee.first_step"));
   ML_RETURN_IF_ERROR(d.GetHash(&g.referee_.input, "dispute.referee.input"));
   ML_RETURN_IF_ERROR(d.GetHash(&g.referee_.defender_output, "dispute.referee.defender_output"));
   ML_RETURN_IF_ERROR(

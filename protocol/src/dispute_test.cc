@@ -246,5 +246,35 @@ TEST(DisputeTest, EncodeDecodeMidGameContinuesIdentically) {
   EXPECT_FALSE(DisputeGame::Decode(extra).ok());
 }
 
+TEST(DisputeTest, ToleranceModeGoesStraightToTheRefereeOverTheSegment) {
+  // Across hardware without bitwise reproducibility hashes never agree: nothing to bisect.
+  Trace off{.lie_step = 31};
+  for (bool within : {true, false}) {
+    DisputeConfig c = Config(off, kTruth, 30, 40);
+    c.tolerance = true;
+    auto g = DisputeGame::Create(c);
+    ASSERT_TRUE(g.ok());
+    ASSERT_EQ(g->stage(), DisputeStage::kDisputeReferee);
+    const RefereeTask& t = g->referee_task();
+    EXPECT_TRUE(t.segment);
+    EXPECT_EQ(t.first_step, 30u);
+    EXPECT_EQ(t.step, 40u);
+    EXPECT_EQ(t.input, kTruth.State(30));
+    EXPECT_FALSE(g->Post(DisputeParty::kDefender, 35, off.State(35), 101).ok());
+    EXPECT_EQ(g->Rule(kTruth.State(40)).code(), StatusCode::kInvalidArgument);
+    auto back = DisputeGame::Decode(g->Encode());
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->Encode(), g->Encode());
+    ASSERT_TRUE(back->RuleTolerance(within).ok());
+    EXPECT_EQ(back->outcome().defender_honest, within);
+    EXPECT_EQ(back->outcome().challenger_honest, !within);
+    EXPECT_FALSE(back->RuleTolerance(within).ok());  // resolved
+  }
+  // An exact-mode game refuses a tolerance ruling.
+  auto exact = DisputeGame::Create(Config(off, kTruth, 30, 31, /*ops=*/0));
+  ASSERT_EQ(exact->stage(), DisputeStage::kDisputeReferee);
+  EXPECT_EQ(exact->RuleTolerance(true).code(), StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace meshlearn::protocol

@@ -109,6 +109,7 @@ DisputeConfig UnitCheck::DisputeOver(const NodeId& challenger, uint32_t segment,
   dc.num_operators = config_.num_operators;
   dc.response_blocks = config_.dispute_response_blocks;
   dc.start_height = height;
+  dc.tolerance = config_.tolerance;
   return dc;
 }
 
@@ -488,6 +489,7 @@ Bytes UnitCheck::Encode() const {
   e.PutU64(c.forced_error_per_million);
   e.PutHash(c.assignment_beacon).PutU64(c.commit_height).PutU64(c.commit_blocks);
   e.PutU64(c.reveal_blocks).PutU64(c.dispute_response_blocks).PutU32(c.verifiers_per_unit);
+  e.PutBool(c.tolerance);
   e.PutU8(static_cast<uint8_t>(stage_)).PutU8(static_cast<uint8_t>(result_)).PutString(reason_);
   e.PutU32(static_cast<uint32_t>(verifiers_.size()));
   for (size_t i = 0; i < verifiers_.size(); ++i) {
@@ -538,6 +540,7 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetU64(&c.reveal_blocks, "check.reveal_blocks"));
   ML_RETURN_IF_ERROR(d.GetU64(&c.dispute_response_blocks, "check.dispute_response_blocks"));
   ML_RETURN_IF_ERROR(d.GetU32(&c.verifiers_per_unit, "check.verifiers_per_unit"));
+  ML_RETURN_IF_ERROR(d.GetBool(&c.tolerance, "check.tolerance"));
   ML_ASSIGN_OR_RETURN(UnitCheck u, Create(c));
   uint8_t stage = 0, result = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&stage, "check.stage"));

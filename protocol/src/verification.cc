@@ -1,6 +1,7 @@
 #include "meshlearn/protocol/verification.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "meshlearn/base/merkle.h"
@@ -120,6 +121,28 @@ Hash256 ForcedCommitment(const Hash256& secret, const UnitId& unit, const Hash25
   leaves.push_back(start_leaf);
   for (uint64_t i = 1; i < num_leaves; ++i) leaves.push_back(ForcedLeaf(secret, unit, i));
   return MerkleRoot(leaves);
+}
+
+StateDistance Distance(std::span<const float> a, std::span<const float> b) {
+  double diff = 0, aa = 0, bb = 0, ab = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const double x = a[i], y = b[i];
+    diff += (x - y) * (x - y);
+    aa += x * x;
+    bb += y * y;
+    ab += x * y;
+  }
+  StateDistance d;
+  if (bb > 0) d.rel_l2 = std::sqrt(diff) / std::sqrt(bb);
+  else d.rel_l2 = aa > 0 ? INFINITY : 0;
+  if (aa > 0 && bb > 0) d.cosine = ab / (std::sqrt(aa) * std::sqrt(bb));
+  else d.cosine = (aa == 0 && bb == 0) ? 1 : 0;
+  return d;
+}
+
+bool WithinTolerance(const StateDistance& d, const ToleranceParams& t) {
+  if (t.exact()) return d.rel_l2 == 0 && d.cosine >= 1;
+  return d.rel_l2 <= t.max_rel_l2_ppm * 1e-6 && 1.0 - d.cosine <= t.max_cosine_gap_ppb * 1e-9;
 }
 
 std::string_view VerdictName(Verdict v) {

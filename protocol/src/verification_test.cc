@@ -164,5 +164,34 @@ TEST(VerificationTest, ParamsAreValidated) {
   EXPECT_FALSE(ValidateVerificationParams(p).ok());
 }
 
+TEST(VerificationTest, ToleranceComparesStatesByRelativeL2AndCosine) {
+  std::vector<float> b = {1, 2, 3, 4};
+  std::vector<float> a = b;
+  StateDistance same = Distance(a, b);
+  EXPECT_EQ(same.rel_l2, 0);
+  EXPECT_DOUBLE_EQ(same.cosine, 1);
+  ToleranceParams exact;
+  EXPECT_TRUE(exact.exact());
+  EXPECT_TRUE(WithinTolerance(same, exact));
+  a[3] = 4.0001f;  // a last-bit-scale difference: relative L2 ~ 1.8e-5
+  StateDistance near = Distance(a, b);
+  EXPECT_GT(near.rel_l2, 1e-5);
+  EXPECT_LT(near.rel_l2, 2e-5);
+  EXPECT_FALSE(WithinTolerance(near, exact));
+  EXPECT_TRUE(WithinTolerance(near, {.max_rel_l2_ppm = 100, .max_cosine_gap_ppb = 1000}));
+  EXPECT_FALSE(WithinTolerance(near, {.max_rel_l2_ppm = 10, .max_cosine_gap_ppb = 1000}));
+  // Same direction, twice as long: cosine 1, but the L2 test catches it.
+  std::vector<float> twice = {2, 4, 6, 8};
+  StateDistance scaled = Distance(twice, b);
+  EXPECT_NEAR(scaled.cosine, 1, 1e-12);
+  EXPECT_NEAR(scaled.rel_l2, 1, 1e-12);
+  EXPECT_FALSE(WithinTolerance(scaled, {.max_rel_l2_ppm = 1000, .max_cosine_gap_ppb = 1000000}));
+  // Opposite direction fails the cosine test.
+  std::vector<float> neg = {-1, -2, -3, -4};
+  EXPECT_LT(Distance(neg, b).cosine, 0);
+  std::vector<float> zero(4, 0.0f);
+  EXPECT_TRUE(WithinTolerance(Distance(zero, zero), exact));
+}
+
 }  // namespace
 }  // namespace meshlearn::protocol

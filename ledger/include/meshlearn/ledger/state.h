@@ -140,6 +140,9 @@ struct TaskParams {
   uint64_t seed = 0;                 // task seed (data order, initialisation)
   Hash256 initial_state;             // blob id of the round-0 global state blob
   uint64_t verification_window_blocks = 0;  // 0: a round is final when its aggregate commits
+  // Tolerance mode (protocol::ToleranceParams), both 0: exact mode (state hashes must match).
+  uint32_t tolerance_rel_l2_ppm = 0;      // <= 1000000
+  uint32_t tolerance_cosine_gap_ppb = 0;  // <= 1000000000
 
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
@@ -155,6 +158,8 @@ struct TaskParams {
     v("seed", s.seed);
     v("initial_state", s.initial_state);
     v("verification_window_blocks", s.verification_window_blocks);
+    v("tolerance_rel_l2_ppm", s.tolerance_rel_l2_ppm);
+    v("tolerance_cosine_gap_ppb", s.tolerance_cosine_gap_ppb);
   }
   bool operator==(const TaskParams&) const = default;
 };

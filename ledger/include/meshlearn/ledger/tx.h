@@ -431,17 +431,22 @@ struct ChallengeUnitTx {
 };
 
 // The referee's result for a dispute in the referee stage: the correct output hash of the single
-// step or operator the game narrowed to (protocol::RefereeTask). Sender: the genesis referee.
+// step or operator the game narrowed to (protocol::RefereeTask), or, for a task in tolerance
+// mode (a whole segment), `tolerance_verdict` 1 = the defender's committed end state is within
+// the task's tolerance of the referee's replay, 2 = it is not (0 in exact mode). Sender: the
+// genesis referee.
 struct RuleDisputeTx {
   static constexpr TxType kType = TxType::kRuleDispute;
   Hash256 task_id;
   uint32_t index = 0;
   Hash256 output;
+  uint8_t tolerance_verdict = 0;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("task_id", s.task_id);
     v("index", s.index);
     v("output", s.output);
+    v("tolerance_verdict", s.tolerance_verdict);
   }
   bool operator==(const RuleDisputeTx&) const = default;
 };

@@ -75,6 +75,11 @@ struct DisputeConfig {
   uint32_t num_operators = 0;  // recorded operator outputs per step; 0: the referee runs steps
   uint64_t response_blocks = 10;  // blocks each turn may take
   uint64_t start_height = 0;
+  // Tolerance mode (a task for hardware without bitwise reproducibility, verification.h): state
+  // hashes never agree across machines, so there is nothing to bisect. The game goes straight
+  // to the referee, which replays the whole segment from the agreed start state and rules
+  // whether the defender's committed end state is within the task's tolerance (RuleTolerance).
+  bool tolerance = false;
 };
 
 // What both parties must post now.
@@ -88,6 +93,9 @@ struct DisputeQuery {
 // The single transition the referee computes once the game has narrowed it.
 struct RefereeTask {
   bool whole_step = true;       // true: one training step; false: one operator of `step`
+  // Tolerance mode: the whole segment from `first_step` to `step`, judged by RuleTolerance.
+  bool segment = false;
+  uint64_t first_step = 0;
   uint64_t step = 0;            // from the state after step - 1 to the state after step
   uint32_t operator_index = 0;  // 1-based operator index when !whole_step
   // Input hash the referee must start from (a state hash for a whole step, C_{j-1} for an
@@ -129,8 +137,11 @@ class DisputeGame {
   Status OnBlock(uint64_t height);
 
   // The referee's computed output for referee_task(): the party whose output equals it is
-  // honest; if neither does, both lied.
+  // honest; if neither does, both lied. Not for a tolerance-mode segment.
   Status Rule(const Hash256& correct_output);
+  // Tolerance mode: whether the defender's committed end state is within tolerance of the
+  // referee's replay of the segment (then the defender was honest, else the challenger).
+  Status RuleTolerance(bool defender_within_tolerance);
 
   Bytes Encode() const;
   static Result<DisputeGame> Decode(ByteSpan bytes);

@@ -93,6 +93,7 @@ struct UnitCheckConfig {
   uint64_t reveal_blocks = 10;  // verdict and secret reveal window, after the commit window
   uint64_t dispute_response_blocks = 10;
   uint32_t verifiers_per_unit = 1;
+  bool tolerance = false;  // the task verifies in tolerance mode: disputes go to the referee
 };
 
 // A verifier's evidence that segment `segment` does not replay to the committed state: the two

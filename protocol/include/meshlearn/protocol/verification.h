@@ -37,7 +37,11 @@ struct VerificationParams {
   // verified-clean units is checked; after that the probability is about 1 / clean_streak, never
   // below `floor_permille`. A node with slashes is checked always.
   uint64_t trusted_after = 10;
-  uint32_t floor_permille = 50;  // 5%
+  // 50% (above 1 / streak once the probation is over: a trusted node's units are checked half
+  // the time). With one segment of ten replayed, verifiers then spend 5% of the solvers' compute
+  // and a solver faking 10% of its steps escapes a 12-unit task with probability 0.75%
+  // (economics.h, docs/verification.md "Economics"); at 5% it escaped with 66%.
+  uint32_t floor_permille = 500;
   // Segments replayed per checked unit (capped by the unit's segment count).
   uint32_t segments_per_check = 1;
   // Forced errors per 10^6 units (Truebit's "jackpot" frequency). 0 disables them.
@@ -90,6 +94,26 @@ bool IsForcedError(const Hash256& secret, const Hash256& beacon, const UnitId& u
 Hash256 ForcedLeaf(const Hash256& secret, const UnitId& unit, uint64_t leaf);
 Hash256 ForcedCommitment(const Hash256& secret, const UnitId& unit, const Hash256& start_leaf,
                          uint64_t num_leaves);
+
+// ---- Tolerance mode (per task), for hardware without bitwise reproducibility.
+// Exact mode (the default, both fields 0) compares state hashes. In tolerance mode a verifier
+// compares its replayed end state with the solver's committed one (whose hash must still be the
+// committed leaf) and calls it clean when the relative L2 distance ||a - b|| / ||b|| is at most
+// max_rel_l2_ppm / 10^6 AND the cosine similarity is at least 1 - max_cosine_gap_ppb / 10^9.
+// The thresholds are profiled when the task is submitted (ProfileTolerance in node/).
+struct ToleranceParams {
+  uint32_t max_rel_l2_ppm = 0;
+  uint32_t max_cosine_gap_ppb = 0;
+  bool exact() const { return max_rel_l2_ppm == 0 && max_cosine_gap_ppb == 0; }
+};
+struct StateDistance {
+  double rel_l2 = 0;  // ||a - b|| / ||b||, 0 when both are zero
+  double cosine = 1;  // <a, b> / (||a|| ||b||), 1 when both are zero
+};
+// In double precision, summed in index order: every machine computes the same distance.
+// REQUIRES: a.size() == b.size().
+StateDistance Distance(std::span<const float> a, std::span<const float> b);
+bool WithinTolerance(const StateDistance& d, const ToleranceParams& t);
 
 // ---- Commit-reveal verdicts.
 enum class Verdict : uint8_t {
