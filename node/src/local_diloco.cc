@@ -4,9 +4,10 @@
 #include <limits>
 
 #include "meshlearn/base/rng.h"
+#include "meshlearn/node/network_round.h"
+#include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/aggregate.h"
-#include "meshlearn/protocol/decompose.h"
 
 namespace meshlearn::node {
 
@@ -71,23 +72,19 @@ Result<LocalDilocoResult> RunLocalDiloco(engine::Trainer* trainer, const Network
   }
   protocol::TaskSpecView view = MakeTaskView(*trainer, net);
   UnitExecutor executor(trainer);
-  std::vector<float> global = trainer->FlatParams();
-  std::vector<float> momentum(global.size(), 0.0f);
+  GlobalState state = InitialState(*trainer);
+  const uint64_t samples = UnitSamples(*trainer, net);
   LocalDilocoResult result;
 
   for (uint32_t r = 0; r < net.rounds; ++r) {
-    std::vector<protocol::UnitId> units = protocol::RoundUnits(view, r);
     std::vector<UnitOutcome> outcomes;
-    outcomes.reserve(units.size());
+    outcomes.reserve(net.units_per_round);
     double loss_sum = 0;
     uint32_t honest = 0;
-    for (uint32_t i = 0; i < units.size(); ++i) {
-      UnitWork work{.stream = protocol::UnitSeed(view.seed, units[i]),
-                    .inner_steps = net.inner_steps,
-                    .checkpoint_interval = net.checkpoint_interval,
-                    .lr_scale = net.InnerLrScale(r)};
-      ML_ASSIGN_OR_RETURN(UnitOutcome out, executor.Run(global, work));
-      bool garbage = i + options.garbage_units >= units.size() && options.garbage_units > 0;
+    for (uint32_t i = 0; i < net.units_per_round; ++i) {
+      UnitWork work = RoundUnitWork(net, view.seed, view.id, r, i);
+      ML_ASSIGN_OR_RETURN(UnitOutcome out, executor.Run(state.weights, work));
+      bool garbage = i + options.garbage_units >= net.units_per_round && options.garbage_units > 0;
       if (garbage) {
         MakeGarbage(options.garbage, work.stream, out.delta);
       } else {
@@ -97,14 +94,13 @@ Result<LocalDilocoResult> RunLocalDiloco(engine::Trainer* trainer, const Network
       outcomes.push_back(std::move(out));
       if (options.on_unit) options.on_unit(r, i);
     }
-    std::vector<protocol::Contribution> contributions;
-    for (size_t i = 0; i < units.size(); ++i) {
-      contributions.push_back({.unit = units[i], .samples = outcomes[i].samples,
-                               .delta = outcomes[i].delta});
+    std::vector<RoundDelta> deltas;
+    for (uint32_t i = 0; i < net.units_per_round; ++i) {
+      deltas.push_back({.shard = i, .delta = outcomes[i].delta});
     }
     ML_ASSIGN_OR_RETURN(protocol::AggregateResult agg,
-                        protocol::Aggregate(contributions, net.aggregation));
-    protocol::OuterStep(global, momentum, agg.delta, net.outer);
+                        ApplyRound(&state, deltas, net, view.id, r, samples));
+    const std::vector<float>& global = state.weights;
 
     RoundReport report;
     report.round = r;
@@ -118,8 +114,8 @@ Result<LocalDilocoResult> RunLocalDiloco(engine::Trainer* trainer, const Network
     if (options.on_round) options.on_round(report);
     result.rounds.push_back(report);
   }
-  result.final_hash = HashFloats(global);
-  result.final_weights = std::move(global);
+  result.final_hash = HashFloats(state.weights);
+  result.final_weights = std::move(state.weights);
   return result;
 }
 

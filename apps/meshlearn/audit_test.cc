@@ -1,0 +1,145 @@
+// End-to-end test of `meshlearn task audit` (cmd_task_audit.cc) against a real devnet (a ledger
+// and nodes as processes on loopback, `meshlearn devnet --keep`) training tests/devnet-tiny.toml:
+// an open task is refused, the finished task's full audit PASSes from a fresh home (bundle, data
+// and states fetched from the nodes), a seeded sample PASSes, and an unknown id, a bad id and an
+// unreachable ledger give clear errors. Audits that FAIL (a lazy solver, a wrong recorded hash) are
+// tested in process: node/src/task_audit_test.cc.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using nlohmann::json;
+
+struct CmdResult {
+  int code;
+  std::string out;  // stdout and stderr
+};
+
+CmdResult Meshlearn(const std::string& args, const std::string& home, bool with_stderr = true) {
+  std::string cmd = "MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args +
+                    (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Waits until `path` matches `re` (or `seconds` pass) and returns the first capture.
+std::string WaitFor(const std::string& path, const std::regex& re, int seconds) {
+  for (int i = 0; i < seconds * 10; ++i) {
+    std::smatch m;
+    const std::string text = ReadAll(path);
+    if (std::regex_search(text, m, re)) return m.size() > 1 ? m[1].str() : m[0].str();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return "";
+}
+
+TEST(TaskAudit, HelpAndBadInputs) {
+  char tmpl[] = "/tmp/meshlearn-audit-XXXXXX";
+  const std::string home = mkdtemp(tmpl);
+  CmdResult help = Meshlearn("task audit --help", home);
+  EXPECT_EQ(help.code, 0) << help.out;
+  EXPECT_NE(help.out.find("Examples"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--full"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--seed"), std::string::npos) << help.out;
+
+  CmdResult bad_id = Meshlearn("task audit 12ab --rpc http://127.0.0.1:9", home);
+  EXPECT_EQ(bad_id.code, 1);
+  EXPECT_NE(bad_id.out.find("task id: expected 64 hex digits"), std::string::npos) << bad_id.out;
+  // No ledger listens there.
+  CmdResult down =
+      Meshlearn("task audit " + std::string(64, 'a') + " --rpc http://127.0.0.1:9", home);
+  EXPECT_EQ(down.code, 1);
+  EXPECT_NE(down.out.find("cannot reach the ledger"), std::string::npos) << down.out;
+  EXPECT_NE(down.out.find("--rpc"), std::string::npos) << down.out;
+}
+
+TEST(TaskAudit, DevnetTaskPassesFullAndSampledAuditsAndBadInputsAreClear) {
+  if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good()) {
+    GTEST_SKIP() << "Fashion-MNIST not installed";
+  }
+  char tmpl[] = "/tmp/meshlearn-audit-XXXXXX";
+  const std::string dir = std::string(mkdtemp(tmpl)) + "/d";
+  const std::string log = dir + ".out";
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("MESHLEARN_HOME", (dir + "-home").c_str(), 1);
+    FILE* f = freopen(log.c_str(), "w", stderr);
+    FILE* o = freopen("/dev/null", "w", stdout);
+    (void)f, (void)o;
+    execl(MESHLEARN_BIN, MESHLEARN_BIN, "devnet", "--solvers", "2", "--task",
+          "tests/devnet-tiny.toml", "--block-interval-ms", "200", "--keep", "--no-check-reference",
+          "--timeout", "240", "--out", dir.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  struct Stop {  // the devnet goes down whatever this test does
+    pid_t pid;
+    ~Stop() {
+      if (pid > 0) kill(pid, SIGINT), waitpid(pid, nullptr, 0);
+    }
+  } stop{pid};
+
+  const std::string rpc = WaitFor(log, std::regex("ledger at (http://127\\.0\\.0\\.1:[0-9]+)"), 60);
+  const std::string id = WaitFor(log, std::regex("task ([0-9a-f]{64}) submitted"), 120);
+  ASSERT_FALSE(rpc.empty() || id.empty()) << ReadAll(log);
+  const std::string auditor = dir + "-auditor";  // a fresh home: everything comes from the nodes
+
+  // Still training: refused, with what to do.
+  CmdResult open = Meshlearn("task audit " + id + " --rpc " + rpc, auditor);
+  EXPECT_EQ(open.code, 1) << open.out;
+  EXPECT_NE(open.out.find("still open"), std::string::npos) << open.out;
+
+  ASSERT_FALSE(WaitFor(log, std::regex("the network stays up"), 240).empty()) << ReadAll(log);
+
+  CmdResult full = Meshlearn("--json task audit " + id + " --full --rpc " + rpc, auditor,
+                             /*with_stderr=*/false);
+  ASSERT_EQ(full.code, 0) << full.out;
+  json j = json::parse(full.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << full.out;
+  EXPECT_EQ(j["verdict"], "PASS") << j.dump(2);
+  EXPECT_EQ(j["units_executed"], 12);
+  ASSERT_EQ(j["chain"].size(), 5u);  // initial, 3 rounds, final
+  for (const json& s : j["chain"]) EXPECT_EQ(s["check"], "pass") << s.dump();
+  for (const json& u : j["units"]) EXPECT_EQ(u["check"], "pass") << u.dump();
+
+  CmdResult sample = Meshlearn("task audit " + id + " --sample 2 --seed 7 --rpc " + rpc, auditor);
+  EXPECT_EQ(sample.code, 0) << sample.out;
+  EXPECT_NE(sample.out.find("PASS (sample)"), std::string::npos) << sample.out;
+  EXPECT_NE(sample.out.find("seed 7"), std::string::npos) << sample.out;
+  EXPECT_NE(sample.out.find("initial "), std::string::npos) << sample.out;
+
+  CmdResult unknown = Meshlearn("task audit " + std::string(64, 'a') + " --rpc " + rpc, auditor);
+  EXPECT_EQ(unknown.code, 1);
+  EXPECT_NE(unknown.out.find("is not on the ledger"), std::string::npos) << unknown.out;
+
+  kill(pid, SIGINT);  // --keep: Ctrl-C stops the network; devnet then finishes normally
+  int status = 0;
+  waitpid(pid, &status, 0);
+  stop.pid = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadAll(log);
+}
+
+}  // namespace

@@ -1,0 +1,79 @@
+// What the network computes for a task, in one place: the work of unit (round, shard), the step
+// from a round's committed deltas to the next global state, and the ledger facts a task bundle
+// must agree with. Everyone who computes it calls these functions -- the in-process reference
+// (RunLocalDiloco), the solver and the aggregator (NodeAgent), and the auditor (task_audit.h) --
+// so a re-execution reproduces the network's hashes bit for bit and cannot drift from it.
+//
+//   UnitExecutor ex(trainer);
+//   UnitWork w = RoundUnitWork(net, facts, round, shard);
+//   ML_ASSIGN_OR_RETURN(UnitOutcome out, ex.Run(state.weights, w));
+//   ...
+//   std::vector<RoundDelta> deltas = {{.shard = 0, .delta = out0.delta}, ...};
+//   ML_ASSIGN_OR_RETURN(protocol::AggregateResult agg,
+//                       ApplyRound(&state, deltas, net, facts.content_id, round,
+//                                  UnitSamples(*trainer, net)));
+//   Hash256 next = StateBlobId(state);   // what CommitAggregate records as the round's state
+//
+// All functions are pure (ApplyRound changes only *state) and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/base/bytes.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/node/network_task.h"
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/task_bundle.h"
+#include "meshlearn/node/unit_executor.h"
+#include "meshlearn/protocol/aggregate.h"
+#include "meshlearn/protocol/types.h"
+
+namespace meshlearn::node {
+
+// The id of unit (round, shard): UnitId{content_id, round, shard} (never the ledger's task id, so
+// a network run and RunLocalDiloco train the same streams; see TaskFacts::content_id).
+protocol::UnitId RoundUnitId(const Hash256& content_id, uint32_t round, uint32_t shard);
+
+// The work of unit (round, shard): its stream, H, k and the round's inner-rate factor.
+UnitWork RoundUnitWork(const NetworkSpec& net, uint64_t task_seed, const Hash256& content_id,
+                       uint32_t round, uint32_t shard);
+inline UnitWork RoundUnitWork(const NetworkSpec& net, const TaskFacts& facts, uint32_t round,
+                              uint32_t shard) {
+  return RoundUnitWork(net, facts.seed, facts.content_id, round, shard);
+}
+
+// Samples one unit trains on (H x samples per step): every unit's weight in the weighted mean.
+uint64_t UnitSamples(const engine::Trainer& trainer, const NetworkSpec& net);
+
+// One committed unit's pseudo-gradient. `delta` must stay alive during ApplyRound.
+struct RoundDelta {
+  uint32_t shard = 0;
+  std::span<const float> delta;
+};
+
+// The aggregation step of round `round`: combines the deltas with the task's rule (any order,
+// protocol::Aggregate sorts them) and applies the outer optimizer to *state (weights and outer
+// momentum), which becomes the next round's global state.
+// REQUIRES: every delta has state->weights.size() floats.
+Result<protocol::AggregateResult> ApplyRound(GlobalState* state, std::span<const RoundDelta> deltas,
+                                             const NetworkSpec& net, const Hash256& content_id,
+                                             uint32_t round, uint64_t samples_per_unit);
+
+// Blob ids of the two float blobs as the ledger records them (the id a BlobStore::Put of the
+// encoded bytes returns): CommitAggregate's state and CommitUnit's result_hash.
+Hash256 StateBlobId(const GlobalState& state);
+Hash256 DeltaBlobId(std::span<const float> delta);
+
+// The bundle (what nodes train) must describe the task the ledger schedules and pays: a
+// submitter that published a bundle whose [network] table or data disagree with SubmitTask's
+// params would have nodes compute something nobody can check. `task` is get_task's answer.
+// InvalidArgument naming the first field that differs.
+Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
+                                const nlohmann::json& task);
+
+}  // namespace meshlearn::node

@@ -1,0 +1,144 @@
+// Audit of a task: re-executes its work units from the ledger's record and checks every hash the
+// network committed, from the initial weights to the final model (`meshlearn task audit`,
+// docs/submitters.md "Audit a task", docs/verification.md "Audit").
+//
+// A unit is a pure function of (task, its round's start state, its stream), and a round's state
+// a pure function of its start state and its units' deltas (network_round.h, the very functions
+// the nodes run). So from the task bundle and its data alone anyone can recompute
+//
+//   initial state   InitialState(trainer)                   vs params.initial_state
+//   unit (r, i)     the Merkle root of its state hashes      vs the unit's commitment
+//                   and the blob id of its delta             vs the unit's result_hash
+//   round r state   ApplyRound(round r's start, the deltas)  vs round_results[r].state
+//   final           the last round's state                   vs final_state
+//
+// Full audit (options.full): every committed unit of every finished round, from the initial
+// weights. PASS means the final model is exactly what the task's data, seed and rules give.
+//
+// Sampled audit: `sample` committed units drawn with `seed` (the same seed draws the same units).
+// A sampled unit trains from its round's recorded start state; the audit asks `get` for it (the
+// blob id is content-addressed: whoever serves it serves the recorded state). Nodes let go of
+// superseded states, so it may be gone: then the audit rebuilds it by re-executing whole rounds
+// from the nearest earlier state it can get (the initial state at worst); those rounds are
+// checked completely. If that needs more than `max_rebuild_units` units besides the sampled ones,
+// it stops before any training with an error that says so (use a full audit, or raise the cap). A
+// sampled PASS says that the sampled units (and the rebuilt rounds) reproduce; the aggregates of
+// the other rounds are not recomputed (their states show as "fetched" or "skipped").
+//
+// After a mismatch the audit goes on where it can: a later round whose recorded start state can
+// still be fetched is checked from that state, so one report names every bad unit it can reach.
+//
+//   AuditOptions o{.full = true, .work_dir = home + "/audit/" + id.ToHex()};
+//   ML_ASSIGN_OR_RETURN(AuditReport r, AuditTask(env, chain, id, get_blob, o));
+//   if (!r.pass) std::cout << "FAIL: " << r.first_mismatch << "\n";
+//
+// Thread-compatible: one audit per call; it builds its own trainer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/base/bytes.h"
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/node/chain_client.h"
+
+namespace meshlearn::node {
+
+enum class AuditCheck : uint8_t {
+  kAuditCheckPass = 0,  // recomputed, equal to the record
+  kAuditCheckFail,      // recomputed, differs from the record
+  kAuditCheckFetched,   // a state the audit did not recompute: the recorded blob, served by a node
+  kAuditCheckSkipped,   // not re-executed (not sampled, or its input was unavailable)
+};
+// "pass", "fail", "fetched", "skipped".
+std::string_view AuditCheckName(AuditCheck check);
+
+struct AuditUnit {
+  uint32_t index = 0;  // round x units_per_round + shard
+  uint32_t round = 0;
+  uint32_t shard = 0;
+  std::string assignee;         // node id (hex) that committed it
+  std::string status;           // the ledger's unit status
+  Hash256 commitment;           // recorded (CommitUnit)
+  Hash256 result;               // recorded delta blob id
+  Hash256 replayed_commitment;  // zero unless re-executed
+  Hash256 replayed_result;
+  bool sampled = false;  // drawn by a sampled audit (else: full, or rebuilding its round's state)
+  AuditCheck check = AuditCheck::kAuditCheckSkipped;
+  std::string note;  // why it was skipped, or what differs
+};
+
+// One link of the chain initial -> round 0 -> ... -> final.
+struct AuditState {
+  std::string name;    // "initial", "round 0", ..., "final"
+  int32_t round = -1;  // the round that produced it (-1: initial)
+  Hash256 recorded;    // blob id on the ledger
+  Hash256 computed;    // zero unless recomputed
+  AuditCheck check = AuditCheck::kAuditCheckSkipped;
+  std::string note;
+};
+
+struct AuditReport {
+  Hash256 task_id;
+  std::string task_name;
+  std::string status;           // finished | cancelled
+  uint32_t rounds = 0;          // the task's
+  uint32_t rounds_audited = 0;  // rounds with a recorded result
+  uint32_t units_per_round = 0;
+  uint32_t inner_steps = 0;
+  bool full = false;
+  uint64_t seed = 0;    // sampled audit
+  uint32_t sample = 0;  // units drawn
+  std::vector<AuditState> chain;
+  std::vector<AuditUnit> units;  // every unit of the audited rounds, by index
+  uint64_t units_executed = 0;
+  bool pass = false;
+  std::string first_mismatch;  // empty on PASS: the first failed check, in chain order
+};
+
+struct AuditProgress {
+  uint64_t steps_done = 0;   // inner steps re-executed so far
+  uint64_t steps_total = 0;  // of the whole audit
+  uint64_t units_done = 0;
+  uint64_t units_total = 0;
+  std::string status;  // "round 1 unit 5"
+};
+
+struct AuditOptions {
+  bool full = false;
+  uint32_t sample = 3;
+  uint64_t seed = 0;
+  // Sampled audit: the most units it re-executes only to rebuild start states nobody serves.
+  uint64_t max_rebuild_units = 100;
+  // Where the bundle's data files are written (a later audit of the task reuses them). Required.
+  std::string work_dir;
+  std::function<void(const AuditProgress&)> on_progress;
+  std::function<void(const std::string&)> log;  // decisions worth telling a human
+};
+
+// Returns the bytes of blob `id` (content-verified), or an error when no one serves it.
+using BlobGetter = std::function<Result<Bytes>(const Hash256& id)>;
+
+// Audits the task whose get_task answer (with units) is `task`.
+// Errors (no verdict): an open task or one without a finished round (FailedPrecondition), a
+// record that does not parse (DataLoss), a bundle or data blob nobody serves, a sample that
+// needs more than max_rebuild_units units to rebuild start states.
+Result<AuditReport> AuditTaskRecord(Env* env, const nlohmann::json& task, const BlobGetter& get,
+                                    const AuditOptions& options);
+
+// Reads the task from `chain` (get_task with units), then AuditTaskRecord. An unknown task id is
+// NotFound naming the ledger.
+Result<AuditReport> AuditTask(Env* env, ChainClient& chain, const Hash256& task_id,
+                              const BlobGetter& get, const AuditOptions& options);
+
+// The report as JSON (what `meshlearn --json task audit` prints).
+nlohmann::json AuditReportToJson(const AuditReport& report);
+
+}  // namespace meshlearn::node
