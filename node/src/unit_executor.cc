@@ -1,6 +1,7 @@
 #include "meshlearn/node/unit_executor.h"
 
 #include <algorithm>
+#include <string>
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
@@ -129,6 +130,30 @@ Result<UnitOutcome> UnitExecutor::Run(std::span<const float> global, const UnitW
   return out;
 }
 
+namespace {
+
+// Puts the trainer at the start of a replay of `work` from the state after `first_step`: the
+// unit's own start (first_step 0), else `start`, a state of this unit after that step.
+Status StartReplay(engine::Trainer* trainer, std::span<const float> global, const UnitWork& work,
+                   int64_t first_step, engine::TrainState* start, const std::string& what) {
+  ML_RETURN_IF_ERROR(trainer->StartUnit(work.stream, global, work.lr_scale));
+  if (first_step == 0) return Status::Ok();
+  if (start == nullptr) {
+    return InvalidArgument("replay: " + what + " starts at step " + std::to_string(first_step) +
+                           " and needs the solver's checkpoint there");
+  }
+  if (start->step != first_step || start->stream != work.stream) {
+    return InvalidArgument("replay: the checkpoint is of step " + std::to_string(start->step) +
+                           " (stream " + std::to_string(start->stream) + "), " + what +
+                           " starts at step " + std::to_string(first_step));
+  }
+  ML_RETURN_IF_ERROR(ApplyResume(trainer->state(), *start));
+  trainer->state().step = first_step;
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<SegmentReplay> ReplaySegment(engine::Trainer* trainer, std::span<const float> global,
                                     const UnitWork& work, uint32_t segment,
                                     engine::TrainState* start, const Hash256* expected_start) {
@@ -140,22 +165,8 @@ Result<SegmentReplay> ReplaySegment(engine::Trainer* trainer, std::span<const fl
   SegmentReplay r;
   r.first_step = steps[segment];
   r.last_step = steps[segment + 1];
-  ML_RETURN_IF_ERROR(trainer->StartUnit(work.stream, global, work.lr_scale));
-  if (r.first_step > 0) {
-    if (start == nullptr) {
-      return InvalidArgument("replay: segment " + std::to_string(segment) +
-                             " starts at step " + std::to_string(r.first_step) +
-                             " and needs the solver's checkpoint there");
-    }
-    if (start->step != r.first_step || start->stream != work.stream) {
-      return InvalidArgument("replay: the checkpoint is of step " + std::to_string(start->step) +
-                             " (stream " + std::to_string(start->stream) + "), segment " +
-                             std::to_string(segment) + " starts at step " +
-                             std::to_string(r.first_step));
-    }
-    ML_RETURN_IF_ERROR(ApplyResume(trainer->state(), *start));
-    trainer->state().step = r.first_step;
-  }
+  ML_RETURN_IF_ERROR(StartReplay(trainer, global, work, r.first_step, start,
+                                 "segment " + std::to_string(segment)));
   r.start_hash = engine::StateHash(trainer->state());
   if (expected_start != nullptr && r.start_hash != *expected_start) {
     return FailedPrecondition("replay: the solver's state at step " +
@@ -166,6 +177,33 @@ Result<SegmentReplay> ReplaySegment(engine::Trainer* trainer, std::span<const fl
   for (int64_t s = r.first_step; s < r.last_step; ++s) trainer->Step();
   r.end_hash = engine::StateHash(trainer->state());
   return r;
+}
+
+Result<std::vector<Hash256>> ReplayToSteps(engine::Trainer* trainer, std::span<const float> global,
+                                           const UnitWork& work, int64_t from_step,
+                                           engine::TrainState* start,
+                                           std::span<const int64_t> steps) {
+  if (work.inner_steps <= 0 || from_step < 0 || from_step > work.inner_steps) {
+    return InvalidArgument("replay: from step " + std::to_string(from_step) +
+                           " is outside the unit's " + std::to_string(work.inner_steps) +
+                           " steps");
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i] < from_step || steps[i] > work.inner_steps || (i > 0 && steps[i] < steps[i - 1])) {
+      return InvalidArgument("replay: steps must be ascending in [" + std::to_string(from_step) +
+                             ", " + std::to_string(work.inner_steps) + "]");
+    }
+  }
+  ML_RETURN_IF_ERROR(StartReplay(trainer, global, work, from_step, start,
+                                 "the replay from step " + std::to_string(from_step)));
+  std::vector<Hash256> out;
+  out.reserve(steps.size());
+  int64_t s = from_step;
+  for (int64_t want : steps) {
+    for (; s < want; ++s) trainer->Step();
+    out.push_back(engine::StateHash(trainer->state()));
+  }
+  return out;
 }
 
 }  // namespace meshlearn::node

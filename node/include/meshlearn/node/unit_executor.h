@@ -109,6 +109,17 @@ Result<SegmentReplay> ReplaySegment(engine::Trainer* trainer, std::span<const fl
                                     engine::TrainState* start,
                                     const Hash256* expected_start = nullptr);
 
+// The state hashes of a unit at the given steps, replayed from the state after `from_step`:
+// `start` is that state (a checkpoint of this unit; null when from_step == 0, the unit's own
+// start). `steps` are ascending, in [from_step, H]; hashes[i] is the state hash after steps[i].
+// What a verifier falls back to when the solver serves no usable checkpoint (from step 0, the
+// hashes at segment ends), what both parties of a dispute post (every step of a segment), and
+// what the referee computes (node/referee.h).
+Result<std::vector<Hash256>> ReplayToSteps(engine::Trainer* trainer, std::span<const float> global,
+                                           const UnitWork& work, int64_t from_step,
+                                           engine::TrainState* start,
+                                           std::span<const int64_t> steps);
+
 // Steps at which a unit of `inner_steps` steps with checkpoint interval `k` hashes its state.
 std::vector<int64_t> HashedSteps(int64_t inner_steps, int64_t k);
 

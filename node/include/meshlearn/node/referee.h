@@ -1,0 +1,148 @@
+// The referee of verification disputes (docs/verification.md, "Referee"): when a dispute
+// (protocol/dispute.h) has narrowed a disagreement between a solver (the defender) and a
+// challenger to one training step of one unit, the referee computes that step and sends
+// RuleDisputeTx{task, index, output}, signed with the key genesis names as `referee` (all zero:
+// the sequencer's key). The ledger accepts the ruling from that key only; it does not re-run it.
+//
+// Everything the referee computes comes from public data: the task bundle and its data (blobs,
+// task_bundle.h), the round's start state (a blob) and the unit's stream (UnitSeed of the task
+// seed and UnitId{content id, round, shard}, as the solver trains it). So any follower can re-run
+// a ruling and check the referee.
+//
+// The ruling on a whole-step task {step, input, defender_output, challenger_output}:
+//   A(s) = the unit's state hash after step s, replayed from the unit's start (StateHashAfterStep)
+//   input == A(step-1)   output = A(step): whoever posted the true transition wins;
+//   input != A(step-1)   output = challenger_output: the agreed state is not the unit's true
+//                        state, so the defender committed (its leaf at the dispute's first step)
+//                        or agreed to a false state: it cheated before this step. A challenger
+//                        that replayed a segment from the solver's own (false) checkpoint posted
+//                        the true transition from that state, which the referee cannot rebuild
+//                        without the checkpoint; ruling against the defender is right whatever the
+//                        challenger did.
+// An honest defender only posts true hashes, so every hash it agreed to is true (case 1) and it
+// wins; an honest challenger wins in both cases. The operator-level task (num_operators > 0) is
+// not played on this chain (the ledger sets num_operators = 0) and is refused; so, for now, is a
+// tolerance-mode segment (RefereeTask::segment), which needs the defender's end state itself.
+//
+//   RefereeService referee(&chain, &tx, get_blob, {.env = env, .work_dir = dir + "/referee"});
+//   while (running) {
+//     Result<std::vector<RefereeRecord>> sent = referee.Poll();   // once per block
+//   }
+//
+// Thread-compatible: one Poll at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/base/bytes.h"
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/sign.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/node/chain_client.h"
+#include "meshlearn/node/task_bundle.h"
+#include "meshlearn/node/unit_executor.h"
+#include "meshlearn/protocol/dispute.h"
+
+namespace meshlearn::node {
+
+// The state hash after inner step `step` (0..H; 0 is the unit's start state) of unit `work`
+// trained from `global`: the unit replayed from its start, exactly as UnitExecutor runs it (the
+// leaves of an honest commitment are StateHashAfterStep at HashedSteps).
+Result<Hash256> StateHashAfterStep(engine::Trainer* trainer, std::span<const float> global,
+                                   const UnitWork& work, int64_t step);
+
+struct RefereeRuling {
+  Hash256 output;           // RuleDisputeTx::output
+  Hash256 true_input;       // A(step - 1)
+  Hash256 true_output;      // A(step)
+  bool input_true = false;  // task.input == true_input
+  std::string reason;       // which side the output favours and why (logs, reports)
+};
+
+// The ruling on `task` (see the top of this file). InvalidArgument for an operator-level task or
+// a step outside 1..H; FailedPrecondition for a tolerance-mode segment.
+Result<RefereeRuling> RuleWholeStep(engine::Trainer* trainer, std::span<const float> global,
+                                    const UnitWork& work, const protocol::RefereeTask& task);
+
+// One dispute waiting for the referee (rpc.h, referee_work).
+struct RefereeDispute {
+  Hash256 task_id;
+  uint32_t index = 0;
+  uint32_t round = 0;
+  uint32_t shard = 0;
+  Hash256 start_state;  // blob id of the global state the unit's round trains from
+  Hash256 spec_hash;    // blob id of the task bundle
+  PublicKey defender;
+  PublicKey challenger;
+  protocol::RefereeTask task;
+};
+Result<std::vector<RefereeDispute>> ParseRefereeWork(const nlohmann::json& j);
+Result<std::vector<RefereeDispute>> GetRefereeWork(ChainClient& chain);
+
+// Returns the bytes of blob `id` (content-verified), or an error when nobody serves it.
+using RefereeBlobSource = std::function<Result<Bytes>(const Hash256& id)>;
+
+struct RefereeOptions {
+  Env* env = nullptr;    // required: the bundles' data files are written under work_dir
+  std::string work_dir;  // required
+  std::function<void(const std::string&)> log;  // one line per ruling, fetch, refusal
+  size_t max_cached_tasks = 4;                  // trainers kept (least recently used dropped)
+};
+
+// A ruling the service sent.
+struct RefereeRecord {
+  RefereeDispute dispute;
+  RefereeRuling ruling;
+  Hash256 tx_id;
+  bool included = false;  // set by a later Poll once the ledger executed it
+  bool ok = false;        // ... successfully
+  std::string error;      // the ledger's refusal, if any
+};
+
+class RefereeService {
+ public:
+  // `chain` and `tx` must outlive the service; `tx` is initialized (TxSender::Init) with the
+  // referee's key, and its outcomes belong to the service (Poll takes them).
+  RefereeService(ChainClient* chain, TxSender* tx, RefereeBlobSource get, RefereeOptions options);
+  ~RefereeService();
+
+  // One pass: collects the outcomes of rulings in flight, reads referee_work and sends a ruling
+  // for every dispute that has none in flight. Returns the rulings sent in this pass. A dispute
+  // that cannot be computed (a blob nobody serves) is logged and retried on the next pass.
+  Result<std::vector<RefereeRecord>> Poll();
+
+  // Every ruling sent so far, in order.
+  const std::vector<RefereeRecord>& rulings() const { return rulings_; }
+
+ private:
+  struct TaskTrainer;
+  Result<TaskTrainer*> TrainerFor(const Hash256& spec_hash);
+  Result<RefereeRuling> Compute(const RefereeDispute& d);
+  void Log(const std::string& line);
+
+  ChainClient* chain_;
+  TxSender* tx_;
+  RefereeBlobSource get_;
+  RefereeOptions options_;
+  std::map<Hash256, std::unique_ptr<TaskTrainer>> trainers_;  // by spec_hash
+  uint64_t use_clock_ = 0;
+  std::vector<RefereeRecord> rulings_;
+  std::map<Hash256, size_t> in_flight_;  // tx id -> index in rulings_
+  // (task, index, step, input, defender_output, challenger_output) ruled and in flight.
+  using Key = std::tuple<Hash256, uint32_t, uint64_t, Hash256, Hash256, Hash256>;
+  std::map<Key, Hash256> pending_;
+};
+
+}  // namespace meshlearn::node

@@ -1,0 +1,269 @@
+#include "meshlearn/node/referee.h"
+
+#include <utility>
+
+#include "meshlearn/base/check.h"
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/protocol/decompose.h"
+
+namespace meshlearn::node {
+
+using nlohmann::json;
+
+Result<Hash256> StateHashAfterStep(engine::Trainer* trainer, std::span<const float> global,
+                                   const UnitWork& work, int64_t step) {
+  const int64_t steps[] = {step};
+  ML_ASSIGN_OR_RETURN(std::vector<Hash256> h,
+                      ReplayToSteps(trainer, global, work, 0, nullptr, steps));
+  return h[0];
+}
+
+Result<RefereeRuling> RuleWholeStep(engine::Trainer* trainer, std::span<const float> global,
+                                    const UnitWork& work, const protocol::RefereeTask& task) {
+  if (task.segment) {
+    return FailedPrecondition("referee: a tolerance-mode segment (steps " +
+                              std::to_string(task.first_step) + ".." + std::to_string(task.step) +
+                              ") needs the defender's committed end state, which this referee does "
+                              "not fetch yet; only exact-mode whole steps");
+  }
+  if (!task.whole_step) {
+    return InvalidArgument("referee: operator " + std::to_string(task.operator_index) +
+                           " of step " + std::to_string(task.step) +
+                           ": operator-level rulings are not played on this chain "
+                           "(num_operators = 0); only whole steps");
+  }
+  if (task.step < 1 || task.step > static_cast<uint64_t>(work.inner_steps)) {
+    return InvalidArgument("referee: step " + std::to_string(task.step) + " is outside 1.." +
+                           std::to_string(work.inner_steps));
+  }
+  // One replay gives both ends of the step.
+  const int64_t step = static_cast<int64_t>(task.step);
+  const int64_t steps[] = {step - 1, step};
+  ML_ASSIGN_OR_RETURN(std::vector<Hash256> h,
+                      ReplayToSteps(trainer, global, work, 0, nullptr, steps));
+  RefereeRuling r;
+  r.true_input = h[0];
+  r.true_output = h[1];
+  r.input_true = task.input == r.true_input;
+  const std::string at = "step " + std::to_string(task.step);
+  if (r.input_true) {
+    r.output = r.true_output;
+    const bool d = task.defender_output == r.output, c = task.challenger_output == r.output;
+    r.reason = at + " from the true state: " +
+               (d   ? "the defender's output is the true one"
+                : c ? "the challenger's output is the true one"
+                    : "neither output is the true one (both lose)");
+  } else {
+    r.output = task.challenger_output;
+    r.reason = at + ": the agreed state after step " + std::to_string(task.step - 1) + " (" +
+               task.input.ShortHex() + ") is not the unit's true state (" +
+               r.true_input.ShortHex() +
+               "): the defender committed or agreed to a false state; ruling for the challenger";
+  }
+  return r;
+}
+
+// ---- referee_work ------------------------------------------------------------------------
+
+namespace {
+
+Result<Hash256> HashAt(const json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || !j[key].is_string()) {
+    return InvalidArgument(where + ": missing " + key);
+  }
+  return Hash256::FromHex(j[key].get<std::string>(), where + "." + key);
+}
+
+Result<PublicKey> KeyAt(const json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || !j[key].is_string()) {
+    return InvalidArgument(where + ": missing " + key);
+  }
+  return PublicKey::FromHex(j[key].get<std::string>(), where + "." + key);
+}
+
+}  // namespace
+
+Result<std::vector<RefereeDispute>> ParseRefereeWork(const json& j) {
+  if (!j.is_object() || !j.contains("disputes") || !j["disputes"].is_array()) {
+    return InvalidArgument("referee_work: no disputes array");
+  }
+  std::vector<RefereeDispute> out;
+  for (const json& u : j["disputes"]) {
+    RefereeDispute d;
+    const std::string where = "referee_work unit " + std::to_string(u.value("index", 0u));
+    ML_ASSIGN_OR_RETURN(d.task_id, HashAt(u, "task_id", where));
+    d.index = u.value("index", 0u);
+    d.round = u.value("round", 0u);
+    d.shard = u.value("shard", 0u);
+    ML_ASSIGN_OR_RETURN(d.start_state, HashAt(u, "start_state", where));
+    ML_ASSIGN_OR_RETURN(d.spec_hash, HashAt(u, "spec_hash", where));
+    if (!u.contains("check") || !u["check"].is_object() || !u["check"].contains("dispute") ||
+        !u["check"]["dispute"].is_object()) {
+      return InvalidArgument(where + ": no check.dispute");
+    }
+    const json& dj = u["check"]["dispute"];
+    ML_ASSIGN_OR_RETURN(d.defender, KeyAt(dj, "defender", where));
+    ML_ASSIGN_OR_RETURN(d.challenger, KeyAt(dj, "challenger", where));
+    if (!dj.contains("referee") || !dj["referee"].is_object()) {
+      return InvalidArgument(where + ": check.dispute has no referee task");
+    }
+    const json& r = dj["referee"];
+    d.task.whole_step = r.value("whole_step", true);
+    d.task.segment = r.value("segment", false);
+    d.task.first_step = r.value("first_step", uint64_t{0});
+    d.task.step = r.value("step", uint64_t{0});
+    d.task.operator_index = r.value("operator_index", 0u);
+    ML_ASSIGN_OR_RETURN(d.task.input, HashAt(r, "input", where));
+    ML_ASSIGN_OR_RETURN(d.task.defender_output, HashAt(r, "defender_output", where));
+    ML_ASSIGN_OR_RETURN(d.task.challenger_output, HashAt(r, "challenger_output", where));
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+Result<std::vector<RefereeDispute>> GetRefereeWork(ChainClient& chain) {
+  ML_ASSIGN_OR_RETURN(json j, chain.Call("referee_work", json::object()));
+  return ParseRefereeWork(j);
+}
+
+// ---- RefereeService ------------------------------------------------------------------------
+
+struct RefereeService::TaskTrainer {
+  LoadedBundle bundle;
+  std::unique_ptr<engine::Trainer> trainer;
+  TaskFacts facts;
+  uint64_t last_use = 0;
+};
+
+RefereeService::RefereeService(ChainClient* chain, TxSender* tx, RefereeBlobSource get,
+                               RefereeOptions options)
+    : chain_(chain), tx_(tx), get_(std::move(get)), options_(std::move(options)) {
+  CHECK(options_.env != nullptr);
+  CHECK(!options_.work_dir.empty());
+}
+
+RefereeService::~RefereeService() = default;
+
+void RefereeService::Log(const std::string& line) {
+  if (options_.log) options_.log("referee: " + line);
+}
+
+Result<RefereeService::TaskTrainer*> RefereeService::TrainerFor(const Hash256& spec_hash) {
+  auto it = trainers_.find(spec_hash);
+  if (it != trainers_.end()) {
+    it->second->last_use = ++use_clock_;
+    return it->second.get();
+  }
+  Result<Bytes> text = get_(spec_hash);
+  if (!text.ok()) return text.status().WithPrefix("task bundle " + spec_hash.ShortHex());
+  const std::string dir = JoinPath(options_.work_dir, spec_hash.ToHex());
+  ML_RETURN_IF_ERROR(options_.env->CreateDirs(dir));
+  auto resolver = [&](const net::BlobId& id, const std::string& key) -> Result<std::string> {
+    const std::string path = JoinPath(dir, id.ToHex());
+    if (options_.env->FileExists(path)) return path;
+    Result<Bytes> data = get_(id.hash);
+    if (!data.ok())
+      return data.status().WithPrefix("data." + key + " (blob " + id.ShortHex() + ")");
+    ML_RETURN_IF_ERROR(options_.env->WriteFileAtomic(path, AsStringView(*data)));
+    return path;
+  };
+  auto t = std::make_unique<TaskTrainer>();
+  ML_ASSIGN_OR_RETURN(t->bundle, LoadBundle(AsStringView(*text), resolver));
+  ML_ASSIGN_OR_RETURN(t->trainer, engine::Trainer::Create(options_.env, t->bundle.task));
+  t->facts = ComputeTaskFacts(*t->trainer, t->bundle.net);
+  t->last_use = ++use_clock_;
+  Log("loaded task bundle " + spec_hash.ShortHex() + " (" + t->bundle.task.name + ", " +
+      std::to_string(t->facts.num_params) + " parameters)");
+  while (options_.max_cached_tasks > 0 && trainers_.size() >= options_.max_cached_tasks) {
+    auto oldest = trainers_.begin();
+    for (auto i = trainers_.begin(); i != trainers_.end(); ++i) {
+      if (i->second->last_use < oldest->second->last_use) oldest = i;
+    }
+    trainers_.erase(oldest);
+  }
+  TaskTrainer* raw = t.get();
+  trainers_[spec_hash] = std::move(t);
+  return raw;
+}
+
+Result<RefereeRuling> RefereeService::Compute(const RefereeDispute& d) {
+  ML_ASSIGN_OR_RETURN(TaskTrainer * t, TrainerFor(d.spec_hash));
+  const NetworkSpec& net = t->bundle.net;
+  if (d.round >= net.rounds || d.shard >= net.units_per_round) {
+    return InvalidArgument("referee: unit " + std::to_string(d.index) + " (round " +
+                           std::to_string(d.round) + ", shard " + std::to_string(d.shard) +
+                           ") is outside the task's " + std::to_string(net.rounds) + " x " +
+                           std::to_string(net.units_per_round));
+  }
+  Result<Bytes> state_bytes = get_(d.start_state);
+  if (!state_bytes.ok()) {
+    return state_bytes.status().WithPrefix("round " + std::to_string(d.round) + " start state " +
+                                           d.start_state.ShortHex());
+  }
+  ML_ASSIGN_OR_RETURN(GlobalState start, DecodeGlobalState(*state_bytes, t->facts.num_params));
+  // The unit's work exactly as the solver's NodeAgent builds it.
+  const protocol::UnitId uid{t->facts.content_id, d.round, d.shard};
+  const UnitWork work{.stream = protocol::UnitSeed(t->facts.seed, uid),
+                      .inner_steps = net.inner_steps,
+                      .checkpoint_interval = net.checkpoint_interval,
+                      .lr_scale = net.InnerLrScale(d.round)};
+  return RuleWholeStep(t->trainer.get(), start.weights, work, d.task);
+}
+
+Result<std::vector<RefereeRecord>> RefereeService::Poll() {
+  // Outcomes of rulings in flight.
+  Status polled = tx_->Poll();
+  if (!polled.ok()) Log("tx poll: " + polled.message());
+  for (const TxOutcome& o : tx_->TakeOutcomes()) {
+    auto it = in_flight_.find(o.id);
+    if (it == in_flight_.end()) continue;
+    RefereeRecord& r = rulings_[it->second];
+    r.included = o.included;
+    r.ok = o.ok;
+    r.error = o.ok ? "" : o.reason;
+    Log("task " + r.dispute.task_id.ShortHex() + " unit " + std::to_string(r.dispute.index) +
+        ": ruling " +
+        (o.ok ? "executed in block " + std::to_string(o.height) : "refused: " + o.reason));
+    for (auto p = pending_.begin(); p != pending_.end(); ++p) {
+      if (p->second == o.id) {
+        pending_.erase(p);
+        break;
+      }
+    }
+    in_flight_.erase(it);
+  }
+
+  ML_ASSIGN_OR_RETURN(std::vector<RefereeDispute> work, GetRefereeWork(*chain_));
+  std::vector<RefereeRecord> sent;
+  for (const RefereeDispute& d : work) {
+    const Key key{d.task_id,
+                  d.index,
+                  d.task.step,
+                  d.task.input,
+                  d.task.defender_output,
+                  d.task.challenger_output};
+    if (pending_.count(key)) continue;
+    const std::string name = "task " + d.task_id.ShortHex() + " unit " + std::to_string(d.index);
+    Result<RefereeRuling> ruling = Compute(d);
+    if (!ruling.ok()) {
+      Log(name + ": cannot rule yet: " + ruling.status().message());
+      continue;
+    }
+    Result<Hash256> id = tx_->Send(
+        ledger::RuleDisputeTx{.task_id = d.task_id, .index = d.index, .output = ruling->output});
+    if (!id.ok()) {
+      Log(name + ": sending the ruling failed: " + id.status().message());
+      continue;
+    }
+    Log(name + " (defender " + d.defender.ShortHex() + ", challenger " + d.challenger.ShortHex() +
+        "): " + ruling->reason + "; output " + ruling->output.ShortHex());
+    RefereeRecord rec{.dispute = d, .ruling = *ruling, .tx_id = *id};
+    pending_[key] = *id;
+    in_flight_[*id] = rulings_.size();
+    rulings_.push_back(rec);
+    sent.push_back(std::move(rec));
+  }
+  return sent;
+}
+
+}  // namespace meshlearn::node
