@@ -50,6 +50,7 @@ struct NodeConfig {
   uint64_t release_after_blocks = 100;
   bool keep_final_states = false;
   node::Adversary adversary = node::Adversary::kNone;  // testing only
+  double whistleblower_sample = 0.2;
   bool have_capabilities = false;
   ledger::NodeCapabilities capabilities;
   uint32_t latency_ms = 5;
@@ -67,7 +68,7 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
                                        "stake", "heartbeat_blocks", "blob_quota_bytes",
                                        "speed_factor", "max_units", "memory_limit_bytes",
                                        "release_after_blocks", "keep_final_states",
-                                       "adversary", "capabilities"}));
+                                       "adversary", "whistleblower_sample", "capabilities"}));
   NodeConfig n;
   n.path = path;
   ML_ASSIGN_OR_RETURN(n.data_dir, c.GetString("data_dir"));
@@ -125,6 +126,8 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
     }
     n.adversary = *parsed;
   }
+  ML_ASSIGN_OR_RETURN(n.whistleblower_sample,
+                      c.GetDouble("whistleblower_sample", 0.2, {.min = 0, .max = 1}));
   n.memory_limit_bytes = static_cast<uint64_t>(mem_limit);
   n.release_after_blocks = static_cast<uint64_t>(release);
   if (c.Has("capabilities")) {
@@ -255,6 +258,7 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   opts.release_after_blocks = c.release_after_blocks;
   opts.keep_final_states = c.keep_final_states;
   opts.adversary = c.adversary;
+  opts.whistleblower_sample = c.whistleblower_sample;
   node::NodeAgent agent({.env = env,
                          .clock = SystemClock::Default(),
                          .transport = &transport,
@@ -373,7 +377,7 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  rpc = \"http://127.0.0.1:7700\"     # the ledger\n"
       "  listen = \"127.0.0.1:7801\"         # blob server\n"
       "  endpoint = \"\"                     # what peers dial; default = listen\n"
-      "  roles = \"solver,aggregator\"\n"
+      "  roles = \"solver,aggregator\"       # also verifier, whistleblower\n"
       "  price = 1                         # tokens per 10^9 training FLOPs\n"
       "  stake = 1000                      # bonded at registration\n"
       "  heartbeat_blocks = 5\n"
@@ -382,7 +386,9 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  keep_final_states = false         # ... but keep final models this node holds\n"
       "  memory_limit_bytes = 0            # memory really available to a unit (0: capabilities)\n"
       "  speed_factor = 1.0                # < 1: a deliberately slow node (tests, demos)\n"
-      "  # adversary = \"lazy\"              # testing only: lazy|noisy|wrong_data|copy|stale\n"
+      "  whistleblower_sample = 0.2        # whistleblower: share of settled units re-checked\n"
+      "  # adversary = \"lazy\"              # testing only: lazy|noisy|wrong_data|copy|stale|\n"
+      "                                    #   rubber_stamp (a verifier that never replays)\n"
       "  [capabilities]                    # optional: paste `node bench`; measured if absent\n"
       "  throughput = 20000000000\n"
       "  memory_bytes = 17179869184\n");

@@ -10,6 +10,7 @@
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/progress.h"
 #include "meshlearn/cli.h"
+#include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/tx.h"
@@ -18,6 +19,7 @@
 #include "meshlearn/node/blob_push.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/tolerance.h"
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/scheduler.h"
@@ -28,6 +30,40 @@ namespace meshlearn::cli {
 using nlohmann::json;
 
 // ---- Shared (task_client.h) ------------------------------------------------------------------
+
+namespace {
+
+// Tolerance mode: the thresholds the task file gives, or, where it gives 0, profiled now by
+// running the first unit's first segment under two kernel configurations (node/tolerance.h).
+Status SetTolerance(Env* env, const std::string& path, PreparedTask* t) {
+  ledger::TaskParams& p = t->params;
+  p.tolerance_rel_l2_ppm = t->net.tolerance_rel_l2_ppm;
+  p.tolerance_cosine_gap_ppb = t->net.tolerance_cosine_gap_ppb;
+  if (p.tolerance_rel_l2_ppm != 0 && p.tolerance_cosine_gap_ppb != 0) return Status::Ok();
+  const uint32_t k = t->net.checkpoint_interval == 0 ? t->net.inner_steps
+                                                     : t->net.checkpoint_interval;
+  node::UnitWork work{.stream = protocol::UnitSeed(t->facts.seed,
+                                                   protocol::UnitId{t->facts.content_id, 0, 0}),
+                      .inner_steps = t->net.inner_steps,
+                      .checkpoint_interval = k,
+                      .lr_scale = t->net.InnerLrScale(0)};
+  std::vector<float> global = t->trainer->FlatParams();
+  // A trainer of its own: the task's trainer keeps round 0's weights untouched.
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Trainer> probe,
+                      engine::Trainer::Create(env, t->task));
+  engine::KernelConfig a{.simd = engine::SimdPath::kScalar, .threads = 1};
+  engine::KernelConfig b = engine::GetKernelConfig();
+  Result<node::ToleranceProfile> prof = node::ProfileTolerance(probe.get(), global, work, k, a, b);
+  if (!prof.ok()) return prof.status().WithPrefix(path + ": profiling the tolerance");
+  if (p.tolerance_rel_l2_ppm == 0) p.tolerance_rel_l2_ppm = prof->params.max_rel_l2_ppm;
+  if (p.tolerance_cosine_gap_ppb == 0) {
+    p.tolerance_cosine_gap_ppb = prof->params.max_cosine_gap_ppb;
+  }
+  t->tolerance_measured = prof->measured;
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   PreparedTask t;
@@ -67,6 +103,8 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   p.memory_bytes = 0;
   p.num_examples = t.facts.num_examples;
   p.seed = t.facts.seed;
+  p.verification_window_blocks = t.net.verification_window_blocks;
+  if (t.net.tolerance_mode) ML_RETURN_IF_ERROR(SetTolerance(env, path, &t));
   t.view = node::MakeTaskView(*t.trainer, t.net);
   t.view.flops_per_sample = p.flops_per_sample;
   t.view.model_bytes = p.model_bytes;
@@ -333,7 +371,12 @@ json PreparedJson(const PreparedTask& t) {
           {"units", t.total_units},
           {"budget", t.net.budget},
           {"price_cap", t.net.price_cap},
-          {"cost_at_price_cap", t.cost_at_cap}};
+          {"cost_at_price_cap", t.cost_at_cap},
+          {"verification", t.net.tolerance_mode ? "tolerance" : "exact"},
+          {"tolerance_rel_l2_ppm", t.params.tolerance_rel_l2_ppm},
+          {"tolerance_cosine_gap_ppb", t.params.tolerance_cosine_gap_ppb},
+          {"tolerance_measured", {{"rel_l2", t.tolerance_measured.rel_l2},
+                                  {"cosine", t.tolerance_measured.cosine}}}};
 }
 
 Status RunSubmit(GlobalOptions& g, const TaskArgs& a) {
@@ -347,6 +390,13 @@ Status RunSubmit(GlobalOptions& g, const TaskArgs& a) {
                 << fmt::format("{:.1f}", static_cast<double>(t.unit_flops) / 1e9)
                 << " GFLOP; at most " << t.cost_at_cap << " tokens at the price cap (budget "
                 << t.net.budget << ")\n";
+      if (t.net.tolerance_mode) {
+        std::cout << fmt::format(
+            "tolerance mode: relative L2 <= {} ppm, cosine gap <= {} ppb (two kernel "
+            "configurations differed by {:.3g} L2, {:.3g} cosine gap)\n",
+            t.params.tolerance_rel_l2_ppm, t.params.tolerance_cosine_gap_ppb,
+            t.tolerance_measured.rel_l2, 1 - t.tolerance_measured.cosine);
+      }
     });
     return Status::Ok();
   }

@@ -30,6 +30,7 @@
 #include "meshlearn/node/network_task.h"
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/protocol/types.h"
+#include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::cli {
 
@@ -43,6 +44,8 @@ struct PreparedTask {
   uint64_t unit_flops = 0;
   uint64_t total_units = 0;
   uint64_t cost_at_cap = 0;  // every unit and every round's aggregation at the price cap
+  // Tolerance mode: the distance two kernel configurations gave when profiled (node/tolerance.h).
+  protocol::StateDistance tolerance_measured;
   std::unique_ptr<engine::Trainer> trainer;  // round 0's weights; the reference's trainer
 };
 

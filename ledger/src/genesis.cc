@@ -270,9 +270,8 @@ Genesis DevnetGenesis(const std::vector<PublicKey>& funded_keys, Amount balance_
   g.params.liveness_blocks = 60;
   g.params.deadline_slack_permille = 6000;
   g.params.min_deadline_blocks = 20;
-  // TRANSITION: devnets turn verification on once the node daemon plays its verification roles
-  // (secret reveals, verdicts, disputes); until then a devnet accepts units unchecked.
-  g.params.verification = false;
+  // The node daemon plays every verification role (node/agent.h, "Verification").
+  g.params.verification = true;
   for (const PublicKey& k : funded_keys) g.accounts.push_back({k, balance_each});
   return g;
 }

@@ -12,7 +12,8 @@ namespace meshlearn::node {
 
 namespace {
 
-constexpr std::string_view kNames[] = {"none", "lazy", "noisy", "wrong_data", "copy", "stale"};
+constexpr std::string_view kNames[] = {"none", "lazy",  "noisy",       "wrong_data",
+                                        "copy", "stale", "rubber_stamp"};
 
 uint64_t SplitMix64(uint64_t& x) {
   uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
@@ -88,6 +89,10 @@ Result<UnitOutcome> CheatRun(engine::Trainer* trainer, std::span<const float> gl
 
 }  // namespace
 
+bool CheatsAsSolver(Adversary a) { return a != Adversary::kNone && a != Adversary::kRubberStamp; }
+
+bool CheatsAsVerifier(Adversary a) { return a == Adversary::kRubberStamp; }
+
 std::string_view AdversaryName(Adversary a) {
   size_t i = static_cast<size_t>(a);
   return i < std::size(kNames) ? kNames[i] : "unknown";
@@ -115,7 +120,8 @@ Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
                                      std::span<const float> global, const UnitWork& work,
                                      const UnitRunOptions& options, const AdversaryInputs& in) {
   switch (adv) {
-    case Adversary::kNone: {
+    case Adversary::kNone:
+    case Adversary::kRubberStamp: {
       UnitExecutor ex(trainer);
       return ex.Run(global, work, options);
     }

@@ -158,7 +158,8 @@ TEST_F(AdversaryTest, StaleIsCaught) {
 }
 
 // In the in-process network: the node logs that it cheats, and its commits are accepted as
-// well-formed units (the ledger does not verify yet). Node 0 is stale (every unit after its
+// well-formed units (no node here is a verifier, so every unit goes unchecked; catching them is
+// verification_sim_test.cc's). Node 0 is stale (every unit after its
 // first re-commits that first result), node 1 copies when it can (its second unit of a round
 // runs a block after the first units of the round were committed).
 TEST(AdversaryAgentTest, CheatingNodesCommitWellFormedUnits) {

@@ -15,23 +15,17 @@
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/scheduler.h"
+#include "agent_internal.h"
 
 namespace meshlearn::node {
 
+using agent_internal::ReadJson;
+using agent_internal::StateReason;
+using agent_internal::TaskShort;
 using nlohmann::json;
-
-struct NodeAgent::TaskContext {
-  Hash256 id;
-  TaskInfo info;
-  LoadedBundle bundle;
-  std::unique_ptr<engine::Trainer> trainer;
-  TaskFacts facts;
-  uint64_t memory_need = 0;
-};
 
 namespace {
 
-std::string TaskShort(const Hash256& t) { return t.ShortHex(); }
 
 // The bundle (what the node trains) must describe the task the ledger schedules and pays: a
 // submitter that published a bundle whose [network] table or data disagree with SubmitTask's
@@ -64,7 +58,6 @@ uint64_t DoubleBits(double d) { return std::bit_cast<uint64_t>(d); }
 double BitsDouble(uint64_t b) { return std::bit_cast<double>(b); }
 
 std::string TaskReason(const Hash256& t) { return "task:" + t.ToHex(); }
-std::string StateReason(const Hash256& t) { return "state:" + t.ToHex(); }
 std::string DeltaReason(const Hash256& t, uint32_t round) {
   return "delta:" + t.ToHex() + ":" + std::to_string(round);
 }
@@ -72,12 +65,6 @@ std::string KeepFinalReason(const Hash256& t) { return "keep-final:" + t.ToHex()
 constexpr char kUploadPrefix[] = "upload:";
 constexpr char kKeepReason[] = "keep";
 
-Result<json> ReadJson(Env* env, const std::string& path) {
-  ML_ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return DataLoss(path + " is not a JSON object");
-  return j;
-}
 
 }  // namespace
 
@@ -87,6 +74,7 @@ NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
       deps_.chain, deps_.key,
       TxSenderOptions{.env = deps_.env, .outbox_path = JoinPath(options_.data_dir, "outbox")});
   blob_service_ = std::make_unique<net::BlobService>(deps_.store);
+  unit_service_ = std::make_unique<UnitService>(deps_.env);
   Result<std::unique_ptr<PinBook>> book =
       PinBook::Open(deps_.env, JoinPath(options_.data_dir, "pins.json"), deps_.store);
   if (book.ok()) {
@@ -111,10 +99,15 @@ NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
   options_.fetch.pin = false;
   fetcher_ = std::make_unique<net::Fetcher>(deps_.transport, deps_.store, options_.fetch);
   if (options_.speed_factor <= 0 || options_.speed_factor > 1) options_.speed_factor = 1;
-  if (options_.adversary != Adversary::kNone) {
+  if (CheatsAsSolver(options_.adversary)) {
     Log("!!! ADVERSARY MODE: this node cheats as a \"" +
         std::string(AdversaryName(options_.adversary)) +
         "\" solver (testing only); verifiers should catch and slash it !!!");
+  } else if (CheatsAsVerifier(options_.adversary)) {
+    Log("!!! ADVERSARY MODE: this node cheats as a \"" +
+        std::string(AdversaryName(options_.adversary)) +
+        "\" verifier: it approves units without replaying them (testing only); a forced error "
+        "should slash it !!!");
   }
 }
 
@@ -123,6 +116,7 @@ NodeAgent::~NodeAgent() = default;
 void NodeAgent::RegisterServices(net::Router* router) {
   blob_service_->Register(router);
   upload_service_->Register(router);
+  unit_service_->Register(router);
 }
 
 void NodeAgent::Log(const std::string& line) {
@@ -222,18 +216,26 @@ Status NodeAgent::EnsureRegistered(uint64_t height) {
       return Status::Ok();
     }
     ML_ASSIGN_OR_RETURN(std::optional<NodeInfo> me, GetNode(*deps_.chain, id()));
-    auto register_tx = [&] {
+    // With verification, every (re-)registration starts a fresh secret chain (secret_chain.h).
+    auto register_tx = [&]() -> Result<ledger::RegisterNodeTx> {
+      Hash256 head;
+      if (VerificationOn()) {
+        ML_RETURN_IF_ERROR(NewSecretEpoch());
+        head = secrets_->head();
+      }
       return ledger::RegisterNodeTx{.node_id = id(),
                                     .endpoint = options_.endpoint,
                                     .roles = options_.roles,
                                     .capabilities = caps,
                                     .price = options_.price,
-                                    .stake = options_.stake};
+                                    .stake = options_.stake,
+                                    .secret_head = head};
     };
     if (!me) {
       Log("registering node " + id().ShortHex() + " at " + options_.endpoint + " (stake " +
           std::to_string(options_.stake) + ", price " + std::to_string(options_.price) + ")");
-      ML_RETURN_IF_ERROR(tx_->Send(register_tx()).status());
+      ML_ASSIGN_OR_RETURN(ledger::RegisterNodeTx rt, register_tx());
+      ML_RETURN_IF_ERROR(tx_->Send(rt).status());
       return Status::Ok();
     }
     const bool first_look = !looked_;
@@ -242,7 +244,8 @@ Status NodeAgent::EnsureRegistered(uint64_t height) {
       if (first_look && options_.rejoin) {
         Log("node " + id().ShortHex() + " left the network earlier; rejoining at " +
             options_.endpoint + " (RegisterNode, stake " + std::to_string(options_.stake) + ")");
-        ML_RETURN_IF_ERROR(tx_->Send(register_tx()).status());
+        ML_ASSIGN_OR_RETURN(ledger::RegisterNodeTx rt, register_tx());
+        ML_RETURN_IF_ERROR(tx_->Send(rt).status());
         return Status::Ok();
       }
       Log("node " + id().ShortHex() + " has left the network (its record is unbonding, after " +
@@ -254,6 +257,7 @@ Status NodeAgent::EnsureRegistered(uint64_t height) {
     }
     was_active_ = was_active_ || me->status == "active";
     Result<json> raw = deps_.chain->Call("get_node", {{"id", id().ToHex()}});
+    if (raw.ok() && !secret_chain_checked_) CheckSecretChain(*raw);
     bool same = raw.ok() && me->endpoint == options_.endpoint && me->price == options_.price &&
                 me->roles == options_.roles;
     if (same && raw->contains("capabilities")) {
@@ -309,6 +313,13 @@ void NodeAgent::HandleOutcomes() {
       unit_commits_.erase(it);
       break;
     }
+    if (auto v = verify_txs_.find(o.id); v != verify_txs_.end()) {
+      if (!o.ok) {
+        verify_sent_.erase(v->second);  // may be sent again (SendVerifyTx caps the attempts)
+        ++verify_failed_[v->second];
+      }
+      verify_txs_.erase(v);
+    }
     for (auto it = agg_commits_.begin(); it != agg_commits_.end(); ++it) {
       if (it->second != o.id) continue;
       if (o.ok) {
@@ -329,8 +340,10 @@ Result<TickReport> NodeAgent::Tick() {
   if (!polled.ok()) Log("polling transactions: " + polled.message());
   HandleOutcomes();
 
+  ML_RETURN_IF_ERROR(GenesisParams().status());
   ML_ASSIGN_OR_RETURN(NodeWork work, GetNodeWork(*deps_.chain, id()));
   height_ = work.height;
+  next_secret_index_ = work.next_secret_index;
   seen_height_.store(work.height);
   if (first_height_ == 0) first_height_ = work.height;
   report.height = work.height;
@@ -341,11 +354,21 @@ Result<TickReport> NodeAgent::Tick() {
   }
   if (left_ || !registered_) return report;
 
-  // Aggregations first: a round waits for them.
+  // Verification transactions that need no computation go out at once; replays are jobs.
+  std::vector<VerifyJob> urgent, later;
+  PlayVerification(work, &urgent, &later);
+
+  // Aggregations before units: a round waits for them.
   std::vector<const AggregationAssignment*> aggs;
   for (const AggregationAssignment& a : work.aggregations) {
     auto key = std::make_pair(a.task_id, a.round);
-    if (aggs_done_ok_.count(key) || agg_commits_.count(key)) continue;
+    if (agg_commits_.count(key)) continue;
+    if (aggs_done_ok_.erase(key) > 0) {
+      // Our aggregate of this round was included, yet we are asked again: the round was re-run
+      // (fraud, a forced error, an unavailable delta) and its inputs changed.
+      Log("task " + TaskShort(a.task_id) + " round " + std::to_string(a.round) +
+          ": aggregating again after the round was re-run");
+    }
     aggs.push_back(&a);
   }
   std::vector<const UnitAssignment*> units;
@@ -366,6 +389,14 @@ Result<TickReport> NodeAgent::Tick() {
            std::tie(b->deadline_height, b->task_id, b->index);
   });
 
+  if (!urgent.empty()) {
+    Status s = RunVerifyJob(urgent.front());
+    if (crashed_) return s;
+    if (!s.ok()) Log("verification: " + s.message());  // retried next tick while its window lasts
+    ++report.verifications_run;
+    report.busy = urgent.size() > 1 || !later.empty() || !aggs.empty() || !units.empty();
+    return report;
+  }
   if (!aggs.empty()) {
     Status s = RunAggregation(*aggs.front());
     if (!s.ok()) {
@@ -374,7 +405,14 @@ Result<TickReport> NodeAgent::Tick() {
     } else {
       ++report.aggregations_run;
     }
-    report.busy = aggs.size() > 1 || !units.empty();
+    report.busy = aggs.size() > 1 || !later.empty() || !units.empty();
+    return report;
+  }
+  if (!later.empty()) {
+    Status s = RunVerifyJob(later.front());
+    if (!s.ok()) Log("verification: " + s.message());
+    ++report.verifications_run;
+    report.busy = later.size() > 1 || !units.empty();
     return report;
   }
   for (const UnitAssignment* u : units) {
@@ -395,26 +433,17 @@ Result<TickReport> NodeAgent::Tick() {
 }
 
 Status NodeAgent::RunUnit(const UnitAssignment& a) {
-  const auto key = std::make_pair(a.task_id, a.index);
   const std::string dir = UnitDir(a.task_id, a.index);
   const std::string done_path = JoinPath(dir, "done.json");
   const std::string name = "unit " + TaskShort(a.task_id) + "/" + std::to_string(a.index) + " r" +
                            std::to_string(a.round) + " s" + std::to_string(a.shard);
 
-  // Finished before (a crash after the delta was stored, or a failed commit): commit again.
+  // Finished before (a crash after the delta was stored, a failed commit, or its round re-ran):
+  // commit again, with a new secret (and forced-error draw).
   if (deps_.env->FileExists(done_path)) {
     ML_ASSIGN_OR_RETURN(json d, ReadJson(deps_.env, done_path));
-    if (d.value("start_state", std::string()) == a.start_state.ToHex()) {
-      ML_ASSIGN_OR_RETURN(Hash256 result, Hash256::FromHex(d.value("result", std::string())));
-      ML_ASSIGN_OR_RETURN(Hash256 commitment, Hash256::FromHex(d.value("commitment", std::string())));
-      ML_ASSIGN_OR_RETURN(Hash256 txid,
-                          tx_->Send(ledger::CommitUnitTx{.task_id = a.task_id,
-                                                         .index = a.index,
-                                                         .node_id = id(),
-                                                         .result_hash = result,
-                                                         .commitment = commitment,
-                                                         .loss_micros = d.value("loss_micros", uint64_t{0})}));
-      unit_commits_[key] = txid;
+    if (d.value("start_state", std::string()) == a.start_state.ToHex() && d.contains("leaves")) {
+      ML_RETURN_IF_ERROR(SendCommit(a, d));
       Log(name + ": committing the stored result again");
       return Status::Ok();
     }
@@ -456,11 +485,7 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
   ML_ASSIGN_OR_RETURN(Bytes state_bytes, FetchBlob(a.start_state, {}, StateReason(a.task_id)));
   ML_ASSIGN_OR_RETURN(GlobalState start, DecodeGlobalState(state_bytes, ctx->facts.num_params));
 
-  protocol::UnitId uid{ctx->facts.content_id, a.round, a.shard};
-  UnitWork work{.stream = protocol::UnitSeed(ctx->facts.seed, uid),
-                .inner_steps = net.inner_steps,
-                .checkpoint_interval = net.checkpoint_interval,
-                .lr_scale = net.InnerLrScale(a.round)};
+  const UnitWork work = WorkOf(*ctx, a.round, a.shard);
 
   ML_RETURN_IF_ERROR(book_->AddUnit(a.task_id, a.index, a.round));  // before any file of it
   ML_RETURN_IF_ERROR(deps_.env->CreateDirs(dir));
@@ -530,7 +555,7 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
   };
   run.should_stop = options_.should_stop;
   Result<UnitOutcome> ran = Unavailable("not run");
-  if (options_.adversary == Adversary::kNone) {
+  if (!CheatsAsSolver(options_.adversary)) {
     UnitExecutor executor(ctx->trainer.get());
     ran = executor.Run(start.weights, work, run);
   } else {
@@ -565,15 +590,10 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
           : 0;
   json d = {{"start_state", a.start_state.ToHex()}, {"result", delta_id.ToHex()},
             {"commitment", out.commitment.ToHex()}, {"loss_micros", loss_micros},
-            {"round", a.round}, {"shard", a.shard}};
+            {"round", a.round}, {"shard", a.shard}, {"leaves", json::array()}};
+  for (const Hash256& h : out.state_hashes) d["leaves"].push_back(h.ToHex());
   ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(done_path, d.dump()));
-  ML_ASSIGN_OR_RETURN(Hash256 txid, tx_->Send(ledger::CommitUnitTx{.task_id = a.task_id,
-                                                                  .index = a.index,
-                                                                  .node_id = id(),
-                                                                  .result_hash = delta_id.hash,
-                                                                  .commitment = out.commitment,
-                                                                  .loss_micros = loss_micros}));
-  unit_commits_[key] = txid;
+  ML_RETURN_IF_ERROR(SendCommit(a, d));
   ++stats_.units_completed;
   Log(name + ": done, loss " + std::to_string(out.mean_loss) + ", delta " + delta_id.ShortHex() +
       " committed");
@@ -632,9 +652,15 @@ Status NodeAgent::RunAggregation(const AggregationAssignment& a) {
   uint32_t acc_ppm = 0;
   uint64_t loss_micros = 0;
   bool have = false;
+  // What was aggregated: a round that re-ran (fraud, a forced error) has other inputs.
+  json inputs = json::array();
+  for (const AggregationInput& in : a.units) {
+    inputs.push_back(std::to_string(in.index) + ":" + in.result_hash.ToHex());
+  }
   if (deps_.env->FileExists(done_path)) {
     ML_ASSIGN_OR_RETURN(json d, ReadJson(deps_.env, done_path));
-    if (d.value("start_state", std::string()) == a.start_state.ToHex()) {
+    if (d.value("start_state", std::string()) == a.start_state.ToHex() &&
+        d.value("inputs", json::array()) == inputs) {
       ML_ASSIGN_OR_RETURN(state_id, Hash256::FromHex(d.value("state", std::string())));
       acc_ppm = d.value("accuracy_ppm", 0u);
       loss_micros = d.value("loss_micros", uint64_t{0});
@@ -696,7 +722,7 @@ Status NodeAgent::RunAggregation(const AggregationAssignment& a) {
     state_id = sid.hash;
     ML_RETURN_IF_ERROR(deps_.env->CreateDirs(JoinPath(options_.data_dir, "aggregates")));
     json d = {{"start_state", a.start_state.ToHex()}, {"state", state_id.ToHex()},
-              {"accuracy_ppm", acc_ppm}, {"loss_micros", loss_micros}};
+              {"accuracy_ppm", acc_ppm}, {"loss_micros", loss_micros}, {"inputs", inputs}};
     ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(done_path, d.dump()));
     Log(name + ": " + std::to_string(contributions.size()) + " deltas, test accuracy " +
         std::to_string(eval.accuracy) + " loss " + std::to_string(eval.loss) + ", state " +
@@ -717,6 +743,7 @@ Status NodeAgent::RunAggregation(const AggregationAssignment& a) {
 
 void NodeAgent::DeleteUnitFiles(const Hash256& task, uint32_t index) {
   const std::string dir = UnitDir(task, index);
+  unit_service_->Withdraw(task, index);
   Result<std::vector<std::string>> names = deps_.env->ListDir(dir);
   if (!names.ok()) return;  // never created (the unit was refused before its first file)
   for (const std::string& n : *names) (void)deps_.env->DeleteFile(JoinPath(dir, n));

@@ -1,5 +1,7 @@
 #include "meshlearn/node/chain_client.h"
 
+#include <algorithm>
+
 #include "meshlearn/base/hex.h"
 #include "meshlearn/ledger/rpc.h"
 
@@ -58,7 +60,72 @@ Result<NodeInfo> ParseNode(const json& j) {
   return n;
 }
 
+// One entry of node_work "checks": a unit JSON with "check", "roles", "start_state",
+// "solver_endpoint" (ledger/rpc.h).
+Result<CheckAssignment> ParseCheck(const json& u) {
+  CheckAssignment a;
+  ML_ASSIGN_OR_RETURN(a.task_id, HashField(u, "task_id"));
+  ML_ASSIGN_OR_RETURN(a.index, U32Field(u, "index"));
+  ML_ASSIGN_OR_RETURN(a.round, U32Field(u, "round"));
+  ML_ASSIGN_OR_RETURN(a.shard, U32Field(u, "shard"));
+  ML_ASSIGN_OR_RETURN(a.result_hash, HashField(u, "result_hash"));
+  ML_ASSIGN_OR_RETURN(a.commitment, HashField(u, "commitment"));
+  ML_ASSIGN_OR_RETURN(a.assignment_beacon, HashField(u, "assignment_beacon"));
+  ML_ASSIGN_OR_RETURN(a.secret_index, U64Field(u, "secret_index"));
+  ML_ASSIGN_OR_RETURN(a.start_state, HashField(u, "start_state"));
+  a.solver_endpoint = u.value("solver_endpoint", std::string());
+  if (u.contains("roles") && u["roles"].is_array()) {
+    for (const json& r : u["roles"]) {
+      if (r.is_string()) a.roles.push_back(r.get<std::string>());
+    }
+  }
+  if (!u.contains("check") || !u["check"].is_object()) return Bad("no object \"check\"", u);
+  const json& c = u["check"];
+  a.stage = c.value("stage", std::string());
+  a.result = c.value("result", std::string());
+  ML_ASSIGN_OR_RETURN(a.solver, KeyField(c, "solver"));
+  ML_ASSIGN_OR_RETURN(a.commit_height, U64Field(c, "commit_height"));
+  ML_ASSIGN_OR_RETURN(a.deadline_height, U64Field(c, "deadline_height"));
+  ML_ASSIGN_OR_RETURN(a.num_segments, U32Field(c, "num_segments"));
+  if (c.contains("verifiers") && c["verifiers"].is_array()) {
+    for (const json& v : c["verifiers"]) {
+      if (!v.is_string()) return Bad("a verifier that is not a string", c);
+      ML_ASSIGN_OR_RETURN(PublicKey k, PublicKey::FromHex(v.get<std::string>(), "verifier"));
+      a.verifiers.push_back(k);
+    }
+  }
+  if (c.contains("segments") && c["segments"].is_array()) {
+    for (const json& s : c["segments"]) {
+      if (!s.is_number_unsigned() || s.get<uint64_t>() >= a.num_segments) {
+        return Bad("a segment out of range", c);
+      }
+      a.segments.push_back(s.get<uint32_t>());
+    }
+  }
+  if (c.contains("dispute") && c["dispute"].is_object()) {
+    const json& d = c["dispute"];
+    DisputeView v;
+    v.stage = d.value("stage", std::string());
+    ML_ASSIGN_OR_RETURN(v.defender, KeyField(d, "defender"));
+    ML_ASSIGN_OR_RETURN(v.challenger, KeyField(d, "challenger"));
+    ML_ASSIGN_OR_RETURN(v.first_step, U64Field(d, "first_step"));
+    ML_ASSIGN_OR_RETURN(v.last_step, U64Field(d, "last_step"));
+    ML_ASSIGN_OR_RETURN(v.agreed, HashField(d, "agreed"));
+    if (d.contains("query") && d["query"].is_object()) {
+      v.has_query = true;
+      ML_ASSIGN_OR_RETURN(v.position, U64Field(d["query"], "position"));
+      ML_ASSIGN_OR_RETURN(v.query_deadline, U64Field(d["query"], "deadline_height"));
+    }
+    a.dispute = std::move(v);
+  }
+  return a;
+}
+
 }  // namespace
+
+bool CheckAssignment::HasRole(std::string_view role) const {
+  return std::find(roles.begin(), roles.end(), role) != roles.end();
+}
 
 Result<json> RpcResultOrStatus(const json& response) {
   if (!response.is_object()) return DataLoss("ledger answer is not a JSON object");
@@ -148,6 +215,9 @@ Result<NodeWork> ParseNodeWork(const json& j) {
       ML_ASSIGN_OR_RETURN(a.shard, U32Field(u, "shard"));
       ML_ASSIGN_OR_RETURN(a.deadline_height, U64Field(u, "deadline_height"));
       ML_ASSIGN_OR_RETURN(a.start_state, HashField(u, "start_state"));
+      if (u.contains("assignment_beacon")) {
+        ML_ASSIGN_OR_RETURN(a.assignment_beacon, HashField(u, "assignment_beacon"));
+      }
       w.units.push_back(a);
     }
   }
@@ -170,6 +240,15 @@ Result<NodeWork> ParseNodeWork(const json& j) {
       }
       w.aggregations.push_back(std::move(a));
     }
+  }
+  if (j.contains("checks") && j["checks"].is_array()) {
+    for (const json& c : j["checks"]) {
+      ML_ASSIGN_OR_RETURN(CheckAssignment a, ParseCheck(c));
+      w.checks.push_back(std::move(a));
+    }
+  }
+  if (j.contains("next_secret_index")) {
+    ML_ASSIGN_OR_RETURN(w.next_secret_index, U64Field(j, "next_secret_index"));
   }
   return w;
 }

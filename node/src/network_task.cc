@@ -8,7 +8,8 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
       {"rounds", "units_per_round", "inner_steps", "checkpoint_interval", "aggregation",
        "trim_fraction", "clip_radius", "clip_iterations", "krum_select", "krum_byzantine",
        "outer_lr", "outer_momentum", "outer_nesterov", "inner_lr_final",
-       "verification_window_blocks", "budget", "price_cap"}));
+       "verification_window_blocks", "verification", "tolerance_rel_l2_ppm",
+       "tolerance_cosine_gap_ppb", "budget", "price_cap"}));
   NetworkSpec s;
   ML_ASSIGN_OR_RETURN(int64_t rounds, n.GetInt("rounds", {.min = 1, .max = 100000}));
   ML_ASSIGN_OR_RETURN(int64_t units, n.GetInt("units_per_round", {.min = 1, .max = 4096}));
@@ -47,6 +48,18 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
   ML_ASSIGN_OR_RETURN(int64_t window, n.GetInt("verification_window_blocks", 5,
                                                {.min = 0, .max = 100000}));
   s.verification_window_blocks = static_cast<uint64_t>(window);
+  ML_ASSIGN_OR_RETURN(std::string mode, n.GetEnum("verification", {"exact", "tolerance"},
+                                                  std::string("exact")));
+  s.tolerance_mode = mode == "tolerance";
+  ML_ASSIGN_OR_RETURN(int64_t l2, n.GetInt("tolerance_rel_l2_ppm", 0, {.min = 0, .max = 1000000}));
+  ML_ASSIGN_OR_RETURN(int64_t cos, n.GetInt("tolerance_cosine_gap_ppb", 0,
+                                            {.min = 0, .max = 1000000000}));
+  if (!s.tolerance_mode && (l2 != 0 || cos != 0)) {
+    return n.Error("tolerance_rel_l2_ppm", "is set but verification is \"exact\"; set "
+                                           "verification = \"tolerance\" or remove it");
+  }
+  s.tolerance_rel_l2_ppm = static_cast<uint32_t>(l2);
+  s.tolerance_cosine_gap_ppb = static_cast<uint32_t>(cos);
   ML_ASSIGN_OR_RETURN(int64_t budget, n.GetInt("budget", 0, {.min = 0}));
   ML_ASSIGN_OR_RETURN(int64_t cap, n.GetInt("price_cap", 0, {.min = 0}));
   s.budget = static_cast<uint64_t>(budget);

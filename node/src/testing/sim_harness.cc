@@ -35,7 +35,8 @@ SimHarness::SimHarness(SimOptions options)
     : options_(std::move(options)),
       clock_(1'700'000'000'000),
       seq_key_(DerivedKey(options_.seed, "sequencer")),
-      submitter_(DerivedKey(options_.seed, "submitter")) {
+      submitter_(DerivedKey(options_.seed, "submitter")),
+      referee_key_(DerivedKey(options_.seed, "referee")) {
   if (options_.env == nullptr) {
     own_env_ = std::make_unique<MemEnv>();
     env_ = own_env_.get();
@@ -91,12 +92,14 @@ Status SimHarness::MakeAgent(int i) {
 }
 
 Status SimHarness::Setup() {
-  std::vector<PublicKey> funded = {submitter_.public_key()};
+  std::vector<PublicKey> funded = {submitter_.public_key(), referee_key_.public_key()};
   for (const KeyPair& k : node_keys_) funded.push_back(k.public_key());
   genesis_ = ledger::DevnetGenesis(funded, 1'000'000'000'000ull, "meshlearn-sim");
   genesis_.block_interval_ms = options_.block_interval_ms;
   genesis_.sequencer = seq_key_.public_key();
   genesis_.genesis_time_ms = clock_.NowMillis();
+  genesis_.referee = referee_key_.public_key();
+  if (options_.tweak_genesis) options_.tweak_genesis(genesis_);
   chain_dir_ = TempDir();
   ML_ASSIGN_OR_RETURN(chain_, ledger::Chain::Open(chain_dir_ + "/chain.db", genesis_));
   shared_ = std::make_unique<ledger::SharedChain>(chain_.get());
@@ -144,6 +147,33 @@ Status SimHarness::Setup() {
     ML_RETURN_IF_ERROR(MakeAgent(i));
   }
   net_->AddNode("submitter");
+  if (options_.referee) {
+    net_->AddNode("referee");
+    ML_ASSIGN_OR_RETURN(referee_store_, net::BlobStore::Open(env_, "/referee/blobs"));
+    referee_tx_ = std::make_unique<TxSender>(client_.get(), referee_key_);
+    ML_RETURN_IF_ERROR(referee_tx_->Init());
+    // The referee reads public blobs (bundle, data, start states) from the nodes.
+    auto get = [this](const Hash256& id) -> Result<Bytes> {
+      net::BlobId bid{id};
+      if (!referee_store_->HasBlob(bid)) {
+        std::vector<std::string> providers;
+        for (int i = 0; i < options_.nodes; ++i) {
+          if (agents_[i]) providers.push_back("n" + std::to_string(i));
+        }
+        net::Fetcher fetcher(net_->node("referee")->transport(), referee_store_.get());
+        ML_RETURN_IF_ERROR(fetcher.Fetch(bid, providers).status());
+      }
+      return referee_store_->Get(bid);
+    };
+    RefereeOptions ro{.env = env_, .work_dir = "/referee/work"};
+    if (options_.log || options_.log_sink) {
+      ro.log = [echo = options_.log, sink = options_.log_sink](const std::string& line) {
+        if (echo) std::cerr << "[referee] " << line << "\n";
+        if (sink) sink(-1, line);
+      };
+    }
+    referee_ = std::make_unique<RefereeService>(client_.get(), referee_tx_.get(), get, ro);
+  }
 
   // Register every node.
   for (int b = 0; b < 20; ++b) {
@@ -208,6 +238,7 @@ Status SimHarness::Step() {
     Result<TickReport> r = a->Tick();
     if (!r.ok()) return r.status().WithPrefix("node " + a->id().ShortHex());
   }
+  if (referee_) ML_RETURN_IF_ERROR(referee_->Poll().status());
   if (options_.on_block) options_.on_block(height());
   return Status::Ok();
 }

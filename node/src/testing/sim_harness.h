@@ -8,9 +8,12 @@
 //   GlobalState final = *sim.FinalState();
 //
 // Per block: the clock moves one block interval, the sequencer produces a block, the token
-// invariant is checked, then every live agent Ticks once (in node order). Faults: Kill(i) drops
-// an agent (as kill -9 would: its data dir and blob store stay), Restart(i) builds a new agent
-// on the same data dir.
+// invariant is checked, then every live agent Ticks once (in node order), then the referee (if
+// any) rules the disputes waiting for it. Faults: Kill(i) drops an agent (as kill -9 would: its
+// data dir and blob store stay), Restart(i) builds a new agent on the same data dir.
+//
+// The chain is DevnetGenesis (verification as devnets have it); tweak_genesis changes it, e.g.
+// to turn verification off or force every unit to be a forced error.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,7 @@
 #include "meshlearn/ledger/shared_chain.h"
 #include "meshlearn/net/sim_transport.h"
 #include "meshlearn/node/agent.h"
+#include "meshlearn/node/referee.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/task_bundle.h"
 
@@ -59,6 +63,10 @@ struct SimOptions {
   std::function<void(uint64_t height)> on_block;
   // Changes the submitted params (tests of a submitter whose bundle and params disagree).
   std::function<void(ledger::TaskParams& params)> tweak_params;
+  // Changes the genesis before the chain is created (verification parameters, ...).
+  std::function<void(ledger::Genesis& genesis)> tweak_genesis;
+  // Runs a RefereeService (node/referee.h) after every block with a referee key genesis names.
+  bool referee = false;
 };
 
 class SimHarness {
@@ -91,6 +99,8 @@ class SimHarness {
   Env* env() { return env_; }
   const TaskBundle& bundle() const { return bundle_; }
   ledger::Totals Totals();
+  const ledger::Genesis& genesis() const { return genesis_; }
+  RefereeService* referee() { return referee_.get(); }
 
  private:
   Status MakeAgent(int i);
@@ -115,6 +125,10 @@ class SimHarness {
   std::vector<std::unique_ptr<NodeAgent>> agents_;
   std::unique_ptr<net::BlobStore> submitter_store_;
   std::unique_ptr<TxSender> submitter_tx_;
+  KeyPair referee_key_;
+  std::unique_ptr<net::BlobStore> referee_store_;
+  std::unique_ptr<TxSender> referee_tx_;
+  std::unique_ptr<RefereeService> referee_;
   TaskBundle bundle_;
   Hash256 task_id_;
 };

@@ -14,6 +14,14 @@
 //   stale       re-commits its own result and commitment of an earlier round of the task (none
 //               yet: behaves as lazy).
 //
+// A cheating solver does not defend its units in a dispute: it posts nothing, so it loses at its
+// first turn's deadline (an honest party never needs the referee against it).
+//
+// And one cheating verifier:
+//   rubber_stamp  solves honestly, but as a verifier commits and reveals "clean" without
+//                 replaying anything (and as a whistleblower never challenges): it loses its
+//                 stake the first time it approves a forced error.
+//
 //   ML_ASSIGN_OR_RETURN(Adversary adv, ParseAdversary("lazy"));
 //   ML_ASSIGN_OR_RETURN(UnitOutcome out, RunAdversaryUnit(adv, trainer, global, work, opts, {}));
 #pragma once
@@ -29,9 +37,14 @@
 
 namespace meshlearn::node {
 
-enum class Adversary : uint8_t { kNone, kLazy, kNoisy, kWrongData, kCopy, kStale };
+enum class Adversary : uint8_t { kNone, kLazy, kNoisy, kWrongData, kCopy, kStale, kRubberStamp };
 
-// "none", "lazy", "noisy", "wrong_data", "copy", "stale".
+// Whether `a` cheats as a solver (every mode but kNone and the verifier mode kRubberStamp).
+bool CheatsAsSolver(Adversary a);
+// Whether `a` cheats as a verifier (kRubberStamp).
+bool CheatsAsVerifier(Adversary a);
+
+// "none", "lazy", "noisy", "wrong_data", "copy", "stale", "rubber_stamp".
 std::string_view AdversaryName(Adversary a);
 // "" and "none" -> kNone; an unknown name -> InvalidArgument naming the allowed values.
 Result<Adversary> ParseAdversary(std::string_view name);
@@ -52,7 +65,8 @@ struct AdversaryInputs {
 // commitment == MerkleRoot(state_hashes), one state hash per HashedSteps step, delta_hash ==
 // HashFloats(delta). options.on_step / on_checkpoint / should_stop are honoured (checkpoints are
 // the adversary's own states, labelled with work.stream and the hashed step); options.resume is
-// ignored (an adversary restarts the unit: same bits). kNone runs the honest UnitExecutor.
+// ignored (an adversary restarts the unit: same bits). kNone and kRubberStamp (an honest solver)
+// run the honest UnitExecutor.
 Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
                                      std::span<const float> global, const UnitWork& work,
                                      const UnitRunOptions& options, const AdversaryInputs& in);

@@ -54,8 +54,32 @@
 // longer (e.g. for a dispute still open) means holding finality (RoundStateMachine::
 // HoldFinality), not a node-side rule.
 //
-// Serving: RegisterServices() puts net::BlobService (download) and BlobUploadService (upload,
-// blob_push.h) on a router, which the daemon serves over HTTP and a simulation on a SimNode.
+// Verification (docs/verification.md; the ledger side is ledger/src/verification.cc). With the
+// chain's genesis `verification` on, the node plays every role node_work's "checks" give it:
+//   solver        registers the head of its secret chain (secret_chain.h); commits each unit with
+//                 the next secret index (node_work's next_secret_index + its commits in flight)
+//                 and, when that secret draws a forced error for the unit, commits
+//                 protocol::ForcedCommitment instead of its Merkle root (the delta stays honest);
+//                 serves the committed leaves and checkpoints (unit_service.h); in the unit's
+//                 reveal window sends RevealSecret (checked or not: a solver that does not is
+//                 "abandoned"); defends a dispute by posting its true state hashes;
+//   verifier      replays the drawn segments from the solver's checkpoints (checked against the
+//                 committed leaves, themselves checked against the on-chain commitment), or from
+//                 the unit's start when the solver serves no usable checkpoint; commits
+//                 VerdictCommitment (salt derived from the node key, persisted under
+//                 <data_dir>/verify/ with the claim so a restart can still reveal), reveals it in
+//                 the reveal window, and plays the dispute as challenger after a mismatch;
+//   whistleblower re-checks one segment of a sample (whistleblower_sample) of the units settled
+//                 clean or unchecked in a round not final yet; on a mismatch sends ChallengeUnit
+//                 and plays the dispute as challenger.
+// Dispute turns post the state hash after the asked step, replayed once per dispute over the
+// whole disputed segment. Tick order: cheap verification transactions (reveals, dispute moves
+// already computed) every tick, then ONE job: a replay for a verdict or a dispute (their windows
+// are short), else an aggregation, else a whistleblower re-check, else a unit.
+//
+// Serving: RegisterServices() puts net::BlobService (download), BlobUploadService (upload,
+// blob_push.h) and UnitService (committed leaves and checkpoints, unit_service.h) on a router,
+// which the daemon serves over HTTP and a simulation on a SimNode.
 //
 //   NodeAgent agent({.env = env, .clock = clock, .transport = transport, .store = store.get(),
 //                    .chain = &chain, .key = node_key},
@@ -82,6 +106,7 @@
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/state.h"
 #include "meshlearn/net/blob_service.h"
 #include "meshlearn/net/blob_store.h"
@@ -90,7 +115,10 @@
 #include "meshlearn/node/blob_push.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/pin_book.h"
+#include "meshlearn/node/secret_chain.h"
 #include "meshlearn/node/task_bundle.h"
+#include "meshlearn/node/unit_executor.h"
+#include "meshlearn/node/unit_service.h"
 
 namespace meshlearn::node {
 
@@ -144,6 +172,10 @@ struct AgentOptions {
   // solver in every unit it runs (copy borrows a committed delta of another solver of the same
   // round from get_task; stale re-commits its previous unit of the task). Logged loudly at start.
   Adversary adversary = Adversary::kNone;
+  // As a whistleblower (roles include kRoleWhistleblower): the share of the units settled clean
+  // or unchecked in a round not final yet that this node re-checks (one segment each). The draw
+  // is a hash of the node key and the unit, so a restarted node draws the same units.
+  double whistleblower_sample = 0.2;
   // Test hook: called after each checkpoint of a unit; an error aborts the Tick as a crash
   // would (nothing after the checkpoint is written).
   std::function<Status(const Hash256& task, uint32_t index, int64_t step)> after_checkpoint;
@@ -153,6 +185,7 @@ struct TickReport {
   uint64_t height = 0;
   uint32_t units_run = 0;
   uint32_t aggregations_run = 0;
+  uint32_t verifications_run = 0;  // verdict replays, dispute replays, whistleblower re-checks
   bool busy = false;  // more work waits: tick again without waiting for a block
 };
 
@@ -168,6 +201,15 @@ struct AgentStats {
   uint64_t tx_failed = 0;         // any transaction whose receipt failed or that was refused
   uint64_t blobs_unpinned = 0;    // pins released (their last reason ended)
   uint64_t unit_dirs_deleted = 0;  // unit checkpoint directories cleaned up
+  // Verification.
+  uint64_t forced_errors = 0;       // units committed as forced errors
+  uint64_t secrets_revealed = 0;    // RevealSecret sent
+  uint64_t replays = 0;             // segment checks run (verifier and whistleblower)
+  uint64_t verdicts_committed = 0;  // CommitVerdict sent
+  uint64_t mismatches = 0;          // ... of which "mismatch"
+  uint64_t verdicts_revealed = 0;   // RevealVerdict sent
+  uint64_t challenges = 0;          // ChallengeUnit sent
+  uint64_t dispute_posts = 0;       // DisputePost sent
 };
 
 class NodeAgent {
@@ -177,7 +219,8 @@ class NodeAgent {
   NodeAgent(const NodeAgent&) = delete;
   NodeAgent& operator=(const NodeAgent&) = delete;
 
-  // Registers "blob.manifest", "blob.chunk", "blob.put_chunk", "blob.put_manifest".
+  // Registers "blob.manifest", "blob.chunk", "blob.put_chunk", "blob.put_manifest",
+  // "unit.manifest", "unit.checkpoint".
   void RegisterServices(net::Router* router);
 
   Result<TickReport> Tick();
@@ -219,6 +262,42 @@ class NodeAgent {
   Status ReleaseTask(const Hash256& task, const Hash256& final_state);
   void DeleteUnitFiles(const Hash256& task, uint32_t index);
 
+  // ---- Verification (agent_verification.cc).
+  struct VerifyJob;
+  struct SegmentFinding;
+  // The chain's genesis parameters (read once).
+  Result<const ledger::ChainParams*> GenesisParams();
+  bool VerificationOn();
+  // The secret chain of the current registration epoch (<data_dir>/secret_chain.json);
+  // NewSecretEpoch starts a fresh one before a (re-)registration.
+  Status LoadSecretChain();
+  Status NewSecretEpoch();
+  void CheckSecretChain(const nlohmann::json& node_record);
+  UnitWork WorkOf(const TaskContext& ctx, uint32_t round, uint32_t shard) const;
+  // Solver: commits a finished unit (done.json of its directory) with its secret index, as a
+  // forced error when drawn, and serves what it committed.
+  Status SendCommit(const UnitAssignment& a, const nlohmann::json& done);
+  Status PublishCommitted(const Hash256& task, uint32_t index, const nlohmann::json& commit);
+  // Cheap verification transactions of this tick; the replays it needs go to `urgent` (verdicts
+  // and dispute moves) and `later` (whistleblower re-checks).
+  void PlayVerification(const NodeWork& work, std::vector<VerifyJob>* urgent,
+                        std::vector<VerifyJob>* later);
+  Status RunVerifyJob(const VerifyJob& job);
+  Status RunVerdict(const CheckAssignment& c);
+  Status RunWhistle(const CheckAssignment& c);
+  Status RunDisputeReplay(const CheckAssignment& c);
+  void RevealSecret(const CheckAssignment& c);
+  void RevealVerdict(const CheckAssignment& c);
+  void PostDisputeMove(const CheckAssignment& c);
+  // Replays `segments` of a checked unit (verifier and whistleblower); files under `dir`.
+  Result<SegmentFinding> CheckSegments(const CheckAssignment& c,
+                                       const std::vector<uint32_t>& segments,
+                                       const std::string& dir);
+  std::string VerifyDir(const CheckAssignment& c) const;
+  // Sends a verification transaction once per `action` (resent after a failure, up to 3 times).
+  bool SendVerifyTx(const std::string& action, ledger::TxPayload payload);
+  void CleanVerifyDirs(const std::set<std::string>& live);
+
   AgentDeps deps_;
   AgentOptions options_;
   std::unique_ptr<TxSender> tx_;
@@ -256,6 +335,21 @@ class NodeAgent {
   bool skipped_ = false;  // RunUnit did not run the unit (memory, max_units)
   bool crashed_ = false;  // the after_checkpoint hook failed
   std::map<Hash256, UnitOutcome> last_outcome_;  // adversary "stale": the previous unit per task
+
+  // Verification state.
+  std::unique_ptr<UnitService> unit_service_;
+  std::optional<ledger::ChainParams> params_;
+  std::unique_ptr<SecretChain> secrets_;
+  uint64_t secret_epoch_ = 0;
+  bool secret_chain_checked_ = false;
+  uint64_t next_secret_index_ = 0;  // node_work's, this tick
+  std::map<Hash256, std::string> verify_txs_;  // tx id -> action
+  std::set<std::string> verify_sent_;          // actions sent (in flight or done)
+  std::map<std::string, int> verify_failed_;   // action -> failed attempts
+  std::set<std::string> whistle_seen_;         // checks a whistleblower draw was made for
+  // (check dir, first step, last step) -> state hashes after every step of a disputed segment.
+  std::map<std::string, std::vector<Hash256>> dispute_hashes_;
+  std::optional<std::set<std::string>> verify_dirs_;  // entries of <data_dir>/verify
 };
 
 }  // namespace meshlearn::node

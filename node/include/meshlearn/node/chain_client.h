@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -125,6 +126,9 @@ struct UnitAssignment {
   uint32_t shard = 0;
   uint64_t deadline_height = 0;
   Hash256 start_state;  // blob id of the global state the round trains from
+  // The block seed at assignment: with the solver's secret it decides whether the unit is a
+  // forced error (protocol::IsForcedError).
+  Hash256 assignment_beacon;
 };
 struct AggregationInput {
   uint32_t index = 0;
@@ -139,10 +143,53 @@ struct AggregationAssignment {
   Hash256 start_state;
   std::vector<AggregationInput> units;
 };
+// A dispute on a checked unit (protocol/dispute.h), as node_work shows it.
+struct DisputeView {
+  std::string stage;  // "steps" | "operators" | "referee" | "resolved"
+  PublicKey defender;
+  PublicKey challenger;
+  uint64_t first_step = 0;
+  uint64_t last_step = 0;
+  Hash256 agreed;
+  bool has_query = false;  // steps / operators stage: both parties post at `position`
+  uint64_t position = 0;
+  uint64_t query_deadline = 0;
+};
+// A committed unit of the current round under verification that this node takes part in
+// (node_work "checks"; docs/verification.md).
+struct CheckAssignment {
+  Hash256 task_id;
+  uint32_t index = 0;
+  uint32_t round = 0;
+  uint32_t shard = 0;
+  Hash256 result_hash;
+  Hash256 commitment;
+  Hash256 assignment_beacon;
+  uint64_t secret_index = 0;
+  Hash256 start_state;
+  std::string solver_endpoint;
+  std::vector<std::string> roles;  // "solver" | "verifier" | "challenger" | "whistleblower"
+  // protocol::UnitCheck as CheckStageName / CheckResultName spell them.
+  std::string stage;   // "awaiting_beacon" | "commit_verdicts" | "reveal_verdicts" | ...
+  std::string result;  // "pending" | "unchecked" | "clean" | "fraud" | ...
+  PublicKey solver;
+  uint64_t commit_height = 0;
+  uint64_t deadline_height = 0;  // of the current window
+  std::vector<PublicKey> verifiers;
+  std::vector<uint32_t> segments;  // drawn k-step segments to replay
+  uint32_t num_segments = 0;
+  std::optional<DisputeView> dispute;
+
+  bool HasRole(std::string_view role) const;
+};
 struct NodeWork {
   uint64_t height = 0;
   std::vector<UnitAssignment> units;
   std::vector<AggregationAssignment> aggregations;
+  std::vector<CheckAssignment> checks;
+  // The secret chain index the node's next CommitUnit must carry (one more per commit in
+  // flight).
+  uint64_t next_secret_index = 0;
 };
 Result<NodeWork> GetNodeWork(ChainClient& chain, const PublicKey& node);
 Result<NodeWork> ParseNodeWork(const nlohmann::json& j);

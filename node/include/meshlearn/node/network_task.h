@@ -18,6 +18,10 @@
 //   inner_lr_final = 1.0      # inner lr factor of the last round; rounds decay linearly to it
 //   verification_window_blocks = 5  # blocks after a round's aggregate in which a whistleblower
 //                             # may still challenge its units (docs/verification.md)
+//   verification = "exact"    # exact (state hashes must match) | tolerance (hardware without
+//                             # bitwise reproducibility: distances within profiled thresholds)
+//   tolerance_rel_l2_ppm = 0  # tolerance mode; 0: profiled by `task submit`
+//   tolerance_cosine_gap_ppb = 0
 //   budget = 1000000          # tokens escrowed by the submitter
 //   price_cap = 100           # highest price per GFLOP accepted from a solver
 //
@@ -45,6 +49,9 @@ struct NetworkSpec {
   double inner_lr_final = 1.0;
   double InnerLrScale(uint32_t round) const;
   uint64_t verification_window_blocks = 5;
+  bool tolerance_mode = false;
+  uint32_t tolerance_rel_l2_ppm = 0;      // 0: profile at submission
+  uint32_t tolerance_cosine_gap_ppb = 0;  // 0: profile at submission
   uint64_t budget = 0;
   uint64_t price_cap = 0;
 

@@ -1,0 +1,417 @@
+// Verification played by the nodes themselves, in one process (testing/sim_harness.h): solvers
+// commit with their secrets and reveal them, verifiers replay and commit-reveal verdicts,
+// whistleblowers re-check, parties of a dispute post their hashes, and the ledger slashes and
+// pays. Every test also checks that no honest node is ever slashed, and, where the task
+// finishes, that its final state is the honest reference's bit for bit (a cheater's work never
+// reaches the model).
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/net/sim_transport.h"
+#include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/secret_chain.h"
+#include "meshlearn/node/unit_executor.h"
+#include "meshlearn/node/unit_service.h"
+#include "meshlearn/protocol/verification.h"
+#include "testing/diloco_task.h"
+#include "testing/sim_harness.h"
+#include "testing/synthetic_task.h"
+
+namespace meshlearn::node {
+namespace {
+
+TEST(SecretChainTest, ElementsAreTheProtocolsChain) {
+  const Hash256 seed = SecretChainSeed(KeySeed{}, 1);
+  EXPECT_NE(seed, SecretChainSeed(KeySeed{}, 2));  // every registration epoch has its own chain
+  SecretChain chain(seed);
+  EXPECT_EQ(chain.head(), protocol::SecretChainElement(seed, 0));
+  for (uint64_t i : {uint64_t{1}, uint64_t{255}, uint64_t{256}, uint64_t{257}, uint64_t{4097},
+                     protocol::kSecretChainLength - 1, protocol::kSecretChainLength}) {
+    EXPECT_EQ(chain.Element(i), protocol::SecretChainElement(seed, i)) << i;
+  }
+  // Each element opens the one before it, as the ledger checks a reveal.
+  EXPECT_TRUE(protocol::CheckSecretInChain(chain.Element(3), chain.head(), 3).ok());
+}
+
+TEST(UnitServiceTest, ServesTheManifestAndCheckpointSlices) {
+  MemEnv env;
+  std::string big(kMaxCheckpointSlice + 1000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
+  ASSERT_TRUE(env.CreateDirs("/u").ok());
+  ASSERT_TRUE(env.WriteFileAtomic("/u/ckpt-2.safetensors", big).ok());
+  net::SimNetwork simnet(1, net::LinkParams{.latency_us = 100, .bandwidth_bytes_per_sec = 1e9});
+  simnet.AddNode("solver");
+  simnet.AddNode("verifier");
+  net::Router router;
+  UnitService service(&env);
+  service.Register(&router);
+  simnet.node("solver")->Serve(&router);
+  net::Transport* t = simnet.node("verifier")->transport();
+  const Hash256 task = Blake2b(AsBytes("task"));
+  EXPECT_EQ(FetchUnitManifest(t, "solver", task, 3).status().code(), StatusCode::kNotFound);
+
+  UnitManifest m{.task_id = task, .index = 3, .leaves = {Blake2b(AsBytes("a")), Blake2b(AsBytes("b"))},
+                 .checkpoints = {{.step = 2, .size = big.size()}}};
+  service.Publish(m, {"/u/ckpt-2.safetensors"});
+  Result<UnitManifest> got = FetchUnitManifest(t, "solver", task, 3);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->leaves, m.leaves);
+  ASSERT_EQ(got->checkpoints.size(), 1u);
+  Result<Bytes> ckpt = FetchUnitCheckpoint(t, "solver", *got, 2);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  EXPECT_EQ(AsStringView(*ckpt), big);
+  EXPECT_EQ(FetchUnitCheckpoint(t, "solver", *got, 4).status().code(), StatusCode::kNotFound);
+  service.Withdraw(task, 3);
+  EXPECT_FALSE(service.Serves(task, 3));
+  EXPECT_EQ(FetchUnitManifest(t, "solver", task, 3).status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE(DecodeUnitManifest(AsBytes("junk")).ok());
+}
+
+// ReplayToSteps gives the committed leaves, from the unit's start or from a checkpoint.
+TEST(ReplayToStepsTest, GivesTheLeavesFromTheStartOrACheckpoint) {
+  std::unique_ptr<engine::Trainer> trainer(SmallFashionTrainer("replay-steps", 5, 16, 16));
+  ASSERT_NE(trainer, nullptr);
+  std::vector<float> global = trainer->FlatParams();
+  const UnitWork work{.stream = 9, .inner_steps = 5, .checkpoint_interval = 2};
+  MemEnv env;
+  UnitRunOptions opts;
+  opts.on_checkpoint = [&](int64_t step, engine::TrainState& st, const std::vector<Hash256>&,
+                           double) {
+    return engine::SaveCheckpoint(&env, "/ckpt-" + std::to_string(step), st);
+  };
+  UnitExecutor ex(trainer.get());
+  Result<UnitOutcome> out = ex.Run(global, work, opts);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();  // leaves at steps 0, 2, 4, 5
+  const int64_t ends[] = {0, 2, 4, 5};
+  Result<std::vector<Hash256>> all = ReplayToSteps(trainer.get(), global, work, 0, nullptr, ends);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(*all, out->state_hashes);
+  Result<engine::TrainState> at2 = engine::LoadCheckpoint(&env, "/ckpt-2");
+  ASSERT_TRUE(at2.ok());
+  const int64_t from2[] = {2, 3, 4};
+  Result<std::vector<Hash256>> some = ReplayToSteps(trainer.get(), global, work, 2, &*at2, from2);
+  ASSERT_TRUE(some.ok()) << some.status().ToString();
+  EXPECT_EQ((*some)[0], out->state_hashes[1]);
+  EXPECT_EQ((*some)[2], out->state_hashes[2]);
+  const int64_t bad[] = {1};
+  EXPECT_FALSE(ReplayToSteps(trainer.get(), global, work, 2, &*at2, bad).ok());
+  EXPECT_FALSE(ReplayToSteps(trainer.get(), global, work, 2, nullptr, from2).ok());
+}
+
+using nlohmann::json;
+using testing::SimHarness;
+using testing::SimNodeOptions;
+using testing::SimOptions;
+
+constexpr uint32_t kAllRoles =
+    ledger::kRoleSolver | ledger::kRoleAggregator | ledger::kRoleVerifier;
+
+std::vector<float> Reference(Env* env, const std::string& toml) {
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(toml, "ref.toml", "");
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<ConfigFile> cfg = ConfigFile::Parse(toml, "ref.toml");
+  Result<NetworkSpec> net = NetworkSpec::FromConfig(*cfg);
+  EXPECT_TRUE(net.ok());
+  auto trainer = engine::Trainer::Create(env, *spec);
+  EXPECT_TRUE(trainer.ok()) << trainer.status().ToString();
+  Result<LocalDilocoResult> r = RunLocalDiloco(trainer->get(), *net, {.eval_every_round = false});
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? r->final_weights : std::vector<float>{};
+}
+
+// A tiny synthetic task (H steps, a checkpoint every k), and a chain with verification on where
+// every segment of a checked unit is replayed (so a cheat in any segment is caught) and, unless
+// a test asks for them, no forced errors.
+struct VerifyFixture {
+  MemEnv env;
+  std::string toml;
+  VerifyFixture(uint64_t seed, uint32_t rounds, uint32_t units, uint32_t h, uint32_t k) {
+    Result<std::string> t =
+        testing::WriteSyntheticTask(&env, "/data", seed, 480, 160, 32, 4, rounds, units, h, k);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    toml = *t;
+  }
+};
+
+std::function<void(ledger::Genesis&)> VerifyingChain(uint32_t forced_per_million = 0,
+                                                     uint32_t verifiers_per_unit = 1) {
+  return [=](ledger::Genesis& g) {
+    g.params.verification = true;
+    g.params.verify_segments_per_check = 64;
+    g.params.forced_error_per_million = forced_per_million;
+    g.params.verifiers_per_unit = verifiers_per_unit;
+  };
+}
+
+json Node(SimHarness& sim, int i) {
+  return sim.Call("get_node", {{"id", sim.node_key(i).public_key().ToHex()}});
+}
+uint64_t Slashes(SimHarness& sim, int i) {
+  return Node(sim, i)["reputation"].value("slashes", uint64_t{0});
+}
+
+// Invariant of every test here: an honest node never loses stake.
+void ExpectNeverSlashed(SimHarness& sim, const std::vector<int>& honest) {
+  for (int i : honest) {
+    json n = Node(sim, i);
+    EXPECT_EQ(n["reputation"].value("slashes", uint64_t{1}), 0u) << "honest node " << i << ": "
+                                                                 << n.dump();
+    EXPECT_EQ(n.value("stake", uint64_t{0}),
+              sim.genesis().params.MinStakeFor(n.value("roles", 0u)))
+        << "honest node " << i << ": " << n.dump();
+  }
+}
+
+// Every check outcome seen on the ledger while the test ran, by solver, via on_block. A check
+// settled as fraud is not seen: the same block re-runs the round, which clears it; its dispute
+// (stage "disputed") is.
+struct CheckLog {
+  std::map<std::string, std::multiset<std::string>> results;  // solver hex -> results
+  std::set<std::string> seen;                                 // index/commit_height/result
+  void Scan(SimHarness& sim) {
+    json t = sim.Task(true);
+    if (!t.contains("units")) return;
+    for (const json& u : t["units"]) {
+      if (!u.contains("check") || !u["check"].is_object()) continue;
+      const json& c = u["check"];
+      const std::string stage = c.value("stage", std::string());
+      if (stage == "disputed") {
+        const std::string key = std::to_string(u.value("index", 0u)) + "/" +
+                                std::to_string(c.value("commit_height", uint64_t{0})) + "/disputed";
+        if (seen.insert(key).second) results[c.value("solver", std::string())].insert("disputed");
+      }
+      if (stage != "settled") continue;
+      const std::string key = std::to_string(u.value("index", 0u)) + "/" +
+                              std::to_string(c.value("commit_height", uint64_t{0})) + "/" +
+                              c.value("result", std::string());
+      if (!seen.insert(key).second) continue;
+      results[c.value("solver", std::string())].insert(c.value("result", std::string()));
+    }
+  }
+  size_t Count(const std::string& solver, const std::string& result) const {
+    auto it = results.find(solver);
+    return it == results.end() ? 0 : it->second.count(result);
+  }
+};
+
+TEST(VerificationSimTest, HonestNetworkSettlesCleanAndPaysEveryone) {
+  VerifyFixture f(31, /*rounds=*/2, /*units=*/3, /*H=*/4, /*k=*/2);
+  SimHarness* simp = nullptr;
+  CheckLog checks;
+  SimOptions o{.seed = 31, .nodes = 4, .task_toml = f.toml, .env = &f.env};
+  o.node_options.assign(4, SimNodeOptions{.roles = kAllRoles});
+  o.tweak_genesis = VerifyingChain();
+  o.on_block = [&](uint64_t) { checks.Scan(*simp); };
+  SimHarness sim(o);
+  simp = &sim;
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+
+  json task = sim.Task(true);
+  ASSERT_EQ(task["units"].size(), 6u);
+  for (const json& u : task["units"]) {
+    EXPECT_GT(u.value("paid", uint64_t{0}), 0u) << u.dump();
+    ASSERT_TRUE(u["check"].is_object()) << u.dump();
+    // New nodes are always checked: every unit was replayed by a verifier and found clean.
+    EXPECT_EQ(u["check"].value("result", std::string()), "clean") << u.dump();
+  }
+  for (const auto& [solver, results] : checks.results) {
+    for (const std::string& r : results) EXPECT_EQ(r, "clean") << solver;
+  }
+  uint64_t verdicts = 0, revealed = 0, secrets = 0, mismatches = 0;
+  for (int i = 0; i < 4; ++i) {
+    const AgentStats& s = sim.agent(i)->stats();
+    verdicts += s.verdicts_committed;
+    revealed += s.verdicts_revealed;
+    secrets += s.secrets_revealed;
+    mismatches += s.mismatches;
+  }
+  EXPECT_GE(verdicts, 6u);
+  EXPECT_EQ(revealed, verdicts);
+  EXPECT_GE(secrets, 6u);
+  EXPECT_EQ(mismatches, 0u);
+  ExpectNeverSlashed(sim, {0, 1, 2, 3});
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(Node(sim, i)["reputation"].value("failures", uint64_t{1}), 0u) << i;
+  }
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
+// A solver adversary among honest verifiers: each of its units is caught (fraud, after a dispute
+// it does not answer), it is slashed and never paid, and the round re-runs without it, so the
+// final model is the honest one.
+class CheatingSolverTest : public ::testing::TestWithParam<Adversary> {};
+
+TEST_P(CheatingSolverTest, IsCaughtSlashedAndNeverPaid) {
+  const Adversary adv = GetParam();
+  // Two solvers (the cheater and an honest one) share 4 units a round, so the cheater runs a
+  // second unit before its first is caught (a slash jails it): "copy" then copies the honest
+  // solver's committed delta and "stale" re-commits its first result. Two more nodes verify.
+  VerifyFixture f(41, /*rounds=*/2, /*units=*/4, /*H=*/4, /*k=*/2);
+  SimHarness* simp = nullptr;
+  CheckLog checks;
+  std::vector<std::string> logs;
+  SimOptions o{.seed = 41, .nodes = 4, .task_toml = f.toml, .env = &f.env};
+  o.node_options = {{.roles = kAllRoles},
+                    {.roles = kAllRoles},
+                    {.roles = ledger::kRoleVerifier},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain();
+  constexpr uint64_t kCheaterStake = 100'000;
+  o.agent_options = [adv](int i, AgentOptions& a) {
+    if (i == 0) {
+      a.adversary = adv;
+      a.stake = kCheaterStake;
+    }
+  };
+  o.log_sink = [&](int i, const std::string& line) {
+    if (i == 0) logs.push_back(line);
+  };
+  o.on_block = [&](uint64_t) { checks.Scan(*simp); };
+  SimHarness sim(o);
+  simp = &sim;
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(600);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+
+  const std::string cheater = sim.node_key(0).public_key().ToHex();
+  EXPECT_GE(checks.Count(cheater, "disputed"), 1u) << AdversaryName(adv);
+  EXPECT_EQ(checks.Count(cheater, "clean"), 0u) << AdversaryName(adv);
+  EXPECT_EQ(checks.Count(cheater, "unchecked"), 0u) << AdversaryName(adv);
+  json node = Node(sim, 0);
+  EXPECT_GT(node["reputation"].value("slashes", uint64_t{0}), 0u) << node.dump();
+  EXPECT_LT(node.value("stake", uint64_t{0}), kCheaterStake) << node.dump();
+  json task = sim.Task(true);
+  for (const json& u : task["units"]) {
+    EXPECT_NE(u.value("assignee", std::string()), cheater) << u.dump();
+    EXPECT_GT(u.value("paid", uint64_t{0}), 0u) << u.dump();
+  }
+  EXPECT_GE(sim.agent(0)->stats().units_completed, 2u);
+  if (adv == Adversary::kCopy) {
+    bool copied = false;
+    for (const std::string& l : logs) copied |= l.find("copying another solver") != std::string::npos;
+    EXPECT_TRUE(copied);
+  }
+  ExpectNeverSlashed(sim, {1, 2, 3});
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml))) << AdversaryName(adv);
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryMode, CheatingSolverTest,
+                         ::testing::Values(Adversary::kLazy, Adversary::kNoisy,
+                                           Adversary::kWrongData, Adversary::kCopy,
+                                           Adversary::kStale),
+                         [](const ::testing::TestParamInfo<Adversary>& p) {
+                           return std::string(AdversaryName(p.param));
+                         });
+
+// Every unit is a forced error: the solver commits the forced commitment, the honest verifier
+// catches it (jackpot), the rubber stamp approves it and loses stake. Nobody else is slashed.
+TEST(VerificationSimTest, RubberStampVerifierLosesStakeToAForcedError) {
+  VerifyFixture f(51, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/2);
+  SimOptions o{.seed = 51, .nodes = 3, .task_toml = f.toml, .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = ledger::kRoleVerifier},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain(/*forced_per_million=*/1'000'000, /*verifiers_per_unit=*/2);
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 2) a.adversary = Adversary::kRubberStamp;
+  };
+  SimHarness sim(o);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  const uint64_t balance0 =
+      sim.Call("get_account", {{"address", sim.node_key(1).public_key().ToHex()}})
+          .value("balance", uint64_t{0});
+  for (int b = 0; b < 120 && Slashes(sim, 2) == 0; ++b) ASSERT_TRUE(sim.Step().ok());
+  json stamp = Node(sim, 2);
+  EXPECT_GT(stamp["reputation"].value("slashes", uint64_t{0}), 0u) << stamp.dump();
+  EXPECT_LT(stamp.value("stake", uint64_t{0}), sim.genesis().params.min_stake_verifier);
+  EXPECT_GT(sim.agent(0)->stats().forced_errors, 0u);
+  EXPECT_GT(sim.agent(1)->stats().mismatches, 0u);
+  EXPECT_EQ(sim.agent(2)->stats().replays, 0u);  // it never replayed anything
+  // The honest verifier shares the jackpot the rubber stamp's stake fed.
+  const uint64_t balance1 =
+      sim.Call("get_account", {{"address", sim.node_key(1).public_key().ToHex()}})
+          .value("balance", uint64_t{0});
+  EXPECT_GT(balance1, balance0);
+  ExpectNeverSlashed(sim, {0, 1});
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
+// Forced errors now and then in an honest network: each is caught and re-run, nobody is slashed
+// and the model is the reference's.
+TEST(VerificationSimTest, ForcedErrorsAreCaughtAndRerunWithoutSlashingAnyone) {
+  VerifyFixture f(61, /*rounds=*/2, /*units=*/3, /*H=*/4, /*k=*/2);
+  SimOptions o{.seed = 61, .nodes = 4, .task_toml = f.toml, .env = &f.env};
+  o.node_options.assign(4, SimNodeOptions{.roles = kAllRoles});
+  o.tweak_genesis = VerifyingChain(/*forced_per_million=*/250'000);
+  SimHarness sim(o);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(800);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  uint64_t forced = 0, caught = 0;
+  for (int i = 0; i < 4; ++i) {
+    forced += sim.agent(i)->stats().forced_errors;
+    caught += sim.agent(i)->stats().mismatches;
+  }
+  EXPECT_GT(forced, 0u);
+  EXPECT_GE(caught, forced);
+  ExpectNeverSlashed(sim, {0, 1, 2, 3});
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
+// The only verifier rubber-stamps a lazy solver's units; a whistleblower re-checks them before
+// the round is final, challenges, and wins the dispute: the cheat and the rubber stamp are
+// slashed, and the final model is the honest one.
+TEST(VerificationSimTest, WhistleblowerCatchesWhatARubberStampApproved) {
+  VerifyFixture f(71, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/2);
+  SimOptions o{.seed = 71, .nodes = 4, .task_toml = f.toml, .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = ledger::kRoleVerifier},
+                    {.roles = ledger::kRoleWhistleblower}};
+  o.tweak_genesis = VerifyingChain();
+  // Long enough after the aggregate that the units' checks settle before the round is final.
+  o.tweak_params = [](ledger::TaskParams& p) { p.verification_window_blocks = 30; };
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) a.adversary = Adversary::kLazy;
+    if (i == 2) a.adversary = Adversary::kRubberStamp;
+    if (i == 3) a.whistleblower_sample = 1.0;
+  };
+  SimHarness sim(o);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(600);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  EXPECT_GT(sim.agent(3)->stats().challenges, 0u);
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  EXPECT_GT(Slashes(sim, 2), 0u);
+  ExpectNeverSlashed(sim, {1, 3});
+  const std::string cheater = sim.node_key(0).public_key().ToHex();
+  for (const json& u : sim.Task(true)["units"]) {
+    EXPECT_NE(u.value("assignee", std::string()), cheater) << u.dump();
+  }
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
+}  // namespace
+}  // namespace meshlearn::node
