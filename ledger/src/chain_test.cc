@@ -272,7 +272,8 @@ TEST_F(ChainTest, ReopenWithOtherGenesisRefused) {
 TEST_F(ChainTest, ReplayFromGenesisMatches) {
   KeyPair node = TestKey(40);
   Run(Tx(alice_, RegisterNodeTx{.node_id = node.public_key(), .endpoint = "http://a:1",
-                                .roles = kRoleSolver, .stake = 200}));
+                                .roles = kRoleSolver, .stake = 200,
+                                .secret_head = Blake2b("head")}));
   Run(Tx(bob_, SubmitTaskTx{.spec_hash = Blake2b("s"), .budget = 900, .price_cap = 9,
                             .params = testing::TestTaskParams()}));
   Run(Tx(alice_, UnstakeTx{.node_id = node.public_key(), .amount = 50}));

@@ -17,6 +17,7 @@
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/scheduler.h"
+#include "meshlearn/protocol/unit_check.h"
 
 namespace meshlearn::ledger {
 
@@ -182,6 +183,16 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
   std::vector<protocol::PendingUnit> pending = m.PendingUnits();
   if (!pending.empty()) {
     std::vector<protocol::NodeView> nodes = NodeViews(s, kRoleSolver, inflight);
+    if (g.params.verification) {
+      // A solver whose stake cannot cover the slash for cheating on a unit of this task would
+      // risk less than it could gain (docs/verification.md, "Economics"): not eligible.
+      std::erase_if(nodes, [&](const protocol::NodeView& v) {
+        const NodeRecord* n = s.nodes.Find(v.id);
+        return n == nullptr ||
+               n->stake < protocol::SlashAmount(UnitCost(*t, v.price_per_gflop),
+                                                g.params.slash_multiple);
+      });
+    }
     ML_ASSIGN_OR_RETURN(protocol::ScheduleResult r,
                         protocol::AssignUnits(view, nodes, pending, seed, height, sp));
     if (!r.assignments.empty()) {

@@ -29,6 +29,8 @@ class NetworkTest : public ChainFixture {
         {alice_.public_key(), bob_.public_key(), carol_.public_key(), dave_.public_key()}, kFunds,
         "test-chain");
     genesis_.params.liveness_blocks = 1000;  // no heartbeats needed in these tests
+    // Scheduling, commits and payments alone; verification_test.cc covers the checks.
+    genesis_.params.verification = false;
     genesis_.params.min_deadline_blocks = 4;
     genesis_.params.deadline_slack_permille = 2000;
     owner_[n1_.public_key()] = &alice_;

@@ -18,7 +18,8 @@ class NodesTest : public ChainFixture {
                                            .accelerator = "",
                                            .throughput = 1234},
                           .price = 5,
-                          .stake = stake};
+                          .stake = stake,
+                          .secret_head = Blake2b("secret chain head")};
   }
   KeyPair node1_ = TestKey(50);
   KeyPair node2_ = TestKey(51);

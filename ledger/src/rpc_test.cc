@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "meshlearn/ledger/block.h"
+#include "meshlearn/protocol/verification.h"
 #include "service_test_util.h"
 
 namespace meshlearn::ledger {
@@ -295,6 +296,7 @@ TEST(Rpc, FollowerIsReadOnly) {
 TEST(Rpc, NodeWorkAndTaskProgress) {
   TestLedger t;
   KeyPair node = testing::KeyFromByte(20);
+  const Hash256 kSeed = Blake2b("the node's secret seed");
   auto send = [&](const KeyPair& from, TxPayload p) {
     uint64_t nonce = t.shared->With([&](Chain& c) { return c.NextNonce(from.public_key()); });
     Transaction tx = BuildSignedTx(from, TestLedger::kChainId, nonce, p);
@@ -312,7 +314,8 @@ TEST(Rpc, NodeWorkAndTaskProgress) {
                                                 .latency_ms = 1,
                                                 .bandwidth_bytes_per_s = 1'000'000'000},
                                .price = 2,
-                               .stake = 100});
+                               .stake = 100,
+                               .secret_head = protocol::SecretChainElement(kSeed, 0)});
   Hash256 init = Blake2b("init");
   TaskParams params{.rounds = 1, .units_per_round = 2, .inner_steps = 2, .batch_size = 4,
                     .checkpoint_interval = 1, .flops_per_sample = 1000, .model_bytes = 40,
@@ -352,10 +355,23 @@ TEST(Rpc, NodeWorkAndTaskProgress) {
   for (uint32_t i = 0; i < 2; ++i) {
     send(t.alice, CommitUnitTx{.task_id = task, .index = i, .node_id = node.public_key(),
                                .result_hash = Blake2b("delta" + std::to_string(i)),
-                               .commitment = Blake2b("root"), .loss_micros = 5});
+                               .commitment = Blake2b("root"), .loss_micros = 5,
+                               .secret_index = i + 1});
   }
   work = t.Call("node_work", {{"id", node.public_key().ToHex()}})["result"];
   EXPECT_EQ(work["units"].size(), 0u);
+  // Verification: both units are under check, this node as their solver; its next commit will
+  // use the third element of its secret chain.
+  EXPECT_EQ(work["next_secret_index"], 3);
+  ASSERT_EQ(work["checks"].size(), 2u) << work.dump();
+  EXPECT_EQ(work["checks"][0]["roles"], json::array({"solver"}));
+  EXPECT_EQ(work["checks"][0]["secret_index"], 1);
+  EXPECT_EQ(work["checks"][0]["check"]["solver"], node.public_key().ToHex());
+  EXPECT_EQ(work["checks"][0]["solver_endpoint"], "http://n:1");
+  EXPECT_TRUE(work["checks"][0]["check"]["stage"] == "awaiting_beacon" ||
+              work["checks"][0]["check"]["stage"] == "commit_verdicts")
+      << work["checks"][0].dump();
+  EXPECT_EQ(t.Call("referee_work", json::object())["result"]["disputes"].size(), 0u);
   ASSERT_EQ(work["aggregations"].size(), 1u) << work.dump();
   const json& agg = work["aggregations"][0];
   EXPECT_EQ(agg["task_id"], task.ToHex());
@@ -373,7 +389,25 @@ TEST(Rpc, NodeWorkAndTaskProgress) {
   send(t.alice, CommitAggregateTx{.task_id = task, .round = 0, .node_id = node.public_key(),
                                   .state_hash = Blake2b("final"), .test_accuracy_ppm = 900'000,
                                   .test_loss_micros = 100});
+  // The round is final once its checks settle: the solver reveals its secrets in the window.
   task_json = t.Call("get_task", {{"id", task.ToHex()}})["result"];
+  EXPECT_EQ(task_json["phase"], "awaiting_verification_window");
+  for (int i = 0; i < 30; ++i) {
+    work = t.Call("node_work", {{"id", node.public_key().ToHex()}})["result"];
+    if (work["checks"].size() == 2 && work["checks"][0]["check"]["stage"] == "reveal_verdicts") {
+      break;
+    }
+    ASSERT_TRUE(t.sequencer->ProduceOnce().ok());
+  }
+  for (uint32_t i = 0; i < 2; ++i) {
+    send(t.alice, RevealSecretTx{.task_id = task, .index = i, .node_id = node.public_key(),
+                                 .secret = protocol::SecretChainElement(kSeed, i + 1)});
+  }
+  for (int i = 0; i < 30; ++i) {
+    task_json = t.Call("get_task", {{"id", task.ToHex()}})["result"];
+    if (task_json["status"] != "open") break;
+    ASSERT_TRUE(t.sequencer->ProduceOnce().ok());
+  }
   EXPECT_EQ(task_json["status"], "finished");
   EXPECT_EQ(task_json["phase"], "final");
   EXPECT_EQ(task_json["final_state"], Blake2b("final").ToHex());

@@ -15,7 +15,8 @@ class StakingTest : public ChainFixture {
     Receipt r = Run(Tx(alice_, RegisterNodeTx{.node_id = node_.public_key(),
                                                .endpoint = "http://n:1",
                                                .roles = kRoleSolver,
-                                               .stake = 100}));
+                                               .stake = 100,
+                                               .secret_head = Blake2b("head")}));
     ASSERT_TRUE(r.ok) << r.reason;
   }
   KeyPair node_ = TestKey(60);

@@ -125,8 +125,10 @@ class VerificationTest : public ChainFixture {
 
   // Registers the nodes (`verifiers` of v1, v2 with the verifier role) and submits a task of
   // one round of two units (H = 4, k = 2: 2 segments, 3 leaves).
-  void Start(int verifiers = 1, uint32_t tolerance_ppm = 0) {
-    std::vector<Transaction> txs = {N(s1_, Reg(s1_, kRoleSolver)), N(s2_, Reg(s2_, kRoleSolver)),
+  void Start(int verifiers = 1, uint32_t tolerance_ppm = 0, Amount s1_stake = kStake) {
+    RegisterNodeTx s1 = Reg(s1_, kRoleSolver);
+    s1.stake = s1_stake;
+    std::vector<Transaction> txs = {N(s1_, s1), N(s2_, Reg(s2_, kRoleSolver)),
                                     N(wb_, Reg(wb_, kRoleWhistleblower)),
                                     N(agg_, Reg(agg_, kRoleAggregator))};
     if (verifiers >= 1) txs.push_back(N(v1_, Reg(v1_, kRoleVerifier)));
@@ -672,6 +674,18 @@ TEST_F(VerificationTest, InToleranceModeTheRefereeJudgesTheWholeSegment) {
   EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();
   EXPECT_EQ(Node(v1_).reputation.slashes, 1u);
   EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
+}
+
+TEST_F(VerificationTest, ASolverWhoseStakeCannotCoverTheSlashGetsNoUnits) {
+  Start(/*verifiers=*/1, /*tolerance_ppm=*/0,
+        /*s1_stake=*/kSlashMultiple * kUnitCost - 1);  // one token short of a slash
+  for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
+    if (u.status == WorkUnitStatus::kAssigned) {
+      EXPECT_EQ(u.assignee, s2_.public_key());
+    }
+  }
+  EXPECT_GE(UnitOf(s2_), 0);
+  EXPECT_EQ(UnitOf(s1_), -1);
 }
 
 TEST_F(VerificationTest, ASolverMustRegisterASecretChain) {

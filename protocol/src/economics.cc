@@ -157,6 +157,14 @@ uint32_t MinDeterringSlashMultiple(double saved_share, double detect_per_unit) {
                                                    : static_cast<uint32_t>(m);
 }
 
+double RubberStampGainPerCheck(const VerificationParams& params, uint32_t slash_multiple,
+                               const TaskShape& shape) {
+  const Layout l = MakeLayout(params, shape);
+  const double replay = static_cast<double>(l.replayed) / static_cast<double>(l.segments);
+  const double f = params.forced_error_per_million / 1e6;
+  return replay - f * (replay + slash_multiple);
+}
+
 EconomicsReport AnalyzeEconomics(const VerificationParams& params, uint32_t slash_multiple,
                                  const TaskShape& shape, const CheatPattern& cheat) {
   const Layout l = MakeLayout(params, shape);

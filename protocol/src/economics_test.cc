@@ -128,6 +128,17 @@ TEST(EconomicsTest, DefaultsMeetTheTargets) {
   }
 }
 
+TEST(EconomicsTest, ARubberStampVerifierLosesMoneyAtTheDefaults) {
+  VerificationParams params;
+  const TaskShape shape;
+  // r/S = 1/10 of a unit saved per check; caught by a forced error with probability f.
+  EXPECT_LT(RubberStampGainPerCheck(params, kDefaultSlashMultiple, shape), 0);
+  params.forced_error_per_million = 5000;  // 0.5%: approving blind would pay
+  EXPECT_NEAR(RubberStampGainPerCheck(params, kDefaultSlashMultiple, shape),
+              0.1 - 0.005 * 10.1, 1e-12);
+  EXPECT_GT(RubberStampGainPerCheck(params, kDefaultSlashMultiple, shape), 0);
+}
+
 // A cheater that built a long clean record first (the lowest check probability, the floor),
 // simulated with the real draws over kTasks tasks per pattern.
 TEST(EconomicsSimulationTest, CheaterIsCaughtAsOftenAsComputed) {

@@ -22,9 +22,9 @@
 //   min_deadline_blocks = 5             # ... but at least this many blocks after assignment
 //   verification = true                 # check committed units (docs/verification.md)
 //   verify_trusted_after = 10           # every unit of a node with fewer clean units is checked
-//   verify_floor_permille = 50          # ... then about 1/streak, never below this
+//   verify_floor_permille = 500         # ... then about 1/streak, never below this
 //   verify_segments_per_check = 1       # k-step segments a verifier replays
-//   forced_error_per_million = 5000     # Truebit forced errors
+//   forced_error_per_million = 15000    # Truebit forced errors
 //   verifiers_per_unit = 1
 //   verdict_commit_blocks = 5           # windows, in blocks
 //   verdict_reveal_blocks = 5

@@ -125,6 +125,15 @@ double NewNodeOverhead(const VerificationParams& params, const TaskShape& shape)
 // d == 0 (no slash deters a cheat that is never caught).
 uint32_t MinDeterringSlashMultiple(double saved_share, double detect_per_unit);
 
+// A rubber-stamp verifier (approves without replaying) saves the replay, r/S of a unit's cost,
+// per check, and is caught by a forced error with probability f = forced_error_per_million /
+// 10^6 per check (whistleblowers only add to that), losing its pay for the check (r/S) and M
+// unit costs. Its gain per check, in unit costs:
+//   gain = r/S - f (r/S + M)
+// negative iff f > (r/S) / (r/S + M). With r/S = 1/10 and M = 10 that is f > 0.99%.
+double RubberStampGainPerCheck(const VerificationParams& params, uint32_t slash_multiple,
+                               const TaskShape& shape);
+
 // The headline numbers, for a cheater and an honest node at the steady state.
 struct EconomicsReport {
   uint32_t segments = 0;            // S

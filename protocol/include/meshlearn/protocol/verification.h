@@ -45,7 +45,9 @@ struct VerificationParams {
   // Segments replayed per checked unit (capped by the unit's segment count).
   uint32_t segments_per_check = 1;
   // Forced errors per 10^6 units (Truebit's "jackpot" frequency). 0 disables them.
-  uint32_t forced_error_per_million = 5000;  // 0.5%
+  // 1.5%: a rubber-stamp verifier saving a 1/10-unit replay must expect to lose more to a
+  // forced error than it saves (economics.h RubberStampGainPerCheck: f > 0.99% at M = 10).
+  uint32_t forced_error_per_million = 15000;
 };
 Status ValidateVerificationParams(const VerificationParams& params);
 
