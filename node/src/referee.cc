@@ -244,11 +244,14 @@ Result<std::vector<RefereeRecord>> RefereeService::Poll() {
                   d.task.challenger_output};
     if (pending_.count(key)) continue;
     const std::string name = "task " + d.task_id.ShortHex() + " unit " + std::to_string(d.index);
-    Result<RefereeRuling> ruling = Compute(d);
+    auto known = computed_.find(key);  // computed before, but the send failed
+    Result<RefereeRuling> ruling =
+        known != computed_.end() ? Result<RefereeRuling>(known->second) : Compute(d);
     if (!ruling.ok()) {
       Log(name + ": cannot rule yet: " + ruling.status().message());
       continue;
     }
+    computed_[key] = *ruling;
     Result<Hash256> id = tx_->Send(
         ledger::RuleDisputeTx{.task_id = d.task_id, .index = d.index, .output = ruling->output});
     if (!id.ok()) {
@@ -258,6 +261,7 @@ Result<std::vector<RefereeRecord>> RefereeService::Poll() {
     Log(name + " (defender " + d.defender.ShortHex() + ", challenger " + d.challenger.ShortHex() +
         "): " + ruling->reason + "; output " + ruling->output.ShortHex());
     RefereeRecord rec{.dispute = d, .ruling = *ruling, .tx_id = *id};
+    computed_.erase(key);
     pending_[key] = *id;
     in_flight_[*id] = rulings_.size();
     rulings_.push_back(rec);

@@ -143,6 +143,8 @@ class RefereeService {
   // (task, index, step, input, defender_output, challenger_output) ruled and in flight.
   using Key = std::tuple<Hash256, uint32_t, uint64_t, Hash256, Hash256, Hash256>;
   std::map<Key, Hash256> pending_;
+  // Rulings computed whose send failed: sent again without replaying the unit again.
+  std::map<Key, RefereeRuling> computed_;
 };
 
 }  // namespace meshlearn::node
