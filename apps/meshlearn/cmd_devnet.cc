@@ -7,11 +7,19 @@
 // Scenario flags for tests and demos: --speed I=F (solver I runs at F x speed), --kill I@U
 // (kill -9 solver I once U units are committed), --late I@R (start solver I only when round R
 // begins). Children get PR_SET_PDEATHSIG, so even a kill -9 of devnet leaves no orphan.
+//
+// Verification (docs/verification.md) is on: every solver node is also a verifier (a node never
+// verifies its own units) and --verifiers N adds verifier-only nodes; the devnet process runs
+// the referee (node/referee.h) with the sequencer's key, which genesis names as the referee.
+// --adversary ROLE:MODE makes a node cheat (node.toml `adversary`): solver modes go to the last
+// solver nodes (the first flag to the last solver), verifier modes to the last verifier-only
+// nodes, then to the last honest solvers. The report says what verification did: checks settled
+// per result, disputes ruled, who was slashed and how much, what every node earned.
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +28,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -30,7 +40,10 @@
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/ledger/genesis.h"
+#include "meshlearn/node/adversary.h"
+#include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/referee.h"
 #include "task_client.h"
 
 namespace meshlearn::cli {
@@ -39,6 +52,8 @@ namespace {
 using nlohmann::json;
 
 std::atomic<int> g_stop_signal{0};
+constexpr int64_t kVerifyWindowMs = 4000;  // verdict and dispute windows, at least
+constexpr uint64_t kNodeStake = 100000;    // every devnet node's stake: covers a slash (node.toml)
 void OnStopSignal(int sig) { g_stop_signal.store(sig); }
 
 struct DevnetArgs {
@@ -53,6 +68,10 @@ struct DevnetArgs {
   std::vector<std::string> late;   // "I@R"
   uint64_t price = 1;
   bool keep = false;  // leave the network running after the task (for `meshlearn task ...`)
+  std::vector<std::string> adversary;  // "ROLE:MODE"
+  int verifiers = 0;                   // verifier-only nodes besides the solvers
+  bool verification = true;
+  int64_t forced_errors = -1;  // per million units; -1: the genesis default
 };
 
 // A child process whose stdout/stderr go to a log file.
@@ -152,12 +171,12 @@ Result<uint16_t> FreePort() {
 
 Status Interrupted() {
   return Unavailable(fmt::format("interrupted by signal {}; every devnet process was stopped",
-                               g_stop_signal.load()));
+                                 g_stop_signal.load()));
 }
 
 template <typename T>
-Result<std::map<int, T>> ParseScenario(const std::vector<std::string>& items, char sep,
-                                       int solvers, const std::string& flag) {
+Result<std::map<int, T>> ParseScenario(const std::vector<std::string>& items, char sep, int solvers,
+                                       const std::string& flag) {
   std::map<int, T> out;
   for (const std::string& s : items) {
     size_t p = s.find(sep);
@@ -177,6 +196,160 @@ Result<std::map<int, T>> ParseScenario(const std::vector<std::string>& items, ch
   }
   return out;
 }
+
+// One --adversary ROLE:MODE: node `node` runs adversary `mode` (node.toml `adversary`).
+struct AdversaryPlan {
+  int node = 0;
+  std::string role;  // "solver" | "verifier"
+  std::string mode;
+};
+
+// Nodes 0..solvers-1 are solvers (and verifiers with verification on), the next `verifiers` are
+// verifier-only. A solver mode takes the last solver not yet given one; a verifier mode the last
+// verifier-only node, else the last honest solver (which then cheats as a verifier only).
+Result<std::vector<AdversaryPlan>> PlanAdversaries(const std::vector<std::string>& items,
+                                                   int solvers, int verifiers, bool verification) {
+  std::vector<bool> taken(static_cast<size_t>(solvers + verifiers), false);
+  std::vector<AdversaryPlan> out;
+  for (const std::string& item : items) {
+    const size_t colon = item.find(':');
+    AdversaryPlan plan;
+    if (colon != std::string::npos) {
+      plan.role = item.substr(0, colon);
+      plan.mode = item.substr(colon + 1);
+    }
+    if (plan.role != "solver" && plan.role != "verifier") {
+      return InvalidArgument("--adversary '" + item +
+                             "' is not ROLE:MODE with ROLE solver or verifier (e.g. solver:lazy, "
+                             "verifier:rubber_stamp)");
+    }
+    Result<node::Adversary> adv = node::ParseAdversary(plan.mode);
+    if (!adv.ok()) return adv.status().WithPrefix("--adversary '" + item + "'");
+    if (*adv == node::Adversary::kNone) {
+      return InvalidArgument("--adversary '" + item + "': \"none\" is no adversary; drop the flag");
+    }
+    const bool verifier_mode = plan.mode == "rubber_stamp";
+    if ((plan.role == "verifier") != verifier_mode) {
+      return InvalidArgument("--adversary '" + item + "': " + plan.mode + " is a " +
+                             (verifier_mode ? "verifier" : "solver") + " mode; write " +
+                             (verifier_mode ? "verifier:" : "solver:") + plan.mode);
+    }
+    if (verifier_mode && !verification) {
+      return InvalidArgument("--adversary '" + item +
+                             "' cheats as a verifier; it needs verification (drop "
+                             "--no-verification)");
+    }
+    plan.node = -1;
+    auto take_last = [&](int from, int to) {  // the last free node in [from, to)
+      for (int i = to - 1; i >= from && plan.node < 0; --i) {
+        if (!taken[static_cast<size_t>(i)]) plan.node = i;
+      }
+    };
+    if (plan.role == "verifier") take_last(solvers, solvers + verifiers);
+    if (plan.node < 0) take_last(0, solvers);
+    if (plan.node < 0) {
+      return InvalidArgument(
+          fmt::format("--adversary '{}': every {} node already cheats; add "
+                      "nodes (--solvers / --verifiers)",
+                      item, plan.role));
+    }
+    taken[static_cast<size_t>(plan.node)] = true;
+    out.push_back(plan);
+  }
+  return out;
+}
+
+// Checks the ledger settled for `task`, from the chain's log: the runtime logs one line per
+// settled check, "ledger: task <id> unit <i>: <result> (<reason>)" (ledger/src/verification.cc).
+// A check that ends in a re-run (fraud, forced error, abandoned) is dropped from its unit in the
+// same block, so get_task alone cannot count them.
+// TRANSITION: read the counts from get_task once the ledger keeps them per task.
+json SettledChecks(Env* env, const std::string& chain_log, const Hash256& task) {
+  json counts = {
+      {"clean", 0}, {"unchecked", 0}, {"fraud", 0}, {"forced_error", 0}, {"abandoned", 0}};
+  json events = json::array();
+  Result<std::string> text = env->ReadFile(chain_log);
+  if (text.ok()) {
+    const std::string key = "ledger: task " + task.ShortHex() + " unit ";
+    size_t pos = 0;
+    while ((pos = text->find(key, pos)) != std::string::npos) {
+      const size_t eol = std::min(text->find('\n', pos), text->size());
+      const std::string line = text->substr(pos + key.size(), eol - pos - key.size());
+      pos = eol;
+      // "<i>: <result> (<reason>)"
+      const size_t colon = line.find(": ");
+      const size_t paren = line.find(" (", colon == std::string::npos ? 0 : colon);
+      if (colon == std::string::npos || paren == std::string::npos) continue;
+      const std::string result = line.substr(colon + 2, paren - colon - 2);
+      std::string reason = line.substr(paren + 2);
+      if (!reason.empty() && reason.back() == ')') reason.pop_back();
+      if (counts.contains(result)) counts[result] = counts[result].get<int>() + 1;
+      events.push_back({{"unit", std::atoi(line.c_str())}, {"result", result}, {"reason", reason}});
+    }
+  }
+  return {{"settled", counts}, {"events", events}};
+}
+
+// The referee of the devnet's disputes, on its own thread: the sequencer's key (genesis leaves
+// `referee` zero), blobs fetched from the nodes into its own store, one pass per block. Stops
+// (and joins) when destroyed, so every return path of RunDevnet stops it first.
+class DevnetReferee {
+ public:
+  DevnetReferee(Env* env, std::string rpc_url, KeyPair key, std::string dir, std::string log)
+      : thread_([this, env, rpc_url = std::move(rpc_url), key = std::move(key),
+                 dir = std::move(dir),
+                 log = std::move(log)] { Run(env, rpc_url, key, dir, log); }) {}
+  ~DevnetReferee() { Stop(); }
+  void Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  // The rulings sent so far.
+  std::vector<node::RefereeRecord> rulings() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return rulings_;
+  }
+
+ private:
+  void Run(Env* env, const std::string& rpc_url, const KeyPair& key, const std::string& dir,
+           const std::string& log_path) {
+    std::ofstream log(log_path);
+    auto line = [&](const std::string& s) { log << s << std::endl; };
+    node::HttpChainClient chain(rpc_url);
+    ledger::RpcClient blob_rpc(rpc_url, {.retries = 2});
+    Result<std::unique_ptr<net::BlobStore>> store =
+        net::BlobStore::Open(env, JoinPath(dir, "blobs"));
+    if (!store.ok()) {
+      line("referee: " + store.status().message());
+      return;
+    }
+    node::TxSender tx(&chain, key);
+    Status init = tx.Init();
+    while (!init.ok() && !stop_.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      init = tx.Init();
+    }
+    node::RefereeService referee(
+        &chain, &tx,
+        [&](const Hash256& id) { return FetchBlob(blob_rpc, store->get(), net::BlobId{id}); },
+        {.env = env, .work_dir = JoinPath(dir, "data"), .log = line});
+    line("referee: key " + key.public_key().ToHex() + " (the sequencer's), polling referee_work");
+    uint64_t height = 0;
+    while (!stop_.load()) {
+      Result<uint64_t> h = node::WaitForBlockAbove(chain, height, 1000);
+      if (h.ok()) height = *h;
+      Result<std::vector<node::RefereeRecord>> sent = referee.Poll();
+      if (!sent.ok()) line("referee: " + sent.status().message());
+      std::lock_guard<std::mutex> l(mu_);
+      rulings_ = referee.rulings();
+    }
+  }
+
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::vector<node::RefereeRecord> rulings_;  // guarded by mu_
+  std::thread thread_;                        // last: starts once the members above exist
+};
 
 // Blob traffic of a finished devnet, measured from what every node holds: each copy of a blob on
 // a node other than the one that made it (a solver's delta, an aggregator's state) or received it
@@ -256,11 +429,34 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
   for (auto& [i, f] : speeds) {
     if (!(f > 0 && f <= 1)) return InvalidArgument("--speed factors must be in (0, 1]");
   }
+  if (a.verifiers < 0 || a.verifiers > 64) return InvalidArgument("--verifiers must be in 0..64");
+  if (a.verifiers > 0 && !a.verification) {
+    return InvalidArgument(
+        "--verifiers adds verifier nodes; it needs verification (drop "
+        "--no-verification)");
+  }
+  if (a.forced_errors > 1'000'000) {
+    return InvalidArgument("--forced-errors is per million units: 0..1000000");
+  }
+  const int total_nodes = a.solvers + a.verifiers;
+  ML_ASSIGN_OR_RETURN(std::vector<AdversaryPlan> adversaries,
+                      PlanAdversaries(a.adversary, a.solvers, a.verifiers, a.verification));
+  std::map<int, std::string> adversary_of;  // node -> mode
+  for (const AdversaryPlan& p : adversaries) adversary_of[p.node] = p.mode;
+  auto roles_of = [&](int i) -> std::string {
+    if (!a.verification) return "solver,aggregator";
+    return i < a.solvers ? "solver,verifier,aggregator" : "verifier";
+  };
 
   // 1. The task, validated before anything starts.
   ML_ASSIGN_OR_RETURN(PreparedTask task, PrepareTask(env, a.task));
-  say(fmt::format("devnet: {} ({} rounds x {} units x {} steps), {} solvers", a.task,
-                  task.net.rounds, task.net.units_per_round, task.net.inner_steps, a.solvers));
+  say(fmt::format("devnet: {} ({} rounds x {} units x {} steps), {} solvers{}, verification {}",
+                  a.task, task.net.rounds, task.net.units_per_round, task.net.inner_steps,
+                  a.solvers, a.verifiers > 0 ? fmt::format(" + {} verifiers", a.verifiers) : "",
+                  a.verification ? "on (the devnet's sequencer key referees disputes)" : "off"));
+  for (const AdversaryPlan& p : adversaries) {
+    say(fmt::format("node{} is an adversary: {} {}", p.node, p.role, p.mode));
+  }
 
   // 2. Directories, keys, genesis.
   const std::string dir = a.out;
@@ -276,7 +472,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
   std::vector<PublicKey> funded = {submitter.public_key()};
   std::vector<std::string> node_dirs;
   std::vector<PublicKey> node_ids;
-  for (int i = 0; i < a.solvers; ++i) {
+  for (int i = 0; i < total_nodes; ++i) {
     std::string nd = JoinPath(dir, fmt::format("node{}", i));
     ML_RETURN_IF_ERROR(env->CreateDirs(nd, 0700));
     KeyStore ks(env, JoinPath(nd, "keys"));
@@ -285,14 +481,33 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
     node_ids.push_back(nk.public_key());
     funded.push_back(nk.public_key());
   }
-  const uint64_t balance = std::max<uint64_t>(task.net.budget * 2, 10'000'000);
-  ledger::Genesis gen = ledger::DevnetGenesis(funded, balance);
-  gen.block_interval_ms = a.block_interval_ms;
-  gen.genesis_time_ms = SystemClock::Default()->NowMillis();
   const std::string chain_dir = JoinPath(dir, "chain");
   ML_RETURN_IF_ERROR(env->CreateDirs(chain_dir, 0700));
   KeyStore chain_keys(env, JoinPath(chain_dir, "keys"));
   ML_ASSIGN_OR_RETURN(KeyPair seq, chain_keys.Create("sequencer", ""));
+  // The sequencer's key is the referee: it sends RuleDispute, so it needs an account.
+  if (a.verification) funded.push_back(seq.public_key());
+  const uint64_t balance = std::max<uint64_t>(task.net.budget * 2, 10'000'000);
+  ledger::Genesis gen = ledger::DevnetGenesis(funded, balance);
+  gen.block_interval_ms = a.block_interval_ms;
+  // Verification on: every committed unit is checked by the rules of docs/verification.md.
+  // genesis.referee stays zero: the sequencer's key rules disputes (this process holds it).
+  gen.params.verification = a.verification;
+  if (a.forced_errors >= 0) {
+    gen.params.forced_error_per_million = static_cast<uint32_t>(a.forced_errors);
+  }
+  // Windows of at least kVerifyWindowMs: a verifier drawn for its first unit of the task must
+  // fetch and load the task's data (seconds) before it can replay and commit its verdict; at
+  // 200 ms blocks the default 5-block windows closed first and the unit went unchecked.
+  {
+    const uint64_t blocks = static_cast<uint64_t>((kVerifyWindowMs + a.block_interval_ms - 1) /
+                                                  std::max<int64_t>(1, a.block_interval_ms));
+    ledger::ChainParams& p = gen.params;
+    p.verdict_commit_blocks = std::max(p.verdict_commit_blocks, blocks);
+    p.verdict_reveal_blocks = std::max(p.verdict_reveal_blocks, blocks);
+    p.dispute_response_blocks = std::max(p.dispute_response_blocks, blocks);
+  }
+  gen.genesis_time_ms = SystemClock::Default()->NowMillis();
   gen.sequencer = seq.public_key();
   ML_RETURN_IF_ERROR(ledger::ValidateGenesis(gen));
   ML_RETURN_IF_ERROR(ledger::WriteGenesis(env, JoinPath(chain_dir, "genesis.toml"), gen));
@@ -307,8 +522,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
   ML_ASSIGN_OR_RETURN(uint16_t chain_port, FreePort());
   const std::string rpc_url = fmt::format("http://127.0.0.1:{}", chain_port);
   ML_ASSIGN_OR_RETURN(Child chain,
-                      Spawn("chain", {"chain", "serve", "--dir", chain_dir, "--listen",
-                                      fmt::format("127.0.0.1:{}", chain_port), "--rate-limit", "0"},
+                      Spawn("chain",
+                            {"chain", "serve", "--dir", chain_dir, "--listen",
+                             fmt::format("127.0.0.1:{}", chain_port), "--rate-limit", "0"},
                             JoinPath(dir, "logs/chain.log"), home));
   fleet.children.push_back(chain);
   ledger::RpcClient rpc(rpc_url, {.retries = 5});
@@ -326,14 +542,16 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
   }
   say("ledger at " + rpc_url);
 
-  std::vector<size_t> node_child(a.solvers, SIZE_MAX);
+  std::vector<size_t> node_child(total_nodes, SIZE_MAX);
   std::map<std::string, std::string> endpoint_dir;
   auto start_node = [&](int i) -> Status {
     ML_ASSIGN_OR_RETURN(uint16_t port, FreePort());
     std::string cfg = fmt::format(
-        "data_dir = \"{}\"\nrpc = \"{}\"\nlisten = \"127.0.0.1:{}\"\nroles = \"solver,aggregator\"\n"
-        "price = {}\nstake = 1000\nheartbeat_blocks = 5\nspeed_factor = {}\n",
-        node_dirs[i], rpc_url, port, a.price, speeds.count(i) ? speeds[i] : 1.0);
+        "data_dir = \"{}\"\nrpc = \"{}\"\nlisten = \"127.0.0.1:{}\"\nroles = \"{}\"\n"
+        "price = {}\nstake = {}\nheartbeat_blocks = 5\nspeed_factor = {}\n",
+        node_dirs[i], rpc_url, port, roles_of(i), a.price, kNodeStake,
+        speeds.count(i) ? speeds[i] : 1.0);
+    if (adversary_of.count(i)) cfg += fmt::format("adversary = \"{}\"\n", adversary_of[i]);
     const std::string path = JoinPath(node_dirs[i], "node.toml");
     endpoint_dir[fmt::format("127.0.0.1:{}", port)] = node_dirs[i];
     ML_RETURN_IF_ERROR(env->WriteFileAtomic(path, cfg));
@@ -344,7 +562,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
     return Status::Ok();
   };
   int started = 0;
-  for (int i = 0; i < a.solvers; ++i) {
+  for (int i = 0; i < total_nodes; ++i) {
     if (lates.count(i)) continue;
     ML_RETURN_IF_ERROR(start_node(i));
     ++started;
@@ -365,8 +583,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     if (active < static_cast<size_t>(started)) {
-      return DeadlineExceeded(fmt::format("only {} of {} nodes registered within 120 s; see {}/logs",
-                                          active, started, dir));
+      return DeadlineExceeded(fmt::format(
+          "only {} of {} nodes registered within 120 s; see {}/logs", active, started, dir));
     }
   }
   say(fmt::format("{} node(s) registered ({:.1f}s)", started, elapsed()));
@@ -377,8 +595,16 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
   so.memo = "devnet " + task.task.name;
   so.log = [&](const std::string& s) { say(s); };
   const double t_submit = elapsed();
-  ML_ASSIGN_OR_RETURN(SubmittedTask sub, SubmitPreparedTask(rpc, submitter, &task, store.get(), so));
+  ML_ASSIGN_OR_RETURN(SubmittedTask sub,
+                      SubmitPreparedTask(rpc, submitter, &task, store.get(), so));
   say(fmt::format("task {} submitted in block {}", sub.task_id.ToHex(), sub.height));
+  std::unique_ptr<DevnetReferee> referee;
+  if (a.verification) {
+    const std::string referee_dir = JoinPath(dir, "referee");
+    ML_RETURN_IF_ERROR(env->CreateDirs(referee_dir));
+    referee = std::make_unique<DevnetReferee>(env, rpc_url, seq, referee_dir,
+                                              JoinPath(dir, "logs/referee.log"));
+  }
 
   // 5. Watch, with the scenario events.
   ProgressBar bar("devnet", static_cast<int64_t>(task.total_units), "units", !g.json);
@@ -393,7 +619,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
         // Only while it holds an assigned unit: the point is a unit lost mid-round.
         bool holds = false;
         for (const json& u : j.value("units", json::array())) {
-          if (u.value("status", "") == "assigned" && u.value("assignee", "") == node_ids[i].ToHex()) {
+          if (u.value("status", "") == "assigned" &&
+              u.value("assignee", "") == node_ids[i].ToHex()) {
             holds = true;
           }
         }
@@ -402,16 +629,23 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
         waitpid(c.pid, nullptr, 0);
         c.pid = -1;
         killed[i] = true;
-        events.push_back({{"event", "kill -9"}, {"solver", i}, {"node", node_ids[i].ToHex()},
-                          {"units_committed", p.units_committed}, {"seconds", elapsed()}});
+        events.push_back({{"event", "kill -9"},
+                          {"solver", i},
+                          {"node", node_ids[i].ToHex()},
+                          {"units_committed", p.units_committed},
+                          {"seconds", elapsed()}});
       }
     }
     for (auto& [i, at] : lates) {
       if (!late_started[i] && p.rounds_done >= at) {
         late_started[i] = true;
         Status s = start_node(i);
-        events.push_back({{"event", "join"}, {"solver", i}, {"node", node_ids[i].ToHex()},
-                          {"round", p.rounds_done}, {"ok", s.ok()}, {"seconds", elapsed()}});
+        events.push_back({{"event", "join"},
+                          {"solver", i},
+                          {"node", node_ids[i].ToHex()},
+                          {"round", p.rounds_done},
+                          {"ok", s.ok()},
+                          {"seconds", elapsed()}});
       }
     }
   };
@@ -475,17 +709,52 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
       n["paid"] = n["paid"].get<uint64_t>() + paid;
     }
   }
+  std::map<std::string, uint64_t> aggregator_paid;  // node -> tokens for aggregating
+  for (const json& r : final_task.value("round_results", json::array())) {
+    aggregator_paid[r.value("aggregator", "")] += r.value("aggregator_paid", uint64_t{0});
+  }
   json nodes = json::array();
-  for (int i = 0; i < a.solvers; ++i) {
+  json slashed = json::array();
+  for (int i = 0; i < total_nodes; ++i) {
     const std::string id = node_ids[i].ToHex();
     json n = per_node.count(id) ? per_node[id] : json{{"units", 0}, {"paid", 0}};
     n["solver"] = i;
     n["node"] = id;
+    n["roles"] = roles_of(i);
+    n["adversary"] = adversary_of.count(i) ? adversary_of[i] : "";
     n["speed"] = speeds.count(i) ? speeds[i] : 1.0;
     n["killed"] = killed.count(i) > 0;
     n["late"] = lates.count(i) > 0;
     Result<json> nr = rpc.Call("get_node", {{"id", id}});
-    if (nr.ok()) n["reputation"] = nr->value("reputation", json::object());
+    if (nr.ok()) {
+      n["reputation"] = nr->value("reputation", json::object());
+      n["status"] = nr->value("status", "");
+      const uint64_t stake = nr->value("stake", uint64_t{0});
+      n["stake"] = stake;
+      // Stake only shrinks by a slash while a node is registered (devnet nodes never add any).
+      const uint64_t lost = stake < kNodeStake ? kNodeStake - stake : 0;
+      n["slashed"] = lost;
+      if (n["reputation"].value("slashes", uint64_t{0}) > 0) {
+        slashed.push_back({{"solver", i},
+                           {"node", id},
+                           {"adversary", n["adversary"]},
+                           {"amount", lost},
+                           {"slashes", n["reputation"]["slashes"]},
+                           {"status", n["status"]}});
+      }
+    }
+    // What the node's account gained: unit payments, aggregation, verifier pay and rewards (a
+    // devnet node is its own owner: every payment goes to its key); verification_income is
+    // what is left after the units and aggregations it was paid for.
+    Result<json> acct = rpc.Call("get_account", {{"address", id}});
+    if (acct.ok()) {
+      const int64_t earned = static_cast<int64_t>(acct->value("balance", uint64_t{0})) -
+                             static_cast<int64_t>(balance - kNodeStake);
+      n["earned"] = earned;
+      n["aggregator_paid"] = aggregator_paid[id];
+      n["verification_income"] = earned - static_cast<int64_t>(n["paid"].get<uint64_t>()) -
+                                 static_cast<int64_t>(aggregator_paid[id]);
+    }
     nodes.push_back(n);
   }
   ML_ASSIGN_OR_RETURN(json chain_status, rpc.Call("chain_status", json::object()));
@@ -529,6 +798,42 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
              {"chain_totals", totals},
              {"token_invariant", minted == 0 ? json(nullptr) : json(minted == sum)},
              {"round_results", final_task.value("round_results", json::array())}};
+  if (a.verification) {
+    json rulings = json::array();
+    for (const node::RefereeRecord& r : referee->rulings()) {
+      rulings.push_back(
+          {{"unit", r.dispute.index},
+           {"step", r.dispute.task.step},
+           {"defender", r.dispute.defender.ToHex()},
+           {"challenger", r.dispute.challenger.ToHex()},
+           {"output", r.ruling.output.ToHex()},
+           {"for", r.ruling.output == r.dispute.task.defender_output     ? "defender"
+                   : r.ruling.output == r.dispute.task.challenger_output ? "challenger"
+                                                                         : "neither"},
+           {"reason", r.ruling.reason},
+           {"executed", r.ok},
+           {"error", r.error}});
+    }
+    json checks = SettledChecks(env, JoinPath(dir, "logs/chain.log"), sub.task_id);
+    (*report)["verification"] = {{"enabled", true},
+                                 {"referee", seq.public_key().ToHex()},
+                                 {"forced_error_per_million", gen.params.forced_error_per_million},
+                                 {"verifiers_per_unit", gen.params.verifiers_per_unit},
+                                 {"adversaries", json::array()},
+                                 {"checks", checks["settled"]},
+                                 {"check_events", checks["events"]},
+                                 {"disputes_ruled", rulings},
+                                 {"slashed", slashed},
+                                 {"jackpot", totals.value("jackpot", uint64_t{0})}};
+    for (const AdversaryPlan& p : adversaries) {
+      (*report)["verification"]["adversaries"].push_back({{"solver", p.node},
+                                                          {"node", node_ids[p.node].ToHex()},
+                                                          {"role", p.role},
+                                                          {"mode", p.mode}});
+    }
+  } else {
+    (*report)["verification"] = {{"enabled", false}};
+  }
 
   if (a.keep) {
     std::cerr << "task finished; the network stays up for `meshlearn task ...` commands:\n"
@@ -538,14 +843,17 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
     g_stop_signal.store(0);
   }
   // 8. Stop the network before the (CPU-heavy) reference check.
+  if (referee) referee->Stop();
   StopAll(fleet.children, 5000);
   {
     std::vector<std::string> pushed_dirs;
     for (const std::string& ep : sub.pushed_to) {
       if (endpoint_dir.count(ep)) pushed_dirs.push_back(endpoint_dir[ep]);
     }
-    ML_ASSIGN_OR_RETURN(Traffic tr, MeasureTraffic(env, node_dirs, node_ids, final_task, pushed_dirs, sub.blobs));
-    const double samples = static_cast<double>(tr.deltas) * task.net.inner_steps * task.params.batch_size;
+    ML_ASSIGN_OR_RETURN(
+        Traffic tr, MeasureTraffic(env, node_dirs, node_ids, final_task, pushed_dirs, sub.blobs));
+    const double samples =
+        static_cast<double>(tr.deltas) * task.net.inner_steps * task.params.batch_size;
     const double per_sample = samples > 0 ? static_cast<double>(tr.delta_bytes) / samples : 0;
     const double n = std::max<double>(2, task.net.units_per_round);
     const double sync_ps = static_cast<double>(model_bytes) / task.params.batch_size;
@@ -561,8 +869,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
         {"sync_ring_allreduce_bytes_per_sample", sync_ring},
         {"ratio_vs_sync_parameter_server", per_sample > 0 ? sync_ps / per_sample : 0},
         {"ratio_vs_sync_ring_allreduce", per_sample > 0 ? sync_ring / per_sample : 0}};
-    (*report)["bytes_moved"] = tr.delta_bytes + tr.state_bytes + tr.task_bytes + sub.pushed_bytes +
-                               fetched_bytes;
+    (*report)["bytes_moved"] =
+        tr.delta_bytes + tr.state_bytes + tr.task_bytes + sub.pushed_bytes + fetched_bytes;
   }
   if (a.check_reference) {
     say("checking against the in-process reference (meshlearn diloco)...");
@@ -570,7 +878,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
     lo.eval_every_round = false;
     const double t_ref = elapsed();
     node::NetworkSpec net = task.net;
-    ML_ASSIGN_OR_RETURN(node::LocalDilocoResult ref, node::RunLocalDiloco(task.trainer.get(), net, lo));
+    ML_ASSIGN_OR_RETURN(node::LocalDilocoResult ref,
+                        node::RunLocalDiloco(task.trainer.get(), net, lo));
     (*report)["reference_hash"] = ref.final_hash.ToHex();
     (*report)["reference_accuracy"] = ref.rounds.back().eval.accuracy;
     (*report)["reference_seconds"] = elapsed() - t_ref;
@@ -581,8 +890,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
   if (a.check_reference && !(*report)["matches_reference"].get<bool>()) {
     return DataLoss("the devnet's final weights " + weights_hash.ToHex() +
                     " differ from the in-process reference " +
-                    (*report)["reference_hash"].get<std::string>() + " (report: " +
-                    JoinPath(dir, "report.json") + ")");
+                    (*report)["reference_hash"].get<std::string>() +
+                    " (report: " + JoinPath(dir, "report.json") + ")");
   }
   return Status::Ok();
 }
@@ -590,26 +899,52 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
 void AddDevnet(CLI::App& root, GlobalOptions& g) {
   static DevnetArgs a;
   CLI::App* cmd = root.add_subcommand(
-      "devnet", "Run a whole network on this machine (ledger + nodes as processes) and train a task");
+      "devnet",
+      "Run a whole network on this machine (ledger + nodes as processes) and train a task");
   cmd->add_option("--task", a.task, "Task file with a [network] table")->required();
-  cmd->add_option("--solvers", a.solvers, "Nodes to start (solver and aggregator roles)")->capture_default_str();
-  cmd->add_option("--out", a.out, "Directory for the chain, the nodes, logs, model and report.json (must not hold a devnet)")
+  cmd->add_option("--solvers", a.solvers, "Nodes to start (solver and aggregator roles)")
       ->capture_default_str();
-  cmd->add_option("--block-interval-ms", a.block_interval_ms, "Time between blocks")->capture_default_str();
-  cmd->add_option("--timeout", a.timeout_s, "Give up after this many seconds")->capture_default_str();
-  cmd->add_option("--price", a.price, "Every node's price, tokens per GFLOP")->capture_default_str();
-  cmd->add_flag("--check-reference,!--no-check-reference", a.check_reference,
-                "Compare the final weights with `meshlearn diloco` run in this process (default on)");
-  cmd->add_flag("--keep", a.keep, "After the task, keep the network running until Ctrl-C (try `meshlearn task ...` on it)");
+  cmd->add_option(
+         "--out", a.out,
+         "Directory for the chain, the nodes, logs, model and report.json (must not hold a devnet)")
+      ->capture_default_str();
+  cmd->add_option("--block-interval-ms", a.block_interval_ms, "Time between blocks")
+      ->capture_default_str();
+  cmd->add_option("--timeout", a.timeout_s, "Give up after this many seconds")
+      ->capture_default_str();
+  cmd->add_option("--price", a.price, "Every node's price, tokens per GFLOP")
+      ->capture_default_str();
+  cmd->add_flag(
+      "--check-reference,!--no-check-reference", a.check_reference,
+      "Compare the final weights with `meshlearn diloco` run in this process (default on)");
+  cmd->add_flag(
+      "--keep", a.keep,
+      "After the task, keep the network running until Ctrl-C (try `meshlearn task ...` on it)");
   cmd->add_option("--speed", a.speed, "I=F: solver I runs at F x speed (e.g. 3=0.5); repeatable");
-  cmd->add_option("--kill", a.kill, "I@U: kill -9 solver I mid-unit once U units are committed; repeatable");
+  cmd->add_option("--kill", a.kill,
+                  "I@U: kill -9 solver I mid-unit once U units are committed; repeatable");
   cmd->add_option("--late", a.late, "I@R: start solver I only after round R finished; repeatable");
+  cmd->add_option("--adversary", a.adversary,
+                  "ROLE:MODE: one node cheats (solver:lazy|noisy|wrong_data|copy|stale, "
+                  "verifier:rubber_stamp); repeatable");
+  cmd->add_option("--verifiers", a.verifiers,
+                  "Verifier-only nodes to add (every solver node verifies too)")
+      ->capture_default_str();
+  cmd->add_flag("--verification,!--no-verification", a.verification,
+                "Check committed units, with disputes refereed by this process (default on)");
+  cmd->add_option("--forced-errors", a.forced_errors,
+                  "Forced errors per million units (genesis forced_error_per_million; default: "
+                  "the ledger's)");
   cmd->footer(
       "Examples:\n"
       "  meshlearn devnet --solvers 4 --task examples/fashion-mlp.toml --out out/devnet\n"
       "  meshlearn --json devnet --solvers 4 --task examples/fashion-cnn.toml --out out/cnn\n"
-      "  meshlearn devnet --solvers 4 --task tests/devnet-tiny.toml --out /tmp/d --kill 1@2 --late 3@1\n"
-      "Writes DIR/model.safetensors and DIR/report.json (accuracy, rounds, units, tokens paid, bytes,\n"
+      "  meshlearn devnet --solvers 4 --task tests/devnet-tiny.toml --out /tmp/d --kill 1@2 --late "
+      "3@1\n"
+      "  meshlearn devnet --solvers 4 --task tests/devnet-tiny.toml --out /tmp/d --adversary "
+      "solver:lazy\n"
+      "Writes DIR/model.safetensors and DIR/report.json (accuracy, rounds, units, tokens paid, "
+      "bytes,\n"
       "final state hash vs the in-process reference); logs of every process in DIR/logs.\n"
       "Ctrl-C stops every process it started.");
   cmd->callback([&g] {
@@ -630,6 +965,35 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
                                                          : " (DIFFERS from the reference)")
               : "",
           report["model"].get<std::string>(), report["report"].get<std::string>());
+      const json& v = report["verification"];
+      if (!v.value("enabled", false)) return;
+      const json& c = v["checks"];
+      std::cout << fmt::format(
+          "verification: checks settled: {} clean, {} unchecked, {} fraud, {} forced error, {} "
+          "abandoned; {} dispute(s) ruled by the referee\n",
+          c["clean"].get<int>(), c["unchecked"].get<int>(), c["fraud"].get<int>(),
+          c["forced_error"].get<int>(), c["abandoned"].get<int>(), v["disputes_ruled"].size());
+      for (const json& r : v["disputes_ruled"]) {
+        std::cout << fmt::format("  ruling on unit {} step {}: for the {} ({})\n",
+                                 r["unit"].get<uint32_t>(), r["step"].get<uint64_t>(),
+                                 r["for"].get<std::string>(), r["reason"].get<std::string>());
+      }
+      for (const json& n : report["nodes"]) {
+        const std::string adv = n.value("adversary", "");
+        std::cout << fmt::format(
+            "  node{} {}{}: {} units paid {} tokens, aggregation {}, verification {}, slashed {} "
+            "({})\n",
+            n["solver"].get<int>(), n.value("roles", ""),
+            adv.empty() ? "" : " [adversary " + adv + "]", n["units"].get<int>(),
+            n["paid"].get<uint64_t>(), n.value("aggregator_paid", uint64_t{0}),
+            n.value("verification_income", int64_t{0}), n.value("slashed", uint64_t{0}),
+            n.value("status", ""));
+      }
+      if (report.contains("reference_accuracy")) {
+        std::cout << fmt::format("accuracy {:.4f} vs {:.4f} for the honest in-process run\n",
+                                 report["test_accuracy"].get<double>(),
+                                 report["reference_accuracy"].get<double>());
+      }
     });
   });
 }
