@@ -197,6 +197,10 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
     e.PutU64(r.aggregator_paid);
   }
   e.PutU32(t.rounds_settled).PutU64(t.aggregator_price);
+  const VerificationTally& v = t.verification;
+  e.PutU64(v.clean).PutU64(v.unchecked).PutU64(v.fraud).PutU64(v.forced_error);
+  e.PutU64(v.abandoned).PutU64(v.disputes).PutU64(v.slashed).PutU64(v.verifiers_paid);
+  e.PutU64(v.jackpot_paid).PutU64(v.redo_escrow);
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -231,6 +235,19 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
   }
   ML_RETURN_IF_ERROR(d.GetU32(&t->rounds_settled, "rounds_settled"));
   ML_RETURN_IF_ERROR(d.GetU64(&t->aggregator_price, "aggregator_price"));
+  VerificationTally& v = t->verification;
+  for (auto [field, name] : {std::pair{&v.clean, "verification.clean"},
+                             {&v.unchecked, "verification.unchecked"},
+                             {&v.fraud, "verification.fraud"},
+                             {&v.forced_error, "verification.forced_error"},
+                             {&v.abandoned, "verification.abandoned"},
+                             {&v.disputes, "verification.disputes"},
+                             {&v.slashed, "verification.slashed"},
+                             {&v.verifiers_paid, "verification.verifiers_paid"},
+                             {&v.jackpot_paid, "verification.jackpot_paid"},
+                             {&v.redo_escrow, "verification.redo_escrow"}}) {
+    ML_RETURN_IF_ERROR(d.GetU64(field, name));
+  }
   return Status::Ok();
 }
 
@@ -350,7 +367,18 @@ nlohmann::json TaskToJson(const TaskRecord& t) {
           {"aggregator", std::move(aggregator)},
           {"final_state", t.final_state.ToHex()},
           {"round_results", std::move(results)},
-          {"rounds_settled", t.rounds_settled}};
+          {"rounds_settled", t.rounds_settled},
+          {"verification",
+           {{"clean", t.verification.clean},
+            {"unchecked", t.verification.unchecked},
+            {"fraud", t.verification.fraud},
+            {"forced_error", t.verification.forced_error},
+            {"abandoned", t.verification.abandoned},
+            {"disputes", t.verification.disputes},
+            {"slashed", t.verification.slashed},
+            {"verifiers_paid", t.verification.verifiers_paid},
+            {"jackpot_paid", t.verification.jackpot_paid},
+            {"redo_escrow", t.verification.redo_escrow}}}};
 }
 
 nlohmann::json WorkUnitToJson(const WorkUnit& u) {

@@ -103,7 +103,7 @@ protocol::Reputation ReputationOf(const NodeRecord& n) {
 // Pays `amount` from the jackpot pool, split equally among `winners` (their owners), never more
 // than the pool holds.
 Status PayJackpotShares(LedgerState& s, const std::vector<protocol::NodeId>& winners,
-                        Amount amount) {
+                        Amount amount, Amount* paid) {
   if (winners.empty()) return Status::Ok();
   Amount share = std::min(amount, s.g().jackpot) / winners.size();
   if (share == 0) return Status::Ok();
@@ -111,6 +111,7 @@ Status PayJackpotShares(LedgerState& s, const std::vector<protocol::NodeId>& win
     const NodeRecord* n = s.nodes.Find(w);
     if (n == nullptr) continue;
     ML_RETURN_IF_ERROR(PayFromJackpot(s, n->owner, share));
+    *paid += share;
   }
   return Status::Ok();
 }
@@ -118,9 +119,11 @@ Status PayJackpotShares(LedgerState& s, const std::vector<protocol::NodeId>& win
 // Slashes a cheating solver; "the cheater's stake pays for the redo": up to one round's most
 // cost of what went to the treasury is added to the task's escrow (and budget).
 Status SlashSolverIntoEscrow(LedgerState& s, const ChainParams& p, const Hash256& task_id,
-                             const protocol::NodeId& solver, Amount amount) {
+                             const protocol::NodeId& solver, Amount amount, Amount* slashed_out,
+                             Amount* to_escrow_out) {
   Amount slashed = 0;
   ML_RETURN_IF_ERROR(SlashNode(s, p, solver, amount, &slashed));
+  *slashed_out = slashed;
   const TaskRecord* t = s.tasks.Find(task_id);
   Amount unit_cost = 0;
   MaxTaskCost(t->params, t->price_cap, &unit_cost);
@@ -132,6 +135,7 @@ Status SlashSolverIntoEscrow(LedgerState& s, const ChainParams& p, const Hash256
   if (to_escrow == 0) return Status::Ok();
   Globals* g = s.MutableGlobals();
   g->treasury -= to_escrow;
+  *to_escrow_out = to_escrow;
   TaskRecord* mt = s.tasks.FindMutable(task_id);
   ML_RETURN_IF_ERROR(CheckedAdd(mt->escrow, to_escrow, &mt->escrow, "task escrow"));
   return CheckedAdd(mt->budget, to_escrow, &mt->budget, "task budget");
@@ -147,12 +151,16 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
   const Amount unit_cost = UnitCost(*t, u->price);
   const Amount slash = protocol::SlashAmount(unit_cost, p.slash_multiple);
   const protocol::NodeId solver = c.config().solver;
+  VerificationTally tally = t->verification;
   for (const protocol::NodeId& n : fx.slash) {
+    Amount slashed = 0, to_escrow = 0;
     if (n == solver) {
-      ML_RETURN_IF_ERROR(SlashSolverIntoEscrow(s, p, task_id, n, slash));
+      ML_RETURN_IF_ERROR(SlashSolverIntoEscrow(s, p, task_id, n, slash, &slashed, &to_escrow));
     } else {
-      ML_RETURN_IF_ERROR(SlashNode(s, p, n, slash, nullptr));
+      ML_RETURN_IF_ERROR(SlashNode(s, p, n, slash, &slashed));
     }
+    tally.slashed += slashed;
+    tally.redo_escrow += to_escrow;
   }
   for (const protocol::NodeId& n : fx.failures) CountFailure(s, n);
   // Rewards from the jackpot: what this event slashed into it, at most one slash per winner.
@@ -160,7 +168,7 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
   for (const protocol::NodeId& n : fx.rewarded) {
     if (std::find(winners.begin(), winners.end(), n) == winners.end()) winners.push_back(n);
   }
-  ML_RETURN_IF_ERROR(PayJackpotShares(s, winners, slash * winners.size()));
+  ML_RETURN_IF_ERROR(PayJackpotShares(s, winners, slash * winners.size(), &tally.jackpot_paid));
   const uint32_t segments =
       protocol::SegmentCount(c.config().inner_steps, c.config().checkpoint_interval);
   const Amount verifier_pay = protocol::VerifierPay(
@@ -170,6 +178,23 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
     Amount amount = std::min(verifier_pay, s.tasks.Find(task_id)->escrow);
     if (node == nullptr || amount == 0) continue;
     ML_RETURN_IF_ERROR(PayFromEscrow(s, p, task_id, node->owner, amount));
+    tally.verifiers_paid += amount;
+  }
+  if (fx.settled) {
+    switch (c.result()) {
+      case protocol::CheckResult::kCheckClean: ++tally.clean; break;
+      case protocol::CheckResult::kCheckUnchecked: ++tally.unchecked; break;
+      case protocol::CheckResult::kCheckFraud: ++tally.fraud; break;
+      case protocol::CheckResult::kCheckForcedError: ++tally.forced_error; break;
+      case protocol::CheckResult::kCheckAbandoned: ++tally.abandoned; break;
+      case protocol::CheckResult::kCheckPending: break;
+    }
+    if (c.dispute() && c.dispute()->stage() == protocol::DisputeStage::kDisputeResolved) {
+      ++tally.disputes;
+    }
+  }
+  if (tally != s.tasks.Find(task_id)->verification) {
+    s.tasks.FindMutable(task_id)->verification = tally;
   }
   if (fx.solver_clean) {
     if (NodeRecord* n = s.nodes.FindMutable(solver)) {
@@ -179,8 +204,10 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
   }
   if (fx.rerun_unit) {
     *rewind = true;
+    // A cheater, or a solver that vanished (its failure is counted): the re-run goes without
+    // it. An undecided dispute excludes nobody.
     if (c.result() == protocol::CheckResult::kCheckFraud ||
-        c.result() == protocol::CheckResult::kCheckAbandoned) {
+        std::find(fx.failures.begin(), fx.failures.end(), solver) != fx.failures.end()) {
       exclude->push_back(solver);
     }
   }
@@ -226,6 +253,7 @@ Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
   cfg.reveal_blocks = p.verdict_reveal_blocks;
   cfg.dispute_response_blocks = p.dispute_response_blocks;
   cfg.verifiers_per_unit = p.verifiers_per_unit;
+  cfg.referee_blocks = p.referee_blocks;
   cfg.tolerance = t->params.tolerance_rel_l2_ppm != 0 || t->params.tolerance_cosine_gap_ppb != 0;
   Result<UnitCheck> c = UnitCheck::Create(cfg);
   if (!c.ok()) return c.status().WithPrefix("commit unit");

@@ -371,6 +371,9 @@ TEST_F(VerificationTest, HonestWorkIsCheckedCleanAndEveryonePaid) {
   const Amount pay = protocol::VerifierPay(kUnitCost, 1, 2);
   const Amount cut = BasisPoints(pay, genesis_.params.treasury_cut_bps);
   EXPECT_EQ(Balance(carol_), v1_before + 2 * (pay - cut));
+  EXPECT_EQ(Task().verification.clean, 2u);
+  EXPECT_EQ(Task().verification.verifiers_paid, 2 * pay);
+  EXPECT_EQ(Task().verification.slashed, 0u);
   FinishTask();
   EXPECT_EQ(Unit(u1).status, WorkUnitStatus::kVerified);
   EXPECT_EQ(Unit(u1).paid, kUnitCost);
@@ -403,6 +406,12 @@ TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns)
   EXPECT_TRUE(Rerunning());
   EXPECT_TRUE(Unit(lazy).check.empty());
   EXPECT_GT(Task().escrow, escrow_before);  // the cheater's stake pays for the redo
+  const VerificationTally tally = Task().verification;  // kept though the checks were dropped
+  EXPECT_EQ(tally.fraud, 1u);
+  EXPECT_EQ(tally.disputes, 1u);
+  EXPECT_EQ(tally.slashed, kSlashMultiple * kUnitCost);
+  EXPECT_GT(tally.redo_escrow, 0u);
+  EXPECT_EQ(TaskToJson(Task())["verification"]["fraud"], 1);
   EXPECT_GT(Balance(carol_), v1_balance);   // the verifier was paid and rewarded
   // The honest solver does both units now; they are checked and the task finishes.
   Steps(1);

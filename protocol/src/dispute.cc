@@ -78,7 +78,7 @@ DisputeGame::DisputeGame(const DisputeConfig& config)
   deadline_ = config.start_height;
   if (config.tolerance) {
     EnterReferee(true, config.last_step, 0, config.agreed, config.defender_claim,
-                 config.challenger_claim);
+                 config.challenger_claim, config.start_height);
     referee_.segment = true;
     referee_.first_step = config.first_step;
   } else if (hi_ - lo_ == 1) {
@@ -105,8 +105,9 @@ DisputeQuery DisputeGame::query() const {
 }
 
 void DisputeGame::EnterReferee(bool whole_step, uint64_t step, uint32_t op, const Hash256& input,
-                               const Hash256& d_out, const Hash256& c_out) {
+                               const Hash256& d_out, const Hash256& c_out, uint64_t height) {
   stage_ = DisputeStage::kDisputeReferee;
+  deadline_ = height + config_.referee_blocks;
   referee_ = RefereeTask{.whole_step = whole_step,
                          .step = step,
                          .operator_index = op,
@@ -128,7 +129,7 @@ void DisputeGame::Advance() {
       if (d == c) {
         // Same operator outputs, different states: the step's last part (the state update
         // itself) is what differs; the referee runs the whole step.
-        EnterReferee(true, step_, 0, step_input_, step_d_out_, step_c_out_);
+        EnterReferee(true, step_, 0, step_input_, step_d_out_, step_c_out_, last_post_height_);
         return;
       }
       lo_ = 0;
@@ -156,7 +157,7 @@ void DisputeGame::Advance() {
     step_d_out_ = d_hi_;
     step_c_out_ = c_hi_;
     if (config_.num_operators == 0) {
-      EnterReferee(true, step_, 0, step_input_, step_d_out_, step_c_out_);
+      EnterReferee(true, step_, 0, step_input_, step_d_out_, step_c_out_, height);
       return;
     }
     stage_ = DisputeStage::kDisputeOperators;
@@ -165,7 +166,7 @@ void DisputeGame::Advance() {
     return;
   }
   // Phase 2 narrowed to one operator: C_lo agreed, C_hi disputed, hi = lo + 1.
-  EnterReferee(false, step_, static_cast<uint32_t>(hi_), lo_hash_, d_hi_, c_hi_);
+  EnterReferee(false, step_, static_cast<uint32_t>(hi_), lo_hash_, d_hi_, c_hi_, height);
 }
 
 Status DisputeGame::Post(DisputeParty party, uint64_t position, const Hash256& hash,
@@ -192,6 +193,14 @@ Status DisputeGame::Post(DisputeParty party, uint64_t position, const Hash256& h
 }
 
 Status DisputeGame::OnBlock(uint64_t height) {
+  if (stage_ == DisputeStage::kDisputeReferee) {
+    if (config_.referee_blocks == 0 || height <= deadline_) return Status::Ok();
+    stage_ = DisputeStage::kDisputeResolved;
+    outcome_.defender_honest = outcome_.challenger_honest = outcome_.undecided = true;
+    outcome_.reason = "the referee did not rule within " + std::to_string(config_.referee_blocks) +
+                      " blocks";
+    return Status::Ok();
+  }
   if (stage_ != DisputeStage::kDisputeSteps && stage_ != DisputeStage::kDisputeOperators) {
     return Status::Ok();
   }
@@ -256,7 +265,7 @@ Bytes DisputeGame::Encode() const {
   e.PutU64(config_.first_step).PutU64(config_.last_step);
   e.PutHash(config_.agreed).PutHash(config_.defender_claim).PutHash(config_.challenger_claim);
   e.PutU32(config_.num_operators).PutU64(config_.response_blocks).PutU64(config_.start_height);
-  e.PutBool(config_.tolerance);
+  e.PutBool(config_.tolerance).PutU64(config_.referee_blocks);
   e.PutU8(static_cast<uint8_t>(stage_));
   e.PutU64(lo_).PutU64(hi_).PutHash(lo_hash_).PutHash(d_hi_).PutHash(c_hi_);
   e.PutU64(step_).PutHash(step_input_).PutHash(step_d_out_).PutHash(step_c_out_);
@@ -268,6 +277,7 @@ Bytes DisputeGame::Encode() const {
   e.PutBool(referee_.segment).PutU64(referee_.first_step);
   e.PutHash(referee_.input).PutHash(referee_.defender_output).PutHash(referee_.challenger_output);
   e.PutBool(outcome_.defender_honest).PutBool(outcome_.challenger_honest);
+  e.PutBool(outcome_.undecided);
   e.PutString(outcome_.reason);
   return e.Take();
 }
@@ -294,6 +304,7 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetU64(&c.response_blocks, "dispute.response_blocks"));
   ML_RETURN_IF_ERROR(d.GetU64(&c.start_height, "dispute.start_height"));
   ML_RETURN_IF_ERROR(d.GetBool(&c.tolerance, "dispute.tolerance"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.referee_blocks, "dispute.referee_blocks"));
   ML_ASSIGN_OR_RETURN(DisputeGame g, Create(c));
   uint8_t stage = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&stage, "dispute.stage"));
@@ -328,6 +339,7 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
       d.GetHash(&g.referee_.challenger_output, "dispute.referee.challenger_output"));
   ML_RETURN_IF_ERROR(d.GetBool(&g.outcome_.defender_honest, "dispute.defender_honest"));
   ML_RETURN_IF_ERROR(d.GetBool(&g.outcome_.challenger_honest, "dispute.challenger_honest"));
+  ML_RETURN_IF_ERROR(d.GetBool(&g.outcome_.undecided, "dispute.undecided"));
   ML_RETURN_IF_ERROR(d.GetString(&g.outcome_.reason, "dispute.reason", kMaxReasonLength));
   ML_RETURN_IF_ERROR(d.Finish());
   // States the game cannot reach.

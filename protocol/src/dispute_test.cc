@@ -276,5 +276,29 @@ TEST(DisputeTest, ToleranceModeGoesStraightToTheRefereeOverTheSegment) {
   EXPECT_EQ(exact->RuleTolerance(true).code(), StatusCode::kFailedPrecondition);
 }
 
+TEST(DisputeTest, AnAbsentRefereeLeavesTheGameUndecided) {
+  Trace liar{.lie_step = 31};
+  DisputeConfig c = Config(liar, kTruth, 30, 31, /*ops=*/0);
+  c.referee_blocks = 4;
+  auto g = DisputeGame::Create(c);
+  ASSERT_EQ(g->stage(), DisputeStage::kDisputeReferee);
+  ASSERT_TRUE(g->OnBlock(104).ok());
+  EXPECT_EQ(g->stage(), DisputeStage::kDisputeReferee);  // still in time
+  ASSERT_TRUE(g->OnBlock(105).ok());
+  ASSERT_EQ(g->stage(), DisputeStage::kDisputeResolved);
+  EXPECT_TRUE(g->outcome().undecided);
+  EXPECT_TRUE(g->outcome().defender_honest);
+  EXPECT_TRUE(g->outcome().challenger_honest);
+  EXPECT_FALSE(g->Rule(kTruth.State(31)).ok());  // too late
+  auto back = DisputeGame::Decode(g->Encode());
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->outcome().undecided);
+  // Without a limit the referee may take its time.
+  c.referee_blocks = 0;
+  auto patient = DisputeGame::Create(c);
+  ASSERT_TRUE(patient->OnBlock(100000).ok());
+  EXPECT_EQ(patient->stage(), DisputeStage::kDisputeReferee);
+}
+
 }  // namespace
 }  // namespace meshlearn::protocol

@@ -110,6 +110,7 @@ DisputeConfig UnitCheck::DisputeOver(const NodeId& challenger, uint32_t segment,
   dc.response_blocks = config_.dispute_response_blocks;
   dc.start_height = height;
   dc.tolerance = config_.tolerance;
+  dc.referee_blocks = config_.referee_blocks;
   return dc;
 }
 
@@ -372,6 +373,20 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
   }
   const DisputeOutcome& o = dispute_->outcome();
   CheckEffects fx;
+  if (o.undecided) {
+    // No ruling: nobody was shown to lie. A challenged unit keeps its clean settlement; a unit
+    // under a verifier's dispute is re-run (its result was never shown honest), nobody punished.
+    fx.settled = true;
+    stage_ = CheckStage::kCheckSettled;
+    reason_ = "dispute undecided: " + o.reason;
+    if (whistleblower_) {
+      result_ = CheckResult::kCheckClean;
+    } else {
+      result_ = CheckResult::kCheckAbandoned;
+      fx.rerun_unit = true;
+    }
+    return fx;
+  }
   if (whistleblower_) {
     // The verifiers' verdicts were paid (or slashed) when the check first settled; a challenge
     // only adds what it proves.
@@ -489,7 +504,7 @@ Bytes UnitCheck::Encode() const {
   e.PutU64(c.forced_error_per_million);
   e.PutHash(c.assignment_beacon).PutU64(c.commit_height).PutU64(c.commit_blocks);
   e.PutU64(c.reveal_blocks).PutU64(c.dispute_response_blocks).PutU32(c.verifiers_per_unit);
-  e.PutBool(c.tolerance);
+  e.PutBool(c.tolerance).PutU64(c.referee_blocks);
   e.PutU8(static_cast<uint8_t>(stage_)).PutU8(static_cast<uint8_t>(result_)).PutString(reason_);
   e.PutU32(static_cast<uint32_t>(verifiers_.size()));
   for (size_t i = 0; i < verifiers_.size(); ++i) {
@@ -541,6 +556,7 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetU64(&c.dispute_response_blocks, "check.dispute_response_blocks"));
   ML_RETURN_IF_ERROR(d.GetU32(&c.verifiers_per_unit, "check.verifiers_per_unit"));
   ML_RETURN_IF_ERROR(d.GetBool(&c.tolerance, "check.tolerance"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c.referee_blocks, "check.referee_blocks"));
   ML_ASSIGN_OR_RETURN(UnitCheck u, Create(c));
   uint8_t stage = 0, result = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&stage, "check.stage"));

@@ -552,5 +552,33 @@ TEST(UnitCheckTest, AMismatchMayNameASegmentThatWasNotDrawn) {
   EXPECT_TRUE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 105).ok());
 }
 
+TEST(UnitCheckTest, AnUndecidedDisputeRerunsTheUnitAndPunishesNobody) {
+  UnitCheckConfig cfg = Config(true);
+  cfg.referee_blocks = 3;
+  cfg.num_operators = 0;  // the game ends at a whole step
+  UnitCheck c = Selected(cfg);
+  RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
+  // Both parties play every turn; the referee never rules.
+  uint64_t h = 108;
+  while (c.dispute()->stage() == DisputeStage::kDisputeSteps) {
+    const DisputeQuery q = c.dispute()->query();
+    ++h;
+    const uint32_t seg = c.segments()[0];
+    ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kDefender, q.position,
+                                           Blake2b("d" + std::to_string(q.position)), h).ok());
+    ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kChallenger, q.position,
+                                           Blake2b("c" + std::to_string(q.position + seg)), h).ok());
+  }
+  ASSERT_EQ(c.dispute()->stage(), DisputeStage::kDisputeReferee);
+  CheckEffects fx;
+  for (int i = 0; i < 6 && c.stage() != CheckStage::kCheckSettled; ++i) fx = *c.OnBlock(++h);
+  ASSERT_EQ(c.stage(), CheckStage::kCheckSettled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckAbandoned) << c.reason();
+  EXPECT_TRUE(fx.slash.empty());
+  EXPECT_TRUE(fx.failures.empty());
+  EXPECT_TRUE(fx.rerun_unit);
+}
+
 }  // namespace
 }  // namespace meshlearn::protocol

@@ -29,6 +29,7 @@
 //   verdict_commit_blocks = 5           # windows, in blocks
 //   verdict_reveal_blocks = 5
 //   dispute_response_blocks = 5         # each dispute turn
+//   referee_blocks = 20                 # the referee's time to rule (0: no limit)
 //   slash_multiple = 10                 # a slash takes this many times the unit's cost
 //   [[accounts]]
 //   key = "<hex public key>"
@@ -77,6 +78,9 @@ struct ChainParams {
   uint64_t verdict_commit_blocks = 5;   // >= 1
   uint64_t verdict_reveal_blocks = 5;   // >= 1
   uint64_t dispute_response_blocks = 5; // >= 1: each dispute turn
+  // Blocks the referee has to rule on a dispute; past them it ends undecided (nobody punished,
+  // the unit re-run). 0: no limit.
+  uint64_t referee_blocks = 20;
   // A slash takes slash_multiple x the unit's cost (protocol::SlashAmount), capped by the stake.
   uint32_t slash_multiple = 10;  // >= 1
   bool operator==(const ChainParams&) const = default;
@@ -104,6 +108,7 @@ struct ChainParams {
     v("verdict_commit_blocks", s.verdict_commit_blocks);
     v("verdict_reveal_blocks", s.verdict_reveal_blocks);
     v("dispute_response_blocks", s.dispute_response_blocks);
+    v("referee_blocks", s.referee_blocks);
     v("slash_multiple", s.slash_multiple);
   }
 

@@ -177,6 +177,23 @@ struct RoundResult {
   bool operator==(const RoundResult&) const = default;
 };
 
+// What verification did on a task (ledger/src/verification.cc): settled checks by result, and
+// the tokens it moved. Kept on the task because a check that ends in a re-run is dropped with its
+// round.
+struct VerificationTally {
+  uint64_t clean = 0;
+  uint64_t unchecked = 0;
+  uint64_t fraud = 0;
+  uint64_t forced_error = 0;
+  uint64_t abandoned = 0;
+  uint64_t disputes = 0;         // dispute games played to the end (by ruling or deadline)
+  Amount slashed = 0;            // stake taken from this task's cheaters and lazy verifiers
+  Amount verifiers_paid = 0;     // from the escrow, before the treasury's cut
+  Amount jackpot_paid = 0;       // to forced-error catchers and challengers that won
+  Amount redo_escrow = 0;        // slashed stake added to the escrow for re-runs
+  bool operator==(const VerificationTally&) const = default;
+};
+
 // Task id = TaskIdFor(submitter, nonce of the SubmitTask transaction): clients know it before
 // the block.
 struct TaskRecord {
@@ -200,6 +217,7 @@ struct TaskRecord {
   std::vector<RoundResult> round_results;  // [r] for every round whose aggregate committed
   uint32_t rounds_settled = 0;  // finalized rounds already paid (0..rounds)
   Amount aggregator_price = 0;  // the current aggregator's price (per GFLOP) at assignment
+  VerificationTally verification;  // every settled check of the task, re-run rounds included
   bool operator==(const TaskRecord&) const = default;
 };
 Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce);

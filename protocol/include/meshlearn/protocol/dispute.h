@@ -80,6 +80,9 @@ struct DisputeConfig {
   // to the referee, which replays the whole segment from the agreed start state and rules
   // whether the defender's committed end state is within the task's tolerance (RuleTolerance).
   bool tolerance = false;
+  // Blocks the referee has to rule once the game reaches it (0: no limit). Past them the game
+  // ends undecided: nobody was shown to lie, nobody is punished.
+  uint64_t referee_blocks = 0;
 };
 
 // What both parties must post now.
@@ -108,6 +111,7 @@ struct RefereeTask {
 struct DisputeOutcome {
   bool defender_honest = false;
   bool challenger_honest = false;
+  bool undecided = false;  // the referee did not rule in time (both count as honest)
   std::string reason;  // "referee: defender's output differs", "challenger missed its turn", ...
 };
 
@@ -133,7 +137,7 @@ class DisputeGame {
   Status Post(DisputeParty party, uint64_t position, const Hash256& hash, uint64_t height);
 
   // A new block. After a turn's deadline, a party that has not posted loses (both: both lose).
-  // Heights never decrease.
+  // In the referee stage, after referee_blocks the game ends undecided. Heights never decrease.
   Status OnBlock(uint64_t height);
 
   // The referee's computed output for referee_task(): the party whose output equals it is
@@ -150,7 +154,7 @@ class DisputeGame {
   explicit DisputeGame(const DisputeConfig& config);
   void Advance();  // after both posts of a turn
   void EnterReferee(bool whole_step, uint64_t step, uint32_t op, const Hash256& input,
-                    const Hash256& d_out, const Hash256& c_out);
+                    const Hash256& d_out, const Hash256& c_out, uint64_t height);
   void StartTurn(uint64_t height);
 
   DisputeConfig config_;

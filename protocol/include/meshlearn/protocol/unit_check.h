@@ -94,6 +94,7 @@ struct UnitCheckConfig {
   uint64_t dispute_response_blocks = 10;
   uint32_t verifiers_per_unit = 1;
   bool tolerance = false;  // the task verifies in tolerance mode: disputes go to the referee
+  uint64_t referee_blocks = 0;  // DisputeConfig::referee_blocks (0: the referee has no deadline)
 };
 
 // A verifier's evidence that segment `segment` does not replay to the committed state: the two
