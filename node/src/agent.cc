@@ -314,10 +314,7 @@ void NodeAgent::HandleOutcomes() {
       break;
     }
     if (auto v = verify_txs_.find(o.id); v != verify_txs_.end()) {
-      if (!o.ok) {
-        verify_sent_.erase(v->second);  // may be sent again (SendVerifyTx caps the attempts)
-        ++verify_failed_[v->second];
-      }
+      if (!o.ok) VerifyTxFailed(v->second);
       verify_txs_.erase(v);
     }
     for (auto it = agg_commits_.begin(); it != agg_commits_.end(); ++it) {

@@ -97,6 +97,17 @@ std::string Action(const std::string& kind, const std::string& dir, const std::s
   return kind + "|" + dir + "|" + detail;
 }
 
+// The file in the check's directory that says an action's transaction was sent: after a restart
+// the outbox resends it if it is still in flight, so it must not be sent again.
+std::string MarkerOf(const std::string& action) {
+  const size_t a = action.find('|');
+  const size_t b = action.find('|', a + 1);
+  std::string name = "sent-" + action.substr(0, a);
+  if (b + 1 < action.size()) name += "-" + action.substr(b + 1);
+  std::replace(name.begin(), name.end(), ':', '_');
+  return JoinPath(action.substr(a + 1, b - a - 1), name);
+}
+
 }  // namespace
 
 // ---- Chain parameters and secrets ------------------------------------------------------------
@@ -295,6 +306,11 @@ bool NodeAgent::SendVerifyTx(const std::string& action, ledger::TxPayload payloa
   if (verify_sent_.count(action)) return false;
   auto failed = verify_failed_.find(action);
   if (failed != verify_failed_.end() && failed->second >= kMaxVerifyAttempts) return false;
+  const std::string marker = MarkerOf(action);
+  if (deps_.env->FileExists(marker)) {  // sent before a restart
+    verify_sent_.insert(action);
+    return false;
+  }
   const std::string type(ledger::TxTypeName(ledger::PayloadType(payload)));
   Result<Hash256> txid = tx_->Send(std::move(payload));
   if (!txid.ok()) {
@@ -304,7 +320,16 @@ bool NodeAgent::SendVerifyTx(const std::string& action, ledger::TxPayload payloa
   }
   verify_sent_.insert(action);
   verify_txs_[*txid] = action;
+  // Best effort: without the marker a restarted node sends it again, which the ledger refuses.
+  const std::string dir = marker.substr(0, marker.rfind('/'));
+  if (deps_.env->CreateDirs(dir).ok()) (void)deps_.env->WriteFileAtomic(marker, "");
   return true;
+}
+
+void NodeAgent::VerifyTxFailed(const std::string& action) {
+  verify_sent_.erase(action);  // may be sent again (SendVerifyTx caps the attempts)
+  ++verify_failed_[action];
+  (void)deps_.env->DeleteFile(MarkerOf(action));
 }
 
 void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* urgent,
@@ -331,7 +356,7 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
       if (c.stage == "commit_verdicts" && !have) {
         urgent->push_back({VerifyJob::Kind::kVerdict, &c, c.deadline_height});
       } else if (c.stage == "commit_verdicts") {
-        // Decided before a restart: the commitment may not have gone out.
+        // Decided before a restart: the commitment may not have gone out (SendVerifyTx knows).
         Result<json> v = ReadJson(deps_.env, path);
         Result<Hash256> commitment = v.ok() ? HashAt(*v, "commitment") : Result<Hash256>(v.status());
         if (commitment.ok()) {

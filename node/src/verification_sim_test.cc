@@ -6,6 +6,7 @@
 // reaches the model).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <set>
 
 #include "meshlearn/base/merkle.h"
@@ -106,6 +107,9 @@ using testing::SimHarness;
 using testing::SimNodeOptions;
 using testing::SimOptions;
 
+// MESHLEARN_SIM_LOG=1 prints every agent's log (and the referee's) to stderr.
+bool SimLog() { return std::getenv("MESHLEARN_SIM_LOG") != nullptr; }
+
 constexpr uint32_t kAllRoles =
     ledger::kRoleSolver | ledger::kRoleAggregator | ledger::kRoleVerifier;
 
@@ -201,7 +205,7 @@ TEST(VerificationSimTest, HonestNetworkSettlesCleanAndPaysEveryone) {
   VerifyFixture f(31, /*rounds=*/2, /*units=*/3, /*H=*/4, /*k=*/2);
   SimHarness* simp = nullptr;
   CheckLog checks;
-  SimOptions o{.seed = 31, .nodes = 4, .task_toml = f.toml, .env = &f.env};
+  SimOptions o{.seed = 31, .nodes = 4, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
   o.node_options.assign(4, SimNodeOptions{.roles = kAllRoles});
   o.tweak_genesis = VerifyingChain();
   o.on_block = [&](uint64_t) { checks.Scan(*simp); };
@@ -245,6 +249,57 @@ TEST(VerificationSimTest, HonestNetworkSettlesCleanAndPaysEveryone) {
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
+// Nodes killed (kill -9) and restarted in the middle of verification: a solver right after its
+// first commit still serves its leaves and checkpoints and reveals its secret (its chain comes
+// back from its data dir), a verifier right after committing its verdict still reveals it (the
+// verdict and its salt come back from <data_dir>/verify/). Nothing is missed, nothing is sent
+// twice.
+TEST(VerificationSimTest, RestartedSolverAndVerifierStillRevealEverything) {
+  VerifyFixture f(81, /*rounds=*/2, /*units=*/2, /*H=*/4, /*k=*/2);
+  SimHarness* simp = nullptr;
+  bool solver_restarted = false, verifier_restarted = false;
+  SimOptions o{.seed = 81, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = ledger::kRoleVerifier},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain();
+  o.on_block = [&](uint64_t) {
+    SimHarness& sim = *simp;
+    if (!solver_restarted && sim.agent(0)->stats().units_completed > 0) {
+      solver_restarted = true;
+      sim.Kill(0);
+      EXPECT_TRUE(sim.Restart(0).ok());
+    }
+    for (int i = 1; i < 3 && !verifier_restarted; ++i) {
+      if (sim.agent(i)->stats().verdicts_committed > 0) {
+        verifier_restarted = true;
+        sim.Kill(i);
+        EXPECT_TRUE(sim.Restart(i).ok());
+      }
+    }
+  };
+  SimHarness sim(o);
+  simp = &sim;
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  EXPECT_TRUE(solver_restarted);
+  EXPECT_TRUE(verifier_restarted);
+  for (const json& u : sim.Task(true)["units"]) {
+    EXPECT_EQ(u["check"].value("result", std::string()), "clean") << u.dump();
+    EXPECT_GT(u.value("paid", uint64_t{0}), 0u) << u.dump();
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(Node(sim, i)["reputation"].value("failures", uint64_t{1}), 0u) << i;
+    EXPECT_EQ(sim.agent(i)->stats().tx_failed, 0u) << i;
+  }
+  ExpectNeverSlashed(sim, {0, 1, 2});
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+}
+
 // A solver adversary among honest verifiers: each of its units is caught (fraud, after a dispute
 // it does not answer), it is slashed and never paid, and the round re-runs without it, so the
 // final model is the honest one.
@@ -259,7 +314,7 @@ TEST_P(CheatingSolverTest, IsCaughtSlashedAndNeverPaid) {
   SimHarness* simp = nullptr;
   CheckLog checks;
   std::vector<std::string> logs;
-  SimOptions o{.seed = 41, .nodes = 4, .task_toml = f.toml, .env = &f.env};
+  SimOptions o{.seed = 41, .nodes = 4, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
   o.node_options = {{.roles = kAllRoles},
                     {.roles = kAllRoles},
                     {.roles = ledger::kRoleVerifier},
@@ -316,11 +371,47 @@ INSTANTIATE_TEST_SUITE_P(EveryMode, CheatingSolverTest,
                            return std::string(AdversaryName(p.param));
                          });
 
+// With a checkpoint every step, a disputed segment is one step: the game goes straight to the
+// referee (node/referee.h, run by the harness after every block), which replays that step and
+// rules for the honest verifier.
+TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
+  VerifyFixture f(91, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
+  SimOptions o{.seed = 91, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = kAllRoles},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain();
+  o.referee = true;
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) {
+      a.adversary = Adversary::kLazy;
+      a.stake = 100'000;
+    }
+  };
+  SimHarness sim(o);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  ASSERT_NE(sim.referee(), nullptr);
+  ASSERT_FALSE(sim.referee()->rulings().empty());
+  for (const RefereeRecord& r : sim.referee()->rulings()) {
+    EXPECT_TRUE(r.ok) << r.error;
+    EXPECT_EQ(r.dispute.defender, sim.node_key(0).public_key());
+    EXPECT_EQ(r.ruling.output, r.dispute.task.challenger_output) << r.ruling.reason;
+  }
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  ExpectNeverSlashed(sim, {1, 2});
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+}
+
 // Every unit is a forced error: the solver commits the forced commitment, the honest verifier
 // catches it (jackpot), the rubber stamp approves it and loses stake. Nobody else is slashed.
 TEST(VerificationSimTest, RubberStampVerifierLosesStakeToAForcedError) {
   VerifyFixture f(51, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/2);
-  SimOptions o{.seed = 51, .nodes = 3, .task_toml = f.toml, .env = &f.env};
+  SimOptions o{.seed = 51, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
   o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
                     {.roles = ledger::kRoleVerifier},
                     {.roles = ledger::kRoleVerifier}};
@@ -354,7 +445,7 @@ TEST(VerificationSimTest, RubberStampVerifierLosesStakeToAForcedError) {
 // and the model is the reference's.
 TEST(VerificationSimTest, ForcedErrorsAreCaughtAndRerunWithoutSlashingAnyone) {
   VerifyFixture f(61, /*rounds=*/2, /*units=*/3, /*H=*/4, /*k=*/2);
-  SimOptions o{.seed = 61, .nodes = 4, .task_toml = f.toml, .env = &f.env};
+  SimOptions o{.seed = 61, .nodes = 4, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
   o.node_options.assign(4, SimNodeOptions{.roles = kAllRoles});
   o.tweak_genesis = VerifyingChain(/*forced_per_million=*/250'000);
   SimHarness sim(o);
@@ -381,7 +472,7 @@ TEST(VerificationSimTest, ForcedErrorsAreCaughtAndRerunWithoutSlashingAnyone) {
 // slashed, and the final model is the honest one.
 TEST(VerificationSimTest, WhistleblowerCatchesWhatARubberStampApproved) {
   VerifyFixture f(71, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/2);
-  SimOptions o{.seed = 71, .nodes = 4, .task_toml = f.toml, .env = &f.env};
+  SimOptions o{.seed = 71, .nodes = 4, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
   o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
                     {.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
                     {.roles = ledger::kRoleVerifier},

@@ -296,6 +296,7 @@ class NodeAgent {
   std::string VerifyDir(const CheckAssignment& c) const;
   // Sends a verification transaction once per `action` (resent after a failure, up to 3 times).
   bool SendVerifyTx(const std::string& action, ledger::TxPayload payload);
+  void VerifyTxFailed(const std::string& action);
   void CleanVerifyDirs(const std::set<std::string>& live);
 
   AgentDeps deps_;
