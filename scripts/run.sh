@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds (release), and runs a local meshlearn network —
 # a ledger and 4 nodes as processes on loopback — that trains the Fashion-MNIST MLP with DiLoCo
-# (`meshlearn devnet`, docs/submitters.md). Writes out/devnet/model.safetensors and
+# (`meshlearn devnet`, docs/submitters.md), with verification on and one of the 4 solvers a
+# deliberate cheater (`--adversary solver:lazy`: it skips steps), so the run shows verification
+# catching, slashing and not paying it while the model still ends bit-equal to an honest run.
+# Writes out/devnet/model.safetensors and
 # out/devnet/report.json (accuracy, rounds, units, bytes moved, tokens paid, and whether the final
 # weights equal the in-process reference bit for bit).
 #
@@ -15,4 +18,5 @@ out=out/devnet
 # A devnet directory holds one chain: start each run from a fresh one.
 rm -rf "$out"
 mkdir -p out
-exec "$bin" devnet --solvers 4 --task examples/fashion-mlp.toml --out "$out" "$@"
+exec "$bin" devnet --solvers 4 --task examples/fashion-mlp.toml --adversary solver:lazy \
+  --out "$out" "$@"
