@@ -1,9 +1,13 @@
 #include "meshlearn/node/referee.h"
 
+#include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "meshlearn/base/check.h"
 #include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/unit_service.h"
+#include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
 
 namespace meshlearn::node {
@@ -63,6 +67,122 @@ Result<RefereeRuling> RuleWholeStep(engine::Trainer* trainer, std::span<const fl
   return r;
 }
 
+// ---- Tolerance mode ------------------------------------------------------------------------
+
+namespace {
+
+std::string Ppm(double rel_l2) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3g ppm", rel_l2 * 1e6);
+  return buf;
+}
+
+std::string Ppb(double gap) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3g ppb", gap * 1e9);
+  return buf;
+}
+
+// The parameters of a training state, in model order (Trainer::FlatParams of a loaded state).
+std::vector<float> FlatParamsOf(const engine::TrainState& st) {
+  std::vector<float> flat;
+  for (const engine::Param& p : st.model->params()) {
+    flat.insert(flat.end(), p.value.data(), p.value.data() + p.value.size());
+  }
+  return flat;
+}
+
+// global - delta, the end parameters a pseudo-gradient stands for (UnitExecutor's delta is
+// global - local, so an honest delta gives the replay's own global - (global - local)).
+std::vector<float> ApplyDelta(std::span<const float> global, std::span<const float> delta) {
+  CHECK_EQ(global.size(), delta.size());
+  std::vector<float> out(global.size());
+  for (size_t i = 0; i < global.size(); ++i) out[i] = global[i] - delta[i];
+  return out;
+}
+
+}  // namespace
+
+RefereeRuling JudgeTolerance(const std::vector<float>* defender, std::span<const float> truth,
+                             const protocol::ToleranceParams& tolerance) {
+  RefereeRuling r;
+  r.tolerance_verdict = 2;
+  const std::string limits = "the task's tolerance (" + Ppm(tolerance.max_rel_l2_ppm * 1e-6) +
+                             " relative L2, " + Ppb(tolerance.max_cosine_gap_ppb * 1e-9) +
+                             " cosine gap)";
+  if (defender == nullptr) {
+    r.reason = "the defender did not show its committed end state: outside " + limits;
+    return r;
+  }
+  r.defender_shown = true;
+  if (defender->size() != truth.size()) {
+    r.reason = "the defender's end state has " + std::to_string(defender->size()) +
+               " parameters, the model " + std::to_string(truth.size()) + ": outside " + limits;
+    return r;
+  }
+  r.distance = protocol::Distance(*defender, truth);
+  const bool within = protocol::WithinTolerance(r.distance, tolerance);
+  r.tolerance_verdict = within ? 1 : 2;
+  r.reason = "the defender's end state is " + Ppm(r.distance.rel_l2) + " relative L2, " +
+             Ppb(1.0 - r.distance.cosine) +
+             " cosine gap from the replay: " + (within ? "within " : "outside ") + limits;
+  return r;
+}
+
+Result<RefereeRuling> RuleSegment(engine::Trainer* trainer, std::span<const float> global,
+                                  const UnitWork& work, const protocol::RefereeTask& task,
+                                  const DefenderEndState& defender,
+                                  const protocol::ToleranceParams& tolerance) {
+  if (!task.segment) {
+    return InvalidArgument("referee: step " + std::to_string(task.step) +
+                           " is an exact-mode task; RuleWholeStep rules it");
+  }
+  const uint64_t h = static_cast<uint64_t>(work.inner_steps);
+  if (task.step < 1 || task.step > h || task.first_step >= task.step) {
+    return InvalidArgument("referee: segment " + std::to_string(task.first_step) + ".." +
+                           std::to_string(task.step) + " is not a range inside 0.." +
+                           std::to_string(h));
+  }
+  // Both ends from the unit's start; the trainer is left at the state after `step`.
+  const int64_t steps[] = {static_cast<int64_t>(task.first_step), static_cast<int64_t>(task.step)};
+  ML_ASSIGN_OR_RETURN(std::vector<Hash256> hashes,
+                      ReplayToSteps(trainer, global, work, 0, nullptr, steps));
+  std::vector<float> truth = trainer->FlatParams();
+  // What the defender showed, as end parameters.
+  std::optional<std::vector<float>> shown;
+  std::string missing = defender.missing;
+  if (defender.checkpoint != nullptr) {
+    const Hash256 got = engine::StateHash(*defender.checkpoint);
+    if (got != task.defender_output) {
+      missing = "its state at step " + std::to_string(task.step) + " hashes to " + got.ShortHex() +
+                ", not to its committed leaf " + task.defender_output.ShortHex();
+    } else {
+      shown = FlatParamsOf(*defender.checkpoint);
+    }
+  } else if (defender.delta != nullptr) {
+    if (task.step != h) {
+      missing =
+          "a delta stands for the end state of step H only, not step " + std::to_string(task.step);
+    } else if (defender.delta->size() != truth.size()) {
+      missing = "its delta has " + std::to_string(defender.delta->size()) + " values, the model " +
+                std::to_string(truth.size());
+    } else {
+      shown = ApplyDelta(global, *defender.delta);
+      truth = ApplyDelta(global, protocol::PseudoGradient(global, truth));
+    }
+  }
+  RefereeRuling r = JudgeTolerance(shown ? &*shown : nullptr, truth, tolerance);
+  r.true_input = hashes[0];
+  r.true_output = hashes[1];
+  r.input_true = task.input == r.true_input;
+  r.output = r.true_output;
+  r.reason = "steps " + std::to_string(task.first_step) + ".." + std::to_string(task.step) +
+             " replayed from the unit's start: " + r.reason +
+             (shown || missing.empty() ? "" : " (" + missing + ")") + "; ruling for the " +
+             (r.tolerance_verdict == 1 ? "defender" : "challenger");
+  return r;
+}
+
 // ---- referee_work ------------------------------------------------------------------------
 
 namespace {
@@ -104,6 +224,9 @@ Result<std::vector<RefereeDispute>> ParseRefereeWork(const json& j) {
     const json& dj = u["check"]["dispute"];
     ML_ASSIGN_OR_RETURN(d.defender, KeyAt(dj, "defender", where));
     ML_ASSIGN_OR_RETURN(d.challenger, KeyAt(dj, "challenger", where));
+    if (u.contains("result_hash")) {
+      ML_ASSIGN_OR_RETURN(d.result_hash, HashAt(u, "result_hash", where));
+    }
     if (!dj.contains("referee") || !dj["referee"].is_object()) {
       return InvalidArgument(where + ": check.dispute has no referee task");
     }
@@ -207,7 +330,79 @@ Result<RefereeRuling> RefereeService::Compute(const RefereeDispute& d) {
                       .inner_steps = net.inner_steps,
                       .checkpoint_interval = net.checkpoint_interval,
                       .lr_scale = net.InnerLrScale(d.round)};
+  if (d.task.segment) return ComputeSegment(d, t, start.weights, work);
   return RuleWholeStep(t->trainer.get(), start.weights, work, d.task);
+}
+
+RefereeService::Key RefereeService::KeyOf(const RefereeDispute& d) {
+  return Key{d.task_id,
+             d.index,
+             d.task.step,
+             d.task.input,
+             d.task.defender_output,
+             d.task.challenger_output};
+}
+
+Result<Bytes> RefereeService::FetchCheckpoint(const RefereeDispute& d, int64_t step) {
+  if (options_.fetch_checkpoint) return options_.fetch_checkpoint(d, step);
+  CHECK(options_.transport != nullptr);
+  ML_ASSIGN_OR_RETURN(std::optional<NodeInfo> node, GetNode(*chain_, d.defender));
+  if (!node || node->endpoint.empty()) {
+    return Unavailable("the defender " + d.defender.ShortHex() + " has no endpoint on the chain");
+  }
+  ML_ASSIGN_OR_RETURN(UnitManifest m,
+                      FetchUnitManifest(options_.transport, node->endpoint, d.task_id, d.index));
+  return FetchUnitCheckpoint(options_.transport, node->endpoint, m, step);
+}
+
+Result<RefereeRuling> RefereeService::ComputeSegment(const RefereeDispute& d, TaskTrainer* t,
+                                                     std::span<const float> global,
+                                                     const UnitWork& work) {
+  if (!options_.fetch_checkpoint && options_.transport == nullptr) {
+    return FailedPrecondition(
+        "a tolerance-mode dispute needs the defender's checkpoints; this "
+        "referee has no transport (RefereeOptions::transport)");
+  }
+  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(*chain_, d.task_id));
+  const json params = info.raw.value("params", json::object());
+  const protocol::ToleranceParams tolerance{
+      .max_rel_l2_ppm = params.value("tolerance_rel_l2_ppm", 0u),
+      .max_cosine_gap_ppb = params.value("tolerance_cosine_gap_ppb", 0u)};
+  const int64_t step = static_cast<int64_t>(d.task.step);
+  // The defender's end state: its checkpoint at `step`, or at step H its committed delta.
+  DefenderEndState shown;
+  std::optional<engine::TrainState> ckpt;
+  std::vector<float> delta;
+  Status fetched = [&]() -> Status {
+    if (step == work.inner_steps) {
+      Result<Bytes> blob = get_(d.result_hash);
+      if (!blob.ok()) return blob.status().WithPrefix("its delta blob " + d.result_hash.ShortHex());
+      ML_ASSIGN_OR_RETURN(delta, DecodeDelta(*blob, t->facts.num_params));
+      shown.delta = &delta;
+      return Status::Ok();
+    }
+    ML_ASSIGN_OR_RETURN(Bytes bytes, FetchCheckpoint(d, step));
+    const std::string path = JoinPath(options_.work_dir, "defender-" + d.task_id.ToHex() + "-" +
+                                                             std::to_string(d.index) + "-" +
+                                                             std::to_string(step) + ".safetensors");
+    ML_RETURN_IF_ERROR(options_.env->WriteFileAtomic(path, AsStringView(bytes)));
+    Result<engine::TrainState> st = engine::LoadCheckpoint(options_.env, path);
+    (void)options_.env->DeleteFile(path);
+    if (!st.ok()) return st.status().WithPrefix("its checkpoint at step " + std::to_string(step));
+    ckpt = std::move(*st);
+    shown.checkpoint = &*ckpt;
+    return Status::Ok();
+  }();
+  if (!fetched.ok()) {
+    const int failures = ++fetch_failures_[KeyOf(d)];
+    if (failures < options_.state_fetch_passes) {
+      return Unavailable("the defender's end state (pass " + std::to_string(failures) + " of " +
+                         std::to_string(options_.state_fetch_passes) + "): " + fetched.message());
+    }
+    shown.missing = fetched.message();
+  }
+  fetch_failures_.erase(KeyOf(d));
+  return RuleSegment(t->trainer.get(), global, work, d.task, shown, tolerance);
 }
 
 Result<std::vector<RefereeRecord>> RefereeService::Poll() {
@@ -236,12 +431,7 @@ Result<std::vector<RefereeRecord>> RefereeService::Poll() {
   ML_ASSIGN_OR_RETURN(std::vector<RefereeDispute> work, GetRefereeWork(*chain_));
   std::vector<RefereeRecord> sent;
   for (const RefereeDispute& d : work) {
-    const Key key{d.task_id,
-                  d.index,
-                  d.task.step,
-                  d.task.input,
-                  d.task.defender_output,
-                  d.task.challenger_output};
+    const Key key = KeyOf(d);
     if (pending_.count(key)) continue;
     const std::string name = "task " + d.task_id.ShortHex() + " unit " + std::to_string(d.index);
     auto known = computed_.find(key);  // computed before, but the send failed
@@ -252,8 +442,11 @@ Result<std::vector<RefereeRecord>> RefereeService::Poll() {
       continue;
     }
     computed_[key] = *ruling;
-    Result<Hash256> id = tx_->Send(
-        ledger::RuleDisputeTx{.task_id = d.task_id, .index = d.index, .output = ruling->output});
+    Result<Hash256> id =
+        tx_->Send(ledger::RuleDisputeTx{.task_id = d.task_id,
+                                        .index = d.index,
+                                        .output = ruling->output,
+                                        .tolerance_verdict = ruling->tolerance_verdict});
     if (!id.ok()) {
       Log(name + ": sending the ruling failed: " + id.status().message());
       continue;

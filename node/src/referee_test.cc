@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -182,6 +183,148 @@ TEST_F(RefereeComputeTest, RulesForTheTrueTransitionOrAgainstAFalseAgreedState) 
   EXPECT_FALSE(RuleWholeStep(task_->trainer.get(), global, work, {.step = kH + 1}).ok());
 }
 
+// ---- Tolerance mode.
+
+TEST(RefereeTolerance, JudgesEndParametersAgainstTheTasksThresholds) {
+  std::vector<float> truth(1000);
+  for (size_t i = 0; i < truth.size(); ++i) truth[i] = 0.1f * static_cast<float>(i % 17) - 0.7f;
+  const protocol::ToleranceParams tol{.max_rel_l2_ppm = 10, .max_cosine_gap_ppb = 100};
+  // The same state: distance 0, within.
+  RefereeRuling r = JudgeTolerance(&truth, truth, tol);
+  EXPECT_EQ(r.tolerance_verdict, 1) << r.reason;
+  EXPECT_TRUE(r.defender_shown);
+  EXPECT_EQ(r.distance.rel_l2, 0);
+  // Slightly off (about 2 ppm relative L2, as other hardware would end): within.
+  std::vector<float> near = truth;
+  for (size_t i = 0; i < near.size(); i += 2) near[i] *= 1 + 4e-6f;
+  r = JudgeTolerance(&near, truth, tol);
+  EXPECT_GT(r.distance.rel_l2, 1e-6);
+  EXPECT_LT(r.distance.rel_l2, 10e-6);
+  EXPECT_EQ(r.tolerance_verdict, 1) << r.reason;
+  EXPECT_NE(r.reason.find("within"), std::string::npos) << r.reason;
+  // Grossly off (1%): outside.
+  std::vector<float> far = truth;
+  for (float& x : far) x *= 1.01f;
+  far[3] += 0.5f;
+  r = JudgeTolerance(&far, truth, tol);
+  EXPECT_GT(r.distance.rel_l2, 1e-2);
+  EXPECT_EQ(r.tolerance_verdict, 2) << r.reason;
+  EXPECT_NE(r.reason.find("outside"), std::string::npos) << r.reason;
+  // Nothing shown, a state of another size, NaN: outside.
+  r = JudgeTolerance(nullptr, truth, tol);
+  EXPECT_EQ(r.tolerance_verdict, 2);
+  EXPECT_FALSE(r.defender_shown);
+  const std::vector<float> shorter(truth.begin(), truth.end() - 1);
+  EXPECT_EQ(JudgeTolerance(&shorter, truth, tol).tolerance_verdict, 2);
+  std::vector<float> nan = truth;
+  nan[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(JudgeTolerance(&nan, truth, tol).tolerance_verdict, 2);
+  // Exact thresholds (0, 0) accept only the same parameters.
+  EXPECT_EQ(JudgeTolerance(&truth, truth, {}).tolerance_verdict, 1);
+  EXPECT_EQ(JudgeTolerance(&near, truth, {}).tolerance_verdict, 2);
+}
+
+TEST_F(RefereeComputeTest, RulesASegmentOnTheDefendersCommittedEndState) {
+  const UnitWork work = task_->Work(0, 0);
+  std::span<const float> global = task_->initial.weights;
+  engine::Trainer* tr = task_->trainer.get();
+  // The honest and the lazy unit, each with its checkpoint after step k.
+  auto run = [&](Adversary adv, const std::string& ckpt_path) {
+    UnitRunOptions opts;
+    opts.on_checkpoint = [&](int64_t step, engine::TrainState& st, const std::vector<Hash256>&,
+                             double) -> Status {
+      return step == kK ? engine::SaveCheckpoint(&env_, ckpt_path, st) : Status::Ok();
+    };
+    Result<UnitOutcome> out = RunAdversaryUnit(adv, tr, global, work, opts, {});
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    return *out;
+  };
+  const UnitOutcome honest = run(Adversary::kNone, "/honest-ckpt");
+  const UnitOutcome lazy = run(Adversary::kLazy, "/lazy-ckpt");
+  auto load = [&](const std::string& path) { return engine::LoadCheckpoint(&env_, path).value(); };
+  const protocol::ToleranceParams tol{.max_rel_l2_ppm = 10, .max_cosine_gap_ppb = 1000};
+  auto rule = [&](const protocol::RefereeTask& t, const DefenderEndState& d) {
+    Result<RefereeRuling> r = RuleSegment(tr, global, work, t, d, tol);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : RefereeRuling{};
+  };
+
+  // Segment 0 (steps 0..k), judged on the defender's checkpoint at k.
+  protocol::RefereeTask seg0{.segment = true,
+                             .first_step = 0,
+                             .step = kK,
+                             .input = honest.state_hashes[0],
+                             .defender_output = honest.state_hashes[1],
+                             .challenger_output = Blake2b("replayed elsewhere")};
+  engine::TrainState st = load("/honest-ckpt");
+  RefereeRuling r = rule(seg0, {.checkpoint = &st});
+  EXPECT_EQ(r.tolerance_verdict, 1) << r.reason;
+  EXPECT_EQ(r.distance.rel_l2, 0);
+  EXPECT_EQ(r.true_input, honest.state_hashes[0]);
+  EXPECT_EQ(r.true_output, honest.state_hashes[1]);
+  EXPECT_EQ(r.output, r.true_output);
+  // The honest state nudged by about 1 ppm, committed as such (its own leaf): within.
+  for (engine::Param& p : st.model->params()) {
+    for (int64_t i = 0; i < p.value.size(); i += 2) p.value.data()[i] *= 1 + 2e-6f;
+  }
+  seg0.defender_output = engine::StateHash(st);
+  r = rule(seg0, {.checkpoint = &st});
+  EXPECT_GT(r.distance.rel_l2, 0);
+  EXPECT_EQ(r.tolerance_verdict, 1) << r.reason;
+  // Grossly off: outside.
+  for (engine::Param& p : st.model->params()) {
+    for (int64_t i = 0; i < p.value.size(); ++i)
+      p.value.data()[i] = p.value.data()[i] * 1.1f + 0.01f;
+  }
+  seg0.defender_output = engine::StateHash(st);
+  r = rule(seg0, {.checkpoint = &st});
+  EXPECT_EQ(r.tolerance_verdict, 2) << r.reason;
+  EXPECT_TRUE(r.defender_shown);
+  // The lazy solver's own committed state (it skipped a step): outside.
+  engine::TrainState lazy_st = load("/lazy-ckpt");
+  seg0.defender_output = lazy.state_hashes[1];
+  r = rule(seg0, {.checkpoint = &lazy_st});
+  EXPECT_EQ(r.tolerance_verdict, 2) << r.reason;
+  EXPECT_TRUE(r.defender_shown);
+  // A served state that is not the committed one (the honest state for the lazy leaf), or
+  // nothing: the defender cannot show its state.
+  engine::TrainState honest_st = load("/honest-ckpt");
+  r = rule(seg0, {.checkpoint = &honest_st});
+  EXPECT_EQ(r.tolerance_verdict, 2) << r.reason;
+  EXPECT_FALSE(r.defender_shown);
+  EXPECT_NE(r.reason.find("committed leaf"), std::string::npos) << r.reason;
+  r = rule(seg0, {.missing = "its unit service did not answer"});
+  EXPECT_EQ(r.tolerance_verdict, 2) << r.reason;
+  EXPECT_NE(r.reason.find("did not answer"), std::string::npos) << r.reason;
+
+  // Segment 1 ends at H: judged on the committed delta (end = global - delta).
+  protocol::RefereeTask seg1{.segment = true,
+                             .first_step = kK,
+                             .step = kH,
+                             .input = honest.state_hashes[1],
+                             .defender_output = honest.state_hashes[2],
+                             .challenger_output = Blake2b("replayed elsewhere")};
+  r = rule(seg1, {.delta = &honest.delta});
+  EXPECT_EQ(r.tolerance_verdict, 1) << r.reason;
+  EXPECT_EQ(r.distance.rel_l2, 0);
+  EXPECT_EQ(r.true_output, honest.state_hashes[2]);
+  std::vector<float> nudged = honest.delta;
+  for (float& x : nudged) x *= 1 + 1e-5f;
+  r = rule(seg1, {.delta = &nudged});
+  EXPECT_GT(r.distance.rel_l2, 0);
+  EXPECT_EQ(r.tolerance_verdict, 1) << r.reason;
+  seg1.defender_output = lazy.state_hashes[2];
+  r = rule(seg1, {.delta = &lazy.delta});
+  EXPECT_EQ(r.tolerance_verdict, 2) << r.reason;
+  // A delta stands for step H only.
+  EXPECT_EQ(rule(seg0, {.delta = &honest.delta}).tolerance_verdict, 2);
+  // Refused: an exact-mode task, a range outside the unit.
+  EXPECT_FALSE(RuleSegment(tr, global, work, {.step = 2}, {}, tol).ok());
+  EXPECT_FALSE(
+      RuleSegment(tr, global, work, {.segment = true, .first_step = 4, .step = kH + 4}, {}, tol)
+          .ok());
+}
+
 TEST(RefereeWork, ParsesTheLedgersJson) {
   const Hash256 a = Blake2b("a"), b = Blake2b("b"), c = Blake2b("c");
   const PublicKey d = KeyPair::FromSeed(KeySeed{}).public_key();
@@ -230,16 +373,16 @@ KeyPair TestKeyPair(const std::string& who) {
 
 enum class Liar { kSolverSegment0, kSolverLaterSegment, kVerifier };
 
-class RefereeChainTest : public ::testing::TestWithParam<Liar> {
+class RefereeChainFixture : public ::testing::Test {
  protected:
-  RefereeChainTest()
+  RefereeChainFixture()
       : clock_(1'700'000'000'000),
         seq_(TestKeyPair("sequencer")),
         submitter_(TestKeyPair("submitter")),
         solver_(TestKeyPair("solver")),
         verifier_(TestKeyPair("verifier")) {}
 
-  ~RefereeChainTest() override {
+  ~RefereeChainFixture() override {
     senders_.clear();
     rpc_.reset();
     sequencer_.reset();
@@ -323,15 +466,17 @@ class RefereeChainTest : public ::testing::TestWithParam<Liar> {
     return shared_->With([&](ledger::Chain& c) { return c.GetNode(k.public_key()).value(); });
   }
 
-  // Registers the solver and the verifier, publishes and submits the task, waits for the
-  // solver's assignment.
-  void Start() {
+  // Registers the solver and the verifier, publishes and submits the task (in tolerance mode when
+  // `tolerance` is not exact), waits for the solver's assignment.
+  void Start(const protocol::ToleranceParams& tolerance = {}) {
     Send(solver_, Register(solver_, ledger::kRoleSolver));
     Send(verifier_, Register(verifier_, ledger::kRoleVerifier));
     Step();
     TaskBundle bundle = MakeBundle(&env_, "/task/task.toml", store_.get()).value();
     net::BlobId init = store_->Put(EncodeGlobalState(local_->initial)).value();
     ledger::TaskParams params = MakeTaskParams(local_->facts, local_->net, init.hash);
+    params.tolerance_rel_l2_ppm = tolerance.max_rel_l2_ppm;
+    params.tolerance_cosine_gap_ppb = tolerance.max_cosine_gap_ppb;
     task_id_ = ledger::TaskIdFor(submitter_.public_key(),
                                  senders_.at(submitter_.public_key())->next_nonce());
     Send(submitter_, ledger::SubmitTaskTx{.spec_hash = bundle.id.hash,
@@ -361,6 +506,61 @@ class RefereeChainTest : public ::testing::TestWithParam<Liar> {
     return {.index = p.index, .leaf_count = p.leaf_count, .siblings = p.siblings};
   }
 
+  // The solver commits (`leaves`, `result_hash`); the (only) verifier commits and reveals a
+  // mismatch in `segment` ending at `replayed_end`; steps until the unit is disputed.
+  void CommitAndDispute(const std::vector<Hash256>& leaves, const Hash256& result_hash,
+                        uint32_t segment, const Hash256& replayed_end) {
+    Send(solver_, ledger::CommitUnitTx{.task_id = task_id_,
+                                       .index = index_,
+                                       .node_id = solver_.public_key(),
+                                       .result_hash = result_hash,
+                                       .commitment = MerkleRoot(leaves),
+                                       .loss_micros = 1,
+                                       .secret_index = 1});
+    Step();
+    ASSERT_NO_FATAL_FAILURE(StepUntil(protocol::CheckStage::kCheckCommitVerdicts));
+    ASSERT_EQ(Check().verifiers().at(0), verifier_.public_key());
+    ASSERT_NE(replayed_end, leaves[segment + 1]);
+    const Hash256 salt = Blake2b("salt");
+    const protocol::UnitId uid = Check().config().unit;
+    Send(verifier_, ledger::CommitVerdictTx{
+                        .task_id = task_id_,
+                        .index = index_,
+                        .node_id = verifier_.public_key(),
+                        .commitment = protocol::VerdictCommitment(
+                            protocol::Verdict::kVerdictMismatch, salt, verifier_.public_key(), uid,
+                            protocol::MismatchEvidence(segment, replayed_end))});
+    Step();
+    ASSERT_NO_FATAL_FAILURE(StepUntil(protocol::CheckStage::kCheckRevealVerdicts));
+    Send(verifier_, ledger::RevealVerdictTx{
+                        .task_id = task_id_,
+                        .index = index_,
+                        .node_id = verifier_.public_key(),
+                        .verdict = static_cast<uint8_t>(protocol::Verdict::kVerdictMismatch),
+                        .salt = salt,
+                        .claim = {.segment = segment,
+                                  .start = leaves[segment],
+                                  .start_proof = ProofField(leaves, segment),
+                                  .solver_end = leaves[segment + 1],
+                                  .end_proof = ProofField(leaves, segment + 1),
+                                  .replayed_end = replayed_end}});
+    Send(solver_, ledger::RevealSecretTx{.task_id = task_id_,
+                                         .index = index_,
+                                         .node_id = solver_.public_key(),
+                                         .secret = protocol::SecretChainElement(SecretSeed(), 1),
+                                         .start_leaf = leaves[0]});
+    Step();
+    ASSERT_NO_FATAL_FAILURE(StepUntil(protocol::CheckStage::kCheckDisputed));
+  }
+
+  // Steps until the check settles (or is gone: fraud re-runs the round without the cheater).
+  void StepUntilSettled() {
+    for (int i = 0; i < 5 && HasCheck() && Check().stage() != protocol::CheckStage::kCheckSettled;
+         ++i) {
+      Step();
+    }
+  }
+
   MemEnv env_;
   FakeClock clock_;
   KeyPair seq_, submitter_, solver_, verifier_;
@@ -378,6 +578,8 @@ class RefereeChainTest : public ::testing::TestWithParam<Liar> {
   std::optional<UnitAssignment> assignment_;
   uint32_t index_ = 0;
 };
+
+class RefereeChainTest : public RefereeChainFixture, public ::testing::WithParamInterface<Liar> {};
 
 TEST_P(RefereeChainTest, TheHonestSideWins) {
   const Liar liar = GetParam();
@@ -404,16 +606,6 @@ TEST_P(RefereeChainTest, TheHonestSideWins) {
   const std::vector<Hash256> honest = EveryStep(tr, global, work, Adversary::kNone);
   const std::vector<Hash256> solver_states = EveryStep(tr, global, work, solver_mode);
   ASSERT_TRUE(ckpt.has_value());
-  Send(solver_, ledger::CommitUnitTx{.task_id = task_id_,
-                                     .index = index_,
-                                     .node_id = solver_.public_key(),
-                                     .result_hash = out.delta_hash,
-                                     .commitment = out.commitment,
-                                     .loss_micros = 1,
-                                     .secret_index = 1});
-  Step();
-  ASSERT_NO_FATAL_FAILURE(StepUntil(protocol::CheckStage::kCheckCommitVerdicts));
-  ASSERT_EQ(Check().verifiers().at(0), verifier_.public_key());
 
   // The verifier's claim and the hashes it will post:
   //   kSolverSegment0      segment 0 replayed from the unit's start: the true states;
@@ -436,38 +628,8 @@ TEST_P(RefereeChainTest, TheHonestSideWins) {
   }
   auto solver_posts = [&](uint64_t s) { return solver_states[s]; };
   const uint64_t seg_end = (segment + 1) * kK;
-  const Hash256 replayed_end = verifier_states(seg_end);
-  ASSERT_NE(replayed_end, leaves[segment + 1]);
-  const Hash256 salt = Blake2b("salt");
-  const protocol::UnitId uid = Check().config().unit;
-  Send(verifier_, ledger::CommitVerdictTx{
-                      .task_id = task_id_,
-                      .index = index_,
-                      .node_id = verifier_.public_key(),
-                      .commitment = protocol::VerdictCommitment(
-                          protocol::Verdict::kVerdictMismatch, salt, verifier_.public_key(), uid,
-                          protocol::MismatchEvidence(segment, replayed_end))});
-  Step();
-  ASSERT_NO_FATAL_FAILURE(StepUntil(protocol::CheckStage::kCheckRevealVerdicts));
-  Send(verifier_,
-       ledger::RevealVerdictTx{.task_id = task_id_,
-                               .index = index_,
-                               .node_id = verifier_.public_key(),
-                               .verdict = static_cast<uint8_t>(protocol::Verdict::kVerdictMismatch),
-                               .salt = salt,
-                               .claim = {.segment = segment,
-                                         .start = leaves[segment],
-                                         .start_proof = ProofField(leaves, segment),
-                                         .solver_end = leaves[segment + 1],
-                                         .end_proof = ProofField(leaves, segment + 1),
-                                         .replayed_end = replayed_end}});
-  Send(solver_, ledger::RevealSecretTx{.task_id = task_id_,
-                                       .index = index_,
-                                       .node_id = solver_.public_key(),
-                                       .secret = protocol::SecretChainElement(SecretSeed(), 1),
-                                       .start_leaf = leaves[0]});
-  Step();
-  ASSERT_NO_FATAL_FAILURE(StepUntil(protocol::CheckStage::kCheckDisputed));
+  ASSERT_NO_FATAL_FAILURE(
+      CommitAndDispute(leaves, out.delta_hash, segment, verifier_states(seg_end)));
 
   // Both parties post every turn until the game reaches the referee.
   for (int turn = 0; turn < 10; ++turn) {
@@ -517,10 +679,7 @@ TEST_P(RefereeChainTest, TheHonestSideWins) {
   ASSERT_EQ(referee.rulings().size(), 1u);
   EXPECT_TRUE(referee.rulings()[0].ok) << referee.rulings()[0].error;
 
-  for (int i = 0; i < 5 && HasCheck() && Check().stage() != protocol::CheckStage::kCheckSettled;
-       ++i) {
-    Step();
-  }
+  StepUntilSettled();
   const ledger::NodeRecord s = Node(solver_), v = Node(verifier_);
   if (solver_lies) {
     EXPECT_FALSE(HasCheck());  // fraud: the round re-runs without the cheater
@@ -545,6 +704,131 @@ INSTANTIATE_TEST_SUITE_P(EachSideLies, RefereeChainTest,
                                return "LazySolverFromItsCheckpoint";
                              default:
                                return "LyingVerifier";
+                           }
+                         });
+
+// ---- A tolerance-mode dispute on a ledger: straight to the referee over the whole segment.
+
+enum class ToleranceCase {
+  kHonestSegment0,     // the verifier lies; judged on the solver's checkpoint at k
+  kLazySegment0,       // the solver lies; its checkpoint at k is outside tolerance
+  kHonestLastSegment,  // the verifier lies; judged at H on the solver's committed delta
+  kLazyLastSegment,    // the solver lies; its delta is outside tolerance
+  kSilentSegment0,     // an honest solver whose unit service never answers: it cannot show
+};
+
+class RefereeToleranceChainTest : public RefereeChainFixture,
+                                  public ::testing::WithParamInterface<ToleranceCase> {};
+
+TEST_P(RefereeToleranceChainTest, TheRefereeJudgesTheDefendersEndState) {
+  const ToleranceCase tc = GetParam();
+  const bool lazy = tc == ToleranceCase::kLazySegment0 || tc == ToleranceCase::kLazyLastSegment;
+  const bool solver_loses = lazy || tc == ToleranceCase::kSilentSegment0;
+  const uint32_t segment =
+      tc == ToleranceCase::kHonestLastSegment || tc == ToleranceCase::kLazyLastSegment ? 1 : 0;
+  ASSERT_NO_FATAL_FAILURE(Start({.max_rel_l2_ppm = 10, .max_cosine_gap_ppb = 1000}));
+  engine::Trainer* tr = local_->trainer.get();
+  std::span<const float> global = local_->initial.weights;
+  const UnitWork work = local_->Work(assignment_->round, assignment_->shard);
+  UnitRunOptions opts;
+  opts.on_checkpoint = [&](int64_t step, engine::TrainState& st, const std::vector<Hash256>&,
+                           double) -> Status {
+    return step == kK ? engine::SaveCheckpoint(&env_, "/solver-ckpt", st) : Status::Ok();
+  };
+  UnitOutcome out =
+      RunAdversaryUnit(lazy ? Adversary::kLazy : Adversary::kNone, tr, global, work, opts, {})
+          .value();
+  const net::BlobId delta = store_->Put(EncodeDelta(out.delta)).value();
+  // The verifier's replay (other hardware, it says) ends elsewhere.
+  ASSERT_NO_FATAL_FAILURE(
+      CommitAndDispute(out.state_hashes, delta.hash, segment, Blake2b("replayed elsewhere")));
+  const protocol::UnitCheck disputed = Check();
+  ASSERT_EQ(disputed.dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  const protocol::RefereeTask task = disputed.dispute()->referee_task();
+  ASSERT_TRUE(task.segment);
+  EXPECT_EQ(task.first_step, segment * kK);
+  EXPECT_EQ(task.step, (segment + 1) * kK);
+
+  std::vector<std::string> log;
+  auto log_line = [&](const std::string& l) { log.push_back(l); };
+  // A referee that cannot fetch checkpoints does not rule (the dispute would end undecided).
+  {
+    RefereeService blind(client_.get(), senders_.at(seq_.public_key()).get(),
+                         [&](const Hash256& id) { return GetBlob(id); },
+                         {.env = &env_, .work_dir = "/blind", .log = log_line});
+    Result<std::vector<RefereeRecord>> none = blind.Poll();
+    ASSERT_TRUE(none.ok()) << none.status().ToString();
+    EXPECT_TRUE(none->empty());
+    ASSERT_FALSE(log.empty());
+    EXPECT_NE(log.back().find("transport"), std::string::npos) << log.back();
+  }
+
+  std::vector<int64_t> served;
+  RefereeOptions ro{.env = &env_, .work_dir = "/referee", .log = log_line};
+  ro.state_fetch_passes = 2;
+  ro.fetch_checkpoint = [&](const RefereeDispute& d, int64_t step) -> Result<Bytes> {
+    EXPECT_EQ(d.defender, solver_.public_key());
+    served.push_back(step);
+    if (tc == ToleranceCase::kSilentSegment0) return Unavailable("connection refused");
+    if (step != kK) return NotFound("no checkpoint at step " + std::to_string(step));
+    ML_ASSIGN_OR_RETURN(std::string bytes, env_.ReadFile("/solver-ckpt"));
+    return ToBytes(bytes);
+  };
+  RefereeService referee(
+      client_.get(), senders_.at(seq_.public_key()).get(),
+      [&](const Hash256& id) { return GetBlob(id); }, ro);
+  Result<std::vector<RefereeRecord>> sent = referee.Poll();
+  ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+  if (tc == ToleranceCase::kSilentSegment0) {
+    EXPECT_TRUE(sent->empty());  // one failed fetch: tried again next pass
+    sent = referee.Poll();
+    ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+  }
+  ASSERT_EQ(sent->size(), 1u) << ::testing::PrintToString(log);
+  const RefereeRuling& ruling = (*sent)[0].ruling;
+  EXPECT_EQ(ruling.tolerance_verdict, solver_loses ? 2 : 1) << ruling.reason;
+  EXPECT_EQ(ruling.defender_shown, tc != ToleranceCase::kSilentSegment0) << ruling.reason;
+  // Checkpoints are fetched below H only; at H the committed delta stands for the state.
+  std::vector<int64_t> want;
+  if (segment == 0) want.assign(tc == ToleranceCase::kSilentSegment0 ? 2 : 1, kK);
+  EXPECT_EQ(served, want);
+  Step();
+  EXPECT_TRUE(referee.Poll()->empty());
+  ASSERT_EQ(referee.rulings().size(), 1u);
+  EXPECT_TRUE(referee.rulings()[0].ok) << referee.rulings()[0].error;
+
+  StepUntilSettled();
+  const ledger::NodeRecord s = Node(solver_), v = Node(verifier_);
+  if (solver_loses) {
+    EXPECT_FALSE(HasCheck());
+    EXPECT_EQ(s.reputation.slashes, 1u);
+    EXPECT_EQ(v.reputation.slashes, 0u);
+  } else {
+    ASSERT_TRUE(HasCheck());
+    EXPECT_EQ(Check().result(), protocol::CheckResult::kCheckClean) << Check().reason();
+    EXPECT_EQ(s.reputation.slashes, 0u);
+    EXPECT_EQ(v.reputation.slashes, 1u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EachCase, RefereeToleranceChainTest,
+                         ::testing::Values(ToleranceCase::kHonestSegment0,
+                                           ToleranceCase::kLazySegment0,
+                                           ToleranceCase::kHonestLastSegment,
+                                           ToleranceCase::kLazyLastSegment,
+                                           ToleranceCase::kSilentSegment0),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case ToleranceCase::kHonestSegment0:
+                               return "HonestSolverSegment0";
+                             case ToleranceCase::kLazySegment0:
+                               return "LazySolverSegment0";
+                             case ToleranceCase::kHonestLastSegment:
+                               return "HonestSolverLastSegment";
+                             case ToleranceCase::kLazyLastSegment:
+                               return "LazySolverLastSegment";
+                             default:
+                               return "SilentSolver";
                            }
                          });
 

@@ -21,10 +21,22 @@
 //                        challenger did.
 // An honest defender only posts true hashes, so every hash it agreed to is true (case 1) and it
 // wins; an honest challenger wins in both cases. The operator-level task (num_operators > 0) is
-// not played on this chain (the ledger sets num_operators = 0) and is refused; so, for now, is a
-// tolerance-mode segment (RefereeTask::segment), which needs the defender's end state itself.
+// not played on this chain (the ledger sets num_operators = 0) and is refused.
 //
-//   RefereeService referee(&chain, &tx, get_blob, {.env = env, .work_dir = dir + "/referee"});
+// The ruling on a tolerance-mode segment {first_step, step, input, defender_output} (a task for
+// hardware without bitwise reproducibility: hashes never agree across machines, so the game goes
+// straight here, RuleSegment): RuleDisputeTx::tolerance_verdict = 1 when the defender's committed
+// end state is within the task's tolerance (protocol::WithinTolerance, get_task params) of the
+// unit's true state after `step`, replayed from the unit's start; 2 when it is not, or when the
+// defender cannot show its state. The defender's state is its checkpoint at `step` from its unit
+// service (unit_service.h), which must hash to its committed leaf `defender_output`; at step H,
+// where a solver keeps no checkpoint, its committed pseudo-gradient (the result_hash blob) stands
+// for it: end parameters = round start weights - delta, compared with the replay's delta applied
+// the same way. Replaying from the unit's start (not from the agreed state, the defender's own
+// checkpoint) also rules against a defender that cheated before the segment.
+//
+//   RefereeService referee(&chain, &tx, get_blob, {.env = env, .work_dir = dir + "/referee",
+//                                                  .transport = transport});  // tolerance mode
 //   while (running) {
 //     Result<std::vector<RefereeRecord>> sent = referee.Poll();   // once per block
 //   }
@@ -49,11 +61,14 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/net/transport.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/dispute.h"
+#include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::node {
 
@@ -64,17 +79,50 @@ Result<Hash256> StateHashAfterStep(engine::Trainer* trainer, std::span<const flo
                                    const UnitWork& work, int64_t step);
 
 struct RefereeRuling {
-  Hash256 output;           // RuleDisputeTx::output
-  Hash256 true_input;       // A(step - 1)
+  // RuleDisputeTx::output. A tolerance-mode segment: the replay's end state hash (informative:
+  // the ledger reads tolerance_verdict).
+  Hash256 output;
+  Hash256 true_input;       // A(step - 1); a segment: A(first_step)
   Hash256 true_output;      // A(step)
   bool input_true = false;  // task.input == true_input
-  std::string reason;       // which side the output favours and why (logs, reports)
+  // RuleDisputeTx::tolerance_verdict: 0 exact mode; a segment: 1 the defender's end state is
+  // within tolerance, 2 it is not or the defender did not show it.
+  uint8_t tolerance_verdict = 0;
+  bool defender_shown = false;       // a segment: the defender showed its committed end state
+  protocol::StateDistance distance;  // ... and its distance to the true one
+  std::string reason;                // which side the output favours and why (logs, reports)
 };
 
-// The ruling on `task` (see the top of this file). InvalidArgument for an operator-level task or
-// a step outside 1..H; FailedPrecondition for a tolerance-mode segment.
+// The ruling on a whole-step `task` (see the top of this file). InvalidArgument for an
+// operator-level task or a step outside 1..H; FailedPrecondition for a tolerance-mode segment
+// (RuleSegment rules those).
 Result<RefereeRuling> RuleWholeStep(engine::Trainer* trainer, std::span<const float> global,
                                     const UnitWork& work, const protocol::RefereeTask& task);
+
+// What the defender of a tolerance-mode dispute showed of its committed end state (after
+// task.step). At most one of the two; neither: it showed nothing (`missing` says why).
+struct DefenderEndState {
+  // step < H: its checkpoint at `step` (engine::LoadCheckpoint of what its unit service served);
+  // it counts only if it hashes to task.defender_output.
+  engine::TrainState* checkpoint = nullptr;
+  // step == H: its committed pseudo-gradient (DecodeDelta of the result_hash blob).
+  const std::vector<float>* delta = nullptr;
+  std::string missing;
+};
+
+// The tolerance verdict on end parameters (pure): 1 when `defender` is given and
+// protocol::WithinTolerance(Distance(*defender, truth), tolerance), else 2 (a size that is not
+// truth's counts as outside). Sets tolerance_verdict, defender_shown, distance and reason.
+RefereeRuling JudgeTolerance(const std::vector<float>* defender, std::span<const float> truth,
+                             const protocol::ToleranceParams& tolerance);
+
+// The ruling on a tolerance-mode segment (see the top of this file): replays the unit from its
+// start to task.step (A(first_step) and A(step) on the way) and judges `defender` against the
+// true end state. InvalidArgument for a task that is not a segment or a range outside 0..H.
+Result<RefereeRuling> RuleSegment(engine::Trainer* trainer, std::span<const float> global,
+                                  const UnitWork& work, const protocol::RefereeTask& task,
+                                  const DefenderEndState& defender,
+                                  const protocol::ToleranceParams& tolerance);
 
 // One dispute waiting for the referee (rpc.h, referee_work).
 struct RefereeDispute {
@@ -86,6 +134,7 @@ struct RefereeDispute {
   Hash256 spec_hash;    // blob id of the task bundle
   PublicKey defender;
   PublicKey challenger;
+  Hash256 result_hash;  // the solver's committed delta blob (a tolerance ruling at step H)
   protocol::RefereeTask task;
 };
 Result<std::vector<RefereeDispute>> ParseRefereeWork(const nlohmann::json& j);
@@ -93,12 +142,24 @@ Result<std::vector<RefereeDispute>> GetRefereeWork(ChainClient& chain);
 
 // Returns the bytes of blob `id` (content-verified), or an error when nobody serves it.
 using RefereeBlobSource = std::function<Result<Bytes>(const Hash256& id)>;
+// Returns the bytes of the defender's checkpoint file after `step` of the dispute's unit.
+using RefereeCheckpointSource =
+    std::function<Result<Bytes>(const RefereeDispute& dispute, int64_t step)>;
 
 struct RefereeOptions {
   Env* env = nullptr;    // required: the bundles' data files are written under work_dir
   std::string work_dir;  // required
   std::function<void(const std::string&)> log;  // one line per ruling, fetch, refusal
   size_t max_cached_tasks = 4;                  // trainers kept (least recently used dropped)
+  // Tolerance mode: where the defender's checkpoints come from. Null: from the defender's unit
+  // service (endpoint from get_node, FetchUnitManifest / FetchUnitCheckpoint) over `transport`.
+  // With neither, tolerance-mode disputes are not ruled (they end undecided: nobody punished).
+  RefereeCheckpointSource fetch_checkpoint;
+  net::Transport* transport = nullptr;
+  // Passes in which fetching the defender's state (its checkpoint, or its delta at step H) may
+  // fail before the referee rules that the defender cannot show it (tolerance_verdict 2). A
+  // served state that does not hash to the committed leaf counts at once.
+  int state_fetch_passes = 3;
 };
 
 // A ruling the service sent.
@@ -130,6 +191,9 @@ class RefereeService {
   struct TaskTrainer;
   Result<TaskTrainer*> TrainerFor(const Hash256& spec_hash);
   Result<RefereeRuling> Compute(const RefereeDispute& d);
+  Result<RefereeRuling> ComputeSegment(const RefereeDispute& d, TaskTrainer* t,
+                                       std::span<const float> global, const UnitWork& work);
+  Result<Bytes> FetchCheckpoint(const RefereeDispute& d, int64_t step);
   void Log(const std::string& line);
 
   ChainClient* chain_;
@@ -142,9 +206,12 @@ class RefereeService {
   std::map<Hash256, size_t> in_flight_;  // tx id -> index in rulings_
   // (task, index, step, input, defender_output, challenger_output) ruled and in flight.
   using Key = std::tuple<Hash256, uint32_t, uint64_t, Hash256, Hash256, Hash256>;
+  static Key KeyOf(const RefereeDispute& d);
   std::map<Key, Hash256> pending_;
   // Rulings computed whose send failed: sent again without replaying the unit again.
   std::map<Key, RefereeRuling> computed_;
+  // Tolerance mode: passes in which the defender's state could not be fetched.
+  std::map<Key, int> fetch_failures_;
 };
 
 }  // namespace meshlearn::node
