@@ -83,8 +83,9 @@ std::string Ppb(double gap) {
   return buf;
 }
 
-// The parameters of a training state, in model order (Trainer::FlatParams of a loaded state).
-std::vector<float> FlatParamsOf(const engine::TrainState& st) {
+}  // namespace
+
+std::vector<float> StateParams(const engine::TrainState& st) {
   std::vector<float> flat;
   for (const engine::Param& p : st.model->params()) {
     flat.insert(flat.end(), p.value.data(), p.value.data() + p.value.size());
@@ -92,16 +93,12 @@ std::vector<float> FlatParamsOf(const engine::TrainState& st) {
   return flat;
 }
 
-// global - delta, the end parameters a pseudo-gradient stands for (UnitExecutor's delta is
-// global - local, so an honest delta gives the replay's own global - (global - local)).
-std::vector<float> ApplyDelta(std::span<const float> global, std::span<const float> delta) {
+std::vector<float> EndParamsOfDelta(std::span<const float> global, std::span<const float> delta) {
   CHECK_EQ(global.size(), delta.size());
   std::vector<float> out(global.size());
   for (size_t i = 0; i < global.size(); ++i) out[i] = global[i] - delta[i];
   return out;
 }
-
-}  // namespace
 
 RefereeRuling JudgeTolerance(const std::vector<float>* defender, std::span<const float> truth,
                              const protocol::ToleranceParams& tolerance) {
@@ -157,7 +154,7 @@ Result<RefereeRuling> RuleSegment(engine::Trainer* trainer, std::span<const floa
       missing = "its state at step " + std::to_string(task.step) + " hashes to " + got.ShortHex() +
                 ", not to its committed leaf " + task.defender_output.ShortHex();
     } else {
-      shown = FlatParamsOf(*defender.checkpoint);
+      shown = StateParams(*defender.checkpoint);
     }
   } else if (defender.delta != nullptr) {
     if (task.step != h) {
@@ -167,8 +164,8 @@ Result<RefereeRuling> RuleSegment(engine::Trainer* trainer, std::span<const floa
       missing = "its delta has " + std::to_string(defender.delta->size()) + " values, the model " +
                 std::to_string(truth.size());
     } else {
-      shown = ApplyDelta(global, *defender.delta);
-      truth = ApplyDelta(global, protocol::PseudoGradient(global, truth));
+      shown = EndParamsOfDelta(global, *defender.delta);
+      truth = EndParamsOfDelta(global, protocol::PseudoGradient(global, truth));
     }
   }
   RefereeRuling r = JudgeTolerance(shown ? &*shown : nullptr, truth, tolerance);

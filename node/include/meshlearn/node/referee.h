@@ -110,6 +110,15 @@ struct DefenderEndState {
   std::string missing;
 };
 
+// The parameters of a training state (a loaded checkpoint), in model order: what
+// Trainer::FlatParams gives for the trainer's own state.
+std::vector<float> StateParams(const engine::TrainState& state);
+// global - delta: the end parameters a pseudo-gradient (global - local) stands for. Compare a
+// committed delta with a replay as EndParamsOfDelta(global, delta) against
+// EndParamsOfDelta(global, protocol::PseudoGradient(global, replayed)): an honest delta is then
+// at distance 0. REQUIRES: equal sizes.
+std::vector<float> EndParamsOfDelta(std::span<const float> global, std::span<const float> delta);
+
 // The tolerance verdict on end parameters (pure): 1 when `defender` is given and
 // protocol::WithinTolerance(Distance(*defender, truth), tolerance), else 2 (a size that is not
 // truth's counts as outside). Sets tolerance_verdict, defender_shown, distance and reason.
