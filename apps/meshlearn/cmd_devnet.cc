@@ -40,6 +40,7 @@
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/ledger/genesis.h"
+#include "meshlearn/net/http_transport.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/local_diloco.h"
@@ -329,10 +330,11 @@ class DevnetReferee {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       init = tx.Init();
     }
+    net::HttpTransport transport;  // tolerance-mode rulings fetch the defender's checkpoints
     node::RefereeService referee(
         &chain, &tx,
         [&](const Hash256& id) { return FetchBlob(blob_rpc, store->get(), net::BlobId{id}); },
-        {.env = env, .work_dir = JoinPath(dir, "data"), .log = line});
+        {.env = env, .work_dir = JoinPath(dir, "data"), .log = line, .transport = &transport});
     line("referee: key " + key.public_key().ToHex() + " (the sequencer's), polling referee_work");
     uint64_t height = 0;
     while (!stop_.load()) {
