@@ -23,8 +23,10 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/node/agent.h"
+#include "meshlearn/node/referee.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/unit_executor.h"
+#include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/verification.h"
 
@@ -498,10 +500,86 @@ Result<NodeAgent::SegmentFinding> NodeAgent::CheckSegments(const CheckAssignment
     f.replayed_end = replayed;
     f.checkpoint = std::move(checkpoint);
   };
+  // Tolerance mode (a task for hardware without bitwise reproducibility): a segment is clean
+  // when the replay's end state is within the task's tolerance of the solver's committed one.
+  protocol::ToleranceParams tolerance;
+  if (ctx->info.raw.contains("params") && ctx->info.raw["params"].is_object()) {
+    const json& p = ctx->info.raw["params"];
+    tolerance.max_rel_l2_ppm = p.value("tolerance_rel_l2_ppm", 0u);
+    tolerance.max_cosine_gap_ppb = p.value("tolerance_cosine_gap_ppb", 0u);
+  }
+  // Returns whether segment j is a mismatch (recorded in f). The replay starts from the solver's
+  // checkpoint (it hashes to its own leaf on any hardware) or from the unit's start; the
+  // solver's end state is its checkpoint at the segment's end, or at H its committed delta,
+  // compared as the referee does (referee.h). A state the solver does not show is a mismatch;
+  // one that cannot be fetched now is an error (retried), never a claim.
+  auto tolerance_segment = [&](uint32_t j) -> Result<bool> {
+    std::string path;
+    Hash256 end;
+    bool replayed = false;
+    if (j > 0) {
+      path = JoinPath(dir, "ckpt-" + std::to_string(steps[j]) + ".safetensors");
+      Status via = [&]() -> Status {
+        ML_ASSIGN_OR_RETURN(Bytes ckpt, FetchUnitCheckpoint(deps_.transport, c.solver_endpoint,
+                                                            m, steps[j]));
+        ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(path, AsStringView(ckpt)));
+        ML_ASSIGN_OR_RETURN(engine::TrainState st, engine::LoadCheckpoint(deps_.env, path));
+        ML_ASSIGN_OR_RETURN(SegmentReplay r,
+                            ReplaySegment(trainer, start.weights, work, j, &st, &f.leaves[j]));
+        end = r.end_hash;
+        return Status::Ok();
+      }();
+      replayed = via.ok();
+      if (!replayed) {
+        Log(Name(c) + ": segment " + std::to_string(j) + ": the solver's checkpoint is not usable (" +
+            via.message() + "); replaying from the unit's start");
+        path.clear();
+      }
+    }
+    if (!replayed) {
+      const int64_t to[] = {steps[j + 1]};
+      ML_ASSIGN_OR_RETURN(std::vector<Hash256> h,
+                          ReplayToSteps(trainer, start.weights, work, 0, nullptr, to));
+      end = h[0];
+    }
+    if (end == f.leaves[j + 1]) return false;  // bit-equal
+    std::vector<float> ours = trainer->FlatParams();
+    std::optional<std::vector<float>> theirs;
+    if (steps[j + 1] < work.inner_steps) {
+      Result<Bytes> ckpt =
+          FetchUnitCheckpoint(deps_.transport, c.solver_endpoint, m, steps[j + 1]);
+      if (!ckpt.ok() && ckpt.status().code() != StatusCode::kNotFound) return ckpt.status();
+      if (ckpt.ok()) {
+        const std::string end_path =
+            JoinPath(dir, "ckpt-" + std::to_string(steps[j + 1]) + ".safetensors");
+        ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(end_path, AsStringView(*ckpt)));
+        Result<engine::TrainState> st = engine::LoadCheckpoint(deps_.env, end_path);
+        if (st.ok() && engine::StateHash(*st) == f.leaves[j + 1]) theirs = StateParams(*st);
+      }
+    } else {
+      ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(c.result_hash, {c.solver_endpoint}, ""));
+      Result<std::vector<float>> delta = DecodeDelta(blob, ctx->facts.num_params);
+      if (delta.ok()) {
+        theirs = EndParamsOfDelta(start.weights, *delta);
+        ours = EndParamsOfDelta(start.weights, protocol::PseudoGradient(start.weights, ours));
+      }
+    }
+    if (theirs && theirs->size() == ours.size() &&
+        protocol::WithinTolerance(protocol::Distance(*theirs, ours), tolerance)) {
+      return false;
+    }
+    mismatch(j, end, path);
+    return true;
+  };
   std::vector<uint32_t> sorted = segments;
   std::sort(sorted.begin(), sorted.end());
   for (uint32_t j : sorted) {
     if (j >= c.num_segments) continue;
+    if (!tolerance.exact()) {
+      ML_ASSIGN_OR_RETURN(bool bad, tolerance_segment(j));
+      if (bad) break;
+      continue;
+    }
     if (j > 0) {
       // From the solver's checkpoint at the segment's start, which must hash to its leaf.
       const std::string path = JoinPath(dir, "ckpt-" + std::to_string(steps[j]) + ".safetensors");

@@ -418,6 +418,47 @@ TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
   EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
 }
 
+// A task verified in tolerance mode (for hardware without bitwise reproducibility): honest units
+// are clean (our engine replays them bit for bit), a noisy solver's perturbation is far outside
+// the tolerance, so the verifier claims it and the referee, comparing the solver's committed end
+// state with the true one, rules against it.
+TEST(VerificationSimTest, ToleranceModeCatchesANoisySolverThroughTheReferee) {
+  VerifyFixture f(95, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/2);
+  SimOptions o{.seed = 95, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = kAllRoles},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain();
+  o.tweak_params = [](ledger::TaskParams& p) {
+    p.tolerance_rel_l2_ppm = 10;
+    p.tolerance_cosine_gap_ppb = 10;
+  };
+  o.referee = true;
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) {
+      a.adversary = Adversary::kNoisy;
+      a.stake = 100'000;
+    }
+  };
+  SimHarness sim(o);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  ASSERT_FALSE(sim.referee()->rulings().empty());
+  for (const RefereeRecord& r : sim.referee()->rulings()) {
+    EXPECT_TRUE(r.ok) << r.error;
+    EXPECT_EQ(r.dispute.defender, sim.node_key(0).public_key());
+    EXPECT_EQ(r.ruling.tolerance_verdict, 2) << r.ruling.reason;
+  }
+  EXPECT_GE(Tally(sim, "fraud"), 1u);
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  ExpectNeverSlashed(sim, {1, 2});
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+}
+
 // Every unit is a forced error: the solver commits the forced commitment, the honest verifier
 // catches it (jackpot), the rubber stamp approves it and loses stake. Nobody else is slashed.
 TEST(VerificationSimTest, RubberStampVerifierLosesStakeToAForcedError) {

@@ -165,7 +165,10 @@ Status SimHarness::Setup() {
       }
       return referee_store_->Get(bid);
     };
-    RefereeOptions ro{.env = env_, .work_dir = "/referee/work"};
+    // Tolerance mode: the referee fetches the defender's checkpoints from its unit service.
+    RefereeOptions ro{.env = env_,
+                      .work_dir = "/referee/work",
+                      .transport = net_->node("referee")->transport()};
     if (options_.log || options_.log_sink) {
       ro.log = [echo = options_.log, sink = options_.log_sink](const std::string& line) {
         if (echo) std::cerr << "[referee] " << line << "\n";

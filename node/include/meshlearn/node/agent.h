@@ -68,7 +68,10 @@
 //                 the unit's start when the solver serves no usable checkpoint; commits
 //                 VerdictCommitment (salt derived from the node key, persisted under
 //                 <data_dir>/verify/ with the claim so a restart can still reveal), reveals it in
-//                 the reveal window, and plays the dispute as challenger after a mismatch;
+//                 the reveal window, and plays the dispute as challenger after a mismatch; a
+//                 task in tolerance mode (TaskParams tolerance_*) is clean when the replay's end
+//                 state is within tolerance of the solver's (its checkpoint, at H its delta),
+//                 compared as the referee does (referee.h), and its disputes go to the referee;
 //   whistleblower re-checks one segment of a sample (whistleblower_sample) of the units settled
 //                 clean or unchecked in a round not final yet; on a mismatch sends ChallengeUnit
 //                 and plays the dispute as challenger.
