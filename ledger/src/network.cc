@@ -14,6 +14,7 @@
 
 #include "execute.h"
 #include "meshlearn/base/log.h"
+#include "meshlearn/base/merkle.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/scheduler.h"
@@ -261,6 +262,14 @@ Status ExecuteCommitUnit(ExecContext& ctx, const CommitUnitTx& tx) {
   u->commitment = tx.commitment;
   u->loss_micros = tx.loss_micros;
   if (ctx.params().verification) {
+    const uint64_t leaves =
+        protocol::SegmentCount(t->params.inner_steps, t->params.checkpoint_interval) + 1ull;
+    if (tx.leaves.size() != leaves || MerkleRoot(tx.leaves) != tx.commitment) {
+      return InvalidArgument("commit unit: leaves must be the " + std::to_string(leaves) +
+                             " committed state hashes whose Merkle root is the commitment (got " +
+                             std::to_string(tx.leaves.size()) + ")");
+    }
+    u->leaves = tx.leaves;
     ML_RETURN_IF_ERROR(OpenUnitCheck(ctx, tx.task_id, tx.index, tx.node_id, tx.secret_index, m));
   }
   SaveMachine(ctx.state, tx.task_id, m);

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/merkle.h"
 #include "meshlearn/ledger/block.h"
 #include "meshlearn/protocol/verification.h"
 #include "service_test_util.h"
@@ -352,11 +353,12 @@ TEST(Rpc, NodeWorkAndTaskProgress) {
   EXPECT_EQ(task_json["units"][1]["status"], "assigned");
   EXPECT_EQ(task_json["units"][1]["assignee"], node.public_key().ToHex());
 
+  const std::vector<Hash256> leaves = {Blake2b("s0"), Blake2b("s1"), Blake2b("s2")};
   for (uint32_t i = 0; i < 2; ++i) {
     send(t.alice, CommitUnitTx{.task_id = task, .index = i, .node_id = node.public_key(),
                                .result_hash = Blake2b("delta" + std::to_string(i)),
-                               .commitment = Blake2b("root"), .loss_micros = 5,
-                               .secret_index = i + 1});
+                               .commitment = MerkleRoot(leaves), .loss_micros = 5,
+                               .secret_index = i + 1, .leaves = leaves});
   }
   work = t.Call("node_work", {{"id", node.public_key().ToHex()}})["result"];
   EXPECT_EQ(work["units"].size(), 0u);

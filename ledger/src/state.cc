@@ -256,6 +256,8 @@ void EncodeWorkUnit(Encoder& e, const WorkUnit& u) {
   e.PutPublicKey(u.assignee).PutU64(u.deadline_height).PutHash(u.result_hash).PutU64(u.paid);
   e.PutU32(u.round).PutU32(u.shard).PutHash(u.commitment).PutU64(u.loss_micros).PutU64(u.price);
   e.PutHash(u.assignment_beacon).PutU64(u.secret_index).PutBytes(u.check);
+  e.PutU32(static_cast<uint32_t>(u.leaves.size()));
+  for (const Hash256& h : u.leaves) e.PutHash(h);
 }
 
 Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
@@ -274,6 +276,10 @@ Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
   ML_RETURN_IF_ERROR(d.GetHash(&u->assignment_beacon, "assignment_beacon"));
   ML_RETURN_IF_ERROR(d.GetU64(&u->secret_index, "secret_index"));
   ML_RETURN_IF_ERROR(d.GetBytes(&u->check, "check", 1u << 20));
+  uint32_t leaves = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&leaves, "leaves", kMaxHashListLength, 32));
+  u->leaves.resize(leaves);
+  for (Hash256& h : u->leaves) ML_RETURN_IF_ERROR(d.GetHash(&h, "leaves"));
   return Status::Ok();
 }
 
@@ -401,6 +407,11 @@ nlohmann::json WorkUnitToJson(const WorkUnit& u) {
           {"paid", u.paid},
           {"assignment_beacon", u.assignment_beacon.ToHex()},
           {"secret_index", u.secret_index},
+          {"leaves", [&] {
+             nlohmann::json a = nlohmann::json::array();
+             for (const Hash256& h : u.leaves) a.push_back(h.ToHex());
+             return a;
+           }()},
           {"check", std::move(check)}};
 }
 

@@ -6,6 +6,7 @@
 #include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::ledger {
 
@@ -177,6 +178,7 @@ void ResetWorkUnit(WorkUnit* u) {
   u->assignment_beacon = Hash256{};
   u->secret_index = 0;
   u->check.clear();
+  u->leaves.clear();
 }
 
 Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
@@ -208,6 +210,15 @@ Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
     return InvalidArgument("submit task: params.checkpoint_interval must be in [1, inner_steps = " +
                            std::to_string(p.inner_steps) + "], got " +
                            std::to_string(p.checkpoint_interval));
+  }
+  if (ctx.params().verification &&
+      protocol::SegmentCount(p.inner_steps, p.checkpoint_interval) + 1ull > kMaxHashListLength) {
+    return InvalidArgument("submit task: inner_steps / checkpoint_interval gives " +
+                           std::to_string(protocol::SegmentCount(p.inner_steps,
+                                                                 p.checkpoint_interval) + 1) +
+                           " committed states per unit; at most " +
+                           std::to_string(kMaxHashListLength) +
+                           " fit in a commit on a verifying chain: raise checkpoint_interval");
   }
   if (p.tolerance_rel_l2_ppm > 1'000'000 || p.tolerance_cosine_gap_ppb > 1'000'000'000) {
     return InvalidArgument("submit task: params.tolerance_rel_l2_ppm must be <= 1000000 and "

@@ -183,8 +183,7 @@ class VerificationTest : public ChainFixture {
     return l;
   }
   // A solver's commit of unit `index` with these leaves.
-  Transaction CommitTx(uint32_t index, const std::vector<Hash256>& leaves,
-                       const Hash256* commitment = nullptr) {
+  Transaction CommitTx(uint32_t index, const std::vector<Hash256>& leaves) {
     const WorkUnit u = Unit(index);
     const KeyPair& solver = Key(u.assignee);
     uint64_t next = Node(solver).secrets_committed + 1 + pending_secrets_[u.assignee]++;
@@ -192,9 +191,10 @@ class VerificationTest : public ChainFixture {
                                   .index = index,
                                   .node_id = u.assignee,
                                   .result_hash = Blake2b("delta " + std::to_string(index)),
-                                  .commitment = commitment ? *commitment : MerkleRoot(leaves),
+                                  .commitment = MerkleRoot(leaves),
                                   .loss_micros = 1,
-                                  .secret_index = next});
+                                  .secret_index = next,
+                                  .leaves = leaves});
   }
   void CommitAll(const std::map<uint32_t, bool>& lazy) {
     std::vector<Transaction> txs;
@@ -505,8 +505,12 @@ TEST_F(ForcedErrorTest, AForcedErrorCatchesTheRubberStamp) {
     const uint64_t i = Node(solver).secrets_committed + 1 + pending_secrets_[w.assignee];
     protocol::UnitId id{task_id_, w.round, w.shard};
     ASSERT_TRUE(protocol::IsForcedError(Secret(solver, i), w.assignment_beacon, id, 1'000'000));
-    Hash256 forced = protocol::ForcedCommitment(Secret(solver, i), id, TrueState(index, 0), 3);
-    txs.push_back(CommitTx(index, {}, &forced));
+    const std::vector<Hash256> forced = {TrueState(index, 0),
+                                         protocol::ForcedLeaf(Secret(solver, i), id, 1),
+                                         protocol::ForcedLeaf(Secret(solver, i), id, 2)};
+    ASSERT_EQ(MerkleRoot(forced),
+              protocol::ForcedCommitment(Secret(solver, i), id, TrueState(index, 0), 3));
+    txs.push_back(CommitTx(index, forced));
   }
   pending_secrets_.clear();
   StepOk(txs);
@@ -598,9 +602,19 @@ TEST_F(VerificationTest, BadVerificationTransactionsAreRefused) {
   pending_secrets_.clear();
   queued_.clear();
   bad.secret_index = 5;
-  std::vector<Receipt> r = Step({N(s1_, bad), verdict_commit(carol_, v1_, ui)});
+  // ... and its leaves, all of them, under the commitment.
+  CommitUnitTx no_leaves = std::get<CommitUnitTx>(CommitTx(u, Leaves(u, false)).payload);
+  pending_secrets_.clear();
+  queued_.clear();
+  CommitUnitTx other_leaves = no_leaves;
+  no_leaves.leaves.clear();
+  other_leaves.leaves = Leaves(u, true);
+  std::vector<Receipt> r = Step({N(s1_, bad), N(s1_, no_leaves), N(s1_, other_leaves),
+                                 verdict_commit(carol_, v1_, ui)});
   EXPECT_EQ(r[0].code, StatusCode::kInvalidArgument) << r[0].reason;
-  EXPECT_EQ(r[1].code, StatusCode::kFailedPrecondition) << r[1].reason;
+  EXPECT_EQ(r[1].code, StatusCode::kInvalidArgument) << r[1].reason;
+  EXPECT_EQ(r[2].code, StatusCode::kInvalidArgument) << r[2].reason;
+  EXPECT_EQ(r[3].code, StatusCode::kFailedPrecondition) << r[3].reason;
   CommitAll({{u, false}, {other, false}});
   // The commit's own block: no beacon yet, so no verdict; the secret only in the reveal window.
   r = Step({verdict_commit(carol_, v1_, ui), SecretTx(u)});

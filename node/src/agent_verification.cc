@@ -233,7 +233,8 @@ Status NodeAgent::SendCommit(const UnitAssignment& a, const json& done) {
                                                      .result_hash = result,
                                                      .commitment = commitment,
                                                      .loss_micros = done.value("loss_micros", uint64_t{0}),
-                                                     .secret_index = secret_index}));
+                                                     .secret_index = secret_index,
+                                                     .leaves = served}));
   unit_commits_[std::make_pair(a.task_id, a.index)] = txid;
   return Status::Ok();
 }
@@ -481,16 +482,26 @@ Result<NodeAgent::SegmentFinding> NodeAgent::CheckSegments(const CheckAssignment
     return FailedPrecondition(Name(c) + ": the ledger counts " + std::to_string(c.num_segments) +
                               " segments, the task bundle " + std::to_string(steps.size() - 1));
   }
-  // The leaves are what a claim proves against the commitment: without them nothing can be
-  // claimed, so an unreachable solver is retried (the job comes back next tick).
-  ML_ASSIGN_OR_RETURN(UnitManifest m, FetchUnitManifest(deps_.transport, c.solver_endpoint,
-                                                        c.task_id, c.index));
-  if (m.leaves.size() != steps.size() || MerkleRoot(m.leaves) != c.commitment) {
-    return FailedPrecondition(Name(c) + ": the leaves the solver serves do not hash to its "
-                              "commitment " + c.commitment.ShortHex());
+  // The leaves are what a claim proves against the commitment. They are on chain with the
+  // commit, so a solver that serves nothing cannot hide them; its checkpoints come from its unit
+  // service (without them the segments are replayed from the unit's start).
+  std::vector<Hash256> leaves = c.leaves;
+  Result<UnitManifest> served =
+      FetchUnitManifest(deps_.transport, c.solver_endpoint, c.task_id, c.index);
+  UnitManifest m;
+  if (served.ok()) {
+    m = std::move(*served);
+  } else {
+    Log(Name(c) + ": the solver serves no manifest (" + served.status().message() +
+        "); replaying from the unit's start");
+  }
+  if (leaves.empty()) leaves = m.leaves;  // a ledger that does not carry them
+  if (leaves.size() != steps.size() || MerkleRoot(leaves) != c.commitment) {
+    return FailedPrecondition(Name(c) + ": the committed leaves do not hash to the commitment " +
+                              c.commitment.ShortHex());
   }
   SegmentFinding f;
-  f.leaves = std::move(m.leaves);
+  f.leaves = std::move(leaves);
   engine::Trainer* trainer = ctx->trainer.get();
   auto mismatch = [&](uint32_t seg, const Hash256& replayed, std::string checkpoint) {
     f.mismatch = true;

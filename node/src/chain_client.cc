@@ -74,6 +74,13 @@ Result<CheckAssignment> ParseCheck(const json& u) {
   ML_ASSIGN_OR_RETURN(a.secret_index, U64Field(u, "secret_index"));
   ML_ASSIGN_OR_RETURN(a.start_state, HashField(u, "start_state"));
   a.solver_endpoint = u.value("solver_endpoint", std::string());
+  if (u.contains("leaves") && u["leaves"].is_array()) {
+    for (const json& l : u["leaves"]) {
+      if (!l.is_string()) return Bad("a leaf that is not a string", u);
+      ML_ASSIGN_OR_RETURN(Hash256 h, Hash256::FromHex(l.get<std::string>(), "leaves"));
+      a.leaves.push_back(h);
+    }
+  }
   if (u.contains("roles") && u["roles"].is_array()) {
     for (const json& r : u["roles"]) {
       if (r.is_string()) a.roles.push_back(r.get<std::string>());

@@ -516,7 +516,8 @@ class RefereeChainFixture : public ::testing::Test {
                                        .result_hash = result_hash,
                                        .commitment = MerkleRoot(leaves),
                                        .loss_micros = 1,
-                                       .secret_index = 1});
+                                       .secret_index = 1,
+                                       .leaves = leaves});
     Step();
     ASSERT_NO_FATAL_FAILURE(StepUntil(protocol::CheckStage::kCheckCommitVerdicts));
     ASSERT_EQ(Check().verifiers().at(0), verifier_.public_key());

@@ -258,6 +258,7 @@ struct WorkUnit {
   // ---- Verification (docs/verification.md).
   Hash256 assignment_beacon;  // block seed when assigned: the forced-error draw uses it
   uint64_t secret_index = 0;  // the solver's secret chain element for this commit
+  std::vector<Hash256> leaves;  // the committed state hashes (MerkleRoot(leaves) == commitment)
   Bytes check;                // protocol::UnitCheck::Encode() while checked; empty otherwise
   bool operator==(const WorkUnit&) const = default;
 };

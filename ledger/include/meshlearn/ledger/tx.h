@@ -236,6 +236,10 @@ struct CommitUnitTx {
   // next one (NodeRecord::secrets_committed + 1); it decides, with the unit's assignment beacon,
   // whether the unit is a forced error. Ignored without verification.
   uint64_t secret_index = 0;
+  // With verification: the committed leaves themselves (the state hashes after steps 0, k, 2k,
+  // ..., H; MerkleRoot(leaves) == commitment), so that a verifier can always prove a claim
+  // against them even if the solver serves nothing.
+  std::vector<Hash256> leaves;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("task_id", s.task_id);
@@ -245,6 +249,7 @@ struct CommitUnitTx {
     v("commitment", s.commitment);
     v("loss_micros", s.loss_micros);
     v("secret_index", s.secret_index);
+    v("leaves", s.leaves);
   }
   bool operator==(const CommitUnitTx&) const = default;
 };

@@ -168,6 +168,7 @@ struct CheckAssignment {
   uint64_t secret_index = 0;
   Hash256 start_state;
   std::string solver_endpoint;
+  std::vector<Hash256> leaves;     // the committed state hashes, on chain with the commit
   std::vector<std::string> roles;  // "solver" | "verifier" | "challenger" | "whistleblower"
   // protocol::UnitCheck as CheckStageName / CheckResultName spell them.
   std::string stage;   // "awaiting_beacon" | "commit_verdicts" | "reveal_verdicts" | ...
