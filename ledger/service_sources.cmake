@@ -23,11 +23,13 @@ set(LEDGER_SERVICE_TESTS
 # The crash test runs the real `meshlearn chain serve` and SIGKILLs it; it needs the binary,
 # which apps/ defines after this directory (target names resolve at generate time).
 # MESHLEARN_SLOW_TESTS=1 raises the number of kills.
-meshlearn_test(NAME ledger_crash_test
-  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/crash_test.cc
-  DEPS meshlearn_ledger
-  LABELS slow
-  TIMEOUT 900)
+if(MESHLEARN_BUILD_APPS)
+  meshlearn_test(NAME ledger_crash_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/crash_test.cc
+    DEPS meshlearn_ledger
+    LABELS slow
+    TIMEOUT 900)
+endif()
 if(TARGET ledger_crash_test)
   add_dependencies(ledger_crash_test meshlearn)
   target_compile_definitions(ledger_crash_test PRIVATE MESHLEARN_BIN="$<TARGET_FILE:meshlearn>")

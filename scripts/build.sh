@@ -2,7 +2,8 @@
 # Configures and builds one build type. Used by run.sh and test.sh; handy by hand too.
 # Usage: scripts/build.sh [release|asan] [ninja targets...]
 #   release -> build/       (-O2, warnings are errors)
-#   asan    -> build-asan/  (Debug -O1 with AddressSanitizer + UndefinedBehaviorSanitizer)
+#   asan    -> build-asan/  (Debug -O1 with AddressSanitizer + UndefinedBehaviorSanitizer; the
+#              libraries and their unit tests, not apps/: see MESHLEARN_BUILD_APPS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind="${1:-release}"
@@ -16,7 +17,7 @@ case "$kind" in
   asan)
     dir=build-asan
     flags=(-DCMAKE_BUILD_TYPE=Debug -DMESHLEARN_SANITIZE=ON -DMESHLEARN_WERROR=ON
-           -DMESHLEARN_BUILD_TESTS=ON -DMESHLEARN_BUILD_BENCH=OFF)
+           -DMESHLEARN_BUILD_TESTS=ON -DMESHLEARN_BUILD_BENCH=OFF -DMESHLEARN_BUILD_APPS=OFF)
     ;;
   *)
     echo "build.sh: unknown build kind '$kind'; use release or asan" >&2

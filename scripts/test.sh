@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test: the release build (every test except
-# the label "long": training to a quality target for minutes), then the ASan+UBSan build (every
-# test not labelled "slow" or "long").
+# the label "long": training to a quality target for minutes), then the ASan+UBSan build of the
+# libraries and their unit tests (every test not labelled "slow" or "long"; the process-level
+# tests of apps/ run in the release build only).
 #
 # Usage: scripts/test.sh                 what CI runs
 #        scripts/test.sh --release-only  skip the sanitizer build
