@@ -301,6 +301,11 @@ Result<RoundUpdate> RoundStateMachine::OnAggregateCommitted(uint32_t round,
 Result<RoundUpdate> RoundStateMachine::ReleaseFinality() {
   if (holds_ == 0) return FailedPrecondition("round machine: ReleaseFinality without a hold");
   --holds_;
+  // The last hold of an aggregated round (its last check settled): the window runs again from
+  // here, so whistleblowers always get verification_window_blocks to challenge what settled.
+  if (holds_ == 0 && phase_ == RoundPhase::kRoundPhaseAwaitingVerificationWindow) {
+    window_end_ = std::max(window_end_, height_ + config_.verification_window_blocks);
+  }
   RoundUpdate update;
   MaybeFinalize(update);
   return update;

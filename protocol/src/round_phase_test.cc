@@ -209,6 +209,13 @@ TEST(RoundPhaseTest, HoldKeepsTheWindowOpenAndRewindReruns) {
   EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);  // still held
   up = m->ReleaseFinality();
   ASSERT_TRUE(up.ok());
+  // The window (2 blocks) runs again from the release at 30: whistleblowers' time.
+  EXPECT_TRUE(up->finalized_rounds.empty());
+  EXPECT_EQ(m->window_end_height(), 32u);
+  ASSERT_TRUE(m->OnBlock(31).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);
+  up = m->OnBlock(32);
+  ASSERT_TRUE(up.ok());
   EXPECT_EQ(up->finalized_rounds, std::vector<uint32_t>{0});
   EXPECT_EQ(m->round_weights(), Blake2b("w1b"));
   EXPECT_FALSE(m->ReleaseFinality().ok());

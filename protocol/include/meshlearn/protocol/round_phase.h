@@ -136,7 +136,9 @@ class RoundStateMachine {
   static Result<RoundStateMachine> Decode(ByteSpan bytes);
 
   // --- seams for verification -----------------------------------------------------------------
-  // While holds are active the window does not close (a dispute is open).
+  // While holds are active the window does not close (a dispute is open). Releasing the last
+  // hold of an aggregated round restarts the window from the current height (whistleblowers get
+  // the whole window after the last check settled).
   void HoldFinality() { ++holds_; }
   uint32_t holds() const { return holds_; }
   Result<RoundUpdate> ReleaseFinality();
