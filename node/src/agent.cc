@@ -10,6 +10,7 @@
 
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/network_round.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/aggregate.h"
@@ -25,34 +26,6 @@ using agent_internal::TaskShort;
 using nlohmann::json;
 
 namespace {
-
-
-// The bundle (what the node trains) must describe the task the ledger schedules and pays: a
-// submitter that published a bundle whose [network] table or data disagree with SubmitTask's
-// params would have nodes compute something nobody can check. Refuse such a task.
-Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
-                                const nlohmann::json& task) {
-  if (!task.contains("params") || !task["params"].is_object()) {
-    return InvalidArgument("the ledger's task record has no params");
-  }
-  const nlohmann::json& p = task["params"];
-  const uint64_t k = net.checkpoint_interval == 0 ? net.inner_steps : net.checkpoint_interval;
-  const std::pair<const char*, uint64_t> expected[] = {
-      {"rounds", net.rounds},           {"units_per_round", net.units_per_round},
-      {"inner_steps", net.inner_steps}, {"checkpoint_interval", k},
-      {"batch_size", facts.batch_size}, {"num_examples", facts.num_examples},
-      {"seed", facts.seed},             {"model_bytes", facts.model_bytes}};
-  for (const auto& [key, want] : expected) {
-    const uint64_t got = p.value(key, uint64_t{0});
-    if (got != want) {
-      return InvalidArgument(std::string("the task bundle says ") + key + " = " +
-                             std::to_string(want) + " but the ledger's params." + key + " = " +
-                             std::to_string(got) +
-                             "; the submitter published an inconsistent task, refusing it");
-    }
-  }
-  return Status::Ok();
-}
 
 uint64_t DoubleBits(double d) { return std::bit_cast<uint64_t>(d); }
 double BitsDouble(uint64_t b) { return std::bit_cast<double>(b); }
