@@ -125,11 +125,9 @@ Status SlashSolverIntoEscrow(LedgerState& s, const ChainParams& p, const Hash256
   ML_RETURN_IF_ERROR(SlashNode(s, p, solver, amount, &slashed));
   *slashed_out = slashed;
   const TaskRecord* t = s.tasks.Find(task_id);
-  Amount unit_cost = 0;
-  MaxTaskCost(t->params, t->price_cap, &unit_cost);
-  const uint64_t per_round = t->params.units_per_round * (1ull + p.verifiers_per_unit) + 1ull;
-  Amount redo = unit_cost != 0 && per_round > UINT64_MAX / unit_cost ? UINT64_MAX
-                                                                      : unit_cost * per_round;
+  TaskParams one_round = t->params;  // the most one round can cost: MaxTaskCost of one round
+  one_round.rounds = 1;
+  const Amount redo = MaxTaskCost(one_round, t->price_cap, nullptr, p.verifiers_per_unit);
   Amount to_escrow = std::min({redo, slashed - BasisPoints(slashed, p.slash_jackpot_bps),
                                s.g().treasury});
   if (to_escrow == 0) return Status::Ok();
@@ -274,6 +272,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
   std::vector<protocol::NodeId> candidates;
   bool have_candidates = false;
   bool rewind = false;
+  uint32_t open = 0;  // checks of the round still unsettled after this block
   std::vector<protocol::NodeId> exclude;
   for (uint32_t shard = 0; shard < per_round; ++shard) {
     const uint32_t index = m.round() * per_round + shard;
@@ -283,7 +282,10 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     if (c.stage() == CheckStage::kCheckSettled) continue;
     CheckEffects fx;
     if (c.stage() == CheckStage::kCheckAwaitingBeacon) {
-      if (c.config().commit_height >= height) continue;  // the beacon is the next block's seed
+      if (c.config().commit_height >= height) {  // the beacon is the next block's seed
+        ++open;
+        continue;
+      }
       if (!have_candidates) {
         candidates = VerifierCandidates(s);
         have_candidates = true;
@@ -297,6 +299,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
       ML_ASSIGN_OR_RETURN(fx, c.OnBlock(height));
     }
     SaveCheck(s, task_id, index, c);
+    if (c.stage() != CheckStage::kCheckSettled) ++open;
     ML_RETURN_IF_ERROR(ApplyEffects(s, p, task_id, index, c, fx, &rewind, &exclude));
     if (fx.settled) {
       ML_LOG_INFO("ledger: task {} unit {}: {} ({})", task_id.ShortHex(), index,
@@ -319,15 +322,9 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     }
     TaskRecord* t = s.tasks.FindMutable(task_id);
     if (t->round_results.size() > m.round()) t->round_results.resize(m.round());
+    open = 0;  // the rewind dropped every check of the round
   }
-  // One hold per unsettled check of the current round (a rewind dropped them all).
-  uint32_t open = 0;
-  for (uint32_t shard = 0; shard < per_round; ++shard) {
-    const WorkUnit* u = s.units.Find({task_id, m.round() * per_round + shard});
-    if (u == nullptr || u->check.empty()) continue;
-    ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
-    if (c.stage() != CheckStage::kCheckSettled) ++open;
-  }
+  // One hold per unsettled check of the current round.
   while (m.holds() < open) m.HoldFinality();
   while (m.holds() > open) ML_RETURN_IF_ERROR(m.ReleaseFinality().status());
   return Status::Ok();
