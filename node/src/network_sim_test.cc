@@ -6,6 +6,7 @@
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/pin_book.h"
 #include "meshlearn/node/unit_executor.h"
+#include "testing/diloco_task.h"
 #include "testing/sim_harness.h"
 #include "testing/synthetic_task.h"
 
@@ -15,19 +16,6 @@ namespace {
 using nlohmann::json;
 using testing::SimHarness;
 using testing::SimOptions;
-
-std::vector<float> LocalReference(Env* env, const std::string& toml) {
-  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(toml, "ref.toml", "");
-  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
-  Result<ConfigFile> cfg = ConfigFile::Parse(toml, "ref.toml");
-  Result<NetworkSpec> net = NetworkSpec::FromConfig(*cfg);
-  EXPECT_TRUE(net.ok());
-  auto trainer = engine::Trainer::Create(env, *spec);
-  EXPECT_TRUE(trainer.ok()) << trainer.status().ToString();
-  Result<LocalDilocoResult> r = RunLocalDiloco(trainer->get(), *net, {.eval_every_round = false});
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? r->final_weights : std::vector<float>{};
-}
 
 void ExpectEveryUnitPaid(const json& task, uint32_t expected_units) {
   ASSERT_TRUE(task.contains("units")) << task.dump();

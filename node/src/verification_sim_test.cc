@@ -113,19 +113,6 @@ bool SimLog() { return std::getenv("MESHLEARN_SIM_LOG") != nullptr; }
 constexpr uint32_t kAllRoles =
     ledger::kRoleSolver | ledger::kRoleAggregator | ledger::kRoleVerifier;
 
-std::vector<float> Reference(Env* env, const std::string& toml) {
-  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(toml, "ref.toml", "");
-  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
-  Result<ConfigFile> cfg = ConfigFile::Parse(toml, "ref.toml");
-  Result<NetworkSpec> net = NetworkSpec::FromConfig(*cfg);
-  EXPECT_TRUE(net.ok());
-  auto trainer = engine::Trainer::Create(env, *spec);
-  EXPECT_TRUE(trainer.ok()) << trainer.status().ToString();
-  Result<LocalDilocoResult> r = RunLocalDiloco(trainer->get(), *net, {.eval_every_round = false});
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? r->final_weights : std::vector<float>{};
-}
-
 // A tiny synthetic task (H steps, a checkpoint every k), and a chain with verification on where
 // every segment of a checked unit is replayed (so a cheat in any segment is caught) and, unless
 // a test asks for them, no forced errors.
@@ -253,7 +240,7 @@ TEST(VerificationSimTest, HonestNetworkSettlesCleanAndPaysEveryone) {
   EXPECT_GT(Tally(sim, "verifiers_paid"), 0u);
   Result<GlobalState> st = sim.FinalState();
   ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
@@ -306,7 +293,7 @@ TEST(VerificationSimTest, RestartedSolverAndVerifierStillRevealEverything) {
   ExpectNeverSlashed(sim, {0, 1, 2});
   Result<GlobalState> st = sim.FinalState();
   ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
 }
 
 // A solver adversary among honest verifiers: each of its units is caught (fraud, after a dispute
@@ -370,7 +357,7 @@ TEST_P(CheatingSolverTest, IsCaughtSlashedAndNeverPaid) {
   ExpectNeverSlashed(sim, {1, 2, 3});
   Result<GlobalState> st = sim.FinalState();
   ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml))) << AdversaryName(adv);
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml))) << AdversaryName(adv);
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
@@ -415,7 +402,7 @@ TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
   ExpectNeverSlashed(sim, {1, 2});
   Result<GlobalState> st = sim.FinalState();
   ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
 }
 
 // A task verified in tolerance mode (for hardware without bitwise reproducibility): honest units
@@ -456,7 +443,7 @@ TEST(VerificationSimTest, ToleranceModeCatchesANoisySolverThroughTheReferee) {
   ExpectNeverSlashed(sim, {1, 2});
   Result<GlobalState> st = sim.FinalState();
   ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
 }
 
 // Every unit is a forced error: the solver commits the forced commitment, the honest verifier
@@ -521,7 +508,7 @@ uint64_t RunWithForcedErrors(uint64_t seed) {
   Result<GlobalState> st = sim.FinalState();
   EXPECT_TRUE(st.ok()) << st.status().ToString();
   if (st.ok()) {
-    EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+    EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
   }
   EXPECT_TRUE(sim.Totals().Check().ok());
   return forced;
@@ -570,7 +557,7 @@ TEST(VerificationSimTest, WhistleblowerCatchesWhatARubberStampApproved) {
   }
   Result<GlobalState> st = sim.FinalState();
   ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(Reference(&f.env, f.toml)));
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 

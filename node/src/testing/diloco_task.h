@@ -7,9 +7,26 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/config.h"
 #include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/network_task.h"
 
 namespace meshlearn::node {
+
+// The in-process reference of a network task file (RunLocalDiloco): the final weights a network
+// running `toml` must reach bit for bit.
+inline std::vector<float> LocalReference(Env* env, const std::string& toml) {
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(toml, "ref.toml", "");
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<ConfigFile> cfg = ConfigFile::Parse(toml, "ref.toml");
+  Result<NetworkSpec> net = NetworkSpec::FromConfig(*cfg);
+  EXPECT_TRUE(net.ok());
+  auto trainer = engine::Trainer::Create(env, *spec);
+  EXPECT_TRUE(trainer.ok()) << trainer.status().ToString();
+  Result<LocalDilocoResult> r = RunLocalDiloco(trainer->get(), *net, {.eval_every_round = false});
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? r->final_weights : std::vector<float>{};
+}
 
 // Fashion-MNIST MLP 784-256-128-10 as a network task: inner AdamW at a constant rate (every unit
 // restarts its inner optimizer, so warm-up schedules do not fit), DiLoCo outer Nesterov.
