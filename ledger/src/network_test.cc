@@ -14,15 +14,14 @@ namespace {
 
 using protocol::RoundPhase;
 using protocol::RoundStateMachine;
-using testing::ChainFixture;
-using testing::TempDir;
+using testing::FollowedChainFixture;
 using testing::TestKey;
 using testing::TestTaskParams;
 
 constexpr Amount kPrice = 10;          // every node's price per GFLOP
 constexpr Amount kUnitCost = 32 * 10;  // 32 GFLOP per unit (TestTaskParams) x kPrice
 
-class NetworkTest : public ChainFixture {
+class NetworkTest : public FollowedChainFixture {
  protected:
   NetworkTest() : dave_(TestKey(4)), n1_(TestKey(11)), n2_(TestKey(12)), n3_(TestKey(13)) {
     genesis_ = DevnetGenesis(
@@ -36,33 +35,6 @@ class NetworkTest : public ChainFixture {
     owner_[n1_.public_key()] = &alice_;
     owner_[n2_.public_key()] = &bob_;
     owner_[n3_.public_key()] = &carol_;
-  }
-
-  void SetUp() override {
-    ChainFixture::SetUp();
-    auto f = Chain::Open(follower_dir_.File("follower.db"), genesis_);
-    ASSERT_TRUE(f.ok()) << f.status().ToString();
-    follower_ = std::move(*f);
-  }
-
-  // A transaction with the sender's next nonce, counting the ones already queued for this block.
-  Transaction Q(const KeyPair& from, TxPayload p) {
-    uint64_t nonce = chain_->NextNonce(from.public_key()) + queued_[from.public_key()]++;
-    return BuildSignedTx(from, genesis_.chain_id, nonce, std::move(p));
-  }
-
-  // Produces a block (the fixture checks the invariant), applies it to the follower and checks
-  // that both states agree. Returns the receipts.
-  std::vector<Receipt> Step(std::vector<Transaction> txs = {}) {
-    queued_.clear();
-    std::vector<RejectedTx> rejected;
-    Block b = Produce(std::move(txs), &rejected);
-    EXPECT_TRUE(rejected.empty()) << rejected[0].status.ToString();
-    Status s = follower_->ApplyBlock(b, sequencer_.public_key());
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    EXPECT_EQ(follower_->StateHash(), chain_->StateHash());
-    EXPECT_TRUE(follower_->CheckInvariants().ok());
-    return b.receipts;
   }
 
   RegisterNodeTx Reg(const KeyPair& node, uint64_t throughput) {
@@ -121,9 +93,6 @@ class NetworkTest : public ChainFixture {
 
   KeyPair dave_, n1_, n2_, n3_;
   std::map<PublicKey, const KeyPair*> owner_;
-  std::map<PublicKey, uint64_t> queued_;
-  TempDir follower_dir_;
-  std::unique_ptr<Chain> follower_;
   Hash256 task_id_;
 };
 

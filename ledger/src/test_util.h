@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -111,6 +112,43 @@ class ChainFixture : public ::testing::Test {
   KeyPair alice_, bob_, carol_, sequencer_;
   std::unique_ptr<Chain> chain_;
   int64_t time_ms_ = 0;
+};
+
+// A chain with a follower: every block is applied to the follower, which must reach the same
+// state hash and keep the invariant (network_test.cc, verification_test.cc). Derived fixtures set
+// genesis_ in their constructor.
+class FollowedChainFixture : public ChainFixture {
+ protected:
+  void SetUp() override {
+    ChainFixture::SetUp();
+    auto f = Chain::Open(follower_dir_.File("follower.db"), genesis_);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    follower_ = std::move(*f);
+  }
+
+  // A transaction with the sender's next nonce, counting the ones already queued for this block.
+  Transaction Q(const KeyPair& from, TxPayload p) {
+    uint64_t nonce = chain_->NextNonce(from.public_key()) + queued_[from.public_key()]++;
+    return BuildSignedTx(from, genesis_.chain_id, nonce, std::move(p));
+  }
+
+  // Produces a block (the fixture checks the invariant), applies it to the follower and checks
+  // that both states agree. Returns the receipts.
+  std::vector<Receipt> Step(std::vector<Transaction> txs = {}) {
+    queued_.clear();
+    std::vector<RejectedTx> rejected;
+    Block b = Produce(std::move(txs), &rejected);
+    EXPECT_TRUE(rejected.empty()) << rejected[0].status.ToString();
+    Status s = follower_->ApplyBlock(b, sequencer_.public_key());
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(follower_->StateHash(), chain_->StateHash());
+    EXPECT_TRUE(follower_->CheckInvariants().ok());
+    return b.receipts;
+  }
+
+  std::map<PublicKey, uint64_t> queued_;
+  TempDir follower_dir_;
+  std::unique_ptr<Chain> follower_;
 };
 
 }  // namespace meshlearn::ledger::testing

@@ -22,8 +22,7 @@ using protocol::CheckStage;
 using protocol::RoundPhase;
 using protocol::UnitCheck;
 using protocol::Verdict;
-using testing::ChainFixture;
-using testing::TempDir;
+using testing::FollowedChainFixture;
 using testing::TestKey;
 using testing::TestTaskParams;
 
@@ -43,7 +42,7 @@ Hash256 LazyState(uint32_t index, uint64_t step) {
   return Hasher("lazy").UpdateU64(index).UpdateU64(step).Finish();
 }
 
-class VerificationTest : public ChainFixture {
+class VerificationTest : public FollowedChainFixture {
  protected:
   VerificationTest()
       : dave_(TestKey(4)), erin_(TestKey(5)), frank_(TestKey(6)), gina_(TestKey(7)),
@@ -72,36 +71,14 @@ class VerificationTest : public ChainFixture {
     owner_[agg_.public_key()] = &frank_;
   }
 
-  void SetUp() override {
-    ChainFixture::SetUp();
-    auto f = Chain::Open(follower_dir_.File("follower.db"), genesis_);
-    ASSERT_TRUE(f.ok()) << f.status().ToString();
-    follower_ = std::move(*f);
-  }
-
   static Hash256 SeedOf(const KeyPair& node) { return Blake2b("secret seed " + node.public_key().ToHex()); }
   static Hash256 Secret(const KeyPair& node, uint64_t i) {
     return protocol::SecretChainElement(SeedOf(node), i);
   }
 
-  Transaction Q(const KeyPair& from, TxPayload p) {
-    uint64_t nonce = chain_->NextNonce(from.public_key()) + queued_[from.public_key()]++;
-    return BuildSignedTx(from, genesis_.chain_id, nonce, std::move(p));
-  }
   // A node's transaction, signed by its owner.
   Transaction N(const KeyPair& node, TxPayload p) { return Q(*owner_.at(node.public_key()), p); }
 
-  std::vector<Receipt> Step(std::vector<Transaction> txs = {}) {
-    queued_.clear();
-    std::vector<RejectedTx> rejected;
-    Block b = Produce(std::move(txs), &rejected);
-    EXPECT_TRUE(rejected.empty()) << rejected[0].status.ToString();
-    Status s = follower_->ApplyBlock(b, sequencer_.public_key());
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    EXPECT_EQ(follower_->StateHash(), chain_->StateHash());
-    EXPECT_TRUE(follower_->CheckInvariants().ok());
-    return b.receipts;
-  }
   void StepOk(std::vector<Transaction> txs) {
     for (const Receipt& r : Step(std::move(txs))) EXPECT_TRUE(r.ok) << r.reason;
   }
@@ -330,10 +307,7 @@ class VerificationTest : public ChainFixture {
   KeyPair dave_, erin_, frank_, gina_, referee_;
   KeyPair s1_, s2_, v1_, v2_, wb_, agg_;
   std::map<PublicKey, const KeyPair*> owner_;
-  std::map<PublicKey, uint64_t> queued_;
   std::map<PublicKey, uint64_t> pending_secrets_;
-  TempDir follower_dir_;
-  std::unique_ptr<Chain> follower_;
   Hash256 task_id_;
   Amount budget_ = 0;
   int salt_ = 0;
