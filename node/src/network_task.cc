@@ -1,5 +1,7 @@
 #include "meshlearn/node/network_task.h"
 
+#include "meshlearn/protocol/decompose.h"
+
 namespace meshlearn::node {
 
 Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
@@ -68,8 +70,7 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
 }
 
 double NetworkSpec::InnerLrScale(uint32_t round) const {
-  if (rounds <= 1) return 1.0;
-  return 1.0 - (1.0 - inner_lr_final) * static_cast<double>(round) / static_cast<double>(rounds - 1);
+  return protocol::InnerLrScale(rounds, inner_lr_final, round);
 }
 
 Result<NetworkSpec> NetworkSpec::Load(Env* env, const std::string& path) {

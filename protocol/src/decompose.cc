@@ -78,6 +78,11 @@ uint64_t UnitSeed(uint64_t task_seed, const UnitId& unit) {
   return FirstU64(h.Finish());
 }
 
+double InnerLrScale(uint32_t rounds, double inner_lr_final, uint32_t round) {
+  if (rounds <= 1) return 1.0;
+  return 1.0 - (1.0 - inner_lr_final) * static_cast<double>(round) / static_cast<double>(rounds - 1);
+}
+
 uint64_t BatchSeed(uint64_t task_seed, const UnitId& unit, uint64_t step) {
   Hasher h("meshlearn.batch_seed");
   h.UpdateU64(task_seed).Update(UnitKey(unit)).UpdateU64(step);

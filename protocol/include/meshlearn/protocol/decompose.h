@@ -42,6 +42,11 @@ Hash256 UnitKey(const UnitId& unit);
 // (task seed, unit id). Different units get unrelated seeds.
 uint64_t UnitSeed(uint64_t task_seed, const UnitId& unit);
 
+// The inner learning-rate factor of round `round` of `rounds`: 1 in round 0, falling linearly to
+// `inner_lr_final` in the last round (the [network] table's inner_lr_final; exact in double for
+// integer ratios). Every party that replays a unit (solver, verifier, the ledger) uses this.
+double InnerLrScale(uint32_t rounds, double inner_lr_final, uint32_t round);
+
 // Seed of the batch of inner step `step` of `unit`: a pure function of (task seed, unit, step).
 uint64_t BatchSeed(uint64_t task_seed, const UnitId& unit, uint64_t step);
 
