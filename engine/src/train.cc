@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <optional>
 
-#include "meshlearn/base/config.h"
 #include "config_ranges.h"
+#include "meshlearn/base/config.h"
+#include "meshlearn/engine/step_replay.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -277,24 +278,8 @@ Batch Trainer::BatchForStep(int64_t step) {
 }
 
 float Trainer::Step() {
-  const int64_t step = state_.step;
-  Batch b = BatchForStep(step);
-  Model& m = *state_.model;
-  m.ZeroGrad();
-  // Dropout masks depend on the work-unit stream too, so units draw different masks.
-  ForwardOptions opts{.train = true,
-                      .dropout_seed = task_.seed + task_.stream * 0x9E3779B97F4A7C15ULL,
-                      .step = static_cast<uint64_t>(step)};
-  float loss = m.Forward(b, opts);
-  m.Backward();
-  last_grad_norm_ = state_.optimizer->Step(m.params(), step);
-  if (OpTrace* trace = m.op_trace()) {  // the update is the step's last operator
-    for (const Param& p : m.params()) {
-      trace->Record(p.name, {p.value.data(), static_cast<size_t>(p.value.size())});
-    }
-  }
-  state_.step = step + 1;
-  return loss;
+  Batch b = BatchForStep(state_.step);
+  return StepOnBatch(state_, b, DropoutSeed(task_.seed, task_.stream), &last_grad_norm_);
 }
 
 std::vector<float> Trainer::FlatParams() const {
@@ -329,15 +314,9 @@ Status Trainer::StartUnit(uint64_t stream, std::span<const float> params, double
   task_.stream = stream;
   state_.stream = stream;
   state_.step = 0;
-  OptimizerSpec inner = task_.optimizer;
-  // A unit restarts its optimizer at step 0, so a warm-up or a cosine over [train].steps would
-  // replay the same ramp in every unit: a unit's inner rate is constant (lr x lr_scale), and the
-  // network task decays it across rounds instead (network.inner_lr_final).
-  inner.schedule = "constant";
-  inner.warmup_steps = 0;
-  inner.lr *= lr_scale;
-  inner.min_lr *= lr_scale;
-  state_.optimizer = std::make_unique<Optimizer>(inner, state_.model->params());
+  // A unit's inner rate is constant (lr x lr_scale), no warm-up: see UnitOptimizerSpec.
+  state_.optimizer = std::make_unique<Optimizer>(UnitOptimizerSpec(task_.optimizer, lr_scale),
+                                                 state_.model->params());
   if (!data_.tokens) {
     sampler_ =
         std::make_unique<BatchSampler>(task_.seed, stream, data_.train.size(), task_.batch_size);

@@ -1,0 +1,180 @@
+#include "meshlearn/engine/step_replay.h"
+
+#include <algorithm>
+#include <bit>
+#include <string>
+
+namespace meshlearn::engine {
+namespace {
+
+// The hashes below must be exactly base/merkle.cc's (DataTree's root and proofs are checked
+// against MerkleRoot / MerkleProve / MerkleVerify); base keeps its inner hash private, so this is
+// the one copy, pinned by step_replay_test.
+Hash256 MerkleInnerHash(const Hash256& left, const Hash256& right) {
+  const uint8_t tag = 0x01;
+  Hasher h;
+  h.Update(ByteSpan(&tag, 1)).Update(left).Update(right);
+  return h.Finish();
+}
+
+int64_t StateFloatCount(TrainState& state) {
+  int64_t n = state.model->NumParameters();
+  for (const Optimizer::NamedState& s : state.optimizer->State()) n += s.tensor->size();
+  return n;
+}
+
+}  // namespace
+
+OptimizerSpec UnitOptimizerSpec(const OptimizerSpec& task_optimizer, double lr_scale) {
+  OptimizerSpec inner = task_optimizer;
+  // A unit restarts its optimizer at step 0, so a warm-up or a cosine over [train].steps would
+  // replay the same ramp in every unit: a unit's inner rate is constant (lr x lr_scale), and the
+  // network task decays it across rounds instead (network.inner_lr_final).
+  inner.schedule = "constant";
+  inner.warmup_steps = 0;
+  inner.lr *= lr_scale;
+  inner.min_lr *= lr_scale;
+  return inner;
+}
+
+uint64_t DropoutSeed(uint64_t task_seed, uint64_t stream) {
+  // Dropout masks depend on the work-unit stream too, so units draw different masks.
+  return task_seed + stream * 0x9E3779B97F4A7C15ULL;
+}
+
+float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed, float* grad_norm) {
+  CHECK(state.optimizer) << "StepOnBatch needs a training state with an optimizer";
+  const int64_t step = state.step;
+  Model& m = *state.model;
+  m.ZeroGrad();
+  ForwardOptions opts{
+      .train = true, .dropout_seed = dropout_seed, .step = static_cast<uint64_t>(step)};
+  const float loss = m.Forward(batch, opts);
+  m.Backward();
+  const float norm = state.optimizer->Step(m.params(), step);
+  if (OpTrace* trace = m.op_trace()) {  // the update is the step's last operator
+    for (const Param& p : m.params()) {
+      trace->Record(p.name, {p.value.data(), static_cast<size_t>(p.value.size())});
+    }
+  }
+  state.step = step + 1;
+  if (grad_norm != nullptr) *grad_norm = norm;
+  return loss;
+}
+
+std::vector<float> FlatState(TrainState& state) {
+  CHECK(state.optimizer) << "FlatState needs a training state with an optimizer";
+  std::vector<float> flat;
+  flat.reserve(static_cast<size_t>(StateFloatCount(state)));
+  for (const Param& p : state.model->params()) {
+    flat.insert(flat.end(), p.value.data(), p.value.data() + p.value.size());
+  }
+  for (const Optimizer::NamedState& s : state.optimizer->State()) {
+    flat.insert(flat.end(), s.tensor->data(), s.tensor->data() + s.tensor->size());
+  }
+  return flat;
+}
+
+Result<TrainState> StateFromFlat(const ModelSpec& model, const OptimizerSpec& optimizer,
+                                 std::span<const float> flat, int64_t step, uint64_t seed,
+                                 uint64_t stream) {
+  if (optimizer.kind != "adamw" && optimizer.kind != "sgd") {
+    return InvalidArgument("StateFromFlat: optimizer kind must be adamw or sgd, got '" +
+                           optimizer.kind + "'");
+  }
+  if (step < 0) {
+    return InvalidArgument("StateFromFlat: step must be >= 0, got " + std::to_string(step));
+  }
+  Result<std::unique_ptr<Model>> m = Model::Create(model);
+  if (!m.ok()) {
+    return InvalidArgument("StateFromFlat: the model spec does not build: " + m.status().message());
+  }
+  TrainState st;
+  st.model = std::move(*m);
+  st.optimizer = std::make_unique<Optimizer>(optimizer, st.model->params());
+  st.step = step;
+  st.seed = seed;
+  st.stream = stream;
+  const int64_t want = StateFloatCount(st);
+  if (static_cast<int64_t>(flat.size()) != want) {
+    return InvalidArgument("StateFromFlat: the flat state has " + std::to_string(flat.size()) +
+                           " floats but model " + model.ToJson() + " with optimizer " +
+                           optimizer.kind + " expects " + std::to_string(want) + " (" +
+                           std::to_string(st.model->NumParameters()) +
+                           " parameters, then the optimizer state)");
+  }
+  size_t off = 0;
+  auto fill = [&](float* dst, int64_t n) {
+    std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(off), n, dst);
+    off += static_cast<size_t>(n);
+  };
+  for (Param& p : st.model->params()) fill(p.value.data(), p.value.size());
+  for (const Optimizer::NamedState& s : st.optimizer->State())
+    fill(s.tensor->data(), s.tensor->size());
+  CHECK_EQ(off, flat.size());
+  return st;
+}
+
+std::vector<int64_t> BatchIndices(uint64_t seed, uint64_t stream, int64_t n, int64_t batch,
+                                  int64_t step) {
+  return BatchSampler(seed, stream, n, batch).Indices(step);
+}
+
+Hash256 ExampleLeaf(uint64_t index, std::span<const float> x, int32_t y) {
+  // The float bytes are hashed as they lie in memory, like StateHash's tensors.
+  static_assert(std::endian::native == std::endian::little,
+                "meshlearn hashes little-endian floats");
+  Hasher h("meshlearn.example");
+  h.UpdateU64(index);
+  const uint32_t uy = static_cast<uint32_t>(y);
+  const uint8_t yb[4] = {static_cast<uint8_t>(uy), static_cast<uint8_t>(uy >> 8),
+                         static_cast<uint8_t>(uy >> 16), static_cast<uint8_t>(uy >> 24)};
+  h.Update(ByteSpan(yb, 4));
+  h.Update(ByteSpan(reinterpret_cast<const uint8_t*>(x.data()), x.size() * sizeof(float)));
+  return h.Finish();
+}
+
+DataTree::DataTree(const ClassificationData& train) {
+  const int64_t n = train.size();
+  leaf_count_ = static_cast<uint64_t>(n);
+  if (n == 0) {
+    root_ = MerkleRoot({});
+    return;
+  }
+  const int64_t per = train.x.size() / n;  // floats per example
+  std::vector<Hash256> level(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    std::span<const float> x(train.x.data() + i * per, static_cast<size_t>(per));
+    level[static_cast<size_t>(i)] =
+        MerkleLeafHash(ExampleLeaf(static_cast<uint64_t>(i), x, train.y[static_cast<size_t>(i)]));
+  }
+  levels_.push_back(std::move(level));
+  // base/merkle.cc's shape: pair neighbours, promote an odd last node unchanged.
+  while (levels_.back().size() > 1) {
+    const std::vector<Hash256>& cur = levels_.back();
+    std::vector<Hash256> next;
+    next.reserve((cur.size() + 1) / 2);
+    for (size_t i = 0; i + 1 < cur.size(); i += 2)
+      next.push_back(MerkleInnerHash(cur[i], cur[i + 1]));
+    if (cur.size() % 2 == 1) next.push_back(cur.back());
+    levels_.push_back(std::move(next));
+  }
+  root_ = levels_.back()[0];
+}
+
+MerkleProof DataTree::Prove(int64_t index) const {
+  CHECK_GE(index, 0);
+  CHECK_LT(static_cast<uint64_t>(index), leaf_count_);
+  MerkleProof proof;
+  proof.index = static_cast<uint64_t>(index);
+  proof.leaf_count = leaf_count_;
+  uint64_t pos = proof.index;
+  for (size_t l = 0; l + 1 < levels_.size(); ++l) {
+    const uint64_t sibling = pos ^ 1;
+    if (sibling < levels_[l].size()) proof.siblings.push_back(levels_[l][sibling]);
+    pos /= 2;
+  }
+  return proof;
+}
+
+}  // namespace meshlearn::engine
