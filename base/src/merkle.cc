@@ -1,19 +1,21 @@
 #include "meshlearn/base/merkle.h"
 
 namespace meshlearn {
-namespace {
-
-Hash256 InnerHash(const Hash256& left, const Hash256& right) {
+Hash256 MerkleInnerHash(const Hash256& left, const Hash256& right) {
   uint8_t tag = 0x01;
   Hasher h;
   h.Update(ByteSpan(&tag, 1)).Update(left).Update(right);
   return h.Finish();
 }
 
+namespace {
+
 std::vector<Hash256> NextLevel(const std::vector<Hash256>& level) {
   std::vector<Hash256> next;
   next.reserve((level.size() + 1) / 2);
-  for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(InnerHash(level[i], level[i + 1]));
+  for (size_t i = 0; i + 1 < level.size(); i += 2) {
+    next.push_back(MerkleInnerHash(level[i], level[i + 1]));
+  }
   if (level.size() % 2 == 1) next.push_back(level.back());  // promoted unchanged
   return next;
 }
@@ -67,7 +69,7 @@ bool MerkleVerify(const Hash256& root, const Hash256& leaf, const MerkleProof& p
     if (sibling < width) {
       if (used >= proof.siblings.size()) return false;
       const Hash256& s = proof.siblings[used++];
-      node = (pos % 2 == 0) ? InnerHash(node, s) : InnerHash(s, node);
+      node = (pos % 2 == 0) ? MerkleInnerHash(node, s) : MerkleInnerHash(s, node);
     }
     pos /= 2;
     width = (width + 1) / 2;

@@ -7,16 +7,6 @@
 namespace meshlearn::engine {
 namespace {
 
-// The hashes below must be exactly base/merkle.cc's (DataTree's root and proofs are checked
-// against MerkleRoot / MerkleProve / MerkleVerify); base keeps its inner hash private, so this is
-// the one copy, pinned by step_replay_test.
-Hash256 MerkleInnerHash(const Hash256& left, const Hash256& right) {
-  const uint8_t tag = 0x01;
-  Hasher h;
-  h.Update(ByteSpan(&tag, 1)).Update(left).Update(right);
-  return h.Finish();
-}
-
 int64_t StateFloatCount(TrainState& state) {
   int64_t n = state.model->NumParameters();
   for (const Optimizer::NamedState& s : state.optimizer->State()) n += s.tensor->size();
@@ -24,6 +14,12 @@ int64_t StateFloatCount(TrainState& state) {
 }
 
 }  // namespace
+
+Hash256 TaskContentId(const TaskSpec& task) {
+  Hasher h("meshlearn.local_task");
+  h.Update(task.name).UpdateU64(task.seed).Update(task.model.ToJson());
+  return h.Finish();
+}
 
 OptimizerSpec UnitOptimizerSpec(const OptimizerSpec& task_optimizer, double lr_scale) {
   OptimizerSpec inner = task_optimizer;

@@ -135,7 +135,7 @@ Result<Block> DecodeBlock(ByteSpan wire) {
   b.txs.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
     Bytes raw;
-    ML_RETURN_IF_ERROR(d.GetBytes(&raw, "tx", static_cast<uint32_t>(kMaxTxBytes)));
+    ML_RETURN_IF_ERROR(d.GetBytes(&raw, "tx", static_cast<uint32_t>(kMaxLargeTxBytes)));
     auto tx = DecodeTx(raw);
     if (!tx.ok()) return tx.status().WithPrefix("block: tx " + std::to_string(i));
     b.txs.push_back(std::move(*tx));

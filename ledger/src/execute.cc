@@ -106,9 +106,9 @@ PreparedTx::PreparedTx(const Transaction& t) : tx(t) {
 Status CheckAdmission(const LedgerState& state, const Genesis& genesis, const PreparedTx& p,
                       bool exact_nonce) {
   const Transaction& tx = p.tx;
-  if (p.wire.size() > kMaxTxBytes) {
+  if (const size_t limit = MaxTxBytes(PayloadType(tx.payload)); p.wire.size() > limit) {
     return ResourceExhausted("transaction is " + std::to_string(p.wire.size()) +
-                             " bytes, over the limit of " + std::to_string(kMaxTxBytes));
+                             " bytes, over the limit of " + std::to_string(limit));
   }
   if (tx.chain_id != genesis.chain_id) {
     return InvalidArgument("transaction is for chain '" + tx.chain_id + "', this is '" +

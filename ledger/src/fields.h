@@ -14,6 +14,7 @@
 
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/base/hash.h"
+#include "meshlearn/base/hex.h"
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/ledger/tx.h"
@@ -80,6 +81,7 @@ struct FieldEncoder {
     e.PutU32(static_cast<uint32_t>(v.size()));
     for (const Hash256& h : v) e.PutHash(h);
   }
+  void operator()(const char*, const WitnessField& v) { e.PutBytes(v.bytes); }
   template <HasVisit T>
   void operator()(const char*, const T& v) {
     T::Visit(v, *this);
@@ -111,6 +113,9 @@ struct FieldDecoder {
     v.resize(count);
     for (Hash256& h : v) Do([&] { return d.GetHash(&h, n); });
   }
+  void operator()(const char* n, WitnessField& v) {
+    Do([&] { return d.GetBytes(&v.bytes, n, static_cast<uint32_t>(kMaxWitnessBytes)); });
+  }
   template <HasVisit T>
   void operator()(const char*, T& v) {
     T::Visit(v, *this);
@@ -138,6 +143,7 @@ struct FieldToJson {
     for (const Hash256& h : v) a.push_back(h.ToHex());
     j[n] = std::move(a);
   }
+  void operator()(const char* n, const WitnessField& v) { j[n] = HexEncode(v.bytes); }
   template <HasVisit T>
   void operator()(const char* n, const T& v) {
     nlohmann::json sub = nlohmann::json::object();
@@ -220,6 +226,16 @@ struct FieldFromJson {
       if (!r.ok()) return SetError(r.status());
       v.push_back(*r);
     }
+  }
+  void operator()(const char* n, WitnessField& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (!f->is_string() || f->get_ref<const std::string&>().size() > 2 * kMaxWitnessBytes) {
+      return Fail(n, "must be the hex of at most " + std::to_string(kMaxWitnessBytes) + " bytes");
+    }
+    auto r = HexDecode(f->get<std::string>(), n);
+    if (!r.ok()) return SetError(r.status());
+    v.bytes = std::move(*r);
   }
   template <HasVisit T>
   void operator()(const char* n, T& v) {

@@ -293,15 +293,19 @@ json RpcService::Dispatch(const std::string& method, const json& params) {
   if (method == "send_tx") {
     p.Only({"tx", "wait_ms"});
     std::string hex = p.Str("tx");
-    if (hex.size() > 2 * kMaxTxBytes) {
+    if (hex.size() > 2 * kMaxLargeTxBytes) {
       Fail(kRpcLimitExceeded,
            "send_tx: params.tx is " + std::to_string(hex.size() / 2) +
-               " bytes, over the transaction limit of " + std::to_string(kMaxTxBytes),
+               " bytes, over the transaction limit of " + std::to_string(kMaxLargeTxBytes),
            StatusCode::kResourceExhausted);
     }
     Result<Bytes> bytes = HexDecode(hex, "send_tx: params.tx");
     if (!bytes.ok()) BadParam(bytes.status().message() + " (the canonical transaction as hex)");
     Result<Transaction> tx = DecodeTx(*bytes);
+    if (!tx.ok() && tx.status().code() == StatusCode::kResourceExhausted) {
+      Fail(kRpcLimitExceeded, "send_tx: params.tx: " + tx.status().message(),
+           StatusCode::kResourceExhausted);
+    }
     if (!tx.ok()) BadParam("send_tx: params.tx does not decode: " + tx.status().message());
     uint64_t wait_ms = p.U64("wait_ms", 0);
     if (wait_ms > static_cast<uint64_t>(limits_.max_wait_ms)) {

@@ -78,6 +78,80 @@ TxType PayloadType(const TxPayload& p) {
   return std::visit([](const auto& v) { return std::decay_t<decltype(v)>::kType; }, p);
 }
 
+size_t MaxTxBytes(TxType t) { return t == TxType::kRefereeStep ? kMaxLargeTxBytes : kMaxTxBytes; }
+
+namespace {
+
+constexpr std::string_view kWitnessMagic = "meshlearn.step_witness.v1";
+constexpr uint32_t kMaxWitnessExamples = 1u << 16;
+constexpr uint32_t kMaxWitnessProofDepth = 64;
+
+void PutFloats(Encoder& e, const std::vector<float>& v) {
+  e.PutU32(static_cast<uint32_t>(v.size()));
+  for (float f : v) e.PutF32(f);
+}
+Status GetFloats(Decoder& d, std::vector<float>* v, std::string_view field) {
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, field, static_cast<uint32_t>(kMaxWitnessBytes / 4), 4));
+  v->resize(n);
+  for (float& f : *v) ML_RETURN_IF_ERROR(d.GetF32(&f, field));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Bytes EncodeStepWitness(const StepWitness& w) {
+  Encoder e;
+  e.PutString(kWitnessMagic).PutString(w.bundle);
+  PutFloats(e, w.state);
+  e.PutU32(static_cast<uint32_t>(w.examples.size()));
+  for (const StepWitnessExample& x : w.examples) {
+    e.PutU64(x.index);
+    PutFloats(e, x.x);
+    e.PutU32(static_cast<uint32_t>(x.y));
+    e.PutU64(x.proof.index).PutU64(x.proof.leaf_count);
+    e.PutU32(static_cast<uint32_t>(x.proof.siblings.size()));
+    for (const Hash256& h : x.proof.siblings) e.PutHash(h);
+  }
+  return e.Take();
+}
+
+Result<StepWitness> DecodeStepWitness(ByteSpan bytes) {
+  if (bytes.size() > kMaxWitnessBytes) {
+    return InvalidArgument("step witness: " + std::to_string(bytes.size()) +
+                           " bytes, over the limit of " + std::to_string(kMaxWitnessBytes) +
+                           " (only small models are refereed on chain)");
+  }
+  Decoder d(bytes, "step witness");
+  StepWitness w;
+  std::string magic;
+  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
+  if (magic != kWitnessMagic) {
+    return InvalidArgument("step witness: starts with '" + magic + "', expected '" +
+                           std::string(kWitnessMagic) + "' (EncodeStepWitness)");
+  }
+  ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
+  ML_RETURN_IF_ERROR(GetFloats(d, &w.state, "state"));
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "examples", kMaxWitnessExamples, 28));
+  w.examples.resize(n);
+  for (StepWitnessExample& x : w.examples) {
+    ML_RETURN_IF_ERROR(d.GetU64(&x.index, "example.index"));
+    ML_RETURN_IF_ERROR(GetFloats(d, &x.x, "example.x"));
+    uint32_t y = 0;
+    ML_RETURN_IF_ERROR(d.GetU32(&y, "example.y"));
+    x.y = static_cast<int32_t>(y);
+    ML_RETURN_IF_ERROR(d.GetU64(&x.proof.index, "example.proof.index"));
+    ML_RETURN_IF_ERROR(d.GetU64(&x.proof.leaf_count, "example.proof.leaf_count"));
+    uint32_t depth = 0;
+    ML_RETURN_IF_ERROR(d.GetCount(&depth, "example.proof.siblings", kMaxWitnessProofDepth, 32));
+    x.proof.siblings.resize(depth);
+    for (Hash256& h : x.proof.siblings) ML_RETURN_IF_ERROR(d.GetHash(&h, "example.proof.siblings"));
+  }
+  ML_RETURN_IF_ERROR(d.Finish());
+  return w;
+}
+
 Bytes EncodeTx(const Transaction& tx) {
   Encoder e;
   EncodeUnsigned(e, tx);
@@ -85,10 +159,34 @@ Bytes EncodeTx(const Transaction& tx) {
   return e.Take();
 }
 
+namespace {
+
+// Whether `wire` starts like a RefereeStep (the one type allowed past kMaxTxBytes): the header
+// decodes and its type tag is RefereeStep's. Nothing past the tag is read.
+bool StartsAsRefereeStep(ByteSpan wire) {
+  Decoder d(wire, "transaction");
+  uint8_t version = 0;
+  std::string chain_id;
+  PublicKey sender;
+  uint64_t nonce = 0, fee = 0;
+  uint16_t tag = 0;
+  return d.GetU8(&version, "version").ok() &&
+         d.GetString(&chain_id, "chain_id", kMaxChainIdLength).ok() &&
+         d.GetPublicKey(&sender, "sender").ok() && d.GetU64(&nonce, "nonce").ok() &&
+         d.GetU64(&fee, "fee").ok() && d.GetU16(&tag, "type").ok() &&
+         tag == static_cast<uint16_t>(TxType::kRefereeStep);
+}
+
+}  // namespace
+
 Result<Transaction> DecodeTx(ByteSpan wire) {
-  if (wire.size() > kMaxTxBytes) {
+  if (wire.size() > kMaxTxBytes &&
+      (wire.size() > kMaxLargeTxBytes || !StartsAsRefereeStep(wire))) {
+    const size_t limit = wire.size() > kMaxLargeTxBytes ? kMaxLargeTxBytes : kMaxTxBytes;
     return ResourceExhausted("transaction: " + std::to_string(wire.size()) +
-                             " bytes, over the limit of " + std::to_string(kMaxTxBytes));
+                             " bytes, over the limit of " + std::to_string(limit) +
+                             " (only a RefereeStep may be longer than " +
+                             std::to_string(kMaxTxBytes) + ")");
   }
   Decoder d(wire, "transaction");
   Transaction tx;
@@ -108,6 +206,7 @@ Result<Transaction> DecodeTx(ByteSpan wire) {
   uint16_t tag;
   ML_RETURN_IF_ERROR(d.GetU16(&tag, "type"));
   ML_RETURN_IF_ERROR(DecodePayload(d, tag, &tx.payload));
+
   ML_RETURN_IF_ERROR(d.GetSignature(&tx.signature, "signature"));
   ML_RETURN_IF_ERROR(d.Finish());
   return tx;

@@ -55,6 +55,8 @@ std::vector<TxPayload> SamplePayloads() {
                     .hash = Blake2b("mid")},
       ChallengeUnitTx{.task_id = Blake2b("task"), .index = 2, .node_id = k, .claim = claim},
       RuleDisputeTx{.task_id = Blake2b("task"), .index = 2, .output = Blake2b("out")},
+      RefereeStepTx{.task_id = Blake2b("task"), .index = 2,
+                    .witness = {EncodeStepWitness({.bundle = "[task]", .state = {1, 2}, .examples = {}})}},
   };
   return out;
 }

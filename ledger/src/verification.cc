@@ -8,7 +8,10 @@
 //   RevealSecret   the solver's secret for the unit             -> UnitCheck::OnSecretRevealed
 //   DisputePost    a party's move in the bisection game         -> DisputeGame::Post
 //   ChallengeUnit  a whistleblower disputes a settled unit      -> UnitCheck::OnChallenge
-//   RuleDispute    the referee's output for the narrowed step   -> DisputeGame::Rule
+//   RefereeStep    the witness of the narrowed step: the ledger executes it itself (a task
+//                  with a data root, exact mode; referee_step.h)    -> DisputeGame::Rule
+//   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
+//                  tolerance-mode segment, a task without a data root -> DisputeGame::Rule
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
 //                  reputation; fraud or a forced error rewinds the round (DriveChecks)
 //
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "execute.h"
+#include "referee_step.h"
 #include "meshlearn/base/log.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
@@ -432,6 +436,51 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
   return Status::Ok();
 }
 
+// The dispute on unit `index` waiting for the referee (with its unit and check).
+struct RefereeStage {
+  const WorkUnit* unit = nullptr;
+  UnitCheck check;
+};
+Result<RefereeStage> DisputeAtReferee(const LedgerState& s, const Hash256& task_id,
+                                      uint32_t index, std::string_view what) {
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(s, task_id, index, what));
+  ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  const auto& game = c.dispute();
+  if (c.stage() != CheckStage::kCheckDisputed || !game.has_value() ||
+      game->stage() != protocol::DisputeStage::kDisputeReferee) {
+    return FailedPrecondition(std::string(what) + ": unit " + std::to_string(index) +
+                              " has no dispute waiting for the referee");
+  }
+  return RefereeStage{u, std::move(c)};
+}
+
+// Whether the ledger executes this dispute's ruling itself (RefereeStep) rather than taking the
+// genesis referee's word (RuleDispute): a whole step of a task with a data root.
+bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
+  return !t.params.data_root.IsZero() && task.whole_step && !task.segment;
+}
+
+Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
+  constexpr std::string_view kWhat = "referee step";
+  ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(ctx.state, tx.task_id, tx.index, kWhat));
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  protocol::DisputeGame* game = r.check.mutable_dispute();
+  if (!LedgerExecutes(*t, game->referee_task())) {
+    return FailedPrecondition(
+        "referee step: the dispute on unit " + std::to_string(tx.index) +
+        (t->params.data_root.IsZero() ? " belongs to a task without a data root"
+                                      : " is not about one whole step (tolerance mode)") +
+        "; the genesis referee rules it (RuleDispute)");
+  }
+  Result<StepWitness> w = DecodeStepWitness(tx.witness.bytes);
+  if (!w.ok()) return w.status().WithPrefix("referee step");
+  ML_ASSIGN_OR_RETURN(Hash256 output,
+                      ExecuteRefereeStepWitness(*t, *r.unit, game->referee_task(), *w));
+  ML_RETURN_IF_ERROR(game->Rule(output));
+  SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
+  return Status::Ok();
+}
+
 Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
   constexpr std::string_view kWhat = "rule dispute";
   const PublicKey referee = RefereeKey(ctx.genesis);
@@ -441,13 +490,13 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                                               : referee.ShortHex()) +
                             " may rule");
   }
-  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
-  ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(ctx.state, tx.task_id, tx.index, kWhat));
+  UnitCheck& c = r.check;
   protocol::DisputeGame* game = c.mutable_dispute();
-  if (c.stage() != CheckStage::kCheckDisputed || game == nullptr ||
-      game->stage() != protocol::DisputeStage::kDisputeReferee) {
-    return FailedPrecondition("rule dispute: unit " + std::to_string(tx.index) +
-                              " has no dispute waiting for the referee");
+  if (LedgerExecutes(*ctx.state.tasks.Find(tx.task_id), game->referee_task())) {
+    return FailedPrecondition("rule dispute: task " + tx.task_id.ShortHex() +
+                              " has a data root, so the ledger executes the disputed step "
+                              "itself; send RefereeStep with the step's witness");
   }
   if (game->referee_task().segment) {
     if (tx.tolerance_verdict != 1 && tx.tolerance_verdict != 2) {

@@ -8,6 +8,11 @@
 #include <set>
 
 #include "execute.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/net/blob.h"
+#include "meshlearn/protocol/decompose.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/unit_check.h"
@@ -119,7 +124,8 @@ class VerificationTest : public FollowedChainFixture {
     p.tolerance_rel_l2_ppm = tolerance_ppm;
     Amount unit_cost = 0;
     Amount budget = MaxTaskCost(p, 20, &unit_cost, genesis_.params.verifiers_per_unit);
-    Transaction submit = Q(gina_, SubmitTaskTx{.spec_hash = Blake2b("bundle"),
+    p.data_root = data_root_;
+    Transaction submit = Q(gina_, SubmitTaskTx{.spec_hash = spec_hash_,
                                                .budget = budget,
                                                .price_cap = 20,
                                                .params = p});
@@ -311,6 +317,10 @@ class VerificationTest : public FollowedChainFixture {
   Hash256 task_id_;
   Amount budget_ = 0;
   int salt_ = 0;
+  // The task Start() submits: a bundle that is not a real task and no data root (the genesis
+  // referee rules its disputes), unless a fixture sets them.
+  Hash256 spec_hash_ = Blake2b("bundle");
+  Hash256 data_root_;
 };
 
 TEST_F(VerificationTest, HonestWorkIsCheckedCleanAndEveryonePaid) {
@@ -440,6 +450,11 @@ TEST_P(RefereeTest, TheRefereeRulesForTheHonestParty) {
                      .output = TrueState(u, task.step)};
   std::vector<Receipt> r = Step({Q(gina_, rule)});
   EXPECT_EQ(r[0].code, StatusCode::kPermissionDenied) << r[0].reason;
+  // Without a data root the ledger cannot check a batch: no RefereeStep for this task.
+  r = Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = static_cast<uint32_t>(u),
+                                   .witness = {EncodeStepWitness({})}})});
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
+  EXPECT_NE(r[0].reason.find("without a data root"), std::string::npos) << r[0].reason;
   StepOk({Q(referee_, rule)});
   r = Step({Q(referee_, rule)});  // nothing left to rule
   EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
@@ -459,6 +474,236 @@ TEST_P(RefereeTest, TheRefereeRulesForTheHonestParty) {
 
 INSTANTIATE_TEST_SUITE_P(EachSideLies, RefereeTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "SolverLies" : "VerifierLies"; });
+
+// The ledger as referee: a task with a data root. The parties' states come from real training
+// (a tiny MLP on synthetic data); the ledger executes the narrowed step from a witness anyone
+// posts (RefereeStepTx) and rules with its own output; the genesis referee's word is refused.
+constexpr char kTinyBundle[] = R"(
+[task]
+name = "referee-mlp"
+seed = 5
+[data]
+format = "npy"
+train_x = "blob:00"
+train_y = "blob:01"
+test_x = "blob:02"
+test_y = "blob:03"
+[model]
+input = [6]
+[[model.layers]]
+kind = "linear"
+out = 12
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "dropout"
+p = 0.25
+[[model.layers]]
+kind = "linear"
+out = 3
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 100
+batch_size = 5
+[network]
+rounds = 2
+units_per_round = 2
+inner_steps = 4
+checkpoint_interval = 2
+inner_lr_final = 0.5
+)";
+
+class LedgerRefereeTest : public VerificationTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  LedgerRefereeTest() {
+    // 200 examples (TestTaskParams' num_examples as Start() sets it), 6 features, 3 classes.
+    engine::TaskData d;
+    std::vector<float> x(200 * 6);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 37) % 101) / 50.0f - 1.0f;
+    d.train.x = engine::Tensor({200, 6}, x);
+    d.train.y.resize(200);
+    for (int i = 0; i < 200; ++i) d.train.y[i] = (i * 7) % 3;
+    d.train.num_classes = 3;
+    d.test = d.train;
+    train_ = d.train;
+    spec_ = engine::TaskSpec::Parse(kTinyBundle, "referee-mlp.toml", "").value();
+    trainer_ = engine::Trainer::Create(spec_, std::move(d)).value();
+    global_ = trainer_->FlatParams();
+    tree_ = std::make_unique<engine::DataTree>(train_);
+    spec_hash_ = net::BuildManifest(AsBytes(std::string_view(kTinyBundle))).id().hash;
+    data_root_ = tree_->root();
+  }
+
+  // Trains unit `index` honestly (as a solver does: round 0, its shard's stream, the round's
+  // learning rate) and records the state hash and FlatState after every step 0..4.
+  void TrainUnit(uint32_t index) {
+    const WorkUnit u = Unit(index);
+    stream_ = protocol::UnitSeed(
+        spec_.seed, protocol::UnitId{engine::TaskContentId(spec_), u.round, u.shard});
+    ASSERT_TRUE(trainer_->StartUnit(stream_, global_, protocol::InnerLrScale(2, 0.5, u.round)).ok());
+    states_.clear();
+    flats_.clear();
+    for (int s = 0; s <= 4; ++s) {
+      if (s > 0) trainer_->Step();
+      states_.push_back(engine::StateHash(trainer_->state()));
+      flats_.push_back(engine::FlatState(trainer_->state()));
+    }
+  }
+  std::vector<Hash256> TrueLeaves() const { return {states_[0], states_[2], states_[4]}; }
+
+  // The witness of step `step` (1-based): the state after step - 1 and that step's batch.
+  StepWitness Witness(uint64_t step) const {
+    StepWitness w{.bundle = kTinyBundle, .state = flats_.at(step - 1), .examples = {}};
+    for (int64_t i : engine::BatchIndices(spec_.seed, stream_, 200, spec_.batch_size,
+                                          static_cast<int64_t>(step) - 1)) {
+      StepWitnessExample e{.index = static_cast<uint64_t>(i), .x = {}, .y = train_.y[i],
+                           .proof = tree_->Prove(i)};
+      e.x.assign(train_.x.data() + i * 6, train_.x.data() + (i + 1) * 6);
+      w.examples.push_back(std::move(e));
+    }
+    return w;
+  }
+  Transaction RefereeStep(const KeyPair& sender, uint32_t index, const StepWitness& w) {
+    return Q(sender, RefereeStepTx{.task_id = task_id_, .index = index,
+                                   .witness = {EncodeStepWitness(w)}});
+  }
+
+  engine::TaskSpec spec_;
+  engine::ClassificationData train_;
+  std::unique_ptr<engine::Trainer> trainer_;
+  std::unique_ptr<engine::DataTree> tree_;
+  std::vector<float> global_;
+  uint64_t stream_ = 0;
+  std::vector<Hash256> states_;
+  std::vector<std::vector<float>> flats_;
+};
+
+TEST_P(LedgerRefereeTest, TheLedgerExecutesTheDisputedStepAndRulesForTheHonestParty) {
+  const bool solver_lies = GetParam();
+  Start();
+  const int u = UnitOf(s1_), other = UnitOf(s2_);
+  ASSERT_GE(u, 0);
+  TrainUnit(static_cast<uint32_t>(u));
+  auto lie = [&](uint64_t s) { return Hasher("lie").UpdateU64(s).Finish(); };
+  // A lazy solver commits made-up states after step 0; a lying verifier claims segment 1 (from
+  // the true state after step 2) ends elsewhere.
+  auto solver_states = [&](uint64_t s) { return solver_lies && s > 0 ? lie(s) : states_[s]; };
+  auto verifier_states = [&](uint64_t s) { return !solver_lies && s > 2 ? lie(s) : states_[s]; };
+  const std::vector<Hash256> leaves = {solver_states(0), solver_states(2), solver_states(4)};
+  const uint32_t segment = solver_lies ? 0 : 1;
+  std::vector<Transaction> commits = {CommitTx(u, leaves), CommitTx(other, Leaves(other, false))};
+  pending_secrets_.clear();
+  StepOk(commits);
+  Step();
+  Sealed claim{Verdict::kVerdictMismatch, Blake2b("salt referee"),
+               ClaimOf(leaves, segment, verifier_states(2 * segment + 2))};
+  Sealed ok = Clean();
+  StepOk({SealTx(v1_, u, claim), SealTx(v1_, other, ok)});
+  StepUntil(u, CheckStage::kCheckRevealVerdicts);
+  const RevealSecretTx secret{.task_id = task_id_, .index = static_cast<uint32_t>(u),
+                              .node_id = s1_.public_key(),
+                              .secret = Secret(s1_, Unit(u).secret_index),
+                              .start_leaf = states_[0]};
+  StepOk({RevealTx(v1_, u, claim), RevealTx(v1_, other, ok), N(s1_, secret), SecretTx(other)});
+  StepUntil(u, CheckStage::kCheckDisputed);
+  PlayDispute(u, solver_states, verifier_states);
+  ASSERT_EQ(Check(u).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  const protocol::RefereeTask task = Check(u).dispute()->referee_task();
+  ASSERT_TRUE(task.whole_step);
+  EXPECT_EQ(task.step, solver_lies ? 1u : 3u);  // the first step whose states differ
+  EXPECT_EQ(task.input, states_[task.step - 1]);
+
+  // The genesis referee's word no longer decides a step the ledger can execute.
+  std::vector<Receipt> r = Step({Q(referee_, RuleDisputeTx{.task_id = task_id_,
+                                                           .index = static_cast<uint32_t>(u),
+                                                           .output = states_[task.step]})});
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
+  EXPECT_NE(r[0].reason.find("RefereeStep"), std::string::npos) << r[0].reason;
+  // Witnesses that do not check out are refused, each naming what is wrong; the game waits.
+  const StepWitness good = Witness(task.step);
+  auto refused = [&](const StepWitness& w, const std::string& why) {
+    std::vector<Receipt> rr = Step({RefereeStep(gina_, u, w)});
+    EXPECT_FALSE(rr[0].ok) << why;
+    EXPECT_NE(rr[0].reason.find(why), std::string::npos) << rr[0].reason;
+  };
+  StepWitness w = good;
+  w.bundle += "# another task\n";
+  refused(w, "spec_hash");
+  w = good;
+  w.state[3] += 1e-3f;
+  refused(w, "the witness state hashes to");
+  w = Witness(task.step == 1 ? 2 : 1);  // a true state, but not the agreed one
+  refused(w, "the witness state hashes to");
+  w = good;
+  w.examples[1].x[0] += 1.0f;  // not the data the submitter committed to
+  refused(w, "is not proven against the task's data_root");
+  w = good;
+  std::swap(w.examples[0], w.examples[1]);  // the right examples in the wrong order
+  refused(w, "the batch draws index");
+  w = good;
+  w.examples.pop_back();
+  refused(w, "examples, a batch of this task has 5");
+  r = Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = static_cast<uint32_t>(u),
+                                   .witness = {Bytes{1, 2, 3}}})});
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("step witness: truncated"), std::string::npos) << r[0].reason;
+  ASSERT_TRUE(HasCheck(u));
+  ASSERT_EQ(Check(u).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+
+  // Anyone may post the right witness (here the submitter); the ledger computes the step itself.
+  StepOk({RefereeStep(gina_, u, good)});
+  r = Step({RefereeStep(gina_, u, good)});  // nothing left to rule
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
+  StepUntilDone(u, 3);
+  if (solver_lies) {
+    EXPECT_FALSE(HasCheck(u));  // fraud: the round re-runs
+    EXPECT_TRUE(Rerunning());
+    EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+    EXPECT_EQ(Node(v1_).reputation.slashes, 0u);
+  } else {
+    EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();
+    EXPECT_EQ(Node(v1_).reputation.slashes, 1u);  // the lying verifier
+    EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EachSideLies, LedgerRefereeTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "SolverLies" : "VerifierLies"; });
+
+TEST(StepWitnessTest, EncodingRoundTripsAndRefusesDamage) {
+  StepWitness w{.bundle = "[task]\n", .state = {1.5f, -2.0f, 0.0f}, .examples = {}};
+  w.examples.push_back(StepWitnessExample{
+      .index = 7, .x = {0.25f, 0.5f}, .y = 2,
+      .proof = MerkleProof{.index = 7, .leaf_count = 9, .siblings = {Blake2b("a"), Blake2b("b")}}});
+  const Bytes enc = EncodeStepWitness(w);
+  Result<StepWitness> back = DecodeStepWitness(enc);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, w);
+  for (size_t cut : {size_t{0}, size_t{10}, enc.size() - 1}) {
+    EXPECT_FALSE(DecodeStepWitness(ByteSpan(enc).first(cut)).ok()) << cut;
+  }
+  Bytes longer = enc;
+  longer.push_back(0);
+  EXPECT_FALSE(DecodeStepWitness(longer).ok());
+  EXPECT_EQ(DecodeStepWitness(Bytes(kMaxWitnessBytes + 1, 0)).status().code(),
+            StatusCode::kInvalidArgument);
+  // As a transaction: the one type allowed past kMaxTxBytes, through the binary and JSON forms.
+  StepWitness big = w;
+  big.state.assign(100'000, 0.5f);
+  Transaction tx = BuildSignedTx(TestKey(1), "c", 0,
+                                 RefereeStepTx{.task_id = Blake2b("t"), .index = 3,
+                                               .witness = {EncodeStepWitness(big)}});
+  const Bytes wire = EncodeTx(tx);
+  EXPECT_GT(wire.size(), kMaxTxBytes);
+  Result<Transaction> decoded = DecodeTx(wire);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(*decoded, tx);
+  Result<Transaction> from_json = TxFromJson(TxToJson(tx));
+  ASSERT_TRUE(from_json.ok()) << from_json.status().ToString();
+  EXPECT_EQ(*from_json, tx);
+}
 
 class ForcedErrorTest : public VerificationTest {
  protected:

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "meshlearn/base/rng.h"
+#include "meshlearn/engine/step_replay.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/unit_executor.h"
@@ -50,9 +51,7 @@ void MakeGarbage(GarbageKind kind, uint64_t seed, std::vector<float>& delta) {
 protocol::TaskSpecView MakeTaskView(const engine::Trainer& trainer, const NetworkSpec& net) {
   const engine::TaskSpec& t = trainer.task();
   protocol::TaskSpecView v;
-  Hasher h("meshlearn.local_task");
-  h.Update(t.name).UpdateU64(t.seed).Update(t.model.ToJson());
-  v.id = h.Finish();
+  v.id = engine::TaskContentId(t);
   v.rounds = net.rounds;
   v.units_per_round = net.units_per_round;
   v.inner_steps = net.inner_steps;

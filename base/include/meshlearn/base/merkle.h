@@ -21,9 +21,12 @@ struct MerkleProof {
   uint64_t index = 0;       // position of the leaf
   uint64_t leaf_count = 0;  // number of leaves in the tree
   std::vector<Hash256> siblings;  // bottom-up; levels where the node was promoted have none
+  bool operator==(const MerkleProof&) const = default;
 };
 
 Hash256 MerkleLeafHash(const Hash256& leaf);
+// The parent of two nodes (for trees built level by level elsewhere, e.g. engine::DataTree).
+Hash256 MerkleInnerHash(const Hash256& left, const Hash256& right);
 Hash256 MerkleRoot(const std::vector<Hash256>& leaves);
 
 // REQUIRES: index < leaves.size().

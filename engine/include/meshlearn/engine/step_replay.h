@@ -43,8 +43,15 @@
 #include "meshlearn/engine/data.h"
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/optim.h"
+#include "meshlearn/engine/train.h"
 
 namespace meshlearn::engine {
+
+// The id a network task's unit streams derive from (protocol::UnitId::content_id): a hash of the
+// task's name, seed and model spec. Solvers, verifiers and the ledger all use this, never the
+// ledger's task id, so a network run and an in-process run (node/local_diloco.h) train the same
+// streams.
+Hash256 TaskContentId(const TaskSpec& task);
 
 // The inner optimizer of a work unit: the task's [optimizer] at a constant rate lr x lr_scale, no
 // warm-up (Trainer::StartUnit's rule; both use this function). StartUnit checks that lr_scale is

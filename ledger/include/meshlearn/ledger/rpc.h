@@ -79,6 +79,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshlearn/base/status.h"
+#include "meshlearn/ledger/tx.h"
 
 namespace meshlearn::ledger {
 
@@ -99,7 +100,8 @@ enum RpcErrorCode : int {
 };
 
 struct RpcLimits {
-  size_t max_body_bytes = 1 << 20;
+  // Room for one RefereeStep (its witness is the largest transaction), as hex in JSON.
+  size_t max_body_bytes = 2 * kMaxLargeTxBytes + (64 << 10);
   int max_json_depth = 16;
   size_t max_batch = 100;
   int64_t max_page = 100;

@@ -23,6 +23,7 @@
 
 #include "meshlearn/base/clock.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/ledger/tx.h"
 #include "meshlearn/ledger/rate_limit.h"
 
 namespace httplib {
@@ -35,7 +36,8 @@ class RpcService;
 
 struct RpcServerOptions {
   RateLimitOptions rate_limit = {};
-  size_t max_body_bytes = 1 << 20;
+  // Room for one RefereeStep (its witness is the largest transaction), as hex in JSON.
+  size_t max_body_bytes = 2 * kMaxLargeTxBytes + (64 << 10);
   int threads = 64;
 };
 

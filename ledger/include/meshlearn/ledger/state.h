@@ -143,6 +143,11 @@ struct TaskParams {
   // Tolerance mode (protocol::ToleranceParams), both 0: exact mode (state hashes must match).
   uint32_t tolerance_rel_l2_ppm = 0;      // <= 1000000
   uint32_t tolerance_cosine_gap_ppb = 0;  // <= 1000000000
+  // Merkle root over the training examples (engine::DataTree; num_examples leaves), set by the
+  // submitter; every node checks it against the data it loads and refuses a task whose root is
+  // wrong. With it the ledger itself executes a disputed step (RefereeStepTx); zero (a token task,
+  // or a task submitted without one): the genesis referee rules (RuleDisputeTx).
+  Hash256 data_root;
 
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
@@ -160,6 +165,7 @@ struct TaskParams {
     v("verification_window_blocks", s.verification_window_blocks);
     v("tolerance_rel_l2_ppm", s.tolerance_rel_l2_ppm);
     v("tolerance_cosine_gap_ppb", s.tolerance_cosine_gap_ppb);
+    v("data_root", s.data_root);
   }
   bool operator==(const TaskParams&) const = default;
 };

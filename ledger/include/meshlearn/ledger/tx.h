@@ -29,6 +29,7 @@
 
 #include "meshlearn/base/bytes.h"
 #include "meshlearn/base/hash.h"
+#include "meshlearn/base/merkle.h"
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/ledger/state.h"
@@ -37,6 +38,10 @@
 namespace meshlearn::ledger {
 
 inline constexpr size_t kMaxTxBytes = 16 * 1024;       // a whole encoded transaction
+// A RefereeStep carries the witness of a training step (the state of a small model and one
+// batch of examples): the only transaction allowed past kMaxTxBytes.
+inline constexpr size_t kMaxWitnessBytes = 8u << 20;
+inline constexpr size_t kMaxLargeTxBytes = kMaxWitnessBytes + kMaxTxBytes;
 inline constexpr uint32_t kMaxChainIdLength = 64;
 inline constexpr uint32_t kMaxStringFieldLength = 1024;  // endpoint, memo, accelerator, ...
 inline constexpr uint8_t kTxVersion = 1;
@@ -456,6 +461,52 @@ struct RuleDisputeTx {
   bool operator==(const RuleDisputeTx&) const = default;
 };
 
+// The witness of one training step, for a dispute whose game narrowed to a whole step (exact
+// mode): everything the ledger needs to compute that step itself (engine/step_replay.h). Posted
+// by anyone (in practice a party of the dispute or a referee service) as RefereeStepTx; the ledger
+// checks every input against what is on chain, runs the step and rules with its own output.
+struct StepWitnessExample {
+  uint64_t index = 0;     // dataset index (must be the batch's index at its position)
+  std::vector<float> x;   // the example as the engine trains on it (normalised)
+  int32_t y = 0;          // class id
+  MerkleProof proof;      // of engine::ExampleLeaf(index, x, y) against the task's data_root
+  bool operator==(const StepWitnessExample&) const = default;
+};
+struct StepWitness {
+  std::string bundle;                        // the task bundle text (blob id == spec_hash)
+  std::vector<float> state;                  // engine::FlatState of the agreed state (step - 1)
+  std::vector<StepWitnessExample> examples;  // the batch of the step, in batch order
+  bool operator==(const StepWitness&) const = default;
+};
+Bytes EncodeStepWitness(const StepWitness& w);
+// Refuses truncated or trailing bytes and sizes over kMaxWitnessBytes (InvalidArgument).
+Result<StepWitness> DecodeStepWitness(ByteSpan bytes);
+
+// The witness bytes of a RefereeStepTx (EncodeStepWitness; at most kMaxWitnessBytes; hex in JSON).
+struct WitnessField {
+  Bytes bytes;
+  bool operator==(const WitnessField&) const = default;
+};
+
+// The ledger rules a dispute in the referee stage whose task is one whole training step (exact
+// mode, a task with a data_root): `witness` (EncodeStepWitness) is checked against the chain (the
+// bundle against spec_hash, the state against the agreed hash, each example against data_root at
+// the batch's index) and the step is executed; DisputeGame::Rule gets the ledger's own output.
+// Sender: anyone. The one transaction that may be longer than kMaxTxBytes (kMaxLargeTxBytes).
+struct RefereeStepTx {
+  static constexpr TxType kType = TxType::kRefereeStep;
+  Hash256 task_id;
+  uint32_t index = 0;
+  WitnessField witness;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("witness", s.witness);
+  }
+  bool operator==(const RefereeStepTx&) const = default;
+};
+
 namespace internal {
 template <typename Ignored, typename... T>
 struct VariantOfRest {
@@ -470,6 +521,8 @@ using TxPayload =
 #undef ML_TX_ALTERNATIVE_
 
 TxType PayloadType(const TxPayload& p);
+// The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for a RefereeStep.
+size_t MaxTxBytes(TxType t);
 
 struct Transaction {
   std::string chain_id;
@@ -482,7 +535,8 @@ struct Transaction {
 };
 
 Bytes EncodeTx(const Transaction& tx);
-// Refuses inputs over kMaxTxBytes, truncated or trailing bytes, unknown types, bad fields.
+// Refuses inputs over MaxTxBytes of their type, truncated or trailing bytes, unknown types, bad
+// fields.
 // Does NOT check the signature (see VerifyTxSignature).
 Result<Transaction> DecodeTx(ByteSpan wire);
 

@@ -33,4 +33,5 @@
   X(RevealSecret, 52, verification)  \
   X(DisputePost, 53, verification)   \
   X(ChallengeUnit, 54, verification) \
-  X(RuleDispute, 55, verification)
+  X(RuleDispute, 55, verification)  \
+  X(RefereeStep, 56, verification)

@@ -1,0 +1,131 @@
+#include "referee_step.h"
+
+#include <string>
+#include <vector>
+
+#include "meshlearn/base/config.h"
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/net/blob.h"
+#include "meshlearn/protocol/decompose.h"
+
+namespace meshlearn::ledger {
+
+namespace {
+
+// The [network] values a unit's replay needs from the bundle (node/network_task.h parses the
+// whole table; the ledger reads only these two, with the same defaults).
+struct UnitSchedule {
+  uint32_t rounds = 0;
+  double inner_lr_final = 1.0;
+};
+
+Result<UnitSchedule> ReadSchedule(const std::string& bundle, const std::string& what) {
+  ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Parse(bundle, what));
+  ML_ASSIGN_OR_RETURN(ConfigFile net, cfg.GetTable("network"));
+  UnitSchedule s;
+  ML_ASSIGN_OR_RETURN(int64_t rounds, net.GetInt("rounds", {.min = 1, .max = 100000}));
+  s.rounds = static_cast<uint32_t>(rounds);
+  ML_ASSIGN_OR_RETURN(s.inner_lr_final,
+                      net.GetDouble("inner_lr_final", 1.0, {.min = 0, .max = 1, .min_exclusive = true}));
+  return s;
+}
+
+}  // namespace
+
+Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& unit,
+                                          const protocol::RefereeTask& task,
+                                          const StepWitness& w) {
+  const std::string where = "referee step (task " + t.id.ShortHex() + ", unit " +
+                            std::to_string(unit.index) + ", step " + std::to_string(task.step) + ")";
+  const TaskParams& p = t.params;
+  if (p.data_root.IsZero()) {
+    return FailedPrecondition(where + ": the task has no data_root, so the ledger cannot check "
+                              "a batch; its disputes are ruled by the genesis referee");
+  }
+  if (!task.whole_step || task.segment || task.step == 0) {
+    return FailedPrecondition(where + ": the dispute did not narrow to one whole training step");
+  }
+  // The task: the bundle the submitter published.
+  const net::BlobId bundle_id = net::BuildManifest(AsBytes(w.bundle)).id();
+  if (bundle_id.hash != t.spec_hash) {
+    return InvalidArgument(where + ": the witness's bundle has blob id " + bundle_id.ShortHex() +
+                           ", the task's spec_hash is " + t.spec_hash.ShortHex() +
+                           "; send the task's own bundle text");
+  }
+  const std::string bundle_name = "task bundle " + t.spec_hash.ShortHex();
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(w.bundle, bundle_name, "");
+  if (!spec.ok()) return FailedPrecondition(where + ": " + spec.status().message());
+  if (spec->data.format != "idx" && spec->data.format != "npy") {
+    return FailedPrecondition(where + ": a '" + spec->data.format +
+                              "' task; only classification tasks are refereed on chain");
+  }
+  Result<UnitSchedule> schedule = ReadSchedule(w.bundle, bundle_name);
+  if (!schedule.ok()) return FailedPrecondition(where + ": " + schedule.status().message());
+
+  // The unit, exactly as a solver trains it (node/network_round.h RoundUnitWork).
+  const protocol::UnitId uid{engine::TaskContentId(*spec), unit.round, unit.shard};
+  const uint64_t stream = protocol::UnitSeed(spec->seed, uid);
+  const double lr_scale =
+      protocol::InnerLrScale(schedule->rounds, schedule->inner_lr_final, unit.round);
+  const int64_t before = static_cast<int64_t>(task.step) - 1;
+  Result<engine::TrainState> st =
+      engine::StateFromFlat(spec->model, engine::UnitOptimizerSpec(spec->optimizer, lr_scale),
+                            w.state, before, spec->seed, stream);
+  if (!st.ok()) return InvalidArgument(where + ": witness state: " + st.status().message());
+  const Hash256 input = engine::StateHash(*st);
+  if (input != task.input) {
+    return InvalidArgument(where + ": the witness state hashes to " + input.ShortHex() +
+                           ", the agreed state after step " + std::to_string(before) + " is " +
+                           task.input.ShortHex());
+  }
+
+  // The batch: the examples the unit's sampler draws at this step, each proven in the data.
+  const int64_t batch = spec->batch_size;
+  if (w.examples.size() != static_cast<size_t>(batch)) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(w.examples.size()) +
+                           " examples, a batch of this task has " + std::to_string(batch));
+  }
+  const std::vector<int64_t> indices = engine::BatchIndices(
+      spec->seed, stream, static_cast<int64_t>(p.num_examples), batch, before);
+  engine::Shape shape = spec->model.input;
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const int64_t classes = st->model->NumOutputs();
+  engine::ClassificationData data;
+  shape.insert(shape.begin(), batch);
+  data.x = engine::Tensor(shape);
+  data.num_classes = classes;
+  data.y.reserve(batch);
+  for (int64_t i = 0; i < batch; ++i) {
+    const StepWitnessExample& e = w.examples[i];
+    const std::string ex = where + ": example " + std::to_string(i);
+    if (e.index != static_cast<uint64_t>(indices[i])) {
+      return InvalidArgument(ex + " is dataset index " + std::to_string(e.index) +
+                             ", the batch draws index " + std::to_string(indices[i]) + " there");
+    }
+    if (e.x.size() != static_cast<size_t>(numel) || e.y < 0 || e.y >= classes) {
+      return InvalidArgument(ex + " has " + std::to_string(e.x.size()) + " values and class " +
+                             std::to_string(e.y) + "; the model takes " + std::to_string(numel) +
+                             " values and " + std::to_string(classes) + " classes");
+    }
+    if (e.proof.index != e.index || e.proof.leaf_count != p.num_examples ||
+        !MerkleVerify(p.data_root, engine::ExampleLeaf(e.index, e.x, e.y), e.proof)) {
+      return InvalidArgument(ex + " (index " + std::to_string(e.index) +
+                             ") is not proven against the task's data_root " +
+                             p.data_root.ShortHex() + " (" + std::to_string(p.num_examples) +
+                             " examples)");
+    }
+    std::copy(e.x.begin(), e.x.end(), data.x.data() + i * numel);
+    data.y.push_back(e.y);
+  }
+  std::vector<int64_t> order(batch);
+  for (int64_t i = 0; i < batch; ++i) order[i] = i;
+  engine::StepOnBatch(*st, engine::MakeClassificationBatch(data, order),
+                      engine::DropoutSeed(spec->seed, stream));
+  return engine::StateHash(*st);
+}
+
+}  // namespace meshlearn::ledger

@@ -1,0 +1,28 @@
+// The ledger as referee: it executes the one training step a dispute narrowed to, from a witness
+// it checks against the chain (RefereeStepTx; engine/step_replay.h; docs/verification.md,
+// "Referee"). Internal to the ledger (verification.cc calls it).
+#pragma once
+
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/ledger/state.h"
+#include "meshlearn/ledger/tx.h"
+#include "meshlearn/protocol/dispute.h"
+
+namespace meshlearn::ledger {
+
+// The state hash after step `task.step` of unit `unit` of `task_record`, computed by the ledger
+// from `witness`:
+//   - the bundle must be the task's (its blob id is spec_hash), a classification task, and parse;
+//   - the state (the agreed state after step - 1) must hash to task.input with the unit's model,
+//     inner optimizer (the round's learning rate), seed and stream;
+//   - the examples must be the batch of the step: one per batch position, each at the index the
+//     unit's sampler draws there, each proven against params.data_root.
+// InvalidArgument (naming the input and what is wrong) when the witness does not check out;
+// FailedPrecondition when the task cannot be refereed on chain (no data root, a token task).
+// Deterministic: every follower computes the same output from the same transaction.
+Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& task_record, const WorkUnit& unit,
+                                          const protocol::RefereeTask& task,
+                                          const StepWitness& witness);
+
+}  // namespace meshlearn::ledger
