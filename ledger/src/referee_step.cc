@@ -9,7 +9,9 @@
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/net/blob.h"
+#include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/state_blob.h"
 
 namespace meshlearn::ledger {
 
@@ -33,6 +35,52 @@ Result<UnitSchedule> ReadSchedule(const std::string& bundle, const std::string& 
   return s;
 }
 
+// The task and unit replay parameters a witness's bundle gives, checked against the chain.
+struct UnitReplay {
+  engine::TaskSpec spec;
+  uint64_t stream = 0;
+  double lr_scale = 1.0;
+};
+
+Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
+                                  const std::string& bundle, const std::string& where) {
+  // The task: the bundle the submitter published.
+  const net::BlobId bundle_id = net::BuildManifest(AsBytes(bundle)).id();
+  if (bundle_id.hash != t.spec_hash) {
+    return InvalidArgument(where + ": the witness's bundle has blob id " + bundle_id.ShortHex() +
+                           ", the task's spec_hash is " + t.spec_hash.ShortHex() +
+                           "; send the task's own bundle text");
+  }
+  const std::string bundle_name = "task bundle " + t.spec_hash.ShortHex();
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle, bundle_name, "");
+  if (!spec.ok()) return FailedPrecondition(where + ": " + spec.status().message());
+  Result<UnitSchedule> schedule = ReadSchedule(bundle, bundle_name);
+  if (!schedule.ok()) return FailedPrecondition(where + ": " + schedule.status().message());
+  // The unit, exactly as a solver trains it (node/network_round.h RoundUnitWork).
+  UnitReplay r;
+  r.spec = std::move(*spec);
+  const protocol::UnitId uid{engine::TaskContentId(r.spec), unit.round, unit.shard};
+  r.stream = protocol::UnitSeed(r.spec.seed, uid);
+  r.lr_scale = protocol::InnerLrScale(schedule->rounds, schedule->inner_lr_final, unit.round);
+  return r;
+}
+
+// The unit's training state after `step` from `flat`, checked to hash to `expected`.
+Result<engine::TrainState> CheckedState(const UnitReplay& r, std::span<const float> flat,
+                                        int64_t step, const Hash256& expected,
+                                        const std::string& where, const std::string& what) {
+  Result<engine::TrainState> st = engine::StateFromFlat(
+      r.spec.model, engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale), flat, step,
+      r.spec.seed, r.stream);
+  if (!st.ok()) return InvalidArgument(where + ": witness state: " + st.status().message());
+  const Hash256 h = engine::StateHash(*st);
+  if (h != expected) {
+    return InvalidArgument(where + ": the witness state hashes to " + h.ShortHex() + ", " + what +
+                           " is " + expected.ShortHex());
+  }
+  return st;
+}
+
 }  // namespace
 
 Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& unit,
@@ -48,39 +96,18 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& u
   if (!task.whole_step || task.segment || task.step == 0) {
     return FailedPrecondition(where + ": the dispute did not narrow to one whole training step");
   }
-  // The task: the bundle the submitter published.
-  const net::BlobId bundle_id = net::BuildManifest(AsBytes(w.bundle)).id();
-  if (bundle_id.hash != t.spec_hash) {
-    return InvalidArgument(where + ": the witness's bundle has blob id " + bundle_id.ShortHex() +
-                           ", the task's spec_hash is " + t.spec_hash.ShortHex() +
-                           "; send the task's own bundle text");
-  }
-  const std::string bundle_name = "task bundle " + t.spec_hash.ShortHex();
-  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(w.bundle, bundle_name, "");
-  if (!spec.ok()) return FailedPrecondition(where + ": " + spec.status().message());
+  ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
+  const engine::TaskSpec* spec = &r.spec;
+  const uint64_t stream = r.stream;
   if (spec->data.format != "idx" && spec->data.format != "npy") {
     return FailedPrecondition(where + ": a '" + spec->data.format +
                               "' task; only classification tasks are refereed on chain");
   }
-  Result<UnitSchedule> schedule = ReadSchedule(w.bundle, bundle_name);
-  if (!schedule.ok()) return FailedPrecondition(where + ": " + schedule.status().message());
-
-  // The unit, exactly as a solver trains it (node/network_round.h RoundUnitWork).
-  const protocol::UnitId uid{engine::TaskContentId(*spec), unit.round, unit.shard};
-  const uint64_t stream = protocol::UnitSeed(spec->seed, uid);
-  const double lr_scale =
-      protocol::InnerLrScale(schedule->rounds, schedule->inner_lr_final, unit.round);
   const int64_t before = static_cast<int64_t>(task.step) - 1;
-  Result<engine::TrainState> st =
-      engine::StateFromFlat(spec->model, engine::UnitOptimizerSpec(spec->optimizer, lr_scale),
-                            w.state, before, spec->seed, stream);
-  if (!st.ok()) return InvalidArgument(where + ": witness state: " + st.status().message());
-  const Hash256 input = engine::StateHash(*st);
-  if (input != task.input) {
-    return InvalidArgument(where + ": the witness state hashes to " + input.ShortHex() +
-                           ", the agreed state after step " + std::to_string(before) + " is " +
-                           task.input.ShortHex());
-  }
+  ML_ASSIGN_OR_RETURN(engine::TrainState state,
+                      CheckedState(r, w.state, before, task.input, where,
+                                   "the agreed state after step " + std::to_string(before)));
+  engine::TrainState* st = &state;
 
   // The batch: the examples the unit's sampler draws at this step, each proven in the data.
   const int64_t batch = spec->batch_size;
@@ -126,6 +153,40 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& u
   engine::StepOnBatch(*st, engine::MakeClassificationBatch(data, order),
                       engine::DropoutSeed(spec->seed, stream));
   return engine::StateHash(*st);
+}
+
+Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
+                                     const ResultWitness& w) {
+  const std::string where = "prove result (task " + t.id.ShortHex() + ", unit " +
+                            std::to_string(unit.index) + ")";
+  if (unit.leaves.empty()) {
+    return FailedPrecondition(where + ": the unit has no committed leaves");
+  }
+  ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
+  // The round's start weights: the blob the chain names for the unit's round.
+  const Hash256 start_id = unit.round == 0 ? t.params.initial_state
+                                           : t.round_results.at(unit.round - 1).state;
+  const net::BlobId given = net::BuildManifest(w.start_state).id();
+  if (given.hash != start_id) {
+    return InvalidArgument(where + ": the witness's start state has blob id " + given.ShortHex() +
+                           ", round " + std::to_string(unit.round) + " started from " +
+                           start_id.ShortHex());
+  }
+  Result<protocol::GlobalState> start = protocol::DecodeGlobalState(w.start_state);
+  if (!start.ok()) return InvalidArgument(where + ": " + start.status().message());
+  ML_ASSIGN_OR_RETURN(engine::TrainState st,
+                      CheckedState(r, w.state, static_cast<int64_t>(t.params.inner_steps),
+                                   unit.leaves.back(), where, "the unit's last committed leaf"));
+  const size_t n = static_cast<size_t>(st.model->NumParameters());
+  if (start->weights.size() != n) {
+    return InvalidArgument(where + ": the start state holds " +
+                           std::to_string(start->weights.size()) + " weights, the model has " +
+                           std::to_string(n));
+  }
+  // FlatState puts the parameters first, in model order: the layout of weights and deltas.
+  const std::span<const float> params(w.state.data(), n);
+  const std::vector<float> delta = protocol::PseudoGradient(start->weights, params);
+  return net::BuildManifest(protocol::EncodeDelta(delta)).id().hash;
 }
 
 }  // namespace meshlearn::ledger

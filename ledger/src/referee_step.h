@@ -25,4 +25,13 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& task_record, const W
                                           const protocol::RefereeTask& task,
                                           const StepWitness& witness);
 
+// The delta blob id that unit `unit`'s committed final state gives (ProveResultTx), computed by
+// the ledger from `witness`: the bundle must be the task's, the start state blob the round's
+// (round 0: params.initial_state, else the previous round's aggregate), and the state must hash
+// to the unit's last committed leaf (the state after step H, with the unit's model, optimizer,
+// seed and stream). The result is the blob id of EncodeDelta(start weights - final parameters).
+// InvalidArgument (naming what is wrong) when the witness does not check out.
+Result<Hash256> ExecuteResultWitness(const TaskRecord& task_record, const WorkUnit& unit,
+                                     const ResultWitness& witness);
+
 }  // namespace meshlearn::ledger

@@ -78,11 +78,14 @@ TxType PayloadType(const TxPayload& p) {
   return std::visit([](const auto& v) { return std::decay_t<decltype(v)>::kType; }, p);
 }
 
-size_t MaxTxBytes(TxType t) { return t == TxType::kRefereeStep ? kMaxLargeTxBytes : kMaxTxBytes; }
+size_t MaxTxBytes(TxType t) {
+  return t == TxType::kRefereeStep || t == TxType::kProveResult ? kMaxLargeTxBytes : kMaxTxBytes;
+}
 
 namespace {
 
 constexpr std::string_view kWitnessMagic = "meshlearn.step_witness.v1";
+constexpr std::string_view kResultWitnessMagic = "meshlearn.result_witness.v1";
 constexpr uint32_t kMaxWitnessExamples = 1u << 16;
 constexpr uint32_t kMaxWitnessProofDepth = 64;
 
@@ -159,11 +162,39 @@ Bytes EncodeTx(const Transaction& tx) {
   return e.Take();
 }
 
+Bytes EncodeResultWitness(const ResultWitness& w) {
+  Encoder e;
+  e.PutString(kResultWitnessMagic).PutString(w.bundle).PutBytes(w.start_state);
+  PutFloats(e, w.state);
+  return e.Take();
+}
+
+Result<ResultWitness> DecodeResultWitness(ByteSpan bytes) {
+  if (bytes.size() > kMaxWitnessBytes) {
+    return InvalidArgument("result witness: " + std::to_string(bytes.size()) +
+                           " bytes, over the limit of " + std::to_string(kMaxWitnessBytes) +
+                           " (only small models are checked on chain)");
+  }
+  Decoder d(bytes, "result witness");
+  ResultWitness w;
+  std::string magic;
+  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
+  if (magic != kResultWitnessMagic) {
+    return InvalidArgument("result witness: starts with '" + magic + "', expected '" +
+                           std::string(kResultWitnessMagic) + "' (EncodeResultWitness)");
+  }
+  ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(GetFloats(d, &w.state, "state"));
+  ML_RETURN_IF_ERROR(d.Finish());
+  return w;
+}
+
 namespace {
 
-// Whether `wire` starts like a RefereeStep (the one type allowed past kMaxTxBytes): the header
-// decodes and its type tag is RefereeStep's. Nothing past the tag is read.
-bool StartsAsRefereeStep(ByteSpan wire) {
+// Whether `wire` starts like a transaction that may be longer than kMaxTxBytes (MaxTxBytes of
+// its type tag): the header decodes and names such a type. Nothing past the tag is read.
+bool StartsAsLargeTx(ByteSpan wire) {
   Decoder d(wire, "transaction");
   uint8_t version = 0;
   std::string chain_id;
@@ -174,18 +205,18 @@ bool StartsAsRefereeStep(ByteSpan wire) {
          d.GetString(&chain_id, "chain_id", kMaxChainIdLength).ok() &&
          d.GetPublicKey(&sender, "sender").ok() && d.GetU64(&nonce, "nonce").ok() &&
          d.GetU64(&fee, "fee").ok() && d.GetU16(&tag, "type").ok() &&
-         tag == static_cast<uint16_t>(TxType::kRefereeStep);
+         MaxTxBytes(static_cast<TxType>(tag)) > kMaxTxBytes;
 }
 
 }  // namespace
 
 Result<Transaction> DecodeTx(ByteSpan wire) {
   if (wire.size() > kMaxTxBytes &&
-      (wire.size() > kMaxLargeTxBytes || !StartsAsRefereeStep(wire))) {
+      (wire.size() > kMaxLargeTxBytes || !StartsAsLargeTx(wire))) {
     const size_t limit = wire.size() > kMaxLargeTxBytes ? kMaxLargeTxBytes : kMaxTxBytes;
     return ResourceExhausted("transaction: " + std::to_string(wire.size()) +
                              " bytes, over the limit of " + std::to_string(limit) +
-                             " (only a RefereeStep may be longer than " +
+                             " (only RefereeStep and ProveResult may be longer than " +
                              std::to_string(kMaxTxBytes) + ")");
   }
   Decoder d(wire, "transaction");

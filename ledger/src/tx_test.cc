@@ -57,6 +57,9 @@ std::vector<TxPayload> SamplePayloads() {
       RuleDisputeTx{.task_id = Blake2b("task"), .index = 2, .output = Blake2b("out")},
       RefereeStepTx{.task_id = Blake2b("task"), .index = 2,
                     .witness = {EncodeStepWitness({.bundle = "[task]", .state = {1, 2}, .examples = {}})}},
+      ProveResultTx{.task_id = Blake2b("task"), .index = 2, .node_id = k,
+                    .witness = {EncodeResultWitness({.bundle = "[task]", .start_state = {1, 2},
+                                                     .state = {3}})}},
   };
   return out;
 }

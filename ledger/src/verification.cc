@@ -10,6 +10,8 @@
 //   ChallengeUnit  a whistleblower disputes a settled unit      -> UnitCheck::OnChallenge
 //   RefereeStep    the witness of the narrowed step: the ledger executes it itself (a task
 //                  with a data root, exact mode; referee_step.h)    -> DisputeGame::Rule
+//   ProveResult    the witness that a unit's result is not the delta of its committed final
+//                  state: the ledger computes it; fraud at once -> UnitCheck::OnResultDisproved
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
 //                  tolerance-mode segment, a task without a data root -> DisputeGame::Rule
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
@@ -216,6 +218,28 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
   return Status::Ok();
 }
 
+// Fraud or a forced error: the round re-runs from its start weights; every unit is pending
+// again (the deterministic ones come back with the same results), `exclude` (cheaters) failed
+// and left out.
+Status RewindCurrentRound(LedgerState& s, const Hash256& task_id, protocol::RoundStateMachine& m,
+                          const std::vector<protocol::NodeId>& exclude) {
+  ML_RETURN_IF_ERROR(m.RewindRound(exclude));
+  const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
+  for (uint32_t shard = 0; shard < per_round; ++shard) {
+    const uint32_t index = m.round() * per_round + shard;
+    WorkUnit* w = s.units.FindMutable({task_id, index});
+    if (w == nullptr) continue;
+    if (w->status == WorkUnitStatus::kCommitted &&
+        std::find(exclude.begin(), exclude.end(), w->assignee) != exclude.end()) {
+      ML_RETURN_IF_ERROR(FailWorkUnit(s, task_id, index));
+    }
+    ResetWorkUnit(w);
+  }
+  TaskRecord* t = s.tasks.FindMutable(task_id);
+  if (t->round_results.size() > m.round()) t->round_results.resize(m.round());
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
@@ -311,21 +335,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     }
   }
   if (rewind) {
-    // Fraud or a forced error: the round re-runs from its start weights; every unit is pending
-    // again (the deterministic ones come back with the same results), the cheater excluded.
-    ML_RETURN_IF_ERROR(m.RewindRound(exclude));
-    for (uint32_t shard = 0; shard < per_round; ++shard) {
-      const uint32_t index = m.round() * per_round + shard;
-      WorkUnit* w = s.units.FindMutable({task_id, index});
-      if (w == nullptr) continue;
-      if (w->status == WorkUnitStatus::kCommitted &&
-          std::find(exclude.begin(), exclude.end(), w->assignee) != exclude.end()) {
-        ML_RETURN_IF_ERROR(FailWorkUnit(s, task_id, index));
-      }
-      ResetWorkUnit(w);
-    }
-    TaskRecord* t = s.tasks.FindMutable(task_id);
-    if (t->round_results.size() > m.round()) t->round_results.resize(m.round());
+    ML_RETURN_IF_ERROR(RewindCurrentRound(s, task_id, m, exclude));
     open = 0;  // the rewind dropped every check of the round
   }
   // One hold per unsettled check of the current round.
@@ -478,6 +488,39 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
                       ExecuteRefereeStepWitness(*t, *r.unit, game->referee_task(), *w));
   ML_RETURN_IF_ERROR(game->Rule(output));
   SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
+  return Status::Ok();
+}
+
+Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
+  constexpr std::string_view kWhat = "prove result";
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  ML_ASSIGN_OR_RETURN(protocol::RoundStateMachine m, LoadMachine(*t));
+  if (u->round != m.round() || m.phase() == protocol::RoundPhase::kRoundPhaseFinal) {
+    return FailedPrecondition("prove result: round " + std::to_string(u->round) + " of task " +
+                              tx.task_id.ShortHex() + " is final");
+  }
+  Result<ResultWitness> w = DecodeResultWitness(tx.witness.bytes);
+  if (!w.ok()) return w.status().WithPrefix("prove result");
+  ML_ASSIGN_OR_RETURN(Hash256 computed, ExecuteResultWitness(*t, *u, *w));
+  if (computed == u->result_hash) {
+    return FailedPrecondition("prove result: unit " + std::to_string(tx.index) +
+                              "'s result " + u->result_hash.ShortHex() +
+                              " is the delta of its committed final state; nothing to prove");
+  }
+  ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  ML_ASSIGN_OR_RETURN(CheckEffects fx, c.OnResultDisproved(tx.node_id, ctx.height));
+  SaveCheck(ctx.state, tx.task_id, tx.index, c);
+  bool rewind = false;
+  std::vector<protocol::NodeId> exclude;
+  ML_RETURN_IF_ERROR(
+      ApplyEffects(ctx.state, ctx.params(), tx.task_id, tx.index, c, fx, &rewind, &exclude));
+  ML_LOG_INFO("ledger: task {} unit {}: {} ({})", tx.task_id.ShortHex(), tx.index,
+              protocol::CheckResultName(c.result()), c.reason());
+  if (rewind) ML_RETURN_IF_ERROR(RewindCurrentRound(ctx.state, tx.task_id, m, exclude));
+  // The next block's DriveChecks sets the round's holds from the checks left open.
+  SaveMachine(ctx.state, tx.task_id, m);
   return Status::Ok();
 }
 

@@ -5,6 +5,7 @@
 // and every new transaction's failure paths. Every block is replayed by a follower (same state
 // hash) and the token invariant is checked after it.
 #include <map>
+#include <optional>
 #include <set>
 
 #include "execute.h"
@@ -12,7 +13,9 @@
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/net/blob.h"
+#include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/state_blob.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/unit_check.h"
@@ -125,6 +128,7 @@ class VerificationTest : public FollowedChainFixture {
     Amount unit_cost = 0;
     Amount budget = MaxTaskCost(p, 20, &unit_cost, genesis_.params.verifiers_per_unit);
     p.data_root = data_root_;
+    p.initial_state = initial_state_;
     Transaction submit = Q(gina_, SubmitTaskTx{.spec_hash = spec_hash_,
                                                .budget = budget,
                                                .price_cap = 20,
@@ -166,14 +170,16 @@ class VerificationTest : public FollowedChainFixture {
     return l;
   }
   // A solver's commit of unit `index` with these leaves.
-  Transaction CommitTx(uint32_t index, const std::vector<Hash256>& leaves) {
+  Transaction CommitTx(uint32_t index, const std::vector<Hash256>& leaves,
+                       std::optional<Hash256> result = std::nullopt) {
     const WorkUnit u = Unit(index);
     const KeyPair& solver = Key(u.assignee);
     uint64_t next = Node(solver).secrets_committed + 1 + pending_secrets_[u.assignee]++;
     return N(solver, CommitUnitTx{.task_id = task_id_,
                                   .index = index,
                                   .node_id = u.assignee,
-                                  .result_hash = Blake2b("delta " + std::to_string(index)),
+                                  .result_hash =
+                                      result.value_or(Blake2b("delta " + std::to_string(index))),
                                   .commitment = MerkleRoot(leaves),
                                   .loss_micros = 1,
                                   .secret_index = next,
@@ -321,6 +327,7 @@ class VerificationTest : public FollowedChainFixture {
   // referee rules its disputes), unless a fixture sets them.
   Hash256 spec_hash_ = Blake2b("bundle");
   Hash256 data_root_;
+  Hash256 initial_state_ = testing::TestTaskParams().initial_state;
 };
 
 TEST_F(VerificationTest, HonestWorkIsCheckedCleanAndEveryonePaid) {
@@ -515,9 +522,9 @@ checkpoint_interval = 2
 inner_lr_final = 0.5
 )";
 
-class LedgerRefereeTest : public VerificationTest, public ::testing::WithParamInterface<bool> {
+class RealTrainingTest : public VerificationTest {
  protected:
-  LedgerRefereeTest() {
+  RealTrainingTest() {
     // 200 examples (TestTaskParams' num_examples as Start() sets it), 6 features, 3 classes.
     engine::TaskData d;
     std::vector<float> x(200 * 6);
@@ -534,6 +541,8 @@ class LedgerRefereeTest : public VerificationTest, public ::testing::WithParamIn
     tree_ = std::make_unique<engine::DataTree>(train_);
     spec_hash_ = net::BuildManifest(AsBytes(std::string_view(kTinyBundle))).id().hash;
     data_root_ = tree_->root();
+    start_blob_ = protocol::EncodeGlobalState(global_, std::vector<float>(global_.size(), 0.0f));
+    initial_state_ = net::BuildManifest(start_blob_).id().hash;
   }
 
   // Trains unit `index` honestly (as a solver does: round 0, its shard's stream, the round's
@@ -552,6 +561,17 @@ class LedgerRefereeTest : public VerificationTest, public ::testing::WithParamIn
     }
   }
   std::vector<Hash256> TrueLeaves() const { return {states_[0], states_[2], states_[4]}; }
+  // The delta blob id of the honest unit just trained (what its CommitUnit names).
+  Hash256 TrueResult() const {
+    const std::span<const float> params(flats_[4].data(), global_.size());
+    return net::BuildManifest(protocol::EncodeDelta(protocol::PseudoGradient(global_, params)))
+        .id()
+        .hash;
+  }
+  // The witness that unit's result is not what its final state gives.
+  ResultWitness ResultProof() const {
+    return ResultWitness{.bundle = kTinyBundle, .start_state = start_blob_, .state = flats_[4]};
+  }
 
   // The witness of step `step` (1-based): the state after step - 1 and that step's batch.
   StepWitness Witness(uint64_t step) const {
@@ -578,7 +598,10 @@ class LedgerRefereeTest : public VerificationTest, public ::testing::WithParamIn
   uint64_t stream_ = 0;
   std::vector<Hash256> states_;
   std::vector<std::vector<float>> flats_;
+  Bytes start_blob_;  // round 0's global state blob (initial weights, zero momentum)
 };
+
+class LedgerRefereeTest : public RealTrainingTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(LedgerRefereeTest, TheLedgerExecutesTheDisputedStepAndRulesForTheHonestParty) {
   const bool solver_lies = GetParam();
@@ -671,6 +694,59 @@ TEST_P(LedgerRefereeTest, TheLedgerExecutesTheDisputedStepAndRulesForTheHonestPa
 
 INSTANTIATE_TEST_SUITE_P(EachSideLies, LedgerRefereeTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "SolverLies" : "VerifierLies"; });
+
+// A solver that trains honestly (every leaf true) but commits another result: a verifier shows
+// the ledger the result is not the delta of the committed final state; fraud at once.
+TEST_F(RealTrainingTest, AResultThatIsNotTheDeltaOfTheFinalStateIsProvenFraud) {
+  Start();
+  const int u = UnitOf(s1_), other = UnitOf(s2_);
+  ASSERT_GE(u, 0);
+  TrainUnit(static_cast<uint32_t>(u));
+  const Hash256 true_result = TrueResult();
+  StepOk({CommitTx(u, TrueLeaves(), Blake2b("a garbage delta")),
+          CommitTx(other, Leaves(other, false))});
+  pending_secrets_.clear();
+  auto prove = [&](const KeyPair& by, uint32_t index, const ResultWitness& w) {
+    return N(by, ProveResultTx{.task_id = task_id_, .index = index, .node_id = by.public_key(),
+                               .witness = {EncodeResultWitness(w)}});
+  };
+  auto refused = [&](Transaction tx, const std::string& why) {
+    std::vector<Receipt> r = Step({std::move(tx)});
+    EXPECT_FALSE(r[0].ok) << why;
+    EXPECT_NE(r[0].reason.find(why), std::string::npos) << r[0].reason;
+  };
+  ResultWitness w = ResultProof();
+  w.start_state = protocol::EncodeGlobalState(flats_[4], flats_[4]);  // not round 0's start
+  refused(prove(v1_, u, w), "round 0 started from");
+  w = ResultProof();
+  w.state = flats_[3];  // a true state, but not the one the last leaf commits to
+  refused(prove(v1_, u, w), "the unit's last committed leaf");
+  w = ResultProof();
+  w.bundle += "\n";
+  refused(prove(v1_, u, w), "spec_hash");
+  refused(prove(s1_, u, ResultProof()), "cannot disprove its own unit");
+  // The node must be the sender's.
+  refused(Q(gina_, ProveResultTx{.task_id = task_id_, .index = static_cast<uint32_t>(u),
+                                 .node_id = v1_.public_key(),
+                                 .witness = {EncodeResultWitness(ResultProof())}}),
+          "");
+  EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
+  const Amount carol_before = Balance(carol_);
+  StepOk({prove(v1_, u, ResultProof())});
+  EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
+  EXPECT_GT(Balance(carol_), carol_before);  // the prover's owner: a jackpot share
+  EXPECT_TRUE(Rerunning());
+  EXPECT_EQ(Task().verification.fraud, 1u);
+  // The re-run: the honest solver commits the true result, which cannot be "disproved".
+  Steps(1);
+  ASSERT_EQ(Unit(u).assignee, s2_.public_key());
+  TrainUnit(static_cast<uint32_t>(u));
+  StepOk({CommitTx(u, TrueLeaves(), true_result), CommitTx(other, Leaves(other, false))});
+  pending_secrets_.clear();
+  refused(prove(v1_, u, ResultProof()), "nothing to prove");
+  EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
+}
 
 TEST(StepWitnessTest, EncodingRoundTripsAndRefusesDamage) {
   StepWitness w{.bundle = "[task]\n", .state = {1.5f, -2.0f, 0.0f}, .examples = {}};

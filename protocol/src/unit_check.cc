@@ -494,6 +494,30 @@ Status UnitCheck::OnChallenge(const NodeId& whistleblower, const MismatchClaim& 
   return Status::Ok();
 }
 
+Result<CheckEffects> UnitCheck::OnResultDisproved(const NodeId& prover, uint64_t height) {
+  if (stage_ == CheckStage::kCheckSettled && result_ != CheckResult::kCheckClean &&
+      result_ != CheckResult::kCheckUnchecked) {
+    return FailedPrecondition("result of " + config_.unit.ToString() + ": the unit is already "
+                              "being re-run (" + std::string(CheckResultName(result_)) + ")");
+  }
+  if (prover == config_.solver) {
+    return InvalidArgument("result: a solver cannot disprove its own unit");
+  }
+  CheckEffects fx;
+  Append(fx.slash, config_.solver);
+  Append(fx.rewarded, prover);
+  fx.rerun_unit = true;
+  fx.settled = true;
+  dispute_.reset();
+  whistleblower_.reset();
+  challenger_ = -1;
+  stage_ = CheckStage::kCheckSettled;
+  result_ = CheckResult::kCheckFraud;
+  reason_ = "the committed result is not the delta of the committed final state (shown by " +
+            prover.ShortHex() + " at height " + std::to_string(height) + ")";
+  return fx;
+}
+
 Bytes UnitCheck::Encode() const {
   Encoder e;
   e.PutU8(kEncodingVersion);

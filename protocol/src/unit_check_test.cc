@@ -254,6 +254,44 @@ TEST(UnitCheckTest, ForcedErrorCatchesTheRubberStampAndSparesTheSolver) {
   EXPECT_TRUE(fx.rerun_unit);
 }
 
+TEST(UnitCheckTest, AResultShownWrongIsFraudAtAnyStageUntilTheUnitReruns) {
+  // Settled clean (the verifiers replayed segments; the delta was never theirs to replay).
+  UnitCheck c = Selected(Config(false));
+  RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_EQ(c.result(), CheckResult::kCheckClean);
+  EXPECT_EQ(c.OnResultDisproved(kSolver, 120).status().code(), StatusCode::kInvalidArgument);
+  Result<CheckEffects> fx = c.OnResultDisproved(kWhistle, 120);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  EXPECT_EQ(c.stage(), CheckStage::kCheckSettled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
+  EXPECT_EQ(fx->slash, std::vector<NodeId>{kSolver});  // the verifiers approved their segment only
+  EXPECT_EQ(fx->rewarded, std::vector<NodeId>{kWhistle});
+  EXPECT_TRUE(fx->rerun_unit && fx->settled);
+  EXPECT_FALSE(fx->solver_clean);
+  // Once the unit re-runs there is nothing left to disprove.
+  EXPECT_EQ(c.OnResultDisproved(kV1, 121).status().code(), StatusCode::kFailedPrecondition);
+  // Mid-check and mid-dispute: settles at once, the open verdicts and the game are void.
+  UnitCheck open = Selected(Config(true));
+  fx = open.OnResultDisproved(kV2, 102);
+  ASSERT_TRUE(fx.ok());
+  EXPECT_EQ(open.result(), CheckResult::kCheckFraud);
+  EXPECT_TRUE(fx->pay_verifiers.empty() && fx->failures.empty());
+  UnitCheck disputed = Selected(Config(true));
+  RunWindows(disputed, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
+  ASSERT_EQ(disputed.stage(), CheckStage::kCheckDisputed);
+  ASSERT_TRUE(disputed.OnResultDisproved(kV1, 110).ok());
+  EXPECT_FALSE(disputed.dispute().has_value());
+  EXPECT_EQ(disputed.result(), CheckResult::kCheckFraud);
+  Result<UnitCheck> back = UnitCheck::Decode(disputed.Encode());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->Encode(), disputed.Encode());
+  // A forced error already re-runs the unit.
+  UnitCheck forced = Selected(Config(kForced, 1'000'000));
+  RunWindows(forced, kForced, {Verdict::kVerdictMismatch, Verdict::kVerdictMismatch});
+  ASSERT_EQ(forced.result(), CheckResult::kCheckForcedError);
+  EXPECT_EQ(forced.OnResultDisproved(kV1, 120).status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST(UnitCheckTest, ASolverThatHidesItsSecretLosesTheUnitButIsNotSlashed) {
   // An honest solver that crashed after committing looks the same: no slash, a failure, re-run.
   UnitCheck c = Selected(Config(false));

@@ -38,8 +38,8 @@
 namespace meshlearn::ledger {
 
 inline constexpr size_t kMaxTxBytes = 16 * 1024;       // a whole encoded transaction
-// A RefereeStep carries the witness of a training step (the state of a small model and one
-// batch of examples): the only transaction allowed past kMaxTxBytes.
+// A RefereeStep or a ProveResult carries a witness (the training state of a small model and one
+// batch of examples, or a global state): the only transactions allowed past kMaxTxBytes.
 inline constexpr size_t kMaxWitnessBytes = 8u << 20;
 inline constexpr size_t kMaxLargeTxBytes = kMaxWitnessBytes + kMaxTxBytes;
 inline constexpr uint32_t kMaxChainIdLength = 64;
@@ -492,7 +492,7 @@ struct WitnessField {
 // mode, a task with a data_root): `witness` (EncodeStepWitness) is checked against the chain (the
 // bundle against spec_hash, the state against the agreed hash, each example against data_root at
 // the batch's index) and the step is executed; DisputeGame::Rule gets the ledger's own output.
-// Sender: anyone. The one transaction that may be longer than kMaxTxBytes (kMaxLargeTxBytes).
+// Sender: anyone. May be longer than kMaxTxBytes (kMaxLargeTxBytes).
 struct RefereeStepTx {
   static constexpr TxType kType = TxType::kRefereeStep;
   Hash256 task_id;
@@ -505,6 +505,42 @@ struct RefereeStepTx {
     v("witness", s.witness);
   }
   bool operator==(const RefereeStepTx&) const = default;
+};
+
+// The witness that a unit's committed result is not what its own committed final state gives:
+// the task bundle (blob id == spec_hash), the round's start state blob (blob id == the round's
+// start state on chain) and the solver's final training state (engine::FlatState after step H,
+// hashing to the unit's last committed leaf). The ledger computes the delta (start weights -
+// final parameters), its delta blob id (protocol/state_blob.h) and compares it with the unit's
+// result_hash.
+struct ResultWitness {
+  std::string bundle;
+  Bytes start_state;          // the global state blob the round started from
+  std::vector<float> state;   // engine::FlatState of the state after step H
+  bool operator==(const ResultWitness&) const = default;
+};
+Bytes EncodeResultWitness(const ResultWitness& w);
+Result<ResultWitness> DecodeResultWitness(ByteSpan bytes);
+
+// Anyone (a registered node `node_id` of the sender: verifiers check every result they replay,
+// whistleblowers sample) shows that unit `index`'s result_hash is not the delta of the state
+// its last leaf commits to, until the unit's round is final: the unit is fraud at once (the
+// solver slashed, the node rewarded from the jackpot, the round re-run). Refused, changing
+// nothing, when the witness does not check out or the result is right.
+struct ProveResultTx {
+  static constexpr TxType kType = TxType::kProveResult;
+  Hash256 task_id;
+  uint32_t index = 0;
+  PublicKey node_id;
+  WitnessField witness;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("node_id", s.node_id);
+    v("witness", s.witness);
+  }
+  bool operator==(const ProveResultTx&) const = default;
 };
 
 namespace internal {
@@ -521,7 +557,8 @@ using TxPayload =
 #undef ML_TX_ALTERNATIVE_
 
 TxType PayloadType(const TxPayload& p);
-// The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for a RefereeStep.
+// The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for the two that
+// carry a witness (RefereeStep, ProveResult).
 size_t MaxTxBytes(TxType t);
 
 struct Transaction {

@@ -34,4 +34,5 @@
   X(DisputePost, 53, verification)   \
   X(ChallengeUnit, 54, verification) \
   X(RuleDispute, 55, verification)  \
-  X(RefereeStep, 56, verification)
+  X(RefereeStep, 56, verification)  \
+  X(ProveResult, 57, verification)

@@ -22,6 +22,10 @@
 //                  claim in another segment gets its own dispute;
 //   all clean      the solver's clean streak grows; the verifiers are paid for what they replayed.
 //
+// Besides the segments, a unit's result (its delta blob) is bound to its last leaf: anyone who
+// shows that the delta is not global - the parameters of the state hashing to the last leaf
+// settles the check as fraud at once (OnResultDisproved; the ledger computes it, ProveResult).
+//
 // A verifier that does not commit or reveal in time counts a failure and is not paid; on a
 // forced error, one that committed and did not reveal is slashed like one that approved it (it
 // saw the secret before its reveal was due). A solver that does not reveal its secret in time
@@ -167,6 +171,15 @@ class UnitCheck {
   // the unit's round is final): a dispute between the solver and the whistleblower. If the
   // solver loses, every verifier that revealed "clean" is slashed with it.
   Status OnChallenge(const NodeId& whistleblower, const MismatchClaim& claim, uint64_t height);
+  // The ledger has shown that the committed result is not what the solver's own committed final
+  // state gives (result != the delta of the state that hashes to the last leaf: ProveResult).
+  // No game is needed: it is one computation over committed data. At any stage until the round
+  // is final (the ledger checks that), unless the unit is already being re-run: the check
+  // settles as fraud (the solver slashed, `prover` rewarded, the unit re-run). Verdicts still
+  // open are void (verifiers replay segments; the result is everyone's to check), a running
+  // dispute is dropped. A forced-error unit cannot be disproved this way: its last leaf is a
+  // ForcedLeaf, which no state hashes to.
+  Result<CheckEffects> OnResultDisproved(const NodeId& prover, uint64_t height);
 
   Bytes Encode() const;
   static Result<UnitCheck> Decode(ByteSpan bytes);
