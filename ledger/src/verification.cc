@@ -15,7 +15,8 @@
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
 //                  tolerance-mode segment, a task without a data root -> DisputeGame::Rule
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
-//                  reputation; fraud or a forced error rewinds the round (DriveChecks)
+//                  reputation; fraud rewinds the round, a forced error or an abandoned unit
+//                  re-runs that unit (DriveChecks)
 //
 // Deterministic like the rest of the runtime: the only randomness is the block seed.
 #include <algorithm>
@@ -145,11 +146,17 @@ Status SlashSolverIntoEscrow(LedgerState& s, const ChainParams& p, const Hash256
   return CheckedAdd(mt->budget, to_escrow, &mt->budget, "task budget");
 }
 
-// Applies one event's effects for unit `index`. Sets *rewind (and adds the solver to *exclude
-// for fraud) when the round must re-run.
+// What the effects of a block's checks ask of the round: fraud re-runs the whole round (its
+// cheater excluded); a forced error or an abandoned unit re-runs that unit only.
+struct Rerun {
+  bool round = false;
+  std::vector<uint32_t> shards;
+  std::vector<protocol::NodeId> exclude;
+};
+
+// Applies one event's effects for unit `index`, noting in *rerun what must run again.
 Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id, uint32_t index,
-                    const UnitCheck& c, const CheckEffects& fx, bool* rewind,
-                    std::vector<protocol::NodeId>* exclude) {
+                    const UnitCheck& c, const CheckEffects& fx, Rerun* rerun) {
   const TaskRecord* t = s.tasks.Find(task_id);
   const WorkUnit* u = s.units.Find({task_id, index});
   const Amount unit_cost = UnitCost(*t, u->price);
@@ -207,25 +214,41 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
     }
   }
   if (fx.rerun_unit) {
-    *rewind = true;
+    if (c.result() == protocol::CheckResult::kCheckFraud) {
+      rerun->round = true;
+    } else {
+      rerun->shards.push_back(u->shard);
+    }
     // A cheater, or a solver that vanished (its failure is counted): the re-run goes without
-    // it. An undecided dispute excludes nobody.
+    // it. A forced error or an undecided dispute excludes nobody.
     if (c.result() == protocol::CheckResult::kCheckFraud ||
         std::find(fx.failures.begin(), fx.failures.end(), solver) != fx.failures.end()) {
-      exclude->push_back(solver);
+      rerun->exclude.push_back(solver);
     }
   }
   return Status::Ok();
 }
 
-// Fraud or a forced error: the round re-runs from its start weights; every unit is pending
-// again (the deterministic ones come back with the same results), `exclude` (cheaters) failed
-// and left out.
-Status RewindCurrentRound(LedgerState& s, const Hash256& task_id, protocol::RoundStateMachine& m,
-                          const std::vector<protocol::NodeId>& exclude) {
-  ML_RETURN_IF_ERROR(m.RewindRound(exclude));
+// Applies what a block's checks asked (Rerun): fraud re-runs the round from its start weights,
+// every unit pending again (the deterministic ones come back with the same results); a forced
+// error or an abandoned unit re-runs only its units, the others keeping their commits and
+// checks. Either way `exclude` (cheaters, vanished solvers) is failed and left out of what
+// re-runs, and an aggregate of the round is dropped (it aggregates again).
+Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMachine& m,
+                  const Rerun& rerun) {
+  std::vector<uint32_t> shards = rerun.shards;
   const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
-  for (uint32_t shard = 0; shard < per_round; ++shard) {
+  if (rerun.round) {
+    ML_RETURN_IF_ERROR(m.RewindRound(rerun.exclude));
+    shards.clear();
+    for (uint32_t shard = 0; shard < per_round; ++shard) shards.push_back(shard);
+  } else if (!shards.empty()) {
+    ML_RETURN_IF_ERROR(m.RerunUnits(shards, rerun.exclude));
+  } else {
+    return Status::Ok();
+  }
+  const std::vector<protocol::NodeId>& exclude = rerun.exclude;
+  for (uint32_t shard : shards) {
     const uint32_t index = m.round() * per_round + shard;
     WorkUnit* w = s.units.FindMutable({task_id, index});
     if (w == nullptr) continue;
@@ -299,9 +322,8 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
   const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
   std::vector<protocol::NodeId> candidates;
   bool have_candidates = false;
-  bool rewind = false;
+  Rerun rerun;
   uint32_t open = 0;  // checks of the round still unsettled after this block
-  std::vector<protocol::NodeId> exclude;
   for (uint32_t shard = 0; shard < per_round; ++shard) {
     const uint32_t index = m.round() * per_round + shard;
     const WorkUnit* u = s.units.Find({task_id, index});
@@ -328,16 +350,14 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     }
     SaveCheck(s, task_id, index, c);
     if (c.stage() != CheckStage::kCheckSettled) ++open;
-    ML_RETURN_IF_ERROR(ApplyEffects(s, p, task_id, index, c, fx, &rewind, &exclude));
+    ML_RETURN_IF_ERROR(ApplyEffects(s, p, task_id, index, c, fx, &rerun));
     if (fx.settled) {
       ML_LOG_INFO("ledger: task {} unit {}: {} ({})", task_id.ShortHex(), index,
                   protocol::CheckResultName(c.result()), c.reason());
     }
   }
-  if (rewind) {
-    ML_RETURN_IF_ERROR(RewindCurrentRound(s, task_id, m, exclude));
-    open = 0;  // the rewind dropped every check of the round
-  }
+  ML_RETURN_IF_ERROR(ApplyRerun(s, task_id, m, rerun));
+  if (rerun.round) open = 0;  // the rewind dropped every check of the round
   // One hold per unsettled check of the current round.
   while (m.holds() < open) m.HoldFinality();
   while (m.holds() > open) ML_RETURN_IF_ERROR(m.ReleaseFinality().status());
@@ -512,13 +532,11 @@ Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
   ML_ASSIGN_OR_RETURN(CheckEffects fx, c.OnResultDisproved(tx.node_id, ctx.height));
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
-  bool rewind = false;
-  std::vector<protocol::NodeId> exclude;
-  ML_RETURN_IF_ERROR(
-      ApplyEffects(ctx.state, ctx.params(), tx.task_id, tx.index, c, fx, &rewind, &exclude));
+  Rerun rerun;
+  ML_RETURN_IF_ERROR(ApplyEffects(ctx.state, ctx.params(), tx.task_id, tx.index, c, fx, &rerun));
   ML_LOG_INFO("ledger: task {} unit {}: {} ({})", tx.task_id.ShortHex(), tx.index,
               protocol::CheckResultName(c.result()), c.reason());
-  if (rewind) ML_RETURN_IF_ERROR(RewindCurrentRound(ctx.state, tx.task_id, m, exclude));
+  ML_RETURN_IF_ERROR(ApplyRerun(ctx.state, tx.task_id, m, rerun));
   // The next block's DriveChecks sets the round's holds from the checks left open.
   SaveMachine(ctx.state, tx.task_id, m);
   return Status::Ok();

@@ -874,13 +874,31 @@ TEST_F(VerificationTest, ASolverThatNeverRevealsLosesTheUnitWithoutASlash) {
   StepOk({SealTx(v1_, silent, a), SealTx(v1_, honest, b)});
   StepUntil(silent, CheckStage::kCheckRevealVerdicts);
   StepOk({RevealTx(v1_, silent, a), RevealTx(v1_, honest, b), SecretTx(honest)});  // s1 crashed
-  for (int i = 0; i < 4; ++i) Step();
+  for (int i = 0; i < 6 && HasCheck(silent); ++i) Step();
   EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
   EXPECT_EQ(Node(s1_).stake, kStake);
   EXPECT_GE(Node(s1_).reputation.failures, 1u);
-  EXPECT_TRUE(Rerunning());
-  Steps(1);
+  // Only the abandoned unit re-runs; the honest unit keeps its commit and its clean check.
+  EXPECT_FALSE(HasCheck(silent));
+  EXPECT_NE(Unit(silent).status, WorkUnitStatus::kCommitted);
+  EXPECT_EQ(Unit(honest).status, WorkUnitStatus::kCommitted);
+  ASSERT_TRUE(HasCheck(honest));
+  EXPECT_EQ(Check(honest).result(), CheckResult::kCheckClean);
+  EXPECT_EQ(Machine().CommittedUnits().size(), 1u);
+  EXPECT_EQ(Task().verification.abandoned, 1u);
+  if (Unit(silent).status == WorkUnitStatus::kPending) Steps(1);
   EXPECT_EQ(Unit(silent).assignee, s2_.public_key());  // re-run without it
+  CommitAll({{silent, false}});
+  Step();
+  Sealed c = Clean();
+  StepOk({SealTx(v1_, silent, c)});
+  StepUntil(silent, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, silent, c), SecretTx(silent)});
+  StepUntilDone(silent);
+  EXPECT_EQ(Check(silent).result(), CheckResult::kCheckClean);
+  EXPECT_EQ(Check(honest).result(), CheckResult::kCheckClean);  // never re-run
+  EXPECT_EQ(Node(s2_).secrets_committed, 2u);  // one commit per unit
+  EXPECT_EQ(Machine().CommittedUnits().size(), 2u);
 }
 
 TEST_F(VerificationTest, BadVerificationTransactionsAreRefused) {

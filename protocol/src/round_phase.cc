@@ -478,4 +478,35 @@ Status RoundStateMachine::RewindRound(std::span<const NodeId> exclude) {
   return Status::Ok();
 }
 
+Status RoundStateMachine::RerunUnits(std::span<const uint32_t> shards,
+                                     std::span<const NodeId> exclude) {
+  if (phase_ == RoundPhase::kRoundPhaseFinal) {
+    return FailedPrecondition("task " + config_.task.ShortHex() + " is final; nothing to re-run");
+  }
+  for (uint32_t shard : shards) {
+    if (shard >= units_.size()) {
+      return InvalidArgument("re-run: shard " + std::to_string(shard) + " of task " +
+                             config_.task.ShortHex() + " is out of range (" +
+                             std::to_string(units_.size()) + " units per round)");
+    }
+  }
+  for (uint32_t shard : shards) {
+    Unit& u = units_[shard];
+    u.state = UnitState::kPending;
+    u.assignment = Assignment{};
+    u.result = Hash256{};
+    u.commit_height = 0;
+    for (const NodeId& n : exclude) {
+      if (std::find(u.excluded.begin(), u.excluded.end(), n) == u.excluded.end()) {
+        u.excluded.push_back(n);
+      }
+    }
+  }
+  window_end_ = 0;
+  pending_weights_ = Hash256{};
+  aggregator_.reset();
+  phase_ = RoundPhase::kRoundPhaseAssigning;
+  return Status::Ok();
+}
+
 }  // namespace meshlearn::protocol

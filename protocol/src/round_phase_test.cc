@@ -221,6 +221,42 @@ TEST(RoundPhaseTest, HoldKeepsTheWindowOpenAndRewindReruns) {
   EXPECT_FALSE(m->ReleaseFinality().ok());
 }
 
+// A forced error in one unit: only that unit re-runs; the others keep their commits; the
+// aggregate already committed is dropped and the round aggregates again over the new result.
+TEST(RoundPhaseTest, RerunUnitsKeepsTheOtherCommitsAndAggregatesAgain) {
+  const RoundMachineConfig c = Config(2);
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  RunRound(*m, c, 10);
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1"), 12).ok());
+  m->HoldFinality();
+  ASSERT_TRUE(m->OnBlock(20).ok());
+  EXPECT_FALSE(m->RerunUnits(std::vector<uint32_t>{3}, {}).ok());  // no shard 3
+  ASSERT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);
+  ASSERT_TRUE(m->RerunUnits(std::vector<uint32_t>{1}, std::vector<NodeId>{Id(7)}).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  EXPECT_EQ(m->round(), 0u);
+  EXPECT_FALSE(m->aggregator().has_value());
+  auto pending = m->PendingUnits();
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].unit.shard, 1u);
+  EXPECT_EQ(pending[0].excluded, std::vector<NodeId>{Id(7)});
+  EXPECT_EQ(m->CommittedUnits().size(), 2u);  // shards 0 and 2 keep their results
+  // A round-trip of the machine in this state is exact.
+  auto back = RoundStateMachine::Decode(m->Encode());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Encode(), m->Encode());
+  ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 1, 8, 21, 40)}).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseTraining);
+  ASSERT_TRUE(m->OnUnitCommitted(UnitId{c.task, 0, 1}, Id(8), Blake2b("honest"), 22).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAggregating);
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1b"), 23).ok());
+  ASSERT_TRUE(m->ReleaseFinality().ok());
+  ASSERT_TRUE(m->OnBlock(25).ok());
+  EXPECT_EQ(m->round(), 1u);
+  EXPECT_EQ(m->weights_history()[1], Blake2b("w1b"));
+}
+
 // The machine and the scheduler together: pending units go through AssignUnits, an expired unit
 // comes back with its late node excluded and lands elsewhere.
 TEST(RoundPhaseTest, DrivesTheScheduler) {

@@ -16,7 +16,8 @@
 // The verification window is the seam for the verification issue: a round becomes final only when
 // `verification_window_blocks` blocks have passed since its aggregate was committed (0 = at
 // once) and no hold is active (HoldFinality/ReleaseFinality, e.g. while a dispute is open).
-// RewindRound re-runs the current round from its starting weights after fraud is proven.
+// RewindRound re-runs the current round from its starting weights after fraud is proven;
+// RerunUnits re-runs single units of it (a forced error, a unit whose solver vanished).
 //
 //   Result<RoundStateMachine> m = RoundStateMachine::Create(config);
 //   m->OnBlock(h);                                   // every block, first
@@ -145,6 +146,11 @@ class RoundStateMachine {
   // Fraud proven in the current, not yet final round: every unit becomes pending again (the
   // given nodes excluded from all of them) and the round re-runs from round_weights().
   Status RewindRound(std::span<const NodeId> exclude);
+  // A forced error or an abandoned unit in the current, not yet final round: only `shards`
+  // re-run (pending again, `exclude` barred from them); the round's other units keep their
+  // commits. An aggregator assigned or an aggregate committed is dropped: the round aggregates
+  // again, over the new results, once every unit is committed.
+  Status RerunUnits(std::span<const uint32_t> shards, std::span<const NodeId> exclude);
 
  private:
   enum class UnitState : uint8_t { kPending, kAssigned, kCommitted };
