@@ -388,6 +388,7 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  speed_factor = 1.0                # < 1: a deliberately slow node (tests, demos)\n"
       "  whistleblower_sample = 0.2        # whistleblower: share of settled units re-checked\n"
       "  # adversary = \"lazy\"              # testing only: lazy|noisy|wrong_data|copy|stale|\n"
+      "                                    #   wrong_result (honest training, negated delta)|\n"
       "                                    #   rubber_stamp (a verifier that never replays)\n"
       "  [capabilities]                    # optional: paste `node bench`; measured if absent\n"
       "  throughput = 20000000000\n"

@@ -12,8 +12,8 @@ namespace meshlearn::node {
 
 namespace {
 
-constexpr std::string_view kNames[] = {"none", "lazy",  "noisy",       "wrong_data",
-                                        "copy", "stale", "rubber_stamp"};
+constexpr std::string_view kNames[] = {"none",  "lazy",         "noisy",       "wrong_data", "copy",
+                                        "stale", "rubber_stamp", "wrong_result"};
 
 uint64_t SplitMix64(uint64_t& x) {
   uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
@@ -150,6 +150,14 @@ Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
         out.delta.assign(in.peer_delta.begin(), in.peer_delta.end());
         out.delta_hash = HashFloats(out.delta);
       }
+      return out;
+    }
+    case Adversary::kWrongResult: {
+      // Honest work, poisoned result: the sign-flipped delta (it pushes the model the other way).
+      UnitExecutor ex(trainer);
+      ML_ASSIGN_OR_RETURN(UnitOutcome out, ex.Run(global, work, options));
+      for (float& d : out.delta) d = -d;
+      out.delta_hash = HashFloats(out.delta);
       return out;
     }
     case Adversary::kStale: {

@@ -550,6 +550,12 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
   }
   UnitOutcome out = std::move(*ran);
   if (resume) ++stats_.units_resumed;
+  // The final state (after step H) is kept and served like the other checkpoints, until the
+  // round is final: with it anyone checks that the committed result is its delta
+  // (docs/verification.md "Result binding"). Written before done.json, which marks the unit done.
+  ML_RETURN_IF_ERROR(engine::SaveCheckpoint(
+      deps_.env, JoinPath(dir, "ckpt-" + std::to_string(net.inner_steps) + ".safetensors"),
+      ctx->trainer->state()));
 
   Bytes delta = EncodeDelta(out.delta);
   ML_ASSIGN_OR_RETURN(net::BlobId delta_id, deps_.store->Put(delta));

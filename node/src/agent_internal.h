@@ -47,6 +47,9 @@ struct NodeAgent::SegmentFinding {
   // The solver's checkpoint the replay of `segment` started from (checked against its leaf);
   // empty: the replay started from the unit's start.
   std::string checkpoint;
+  // Result binding: what the result check found; when kWrong, the committed final state is
+  // saved in the check's directory (final.safetensors) for ProveResult.
+  ResultCheck result = ResultCheck::kNotShown;
 };
 
 namespace agent_internal {

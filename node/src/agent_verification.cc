@@ -11,17 +11,23 @@
 //       verdict.json / challenge.json          the verdict, salt and claim (so a restarted node
 //                                              can still reveal), where the replay started
 //       ckpt-<step>.safetensors                the solver's checkpoint the replay started from
+//                                              (and its final state, for the result check)
+//       final.safetensors                      the committed final state, when its result is
+//                                              wrong (the ProveResult witness)
 //       dispute-<first>-<last>.json            the state hash after every step of a disputed
 //                                              segment
 // A check's directory is deleted once node_work no longer lists the check.
 #include <algorithm>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "agent_internal.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/step_replay.h"
 #include "meshlearn/ledger/genesis.h"
+#include "meshlearn/ledger/tx.h"
 #include "meshlearn/node/agent.h"
 #include "meshlearn/node/referee.h"
 #include "meshlearn/node/state_blob.h"
@@ -371,6 +377,12 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
       } else if (c.stage == "reveal_verdicts" && have) {
         RevealVerdict(c);
       }
+      if (have && (c.stage == "commit_verdicts" || c.stage == "reveal_verdicts") &&
+          !verify_sent_.count(Action("prove", dir))) {
+        // A result found wrong before a restart: prove it (ProveResult sends it once).
+        Result<json> v = ReadJson(deps_.env, path);
+        if (v.ok() && v->value("result_wrong", false)) ProveResult(c);
+      }
     }
     if (c.HasRole("whistleblower") && c.stage == "settled" && !whistle_seen_.count(dir)) {
       const double draw =
@@ -627,6 +639,58 @@ Result<NodeAgent::SegmentFinding> NodeAgent::CheckSegments(const CheckAssignment
     }
     if (f.mismatch) break;
   }
+
+  // Result binding (docs/verification.md "Result binding"): the committed result must be the
+  // delta of the state the last leaf commits to. That state is this replay's own when it ended
+  // at H, else the solver's checkpoint at H, else a replay of the last segment (from the
+  // solver's checkpoint at its start, or from the unit's start). One that does not hash to the
+  // last leaf says nothing (a forced error's last leaf is a ForcedLeaf; a wrong checkpoint is
+  // the segment checks' business).
+  const Hash256& last_leaf = f.leaves.back();
+  std::optional<engine::TrainState> shown;
+  auto load = [&](int64_t step) -> Result<engine::TrainState> {
+    ML_ASSIGN_OR_RETURN(Bytes ckpt,
+                        FetchUnitCheckpoint(deps_.transport, c.solver_endpoint, m, step));
+    const std::string path = JoinPath(dir, "ckpt-" + std::to_string(step) + ".safetensors");
+    ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(path, AsStringView(ckpt)));
+    return engine::LoadCheckpoint(deps_.env, path);
+  };
+  engine::TrainState* final_state = nullptr;
+  if (trainer->state().model && trainer->state().step == work.inner_steps &&
+      engine::StateHash(trainer->state()) == last_leaf) {
+    final_state = &trainer->state();
+  } else if (Result<engine::TrainState> st = load(work.inner_steps);
+             st.ok() && engine::StateHash(*st) == last_leaf) {
+    shown = std::move(*st);
+    final_state = &*shown;
+  } else if (!f.mismatch) {  // (a mismatch goes to a dispute anyway)
+    const uint32_t j = c.num_segments - 1;
+    Status replayed = [&]() -> Status {
+      std::optional<engine::TrainState> from;
+      if (j > 0) {
+        Result<engine::TrainState> st = load(steps[j]);
+        if (st.ok() && engine::StateHash(*st) == f.leaves[j]) from = std::move(*st);
+      }
+      const int64_t to[] = {work.inner_steps};
+      return ReplayToSteps(trainer, start.weights, work, from ? steps[j] : 0,
+                           from ? &*from : nullptr, to)
+          .status();
+    }();
+    if (replayed.ok() && engine::StateHash(trainer->state()) == last_leaf) {
+      final_state = &trainer->state();
+    }
+  }
+  if (final_state != nullptr) {
+    f.result = CheckUnitResult(start.weights, *final_state, last_leaf, c.result_hash);
+    ++stats_.results_checked;
+    if (f.result == ResultCheck::kWrong) {
+      ML_RETURN_IF_ERROR(
+          engine::SaveCheckpoint(deps_.env, JoinPath(dir, "final.safetensors"), *final_state));
+    }
+  } else if (!f.mismatch) {
+    Log(Name(c) + ": result check skipped: no state hashing to the last committed leaf " +
+        last_leaf.ShortHex() + " could be had");
+  }
   return f;
 }
 
@@ -635,7 +699,8 @@ namespace {
 // A SegmentFinding as verdict.json / challenge.json keep it.
 template <typename Finding>
 json FindingJson(const Finding& f) {
-  json v = {{"leaves", HexList(f.leaves)}, {"mismatch", f.mismatch}};
+  json v = {{"leaves", HexList(f.leaves)}, {"mismatch", f.mismatch},
+            {"result_wrong", f.result == ResultCheck::kWrong}};
   if (f.mismatch) {
     v["segment"] = f.segment;
     v["replayed_end"] = f.replayed_end.ToHex();
@@ -690,6 +755,9 @@ Status NodeAgent::RunVerdict(const CheckAssignment& c) {
     ++stats_.verdicts_committed;
     if (f.mismatch) ++stats_.mismatches;
   }
+  // After the verdict's commitment (same block, in order): the proof settles the check and
+  // voids the verdicts.
+  if (f.result == ResultCheck::kWrong) ProveResult(c);
   return Status::Ok();
 }
 
@@ -735,6 +803,11 @@ Status NodeAgent::RunWhistle(const CheckAssignment& c) {
       c.num_segments);
   ML_ASSIGN_OR_RETURN(SegmentFinding f, CheckSegments(c, {segment}, dir));
   ++stats_.replays;
+  if (f.result == ResultCheck::kWrong) {
+    // One computation settles it: no dispute needed, even if a segment mismatched too.
+    ProveResult(c);
+    return Status::Ok();
+  }
   if (!f.mismatch) {
     Log(Name(c) + ": whistleblower re-check of segment " + std::to_string(segment) + ": clean");
     return Status::Ok();
@@ -752,6 +825,46 @@ Status NodeAgent::RunWhistle(const CheckAssignment& c) {
     ++stats_.challenges;
   }
   return Status::Ok();
+}
+
+// ---- Result binding --------------------------------------------------------------------------
+
+void NodeAgent::ProveResult(const CheckAssignment& c) {
+  const std::string dir = VerifyDir(c);
+  const std::string action = Action("prove", dir);
+  if (verify_sent_.count(action)) return;
+  auto give_up = [&](const std::string& why) {
+    if (!verify_failed_.count(action)) Log(Name(c) + ": cannot prove the wrong result: " + why);
+    verify_failed_[action] = kMaxVerifyAttempts;
+  };
+  // The witness: the task bundle, the round's start state blob and the final state (saved by
+  // the check that found the result wrong). All three are local: pinned or in the check's dir.
+  Result<TaskContext*> ctx = GetTaskContext(c.task_id);
+  if (!ctx.ok()) return give_up(ctx.status().message());
+  Result<Bytes> bundle = FetchBlob((*ctx)->info.spec_hash, {}, "");
+  Result<Bytes> start = FetchBlob(c.start_state, {}, StateReason(c.task_id));
+  Result<engine::TrainState> st =
+      engine::LoadCheckpoint(deps_.env, JoinPath(dir, "final.safetensors"));
+  if (!bundle.ok()) return give_up("the task bundle: " + bundle.status().message());
+  if (!start.ok()) return give_up("the round's start state: " + start.status().message());
+  if (!st.ok()) return give_up("the final state: " + st.status().message());
+  ledger::ResultWitness w{.bundle = std::string(AsStringView(*bundle)),
+                          .start_state = std::move(*start),
+                          .state = engine::FlatState(*st)};
+  Bytes witness = ledger::EncodeResultWitness(w);
+  if (witness.size() > ledger::kMaxWitnessBytes) {
+    return give_up("its witness is " + std::to_string(witness.size()) + " bytes, over the " +
+                   std::to_string(ledger::kMaxWitnessBytes) + " a transaction may carry");
+  }
+  Log(Name(c) + ": result of unit " + std::to_string(c.index) + " (" + c.result_hash.ShortHex() +
+      ") is not the delta of its committed final state: proving it (ProveResult, " +
+      std::to_string(witness.size()) + "-byte witness)");
+  if (SendVerifyTx(action, ledger::ProveResultTx{.task_id = c.task_id,
+                                                 .index = c.index,
+                                                 .node_id = id(),
+                                                 .witness = {std::move(witness)}})) {
+    ++stats_.results_proven;
+  }
 }
 
 // ---- Disputes --------------------------------------------------------------------------------

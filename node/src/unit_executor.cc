@@ -5,7 +5,9 @@
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/net/blob.h"
 #include "meshlearn/protocol/aggregate.h"
+#include "meshlearn/protocol/state_blob.h"
 
 namespace meshlearn::node {
 
@@ -204,6 +206,27 @@ Result<std::vector<Hash256>> ReplayToSteps(engine::Trainer* trainer, std::span<c
     out.push_back(engine::StateHash(trainer->state()));
   }
   return out;
+}
+
+Hash256 ResultOfFinalState(std::span<const float> global, engine::TrainState& final_state) {
+  // The parameters in model order: engine::FlatState's first part, the ledger's layout.
+  std::vector<float> params;
+  params.reserve(global.size());
+  for (const engine::Param& p : final_state.model->params()) {
+    params.insert(params.end(), p.value.data(), p.value.data() + p.value.size());
+  }
+  return net::BuildManifest(protocol::EncodeDelta(protocol::PseudoGradient(global, params)))
+      .id()
+      .hash;
+}
+
+ResultCheck CheckUnitResult(std::span<const float> global, engine::TrainState& final_state,
+                            const Hash256& last_leaf, const Hash256& result_hash) {
+  if (!final_state.model || engine::StateHash(final_state) != last_leaf) {
+    return ResultCheck::kNotShown;
+  }
+  return ResultOfFinalState(global, final_state) == result_hash ? ResultCheck::kRight
+                                                                : ResultCheck::kWrong;
 }
 
 }  // namespace meshlearn::node

@@ -2,7 +2,7 @@
 // docs/operators.md "Adversary modes"). Never for real work: every mode commits a unit that
 // looks well-formed to the ledger (a result blob and the Merkle root of a list of state hashes)
 // but that an honest replay of at least one of its segments (node::ReplaySegment) does not
-// reach.
+// reach, or (wrong_result) whose result is not the delta of its committed final state.
 //
 //   lazy        runs only every other inner step, but hashes and checkpoints its states as if it
 //               had run them all (state.step advances on the skipped steps too);
@@ -12,7 +12,11 @@
 //   copy        commits another solver's delta for the same round when it can get one, with the
 //               commitment of a lazy run of its own unit (no delta: behaves as lazy);
 //   stale       re-commits its own result and commitment of an earlier round of the task (none
-//               yet: behaves as lazy).
+//               yet: behaves as lazy);
+//   wrong_result  trains honestly (every leaf true, commitment and checkpoints honest) but commits
+//               the honest delta negated (-delta, a sign-flip model poisoning: the aggregate is
+//               pushed uphill). No segment replay can see it; the result check can
+//               (docs/verification.md "Result binding": a verifier proves it, ProveResult).
 //
 // A cheating solver does not defend its units in a dispute: it posts nothing, so it loses at its
 // first turn's deadline (an honest party never needs the referee against it).
@@ -37,14 +41,23 @@
 
 namespace meshlearn::node {
 
-enum class Adversary : uint8_t { kNone, kLazy, kNoisy, kWrongData, kCopy, kStale, kRubberStamp };
+enum class Adversary : uint8_t {
+  kNone,
+  kLazy,
+  kNoisy,
+  kWrongData,
+  kCopy,
+  kStale,
+  kRubberStamp,
+  kWrongResult,
+};
 
 // Whether `a` cheats as a solver (every mode but kNone and the verifier mode kRubberStamp).
 bool CheatsAsSolver(Adversary a);
 // Whether `a` cheats as a verifier (kRubberStamp).
 bool CheatsAsVerifier(Adversary a);
 
-// "none", "lazy", "noisy", "wrong_data", "copy", "stale", "rubber_stamp".
+// "none", "lazy", "noisy", "wrong_data", "copy", "stale", "rubber_stamp", "wrong_result".
 std::string_view AdversaryName(Adversary a);
 // "" and "none" -> kNone; an unknown name -> InvalidArgument naming the allowed values.
 Result<Adversary> ParseAdversary(std::string_view name);
@@ -66,7 +79,9 @@ struct AdversaryInputs {
 // HashFloats(delta). options.on_step / on_checkpoint / should_stop are honoured (checkpoints are
 // the adversary's own states, labelled with work.stream and the hashed step); options.resume is
 // ignored (an adversary restarts the unit: same bits). kNone and kRubberStamp (an honest solver)
-// run the honest UnitExecutor.
+// run the honest UnitExecutor, and so does kWrongResult (resume honoured) before negating the
+// delta. In every mode the trainer's state afterwards is the one the last state hash is of (what
+// a node saves as its checkpoint at H), except stale re-committing an earlier outcome.
 Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
                                      std::span<const float> global, const UnitWork& work,
                                      const UnitRunOptions& options, const AdversaryInputs& in);

@@ -75,6 +75,12 @@
 //   whistleblower re-checks one segment of a sample (whistleblower_sample) of the units settled
 //                 clean or unchecked in a round not final yet; on a mismatch sends ChallengeUnit
 //                 and plays the dispute as challenger.
+// Verifiers and whistleblowers also check every unit they replay for result binding
+// (docs/verification.md "Result binding"): the state after step H (their own replay when it ends
+// there, else the solver's served checkpoint at H, else a replay of the last segment) must hash
+// to the last committed leaf and give the committed result; when it hashes but gives another
+// result they send ProveResult (the unit is fraud at once). The solver keeps and serves its
+// final state (ckpt-H) with its other checkpoints for that.
 // Dispute turns post the state hash after the asked step, replayed once per dispute over the
 // whole disputed segment. Tick order: cheap verification transactions (reveals, dispute moves
 // already computed) every tick, then ONE job: a replay for a verdict or a dispute (their windows
@@ -213,6 +219,8 @@ struct AgentStats {
   uint64_t verdicts_revealed = 0;   // RevealVerdict sent
   uint64_t challenges = 0;          // ChallengeUnit sent
   uint64_t dispute_posts = 0;       // DisputePost sent
+  uint64_t results_checked = 0;     // result checks that had the committed final state
+  uint64_t results_proven = 0;      // ProveResult sent (a result not the delta of its final state)
 };
 
 class NodeAgent {
@@ -292,6 +300,9 @@ class NodeAgent {
   void RevealSecret(const CheckAssignment& c);
   void RevealVerdict(const CheckAssignment& c);
   void PostDisputeMove(const CheckAssignment& c);
+  // Result binding: sends ProveResult for a check whose result was found wrong (the final state
+  // kept in its directory), once.
+  void ProveResult(const CheckAssignment& c);
   // Replays `segments` of a checked unit (verifier and whistleblower); files under `dir`.
   Result<SegmentFinding> CheckSegments(const CheckAssignment& c,
                                        const std::vector<uint32_t>& segments,

@@ -120,6 +120,22 @@ Result<std::vector<Hash256>> ReplayToSteps(engine::Trainer* trainer, std::span<c
                                            engine::TrainState* start,
                                            std::span<const int64_t> steps);
 
+// Result binding (docs/verification.md "Result binding"): the result a unit's final state gives,
+// the blob id of the delta blob EncodeDelta(global - the state's parameters). A unit's CommitUnit
+// result_hash must be it; the ledger computes the same for a ProveResult
+// (ledger/src/referee_step.cc, ExecuteResultWitness), so any mismatch here is provable there.
+Hash256 ResultOfFinalState(std::span<const float> global, engine::TrainState& final_state);
+
+// The verifier's cheap result check of a committed unit from a state claimed to be its final one
+// (the verifier's own replay up to H, or the solver's served checkpoint at H):
+//   kNotShown  `final_state` does not hash to the committed last leaf: nothing can be said (a
+//              wrong or missing checkpoint is the segment checks' business);
+//   kRight     the committed result is the delta of the committed final state;
+//   kWrong     it is not: provable on chain (ledger::ProveResultTx).
+enum class ResultCheck : uint8_t { kNotShown, kRight, kWrong };
+ResultCheck CheckUnitResult(std::span<const float> global, engine::TrainState& final_state,
+                            const Hash256& last_leaf, const Hash256& result_hash);
+
 // Steps at which a unit of `inner_steps` steps with checkpoint interval `k` hashes its state.
 std::vector<int64_t> HashedSteps(int64_t inner_steps, int64_t k);
 

@@ -1,7 +1,8 @@
 // What a solver serves so that verifiers can replay its committed units (docs/verification.md):
 // the unit's committed leaves (the state hashes its commitment is the Merkle root of) and its
-// checkpoints, read from the unit's work directory (<data_dir>/units/<task>-<index>/), which the
-// agent keeps until the unit's round is final.
+// checkpoints (every hashed step after 0, the final state at H included: docs/verification.md
+// "Result binding"), read from the unit's work directory (<data_dir>/units/<task>-<index>/),
+// which the agent keeps until the unit's round is final.
 //
 // Methods (bodies in the canonical encoding, every field checked on decode):
 //   "unit.manifest"    {task, index}                       -> UnitManifest
@@ -45,7 +46,7 @@ inline constexpr uint64_t kMaxCheckpointSlice = 4u << 20;
 inline constexpr uint32_t kMaxManifestLeaves = 1u << 20;
 
 struct UnitCheckpointRef {
-  int64_t step = 0;   // a hashed step (0 < step < H)
+  int64_t step = 0;   // a hashed step (0 < step <= H: the final state too, for result checks)
   uint64_t size = 0;  // bytes of the checkpoint file (safetensors)
 };
 
