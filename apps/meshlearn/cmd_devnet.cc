@@ -927,8 +927,8 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
                   "I@U: kill -9 solver I mid-unit once U units are committed; repeatable");
   cmd->add_option("--late", a.late, "I@R: start solver I only after round R finished; repeatable");
   cmd->add_option("--adversary", a.adversary,
-                  "ROLE:MODE: one node cheats (solver:lazy|noisy|wrong_data|copy|stale, "
-                  "verifier:rubber_stamp); repeatable");
+                  "ROLE:MODE: one node cheats (solver:lazy|noisy|wrong_data|copy|stale|"
+                  "wrong_result, verifier:rubber_stamp); repeatable");
   cmd->add_option("--verifiers", a.verifiers,
                   "Verifier-only nodes to add (every solver node verifies too)")
       ->capture_default_str();
