@@ -645,7 +645,9 @@ Result<NodeAgent::SegmentFinding> NodeAgent::CheckSegments(const CheckAssignment
   // at H, else the solver's checkpoint at H, else a replay of the last segment (from the
   // solver's checkpoint at its start, or from the unit's start). One that does not hash to the
   // last leaf says nothing (a forced error's last leaf is a ForcedLeaf; a wrong checkpoint is
-  // the segment checks' business).
+  // the segment checks' business). After a segment mismatch the dispute decides the unit: no
+  // result check (and no multi-megabyte proof) is needed.
+  if (f.mismatch) return f;
   const Hash256& last_leaf = f.leaves.back();
   std::optional<engine::TrainState> shown;
   auto load = [&](int64_t step) -> Result<engine::TrainState> {
@@ -663,7 +665,7 @@ Result<NodeAgent::SegmentFinding> NodeAgent::CheckSegments(const CheckAssignment
              st.ok() && engine::StateHash(*st) == last_leaf) {
     shown = std::move(*st);
     final_state = &*shown;
-  } else if (!f.mismatch) {  // (a mismatch goes to a dispute anyway)
+  } else {
     const uint32_t j = c.num_segments - 1;
     Status replayed = [&]() -> Status {
       std::optional<engine::TrainState> from;
@@ -687,7 +689,7 @@ Result<NodeAgent::SegmentFinding> NodeAgent::CheckSegments(const CheckAssignment
       ML_RETURN_IF_ERROR(
           engine::SaveCheckpoint(deps_.env, JoinPath(dir, "final.safetensors"), *final_state));
     }
-  } else if (!f.mismatch) {
+  } else {
     Log(Name(c) + ": result check skipped: no state hashing to the last committed leaf " +
         last_leaf.ShortHex() + " could be had");
   }
@@ -804,7 +806,7 @@ Status NodeAgent::RunWhistle(const CheckAssignment& c) {
   ML_ASSIGN_OR_RETURN(SegmentFinding f, CheckSegments(c, {segment}, dir));
   ++stats_.replays;
   if (f.result == ResultCheck::kWrong) {
-    // One computation settles it: no dispute needed, even if a segment mismatched too.
+    // One computation settles it: no dispute needed.
     ProveResult(c);
     return Status::Ok();
   }

@@ -75,11 +75,11 @@
 //   whistleblower re-checks one segment of a sample (whistleblower_sample) of the units settled
 //                 clean or unchecked in a round not final yet; on a mismatch sends ChallengeUnit
 //                 and plays the dispute as challenger.
-// Verifiers and whistleblowers also check every unit they replay for result binding
-// (docs/verification.md "Result binding"): the state after step H (their own replay when it ends
-// there, else the solver's served checkpoint at H, else a replay of the last segment) must hash
-// to the last committed leaf and give the committed result; when it hashes but gives another
-// result they send ProveResult (the unit is fraud at once). The solver keeps and serves its
+// Verifiers and whistleblowers also check every unit whose replayed segments were clean for
+// result binding (docs/verification.md "Result binding"): the state after step H (their own
+// replay when it ends there, else the solver's served checkpoint at H, else a replay of the last
+// segment) must hash to the last committed leaf and give the committed result; when it hashes
+// but gives another result they send ProveResult (the unit is fraud at once). The solver keeps and serves its
 // final state (ckpt-H) with its other checkpoints for that.
 // Dispute turns post the state hash after the asked step, replayed once per dispute over the
 // whole disputed segment. Tick order: cheap verification transactions (reveals, dispute moves
