@@ -335,7 +335,9 @@ class DevnetReferee {
         &chain, &tx,
         [&](const Hash256& id) { return FetchBlob(blob_rpc, store->get(), net::BlobId{id}); },
         {.env = env, .work_dir = JoinPath(dir, "data"), .log = line, .transport = &transport});
-    line("referee: key " + key.public_key().ToHex() + " (the sequencer's), polling referee_work");
+    line("referee: key " + key.public_key().ToHex() +
+         " (the sequencer's: genesis names it for RuleDispute; a RefereeStep needs no key), "
+         "polling referee_work");
     uint64_t height = 0;
     while (!stop_.load()) {
       Result<uint64_t> h = node::WaitForBlockAbove(chain, height, 1000);
@@ -813,6 +815,10 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
                    : r.ruling.output == r.dispute.task.challenger_output ? "challenger"
                                                                          : "neither"},
            {"reason", r.ruling.reason},
+           // RefereeStep: the ledger executed the step from the witness (`output` is what it
+           // computes); RuleDispute: the genesis referee's ruling.
+           {"tx", r.tx_type},
+           {"witness_bytes", r.ruling.witness_bytes},
            {"executed", r.ok},
            {"error", r.error}});
     }

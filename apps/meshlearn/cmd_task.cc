@@ -104,6 +104,9 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   p.num_examples = t.facts.num_examples;
   p.seed = t.facts.seed;
   p.verification_window_blocks = t.net.verification_window_blocks;
+  // The Merkle root over the training examples (zero for a token task): nodes refuse a task whose
+  // data does not give it, and the ledger executes a disputed step against it (RefereeStepTx).
+  p.data_root = t.facts.data_root;
   if (t.net.tolerance_mode) ML_RETURN_IF_ERROR(SetTolerance(env, path, &t));
   t.view = node::MakeTaskView(*t.trainer, t.net);
   t.view.flops_per_sample = p.flops_per_sample;

@@ -74,6 +74,22 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
                              "; the submitter published an inconsistent task, refusing it");
     }
   }
+  // The data root: the ledger checks a disputed step's examples against it (RefereeStepTx), so
+  // work on data that does not give it could never be refereed. Absent or zero: none declared.
+  if (p.contains("data_root") && p["data_root"].is_string()) {
+    Result<Hash256> declared =
+        Hash256::FromHex(p["data_root"].get<std::string>(), "params.data_root");
+    if (!declared.ok()) return declared.status();
+    if (!declared->IsZero() && *declared != facts.data_root) {
+      return InvalidArgument(
+          "the submitter's data_root does not match the data in the bundle: the ledger's "
+          "params.data_root = " +
+          declared->ToHex() + " but the bundle's training data gives " +
+          (facts.data_root.IsZero() ? std::string("no data root (a token task)")
+                                    : facts.data_root.ToHex()) +
+          "; refusing it");
+    }
+  }
   return Status::Ok();
 }
 

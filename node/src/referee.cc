@@ -5,7 +5,10 @@
 #include <utility>
 
 #include "meshlearn/base/check.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/node/network_round.h"
 #include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/step_witness.h"
 #include "meshlearn/node/unit_service.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
@@ -224,6 +227,10 @@ Result<std::vector<RefereeDispute>> ParseRefereeWork(const json& j) {
     if (u.contains("result_hash")) {
       ML_ASSIGN_OR_RETURN(d.result_hash, HashAt(u, "result_hash", where));
     }
+    d.first_step = dj.value("first_step", uint64_t{0});
+    if (dj.contains("agreed")) {
+      ML_ASSIGN_OR_RETURN(d.agreed, HashAt(dj, "agreed", where + " check.dispute"));
+    }
     if (!dj.contains("referee") || !dj["referee"].is_object()) {
       return InvalidArgument(where + ": check.dispute has no referee task");
     }
@@ -249,9 +256,11 @@ Result<std::vector<RefereeDispute>> GetRefereeWork(ChainClient& chain) {
 // ---- RefereeService ------------------------------------------------------------------------
 
 struct RefereeService::TaskTrainer {
+  std::string bundle_text;  // the spec_hash blob: a step witness carries it
   LoadedBundle bundle;
   std::unique_ptr<engine::Trainer> trainer;
   TaskFacts facts;
+  std::unique_ptr<engine::DataTree> tree;  // built for the first step witness
   uint64_t last_use = 0;
 };
 
@@ -288,7 +297,8 @@ Result<RefereeService::TaskTrainer*> RefereeService::TrainerFor(const Hash256& s
     return path;
   };
   auto t = std::make_unique<TaskTrainer>();
-  ML_ASSIGN_OR_RETURN(t->bundle, LoadBundle(AsStringView(*text), resolver));
+  t->bundle_text = std::string(AsStringView(*text));
+  ML_ASSIGN_OR_RETURN(t->bundle, LoadBundle(t->bundle_text, resolver));
   ML_ASSIGN_OR_RETURN(t->trainer, engine::Trainer::Create(options_.env, t->bundle.task));
   t->facts = ComputeTaskFacts(*t->trainer, t->bundle.net);
   t->last_use = ++use_clock_;
@@ -306,7 +316,7 @@ Result<RefereeService::TaskTrainer*> RefereeService::TrainerFor(const Hash256& s
   return raw;
 }
 
-Result<RefereeRuling> RefereeService::Compute(const RefereeDispute& d) {
+Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d) {
   ML_ASSIGN_OR_RETURN(TaskTrainer * t, TrainerFor(d.spec_hash));
   const NetworkSpec& net = t->bundle.net;
   if (d.round >= net.rounds || d.shard >= net.units_per_round) {
@@ -315,6 +325,14 @@ Result<RefereeRuling> RefereeService::Compute(const RefereeDispute& d) {
                            ") is outside the task's " + std::to_string(net.rounds) + " x " +
                            std::to_string(net.units_per_round));
   }
+  // The bundle must be the task the ledger records (its data root among the rest): a referee
+  // never works on a task whose data is not what the submitter declared.
+  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(*chain_, d.task_id));
+  if (Status match = CheckBundleMatchesLedger(t->facts, net, info.raw); !match.ok()) {
+    refused_[d.task_id] = match.message();
+    return match.WithPrefix("task " + d.task_id.ToHex());
+  }
+  const json params = info.raw.value("params", json::object());
   Result<Bytes> state_bytes = get_(d.start_state);
   if (!state_bytes.ok()) {
     return state_bytes.status().WithPrefix("round " + std::to_string(d.round) + " start state " +
@@ -327,8 +345,65 @@ Result<RefereeRuling> RefereeService::Compute(const RefereeDispute& d) {
                       .inner_steps = net.inner_steps,
                       .checkpoint_interval = net.checkpoint_interval,
                       .lr_scale = net.InnerLrScale(d.round)};
-  if (d.task.segment) return ComputeSegment(d, t, start.weights, work);
-  return RuleWholeStep(t->trainer.get(), start.weights, work, d.task);
+  if (d.task.segment) {
+    ML_ASSIGN_OR_RETURN(RefereeRuling r, ComputeSegment(d, t, params, start.weights, work));
+    ledger::RuleDisputeTx tx{.task_id = d.task_id,
+                             .index = d.index,
+                             .output = r.output,
+                             .tolerance_verdict = r.tolerance_verdict};
+    return Computed{.ruling = std::move(r), .tx = tx};
+  }
+  // A whole step of a task with a data root (the ledger's record; CheckBundleMatchesLedger made
+  // sure it is the data's): the ledger executes it from our witness.
+  Hash256 data_root;
+  if (params.contains("data_root") && params["data_root"].is_string()) {
+    ML_ASSIGN_OR_RETURN(data_root, Hash256::FromHex(params["data_root"].get<std::string>(),
+                                                    "get_task params.data_root"));
+  }
+  if (d.task.whole_step && !data_root.IsZero()) {
+    return ComputeStepWitness(d, t, start.weights, work);
+  }
+  ML_ASSIGN_OR_RETURN(RefereeRuling r,
+                      RuleWholeStep(t->trainer.get(), start.weights, work, d.task));
+  ledger::RuleDisputeTx tx{.task_id = d.task_id, .index = d.index, .output = r.output};
+  return Computed{.ruling = std::move(r), .tx = tx};
+}
+
+Result<RefereeService::Computed> RefereeService::ComputeStepWitness(const RefereeDispute& d,
+                                                                    TaskTrainer* t,
+                                                                    std::span<const float> global,
+                                                                    const UnitWork& work) {
+  if (t->tree == nullptr) {
+    t->tree = std::make_unique<engine::DataTree>(t->trainer->data().train);
+  }
+  DisputeStart start{.first_step = static_cast<int64_t>(d.first_step), .agreed = d.agreed};
+  if (CanFetchCheckpoints()) {
+    start.checkpoint = [this, &d](int64_t step) { return LoadDefenderCheckpoint(d, step); };
+  }
+  ML_ASSIGN_OR_RETURN(
+      BuiltStepWitness built,
+      BuildStepWitness(t->trainer.get(), global, work, d.task, t->bundle_text, *t->tree, start));
+  ledger::RefereeStepTx tx{.task_id = d.task_id, .index = d.index};
+  tx.witness.bytes = ledger::EncodeStepWitness(built.witness);
+  if (tx.witness.bytes.size() > ledger::kMaxWitnessBytes) {
+    // Counted like any witness that cannot be built: given up after state_fetch_passes.
+    return FailedPrecondition("the witness of step " + std::to_string(d.task.step) + " is " +
+                              std::to_string(tx.witness.bytes.size()) +
+                              " bytes, over the ledger's limit of " +
+                              std::to_string(ledger::kMaxWitnessBytes) +
+                              " (the model's training state is too large to post)");
+  }
+  RefereeRuling r;
+  r.output = built.output;
+  r.true_input = built.true_input;
+  r.true_output = built.true_output;
+  r.input_true = d.task.input == built.true_input;
+  r.ledger_executes = true;
+  r.from_checkpoint = built.from_checkpoint;
+  r.witness_bytes = tx.witness.bytes.size();
+  r.reason = "step " + std::to_string(d.task.step) + " for the ledger to execute (witness of " +
+             std::to_string(r.witness_bytes) + " bytes): " + built.reason;
+  return Computed{.ruling = std::move(r), .tx = std::move(tx)};
 }
 
 RefereeService::Key RefereeService::KeyOf(const RefereeDispute& d) {
@@ -338,6 +413,10 @@ RefereeService::Key RefereeService::KeyOf(const RefereeDispute& d) {
              d.task.input,
              d.task.defender_output,
              d.task.challenger_output};
+}
+
+bool RefereeService::CanFetchCheckpoints() const {
+  return options_.fetch_checkpoint || options_.transport != nullptr;
 }
 
 Result<Bytes> RefereeService::FetchCheckpoint(const RefereeDispute& d, int64_t step) {
@@ -352,16 +431,28 @@ Result<Bytes> RefereeService::FetchCheckpoint(const RefereeDispute& d, int64_t s
   return FetchUnitCheckpoint(options_.transport, node->endpoint, m, step);
 }
 
+Result<engine::TrainState> RefereeService::LoadDefenderCheckpoint(const RefereeDispute& d,
+                                                                  int64_t step) {
+  ML_ASSIGN_OR_RETURN(Bytes bytes, FetchCheckpoint(d, step));
+  const std::string path =
+      JoinPath(options_.work_dir, "defender-" + d.task_id.ToHex() + "-" + std::to_string(d.index) +
+                                      "-" + std::to_string(step) + ".safetensors");
+  ML_RETURN_IF_ERROR(options_.env->WriteFileAtomic(path, AsStringView(bytes)));
+  Result<engine::TrainState> st = engine::LoadCheckpoint(options_.env, path);
+  (void)options_.env->DeleteFile(path);
+  if (!st.ok()) return st.status().WithPrefix("its checkpoint at step " + std::to_string(step));
+  return st;
+}
+
 Result<RefereeRuling> RefereeService::ComputeSegment(const RefereeDispute& d, TaskTrainer* t,
+                                                     const json& params,
                                                      std::span<const float> global,
                                                      const UnitWork& work) {
-  if (!options_.fetch_checkpoint && options_.transport == nullptr) {
+  if (!CanFetchCheckpoints()) {
     return FailedPrecondition(
         "a tolerance-mode dispute needs the defender's checkpoints; this "
         "referee has no transport (RefereeOptions::transport)");
   }
-  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(*chain_, d.task_id));
-  const json params = info.raw.value("params", json::object());
   const protocol::ToleranceParams tolerance{
       .max_rel_l2_ppm = params.value("tolerance_rel_l2_ppm", 0u),
       .max_cosine_gap_ppb = params.value("tolerance_cosine_gap_ppb", 0u)};
@@ -378,15 +469,7 @@ Result<RefereeRuling> RefereeService::ComputeSegment(const RefereeDispute& d, Ta
       shown.delta = &delta;
       return Status::Ok();
     }
-    ML_ASSIGN_OR_RETURN(Bytes bytes, FetchCheckpoint(d, step));
-    const std::string path = JoinPath(options_.work_dir, "defender-" + d.task_id.ToHex() + "-" +
-                                                             std::to_string(d.index) + "-" +
-                                                             std::to_string(step) + ".safetensors");
-    ML_RETURN_IF_ERROR(options_.env->WriteFileAtomic(path, AsStringView(bytes)));
-    Result<engine::TrainState> st = engine::LoadCheckpoint(options_.env, path);
-    (void)options_.env->DeleteFile(path);
-    if (!st.ok()) return st.status().WithPrefix("its checkpoint at step " + std::to_string(step));
-    ckpt = std::move(*st);
+    ML_ASSIGN_OR_RETURN(ckpt, LoadDefenderCheckpoint(d, step));
     shown.checkpoint = &*ckpt;
     return Status::Ok();
   }();
@@ -429,28 +512,42 @@ Result<std::vector<RefereeRecord>> RefereeService::Poll() {
   std::vector<RefereeRecord> sent;
   for (const RefereeDispute& d : work) {
     const Key key = KeyOf(d);
-    if (pending_.count(key)) continue;
+    if (pending_.count(key) || given_up_.count(key) || refused_.count(d.task_id)) continue;
     const std::string name = "task " + d.task_id.ShortHex() + " unit " + std::to_string(d.index);
     auto known = computed_.find(key);  // computed before, but the send failed
-    Result<RefereeRuling> ruling =
-        known != computed_.end() ? Result<RefereeRuling>(known->second) : Compute(d);
-    if (!ruling.ok()) {
-      Log(name + ": cannot rule yet: " + ruling.status().message());
+    Result<Computed> computed =
+        known != computed_.end() ? Result<Computed>(known->second) : Compute(d);
+    if (!computed.ok()) {
+      if (auto r = refused_.find(d.task_id); r != refused_.end()) {
+        Log("refusing task " + d.task_id.ToHex() + " (never ruled): " + r->second);
+        continue;
+      }
+      // A step witness that cannot be built: the agreed state is reached neither from the
+      // unit's start nor from the defender's checkpoint (or that cannot be fetched).
+      if (d.task.whole_step && !d.task.segment &&
+          computed.status().code() == StatusCode::kFailedPrecondition &&
+          ++fetch_failures_[key] >= options_.state_fetch_passes) {
+        fetch_failures_.erase(key);
+        given_up_.insert(key);
+        Log(name + ": giving up (the dispute ends undecided at the referee deadline): " +
+            computed.status().message());
+        continue;
+      }
+      Log(name + ": cannot rule yet: " + computed.status().message());
       continue;
     }
-    computed_[key] = *ruling;
-    Result<Hash256> id =
-        tx_->Send(ledger::RuleDisputeTx{.task_id = d.task_id,
-                                        .index = d.index,
-                                        .output = ruling->output,
-                                        .tolerance_verdict = ruling->tolerance_verdict});
+    fetch_failures_.erase(key);
+    computed_[key] = *computed;
+    const RefereeRuling& ruling = computed->ruling;
+    const std::string tx_type = ruling.ledger_executes ? "RefereeStep" : "RuleDispute";
+    Result<Hash256> id = tx_->Send(computed->tx);
     if (!id.ok()) {
-      Log(name + ": sending the ruling failed: " + id.status().message());
+      Log(name + ": sending " + tx_type + " failed: " + id.status().message());
       continue;
     }
     Log(name + " (defender " + d.defender.ShortHex() + ", challenger " + d.challenger.ShortHex() +
-        "): " + ruling->reason + "; output " + ruling->output.ShortHex());
-    RefereeRecord rec{.dispute = d, .ruling = *ruling, .tx_id = *id};
+        "): " + tx_type + ": " + ruling.reason + "; output " + ruling.output.ShortHex());
+    RefereeRecord rec{.dispute = d, .ruling = ruling, .tx_type = tx_type, .tx_id = *id};
     computed_.erase(key);
     pending_[key] = *id;
     in_flight_[*id] = rulings_.size();

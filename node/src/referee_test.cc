@@ -380,7 +380,8 @@ class RefereeChainFixture : public ::testing::Test {
         seq_(TestKeyPair("sequencer")),
         submitter_(TestKeyPair("submitter")),
         solver_(TestKeyPair("solver")),
-        verifier_(TestKeyPair("verifier")) {}
+        verifier_(TestKeyPair("verifier")),
+        anyone_(TestKeyPair("anyone")) {}
 
   ~RefereeChainFixture() override {
     senders_.clear();
@@ -394,9 +395,11 @@ class RefereeChainFixture : public ::testing::Test {
   void SetUp() override {
     local_ = LoadLocalTask(&env_, WriteTask(&env_));
     // The referee's key needs an account to send transactions (send_tx refuses others).
-    genesis_ = ledger::DevnetGenesis(
-        {submitter_.public_key(), solver_.public_key(), verifier_.public_key(), seq_.public_key()},
-        1'000'000'000'000ull, "referee-test");
+    // `anyone_`: an account genesis does not name as referee (a RefereeStep needs no key).
+    genesis_ =
+        ledger::DevnetGenesis({submitter_.public_key(), solver_.public_key(),
+                               verifier_.public_key(), seq_.public_key(), anyone_.public_key()},
+                              1'000'000'000'000ull, "referee-test");
     ledger::ChainParams& p = genesis_.params;
     p.verification = true;
     p.forced_error_per_million = 0;
@@ -413,7 +416,7 @@ class RefereeChainFixture : public ::testing::Test {
     sequencer_ = std::make_unique<ledger::Sequencer>(shared_.get(), seq_, &clock_);
     rpc_ = std::make_unique<ledger::RpcService>(shared_.get(), sequencer_.get());
     client_ = std::make_unique<InProcessChainClient>(rpc_.get());
-    for (const KeyPair* k : {&submitter_, &solver_, &verifier_, &seq_}) {
+    for (const KeyPair* k : {&submitter_, &solver_, &verifier_, &seq_, &anyone_}) {
       auto s = std::make_unique<TxSender>(client_.get(), *k);
       ASSERT_TRUE(s->Init().ok());
       senders_[k->public_key()] = std::move(s);
@@ -427,7 +430,8 @@ class RefereeChainFixture : public ::testing::Test {
     ASSERT_TRUE(sequencer_->ProduceOnce().ok());
     ASSERT_TRUE(shared_->With([](ledger::Chain& c) { return c.CheckInvariants(); }).ok());
     for (auto& [key, s] : senders_) {
-      if (key == seq_.public_key()) continue;  // the referee service takes its own outcomes
+      // The referee service takes its own outcomes.
+      if (key == seq_.public_key() || key == anyone_.public_key()) continue;
       ASSERT_TRUE(s->Poll().ok());
       for (const TxOutcome& o : s->TakeOutcomes()) EXPECT_TRUE(o.ok) << o.type << ": " << o.reason;
     }
@@ -467,8 +471,9 @@ class RefereeChainFixture : public ::testing::Test {
   }
 
   // Registers the solver and the verifier, publishes and submits the task (in tolerance mode when
-  // `tolerance` is not exact), waits for the solver's assignment.
-  void Start(const protocol::ToleranceParams& tolerance = {}) {
+  // `tolerance` is not exact; `tweak` changes the params), waits for the solver's assignment.
+  void Start(const protocol::ToleranceParams& tolerance = {},
+             const std::function<void(ledger::TaskParams&)>& tweak = nullptr) {
     Send(solver_, Register(solver_, ledger::kRoleSolver));
     Send(verifier_, Register(verifier_, ledger::kRoleVerifier));
     Step();
@@ -477,6 +482,7 @@ class RefereeChainFixture : public ::testing::Test {
     ledger::TaskParams params = MakeTaskParams(local_->facts, local_->net, init.hash);
     params.tolerance_rel_l2_ppm = tolerance.max_rel_l2_ppm;
     params.tolerance_cosine_gap_ppb = tolerance.max_cosine_gap_ppb;
+    if (tweak) tweak(params);
     task_id_ = ledger::TaskIdFor(submitter_.public_key(),
                                  senders_.at(submitter_.public_key())->next_nonce());
     Send(submitter_, ledger::SubmitTaskTx{.spec_hash = bundle.id.hash,
@@ -564,7 +570,7 @@ class RefereeChainFixture : public ::testing::Test {
 
   MemEnv env_;
   FakeClock clock_;
-  KeyPair seq_, submitter_, solver_, verifier_;
+  KeyPair seq_, submitter_, solver_, verifier_, anyone_;
   std::unique_ptr<LocalTask> local_;
   ledger::Genesis genesis_;
   std::string dir_;
@@ -580,91 +586,156 @@ class RefereeChainFixture : public ::testing::Test {
   uint32_t index_ = 0;
 };
 
-class RefereeChainTest : public RefereeChainFixture, public ::testing::WithParamInterface<Liar> {};
+// An exact-mode dispute played by hand to the referee stage.
+struct PlayedDispute {
+  std::vector<Hash256> honest;  // every state hash 0..H of the honest unit
+  protocol::RefereeTask task;   // the referee stage's task
+  uint64_t first_step = 0;      // the disputed segment's first step
+};
 
-TEST_P(RefereeChainTest, TheHonestSideWins) {
-  const Liar liar = GetParam();
-  const bool solver_lies = liar != Liar::kVerifier;
-  ASSERT_NO_FATAL_FAILURE(Start());
-  engine::Trainer* tr = local_->trainer.get();
-  std::span<const float> global = local_->initial.weights;
-  const UnitWork work = local_->Work(assignment_->round, assignment_->shard);
-
-  // The solver's unit: honest, or lazy (its checkpoint after step k kept for the verifier).
-  std::optional<engine::TrainState> ckpt;
-  UnitRunOptions opts;
-  opts.on_checkpoint = [&](int64_t step, engine::TrainState& st, const std::vector<Hash256>&,
-                           double) -> Status {
-    if (step == kK) {
-      ML_RETURN_IF_ERROR(engine::SaveCheckpoint(&env_, "/solver-ckpt", st));
-      ML_ASSIGN_OR_RETURN(ckpt, engine::LoadCheckpoint(&env_, "/solver-ckpt"));
-    }
-    return Status::Ok();
-  };
-  const Adversary solver_mode = solver_lies ? Adversary::kLazy : Adversary::kNone;
-  UnitOutcome out = RunAdversaryUnit(solver_mode, tr, global, work, opts, {}).value();
-  const std::vector<Hash256>& leaves = out.state_hashes;  // steps 0, 4, 8
-  const std::vector<Hash256> honest = EveryStep(tr, global, work, Adversary::kNone);
-  const std::vector<Hash256> solver_states = EveryStep(tr, global, work, solver_mode);
-  ASSERT_TRUE(ckpt.has_value());
-
-  // The verifier's claim and the hashes it will post:
+class RefereeExactFixture : public RefereeChainFixture {
+ protected:
+  // The solver commits its unit (lazy when `liar` is a solver; its checkpoint after step k is
+  // saved as /solver-ckpt for its "unit service"), the verifier claims a mismatch and both post
+  // every turn until the game reaches the referee.
   //   kSolverSegment0      segment 0 replayed from the unit's start: the true states;
   //   kSolverLaterSegment  segment 1 replayed from the solver's (lazy) checkpoint at step k:
   //                        true transitions from a false state;
   //   kVerifier            segment 1 of honest work, with invented states.
-  const uint32_t segment = liar == Liar::kSolverSegment0 ? 0 : 1;
-  std::function<Hash256(uint64_t)> verifier_states;
-  if (liar == Liar::kSolverSegment0) {
-    verifier_states = [&](uint64_t s) { return honest[s]; };
-  } else if (liar == Liar::kSolverLaterSegment) {
-    verifier_states = [&, tr, global, work](uint64_t s) {
-      const int64_t at[] = {static_cast<int64_t>(s)};
-      return ReplayToSteps(tr, global, work, kK, &*ckpt, at).value()[0];
+  void PlayToReferee(Liar liar, PlayedDispute* out) {
+    const bool solver_lies = liar != Liar::kVerifier;
+    engine::Trainer* tr = local_->trainer.get();
+    std::span<const float> global = local_->initial.weights;
+    const UnitWork work = local_->Work(assignment_->round, assignment_->shard);
+    std::optional<engine::TrainState> ckpt;
+    UnitRunOptions opts;
+    opts.on_checkpoint = [&](int64_t step, engine::TrainState& st, const std::vector<Hash256>&,
+                             double) -> Status {
+      if (step == kK) {
+        ML_RETURN_IF_ERROR(engine::SaveCheckpoint(&env_, "/solver-ckpt", st));
+        ML_ASSIGN_OR_RETURN(ckpt, engine::LoadCheckpoint(&env_, "/solver-ckpt"));
+      }
+      return Status::Ok();
     };
-  } else {
-    verifier_states = [&](uint64_t s) {
-      return s <= static_cast<uint64_t>(kK) ? honest[s] : Hasher("invented").UpdateU64(s).Finish();
-    };
-  }
-  auto solver_posts = [&](uint64_t s) { return solver_states[s]; };
-  const uint64_t seg_end = (segment + 1) * kK;
-  ASSERT_NO_FATAL_FAILURE(
-      CommitAndDispute(leaves, out.delta_hash, segment, verifier_states(seg_end)));
+    const Adversary solver_mode = solver_lies ? Adversary::kLazy : Adversary::kNone;
+    UnitOutcome unit = RunAdversaryUnit(solver_mode, tr, global, work, opts, {}).value();
+    const std::vector<Hash256>& leaves = unit.state_hashes;  // steps 0, 4, 8
+    out->honest = EveryStep(tr, global, work, Adversary::kNone);
+    const std::vector<Hash256> solver_states = EveryStep(tr, global, work, solver_mode);
+    ASSERT_TRUE(ckpt.has_value());
 
-  // Both parties post every turn until the game reaches the referee.
-  for (int turn = 0; turn < 10; ++turn) {
-    const protocol::UnitCheck c = Check();
-    const protocol::DisputeGame& g = *c.dispute();
-    if (g.stage() != protocol::DisputeStage::kDisputeSteps) break;
-    const uint64_t pos = g.query().position;
-    Send(solver_, ledger::DisputePostTx{.task_id = task_id_,
-                                        .index = index_,
-                                        .node_id = solver_.public_key(),
-                                        .position = pos,
-                                        .hash = solver_posts(pos)});
-    Send(verifier_, ledger::DisputePostTx{.task_id = task_id_,
+    const uint32_t segment = liar == Liar::kSolverSegment0 ? 0 : 1;
+    out->first_step = segment * kK;
+    const std::vector<Hash256>& honest = out->honest;
+    std::function<Hash256(uint64_t)> verifier_states;
+    if (liar == Liar::kSolverSegment0) {
+      verifier_states = [&](uint64_t s) { return honest[s]; };
+    } else if (liar == Liar::kSolverLaterSegment) {
+      verifier_states = [&, tr, global, work](uint64_t s) {
+        const int64_t at[] = {static_cast<int64_t>(s)};
+        return ReplayToSteps(tr, global, work, kK, &*ckpt, at).value()[0];
+      };
+    } else {
+      verifier_states = [&](uint64_t s) {
+        return s <= static_cast<uint64_t>(kK) ? honest[s]
+                                              : Hasher("invented").UpdateU64(s).Finish();
+      };
+    }
+    auto solver_posts = [&](uint64_t s) { return solver_states[s]; };
+    const uint64_t seg_end = (segment + 1) * kK;
+    ASSERT_NO_FATAL_FAILURE(
+        CommitAndDispute(leaves, unit.delta_hash, segment, verifier_states(seg_end)));
+
+    for (int turn = 0; turn < 10; ++turn) {
+      const protocol::UnitCheck c = Check();
+      const protocol::DisputeGame& g = *c.dispute();
+      if (g.stage() != protocol::DisputeStage::kDisputeSteps) break;
+      const uint64_t pos = g.query().position;
+      Send(solver_, ledger::DisputePostTx{.task_id = task_id_,
                                           .index = index_,
-                                          .node_id = verifier_.public_key(),
+                                          .node_id = solver_.public_key(),
                                           .position = pos,
-                                          .hash = verifier_states(pos)});
-    Step();
+                                          .hash = solver_posts(pos)});
+      Send(verifier_, ledger::DisputePostTx{.task_id = task_id_,
+                                            .index = index_,
+                                            .node_id = verifier_.public_key(),
+                                            .position = pos,
+                                            .hash = verifier_states(pos)});
+      Step();
+    }
+    ASSERT_EQ(Check().dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+    out->task = Check().dispute()->referee_task();
   }
-  ASSERT_EQ(Check().dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
-  const protocol::RefereeTask task = Check().dispute()->referee_task();
 
-  // The referee: the sequencer's key (genesis.referee is zero), blobs from the submitter.
+  // The solver's "unit service": its checkpoint after step k (nothing else), and the steps asked.
+  RefereeCheckpointSource SolverCheckpoints(std::vector<int64_t>* asked) {
+    return [this, asked](const RefereeDispute& d, int64_t step) -> Result<Bytes> {
+      EXPECT_EQ(d.defender, solver_.public_key());
+      asked->push_back(step);
+      if (step != kK) return NotFound("no checkpoint at step " + std::to_string(step));
+      ML_ASSIGN_OR_RETURN(std::string bytes, env_.ReadFile("/solver-ckpt"));
+      return ToBytes(bytes);
+    };
+  }
+
+  // Steps until the check settles and checks who was slashed.
+  void ExpectHonestSideWon(bool solver_lies) {
+    StepUntilSettled();
+    const ledger::NodeRecord s = Node(solver_), v = Node(verifier_);
+    if (solver_lies) {
+      EXPECT_FALSE(HasCheck());  // fraud: the round re-runs without the cheater
+      EXPECT_EQ(s.reputation.slashes, 1u);
+      EXPECT_EQ(v.reputation.slashes, 0u);
+    } else {
+      ASSERT_TRUE(HasCheck());
+      EXPECT_EQ(Check().result(), protocol::CheckResult::kCheckClean) << Check().reason();
+      EXPECT_EQ(s.reputation.slashes, 0u);
+      EXPECT_EQ(v.reputation.slashes, 1u);
+    }
+  }
+};
+
+// Who referees: the ledger itself from a step witness (a task with a data root; the service's key
+// is an ordinary account) or the genesis referee's RuleDispute (a task without one).
+enum class Ruler { kLedgerExecutes, kGenesisReferee };
+
+class RefereeChainTest : public RefereeExactFixture,
+                         public ::testing::WithParamInterface<std::tuple<Liar, Ruler>> {};
+
+TEST_P(RefereeChainTest, TheHonestSideWins) {
+  const auto [liar, ruler] = GetParam();
+  const bool solver_lies = liar != Liar::kVerifier;
+  const bool ledger_executes = ruler == Ruler::kLedgerExecutes;
+  ASSERT_NO_FATAL_FAILURE(Start({}, [&](ledger::TaskParams& p) {
+    if (ledger_executes) {
+      EXPECT_EQ(p.data_root, local_->facts.data_root);  // MakeTaskParams sets it
+      EXPECT_FALSE(p.data_root.IsZero());
+    } else {
+      p.data_root = Hash256{};  // submitted without one
+    }
+  }));
+  PlayedDispute played;
+  ASSERT_NO_FATAL_FAILURE(PlayToReferee(liar, &played));
+  const std::vector<Hash256>& honest = played.honest;
+  const protocol::RefereeTask& task = played.task;
+
+  // The referee: for a step witness any funded key, else the sequencer's (genesis.referee is
+  // zero); blobs from the submitter; the solver's checkpoint from its "unit service".
+  const KeyPair& referee_key = ledger_executes ? anyone_ : seq_;
   std::vector<std::string> log;
-  RefereeService referee(client_.get(), senders_.at(seq_.public_key()).get(),
+  std::vector<int64_t> asked;
+  RefereeService referee(client_.get(), senders_.at(referee_key.public_key()).get(),
                          [&](const Hash256& id) { return GetBlob(id); },
-                         {.env = &env_, .work_dir = "/referee", .log = [&](const std::string& l) {
-                            log.push_back(l);
-                          }});
+                         {.env = &env_,
+                          .work_dir = "/referee",
+                          .log = [&](const std::string& l) { log.push_back(l); },
+                          .fetch_checkpoint = SolverCheckpoints(&asked)});
   Result<std::vector<RefereeRecord>> sent = referee.Poll();
   ASSERT_TRUE(sent.ok()) << sent.status().ToString();
   ASSERT_EQ(sent->size(), 1u) << ::testing::PrintToString(log);
   const RefereeRuling& ruling = (*sent)[0].ruling;
   EXPECT_EQ((*sent)[0].dispute.task.step, task.step);
+  EXPECT_EQ((*sent)[0].dispute.first_step, played.first_step);
   EXPECT_EQ(ruling.true_input, honest[task.step - 1]);
   EXPECT_EQ(ruling.true_output, honest[task.step]);
   EXPECT_EQ(ruling.input_true, liar != Liar::kSolverLaterSegment) << ruling.reason;
@@ -673,40 +744,123 @@ TEST_P(RefereeChainTest, TheHonestSideWins) {
   } else {
     EXPECT_EQ(ruling.output, task.defender_output) << ruling.reason;
   }
+  EXPECT_EQ(ruling.ledger_executes, ledger_executes);
+  EXPECT_EQ((*sent)[0].tx_type, ledger_executes ? "RefereeStep" : "RuleDispute");
+  if (ledger_executes) {
+    EXPECT_GT(ruling.witness_bytes, 0u);
+    // Only a defender that cheated before the dispute is asked for its checkpoint (at the
+    // disputed segment's start), which then gives the agreed state.
+    EXPECT_EQ(ruling.from_checkpoint, liar == Liar::kSolverLaterSegment) << ruling.reason;
+    EXPECT_EQ(asked, liar == Liar::kSolverLaterSegment ? std::vector<int64_t>{kK}
+                                                       : std::vector<int64_t>{});
+  } else {
+    EXPECT_EQ(ruling.witness_bytes, 0u);
+    EXPECT_TRUE(asked.empty());
+  }
   // In flight: a second pass sends nothing more.
   EXPECT_TRUE(referee.Poll()->empty());
   Step();
   EXPECT_TRUE(referee.Poll()->empty());
   ASSERT_EQ(referee.rulings().size(), 1u);
   EXPECT_TRUE(referee.rulings()[0].ok) << referee.rulings()[0].error;
-
-  StepUntilSettled();
-  const ledger::NodeRecord s = Node(solver_), v = Node(verifier_);
-  if (solver_lies) {
-    EXPECT_FALSE(HasCheck());  // fraud: the round re-runs without the cheater
-    EXPECT_EQ(s.reputation.slashes, 1u);
-    EXPECT_EQ(v.reputation.slashes, 0u);
-  } else {
-    ASSERT_TRUE(HasCheck());
-    EXPECT_EQ(Check().result(), protocol::CheckResult::kCheckClean) << Check().reason();
-    EXPECT_EQ(s.reputation.slashes, 0u);
-    EXPECT_EQ(v.reputation.slashes, 1u);
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectHonestSideWon(solver_lies));
 }
 
-INSTANTIATE_TEST_SUITE_P(EachSideLies, RefereeChainTest,
-                         ::testing::Values(Liar::kSolverSegment0, Liar::kSolverLaterSegment,
-                                           Liar::kVerifier),
-                         [](const auto& info) {
-                           switch (info.param) {
-                             case Liar::kSolverSegment0:
-                               return "LazySolverSegment0";
-                             case Liar::kSolverLaterSegment:
-                               return "LazySolverFromItsCheckpoint";
-                             default:
-                               return "LyingVerifier";
-                           }
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    EachSideLies, RefereeChainTest,
+    ::testing::Combine(::testing::Values(Liar::kSolverSegment0, Liar::kSolverLaterSegment,
+                                         Liar::kVerifier),
+                       ::testing::Values(Ruler::kLedgerExecutes, Ruler::kGenesisReferee)),
+    [](const auto& info) {
+      std::string name;
+      switch (std::get<0>(info.param)) {
+        case Liar::kSolverSegment0:
+          name = "LazySolverSegment0";
+          break;
+        case Liar::kSolverLaterSegment:
+          name = "LazySolverFromItsCheckpoint";
+          break;
+        default:
+          name = "LyingVerifier";
+      }
+      return name + (std::get<1>(info.param) == Ruler::kLedgerExecutes ? "_LedgerExecutes"
+                                                                       : "_GenesisReferee");
+    });
+
+// The agreed state is the lazy solver's false checkpoint, and nobody can show it: no witness can
+// be built, the service gives up after state_fetch_passes passes and the dispute ends undecided
+// at the referee deadline (nobody slashed, the unit neither clean nor fraud).
+TEST_F(RefereeExactFixture, AWitnessNobodyCanBuildLeavesTheDisputeUndecided) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  PlayedDispute played;
+  ASSERT_NO_FATAL_FAILURE(PlayToReferee(Liar::kSolverLaterSegment, &played));
+  std::vector<std::string> log;
+  int fetches = 0;
+  RefereeOptions ro{
+      .env = &env_, .work_dir = "/referee", .log = [&](const std::string& l) { log.push_back(l); }};
+  ro.state_fetch_passes = 2;
+  ro.fetch_checkpoint = [&](const RefereeDispute&, int64_t) -> Result<Bytes> {
+    ++fetches;
+    return Unavailable("connection refused");
+  };
+  RefereeService referee(
+      client_.get(), senders_.at(anyone_.public_key()).get(),
+      [&](const Hash256& id) { return GetBlob(id); }, ro);
+  for (int pass = 0; pass < 4; ++pass) {
+    Result<std::vector<RefereeRecord>> sent = referee.Poll();
+    ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+    EXPECT_TRUE(sent->empty());
+  }
+  EXPECT_EQ(fetches, 2);  // then given up
+  ASSERT_FALSE(log.empty());
+  EXPECT_NE(log.back().find("giving up"), std::string::npos) << log.back();
+  EXPECT_NE(log.back().find("is not the unit's true state"), std::string::npos) << log.back();
+  // After referee_blocks (20) the game ends undecided: the unit is re-run (its check leaves).
+  for (int i = 0; i < 40 && HasCheck() && Check().stage() != protocol::CheckStage::kCheckSettled;
+       ++i) {
+    ASSERT_EQ(Check().dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+    Step();
+  }
+  if (HasCheck()) {
+    EXPECT_EQ(Check().result(), protocol::CheckResult::kCheckAbandoned) << Check().reason();
+    EXPECT_NE(Check().reason().find("undecided"), std::string::npos) << Check().reason();
+  }
+  EXPECT_TRUE(referee.rulings().empty());
+  EXPECT_EQ(Node(solver_).reputation.slashes, 0u);
+  EXPECT_EQ(Node(verifier_).reputation.slashes, 0u);
+}
+
+// A submitter whose declared data_root is not the root of the data in its bundle: the referee
+// service refuses the task (logs it once, naming the task and both roots) and never rules.
+TEST_F(RefereeExactFixture, RefusesATaskWhoseDataRootIsNotItsData) {
+  const Hash256 wrong = Blake2b("not the data root");
+  ASSERT_NO_FATAL_FAILURE(Start({}, [&](ledger::TaskParams& p) { p.data_root = wrong; }));
+  PlayedDispute played;
+  ASSERT_NO_FATAL_FAILURE(PlayToReferee(Liar::kSolverSegment0, &played));
+  std::vector<std::string> log;
+  RefereeService referee(client_.get(), senders_.at(anyone_.public_key()).get(),
+                         [&](const Hash256& id) { return GetBlob(id); },
+                         {.env = &env_, .work_dir = "/referee", .log = [&](const std::string& l) {
+                            log.push_back(l);
+                          }});
+  for (int pass = 0; pass < 3; ++pass) {
+    Result<std::vector<RefereeRecord>> sent = referee.Poll();
+    ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+    EXPECT_TRUE(sent->empty());
+  }
+  EXPECT_TRUE(referee.rulings().empty());
+  std::vector<std::string> refusals;
+  for (const std::string& l : log) {
+    if (l.find("refusing task") != std::string::npos) refusals.push_back(l);
+  }
+  ASSERT_EQ(refusals.size(), 1u) << ::testing::PrintToString(log);
+  EXPECT_NE(refusals[0].find(task_id_.ToHex()), std::string::npos) << refusals[0];
+  EXPECT_NE(refusals[0].find("the submitter's data_root does not match the data in the bundle"),
+            std::string::npos)
+      << refusals[0];
+  EXPECT_NE(refusals[0].find(wrong.ToHex()), std::string::npos) << refusals[0];
+  EXPECT_NE(refusals[0].find(local_->facts.data_root.ToHex()), std::string::npos) << refusals[0];
+}
 
 // ---- A tolerance-mode dispute on a ledger: straight to the referee over the whole segment.
 

@@ -116,6 +116,9 @@ TEST_F(TaskAuditTest, ARecordWithOneWrongHashFailsThere) {
        },
        "initial state"},
       {[&](json& t) { t["final_state"] = other; }, "final_state"},
+      // A declared data root that is not the bundle's data: the task is refused as a whole.
+      {[&](json& t) { t["params"]["data_root"] = other; },
+       "task bundle: the submitter's data_root does not match the data in the bundle"},
   };
   for (const Case& c : cases) {
     json t = honest_->task;

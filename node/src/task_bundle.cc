@@ -5,6 +5,7 @@
 
 #include "meshlearn/base/config.h"
 #include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/step_witness.h"
 
 namespace meshlearn::node {
 namespace {
@@ -219,6 +220,7 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
   f.batch_size = view.batch_size;
   f.seed = view.seed;
   f.content_id = view.id;
+  f.data_root = TaskDataRoot(trainer.data());
   return f;
 }
 
@@ -236,7 +238,8 @@ ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net
       .num_examples = facts.num_examples,
       .seed = facts.seed,
       .initial_state = initial_state,
-      .verification_window_blocks = net.verification_window_blocks};
+      .verification_window_blocks = net.verification_window_blocks,
+      .data_root = facts.data_root};
 }
 
 }  // namespace meshlearn::node

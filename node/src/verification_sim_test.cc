@@ -397,6 +397,50 @@ TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
     EXPECT_TRUE(r.ok) << r.error;
     EXPECT_EQ(r.dispute.defender, sim.node_key(0).public_key());
     EXPECT_EQ(r.ruling.output, r.dispute.task.challenger_output) << r.ruling.reason;
+    // The task has a data root: the ledger executed the step from the service's witness.
+    EXPECT_EQ(r.tx_type, "RefereeStep") << r.ruling.reason;
+    EXPECT_TRUE(r.ruling.ledger_executes);
+  }
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  ExpectNeverSlashed(sim, {1, 2});
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+}
+
+// The same dispute refereed by a service whose key genesis does not name (it names none: the
+// sequencer's key would rule RuleDispute): a RefereeStep needs no key, the ledger executes the
+// step itself, and the lazy solver still loses. (A checkpoint every step: a cheating adversary
+// never posts in a bisection, so only one-step segments reach the referee.)
+TEST(VerificationSimTest, AnyoneCanPostTheStepWitnessAndTheLedgerRules) {
+  VerifyFixture f(92, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
+  SimOptions o{.seed = 92, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = kAllRoles},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain();
+  o.referee = true;
+  o.referee_in_genesis = false;
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) {
+      a.adversary = Adversary::kLazy;
+      a.stake = 100'000;
+    }
+  };
+  SimHarness sim(o);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  ASSERT_EQ(sim.genesis().referee, PublicKey{});
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  ASSERT_NE(sim.referee(), nullptr);
+  ASSERT_FALSE(sim.referee()->rulings().empty());
+  for (const RefereeRecord& r : sim.referee()->rulings()) {
+    EXPECT_TRUE(r.ok) << r.error;
+    EXPECT_EQ(r.tx_type, "RefereeStep");
+    EXPECT_GT(r.ruling.witness_bytes, 0u);
+    EXPECT_EQ(r.dispute.defender, sim.node_key(0).public_key());
+    EXPECT_EQ(r.ruling.output, r.dispute.task.challenger_output) << r.ruling.reason;
   }
   EXPECT_GT(Slashes(sim, 0), 0u);
   ExpectNeverSlashed(sim, {1, 2});

@@ -98,7 +98,7 @@ Status SimHarness::Setup() {
   genesis_.block_interval_ms = options_.block_interval_ms;
   genesis_.sequencer = seq_key_.public_key();
   genesis_.genesis_time_ms = clock_.NowMillis();
-  genesis_.referee = referee_key_.public_key();
+  if (options_.referee_in_genesis) genesis_.referee = referee_key_.public_key();
   if (options_.tweak_genesis) options_.tweak_genesis(genesis_);
   chain_dir_ = TempDir();
   ML_ASSIGN_OR_RETURN(chain_, ledger::Chain::Open(chain_dir_ + "/chain.db", genesis_));

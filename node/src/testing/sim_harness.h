@@ -67,6 +67,9 @@ struct SimOptions {
   std::function<void(ledger::Genesis& genesis)> tweak_genesis;
   // Runs a RefereeService (node/referee.h) after every block with a referee key genesis names.
   bool referee = false;
+  // false: genesis names no referee (the sequencer's key rules RuleDispute) and the service's key
+  // is an ordinary funded account: enough for RefereeStep, the ledger executing the step.
+  bool referee_in_genesis = true;
 };
 
 class SimHarness {

@@ -72,7 +72,9 @@ Hash256 DeltaBlobId(std::span<const float> delta);
 // The bundle (what nodes train) must describe the task the ledger schedules and pays: a
 // submitter that published a bundle whose [network] table or data disagree with SubmitTask's
 // params would have nodes compute something nobody can check. `task` is get_task's answer.
-// InvalidArgument naming the first field that differs.
+// InvalidArgument naming the first field that differs; a nonzero params.data_root that is not
+// facts.data_root (the DataTree of the data the node loaded) is refused with both roots: the
+// ledger could never check a disputed step's examples against it.
 Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
                                 const nlohmann::json& task);
 

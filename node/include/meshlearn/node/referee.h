@@ -1,15 +1,27 @@
 // The referee of verification disputes (docs/verification.md, "Referee"): when a dispute
 // (protocol/dispute.h) has narrowed a disagreement between a solver (the defender) and a
-// challenger to one training step of one unit, the referee computes that step and sends
-// RuleDisputeTx{task, index, output}, signed with the key genesis names as `referee` (all zero:
-// the sequencer's key). The ledger accepts the ruling from that key only; it does not re-run it.
+// challenger to one training step of one unit, somebody must compute that step.
+//
+// A task with a data root (TaskParams::data_root: every classification task `meshlearn task
+// submit` makes) is refereed by the ledger itself: the service builds the step's witness
+// (node/step_witness.h: the agreed state in full, the bundle, the batch with Merkle proofs) and
+// posts RefereeStepTx{task, index, witness}; the ledger checks the witness against the chain,
+// executes the step and rules with its own output. Anyone may post it: for these disputes the
+// service is permissionless, its key needs only an account to pay for the transaction.
+//
+// Everything else -- tolerance-mode segments and tasks without a data root (token tasks) -- is
+// ruled with RuleDisputeTx{task, index, output}, signed with the key genesis names as `referee`
+// (all zero: the sequencer's key). The ledger accepts that ruling from that key only; it does not
+// re-run it.
 //
 // Everything the referee computes comes from public data: the task bundle and its data (blobs,
 // task_bundle.h), the round's start state (a blob) and the unit's stream (UnitSeed of the task
 // seed and UnitId{content id, round, shard}, as the solver trains it). So any follower can re-run
 // a ruling and check the referee.
 //
-// The ruling on a whole-step task {step, input, defender_output, challenger_output}:
+// The ruling on a whole-step task {step, input, defender_output, challenger_output} of a task
+// without a data root (RuleDisputeTx; with a data root the ledger executes the step from the
+// agreed state, step_witness.h):
 //   A(s) = the unit's state hash after step s, replayed from the unit's start (StateHashAfterStep)
 //   input == A(step-1)   output = A(step): whoever posted the true transition wins;
 //   input != A(step-1)   output = challenger_output: the agreed state is not the unit's true
@@ -36,7 +48,7 @@
 // checkpoint) also rules against a defender that cheated before the segment.
 //
 //   RefereeService referee(&chain, &tx, get_blob, {.env = env, .work_dir = dir + "/referee",
-//                                                  .transport = transport});  // tolerance mode
+//                                                  .transport = transport});  // checkpoints
 //   while (running) {
 //     Result<std::vector<RefereeRecord>> sent = referee.Poll();   // once per block
 //   }
@@ -63,6 +75,7 @@
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/transport.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/task_bundle.h"
@@ -91,6 +104,11 @@ struct RefereeRuling {
   bool defender_shown = false;       // a segment: the defender showed its committed end state
   protocol::StateDistance distance;  // ... and its distance to the true one
   std::string reason;                // which side the output favours and why (logs, reports)
+  // Posted as RefereeStepTx (the ledger executes the step; `output` is what it will compute
+  // from the witness) rather than RuleDisputeTx.
+  bool ledger_executes = false;
+  bool from_checkpoint = false;  // ... the agreed state came from the defender's checkpoint
+  uint64_t witness_bytes = 0;    // ... EncodeStepWitness's size
 };
 
 // The ruling on a whole-step `task` (see the top of this file). InvalidArgument for an
@@ -144,6 +162,11 @@ struct RefereeDispute {
   PublicKey defender;
   PublicKey challenger;
   Hash256 result_hash;  // the solver's committed delta blob (a tolerance ruling at step H)
+  // Where the game started (DisputeConfig): the claimed segment's first step and the defender's
+  // committed leaf there, on which both agreed. A witness whose agreed state is not the unit's
+  // true one is built from the defender's checkpoint there.
+  uint64_t first_step = 0;
+  Hash256 agreed;
   protocol::RefereeTask task;
 };
 Result<std::vector<RefereeDispute>> ParseRefereeWork(const nlohmann::json& j);
@@ -151,7 +174,9 @@ Result<std::vector<RefereeDispute>> GetRefereeWork(ChainClient& chain);
 
 // Returns the bytes of blob `id` (content-verified), or an error when nobody serves it.
 using RefereeBlobSource = std::function<Result<Bytes>(const Hash256& id)>;
-// Returns the bytes of the defender's checkpoint file after `step` of the dispute's unit.
+// Returns the bytes of the defender's checkpoint file after `step` of the dispute's unit (a
+// tolerance ruling's end state; a step witness's agreed state when the defender cheated before
+// the dispute).
 using RefereeCheckpointSource =
     std::function<Result<Bytes>(const RefereeDispute& dispute, int64_t step)>;
 
@@ -160,14 +185,16 @@ struct RefereeOptions {
   std::string work_dir;  // required
   std::function<void(const std::string&)> log;  // one line per ruling, fetch, refusal
   size_t max_cached_tasks = 4;                  // trainers kept (least recently used dropped)
-  // Tolerance mode: where the defender's checkpoints come from. Null: from the defender's unit
-  // service (endpoint from get_node, FetchUnitManifest / FetchUnitCheckpoint) over `transport`.
-  // With neither, tolerance-mode disputes are not ruled (they end undecided: nobody punished).
+  // Where the defender's checkpoints come from. Null: from the defender's unit service
+  // (endpoint from get_node, FetchUnitManifest / FetchUnitCheckpoint) over `transport`. With
+  // neither, tolerance-mode disputes are not ruled, nor whole steps whose agreed state only the
+  // defender's checkpoint gives (they end undecided: nobody punished).
   RefereeCheckpointSource fetch_checkpoint;
   net::Transport* transport = nullptr;
   // Passes in which fetching the defender's state (its checkpoint, or its delta at step H) may
   // fail before the referee rules that the defender cannot show it (tolerance_verdict 2). A
-  // served state that does not hash to the committed leaf counts at once.
+  // served state that does not hash to the committed leaf counts at once. A step witness that
+  // cannot be built is tried as many passes, then given up (the dispute ends undecided).
   int state_fetch_passes = 3;
 };
 
@@ -175,6 +202,7 @@ struct RefereeOptions {
 struct RefereeRecord {
   RefereeDispute dispute;
   RefereeRuling ruling;
+  std::string tx_type;  // "RefereeStep" (ruling.ledger_executes) or "RuleDispute"
   Hash256 tx_id;
   bool included = false;  // set by a later Poll once the ledger executed it
   bool ok = false;        // ... successfully
@@ -189,8 +217,10 @@ class RefereeService {
   ~RefereeService();
 
   // One pass: collects the outcomes of rulings in flight, reads referee_work and sends a ruling
-  // for every dispute that has none in flight. Returns the rulings sent in this pass. A dispute
-  // that cannot be computed (a blob nobody serves) is logged and retried on the next pass.
+  // (a RefereeStepTx or a RuleDisputeTx) for every dispute that has none in flight. Returns the
+  // rulings sent in this pass. A dispute that cannot be computed (a blob nobody serves) is logged
+  // and retried on the next pass. A task whose bundle disagrees with the ledger's record (its
+  // data_root among them: CheckBundleMatchesLedger) is refused, logged once and never ruled.
   Result<std::vector<RefereeRecord>> Poll();
 
   // Every ruling sent so far, in order.
@@ -199,10 +229,20 @@ class RefereeService {
  private:
   struct TaskTrainer;
   Result<TaskTrainer*> TrainerFor(const Hash256& spec_hash);
-  Result<RefereeRuling> Compute(const RefereeDispute& d);
+  // A ruling and the transaction that carries it.
+  struct Computed {
+    RefereeRuling ruling;
+    ledger::TxPayload tx;
+  };
+  Result<Computed> Compute(const RefereeDispute& d);
   Result<RefereeRuling> ComputeSegment(const RefereeDispute& d, TaskTrainer* t,
-                                       std::span<const float> global, const UnitWork& work);
+                                       const nlohmann::json& params, std::span<const float> global,
+                                       const UnitWork& work);
+  Result<Computed> ComputeStepWitness(const RefereeDispute& d, TaskTrainer* t,
+                                      std::span<const float> global, const UnitWork& work);
+  bool CanFetchCheckpoints() const;
   Result<Bytes> FetchCheckpoint(const RefereeDispute& d, int64_t step);
+  Result<engine::TrainState> LoadDefenderCheckpoint(const RefereeDispute& d, int64_t step);
   void Log(const std::string& line);
 
   ChainClient* chain_;
@@ -218,9 +258,13 @@ class RefereeService {
   static Key KeyOf(const RefereeDispute& d);
   std::map<Key, Hash256> pending_;
   // Rulings computed whose send failed: sent again without replaying the unit again.
-  std::map<Key, RefereeRuling> computed_;
-  // Tolerance mode: passes in which the defender's state could not be fetched.
+  std::map<Key, Computed> computed_;
+  // Passes in which the defender's state could not be fetched (tolerance mode), or a step
+  // witness could not be built.
   std::map<Key, int> fetch_failures_;
+  std::set<Key> given_up_;  // step witnesses that could not be built: undecided
+  // Tasks refused (their bundle disagrees with the ledger), by task id: the reason.
+  std::map<Hash256, std::string> refused_;
 };
 
 }  // namespace meshlearn::node

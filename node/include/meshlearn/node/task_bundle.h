@@ -98,11 +98,16 @@ struct TaskFacts {
   // task's name, seed and model (local_diloco.cc). Units use UnitId{content_id, round, shard},
   // never the ledger's task id, so a network run and RunLocalDiloco train on the same streams.
   Hash256 content_id;
+  // The Merkle root over the training examples (engine::DataTree, node/step_witness.h
+  // TaskDataRoot): TaskParams::data_root, which lets the ledger execute a disputed step itself.
+  // Zero for a token task. Computing it hashes the training set once.
+  Hash256 data_root;
 };
 TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& net);
 
 // The ledger's TaskParams of a task (what SubmitTaskTx carries): from the [network] table and
-// the facts; initial_state = blob id of EncodeGlobalState(InitialState(trainer)). A
+// the facts; initial_state = blob id of EncodeGlobalState(InitialState(trainer)); data_root =
+// facts.data_root (zero for a token task: the genesis referee rules its disputes). A
 // checkpoint_interval of 0 ("hash only the start and the end") is sent as inner_steps, which
 // hashes the same steps (HashedSteps(H, 0) == HashedSteps(H, H)); the ledger wants k >= 1.
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,

@@ -1,0 +1,100 @@
+// The witness of one disputed training step (ledger::StepWitness): what a node posts in a
+// RefereeStepTx so that the ledger executes the step itself (docs/verification.md, "Referee").
+//
+// A dispute in exact mode narrows to one whole step `step` of a unit: both parties agree on the
+// state hash after step - 1 (RefereeTask::input) and disagree after `step`. The witness carries
+// that agreed state in full (engine::FlatState: parameters and optimizer moments), the task
+// bundle (its blob id is the task's spec_hash: the model, optimizer, seed, batch size) and the
+// step's batch, each example with a Merkle proof against the task's data root
+// (engine::DataTree). The ledger checks each against the chain and recomputes the step.
+//
+// Building it needs the agreed state, which is public only as a hash. The builder finds it:
+//   1. the unit replayed from its start (the round's weights) to step - 1: the agreed input when
+//      the defender's committed leaf at the dispute's first step was true (an honest defender,
+//      or a challenger that replayed from the unit's start);
+//   2. otherwise the defender's own checkpoint at the dispute's first step (which must hash to
+//      the dispute's agreed leaf) replayed to step - 1: the defender cheated before the dispute
+//      and the challenger replayed the segment from its false checkpoint, as verifiers do;
+//   3. neither: no witness (the dispute ends undecided at the referee deadline, nobody
+//      punished). An honest party only agrees to true hashes, so for an honest defender case 1
+//      always holds, and for a challenger that replayed from the defender's checkpoint case 2.
+//
+//   engine::DataTree tree(trainer->data().train);           // once per task
+//   ML_ASSIGN_OR_RETURN(BuiltStepWitness w,
+//                       BuildStepWitness(trainer, global, work, task, bundle_text, tree,
+//                                        {.first_step = dispute_first_step,
+//                                         .agreed = dispute_agreed,
+//                                         .checkpoint = load_defender_checkpoint}));
+//   tx.Send(ledger::RefereeStepTx{task_id, index, {ledger::EncodeStepWitness(w.witness)}});
+//   // w.output: the state hash the ledger will compute after `step`.
+//
+// Thread-compatible (the trainer is shared state).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/tx.h"
+#include "meshlearn/node/unit_executor.h"
+#include "meshlearn/protocol/dispute.h"
+
+namespace meshlearn::node {
+
+// The defender's checkpoint after `step` of the disputed unit (its unit service's file,
+// engine::LoadCheckpoint'ed), or an error when it serves none.
+using DefenderCheckpointLoader = std::function<Result<engine::TrainState>(int64_t step)>;
+
+// Where a dispute started (check.dispute in get_task / referee_work), for the fallback (2).
+struct DisputeStart {
+  int64_t first_step = 0;  // DisputeConfig::first_step: the claimed segment's start
+  Hash256 agreed;          // DisputeConfig::agreed: the defender's committed leaf there
+  // Null: no fallback (only case 1).
+  DefenderCheckpointLoader checkpoint;
+};
+
+struct BuiltStepWitness {
+  ledger::StepWitness witness;
+  // The state hash after `step` computed from the witness exactly as the ledger will
+  // (StateFromFlat, StepOnBatch), cross-checked against the trainer's own step:
+  // RuleDisputeTx::output's equivalent, for logs and reports.
+  Hash256 output;
+  Hash256 true_input;            // A(step - 1), replayed from the unit's start
+  Hash256 true_output;           // A(step)
+  bool from_checkpoint = false;  // the agreed state came from the defender's checkpoint (case 2)
+  std::string reason;            // where the agreed state came from, whose output the step gives
+};
+
+// The witness of whole step `task.step` of unit `work` trained from `global` (see the top of this
+// file). `bundle` is the task bundle text (the spec_hash blob), `tree` the DataTree of the
+// trainer's training data. InvalidArgument for a task that is not an exact-mode whole step or a
+// step outside 1..H, and for a token task (no DataTree); FailedPrecondition when neither the
+// unit's start nor the defender's checkpoint reaches the agreed input (the message says what each
+// gave).
+Result<BuiltStepWitness> BuildStepWitness(engine::Trainer* trainer, std::span<const float> global,
+                                          const UnitWork& work, const protocol::RefereeTask& task,
+                                          std::string_view bundle, const engine::DataTree& tree,
+                                          const DisputeStart& start = {});
+
+// The state hash after step `step` that `witness` gives, computed as the ledger does: the state
+// rebuilt from witness.state (StateFromFlat with the unit's optimizer), checked to hash to
+// `agreed`; every example checked at its batch position (BatchIndices) and against `data_root`;
+// one StepOnBatch. Uses the trainer only for the task's spec (model, optimizer, seed, batch size)
+// and the dataset size; its state is untouched. InvalidArgument naming the first input that does
+// not check.
+Result<Hash256> ExecuteStepWitness(const engine::Trainer& trainer, const UnitWork& work,
+                                   int64_t step, const ledger::StepWitness& witness,
+                                   const Hash256& agreed, const Hash256& data_root);
+
+// The data root a task's training data gives (engine::DataTree): what TaskParams::data_root must
+// be. Zero for a token task (no per-example tree; the genesis referee rules its disputes).
+Hash256 TaskDataRoot(const engine::TaskData& data);
+
+}  // namespace meshlearn::node
