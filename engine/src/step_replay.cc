@@ -15,6 +15,11 @@ int64_t StateFloatCount(TrainState& state) {
 
 }  // namespace
 
+int64_t FlatStateSize(int64_t num_params, const OptimizerSpec& optimizer) {
+  const int64_t slots = optimizer.kind == "adamw" ? 2 : (optimizer.momentum > 0 ? 1 : 0);
+  return num_params * (1 + slots);
+}
+
 Hash256 TaskContentId(const TaskSpec& task) {
   Hasher h("meshlearn.local_task");
   h.Update(task.name).UpdateU64(task.seed).Update(task.model.ToJson());

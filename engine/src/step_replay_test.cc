@@ -241,6 +241,22 @@ TEST(StepReplayTest, FlatStateIsInStateHashOrder) {
     want.insert(want.end(), s.tensor->data(), s.tensor->data() + s.tensor->size());
   }
   EXPECT_EQ(FlatState(st), want);
+  EXPECT_EQ(FlatStateSize(st.model->NumParameters(), st.optimizer->spec()),
+            static_cast<int64_t>(want.size()));
+}
+
+TEST(StepReplayTest, FlatStateSizeCountsTheOptimizersState) {
+  for (const char* toml : {kAdamW, kSgd}) {
+    const TaskSpec spec = Spec(toml);
+    std::unique_ptr<Trainer> tr = UnitTrainer(spec);
+    TrainState& st = tr->state();
+    EXPECT_EQ(FlatStateSize(st.model->NumParameters(), st.optimizer->spec()),
+              static_cast<int64_t>(FlatState(st).size()))
+        << st.optimizer->spec().kind;
+  }
+  OptimizerSpec plain;
+  plain.kind = "sgd";
+  EXPECT_EQ(FlatStateSize(10, plain), 10);
 }
 
 TEST(StepReplayTest, StateFromFlatRefusesAWrongLength) {

@@ -1,5 +1,6 @@
 #include "meshlearn/node/step_witness.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,20 @@ int64_t ExampleFloats(const engine::ClassificationData& train) {
 Hash256 TaskDataRoot(const engine::TaskData& data) {
   if (data.tokens || data.train.size() == 0) return Hash256{};
   return engine::DataTree(data.train).root();
+}
+
+uint64_t MaxWitnessBytes(const engine::Trainer& trainer, uint64_t num_params) {
+  const engine::TaskSpec& task = trainer.task();
+  const uint64_t state = 4 * static_cast<uint64_t>(engine::FlatStateSize(
+                                 static_cast<int64_t>(num_params), task.optimizer));
+  uint64_t example = 8 + 4 + 4 + 8 + 8 + 4 + 32 * 64;  // index, sizes, y, proof (<= 64 levels)
+  int64_t numel = 1;
+  for (int64_t d : task.model.input) numel *= d;
+  example += 4 * static_cast<uint64_t>(numel);
+  const uint64_t margin = 64 << 10;  // the bundle text, headers
+  const uint64_t step = state + static_cast<uint64_t>(task.batch_size) * example + margin;
+  const uint64_t result = state + 8 * num_params + margin;  // + the global blob: weights, momentum
+  return std::max(step, result);
 }
 
 Result<Hash256> ExecuteStepWitness(const engine::Trainer& trainer, const UnitWork& work,

@@ -330,6 +330,32 @@ TEST(StepWitnessSizeTest, FashionMlpFitsInATransaction) {
       4 * w->witness.examples.size() * w->witness.examples[0].x.size(), proof_bytes, bundle.size());
   EXPECT_EQ(w->witness.state.size(), 3 * facts.num_params);  // parameters + AdamW's two moments
   EXPECT_LT(wire.size(), ledger::kMaxWitnessBytes);
+  // The bound `task submit` uses to decide whether the ledger can referee the task holds.
+  const uint64_t bound = MaxWitnessBytes(*trainer, facts.num_params);
+  EXPECT_GE(bound, wire.size());
+  EXPECT_LE(bound, ledger::kMaxWitnessBytes);
+}
+
+// A model whose witness could not be posted is submitted without a data root (the genesis
+// referee rules it), so its disputes cannot end undecided for want of a transaction.
+TEST(StepWitnessSizeTest, AModelTooLargeToWitnessGetsNoDataRoot) {
+  for (const int64_t hidden : {int64_t{8}, int64_t{12000}}) {
+    MemEnv env;
+    Result<std::string> toml = testing::WriteSyntheticTask(&env, "/task", 7, 200, 40, 64, 3, 1, 1,
+                                                           kH, kK, "mean", hidden);
+    ASSERT_TRUE(toml.ok()) << toml.status().ToString();
+    ASSERT_TRUE(env.WriteFileAtomic("/task/task.toml", *toml).ok());
+    engine::TaskSpec spec = engine::TaskSpec::Load(&env, "/task/task.toml").value();
+    NetworkSpec net = NetworkSpec::Load(&env, "/task/task.toml").value();
+    std::unique_ptr<engine::Trainer> trainer = engine::Trainer::Create(&env, spec).value();
+    const TaskFacts facts = ComputeTaskFacts(*trainer, net);
+    const bool fits = MaxWitnessBytes(*trainer, facts.num_params) <= ledger::kMaxWitnessBytes;
+    EXPECT_EQ(fits, hidden == 8) << facts.num_params << " parameters";
+    EXPECT_EQ(facts.data_root.IsZero(), !fits) << facts.num_params << " parameters";
+    if (fits) {
+      EXPECT_EQ(facts.data_root, TaskDataRoot(trainer->data()));
+    }
+  }
 }
 
 }  // namespace

@@ -220,7 +220,12 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
   f.batch_size = view.batch_size;
   f.seed = view.seed;
   f.content_id = view.id;
-  f.data_root = TaskDataRoot(trainer.data());
+  // Without a data root the genesis referee rules the task's disputes: a witness too large for
+  // a transaction could never be posted, and a dispute the ledger may not rule would end
+  // undecided.
+  if (MaxWitnessBytes(trainer, f.num_params) <= ledger::kMaxWitnessBytes) {
+    f.data_root = TaskDataRoot(trainer.data());
+  }
   return f;
 }
 

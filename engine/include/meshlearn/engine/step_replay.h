@@ -68,6 +68,11 @@ uint64_t DropoutSeed(uint64_t task_seed, uint64_t stream);
 float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed,
                   float* grad_norm = nullptr);
 
+// How many floats FlatState holds for a model of `num_params` parameters trained with
+// `optimizer`: the parameters and the optimizer's state (adamw: m and v; sgd: a momentum buffer
+// when momentum > 0). What a witness of the state weighs, before any model is built.
+int64_t FlatStateSize(int64_t num_params, const OptimizerSpec& optimizer);
+
 // Every float of the training state in StateHash order: each parameter (model order), then each
 // optimizer state tensor (Optimizer::State order). REQUIRES: state has an optimizer.
 std::vector<float> FlatState(TrainState& state);

@@ -100,7 +100,9 @@ struct TaskFacts {
   Hash256 content_id;
   // The Merkle root over the training examples (engine::DataTree, node/step_witness.h
   // TaskDataRoot): TaskParams::data_root, which lets the ledger execute a disputed step itself.
-  // Zero for a token task. Computing it hashes the training set once.
+  // Zero for a token task, and for a model whose witnesses would not fit a transaction
+  // (MaxWitnessBytes > ledger::kMaxWitnessBytes: about 650,000 parameters with AdamW); the
+  // genesis referee rules those. Computing it hashes the training set once.
   Hash256 data_root;
 };
 TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& net);
