@@ -1,6 +1,5 @@
 #include "meshlearn/node/step_witness.h"
 
-#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -27,7 +26,7 @@ Hash256 TaskDataRoot(const engine::TaskData& data) {
   return engine::DataTree(data.train).root();
 }
 
-uint64_t MaxWitnessBytes(const engine::Trainer& trainer, uint64_t num_params) {
+uint64_t StepWitnessBound(const engine::Trainer& trainer, uint64_t num_params) {
   const engine::TaskSpec& task = trainer.task();
   const uint64_t state = 4 * static_cast<uint64_t>(engine::FlatStateSize(
                                  static_cast<int64_t>(num_params), task.optimizer));
@@ -36,9 +35,7 @@ uint64_t MaxWitnessBytes(const engine::Trainer& trainer, uint64_t num_params) {
   for (int64_t d : task.model.input) numel *= d;
   example += 4 * static_cast<uint64_t>(numel);
   const uint64_t margin = 64 << 10;  // the bundle text, headers
-  const uint64_t step = state + static_cast<uint64_t>(task.batch_size) * example + margin;
-  const uint64_t result = state + 8 * num_params + margin;  // + the global blob: weights, momentum
-  return std::max(step, result);
+  return state + static_cast<uint64_t>(task.batch_size) * example + margin;
 }
 
 Result<Hash256> ExecuteStepWitness(const engine::Trainer& trainer, const UnitWork& work,

@@ -223,7 +223,7 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
   // Without a data root the genesis referee rules the task's disputes: a witness too large for
   // a transaction could never be posted, and a dispute the ledger may not rule would end
   // undecided.
-  if (MaxWitnessBytes(trainer, f.num_params) <= ledger::kMaxWitnessBytes) {
+  if (StepWitnessBound(trainer, f.num_params) <= ledger::kMaxWitnessBytes) {
     f.data_root = TaskDataRoot(trainer.data());
   }
   return f;

@@ -97,11 +97,11 @@ Result<Hash256> ExecuteStepWitness(const engine::Trainer& trainer, const UnitWor
 // be. Zero for a token task (no per-example tree; the genesis referee rules its disputes).
 Hash256 TaskDataRoot(const engine::TaskData& data);
 
-// The most a witness of this task weighs on chain: a RefereeStep's (the state after a step with
-// its optimizer moments, one batch of examples with their proofs, the bundle) or a
-// ProveResult's (that state and the round's global state blob), whichever is larger. A task
-// whose witnesses exceed ledger::kMaxWitnessBytes cannot be refereed by the ledger: it is
+// An upper bound on what a RefereeStep witness of this task weighs: the state after a step with
+// its optimizer moments, one batch of examples with their proofs, the bundle. A task whose
+// witness could exceed ledger::kMaxWitnessBytes cannot be refereed by the ledger: it is
 // submitted without a data root, and the genesis referee rules its disputes (task_bundle.h).
-uint64_t MaxWitnessBytes(const engine::Trainer& trainer, uint64_t num_params);
+// (A ProveResult witness is bounded separately: see docs/verification.md, "Result binding".)
+uint64_t StepWitnessBound(const engine::Trainer& trainer, uint64_t num_params);
 
 }  // namespace meshlearn::node

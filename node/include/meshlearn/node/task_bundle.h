@@ -101,7 +101,7 @@ struct TaskFacts {
   // The Merkle root over the training examples (engine::DataTree, node/step_witness.h
   // TaskDataRoot): TaskParams::data_root, which lets the ledger execute a disputed step itself.
   // Zero for a token task, and for a model whose witnesses would not fit a transaction
-  // (MaxWitnessBytes > ledger::kMaxWitnessBytes: about 650,000 parameters with AdamW); the
+  // (StepWitnessBound > ledger::kMaxWitnessBytes: about 650,000 parameters with AdamW); the
   // genesis referee rules those. Computing it hashes the training set once.
   Hash256 data_root;
 };
