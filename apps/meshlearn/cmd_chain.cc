@@ -43,7 +43,8 @@ struct ChainArgs {
   std::string sequencer;
   std::string genesis_hash;
   double rate_limit = 200;
-  size_t max_body = 1 << 20;
+  // Room for the largest transaction, a RefereeStep or ProveResult witness, as hex in JSON.
+  size_t max_body = ledger::RpcLimits{}.max_body_bytes;
 };
 
 std::string GenesisPath(const std::string& dir) { return JoinPath(dir, "genesis.toml"); }

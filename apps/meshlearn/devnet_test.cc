@@ -90,29 +90,33 @@ TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
   ExpectNoOrphans(dir);
 }
 
-// --adversary solver:lazy: one node runs every other inner step. Verification (on in a devnet)
-// checks its unit, it loses the dispute (by its deadline or the referee's ruling), is slashed,
-// jailed and never paid for a unit; the round re-runs without it, so the final model is still
-// exactly the honest in-process reference.
-TEST(Devnet, LazySolverIsSlashedUnpaidAndTheModelIsTheHonestOne) {
+// --adversary solver:lazy: one node runs every other inner step; it loses the dispute (by its
+// deadline or the ledger's ruling). --adversary solver:wrong_result: one node trains honestly
+// and commits another delta; a verifier proves it to the ledger (ProveResult, a real HTTP
+// transaction). Either way the cheater is slashed, jailed and never paid for a unit; the round
+// re-runs without it, so the final model is still exactly the honest in-process reference.
+class DevnetCheater : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  const std::string mode = GetParam();
   std::string dir = TempDir() + "/d";
   CmdResult r = Meshlearn("--json devnet --solvers 4 --task tests/devnet-tiny.toml --block-interval-ms 200 "
-                          "--timeout 300 --adversary solver:lazy --out " + dir, dir + "-home");
+                          "--timeout 300 --adversary solver:" + mode + " --out " + dir, dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
   json rep = ReadReport(dir);
   CheckCommon(rep);  // every committed unit paid; final weights = the in-process reference
   const json& v = rep["verification"];
   ASSERT_TRUE(v.value("enabled", false)) << rep.dump(2);
   ASSERT_EQ(v["adversaries"].size(), 1u);
-  const int lazy = v["adversaries"][0]["solver"].get<int>();
-  EXPECT_EQ(v["adversaries"][0]["mode"], "lazy");
+  const int cheater = v["adversaries"][0]["solver"].get<int>();
+  EXPECT_EQ(v["adversaries"][0]["mode"], mode);
   EXPECT_GE(v["checks"]["fraud"].get<int>(), 1) << v.dump(2);
   ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
-  EXPECT_EQ(v["slashed"][0]["solver"].get<int>(), lazy);
+  EXPECT_EQ(v["slashed"][0]["solver"].get<int>(), cheater);
   EXPECT_GT(v["slashed"][0]["amount"].get<uint64_t>(), 0u);
   for (const json& n : rep["nodes"]) {
-    if (n["solver"].get<int>() == lazy) {
+    if (n["solver"].get<int>() == cheater) {
       EXPECT_EQ(n["status"], "jailed") << n.dump(2);
       EXPECT_EQ(n["paid"].get<uint64_t>(), 0u) << n.dump(2);  // no unit of it was ever paid
       EXPECT_EQ(n["units"].get<int>(), 0) << n.dump(2);
@@ -123,6 +127,9 @@ TEST(Devnet, LazySolverIsSlashedUnpaidAndTheModelIsTheHonestOne) {
   }
   ExpectNoOrphans(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, DevnetCheater, ::testing::Values("lazy", "wrong_result"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 // Ctrl-C (SIGINT) in the middle of a task: devnet stops every process it started and fails.
 TEST(Devnet, InterruptStopsEveryProcess) {

@@ -85,6 +85,30 @@ TEST(RpcHttp, StopWakesParkedLongPolls) {
   SUCCEED();
 }
 
+// The largest transaction a node sends (a RefereeStep or ProveResult with a witness near
+// kMaxWitnessBytes) goes through a server with default options: sent as hex, included in a block
+// (here refused by execution: there is no such task, a receipt like any other).
+TEST(RpcHttp, TheLargestTransactionFitsTheDefaultLimits) {
+  TestLedger t(/*block_interval_ms=*/10);
+  RpcServer server(t.rpc.get());
+  ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
+  t.sequencer->Start();
+  RpcClient rpc(server.url());
+  Bytes witness(kMaxWitnessBytes - 64, 0);
+  for (size_t i = 0; i < witness.size(); ++i) witness[i] = static_cast<uint8_t>(i * 131);
+  Transaction tx = BuildSignedTx(t.alice, TestLedger::kChainId, 0,
+                                 ProveResultTx{.task_id = Blake2b("no such task"), .index = 0,
+                                               .node_id = t.alice.public_key(),
+                                               .witness = {std::move(witness)}});
+  EXPECT_GT(EncodeTx(tx).size(), kMaxWitnessBytes);
+  Result<json> done = SendTxAndWait(rpc, tx, 60000);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ((*done)["status"], "included");
+  EXPECT_EQ((*done)["receipt"]["ok"], false);
+  t.sequencer->Stop();
+  server.Stop();
+}
+
 TEST(RpcHttp, OversizeBodyGets413WithJsonRpcError) {
   TestLedger t;
   RpcServer server(t.rpc.get(), {.max_body_bytes = 1024});
