@@ -13,6 +13,7 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/engine/step_replay.h"
 #include "meshlearn/node/agent.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/task_bundle.h"
@@ -27,10 +28,12 @@ struct NodeAgent::TaskContext {
   std::unique_ptr<engine::Trainer> trainer;
   TaskFacts facts;
   uint64_t memory_need = 0;
+  // The tree over the training examples, built when a step witness is first needed.
+  std::unique_ptr<engine::DataTree> data_tree;
 };
 
 struct NodeAgent::VerifyJob {
-  enum class Kind { kVerdict, kDispute, kWhistle };
+  enum class Kind { kVerdict, kDispute, kWhistle, kWitness };
   Kind kind = Kind::kVerdict;
   const CheckAssignment* check = nullptr;
   uint64_t deadline = 0;

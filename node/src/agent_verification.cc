@@ -28,9 +28,11 @@
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/tx.h"
+#include "meshlearn/node/adversary.h"
 #include "meshlearn/node/agent.h"
 #include "meshlearn/node/referee.h"
 #include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/step_witness.h"
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
@@ -402,8 +404,6 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
     }
     if (c.dispute && c.dispute->has_query && c.dispute->stage == "steps" &&
         (c.dispute->defender == id() || c.dispute->challenger == id())) {
-      // A cheating solver does not defend (adversary.h): it loses at the turn's deadline.
-      if (c.dispute->defender == id() && CheatsAsSolver(options_.adversary)) continue;
       const std::string key = JoinPath(dir, "dispute-" + std::to_string(c.dispute->first_step) +
                                                 "-" + std::to_string(c.dispute->last_step) +
                                                 ".json");
@@ -421,6 +421,14 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
       } else {
         urgent->push_back({VerifyJob::Kind::kDispute, &c, c.dispute->query_deadline});
       }
+    }
+    // At the referee: a party that is not cheating posts the step's witness (the ledger rules).
+    if (c.dispute && c.dispute->has_referee && c.dispute->referee.whole_step &&
+        !c.dispute->referee.segment &&
+        (c.dispute->challenger == id() ||
+         (c.dispute->defender == id() && !CheatsAsSolver(options_.adversary))) &&
+        !verify_sent_.count(Action("witness", dir, std::to_string(c.dispute->referee.step)))) {
+      urgent->push_back({VerifyJob::Kind::kWitness, &c, c.deadline_height});
     }
   }
   std::stable_sort(urgent->begin(), urgent->end(), [](const VerifyJob& a, const VerifyJob& b) {
@@ -476,6 +484,8 @@ Status NodeAgent::RunVerifyJob(const VerifyJob& job) {
       return RunDisputeReplay(*job.check);
     case VerifyJob::Kind::kWhistle:
       return RunWhistle(*job.check);
+    case VerifyJob::Kind::kWitness:
+      return RunStepWitness(*job.check);
   }
   return Internal("unknown verification job");
 }
@@ -829,6 +839,67 @@ Status NodeAgent::RunWhistle(const CheckAssignment& c) {
   return Status::Ok();
 }
 
+Status NodeAgent::RunStepWitness(const CheckAssignment& c) {
+  const DisputeView& d = *c.dispute;
+  const std::string dir = VerifyDir(c);
+  const std::string action = Action("witness", dir, std::to_string(d.referee.step));
+  if (verify_sent_.count(action)) return Status::Ok();
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, GetTaskContext(c.task_id));
+  // Only a task with a data root on the ledger is refereed by the ledger itself.
+  Result<Hash256> root = Hash256::FromHex(
+      ctx->info.raw.value("params", nlohmann::json::object()).value("data_root", std::string()));
+  if (!root.ok() || root->IsZero()) return Status::Ok();
+  if (!ctx->data_tree) {
+    if (ctx->trainer->data().tokens) return Status::Ok();
+    ctx->data_tree = std::make_unique<engine::DataTree>(ctx->trainer->data().train);
+  }
+  ML_ASSIGN_OR_RETURN(Bytes bundle, FetchBlob(ctx->info.spec_hash, {}, ""));
+  ML_ASSIGN_OR_RETURN(Bytes state_bytes, FetchBlob(c.start_state, {}, StateReason(c.task_id)));
+  ML_ASSIGN_OR_RETURN(GlobalState start, DecodeGlobalState(state_bytes, ctx->facts.num_params));
+  const UnitWork work = WorkOf(*ctx, c.round, c.shard);
+  // The agreed state may be the defender's own (false) checkpoint at the dispute's first step:
+  // the defender has it in its unit directory, the challenger replayed from it.
+  std::string checkpoint;
+  if (d.defender == id()) {
+    checkpoint = JoinPath(UnitDir(c.task_id, c.index),
+                          "ckpt-" + std::to_string(d.first_step) + ".safetensors");
+  } else {
+    for (const char* file : {"verdict.json", "challenge.json"}) {
+      Result<nlohmann::json> v = ReadJson(deps_.env, JoinPath(dir, file));
+      if (v.ok() && v->value("mismatch", false)) checkpoint = v->value("checkpoint", std::string());
+    }
+  }
+  DisputeStart from{.first_step = static_cast<int64_t>(d.first_step), .agreed = d.agreed};
+  if (!checkpoint.empty()) {
+    from.checkpoint = [this, checkpoint](int64_t step) -> Result<engine::TrainState> {
+      ML_ASSIGN_OR_RETURN(engine::TrainState st, engine::LoadCheckpoint(deps_.env, checkpoint));
+      if (st.step != step) {
+        return NotFound("checkpoint " + checkpoint + " is of step " + std::to_string(st.step));
+      }
+      return st;
+    };
+  }
+  Result<BuiltStepWitness> w =
+      BuildStepWitness(ctx->trainer.get(), start.weights, work, d.referee,
+                       AsStringView(bundle), *ctx->data_tree, from);
+  if (!w.ok()) {
+    if (!verify_failed_.count(action)) {
+      Log(Name(c) + ": no witness for step " + std::to_string(d.referee.step) + ": " +
+          w.status().message());
+    }
+    verify_failed_[action] = kMaxVerifyAttempts;
+    return Status::Ok();
+  }
+  Bytes witness = ledger::EncodeStepWitness(w->witness);
+  Log(Name(c) + ": the dispute narrowed to step " + std::to_string(d.referee.step) +
+      "; posting its witness (RefereeStep, " + std::to_string(witness.size()) +
+      " bytes): the ledger computes " + w->output.ShortHex());
+  SendVerifyTx(action, ledger::RefereeStepTx{.task_id = c.task_id,
+                                             .index = c.index,
+                                             .witness = {std::move(witness)}});
+  return Status::Ok();
+}
+
 // ---- Result binding --------------------------------------------------------------------------
 
 void NodeAgent::ProveResult(const CheckAssignment& c) {
@@ -900,10 +971,26 @@ Status NodeAgent::RunDisputeReplay(const CheckAssignment& c) {
   }
   std::vector<int64_t> steps;
   for (uint64_t s = d.first_step; s <= d.last_step; ++s) steps.push_back(static_cast<int64_t>(s));
-  ML_ASSIGN_OR_RETURN(std::vector<Hash256> hashes,
-                      ReplayToSteps(ctx->trainer.get(), start.weights, work,
-                                    state ? static_cast<int64_t>(d.first_step) : 0,
-                                    state ? &*state : nullptr, steps));
+  std::vector<Hash256> hashes;
+  if (d.defender == id() && CheatsAsSolver(options_.adversary)) {
+    // A cheating solver defends with its own states (adversary.h): its unit run again with a
+    // state hash after every step, so the game reaches the ledger, which rules against it.
+    UnitWork every = work;
+    every.checkpoint_interval = 1;
+    ML_ASSIGN_OR_RETURN(UnitOutcome out, RunAdversaryUnit(options_.adversary, ctx->trainer.get(),
+                                                          start.weights, every, {}, {}));
+    for (int64_t s : steps) {
+      if (s >= static_cast<int64_t>(out.state_hashes.size())) {
+        return Internal("dispute: the adversary's run has no state after step " +
+                        std::to_string(s));
+      }
+      hashes.push_back(out.state_hashes[static_cast<size_t>(s)]);
+    }
+  } else {
+    ML_ASSIGN_OR_RETURN(hashes, ReplayToSteps(ctx->trainer.get(), start.weights, work,
+                                              state ? static_cast<int64_t>(d.first_step) : 0,
+                                              state ? &*state : nullptr, steps));
+  }
   if (hashes.front() != d.agreed) {
     Log(Name(c) + ": dispute: this node's state after step " + std::to_string(d.first_step) +
         " is " + hashes.front().ShortHex() + ", the agreed one " + d.agreed.ShortHex());

@@ -123,6 +123,18 @@ Result<CheckAssignment> ParseCheck(const json& u) {
       ML_ASSIGN_OR_RETURN(v.position, U64Field(d["query"], "position"));
       ML_ASSIGN_OR_RETURN(v.query_deadline, U64Field(d["query"], "deadline_height"));
     }
+    if (d.contains("referee") && d["referee"].is_object()) {
+      const json& r = d["referee"];
+      v.has_referee = true;
+      v.referee.whole_step = r.value("whole_step", false);
+      v.referee.segment = r.value("segment", false);
+      ML_ASSIGN_OR_RETURN(v.referee.first_step, U64Field(r, "first_step"));
+      ML_ASSIGN_OR_RETURN(v.referee.step, U64Field(r, "step"));
+      v.referee.operator_index = r.value("operator_index", 0u);
+      ML_ASSIGN_OR_RETURN(v.referee.input, HashField(r, "input"));
+      ML_ASSIGN_OR_RETURN(v.referee.defender_output, HashField(r, "defender_output"));
+      ML_ASSIGN_OR_RETURN(v.referee.challenger_output, HashField(r, "challenger_output"));
+    }
     a.dispute = std::move(v);
   }
   return a;

@@ -297,8 +297,9 @@ TEST(VerificationSimTest, RestartedSolverAndVerifierStillRevealEverything) {
 }
 
 // A solver adversary among honest verifiers: each of its units is caught (fraud, after a dispute
-// it does not answer), it is slashed and never paid, and the round re-runs without it, so the
-// final model is the honest one.
+// it defends with its own states; the honest challenger posts the narrowed step's witness and
+// the ledger executes it: no referee service runs here), it is slashed and never paid, and the
+// round re-runs without it, so the final model is the honest one.
 class CheatingSolverTest : public ::testing::TestWithParam<Adversary> {};
 
 TEST_P(CheatingSolverTest, IsCaughtSlashedAndNeverPaid) {
@@ -434,9 +435,16 @@ TEST(VerificationSimTest, AnyoneCanPostTheStepWitnessAndTheLedgerRules) {
   Status run = sim.RunUntilFinished(400);
   ASSERT_TRUE(run.ok()) << run.ToString();
   ASSERT_NE(sim.referee(), nullptr);
-  ASSERT_FALSE(sim.referee()->rulings().empty());
+  // The witness comes from whoever posts it first: the honest challenger's agent (as soon as the
+  // game reaches the referee) or the referee service, a plain funded key. Either way the ledger
+  // executed the step: the cheater lost a dispute without any referee key in genesis.
+  EXPECT_GE(Tally(sim, "disputes"), 1u);
+  EXPECT_GE(Tally(sim, "fraud"), 1u);
   for (const RefereeRecord& r : sim.referee()->rulings()) {
-    EXPECT_TRUE(r.ok) << r.error;
+    // Second to post in the same block: the first witness already settled the game.
+    if (!r.ok) {
+      EXPECT_NE(r.error.find("no dispute waiting for the referee"), std::string::npos) << r.error;
+    }
     EXPECT_EQ(r.tx_type, "RefereeStep");
     EXPECT_GT(r.ruling.witness_bytes, 0u);
     EXPECT_EQ(r.dispute.defender, sim.node_key(0).public_key());

@@ -18,8 +18,9 @@
 //               pushed uphill). No segment replay can see it; the result check can
 //               (docs/verification.md "Result binding": a verifier proves it, ProveResult).
 //
-// A cheating solver does not defend its units in a dispute: it posts nothing, so it loses at its
-// first turn's deadline (an honest party never needs the referee against it).
+// A cheating solver defends its units in a dispute: it answers every turn with its own states
+// (its unit run again with a state hash after every step), so the game narrows to one step and
+// the ledger executes that step (RefereeStep) and rules against it.
 //
 // And one cheating verifier:
 //   rubber_stamp  solves honestly, but as a verifier commits and reveals "clean" without

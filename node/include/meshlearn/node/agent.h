@@ -303,6 +303,10 @@ class NodeAgent {
   // Result binding: sends ProveResult for a check whose result was found wrong (the final state
   // kept in its directory), once.
   void ProveResult(const CheckAssignment& c);
+  // A party of a dispute that reached the referee at one whole step of a task with a data root
+  // posts the step's witness itself (RefereeStepTx; node/step_witness.h): the ledger executes
+  // the step, and the honest party needs nobody else to win.
+  Status RunStepWitness(const CheckAssignment& c);
   // Replays `segments` of a checked unit (verifier and whistleblower); files under `dir`.
   Result<SegmentFinding> CheckSegments(const CheckAssignment& c,
                                        const std::vector<uint32_t>& segments,

@@ -41,6 +41,7 @@
 #include "meshlearn/base/status.h"
 #include "meshlearn/ledger/rpc_client.h"
 #include "meshlearn/ledger/tx.h"
+#include "meshlearn/protocol/dispute.h"
 
 namespace meshlearn::ledger {
 class RpcService;
@@ -154,6 +155,8 @@ struct DisputeView {
   bool has_query = false;  // steps / operators stage: both parties post at `position`
   uint64_t position = 0;
   uint64_t query_deadline = 0;
+  bool has_referee = false;  // referee stage: what the referee must compute
+  protocol::RefereeTask referee;
 };
 // A committed unit of the current round under verification that this node takes part in
 // (node_work "checks"; docs/verification.md).
