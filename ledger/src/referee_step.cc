@@ -1,5 +1,7 @@
 #include "referee_step.h"
 
+#include "meshlearn/ledger/step_witness.h"
+
 #include <string>
 #include <vector>
 
@@ -83,41 +85,34 @@ Result<engine::TrainState> CheckedState(const UnitReplay& r, std::span<const flo
 
 }  // namespace
 
-Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& unit,
-                                          const protocol::RefereeTask& task,
-                                          const StepWitness& w) {
-  const std::string where = "referee step (task " + t.id.ShortHex() + ", unit " +
-                            std::to_string(unit.index) + ", step " + std::to_string(task.step) + ")";
-  const TaskParams& p = t.params;
-  if (p.data_root.IsZero()) {
-    return FailedPrecondition(where + ": the task has no data_root, so the ledger cannot check "
-                              "a batch; its disputes are ruled by the genesis referee");
-  }
-  if (!task.whole_step || task.segment || task.step == 0) {
-    return FailedPrecondition(where + ": the dispute did not narrow to one whole training step");
-  }
-  ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
-  const engine::TaskSpec* spec = &r.spec;
-  const uint64_t stream = r.stream;
-  if (spec->data.format != "idx" && spec->data.format != "npy") {
-    return FailedPrecondition(where + ": a '" + spec->data.format +
+Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, double lr_scale,
+                               uint64_t num_examples, const Hash256& data_root, uint64_t step,
+                               const Hash256& agreed, const StepWitness& w,
+                               const std::string& where) {
+  if (spec.data.format != "idx" && spec.data.format != "npy") {
+    return FailedPrecondition(where + ": a '" + spec.data.format +
                               "' task; only classification tasks are refereed on chain");
   }
-  const int64_t before = static_cast<int64_t>(task.step) - 1;
-  ML_ASSIGN_OR_RETURN(engine::TrainState state,
-                      CheckedState(r, w.state, before, task.input, where,
-                                   "the agreed state after step " + std::to_string(before)));
-  engine::TrainState* st = &state;
-
+  if (step == 0) return InvalidArgument(where + ": step 0 is the unit's start, not a step");
+  const int64_t before = static_cast<int64_t>(step) - 1;
+  Result<engine::TrainState> st = engine::StateFromFlat(
+      spec.model, engine::UnitOptimizerSpec(spec.optimizer, lr_scale), w.state, before, spec.seed,
+      stream);
+  if (!st.ok()) return InvalidArgument(where + ": witness state: " + st.status().message());
+  if (const Hash256 h = engine::StateHash(*st); h != agreed) {
+    return InvalidArgument(where + ": the witness state hashes to " + h.ShortHex() +
+                           ", the agreed state after step " + std::to_string(before) + " is " +
+                           agreed.ShortHex());
+  }
   // The batch: the examples the unit's sampler draws at this step, each proven in the data.
-  const int64_t batch = spec->batch_size;
+  const int64_t batch = spec.batch_size;
   if (w.examples.size() != static_cast<size_t>(batch)) {
     return InvalidArgument(where + ": the witness has " + std::to_string(w.examples.size()) +
                            " examples, a batch of this task has " + std::to_string(batch));
   }
   const std::vector<int64_t> indices = engine::BatchIndices(
-      spec->seed, stream, static_cast<int64_t>(p.num_examples), batch, before);
-  engine::Shape shape = spec->model.input;
+      spec.seed, stream, static_cast<int64_t>(num_examples), batch, before);
+  engine::Shape shape = spec.model.input;
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
   const int64_t classes = st->model->NumOutputs();
@@ -138,11 +133,11 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& u
                              std::to_string(e.y) + "; the model takes " + std::to_string(numel) +
                              " values and " + std::to_string(classes) + " classes");
     }
-    if (e.proof.index != e.index || e.proof.leaf_count != p.num_examples ||
-        !MerkleVerify(p.data_root, engine::ExampleLeaf(e.index, e.x, e.y), e.proof)) {
+    if (e.proof.index != e.index || e.proof.leaf_count != num_examples ||
+        !MerkleVerify(data_root, engine::ExampleLeaf(e.index, e.x, e.y), e.proof)) {
       return InvalidArgument(ex + " (index " + std::to_string(e.index) +
                              ") is not proven against the task's data_root " +
-                             p.data_root.ShortHex() + " (" + std::to_string(p.num_examples) +
+                             data_root.ShortHex() + " (" + std::to_string(num_examples) +
                              " examples)");
     }
     std::copy(e.x.begin(), e.x.end(), data.x.data() + i * numel);
@@ -151,8 +146,26 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& u
   std::vector<int64_t> order(batch);
   for (int64_t i = 0; i < batch; ++i) order[i] = i;
   engine::StepOnBatch(*st, engine::MakeClassificationBatch(data, order),
-                      engine::DropoutSeed(spec->seed, stream));
+                      engine::DropoutSeed(spec.seed, stream));
   return engine::StateHash(*st);
+}
+
+Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& unit,
+                                          const protocol::RefereeTask& task,
+                                          const StepWitness& w) {
+  const std::string where = "referee step (task " + t.id.ShortHex() + ", unit " +
+                            std::to_string(unit.index) + ", step " + std::to_string(task.step) + ")";
+  const TaskParams& p = t.params;
+  if (p.data_root.IsZero()) {
+    return FailedPrecondition(where + ": the task has no data_root, so the ledger cannot check "
+                              "a batch; its disputes are ruled by the genesis referee");
+  }
+  if (!task.whole_step || task.segment || task.step == 0) {
+    return FailedPrecondition(where + ": the dispute did not narrow to one whole training step");
+  }
+  ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
+  return RunStepWitness(r.spec, r.stream, r.lr_scale, p.num_examples, p.data_root, task.step,
+                        task.input, w, where);
 }
 
 Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,

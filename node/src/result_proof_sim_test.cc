@@ -24,6 +24,7 @@
 #include "testing/diloco_task.h"
 #include "testing/sim_harness.h"
 #include "testing/synthetic_task.h"
+#include "testing/verification_sim.h"
 
 namespace meshlearn::node {
 namespace {
@@ -141,80 +142,17 @@ TEST(ResultCheckTest, WrongResultIsASolverAdversaryMode) {
 }
 
 using nlohmann::json;
+using testing::CheckLog;
+using testing::ExpectNeverSlashed;
+using testing::kAllRoles;
+using testing::Node;
 using testing::SimHarness;
+using testing::SimLog;
 using testing::SimNodeOptions;
 using testing::SimOptions;
-
-// MESHLEARN_SIM_LOG=1 prints every agent's log to stderr.
-bool SimLog() { return std::getenv("MESHLEARN_SIM_LOG") != nullptr; }
-
-constexpr uint32_t kAllRoles =
-    ledger::kRoleSolver | ledger::kRoleAggregator | ledger::kRoleVerifier;
-
-// A tiny synthetic task (H steps, a checkpoint every k) on a chain with verification on, every
-// segment of a checked unit replayed, one verifier per unit and no forced errors
-// (verification_sim_test.cc's set-up).
-struct Fixture {
-  MemEnv env;
-  std::string toml;
-  Fixture(uint64_t seed, uint32_t rounds, uint32_t units, uint32_t h, uint32_t k) {
-    Result<std::string> t =
-        testing::WriteSyntheticTask(&env, "/data", seed, 480, 160, 32, 4, rounds, units, h, k);
-    EXPECT_TRUE(t.ok()) << t.status().ToString();
-    toml = *t;
-  }
-};
-
-void VerifyingChain(ledger::Genesis& g) {
-  g.params.verification = true;
-  g.params.verify_segments_per_check = 64;
-  g.params.forced_error_per_million = 0;
-  g.params.verifiers_per_unit = 1;
-}
-
-json Node(SimHarness& sim, int i) {
-  return sim.Call("get_node", {{"id", sim.node_key(i).public_key().ToHex()}});
-}
-
-void ExpectNeverSlashed(SimHarness& sim, const std::vector<int>& honest) {
-  for (int i : honest) {
-    json n = Node(sim, i);
-    EXPECT_EQ(n["reputation"].value("slashes", uint64_t{1}), 0u)
-        << "honest node " << i << ": " << n.dump();
-    EXPECT_EQ(n.value("stake", uint64_t{0}), sim.genesis().params.MinStakeFor(n.value("roles", 0u)))
-        << "honest node " << i << ": " << n.dump();
-  }
-}
-
-uint64_t Tally(SimHarness& sim, const char* what) {
-  return sim.Task(false)["verification"].value(what, uint64_t{0});
-}
-
-// Every settled check result seen on the ledger, by solver (a fraud settles and re-runs its
-// round in the same block, so it is not seen here: Tally counts it).
-struct CheckLog {
-  std::map<std::string, std::multiset<std::string>> results;
-  std::set<std::string> seen;
-  void Scan(SimHarness& sim) {
-    json t = sim.Task(true);
-    if (!t.contains("units")) return;
-    for (const json& u : t["units"]) {
-      if (!u.contains("check") || !u["check"].is_object()) continue;
-      const json& c = u["check"];
-      if (c.value("stage", std::string()) != "settled") continue;
-      const std::string key = std::to_string(u.value("index", 0u)) + "/" +
-                              std::to_string(c.value("commit_height", uint64_t{0})) + "/" +
-                              c.value("result", std::string());
-      if (seen.insert(key).second) {
-        results[c.value("solver", std::string())].insert(c.value("result", std::string()));
-      }
-    }
-  }
-  size_t Count(const std::string& solver, const std::string& result) const {
-    auto it = results.find(solver);
-    return it == results.end() ? 0 : it->second.count(result);
-  }
-};
+using testing::Tally;
+using testing::VerifyFixture;
+using testing::VerifyingChain;
 
 constexpr char kProving[] = "is not the delta of its committed final state: proving it";
 
@@ -224,7 +162,7 @@ constexpr char kProving[] = "is not the delta of its committed final state: prov
 TEST(ResultProofSimTest, AWrongResultSolverIsProvenFraudSlashedAndNeverPaid) {
   // As CheatingSolverTest: the cheater and an honest solver share 4 units a round, two more
   // nodes only verify.
-  Fixture f(43, /*rounds=*/2, /*units=*/4, /*H=*/4, /*k=*/2);
+  VerifyFixture f(43, /*rounds=*/2, /*units=*/4, /*H=*/4, /*k=*/2);
   SimHarness* simp = nullptr;
   CheckLog checks;
   std::vector<std::string> proving;  // "<node>: <line>" of every node's proof
@@ -233,7 +171,7 @@ TEST(ResultProofSimTest, AWrongResultSolverIsProvenFraudSlashedAndNeverPaid) {
                     {.roles = kAllRoles},
                     {.roles = ledger::kRoleVerifier},
                     {.roles = ledger::kRoleVerifier}};
-  o.tweak_genesis = VerifyingChain;
+  o.tweak_genesis = VerifyingChain();
   constexpr uint64_t kCheaterStake = 100'000;
   o.agent_options = [](int i, AgentOptions& a) {
     if (i == 0) {
@@ -288,14 +226,14 @@ TEST(ResultProofSimTest, AWrongResultSolverIsProvenFraudSlashedAndNeverPaid) {
 // rubber-stamps (replays nothing, so checks no result), the unit settles clean, and a
 // whistleblower proves the wrong result before the round is final, without a dispute.
 TEST(ResultProofSimTest, AWhistleblowerProvesAWrongResultARubberStampApproved) {
-  Fixture f(73, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/2);
+  VerifyFixture f(73, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/2);
   std::vector<std::string> proving;
   SimOptions o{.seed = 73, .nodes = 4, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
   o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
                     {.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
                     {.roles = ledger::kRoleVerifier},
                     {.roles = ledger::kRoleWhistleblower}};
-  o.tweak_genesis = VerifyingChain;
+  o.tweak_genesis = VerifyingChain();
   // Long enough after the aggregate that the units' checks settle before the round is final.
   o.tweak_params = [](ledger::TaskParams& p) { p.verification_window_blocks = 30; };
   o.agent_options = [](int i, AgentOptions& a) {
@@ -324,7 +262,8 @@ TEST(ResultProofSimTest, AWhistleblowerProvesAWrongResultARubberStampApproved) {
   EXPECT_GT(Node(sim, 0)["reputation"].value("slashes", uint64_t{0}), 0u);
   ExpectNeverSlashed(sim, {1, 3});
   const std::string cheater = sim.node_key(0).public_key().ToHex();
-  for (const json& u : sim.Task(true)["units"]) {
+  const json task = sim.Task(true);  // the range below must not be a temporary's member
+  for (const json& u : task["units"]) {
     EXPECT_NE(u.value("assignee", std::string()), cheater) << u.dump();
   }
   Result<GlobalState> st = sim.FinalState();
@@ -336,11 +275,11 @@ TEST(ResultProofSimTest, AWhistleblowerProvesAWrongResultARubberStampApproved) {
 // Honest units pass the result check: every check has the final state (the verifier's own replay
 // or the solver's ckpt-H), nothing is ever "proven", no transaction fails.
 TEST(ResultProofSimTest, HonestUnitsPassTheResultCheckAndAreNeverProven) {
-  Fixture f(47, /*rounds=*/2, /*units=*/3, /*H=*/4, /*k=*/2);
+  VerifyFixture f(47, /*rounds=*/2, /*units=*/3, /*H=*/4, /*k=*/2);
   std::vector<std::string> proving;
   SimOptions o{.seed = 47, .nodes = 4, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
   o.node_options.assign(4, SimNodeOptions{.roles = kAllRoles});
-  o.tweak_genesis = VerifyingChain;
+  o.tweak_genesis = VerifyingChain();
   o.log_sink = [&](int i, const std::string& line) {
     if (line.find(kProving) != std::string::npos)
       proving.push_back(std::to_string(i) + ": " + line);

@@ -4,17 +4,12 @@
 #include <vector>
 
 #include "meshlearn/base/merkle.h"
+#include "meshlearn/ledger/step_witness.h"
 
 namespace meshlearn::node {
 namespace {
 
-// Floats per training example and the shape of a batch of `b` examples, as the engine's
-// MakeClassificationBatch builds it from the training tensor (N, ...).
-engine::Shape BatchShape(const engine::ClassificationData& train, int64_t b) {
-  engine::Shape s = train.x.shape();
-  if (!s.empty()) s[0] = b;
-  return s;
-}
+// Floats per training example (the training tensor is (N, ...)).
 int64_t ExampleFloats(const engine::ClassificationData& train) {
   return train.size() == 0 ? 0 : train.x.size() / train.size();
 }
@@ -41,8 +36,6 @@ uint64_t StepWitnessBound(const engine::Trainer& trainer, uint64_t num_params) {
 Result<Hash256> ExecuteStepWitness(const engine::Trainer& trainer, const UnitWork& work,
                                    int64_t step, const ledger::StepWitness& witness,
                                    const Hash256& agreed, const Hash256& data_root) {
-  const engine::TaskSpec& task = trainer.task();
-  const engine::ClassificationData& train = trainer.data().train;
   if (trainer.data().tokens) {
     return InvalidArgument("step witness: a token task has no per-example data root");
   }
@@ -50,48 +43,10 @@ Result<Hash256> ExecuteStepWitness(const engine::Trainer& trainer, const UnitWor
     return InvalidArgument("step witness: step " + std::to_string(step) + " is outside 1.." +
                            std::to_string(work.inner_steps));
   }
-  ML_ASSIGN_OR_RETURN(
-      engine::TrainState st,
-      engine::StateFromFlat(task.model, engine::UnitOptimizerSpec(task.optimizer, work.lr_scale),
-                            witness.state, step - 1, task.seed, work.stream));
-  if (const Hash256 got = engine::StateHash(st); got != agreed) {
-    return InvalidArgument("step witness: its state hashes to " + got.ShortHex() +
-                           ", not to the agreed state " + agreed.ShortHex() + " after step " +
-                           std::to_string(step - 1));
-  }
-  const std::vector<int64_t> indices =
-      engine::BatchIndices(task.seed, work.stream, train.size(), task.batch_size, step - 1);
-  if (witness.examples.size() != indices.size()) {
-    return InvalidArgument("step witness: " + std::to_string(witness.examples.size()) +
-                           " examples, the batch of step " + std::to_string(step) + " has " +
-                           std::to_string(indices.size()));
-  }
-  const int64_t per = ExampleFloats(train);
-  engine::Batch batch;
-  batch.size = static_cast<int64_t>(indices.size());
-  batch.inputs = engine::Tensor(BatchShape(train, batch.size));
-  batch.targets.resize(indices.size());
-  for (size_t j = 0; j < indices.size(); ++j) {
-    const ledger::StepWitnessExample& e = witness.examples[j];
-    const std::string at = "step witness: example " + std::to_string(j);
-    if (e.index != static_cast<uint64_t>(indices[j])) {
-      return InvalidArgument(at + " is dataset index " + std::to_string(e.index) +
-                             ", the batch has " + std::to_string(indices[j]) + " there");
-    }
-    if (static_cast<int64_t>(e.x.size()) != per) {
-      return InvalidArgument(at + " has " + std::to_string(e.x.size()) + " floats, an example " +
-                             std::to_string(per));
-    }
-    if (e.proof.index != e.index ||
-        !MerkleVerify(data_root, engine::ExampleLeaf(e.index, e.x, e.y), e.proof)) {
-      return InvalidArgument(at + " (index " + std::to_string(e.index) +
-                             ") is not proven against the data root " + data_root.ShortHex());
-    }
-    std::copy(e.x.begin(), e.x.end(), batch.inputs.data() + static_cast<int64_t>(j) * per);
-    batch.targets[j] = e.y;
-  }
-  engine::StepOnBatch(st, batch, engine::DropoutSeed(task.seed, work.stream));
-  return engine::StateHash(st);
+  // The ledger's own computation (RefereeStepTx), on this node's copy of the task.
+  return ledger::RunStepWitness(trainer.task(), work.stream, work.lr_scale,
+                                static_cast<uint64_t>(trainer.data().train.size()), data_root,
+                                static_cast<uint64_t>(step), agreed, witness, "step witness");
 }
 
 Result<BuiltStepWitness> BuildStepWitness(engine::Trainer* trainer, std::span<const float> global,

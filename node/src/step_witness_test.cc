@@ -143,19 +143,19 @@ TEST_F(StepWitnessTest, EveryInputIsChecked) {
   };
   ledger::StepWitness w = good;
   w.state[0] += 1e-3f;  // not the agreed state
-  refused(w, "not to the agreed state");
+  refused(w, "the agreed state after step 2");
   w = good;
   w.state.pop_back();  // not a state of this model
   refused(w, "");
   w = good;
   w.examples[1].x[0] += 1.0f;  // an example that is not the dataset's
-  refused(w, "not proven against the data root");
+  refused(w, "is not proven against the task's data_root");
   w = good;
   std::swap(w.examples[0], w.examples[1]);  // the batch out of order
-  refused(w, "the batch has");
+  refused(w, "the batch draws index");
   w = good;
   w.examples.pop_back();
-  refused(w, "examples, the batch of step 3 has");
+  refused(w, "examples, a batch of this task has");
   // Another data root, another agreed hash.
   EXPECT_FALSE(ExecuteStepWitness(*trainer_, work_, s, good, honest[s - 1], Blake2b("root")).ok());
   EXPECT_FALSE(Execute(s, good, honest[s]).ok());
