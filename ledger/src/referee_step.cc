@@ -1,7 +1,5 @@
 #include "referee_step.h"
 
-#include "meshlearn/ledger/step_witness.h"
-
 #include <string>
 #include <vector>
 
@@ -10,6 +8,7 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/net/blob.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
