@@ -66,13 +66,15 @@ Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
   return r;
 }
 
-// The unit's training state after `step` from `flat`, checked to hash to `expected`.
-Result<engine::TrainState> CheckedState(const UnitReplay& r, std::span<const float> flat,
+// The unit's training state after `step` from `flat` (FlatState's layout), checked to hash to
+// `expected` (`what` names it in the error).
+Result<engine::TrainState> CheckedState(const engine::TaskSpec& spec, double lr_scale,
+                                        uint64_t stream, std::span<const float> flat,
                                         int64_t step, const Hash256& expected,
                                         const std::string& where, const std::string& what) {
   Result<engine::TrainState> st = engine::StateFromFlat(
-      r.spec.model, engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale), flat, step,
-      r.spec.seed, r.stream);
+      spec.model, engine::UnitOptimizerSpec(spec.optimizer, lr_scale), flat, step, spec.seed,
+      stream);
   if (!st.ok()) return InvalidArgument(where + ": witness state: " + st.status().message());
   const Hash256 h = engine::StateHash(*st);
   if (h != expected) {
@@ -94,15 +96,10 @@ Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, do
   }
   if (step == 0) return InvalidArgument(where + ": step 0 is the unit's start, not a step");
   const int64_t before = static_cast<int64_t>(step) - 1;
-  Result<engine::TrainState> st = engine::StateFromFlat(
-      spec.model, engine::UnitOptimizerSpec(spec.optimizer, lr_scale), w.state, before, spec.seed,
-      stream);
-  if (!st.ok()) return InvalidArgument(where + ": witness state: " + st.status().message());
-  if (const Hash256 h = engine::StateHash(*st); h != agreed) {
-    return InvalidArgument(where + ": the witness state hashes to " + h.ShortHex() +
-                           ", the agreed state after step " + std::to_string(before) + " is " +
-                           agreed.ShortHex());
-  }
+  ML_ASSIGN_OR_RETURN(engine::TrainState state,
+                      CheckedState(spec, lr_scale, stream, w.state, before, agreed, where,
+                                   "the agreed state after step " + std::to_string(before)));
+  engine::TrainState* st = &state;
   // The batch: the examples the unit's sampler draws at this step, each proven in the data.
   const int64_t batch = spec.batch_size;
   if (w.examples.size() != static_cast<size_t>(batch)) {
@@ -155,13 +152,6 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& u
   const std::string where = "referee step (task " + t.id.ShortHex() + ", unit " +
                             std::to_string(unit.index) + ", step " + std::to_string(task.step) + ")";
   const TaskParams& p = t.params;
-  if (p.data_root.IsZero()) {
-    return FailedPrecondition(where + ": the task has no data_root, so the ledger cannot check "
-                              "a batch; its disputes are ruled by the genesis referee");
-  }
-  if (!task.whole_step || task.segment || task.step == 0) {
-    return FailedPrecondition(where + ": the dispute did not narrow to one whole training step");
-  }
   ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
   return RunStepWitness(r.spec, r.stream, r.lr_scale, p.num_examples, p.data_root, task.step,
                         task.input, w, where);
@@ -187,7 +177,8 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
   Result<protocol::GlobalState> start = protocol::DecodeGlobalState(w.start_state);
   if (!start.ok()) return InvalidArgument(where + ": " + start.status().message());
   ML_ASSIGN_OR_RETURN(engine::TrainState st,
-                      CheckedState(r, w.state, static_cast<int64_t>(t.params.inner_steps),
+                      CheckedState(r.spec, r.lr_scale, r.stream, w.state,
+                                   static_cast<int64_t>(t.params.inner_steps),
                                    unit.leaves.back(), where, "the unit's last committed leaf"));
   const size_t n = static_cast<size_t>(st.model->NumParameters());
   if (start->weights.size() != n) {
@@ -196,9 +187,13 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
                            std::to_string(n));
   }
   // FlatState puts the parameters first, in model order: the layout of weights and deltas.
-  const std::span<const float> params(w.state.data(), n);
-  const std::vector<float> delta = protocol::PseudoGradient(start->weights, params);
-  return net::BuildManifest(protocol::EncodeDelta(delta)).id().hash;
+  return DeltaBlobId(start->weights, std::span<const float>(w.state.data(), n));
+}
+
+Hash256 DeltaBlobId(std::span<const float> global, std::span<const float> params) {
+  return net::BuildManifest(protocol::EncodeDelta(protocol::PseudoGradient(global, params)))
+      .id()
+      .hash;
 }
 
 }  // namespace meshlearn::ledger

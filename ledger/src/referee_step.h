@@ -19,7 +19,8 @@ namespace meshlearn::ledger {
 //   - the examples must be the batch of the step: one per batch position, each at the index the
 //     unit's sampler draws there, each proven against params.data_root.
 // InvalidArgument (naming the input and what is wrong) when the witness does not check out;
-// FailedPrecondition when the task cannot be refereed on chain (no data root, a token task).
+// FailedPrecondition for a token task. REQUIRES: the task has a data root and `task` is one
+// whole step (verification.cc's LedgerExecutes, checked before the witness is even decoded).
 // Deterministic: every follower computes the same output from the same transaction.
 Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& task_record, const WorkUnit& unit,
                                           const protocol::RefereeTask& task,

@@ -5,9 +5,8 @@
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
-#include "meshlearn/net/blob.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/protocol/aggregate.h"
-#include "meshlearn/protocol/state_blob.h"
 
 namespace meshlearn::node {
 
@@ -215,9 +214,7 @@ Hash256 ResultOfFinalState(std::span<const float> global, engine::TrainState& fi
   for (const engine::Param& p : final_state.model->params()) {
     params.insert(params.end(), p.value.data(), p.value.data() + p.value.size());
   }
-  return net::BuildManifest(protocol::EncodeDelta(protocol::PseudoGradient(global, params)))
-      .id()
-      .hash;
+  return ledger::DeltaBlobId(global, params);  // exactly what a ProveResult computes
 }
 
 ResultCheck CheckUnitResult(std::span<const float> global, engine::TrainState& final_state,

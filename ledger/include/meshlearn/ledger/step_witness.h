@@ -1,9 +1,11 @@
-// One disputed training step, computed from its witness (ledger::StepWitness, RefereeStepTx):
-// the computation the ledger runs to rule, shared with the nodes that build witnesses so both
-// check and compute exactly the same thing (docs/verification.md, "Referee").
+// What the ledger computes to referee verification, shared with the nodes so both check and
+// compute exactly the same thing (docs/verification.md, "Referee", "Result binding"): one
+// disputed training step from its witness (ledger::StepWitness, RefereeStepTx), and the result a
+// unit's final state gives (ProveResultTx).
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "meshlearn/base/hash.h"
@@ -23,5 +25,10 @@ Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, do
                                uint64_t num_examples, const Hash256& data_root, uint64_t step,
                                const Hash256& agreed, const StepWitness& w,
                                const std::string& where);
+
+// The blob id of the delta blob (protocol/state_blob.h EncodeDelta) of global - params: the
+// result_hash a unit trained from `global` to a final state with parameters `params` must
+// commit, as the ledger computes it for a ProveResult. REQUIRES: equal sizes.
+Hash256 DeltaBlobId(std::span<const float> global, std::span<const float> params);
 
 }  // namespace meshlearn::ledger
