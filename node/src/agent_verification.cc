@@ -313,10 +313,14 @@ std::string NodeAgent::VerifyDir(const CheckAssignment& c) const {
                                                              std::to_string(c.commit_height));
 }
 
-bool NodeAgent::SendVerifyTx(const std::string& action, ledger::TxPayload payload) {
-  if (verify_sent_.count(action)) return false;
+bool NodeAgent::VerifyActionDone(const std::string& action) const {
+  if (verify_sent_.count(action)) return true;
   auto failed = verify_failed_.find(action);
-  if (failed != verify_failed_.end() && failed->second >= kMaxVerifyAttempts) return false;
+  return failed != verify_failed_.end() && failed->second >= kMaxVerifyAttempts;
+}
+
+bool NodeAgent::SendVerifyTx(const std::string& action, ledger::TxPayload payload) {
+  if (VerifyActionDone(action)) return false;
   const std::string marker = MarkerOf(action);
   if (deps_.env->FileExists(marker)) {  // sent before a restart
     verify_sent_.insert(action);
@@ -427,7 +431,8 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
         !c.dispute->referee.segment &&
         (c.dispute->challenger == id() ||
          (c.dispute->defender == id() && !CheatsAsSolver(options_.adversary))) &&
-        !verify_sent_.count(Action("witness", dir, std::to_string(c.dispute->referee.step)))) {
+        // Not again once sent or given up: building a witness replays the unit to the step.
+        !VerifyActionDone(Action("witness", dir, std::to_string(c.dispute->referee.step)))) {
       urgent->push_back({VerifyJob::Kind::kWitness, &c, c.deadline_height});
     }
   }
@@ -843,7 +848,7 @@ Status NodeAgent::RunStepWitness(const CheckAssignment& c) {
   const DisputeView& d = *c.dispute;
   const std::string dir = VerifyDir(c);
   const std::string action = Action("witness", dir, std::to_string(d.referee.step));
-  if (verify_sent_.count(action)) return Status::Ok();
+  if (VerifyActionDone(action)) return Status::Ok();
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, GetTaskContext(c.task_id));
   // Only a task with a data root on the ledger is refereed by the ledger itself.
   Result<Hash256> root = Hash256::FromHex(
@@ -905,7 +910,7 @@ Status NodeAgent::RunStepWitness(const CheckAssignment& c) {
 void NodeAgent::ProveResult(const CheckAssignment& c) {
   const std::string dir = VerifyDir(c);
   const std::string action = Action("prove", dir);
-  if (verify_sent_.count(action)) return;
+  if (VerifyActionDone(action)) return;  // not the witness's I/O again every poll
   auto give_up = [&](const std::string& why) {
     if (!verify_failed_.count(action)) Log(Name(c) + ": cannot prove the wrong result: " + why);
     verify_failed_[action] = kMaxVerifyAttempts;

@@ -314,6 +314,9 @@ class NodeAgent {
   std::string VerifyDir(const CheckAssignment& c) const;
   // Sends a verification transaction once per `action` (resent after a failure, up to 3 times).
   bool SendVerifyTx(const std::string& action, ledger::TxPayload payload);
+  // Whether `action` needs nothing more: sent, or given up on (failed kMaxVerifyAttempts times,
+  // or its witness could not be built). Callers check it before building a multi-MB witness.
+  bool VerifyActionDone(const std::string& action) const;
   void VerifyTxFailed(const std::string& action);
   void CleanVerifyDirs(const std::set<std::string>& live);
 
