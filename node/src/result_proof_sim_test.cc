@@ -143,6 +143,7 @@ TEST(ResultCheckTest, WrongResultIsASolverAdversaryMode) {
 
 using nlohmann::json;
 using testing::CheckLog;
+using testing::ExpectFinalModelIsHonest;
 using testing::ExpectNeverSlashed;
 using testing::kAllRoles;
 using testing::Node;
@@ -216,9 +217,7 @@ TEST(ResultProofSimTest, AWrongResultSolverIsProvenFraudSlashedAndNeverPaid) {
   }
   ExpectNeverSlashed(sim, {1, 2, 3});
   for (int i = 1; i < 4; ++i) EXPECT_EQ(sim.agent(i)->stats().tx_failed, 0u) << i;
-  Result<GlobalState> st = sim.FinalState();
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+  ExpectFinalModelIsHonest(sim, f);
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
@@ -266,9 +265,7 @@ TEST(ResultProofSimTest, AWhistleblowerProvesAWrongResultARubberStampApproved) {
   for (const json& u : task["units"]) {
     EXPECT_NE(u.value("assignee", std::string()), cheater) << u.dump();
   }
-  Result<GlobalState> st = sim.FinalState();
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+  ExpectFinalModelIsHonest(sim, f);
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
@@ -303,9 +300,7 @@ TEST(ResultProofSimTest, HonestUnitsPassTheResultCheckAndAreNeverProven) {
   EXPECT_EQ(Tally(sim, "clean"), 6u);
   EXPECT_EQ(Tally(sim, "fraud"), 0u);
   ExpectNeverSlashed(sim, {0, 1, 2, 3});
-  Result<GlobalState> st = sim.FinalState();
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+  ExpectFinalModelIsHonest(sim, f);
 }
 
 }  // namespace

@@ -105,6 +105,7 @@ TEST(ReplayToStepsTest, GivesTheLeavesFromTheStartOrACheckpoint) {
 
 using nlohmann::json;
 using testing::CheckLog;
+using testing::ExpectFinalModelIsHonest;
 using testing::ExpectNeverSlashed;
 using testing::kAllRoles;
 using testing::Node;
@@ -162,9 +163,7 @@ TEST(VerificationSimTest, HonestNetworkSettlesCleanAndPaysEveryone) {
   EXPECT_EQ(Tally(sim, "clean"), 6u);
   EXPECT_EQ(Tally(sim, "fraud") + Tally(sim, "abandoned") + Tally(sim, "disputes"), 0u);
   EXPECT_GT(Tally(sim, "verifiers_paid"), 0u);
-  Result<GlobalState> st = sim.FinalState();
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+  ExpectFinalModelIsHonest(sim, f);
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
@@ -215,9 +214,7 @@ TEST(VerificationSimTest, RestartedSolverAndVerifierStillRevealEverything) {
     EXPECT_EQ(sim.agent(i)->stats().tx_failed, 0u) << i;
   }
   ExpectNeverSlashed(sim, {0, 1, 2});
-  Result<GlobalState> st = sim.FinalState();
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+  ExpectFinalModelIsHonest(sim, f);
 }
 
 // A solver adversary among honest verifiers: each of its units is caught (fraud, after a dispute
@@ -328,15 +325,13 @@ TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
   }
   EXPECT_GT(Slashes(sim, 0), 0u);
   ExpectNeverSlashed(sim, {1, 2});
-  Result<GlobalState> st = sim.FinalState();
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+  ExpectFinalModelIsHonest(sim, f);
 }
 
 // The same dispute refereed by a service whose key genesis does not name (it names none: the
 // sequencer's key would rule RuleDispute): a RefereeStep needs no key, the ledger executes the
-// step itself, and the lazy solver still loses. (A checkpoint every step: a cheating adversary
-// never posts in a bisection, so only one-step segments reach the referee.)
+// step itself, and the lazy solver still loses. (A checkpoint every step: every disputed segment
+// is one step, so the game goes straight to the referee.)
 TEST(VerificationSimTest, AnyoneCanPostTheStepWitnessAndTheLedgerRules) {
   VerifyFixture f(92, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
   SimOptions o{.seed = 92, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
@@ -376,9 +371,7 @@ TEST(VerificationSimTest, AnyoneCanPostTheStepWitnessAndTheLedgerRules) {
   }
   EXPECT_GT(Slashes(sim, 0), 0u);
   ExpectNeverSlashed(sim, {1, 2});
-  Result<GlobalState> st = sim.FinalState();
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+  ExpectFinalModelIsHonest(sim, f);
 }
 
 // A task verified in tolerance mode (for hardware without bitwise reproducibility): honest units
@@ -417,9 +410,7 @@ TEST(VerificationSimTest, ToleranceModeCatchesANoisySolverThroughTheReferee) {
   EXPECT_GE(Tally(sim, "fraud"), 1u);
   EXPECT_GT(Slashes(sim, 0), 0u);
   ExpectNeverSlashed(sim, {1, 2});
-  Result<GlobalState> st = sim.FinalState();
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+  ExpectFinalModelIsHonest(sim, f);
 }
 
 // Every unit is a forced error: the solver commits the forced commitment, the honest verifier
@@ -531,9 +522,7 @@ TEST(VerificationSimTest, WhistleblowerCatchesWhatARubberStampApproved) {
   for (const json& u : final_task["units"]) {
     EXPECT_NE(u.value("assignee", std::string()), cheater) << u.dump();
   }
-  Result<GlobalState> st = sim.FinalState();
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+  ExpectFinalModelIsHonest(sim, f);
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 

@@ -16,6 +16,9 @@
 
 #include "meshlearn/base/env.h"
 #include "meshlearn/ledger/genesis.h"
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/unit_executor.h"
+#include "testing/diloco_task.h"
 #include "testing/sim_harness.h"
 #include "testing/synthetic_task.h"
 
@@ -108,5 +111,13 @@ struct CheckLog {
     return it == results.end() ? 0 : it->second.count(result);
   }
 };
+
+// The task's final weights are the honest in-process run's, bit for bit: a cheater's work never
+// reached the model.
+inline void ExpectFinalModelIsHonest(SimHarness& sim, VerifyFixture& f) {
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)));
+}
 
 }  // namespace meshlearn::node::testing
