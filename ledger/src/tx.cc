@@ -101,6 +101,23 @@ Status GetFloats(Decoder& d, std::vector<float>* v, std::string_view field) {
   return Status::Ok();
 }
 
+// A witness's size (at most kMaxWitnessBytes: only small models are refereed on chain) and its
+// leading magic string.
+Status ReadWitnessHeader(Decoder& d, size_t size, std::string_view magic, const char* what) {
+  if (size > kMaxWitnessBytes) {
+    return InvalidArgument(std::string(what) + ": " + std::to_string(size) +
+                           " bytes, over the limit of " + std::to_string(kMaxWitnessBytes) +
+                           " (only small models are refereed on chain)");
+  }
+  std::string got;
+  ML_RETURN_IF_ERROR(d.GetString(&got, "magic", 64));
+  if (got != magic) {
+    return InvalidArgument(std::string(what) + ": starts with '" + got + "', expected '" +
+                           std::string(magic) + "'");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Bytes EncodeStepWitness(const StepWitness& w) {
@@ -120,19 +137,9 @@ Bytes EncodeStepWitness(const StepWitness& w) {
 }
 
 Result<StepWitness> DecodeStepWitness(ByteSpan bytes) {
-  if (bytes.size() > kMaxWitnessBytes) {
-    return InvalidArgument("step witness: " + std::to_string(bytes.size()) +
-                           " bytes, over the limit of " + std::to_string(kMaxWitnessBytes) +
-                           " (only small models are refereed on chain)");
-  }
   Decoder d(bytes, "step witness");
+  ML_RETURN_IF_ERROR(ReadWitnessHeader(d, bytes.size(), kWitnessMagic, "step witness"));
   StepWitness w;
-  std::string magic;
-  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
-  if (magic != kWitnessMagic) {
-    return InvalidArgument("step witness: starts with '" + magic + "', expected '" +
-                           std::string(kWitnessMagic) + "' (EncodeStepWitness)");
-  }
   ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
   ML_RETURN_IF_ERROR(GetFloats(d, &w.state, "state"));
   uint32_t n = 0;
@@ -170,19 +177,9 @@ Bytes EncodeResultWitness(const ResultWitness& w) {
 }
 
 Result<ResultWitness> DecodeResultWitness(ByteSpan bytes) {
-  if (bytes.size() > kMaxWitnessBytes) {
-    return InvalidArgument("result witness: " + std::to_string(bytes.size()) +
-                           " bytes, over the limit of " + std::to_string(kMaxWitnessBytes) +
-                           " (only small models are checked on chain)");
-  }
   Decoder d(bytes, "result witness");
+  ML_RETURN_IF_ERROR(ReadWitnessHeader(d, bytes.size(), kResultWitnessMagic, "result witness"));
   ResultWitness w;
-  std::string magic;
-  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
-  if (magic != kResultWitnessMagic) {
-    return InvalidArgument("result witness: starts with '" + magic + "', expected '" +
-                           std::string(kResultWitnessMagic) + "' (EncodeResultWitness)");
-  }
   ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
   ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(GetFloats(d, &w.state, "state"));
