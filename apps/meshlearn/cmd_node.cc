@@ -73,11 +73,7 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   n.path = path;
   ML_ASSIGN_OR_RETURN(n.data_dir, c.GetString("data_dir"));
   if (n.data_dir.empty()) return c.Error("data_dir", "is empty; name a directory for keys, blobs and progress");
-  n.data_dir = ExpandHome(n.data_dir);
-  if (n.data_dir[0] != '/') {
-    size_t slash = path.rfind('/');
-    if (slash != std::string::npos) n.data_dir = JoinPath(path.substr(0, slash), n.data_dir);
-  }
+  n.data_dir = ResolveInFile(path, n.data_dir);  // relative to node.toml's folder (docs/paths.md)
   ML_ASSIGN_OR_RETURN(n.rpc, c.GetString("rpc", n.rpc));
   ML_ASSIGN_OR_RETURN(n.listen, c.GetString("listen", n.listen));
   {

@@ -10,7 +10,9 @@ int main(int argc, char** argv) {
   using meshlearn::cli::GlobalOptions;
   GlobalOptions g;
   const char* home = std::getenv("MESHLEARN_HOME");
-  g.home = meshlearn::ExpandHome(home ? home : "~/.meshlearn");
+  // A relative $MESHLEARN_HOME or --home is relative to the working directory (docs/paths.md);
+  // made absolute once parsed, so every child process and every file written names one place.
+  g.home = home ? home : "~/.meshlearn";
 
   CLI::App app{"meshlearn: train machine-learning models on a network of computers that do not "
                "trust each other, and prove that the training happened."};
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
       "  meshlearn chain init --dir chain --faucet && meshlearn chain serve --dir chain\n"
       "Run `meshlearn COMMAND --help` for a command's options. Docs: docs/index.md");
   app.parse_complete_callback([&g] {
+    g.home = meshlearn::AbsolutePath(g.home);
     meshlearn::Status s = meshlearn::SetLogLevel(g.log_level);
     if (!s.ok()) throw CLI::ValidationError("--log-level", s.message());
     meshlearn::InitLogging(g.log_level);

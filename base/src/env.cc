@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 namespace meshlearn {
 namespace {
@@ -20,13 +21,6 @@ Status ErrnoStatus(const std::string& what, const std::string& path, int err) {
   if (err == EACCES || err == EPERM) return PermissionDenied(m + " (check the file's permissions)");
   if (err == ENOSPC) return ResourceExhausted(m + " (free some disk space)");
   return Internal(m);
-}
-
-std::string DirName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
 }
 
 class PosixEnv final : public Env {
@@ -235,6 +229,41 @@ std::string ExpandHome(std::string_view path) {
     return JoinPath(home ? home : "/root", path.substr(2));
   }
   return std::string(path);
+}
+
+std::string DirName(std::string_view path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string_view::npos) return ".";
+  if (slash == 0) return "/";
+  return std::string(path.substr(0, slash));
+}
+
+std::string ResolveInFile(std::string_view file, std::string_view p) {
+  if (p.empty() || p.front() == '/') return std::string(p);
+  if (p.starts_with("~/")) return ExpandHome(p);
+  const std::string dir = DirName(file);
+  if (dir == ".") return std::string(p);
+  return JoinPath(dir, p);
+}
+
+std::string PathForFile(std::string_view file, std::string_view target) {
+  if (target.empty() || target.front() == '/' || target.starts_with("~/")) {
+    return std::string(target);
+  }
+  const std::filesystem::path rel = std::filesystem::path(AbsolutePath(target))
+                                        .lexically_relative(AbsolutePath(DirName(file)));
+  return rel.empty() ? AbsolutePath(target) : rel.string();
+}
+
+std::string AbsolutePath(std::string_view p) {
+  namespace fs = std::filesystem;
+  const std::string expanded = ExpandHome(p);
+  std::error_code ec;
+  fs::path abs = fs::path(expanded).is_absolute() ? fs::path(expanded)
+                                                  : fs::current_path(ec) / expanded;
+  std::string out = abs.lexically_normal().string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
 }
 
 }  // namespace meshlearn

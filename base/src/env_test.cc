@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <string>
 
 namespace meshlearn {
 namespace {
@@ -54,6 +57,55 @@ TEST(MemEnv, ListDirShowsDirectChildrenOnly) {
   ASSERT_TRUE(env.WriteFileAtomic("/d/a", "1").ok());
   ASSERT_TRUE(env.WriteFileAtomic("/d/sub/b", "2").ok());
   EXPECT_EQ(*env.ListDir("/d"), (std::vector<std::string>{"a", "sub"}));
+}
+
+
+// docs/paths.md: a path inside a file is relative to that file's folder; a writer writes, with
+// PathForFile, exactly what ResolveInFile gives back, whether the file was named relative to the
+// working directory or absolutely.
+TEST(Paths, WhatAWriterWritesIsWhatAReaderReads) {
+  EXPECT_EQ(DirName("a/b/c.toml"), "a/b");
+  EXPECT_EQ(DirName("c.toml"), ".");
+  EXPECT_EQ(DirName("/c.toml"), "/");
+  EXPECT_EQ(ResolveInFile("out/devnet/node0/node.toml", "."), "out/devnet/node0/.");
+  EXPECT_EQ(ResolveInFile("out/devnet/node0/node.toml", "data"), "out/devnet/node0/data");
+  EXPECT_EQ(ResolveInFile("node.toml", "data"), "data");
+  EXPECT_EQ(ResolveInFile("/etc/node.toml", "/var/node"), "/var/node");
+  EXPECT_EQ(ResolveInFile("/etc/node.toml", "../x.gz"), "/etc/../x.gz");
+  setenv("HOME", "/home/u", 1);
+  EXPECT_EQ(ResolveInFile("/etc/node.toml", "~/node"), "/home/u/node");
+
+  // The bug this rule fixed: devnet wrote "out/devnet/node0" (relative to the working directory)
+  // into out/devnet/node0/node.toml, and the node read out/devnet/node0/out/devnet/node0.
+  EXPECT_EQ(PathForFile("out/devnet/node0/node.toml", "out/devnet/node0"), ".");
+  EXPECT_EQ(PathForFile("out/devnet/node0/node.toml", "out/devnet/chain"), "../chain");
+  EXPECT_EQ(PathForFile("out/n/node.toml", "/abs/dir"), "/abs/dir");
+  EXPECT_EQ(PathForFile("/tmp/n/node.toml", "~/x"), "~/x");
+  for (const std::string file : {"out/devnet/node0/node.toml", "node.toml", "a/../b/f.toml"}) {
+    for (const std::string target : {"out/devnet/node0", "data/x", ".", "a/b/../c"}) {
+      EXPECT_EQ(AbsolutePath(ResolveInFile(file, PathForFile(file, target))),
+                AbsolutePath(target))
+          << file << " naming " << target;
+      const std::string abs_file = AbsolutePath(file);
+      EXPECT_EQ(AbsolutePath(ResolveInFile(abs_file, PathForFile(abs_file, target))),
+                AbsolutePath(target))
+          << abs_file << " naming " << target;
+    }
+  }
+}
+
+TEST(Paths, AbsolutePathIsUnderTheWorkingDirectory) {
+  const std::string dir = TempDir();
+  char old[4096];
+  ASSERT_NE(getcwd(old, sizeof(old)), nullptr);
+  ASSERT_EQ(chdir(dir.c_str()), 0);
+  EXPECT_EQ(AbsolutePath("out/devnet"), dir + "/out/devnet");
+  EXPECT_EQ(AbsolutePath("./out/../out/devnet/"), dir + "/out/devnet");
+  EXPECT_EQ(AbsolutePath("."), dir);
+  EXPECT_EQ(AbsolutePath("/x/./y/../z"), "/x/z");
+  setenv("HOME", "/home/u", 1);
+  EXPECT_EQ(AbsolutePath("~/.meshlearn"), "/home/u/.meshlearn");
+  ASSERT_EQ(chdir(old), 0);
 }
 
 }  // namespace

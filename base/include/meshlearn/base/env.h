@@ -72,4 +72,31 @@ std::string JoinPath(std::string_view a, std::string_view b);
 // Expands a leading "~/" with $HOME.
 std::string ExpandHome(std::string_view path);
 
+// Paths: one rule for every file meshlearn writes or reads (docs/paths.md).
+//   - A relative path given on the command line or in an environment variable ($MESHLEARN_HOME)
+//     is relative to the working directory of the command.
+//   - A relative path written inside a file (node.toml's data_dir, a task file's data paths) is
+//     relative to the folder that holds that file, wherever the reader runs from.
+//   - A leading "~/" is $HOME in both.
+// Readers call ResolveInFile; writers call PathForFile, so what a writer writes is what a reader
+// reads:
+//
+//   std::string v = PathForFile("out/devnet/node0/node.toml", "out/devnet/node0");  // "."
+//   ResolveInFile("out/devnet/node0/node.toml", v);  // "out/devnet/node0"
+//
+// The folder of `path`: "a/b" for "a/b/c.toml", "." for "c.toml", "/" for "/c.toml".
+std::string DirName(std::string_view path);
+// What the path `p`, written inside the file `file`, names: `p` itself if absolute, $HOME/... for
+// "~/...", else `p` under `file`'s folder (a path as `file` was named: relative to the working
+// directory if `file` is).
+std::string ResolveInFile(std::string_view file, std::string_view p);
+// What to write inside the file `file` to name `target`, a path as the command line gives it
+// (relative to the working directory, or absolute): an absolute or "~/" `target` as it is, else
+// `target` relative to `file`'s folder ("." or "../data/x.gz").
+std::string PathForFile(std::string_view file, std::string_view target);
+// `p` as an absolute path (a relative `p` is taken under the working directory), with "." and
+// ".." segments removed lexically. For paths from the command line and the environment that are
+// handed to other processes or written into files.
+std::string AbsolutePath(std::string_view p);
+
 }  // namespace meshlearn
