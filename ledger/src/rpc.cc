@@ -1,5 +1,7 @@
 #include "meshlearn/ledger/rpc.h"
 
+#include <algorithm>
+#include <chrono>
 #include <exception>
 #include <limits>
 
@@ -16,6 +18,12 @@ namespace meshlearn::ledger {
 namespace {
 
 using nlohmann::json;
+
+int64_t SteadyNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // An error answer, thrown inside this file only (HandleOne catches it) so the handlers read as
 // straight-line code.
@@ -207,7 +215,8 @@ std::string RpcService::HandleBody(std::string_view body) {
 }
 
 json RpcService::HandleRpc(const json& request) {
-  if (!request.is_array()) return HandleOne(request);
+  const int64_t wait_deadline_ms = SteadyNowMs() + limits_.max_wait_ms;
+  if (!request.is_array()) return HandleOne(request, wait_deadline_ms);
   if (request.empty()) {
     return RpcErrorResponse(nullptr, kRpcInvalidRequest, "empty batch: send at least one request",
                             StatusCode::kInvalidArgument);
@@ -220,11 +229,11 @@ json RpcService::HandleRpc(const json& request) {
                             StatusCode::kResourceExhausted);
   }
   json out = json::array();
-  for (const json& r : request) out.push_back(HandleOne(r));
+  for (const json& r : request) out.push_back(HandleOne(r, wait_deadline_ms));
   return out;
 }
 
-json RpcService::HandleOne(const json& request) {
+json RpcService::HandleOne(const json& request, int64_t wait_deadline_ms) {
   json id = nullptr;
   try {
     if (!request.is_object()) {
@@ -251,7 +260,7 @@ json RpcService::HandleOne(const json& request) {
              StatusCode::kInvalidArgument);
       }
     }
-    json result = Dispatch(request["method"].get<std::string>(), params);
+    json result = Dispatch(request["method"].get<std::string>(), params, wait_deadline_ms);
     return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
   } catch (const RpcError& e) {
     return RpcErrorResponse(id, e.code, e.message, e.status);
@@ -263,8 +272,14 @@ json RpcService::HandleOne(const json& request) {
   }
 }
 
-json RpcService::Dispatch(const std::string& method, const json& params) {
+json RpcService::Dispatch(const std::string& method, const json& params,
+                          int64_t wait_deadline_ms) {
   Params p(method, params);
+  // What is left of this request's (or batch's) long-poll time.
+  auto wait_left_ms = [&](uint64_t asked) {
+    int64_t left = std::max<int64_t>(0, wait_deadline_ms - SteadyNowMs());
+    return std::min<int64_t>(left, static_cast<int64_t>(asked));
+  };
 
   if (method == "chain_status") {
     p.Only({});
@@ -326,6 +341,7 @@ json RpcService::Dispatch(const std::string& method, const json& params) {
     }
     Result<TxStatusInfo> st = sequencer_->Submit(*tx);
     if (!st.ok()) FailStatus(st.status().WithPrefix("send_tx"), RpcCodeFor(st.status()));
+    wait_ms = static_cast<uint64_t>(wait_left_ms(wait_ms));
     if (wait_ms > 0 && st->state == TxState::kPending) {
       if (waiters_.fetch_add(1) >= limits_.max_waiters) {
         // The tx is admitted; only the wait is refused. The client polls get_tx instead.
@@ -596,6 +612,11 @@ json RpcService::Dispatch(const std::string& method, const json& params) {
       Fail(kRpcUnavailable, "the ledger service is shutting down; retry later",
            StatusCode::kUnavailable);
     }
+    const int64_t wait = wait_left_ms(timeout);
+    if (wait == 0) {  // the batch's wait is spent: answer now
+      uint64_t h = chain_->height();
+      return {{"height", h}, {"timed_out", h <= after}};
+    }
     if (waiters_.fetch_add(1) >= limits_.max_waiters) {
       waiters_.fetch_sub(1);
       Fail(kRpcLimitExceeded,
@@ -603,7 +624,7 @@ json RpcService::Dispatch(const std::string& method, const json& params) {
                "); retry in a second",
            StatusCode::kResourceExhausted);
     }
-    uint64_t h = chain_->WaitAbove(after, static_cast<int64_t>(timeout));
+    uint64_t h = chain_->WaitAbove(after, wait);
     waiters_.fetch_sub(1);
     return {{"height", h}, {"timed_out", h <= after}};
   }

@@ -1,7 +1,15 @@
 // The real HTTP server and client over loopback (127.0.0.1, ephemeral ports).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <httplib.h>
 
+#include <atomic>
+#include <chrono>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -14,6 +22,84 @@ namespace {
 
 using nlohmann::json;
 using testing::TestLedger;
+
+// A raw client socket, for what a well-behaved client never does (slow headers, pipelining,
+// absurd lengths). Every read waits at most `read_timeout_s`, so a test cannot hang.
+class RawSocket {
+ public:
+  explicit RawSocket(int port, int read_timeout_s = 10) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    timeval tv{read_timeout_s, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~RawSocket() { close(fd_); }
+  bool connected() const { return connected_; }
+  bool Send(std::string_view bytes) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      ssize_t n = send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Reads until `n` complete responses (by Content-Length) arrived, the peer closed, or a read
+  // timed out. Returns the responses' status lines and bodies.
+  std::vector<std::pair<std::string, std::string>> ReadResponses(size_t n) {
+    std::vector<std::pair<std::string, std::string>> out;
+    while (out.size() < n) {
+      size_t head_end = buf_.find("\r\n\r\n");
+      if (head_end != std::string::npos) {
+        std::string head = buf_.substr(0, head_end);
+        size_t length = 0;
+        size_t cl = head.find("Content-Length: ");
+        if (cl != std::string::npos) length = std::stoul(head.substr(cl + 16));
+        if (buf_.size() >= head_end + 4 + length) {
+          out.emplace_back(head.substr(0, head.find("\r\n")), buf_.substr(head_end + 4, length));
+          buf_.erase(0, head_end + 4 + length);
+          continue;
+        }
+      }
+      char chunk[65536];
+      ssize_t got = recv(fd_, chunk, sizeof(chunk), 0);
+      if (got <= 0) break;
+      buf_.append(chunk, static_cast<size_t>(got));
+    }
+    return out;
+  }
+  // True when an answer (or a close) is already waiting to be read.
+  bool HasData() {
+    char c;
+    return recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
+  }
+  // True when the server closed the connection (EOF or reset) within the read timeout.
+  bool ClosedByServer() {
+    char c[4096];
+    for (;;) {
+      ssize_t got = recv(fd_, c, sizeof(c), 0);
+      if (got == 0) return true;
+      if (got < 0) return errno == ECONNRESET;
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string buf_;
+};
+
+std::string PostHead(size_t content_length) {
+  return "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+         std::to_string(content_length) + "\r\n\r\n";
+}
+
+std::string PostRequest(const std::string& body) { return PostHead(body.size()) + body; }
+
 
 TEST(RpcHttp, StatusSendAndWaitOverLoopback) {
   TestLedger t(/*block_interval_ms=*/10);
@@ -172,6 +258,179 @@ TEST(RpcHttp, PortInUseIsAClearError) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("--listen"), std::string::npos);
   a.Stop();
+}
+
+
+// Hostile input: 80 clients that each send one header line after another, never finishing their
+// headers, held every server thread (64) with cpp-httplib's per-read timeout; nobody else was
+// answered while they lasted. Now a connection holds no thread until its request has arrived.
+TEST(RpcHttpHostile, SlowHeaderClientsDoNotFreezeTheServer) {
+  TestLedger t;
+  RpcServerOptions opts;
+  opts.head_timeout_ms = 120'000;  // the slow clients stay connected for the whole test
+  opts.rate_limit.rate_per_second = 1e6;
+  opts.rate_limit.burst = 1e6;
+  RpcServer server(t.rpc.get(), opts);
+  ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
+  constexpr int kSlow = 80;
+  std::vector<std::unique_ptr<RawSocket>> slow;
+  for (int i = 0; i < kSlow; ++i) {
+    slow.push_back(std::make_unique<RawSocket>(server.port()));
+    ASSERT_TRUE(slow.back()->connected());
+    ASSERT_TRUE(slow.back()->Send("POST / HTTP/1.1\r\nHost: x\r\n"));
+  }
+  // They keep trickling header lines until the fresh client has its answer.
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    for (int line = 0; !done.load(); ++line) {
+      for (auto& s : slow) s->Send("X-Slow-" + std::to_string(line) + ": 1\r\n");
+      for (int i = 0; i < 10 && !done.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  });
+  RpcClient fresh(server.url(), {.connect_timeout_ms = 10'000, .read_timeout_ms = 20'000,
+                                 .retries = 0});
+  Result<json> st = fresh.Call("chain_status", json::object());
+  const size_t connections = server.gate_stats().connections;
+  done = true;
+  trickle.join();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ((*st)["chain_id"], TestLedger::kChainId);
+  EXPECT_GE(connections, static_cast<size_t>(kSlow));  // they were all still connected
+  server.Stop();
+}
+
+// Header time is bounded per request in total, not per read: a client that keeps sending
+// header lines is answered 408 and closed once head_timeout_ms has passed.
+TEST(RpcHttpHostile, HeadersThatNeverEndAreCutOffByATotalDeadline) {
+  TestLedger t;
+  RpcServer server(t.rpc.get(), {.head_timeout_ms = 300});
+  ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
+  RawSocket s(server.port(), /*read_timeout_s=*/30);
+  ASSERT_TRUE(s.Send("POST / HTTP/1.1\r\n"));
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    for (int i = 0; !done.load() && i < 600; ++i) {  // at most 60 s
+      if (!s.Send("X-Slow: " + std::to_string(i) + "\r\n")) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  auto answer = s.ReadResponses(1);
+  done = true;
+  trickle.join();
+  ASSERT_EQ(answer.size(), 1u);
+  EXPECT_NE(answer[0].first.find(" 408 "), std::string::npos) << answer[0].first;
+  EXPECT_NE(answer[0].second.find("did not arrive within 300 ms"), std::string::npos)
+      << answer[0].second;
+  EXPECT_TRUE(s.ClosedByServer());
+  EXPECT_GE(server.gate_stats().timed_out, 1u);
+  server.Stop();
+}
+
+// An absurd Content-Length is refused from the headers alone: 413 arrives while the client has
+// sent no body byte (it used to wait for the body until the 10 s read timeout).
+TEST(RpcHttpHostile, AbsurdContentLengthIsRefusedAtOnce) {
+  TestLedger t;
+  RpcServer server(t.rpc.get());
+  ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
+  for (std::string length : {"9223372036854775807", "99999999999999999999999", "-1", "12abc"}) {
+    RawSocket s(server.port(), /*read_timeout_s=*/5);
+    ASSERT_TRUE(s.Send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + "\r\n\r\n"));
+    auto answer = s.ReadResponses(1);
+    ASSERT_EQ(answer.size(), 1u) << length;
+    const bool number = length != "-1" && length != "12abc";
+    EXPECT_NE(answer[0].first.find(number ? " 413 " : " 400 "), std::string::npos)
+        << length << ": " << answer[0].first;
+    json error = json::parse(answer[0].second, nullptr, false);
+    ASSERT_TRUE(error.is_object()) << answer[0].second;
+    EXPECT_TRUE(error.contains("error")) << answer[0].second;
+  }
+  EXPECT_GE(server.gate_stats().refused_too_large, 2u);
+  server.Stop();
+}
+
+// Four requests written at once on one connection are answered, in order.
+TEST(RpcHttpHostile, PipelinedRequestsAreAnsweredInOrder) {
+  TestLedger t;
+  RpcServer server(t.rpc.get());
+  ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
+  RawSocket s(server.port());
+  std::string all;
+  for (int id = 1; id <= 4; ++id) all += PostRequest(testing::Request("chain_status", json::object(), id).dump());
+  ASSERT_TRUE(s.Send(all));
+  auto answers = s.ReadResponses(4);
+  ASSERT_EQ(answers.size(), 4u);
+  for (int id = 1; id <= 4; ++id) {
+    EXPECT_NE(answers[id - 1].first.find(" 200 "), std::string::npos);
+    json j = json::parse(answers[id - 1].second);
+    EXPECT_EQ(j["id"], id);
+    EXPECT_EQ(j["result"]["chain_id"], TestLedger::kChainId);
+  }
+  server.Stop();
+}
+
+// Hostile input: 32 concurrent bodies of 16 MB were all read into memory at once (RSS about
+// 2.5 GB). The bodies in flight now share one budget: past it the server answers 503 with
+// Retry-After, small requests are still answered, and the counter never exceeds the budget.
+TEST(RpcHttpHostile, ConcurrentLargeBodiesStayWithinTheBudget) {
+  TestLedger t;
+  RpcServerOptions opts;
+  opts.body_budget_bytes = 40 << 20;
+  opts.rate_limit.rate_per_second = 1e6;
+  opts.rate_limit.burst = 1e6;
+  RpcServer server(t.rpc.get(), opts);
+  ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
+  const size_t big = opts.max_body_bytes;  // the largest body a client may send
+  std::string body = testing::Request("chain_status").dump();
+  body.insert(body.size() - 1, ",\"pad\":\"" + std::string(big - body.size() - 9, 'x') + "\"");
+  ASSERT_EQ(body.size(), big);
+  constexpr int kClients = 32;
+  std::vector<std::unique_ptr<RawSocket>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<RawSocket>(server.port(), /*read_timeout_s=*/30));
+    RawSocket& c = *clients.back();
+    ASSERT_TRUE(c.connected());
+    // The headers and half the body: the request is in flight, holding its share.
+    ASSERT_TRUE(c.Send(PostHead(big)));
+    c.Send(std::string_view(body).substr(0, big / 2));  // a refused one may be closed already
+  }
+  // Two fit; wait (bounded) until the gate has answered the other 30, then see who got what.
+  for (int i = 0; i < 600 && server.gate_stats().refused_busy < kClients - 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  int refused = 0;
+  std::vector<RawSocket*> admitted;
+  for (auto& c : clients) {
+    if (!c->HasData()) {
+      admitted.push_back(c.get());
+      continue;
+    }
+    auto answer = c->ReadResponses(1);
+    ASSERT_EQ(answer.size(), 1u);
+    EXPECT_NE(answer[0].first.find(" 503 "), std::string::npos) << answer[0].first;
+    ++refused;
+  }
+  EXPECT_EQ(admitted.size(), 2u);  // 40 MiB less the 4 MiB kept for small requests
+  EXPECT_EQ(refused, kClients - static_cast<int>(admitted.size()));
+  // Small requests are still served while the budget is full of large ones.
+  RpcClient small(server.url(), {.retries = 0});
+  Result<json> st = small.Call("chain_status", json::object());
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  for (RawSocket* c : admitted) {
+    ASSERT_TRUE(c->Send(std::string_view(body).substr(big / 2)));
+  }
+  for (RawSocket* c : admitted) {
+    auto answer = c->ReadResponses(1);
+    ASSERT_EQ(answer.size(), 1u);
+    EXPECT_NE(answer[0].first.find(" 200 "), std::string::npos) << answer[0].first;
+  }
+  net::HttpGateStats stats = server.gate_stats();
+  EXPECT_LE(stats.peak_body_bytes_in_flight, opts.body_budget_bytes);
+  EXPECT_GE(stats.peak_body_bytes_in_flight, 2 * big);
+  EXPECT_EQ(stats.refused_busy, static_cast<uint64_t>(refused));
+  server.Stop();
+  EXPECT_EQ(server.gate_stats().body_bytes_in_flight, 0u);
 }
 
 }  // namespace

@@ -26,28 +26,32 @@ RpcServer::RpcServer(RpcService* service, RpcServerOptions options, Clock* clock
 RpcServer::~RpcServer() { Stop(); }
 
 Status RpcServer::Start(const std::string& host, int port) {
-  CHECK(!http_) << "RpcServer::Start called twice";
-  http_ = std::make_unique<httplib::Server>();
-  int threads = std::max(2, options_.threads);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  // One byte over the limit is enough to know the body is too large; httplib answers 413 without
-  // reading the rest, and the error handler below gives that answer a JSON-RPC body.
-  http_->set_payload_max_length(options_.max_body_bytes);
-  http_->set_read_timeout(10, 0);
-  http_->set_write_timeout(10, 0);
-  // Stop() waits for idle keep-alive connections to time out, so keep that short; clients
-  // reconnect transparently.
-  http_->set_keep_alive_timeout(1);
-  http_->set_tcp_nodelay(true);
-  // httplib's default also sets SO_REUSEPORT, which would let a second server bind the same
-  // port and steal half the requests; a port in use must be an error instead.
-  http_->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
-  });
-
+  CHECK(!gate_) << "RpcServer::Start called twice";
   size_t max_body = options_.max_body_bytes;
-  http_->set_error_handler([max_body](const httplib::Request& req, httplib::Response& res) {
+  net::HttpGateOptions gate_options;
+  gate_options.workers = std::max(2, options_.threads);
+  gate_options.max_connections = options_.max_connections;
+  gate_options.head_timeout_ms = options_.head_timeout_ms;
+  gate_options.idle_timeout_ms = options_.idle_timeout_ms;
+  gate_options.max_body_bytes = max_body;
+  gate_options.body_budget_bytes = std::max(options_.body_budget_bytes, max_body);
+  // The gate's own answers (413, 408, 503, ...) are JSON-RPC errors like every other.
+  gate_options.refusal_content_type = kJson;
+  gate_options.refusal_body = [](int http_status, const std::string& message) {
+    int code = http_status == 400 || http_status == 411 ? kRpcInvalidRequest : kRpcLimitExceeded;
+    StatusCode status = http_status == 503   ? StatusCode::kUnavailable
+                        : http_status == 408 ? StatusCode::kDeadlineExceeded
+                        : code == kRpcInvalidRequest ? StatusCode::kInvalidArgument
+                                                     : StatusCode::kResourceExhausted;
+    if (http_status == 503) code = kRpcUnavailable;
+    return RpcErrorResponse(nullptr, code, message, status).dump();
+  };
+  gate_ = std::make_unique<net::HttpGate>(std::move(gate_options));
+  httplib::Server& http = gate_->server();
+  http.set_read_timeout(10, 0);
+  http.set_write_timeout(10, 0);
+
+  http.set_error_handler([max_body](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     std::string body;
     if (res.status == 413) {
@@ -63,7 +67,7 @@ Status RpcServer::Start(const std::string& host, int port) {
     res.set_content(body, kJson);
   });
 
-  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (limiter_.Allow(req.remote_addr, clock_->MonotonicMicros())) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
@@ -83,42 +87,33 @@ Status RpcServer::Start(const std::string& host, int port) {
   auto handle = [this](const httplib::Request& req, httplib::Response& res) {
     res.set_content(service_->HandleBody(req.body), kJson);
   };
-  http_->Post("/", handle);
-  http_->Post("/rpc", handle);
-  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  http.Post("/", handle);
+  http.Post("/rpc", handle);
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
 
-  if (port == 0) {
-    port_ = http_->bind_to_any_port(host);
-    if (port_ <= 0) return Unavailable("cannot bind an ephemeral port on " + host);
-  } else {
-    if (!http_->bind_to_port(host, port)) {
-      return Unavailable("cannot listen on " + host + ":" + std::to_string(port) +
-                         " (in use, or not a local address?); choose another --listen");
-    }
-    port_ = port;
+  Result<int> bound = gate_->Start(host, port);
+  if (!bound.ok()) {
+    gate_.reset();
+    if (port == 0) return Unavailable("cannot bind an ephemeral port on " + host);
+    return Unavailable("cannot listen on " + host + ":" + std::to_string(port) +
+                       " (in use, or not a local address?); choose another --listen");
   }
+  port_ = *bound;
   host_ = host;
-  listening_done_ = false;
-  thread_ = std::thread([this] {
-    http_->listen_after_bind();
-    listening_done_ = true;
-  });
-  // httplib's stop() is a no-op until the listen loop runs; wait for it so that a Stop() right
-  // after Start() cannot leave the thread listening forever.
-  while (!http_->is_running() && !listening_done_) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
   ML_LOG_INFO("JSON-RPC listening on {}", url());
   return Status::Ok();
 }
 
 void RpcServer::Stop() {
-  if (!http_) return;
+  if (!gate_) return;
   service_->Shutdown();  // long-polls return now instead of at their timeout
-  http_->stop();
-  if (thread_.joinable()) thread_.join();
+  gate_->Stop();
+}
+
+net::HttpGateStats RpcServer::gate_stats() const {
+  return gate_ ? gate_->stats() : net::HttpGateStats{};
 }
 
 std::string RpcServer::url() const { return "http://" + host_ + ":" + std::to_string(port_); }

@@ -1,6 +1,7 @@
 // RpcService::HandleRpc / HandleBody without sockets: every method and every error path.
 #include "meshlearn/ledger/rpc.h"
 
+#include <chrono>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -270,6 +271,39 @@ TEST(Rpc, WaitBlockLongPoll) {
   // Already above: answers at once.
   json now = t.Call("wait_block", {{"after", 0}, {"timeout_ms", 30000}});
   EXPECT_EQ(now["result"]["height"], 1);
+}
+
+// Hostile input: a batch of 32 wait_block calls of 1 s each held a server thread for 32 s. The
+// long-polls of one batch now share one deadline (max_wait_ms), so the batch holds the thread
+// no longer than a single long-poll may. (The bound below is half of what the batch took
+// before, generous enough for a loaded machine.)
+TEST(Rpc, LongPollsOfABatchShareOneDeadline) {
+  TestLedger t;
+  RpcLimits limits;
+  limits.max_wait_ms = 400;
+  RpcService rpc(t.shared.get(), t.sequencer.get(), limits);
+  json batch = json::array();
+  for (int i = 0; i < 32; ++i) {
+    batch.push_back(Request("wait_block", {{"after", 1000}, {"timeout_ms", 400}}, i));
+  }
+  auto start = std::chrono::steady_clock::now();
+  json answers = rpc.HandleRpc(batch);
+  auto took_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - start)
+                     .count();
+  ASSERT_TRUE(answers.is_array());
+  ASSERT_EQ(answers.size(), 32u);
+  for (const json& a : answers) EXPECT_EQ(a["result"]["timed_out"], true) << a.dump();
+  EXPECT_LT(took_ms, 32 * 400 / 2);
+  // send_tx's wait is a long-poll too: in the same batch after a spent wait it answers at once
+  // with the transaction pending.
+  json mixed = json::array({Request("wait_block", {{"after", 1000}, {"timeout_ms", 400}}, 1),
+                            Request("send_tx",
+                                    {{"tx", TxHex(t.Transfer(t.alice, t.bob, 1, 0))},
+                                     {"wait_ms", 400}},
+                                    2)});
+  json r = rpc.HandleRpc(mixed);
+  EXPECT_EQ(r[1]["result"]["status"], "pending") << r.dump();
 }
 
 TEST(Rpc, ShutdownWakesLongPolls) {

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "meshlearn/base/log.h"
+#include "meshlearn/net/http_gate.h"
 
 namespace meshlearn::net {
 namespace {
@@ -55,18 +56,17 @@ HttpServer::HttpServer(const Router* router, HttpServerOptions options)
 HttpServer::~HttpServer() { Stop(); }
 
 Result<uint16_t> HttpServer::Start(const std::string& host, uint16_t port) {
-  CHECK(server_ == nullptr) << "HttpServer started twice";
-  server_ = std::make_unique<httplib::Server>();
-  httplib::Server& s = *server_;
-  int threads = options_.threads;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  s.set_payload_max_length(router_->max_request_bytes());
-  s.set_read_timeout(static_cast<time_t>(options_.read_timeout_ms / 1000),
-                     static_cast<time_t>((options_.read_timeout_ms % 1000) * 1000));
-  s.set_keep_alive_max_count(1000);
-  s.set_keep_alive_timeout(
-      std::max<time_t>(1, static_cast<time_t>(options_.keep_alive_timeout_ms / 1000)));
-  s.set_tcp_nodelay(true);
+  CHECK(gate_ == nullptr) << "HttpServer started twice";
+  HttpGateOptions gate_options;
+  gate_options.workers = options_.threads;
+  gate_options.max_connections = options_.max_connections;
+  gate_options.head_timeout_ms = options_.head_timeout_ms;
+  gate_options.idle_timeout_ms = options_.keep_alive_timeout_ms;
+  gate_options.max_body_bytes = router_->max_request_bytes();
+  gate_options.body_budget_bytes =
+      std::max(options_.body_budget_bytes, router_->max_request_bytes());
+  gate_ = std::make_unique<HttpGate>(std::move(gate_options));
+  httplib::Server& s = gate_->server();
   const Router* router = router_;
   s.Post(R"(/ml/v1/([a-z0-9._-]{1,64}))",
          [router](const httplib::Request& req, httplib::Response& res) {
@@ -83,25 +83,21 @@ Result<uint16_t> HttpServer::Start(const std::string& host, uint16_t port) {
              res.set_content(out.status().message(), "text/plain");
            }
          });
-  int bound = port == 0 ? s.bind_to_any_port(host) : (s.bind_to_port(host, port) ? port : -1);
-  if (bound <= 0) {
-    server_.reset();
+  Result<int> bound = gate_->Start(host, port);
+  if (!bound.ok()) {
+    gate_.reset();
     return Unavailable("cannot listen on " + host + ":" + std::to_string(port) +
                        " (address in use or not local?)");
   }
   host_ = host;
-  port_ = static_cast<uint16_t>(bound);
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
-  // Stop() before the listener runs would be lost; wait until it does.
-  while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  port_ = static_cast<uint16_t>(*bound);
   return port_;
 }
 
 void HttpServer::Stop() {
-  if (server_ == nullptr) return;
-  server_->stop();
-  if (thread_.joinable()) thread_.join();
-  server_.reset();
+  if (gate_ == nullptr) return;
+  gate_->Stop();
+  gate_.reset();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -65,8 +65,9 @@
 //
 // Errors: {code, message, data: {status}}; `status` is a StatusCode name (rpc_client.h maps it
 // back), the message says what to fix. Codes: the JSON-RPC standard ones, and kRpc* below.
-// Limits: body size, nesting depth of the JSON, batch size, page size, long-poll time and the
-// number of concurrent long-polls.
+// Limits: body size, nesting depth of the JSON, batch size, page size, long-poll time (per
+// request, and in total per batch: later waits in a batch answer at once when it is spent) and
+// the number of concurrent long-polls.
 //
 // Thread-safe: the HTTP server calls it from many threads.
 #pragma once
@@ -106,6 +107,8 @@ struct RpcLimits {
   size_t max_batch = 100;
   int64_t max_page = 100;
   int64_t default_page = 20;
+  // One long-poll (wait_block, send_tx's wait_ms), and all the long-polls of one batch together:
+  // they share one deadline, so a batch of waits holds a server thread no longer than one.
   int64_t max_wait_ms = 30000;
   int max_waiters = 48;  // long-polls at once; keep below the server's thread count
   size_t max_blocks_per_call = 100;
@@ -135,8 +138,10 @@ class RpcService {
   const RpcLimits& limits() const { return limits_; }
 
  private:
-  nlohmann::json HandleOne(const nlohmann::json& request);
-  nlohmann::json Dispatch(const std::string& method, const nlohmann::json& params);
+  // `wait_deadline_ms` (steady clock): when every long-poll of this request or batch must end.
+  nlohmann::json HandleOne(const nlohmann::json& request, int64_t wait_deadline_ms);
+  nlohmann::json Dispatch(const std::string& method, const nlohmann::json& params,
+                          int64_t wait_deadline_ms);
 
   SharedChain* chain_;
   Sequencer* sequencer_;

@@ -8,10 +8,16 @@
 //   ...
 //   server.Stop();                                      // wakes long-polls, joins the thread
 //
-// Requests: POST / (or /rpc) with a JSON-RPC 2.0 body. GET /health answers "ok".
-// Limits: the body size (HTTP 413 with a JSON-RPC error), the request rate per client address
-// (token bucket; HTTP 429), and what RpcService checks itself (JSON depth, batch size, waiters).
-// Thread-safe; requests are served by a pool of `threads` threads (long-polls hold one each).
+// Requests: POST / (or /rpc) with a JSON-RPC 2.0 body. GET /health answers "ok". Several
+// requests on one connection (keep-alive, pipelined) are answered in order.
+// Limits (docs/ledger.md, "RPC limits"): connections are held by net::HttpGate, which gives a
+// request a thread only once its headers and body have arrived, each within a total deadline
+// (a slow client costs a socket, never a thread: HTTP 408 when late); a Content-Length over
+// `max_body_bytes` is answered 413 at once; the bodies in flight together stay within
+// `body_budget_bytes` (HTTP 503 with Retry-After beyond it); the request rate per client
+// address (token bucket; HTTP 429); and what RpcService checks itself (JSON depth, batch size,
+// long-poll time per request and per batch, waiters).
+// Thread-safe; requests are handled by `threads` threads (a long-poll holds one while it waits).
 #pragma once
 
 #include <atomic>
@@ -25,10 +31,7 @@
 #include "meshlearn/base/status.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/ledger/rate_limit.h"
-
-namespace httplib {
-class Server;
-}
+#include "meshlearn/net/http_gate.h"
 
 namespace meshlearn::ledger {
 
@@ -38,7 +41,14 @@ struct RpcServerOptions {
   RateLimitOptions rate_limit = {};
   // Room for one RefereeStep (its witness is the largest transaction), as hex in JSON.
   size_t max_body_bytes = 2 * kMaxLargeTxBytes + (64 << 10);
+  // All request bodies being received or handled at once: room for three of the largest.
+  size_t body_budget_bytes = 64 << 20;
   int threads = 64;
+  size_t max_connections = 512;
+  // From a request's first byte to the end of its headers, in total; and how long a kept-alive
+  // connection may wait for its next request.
+  int64_t head_timeout_ms = 5'000;
+  int64_t idle_timeout_ms = 5'000;
 };
 
 class RpcServer {
@@ -58,14 +68,15 @@ class RpcServer {
   int port() const { return port_; }
   std::string url() const;
 
+  // Connections, body bytes in flight (and their peak), refusals: for tests and status.
+  net::HttpGateStats gate_stats() const;
+
  private:
   RpcService* service_;
   RpcServerOptions options_;
   Clock* clock_;
   RateLimiter limiter_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread thread_;
-  std::atomic<bool> listening_done_{false};
+  std::unique_ptr<net::HttpGate> gate_;
   std::string host_;
   int port_ = 0;
 };

@@ -27,23 +27,24 @@
 
 #include "meshlearn/net/transport.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace meshlearn::net {
+
+class HttpGate;
 
 // Splits "host:port" (an optional "http://" prefix is accepted). InvalidArgument on anything else.
 Status ParseHostPort(std::string_view endpoint, std::string* host, uint16_t* port);
 
 struct HttpServerOptions {
-  // cpp-httplib serves each connection on one worker for as long as it is kept alive, so this
-  // bounds the concurrent connections; idle ones give their worker back after keep_alive_timeout.
+  // Requests handled at once. Connections are held by net::HttpGate (http_gate.h), which gives a
+  // request a worker only once it has fully arrived, so idle and slow peers hold none.
   int threads = 32;
-  int64_t read_timeout_ms = 30'000;
-  // An idle keep-alive connection is closed after this long. Stop() waits for the idle ones, so
-  // this also bounds how long Stop() takes.
-  int64_t keep_alive_timeout_ms = 1'000;
+  size_t max_connections = 512;
+  // From a request's first byte to the end of its headers, in total.
+  int64_t head_timeout_ms = 5'000;
+  // An idle keep-alive connection is closed after this long.
+  int64_t keep_alive_timeout_ms = 5'000;
+  // Request bodies being received or handled at once, in total (HTTP 503 beyond).
+  size_t body_budget_bytes = 256 << 20;
 };
 
 class HttpServer {
@@ -66,8 +67,7 @@ class HttpServer {
  private:
   const Router* router_;
   HttpServerOptions options_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::unique_ptr<HttpGate> gate_;
   std::string host_;
   uint16_t port_ = 0;
 };
