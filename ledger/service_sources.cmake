@@ -4,6 +4,7 @@
 set(LEDGER_SERVICE_SOURCES
   ${CMAKE_CURRENT_SOURCE_DIR}/src/follower.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rate_limit.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_answer.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_client.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_server.cc

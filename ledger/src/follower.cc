@@ -7,8 +7,17 @@
 #include "meshlearn/base/hex.h"
 #include "meshlearn/base/log.h"
 #include "meshlearn/ledger/block.h"
+#include "meshlearn/ledger/rpc_answer.h"
 
 namespace meshlearn::ledger {
+namespace {
+
+std::string ChainIdOr(const RpcAnswer& status, const std::string& otherwise) {
+  Result<std::string> id = status.Str("chain_id");
+  return id.ok() ? *id : otherwise;
+}
+
+}  // namespace
 
 Follower::Follower(SharedChain* chain, RpcClient* upstream, PublicKey sequencer,
                    FollowerOptions options)
@@ -18,17 +27,19 @@ Follower::Follower(SharedChain* chain, RpcClient* upstream, PublicKey sequencer,
 
 Status Follower::CheckUpstream() {
   ML_ASSIGN_OR_RETURN(nlohmann::json st, upstream_->Call("chain_status", nlohmann::json::object()));
+  RpcAnswer a("chain_status", st);
   auto [ours, chain_id] = chain_->With([](Chain& c) {
     return std::make_pair(c.genesis_hash().ToHex(), c.genesis().chain_id);
   });
-  std::string theirs = st.value("genesis_hash", std::string());
+  ML_ASSIGN_OR_RETURN(std::string theirs, a.Str("genesis_hash"));
+  ML_ASSIGN_OR_RETURN(uint64_t height, a.U64("height"));
   if (theirs != ours) {
     return FailedPrecondition("the ledger at " + upstream_->url() + " runs chain '" +
-                              st.value("chain_id", std::string("?")) + "' with genesis " + theirs +
+                              ChainIdOr(a, "?") + "' with genesis " + theirs +
                               ", but our genesis.toml (chain '" + chain_id + "') hashes to " +
                               ours + "; use that chain's genesis.toml");
   }
-  upstream_height_.store(st.value("height", uint64_t{0}));
+  upstream_height_.store(height);
   return Status::Ok();
 }
 
@@ -53,24 +64,29 @@ Result<uint64_t> Follower::SyncOnce() {
   uint64_t applied = 0;
   for (;;) {
     uint64_t from = chain_->height() + 1;
-    ML_ASSIGN_OR_RETURN(nlohmann::json r,
-                        upstream_->Call("get_blocks", {{"from", from}, {"limit", options_.batch}}));
-    if (!r.contains("blocks") || !r["blocks"].is_array()) {
-      return Unavailable(upstream_->url() + " answered get_blocks without a blocks array");
-    }
-    upstream_height_.store(r.value("height", uint64_t{0}));
-    const nlohmann::json& blocks = r["blocks"];
-    if (blocks.empty()) return applied;
-    for (const nlohmann::json& raw : blocks) {
+    // The upstream's answer is decoded with checks: a wrong shape is Unavailable (Run retries;
+    // a sequencer that answers nonsense is not followed, but not fatal either), never an abort.
+    Result<nlohmann::json> answer =
+        upstream_->Call("get_blocks", {{"from", from}, {"limit", options_.batch}});
+    if (!answer.ok()) return Upstream(answer.status());
+    RpcAnswer r("get_blocks", *answer);
+    Result<uint64_t> upstream_height = r.U64("height");
+    if (!upstream_height.ok()) return Upstream(upstream_height.status());
+    Result<RpcAnswer> blocks = r.Array("blocks");
+    if (!blocks.ok()) return Upstream(blocks.status());
+    upstream_height_.store(*upstream_height);
+    if (blocks->size() == 0) return applied;
+    for (size_t i = 0; i < blocks->size(); ++i) {
       uint64_t height = chain_->height() + 1;
-      if (!raw.is_string()) return Refuse(height, raw.dump(), InvalidArgument("not a hex string"));
-      std::string hex = raw.get<std::string>();
-      Result<Bytes> bytes = HexDecode(hex, "block");
-      if (!bytes.ok()) return Refuse(height, hex, bytes.status());
+      RpcAnswer raw = blocks->At(i);
+      Result<std::string> hex = raw.Str();
+      if (!hex.ok()) return Upstream(hex.status());
+      Result<Bytes> bytes = HexDecode(*hex, "block");
+      if (!bytes.ok()) return Refuse(height, *hex, bytes.status());
       Result<Block> block = DecodeBlock(*bytes);
-      if (!block.ok()) return Refuse(height, hex, block.status());
+      if (!block.ok()) return Refuse(height, *hex, block.status());
       if (block->header.height != height) {
-        return Refuse(height, hex,
+        return Refuse(height, *hex,
                       InvalidArgument("asked for block " + std::to_string(height) + ", got block " +
                                       std::to_string(block->header.height)));
       }
@@ -83,16 +99,22 @@ Result<uint64_t> Follower::SyncOnce() {
       Status s = chain_->With([&](Chain& c) { return c.ApplyBlock(*block, sequencer_); });
       if (!s.ok()) {
         if (s.code() == StatusCode::kInternal || s.code() == StatusCode::kUnavailable) return s;
-        return Refuse(height, hex, s);
+        return Refuse(height, *hex, s);
       }
       chain_->PublishHeight(height);
       ++applied;
     }
-    if (blocks.size() >= options_.batch) {  // catching up: say how far
+    if (blocks->size() >= options_.batch) {  // catching up: say how far
       ML_LOG_INFO("follower: verified up to block {} of {}", chain_->height(),
                   upstream_height_.load());
     }
   }
+}
+
+Status Follower::Upstream(const Status& s) {
+  if (s.code() == StatusCode::kUnavailable) return s;
+  // A refusal or an answer that does not decode: the upstream is not usable now; retried.
+  return Unavailable(s.message());
 }
 
 Status Follower::Run() {
@@ -110,8 +132,9 @@ Status Follower::Run() {
     if (stop_.load()) break;
     Result<nlohmann::json> w = upstream_->Call(
         "wait_block", {{"after", chain_->height()}, {"timeout_ms", options_.long_poll_ms}});
-    if (!w.ok()) {
-      ML_LOG_WARN("follower: {}; retrying", w.status().message());
+    Status waited = w.ok() ? RpcAnswer("wait_block", *w).U64("height").status() : w.status();
+    if (!waited.ok()) {
+      ML_LOG_WARN("follower: {}; retrying", waited.message());
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.retry_ms));
     }
   }

@@ -5,6 +5,8 @@
 #include <httplib.h>
 
 #include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -190,6 +192,134 @@ TEST(Follower, RefusesWrongStateHash) {
     b.header.state_hash.bytes[0] ^= 1;
     b.signature = t.seq_key.Sign(BlockHash(b.header).span());
   }, "state hash changed and re-signed");
+}
+
+// Serves the honest chain's answers rewritten by `rewrite(method, answer)` (while it is set):
+// a ledger whose answers have the wrong shape. Counts the calls per method.
+class RewritingLedger {
+ public:
+  using Rewrite = std::function<void(const std::string& method, json& answer)>;
+  RewritingLedger(RpcService* honest, Rewrite rewrite) : honest_(honest), rewrite_(std::move(rewrite)) {
+    server_.Post("/", [this](const httplib::Request& req, httplib::Response& res) {
+      json request = json::parse(req.body);
+      json answer = honest_->HandleRpc(request);
+      std::string method = request["method"].get<std::string>();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++calls_[method];
+        if (rewrite_) rewrite_(method, answer);
+      }
+      res.set_content(answer.dump(), "application/json");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~RewritingLedger() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int calls(const std::string& method) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_[method];
+  }
+  void set_rewrite(Rewrite rewrite) {
+    std::lock_guard<std::mutex> lock(mu_);
+    rewrite_ = std::move(rewrite);
+  }
+
+ private:
+  RpcService* honest_;
+  std::mutex mu_;
+  Rewrite rewrite_;
+  std::map<std::string, int> calls_;
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// Hostile input: a running follower aborted (uncaught nlohmann::type_error) when get_blocks
+// answered "height":"x". Every answer it decodes is checked: a wrong shape is an error naming
+// the method and the field, and a running follower keeps going and retries.
+TEST(Follower, WrongShapedAnswersAreRetriedNotFatal) {
+  TestLedger seq;
+  ProduceTransfers(seq, 2);
+  RewritingLedger fake(seq.rpc.get(), [](const std::string& method, json& answer) {
+    if (method == "get_blocks") answer["result"]["height"] = "x";
+    if (method == "wait_block") answer["result"] = "soon";
+  });
+  FollowerSide f(seq.genesis);
+  RpcClient upstream(fake.url(), {.retries = 0});
+  Follower follower(f.shared.get(), &upstream, seq.seq_key.public_key(),
+                    {.long_poll_ms = 50, .batch = 10, .retry_ms = 10});
+  ASSERT_TRUE(follower.CheckUpstream().ok());
+  Result<uint64_t> n = follower.SyncOnce();
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().code(), StatusCode::kUnavailable) << n.status().ToString();
+  EXPECT_NE(n.status().message().find("get_blocks"), std::string::npos) << n.status().message();
+  EXPECT_NE(n.status().message().find("result.height"), std::string::npos) << n.status().message();
+
+  Status run_status = Internal("not run");
+  std::thread runner([&] { run_status = follower.Run(); });
+  // It keeps asking (bounded wait: at most 30 s), through every wrong shape in turn.
+  const std::vector<std::function<void(const std::string&, json&)>> shapes = {
+      [](const std::string& m, json& a) { if (m == "get_blocks") a["result"]["height"] = "x"; },
+      [](const std::string& m, json& a) { if (m == "get_blocks") a["result"] = 7; },
+      [](const std::string& m, json& a) { if (m == "get_blocks") a["result"]["blocks"] = {1, 2}; },
+      [](const std::string& m, json& a) { if (m == "get_blocks") a["result"]["blocks"] = "all"; },
+      [](const std::string& m, json& a) { if (m == "get_blocks") a["error"] = 5; },
+      [](const std::string& m, json& a) {
+        if (m == "get_blocks") a = {{"jsonrpc", "2.0"}, {"id", 1}, {"error", {{"message", 5}, {"data", "x"}}}};
+      },
+  };
+  for (const auto& shape : shapes) {
+    fake.set_rewrite(shape);
+    int before = fake.calls("get_blocks");
+    for (int i = 0; i < 3000 && fake.calls("get_blocks") < before + 2; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GE(fake.calls("get_blocks"), before + 2);
+  }
+  EXPECT_EQ(f.chain->Height(), 0u);
+  // Honest answers again: it catches up.
+  fake.set_rewrite(nullptr);
+  for (int i = 0; i < 3000 && f.shared->height() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  follower.Stop();
+  runner.join();
+  EXPECT_TRUE(run_status.ok()) << run_status.ToString();
+  EXPECT_EQ(f.chain->Height(), 2u);
+}
+
+// The client side of the same: RpcClient's envelope and SendTxAndWait decode with checks.
+TEST(Follower, RpcClientRefusesWrongShapesWithoutAborting) {
+  TestLedger seq;
+  RewritingLedger fake(seq.rpc.get(), [](const std::string& method, json& answer) {
+    if (method == "chain_status") answer["result"]["chain_id"] = 5;
+    if (method == "get_account") answer["result"]["nonce"] = "x";
+    if (method == "send_tx") answer["result"] = {{"status", 3}};
+  });
+  RpcClient rpc(fake.url(), {.retries = 0});
+  Result<std::string> chain_id = FetchChainId(rpc);
+  ASSERT_FALSE(chain_id.ok());
+  EXPECT_NE(chain_id.status().message().find("chain_status: result.chain_id"), std::string::npos)
+      << chain_id.status().message();
+  Result<uint64_t> nonce = FetchNextNonce(rpc, seq.alice.public_key());
+  ASSERT_FALSE(nonce.ok());
+  EXPECT_NE(nonce.status().message().find("get_account: result.nonce"), std::string::npos)
+      << nonce.status().message();
+  Result<json> sent = SendTxAndWait(rpc, seq.Transfer(seq.alice, seq.bob, 1, 0), 5000);
+  ASSERT_FALSE(sent.ok());
+  EXPECT_NE(sent.status().message().find("send_tx: result.status"), std::string::npos)
+      << sent.status().message();
+  fake.set_rewrite([](const std::string&, json& answer) {
+    answer = {{"jsonrpc", "2.0"}, {"id", 1}, {"error", "broken"}};
+  });
+  Result<json> st = rpc.Call("chain_status", json::object());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("chain_status"), std::string::npos) << st.status().message();
 }
 
 }  // namespace

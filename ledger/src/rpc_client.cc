@@ -8,6 +8,7 @@
 
 #include "meshlearn/base/hex.h"
 #include "meshlearn/ledger/rpc.h"
+#include "meshlearn/ledger/rpc_answer.h"
 
 namespace meshlearn::ledger {
 namespace {
@@ -67,7 +68,8 @@ Result<nlohmann::json> RpcClient::Call(const std::string& method, const nlohmann
   Result<std::pair<int, std::string>> answer = Unavailable("no attempt");
   for (int attempt = 0;; ++attempt) {
     answer = PostRaw(body);
-    if (answer.ok() && answer->first != 429) break;
+    // 429 (rate limit) and 503 (the server's body budget or connection limit) say "later".
+    if (answer.ok() && answer->first != 429 && answer->first != 503) break;
     if (attempt >= options_.retries) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(backoff));
     backoff *= 2;
@@ -79,17 +81,21 @@ Result<nlohmann::json> RpcClient::Call(const std::string& method, const nlohmann
                        " with something that is not JSON-RPC; is it a meshlearn ledger?");
   }
   if (response.contains("error")) {
-    const nlohmann::json& e = response["error"];
-    std::string message = e.value("message", std::string("unknown error"));
+    // The error's shape is checked too: a wrong one is still an error, never an abort.
+    RpcAnswer e(method, response["error"], "error");
+    Result<std::string> given = e.Str("message", "");
+    std::string message = given.ok() ? *given : "";
+    if (message.empty()) message = method + ": the ledger at " + url_ + " answered an error";
     StatusCode code = StatusCode::kInternal;
-    if (e.contains("data") && e["data"].is_object() && e["data"].contains("status") &&
-        e["data"]["status"].is_string()) {
-      code = CodeFromName(e["data"]["status"].get<std::string>());
+    Result<RpcAnswer> data = e.ObjectOrNull("data");
+    if (data.ok()) {
+      Result<std::string> name = data->Str("status", "");
+      if (name.ok() && !name->empty()) code = CodeFromName(*name);
     }
     return Status(code, message);
   }
   if (!response.contains("result")) {
-    return Unavailable(url_ + " answered without a result or an error");
+    return Unavailable(url_ + " answered " + method + " without a result or an error");
   }
   return std::move(response["result"]);
 }
@@ -106,18 +112,12 @@ namespace meshlearn::ledger {
 
 Result<std::string> FetchChainId(RpcClient& rpc) {
   ML_ASSIGN_OR_RETURN(nlohmann::json st, rpc.Call("chain_status", nlohmann::json::object()));
-  if (!st.contains("chain_id") || !st["chain_id"].is_string()) {
-    return Unavailable(rpc.url() + " answered chain_status without a chain_id");
-  }
-  return st["chain_id"].get<std::string>();
+  return RpcAnswer("chain_status", st).Str("chain_id");
 }
 
 Result<uint64_t> FetchNextNonce(RpcClient& rpc, const PublicKey& sender) {
   ML_ASSIGN_OR_RETURN(nlohmann::json a, rpc.Call("get_account", {{"address", sender.ToHex()}}));
-  if (!a.contains("nonce") || !a["nonce"].is_number_unsigned()) {
-    return Unavailable(rpc.url() + " answered get_account without a nonce");
-  }
-  return a["nonce"].get<uint64_t>();
+  return RpcAnswer("get_account", a).U64("nonce");
 }
 
 Result<nlohmann::json> SendTxAndWait(RpcClient& rpc, const Transaction& tx, int64_t timeout_ms,
@@ -146,16 +146,19 @@ Result<nlohmann::json> SendTxAndWait(RpcClient& rpc, const Transaction& tx, int6
       // Unreachable after the client's own retries; keep trying until the deadline.
       std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(left, 500)));
     } else {
-      std::string status = r->value("status", std::string());
+      RpcAnswer a("send_tx", *r);
+      ML_ASSIGN_OR_RETURN(std::string status, a.Str("status"));
       if (status == "included") {
         // get_tx adds the transaction itself to the receipt.
         Result<nlohmann::json> full = rpc.Call("get_tx", {{"id", id.ToHex()}});
-        return full.ok() ? *full : *r;
+        if (full.ok() && RpcAnswer("get_tx", *full).Str("status").ok()) return *full;
+        return *r;
       }
       if (status == "rejected") {
-        const nlohmann::json& e = (*r)["error"];
+        ML_ASSIGN_OR_RETURN(RpcAnswer e, a.ObjectOrNull("error"));
+        Result<std::string> why = e.Str("message", "no reason given");
         return FailedPrecondition("the ledger dropped transaction " + id.ShortHex() + ": " +
-                                  e.value("message", std::string("no reason given")));
+                                  (why.ok() ? *why : std::string("no reason given")));
       }
     }
     if (progress) progress(waited_ms());

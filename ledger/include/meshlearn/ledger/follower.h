@@ -47,7 +47,8 @@ class Follower {
   Result<uint64_t> SyncOnce();
 
   // SyncOnce, then long-poll for the next block, forever. Returns OK after Stop(), or the
-  // error of a refused block. An unreachable upstream is retried, not an error.
+  // error of a refused block. An unreachable upstream, or one whose answers do not decode
+  // (a wrong shape: checked, never an abort), is retried every retry_ms, not an error.
   Status Run();
   void Stop() { stop_.store(true); }
 
@@ -55,6 +56,8 @@ class Follower {
 
  private:
   Status Refuse(uint64_t height, const std::string& raw_hex, const Status& why);
+  // An upstream call that failed or answered something that does not decode, as Unavailable.
+  Status Upstream(const Status& s);
 
   SharedChain* chain_;
   RpcClient* upstream_;

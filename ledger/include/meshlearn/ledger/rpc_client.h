@@ -4,12 +4,14 @@
 //   RpcClient rpc("http://127.0.0.1:7700");
 //   ML_ASSIGN_OR_RETURN(nlohmann::json st, rpc.Call("chain_status", {}));
 //
-// Retries: a call that did not get an HTTP answer (refused, reset, timed out) is retried
-// `retries` times with doubling backoff, and then fails with Unavailable. Every method of the API
+// Retries: a call that did not get an HTTP answer (refused, reset, timed out), or got 429 or 503
+// ("later": rate limit, the server's body budget), is retried `retries` times with doubling
+// backoff, and then fails with Unavailable (or the server's error). Every method of the API
 // is idempotent -- send_tx too, because a transaction is identified by its hash and its nonce --
 // so retrying a send after a timeout never pays twice. A JSON-RPC error answer is not retried;
 // it becomes a Status whose code is the server's (error.data.status) and whose message is the
-// server's message.
+// server's message. The answer's shape is checked, never trusted (rpc_answer.h): decode results
+// with RpcAnswer too.
 //
 // Thread-safe (calls are serialised on one keep-alive connection); use one client per thread
 // for parallelism.
