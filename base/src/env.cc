@@ -15,6 +15,15 @@
 namespace meshlearn {
 namespace {
 
+const char* FileKindName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a file";
+}
+
 Status ErrnoStatus(const std::string& what, const std::string& path, int err) {
   std::string m = what + " " + path + ": " + std::strerror(err);
   if (err == ENOENT) return NotFound(m);
@@ -26,9 +35,25 @@ Status ErrnoStatus(const std::string& what, const std::string& path, int err) {
 class PosixEnv final : public Env {
  public:
   Result<std::string> ReadFile(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; we refuse it below anyway.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return ErrnoStatus("cannot open", path, errno);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      return ErrnoStatus("cannot stat", path, err);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      // A character device (/dev/zero), a FIFO or a directory has no end or no size: reading it
+      // whole would never finish, or exhaust memory.
+      ::close(fd);
+      return InvalidArgument("cannot read " + path + ": not a regular file (" +
+                             FileKindName(st.st_mode) + ")");
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     std::string out;
+    if (st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
     char buf[1 << 16];
     while (true) {
       ssize_t n = ::read(fd, buf, sizeof(buf));

@@ -1,5 +1,10 @@
 #include "meshlearn/engine/model.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
 #include <cmath>
 #include <optional>
 
@@ -161,9 +166,67 @@ int64_t Model::NumParameters() const {
 }
 
 Param& Model::AddParam(std::string name, Shape shape) {
-  params_.push_back(Param{std::move(name), Tensor(shape), Tensor(shape)});
+  params_.push_back(Param{std::move(name), Tensor(), Tensor()});
+  param_shapes_.push_back(std::move(shape));
   init_.push_back({});
   return params_.back();
+}
+
+void Model::AllocateParams() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].value = Tensor(param_shapes_[i]);
+    params_[i].grad = Tensor(param_shapes_[i]);
+  }
+}
+
+int64_t Model::PlannedParameters() const {
+  int64_t n = 0;
+  for (const Shape& s : param_shapes_) n += NumElements(s);
+  return n;
+}
+
+std::string FormatBytes(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return buf;
+}
+
+uint64_t AvailableMemoryBytes(std::string* source) {
+  if (const char* cap = std::getenv("MESHLEARN_MEMORY_BYTES"); cap && *cap) {
+    char* end = nullptr;
+    unsigned long long v = std::strtoull(cap, &end, 10);
+    if (end && *end == 0 && v > 0) {
+      if (source) *source = "$MESHLEARN_MEMORY_BYTES";
+      return v;
+    }
+  }
+  // /proc files are small; read them directly (Env::ReadFile is for the task's files).
+  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kb = 0;
+    bool found = false;
+    while (std::fgets(line, sizeof(line), f)) {
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+        found = true;
+        break;
+      }
+    }
+    std::fclose(f);
+    if (found) {
+      if (source) *source = "MemAvailable in /proc/meminfo";
+      return kb * 1024;
+    }
+  }
+  long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (source) *source = "free physical memory";
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                               : UINT64_MAX;
 }
 
 void Model::Init(uint64_t seed) {
@@ -293,6 +356,32 @@ class SequentialModel final : public Model {
   }
 
   int64_t NumOutputs() const override { return num_outputs_; }
+
+  // Forward keeps every layer's output (and masks, argmax); Backward one input gradient and
+  // scratch per layer: about twice each side.
+  double ActivationFloats(int64_t B, int64_t) const override {
+    double per_sample = 2.0 * static_cast<double>(num_outputs_);
+    for (const Layer& L : layers_) {
+      per_sample += 2.0 * static_cast<double>(NumElements(L.in_shape)) +
+                    2.0 * static_cast<double>(NumElements(L.out_shape));
+    }
+    return per_sample * static_cast<double>(B);
+  }
+
+  std::string LargestKey() const override {
+    std::string key = "model.layers";
+    int64_t most = -1;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (layers_[i].weight < 0) continue;
+      int64_t n = NumElements(param_shapes_[static_cast<size_t>(layers_[i].weight)]);
+      if (n > most) {
+        most = n;
+        key = "model.layers[" + std::to_string(i) + "] (" + layers_[i].spec.kind + ", out = " +
+              std::to_string(layers_[i].spec.out) + ")";
+      }
+    }
+    return key;
+  }
 
   float Forward(const Batch& batch, const ForwardOptions& opts) override {
     const int64_t B = batch.size;
@@ -495,6 +584,28 @@ class GptModel final : public Model {
 
   int64_t NumOutputs() const override { return spec_.gpt.vocab_size; }
 
+  // Per token and layer (llm.c's activation list): ~16 C plus the attention rows (2 NH T); then
+  // the logits and probabilities (2 V). Doubled for the backward pass's buffers.
+  double ActivationFloats(int64_t B, int64_t T) const override {
+    const GptSpec& g = spec_.gpt;
+    if (T <= 0) T = g.block_size;
+    const double per_token =
+        static_cast<double>(g.n_layer) * (16.0 * g.n_embd + 2.0 * g.n_head * T) +
+        4.0 * g.n_embd + 2.0 * g.vocab_size;
+    return 2.0 * per_token * static_cast<double>(B) * static_cast<double>(T);
+  }
+
+  std::string LargestKey() const override {
+    const GptSpec& g = spec_.gpt;
+    const double blocks = 12.0 * g.n_embd * g.n_embd * g.n_layer;
+    const double embeddings = static_cast<double>(g.vocab_size + g.block_size) * g.n_embd;
+    return blocks >= embeddings
+               ? "model.n_layer = " + std::to_string(g.n_layer) + " x model.n_embd = " +
+                     std::to_string(g.n_embd)
+               : "model.vocab_size = " + std::to_string(g.vocab_size) + " x model.n_embd = " +
+                     std::to_string(g.n_embd);
+  }
+
   // Parameter accessors: layer l, slot k (0..11 in the order of Build()).
   float* P(int64_t l, int k) { return params_[2 + l * 12 + k].value.data(); }
   float* G(int64_t l, int k) { return params_[2 + l * 12 + k].grad.data(); }
@@ -676,7 +787,10 @@ class GptModel final : public Model {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
+namespace {
+
+// Builds the model's plan: names, shapes, layers; nothing allocated yet.
+Result<std::unique_ptr<Model>> Plan(const ModelSpec& spec) {
   if (spec.kind == "gpt") {
     auto m = std::make_unique<GptModel>(spec);
     ML_RETURN_IF_ERROR(m->Build());
@@ -685,6 +799,50 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
   auto m = std::make_unique<SequentialModel>(spec);
   ML_RETURN_IF_ERROR(m->Build());
   return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace
+
+MemoryEstimate Model::PlannedMemory(int64_t B, int64_t T) const {
+  MemoryEstimate e;
+  e.num_parameters = PlannedParameters();
+  e.parameters = 4.0 * static_cast<double>(e.num_parameters);
+  e.gradients = e.parameters;
+  e.activations = 4.0 * ActivationFloats(B, T);
+  e.largest = LargestKey();
+  return e;
+}
+
+Result<MemoryEstimate> EstimateMemory(const ModelSpec& spec, int64_t batch, int64_t seq_len,
+                                      const std::string& optimizer_kind, bool sgd_momentum) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec));
+  MemoryEstimate e = m->PlannedMemory(std::max<int64_t>(1, batch), seq_len);
+  const double moments = optimizer_kind == "adamw"                  ? 2.0
+                         : optimizer_kind == "sgd" && sgd_momentum ? 1.0
+                                                                   : 0.0;
+  e.optimizer = moments * e.parameters;
+  return e;
+}
+
+Result<int64_t> ModelOutputs(const ModelSpec& spec) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec));
+  return m->NumOutputs();
+}
+
+Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec));
+  MemoryEstimate e = m->PlannedMemory(1, 1);
+  std::string source;
+  const uint64_t available = AvailableMemoryBytes(&source);
+  if (e.parameters + e.gradients > static_cast<double>(available)) {
+    return ResourceExhausted(e.largest + ": the model has " + std::to_string(e.num_parameters) +
+                             " parameters; its weights and gradients need " +
+                             FormatBytes(e.parameters + e.gradients) + " but this machine has " +
+                             FormatBytes(static_cast<double>(available)) + " available (" +
+                             source + "); make the model smaller");
+  }
+  m->AllocateParams();
+  return m;
 }
 
 }  // namespace meshlearn::engine

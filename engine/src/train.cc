@@ -115,7 +115,105 @@ Result<TaskSpec> TaskSpec::Load(Env* env, const std::string& path) {
   return Parse(text, path, dir);
 }
 
+namespace {
+
+// One data file of a task: the key that names it in the task file, and the path.
+struct DataFile {
+  std::string key;  // "data.train_images"
+  std::string path;
+};
+
+std::vector<DataFile> DataFiles(const DataSpec& s) {
+  if (s.format == "idx") {
+    return {{"data.train_images", s.train_x}, {"data.train_labels", s.train_y},
+            {"data.test_images", s.test_x}, {"data.test_labels", s.test_y}};
+  }
+  if (s.format == "npy") {
+    return {{"data.train_x", s.train_x}, {"data.train_y", s.train_y},
+            {"data.test_x", s.test_x}, {"data.test_y", s.test_y}};
+  }
+  if (s.format == "text") return {{"data.path", s.text_path}};
+  return {{"data.train", s.train_tokens}, {"data.val", s.val_tokens}};
+}
+
+// "/usr/share/datasets/fashion-mnist/..." comes from the Debian package dataset-fashion-mnist.
+std::string FixFor(const std::string& path) {
+  const std::string prefix = "/usr/share/datasets/";
+  if (path.rfind(prefix, 0) == 0) {
+    std::string name = path.substr(prefix.size());
+    name = name.substr(0, name.find('/'));
+    if (!name.empty()) return "install dataset-" + name + " or fix the path";
+  }
+  return "fix the path (a relative path is relative to the task file)";
+}
+
+// Every data file exists, is a regular file and is not larger than this machine can load: the
+// errors name the task file and the key, and come before anything is read.
+Status CheckDataFiles(Env* env, const TaskSpec& task) {
+  std::string source;
+  const uint64_t available = AvailableMemoryBytes(&source);
+  for (const DataFile& f : DataFiles(task.data)) {
+    const std::string where = task.path + ": " + f.key + ": ";
+    Result<uint64_t> size = env->FileSize(f.path);
+    if (!size.ok()) {
+      std::string fix = size.status().code() == StatusCode::kNotFound
+                            ? "; " + FixFor(f.path)
+                            : "";
+      std::string message = size.status().message();
+      // "cannot stat P" reads as "cannot open P" to a user: it is the same thing.
+      if (message.rfind("cannot stat ", 0) == 0) message = "cannot open " + message.substr(12);
+      return Status(size.status().code(), where + message + fix);
+    }
+    // A file (gzip: its content, at most 4x here) must fit in memory with room to spare.
+    if (*size > available / 2) {
+      return ResourceExhausted(where + f.path + " is " + FormatBytes(static_cast<double>(*size)) +
+                               ", more than this machine can load (" +
+                               FormatBytes(static_cast<double>(available)) + " available, " +
+                               source + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+// A loader's error, prefixed with the task file and the key of the file it names.
+Status DataError(const TaskSpec& task, const Status& s) {
+  if (s.message().rfind(task.path + ": ", 0) == 0) return s;
+  for (const DataFile& f : DataFiles(task.data)) {
+    if (!f.path.empty() && s.message().find(f.path) != std::string::npos) {
+      return s.WithPrefix(task.path + ": " + f.key);
+    }
+  }
+  return s.WithPrefix(task.path + ": data");
+}
+
+}  // namespace
+
+Status CheckTrainingMemory(const TaskSpec& task) {
+  Result<MemoryEstimate> e = EstimateMemory(task.model, task.batch_size, task.seq_len,
+                                            task.optimizer.kind, task.optimizer.momentum != 0);
+  if (!e.ok()) return e.status().WithPrefix(task.path);
+  std::string source;
+  const uint64_t available = AvailableMemoryBytes(&source);
+  if (e->total() <= static_cast<double>(available)) return Status::Ok();
+  const bool activations = e->activations > e->parameters + e->gradients + e->optimizer;
+  const std::string batch = "train.batch_size = " + std::to_string(task.batch_size);
+  return ResourceExhausted(
+      task.path + ": " + (activations ? batch : e->largest) + ": training needs about " +
+      FormatBytes(e->total()) + " (weights " + FormatBytes(e->parameters) + ", gradients " +
+      FormatBytes(e->gradients) + ", optimizer moments " + FormatBytes(e->optimizer) +
+      ", activations at " + batch + " " + FormatBytes(e->activations) + ") but this machine has " +
+      FormatBytes(static_cast<double>(available)) + " available (" + source + "); " +
+      (activations ? "lower train.batch_size" : "make the model smaller"));
+}
+
 Result<TaskData> LoadTaskData(Env* env, TaskSpec& task) {
+  ML_RETURN_IF_ERROR(CheckDataFiles(env, task));
+  Result<TaskData> d = LoadTaskDataUnchecked(env, task);
+  if (!d.ok()) return DataError(task, d.status());
+  return d;
+}
+
+Result<TaskData> LoadTaskDataUnchecked(Env* env, TaskSpec& task) {
   TaskData d;
   const DataSpec& s = task.data;
   const float mean = static_cast<float>(s.mean), std = static_cast<float>(s.std);
@@ -141,8 +239,7 @@ Result<TaskData> LoadTaskData(Env* env, TaskSpec& task) {
       s2.insert(s2.end(), want.begin(), want.end());
       c->x = Tensor(s2, std::move(c->x.vec()));
     }
-    ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> probe, Model::Create(task.model));
-    const int64_t classes = probe->NumOutputs();
+    ML_ASSIGN_OR_RETURN(const int64_t classes, ModelOutputs(task.model));
     for (const ClassificationData* c : {&d.train, &d.test}) {
       if (c->num_classes > classes) {
         return InvalidArgument(task.path + ": the data has labels up to " +
@@ -230,11 +327,16 @@ EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data) {
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(Env* env, TaskSpec task) {
+  // Before loading the data, when the model is complete (a GPT's vocabulary may come from it).
+  if (task.model.kind != "gpt" || task.model.gpt.vocab_size >= 2) {
+    ML_RETURN_IF_ERROR(CheckTrainingMemory(task));
+  }
   ML_ASSIGN_OR_RETURN(TaskData data, LoadTaskData(env, task));
   return Create(std::move(task), std::move(data));
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(TaskSpec task, TaskData data) {
+  ML_RETURN_IF_ERROR(CheckTrainingMemory(task));
   std::unique_ptr<Trainer> t(new Trainer(std::move(task), std::move(data)));
   ML_ASSIGN_OR_RETURN(t->state_.model, Model::Create(t->task_.model));
   t->state_.model->Init(t->task_.seed);

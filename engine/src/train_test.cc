@@ -10,6 +10,10 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <utility>
+#include <vector>
+
+#include <sys/stat.h>
 
 #include <gtest/gtest.h>
 
@@ -214,7 +218,107 @@ TEST(TaskTest, MalformedTaskFilesGiveClearErrors) {
   ExpectTaskError(data + std::string(kGoodTail) + "seq_len = 9\n", "seq_len");
   ExpectTaskError(
       "[data]\nformat = \"text\"\npath = \"/nonexistent/x.txt\"\n" + std::string(kGoodTail),
-      "/nonexistent/x.txt", /*names_task=*/false);
+      "bad.toml: data.path: cannot open /nonexistent/x.txt");
+}
+
+// Item 10 of the newcomer issue: a missing dataset said only "cannot open /usr/share/...". Every
+// data-loading error names the task file and the key, and how to fix it.
+TEST(TaskTest, DataErrorsNameTheTaskFileAndTheKey) {
+  const std::string idx_tail = R"(
+[model]
+input = [1, 28, 28]
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 10
+[optimizer]
+kind = "sgd"
+lr = 0.1
+[train]
+steps = 1
+batch_size = 1
+)";
+  const std::string missing = "/usr/share/datasets/fashion-mnist/no-such-file.gz";
+  ExpectTaskError("[data]\nformat = \"idx\"\ntrain_images = \"" + missing +
+                      "\"\ntrain_labels = \"b\"\ntest_images = \"c\"\ntest_labels = \"d\"\n" +
+                      idx_tail,
+                  "bad.toml: data.train_images: cannot open " + missing +
+                      ": No such file or directory; install dataset-fashion-mnist or fix the path");
+  ExpectTaskError("[data]\nformat = \"idx\"\ntrain_images = \"/etc/hostname\"\n"
+                  "train_labels = \"/nonexistent/labels\"\ntest_images = \"c\"\ntest_labels = \"d\"\n" +
+                      idx_tail,
+                  "bad.toml: data.train_labels: cannot open /nonexistent/labels");
+}
+
+// Hostile input: a data path of /dev/zero (or a FIFO, a directory) read until memory ran out
+// (std::bad_alloc, rc 134) or blocked. Data files must be regular files; the error says which.
+TEST(TaskTest, NonRegularDataFilesAreRefused) {
+  char tmpl[] = "/tmp/meshlearn-fifo-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string fifo = std::string(tmpl) + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (auto [path, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"/dev/zero", "a character device"}, {fifo, "a FIFO"}, {tmpl, "a directory"}}) {
+    ExpectTaskError("[data]\nformat = \"text\"\npath = \"" + path + "\"\n" + kGoodTail,
+                    "bad.toml: data.path: cannot read " + path + ": not a regular file (" + kind +
+                        ")");
+  }
+  std::filesystem::remove_all(tmpl);
+}
+
+// Sets $MESHLEARN_MEMORY_BYTES for one test.
+class MemoryCap {
+ public:
+  explicit MemoryCap(const std::string& bytes) { setenv("MESHLEARN_MEMORY_BYTES", bytes.c_str(), 1); }
+  ~MemoryCap() { unsetenv("MESHLEARN_MEMORY_BYTES"); }
+};
+
+// Hostile input: an MLP layer of 1,048,576 units or a GPT of 256 layers x 65536 embedding ended
+// in std::bad_alloc. The memory a model needs is estimated from its spec before anything is
+// allocated, and a model that does not fit is refused naming the key and the machine's memory.
+TEST(TaskTest, AbsurdModelsAreRefusedBeforeAllocating) {
+  // 256 x 12 x 65536^2 weights: 52 TB, more than any machine has.
+  ExpectTaskError("[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n"
+                  "[model]\nkind = \"gpt\"\nn_layer = 256\nn_head = 1\nn_embd = 65536\n"
+                  "block_size = 8\nvocab_size = 256\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n"
+                  "[train]\nsteps = 1\nbatch_size = 1\n",
+                  "bad.toml: model.n_layer = 256 x model.n_embd = 65536: training needs about");
+  const std::string mlp =
+      "[data]\nformat = \"idx\"\ntrain_images = \"a\"\ntrain_labels = \"b\"\n"
+      "test_images = \"c\"\ntest_labels = \"d\"\n"
+      "[model]\ninput = [1, 28, 28]\n[[model.layers]]\nkind = \"flatten\"\n"
+      "[[model.layers]]\nkind = \"linear\"\nout = 1048576\n[[model.layers]]\nkind = \"relu\"\n"
+      "[[model.layers]]\nkind = \"linear\"\nout = 10\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n"
+      "[train]\nsteps = 1\nbatch_size = 64\n";
+  {
+    MemoryCap cap("1073741824");  // 1 GiB: the weights alone are 3.2 GB
+    ExpectTaskError(mlp, "bad.toml: model.layers[1] (linear, out = 1048576): training needs");
+    ExpectTaskError(mlp, "but this machine has 1.0 GiB available ($MESHLEARN_MEMORY_BYTES)");
+    Result<TaskSpec> t = TaskSpec::Parse(mlp, "bad.toml", "");
+    ASSERT_TRUE(t.ok());
+    Result<std::unique_ptr<Model>> m = Model::Create(t->model);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(m.status().message().find("model.layers[1] (linear, out = 1048576)"),
+              std::string::npos)
+        << m.status().message();
+  }
+  // The estimate's weights are exact: 4 bytes per parameter of the built model.
+  Result<TaskSpec> small = TaskSpec::Parse(
+      "[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n" +
+          std::string(kGoodTail),
+      "good.toml", "");
+  ASSERT_TRUE(small.ok());
+  small->model.gpt.vocab_size = 96;
+  Result<MemoryEstimate> e = EstimateMemory(small->model, 4, 8, "adamw", false);
+  ASSERT_TRUE(e.ok());
+  Result<std::unique_ptr<Model>> built = Model::Create(small->model);
+  ASSERT_TRUE(built.ok());
+  EXPECT_EQ(e->num_parameters, (*built)->NumParameters());
+  EXPECT_EQ(e->parameters, 4.0 * static_cast<double>((*built)->NumParameters()));
+  EXPECT_EQ(e->optimizer, 2 * e->parameters);
+  EXPECT_GT(e->activations, 0);
 }
 
 // ---- Quality targets (label "slow") ------------------------------------------------------------

@@ -22,6 +22,8 @@ class Env {
  public:
   virtual ~Env() = default;
 
+  // The whole file. Only regular files: a directory, FIFO or device (/dev/zero) is refused with
+  // InvalidArgument naming the path and what it is, without blocking or reading.
   virtual Result<std::string> ReadFile(const std::string& path) = 0;
   // `mode` is the permission of a newly created file (0600 for secrets).
   virtual Status WriteFileAtomic(const std::string& path, std::string_view data,

@@ -91,11 +91,43 @@ struct ForwardOptions {
   uint64_t step = 0;
 };
 
+// What training a model needs in memory, from its spec alone (nothing is allocated): the
+// parameters, their gradients, the optimizer's moments and what one training step keeps at a
+// batch size. The activations are an estimate (within a small factor); the rest is exact. For
+// refusing what cannot fit before trying, instead of dying in std::bad_alloc.
+struct MemoryEstimate {
+  double parameters = 0;  // bytes of the weights
+  double gradients = 0;
+  double optimizer = 0;    // moments: 2 per weight for adamw, 1 for sgd with momentum
+  double activations = 0;  // of one training step at the batch size
+  int64_t num_parameters = 0;
+  std::string largest;  // the spec key holding the most weights ("model.layers[1] (linear)")
+  double total() const { return parameters + gradients + optimizer + activations; }
+};
+
+// `batch` and `seq_len` (GPT; 0 = block_size) of a training step; `optimizer_kind` "adamw" or
+// "sgd" ("" = none: a model that is only evaluated). Errors: the spec's own (shapes).
+Result<MemoryEstimate> EstimateMemory(const ModelSpec& spec, int64_t batch, int64_t seq_len,
+                                      const std::string& optimizer_kind, bool sgd_momentum);
+
+// The width of the model's logits (classes, or the vocabulary), without allocating it.
+Result<int64_t> ModelOutputs(const ModelSpec& spec);
+
+// Bytes this machine can give a process now: $MESHLEARN_MEMORY_BYTES when set (a cap, for
+// operators and tests), else MemAvailable from /proc/meminfo, else the free physical pages.
+// `source` (optional) says which, for messages.
+uint64_t AvailableMemoryBytes(std::string* source = nullptr);
+
+// "1.5 GiB", "300.0 MiB".
+std::string FormatBytes(double bytes);
+
 class Model {
  public:
   virtual ~Model() = default;
 
-  // Validates shapes; parameters are zero until Init() or a load.
+  // Validates shapes; parameters are zero until Init() or a load. Refuses (ResourceExhausted,
+  // naming the spec key and the machine's memory) a model whose weights and gradients do not
+  // fit in AvailableMemoryBytes(), before allocating them.
   static Result<std::unique_ptr<Model>> Create(const ModelSpec& spec);
 
   const ModelSpec& spec() const { return spec_; }
@@ -127,7 +159,20 @@ class Model {
 
  protected:
   explicit Model(ModelSpec spec) : spec_(std::move(spec)) {}
+  // Records a parameter's name and shape; its memory is allocated by AllocateParams(), after
+  // Create has checked that it fits.
   Param& AddParam(std::string name, Shape shape);
+  void AllocateParams();
+  // Floats one training step keeps (activations, their gradients, scratch) for B samples of T
+  // tokens, from the shapes Build() recorded. An estimate.
+  virtual double ActivationFloats(int64_t B, int64_t T) const = 0;
+  // The spec key holding the most weights, for messages.
+  virtual std::string LargestKey() const = 0;
+  int64_t PlannedParameters() const;
+  MemoryEstimate PlannedMemory(int64_t B, int64_t T) const;  // without the optimizer
+  friend Result<MemoryEstimate> EstimateMemory(const ModelSpec&, int64_t, int64_t,
+                                               const std::string&, bool);
+  std::vector<Shape> param_shapes_;  // parallel to params_
   void TraceOp(const char* name, const float* values, int64_t n) {
     if (trace_) trace_->Record(name, {values, static_cast<size_t>(n)});
   }

@@ -82,8 +82,20 @@ struct TaskData {
   CharVocab vocab{};  // text only
 };
 // Loads and validates the data; for GPT text tasks fills in model.gpt.vocab_size when it is 0
-// (and checks it otherwise).
+// (and checks it otherwise). Every error names the task file and the key of the file
+// ("x.toml: data.train_images: cannot open /usr/share/...: No such file or directory; install
+// dataset-fashion-mnist or fix the path"). Before reading anything it checks that every file
+// exists, is a regular file (not a FIFO, device or directory) and is at most half of
+// AvailableMemoryBytes().
 Result<TaskData> LoadTaskData(Env* env, TaskSpec& task);
+// The loading itself, without those checks and prefixes.
+Result<TaskData> LoadTaskDataUnchecked(Env* env, TaskSpec& task);
+
+// OK when training the task's model at its batch size fits in AvailableMemoryBytes()
+// (EstimateMemory: weights, gradients, optimizer moments, activations); else ResourceExhausted
+// naming the task file, the key to change (the largest layer, or train.batch_size) and the
+// machine's memory. Trainer::Create calls it; so can anyone about to train (dry runs).
+Status CheckTrainingMemory(const TaskSpec& task);
 
 struct EvalResult {
   double loss = 0;       // mean cross-entropy
