@@ -201,6 +201,7 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
   e.PutU64(v.clean).PutU64(v.unchecked).PutU64(v.fraud).PutU64(v.forced_error);
   e.PutU64(v.abandoned).PutU64(v.disputes).PutU64(v.slashed).PutU64(v.verifiers_paid);
   e.PutU64(v.jackpot_paid).PutU64(v.redo_escrow);
+  e.PutU64(t.treasury_cut);
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -248,6 +249,7 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
                              {&v.redo_escrow, "verification.redo_escrow"}}) {
     ML_RETURN_IF_ERROR(d.GetU64(field, name));
   }
+  ML_RETURN_IF_ERROR(d.GetU64(&t->treasury_cut, "treasury_cut"));
   return Status::Ok();
 }
 
@@ -360,6 +362,7 @@ nlohmann::json TaskToJson(const TaskRecord& t) {
           {"budget", t.budget},
           {"escrow", t.escrow},
           {"spent", t.spent},
+          {"treasury_cut", t.treasury_cut},
           {"refunded", t.refunded},
           {"price_cap", t.price_cap},
           {"status", std::string(TaskStatusName(t.status))},

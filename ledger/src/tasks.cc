@@ -40,6 +40,7 @@ Status PayFromEscrow(LedgerState& s, const ChainParams& p, const Hash256& task_i
   ML_RETURN_IF_ERROR(CheckedSub(t->escrow, amount, &t->escrow, "escrow of task " + task_id.ShortHex()));
   ML_RETURN_IF_ERROR(CheckedAdd(t->spent, amount, &t->spent, "task spent"));
   Amount cut = BasisPoints(amount, p.treasury_cut_bps);
+  ML_RETURN_IF_ERROR(CheckedAdd(t->treasury_cut, cut, &t->treasury_cut, "task treasury cut"));
   ML_RETURN_IF_ERROR(CreditTreasury(s, cut));
   return Credit(s, to, amount - cut);
 }
@@ -181,14 +182,66 @@ void ResetWorkUnit(WorkUnit* u) {
   u->leaves.clear();
 }
 
+Status ValidateTaskTerms(const TaskParams& p, Amount budget, Amount price_cap, bool verification,
+                         uint32_t verifiers_per_unit, const TaskFieldNamer& namer) {
+  auto name = [&](std::string_view field) {
+    if (namer) return namer(field);
+    if (field == "budget" || field == "price_cap") return std::string(field);
+    return "params." + std::string(field);
+  };
+  if (budget == 0) return InvalidArgument(name("budget") + " must be > 0");
+  if (price_cap == 0) {
+    return InvalidArgument(name("price_cap") +
+                           " must be > 0 (tokens per 10^9 training FLOPs); no node works for free");
+  }
+  Status valid = protocol::ValidateTaskSpec(TaskSpecViewOf(Hash256{}, p, price_cap));
+  if (!valid.ok()) return InvalidArgument("params: " + valid.message());
+  const uint64_t units = static_cast<uint64_t>(p.rounds) * p.units_per_round;
+  if (units > kMaxTaskUnits) {
+    return InvalidArgument(name("rounds") + " x " + name("units_per_round") + " is " +
+                           std::to_string(units) + ", over the limit of " +
+                           std::to_string(kMaxTaskUnits) + "; use fewer rounds or units");
+  }
+  if (p.checkpoint_interval == 0 || p.checkpoint_interval > p.inner_steps) {
+    return InvalidArgument(name("checkpoint_interval") + " must be in [1, " +
+                           name("inner_steps") + " = " + std::to_string(p.inner_steps) +
+                           "], got " + std::to_string(p.checkpoint_interval));
+  }
+  const uint64_t states = protocol::SegmentCount(p.inner_steps, p.checkpoint_interval) + 1ull;
+  if (verification && states > kMaxHashListLength) {
+    return InvalidArgument(name("inner_steps") + " / " + name("checkpoint_interval") + " gives " +
+                           std::to_string(states) + " committed states per unit; at most " +
+                           std::to_string(kMaxHashListLength) +
+                           " fit in a commit on a verifying chain: raise " +
+                           name("checkpoint_interval"));
+  }
+  if (p.tolerance_rel_l2_ppm > 1'000'000 || p.tolerance_cosine_gap_ppb > 1'000'000'000) {
+    return InvalidArgument(name("tolerance_rel_l2_ppm") + " must be <= 1000000 and " +
+                           name("tolerance_cosine_gap_ppb") +
+                           " <= 1000000000 (0 and 0: exact mode)");
+  }
+  // The escrow must cover the most the task can cost (an expired unit is paid once, to the node
+  // that commits it), so no node ever works on a unit the escrow cannot pay.
+  Amount unit_cost = 0;
+  const uint32_t verifiers = verification ? verifiers_per_unit : 0;
+  const Amount most = MaxTaskCost(p, price_cap, &unit_cost, verifiers);
+  if (budget < most) {
+    return InvalidArgument(
+        name("budget") + " = " + std::to_string(budget) +
+        " is below the most this task can cost, " + std::to_string(most) + " = " +
+        name("rounds") + " x (" + name("units_per_round") + " x (1 solver + " +
+        std::to_string(verifiers) + " verifier" + (verifiers == 1 ? "" : "s") +
+        ") + 1 aggregation) x " + std::to_string(unit_cost) + " tokens a unit at " +
+        name("price_cap") + " " + std::to_string(price_cap) + "; raise " + name("budget") +
+        " to at least " + std::to_string(most) + " or lower " + name("price_cap"));
+  }
+  return Status::Ok();
+}
+
 Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
   if (tx.spec_hash.IsZero()) {
     return InvalidArgument(
         "submit task: spec_hash is zero (store the task bundle as a blob first)");
-  }
-  if (tx.budget == 0) return InvalidArgument("submit task: budget must be > 0");
-  if (tx.price_cap == 0) {
-    return InvalidArgument("submit task: price_cap must be > 0 (tokens per 10^9 training FLOPs)");
   }
   const TaskParams& p = tx.params;
   if (p.initial_state.IsZero()) {
@@ -196,46 +249,11 @@ Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
         "submit task: params.initial_state is zero (store the round-0 global state as a blob "
         "first)");
   }
+  Status terms = ValidateTaskTerms(p, tx.budget, tx.price_cap, ctx.params().verification,
+                                   ctx.params().verifiers_per_unit);
+  if (!terms.ok()) return terms.WithPrefix("submit task");
+  const uint64_t units = static_cast<uint64_t>(p.rounds) * p.units_per_round;
   Hash256 id = TaskIdFor(ctx.tx.sender, ctx.tx.nonce);
-  protocol::TaskSpecView view = TaskSpecViewOf(id, p, tx.price_cap);
-  Status valid = protocol::ValidateTaskSpec(view);
-  if (!valid.ok()) return InvalidArgument("submit task: params: " + valid.message());
-  uint64_t units = static_cast<uint64_t>(p.rounds) * p.units_per_round;
-  if (units > kMaxTaskUnits) {
-    return InvalidArgument("submit task: params.rounds x params.units_per_round is " +
-                           std::to_string(units) + ", over the limit of " +
-                           std::to_string(kMaxTaskUnits) + "; use fewer rounds or units");
-  }
-  if (p.checkpoint_interval == 0 || p.checkpoint_interval > p.inner_steps) {
-    return InvalidArgument("submit task: params.checkpoint_interval must be in [1, inner_steps = " +
-                           std::to_string(p.inner_steps) + "], got " +
-                           std::to_string(p.checkpoint_interval));
-  }
-  if (ctx.params().verification &&
-      protocol::SegmentCount(p.inner_steps, p.checkpoint_interval) + 1ull > kMaxHashListLength) {
-    return InvalidArgument("submit task: inner_steps / checkpoint_interval gives " +
-                           std::to_string(protocol::SegmentCount(p.inner_steps,
-                                                                 p.checkpoint_interval) + 1) +
-                           " committed states per unit; at most " +
-                           std::to_string(kMaxHashListLength) +
-                           " fit in a commit on a verifying chain: raise checkpoint_interval");
-  }
-  if (p.tolerance_rel_l2_ppm > 1'000'000 || p.tolerance_cosine_gap_ppb > 1'000'000'000) {
-    return InvalidArgument("submit task: params.tolerance_rel_l2_ppm must be <= 1000000 and "
-                           "params.tolerance_cosine_gap_ppb <= 1000000000 (0 and 0: exact mode)");
-  }
-  // The escrow must cover the most the task can cost (an expired unit is paid once, to the node
-  // that commits it), so no node ever works on a unit the escrow cannot pay.
-  Amount unit_cost = 0;
-  const uint32_t verifiers = ctx.params().verification ? ctx.params().verifiers_per_unit : 0;
-  const Amount most = MaxTaskCost(p, tx.price_cap, &unit_cost, verifiers);
-  if (tx.budget < most) {
-    return InvalidArgument("submit task: budget " + std::to_string(tx.budget) +
-                           " is below the most this task can cost, " + std::to_string(most) +
-                           " = rounds x (units_per_round x (1 + " + std::to_string(verifiers) +
-                           " verifiers) + 1 aggregation) x " + std::to_string(unit_cost) +
-                           " tokens per unit at price_cap; raise budget or lower price_cap");
-  }
   if (ctx.state.tasks.Find(id) != nullptr) {
     return AlreadyExists("submit task: task " + id.ToHex() + " exists");
   }

@@ -49,6 +49,44 @@ TEST_F(TasksTest, SubmitFailures) {
   EXPECT_TRUE(chain_->ListTasks(0, 10).empty());
 }
 
+// Regression: a client could not run SubmitTask's checks before publishing (a task file without
+// checkpoint_interval passed `task submit --dry-run`, then SubmitTask refused k = 0). The checks
+// are one function, ValidateTaskTerms, which names the fields as its caller's user knows them.
+TEST_F(TasksTest, ValidateTaskTermsIsWhatSubmitTaskChecks) {
+  SubmitTaskTx s = Submit(5000);
+  s.params.checkpoint_interval = 0;
+  const Status terms = ValidateTaskTerms(s.params, s.budget, s.price_cap, true, 1);
+  ASSERT_FALSE(terms.ok());
+  EXPECT_NE(terms.message().find("params.checkpoint_interval must be in [1, params.inner_steps = "),
+            std::string::npos)
+      << terms.message();
+  Receipt r = Run(Tx(alice_, s));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.reason, "submit task: " + terms.message());
+
+  auto file_key = [](std::string_view f) { return "network." + std::string(f); };
+  const Status named = ValidateTaskTerms(s.params, s.budget, s.price_cap, true, 1, file_key);
+  EXPECT_NE(named.message().find("network.checkpoint_interval must be in [1, "
+                                 "network.inner_steps = "),
+            std::string::npos)
+      << named.message();
+
+  // The budget check depends on the chain's verifiers per unit, as SubmitTask's does.
+  SubmitTaskTx ok = Submit(5000);
+  Amount unit = 0;
+  const Amount most = MaxTaskCost(ok.params, ok.price_cap, &unit, 1);
+  EXPECT_TRUE(ValidateTaskTerms(ok.params, most, ok.price_cap, true, 1).ok());
+  const Status low = ValidateTaskTerms(ok.params, most - 1, ok.price_cap, true, 1, file_key);
+  ASSERT_FALSE(low.ok());
+  EXPECT_NE(low.message().find("network.budget = " + std::to_string(most - 1) +
+                               " is below the most this task can cost, " + std::to_string(most)),
+            std::string::npos)
+      << low.message();
+  EXPECT_TRUE(ValidateTaskTerms(ok.params, MaxTaskCost(ok.params, ok.price_cap, nullptr, 0),
+                                ok.price_cap, false, 1)
+                  .ok());
+}
+
 TEST_F(TasksTest, CancelRefundsUnspent) {
   Transaction tx = Tx(alice_, Submit(5000));
   Hash256 id = TaskIdFor(alice_.public_key(), tx.nonce);
@@ -109,6 +147,10 @@ TEST(TaskPrimitivesTest, WorkUnitLifecyclePaysAndKeepsBooks) {
   EXPECT_EQ(s.g().treasury, 20u);
   EXPECT_EQ(s.tasks.Find(id)->escrow, 800u);
   EXPECT_EQ(s.tasks.Find(id)->spent, 200u);
+  // The task keeps what the treasury took of its payments: spent - treasury_cut is what the
+  // nodes' owners received.
+  EXPECT_EQ(s.tasks.Find(id)->treasury_cut, 20u);
+  EXPECT_EQ(TaskToJson(*s.tasks.Find(id))["treasury_cut"], 20u);
   EXPECT_EQ(s.nodes.Find(node.public_key())->reputation.clean_streak, 1u);
   ASSERT_TRUE(s.ComputeTotals().Check().ok());
 

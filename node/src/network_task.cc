@@ -16,7 +16,9 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
   ML_ASSIGN_OR_RETURN(int64_t rounds, n.GetInt("rounds", {.min = 1, .max = 100000}));
   ML_ASSIGN_OR_RETURN(int64_t units, n.GetInt("units_per_round", {.min = 1, .max = 4096}));
   ML_ASSIGN_OR_RETURN(int64_t h, n.GetInt("inner_steps", {.min = 1, .max = 1000000}));
-  ML_ASSIGN_OR_RETURN(int64_t k, n.GetInt("checkpoint_interval", 0, {.min = 0, .max = h}));
+  // Default H: only the start and the end of a unit are hashed (one segment). Every reader of a
+  // task file (quote, submit, devnet, diloco, the nodes' bundles) gets it from here.
+  ML_ASSIGN_OR_RETURN(int64_t k, n.GetInt("checkpoint_interval", h, {.min = 1, .max = h}));
   s.rounds = static_cast<uint32_t>(rounds);
   s.units_per_round = static_cast<uint32_t>(units);
   s.inner_steps = static_cast<uint32_t>(h);

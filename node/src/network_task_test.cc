@@ -1,5 +1,7 @@
 #include "meshlearn/node/network_task.h"
 
+#include "meshlearn/node/task_bundle.h"
+
 #include <gtest/gtest.h>
 
 namespace meshlearn::node {
@@ -25,6 +27,20 @@ TEST(NetworkSpec, ParsesAndDefaults) {
   EXPECT_TRUE(s->outer.nesterov);
 }
 
+// Regression: a file without checkpoint_interval gave k = 0, which `task submit --dry-run`
+// called valid and the ledger refused after the upload. Its documented default is inner_steps.
+TEST(NetworkSpec, CheckpointIntervalDefaultsToInnerSteps) {
+  Result<NetworkSpec> s = Parse("rounds = 3\nunits_per_round = 4\ninner_steps = 20\n");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->checkpoint_interval, 20u);
+  Result<NetworkSpec> zero =
+      Parse("rounds = 3\nunits_per_round = 4\ninner_steps = 20\ncheckpoint_interval = 0\n");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("network.checkpoint_interval must be >= 1, got 0"),
+            std::string::npos)
+      << zero.status().message();
+}
+
 TEST(NetworkSpec, BadValuesNameTheKey) {
   struct Case {
     const char* table;
@@ -48,6 +64,25 @@ TEST(NetworkSpec, BadValuesNameTheKey) {
         << s.status().message() << "\nexpected: " << c.expect;
     EXPECT_EQ(s.status().message().rfind("task.toml: ", 0), 0u) << s.status().message();
   }
+}
+
+// Regression: `task fetch` of a GPT task whose vocabulary comes from the data failed with
+// "model.vocab_size must be >= 2 (or come from the data), got 0": the bundle's [model] has
+// vocab_size 0. The state's size decides it.
+TEST(ModelSpecForState, FindsTheVocabularyOfAGptFromItsWeights) {
+  engine::ModelSpec spec;
+  spec.kind = "gpt";
+  spec.gpt = {.n_layer = 1, .n_head = 2, .n_embd = 8, .block_size = 8, .vocab_size = 37};
+  Result<std::unique_ptr<engine::Model>> m = engine::Model::Create(spec);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const uint64_t n = static_cast<uint64_t>((*m)->NumParameters());
+  spec.gpt.vocab_size = 0;  // from the data
+  Result<engine::ModelSpec> got = ModelSpecForState(spec, n);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->gpt.vocab_size, 37);
+  EXPECT_FALSE(ModelSpecForState(spec, n + 1).ok());
+  spec.gpt.vocab_size = 12;  // given: kept as it is
+  EXPECT_EQ(ModelSpecForState(spec, n)->gpt.vocab_size, 12);
 }
 
 TEST(NetworkSpec, MissingTable) {

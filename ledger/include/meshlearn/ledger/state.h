@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -209,6 +210,7 @@ struct TaskRecord {
   Amount budget = 0;  // escrowed at submission
   Amount escrow = 0;  // what is left of the budget
   Amount spent = 0;   // paid out (including the treasury cut); budget == escrow + spent + refunded
+  Amount treasury_cut = 0;  // of spent, what the treasury kept (treasury_cut_bps of each payment)
   Amount refunded = 0;
   Amount price_cap = 0;  // most the submitter pays, tokens per 10^9 training FLOPs
   TaskStatus status = TaskStatus::kOpen;
@@ -236,6 +238,21 @@ Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce);
 // clients check the same before publishing. `unit_cost` (optional) receives one unit's cost.
 Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost = nullptr,
                    uint32_t verifiers_per_unit = 0);
+
+// How a check of SubmitTask names a field to the one who reads the error: the ledger says
+// "params.checkpoint_interval" (and "budget", "price_cap"); a submitter's client says what the
+// task file says, "network.checkpoint_interval". `field` is a TaskParams field name, or "budget"
+// or "price_cap".
+using TaskFieldNamer = std::function<std::string(std::string_view field)>;
+
+// Every check SubmitTask makes of a task's terms (its params, budget and price cap) on a chain
+// with verification on or off and `verifiers_per_unit` verifiers: all but the blob ids
+// (spec_hash, params.initial_state), the sender's funds and the task id's freshness. SubmitTask
+// runs it; a client runs it before it publishes anything (`task submit --dry-run`, `task quote`),
+// with `name` mapping fields to the task file's keys. Empty `name`: the ledger's names.
+Status ValidateTaskTerms(const TaskParams& params, Amount budget, Amount price_cap,
+                         bool verification, uint32_t verifiers_per_unit,
+                         const TaskFieldNamer& name = {});
 
 enum class WorkUnitStatus : uint8_t {
   kPending = 0,    // created, not assigned

@@ -7,7 +7,8 @@
 //   rounds = 12               # outer (DiLoCo) rounds
 //   units_per_round = 4       # work units per round (data shards)
 //   inner_steps = 50          # H: inner optimizer steps per unit
-//   checkpoint_interval = 10  # k: state hash committed every k steps (verification segments)
+//   checkpoint_interval = 10  # k: state hash committed every k steps (verification segments);
+//                             # 1..inner_steps, default inner_steps (one segment)
 //   aggregation = "mean"      # mean | trimmed_mean | median | centered_clip | krum
 //   trim_fraction = 0.125     # trimmed_mean
 //   clip_radius = 0.0         # centered_clip (0: automatic)
@@ -41,7 +42,7 @@ struct NetworkSpec {
   uint32_t rounds = 0;
   uint32_t units_per_round = 0;
   uint32_t inner_steps = 0;
-  uint32_t checkpoint_interval = 0;
+  uint32_t checkpoint_interval = 0;  // FromConfig: 1..inner_steps (default inner_steps)
   protocol::AggregationConfig aggregation;
   protocol::OuterOptimizerConfig outer;
   // The inner optimizer's learning rate in round r is lr x InnerLrScale(r): 1 in round 0,

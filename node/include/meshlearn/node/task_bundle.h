@@ -115,6 +115,13 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
                                   const Hash256& initial_state, uint64_t memory_bytes = 0);
 
+// The model a global state of `num_weights` floats belongs to, from a task's [model]: the spec
+// itself, or, for a GPT whose vocab_size comes from the data (0 in the file, hence in the
+// bundle), the spec with the vocab_size that gives exactly `num_weights` parameters (a GPT's
+// parameter count is affine in the vocabulary). Lets a model be written from a task's state
+// without loading its data (`task fetch`). Errors if no vocabulary fits.
+Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint64_t num_weights);
+
 // Training FLOPs of one sample, forward + backward (3 x the forward multiply-adds x 2): linear
 // and conv2d layers counted exactly from their shapes, GPT as 6 x parameters x seq_len plus
 // attention. The standard benchmark (`node bench`) uses the same count, so the scheduler's time
