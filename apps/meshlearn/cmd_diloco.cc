@@ -2,6 +2,7 @@
 // unit of every round in turn, the task's aggregation rule, the outer optimizer — exactly what the
 // network computes. It is the reference a devnet's final model must equal, the baseline for
 // network speed-ups, and a bench for aggregation rules against garbage-sending solvers.
+#include <cmath>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -58,9 +59,12 @@ Status RunDiloco(GlobalOptions& g, const DilocoArgs& a, nlohmann::json* report) 
   };
   nlohmann::json rounds = nlohmann::json::array();
   opt.on_round = [&](const node::RoundReport& rr) {
-    last_status = fmt::format("round {} loss {:.4f} acc {:.4f}", rr.round + 1, rr.eval.loss,
-                              rr.eval.accuracy);
-    rounds.push_back({{"round", rr.round + 1},
+    // Rounds are numbered from 0, as the ledger and `task status` number them.
+    last_status = rr.eval.accuracy >= 0
+                      ? fmt::format("round {} loss {:.4f} acc {:.4f}", rr.round, rr.eval.loss,
+                                    rr.eval.accuracy)
+                      : fmt::format("round {} loss {:.4f}", rr.round, rr.eval.loss);
+    rounds.push_back({{"round", rr.round},
                       {"train_loss", rr.train_loss},
                       {"test_loss", rr.eval.loss},
                       {"test_accuracy", rr.eval.accuracy},
@@ -89,7 +93,9 @@ Status RunDiloco(GlobalOptions& g, const DilocoArgs& a, nlohmann::json* report) 
     ML_RETURN_IF_ERROR(env->CreateDirs(a.out));
     ML_RETURN_IF_ERROR(trainer->SetFlatParams(r.final_weights));
     std::string model = JoinPath(a.out, "model.safetensors");
-    ML_RETURN_IF_ERROR(engine::SaveModel(env, model, trainer->state()));
+    ML_RETURN_IF_ERROR(engine::SaveModel(env, model, trainer->state(),
+                                         {{"meshlearn.network", "diloco"},
+                                          {"meshlearn.weights_hash", r.final_hash.ToHex()}}));
     (*report)["model"] = model;
     ML_RETURN_IF_ERROR(env->WriteFileAtomic(JoinPath(a.out, "report.json"), report->dump(2) + "\n"));
   }
@@ -120,12 +126,17 @@ void AddDiloco(CLI::App& root, GlobalOptions& g) {
     Status s = RunDiloco(g, a, &report);
     if (!s.ok()) return g.Exit(s);
     g.Output(report, [&] {
+      const double acc = report["test_accuracy"].get<double>();
+      const double loss = report["test_loss"].get<double>();
+      // The task's metric: a language model has no accuracy (its perplexity instead).
+      const std::string metric =
+          acc >= 0 ? fmt::format("test accuracy {:.4f}, loss {:.4f}", acc, loss)
+                   : fmt::format("test loss {:.4f}, perplexity {:.2f}", loss, std::exp(loss));
       std::cout << fmt::format(
-          "{} rounds x {} units x {} steps, {}: test accuracy {:.4f}, loss {:.4f} in {:.1f}s\n"
-          "final weights {}\n",
+          "{} rounds x {} units x {} steps, {}: {} in {:.1f}s\n"
+          "weights hash {}\n",
           report["rounds"].get<int>(), report["units_per_round"].get<int>(),
-          report["inner_steps"].get<int>(), report["aggregation"].get<std::string>(),
-          report["test_accuracy"].get<double>(), report["test_loss"].get<double>(),
+          report["inner_steps"].get<int>(), report["aggregation"].get<std::string>(), metric,
           report["seconds"].get<double>(), report["final_weights_hash"].get<std::string>());
       if (report.contains("model")) std::cout << "model: " << report["model"].get<std::string>() << "\n";
     });

@@ -1,8 +1,12 @@
 // meshlearn task submit|status|watch|fetch|cancel|quote: the submitter's commands (see
 // docs/submitters.md). The shared pieces (task_client.h) are also what `meshlearn devnet` uses.
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <iostream>
+#include <map>
 #include <thread>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -12,6 +16,7 @@
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/safetensors.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/blob_service.h"
@@ -23,6 +28,8 @@
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/scheduler.h"
+#include "meshlearn/protocol/unit_check.h"
+#include "meshlearn/protocol/verification.h"
 #include "task_client.h"
 
 namespace meshlearn::cli {
@@ -40,8 +47,7 @@ Status SetTolerance(Env* env, const std::string& path, PreparedTask* t) {
   p.tolerance_rel_l2_ppm = t->net.tolerance_rel_l2_ppm;
   p.tolerance_cosine_gap_ppb = t->net.tolerance_cosine_gap_ppb;
   if (p.tolerance_rel_l2_ppm != 0 && p.tolerance_cosine_gap_ppb != 0) return Status::Ok();
-  const uint32_t k = t->net.checkpoint_interval == 0 ? t->net.inner_steps
-                                                     : t->net.checkpoint_interval;
+  const uint32_t k = p.checkpoint_interval;
   node::UnitWork work{.stream = protocol::UnitSeed(t->facts.seed,
                                                    protocol::UnitId{t->facts.content_id, 0, 0}),
                       .inner_steps = t->net.inner_steps,
@@ -92,21 +98,12 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   ML_ASSIGN_OR_RETURN(t.task, engine::TaskSpec::Load(env, path));
   ML_ASSIGN_OR_RETURN(t.trainer, engine::Trainer::Create(env, t.task));
   t.facts = node::ComputeTaskFacts(*t.trainer, t.net);
+  // The one derivation of the ledger's params from the file (initial_state: StoreTaskBlobs). It
+  // carries data_root, the Merkle root over the training examples (zero for a token task): nodes
+  // refuse a task whose data does not give it, and the ledger executes a disputed step against
+  // it (RefereeStepTx).
+  t.params = node::MakeTaskParams(t.facts, t.net, Hash256{});
   ledger::TaskParams& p = t.params;
-  p.rounds = t.net.rounds;
-  p.units_per_round = t.net.units_per_round;
-  p.inner_steps = t.net.inner_steps;
-  p.batch_size = t.facts.batch_size;
-  p.checkpoint_interval = t.net.checkpoint_interval;
-  p.flops_per_sample = t.facts.flops_per_sample;
-  p.model_bytes = t.facts.model_bytes;
-  p.memory_bytes = 0;
-  p.num_examples = t.facts.num_examples;
-  p.seed = t.facts.seed;
-  p.verification_window_blocks = t.net.verification_window_blocks;
-  // The Merkle root over the training examples (zero for a token task): nodes refuse a task whose
-  // data does not give it, and the ledger executes a disputed step against it (RefereeStepTx).
-  p.data_root = t.facts.data_root;
   if (t.net.tolerance_mode) ML_RETURN_IF_ERROR(SetTolerance(env, path, &t));
   t.view = node::MakeTaskView(*t.trainer, t.net);
   t.view.flops_per_sample = p.flops_per_sample;
@@ -115,21 +112,38 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   if (!v.ok()) return v.WithPrefix(path);
   t.total_units = uint64_t{t.net.rounds} * t.net.units_per_round;
   t.unit_flops = protocol::UnitFlops(t.view);
-  ledger::Amount unit_cost = 0;
-  // The ledger's own rule, for a chain with the default verifiers per unit (the ledger refuses
-  // with the amount it needs when its genesis says otherwise).
-  t.cost_at_cap = ledger::MaxTaskCost(p, t.net.price_cap, &unit_cost,
-                                      ledger::ChainParams{}.verifiers_per_unit);
-  // The ledger refuses a budget below the most the task can cost (no node works unpaid).
-  if (t.net.budget < t.cost_at_cap) {
-    return InvalidArgument(fmt::format(
-        "{}: network.budget = {} is below the most this task can cost, {} = rounds x "
-        "(units_per_round x (1 solver + 1 verifier) + 1 aggregation) x {} tokens a unit at "
-        "price_cap {}; raise "
-        "network.budget to at least {} or lower network.price_cap", path, t.net.budget,
-        t.cost_at_cap, unit_cost, t.net.price_cap, t.cost_at_cap));
-  }
+  // The ledger's own rules, for a chain with the default parameters (SubmitPreparedTask and
+  // `task quote` check again against the chain's genesis).
+  const ledger::ChainParams chain;
+  t.cost_at_cap = ledger::MaxTaskCost(p, t.net.price_cap, nullptr,
+                                      chain.verification ? chain.verifiers_per_unit : 0);
+  ML_RETURN_IF_ERROR(CheckTaskTerms(t, chain));
   return t;
+}
+
+std::string TaskFileKey(std::string_view field) {
+  if (field == "batch_size") return "train.batch_size";
+  if (field == "seed") return "task.seed";
+  // Computed from the model and the data, not written in the file.
+  if (field == "flops_per_sample" || field == "model_bytes" || field == "memory_bytes" ||
+      field == "num_examples" || field == "initial_state" || field == "data_root") {
+    return "the task's " + std::string(field);
+  }
+  return "network." + std::string(field);
+}
+
+Status CheckTaskTerms(const PreparedTask& t, const ledger::ChainParams& chain) {
+  Status s = ledger::ValidateTaskTerms(t.params, t.net.budget, t.net.price_cap, chain.verification,
+                                       chain.verifiers_per_unit, TaskFileKey);
+  return s.WithPrefix(t.path);
+}
+
+Result<ledger::Genesis> FetchGenesis(ledger::RpcClient& rpc) {
+  ML_ASSIGN_OR_RETURN(json g, rpc.Call("get_genesis", json::object()));
+  if (!g.contains("toml") || !g["toml"].is_string()) {
+    return DataLoss("get_genesis answered without its toml text");
+  }
+  return ledger::ParseGenesis(g["toml"].get<std::string>(), "the ledger's genesis");
 }
 
 Result<TaskBlobs> StoreTaskBlobs(Env* env, PreparedTask* t, net::BlobStore* store) {
@@ -178,6 +192,10 @@ Result<SubmittedTask> SubmitPreparedTask(ledger::RpcClient& rpc, const KeyPair& 
         "fund the account (`meshlearn wallet faucet` on a devnet)", t->net.budget, balance,
         key.public_key().ShortHex()));
   }
+  // The chain's own parameters (verifiers per unit, verification on or off) decide the most a
+  // task can cost: the same checks SubmitTask will make, before the upload.
+  ML_ASSIGN_OR_RETURN(ledger::Genesis genesis, FetchGenesis(rpc));
+  ML_RETURN_IF_ERROR(CheckTaskTerms(*t, genesis.params));
   ML_ASSIGN_OR_RETURN(std::vector<std::string> endpoints, NodeEndpoints(rpc));
   if (endpoints.empty()) {
     return FailedPrecondition("no active node is registered on " + rpc.url() +
@@ -224,23 +242,77 @@ Result<json> GetTask(ledger::RpcClient& rpc, const Hash256& id, bool units) {
   return rpc.Call("get_task", {{"id", id.ToHex()}, {"units", units}});
 }
 
+TaskMoney MoneyOf(const json& j) {
+  TaskMoney m;
+  m.budget = j.value("budget", uint64_t{0});
+  m.spent = j.value("spent", uint64_t{0});
+  m.treasury_cut = j.value("treasury_cut", uint64_t{0});
+  m.refunded = j.value("refunded", uint64_t{0});
+  m.escrow = j.value("escrow", uint64_t{0});
+  const json v = j.value("verification", json::object());
+  m.paid_to_verifiers = v.value("verifiers_paid", uint64_t{0});
+  m.added_from_slashes = v.value("redo_escrow", uint64_t{0});
+  for (const json& r : j.value("round_results", json::array())) {
+    m.paid_to_aggregators += r.value("aggregator_paid", uint64_t{0});
+  }
+  // Every payment from the escrow is a unit's (its `paid`), a round's aggregation or a
+  // verification (ledger PayFromEscrow's three callers); the units' share is what is left.
+  const uint64_t others = m.paid_to_verifiers + m.paid_to_aggregators;
+  m.paid_to_solvers = m.spent >= others ? m.spent - others : 0;
+  m.to_nodes = m.spent >= m.treasury_cut ? m.spent - m.treasury_cut : 0;
+  return m;
+}
+
+json MoneyJson(const TaskMoney& m) {
+  return {{"budget", m.budget},
+          {"spent", m.spent},
+          {"paid_to_solvers", m.paid_to_solvers},
+          {"paid_to_verifiers", m.paid_to_verifiers},
+          {"paid_to_aggregators", m.paid_to_aggregators},
+          {"treasury_cut", m.treasury_cut},
+          {"to_nodes", m.to_nodes},
+          {"refunded", m.refunded},
+          {"escrow", m.escrow},
+          {"added_from_slashes", m.added_from_slashes}};
+}
+
+std::string MoneyLine(const TaskMoney& m) {
+  std::string s = fmt::format(
+      "spent {} = solvers {} + verifiers {} + aggregators {} (treasury cut {}, to nodes {})",
+      m.spent, m.paid_to_solvers, m.paid_to_verifiers, m.paid_to_aggregators, m.treasury_cut,
+      m.to_nodes);
+  if (m.refunded > 0 || m.escrow == 0) s += fmt::format("; refunded {}", m.refunded);
+  if (m.escrow > 0) s += fmt::format("; in escrow {}", m.escrow);
+  s += fmt::format(" of budget {}", m.budget);
+  if (m.added_from_slashes > 0) {
+    s += fmt::format(" ({} of it slashed stake added for re-runs)", m.added_from_slashes);
+  }
+  return s;
+}
+
 TaskProgress ProgressOf(const json& j) {
   TaskProgress p;
   p.status = j.value("status", "");
-  p.phase = j["phase"].is_string() ? j["phase"].get<std::string>() : "";
+  if (p.status == "open" && j.contains("phase") && j["phase"].is_string()) {
+    p.phase = j["phase"].get<std::string>();
+  }
   const json params = j.value("params", json::object());
   p.rounds = params.value("rounds", 0u);
   p.units_per_round = params.value("units_per_round", 0u);
-  p.round = j["round"].is_number() ? j["round"].get<uint32_t>() : 0;
+  p.round = j.contains("round") && j["round"].is_number() ? j["round"].get<uint32_t>() : 0;
   p.units_total = j.value("unit_count", uint64_t{0});
-  p.budget = j.value("budget", uint64_t{0});
-  p.spent = j.value("spent", uint64_t{0});
-  p.escrow = j.value("escrow", uint64_t{0});
-  p.refunded = j.value("refunded", uint64_t{0});
+  p.money = MoneyOf(j);
+  p.budget = p.money.budget;
+  p.spent = p.money.spent;
+  p.escrow = p.money.escrow;
+  p.refunded = p.money.refunded;
   const json results = j.value("round_results", json::array());
   p.rounds_done = results.size();
+  for (const json& r : results) {
+    if (r.value("test_accuracy_ppm", 0u) > 0) p.has_accuracy = true;
+  }
   if (!results.empty()) {
-    p.last_accuracy = results.back().value("test_accuracy_ppm", 0u) / 1e6;
+    if (p.has_accuracy) p.last_accuracy = results.back().value("test_accuracy_ppm", 0u) / 1e6;
     p.last_test_loss = results.back().value("test_loss_micros", uint64_t{0}) / 1e6;
   }
   double loss_sum = 0;
@@ -265,14 +337,99 @@ TaskProgress ProgressOf(const json& j) {
   return p;
 }
 
+std::string TaskProgress::StatusText() const {
+  // A closed task's round machine stays in whatever phase it was in (a cancelled task's often
+  // "awaiting_verification_window"): only an open task's phase says anything.
+  if (status != "open" || phase.empty()) return status;
+  std::string ph = phase;
+  for (char& c : ph) c = c == '_' ? ' ' : c;
+  return status + " (round " + std::to_string(round) + ": " + ph + ")";
+}
+
 std::string ProgressLine(const TaskProgress& p) {
-  std::string s = fmt::format("round {}/{} units {}/{} ({} assigned)",
-                              std::min(p.rounds_done + (p.done() ? 0 : 1), uint64_t{p.rounds}),
+  std::string s = fmt::format("rounds {}/{} done, units {}/{} ({} assigned)", p.rounds_done,
                               p.rounds, p.units_committed, p.units_total, p.units_assigned);
-  if (p.last_train_loss >= 0) s += fmt::format(" loss {:.4f}", p.last_train_loss);
-  if (p.last_accuracy >= 0) s += fmt::format(" acc {:.4f}", p.last_accuracy);
+  if (p.last_train_loss >= 0) s += fmt::format(" train loss {:.4f}", p.last_train_loss);
+  if (p.has_accuracy && p.last_accuracy >= 0) {
+    s += fmt::format(" test acc {:.4f}", p.last_accuracy);
+  } else if (!p.has_accuracy && p.last_test_loss >= 0) {
+    s += fmt::format(" test loss {:.4f}", p.last_test_loss);
+  }
   s += fmt::format(" spent {}/{}", p.spent, p.budget);
   return s;
+}
+
+std::string RoundMetricText(const json& r, bool has_accuracy) {
+  const double loss = r.value("test_loss_micros", uint64_t{0}) / 1e6;
+  if (has_accuracy) {
+    return fmt::format("test accuracy {:.4f}, loss {:.4f}",
+                       r.value("test_accuracy_ppm", 0u) / 1e6, loss);
+  }
+  return fmt::format("test loss {:.4f}, perplexity {:.2f}", loss, std::exp(loss));
+}
+
+std::string MetricText(const TaskProgress& p) {
+  if (p.rounds_done == 0) return "no round finished yet";
+  if (p.has_accuracy) {
+    return fmt::format("test accuracy {:.4f}, loss {:.4f}", p.last_accuracy, p.last_test_loss);
+  }
+  return fmt::format("test loss {:.4f}, perplexity {:.2f}", p.last_test_loss,
+                     std::exp(p.last_test_loss));
+}
+
+json MetricJson(const TaskProgress& p) {
+  json j = json::object();
+  if (p.rounds_done > 0) {
+    if (p.has_accuracy) j["test_accuracy"] = p.last_accuracy;
+    j["test_loss"] = p.last_test_loss;
+    if (!p.has_accuracy) j["test_perplexity"] = std::exp(p.last_test_loss);
+  }
+  if (p.last_train_loss >= 0) j["train_loss"] = p.last_train_loss;
+  return j;
+}
+
+Status CheckTaskIdText(const std::string& typed) {
+  if (typed.empty() || typed.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    return InvalidArgument("task id: expected hex digits (the id, or any unique prefix of it), "
+                           "got '" + typed + "'");
+  }
+  if (typed.size() > 64) {
+    return InvalidArgument(fmt::format("task id: expected at most 64 hex digits, got {}",
+                                       typed.size()));
+  }
+  return Status::Ok();
+}
+
+Result<Hash256> ResolveTaskId(ledger::RpcClient& rpc, const std::string& typed) {
+  ML_RETURN_IF_ERROR(CheckTaskIdText(typed));
+  std::string want = typed;
+  for (char& c : want) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (want.size() == 64) return Hash256::FromHex(want, "task id");
+  std::vector<std::string> matches;
+  json cursor = nullptr;
+  for (int page = 0; page < 10000; ++page) {
+    json params = {{"limit", 100}};
+    if (!cursor.is_null()) params["cursor"] = cursor;
+    ML_ASSIGN_OR_RETURN(json res, rpc.Call("list_tasks", params));
+    if (!res.is_object()) return DataLoss("list_tasks answered a non-object");
+    for (const json& t : res.value("items", json::array())) {
+      const std::string id = t.is_object() ? t.value("id", "") : "";
+      if (id.rfind(want, 0) == 0) matches.push_back(id);
+    }
+    cursor = res.contains("next_cursor") ? res["next_cursor"] : json(nullptr);
+    if (cursor.is_null() || (cursor.is_string() && cursor.get<std::string>().empty())) break;
+  }
+  if (matches.empty()) {
+    return NotFound("task id: no task on " + rpc.url() + " has an id starting with " + want);
+  }
+  if (matches.size() > 1) {
+    std::string names;
+    for (size_t i = 0; i < matches.size() && i < 10; ++i) names += "\n  " + matches[i];
+    if (matches.size() > 10) names += fmt::format("\n  ... ({} in all)", matches.size());
+    return InvalidArgument(fmt::format("task id: {} tasks have ids starting with {}; type more of "
+                                       "the id:{}", matches.size(), want, names));
+  }
+  return Hash256::FromHex(matches[0], "task id");
 }
 
 Result<Bytes> FetchBlob(ledger::RpcClient& rpc, net::BlobStore* store, const net::BlobId& id,
@@ -289,10 +446,11 @@ Result<Bytes> FetchBlob(ledger::RpcClient& rpc, net::BlobStore* store, const net
 }
 
 Status WriteModel(Env* env, const engine::TaskSpec& task, ByteSpan state_blob,
-                  const std::string& path, Hash256* weights_hash) {
+                  const std::string& path, Hash256* weights_hash, const ModelOrigin& origin) {
   ML_ASSIGN_OR_RETURN(node::GlobalState s, node::DecodeGlobalState(state_blob));
   engine::TrainState st;
-  ML_ASSIGN_OR_RETURN(st.model, engine::Model::Create(task.model));
+  ML_ASSIGN_OR_RETURN(engine::ModelSpec spec, node::ModelSpecForState(task.model, s.weights.size()));
+  ML_ASSIGN_OR_RETURN(st.model, engine::Model::Create(spec));
   st.seed = task.seed;
   if (static_cast<uint64_t>(st.model->NumParameters()) != s.weights.size()) {
     return DataLoss(fmt::format("the state blob has {} weights but the task's model has {}",
@@ -304,8 +462,14 @@ Status WriteModel(Env* env, const engine::TaskSpec& task, ByteSpan state_blob,
               s.weights.begin() + static_cast<std::ptrdiff_t>(off + p.value.size()), p.value.data());
     off += static_cast<size_t>(p.value.size());
   }
-  if (weights_hash) *weights_hash = node::HashFloats(s.weights);
-  return engine::SaveModel(env, path, st, {{"meshlearn.network", "diloco"}});
+  const Hash256 wh = node::HashFloats(s.weights);
+  if (weights_hash) *weights_hash = wh;
+  std::map<std::string, std::string> meta = {{"meshlearn.network", "diloco"},
+                                             {"meshlearn.weights_hash", wh.ToHex()}};
+  if (!origin.task_id.empty()) meta["meshlearn.task"] = origin.task_id;
+  if (!origin.state.empty()) meta["meshlearn.state"] = origin.state;
+  if (origin.round >= 0) meta["meshlearn.round"] = std::to_string(origin.round);
+  return engine::SaveModel(env, path, st, meta);
 }
 
 Result<json> WatchTask(ledger::RpcClient& rpc, const Hash256& id, int64_t timeout_ms,
@@ -350,9 +514,8 @@ struct TaskArgs {
 
 std::string BlobDir(const GlobalOptions& g) { return JoinPath(g.home, "blobs"); }
 
-Result<Hash256> ParseTaskId(const std::string& s) {
-  return Hash256::FromHex(s, "task id");
-}
+// "--rpc URL" when the user gave one: every follow-up command printed must run as printed.
+std::string RpcFlag(const TaskArgs& a) { return a.rpc.empty() ? "" : " --rpc " + a.rpc; }
 
 Result<KeyPair> LoadKey(GlobalOptions& g, const TaskArgs& a) {
   if (a.key.empty()) return InvalidArgument("--key NAME is required: the key that signs and pays");
@@ -361,11 +524,24 @@ Result<KeyPair> LoadKey(GlobalOptions& g, const TaskArgs& a) {
   return store.Load(a.key, pass);
 }
 
+json ParamsJson(const ledger::TaskParams& p) {
+  json j = json::object();
+  ledger::TaskParams::Visit(p, [&](const char* name, const auto& v) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, Hash256>) {
+      j[name] = v.ToHex();
+    } else {
+      j[name] = v;
+    }
+  });
+  return j;
+}
+
 json PreparedJson(const PreparedTask& t) {
   return {{"file", t.path},
           {"rounds", t.net.rounds},
           {"units_per_round", t.net.units_per_round},
           {"inner_steps", t.net.inner_steps},
+          {"checkpoint_interval", t.params.checkpoint_interval},
           {"batch_size", t.params.batch_size},
           {"parameters", t.facts.num_params},
           {"model_bytes", t.params.model_bytes},
@@ -375,6 +551,8 @@ json PreparedJson(const PreparedTask& t) {
           {"budget", t.net.budget},
           {"price_cap", t.net.price_cap},
           {"cost_at_price_cap", t.cost_at_cap},
+          // What SubmitTask will carry (initial_state is zero until the blobs are stored).
+          {"params", ParamsJson(t.params)},
           {"verification", t.net.tolerance_mode ? "tolerance" : "exact"},
           {"tolerance_rel_l2_ppm", t.params.tolerance_rel_l2_ppm},
           {"tolerance_cosine_gap_ppb", t.params.tolerance_cosine_gap_ppb},
@@ -382,14 +560,33 @@ json PreparedJson(const PreparedTask& t) {
                                   {"cosine", t.tolerance_measured.cosine}}}};
 }
 
+// The chain's genesis when a ledger answers (no retries: a dry run or a quote must not hang on
+// a ledger that is not there).
+Result<ledger::Genesis> ReachableGenesis(const TaskArgs& a) {
+  ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc), {.retries = 0});
+  return FetchGenesis(rpc);
+}
+
 Status RunSubmit(GlobalOptions& g, const TaskArgs& a) {
   Env* env = Env::Default();
   ML_ASSIGN_OR_RETURN(PreparedTask t, PrepareTask(env, a.file));
   if (a.dry_run) {
     json j = PreparedJson(t);
+    // PrepareTask ran the ledger's checks for a chain of default parameters; a reachable ledger's
+    // own parameters (verifiers per unit) are checked too.
+    std::string against = "default chain parameters (no ledger answered at " +
+                          ledger::DefaultRpcUrl(a.rpc) + ")";
+    if (Result<ledger::Genesis> gen = ReachableGenesis(a); gen.ok()) {
+      ML_RETURN_IF_ERROR(CheckTaskTerms(t, gen->params));
+      against = "the chain at " + ledger::DefaultRpcUrl(a.rpc);
+      j["checked_against"] = ledger::DefaultRpcUrl(a.rpc);
+    } else {
+      j["checked_against"] = "defaults";
+    }
     j["valid"] = true;
     g.Output(j, [&] {
-      std::cout << a.file << " is valid: " << t.total_units << " units of "
+      std::cout << a.file << " is valid (SubmitTask's checks, for " << against << "): "
+                << t.total_units << " units of "
                 << fmt::format("{:.1f}", static_cast<double>(t.unit_flops) / 1e9)
                 << " GFLOP; at most " << t.cost_at_cap << " tokens at the price cap (budget "
                 << t.net.budget << ")\n";
@@ -418,59 +615,93 @@ Status RunSubmit(GlobalOptions& g, const TaskArgs& a) {
   j["pushed_to"] = s.pushed_to;
   j["pushed_bytes"] = s.pushed_bytes;
   g.Output(j, [&] {
-    std::cout << "task " << s.task_id.ToHex() << " submitted in block " << s.height << " ("
-              << t.total_units << " units, budget " << t.net.budget << " escrowed)\n"
-              << "watch it: meshlearn task watch " << s.task_id.ToHex() << "\n";
+    const std::string id = s.task_id.ToHex();
+    std::cout << "task " << id << " submitted in block " << s.height << " (" << t.total_units
+              << " units, budget " << t.net.budget << " escrowed)\n"
+              << "watch it: meshlearn task watch " << id.substr(0, 12) << RpcFlag(a) << "\n";
   });
   return Status::Ok();
 }
 
+// Prints a task's rounds, 0-based like every record of them, with the task's metric.
+void PrintRounds(const json& task, const TaskProgress& p) {
+  for (const json& r : task.value("round_results", json::array())) {
+    std::cout << fmt::format("  round {:>3}: {}\n", r.value("round", 0u),
+                             RoundMetricText(r, p.has_accuracy));
+  }
+}
+
 Status RunStatus(GlobalOptions& g, const TaskArgs& a) {
-  ML_ASSIGN_OR_RETURN(Hash256 id, ParseTaskId(a.id));
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
+  ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(rpc, a.id));
   ML_ASSIGN_OR_RETURN(json j, GetTask(rpc, id, true));
   TaskProgress p = ProgressOf(j);
+  j["money"] = MoneyJson(p.money);
+  j["metric"] = MetricJson(p);
   g.Output(j, [&] {
-    std::cout << "task " << a.id << ": " << p.status << (p.phase.empty() ? "" : " (" + p.phase + ")")
-              << "\n" << ProgressLine(p) << "\n";
+    std::cout << "task " << id.ToHex() << ": " << p.StatusText() << "\n"
+              << ProgressLine(p) << "\n"
+              << MoneyLine(p.money) << "\n";
     if (!p.final_state.empty()) std::cout << "final state: " << p.final_state << "\n";
-    for (const json& r : j.value("round_results", json::array())) {
-      std::cout << fmt::format("  round {:>3}: test accuracy {:.4f}, loss {:.4f}\n",
-                               r.value("round", 0) + 1, r.value("test_accuracy_ppm", 0u) / 1e6,
-                               r.value("test_loss_micros", uint64_t{0}) / 1e6);
-    }
+    PrintRounds(j, p);
   });
   return Status::Ok();
 }
 
 Status RunWatch(GlobalOptions& g, const TaskArgs& a) {
-  ML_ASSIGN_OR_RETURN(Hash256 id, ParseTaskId(a.id));
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
-  ML_ASSIGN_OR_RETURN(json first, GetTask(rpc, id, false));
-  TaskProgress p0 = ProgressOf(first);
-  ProgressBar bar("task", static_cast<int64_t>(p0.units_total), "units", !g.json);
-  ML_ASSIGN_OR_RETURN(json last, WatchTask(rpc, id, a.timeout_s * 1000, [&](const json& j) {
-    TaskProgress p = ProgressOf(j);
-    bar.Update(static_cast<int64_t>(p.units_committed), ProgressLine(p));
-    if (g.json) std::cout << json{{"round", p.rounds_done}, {"units_committed", p.units_committed},
-                                  {"units_assigned", p.units_assigned},
-                                  {"test_accuracy", p.last_accuracy}, {"spent", p.spent}}.dump()
-                          << std::endl;
-  }));
+  ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(rpc, a.id));
+  ML_ASSIGN_OR_RETURN(json first, GetTask(rpc, id, true));
+  const TaskProgress p0 = ProgressOf(first);
+  json last = first;
+  if (!p0.done()) {
+    // The bar counts the units committed while it watches, so its rate and ETA are measured
+    // over real elapsed time (not the units done before `watch` started).
+    const int64_t base = static_cast<int64_t>(p0.units_committed);
+    ProgressBar bar("task", static_cast<int64_t>(p0.units_total) - base, "new units", !g.json);
+    Result<json> watched = WatchTask(rpc, id, a.timeout_s * 1000, [&](const json& j) {
+      TaskProgress p = ProgressOf(j);
+      bar.Update(static_cast<int64_t>(p.units_committed) - base, ProgressLine(p));
+      if (g.json) {
+        json line = {{"status", p.status},
+                     {"rounds_done", p.rounds_done},
+                     {"round", p.round},
+                     {"units_committed", p.units_committed},
+                     {"units_assigned", p.units_assigned},
+                     {"spent", p.spent}};
+        line.update(MetricJson(p));
+        std::cout << line.dump() << std::endl;
+      }
+    });
+    if (!watched.ok()) {
+      bar.Finish();
+      if (watched.status().code() != StatusCode::kDeadlineExceeded) return watched.status();
+      return DeadlineExceeded(fmt::format("task {} is still open after {} s; `meshlearn task "
+                                          "watch {}{}` continues", id.ToHex(), a.timeout_s,
+                                          id.ToHex().substr(0, 12), RpcFlag(a)));
+    }
+    last = *watched;
+    bar.Finish(ProgressLine(ProgressOf(last)));
+  }
   TaskProgress p = ProgressOf(last);
-  bar.Finish(ProgressLine(p));
   if (g.json) {
+    last["money"] = MoneyJson(p.money);
+    last["metric"] = MetricJson(p);
     std::cout << last.dump() << std::endl;
   } else {
-    std::cout << "task " << a.id << " " << p.status << ": test accuracy "
-              << fmt::format("{:.4f}", p.last_accuracy) << ", spent " << p.spent << ", refunded "
-              << p.refunded << "\n";
-    if (!p.final_state.empty()) std::cout << "fetch it: meshlearn task fetch " << a.id << " --out DIR\n";
+    std::cout << "task " << id.ToHex() << " " << p.StatusText() << ": " << MetricText(p) << "\n"
+              << MoneyLine(p.money) << "\n";
+    if (p.rounds_done > 0) {
+      std::cout << "fetch it: meshlearn task fetch " << id.ToHex().substr(0, 12) << RpcFlag(a)
+                << " --out task-" << id.ToHex().substr(0, 12) << "\n";
+    }
   }
   return Status::Ok();
 }
 
-// The task spec of a task from its bundle (model only: data paths stay "blob:...").
+// The task spec of a task from its bundle (model only: data paths stay "blob:..."), with what
+// the bundle's data decided at submission: a vocabulary taken from the data (model.vocab_size =
+// 0 in the file) is the one the task's initial state was made with, read back from its size.
 Result<engine::TaskSpec> TaskSpecFromBundle(ledger::RpcClient& rpc, net::BlobStore* store,
                                             const std::string& spec_hash) {
   ML_ASSIGN_OR_RETURN(Hash256 sh, Hash256::FromHex(spec_hash, "spec_hash"));
@@ -478,58 +709,130 @@ Result<engine::TaskSpec> TaskSpecFromBundle(ledger::RpcClient& rpc, net::BlobSto
   return engine::TaskSpec::Parse(std::string(bundle.begin(), bundle.end()), "bundle.toml", ".");
 }
 
+// The state a fetch takes: the final one, or the latest finished round's; and that round.
+struct StateChoice {
+  std::string state_hex;
+  int64_t round = -1;  // 0-based round whose aggregate it is
+};
+Result<StateChoice> ChooseState(const json& j, const TaskProgress& p, const std::string& id) {
+  const json rr = j.value("round_results", json::array());
+  if (rr.empty()) {
+    return FailedPrecondition("task " + id + " has no finished round yet (" + ProgressLine(p) +
+                              "); try again later");
+  }
+  StateChoice c;
+  c.round = static_cast<int64_t>(rr.size()) - 1;
+  c.state_hex = p.final_state.empty() ? rr.back().value("state", "") : p.final_state;
+  return c;
+}
+
 Status RunFetch(GlobalOptions& g, const TaskArgs& a) {
   Env* env = Env::Default();
-  ML_ASSIGN_OR_RETURN(Hash256 id, ParseTaskId(a.id));
   if (a.out.empty()) return InvalidArgument("--out DIR is required");
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
+  ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(rpc, a.id));
   ML_ASSIGN_OR_RETURN(json j, GetTask(rpc, id, true));
   TaskProgress p = ProgressOf(j);
-  std::string state_hex = p.final_state;
-  if (state_hex.empty()) {
-    const json rr = j.value("round_results", json::array());
-    if (rr.empty()) {
-      return FailedPrecondition("task " + a.id + " has no finished round yet (" +
-                                ProgressLine(p) + "); try again later");
-    }
-    state_hex = rr.back().value("state", "");
-    if (!g.json) std::cerr << "task is " << p.status << "; fetching round " << rr.size() << "'s state\n";
+  ML_ASSIGN_OR_RETURN(StateChoice c, ChooseState(j, p, id.ToHex()));
+  if (p.final_state.empty() && !g.json) {
+    std::cerr << "task is " << p.StatusText() << "; fetching round " << c.round << "'s state\n";
   }
   ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, BlobDir(g)));
   ML_ASSIGN_OR_RETURN(engine::TaskSpec task, TaskSpecFromBundle(rpc, store.get(), j.value("spec_hash", "")));
-  ML_ASSIGN_OR_RETURN(Hash256 sid, Hash256::FromHex(state_hex, "state"));
+  ML_ASSIGN_OR_RETURN(Hash256 sid, Hash256::FromHex(c.state_hex, "state"));
   uint64_t wire = 0;
   ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(rpc, store.get(), net::BlobId{sid}, &wire));
   ML_RETURN_IF_ERROR(env->CreateDirs(a.out));
   const std::string model = JoinPath(a.out, "model.safetensors");
   Hash256 wh;
-  ML_RETURN_IF_ERROR(WriteModel(env, task, blob, model, &wh));
-  json report = {{"task_id", a.id},
+  ML_RETURN_IF_ERROR(WriteModel(env, task, blob, model, &wh,
+                                ModelOrigin{.task_id = id.ToHex(), .state = c.state_hex,
+                                            .round = c.round}));
+  json report = {{"task_id", id.ToHex()},
                  {"status", p.status},
-                 {"rounds", p.rounds_done},
+                 {"rounds_done", p.rounds_done},
+                 {"round", c.round},
                  {"units", p.units_total},
                  {"units_paid", p.units_paid},
-                 {"test_accuracy", p.last_accuracy},
-                 {"test_loss", p.last_test_loss},
-                 {"spent", p.spent},
-                 {"refunded", p.refunded},
-                 {"state_blob", state_hex},
-                 {"final_weights_hash", wh.ToHex()},
+                 {"metric", MetricJson(p)},
+                 {"money", MoneyJson(p.money)},
+                 {"state", c.state_hex},
+                 {"weights_hash", wh.ToHex()},
                  {"model", model},
                  {"weights_history", j.value("weights_history", json::array())},
                  {"round_results", j.value("round_results", json::array())}};
   ML_RETURN_IF_ERROR(env->WriteFileAtomic(JoinPath(a.out, "report.json"), report.dump(2) + "\n"));
   g.Output(report, [&] {
-    std::cout << "model:  " << model << " (test accuracy " << fmt::format("{:.4f}", p.last_accuracy)
-              << ")\nreport: " << JoinPath(a.out, "report.json") << "\n";
+    std::cout << "model:  " << model << " (round " << c.round << ": " << MetricText(p) << ")\n"
+              << "        ledger state " << c.state_hex << ", weights hash " << wh.ToHex() << "\n"
+              << "report: " << JoinPath(a.out, "report.json") << "\n"
+              << "check it: meshlearn task verify-model " << id.ToHex().substr(0, 12) << " "
+              << model << RpcFlag(a) << "\n";
+  });
+  return Status::Ok();
+}
+
+// Ties a model file to the ledger's record: the weights in FILE must be those of a global state
+// the ledger recorded for the task (the final one, or the round the file says it is), fetched by
+// its id (a content address: whoever serves it serves the recorded state).
+Status RunVerifyModel(GlobalOptions& g, const TaskArgs& a) {
+  Env* env = Env::Default();
+  ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
+  ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(rpc, a.id));
+  ML_ASSIGN_OR_RETURN(json j, GetTask(rpc, id, false));
+  TaskProgress p = ProgressOf(j);
+  ML_ASSIGN_OR_RETURN(engine::TrainState st, engine::LoadCheckpoint(env, a.file));
+  std::vector<float> weights;
+  for (const engine::Param& prm : st.model->params()) {
+    weights.insert(weights.end(), prm.value.data(), prm.value.data() + prm.value.size());
+  }
+  const Hash256 file_hash = node::HashFloats(weights);
+  // Which recorded state: the one the file names (task fetch writes it), else the final state.
+  ML_ASSIGN_OR_RETURN(engine::SafetensorsFile sf, engine::SafetensorsFile::Read(env, a.file));
+  std::string want = sf.metadata().count("meshlearn.state") ? sf.metadata().at("meshlearn.state")
+                                                            : p.final_state;
+  int64_t round = -1;
+  const json rr = j.value("round_results", json::array());
+  for (size_t r = 0; r < rr.size(); ++r) {
+    if (rr[r].value("state", "") == want) round = static_cast<int64_t>(r);
+  }
+  if (want.empty() || round < 0) {
+    return FailedPrecondition(
+        want.empty() ? "task " + id.ToHex() + " has no final state yet (" + p.StatusText() + ")"
+                     : a.file + " names state " + want + ", which task " + id.ToHex() +
+                           " never recorded");
+  }
+  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, BlobDir(g)));
+  ML_ASSIGN_OR_RETURN(Hash256 sid, Hash256::FromHex(want, "state"));
+  ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(rpc, store.get(), net::BlobId{sid}));
+  ML_ASSIGN_OR_RETURN(node::GlobalState s, node::DecodeGlobalState(blob));
+  const Hash256 recorded = node::HashFloats(s.weights);
+  const bool match = recorded == file_hash;
+  const bool is_final = want == p.final_state;
+  json out = {{"task_id", id.ToHex()},   {"file", a.file},
+              {"state", want},           {"round", round},
+              {"final", is_final},       {"weights_hash", file_hash.ToHex()},
+              {"recorded_weights_hash", recorded.ToHex()}, {"match", match}};
+  if (!match) {
+    if (g.json) std::cout << out.dump() << std::endl;
+    return DataLoss(fmt::format(
+        "{} does not hold the weights of task {}'s round {} state {}: weights hash {}, the "
+        "recorded state's {}", a.file, id.ToHex(), round, want, file_hash.ToHex(),
+        recorded.ToHex()));
+  }
+  g.Output(out, [&] {
+    std::cout << "OK: " << a.file << " holds the weights of task " << id.ToHex() << "'s "
+              << (is_final ? "final state" : "round " + std::to_string(round) + " state")
+              << " " << want << " (round " << round << ")\nweights hash " << file_hash.ToHex()
+              << "\n";
   });
   return Status::Ok();
 }
 
 Status RunCancel(GlobalOptions& g, const TaskArgs& a) {
-  ML_ASSIGN_OR_RETURN(Hash256 id, ParseTaskId(a.id));
   ML_ASSIGN_OR_RETURN(KeyPair key, LoadKey(g, a));
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
+  ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(rpc, a.id));
   ML_ASSIGN_OR_RETURN(std::string chain_id, ledger::FetchChainId(rpc));
   ML_ASSIGN_OR_RETURN(uint64_t nonce, ledger::FetchNextNonce(rpc, key.public_key()));
   ledger::Transaction tx =
@@ -541,25 +844,109 @@ Status RunCancel(GlobalOptions& g, const TaskArgs& a) {
                               receipt.value("reason", std::string("no reason given")));
   }
   ML_ASSIGN_OR_RETURN(json j, GetTask(rpc, id, false));
+  const TaskMoney m = MoneyOf(j);
+  j["money"] = MoneyJson(m);
   g.Output(j, [&] {
-    std::cout << "task " << a.id << " cancelled; refunded " << j.value("refunded", uint64_t{0})
-              << " (spent " << j.value("spent", uint64_t{0}) << ")\n";
+    std::cout << "task " << id.ToHex() << " cancelled; " << MoneyLine(m) << "\n";
   });
   return Status::Ok();
+}
+
+// What a task is expected to cost and take on a network: every payment the ledger makes from
+// the escrow (ledger PayFromEscrow: units, verifications, aggregations), the treasury's cut of
+// each, and the blocks a round waits for. See docs/submitters.md, "Check and price it".
+struct QuoteNode {
+  uint64_t price = 0;  // per GFLOP
+  uint64_t unit_ms = 0;
+  protocol::Reputation rep;
+};
+
+struct TaskQuote {
+  uint64_t unit_cost = 0;  // at the mean solver price
+  double checks = 0;       // expected verified units (each by verifiers_per_unit verifiers)
+  double to_solvers = 0, to_verifiers = 0, to_aggregators = 0, treasury_cut = 0;
+  double spent() const { return to_solvers + to_verifiers + to_aggregators; }
+  double seconds = 0;
+  uint64_t blocks_per_round = 0;
+};
+
+TaskQuote QuoteTask(const PreparedTask& t, const ledger::Genesis& gen,
+                    const std::vector<QuoteNode>& nodes, uint64_t price) {
+  const ledger::ChainParams& cp = gen.params;
+  TaskQuote q;
+  q.unit_cost = protocol::UnitCostTokens(t.view, price);
+  const uint32_t segments =
+      protocol::SegmentCount(t.params.inner_steps, t.params.checkpoint_interval);
+  const uint32_t replayed = std::min(cp.verify_segments_per_check, segments);
+  const uint64_t verifier_pay = protocol::VerifierPay(q.unit_cost, replayed, segments);
+  auto cut = [&](uint64_t amount) {
+    // ledger BasisPoints: floor(amount x bps / 10000) of each payment.
+    return static_cast<double>(amount / 10000 * cp.treasury_cut_bps +
+                               amount % 10000 * cp.treasury_cut_bps / 10000);
+  };
+  // The units go round the eligible nodes; each node's chance of being checked follows its
+  // reputation as the task goes (a new node's units are all checked: verification.h).
+  if (cp.verification && !nodes.empty()) {
+    const protocol::VerificationParams vp = cp.Verification();
+    std::vector<protocol::Reputation> reps;
+    std::vector<double> clean;
+    for (const QuoteNode& n : nodes) reps.push_back(n.rep), clean.push_back(0);
+    for (uint64_t u = 0; u < t.total_units; ++u) {
+      const size_t i = u % nodes.size();
+      const double p = protocol::VerificationProbabilityPermille(reps[i], vp) / 1000.0;
+      q.checks += p;
+      clean[i] += p;  // an honest unit that is checked is clean: the streak grows
+      const uint64_t whole = static_cast<uint64_t>(clean[i]);
+      reps[i].verified_clean = nodes[i].rep.verified_clean + whole;
+      reps[i].clean_streak = nodes[i].rep.clean_streak + whole;
+    }
+    // A forced error re-runs its unit, which is checked again (the forced one is not paid).
+    q.checks += static_cast<double>(t.total_units) * cp.forced_error_per_million / 1e6;
+  }
+  const double units = static_cast<double>(t.total_units);
+  const double rounds = t.net.rounds;
+  const double v = cp.verification ? cp.verifiers_per_unit : 0;
+  q.to_solvers = units * static_cast<double>(q.unit_cost);
+  q.to_aggregators = rounds * static_cast<double>(q.unit_cost);
+  q.to_verifiers = q.checks * v * static_cast<double>(verifier_pay);
+  q.treasury_cut = (units + rounds) * cut(q.unit_cost) + q.checks * v * cut(verifier_pay);
+  // Time: a round's units run in parallel over the nodes, then wait for blocks: assignment,
+  // commit, the verdicts' commit and reveal (each verifier replays `replayed` segments of a
+  // unit), the aggregator's assignment and commit, the verification window, and settlement.
+  uint64_t slowest = 1;
+  for (const QuoteNode& n : nodes) slowest = std::max(slowest, n.unit_ms);
+  const uint64_t per_node = nodes.empty() ? t.net.units_per_round
+                                          : (t.net.units_per_round + nodes.size() - 1) /
+                                                nodes.size();
+  const uint64_t block_ms = static_cast<uint64_t>(std::max<int64_t>(1, gen.block_interval_ms));
+  auto blocks = [&](uint64_t ms) { return (ms + block_ms - 1) / block_ms; };
+  q.blocks_per_round = 2 + blocks(per_node * slowest) + 2 + 1 + t.net.verification_window_blocks + 1;
+  if (cp.verification) q.blocks_per_round += 2 + blocks(slowest * replayed / std::max(1u, segments));
+  q.seconds = rounds * static_cast<double>(q.blocks_per_round * block_ms) / 1000.0;
+  return q;
 }
 
 Status RunQuote(GlobalOptions& g, const TaskArgs& a) {
   ML_ASSIGN_OR_RETURN(PreparedTask t, PrepareTask(Env::Default(), a.file));
   json j = PreparedJson(t);
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc), {.retries = 0});
-  Result<json> page = rpc.Call("list_nodes", {{"limit", 100}});
-  protocol::SchedulerParams sp;
+  Result<ledger::Genesis> gen = FetchGenesis(rpc);
+  std::vector<QuoteNode> eligible;
   json nodes = json::array();
-  uint64_t min_price = UINT64_MAX, max_price = 0;
-  double units_per_ms = 0;  // all eligible nodes together
-  if (page.ok()) {
+  std::string note;
+  if (gen.ok()) {
+    // The chain's own SubmitTask checks (its verifiers per unit decide the least budget).
+    ML_RETURN_IF_ERROR(CheckTaskTerms(t, gen->params));
+    protocol::SchedulerParams sp;
+    sp.block_interval_ms = static_cast<uint64_t>(gen->block_interval_ms);
+    sp.liveness_blocks = gen->params.liveness_blocks;
+    sp.deadline_slack_permille = gen->params.deadline_slack_permille;
+    sp.min_deadline_blocks = gen->params.min_deadline_blocks;
+    Result<json> page = rpc.Call("list_nodes", {{"limit", 100}});
+    if (!page.ok()) return page.status().WithPrefix("list_nodes");
     for (const json& n : page->value("items", json::array())) {
-      if (n.value("status", "") != "active") continue;
+      if (!n.is_object() || n.value("status", "") != "active") continue;
+      if ((n.value("roles", 0u) & ledger::kRoleSolver) == 0) continue;
       protocol::NodeView v;
       const json caps = n.value("capabilities", json::object());
       v.memory_bytes = caps.value("memory_bytes", uint64_t{0});
@@ -570,43 +957,74 @@ Status RunQuote(GlobalOptions& g, const TaskArgs& a) {
       if (v.throughput_flops == 0 || v.bandwidth_bytes_per_s == 0) continue;
       if (v.price_per_gflop > t.net.price_cap) continue;
       if (v.memory_bytes < protocol::RequiredMemoryBytes(t.view)) continue;
-      const uint64_t ms = protocol::EstimatedUnitMs(v, t.view, sp);
-      min_price = std::min(min_price, v.price_per_gflop);
-      max_price = std::max(max_price, v.price_per_gflop);
-      units_per_ms += 1.0 / static_cast<double>(ms);
+      QuoteNode q{.price = v.price_per_gflop, .unit_ms = protocol::EstimatedUnitMs(v, t.view, sp)};
+      const json rep = n.value("reputation", json::object());
+      q.rep.completed = rep.value("units_completed", uint64_t{0});
+      q.rep.verified_clean = rep.value("units_verified_clean", uint64_t{0});
+      q.rep.clean_streak = rep.value("clean_streak", uint64_t{0});
+      q.rep.failures = rep.value("failures", uint64_t{0});
+      q.rep.slashes = rep.value("slashes", uint64_t{0});
+      eligible.push_back(q);
       nodes.push_back({{"id", n.value("id", "")},
-                       {"price", v.price_per_gflop},
-                       {"unit_cost", protocol::UnitCostTokens(t.view, v.price_per_gflop)},
-                       {"unit_ms", ms}});
+                       {"price", q.price},
+                       {"unit_cost", protocol::UnitCostTokens(t.view, q.price)},
+                       {"unit_ms", q.unit_ms}});
     }
+    if (eligible.empty()) note = "no registered node can take this task (price cap, memory, benchmark)";
+  } else {
+    note = "ledger unreachable (" + gen.status().message() + "): cost at the price cap only";
   }
   j["eligible_nodes"] = nodes;
-  if (!nodes.empty()) {
-    const uint64_t n_pay = t.total_units + t.net.rounds;
-    j["cost_min"] = protocol::UnitCostTokens(t.view, min_price) * n_pay;
-    j["cost_max"] = protocol::UnitCostTokens(t.view, max_price) * n_pay;
-    // A round's units run in parallel across nodes; rounds run one after another.
-    const double round_ms = std::max(static_cast<double>(t.net.units_per_round) / units_per_ms,
-                                     1.0 / (units_per_ms / static_cast<double>(nodes.size())));
-    j["estimated_seconds"] = round_ms * t.net.rounds / 1000.0;
+  TaskQuote expected, lo, hi;
+  if (!eligible.empty()) {
+    uint64_t min_price = UINT64_MAX, max_price = 0, sum = 0;
+    for (const QuoteNode& n : eligible) {
+      min_price = std::min(min_price, n.price);
+      max_price = std::max(max_price, n.price);
+      sum += n.price;
+    }
+    const uint64_t mean = (sum + eligible.size() / 2) / eligible.size();
+    expected = QuoteTask(t, *gen, eligible, mean);
+    lo = QuoteTask(t, *gen, eligible, min_price);
+    hi = QuoteTask(t, *gen, eligible, max_price);
+    auto whole = [](double x) { return static_cast<uint64_t>(std::llround(x)); };
+    j["expected"] = {{"spent", whole(expected.spent())},
+                     {"paid_to_solvers", whole(expected.to_solvers)},
+                     {"paid_to_verifiers", whole(expected.to_verifiers)},
+                     {"paid_to_aggregators", whole(expected.to_aggregators)},
+                     {"treasury_cut", whole(expected.treasury_cut)},
+                     {"to_nodes", whole(expected.spent() - expected.treasury_cut)},
+                     {"verified_units", expected.checks}};
+    j["cost"] = whole(expected.spent());
+    j["cost_min"] = whole(lo.spent());
+    j["cost_max"] = whole(hi.spent());
+    j["estimated_seconds"] = expected.seconds;
+    j["blocks_per_round"] = expected.blocks_per_round;
+    j["block_interval_ms"] = gen->block_interval_ms;
   } else {
-    j["note"] = page.ok() ? "no registered node can take this task (price cap, memory, benchmark)"
-                          : "ledger unreachable (" + page.status().message() +
-                                "): cost at the price cap only";
+    j["note"] = note;
   }
   g.Output(j, [&] {
     std::cout << fmt::format(
         "{}: {} rounds x {} units x {} steps x batch {} = {:.1f} GFLOP a unit ({} params)\n",
         a.file, t.net.rounds, t.net.units_per_round, t.net.inner_steps, t.params.batch_size,
         static_cast<double>(t.unit_flops) / 1e9, t.facts.num_params);
-    std::cout << "at the price cap (" << t.net.price_cap << "/GFLOP): " << t.cost_at_cap
+    std::cout << "at the price cap (" << t.net.price_cap << "/GFLOP) at most " << t.cost_at_cap
               << " tokens; budget " << t.net.budget << "\n";
-    if (j.contains("cost_min")) {
-      std::cout << nodes.size() << " eligible node(s): cost " << j["cost_min"] << ".."
-                << j["cost_max"] << " tokens, about "
-                << ProgressBar::FormatDuration(j["estimated_seconds"].get<double>()) << "\n";
+    if (j.contains("cost")) {
+      const json& e = j["expected"];
+      std::cout << fmt::format(
+          "{} eligible node(s): expected spend {} tokens (range {}..{}) = solvers {} + verifiers "
+          "{} ({:.1f} verified units) + aggregators {}; the treasury keeps {} of it, the nodes "
+          "get {}\nabout {} ({} blocks of {} ms a round)\n",
+          eligible.size(), j["cost"].get<uint64_t>(), j["cost_min"].get<uint64_t>(),
+          j["cost_max"].get<uint64_t>(), e["paid_to_solvers"].get<uint64_t>(),
+          e["paid_to_verifiers"].get<uint64_t>(), expected.checks,
+          e["paid_to_aggregators"].get<uint64_t>(), e["treasury_cut"].get<uint64_t>(),
+          e["to_nodes"].get<uint64_t>(), ProgressBar::FormatDuration(expected.seconds),
+          expected.blocks_per_round, gen->block_interval_ms);
     } else {
-      std::cout << j["note"].get<std::string>() << "\n";
+      std::cout << note << "\n";
     }
   });
   return Status::Ok();
@@ -647,13 +1065,13 @@ void AddTask(CLI::App& root, GlobalOptions& g) {
   sub->callback([&g] { g.Exit(RunSubmit(g, a)); });
 
   CLI::App* st = task->add_subcommand("status", "Show a task's progress");
-  st->add_option("id", a.id, "Task id (hex)")->required();
+  st->add_option("id", a.id, "Task id: the 64 hex digits or any unique prefix (e.g. the 12 printed)")->required();
   AddCommon(st, a, false);
   st->footer("Examples:\n  meshlearn task status 3f2a...\n  meshlearn --json task status 3f2a...");
   st->callback([&g] { g.Exit(RunStatus(g, a)); });
 
   CLI::App* w = task->add_subcommand("watch", "Follow a task live until it finishes");
-  w->add_option("id", a.id, "Task id (hex)")->required();
+  w->add_option("id", a.id, "Task id: the 64 hex digits or any unique prefix (e.g. the 12 printed)")->required();
   w->add_option("--timeout", a.timeout_s, "Give up after this many seconds (0: never)")->capture_default_str();
   AddCommon(w, a, false);
   w->footer("Examples:\n  meshlearn task watch 3f2a...\n"
@@ -661,15 +1079,25 @@ void AddTask(CLI::App& root, GlobalOptions& g) {
   w->callback([&g] { g.Exit(RunWatch(g, a)); });
 
   CLI::App* f = task->add_subcommand("fetch", "Download a task's final model and report");
-  f->add_option("id", a.id, "Task id (hex)")->required();
+  f->add_option("id", a.id, "Task id: the 64 hex digits or any unique prefix (e.g. the 12 printed)")->required();
   f->add_option("--out", a.out, "Directory for model.safetensors and report.json")->required();
   AddCommon(f, a, false);
   f->footer("Examples:\n  meshlearn task fetch 3f2a... --out out/mlp\n"
             "  meshlearn eval out/mlp/model.safetensors --task examples/fashion-mlp.toml");
   f->callback([&g] { g.Exit(RunFetch(g, a)); });
 
+  CLI::App* vm = task->add_subcommand(
+      "verify-model", "Check that a model file holds the weights of a state the ledger recorded");
+  vm->add_option("id", a.id, "Task id: the 64 hex digits or any unique prefix")->required();
+  vm->add_option("file", a.file, "Model file (task fetch's model.safetensors)")->required();
+  AddCommon(vm, a, false);
+  vm->footer("Fetches the state the file names (meshlearn.state, written by task fetch; else the\n"
+             "task's final state) by its ledger id and compares its weights with the file's.\n"
+             "Examples:\n  meshlearn task verify-model 3f2a9c01d4e7 out/mlp/model.safetensors");
+  vm->callback([&g] { g.Exit(RunVerifyModel(g, a)); });
+
   CLI::App* c = task->add_subcommand("cancel", "Cancel an open task; the unspent budget is refunded");
-  c->add_option("id", a.id, "Task id (hex)")->required();
+  c->add_option("id", a.id, "Task id: the 64 hex digits or any unique prefix (e.g. the 12 printed)")->required();
   AddCommon(c, a, true);
   c->footer("Examples:\n  meshlearn task cancel 3f2a... --key alice");
   c->callback([&g] { g.Exit(RunCancel(g, a)); });

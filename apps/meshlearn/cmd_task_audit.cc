@@ -123,17 +123,19 @@ void PrintReport(const node::AuditReport& r, double seconds) {
 Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
   ML_RETURN_IF_ERROR(engine::ConfigureFromEnv());
   Env* env = Env::Default();
-  ML_ASSIGN_OR_RETURN(Hash256 id, Hash256::FromHex(a.id, "task id"));
   if (!a.full && a.sample == 0)
     return InvalidArgument("--sample must be at least 1 (or use --full)");
   const std::string url = ledger::DefaultRpcUrl(a.rpc);
   node::HttpChainClient chain(url);
+  // A malformed id is refused before any network; a prefix needs the ledger's list of tasks.
+  ML_RETURN_IF_ERROR(CheckTaskIdText(a.id));
   if (Result<json> up = chain.Call("chain_status", json::object()); !up.ok()) {
     if (up.status().code() != StatusCode::kUnavailable) return up.status();
     return Unavailable(up.status().message() +
                        "; is the ledger running? Pass its URL with --rpc "
                        "(or set $MESHLEARN_RPC)");
   }
+  ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(chain.rpc(), a.id));
   ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, JoinPath(g.home, "blobs")));
   if (!a.task_file.empty()) {
     // The task file and its data, from this machine: the audit then needs nothing from the
@@ -170,7 +172,16 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   json j = node::AuditReportToJson(r);
   j["seconds"] = seconds;
-  g.Output(j, [&] { PrintReport(r, seconds); });
+  // Where the task's tokens went, in the words of every task command (task_client.h TaskMoney).
+  TaskMoney money;
+  if (Result<json> t = GetTask(chain.rpc(), id, false); t.ok()) {
+    money = MoneyOf(*t);
+    j["money"] = MoneyJson(money);
+  }
+  g.Output(j, [&] {
+    PrintReport(r, seconds);
+    if (j.contains("money")) std::cout << MoneyLine(money) << "\n";
+  });
   if (!r.pass) g.exit_code = 1;
   return Status::Ok();
 }
@@ -180,7 +191,7 @@ void AddTaskAudit(CLI::App& root, GlobalOptions& g) {
   CLI::App* task = root.get_subcommand("task");  // cmd_task.cc (order 40)
   CLI::App* c = task->add_subcommand(
       "audit", "Re-execute a finished task's units and check every recorded hash (PASS/FAIL)");
-  c->add_option("id", a.id, "Task id (hex)")->required();
+  c->add_option("id", a.id, "Task id: the 64 hex digits or any unique prefix")->required();
   c->add_flag("--full", a.full, "Re-execute every unit of every round from the initial weights");
   c->add_option("--sample", a.sample, "Without --full: how many random units to re-execute")
       ->capture_default_str();

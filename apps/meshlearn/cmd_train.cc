@@ -1,10 +1,13 @@
 // meshlearn train TASK.toml / meshlearn eval MODEL --task TASK.toml: deterministic training on this
 // machine (the engine, engine/), with a progress bar, evaluation, a safetensors model, a resumable
 // checkpoint and a JSON report whose state hash a verifier can reproduce bit for bit.
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -12,7 +15,9 @@
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/safetensors.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/node/unit_executor.h"
 
 namespace meshlearn::cli {
 namespace {
@@ -184,18 +189,54 @@ Status RunEval(GlobalOptions& g, const EvalArgs& a) {
                            st.model->spec().ToJson() + " vs " + task.model.ToJson() + ")");
   }
   EvalResult ev = engine::Evaluate(*st.model, task, data);
-  st.optimizer.reset();  // the model's own hash (parameters, step, counters)
-  const std::string hash = engine::StateHash(st).ToHex();
-  nlohmann::json j = {{"model", a.model},       {"task", task.name},     {"step", st.step},
-                      {"loss", ev.loss},        {"samples", ev.samples}, {"model_hash", hash},
-                      {"kernels", KernelJson()}};
+  // The weights hash: BLAKE2b over the weights in model order (node::HashFloats), the hash that
+  // `task fetch`, `meshlearn diloco` and devnet's report.json print for the same weights. A file
+  // written by `task fetch` also names the ledger state it came from.
+  std::vector<float> weights;
+  for (const engine::Param& p : st.model->params()) {
+    weights.insert(weights.end(), p.value.data(), p.value.data() + p.value.size());
+  }
+  const std::string weights_hash = node::HashFloats(weights).ToHex();
+  std::map<std::string, std::string> meta;
+  if (Result<engine::SafetensorsFile> f = engine::SafetensorsFile::Read(env, a.model); f.ok()) {
+    meta = f->metadata();
+  }
+  auto get = [&](const char* k) { return meta.count(k) ? meta.at(k) : std::string(); };
+  const std::string origin_task = get("meshlearn.task"), origin_state = get("meshlearn.state"),
+                    origin_round = get("meshlearn.round");
+  const bool from_network = !origin_task.empty() || get("meshlearn.network") == "diloco";
+  nlohmann::json j = {{"model", a.model},       {"task", task.name},
+                      {"loss", ev.loss},        {"samples", ev.samples},
+                      {"weights_hash", weights_hash}, {"kernels", KernelJson()}};
+  // A network model has no optimizer step of its own (its rounds are the ledger's).
+  if (!from_network) j["step"] = st.step;
+  if (!origin_task.empty()) {
+    j["task_id"] = origin_task;
+    j["state"] = origin_state;
+    int64_t round = -1;
+    const auto [end, ec] = std::from_chars(origin_round.data(),
+                                           origin_round.data() + origin_round.size(), round);
+    if (ec == std::errc() && end == origin_round.data() + origin_round.size()) j["round"] = round;
+  }
   if (ev.accuracy >= 0) j["accuracy"] = ev.accuracy;
+  if (ev.accuracy < 0) j["perplexity"] = std::exp(ev.loss);
   g.Output(j, [&] {
-    std::cout << fmt::format("{} (step {}) on {}: loss {:.4f}", a.model, st.step, task.name,
-                             ev.loss);
-    if (ev.accuracy >= 0) std::cout << fmt::format(", accuracy {:.4f}", ev.accuracy);
-    std::cout << fmt::format(" over {} {}\nmodel hash {}\n", ev.samples,
-                             ev.accuracy >= 0 ? "samples" : "tokens", hash);
+    std::string what = from_network ? "" : fmt::format(" (step {})", st.step);
+    if (!origin_task.empty()) {
+      what = fmt::format(" (task {} round {})", origin_task.substr(0, 12), origin_round);
+    }
+    std::cout << fmt::format("{}{} on {}: loss {:.4f}", a.model, what, task.name, ev.loss);
+    if (ev.accuracy >= 0) {
+      std::cout << fmt::format(", accuracy {:.4f}", ev.accuracy);
+    } else {
+      std::cout << fmt::format(", perplexity {:.2f}", std::exp(ev.loss));
+    }
+    std::cout << fmt::format(" over {} {}\nweights hash {}\n", ev.samples,
+                             ev.accuracy >= 0 ? "samples" : "tokens", weights_hash);
+    if (!origin_task.empty()) {
+      // `meshlearn task verify-model TASK FILE` checks it against the ledger (docs/submitters.md).
+      std::cout << "ledger state " << origin_state << " of task " << origin_task << "\n";
+    }
   });
   return Status::Ok();
 }
