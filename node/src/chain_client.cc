@@ -4,6 +4,7 @@
 
 #include "meshlearn/base/hex.h"
 #include "meshlearn/ledger/rpc.h"
+#include "meshlearn/ledger/rpc_answer.h"
 
 namespace meshlearn::node {
 
@@ -18,122 +19,99 @@ StatusCode CodeFromName(const std::string& name) {
   return StatusCode::kInternal;
 }
 
-Status Bad(const std::string& what, const json& j) {
-  std::string s = j.dump();
-  if (s.size() > 200) s = s.substr(0, 200) + "...";
-  return DataLoss("ledger answer: " + what + " in " + s);
-}
+using ledger::RpcAnswer;
 
-Result<Hash256> HashField(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_string()) return Bad(std::string("no string \"") + key + "\"", j);
-  return Hash256::FromHex(j[key].get<std::string>(), key);
-}
-Result<PublicKey> KeyField(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_string()) return Bad(std::string("no string \"") + key + "\"", j);
-  return PublicKey::FromHex(j[key].get<std::string>(), key);
-}
-Result<uint64_t> U64Field(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_number_unsigned()) {
-    if (j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() >= 0) {
-      return j[key].get<uint64_t>();
-    }
-    return Bad(std::string("no unsigned integer \"") + key + "\"", j);
-  }
-  return j[key].get<uint64_t>();
-}
-Result<uint32_t> U32Field(const json& j, const char* key) {
-  ML_ASSIGN_OR_RETURN(uint64_t v, U64Field(j, key));
-  if (v > 0xffffffffu) return Bad(std::string("\"") + key + "\" out of range", j);
-  return static_cast<uint32_t>(v);
-}
-
-Result<NodeInfo> ParseNode(const json& j) {
+Result<NodeInfo> ParseNode(const RpcAnswer& j) {
   NodeInfo n;
-  ML_ASSIGN_OR_RETURN(n.id, KeyField(j, "id"));
-  ML_ASSIGN_OR_RETURN(n.owner, KeyField(j, "owner"));
-  n.endpoint = j.value("endpoint", std::string());
-  n.roles = j.value("roles", 0u);
-  n.status = j.value("status", std::string());
-  n.stake = j.value("stake", uint64_t{0});
-  n.price = j.value("price", uint64_t{0});
-  n.last_heartbeat_height = j.value("last_heartbeat_height", uint64_t{0});
+  ML_ASSIGN_OR_RETURN(n.id, j.Key("id"));
+  ML_ASSIGN_OR_RETURN(n.owner, j.Key("owner"));
+  ML_ASSIGN_OR_RETURN(n.endpoint, j.Str("endpoint", ""));
+  ML_ASSIGN_OR_RETURN(n.roles, j.U32("roles", 0));
+  ML_ASSIGN_OR_RETURN(n.status, j.Str("status", ""));
+  ML_ASSIGN_OR_RETURN(n.stake, j.U64("stake", 0));
+  ML_ASSIGN_OR_RETURN(n.price, j.U64("price", 0));
+  ML_ASSIGN_OR_RETURN(n.last_heartbeat_height, j.U64("last_heartbeat_height", 0));
   return n;
+}
+
+// An optional array field: absent or null is empty; anything but an array is an error.
+Result<RpcAnswer> OptionalArray(const RpcAnswer& j, std::string_view key) {
+  static const json* empty = new json(json::array());
+  if (!j.Has(key)) return RpcAnswer(j.method(), *empty, j.path() + "." + std::string(key));
+  return j.Array(key);
 }
 
 // One entry of node_work "checks": a unit JSON with "check", "roles", "start_state",
 // "solver_endpoint" (ledger/rpc.h).
-Result<CheckAssignment> ParseCheck(const json& u) {
+Result<CheckAssignment> ParseCheck(const RpcAnswer& u) {
   CheckAssignment a;
-  ML_ASSIGN_OR_RETURN(a.task_id, HashField(u, "task_id"));
-  ML_ASSIGN_OR_RETURN(a.index, U32Field(u, "index"));
-  ML_ASSIGN_OR_RETURN(a.round, U32Field(u, "round"));
-  ML_ASSIGN_OR_RETURN(a.shard, U32Field(u, "shard"));
-  ML_ASSIGN_OR_RETURN(a.result_hash, HashField(u, "result_hash"));
-  ML_ASSIGN_OR_RETURN(a.commitment, HashField(u, "commitment"));
-  ML_ASSIGN_OR_RETURN(a.assignment_beacon, HashField(u, "assignment_beacon"));
-  ML_ASSIGN_OR_RETURN(a.secret_index, U64Field(u, "secret_index"));
-  ML_ASSIGN_OR_RETURN(a.start_state, HashField(u, "start_state"));
-  a.solver_endpoint = u.value("solver_endpoint", std::string());
-  if (u.contains("leaves") && u["leaves"].is_array()) {
-    for (const json& l : u["leaves"]) {
-      if (!l.is_string()) return Bad("a leaf that is not a string", u);
-      ML_ASSIGN_OR_RETURN(Hash256 h, Hash256::FromHex(l.get<std::string>(), "leaves"));
-      a.leaves.push_back(h);
-    }
+  ML_ASSIGN_OR_RETURN(a.task_id, u.Hash("task_id"));
+  ML_ASSIGN_OR_RETURN(a.index, u.U32("index"));
+  ML_ASSIGN_OR_RETURN(a.round, u.U32("round"));
+  ML_ASSIGN_OR_RETURN(a.shard, u.U32("shard"));
+  ML_ASSIGN_OR_RETURN(a.result_hash, u.Hash("result_hash"));
+  ML_ASSIGN_OR_RETURN(a.commitment, u.Hash("commitment"));
+  ML_ASSIGN_OR_RETURN(a.assignment_beacon, u.Hash("assignment_beacon"));
+  ML_ASSIGN_OR_RETURN(a.secret_index, u.U64("secret_index"));
+  ML_ASSIGN_OR_RETURN(a.start_state, u.Hash("start_state"));
+  ML_ASSIGN_OR_RETURN(a.solver_endpoint, u.Str("solver_endpoint", ""));
+  ML_ASSIGN_OR_RETURN(RpcAnswer leaves, OptionalArray(u, "leaves"));
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    ML_ASSIGN_OR_RETURN(Hash256 h, leaves.At(i).Hash());
+    a.leaves.push_back(h);
   }
-  if (u.contains("roles") && u["roles"].is_array()) {
-    for (const json& r : u["roles"]) {
-      if (r.is_string()) a.roles.push_back(r.get<std::string>());
-    }
+  ML_ASSIGN_OR_RETURN(RpcAnswer roles, OptionalArray(u, "roles"));
+  for (size_t i = 0; i < roles.size(); ++i) {
+    ML_ASSIGN_OR_RETURN(std::string r, roles.At(i).Str());
+    a.roles.push_back(std::move(r));
   }
-  if (!u.contains("check") || !u["check"].is_object()) return Bad("no object \"check\"", u);
-  const json& c = u["check"];
-  a.stage = c.value("stage", std::string());
-  a.result = c.value("result", std::string());
-  ML_ASSIGN_OR_RETURN(a.solver, KeyField(c, "solver"));
-  ML_ASSIGN_OR_RETURN(a.commit_height, U64Field(c, "commit_height"));
-  ML_ASSIGN_OR_RETURN(a.deadline_height, U64Field(c, "deadline_height"));
-  ML_ASSIGN_OR_RETURN(a.num_segments, U32Field(c, "num_segments"));
-  if (c.contains("verifiers") && c["verifiers"].is_array()) {
-    for (const json& v : c["verifiers"]) {
-      if (!v.is_string()) return Bad("a verifier that is not a string", c);
-      ML_ASSIGN_OR_RETURN(PublicKey k, PublicKey::FromHex(v.get<std::string>(), "verifier"));
-      a.verifiers.push_back(k);
-    }
+  ML_ASSIGN_OR_RETURN(RpcAnswer c, u.Object("check"));
+  ML_ASSIGN_OR_RETURN(a.stage, c.Str("stage", ""));
+  ML_ASSIGN_OR_RETURN(a.result, c.Str("result", ""));
+  ML_ASSIGN_OR_RETURN(a.solver, c.Key("solver"));
+  ML_ASSIGN_OR_RETURN(a.commit_height, c.U64("commit_height"));
+  ML_ASSIGN_OR_RETURN(a.deadline_height, c.U64("deadline_height"));
+  ML_ASSIGN_OR_RETURN(a.num_segments, c.U32("num_segments"));
+  ML_ASSIGN_OR_RETURN(RpcAnswer verifiers, OptionalArray(c, "verifiers"));
+  for (size_t i = 0; i < verifiers.size(); ++i) {
+    ML_ASSIGN_OR_RETURN(PublicKey k, verifiers.At(i).Key());
+    a.verifiers.push_back(k);
   }
-  if (c.contains("segments") && c["segments"].is_array()) {
-    for (const json& s : c["segments"]) {
-      if (!s.is_number_unsigned() || s.get<uint64_t>() >= a.num_segments) {
-        return Bad("a segment out of range", c);
-      }
-      a.segments.push_back(s.get<uint32_t>());
+  ML_ASSIGN_OR_RETURN(RpcAnswer segments, OptionalArray(c, "segments"));
+  for (size_t i = 0; i < segments.size(); ++i) {
+    ML_ASSIGN_OR_RETURN(uint64_t segment, segments.At(i).U64());
+    if (segment >= a.num_segments) {
+      return segments.At(i).Bad("", "must be below num_segments " +
+                                        std::to_string(a.num_segments));
     }
+    a.segments.push_back(static_cast<uint32_t>(segment));
   }
-  if (c.contains("dispute") && c["dispute"].is_object()) {
-    const json& d = c["dispute"];
+  ML_ASSIGN_OR_RETURN(RpcAnswer d, c.ObjectOrNull("dispute"));
+  if (d.raw().is_object()) {
     DisputeView v;
-    v.stage = d.value("stage", std::string());
-    ML_ASSIGN_OR_RETURN(v.defender, KeyField(d, "defender"));
-    ML_ASSIGN_OR_RETURN(v.challenger, KeyField(d, "challenger"));
-    ML_ASSIGN_OR_RETURN(v.first_step, U64Field(d, "first_step"));
-    ML_ASSIGN_OR_RETURN(v.last_step, U64Field(d, "last_step"));
-    ML_ASSIGN_OR_RETURN(v.agreed, HashField(d, "agreed"));
-    if (d.contains("query") && d["query"].is_object()) {
+    ML_ASSIGN_OR_RETURN(v.stage, d.Str("stage", ""));
+    ML_ASSIGN_OR_RETURN(v.defender, d.Key("defender"));
+    ML_ASSIGN_OR_RETURN(v.challenger, d.Key("challenger"));
+    ML_ASSIGN_OR_RETURN(v.first_step, d.U64("first_step"));
+    ML_ASSIGN_OR_RETURN(v.last_step, d.U64("last_step"));
+    ML_ASSIGN_OR_RETURN(v.agreed, d.Hash("agreed"));
+    ML_ASSIGN_OR_RETURN(RpcAnswer q, d.ObjectOrNull("query"));
+    if (q.raw().is_object()) {
       v.has_query = true;
-      ML_ASSIGN_OR_RETURN(v.position, U64Field(d["query"], "position"));
-      ML_ASSIGN_OR_RETURN(v.query_deadline, U64Field(d["query"], "deadline_height"));
+      ML_ASSIGN_OR_RETURN(v.position, q.U64("position"));
+      ML_ASSIGN_OR_RETURN(v.query_deadline, q.U64("deadline_height"));
     }
-    if (d.contains("referee") && d["referee"].is_object()) {
-      const json& r = d["referee"];
+    ML_ASSIGN_OR_RETURN(RpcAnswer r, d.ObjectOrNull("referee"));
+    if (r.raw().is_object()) {
       v.has_referee = true;
-      v.referee.whole_step = r.value("whole_step", false);
-      v.referee.segment = r.value("segment", false);
-      ML_ASSIGN_OR_RETURN(v.referee.first_step, U64Field(r, "first_step"));
-      ML_ASSIGN_OR_RETURN(v.referee.step, U64Field(r, "step"));
-      v.referee.operator_index = r.value("operator_index", 0u);
-      ML_ASSIGN_OR_RETURN(v.referee.input, HashField(r, "input"));
-      ML_ASSIGN_OR_RETURN(v.referee.defender_output, HashField(r, "defender_output"));
-      ML_ASSIGN_OR_RETURN(v.referee.challenger_output, HashField(r, "challenger_output"));
+      ML_ASSIGN_OR_RETURN(v.referee.whole_step, r.Bool("whole_step", false));
+      ML_ASSIGN_OR_RETURN(v.referee.segment, r.Bool("segment", false));
+      ML_ASSIGN_OR_RETURN(v.referee.first_step, r.U64("first_step"));
+      ML_ASSIGN_OR_RETURN(v.referee.step, r.U64("step"));
+      ML_ASSIGN_OR_RETURN(v.referee.operator_index, r.U32("operator_index", 0));
+      ML_ASSIGN_OR_RETURN(v.referee.input, r.Hash("input"));
+      ML_ASSIGN_OR_RETURN(v.referee.defender_output, r.Hash("defender_output"));
+      ML_ASSIGN_OR_RETURN(v.referee.challenger_output, r.Hash("challenger_output"));
     }
     a.dispute = std::move(v);
   }
@@ -149,14 +127,15 @@ bool CheckAssignment::HasRole(std::string_view role) const {
 Result<json> RpcResultOrStatus(const json& response) {
   if (!response.is_object()) return DataLoss("ledger answer is not a JSON object");
   if (response.contains("error")) {
-    const json& e = response["error"];
+    RpcAnswer e("a call", response["error"], "error");
     StatusCode code = StatusCode::kInternal;
-    if (e.is_object() && e.contains("data") && e["data"].is_object() &&
-        e["data"].contains("status") && e["data"]["status"].is_string()) {
-      code = CodeFromName(e["data"]["status"].get<std::string>());
+    Result<RpcAnswer> data = e.ObjectOrNull("data");
+    if (data.ok()) {
+      Result<std::string> name = data->Str("status", "");
+      if (name.ok() && !name->empty()) code = CodeFromName(*name);
     }
-    std::string msg = e.is_object() ? e.value("message", std::string("ledger error")) : "ledger error";
-    return Status(code, msg);
+    Result<std::string> msg = e.Str("message", "ledger error");
+    return Status(code, msg.ok() ? *msg : "ledger error");
   }
   if (!response.contains("result")) return DataLoss("ledger answer has no result");
   return response["result"];
@@ -173,16 +152,17 @@ Result<json> InProcessChainClient::Call(const std::string& method, const json& p
 
 Result<ChainStatusInfo> GetChainStatus(ChainClient& chain) {
   ML_ASSIGN_OR_RETURN(json j, chain.Call("chain_status", json::object()));
+  RpcAnswer a("chain_status", j);
   ChainStatusInfo s;
-  s.chain_id = j.value("chain_id", std::string());
-  ML_ASSIGN_OR_RETURN(s.height, U64Field(j, "height"));
-  if (s.chain_id.empty()) return Bad("no chain_id", j);
+  ML_ASSIGN_OR_RETURN(s.chain_id, a.Str("chain_id"));
+  ML_ASSIGN_OR_RETURN(s.height, a.U64("height"));
+  if (s.chain_id.empty()) return a.Bad("chain_id", "must not be empty");
   return s;
 }
 
 Result<uint64_t> WaitForBlockAbove(ChainClient& chain, uint64_t after, int64_t timeout_ms) {
   ML_ASSIGN_OR_RETURN(json j, chain.Call("wait_block", {{"after", after}, {"timeout_ms", timeout_ms}}));
-  return U64Field(j, "height");
+  return RpcAnswer("wait_block", j).U64("height");
 }
 
 Result<std::optional<NodeInfo>> GetNode(ChainClient& chain, const PublicKey& id) {
@@ -191,22 +171,25 @@ Result<std::optional<NodeInfo>> GetNode(ChainClient& chain, const PublicKey& id)
     if (j.status().code() == StatusCode::kNotFound) return std::optional<NodeInfo>();
     return j.status();
   }
-  ML_ASSIGN_OR_RETURN(NodeInfo n, ParseNode(*j));
+  ML_ASSIGN_OR_RETURN(NodeInfo n, ParseNode(RpcAnswer("get_node", *j)));
   return std::optional<NodeInfo>(std::move(n));
 }
 
 Result<std::vector<NodeInfo>> ListNodes(ChainClient& chain) {
   std::vector<NodeInfo> out;
-  json cursor = 0;
+  uint64_t cursor = 0;
   for (int page = 0; page < 100000; ++page) {
     ML_ASSIGN_OR_RETURN(json j, chain.Call("list_nodes", {{"cursor", cursor}, {"limit", 100}}));
-    if (!j.contains("items") || !j["items"].is_array()) return Bad("no items", j);
-    for (const json& n : j["items"]) {
-      ML_ASSIGN_OR_RETURN(NodeInfo info, ParseNode(n));
+    RpcAnswer a("list_nodes", j);
+    ML_ASSIGN_OR_RETURN(RpcAnswer items, a.Array("items"));
+    for (size_t i = 0; i < items.size(); ++i) {
+      ML_ASSIGN_OR_RETURN(NodeInfo info, ParseNode(items.At(i)));
       out.push_back(std::move(info));
     }
-    if (!j.contains("next_cursor") || j["next_cursor"].is_null()) break;
-    cursor = j["next_cursor"];
+    if (!a.Has("next_cursor")) break;
+    ML_ASSIGN_OR_RETURN(uint64_t next, a.U64("next_cursor"));
+    if (next <= cursor) return a.Bad("next_cursor", "must move forward");
+    cursor = next;
   }
   return out;
 }
@@ -223,52 +206,50 @@ std::vector<std::string> ActiveEndpoints(const std::vector<NodeInfo>& nodes,
 }
 
 Result<NodeWork> ParseNodeWork(const json& j) {
+  RpcAnswer a("node_work", j);
   NodeWork w;
-  ML_ASSIGN_OR_RETURN(w.height, U64Field(j, "height"));
-  if (j.contains("units") && j["units"].is_array()) {
-    for (const json& u : j["units"]) {
-      UnitAssignment a;
-      ML_ASSIGN_OR_RETURN(a.task_id, HashField(u, "task_id"));
-      ML_ASSIGN_OR_RETURN(a.index, U32Field(u, "index"));
-      ML_ASSIGN_OR_RETURN(a.round, U32Field(u, "round"));
-      ML_ASSIGN_OR_RETURN(a.shard, U32Field(u, "shard"));
-      ML_ASSIGN_OR_RETURN(a.deadline_height, U64Field(u, "deadline_height"));
-      ML_ASSIGN_OR_RETURN(a.start_state, HashField(u, "start_state"));
-      if (u.contains("assignment_beacon")) {
-        ML_ASSIGN_OR_RETURN(a.assignment_beacon, HashField(u, "assignment_beacon"));
-      }
-      w.units.push_back(a);
+  ML_ASSIGN_OR_RETURN(w.height, a.U64("height"));
+  ML_ASSIGN_OR_RETURN(RpcAnswer units, OptionalArray(a, "units"));
+  for (size_t i = 0; i < units.size(); ++i) {
+    RpcAnswer u = units.At(i);
+    UnitAssignment x;
+    ML_ASSIGN_OR_RETURN(x.task_id, u.Hash("task_id"));
+    ML_ASSIGN_OR_RETURN(x.index, u.U32("index"));
+    ML_ASSIGN_OR_RETURN(x.round, u.U32("round"));
+    ML_ASSIGN_OR_RETURN(x.shard, u.U32("shard"));
+    ML_ASSIGN_OR_RETURN(x.deadline_height, u.U64("deadline_height"));
+    ML_ASSIGN_OR_RETURN(x.start_state, u.Hash("start_state"));
+    if (u.Has("assignment_beacon")) {
+      ML_ASSIGN_OR_RETURN(x.assignment_beacon, u.Hash("assignment_beacon"));
     }
+    w.units.push_back(x);
   }
-  if (j.contains("aggregations") && j["aggregations"].is_array()) {
-    for (const json& g : j["aggregations"]) {
-      AggregationAssignment a;
-      ML_ASSIGN_OR_RETURN(a.task_id, HashField(g, "task_id"));
-      ML_ASSIGN_OR_RETURN(a.round, U32Field(g, "round"));
-      ML_ASSIGN_OR_RETURN(a.deadline_height, U64Field(g, "deadline_height"));
-      ML_ASSIGN_OR_RETURN(a.start_state, HashField(g, "start_state"));
-      if (g.contains("units") && g["units"].is_array()) {
-        for (const json& u : g["units"]) {
-          AggregationInput in;
-          ML_ASSIGN_OR_RETURN(in.index, U32Field(u, "index"));
-          ML_ASSIGN_OR_RETURN(in.shard, U32Field(u, "shard"));
-          ML_ASSIGN_OR_RETURN(in.node, KeyField(u, "node"));
-          ML_ASSIGN_OR_RETURN(in.result_hash, HashField(u, "result_hash"));
-          a.units.push_back(in);
-        }
-      }
-      w.aggregations.push_back(std::move(a));
+  ML_ASSIGN_OR_RETURN(RpcAnswer aggregations, OptionalArray(a, "aggregations"));
+  for (size_t i = 0; i < aggregations.size(); ++i) {
+    RpcAnswer g = aggregations.At(i);
+    AggregationAssignment x;
+    ML_ASSIGN_OR_RETURN(x.task_id, g.Hash("task_id"));
+    ML_ASSIGN_OR_RETURN(x.round, g.U32("round"));
+    ML_ASSIGN_OR_RETURN(x.deadline_height, g.U64("deadline_height"));
+    ML_ASSIGN_OR_RETURN(x.start_state, g.Hash("start_state"));
+    ML_ASSIGN_OR_RETURN(RpcAnswer inputs, OptionalArray(g, "units"));
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      RpcAnswer u = inputs.At(k);
+      AggregationInput in;
+      ML_ASSIGN_OR_RETURN(in.index, u.U32("index"));
+      ML_ASSIGN_OR_RETURN(in.shard, u.U32("shard"));
+      ML_ASSIGN_OR_RETURN(in.node, u.Key("node"));
+      ML_ASSIGN_OR_RETURN(in.result_hash, u.Hash("result_hash"));
+      x.units.push_back(in);
     }
+    w.aggregations.push_back(std::move(x));
   }
-  if (j.contains("checks") && j["checks"].is_array()) {
-    for (const json& c : j["checks"]) {
-      ML_ASSIGN_OR_RETURN(CheckAssignment a, ParseCheck(c));
-      w.checks.push_back(std::move(a));
-    }
+  ML_ASSIGN_OR_RETURN(RpcAnswer checks, OptionalArray(a, "checks"));
+  for (size_t i = 0; i < checks.size(); ++i) {
+    ML_ASSIGN_OR_RETURN(CheckAssignment x, ParseCheck(checks.At(i)));
+    w.checks.push_back(std::move(x));
   }
-  if (j.contains("next_secret_index")) {
-    ML_ASSIGN_OR_RETURN(w.next_secret_index, U64Field(j, "next_secret_index"));
-  }
+  ML_ASSIGN_OR_RETURN(w.next_secret_index, a.U64("next_secret_index", 0));
   return w;
 }
 
@@ -281,12 +262,13 @@ Result<TaskInfo> GetTask(ChainClient& chain, const Hash256& id, bool units) {
   json params = {{"id", id.ToHex()}};
   if (units) params["units"] = true;
   ML_ASSIGN_OR_RETURN(json j, chain.Call("get_task", params));
+  RpcAnswer a("get_task", j);
   TaskInfo t;
   t.id = id;
-  ML_ASSIGN_OR_RETURN(t.spec_hash, HashField(j, "spec_hash"));
-  t.status = j.value("status", std::string());
-  if (j.contains("final_state") && j["final_state"].is_string()) {
-    ML_ASSIGN_OR_RETURN(t.final_state, HashField(j, "final_state"));
+  ML_ASSIGN_OR_RETURN(t.spec_hash, a.Hash("spec_hash"));
+  ML_ASSIGN_OR_RETURN(t.status, a.Str("status", ""));
+  if (a.Has("final_state")) {
+    ML_ASSIGN_OR_RETURN(t.final_state, a.Hash("final_state"));
   }
   t.raw = std::move(j);
   return t;
@@ -299,7 +281,7 @@ TxSender::TxSender(ChainClient* chain, KeyPair signer, TxSenderOptions options)
 
 Status TxSender::Resync() {
   ML_ASSIGN_OR_RETURN(json acct, chain_->Call("get_account", {{"address", sender().ToHex()}}));
-  uint64_t nonce = acct.value("nonce", uint64_t{0});
+  ML_ASSIGN_OR_RETURN(uint64_t nonce, RpcAnswer("get_account", acct).U64("nonce", 0));
   uint64_t next = nonce;
   for (const auto& [n, f] : in_flight_) next = std::max(next, n + 1);
   next_nonce_ = next;
@@ -407,31 +389,52 @@ Status TxSender::Poll() {
       ++it;
       continue;
     }
-    std::string status = j->value("status", std::string());
+    // A get_tx answer that does not decode leaves the transaction in flight: asked again next
+    // Poll, and reported as this Poll's error.
+    RpcAnswer a("get_tx", *j);
+    Result<std::string> status = a.Str("status");
+    if (!status.ok()) {
+      last = status.status();
+      ++it;
+      continue;
+    }
     TxOutcome o;
     o.id = f.id;
     o.type = std::string(ledger::TxTypeName(ledger::PayloadType(f.tx.payload)));
-    if (status == "included") {
-      json r = j->value("receipt", json::object());
+    if (*status == "included") {
+      Result<RpcAnswer> receipt = a.Object("receipt");
+      Result<bool> ok = receipt.ok() ? receipt->Bool("ok") : Result<bool>(receipt.status());
+      Result<uint64_t> height = a.U64("height", 0);
+      Result<std::string> reason =
+          receipt.ok() ? receipt->Str("reason", "") : Result<std::string>(receipt.status());
+      for (const Status& s : {ok.status(), height.status(), reason.status()}) {
+        if (!s.ok()) last = s;
+      }
+      if (!ok.ok() || !height.ok() || !reason.ok()) {
+        ++it;
+        continue;
+      }
       o.included = true;
-      o.ok = r.value("ok", false);
-      o.height = j->value("height", uint64_t{0});
-      o.reason = r.value("reason", std::string());
+      o.ok = *ok;
+      o.height = *height;
+      o.reason = *reason;
       outcomes_.push_back(o);
       it = in_flight_.erase(it);
       changed = true;
       continue;
     }
-    if (status == "rejected") {
-      o.reason = j->contains("error") ? (*j)["error"].value("message", std::string("rejected"))
-                                      : "rejected";
+    if (*status == "rejected") {
+      Result<RpcAnswer> error = a.ObjectOrNull("error");
+      Result<std::string> why = error.ok() ? error->Str("message", "rejected")
+                                           : Result<std::string>(std::string("rejected"));
+      o.reason = why.ok() ? *why : "rejected";
       outcomes_.push_back(o);
       it = in_flight_.erase(it);
       resync_ = true;
       changed = true;
       continue;
     }
-    if (status == "unknown") {
+    if (*status == "unknown") {
       // The ledger lost it (restart) or never got it: the same bytes again.
       Status s = Submit(f);
       if (!s.ok() && s.code() != StatusCode::kUnavailable &&
