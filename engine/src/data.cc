@@ -2,9 +2,11 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "meshlearn/base/rng.h"
+#include "meshlearn/engine/model.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -16,7 +18,10 @@ uint32_t ReadBE32(const unsigned char* p) {
 Result<std::string> ReadMaybeGz(Env* env, const std::string& path) {
   Result<std::string> raw = env->ReadFile(path);
   if (!raw.ok()) return raw.status();
-  return MaybeGunzip(std::move(*raw), path);
+  // A gzip file may say anything about its size: stop decompressing at half the memory this
+  // machine has (or 4 GiB), instead of in std::bad_alloc.
+  const uint64_t limit = std::min<uint64_t>(uint64_t{4} << 30, AvailableMemoryBytes() / 2);
+  return MaybeGunzip(std::move(*raw), path, limit);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <zlib.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -95,6 +97,21 @@ TEST(DataTest, IdxRejectsCorruptGzip) {
   Result<ClassificationData> d = LoadIdx(&env, "/img.gz", "/lab", 0, 1);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("/img.gz"), std::string::npos) << d.status().message();
+}
+
+// Hostile input: a small gzip file that decompresses to far more than the machine has (a bomb)
+// is refused at half the available memory instead of ending in std::bad_alloc.
+TEST(DataTest, GzipBombStopsAtHalfTheAvailableMemory) {
+  setenv("MESHLEARN_MEMORY_BYTES", "16777216", 1);  // 16 MiB: the limit is 8 MiB
+  MemEnv env;
+  ASSERT_TRUE(env.WriteFileAtomic("/img.gz", Gzip(std::string(64 << 20, '\0'))).ok());
+  ASSERT_TRUE(env.WriteFileAtomic("/lab", IdxLabels(4)).ok());
+  Result<ClassificationData> d = LoadIdx(&env, "/img.gz", "/lab", 0, 1);
+  unsetenv("MESHLEARN_MEMORY_BYTES");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("/img.gz: decompressed data exceeds 8388608 bytes"),
+            std::string::npos)
+      << d.status().message();
 }
 
 std::string Npy(const std::string& descr, const std::string& shape, const std::string& data,
