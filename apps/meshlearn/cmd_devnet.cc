@@ -416,7 +416,11 @@ Result<Traffic> MeasureTraffic(Env* env, const std::vector<std::string>& node_di
   return t;
 }
 
-Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
+// Runs the devnet; `emit` gets the report once report.json is written (before --keep waits).
+Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
+                 const std::function<void(const json&)>& emit) {
+  json report_storage;
+  json* report = &report_storage;
   ML_RETURN_IF_ERROR(engine::ConfigureFromEnv());
   Env* env = Env::Default();
   const auto t_start = std::chrono::steady_clock::now();
@@ -550,13 +554,14 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
   std::map<std::string, std::string> endpoint_dir;
   auto start_node = [&](int i) -> Status {
     ML_ASSIGN_OR_RETURN(uint16_t port, FreePort());
+    // A path inside node.toml is relative to node.toml's folder (docs/paths.md): "." here.
+    const std::string path = JoinPath(node_dirs[i], "node.toml");
     std::string cfg = fmt::format(
         "data_dir = \"{}\"\nrpc = \"{}\"\nlisten = \"127.0.0.1:{}\"\nroles = \"{}\"\n"
         "price = {}\nstake = {}\nheartbeat_blocks = 5\nspeed_factor = {}\n",
-        node_dirs[i], rpc_url, port, roles_of(i), a.price, kNodeStake,
+        PathForFile(path, node_dirs[i]), rpc_url, port, roles_of(i), a.price, kNodeStake,
         speeds.count(i) ? speeds[i] : 1.0);
     if (adversary_of.count(i)) cfg += fmt::format("adversary = \"{}\"\n", adversary_of[i]);
-    const std::string path = JoinPath(node_dirs[i], "node.toml");
     endpoint_dir[fmt::format("127.0.0.1:{}", port)] = node_dirs[i];
     ML_RETURN_IF_ERROR(env->WriteFileAtomic(path, cfg));
     ML_ASSIGN_OR_RETURN(Child c, Spawn(fmt::format("node{}", i), {"node", "run", "--config", path},
@@ -843,16 +848,12 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
     (*report)["verification"] = {{"enabled", false}};
   }
 
-  if (a.keep) {
-    std::cerr << "task finished; the network stays up for `meshlearn task ...` commands:\n"
-              << "  MESHLEARN_HOME=" << home << " meshlearn task status " << sub.task_id.ToHex()
-              << " --rpc " << rpc_url << "\nCtrl-C stops it." << std::endl;
-    while (!g_stop_signal.load()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    g_stop_signal.store(0);
+  // 8. Stop the network before the (CPU-heavy) reference check; --keep keeps it up until Ctrl-C,
+  // after report.json is written.
+  if (!a.keep) {
+    if (referee) referee->Stop();
+    StopAll(fleet.children, 5000);
   }
-  // 8. Stop the network before the (CPU-heavy) reference check.
-  if (referee) referee->Stop();
-  StopAll(fleet.children, 5000);
   {
     std::vector<std::string> pushed_dirs;
     for (const std::string& ep : sub.pushed_to) {
@@ -895,14 +896,28 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a, json* report) {
   }
   ML_RETURN_IF_ERROR(env->WriteFileAtomic(JoinPath(dir, "report.json"), report->dump(2) + "\n"));
   (*report)["report"] = JoinPath(dir, "report.json");
+  Status verdict = Status::Ok();
   if (a.check_reference && !(*report)["matches_reference"].get<bool>()) {
-    return DataLoss("the devnet's final weights " + weights_hash.ToHex() +
-                    " differ from the in-process reference " +
-                    (*report)["reference_hash"].get<std::string>() +
-                    " (report: " + JoinPath(dir, "report.json") + ")");
+    verdict = DataLoss("the devnet's final weights " + weights_hash.ToHex() +
+                       " differ from the in-process reference " +
+                       (*report)["reference_hash"].get<std::string>() +
+                       " (report: " + JoinPath(dir, "report.json") + ")");
   }
-  return Status::Ok();
+  if (verdict.ok() || !g.json) emit(*report);  // --json: one document, the report or the error
+  if (a.keep) {
+    std::cerr << "task finished; the network stays up for `meshlearn task ...` and `meshlearn "
+                 "wallet ...` commands.\nThe submitter's key is \"submitter\" in "
+              << AbsolutePath(home) << "/keys:\n  export MESHLEARN_HOME=" << AbsolutePath(home)
+              << "\n  meshlearn task status " << sub.task_id.ToHex() << " --rpc " << rpc_url
+              << "\n  meshlearn wallet balance --key submitter --rpc " << rpc_url
+              << "\nCtrl-C stops it." << std::endl;
+    while (!g_stop_signal.load()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    g_stop_signal.store(0);
+  }
+  return verdict;
 }
+
+void PrintReport(GlobalOptions& g, const json& report);
 
 void AddDevnet(CLI::App& root, GlobalOptions& g) {
   static DevnetArgs a;
@@ -955,10 +970,11 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       "bytes,\n"
       "final state hash vs the in-process reference); logs of every process in DIR/logs.\n"
       "Ctrl-C stops every process it started.");
-  cmd->callback([&g] {
-    json report;
-    Status s = RunDevnet(g, a, &report);
-    if (!s.ok()) return g.Exit(s);
+  cmd->callback([&g] { g.Exit(RunDevnet(g, a, [&g](const json& report) { PrintReport(g, report); })); });
+}
+
+// The report, as --json or as the human summary.
+void PrintReport(GlobalOptions& g, const json& report) {
     g.Output(report, [&] {
       std::cout << fmt::format(
           "devnet: {} rounds, {} units ({} paid) on {} solvers: test accuracy {:.4f} in {:.0f}s\n"
@@ -1003,7 +1019,6 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
                                  report["reference_accuracy"].get<double>());
       }
     });
-  });
 }
 
 }  // namespace

@@ -62,7 +62,53 @@ void ExpectNoOrphans(const std::string& dir) {
     std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     for (char& c : cmdline) c = c == '\0' ? ' ' : c;
     EXPECT_EQ(cmdline.find(dir + "/"), std::string::npos) << "still running: pid " << name << ": " << cmdline;
+    // A process started with relative paths names no `dir` on its command line: its working
+    // directory does.
+    std::error_code ec;
+    const std::string cwd = std::filesystem::read_symlink(e.path() / "cwd", ec).string();
+    if (!ec && !cmdline.empty()) {
+      EXPECT_NE(cwd.rfind(dir, 0), 0u) << "still running in " << cwd << ": pid " << name << ": " << cmdline;
+    }
   }
+}
+
+// Runs `command` (a shell command line) in the working directory `cwd`; stdout and stderr
+// together.
+CmdResult RunIn(const std::string& cwd, const std::string& command) {
+  const std::string cmd = "cd '" + cwd + "' && " + command + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The main job's command line as scripts/run.sh writes it: the `exec "$bin" devnet ...` line
+// (continuations joined) with "$bin" and "$out" filled in from the script and "$@" empty.
+std::string RunShDevnetCommand() {
+  std::string script = ReadText(MESHLEARN_SOURCE_DIR "/scripts/run.sh");
+  for (size_t p; (p = script.find("\\\n")) != std::string::npos;) script.replace(p, 2, " ");
+  std::istringstream lines(script);
+  std::string line, out, exec;
+  while (std::getline(lines, line)) {
+    if (line.rfind("out=", 0) == 0) out = line.substr(4);
+    if (line.rfind("exec \"$bin\" devnet", 0) == 0) exec = line;
+  }
+  if (out.empty() || exec.empty()) return "";
+  auto replace = [&](const std::string& from, const std::string& to) {
+    for (size_t p; (p = exec.find(from)) != std::string::npos;) exec.replace(p, from.size(), to);
+  };
+  replace("exec \"$bin\"", MESHLEARN_BIN);
+  replace("\"$out\"", out);
+  replace("\"$@\"", "");
+  return exec;
 }
 
 void CheckCommon(const json& r, int rounds = 3) {
@@ -88,6 +134,99 @@ TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
   json rep = ReadReport(dir);
   CheckCommon(rep);
   ExpectNoOrphans(dir);
+}
+
+// The README's first command, as a newcomer runs it: scripts/run.sh's devnet command line, flags
+// and relative --out exactly as the script writes them, from a fresh working directory, on the
+// tiny task placed where the script's task file is. A relative --out once made every node read
+// its data_dir against the wrong folder, make a second, unfunded key and never register, while
+// every test (all with absolute directories) passed.
+TEST(Devnet, TheMainJobAsScriptsRunShWritesIt) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  const std::string command = RunShDevnetCommand();
+  ASSERT_NE(command, "") << "scripts/run.sh has no `exec \"$bin\" devnet` line or no out=";
+  ASSERT_NE(command.find("--out out/devnet"), std::string::npos) << command;
+  ASSERT_NE(command.find("--adversary solver:lazy"), std::string::npos) << command;
+  const std::string cwd = TempDir();
+  std::filesystem::create_directories(cwd + "/examples");
+  std::filesystem::create_directories(cwd + "/out");  // run.sh: mkdir -p out
+  std::filesystem::copy_file(MESHLEARN_SOURCE_DIR "/tests/devnet-tiny.toml",
+                             cwd + "/examples/fashion-mlp.toml");
+  CmdResult r = RunIn(cwd, "MESHLEARN_HOME=home " + command + " --timeout 300");
+  ASSERT_EQ(r.code, 0) << command << "\n" << r.out;
+  EXPECT_NE(r.out.find("(= the in-process reference)"), std::string::npos) << r.out;
+  json rep = ReadReport(cwd + "/out/devnet");
+  CheckCommon(rep);
+  const json& v = rep["verification"];
+  ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
+  EXPECT_EQ(v["slashed"][0]["adversary"], "lazy");
+  EXPECT_GT(v["slashed"][0]["amount"].get<uint64_t>(), 0u);
+  // Every node used the one data directory devnet made for it: no node made a second one (with
+  // a second, unfunded key) under a path resolved twice.
+  for (int i = 0; i < 4; ++i) {
+    const std::string nd = cwd + "/out/devnet/node" + std::to_string(i);
+    EXPECT_TRUE(std::filesystem::exists(nd + "/keys")) << nd;
+    EXPECT_FALSE(std::filesystem::exists(nd + "/out")) << nd << " holds a second data dir";
+  }
+  ExpectNoOrphans(cwd);
+}
+
+// `meshlearn devnet` with no --out at all writes to out/devnet under the working directory, and
+// --keep writes report.json when the task ends (not at Ctrl-C), prints commands that work as
+// printed (the submitter's key and home, --rpc), and stops every process at Ctrl-C.
+TEST(Devnet, NoOutAndKeepWriteTheReportWhenTheTaskEnds) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  const std::string cwd = TempDir();
+  const std::string log = cwd + "/devnet.log";
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (chdir(cwd.c_str()) != 0) _exit(126);
+    setenv("MESHLEARN_HOME", "home", 1);
+    FILE* f = freopen(log.c_str(), "w", stderr);
+    (void)f;
+    execl(MESHLEARN_BIN, MESHLEARN_BIN, "devnet", "--solvers", "4", "--task",
+          MESHLEARN_SOURCE_DIR "/tests/devnet-tiny.toml", "--block-interval-ms", "200", "--keep",
+          (char*)nullptr);
+    _exit(127);
+  }
+  const std::string dir = cwd + "/out/devnet";
+  bool kept = false;
+  for (int i = 0; i < 3000 && !kept; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    kept = ReadText(log).find("Ctrl-C stops it") != std::string::npos;
+    if (waitpid(pid, nullptr, WNOHANG) == pid) break;
+  }
+  const std::string text = ReadText(log);
+  ASSERT_TRUE(kept) << text;
+  // The report is there while the network is still up.
+  json rep = ReadReport(dir);
+  CheckCommon(rep);
+  EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << "devnet exited before Ctrl-C";
+  // The printed commands work as printed, from another working directory.
+  EXPECT_NE(text.find("\"submitter\""), std::string::npos) << text;
+  std::istringstream lines(text);
+  std::string line;
+  int ran = 0;
+  std::string exports;
+  while (std::getline(lines, line)) {
+    const size_t at = line.find("export MESHLEARN_HOME=");
+    if (at != std::string::npos) exports = line.substr(at);
+    const size_t cmd = line.find("meshlearn task status ");
+    const size_t bal = line.find("meshlearn wallet balance ");
+    const size_t start = cmd != std::string::npos ? cmd : bal;
+    if (start == std::string::npos || exports.empty()) continue;
+    const std::string args = line.substr(start + std::string("meshlearn ").size());
+    CmdResult r = RunIn("/", exports + " && " + MESHLEARN_BIN + " " + args);
+    EXPECT_EQ(r.code, 0) << line << "\n" << r.out;
+    ++ran;
+  }
+  EXPECT_EQ(ran, 2) << text;
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << ReadText(log);
+  ExpectNoOrphans(cwd);
 }
 
 // --adversary solver:lazy: one node runs every other inner step; it loses the dispute (by its
