@@ -64,17 +64,31 @@ void AddKeys(CLI::App& root, GlobalOptions& g) {
   CLI::App* list = keys->add_subcommand("list", "List keys");
   list->callback([&g] {
     KeyStore store(Env::Default(), g.KeysDir());
-    Result<std::vector<KeyInfo>> infos = store.List();
-    if (!infos.ok()) return g.Exit(infos.status());
+    Result<KeyListing> listing = store.List();
+    if (!listing.ok()) return g.Exit(listing.status());
+    // Every readable key is listed; an unreadable file is one entry with its error (JSON: an
+    // "error" field instead of "public_key"), so one bad file hides nothing else.
     nlohmann::json j = nlohmann::json::array();
-    for (const KeyInfo& k : *infos) j.push_back(InfoJson(k, store.PathOf(k.name)));
+    for (const KeyInfo& k : listing->keys) j.push_back(InfoJson(k, store.PathOf(k.name)));
+    for (const KeyListing::Bad& b : listing->unreadable) {
+      j.push_back({{"name", b.name}, {"path", b.path}, {"error", b.why.message()}});
+    }
     g.Output(j, [&] {
-      if (infos->empty()) std::cout << "no keys in " << store.dir() << "\n";
-      for (const KeyInfo& k : *infos) {
+      if (listing->keys.empty() && listing->unreadable.empty()) {
+        std::cout << "no keys in " << store.dir() << "\n";
+      }
+      for (const KeyInfo& k : listing->keys) {
         std::cout << k.name << "  " << k.public_key.ToHex()
                   << (k.encrypted ? "  encrypted" : "  unencrypted") << "\n";
       }
+      for (const KeyListing::Bad& b : listing->unreadable) {
+        std::cout << b.name << "  UNREADABLE: " << b.why.message() << "\n";
+      }
     });
+    if (!listing->unreadable.empty() && !g.json) {
+      std::cerr << "warning: " << listing->unreadable.size() << " key file(s) in " << store.dir()
+                << " could not be read (listed above); restore them from a backup\n";
+    }
   });
 
   CLI::App* show = keys->add_subcommand("show", "Show a key's public key");
@@ -106,9 +120,22 @@ void AddKeys(CLI::App& root, GlobalOptions& g) {
   CLI::App* imp = keys->add_subcommand("import", "Restore a key from a backup");
   imp->add_option("file", a.path, "Backup file written by `keys export`")->required();
   imp->add_option("--name", a.import_name, "Store under this name (default: the name in the backup)");
+  imp->add_option("--passphrase-file", a.passphrase_file,
+                  "An encrypted backup's passphrase (else $MESHLEARN_PASSPHRASE or a prompt)");
+  imp->footer("The backup is checked in full before it is stored: an encrypted one is decrypted\n"
+              "(give its passphrase), and a secret that does not match the public key is refused.");
   imp->callback([&g] {
     KeyStore store(Env::Default(), g.KeysDir());
-    Result<KeyInfo> info = store.Import(a.path, a.import_name);
+    std::string pass;
+    if (Result<std::string> text = Env::Default()->ReadFile(a.path); text.ok()) {
+      Result<KeyInfo> peek = InspectKeyFile(*text, a.path);
+      if (peek.ok() && peek->encrypted) {
+        Result<std::string> p = ReadPassphrase(a.passphrase_file, /*confirm=*/false, !g.json);
+        if (!p.ok()) return g.Exit(p.status());
+        pass = *p;
+      }
+    }
+    Result<KeyInfo> info = store.Import(a.path, a.import_name, pass);
     if (!info.ok()) return g.Exit(info.status());
     g.Output(InfoJson(*info, store.PathOf(info->name)), [&] {
       std::cout << "imported key '" << info->name << "' (" << info->public_key.ToHex() << ")\n";

@@ -1,7 +1,12 @@
 #include "meshlearn/base/keyfile.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <sodium.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -98,6 +103,65 @@ Result<Fields> ParseFields(std::string_view text, std::string_view file) {
     return DataLoss(where + ": unknown encryption '" + f.encryption + "'");
   }
   return f;
+}
+
+std::string Octal(uint32_t mode) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0%03o", mode & 0777);
+  return buf;
+}
+
+// Writes `data` to a new file `path`, failing with AlreadyExists (message `exists`) if a file of
+// that name is there, even when another process creates it at the same instant. On the real file
+// system: the data goes to a temporary file (O_EXCL, fsync'd), which is link(2)ed to `path` --
+// link never replaces an existing name -- then unlinked; a crash leaves at most a stray
+// temporary, never a partial key under its own name. Other Envs (MemEnv in tests) are used by
+// one thread, where check-then-write is exact.
+Status WriteNewFile(Env* env, const std::string& path, std::string_view data, uint32_t mode,
+                    const std::string& exists) {
+  if (env != Env::Default()) {
+    if (env->FileExists(path)) return AlreadyExists(exists);
+    return env->WriteFileAtomic(path, data, mode);
+  }
+  uint8_t rnd[8];
+  SecureRandomBytes(rnd);
+  const std::string tmp = path + ".new-" + std::to_string(::getpid()) + "-" + HexEncode(rnd);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0) return Internal("cannot create " + tmp + ": " + std::strerror(errno));
+  auto fail = [&](const std::string& what) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    return Internal("cannot " + what + " " + tmp + ": " + std::strerror(err));
+  };
+  if (::fchmod(fd, mode) != 0) return fail("chmod");
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail("write");
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) return fail("sync");
+  if (::close(fd) != 0) {
+    fd = -1;
+    return fail("close");
+  }
+  fd = -1;
+  if (::link(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    if (err == EEXIST) return AlreadyExists(exists);
+    return Internal("cannot create " + path + ": " + std::strerror(err));
+  }
+  ::unlink(tmp.c_str());
+  const std::string dir = DirName(path);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -224,11 +288,10 @@ Status KeyStore::Put(const std::string& name, const KeyPair& kp, const std::stri
   ML_RETURN_IF_ERROR(ValidateName(name));
   ML_RETURN_IF_ERROR(env_->CreateDirs(dir_, 0700));
   std::string path = PathOf(name);
-  if (env_->FileExists(path)) {
-    return AlreadyExists("key '" + name + "' already exists at " + path +
-                         "; choose another name or delete the file first");
-  }
-  return env_->WriteFileAtomic(path, EncodeKeyFile(name, kp, passphrase, cost_), 0600);
+  const std::string exists = "key '" + name + "' already exists at " + path +
+                             "; choose another name or delete the file first";
+  if (env_->FileExists(path)) return AlreadyExists(exists);  // before the costly encryption
+  return WriteNewFile(env_, path, EncodeKeyFile(name, kp, passphrase, cost_), 0600, exists);
 }
 
 Result<KeyPair> KeyStore::Load(const std::string& name, const std::string& passphrase) const {
@@ -237,6 +300,18 @@ Result<KeyPair> KeyStore::Load(const std::string& name, const std::string& passp
   if (!env_->FileExists(path)) {
     return NotFound("no key named '" + name + "' in " + dir_ +
                     "; create one with `meshlearn keys new " + name + "`");
+  }
+  // As ssh does: a private key that others can read, or in a directory others can write, is
+  // not used. (Envs without modes, or a directory they cannot stat, are not checked.)
+  if (Result<uint32_t> mode = env_->FileMode(path); mode.ok() && (*mode & 077) != 0) {
+    return PermissionDenied("key file " + path + " has mode " + Octal(*mode) +
+                            ": other users can read it, so it is not used; run `chmod 600 " +
+                            path + "` (and consider the key exposed if others did read it)");
+  }
+  if (Result<uint32_t> mode = env_->FileMode(dir_); mode.ok() && (*mode & 022) != 0) {
+    return PermissionDenied("keys directory " + dir_ + " has mode " + Octal(*mode) +
+                            ": other users can replace the keys in it, so they are not used; "
+                            "run `chmod 700 " + dir_ + "`");
   }
   ML_ASSIGN_OR_RETURN(std::string text, env_->ReadFile(path));
   return DecodeKeyFile(text, passphrase, path);
@@ -252,8 +327,8 @@ Result<KeyInfo> KeyStore::Info(const std::string& name) const {
   return info;
 }
 
-Result<std::vector<KeyInfo>> KeyStore::List() const {
-  std::vector<KeyInfo> out;
+Result<KeyListing> KeyStore::List() const {
+  KeyListing out;
   if (!env_->FileExists(dir_)) return out;
   ML_ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(dir_));
   const std::string suffix = ".key.json";
@@ -261,34 +336,44 @@ Result<std::vector<KeyInfo>> KeyStore::List() const {
     if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
-    ML_ASSIGN_OR_RETURN(KeyInfo info, Info(n.substr(0, n.size() - suffix.size())));
-    out.push_back(std::move(info));
+    const std::string name = n.substr(0, n.size() - suffix.size());
+    Result<KeyInfo> info = Info(name);
+    if (info.ok()) {
+      out.keys.push_back(std::move(*info));
+    } else {
+      out.unreadable.push_back({name, JoinPath(dir_, n), info.status()});
+    }
   }
   return out;
 }
 
 Status KeyStore::Export(const std::string& name, const std::string& out_path) const {
   ML_RETURN_IF_ERROR(Info(name).status());  // validates the file before copying it
-  if (env_->FileExists(out_path)) {
-    return AlreadyExists("backup file " + out_path + " already exists; choose another path");
-  }
   ML_ASSIGN_OR_RETURN(std::string text, env_->ReadFile(PathOf(name)));
-  return env_->WriteFileAtomic(out_path, text, 0600);
+  return WriteNewFile(env_, out_path, text, 0600,
+                      "backup file " + out_path + " already exists; choose another path");
 }
 
-Result<KeyInfo> KeyStore::Import(const std::string& backup_path, const std::string& name) {
+Result<KeyInfo> KeyStore::Import(const std::string& backup_path, const std::string& name,
+                                 const std::string& passphrase) {
   ML_ASSIGN_OR_RETURN(std::string text, env_->ReadFile(backup_path));
   ML_ASSIGN_OR_RETURN(KeyInfo info, InspectKeyFile(text, backup_path));
   std::string target = name.empty() ? info.name : name;
   ML_RETURN_IF_ERROR(ValidateName(target));
   std::string path = PathOf(target);
-  if (env_->FileExists(path)) {
-    return AlreadyExists("key '" + target + "' already exists; import under another name "
-                         "with --name");
+  const std::string exists = "key '" + target + "' already exists; import under another name "
+                             "with --name";
+  if (env_->FileExists(path)) return AlreadyExists(exists);
+  // The checksum proves the file intact, not that its secret is the public key's: decode it.
+  if (info.encrypted && passphrase.empty()) {
+    return PermissionDenied(backup_path + ": the backup is encrypted; give its passphrase "
+                            "(--passphrase-file FILE or MESHLEARN_PASSPHRASE) so that import can "
+                            "check its secret before storing it");
   }
+  ML_RETURN_IF_ERROR(DecodeKeyFile(text, passphrase, backup_path).status());
   // The name inside the file is checksummed and stays as it was; the file name carries `target`.
   ML_RETURN_IF_ERROR(env_->CreateDirs(dir_, 0700));
-  ML_RETURN_IF_ERROR(env_->WriteFileAtomic(path, text, 0600));
+  ML_RETURN_IF_ERROR(WriteNewFile(env_, path, text, 0600, exists));
   info.name = target;
   return info;
 }

@@ -5,6 +5,16 @@
 // over its fields, so a corrupt file ("checksum mismatch") is told apart from a wrong passphrase
 // ("decryption failed"). Files are written atomically with mode 0600; a failed load never writes.
 //
+// Safety rules of the store (docs/keys.md):
+//   - Creating a key (Create, Put, Import) is exclusive: the file is written under a temporary
+//     name and link(2)ed to its own, so of several processes creating one name at once exactly
+//     one succeeds and the others get AlreadyExists; an existing key is never replaced.
+//   - Load refuses, as ssh does, a key file that other users can read or write (mode & 077) or
+//     a keys directory that others can write (mode & 022), naming the chmod that fixes it.
+//   - Import checks the whole backup, secret included: an encrypted backup needs its passphrase,
+//     and a secret that does not give the file's public key is refused before anything is stored.
+//   - List lists every readable key and reports each unreadable file apart.
+//
 //   KeyStore store(Env::Default(), "~/.meshlearn/keys");
 //   ML_ASSIGN_OR_RETURN(KeyPair kp, store.Create("alice", passphrase));
 //   ML_ASSIGN_OR_RETURN(KeyPair again, store.Load("alice", passphrase));
@@ -43,6 +53,17 @@ Result<KeyInfo> InspectKeyFile(std::string_view text, std::string_view file);
 Result<KeyPair> DecodeKeyFile(std::string_view text, const std::string& passphrase,
                               std::string_view file);
 
+// What KeyStore::List finds: the readable keys, and each key file it could not read with why.
+struct KeyListing {
+  std::vector<KeyInfo> keys;
+  struct Bad {
+    std::string name;
+    std::string path;
+    Status why;
+  };
+  std::vector<Bad> unreadable;
+};
+
 class KeyStore {
  public:
   KeyStore(Env* env, std::string dir, KdfCost cost = KdfCost::Interactive());
@@ -56,12 +77,16 @@ class KeyStore {
   Status Put(const std::string& name, const KeyPair& kp, const std::string& passphrase);
   Result<KeyPair> Load(const std::string& name, const std::string& passphrase) const;
   Result<KeyInfo> Info(const std::string& name) const;
-  Result<std::vector<KeyInfo>> List() const;
+  // Fails only if the directory cannot be listed; a bad file is reported in `unreadable`.
+  Result<KeyListing> List() const;
   // Writes a backup of the key file (still encrypted if it was) to `out_path`, mode 0600.
   Status Export(const std::string& name, const std::string& out_path) const;
   // Restores a backup under `name` (the name inside the backup when empty). Validates the
-  // backup fully first; never overwrites an existing key.
-  Result<KeyInfo> Import(const std::string& backup_path, const std::string& name);
+  // backup fully first -- decrypting an encrypted one with `passphrase` -- so a backup whose
+  // secret does not match its public key is refused here, not when the key is first used.
+  // Never overwrites an existing key.
+  Result<KeyInfo> Import(const std::string& backup_path, const std::string& name,
+                         const std::string& passphrase = "");
 
   // Key names: 1-64 characters of [A-Za-z0-9_.-], not starting with '.'.
   static Status ValidateName(const std::string& name);
