@@ -1,12 +1,21 @@
 #include "meshlearn/ledger/genesis.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
 #include <set>
 #include <sstream>
 #include <type_traits>
 
+#include "meshlearn/base/check.h"
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/encoding.h"
+#include "meshlearn/base/keyfile.h"
 #include "meshlearn/ledger/tx.h"
 
 namespace meshlearn::ledger {
@@ -274,6 +283,75 @@ Genesis DevnetGenesis(const std::vector<PublicKey>& funded_keys, Amount balance_
   g.params.verification = true;
   for (const PublicKey& k : funded_keys) g.accounts.push_back({k, balance_each});
   return g;
+}
+
+std::string ChainGenesisPath(const std::string& dir) { return JoinPath(dir, "genesis.toml"); }
+std::string ChainKeysDir(const std::string& dir) { return JoinPath(dir, "keys"); }
+std::string ChainDbPath(const std::string& dir) { return JoinPath(dir, "chain.db"); }
+
+namespace {
+
+Status SyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return Internal("cannot open directory " + dir + ": " + std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return Internal("cannot sync directory " + dir + ": " + std::strerror(err));
+  return Status::Ok();
+}
+
+Status ChainDirTaken(const std::string& dir) {
+  if (std::filesystem::exists(ChainGenesisPath(dir))) {
+    return AlreadyExists(ChainGenesisPath(dir) +
+                         " exists: this directory already holds a chain; serve it with `meshlearn "
+                         "chain serve --dir " + dir + "`, or init another --dir");
+  }
+  return AlreadyExists(dir + " exists and is not an empty directory; `chain init` creates a new "
+                       "chain directory: give a new or empty --dir");
+}
+
+}  // namespace
+
+Status CreateChainDir(const std::string& dir_in, const Genesis& g, const KeyPair& sequencer) {
+  CHECK(g.sequencer == sequencer.public_key()) << "the genesis names another sequencer";
+  namespace fs = std::filesystem;
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir.empty()) return InvalidArgument("the chain directory is empty; name one with --dir");
+  ML_RETURN_IF_ERROR(ValidateGenesis(g));
+  std::error_code ec;
+  // A clear answer for the common case; the rename below is what decides a race.
+  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec))) {
+    return ChainDirTaken(dir);
+  }
+  Env* env = Env::Default();
+  const std::string parent = DirName(dir);
+  ML_RETURN_IF_ERROR(env->CreateDirs(parent, 0755));
+  std::string tmpl = dir + ".init-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return Internal("cannot create a temporary directory beside " + dir + ": " +
+                    std::strerror(errno));
+  }
+  const std::string tmp = tmpl;  // mode 0700, as the chain directory must be
+  auto discard = [&](Status s) {
+    fs::remove_all(tmp, ec);
+    return s;
+  };
+  Status s = WriteGenesis(env, ChainGenesisPath(tmp), g);
+  if (s.ok()) s = KeyStore(env, ChainKeysDir(tmp)).Put(kSequencerKeyName, sequencer, "");
+  if (s.ok()) s = SyncDir(tmp);
+  if (!s.ok()) return discard(s.WithPrefix("cannot create chain directory " + dir));
+  // rename(2) of a directory onto a path that is absent or an empty directory is atomic, and
+  // fails (ENOTEMPTY/EEXIST) once another process's directory is in place: exactly one wins.
+  if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+    const int err = errno;
+    if (err == ENOTEMPTY || err == EEXIST || err == ENOTDIR || err == EISDIR) {
+      return discard(ChainDirTaken(dir));
+    }
+    return discard(Internal("cannot rename " + tmp + " to " + dir + ": " + std::strerror(err)));
+  }
+  return SyncDir(parent);
 }
 
 }  // namespace meshlearn::ledger

@@ -1,6 +1,15 @@
 #include "meshlearn/ledger/genesis.h"
 
+#include <stdlib.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
 #include <gtest/gtest.h>
+
+#include "meshlearn/base/keyfile.h"
 
 #include "test_util.h"
 
@@ -66,6 +75,81 @@ TEST(GenesisTest, HashDependsOnEverything) {
   g2 = g;
   g2.chain_id = "other";
   EXPECT_NE(GenesisHash(g2), h);
+}
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/meshlearn-genesis-XXXXXX";
+  return mkdtemp(tmpl);
+}
+
+size_t Entries(const std::string& dir) {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+  return n;
+}
+
+// Before: `chain init` made the directory, then the key, then the genesis, each step checked
+// apart, so concurrent inits of one directory could all succeed and mix their files.
+TEST(ChainDirTest, CreatedWholeOnceAndNeverReplaced) {
+  const std::string base = TempDir();
+  const std::string dir = base + "/chain";
+  Genesis g = DevnetGenesis({TestKey(1).public_key()}, 5);
+  g.sequencer = TestKey(7).public_key();
+  ASSERT_TRUE(CreateChainDir(dir, g, TestKey(7)).ok());
+  Result<Genesis> back = LoadGenesis(Env::Default(), ChainGenesisPath(dir));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, g);
+  Result<KeyPair> key = KeyStore(Env::Default(), ChainKeysDir(dir)).Load(kSequencerKeyName, "");
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  EXPECT_EQ(key->public_key(), g.sequencer);
+
+  Genesis other = g;
+  other.sequencer = TestKey(8).public_key();
+  Status again = CreateChainDir(dir, other, TestKey(8));
+  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(again.message().find("already holds a chain"), std::string::npos) << again.ToString();
+  EXPECT_EQ(*LoadGenesis(Env::Default(), ChainGenesisPath(dir)), g);
+  EXPECT_EQ(Entries(base), 1u);  // no temporary left beside it
+
+  // An empty directory is taken; one holding anything else is not touched.
+  const std::string empty = base + "/empty";
+  std::filesystem::create_directory(empty);
+  EXPECT_TRUE(CreateChainDir(empty, g, TestKey(7)).ok());
+  const std::string busy = base + "/busy";
+  std::filesystem::create_directory(busy);
+  std::ofstream(busy + "/notes.txt") << "mine";
+  Status s = CreateChainDir(busy, g, TestKey(7));
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(Entries(busy), 1u);
+  EXPECT_EQ(Entries(base), 3u);
+}
+
+TEST(ChainDirTest, ConcurrentCreatorsExactlyOneWins) {
+  const std::string dir = TempDir() + "/chain";
+  std::vector<std::thread> threads;
+  std::atomic<int> won{0};
+  std::atomic<int> refused{0};
+  for (uint8_t i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      Genesis g = DevnetGenesis({}, 0);
+      g.sequencer = TestKey(10 + i).public_key();
+      Status s = CreateChainDir(dir, g, TestKey(10 + i));
+      if (s.ok()) {
+        ++won;
+      } else if (s.code() == StatusCode::kAlreadyExists) {
+        ++refused;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(won.load(), 1);
+  EXPECT_EQ(refused.load(), 7);
+  Result<Genesis> g = LoadGenesis(Env::Default(), ChainGenesisPath(dir));
+  ASSERT_TRUE(g.ok());
+  Result<KeyPair> key = KeyStore(Env::Default(), ChainKeysDir(dir)).Load(kSequencerKeyName, "");
+  ASSERT_TRUE(key.ok());
+  EXPECT_EQ(key->public_key(), g->sequencer);
+  EXPECT_EQ(Entries(DirName(dir)), 1u);
 }
 
 }  // namespace

@@ -150,6 +150,23 @@ std::string GenesisToToml(const Genesis& g);
 Status WriteGenesis(Env* env, const std::string& path, const Genesis& g);
 nlohmann::json GenesisToJson(const Genesis& g);
 
+// ---- A chain directory (`meshlearn chain init` writes it, `chain serve` reads it):
+//   <dir>/genesis.toml
+//   <dir>/keys/sequencer.key.json   the sequencer's key, unencrypted, mode 0600
+//   <dir>/chain.db                  made by `chain serve`
+std::string ChainGenesisPath(const std::string& dir);
+std::string ChainKeysDir(const std::string& dir);
+std::string ChainDbPath(const std::string& dir);
+inline constexpr char kSequencerKeyName[] = "sequencer";
+
+// Creates the chain directory `dir` holding `g` and the sequencer's key, all or nothing: both
+// files are written (and fsync'd) in a temporary sibling directory, which is then renamed to
+// `dir`. Of several processes creating the same `dir` at once exactly one succeeds; the others
+// get AlreadyExists and leave nothing behind, so genesis.toml and the key always agree. `dir`
+// must not exist, or be an empty directory (it is replaced, mode 0700).
+// REQUIRES: g.sequencer == sequencer.public_key(). Real file system only (Env has no rename).
+Status CreateChainDir(const std::string& dir, const Genesis& g, const KeyPair& sequencer);
+
 // A devnet genesis: faucet on, each key funded with `balance_each`, small minimum stakes,
 // a short unbonding delay (10 blocks) so local tests move quickly, and generous scheduler
 // knobs (liveness 60 blocks, slack 6000 permille, deadlines at least 20 blocks) so a loaded
