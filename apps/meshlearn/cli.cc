@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <iostream>
 #include <vector>
@@ -37,8 +38,6 @@ std::string PromptNoEcho(const char* prompt) {
 
 }  // namespace
 
-std::string GlobalOptions::KeysDir() const { return JoinPath(home, "keys"); }
-
 void GlobalOptions::Exit(const Status& s) {
   if (s.ok()) return;
   exit_code = 1;
@@ -64,11 +63,200 @@ bool RegisterCommand(int order, CommandAdder adder) {
   return true;
 }
 
+namespace {
+
+// CLI11 shows a flag declared "--check-reference,!--no-check-reference" as
+// "--check-reference, --no-check-reference{false}": the value the negated name stores, which
+// reads as a default and contradicts a description saying "default on". A flag's names are
+// shown alone; its description says what it does and what the default is.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_name(const CLI::Option* opt, bool is_positional) const override {
+    if (is_positional || opt->get_expected_max() != 0) {
+      return CLI::Formatter::make_option_name(opt, is_positional);
+    }
+    std::vector<std::string> names;
+    for (const std::string& s : opt->get_snames()) names.push_back("-" + s);
+    for (const std::string& l : opt->get_lnames()) names.push_back("--" + l);
+    if (names.empty()) return CLI::Formatter::make_option_name(opt, is_positional);
+    return CLI::detail::join(names);
+  }
+};
+
+void ApplyCliRules(CLI::App* app) {
+  for (CLI::Option* opt : app->get_options()) {
+    if (opt->get_expected_max() == 0) continue;  // a flag
+    const std::string type = opt->get_type_name();
+    if (type.rfind("UINT", 0) == 0) {
+      opt->transform(CLI::Validator(
+          [](std::string& v) -> std::string {
+            Result<uint64_t> n = ParseUnsigned(v, "");
+            if (!n.ok()) return n.status().message();
+            v = std::to_string(*n);
+            return std::string();
+          },
+          ""));
+    } else if (type.rfind("INT", 0) == 0) {
+      opt->transform(CLI::Validator(
+          [](std::string& v) -> std::string {
+            Result<int64_t> n = ParseSigned(v, "");
+            if (!n.ok()) return n.status().message();
+            v = std::to_string(*n);
+            return std::string();
+          },
+          ""));
+    }
+  }
+  for (CLI::App* sub : app->get_subcommands([](CLI::App*) { return true; })) ApplyCliRules(sub);
+}
+
+}  // namespace
+
 void AddAllCommands(CLI::App& root, GlobalOptions& g) {
+  // Subcommands copy their parent's formatter when they are added: set it first.
+  root.formatter(std::make_shared<HelpFormatter>());
   auto r = Registry();
   std::stable_sort(r.begin(), r.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [order, adder] : r) adder(root, g);
+  ApplyCliRules(&root);
+}
+
+Result<uint64_t> ParseUnsigned(std::string_view text, std::string_view what) {
+  const std::string quoted =
+      (what.empty() ? "" : std::string(what) + ": ") + "'" + std::string(text) + "'";
+  const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return c >= '0' && c <= '9';
+  });
+  if (!digits) {
+    return InvalidArgument(quoted + " is not a plain non-negative integer; write decimal digits "
+                           "only (0 to 18446744073709551615), no sign, exponent or separators");
+  }
+  uint64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc::result_out_of_range) {
+    return InvalidArgument(quoted + " is out of range: the largest is 18446744073709551615");
+  }
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    return InvalidArgument(quoted + " is not a plain non-negative integer");
+  }
+  return v;
+}
+
+Result<int64_t> ParseSigned(std::string_view text, std::string_view what) {
+  const std::string quoted =
+      (what.empty() ? "" : std::string(what) + ": ") + "'" + std::string(text) + "'";
+  std::string_view body = text;
+  if (!body.empty() && body.front() == '-') body.remove_prefix(1);
+  const bool digits = !body.empty() && std::all_of(body.begin(), body.end(), [](char c) {
+    return c >= '0' && c <= '9';
+  });
+  if (!digits) {
+    return InvalidArgument(quoted + " is not a plain integer; write decimal digits only (an "
+                           "optional leading '-'), no exponent or separators");
+  }
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc::result_out_of_range) {
+    return InvalidArgument(quoted + " is out of range: -9223372036854775808 to "
+                           "9223372036854775807");
+  }
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    return InvalidArgument(quoted + " is not a plain integer");
+  }
+  return v;
+}
+
+CLI::Validator PlainUnsigned() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        Result<uint64_t> n = ParseUnsigned(v, "");
+        if (!n.ok()) return n.status().message();
+        v = std::to_string(*n);
+        return std::string();
+      },
+      "");
+}
+
+CLI::Validator PlainSigned() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        Result<int64_t> n = ParseSigned(v, "");
+        if (!n.ok()) return n.status().message();
+        v = std::to_string(*n);
+        return std::string();
+      },
+      "");
+}
+
+std::string WithContext(std::string_view context, const std::string& reason) {
+  const std::string prefix = std::string(context) + ": ";
+  if (reason.rfind(prefix, 0) == 0) return reason;
+  return prefix + reason;
+}
+
+namespace {
+
+const char* KindName(JsonKind k) {
+  switch (k) {
+    case JsonKind::kString: return "a string";
+    case JsonKind::kUnsigned: return "a non-negative integer";
+    case JsonKind::kInteger: return "an integer";
+    case JsonKind::kNumber: return "a number";
+    case JsonKind::kBool: return "a boolean";
+    case JsonKind::kObject: return "an object";
+    case JsonKind::kArray: return "an array";
+    case JsonKind::kAny: return "a value";
+  }
+  return "a value";
+}
+
+bool HasKind(const nlohmann::json& v, JsonKind k) {
+  switch (k) {
+    case JsonKind::kString: return v.is_string();
+    case JsonKind::kUnsigned: return v.is_number_unsigned();
+    case JsonKind::kInteger: return v.is_number_integer();
+    case JsonKind::kNumber: return v.is_number();
+    case JsonKind::kBool: return v.is_boolean();
+    case JsonKind::kObject: return v.is_object();
+    case JsonKind::kArray: return v.is_array();
+    case JsonKind::kAny: return true;
+  }
+  return false;
+}
+
+// A short rendering of a bad value for the error message.
+std::string Excerpt(const nlohmann::json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+}  // namespace
+
+Status MalformedAnswer(const RpcWhere& where, const std::string& what) {
+  return DataLoss("the ledger at " + where.url + " answered " + where.method +
+                  " with a malformed result: " + what);
+}
+
+Status CheckRpcAnswer(const nlohmann::json& answer, const RpcWhere& where,
+                      std::initializer_list<JsonField> fields) {
+  if (!answer.is_object()) {
+    return MalformedAnswer(where, "expected an object, got " + Excerpt(answer));
+  }
+  for (const JsonField& f : fields) {
+    auto it = answer.find(f.name);
+    if (it == answer.end()) {
+      if (f.required) return MalformedAnswer(where, std::string("field '") + f.name + "' is missing");
+      continue;
+    }
+    if (it->is_null() && f.nullable) continue;
+    if (!HasKind(*it, f.kind)) {
+      return MalformedAnswer(where, std::string("field '") + f.name + "' should be " +
+                                        KindName(f.kind) + ", got " + Excerpt(*it));
+    }
+  }
+  return Status::Ok();
 }
 
 Result<std::string> ReadPassphrase(const std::string& passphrase_file, bool confirm,

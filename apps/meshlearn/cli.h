@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/status.h"
 
 namespace meshlearn::cli {
@@ -35,7 +36,9 @@ struct GlobalOptions {
   std::string home;
   int exit_code = 0;
 
-  std::string KeysDir() const;
+  // The home's files (home_layout.h): the same layout as a node's data_dir.
+  HomeLayout Home() const { return HomeLayout(home); }
+  std::string KeysDir() const { return Home().KeysDir(); }
 
   // Records a command's outcome: prints the error (human or JSON) if not OK.
   void Exit(const Status& s);
@@ -47,7 +50,62 @@ using CommandAdder = void (*)(CLI::App& root, GlobalOptions& g);
 
 // Registers a command adder; called from static initialisers via MESHLEARN_COMMAND.
 bool RegisterCommand(int order, CommandAdder adder);
+// Adds every registered command to `root`, then applies the CLI-wide rules to all of them:
+// every integer option (CLI11 type INT or UINT: amounts, fees, stakes, prices, counts) takes
+// only a plain decimal integer in its type's range (see PlainUnsigned), and --help shows flags
+// without CLI11's "{false}" marks.
 void AddAllCommands(CLI::App& root, GlobalOptions& g);
+
+// ---- Integers from the command line.
+//
+// CLI11 reads an unsigned option with strtoull(s, 0): "-5" wraps to 2^64-5, "0x10" is hex, "010"
+// is octal and an overflow clamps to 2^64-1. meshlearn takes token amounts from the command line,
+// so every integer is a plain decimal: digits only (a leading '-' for signed options), in range.
+// AddAllCommands applies these to every INT/UINT option of every command; an option declared
+// otherwise (a std::string parsed later, or a custom type_name) calls ParseUnsigned itself.
+//
+//   cmd->add_option("--fee", fee)->transform(PlainUnsigned());   // not needed: automatic
+//   ML_ASSIGN_OR_RETURN(uint64_t amount, ParseUnsigned(text, "--fund alice=AMOUNT"));
+//
+// `what` names the input in the error: "--fee: '-1' is not a plain non-negative integer ..." (no
+// name when empty: CLI11 puts the option's name in front of a validator's message).
+Result<uint64_t> ParseUnsigned(std::string_view text, std::string_view what);
+Result<int64_t> ParseSigned(std::string_view text, std::string_view what);
+// CLI11 validators that refuse anything else and rewrite the value in canonical decimal (so
+// CLI11's own base-0 conversion never sees "010").
+CLI::Validator PlainUnsigned();
+CLI::Validator PlainSigned();
+
+// `reason` with `context: ` in front, unless it already starts with it (the ledger's receipt
+// reasons already name their transaction: "leave node: node ... already left").
+std::string WithContext(std::string_view context, const std::string& reason);
+
+// ---- Answers from a ledger's JSON-RPC API.
+//
+// An endpoint may be wrong, old or hostile: its answers are checked before use, and a wrong shape
+// is an error that names the endpoint and the method, never an exception:
+//
+//   ML_ASSIGN_OR_RETURN(json st, rpc.Call("chain_status", json::object()));
+//   ML_RETURN_IF_ERROR(CheckRpcAnswer(st, {rpc.url(), "chain_status"},
+//                                     {{"height", JsonKind::kUnsigned, true},
+//                                      {"chain_id", JsonKind::kString, true}}));
+//   st.value("height", uint64_t{0});   // now safe
+enum class JsonKind { kString, kUnsigned, kInteger, kNumber, kBool, kObject, kArray, kAny };
+struct JsonField {
+  const char* name;
+  JsonKind kind;
+  bool required = false;
+  bool nullable = false;  // null is allowed (e.g. next_cursor at the last page)
+};
+struct RpcWhere {
+  std::string url;
+  std::string method;  // "account_history", or "account_history (items[3].receipt)"
+};
+// OK if `answer` is an object whose listed fields have their kinds (required ones present).
+Status CheckRpcAnswer(const nlohmann::json& answer, const RpcWhere& where,
+                      std::initializer_list<JsonField> fields);
+// The error CheckRpcAnswer gives, for callers with checks of their own.
+Status MalformedAnswer(const RpcWhere& where, const std::string& what);
 
 // Reads a passphrase: from --passphrase-file if given, else $MESHLEARN_PASSPHRASE, else by
 // prompting on the terminal without echo (twice when `confirm`), else empty (no encryption).

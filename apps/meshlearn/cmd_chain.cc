@@ -47,9 +47,9 @@ struct ChainArgs {
   size_t max_body = ledger::RpcLimits{}.max_body_bytes;
 };
 
-std::string GenesisPath(const std::string& dir) { return JoinPath(dir, "genesis.toml"); }
-std::string DbPath(const std::string& dir) { return JoinPath(dir, "chain.db"); }
-std::string ChainKeysDir(const std::string& dir) { return JoinPath(dir, "keys"); }
+using ledger::ChainKeysDir;
+std::string GenesisPath(const std::string& dir) { return ledger::ChainGenesisPath(dir); }
+std::string DbPath(const std::string& dir) { return ledger::ChainDbPath(dir); }
 
 // "alice" (a key in the key store) or 64 hex digits.
 Result<PublicKey> ResolveKey(const std::string& who, const GlobalOptions& g, std::string_view what) {
@@ -67,6 +67,18 @@ Result<PublicKey> ResolveKey(const std::string& who, const GlobalOptions& g, std
   return info->public_key;
 }
 
+// Runs `f`, turning an exception (a malformed answer from `url` that a decoder did not check)
+// into an error.
+Status Guarded(const std::string& url, const std::function<Status()>& f) {
+  try {
+    return f();
+  } catch (const nlohmann::json::exception& e) {
+    return DataLoss("the ledger at " + url + " gave a malformed answer: " + e.what());
+  } catch (const std::exception& e) {
+    return Internal("following " + url + ": " + e.what());
+  }
+}
+
 // Blocks SIGINT and SIGTERM in every thread started after this, so sigwait gets them.
 sigset_t BlockStopSignals() {
   sigset_t set;
@@ -79,13 +91,6 @@ sigset_t BlockStopSignals() {
 }
 
 Status RunInit(GlobalOptions& g, ChainArgs& a) {
-  Env* env = Env::Default();
-  if (env->FileExists(GenesisPath(a.dir))) {
-    return AlreadyExists(GenesisPath(a.dir) +
-                         " exists: this directory already holds a chain; serve it with `meshlearn "
-                         "chain serve --dir " + a.dir + "`, or init another --dir");
-  }
-  ML_RETURN_IF_ERROR(env->CreateDirs(a.dir, 0700));
   Genesis gen = a.devnet ? ledger::DevnetGenesis({}, 0, a.chain_id) : Genesis{};
   gen.chain_id = a.chain_id;
   gen.block_interval_ms = a.block_interval_ms;
@@ -93,23 +98,21 @@ Status RunInit(GlobalOptions& g, ChainArgs& a) {
   gen.faucet = a.faucet || a.devnet;
   for (const std::string& f : a.fund) {
     size_t eq = f.rfind('=');
-    uint64_t amount = 0;
-    const char* end = f.data() + f.size();
-    if (eq == std::string::npos ||
-        std::from_chars(f.data() + eq + 1, end, amount).ptr != end || eq + 1 == f.size()) {
+    if (eq == std::string::npos) {
       return InvalidArgument("--fund '" + f + "' is not KEY=AMOUNT (e.g. --fund alice=1000000)");
     }
+    ML_ASSIGN_OR_RETURN(uint64_t amount,
+                        ParseUnsigned(std::string_view(f).substr(eq + 1), "--fund " + f.substr(0, eq) + "=AMOUNT"));
     ML_ASSIGN_OR_RETURN(PublicKey key, ResolveKey(f.substr(0, eq), g, "--fund"));
     gen.accounts.push_back({key, amount});
   }
   // The sequencer's key lives with the chain, unencrypted (the service starts unattended);
-  // the directory is 0700 and the key file 0600.
-  KeyStore keys(env, ChainKeysDir(a.dir));
-  Result<KeyPair> seq = keys.Create("sequencer", "");
-  if (!seq.ok()) return seq.status().WithPrefix(a.dir);
-  gen.sequencer = seq->public_key();
-  ML_RETURN_IF_ERROR(ledger::ValidateGenesis(gen));
-  ML_RETURN_IF_ERROR(ledger::WriteGenesis(env, GenesisPath(a.dir), gen));
+  // the directory is 0700 and the key file 0600. Both appear at once, or neither
+  // (CreateChainDir): concurrent inits of one --dir cannot mix their genesis and key.
+  const KeyPair seq = KeyPair::Generate();
+  gen.sequencer = seq.public_key();
+  ML_RETURN_IF_ERROR(ledger::CreateChainDir(a.dir, gen, seq));
+  KeyStore keys(Env::Default(), ChainKeysDir(a.dir));
   std::string hash = ledger::GenesisHash(gen).ToHex();
   json j = {{"dir", a.dir},
             {"genesis", GenesisPath(a.dir)},
@@ -144,7 +147,7 @@ Status RunServe(GlobalOptions& g, ChainArgs& a) {
   ML_ASSIGN_OR_RETURN(auto listen, ledger::ParseListenAddress(a.listen));
   ML_ASSIGN_OR_RETURN(Genesis gen, LoadChainGenesis(a.dir));
   KeyStore keys(Env::Default(), ChainKeysDir(a.dir));
-  ML_ASSIGN_OR_RETURN(KeyPair key, keys.Load("sequencer", ""));
+  ML_ASSIGN_OR_RETURN(KeyPair key, keys.Load(ledger::kSequencerKeyName, ""));
   if (gen.sequencer != PublicKey{} && gen.sequencer != key.public_key()) {
     return FailedPrecondition(keys.PathOf("sequencer") + " is not the sequencer named in " +
                               GenesisPath(a.dir) + " (" + gen.sequencer.ShortHex() + "...)");
@@ -197,7 +200,10 @@ Status RunFollow(GlobalOptions& g, ChainArgs& a) {
     // First start: take the genesis from the sequencer. The hash printed here is what an
     // operator compares with the one the network publishes (or pins with --genesis-hash).
     ML_ASSIGN_OR_RETURN(json gj, upstream.Call("get_genesis", json::object()));
-    ML_ASSIGN_OR_RETURN(Genesis fetched, ledger::ParseGenesis(gj.value("toml", ""), a.url));
+    ML_RETURN_IF_ERROR(CheckRpcAnswer(gj, {a.url, "get_genesis"},
+                                      {{"toml", JsonKind::kString, true},
+                                       {"genesis_hash", JsonKind::kString}}));
+    ML_ASSIGN_OR_RETURN(Genesis fetched, ledger::ParseGenesis(gj["toml"].get<std::string>(), a.url));
     std::string hash = ledger::GenesisHash(fetched).ToHex();
     if (!a.genesis_hash.empty() && a.genesis_hash != hash) {
       return FailedPrecondition("the genesis served by " + a.url + " hashes to " + hash +
@@ -221,7 +227,7 @@ Status RunFollow(GlobalOptions& g, ChainArgs& a) {
   ledger::SharedChain shared(chain.get());
   ledger::Follower follower(&shared, &upstream, seq,
                             {.long_poll_ms = 5000, .evidence_dir = a.dir});
-  ML_RETURN_IF_ERROR(follower.CheckUpstream());
+  ML_RETURN_IF_ERROR(Guarded(a.url, [&] { return follower.CheckUpstream(); }));
 
   ledger::RpcService service(&shared, nullptr, {}, {.role = "follower", .upstream = a.url});
   ledger::RpcServer server(&service);
@@ -230,7 +236,9 @@ Status RunFollow(GlobalOptions& g, ChainArgs& a) {
   Status result;
   std::atomic<bool> done{false};
   std::thread worker([&] {
-    result = follower.Run();
+    // An exception must not end the process from this thread (std::terminate): it is the
+    // follower's result, reported by the main thread.
+    result = Guarded(a.url, [&] { return follower.Run(); });
     done.store(true);
     kill(getpid(), SIGUSR1);
   });
@@ -255,15 +263,27 @@ Status RunFollow(GlobalOptions& g, ChainArgs& a) {
 Status RunStatus(GlobalOptions& g, ChainArgs& a) {
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc), {.retries = 1});
   ML_ASSIGN_OR_RETURN(json st, rpc.Call("chain_status", json::object()));
+  ML_RETURN_IF_ERROR(CheckRpcAnswer(st, {rpc.url(), "chain_status"},
+                                    {{"chain_id", JsonKind::kString, true},
+                                     {"role", JsonKind::kString},
+                                     {"height", JsonKind::kUnsigned, true},
+                                     {"state_hash", JsonKind::kString},
+                                     {"last_block_hash", JsonKind::kString},
+                                     {"last_block_time_ms", JsonKind::kInteger},
+                                     {"genesis_hash", JsonKind::kString},
+                                     {"sequencer", JsonKind::kString},
+                                     {"mempool", JsonKind::kUnsigned},
+                                     {"totals", JsonKind::kObject}}));
   g.Output(st, [&] {
-    std::cout << "chain:        " << st.value("chain_id", "?") << " (" << st.value("role", "?")
+    std::cout << "chain:        " << st.value("chain_id", std::string("?")) << " ("
+              << st.value("role", std::string("?"))
               << " at " << rpc.url() << ")\n"
               << "height:       " << st.value("height", uint64_t{0}) << "\n"
-              << "state hash:   " << st.value("state_hash", "") << "\n"
-              << "last block:   " << st.value("last_block_hash", "") << " at "
+              << "state hash:   " << st.value("state_hash", std::string()) << "\n"
+              << "last block:   " << st.value("last_block_hash", std::string()) << " at "
               << st.value("last_block_time_ms", int64_t{0}) << " ms\n"
-              << "genesis hash: " << st.value("genesis_hash", "") << "\n"
-              << "sequencer:    " << st.value("sequencer", "") << "\n";
+              << "genesis hash: " << st.value("genesis_hash", std::string()) << "\n"
+              << "sequencer:    " << st.value("sequencer", std::string()) << "\n";
     if (st.contains("mempool")) std::cout << "mempool:      " << st["mempool"] << " pending\n";
     if (st.contains("totals")) std::cout << "totals:       " << st["totals"].dump() << "\n";
   });

@@ -11,6 +11,7 @@
 #include "meshlearn/base/clock.h"
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/env.h"
+#include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/log.h"
 #include "meshlearn/cli.h"
@@ -149,14 +150,15 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   return n;
 }
 
-std::string KeysDir(const NodeConfig& c) { return JoinPath(c.data_dir, "keys"); }
-
-// The node's key: <data_dir>/keys/node.key, created on first use. Encrypted with
-// $MESHLEARN_PASSPHRASE when set (a daemon cannot prompt).
+// The node's key: <data_dir>/keys/node.key.json, created on first use. Encrypted with
+// $MESHLEARN_PASSPHRASE when set (a daemon cannot prompt). The data dir is a home directory
+// (home_layout.h), brought to the current layout here, before any command of `node` uses it.
 Result<KeyPair> LoadOrCreateNodeKey(const NodeConfig& c, bool* created) {
   Env* env = Env::Default();
   ML_RETURN_IF_ERROR(env->CreateDirs(c.data_dir, 0700));
-  KeyStore store(env, KeysDir(c));
+  const HomeLayout home(c.data_dir);
+  ML_RETURN_IF_ERROR(MigrateHomeLayout(home));
+  KeyStore store(env, home.KeysDir());
   const char* pass_env = getenv("MESHLEARN_PASSPHRASE");
   std::string pass = pass_env ? pass_env : "";
   if (store.Info("node").ok()) {
@@ -230,7 +232,7 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   }
   Env* env = Env::Default();
   ML_ASSIGN_OR_RETURN(std::unique_ptr<net::BlobStore> store,
-                      net::BlobStore::Open(env, JoinPath(c.data_dir, "blobs"),
+                      net::BlobStore::Open(env, HomeLayout(c.data_dir).BlobsDir(),
                                            {.quota_bytes = c.blob_quota_bytes}));
   node::HttpChainClient chain(c.rpc, {.read_timeout_ms = 15000});
   net::HttpTransport transport;
@@ -341,14 +343,16 @@ Status RunLeave(GlobalOptions& g, const NodeArgs& a) {
   ML_ASSIGN_OR_RETURN(NodeConfig c, LoadNodeConfig(a.config));
   ML_ASSIGN_OR_RETURN(KeyPair key, LoadOrCreateNodeKey(c, nullptr));
   node::HttpChainClient chain(c.rpc);
-  node::TxSender tx(&chain, key,
-                    {.env = Env::Default(), .outbox_path = JoinPath(c.data_dir, "outbox-cli")});
+  const HomeLayout home(c.data_dir);
+  ML_RETURN_IF_ERROR(Env::Default()->CreateDirs(home.OutboxDir(), 0700));
+  node::TxSender tx(&chain, key, {.env = Env::Default(), .outbox_path = home.NodeLeaveJournal()});
   ML_RETURN_IF_ERROR(tx.Init());
   ML_ASSIGN_OR_RETURN(
       node::TxOutcome o,
       tx.SendAndWait(ledger::LeaveNodeTx{.node_id = key.public_key()}, 60000,
                      [](int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }));
-  if (!o.ok) return FailedPrecondition("leave node: " + o.reason);
+  // The ledger's reasons already name the transaction ("leave node: node ... already left").
+  if (!o.ok) return FailedPrecondition(WithContext("leave node", o.reason));
   json j = {{"node_id", key.public_key().ToHex()}, {"tx_id", o.id.ToHex()}, {"height", o.height}};
   g.Output(j, [&] {
     std::cout << "node " << key.public_key().ToHex() << " left in block " << o.height

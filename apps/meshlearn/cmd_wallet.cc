@@ -6,6 +6,7 @@
 
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/hex.h"
+#include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/progress.h"
 #include "meshlearn/cli.h"
@@ -56,9 +57,16 @@ Result<PublicKey> SubjectOf(const GlobalOptions& g, const WalletArgs& a) {
   return InvalidArgument("name the account: --key NAME or an address (64 hex digits)");
 }
 
+// REQUIRES: CheckReceipt(receipt) is OK.
 std::string ShortJson(const json& receipt) {
   if (receipt.value("ok", false)) return "ok";
   return "FAILED: " + receipt.value("reason", std::string("no reason given"));
+}
+
+Status CheckReceipt(const json& receipt, const RpcWhere& where) {
+  return CheckRpcAnswer(receipt, where,
+                        {{"ok", JsonKind::kBool}, {"reason", JsonKind::kString},
+                         {"height", JsonKind::kUnsigned}});
 }
 
 // Signs `payload` with --key, sends it and waits for its block; prints the receipt.
@@ -68,10 +76,6 @@ std::string ShortJson(const json& receipt) {
 // that nonce"), and the ledger includes a transaction at most once: a retry never pays twice. A
 // command that saw its transaction included leaves no outbox entry, so sending the same transfer
 // again on purpose is a new payment.
-std::string OutboxPath(const GlobalOptions& g, const std::string& key) {
-  return JoinPath(JoinPath(g.home, "outbox"), key + ".tx");
-}
-
 Result<std::optional<ledger::Transaction>> ReadOutbox(const std::string& path) {
   Env* env = Env::Default();
   if (!env->FileExists(path)) return std::optional<ledger::Transaction>();
@@ -98,7 +102,9 @@ Status Send(GlobalOptions& g, const WalletArgs& a, ledger::TxPayload payload, co
   ML_ASSIGN_OR_RETURN(std::string chain_id, ledger::FetchChainId(rpc));
   ML_ASSIGN_OR_RETURN(uint64_t nonce, ledger::FetchNextNonce(rpc, kp.public_key()));
 
-  const std::string outbox = OutboxPath(g, a.key);
+  // --home may be a node's data dir, possibly of the old layout (home_layout.h).
+  ML_RETURN_IF_ERROR(MigrateHomeLayout(g.Home()));
+  const std::string outbox = g.Home().WalletOutbox(a.key);
   ML_ASSIGN_OR_RETURN(std::optional<ledger::Transaction> pending, ReadOutbox(outbox));
   std::optional<ledger::Transaction> tx;
   if (pending) {
@@ -117,7 +123,7 @@ Status Send(GlobalOptions& g, const WalletArgs& a, ledger::TxPayload payload, co
     }
   }
   if (!tx) tx = ledger::BuildSignedTx(kp, chain_id, nonce, std::move(payload), a.fee);
-  ML_RETURN_IF_ERROR(Env::Default()->CreateDirs(JoinPath(g.home, "outbox"), 0700));
+  ML_RETURN_IF_ERROR(Env::Default()->CreateDirs(g.Home().OutboxDir(), 0700));
   ML_RETURN_IF_ERROR(
       Env::Default()->WriteFileAtomic(outbox, HexEncode(ledger::EncodeTx(*tx)) + "\n", 0600));
 
@@ -131,7 +137,14 @@ Status Send(GlobalOptions& g, const WalletArgs& a, ledger::TxPayload payload, co
       std::cerr << "  waiting for the next block... " << waited_ms / 1000 << "s" << std::endl;
     }
   };
-  Result<json> sent = ledger::SendTxAndWait(rpc, *tx, a.timeout_s * 1000, progress);
+  Result<json> sent = DataLoss("not sent");
+  try {
+    sent = ledger::SendTxAndWait(rpc, *tx, a.timeout_s * 1000, progress);
+  } catch (const json::exception& e) {
+    // An answer of the wrong shape says nothing about the transaction: it stays in the outbox,
+    // as after a timeout, and re-running the command resends the same bytes.
+    return MalformedAnswer({rpc.url(), "send_tx"}, e.what());
+  }
   if (!sent.ok()) {
     if (sent.status().code() == StatusCode::kDeadlineExceeded) {
       return DeadlineExceeded(sent.status().message() +
@@ -146,7 +159,12 @@ Status Send(GlobalOptions& g, const WalletArgs& a, ledger::TxPayload payload, co
   }
   ML_RETURN_IF_ERROR(Env::Default()->DeleteFile(outbox));
   const json done = *sent;
-  const json receipt = done.value("receipt", json::object());
+  const RpcWhere where{rpc.url(), "get_tx"};
+  ML_RETURN_IF_ERROR(CheckRpcAnswer(done, where,
+                                    {{"receipt", JsonKind::kObject, /*required=*/true},
+                                     {"height", JsonKind::kUnsigned}}));
+  const json& receipt = done["receipt"];
+  ML_RETURN_IF_ERROR(CheckReceipt(receipt, {rpc.url(), "get_tx (receipt)"}));
   g.Output(done, [&] {
     std::cout << what << " included in block " << done.value("height", uint64_t{0}) << ": "
               << ShortJson(receipt) << "\ntx: " << id << "\n";
@@ -161,10 +179,16 @@ Status RunBalance(GlobalOptions& g, const WalletArgs& a) {
   ML_ASSIGN_OR_RETURN(PublicKey who, SubjectOf(g, a));
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
   ML_ASSIGN_OR_RETURN(json acct, rpc.Call("get_account", {{"address", who.ToHex()}}));
+  const RpcWhere where{rpc.url(), "get_account"};
+  ML_RETURN_IF_ERROR(CheckRpcAnswer(acct, where,
+                                    {{"balance", JsonKind::kUnsigned, true},
+                                     {"nonce", JsonKind::kUnsigned, true},
+                                     {"unbonding", JsonKind::kArray},
+                                     {"exists", JsonKind::kBool}}));
   g.Output(acct, [&] {
     std::cout << "account: " << who.ToHex() << "\nbalance: " << acct.value("balance", Amount{0})
               << "\nnonce:   " << acct.value("nonce", uint64_t{0}) << "\n";
-    if (acct.contains("unbonding") && acct["unbonding"].is_array()) {
+    if (acct.contains("unbonding")) {
       for (const json& u : acct["unbonding"]) std::cout << "unbonding: " << u.dump() << "\n";
     }
     if (!acct.value("exists", true)) std::cout << "(the ledger has never seen this account)\n";
@@ -178,16 +202,31 @@ Status RunHistory(GlobalOptions& g, const WalletArgs& a) {
   ML_ASSIGN_OR_RETURN(json page, rpc.Call("account_history", {{"address", who.ToHex()},
                                                               {"cursor", a.cursor},
                                                               {"limit", a.limit}}));
+  ML_RETURN_IF_ERROR(CheckRpcAnswer(page, {rpc.url(), "account_history"},
+                                    {{"items", JsonKind::kArray, true},
+                                     {"next_cursor", JsonKind::kUnsigned, false, true}}));
+  for (size_t i = 0; i < page["items"].size(); ++i) {
+    const std::string at = "account_history (items[" + std::to_string(i) + "]";
+    const json& t = page["items"][i];
+    ML_RETURN_IF_ERROR(CheckRpcAnswer(t, {rpc.url(), at + ")"},
+                                      {{"receipt", JsonKind::kObject},
+                                       {"type", JsonKind::kString},
+                                       {"nonce", JsonKind::kUnsigned},
+                                       {"payload", JsonKind::kObject}}));
+    if (t.contains("receipt")) {
+      ML_RETURN_IF_ERROR(CheckReceipt(t["receipt"], {rpc.url(), at + ".receipt)"}));
+    }
+  }
   g.Output(page, [&] {
     const json& items = page["items"];
     if (items.empty()) std::cout << "no transactions\n";
     for (const json& t : items) {
       const json r = t.value("receipt", json::object());
-      std::cout << "block " << r.value("height", uint64_t{0}) << "  " << t.value("type", "?")
+      std::cout << "block " << r.value("height", uint64_t{0}) << "  " << t.value("type", std::string("?"))
                 << "  nonce " << t.value("nonce", uint64_t{0}) << "  "
                 << t.value("payload", json::object()).dump() << "  " << ShortJson(r) << "\n";
     }
-    if (!page["next_cursor"].is_null()) {
+    if (page.contains("next_cursor") && !page["next_cursor"].is_null()) {
       std::cout << "more: --cursor " << page["next_cursor"] << "\n";
     }
   });

@@ -39,10 +39,23 @@ int main(int argc, char** argv) {
     meshlearn::InitLogging(g.log_level);
   });
   meshlearn::cli::AddAllCommands(app, g);
+  // Commands run inside parse (CLI11 callbacks). A command reports errors as Status; an exception
+  // that still escapes one -- most often nlohmann::json's, from an answer of a shape nobody
+  // checked -- is an error message and exit code 1, never an abort.
+  auto fail = [&g](const std::string& what) {
+    g.Exit(meshlearn::Internal(what));
+    return 1;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every usage error (unknown option, bad value) exits 2.
+    return app.exit(e) == 0 ? 0 : 2;
+  } catch (const nlohmann::json::exception& e) {
+    return fail(std::string("malformed JSON (an answer from the ledger or a file did not have the "
+                            "expected shape): ") + e.what());
+  } catch (const std::exception& e) {
+    return fail(std::string("unexpected failure: ") + e.what());
   }
   return g.exit_code;
 }

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshlearn/base/home_layout.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/network_round.h"
@@ -43,9 +44,14 @@ constexpr char kKeepReason[] = "keep";
 
 NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
     : deps_(std::move(deps)), options_(std::move(options)) {
+  // The data dir is a home directory like any other (home_layout.h): the transaction journal
+  // lives in outbox/, where `meshlearn --home <data_dir> wallet ...` keeps its own entries.
+  const HomeLayout home(options_.data_dir);
+  if (deps_.env == Env::Default()) init_status_ = MigrateHomeLayout(home);  // real disks only
+  if (init_status_.ok() && deps_.env) init_status_ = deps_.env->CreateDirs(home.OutboxDir(), 0700);
   tx_ = std::make_unique<TxSender>(
       deps_.chain, deps_.key,
-      TxSenderOptions{.env = deps_.env, .outbox_path = JoinPath(options_.data_dir, "outbox")});
+      TxSenderOptions{.env = deps_.env, .outbox_path = home.NodeDaemonJournal()});
   blob_service_ = std::make_unique<net::BlobService>(deps_.store);
   unit_service_ = std::make_unique<UnitService>(deps_.env);
   Result<std::unique_ptr<PinBook>> book =
@@ -272,6 +278,10 @@ void NodeAgent::HandleOutcomes() {
     if (!o.ok) {
       ++stats_.tx_failed;
       Log(o.type + " " + o.id.ShortHex() + (o.included ? " failed: " : " refused: ") + o.reason);
+    }
+    if (o.type == "RegisterNode" && o.ok) {
+      Log("registered node " + id().ToHex() + " in block " + std::to_string(o.height) +
+          " (stake " + std::to_string(options_.stake) + ", endpoint " + options_.endpoint + ")");
     }
     // Re-read the node record next tick: registered now, or failed, or the node left.
     if (o.type == "RegisterNode" || (o.type == "Heartbeat" && !o.ok)) registered_ = false;
