@@ -264,10 +264,13 @@ std::string DirName(std::string_view path) {
 }
 
 std::string ResolveInFile(std::string_view file, std::string_view p) {
+  return ResolveInDir(DirName(file), p);
+}
+
+std::string ResolveInDir(std::string_view dir, std::string_view p) {
   if (p.empty() || p.front() == '/') return std::string(p);
   if (p.starts_with("~/")) return ExpandHome(p);
-  const std::string dir = DirName(file);
-  if (dir == ".") return std::string(p);
+  if (dir.empty() || dir == ".") return std::string(p);
   return JoinPath(dir, p);
 }
 

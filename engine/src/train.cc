@@ -10,9 +10,9 @@
 namespace meshlearn::engine {
 namespace {
 
+// A data path is relative to the task file's folder, "~/" is $HOME (docs/paths.md).
 std::string Resolve(const std::string& base_dir, const std::string& p) {
-  if (p.empty() || p[0] == '/' || base_dir.empty()) return p;
-  return JoinPath(base_dir, p);
+  return ResolveInDir(base_dir, p);
 }
 
 Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
@@ -110,9 +110,7 @@ Result<TaskSpec> TaskSpec::Parse(std::string_view toml, const std::string& name,
 
 Result<TaskSpec> TaskSpec::Load(Env* env, const std::string& path) {
   ML_ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
-  size_t slash = path.rfind('/');
-  std::string dir = slash == std::string::npos ? "" : path.substr(0, slash);
-  return Parse(text, path, dir);
+  return Parse(text, path, DirName(path));
 }
 
 namespace {

@@ -35,6 +35,52 @@ TaskSpec LoadExample(const std::string& name) {
   return *t;
 }
 
+// docs/paths.md: a data path inside a task file is relative to the task file's folder, whatever
+// the working directory of the reader; "~/" is $HOME; absolute paths stay as written.
+TEST(TaskTest, DataPathsAreRelativeToTheTaskFile) {
+  const std::string mlp = R"(
+[data]
+format = "idx"
+train_images = "data/train-images.gz"
+train_labels = "../labels/train-labels.gz"
+test_images = "~/t10k-images.gz"
+test_labels = "/abs/t10k-labels.gz"
+[model]
+input = [784]
+[[model.layers]]
+kind = "linear"
+out = 10
+[optimizer]
+kind = "sgd"
+lr = 0.1
+[train]
+steps = 1
+batch_size = 1
+)";
+  setenv("HOME", "/home/u", 1);
+  for (const std::string& dir : {std::string("tasks/x"), std::string("/srv/tasks")}) {
+    Result<TaskSpec> t = TaskSpec::Parse(mlp, dir + "/t.toml", dir);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(t->data.train_x, dir + "/data/train-images.gz");
+    EXPECT_EQ(t->data.train_y, dir + "/../labels/train-labels.gz");
+    EXPECT_EQ(t->data.test_x, "/home/u/t10k-images.gz");
+    EXPECT_EQ(t->data.test_y, "/abs/t10k-labels.gz");
+  }
+  // Load takes the folder from the file's own path.
+  const std::string tmp = std::filesystem::temp_directory_path() / "meshlearn-task-paths";
+  std::filesystem::create_directories(tmp);
+  {
+    std::FILE* f = std::fopen((tmp + "/t.toml").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(mlp.c_str(), f);
+    std::fclose(f);
+  }
+  Result<TaskSpec> loaded = TaskSpec::Load(Env::Default(), tmp + "/t.toml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->data.train_x, tmp + "/data/train-images.gz");
+  std::filesystem::remove_all(tmp);
+}
+
 // Restores the process-wide kernel configuration when a test ends.
 class KernelConfigGuard {
  public:

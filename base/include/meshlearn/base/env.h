@@ -92,6 +92,8 @@ std::string DirName(std::string_view path);
 // "~/...", else `p` under `file`'s folder (a path as `file` was named: relative to the working
 // directory if `file` is).
 std::string ResolveInFile(std::string_view file, std::string_view p);
+// The same for a file in the folder `dir` ("" or "." for the working directory).
+std::string ResolveInDir(std::string_view dir, std::string_view p);
 // What to write inside the file `file` to name `target`, a path as the command line gives it
 // (relative to the working directory, or absolute): an absolute or "~/" `target` as it is, else
 // `target` relative to `file`'s folder ("." or "../data/x.gz").
