@@ -35,6 +35,7 @@
 #include <fmt/format.h>
 
 #include "meshlearn/base/clock.h"
+#include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/progress.h"
 #include "meshlearn/cli.h"
@@ -180,19 +181,27 @@ Result<std::map<int, T>> ParseScenario(const std::vector<std::string>& items, ch
                                        const std::string& flag) {
   std::map<int, T> out;
   for (const std::string& s : items) {
-    size_t p = s.find(sep);
-    try {
-      if (p == std::string::npos) throw std::invalid_argument("");
-      int i = std::stoi(s.substr(0, p));
-      if (i < 0 || i >= solvers) throw std::out_of_range("");
-      if constexpr (std::is_same_v<T, double>) {
-        out[i] = std::stod(s.substr(p + 1));
-      } else {
-        out[i] = static_cast<T>(std::stoll(s.substr(p + 1)));
-      }
-    } catch (...) {
+    const size_t p = s.find(sep);
+    auto bad = [&] {
       return InvalidArgument(fmt::format("{} '{}' is not SOLVER{}VALUE with SOLVER in 0..{}", flag,
                                          s, sep, solvers - 1));
+    };
+    if (p == std::string::npos) return bad();
+    Result<uint64_t> i = ParseUnsigned(std::string_view(s).substr(0, p), flag);
+    if (!i.ok() || *i >= static_cast<uint64_t>(solvers)) return bad();
+    const std::string value = s.substr(p + 1);
+    if constexpr (std::is_same_v<T, double>) {
+      try {
+        size_t used = 0;
+        out[static_cast<int>(*i)] = std::stod(value, &used);
+        if (used != value.size()) return bad();
+      } catch (...) {
+        return bad();
+      }
+    } else {
+      Result<uint64_t> v = ParseUnsigned(value, flag);
+      if (!v.ok()) return v.status().WithPrefix(flag + " '" + s + "'");
+      out[static_cast<int>(*i)] = static_cast<T>(*v);
     }
   }
   return out;
@@ -371,7 +380,7 @@ Result<Traffic> MeasureTraffic(Env* env, const std::vector<std::string>& node_di
                                const std::vector<net::BlobId>& published) {
   std::vector<std::unique_ptr<net::BlobStore>> stores;
   for (const std::string& d : node_dirs) {
-    ML_ASSIGN_OR_RETURN(auto st, net::BlobStore::Open(env, JoinPath(d, "blobs")));
+    ML_ASSIGN_OR_RETURN(auto st, net::BlobStore::Open(env, HomeLayout(d).BlobsDir()));
     stores.push_back(std::move(st));
   }
   auto index_of = [&](const std::string& hex) -> int {
@@ -475,7 +484,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   const std::string home = JoinPath(dir, "home");
   ML_RETURN_IF_ERROR(env->CreateDirs(home, 0700));
   ML_RETURN_IF_ERROR(env->CreateDirs(JoinPath(dir, "logs")));
-  KeyStore user_keys(env, JoinPath(home, "keys"));
+  KeyStore user_keys(env, HomeLayout(home).KeysDir());
   ML_ASSIGN_OR_RETURN(KeyPair submitter, user_keys.Create("submitter", ""));
   std::vector<PublicKey> funded = {submitter.public_key()};
   std::vector<std::string> node_dirs;
@@ -483,7 +492,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   for (int i = 0; i < total_nodes; ++i) {
     std::string nd = JoinPath(dir, fmt::format("node{}", i));
     ML_RETURN_IF_ERROR(env->CreateDirs(nd, 0700));
-    KeyStore ks(env, JoinPath(nd, "keys"));
+    KeyStore ks(env, HomeLayout(nd).KeysDir());  // a node's data_dir is a home
     ML_ASSIGN_OR_RETURN(KeyPair nk, ks.Create("node", ""));
     node_dirs.push_back(nd);
     node_ids.push_back(nk.public_key());
@@ -491,8 +500,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   }
   const std::string chain_dir = JoinPath(dir, "chain");
   ML_RETURN_IF_ERROR(env->CreateDirs(chain_dir, 0700));
-  KeyStore chain_keys(env, JoinPath(chain_dir, "keys"));
-  ML_ASSIGN_OR_RETURN(KeyPair seq, chain_keys.Create("sequencer", ""));
+  KeyStore chain_keys(env, ledger::ChainKeysDir(chain_dir));
+  ML_ASSIGN_OR_RETURN(KeyPair seq, chain_keys.Create(ledger::kSequencerKeyName, ""));
   // The sequencer's key is the referee: it sends RuleDispute, so it needs an account.
   if (a.verification) funded.push_back(seq.public_key());
   const uint64_t balance = std::max<uint64_t>(task.net.budget * 2, 10'000'000);
@@ -518,7 +527,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   gen.genesis_time_ms = SystemClock::Default()->NowMillis();
   gen.sequencer = seq.public_key();
   ML_RETURN_IF_ERROR(ledger::ValidateGenesis(gen));
-  ML_RETURN_IF_ERROR(ledger::WriteGenesis(env, JoinPath(chain_dir, "genesis.toml"), gen));
+  ML_RETURN_IF_ERROR(ledger::WriteGenesis(env, ledger::ChainGenesisPath(chain_dir), gen));
 
   // 3. Processes.
   struct sigaction sa {};
@@ -599,7 +608,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   say(fmt::format("{} node(s) registered ({:.1f}s)", started, elapsed()));
 
   // 4. Submit (the code of `task submit`).
-  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, JoinPath(home, "blobs")));
+  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, HomeLayout(home).BlobsDir()));
   SubmitOptions so;
   so.memo = "devnet " + task.task.name;
   so.log = [&](const std::string& s) { say(s); };
