@@ -437,6 +437,59 @@ TEST(HostileChainInit, ConcurrentInitsCreateExactlyOneConsistentChain) {
   EXPECT_NE(again.out.find("already holds a chain"), std::string::npos) << again.out;
 }
 
+// ---- Hostile 4: absurd models and data are refused with the key and the machine's memory named,
+// never end in std::bad_alloc (rc 134), through the commands a user runs.
+
+TEST(HostileModels, AbsurdModelsAndNonRegularDataAreRefusedNotAborted) {
+  const std::string dir = TempDir();
+  const std::string data =
+      "[data]\nformat = \"idx\"\n"
+      "train_images = \"/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz\"\n"
+      "train_labels = \"/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz\"\n"
+      "test_images = \"/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz\"\n"
+      "test_labels = \"/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\"\n";
+  const std::string rest =
+      "[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[train]\nsteps = 1\nbatch_size = 8\n"
+      "[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 2\nbudget = 100000000\n"
+      "price_cap = 100\n";
+  const std::string wide_mlp = data +
+                               "[model]\ninput = [784]\n[[model.layers]]\nkind = \"linear\"\n"
+                               "out = 1048576\n[[model.layers]]\nkind = \"linear\"\nout = 10\n" +
+                               rest;
+  const std::string huge_gpt =
+      "[data]\nformat = \"text\"\npath = \"" + dir + "/corpus.txt\"\n"
+      "[model]\nkind = \"gpt\"\nn_layer = 256\nn_head = 64\nn_embd = 65536\n"
+      "block_size = 64\n" + rest;
+  WriteText(dir + "/corpus.txt", std::string(4096, 'a') + "bcdefgh\n");
+  const std::string dev_zero = "[data]\nformat = \"idx\"\ntrain_images = \"/dev/zero\"\n"
+                               "train_labels = \"/dev/zero\"\ntest_images = \"/dev/zero\"\n"
+                               "test_labels = \"/dev/zero\"\n[model]\ninput = [784]\n"
+                               "[[model.layers]]\nkind = \"linear\"\nout = 10\n" + rest;
+  struct Case {
+    std::string name, toml, expect;
+    bool needs_fashion;
+  };
+  const Case cases[] = {{"wide-mlp", wide_mlp, "model.layers", true},
+                        {"huge-gpt", huge_gpt, "model.n_layer", false},
+                        {"dev-zero", dev_zero, "data.train_images", false}};
+  const bool fashion = std::ifstream(
+      "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good();
+  for (const Case& c : cases) {
+    if (c.needs_fashion && !fashion) continue;
+    const std::string path = dir + "/" + c.name + ".toml";
+    WriteText(path, c.toml);
+    for (const std::string& cmd : {"train " + path + " --out " + dir + "/out-" + c.name,
+                                   "task submit " + path + " --dry-run"}) {
+      CmdResult r = Shell("MESHLEARN_MEMORY_BYTES=1073741824 MESHLEARN_HOME=" + dir + "/home " +
+                          MESHLEARN_BIN + " " + cmd);
+      EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+      EXPECT_NE(r.out.find("error:"), std::string::npos) << cmd << "\n" << r.out;
+      EXPECT_NE(r.out.find(c.expect), std::string::npos) << cmd << "\n" << r.out;
+      EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << cmd << "\n" << r.out;
+    }
+  }
+}
+
 // ---- Item 10: --help shows no "{false}"/"{true}" beside flags, in any command.
 
 TEST(Help, FlagsShowNoStoredValues) {
