@@ -233,7 +233,8 @@ Status ValidateTaskTerms(const TaskParams& p, Amount budget, Amount price_cap, b
         std::to_string(verifiers) + " verifier" + (verifiers == 1 ? "" : "s") +
         ") + 1 aggregation) x " + std::to_string(unit_cost) + " tokens a unit at " +
         name("price_cap") + " " + std::to_string(price_cap) + "; raise " + name("budget") +
-        " to at least " + std::to_string(most) + " or lower " + name("price_cap"));
+        " or lower " + name("price_cap") + " (" + name("budget") + " must be at least " +
+        std::to_string(most) + ")");
   }
   return Status::Ok();
 }
