@@ -655,13 +655,13 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
       }
     }
     for (auto& [i, at] : lates) {
-      if (!late_started[i] && p.rounds_done >= at) {
+      if (!late_started[i] && p.rounds_done > at) {  // round `at` (0-based) has finished
         late_started[i] = true;
         Status s = start_node(i);
         events.push_back({{"event", "join"},
                           {"solver", i},
                           {"node", node_ids[i].ToHex()},
-                          {"round", p.rounds_done},
+                          {"after_round", at},
                           {"ok", s.ok()},
                           {"seconds", elapsed()}});
       }
@@ -705,17 +705,22 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(rpc, store.get(), net::BlobId{fs}, &fetched_bytes));
   const std::string model = JoinPath(dir, "model.safetensors");
   Hash256 weights_hash;
-  ML_RETURN_IF_ERROR(WriteModel(env, task.task, blob, model, &weights_hash));
+  ML_RETURN_IF_ERROR(WriteModel(env, task.task, blob, model, &weights_hash,
+                                {.task_id = sub.task_id.ToHex(),
+                                 .state = p.final_state,
+                                 .round = static_cast<int64_t>(p.rounds_done) - 1}));
+  const TaskMoney money = MoneyOf(final_task);
 
-  // 7. Accounting: units per node, paid units, tokens, bytes moved, the token invariant.
+  // 7. Accounting: units per node, paid units, tokens (the vocabulary of TaskMoney,
+  // docs/submitters.md), bytes moved, the token invariant.
   std::map<std::string, json> per_node;
-  uint64_t paid_units = 0, paid_tokens = 0, committed = 0, unpaid_committed = 0;
+  uint64_t paid_units = 0, committed = 0, unpaid_committed = 0;
   for (const json& u : final_task.value("units", json::array())) {
     const std::string who = u.value("assignee", "");
     const uint64_t paid = u.value("paid", uint64_t{0});
     const std::string st = u.value("status", "");
     json& n = per_node[who];
-    if (n.is_null()) n = {{"units", 0}, {"paid", 0}};
+    if (n.is_null()) n = {{"units", 0}, {"paid_for_units", 0}};
     if (st == "committed" || st == "verified") {
       ++committed;
       n["units"] = n["units"].get<int>() + 1;
@@ -723,8 +728,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     }
     if (paid > 0) {
       ++paid_units;
-      paid_tokens += paid;
-      n["paid"] = n["paid"].get<uint64_t>() + paid;
+      n["paid_for_units"] = n["paid_for_units"].get<uint64_t>() + paid;
     }
   }
   std::map<std::string, uint64_t> aggregator_paid;  // node -> tokens for aggregating
@@ -735,7 +739,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   json slashed = json::array();
   for (int i = 0; i < total_nodes; ++i) {
     const std::string id = node_ids[i].ToHex();
-    json n = per_node.count(id) ? per_node[id] : json{{"units", 0}, {"paid", 0}};
+    json n = per_node.count(id) ? per_node[id] : json{{"units", 0}, {"paid_for_units", 0}};
     n["solver"] = i;
     n["node"] = id;
     n["roles"] = roles_of(i);
@@ -761,16 +765,18 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                            {"status", n["status"]}});
       }
     }
-    // What the node's account gained: unit payments, aggregation, verifier pay and rewards (a
-    // devnet node is its own owner: every payment goes to its key); verification_income is
-    // what is left after the units and aggregations it was paid for.
+    // earned: what the node's account gained (a devnet node is its own owner: every payment goes
+    // to its key), i.e. its payments for units, aggregation and verification less the treasury's
+    // cut of each, plus jackpot rewards; verification_income: earned less what it was paid for
+    // units and aggregation.
     Result<json> acct = rpc.Call("get_account", {{"address", id}});
     if (acct.ok()) {
       const int64_t earned = static_cast<int64_t>(acct->value("balance", uint64_t{0})) -
                              static_cast<int64_t>(balance - kNodeStake);
       n["earned"] = earned;
-      n["aggregator_paid"] = aggregator_paid[id];
-      n["verification_income"] = earned - static_cast<int64_t>(n["paid"].get<uint64_t>()) -
+      n["paid_for_aggregation"] = aggregator_paid[id];
+      n["verification_income"] = earned -
+                                 static_cast<int64_t>(n["paid_for_units"].get<uint64_t>()) -
                                  static_cast<int64_t>(aggregator_paid[id]);
     }
     nodes.push_back(n);
@@ -797,13 +803,17 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
              {"units_committed", committed},
              {"units_paid", paid_units},
              {"committed_unpaid", unpaid_committed},
-             {"test_accuracy", p.last_accuracy},
-             {"test_loss", p.last_test_loss},
-             {"tokens_paid", paid_tokens},
-             {"spent", p.spent},
-             {"refunded", p.refunded},
-             {"budget", p.budget},
+             {"metric", MetricJson(p)},
+             {"metric_text", MetricText(p)},
+             {"money", MoneyJson(money)},
+             {"money_text", MoneyLine(money)},
+             {"spent", money.spent},
+             {"refunded", money.refunded},
+             {"budget", money.budget},
              {"bytes_published", sub.pushed_bytes},
+             // The ledger's record of the model (a state blob id) and the hash of the weights in
+             // model.safetensors (what `meshlearn eval` prints); `meshlearn task verify-model`
+             // ties one to the other.
              {"final_state", p.final_state},
              {"final_weights_hash", weights_hash.ToHex()},
              {"model", model},
@@ -900,6 +910,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                         node::RunLocalDiloco(task.trainer.get(), net, lo));
     (*report)["reference_hash"] = ref.final_hash.ToHex();
     (*report)["reference_accuracy"] = ref.rounds.back().eval.accuracy;
+    (*report)["reference_test_loss"] = ref.rounds.back().eval.loss;
     (*report)["reference_seconds"] = elapsed() - t_ref;
     (*report)["matches_reference"] = ref.final_hash == weights_hash;
   }
@@ -955,7 +966,8 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
   cmd->add_option("--speed", a.speed, "I=F: solver I runs at F x speed (e.g. 3=0.5); repeatable");
   cmd->add_option("--kill", a.kill,
                   "I@U: kill -9 solver I mid-unit once U units are committed; repeatable");
-  cmd->add_option("--late", a.late, "I@R: start solver I only after round R finished; repeatable");
+  cmd->add_option("--late", a.late,
+                  "I@R: start solver I only once round R (numbered from 0) finished; repeatable");
   cmd->add_option("--adversary", a.adversary,
                   "ROLE:MODE: one node cheats (solver:lazy|noisy|wrong_data|copy|stale|"
                   "wrong_result, verifier:rubber_stamp); repeatable");
@@ -975,9 +987,10 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       "3@1\n"
       "  meshlearn devnet --solvers 4 --task tests/devnet-tiny.toml --out /tmp/d --adversary "
       "solver:lazy\n"
-      "Writes DIR/model.safetensors and DIR/report.json (accuracy, rounds, units, tokens paid, "
-      "bytes,\n"
-      "final state hash vs the in-process reference); logs of every process in DIR/logs.\n"
+      "Writes DIR/model.safetensors and DIR/report.json (the task's metric, rounds, units, money:\n"
+      "spent = paid to solvers + verifiers + aggregators, treasury cut, refunded; bytes; the\n"
+      "ledger's final state and the weights hash vs the in-process reference); logs of every\n"
+      "process in DIR/logs. Rounds are numbered from 0, as on the ledger.\n"
       "Ctrl-C stops every process it started.");
   cmd->callback([&g] { g.Exit(RunDevnet(g, a, [&g](const json& report) { PrintReport(g, report); })); });
 }
@@ -986,18 +999,18 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
 void PrintReport(GlobalOptions& g, const json& report) {
     g.Output(report, [&] {
       std::cout << fmt::format(
-          "devnet: {} rounds, {} units ({} paid) on {} solvers: test accuracy {:.4f} in {:.0f}s\n"
-          "tokens paid {} (refunded {}); final weights {}{}\nmodel: {}\nreport: {}\n",
+          "devnet: {} rounds, {} units ({} paid) on {} solvers in {:.0f}s: {}\n{}\n"
+          "weights hash {}{}; ledger state {}\nmodel: {}\nreport: {}\n",
           report["rounds"].get<uint64_t>(), report["units_committed"].get<uint64_t>(),
           report["units_paid"].get<uint64_t>(), report["solvers"].get<int>(),
-          report["test_accuracy"].get<double>(), report["seconds_training"].get<double>(),
-          report["spent"].get<uint64_t>(), report["refunded"].get<uint64_t>(),
-          report["final_weights_hash"].get<std::string>(),
+          report["seconds_training"].get<double>(), report["metric_text"].get<std::string>(),
+          report["money_text"].get<std::string>(), report["final_weights_hash"].get<std::string>(),
           report.contains("matches_reference")
               ? (report["matches_reference"].get<bool>() ? " (= the in-process reference)"
                                                          : " (DIFFERS from the reference)")
               : "",
-          report["model"].get<std::string>(), report["report"].get<std::string>());
+          report["final_state"].get<std::string>(), report["model"].get<std::string>(),
+          report["report"].get<std::string>());
       const json& v = report["verification"];
       if (!v.value("enabled", false)) return;
       const json& c = v["checks"];
@@ -1018,14 +1031,19 @@ void PrintReport(GlobalOptions& g, const json& report) {
             "({})\n",
             n["solver"].get<int>(), n.value("roles", ""),
             adv.empty() ? "" : " [adversary " + adv + "]", n["units"].get<int>(),
-            n["paid"].get<uint64_t>(), n.value("aggregator_paid", uint64_t{0}),
+            n["paid_for_units"].get<uint64_t>(), n.value("paid_for_aggregation", uint64_t{0}),
             n.value("verification_income", int64_t{0}), n.value("slashed", uint64_t{0}),
             n.value("status", ""));
       }
-      if (report.contains("reference_accuracy")) {
-        std::cout << fmt::format("accuracy {:.4f} vs {:.4f} for the honest in-process run\n",
-                                 report["test_accuracy"].get<double>(),
+      const json& m = report["metric"];
+      if (report.contains("reference_accuracy") && m.contains("test_accuracy")) {
+        std::cout << fmt::format("test accuracy {:.4f} vs {:.4f} for the honest in-process run\n",
+                                 m["test_accuracy"].get<double>(),
                                  report["reference_accuracy"].get<double>());
+      } else if (report.contains("reference_test_loss") && m.contains("test_loss")) {
+        std::cout << fmt::format("test loss {:.4f} vs {:.4f} for the honest in-process run\n",
+                                 m["test_loss"].get<double>(),
+                                 report["reference_test_loss"].get<double>());
       }
     });
 }

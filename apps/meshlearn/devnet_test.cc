@@ -122,6 +122,24 @@ void CheckCommon(const json& r, int rounds = 3) {
   ASSERT_FALSE(r["token_invariant"].is_null()) << "chain_status has no totals";
   EXPECT_TRUE(r["token_invariant"].get<bool>()) << r.dump(2);
   EXPECT_EQ(r["spent"].get<uint64_t>() + r["refunded"].get<uint64_t>(), r["budget"].get<uint64_t>());
+  // One money vocabulary (docs/submitters.md): spent is what solvers, verifiers and aggregators
+  // were paid; what the solvers were paid is what the nodes' units were paid.
+  const json& m = r["money"];
+  EXPECT_EQ(m["spent"], r["spent"]);
+  EXPECT_EQ(m["spent"].get<uint64_t>(), m["paid_to_solvers"].get<uint64_t>() +
+                                            m["paid_to_verifiers"].get<uint64_t>() +
+                                            m["paid_to_aggregators"].get<uint64_t>())
+      << m.dump(2);
+  uint64_t units = 0, aggregation = 0;
+  for (const json& n : r["nodes"]) {
+    units += n["paid_for_units"].get<uint64_t>();
+    aggregation += n["paid_for_aggregation"].get<uint64_t>();
+  }
+  EXPECT_EQ(units, m["paid_to_solvers"].get<uint64_t>()) << r.dump(2);
+  EXPECT_EQ(aggregation, m["paid_to_aggregators"].get<uint64_t>()) << r.dump(2);
+  // The file devnet wrote is the model the ledger recorded, by the weights hash.
+  EXPECT_EQ(r["final_weights_hash"].get<std::string>().size(), 64u);
+  EXPECT_EQ(r["final_state"].get<std::string>().size(), 64u);
 }
 
 #ifndef MESHLEARN_DEVNET_SLOW
@@ -257,7 +275,7 @@ TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   for (const json& n : rep["nodes"]) {
     if (n["solver"].get<int>() == cheater) {
       EXPECT_EQ(n["status"], "jailed") << n.dump(2);
-      EXPECT_EQ(n["paid"].get<uint64_t>(), 0u) << n.dump(2);  // no unit of it was ever paid
+      EXPECT_EQ(n["paid_for_units"].get<uint64_t>(), 0u) << n.dump(2);  // no unit of it was ever paid
       EXPECT_EQ(n["units"].get<int>(), 0) << n.dump(2);
     } else {
       EXPECT_EQ(n["slashed"].get<uint64_t>(), 0u) << n.dump(2);
