@@ -106,6 +106,7 @@ struct Conn {
   Phase phase = Phase::kIdle;
   int64_t deadline_ms = 0;
   size_t head_len = 0;
+  size_t head_scanned = 0;  // bytes of buf already searched for the head's end
   size_t body_len = 0;
   size_t reserved = 0;  // body budget held
   size_t drained = 0;
@@ -357,7 +358,9 @@ class HttpGate::Impl {
     if (bytes > opts_.small_body_bytes) {
       limit = limit > opts_.small_reserve_bytes ? limit - opts_.small_reserve_bytes : 0;
     }
-    if (in_flight_ + bytes > limit) return false;
+    // Alone, any body within max_body_bytes is admitted (the budget is at least that large):
+    // a refusal must mean "busy, retry", never "never".
+    if (in_flight_ != 0 && in_flight_ + bytes > limit) return false;
     in_flight_ += bytes;
     peak_in_flight_ = std::max(peak_in_flight_, in_flight_);
     return true;
@@ -472,9 +475,13 @@ class HttpGate::Impl {
       if (c.buf.empty()) return Next::kWait;
       c.phase = Conn::Phase::kHead;
       c.deadline_ms = now + opts_.head_timeout_ms;
+      c.head_scanned = 0;
     }
     if (c.phase == Conn::Phase::kHead) {
-      size_t end = c.buf.find("\r\n\r\n");
+      // Search only what arrived since the last look (a head trickled byte by byte costs linear,
+      // not quadratic, time on this one thread).
+      size_t end = c.buf.find("\r\n\r\n", c.head_scanned > 3 ? c.head_scanned - 3 : 0);
+      c.head_scanned = c.buf.size();
       if (end == std::string::npos || end + 4 > opts_.max_head_bytes) {
         if (c.buf.size() >= opts_.max_head_bytes) {
           return Refuse(c, 431,
