@@ -157,14 +157,16 @@ Status Send(GlobalOptions& g, const WalletArgs& a, ledger::TxPayload payload, co
     }
     return sent.status();
   }
-  ML_RETURN_IF_ERROR(Env::Default()->DeleteFile(outbox));
   const json done = *sent;
   const RpcWhere where{rpc.url(), "get_tx"};
+  // Checked before the outbox entry is dropped: after a malformed answer, re-running the command
+  // resends the same signed transaction (never a second one with a fresh nonce).
   ML_RETURN_IF_ERROR(CheckRpcAnswer(done, where,
                                     {{"receipt", JsonKind::kObject, /*required=*/true},
                                      {"height", JsonKind::kUnsigned}}));
   const json& receipt = done["receipt"];
   ML_RETURN_IF_ERROR(CheckReceipt(receipt, {rpc.url(), "get_tx (receipt)"}));
+  ML_RETURN_IF_ERROR(Env::Default()->DeleteFile(outbox));
   g.Output(done, [&] {
     std::cout << what << " included in block " << done.value("height", uint64_t{0}) << ": "
               << ShortJson(receipt) << "\ntx: " << id << "\n";
