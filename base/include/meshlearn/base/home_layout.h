@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -78,13 +79,26 @@ inline bool IsRegularFile(const std::string& path) {
 
 // rename(2) `from` to `to` unless `to` exists (then both are kept and the caller is told).
 inline Status MoveIfAbsent(const std::string& from, const std::string& to) {
-  struct stat st;
-  if (::stat(to.c_str(), &st) == 0) {
-    return FailedPrecondition("cannot migrate " + from + " to " + to + ": both exist; keep the " +
-                              "one whose transactions are still pending and delete the other");
+  // link + unlink: a rename that never replaces `to`, and that two processes migrating the same
+  // home at once (the daemon starting while a wallet command runs) both see succeed.
+  if (::link(from.c_str(), to.c_str()) != 0) {
+    const int err = errno;
+    if (err == ENOENT) return Status::Ok();  // another process moved it first
+    struct stat a, b;
+    const bool same = err == EEXIST && ::stat(from.c_str(), &a) == 0 &&
+                      ::stat(to.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
+                      a.st_ino == b.st_ino;
+    if (err == EEXIST && !same) {
+      return FailedPrecondition("cannot migrate " + from + " to " + to + ": both exist; keep the " +
+                                "one whose transactions are still pending and delete the other");
+    }
+    if (err != EEXIST) {
+      return Internal("cannot move " + from + " to " + to + ": " + std::strerror(err));
+    }
   }
-  if (::rename(from.c_str(), to.c_str()) != 0) {
-    return Internal("cannot move " + from + " to " + to + ": " + std::strerror(errno));
+  if (::unlink(from.c_str()) != 0 && errno != ENOENT) {
+    return Internal("cannot remove " + from + " after moving it to " + to + ": " +
+                    std::strerror(errno));
   }
   return Status::Ok();
 }
