@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <vector>
 
 #include "meshlearn/base/env.h"
@@ -215,7 +216,10 @@ bool HasKind(const nlohmann::json& v, JsonKind k) {
   switch (k) {
     case JsonKind::kString: return v.is_string();
     case JsonKind::kUnsigned: return v.is_number_unsigned();
-    case JsonKind::kInteger: return v.is_number_integer();
+    case JsonKind::kInteger:  // read as int64_t: an unsigned value past INT64_MAX would wrap
+      return v.is_number_integer() &&
+             (!v.is_number_unsigned() ||
+              v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
     case JsonKind::kNumber: return v.is_number();
     case JsonKind::kBool: return v.is_boolean();
     case JsonKind::kObject: return v.is_object();
