@@ -74,7 +74,7 @@ void ExpectNoOrphans(const std::string& dir) {
 
 // Runs `command` (a shell command line) in the working directory `cwd`; stdout and stderr
 // together.
-CmdResult RunIn(const std::string& cwd, const std::string& command) {
+[[maybe_unused]] CmdResult RunIn(const std::string& cwd, const std::string& command) {
   const std::string cmd = "cd '" + cwd + "' && " + command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
@@ -92,7 +92,7 @@ std::string ReadText(const std::string& path) {
 
 // The main job's command line as scripts/run.sh writes it: the `exec "$bin" devnet ...` line
 // (continuations joined) with "$bin" and "$out" filled in from the script and "$@" empty.
-std::string RunShDevnetCommand() {
+[[maybe_unused]] std::string RunShDevnetCommand() {
   std::string script = ReadText(MESHLEARN_SOURCE_DIR "/scripts/run.sh");
   for (size_t p; (p = script.find("\\\n")) != std::string::npos;) script.replace(p, 2, " ");
   std::istringstream lines(script);
