@@ -845,4 +845,10 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
   return m;
 }
 
+Result<std::unique_ptr<Model>> Model::CreateUnchecked(const ModelSpec& spec) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec));
+  m->AllocateParams();
+  return m;
+}
+
 }  // namespace meshlearn::engine

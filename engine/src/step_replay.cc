@@ -86,7 +86,24 @@ Result<TrainState> StateFromFlat(const ModelSpec& model, const OptimizerSpec& op
   if (step < 0) {
     return InvalidArgument("StateFromFlat: step must be >= 0, got " + std::to_string(step));
   }
-  Result<std::unique_ptr<Model>> m = Model::Create(model);
+  // The ledger runs this while executing a block: its outcome must not depend on this machine's
+  // memory. The flat state (bounded by the witness size) holds at least every parameter, so a
+  // spec planning more parameters than `flat` has floats is refused before anything is
+  // allocated, the same way everywhere.
+  Result<MemoryEstimate> planned = EstimateMemory(model, 1, 1, optimizer.kind, false);
+  if (!planned.ok()) {
+    return InvalidArgument("StateFromFlat: the model spec does not build: " +
+                           planned.status().message());
+  }
+  const int64_t want = FlatStateSize(planned->num_parameters, optimizer);
+  if (static_cast<int64_t>(flat.size()) != want) {
+    return InvalidArgument("StateFromFlat: the flat state has " + std::to_string(flat.size()) +
+                           " floats but model " + model.ToJson() + " with optimizer " +
+                           optimizer.kind + " expects " + std::to_string(want) + " (" +
+                           std::to_string(planned->num_parameters) +
+                           " parameters, then the optimizer state)");
+  }
+  Result<std::unique_ptr<Model>> m = Model::CreateUnchecked(model);
   if (!m.ok()) {
     return InvalidArgument("StateFromFlat: the model spec does not build: " + m.status().message());
   }
@@ -96,14 +113,7 @@ Result<TrainState> StateFromFlat(const ModelSpec& model, const OptimizerSpec& op
   st.step = step;
   st.seed = seed;
   st.stream = stream;
-  const int64_t want = StateFloatCount(st);
-  if (static_cast<int64_t>(flat.size()) != want) {
-    return InvalidArgument("StateFromFlat: the flat state has " + std::to_string(flat.size()) +
-                           " floats but model " + model.ToJson() + " with optimizer " +
-                           optimizer.kind + " expects " + std::to_string(want) + " (" +
-                           std::to_string(st.model->NumParameters()) +
-                           " parameters, then the optimizer state)");
-  }
+  CHECK(StateFloatCount(st) == want) << "FlatStateSize disagrees with the built state";
   size_t off = 0;
   auto fill = [&](float* dst, int64_t n) {
     std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(off), n, dst);

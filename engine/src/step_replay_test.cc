@@ -289,6 +289,23 @@ TEST(StepReplayTest, StateFromFlatRefusesAWrongLength) {
   EXPECT_FALSE(StateFromFlat(broken, opt, flat, 0, spec.seed, kStream).ok());
 }
 
+// The ledger rebuilds a disputed state with StateFromFlat while executing a block: its outcome
+// must be the same on every machine, whatever memory each has. A memory check there made a
+// follower with little free memory refuse a witness the sequencer accepted (another receipt,
+// another receipts root: a split chain).
+TEST(StepReplayTest, StateFromFlatDoesNotDependOnThisMachinesMemory) {
+  const TaskSpec spec = Spec(kAdamW);
+  std::unique_ptr<Trainer> tr = UnitTrainer(spec);
+  const std::vector<float> flat = FlatState(tr->state());
+  const OptimizerSpec opt = UnitOptimizerSpec(spec.optimizer, kLrScale);
+  setenv("MESHLEARN_MEMORY_BYTES", "1024", 1);
+  EXPECT_FALSE(Model::Create(spec.model).ok());  // user-facing paths still refuse
+  Result<TrainState> st = StateFromFlat(spec.model, opt, flat, 0, spec.seed, kStream);
+  unsetenv("MESHLEARN_MEMORY_BYTES");
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(FlatState(*st), flat);
+}
+
 TEST(StepReplayTest, UnitOptimizerSpecIsStartUnitsRule) {
   const TaskSpec spec = Spec(kAdamW);
   OptimizerSpec u = UnitOptimizerSpec(spec.optimizer, 0.25);

@@ -129,6 +129,10 @@ class Model {
   // naming the spec key and the machine's memory) a model whose weights and gradients do not
   // fit in AvailableMemoryBytes(), before allocating them.
   static Result<std::unique_ptr<Model>> Create(const ModelSpec& spec);
+  // The same without the memory check, for code whose outcome must be the same on every machine
+  // (the ledger executing a witness): the caller bounds the model's size itself, before
+  // calling (StateFromFlat compares the planned parameter count with the floats it was given).
+  static Result<std::unique_ptr<Model>> CreateUnchecked(const ModelSpec& spec);
 
   const ModelSpec& spec() const { return spec_; }
   std::vector<Param>& params() { return params_; }
