@@ -34,7 +34,7 @@ inline std::string NpyBytes(const std::string& descr, const std::vector<int64_t>
 
 // Writes train/test npy files under `dir`: x in R^dim, y = argmax of a random linear map (plus
 // noise), so a small MLP learns it. Returns the task TOML (absolute data paths) with a [network]
-// table.
+// table; k = 0 leaves checkpoint_interval out (its default: inner_steps).
 inline Result<std::string> WriteSyntheticTask(Env* env, const std::string& dir, uint64_t seed,
                                               int64_t n_train, int64_t n_test, int64_t dim,
                                               int64_t classes, uint32_t rounds, uint32_t units,
@@ -78,7 +78,10 @@ inline Result<std::string> WriteSyntheticTask(Env* env, const std::string& dir, 
          "\n\n[optimizer]\nkind = \"adamw\"\nlr = 0.01\nweight_decay = 0.0\n\n[train]\nsteps = 1\n"
          "batch_size = 16\neval_batch_size = 256\n\n[network]\nrounds = " + std::to_string(rounds) +
          "\nunits_per_round = " + std::to_string(units) + "\ninner_steps = " +
-         std::to_string(inner_steps) + "\ncheckpoint_interval = " + std::to_string(k) +
+         std::to_string(inner_steps) +
+         // k = 0: leave the key out, so it takes its default (inner_steps); an explicit 0 is
+         // refused.
+         (k == 0 ? std::string() : "\ncheckpoint_interval = " + std::to_string(k)) +
          "\naggregation = \"" + aggregation + "\"\ninner_lr_final = 0.5\nbudget = 100000000\n"
          "price_cap = 1000\n";
 }
