@@ -302,6 +302,28 @@ TEST(HostileLedger, WrongShapedAnswersAreErrorsNotAborts) {
   }
 }
 
+// A malformed answer to a transfer leaves the signed transaction in the outbox: re-running the
+// command resends those same bytes instead of signing a second transfer with a fresh nonce (the
+// entry was once dropped before the answer was checked).
+TEST(HostileLedger, AMalformedReceiptKeepsTheTransactionToResend) {
+  const std::string home = TempDir();
+  ASSERT_EQ(Meshlearn("keys new alice --no-passphrase", home).code, 0);
+  std::map<std::string, json> answers = ChainBasics();
+  answers["send_tx"] = json::parse(R"({"status": "included"})");
+  answers["get_tx"] = json::parse(R"({"status": "included", "receipt": "x", "height": 4})");
+  FakeLedger ledger(answers);
+  const std::string cmd =
+      "wallet transfer " + kBob + " 5 --key alice --timeout 5 --rpc " + ledger.url();
+  CmdResult first = Meshlearn(cmd, home);
+  EXPECT_EQ(first.code, 1) << first.out;
+  const std::string outbox = home + "/outbox/alice.tx";
+  const std::string pending = ReadText(outbox);
+  ASSERT_FALSE(pending.empty()) << "the outbox entry was dropped: " << first.out;
+  CmdResult again = Meshlearn(cmd, home);
+  EXPECT_EQ(again.code, 1) << again.out;
+  EXPECT_EQ(ReadText(outbox), pending) << "a second transaction was signed";
+}
+
 // A follower given a good genesis, then a chain_status of the wrong shape: an error, not an abort
 // (from the main thread or the follower's).
 TEST(HostileLedger, FollowerStartsAgainstAWrongShapedUpstream) {
