@@ -512,7 +512,6 @@ struct TaskArgs {
   bool dry_run = false;
 };
 
-std::string BlobDir(const GlobalOptions& g) { return JoinPath(g.home, "blobs"); }
 
 // "--rpc URL" when the user gave one: every follow-up command printed must run as printed.
 std::string RpcFlag(const TaskArgs& a) { return a.rpc.empty() ? "" : " --rpc " + a.rpc; }
@@ -602,7 +601,7 @@ Status RunSubmit(GlobalOptions& g, const TaskArgs& a) {
   }
   ML_ASSIGN_OR_RETURN(KeyPair key, LoadKey(g, a));
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
-  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, BlobDir(g)));
+  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, g.Home().BlobsDir()));
   SubmitOptions o;
   o.memo = a.memo.empty() ? t.task.name : a.memo;
   o.replicas = a.replicas;
@@ -737,7 +736,7 @@ Status RunFetch(GlobalOptions& g, const TaskArgs& a) {
   if (p.final_state.empty() && !g.json) {
     std::cerr << "task is " << p.StatusText() << "; fetching round " << c.round << "'s state\n";
   }
-  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, BlobDir(g)));
+  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, g.Home().BlobsDir()));
   ML_ASSIGN_OR_RETURN(engine::TaskSpec task, TaskSpecFromBundle(rpc, store.get(), j.value("spec_hash", "")));
   ML_ASSIGN_OR_RETURN(Hash256 sid, Hash256::FromHex(c.state_hex, "state"));
   uint64_t wire = 0;
@@ -802,7 +801,7 @@ Status RunVerifyModel(GlobalOptions& g, const TaskArgs& a) {
                      : a.file + " names state " + want + ", which task " + id.ToHex() +
                            " never recorded");
   }
-  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, BlobDir(g)));
+  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, g.Home().BlobsDir()));
   ML_ASSIGN_OR_RETURN(Hash256 sid, Hash256::FromHex(want, "state"));
   ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(rpc, store.get(), net::BlobId{sid}));
   ML_ASSIGN_OR_RETURN(node::GlobalState s, node::DecodeGlobalState(blob));

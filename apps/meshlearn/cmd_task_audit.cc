@@ -136,7 +136,7 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
                        "(or set $MESHLEARN_RPC)");
   }
   ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(chain.rpc(), a.id));
-  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, JoinPath(g.home, "blobs")));
+  ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, g.Home().BlobsDir()));
   if (!a.task_file.empty()) {
     // The task file and its data, from this machine: the audit then needs nothing from the
     // nodes but the states it does not recompute.
@@ -154,7 +154,7 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
   // Six digits: easy to type back; an audit's sample need not be unpredictable.
   o.seed = a.seed ? *a.seed : std::random_device{}() % 1'000'000;
   o.max_rebuild_units = a.max_rebuild_units;
-  o.work_dir = JoinPath(JoinPath(JoinPath(g.home, "audit"), id.ToHex()), "data");
+  o.work_dir = JoinPath(JoinPath(g.Home().AuditDir(), id.ToHex()), "data");
   std::unique_ptr<ProgressBar> bar;  // its total is known once the audit has planned
   o.on_progress = [&](const node::AuditProgress& p) {
     if (!bar)

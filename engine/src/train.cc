@@ -10,11 +10,7 @@
 namespace meshlearn::engine {
 namespace {
 
-// A data path is relative to the task file's folder, "~/" is $HOME (docs/paths.md).
-std::string Resolve(const std::string& base_dir, const std::string& p) {
-  return ResolveInDir(base_dir, p);
-}
-
+// Data paths are relative to the task file's folder `base`; "~/" is $HOME (docs/paths.md).
 Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
   DataSpec d;
   ML_ASSIGN_OR_RETURN(d.format, c.GetEnum("format", {"idx", "npy", "text", "tokens"}));
@@ -29,23 +25,23 @@ Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
     ML_ASSIGN_OR_RETURN(d.std, c.GetDouble("std", 1.0, DRange(0, std::nullopt, true, false)));
     ML_RETURN_IF_ERROR(c.CheckKnownKeys(
         {"format", "train" + x, "train" + y, "test" + x, "test" + y, "mean", "std"}));
-    d.train_x = Resolve(base, d.train_x);
-    d.train_y = Resolve(base, d.train_y);
-    d.test_x = Resolve(base, d.test_x);
-    d.test_y = Resolve(base, d.test_y);
+    d.train_x = ResolveInDir(base, d.train_x);
+    d.train_y = ResolveInDir(base, d.train_y);
+    d.test_x = ResolveInDir(base, d.test_x);
+    d.test_y = ResolveInDir(base, d.test_y);
   } else if (d.format == "text") {
     ML_ASSIGN_OR_RETURN(d.text_path, c.GetString("path"));
     ML_ASSIGN_OR_RETURN(d.val_fraction,
                         c.GetDouble("val_fraction", 0.1, DRange(0, 0.5, true, false)));
     ML_RETURN_IF_ERROR(c.CheckKnownKeys({"format", "path", "val_fraction"}));
-    d.text_path = Resolve(base, d.text_path);
+    d.text_path = ResolveInDir(base, d.text_path);
   } else {
     ML_ASSIGN_OR_RETURN(d.train_tokens, c.GetString("train"));
     ML_ASSIGN_OR_RETURN(d.val_tokens, c.GetString("val"));
     ML_ASSIGN_OR_RETURN(d.vocab_size, c.GetInt("vocab_size", IRange(2, 65536)));
     ML_RETURN_IF_ERROR(c.CheckKnownKeys({"format", "train", "val", "vocab_size"}));
-    d.train_tokens = Resolve(base, d.train_tokens);
-    d.val_tokens = Resolve(base, d.val_tokens);
+    d.train_tokens = ResolveInDir(base, d.train_tokens);
+    d.val_tokens = ResolveInDir(base, d.val_tokens);
   }
   return d;
 }
