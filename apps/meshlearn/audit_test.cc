@@ -19,31 +19,16 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "process_test_util.h"
+
 namespace {
 
+using meshlearn::process_test::CmdResult;
+using meshlearn::process_test::Meshlearn;
+using meshlearn::process_test::ReadText;
+using meshlearn::process_test::Shell;
+
 using nlohmann::json;
-
-struct CmdResult {
-  int code;
-  std::string out;  // stdout and stderr
-};
-
-CmdResult Meshlearn(const std::string& args, const std::string& home, bool with_stderr = true) {
-  std::string cmd = "MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args +
-                    (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // Waits until `path` holds `before` followed by a token of at least `min_len` characters from
 // `token_chars` (or `seconds` pass) and returns the token; with no token_chars, `before` itself
@@ -52,7 +37,7 @@ std::string ReadAll(const std::string& path) {
 std::string WaitFor(const std::string& path, const std::string& before,
                     const std::string& token_chars, int seconds, size_t min_len = 1) {
   for (int i = 0; i < seconds * 10; ++i) {
-    const std::string text = ReadAll(path);
+    const std::string text = ReadText(path);
     for (size_t at = text.find(before); at != std::string::npos; at = text.find(before, at + 1)) {
       if (token_chars.empty()) return before;
       const size_t start = at + before.size();
@@ -115,7 +100,7 @@ TEST(TaskAudit, DevnetTaskPassesFullAndSampledAuditsAndBadInputsAreClear) {
   const std::string rpc =
       "http://127.0.0.1:" + WaitFor(log, "ledger at http://127.0.0.1:", "0123456789", 60);
   const std::string id = WaitFor(log, "task ", "0123456789abcdef", 120, /*min_len=*/64);
-  ASSERT_FALSE(rpc.empty() || id.empty()) << ReadAll(log);
+  ASSERT_FALSE(rpc.empty() || id.empty()) << ReadText(log);
   const std::string auditor = dir + "-auditor";  // a fresh home: everything comes from the nodes
 
   // Still training: refused, with what to do.
@@ -123,7 +108,7 @@ TEST(TaskAudit, DevnetTaskPassesFullAndSampledAuditsAndBadInputsAreClear) {
   EXPECT_EQ(open.code, 1) << open.out;
   EXPECT_NE(open.out.find("still open"), std::string::npos) << open.out;
 
-  ASSERT_FALSE(WaitFor(log, "the network stays up", "", 240).empty()) << ReadAll(log);
+  ASSERT_FALSE(WaitFor(log, "the network stays up", "", 240).empty()) << ReadText(log);
 
   CmdResult full = Meshlearn("--json task audit " + id + " --full --rpc " + rpc, auditor,
                              /*with_stderr=*/false);
@@ -150,7 +135,7 @@ TEST(TaskAudit, DevnetTaskPassesFullAndSampledAuditsAndBadInputsAreClear) {
   int status = 0;
   waitpid(pid, &status, 0);
   stop.pid = -1;
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadAll(log);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadText(log);
 }
 
 }  // namespace

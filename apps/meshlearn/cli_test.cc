@@ -15,28 +15,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "process_test_util.h"
+
 namespace {
 
-struct CmdResult {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-CmdResult Meshlearn(const std::string& args, const std::string& home) {
-  std::string cmd = "MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string TempHome() {
-  char tmpl[] = "/tmp/meshlearn-cli-XXXXXX";
-  return mkdtemp(tmpl);
-}
+using meshlearn::process_test::CmdResult;
+using meshlearn::process_test::Meshlearn;
+using meshlearn::process_test::ReadText;
+using meshlearn::process_test::Shell;
+std::string TempHome() { return meshlearn::process_test::TempDir("cli"); }
 
 TEST(Cli, HelpListsCommandsWithExamples) {
   CmdResult r = Meshlearn("--help", TempHome());

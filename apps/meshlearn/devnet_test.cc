@@ -17,30 +17,17 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "process_test_util.h"
+
 namespace {
 
+using meshlearn::process_test::CmdResult;
+using meshlearn::process_test::Meshlearn;
+using meshlearn::process_test::ReadText;
+using meshlearn::process_test::Shell;
+std::string TempDir() { return meshlearn::process_test::TempDir("devnet"); }
+
 using nlohmann::json;
-
-struct CmdResult {
-  int code;
-  std::string out;
-};
-
-CmdResult Meshlearn(const std::string& args, const std::string& home) {
-  std::string cmd = "MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/meshlearn-devnet-XXXXXX";
-  return mkdtemp(tmpl);
-}
 
 bool HaveFashion() {
   return std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good();
@@ -75,19 +62,7 @@ void ExpectNoOrphans(const std::string& dir) {
 // Runs `command` (a shell command line) in the working directory `cwd`; stdout and stderr
 // together.
 [[maybe_unused]] CmdResult RunIn(const std::string& cwd, const std::string& command) {
-  const std::string cmd = "cd '" + cwd + "' && " + command + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return Shell("cd '" + cwd + "' && " + command + " 2>&1");
 }
 
 // The main job's command line as scripts/run.sh writes it: the `exec "$bin" devnet ...` line

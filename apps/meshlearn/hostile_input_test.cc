@@ -31,40 +31,21 @@
 
 #include "meshlearn/base/home_layout.h"
 
+#include "process_test_util.h"
+
 namespace {
+
+using meshlearn::process_test::CmdResult;
+using meshlearn::process_test::Meshlearn;
+using meshlearn::process_test::ReadText;
+// A shell command line, stderr with stdout.
+CmdResult Shell(const std::string& command) {
+  return meshlearn::process_test::Shell(command + " 2>&1");
+}
+std::string TempDir() { return meshlearn::process_test::TempDir("hostile"); }
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-struct CmdResult {
-  int code;         // the exit status; 128 + N when killed by signal N (134: abort)
-  std::string out;  // stdout and stderr together
-};
-
-CmdResult Shell(const std::string& command) {
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  if (WIFSIGNALED(status)) return {128 + WTERMSIG(status), out};
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-CmdResult Meshlearn(const std::string& args, const std::string& home) {
-  return Shell("MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args);
-}
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/meshlearn-hostile-XXXXXX";
-  return mkdtemp(tmpl);
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 void WriteText(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;

@@ -30,36 +30,17 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "process_test_util.h"
+
 namespace {
 
+using meshlearn::process_test::CmdResult;
+using meshlearn::process_test::Meshlearn;
+using meshlearn::process_test::ReadText;
+using meshlearn::process_test::Shell;
+std::string TempDir() { return meshlearn::process_test::TempDir("taskcli"); }
+
 using nlohmann::json;
-
-struct CmdResult {
-  int code;
-  std::string out;
-};
-
-CmdResult Meshlearn(const std::string& args, const std::string& home, bool with_stderr = true) {
-  std::string cmd = "MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args +
-                    (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/meshlearn-taskcli-XXXXXX";
-  return mkdtemp(tmpl);
-}
 
 bool HaveFashion() {
   return std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good();
@@ -69,7 +50,7 @@ bool HaveFashion() {
 // its [network] table (the last table of the file), written into `dir`.
 std::string TinyTask(const std::string& dir, const std::string& drop, const std::string& extra,
                      const std::string& name = "task.toml") {
-  std::istringstream in(ReadAll("tests/devnet-tiny.toml"));
+  std::istringstream in(ReadText("tests/devnet-tiny.toml"));
   std::string out, line;
   while (std::getline(in, line)) {
     if (!drop.empty() && line.rfind(drop, 0) == 0) continue;
@@ -86,7 +67,7 @@ std::string TinyTask(const std::string& dir, const std::string& drop, const std:
 std::string WaitFor(const std::string& path, const std::string& before,
                     const std::string& token_chars, int seconds, size_t min_len = 1) {
   for (int i = 0; i < seconds * 10; ++i) {
-    const std::string text = ReadAll(path);
+    const std::string text = ReadText(path);
     for (size_t at = text.find(before); at != std::string::npos; at = text.find(before, at + 1)) {
       if (token_chars.empty()) return before;
       const size_t start = at + before.size();
@@ -126,7 +107,7 @@ TEST(TaskCli, DryRunRunsTheLedgersChecksAndDefaultsCheckpointInterval) {
   // inner_steps = 100 with k = 1: 101 committed states, over the 64 a commit carries.
   const std::string many = TinyTask(dir, "inner_steps", "", "many.toml");
   {
-    std::string text = ReadAll(many);
+    std::string text = ReadText(many);
     const std::string k = "checkpoint_interval = 5";
     text.replace(text.find(k), k.size(), "inner_steps = 100\ncheckpoint_interval = 1");
     std::ofstream(many) << text;
@@ -185,7 +166,7 @@ TEST(TaskCli, DevnetTaskReadsTheSameInEveryCommand) {
   const std::string rpc_url =
       "http://127.0.0.1:" + WaitFor(log, "ledger at http://127.0.0.1:", "0123456789", 90);
   const std::string id = WaitFor(log, "task ", "0123456789abcdef", 180, /*min_len=*/64);
-  ASSERT_FALSE(rpc_url.size() <= 17 || id.empty()) << ReadAll(log);
+  ASSERT_FALSE(rpc_url.size() <= 17 || id.empty()) << ReadText(log);
   const std::string rpc = " --rpc " + rpc_url;
   const std::string user = base + "/user";  // a fresh home: blobs come from the nodes
   const std::string submitter_home = dir + "/home";
@@ -220,7 +201,7 @@ TEST(TaskCli, DevnetTaskReadsTheSameInEveryCommand) {
     ASSERT_FALSE(fin.is_discarded()) << last;
     EXPECT_EQ(fin["status"], "finished") << last;
   }
-  ASSERT_FALSE(WaitFor(log, "the network stays up", "", 120).empty()) << ReadAll(log);
+  ASSERT_FALSE(WaitFor(log, "the network stays up", "", 120).empty()) << ReadText(log);
 
   // Status, by a 12-digit prefix (what every command prints) and by a 1-digit one.
   CmdResult st = Meshlearn("--json task status " + id.substr(0, 12) + rpc, user, false);
@@ -327,12 +308,12 @@ TEST(TaskCli, DevnetTaskReadsTheSameInEveryCommand) {
   int status = 0;
   waitpid(pid, &status, 0);
   stop.pid = -1;
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadAll(log);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadText(log);
 
   // What the nodes' accounts gained from the task is what the ledger paid them less the
   // treasury's cut (docs/submitters.md, "Where the tokens go"), plus any jackpot rewards.
-  const json report = json::parse(ReadAll(dir + "/report.json"), nullptr, false);
-  ASSERT_FALSE(report.is_discarded()) << ReadAll(log);
+  const json report = json::parse(ReadText(dir + "/report.json"), nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << ReadText(log);
   int64_t earned = 0;
   for (const json& n : report["nodes"]) earned += n.value("earned", int64_t{0});
   EXPECT_EQ(earned, static_cast<int64_t>(m["to_nodes"].get<uint64_t>() +
