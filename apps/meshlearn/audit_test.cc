@@ -27,28 +27,9 @@ using meshlearn::process_test::CmdResult;
 using meshlearn::process_test::Meshlearn;
 using meshlearn::process_test::ReadText;
 using meshlearn::process_test::Shell;
+using meshlearn::process_test::WaitFor;
 
 using nlohmann::json;
-
-// Waits until `path` holds `before` followed by a token of at least `min_len` characters from
-// `token_chars` (or `seconds` pass) and returns the token; with no token_chars, `before` itself
-// once it appears. (Plain string search: GCC's <regex> trips -Wmaybe-uninitialized under the
-// sanitizers.)
-std::string WaitFor(const std::string& path, const std::string& before,
-                    const std::string& token_chars, int seconds, size_t min_len = 1) {
-  for (int i = 0; i < seconds * 10; ++i) {
-    const std::string text = ReadText(path);
-    for (size_t at = text.find(before); at != std::string::npos; at = text.find(before, at + 1)) {
-      if (token_chars.empty()) return before;
-      const size_t start = at + before.size();
-      const size_t end = text.find_first_not_of(token_chars, start);
-      std::string token = text.substr(start, end == std::string::npos ? end : end - start);
-      if (token.size() >= min_len) return token;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return "";
-}
 
 TEST(TaskAudit, HelpAndBadInputs) {
   char tmpl[] = "/tmp/meshlearn-audit-XXXXXX";
