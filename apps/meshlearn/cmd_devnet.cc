@@ -5,8 +5,10 @@
 // every process (SIGTERM, then SIGKILL) on completion, on error and on Ctrl-C.
 //
 // Scenario flags for tests and demos: --speed I=F (solver I runs at F x speed), --kill I@U
-// (kill -9 solver I once U units are committed), --late I@R (start solver I only when round R
-// begins). Children get PR_SET_PDEATHSIG, so even a kill -9 of devnet leaves no orphan.
+// (solver I dies by SIGKILL mid-unit after it has committed U units: node.toml `crash_in_unit`,
+// so the crash lands inside a unit every run rather than when a poll happens to catch one),
+// --late I@R (start solver I only when round R begins). Children get PR_SET_PDEATHSIG, so even
+// a kill -9 of devnet leaves no orphan.
 //
 // Verification (docs/verification.md) is on: every solver node is also a verifier (a node never
 // verifies its own units) and --verifiers N adds verifier-only nodes; the devnet process runs
@@ -28,6 +30,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -571,6 +574,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         PathForFile(path, node_dirs[i]), rpc_url, port, roles_of(i), a.price, kNodeStake,
         speeds.count(i) ? speeds[i] : 1.0);
     if (adversary_of.count(i)) cfg += fmt::format("adversary = \"{}\"\n", adversary_of[i]);
+    if (kills.count(i)) cfg += fmt::format("crash_in_unit = {}\n", kills[i]);
     endpoint_dir[fmt::format("127.0.0.1:{}", port)] = node_dirs[i];
     ML_RETURN_IF_ERROR(env->WriteFileAtomic(path, cfg));
     ML_ASSIGN_OR_RETURN(Child c, Spawn(fmt::format("node{}", i), {"node", "run", "--config", path},
@@ -626,34 +630,12 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
 
   // 5. Watch, with the scenario events.
   ProgressBar bar("devnet", static_cast<int64_t>(task.total_units), "units", !g.json);
-  std::map<int, bool> killed, late_started;
+  std::set<int> killed;  // solvers --kill took down (they died by SIGKILL as configured)
+  std::map<int, bool> late_started;
   json events = json::array();
   auto on_progress = [&](const json& j) {
     TaskProgress p = ProgressOf(j);
     bar.Update(static_cast<int64_t>(p.units_committed), ProgressLine(p));
-    for (auto& [i, at] : kills) {
-      if (!killed[i] && p.units_committed >= at && node_child[i] != SIZE_MAX) {
-        Child& c = fleet.children[node_child[i]];
-        // Only while it holds an assigned unit: the point is a unit lost mid-round.
-        bool holds = false;
-        for (const json& u : j.value("units", json::array())) {
-          if (u.value("status", "") == "assigned" &&
-              u.value("assignee", "") == node_ids[i].ToHex()) {
-            holds = true;
-          }
-        }
-        if (!holds) continue;
-        Stop(c, SIGKILL);
-        waitpid(c.pid, nullptr, 0);
-        c.pid = -1;
-        killed[i] = true;
-        events.push_back({{"event", "kill -9"},
-                          {"solver", i},
-                          {"node", node_ids[i].ToHex()},
-                          {"units_committed", p.units_committed},
-                          {"seconds", elapsed()}});
-      }
-    }
     for (auto& [i, at] : lates) {
       if (!late_started[i] && p.rounds_done > at) {  // round `at` (0-based) has finished
         late_started[i] = true;
@@ -668,14 +650,28 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     }
   };
   std::string died;
-  // A process that exits on its own (not one --kill stopped) is a failure: say which and where
-  // its log is, rather than wait for the timeout.
+  // A process that exits on its own is a failure — say which and where its log is, rather than
+  // wait for the timeout — except a --kill solver dying by SIGKILL: that is the scenario.
   auto stop = [&] {
     if (g_stop_signal.load()) return true;
-    for (Child& c : fleet.children) {
+    for (size_t ci = 0; ci < fleet.children.size(); ++ci) {
+      Child& c = fleet.children[ci];
       int status = 0;
       if (c.pid <= 0 || waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
       c.pid = -1;
+      auto solver = std::find(node_child.begin(), node_child.end(), ci);
+      const int i = static_cast<int>(solver - node_child.begin());
+      if (solver != node_child.end() && kills.count(i) && WIFSIGNALED(status) &&
+          WTERMSIG(status) == SIGKILL) {
+        killed.insert(i);
+        events.push_back({{"event", "kill -9"},
+                          {"solver", i},
+                          {"node", node_ids[i].ToHex()},
+                          {"after_units", kills[i]},
+                          {"seconds", elapsed()}});
+        say(fmt::format("solver {} killed (-9) mid-unit after {} unit(s)", i, kills[i]));
+        continue;
+      }
       died = c.name + " exited unexpectedly (" +
              (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
                                   : "exit code " + std::to_string(WEXITSTATUS(status))) +
@@ -965,7 +961,7 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       "After the task, keep the network running until Ctrl-C (try `meshlearn task ...` on it)");
   cmd->add_option("--speed", a.speed, "I=F: solver I runs at F x speed (e.g. 3=0.5); repeatable");
   cmd->add_option("--kill", a.kill,
-                  "I@U: kill -9 solver I mid-unit once U units are committed; repeatable");
+                  "I@U: solver I dies by kill -9 mid-unit after committing U units of its own; repeatable");
   cmd->add_option("--late", a.late,
                   "I@R: start solver I only once round R (numbered from 0) finished; repeatable");
   cmd->add_option("--adversary", a.adversary,

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include "meshlearn/base/clock.h"
 #include "meshlearn/base/config.h"
@@ -51,6 +53,9 @@ struct NodeConfig {
   uint64_t release_after_blocks = 100;
   bool keep_final_states = false;
   node::Adversary adversary = node::Adversary::kNone;  // testing only
+  // Testing only: after committing this many units, the node kills itself with SIGKILL at the
+  // first checkpoint of its next unit (a crash mid-unit at a reproducible point); -1: never.
+  int64_t crash_in_unit = -1;
   double whistleblower_sample = 0.2;
   bool have_capabilities = false;
   ledger::NodeCapabilities capabilities;
@@ -69,7 +74,8 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
                                        "stake", "heartbeat_blocks", "blob_quota_bytes",
                                        "speed_factor", "max_units", "memory_limit_bytes",
                                        "release_after_blocks", "keep_final_states",
-                                       "adversary", "whistleblower_sample", "capabilities"}));
+                                       "adversary", "crash_in_unit", "whistleblower_sample",
+                                       "capabilities"}));
   NodeConfig n;
   n.path = path;
   ML_ASSIGN_OR_RETURN(n.data_dir, c.GetString("data_dir"));
@@ -123,6 +129,7 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
     }
     n.adversary = *parsed;
   }
+  ML_ASSIGN_OR_RETURN(n.crash_in_unit, c.GetInt("crash_in_unit", -1, {.min = -1, .max = 1 << 30}));
   ML_ASSIGN_OR_RETURN(n.whistleblower_sample,
                       c.GetDouble("whistleblower_sample", 0.2, {.min = 0, .max = 1}));
   n.memory_limit_bytes = static_cast<uint64_t>(mem_limit);
@@ -257,6 +264,20 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   opts.keep_final_states = c.keep_final_states;
   opts.adversary = c.adversary;
   opts.whistleblower_sample = c.whistleblower_sample;
+  if (c.crash_in_unit >= 0) {
+    // Units are told apart by (task, index); the (crash_in_unit + 1)-th one dies at its first
+    // checkpoint, before its commit: the unit stays assigned until its deadline.
+    auto seen = std::make_shared<std::set<std::pair<Hash256, uint32_t>>>();
+    opts.after_checkpoint = [seen, n = c.crash_in_unit](const Hash256& task, uint32_t index,
+                                                        int64_t) -> Status {
+      seen->insert({task, index});
+      if (static_cast<int64_t>(seen->size()) > n) {
+        ML_LOG_WARN("crash_in_unit = {}: killing this node (SIGKILL) mid-unit, as configured", n);
+        raise(SIGKILL);
+      }
+      return Status::Ok();
+    };
+  }
   node::NodeAgent agent({.env = env,
                          .clock = SystemClock::Default(),
                          .transport = &transport,
@@ -387,6 +408,7 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  memory_limit_bytes = 0            # memory really available to a unit (0: capabilities)\n"
       "  speed_factor = 1.0                # < 1: a deliberately slow node (tests, demos)\n"
       "  whistleblower_sample = 0.2        # whistleblower: share of settled units re-checked\n"
+      "  # crash_in_unit = 2                # testing only: kill -9 itself mid-unit after 2 units\n"
       "  # adversary = \"lazy\"              # testing only: lazy|noisy|wrong_data|copy|stale|\n"
       "                                    #   wrong_result (honest training, negated delta)|\n"
       "                                    #   rubber_stamp (a verifier that never replays)\n"

@@ -298,8 +298,9 @@ TEST(Devnet, InterruptStopsEveryProcess) {
   ExpectNoOrphans(dir);
 }
 #else
-// kill -9 of a solver holding a unit: the task still completes, the unit is reassigned after its
-// deadline and the killed node is never paid for it; a node joining mid-task gets work; a node
+// kill -9 of a solver in the middle of its second unit (every run: node.toml crash_in_unit): the
+// task still completes, the unit is reassigned after its deadline and the killed node is never
+// paid for it; a node joining mid-task gets work; a node
 // at half speed gets fewer units.
 TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
@@ -319,14 +320,20 @@ TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
   json rep = ReadReport(dir);
   CheckCommon(rep, 8);
   ASSERT_EQ(rep["events"].size(), 2u) << rep.dump(2);
+  int killed = 0;
   for (const json& n : rep["nodes"]) {
     if (n["killed"].get<bool>()) {
+      ++killed;
+      EXPECT_EQ(n["solver"], 1) << n.dump();
+      // It committed exactly one unit before it died in its second; the one it held expired.
+      EXPECT_EQ(n["units"], 1) << n.dump();
       EXPECT_GE(n["reputation"].value("failures", 0), 1) << n.dump();
     }
     if (n["late"].get<bool>()) {
       EXPECT_GE(n["units"].get<int>(), 1) << n.dump();
     }
   }
+  EXPECT_EQ(killed, 1) << rep.dump(2);
   ExpectNoOrphans(dir);
 }
 
