@@ -29,6 +29,7 @@ Status ErrnoStatus(const std::string& what, const std::string& path, int err) {
   if (err == ENOENT) return NotFound(m);
   if (err == EACCES || err == EPERM) return PermissionDenied(m + " (check the file's permissions)");
   if (err == ENOSPC) return ResourceExhausted(m + " (free some disk space)");
+  if (err == EISDIR) return InvalidArgument(m + " (a directory, not a regular file)");
   return Internal(m);
 }
 
@@ -161,7 +162,79 @@ class PosixEnv final : public Env {
     if (::stat(path.c_str(), &st) != 0) return ErrnoStatus("cannot stat", path, errno);
     return static_cast<uint32_t>(st.st_mode & 07777);
   }
+
+  Result<std::unique_ptr<RandomRWFile>> OpenRandomRW(const std::string& path,
+                                                      bool create) override;
 };
+
+class PosixRWFile final : public RandomRWFile {
+ public:
+  PosixRWFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixRWFile() override { ::close(fd_); }
+
+  Result<size_t> Read(uint64_t offset, size_t n, char* out) override {
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = ::pread(fd_, out + got, n - got, static_cast<off_t>(offset + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return ErrnoStatus("cannot read", path_, errno);
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    return got;
+  }
+
+  Status Write(uint64_t offset, std::string_view data) override {
+    size_t done = 0;
+    while (done < data.size()) {
+      ssize_t w = ::pwrite(fd_, data.data() + done, data.size() - done,
+                           static_cast<off_t>(offset + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return ErrnoStatus("cannot write", path_, errno);
+      done += static_cast<size_t>(w);
+    }
+    return Status::Ok();
+  }
+
+  Status Truncate(uint64_t size) override {
+    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+      return ErrnoStatus("cannot truncate", path_, errno);
+    }
+    return Status::Ok();
+  }
+
+  Status Sync() override {
+    if (::fdatasync(fd_) != 0) return ErrnoStatus("cannot sync", path_, errno);
+    return Status::Ok();
+  }
+
+  Result<uint64_t> Size() override {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return ErrnoStatus("cannot stat", path_, errno);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+Result<std::unique_ptr<RandomRWFile>> PosixEnv::OpenRandomRW(const std::string& path,
+                                                             bool create) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+  if (fd < 0) return ErrnoStatus("cannot open", path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus("cannot stat", path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(path + " is " + FileKindName(st.st_mode) + ", not a regular file");
+  }
+  return std::unique_ptr<RandomRWFile>(new PosixRWFile(path, fd));
+}
 
 }  // namespace
 
@@ -176,15 +249,102 @@ Result<std::string> MemEnv::ReadFile(const std::string& path) {
   return it->second.data;
 }
 
-Status MemEnv::WriteFileAtomic(const std::string& path, std::string_view data, uint32_t mode) {
+Status MemEnv::TakeWrite(const std::string& path) {
+  if (!powered_) return Unavailable("cannot write " + path + ": the power is cut");
   if (writes_left_ == 0) return Internal("cannot write " + path + ": injected fault");
   if (writes_left_ > 0) --writes_left_;
+  return Status::Ok();
+}
+
+Status MemEnv::WriteFileAtomic(const std::string& path, std::string_view data, uint32_t mode) {
+  ML_RETURN_IF_ERROR(TakeWrite(path));
   std::string dir = DirName(path);
   if (dir != "." && dir != "/" && !dirs_.count(dir)) {
     return NotFound("cannot create " + path + ": No such file or directory");
   }
-  files_[path] = File{std::string(data), mode};  // rename replaces the inode, and its mode
+  // rename replaces the inode, and its mode; the temporary was fsynced before it
+  files_[path] = File{std::string(data), mode, std::string(data), true};
   return Status::Ok();
+}
+
+// A MemEnv file by name: it sees a delete (unlike a POSIX descriptor, which would keep the
+// unlinked inode; SQLite never uses a file it deleted).
+class MemEnv::RWFile final : public RandomRWFile {
+ public:
+  RWFile(MemEnv* env, std::string path) : env_(env), path_(std::move(path)) {}
+
+  Result<size_t> Read(uint64_t offset, size_t n, char* out) override {
+    ML_ASSIGN_OR_RETURN(File * f, Get());
+    if (offset >= f->data.size()) return size_t{0};
+    const size_t got = std::min<size_t>(n, f->data.size() - offset);
+    std::memcpy(out, f->data.data() + offset, got);
+    return got;
+  }
+
+  Status Write(uint64_t offset, std::string_view data) override {
+    ML_RETURN_IF_ERROR(env_->TakeWrite(path_));
+    ML_ASSIGN_OR_RETURN(File * f, Get());
+    if (f->data.size() < offset + data.size()) f->data.resize(offset + data.size(), '\0');
+    std::memcpy(f->data.data() + offset, data.data(), data.size());
+    return Status::Ok();
+  }
+
+  Status Truncate(uint64_t size) override {
+    ML_RETURN_IF_ERROR(env_->TakeWrite(path_));
+    ML_ASSIGN_OR_RETURN(File * f, Get());
+    f->data.resize(size, '\0');
+    return Status::Ok();
+  }
+
+  Status Sync() override {
+    ML_RETURN_IF_ERROR(env_->TakeWrite(path_));
+    ML_ASSIGN_OR_RETURN(File * f, Get());
+    f->synced = f->data;
+    f->ever_synced = true;
+    return Status::Ok();
+  }
+
+  Result<uint64_t> Size() override {
+    ML_ASSIGN_OR_RETURN(File * f, Get());
+    return static_cast<uint64_t>(f->data.size());
+  }
+
+ private:
+  Result<File*> Get() {
+    auto it = env_->files_.find(path_);
+    if (it == env_->files_.end()) return NotFound(path_ + " was deleted while open");
+    return &it->second;
+  }
+
+  MemEnv* env_;
+  std::string path_;
+};
+
+Result<std::unique_ptr<RandomRWFile>> MemEnv::OpenRandomRW(const std::string& path,
+                                                           bool create) {
+  if (dirs_.count(path)) return InvalidArgument(path + " is a directory, not a regular file");
+  if (!files_.count(path)) {
+    if (!create) return NotFound("cannot open " + path + ": No such file or directory");
+    if (!powered_) return Unavailable("cannot create " + path + ": the power is cut");
+    const std::string dir = DirName(path);
+    if (dir != "." && dir != "/" && !dirs_.count(dir)) {
+      return NotFound("cannot create " + path + ": No such file or directory");
+    }
+    files_[path] = File{std::string(), 0644, std::string(), false};
+  }
+  return std::unique_ptr<RandomRWFile>(new RWFile(this, path));
+}
+
+void MemEnv::CutPower() {
+  powered_ = false;
+  for (auto it = files_.begin(); it != files_.end();) {
+    if (!it->second.ever_synced) {
+      it = files_.erase(it);
+      continue;
+    }
+    it->second.data = it->second.synced;
+    ++it;
+  }
 }
 
 bool MemEnv::FileExists(const std::string& path) {
@@ -192,6 +352,7 @@ bool MemEnv::FileExists(const std::string& path) {
 }
 
 Status MemEnv::DeleteFile(const std::string& path) {
+  if (!powered_) return Unavailable("cannot delete " + path + ": the power is cut");
   if (files_.erase(path) == 0) return NotFound("cannot delete " + path + ": No such file");
   return Status::Ok();
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 namespace meshlearn {
@@ -63,6 +64,64 @@ TEST(MemEnv, ListDirShowsDirectChildrenOnly) {
 // docs/paths.md: a path inside a file is relative to that file's folder; a writer writes, with
 // PathForFile, exactly what ResolveInFile gives back, whether the file was named relative to the
 // working directory or absolutely.
+// The same RandomRWFile contract on both file systems: reads past the end are short, a write past
+// the end grows the file with zeros, truncate shrinks it, a missing file is created only when asked.
+void ExpectRandomRWContract(Env* env, const std::string& dir) {
+  const std::string path = JoinPath(dir, "db");
+  EXPECT_EQ(env->OpenRandomRW(path, /*create=*/false).status().code(), StatusCode::kNotFound);
+  Result<std::unique_ptr<RandomRWFile>> f = env->OpenRandomRW(path, /*create=*/true);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE((*f)->Write(0, "hello").ok());
+  ASSERT_TRUE((*f)->Write(8, "xy").ok());
+  EXPECT_EQ(*(*f)->Size(), 10u);
+  char buf[16] = {};
+  EXPECT_EQ(*(*f)->Read(3, 16, buf), 7u);
+  EXPECT_EQ(std::string(buf, 7), std::string("lo\0\0\0xy", 7));
+  EXPECT_EQ(*(*f)->Read(10, 4, buf), 0u);
+  ASSERT_TRUE((*f)->Truncate(4).ok());
+  ASSERT_TRUE((*f)->Sync().ok());
+  EXPECT_EQ(*env->ReadFile(path), "hell");
+  EXPECT_EQ(env->OpenRandomRW(dir, true).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(PosixEnv, RandomRWFile) { ExpectRandomRWContract(Env::Default(), TempDir()); }
+
+TEST(MemEnv, RandomRWFile) {
+  MemEnv env;
+  ASSERT_TRUE(env.CreateDirs("/d").ok());
+  ExpectRandomRWContract(&env, "/d");
+}
+
+// A power cut keeps what was synced: the synced prefix of a file, nothing of a file never synced,
+// every atomic write; until the power is back nothing changes.
+TEST(MemEnv, CutPowerKeepsWhatWasSynced) {
+  MemEnv env;
+  ASSERT_TRUE(env.CreateDirs("/d").ok());
+  ASSERT_TRUE(env.WriteFileAtomic("/d/atomic", "kept").ok());
+  auto a = std::move(*env.OpenRandomRW("/d/a", true));
+  auto b = std::move(*env.OpenRandomRW("/d/b", true));
+  ASSERT_TRUE(a->Write(0, "synced").ok());
+  ASSERT_TRUE(a->Sync().ok());
+  ASSERT_TRUE(a->Write(6, " and lost").ok());
+  ASSERT_TRUE(b->Write(0, "never synced").ok());
+  env.CutPower();
+  EXPECT_EQ(*env.ReadFile("/d/a"), "synced");
+  EXPECT_FALSE(env.FileExists("/d/b"));
+  EXPECT_EQ(*env.ReadFile("/d/atomic"), "kept");
+  EXPECT_FALSE(a->Write(0, "x").ok());
+  EXPECT_FALSE(env.DeleteFile("/d/atomic").ok());
+  EXPECT_FALSE(env.WriteFileAtomic("/d/atomic", "x").ok());
+  EXPECT_FALSE(env.OpenRandomRW("/d/new", true).ok());
+  env.RestorePower();
+  // FailWritesAfter counts in-place writes and syncs too.
+  env.FailWritesAfter(1);
+  EXPECT_TRUE(a->Write(0, "S").ok());
+  EXPECT_FALSE(a->Sync().ok());
+  EXPECT_EQ(env.writes_left(), 0);
+  env.CutPower();
+  EXPECT_EQ(*env.ReadFile("/d/a"), "synced");
+}
+
 TEST(Paths, WhatAWriterWritesIsWhatAReaderReads) {
   EXPECT_EQ(DirName("a/b/c.toml"), "a/b");
   EXPECT_EQ(DirName("c.toml"), ".");

@@ -25,8 +25,13 @@ Chain::Chain(Genesis genesis, std::unique_ptr<Store> store, std::unique_ptr<Ledg
 Chain::~Chain() = default;
 
 Result<std::unique_ptr<Chain>> Chain::Open(const std::string& db_path, const Genesis& genesis) {
+  return Open(Env::Default(), db_path, genesis);
+}
+
+Result<std::unique_ptr<Chain>> Chain::Open(Env* env, const std::string& db_path,
+                                           const Genesis& genesis) {
   ML_RETURN_IF_ERROR(ValidateGenesis(genesis));
-  ML_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(db_path));
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(env, db_path));
   ML_ASSIGN_OR_RETURN(std::optional<StoredMeta> meta, store->ReadMeta());
   Hash256 gh = GenesisHash(genesis);
   auto state = std::make_unique<LedgerState>();

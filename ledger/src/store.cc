@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "env_vfs.h"
 #include "execute.h"
 #include "meshlearn/base/encoding.h"
 
@@ -118,11 +119,11 @@ Status Store::Prepare(const char* sql, sqlite3_stmt** out) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+Result<std::unique_ptr<Store>> Store::Open(Env* env, const std::string& path) {
+  ML_ASSIGN_OR_RETURN(const char* vfs, SqliteVfsFor(env));
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                           nullptr);
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, vfs);
   if (rc != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
@@ -135,6 +136,9 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   // many of the index and state pages the last few blocks wrote, and a checkpoint copies only
   // the newest version of each page, so fewer checkpoints write (and fsync) less. Commits stay
   // durable either way (the WAL is fsynced at every commit).
+  // An Env's VFS has no locks and no shared memory (env_vfs.h): one connection, WAL index in
+  // the heap.
+  if (vfs != nullptr) ML_RETURN_IF_ERROR(s->Exec("PRAGMA locking_mode=EXCLUSIVE;"));
   ML_RETURN_IF_ERROR(s->Exec(
       "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA cache_size=-65536; "
       "PRAGMA wal_autocheckpoint=8192;"));

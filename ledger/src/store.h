@@ -36,6 +36,7 @@
 
 #include "ledger_state.h"
 #include "meshlearn/base/bytes.h"
+#include "meshlearn/base/env.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/ledger/block.h"
 
@@ -54,7 +55,9 @@ struct StoredMeta {
 
 class Store {
  public:
-  static Result<std::unique_ptr<Store>> Open(const std::string& path);
+  // `path` on `env`'s file system (env_vfs.h: Env::Default() is the real one, any other Env is
+  // used by this one connection alone).
+  static Result<std::unique_ptr<Store>> Open(Env* env, const std::string& path);
   ~Store();
 
   // Empty if the database is new.

@@ -18,6 +18,21 @@
 
 namespace meshlearn {
 
+// A file read and written in place at offsets, for databases (the ledger's SQLite store opens
+// its files through one of these when its Env is not the real file system). Nothing written is
+// durable until Sync returns OK.
+class RandomRWFile {
+ public:
+  virtual ~RandomRWFile() = default;
+  // Up to `n` bytes at `offset` into `out`; fewer only at the end of the file.
+  virtual Result<size_t> Read(uint64_t offset, size_t n, char* out) = 0;
+  // Writes `data` at `offset`, growing the file (with zeros) if `offset` is past its end.
+  virtual Status Write(uint64_t offset, std::string_view data) = 0;
+  virtual Status Truncate(uint64_t size) = 0;
+  virtual Status Sync() = 0;
+  virtual Result<uint64_t> Size() = 0;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -37,14 +52,23 @@ class Env {
   virtual Result<uint64_t> FileSize(const std::string& path) = 0;
   // Permission bits of a file (for checking that key files are 0600).
   virtual Result<uint32_t> FileMode(const std::string& path) = 0;
+  // Opens `path` for reading and writing in place; `create`: make it (empty, 0644) if missing.
+  // Its folder must exist.
+  virtual Result<std::unique_ptr<RandomRWFile>> OpenRandomRW(const std::string& path,
+                                                              bool create) = 0;
 
   // The real file system. Thread-safe.
   static Env* Default();
 };
 
 // An in-memory file system for tests. Thread-compatible (one thread at a time).
-// Faults: FailWritesAfter(n) makes the (n+1)-th and later atomic writes fail without touching the
-// target, as a full disk or a crash before rename would.
+// Faults: FailWritesAfter(n) makes the (n+1)-th and later writes fail without touching the target
+// (an atomic write, a RandomRWFile Write, Truncate or Sync each count one), as a full disk or a
+// crash at that instant would. CutPower() is a power cut: every file opened with OpenRandomRW
+// goes back to what its last Sync made durable, one never synced vanishes, and nothing can be
+// written, created or deleted until RestorePower() (so a process object destroyed after the cut,
+// closing its files, changes nothing, as a dead process would). An atomic write is durable when
+// it returns; creating a folder or deleting a file is durable at once.
 class MemEnv final : public Env {
  public:
   Result<std::string> ReadFile(const std::string& path) override;
@@ -56,17 +80,28 @@ class MemEnv final : public Env {
   Result<std::vector<std::string>> ListDir(const std::string& path) override;
   Result<uint64_t> FileSize(const std::string& path) override;
   Result<uint32_t> FileMode(const std::string& path) override;
+  Result<std::unique_ptr<RandomRWFile>> OpenRandomRW(const std::string& path,
+                                                      bool create) override;
 
   void FailWritesAfter(int64_t n) { writes_left_ = n; }
+  // Writes left before FailWritesAfter's fault: 0 once it fails them, -1 with no fault set.
+  int64_t writes_left() const { return writes_left_; }
+  void CutPower();
+  void RestorePower() { powered_ = true; }
 
  private:
+  class RWFile;
   struct File {
     std::string data;
     uint32_t mode;
+    std::string synced;         // what a power cut leaves
+    bool ever_synced = true;    // false: created by OpenRandomRW and never synced
   };
+  Status TakeWrite(const std::string& path);
   std::map<std::string, File> files_;
   std::map<std::string, uint32_t> dirs_;
   int64_t writes_left_ = -1;  // -1: never fail
+  bool powered_ = true;
 };
 
 // Joins path components with '/'.

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "meshlearn/base/env.h"
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
@@ -62,6 +63,10 @@ class Chain {
   // Refuses a database made from a different genesis (FailedPrecondition) and a database whose
   // stored state does not hash to the last block's state hash (DataLoss).
   static Result<std::unique_ptr<Chain>> Open(const std::string& db_path, const Genesis& genesis);
+  // The same on `env`'s file system: a MemEnv runs a chain in memory, and its power cut
+  // (MemEnv::CutPower) loses exactly what SQLite had not synced (ledger/src/env_vfs.h).
+  static Result<std::unique_ptr<Chain>> Open(Env* env, const std::string& db_path,
+                                             const Genesis& genesis);
 
   ~Chain();
   Chain(const Chain&) = delete;
