@@ -1,11 +1,11 @@
-#include "meshlearn/net/blob.h"
+#include "meshlearn/base/blob.h"
 
 #include <gtest/gtest.h>
 
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/base/rng.h"
 
-namespace meshlearn::net {
+namespace meshlearn {
 namespace {
 
 Bytes RandomBytes(size_t n, uint64_t seed) {
@@ -139,4 +139,4 @@ TEST_F(MalformedManifestTest, WrongRoot) {
 }
 
 }  // namespace
-}  // namespace meshlearn::net
+}  // namespace meshlearn

@@ -1,11 +1,11 @@
-#include "meshlearn/net/blob.h"
+#include "meshlearn/base/blob.h"
 
 #include <string>
 
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/base/merkle.h"
 
-namespace meshlearn::net {
+namespace meshlearn {
 
 Result<BlobId> BlobId::FromHex(std::string_view hex) {
   ML_ASSIGN_OR_RETURN(Hash256 h, Hash256::FromHex(hex, "blob id"));
@@ -133,4 +133,4 @@ Status VerifyChunk(const Manifest& m, size_t index, ByteSpan data) {
   return Status::Ok();
 }
 
-}  // namespace meshlearn::net
+}  // namespace meshlearn
