@@ -6,6 +6,9 @@ set(ENGINE_MODEL_SOURCES
   ${CMAKE_CURRENT_SOURCE_DIR}/src/model.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/optim.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/data.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/corpus.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/hf_gpt2.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/generate.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/safetensors.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/checkpoint.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/train.cc
@@ -17,6 +20,9 @@ set(ENGINE_MODEL_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/model_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/optim_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/data_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/corpus_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/hf_gpt2_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/code_gpt_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/safetensors_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/train_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/op_trace_test.cc
@@ -32,11 +38,14 @@ set(ENGINE_MODEL_SLOW_TESTS
   TrainQualityTest.FashionCnnReachesTarget
   TrainQualityTest.TinyGptLossFallsBelowUniform
   TorchCheckTest.PyTorchPredictsTheSame
+  TrainQualityTest.CodeGptLearnsPython
+  HfGpt2CheckTest.PyTorchReproducesTheLossAndLogits
 )
 # Of those, the ones over a minute get "long" instead: scripts/test.sh runs them only with
 # MESHLEARN_SLOW_TESTS=1 (the default run keeps the MLP target as the short quality check).
 set(ENGINE_MODEL_LONG_TESTS
   TrainQualityTest.FashionCnnReachesTarget
+  TrainQualityTest.CodeGptLearnsPython
 )
 set(_slow_file ${CMAKE_CURRENT_BINARY_DIR}/engine_model_slow_labels.cmake)
 # engine_model_test_TESTS is set by gtest_discover_tests' generated file (same CTest scope).

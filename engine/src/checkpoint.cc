@@ -57,10 +57,13 @@ Hash256 HashState(TrainState& st, bool with_optimizer) {
 }  // namespace
 
 Hash256 StateHash(TrainState& st) { return HashState(st, /*with_optimizer=*/true); }
+Hash256 ModelStateHash(TrainState& st) { return HashState(st, /*with_optimizer=*/false); }
 
-Status SaveCheckpoint(Env* env, const std::string& path, TrainState& st) {
+Status SaveCheckpoint(Env* env, const std::string& path, TrainState& st,
+                      const std::map<std::string, std::string>& extra) {
   CHECK(st.optimizer) << "SaveCheckpoint needs an optimizer";
   SafetensorsWriter w;
+  for (const auto& [k, v] : extra) w.SetMetadata(k, v);
   w.SetMetadata("format", kCheckpointFormat);
   w.SetMetadata("optimizer", st.optimizer->spec().ToJson());
   AddCommon(w, st, /*with_optimizer=*/true);

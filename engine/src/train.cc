@@ -5,6 +5,7 @@
 
 #include "config_ranges.h"
 #include "meshlearn/base/config.h"
+#include "meshlearn/engine/corpus.h"
 #include "meshlearn/engine/step_replay.h"
 
 namespace meshlearn::engine {
@@ -30,11 +31,29 @@ Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
     d.test_x = ResolveInDir(base, d.test_x);
     d.test_y = ResolveInDir(base, d.test_y);
   } else if (d.format == "text") {
-    ML_ASSIGN_OR_RETURN(d.text_path, c.GetString("path"));
     ML_ASSIGN_OR_RETURN(d.val_fraction,
                         c.GetDouble("val_fraction", 0.1, DRange(0, 0.5, true, false)));
-    ML_RETURN_IF_ERROR(c.CheckKnownKeys({"format", "path", "val_fraction"}));
-    d.text_path = ResolveInDir(base, d.text_path);
+    ML_RETURN_IF_ERROR(
+        c.CheckKnownKeys({"format", "path", "root", "files", "data_root", "val_fraction"}));
+    if (c.Has("files") || c.Has("root") || c.Has("data_root")) {
+      // A corpus of many files (corpus.h): all three keys, and no `path`.
+      if (c.Has("path")) {
+        return c.Error("path", "a text task names one file (path) or a corpus (root, files, "
+                               "data_root), not both");
+      }
+      ML_ASSIGN_OR_RETURN(d.text_root, c.GetString("root"));
+      ML_ASSIGN_OR_RETURN(d.text_files, c.GetString("files"));
+      ML_ASSIGN_OR_RETURN(d.data_root, c.GetString("data_root"));
+      if (!Hash256::FromHex(d.data_root, "data_root").ok()) {
+        return c.Error("data_root", "must be 64 hex digits (b2sum -l 256 of the listing), got '" +
+                                        d.data_root + "'");
+      }
+      d.text_root = ResolveInDir(base, d.text_root);
+      d.text_files = ResolveInDir(base, d.text_files);
+    } else {
+      ML_ASSIGN_OR_RETURN(d.text_path, c.GetString("path"));
+      d.text_path = ResolveInDir(base, d.text_path);
+    }
   } else {
     ML_ASSIGN_OR_RETURN(d.train_tokens, c.GetString("train"));
     ML_ASSIGN_OR_RETURN(d.val_tokens, c.GetString("val"));
@@ -126,6 +145,7 @@ std::vector<DataFile> DataFiles(const DataSpec& s) {
     return {{"data.train_x", s.train_x}, {"data.train_y", s.train_y},
             {"data.test_x", s.test_x}, {"data.test_y", s.test_y}};
   }
+  if (s.format == "text" && !s.text_files.empty()) return {{"data.files", s.text_files}};
   if (s.format == "text") return {{"data.path", s.text_path}};
   return {{"data.train", s.train_tokens}, {"data.val", s.val_tokens}};
 }
@@ -178,6 +198,43 @@ Status DataError(const TaskSpec& task, const Status& s) {
     }
   }
   return s.WithPrefix(task.path + ": data");
+}
+
+// A text corpus (corpus.h): the listing must hash to the task's data_root, every listed file must
+// be there with its listed hash, and the whole must fit in memory. Errors name the key (data.files,
+// data.data_root, data.root) and the file.
+Result<std::string> LoadTextCorpus(Env* env, const TaskSpec& task, TaskData* d) {
+  const DataSpec& s = task.data;
+  const std::string where = task.path + ": ";
+  ML_ASSIGN_OR_RETURN(std::string listing_text, env->ReadFile(s.text_files));
+  Result<CorpusListing> listing = ParseCorpusListing(listing_text, s.text_files);
+  if (!listing.ok()) return listing.status().WithPrefix(where + "data.files");
+  ML_ASSIGN_OR_RETURN(const Hash256 pinned, Hash256::FromHex(s.data_root, "data.data_root"));
+  if (listing->data_root != pinned) {
+    return FailedPrecondition(
+        where + "data.data_root: the listing " + s.text_files + " hashes to " +
+        listing->data_root.ToHex() + " but the task pins " + pinned.ToHex() +
+        "; this is not the corpus the task names (an edited listing, or a task written for "
+        "other files)");
+  }
+  Result<uint64_t> size = CorpusSize(env, s.text_root, *listing);
+  if (!size.ok()) return size.status().WithPrefix(where + "data.root");
+  std::string source;
+  const uint64_t available = AvailableMemoryBytes(&source);
+  // The bytes, their int32 tokens and the train/validation copies: ~13 bytes per byte of text.
+  if (*size > available / 16) {
+    return ResourceExhausted(where + "data.files: the corpus is " +
+                             FormatBytes(static_cast<double>(*size)) +
+                             ", more than this machine can load (" +
+                             FormatBytes(static_cast<double>(available)) + " available, " +
+                             source + ")");
+  }
+  Result<std::string> text = LoadCorpus(env, s.text_root, *listing);
+  if (!text.ok()) return text.status().WithPrefix(where + "data.root");
+  d->data_root = listing->data_root;
+  d->corpus_files = static_cast<int64_t>(listing->files.size());
+  d->corpus_bytes = static_cast<int64_t>(text->size());
+  return text;
 }
 
 }  // namespace
@@ -248,9 +305,16 @@ Result<TaskData> LoadTaskDataUnchecked(Env* env, TaskSpec& task) {
   }
   d.tokens = true;
   if (s.format == "text") {
-    ML_ASSIGN_OR_RETURN(std::string text, env->ReadFile(s.text_path));
+    std::string text;
+    std::string source = s.text_path;  // for messages
+    if (!s.text_files.empty()) {
+      ML_ASSIGN_OR_RETURN(text, LoadTextCorpus(env, task, &d));
+      source = "the corpus of " + s.text_files;
+    } else {
+      ML_ASSIGN_OR_RETURN(text, env->ReadFile(s.text_path));
+    }
     if (text.size() < 1000) {
-      return InvalidArgument(s.text_path + ": only " + std::to_string(text.size()) +
+      return InvalidArgument(source + ": only " + std::to_string(text.size()) +
                              " bytes; a text task needs at least 1000");
     }
     d.vocab = BuildCharVocab(text);
@@ -259,7 +323,7 @@ Result<TaskData> LoadTaskDataUnchecked(Env* env, TaskSpec& task) {
     if (task.model.gpt.vocab_size < V) {
       return InvalidArgument(task.path + ": model.vocab_size " +
                              std::to_string(task.model.gpt.vocab_size) + " is smaller than the " +
-                             std::to_string(V) + " distinct characters of " + s.text_path +
+                             std::to_string(V) + " distinct characters of " + source +
                              "; omit vocab_size to take it from the data");
     }
     std::vector<int32_t> all = EncodeChars(d.vocab, text);

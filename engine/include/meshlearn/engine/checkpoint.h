@@ -43,12 +43,16 @@ struct TrainState {
 
 // The canonical hash of the training state (see the top of this file).
 Hash256 StateHash(TrainState& state);
+// The same without the optimizer state: what a model file's "state_hash" covers.
+Hash256 ModelStateHash(TrainState& state);
 
 inline constexpr char kCheckpointFormat[] = "meshlearn.checkpoint.v1";
 inline constexpr char kModelFormat[] = "meshlearn.model.v1";
 
-// Writes the full state (with optimizer) atomically.
-Status SaveCheckpoint(Env* env, const std::string& path, TrainState& state);
+// Writes the full state (with optimizer) atomically. `extra` metadata entries are added (the
+// vocabulary of a text task: hf_gpt2.h).
+Status SaveCheckpoint(Env* env, const std::string& path, TrainState& state,
+                      const std::map<std::string, std::string>& extra = {});
 // Writes parameters only (plus metadata), atomically. `extra` metadata entries are added.
 Status SaveModel(Env* env, const std::string& path, TrainState& state,
                  const std::map<std::string, std::string>& extra = {});

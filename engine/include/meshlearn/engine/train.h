@@ -11,6 +11,8 @@
 //   train_labels = "..."; test_images = "..."; test_labels = "..."
 //   mean = 0.2860; std = 0.3530  # x = (pixel/255 - mean) / std
 //   # text: path = "/usr/share/common-licenses/GPL-3", val_fraction = 0.1 (character level)
+//   # text, many files (corpus.h): root = "/usr/lib/python3.11", files = "LISTING",
+//   #   data_root = "<BLAKE2b-256 of LISTING>" instead of path
 //   # tokens: train = "train.bin", val = "val.bin", vocab_size = 50304 (uint16 files)
 //   [model] ...                  # see model.h
 //   [optimizer] ...              # see optim.h
@@ -49,7 +51,10 @@ struct DataSpec {
   std::string format;                            // idx | npy | text | tokens
   std::string train_x, train_y, test_x, test_y;  // idx: images/labels; npy: x/y
   double mean = 0.0, std = 1.0;
-  std::string text_path;  // text
+  std::string text_path;  // text, one file
+  // text, a corpus (corpus.h): the files of `text_files` (a listing) under `text_root`, whose
+  // listing must hash to `data_root`.
+  std::string text_root, text_files, data_root;
   double val_fraction = 0.1;
   std::string train_tokens, val_tokens;  // tokens
   int64_t vocab_size = 0;                // tokens
@@ -80,6 +85,8 @@ struct TaskData {
   ClassificationData train, test;
   TokenData train_tokens, val_tokens;
   CharVocab vocab{};  // text only
+  Hash256 data_root;  // a text corpus: BLAKE2b-256 of its listing (checked); zero otherwise
+  int64_t corpus_files = 0, corpus_bytes = 0;  // a text corpus: how many files, bytes
 };
 // Loads and validates the data; for GPT text tasks fills in model.gpt.vocab_size when it is 0
 // (and checks it otherwise). Every error names the task file and the key of the file
