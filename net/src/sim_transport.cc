@@ -27,7 +27,10 @@ SimNode::SimNode(SimNetwork* net, std::string name)
     : net_(net), name_(std::move(name)), transport_(std::make_unique<NodeTransport>(this)) {}
 
 SimNetwork::SimNetwork(uint64_t seed, LinkParams default_link)
-    : seed_(seed), rng_(seed, /*stream=*/0x5e7), default_link_(default_link) {}
+    : seed_(seed),
+      rng_(seed, /*stream=*/0x5e7),
+      dup_rng_(seed, /*stream=*/0xd0b),
+      default_link_(default_link) {}
 
 SimNetwork::~SimNetwork() = default;
 
@@ -54,6 +57,11 @@ SimNetwork::LinkState& SimNetwork::Link(const std::string& a, const std::string&
 void SimNetwork::SetLink(const std::string& a, const std::string& b, const LinkParams& params) {
   Link(a, b).params = params;
   Link(b, a).params = params;
+}
+
+void SimNetwork::SetAllLinks(const LinkParams& params) {
+  default_link_ = params;
+  for (auto& [ends, link] : links_) link.params = params;
 }
 
 void SimNetwork::Partition(const std::vector<std::string>& side) {
@@ -156,9 +164,25 @@ void SimNetwork::Transmit(SimNode* from, SimNode* to, size_t bytes, const std::s
   link.busy_until = start + tx_us;
   int64_t jitter = p.jitter_us > 0 ? static_cast<int64_t>(jitter_draw % (p.jitter_us + 1)) : 0;
   int64_t arrival = link.busy_until + p.latency_us + jitter;
+  // Drawn for every message too, from their own stream (see dup_rng_).
+  double dup_draw = dup_rng_.UniformDouble();
+  uint64_t dup_delay_draw = dup_rng_.NextU64();
+  Trace(prefix + " arrives t=" + std::to_string(arrival));
+  Deliver(from, to, arrival, arrive);
+  if (dup_draw < p.duplicate) {
+    int64_t extra = static_cast<int64_t>(dup_delay_draw % (p.latency_us + p.jitter_us + 1));
+    Trace(prefix + " duplicate arrives t=" + std::to_string(arrival + extra));
+    Deliver(from, to, arrival + extra, [this, arrive] {
+      ++stats_.duplicated;
+      arrive();
+    });
+  }
+}
+
+void SimNetwork::Deliver(SimNode* from, SimNode* to, int64_t arrival,
+                         std::function<void()> arrive) {
   uint64_t from_epoch = from->epoch_;
   uint64_t to_epoch = to->epoch_;
-  Trace(prefix + " arrives t=" + std::to_string(arrival));
   events_.push(Event{arrival, next_seq_++,
                      [this, from, to, from_epoch, to_epoch, arrive = std::move(arrive)] {
                        if (from->epoch_ != from_epoch || to->epoch_ != to_epoch || !to->alive_) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 
 namespace meshlearn::net {
@@ -123,6 +124,70 @@ TEST(SimTransportTest, KillAndRestart) {
   net.RunUntilIdle();
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->status().code(), StatusCode::kDeadlineExceeded);
+}
+
+// Duplication: every message arrives twice, so the handler runs twice per request, and the
+// caller still completes exactly once, with the first response.
+TEST(SimTransportTest, DuplicatedMessagesRunTheHandlerTwiceAndCompleteOnce) {
+  SimNetwork net(6, LinkParams{.latency_us = 1000, .jitter_us = 500, .duplicate = 1.0});
+  int handled = 0;
+  Router router;
+  router.Register(
+      "count",
+      [&](const Request& q) -> Result<Bytes> {
+        ++handled;
+        return q.body;
+      },
+      1 << 10);
+  SimNode* a = net.AddNode("a");
+  net.AddNode("b")->Serve(&router);
+  int completions = 0;
+  a->transport()->SendAsync("b", Request{"count", ToBytes("x")},
+                            [&](Result<Bytes> r) { completions += r.ok(); });
+  net.RunUntilIdle();
+  EXPECT_EQ(handled, 2);
+  EXPECT_EQ(completions, 1);
+  // Request twice, and each handler run answers twice: 2 + 4 messages, 3 of them copies.
+  EXPECT_EQ(net.stats().duplicated, 3u);
+  EXPECT_EQ(net.stats().timeouts, 0u);
+}
+
+// Jitter larger than the spacing of two messages reorders them; SetAllLinks changes links that
+// were used already and those that were not.
+TEST(SimTransportTest, JitterReordersAndSetAllLinksAppliesEverywhere) {
+  SimNetwork net(7, LinkParams{.latency_us = 1000, .bandwidth_bytes_per_sec = 0});
+  std::vector<int> order;
+  Router router;
+  router.Register(
+      "seq",
+      [&](const Request& q) -> Result<Bytes> {
+        order.push_back(q.body[0]);
+        return Bytes{};
+      },
+      16);
+  SimNode* a = net.AddNode("a");
+  net.AddNode("b")->Serve(&router);
+  net.AddNode("c")->Serve(&router);
+  ASSERT_TRUE(a->transport()->Send("b", Request{"seq", Bytes{0}}).ok());  // a->b exists now
+  order.clear();
+  net.SetAllLinks(
+      LinkParams{.latency_us = 1000, .jitter_us = 100'000, .bandwidth_bytes_per_sec = 0});
+  bool reordered = false;
+  for (const char* to : {"b", "c"}) {
+    order.clear();
+    for (int i = 0; i < 20; ++i) {
+      a->transport()->SendAsync(to, Request{"seq", Bytes{static_cast<uint8_t>(i)}},
+                                [](Result<Bytes>) {});
+    }
+    net.RunUntilIdle();
+    ASSERT_EQ(order.size(), 20u);
+    reordered |= !std::is_sorted(order.begin(), order.end());
+    std::vector<int> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(sorted[i], i);
+    EXPECT_FALSE(std::is_sorted(order.begin(), order.end())) << "to " << to;
+  }
+  EXPECT_TRUE(reordered);
 }
 
 // 50 nodes each send to 5 random others over lossy, jittery links; returns the trace.

@@ -3,11 +3,15 @@
 // seed and the same calls give the same deliveries at the same virtual times, every run.
 //
 // Model: each directed link has a latency, a uniform jitter, a bandwidth (messages on a link are
-// serialized one after another) and a loss probability. A partition blocks every pair of nodes
-// on opposite sides. A killed node loses everything in flight to and from it, its outstanding
-// requests never call back (the process is gone), and requests sent to it time out; Restart brings
-// it back, serving the same Router. A handler runs when the request arrives and takes no virtual
-// time. A lost request or response surfaces as DeadlineExceeded after Request::timeout_ms.
+// serialized one after another), a loss probability and a duplication probability. Jitter
+// reorders: a message drawn a long jitter arrives after one sent later on the same link. A
+// duplicated message arrives twice (the copy up to latency + jitter later), so a request's
+// handler may run twice and a response may come back twice (the caller sees the first). A partition
+// blocks every pair of nodes on opposite sides. A killed node loses everything in flight to and
+// from it, its outstanding requests never call back (the process is gone), and requests sent to it
+// time out; Restart brings it back, serving the same Router. A handler runs when the request
+// arrives and takes no virtual time. A lost request or response surfaces as DeadlineExceeded after
+// Request::timeout_ms.
 //
 //   SimNetwork net(/*seed=*/42, LinkParams{.latency_us = 2000});
 //   SimNode* a = net.AddNode("a");
@@ -40,6 +44,7 @@ struct LinkParams {
   int64_t jitter_us = 0;                   // extra delay, uniform in [0, jitter_us]
   double bandwidth_bytes_per_sec = 125e6;  // 1 Gbit/s; <= 0 means unlimited
   double loss = 0.0;                       // probability that one message is dropped
+  double duplicate = 0.0;                  // probability that one message is delivered twice
 };
 
 struct SimStats {
@@ -49,6 +54,7 @@ struct SimStats {
   uint64_t dropped_partition = 0;
   uint64_t dropped_dead = 0;
   uint64_t timeouts = 0;
+  uint64_t duplicated = 0;  // extra copies delivered (counted in `delivered` too)
 };
 
 class SimNetwork;
@@ -94,6 +100,9 @@ class SimNetwork {
 
   // Sets the link parameters of a -> b and b -> a.
   void SetLink(const std::string& a, const std::string& b, const LinkParams& params);
+  // Sets the parameters of every link, those used so far and those not yet (a chaos workload
+  // turning delay, loss or duplication on and off for the whole network).
+  void SetAllLinks(const LinkParams& params);
   // Blocks every pair of nodes with one in `side` and the other not (nodes added later are on
   // the other side). Replaces any earlier partition.
   void Partition(const std::vector<std::string>& side);
@@ -144,12 +153,18 @@ class SimNetwork {
   // either end died (epochs changed) meanwhile.
   void Transmit(SimNode* from, SimNode* to, size_t bytes, const std::string& what,
                 std::function<void()> arrive);
+  // Runs `arrive` at `arrival` unless either end died (epochs changed) or a partition blocks the
+  // pair by then.
+  void Deliver(SimNode* from, SimNode* to, int64_t arrival, std::function<void()> arrive);
   bool Blocked(const std::string& a, const std::string& b) const;
   LinkState& Link(const std::string& a, const std::string& b);
   void Trace(const std::string& line);
 
   const uint64_t seed_;
   Rng rng_;
+  // Duplication draws have their own stream, so turning duplication on does not move the loss
+  // and jitter draws of a seed.
+  Rng dup_rng_;
   LinkParams default_link_;
   FakeClock clock_;
   uint64_t next_seq_ = 0;
