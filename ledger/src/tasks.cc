@@ -6,6 +6,7 @@
 #include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::ledger {
@@ -293,6 +294,19 @@ Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
   return Status::Ok();
 }
 
+namespace {
+
+// Whether a committed unit's check settled with a result that is paid: clean or unchecked.
+bool SurvivedVerification(const WorkUnit& u) {
+  if (u.check.empty()) return false;
+  Result<protocol::UnitCheck> c = protocol::UnitCheck::Decode(u.check);
+  return c.ok() && c->stage() == protocol::CheckStage::kCheckSettled &&
+         (c->result() == protocol::CheckResult::kCheckClean ||
+          c->result() == protocol::CheckResult::kCheckUnchecked);
+}
+
+}  // namespace
+
 Status ExecuteCancelTask(ExecContext& ctx, const CancelTaskTx& tx) {
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
   if (t == nullptr) return NotFound("cancel task: task " + tx.task_id.ToHex() + " not found");
@@ -301,12 +315,16 @@ Status ExecuteCancelTask(ExecContext& ctx, const CancelTaskTx& tx) {
                             " may cancel task " + tx.task_id.ShortHex());
   }
   // Work already committed is paid before the refund: its results are published, so cancelling
-  // must not be a way to get them for free.
+  // must not be a way to get them for free. On a verifying chain only work that survived
+  // verification is, as at a round's settlement: a unit whose check has not settled clean or
+  // unchecked (still running, in dispute, fraud) is not paid, else a cheat committed just before
+  // a cancel would be paid unchecked (found by the chaos workload, seed 46).
   if (t->status == TaskStatus::kOpen) {
     const uint32_t count = t->unit_count;
     for (uint32_t i = 0; i < count; ++i) {
       const WorkUnit* u = ctx.state.units.Find({tx.task_id, i});
       if (u == nullptr || u->status != WorkUnitStatus::kCommitted) continue;
+      if (ctx.params().verification && !SurvivedVerification(*u)) continue;
       ML_RETURN_IF_ERROR(SettleAtAssignedPrice(ctx.state, ctx.params(), tx.task_id, i));
     }
   }
