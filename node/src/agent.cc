@@ -111,7 +111,16 @@ Result<std::vector<std::string>> NodeAgent::Providers(bool refresh) {
     ML_ASSIGN_OR_RETURN(nodes_, ListNodes(*deps_.chain));
     providers_height_ = height_;
   }
-  return ActiveEndpoints(nodes_, options_.endpoint);
+  // Active nodes first, then those that left or are jailed: a node that left keeps running and
+  // serving while it unbonds, and may hold the only copy of a blob, e.g. the last aggregate it
+  // committed (chaos seed 3: every unit of the next round failed to fetch its start state).
+  std::vector<std::string> out = ActiveEndpoints(nodes_, options_.endpoint);
+  for (const NodeInfo& n : nodes_) {
+    if (n.status != "active" && !n.endpoint.empty() && n.endpoint != options_.endpoint) {
+      out.push_back(n.endpoint);
+    }
+  }
+  return out;
 }
 
 Result<Bytes> NodeAgent::FetchBlob(const Hash256& id, const std::vector<std::string>& preferred,
