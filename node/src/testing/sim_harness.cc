@@ -4,6 +4,7 @@
 
 #include <iostream>
 
+#include "meshlearn/base/check.h"
 #include "meshlearn/base/hash.h"
 #include "meshlearn/node/blob_push.h"
 #include "meshlearn/node/local_diloco.h"
@@ -30,6 +31,22 @@ std::string TempDir() {
 }
 
 }  // namespace
+
+// The parties' ledger client: the in-process RPC of whichever ledger runs now, each call shown
+// to the on_rpc observer.
+class SimHarness::LedgerClient final : public ChainClient {
+ public:
+  explicit LedgerClient(SimHarness* sim) : sim_(sim) {}
+  Result<json> Call(const std::string& method, const json& params) override {
+    Result<json> r = sim_->rpc_client_->Call(method, params);
+    if (sim_->options_.on_rpc) sim_->options_.on_rpc(method, params, r);
+    return r;
+  }
+  std::string Describe() const override { return "in-process ledger"; }
+
+ private:
+  SimHarness* sim_;
+};
 
 SimHarness::SimHarness(SimOptions options)
     : options_(std::move(options)),
@@ -78,9 +95,10 @@ ledger::Totals SimHarness::Totals() {
 Status SimHarness::MakeAgent(int i) {
   const std::string name = "n" + std::to_string(i);
   routers_[i] = std::make_unique<net::Router>();
+  const Clock* clock = clocks_[i] ? static_cast<const Clock*>(clocks_[i].get()) : net_->clock();
   agents_[i] = std::make_unique<NodeAgent>(
       AgentDeps{.env = env_,
-                .clock = net_->clock(),
+                .clock = clock,
                 .transport = net_->node(name)->transport(),
                 .store = stores_[i].get(),
                 .chain = client_.get(),
@@ -100,20 +118,17 @@ Status SimHarness::Setup() {
   genesis_.genesis_time_ms = clock_.NowMillis();
   if (options_.referee_in_genesis) genesis_.referee = referee_key_.public_key();
   if (options_.tweak_genesis) options_.tweak_genesis(genesis_);
-  chain_dir_ = TempDir();
-  ML_ASSIGN_OR_RETURN(chain_, ledger::Chain::Open(chain_dir_ + "/chain.db", genesis_));
-  shared_ = std::make_unique<ledger::SharedChain>(chain_.get());
-  sequencer_ = std::make_unique<ledger::Sequencer>(shared_.get(), seq_key_, &clock_);
-  rpc_ = std::make_unique<ledger::RpcService>(shared_.get(), sequencer_.get());
-  client_ = std::make_unique<InProcessChainClient>(rpc_.get());
-  net_ = std::make_unique<net::SimNetwork>(
-      options_.seed, net::LinkParams{.latency_us = 2000, .bandwidth_bytes_per_sec = 1e9});
+  if (!options_.ledger_in_memory) chain_dir_ = TempDir();
+  ML_RETURN_IF_ERROR(OpenLedger());
+  client_ = std::make_unique<LedgerClient>(this);
+  net_ = std::make_unique<net::SimNetwork>(options_.seed, options_.link);
 
   const int n = options_.nodes;
   stores_.resize(n);
   routers_.resize(n);
   agents_.resize(n);
   agent_opts_.resize(n);
+  clocks_.resize(n);
   for (int i = 0; i < n; ++i) {
     const std::string name = "n" + std::to_string(i);
     net_->AddNode(name);
@@ -144,6 +159,13 @@ Status SimHarness::Setup() {
       };
     }
     if (options_.agent_options) options_.agent_options(i, o);
+    if (no.clock_skew_ms != 0 || no.clock_rate != 1.0) {
+      clocks_[i] = std::make_unique<SkewedClock>(net_->clock(), no.clock_skew_ms, no.clock_rate);
+    }
+    if (no.start_late) {
+      net_->Kill(name);  // not running yet: Restart starts it
+      continue;
+    }
     ML_RETURN_IF_ERROR(MakeAgent(i));
   }
   net_->AddNode("submitter");
@@ -182,8 +204,9 @@ Status SimHarness::Setup() {
   for (int b = 0; b < 20; ++b) {
     ML_RETURN_IF_ERROR(Step());
     bool all = true;
-    for (const KeyPair& k : node_keys_) {
-      Result<std::optional<NodeInfo>> ni = GetNode(*client_, k.public_key());
+    for (int i = 0; i < n; ++i) {
+      if (options_.node_options[i].start_late) continue;
+      Result<std::optional<NodeInfo>> ni = GetNode(*client_, node_keys_[i].public_key());
       if (!ni.ok() || !*ni) all = false;
     }
     if (all) break;
@@ -236,9 +259,16 @@ Status SimHarness::Step() {
   clock_.AdvanceMillis(options_.block_interval_ms);
   ML_RETURN_IF_ERROR(sequencer_->ProduceOnce().status());
   ML_RETURN_IF_ERROR(shared_->With([](ledger::Chain& c) { return c.CheckInvariants(); }));
-  for (auto& a : agents_) {
+  for (size_t i = 0; i < agents_.size(); ++i) {
+    NodeAgent* a = agents_[i].get();
     if (!a) continue;
     Result<TickReport> r = a->Tick();
+    if (!r.ok() && options_.kill_on_crash &&
+        r.status().message().find("simulated crash") != std::string::npos) {
+      Kill(static_cast<int>(i));
+      crashed_.push_back(static_cast<int>(i));
+      continue;
+    }
     if (!r.ok()) return r.status().WithPrefix("node " + a->id().ShortHex());
   }
   if (referee_) ML_RETURN_IF_ERROR(referee_->Poll().status());
@@ -255,6 +285,35 @@ Status SimHarness::RunUntilFinished(uint64_t max_blocks) {
   }
   return DeadlineExceeded("sim: the task did not finish in " + std::to_string(max_blocks) +
                           " blocks: " + Task(false).dump().substr(0, 2000));
+}
+
+Status SimHarness::OpenLedger() {
+  if (options_.ledger_in_memory) {
+    if (!ledger_env_) {
+      ledger_env_ = std::make_unique<MemEnv>();
+      ML_RETURN_IF_ERROR(ledger_env_->CreateDirs("/ledger"));
+    }
+    ML_ASSIGN_OR_RETURN(chain_, ledger::Chain::Open(ledger_env_.get(), "/ledger/chain.db", genesis_));
+  } else {
+    ML_ASSIGN_OR_RETURN(chain_, ledger::Chain::Open(chain_dir_ + "/chain.db", genesis_));
+  }
+  shared_ = std::make_unique<ledger::SharedChain>(chain_.get());
+  sequencer_ = std::make_unique<ledger::Sequencer>(shared_.get(), seq_key_, &clock_);
+  rpc_ = std::make_unique<ledger::RpcService>(shared_.get(), sequencer_.get());
+  rpc_client_ = std::make_unique<InProcessChainClient>(rpc_.get());
+  return Status::Ok();
+}
+
+Status SimHarness::RestartLedger(bool power_cut) {
+  CHECK(!power_cut || ledger_env_ != nullptr) << "RestartLedger(power_cut) needs ledger_in_memory";
+  if (power_cut) ledger_env_->CutPower();
+  rpc_client_.reset();
+  rpc_.reset();
+  sequencer_.reset();
+  shared_.reset();
+  chain_.reset();
+  if (power_cut) ledger_env_->RestorePower();
+  return OpenLedger();
 }
 
 void SimHarness::Kill(int i) {

@@ -14,12 +14,19 @@
 //
 // The chain is DevnetGenesis (verification as devnets have it); tweak_genesis changes it, e.g.
 // to turn verification off or force every unit to be a forced error.
+//
+// For chaos workloads (chaos_test.cc): link parameters for the whole network (network().
+// SetAllLinks), a skewed clock per node, nodes that start late (a late joiner: Restart starts
+// it), agents whose Tick fails with a simulated crash killed in place (kill_on_crash) instead of
+// failing the Step, the ledger itself restarted from its database (RestartLedger: the mempool
+// is lost, every acknowledged block stays), and every RPC answer seen by an observer.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshlearn/base/clock.h"
@@ -43,6 +50,31 @@ struct SimNodeOptions {
   uint64_t memory_limit_bytes = 0;     // AgentOptions::memory_limit_bytes (real memory)
   uint64_t blob_quota_bytes = 0;       // the node's BlobStore quota (0: none)
   uint32_t roles = ledger::kRoleSolver | ledger::kRoleAggregator;
+  // The node's clock runs `clock_skew_ms` ahead of (negative: behind) the network's virtual
+  // time, at `clock_rate` times its speed (SkewedClock).
+  int64_t clock_skew_ms = 0;
+  double clock_rate = 1.0;
+  // Not started by Setup (it does not wait for its registration): Restart(i) starts it.
+  bool start_late = false;
+};
+
+// A node's own clock: virtual time seen through an offset and a rate, as a machine whose clock
+// is set wrong and drifts. Both readings stay monotonic in the base clock (rate > 0).
+class SkewedClock final : public Clock {
+ public:
+  SkewedClock(const Clock* base, int64_t skew_ms, double rate)
+      : base_(base), skew_ms_(skew_ms), rate_(rate) {}
+  int64_t NowMillis() const override {
+    return static_cast<int64_t>(static_cast<double>(base_->NowMillis()) * rate_) + skew_ms_;
+  }
+  int64_t MonotonicMicros() const override {
+    return static_cast<int64_t>(static_cast<double>(base_->MonotonicMicros()) * rate_);
+  }
+
+ private:
+  const Clock* base_;
+  int64_t skew_ms_;
+  double rate_;
 };
 
 struct SimOptions {
@@ -70,6 +102,19 @@ struct SimOptions {
   // false: genesis names no referee (the sequencer's key rules RuleDispute) and the service's key
   // is an ordinary funded account: enough for RefereeStep, the ledger executing the step.
   bool referee_in_genesis = true;
+  // Every link of the simulated network at start (network().SetAllLinks changes them later).
+  net::LinkParams link{.latency_us = 2000, .bandwidth_bytes_per_sec = 1e9};
+  // An agent whose Tick fails with a status containing "simulated crash" (an after_checkpoint
+  // hook playing kill -9) is killed where it stands and the Step goes on with the other nodes;
+  // crashed() lists them. false: the Step returns the error (the caller kills the node).
+  bool kill_on_crash = false;
+  // The ledger's database in a MemEnv of its own (not a folder under /tmp), so RestartLedger can
+  // cut its power (MemEnv::CutPower: SQLite loses what it had not synced).
+  bool ledger_in_memory = false;
+  // Sees every ledger call of every party (agents, submitter, referee) and its answer.
+  std::function<void(const std::string& method, const nlohmann::json& params,
+                     const Result<nlohmann::json>& answer)>
+      on_rpc;
 };
 
 class SimHarness {
@@ -87,6 +132,16 @@ class SimHarness {
 
   void Kill(int i);
   Status Restart(int i, std::function<void(AgentOptions&)> tweak = nullptr);
+  bool alive(int i) const { return agents_[i] != nullptr; }
+  // Nodes killed by a simulated crash since the last call (kill_on_crash), in Tick order.
+  std::vector<int> TakeCrashed() { return std::exchange(crashed_, {}); }
+  // The ledger process dies and starts again on its database: its mempool is lost (clients
+  // resend what they have in flight), its blocks are not. Agents keep their client. With
+  // power_cut (REQUIRES: ledger_in_memory) the machine loses power too: whatever SQLite had not
+  // synced is gone, and every acknowledged block must still be there.
+  Status RestartLedger(bool power_cut = false);
+  // The submitter's transaction sender (e.g. to cancel the task).
+  TxSender& submitter_tx() { return *submitter_tx_; }
 
   uint64_t height();
   const Hash256& task_id() const { return task_id_; }
@@ -107,10 +162,13 @@ class SimHarness {
 
  private:
   Status MakeAgent(int i);
+  Status OpenLedger();
+  class LedgerClient;
 
   SimOptions options_;
   std::unique_ptr<MemEnv> own_env_;
   Env* env_;
+  std::unique_ptr<MemEnv> ledger_env_;  // ledger_in_memory
   std::string chain_dir_;
   FakeClock clock_;
   KeyPair seq_key_, submitter_;
@@ -120,7 +178,10 @@ class SimHarness {
   std::unique_ptr<ledger::SharedChain> shared_;
   std::unique_ptr<ledger::Sequencer> sequencer_;
   std::unique_ptr<ledger::RpcService> rpc_;
-  std::unique_ptr<InProcessChainClient> client_;
+  std::unique_ptr<InProcessChainClient> rpc_client_;
+  std::unique_ptr<LedgerClient> client_;  // forwards to rpc_client_ (survives RestartLedger)
+  std::vector<std::unique_ptr<SkewedClock>> clocks_;
+  std::vector<int> crashed_;
   std::unique_ptr<net::SimNetwork> net_;
   std::vector<std::unique_ptr<net::BlobStore>> stores_;
   std::vector<std::unique_ptr<net::Router>> routers_;
