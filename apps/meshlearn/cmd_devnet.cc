@@ -272,33 +272,24 @@ Result<std::vector<AdversaryPlan>> PlanAdversaries(const std::vector<std::string
   return out;
 }
 
-// Checks the ledger settled for `task`, from the chain's log: the runtime logs one line per
-// settled check, "ledger: task <id> unit <i>: <result> (<reason>)" (ledger/src/verification.cc).
-// A check that ends in a re-run (fraud, forced error, abandoned) is dropped from its unit in the
-// same block, so get_task alone cannot count them.
-// TRANSITION: read the counts from get_task once the ledger keeps them per task.
-json SettledChecks(Env* env, const std::string& chain_log, const Hash256& task) {
-  json counts = {
-      {"clean", 0}, {"unchecked", 0}, {"fraud", 0}, {"forced_error", 0}, {"abandoned", 0}};
+// What verification did to a task, as the ledger keeps it (get_task): `settled` is the task's
+// VerificationTally by result — every check the ledger settled, those of re-run rounds included —
+// and `events` the check each unit of the final record carries (a check that ended in a re-run
+// went with its round, so the tally can count more fraud than `events` shows).
+json SettledChecks(const json& task) {
+  const json tally = task.value("verification", json::object());
+  json counts = json::object();
+  for (const char* result : {"clean", "unchecked", "fraud", "forced_error", "abandoned"}) {
+    counts[result] = tally.value(result, uint64_t{0});
+  }
   json events = json::array();
-  Result<std::string> text = env->ReadFile(chain_log);
-  if (text.ok()) {
-    const std::string key = "ledger: task " + task.ShortHex() + " unit ";
-    size_t pos = 0;
-    while ((pos = text->find(key, pos)) != std::string::npos) {
-      const size_t eol = std::min(text->find('\n', pos), text->size());
-      const std::string line = text->substr(pos + key.size(), eol - pos - key.size());
-      pos = eol;
-      // "<i>: <result> (<reason>)"
-      const size_t colon = line.find(": ");
-      const size_t paren = line.find(" (", colon == std::string::npos ? 0 : colon);
-      if (colon == std::string::npos || paren == std::string::npos) continue;
-      const std::string result = line.substr(colon + 2, paren - colon - 2);
-      std::string reason = line.substr(paren + 2);
-      if (!reason.empty() && reason.back() == ')') reason.pop_back();
-      if (counts.contains(result)) counts[result] = counts[result].get<int>() + 1;
-      events.push_back({{"unit", std::atoi(line.c_str())}, {"result", result}, {"reason", reason}});
-    }
+  for (const json& u : task.value("units", json::array())) {
+    const json& c = u.value("check", json());
+    if (!c.is_object() || c.value("stage", "") != "settled") continue;
+    events.push_back({{"unit", u.value("index", 0)},
+                      {"round", u.value("round", 0)},
+                      {"result", c.value("result", "")},
+                      {"reason", c.value("reason", "")}});
   }
   return {{"settled", counts}, {"events", events}};
 }
@@ -842,7 +833,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
            {"executed", r.ok},
            {"error", r.error}});
     }
-    json checks = SettledChecks(env, JoinPath(dir, "logs/chain.log"), sub.task_id);
+    json checks = SettledChecks(final_task);
     (*report)["verification"] = {{"enabled", true},
                                  {"referee", seq.public_key().ToHex()},
                                  {"forced_error_per_million", gen.params.forced_error_per_million},

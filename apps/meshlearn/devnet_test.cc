@@ -325,8 +325,10 @@ TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
     if (n["killed"].get<bool>()) {
       ++killed;
       EXPECT_EQ(n["solver"], 1) << n.dump();
-      // It committed exactly one unit before it died in its second; the one it held expired.
-      EXPECT_EQ(n["units"], 1) << n.dump();
+      // It died in its second unit, which it never committed; its first stays in the record
+      // unless that round was re-run without it (its delta died with it before the aggregator
+      // fetched it: ReportUnavailable).
+      EXPECT_LE(n["units"].get<int>(), 1) << n.dump();
       EXPECT_GE(n["reputation"].value("failures", 0), 1) << n.dump();
     }
     if (n["late"].get<bool>()) {
