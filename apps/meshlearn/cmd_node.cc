@@ -411,6 +411,7 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  # crash_in_unit = 2                # testing only: kill -9 itself mid-unit after 2 units\n"
       "  # adversary = \"lazy\"              # testing only: lazy|noisy|wrong_data|copy|stale|\n"
       "                                    #   wrong_result (honest training, negated delta)|\n"
+      "                                    #   noisy_last|targeted (poison one segment)|\n"
       "                                    #   rubber_stamp (a verifier that never replays)\n"
       "  [capabilities]                    # optional: paste `node bench`; measured if absent\n"
       "  throughput = 20000000000\n"

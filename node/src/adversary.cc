@@ -12,8 +12,9 @@ namespace meshlearn::node {
 
 namespace {
 
-constexpr std::string_view kNames[] = {"none",  "lazy",         "noisy",       "wrong_data", "copy",
-                                        "stale", "rubber_stamp", "wrong_result"};
+constexpr std::string_view kNames[] = {"none",         "lazy",         "noisy",      "wrong_data",
+                                        "copy",         "stale",        "rubber_stamp",
+                                        "wrong_result", "noisy_last",   "targeted"};
 
 uint64_t SplitMix64(uint64_t& x) {
   uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
@@ -34,6 +35,25 @@ void Perturb(engine::TrainState& st, uint64_t seed) {
   }
 }
 
+// Adds kTargetedShift to every weight of output class 0: row 0 of the last rank-2 parameter and
+// element 0 of the last rank-1 parameter (a classifier's output layer).
+void ShiftClassZero(engine::TrainState& st) {
+  std::vector<engine::Param>& params = st.model->params();
+  bool weight = false, bias = false;
+  for (auto it = params.rbegin(); it != params.rend() && !(weight && bias); ++it) {
+    engine::Tensor& t = it->value;
+    if (!weight && t.shape().size() == 2) {
+      for (int64_t j = 0; j < t.dim(1); ++j) t.data()[j] += kTargetedShift;
+      weight = true;
+    } else if (!bias && t.shape().size() == 1) {
+      t.data()[0] += kTargetedShift;
+      bias = true;
+    }
+  }
+}
+
+enum class Poison : uint8_t { kNone, kNoise, kShiftClassZero };
+
 void Finish(UnitOutcome& out, std::span<const float> global, std::vector<float> local,
             double loss_sum, const UnitWork& work, engine::Trainer* trainer) {
   out.commitment = MerkleRoot(out.state_hashes);
@@ -45,11 +65,12 @@ void Finish(UnitOutcome& out, std::span<const float> global, std::vector<float> 
 }
 
 // The loop of UnitExecutor::Run with the cheats: `skip_odd` (lazy) runs only the even steps,
-// `noise_after` > 0 perturbs the weights after that step, `data_stream` is the stream whose
-// batches it trains on (its states are labelled with work.stream all the same).
+// `poison` is applied to the weights after step `poison_after` (> 0), `data_stream` is the stream
+// whose batches it trains on (its states are labelled with work.stream all the same).
 Result<UnitOutcome> CheatRun(engine::Trainer* trainer, std::span<const float> global,
                              const UnitWork& work, const UnitRunOptions& options, bool skip_odd,
-                             int64_t noise_after, uint64_t data_stream) {
+                             int64_t poison_after, uint64_t data_stream,
+                             Poison poison = Poison::kNoise) {
   if (work.inner_steps <= 0) {
     return InvalidArgument("unit inner_steps must be > 0, got " + std::to_string(work.inner_steps));
   }
@@ -79,7 +100,10 @@ Result<UnitOutcome> CheatRun(engine::Trainer* trainer, std::span<const float> gl
     } else {
       last_loss = trainer->Step();
     }
-    if (noise_after > 0 && s + 1 == noise_after) Perturb(st, work.stream ^ 0x6E6F697379ULL);
+    if (poison_after > 0 && s + 1 == poison_after) {
+      if (poison == Poison::kNoise) Perturb(st, work.stream ^ 0x6E6F697379ULL);
+      if (poison == Poison::kShiftClassZero) ShiftClassZero(st);
+    }
     loss_sum += last_loss;
     if (options.on_step) options.on_step(s + 1, last_loss);
   }
@@ -127,9 +151,19 @@ Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
     }
     case Adversary::kLazy:
       return CheatRun(trainer, global, work, options, /*skip_odd=*/true, 0, work.stream);
+    case Adversary::kNoisyLast:
+      if (!in.last_round) {
+        UnitExecutor ex(trainer);
+        return ex.Run(global, work, options);
+      }
+      [[fallthrough]];
     case Adversary::kNoisy:
       return CheatRun(trainer, global, work, options, false,
                       std::max<int64_t>(1, work.inner_steps / 2), work.stream);
+    case Adversary::kTargeted:
+      return CheatRun(trainer, global, work, options, false,
+                      std::max<int64_t>(1, work.inner_steps / 2), work.stream,
+                      Poison::kShiftClassZero);
     case Adversary::kWrongData: {
       uint64_t other = in.other_stream;
       if (other == 0 || other == work.stream) {

@@ -85,7 +85,9 @@ engine::Trainer* AdversaryTest::trainer_ = nullptr;
 
 TEST(AdversaryNames, ParseAndName) {
   for (Adversary a : {Adversary::kNone, Adversary::kLazy, Adversary::kNoisy,
-                      Adversary::kWrongData, Adversary::kCopy, Adversary::kStale}) {
+                      Adversary::kWrongData, Adversary::kCopy, Adversary::kStale,
+                      Adversary::kRubberStamp, Adversary::kWrongResult, Adversary::kNoisyLast,
+                      Adversary::kTargeted}) {
     Result<Adversary> p = ParseAdversary(AdversaryName(a));
     ASSERT_TRUE(p.ok());
     EXPECT_EQ(*p, a);
@@ -116,6 +118,41 @@ TEST_F(AdversaryTest, NoisyIsCaughtInTheSegmentOfItsNoise) {
   // The noise comes after step H/2 = 4, at the end of segment 0; segment 1 is honest work from
   // the noisy state.
   EXPECT_EQ(CaughtSegments(*c, global, kWork), (std::vector<uint32_t>{0}));
+}
+
+TEST_F(AdversaryTest, NoisyLastIsHonestUntilTheLastRound) {
+  std::vector<float> global = trainer_->FlatParams();
+  auto honest = Solve(Adversary::kNone, global, kWork);
+  auto early = Solve(Adversary::kNoisyLast, global, kWork, {.last_round = false});
+  EXPECT_EQ(early->outcome.commitment, honest->outcome.commitment);
+  EXPECT_EQ(early->outcome.delta_hash, honest->outcome.delta_hash);
+  EXPECT_TRUE(CaughtSegments(*early, global, kWork).empty());
+  auto last = Solve(Adversary::kNoisyLast, global, kWork, {.last_round = true});
+  EXPECT_EQ(last->outcome.commitment, Solve(Adversary::kNoisy, global, kWork)->outcome.commitment);
+  EXPECT_EQ(CaughtSegments(*last, global, kWork), (std::vector<uint32_t>{0}));
+}
+
+TEST_F(AdversaryTest, TargetedShiftsClassZeroInOneSegment) {
+  std::vector<float> global = trainer_->FlatParams();
+  auto honest = Solve(Adversary::kNone, global, kWork);
+  auto c = Solve(Adversary::kTargeted, global, kWork);
+  // The change comes after step H/2 = 4, at the end of segment 0; segment 1 is honest work
+  // from the shifted state.
+  EXPECT_EQ(CaughtSegments(*c, global, kWork), (std::vector<uint32_t>{0}));
+  // Its delta moves the output layer's class-0 bias up by about the shift (the delta is
+  // global - local); an honest unit's delta there is not that.
+  const engine::Tensor* bias = nullptr;
+  int64_t offset = 0, bias_offset = 0;
+  for (engine::Param& p : trainer_->state().model->params()) {
+    if (p.value.shape().size() == 1) {
+      bias = &p.value;
+      bias_offset = offset;
+    }
+    offset += p.value.size();
+  }
+  ASSERT_NE(bias, nullptr);
+  const size_t i = static_cast<size_t>(bias_offset);
+  EXPECT_NEAR(honest->outcome.delta[i] - c->outcome.delta[i], kTargetedShift, 0.02f);
 }
 
 TEST_F(AdversaryTest, WrongDataIsCaughtInEverySegment) {

@@ -560,6 +560,7 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
     in.peer_delta = peer;
     auto earlier = last_outcome_.find(a.task_id);
     if (earlier != last_outcome_.end()) in.earlier = &earlier->second;
+    in.last_round = a.round + 1 == ctx->bundle.net.rounds;
     ran = RunAdversaryUnit(options_.adversary, ctx->trainer.get(), start.weights, work, run, in);
     if (ran.ok() && options_.adversary == Adversary::kStale) last_outcome_[a.task_id] = *ran;
   }

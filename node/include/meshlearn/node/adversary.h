@@ -18,6 +18,15 @@
 //               pushed uphill). No segment replay can see it; the result check can
 //               (docs/verification.md "Result binding": a verifier proves it, ProveResult).
 //
+// And two that poison the model while training honestly almost everywhere (issue 19): each
+// changes one segment of a unit, so a one-segment check catches it with probability 1/segments.
+//   noisy_last  honest in every unit except those of the task's last round
+//               (AdversaryInputs::last_round), where it is noisy: poison that no later round
+//               dilutes, at the one moment a checker has least time to find it;
+//   targeted    trains honestly, then after step max(1, H/2) adds kTargetedShift to every weight
+//               of output class 0 (row 0 of the model's last weight matrix and element 0 of its
+//               last bias): a small nudge of the model toward one class, as a backdoor would.
+//
 // A cheating solver defends its units in a dispute: it answers every turn with its own states
 // (its unit run again with a state hash after every step), so the game narrows to one step and
 // the ledger executes that step (RefereeStep) and rules against it.
@@ -51,14 +60,20 @@ enum class Adversary : uint8_t {
   kStale,
   kRubberStamp,
   kWrongResult,
+  kNoisyLast,
+  kTargeted,
 };
+
+// What `targeted` adds to each weight of output class 0.
+inline constexpr float kTargetedShift = 0.05f;
 
 // Whether `a` cheats as a solver (every mode but kNone and the verifier mode kRubberStamp).
 bool CheatsAsSolver(Adversary a);
 // Whether `a` cheats as a verifier (kRubberStamp).
 bool CheatsAsVerifier(Adversary a);
 
-// "none", "lazy", "noisy", "wrong_data", "copy", "stale", "rubber_stamp", "wrong_result".
+// "none", "lazy", "noisy", "wrong_data", "copy", "stale", "rubber_stamp", "wrong_result",
+// "noisy_last", "targeted".
 std::string_view AdversaryName(Adversary a);
 // "" and "none" -> kNone; an unknown name -> InvalidArgument naming the allowed values.
 Result<Adversary> ParseAdversary(std::string_view name);
@@ -73,6 +88,8 @@ struct AdversaryInputs {
   std::span<const float> peer_delta;
   // stale: the outcome it committed for an earlier round of the task (null: none yet).
   const UnitOutcome* earlier = nullptr;
+  // noisy_last: the unit belongs to the task's last round (else it runs honestly).
+  bool last_round = false;
 };
 
 // Runs `work` as adversary `adv` would and returns what it commits. The outcome is well-formed:
@@ -80,8 +97,8 @@ struct AdversaryInputs {
 // HashFloats(delta). options.on_step / on_checkpoint / should_stop are honoured (checkpoints are
 // the adversary's own states, labelled with work.stream and the hashed step); options.resume is
 // ignored (an adversary restarts the unit: same bits). kNone and kRubberStamp (an honest solver)
-// run the honest UnitExecutor, and so does kWrongResult (resume honoured) before negating the
-// delta. In every mode the trainer's state afterwards is the one the last state hash is of (what
+// run the honest UnitExecutor, and so do kWrongResult (resume honoured) before negating the
+// delta and kNoisyLast outside the last round. In every mode the trainer's state afterwards is the one the last state hash is of (what
 // a node saves as its checkpoint at H), except stale re-committing an earlier outcome.
 Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
                                      std::span<const float> global, const UnitWork& work,
