@@ -13,6 +13,7 @@
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/node/local_diloco.h"
+#include "meshlearn/protocol/task_model.h"
 
 namespace meshlearn::cli {
 namespace {
@@ -30,7 +31,7 @@ Status RunDiloco(GlobalOptions& g, const DilocoArgs& a, nlohmann::json* report) 
   ML_RETURN_IF_ERROR(engine::ConfigureFromEnv());
   Env* env = Env::Default();
   ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Load(env, a.task));
-  ML_ASSIGN_OR_RETURN(node::NetworkSpec net, node::NetworkSpec::FromConfig(cfg));
+  ML_ASSIGN_OR_RETURN(protocol::NetworkSpec net, protocol::NetworkSpec::FromConfig(cfg));
   if (a.rounds > 0) net.rounds = static_cast<uint32_t>(a.rounds);
   if (!a.aggregation.empty()) {
     Result<protocol::AggregationRule> rule = protocol::ParseAggregationRule(a.aggregation);

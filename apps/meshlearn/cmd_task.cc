@@ -28,6 +28,7 @@
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/scheduler.h"
+#include "meshlearn/protocol/task_model.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 #include "task_client.h"
@@ -47,12 +48,9 @@ Status SetTolerance(Env* env, const std::string& path, PreparedTask* t) {
   p.tolerance_rel_l2_ppm = t->net.tolerance_rel_l2_ppm;
   p.tolerance_cosine_gap_ppb = t->net.tolerance_cosine_gap_ppb;
   if (p.tolerance_rel_l2_ppm != 0 && p.tolerance_cosine_gap_ppb != 0) return Status::Ok();
-  const uint32_t k = p.checkpoint_interval;
-  node::UnitWork work{.stream = protocol::UnitSeed(t->facts.seed,
-                                                   protocol::UnitId{t->facts.content_id, 0, 0}),
-                      .inner_steps = t->net.inner_steps,
-                      .checkpoint_interval = k,
-                      .lr_scale = t->net.InnerLrScale(0)};
+  // The first unit, as its solver will train it; the profile replays its first segment.
+  const protocol::UnitWork work = protocol::UnitWorkOf(t->net, t->facts, 0, 0);
+  const int64_t k = work.checkpoint_interval;
   std::vector<float> global = t->trainer->FlatParams();
   // A trainer of its own: the task's trainer keeps round 0's weights untouched.
   ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Trainer> probe,
@@ -80,7 +78,7 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
                            "units_per_round, inner_steps, budget, price_cap: see "
                            "docs/submitters.md)");
   }
-  ML_ASSIGN_OR_RETURN(t.net, node::NetworkSpec::FromConfig(cfg));
+  ML_ASSIGN_OR_RETURN(t.net, protocol::NetworkSpec::FromConfig(cfg));
   if (t.net.budget == 0) {
     return InvalidArgument(path + ": network.budget is 0; set it to the tokens to escrow "
                            "(`meshlearn task quote " + path + "` estimates the cost)");

@@ -11,30 +11,12 @@
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/net/blob.h"
 #include "meshlearn/protocol/aggregate.h"
-#include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/state_blob.h"
+#include "meshlearn/protocol/task_model.h"
 
 namespace meshlearn::ledger {
 
 namespace {
-
-// The [network] values a unit's replay needs from the bundle (node/network_task.h parses the
-// whole table; the ledger reads only these two, with the same defaults).
-struct UnitSchedule {
-  uint32_t rounds = 0;
-  double inner_lr_final = 1.0;
-};
-
-Result<UnitSchedule> ReadSchedule(const std::string& bundle, const std::string& what) {
-  ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Parse(bundle, what));
-  ML_ASSIGN_OR_RETURN(ConfigFile net, cfg.GetTable("network"));
-  UnitSchedule s;
-  ML_ASSIGN_OR_RETURN(int64_t rounds, net.GetInt("rounds", {.min = 1, .max = 100000}));
-  s.rounds = static_cast<uint32_t>(rounds);
-  ML_ASSIGN_OR_RETURN(s.inner_lr_final,
-                      net.GetDouble("inner_lr_final", 1.0, {.min = 0, .max = 1, .min_exclusive = true}));
-  return s;
-}
 
 // The task and unit replay parameters a witness's bundle gives, checked against the chain.
 struct UnitReplay {
@@ -55,14 +37,19 @@ Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
   const std::string bundle_name = "task bundle " + t.spec_hash.ShortHex();
   Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle, bundle_name, "");
   if (!spec.ok()) return FailedPrecondition(where + ": " + spec.status().message());
-  Result<UnitSchedule> schedule = ReadSchedule(bundle, bundle_name);
-  if (!schedule.ok()) return FailedPrecondition(where + ": " + schedule.status().message());
-  // The unit, exactly as a solver trains it (node/network_round.h RoundUnitWork).
+  // The bundle's [network] table, through the parser every node uses: the ledger derives the
+  // unit from the same NetworkSpec, not from a reading of its own.
+  Result<ConfigFile> cfg = ConfigFile::Parse(bundle, bundle_name);
+  if (!cfg.ok()) return FailedPrecondition(where + ": " + cfg.status().message());
+  Result<protocol::NetworkSpec> net = protocol::NetworkSpec::FromConfig(*cfg);
+  if (!net.ok()) return FailedPrecondition(where + ": " + net.status().message());
+  // The unit, exactly as a solver trains it.
   UnitReplay r;
   r.spec = std::move(*spec);
-  const protocol::UnitId uid{engine::TaskContentId(r.spec), unit.round, unit.shard};
-  r.stream = protocol::UnitSeed(r.spec.seed, uid);
-  r.lr_scale = protocol::InnerLrScale(schedule->rounds, schedule->inner_lr_final, unit.round);
+  const protocol::UnitWork work = protocol::UnitWorkOf(
+      *net, r.spec.seed, engine::TaskContentId(r.spec), unit.round, unit.shard);
+  r.stream = work.stream;
+  r.lr_scale = work.lr_scale;
   return r;
 }
 
@@ -187,13 +174,15 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
                            std::to_string(n));
   }
   // FlatState puts the parameters first, in model order: the layout of weights and deltas.
-  return DeltaBlobId(start->weights, std::span<const float>(w.state.data(), n));
+  return ResultBlobId(start->weights, std::span<const float>(w.state.data(), n));
 }
 
-Hash256 DeltaBlobId(std::span<const float> global, std::span<const float> params) {
-  return net::BuildManifest(protocol::EncodeDelta(protocol::PseudoGradient(global, params)))
-      .id()
-      .hash;
+Hash256 DeltaBlobId(std::span<const float> delta) {
+  return net::BuildManifest(protocol::EncodeDelta(delta)).id().hash;
+}
+
+Hash256 ResultBlobId(std::span<const float> global, std::span<const float> params) {
+  return DeltaBlobId(protocol::PseudoGradient(global, params));
 }
 
 }  // namespace meshlearn::ledger

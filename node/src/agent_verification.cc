@@ -36,6 +36,8 @@
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/draw.h"
+#include "meshlearn/protocol/task_model.h"
 #include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::node {
@@ -48,12 +50,6 @@ using nlohmann::json;
 namespace {
 
 constexpr int kMaxVerifyAttempts = 3;
-
-uint64_t FirstU64(const Hash256& h) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | h.bytes[static_cast<size_t>(i)];
-  return v;
-}
 
 json HexList(const std::vector<Hash256>& v) {
   json out = json::array();
@@ -182,12 +178,7 @@ void NodeAgent::CheckSecretChain(const json& record) {
 }
 
 UnitWork NodeAgent::WorkOf(const TaskContext& ctx, uint32_t round, uint32_t shard) const {
-  const NetworkSpec& net = ctx.bundle.net;
-  const protocol::UnitId uid{ctx.facts.content_id, round, shard};
-  return UnitWork{.stream = protocol::UnitSeed(ctx.facts.seed, uid),
-                  .inner_steps = net.inner_steps,
-                  .checkpoint_interval = net.checkpoint_interval,
-                  .lr_scale = net.InnerLrScale(round)};
+  return protocol::UnitWorkOf(ctx.bundle.net, ctx.facts, round, shard);
 }
 
 // ---- Solver ----------------------------------------------------------------------------------
@@ -391,14 +382,9 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
       }
     }
     if (c.HasRole("whistleblower") && c.stage == "settled" && !whistle_seen_.count(dir)) {
-      const double draw =
-          static_cast<double>(FirstU64(Hasher("meshlearn.node.whistle_sample.v1")
-                                           .Update(ByteSpan(deps_.key.seed().bytes.data(),
-                                                            deps_.key.seed().bytes.size()))
-                                           .Update(c.task_id)
-                                           .UpdateU64(c.index)
-                                           .UpdateU64(c.commit_height)
-                                           .Finish()) >> 11) * 0x1.0p-53;
+      const double draw = protocol::WhistleSampleDraw(
+          ByteSpan(deps_.key.seed().bytes.data(), deps_.key.seed().bytes.size()), c.task_id,
+          c.index, c.commit_height);
       if (!CheatsAsVerifier(options_.adversary) && draw < options_.whistleblower_sample &&
           c.num_segments > 0) {
         later->push_back({VerifyJob::Kind::kWhistle, &c, UINT64_MAX});
@@ -810,14 +796,9 @@ Status NodeAgent::RunWhistle(const CheckAssignment& c) {
   const std::string dir = VerifyDir(c);
   whistle_seen_.insert(dir);  // one draw per unit, whatever happens
   ML_RETURN_IF_ERROR(deps_.env->CreateDirs(dir));
-  const uint32_t segment = static_cast<uint32_t>(
-      FirstU64(Hasher("meshlearn.node.whistle_segment.v1")
-                   .Update(ByteSpan(deps_.key.seed().bytes.data(), deps_.key.seed().bytes.size()))
-                   .Update(c.task_id)
-                   .UpdateU64(c.index)
-                   .UpdateU64(c.commit_height)
-                   .Finish()) %
-      c.num_segments);
+  const uint32_t segment = protocol::WhistleSegment(
+      ByteSpan(deps_.key.seed().bytes.data(), deps_.key.seed().bytes.size()), c.task_id, c.index,
+      c.commit_height, c.num_segments);
   ML_ASSIGN_OR_RETURN(SegmentFinding f, CheckSegments(c, {segment}, dir));
   ++stats_.replays;
   if (f.result == ResultCheck::kWrong) {

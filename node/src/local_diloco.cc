@@ -81,7 +81,7 @@ Result<LocalDilocoResult> RunLocalDiloco(engine::Trainer* trainer, const Network
     double loss_sum = 0;
     uint32_t honest = 0;
     for (uint32_t i = 0; i < net.units_per_round; ++i) {
-      UnitWork work = RoundUnitWork(net, view.seed, view.id, r, i);
+      UnitWork work = protocol::UnitWorkOf(net, view.seed, view.id, r, i);
       ML_ASSIGN_OR_RETURN(UnitOutcome out, executor.Run(state.weights, work));
       bool garbage = i + options.garbage_units >= net.units_per_round && options.garbage_units > 0;
       if (garbage) {

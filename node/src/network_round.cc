@@ -9,18 +9,6 @@
 
 namespace meshlearn::node {
 
-protocol::UnitId RoundUnitId(const Hash256& content_id, uint32_t round, uint32_t shard) {
-  return protocol::UnitId{content_id, round, shard};
-}
-
-UnitWork RoundUnitWork(const NetworkSpec& net, uint64_t task_seed, const Hash256& content_id,
-                       uint32_t round, uint32_t shard) {
-  return UnitWork{.stream = protocol::UnitSeed(task_seed, RoundUnitId(content_id, round, shard)),
-                  .inner_steps = net.inner_steps,
-                  .checkpoint_interval = net.checkpoint_interval,
-                  .lr_scale = net.InnerLrScale(round)};
-}
-
 uint64_t UnitSamples(const engine::Trainer& trainer, const NetworkSpec& net) {
   return static_cast<uint64_t>(net.inner_steps) * static_cast<uint64_t>(trainer.samples_per_step());
 }
@@ -32,7 +20,7 @@ Result<protocol::AggregateResult> ApplyRound(GlobalState* state, std::span<const
   contributions.reserve(deltas.size());
   for (const RoundDelta& d : deltas) {
     CHECK_EQ(d.delta.size(), state->weights.size());
-    contributions.push_back({.unit = RoundUnitId(content_id, round, d.shard),
+    contributions.push_back({.unit = protocol::RoundUnitId(content_id, round, d.shard),
                              .samples = samples_per_unit,
                              .delta = d.delta});
   }
@@ -46,25 +34,22 @@ Hash256 StateBlobId(const GlobalState& state) {
   return net::BuildManifest(EncodeGlobalState(state)).id().hash;
 }
 
-Hash256 DeltaBlobId(std::span<const float> delta) {
-  return net::BuildManifest(EncodeDelta(delta)).id().hash;
-}
-
 Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
                                 const nlohmann::json& task) {
   if (!task.contains("params") || !task["params"].is_object()) {
     return InvalidArgument("the ledger's task record has no params");
   }
   const nlohmann::json& p = task["params"];
-  const uint64_t k = net.checkpoint_interval == 0 ? net.inner_steps : net.checkpoint_interval;
-  const std::pair<const char*, uint64_t> expected[] = {{"rounds", net.rounds},
-                                                       {"units_per_round", net.units_per_round},
-                                                       {"inner_steps", net.inner_steps},
-                                                       {"checkpoint_interval", k},
-                                                       {"batch_size", facts.batch_size},
-                                                       {"num_examples", facts.num_examples},
-                                                       {"seed", facts.seed},
-                                                       {"model_bytes", facts.model_bytes}};
+  const ledger::TaskParams bundle = MakeTaskParams(facts, net, Hash256{});
+  const std::pair<const char*, uint64_t> expected[] = {
+      {"rounds", bundle.rounds},
+      {"units_per_round", bundle.units_per_round},
+      {"inner_steps", bundle.inner_steps},
+      {"checkpoint_interval", bundle.checkpoint_interval},
+      {"batch_size", bundle.batch_size},
+      {"num_examples", bundle.num_examples},
+      {"seed", bundle.seed},
+      {"model_bytes", bundle.model_bytes}};
   for (const auto& [key, want] : expected) {
     const uint64_t got = p.value(key, uint64_t{0});
     if (got != want) {

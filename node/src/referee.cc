@@ -12,6 +12,7 @@
 #include "meshlearn/node/unit_service.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/task_model.h"
 
 namespace meshlearn::node {
 
@@ -339,12 +340,8 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
                                            d.start_state.ShortHex());
   }
   ML_ASSIGN_OR_RETURN(GlobalState start, DecodeGlobalState(*state_bytes, t->facts.num_params));
-  // The unit's work exactly as the solver's NodeAgent builds it.
-  const protocol::UnitId uid{t->facts.content_id, d.round, d.shard};
-  const UnitWork work{.stream = protocol::UnitSeed(t->facts.seed, uid),
-                      .inner_steps = net.inner_steps,
-                      .checkpoint_interval = net.checkpoint_interval,
-                      .lr_scale = net.InnerLrScale(d.round)};
+  // The unit's work exactly as the solver trained it.
+  const UnitWork work = protocol::UnitWorkOf(net, t->facts, d.round, d.shard);
   if (d.task.segment) {
     ML_ASSIGN_OR_RETURN(RefereeRuling r, ComputeSegment(d, t, params, start.weights, work));
     ledger::RuleDisputeTx tx{.task_id = d.task_id,

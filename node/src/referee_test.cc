@@ -55,11 +55,7 @@ struct LocalTask {
   GlobalState initial;
 
   UnitWork Work(uint32_t round, uint32_t shard) const {
-    return UnitWork{
-        .stream = protocol::UnitSeed(facts.seed, protocol::UnitId{facts.content_id, round, shard}),
-        .inner_steps = net.inner_steps,
-        .checkpoint_interval = net.checkpoint_interval,
-        .lr_scale = net.InnerLrScale(round)};
+    return protocol::UnitWorkOf(net, facts, round, shard);
   }
 };
 

@@ -13,6 +13,7 @@
 
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/blob.h"
 #include "meshlearn/node/adversary.h"
@@ -29,9 +30,7 @@
 namespace meshlearn::node {
 namespace {
 
-Hash256 DeltaBlobId(std::span<const float> delta) {
-  return net::BuildManifest(protocol::EncodeDelta(delta)).id().hash;
-}
+using ledger::DeltaBlobId;
 
 TEST(ResultCheckTest, AnHonestResultPassesAndAWrongOneIsFlagged) {
   std::unique_ptr<engine::Trainer> trainer(SmallFashionTrainer("result-check", 7, 16, 16));
@@ -53,8 +52,7 @@ TEST(ResultCheckTest, AnHonestResultPassesAndAWrongOneIsFlagged) {
   EXPECT_EQ(ResultOfFinalState(global, *final_state), honest_result);
   // The ledger's computation (ExecuteResultWitness: FlatState, parameters first) agrees.
   const std::vector<float> flat = engine::FlatState(*final_state);
-  EXPECT_EQ(DeltaBlobId(protocol::PseudoGradient(global, std::span(flat.data(), global.size()))),
-            honest_result);
+  EXPECT_EQ(ledger::ResultBlobId(global, std::span(flat.data(), global.size())), honest_result);
 
   EXPECT_EQ(CheckUnitResult(global, *final_state, last_leaf, honest_result), ResultCheck::kRight);
 

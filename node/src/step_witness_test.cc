@@ -36,7 +36,7 @@ class StepWitnessTest : public ::testing::Test {
     trainer_ = engine::Trainer::Create(&env_, spec_).value();
     facts_ = ComputeTaskFacts(*trainer_, net_);
     global_ = InitialState(*trainer_).weights;
-    work_ = RoundUnitWork(net_, facts_, 0, 0);
+    work_ = protocol::UnitWorkOf(net_, facts_, 0, 0);
     tree_ = std::make_unique<engine::DataTree>(trainer_->data().train);
   }
 
@@ -305,7 +305,7 @@ TEST(StepWitnessSizeTest, FashionMlpFitsInATransaction) {
   std::unique_ptr<engine::Trainer> trainer = engine::Trainer::Create(env, spec).value();
   const TaskFacts facts = ComputeTaskFacts(*trainer, net);
   const std::vector<float> global = InitialState(*trainer).weights;
-  const UnitWork work = RoundUnitWork(net, facts, 0, 0);
+  const UnitWork work = protocol::UnitWorkOf(net, facts, 0, 0);
   const engine::DataTree tree(trainer->data().train);
   ASSERT_EQ(tree.root(), facts.data_root);
   const int64_t at[] = {0, 1};

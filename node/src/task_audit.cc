@@ -7,10 +7,12 @@
 #include <set>
 
 #include "meshlearn/base/rng.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/node/unit_executor.h"
+#include "meshlearn/protocol/task_model.h"
 
 namespace meshlearn::node {
 
@@ -291,7 +293,7 @@ class Auditor {
     const std::string label =
         "round " + std::to_string(u.round) + " unit " + std::to_string(u.index);
     UnitExecutor ex(trainer_.get());
-    UnitWork work = RoundUnitWork(net_, facts_, u.round, u.shard);
+    const UnitWork work = protocol::UnitWorkOf(net_, facts_, u.round, u.shard);
     Progress(0, label);
     ML_ASSIGN_OR_RETURN(UnitOutcome out, ex.Run(start.weights, work, [&](int64_t step, float) {
       Progress(static_cast<uint64_t>(step), label);
@@ -299,7 +301,7 @@ class Auditor {
     ++units_done_;
     ++r_.units_executed;
     u.replayed_commitment = out.commitment;
-    u.replayed_result = DeltaBlobId(out.delta);
+    u.replayed_result = ledger::DeltaBlobId(out.delta);
     const bool c_ok = u.replayed_commitment == u.commitment;
     const bool d_ok = u.replayed_result == u.result;
     u.check = c_ok && d_ok ? AuditCheck::kAuditCheckPass : AuditCheck::kAuditCheckFail;

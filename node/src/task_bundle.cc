@@ -258,7 +258,7 @@ ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net
       .units_per_round = net.units_per_round,
       .inner_steps = net.inner_steps,
       .batch_size = facts.batch_size,
-      .checkpoint_interval = net.checkpoint_interval == 0 ? net.inner_steps : net.checkpoint_interval,
+      .checkpoint_interval = net.checkpoint_interval,
       .flops_per_sample = facts.flops_per_sample,
       .model_bytes = facts.model_bytes,
       .memory_bytes = memory_bytes,

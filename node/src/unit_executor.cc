@@ -10,15 +10,6 @@
 
 namespace meshlearn::node {
 
-std::vector<int64_t> HashedSteps(int64_t inner_steps, int64_t k) {
-  std::vector<int64_t> steps = {0};
-  if (k > 0) {
-    for (int64_t s = k; s < inner_steps; s += k) steps.push_back(s);
-  }
-  if (inner_steps > 0) steps.push_back(inner_steps);
-  return steps;
-}
-
 Hash256 HashFloats(std::span<const float> v) {
   static_assert(std::endian::native == std::endian::little, "meshlearn assumes little-endian");
   Hasher h("meshlearn.floats.v1");
@@ -214,7 +205,7 @@ Hash256 ResultOfFinalState(std::span<const float> global, engine::TrainState& fi
   for (const engine::Param& p : final_state.model->params()) {
     params.insert(params.end(), p.value.data(), p.value.data() + p.value.size());
   }
-  return ledger::DeltaBlobId(global, params);  // exactly what a ProveResult computes
+  return ledger::ResultBlobId(global, params);  // exactly what a ProveResult computes
 }
 
 ResultCheck CheckUnitResult(std::span<const float> global, engine::TrainState& final_state,

@@ -4,15 +4,10 @@
 
 #include "meshlearn/base/check.h"
 #include "meshlearn/base/rng.h"
+#include "meshlearn/protocol/draw.h"
 
 namespace meshlearn::protocol {
 namespace {
-
-uint64_t FirstU64(const Hash256& h) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | h.bytes[static_cast<size_t>(i)];
-  return v;  // little-endian, so the value does not depend on the host's byte order
-}
 
 uint64_t SaturatingMul(uint64_t a, uint64_t b) {
   if (a != 0 && b > UINT64_MAX / a) return UINT64_MAX;

@@ -8,6 +8,7 @@
 
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/rng.h"
+#include "meshlearn/protocol/draw.h"
 #include "meshlearn/protocol/unit_check.h"
 
 namespace meshlearn::protocol {
@@ -55,12 +56,6 @@ Reputation WithCleanChecks(Reputation rep, uint64_t clean) {
   rep.verified_clean += clean;
   rep.clean_streak += clean;
   return rep;
-}
-
-uint64_t FirstU64(const Hash256& h) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | h.bytes[static_cast<size_t>(i)];
-  return v;
 }
 
 }  // namespace

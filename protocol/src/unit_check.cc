@@ -6,6 +6,8 @@
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/draw.h"
+#include "meshlearn/protocol/task_model.h"
 
 namespace meshlearn::protocol {
 namespace {
@@ -14,12 +16,6 @@ constexpr uint8_t kEncodingVersion = 1;
 constexpr uint32_t kMaxVerifiers = 64;
 constexpr uint32_t kMaxSegments = 1u << 20;
 constexpr uint32_t kMaxReason = 256;
-
-uint64_t FirstU64(const Hash256& h) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | h.bytes[static_cast<size_t>(i)];
-  return v;
-}
 
 void Append(std::vector<NodeId>& to, const NodeId& n) {
   if (std::find(to.begin(), to.end(), n) == to.end()) to.push_back(n);
@@ -98,11 +94,10 @@ DisputeConfig UnitCheck::DisputeOver(const NodeId& challenger, uint32_t segment,
   dc.unit = config_.unit;
   dc.defender = config_.solver;
   dc.challenger = challenger;
-  dc.first_step = static_cast<uint64_t>(segment) * config_.checkpoint_interval;
-  dc.last_step = config_.checkpoint_interval == 0
-                     ? config_.inner_steps
-                     : std::min<uint64_t>(dc.first_step + config_.checkpoint_interval,
-                                          config_.inner_steps);
+  const SegmentSteps steps =
+      SegmentStepsOf(config_.inner_steps, config_.checkpoint_interval, segment);
+  dc.first_step = steps.first_step;
+  dc.last_step = steps.last_step;
   dc.agreed = start;
   dc.defender_claim = solver_end;
   dc.challenger_claim = replayed_end;

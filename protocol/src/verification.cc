@@ -7,15 +7,10 @@
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/draw.h"
 
 namespace meshlearn::protocol {
 namespace {
-
-uint64_t FirstU64(const Hash256& h) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | h.bytes[static_cast<size_t>(i)];
-  return v;  // little-endian: independent of the host's byte order
-}
 
 // An Rng keyed by (domain, beacon, unit): every purpose gets its own independent stream.
 Rng DrawRng(std::string_view domain, const Hash256& beacon, const UnitId& unit) {

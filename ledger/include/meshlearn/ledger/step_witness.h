@@ -26,9 +26,13 @@ Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, do
                                const Hash256& agreed, const StepWitness& w,
                                const std::string& where);
 
-// The blob id of the delta blob (protocol/state_blob.h EncodeDelta) of global - params: the
-// result_hash a unit trained from `global` to a final state with parameters `params` must
-// commit, as the ledger computes it for a ProveResult. REQUIRES: equal sizes.
-Hash256 DeltaBlobId(std::span<const float> global, std::span<const float> params);
+// The blob id of the delta blob of `delta` (protocol/state_blob.h EncodeDelta): the id a
+// BlobStore::Put of the encoded delta returns, which CommitUnit records as result_hash.
+Hash256 DeltaBlobId(std::span<const float> delta);
+
+// The result a unit trained from `global` to a final state with parameters `params` must commit:
+// DeltaBlobId of the pseudo-gradient global - params, as the ledger computes it for a
+// ProveResult. REQUIRES: equal sizes.
+Hash256 ResultBlobId(std::span<const float> global, std::span<const float> params);
 
 }  // namespace meshlearn::ledger

@@ -1,11 +1,12 @@
-// What the network computes for a task, in one place: the work of unit (round, shard), the step
-// from a round's committed deltas to the next global state, and the ledger facts a task bundle
-// must agree with. Everyone who computes it calls these functions -- the in-process reference
-// (RunLocalDiloco), the solver and the aggregator (NodeAgent), and the auditor (task_audit.h) --
-// so a re-execution reproduces the network's hashes bit for bit and cannot drift from it.
+// What the network computes for a task, in one place: the step from a round's committed deltas
+// to the next global state, and the ledger facts a task bundle must agree with. The work of unit
+// (round, shard) is protocol::UnitWorkOf (protocol/task_model.h). Everyone who computes these
+// calls these functions -- the in-process reference (RunLocalDiloco), the solver and the
+// aggregator (NodeAgent), and the auditor (task_audit.h) -- so a re-execution reproduces the
+// network's hashes bit for bit and cannot drift from it.
 //
 //   UnitExecutor ex(trainer);
-//   UnitWork w = RoundUnitWork(net, facts, round, shard);
+//   UnitWork w = protocol::UnitWorkOf(net, facts, round, shard);
 //   ML_ASSIGN_OR_RETURN(UnitOutcome out, ex.Run(state.weights, w));
 //   ...
 //   std::vector<RoundDelta> deltas = {{.shard = 0, .delta = out0.delta}, ...};
@@ -35,18 +36,6 @@
 
 namespace meshlearn::node {
 
-// The id of unit (round, shard): UnitId{content_id, round, shard} (never the ledger's task id, so
-// a network run and RunLocalDiloco train the same streams; see TaskFacts::content_id).
-protocol::UnitId RoundUnitId(const Hash256& content_id, uint32_t round, uint32_t shard);
-
-// The work of unit (round, shard): its stream, H, k and the round's inner-rate factor.
-UnitWork RoundUnitWork(const NetworkSpec& net, uint64_t task_seed, const Hash256& content_id,
-                       uint32_t round, uint32_t shard);
-inline UnitWork RoundUnitWork(const NetworkSpec& net, const TaskFacts& facts, uint32_t round,
-                              uint32_t shard) {
-  return RoundUnitWork(net, facts.seed, facts.content_id, round, shard);
-}
-
 // Samples one unit trains on (H x samples per step): every unit's weight in the weighted mean.
 uint64_t UnitSamples(const engine::Trainer& trainer, const NetworkSpec& net);
 
@@ -64,15 +53,16 @@ Result<protocol::AggregateResult> ApplyRound(GlobalState* state, std::span<const
                                              const NetworkSpec& net, const Hash256& content_id,
                                              uint32_t round, uint64_t samples_per_unit);
 
-// Blob ids of the two float blobs as the ledger records them (the id a BlobStore::Put of the
-// encoded bytes returns): CommitAggregate's state and CommitUnit's result_hash.
+// The blob id of a global state as the ledger records it (CommitAggregate's state: the id a
+// BlobStore::Put of EncodeGlobalState returns). A delta's, CommitUnit's result_hash, is
+// ledger::DeltaBlobId (ledger/step_witness.h), which the ledger computes itself for a ProveResult.
 Hash256 StateBlobId(const GlobalState& state);
-Hash256 DeltaBlobId(std::span<const float> delta);
 
 // The bundle (what nodes train) must describe the task the ledger schedules and pays: a
 // submitter that published a bundle whose [network] table or data disagree with SubmitTask's
 // params would have nodes compute something nobody can check. `task` is get_task's answer.
-// InvalidArgument naming the first field that differs; a nonzero params.data_root that is not
+// The bundle's side is MakeTaskParams of it, so the node compares exactly what a submitter of this
+// bundle would have sent. InvalidArgument naming the first field that differs; a nonzero params.data_root that is not
 // facts.data_root (the DataTree of the data the node loaded) is refused with both roots: the
 // ledger could never check a disputed step's examples against it.
 Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,

@@ -85,33 +85,17 @@ Result<std::vector<std::pair<std::string, net::BlobId>>> BundleDataBlobs(std::st
 // kMaxBundleBytes, a missing or bad [network] table) and resolves its data blobs.
 Result<LoadedBundle> LoadBundle(std::string_view text, const BundleResolver& resolver);
 
-// Facts about a network task that the ledger's TaskParams carry, computed from a trainer built
-// from the task (so its initial parameters are round 0's weights).
-struct TaskFacts {
-  uint64_t num_params = 0;
-  uint64_t model_bytes = 0;        // 4 x num_params
-  uint64_t flops_per_sample = 0;   // EstimateFlopsPerSample
-  uint64_t num_examples = 0;       // training examples (token windows: tokens)
-  uint32_t batch_size = 0;
-  uint64_t seed = 0;
-  // The id the unit streams are derived from: MakeTaskView(trainer, net).id, a hash of the
-  // task's name, seed and model (local_diloco.cc). Units use UnitId{content_id, round, shard},
-  // never the ledger's task id, so a network run and RunLocalDiloco train on the same streams.
-  Hash256 content_id;
-  // The Merkle root over the training examples (engine::DataTree, node/step_witness.h
-  // TaskDataRoot): TaskParams::data_root, which lets the ledger execute a disputed step itself.
-  // Zero for a token task, and for a model whose witnesses would not fit a transaction
-  // (StepWitnessBound > ledger::kMaxWitnessBytes: about 650,000 parameters with AdamW); the
-  // genesis referee rules those. Computing it hashes the training set once.
-  Hash256 data_root;
-};
+// The facts of a task that come from its model and data (protocol::TaskFacts), computed from a
+// trainer built from the task (so its initial parameters are round 0's weights). Computing the
+// data root hashes the training set once.
 TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& net);
 
-// The ledger's TaskParams of a task (what SubmitTaskTx carries): from the [network] table and
-// the facts; initial_state = blob id of EncodeGlobalState(InitialState(trainer)); data_root =
-// facts.data_root (zero for a token task: the genesis referee rules its disputes). A
-// checkpoint_interval of 0 ("hash only the start and the end") is sent as inner_steps, which
-// hashes the same steps (HashedSteps(H, 0) == HashedSteps(H, H)); the ledger wants k >= 1.
+// The ledger's TaskParams of a task (what SubmitTaskTx carries), the one builder of them (the
+// submitter's CLI, devnet and the bundle check of every node call it): from the [network] table
+// and the facts; initial_state = blob id of EncodeGlobalState(InitialState(trainer)); data_root =
+// facts.data_root (zero for a token task: the genesis referee rules its disputes);
+// checkpoint_interval = net.checkpoint_interval, whose default (inner_steps) NetworkSpec::
+// FromConfig decided. The tolerance thresholds are left 0: `task submit` profiles them.
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
                                   const Hash256& initial_state, uint64_t memory_bytes = 0);
 

@@ -23,15 +23,14 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/node/network_task.h"
 
 namespace meshlearn::node {
 
-struct UnitWork {
-  uint64_t stream = 0;              // the unit's stream id (protocol::UnitSeed)
-  int64_t inner_steps = 0;          // H
-  int64_t checkpoint_interval = 0;  // k; 0 = only the start and the end are hashed
-  double lr_scale = 1.0;            // inner learning-rate factor of this unit's round
-};
+// UnitWork (what a unit trains: stream, H, k, lr scale) and HashedSteps (the steps whose states
+// it hashes) are the protocol's task model (protocol/task_model.h): protocol::UnitWorkOf builds
+// the work of a unit for every party.
+using protocol::HashedSteps;
 
 struct UnitOutcome {
   // State hashes after step 0, k, 2k, ..., and H (H is included once even if k divides it).
@@ -135,9 +134,6 @@ Hash256 ResultOfFinalState(std::span<const float> global, engine::TrainState& fi
 enum class ResultCheck : uint8_t { kNotShown, kRight, kWrong };
 ResultCheck CheckUnitResult(std::span<const float> global, engine::TrainState& final_state,
                             const Hash256& last_leaf, const Hash256& result_hash);
-
-// Steps at which a unit of `inner_steps` steps with checkpoint interval `k` hashes its state.
-std::vector<int64_t> HashedSteps(int64_t inner_steps, int64_t k);
 
 // BLAKE2b over the little-endian bytes of a float vector (the id of a delta or of weights).
 Hash256 HashFloats(std::span<const float> v);

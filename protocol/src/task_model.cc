@@ -1,8 +1,10 @@
-#include "meshlearn/node/network_task.h"
+#include "meshlearn/protocol/task_model.h"
+
+#include <algorithm>
 
 #include "meshlearn/protocol/decompose.h"
 
-namespace meshlearn::node {
+namespace meshlearn::protocol {
 
 Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
   ML_ASSIGN_OR_RETURN(ConfigFile n, cfg.GetTable("network"));
@@ -16,8 +18,9 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
   ML_ASSIGN_OR_RETURN(int64_t rounds, n.GetInt("rounds", {.min = 1, .max = 100000}));
   ML_ASSIGN_OR_RETURN(int64_t units, n.GetInt("units_per_round", {.min = 1, .max = 4096}));
   ML_ASSIGN_OR_RETURN(int64_t h, n.GetInt("inner_steps", {.min = 1, .max = 1000000}));
-  // Default H: only the start and the end of a unit are hashed (one segment). Every reader of a
-  // task file (quote, submit, devnet, diloco, the nodes' bundles) gets it from here.
+  // Default H: only the start and the end of a unit are hashed (one segment). This is the one
+  // place the default is decided (NetworkSpec::checkpoint_interval); an explicit 0 is refused,
+  // since the ledger wants k >= 1 and "0 means H" would be a second spelling of the default.
   ML_ASSIGN_OR_RETURN(int64_t k, n.GetInt("checkpoint_interval", h, {.min = 1, .max = h}));
   s.rounds = static_cast<uint32_t>(rounds);
   s.units_per_round = static_cast<uint32_t>(units);
@@ -28,7 +31,7 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
                       n.GetEnum("aggregation",
                                 {"mean", "trimmed_mean", "median", "centered_clip", "krum"},
                                 std::string("mean")));
-  ML_ASSIGN_OR_RETURN(s.aggregation.rule, protocol::ParseAggregationRule(rule));
+  ML_ASSIGN_OR_RETURN(s.aggregation.rule, ParseAggregationRule(rule));
   ML_ASSIGN_OR_RETURN(s.aggregation.trim_fraction,
                       n.GetDouble("trim_fraction", 0.125, {.min = 0, .max = 0.5, .max_exclusive = true}));
   ML_ASSIGN_OR_RETURN(s.aggregation.clip_radius, n.GetDouble("clip_radius", 0.0, {.min = 0}));
@@ -38,7 +41,7 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
   s.aggregation.krum_select = static_cast<uint32_t>(select);
   ML_ASSIGN_OR_RETURN(int64_t byz, n.GetInt("krum_byzantine", -1, {.min = -1, .max = units}));
   s.aggregation.krum_byzantine = static_cast<int32_t>(byz);
-  Status agg = protocol::ValidateAggregationConfig(s.aggregation);
+  Status agg = ValidateAggregationConfig(s.aggregation);
   if (!agg.ok()) return n.Error("aggregation", "is not valid: " + agg.message());
 
   ML_ASSIGN_OR_RETURN(double lr, n.GetDouble("outer_lr", 0.7, {.min = 0, .max = 10, .min_exclusive = true}));
@@ -80,4 +83,32 @@ Result<NetworkSpec> NetworkSpec::Load(Env* env, const std::string& path) {
   return FromConfig(cfg);
 }
 
-}  // namespace meshlearn::node
+UnitId RoundUnitId(const Hash256& content_id, uint32_t round, uint32_t shard) {
+  return UnitId{content_id, round, shard};
+}
+
+UnitWork UnitWorkOf(const NetworkSpec& net, uint64_t task_seed, const Hash256& content_id,
+                    uint32_t round, uint32_t shard) {
+  return UnitWork{.stream = UnitSeed(task_seed, RoundUnitId(content_id, round, shard)),
+                  .inner_steps = net.inner_steps,
+                  .checkpoint_interval = net.checkpoint_interval,
+                  .lr_scale = net.InnerLrScale(round)};
+}
+
+std::vector<int64_t> HashedSteps(int64_t inner_steps, int64_t k) {
+  std::vector<int64_t> steps = {0};
+  if (k > 0) {
+    for (int64_t s = k; s < inner_steps; s += k) steps.push_back(s);
+  }
+  if (inner_steps > 0) steps.push_back(inner_steps);
+  return steps;
+}
+
+SegmentSteps SegmentStepsOf(uint64_t inner_steps, uint64_t k, uint32_t segment) {
+  // HashedSteps[segment] and HashedSteps[segment + 1] without building the list.
+  if (k == 0) return {.first_step = 0, .last_step = inner_steps};
+  const uint64_t first = static_cast<uint64_t>(segment) * k;
+  return {.first_step = first, .last_step = std::min<uint64_t>(first + k, inner_steps)};
+}
+
+}  // namespace meshlearn::protocol

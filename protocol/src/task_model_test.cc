@@ -1,10 +1,15 @@
-#include "meshlearn/node/network_task.h"
+#include "meshlearn/protocol/task_model.h"
 
-#include "meshlearn/node/task_bundle.h"
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
-namespace meshlearn::node {
+#include "meshlearn/base/hash.h"
+#include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/verification.h"
+
+namespace meshlearn::protocol {
 namespace {
 
 Result<NetworkSpec> Parse(const std::string& network_table) {
@@ -21,7 +26,7 @@ TEST(NetworkSpec, ParsesAndDefaults) {
   EXPECT_EQ(s->units_per_round, 4u);
   EXPECT_EQ(s->inner_steps, 50u);
   EXPECT_EQ(s->checkpoint_interval, 10u);
-  EXPECT_EQ(s->aggregation.rule, protocol::AggregationRule::kAggregationRuleMedian);
+  EXPECT_EQ(s->aggregation.rule, AggregationRule::kAggregationRuleMedian);
   EXPECT_FLOAT_EQ(s->outer.lr, 0.7f);
   EXPECT_FLOAT_EQ(s->outer.momentum, 0.9f);
   EXPECT_TRUE(s->outer.nesterov);
@@ -66,25 +71,6 @@ TEST(NetworkSpec, BadValuesNameTheKey) {
   }
 }
 
-// Regression: `task fetch` of a GPT task whose vocabulary comes from the data failed with
-// "model.vocab_size must be >= 2 (or come from the data), got 0": the bundle's [model] has
-// vocab_size 0. The state's size decides it.
-TEST(ModelSpecForState, FindsTheVocabularyOfAGptFromItsWeights) {
-  engine::ModelSpec spec;
-  spec.kind = "gpt";
-  spec.gpt = {.n_layer = 1, .n_head = 2, .n_embd = 8, .block_size = 8, .vocab_size = 37};
-  Result<std::unique_ptr<engine::Model>> m = engine::Model::Create(spec);
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  const uint64_t n = static_cast<uint64_t>((*m)->NumParameters());
-  spec.gpt.vocab_size = 0;  // from the data
-  Result<engine::ModelSpec> got = ModelSpecForState(spec, n);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_EQ(got->gpt.vocab_size, 37);
-  EXPECT_FALSE(ModelSpecForState(spec, n + 1).ok());
-  spec.gpt.vocab_size = 12;  // given: kept as it is
-  EXPECT_EQ(ModelSpecForState(spec, n)->gpt.vocab_size, 12);
-}
-
 TEST(NetworkSpec, MissingTable) {
   Result<ConfigFile> cfg = ConfigFile::Parse("[task]\nname = \"x\"\n", "task.toml");
   Result<NetworkSpec> s = NetworkSpec::FromConfig(*cfg);
@@ -92,11 +78,28 @@ TEST(NetworkSpec, MissingTable) {
   EXPECT_NE(s.status().message().find("add a [network] table"), std::string::npos);
 }
 
-}  // namespace
-}  // namespace meshlearn::node
+TEST(NetworkSpec, EachMissingRequiredKeyIsNamed) {
+  const char* required[] = {"rounds", "units_per_round", "inner_steps"};
+  for (const char* key : required) {
+    std::string table;
+    for (const char* other : required) {
+      if (std::string(other) != key) table += std::string(other) + " = 4\n";
+    }
+    Result<NetworkSpec> s = Parse(table);
+    ASSERT_FALSE(s.ok()) << table;
+    EXPECT_NE(s.status().message().find("network." + std::string(key) + " is missing"),
+              std::string::npos)
+        << s.status().message();
+  }
+}
 
-namespace meshlearn::node {
-namespace {
+TEST(NetworkSpec, AnUnknownKeyIsNamedEvenWithNoNearName) {
+  Result<NetworkSpec> s =
+      Parse("rounds = 1\nunits_per_round = 1\ninner_steps = 5\npipeline_stages = 2\n");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("network.pipeline_stages"), std::string::npos)
+      << s.status().message();
+}
 
 TEST(NetworkSpec, InnerLrDecaysLinearlyAcrossRounds) {
   NetworkSpec s;
@@ -109,5 +112,46 @@ TEST(NetworkSpec, InnerLrDecaysLinearlyAcrossRounds) {
   EXPECT_EQ(s.InnerLrScale(0), 1.0);
 }
 
+TEST(UnitWorkOf, IsTheUnitsStreamHKAndRoundRate) {
+  Result<NetworkSpec> net = Parse("rounds = 3\nunits_per_round = 2\ninner_steps = 12\n"
+                                  "checkpoint_interval = 5\ninner_lr_final = 0.5\n");
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  const Hash256 content = Hasher("test.content").Finish();
+  const UnitWork w = UnitWorkOf(*net, 42, content, 2, 1);
+  EXPECT_EQ(w.stream, UnitSeed(42, UnitId{content, 2, 1}));
+  EXPECT_EQ(w.inner_steps, 12);
+  EXPECT_EQ(w.checkpoint_interval, 5);
+  EXPECT_EQ(w.lr_scale, 0.5);
+  const TaskFacts facts{.seed = 42, .content_id = content};
+  const UnitWork same = UnitWorkOf(*net, facts, 2, 1);
+  EXPECT_EQ(same.stream, w.stream);
+  EXPECT_NE(UnitWorkOf(*net, facts, 2, 0).stream, w.stream);
+  EXPECT_EQ(UnitWorkOf(*net, facts, 0, 1).lr_scale, 1.0);
+}
+
+TEST(HashedSteps, StartEveryKAndEnd) {
+  EXPECT_EQ(HashedSteps(10, 4), (std::vector<int64_t>{0, 4, 8, 10}));
+  EXPECT_EQ(HashedSteps(8, 4), (std::vector<int64_t>{0, 4, 8}));
+  EXPECT_EQ(HashedSteps(5, 0), (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(HashedSteps(5, 5), HashedSteps(5, 0));
+}
+
+// The segment boundaries the ledger's dispute uses (SegmentStepsOf) are the ones the unit hashed
+// (HashedSteps), and there are SegmentCount of them.
+TEST(SegmentStepsOf, AreConsecutiveHashedSteps) {
+  for (uint64_t h : {1u, 5u, 8u, 10u, 63u}) {
+    for (uint64_t k = 0; k <= h; ++k) {
+      const std::vector<int64_t> steps =
+          HashedSteps(static_cast<int64_t>(h), static_cast<int64_t>(k));
+      ASSERT_EQ(steps.size(), SegmentCount(h, k) + 1u) << "H=" << h << " k=" << k;
+      for (uint32_t j = 0; j < SegmentCount(h, k); ++j) {
+        const SegmentSteps seg = SegmentStepsOf(h, k, j);
+        EXPECT_EQ(seg.first_step, static_cast<uint64_t>(steps[j])) << h << " " << k << " " << j;
+        EXPECT_EQ(seg.last_step, static_cast<uint64_t>(steps[j + 1])) << h << " " << k << " " << j;
+      }
+    }
+  }
+}
+
 }  // namespace
-}  // namespace meshlearn::node
+}  // namespace meshlearn::protocol
