@@ -297,6 +297,89 @@ TEST(Devnet, InterruptStopsEveryProcess) {
   EXPECT_NE(text.find("interrupted by signal 2"), std::string::npos) << text;
   ExpectNoOrphans(dir);
 }
+
+// A task file that leaves out checkpoint_interval gets its documented default, inner_steps
+// (docs/submitters.md), from every party: `task submit` accepts it and sends k = H, the ledger
+// records k = H, every solver commits the states after steps 0 and H only, every node's bundle
+// agrees with the ledger (a node refuses a task whose bundle does not), and the network trains it
+// to the in-process reference. devnet submits with `task submit`'s own functions (PrepareTask,
+// SubmitPreparedTask); --keep leaves the ledger up to be asked what it recorded. Once the file's
+// k = 0 meant "default" to one reader and was refused by another (issue 13).
+TEST(Devnet, ATaskWithoutCheckpointIntervalIsTrainedWithTheDefault) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  const std::string dir = TempDir();
+  std::string text = ReadText(MESHLEARN_SOURCE_DIR "/tests/devnet-tiny.toml");
+  const std::string k_line = "checkpoint_interval = 5\n";
+  ASSERT_NE(text.find(k_line), std::string::npos);
+  text.erase(text.find(k_line), k_line.size());
+  ASSERT_EQ(text.find("checkpoint_interval"), std::string::npos);
+  ASSERT_NE(text.find("inner_steps = 10\n"), std::string::npos);
+  const std::string task = dir + "/no-k.toml";
+  std::ofstream(task) << text;
+
+  CmdResult dry = Meshlearn("--json task submit " + task + " --dry-run", dir + "/home", false);
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  const json plan = json::parse(dry.out, nullptr, false);
+  ASSERT_FALSE(plan.is_discarded()) << dry.out;
+  EXPECT_EQ(plan["params"]["checkpoint_interval"], 10) << dry.out;
+
+  const std::string out = dir + "/d";
+  const std::string log = dir + "/devnet.log";
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("MESHLEARN_HOME", (dir + "/home").c_str(), 1);
+    FILE* f = freopen(log.c_str(), "w", stderr);
+    (void)f;
+    execl(MESHLEARN_BIN, MESHLEARN_BIN, "devnet", "--solvers", "2", "--task", task.c_str(),
+          "--block-interval-ms", "200", "--keep", "--out", out.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  bool kept = false;
+  for (int i = 0; i < 3000 && !kept; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    kept = ReadText(log).find("Ctrl-C stops it") != std::string::npos;
+    if (waitpid(pid, nullptr, WNOHANG) == pid) break;
+  }
+  const std::string said = ReadText(log);
+  if (!kept) {
+    kill(pid, SIGINT);
+    waitpid(pid, nullptr, 0);
+  }
+  ASSERT_TRUE(kept) << said;
+  CheckCommon(ReadReport(out));
+
+  // The ledger's record of the task, through the command devnet printed.
+  std::string exports, status_args;
+  std::istringstream lines(said);
+  for (std::string line; std::getline(lines, line);) {
+    if (size_t at = line.find("export MESHLEARN_HOME="); at != std::string::npos) {
+      exports = line.substr(at);
+    }
+    if (size_t at = line.find("meshlearn task status "); at != std::string::npos) {
+      status_args = line.substr(at + std::string("meshlearn ").size());
+    }
+  }
+  ASSERT_FALSE(exports.empty()) << said;
+  ASSERT_FALSE(status_args.empty()) << said;
+  CmdResult st = Shell(exports + " && " + MESHLEARN_BIN + " --json " + status_args);
+  kill(pid, SIGINT);
+  int exit_status = 0;
+  waitpid(pid, &exit_status, 0);
+  ASSERT_EQ(st.code, 0) << st.out;
+  const json record = json::parse(st.out, nullptr, false);
+  ASSERT_FALSE(record.is_discarded()) << st.out;
+  EXPECT_EQ(record["status"], "finished") << st.out;
+  EXPECT_EQ(record["params"]["inner_steps"], 10) << st.out;
+  EXPECT_EQ(record["params"]["checkpoint_interval"], 10) << st.out;
+  int committed = 0;
+  for (const json& u : record["units"]) {
+    if (u["leaves"].empty()) continue;
+    ++committed;
+    EXPECT_EQ(u["leaves"].size(), 2u) << u.dump();  // the states after step 0 and step H
+  }
+  EXPECT_GE(committed, 12) << st.out;
+  ExpectNoOrphans(dir);
+}
 #else
 // kill -9 of a solver in the middle of its second unit (every run: node.toml crash_in_unit): the
 // task still completes, the unit is reassigned after its deadline and the killed node is never
