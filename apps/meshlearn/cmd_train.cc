@@ -15,6 +15,7 @@
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/hf_gpt2.h"
 #include "meshlearn/engine/safetensors.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/node/unit_executor.h"
@@ -82,9 +83,16 @@ Status RunTrain(GlobalOptions& g, const TrainArgs& a) {
   ML_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> tr, Trainer::Create(env, task));
   const TaskSpec& t = tr->task();
   if (!a.resume.empty()) {
-    ML_ASSIGN_OR_RETURN(engine::TrainState st, engine::LoadCheckpoint(env, a.resume));
-    Status s = tr->Resume(std::move(st));
+    // A checkpoint file, or a Hugging Face directory written from one (meshlearn export).
+    Result<engine::LoadedModel> m = engine::LoadModel(env, a.resume);
+    if (!m.ok()) return m.status().WithPrefix("--resume " + a.resume);
+    Status s = tr->Resume(std::move(m->state));
     if (!s.ok()) return s.WithPrefix("--resume " + a.resume);
+  }
+  // A text task's vocabulary goes into the model and checkpoint files (generate, export).
+  std::map<std::string, std::string> vocab_meta;
+  if (!tr->data().vocab.chars.empty()) {
+    vocab_meta[engine::kVocabMetadataKey] = engine::VocabToJson(tr->data().vocab.chars);
   }
   const std::string ckpt_path = JoinPath(out, "checkpoint.safetensors");
   const std::string model_path = JoinPath(out, "model.safetensors");
@@ -115,7 +123,7 @@ Status RunTrain(GlobalOptions& g, const TrainArgs& a) {
     have_ema = true;
     const int64_t step = tr->state().step;
     if (a.checkpoint_every > 0 && step % a.checkpoint_every == 0 && step < t.steps) {
-      ML_RETURN_IF_ERROR(engine::SaveCheckpoint(env, ckpt_path, tr->state()));
+      ML_RETURN_IF_ERROR(engine::SaveCheckpoint(env, ckpt_path, tr->state(), vocab_meta));
     }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -133,9 +141,11 @@ Status RunTrain(GlobalOptions& g, const TrainArgs& a) {
   EvalResult ev;
   if (!a.no_eval) ev = tr->Evaluate();
   const std::string hash = engine::StateHash(tr->state()).ToHex();
-  ML_RETURN_IF_ERROR(engine::SaveCheckpoint(env, ckpt_path, tr->state()));
-  ML_RETURN_IF_ERROR(engine::SaveModel(env, model_path, tr->state(),
-                                       {{"task", t.name}, {"train_state_hash", hash}}));
+  ML_RETURN_IF_ERROR(engine::SaveCheckpoint(env, ckpt_path, tr->state(), vocab_meta));
+  std::map<std::string, std::string> model_meta = vocab_meta;
+  model_meta["task"] = t.name;
+  model_meta["train_state_hash"] = hash;
+  ML_RETURN_IF_ERROR(engine::SaveModel(env, model_path, tr->state(), model_meta));
   nlohmann::json report = {
       {"task", t.name},
       {"task_file", t.path},
@@ -153,6 +163,11 @@ Status RunTrain(GlobalOptions& g, const TrainArgs& a) {
       {"model", model_path},
       {"checkpoint", ckpt_path},
   };
+  if (!tr->data().data_root.IsZero()) {
+    report["data_root"] = tr->data().data_root.ToHex();
+    report["corpus_files"] = tr->data().corpus_files;
+    report["corpus_bytes"] = tr->data().corpus_bytes;
+  }
   if (!a.no_eval) {
     report["test_loss"] = ev.loss;
     report["test_samples"] = ev.samples;
@@ -182,7 +197,9 @@ Status RunEval(GlobalOptions& g, const EvalArgs& a) {
   ML_RETURN_IF_ERROR(ConfigureKernels(a.simd, a.threads));
   Env* env = Env::Default();
   ML_ASSIGN_OR_RETURN(TaskSpec task, TaskSpec::Load(env, a.task));
-  ML_ASSIGN_OR_RETURN(engine::TrainState st, engine::LoadCheckpoint(env, a.model));
+  // A meshlearn model or checkpoint file, or a Hugging Face GPT-2 directory (meshlearn export).
+  ML_ASSIGN_OR_RETURN(engine::LoadedModel loaded, engine::LoadModel(env, a.model));
+  engine::TrainState& st = loaded.state;
   ML_ASSIGN_OR_RETURN(engine::TaskData data, engine::LoadTaskData(env, task));
   if (st.model->spec().ToJson() != task.model.ToJson()) {
     return InvalidArgument(a.model + ": the model does not match " + a.task + "'s [model] (" +
@@ -198,7 +215,9 @@ Status RunEval(GlobalOptions& g, const EvalArgs& a) {
   }
   const std::string weights_hash = node::HashFloats(weights).ToHex();
   std::map<std::string, std::string> meta;
-  if (Result<engine::SafetensorsFile> f = engine::SafetensorsFile::Read(env, a.model); f.ok()) {
+  if (Result<engine::SafetensorsFile> f = engine::SafetensorsFile::Read(
+          env, loaded.hf ? JoinPath(a.model, engine::kHfModelFile) : a.model);
+      f.ok()) {
     meta = f->metadata();
   }
   auto get = [&](const char* k) { return meta.count(k) ? meta.at(k) : std::string(); };
@@ -265,19 +284,25 @@ void AddTrain(CLI::App& root, GlobalOptions& g) {
       "  meshlearn train examples/tiny-gpt.toml --threads 1 --simd scalar --json\n"
       "  meshlearn train examples/tiny-gpt.toml --steps 800 --resume "
       "out/tiny-gpt/checkpoint.safetensors\n"
-      "  meshlearn eval out/fashion-mlp/model.safetensors --task examples/fashion-mlp.toml");
+      "  meshlearn eval out/fashion-mlp/model.safetensors --task examples/fashion-mlp.toml\n"
+      "A text task's model carries its vocabulary: `meshlearn generate OUT/model.safetensors`\n"
+      "samples from it, `meshlearn export OUT/checkpoint.safetensors --out DIR` writes the\n"
+      "Hugging Face GPT-2 layout (train --resume DIR and eval DIR read it back).");
   cmd->callback([&g] { g.Exit(RunTrain(g, a)); });
 
   static EvalArgs e;
   CLI::App* ev = root.add_subcommand("eval", "Evaluate a trained model on a task's test split");
-  ev->add_option("model", e.model, "Model or checkpoint (.safetensors)")->required();
+  ev->add_option("model", e.model,
+                 "Model or checkpoint (.safetensors), or a Hugging Face GPT-2 directory")
+      ->required();
   ev->add_option("--task", e.task, "Task file whose data (test split) to use")->required();
   ev->add_option("--threads", e.threads, "Kernel threads");
   ev->add_option("--simd", e.simd, "Kernel path: auto, scalar, avx2, avx512");
   ev->footer(
       "Examples:\n"
       "  meshlearn eval out/fashion-mlp/model.safetensors --task examples/fashion-mlp.toml\n"
-      "  meshlearn --json eval out/tiny-gpt/model.safetensors --task examples/tiny-gpt.toml");
+      "  meshlearn --json eval out/tiny-gpt/model.safetensors --task examples/tiny-gpt.toml\n"
+      "  meshlearn eval out/code-gpt/hf --task examples/code-gpt.toml");
   ev->callback([&g] { g.Exit(RunEval(g, e)); });
 }
 
