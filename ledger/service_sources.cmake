@@ -3,6 +3,7 @@
 # ledger_service_test. Owned by the service side; the core side owns CMakeLists.txt.
 set(LEDGER_SERVICE_SOURCES
   ${CMAKE_CURRENT_SOURCE_DIR}/src/follower.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/metrics.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rate_limit.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_answer.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc.cc
@@ -14,6 +15,7 @@ set(LEDGER_SERVICE_SOURCES
 
 set(LEDGER_SERVICE_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/follower_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/metrics_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rate_limit_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_corpus_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_http_test.cc

@@ -20,6 +20,7 @@ packages=(
   libbenchmark-dev       # micro-benchmarks
   libopenblas-dev        # GEMM baseline in bench/ only
   dataset-fashion-mnist  # the real dataset for examples and tests
+  prometheus             # promtool checks the GET /metrics pages in tests
   libpython3.11-minimal libpython3.11-stdlib  # the code-gpt corpus: /usr/lib/python3.11/**/*.py
 )
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <iterator>
 #include <limits>
 
 #include "meshlearn/base/hex.h"
@@ -24,6 +25,12 @@ int64_t SteadyNowMs() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+// Every method Dispatch answers.
+constexpr std::string_view kMethods[] = {
+    "chain_status", "send_tx",      "get_tx",       "get_block",  "get_blocks",
+    "get_account",  "get_node",     "get_task",     "node_work",  "referee_work",
+    "list_nodes",   "list_tasks",   "account_history", "wait_block", "get_genesis"};
 
 // An error answer, thrown inside this file only (HandleOne catches it) so the handlers read as
 // straight-line code.
@@ -234,6 +241,17 @@ json RpcService::HandleRpc(const json& request) {
 }
 
 json RpcService::HandleOne(const json& request, int64_t wait_deadline_ms) {
+  // For GET /metrics: a method this service has (else "unknown", or "invalid" when the request
+  // has none), so a client cannot grow the label set.
+  std::string method_label = "invalid";
+  json answer = AnswerOne(request, wait_deadline_ms, &method_label);
+  const json* error = answer.contains("error") ? &answer["error"] : nullptr;
+  requests_.Add({method_label, error ? std::to_string(error->value("code", 0)) : "ok"});
+  return answer;
+}
+
+json RpcService::AnswerOne(const json& request, int64_t wait_deadline_ms,
+                           std::string* method_label) {
   json id = nullptr;
   try {
     if (!request.is_object()) {
@@ -260,7 +278,12 @@ json RpcService::HandleOne(const json& request, int64_t wait_deadline_ms) {
              StatusCode::kInvalidArgument);
       }
     }
-    json result = Dispatch(request["method"].get<std::string>(), params, wait_deadline_ms);
+    const std::string& method = request["method"].get_ref<const std::string&>();
+    *method_label = std::find(std::begin(kMethods), std::end(kMethods), method) !=
+                            std::end(kMethods)
+                        ? method
+                        : "unknown";
+    json result = Dispatch(method, params, wait_deadline_ms);
     return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
   } catch (const RpcError& e) {
     return RpcErrorResponse(id, e.code, e.message, e.status);
@@ -638,11 +661,11 @@ json RpcService::Dispatch(const std::string& method, const json& params,
     });
   }
 
+  std::string methods;
+  for (std::string_view m : kMethods) methods += (methods.empty() ? "" : ", ") + std::string(m);
   Fail(kRpcMethodNotFound,
        "unknown method '" + (method.size() > 64 ? method.substr(0, 64) + "..." : method) +
-           "'; methods: chain_status, send_tx, get_tx, get_block, get_blocks, get_account, "
-           "get_node, get_task, node_work, referee_work, list_nodes, list_tasks, account_history, wait_block, "
-           "get_genesis",
+           "'; methods: " + methods,
        StatusCode::kNotFound);
 }
 

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "meshlearn/base/log.h"
+#include "meshlearn/base/prometheus.h"
+#include "meshlearn/ledger/metrics.h"
 #include "meshlearn/ledger/rpc.h"
 
 namespace meshlearn::ledger {
@@ -91,6 +93,9 @@ Status RpcServer::Start(const std::string& host, int port) {
   http.Post("/rpc", handle);
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(LedgerMetricsText(*service_), PrometheusText::kContentType);
   });
 
   Result<int> bound = gate_->Start(host, port);

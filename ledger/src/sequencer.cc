@@ -53,6 +53,16 @@ Sequencer::Sequencer(SharedChain* chain, KeyPair key, Clock* clock, SequencerOpt
 Sequencer::~Sequencer() { Stop(); }
 
 Result<TxStatusInfo> Sequencer::Submit(const Transaction& tx) {
+  Result<TxStatusInfo> r = Admit(tx);
+  if (!r.ok()) {
+    tx_outcomes_.Add({"refused", std::string(StatusCodeName(r.status().code()))});
+  } else {
+    tx_outcomes_.Add({r->state == TxState::kIncluded ? "already_included" : "admitted", ""});
+  }
+  return r;
+}
+
+Result<TxStatusInfo> Sequencer::Admit(const Transaction& tx) {
   Hash256 id = TxId(tx);
   std::lock_guard<std::mutex> lock(mu_);
   if (by_id_.count(id)) return TxStatusInfo{id, TxState::kPending, std::nullopt, Status::Ok()};
@@ -175,8 +185,10 @@ Result<Block> Sequencer::ProduceOnce() {
       by_id_.erase(slot);
     }
     ML_LOG_DEBUG("sequencer: dropped tx {}: {}", id.ShortHex(), why.message());
+    tx_outcomes_.Add({"dropped", std::string(StatusCodeName(why.code()))});
     Reject(id, why);
   }
+  blocks_produced_.fetch_add(1);
   chain_->PublishHeight(block->header.height);
   return block;
 }

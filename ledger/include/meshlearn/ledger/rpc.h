@@ -79,6 +79,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshlearn/base/prometheus.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/ledger/tx.h"
 
@@ -136,10 +137,16 @@ class RpcService {
   void Shutdown();
 
   const RpcLimits& limits() const { return limits_; }
+  // Requests answered, keyed by {method, "ok" or the JSON-RPC error code}, for GET /metrics.
+  const LabeledCounters& requests() const { return requests_; }
+  SharedChain* chain() const { return chain_; }
+  Sequencer* sequencer() const { return sequencer_; }
 
  private:
   // `wait_deadline_ms` (steady clock): when every long-poll of this request or batch must end.
   nlohmann::json HandleOne(const nlohmann::json& request, int64_t wait_deadline_ms);
+  nlohmann::json AnswerOne(const nlohmann::json& request, int64_t wait_deadline_ms,
+                           std::string* method_label);
   nlohmann::json Dispatch(const std::string& method, const nlohmann::json& params,
                           int64_t wait_deadline_ms);
 
@@ -148,6 +155,7 @@ class RpcService {
   RpcLimits limits_;
   RpcServiceInfo info_;
   std::atomic<int> waiters_{0};
+  LabeledCounters requests_;
 };
 
 // {"jsonrpc":"2.0","id":id,"error":{"code":..,"message":..,"data":{"status":..}}}

@@ -24,6 +24,7 @@
 // Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -38,6 +39,7 @@
 
 #include "meshlearn/base/clock.h"
 #include "meshlearn/base/hash.h"
+#include "meshlearn/base/prometheus.h"
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/ledger/block.h"
@@ -97,6 +99,13 @@ class Sequencer {
 
   size_t mempool_size();
   const PublicKey& public_key() const { return key_.public_key(); }
+  int64_t block_interval_ms() const { return options_.block_interval_ms; }
+
+  // What happened to submitted transactions, keyed by {outcome, reason}: {"admitted", ""},
+  // {"already_included", ""}, {"refused", <status code>} at Submit, {"dropped", <status code>}
+  // when a pending one was left out of a block. For GET /metrics.
+  const LabeledCounters& tx_outcomes() const { return tx_outcomes_; }
+  uint64_t blocks_produced() const { return blocks_produced_.load(); }
 
  private:
   struct Pending {
@@ -105,6 +114,7 @@ class Sequencer {
   };
   using SlotKey = std::pair<PublicKey, uint64_t>;  // (sender, nonce)
 
+  Result<TxStatusInfo> Admit(const Transaction& tx);
   void Reject(const Hash256& id, Status why);  // REQUIRES: mu_ held
   void Loop();
 
@@ -118,6 +128,9 @@ class Sequencer {
   std::map<Hash256, SlotKey> by_id_;
   std::map<Hash256, Status> rejected_;
   std::deque<Hash256> rejected_order_;
+
+  LabeledCounters tx_outcomes_;
+  std::atomic<uint64_t> blocks_produced_{0};
 
   std::mutex loop_mu_;
   std::condition_variable loop_cv_;
