@@ -341,11 +341,17 @@ Result<TickReport> NodeAgent::Tick() {
     Status reviewed = ReviewPins();
     if (!reviewed.ok()) Log("blob clean-up: " + reviewed.message());  // retried next time
   }
-  if (left_ || !registered_) return report;
+  if (!registered_ && !left_) return report;
 
-  // Verification transactions that need no computation go out at once; replays are jobs.
+  // Verification transactions that need no computation go out at once; replays are jobs. A node
+  // that left takes no new work but still plays the checks it is party to (reveals its secrets
+  // and verdicts, defends its units, finishes a verdict it was drawn for) until they settle: an
+  // honest node must not lose its stake for leaving (chaos seed 188: a node left with a unit
+  // drawn for a forced error in verification, never revealed its secret, and lost the dispute
+  // by silence). Whistleblower re-checks are not obligations: it drops them.
   std::vector<VerifyJob> urgent, later;
   PlayVerification(work, &urgent, &later);
+  if (left_) later.clear();
 
   // Aggregations before units: a round waits for them.
   std::vector<const AggregationAssignment*> aggs;
@@ -386,6 +392,7 @@ Result<TickReport> NodeAgent::Tick() {
     report.busy = urgent.size() > 1 || !later.empty() || !aggs.empty() || !units.empty();
     return report;
   }
+  if (left_) return report;
   if (!aggs.empty()) {
     Status s = RunAggregation(*aggs.front());
     if (!s.ok()) {
