@@ -3,13 +3,13 @@
 #include <string>
 #include <vector>
 
+#include "meshlearn/base/blob.h"
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/step_witness.h"
-#include "meshlearn/net/blob.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/state_blob.h"
 #include "meshlearn/protocol/task_model.h"
@@ -28,7 +28,7 @@ struct UnitReplay {
 Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
                                   const std::string& bundle, const std::string& where) {
   // The task: the bundle the submitter published.
-  const net::BlobId bundle_id = net::BuildManifest(AsBytes(bundle)).id();
+  const BlobId bundle_id = BuildManifest(AsBytes(bundle)).id();
   if (bundle_id.hash != t.spec_hash) {
     return InvalidArgument(where + ": the witness's bundle has blob id " + bundle_id.ShortHex() +
                            ", the task's spec_hash is " + t.spec_hash.ShortHex() +
@@ -155,7 +155,7 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
   // The round's start weights: the blob the chain names for the unit's round.
   const Hash256 start_id = unit.round == 0 ? t.params.initial_state
                                            : t.round_results.at(unit.round - 1).state;
-  const net::BlobId given = net::BuildManifest(w.start_state).id();
+  const BlobId given = BuildManifest(w.start_state).id();
   if (given.hash != start_id) {
     return InvalidArgument(where + ": the witness's start state has blob id " + given.ShortHex() +
                            ", round " + std::to_string(unit.round) + " started from " +
@@ -178,7 +178,7 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
 }
 
 Hash256 DeltaBlobId(std::span<const float> delta) {
-  return net::BuildManifest(protocol::EncodeDelta(delta)).id().hash;
+  return BuildManifest(protocol::EncodeDelta(delta)).id().hash;
 }
 
 Hash256 ResultBlobId(std::span<const float> global, std::span<const float> params) {

@@ -9,15 +9,15 @@
 #include <set>
 
 #include "execute.h"
+#include "meshlearn/base/blob.h"
+#include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
-#include "meshlearn/net/blob.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
-#include "meshlearn/protocol/state_blob.h"
-#include "meshlearn/base/merkle.h"
 #include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/state_blob.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 #include "test_util.h"
@@ -539,10 +539,10 @@ class RealTrainingTest : public VerificationTest {
     trainer_ = engine::Trainer::Create(spec_, std::move(d)).value();
     global_ = trainer_->FlatParams();
     tree_ = std::make_unique<engine::DataTree>(train_);
-    spec_hash_ = net::BuildManifest(AsBytes(std::string_view(kTinyBundle))).id().hash;
+    spec_hash_ = BuildManifest(AsBytes(std::string_view(kTinyBundle))).id().hash;
     data_root_ = tree_->root();
     start_blob_ = protocol::EncodeGlobalState(global_, std::vector<float>(global_.size(), 0.0f));
-    initial_state_ = net::BuildManifest(start_blob_).id().hash;
+    initial_state_ = BuildManifest(start_blob_).id().hash;
   }
 
   // Trains unit `index` honestly (as a solver does: round 0, its shard's stream, the round's
@@ -564,7 +564,7 @@ class RealTrainingTest : public VerificationTest {
   // The delta blob id of the honest unit just trained (what its CommitUnit names).
   Hash256 TrueResult() const {
     const std::span<const float> params(flats_[4].data(), global_.size());
-    return net::BuildManifest(protocol::EncodeDelta(protocol::PseudoGradient(global_, params)))
+    return BuildManifest(protocol::EncodeDelta(protocol::PseudoGradient(global_, params)))
         .id()
         .hash;
   }
