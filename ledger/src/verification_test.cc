@@ -374,6 +374,47 @@ TEST_F(VerificationTest, HonestWorkIsCheckedCleanAndEveryonePaid) {
   }
 }
 
+// A cancel pays committed work only once its check settled clean or unchecked, as a round's
+// settlement does. Found by the chaos workload (node/src/chaos_test.cc, seed 46): a cancel paid
+// every committed unit, checks still running, so a cheat committed just before a cancel was paid
+// without anyone replaying it.
+TEST_F(VerificationTest, ACancelPaysNoWorkWhoseCheckIsStillRunning) {
+  Start();
+  const int u1 = UnitOf(s1_), u2 = UnitOf(s2_);
+  ASSERT_GE(u1, 0);
+  ASSERT_GE(u2, 0);
+  CommitAll({{u1, true}, {u2, false}});  // s1 cheats; neither check has settled
+  StepOk({Q(gina_, CancelTaskTx{.task_id = task_id_})});
+  TaskRecord t = Task();
+  EXPECT_EQ(t.status, TaskStatus::kCancelled);
+  for (int u : {u1, u2}) EXPECT_EQ(Unit(u).paid, 0u) << u;
+  EXPECT_EQ(t.spent, 0u);
+  EXPECT_EQ(t.escrow, 0u);
+  EXPECT_EQ(t.refunded, budget_);
+  EXPECT_TRUE(chain_->CheckInvariants().ok());
+}
+
+TEST_F(VerificationTest, ACancelPaysWorkCheckedClean) {
+  Start();
+  const int u1 = UnitOf(s1_), u2 = UnitOf(s2_);
+  ASSERT_GE(u1, 0);
+  ASSERT_GE(u2, 0);
+  CommitAll({{u1, false}, {u2, false}});
+  StepUntil(u1, CheckStage::kCheckCommitVerdicts);
+  Sealed a = Clean(), b = Clean();
+  StepOk({SealTx(v1_, u1, a), SealTx(v1_, u2, b)});
+  StepUntil(u1, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
+  StepUntilDone(u1);
+  StepUntilDone(u2);
+  for (int u : {u1, u2}) ASSERT_EQ(Check(u).result(), CheckResult::kCheckClean) << u;
+  StepOk({Q(gina_, CancelTaskTx{.task_id = task_id_})});
+  EXPECT_EQ(Task().status, TaskStatus::kCancelled);
+  for (int u : {u1, u2}) EXPECT_EQ(Unit(u).paid, kUnitCost) << u;
+  EXPECT_EQ(Task().escrow, 0u);
+  EXPECT_TRUE(chain_->CheckInvariants().ok());
+}
+
 TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns) {
   Start();
   const int lazy = UnitOf(s1_), honest = UnitOf(s2_);
