@@ -1,10 +1,11 @@
 // Seeded chaos over a whole network in one process (FoundationDB style; docs/chaos.md). One seed
 // chooses the network (nodes, roles, verification knobs, a referee or not, skewed clocks), the
-// adversaries (every solver mode of node/adversary.h and the rubber-stamp verifier) and a fault
-// schedule: kills and restarts at random blocks, kills mid-unit (after a checkpoint), mid-commit
-// (a CommitUnit in the mempool) and mid-dispute (a party of a running dispute), partitions and
-// heals, link delay, jitter (reordering), loss and duplication, ledger restarts (its mempool is
-// lost), a late joiner, a leaver and a submitter who cancels. After the chaos phase everything
+// adversaries (every solver mode of node/adversary.h, the rubber-stamp verifier, and a lying
+// whistleblower the workload plays itself) and a fault schedule: kills and restarts at random
+// blocks, kills mid-unit (after a checkpoint), mid-commit (a CommitUnit in the mempool) and
+// mid-dispute (a party of a running dispute), partitions and heals, link delay, jitter
+// (reordering), loss and duplication, ledger restarts with and without a power cut (its mempool
+// is lost), a late joiner, a leaver and a submitter who cancels. After the chaos phase everything
 // heals and the task must end.
 //
 // After every block: tokens are conserved (Totals().Check()), no honest node is slashed, no
