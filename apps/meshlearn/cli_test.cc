@@ -19,6 +19,7 @@
 
 namespace {
 
+using meshlearn::process_test::ChainServer;
 using meshlearn::process_test::CmdResult;
 using meshlearn::process_test::Meshlearn;
 using meshlearn::process_test::ReadText;
@@ -83,46 +84,6 @@ TEST(Cli, EncryptedKeyWithPassphraseFile) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["encrypted"], true);
 }
-
-// A ledger sequencer as a real process on loopback, for wallet tests.
-class ChainServer {
- public:
-  explicit ChainServer(const std::string& home) {
-    std::string init = "chain init --dir " + home + "/chain --devnet --block-interval-ms 200 "
-                       "--fund alice=1000000";
-    EXPECT_EQ(Meshlearn(init, home).code, 0);
-    std::string out = home + "/serve.out";
-    pid_ = fork();
-    if (pid_ == 0) {
-      setenv("MESHLEARN_HOME", home.c_str(), 1);
-      FILE* f = freopen(out.c_str(), "w", stdout);
-      (void)f;
-      execl(MESHLEARN_BIN, MESHLEARN_BIN, "--json", "chain", "serve", "--dir",
-            (home + "/chain").c_str(), "--listen", "127.0.0.1:0", (char*)nullptr);
-      _exit(127);
-    }
-    for (int i = 0; i < 300 && url_.empty(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      std::ifstream in(out);
-      std::string line;
-      if (std::getline(in, line) && !line.empty()) {
-        auto j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.contains("url")) url_ = j["url"];
-      }
-    }
-  }
-  ~ChainServer() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  const std::string& url() const { return url_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string url_;
-};
 
 uint64_t Balance(const std::string& who, const std::string& url, const std::string& home) {
   CmdResult r = Meshlearn("--json wallet balance " + who + " --rpc " + url + " 2>/dev/null", home);

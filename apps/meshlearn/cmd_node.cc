@@ -5,7 +5,9 @@
 #include <atomic>
 #include <chrono>
 #include <iostream>
+#include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <utility>
@@ -16,6 +18,7 @@
 #include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/log.h"
+#include "meshlearn/base/prometheus.h"
 #include "meshlearn/cli.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/blob_store.h"
@@ -215,6 +218,95 @@ sigset_t BlockStopSignals() {
   return set;
 }
 
+// GET /metrics of `node run` (docs/operators.md, "Metrics"). The agent is single-threaded: the
+// daemon's loop copies what it needs here after every Tick, and scrapes (server threads) read the
+// copy, the blob store (thread-safe) and the HTTP server's counters.
+class NodeMetrics {
+ public:
+  void AfterTick(const node::TickReport& r, double seconds, const node::AgentStats& stats) {
+    // A Tick runs at most one unit or one aggregation (agent.h); its time is that work's time.
+    if (r.units_run > 0) unit_seconds_.Observe(seconds / r.units_run);
+    if (r.aggregations_run > 0) aggregation_seconds_.Observe(seconds / r.aggregations_run);
+    if (r.verifications_run > 0) verification_seconds_.Observe(seconds / r.verifications_run);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_ = stats;
+    height_ = r.height;
+    ++ticks_;
+  }
+  void TickFailed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++tick_failures_;
+  }
+
+  std::string Text(net::BlobStore* store, const net::HttpGateStats& http) const {
+    node::AgentStats st;
+    uint64_t height = 0, ticks = 0, failures = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      st = stats_;
+      height = height_;
+      ticks = ticks_;
+      failures = tick_failures_;
+    }
+    PrometheusText out;
+    out.Family("meshlearn_node_chain_height", "gauge", "Height the node last acted on.")
+        .Sample("meshlearn_node_chain_height", {}, height);
+    out.Family("meshlearn_node_ticks_total", "counter", "Agent ticks, by outcome.")
+        .Sample("meshlearn_node_ticks_total", {{"outcome", "ok"}}, ticks)
+        .Sample("meshlearn_node_ticks_total", {{"outcome", "error"}}, failures);
+    out.Family("meshlearn_node_work_total", "counter", "Work this node did, by kind.");
+    for (const auto& [kind, n] : std::initializer_list<std::pair<const char*, uint64_t>>{
+             {"units_completed", st.units_completed},
+             {"units_resumed", st.units_resumed},
+             {"units_refused_memory", st.units_refused},
+             {"commits_ok", st.commits_ok},
+             {"commits_failed", st.commits_failed},
+             {"aggregations", st.aggregations},
+             {"aggregations_ok", st.aggregations_ok},
+             {"forced_errors", st.forced_errors},
+             {"segment_replays", st.replays},
+             {"verdicts_committed", st.verdicts_committed},
+             {"verdicts_mismatch", st.mismatches},
+             {"challenges", st.challenges},
+             {"dispute_posts", st.dispute_posts},
+             {"results_checked", st.results_checked},
+             {"results_proven", st.results_proven},
+             {"transactions_failed", st.tx_failed}}) {
+      out.Sample("meshlearn_node_work_total", {{"kind", kind}}, n);
+    }
+    out.Family("meshlearn_node_work_seconds", "histogram",
+               "Time of the agent tick that ran a unit, an aggregation or a verification.");
+    unit_seconds_.Write(out, "meshlearn_node_work_seconds", {{"kind", "unit"}});
+    aggregation_seconds_.Write(out, "meshlearn_node_work_seconds", {{"kind", "aggregation"}});
+    verification_seconds_.Write(out, "meshlearn_node_work_seconds", {{"kind", "verification"}});
+    const net::BlobStoreStats b = store->stats();
+    out.Family("meshlearn_node_blob_store_bytes", "gauge", "Blob store usage and quota.")
+        .Sample("meshlearn_node_blob_store_bytes", {{"kind", "used"}}, b.used_bytes)
+        .Sample("meshlearn_node_blob_store_bytes", {{"kind", "quota"}}, b.quota_bytes);
+    out.Family("meshlearn_node_blobs", "gauge", "Complete blobs held.")
+        .Sample("meshlearn_node_blobs", {}, b.complete_blobs);
+    out.Family("meshlearn_node_blobs_evicted_total", "counter", "Blobs evicted (LRU) since start.")
+        .Sample("meshlearn_node_blobs_evicted_total", {}, b.evicted_blobs);
+    out.Family("meshlearn_node_http_connections", "gauge", "Open connections to the blob server.")
+        .Sample("meshlearn_node_http_connections", {}, static_cast<uint64_t>(http.connections));
+    out.Family("meshlearn_node_http_requests_total", "counter",
+               "Requests to the blob server: handled, or refused (too large, busy, timed out).")
+        .Sample("meshlearn_node_http_requests_total", {{"outcome", "handled"}}, http.requests)
+        .Sample("meshlearn_node_http_requests_total", {{"outcome", "too_large"}},
+                http.refused_too_large)
+        .Sample("meshlearn_node_http_requests_total", {{"outcome", "busy"}}, http.refused_busy)
+        .Sample("meshlearn_node_http_requests_total", {{"outcome", "timed_out"}}, http.timed_out);
+    return out.text();
+  }
+
+ private:
+  static std::vector<double> Bounds() { return {0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800}; }
+  mutable std::mutex mu_;
+  node::AgentStats stats_;
+  uint64_t height_ = 0, ticks_ = 0, tick_failures_ = 0;
+  Histogram unit_seconds_{Bounds()}, aggregation_seconds_{Bounds()}, verification_seconds_{Bounds()};
+};
+
 Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   (void)g;
   ML_ASSIGN_OR_RETURN(NodeConfig c, LoadNodeConfig(a.config));
@@ -290,7 +382,14 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   agent.RegisterServices(&router);
 
   sigset_t stop_signals = BlockStopSignals();
-  net::HttpServer server(&router);
+  NodeMetrics metrics;
+  net::HttpServer* server_ptr = nullptr;
+  net::HttpServerOptions server_options;
+  server_options.metrics = [&metrics, &server_ptr, &store] {
+    return metrics.Text(store.get(), server_ptr ? server_ptr->gate_stats() : net::HttpGateStats{});
+  };
+  net::HttpServer server(&router, server_options);
+  server_ptr = &server;
   std::string host;
   uint16_t port = 0;
   ML_RETURN_IF_ERROR(net::ParseHostPort(c.listen, &host, &port));
@@ -299,7 +398,8 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
     return bound.status().WithPrefix("cannot serve blobs on listen = \"" + c.listen + "\" (" +
                                      c.path + "); is the port in use?");
   }
-  ML_LOG_INFO("serving blobs on {}:{}, advertised as {}; ledger {}", host, *bound, c.endpoint, c.rpc);
+  ML_LOG_INFO("serving blobs on {}:{} (metrics at http://{}:{}/metrics), advertised as {}; ledger {}",
+              host, *bound, host, *bound, c.endpoint, c.rpc);
 
   Status loop_status;
   std::atomic<bool> self_stop{false};
@@ -311,7 +411,15 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   std::thread loop([&] {
     uint64_t failures = 0;
     while (!stop.load()) {
+      const auto tick_start = std::chrono::steady_clock::now();
       Result<node::TickReport> r = agent.Tick();
+      if (r.ok()) {
+        metrics.AfterTick(*r,
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - tick_start).count(),
+                          agent.stats());
+      } else {
+        metrics.TickFailed();
+      }
       if (stop.load()) break;
       if (agent.left()) {
         if (!agent.was_active()) {

@@ -35,7 +35,9 @@
 
 namespace {
 
+using meshlearn::process_test::ChainServer;
 using meshlearn::process_test::CmdResult;
+using meshlearn::process_test::FreePort;
 using meshlearn::process_test::Meshlearn;
 using meshlearn::process_test::ReadText;
 // A shell command line, stderr with stdout.
@@ -530,54 +532,6 @@ TEST(HomeLayout, MigratesTheOldOutboxFiles) {
   WriteText(other + "/outbox.migrating", "x\n");
   ASSERT_TRUE(meshlearn::MigrateHomeLayout(meshlearn::HomeLayout(other)).ok());
   EXPECT_EQ(ReadText(other + "/outbox/node.daemon.txs"), "x\n");
-}
-
-// A sequencer as a real process on loopback.
-class ChainServer {
- public:
-  explicit ChainServer(const std::string& home) {
-    EXPECT_EQ(Meshlearn("chain init --dir " + home + "/chain --devnet --block-interval-ms 200 "
-                        "--fund alice=1000000", home).code, 0);
-    const std::string out = home + "/serve.out";
-    pid_ = fork();
-    if (pid_ == 0) {
-      setenv("MESHLEARN_HOME", home.c_str(), 1);
-      if (!freopen(out.c_str(), "w", stdout)) _exit(127);
-      execl(MESHLEARN_BIN, MESHLEARN_BIN, "--json", "chain", "serve", "--dir",
-            (home + "/chain").c_str(), "--listen", "127.0.0.1:0", (char*)nullptr);
-      _exit(127);
-    }
-    for (int i = 0; i < 300 && url_.empty(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      std::istringstream in(ReadText(out));
-      std::string line;
-      if (std::getline(in, line)) {
-        json j = json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.contains("url")) url_ = j["url"];
-      }
-    }
-  }
-  ~ChainServer() {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-  }
-  const std::string& url() const { return url_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string url_;
-};
-
-uint16_t FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // The two failures, end to end: funding a node with `--home <data_dir> wallet faucet`

@@ -1,17 +1,26 @@
 // What the process tests of apps/ (cli_test, devnet_test, task_cli_test, audit_test,
-// hostile_input_test) share: running the real binary, or any shell command line, as a child
-// process, and reading what it wrote.
+// hostile_input_test, metrics_test) share: running the real binary, or any shell command line, as
+// a child process, a ledger as a real `chain serve`, and reading what they wrote.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace meshlearn::process_test {
 
@@ -69,6 +78,108 @@ inline std::string WaitFor(const std::string& path, const std::string& before,
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return "";
+}
+
+// A free TCP port on 127.0.0.1 (free when asked; a listener should bind it soon after).
+inline uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// `meshlearn ARGS...` as a child process with $MESHLEARN_HOME = `home`, stdout and stderr to
+// `log`; SIGTERMed and reaped when destroyed.
+class Child {
+ public:
+  Child(const std::string& home, const std::string& log, std::vector<std::string> args) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      setenv("MESHLEARN_HOME", home.c_str(), 1);
+      if (!freopen(log.c_str(), "w", stdout) || !freopen(log.c_str(), "a", stderr)) _exit(127);
+      std::vector<char*> argv{const_cast<char*>(MESHLEARN_BIN)};
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(MESHLEARN_BIN, argv.data());
+      _exit(127);
+    }
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// A ledger sequencer as a real process on loopback: `chain init --devnet` (200 ms blocks, a
+// faucet) in home/chain with `funds` ("--fund alice=1000000 ..."), then `chain serve` on a free
+// port. url() is empty if it did not come up within 30 s (its output: home/serve.out).
+class ChainServer {
+ public:
+  explicit ChainServer(const std::string& home, const std::string& funds = "--fund alice=1000000")
+      : out_(home + "/serve.out") {
+    const int init = Meshlearn("chain init --dir " + home + "/chain --devnet --block-interval-ms 200 " +
+                                   funds, home).code;
+    if (init != 0) return;
+    child_ = std::make_unique<Child>(
+        home, out_,
+        std::vector<std::string>{"--json", "chain", "serve", "--dir", home + "/chain", "--listen",
+                                 "127.0.0.1:0"});
+    // The first line of --json output is {"url": ...}.
+    const std::string key = "\"url\":\"";
+    for (int i = 0; i < 300 && url_.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const std::string text = ReadText(out_);
+      const size_t at = text.find(key);
+      const size_t end = at == std::string::npos ? at : text.find('"', at + key.size());
+      if (end != std::string::npos) url_ = text.substr(at + key.size(), end - at - key.size());
+    }
+  }
+  const std::string& url() const { return url_; }
+
+ private:
+  std::string out_;
+  std::unique_ptr<Child> child_;
+  std::string url_;
+};
+
+// The body of GET http://host:port/path (HTTP/1.0 over a plain socket; "" on any failure).
+inline std::string HttpGet(const std::string& url_host_port, const std::string& path) {
+  const size_t colon = url_host_port.rfind(':');
+  if (colon == std::string::npos) return "";
+  const int port = std::atoi(url_host_port.c_str() + colon + 1);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+        static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (response.compare(0, 12, "HTTP/1.1 200") != 0 || body == std::string::npos) return "";
+  return response.substr(body + 4);
 }
 
 }  // namespace meshlearn::process_test

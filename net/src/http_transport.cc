@@ -7,6 +7,7 @@
 #include <map>
 
 #include "meshlearn/base/log.h"
+#include "meshlearn/base/prometheus.h"
 #include "meshlearn/net/http_gate.h"
 
 namespace meshlearn::net {
@@ -83,6 +84,11 @@ Result<uint16_t> HttpServer::Start(const std::string& host, uint16_t port) {
              res.set_content(out.status().message(), "text/plain");
            }
          });
+  if (options_.metrics) {
+    s.Get("/metrics", [metrics = options_.metrics](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics(), PrometheusText::kContentType);
+    });
+  }
   Result<int> bound = gate_->Start(host, port);
   if (!bound.ok()) {
     gate_.reset();
@@ -93,6 +99,8 @@ Result<uint16_t> HttpServer::Start(const std::string& host, uint16_t port) {
   port_ = static_cast<uint16_t>(*bound);
   return port_;
 }
+
+HttpGateStats HttpServer::gate_stats() const { return gate_ ? gate_->stats() : HttpGateStats{}; }
 
 void HttpServer::Stop() {
   if (gate_ == nullptr) return;

@@ -19,12 +19,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "meshlearn/net/http_gate.h"
 #include "meshlearn/net/transport.h"
 
 namespace meshlearn::net {
@@ -45,6 +47,9 @@ struct HttpServerOptions {
   int64_t keep_alive_timeout_ms = 5'000;
   // Request bodies being received or handled at once, in total (HTTP 503 beyond).
   size_t body_budget_bytes = 256 << 20;
+  // When set, GET /metrics answers what it returns (the Prometheus text format, base/prometheus.h);
+  // called on a server thread.
+  std::function<std::string()> metrics;
 };
 
 class HttpServer {
@@ -63,6 +68,8 @@ class HttpServer {
   // "host:port" once started.
   std::string endpoint() const { return host_ + ":" + std::to_string(port_); }
   uint16_t port() const { return port_; }
+  // Connections and requests so far (zeros before Start).
+  HttpGateStats gate_stats() const;
 
  private:
   const Router* router_;
