@@ -23,12 +23,6 @@ class UnitExecutorTest : public ::testing::Test {
 };
 engine::Trainer* UnitExecutorTest::trainer_ = nullptr;
 
-TEST(HashedSteps, StartEveryKAndEnd) {
-  EXPECT_EQ(HashedSteps(10, 4), (std::vector<int64_t>{0, 4, 8, 10}));
-  EXPECT_EQ(HashedSteps(8, 4), (std::vector<int64_t>{0, 4, 8}));
-  EXPECT_EQ(HashedSteps(5, 0), (std::vector<int64_t>{0, 5}));
-}
-
 TEST_F(UnitExecutorTest, SameInputsSameBitsDifferentStreamDifferentResult) {
   std::vector<float> global = trainer_->FlatParams();
   UnitExecutor ex(trainer_);
