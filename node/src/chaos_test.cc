@@ -149,8 +149,9 @@ class ChaosRun {
  public:
   // strict_unchecked: a unit selected for verification (every unit of a node with fewer than
   // trusted_after clean units is) that is paid "unchecked" because no verifier revealed a verdict
-  // fails the run; otherwise it is counted (docs/chaos.md, "Found": seed 9).
-  explicit ChaosRun(uint64_t seed, bool strict_unchecked = false)
+  // fails the run (the default since the rule was fixed); otherwise it is counted (docs/chaos.md,
+  // "Found": seed 9).
+  explicit ChaosRun(uint64_t seed, bool strict_unchecked = true)
       : seed_(seed), strict_unchecked_(strict_unchecked), rng_(seed, /*stream=*/0xc4a05) {
     r_.seed = seed;
     r_.counts.seeds = 1;
@@ -850,7 +851,7 @@ ChaosResult ChaosRun::Run() {
   return r_;
 }
 
-ChaosResult RunChaos(uint64_t seed, bool strict_unchecked = false) {
+ChaosResult RunChaos(uint64_t seed, bool strict_unchecked = true) {
   return ChaosRun(seed, strict_unchecked).Run();
 }
 
@@ -940,13 +941,12 @@ TEST(ChaosTest, Seed188ANodeThatLeftStillRevealsAndDefends) {
   if (r.outcome == "failed") Report(r);
 }
 
-// Seed 9 (open, a protocol gap; docs/chaos.md "Found"): unit 4 of a new solver was selected for
-// verification, its only verifier's CommitVerdict came after the commit window closed, and the
-// check settled "unchecked (no verifier revealed a verdict)": the unit was paid and entered the
-// model although nobody replayed it. A cheater whose verifiers stay silent (a verifier that does
-// not commit only counts a failure) is paid the same way. Enabled once a selected unit whose
-// verifiers are all silent is checked again instead of accepted.
-TEST(ChaosTest, DISABLED_Seed9ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
+// Seed 9 (docs/chaos.md "Found"): unit 4 of a new solver was selected for verification, its only
+// verifier's CommitVerdict came after the commit window closed, and the check settled "unchecked
+// (no verifier revealed a verdict)": the unit was paid and entered the model although nobody
+// replayed it. A cheater whose verifiers stay silent is paid the same way. Fixed: such a unit
+// settles abandoned and runs again (protocol UnitCheck).
+TEST(ChaosTest, Seed9ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
   ChaosResult r = RunChaos(9, /*strict_unchecked=*/true);
   if (r.outcome == "failed") Report(r);
 }

@@ -328,9 +328,18 @@ CheckEffects UnitCheck::Resolve(uint64_t height) {
     return fx;
   }
   if (!mismatch.empty() && StartDispute(mismatch.front(), height).ok()) return fx;
+  if (clean.empty() && verifiers_.empty()) {
+    settle(CheckResult::kCheckUnchecked, "not selected for verification");
+    return fx;
+  }
   if (clean.empty()) {
-    settle(CheckResult::kCheckUnchecked, verifiers_.empty() ? "not selected for verification"
-                                                            : "no verifier revealed a verdict");
+    // Selected, and every verifier stayed silent (each counted a failure when its window
+    // closed). Accepting the unit would pay, and aggregate, work nobody replayed — a cheater
+    // whose verifiers keep quiet would be paid the same way (chaos seed 9) — so it runs again,
+    // with a check of its own. The solver is not at fault: no failure, nobody excluded.
+    fx.rerun_unit = true;
+    settle(CheckResult::kCheckAbandoned,
+           "selected for verification, but no verifier revealed a verdict: the unit runs again");
     return fx;
   }
   for (size_t i : clean) Append(fx.pay_verifiers, verifiers_[i]);

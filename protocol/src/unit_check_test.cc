@@ -311,7 +311,9 @@ TEST(UnitCheckTest, HidingTheSecretDoesNotDodgeADispute) {
   EXPECT_EQ(c.stage(), CheckStage::kCheckDisputed);
 }
 
-TEST(UnitCheckTest, SilentVerifiersCountFailures) {
+// Selected, and both verifiers silent: each counts a failure, and the unit is not accepted
+// unchecked (nobody replayed it: chaos seed 9) but runs again; its solver is not at fault.
+TEST(UnitCheckTest, SilentVerifiersCountFailuresAndTheUnitRunsAgain) {
   UnitCheck c = Selected(Config(false));
   const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
   Hash256 salt = Blake2b("s");
@@ -324,10 +326,17 @@ TEST(UnitCheckTest, SilentVerifiersCountFailures) {
       ASSERT_TRUE(c.OnSecretRevealed(kSecret, kStart, h).ok());
     }
     all.failures.insert(all.failures.end(), fx.failures.begin(), fx.failures.end());
+    all.rerun_unit |= fx.rerun_unit;
+    all.pay_verifiers.insert(all.pay_verifiers.end(), fx.pay_verifiers.begin(),
+                             fx.pay_verifiers.end());
   }
   EXPECT_TRUE(Has(all.failures, a));
   EXPECT_TRUE(Has(all.failures, b));
-  EXPECT_EQ(c.result(), CheckResult::kCheckUnchecked);
+  EXPECT_FALSE(Has(all.failures, kSolver));
+  EXPECT_EQ(c.stage(), CheckStage::kCheckSettled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckAbandoned) << c.reason();
+  EXPECT_TRUE(all.rerun_unit);
+  EXPECT_TRUE(all.pay_verifiers.empty());
 }
 
 TEST(UnitCheckTest, ABlindMismatchCannotRevealACopiedClaim) {

@@ -69,7 +69,8 @@ enum class CheckResult : uint8_t {
   kCheckClean,         // replayed and equal (or the challenger lost its dispute)
   kCheckFraud,         // the solver lost a dispute, or did not reveal its secret
   kCheckForcedError,   // a forced error: re-run the unit honestly; the solver is not punished
-  kCheckAbandoned,     // the solver did not reveal its secret and nobody claimed a mismatch
+  kCheckAbandoned,     // the solver did not reveal its secret and nobody claimed a mismatch, or
+                       // the unit was selected and no verifier revealed a verdict: it re-runs
                        // (it crashed, or hid a forced error): re-run without it, unpaid, a
                        // failure, not a slash
 };
