@@ -963,8 +963,10 @@ Status NodeAgent::RunDisputeReplay(const CheckAssignment& c) {
     // state hash after every step, so the game reaches the ledger, which rules against it.
     UnitWork every = work;
     every.checkpoint_interval = 1;
+    AdversaryInputs in;
+    in.last_round = c.round + 1 == ctx->bundle.net.rounds;  // as RunUnit told it (noisy_last)
     ML_ASSIGN_OR_RETURN(UnitOutcome out, RunAdversaryUnit(options_.adversary, ctx->trainer.get(),
-                                                          start.weights, every, {}, {}));
+                                                          start.weights, every, {}, in));
     for (int64_t s : steps) {
       if (s >= static_cast<int64_t>(out.state_hashes.size())) {
         return Internal("dispute: the adversary's run has no state after step " +
