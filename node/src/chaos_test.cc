@@ -292,6 +292,22 @@ void ChaosRun::Choose() {
       ++r_.counts.adversaries;
     }
   }
+  // A poisoner (20% of seeds; its own stream, added later): a solver that trains honestly but
+  // changes one segment of a unit (noisy_last: only in the last round; targeted: class 0's
+  // weights), on a node that cheats in no other way, with at least three honest nodes left.
+  Rng poison_rng(seed_, /*stream=*/0x9015);
+  if (poison_rng.Uniform(5) == 0) {
+    int i = 2 + static_cast<int>(poison_rng.Uniform(nodes_ - 2));
+    const Adversary adv = poison_rng.Uniform(2) == 0 ? Adversary::kNoisyLast : Adversary::kTargeted;
+    int others = 0;
+    for (int j = 0; j < nodes_; ++j) {
+      others += j != i && plan_[j].adversary == Adversary::kNone && !plan_[j].liar;
+    }
+    if (plan_[i].adversary == Adversary::kNone && !plan_[i].liar && others >= 3) {
+      plan_[i].adversary = adv;
+      ++r_.counts.adversaries;
+    }
+  }
   // A rubber stamp with a cheating solver: two verifiers a unit, so an honest one checks every
   // cheat too (one verifier a unit would let the stamp alone approve it; the rules then rely on
   // a whistleblower, drawn below but not guaranteed to run in time).
@@ -457,9 +473,12 @@ void ChaosRun::CheckInvariants(uint64_t height) {
     }
   }
 
-  std::set<std::string> cheaters;
+  // Solver -> the first round in which it cheats (noisy_last trains honestly before the last).
+  std::map<std::string, uint32_t> cheaters;
   for (int i = 0; i < nodes_; ++i) {
-    if (CheatsAsSolver(i)) cheaters.insert(sim.node_key(i).public_key().ToHex());
+    if (!CheatsAsSolver(i)) continue;
+    cheaters[sim.node_key(i).public_key().ToHex()] =
+        plan_[i].adversary == Adversary::kNoisyLast ? rounds_ - 1 : 0;
   }
   json task = sim.Task(true);
   if (!task.contains("units")) return;
@@ -494,10 +513,12 @@ void ChaosRun::CheckInvariants(uint64_t height) {
         if (silent_paid_.insert(key).second) ++r_.counts.silent_unchecked_paid;
       }
     }
-    if ((result != "clean" && result != "unchecked") || cheaters.count(who)) {
+    auto cheat = cheaters.find(who);
+    const bool cheated = cheat != cheaters.end() && u.value("round", 0u) >= cheat->second;
+    if ((result != "clean" && result != "unchecked") || cheated) {
       Fail("h" + std::to_string(height) + ": unit " + std::to_string(u.value("index", 0u)) +
            " paid " + std::to_string(u.value("paid", uint64_t{0})) + " with check " + result +
-           (cheaters.count(who) ? " to a cheating solver" : "") + ": " + u.dump().substr(0, 400));
+           (cheated ? " to a cheating solver" : "") + ": " + u.dump().substr(0, 400));
     }
   }
 }
