@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "meshlearn/base/prometheus.h"
 #include "process_test_util.h"
 
 namespace {
@@ -20,13 +21,9 @@ using meshlearn::process_test::Meshlearn;
 using meshlearn::process_test::ReadText;
 using meshlearn::process_test::Shell;
 
-// The value of the sample line `series` ("name" or "name{labels}"), or -1 if the page has none.
+// The value of sample `series` on `page`, or -1 if the page has none.
 double Value(const std::string& page, const std::string& series) {
-  for (size_t at = page.find(series + " "); at != std::string::npos;
-       at = page.find(series + " ", at + 1)) {
-    if (at == 0 || page[at - 1] == '\n') return std::atof(page.c_str() + at + series.size() + 1);
-  }
-  return -1;
+  return meshlearn::PrometheusSample(page, series).value_or(-1);
 }
 
 // "" when promtool accepts `page`; its complaint otherwise.

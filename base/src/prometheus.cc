@@ -1,7 +1,9 @@
 #include "meshlearn/base/prometheus.h"
 
 #include <charconv>
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "meshlearn/base/check.h"
 
@@ -77,6 +79,17 @@ void PrometheusText::Line(std::string_view name, const MetricLabels& labels,
   text_ += ' ';
   text_ += value;
   text_ += '\n';
+}
+
+std::optional<double> PrometheusSample(std::string_view page, std::string_view series) {
+  const std::string key = std::string(series) + " ";
+  for (size_t at = page.find(key); at != std::string_view::npos; at = page.find(key, at + 1)) {
+    if (at != 0 && page[at - 1] != '\n') continue;
+    const size_t start = at + key.size();
+    const size_t end = std::min(page.find('\n', start), page.size());
+    return std::strtod(std::string(page.substr(start, end - start)).c_str(), nullptr);
+  }
+  return std::nullopt;
 }
 
 void LabeledCounters::Add(const std::vector<std::string>& label_values, uint64_t n) {

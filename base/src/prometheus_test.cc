@@ -30,6 +30,16 @@ TEST(PrometheusText, HistogramBucketsAreCumulative) {
             "d_seconds_count{kind=\"unit\"} 4\n");
 }
 
+TEST(PrometheusText, SampleReadsBackTheValueOfOneSeries) {
+  PrometheusText out;
+  out.Family("x_total", "counter", "h")
+      .Sample("x_total", {{"a", "1"}}, uint64_t{7})
+      .Sample("x_total", {}, 2.5);
+  EXPECT_EQ(PrometheusSample(out.text(), "x_total{a=\"1\"}"), 7.0);
+  EXPECT_EQ(PrometheusSample(out.text(), "x_total"), 2.5);
+  EXPECT_EQ(PrometheusSample(out.text(), "x"), std::nullopt);  // a prefix is not a series
+}
+
 TEST(LabeledCounters, CountsPerLabelSet) {
   LabeledCounters c;
   c.Add({"get_task", "ok"});

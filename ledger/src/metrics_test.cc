@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/prometheus.h"
 #include "meshlearn/ledger/metrics.h"
 #include "meshlearn/ledger/rpc_server.h"
 #include "service_test_util.h"
@@ -22,14 +23,9 @@ namespace {
 
 using testing::TestLedger;
 
-// The value of the sample line that starts with `series` ("name{labels}" or "name"), or -1.
+// The value of sample `series` on `page`, or -1 if the page has none.
 double Value(const std::string& page, const std::string& series) {
-  size_t pos = 0;
-  while ((pos = page.find(series + " ", pos)) != std::string::npos) {
-    if (pos == 0 || page[pos - 1] == '\n') return std::stod(page.substr(pos + series.size() + 1));
-    pos += series.size();
-  }
-  return -1;
+  return PrometheusSample(page, series).value_or(-1);
 }
 
 std::string Scrape(int port) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,6 +42,10 @@ class PrometheusText {
   void Line(std::string_view name, const MetricLabels& labels, std::string_view value);
   std::string text_;
 };
+
+// The value of the sample line `series` ("name", or "name{labels}" exactly as written) in a
+// scraped page; nullopt if the page has none. For tests and tools that read a scrape.
+std::optional<double> PrometheusSample(std::string_view page, std::string_view series);
 
 // Counters keyed by label values (e.g. {method, status}), safe to bump from any thread.
 class LabeledCounters {
