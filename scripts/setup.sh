@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Installs what meshlearn needs to build, test and run, from Debian packages only.
 # Idempotent: installs only what is missing and runs `apt-get update` at most once.
-# Usage: scripts/setup.sh            (as root, or with sudo available)
+# Usage: scripts/setup.sh            what the main job needs (scripts/run.sh)
+#        scripts/setup.sh --test     also what only the tests need (scripts/test.sh)
+# (as root, or with sudo available)
 set -euo pipefail
+with_test=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) with_test=1 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (known: --test)" >&2; exit 2 ;;
+  esac
+done
 
 # Build toolchain and libraries. Each line says why the package is here.
 packages=(
@@ -23,6 +33,15 @@ packages=(
   prometheus             # promtool checks the GET /metrics pages in tests
   libpython3.11-minimal libpython3.11-stdlib  # the code-gpt corpus: /usr/lib/python3.11/**/*.py
 )
+# Only the tests use these; each test skips, visibly, where its package is missing.
+if [ "$with_test" -eq 1 ]; then
+  packages+=(
+    chromium             # headless browser test of the dashboard
+    libjs-chart.js       # the dashboard's charts (/usr/share/javascript/chart.js)
+    python3-nacl         # the Python client (python/): ed25519 signatures, encrypted keys
+    python3-torch        # PyTorch comparisons: GPT-2 layout check, torch export, benches
+  )
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -20,7 +20,7 @@ for arg in "$@"; do
   esac
 done
 
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 jobs="${MESHLEARN_JOBS:-$(nproc)}"
 start=$(date +%s)
 
