@@ -71,6 +71,71 @@ std::vector<uint32_t> SegmentsToReplay(const Hash256& beacon, const UnitId& unit
   return pool;
 }
 
+std::string_view AssuranceName(Assurance a) {
+  switch (a) {
+    case Assurance::kAssuranceEconomic: return "economic";
+    case Assurance::kAssuranceFull: return "full";
+    case Assurance::kAssuranceTarget: return "target";
+  }
+  return "unknown";
+}
+
+Status ValidateAssurance(uint8_t kind, uint32_t target_escape_ppm) {
+  if (kind > static_cast<uint8_t>(Assurance::kAssuranceTarget)) {
+    return InvalidArgument("assurance must be 0 (economic), 1 (full) or 2 (target), got " +
+                           std::to_string(kind));
+  }
+  const bool target = kind == static_cast<uint8_t>(Assurance::kAssuranceTarget);
+  if (target && (target_escape_ppm == 0 || target_escape_ppm >= 1'000'000)) {
+    return InvalidArgument("target_escape_ppm must be in [1, 999999] with assurance target, got " +
+                           std::to_string(target_escape_ppm) +
+                           " (0 would be full assurance: say full)");
+  }
+  if (!target && target_escape_ppm != 0) {
+    return InvalidArgument("target_escape_ppm is " + std::to_string(target_escape_ppm) +
+                           " but assurance is " +
+                           std::string(AssuranceName(static_cast<Assurance>(kind))) +
+                           "; a target belongs to assurance target only");
+  }
+  return Status::Ok();
+}
+
+CheckPlan PlanCheck(const AssuranceLevel& level, const Reputation& rep, uint32_t num_segments,
+                    const VerificationParams& params) {
+  const uint64_t s = std::max<uint32_t>(num_segments, 1);
+  CheckPlan plan{.probability_permille = VerificationProbabilityPermille(rep, params),
+                 .segments = static_cast<uint32_t>(std::min<uint64_t>(params.segments_per_check, s))};
+  if (level.kind == Assurance::kAssuranceFull) return {.probability_permille = 1000,
+                                                        .segments = static_cast<uint32_t>(s)};
+  if (level.kind != Assurance::kAssuranceTarget) return plan;
+  // Caught with probability p r / (1000 S) >= need / 10^6  <=>  p r 1000 >= need S.
+  const uint64_t need = 1'000'000 - std::min<uint64_t>(level.target_escape_ppm, 999'999);
+  auto enough = [&] {
+    return uint64_t{plan.probability_permille} * plan.segments * 1000 >= need * s;
+  };
+  if (enough()) return plan;
+  // Caught with probability p r / (1000 S): only the product p r matters, so the cheapest plan is
+  // the smallest product p r >= need S / 1000 with p <= 1000 and r <= S (not always "raise p
+  // first": 46 permille x 64 segments costs less than 1000 x 3 where 40 per mille is needed).
+  const uint64_t work = (need * s + 999) / 1000;
+  CheckPlan best{.probability_permille = 1000, .segments = static_cast<uint32_t>(s)};
+  for (uint64_t r = plan.segments; r <= s; ++r) {
+    const uint64_t p = std::max<uint64_t>((work + r - 1) / r, plan.probability_permille);
+    if (p > 1000) continue;
+    if (p * r < uint64_t{best.probability_permille} * best.segments) {
+      best = {.probability_permille = static_cast<uint32_t>(p), .segments = static_cast<uint32_t>(r)};
+    }
+  }
+  return best;
+}
+
+uint32_t SegmentEscapePpm(const CheckPlan& plan, uint32_t num_segments) {
+  const uint64_t s = std::max<uint32_t>(num_segments, 1);
+  const uint64_t caught =
+      std::min<uint64_t>(uint64_t{plan.probability_permille} * plan.segments * 1000 / s, 1'000'000);
+  return static_cast<uint32_t>(1'000'000 - caught);
+}
+
 Hash256 SecretCommitment(const Hash256& secret) {
   return Hasher("meshlearn.forced.commit").Update(secret).Finish();
 }

@@ -193,5 +193,92 @@ TEST(VerificationTest, ToleranceComparesStatesByRelativeL2AndCosine) {
   EXPECT_TRUE(WithinTolerance(Distance(zero, zero), exact));
 }
 
+// ---- Assurance levels.
+
+TEST(AssuranceTest, EconomicIsTheReputationRateAndFullReplaysEverySegment) {
+  VerificationParams p;  // floor 500, one segment a check
+  const AssuranceLevel economic;
+  const AssuranceLevel full{.kind = Assurance::kAssuranceFull};
+  // A trusted node at the floor, a unit of 10 segments: half its units, one segment each, so one
+  // corrupted segment escapes with 1 - 0.5 x 1/10 = 95% (the noisy solver).
+  CheckPlan e = PlanCheck(economic, Trusted(50), 10, p);
+  EXPECT_EQ(e.probability_permille, 500u);
+  EXPECT_EQ(e.segments, 1u);
+  EXPECT_EQ(SegmentEscapePpm(e, 10), 950'000u);
+  // A new node: every unit, still one segment.
+  EXPECT_EQ(SegmentEscapePpm(PlanCheck(economic, Reputation{}, 10, p), 10), 900'000u);
+  for (const Reputation& rep : {Reputation{}, Trusted(1), Trusted(50)}) {
+    CheckPlan f = PlanCheck(full, rep, 10, p);
+    EXPECT_EQ(f.probability_permille, 1000u);
+    EXPECT_EQ(f.segments, 10u);
+    EXPECT_EQ(SegmentEscapePpm(f, 10), 0u);
+  }
+  // One segment a unit: economic at the floor catches it half the time, full always.
+  EXPECT_EQ(SegmentEscapePpm(PlanCheck(economic, Trusted(50), 1, p), 1), 500'000u);
+  EXPECT_EQ(SegmentEscapePpm(PlanCheck(full, Trusted(50), 1, p), 1), 0u);
+}
+
+TEST(AssuranceTest, TargetIsTheCheapestPlanThatMeetsIt) {
+  VerificationParams p;
+  for (uint32_t target : {1u, 10'000u, 50'000u, 100'000u, 500'000u, 940'000u, 960'000u, 999'999u}) {
+    for (uint32_t segments : {1u, 3u, 10u, 64u}) {
+      for (const Reputation& rep : {Reputation{}, Trusted(2), Trusted(50)}) {
+        const AssuranceLevel level{.kind = Assurance::kAssuranceTarget, .target_escape_ppm = target};
+        const CheckPlan plan = PlanCheck(level, rep, segments, p);
+        const CheckPlan economic = PlanCheck(AssuranceLevel{}, rep, segments, p);
+        SCOPED_TRACE(testing::Message() << "target " << target << " S " << segments << " streak "
+                                        << rep.clean_streak);
+        EXPECT_LE(SegmentEscapePpm(plan, segments), target);
+        // Never less than economic checks.
+        EXPECT_GE(plan.probability_permille * plan.segments,
+                  economic.probability_permille * economic.segments);
+        EXPECT_GE(plan.segments, 1u);
+        EXPECT_LE(plan.segments, segments);
+        EXPECT_GE(plan.probability_permille, economic.probability_permille);
+        EXPECT_GE(plan.segments, economic.segments);
+        // Cheapest among the plans that check at least as often and as much as economic (a new
+        // node's every unit stays checked: that is what stops a lazy solver): any cheaper one
+        // misses the target.
+        if (plan.probability_permille * plan.segments >
+            economic.probability_permille * economic.segments) {
+          const uint64_t work = uint64_t{plan.probability_permille} * plan.segments;
+          for (uint32_t r = economic.segments; r <= segments; ++r) {
+            const uint32_t pr = static_cast<uint32_t>(std::min<uint64_t>((work - 1) / r, 1000));
+            if (pr < economic.probability_permille) continue;
+            EXPECT_GT(SegmentEscapePpm({.probability_permille = pr, .segments = r}, segments),
+                      target)
+                << "p " << pr << " r " << r << " costs less and meets the target";
+          }
+        }
+      }
+    }
+  }
+  // At the defaults (trusted, S = 10): 1% needs 99% of the units replayed whole; 50% needs every
+  // unit and 5 of its 10 segments (or half the units whole: the same work; fewer segments win).
+  const CheckPlan one = PlanCheck({.kind = Assurance::kAssuranceTarget, .target_escape_ppm = 10'000},
+                                  Trusted(50), 10, p);
+  EXPECT_EQ(one.probability_permille, 990u);
+  EXPECT_EQ(one.segments, 10u);
+  const CheckPlan half = PlanCheck(
+      {.kind = Assurance::kAssuranceTarget, .target_escape_ppm = 500'000}, Trusted(50), 10, p);
+  EXPECT_EQ(half.probability_permille, 1000u);
+  EXPECT_EQ(half.segments, 5u);
+}
+
+TEST(AssuranceTest, ValidateNamesTheField) {
+  EXPECT_TRUE(ValidateAssurance(0, 0).ok());
+  EXPECT_TRUE(ValidateAssurance(1, 0).ok());
+  EXPECT_TRUE(ValidateAssurance(2, 10'000).ok());
+  Status bad_kind = ValidateAssurance(3, 0);
+  EXPECT_NE(bad_kind.message().find("assurance must be"), std::string::npos) << bad_kind.ToString();
+  for (uint32_t t : {0u, 1'000'000u}) {
+    Status s = ValidateAssurance(2, t);
+    EXPECT_NE(s.message().find("target_escape_ppm must be in [1, 999999]"), std::string::npos) << s.ToString();
+  }
+  Status stray = ValidateAssurance(1, 5);
+  EXPECT_NE(stray.message().find("target belongs to assurance target"), std::string::npos) << stray.ToString();
+  EXPECT_EQ(AssuranceName(Assurance::kAssuranceFull), "full");
+}
+
 }  // namespace
 }  // namespace meshlearn::protocol

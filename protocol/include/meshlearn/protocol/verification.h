@@ -70,6 +70,41 @@ std::vector<uint32_t> SegmentsToReplay(const Hash256& beacon, const UnitId& unit
 // Number of k-step segments of a unit of H steps (ceil(H / k); 1 when k == 0).
 uint32_t SegmentCount(uint64_t inner_steps, uint64_t checkpoint_interval);
 
+// ---- Assurance: what a submitter buys (the task's [network] `assurance`; docs/submitters.md).
+// A check replays `segments` of a unit's S segments with probability `probability_permille`, so
+// one corrupted segment (a poisoner's single perturbation) is caught with probability
+// p r / S and escapes with 1 - p r / S:
+//   economic  the reputation-driven rate above and `segments_per_check`: cheating to save
+//             compute loses money (economics.h), but a single corrupted segment mostly escapes
+//             (at the defaults 1 - 0.5 x 1/10 = 95% for a trusted node);
+//   full      every unit, every segment (p = 1000, r = S): nothing escapes a check;
+//   target    the cheapest p and r (least p x r) with 1 - p r / S <= target_escape_ppm / 10^6
+//             (never below what economic would check).
+enum class Assurance : uint8_t {
+  kAssuranceEconomic = 0,
+  kAssuranceFull = 1,
+  kAssuranceTarget = 2,
+};
+std::string_view AssuranceName(Assurance a);  // "economic" | "full" | "target"
+struct AssuranceLevel {
+  Assurance kind = Assurance::kAssuranceEconomic;
+  uint32_t target_escape_ppm = 0;  // target: 1..999999 (10^6 x the escape probability); else 0
+};
+// InvalidArgument naming `kind` or `target_escape_ppm` (a byte that is no Assurance, a target
+// out of range, a target given with another kind).
+Status ValidateAssurance(uint8_t kind, uint32_t target_escape_ppm);
+struct CheckPlan {
+  uint32_t probability_permille = 0;  // SelectedForVerification
+  uint32_t segments = 0;              // segments a check replays (SegmentsToReplay), 1..S
+};
+// How a unit of a solver with reputation `rep` and `num_segments` segments is checked under
+// `level`: the one derivation the ledger (which draws) and `task quote` (which prices) use.
+CheckPlan PlanCheck(const AssuranceLevel& level, const Reputation& rep, uint32_t num_segments,
+                    const VerificationParams& params);
+// 10^6 x the probability that one corrupted segment of a unit checked by `plan` escapes its
+// check: 10^6 - floor(10^6 p r / (1000 S)).
+uint32_t SegmentEscapePpm(const CheckPlan& plan, uint32_t num_segments);
+
 // ---- Forced errors.
 // A node's secrets form a hash chain fixed before it does any work: x_L from a private seed,
 // x_{i-1} = SecretCommitment(x_i); it registers the head x_0. Its i-th committed unit (i >= 1, in
