@@ -173,7 +173,7 @@ Result<NodeAgent::TaskContext*> NodeAgent::GetTaskContext(const Hash256& task_id
   ML_ASSIGN_OR_RETURN(ctx->bundle, LoadBundle(text, resolver));
   ML_ASSIGN_OR_RETURN(ctx->trainer, engine::Trainer::Create(deps_.env, ctx->bundle.task));
   ctx->facts = ComputeTaskFacts(*ctx->trainer, ctx->bundle.net);
-  if (Status match = CheckBundleMatchesLedger(ctx->facts, ctx->bundle.net, ctx->info.raw);
+  if (Status match = CheckBundleMatchesLedger(ctx->facts, ctx->bundle.net, ctx->info.params);
       !match.ok()) {
     Status refused = match.WithPrefix("task " + TaskShort(task_id));
     Log(refused.message());
@@ -182,9 +182,7 @@ Result<NodeAgent::TaskContext*> NodeAgent::GetTaskContext(const Hash256& task_id
   }
   protocol::TaskSpecView view;
   view.model_bytes = ctx->facts.model_bytes;
-  if (ctx->info.raw.contains("params") && ctx->info.raw["params"].is_object()) {
-    view.memory_required_bytes = ctx->info.raw["params"].value("memory_bytes", uint64_t{0});
-  }
+  view.memory_required_bytes = ctx->info.params.memory_bytes;
   ctx->memory_need = protocol::RequiredMemoryBytes(view);
   Log("task " + TaskShort(task_id) + ": loaded (" + std::to_string(ctx->facts.num_params) +
       " parameters, " + std::to_string(ctx->bundle.net.rounds) + " rounds x " +
@@ -244,18 +242,14 @@ Status NodeAgent::EnsureRegistered(uint64_t height) {
       return Status::Ok();
     }
     was_active_ = was_active_ || me->status == "active";
-    Result<json> raw = deps_.chain->Call("get_node", {{"id", id().ToHex()}});
-    if (raw.ok() && !secret_chain_checked_) CheckSecretChain(*raw);
-    bool same = raw.ok() && me->endpoint == options_.endpoint && me->price == options_.price &&
-                me->roles == options_.roles;
-    if (same && raw->contains("capabilities")) {
-      const json& c = (*raw)["capabilities"];
-      same = c.value("throughput", uint64_t{0}) == caps.throughput &&
-             c.value("memory_bytes", uint64_t{0}) == caps.memory_bytes &&
-             c.value("latency_ms", 0u) == caps.latency_ms &&
-             c.value("bandwidth_bytes_per_s", uint64_t{0}) == caps.bandwidth_bytes_per_s &&
-             c.value("cores", 0u) == caps.cores;
-    }
+    if (!secret_chain_checked_) CheckSecretChain(*me);
+    // The accelerator is not compared: it is not measured, the operator states it.
+    const ledger::NodeCapabilities& c = me->capabilities;
+    const bool same = me->endpoint == options_.endpoint && me->price == options_.price &&
+                      me->roles == options_.roles && c.throughput == caps.throughput &&
+                      c.memory_bytes == caps.memory_bytes && c.latency_ms == caps.latency_ms &&
+                      c.bandwidth_bytes_per_s == caps.bandwidth_bytes_per_s &&
+                      c.cores == caps.cores;
     if (!same && me->status == "active") {
       Log("updating node " + id().ShortHex() + ": endpoint " + options_.endpoint);
       ML_RETURN_IF_ERROR(tx_->Send(ledger::UpdateNodeTx{.node_id = id(),
@@ -605,17 +599,14 @@ Status NodeAgent::RunUnit(const UnitAssignment& a) {
 
 Result<std::vector<float>> NodeAgent::PeerDelta(const UnitAssignment& a, uint64_t num_params) {
   ML_ASSIGN_OR_RETURN(TaskInfo t, GetTask(*deps_.chain, a.task_id, /*units=*/true));
-  if (!t.raw.contains("units") || !t.raw["units"].is_array()) return NotFound("no units listed");
-  for (const json& u : t.raw["units"]) {
-    const std::string status = u.value("status", std::string());
-    if (u.value("round", uint32_t{0}) != a.round || u.value("index", uint32_t{0}) == a.index ||
-        (status != "committed" && status != "verified") ||
-        u.value("assignee", std::string()) == id().ToHex()) {
+  for (const UnitRecord& u : t.units) {
+    if (u.round != a.round || u.index == a.index ||
+        (u.status != ledger::WorkUnitStatus::kCommitted &&
+         u.status != ledger::WorkUnitStatus::kVerified) ||
+        u.assignee == id() || u.result_hash.IsZero()) {
       continue;
     }
-    Result<Hash256> h = Hash256::FromHex(u.value("result_hash", std::string()));
-    if (!h.ok() || h->IsZero()) continue;
-    Result<Bytes> blob = FetchBlob(*h, {}, DeltaReason(a.task_id, a.round));
+    Result<Bytes> blob = FetchBlob(u.result_hash, {}, DeltaReason(a.task_id, a.round));
     if (!blob.ok()) continue;
     Result<std::vector<float>> d = DecodeDelta(*blob, num_params);
     if (d.ok()) return d;
@@ -766,44 +757,32 @@ Status NodeAgent::AdoptUploads() {
   }
   if (uploads.empty()) return Status::Ok();
   std::set<Hash256> adopted;
-  json cursor = 0;
-  for (int page = 0; page < 100000; ++page) {
-    ML_ASSIGN_OR_RETURN(json j, deps_.chain->Call("list_tasks", {{"cursor", cursor}, {"limit", 100}}));
-    if (!j.contains("items") || !j["items"].is_array()) return DataLoss("list_tasks: no items");
-    for (const json& t : j["items"]) {
-      if (t.value("status", std::string()) != "open") continue;
-      Result<Hash256> task = Hash256::FromHex(t.value("id", std::string()));
-      Result<Hash256> spec = Hash256::FromHex(t.value("spec_hash", std::string()));
-      Result<Hash256> init = Hash256::FromHex(
-          t.contains("params") && t["params"].is_object()
-              ? t["params"].value("initial_state", std::string())
-              : std::string());
-      if (!task.ok() || !spec.ok()) continue;
-      if (uploads.count(*spec)) {
-        ML_RETURN_IF_ERROR(book_->Add(*spec, TaskReason(*task)));
-        adopted.insert(*spec);
-        // Its data blobs (uploaded with it, or fetched later) belong to the task too.
-        Result<Bytes> bundle = deps_.store->Get(net::BlobId{*spec});
-        if (bundle.ok()) {
-          Result<std::vector<std::pair<std::string, net::BlobId>>> data =
-              BundleDataBlobs(AsStringView(*bundle));
-          if (data.ok()) {
-            for (const auto& [key, id] : *data) {
-              ML_RETURN_IF_ERROR(book_->Add(id.hash, TaskReason(*task)));
-              adopted.insert(id.hash);
-            }
+  ML_ASSIGN_OR_RETURN(std::vector<TaskInfo> tasks, ListTasks(*deps_.chain));
+  for (const TaskInfo& t : tasks) {
+    if (t.status != ledger::TaskStatus::kOpen) continue;
+    if (uploads.count(t.spec_hash)) {
+      ML_RETURN_IF_ERROR(book_->Add(t.spec_hash, TaskReason(t.id)));
+      adopted.insert(t.spec_hash);
+      // Its data blobs (uploaded with it, or fetched later) belong to the task too.
+      Result<Bytes> bundle = deps_.store->Get(net::BlobId{t.spec_hash});
+      if (bundle.ok()) {
+        Result<std::vector<std::pair<std::string, net::BlobId>>> data =
+            BundleDataBlobs(AsStringView(*bundle));
+        if (data.ok()) {
+          for (const auto& [key, id] : *data) {
+            ML_RETURN_IF_ERROR(book_->Add(id.hash, TaskReason(t.id)));
+            adopted.insert(id.hash);
           }
         }
-        Log("task " + TaskShort(*task) + ": keeping the bundle and data pushed to this node "
-            "while the task is open");
       }
-      if (init.ok() && uploads.count(*init)) {
-        ML_RETURN_IF_ERROR(book_->Add(*init, StateReason(*task)));
-        adopted.insert(*init);
-      }
+      Log("task " + TaskShort(t.id) + ": keeping the bundle and data pushed to this node "
+          "while the task is open");
     }
-    if (!j.contains("next_cursor") || j["next_cursor"].is_null()) break;
-    cursor = j["next_cursor"];
+    const Hash256& init = t.params.initial_state;
+    if (uploads.count(init)) {
+      ML_RETURN_IF_ERROR(book_->Add(init, StateReason(t.id)));
+      adopted.insert(init);
+    }
   }
   const uint64_t grace = options_.upload_grace_blocks;
   ML_ASSIGN_OR_RETURN(size_t freed, book_->Remove([&](const Hash256& id, const std::string& r) {
@@ -862,20 +841,15 @@ Status NodeAgent::ReviewPins() {
     Result<TaskInfo> info = GetTask(*deps_.chain, task);
     if (!info.ok() && info.status().code() != StatusCode::kNotFound) return info.status();
     const bool gone = !info.ok();  // unknown to this ledger (e.g. a devnet started afresh)
-    std::vector<Hash256> history;
-    if (!gone && info->raw.contains("weights_history") && info->raw["weights_history"].is_array()) {
-      for (const json& h : info->raw["weights_history"]) {
-        Result<Hash256> hh = Hash256::FromHex(h.is_string() ? h.get<std::string>() : "");
-        if (hh.ok()) history.push_back(*hh);
-      }
-    }
+    const std::vector<Hash256> history = gone ? std::vector<Hash256>{} : info->weights_history;
     const Hash256 final_state = gone ? Hash256{} : info->final_state;
-    if (gone || info->status != "open") {
+    if (gone || info->status != ledger::TaskStatus::kOpen) {
       uint64_t seen = book_->ClosedSeen(task);
       if (seen == 0) {
         seen = height_;
         ML_RETURN_IF_ERROR(book_->SetClosedSeen(task, seen));
-        Log("task " + TaskShort(task) + " is " + (gone ? "unknown to the ledger" : info->status) +
+        Log("task " + TaskShort(task) + " is " +
+            (gone ? "unknown to the ledger" : std::string(ledger::TaskStatusName(info->status))) +
             ": its blobs are released in " + std::to_string(options_.release_after_blocks) +
             " blocks");
       }

@@ -43,6 +43,7 @@
 namespace meshlearn::node {
 
 using agent_internal::ReadJson;
+using protocol::CheckStage;
 using agent_internal::StateReason;
 using agent_internal::TaskShort;
 using nlohmann::json;
@@ -98,31 +99,43 @@ std::string Name(const CheckAssignment& c) {
          std::to_string(c.round) + " s" + std::to_string(c.shard);
 }
 
-// The action keys of SendVerifyTx are "<kind>|<check dir>|<detail>".
-std::string Action(const std::string& kind, const std::string& dir, const std::string& detail = "") {
-  return kind + "|" + dir + "|" + detail;
+using Kind = VerifyAction::Kind;
+
+VerifyAction Action(Kind kind, const std::string& dir, std::vector<uint64_t> detail = {}) {
+  return VerifyAction{.dir = dir, .kind = kind, .detail = std::move(detail)};
 }
 
 // The file in the check's directory that says an action's transaction was sent: after a restart
 // the outbox resends it if it is still in flight, so it must not be sent again.
-std::string MarkerOf(const std::string& action) {
-  const size_t a = action.find('|');
-  const size_t b = action.find('|', a + 1);
-  std::string name = "sent-" + action.substr(0, a);
-  if (b + 1 < action.size()) name += "-" + action.substr(b + 1);
-  std::replace(name.begin(), name.end(), ':', '_');
-  return JoinPath(action.substr(a + 1, b - a - 1), name);
+// "sent-<kind>[-<detail>_<detail>...]".
+std::string MarkerOf(const VerifyAction& action) {
+  std::string name = "sent-" + std::string(VerifyActionKindName(action.kind));
+  for (size_t i = 0; i < action.detail.size(); ++i) {
+    name += (i == 0 ? "-" : "_") + std::to_string(action.detail[i]);
+  }
+  return JoinPath(action.dir, name);
 }
 
 }  // namespace
+
+std::string_view VerifyActionKindName(VerifyAction::Kind k) {
+  switch (k) {
+    case Kind::kSecret: return "secret";
+    case Kind::kCommit: return "commit";
+    case Kind::kReveal: return "reveal";
+    case Kind::kChallenge: return "challenge";
+    case Kind::kWitness: return "witness";
+    case Kind::kProve: return "prove";
+    case Kind::kPost: return "post";
+  }
+  return "unknown";
+}
 
 // ---- Chain parameters and secrets ------------------------------------------------------------
 
 Result<const ledger::ChainParams*> NodeAgent::GenesisParams() {
   if (!params_) {
-    ML_ASSIGN_OR_RETURN(json g, deps_.chain->Call("get_genesis", json::object()));
-    ML_ASSIGN_OR_RETURN(ledger::Genesis genesis,
-                        ledger::ParseGenesis(g.value("toml", std::string()), "the ledger's genesis"));
+    ML_ASSIGN_OR_RETURN(ledger::Genesis genesis, GetGenesis(*deps_.chain));
     params_ = genesis.params;
   }
   return &*params_;
@@ -159,14 +172,14 @@ Status NodeAgent::NewSecretEpoch() {
   return Status::Ok();
 }
 
-void NodeAgent::CheckSecretChain(const json& record) {
+void NodeAgent::CheckSecretChain(const NodeInfo& record) {
   secret_chain_checked_ = true;
   if (!VerificationOn() || (options_.roles & ledger::kRoleSolver) == 0) return;
-  Result<Hash256> anchor = HashAt(record, "secret_anchor");
-  const uint64_t index = record.value("secret_anchor_index", uint64_t{0});
-  if (!anchor.ok() || anchor->IsZero()) return;  // registered without a chain
+  const Hash256& anchor = record.secret_anchor;
+  const uint64_t index = record.secret_anchor_index;
+  if (anchor.IsZero()) return;  // registered without a chain
   Status loaded = LoadSecretChain();
-  if (loaded.ok() && index <= protocol::kSecretChainLength && secrets_->Element(index) == *anchor) {
+  if (loaded.ok() && index <= protocol::kSecretChainLength && secrets_->Element(index) == anchor) {
     return;
   }
   Log("!!! node " + id().ShortHex() + ": the secret chain in " + options_.data_dir +
@@ -264,8 +277,8 @@ Status NodeAgent::PublishCommitted(const Hash256& task, uint32_t index, const js
 }
 
 void NodeAgent::RevealSecret(const CheckAssignment& c) {
-  const std::string action =
-      Action("secret", VerifyDir(c), std::to_string(c.secret_index));
+  const VerifyAction action =
+      Action(Kind::kSecret, VerifyDir(c), {c.secret_index});
   if (verify_sent_.count(action) || c.secret_index == 0 ||
       c.secret_index > protocol::kSecretChainLength) {
     return;
@@ -304,13 +317,13 @@ std::string NodeAgent::VerifyDir(const CheckAssignment& c) const {
                                                              std::to_string(c.commit_height));
 }
 
-bool NodeAgent::VerifyActionDone(const std::string& action) const {
+bool NodeAgent::VerifyActionDone(const VerifyAction& action) const {
   if (verify_sent_.count(action)) return true;
   auto failed = verify_failed_.find(action);
   return failed != verify_failed_.end() && failed->second >= kMaxVerifyAttempts;
 }
 
-bool NodeAgent::SendVerifyTx(const std::string& action, ledger::TxPayload payload) {
+bool NodeAgent::SendVerifyTx(const VerifyAction& action, ledger::TxPayload payload) {
   if (VerifyActionDone(action)) return false;
   const std::string marker = MarkerOf(action);
   if (deps_.env->FileExists(marker)) {  // sent before a restart
@@ -332,7 +345,7 @@ bool NodeAgent::SendVerifyTx(const std::string& action, ledger::TxPayload payloa
   return true;
 }
 
-void NodeAgent::VerifyTxFailed(const std::string& action) {
+void NodeAgent::VerifyTxFailed(const VerifyAction& action) {
   verify_sent_.erase(action);  // may be sent again (SendVerifyTx caps the attempts)
   ++verify_failed_[action];
   (void)deps_.env->DeleteFile(MarkerOf(action));
@@ -354,34 +367,38 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
           if (!s.ok()) Log(Name(c) + ": cannot serve the committed leaves: " + s.message());
         }
       }
-      if (c.stage == "reveal_verdicts") RevealSecret(c);
+      if (c.stage == CheckStage::kCheckRevealVerdicts) RevealSecret(c);
     }
-    if (c.HasRole("verifier")) {
+    if (c.HasRole(CheckRole::kCheckRoleVerifier)) {
       const std::string path = JoinPath(dir, "verdict.json");
       const bool have = deps_.env->FileExists(path);
-      if (c.stage == "commit_verdicts" && !have) {
+      if (c.stage == CheckStage::kCheckCommitVerdicts && !have) {
         urgent->push_back({VerifyJob::Kind::kVerdict, &c, c.deadline_height});
-      } else if (c.stage == "commit_verdicts") {
+      } else if (c.stage == CheckStage::kCheckCommitVerdicts) {
         // Decided before a restart: the commitment may not have gone out (SendVerifyTx knows).
         Result<json> v = ReadJson(deps_.env, path);
         Result<Hash256> commitment = v.ok() ? HashAt(*v, "commitment") : Result<Hash256>(v.status());
         if (commitment.ok()) {
-          SendVerifyTx(Action("commit", dir), ledger::CommitVerdictTx{.task_id = c.task_id,
-                                                                      .index = c.index,
-                                                                      .node_id = id(),
-                                                                      .commitment = *commitment});
+          SendVerifyTx(Action(Kind::kCommit, dir),
+                       ledger::CommitVerdictTx{.task_id = c.task_id,
+                                               .index = c.index,
+                                               .node_id = id(),
+                                               .commitment = *commitment});
         }
-      } else if (c.stage == "reveal_verdicts" && have) {
+      } else if (c.stage == CheckStage::kCheckRevealVerdicts && have) {
         RevealVerdict(c);
       }
-      if (have && (c.stage == "commit_verdicts" || c.stage == "reveal_verdicts") &&
-          !verify_sent_.count(Action("prove", dir))) {
+      if (have &&
+          (c.stage == CheckStage::kCheckCommitVerdicts ||
+           c.stage == CheckStage::kCheckRevealVerdicts) &&
+          !verify_sent_.count(Action(Kind::kProve, dir))) {
         // A result found wrong before a restart: prove it (ProveResult sends it once).
         Result<json> v = ReadJson(deps_.env, path);
         if (v.ok() && v->value("result_wrong", false)) ProveResult(c);
       }
     }
-    if (c.HasRole("whistleblower") && c.stage == "settled" && !whistle_seen_.count(dir)) {
+    if (c.HasRole(CheckRole::kCheckRoleWhistleblower) && c.stage == CheckStage::kCheckSettled &&
+        !whistle_seen_.count(dir)) {
       const double draw = protocol::WhistleSampleDraw(
           ByteSpan(deps_.key.seed().bytes.data(), deps_.key.seed().bytes.size()), c.task_id,
           c.index, c.commit_height);
@@ -392,7 +409,7 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
         whistle_seen_.insert(dir);
       }
     }
-    if (c.dispute && c.dispute->has_query && c.dispute->stage == "steps" &&
+    if (c.dispute && c.dispute->has_query && c.dispute->stage == protocol::DisputeStage::kDisputeSteps &&
         (c.dispute->defender == id() || c.dispute->challenger == id())) {
       const std::string key = JoinPath(dir, "dispute-" + std::to_string(c.dispute->first_step) +
                                                 "-" + std::to_string(c.dispute->last_step) +
@@ -418,7 +435,7 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
         (c.dispute->challenger == id() ||
          (c.dispute->defender == id() && !CheatsAsSolver(options_.adversary))) &&
         // Not again once sent or given up: building a witness replays the unit to the step.
-        !VerifyActionDone(Action("witness", dir, std::to_string(c.dispute->referee.step)))) {
+        !VerifyActionDone(Action(Kind::kWitness, dir, {c.dispute->referee.step}))) {
       urgent->push_back({VerifyJob::Kind::kWitness, &c, c.deadline_height});
     }
   }
@@ -451,17 +468,11 @@ void NodeAgent::CleanVerifyDirs(const std::set<std::string>& live) {
     for (auto h = dispute_hashes_.begin(); h != dispute_hashes_.end();) {
       h = h->first.starts_with(dir + "/") ? dispute_hashes_.erase(h) : std::next(h);
     }
-    auto names_dir = [&](const std::string& action) {
-      const size_t a = action.find('|');
-      const size_t b = action.find('|', a + 1);
-      return a != std::string::npos && b != std::string::npos &&
-             action.compare(a + 1, b - a - 1, dir) == 0;
-    };
     for (auto s = verify_sent_.begin(); s != verify_sent_.end();) {
-      s = names_dir(*s) ? verify_sent_.erase(s) : std::next(s);
+      s = s->dir == dir ? verify_sent_.erase(s) : std::next(s);
     }
     for (auto f = verify_failed_.begin(); f != verify_failed_.end();) {
-      f = names_dir(f->first) ? verify_failed_.erase(f) : std::next(f);
+      f = f->first.dir == dir ? verify_failed_.erase(f) : std::next(f);
     }
     it = verify_dirs_->erase(it);
   }
@@ -527,11 +538,8 @@ Result<NodeAgent::SegmentFinding> NodeAgent::CheckSegments(const CheckAssignment
   // Tolerance mode (a task for hardware without bitwise reproducibility): a segment is clean
   // when the replay's end state is within the task's tolerance of the solver's committed one.
   protocol::ToleranceParams tolerance;
-  if (ctx->info.raw.contains("params") && ctx->info.raw["params"].is_object()) {
-    const json& p = ctx->info.raw["params"];
-    tolerance.max_rel_l2_ppm = p.value("tolerance_rel_l2_ppm", 0u);
-    tolerance.max_cosine_gap_ppb = p.value("tolerance_cosine_gap_ppb", 0u);
-  }
+  tolerance.max_rel_l2_ppm = ctx->info.params.tolerance_rel_l2_ppm;
+  tolerance.max_cosine_gap_ppb = ctx->info.params.tolerance_cosine_gap_ppb;
   // Returns whether segment j is a mismatch (recorded in f). The replay starts from the solver's
   // checkpoint (it hashes to its own leaf on any hardware) or from the unit's start; the
   // solver's end state is its checkpoint at the segment's end, or at H its committed delta,
@@ -751,10 +759,10 @@ Status NodeAgent::RunVerdict(const CheckAssignment& c) {
       (f.mismatch ? ": segment " + std::to_string(f.segment) + " replays to " +
                         f.replayed_end.ShortHex() + ", committed " + f.solver_end.ShortHex()
                   : ""));
-  if (SendVerifyTx(Action("commit", dir), ledger::CommitVerdictTx{.task_id = c.task_id,
-                                                                  .index = c.index,
-                                                                  .node_id = id(),
-                                                                  .commitment = commitment})) {
+  if (SendVerifyTx(Action(Kind::kCommit, dir), ledger::CommitVerdictTx{.task_id = c.task_id,
+                                                                        .index = c.index,
+                                                                        .node_id = id(),
+                                                                        .commitment = commitment})) {
     ++stats_.verdicts_committed;
     if (f.mismatch) ++stats_.mismatches;
   }
@@ -766,7 +774,7 @@ Status NodeAgent::RunVerdict(const CheckAssignment& c) {
 
 void NodeAgent::RevealVerdict(const CheckAssignment& c) {
   const std::string dir = VerifyDir(c);
-  const std::string action = Action("reveal", dir);
+  const VerifyAction action = Action(Kind::kReveal, dir);
   if (verify_sent_.count(action)) return;
   Result<json> v = ReadJson(deps_.env, JoinPath(dir, "verdict.json"));
   Result<Hash256> salt = v.ok() ? HashAt(*v, "salt") : Result<Hash256>(v.status());
@@ -815,11 +823,12 @@ Status NodeAgent::RunWhistle(const CheckAssignment& c) {
   ML_ASSIGN_OR_RETURN(ledger::MismatchClaimField claim, ClaimOf(v));
   Log(Name(c) + ": whistleblower: segment " + std::to_string(f.segment) + " of solver " +
       c.solver.ShortHex() + " replays to " + f.replayed_end.ShortHex() + ", committed " +
-      f.solver_end.ShortHex() + "; challenging the " + c.result + " unit");
-  if (SendVerifyTx(Action("challenge", dir), ledger::ChallengeUnitTx{.task_id = c.task_id,
-                                                                     .index = c.index,
-                                                                     .node_id = id(),
-                                                                     .claim = std::move(claim)})) {
+      f.solver_end.ShortHex() + "; challenging the " + std::string(protocol::CheckResultName(c.result)) + " unit");
+  if (SendVerifyTx(Action(Kind::kChallenge, dir),
+                   ledger::ChallengeUnitTx{.task_id = c.task_id,
+                                           .index = c.index,
+                                           .node_id = id(),
+                                           .claim = std::move(claim)})) {
     ++stats_.challenges;
   }
   return Status::Ok();
@@ -828,13 +837,11 @@ Status NodeAgent::RunWhistle(const CheckAssignment& c) {
 Status NodeAgent::RunStepWitness(const CheckAssignment& c) {
   const DisputeView& d = *c.dispute;
   const std::string dir = VerifyDir(c);
-  const std::string action = Action("witness", dir, std::to_string(d.referee.step));
+  const VerifyAction action = Action(Kind::kWitness, dir, {d.referee.step});
   if (VerifyActionDone(action)) return Status::Ok();
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, GetTaskContext(c.task_id));
   // Only a task with a data root on the ledger is refereed by the ledger itself.
-  Result<Hash256> root = Hash256::FromHex(
-      ctx->info.raw.value("params", nlohmann::json::object()).value("data_root", std::string()));
-  if (!root.ok() || root->IsZero()) return Status::Ok();
+  if (ctx->info.params.data_root.IsZero()) return Status::Ok();
   if (!ctx->data_tree) {
     if (ctx->trainer->data().tokens) return Status::Ok();
     ctx->data_tree = std::make_unique<engine::DataTree>(ctx->trainer->data().train);
@@ -890,7 +897,7 @@ Status NodeAgent::RunStepWitness(const CheckAssignment& c) {
 
 void NodeAgent::ProveResult(const CheckAssignment& c) {
   const std::string dir = VerifyDir(c);
-  const std::string action = Action("prove", dir);
+  const VerifyAction action = Action(Kind::kProve, dir);
   if (VerifyActionDone(action)) return;  // not the witness's I/O again every poll
   auto give_up = [&](const std::string& why) {
     if (!verify_failed_.count(action)) Log(Name(c) + ": cannot prove the wrong result: " + why);
@@ -1004,9 +1011,8 @@ void NodeAgent::PostDisputeMove(const CheckAssignment& c) {
       d.position - d.first_step >= it->second.size()) {
     return;
   }
-  const std::string action =
-      Action("post", dir, std::to_string(d.first_step) + ":" + std::to_string(d.last_step) + ":" +
-                              std::to_string(d.position) + ":" + std::to_string(d.query_deadline));
+  const VerifyAction action =
+      Action(Kind::kPost, dir, {d.first_step, d.last_step, d.position, d.query_deadline});
   if (SendVerifyTx(action, ledger::DisputePostTx{.task_id = c.task_id,
                                                  .index = c.index,
                                                  .node_id = id(),

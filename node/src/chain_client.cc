@@ -1,6 +1,8 @@
 #include "meshlearn/node/chain_client.h"
 
 #include <algorithm>
+#include <limits>
+#include <type_traits>
 
 #include "meshlearn/base/hex.h"
 #include "meshlearn/ledger/rpc.h"
@@ -21,6 +23,127 @@ StatusCode CodeFromName(const std::string& name) {
 
 using ledger::RpcAnswer;
 
+// Reads one record of a known shape. Fields(a, {every field the record has}) fails on a field
+// not in the list (a ledger of another version); each Read fails on a field of the wrong type
+// and skips an absent one; Done fails on the first listed field that is absent, so what is there
+// is checked first. The first error sticks, and every error names the method and the field.
+class Fields {
+ public:
+  Fields(const RpcAnswer& a, std::vector<std::string_view> known)
+      : a_(a), known_(std::move(known)) {
+    status_ = a.IsObject();
+    if (!status_.ok()) return;
+    for (auto it = a.raw().begin(); it != a.raw().end(); ++it) {
+      if (std::find(known_.begin(), known_.end(), it.key()) == known_.end()) {
+        status_ = a.Bad(it.key(), "is not a field this node knows (a ledger of another version?)");
+        return;
+      }
+    }
+  }
+
+  template <typename T>
+  Fields& Read(std::string_view key, T* out) {
+    if (!Present(key)) return *this;
+    if constexpr (std::is_same_v<T, uint32_t>) {
+      Take(a_.U32(key), out);
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+      Take(a_.U64(key), out);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      Take(a_.Str(key), out);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      Take(a_.Bool(key), out);
+    } else if constexpr (std::is_same_v<T, Hash256>) {
+      Take(a_.Hash(key), out);
+    } else if constexpr (std::is_same_v<T, PublicKey>) {
+      Take(a_.Key(key), out);
+    } else if constexpr (std::is_same_v<T, std::vector<Hash256>>) {
+      Result<RpcAnswer> list = a_.Array(key);
+      if (!list.ok()) return Fail(list.status());
+      out->clear();
+      for (size_t i = 0; i < list->size() && status_.ok(); ++i) {
+        Result<Hash256> h = list->At(i).Hash();
+        if (h.ok()) out->push_back(*h);
+        else status_ = h.status();
+      }
+    } else {
+      static_assert(sizeof(T) == 0, "no reader for this field type");
+    }
+    return *this;
+  }
+
+  // A field holding one of an enum's names (name(E(0)) .. name(E(count - 1))).
+  template <typename E>
+  Fields& ReadEnum(std::string_view key, E* out, std::string_view (*name)(E), int count) {
+    if (!Present(key)) return *this;
+    std::string s;
+    if (!Read(key, &s).ok()) return *this;
+    std::string names;
+    for (int i = 0; i < count; ++i) {
+      if (name(static_cast<E>(i)) == s) {
+        *out = static_cast<E>(i);
+        return *this;
+      }
+      names += std::string(i ? ", " : "") + std::string(name(static_cast<E>(i)));
+    }
+    return Fail(a_.Bad(key, "is not a name this node knows (one of " + names + ")"));
+  }
+
+  // A nested object (absent: an error now), an array (absent: empty, and Done fails), or an
+  // object that may be null (absent: null, and Done fails).
+  Result<RpcAnswer> Object(std::string_view key) {
+    if (status_.ok() && !a_.raw().contains(key)) Fail(a_.Bad(key, "missing"));
+    if (!status_.ok()) return status_;
+    return Check(a_.Object(key));
+  }
+  Result<RpcAnswer> Array(std::string_view key) {
+    if (!status_.ok()) return status_;
+    if (!a_.raw().contains(key)) return RpcAnswer(a_.method(), EmptyArray(), a_.path());
+    return Check(a_.Array(key));
+  }
+  Result<RpcAnswer> ObjectOrNull(std::string_view key) {
+    if (!status_.ok()) return status_;
+    return Check(a_.ObjectOrNull(key));
+  }
+
+  // A listed field the record may lack (Done does not ask for it).
+  Fields& Optional(std::string_view key) {
+    std::erase(known_, key);
+    return *this;
+  }
+  Fields& Fail(Status s) {
+    if (status_.ok()) status_ = std::move(s);
+    return *this;
+  }
+  bool ok() const { return status_.ok(); }
+  const Status& status() const { return status_; }
+  Status Done() {
+    for (std::string_view k : known_) {
+      if (status_.ok() && !a_.raw().contains(k)) status_ = a_.Bad(k, "missing");
+    }
+    return status_;
+  }
+
+ private:
+  static const json& EmptyArray() {
+    static const json* empty = new json(json::array());
+    return *empty;
+  }
+  bool Present(std::string_view key) const { return status_.ok() && a_.raw().contains(key); }
+  template <typename T>
+  void Take(Result<T> r, T* out) {
+    if (r.ok()) *out = std::move(*r);
+    else status_ = r.status();
+  }
+  Result<RpcAnswer> Check(Result<RpcAnswer> r) {
+    if (!r.ok()) status_ = r.status();
+    return r;
+  }
+
+  RpcAnswer a_;  // a view: small, and safe to build from a temporary
+  std::vector<std::string_view> known_;
+  Status status_;
+};
+
 Result<NodeInfo> ParseNode(const RpcAnswer& j) {
   NodeInfo n;
   ML_ASSIGN_OR_RETURN(n.id, j.Key("id"));
@@ -31,53 +154,123 @@ Result<NodeInfo> ParseNode(const RpcAnswer& j) {
   ML_ASSIGN_OR_RETURN(n.stake, j.U64("stake", 0));
   ML_ASSIGN_OR_RETURN(n.price, j.U64("price", 0));
   ML_ASSIGN_OR_RETURN(n.last_heartbeat_height, j.U64("last_heartbeat_height", 0));
+  if (j.Has("capabilities")) {
+    ML_ASSIGN_OR_RETURN(RpcAnswer c, j.Object("capabilities"));
+    ledger::NodeCapabilities& caps = n.capabilities;
+    ML_ASSIGN_OR_RETURN(caps.cores, c.U32("cores", 0));
+    ML_ASSIGN_OR_RETURN(caps.memory_bytes, c.U64("memory_bytes", 0));
+    ML_ASSIGN_OR_RETURN(caps.accelerator, c.Str("accelerator", ""));
+    ML_ASSIGN_OR_RETURN(caps.throughput, c.U64("throughput", 0));
+    ML_ASSIGN_OR_RETURN(caps.latency_ms, c.U32("latency_ms", 0));
+    ML_ASSIGN_OR_RETURN(caps.bandwidth_bytes_per_s, c.U64("bandwidth_bytes_per_s", 0));
+  }
+  if (j.Has("secret_anchor")) {
+    ML_ASSIGN_OR_RETURN(n.secret_anchor, j.Hash("secret_anchor"));
+  }
+  ML_ASSIGN_OR_RETURN(n.secret_anchor_index, j.U64("secret_anchor_index", 0));
   return n;
 }
 
-// An optional array field: absent or null is empty; anything but an array is an error.
-Result<RpcAnswer> OptionalArray(const RpcAnswer& j, std::string_view key) {
-  static const json* empty = new json(json::array());
-  if (!j.Has(key)) return RpcAnswer(j.method(), *empty, j.path() + "." + std::string(key));
-  return j.Array(key);
+// The fields of a unit JSON (ledger::WorkUnitToJson), which node_work's checks extend.
+const std::vector<std::string_view> kUnitFields = {
+    "task_id",     "index", "round", "shard",        "status", "assignee",
+    "deadline_height", "result_hash", "commitment", "loss_micros", "price",  "paid",
+    "assignment_beacon", "secret_index", "leaves", "check"};
+
+std::vector<std::string_view> Plus(std::vector<std::string_view> a,
+                                   std::initializer_list<std::string_view> b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
 }
 
-// One entry of node_work "checks": a unit JSON with "check", "roles", "start_state",
-// "solver_endpoint" (ledger/rpc.h).
+Status ReadUnitFields(Fields& f, UnitRecord* u) {
+  f.Read("task_id", &u->task_id).Read("index", &u->index).Read("round", &u->round);
+  f.Read("shard", &u->shard);
+  f.ReadEnum("status", &u->status, &ledger::WorkUnitStatusName, 6);
+  f.Read("assignee", &u->assignee).Read("deadline_height", &u->deadline_height);
+  f.Read("result_hash", &u->result_hash).Read("commitment", &u->commitment);
+  f.Read("loss_micros", &u->loss_micros).Read("price", &u->price).Read("paid", &u->paid);
+  f.Read("assignment_beacon", &u->assignment_beacon).Read("secret_index", &u->secret_index);
+  f.Read("leaves", &u->leaves);
+  return f.status();
+}
+
+Result<UnitRecord> ParseUnit(const RpcAnswer& a) {
+  UnitRecord u;
+  Fields f(a, kUnitFields);
+  ML_RETURN_IF_ERROR(ReadUnitFields(f, &u));
+  ML_ASSIGN_OR_RETURN(RpcAnswer check, f.ObjectOrNull("check"));
+  u.has_check = check.raw().is_object();
+  ML_RETURN_IF_ERROR(f.Done());
+  return u;
+}
+
+Status ParseDispute(const RpcAnswer& d, DisputeView* v) {
+  Fields f(d, {"stage", "defender", "challenger", "first_step", "last_step", "agreed", "turns",
+               "query", "referee", "outcome"});
+  f.ReadEnum("stage", &v->stage, &protocol::DisputeStageName, 4);
+  f.Read("defender", &v->defender).Read("challenger", &v->challenger);
+  f.Read("first_step", &v->first_step).Read("last_step", &v->last_step);
+  f.Read("agreed", &v->agreed);
+  uint64_t turns = 0;
+  f.Read("turns", &turns).Optional("query").Optional("referee").Optional("outcome");
+  ML_RETURN_IF_ERROR(f.status());
+  // One of query (steps, operators), referee (referee) or outcome (resolved).
+  const bool asks = v->stage == protocol::DisputeStage::kDisputeSteps ||
+                    v->stage == protocol::DisputeStage::kDisputeOperators;
+  if (asks) {
+    ML_ASSIGN_OR_RETURN(RpcAnswer q, f.Object("query"));
+    Fields qf(q, {"position", "step", "deadline_height"});
+    uint64_t step = 0;
+    qf.Read("position", &v->position).Read("step", &step);
+    qf.Read("deadline_height", &v->query_deadline);
+    ML_RETURN_IF_ERROR(qf.Done());
+    v->has_query = true;
+  } else if (v->stage == protocol::DisputeStage::kDisputeReferee) {
+    ML_ASSIGN_OR_RETURN(RpcAnswer r, f.Object("referee"));
+    Fields rf(r, {"whole_step", "segment", "first_step", "step", "operator_index", "input",
+                  "defender_output", "challenger_output"});
+    protocol::RefereeTask& t = v->referee;
+    rf.Read("whole_step", &t.whole_step).Read("segment", &t.segment);
+    rf.Read("first_step", &t.first_step).Read("step", &t.step);
+    rf.Read("operator_index", &t.operator_index).Read("input", &t.input);
+    rf.Read("defender_output", &t.defender_output);
+    rf.Read("challenger_output", &t.challenger_output);
+    ML_RETURN_IF_ERROR(rf.Done());
+    v->has_referee = true;
+  } else {
+    ML_ASSIGN_OR_RETURN(RpcAnswer o, f.Object("outcome"));
+    Fields of(o, {"defender_honest", "challenger_honest", "reason"});
+    bool honest = false;
+    std::string reason;
+    of.Read("defender_honest", &honest).Read("challenger_honest", &honest);
+    of.Read("reason", &reason);
+    ML_RETURN_IF_ERROR(of.Done());
+  }
+  return f.Done();
+}
+
+// One entry of node_work "checks": a unit JSON whose "check" is set, plus "roles",
+// "start_state", "spec_hash", "solver_endpoint" (ledger/rpc.h).
 Result<CheckAssignment> ParseCheck(const RpcAnswer& u) {
   CheckAssignment a;
-  ML_ASSIGN_OR_RETURN(a.task_id, u.Hash("task_id"));
-  ML_ASSIGN_OR_RETURN(a.index, u.U32("index"));
-  ML_ASSIGN_OR_RETURN(a.round, u.U32("round"));
-  ML_ASSIGN_OR_RETURN(a.shard, u.U32("shard"));
-  ML_ASSIGN_OR_RETURN(a.result_hash, u.Hash("result_hash"));
-  ML_ASSIGN_OR_RETURN(a.commitment, u.Hash("commitment"));
-  ML_ASSIGN_OR_RETURN(a.assignment_beacon, u.Hash("assignment_beacon"));
-  ML_ASSIGN_OR_RETURN(a.secret_index, u.U64("secret_index"));
-  ML_ASSIGN_OR_RETURN(a.start_state, u.Hash("start_state"));
-  ML_ASSIGN_OR_RETURN(a.solver_endpoint, u.Str("solver_endpoint", ""));
-  ML_ASSIGN_OR_RETURN(RpcAnswer leaves, OptionalArray(u, "leaves"));
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    ML_ASSIGN_OR_RETURN(Hash256 h, leaves.At(i).Hash());
-    a.leaves.push_back(h);
-  }
-  ML_ASSIGN_OR_RETURN(RpcAnswer roles, OptionalArray(u, "roles"));
-  for (size_t i = 0; i < roles.size(); ++i) {
-    ML_ASSIGN_OR_RETURN(std::string r, roles.At(i).Str());
-    a.roles.push_back(std::move(r));
-  }
-  ML_ASSIGN_OR_RETURN(RpcAnswer c, u.Object("check"));
-  ML_ASSIGN_OR_RETURN(a.stage, c.Str("stage", ""));
-  ML_ASSIGN_OR_RETURN(a.result, c.Str("result", ""));
-  ML_ASSIGN_OR_RETURN(a.solver, c.Key("solver"));
-  ML_ASSIGN_OR_RETURN(a.commit_height, c.U64("commit_height"));
-  ML_ASSIGN_OR_RETURN(a.deadline_height, c.U64("deadline_height"));
-  ML_ASSIGN_OR_RETURN(a.num_segments, c.U32("num_segments"));
-  ML_ASSIGN_OR_RETURN(RpcAnswer verifiers, OptionalArray(c, "verifiers"));
+  Fields f(u, Plus(kUnitFields, {"roles", "start_state", "spec_hash", "solver_endpoint"}));
+  // The check first: it is what the node acts on.
+  ML_ASSIGN_OR_RETURN(RpcAnswer c, f.Object("check"));
+  Fields cf(c, {"stage", "result", "reason", "solver", "commit_height", "deadline_height",
+                "verifiers", "segments", "num_segments", "dispute"});
+  cf.ReadEnum("stage", &a.stage, &protocol::CheckStageName, 5);
+  cf.ReadEnum("result", &a.result, &protocol::CheckResultName, 6);
+  cf.Read("reason", &a.reason).Read("solver", &a.solver);
+  cf.Read("commit_height", &a.commit_height).Read("deadline_height", &a.deadline_height);
+  cf.Read("num_segments", &a.num_segments);
+  ML_RETURN_IF_ERROR(cf.status());
+  ML_ASSIGN_OR_RETURN(RpcAnswer verifiers, cf.Array("verifiers"));
   for (size_t i = 0; i < verifiers.size(); ++i) {
     ML_ASSIGN_OR_RETURN(PublicKey k, verifiers.At(i).Key());
     a.verifiers.push_back(k);
   }
-  ML_ASSIGN_OR_RETURN(RpcAnswer segments, OptionalArray(c, "segments"));
+  ML_ASSIGN_OR_RETURN(RpcAnswer segments, cf.Array("segments"));
   for (size_t i = 0; i < segments.size(); ++i) {
     ML_ASSIGN_OR_RETURN(uint64_t segment, segments.At(i).U64());
     if (segment >= a.num_segments) {
@@ -86,41 +279,124 @@ Result<CheckAssignment> ParseCheck(const RpcAnswer& u) {
     }
     a.segments.push_back(static_cast<uint32_t>(segment));
   }
-  ML_ASSIGN_OR_RETURN(RpcAnswer d, c.ObjectOrNull("dispute"));
+  ML_ASSIGN_OR_RETURN(RpcAnswer d, cf.ObjectOrNull("dispute"));
   if (d.raw().is_object()) {
     DisputeView v;
-    ML_ASSIGN_OR_RETURN(v.stage, d.Str("stage", ""));
-    ML_ASSIGN_OR_RETURN(v.defender, d.Key("defender"));
-    ML_ASSIGN_OR_RETURN(v.challenger, d.Key("challenger"));
-    ML_ASSIGN_OR_RETURN(v.first_step, d.U64("first_step"));
-    ML_ASSIGN_OR_RETURN(v.last_step, d.U64("last_step"));
-    ML_ASSIGN_OR_RETURN(v.agreed, d.Hash("agreed"));
-    ML_ASSIGN_OR_RETURN(RpcAnswer q, d.ObjectOrNull("query"));
-    if (q.raw().is_object()) {
-      v.has_query = true;
-      ML_ASSIGN_OR_RETURN(v.position, q.U64("position"));
-      ML_ASSIGN_OR_RETURN(v.query_deadline, q.U64("deadline_height"));
-    }
-    ML_ASSIGN_OR_RETURN(RpcAnswer r, d.ObjectOrNull("referee"));
-    if (r.raw().is_object()) {
-      v.has_referee = true;
-      ML_ASSIGN_OR_RETURN(v.referee.whole_step, r.Bool("whole_step", false));
-      ML_ASSIGN_OR_RETURN(v.referee.segment, r.Bool("segment", false));
-      ML_ASSIGN_OR_RETURN(v.referee.first_step, r.U64("first_step"));
-      ML_ASSIGN_OR_RETURN(v.referee.step, r.U64("step"));
-      ML_ASSIGN_OR_RETURN(v.referee.operator_index, r.U32("operator_index", 0));
-      ML_ASSIGN_OR_RETURN(v.referee.input, r.Hash("input"));
-      ML_ASSIGN_OR_RETURN(v.referee.defender_output, r.Hash("defender_output"));
-      ML_ASSIGN_OR_RETURN(v.referee.challenger_output, r.Hash("challenger_output"));
-    }
+    ML_RETURN_IF_ERROR(ParseDispute(d, &v));
     a.dispute = std::move(v);
   }
+  ML_RETURN_IF_ERROR(cf.Done());
+
+  UnitRecord unit;
+  ML_RETURN_IF_ERROR(ReadUnitFields(f, &unit));
+  a.task_id = unit.task_id;
+  a.index = unit.index;
+  a.round = unit.round;
+  a.shard = unit.shard;
+  a.result_hash = unit.result_hash;
+  a.commitment = unit.commitment;
+  a.assignment_beacon = unit.assignment_beacon;
+  a.secret_index = unit.secret_index;
+  a.leaves = std::move(unit.leaves);
+  std::string spec_hash;
+  f.Read("start_state", &a.start_state).Read("spec_hash", &spec_hash);
+  f.Read("solver_endpoint", &a.solver_endpoint);
+  ML_ASSIGN_OR_RETURN(RpcAnswer roles, f.Array("roles"));
+  for (size_t i = 0; i < roles.size(); ++i) {
+    CheckRole role = CheckRole::kCheckRoleSolver;
+    ML_ASSIGN_OR_RETURN(std::string name, roles.At(i).Str());
+    bool known = false;
+    for (int r = 0; r < 4 && !known; ++r) {
+      if (CheckRoleName(static_cast<CheckRole>(r)) == name) {
+        role = static_cast<CheckRole>(r);
+        known = true;
+      }
+    }
+    if (!known) {
+      return roles.At(i).Bad("", "is not a role this node knows (solver, verifier, challenger, "
+                                 "whistleblower)");
+    }
+    a.roles.push_back(role);
+  }
+  ML_RETURN_IF_ERROR(f.Done());
   return a;
 }
 
 }  // namespace
 
-bool CheckAssignment::HasRole(std::string_view role) const {
+std::string_view CheckRoleName(CheckRole r) {
+  switch (r) {
+    case CheckRole::kCheckRoleSolver: return "solver";
+    case CheckRole::kCheckRoleVerifier: return "verifier";
+    case CheckRole::kCheckRoleChallenger: return "challenger";
+    case CheckRole::kCheckRoleWhistleblower: return "whistleblower";
+  }
+  return "unknown";
+}
+
+Result<ledger::TaskParams> ParseTaskParams(const RpcAnswer& a) {
+  std::vector<std::string_view> names;
+  ledger::TaskParams p;
+  ledger::TaskParams::Visit(p, [&](const char* key, auto&) { names.push_back(key); });
+  Status unknown = a.IsObject();
+  for (auto it = a.raw().begin(); unknown.ok() && it != a.raw().end(); ++it) {
+    if (std::find(names.begin(), names.end(), it.key()) == names.end()) {
+      unknown = a.Bad(it.key(), "is not a field this node knows (a ledger of another version?)");
+    }
+  }
+  ML_RETURN_IF_ERROR(unknown);
+  Status s;
+  ledger::TaskParams::Visit(p, [&](const char* key, auto& field) {
+    if (!s.ok()) return;
+    if (!a.raw().contains(key)) {
+      s = a.Bad(key, "missing");
+      return;
+    }
+    using T = std::remove_reference_t<decltype(field)>;
+    if constexpr (std::is_same_v<T, Hash256>) {
+      Result<Hash256> r = a.Hash(key);
+      if (r.ok()) field = *r;
+      else s = r.status();
+    } else {
+      static_assert(std::is_unsigned_v<T>, "a TaskParams field type with no reader");
+      Result<uint64_t> r = a.U64(key);
+      if (!r.ok()) {
+        s = r.status();
+      } else if (*r > std::numeric_limits<T>::max()) {
+        s = a.Bad(key, "is out of range");
+      } else {
+        field = static_cast<T>(*r);
+      }
+    }
+  });
+  ML_RETURN_IF_ERROR(s);
+  return p;
+}
+
+Result<TaskInfo> ParseTask(const RpcAnswer& a) {
+  TaskInfo t;
+  Fields f(a, {"id", "submitter", "spec_hash", "budget", "escrow", "spent", "treasury_cut",
+               "refunded", "price_cap", "status", "created_height", "unit_count", "memo",
+               "params", "phase", "round", "weights_history", "aggregator", "final_state",
+               "round_results", "rounds_settled", "verification", "units"});
+  f.Read("spec_hash", &t.spec_hash);
+  f.ReadEnum("status", &t.status, &ledger::TaskStatusName, 3);
+  f.Read("id", &t.id).Read("final_state", &t.final_state);
+  f.Read("weights_history", &t.weights_history);
+  ML_ASSIGN_OR_RETURN(RpcAnswer params, f.Object("params"));
+  ML_ASSIGN_OR_RETURN(t.params, ParseTaskParams(params));
+  ML_ASSIGN_OR_RETURN(RpcAnswer units, f.Optional("units").Array("units"));  // with units=true
+  for (size_t i = 0; i < units.size(); ++i) {
+    ML_ASSIGN_OR_RETURN(UnitRecord u, ParseUnit(units.At(i)));
+    t.units.push_back(std::move(u));
+  }
+  // The other fields (budget, round_results, ...) are not read by a node, but Done asks for them
+  // all the same: a ledger that drops one is of another version.
+  ML_RETURN_IF_ERROR(f.Done());
+  return t;
+}
+
+bool CheckAssignment::HasRole(CheckRole role) const {
   return std::find(roles.begin(), roles.end(), role) != roles.end();
 }
 
@@ -158,6 +434,12 @@ Result<ChainStatusInfo> GetChainStatus(ChainClient& chain) {
   ML_ASSIGN_OR_RETURN(s.height, a.U64("height"));
   if (s.chain_id.empty()) return a.Bad("chain_id", "must not be empty");
   return s;
+}
+
+Result<ledger::Genesis> GetGenesis(ChainClient& chain) {
+  ML_ASSIGN_OR_RETURN(json j, chain.Call("get_genesis", json::object()));
+  ML_ASSIGN_OR_RETURN(std::string toml, RpcAnswer("get_genesis", j).Str("toml"));
+  return ledger::ParseGenesis(toml, "the ledger's genesis");
 }
 
 Result<uint64_t> WaitForBlockAbove(ChainClient& chain, uint64_t after, int64_t timeout_ms) {
@@ -208,48 +490,50 @@ std::vector<std::string> ActiveEndpoints(const std::vector<NodeInfo>& nodes,
 Result<NodeWork> ParseNodeWork(const json& j) {
   RpcAnswer a("node_work", j);
   NodeWork w;
-  ML_ASSIGN_OR_RETURN(w.height, a.U64("height"));
-  ML_ASSIGN_OR_RETURN(RpcAnswer units, OptionalArray(a, "units"));
-  for (size_t i = 0; i < units.size(); ++i) {
-    RpcAnswer u = units.At(i);
-    UnitAssignment x;
-    ML_ASSIGN_OR_RETURN(x.task_id, u.Hash("task_id"));
-    ML_ASSIGN_OR_RETURN(x.index, u.U32("index"));
-    ML_ASSIGN_OR_RETURN(x.round, u.U32("round"));
-    ML_ASSIGN_OR_RETURN(x.shard, u.U32("shard"));
-    ML_ASSIGN_OR_RETURN(x.deadline_height, u.U64("deadline_height"));
-    ML_ASSIGN_OR_RETURN(x.start_state, u.Hash("start_state"));
-    if (u.Has("assignment_beacon")) {
-      ML_ASSIGN_OR_RETURN(x.assignment_beacon, u.Hash("assignment_beacon"));
-    }
-    w.units.push_back(x);
-  }
-  ML_ASSIGN_OR_RETURN(RpcAnswer aggregations, OptionalArray(a, "aggregations"));
-  for (size_t i = 0; i < aggregations.size(); ++i) {
-    RpcAnswer g = aggregations.At(i);
-    AggregationAssignment x;
-    ML_ASSIGN_OR_RETURN(x.task_id, g.Hash("task_id"));
-    ML_ASSIGN_OR_RETURN(x.round, g.U32("round"));
-    ML_ASSIGN_OR_RETURN(x.deadline_height, g.U64("deadline_height"));
-    ML_ASSIGN_OR_RETURN(x.start_state, g.Hash("start_state"));
-    ML_ASSIGN_OR_RETURN(RpcAnswer inputs, OptionalArray(g, "units"));
-    for (size_t k = 0; k < inputs.size(); ++k) {
-      RpcAnswer u = inputs.At(k);
-      AggregationInput in;
-      ML_ASSIGN_OR_RETURN(in.index, u.U32("index"));
-      ML_ASSIGN_OR_RETURN(in.shard, u.U32("shard"));
-      ML_ASSIGN_OR_RETURN(in.node, u.Key("node"));
-      ML_ASSIGN_OR_RETURN(in.result_hash, u.Hash("result_hash"));
-      x.units.push_back(in);
-    }
-    w.aggregations.push_back(std::move(x));
-  }
-  ML_ASSIGN_OR_RETURN(RpcAnswer checks, OptionalArray(a, "checks"));
+  Fields f(a, {"height", "units", "aggregations", "checks", "next_secret_index"});
+  f.Read("height", &w.height);
+  ML_ASSIGN_OR_RETURN(RpcAnswer checks, f.Array("checks"));
   for (size_t i = 0; i < checks.size(); ++i) {
     ML_ASSIGN_OR_RETURN(CheckAssignment x, ParseCheck(checks.At(i)));
     w.checks.push_back(std::move(x));
   }
-  ML_ASSIGN_OR_RETURN(w.next_secret_index, a.U64("next_secret_index", 0));
+  ML_ASSIGN_OR_RETURN(RpcAnswer units, f.Array("units"));
+  for (size_t i = 0; i < units.size(); ++i) {
+    RpcAnswer u = units.At(i);
+    UnitAssignment x;
+    Hash256 spec_hash;
+    Fields uf(u, {"task_id", "index", "round", "shard", "deadline_height", "start_state",
+                  "spec_hash", "assignment_beacon"});
+    uf.Read("task_id", &x.task_id).Read("index", &x.index).Read("round", &x.round);
+    uf.Read("shard", &x.shard).Read("deadline_height", &x.deadline_height);
+    uf.Read("start_state", &x.start_state).Read("spec_hash", &spec_hash);
+    uf.Read("assignment_beacon", &x.assignment_beacon);
+    ML_RETURN_IF_ERROR(uf.Done());
+    w.units.push_back(x);
+  }
+  ML_ASSIGN_OR_RETURN(RpcAnswer aggregations, f.Array("aggregations"));
+  for (size_t i = 0; i < aggregations.size(); ++i) {
+    RpcAnswer g = aggregations.At(i);
+    AggregationAssignment x;
+    Hash256 spec_hash;
+    Fields gf(g, {"task_id", "round", "deadline_height", "start_state", "spec_hash", "units"});
+    gf.Read("task_id", &x.task_id).Read("round", &x.round);
+    gf.Read("deadline_height", &x.deadline_height).Read("start_state", &x.start_state);
+    gf.Read("spec_hash", &spec_hash);
+    ML_ASSIGN_OR_RETURN(RpcAnswer inputs, gf.Array("units"));
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      AggregationInput in;
+      Fields inf(inputs.At(k), {"index", "shard", "node", "result_hash"});
+      inf.Read("index", &in.index).Read("shard", &in.shard).Read("node", &in.node);
+      inf.Read("result_hash", &in.result_hash);
+      ML_RETURN_IF_ERROR(inf.Done());
+      x.units.push_back(in);
+    }
+    ML_RETURN_IF_ERROR(gf.Done());
+    w.aggregations.push_back(std::move(x));
+  }
+  f.Read("next_secret_index", &w.next_secret_index);
+  ML_RETURN_IF_ERROR(f.Done());
   return w;
 }
 
@@ -262,16 +546,28 @@ Result<TaskInfo> GetTask(ChainClient& chain, const Hash256& id, bool units) {
   json params = {{"id", id.ToHex()}};
   if (units) params["units"] = true;
   ML_ASSIGN_OR_RETURN(json j, chain.Call("get_task", params));
-  RpcAnswer a("get_task", j);
-  TaskInfo t;
-  t.id = id;
-  ML_ASSIGN_OR_RETURN(t.spec_hash, a.Hash("spec_hash"));
-  ML_ASSIGN_OR_RETURN(t.status, a.Str("status", ""));
-  if (a.Has("final_state")) {
-    ML_ASSIGN_OR_RETURN(t.final_state, a.Hash("final_state"));
-  }
-  t.raw = std::move(j);
+  ML_ASSIGN_OR_RETURN(TaskInfo t, ParseTask(RpcAnswer("get_task", j)));
+  if (t.id != id) return RpcAnswer("get_task", j).Bad("id", "is not the task asked for");
   return t;
+}
+
+Result<std::vector<TaskInfo>> ListTasks(ChainClient& chain) {
+  std::vector<TaskInfo> out;
+  uint64_t cursor = 0;
+  for (int page = 0; page < 100000; ++page) {
+    ML_ASSIGN_OR_RETURN(json j, chain.Call("list_tasks", {{"cursor", cursor}, {"limit", 100}}));
+    RpcAnswer a("list_tasks", j);
+    ML_ASSIGN_OR_RETURN(RpcAnswer items, a.Array("items"));
+    for (size_t i = 0; i < items.size(); ++i) {
+      ML_ASSIGN_OR_RETURN(TaskInfo t, ParseTask(items.At(i)));
+      out.push_back(std::move(t));
+    }
+    if (!a.Has("next_cursor")) break;
+    ML_ASSIGN_OR_RETURN(uint64_t next, a.U64("next_cursor"));
+    if (next <= cursor) return a.Bad("next_cursor", "must move forward");
+    cursor = next;
+  }
+  return out;
 }
 
 // ---- TxSender --------------------------------------------------------------------------------

@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/ledger/state.h"
+
 namespace meshlearn::node {
 namespace {
 
@@ -155,6 +157,150 @@ TEST(ChainClientHostile, TxSenderSurvivesWrongShapes) {
   fake.SetResult("get_tx", {{"status", "rejected"}, {"error", "no"}});
   EXPECT_TRUE(sender.Poll().ok());
   EXPECT_EQ(sender.in_flight(), 0u);
+}
+
+// The task, unit and check records are strict: a field this node does not know, or a missing
+// one, is an error naming it (a renamed field must not silently read as 0). The well-formed
+// records come from the ledger's own writers (TaskToJson, WorkUnitToJson).
+json GoodTask() {
+  ledger::TaskRecord t;
+  t.params.inner_steps = 8;
+  return ledger::TaskToJson(t);
+}
+
+json GoodUnit() {
+  ledger::WorkUnit u;
+  u.status = ledger::WorkUnitStatus::kCommitted;
+  return ledger::WorkUnitToJson(u);
+}
+
+// A node_work check entry as the ledger writes it (ledger/src/rpc.cc node_work).
+json GoodCheck() {
+  const std::string hex(64, 'a');
+  json c = GoodUnit();
+  c["check"] = {{"stage", "commit_verdicts"}, {"result", "pending"}, {"reason", ""},
+                {"solver", hex},             {"commit_height", 3}, {"deadline_height", 9},
+                {"verifiers", {hex}},        {"segments", {0}},    {"num_segments", 2},
+                {"dispute", nullptr}};
+  c["roles"] = {"verifier"};
+  c["start_state"] = hex;
+  c["spec_hash"] = hex;
+  c["solver_endpoint"] = "127.0.0.1:1";
+  return c;
+}
+
+json WorkWith(json check) {
+  return {{"height", 1}, {"units", json::array()}, {"aggregations", json::array()},
+          {"checks", {std::move(check)}}, {"next_secret_index", 1}};
+}
+
+TEST(ChainClientRecords, WellFormedRecordsDecodeTyped) {
+  const json task = GoodTask();  // RpcAnswer is a view: the JSON must outlive it
+  Result<TaskInfo> t = ParseTask(ledger::RpcAnswer("get_task", task));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->params.inner_steps, 8u);
+  EXPECT_EQ(t->status, ledger::TaskStatus::kOpen);
+  json with_units = GoodTask();
+  with_units["units"] = {GoodUnit()};
+  t = ParseTask(ledger::RpcAnswer("get_task", with_units));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_EQ(t->units.size(), 1u);
+  EXPECT_EQ(t->units[0].status, ledger::WorkUnitStatus::kCommitted);
+
+  Result<NodeWork> w = ParseNodeWork(WorkWith(GoodCheck()));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_EQ(w->checks.size(), 1u);
+  EXPECT_EQ(w->checks[0].stage, protocol::CheckStage::kCheckCommitVerdicts);
+  EXPECT_EQ(w->checks[0].result, protocol::CheckResult::kCheckPending);
+  EXPECT_TRUE(w->checks[0].HasRole(CheckRole::kCheckRoleVerifier));
+  EXPECT_FALSE(w->checks[0].HasRole(CheckRole::kCheckRoleSolver));
+}
+
+TEST(ChainClientRecords, TaskWithAMissingOrUnknownFieldIsRefusedNamingIt) {
+  json task = GoodTask();
+  task["params"].erase("inner_steps");
+  Status s = ParseTask(ledger::RpcAnswer("get_task", task)).status();
+  ExpectNamed(s, "get_task", "result.params.inner_steps");
+  EXPECT_NE(s.message().find("missing"), std::string::npos) << s.ToString();
+
+  task = GoodTask();
+  task["params"]["inner_stepz"] = 8;  // a renamed field
+  s = ParseTask(ledger::RpcAnswer("get_task", task)).status();
+  ExpectNamed(s, "get_task", "result.params.inner_stepz");
+  EXPECT_NE(s.message().find("not a field"), std::string::npos) << s.ToString();
+
+  task = GoodTask();
+  task.erase("weights_history");
+  ExpectNamed(ParseTask(ledger::RpcAnswer("get_task", task)).status(), "get_task",
+              "result.weights_history");
+  task = GoodTask();
+  task.erase("budget");  // not read by a node, still part of the record
+  ExpectNamed(ParseTask(ledger::RpcAnswer("get_task", task)).status(), "get_task",
+              "result.budget");
+  task = GoodTask();
+  task["colour"] = "blue";
+  ExpectNamed(ParseTask(ledger::RpcAnswer("get_task", task)).status(), "get_task",
+              "result.colour");
+  task = GoodTask();
+  task["status"] = "paused";  // not a TaskStatus name
+  ExpectNamed(ParseTask(ledger::RpcAnswer("get_task", task)).status(), "get_task",
+              "result.status");
+}
+
+TEST(ChainClientRecords, UnitWithAMissingOrUnknownFieldIsRefusedNamingIt) {
+  json task = GoodTask();
+  task["units"] = {GoodUnit()};
+  task["units"][0].erase("assignee");
+  Status s = ParseTask(ledger::RpcAnswer("get_task", task)).status();
+  ExpectNamed(s, "get_task", "result.units[0].assignee");
+  EXPECT_NE(s.message().find("missing"), std::string::npos) << s.ToString();
+
+  task["units"] = {GoodUnit()};
+  task["units"][0]["assigned_to"] = std::string(64, 'a');
+  ExpectNamed(ParseTask(ledger::RpcAnswer("get_task", task)).status(), "get_task",
+              "result.units[0].assigned_to");
+  task["units"] = {GoodUnit()};
+  task["units"][0]["status"] = "done";
+  ExpectNamed(ParseTask(ledger::RpcAnswer("get_task", task)).status(), "get_task",
+              "result.units[0].status");
+}
+
+TEST(ChainClientRecords, CheckWithAMissingOrUnknownFieldIsRefusedNamingIt) {
+  json check = GoodCheck();
+  check["check"].erase("deadline_height");
+  Status s = ParseNodeWork(WorkWith(check)).status();
+  ExpectNamed(s, "node_work", "result.checks[0].check.deadline_height");
+  EXPECT_NE(s.message().find("missing"), std::string::npos) << s.ToString();
+
+  check = GoodCheck();
+  check["check"]["deadline"] = 9;
+  ExpectNamed(ParseNodeWork(WorkWith(check)).status(), "node_work",
+              "result.checks[0].check.deadline");
+  check = GoodCheck();
+  check.erase("solver_endpoint");
+  ExpectNamed(ParseNodeWork(WorkWith(check)).status(), "node_work",
+              "result.checks[0].solver_endpoint");
+  check = GoodCheck();
+  check["check"]["stage"] = "voting";  // not a CheckStage name
+  ExpectNamed(ParseNodeWork(WorkWith(check)).status(), "node_work",
+              "result.checks[0].check.stage");
+  check = GoodCheck();
+  check["roles"] = {"auditor"};  // not a role
+  ExpectNamed(ParseNodeWork(WorkWith(check)).status(), "node_work", "result.checks[0].roles[0]");
+  // A dispute in the steps stage must carry its query.
+  check = GoodCheck();
+  check["check"]["dispute"] = {{"stage", "steps"},      {"defender", std::string(64, 'a')},
+                               {"challenger", std::string(64, 'b')}, {"first_step", 0},
+                               {"last_step", 4},        {"agreed", std::string(64, 'c')},
+                               {"turns", 0}};
+  ExpectNamed(ParseNodeWork(WorkWith(check)).status(), "node_work",
+              "result.checks[0].check.dispute.query");
+  check["check"]["dispute"]["query"] = {{"position", 2}, {"step", 2}, {"deadline_height", 7}};
+  Result<NodeWork> w = ParseNodeWork(WorkWith(check));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(w->checks[0].dispute.has_value());
+  EXPECT_EQ(w->checks[0].dispute->stage, protocol::DisputeStage::kDisputeSteps);
+  EXPECT_EQ(w->checks[0].dispute->position, 2u);
 }
 
 }  // namespace

@@ -40,18 +40,46 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
     return InvalidArgument("the ledger's task record has no params");
   }
   const nlohmann::json& p = task["params"];
+  ledger::TaskParams params;
+  for (auto [key, field] : {std::pair{"rounds", &params.rounds},
+                            {"units_per_round", &params.units_per_round},
+                            {"inner_steps", &params.inner_steps},
+                            {"checkpoint_interval", &params.checkpoint_interval},
+                            {"batch_size", &params.batch_size}}) {
+    const uint64_t v = p.value(key, uint64_t{0});
+    if (v > UINT32_MAX) {
+      return InvalidArgument(std::string("the ledger's params.") + key + " = " +
+                             std::to_string(v) + " does not fit 32 bits");
+    }
+    *field = static_cast<uint32_t>(v);
+  }
+  params.num_examples = p.value("num_examples", uint64_t{0});
+  params.seed = p.value("seed", uint64_t{0});
+  params.model_bytes = p.value("model_bytes", uint64_t{0});
+  if (p.contains("data_root") && p["data_root"].is_string()) {
+    ML_ASSIGN_OR_RETURN(params.data_root, Hash256::FromHex(p["data_root"].get<std::string>(),
+                                                           "params.data_root"));
+  }
+  return CheckBundleMatchesLedger(facts, net, params);
+}
+
+Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
+                                const ledger::TaskParams& p) {
   const ledger::TaskParams bundle = MakeTaskParams(facts, net, Hash256{});
-  const std::pair<const char*, uint64_t> expected[] = {
-      {"rounds", bundle.rounds},
-      {"units_per_round", bundle.units_per_round},
-      {"inner_steps", bundle.inner_steps},
-      {"checkpoint_interval", bundle.checkpoint_interval},
-      {"batch_size", bundle.batch_size},
-      {"num_examples", bundle.num_examples},
-      {"seed", bundle.seed},
-      {"model_bytes", bundle.model_bytes}};
-  for (const auto& [key, want] : expected) {
-    const uint64_t got = p.value(key, uint64_t{0});
+  struct Field {
+    const char* key;
+    uint64_t want;  // the bundle's
+    uint64_t got;   // the ledger's
+  };
+  const Field fields[] = {{"rounds", bundle.rounds, p.rounds},
+                          {"units_per_round", bundle.units_per_round, p.units_per_round},
+                          {"inner_steps", bundle.inner_steps, p.inner_steps},
+                          {"checkpoint_interval", bundle.checkpoint_interval, p.checkpoint_interval},
+                          {"batch_size", bundle.batch_size, p.batch_size},
+                          {"num_examples", bundle.num_examples, p.num_examples},
+                          {"seed", bundle.seed, p.seed},
+                          {"model_bytes", bundle.model_bytes, p.model_bytes}};
+  for (const auto& [key, want, got] : fields) {
     if (got != want) {
       return InvalidArgument(std::string("the task bundle says ") + key + " = " +
                              std::to_string(want) + " but the ledger's params." + key + " = " +
@@ -60,20 +88,15 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
     }
   }
   // The data root: the ledger checks a disputed step's examples against it (RefereeStepTx), so
-  // work on data that does not give it could never be refereed. Absent or zero: none declared.
-  if (p.contains("data_root") && p["data_root"].is_string()) {
-    Result<Hash256> declared =
-        Hash256::FromHex(p["data_root"].get<std::string>(), "params.data_root");
-    if (!declared.ok()) return declared.status();
-    if (!declared->IsZero() && *declared != facts.data_root) {
-      return InvalidArgument(
-          "the submitter's data_root does not match the data in the bundle: the ledger's "
-          "params.data_root = " +
-          declared->ToHex() + " but the bundle's training data gives " +
-          (facts.data_root.IsZero() ? std::string("no data root (a token task)")
-                                    : facts.data_root.ToHex()) +
-          "; refusing it");
-    }
+  // work on data that does not give it could never be refereed. Zero: none declared.
+  if (!p.data_root.IsZero() && p.data_root != facts.data_root) {
+    return InvalidArgument(
+        "the submitter's data_root does not match the data in the bundle: the ledger's "
+        "params.data_root = " +
+        p.data_root.ToHex() + " but the bundle's training data gives " +
+        (facts.data_root.IsZero() ? std::string("no data root (a token task)")
+                                  : facts.data_root.ToHex()) +
+        "; refusing it");
   }
   return Status::Ok();
 }

@@ -329,11 +329,11 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
   // The bundle must be the task the ledger records (its data root among the rest): a referee
   // never works on a task whose data is not what the submitter declared.
   ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(*chain_, d.task_id));
-  if (Status match = CheckBundleMatchesLedger(t->facts, net, info.raw); !match.ok()) {
+  if (Status match = CheckBundleMatchesLedger(t->facts, net, info.params); !match.ok()) {
     refused_[d.task_id] = match.message();
     return match.WithPrefix("task " + d.task_id.ToHex());
   }
-  const json params = info.raw.value("params", json::object());
+  const ledger::TaskParams& params = info.params;
   Result<Bytes> state_bytes = get_(d.start_state);
   if (!state_bytes.ok()) {
     return state_bytes.status().WithPrefix("round " + std::to_string(d.round) + " start state " +
@@ -352,11 +352,7 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
   }
   // A whole step of a task with a data root (the ledger's record; CheckBundleMatchesLedger made
   // sure it is the data's): the ledger executes it from our witness.
-  Hash256 data_root;
-  if (params.contains("data_root") && params["data_root"].is_string()) {
-    ML_ASSIGN_OR_RETURN(data_root, Hash256::FromHex(params["data_root"].get<std::string>(),
-                                                    "get_task params.data_root"));
-  }
+  const Hash256 data_root = params.data_root;
   if (d.task.whole_step && !data_root.IsZero()) {
     return ComputeStepWitness(d, t, start.weights, work);
   }
@@ -442,7 +438,7 @@ Result<engine::TrainState> RefereeService::LoadDefenderCheckpoint(const RefereeD
 }
 
 Result<RefereeRuling> RefereeService::ComputeSegment(const RefereeDispute& d, TaskTrainer* t,
-                                                     const json& params,
+                                                     const ledger::TaskParams& params,
                                                      std::span<const float> global,
                                                      const UnitWork& work) {
   if (!CanFetchCheckpoints()) {
@@ -451,8 +447,8 @@ Result<RefereeRuling> RefereeService::ComputeSegment(const RefereeDispute& d, Ta
         "referee has no transport (RefereeOptions::transport)");
   }
   const protocol::ToleranceParams tolerance{
-      .max_rel_l2_ppm = params.value("tolerance_rel_l2_ppm", 0u),
-      .max_cosine_gap_ppb = params.value("tolerance_cosine_gap_ppb", 0u)};
+      .max_rel_l2_ppm = params.tolerance_rel_l2_ppm,
+      .max_cosine_gap_ppb = params.tolerance_cosine_gap_ppb};
   const int64_t step = static_cast<int64_t>(d.task.step);
   // The defender's end state: its checkpoint at `step`, or at step H its committed delta.
   DefenderEndState shown;

@@ -223,6 +223,18 @@ struct AgentStats {
   uint64_t results_proven = 0;      // ProveResult sent (a result not the delta of its final state)
 };
 
+// One verification transaction a node sends at most once per check (NodeAgent::SendVerifyTx):
+// the check (its directory), what is sent, and what tells two of a kind apart (the secret's
+// index, the witnessed step, a dispute post's first step, last step, position and deadline).
+struct VerifyAction {
+  enum class Kind : uint8_t { kSecret, kCommit, kReveal, kChallenge, kWitness, kProve, kPost };
+  std::string dir;
+  Kind kind = Kind::kSecret;
+  std::vector<uint64_t> detail;
+  auto operator<=>(const VerifyAction&) const = default;
+};
+std::string_view VerifyActionKindName(VerifyAction::Kind k);
+
 class NodeAgent {
  public:
   NodeAgent(AgentDeps deps, AgentOptions options);
@@ -283,7 +295,7 @@ class NodeAgent {
   // NewSecretEpoch starts a fresh one before a (re-)registration.
   Status LoadSecretChain();
   Status NewSecretEpoch();
-  void CheckSecretChain(const nlohmann::json& node_record);
+  void CheckSecretChain(const NodeInfo& node_record);
   UnitWork WorkOf(const TaskContext& ctx, uint32_t round, uint32_t shard) const;
   // Solver: commits a finished unit (done.json of its directory) with its secret index, as a
   // forced error when drawn, and serves what it committed.
@@ -313,11 +325,11 @@ class NodeAgent {
                                        const std::string& dir);
   std::string VerifyDir(const CheckAssignment& c) const;
   // Sends a verification transaction once per `action` (resent after a failure, up to 3 times).
-  bool SendVerifyTx(const std::string& action, ledger::TxPayload payload);
+  bool SendVerifyTx(const VerifyAction& action, ledger::TxPayload payload);
   // Whether `action` needs nothing more: sent, or given up on (failed kMaxVerifyAttempts times,
   // or its witness could not be built). Callers check it before building a multi-MB witness.
-  bool VerifyActionDone(const std::string& action) const;
-  void VerifyTxFailed(const std::string& action);
+  bool VerifyActionDone(const VerifyAction& action) const;
+  void VerifyTxFailed(const VerifyAction& action);
   void CleanVerifyDirs(const std::set<std::string>& live);
 
   AgentDeps deps_;
@@ -365,9 +377,9 @@ class NodeAgent {
   uint64_t secret_epoch_ = 0;
   bool secret_chain_checked_ = false;
   uint64_t next_secret_index_ = 0;  // node_work's, this tick
-  std::map<Hash256, std::string> verify_txs_;  // tx id -> action
-  std::set<std::string> verify_sent_;          // actions sent (in flight or done)
-  std::map<std::string, int> verify_failed_;   // action -> failed attempts
+  std::map<Hash256, VerifyAction> verify_txs_;  // tx id -> action
+  std::set<VerifyAction> verify_sent_;          // actions sent (in flight or done)
+  std::map<VerifyAction, int> verify_failed_;   // action -> failed attempts
   std::set<std::string> whistle_seen_;         // checks a whistleblower draw was made for
   // (check dir, first step, last step) -> state hashes after every step of a disputed segment.
   std::map<std::string, std::vector<Hash256>> dispute_hashes_;

@@ -39,9 +39,13 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/ledger/genesis.h"
+#include "meshlearn/ledger/rpc_answer.h"
 #include "meshlearn/ledger/rpc_client.h"
+#include "meshlearn/ledger/state.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/protocol/dispute.h"
+#include "meshlearn/protocol/unit_check.h"
 
 namespace meshlearn::ledger {
 class RpcService;
@@ -90,6 +94,17 @@ class InProcessChainClient final : public ChainClient {
 Result<nlohmann::json> RpcResultOrStatus(const nlohmann::json& response);
 
 // ---- Typed reads -------------------------------------------------------------------------
+//
+// Every answer is decoded here, once, into the records below; nothing past this header reads
+// the ledger's JSON. The task, unit and check records are strict: a field this node does not
+// know, or one it needs that is missing, is a DataLoss error naming the method and the field
+// ("ledger answer to get_task: result.params.inner_steps missing, got nothing"). Node and ledger
+// ship together, so either means a ledger of another version, and a default would silently read
+// a renamed field as 0. Stages, results, statuses and roles are the protocol's enums, parsed
+// from the names the ledger writes (protocol::CheckStageName, ...); an unknown name is an error.
+
+// get_genesis: the chain's genesis, parsed (ledger/genesis.h).
+Result<ledger::Genesis> GetGenesis(ChainClient& chain);
 
 struct ChainStatusInfo {
   std::string chain_id;
@@ -110,6 +125,10 @@ struct NodeInfo {
   uint64_t stake = 0;
   uint64_t price = 0;
   uint64_t last_heartbeat_height = 0;
+  ledger::NodeCapabilities capabilities;
+  // The deepest element of the node's secret chain the ledger knows, and its index.
+  Hash256 secret_anchor;
+  uint64_t secret_anchor_index = 0;
 };
 // nullopt when the ledger does not know the node.
 Result<std::optional<NodeInfo>> GetNode(ChainClient& chain, const PublicKey& id);
@@ -146,7 +165,7 @@ struct AggregationAssignment {
 };
 // A dispute on a checked unit (protocol/dispute.h), as node_work shows it.
 struct DisputeView {
-  std::string stage;  // "steps" | "operators" | "referee" | "resolved"
+  protocol::DisputeStage stage = protocol::DisputeStage::kDisputeSteps;
   PublicKey defender;
   PublicKey challenger;
   uint64_t first_step = 0;
@@ -158,6 +177,15 @@ struct DisputeView {
   bool has_referee = false;  // referee stage: what the referee must compute
   protocol::RefereeTask referee;
 };
+// What a node is to a check (node_work "roles"; a node may be several).
+enum class CheckRole : uint8_t {
+  kCheckRoleSolver = 0,
+  kCheckRoleVerifier,
+  kCheckRoleChallenger,  // a challenger of the check's dispute that is not one of its verifiers
+  kCheckRoleWhistleblower,
+};
+std::string_view CheckRoleName(CheckRole r);
+
 // A committed unit of the current round under verification that this node takes part in
 // (node_work "checks"; docs/verification.md).
 struct CheckAssignment {
@@ -172,10 +200,10 @@ struct CheckAssignment {
   Hash256 start_state;
   std::string solver_endpoint;
   std::vector<Hash256> leaves;     // the committed state hashes, on chain with the commit
-  std::vector<std::string> roles;  // "solver" | "verifier" | "challenger" | "whistleblower"
-  // protocol::UnitCheck as CheckStageName / CheckResultName spell them.
-  std::string stage;   // "awaiting_beacon" | "commit_verdicts" | "reveal_verdicts" | ...
-  std::string result;  // "pending" | "unchecked" | "clean" | "fraud" | ...
+  std::vector<CheckRole> roles;
+  protocol::CheckStage stage = protocol::CheckStage::kCheckAwaitingBeacon;
+  protocol::CheckResult result = protocol::CheckResult::kCheckPending;
+  std::string reason;  // why the check settled as it did ("" while pending)
   PublicKey solver;
   uint64_t commit_height = 0;
   uint64_t deadline_height = 0;  // of the current window
@@ -184,7 +212,7 @@ struct CheckAssignment {
   uint32_t num_segments = 0;
   std::optional<DisputeView> dispute;
 
-  bool HasRole(std::string_view role) const;
+  bool HasRole(CheckRole role) const;
 };
 struct NodeWork {
   uint64_t height = 0;
@@ -198,15 +226,45 @@ struct NodeWork {
 Result<NodeWork> GetNodeWork(ChainClient& chain, const PublicKey& node);
 Result<NodeWork> ParseNodeWork(const nlohmann::json& j);
 
-// get_task: the raw JSON (fields in rpc.h) and the parts a node needs.
+// A work unit as get_task lists it (units=true; fields in ledger/rpc.h). Its check, when it has
+// one, is not decoded here (node_work's "checks" carry the checks a node takes part in).
+struct UnitRecord {
+  Hash256 task_id;
+  uint32_t index = 0;
+  uint32_t round = 0;
+  uint32_t shard = 0;
+  ledger::WorkUnitStatus status = ledger::WorkUnitStatus::kPending;
+  PublicKey assignee;
+  uint64_t deadline_height = 0;
+  Hash256 result_hash;
+  Hash256 commitment;
+  uint64_t loss_micros = 0;
+  uint64_t price = 0;
+  uint64_t paid = 0;
+  Hash256 assignment_beacon;
+  uint64_t secret_index = 0;
+  std::vector<Hash256> leaves;
+  bool has_check = false;
+};
+
+// get_task (ledger::TaskToJson): the parts a node reads, typed. The other fields of the record
+// (budget, round_results, ...) are known and skipped.
 struct TaskInfo {
   Hash256 id;
-  Hash256 spec_hash;    // blob id of the task bundle
-  std::string status;   // "open" | "finished" | "cancelled"
-  Hash256 final_state;  // zero until finished
-  nlohmann::json raw;
+  Hash256 spec_hash;  // blob id of the task bundle
+  ledger::TaskStatus status = ledger::TaskStatus::kOpen;
+  ledger::TaskParams params;
+  // [r] = the state round r trains from; the last is the newest final state.
+  std::vector<Hash256> weights_history;
+  Hash256 final_state;            // zero until finished
+  std::vector<UnitRecord> units;  // with units=true
 };
 Result<TaskInfo> GetTask(ChainClient& chain, const Hash256& id, bool units = false);
+// Every task (list_tasks, all pages).
+Result<std::vector<TaskInfo>> ListTasks(ChainClient& chain);
+// The decoders behind GetTask / GetNodeWork, for answers read some other way (tests).
+Result<TaskInfo> ParseTask(const ledger::RpcAnswer& a);
+Result<ledger::TaskParams> ParseTaskParams(const ledger::RpcAnswer& params);
 
 // ---- Sending transactions ------------------------------------------------------------------
 

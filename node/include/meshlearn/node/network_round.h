@@ -67,5 +67,9 @@ Hash256 StateBlobId(const GlobalState& state);
 // ledger could never check a disputed step's examples against it.
 Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
                                 const nlohmann::json& task);
+// The same against the ledger's params decoded (chain_client.h's TaskInfo::params); a zero
+// data_root declares none.
+Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
+                                const ledger::TaskParams& params);
 
 }  // namespace meshlearn::node

@@ -236,7 +236,8 @@ class RefereeService {
   };
   Result<Computed> Compute(const RefereeDispute& d);
   Result<RefereeRuling> ComputeSegment(const RefereeDispute& d, TaskTrainer* t,
-                                       const nlohmann::json& params, std::span<const float> global,
+                                       const ledger::TaskParams& params,
+                                       std::span<const float> global,
                                        const UnitWork& work);
   Result<Computed> ComputeStepWitness(const RefereeDispute& d, TaskTrainer* t,
                                       std::span<const float> global, const UnitWork& work);
