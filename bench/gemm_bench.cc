@@ -4,6 +4,10 @@
 //
 //   gemm_bench                       # all cases
 //   gemm_bench --sizes=256,512 --threads=1
+//   gemm_bench --sizes= --shapes=2048x1152x384 --conv=0   # one GPT shape (M x N x K), no conv
+//
+// Default shapes: squares 256..2048 and the linear layers of code-gpt-10m at batch 8 x 256 tokens
+// (M = B*T = 2048; qkv 384->1152, attention proj 384->384, MLP fc 384->1536 and proj 1536->384).
 //
 // Each timing is the best of several repetitions, the two contenders alternating (the machine
 // may be shared). Besides wall-clock GFLOP/s it prints GFLOP per process-CPU-second, which a busy
@@ -78,6 +82,24 @@ std::pair<Time, Time> BestTimes(const std::function<void()>& a, const std::funct
   return {best_a, best_b};
 }
 
+// "MxNxK,MxNxK" -> shapes; false on malformed input.
+struct Shape {
+  int64_t M, N, K;
+};
+bool ParseShapes(const char* s, std::vector<Shape>* out) {
+  while (*s) {
+    long long m = 0, n = 0, k = 0;
+    int used = 0;
+    if (std::sscanf(s, "%lldx%lldx%lld%n", &m, &n, &k, &used) != 3 || m <= 0 || n <= 0 || k <= 0)
+      return false;
+    out->push_back(Shape{m, n, k});
+    s += used;
+    if (*s == ',') ++s;
+    else if (*s) return false;
+  }
+  return true;
+}
+
 std::vector<int> ParseList(const char* s) {
   std::vector<int> out;
   while (*s) {
@@ -107,22 +129,40 @@ void Im2col(float* col, const float* x, int64_t C, int64_t H, int64_t W, int64_t
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> sizes = {256, 384, 512, 768, 1024};
+  std::vector<int> sizes = {256, 384, 512, 768, 1024, 1536, 2048};
+  std::vector<Shape> shapes = {{2048, 1152, 384}, {2048, 384, 384}, {2048, 1536, 384},
+                               {2048, 384, 1536}};
   std::vector<int> threads = {1, 2};
+  bool conv = true;
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--sizes=", 8) == 0)
+    if (std::strncmp(argv[i], "--sizes=", 8) == 0) {
       sizes = ParseList(argv[i] + 8);
-    else if (std::strncmp(argv[i], "--threads=", 10) == 0)
+    } else if (std::strncmp(argv[i], "--shapes=", 9) == 0) {
+      shapes.clear();
+      if (!ParseShapes(argv[i] + 9, &shapes)) {
+        std::fprintf(stderr, "gemm_bench: --shapes: expected MxNxK[,MxNxK...] with positive "
+                             "integers, e.g. --shapes=2048x1152x384\n");
+        return 2;
+      }
+    } else if (std::strncmp(argv[i], "--threads=", 10) == 0) {
       threads = ParseList(argv[i] + 10);
-    else {
-      std::fprintf(stderr, "usage: gemm_bench [--sizes=256,512] [--threads=1,2]\n");
+    } else if (std::strcmp(argv[i], "--conv=0") == 0 || std::strcmp(argv[i], "--conv=1") == 0) {
+      conv = argv[i][7] == '1';
+    } else {
+      std::fprintf(stderr,
+                   "usage: gemm_bench [--sizes=256,512] [--shapes=MxNxK,...] [--threads=1,2] "
+                   "[--conv=0|1]\n"
+                   "  e.g. gemm_bench --sizes=1024 --shapes= --threads=1 --conv=0\n");
       return 2;
     }
   }
+  std::vector<Shape> cases;
+  for (int n : sizes) cases.push_back(Shape{n, n, n});
+  cases.insert(cases.end(), shapes.begin(), shapes.end());
   const KernelConfig base = GetKernelConfig();
   const std::string simd(meshlearn::engine::SimdPathName(base.simd));
-  for (int n : sizes) {
-    const int64_t M = n, N = n, K = n;
+  for (const Shape& shape : cases) {
+    const int64_t M = shape.M, N = shape.N, K = shape.K;
     auto inp = Random(M * K, 1), w = Random(N * K, 2), bias = Random(N, 3);
     std::vector<float> out(M * N), blas_out(M * N);
     std::vector<float> first;
@@ -158,7 +198,10 @@ int main(int argc, char** argv) {
   struct ConvCase {
     int64_t B, C, H, W, OC, K, s, p;
   };
-  for (ConvCase c : {ConvCase{32, 32, 32, 32, 64, 3, 1, 1}, ConvCase{64, 1, 28, 28, 32, 5, 1, 2}}) {
+  std::vector<ConvCase> conv_cases = {ConvCase{32, 32, 32, 32, 64, 3, 1, 1},
+                                      ConvCase{64, 1, 28, 28, 32, 5, 1, 2}};
+  if (!conv) conv_cases.clear();
+  for (ConvCase c : conv_cases) {
     const int64_t OH = (c.H + 2 * c.p - c.K) / c.s + 1, OW = (c.W + 2 * c.p - c.K) / c.s + 1;
     auto x = Random(c.B * c.C * c.H * c.W, 4), w = Random(c.OC * c.C * c.K * c.K, 5);
     auto bias = Random(c.OC, 6);

@@ -142,6 +142,10 @@ void DropoutBackward(float* dinp, const float* dout, const float* mask, int64_t 
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().dropout_backward(dinp, dout, mask, n);
 }
+void AdamWUpdate(float* w, float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
+  internal::FpEnvGuard fp_guard;
+  ActiveKernelTable().adamw_update(w, g, m, v, n, s);
+}
 
 namespace internal {
 

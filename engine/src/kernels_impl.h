@@ -36,9 +36,14 @@ inline constexpr int kMR = 4;
 inline constexpr int kNRV = 4;
 #endif
 inline constexpr int kNR = kNRV * kW;
+// Blocking (see GemmBlock): k blocks of kKC, A row blocks of kMC (packed for all of K), B column
+// blocks of kNC (a kKC x kNC block stays in L2). Measured on Zen 3 (32 KiB L1, 512 KiB L2); any
+// values give the same bits.
 inline constexpr int64_t kKC = 256;
-inline constexpr int64_t kMC = kMR * 16;
-inline constexpr int64_t kNC = kNR * 32;
+inline constexpr int64_t kMC = kMR * 128;
+inline constexpr int64_t kNC = kNR * (256 / kNR);
+// How far ahead (in k steps) the micro-kernel prefetches its A micro-panel.
+inline constexpr int64_t kPrefetchK = 8;
 
 inline float ScalarFma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -62,6 +67,7 @@ inline void MicroKernel(int64_t kc, const float* __restrict pa, const float* __r
                         Vf (&acc)[kMR][kNRV]) {
 #pragma GCC unroll 4
   for (int64_t k = 0; k < kc; ++k) {
+    __builtin_prefetch(pa + kPrefetchK * kMR, 0, 3);
     Vf b[kNRV];
 #pragma GCC unroll 4
     for (int j = 0; j < kNRV; ++j) b[j] = Load(pb + j * kW);
@@ -78,9 +84,16 @@ inline void MicroKernel(int64_t kc, const float* __restrict pa, const float* __r
 
 // One MR x NR tile (mr x nr valid). cin: running partial (or null: start from bias/0).
 // final_out: apply alpha/accumulate and write to o.c; else store the raw partial to pout.
-inline void Tile(int64_t kc, const float* pa, const float* pb, int mr, int nr, int64_t m0,
-                 int64_t n0, const float* cin, int64_t ldcin, const GemmOut& o, bool final_out,
-                 float* pout, int64_t ldpout) {
+// kFull: mr == kMR and nr == kNR (whole vectors, no masks).
+template <bool kFull>
+inline void TileImpl(int64_t kc, const float* pa, const float* pb, int mr, int nr, int64_t m0,
+                     int64_t n0, const float* cin, int64_t ldcin, const GemmOut& o,
+                     bool final_out, float* pout, int64_t ldpout) {
+  if (kFull) {
+    mr = kMR;
+    nr = kNR;
+  }
+  auto load = [](const float* p, int nv) { return kFull ? Load(p) : LoadPartial(p, nv); };
   Vf acc[kMR][kNRV];
 #pragma GCC unroll 16
   for (int r = 0; r < kMR; ++r) {
@@ -88,9 +101,9 @@ inline void Tile(int64_t kc, const float* pa, const float* pb, int mr, int nr, i
     for (int j = 0; j < kNRV; ++j) {
       const int nv = nr - j * kW;
       if (cin != nullptr) {
-        acc[r][j] = r < mr ? LoadPartial(cin + r * ldcin + j * kW, nv) : Zero();
+        acc[r][j] = r < mr ? load(cin + r * ldcin + j * kW, nv) : Zero();
       } else if (o.bias_col != nullptr) {
-        acc[r][j] = LoadPartial(o.bias_col + n0 + j * kW, nv);
+        acc[r][j] = load(o.bias_col + n0 + j * kW, nv);
       } else if (o.bias_row != nullptr) {
         acc[r][j] = Set1(r < mr ? o.bias_row[m0 + r] : 0.0f);
       } else {
@@ -98,7 +111,7 @@ inline void Tile(int64_t kc, const float* pa, const float* pb, int mr, int nr, i
       }
     }
   }
-  if (mr == kMR) {
+  if (kFull || mr == kMR) {
     MicroKernel<kMR>(kc, pa, pb, acc);
   } else if (mr <= kMR / 4) {
     MicroKernel<kMR / 4>(kc, pa, pb, acc);
@@ -109,6 +122,7 @@ inline void Tile(int64_t kc, const float* pa, const float* pb, int mr, int nr, i
   }
   if (final_out) {
     float* c = o.c + m0 * o.ldc + n0;
+    const Vf alpha = Set1(o.alpha);
 #pragma GCC unroll 16
     for (int r = 0; r < kMR; ++r) {
       if (r >= mr) break;
@@ -117,9 +131,9 @@ inline void Tile(int64_t kc, const float* pa, const float* pb, int mr, int nr, i
         const int nv = nr - j * kW;
         if (nv <= 0) break;
         Vf v = acc[r][j];
-        if (o.use_alpha) v = v * Set1(o.alpha);
+        if (o.use_alpha) v = v * alpha;
         float* p = c + r * o.ldc + j * kW;
-        if (nv >= kW) {
+        if (kFull || nv >= kW) {
           if (o.accumulate) v = Load(p) + v;
           Store(p, v);
         } else {
@@ -136,9 +150,32 @@ inline void Tile(int64_t kc, const float* pa, const float* pb, int mr, int nr, i
       for (int j = 0; j < kNRV; ++j) {
         const int nv = nr - j * kW;
         if (nv <= 0) break;
-        StorePartial(pout + r * ldpout + j * kW, acc[r][j], nv);
+        if (kFull || nv >= kW) {
+          Store(pout + r * ldpout + j * kW, acc[r][j]);
+        } else {
+          StorePartial(pout + r * ldpout + j * kW, acc[r][j], nv);
+        }
       }
     }
+  }
+}
+
+inline void Tile(int64_t kc, const float* pa, const float* pb, int mr, int nr, int64_t m0,
+                 int64_t n0, const float* cin, int64_t ldcin, const GemmOut& o, bool final_out,
+                 float* pout, int64_t ldpout) {
+  if (mr == kMR && nr == kNR) {
+    TileImpl<true>(kc, pa, pb, mr, nr, m0, n0, cin, ldcin, o, final_out, pout, ldpout);
+  } else {
+    TileImpl<false>(kc, pa, pb, mr, nr, m0, n0, cin, ldcin, o, final_out, pout, ldpout);
+  }
+}
+
+// Asks for the rows [p + r*ld, p + r*ld + kNR) of a tile to be brought into L1 for writing.
+inline void PrefetchTile(const float* p, int64_t ld, int mr) {
+  for (int r = 0; r < mr; ++r) {
+    const float* row = p + r * ld;
+    for (int x = 0; x < kNR; x += 16) __builtin_prefetch(row + x, 1, 3);
+    __builtin_prefetch(row + kNR - 1, 1, 3);
   }
 }
 
@@ -147,40 +184,63 @@ inline void Tile(int64_t kc, const float* pa, const float* pb, int mr, int nr, i
 // pack_b(dst, n0, nr, k0, kc): dst[kk*NR + j] = B[k0+kk, n0+j], zero for j >= nr.
 // partial: where running partials go between k blocks when the output cannot hold them
 // (accumulate or alpha); null means o.c holds them.
+// Blocking: rows in blocks of kMC whose A panels are packed once for all of K (A is packed once
+// per row block, not once per column block); then column blocks of kNC, k blocks of kKC with the
+// B block (kKC x kNC) packed into L2; then one A micro-panel (L1) against every B micro-panel of
+// the block, walking C along its rows. Every tile walks its k block in increasing order and k
+// blocks run in increasing order, so each output is the one sequential chain whatever the
+// blocking. The next tile's running partial is prefetched while the current one computes.
 template <typename PackA, typename PackB>
 void GemmBlock(int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, int64_t K,
                const PackA& pack_a, const PackB& pack_b, const GemmOut& o, float* partial,
                int64_t ldp) {
   if (m_end <= m_begin || n_end <= n_begin) return;
   const int64_t nkb = K == 0 ? 1 : CeilDiv(K, kKC);
+  const int64_t kpad = K == 0 ? 1 : K;
   float* pb_buf = ScratchBuffer(0, kKC * kNC);
-  float* pa_buf = ScratchBuffer(1, kKC * kMC);
+  float* pa_buf = ScratchBuffer(1, kpad * MinI(kMC, CeilDiv(m_end - m_begin, kMR) * kMR));
   float* pbase = partial != nullptr ? partial : o.c;
   const int64_t ldb = partial != nullptr ? ldp : o.ldc;
-  for (int64_t jc = n_begin; jc < n_end; jc += kNC) {
-    const int64_t nc = MinI(kNC, n_end - jc);
-    const int64_t npanels = CeilDiv(nc, kNR);
+  for (int64_t ic = m_begin; ic < m_end; ic += kMC) {
+    const int64_t mc = MinI(kMC, m_end - ic);
+    const int64_t mpanels = CeilDiv(mc, kMR);
+    // A block k0..k0+kc: panel ip at pa_buf + k0 * mpanels * kMR + ip * kc * kMR.
     for (int64_t kb = 0; kb < nkb; ++kb) {
-      const int64_t k0 = kb * kKC;
-      const int64_t kc = MinI(kKC, K - k0);
-      const bool first = kb == 0, last = kb == nkb - 1;
-      for (int64_t jp = 0; jp < npanels; ++jp) {
-        pack_b(pb_buf + jp * kc * kNR, jc + jp * kNR, MinI(kNR, nc - jp * kNR), k0, kc);
+      const int64_t k0 = kb * kKC, kc = MinI(kKC, K - k0);
+      for (int64_t ip = 0; ip < mpanels; ++ip) {
+        pack_a(pa_buf + k0 * mpanels * kMR + ip * kc * kMR, ic + ip * kMR,
+               MinI(kMR, mc - ip * kMR), k0, kc);
       }
-      for (int64_t ic = m_begin; ic < m_end; ic += kMC) {
-        const int64_t mc = MinI(kMC, m_end - ic);
-        const int64_t mpanels = CeilDiv(mc, kMR);
-        for (int64_t ip = 0; ip < mpanels; ++ip) {
-          pack_a(pa_buf + ip * kc * kMR, ic + ip * kMR, MinI(kMR, mc - ip * kMR), k0, kc);
-        }
+    }
+    for (int64_t jc = n_begin; jc < n_end; jc += kNC) {
+      const int64_t nc = MinI(kNC, n_end - jc);
+      const int64_t npanels = CeilDiv(nc, kNR);
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const int64_t k0 = kb * kKC;
+        const int64_t kc = MinI(kKC, K - k0);
+        const bool first = kb == 0, last = kb == nkb - 1;
         for (int64_t jp = 0; jp < npanels; ++jp) {
-          const int64_t n0 = jc + jp * kNR;
-          const int nr = static_cast<int>(MinI(kNR, nc - jp * kNR));
-          for (int64_t ip = 0; ip < mpanels; ++ip) {
-            const int64_t m0 = ic + ip * kMR;
-            const int mr = static_cast<int>(MinI(kMR, mc - ip * kMR));
+          pack_b(pb_buf + jp * kc * kNR, jc + jp * kNR, MinI(kNR, nc - jp * kNR), k0, kc);
+        }
+        const float* pa_k = pa_buf + k0 * mpanels * kMR;
+        // Where the tile's running partial lives (read when !first, written when !last), and the
+        // output (written when last).
+        float* pref = first && last ? o.c : pbase;
+        const int64_t ldref = first && last ? o.ldc : ldb;
+        for (int64_t ip = 0; ip < mpanels; ++ip) {
+          const int64_t m0 = ic + ip * kMR;
+          const int mr = static_cast<int>(MinI(kMR, mc - ip * kMR));
+          for (int64_t jp = 0; jp < npanels; ++jp) {
+            const int64_t n0 = jc + jp * kNR;
+            const int nr = static_cast<int>(MinI(kNR, nc - jp * kNR));
+            if (jp + 1 < npanels) {
+              PrefetchTile(pref + m0 * ldref + n0 + kNR, ldref, mr);
+            } else if (ip + 1 < mpanels) {
+              PrefetchTile(pref + (m0 + kMR) * ldref + jc, ldref,
+                           static_cast<int>(MinI(kMR, mc - (ip + 1) * kMR)));
+            }
             const float* cin = first ? nullptr : pbase + m0 * ldb + n0;
-            Tile(kc, pa_buf + ip * kc * kMR, pb_buf + jp * kc * kNR, mr, nr, m0, n0, cin, ldb, o,
+            Tile(kc, pa_k + ip * kc * kMR, pb_buf + jp * kc * kNR, mr, nr, m0, n0, cin, ldb, o,
                  last, pbase + m0 * ldb + n0, ldb);
           }
         }
@@ -189,7 +249,7 @@ void GemmBlock(int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, i
   }
 }
 
-// The whole GEMM, split over `threads` by output columns (or rows when there are few columns).
+// The whole GEMM, split over `threads` by output columns or rows (whichever is longer).
 template <typename PackA, typename PackB>
 void Gemm(int64_t M, int64_t N, int64_t K, const PackA& pack_a, const PackB& pack_b,
           const GemmOut& o, int threads) {
@@ -203,7 +263,9 @@ void Gemm(int64_t M, int64_t N, int64_t K, const PackA& pack_a, const PackB& pac
     GemmBlock(0, M, 0, N, K, pack_a, pack_b, o, partial, N);
     return;
   }
-  const bool split_n = npanels >= threads || npanels >= mpanels;
+  // Each thread packs the A rows and B columns it uses: splitting columns repeats the packing of
+  // A on every thread, splitting rows repeats B's, so split the longer side.
+  const bool split_n = npanels >= threads && (N >= M || mpanels < threads);
   const int64_t units = split_n ? npanels : mpanels;
   const int64_t tasks = MinI(units, threads);
   ParallelFor(tasks, threads, [&](int64_t t0, int64_t t1) {
@@ -1415,6 +1477,28 @@ float SumTreeImpl(const float* x, int64_t n, bool squares) {
 float SumTree(const float* x, int64_t n) { return SumTreeImpl(x, n, false); }
 float SumSquaresTree(const float* x, int64_t n) { return SumTreeImpl(x, n, true); }
 
+// The reference's per-element AdamW formula, lanes over elements; threads split element ranges.
+void AdamWUpdate(float* w, float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
+  ForEachVec(
+      n,
+      [&](int64_t i, int nv) {
+        Vf gi = LoadPartial(g + i, nv);
+        if (s.scale_grad) {
+          gi = gi * Set1(s.grad_scale);
+          StorePartial(g + i, gi, nv);
+        }
+        Vf wi = LoadPartial(w + i, nv);
+        if (s.decay_weight) wi = wi * Set1(s.decay);
+        const Vf mi = Set1(s.b1) * LoadPartial(m + i, nv) + Set1(s.one_minus_b1) * gi;
+        const Vf vi = Set1(s.b2) * LoadPartial(v + i, nv) + Set1(s.one_minus_b2) * (gi * gi);
+        StorePartial(m + i, mi, nv);
+        StorePartial(v + i, vi, nv);
+        const Vf denom = Sqrt(vi) / Set1(s.bc2_sqrt) + Set1(s.eps);
+        StorePartial(w + i, wi - Set1(s.step_size) * (mi / denom), nv);
+      },
+      int64_t{1} << 15);
+}
+
 template <Vf (*F)(Vf)>
 void MapArray(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; i += kW) {
@@ -1447,6 +1531,7 @@ inline internal::KernelTable MakeTable() {
   t.residual_backward = &ResidualBackward;
   t.dropout_forward = &DropoutForward;
   t.dropout_backward = &DropoutBackward;
+  t.adamw_update = &AdamWUpdate;
   t.sum_tree = &SumTree;
   t.sum_squares_tree = &SumSquaresTree;
   t.exp_array = &MapArray<ExpV>;

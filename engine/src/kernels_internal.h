@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "meshlearn/engine/kernels.h"
+
 namespace meshlearn::engine::internal {
 
 inline constexpr float kLayerNormEps = 1e-5f;
@@ -45,6 +47,7 @@ struct KernelTable {
   void (*residual_backward)(float*, float*, const float*, int64_t);
   void (*dropout_forward)(float*, float*, const float*, int64_t, float, uint64_t, uint64_t);
   void (*dropout_backward)(float*, const float*, const float*, int64_t);
+  void (*adamw_update)(float*, float*, float*, float*, int64_t, const AdamWStep&);
   float (*sum_tree)(const float*, int64_t);
   float (*sum_squares_tree)(const float*, int64_t);
   void (*exp_array)(float*, const float*, int64_t);

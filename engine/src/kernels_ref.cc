@@ -462,6 +462,20 @@ void DropoutBackward(float* dinp, const float* dout, const float* mask, int64_t 
   for (int64_t i = 0; i < n; ++i) dinp[i] = dinp[i] + dout[i] * mask[i];
 }
 
+void AdamWUpdate(float* w, float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
+  internal::FpEnvGuard fp_guard;
+  for (int64_t i = 0; i < n; ++i) {
+    if (s.scale_grad) g[i] = g[i] * s.grad_scale;
+    const float wi = s.decay_weight ? w[i] * s.decay : w[i];
+    const float mi = s.b1 * m[i] + s.one_minus_b1 * g[i];
+    const float vi = s.b2 * v[i] + s.one_minus_b2 * (g[i] * g[i]);
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = __builtin_sqrtf(vi) / s.bc2_sqrt + s.eps;
+    w[i] = wi - s.step_size * (mi / denom);
+  }
+}
+
 float SumTree(const float* x, int64_t n) {
   internal::FpEnvGuard fp_guard;
   return SumTreeRef(x, n, false);

@@ -154,6 +154,31 @@ TEST(KernelsTest, ElementWise) {
       KERNEL(fast, DropoutBackward)(d.data(), g.data(), mask.data(), n);
       return Outputs{out, mask, d};
     });
+    // AdamW: with and without clipping and weight decay; v >= 0 as in training, tiny values too.
+    for (int variant = 0; variant < 4; ++variant) {
+      ExpectFastEqualsRef("AdamW", [&](bool fast) {
+        auto w = RandomVec(n, 40), gr = RandomVec(n, 41), m = RandomVec(n, 42, -0.1f, 0.1f);
+        auto v = RandomVec(n, 43, 0.0f, 1e-3f);
+        v[0] = 0.0f;
+        gr[0] = 0.0f;
+        AdamWStep s;
+        s.b1 = 0.9f;
+        s.b2 = 0.99f;
+        s.one_minus_b1 = 0.1f;
+        s.one_minus_b2 = 0.01f;
+        s.step_size = 1e-3f / 0.19f;
+        s.bc2_sqrt = 0.141f;
+        s.eps = 1e-8f;
+        s.decay = 0.9999f;
+        s.grad_scale = 0.37f;
+        s.decay_weight = variant & 1;
+        s.scale_grad = variant & 2;
+        for (int step = 0; step < 2; ++step) {
+          KERNEL(fast, AdamWUpdate)(w.data(), gr.data(), m.data(), v.data(), n, s);
+        }
+        return Outputs{w, gr, m, v};
+      });
+    }
     ExpectFastEqualsRef("SumTree", [&](bool fast) {
       float a = KERNEL(fast, SumTree)(x.data(), n);
       float b = KERNEL(fast, SumSquaresTree)(x.data(), n);

@@ -142,13 +142,8 @@ double PowInt(double b, int64_t t) {
 float Optimizer::Step(std::vector<Param>& params, int64_t step) {
   CHECK_EQ(params.size(), param_names_.size());
   const float norm = GlobalGradNorm(params);
-  if (spec_.grad_clip > 0 && norm > static_cast<float>(spec_.grad_clip)) {
-    const float scale = static_cast<float>(spec_.grad_clip) / (norm + 1e-6f);
-    for (Param& p : params) {
-      float* g = p.grad.data();
-      for (int64_t i = 0; i < p.grad.size(); ++i) g[i] = g[i] * scale;
-    }
-  }
+  const bool clip = spec_.grad_clip > 0 && norm > static_cast<float>(spec_.grad_clip);
+  const float scale = clip ? static_cast<float>(spec_.grad_clip) / (norm + 1e-6f) : 1.0f;
   const float lr = LearningRate(step);
   const float wd = static_cast<float>(spec_.weight_decay);
   if (spec_.kind == "adamw") {
@@ -160,25 +155,31 @@ float Optimizer::Step(std::vector<Param>& params, int64_t step) {
     const float bc2_sqrt = std::sqrt(static_cast<float>(1.0 - PowInt(spec_.beta2, t)));
     const float eps = static_cast<float>(spec_.eps);
     const float decay = 1.0f - lr * wd;
+    // The per-element update (clipping included) is the AdamWUpdate kernel: SIMD lanes and
+    // threads over elements, the reference's formula (kernels.h) bit for bit.
+    AdamWStep s;
+    s.b1 = b1;
+    s.b2 = b2;
+    s.one_minus_b1 = one_minus_b1;
+    s.one_minus_b2 = one_minus_b2;
+    s.step_size = step_size;
+    s.bc2_sqrt = bc2_sqrt;
+    s.eps = eps;
+    s.decay = decay;
+    s.grad_scale = scale;
+    s.scale_grad = clip;
     for (size_t k = 0; k < params.size(); ++k) {
       Param& p = params[k];
-      float* w = p.value.data();
-      const float* g = p.grad.data();
-      float* m = m_[k].data();
-      float* v = v_[k].data();
-      const bool decayed = wd != 0.0f && p.value.shape().size() >= 2;
-      const int64_t n = p.value.size();
-      for (int64_t i = 0; i < n; ++i) {
-        float wi = decayed ? w[i] * decay : w[i];
-        float mi = b1 * m[i] + one_minus_b1 * g[i];
-        float vi = b2 * v[i] + one_minus_b2 * (g[i] * g[i]);
-        m[i] = mi;
-        v[i] = vi;
-        float denom = std::sqrt(vi) / bc2_sqrt + eps;
-        w[i] = wi - step_size * (mi / denom);
-      }
+      s.decay_weight = wd != 0.0f && p.value.shape().size() >= 2;
+      AdamWUpdate(p.value.data(), p.grad.data(), m_[k].data(), v_[k].data(), p.value.size(), s);
     }
   } else {
+    if (clip) {
+      for (Param& p : params) {
+        float* g = p.grad.data();
+        for (int64_t i = 0; i < p.grad.size(); ++i) g[i] = g[i] * scale;
+      }
+    }
     const float mu = static_cast<float>(spec_.momentum);
     for (size_t k = 0; k < params.size(); ++k) {
       Param& p = params[k];

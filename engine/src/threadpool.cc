@@ -1,5 +1,7 @@
 #include "meshlearn/engine/threadpool.h"
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
@@ -15,6 +17,29 @@ namespace {
 
 // True on pool workers and on a caller while it runs a job: a nested ParallelFor runs inline.
 thread_local bool t_in_parallel = false;
+
+// How long a worker keeps polling for the next job, and the caller for the end of its job, before
+// sleeping on a condition variable. A training step runs many parallel regions a few microseconds
+// apart; a futex sleep and wake-up between each (tens of microseconds on a VM) made a second thread
+// no faster than one on the Fashion MLP. Polling stops after this long, so an idle pool sleeps.
+constexpr std::chrono::microseconds kSpin{200};
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Polls pred() for up to kSpin; returns its last value.
+template <typename Pred>
+bool SpinUntil(const Pred& pred) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1;; ++i) {
+    if (pred()) return true;
+    CpuRelax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() - t0 > kSpin) return pred();
+  }
+}
 
 class ThreadPool {
  public:
@@ -41,12 +66,18 @@ class ThreadPool {
       done_chunks_ = 0;
       ++generation_;
     }
-    cv_.notify_all();
+    if (sleepers_.load(std::memory_order_acquire) > 0) cv_.notify_all();
     t_in_parallel = true;
     RunChunks();
     t_in_parallel = false;
+    SpinUntil([&] {
+      return done_chunks_.load(std::memory_order_acquire) == chunks &&
+             active_.load(std::memory_order_acquire) == 0;
+    });
     std::unique_lock<std::mutex> lock(mu_);
+    caller_sleeping_ = true;
     done_cv_.wait(lock, [&] { return done_chunks_ == job_chunks_ && active_ == 0; });
+    caller_sleeping_ = false;
     job_fn_ = nullptr;
   }
 
@@ -74,12 +105,12 @@ class ThreadPool {
         chunks = job_chunks_;
       }
       fn(ctx, n * i / chunks, n * (i + 1) / chunks);
-      bool all_done;
+      bool notify;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        all_done = ++done_chunks_ == job_chunks_;
+        notify = ++done_chunks_ == job_chunks_ && caller_sleeping_;
       }
-      if (all_done) done_cv_.notify_all();
+      if (notify) done_cv_.notify_all();
     }
   }
 
@@ -87,20 +118,25 @@ class ThreadPool {
     t_in_parallel = true;
     uint64_t seen = 0;
     for (;;) {
+      SpinUntil([&] { return generation_.load(std::memory_order_acquire) != seen; });
       {
         std::unique_lock<std::mutex> lock(mu_);
+        ++sleepers_;
         cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        --sleepers_;
         if (stop_) return;
         seen = generation_;
         ++active_;
       }
       internal::SetCanonicalFpEnv();  // workers only ever run kernel chunks
       RunChunks();
+      bool notify;
       {
         std::lock_guard<std::mutex> lock(mu_);
         --active_;
+        notify = caller_sleeping_;
       }
-      done_cv_.notify_all();
+      if (notify) done_cv_.notify_all();
     }
   }
 
@@ -110,14 +146,17 @@ class ThreadPool {
   std::condition_variable done_cv_;
   std::vector<std::thread> workers_;
   bool stop_ = false;
-  uint64_t generation_ = 0;
-  int active_ = 0;
+  // Written under mu_; atomic so that spinning threads may read them without it.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> active_{0};
+  std::atomic<int> sleepers_{0};  // workers waiting on cv_
+  bool caller_sleeping_ = false;  // the caller waits on done_cv_
   ParallelFn job_fn_ = nullptr;
   void* job_ctx_ = nullptr;
   int64_t job_n_ = 0;
   int64_t job_chunks_ = 0;
   int64_t next_chunk_ = 0;
-  int64_t done_chunks_ = 0;
+  std::atomic<int64_t> done_chunks_{0};
 };
 
 ThreadPool& Pool() {

@@ -36,6 +36,18 @@ float SumTree(const float* x, int64_t n);
 // Fixed-order sum of squares (for global gradient norms).
 float SumSquaresTree(const float* x, int64_t n);
 
+// The scalars of one AdamW step (optim.cc computes them; AdamWUpdate applies them per element).
+struct AdamWStep {
+  float b1 = 0, b2 = 0, one_minus_b1 = 0, one_minus_b2 = 0;
+  float step_size = 0;  // lr / (1 - b1^t)
+  float bc2_sqrt = 1;   // sqrt(1 - b2^t)
+  float eps = 0;
+  float decay = 1;            // 1 - lr * weight_decay, applied when decay_weight
+  float grad_scale = 1;       // gradient clipping factor, applied when scale_grad
+  bool decay_weight = false;  // weight decay applies to this tensor (matrices, not vectors)
+  bool scale_grad = false;
+};
+
 #define MESHLEARN_KERNEL_DECLS                                                                     \
   /* out(B,OC) = inp(B,C) @ weight(OC,C)^T + bias(OC). bias may be null (then init 0).           \
      out[b,o] = chain over c of fma(inp[b,c], weight[o,c], .) starting at bias[o]. */            \
@@ -126,7 +138,13 @@ float SumSquaresTree(const float* x, int64_t n);
      (task seed, unit, step, layer), so a replay draws the same mask. */                          \
   void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float p,             \
                       uint64_t seed, uint64_t stream);                                            \
-  void DropoutBackward(float* dinp, const float* dout, const float* mask, int64_t n);
+  void DropoutBackward(float* dinp, const float* dout, const float* mask, int64_t n);           \
+                                                                                                  \
+  /* One AdamW step of n parameters, each element on its own, in this order (IEEE multiplies,    \
+     adds, divisions and sqrt; no fma): if s.scale_grad, g = g * grad_scale (stored back to g);    \
+     wi = s.decay_weight ? w * decay : w; m = b1*m + one_minus_b1*g;                                \
+     v = b2*v + one_minus_b2*(g*g); w = wi - step_size * (m / (sqrt(v) / bc2_sqrt + eps)). */      \
+  void AdamWUpdate(float* w, float* g, float* m, float* v, int64_t n, const AdamWStep& s);
 
 // Fast kernels (dispatching on the active KernelConfig).
 MESHLEARN_KERNEL_DECLS
