@@ -1,17 +1,29 @@
-// Training throughput (samples/s) of the Fashion-MNIST example models, meshlearn vs PyTorch CPU,
-// measured in the same run with the same model, batch size (64), optimizer (Adam) and thread count.
+// Training throughput of the example models, meshlearn vs PyTorch CPU, measured in the same run
+// with the same model, batch size, optimizer and thread count.
 //
-//   train_bench [--benchmarks=mlp,cnn] [--threads=1,2] [--steps=200] [--simd=auto]
+//   train_bench [--benchmarks=mlp,cnn,gpt] [--threads=1,2] [--steps=200] [--simd=auto]
+//               [--torch=0|1]
+//   train_bench --benchmarks=gpt --threads=1,2 --steps=400   # gpt runs steps/40 = 10 steps
 //
-// PyTorch runs in a child process (tools/torch_train_bench.py under /usr/bin/python3); meshlearn
-// trains the example task (examples/fashion-{mlp,cnn}.toml with batch_size 64; real data when
-// Fashion-MNIST is installed, random inputs otherwise). Prints one JSON line per case:
+// mlp, cnn: examples/fashion-{mlp,cnn}.toml with batch_size 64 and Adam (real data when
+// Fashion-MNIST is installed, random inputs otherwise); samples/s.
+// gpt: examples/code-gpt-10m.toml (10.8M parameters, AdamW, clipping) at batch 8 x 256 tokens on
+// its Python-stdlib corpus; tokens/s, and the peak resident set (RSS) of a process that does
+// nothing but this training (a fresh child process of this binary, so that the other cases and
+// the bench itself do not count), against PyTorch's peak RSS for the same model and batch.
+// PyTorch runs in a child process (tools/torch_train_bench.py under /usr/bin/python3).
+// Prints one JSON line per case, e.g.
 //   {"bench":"train_mlp","threads":1,"batch":64,"meshlearn_samples_per_sec":...,
 //    "torch_samples_per_sec":...,"ratio":...}
-// ratio = meshlearn / torch (target >= 1.0), torch being the faster of PyTorch as installed and
-// PyTorch with OPENBLAS_CORETYPE forced. Nothing here is asserted; it is a measurement.
+// ratio = meshlearn / torch, torch being the faster of PyTorch as installed and PyTorch with
+// OPENBLAS_CORETYPE forced; per thread count also "scaling" = this count's meshlearn rate over
+// the 1-thread rate when 1 is in --threads. Nothing here is asserted; it is a measurement.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -81,21 +93,75 @@ double MeshlearnSamplesPerSec(const std::string& src, const std::string& model, 
   return steps * 64.0 / secs;
 }
 
-double TorchSamplesPerSec(const std::string& src, const std::string& model, int threads, int steps,
-                          const std::string& env_prefix = "") {
+double PeakRssMb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;  // Linux: kilobytes
+}
+
+// Runs `cmd` and parses its last output line as JSON; a discarded value on failure.
+nlohmann::json RunJson(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return nlohmann::json::value_t::discarded;
+  std::string out, last;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  if (pclose(p) != 0) return nlohmann::json::value_t::discarded;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) last = line;
+  }
+  return nlohmann::json::parse(last, nullptr, false);
+}
+
+// The GPT case inside a fresh process (--gpt-child): code-gpt-10m at batch 8 x 256, `steps` timed
+// steps after 2 warm-up steps; prints {"tokens_per_sec":..., "peak_rss_mb":..., "params":...}.
+int GptChild(const std::string& src, int steps) {
+  Result<TaskSpec> task = TaskSpec::Load(Env::Default(), src + "/examples/code-gpt-10m.toml");
+  if (!task.ok()) {
+    std::fprintf(stderr, "error: %s\n", task.status().ToString().c_str());
+    return 1;
+  }
+  task->batch_size = 8;
+  task->seq_len = 256;
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), *task);
+  if (!tr.ok()) {
+    std::fprintf(stderr, "error: %s\n", tr.status().ToString().c_str());
+    return 1;
+  }
+  for (int i = 0; i < 2; ++i) (*tr)->Step();  // warm-up: arena, thread pool, caches
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) (*tr)->Step();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t params = 0;
+  for (const Param& p : (*tr)->state().model->params()) params += p.value.size();
+  nlohmann::json j = {{"tokens_per_sec", steps * 8.0 * 256.0 / secs},
+                      {"peak_rss_mb", PeakRssMb()},
+                      {"params", params}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+std::string SelfExe() {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+// PyTorch's rate for `model` (samples/s; tokens/s for gpt), and its peak RSS (MB) in *rss_mb.
+double TorchRate(const std::string& src, const std::string& model, int threads, int steps,
+                 const std::string& env_prefix, double* rss_mb) {
+  const bool gpt = model == "gpt";
   const std::string cmd = env_prefix + "/usr/bin/python3 " + src +
                           "/tools/torch_train_bench.py --model " + model + " --threads " +
-                          std::to_string(threads) + " --batch 64 --steps " + std::to_string(steps) +
-                          " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  std::string out;
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  if (pclose(p) != 0) return -1;
-  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
-  if (j.is_discarded() || !j.contains("samples_per_sec")) return -1;
-  return j["samples_per_sec"].get<double>();
+                          std::to_string(threads) + (gpt ? " --batch 8 --seq-len 256 --warmup 2"
+                                                         : " --batch 64") +
+                          " --steps " + std::to_string(steps) + " 2>/dev/null";
+  nlohmann::json j = RunJson(cmd);
+  const char* key = gpt ? "tokens_per_sec" : "samples_per_sec";
+  if (j.is_discarded() || !j.contains(key)) return -1;
+  if (rss_mb != nullptr && j.contains("peak_rss_mb")) *rss_mb = j["peak_rss_mb"].get<double>();
+  return j[key].get<double>();
 }
 
 }  // namespace
@@ -105,9 +171,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> threads = {"1", "2"};
   int steps = 200;
   std::string simd = "auto";
+  bool torch = true, gpt_child = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--benchmarks=", 0) == 0)
+    if (a == "--gpt-child")
+      gpt_child = true;
+    else if (a.rfind("--benchmarks=", 0) == 0)
       benches = SplitList(a.substr(13));
     else if (a.rfind("--threads=", 0) == 0)
       threads = SplitList(a.substr(10));
@@ -115,12 +184,33 @@ int main(int argc, char** argv) {
       steps = std::atoi(a.c_str() + 8);
     else if (a.rfind("--simd=", 0) == 0)
       simd = a.substr(7);
+    else if (a == "--torch=0" || a == "--torch=1")
+      torch = a == "--torch=1";
     else {
       std::fprintf(stderr,
-                   "usage: train_bench [--benchmarks=mlp,cnn] [--threads=1,2] [--steps=200] "
-                   "[--simd=auto|scalar|avx2|avx512]\n");
+                   "usage: train_bench [--benchmarks=mlp,cnn,gpt] [--threads=1,2] [--steps=200] "
+                   "[--simd=auto|scalar|avx2|avx512] [--torch=0|1]\n"
+                   "  e.g. train_bench --benchmarks=gpt --threads=1,2 --steps=400\n");
       return 2;
     }
+  }
+  for (const std::string& b : benches) {
+    if (b != "mlp" && b != "cnn" && b != "gpt") {
+      std::fprintf(stderr, "error: --benchmarks: unknown case '%s'; use mlp, cnn or gpt\n",
+                   b.c_str());
+      return 2;
+    }
+  }
+  for (const std::string& t : threads) {
+    const int n = std::atoi(t.c_str());
+    if (n < 1 || n > 256) {
+      std::fprintf(stderr, "error: --threads: '%s' is not a thread count in 1..256\n", t.c_str());
+      return 2;
+    }
+  }
+  if (steps < 1) {
+    std::fprintf(stderr, "error: --steps must be >= 1\n");
+    return 2;
   }
   const std::string src = SourceDir();
   Result<SimdPath> path = ParseSimdPath(simd);
@@ -128,6 +218,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: --simd: %s\n", path.status().message().c_str());
     return 2;
   }
+  if (gpt_child) {
+    if (Status s = SetKernelConfig({*path, std::atoi(threads.at(0).c_str())}); !s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+      return 2;
+    }
+    return GptChild(src, steps);
+  }
+  std::map<std::string, double> one_thread_rate;  // case -> meshlearn rate at 1 thread
   for (const std::string& t : threads) {
     const int n = std::atoi(t.c_str());
     if (Status s = SetKernelConfig({*path, n}); !s.ok()) {
@@ -135,16 +233,67 @@ int main(int argc, char** argv) {
       return 2;
     }
     for (const std::string& b : benches) {
+      if (b == "gpt") {
+        const int gpt_steps = std::max(steps / 40, 3);
+        nlohmann::json child = RunJson(SelfExe() + " --gpt-child --threads=" + t + " --simd=" +
+                                       simd + " --steps=" + std::to_string(gpt_steps));
+        if (child.is_discarded() || !child.contains("tokens_per_sec")) {
+          std::fprintf(stderr, "error: the gpt case failed (run %s --gpt-child --threads=%s)\n",
+                       SelfExe().c_str(), t.c_str());
+          return 1;
+        }
+        const double ml = child["tokens_per_sec"].get<double>();
+        double rss_default = -1, rss_tuned = -1;
+        double pt_default = torch ? TorchRate(src, b, n, gpt_steps, "", &rss_default) : -1;
+        double pt_tuned = torch ? TorchRate(src, b, n, gpt_steps,
+                                            SimdPathSupported(SimdPath::kAvx512)
+                                                ? "OPENBLAS_CORETYPE=SkylakeX "
+                                                : "OPENBLAS_CORETYPE=Haswell ",
+                                            &rss_tuned)
+                                : -1;
+        const double pt = std::max(pt_default, pt_tuned);
+        const double pt_rss = pt_tuned > pt_default ? rss_tuned : rss_default;
+        if (n == 1) one_thread_rate[b] = ml;
+        nlohmann::json j = {{"bench", "train_gpt"},
+                            {"model", "code-gpt-10m"},
+                            {"params", child["params"]},
+                            {"threads", n},
+                            {"batch", 8},
+                            {"seq_len", 256},
+                            {"optimizer", "adamw"},
+                            {"simd", std::string(SimdPathName(*path))},
+                            {"steps", gpt_steps},
+                            {"meshlearn_tokens_per_sec", ml},
+                            {"meshlearn_peak_rss_mb", child["peak_rss_mb"]}};
+        if (one_thread_rate.count(b)) j["scaling"] = ml / one_thread_rate[b];
+        if (pt > 0) {
+          j["torch_tokens_per_sec"] = pt;
+          j["torch_default_blas_tokens_per_sec"] = pt_default;
+          j["torch_openblas_coretype_tokens_per_sec"] = pt_tuned;
+          j["ratio"] = ml / pt;
+          j["torch_peak_rss_mb"] = pt_rss;
+          j["rss_ratio"] = child["peak_rss_mb"].get<double>() / pt_rss;
+        } else {
+          j["torch_tokens_per_sec"] = nullptr;
+          if (torch) j["note"] = "PyTorch baseline unavailable (/usr/bin/python3 with torch)";
+        }
+        std::printf("%s\n", j.dump().c_str());
+        std::fflush(stdout);
+        continue;
+      }
       const int case_steps = b == "cnn" ? std::max(steps / 4, 10) : steps;
       double ml = MeshlearnSamplesPerSec(src, b, case_steps);
+      if (n == 1) one_thread_rate[b] = ml;
       // Debian's PyTorch uses the system BLAS; OpenBLAS's DYNAMIC_ARCH may pick slow SSE3 kernels
       // on a VM (see engine/KERNELS.md). Measure it as installed and with the core type forced,
       // and compare against the faster of the two.
-      double pt_default = TorchSamplesPerSec(src, b, n, case_steps);
-      double pt_tuned =
-          TorchSamplesPerSec(src, b, n, case_steps,
-                             SimdPathSupported(SimdPath::kAvx512) ? "OPENBLAS_CORETYPE=SkylakeX "
-                                                                  : "OPENBLAS_CORETYPE=Haswell ");
+      double pt_default = torch ? TorchRate(src, b, n, case_steps, "", nullptr) : -1;
+      double pt_tuned = torch ? TorchRate(src, b, n, case_steps,
+                                          SimdPathSupported(SimdPath::kAvx512)
+                                              ? "OPENBLAS_CORETYPE=SkylakeX "
+                                              : "OPENBLAS_CORETYPE=Haswell ",
+                                          nullptr)
+                              : -1;
       double pt = std::max(pt_default, pt_tuned);
       nlohmann::json j = {{"bench", "train_" + b},
                           {"threads", n},
@@ -153,6 +302,7 @@ int main(int argc, char** argv) {
                           {"simd", std::string(SimdPathName(*path))},
                           {"steps", case_steps},
                           {"meshlearn_samples_per_sec", ml}};
+      if (one_thread_rate.count(b)) j["scaling"] = ml / one_thread_rate[b];
       if (pt > 0) {
         j["torch_samples_per_sec"] = pt;
         j["torch_default_blas_samples_per_sec"] = pt_default;
@@ -160,7 +310,7 @@ int main(int argc, char** argv) {
         j["ratio"] = ml / pt;
       } else {
         j["torch_samples_per_sec"] = nullptr;
-        j["note"] = "PyTorch baseline unavailable (/usr/bin/python3 with torch)";
+        if (torch) j["note"] = "PyTorch baseline unavailable (/usr/bin/python3 with torch)";
       }
       std::printf("%s\n", j.dump().c_str());
       std::fflush(stdout);
