@@ -9,10 +9,10 @@
 // Default shapes: squares 256..2048 and the linear layers of code-gpt-10m at batch 8 x 256 tokens
 // (M = B*T = 2048; qkv 384->1152, attention proj 384->384, MLP fc 384->1536 and proj 1536->384).
 //
-// Each timing is the best of several repetitions, the two contenders alternating (the machine
-// may be shared). Besides wall-clock GFLOP/s it prints GFLOP per process-CPU-second, which a busy
-// host's time slicing does not distort (with 2 threads it is per CPU, not per wall second). The
-// engine result is also checked to be bitwise identical between thread counts.
+// Each timing is the best of several repetitions, the two contenders in alternating blocks (the
+// machine may be shared). Besides wall-clock GFLOP/s it prints GFLOP per process-CPU-second, which
+// a busy host's time slicing does not distort (with 2 threads it is per CPU, not per wall second).
+// The engine result is also checked to be bitwise identical between thread counts.
 #include <cblas.h>
 
 #include <algorithm>
@@ -23,6 +23,7 @@
 #include <ctime>
 #include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -63,21 +64,36 @@ Time Measure(const std::function<void()>& fn) {
   return t;
 }
 
-// Best wall and CPU times of a and b, alternating repetitions so that a shared machine's load
-// hits both alike; at least ~min_total wall seconds in all.
-std::pair<Time, Time> BestTimes(const std::function<void()>& a, const std::function<void()>& b,
-                                double min_total = 0.8) {
-  a();  // warm-up
-  b();
-  Time best_a, best_b;
+// Best wall and CPU times of `fn` over at least ~min_total wall seconds (and 5 repetitions).
+Time BestTime(const std::function<void()>& fn, double min_total) {
+  fn();  // warm-up
+  Time best;
   double total = 0;
   for (int reps = 0; (total < min_total || reps < 5) && reps < 400; ++reps) {
-    const Time ta = Measure(a), tb = Measure(b);
-    best_a.wall = std::min(best_a.wall, ta.wall);
-    best_a.cpu = std::min(best_a.cpu, ta.cpu);
-    best_b.wall = std::min(best_b.wall, tb.wall);
-    best_b.cpu = std::min(best_b.cpu, tb.cpu);
-    total += ta.wall + tb.wall;
+    const Time t = Measure(fn);
+    best.wall = std::min(best.wall, t.wall);
+    best.cpu = std::min(best.cpu, t.cpu);
+    total += t.wall;
+  }
+  return best;
+}
+
+// Best times of a and b, in rounds of a block of a's repetitions then a block of b's, each block
+// after a 0.2 s pause. Blocks rather than strict alternation: OpenBLAS's workers keep polling
+// for ~0.1 s after each call (and the engine's pool for 0.2 ms), so a call right after the other
+// library's shares the cores with its spinning threads; the pause lets them go to sleep. Several
+// rounds so that a shared machine's load hits both alike.
+std::pair<Time, Time> BestTimes(const std::function<void()>& a, const std::function<void()>& b,
+                                double min_total = 0.8) {
+  Time best_a, best_b;
+  for (int round = 0; round < 3; ++round) {
+    for (int which = 0; which < 2; ++which) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const Time t = BestTime(which == 0 ? a : b, min_total / 6);
+      Time& best = which == 0 ? best_a : best_b;
+      best.wall = std::min(best.wall, t.wall);
+      best.cpu = std::min(best.cpu, t.cpu);
+    }
   }
   return {best_a, best_b};
 }
@@ -94,8 +110,10 @@ bool ParseShapes(const char* s, std::vector<Shape>* out) {
       return false;
     out->push_back(Shape{m, n, k});
     s += used;
-    if (*s == ',') ++s;
-    else if (*s) return false;
+    if (*s == ',')
+      ++s;
+    else if (*s)
+      return false;
   }
   return true;
 }
@@ -130,8 +148,8 @@ void Im2col(float* col, const float* x, int64_t C, int64_t H, int64_t W, int64_t
 
 int main(int argc, char** argv) {
   std::vector<int> sizes = {256, 384, 512, 768, 1024, 1536, 2048};
-  std::vector<Shape> shapes = {{2048, 1152, 384}, {2048, 384, 384}, {2048, 1536, 384},
-                               {2048, 384, 1536}};
+  std::vector<Shape> shapes = {
+      {2048, 1152, 384}, {2048, 384, 384}, {2048, 1536, 384}, {2048, 384, 1536}};
   std::vector<int> threads = {1, 2};
   bool conv = true;
   for (int i = 1; i < argc; ++i) {
@@ -140,8 +158,9 @@ int main(int argc, char** argv) {
     } else if (std::strncmp(argv[i], "--shapes=", 9) == 0) {
       shapes.clear();
       if (!ParseShapes(argv[i] + 9, &shapes)) {
-        std::fprintf(stderr, "gemm_bench: --shapes: expected MxNxK[,MxNxK...] with positive "
-                             "integers, e.g. --shapes=2048x1152x384\n");
+        std::fprintf(stderr,
+                     "gemm_bench: --shapes: expected MxNxK[,MxNxK...] with positive "
+                     "integers, e.g. --shapes=2048x1152x384\n");
         return 2;
       }
     } else if (std::strncmp(argv[i], "--threads=", 10) == 0) {

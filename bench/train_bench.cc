@@ -23,10 +23,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -154,8 +154,8 @@ double TorchRate(const std::string& src, const std::string& model, int threads, 
   const bool gpt = model == "gpt";
   const std::string cmd = env_prefix + "/usr/bin/python3 " + src +
                           "/tools/torch_train_bench.py --model " + model + " --threads " +
-                          std::to_string(threads) + (gpt ? " --batch 8 --seq-len 256 --warmup 2"
-                                                         : " --batch 64") +
+                          std::to_string(threads) +
+                          (gpt ? " --batch 8 --seq-len 256 --warmup 2" : " --batch 64") +
                           " --steps " + std::to_string(steps) + " 2>/dev/null";
   nlohmann::json j = RunJson(cmd);
   const char* key = gpt ? "tokens_per_sec" : "samples_per_sec";
@@ -235,8 +235,8 @@ int main(int argc, char** argv) {
     for (const std::string& b : benches) {
       if (b == "gpt") {
         const int gpt_steps = std::max(steps / 40, 3);
-        nlohmann::json child = RunJson(SelfExe() + " --gpt-child --threads=" + t + " --simd=" +
-                                       simd + " --steps=" + std::to_string(gpt_steps));
+        nlohmann::json child = RunJson(SelfExe() + " --gpt-child --threads=" + t +
+                                       " --simd=" + simd + " --steps=" + std::to_string(gpt_steps));
         if (child.is_discarded() || !child.contains("tokens_per_sec")) {
           std::fprintf(stderr, "error: the gpt case failed (run %s --gpt-child --threads=%s)\n",
                        SelfExe().c_str(), t.c_str());
@@ -245,12 +245,12 @@ int main(int argc, char** argv) {
         const double ml = child["tokens_per_sec"].get<double>();
         double rss_default = -1, rss_tuned = -1;
         double pt_default = torch ? TorchRate(src, b, n, gpt_steps, "", &rss_default) : -1;
-        double pt_tuned = torch ? TorchRate(src, b, n, gpt_steps,
-                                            SimdPathSupported(SimdPath::kAvx512)
-                                                ? "OPENBLAS_CORETYPE=SkylakeX "
-                                                : "OPENBLAS_CORETYPE=Haswell ",
-                                            &rss_tuned)
-                                : -1;
+        double pt_tuned =
+            torch ? TorchRate(src, b, n, gpt_steps,
+                              SimdPathSupported(SimdPath::kAvx512) ? "OPENBLAS_CORETYPE=SkylakeX "
+                                                                   : "OPENBLAS_CORETYPE=Haswell ",
+                              &rss_tuned)
+                  : -1;
         const double pt = std::max(pt_default, pt_tuned);
         const double pt_rss = pt_tuned > pt_default ? rss_tuned : rss_default;
         if (n == 1) one_thread_rate[b] = ml;
@@ -288,12 +288,12 @@ int main(int argc, char** argv) {
       // on a VM (see engine/KERNELS.md). Measure it as installed and with the core type forced,
       // and compare against the faster of the two.
       double pt_default = torch ? TorchRate(src, b, n, case_steps, "", nullptr) : -1;
-      double pt_tuned = torch ? TorchRate(src, b, n, case_steps,
-                                          SimdPathSupported(SimdPath::kAvx512)
-                                              ? "OPENBLAS_CORETYPE=SkylakeX "
-                                              : "OPENBLAS_CORETYPE=Haswell ",
-                                          nullptr)
-                              : -1;
+      double pt_tuned =
+          torch ? TorchRate(src, b, n, case_steps,
+                            SimdPathSupported(SimdPath::kAvx512) ? "OPENBLAS_CORETYPE=SkylakeX "
+                                                                 : "OPENBLAS_CORETYPE=Haswell ",
+                            nullptr)
+                : -1;
       double pt = std::max(pt_default, pt_tuned);
       nlohmann::json j = {{"bench", "train_" + b},
                           {"threads", n},

@@ -87,8 +87,8 @@ inline void MicroKernel(int64_t kc, const float* __restrict pa, const float* __r
 // kFull: mr == kMR and nr == kNR (whole vectors, no masks).
 template <bool kFull>
 inline void TileImpl(int64_t kc, const float* pa, const float* pb, int mr, int nr, int64_t m0,
-                     int64_t n0, const float* cin, int64_t ldcin, const GemmOut& o,
-                     bool final_out, float* pout, int64_t ldpout) {
+                     int64_t n0, const float* cin, int64_t ldcin, const GemmOut& o, bool final_out,
+                     float* pout, int64_t ldpout) {
   if (kFull) {
     mr = kMR;
     nr = kNR;
@@ -208,8 +208,8 @@ void GemmBlock(int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, i
     for (int64_t kb = 0; kb < nkb; ++kb) {
       const int64_t k0 = kb * kKC, kc = MinI(kKC, K - k0);
       for (int64_t ip = 0; ip < mpanels; ++ip) {
-        pack_a(pa_buf + k0 * mpanels * kMR + ip * kc * kMR, ic + ip * kMR,
-               MinI(kMR, mc - ip * kMR), k0, kc);
+        pack_a(pa_buf + k0 * mpanels * kMR + ip * kc * kMR, ic + ip * kMR, MinI(kMR, mc - ip * kMR),
+               k0, kc);
       }
     }
     for (int64_t jc = n_begin; jc < n_end; jc += kNC) {
@@ -1444,26 +1444,30 @@ void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* do
 float SumTreeImpl(const float* x, int64_t n, bool squares) {
   if (n <= 0) return 0.0f;
   const int64_t nb = CeilDiv(n, kSumBlock);
-  float* p = ScratchBuffer(6, nb);
-  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-    const int64_t cnt = MinI(8, nb - b0);
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const bool full = cnt == 8 && (b0 + 8) * kSumBlock <= n;
-    if (full) {
-      for (int64_t i = 0; i < kSumBlock; ++i)
-        for (int j = 0; j < 8; ++j) {
-          const float v = x[(b0 + j) * kSumBlock + i];
-          acc[j] = squares ? ScalarFma(v, v, acc[j]) : acc[j] + v;
+  float* p = ScratchBuffer(6, nb);  // the caller's buffer; workers write their blocks' partials
+  // Block partials are independent: threads split groups of 8 blocks (2^16 elements and up).
+  const int threads = n >= (int64_t{1} << 16) ? internal::ActiveThreads() : 1;
+  ParallelFor(CeilDiv(nb, 8), threads, [&](int64_t g0, int64_t g1) {
+    for (int64_t b0 = g0 * 8; b0 < MinI(nb, g1 * 8); b0 += 8) {
+      const int64_t cnt = MinI(8, nb - b0);
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      const bool full = cnt == 8 && (b0 + 8) * kSumBlock <= n;
+      if (full) {
+        for (int64_t i = 0; i < kSumBlock; ++i)
+          for (int j = 0; j < 8; ++j) {
+            const float v = x[(b0 + j) * kSumBlock + i];
+            acc[j] = squares ? ScalarFma(v, v, acc[j]) : acc[j] + v;
+          }
+      } else {
+        for (int64_t j = 0; j < cnt; ++j) {
+          const int64_t s = (b0 + j) * kSumBlock, e = MinI(n, s + kSumBlock);
+          for (int64_t i = s; i < e; ++i)
+            acc[j] = squares ? ScalarFma(x[i], x[i], acc[j]) : acc[j] + x[i];
         }
-    } else {
-      for (int64_t j = 0; j < cnt; ++j) {
-        const int64_t s = (b0 + j) * kSumBlock, e = MinI(n, s + kSumBlock);
-        for (int64_t i = s; i < e; ++i)
-          acc[j] = squares ? ScalarFma(x[i], x[i], acc[j]) : acc[j] + x[i];
       }
+      for (int64_t j = 0; j < cnt; ++j) p[b0 + j] = acc[j];
     }
-    for (int64_t j = 0; j < cnt; ++j) p[b0 + j] = acc[j];
-  }
+  });
   int64_t m = nb;
   while (m > 1) {
     const int64_t half = m / 2;
