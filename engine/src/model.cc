@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -721,31 +722,51 @@ class GptModel final : public Model {
     TraceOp("logits.grad", dlogits, N * V);
     TraceOp("ln_f.grad", dlnf, N * C);
     TraceOp("residual.grad", dresidual, N * C);
+    // One set of per-layer gradient buffers serves every layer (each is zeroed when the layer
+    // starts using it, as a fresh zeroed buffer was): only the residual gradient crosses layers,
+    // and it alternates between two buffers. For code-gpt-10m at 8 x 256 tokens this keeps ~360
+    // MB of the peak resident set that a copy per layer took.
+    float* const buf_dresidual2 = Alloc(N * C);
+    float* const buf_dfcproj = Alloc(N * C);
+    float* const buf_dfch_gelu = Alloc(N * 4 * C);
+    float* const buf_dfch = Alloc(N * 4 * C);
+    float* const buf_dln2 = Alloc(N * C);
+    float* const buf_dres_in[2] = {Alloc(N * C), Alloc(N * C)};
+    float* const buf_dattproj = Alloc(N * C);
+    float* const buf_datty = Alloc(N * C);
+    float* const buf_dqkv = Alloc(N * 3 * C);
+    float* const buf_dpreatt = Alloc(B * NH * T * T);
+    float* const buf_datt = Alloc(B * NH * T * T);
+    float* const buf_dln1 = Alloc(N * C);
+    auto zeroed = [](float* p, int64_t n) {
+      std::fill(p, p + n, 0.0f);
+      return p;
+    };
     for (int64_t l = NL; l-- > 0;) {
       Acts& a = acts_[l];
       // residual3 = residual2 + fcproj
-      float* dresidual2 = Zeroed(N * C);
-      float* dfcproj = Zeroed(N * C);
+      float* dresidual2 = zeroed(buf_dresidual2, N * C);
+      float* dfcproj = zeroed(buf_dfcproj, N * C);
       ResidualBackward(dresidual2, dfcproj, dresidual, N * C);
-      float* dfch_gelu = Zeroed(N * 4 * C);
+      float* dfch_gelu = zeroed(buf_dfch_gelu, N * 4 * C);
       LinearBackward(dfch_gelu, G(l, 10), G(l, 11), dfcproj, a.fch_gelu, P(l, 10), N, 4 * C, C);
-      float* dfch = Zeroed(N * 4 * C);
+      float* dfch = zeroed(buf_dfch, N * 4 * C);
       GeluBackward(dfch, dfch_gelu, a.fch, N * 4 * C);
-      float* dln2 = Zeroed(N * C);
+      float* dln2 = zeroed(buf_dln2, N * C);
       LinearBackward(dln2, G(l, 8), G(l, 9), dfch, a.ln2, P(l, 8), N, C, 4 * C);
       LayerNormBackward(dresidual2, G(l, 6), G(l, 7), dln2, a.residual2, P(l, 6), a.ln2_mean,
                         a.ln2_rstd, N, C);
       // residual2 = residual + attproj
-      float* dres_in = Zeroed(N * C);
-      float* dattproj = Zeroed(N * C);
+      float* dres_in = zeroed(buf_dres_in[l % 2], N * C);
+      float* dattproj = zeroed(buf_dattproj, N * C);
       ResidualBackward(dres_in, dattproj, dresidual2, N * C);
-      float* datty = Zeroed(N * C);
+      float* datty = zeroed(buf_datty, N * C);
       LinearBackward(datty, G(l, 4), G(l, 5), dattproj, a.atty, P(l, 4), N, C, C);
-      float* dqkv = Zeroed(N * 3 * C);
-      float* dpreatt = Zeroed(B * NH * T * T);
-      float* datt = Zeroed(B * NH * T * T);
+      float* dqkv = zeroed(buf_dqkv, N * 3 * C);
+      float* dpreatt = zeroed(buf_dpreatt, B * NH * T * T);
+      float* datt = zeroed(buf_datt, B * NH * T * T);
       AttentionBackward(dqkv, dpreatt, datt, datty, a.qkv, a.att, B, T, C, NH);
-      float* dln1 = Zeroed(N * C);
+      float* dln1 = zeroed(buf_dln1, N * C);
       LinearBackward(dln1, G(l, 2), G(l, 3), dqkv, a.ln1, P(l, 2), N, C, 3 * C);
       LayerNormBackward(dres_in, G(l, 0), G(l, 1), dln1, a.residual, P(l, 0), a.ln1_mean,
                         a.ln1_rstd, N, C);
