@@ -874,15 +874,16 @@ TaskQuote QuoteTask(const PreparedTask& t, const ledger::Genesis& gen,
   q.unit_cost = protocol::UnitCostTokens(t.view, price);
   const uint32_t segments =
       protocol::SegmentCount(t.params.inner_steps, t.params.checkpoint_interval);
-  const uint32_t replayed = std::min(cp.verify_segments_per_check, segments);
-  const uint64_t verifier_pay = protocol::VerifierPay(q.unit_cost, replayed, segments);
+  uint32_t replayed = std::min(cp.verify_segments_per_check, segments);  // most a check replays
   auto cut = [&](uint64_t amount) {
     // ledger BasisPoints: floor(amount x bps / 10000) of each payment.
     return static_cast<double>(amount / 10000 * cp.treasury_cut_bps +
                                amount % 10000 * cp.treasury_cut_bps / 10000);
   };
-  // The units go round the eligible nodes; each node's chance of being checked follows its
-  // reputation as the task goes (a new node's units are all checked: verification.h).
+  const double v = cp.verification ? cp.verifiers_per_unit : 0;
+  // The units go round the eligible nodes; how often and how much of each is replayed follows
+  // the task's assurance and its node's reputation as the task goes (a new node's units are all
+  // checked), exactly as the ledger draws it (protocol::PlanCheck).
   if (cp.verification && !nodes.empty()) {
     const protocol::VerificationParams vp = cp.Verification();
     std::vector<protocol::Reputation> reps;
@@ -890,23 +891,32 @@ TaskQuote QuoteTask(const PreparedTask& t, const ledger::Genesis& gen,
     for (const QuoteNode& n : nodes) reps.push_back(n.rep), clean.push_back(0);
     for (uint64_t u = 0; u < t.total_units; ++u) {
       const size_t i = u % nodes.size();
-      const double p = protocol::VerificationProbabilityPermille(reps[i], vp) / 1000.0;
+      const protocol::CheckPlan plan = protocol::PlanCheck(t.net.assurance, reps[i], segments, vp);
+      const double p = plan.probability_permille / 1000.0;
+      const uint64_t pay = protocol::VerifierPay(q.unit_cost, plan.segments, segments);
+      replayed = std::max(replayed, plan.segments);
       q.checks += p;
+      q.to_verifiers += p * v * static_cast<double>(pay);
+      q.treasury_cut += p * v * cut(pay);
       clean[i] += p;  // an honest unit that is checked is clean: the streak grows
       const uint64_t whole = static_cast<uint64_t>(clean[i]);
       reps[i].verified_clean = nodes[i].rep.verified_clean + whole;
       reps[i].clean_streak = nodes[i].rep.clean_streak + whole;
     }
-    // A forced error re-runs its unit, which is checked again (the forced one is not paid).
-    q.checks += static_cast<double>(t.total_units) * cp.forced_error_per_million / 1e6;
+    // A forced error re-runs its unit, which is checked again (the forced one is not paid), at
+    // about the mean pay of a check.
+    const double reruns = static_cast<double>(t.total_units) * cp.forced_error_per_million / 1e6;
+    if (q.checks > 0) {
+      q.to_verifiers *= 1 + reruns / q.checks;
+      q.treasury_cut *= 1 + reruns / q.checks;
+    }
+    q.checks += reruns;
   }
   const double units = static_cast<double>(t.total_units);
   const double rounds = t.net.rounds;
-  const double v = cp.verification ? cp.verifiers_per_unit : 0;
   q.to_solvers = units * static_cast<double>(q.unit_cost);
   q.to_aggregators = rounds * static_cast<double>(q.unit_cost);
-  q.to_verifiers = q.checks * v * static_cast<double>(verifier_pay);
-  q.treasury_cut = (units + rounds) * cut(q.unit_cost) + q.checks * v * cut(verifier_pay);
+  q.treasury_cut += (units + rounds) * cut(q.unit_cost);
   // Time: a round's units run in parallel over the nodes, then wait for blocks: assignment,
   // commit, the verdicts' commit and reveal (each verifier replays `replayed` segments of a
   // unit), the aggregator's assignment and commit, the verification window, and settlement.
@@ -972,6 +982,28 @@ Status RunQuote(GlobalOptions& g, const TaskArgs& a) {
     note = "ledger unreachable (" + gen.status().message() + "): cost at the price cap only";
   }
   j["eligible_nodes"] = nodes;
+  // What the assurance buys: the most likely one corrupted segment (a poisoner's single
+  // perturbation) escapes its unit's check, for the least checked solver (a trusted node with a
+  // long clean streak; a new node is checked more), by the chain's rules (the defaults when no
+  // ledger answers). Whistleblowers and audits only add to the checks.
+  const ledger::ChainParams chain_params = gen.ok() ? gen->params : ledger::ChainParams{};
+  const uint32_t segments =
+      protocol::SegmentCount(t.params.inner_steps, t.params.checkpoint_interval);
+  protocol::Reputation trusted;
+  trusted.verified_clean = trusted.completed = chain_params.Verification().trusted_after;
+  trusted.clean_streak = 1'000'000;
+  const protocol::CheckPlan least =
+      protocol::PlanCheck(t.net.assurance, trusted, segments, chain_params.Verification());
+  const double escape =
+      chain_params.verification ? protocol::SegmentEscapePpm(least, segments) / 1e6 : 1.0;
+  j["assurance"] = {{"level", protocol::AssuranceName(t.net.assurance.kind)},
+                    {"segments_per_unit", segments},
+                    {"least_check_probability", least.probability_permille / 1000.0},
+                    {"least_segments_replayed", least.segments},
+                    {"escape_probability", escape}};
+  if (t.net.assurance.kind == protocol::Assurance::kAssuranceTarget) {
+    j["assurance"]["target_escape_probability"] = t.net.assurance.target_escape_ppm / 1e6;
+  }
   TaskQuote expected, lo, hi;
   if (!eligible.empty()) {
     uint64_t min_price = UINT64_MAX, max_price = 0, sum = 0;
@@ -1023,6 +1055,12 @@ Status RunQuote(GlobalOptions& g, const TaskArgs& a) {
     } else {
       std::cout << note << "\n";
     }
+    std::cout << fmt::format(
+        "assurance {}: a checked unit replays {} of its {} segment(s) (a trusted solver's units "
+        "are checked with probability {:.3g}); one corrupted segment escapes with probability "
+        "{:.4g}\n",
+        protocol::AssuranceName(t.net.assurance.kind), least.segments, segments,
+        least.probability_permille / 1000.0, escape);
   });
   return Status::Ok();
 }

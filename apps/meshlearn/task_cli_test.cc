@@ -69,6 +69,54 @@ bool Has(const std::string& out, const std::string& what) {
   return out.find(what) != std::string::npos;
 }
 
+// Issue 19: the assurance a task file asks for is what quote prices and prints (the probability
+// that one corrupted segment escapes its check, from protocol::PlanCheck), and a malformed one
+// is refused naming the key. tests/devnet-tiny.toml: H = 10, k = 5, so 2 segments; the chain's
+// defaults (no ledger answers) check a trusted solver's units half the time, one segment each.
+TEST(TaskCli, QuotePricesAndPrintsTheAssurance) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  const std::string dir = TempDir();
+  const std::string no_ledger = " --rpc http://127.0.0.1:9";
+  struct Case {
+    std::string extra;
+    std::string level;
+    double escape;
+    uint32_t segments;
+  };
+  for (const Case& c : {Case{"", "economic", 0.75, 1},
+                        Case{"assurance = \"full\"\n", "full", 0.0, 2},
+                        Case{"assurance = \"target\"\ntarget_escape_ppm = 500000\n", "target",
+                             0.5, 1}}) {
+    SCOPED_TRACE(c.level);
+    const std::string file = TinyTask(dir, "assurance", c.extra, c.level + ".toml");
+    CmdResult q = Meshlearn("--json task quote " + file + no_ledger, dir, false);
+    ASSERT_EQ(q.code, 0) << q.out;
+    const json j = Parse(q);
+    ASSERT_FALSE(j.is_discarded()) << q.out;
+    EXPECT_EQ(j["assurance"]["level"], c.level) << j.dump(2);
+    EXPECT_DOUBLE_EQ(j["assurance"]["escape_probability"].get<double>(), c.escape) << j.dump(2);
+    EXPECT_EQ(j["assurance"]["least_segments_replayed"], c.segments) << j.dump(2);
+    EXPECT_EQ(j["params"]["assurance"], c.level == "economic" ? 0 : c.level == "full" ? 1 : 2);
+    if (c.level == "full") {
+      CmdResult text = Meshlearn("task quote " + file + no_ledger, dir);
+      EXPECT_TRUE(Has(text.out, "assurance full: a checked unit replays 2 of its 2 segment(s)"))
+          << text.out;
+      EXPECT_TRUE(Has(text.out, "one corrupted segment escapes with probability 0")) << text.out;
+    }
+  }
+  for (const auto& [extra, key] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"assurance = \"paranoid\"\n", "network.assurance"},
+           {"assurance = \"target\"\n", "network.assurance"},
+           {"assurance = \"target\"\ntarget_escape_ppm = 0\n", "network.target_escape_ppm"},
+           {"target_escape_ppm = 100\n", "network.target_escape_ppm"}}) {
+    const std::string file = TinyTask(dir, "assurance", extra, "bad.toml");
+    CmdResult bad = Meshlearn("task quote " + file + no_ledger, dir);
+    EXPECT_EQ(bad.code, 1) << extra << bad.out;
+    EXPECT_TRUE(Has(bad.out, key)) << extra << bad.out;
+  }
+}
+
 // Regression (issue 12 item 2): a file without checkpoint_interval was "valid" for --dry-run and
 // quote, then refused by the ledger after a 31 MB upload (k = 0). Its default is inner_steps, and
 // --dry-run runs every check SubmitTask makes, naming the file's keys. No ledger needed.

@@ -202,6 +202,7 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
   e.PutU64(v.abandoned).PutU64(v.disputes).PutU64(v.slashed).PutU64(v.verifiers_paid);
   e.PutU64(v.jackpot_paid).PutU64(v.redo_escrow);
   e.PutU64(t.treasury_cut);
+  e.PutU64(v.rounds_rewound).PutU64(v.clawed_back);
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -250,6 +251,8 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
     ML_RETURN_IF_ERROR(d.GetU64(field, name));
   }
   ML_RETURN_IF_ERROR(d.GetU64(&t->treasury_cut, "treasury_cut"));
+  ML_RETURN_IF_ERROR(d.GetU64(&v.rounds_rewound, "verification.rounds_rewound"));
+  ML_RETURN_IF_ERROR(d.GetU64(&v.clawed_back, "verification.clawed_back"));
   return Status::Ok();
 }
 
@@ -387,7 +390,9 @@ nlohmann::json TaskToJson(const TaskRecord& t) {
             {"slashed", t.verification.slashed},
             {"verifiers_paid", t.verification.verifiers_paid},
             {"jackpot_paid", t.verification.jackpot_paid},
-            {"redo_escrow", t.verification.redo_escrow}}}};
+            {"redo_escrow", t.verification.redo_escrow},
+            {"rounds_rewound", t.verification.rounds_rewound},
+            {"clawed_back", t.verification.clawed_back}}}};
 }
 
 nlohmann::json WorkUnitToJson(const WorkUnit& u) {

@@ -221,6 +221,15 @@ Status ValidateTaskTerms(const TaskParams& p, Amount budget, Amount price_cap, b
                            name("tolerance_cosine_gap_ppb") +
                            " <= 1000000000 (0 and 0: exact mode)");
   }
+  ML_RETURN_IF_ERROR(protocol::ValidateAssurance(p.assurance, p.target_escape_ppm, name("assurance"),
+                                                 name("target_escape_ppm")));
+  if (!verification && p.assurance != 0) {
+    return InvalidArgument(
+        name("assurance") + " is " +
+        std::string(protocol::AssuranceName(static_cast<protocol::Assurance>(p.assurance))) +
+        " but this chain does not verify work (genesis verification = false): nothing would be "
+        "replayed; use assurance economic or a verifying chain");
+  }
   // The escrow must cover the most the task can cost (an expired unit is paid once, to the node
   // that commits it), so no node ever works on a unit the escrow cannot pay.
   Amount unit_cost = 0;

@@ -152,6 +152,7 @@ struct Rerun {
   bool round = false;
   std::vector<uint32_t> shards;
   std::vector<protocol::NodeId> exclude;
+  std::vector<protocol::NodeId> cheaters;  // proven fraudulent: their earlier work is tainted
 };
 
 // Applies one event's effects for unit `index`, noting in *rerun what must run again.
@@ -225,7 +226,41 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
         std::find(fx.failures.begin(), fx.failures.end(), solver) != fx.failures.end()) {
       rerun->exclude.push_back(solver);
     }
+    if (c.result() == protocol::CheckResult::kCheckFraud) rerun->cheaters.push_back(solver);
   }
+  return Status::Ok();
+}
+
+// The earliest round before `current` holding a unit of one of `cheaters` that was paid (its
+// work is in a final aggregate), or `current` when there is none.
+uint32_t FirstTaintedRound(const LedgerState& s, const Hash256& task_id,
+                           const std::vector<protocol::NodeId>& cheaters, uint32_t current) {
+  const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
+  for (uint32_t r = 0; r < current; ++r) {
+    for (uint32_t shard = 0; shard < per_round; ++shard) {
+      const WorkUnit* w = s.units.Find({task_id, r * per_round + shard});
+      if (w != nullptr && w->status == WorkUnitStatus::kVerified &&
+          std::find(cheaters.begin(), cheaters.end(), w->assignee) != cheaters.end()) {
+        return r;
+      }
+    }
+  }
+  return current;
+}
+
+// Takes back from a proven cheater's stake what it was paid for `amount` of tainted work (at
+// most its stake) into the task's escrow, which pays for the redo.
+Status ClawBack(LedgerState& s, const Hash256& task_id, const protocol::NodeId& node,
+                Amount amount, Amount* clawed) {
+  NodeRecord* n = s.nodes.FindMutable(node);
+  if (n == nullptr) return Status::Ok();
+  const Amount take = std::min(amount, n->stake);
+  if (take == 0) return Status::Ok();
+  n->stake -= take;
+  TaskRecord* t = s.tasks.FindMutable(task_id);
+  ML_RETURN_IF_ERROR(CheckedAdd(t->escrow, take, &t->escrow, "task escrow"));
+  ML_RETURN_IF_ERROR(CheckedAdd(t->budget, take, &t->budget, "task budget"));
+  *clawed += take;
   return Status::Ok();
 }
 
@@ -234,12 +269,21 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
 // error or an abandoned unit re-runs only its units, the others keeping their commits and
 // checks. Either way `exclude` (cheaters, vanished solvers) is failed and left out of what
 // re-runs, and an aggregate of the round is dropped (it aggregates again).
+//
+// Taint (docs/verification.md): a proven cheater's earlier work in the task is not trusted
+// either, checked clean or not (a check replays a sample of segments). When a cheater has paid
+// units in earlier, final rounds, the task goes back to the first of them: those rounds' units
+// run again (the honest ones keep what they were paid; the redo is paid anew from the escrow),
+// and what the cheater was paid for them comes back out of its stake into the escrow.
 Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMachine& m,
                   const Rerun& rerun) {
   std::vector<uint32_t> shards = rerun.shards;
   const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
+  const uint32_t current = m.round();
+  uint32_t first = current;
   if (rerun.round) {
-    ML_RETURN_IF_ERROR(m.RewindRound(rerun.exclude));
+    first = FirstTaintedRound(s, task_id, rerun.cheaters, current);
+    ML_RETURN_IF_ERROR(m.RewindTo(first, rerun.exclude));
     shards.clear();
     for (uint32_t shard = 0; shard < per_round; ++shard) shards.push_back(shard);
   } else if (!shards.empty()) {
@@ -249,7 +293,7 @@ Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMa
   }
   const std::vector<protocol::NodeId>& exclude = rerun.exclude;
   for (uint32_t shard : shards) {
-    const uint32_t index = m.round() * per_round + shard;
+    const uint32_t index = current * per_round + shard;
     WorkUnit* w = s.units.FindMutable({task_id, index});
     if (w == nullptr) continue;
     if (w->status == WorkUnitStatus::kCommitted &&
@@ -258,8 +302,28 @@ Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMa
     }
     ResetWorkUnit(w);
   }
+  // Tainted final rounds [first, current): paid already; they run again.
+  std::map<protocol::NodeId, Amount> paid_to_cheater;
+  for (uint32_t index = first * per_round; index < current * per_round; ++index) {
+    WorkUnit* w = s.units.FindMutable({task_id, index});
+    if (w == nullptr) continue;
+    if (w->status == WorkUnitStatus::kVerified &&
+        std::find(rerun.cheaters.begin(), rerun.cheaters.end(), w->assignee) !=
+            rerun.cheaters.end()) {
+      paid_to_cheater[w->assignee] += w->paid;
+    }
+    ResetWorkUnit(w);
+    w->paid = 0;
+  }
+  Amount clawed = 0;
+  for (const auto& [node, amount] : paid_to_cheater) {
+    ML_RETURN_IF_ERROR(ClawBack(s, task_id, node, amount, &clawed));
+  }
   TaskRecord* t = s.tasks.FindMutable(task_id);
-  if (t->round_results.size() > m.round()) t->round_results.resize(m.round());
+  if (t->round_results.size() > first) t->round_results.resize(first);
+  t->rounds_settled = std::min(t->rounds_settled, first);
+  t->verification.rounds_rewound += current - first;
+  t->verification.clawed_back += clawed;
   return Status::Ok();
 }
 
@@ -340,11 +404,22 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
         candidates = VerifierCandidates(s);
         have_candidates = true;
       }
+      // What the task bought (its assurance) and what the solver's record earns it decide how
+      // often and how much is replayed; a solver no longer registered is checked always.
       const NodeRecord* solver = s.nodes.Find(c.config().solver);
-      const uint32_t prob = solver == nullptr
-                                ? 1000
-                                : protocol::VerificationProbabilityPermille(ReputationOf(*solver), vp);
-      ML_ASSIGN_OR_RETURN(fx, c.OnBeacon(seed, prob, candidates, vp, height));
+      const TaskParams& tp = s.tasks.Find(task_id)->params;
+      const protocol::AssuranceLevel level{
+          .kind = static_cast<protocol::Assurance>(tp.assurance),
+          .target_escape_ppm = tp.target_escape_ppm};
+      protocol::Reputation slashed;
+      slashed.slashes = 1;
+      const protocol::CheckPlan plan = protocol::PlanCheck(
+          level, solver == nullptr ? slashed : ReputationOf(*solver),
+          protocol::SegmentCount(tp.inner_steps, tp.checkpoint_interval), vp);
+      protocol::VerificationParams unit_vp = vp;
+      unit_vp.segments_per_check = plan.segments;
+      ML_ASSIGN_OR_RETURN(fx, c.OnBeacon(seed, plan.probability_permille, candidates, unit_vp,
+                                         height));
     } else {
       ML_ASSIGN_OR_RETURN(fx, c.OnBlock(height));
     }

@@ -120,11 +120,13 @@ class VerificationTest : public FollowedChainFixture {
     if (verifiers >= 2) txs.push_back(N(v2_, Reg(v2_, kRoleVerifier)));
     StepOk(txs);
     TaskParams p = TestTaskParams();
-    p.rounds = 1;
+    p.rounds = rounds_;
     p.units_per_round = 2;
     p.num_examples = 200;
     p.verification_window_blocks = 12;
     p.tolerance_rel_l2_ppm = tolerance_ppm;
+    p.assurance = assurance_;
+    p.target_escape_ppm = target_escape_ppm_;
     Amount unit_cost = 0;
     Amount budget = MaxTaskCost(p, 20, &unit_cost, genesis_.params.verifiers_per_unit);
     p.data_root = data_root_;
@@ -328,7 +330,181 @@ class VerificationTest : public FollowedChainFixture {
   Hash256 spec_hash_ = Blake2b("bundle");
   Hash256 data_root_;
   Hash256 initial_state_ = testing::TestTaskParams().initial_state;
+  // The task's assurance (TaskParams::assurance), economic unless a test sets it before Start.
+  uint8_t assurance_ = 0;
+  uint32_t target_escape_ppm_ = 0;
+  uint32_t rounds_ = 1;  // of the task Start submits
+
+  // Every unit of the current round committed honestly, aggregated, checked clean, and the round
+  // final (the machine moved on).
+  void RunHonestRound() {
+    const uint32_t round = Machine().round();
+    std::map<uint32_t, bool> units;
+    for (int i = 0; i < 10 && units.size() < 2; ++i) {
+      units.clear();
+      for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
+        if (u.round == round && u.status == WorkUnitStatus::kAssigned) units[u.index] = false;
+      }
+      if (units.size() < 2) Step();
+    }
+    ASSERT_EQ(units.size(), 2u) << "round " << round << " is not assigned";
+    CommitAll(units);
+    Aggregate();
+    std::map<uint32_t, Sealed> verdicts;
+    std::vector<Transaction> seal, reveal;
+    for (const auto& [index, lazy] : units) {
+      verdicts[index] = Clean();
+      seal.push_back(SealTx(VerifierOf(index), index, verdicts[index]));
+    }
+    StepOk(seal);
+    StepUntil(units.begin()->first, CheckStage::kCheckRevealVerdicts);
+    for (const auto& [index, v] : verdicts) {
+      reveal.push_back(RevealTx(VerifierOf(index), index, v));
+      reveal.push_back(SecretTx(index));
+    }
+    StepOk(reveal);
+    for (int i = 0; i < 40 && Machine().round() == round &&
+                    Machine().phase() != RoundPhase::kRoundPhaseFinal;
+         ++i) {
+      Step();
+    }
+  }
 };
+
+// Taint: a solver whose round-0 unit passed its check (its corrupted second segment was not the
+// one replayed) and that is proven fraudulent in round 1 takes the task back to round 0. The
+// round-0 aggregate it was in is forgotten, every unit of round 0 runs again without it, what it
+// was paid for round 0 comes back out of its stake into the escrow, and the honest solver's
+// redo is paid anew; the task finishes with none of the cheater's work.
+TEST_F(VerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
+  rounds_ = 2;
+  Start();
+  const int p0 = UnitOf(s1_), h0 = UnitOf(s2_);
+  ASSERT_GE(p0, 0);
+  ASSERT_GE(h0, 0);
+  const std::vector<Hash256> poisoned = {TrueState(p0, 0), TrueState(p0, 2), LazyState(p0, 4)};
+  std::vector<Transaction> commits = {CommitTx(p0, poisoned), CommitTx(h0, Leaves(h0, false))};
+  pending_secrets_.clear();
+  StepOk(commits);
+  Aggregate();
+  Sealed a = Clean(), b = Clean();
+  StepOk({SealTx(v1_, p0, a), SealTx(v1_, h0, b)});
+  StepUntil(p0, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, p0, a), RevealTx(v1_, h0, b), SecretTx(p0), SecretTx(h0)});
+  for (int i = 0; i < 40 && Machine().round() == 0; ++i) Step();
+  ASSERT_EQ(Machine().round(), 1u);
+  ASSERT_EQ(Unit(p0).status, WorkUnitStatus::kVerified);
+  const Amount paid_p0 = Unit(p0).paid;
+  EXPECT_EQ(paid_p0, kUnitCost);
+  ASSERT_EQ(Task().round_results.size(), 1u);
+
+  // Round 1: s1 is lazy, the verifier catches it, it does not defend.
+  int p1 = -1, h1 = -1;
+  for (int i = 0; i < 10 && (p1 < 0 || h1 < 0); ++i) {
+    p1 = UnitOf(s1_), h1 = UnitOf(s2_);
+    if (p1 < 0 || h1 < 0) Step();
+  }
+  ASSERT_GE(p1, 2);
+  ASSERT_GE(h1, 2);
+  CommitAll({{p1, true}, {h1, false}});
+  Aggregate();
+  Sealed caught = Mismatch(p1, 0, /*solver_lazy=*/true, TrueState(p1, 2));
+  Sealed ok = Clean();
+  StepOk({SealTx(v1_, p1, caught), SealTx(v1_, h1, ok)});
+  StepUntil(p1, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, p1, caught), RevealTx(v1_, h1, ok), SecretTx(p1), SecretTx(h1)});
+  StepUntil(p1, CheckStage::kCheckDisputed);
+  PlayDispute(p1, nullptr, [&](uint64_t s) { return TrueState(p1, s); });
+
+  // Back to round 0, from the initial weights.
+  EXPECT_EQ(Machine().round(), 0u);
+  EXPECT_EQ(Machine().round_weights(), initial_state_);
+  EXPECT_TRUE(Task().round_results.empty());
+  EXPECT_EQ(Task().rounds_settled, 0u);
+  const VerificationTally tally = Task().verification;
+  EXPECT_EQ(tally.fraud, 1u);
+  EXPECT_EQ(tally.rounds_rewound, 1u);
+  EXPECT_EQ(tally.clawed_back, paid_p0);
+  EXPECT_EQ(TaskToJson(Task())["verification"]["clawed_back"], paid_p0);
+  EXPECT_EQ(Node(s1_).stake, kStake - kSlashMultiple * kUnitCost - paid_p0);
+  for (int u : {p0, h0, p1, h1}) {
+    EXPECT_NE(Unit(u).status, WorkUnitStatus::kVerified) << u;
+    EXPECT_EQ(Unit(u).paid, 0u) << u;
+    EXPECT_NE(Unit(u).assignee, s1_.public_key()) << u;
+  }
+  // The honest solver does both rounds again; nothing of the cheater's remains.
+  RunHonestRound();
+  ASSERT_EQ(Machine().round(), 1u);
+  RunHonestRound();
+  FinishTask();
+  for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
+    EXPECT_EQ(u.assignee, s2_.public_key()) << u.index;
+    EXPECT_EQ(u.status, WorkUnitStatus::kVerified) << u.index;
+    EXPECT_EQ(u.paid, kUnitCost) << u.index;
+  }
+  EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
+}
+
+// Assurance full: every unit is checked and every one of its segments replayed, and the
+// verifier is paid for all of them; economic replays segments_per_check (1) of the 2.
+class AssuranceChainTest : public VerificationTest, public ::testing::WithParamInterface<uint8_t> {};
+
+TEST_P(AssuranceChainTest, FullReplaysEverySegmentOfEveryUnitEconomicOne) {
+  const uint8_t level = GetParam();
+  assurance_ = level;
+  Start();
+  const int u1 = UnitOf(s1_), u2 = UnitOf(s2_);
+  ASSERT_GE(u1, 0);
+  ASSERT_GE(u2, 0);
+  EXPECT_EQ(Task().params.assurance, level);
+  const Amount v1_before = Balance(carol_);
+  CommitAll({{u1, false}, {u2, false}});
+  Step();  // the beacon
+  for (int u : {u1, u2}) {
+    ASSERT_EQ(Check(u).stage(), CheckStage::kCheckCommitVerdicts);
+    EXPECT_EQ(Check(u).segments().size(), level == 1 ? 2u : 1u);
+  }
+  Sealed a = Clean(), b = Clean();
+  StepOk({SealTx(v1_, u1, a), SealTx(v1_, u2, b)});
+  StepUntil(u1, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
+  StepUntilDone(u1);
+  StepUntilDone(u2);
+  for (int u : {u1, u2}) EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean);
+  const Amount pay = protocol::VerifierPay(kUnitCost, level == 1 ? 2 : 1, 2);
+  const Amount cut = BasisPoints(pay, genesis_.params.treasury_cut_bps);
+  EXPECT_EQ(Task().verification.verifiers_paid, 2 * pay);
+  EXPECT_EQ(Balance(carol_), v1_before + 2 * (pay - cut));
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, AssuranceChainTest, ::testing::Values(uint8_t{0}, uint8_t{1}),
+                         [](const auto& info) {
+                           return std::string(info.param == 1 ? "Full" : "Economic");
+                         });
+
+// The ledger refuses an assurance it cannot give or a malformed one, naming the field.
+TEST_F(VerificationTest, AssuranceTermsAreChecked) {
+  TaskParams p = TestTaskParams();
+  const Amount budget = MaxTaskCost(p, 20, nullptr, 1);
+  EXPECT_TRUE(ValidateTaskTerms(p, budget, 20, true, 1).ok());
+  p.assurance = 1;
+  EXPECT_TRUE(ValidateTaskTerms(p, budget, 20, true, 1).ok());
+  Status unverified = ValidateTaskTerms(p, budget, 20, false, 1);
+  EXPECT_NE(unverified.message().find("params.assurance is full but this chain does not verify"),
+            std::string::npos)
+      << unverified.ToString();
+  p.assurance = 3;
+  EXPECT_NE(ValidateTaskTerms(p, budget, 20, true, 1).message().find("params.assurance must be"),
+            std::string::npos);
+  p.assurance = 2;
+  p.target_escape_ppm = 0;
+  EXPECT_NE(ValidateTaskTerms(p, budget, 20, true, 1)
+                .message()
+                .find("params.target_escape_ppm must be in [1, 999999]"),
+            std::string::npos);
+  p.target_escape_ppm = 10'000;
+  EXPECT_TRUE(ValidateTaskTerms(p, budget, 20, true, 1).ok());
+}
 
 TEST_F(VerificationTest, HonestWorkIsCheckedCleanAndEveryonePaid) {
   Start();

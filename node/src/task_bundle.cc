@@ -266,7 +266,9 @@ ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net
       .seed = facts.seed,
       .initial_state = initial_state,
       .verification_window_blocks = net.verification_window_blocks,
-      .data_root = facts.data_root};
+      .data_root = facts.data_root,
+      .assurance = static_cast<uint8_t>(net.assurance.kind),
+      .target_escape_ppm = net.assurance.target_escape_ppm};
 }
 
 }  // namespace meshlearn::node

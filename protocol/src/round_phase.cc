@@ -478,6 +478,23 @@ Status RoundStateMachine::RewindRound(std::span<const NodeId> exclude) {
   return Status::Ok();
 }
 
+Status RoundStateMachine::RewindTo(uint32_t round, std::span<const NodeId> exclude) {
+  if (phase_ == RoundPhase::kRoundPhaseFinal) {
+    return FailedPrecondition("task " + config_.task.ShortHex() + " is final; nothing to rewind");
+  }
+  if (round > round_) {
+    return InvalidArgument("rewind: round " + std::to_string(round) + " of task " +
+                           config_.task.ShortHex() + " is after the current round " +
+                           std::to_string(round_));
+  }
+  if (round < round_) {
+    round_ = round;
+    weights_history_.resize(round + 1);
+    StartRound();
+  }
+  return RewindRound(exclude);
+}
+
 Status RoundStateMachine::RerunUnits(std::span<const uint32_t> shards,
                                      std::span<const NodeId> exclude) {
   if (phase_ == RoundPhase::kRoundPhaseFinal) {

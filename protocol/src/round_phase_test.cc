@@ -221,6 +221,50 @@ TEST(RoundPhaseTest, HoldKeepsTheWindowOpenAndRewindReruns) {
   EXPECT_FALSE(m->ReleaseFinality().ok());
 }
 
+// Taint: fraud in round 1 by a node whose work went into final round 0 takes the task back to
+// round 0, from the initial weights, every unit pending without the cheater; the encoding keeps
+// the rewound machine.
+TEST(RoundPhaseTest, RewindToAnEarlierRoundForgetsTheLaterWeights) {
+  const RoundMachineConfig c = Config(0);  // c.rounds = 2
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  RunRound(*m, c, 10);
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1"), 12).ok());
+  ASSERT_TRUE(m->OnBlock(13).ok());
+  ASSERT_EQ(m->round(), 1u);
+  ASSERT_EQ(m->round_weights(), Blake2b("w1"));
+  RunRound(*m, c, 14);
+  EXPECT_FALSE(m->RewindTo(2, std::vector<NodeId>{Id(2)}).ok());  // after the current round
+  ASSERT_TRUE(m->RewindTo(0, std::vector<NodeId>{Id(2)}).ok());
+  EXPECT_EQ(m->round(), 0u);
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  EXPECT_EQ(m->round_weights(), c.initial_weights);
+  EXPECT_EQ(m->weights_history(), std::vector<Hash256>{c.initial_weights});
+  auto pending = m->PendingUnits();
+  ASSERT_EQ(pending.size(), 3u);
+  for (const auto& p : pending) {
+    EXPECT_EQ(p.unit.round, 0u);
+    EXPECT_EQ(p.excluded, std::vector<NodeId>{Id(2)});
+  }
+  auto again = RoundStateMachine::Decode(m->Encode());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->Encode(), m->Encode());
+  // It trains forward again without the cheater: round 0 then round 1, to the end.
+  EXPECT_FALSE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 1, 2, 20, 30)}).ok());
+  std::vector<Assignment> as;
+  for (uint32_t s = 0; s < 3; ++s) as.push_back(Assign(c, 0, s, 9, 20, 30));
+  ASSERT_TRUE(m->OnAssigned(as).ok());
+  for (const Assignment& a : as) ASSERT_TRUE(m->OnUnitCommitted(a.unit, a.node, {}, 21).ok());
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1b"), 22).ok());
+  ASSERT_TRUE(m->OnBlock(23).ok());
+  EXPECT_EQ(m->round_weights(), Blake2b("w1b"));
+  RunRound(*m, c, 24);
+  ASSERT_TRUE(CommitAggregate(*m, c, 1, Blake2b("w2"), 26).ok());
+  ASSERT_TRUE(m->OnBlock(27).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseFinal);
+  EXPECT_FALSE(m->RewindTo(0, std::vector<NodeId>{Id(2)}).ok());
+}
+
 // A forced error in one unit: only that unit re-runs; the others keep their commits; the
 // aggregate already committed is dropped and the round aggregates again over the new result.
 TEST(RoundPhaseTest, RerunUnitsKeepsTheOtherCommitsAndAggregatesAgain) {

@@ -13,7 +13,7 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
        "trim_fraction", "clip_radius", "clip_iterations", "krum_select", "krum_byzantine",
        "outer_lr", "outer_momentum", "outer_nesterov", "inner_lr_final",
        "verification_window_blocks", "verification", "tolerance_rel_l2_ppm",
-       "tolerance_cosine_gap_ppb", "budget", "price_cap"}));
+       "tolerance_cosine_gap_ppb", "assurance", "target_escape_ppm", "budget", "price_cap"}));
   NetworkSpec s;
   ML_ASSIGN_OR_RETURN(int64_t rounds, n.GetInt("rounds", {.min = 1, .max = 100000}));
   ML_ASSIGN_OR_RETURN(int64_t units, n.GetInt("units_per_round", {.min = 1, .max = 4096}));
@@ -67,6 +67,23 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
   }
   s.tolerance_rel_l2_ppm = static_cast<uint32_t>(l2);
   s.tolerance_cosine_gap_ppb = static_cast<uint32_t>(cos);
+  ML_ASSIGN_OR_RETURN(std::string assurance, n.GetEnum("assurance", {"economic", "full", "target"},
+                                                       std::string("economic")));
+  s.assurance.kind = assurance == "full"     ? Assurance::kAssuranceFull
+                     : assurance == "target" ? Assurance::kAssuranceTarget
+                                             : Assurance::kAssuranceEconomic;
+  if (s.assurance.kind == Assurance::kAssuranceTarget) {
+    if (!n.Has("target_escape_ppm")) {
+      return n.Error("assurance", "is \"target\" but target_escape_ppm is missing; add e.g. "
+                                  "target_escape_ppm = 10000 (at most a 1% chance that one "
+                                  "corrupted segment escapes)");
+    }
+    ML_ASSIGN_OR_RETURN(int64_t t, n.GetInt("target_escape_ppm", {.min = 1, .max = 999999}));
+    s.assurance.target_escape_ppm = static_cast<uint32_t>(t);
+  } else if (n.Has("target_escape_ppm")) {
+    return n.Error("target_escape_ppm", "is set but assurance is \"" + assurance +
+                                            "\"; set assurance = \"target\" or remove it");
+  }
   ML_ASSIGN_OR_RETURN(int64_t budget, n.GetInt("budget", 0, {.min = 0}));
   ML_ASSIGN_OR_RETURN(int64_t cap, n.GetInt("price_cap", 0, {.min = 0}));
   s.budget = static_cast<uint64_t>(budget);

@@ -80,20 +80,22 @@ std::string_view AssuranceName(Assurance a) {
   return "unknown";
 }
 
-Status ValidateAssurance(uint8_t kind, uint32_t target_escape_ppm) {
+Status ValidateAssurance(uint8_t kind, uint32_t target_escape_ppm, std::string_view kind_name,
+                         std::string_view target_name) {
   if (kind > static_cast<uint8_t>(Assurance::kAssuranceTarget)) {
-    return InvalidArgument("assurance must be 0 (economic), 1 (full) or 2 (target), got " +
+    return InvalidArgument(std::string(kind_name) +
+                           " must be 0 (economic), 1 (full) or 2 (target), got " +
                            std::to_string(kind));
   }
   const bool target = kind == static_cast<uint8_t>(Assurance::kAssuranceTarget);
   if (target && (target_escape_ppm == 0 || target_escape_ppm >= 1'000'000)) {
-    return InvalidArgument("target_escape_ppm must be in [1, 999999] with assurance target, got " +
-                           std::to_string(target_escape_ppm) +
-                           " (0 would be full assurance: say full)");
+    return InvalidArgument(std::string(target_name) + " must be in [1, 999999] with " +
+                           std::string(kind_name) + " = target, got " +
+                           std::to_string(target_escape_ppm) + " (0 would be full: say full)");
   }
   if (!target && target_escape_ppm != 0) {
-    return InvalidArgument("target_escape_ppm is " + std::to_string(target_escape_ppm) +
-                           " but assurance is " +
+    return InvalidArgument(std::string(target_name) + " is " + std::to_string(target_escape_ppm) +
+                           " but " + std::string(kind_name) + " is " +
                            std::string(AssuranceName(static_cast<Assurance>(kind))) +
                            "; a target belongs to assurance target only");
   }

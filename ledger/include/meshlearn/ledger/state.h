@@ -149,6 +149,12 @@ struct TaskParams {
   // wrong. With it the ledger itself executes a disputed step (RefereeStepTx); zero (a token task,
   // or a task submitted without one): the genesis referee rules (RuleDisputeTx).
   Hash256 data_root;
+  // What the submitter bought (protocol::Assurance, protocol/verification.h PlanCheck): 0
+  // economic, 1 full (every segment of every unit replayed), 2 target (target_escape_ppm: the
+  // most likely one corrupted segment escapes its check, per 10^6). Not 0 on a verifying chain
+  // only.
+  uint8_t assurance = 0;
+  uint32_t target_escape_ppm = 0;
 
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
@@ -167,6 +173,8 @@ struct TaskParams {
     v("tolerance_rel_l2_ppm", s.tolerance_rel_l2_ppm);
     v("tolerance_cosine_gap_ppb", s.tolerance_cosine_gap_ppb);
     v("data_root", s.data_root);
+    v("assurance", s.assurance);
+    v("target_escape_ppm", s.target_escape_ppm);
   }
   bool operator==(const TaskParams&) const = default;
 };
@@ -198,6 +206,10 @@ struct VerificationTally {
   Amount verifiers_paid = 0;     // from the escrow, before the treasury's cut
   Amount jackpot_paid = 0;       // to forced-error catchers and challengers that won
   Amount redo_escrow = 0;        // slashed stake added to the escrow for re-runs
+  // Taint: final rounds a proven cheater's work was in, run again; and what it had been paid for
+  // them, taken back from its stake into the escrow (docs/verification.md, "Taint").
+  uint64_t rounds_rewound = 0;
+  Amount clawed_back = 0;
   bool operator==(const VerificationTally&) const = default;
 };
 

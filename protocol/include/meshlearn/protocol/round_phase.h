@@ -146,6 +146,11 @@ class RoundStateMachine {
   // Fraud proven in the current, not yet final round: every unit becomes pending again (the
   // given nodes excluded from all of them) and the round re-runs from round_weights().
   Status RewindRound(std::span<const NodeId> exclude);
+  // Fraud proven by a node whose work also went into earlier, final rounds ("taint"): the task
+  // goes back to round `round` (<= round()), whose start weights become the current ones again;
+  // the later rounds' final weights are forgotten and every unit of `round` is pending, `exclude`
+  // barred from them. round == round() is RewindRound.
+  Status RewindTo(uint32_t round, std::span<const NodeId> exclude);
   // A forced error or an abandoned unit in the current, not yet final round: only `shards`
   // re-run (pending again, `exclude` barred from them); the round's other units keep their
   // commits. An aggregator assigned or an aggregate committed is dropped: the round aggregates

@@ -37,6 +37,10 @@
 //                             # bitwise reproducibility: distances within profiled thresholds)
 //   tolerance_rel_l2_ppm = 0  # tolerance mode; 0: profiled by `task submit`
 //   tolerance_cosine_gap_ppb = 0
+//   assurance = "economic"    # economic | full | target: how much of the work is replayed
+//                             # (protocol/verification.h PlanCheck; docs/submitters.md)
+//   target_escape_ppm = 10000 # target: at most this chance (per 10^6) that one corrupted
+//                             # segment escapes its check
 //   budget = 1000000          # tokens escrowed by the submitter
 //   price_cap = 100           # highest price per GFLOP accepted from a solver
 //
@@ -54,6 +58,7 @@
 #include "meshlearn/base/status.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/types.h"
+#include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::protocol {
 
@@ -76,6 +81,7 @@ struct NetworkSpec {
   bool tolerance_mode = false;
   uint32_t tolerance_rel_l2_ppm = 0;      // 0: profile at submission
   uint32_t tolerance_cosine_gap_ppb = 0;  // 0: profile at submission
+  AssuranceLevel assurance;               // economic unless the file says
   uint64_t budget = 0;
   uint64_t price_cap = 0;
 

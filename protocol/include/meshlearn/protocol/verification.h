@@ -90,9 +90,11 @@ struct AssuranceLevel {
   Assurance kind = Assurance::kAssuranceEconomic;
   uint32_t target_escape_ppm = 0;  // target: 1..999999 (10^6 x the escape probability); else 0
 };
-// InvalidArgument naming `kind` or `target_escape_ppm` (a byte that is no Assurance, a target
-// out of range, a target given with another kind).
-Status ValidateAssurance(uint8_t kind, uint32_t target_escape_ppm);
+// InvalidArgument naming the field (`kind_name`, `target_name`: how the caller's reader spells
+// them) for a byte that is no Assurance, a target out of range, a target given with another kind.
+Status ValidateAssurance(uint8_t kind, uint32_t target_escape_ppm,
+                         std::string_view kind_name = "assurance",
+                         std::string_view target_name = "target_escape_ppm");
 struct CheckPlan {
   uint32_t probability_permille = 0;  // SelectedForVerification
   uint32_t segments = 0;              // segments a check replays (SegmentsToReplay), 1..S
