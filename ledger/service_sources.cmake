@@ -2,6 +2,7 @@
 # Included by ledger/CMakeLists.txt, which compiles these into meshlearn_ledger and the tests into
 # ledger_service_test. Owned by the service side; the core side owns CMakeLists.txt.
 set(LEDGER_SERVICE_SOURCES
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/dashboard.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/follower.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/metrics.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/rate_limit.cc

@@ -168,7 +168,9 @@ Status RunServe(GlobalOptions& g, ChainArgs& a) {
   ML_RETURN_IF_ERROR(server.Start(listen.first, listen.second));
   sequencer.Start();
 
+  // The dashboard is GET / of the same address (ledger/dashboard.h).
   json j = {{"url", server.url()},
+            {"dashboard", server.url() + "/"},
             {"chain_id", gen.chain_id},
             {"height", shared.height()},
             {"genesis_hash", chain->genesis_hash().ToHex()}};
@@ -177,7 +179,7 @@ Status RunServe(GlobalOptions& g, ChainArgs& a) {
   } else {
     std::cout << "serving chain '" << gen.chain_id << "' at " << server.url() << " (height "
               << shared.height() << ", a block every " << gen.block_interval_ms
-              << " ms); Ctrl-C to stop" << std::endl;
+              << " ms); Ctrl-C to stop\ndashboard: " << server.url() << "/" << std::endl;
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -245,7 +247,9 @@ Status RunFollow(GlobalOptions& g, ChainArgs& a) {
   if (!g.json) {
     std::cout << "following " << a.url << " (chain '" << gen.chain_id << "', local height "
               << shared.height() << ", upstream " << follower.upstream_height() << ")"
-              << (listen ? "; serving reads at " + server.url() : std::string()) << std::endl;
+              << (listen ? "; serving reads and the dashboard at " + server.url() + "/"
+                         : std::string())
+              << std::endl;
   } else {
     std::cout << json{{"following", a.url}, {"url", listen ? server.url() : ""}}.dump()
               << std::endl;
@@ -327,6 +331,8 @@ void AddChain(CLI::App& root, GlobalOptions& g) {
   serve->footer("Examples:\n"
                 "  meshlearn chain serve --dir ./chain\n"
                 "  meshlearn chain serve --dir ./chain --listen 127.0.0.1:0 --json   # prints the URL\n"
+                "Serves JSON-RPC (POST /), GET /metrics and the dashboard at GET / (open the URL in\n"
+                "a browser).\n"
                 "Stop with Ctrl-C or SIGTERM; a crash loses no acknowledged transaction.");
   serve->callback([&g] { g.Exit(RunServe(g, a)); });
 

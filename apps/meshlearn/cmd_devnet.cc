@@ -552,6 +552,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     }
   }
   say("ledger at " + rpc_url);
+  say("dashboard: " + rpc_url + "/ (open it in a browser: live while the devnet runs; --keep keeps "
+      "it up after the task)");
 
   std::vector<size_t> node_child(total_nodes, SIZE_MAX);
   std::map<std::string, std::string> endpoint_dir;
@@ -917,7 +919,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
               << AbsolutePath(home) << "/keys:\n  export MESHLEARN_HOME=" << AbsolutePath(home)
               << "\n  meshlearn task status " << sub.task_id.ToHex() << " --rpc " << rpc_url
               << "\n  meshlearn wallet balance --key submitter --rpc " << rpc_url
-              << "\nCtrl-C stops it." << std::endl;
+              << "\ndashboard: " << rpc_url << "/\nCtrl-C stops it." << std::endl;
     while (!g_stop_signal.load()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     g_stop_signal.store(0);
   }

@@ -8,6 +8,7 @@
 
 #include "meshlearn/base/log.h"
 #include "meshlearn/base/prometheus.h"
+#include "meshlearn/ledger/dashboard.h"
 #include "meshlearn/ledger/metrics.h"
 #include "meshlearn/ledger/rpc.h"
 
@@ -96,6 +97,17 @@ Status RpcServer::Start(const std::string& host, int port) {
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(LedgerMetricsText(*service_), PrometheusText::kContentType);
+  });
+  // The dashboard (dashboard.h): a page that reads this server's JSON-RPC from the browser. It
+  // loads nothing from elsewhere, which the policy makes a rule: its own inline script and style,
+  // requests to this origin only.
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Content-Security-Policy",
+                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                   "connect-src 'self'; img-src data: blob:; base-uri 'none'; form-action 'none'; "
+                   "frame-ancestors 'none'");
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(std::string(DashboardHtml()), "text/html; charset=utf-8");
   });
 
   Result<int> bound = gate_->Start(host, port);

@@ -1,0 +1,230 @@
+// The dashboard (ledger/dashboard.h) that `meshlearn chain serve` answers at GET /, in a real
+// browser: a devnet with a lazy solver trains tests/devnet-tiny.toml and stays up (--keep);
+// Debian's headless chromium loads the URL devnet printed, and the numbers in its DOM must equal
+// what the ledger's RPC answers through `meshlearn task status --json` and `meshlearn wallet
+// balance` (tokens paid, the slash, accuracy per round) and what devnet's report.json says of the
+// lazy solver (slashed, jailed, never paid). A screenshot of the page is saved as a test artifact
+// ($MESHLEARN_TEST_ARTIFACTS, else BUILD_DIR/test-artifacts/dashboard.png) and its path printed.
+// Skipped, visibly, without chromium (scripts/setup.sh installs it for the test run) or without
+// Fashion-MNIST.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "process_test_util.h"
+
+namespace {
+
+using meshlearn::process_test::ChainServer;
+using meshlearn::process_test::CmdResult;
+using meshlearn::process_test::HttpGet;
+using meshlearn::process_test::Meshlearn;
+using meshlearn::process_test::ReadText;
+using meshlearn::process_test::Shell;
+using meshlearn::process_test::TempDir;
+using meshlearn::process_test::WaitFor;
+using nlohmann::json;
+
+std::string Chromium() {
+  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser"}) {
+    if (access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// chromium --headless with a profile of its own in `dir`; `args` before the URL. --no-sandbox:
+// tests run as root in CI, where chromium's sandbox refuses to start; the page is our own.
+// The virtual time budget lets the page's script run (its RPC calls, a few live updates) before
+// the DOM is dumped or the screenshot taken.
+std::string ChromiumCommand(const std::string& dir, const std::string& args, const std::string& url) {
+  return Chromium() + " --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir=" +
+         dir + " --virtual-time-budget=6000 " + args + " '" + url + "' 2>" + dir + ".log";
+}
+
+// The text of the element with data-k="key" in a dumped DOM ("" if none).
+std::string DomValue(const std::string& dom, const std::string& key) {
+  const std::string attr = "data-k=\"" + key + "\"";
+  const size_t at = dom.find(attr);
+  if (at == std::string::npos) return "";
+  const size_t open = dom.find('>', at);
+  const size_t close = dom.find('<', open);
+  if (open == std::string::npos || close == std::string::npos) return "";
+  return dom.substr(open + 1, close - open - 1);
+}
+
+std::string Fixed4(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4f", v);
+  return buf;
+}
+
+std::string ArtifactDir() {
+  const char* env = std::getenv("MESHLEARN_TEST_ARTIFACTS");
+  return env && *env ? env : MESHLEARN_BINARY_DIR "/test-artifacts";
+}
+
+// GET / is the page: self-contained (no script, style or image from anywhere else) and the same
+// on a bare chain as on a busy one.
+TEST(Dashboard, ChainServeAnswersThePageAtSlash) {
+  const std::string home = TempDir("dashboard");
+  ASSERT_EQ(Meshlearn("keys new alice --no-passphrase", home).code, 0);
+  ChainServer chain(home);
+  ASSERT_FALSE(chain.url().empty()) << ReadText(home + "/serve.out");
+  const std::string host_port = chain.url().substr(std::string("http://").size());
+  const std::string page = HttpGet(host_port, "/");
+  ASSERT_NE(page.find("<title>meshlearn dashboard</title>"), std::string::npos) << page.substr(0, 400);
+  EXPECT_EQ(page.find("<script src"), std::string::npos);
+  EXPECT_EQ(page.find("<link rel=\"stylesheet\""), std::string::npos);
+  EXPECT_EQ(page.find("https://"), std::string::npos);
+  // The one http:// in it is the SVG namespace name, which is never fetched.
+  for (size_t at = page.find("http://"); at != std::string::npos; at = page.find("http://", at + 1)) {
+    EXPECT_EQ(page.compare(at, 26, "http://www.w3.org/2000/svg"), 0) << page.substr(at, 60);
+  }
+  // `chain serve` says where it is.
+  EXPECT_NE(ReadText(home + "/serve.out").find("\"dashboard\":\"" + chain.url() + "/\""),
+            std::string::npos)
+      << ReadText(home + "/serve.out");
+}
+
+TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
+  if (Chromium().empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh --test installs it)";
+  if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good()) {
+    GTEST_SKIP() << "Fashion-MNIST not installed";
+  }
+  const std::string dir = TempDir("dashboard");
+  const std::string out = dir + "/d", log = dir + "/devnet.log";
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("MESHLEARN_HOME", (dir + "/home").c_str(), 1);
+    if (!freopen(log.c_str(), "w", stderr)) _exit(126);
+    if (!freopen("/dev/null", "w", stdout)) _exit(126);
+    execl(MESHLEARN_BIN, MESHLEARN_BIN, "devnet", "--solvers", "4", "--task",
+          MESHLEARN_SOURCE_DIR "/tests/devnet-tiny.toml", "--block-interval-ms", "200",
+          "--adversary", "solver:lazy", "--no-check-reference", "--keep", "--out", out.c_str(),
+          (char*)nullptr);
+    _exit(127);
+  }
+  struct StopDevnet {
+    pid_t pid;
+    ~StopDevnet() {
+      kill(pid, SIGINT);
+      waitpid(pid, nullptr, 0);
+    }
+  } stop{pid};
+  ASSERT_NE(WaitFor(log, "Ctrl-C stops it", "", 300), "") << ReadText(log);
+  // The URL as devnet printed it (the first time, when the ledger came up).
+  const std::string url = WaitFor(log, "dashboard: ", "abcdefghijklmnopqrstuvwxyz0123456789:/.", 1, 10);
+  ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << ReadText(log);
+  ASSERT_EQ(url.back(), '/') << url;
+  const std::string rpc = url.substr(0, url.size() - 1);
+
+  const json report = json::parse(ReadText(out + "/report.json"), nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << ReadText(out + "/report.json");
+  const std::string task_id = report["task_id"];
+  const json& slashed = report["verification"]["slashed"];
+  ASSERT_EQ(slashed.size(), 1u) << report.dump(2);
+  const std::string lazy = slashed[0]["node"];
+
+  // What the RPC answers, through the CLI commands the page must agree with.
+  auto cli = [&](const std::string& args) {
+    CmdResult r = Shell("MESHLEARN_HOME=" + out + "/home " + MESHLEARN_BIN + " --json " + args +
+                        " --rpc " + rpc + " 2>&1");
+    EXPECT_EQ(r.code, 0) << args << "\n" << r.out;
+    json j = json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.out;
+    return j;
+  };
+  const json status = cli("task status " + task_id);
+  ASSERT_EQ(status["status"], "finished") << status.dump(2);
+
+  // The page as chromium renders it, the lazy solver selected.
+  const std::string page_url = url + "#task=" + task_id + "&node=" + lazy;
+  CmdResult dumped = Shell(ChromiumCommand(dir + "/chromium", "--dump-dom", page_url));
+  ASSERT_EQ(dumped.code, 0) << ReadText(dir + "/chromium.log");
+  const std::string& dom = dumped.out;
+  ASSERT_NE(DomValue(dom, "task-id"), "") << dom.substr(0, 2000);
+  EXPECT_EQ(DomValue(dom, "task-id"), task_id);
+  EXPECT_EQ(DomValue(dom, "task-status"), "finished");
+
+  // Tokens, as `task status --json` reports them.
+  const json& money = status["money"];
+  EXPECT_EQ(DomValue(dom, "task-budget"), std::to_string(money["budget"].get<uint64_t>()));
+  EXPECT_EQ(DomValue(dom, "task-spent"), std::to_string(money["spent"].get<uint64_t>()));
+  EXPECT_EQ(DomValue(dom, "task-paid-solvers"), std::to_string(money["paid_to_solvers"].get<uint64_t>()));
+  EXPECT_EQ(DomValue(dom, "task-paid-verifiers"), std::to_string(money["paid_to_verifiers"].get<uint64_t>()));
+  EXPECT_EQ(DomValue(dom, "task-paid-aggregators"), std::to_string(money["paid_to_aggregators"].get<uint64_t>()));
+  EXPECT_EQ(DomValue(dom, "task-refunded"), std::to_string(money["refunded"].get<uint64_t>()));
+  EXPECT_GT(money["paid_to_solvers"].get<uint64_t>(), 0u);
+
+  // The slash: the ledger's count for the task, and what the lazy solver's stake lost.
+  const uint64_t slash = status["verification"]["slashed"].get<uint64_t>();
+  EXPECT_GT(slash, 0u);
+  EXPECT_EQ(DomValue(dom, "task-slashed"), std::to_string(slash));
+  EXPECT_EQ(slash, slashed[0]["amount"].get<uint64_t>()) << report.dump(2);
+  EXPECT_EQ(DomValue(dom, "node-" + lazy + "-status"), "jailed");
+  EXPECT_EQ(DomValue(dom, "node-" + lazy + "-paid-units"), "0");
+  // The dispute timeline names the lazy solver as the one who committed the disputed unit.
+  EXPECT_EQ(dom.find("data-k=\"disputes\" data-count=\"0\""), std::string::npos);
+  EXPECT_NE(dom.find("data-k=\"disputes\" data-count=\""), std::string::npos);
+  EXPECT_EQ(DomValue(dom, "dispute-0-solver"), lazy.substr(0, 10));
+
+  // Accuracy and test loss per round, and the plot of them.
+  const json& rounds = status["round_results"];
+  ASSERT_EQ(rounds.size(), 3u) << status.dump(2);
+  for (const json& r : rounds) {
+    const std::string n = std::to_string(r["round"].get<int>());
+    EXPECT_EQ(DomValue(dom, "round-" + n + "-accuracy"), Fixed4(r["test_accuracy_ppm"].get<uint32_t>() / 1e6)) << n;
+    EXPECT_EQ(DomValue(dom, "round-" + n + "-test-loss"), Fixed4(r["test_loss_micros"].get<uint64_t>() / 1e6)) << n;
+  }
+  EXPECT_NE(dom.find("id=\"loss-plot\" data-points=\"3\""), std::string::npos);
+
+  // Per node: what devnet's report counted from the same records, and the wallet's balance.
+  for (const json& n : report["nodes"]) {
+    const std::string id = n["node"];
+    EXPECT_EQ(DomValue(dom, "node-" + id + "-units"), std::to_string(n["units"].get<int>())) << id;
+    EXPECT_EQ(DomValue(dom, "node-" + id + "-paid-units"), std::to_string(n["paid_for_units"].get<uint64_t>())) << id;
+    EXPECT_EQ(DomValue(dom, "node-" + id + "-paid-aggregation"),
+              std::to_string(n["paid_for_aggregation"].get<uint64_t>())) << id;
+    EXPECT_EQ(DomValue(dom, "node-" + id + "-stake"), std::to_string(n["stake"].get<uint64_t>())) << id;
+    EXPECT_EQ(DomValue(dom, "node-" + id + "-slashes"),
+              std::to_string(n["reputation"]["slashes"].get<uint64_t>())) << id;
+    const json wallet = cli("wallet balance " + id);
+    EXPECT_EQ(DomValue(dom, "node-" + id + "-balance"), std::to_string(wallet["balance"].get<uint64_t>())) << id;
+  }
+
+  // Live: the page re-read the ledger as blocks arrived, without being reloaded.
+  const std::string first = DomValue(dom, "first-height"), last = DomValue(dom, "height");
+  ASSERT_FALSE(first.empty() || last.empty()) << dom.substr(0, 2000);
+  EXPECT_GE(std::stoi(DomValue(dom, "updates")), 2);
+  EXPECT_GT(std::stoull(last), std::stoull(first));
+
+  // The screenshot, kept as the test's artifact. #updates=3: the page stops polling after three
+  // updates, so that chromium sees it idle and takes the picture.
+  std::filesystem::create_directories(ArtifactDir());
+  const std::string png = ArtifactDir() + "/dashboard.png";
+  std::filesystem::remove(png);
+  CmdResult shot = Shell(ChromiumCommand(dir + "/chromium-shot",
+                                         "--hide-scrollbars --window-size=1600,3200 --screenshot=" + png,
+                                         page_url + "&updates=3"));
+  ASSERT_EQ(shot.code, 0) << ReadText(dir + "/chromium-shot.log");
+  const std::string bytes = ReadText(png);
+  ASSERT_GT(bytes.size(), 20000u) << png;
+  EXPECT_EQ(bytes.substr(0, 8), "\x89PNG\r\n\x1a\n");
+  std::cout << "dashboard screenshot: " << png << std::endl;
+  RecordProperty("screenshot", png);
+}
+
+}  // namespace
