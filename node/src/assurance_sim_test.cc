@@ -105,7 +105,9 @@ TEST(AssuranceSimTest, FullCatchesEveryPoisonerAndKeepsTheModelHonest) {
       EXPECT_TRUE(o.caught);
       EXPECT_FALSE(o.paid);
       // noisy_last is honest before the last round: its earlier units pass, rightly.
-      if (adv != Adversary::kNoisyLast) EXPECT_EQ(o.clean, 0u) << "a poisoned unit passed";
+      if (adv != Adversary::kNoisyLast) {
+        EXPECT_EQ(o.clean, 0u) << "a poisoned unit passed";
+      }
       EXPECT_TRUE(o.reference);
     }
   }
