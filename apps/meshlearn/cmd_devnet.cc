@@ -291,7 +291,11 @@ json SettledChecks(const json& task) {
                       {"result", c.value("result", "")},
                       {"reason", c.value("reason", "")}});
   }
-  return {{"settled", counts}, {"events", events}};
+  // Taint (docs/verification.md): final rounds a proven cheater's work was in, run again, and
+  // what it had been paid for them, taken back from its stake.
+  const json taint = {{"rounds_rewound", tally.value("rounds_rewound", uint64_t{0})},
+                      {"clawed_back", tally.value("clawed_back", uint64_t{0})}};
+  return {{"settled", counts}, {"events", events}, {"taint", taint}};
 }
 
 // The referee of the devnet's disputes, on its own thread: the sequencer's key (genesis leaves
@@ -843,6 +847,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                                  {"adversaries", json::array()},
                                  {"checks", checks["settled"]},
                                  {"check_events", checks["events"]},
+                                 {"taint", checks["taint"]},
                                  {"disputes_ruled", rulings},
                                  {"slashed", slashed},
                                  {"jackpot", totals.value("jackpot", uint64_t{0})}};
@@ -1008,6 +1013,13 @@ void PrintReport(GlobalOptions& g, const json& report) {
           "abandoned; {} dispute(s) ruled by the referee\n",
           c["clean"].get<int>(), c["unchecked"].get<int>(), c["fraud"].get<int>(),
           c["forced_error"].get<int>(), c["abandoned"].get<int>(), v["disputes_ruled"].size());
+      const json taint = v.value("taint", json::object());
+      if (taint.value("rounds_rewound", uint64_t{0}) > 0) {
+        std::cout << fmt::format(
+            "  taint: a proven cheater's earlier work re-ran {} final round(s); {} tokens it had "
+            "been paid for them came back from its stake\n",
+            taint["rounds_rewound"].get<uint64_t>(), taint["clawed_back"].get<uint64_t>());
+      }
       for (const json& r : v["disputes_ruled"]) {
         std::cout << fmt::format("  ruling on unit {} step {}: for the {} ({})\n",
                                  r["unit"].get<uint32_t>(), r["step"].get<uint64_t>(),
