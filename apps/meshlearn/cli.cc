@@ -4,13 +4,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <set>
 #include <vector>
 
 #include "meshlearn/base/env.h"
+#include "meshlearn/ledger/rpc_client.h"
 
 namespace meshlearn::cli {
 namespace {
@@ -84,6 +87,11 @@ class HelpFormatter : public CLI::Formatter {
   }
 };
 
+std::set<const CLI::Option*>& OwnRangeOptions() {
+  static std::set<const CLI::Option*> options;
+  return options;
+}
+
 void ApplyCliRules(CLI::App* app) {
   for (CLI::Option* opt : app->get_options()) {
     if (opt->get_expected_max() == 0) continue;  // a flag
@@ -98,10 +106,14 @@ void ApplyCliRules(CLI::App* app) {
           },
           ""));
     } else if (type.rfind("INT", 0) == 0) {
+      const bool own_range = OwnRangeOptions().count(opt) > 0;
       opt->transform(CLI::Validator(
-          [](std::string& v) -> std::string {
+          [own_range](std::string& v) -> std::string {
             Result<int64_t> n = ParseSigned(v, "");
             if (!n.ok()) return n.status().message();
+            if (*n < 0 && !own_range) {
+              return "'" + v + "' is negative; this option takes 0 or more";
+            }
             v = std::to_string(*n);
             return std::string();
           },
@@ -112,6 +124,11 @@ void ApplyCliRules(CLI::App* app) {
 }
 
 }  // namespace
+
+CLI::Option* OwnRange(CLI::Option* opt) {
+  OwnRangeOptions().insert(opt);
+  return opt;
+}
 
 void AddAllCommands(CLI::App& root, GlobalOptions& g) {
   // Subcommands copy their parent's formatter when they are added: set it first.
@@ -261,6 +278,83 @@ Status CheckRpcAnswer(const nlohmann::json& answer, const RpcWhere& where,
     }
   }
   return Status::Ok();
+}
+
+Status CheckIdText(std::string_view what, const std::string& typed) {
+  if (typed.empty() || typed.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    return InvalidArgument(std::string(what) +
+                           ": expected hex digits (the id, or any unique prefix of it), got '" +
+                           typed + "'");
+  }
+  if (typed.size() > 64) {
+    return InvalidArgument(std::string(what) + ": expected at most 64 hex digits, got " +
+                           std::to_string(typed.size()));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ResolveIdPrefix(std::string_view noun, const std::string& typed,
+                                    const std::string& where,
+                                    const std::function<Status(const IdVisitor&)>& candidates) {
+  const std::string what = std::string(noun) + " id";
+  ML_RETURN_IF_ERROR(CheckIdText(what, typed));
+  std::string want = typed;
+  for (char& c : want) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (want.size() == 64) return want;
+  std::vector<std::string> matches;
+  ML_RETURN_IF_ERROR(candidates([&](const std::string& full) {
+    if (full.size() == 64 && full.rfind(want, 0) == 0 &&
+        std::find(matches.begin(), matches.end(), full) == matches.end()) {
+      matches.push_back(full);
+    }
+  }));
+  if (matches.empty()) {
+    return NotFound(what + ": no " + std::string(noun) + " " + where + " has an id starting with " +
+                    want);
+  }
+  if (matches.size() > 1) {
+    std::string names;
+    for (size_t i = 0; i < matches.size() && i < 10; ++i) names += "\n  " + matches[i];
+    if (matches.size() > 10) names += "\n  ... (" + std::to_string(matches.size()) + " in all)";
+    return InvalidArgument(what + ": " + std::to_string(matches.size()) + " " + std::string(noun) +
+                           "s have ids starting with " + want + " (" + where +
+                           "); type more of the id:" + names);
+  }
+  return matches[0];
+}
+
+Status ForEachListedId(ledger::RpcClient& rpc, const std::string& method,
+                       const nlohmann::json& params, const IdVisitor& each) {
+  nlohmann::json cursor = nullptr;
+  for (int page = 0; page < 100000; ++page) {
+    nlohmann::json p = params.is_object() ? params : nlohmann::json::object();
+    p["limit"] = 100;
+    if (!cursor.is_null()) p["cursor"] = cursor;
+    ML_ASSIGN_OR_RETURN(nlohmann::json res, rpc.Call(method, p));
+    ML_RETURN_IF_ERROR(CheckRpcAnswer(
+        res, {rpc.url(), method},
+        {{"items", JsonKind::kArray, true}, {"next_cursor", JsonKind::kAny, false, true}}));
+    for (const nlohmann::json& item : res["items"]) {
+      if (item.is_object() && item.contains("id") && item["id"].is_string()) {
+        each(item["id"].get<std::string>());
+      }
+    }
+    cursor = res.contains("next_cursor") ? res["next_cursor"] : nlohmann::json(nullptr);
+    if (cursor.is_null() || (cursor.is_string() && cursor.get<std::string>().empty())) break;
+  }
+  return Status::Ok();
+}
+
+Status WriteReportFile(const std::string& path, const nlohmann::json& report,
+                       std::initializer_list<const char*> path_keys) {
+  nlohmann::json in_file = report;
+  for (const char* key : path_keys) {
+    auto it = in_file.find(key);
+    if (it != in_file.end() && it->is_string() && !it->get<std::string>().empty()) {
+      *it = PathForFile(path, it->get<std::string>());
+    }
+  }
+  return Env::Default()->WriteFileAtomic(path, in_file.dump(2) + "\n");
 }
 
 Result<std::string> ReadPassphrase(const std::string& passphrase_file, bool confirm,

@@ -26,6 +26,10 @@
 #include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/status.h"
 
+namespace meshlearn::ledger {
+class RpcClient;
+}
+
 namespace meshlearn::cli {
 
 struct GlobalOptions {
@@ -69,6 +73,14 @@ void AddAllCommands(CLI::App& root, GlobalOptions& g);
 //
 // `what` names the input in the error: "--fee: '-1' is not a plain non-negative integer ..." (no
 // name when empty: CLI11 puts the option's name in front of a validator's message).
+//
+// No integer option of meshlearn takes a negative number (counts, amounts, times, seeds; a -1
+// default means "not given" and is never typed): a signed option refuses one ("--replicas: '-1'
+// is negative; ..."), unless declared with OwnRange, for an option whose command checks its range
+// itself with a message that names it (`generate --tokens must be >= 1, got -3`).
+//
+//   OwnRange(cmd->add_option("--tokens", tokens, "..."));
+CLI::Option* OwnRange(CLI::Option* opt);
 Result<uint64_t> ParseUnsigned(std::string_view text, std::string_view what);
 Result<int64_t> ParseSigned(std::string_view text, std::string_view what);
 // CLI11 validators that refuse anything else and rewrite the value in canonical decimal (so
@@ -106,6 +118,40 @@ Status CheckRpcAnswer(const nlohmann::json& answer, const RpcWhere& where,
                       std::initializer_list<JsonField> fields);
 // The error CheckRpcAnswer gives, for callers with checks of their own.
 Status MalformedAnswer(const RpcWhere& where, const std::string& what);
+
+// ---- Ids a user types.
+//
+// The CLI prints ids (tasks, nodes, transactions) as their first 12 hex digits; every command that
+// takes an id takes the whole id or any unique prefix of it, resolved by this one function:
+//
+//   ML_ASSIGN_OR_RETURN(std::string hex, ResolveIdPrefix("task", typed, "on " + rpc.url(),
+//       [&](const IdVisitor& each) { return ForEachListedId(rpc, "list_tasks", {}, each); }));
+//
+// `typed` must be 1..64 hex digits (CheckIdText); 64 are returned as they are (lowercase) without
+// calling `candidates`. Otherwise `candidates` is called with a visitor for every full id there is
+// (duplicates are fine) and the one id that starts with `typed` is returned. No match ("task id:
+// no task on http://... has an id starting with 3fa") or several ("task id: 2 tasks have ids
+// starting with 3fa (on http://...); type more of the id:" and the ids, up to 10) is an error.
+// `noun` names the kind ("task", "node", "transaction"); `where` where the candidates come from.
+using IdVisitor = std::function<void(const std::string& full_id)>;
+Result<std::string> ResolveIdPrefix(std::string_view noun, const std::string& typed,
+                                    const std::string& where,
+                                    const std::function<Status(const IdVisitor&)>& candidates);
+// The syntax ResolveIdPrefix wants: 1..64 hex digits. Errors name `what` ("task id").
+Status CheckIdText(std::string_view what, const std::string& typed);
+// Pages through a paged ledger list method (list_tasks, list_nodes, account_history with
+// `params` {"address": ...}) and calls `each` with every item's "id".
+Status ForEachListedId(ledger::RpcClient& rpc, const std::string& method,
+                       const nlohmann::json& params, const IdVisitor& each);
+
+// Writes `report` to the file `path` (atomically, pretty-printed) with the paths under
+// `path_keys` (top-level keys whose values are paths as the command line gives them, relative to
+// the working directory or absolute) written for that file: relative to its folder, the rule for
+// every path inside a file (docs/paths.md; PathForFile). So out/devnet/report.json says
+// "model": "model.safetensors", which a reader resolves against out/devnet/ from any directory.
+// What the command prints (--json on stdout) keeps the command line's paths.
+Status WriteReportFile(const std::string& path, const nlohmann::json& report,
+                       std::initializer_list<const char*> path_keys);
 
 // Reads a passphrase: from --passphrase-file if given, else $MESHLEARN_PASSPHRASE, else by
 // prompting on the terminal without echo (twice when `confirm`), else empty (no encryption).

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <array>
@@ -24,6 +26,8 @@ using meshlearn::process_test::CmdResult;
 using meshlearn::process_test::Meshlearn;
 using meshlearn::process_test::ReadText;
 using meshlearn::process_test::Shell;
+using meshlearn::process_test::WaitFor;
+using nlohmann::json;
 std::string TempHome() { return meshlearn::process_test::TempDir("cli"); }
 
 TEST(Cli, HelpListsCommandsWithExamples) {
@@ -119,6 +123,188 @@ TEST(Cli, WalletRetryAfterTimeoutPaysOnce) {
   ASSERT_EQ(again.code, 0) << again.out;  // a confirmed send left no outbox: a new payment
   EXPECT_EQ(Balance("bob", server.url(), home), 200u);
   EXPECT_FALSE(std::ifstream(home + "/outbox/alice.tx").good());
+}
+
+bool Has(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
+
+// A tiny character-level GPT on the GPL text Debian's base-files installs.
+std::string TinyLmTask(const std::string& extra = "") {
+  return "[task]\nname = \"tiny-lm\"\nseed = 3\n"
+         "[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n"
+         "val_fraction = 0.1\n"
+         "[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\n"
+         "[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n"
+         "[train]\nsteps = 2\nbatch_size = 4\nseq_len = 16\neval_batches = 1\n" +
+         extra;
+}
+
+// Regression (issue 12, report.json paths): a path inside a file is relative to that file's
+// folder (docs/paths.md); report.json said "model": "rel/out/model.safetensors", relative to the
+// working directory of `train`, which a reader resolving against the report's folder misses.
+TEST(Cli, TrainReportNamesItsFilesRelativeToItself) {
+  if (!std::ifstream("/usr/share/common-licenses/GPL-3").good()) {
+    GTEST_SKIP() << "/usr/share/common-licenses/GPL-3 (base-files) not installed";
+  }
+  const std::string cwd = TempHome();
+  std::ofstream(cwd + "/lm.toml") << TinyLmTask();
+  CmdResult r = Shell("cd " + cwd + " && MESHLEARN_HOME=home " + MESHLEARN_BIN +
+                      " --json train lm.toml --no-eval --out rel/out 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json printed = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(printed.is_discarded()) << r.out;
+  EXPECT_EQ(printed["model"], "rel/out/model.safetensors");  // stdout: the command line's paths
+  const std::filesystem::path dir = cwd + "/rel/out";
+  const json report = json::parse(ReadText(dir / "report.json"), nullptr, false);
+  ASSERT_FALSE(report.is_discarded());
+  EXPECT_EQ(report["model"], "model.safetensors");
+  EXPECT_EQ(report["checkpoint"], "checkpoint.safetensors");
+  EXPECT_EQ(report["task_file"], "../../lm.toml");
+  for (const char* key : {"model", "checkpoint", "task_file"}) {
+    EXPECT_TRUE(std::filesystem::is_regular_file(dir / report[key].get<std::string>())) << key;
+  }
+  // An absolute --out: an absolute path means itself everywhere, the report's folder included.
+  CmdResult abs = Meshlearn("train " + cwd + "/lm.toml --no-eval --out " + cwd + "/abs", cwd);
+  ASSERT_EQ(abs.code, 0) << abs.out;
+  const json abs_report = json::parse(ReadText(cwd + "/abs/report.json"), nullptr, false);
+  ASSERT_FALSE(abs_report.is_discarded());
+  EXPECT_TRUE(std::filesystem::is_regular_file(std::filesystem::path(cwd + "/abs") /
+                                               abs_report["model"].get<std::string>()));
+}
+
+// A .npy file (format 1.0) of `descr` ("<f4", "|u1") and `shape` ("(8, 4)") holding `data`.
+void WriteNpy(const std::string& path, const std::string& descr, const std::string& shape,
+              const std::string& data) {
+  std::string h = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  while ((10 + h.size() + 1) % 64 != 0) h.push_back(' ');
+  h.push_back('\n');
+  std::string out = "\x93NUMPY";
+  out.push_back(1);
+  out.push_back(0);
+  out.push_back(static_cast<char>(h.size() & 0xff));
+  out.push_back(static_cast<char>(h.size() >> 8));
+  std::ofstream(path, std::ios::binary) << out << h << data;
+}
+
+// Regression (issue 12 item 8): the metric a command shows is decided by the task's kind (its
+// spec, from the bundle), not guessed from the numbers. Before, "no round reported accuracy" meant
+// "a language model": a classifier whose test accuracy is exactly 0 was shown with a perplexity
+// and no accuracy. A language model shows its loss and perplexity and never a "test accuracy"
+// (status, watch, fetch, devnet's report.json); the classifier shows its accuracy, even 0.
+TEST(Cli, TheMetricShownIsTheTasksKind) {
+  if (!std::ifstream("/usr/share/common-licenses/GPL-3").good()) {
+    GTEST_SKIP() << "/usr/share/common-licenses/GPL-3 (base-files) not installed";
+  }
+  const std::string base = TempHome();
+  const std::string net =
+      "[network]\nrounds = 1\nunits_per_round = 2\ninner_steps = 2\n"
+      "aggregation = \"mean\"\nbudget = 100000\nprice_cap = 100\n";
+  std::ofstream(base + "/lm.toml") << TinyLmTask(net);
+  // The classifier: every training label 0, every test label 1, all inputs 0, so only the
+  // biases learn and every test sample is predicted 0: test accuracy exactly 0.
+  const std::string zeros(16 * 4 * 4, '\0');
+  WriteNpy(base + "/train_x.npy", "<f4", "(16, 4)", zeros);
+  WriteNpy(base + "/train_y.npy", "|u1", "(16,)", std::string(16, '\0'));
+  WriteNpy(base + "/test_x.npy", "<f4", "(16, 4)", zeros);
+  WriteNpy(base + "/test_y.npy", "|u1", "(16,)", std::string(16, '\1'));
+  std::ofstream(base + "/zero.toml")
+      << "[task]\nname = \"zero-acc\"\nseed = 5\n"
+         "[data]\nformat = \"npy\"\ntrain_x = \"train_x.npy\"\ntrain_y = \"train_y.npy\"\n"
+         "test_x = \"test_x.npy\"\ntest_y = \"test_y.npy\"\n"
+         "[model]\ninput = [4]\n[[model.layers]]\nkind = \"linear\"\nout = 3\n"
+         "[optimizer]\nkind = \"adamw\"\nlr = 1.0\n"
+         "[train]\nsteps = 2\nbatch_size = 4\neval_batch_size = 16\neval_batches = 1\n"
+      << net;
+
+  const std::string dir = base + "/d";
+  const std::string log = base + "/devnet.out";
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("MESHLEARN_HOME", (base + "/devnet-home").c_str(), 1);
+    FILE* f = freopen(log.c_str(), "w", stderr);
+    FILE* o = freopen("/dev/null", "w", stdout);
+    (void)f, (void)o;
+    execl(MESHLEARN_BIN, MESHLEARN_BIN, "devnet", "--solvers", "2", "--task",
+          (base + "/lm.toml").c_str(), "--block-interval-ms", "200", "--keep",
+          "--no-check-reference", "--no-verification", "--timeout", "300", "--out", dir.c_str(),
+          (char*)nullptr);
+    _exit(127);
+  }
+  struct Stop {  // the devnet goes down whatever this test does
+    pid_t pid;
+    ~Stop() {
+      if (pid > 0) kill(pid, SIGINT), waitpid(pid, nullptr, 0);
+    }
+  } stop{pid};
+  const std::string port = WaitFor(log, "ledger at http://127.0.0.1:", "0123456789", 90);
+  ASSERT_FALSE(port.empty()) << ReadText(log);
+  const std::string rpc = " --rpc http://127.0.0.1:" + port;
+  ASSERT_FALSE(WaitFor(log, "the network stays up", "", 240).empty()) << ReadText(log);
+  const std::string user = base + "/user";  // a fresh home: the bundle comes from the nodes
+
+  const json report = json::parse(ReadText(dir + "/report.json"), nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << ReadText(log);
+  const std::string lm = report["task_id"];
+  EXPECT_TRUE(report["metric"].contains("test_perplexity")) << report["metric"];
+  EXPECT_FALSE(report["metric"].contains("test_accuracy")) << report["metric"];
+
+  CmdResult st = Meshlearn("--json task status " + lm.substr(0, 12) + rpc, user, false);
+  ASSERT_EQ(st.code, 0) << st.out;
+  const json t = json::parse(st.out, nullptr, false);
+  ASSERT_FALSE(t.is_discarded()) << st.out;
+  EXPECT_TRUE(t["metric"].contains("test_loss")) << t["metric"];
+  EXPECT_TRUE(t["metric"].contains("test_perplexity")) << t["metric"];
+  EXPECT_FALSE(t["metric"].contains("test_accuracy")) << t["metric"];
+  CmdResult human = Meshlearn("task status " + lm.substr(0, 12) + rpc, user);
+  ASSERT_EQ(human.code, 0) << human.out;
+  EXPECT_TRUE(Has(human.out, "round   0: test loss ")) << human.out;
+  EXPECT_TRUE(Has(human.out, ", perplexity ")) << human.out;
+  EXPECT_FALSE(Has(human.out, "accuracy")) << human.out;
+  EXPECT_FALSE(Has(human.out, "test acc")) << human.out;
+  EXPECT_FALSE(Has(human.out, "warning")) << human.out;
+  CmdResult watch = Meshlearn("task watch " + lm.substr(0, 12) + rpc, user);
+  ASSERT_EQ(watch.code, 0) << watch.out;
+  EXPECT_TRUE(Has(watch.out, "finished: test loss ")) << watch.out;
+  EXPECT_FALSE(Has(watch.out, "accuracy")) << watch.out;
+  // Fetched from the test's folder with a relative --out: report.json names the model relative
+  // to its own folder, as every path inside a file (docs/paths.md).
+  CmdResult fetch = Shell("cd " + base + " && MESHLEARN_HOME=" + user + " " + MESHLEARN_BIN +
+                          " task fetch " + lm.substr(0, 12) + " --out lm-out" + rpc + " 2>&1");
+  ASSERT_EQ(fetch.code, 0) << fetch.out;
+  EXPECT_TRUE(Has(fetch.out, "test loss ")) << fetch.out;
+  EXPECT_TRUE(Has(fetch.out, "perplexity")) << fetch.out;
+  EXPECT_FALSE(Has(fetch.out, "accuracy")) << fetch.out;
+  const json fetched = json::parse(ReadText(base + "/lm-out/report.json"), nullptr, false);
+  ASSERT_FALSE(fetched.is_discarded());
+  EXPECT_FALSE(fetched["metric"].contains("test_accuracy")) << fetched["metric"];
+  EXPECT_EQ(fetched["model"], "model.safetensors");
+  EXPECT_TRUE(std::filesystem::is_regular_file(base + "/lm-out/model.safetensors"));
+
+  // The zero-accuracy classifier, on the same network, from the devnet's submitter.
+  const std::string submitter = dir + "/home";
+  CmdResult sub = Meshlearn("--json task submit " + base + "/zero.toml --key submitter" + rpc,
+                            submitter, false);
+  ASSERT_EQ(sub.code, 0) << sub.out;
+  const std::string zero = json::parse(sub.out)["task_id"];
+  CmdResult zwatch =
+      Meshlearn("--json task watch " + zero.substr(0, 12) + " --timeout 200" + rpc, user, false);
+  ASSERT_EQ(zwatch.code, 0) << zwatch.out;
+  std::istringstream lines(zwatch.out);
+  std::string line, last;
+  while (std::getline(lines, line)) {
+    if (!line.empty()) last = line;
+  }
+  const json zfin = json::parse(last, nullptr, false);
+  ASSERT_FALSE(zfin.is_discarded()) << zwatch.out;
+  ASSERT_EQ(zfin["status"], "finished") << last;
+  ASSERT_EQ(zfin["round_results"][0]["test_accuracy_ppm"], 0) << last;  // the premise
+  EXPECT_EQ(zfin["metric"]["test_accuracy"], 0.0) << zfin["metric"];
+  EXPECT_FALSE(zfin["metric"].contains("test_perplexity")) << zfin["metric"];
+  CmdResult zst = Meshlearn("task status " + zero.substr(0, 12) + rpc, user);
+  ASSERT_EQ(zst.code, 0) << zst.out;
+  EXPECT_TRUE(Has(zst.out, "round   0: test accuracy 0.0000, loss ")) << zst.out;
+  EXPECT_FALSE(Has(zst.out, "perplexity")) << zst.out;
 }
 
 }  // namespace

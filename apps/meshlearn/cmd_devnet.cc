@@ -631,7 +631,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   std::map<int, bool> late_started;
   json events = json::array();
   auto on_progress = [&](const json& j) {
-    TaskProgress p = ProgressOf(j);
+    TaskProgress p = ProgressOf(j, TaskMetricOf(task.task));
     bar.Update(static_cast<int64_t>(p.units_committed), ProgressLine(p));
     for (auto& [i, at] : lates) {
       if (!late_started[i] && p.rounds_done > at) {  // round `at` (0-based) has finished
@@ -686,7 +686,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   }
   const double t_done = elapsed();
   json final_task = *watched;
-  TaskProgress p = ProgressOf(final_task);
+  TaskProgress p = ProgressOf(final_task, TaskMetricOf(task.task));
   bar.Finish(ProgressLine(p));
   if (p.status != "finished") {
     return Internal("the task ended " + p.status + ", not finished: " + ProgressLine(p));
@@ -760,17 +760,18 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     }
     // earned: what the node's account gained (a devnet node is its own owner: every payment goes
     // to its key), i.e. its payments for units, aggregation and verification less the treasury's
-    // cut of each, plus jackpot rewards; verification_income: earned less what it was paid for
-    // units and aggregation.
+    // cut of each, plus jackpot rewards. The ledger records no node's verification pay apart
+    // (only the task's total, verification.verifiers_paid), so other_earnings, earned less what
+    // it was paid for units and aggregation, is verification pay plus jackpot rewards less the
+    // treasury's cut of all of the node's payments: named for what it is.
     Result<json> acct = rpc.Call("get_account", {{"address", id}});
     if (acct.ok()) {
       const int64_t earned = static_cast<int64_t>(acct->value("balance", uint64_t{0})) -
                              static_cast<int64_t>(balance - kNodeStake);
       n["earned"] = earned;
       n["paid_for_aggregation"] = aggregator_paid[id];
-      n["verification_income"] = earned -
-                                 static_cast<int64_t>(n["paid_for_units"].get<uint64_t>()) -
-                                 static_cast<int64_t>(aggregator_paid[id]);
+      n["other_earnings"] = earned - static_cast<int64_t>(n["paid_for_units"].get<uint64_t>()) -
+                            static_cast<int64_t>(aggregator_paid[id]);
     }
     nodes.push_back(n);
   }
@@ -908,7 +909,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     (*report)["reference_seconds"] = elapsed() - t_ref;
     (*report)["matches_reference"] = ref.final_hash == weights_hash;
   }
-  ML_RETURN_IF_ERROR(env->WriteFileAtomic(JoinPath(dir, "report.json"), report->dump(2) + "\n"));
+  // In the file, "task" and "model" are relative to its folder (docs/paths.md).
+  ML_RETURN_IF_ERROR(WriteReportFile(JoinPath(dir, "report.json"), *report, {"task", "model"}));
   (*report)["report"] = JoinPath(dir, "report.json");
   Status verdict = Status::Ok();
   if (a.check_reference && !(*report)["matches_reference"].get<bool>()) {
@@ -1028,13 +1030,13 @@ void PrintReport(GlobalOptions& g, const json& report) {
       for (const json& n : report["nodes"]) {
         const std::string adv = n.value("adversary", "");
         std::cout << fmt::format(
-            "  node{} {}{}: {} units paid {} tokens, aggregation {}, verification {}, slashed {} "
-            "({})\n",
+            "  node{} {}{}: {} units, paid {} for units, {} for aggregation; earned {} (other: "
+            "{}, verification and jackpot less the treasury cut); slashed {} ({})\n",
             n["solver"].get<int>(), n.value("roles", ""),
             adv.empty() ? "" : " [adversary " + adv + "]", n["units"].get<int>(),
             n["paid_for_units"].get<uint64_t>(), n.value("paid_for_aggregation", uint64_t{0}),
-            n.value("verification_income", int64_t{0}), n.value("slashed", uint64_t{0}),
-            n.value("status", ""));
+            n.value("earned", int64_t{0}), n.value("other_earnings", int64_t{0}),
+            n.value("slashed", uint64_t{0}), n.value("status", ""));
       }
       const json& m = report["metric"];
       if (report.contains("reference_accuracy") && m.contains("test_accuracy")) {

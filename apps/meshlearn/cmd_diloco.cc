@@ -98,7 +98,7 @@ Status RunDiloco(GlobalOptions& g, const DilocoArgs& a, nlohmann::json* report) 
                                          {{"meshlearn.network", "diloco"},
                                           {"meshlearn.weights_hash", r.final_hash.ToHex()}}));
     (*report)["model"] = model;
-    ML_RETURN_IF_ERROR(env->WriteFileAtomic(JoinPath(a.out, "report.json"), report->dump(2) + "\n"));
+    ML_RETURN_IF_ERROR(WriteReportFile(JoinPath(a.out, "report.json"), *report, {"model"}));
   }
   return Status::Ok();
 }

@@ -186,11 +186,12 @@ void AddGenerate(CLI::App& root, GlobalOptions& g) {
       ->required();
   cmd->add_option("--prompt", a.prompt, "Text to continue (characters of the model's vocabulary)")
       ->required();
-  cmd->add_option("--tokens", a.tokens, "How many characters to generate")->capture_default_str();
+  OwnRange(cmd->add_option("--tokens", a.tokens, "How many characters to generate"))
+      ->capture_default_str();
   cmd->add_option("--temperature", a.temperature,
                   "Softmax temperature; 0 = always the likeliest character")
       ->capture_default_str();
-  cmd->add_option("--top-k", a.top_k, "Sample among the K likeliest only; 0 = all")
+  OwnRange(cmd->add_option("--top-k", a.top_k, "Sample among the K likeliest only; 0 = all"))
       ->capture_default_str();
   cmd->add_option("--seed", a.seed, "Sampling seed: the same seed gives the same text")
       ->capture_default_str();

@@ -288,8 +288,15 @@ std::string MoneyLine(const TaskMoney& m) {
   return s;
 }
 
-TaskProgress ProgressOf(const json& j) {
+TaskMetric TaskMetricOf(const engine::TaskSpec& task) {
+  // Labels make accuracy (engine EvalResult::accuracy); token data has only a loss.
+  return task.data.format == "idx" || task.data.format == "npy" ? TaskMetric::kAccuracy
+                                                                : TaskMetric::kLoss;
+}
+
+TaskProgress ProgressOf(const json& j, TaskMetric metric) {
   TaskProgress p;
+  p.metric = metric;
   p.status = j.value("status", "");
   if (p.status == "open" && j.contains("phase") && j["phase"].is_string()) {
     p.phase = j["phase"].get<std::string>();
@@ -306,11 +313,10 @@ TaskProgress ProgressOf(const json& j) {
   p.refunded = p.money.refunded;
   const json results = j.value("round_results", json::array());
   p.rounds_done = results.size();
-  for (const json& r : results) {
-    if (r.value("test_accuracy_ppm", 0u) > 0) p.has_accuracy = true;
-  }
   if (!results.empty()) {
-    if (p.has_accuracy) p.last_accuracy = results.back().value("test_accuracy_ppm", 0u) / 1e6;
+    if (p.metric == TaskMetric::kAccuracy) {
+      p.last_accuracy = results.back().value("test_accuracy_ppm", 0u) / 1e6;
+    }
     p.last_test_loss = results.back().value("test_loss_micros", uint64_t{0}) / 1e6;
   }
   double loss_sum = 0;
@@ -348,86 +354,58 @@ std::string ProgressLine(const TaskProgress& p) {
   std::string s = fmt::format("rounds {}/{} done, units {}/{} ({} assigned)", p.rounds_done,
                               p.rounds, p.units_committed, p.units_total, p.units_assigned);
   if (p.last_train_loss >= 0) s += fmt::format(" train loss {:.4f}", p.last_train_loss);
-  if (p.has_accuracy && p.last_accuracy >= 0) {
+  if (p.metric == TaskMetric::kAccuracy && p.last_accuracy >= 0) {
     s += fmt::format(" test acc {:.4f}", p.last_accuracy);
-  } else if (!p.has_accuracy && p.last_test_loss >= 0) {
+  } else if (p.last_test_loss >= 0) {
     s += fmt::format(" test loss {:.4f}", p.last_test_loss);
   }
   s += fmt::format(" spent {}/{}", p.spent, p.budget);
   return s;
 }
 
-std::string RoundMetricText(const json& r, bool has_accuracy) {
-  const double loss = r.value("test_loss_micros", uint64_t{0}) / 1e6;
-  if (has_accuracy) {
-    return fmt::format("test accuracy {:.4f}, loss {:.4f}",
-                       r.value("test_accuracy_ppm", 0u) / 1e6, loss);
+namespace {
+std::string MetricTextOf(TaskMetric metric, double accuracy, double loss) {
+  switch (metric) {
+    case TaskMetric::kAccuracy:
+      return fmt::format("test accuracy {:.4f}, loss {:.4f}", accuracy, loss);
+    case TaskMetric::kLoss:
+      return fmt::format("test loss {:.4f}, perplexity {:.2f}", loss, std::exp(loss));
+    case TaskMetric::kUnknown:
+      break;
   }
-  return fmt::format("test loss {:.4f}, perplexity {:.2f}", loss, std::exp(loss));
+  return fmt::format("test loss {:.4f}", loss);
+}
+}  // namespace
+
+std::string RoundMetricText(const json& r, TaskMetric metric) {
+  return MetricTextOf(metric, r.value("test_accuracy_ppm", 0u) / 1e6,
+                      r.value("test_loss_micros", uint64_t{0}) / 1e6);
 }
 
 std::string MetricText(const TaskProgress& p) {
   if (p.rounds_done == 0) return "no round finished yet";
-  if (p.has_accuracy) {
-    return fmt::format("test accuracy {:.4f}, loss {:.4f}", p.last_accuracy, p.last_test_loss);
-  }
-  return fmt::format("test loss {:.4f}, perplexity {:.2f}", p.last_test_loss,
-                     std::exp(p.last_test_loss));
+  return MetricTextOf(p.metric, p.last_accuracy, p.last_test_loss);
 }
 
 json MetricJson(const TaskProgress& p) {
   json j = json::object();
   if (p.rounds_done > 0) {
-    if (p.has_accuracy) j["test_accuracy"] = p.last_accuracy;
+    if (p.metric == TaskMetric::kAccuracy) j["test_accuracy"] = p.last_accuracy;
     j["test_loss"] = p.last_test_loss;
-    if (!p.has_accuracy) j["test_perplexity"] = std::exp(p.last_test_loss);
+    if (p.metric == TaskMetric::kLoss) j["test_perplexity"] = std::exp(p.last_test_loss);
   }
   if (p.last_train_loss >= 0) j["train_loss"] = p.last_train_loss;
   return j;
 }
 
-Status CheckTaskIdText(const std::string& typed) {
-  if (typed.empty() || typed.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
-    return InvalidArgument("task id: expected hex digits (the id, or any unique prefix of it), "
-                           "got '" + typed + "'");
-  }
-  if (typed.size() > 64) {
-    return InvalidArgument(fmt::format("task id: expected at most 64 hex digits, got {}",
-                                       typed.size()));
-  }
-  return Status::Ok();
-}
+Status CheckTaskIdText(const std::string& typed) { return CheckIdText("task id", typed); }
 
 Result<Hash256> ResolveTaskId(ledger::RpcClient& rpc, const std::string& typed) {
-  ML_RETURN_IF_ERROR(CheckTaskIdText(typed));
-  std::string want = typed;
-  for (char& c : want) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (want.size() == 64) return Hash256::FromHex(want, "task id");
-  std::vector<std::string> matches;
-  json cursor = nullptr;
-  for (int page = 0; page < 10000; ++page) {
-    json params = {{"limit", 100}};
-    if (!cursor.is_null()) params["cursor"] = cursor;
-    ML_ASSIGN_OR_RETURN(json res, rpc.Call("list_tasks", params));
-    if (!res.is_object()) return DataLoss("list_tasks answered a non-object");
-    for (const json& t : res.value("items", json::array())) {
-      const std::string id = t.is_object() ? t.value("id", "") : "";
-      if (id.rfind(want, 0) == 0) matches.push_back(id);
-    }
-    cursor = res.contains("next_cursor") ? res["next_cursor"] : json(nullptr);
-    if (cursor.is_null() || (cursor.is_string() && cursor.get<std::string>().empty())) break;
-  }
-  if (matches.empty()) {
-    return NotFound("task id: no task on " + rpc.url() + " has an id starting with " + want);
-  }
-  if (matches.size() > 1) {
-    std::string names;
-    for (size_t i = 0; i < matches.size() && i < 10; ++i) names += "\n  " + matches[i];
-    if (matches.size() > 10) names += fmt::format("\n  ... ({} in all)", matches.size());
-    return InvalidArgument(fmt::format("task id: {} tasks have ids starting with {}; type more of "
-                                       "the id:{}", matches.size(), want, names));
-  }
-  return Hash256::FromHex(matches[0], "task id");
+  ML_ASSIGN_OR_RETURN(std::string hex,
+                      ResolveIdPrefix("task", typed, "on " + rpc.url(), [&](const IdVisitor& each) {
+                        return ForEachListedId(rpc, "list_tasks", json::object(), each);
+                      }));
+  return Hash256::FromHex(hex, "task id");
 }
 
 Result<Bytes> FetchBlob(ledger::RpcClient& rpc, net::BlobStore* store, const net::BlobId& id,
@@ -477,7 +455,8 @@ Result<json> WatchTask(ledger::RpcClient& rpc, const Hash256& id, int64_t timeou
   std::string last;
   while (true) {
     ML_ASSIGN_OR_RETURN(json j, GetTask(rpc, id, true));
-    std::string key = ProgressLine(ProgressOf(j));
+    // Only to notice changes: any metric shows the loss.
+    std::string key = ProgressLine(ProgressOf(j, TaskMetric::kUnknown));
     if (key != last) {
       last = key;
       if (on_progress) on_progress(j);
@@ -620,11 +599,33 @@ Status RunSubmit(GlobalOptions& g, const TaskArgs& a) {
   return Status::Ok();
 }
 
+Result<engine::TaskSpec> TaskSpecFromBundle(ledger::RpcClient& rpc, net::BlobStore* store,
+                                            const std::string& spec_hash);  // below, by fetch
+
+// The metric of a task on the ledger (get_task's answer), from its bundle: read from the home's
+// blob store or fetched from the nodes. Where no node serves it, kUnknown (the loss only), said
+// on stderr (not with --json, whose output is one document).
+TaskMetric MetricFromBundle(const GlobalOptions& g, ledger::RpcClient& rpc, const json& task) {
+  Result<std::unique_ptr<net::BlobStore>> store =
+      net::BlobStore::Open(Env::Default(), g.Home().BlobsDir());
+  Result<engine::TaskSpec> spec =
+      store.ok() ? TaskSpecFromBundle(rpc, store->get(), task.value("spec_hash", ""))
+                 : Result<engine::TaskSpec>(store.status());
+  if (!spec.ok()) {
+    if (!g.json) {  // --json: the metric object itself says it (no test_accuracy, no perplexity)
+      std::cerr << "warning: cannot read the task's spec (" << spec.status().message()
+                << "); showing its test loss only\n";
+    }
+    return TaskMetric::kUnknown;
+  }
+  return TaskMetricOf(*spec);
+}
+
 // Prints a task's rounds, 0-based like every record of them, with the task's metric.
 void PrintRounds(const json& task, const TaskProgress& p) {
   for (const json& r : task.value("round_results", json::array())) {
     std::cout << fmt::format("  round {:>3}: {}\n", r.value("round", 0u),
-                             RoundMetricText(r, p.has_accuracy));
+                             RoundMetricText(r, p.metric));
   }
 }
 
@@ -632,7 +633,7 @@ Status RunStatus(GlobalOptions& g, const TaskArgs& a) {
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
   ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(rpc, a.id));
   ML_ASSIGN_OR_RETURN(json j, GetTask(rpc, id, true));
-  TaskProgress p = ProgressOf(j);
+  TaskProgress p = ProgressOf(j, MetricFromBundle(g, rpc, j));
   j["money"] = MoneyJson(p.money);
   j["metric"] = MetricJson(p);
   g.Output(j, [&] {
@@ -649,7 +650,8 @@ Status RunWatch(GlobalOptions& g, const TaskArgs& a) {
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
   ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(rpc, a.id));
   ML_ASSIGN_OR_RETURN(json first, GetTask(rpc, id, true));
-  const TaskProgress p0 = ProgressOf(first);
+  const TaskMetric metric = MetricFromBundle(g, rpc, first);
+  const TaskProgress p0 = ProgressOf(first, metric);
   json last = first;
   if (!p0.done()) {
     // The bar counts the units committed while it watches, so its rate and ETA are measured
@@ -657,7 +659,7 @@ Status RunWatch(GlobalOptions& g, const TaskArgs& a) {
     const int64_t base = static_cast<int64_t>(p0.units_committed);
     ProgressBar bar("task", static_cast<int64_t>(p0.units_total) - base, "new units", !g.json);
     Result<json> watched = WatchTask(rpc, id, a.timeout_s * 1000, [&](const json& j) {
-      TaskProgress p = ProgressOf(j);
+      TaskProgress p = ProgressOf(j, metric);
       bar.Update(static_cast<int64_t>(p.units_committed) - base, ProgressLine(p));
       if (g.json) {
         json line = {{"status", p.status},
@@ -678,9 +680,9 @@ Status RunWatch(GlobalOptions& g, const TaskArgs& a) {
                                           id.ToHex().substr(0, 12), RpcFlag(a)));
     }
     last = *watched;
-    bar.Finish(ProgressLine(ProgressOf(last)));
+    bar.Finish(ProgressLine(ProgressOf(last, metric)));
   }
-  TaskProgress p = ProgressOf(last);
+  TaskProgress p = ProgressOf(last, metric);
   if (g.json) {
     last["money"] = MoneyJson(p.money);
     last["metric"] = MetricJson(p);
@@ -729,13 +731,14 @@ Status RunFetch(GlobalOptions& g, const TaskArgs& a) {
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
   ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(rpc, a.id));
   ML_ASSIGN_OR_RETURN(json j, GetTask(rpc, id, true));
-  TaskProgress p = ProgressOf(j);
+  TaskProgress p = ProgressOf(j, TaskMetric::kUnknown);  // the task's metric once its spec is read
   ML_ASSIGN_OR_RETURN(StateChoice c, ChooseState(j, p, id.ToHex()));
   if (p.final_state.empty() && !g.json) {
     std::cerr << "task is " << p.StatusText() << "; fetching round " << c.round << "'s state\n";
   }
   ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, g.Home().BlobsDir()));
   ML_ASSIGN_OR_RETURN(engine::TaskSpec task, TaskSpecFromBundle(rpc, store.get(), j.value("spec_hash", "")));
+  p = ProgressOf(j, TaskMetricOf(task));
   ML_ASSIGN_OR_RETURN(Hash256 sid, Hash256::FromHex(c.state_hex, "state"));
   uint64_t wire = 0;
   ML_ASSIGN_OR_RETURN(Bytes blob, FetchBlob(rpc, store.get(), net::BlobId{sid}, &wire));
@@ -758,7 +761,7 @@ Status RunFetch(GlobalOptions& g, const TaskArgs& a) {
                  {"model", model},
                  {"weights_history", j.value("weights_history", json::array())},
                  {"round_results", j.value("round_results", json::array())}};
-  ML_RETURN_IF_ERROR(env->WriteFileAtomic(JoinPath(a.out, "report.json"), report.dump(2) + "\n"));
+  ML_RETURN_IF_ERROR(WriteReportFile(JoinPath(a.out, "report.json"), report, {"model"}));
   g.Output(report, [&] {
     std::cout << "model:  " << model << " (round " << c.round << ": " << MetricText(p) << ")\n"
               << "        ledger state " << c.state_hex << ", weights hash " << wh.ToHex() << "\n"
@@ -777,7 +780,7 @@ Status RunVerifyModel(GlobalOptions& g, const TaskArgs& a) {
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
   ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(rpc, a.id));
   ML_ASSIGN_OR_RETURN(json j, GetTask(rpc, id, false));
-  TaskProgress p = ProgressOf(j);
+  TaskProgress p = ProgressOf(j, TaskMetric::kUnknown);  // its states and status, not its metric
   ML_ASSIGN_OR_RETURN(engine::TrainState st, engine::LoadCheckpoint(env, a.file));
   std::vector<float> weights;
   for (const engine::Param& prm : st.model->params()) {

@@ -173,7 +173,7 @@ Status RunTrain(GlobalOptions& g, const TrainArgs& a) {
     report["test_samples"] = ev.samples;
     if (ev.accuracy >= 0) report["test_accuracy"] = ev.accuracy;
   }
-  ML_RETURN_IF_ERROR(env->WriteFileAtomic(report_path, report.dump(2) + "\n"));
+  ML_RETURN_IF_ERROR(WriteReportFile(report_path, report, {"task_file", "model", "checkpoint"}));
   g.Output(report, [&] {
     std::cout << fmt::format("trained {} steps in {} ({:.0f} samples/s)\n", trained,
                              ProgressBar::FormatDuration(train_secs), samples_per_sec);

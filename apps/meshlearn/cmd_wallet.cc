@@ -69,6 +69,23 @@ Status CheckReceipt(const json& receipt, const RpcWhere& where) {
                          {"height", JsonKind::kUnsigned}});
 }
 
+// A node id from what a user typed: a key name in the key store, a public key (64 hex digits), or
+// any unique prefix of a registered node's id (list_nodes): `task audit` and the devnet print the
+// first 12 digits.
+Result<PublicKey> ResolveNode(const GlobalOptions& g, const WalletArgs& a) {
+  Result<PublicKey> named = ResolveAddress(g, a.node, "node");
+  if (named.ok() || a.node.size() == 2 * PublicKey::kSize || !CheckIdText("node id", a.node).ok()) {
+    return named;
+  }
+  ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
+  ML_ASSIGN_OR_RETURN(
+      std::string hex,
+      ResolveIdPrefix("node", a.node, "on " + rpc.url(), [&](const IdVisitor& each) {
+        return ForEachListedId(rpc, "list_nodes", json::object(), each);
+      }));
+  return PublicKey::FromHex(hex, "node id");
+}
+
 // Signs `payload` with --key, sends it and waits for its block; prints the receipt.
 // The outbox holds, per key, the last signed transaction whose inclusion this command has not yet
 // seen (it timed out). Re-running the same command finds it and resends the very same bytes
@@ -212,6 +229,7 @@ Status RunHistory(GlobalOptions& g, const WalletArgs& a) {
     const json& t = page["items"][i];
     ML_RETURN_IF_ERROR(CheckRpcAnswer(t, {rpc.url(), at + ")"},
                                       {{"receipt", JsonKind::kObject},
+                                       {"id", JsonKind::kString},
                                        {"type", JsonKind::kString},
                                        {"nonce", JsonKind::kUnsigned},
                                        {"payload", JsonKind::kObject}}));
@@ -224,9 +242,12 @@ Status RunHistory(GlobalOptions& g, const WalletArgs& a) {
     if (items.empty()) std::cout << "no transactions\n";
     for (const json& t : items) {
       const json r = t.value("receipt", json::object());
-      std::cout << "block " << r.value("height", uint64_t{0}) << "  " << t.value("type", std::string("?"))
-                << "  nonce " << t.value("nonce", uint64_t{0}) << "  "
-                << t.value("payload", json::object()).dump() << "  " << ShortJson(r) << "\n";
+      const std::string id =
+          t.contains("id") && t["id"].is_string() ? t["id"].get<std::string>() : "";
+      std::cout << "block " << r.value("height", uint64_t{0}) << "  tx " << id.substr(0, 12) << "  "
+                << t.value("type", std::string("?")) << "  nonce " << t.value("nonce", uint64_t{0})
+                << "  " << t.value("payload", json::object()).dump() << "  " << ShortJson(r)
+                << "\n";
     }
     if (page.contains("next_cursor") && !page["next_cursor"].is_null()) {
       std::cout << "more: --cursor " << page["next_cursor"] << "\n";
@@ -235,9 +256,66 @@ Status RunHistory(GlobalOptions& g, const WalletArgs& a) {
   return Status::Ok();
 }
 
+// The ledger looks a transaction up by its whole id only. A prefix (`wallet` commands print 12
+// digits) is resolved among this wallet's own transactions: those still in the home's outbox
+// (sent, not yet seen included) and those in the ledger's history of --key's account, or of every
+// key in the key store when --key is not given.
+Result<std::string> ResolveTxId(const GlobalOptions& g, const WalletArgs& a,
+                                ledger::RpcClient& rpc) {
+  ML_RETURN_IF_ERROR(CheckIdText("transaction id", a.tx_id));
+  if (a.tx_id.size() == 64) return ResolveIdPrefix("transaction", a.tx_id, "", {});
+  std::vector<std::pair<std::string, PublicKey>> accounts;
+  if (!a.key.empty()) {
+    ML_ASSIGN_OR_RETURN(PublicKey k, ResolveAddress(g, a.key, "--key"));
+    accounts.emplace_back(a.key, k);
+  } else {
+    KeyStore store(Env::Default(), g.KeysDir());
+    Result<KeyListing> keys = store.List();
+    if (keys.ok()) {
+      for (const KeyInfo& k : keys->keys) accounts.emplace_back(k.name, k.public_key);
+    }
+  }
+  std::string names;
+  for (const auto& [name, key] : accounts) names += (names.empty() ? "" : ", ") + name;
+  const std::string where =
+      "in " + g.Home().OutboxDir() + " or the history of " +
+      (names.empty() ? std::string("no key") : (accounts.size() > 1 ? "keys " : "key ") + names) +
+      " on " + rpc.url();
+  Result<std::string> id =
+      ResolveIdPrefix("transaction", a.tx_id, where, [&](const IdVisitor& each) -> Status {
+        Env* env = Env::Default();
+        if (env->FileExists(g.Home().OutboxDir())) {
+          Result<std::vector<std::string>> files = env->ListDir(g.Home().OutboxDir());
+          for (const std::string& f : files.ok() ? *files : std::vector<std::string>()) {
+            if (f.size() < 3 || f.compare(f.size() - 3, 3, ".tx") != 0) continue;
+            // Read only (ReadOutbox would drop a damaged entry: that is for the sending commands).
+            Result<std::string> text = env->ReadFile(JoinPath(g.Home().OutboxDir(), f));
+            if (!text.ok()) continue;
+            while (!text->empty() && text->back() == '\n') text->pop_back();
+            Result<Bytes> bytes = HexDecode(*text, f);
+            Result<ledger::Transaction> tx =
+                bytes.ok() ? ledger::DecodeTx(*bytes) : Result<ledger::Transaction>(bytes.status());
+            if (tx.ok()) each(ledger::TxId(*tx).ToHex());
+          }
+        }
+        for (const auto& [name, key] : accounts) {
+          ML_RETURN_IF_ERROR(
+              ForEachListedId(rpc, "account_history", {{"address", key.ToHex()}}, each));
+        }
+        return Status::Ok();
+      });
+  if (!id.ok() && id.status().code() == StatusCode::kNotFound) {
+    return NotFound(id.status().message() +
+                    "; a prefix is looked up among your own transactions (--key NAME picks the "
+                    "account), the whole 64-digit id finds any");
+  }
+  return id;
+}
+
 Status RunTx(GlobalOptions& g, const WalletArgs& a) {
   ledger::RpcClient rpc(ledger::DefaultRpcUrl(a.rpc));
-  ML_ASSIGN_OR_RETURN(json t, rpc.Call("get_tx", {{"id", a.tx_id}}));
+  ML_ASSIGN_OR_RETURN(std::string id, ResolveTxId(g, a, rpc));
+  ML_ASSIGN_OR_RETURN(json t, rpc.Call("get_tx", {{"id", id}}));
   g.Output(t, [&] { std::cout << t.dump(2) << "\n"; });
   return Status::Ok();
 }
@@ -290,24 +368,28 @@ void AddWallet(CLI::App& root, GlobalOptions& g) {
   });
 
   CLI::App* st = w->add_subcommand("stake", "Bond tokens onto a node you own");
-  st->add_option("node", a.node, "Node id (its key name or public key)")->required();
+  st->add_option("node", a.node,
+                 "Node: its key name, its id, or a unique prefix of its id (as `task audit` "
+                 "prints it)")
+      ->required();
   st->add_option("amount", a.amount, "Amount to bond")->required();
   AddCommon(st, a, true);
   st->footer("Examples:\n  meshlearn wallet stake node1 1000 --key alice");
   st->callback([&g] {
-    Result<PublicKey> node = ResolveAddress(g, a.node, "node");
+    Result<PublicKey> node = ResolveNode(g, a);
     if (!node.ok()) return g.Exit(node.status());
     g.Exit(Send(g, a, ledger::StakeTx{.node_id = *node, .amount = a.amount}, "stake"));
   });
 
   CLI::App* un = w->add_subcommand("unstake", "Start unbonding stake from a node you own");
-  un->add_option("node", a.node, "Node id (its key name or public key)")->required();
+  un->add_option("node", a.node, "Node: its key name, its id, or a unique prefix of its id")
+      ->required();
   un->add_option("amount", a.amount, "Amount to unbond")->required();
   AddCommon(un, a, true);
   un->footer("Examples:\n  meshlearn wallet unstake node1 500 --key alice\n"
              "The tokens become withdrawable after the chain's unbonding delay (`wallet withdraw`).");
   un->callback([&g] {
-    Result<PublicKey> node = ResolveAddress(g, a.node, "node");
+    Result<PublicKey> node = ResolveNode(g, a);
     if (!node.ok()) return g.Exit(node.status());
     g.Exit(Send(g, a, ledger::UnstakeTx{.node_id = *node, .amount = a.amount}, "unstake"));
   });
@@ -338,9 +420,19 @@ void AddWallet(CLI::App& root, GlobalOptions& g) {
   });
 
   CLI::App* tx = w->add_subcommand("tx", "Show a transaction's status and receipt");
-  tx->add_option("id", a.tx_id, "Transaction id (hex)")->required();
+  tx->add_option("id", a.tx_id,
+                 "Transaction id: the 64 hex digits, or a unique prefix of one of your own "
+                 "transactions (the 12 digits `wallet` commands print)")
+      ->required();
+  tx->add_option("--key", a.key,
+                 "Look a prefix up in this key's account history (default: every key's)");
   tx->add_option("--rpc", a.rpc, "Ledger RPC URL");
-  tx->footer("Examples:\n  meshlearn wallet tx 5f0c...");
+  tx->footer(
+      "Examples:\n  meshlearn wallet tx 78a88c4eecff\n"
+      "  meshlearn wallet tx 78a88c4eecff --key alice\n"
+      "  meshlearn --json wallet tx 78a88c4eecff0c5d...  # the whole id: any transaction\n"
+      "A prefix is looked up among your own transactions (the home's outbox and the\n"
+      "history of your keys' accounts); the ledger finds any transaction by its whole id.");
   tx->callback([&g] { g.Exit(RunTx(g, a)); });
 }
 

@@ -161,6 +161,16 @@ TEST(Devnet, TheMainJobAsScriptsRunShWritesIt) {
     EXPECT_TRUE(std::filesystem::exists(nd + "/keys")) << nd;
     EXPECT_FALSE(std::filesystem::exists(nd + "/out")) << nd << " holds a second data dir";
   }
+  // Paths inside report.json are relative to its folder (docs/paths.md), as every reader of a
+  // file resolves them: read from elsewhere, they name the model and the task file (they read
+  // "out/devnet/model.safetensors", relative to the devnet's working directory).
+  const std::filesystem::path report_dir = cwd + "/out/devnet";
+  EXPECT_EQ(rep["model"], "model.safetensors") << rep.dump(2);
+  EXPECT_TRUE(std::filesystem::is_regular_file(report_dir / rep["model"].get<std::string>()));
+  std::error_code ec;
+  EXPECT_TRUE(std::filesystem::equivalent(report_dir / rep["task"].get<std::string>(),
+                                          cwd + "/examples/fashion-mlp.toml", ec))
+      << rep["task"] << " " << ec.message();
   ExpectNoOrphans(cwd);
 }
 

@@ -194,6 +194,37 @@ TEST(HostileAmounts, RefusedBeforeAnythingIsSignedOrSent) {
   EXPECT_GT(ledger.requests(), 0);
 }
 
+// Regression (issue 12): signed integer options took negative numbers silently (`task submit
+// --replicas -1`, `train --threads -1`). No meshlearn option takes one: each is refused as a
+// usage error before the command runs; options that check their own range keep their message.
+TEST(HostileAmounts, NegativeIntegerOptionsAreRefused) {
+  const std::string home = TempDir();
+  WriteText(home + "/t.toml", "[task]\nname = \"x\"\n");
+  const std::vector<std::string> commands = {
+      "task submit t.toml --key k --replicas -1",
+      "train t.toml --threads -1",
+      "train t.toml --steps -1",
+      "train t.toml --seed -7",
+      "eval m.safetensors --task t.toml --threads -1",
+      "devnet --task t.toml --solvers -2",
+      "devnet --task t.toml --forced-errors -1",
+      "task watch abc --timeout -5",
+      "diloco t.toml --rounds -1",
+      "chain init --dir " + home + "/c --block-interval-ms -100",
+      "wallet transfer bob 5 --key alice --timeout -1"};
+  for (const std::string& c : commands) {
+    CmdResult r = Meshlearn(c, home);
+    EXPECT_EQ(r.code, 2) << c << "\n" << r.out;
+    EXPECT_NE(r.out.find("is negative; this option takes 0 or more"), std::string::npos)
+        << c << "\n"
+        << r.out;
+  }
+  EXPECT_FALSE(fs::exists(home + "/c"));
+  // generate's own checks name their ranges.
+  CmdResult tokens = Meshlearn("generate m.safetensors --prompt x --tokens -3", home);
+  EXPECT_NE(tokens.out.find("--tokens must be >= 1, got -3"), std::string::npos) << tokens.out;
+}
+
 TEST(HostileAmounts, ChainInitFundRefusesBadAmounts) {
   const std::string home = TempDir();
   for (std::string v : {"-5", "18446744073709551616", "1e23", "0x10", ""}) {
@@ -606,6 +637,85 @@ TEST(HomeLayout, NodeDataDirIsAWalletHome) {
   EXPECT_EQ(withdraw.code, 0) << hint << "\n" << withdraw.out;
   EXPECT_NE(withdraw.out.find("withdraw included in block"), std::string::npos) << withdraw.out;
   EXPECT_EQ(withdraw.out.find("not a directory"), std::string::npos) << withdraw.out;
+}
+
+// Regression (issue 12 item 10): the 12-digit ids the CLI prints are accepted as input. `wallet
+// send` printed "sent tx 78a88c4eecff" and `wallet tx 78a88c4eecff` failed with "expected 64 hex
+// digits, got 12 (64 hex digits)"; `task audit` prints 12-digit node ids that `wallet stake`
+// refused. A transaction prefix is resolved among the wallet's own transactions (the ledger looks
+// one up by its whole id), a node prefix among the registered nodes.
+TEST(ShortIds, PrintedTxAndNodePrefixesAreAccepted) {
+  const std::string home = TempDir();
+  ASSERT_EQ(Meshlearn("keys new alice --no-passphrase", home).code, 0);
+  ASSERT_EQ(Meshlearn("keys new bob --no-passphrase", home).code, 0);
+  ChainServer chain(home);
+  ASSERT_FALSE(chain.url().empty()) << ReadText(home + "/serve.out");
+  const std::string rpc = " --rpc " + chain.url();
+
+  CmdResult sent = Meshlearn("wallet transfer bob 25 --key alice" + rpc, home);
+  ASSERT_EQ(sent.code, 0) << sent.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(sent.out, m, std::regex("sent tx ([0-9a-f]{12}) "))) << sent.out;
+  const std::string short_id = m[1].str();
+  ASSERT_TRUE(std::regex_search(sent.out, m, std::regex("tx: ([0-9a-f]{64})"))) << sent.out;
+  const std::string full_id = m[1].str();
+  ASSERT_EQ(full_id.substr(0, 12), short_id);
+
+  // The printed prefix, as it was printed, and shorter; with and without --key.
+  for (const std::string& typed : {short_id, short_id.substr(0, 6)}) {
+    CmdResult tx = Meshlearn("--json wallet tx " + typed + rpc, home, false);
+    ASSERT_EQ(tx.code, 0) << typed << ": " << tx.out;
+    const json t = json::parse(tx.out, nullptr, false);
+    ASSERT_FALSE(t.is_discarded()) << tx.out;
+    EXPECT_EQ(t["tx"]["id"], full_id) << tx.out;
+  }
+  EXPECT_EQ(Meshlearn("wallet tx " + short_id + " --key alice" + rpc, home).code, 0);
+  // The history shows the same prefix.
+  CmdResult hist = Meshlearn("wallet history --key alice" + rpc, home);
+  EXPECT_NE(hist.out.find("tx " + short_id), std::string::npos) << hist.out;
+  // No such transaction among alice's and bob's: an error naming where it looked, not a crash.
+  const std::string other = std::string(full_id[0] == 'f' ? "e" : "f") + full_id.substr(1, 11);
+  CmdResult none = Meshlearn("wallet tx " + other + rpc, home);
+  EXPECT_EQ(none.code, 1) << none.out;
+  EXPECT_NE(none.out.find("no transaction"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("alice, bob"), std::string::npos) << none.out;
+  CmdResult junk = Meshlearn("wallet tx 78a8zz" + rpc, home);
+  EXPECT_EQ(junk.code, 1) << junk.out;
+  EXPECT_NE(junk.out.find("transaction id: expected hex digits"), std::string::npos) << junk.out;
+
+  // A node, registered; `wallet stake` by the 12-digit prefix `task audit` prints.
+  const std::string config = home + "/node.toml";
+  WriteText(config, "data_dir = \"node\"\nrpc = \"" + chain.url() +
+                        "\"\nlisten = \"127.0.0.1:" + std::to_string(FreePort()) +
+                        "\"\nstake = 200\nheartbeat_blocks = 2\n"
+                        "[capabilities]\nthroughput = 1000000000\nmemory_bytes = 1073741824\n"
+                        "cores = 1\n");
+  CmdResult init = Meshlearn("--json node init --config " + config, home);
+  ASSERT_EQ(init.code, 0) << init.out;
+  const std::string node_id = json::parse(init.out)["node_id"];
+  ASSERT_EQ(Meshlearn("--home " + home + "/node wallet faucet 5000 --key node" + rpc, home).code,
+            0);
+  const std::string log = home + "/node.log";
+  meshlearn::process_test::Child node(home, log, {"node", "run", "--config", config});
+  bool registered = false;
+  for (int i = 0; i < 600 && !registered; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    registered = ReadText(log).find("registered node " + node_id) != std::string::npos;
+  }
+  ASSERT_TRUE(registered) << ReadText(log);
+  CmdResult stake = Meshlearn(
+      "--home " + home + "/node wallet stake " + node_id.substr(0, 12) + " 100 --key node" + rpc,
+      home);
+  EXPECT_EQ(stake.code, 0) << stake.out;
+  EXPECT_NE(stake.out.find("stake included in block"), std::string::npos) << stake.out;
+  EXPECT_NE(stake.out.find(": ok"), std::string::npos) << stake.out;
+  CmdResult no_node = Meshlearn("--home " + home + "/node wallet stake " +
+                                    std::string(node_id[0] == 'f' ? "e" : "f") +
+                                    node_id.substr(1, 11) + " 100 --key node" + rpc,
+                                home);
+  EXPECT_EQ(no_node.code, 1) << no_node.out;
+  EXPECT_NE(no_node.out.find("node id: no node on " + chain.url()), std::string::npos)
+      << no_node.out;
 }
 
 }  // namespace

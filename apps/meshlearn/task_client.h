@@ -4,7 +4,7 @@
 //   ML_ASSIGN_OR_RETURN(PreparedTask t, PrepareTask(env, "examples/fashion-mlp.toml", store));
 //   ML_ASSIGN_OR_RETURN(SubmittedTask s, SubmitPreparedTask(rpc, key, t, store, {}));
 //   ML_ASSIGN_OR_RETURN(nlohmann::json task, GetTask(rpc, s.task_id, /*units=*/true));
-//   ML_ASSIGN_OR_RETURN(TaskProgress p, ProgressOf(task));
+//   TaskProgress p = ProgressOf(task, TaskMetricOf(t.task));
 //
 // PrepareTask validates everything (the engine TaskSpec, the [network] table, the protocol's
 // decomposition rules, budget and price cap) before anything is published or escrowed; its
@@ -138,17 +138,23 @@ std::string MoneyLine(const TaskMoney& m);
 // units_per_round + shard): `task status`, `watch`, `fetch`, `audit`, report.json. Counts
 // (rounds_done, "rounds 2/3 done") count from 1.
 //
-// The metric is the task's: a classifier's aggregators report test accuracy and loss; a language
-// model's only loss (shown with its perplexity, exp(loss)). has_accuracy tells them apart: an LM's
-// rounds all carry accuracy 0 (no aggregator of a classifier reports exactly 0).
+// The metric is the task's, decided by its kind (TaskMetricOf), never guessed from the numbers: a
+// classifier's aggregators report test accuracy and loss; a language model's only loss (shown
+// with its perplexity, exp(loss)). Where the task's spec cannot be read (its bundle is on no
+// reachable node), the metric is kUnknown and only the loss is shown.
+enum class TaskMetric { kUnknown, kAccuracy, kLoss };
+// kAccuracy for labelled data (data.format idx or npy), kLoss for a language model (text, tokens).
+// `task status` and `watch` read the spec from the task's bundle (its spec_hash).
+TaskMetric TaskMetricOf(const engine::TaskSpec& task);
+
 struct TaskProgress {
   std::string status;  // open | finished | cancelled
   std::string phase;   // the round machine's phase while open; empty once closed
   uint32_t rounds = 0, round = 0, units_per_round = 0;  // round: the current one (0-based)
   uint64_t units_total = 0, units_committed = 0, units_assigned = 0, units_paid = 0;
   uint64_t rounds_done = 0;  // rounds whose aggregate committed (a count)
-  bool has_accuracy = false;
-  // Of the last finished round; -1: none yet (last_accuracy: also -1 for a language model).
+  TaskMetric metric = TaskMetric::kUnknown;
+  // Of the last finished round; -1: none yet (last_accuracy: also -1 unless kAccuracy).
   double last_accuracy = -1, last_test_loss = -1, last_train_loss = -1;
   uint64_t budget = 0, spent = 0, escrow = 0, refunded = 0;  // = money's
   TaskMoney money;
@@ -157,15 +163,16 @@ struct TaskProgress {
   // "open (training)", "finished", "cancelled"
   std::string StatusText() const;
 };
-TaskProgress ProgressOf(const nlohmann::json& task);
+TaskProgress ProgressOf(const nlohmann::json& task, TaskMetric metric);
 // "rounds 1/3 done, units 6/12 (2 assigned) train loss 0.61 test acc 0.8123 spent 20/100000"
 std::string ProgressLine(const TaskProgress& p);
-// The last finished round's metric: "test accuracy 0.8842, loss 0.3310" (classifier) or
-// "test loss 2.3100, perplexity 10.07" (language model); "no round finished yet".
+// The last finished round's metric: "test accuracy 0.8842, loss 0.3310" (classifier), "test loss
+// 2.3100, perplexity 10.07" (language model), "test loss 0.3310" (unknown); "no round finished
+// yet".
 std::string MetricText(const TaskProgress& p);
 // A round result's metric the same way (one entry of get_task's round_results).
-std::string RoundMetricText(const nlohmann::json& round_result, bool has_accuracy);
-// {"test_accuracy" (only with accuracy), "test_loss", "test_perplexity" (LMs), "train_loss"}
+std::string RoundMetricText(const nlohmann::json& round_result, TaskMetric metric);
+// {"test_accuracy" (classifiers only), "test_loss", "test_perplexity" (LMs only), "train_loss"}
 nlohmann::json MetricJson(const TaskProgress& p);
 
 // A task id from what a user typed: 64 hex digits, or any unique prefix of the id of a task on

@@ -91,12 +91,12 @@ class Params {
 
   PublicKey Key(const char* name) const {
     Result<PublicKey> k = PublicKey::FromHex(Str(name), Where(name));
-    if (!k.ok()) BadParam(k.status().message() + " (64 hex digits)");
+    if (!k.ok()) BadParam(k.status().message());
     return *k;
   }
   Hash256 Hash(const char* name) const {
     Result<Hash256> h = Hash256::FromHex(Str(name), Where(name));
-    if (!h.ok()) BadParam(h.status().message() + " (64 hex digits)");
+    if (!h.ok()) BadParam(h.status().message());
     return *h;
   }
 

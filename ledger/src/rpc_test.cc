@@ -185,6 +185,14 @@ TEST(Rpc, BadParams) {
   EXPECT_EQ(ErrorCode(t.Call("get_blocks", {{"from", 0}})), kRpcInvalidParams);
   json r = t.Call("get_block", {{"height", true}});
   EXPECT_NE(r["error"]["message"].get<std::string>().find("params.height"), std::string::npos) << r.dump();
+  // An id's length is said once (it read "expected 64 hex digits, got 12 (64 hex digits)").
+  for (const char* method : {"get_tx", "get_task"}) {
+    const std::string m = t.Call(method, {{"id", "78a88c4eecff"}})["error"]["message"];
+    EXPECT_NE(m.find("params.id: expected 64 hex digits, got 12"), std::string::npos) << m;
+    EXPECT_EQ(m.find("hex digits"), m.rfind("hex digits")) << m;
+  }
+  const std::string key = t.Call("get_account", {{"address", "abc"}})["error"]["message"];
+  EXPECT_EQ(key.find("hex digits"), key.rfind("hex digits")) << key;
 }
 
 TEST(Rpc, NotFound) {
