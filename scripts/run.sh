@@ -5,8 +5,9 @@
 # deliberate cheater (`--adversary solver:lazy`: it skips steps), so the run shows verification
 # catching, slashing and not paying it while the model still ends bit-equal to an honest run.
 # Writes out/devnet/model.safetensors and
-# out/devnet/report.json (accuracy, rounds, units, bytes moved, tokens paid, and whether the final
-# weights equal the in-process reference bit for bit).
+# out/devnet/report.json (the metric, rounds, units, bytes moved, the money: spent, paid to
+# solvers, verifiers and aggregators, treasury cut, refunded; and whether the final weights equal
+# the in-process reference bit for bit; every key in docs/submitters.md).
 #
 # Usage: scripts/run.sh [extra devnet flags, e.g. --task examples/fashion-cnn.toml]
 set -euo pipefail
