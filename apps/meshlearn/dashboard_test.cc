@@ -51,7 +51,11 @@ std::string Chromium() {
 // the DOM is dumped or the screenshot taken.
 std::string ChromiumCommand(const std::string& dir, const std::string& args, const std::string& url) {
   return Chromium() + " --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir=" +
-         dir + " --virtual-time-budget=6000 " + args + " '" + url + "' 2>" + dir + ".log";
+         dir + " --virtual-time-budget=3000 " + args + " '" + url + "' 2>" + dir + ".log";
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // The text of the element with data-k="key" in a dumped DOM ("" if none).
@@ -104,6 +108,7 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good()) {
     GTEST_SKIP() << "Fashion-MNIST not installed";
   }
+  const auto t0 = std::chrono::steady_clock::now();  // for the log only: where the time went
   const std::string dir = TempDir("dashboard");
   const std::string out = dir + "/d", log = dir + "/devnet.log";
   pid_t pid = fork();
@@ -125,6 +130,7 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
     }
   } stop{pid};
   ASSERT_NE(WaitFor(log, "Ctrl-C stops it", "", 300), "") << ReadText(log);
+  std::cout << "devnet task finished after " << SecondsSince(t0) << " s" << std::endl;
   // The URL as devnet printed it (the first time, when the ledger came up).
   const std::string url = WaitFor(log, "dashboard: ", "abcdefghijklmnopqrstuvwxyz0123456789:/.", 1, 10);
   ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << ReadText(log);
@@ -155,6 +161,7 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   CmdResult dumped = Shell(ChromiumCommand(dir + "/chromium", "--dump-dom", page_url));
   ASSERT_EQ(dumped.code, 0) << ReadText(dir + "/chromium.log");
   const std::string& dom = dumped.out;
+  std::cout << "chromium --dump-dom done after " << SecondsSince(t0) << " s" << std::endl;
   ASSERT_NE(DomValue(dom, "task-id"), "") << dom.substr(0, 2000);
   EXPECT_EQ(DomValue(dom, "task-id"), task_id);
   EXPECT_EQ(DomValue(dom, "task-status"), "finished");
@@ -223,7 +230,7 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   const std::string bytes = ReadText(png);
   ASSERT_GT(bytes.size(), 20000u) << png;
   EXPECT_EQ(bytes.substr(0, 8), "\x89PNG\r\n\x1a\n");
-  std::cout << "dashboard screenshot: " << png << std::endl;
+  std::cout << "dashboard screenshot: " << png << " (after " << SecondsSince(t0) << " s)" << std::endl;
   RecordProperty("screenshot", png);
 }
 
