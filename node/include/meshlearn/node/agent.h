@@ -2,6 +2,11 @@
 // client injected, so the same code runs as the `meshlearn node run` daemon (HTTP, real clock,
 // real files) and by the dozen inside one test process (SimNetwork, FakeClock, MemEnv).
 //
+// The agent itself keeps the node's membership (registration, heartbeats) and schedules its
+// roles, one class each in node/src/roles/ with its own state machine and journal (docs/node.md):
+// Solver (units), Aggregator (rounds), Verifier (verdicts), Whistleblower (re-checks), Disputes
+// (the dispute game) and PinKeeper (which blobs and files stay).
+//
 // Driving: call Tick() after every new block (the daemon follows blocks by long-poll; a
 // simulation calls it per node per block). One Tick:
 //   1. polls its transactions in flight (TxSender) and handles their outcomes;
@@ -223,17 +228,16 @@ struct AgentStats {
   uint64_t results_proven = 0;      // ProveResult sent (a result not the delta of its final state)
 };
 
-// One verification transaction a node sends at most once per check (NodeAgent::SendVerifyTx):
-// the check (its directory), what is sent, and what tells two of a kind apart (the secret's
-// index, the witnessed step, a dispute post's first step, last step, position and deadline).
-struct VerifyAction {
-  enum class Kind : uint8_t { kSecret, kCommit, kReveal, kChallenge, kWitness, kProve, kPost };
-  std::string dir;
-  Kind kind = Kind::kSecret;
-  std::vector<uint64_t> detail;
-  auto operator<=>(const VerifyAction&) const = default;
-};
-std::string_view VerifyActionKindName(VerifyAction::Kind k);
+// The roles (node/src/roles/, docs/node.md).
+class NodeContext;
+class VerifyOutbox;
+class Solver;
+class Aggregator;
+class Verifier;
+class Whistleblower;
+class Disputes;
+class PinKeeper;
+struct VerifyJob;
 
 class NodeAgent {
  public:
@@ -261,128 +265,51 @@ class NodeAgent {
   TxSender& tx_sender() { return *tx_; }
 
  private:
-  struct TaskContext;
-  struct UnitKeyLess;
-
-  void Log(const std::string& line);
+  // Tick, in two parts: what every tick does (transactions, node_work, registration, pins), and
+  // the one job it runs.
+  Result<std::optional<NodeWork>> Prepare(TickReport* report);
+  Status RunOneJob(const NodeWork& work, TickReport* report);
   Status EnsureRegistered(uint64_t height);
-  Result<TaskContext*> GetTaskContext(const Hash256& task_id);
-  // The blob's bytes, fetched first from `preferred`, then from every active node.
-  // With a non-empty `reason` the blob is pinned for it (PinBook).
-  Result<Bytes> FetchBlob(const Hash256& id, const std::vector<std::string>& preferred,
-                          const std::string& reason);
-  Result<std::vector<std::string>> Providers(bool refresh);
-  Status RunUnit(const UnitAssignment& a);
-  // Adversary "copy": a committed delta of another unit of a's round.
-  Result<std::vector<float>> PeerDelta(const UnitAssignment& a, uint64_t num_params);
-  Status RunAggregation(const AggregationAssignment& a);
-  void ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why);
+  Status RegisterOrRejoin(const std::optional<NodeInfo>& me, const ledger::NodeCapabilities& caps);
+  void Heartbeat(uint64_t height);
   void HandleOutcomes();
-  std::string UnitDir(const Hash256& task, uint32_t index) const;
-  // Blob clean-up (see "Blobs the node keeps").
-  Status ReviewPins();
-  Status AdoptUploads();
-  Status ReleaseTask(const Hash256& task, const Hash256& final_state);
-  void DeleteUnitFiles(const Hash256& task, uint32_t index);
-
-  // ---- Verification (agent_verification.cc).
-  struct VerifyJob;
-  struct SegmentFinding;
-  // The chain's genesis parameters (read once).
-  Result<const ledger::ChainParams*> GenesisParams();
-  bool VerificationOn();
-  // The secret chain of the current registration epoch (<data_dir>/secret_chain.json);
-  // NewSecretEpoch starts a fresh one before a (re-)registration.
-  Status LoadSecretChain();
-  Status NewSecretEpoch();
-  void CheckSecretChain(const NodeInfo& node_record);
-  UnitWork WorkOf(const TaskContext& ctx, uint32_t round, uint32_t shard) const;
-  // Solver: commits a finished unit (done.json of its directory) with its secret index, as a
-  // forced error when drawn, and serves what it committed.
-  Status SendCommit(const UnitAssignment& a, const nlohmann::json& done);
-  Status PublishCommitted(const Hash256& task, uint32_t index, const nlohmann::json& commit);
-  // Cheap verification transactions of this tick; the replays it needs go to `urgent` (verdicts
-  // and dispute moves) and `later` (whistleblower re-checks).
+  // The roles' verification transactions that need no computation go out at once; the replays
+  // they need go to `urgent` (verdicts, dispute moves, witnesses) and `later` (whistleblower
+  // re-checks).
   void PlayVerification(const NodeWork& work, std::vector<VerifyJob>* urgent,
                         std::vector<VerifyJob>* later);
   Status RunVerifyJob(const VerifyJob& job);
-  Status RunVerdict(const CheckAssignment& c);
-  Status RunWhistle(const CheckAssignment& c);
-  Status RunDisputeReplay(const CheckAssignment& c);
-  void RevealSecret(const CheckAssignment& c);
-  void RevealVerdict(const CheckAssignment& c);
-  void PostDisputeMove(const CheckAssignment& c);
-  // Result binding: sends ProveResult for a check whose result was found wrong (the final state
-  // kept in its directory), once.
-  void ProveResult(const CheckAssignment& c);
-  // A party of a dispute that reached the referee at one whole step of a task with a data root
-  // posts the step's witness itself (RefereeStepTx; node/step_witness.h): the ledger executes
-  // the step, and the honest party needs nobody else to win.
-  Status RunStepWitness(const CheckAssignment& c);
-  // Replays `segments` of a checked unit (verifier and whistleblower); files under `dir`.
-  Result<SegmentFinding> CheckSegments(const CheckAssignment& c,
-                                       const std::vector<uint32_t>& segments,
-                                       const std::string& dir);
-  std::string VerifyDir(const CheckAssignment& c) const;
-  // Sends a verification transaction once per `action` (resent after a failure, up to 3 times).
-  bool SendVerifyTx(const VerifyAction& action, ledger::TxPayload payload);
-  // Whether `action` needs nothing more: sent, or given up on (failed kMaxVerifyAttempts times,
-  // or its witness could not be built). Callers check it before building a multi-MB witness.
-  bool VerifyActionDone(const VerifyAction& action) const;
-  void VerifyTxFailed(const VerifyAction& action);
+  // Deletes the directories of checks node_work no longer lists, and the roles' state of them.
   void CleanVerifyDirs(const std::set<std::string>& live);
+  void Log(const std::string& line);
 
   AgentDeps deps_;
   AgentOptions options_;
   std::unique_ptr<TxSender> tx_;
   std::unique_ptr<net::BlobService> blob_service_;
   std::unique_ptr<BlobUploadService> upload_service_;
-  std::unique_ptr<net::Fetcher> fetcher_;
+  std::unique_ptr<UnitService> unit_service_;
   std::unique_ptr<PinBook> book_;
   Status init_status_;
-  std::map<Hash256, std::unique_ptr<TaskContext>> tasks_;
   AgentStats stats_;
+  // The roles (node/src/roles/), each with one job and its own state; the tick schedules them.
+  std::unique_ptr<NodeContext> node_;
+  std::unique_ptr<VerifyOutbox> outbox_;
+  std::unique_ptr<Solver> solver_;
+  std::unique_ptr<Aggregator> aggregator_;
+  std::unique_ptr<Verifier> verifier_;
+  std::unique_ptr<Whistleblower> whistleblower_;
+  std::unique_ptr<Disputes> disputes_;
+  std::unique_ptr<PinKeeper> pins_;
 
+  // Membership (registration, heartbeats).
   bool registered_ = false;
   bool left_ = false;
-  bool looked_ = false;      // the node's record was read once (rejoin applies only then)
+  bool looked_ = false;  // the node's record was read once (rejoin applies only then)
   bool was_active_ = false;
-  uint64_t memory_reported_ = 0;  // nonzero: the lower memory reported after a refusal
-  uint64_t last_review_height_ = 0;
-  uint64_t first_height_ = 0;  // the height seen by the first Tick
-  std::atomic<uint64_t> seen_height_{0};  // height_ for the upload threads
-  uint64_t last_heartbeat_sent_ = 0;
-  uint64_t height_ = 0;
-  uint64_t providers_height_ = UINT64_MAX;
-  std::vector<NodeInfo> nodes_;
-  // (task, unit index) -> tx id of the CommitUnit in flight / committed ok.
-  std::map<std::pair<Hash256, uint32_t>, Hash256> unit_commits_;
-  std::set<std::pair<Hash256, uint32_t>> units_done_ok_;
-  std::map<std::pair<Hash256, uint32_t>, Hash256> agg_commits_;  // (task, round)
-  std::set<std::pair<Hash256, uint32_t>> aggs_done_ok_;
-  // (task, unit index) -> failed fetches of its delta while aggregating; reported once.
-  std::map<std::pair<Hash256, uint32_t>, uint32_t> delta_fetch_failures_;
-  std::set<std::pair<Hash256, uint32_t>> reported_unavailable_;
-  std::map<Hash256, Status> refused_tasks_;  // bundle inconsistent with the ledger's params
-  std::map<Hash256, std::string> refused_logged_;
-  uint32_t units_taken_ = 0;
-  bool skipped_ = false;  // RunUnit did not run the unit (memory, max_units)
-  bool crashed_ = false;  // the after_checkpoint hook failed
-  std::map<Hash256, UnitOutcome> last_outcome_;  // adversary "stale": the previous unit per task
-
-  // Verification state.
-  std::unique_ptr<UnitService> unit_service_;
-  std::optional<ledger::ChainParams> params_;
-  std::unique_ptr<SecretChain> secrets_;
-  uint64_t secret_epoch_ = 0;
   bool secret_chain_checked_ = false;
-  uint64_t next_secret_index_ = 0;  // node_work's, this tick
-  std::map<Hash256, VerifyAction> verify_txs_;  // tx id -> action
-  std::set<VerifyAction> verify_sent_;          // actions sent (in flight or done)
-  std::map<VerifyAction, int> verify_failed_;   // action -> failed attempts
-  std::set<std::string> whistle_seen_;         // checks a whistleblower draw was made for
-  // (check dir, first step, last step) -> state hashes after every step of a disputed segment.
-  std::map<std::string, std::vector<Hash256>> dispute_hashes_;
+  uint64_t last_heartbeat_sent_ = 0;
+  std::atomic<uint64_t> seen_height_{0};  // the height, for the upload threads
   std::optional<std::set<std::string>> verify_dirs_;  // entries of <data_dir>/verify
 };
 

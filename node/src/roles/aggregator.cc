@@ -1,0 +1,196 @@
+#include "aggregator.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/protocol/aggregate.h"
+#include "journal.h"
+#include "records.h"
+
+namespace meshlearn::node {
+
+namespace {
+
+std::string JournalPath(const NodeContext& node, const AggregationAssignment& a) {
+  return JoinPath(JoinPath(node.options().data_dir, "aggregates"),
+                  a.task_id.ToHex() + "-" + std::to_string(a.round) + ".json");
+}
+
+std::string Name(const AggregationAssignment& a) {
+  return "aggregate " + a.task_id.ShortHex() + " r" + std::to_string(a.round);
+}
+
+// The journal of `a`'s round when it aggregated exactly a's inputs from a's start state (a round
+// that re-ran, after fraud, a forced error or an unavailable delta, has other inputs).
+Result<journal::AggregateDone> Journaled(const NodeContext& node, const AggregationAssignment& a) {
+  ML_ASSIGN_OR_RETURN(journal::AggregateDone d, journal::ReadJournal<journal::AggregateDone>(
+                                                    node.env(), JournalPath(node, a)));
+  bool same = d.start_state == a.start_state && d.input_indices.size() == a.units.size() &&
+              d.input_results.size() == a.units.size();
+  for (size_t i = 0; same && i < a.units.size(); ++i) {
+    same = d.input_indices[i] == a.units[i].index && d.input_results[i] == a.units[i].result_hash;
+  }
+  if (!same) return NotFound("the journal is of other inputs");
+  return d;
+}
+
+}  // namespace
+
+std::vector<const AggregationAssignment*> Aggregator::Pending(const NodeWork& work) {
+  std::vector<const AggregationAssignment*> aggs;
+  for (const AggregationAssignment& a : work.aggregations) {
+    auto key = std::make_pair(a.task_id, a.round);
+    if (commits_.count(key)) continue;
+    if (committed_.erase(key) > 0) {
+      // Our aggregate of this round was included, yet we are asked again: the round was re-run
+      // (fraud, a forced error, an unavailable delta) and its inputs changed.
+      node_->Log("task " + a.task_id.ShortHex() + " round " + std::to_string(a.round) +
+                 ": aggregating again after the round was re-run");
+    }
+    aggs.push_back(&a);
+  }
+  return aggs;
+}
+
+Aggregator::RoundState Aggregator::StateOf(const AggregationAssignment& a) const {
+  const auto key = std::make_pair(a.task_id, a.round);
+  if (commits_.count(key)) return RoundState::kCommitting;
+  if (committed_.count(key)) return RoundState::kCommitted;
+  Result<journal::AggregateDone> d = Journaled(*node_, a);
+  if (d.ok() && node_->deps().store->HasBlob(net::BlobId{d->state})) return RoundState::kAggregated;
+  return RoundState::kNew;
+}
+
+bool Aggregator::OnOutcome(const TxOutcome& o) {
+  for (auto it = commits_.begin(); it != commits_.end(); ++it) {
+    if (it->second != o.id) continue;
+    if (o.ok) {
+      ++node_->stats().aggregations_ok;
+      committed_.insert(it->first);
+    }
+    commits_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+Status Aggregator::Run(const AggregationAssignment& a) {
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(a.task_id));
+  Aggregate agg;
+  if (StateOf(a) == RoundState::kAggregated) {
+    ML_ASSIGN_OR_RETURN(journal::AggregateDone d, Journaled(*node_, a));
+    agg = Aggregate{.state = d.state, .accuracy_ppm = d.accuracy_ppm, .loss_micros = d.loss_micros};
+    ML_RETURN_IF_ERROR(node_->book().Add(agg.state, StateReason(a.task_id)));
+  } else {
+    ML_ASSIGN_OR_RETURN(agg, Compute(a, ctx));
+  }
+  ML_ASSIGN_OR_RETURN(Hash256 txid, node_->tx().Send(ledger::CommitAggregateTx{
+                                        .task_id = a.task_id,
+                                        .round = a.round,
+                                        .node_id = node_->id(),
+                                        .state_hash = agg.state,
+                                        .test_accuracy_ppm = agg.accuracy_ppm,
+                                        .test_loss_micros = agg.loss_micros}));
+  commits_[std::make_pair(a.task_id, a.round)] = txid;
+  ++node_->stats().aggregations;
+  return Status::Ok();
+}
+
+Status Aggregator::FetchDeltas(const AggregationAssignment& a, TaskContext* ctx,
+                               std::vector<std::vector<float>>* deltas,
+                               std::vector<protocol::UnitId>* ids) {
+  ML_RETURN_IF_ERROR(node_->Providers(true).status());
+  std::map<PublicKey, std::string> endpoint_of;
+  for (const NodeInfo& ni : node_->nodes()) endpoint_of[ni.id] = ni.endpoint;
+  deltas->reserve(a.units.size());
+  for (const AggregationInput& in : a.units) {
+    std::vector<std::string> preferred;
+    if (endpoint_of.count(in.node)) preferred.push_back(endpoint_of[in.node]);
+    Result<Bytes> fetched = node_->FetchBlob(in.result_hash, preferred, /*reason=*/"");
+    if (!fetched.ok()) {
+      ReportIfUnavailable(a.task_id, in.index, fetched.status());
+      return fetched.status();
+    }
+    Result<std::vector<float>> d = DecodeDelta(*fetched, ctx->facts.num_params);
+    if (!d.ok()) {
+      ++node_->stats().bad_deltas;
+      node_->Log(Name(a) + ": leaving out unit " + std::to_string(in.index) + " of node " +
+                 in.node.ShortHex() + ": " + d.status().message());
+      continue;
+    }
+    deltas->push_back(std::move(*d));
+    ids->push_back(protocol::UnitId{ctx->facts.content_id, a.round, in.shard});
+  }
+  return Status::Ok();
+}
+
+Result<Aggregator::Aggregate> Aggregator::Compute(const AggregationAssignment& a,
+                                                  TaskContext* ctx) {
+  const NetworkSpec& net = ctx->bundle.net;
+  ML_ASSIGN_OR_RETURN(GlobalState state, node_->StartState(*ctx, a.task_id, a.start_state));
+  std::vector<std::vector<float>> deltas;
+  std::vector<protocol::UnitId> ids;
+  ML_RETURN_IF_ERROR(FetchDeltas(a, ctx, &deltas, &ids));
+  std::vector<protocol::Contribution> contributions;
+  const uint64_t samples =
+      static_cast<uint64_t>(net.inner_steps) * ctx->trainer->samples_per_step();
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    contributions.push_back({.unit = ids[i], .samples = samples, .delta = deltas[i]});
+  }
+  ML_ASSIGN_OR_RETURN(protocol::AggregateResult result,
+                      protocol::Aggregate(contributions, net.aggregation));
+  if (!result.rejected.empty()) {
+    node_->Log(Name(a) + ": the rule rejected " + std::to_string(result.rejected.size()) +
+               " contributions with NaN/Inf");
+  }
+  protocol::OuterStep(state.weights, state.momentum, result.delta, net.outer);
+  ML_RETURN_IF_ERROR(ctx->trainer->SetFlatParams(state.weights));
+  engine::EvalResult eval = ctx->trainer->Evaluate();
+  Aggregate agg;
+  agg.accuracy_ppm =
+      eval.accuracy >= 0 ? static_cast<uint32_t>(std::llround(eval.accuracy * 1e6)) : 0;
+  agg.loss_micros = std::isfinite(eval.loss) && eval.loss > 0
+                        ? static_cast<uint64_t>(std::llround(eval.loss * 1e6))
+                        : 0;
+  ML_ASSIGN_OR_RETURN(net::BlobId sid, node_->deps().store->Put(EncodeGlobalState(state)));
+  ML_RETURN_IF_ERROR(node_->book().Add(sid.hash, StateReason(a.task_id)));
+  agg.state = sid.hash;
+  journal::AggregateDone d{.start_state = a.start_state,
+                           .state = agg.state,
+                           .accuracy_ppm = agg.accuracy_ppm,
+                           .loss_micros = agg.loss_micros};
+  for (const AggregationInput& in : a.units) {
+    d.input_indices.push_back(in.index);
+    d.input_results.push_back(in.result_hash);
+  }
+  ML_RETURN_IF_ERROR(node_->env()->CreateDirs(JoinPath(node_->options().data_dir, "aggregates")));
+  ML_RETURN_IF_ERROR(journal::WriteJournal(node_->env(), JournalPath(*node_, a), d));
+  node_->Log(Name(a) + ": " + std::to_string(contributions.size()) + " deltas, test accuracy " +
+             std::to_string(eval.accuracy) + " loss " + std::to_string(eval.loss) + ", state " +
+             agg.state.ShortHex());
+  return agg;
+}
+
+void Aggregator::ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why) {
+  const auto key = std::make_pair(task_id, index);
+  const uint32_t tries = ++fetch_failures_[key];
+  if (tries < std::max<uint32_t>(node_->options().report_unavailable_after, 1) ||
+      reported_.count(key)) {
+    return;
+  }
+  Result<Hash256> txid = node_->tx().Send(
+      ledger::ReportUnavailableTx{.task_id = task_id, .index = index, .node_id = node_->id()});
+  if (!txid.ok()) {
+    node_->Log("reporting unit " + std::to_string(index) + " unavailable failed: " +
+               txid.status().message());
+    return;
+  }
+  reported_.insert(key);
+  node_->Log("task " + task_id.ShortHex() + " unit " + std::to_string(index) +
+             ": its delta could not be fetched from anyone after " + std::to_string(tries) +
+             " tries (" + why.message() + "); reported unavailable, the round re-runs without "
+             "its solver");
+}
+
+}  // namespace meshlearn::node

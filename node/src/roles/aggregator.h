@@ -1,0 +1,60 @@
+// The aggregator role (not a public header; docs/node.md "Aggregator"): for a round node_work
+// assigns it, fetches every committed delta, aggregates them with the task's rule, takes the outer
+// step, evaluates, stores the new state and commits it (CommitAggregate).
+//
+// One round, by its journal <data_dir>/aggregates/<T>-<r>.json (records.h AggregateDone):
+//
+//   kNew ──fetch deltas, aggregate, store──▶ kAggregated ──CommitAggregate──▶ kCommitting
+//                                             (journal)                        ──ok──▶ kCommitted
+//   a delta nobody can serve: ReportUnavailable after report_unavailable_after tries (the round
+//   re-runs without its solver); a re-run round has other inputs, so its journal does not match
+//   and it is kNew again.
+//
+// A restart commits a kAggregated round again without recomputing it (the state blob is pinned).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "node_context.h"
+
+namespace meshlearn::node {
+
+class Aggregator {
+ public:
+  enum class RoundState : uint8_t { kNew, kAggregated, kCommitting, kCommitted };
+
+  explicit Aggregator(NodeContext* node) : node_(node) {}
+
+  // The aggregations of `work` to run (commits in flight left out; one committed ok and asked
+  // again, after its round re-ran, is run again).
+  std::vector<const AggregationAssignment*> Pending(const NodeWork& work);
+  RoundState StateOf(const AggregationAssignment& a) const;
+  Status Run(const AggregationAssignment& a);
+  bool OnOutcome(const TxOutcome& o);
+
+ private:
+  // The new state of the round: aggregated now, or read back from the journal.
+  struct Aggregate {
+    Hash256 state;
+    uint32_t accuracy_ppm = 0;
+    uint64_t loss_micros = 0;
+  };
+  Result<Aggregate> Compute(const AggregationAssignment& a, TaskContext* ctx);
+  // The deltas of the round's committed units; a malformed one is logged and left out.
+  Status FetchDeltas(const AggregationAssignment& a, TaskContext* ctx,
+                     std::vector<std::vector<float>>* deltas, std::vector<protocol::UnitId>* ids);
+  void ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why);
+
+  NodeContext* node_;
+  std::map<std::pair<Hash256, uint32_t>, Hash256> commits_;  // (task, round) -> tx in flight
+  std::set<std::pair<Hash256, uint32_t>> committed_;
+  // (task, unit index) -> failed fetches of its delta; reported once.
+  std::map<std::pair<Hash256, uint32_t>, uint32_t> fetch_failures_;
+  std::set<std::pair<Hash256, uint32_t>> reported_;
+};
+
+}  // namespace meshlearn::node

@@ -1,0 +1,59 @@
+// Playing the dispute game of a check this node is a party to (not a public header; docs/node.md
+// "Disputes"; protocol/dispute.h): the solver defends, the verifier or whistleblower that claimed
+// a mismatch challenges.
+//
+// One dispute, by the query node_work shows and the journal <data_dir>/verify/<T>-<i>-<h>/
+// dispute-<first>-<last>.json (records.h DisputeHashes):
+//
+//   steps stage, range [first, last]:
+//     kToReplay ──replay the range once (a job)──▶ kReplayed ──DisputePost(position)──▶ posted
+//     (the next query narrows the range: a new journal, kToReplay again)
+//   referee stage at one whole step of a task with a data root:
+//     the party that is not cheating posts the step's witness (RefereeStep), once
+//
+// The replay starts from a state this node trusts at the range's start: its own checkpoint as
+// the defender, the solver's checkpoint its verdict or challenge started from as the challenger,
+// else the unit's start. A restart reads the range's hashes back from the journal.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "node_context.h"
+#include "verify_job.h"
+#include "verify_outbox.h"
+
+namespace meshlearn::node {
+
+class Disputes {
+ public:
+  enum class RangeState : uint8_t { kToReplay, kReplayed };
+
+  Disputes(NodeContext* node, VerifyOutbox* outbox) : node_(node), outbox_(outbox) {}
+
+  // A query to this node (steps stage): the post now, or the replay into `urgent`. The referee
+  // stage: the witness job into `urgent`.
+  void Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent);
+  RangeState StateOf(const CheckAssignment& c);
+  Status RunReplay(const CheckAssignment& c);
+  // A party of a dispute that reached the referee at one whole step of a task with a data root
+  // posts the step's witness itself (RefereeStepTx; node/step_witness.h): the ledger executes
+  // the step, and the honest party needs nobody else to win.
+  Status RunStepWitness(const CheckAssignment& c);
+  // The check of `dir` is over.
+  void Forget(const std::string& dir);
+
+ private:
+  std::string JournalPath(const CheckAssignment& c) const;
+  // The checkpoint this node trusts at the dispute's first step ("" = none).
+  std::string TrustedCheckpoint(const CheckAssignment& c) const;
+  void PostMove(const CheckAssignment& c);
+
+  NodeContext* node_;
+  VerifyOutbox* outbox_;
+  // journal path -> state hashes after every step of the disputed range.
+  std::map<std::string, std::vector<Hash256>> hashes_;
+};
+
+}  // namespace meshlearn::node

@@ -1,0 +1,150 @@
+#include "node_context.h"
+
+#include <algorithm>
+
+#include "meshlearn/node/network_round.h"
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/protocol/scheduler.h"
+
+namespace meshlearn::node {
+
+std::string TaskReason(const Hash256& t) { return "task:" + t.ToHex(); }
+std::string StateReason(const Hash256& t) { return "state:" + t.ToHex(); }
+std::string DeltaReason(const Hash256& t, uint32_t round) {
+  return "delta:" + t.ToHex() + ":" + std::to_string(round);
+}
+
+std::string CheckName(const CheckAssignment& c) {
+  return "check " + c.task_id.ShortHex() + "/" + std::to_string(c.index) + " r" +
+         std::to_string(c.round) + " s" + std::to_string(c.shard);
+}
+
+NodeContext::NodeContext(const AgentDeps& deps, const AgentOptions& options, TxSender* tx,
+                         PinBook* book, UnitService* unit_service, AgentStats* stats)
+    : deps_(deps),
+      options_(options),
+      tx_(tx),
+      book_(book),
+      unit_service_(unit_service),
+      stats_(stats),
+      fetcher_(std::make_unique<net::Fetcher>(deps.transport, deps.store, options.fetch)) {}
+
+void NodeContext::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+Result<const ledger::ChainParams*> NodeContext::GenesisParams() {
+  if (!params_) {
+    ML_ASSIGN_OR_RETURN(ledger::Genesis genesis, GetGenesis(*deps_.chain));
+    params_ = genesis.params;
+  }
+  return &*params_;
+}
+
+std::string NodeContext::UnitDir(const Hash256& task, uint32_t index) const {
+  return JoinPath(JoinPath(options_.data_dir, "units"), task.ToHex() + "-" + std::to_string(index));
+}
+
+std::string NodeContext::VerifyRoot() const { return JoinPath(options_.data_dir, "verify"); }
+
+std::string NodeContext::VerifyDir(const CheckAssignment& c) const {
+  return JoinPath(VerifyRoot(), c.task_id.ToHex() + "-" + std::to_string(c.index) + "-" +
+                                    std::to_string(c.commit_height));
+}
+
+std::string NodeContext::TaskDataDir(const Hash256& task) const {
+  return JoinPath(JoinPath(JoinPath(options_.data_dir, "tasks"), task.ToHex()), "data");
+}
+
+Result<std::vector<std::string>> NodeContext::Providers(bool refresh) {
+  if (refresh || providers_height_ != height_) {
+    ML_ASSIGN_OR_RETURN(nodes_, ListNodes(*deps_.chain));
+    providers_height_ = height_;
+  }
+  // Active nodes first, then those that left or are jailed: a node that left keeps running and
+  // serving while it unbonds, and may hold the only copy of a blob, e.g. the last aggregate it
+  // committed (chaos seed 3: every unit of the next round failed to fetch its start state).
+  std::vector<std::string> out = ActiveEndpoints(nodes_, options_.endpoint);
+  for (const NodeInfo& n : nodes_) {
+    if (n.status != "active" && !n.endpoint.empty() && n.endpoint != options_.endpoint) {
+      out.push_back(n.endpoint);
+    }
+  }
+  return out;
+}
+
+Result<Bytes> NodeContext::FetchBlob(const Hash256& id, const std::vector<std::string>& preferred,
+                                     const std::string& reason) {
+  net::BlobId bid{id};
+  if (!deps_.store->HasBlob(bid)) {
+    std::vector<std::string> providers = preferred;
+    ML_ASSIGN_OR_RETURN(std::vector<std::string> all, Providers(false));
+    for (const std::string& p : all) {
+      if (std::find(providers.begin(), providers.end(), p) == providers.end()) providers.push_back(p);
+    }
+    providers.erase(std::remove(providers.begin(), providers.end(), options_.endpoint),
+                    providers.end());
+    if (providers.empty()) {
+      return Unavailable("blob " + id.ShortHex() + " is not here and no other node is registered");
+    }
+    Result<net::FetchStats> st = fetcher_->Fetch(bid, providers);
+    if (!st.ok()) return st.status().WithPrefix("fetch blob " + id.ShortHex());
+  }
+  deps_.store->Hold(bid);
+  Status pinned = reason.empty() ? Status::Ok() : book_->Add(id, reason);
+  Result<Bytes> out = pinned.ok() ? deps_.store->Get(bid) : Result<Bytes>(pinned);
+  deps_.store->Release(bid);
+  return out;
+}
+
+Result<GlobalState> NodeContext::StartState(const TaskContext& ctx, const Hash256& task,
+                                            const Hash256& start_state) {
+  ML_ASSIGN_OR_RETURN(Bytes bytes, FetchBlob(start_state, {}, StateReason(task)));
+  return DecodeGlobalState(bytes, ctx.facts.num_params);
+}
+
+Result<TaskContext*> NodeContext::GetTask(const Hash256& task_id) {
+  auto it = tasks_.find(task_id);
+  if (it != tasks_.end()) return it->second.get();
+  // A task refused once (its bundle disagrees with the ledger) stays refused: do not fetch and
+  // parse its bundle again every tick.
+  if (auto r = refused_.find(task_id); r != refused_.end()) return r->second;
+  auto ctx = std::make_unique<TaskContext>();
+  ctx->id = task_id;
+  ML_ASSIGN_OR_RETURN(ctx->info, node::GetTask(*deps_.chain, task_id));
+  ML_ASSIGN_OR_RETURN(Bytes bundle_bytes, FetchBlob(ctx->info.spec_hash, {}, TaskReason(task_id)));
+  std::string text(AsStringView(bundle_bytes));
+  const std::string data_dir = TaskDataDir(task_id);
+  ML_RETURN_IF_ERROR(deps_.env->CreateDirs(data_dir));
+  auto resolver = [&](const net::BlobId& id, const std::string& key) -> Result<std::string> {
+    std::string path = JoinPath(data_dir, id.ToHex());
+    if (deps_.env->FileExists(path)) return path;
+    ML_ASSIGN_OR_RETURN(Bytes data, FetchBlob(id.hash, {}, TaskReason(task_id)));
+    Log("task " + task_id.ShortHex() + ": fetched data." + key + " (" +
+        std::to_string(data.size()) + " bytes)");
+    ML_RETURN_IF_ERROR(deps_.env->WriteFileAtomic(path, AsStringView(data)));
+    return path;
+  };
+  ML_ASSIGN_OR_RETURN(ctx->bundle, LoadBundle(text, resolver));
+  ML_ASSIGN_OR_RETURN(ctx->trainer, engine::Trainer::Create(deps_.env, ctx->bundle.task));
+  ctx->facts = ComputeTaskFacts(*ctx->trainer, ctx->bundle.net);
+  if (Status match = CheckBundleMatchesLedger(ctx->facts, ctx->bundle.net, ctx->info.params);
+      !match.ok()) {
+    Status refused = match.WithPrefix("task " + task_id.ShortHex());
+    Log(refused.message());
+    refused_.emplace(task_id, refused);
+    return refused;
+  }
+  protocol::TaskSpecView view;
+  view.model_bytes = ctx->facts.model_bytes;
+  view.memory_required_bytes = ctx->info.params.memory_bytes;
+  ctx->memory_need = protocol::RequiredMemoryBytes(view);
+  Log("task " + task_id.ShortHex() + ": loaded (" + std::to_string(ctx->facts.num_params) +
+      " parameters, " + std::to_string(ctx->bundle.net.rounds) + " rounds x " +
+      std::to_string(ctx->bundle.net.units_per_round) + " units)");
+  TaskContext* raw = ctx.get();
+  tasks_[task_id] = std::move(ctx);
+  return raw;
+}
+
+}  // namespace meshlearn::node

@@ -1,0 +1,123 @@
+// What every role of a node shares (not a public header): its key, files, transaction sender,
+// pin book and stats; the tasks it has loaded (bundle, trainer, facts); fetching a blob from the
+// network; the chain's genesis parameters; the height of the current tick. NodeAgent owns one
+// and hands it to each role (solver.h, aggregator.h, verifier.h, whistleblower.h, disputes.h,
+// pin_keeper.h), which keep their own state and journals.
+//
+// Thread-compatible: the agent's one Tick thread uses it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/genesis.h"
+#include "meshlearn/net/blob_service.h"
+#include "meshlearn/node/agent.h"
+#include "meshlearn/node/chain_client.h"
+#include "meshlearn/node/pin_book.h"
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/task_bundle.h"
+#include "meshlearn/node/unit_executor.h"
+#include "meshlearn/node/unit_service.h"
+
+namespace meshlearn::node {
+
+// A task the node works on: its bundle, trainer and facts, loaded once.
+struct TaskContext {
+  Hash256 id;
+  TaskInfo info;
+  LoadedBundle bundle;
+  std::unique_ptr<engine::Trainer> trainer;
+  TaskFacts facts;
+  uint64_t memory_need = 0;
+  // The tree over the training examples, built when a step witness is first needed.
+  std::unique_ptr<engine::DataTree> data_tree;
+};
+
+// PinBook reasons (agent.h, "Blobs the node keeps").
+std::string TaskReason(const Hash256& t);
+std::string StateReason(const Hash256& t);
+std::string DeltaReason(const Hash256& t, uint32_t round);
+
+// "check 3f2a9c01/7 r1 s2", for log lines.
+std::string CheckName(const CheckAssignment& c);
+
+class NodeContext {
+ public:
+  // Everything must outlive the context.
+  NodeContext(const AgentDeps& deps, const AgentOptions& options, TxSender* tx, PinBook* book,
+              UnitService* unit_service, AgentStats* stats);
+
+  const AgentDeps& deps() const { return deps_; }
+  const AgentOptions& options() const { return options_; }
+  Env* env() const { return deps_.env; }
+  ChainClient& chain() const { return *deps_.chain; }
+  TxSender& tx() const { return *tx_; }
+  PinBook& book() const { return *book_; }
+  UnitService& unit_service() const { return *unit_service_; }
+  AgentStats& stats() const { return *stats_; }
+  const PublicKey& id() const { return deps_.key.public_key(); }
+  const KeyPair& key() const { return deps_.key; }
+  void Log(const std::string& line) const;
+
+  // The height node_work answered at this tick.
+  uint64_t height() const { return height_; }
+  void set_height(uint64_t h) { height_ = h; }
+
+  // The chain's genesis parameters (read once), and whether verification is on.
+  Result<const ledger::ChainParams*> GenesisParams();
+  bool VerificationOn() const { return params_ && params_->verification; }
+  const ledger::ChainParams& chain_params() const { return *params_; }
+
+  // The task, loaded once (its bundle and data fetched and pinned "task:<T>"). A task whose
+  // bundle disagrees with the ledger is refused, logged once, and stays refused.
+  Result<TaskContext*> GetTask(const Hash256& task_id);
+  bool Refused(const Hash256& task_id) const { return refused_.count(task_id) > 0; }
+  // Drops a closed task's context (pin_keeper.h).
+  void ForgetTask(const Hash256& task_id) { tasks_.erase(task_id); }
+
+  // The blob's bytes, fetched first from `preferred`, then from every registered node. With a
+  // non-empty `reason` the blob is pinned for it (PinBook).
+  Result<Bytes> FetchBlob(const Hash256& id, const std::vector<std::string>& preferred,
+                          const std::string& reason);
+  // Endpoints of the other nodes, active ones first; the registry is read once per height
+  // (`refresh`: now).
+  Result<std::vector<std::string>> Providers(bool refresh);
+  const std::vector<NodeInfo>& nodes() const { return nodes_; }
+
+  // The round's start state of a unit, decoded.
+  Result<GlobalState> StartState(const TaskContext& ctx, const Hash256& task,
+                                 const Hash256& start_state);
+
+  // Directories: a unit's checkpoints and journals, a check's files, a task's data files.
+  std::string UnitDir(const Hash256& task, uint32_t index) const;
+  std::string VerifyRoot() const;
+  std::string VerifyDir(const CheckAssignment& c) const;
+  std::string TaskDataDir(const Hash256& task) const;
+
+ private:
+  const AgentDeps& deps_;
+  const AgentOptions& options_;
+  TxSender* tx_;
+  PinBook* book_;
+  UnitService* unit_service_;
+  AgentStats* stats_;
+  std::unique_ptr<net::Fetcher> fetcher_;
+  uint64_t height_ = 0;
+  std::optional<ledger::ChainParams> params_;
+  std::map<Hash256, std::unique_ptr<TaskContext>> tasks_;
+  std::map<Hash256, Status> refused_;  // bundle inconsistent with the ledger's params
+  uint64_t providers_height_ = UINT64_MAX;
+  std::vector<NodeInfo> nodes_;
+};
+
+}  // namespace meshlearn::node

@@ -1,0 +1,47 @@
+// Which blobs and files the node keeps (not a public header; agent.h "Blobs the node keeps"):
+// reviews the pins every gc_every_blocks, adopts uploads an open task uses, releases a closed
+// task's blobs and files release_after_blocks after it closed, and deletes a unit's checkpoints
+// once its round is final.
+//
+// Its state is the pin book (<data_dir>/pins.json, pin_book.h): reasons per blob, the units with
+// files and the height each closed task was first seen closed; a restart goes on from it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "node_context.h"
+#include "solver.h"
+
+namespace meshlearn::node {
+
+inline constexpr char kUploadPrefix[] = "upload:";
+inline constexpr char kKeepReason[] = "keep";
+
+class PinKeeper {
+ public:
+  PinKeeper(NodeContext* node, Solver* solver) : node_(node), solver_(solver) {}
+
+  // The height of the agent's first tick: uploads pinned before it count from it.
+  void set_first_height(uint64_t h) {
+    if (first_height_ == 0) first_height_ = h;
+  }
+  // Whether a review is due at this height.
+  bool Due() const {
+    return node_->height() >= last_review_height_ + std::max<uint64_t>(node_->options().gc_every_blocks, 1);
+  }
+  // One get_task per task the node holds something of.
+  Status ReviewPins();
+
+ private:
+  Status AdoptUploads();
+  Status ReleaseTask(const Hash256& task, const Hash256& final_state);
+  void DeleteUnitFiles(const Hash256& task, uint32_t index);
+
+  NodeContext* node_;
+  Solver* solver_;
+  uint64_t first_height_ = 0;
+  uint64_t last_review_height_ = 0;
+};
+
+}  // namespace meshlearn::node

@@ -1,0 +1,109 @@
+// The solver role (not a public header; docs/node.md "Solver"): trains the units node_work
+// assigns, commits them, serves what it committed and, under verification, reveals each unit's
+// secret.
+//
+// One unit, by its journals in <data_dir>/units/<T>-<i>/ (records.h):
+//
+//   kNew ──train──▶ kTraining ──H steps──▶ kTrained ──CommitUnit──▶ kCommitting ──ok──▶ kCommitted
+//     │  (progress.json after        (done.json; delta      (commit.json;        (a round that
+//     │   every checkpoint)           stored, pinned)        tx in flight)        re-runs: kTrained)
+//     └─ refused (memory), or over max_units: stays kNew, expires at its deadline
+//
+// A restart resumes kTraining from the last checkpoint (the same bits as an uninterrupted run),
+// commits a kTrained unit again (with its next secret, and a new forced-error draw), and serves a
+// committed unit's leaves and checkpoints again when node_work lists its check.
+//
+// The secret chain (secret_chain.h) of the current registration is in <data_dir>/
+// secret_chain.json (SecretEpoch); every (re-)registration starts a new epoch.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "node_context.h"
+#include "records.h"
+#include "secrets.h"
+#include "verify_outbox.h"
+
+namespace meshlearn::node {
+
+class Solver {
+ public:
+  enum class UnitState : uint8_t { kNew, kTraining, kTrained, kCommitting, kCommitted };
+
+  Solver(NodeContext* node, VerifyOutbox* outbox)
+      : node_(node), outbox_(outbox), secrets_(node) {}
+
+  // This tick's node_work: the next secret index the ledger expects.
+  void set_next_secret_index(uint64_t i) { next_secret_index_ = i; }
+  // The units of `work` to run, earliest deadline first (commits in flight are left out; a unit
+  // committed ok and assigned again, after its round re-ran, is back to kTrained).
+  std::vector<const UnitAssignment*> Pending(const NodeWork& work);
+  UnitState StateOf(const UnitAssignment& a) const;
+
+  // Runs (or resumes, or commits again) one unit. `skipped` (nothing ran: refused for memory,
+  // or over max_units) and `crashed` (the checkpoint hook failed, or should_stop) say more.
+  Status Run(const UnitAssignment& a);
+  bool skipped() const { return skipped_; }
+  bool crashed() const { return crashed_; }
+  // A refusal found the node's real memory below what it registered: the lower value to report
+  // (UpdateNode), 0 if none; Take... is true once per new value.
+  uint64_t memory_reported() const { return memory_reported_; }
+  bool TakeReregister() { return std::exchange(reregister_, false); }
+
+  // The solver's side of a check: serve what it committed (again, after a restart), reveal the
+  // secret in the reveal window.
+  void PlayCheck(const CheckAssignment& c);
+
+  // The secret chain: a new epoch before a (re-)registration (its head goes in RegisterNode),
+  // and a check of the registered anchor against the chain on disk.
+  Result<Hash256> NewSecretEpoch() { return secrets_.NewEpoch(); }
+  void CheckSecretChain(const NodeInfo& record) { secrets_.Check(record); }
+
+  bool OnOutcome(const TxOutcome& o);
+  void ForgetTask(const Hash256& task) { refused_logged_.erase(task); }
+
+ private:
+  std::string Name(const UnitAssignment& a) const;
+  // Memory policy: false (and logged once) when the task's units need more memory than the node
+  // can give; lowers the registered memory when the real limit is below it.
+  bool FitsInMemory(const UnitAssignment& a, const TaskContext& ctx);
+  std::optional<UnitResume> LoadProgress(const UnitAssignment& a, const UnitWork& work,
+                                         const std::string& dir);
+  Result<UnitOutcome> Train(const UnitAssignment& a, TaskContext* ctx, const GlobalState& start,
+                            const UnitWork& work, UnitResume* resume);
+  Result<UnitOutcome> TrainAsAdversary(const UnitAssignment& a, TaskContext* ctx,
+                                       const GlobalState& start, const UnitWork& work,
+                                       const UnitRunOptions& run);
+  // Adversary "copy": a committed delta of another unit of a's round.
+  Result<std::vector<float>> PeerDelta(const UnitAssignment& a, uint64_t num_params);
+  // Stores the delta and the final state, journals kTrained and commits.
+  Status Finish(const UnitAssignment& a, TaskContext* ctx, const UnitOutcome& out);
+  // Commits a trained unit with its secret index, as a forced error when drawn.
+  Status Commit(const UnitAssignment& a, const journal::UnitDone& done);
+  Status Publish(const Hash256& task, uint32_t index, const journal::UnitCommit& commit);
+  void RevealSecret(const CheckAssignment& c);
+
+  NodeContext* node_;
+  VerifyOutbox* outbox_;
+  uint64_t next_secret_index_ = 0;
+  // (task, unit index) -> tx id of the CommitUnit in flight / committed ok.
+  std::map<std::pair<Hash256, uint32_t>, Hash256> commits_;
+  std::set<std::pair<Hash256, uint32_t>> committed_;
+  uint32_t units_taken_ = 0;
+  bool skipped_ = false;
+  bool crashed_ = false;
+  uint64_t memory_reported_ = 0;
+  bool reregister_ = false;
+  std::map<Hash256, std::string> refused_logged_;
+  std::map<Hash256, UnitOutcome> last_outcome_;  // adversary "stale": the previous unit per task
+  SolverSecrets secrets_;
+};
+
+}  // namespace meshlearn::node

@@ -1,0 +1,51 @@
+// The whistleblower role (not a public header; docs/node.md "Whistleblower"): re-checks one
+// segment of a sample of the units settled clean or unchecked in a round not final yet, and
+// challenges one that does not replay (ChallengeUnit).
+//
+// One settled check:
+//
+//   kUndrawn ──draw──▶ kPassed   (not in the sample: WhistleSampleDraw >= whistleblower_sample,
+//      │                          or the node rubber-stamps as a verifier)
+//      └─────────────▶ kDrawn ──re-check (a job, when nothing urgent waits)──▶ kChecked
+//                                   mismatch: challenge.json (ChallengeRecord), ChallengeUnit,
+//                                   then the dispute (disputes.h); a wrong result: ProveResult
+//
+// The draw and the segment are protocol/draw.h's, hashes of the node key and the unit: a
+// restarted node draws the same units, and re-checks a drawn one again (its re-check is not
+// journaled; the challenge's marker keeps it from challenging twice).
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "node_context.h"
+#include "verify_job.h"
+#include "verify_outbox.h"
+
+namespace meshlearn::node {
+
+class Whistleblower {
+ public:
+  enum class DrawState : uint8_t { kUndrawn, kPassed, kDrawn, kChecked };
+
+  Whistleblower(NodeContext* node, VerifyOutbox* outbox) : node_(node), outbox_(outbox) {}
+
+  DrawState StateOf(const CheckAssignment& c) const;
+  // A settled check this node may re-check: drawn into `later`, once per check.
+  void Play(const CheckAssignment& c, std::vector<VerifyJob>* later);
+  Status Run(const CheckAssignment& c);
+  // The check of `dir` is over.
+  void Forget(const std::string& dir) {
+    passed_.erase(dir);
+    drawn_.erase(dir);
+    checked_.erase(dir);
+  }
+
+ private:
+  NodeContext* node_;
+  VerifyOutbox* outbox_;
+  std::set<std::string> passed_, drawn_, checked_;  // check dirs
+};
+
+}  // namespace meshlearn::node
