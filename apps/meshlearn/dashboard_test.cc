@@ -49,9 +49,11 @@ std::string Chromium() {
 // tests run as root in CI, where chromium's sandbox refuses to start; the page is our own.
 // The virtual time budget lets the page's script run (its RPC calls, a few live updates) before
 // the DOM is dumped or the screenshot taken.
-std::string ChromiumCommand(const std::string& dir, const std::string& args, const std::string& url) {
-  return Chromium() + " --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir=" +
-         dir + " --virtual-time-budget=3000 " + args + " '" + url + "' 2>" + dir + ".log";
+std::string ChromiumCommand(const std::string& dir, const std::string& args,
+                            const std::string& url) {
+  return Chromium() +
+         " --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir=" + dir +
+         " --virtual-time-budget=3000 " + args + " '" + url + "' 2>" + dir + ".log";
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
@@ -89,12 +91,14 @@ TEST(Dashboard, ChainServeAnswersThePageAtSlash) {
   ASSERT_FALSE(chain.url().empty()) << ReadText(home + "/serve.out");
   const std::string host_port = chain.url().substr(std::string("http://").size());
   const std::string page = HttpGet(host_port, "/");
-  ASSERT_NE(page.find("<title>meshlearn dashboard</title>"), std::string::npos) << page.substr(0, 400);
+  ASSERT_NE(page.find("<title>meshlearn dashboard</title>"), std::string::npos)
+      << page.substr(0, 400);
   EXPECT_EQ(page.find("<script src"), std::string::npos);
   EXPECT_EQ(page.find("<link rel=\"stylesheet\""), std::string::npos);
   EXPECT_EQ(page.find("https://"), std::string::npos);
   // The one http:// in it is the SVG namespace name, which is never fetched.
-  for (size_t at = page.find("http://"); at != std::string::npos; at = page.find("http://", at + 1)) {
+  for (size_t at = page.find("http://"); at != std::string::npos;
+       at = page.find("http://", at + 1)) {
     EXPECT_EQ(page.compare(at, 26, "http://www.w3.org/2000/svg"), 0) << page.substr(at, 60);
   }
   // `chain serve` says where it is.
@@ -104,7 +108,8 @@ TEST(Dashboard, ChainServeAnswersThePageAtSlash) {
 }
 
 TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
-  if (Chromium().empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh --test installs it)";
+  if (Chromium().empty())
+    GTEST_SKIP() << "chromium is not installed (scripts/setup.sh --test installs it)";
   if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good()) {
     GTEST_SKIP() << "Fashion-MNIST not installed";
   }
@@ -132,7 +137,8 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   ASSERT_NE(WaitFor(log, "Ctrl-C stops it", "", 300), "") << ReadText(log);
   std::cout << "devnet task finished after " << SecondsSince(t0) << " s" << std::endl;
   // The URL as devnet printed it (the first time, when the ledger came up).
-  const std::string url = WaitFor(log, "dashboard: ", "abcdefghijklmnopqrstuvwxyz0123456789:/.", 1, 10);
+  const std::string url =
+      WaitFor(log, "dashboard: ", "abcdefghijklmnopqrstuvwxyz0123456789:/.", 1, 10);
   ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << ReadText(log);
   ASSERT_EQ(url.back(), '/') << url;
   const std::string rpc = url.substr(0, url.size() - 1);
@@ -170,9 +176,12 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   const json& money = status["money"];
   EXPECT_EQ(DomValue(dom, "task-budget"), std::to_string(money["budget"].get<uint64_t>()));
   EXPECT_EQ(DomValue(dom, "task-spent"), std::to_string(money["spent"].get<uint64_t>()));
-  EXPECT_EQ(DomValue(dom, "task-paid-solvers"), std::to_string(money["paid_to_solvers"].get<uint64_t>()));
-  EXPECT_EQ(DomValue(dom, "task-paid-verifiers"), std::to_string(money["paid_to_verifiers"].get<uint64_t>()));
-  EXPECT_EQ(DomValue(dom, "task-paid-aggregators"), std::to_string(money["paid_to_aggregators"].get<uint64_t>()));
+  EXPECT_EQ(DomValue(dom, "task-paid-solvers"),
+            std::to_string(money["paid_to_solvers"].get<uint64_t>()));
+  EXPECT_EQ(DomValue(dom, "task-paid-verifiers"),
+            std::to_string(money["paid_to_verifiers"].get<uint64_t>()));
+  EXPECT_EQ(DomValue(dom, "task-paid-aggregators"),
+            std::to_string(money["paid_to_aggregators"].get<uint64_t>()));
   EXPECT_EQ(DomValue(dom, "task-refunded"), std::to_string(money["refunded"].get<uint64_t>()));
   EXPECT_GT(money["paid_to_solvers"].get<uint64_t>(), 0u);
 
@@ -193,8 +202,12 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   ASSERT_EQ(rounds.size(), 3u) << status.dump(2);
   for (const json& r : rounds) {
     const std::string n = std::to_string(r["round"].get<int>());
-    EXPECT_EQ(DomValue(dom, "round-" + n + "-accuracy"), Fixed4(r["test_accuracy_ppm"].get<uint32_t>() / 1e6)) << n;
-    EXPECT_EQ(DomValue(dom, "round-" + n + "-test-loss"), Fixed4(r["test_loss_micros"].get<uint64_t>() / 1e6)) << n;
+    EXPECT_EQ(DomValue(dom, "round-" + n + "-accuracy"),
+              Fixed4(r["test_accuracy_ppm"].get<uint32_t>() / 1e6))
+        << n;
+    EXPECT_EQ(DomValue(dom, "round-" + n + "-test-loss"),
+              Fixed4(r["test_loss_micros"].get<uint64_t>() / 1e6))
+        << n;
   }
   EXPECT_NE(dom.find("id=\"loss-plot\" data-points=\"3\""), std::string::npos);
 
@@ -202,14 +215,21 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   for (const json& n : report["nodes"]) {
     const std::string id = n["node"];
     EXPECT_EQ(DomValue(dom, "node-" + id + "-units"), std::to_string(n["units"].get<int>())) << id;
-    EXPECT_EQ(DomValue(dom, "node-" + id + "-paid-units"), std::to_string(n["paid_for_units"].get<uint64_t>())) << id;
+    EXPECT_EQ(DomValue(dom, "node-" + id + "-paid-units"),
+              std::to_string(n["paid_for_units"].get<uint64_t>()))
+        << id;
     EXPECT_EQ(DomValue(dom, "node-" + id + "-paid-aggregation"),
-              std::to_string(n["paid_for_aggregation"].get<uint64_t>())) << id;
-    EXPECT_EQ(DomValue(dom, "node-" + id + "-stake"), std::to_string(n["stake"].get<uint64_t>())) << id;
+              std::to_string(n["paid_for_aggregation"].get<uint64_t>()))
+        << id;
+    EXPECT_EQ(DomValue(dom, "node-" + id + "-stake"), std::to_string(n["stake"].get<uint64_t>()))
+        << id;
     EXPECT_EQ(DomValue(dom, "node-" + id + "-slashes"),
-              std::to_string(n["reputation"]["slashes"].get<uint64_t>())) << id;
+              std::to_string(n["reputation"]["slashes"].get<uint64_t>()))
+        << id;
     const json wallet = cli("wallet balance " + id);
-    EXPECT_EQ(DomValue(dom, "node-" + id + "-balance"), std::to_string(wallet["balance"].get<uint64_t>())) << id;
+    EXPECT_EQ(DomValue(dom, "node-" + id + "-balance"),
+              std::to_string(wallet["balance"].get<uint64_t>()))
+        << id;
   }
 
   // Live: the page re-read the ledger as blocks arrived, without being reloaded.
@@ -223,14 +243,15 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   std::filesystem::create_directories(ArtifactDir());
   const std::string png = ArtifactDir() + "/dashboard.png";
   std::filesystem::remove(png);
-  CmdResult shot = Shell(ChromiumCommand(dir + "/chromium-shot",
-                                         "--hide-scrollbars --window-size=1600,3200 --screenshot=" + png,
-                                         page_url + "&updates=3"));
+  CmdResult shot = Shell(ChromiumCommand(
+      dir + "/chromium-shot", "--hide-scrollbars --window-size=1600,3200 --screenshot=" + png,
+      page_url + "&updates=3"));
   ASSERT_EQ(shot.code, 0) << ReadText(dir + "/chromium-shot.log");
   const std::string bytes = ReadText(png);
   ASSERT_GT(bytes.size(), 20000u) << png;
   EXPECT_EQ(bytes.substr(0, 8), "\x89PNG\r\n\x1a\n");
-  std::cout << "dashboard screenshot: " << png << " (after " << SecondsSince(t0) << " s)" << std::endl;
+  std::cout << "dashboard screenshot: " << png << " (after " << SecondsSince(t0) << " s)"
+            << std::endl;
   RecordProperty("screenshot", png);
 }
 
