@@ -36,8 +36,7 @@ packages=(
 # Only the tests use these; each test skips, visibly, where its package is missing.
 if [ "$with_test" -eq 1 ]; then
   packages+=(
-    chromium             # headless browser test of the dashboard
-    libjs-chart.js       # the dashboard's charts (/usr/share/javascript/chart.js)
+    chromium             # headless browser test of the dashboard (its charts are inline SVG)
     python3-nacl         # the Python client (python/): ed25519 signatures, encrypted keys
     python3-torch        # PyTorch comparisons: GPT-2 layout check, torch export, benches
   )
