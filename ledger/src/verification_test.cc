@@ -335,6 +335,21 @@ class VerificationTest : public FollowedChainFixture {
   uint32_t target_escape_ppm_ = 0;
   uint32_t rounds_ = 1;  // of the task Start submits
 
+  // Unit `lazy` is committed lazy and `honest` honestly; v1 claims a mismatch in the lazy one's
+  // segment 0 and calls the other clean; both solvers reveal their secrets; the lazy unit's
+  // dispute opens. (The aggregator works at once; the round is final only after the checks.)
+  void CommitAndDispute(int lazy, int honest) {
+    CommitAll({{lazy, true}, {honest, false}});
+    Aggregate();
+    Sealed caught = Mismatch(lazy, 0, /*solver_lazy=*/true, TrueState(lazy, 2));
+    Sealed ok = Clean();
+    StepOk({SealTx(v1_, lazy, caught), SealTx(v1_, honest, ok)});
+    StepUntil(lazy, CheckStage::kCheckRevealVerdicts);
+    StepOk({RevealTx(v1_, lazy, caught), RevealTx(v1_, honest, ok), SecretTx(lazy),
+            SecretTx(honest)});
+    StepUntil(lazy, CheckStage::kCheckDisputed);
+  }
+
   // Every unit of the current round committed honestly, aggregated, checked clean, and the round
   // final (the machine moved on).
   void RunHonestRound() {
@@ -406,14 +421,7 @@ TEST_F(VerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
   }
   ASSERT_GE(p1, 2);
   ASSERT_GE(h1, 2);
-  CommitAll({{p1, true}, {h1, false}});
-  Aggregate();
-  Sealed caught = Mismatch(p1, 0, /*solver_lazy=*/true, TrueState(p1, 2));
-  Sealed ok = Clean();
-  StepOk({SealTx(v1_, p1, caught), SealTx(v1_, h1, ok)});
-  StepUntil(p1, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, p1, caught), RevealTx(v1_, h1, ok), SecretTx(p1), SecretTx(h1)});
-  StepUntil(p1, CheckStage::kCheckDisputed);
+  CommitAndDispute(p1, h1);
   PlayDispute(p1, nullptr, [&](uint64_t s) { return TrueState(p1, s); });
 
   // Back to round 0, from the initial weights.
@@ -594,14 +602,7 @@ TEST_F(VerificationTest, ACancelPaysWorkCheckedClean) {
 TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns) {
   Start();
   const int lazy = UnitOf(s1_), honest = UnitOf(s2_);
-  CommitAll({{lazy, true}, {honest, false}});
-  Aggregate();  // the aggregator works at once; the round is final only after the checks
-  Sealed caught = Mismatch(lazy, 0, /*solver_lazy=*/true, TrueState(lazy, 2));
-  Sealed ok = Clean();
-  StepOk({SealTx(v1_, lazy, caught), SealTx(v1_, honest, ok)});
-  StepUntil(lazy, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, lazy, caught), RevealTx(v1_, honest, ok), SecretTx(lazy), SecretTx(honest)});
-  StepUntil(lazy, CheckStage::kCheckDisputed);
+  CommitAndDispute(lazy, honest);
   const Amount escrow_before = Task().escrow;
   const Amount v1_balance = Balance(carol_);
   // The verifier answers every turn with the true state; the cheater is silent and loses.
