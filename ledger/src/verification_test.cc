@@ -350,6 +350,25 @@ class VerificationTest : public FollowedChainFixture {
     StepUntil(lazy, CheckStage::kCheckDisputed);
   }
 
+  // The verifier drawn for each of `units` (checks in the commit-verdicts stage) seals "clean",
+  // then reveals it with the solvers' secrets; steps until every check settled.
+  void SettleClean(const std::vector<int>& units) {
+    std::map<int, Sealed> verdicts;
+    std::vector<Transaction> seal, reveal;
+    for (int index : units) {
+      verdicts[index] = Clean();
+      seal.push_back(SealTx(VerifierOf(index), index, verdicts[index]));
+    }
+    StepOk(seal);
+    StepUntil(units.front(), CheckStage::kCheckRevealVerdicts);
+    for (const auto& [index, v] : verdicts) {
+      reveal.push_back(RevealTx(VerifierOf(index), index, v));
+      reveal.push_back(SecretTx(index));
+    }
+    StepOk(reveal);
+    for (int index : units) StepUntilDone(index);
+  }
+
   // Every unit of the current round committed honestly, aggregated, checked clean, and the round
   // final (the machine moved on).
   void RunHonestRound() {
@@ -365,19 +384,9 @@ class VerificationTest : public FollowedChainFixture {
     ASSERT_EQ(units.size(), 2u) << "round " << round << " is not assigned";
     CommitAll(units);
     Aggregate();
-    std::map<uint32_t, Sealed> verdicts;
-    std::vector<Transaction> seal, reveal;
-    for (const auto& [index, lazy] : units) {
-      verdicts[index] = Clean();
-      seal.push_back(SealTx(VerifierOf(index), index, verdicts[index]));
-    }
-    StepOk(seal);
-    StepUntil(units.begin()->first, CheckStage::kCheckRevealVerdicts);
-    for (const auto& [index, v] : verdicts) {
-      reveal.push_back(RevealTx(VerifierOf(index), index, v));
-      reveal.push_back(SecretTx(index));
-    }
-    StepOk(reveal);
+    std::vector<int> indices;
+    for (const auto& [index, lazy] : units) indices.push_back(static_cast<int>(index));
+    SettleClean(indices);
     for (int i = 0; i < 40 && Machine().round() == round &&
                     Machine().phase() != RoundPhase::kRoundPhaseFinal;
          ++i) {
@@ -472,12 +481,7 @@ TEST_P(AssuranceChainTest, FullReplaysEverySegmentOfEveryUnitEconomicOne) {
     ASSERT_EQ(Check(u).stage(), CheckStage::kCheckCommitVerdicts);
     EXPECT_EQ(Check(u).segments().size(), level == 1 ? 2u : 1u);
   }
-  Sealed a = Clean(), b = Clean();
-  StepOk({SealTx(v1_, u1, a), SealTx(v1_, u2, b)});
-  StepUntil(u1, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
-  StepUntilDone(u1);
-  StepUntilDone(u2);
+  SettleClean({u1, u2});
   for (int u : {u1, u2}) EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean);
   const Amount pay = protocol::VerifierPay(kUnitCost, level == 1 ? 2 : 1, 2);
   const Amount cut = BasisPoints(pay, genesis_.params.treasury_cut_bps);
@@ -585,12 +589,7 @@ TEST_F(VerificationTest, ACancelPaysWorkCheckedClean) {
   ASSERT_GE(u2, 0);
   CommitAll({{u1, false}, {u2, false}});
   StepUntil(u1, CheckStage::kCheckCommitVerdicts);
-  Sealed a = Clean(), b = Clean();
-  StepOk({SealTx(v1_, u1, a), SealTx(v1_, u2, b)});
-  StepUntil(u1, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
-  StepUntilDone(u1);
-  StepUntilDone(u2);
+  SettleClean({u1, u2});
   for (int u : {u1, u2}) ASSERT_EQ(Check(u).result(), CheckResult::kCheckClean) << u;
   StepOk({Q(gina_, CancelTaskTx{.task_id = task_id_})});
   EXPECT_EQ(Task().status, TaskStatus::kCancelled);
