@@ -82,7 +82,8 @@ Outcome RunTask(uint64_t seed, Adversary adv, const std::string& assurance) {
   out.clean = checks.Count(poisoner, "clean");
   out.disputed = checks.Count(poisoner, "disputed");
   out.rounds_rewound = testing::Tally(sim, "rounds_rewound");
-  for (const nlohmann::json& u : sim.Task(true)["units"]) {
+  const nlohmann::json task = sim.Task(true);  // kept: the loop below reads into it
+  for (const nlohmann::json& u : task["units"]) {
     out.paid |= u.value("assignee", std::string()) == poisoner && u.value("paid", uint64_t{0}) > 0;
   }
   testing::ExpectNeverSlashed(sim, {1, 2, 3, 4});
