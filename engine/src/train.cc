@@ -1,7 +1,10 @@
 #include "meshlearn/engine/train.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <optional>
+#include <set>
 
 #include "config_ranges.h"
 #include "meshlearn/base/config.h"
@@ -15,6 +18,15 @@ namespace {
 Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
   DataSpec d;
   ML_ASSIGN_OR_RETURN(d.format, c.GetEnum("format", {"idx", "npy", "text", "tokens"}));
+  if (c.Has("init_weights")) {
+    ML_ASSIGN_OR_RETURN(d.init_weights, c.GetString("init_weights"));
+    if (d.init_weights.empty()) {
+      return c.Error("init_weights", "is empty; name a safetensors file of the model's weights "
+                                     "(meshlearn.torch.export writes one) or remove the key to "
+                                     "initialise from task.seed");
+    }
+    d.init_weights = ResolveInDir(base, d.init_weights);
+  }
   if (d.format == "idx" || d.format == "npy") {
     const bool idx = d.format == "idx";
     const std::string x = idx ? "_images" : "_x", y = idx ? "_labels" : "_y";
@@ -25,7 +37,8 @@ Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
     ML_ASSIGN_OR_RETURN(d.mean, c.GetDouble("mean", 0.0));
     ML_ASSIGN_OR_RETURN(d.std, c.GetDouble("std", 1.0, DRange(0, std::nullopt, true, false)));
     ML_RETURN_IF_ERROR(c.CheckKnownKeys(
-        {"format", "train" + x, "train" + y, "test" + x, "test" + y, "mean", "std"}));
+        {"format", "train" + x, "train" + y, "test" + x, "test" + y, "mean", "std",
+         "init_weights"}));
     d.train_x = ResolveInDir(base, d.train_x);
     d.train_y = ResolveInDir(base, d.train_y);
     d.test_x = ResolveInDir(base, d.test_x);
@@ -34,7 +47,8 @@ Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
     ML_ASSIGN_OR_RETURN(d.val_fraction,
                         c.GetDouble("val_fraction", 0.1, DRange(0, 0.5, true, false)));
     ML_RETURN_IF_ERROR(
-        c.CheckKnownKeys({"format", "path", "root", "files", "data_root", "val_fraction"}));
+        c.CheckKnownKeys({"format", "path", "root", "files", "data_root", "val_fraction",
+                          "init_weights"}));
     if (c.Has("files") || c.Has("root") || c.Has("data_root")) {
       // A corpus of many files (corpus.h): all three keys, and no `path`.
       if (c.Has("path")) {
@@ -58,7 +72,8 @@ Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
     ML_ASSIGN_OR_RETURN(d.train_tokens, c.GetString("train"));
     ML_ASSIGN_OR_RETURN(d.val_tokens, c.GetString("val"));
     ML_ASSIGN_OR_RETURN(d.vocab_size, c.GetInt("vocab_size", IRange(2, 65536)));
-    ML_RETURN_IF_ERROR(c.CheckKnownKeys({"format", "train", "val", "vocab_size"}));
+    ML_RETURN_IF_ERROR(
+        c.CheckKnownKeys({"format", "train", "val", "vocab_size", "init_weights"}));
     d.train_tokens = ResolveInDir(base, d.train_tokens);
     d.val_tokens = ResolveInDir(base, d.val_tokens);
   }
@@ -136,7 +151,8 @@ struct DataFile {
   std::string path;
 };
 
-std::vector<DataFile> DataFiles(const DataSpec& s) {
+// The files of the data format (without data.init_weights).
+std::vector<DataFile> FormatDataFiles(const DataSpec& s) {
   if (s.format == "idx") {
     return {{"data.train_images", s.train_x}, {"data.train_labels", s.train_y},
             {"data.test_images", s.test_x}, {"data.test_labels", s.test_y}};
@@ -148,6 +164,13 @@ std::vector<DataFile> DataFiles(const DataSpec& s) {
   if (s.format == "text" && !s.text_files.empty()) return {{"data.files", s.text_files}};
   if (s.format == "text") return {{"data.path", s.text_path}};
   return {{"data.train", s.train_tokens}, {"data.val", s.val_tokens}};
+}
+
+// Every file the task reads: the format's and data.init_weights.
+std::vector<DataFile> DataFiles(const DataSpec& s) {
+  std::vector<DataFile> files = FormatDataFiles(s);
+  if (!s.init_weights.empty()) files.push_back({"data.init_weights", s.init_weights});
+  return files;
 }
 
 // "/usr/share/datasets/fashion-mnist/..." comes from the Debian package dataset-fashion-mnist.
@@ -261,7 +284,65 @@ Result<TaskData> LoadTaskData(Env* env, TaskSpec& task) {
   ML_RETURN_IF_ERROR(CheckDataFiles(env, task));
   Result<TaskData> d = LoadTaskDataUnchecked(env, task);
   if (!d.ok()) return DataError(task, d.status());
+  if (!task.data.init_weights.empty()) {
+    Result<SafetensorsFile> f = SafetensorsFile::Read(env, task.data.init_weights);
+    if (!f.ok()) {
+      return Status(f.status().code(),
+                    task.path + ": data.init_weights: " + f.status().message() +
+                        "; write the file again (meshlearn.torch.export, or a model file of "
+                        "`meshlearn train`) or remove the key to initialise from task.seed");
+    }
+    d->init_weights = std::make_shared<const SafetensorsFile>(std::move(*f));
+  }
   return d;
+}
+
+Status LoadInitWeights(const SafetensorsFile& file, const std::string& where, Model* model) {
+  const std::string at = where + ": " + file.name() + ": ";
+  const std::string fix =
+      "; the weights must come from the task's own [model] (meshlearn.torch.export writes "
+      "both from one module)";
+  std::set<std::string> wanted;
+  for (Param& p : model->params()) {
+    wanted.insert(p.name);
+    auto it = file.entries().find(p.name);
+    if (it == file.entries().end()) {
+      return InvalidArgument(at + "no tensor '" + p.name + "' (F32, shape " +
+                             ShapeToString(p.value.shape()) + "), which the model needs" + fix);
+    }
+    const SafetensorsEntry& e = it->second;
+    if (e.dtype != DType::kF32) {
+      return InvalidArgument(at + "tensor '" + p.name + "' is " +
+                             std::string(DTypeName(e.dtype)) +
+                             ", the model's is F32; write float32 weights (tensor.float())");
+    }
+    if (e.shape != p.value.shape()) {
+      return InvalidArgument(at + "tensor '" + p.name + "' has shape " + ShapeToString(e.shape) +
+                             ", the model's is " + ShapeToString(p.value.shape()) + fix);
+    }
+  }
+  for (const auto& [name, e] : file.entries()) {
+    if (!wanted.count(name)) {
+      return InvalidArgument(at + "tensor '" + name + "' " + std::string(DTypeName(e.dtype)) +
+                             " " + ShapeToString(e.shape) +
+                             " is not a parameter of the model; remove it (a file of initial "
+                             "weights holds the model's parameters and nothing else)" + fix);
+    }
+  }
+  // All checked: copy (nothing is changed on an error above).
+  for (Param& p : model->params()) {
+    const SafetensorsEntry& e = file.entries().at(p.name);
+    float* dst = p.value.data();
+    std::memcpy(dst, e.bytes.data(), e.bytes.size());
+    for (int64_t i = 0; i < p.value.size(); ++i) {
+      if (!std::isfinite(dst[i])) {
+        return InvalidArgument(at + "tensor '" + p.name + "' holds a non-finite value (" +
+                               std::to_string(dst[i]) + ") at element " + std::to_string(i) +
+                               "; initial weights must be finite numbers");
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 Result<TaskData> LoadTaskDataUnchecked(Env* env, TaskSpec& task) {
@@ -397,7 +478,18 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(TaskSpec task, TaskData data) {
   ML_RETURN_IF_ERROR(CheckTrainingMemory(task));
   std::unique_ptr<Trainer> t(new Trainer(std::move(task), std::move(data)));
   ML_ASSIGN_OR_RETURN(t->state_.model, Model::Create(t->task_.model));
-  t->state_.model->Init(t->task_.seed);
+  if (t->task_.data.init_weights.empty()) {
+    t->state_.model->Init(t->task_.seed);
+  } else {
+    if (t->data_.init_weights == nullptr) {
+      return FailedPrecondition(t->task_.path + ": data.init_weights (" +
+                                t->task_.data.init_weights +
+                                ") was not read; load the data with LoadTaskData");
+    }
+    ML_RETURN_IF_ERROR(LoadInitWeights(*t->data_.init_weights,
+                                       t->task_.path + ": data.init_weights",
+                                       t->state_.model.get()));
+  }
   t->state_.optimizer = std::make_unique<Optimizer>(t->task_.optimizer, t->state_.model->params());
   t->state_.seed = t->task_.seed;
   t->state_.stream = t->task_.stream;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <utility>
 #include <vector>
@@ -483,6 +484,179 @@ void CheckWithTorch(const std::string& example, int64_t steps) {
   std::printf("  %s\n", cmd.c_str());
   std::fflush(stdout);
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// ---- data.init_weights: round 0's weights from a file (train.h "Initial weights").
+
+// A tiny GPT on GPL-3 (vocabulary from the data), with `extra` lines added to [data].
+std::string InitTask(const std::string& extra) {
+  return "[task]\nseed = 5\n[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n" +
+         extra + kGoodTail;
+}
+
+// Writes `model`'s parameters under their names (what meshlearn.torch.export writes).
+std::string WriteWeights(const std::string& path, Model& model) {
+  SafetensorsWriter w;
+  for (const Param& p : model.params()) w.AddF32(p.name, p.value);
+  CHECK(w.Write(Env::Default(), path).ok());
+  return path;
+}
+
+class InitWeightsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/meshlearn-init-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    // Weights unlike task.seed's: the same model initialised from another seed and shifted.
+    Result<TaskSpec> t = TaskSpec::Parse(InitTask(""), "t.toml", "");
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), *t);
+    ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+    seed_params_ = (*tr)->FlatParams();
+    model_ = std::move((*tr)->state().model);
+    model_->Init(77);
+    for (Param& p : model_->params()) {
+      for (int64_t i = 0; i < p.value.size(); ++i) p.value.data()[i] += 0.01f;
+    }
+    good_ = WriteWeights(dir_ + "/init.safetensors", *model_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Trainer::Create's error for a task whose data.init_weights is `path`.
+  std::string CreateError(const std::string& path) {
+    Result<TaskSpec> t =
+        TaskSpec::Parse(InitTask("init_weights = \"" + path + "\"\n"), "bad.toml", "");
+    if (!t.ok()) return t.status().message();
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), *t);
+    return tr.ok() ? "accepted" : tr.status().message();
+  }
+  // A copy of the good weights without the tensor `drop` ("" keeps all), then `edit` adds.
+  std::string Variant(const std::string& name, const std::string& drop,
+                      const std::function<void(SafetensorsWriter&)>& edit) {
+    SafetensorsWriter w;
+    for (const Param& p : model_->params()) {
+      if (p.name != drop) w.AddF32(p.name, p.value);
+    }
+    edit(w);
+    const std::string path = dir_ + "/" + name;
+    CHECK(w.Write(Env::Default(), path).ok());
+    return path;
+  }
+
+  std::string dir_, good_;
+  std::unique_ptr<Model> model_;
+  std::vector<float> seed_params_;
+};
+
+// Training from init_weights = training from the same weights set by hand; both differ from the
+// seed's initialisation. The path is relative to the task file's folder (docs/paths.md).
+TEST_F(InitWeightsTest, TrainingStartsFromTheFileAsFromTheSameWeightsSetByHand) {
+  const std::string file = dir_ + "/task.toml";
+  ASSERT_TRUE(Env::Default()->WriteFileAtomic(file, InitTask("init_weights = \"init.safetensors\"\n")).ok());
+  Result<TaskSpec> from_file = TaskSpec::Load(Env::Default(), file);
+  ASSERT_TRUE(from_file.ok()) << from_file.status().ToString();
+  EXPECT_EQ(from_file->data.init_weights, dir_ + "/init.safetensors");
+  Result<std::unique_ptr<Trainer>> a = Trainer::Create(Env::Default(), *from_file);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+
+  Result<TaskSpec> plain = TaskSpec::Parse(InitTask(""), "t.toml", "");
+  ASSERT_TRUE(plain.ok());
+  Result<std::unique_ptr<Trainer>> b = Trainer::Create(Env::Default(), *plain);
+  Result<std::unique_ptr<Trainer>> c = Trainer::Create(Env::Default(), *plain);
+  ASSERT_TRUE(b.ok() && c.ok());
+  // By hand: read the file, copy every tensor into the model.
+  Result<SafetensorsFile> f = SafetensorsFile::Read(Env::Default(), good_);
+  ASSERT_TRUE(f.ok());
+  for (Param& p : (*b)->state().model->params()) {
+    Result<Tensor> t = f->GetF32(p.name, p.value.shape());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    std::memcpy(p.value.data(), t->data(), 4 * t->size());
+  }
+  std::vector<float> want;
+  for (const Param& p : model_->params()) want.insert(want.end(), p.value.data(), p.value.data() + p.value.size());
+  EXPECT_EQ((*a)->FlatParams(), want);
+  EXPECT_NE((*a)->FlatParams(), seed_params_);
+  EXPECT_EQ((*c)->FlatParams(), seed_params_);
+  for (int i = 0; i < 5; ++i) {
+    (*a)->Step();
+    (*b)->Step();
+    (*c)->Step();
+  }
+  const Hash256 ha = StateHash((*a)->state()), hb = StateHash((*b)->state());
+  EXPECT_EQ(ha, hb);
+  EXPECT_NE(ha, StateHash((*c)->state()));
+  EXPECT_EQ((*a)->FlatParams(), (*b)->FlatParams());
+}
+
+TEST_F(InitWeightsTest, BadFilesAreRefusedNamingTheFileTheTensorAndTheFix) {
+  // Missing.
+  std::string e = CreateError(dir_ + "/nope.safetensors");
+  EXPECT_NE(e.find("bad.toml: data.init_weights: cannot open " + dir_ + "/nope.safetensors"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("fix the path"), std::string::npos) << e;
+  // Truncated.
+  Result<std::string> bytes = Env::Default()->ReadFile(good_);
+  ASSERT_TRUE(bytes.ok());
+  const std::string cut = dir_ + "/cut.safetensors";
+  ASSERT_TRUE(Env::Default()->WriteFileAtomic(cut, bytes->substr(0, bytes->size() - 10)).ok());
+  e = CreateError(cut);
+  EXPECT_NE(e.find("bad.toml: data.init_weights: " + cut + ": not a valid safetensors file"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("write the file again"), std::string::npos) << e;
+  // Not a safetensors file at all.
+  e = CreateError("/usr/share/common-licenses/GPL-3");
+  EXPECT_NE(e.find("not a valid safetensors file"), std::string::npos) << e;
+  // Wrong shape.
+  const Param& wte = model_->params()[0];
+  ASSERT_EQ(wte.name, "transformer.wte.weight");
+  const Shape wte_shape = wte.value.shape();
+  std::vector<float> wider((wte_shape[0] + 1) * wte_shape[1], 0.5f);
+  std::string path = Variant("shape.safetensors", "transformer.wte.weight", [&](SafetensorsWriter& w) {
+    w.AddF32("transformer.wte.weight", {wte_shape[0] + 1, wte_shape[1]}, wider.data());
+  });
+  e = CreateError(path);
+  EXPECT_NE(e.find("bad.toml: data.init_weights: " + path + ": tensor 'transformer.wte.weight' "
+                   "has shape (" + std::to_string(wte_shape[0] + 1) + ", 8), the model's is (" +
+                   std::to_string(wte_shape[0]) + ", 8)"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("meshlearn.torch.export"), std::string::npos) << e;
+  // An extra tensor.
+  path = Variant("extra.safetensors", "", [&](SafetensorsWriter& w) {
+    w.AddF32("lm_head.weight", wte.value);
+  });
+  e = CreateError(path);
+  EXPECT_NE(e.find(path + ": tensor 'lm_head.weight' F32 (" + std::to_string(wte_shape[0]) +
+                   ", 8) is not a parameter of the model; remove it"),
+            std::string::npos) << e;
+  // A missing tensor.
+  path = Variant("missing.safetensors", "transformer.ln_f.bias", [](SafetensorsWriter&) {});
+  e = CreateError(path);
+  EXPECT_NE(e.find(path + ": no tensor 'transformer.ln_f.bias' (F32, shape (8)), which the model needs"),
+            std::string::npos) << e;
+  // Wrong dtype (an I32 tensor where the model has F32).
+  std::vector<int32_t> ints(8, 1);
+  path = Variant("dtype.safetensors", "transformer.ln_f.bias", [&](SafetensorsWriter& w) {
+    w.AddI32("transformer.ln_f.bias", {8}, ints.data());
+  });
+  e = CreateError(path);
+  EXPECT_NE(e.find(path + ": tensor 'transformer.ln_f.bias' is I32, the model's is F32; write "
+                   "float32 weights"),
+            std::string::npos) << e;
+  // A NaN.
+  std::vector<float> nan(8, std::nanf(""));
+  path = Variant("nan.safetensors", "transformer.ln_f.bias", [&](SafetensorsWriter& w) {
+    w.AddF32("transformer.ln_f.bias", {8}, nan.data());
+  });
+  e = CreateError(path);
+  EXPECT_NE(e.find(path + ": tensor 'transformer.ln_f.bias' holds a non-finite value"),
+            std::string::npos) << e;
+  // An empty value.
+  e = CreateError("");
+  EXPECT_NE(e.find("init_weights"), std::string::npos) << e;
+  EXPECT_NE(e.find("is empty"), std::string::npos) << e;
+  // The good file is accepted (the checks above refuse the file, not the task).
+  EXPECT_EQ(CreateError(good_), "accepted");
 }
 
 TEST(TorchCheckTest, PyTorchPredictsTheSame) {

@@ -14,6 +14,7 @@
 //   # text, many files (corpus.h): root = "/usr/lib/python3.11", files = "LISTING",
 //   #   data_root = "<BLAKE2b-256 of LISTING>" instead of path
 //   # tokens: train = "train.bin", val = "val.bin", vocab_size = 50304 (uint16 files)
+//   init_weights = "init.safetensors"   # optional, any format: round 0's weights (below)
 //   [model] ...                  # see model.h
 //   [optimizer] ...              # see optim.h
 //   [train]
@@ -24,6 +25,16 @@
 //   eval_batches = 8             # GPT: batches of validation windows
 //
 // Relative data paths are resolved against the task file's directory.
+//
+// Initial weights. Without data.init_weights a model starts from Model::Init(task.seed). With
+// it, the file (safetensors, e.g. what meshlearn.torch.export writes) is round 0's weights: it
+// must hold exactly the model's parameters, each under its engine name ("layers.1.weight",
+// "transformer.h.0.attn.c_attn.weight"), float32, of the model's shape, finite; nothing missing,
+// nothing more (LoadInitWeights names the file, the tensor and the fix). LoadTaskData reads it;
+// Trainer::Create is the one place initial weights are made, so `train`, `diloco`, nodes,
+// verifiers and `task audit` all start from the same values. A network task publishes the file
+// as a blob of its bundle (node/task_bundle.h), so the task's spec_hash commits to it, and its
+// params.initial_state is the state these weights give.
 //
 //   ML_ASSIGN_OR_RETURN(TaskSpec task, TaskSpec::Load(env, "examples/fashion-mlp.toml"));
 //   ML_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> tr, Trainer::Create(env, task));
@@ -44,6 +55,7 @@
 #include "meshlearn/engine/data.h"
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/optim.h"
+#include "meshlearn/engine/safetensors.h"
 
 namespace meshlearn::engine {
 
@@ -58,6 +70,7 @@ struct DataSpec {
   double val_fraction = 0.1;
   std::string train_tokens, val_tokens;  // tokens
   int64_t vocab_size = 0;                // tokens
+  std::string init_weights;  // any format: a safetensors file of round 0's weights ("": seed)
 };
 
 struct TaskSpec {
@@ -87,6 +100,8 @@ struct TaskData {
   CharVocab vocab{};  // text only
   Hash256 data_root;  // a text corpus: BLAKE2b-256 of its listing (checked); zero otherwise
   int64_t corpus_files = 0, corpus_bytes = 0;  // a text corpus: how many files, bytes
+  // data.init_weights, read (not yet checked against the model: LoadInitWeights does that).
+  std::shared_ptr<const SafetensorsFile> init_weights;
 };
 // Loads and validates the data; for GPT text tasks fills in model.gpt.vocab_size when it is 0
 // (and checks it otherwise). Every error names the task file and the key of the file
@@ -97,6 +112,11 @@ struct TaskData {
 Result<TaskData> LoadTaskData(Env* env, TaskSpec& task);
 // The loading itself, without those checks and prefixes.
 Result<TaskData> LoadTaskDataUnchecked(Env* env, TaskSpec& task);
+
+// Sets `model`'s parameters from `file` (data.init_weights): every parameter must be there under
+// its name, F32, of its shape, finite, and the file may hold nothing else. Errors are
+// InvalidArgument "<where>: <file>: tensor 'NAME' ...; <fix>". Pure (no I/O).
+Status LoadInitWeights(const SafetensorsFile& file, const std::string& where, Model* model);
 
 // OK when training the task's model at its batch size fits in AvailableMemoryBytes()
 // (EstimateMemory: weights, gradients, optimizer moments, activations); else ResourceExhausted
@@ -115,7 +135,8 @@ EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data);
 
 class Trainer {
  public:
-  // Loads the data, builds the model, initialises it from task.seed, creates the optimizer.
+  // Loads the data, builds the model, initialises it (data.init_weights when the task names
+  // them, else from task.seed), creates the optimizer.
   static Result<std::unique_ptr<Trainer>> Create(Env* env, TaskSpec task);
   // Same, with data already loaded by LoadTaskData(env, task) (tests and benchmarks reuse it).
   static Result<std::unique_ptr<Trainer>> Create(TaskSpec task, TaskData data);
