@@ -32,6 +32,7 @@ packages=(
   dataset-fashion-mnist  # the real dataset for examples and tests
   prometheus             # promtool checks the GET /metrics pages in tests
   libpython3.11-minimal libpython3.11-stdlib  # the code-gpt corpus: /usr/lib/python3.11/**/*.py
+  etcd-server etcd-client  # `chain serve --cluster`: the replicated sequencer's log (etcdctl: backups)
 )
 # Only the tests use these; each test skips, visibly, where its package is missing.
 if [ "$with_test" -eq 1 ]; then
