@@ -9,11 +9,17 @@ function(meshlearn_library)
   target_link_libraries(${ARG_NAME} PUBLIC ${ARG_DEPS})
 endfunction()
 
-# meshlearn_test(NAME name SOURCES ... DEPS ... [LABELS ...])
-# A GoogleTest binary; each TEST becomes its own CTest entry. Tests run with the source tree as
-# working directory so they can find fixtures by relative path.
+# meshlearn_test(NAME name SOURCES ... DEPS ... [LABELS label] [TIMEOUT s]
+#                [SLOW_TESTS pattern...] [LONG_TESTS pattern...] [SLOW_TIMEOUT s] [LONG_TIMEOUT s])
+# A GoogleTest binary; each TEST becomes its own CTest entry, labelled LABELS (default "unit").
+# Tests run with the source tree as working directory so they can find fixtures by relative path.
+# SLOW_TESTS and LONG_TESTS name the binary's tests (gtest patterns: `Suite.Name`, `Suite.*`) that
+# get the label "slow" (release runs only: scripts/test.sh leaves them out of the sanitizer run) or
+# "long" (minutes: run with MESHLEARN_SLOW_TESTS=1) instead, so that one binary holds a subject's
+# fast and slow tests and is compiled once.
 function(meshlearn_test)
-  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT;SLOW_TIMEOUT;LONG_TIMEOUT"
+                        "SOURCES;DEPS;LABELS;SLOW_TESTS;LONG_TESTS" ${ARGN})
   if(NOT MESHLEARN_BUILD_TESTS)
     return()
   endif()
@@ -31,15 +37,43 @@ function(meshlearn_test)
   if(NOT labels)
     set(labels unit)
   endif()
-  # Slow tests train models on both cores: run them one at a time so they do not fight over CPUs
-  # (and time out) under `ctest -j2`.
-  # "long" (minutes; scripts/test.sh runs them with MESHLEARN_SLOW_TESTS=1) is serial too. One
-  # label per test: gtest_discover_tests cannot pass a list.
+  # The slow and long tests are discovered on their own, with their label and timeout; the rest
+  # are discovered with them filtered out.
+  set(singled_out "")
+  foreach(kind slow long)
+    string(TOUPPER ${kind} KIND)
+    if(ARG_${KIND}_TESTS)
+      list(JOIN ARG_${KIND}_TESTS ":" filter)
+      set(timeout ${ARG_${KIND}_TIMEOUT})
+      if(NOT timeout)
+        set(timeout ${ARG_TIMEOUT})
+      endif()
+      _meshlearn_discover(${ARG_NAME} ${kind} ${timeout} "${filter}")
+      list(APPEND singled_out ${ARG_${KIND}_TESTS})
+    endif()
+  endforeach()
+  set(rest "")
+  if(singled_out)
+    list(JOIN singled_out ":" rest)
+    set(rest "-${rest}")
+  endif()
+  _meshlearn_discover(${ARG_NAME} "${labels}" ${ARG_TIMEOUT} "${rest}")
+endfunction()
+
+# Registers the tests of `target` that match the gtest `filter` (all when empty) with one label.
+# Slow tests train models on both cores: they run one at a time so they do not fight over CPUs
+# (and time out) under `ctest -j2`; "long" (minutes; scripts/test.sh runs them with
+# MESHLEARN_SLOW_TESTS=1) is serial too. One label per call: gtest_discover_tests cannot pass a list.
+function(_meshlearn_discover target label timeout filter)
   set(serial FALSE)
-  if("slow" IN_LIST labels OR "long" IN_LIST labels)
+  if(label STREQUAL "slow" OR label STREQUAL "long")
     set(serial TRUE)
   endif()
-  gtest_discover_tests(${ARG_NAME} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
-                       PROPERTIES LABELS "${labels}" TIMEOUT ${ARG_TIMEOUT} RUN_SERIAL ${serial}
+  set(filter_args "")
+  if(filter)
+    set(filter_args TEST_FILTER "${filter}")
+  endif()
+  gtest_discover_tests(${target} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} ${filter_args}
+                       PROPERTIES LABELS "${label}" TIMEOUT ${timeout} RUN_SERIAL ${serial}
                        DISCOVERY_TIMEOUT 60)
 endfunction()

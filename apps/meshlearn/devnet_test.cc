@@ -117,7 +117,6 @@ void CheckCommon(const json& r, int rounds = 3) {
   EXPECT_EQ(r["final_state"].get<std::string>().size(), 64u);
 }
 
-#ifndef MESHLEARN_DEVNET_SLOW
 TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   std::string dir = TempDir() + "/d";
@@ -390,11 +389,11 @@ TEST(Devnet, ATaskWithoutCheckpointIntervalIsTrainedWithTheDefault) {
   EXPECT_GE(committed, 12) << st.out;
   ExpectNoOrphans(dir);
 }
-#else
-// kill -9 of a solver in the middle of its second unit (every run: node.toml crash_in_unit): the
-// task still completes, the unit is reassigned after its deadline and the killed node is never
-// paid for it; a node joining mid-task gets work; a node
-// at half speed gets fewer units.
+
+// Label "slow" (apps/CMakeLists.txt). kill -9 of a solver in the middle of its second unit (every
+// run: node.toml crash_in_unit): the task still completes, the unit is reassigned after its
+// deadline and the killed node is never paid for it; a node joining mid-task gets work; a node at
+// half speed gets fewer units.
 TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   std::string dir = TempDir() + "/d";
@@ -432,9 +431,6 @@ TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
   ExpectNoOrphans(dir);
 }
 
-#endif
-
-#ifndef MESHLEARN_DEVNET_SLOW
 TEST(TaskSubmit, BadTaskFilesAreRefusedBeforeEscrow) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   std::string dir = TempDir();
@@ -467,6 +463,5 @@ TEST(TaskSubmit, BadTaskFilesAreRefusedBeforeEscrow) {
   CmdResult ok = Meshlearn("task submit tests/devnet-tiny.toml --dry-run", dir);
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
-#endif
 
 }  // namespace

@@ -47,22 +47,14 @@ using testing::SimHarness;
 using testing::SimNodeOptions;
 using testing::SimOptions;
 
-// 50 seeds in the unit run; the sanitizer build (about 10x slower) sweeps 10 of them. The long
-// build (node_chaos_long_test, label "long") sweeps 1000 as ChaosLongTest.SeedSweep (CTest needs
-// names of its own per binary) and leaves the regression tests to the unit build.
-#if defined(MESHLEARN_CHAOS_LONG)
-#define MESHLEARN_CHAOS_DEFAULT_SEEDS 1000
-#define MESHLEARN_CHAOS_SUITE ChaosLongTest
-#else
-#define MESHLEARN_CHAOS_SUITE ChaosTest
-#endif
-#ifndef MESHLEARN_CHAOS_DEFAULT_SEEDS
+// 50 seeds in the unit run; the sanitizer build (about 10x slower) sweeps 10 of them. The "long"
+// test ChaosLongTest.SeedSweep sweeps 1000.
 #if defined(__SANITIZE_ADDRESS__)
-#define MESHLEARN_CHAOS_DEFAULT_SEEDS 10
+constexpr uint64_t kUnitSweepSeeds = 10;
 #else
-#define MESHLEARN_CHAOS_DEFAULT_SEEDS 50
+constexpr uint64_t kUnitSweepSeeds = 50;
 #endif
-#endif
+constexpr uint64_t kLongSweepSeeds = 1000;
 
 // What one run did, and what went wrong.
 struct ChaosCounts {
@@ -891,7 +883,6 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
   return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
 }
 
-#if !defined(MESHLEARN_CHAOS_LONG)
 // Regression tests at the seeds where the chaos found a bug (docs/chaos.md, "Found").
 
 // Seed 3: a node that left right after committing round 0's aggregate held the only copy of it;
@@ -972,12 +963,10 @@ TEST(ChaosTest, Seed9ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
   if (r.outcome == "failed") Report(r);
 }
 
-#endif  // !MESHLEARN_CHAOS_LONG
-
-// The sweep: seeds 1..N (MESHLEARN_CHAOS_SEEDS, default 50; 1000 in the `long` build), or the
-// one seed MESHLEARN_SEED names. Every 10th seed (and a MESHLEARN_SEED) runs twice and must give
-// the same trace.
-TEST(MESHLEARN_CHAOS_SUITE, SeedSweep) {
+// The sweep: seeds 1..N (MESHLEARN_CHAOS_SEEDS, default `default_seeds`), or the one seed
+// MESHLEARN_SEED names. Every 10th seed (and a MESHLEARN_SEED) runs twice and must give the same
+// trace.
+void SweepSeeds(uint64_t default_seeds) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<uint64_t> seeds;
   const char* one = std::getenv("MESHLEARN_SEED");
@@ -985,7 +974,7 @@ TEST(MESHLEARN_CHAOS_SUITE, SeedSweep) {
     seeds.push_back(std::strtoull(one, nullptr, 10));
   } else {
     const uint64_t first = EnvU64("MESHLEARN_CHAOS_FIRST", 1);
-    const uint64_t n = EnvU64("MESHLEARN_CHAOS_SEEDS", MESHLEARN_CHAOS_DEFAULT_SEEDS);
+    const uint64_t n = EnvU64("MESHLEARN_CHAOS_SEEDS", default_seeds);
     for (uint64_t s = first; s < first + n; ++s) seeds.push_back(s);
   }
   ChaosCounts total;
@@ -1007,6 +996,11 @@ TEST(MESHLEARN_CHAOS_SUITE, SeedSweep) {
             << " s" << std::endl;
   EXPECT_EQ(total.failed, 0u);
 }
+
+TEST(ChaosTest, SeedSweep) { SweepSeeds(kUnitSweepSeeds); }
+
+// Label "long" (node/CMakeLists.txt): scripts/test.sh runs it with MESHLEARN_SLOW_TESTS=1.
+TEST(ChaosLongTest, SeedSweep) { SweepSeeds(kLongSweepSeeds); }
 
 }  // namespace
 }  // namespace meshlearn::node
