@@ -49,6 +49,7 @@
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/referee.h"
+#include "meshlearn/protocol/verification.h"
 #include "task_client.h"
 
 namespace meshlearn::cli {
@@ -77,7 +78,43 @@ struct DevnetArgs {
   int verifiers = 0;                   // verifier-only nodes besides the solvers
   bool verification = true;
   int64_t forced_errors = -1;  // per million units; -1: the genesis default
+  // The task's [network] assurance and target_escape_ppm, overridden for this run ("" and 0: the
+  // task file's).
+  std::string assurance;
+  uint32_t target_escape_ppm = 0;
 };
+
+// --assurance and --target-escape-ppm in place of the task file's [network] assurance and
+// target_escape_ppm, with the same checks and the ledger's terms (CheckTaskTerms) again.
+Status OverrideAssurance(const DevnetArgs& a, PreparedTask* task) {
+  if (a.assurance.empty()) {
+    if (a.target_escape_ppm != 0) {
+      return InvalidArgument("--target-escape-ppm needs --assurance target");
+    }
+    return Status::Ok();
+  }
+  protocol::AssuranceLevel level;
+  if (a.assurance == "full") {
+    level.kind = protocol::Assurance::kAssuranceFull;
+  } else if (a.assurance == "target") {
+    level.kind = protocol::Assurance::kAssuranceTarget;
+  } else if (a.assurance != "economic") {
+    return InvalidArgument("--assurance is '" + a.assurance +
+                           "'; use economic, full or target (with --target-escape-ppm)");
+  }
+  level.target_escape_ppm = a.target_escape_ppm;
+  ML_RETURN_IF_ERROR(protocol::ValidateAssurance(static_cast<uint8_t>(level.kind),
+                                                 level.target_escape_ppm, "--assurance",
+                                                 "--target-escape-ppm"));
+  if (!a.verification && level.kind != protocol::Assurance::kAssuranceEconomic) {
+    return InvalidArgument("--assurance " + a.assurance +
+                           " replays units; it needs verification (drop --no-verification)");
+  }
+  task->net.assurance = level;
+  task->params.assurance = static_cast<uint8_t>(level.kind);
+  task->params.target_escape_ppm = level.target_escape_ppm;
+  return CheckTaskTerms(*task, ledger::ChainParams{});
+}
 
 // A child process whose stdout/stderr go to a log file.
 struct Child {
@@ -465,6 +502,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
 
   // 1. The task, validated before anything starts.
   ML_ASSIGN_OR_RETURN(PreparedTask task, PrepareTask(env, a.task));
+  ML_RETURN_IF_ERROR(OverrideAssurance(a, &task));
   say(fmt::format("devnet: {} ({} rounds x {} units x {} steps), {} solvers{}, verification {}",
                   a.task, task.net.rounds, task.net.units_per_round, task.net.inner_steps,
                   a.solvers, a.verifiers > 0 ? fmt::format(" + {} verifiers", a.verifiers) : "",
@@ -842,6 +880,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     }
     json checks = SettledChecks(final_task);
     (*report)["verification"] = {{"enabled", true},
+                                 {"assurance", protocol::AssuranceName(task.net.assurance.kind)},
                                  {"referee", seq.public_key().ToHex()},
                                  {"forced_error_per_million", gen.params.forced_error_per_million},
                                  {"verifiers_per_unit", gen.params.verifiers_per_unit},
@@ -972,6 +1011,12 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       ->capture_default_str();
   cmd->add_flag("--verification,!--no-verification", a.verification,
                 "Check committed units, with disputes refereed by this process (default on)");
+  cmd->add_option("--assurance", a.assurance,
+                  "economic | full | target: the task's [network] assurance for this run "
+                  "(default: the task file's; docs/submitters.md, \"Assurance\")");
+  cmd->add_option("--target-escape-ppm", a.target_escape_ppm,
+                  "With --assurance target: the chance, per million, that one corrupted segment "
+                  "escapes every check");
   cmd->add_option("--forced-errors", a.forced_errors,
                   "Forced errors per million units (genesis forced_error_per_million; default: "
                   "the ledger's)");
@@ -983,6 +1028,8 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       "3@1\n"
       "  meshlearn devnet --solvers 4 --task tests/devnet-tiny.toml --out /tmp/d --adversary "
       "solver:lazy\n"
+      "  meshlearn devnet --solvers 4 --task examples/fashion-mlp.toml --out /tmp/d --adversary "
+      "solver:noisy --assurance full\n"
       "Writes DIR/model.safetensors and DIR/report.json (the task's metric, rounds, units, money:\n"
       "spent = paid to solvers + verifiers + aggregators, treasury cut, refunded; bytes; the\n"
       "ledger's final state and the weights hash vs the in-process reference); logs of every\n"

@@ -236,14 +236,27 @@ TEST(Devnet, NoOutAndKeepWriteTheReportWhenTheTaskEnds) {
 // and commits another delta; a verifier proves it to the ledger (ProveResult, a real HTTP
 // transaction). Either way the cheater is slashed, jailed and never paid for a unit; the round
 // re-runs without it, so the final model is still exactly the honest in-process reference.
-class DevnetCheater : public ::testing::TestWithParam<std::string> {};
+// --adversary solver:noisy with --assurance full (issue 19): one node perturbs its state once, in
+// one segment, and commits a consistent hash chain; full assurance replays every segment of every
+// unit, so it is caught the same way.
+struct CheaterCase {
+  std::string mode;
+  std::string assurance;  // "": the task file's (economic)
+};
+void PrintTo(const CheaterCase& c, std::ostream* os) {
+  *os << "solver:" << c.mode << (c.assurance.empty() ? "" : ", --assurance " + c.assurance);
+}
+class DevnetCheater : public ::testing::TestWithParam<CheaterCase> {};
 
 TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
-  const std::string mode = GetParam();
+  const std::string mode = GetParam().mode;
+  const std::string assurance = GetParam().assurance;
   std::string dir = TempDir() + "/d";
   CmdResult r = Meshlearn("--json devnet --solvers 4 --task tests/devnet-tiny.toml --block-interval-ms 200 "
-                          "--timeout 300 --adversary solver:" + mode + " --out " + dir, dir + "-home");
+                          "--timeout 300 --adversary solver:" + mode + " --out " + dir +
+                              (assurance.empty() ? "" : " --assurance " + assurance),
+                          dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
   json rep = ReadReport(dir);
   CheckCommon(rep);  // every committed unit paid; final weights = the in-process reference
@@ -252,6 +265,10 @@ TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   ASSERT_EQ(v["adversaries"].size(), 1u);
   const int cheater = v["adversaries"][0]["solver"].get<int>();
   EXPECT_EQ(v["adversaries"][0]["mode"], mode);
+  EXPECT_EQ(v["assurance"], assurance.empty() ? "economic" : assurance) << v.dump(2);
+  if (assurance == "full") {
+    EXPECT_EQ(v["checks"]["unchecked"].get<int>(), 0) << v.dump(2);  // every unit replayed
+  }
   EXPECT_GE(v["checks"]["fraud"].get<int>(), 1) << v.dump(2);
   ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
   EXPECT_EQ(v["slashed"][0]["solver"].get<int>(), cheater);
@@ -269,8 +286,35 @@ TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   ExpectNoOrphans(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, DevnetCheater, ::testing::Values("lazy", "wrong_result"),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+INSTANTIATE_TEST_SUITE_P(Modes, DevnetCheater,
+                         ::testing::Values(CheaterCase{"lazy", ""}, CheaterCase{"wrong_result", ""},
+                                           CheaterCase{"noisy", "full"}),
+                         [](const ::testing::TestParamInfo<CheaterCase>& p) {
+                           return p.param.mode +
+                                  (p.param.assurance.empty() ? "" : "_" + p.param.assurance);
+                         });
+
+// --assurance and --target-escape-ppm are checked like the task file's keys, before anything
+// starts: nothing is written under --out.
+TEST(Devnet, BadAssuranceOptionsAreRefusedBeforeAnythingStarts) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  const std::string dir = TempDir() + "/d";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--assurance paranoid", "--assurance is 'paranoid'; use economic, full or target"},
+      {"--assurance target", "--target-escape-ppm"},
+      {"--assurance full --target-escape-ppm 1000", "--target-escape-ppm"},
+      {"--target-escape-ppm 1000", "--target-escape-ppm needs --assurance target"},
+      {"--assurance target --target-escape-ppm 1000000", "--target-escape-ppm"},
+      {"--assurance full --no-verification", "it needs verification"}};
+  for (const auto& [flags, expect] : cases) {
+    CmdResult r = Meshlearn("devnet --solvers 2 --task tests/devnet-tiny.toml --out " + dir + " " +
+                                flags,
+                            dir + "-home");
+    EXPECT_NE(r.code, 0) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(expect), std::string::npos) << flags << "\n" << r.out;
+    EXPECT_FALSE(std::filesystem::exists(dir)) << flags << " left " << dir;
+  }
+}
 
 // Ctrl-C (SIGINT) in the middle of a task: devnet stops every process it started and fails.
 TEST(Devnet, InterruptStopsEveryProcess) {
