@@ -19,7 +19,8 @@ from .errors import TaskError
 
 # engine/src/train.cc ParseData: the [data] keys that are paths.
 DATA_PATH_KEYS = ("train_images", "train_labels", "test_images", "test_labels", "train_x",
-                  "train_y", "test_x", "test_y", "path", "root", "files", "train", "val")
+                  "train_y", "test_x", "test_y", "path", "root", "files", "train", "val",
+                  "init_weights")
 
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
 

@@ -22,11 +22,25 @@ The engine's layers (engine/include/meshlearn/engine/model.h) and their PyTorch 
 
 Parameter names are the engine's: nn.Sequential's "3.weight" is "layers.3.weight". Anything else
 is refused by name (ExportError), before anything is written.
+
+GPT-2 (the engine's `kind = "gpt"`, engine/include/meshlearn/engine/hf_gpt2.h): `GPT(...)` is
+that model in PyTorch under the engine's parameter names (learned positions, pre-norm blocks,
+LayerNorm eps 1e-5, causal attention scaled by 1/sqrt(head size), GELU tanh form, lm_head tied to
+wte; linear weights (out, in)); `export_gpt(model, out)` writes its [model] table and weights,
+from a `GPT` or from a Hugging Face-style GPT-2 state dict (GPT2LMHeadModel names, Conv1D
+weights (in, out), transposed on export; give n_head):
+
+    gpt = mt.GPT(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64)
+    ex = mt.export_gpt(gpt, "out/gpt")                                  # or export(gpt, None, ...)
+    ex = mt.export_gpt(hf_model.state_dict(), "out/gpt", n_head=12)     # a GPT2LMHeadModel's
+    task["model"] = ex.model; task["data"]["init_weights"] = ex.weights_path
 """
 
 import dataclasses
 import gzip
+import math
 import os
+import re
 import struct
 
 import torch
@@ -153,25 +167,230 @@ def state_tensors(module):
     return out
 
 
-def export(module, example_input, out):
-    """Writes OUT/model.toml (the task's [model] table) and OUT/init.safetensors (the module's
-    weights, engine names) and returns an Export. Refuses an unsupported layer by name."""
-    spec = model_spec(module, example_input)
+def _write_export(out, spec, tensors, kind):
     os.makedirs(out, exist_ok=True)
     spec_path = os.path.join(os.path.abspath(out), "model.toml")
     weights_path = os.path.join(os.path.abspath(out), "init.safetensors")
     with open(spec_path, "w", encoding="utf-8") as f:
         f.write(to_toml({"model": spec}))
-    safetensors.write(weights_path, state_tensors(module), {"meshlearn.export": "torch"})
+    safetensors.write(weights_path, tensors, {"meshlearn.export": kind})
     return Export(model=spec, spec_path=spec_path, weights_path=weights_path)
 
 
+def export(module, example_input, out):
+    """Writes OUT/model.toml (the task's [model] table) and OUT/init.safetensors (the module's
+    weights, engine names) and returns an Export. Refuses an unsupported layer by name.
+
+    The weights are the task's round-0 weights when the task names them: task["data"]
+    ["init_weights"] = ex.weights_path (the engine checks every name, shape and dtype). A `GPT`
+    (example_input unused) goes to export_gpt."""
+    if isinstance(module, GPT):
+        return export_gpt(module, out)
+    spec = model_spec(module, example_input)
+    return _write_export(out, spec, state_tensors(module), "torch")
+
+
+# ---- GPT-2: the engine's kind = "gpt" (engine/src/model.cc GptModel, hf_gpt2.h).
+
+class _Attention(nn.Module):
+    def __init__(self, n_embd, n_head):
+        super().__init__()
+        self.n_head = n_head
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        hs = C // self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, hs).transpose(1, 2) for t in (q, k, v))
+        att = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(hs)
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))
+        att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        return self.c_proj(torch.matmul(att, v).transpose(1, 2).reshape(B, T, C))
+
+
+class _Mlp(nn.Module):
+    def __init__(self, n_embd):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        return self.c_proj(nn.functional.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class _Block(nn.Module):
+    def __init__(self, n_embd, n_head):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, eps=1e-5)
+        self.attn = _Attention(n_embd, n_head)
+        self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
+        self.mlp = _Mlp(n_embd)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """The engine's GPT-2 in PyTorch, parameter names and layouts the engine's: forward(idx)
+    (B, T) int64 -> logits (B, T, vocab_size); loss(idx, targets) the mean cross-entropy."""
+
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
+        super().__init__()
+        if n_embd % n_head:
+            raise ExportError("GPT: n_head (%d) must divide n_embd (%d)" % (n_head, n_embd))
+        self.config = {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
+                       "block_size": block_size, "vocab_size": vocab_size}
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, n_embd), wpe=nn.Embedding(block_size, n_embd),
+            h=nn.ModuleList([_Block(n_embd, n_head) for _ in range(n_layer)]),
+            ln_f=nn.LayerNorm(n_embd, eps=1e-5)))
+        # GPT-2's initialisation (the engine's kinds, not its values: those come from its seed):
+        # weights N(0, 0.02), the residual projections N(0, 0.02 / sqrt(2 n_layer)), biases 0,
+        # LayerNorms (1, 0).
+        for name, p in self.named_parameters():
+            if name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif ".ln_" in name or name.startswith("transformer.ln_f"):
+                nn.init.ones_(p)
+            elif name.endswith("c_proj.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * n_layer))
+            else:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx):
+        t = self.transformer
+        pos = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
+        x = t.wte(idx) + t.wpe(pos).unsqueeze(0)
+        for block in t.h:
+            x = block(x)
+        return torch.matmul(t.ln_f(x), t.wte.weight.t())  # lm_head tied to wte
+
+    def loss(self, idx, targets):
+        logits = self(idx)
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                           targets.reshape(-1))
+
+
+# Hugging Face's Conv1D layers keep weights as (in, out); the engine's (and nn.Linear's) are
+# (out, in).
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_BLOCK_KEYS = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+               "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+               "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias")
+
+
+def _gpt_shapes(n_layer, n_embd, block_size, vocab_size):
+    """The engine's GPT parameters: name -> shape, in model order."""
+    C = n_embd
+    out = {"transformer.wte.weight": (vocab_size, C), "transformer.wpe.weight": (block_size, C)}
+    for i in range(n_layer):
+        p = "transformer.h.%d." % i
+        out.update({p + "ln_1.weight": (C,), p + "ln_1.bias": (C,),
+                    p + "attn.c_attn.weight": (3 * C, C), p + "attn.c_attn.bias": (3 * C,),
+                    p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,),
+                    p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
+                    p + "mlp.c_fc.weight": (4 * C, C), p + "mlp.c_fc.bias": (4 * C,),
+                    p + "mlp.c_proj.weight": (C, 4 * C), p + "mlp.c_proj.bias": (C,)})
+    out["transformer.ln_f.weight"] = (C,)
+    out["transformer.ln_f.bias"] = (C,)
+    return out
+
+
+def export_gpt(model, out, n_head=None):
+    """Writes OUT/model.toml ({"kind": "gpt", n_layer, n_head, n_embd, block_size, vocab_size})
+    and OUT/init.safetensors (the engine's names and layouts) and returns an Export.
+
+    `model` is a `GPT`, or a Hugging Face-style GPT-2 state dict (a dict of tensors with
+    GPT2LMHeadModel's names, e.g. `hf_model.state_dict()`; its Conv1D weights (in, out) are
+    transposed; the attention-mask buffers attn.bias / attn.masked_bias are dropped; an
+    lm_head.weight must equal wte, since the engine ties them). A state dict does not say how
+    many heads it has: give n_head (or a module with .config.n_head). Everything else is read
+    from the shapes and checked; a tensor the engine does not have is refused by name."""
+    if isinstance(model, GPT):
+        cfg = dict(model.config)
+        if n_head is not None and n_head != cfg["n_head"]:
+            raise ExportError("export_gpt: n_head=%d but the GPT has %d" % (n_head, cfg["n_head"]))
+        sd = {k: v.detach() for k, v in model.state_dict().items()}
+        hf = False
+    else:
+        if isinstance(model, nn.Module):
+            conf = getattr(model, "config", None)
+            if n_head is None and conf is not None:
+                n_head = conf["n_head"] if isinstance(conf, dict) else getattr(conf, "n_head", None)
+            model = model.state_dict()
+        if not isinstance(model, dict):
+            raise ExportError("export_gpt takes a meshlearn.torch.GPT or a Hugging Face-style "
+                              "GPT-2 state dict, got %s" % type(model).__name__)
+        if not isinstance(n_head, int) or n_head < 1:
+            raise ExportError("export_gpt: a state dict does not say its number of heads; give "
+                              "n_head= (GPT2Config.n_head)")
+        sd = {k: v.detach() for k, v in model.items()
+              if not (k.endswith(".attn.bias") or k.endswith(".attn.masked_bias"))}
+        if "lm_head.weight" in sd:
+            lm = sd.pop("lm_head.weight")
+            wte = sd.get("transformer.wte.weight")
+            if wte is None or not torch.equal(lm, wte):
+                raise ExportError("state dict: lm_head.weight differs from "
+                                  "transformer.wte.weight; the engine's GPT ties them")
+        hf = True
+        cfg = None
+    for k in ("transformer.wte.weight", "transformer.wpe.weight"):
+        if k not in sd or sd[k].dim() != 2:
+            raise ExportError("state dict: no 2-D %s; is this a GPT-2?" % k)
+    V, C = sd["transformer.wte.weight"].shape
+    block = sd["transformer.wpe.weight"].shape[0]
+    layers = set()
+    for k in sd:
+        m = re.match(r"transformer\.h\.(\d+)\.", k)
+        if m:
+            layers.add(int(m.group(1)))
+    L = len(layers)
+    if layers != set(range(L)):
+        raise ExportError("state dict: blocks %s are not numbered 0..%d" % (sorted(layers), L - 1))
+    if cfg is None:
+        if C % n_head:
+            raise ExportError("export_gpt: n_head=%d does not divide n_embd=%d" % (n_head, C))
+        cfg = {"n_layer": L, "n_head": n_head, "n_embd": int(C), "block_size": int(block),
+               "vocab_size": int(V)}
+    want = _gpt_shapes(cfg["n_layer"], cfg["n_embd"], cfg["block_size"], cfg["vocab_size"])
+    extra = sorted(set(sd) - set(want))
+    if extra:
+        raise ExportError("state dict: %s: the engine's GPT has no such parameter (it has "
+                          "transformer.wte/wpe, transformer.h.N.{%s}, transformer.ln_f)" %
+                          (extra[0], ", ".join(_BLOCK_KEYS)))
+    tensors = {}
+    for name, shape in want.items():
+        if name not in sd:
+            raise ExportError("state dict: no %s (shape %s)" % (name, list(shape)))
+        t = sd[name].to(torch.float32)
+        if hf and name.endswith(_CONV1D):
+            t = t.t()
+        if tuple(t.shape) != shape:
+            raise ExportError("state dict: %s has shape %s (as the engine lays it out), the "
+                              "engine's GPT of n_embd %d wants %s" %
+                              (name, list(t.shape), cfg["n_embd"], list(shape)))
+        t = t.contiguous().cpu()
+        tensors[name] = ("F32", shape, t.numpy().tobytes())
+    spec = dict(kind="gpt", n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
+                block_size=cfg["block_size"], vocab_size=cfg["vocab_size"])
+    return _write_export(out, spec, tensors, "torch-gpt" + ("-hf" if hf else ""))
+
+
+def _engine_name(module, key):
+    """The engine's name of state-dict key `key` of `module`."""
+    return key if isinstance(module, GPT) else "layers." + key
+
+
 def load(module, path):
-    """Copies a meshlearn model file (`task fetch`'s model.safetensors, or export's) into
-    `module`, checking every name and shape; returns the file's metadata."""
+    """Copies a meshlearn model file (`task fetch`'s model.safetensors, `meshlearn train`'s, or
+    an export) into `module` (an nn.Sequential or a GPT), checking every name and shape; returns
+    the file's metadata."""
     tensors, meta = safetensors.read(path)
     sd = module.state_dict()
-    want = {"layers." + k: v for k, v in sd.items()}
+    want = {_engine_name(module, k): k for k in sd}
     missing = sorted(set(want) - set(tensors))
     extra = sorted(set(tensors) - set(want))
     if missing or extra:
@@ -179,7 +398,7 @@ def load(module, path):
                              (path, missing or "none", extra or "none"))
     new = {}
     for name, (dtype, shape, raw) in tensors.items():
-        k = name[len("layers."):]
+        k = want[name]
         if dtype != "F32" or tuple(sd[k].shape) != tuple(shape):
             raise MeshlearnError("%s: %s is %s %s, the module's %s is %s" %
                                  (path, name, dtype, list(shape), k, list(sd[k].shape)))

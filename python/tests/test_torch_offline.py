@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import meshlearn
 import meshlearn.torch as mt
-from meshlearn import tasks
+from meshlearn import safetensors, tasks
 import util
 
 
@@ -88,6 +88,45 @@ class EngineTrainsTheExportTest(unittest.TestCase):
         self.assertLessEqual(abs(got["accuracy"] - report["test_accuracy"]), 2 / got["samples"],
                              (got, report))
         self.assertAlmostEqual(got["loss"], report["test_loss"], delta=1e-4)
+
+    def test_the_engine_starts_from_the_exported_weights(self):
+        # data.init_weights of a task dict is relative to the working directory (a dict's paths
+        # are made absolute there before the binary sees them: docs/paths.md, docs/python.md).
+        net = every_layer_kind()
+        d = util.tempdir("init")
+        ex = mt.export(net, torch.zeros(1, 1, 28, 28), os.path.join(d, "export"))
+        path = os.path.join(d, "tiny.toml")
+        with open(path, "w") as f:
+            f.write(util.tiny_task_text())
+        task = meshlearn.load_task(path)
+        task["model"] = ex.model
+        task["data"]["init_weights"] = os.path.join("export", "init.safetensors")
+        cwd = os.getcwd()
+        os.chdir(d)
+        try:
+            with tasks.task_file(task) as f:
+                report, _, _ = util.cli(d, "train", f.path, "--steps", "0", "--out", "zero")
+        finally:
+            os.chdir(cwd)
+        # 0 steps: the engine's model is the export, bit for bit, and evaluates as PyTorch does.
+        got, _ = safetensors.read(os.path.join(d, "zero", "model.safetensors"))
+        sent, _ = safetensors.read(ex.weights_path)
+        self.assertEqual({k: v[2] for k, v in got.items()}, {k: v[2] for k, v in sent.items()})
+        mine = mt.evaluate(net, task)
+        print("\nexported CNN, untrained: engine loss %.6f accuracy %.4f, PyTorch %.6f %.4f" %
+              (report["test_loss"], report["test_accuracy"], mine["loss"], mine["accuracy"]))
+        self.assertAlmostEqual(mine["loss"], report["test_loss"], delta=1e-4)
+        self.assertLessEqual(abs(mine["accuracy"] - report["test_accuracy"]), 2 / mine["samples"])
+        # The engine refuses weights of another module, naming the tensor.
+        other = mt.export(nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), torch.zeros(1, 784),
+                          os.path.join(d, "other"))
+        task["data"]["init_weights"] = other.weights_path
+        with tasks.task_file(task) as f:
+            out, rc, err = util.cli(d, "train", f.path, "--steps", "0", "--out",
+                                    os.path.join(d, "bad"), check=False)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("data.init_weights: " + other.weights_path + ": no tensor 'layers.0.weight'",
+                      out["error"]["message"] if isinstance(out, dict) else err)
 
 
 if __name__ == "__main__":
