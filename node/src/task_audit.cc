@@ -189,10 +189,14 @@ class Auditor {
                  .recorded = initial_recorded_,
                  .computed = StateBlobId(initial_)};
     s.check = s.computed == s.recorded ? AuditCheck::kAuditCheckPass : AuditCheck::kAuditCheckFail;
+    // Round 0's weights: the task's data.init_weights file when it names one, else its seed.
+    const std::string origin = trainer_->task().data.init_weights.empty()
+                                   ? std::string("the task's seed")
+                                   : std::string("the task's init_weights");
     if (s.check == AuditCheck::kAuditCheckFail) {
-      s.note = "the task's seed gives " + s.computed.ToHex() + ", not the recorded initial state";
+      s.note = origin + " gives " + s.computed.ToHex() + ", not the recorded initial state";
     } else {
-      s.note = "= the initial weights of the task's seed";
+      s.note = "= the initial weights of " + origin;
     }
     r_.chain.push_back(s);
     // The ledger's own record of what each round trained from must match its round results.

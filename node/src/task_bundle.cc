@@ -18,6 +18,7 @@ std::string_view Trim(std::string_view s) {
 
 // The data path of `key` in a parsed DataSpec.
 std::string* DataField(engine::DataSpec& d, const std::string& key) {
+  if (key == kInitWeightsKey) return &d.init_weights;
   if (d.format == "idx") {
     if (key == "train_images") return &d.train_x;
     if (key == "train_labels") return &d.train_y;
@@ -54,6 +55,12 @@ std::vector<std::string> DataFileKeys(std::string_view format) {
   if (format == "text") return {"path"};
   if (format == "tokens") return {"train", "val"};
   return {};
+}
+
+std::vector<std::string> BundleFileKeys(const engine::DataSpec& data) {
+  std::vector<std::string> keys = DataFileKeys(data.format);
+  if (!data.init_weights.empty()) keys.push_back(kInitWeightsKey);
+  return keys;
 }
 
 Result<std::string> RewriteDataPaths(
@@ -108,7 +115,7 @@ Result<TaskBundle> MakeBundle(Env* env, const std::string& task_path, net::BlobS
 
   TaskBundle bundle;
   std::vector<std::pair<std::string, std::string>> repl;
-  for (const std::string& key : DataFileKeys(spec.data.format)) {
+  for (const std::string& key : BundleFileKeys(spec.data)) {
     std::string* path = DataField(spec.data, key);
     if (path == nullptr || path->empty()) {
       return InvalidArgument(task_path + ": data." + key + " is empty");
@@ -142,7 +149,7 @@ Result<TaskBundle> MakeBundle(Env* env, const std::string& task_path, net::BlobS
 Result<std::vector<std::pair<std::string, net::BlobId>>> BundleDataBlobs(std::string_view text) {
   ML_ASSIGN_OR_RETURN(engine::TaskSpec spec, ParseBundleSpec(text));
   std::vector<std::pair<std::string, net::BlobId>> out;
-  for (const std::string& key : DataFileKeys(spec.data.format)) {
+  for (const std::string& key : BundleFileKeys(spec.data)) {
     std::string* path = DataField(spec.data, key);
     std::string_view v = path ? std::string_view(*path) : std::string_view();
     if (!v.starts_with(kBlobPathPrefix)) {

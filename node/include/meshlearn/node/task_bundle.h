@@ -18,7 +18,10 @@
 //   ML_ASSIGN_OR_RETURN(auto trainer, engine::Trainer::Create(env, t.task));
 //
 // Data keys per [data] format: idx: train_images train_labels test_images test_labels;
-// npy: train_x train_y test_x test_y; text: path; tokens: train val. Each must be written as
+// npy: train_x train_y test_x test_y; text: path; tokens: train val; and, in any format,
+// init_weights when the task names initial weights (engine/train.h): that file is a blob of the
+// bundle like the data, so the bundle's id (the task's spec_hash) commits to the initial weights
+// too, and every node, verifier and audit starts from the same file. Each must be written as
 // `key = "path"` on its own line inside the [data] table (the rewrite is textual so the rest of
 // the file, comments included, stays as the submitter wrote it; the result is re-parsed and
 // checked, so an unusual layout is refused with an error, never silently kept).
@@ -43,6 +46,7 @@ namespace meshlearn::node {
 
 inline constexpr size_t kMaxBundleBytes = 1 << 20;  // a task file is small text
 inline constexpr char kBlobPathPrefix[] = "blob:";
+inline constexpr char kInitWeightsKey[] = "init_weights";  // [data] key of the initial weights
 
 struct BundleDataFile {
   std::string key;   // "train_images"
@@ -59,6 +63,8 @@ struct TaskBundle {
 
 // The [data] keys that name files for a data format ("idx" -> the four above).
 std::vector<std::string> DataFileKeys(std::string_view format);
+// The [data] keys a bundle publishes as blobs: DataFileKeys(format), then init_weights when set.
+std::vector<std::string> BundleFileKeys(const engine::DataSpec& data);
 
 // Reads the task file, checks it (engine TaskSpec and [network]), stores every data file and the
 // bundle text in `store` (pinned) and returns the bundle.
