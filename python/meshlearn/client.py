@@ -279,6 +279,42 @@ class Client:
         """Devnet chains (genesis faucet = true): mints `amount` to this client's account."""
         return self.send(tx.faucet_payload(self.key().public_key, amount), fee, timeout)
 
+    # ---- stake: `meshlearn wallet stake|unstake|withdraw --json`, the CLI's one derivation
+    # (the node id a name or prefix stands for, the outbox that makes a retry resend the same
+    # signed transaction), like submit.
+
+    def stake(self, node, amount, fee=0, timeout=60):
+        """Bonds `amount` onto `node` (a key name in this home, a node id, or a unique prefix of
+        one; the ledger takes stake only from the node's owner). Waits for the block; returns
+        its get_tx answer (receipt, height, tx). Raises TransactionRejected when it failed."""
+        return self._wallet(["stake", node, amount], fee, timeout)
+
+    def unstake(self, node, amount, fee=0, timeout=60):
+        """Starts unbonding `amount` of `node`'s stake; it can be withdrawn after the chain's
+        unbonding_delay_blocks (the account's "unbonding" list says when: balance())."""
+        return self._wallet(["unstake", node, amount], fee, timeout)
+
+    def withdraw(self, fee=0, timeout=60):
+        """Moves every matured unbonding entry of this client's account to its balance. Raises
+        TransactionRejected ("nothing has matured yet; next release at height N") before then."""
+        return self._wallet(["withdraw"], fee, timeout)
+
+    def _wallet(self, args, fee, timeout):
+        if not self.key_name:
+            raise MeshlearnError("%s needs a key: Client(..., key=NAME)" % args[0])
+        self.key()  # a missing key or a wrong passphrase is reported by Python, before any work
+        j, rc = self._cli(["wallet"] + list(args) + ["--key", self.key_name, "--fee", int(fee),
+                                                     "--timeout", int(timeout)],
+                          passphrase=True)
+        receipt = j.get("receipt") or {}
+        if rc != 0 or not receipt.get("ok", False):
+            tx_id = j.get("tx_id") or (j.get("tx") or {}).get("id")
+            raise TransactionRejected("%s: transaction %s failed in block %s: %s" %
+                                      (args[0], tx_id, j.get("height"),
+                                       receipt.get("reason", "no reason given")),
+                                      receipt=receipt, tx_id=tx_id)
+        return j
+
     # ---- what needs the engine: the binary
 
     def _cli(self, args, passphrase=False, timeout=None, explain=None):

@@ -9,6 +9,7 @@ evaluates in PyTorch to the accuracy the network reported. Needs python3-nacl, p
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -124,13 +125,14 @@ class DevnetTest(unittest.TestCase):
         with self.assertRaises(meshlearn.WrongPassphrase):
             wrong.submit(util.ROOT + "/tests/devnet-tiny.toml")
 
-        # -- A task as a dict around an exported PyTorch model.
+        # -- A task as a dict around an exported PyTorch model, starting from its weights.
         torch.manual_seed(3)
         net = nn.Sequential(nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
         ex = mt.export(net, torch.zeros(1, 784), os.path.join(self.base, "export"))
         task = meshlearn.load_task(os.path.join(util.ROOT, "tests", "devnet-tiny.toml"))
         task["task"]["name"] = "python-devnet"
         task["model"] = ex.model
+        task["data"]["init_weights"] = ex.weights_path
 
         q = c.quote(task)
         self.assertGreater(q["cost"], 0)
@@ -169,6 +171,20 @@ class DevnetTest(unittest.TestCase):
         audit = c.audit(tid, full=True)
         self.assertEqual(audit["verdict"], "PASS", audit)
 
+        # -- The network started from the exported weights: its final weights are those of
+        # `meshlearn diloco` (the in-process reference the devnet checks against) from the same
+        # file, and not those of the same task initialised from its seed.
+        with meshlearn.tasks.task_file(task) as f:
+            ref, _, _ = util.cli(self.home, "diloco", f.path)
+        seeded = dict(task, data={k: v for k, v in task["data"].items() if k != "init_weights"})
+        with meshlearn.tasks.task_file(seeded) as f:
+            ref_seed, _, _ = util.cli(self.home, "diloco", f.path)
+        print("\nnetwork weights %s; diloco from init_weights %s, from the seed %s" %
+              (verify["weights_hash"][:12], ref["final_weights_hash"][:12],
+               ref_seed["final_weights_hash"][:12]))
+        self.assertEqual(ref["final_weights_hash"], verify["weights_hash"])
+        self.assertNotEqual(ref_seed["final_weights_hash"], verify["weights_hash"])
+
         # -- The trained model, loaded into the same PyTorch module, evaluates in PyTorch to the
         # accuracy the network reported (the aggregator's, on the whole test split).
         meta = mt.load(net, report["model"])
@@ -178,6 +194,87 @@ class DevnetTest(unittest.TestCase):
               (last.test_accuracy, last.test_loss, got["accuracy"], got["loss"], got["samples"]))
         self.assertLessEqual(abs(got["accuracy"] - last.test_accuracy), 2 / got["samples"])
         self.assertAlmostEqual(got["loss"], last.test_loss, delta=1e-4)
+
+    def test_stake_unstake_withdraw_from_python(self):
+        # A node of our own (its folder is a home whose key "node" owns it), priced above every
+        # task's price_cap and heartbeating rarely, so that it sends no transaction of its own
+        # while Python signs with its key (a devnet node's key would race its heartbeats for
+        # nonces).
+        d = os.path.join(self.base, "staker")
+        os.makedirs(d)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cfg = os.path.join(d, "node.toml")
+        with open(cfg, "w") as f:
+            f.write('data_dir = "."\nrpc = "%s"\nlisten = "127.0.0.1:%d"\nroles = "solver"\n'
+                    'price = 1000000000\nstake = 1000\nheartbeat_blocks = 100000\n' %
+                    (self.rpc, port))
+        util.cli(d, "node", "init", "--config", cfg)
+        c = meshlearn.Client(self.rpc, home=d, key="node", passphrase="")
+        c.faucet(5000)
+        with open(os.path.join(d, "run.log"), "w") as log:
+            proc = subprocess.Popen([util.binary(), "--home", d, "node", "run", "--config", cfg],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if c.rpc.call("get_node", id=c.address())["status"] == "active":
+                        break
+                except meshlearn.RpcError:
+                    pass
+                self.assertIsNone(proc.poll(), "the node exited; see %s/run.log" % d)
+                self.assertLess(time.monotonic(), deadline, "the node did not register")
+                time.sleep(0.3)
+            stake0 = c.rpc.call("get_node", id=c.address())["stake"]
+            self.assertEqual(stake0, 1000)
+            bal0 = c.balance()["balance"]
+
+            done = c.stake("node", 500)
+            self.assertTrue(done["receipt"]["ok"], done)
+            self.assertEqual(done["tx"]["type"], "Stake")
+            self.assertEqual(c.rpc.call("get_node", id=c.address())["stake"], 1500)
+            self.assertEqual(c.balance()["balance"], bal0 - 500)
+            bal, _, _ = util.cli(d, "wallet", "balance", "--key", "node", "--rpc", self.rpc)
+            self.assertEqual(bal["balance"], bal0 - 500)  # the CLI's view of the same account
+
+            # A node id prefix is taken as on the command line.
+            done = c.unstake(c.address()[:12], 500)
+            self.assertEqual(done["tx"]["type"], "Unstake")
+            self.assertEqual(c.rpc.call("get_node", id=c.address())["stake"], 1000)
+            unbonding = c.balance()["unbonding"]
+            self.assertEqual([u["amount"] for u in unbonding], [500])
+            release = unbonding[0]["release_height"]
+            # Refusals are TransactionRejected with the ledger's reason.
+            with self.assertRaises(meshlearn.TransactionRejected) as e:
+                c.unstake("node", 10**12)
+            self.assertIn("more than the node's stake", str(e.exception))
+            if c.chain_status()["height"] < release:
+                with self.assertRaises(meshlearn.TransactionRejected) as e:
+                    c.withdraw()
+                self.assertIn("nothing has matured yet", str(e.exception))
+            while c.chain_status()["height"] < release:
+                time.sleep(0.2)
+            before = c.balance()["balance"]
+            done = c.withdraw()
+            self.assertEqual(done["tx"]["type"], "Withdraw")
+            after = c.balance()
+            self.assertEqual(after["unbonding"], [])
+            self.assertEqual(after["balance"], before + 500)
+            print("\nstake: node %s 1000 -> 1500 -> 1000, 500 withdrawn at height %d" %
+                  (c.address()[:12], done["height"]))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            # Unregister it: an active node that does not answer would be pushed the blobs of
+            # the next task submitted (`task submit` pushes to the registered nodes).
+            util.cli(d, "node", "leave", "--config", cfg, check=False)
+        self.assertNotEqual(c.rpc.call("get_node", id=c.address())["status"], "active")
 
     def test_the_example_of_docs_python_md_runs_as_written(self):
         with open(os.path.join(util.ROOT, "docs", "python.md")) as f:
