@@ -2,6 +2,7 @@
 # Included by ledger/CMakeLists.txt, which compiles these into meshlearn_ledger and the tests into
 # ledger_service_test. Owned by the service side; the core side owns CMakeLists.txt.
 set(LEDGER_SERVICE_SOURCES
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/cluster.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/dashboard.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/etcd.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/etcd_local.cc
@@ -26,13 +27,6 @@ set(LEDGER_SERVICE_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/sequencer_test.cc
 )
 
-# The replicated sequencer's parts (issue 18), starting with the etcd client. A target of their
-# own: they need the etcd binary (skipped, saying so, without it) and build without the other
-# service tests.
-set(LEDGER_ETCD_TESTS
-  ${CMAKE_CURRENT_SOURCE_DIR}/src/etcd_test.cc
-)
-
 # The crash test runs the real `meshlearn chain serve` and SIGKILLs it; it needs the binary,
 # which apps/ defines after this directory (target names resolve at generate time).
 # MESHLEARN_SLOW_TESTS=1 raises the number of kills.
@@ -43,6 +37,15 @@ if(MESHLEARN_BUILD_APPS)
     LABELS slow
     TIMEOUT 900)
 endif()
+# The replicated sequencer's parts (issue 18): the etcd client, the candidates in one process,
+# RpcClient's failover. A target of their own: they need the etcd binary (skipped, saying so,
+# without it) and build without the other service tests.
+set(LEDGER_ETCD_TESTS
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/cluster_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/etcd_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/rpc_failover_test.cc
+)
+
 if(TARGET ledger_crash_test)
   add_dependencies(ledger_crash_test meshlearn)
   target_compile_definitions(ledger_crash_test PRIVATE MESHLEARN_BIN="$<TARGET_FILE:meshlearn>")

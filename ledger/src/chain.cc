@@ -119,10 +119,11 @@ Status Chain::CommitBlock(const Block& block, const std::vector<ByteSpan>& tx_wi
 }
 
 Result<Block> Chain::ProduceBlock(std::vector<Transaction> txs, int64_t time_ms,
-                                  const KeyPair& sequencer, std::vector<RejectedTx>* rejected) {
-  if (genesis_.sequencer != PublicKey{} && sequencer.public_key() != genesis_.sequencer) {
+                                  const KeyPair& sequencer, std::vector<RejectedTx>* rejected,
+                                  const std::function<Status(const Block&)>& before_commit) {
+  if (!IsAuthorizedSequencer(genesis_, sequencer.public_key())) {
     return PermissionDenied("produce block: key " + sequencer.public_key().ToHex() +
-                            " is not this chain's sequencer " + genesis_.sequencer.ToHex());
+                            " is not one of this chain's sequencers (genesis)");
   }
   if (time_ms < last_block_time_ms_) {
     return InvalidArgument("produce block: time " + std::to_string(time_ms) +
@@ -171,6 +172,13 @@ Result<Block> Chain::ProduceBlock(std::vector<Transaction> txs, int64_t time_ms,
   std::vector<ByteSpan> wires;
   wires.reserve(included.size());
   for (const PreparedTx& p : included) wires.push_back(p.wire);
+  if (before_commit) {
+    if (Status s = before_commit(b); !s.ok()) {
+      state_->RollbackTo(LedgerState::Mark{});
+      state_->ClearJournal();
+      return s;
+    }
+  }
   ML_RETURN_IF_ERROR(CommitBlock(b, wires));
   return b;
 }
@@ -192,8 +200,7 @@ Status Chain::ApplyBlock(const Block& block, const PublicKey& expected_sequencer
   if (h.time_ms < last_block_time_ms_) {
     return InvalidArgument(name + ": time goes backwards");
   }
-  if (h.sequencer != expected_sequencer ||
-      (genesis_.sequencer != PublicKey{} && h.sequencer != genesis_.sequencer)) {
+  if (h.sequencer != expected_sequencer || !IsAuthorizedSequencer(genesis_, h.sequencer)) {
     return PermissionDenied(name + ": signed by " + h.sequencer.ToHex() +
                             ", not by the expected sequencer " + expected_sequencer.ToHex());
   }

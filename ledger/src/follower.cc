@@ -96,7 +96,11 @@ Result<uint64_t> Follower::SyncOnce() {
         ML_LOG_WARN("genesis names no sequencer; pinning {} from block {}",
                     sequencer_.ToHex(), height);
       }
-      Status s = chain_->With([&](Chain& c) { return c.ApplyBlock(*block, sequencer_); });
+      Status s = chain_->With([&](Chain& c) {
+        // A replicated chain: any candidate the genesis lists may sign (ApplyBlock checks it).
+        const bool replicated = !c.genesis().sequencers.empty();
+        return c.ApplyBlock(*block, replicated ? block->header.sequencer : sequencer_);
+      });
       if (!s.ok()) {
         if (s.code() == StatusCode::kInternal || s.code() == StatusCode::kUnavailable) return s;
         return Refuse(height, *hex, s);

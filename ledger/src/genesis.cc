@@ -125,6 +125,24 @@ Status ValidateGenesis(const Genesis& g) {
     return InvalidArgument("genesis: params.slash_multiple must be >= 1 (a cheater must lose "
                            "more than a unit pays)");
   }
+  if (!g.sequencers.empty()) {
+    if (g.sequencers.size() > kMaxSequencers) {
+      return InvalidArgument("genesis: sequencers lists " + std::to_string(g.sequencers.size()) +
+                             " keys; at most " + std::to_string(kMaxSequencers));
+    }
+    std::set<PublicKey> keys;
+    for (const PublicKey& k : g.sequencers) {
+      if (k == PublicKey{}) return InvalidArgument("genesis: sequencers holds an all-zero key");
+      if (!keys.insert(k).second) {
+        return InvalidArgument("genesis: sequencers lists key " + k.ToHex() + " twice");
+      }
+    }
+    if (!keys.count(g.sequencer)) {
+      return InvalidArgument("genesis: sequencer " + g.sequencer.ToHex() +
+                             " is not one of sequencers; name one of the listed keys (it is "
+                             "the referee's default)");
+    }
+  }
   std::set<PublicKey> seen;
   Amount total = 0;
   for (const GenesisAccount& a : g.accounts) {
@@ -146,6 +164,11 @@ Hash256 GenesisHash(const Genesis& g) {
   ChainParams::Visit(g.params, ParamEncoder{e});
   e.PutU32(static_cast<uint32_t>(g.accounts.size()));
   for (const GenesisAccount& a : g.accounts) e.PutPublicKey(a.key).PutU64(a.balance);
+  // Appended only when set, so a genesis without the list hashes as it always did.
+  if (!g.sequencers.empty()) {
+    e.PutU32(static_cast<uint32_t>(g.sequencers.size()));
+    for (const PublicKey& k : g.sequencers) e.PutPublicKey(k);
+  }
   Hasher h("meshlearn.genesis.v1");
   h.Update(e.bytes());
   return h.Finish();
@@ -154,7 +177,8 @@ Hash256 GenesisHash(const Genesis& g) {
 Result<Genesis> ParseGenesis(std::string_view toml_text, std::string name) {
   ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Parse(toml_text, name));
   ML_RETURN_IF_ERROR(cfg.CheckKnownKeys({"chain_id", "genesis_time_ms", "block_interval_ms",
-                                         "sequencer", "referee", "faucet", "params", "accounts"}));
+                                         "sequencer", "sequencers", "referee", "faucet", "params",
+                                         "accounts"}));
   Genesis g;
   ML_ASSIGN_OR_RETURN(g.chain_id, cfg.GetString("chain_id"));
   ML_ASSIGN_OR_RETURN(g.genesis_time_ms, cfg.GetInt("genesis_time_ms", 0, {.min = 0}));
@@ -164,6 +188,18 @@ Result<Genesis> ParseGenesis(std::string_view toml_text, std::string name) {
     auto k = PublicKey::FromHex(seq, "sequencer");
     if (!k.ok()) return cfg.Error("sequencer", "must be a hex public key: " + k.status().message());
     g.sequencer = *k;
+  }
+  if (cfg.Has("sequencers")) {
+    ML_ASSIGN_OR_RETURN(std::vector<std::string> keys, cfg.GetStringArray("sequencers"));
+    if (keys.empty()) return cfg.Error("sequencers", "is empty; list the candidates' keys or drop it");
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto k = PublicKey::FromHex(keys[i], "sequencers");
+      if (!k.ok()) {
+        return cfg.Error("sequencers", "entry " + std::to_string(i) +
+                                           " must be a hex public key: " + k.status().message());
+      }
+      g.sequencers.push_back(*k);
+    }
   }
   ML_ASSIGN_OR_RETURN(std::string referee, cfg.GetString("referee", ""));
   if (!referee.empty()) {
@@ -211,6 +247,13 @@ std::string GenesisToToml(const Genesis& g) {
   o << "genesis_time_ms = " << g.genesis_time_ms << "\n";
   o << "block_interval_ms = " << g.block_interval_ms << "\n";
   if (g.sequencer != PublicKey{}) o << "sequencer = \"" << g.sequencer.ToHex() << "\"\n";
+  if (!g.sequencers.empty()) {
+    o << "sequencers = [";
+    for (size_t i = 0; i < g.sequencers.size(); ++i) {
+      o << (i ? ", " : "") << "\"" << g.sequencers[i].ToHex() << "\"";
+    }
+    o << "]\n";
+  }
   if (g.referee != PublicKey{}) o << "referee = \"" << g.referee.ToHex() << "\"\n";
   o << "faucet = " << (g.faucet ? "true" : "false") << "\n\n";
   const ChainParams& p = g.params;
@@ -255,7 +298,7 @@ nlohmann::json GenesisToJson(const Genesis& g) {
   }
   nlohmann::json params = nlohmann::json::object();
   ChainParams::Visit(g.params, [&](const char* n, const auto& v) { params[n] = v; });
-  return {{"chain_id", g.chain_id},
+  nlohmann::json j = {{"chain_id", g.chain_id},
           {"genesis_hash", GenesisHash(g).ToHex()},
           {"genesis_time_ms", g.genesis_time_ms},
           {"block_interval_ms", g.block_interval_ms},
@@ -264,6 +307,25 @@ nlohmann::json GenesisToJson(const Genesis& g) {
           {"referee", g.referee.ToHex()},
           {"params", params},
           {"accounts", std::move(accounts)}};
+  if (!g.sequencers.empty()) {  // a replicated chain's candidates
+    nlohmann::json keys = nlohmann::json::array();
+    for (const PublicKey& k : g.sequencers) keys.push_back(k.ToHex());
+    j["sequencers"] = std::move(keys);
+  }
+  return j;
+}
+
+bool IsAuthorizedSequencer(const Genesis& g, const PublicKey& key) {
+  if (!g.sequencers.empty()) {
+    return std::find(g.sequencers.begin(), g.sequencers.end(), key) != g.sequencers.end();
+  }
+  return g.sequencer == PublicKey{} || key == g.sequencer;
+}
+
+std::vector<PublicKey> AuthorizedSequencers(const Genesis& g) {
+  if (!g.sequencers.empty()) return g.sequencers;
+  if (g.sequencer != PublicKey{}) return {g.sequencer};
+  return {};
 }
 
 Genesis DevnetGenesis(const std::vector<PublicKey>& funded_keys, Amount balance_each,
@@ -313,8 +375,18 @@ Status ChainDirTaken(const std::string& dir) {
 
 }  // namespace
 
-Status CreateChainDir(const std::string& dir_in, const Genesis& g, const KeyPair& sequencer) {
+std::string CandidateKeyName(size_t i) {
+  return i == 0 ? std::string(kSequencerKeyName)
+                : std::string(kSequencerKeyName) + "-" + std::to_string(i + 1);
+}
+
+Status CreateChainDir(const std::string& dir_in, const Genesis& g, const KeyPair& sequencer,
+                      const std::vector<KeyPair>& candidates) {
   CHECK(g.sequencer == sequencer.public_key()) << "the genesis names another sequencer";
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    CHECK(IsAuthorizedSequencer(g, candidates[i].public_key()))
+        << "candidate key " << i + 2 << " is not in the genesis' sequencers";
+  }
   namespace fs = std::filesystem;
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -340,6 +412,9 @@ Status CreateChainDir(const std::string& dir_in, const Genesis& g, const KeyPair
   };
   Status s = WriteGenesis(env, ChainGenesisPath(tmp), g);
   if (s.ok()) s = KeyStore(env, ChainKeysDir(tmp)).Put(kSequencerKeyName, sequencer, "");
+  for (size_t i = 0; i < candidates.size() && s.ok(); ++i) {
+    s = KeyStore(env, ChainKeysDir(tmp)).Put(CandidateKeyName(i + 1), candidates[i], "");
+  }
   if (s.ok()) s = SyncDir(tmp);
   if (!s.ok()) return discard(s.WithPrefix("cannot create chain directory " + dir));
   // rename(2) of a directory onto a path that is absent or an empty directory is atomic, and

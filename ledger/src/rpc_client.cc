@@ -31,26 +31,41 @@ StatusCode CodeFromName(const std::string& name) {
 
 }  // namespace
 
-RpcClient::RpcClient(std::string url, RpcClientOptions options)
-    : url_(std::move(url)), options_(options) {
-  auto [base, path] = SplitUrl(url_);
-  path_ = path;
-  http_ = std::make_unique<httplib::Client>(base);
-  http_->set_connection_timeout(std::chrono::milliseconds(options_.connect_timeout_ms));
-  http_->set_read_timeout(std::chrono::milliseconds(options_.read_timeout_ms));
-  http_->set_write_timeout(std::chrono::milliseconds(options_.read_timeout_ms));
-  http_->set_keep_alive(true);
-  http_->set_tcp_nodelay(true);
+RpcClient::RpcClient(std::string url, RpcClientOptions options) : options_(options) {
+  size_t start = 0;
+  for (;;) {
+    size_t comma = url.find(',', start);
+    std::string one = url.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    auto [base, path] = SplitUrl(one);
+    Endpoint e{one, path, std::make_unique<httplib::Client>(base)};
+    e.http->set_connection_timeout(std::chrono::milliseconds(options_.connect_timeout_ms));
+    e.http->set_read_timeout(std::chrono::milliseconds(options_.read_timeout_ms));
+    e.http->set_write_timeout(std::chrono::milliseconds(options_.read_timeout_ms));
+    e.http->set_keep_alive(true);
+    e.http->set_tcp_nodelay(true);
+    endpoints_.push_back(std::move(e));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
 }
 
 RpcClient::~RpcClient() = default;
 
+const std::string& RpcClient::url() const { return endpoints_[current_.load()].url; }
+
 Result<std::pair<int, std::string>> RpcClient::PostRaw(const std::string& body) {
+  return PostTo(current_.load(), body);
+}
+
+Result<std::pair<int, std::string>> RpcClient::PostTo(size_t i, const std::string& body) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!http_->is_valid()) return InvalidArgument("RPC URL '" + url_ + "' is not http://HOST:PORT");
-  httplib::Result r = http_->Post(path_, body, "application/json");
+  Endpoint& e = endpoints_[i];
+  if (!e.http->is_valid()) {
+    return InvalidArgument("RPC URL '" + e.url + "' is not http://HOST:PORT (several: comma-separated)");
+  }
+  httplib::Result r = e.http->Post(e.path, body, "application/json");
   if (!r) {
-    return Unavailable("cannot reach the ledger at " + url_ + ": " + httplib::to_string(r.error()) +
+    return Unavailable("cannot reach the ledger at " + e.url + ": " + httplib::to_string(r.error()) +
                        " (is `meshlearn chain serve` running there? see --rpc)");
   }
   return std::make_pair(r->status, r->body);
@@ -65,19 +80,42 @@ Result<nlohmann::json> RpcClient::Call(const std::string& method, const nlohmann
   std::string body =
       nlohmann::json{{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}}.dump();
   int64_t backoff = options_.retry_backoff_ms;
-  Result<std::pair<int, std::string>> answer = Unavailable("no attempt");
+  Status last = Unavailable("no attempt");
+  const size_t n = endpoints_.size();
   for (int attempt = 0;; ++attempt) {
-    answer = PostRaw(body);
-    // 429 (rate limit) and 503 (the server's body budget or connection limit) say "later".
-    if (answer.ok() && answer->first != 429 && answer->first != 503) break;
+    // One round of the endpoints, from the one that answered last.
+    const size_t first = current_.load();
+    for (size_t k = 0; k < n; ++k) {
+      size_t i = (first + k) % n;
+      bool later = false;
+      Result<nlohmann::json> r = CallOn(i, method, body, &later);
+      if (!later) {
+        current_.store(i);
+        return r;
+      }
+      last = r.status();
+    }
     if (attempt >= options_.retries) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(backoff));
     backoff *= 2;
   }
-  if (!answer.ok()) return answer.status();
+  return last;
+}
+
+Result<nlohmann::json> RpcClient::CallOn(size_t i, const std::string& method,
+                                         const std::string& body, bool* later) {
+  *later = false;
+  const std::string& url = endpoints_[i].url;
+  Result<std::pair<int, std::string>> answer = PostTo(i, body);
+  if (!answer.ok()) {
+    *later = answer.status().code() == StatusCode::kUnavailable;
+    return answer.status();
+  }
+  // 429 (rate limit) and 503 (the server's body budget or connection limit) say "later".
+  if (answer->first == 429 || answer->first == 503) *later = true;
   nlohmann::json response = nlohmann::json::parse(answer->second, nullptr, /*allow_exceptions=*/false);
   if (response.is_discarded() || !response.is_object()) {
-    return Unavailable(url_ + " answered HTTP " + std::to_string(answer->first) +
+    return Unavailable(url + " answered HTTP " + std::to_string(answer->first) +
                        " with something that is not JSON-RPC; is it a meshlearn ledger?");
   }
   if (response.contains("error")) {
@@ -85,17 +123,20 @@ Result<nlohmann::json> RpcClient::Call(const std::string& method, const nlohmann
     RpcAnswer e(method, response["error"], "error");
     Result<std::string> given = e.Str("message", "");
     std::string message = given.ok() ? *given : "";
-    if (message.empty()) message = method + ": the ledger at " + url_ + " answered an error";
+    if (message.empty()) message = method + ": the ledger at " + url + " answered an error";
     StatusCode code = StatusCode::kInternal;
     Result<RpcAnswer> data = e.ObjectOrNull("data");
     if (data.ok()) {
       Result<std::string> name = data->Str("status", "");
       if (name.ok() && !name->empty()) code = CodeFromName(*name);
     }
+    // A candidate that is not the leader (or a ledger shutting down): another endpoint may
+    // answer. With one endpoint the caller decides, as before.
+    if (code == StatusCode::kUnavailable && endpoints_.size() > 1) *later = true;
     return Status(code, message);
   }
   if (!response.contains("result")) {
-    return Unavailable(url_ + " answered " + method + " without a result or an error");
+    return Unavailable(url + " answered " + method + " without a result or an error");
   }
   return std::move(response["result"]);
 }
@@ -150,8 +191,13 @@ Result<nlohmann::json> SendTxAndWait(RpcClient& rpc, const Transaction& tx, int6
       ML_ASSIGN_OR_RETURN(std::string status, a.Str("status"));
       if (status == "included") {
         // get_tx adds the transaction itself to the receipt.
+        // Another endpoint may answer it (failover) and not have that block yet: only its
+        // "included" replaces send_tx's own.
         Result<nlohmann::json> full = rpc.Call("get_tx", {{"id", id.ToHex()}});
-        if (full.ok() && RpcAnswer("get_tx", *full).Str("status").ok()) return *full;
+        if (full.ok()) {
+          Result<std::string> st = RpcAnswer("get_tx", *full).Str("status");
+          if (st.ok() && *st == "included") return *full;
+        }
         return *r;
       }
       if (status == "rejected") {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <vector>
 
+#include "meshlearn/base/check.h"
 #include "meshlearn/base/log.h"
 
 namespace meshlearn::ledger {
@@ -65,6 +66,7 @@ Result<TxStatusInfo> Sequencer::Submit(const Transaction& tx) {
 Result<TxStatusInfo> Sequencer::Admit(const Transaction& tx) {
   Hash256 id = TxId(tx);
   std::lock_guard<std::mutex> lock(mu_);
+  if (!leading_) return Unavailable(why_not_leading_);
   if (by_id_.count(id)) return TxStatusInfo{id, TxState::kPending, std::nullopt, Status::Ok()};
 
   // A resend of a committed transaction gets its receipt, not a nonce error: the sender learns
@@ -140,8 +142,37 @@ void Sequencer::Reject(const Hash256& id, Status why) {
   }
 }
 
+void Sequencer::SetReplicated(std::function<Status(const Block&)> before_commit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  replicated_ = true;
+  leading_ = false;
+  why_not_leading_ = "this sequencer candidate is not the leader (yet); send to another";
+  before_commit_ = std::move(before_commit);
+}
+
+void Sequencer::SetLeading(bool leading, std::string why_not) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CHECK(replicated_ || leading) << "SetLeading(false) on a sequencer that is not replicated";
+  leading_ = leading;
+  if (!why_not.empty()) why_not_leading_ = std::move(why_not);
+  if (!leading) {
+    // Never acknowledged: their senders resend to the new leader, which admits them once.
+    for (size_t i = 0; i < pool_.size(); ++i) {
+      tx_outcomes_.Add({"dropped", std::string(StatusCodeName(StatusCode::kUnavailable))});
+    }
+    pool_.clear();
+    by_id_.clear();
+  }
+}
+
+bool Sequencer::leading() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return leading_;
+}
+
 Result<Block> Sequencer::ProduceOnce() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!leading_) return Unavailable(why_not_leading_);
   Result<Block> block = Internal("unset");
   std::vector<RejectedTx> rejected;
   std::vector<std::pair<Hash256, Status>> stale;
@@ -166,7 +197,7 @@ Result<Block> Sequencer::ProduceOnce() {
       }
     }
     int64_t now = std::max(clock_->NowMillis(), c.LastBlockTime());
-    block = c.ProduceBlock(std::move(txs), now, key_, &rejected);
+    block = c.ProduceBlock(std::move(txs), now, key_, &rejected, before_commit_);
   });
   if (!block.ok()) {
     ML_LOG_ERROR("sequencer: producing a block failed: {}", block.status().ToString());

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -85,10 +86,15 @@ class Chain {
   // Transactions that are not admissible at their turn (bad signature, wrong chain id, nonce !=
   // the sender's next nonce, unknown sender, too big) are left out of the block and, if
   // `rejected` is given, listed there; an empty block is still a block.
-  // REQUIRES: time_ms >= the previous block's time; sequencer matches genesis.sequencer if set.
+  // `before_commit` (optional) is called with the signed block after execution and before it
+  // is made durable; its error aborts the block (state rolled back, nothing persisted) and is
+  // returned. The replicated sequencer commits the block to etcd there (ledger/cluster.h).
+  // REQUIRES: time_ms >= the previous block's time; sequencer is authorized by the genesis
+  // (IsAuthorizedSequencer).
   Result<Block> ProduceBlock(std::vector<Transaction> txs, int64_t time_ms,
                              const KeyPair& sequencer,
-                             std::vector<RejectedTx>* rejected = nullptr);
+                             std::vector<RejectedTx>* rejected = nullptr,
+                             const std::function<Status(const Block&)>& before_commit = {});
 
   // Follower path: checks height, prev hash, chain id, time, the signature by
   // `expected_sequencer`, the tx root, then re-executes every transaction and refuses the block

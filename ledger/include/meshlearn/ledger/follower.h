@@ -35,7 +35,9 @@ struct FollowerOptions {
 class Follower {
  public:
   // `sequencer`: the key blocks must be signed by (genesis.sequencer; when that is all zero,
-  // the key in the first block is pinned and must sign every later one).
+  // the key in the first block is pinned and must sign every later one). On a replicated chain
+  // (genesis.sequencers listed) any listed key signs; `sequencer` is not used. `upstream` may
+  // list every candidate (RpcClient's failover).
   Follower(SharedChain* chain, RpcClient* upstream, PublicKey sequencer,
            FollowerOptions options = {});
 

@@ -6,6 +6,8 @@
 //   genesis_time_ms = 0
 //   block_interval_ms = 1000
 //   sequencer = "<hex public key>"      # optional; if set, only this key may sign blocks
+//   sequencers = ["<hex>", "<hex>"]     # optional: a replicated chain's candidates (every key
+//                                       # that may sign blocks; `sequencer` must be one of them)
 //   referee = "<hex public key>"        # optional; rules disputes (default: the sequencer)
 //   faucet = true                       # devnets only
 //   [params]                            # every key optional, defaults below
@@ -133,6 +135,10 @@ struct Genesis {
   // the sequencer key (and, when that is zero too, disputes that reach the referee stage are
   // decided by the response deadline only).
   PublicKey referee;
+  // A replicated chain (`chain serve --cluster`, ledger/cluster.h): every key that may sign
+  // blocks, one per sequencer candidate. Empty: `sequencer` alone. When set, `sequencer` is one
+  // of them (it stays the referee's default).
+  std::vector<PublicKey> sequencers;
   bool faucet = false;
   ChainParams params;
   std::vector<GenesisAccount> accounts;  // distinct keys
@@ -141,7 +147,15 @@ struct Genesis {
 
 // Checks chain id (1-64 chars of [A-Za-z0-9_.-]), interval > 0, bps <= 10000, distinct account
 // keys, and that the total balance fits in an Amount.
+// With `sequencers` set: `sequencer` among them, keys distinct and non-zero, at most
+// kMaxSequencers.
 Status ValidateGenesis(const Genesis& g);
+inline constexpr size_t kMaxSequencers = 32;
+// Whether `key` may sign this chain's blocks: one of `sequencers` when listed, else
+// `sequencer`, else any key (a genesis that names none).
+bool IsAuthorizedSequencer(const Genesis& g, const PublicKey& key);
+// The keys allowed to sign blocks: `sequencers`, or {sequencer}, or {} (any key).
+std::vector<PublicKey> AuthorizedSequencers(const Genesis& g);
 Hash256 GenesisHash(const Genesis& g);  // over the canonical encoding
 
 Result<Genesis> ParseGenesis(std::string_view toml_text, std::string name = "genesis.toml");
@@ -164,8 +178,13 @@ inline constexpr char kSequencerKeyName[] = "sequencer";
 // `dir`. Of several processes creating the same `dir` at once exactly one succeeds; the others
 // get AlreadyExists and leave nothing behind, so genesis.toml and the key always agree. `dir`
 // must not exist, or be an empty directory (it is replaced, mode 0700).
+// A replicated chain's other candidates' keys (`candidates`, each in g.sequencers) are written
+// beside it as keys/sequencer-2.key.json, sequencer-3, ... (CandidateKeyName).
 // REQUIRES: g.sequencer == sequencer.public_key(). Real file system only (Env has no rename).
-Status CreateChainDir(const std::string& dir, const Genesis& g, const KeyPair& sequencer);
+Status CreateChainDir(const std::string& dir, const Genesis& g, const KeyPair& sequencer,
+                      const std::vector<KeyPair>& candidates = {});
+// "sequencer" for candidate 0 (g.sequencer), "sequencer-2" for candidate 1, ...
+std::string CandidateKeyName(size_t i);
 
 // A devnet genesis: faucet on, each key funded with `balance_each`, small minimum stakes,
 // a short unbonding delay (10 blocks) so local tests move quickly, and generous scheduler

@@ -13,15 +13,23 @@
 // server's message. The answer's shape is checked, never trusted (rpc_answer.h): decode results
 // with RpcAnswer too.
 //
+// Failover: `url` may list several endpoints, comma-separated ("http://a:7700,http://b:7700": the
+// candidates of a replicated sequencer, cluster.h). A call goes to the endpoint that answered
+// last; one that gives no HTTP answer, 429/503, or a JSON-RPC error with status Unavailable (a
+// candidate that is not the leader) is left for the next, round the list, and only after a whole
+// round fails does the call back off and count a retry. With one endpoint nothing changes.
+//
 // Thread-safe (calls are serialised on one keep-alive connection); use one client per thread
 // for parallelism.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -44,26 +52,39 @@ struct RpcClientOptions {
 
 class RpcClient {
  public:
-  // `url`: "http://host:port" (a trailing "/" or "/rpc" is accepted).
+  // `url`: "http://host:port" (a trailing "/" or "/rpc" is accepted), or several, comma-separated.
   explicit RpcClient(std::string url, RpcClientOptions options = {});
   ~RpcClient();
   RpcClient(const RpcClient&) = delete;
   RpcClient& operator=(const RpcClient&) = delete;
 
-  const std::string& url() const { return url_; }
+  // The endpoint in use (the one that answered last).
+  const std::string& url() const;
+  // Every endpoint, as given.
+  size_t endpoint_count() const { return endpoints_.size(); }
 
   // The `result` of a call.
   Result<nlohmann::json> Call(const std::string& method, const nlohmann::json& params);
 
-  // One POST of a raw body, no retries: the HTTP status and body. For tests and fuzzing.
+  // One POST of a raw body to the endpoint in use, no retries: the HTTP status and body. For
+  // tests and fuzzing.
   Result<std::pair<int, std::string>> PostRaw(const std::string& body);
 
  private:
-  std::string url_;
-  std::string path_;
+  struct Endpoint {
+    std::string url;
+    std::string path;
+    std::unique_ptr<httplib::Client> http;
+  };
+  Result<std::pair<int, std::string>> PostTo(size_t endpoint, const std::string& body);
+  // One call on one endpoint; `later` says whether another endpoint (or a retry) may do better.
+  Result<nlohmann::json> CallOn(size_t endpoint, const std::string& method,
+                                const std::string& body, bool* later);
+
+  std::vector<Endpoint> endpoints_;
+  std::atomic<size_t> current_{0};
   RpcClientOptions options_;
   std::mutex mu_;
-  std::unique_ptr<httplib::Client> http_;
   int64_t next_id_ = 1;
 };
 
@@ -82,6 +103,7 @@ Result<nlohmann::json> SendTxAndWait(RpcClient& rpc, const Transaction& tx, int6
                                      const std::function<void(int64_t)>& progress = {});
 
 // The RPC endpoint to use: `flag` if set, else $MESHLEARN_RPC, else http://127.0.0.1:7700.
+// Either may be a comma-separated list (failover, above).
 std::string DefaultRpcUrl(const std::string& flag);
 
 }  // namespace meshlearn::ledger

@@ -15,6 +15,13 @@
 // Acknowledgement: a transaction is "included" only once its block is committed durably
 // (ProduceBlock returned); that is when WaitFor and get_tx report it.
 //
+// Replicated (SetReplicated, used by ClusterCandidate in cluster.h): the sequencer is one of
+// several candidates and produces only while it leads. Until SetLeading(true) it refuses
+// transactions with Unavailable (the client fails over to the leader) and makes no block; each
+// block passes the commit hook (the etcd compare-and-swap) before it is committed locally, so
+// nothing is acknowledged that etcd does not hold. SetLeading(false) drops the mempool: those
+// transactions were never acknowledged, and their senders resend them to the new leader.
+//
 //   Sequencer seq(&shared, sequencer_key, SystemClock::Default());
 //   seq.Start();                               // background loop
 //   Result<TxStatusInfo> st = seq.Submit(tx);  // pending, or included (a resend)
@@ -28,6 +35,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -92,6 +100,14 @@ class Sequencer {
   // calls this; tests call it directly.
   Result<Block> ProduceOnce();
 
+  // Makes this sequencer a cluster candidate (see the top of this file): not leading, and every
+  // block passes `before_commit` first. REQUIRES: before Start().
+  void SetReplicated(std::function<Status(const Block&)> before_commit);
+  // Starts or stops producing and admitting. `why_not` is the error Submit gives meanwhile
+  // (e.g. "not the leader; the leader is at URL"). Waits for a block in progress.
+  void SetLeading(bool leading, std::string why_not = "");
+  bool leading();
+
   // The loop: ProduceOnce every block interval (empty blocks too: time moves on chain).
   void Start();
   // Stops the loop; idempotent. Pending transactions are dropped (never acknowledged).
@@ -128,6 +144,10 @@ class Sequencer {
   std::map<Hash256, SlotKey> by_id_;
   std::map<Hash256, Status> rejected_;
   std::deque<Hash256> rejected_order_;
+  bool replicated_ = false;
+  bool leading_ = true;  // always, unless replicated
+  std::string why_not_leading_;
+  std::function<Status(const Block&)> before_commit_;
 
   LabeledCounters tx_outcomes_;
   std::atomic<uint64_t> blocks_produced_{0};

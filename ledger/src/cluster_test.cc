@@ -1,0 +1,265 @@
+// The replicated sequencer in one process: candidates (each its own SQLite chain, sequencer and
+// ClusterCandidate) on a real etcd on loopback. Election, the commit rule, a handover, a
+// deposed leader that cannot commit, and a block in etcd that does not verify. Skipped, saying
+// so, without the etcd binary. The multi-process kill/pause/partition test is
+// cluster_chaos_test.cc.
+#include "meshlearn/ledger/cluster.h"
+
+#include <filesystem>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "etcd_test_util.h"
+#include "service_test_util.h"
+
+namespace meshlearn::ledger {
+namespace {
+
+using testing::KeyFromByte;
+
+struct Candidate {
+  Candidate(const Genesis& g, const std::string& dir, const KeyPair& key,
+            const std::vector<std::string>& etcd) {
+    Result<std::unique_ptr<Chain>> c = Chain::Open(dir + "/chain.db", g);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    chain = std::move(c).value();
+    shared = std::make_unique<SharedChain>(chain.get());
+    seq = std::make_unique<Sequencer>(shared.get(), key, SystemClock::Default());
+    cand = std::make_unique<ClusterCandidate>(
+        shared.get(), seq.get(),
+        ClusterOptions{.etcd = etcd,
+                       .advertise_url = "http://" + key.public_key().ShortHex(),
+                       .lease_ttl_s = 1,
+                       .poll_ms = 10,
+                       .evidence_dir = dir});
+  }
+  void Start() {
+    EXPECT_TRUE(cand->CheckEtcd().ok());
+    seq->Start();
+    run = std::thread([this] { result = cand->Run(); });
+  }
+  void Stop() {
+    if (!run.joinable()) return;
+    cand->Stop();
+    run.join();
+    seq->Stop();
+  }
+  ~Candidate() { Stop(); }
+
+  std::unique_ptr<Chain> chain;
+  std::unique_ptr<SharedChain> shared;
+  std::unique_ptr<Sequencer> seq;
+  std::unique_ptr<ClusterCandidate> cand;
+  std::thread run;
+  Status result;
+};
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string bin = testing::FindEtcd();
+    if (bin.empty()) GTEST_SKIP() << "no etcd binary (apt-get install etcd-server); skipped";
+    dir_ = testing::TempDir();
+    std::string error;
+    ASSERT_TRUE(etcd_.Start(bin, 1, dir_, &error)) << error;
+    genesis_ = DevnetGenesis({alice_.public_key(), bob_.public_key()}, 1'000'000, "cluster-test");
+    genesis_.block_interval_ms = 20;
+    genesis_.sequencer = keys_[0].public_key();
+    for (const KeyPair& k : keys_) genesis_.sequencers.push_back(k.public_key());
+  }
+
+  std::unique_ptr<Candidate> MakeCandidate(int i) {
+    std::string d = dir_ + "/cand" + std::to_string(i);
+    std::filesystem::create_directories(d);
+    return std::make_unique<Candidate>(genesis_, d, keys_[i], etcd_.ClientUrlList());
+  }
+
+  // Waits (up to 20 s) until one of `cs` leads; its index, or -1.
+  static int WaitLeader(const std::vector<Candidate*>& cs) {
+    for (int t = 0; t < 2000; ++t) {
+      for (size_t i = 0; i < cs.size(); ++i) {
+        if (cs[i]->cand->leading()) return static_cast<int>(i);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+
+  // Submits a transfer to the leader and waits until it is included; its height.
+  uint64_t TransferVia(Candidate& leader, uint64_t nonce, Amount amount) {
+    Transaction tx =
+        BuildSignedTx(alice_, genesis_.chain_id, nonce,
+                      TransferTx{.to = bob_.public_key(), .amount = amount, .memo = ""});
+    Result<TxStatusInfo> st = leader.seq->Submit(tx);
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    TxStatusInfo done = leader.seq->WaitFor(TxId(tx), 10000);
+    EXPECT_EQ(done.state, TxState::kIncluded);
+    return done.receipt ? done.receipt->height : 0;
+  }
+
+  static void WaitHeight(Candidate& c, uint64_t h) {
+    for (int t = 0; t < 2000 && c.shared->height() < h; ++t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  std::string dir_;
+  testing::EtcdCluster etcd_;
+  KeyPair alice_ = KeyFromByte(1), bob_ = KeyFromByte(2);
+  std::vector<KeyPair> keys_ = {KeyFromByte(9), KeyFromByte(10), KeyFromByte(11)};
+  Genesis genesis_;
+};
+
+TEST_F(ClusterTest, OneLeadsTheOthersFollowAndAHandoverLosesNothing) {
+  auto a = MakeCandidate(0), b = MakeCandidate(1);
+  a->Start();
+  b->Start();
+  std::vector<Candidate*> cs = {a.get(), b.get()};
+  int l = WaitLeader(cs);
+  ASSERT_GE(l, 0) << "nobody was elected";
+  Candidate& leader = *cs[l];
+  Candidate& other = *cs[1 - l];
+  EXPECT_FALSE(other.cand->leading());
+  // The follower refuses transactions, naming the leader (clients fail over on Unavailable).
+  Transaction tx = BuildSignedTx(alice_, genesis_.chain_id, 0,
+                                 TransferTx{.to = bob_.public_key(), .amount = 1, .memo = ""});
+  Result<TxStatusInfo> refused = other.seq->Submit(tx);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().ToString();
+
+  uint64_t h1 = TransferVia(leader, 0, 10);
+  uint64_t h2 = TransferVia(leader, 1, 20);
+  EXPECT_GT(h2, h1);
+  // Every block the leader committed is in etcd, and the follower applied it (verified).
+  EtcdClient etcd(etcd_.ClientUrlList());
+  std::string prefix = ClusterCandidate::Prefix(genesis_);
+  Result<std::optional<EtcdKv>> kv = etcd.Get(ClusterCandidate::BlockKey(prefix, h2));
+  ASSERT_TRUE(kv.ok() && kv->has_value());
+  Bytes local = leader.shared->With([&](Chain& c) { return EncodeBlock(*c.GetBlock(h2)); });
+  EXPECT_EQ((*kv)->value, std::string(local.begin(), local.end()));
+  WaitHeight(other, h2);
+  ASSERT_GE(other.shared->height(), h2);
+
+  // The leader stops (revoking its lease): the other takes over at the next height.
+  leader.Stop();
+  uint64_t stopped_at = leader.shared->height();
+  std::vector<Candidate*> rest = {&other};
+  ASSERT_EQ(WaitLeader(rest), 0) << "the follower did not take over";
+  EXPECT_GE(other.shared->height(), stopped_at)
+      << "the new leader did not resume at etcd's last block";
+  uint64_t h3 = TransferVia(other, 2, 30);
+  EXPECT_GT(h3, stopped_at);
+  ASSERT_FALSE(other.cand->takeovers().empty());
+  // Both histories agree where they overlap, and replay from genesis.
+  Hash256 at_stop_a =
+      leader.shared->With([&](Chain& c) { return c.GetBlock(stopped_at)->header.state_hash; });
+  Hash256 at_stop_b =
+      other.shared->With([&](Chain& c) { return c.GetBlock(stopped_at)->header.state_hash; });
+  EXPECT_EQ(at_stop_a, at_stop_b);
+  Status replay = other.shared->With([](Chain& c) { return c.ReplayFromGenesis(); });
+  EXPECT_TRUE(replay.ok()) << replay.ToString();
+  EXPECT_EQ(other.shared->With([&](Chain& c) { return c.GetAccount(bob_.public_key())->balance; }),
+            1'000'000u + 60);
+  other.Stop();
+  EXPECT_TRUE(other.result.ok()) << other.result.ToString();
+}
+
+TEST_F(ClusterTest, ADeposedLeaderCannotCommit) {
+  auto a = MakeCandidate(0);
+  a->Start();
+  std::vector<Candidate*> cs = {a.get()};
+  ASSERT_EQ(WaitLeader(cs), 0);
+  TransferVia(*a, 0, 5);
+  // Another candidate takes the leader key behind its back (as after its lease ran out).
+  EtcdClient etcd(etcd_.ClientUrlList());
+  std::string prefix = ClusterCandidate::Prefix(genesis_);
+  ASSERT_TRUE(etcd.Put(prefix + "leader", R"({"key":"someone else"})").ok());
+  // Its next block fails the compare-and-swap: not committed locally, and it steps down.
+  for (int t = 0; t < 2000 && a->cand->leading(); ++t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_FALSE(a->cand->leading());
+  uint64_t h = a->shared->height();
+  Result<std::vector<EtcdKv>> blocks =
+      etcd.Range(prefix + "blocks/", EtcdClient::PrefixEnd(prefix + "blocks/"));
+  ASSERT_TRUE(blocks.ok());
+  EXPECT_EQ(blocks->size(), h) << "the local chain holds a block etcd does not";
+  Transaction tx = BuildSignedTx(alice_, genesis_.chain_id, 1,
+                                 TransferTx{.to = bob_.public_key(), .amount = 1, .memo = ""});
+  EXPECT_EQ(a->seq->Submit(tx).status().code(), StatusCode::kUnavailable);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(a->shared->height(), h) << "a deposed leader produced a block";
+}
+
+TEST_F(ClusterTest, ABlockInEtcdThatDoesNotVerifyIsRefusedNotApplied) {
+  // A block signed by a key the genesis does not list, at height 1.
+  std::string other_dir = dir_ + "/rogue";
+  std::filesystem::create_directories(other_dir);
+  Genesis rogue_genesis = genesis_;
+  Result<std::unique_ptr<Chain>> rogue = Chain::Open(other_dir + "/chain.db", rogue_genesis);
+  ASSERT_TRUE(rogue.ok());
+  // Chain::ProduceBlock refuses an unlisted key, so sign a listed block over again.
+  Result<Block> b = (*rogue)->ProduceBlock({}, 1'700'000'000'000, keys_[0]);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  KeyPair mallory = KeyFromByte(66);
+  b->header.sequencer = mallory.public_key();
+  b->signature = mallory.Sign(BlockHash(b->header).span());
+  Bytes wire = EncodeBlock(*b);
+  EtcdClient etcd(etcd_.ClientUrlList());
+  std::string prefix = ClusterCandidate::Prefix(genesis_);
+  ASSERT_TRUE(
+      etcd.Put(ClusterCandidate::BlockKey(prefix, 1), std::string(wire.begin(), wire.end())).ok());
+
+  auto a = MakeCandidate(1);
+  a->Start();
+  a->run.join();  // Run ends by itself on a refused block
+  EXPECT_EQ(a->result.code(), StatusCode::kPermissionDenied) << a->result.ToString();
+  EXPECT_NE(a->result.message().find("REFUSED block 1"), std::string::npos) << a->result.message();
+  EXPECT_NE(a->result.message().find("not by the expected sequencer"), std::string::npos)
+      << a->result.message();
+  EXPECT_EQ(a->shared->height(), 0u);
+  EXPECT_FALSE(a->cand->leading());
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/cand1/refused-block-1.hex"));
+  a->seq->Stop();
+}
+
+TEST_F(ClusterTest, ABlockWithAWrongStateHashIsRefused) {
+  std::string other_dir = dir_ + "/liar";
+  std::filesystem::create_directories(other_dir);
+  Result<std::unique_ptr<Chain>> liar = Chain::Open(other_dir + "/chain.db", genesis_);
+  ASSERT_TRUE(liar.ok());
+  Result<Block> b = (*liar)->ProduceBlock({}, 1'700'000'000'000, keys_[2]);
+  ASSERT_TRUE(b.ok());
+  b->header.state_hash.bytes[0] ^= 1;  // signed by an authorized key, but a lie
+  b->signature = keys_[2].Sign(BlockHash(b->header).span());
+  Bytes wire = EncodeBlock(*b);
+  EtcdClient etcd(etcd_.ClientUrlList());
+  ASSERT_TRUE(etcd.Put(ClusterCandidate::BlockKey(ClusterCandidate::Prefix(genesis_), 1),
+                       std::string(wire.begin(), wire.end()))
+                  .ok());
+  auto a = MakeCandidate(0);
+  a->Start();
+  a->run.join();
+  EXPECT_EQ(a->result.code(), StatusCode::kPermissionDenied) << a->result.ToString();
+  EXPECT_NE(a->result.message().find("state hash"), std::string::npos) << a->result.message();
+  EXPECT_EQ(a->shared->height(), 0u);
+  a->seq->Stop();
+}
+
+TEST_F(ClusterTest, ALocalChainEtcdDoesNotHoldIsRefusedAtStart) {
+  std::string d = dir_ + "/cand0";
+  std::filesystem::create_directories(d);
+  {
+    Result<std::unique_ptr<Chain>> c = Chain::Open(d + "/chain.db", genesis_);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE((*c)->ProduceBlock({}, 1'700'000'000'000, keys_[0]).ok());
+  }
+  auto a = MakeCandidate(0);
+  Status s = a->cand->CheckEtcd();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("holds no block 1"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace meshlearn::ledger
