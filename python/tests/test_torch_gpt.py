@@ -2,8 +2,10 @@
 or Hugging Face's GPT2LMHeadModel computation from tools/hf_gpt2_check.py with its Conv1D (in,
 out) weights) is exported as a task's [model] and data.init_weights; the engine (`meshlearn
 train`, 0 steps then a few) starts from exactly those weights and computes the validation loss
-PyTorch computes on the same windows; the weights it trained, loaded back into the PyTorch GPT,
-give the loss the engine reported. Needs python3-torch."""
+PyTorch computes on the same windows; its model, written in the Hugging Face layout (`meshlearn
+export`) and read by tools/hf_gpt2_check.py, gives the PyTorch GPT's logits; the weights it
+trained, loaded back into the PyTorch GPT, give the loss the engine reported. Needs
+python3-torch."""
 
 import os
 import struct
@@ -85,6 +87,15 @@ class GptExportTest(unittest.TestCase):
         self.assertEqual(set(got), set(sent))
         for k in sent:
             self.assertEqual(got[k][2], sent[k][2], k)
+        # The engine's model, written in the Hugging Face layout by `meshlearn export` and read
+        # by tools/hf_gpt2_check.py: the PyTorch GPT's logits.
+        hf_dir = os.path.join(d, "hf")
+        util.cli(d, "export", model, "--out", hf_dir)
+        _, _, hf = hf_gpt2_check.load(hf_dir)
+        x = val[:2 * T].reshape(2, T)
+        with torch.no_grad():
+            a, b = gpt(x), hf(x)
+        self.assertLessEqual(float((a - b).abs().max()), 1e-5 * max(1.0, float(b.abs().max())))
         # Without init_weights the engine starts from its own seed: other weights.
         seeded = dict(task, data={k: v for k, v in task["data"].items() if k != "init_weights"})
         _, seeded_model = train(d, seeded, "seeded")
