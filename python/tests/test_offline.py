@@ -10,7 +10,7 @@ import unittest
 import nacl.signing
 
 import meshlearn
-from meshlearn import keys, tasks, tx
+from meshlearn import keys, safetensors, tasks, tx
 import util
 
 
@@ -163,6 +163,39 @@ class TaskDictTest(unittest.TestCase):
         with self.assertRaises(meshlearn.TaskError) as e:
             self.c.validate(os.path.join(self.home, "missing.toml"))
         self.assertIn("missing.toml does not exist", str(e.exception))
+
+    def test_init_weights_are_checked_before_anything_is_published(self):
+        # tests/devnet-tiny.toml's MLP: layers.0 (64, 784), layers.2 (10, 64).
+        def weights(path, first_rows=64, extra=None):
+            t = {"layers.0.weight": ("F32", (first_rows, 784), bytes(4 * first_rows * 784)),
+                 "layers.0.bias": ("F32", (64,), bytes(4 * 64)),
+                 "layers.2.weight": ("F32", (10, 64), bytes(4 * 640)),
+                 "layers.2.bias": ("F32", (10,), bytes(40))}
+            t.update(extra or {})
+            safetensors.write(path, t)
+            return path
+        d = meshlearn.load_task(self.path)
+        cwd = os.getcwd()
+        os.chdir(self.home)
+        try:
+            d["data"]["init_weights"] = os.path.basename(weights(os.path.join(self.home, "w.st")))
+            self.assertTrue(self.c.validate(d)["valid"])  # relative to the working directory
+        finally:
+            os.chdir(cwd)
+        cases = [
+            (weights(os.path.join(self.home, "narrow.st"), first_rows=32),
+             "tensor 'layers.0.weight' has shape (32, 784), the model's is (64, 784)"),
+            (weights(os.path.join(self.home, "extra.st"),
+                     extra={"optim.m.layers.0.bias": ("F32", (64,), bytes(256))}),
+             "tensor 'optim.m.layers.0.bias' F32 (64) is not a parameter of the model"),
+            (os.path.join(self.home, "none.st"), "cannot open"),
+        ]
+        for path, message in cases:
+            d["data"]["init_weights"] = path
+            with self.assertRaises(meshlearn.CliError) as e:
+                self.c.validate(d)
+            self.assertIn("task (dict): data.init_weights: ", str(e.exception))
+            self.assertIn(message, str(e.exception))
 
 
 class RpcErrorTest(unittest.TestCase):
