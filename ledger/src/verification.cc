@@ -418,8 +418,11 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
           protocol::SegmentCount(tp.inner_steps, tp.checkpoint_interval), vp);
       protocol::VerificationParams unit_vp = vp;
       unit_vp.segments_per_check = plan.segments;
+      // Full and target assurance promise a replay by another node: with no verifier the
+      // check waits (holding the round) instead of settling unchecked.
+      const bool wait = level.kind != protocol::Assurance::kAssuranceEconomic;
       ML_ASSIGN_OR_RETURN(fx, c.OnBeacon(seed, plan.probability_permille, candidates, unit_vp,
-                                         height));
+                                         height, wait));
     } else {
       ML_ASSIGN_OR_RETURN(fx, c.OnBlock(height));
     }

@@ -494,6 +494,42 @@ INSTANTIATE_TEST_SUITE_P(Levels, AssuranceChainTest, ::testing::Values(uint8_t{0
                            return std::string(info.param == 1 ? "Full" : "Economic");
                          });
 
+// Full assurance promises a replay by a node other than the solver: with no verifier registered
+// the units wait for one, holding the round, instead of settling unchecked (economic settles them
+// unchecked); once a verifier registers, the next block's beacon draws it for every segment.
+TEST_F(VerificationTest, FullAssuranceWaitsForAVerifierInsteadOfSettlingUnchecked) {
+  assurance_ = 1;
+  Start(/*verifiers=*/0);
+  const int u1 = UnitOf(s1_), u2 = UnitOf(s2_);
+  ASSERT_GE(u1, 0);
+  ASSERT_GE(u2, 0);
+  CommitAll({{u1, false}, {u2, false}});
+  for (int i = 0; i < 30; ++i) Step();  // far past every window
+  for (int u : {u1, u2}) {
+    EXPECT_EQ(Check(u).stage(), CheckStage::kCheckAwaitingBeacon) << u;
+    EXPECT_EQ(Unit(u).paid, 0u) << u;
+  }
+  EXPECT_NE(Machine().phase(), protocol::RoundPhase::kRoundPhaseFinal);
+  EXPECT_EQ(Task().verification.unchecked, 0u);
+  StepOk({N(v1_, Reg(v1_, kRoleVerifier))});
+  Step();  // a beacon with a verifier
+  for (int u : {u1, u2}) {
+    ASSERT_EQ(Check(u).stage(), CheckStage::kCheckCommitVerdicts) << u;
+    EXPECT_EQ(Check(u).verifiers(), std::vector<protocol::NodeId>{v1_.public_key()});
+    EXPECT_EQ(Check(u).segments().size(), 2u);
+  }
+  SettleClean({u1, u2});
+  for (int u : {u1, u2}) EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << u;
+}
+
+TEST_F(VerificationTest, EconomicAssuranceWithoutAVerifierSettlesUnchecked) {
+  Start(/*verifiers=*/0);
+  const int u1 = UnitOf(s1_), u2 = UnitOf(s2_);
+  CommitAll({{u1, false}, {u2, false}});
+  Step();  // the beacon: no verifier, so not checked
+  for (int u : {u1, u2}) EXPECT_TRUE(Check(u).verifiers().empty()) << u;
+}
+
 // The ledger refuses an assurance it cannot give or a malformed one, naming the field.
 TEST_F(VerificationTest, AssuranceTermsAreChecked) {
   TaskParams p = TestTaskParams();

@@ -118,7 +118,8 @@ int UnitCheck::VerifierIndex(const NodeId& n) const {
 
 Result<CheckEffects> UnitCheck::OnBeacon(const Hash256& beacon, uint32_t probability_permille,
                                          std::span<const NodeId> candidates,
-                                         const VerificationParams& params, uint64_t height) {
+                                         const VerificationParams& params, uint64_t height,
+                                         bool wait_for_verifier) {
   if (stage_ != CheckStage::kCheckAwaitingBeacon) {
     return FailedPrecondition("unit check: " + config_.unit.ToString() + " already has its beacon");
   }
@@ -130,6 +131,7 @@ Result<CheckEffects> UnitCheck::OnBeacon(const Hash256& beacon, uint32_t probabi
   }
   std::sort(pool.begin(), pool.end());
   pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
+  if (pool.empty() && wait_for_verifier) return fx;  // still awaiting a beacon with a verifier
   const bool selected =
       !pool.empty() && SelectedForVerification(beacon, config_.unit, probability_permille);
   if (selected) {

@@ -142,6 +142,30 @@ bool Has(const std::vector<NodeId>& v, const NodeId& n) {
   return std::find(v.begin(), v.end(), n) != v.end();
 }
 
+// Full or target assurance (wait_for_verifier): a pool holding only the solver draws nobody and
+// the check keeps waiting for a later beacon; once there is a verifier, the draw happens. Without
+// it the same pool is accepted unchecked.
+TEST(UnitCheckTest, AnEmptyPoolWaitsForAVerifierWhenTheTaskBoughtReplays) {
+  auto c = UnitCheck::Create(Config(false));
+  ASSERT_TRUE(c.ok());
+  const std::vector<NodeId> only_solver = {kSolver};
+  auto fx = c->OnBeacon(Blake2b("b101"), 1000, only_solver, {}, 101, /*wait_for_verifier=*/true);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  EXPECT_FALSE(fx->settled);
+  EXPECT_EQ(c->stage(), CheckStage::kCheckAwaitingBeacon);
+  EXPECT_TRUE(c->verifiers().empty());
+  const std::vector<NodeId> with_v1 = {kSolver, kV1};
+  ASSERT_TRUE(c->OnBeacon(Blake2b("b140"), 1000, with_v1, {}, 140, true).ok());
+  EXPECT_EQ(c->stage(), CheckStage::kCheckCommitVerdicts);
+  EXPECT_EQ(c->verifiers(), std::vector<NodeId>{kV1});
+
+  auto economic = UnitCheck::Create(Config(false));
+  ASSERT_TRUE(economic.ok());
+  ASSERT_TRUE(economic->OnBeacon(Blake2b("b101"), 1000, only_solver, {}, 101).ok());
+  EXPECT_EQ(economic->stage(), CheckStage::kCheckCommitVerdicts);  // the unchecked path
+  EXPECT_TRUE(economic->verifiers().empty());
+}
+
 TEST(UnitCheckTest, UnselectedUnitIsAcceptedUnchecked) {
   auto c = UnitCheck::Create(Config(false));
   ASSERT_TRUE(c.ok());

@@ -145,10 +145,13 @@ class UnitCheck {
   // the commit). `probability_permille` comes from VerificationProbabilityPermille(solver's
   // reputation). `candidates`: verifier nodes able to check (sorted by id; the solver is
   // skipped); verifiers_per_unit of them are drawn from the beacon. No candidate: the unit is
-  // accepted unchecked.
+  // accepted unchecked, unless `wait_for_verifier` (the task bought full or target assurance,
+  // which promise a replay by a node other than the solver): then nothing changes and the check
+  // waits in kCheckAwaitingBeacon for a later block's beacon with a candidate, holding its round.
   Result<CheckEffects> OnBeacon(const Hash256& beacon, uint32_t probability_permille,
                                 std::span<const NodeId> candidates,
-                                const VerificationParams& params, uint64_t height);
+                                const VerificationParams& params, uint64_t height,
+                                bool wait_for_verifier = false);
   Status OnVerdictCommitted(const NodeId& verifier, const Hash256& commitment, uint64_t height);
   // A mismatch verdict must carry its claim (checked against the commitment: the proofs must
   // verify, the replayed end must differ). The claim may name any segment: a verifier replays
