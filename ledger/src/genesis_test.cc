@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "meshlearn/base/keyfile.h"
+#include "meshlearn/ledger/chain.h"
 
 #include "test_util.h"
 
@@ -75,6 +76,85 @@ TEST(GenesisTest, HashDependsOnEverything) {
   g2 = g;
   g2.chain_id = "other";
   EXPECT_NE(GenesisHash(g2), h);
+}
+
+// A replicated chain's candidates (issue 18): listed, round-tripped, hashed, enforced.
+TEST(GenesisTest, SequencersListTheCandidates) {
+  MemEnv env;
+  Genesis g = DevnetGenesis({TestKey(1).public_key()}, 500, "dev-1");
+  Hash256 single = GenesisHash(g);
+  g.sequencer = TestKey(3).public_key();
+  Hash256 one = GenesisHash(g);
+  g.sequencers = {TestKey(3).public_key(), TestKey(4).public_key(), TestKey(5).public_key()};
+  ASSERT_TRUE(ValidateGenesis(g).ok());
+  EXPECT_NE(GenesisHash(g), one);
+  EXPECT_NE(one, single);
+  ASSERT_TRUE(WriteGenesis(&env, "/g.toml", g).ok());
+  auto back = LoadGenesis(&env, "/g.toml");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, g);
+  EXPECT_EQ(GenesisHash(*back), GenesisHash(g));
+  EXPECT_TRUE(IsAuthorizedSequencer(g, TestKey(4).public_key()));
+  EXPECT_FALSE(IsAuthorizedSequencer(g, TestKey(6).public_key()));
+  EXPECT_EQ(AuthorizedSequencers(g).size(), 3u);
+  EXPECT_EQ(GenesisToJson(g)["sequencers"].size(), 3u);
+
+  // Without the list: the single sequencer, or anyone on a genesis that names none.
+  Genesis plain = DevnetGenesis({}, 0);
+  EXPECT_TRUE(IsAuthorizedSequencer(plain, TestKey(6).public_key()));
+  EXPECT_TRUE(AuthorizedSequencers(plain).empty());
+  EXPECT_FALSE(GenesisToJson(plain).contains("sequencers"));
+  plain.sequencer = TestKey(3).public_key();
+  EXPECT_FALSE(IsAuthorizedSequencer(plain, TestKey(6).public_key()));
+  EXPECT_TRUE(IsAuthorizedSequencer(plain, TestKey(3).public_key()));
+}
+
+TEST(GenesisTest, SequencersErrorsNameTheFileAndTheKey) {
+  auto expect_error = [](const std::string& text, const std::string& part) {
+    auto g = ParseGenesis(text, "cluster/genesis.toml");
+    ASSERT_FALSE(g.ok()) << text;
+    EXPECT_NE(g.status().message().find(part), std::string::npos) << g.status().ToString();
+    EXPECT_NE(g.status().message().find("cluster/genesis.toml"), std::string::npos)
+        << g.status().ToString();
+  };
+  std::string a = TestKey(1).public_key().ToHex(), b = TestKey(2).public_key().ToHex();
+  std::string head = "chain_id = \"x\"\nsequencer = \"" + a + "\"\n";
+  expect_error(head + "sequencers = [\"" + a + "\", \"zz\"]\n", "sequencers");
+  expect_error(head + "sequencers = [\"" + a + "\", \"zz\"]\n", "entry 1");
+  expect_error(head + "sequencers = []\n", "sequencers");
+  expect_error(head + "sequencers = [\"" + a + "\", \"" + a + "\"]\n", "twice");
+  expect_error(head + "sequencers = [\"" + b + "\"]\n", "is not one of sequencers");
+  expect_error("chain_id = \"x\"\nsequencers = [\"" + b + "\"]\n", "is not one of sequencers");
+  auto ok = ParseGenesis(head + "sequencers = [\"" + b + "\", \"" + a + "\"]\n", "g.toml");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->sequencers.size(), 2u);
+}
+
+// The chain enforces the list: any listed key produces and is applied, an unlisted one is not.
+TEST(GenesisTest, TheChainAcceptsEveryListedSequencerAndNoOther) {
+  testing::TempDir dir;
+  Genesis g = DevnetGenesis({TestKey(1).public_key()}, 500, "dev-1");
+  g.sequencer = TestKey(3).public_key();
+  g.sequencers = {TestKey(3).public_key(), TestKey(4).public_key()};
+  auto producer = Chain::Open(dir.File("a.db"), g);
+  auto follower = Chain::Open(dir.File("b.db"), g);
+  ASSERT_TRUE(producer.ok() && follower.ok());
+  Result<Block> b1 = (*producer)->ProduceBlock({}, 10, TestKey(3));
+  ASSERT_TRUE(b1.ok()) << b1.status().ToString();
+  Result<Block> b2 = (*producer)->ProduceBlock({}, 20, TestKey(4));
+  ASSERT_TRUE(b2.ok()) << b2.status().ToString();
+  Result<Block> rogue = (*producer)->ProduceBlock({}, 30, TestKey(5));
+  ASSERT_FALSE(rogue.ok());
+  EXPECT_EQ(rogue.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*follower)->ApplyBlock(*b1, TestKey(3).public_key()).ok());
+  EXPECT_TRUE((*follower)->ApplyBlock(*b2, TestKey(4).public_key()).ok());
+
+  // A block signed (validly) by an unlisted key is refused.
+  Block forged = *(*producer)->ProduceBlock({}, 40, TestKey(3));
+  forged.header.sequencer = TestKey(5).public_key();
+  forged.signature = TestKey(5).Sign(BlockHash(forged.header).span());
+  Status s = (*follower)->ApplyBlock(forged, TestKey(5).public_key());
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.ToString();
 }
 
 std::string TempDir() {
