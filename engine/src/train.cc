@@ -21,9 +21,10 @@ Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
   if (c.Has("init_weights")) {
     ML_ASSIGN_OR_RETURN(d.init_weights, c.GetString("init_weights"));
     if (d.init_weights.empty()) {
-      return c.Error("init_weights", "is empty; name a safetensors file of the model's weights "
-                                     "(meshlearn.torch.export writes one) or remove the key to "
-                                     "initialise from task.seed");
+      return c.Error("init_weights",
+                     "is empty; name a safetensors file of the model's weights "
+                     "(meshlearn.torch.export writes one) or remove the key to "
+                     "initialise from task.seed");
     }
     d.init_weights = ResolveInDir(base, d.init_weights);
   }
@@ -36,9 +37,8 @@ Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
     ML_ASSIGN_OR_RETURN(d.test_y, c.GetString("test" + y));
     ML_ASSIGN_OR_RETURN(d.mean, c.GetDouble("mean", 0.0));
     ML_ASSIGN_OR_RETURN(d.std, c.GetDouble("std", 1.0, DRange(0, std::nullopt, true, false)));
-    ML_RETURN_IF_ERROR(c.CheckKnownKeys(
-        {"format", "train" + x, "train" + y, "test" + x, "test" + y, "mean", "std",
-         "init_weights"}));
+    ML_RETURN_IF_ERROR(c.CheckKnownKeys({"format", "train" + x, "train" + y, "test" + x, "test" + y,
+                                         "mean", "std", "init_weights"}));
     d.train_x = ResolveInDir(base, d.train_x);
     d.train_y = ResolveInDir(base, d.train_y);
     d.test_x = ResolveInDir(base, d.test_x);
@@ -46,9 +46,8 @@ Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
   } else if (d.format == "text") {
     ML_ASSIGN_OR_RETURN(d.val_fraction,
                         c.GetDouble("val_fraction", 0.1, DRange(0, 0.5, true, false)));
-    ML_RETURN_IF_ERROR(
-        c.CheckKnownKeys({"format", "path", "root", "files", "data_root", "val_fraction",
-                          "init_weights"}));
+    ML_RETURN_IF_ERROR(c.CheckKnownKeys(
+        {"format", "path", "root", "files", "data_root", "val_fraction", "init_weights"}));
     if (c.Has("files") || c.Has("root") || c.Has("data_root")) {
       // A corpus of many files (corpus.h): all three keys, and no `path`.
       if (c.Has("path")) {
@@ -72,8 +71,7 @@ Result<DataSpec> ParseData(const ConfigFile& c, const std::string& base) {
     ML_ASSIGN_OR_RETURN(d.train_tokens, c.GetString("train"));
     ML_ASSIGN_OR_RETURN(d.val_tokens, c.GetString("val"));
     ML_ASSIGN_OR_RETURN(d.vocab_size, c.GetInt("vocab_size", IRange(2, 65536)));
-    ML_RETURN_IF_ERROR(
-        c.CheckKnownKeys({"format", "train", "val", "vocab_size", "init_weights"}));
+    ML_RETURN_IF_ERROR(c.CheckKnownKeys({"format", "train", "val", "vocab_size", "init_weights"}));
     d.train_tokens = ResolveInDir(base, d.train_tokens);
     d.val_tokens = ResolveInDir(base, d.val_tokens);
   }
@@ -312,8 +310,7 @@ Status LoadInitWeights(const SafetensorsFile& file, const std::string& where, Mo
     }
     const SafetensorsEntry& e = it->second;
     if (e.dtype != DType::kF32) {
-      return InvalidArgument(at + "tensor '" + p.name + "' is " +
-                             std::string(DTypeName(e.dtype)) +
+      return InvalidArgument(at + "tensor '" + p.name + "' is " + std::string(DTypeName(e.dtype)) +
                              ", the model's is F32; write float32 weights (tensor.float())");
     }
     if (e.shape != p.value.shape()) {
@@ -323,10 +320,11 @@ Status LoadInitWeights(const SafetensorsFile& file, const std::string& where, Mo
   }
   for (const auto& [name, e] : file.entries()) {
     if (!wanted.count(name)) {
-      return InvalidArgument(at + "tensor '" + name + "' " + std::string(DTypeName(e.dtype)) +
-                             " " + ShapeToString(e.shape) +
+      return InvalidArgument(at + "tensor '" + name + "' " + std::string(DTypeName(e.dtype)) + " " +
+                             ShapeToString(e.shape) +
                              " is not a parameter of the model; remove it (a file of initial "
-                             "weights holds the model's parameters and nothing else)" + fix);
+                             "weights holds the model's parameters and nothing else)" +
+                             fix);
     }
   }
   // All checked: copy (nothing is changed on an error above).
@@ -486,9 +484,8 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(TaskSpec task, TaskData data) {
                                 t->task_.data.init_weights +
                                 ") was not read; load the data with LoadTaskData");
     }
-    ML_RETURN_IF_ERROR(LoadInitWeights(*t->data_.init_weights,
-                                       t->task_.path + ": data.init_weights",
-                                       t->state_.model.get()));
+    ML_RETURN_IF_ERROR(LoadInitWeights(
+        *t->data_.init_weights, t->task_.path + ": data.init_weights", t->state_.model.get()));
   }
   t->state_.optimizer = std::make_unique<Optimizer>(t->task_.optimizer, t->state_.model->params());
   t->state_.seed = t->task_.seed;

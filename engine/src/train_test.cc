@@ -490,7 +490,8 @@ void CheckWithTorch(const std::string& example, int64_t steps) {
 
 // A tiny GPT on GPL-3 (vocabulary from the data), with `extra` lines added to [data].
 std::string InitTask(const std::string& extra) {
-  return "[task]\nseed = 5\n[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n" +
+  return "[task]\nseed = 5\n[data]\nformat = \"text\"\npath = "
+         "\"/usr/share/common-licenses/GPL-3\"\n" +
          extra + kGoodTail;
 }
 
@@ -553,7 +554,9 @@ class InitWeightsTest : public ::testing::Test {
 // seed's initialisation. The path is relative to the task file's folder (docs/paths.md).
 TEST_F(InitWeightsTest, TrainingStartsFromTheFileAsFromTheSameWeightsSetByHand) {
   const std::string file = dir_ + "/task.toml";
-  ASSERT_TRUE(Env::Default()->WriteFileAtomic(file, InitTask("init_weights = \"init.safetensors\"\n")).ok());
+  ASSERT_TRUE(Env::Default()
+                  ->WriteFileAtomic(file, InitTask("init_weights = \"init.safetensors\"\n"))
+                  .ok());
   Result<TaskSpec> from_file = TaskSpec::Load(Env::Default(), file);
   ASSERT_TRUE(from_file.ok()) << from_file.status().ToString();
   EXPECT_EQ(from_file->data.init_weights, dir_ + "/init.safetensors");
@@ -574,7 +577,8 @@ TEST_F(InitWeightsTest, TrainingStartsFromTheFileAsFromTheSameWeightsSetByHand) 
     std::memcpy(p.value.data(), t->data(), 4 * t->size());
   }
   std::vector<float> want;
-  for (const Param& p : model_->params()) want.insert(want.end(), p.value.data(), p.value.data() + p.value.size());
+  for (const Param& p : model_->params())
+    want.insert(want.end(), p.value.data(), p.value.data() + p.value.size());
   EXPECT_EQ((*a)->FlatParams(), want);
   EXPECT_NE((*a)->FlatParams(), seed_params_);
   EXPECT_EQ((*c)->FlatParams(), seed_params_);
@@ -593,7 +597,8 @@ TEST_F(InitWeightsTest, BadFilesAreRefusedNamingTheFileTheTensorAndTheFix) {
   // Missing.
   std::string e = CreateError(dir_ + "/nope.safetensors");
   EXPECT_NE(e.find("bad.toml: data.init_weights: cannot open " + dir_ + "/nope.safetensors"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("fix the path"), std::string::npos) << e;
   // Truncated.
   Result<std::string> bytes = Env::Default()->ReadFile(good_);
@@ -602,7 +607,8 @@ TEST_F(InitWeightsTest, BadFilesAreRefusedNamingTheFileTheTensorAndTheFix) {
   ASSERT_TRUE(Env::Default()->WriteFileAtomic(cut, bytes->substr(0, bytes->size() - 10)).ok());
   e = CreateError(cut);
   EXPECT_NE(e.find("bad.toml: data.init_weights: " + cut + ": not a valid safetensors file"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("write the file again"), std::string::npos) << e;
   // Not a safetensors file at all.
   e = CreateError("/usr/share/common-licenses/GPL-3");
@@ -612,28 +618,34 @@ TEST_F(InitWeightsTest, BadFilesAreRefusedNamingTheFileTheTensorAndTheFix) {
   ASSERT_EQ(wte.name, "transformer.wte.weight");
   const Shape wte_shape = wte.value.shape();
   std::vector<float> wider((wte_shape[0] + 1) * wte_shape[1], 0.5f);
-  std::string path = Variant("shape.safetensors", "transformer.wte.weight", [&](SafetensorsWriter& w) {
-    w.AddF32("transformer.wte.weight", {wte_shape[0] + 1, wte_shape[1]}, wider.data());
-  });
+  std::string path =
+      Variant("shape.safetensors", "transformer.wte.weight", [&](SafetensorsWriter& w) {
+        w.AddF32("transformer.wte.weight", {wte_shape[0] + 1, wte_shape[1]}, wider.data());
+      });
   e = CreateError(path);
-  EXPECT_NE(e.find("bad.toml: data.init_weights: " + path + ": tensor 'transformer.wte.weight' "
-                   "has shape (" + std::to_string(wte_shape[0] + 1) + ", 8), the model's is (" +
+  EXPECT_NE(e.find("bad.toml: data.init_weights: " + path +
+                   ": tensor 'transformer.wte.weight' "
+                   "has shape (" +
+                   std::to_string(wte_shape[0] + 1) + ", 8), the model's is (" +
                    std::to_string(wte_shape[0]) + ", 8)"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("meshlearn.torch.export"), std::string::npos) << e;
   // An extra tensor.
-  path = Variant("extra.safetensors", "", [&](SafetensorsWriter& w) {
-    w.AddF32("lm_head.weight", wte.value);
-  });
+  path = Variant("extra.safetensors", "",
+                 [&](SafetensorsWriter& w) { w.AddF32("lm_head.weight", wte.value); });
   e = CreateError(path);
   EXPECT_NE(e.find(path + ": tensor 'lm_head.weight' F32 (" + std::to_string(wte_shape[0]) +
                    ", 8) is not a parameter of the model; remove it"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   // A missing tensor.
   path = Variant("missing.safetensors", "transformer.ln_f.bias", [](SafetensorsWriter&) {});
   e = CreateError(path);
-  EXPECT_NE(e.find(path + ": no tensor 'transformer.ln_f.bias' (F32, shape (8)), which the model needs"),
-            std::string::npos) << e;
+  EXPECT_NE(
+      e.find(path + ": no tensor 'transformer.ln_f.bias' (F32, shape (8)), which the model needs"),
+      std::string::npos)
+      << e;
   // Wrong dtype (an I32 tensor where the model has F32).
   std::vector<int32_t> ints(8, 1);
   path = Variant("dtype.safetensors", "transformer.ln_f.bias", [&](SafetensorsWriter& w) {
@@ -641,16 +653,17 @@ TEST_F(InitWeightsTest, BadFilesAreRefusedNamingTheFileTheTensorAndTheFix) {
   });
   e = CreateError(path);
   EXPECT_NE(e.find(path + ": tensor 'transformer.ln_f.bias' is I32, the model's is F32; write "
-                   "float32 weights"),
-            std::string::npos) << e;
+                          "float32 weights"),
+            std::string::npos)
+      << e;
   // A NaN.
   std::vector<float> nan(8, std::nanf(""));
-  path = Variant("nan.safetensors", "transformer.ln_f.bias", [&](SafetensorsWriter& w) {
-    w.AddF32("transformer.ln_f.bias", {8}, nan.data());
-  });
+  path = Variant("nan.safetensors", "transformer.ln_f.bias",
+                 [&](SafetensorsWriter& w) { w.AddF32("transformer.ln_f.bias", {8}, nan.data()); });
   e = CreateError(path);
   EXPECT_NE(e.find(path + ": tensor 'transformer.ln_f.bias' holds a non-finite value"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   // An empty value.
   e = CreateError("");
   EXPECT_NE(e.find("init_weights"), std::string::npos) << e;

@@ -70,7 +70,7 @@ TEST(TaskBundleTest, InitWeightsAreABlobOfTheBundleAndRoundZerosWeights) {
     t.insert(data + 7, "init_weights = \"" + weights + "\"\n");
     EXPECT_TRUE(env.WriteFileAtomic(task, t).ok());
   };
-  with_init("/sub/task.toml", "init.safetensors");   // relative to the task file's folder
+  with_init("/sub/task.toml", "init.safetensors");  // relative to the task file's folder
   with_init("/sub/other.toml", "other.safetensors");
 
   auto store = net::BlobStore::Open(&env, "/sub/blobs");
