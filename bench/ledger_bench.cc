@@ -2,7 +2,7 @@
 // rate, measured on the same machine in the same run.
 //
 //   ledger_bench [--txs=20000] [--block=1000] [--senders=1000] [--rounds=5]
-//                [--benchmarks=verify,produce,apply]
+//                [--benchmarks=verify,produce,apply[,cluster]]
 //
 // Cases (one JSON line each):
 //   verify   libsodium ed25519 verify (crypto_sign_verify_detached, one thread) of the same
@@ -11,6 +11,13 @@
 //            hash, signing and the durable SQLite commit of every block (WAL, synchronous=FULL)
 //   apply    Chain::ApplyBlock of the same blocks on a follower (verifies every signature again,
 //            re-executes, commits)
+//   cluster  (opt-in) the sequencer's whole path, Sequencer::Submit of a block's transactions
+//            then ProduceOnce, on a replicated sequencer (the leader of a ClusterCandidate on a
+//            local 3-member etcd: every block also goes through etcd's compare-and-swap before
+//            its SQLite commit) against the single-process sequencer, the two alternating block
+//            by block in the same run. "ratio" = cluster tx/s / single tx/s (median over
+//            `rounds` groups of blocks), target 0.5; "etcd_ms_per_block" is where the extra time
+//            goes. Skipped, saying so, without the etcd binary.
 // Pairing: the machine may be shared, so every block is timed right after a raw verify of that
 // block's own transactions, and a round's ratio for a case is (its tx/s) / (verifies/s of the
 // verifies paired with it): both sides see the same load. "ratio" is the median of the rounds'
@@ -31,11 +38,17 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "meshlearn/base/clock.h"
 #include "meshlearn/ledger/chain.h"
+#include "meshlearn/ledger/cluster.h"
+#include "meshlearn/ledger/etcd_local.h"
+#include "meshlearn/ledger/sequencer.h"
+#include "meshlearn/ledger/shared_chain.h"
 
 using meshlearn::KeyPair;
 using meshlearn::KeySeed;
@@ -178,7 +191,7 @@ Flags ParseFlags(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: ledger_bench [--txs=N] [--block=N] [--senders=N] [--rounds=N] "
-                   "[--benchmarks=verify,produce,apply]\n");
+                   "[--benchmarks=verify,produce,apply[,cluster]]\n");
       std::exit(2);
     }
   }
@@ -194,6 +207,109 @@ bool Wants(const Flags& f, std::string_view name) {
 }
 
 void Print(const nlohmann::json& j) { std::printf("%s\n", j.dump().c_str()); }
+
+// The cluster case (see the top of the file). Returns the process exit status.
+int RunCluster(const Flags& flags, Genesis genesis, const KeyPair& key,
+               const std::vector<std::vector<Transaction>>& batches, const std::string& dir,
+               nlohmann::json j) {
+  j["case"] = "cluster";
+  std::string bin = FindEtcd();
+  if (bin.empty()) {
+    j["skipped"] = "no etcd binary (apt-get install etcd-server)";
+    Print(j);
+    return 0;
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  LocalEtcdCluster etcd;
+  if (meshlearn::Status s = etcd.Start(bin, 3, dir); !s.ok()) {
+    std::fprintf(stderr, "ledger_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  genesis.sequencer = key.public_key();
+  genesis.sequencers = {key.public_key()};
+  auto single_chain = Chain::Open(dir + "/single.db", genesis);
+  auto cluster_chain = Chain::Open(dir + "/cluster.db", genesis);
+  if (!single_chain.ok() || !cluster_chain.ok()) return 1;
+  SharedChain single_shared(single_chain->get()), cluster_shared(cluster_chain->get());
+  SequencerOptions so;
+  so.max_block_txs = static_cast<uint32_t>(flags.block);
+  so.max_mempool = static_cast<size_t>(flags.block) * 2;
+  Sequencer single(&single_shared, key, meshlearn::SystemClock::Default(), so);
+  Sequencer leader(&cluster_shared, key, meshlearn::SystemClock::Default(), so);
+  ClusterCandidate candidate(&cluster_shared, &leader,
+                             {.etcd = etcd.ClientUrlList(), .advertise_url = "bench"});
+  meshlearn::Status run_status;
+  std::thread run([&] { run_status = candidate.Run(); });
+  for (int i = 0; i < 3000 && !candidate.leading(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!candidate.leading()) {
+    std::fprintf(stderr, "ledger_bench: the cluster candidate was not elected\n");
+    candidate.Stop();
+    run.join();
+    return 1;
+  }
+  auto produce = [&](Sequencer& seq, const std::vector<Transaction>& batch, Span* into) {
+    Timer t;
+    for (const Transaction& tx : batch) {
+      if (!seq.Submit(tx).ok()) return false;
+    }
+    auto b = seq.ProduceOnce();
+    into->Add(t);
+    return b.ok() && b->txs.size() == batch.size();
+  };
+  // `rounds` groups of consecutive blocks; in each, the two sequencers alternate block by block.
+  size_t groups = std::min<size_t>(static_cast<size_t>(flags.rounds), batches.size());
+  Rate single_rate, cluster_rate;
+  Ratios ratio;
+  Span single_all, cluster_all;
+  int txs_all = 0;
+  bool ok = true;
+  for (size_t g = 0; g < groups && ok; ++g) {
+    Span s_span, c_span;
+    int n = 0;
+    // Contiguous groups: a batch's nonces follow the previous batch's.
+    const size_t end = (g + 1) * batches.size() / groups;
+    for (size_t bi = g * batches.size() / groups; bi < end && ok; ++bi) {
+      ok = produce(single, batches[bi], &s_span) && produce(leader, batches[bi], &c_span);
+      n += static_cast<int>(batches[bi].size());
+    }
+    single_rate.Add(n, s_span);
+    cluster_rate.Add(n, c_span);
+    ratio.Add(c_span, s_span);
+    single_all.wall += s_span.wall;
+    cluster_all.wall += c_span.wall;
+    txs_all += n;
+  }
+  candidate.Stop();
+  run.join();
+  if (!ok) {
+    std::fprintf(stderr, "ledger_bench: a cluster block failed (see the log)\n");
+    return 1;
+  }
+  // Both produced the same chain, and etcd holds every cluster block.
+  if (single_shared.With([](Chain& c) { return c.StateHash(); }) !=
+      cluster_shared.With([](Chain& c) { return c.StateHash(); })) {
+    std::fprintf(stderr, "ledger_bench: the cluster's state differs from the single sequencer's\n");
+    return 1;
+  }
+  j["per_s"] = static_cast<int64_t>(cluster_rate.wall);
+  j["single_per_s"] = static_cast<int64_t>(single_rate.wall);
+  j["cpu_per_s"] = static_cast<int64_t>(cluster_rate.cpu);
+  j["ratio"] = Median(ratio.wall);
+  j["ratio_min"] = *std::min_element(ratio.wall.begin(), ratio.wall.end());
+  j["ratio_max"] = *std::max_element(ratio.wall.begin(), ratio.wall.end());
+  j["cpu_ratio"] = Median(ratio.cpu);
+  size_t blocks = batches.size();
+  j["etcd_ms_per_block"] = 1e3 * (cluster_all.wall - single_all.wall) / static_cast<double>(blocks);
+  j["single_ms_per_block"] = 1e3 * single_all.wall / static_cast<double>(blocks);
+  j["blocks"] = blocks;
+  j["target_ratio"] = 0.5;
+  Print(j);
+  (void)txs_all;
+  return 0;
+}
 
 }  // namespace
 
@@ -331,6 +447,11 @@ int main(int argc, char** argv) {
   if (Wants(flags, "verify")) report("verify", verify, nullptr);
   if (Wants(flags, "produce")) report("produce", produce, &produce_ratio);
   if (Wants(flags, "apply")) report("apply", apply, &apply_ratio);
+  int status = 0;
+  if (Wants(flags, "cluster")) {
+    status = RunCluster(flags, genesis, sequencer, batches, dir + "-cluster", common);
+    std::filesystem::remove_all(dir + "-cluster");
+  }
   std::filesystem::remove_all(dir);
-  return 0;
+  return status;
 }
