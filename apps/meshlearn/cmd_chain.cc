@@ -14,6 +14,8 @@
 #include "meshlearn/base/log.h"
 #include "meshlearn/cli.h"
 #include "meshlearn/ledger/chain.h"
+#include "meshlearn/ledger/cluster.h"
+#include "meshlearn/ledger/etcd.h"
 #include "meshlearn/ledger/follower.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/rpc.h"
@@ -42,6 +44,14 @@ struct ChainArgs {
   std::string url;
   std::string sequencer;
   std::string genesis_hash;
+  // init: the candidate keys of a replicated chain.
+  int sequencers = 1;
+  // serve: etcd endpoints (--cluster), the key of DIR/keys that signs, the URL other candidates
+  // name, the leader's lease.
+  std::string cluster;
+  std::string key_name = ledger::kSequencerKeyName;
+  std::string advertise;
+  int64_t lease_ttl_s = 2;
   double rate_limit = 200;
   // Room for the largest transaction, a RefereeStep or ProveResult witness, as hex in JSON.
   size_t max_body = ledger::RpcLimits{}.max_body_bytes;
@@ -111,8 +121,22 @@ Status RunInit(GlobalOptions& g, ChainArgs& a) {
   // (CreateChainDir): concurrent inits of one --dir cannot mix their genesis and key.
   const KeyPair seq = KeyPair::Generate();
   gen.sequencer = seq.public_key();
-  ML_RETURN_IF_ERROR(ledger::CreateChainDir(a.dir, gen, seq));
+  std::vector<KeyPair> candidates;  // a replicated chain's other candidates
+  if (a.sequencers > 1) {
+    gen.sequencers.push_back(seq.public_key());
+    for (int i = 1; i < a.sequencers; ++i) {
+      candidates.push_back(KeyPair::Generate());
+      gen.sequencers.push_back(candidates.back().public_key());
+    }
+  }
+  ML_RETURN_IF_ERROR(ledger::CreateChainDir(a.dir, gen, seq, candidates));
   KeyStore keys(Env::Default(), ChainKeysDir(a.dir));
+  json candidate_keys = json::array();
+  for (int i = 0; i < static_cast<int>(gen.sequencers.size()); ++i) {
+    candidate_keys.push_back({{"name", ledger::CandidateKeyName(i)},
+                              {"key", gen.sequencers[i].ToHex()},
+                              {"path", keys.PathOf(ledger::CandidateKeyName(i))}});
+  }
   std::string hash = ledger::GenesisHash(gen).ToHex();
   json j = {{"dir", a.dir},
             {"genesis", GenesisPath(a.dir)},
@@ -121,7 +145,8 @@ Status RunInit(GlobalOptions& g, ChainArgs& a) {
             {"sequencer", gen.sequencer.ToHex()},
             {"sequencer_key", keys.PathOf("sequencer")},
             {"faucet", gen.faucet},
-            {"accounts", gen.accounts.size()}};
+            {"accounts", gen.accounts.size()},
+            {"sequencers", candidate_keys}};
   g.Output(j, [&] {
     std::cout << "initialised chain '" << gen.chain_id << "' in " << a.dir << "\n"
               << "genesis:       " << GenesisPath(a.dir) << " (hash " << hash << ")\n"
@@ -130,6 +155,17 @@ Status RunInit(GlobalOptions& g, ChainArgs& a) {
               << "block every " << gen.block_interval_ms << " ms; " << gen.accounts.size()
               << " funded account(s); faucet " << (gen.faucet ? "on" : "off") << "\n"
               << "next: meshlearn chain serve --dir " << a.dir << " --listen 127.0.0.1:7700\n";
+    if (!candidate_keys.empty()) {
+      std::cout << "replicated: " << candidate_keys.size() << " sequencer candidates:\n";
+      for (const json& c : candidate_keys) {
+        std::cout << "  " << c["name"].get<std::string>() << "  " << c["path"].get<std::string>()
+                  << "\n";
+      }
+      std::cout << "copy " << a.dir << " to each candidate's machine and run there\n"
+                << "  meshlearn chain serve --dir " << a.dir
+                << " --cluster http://ETCD1:2379,... --key sequencer-N\n"
+                << "(docs/operators.md, \"Running a replicated chain\")\n";
+    }
   });
   return Status::Ok();
 }
@@ -147,19 +183,31 @@ Status RunServe(GlobalOptions& g, ChainArgs& a) {
   ML_ASSIGN_OR_RETURN(auto listen, ledger::ParseListenAddress(a.listen));
   ML_ASSIGN_OR_RETURN(Genesis gen, LoadChainGenesis(a.dir));
   KeyStore keys(Env::Default(), ChainKeysDir(a.dir));
-  ML_ASSIGN_OR_RETURN(KeyPair key, keys.Load(ledger::kSequencerKeyName, ""));
-  if (gen.sequencer != PublicKey{} && gen.sequencer != key.public_key()) {
-    return FailedPrecondition(keys.PathOf("sequencer") + " is not the sequencer named in " +
-                              GenesisPath(a.dir) + " (" + gen.sequencer.ShortHex() + "...)");
+  ML_ASSIGN_OR_RETURN(KeyPair key, keys.Load(a.key_name, ""));
+  if (!ledger::IsAuthorizedSequencer(gen, key.public_key())) {
+    return FailedPrecondition(keys.PathOf(a.key_name) + " (" + key.public_key().ShortHex() +
+                              "...) is not a sequencer named in " + GenesisPath(a.dir) +
+                              " (sequencer / sequencers); pick the right --key");
+  }
+  std::vector<std::string> etcd;
+  if (!a.cluster.empty()) {
+    ML_ASSIGN_OR_RETURN(etcd, ledger::ParseEtcdEndpoints(a.cluster, "--cluster"));
   }
   ML_ASSIGN_OR_RETURN(std::unique_ptr<Chain> chain, Chain::Open(DbPath(a.dir), gen));
   sigset_t stop_signals = BlockStopSignals();
 
   ledger::SharedChain shared(chain.get());
   ledger::Sequencer sequencer(&shared, key, SystemClock::Default());
+  std::unique_ptr<ledger::ClusterCandidate> candidate;
+  if (!etcd.empty()) {
+    candidate = std::make_unique<ledger::ClusterCandidate>(
+        &shared, &sequencer,
+        ledger::ClusterOptions{.etcd = etcd, .lease_ttl_s = a.lease_ttl_s, .evidence_dir = a.dir});
+  }
   ledger::RpcLimits limits;
   limits.max_body_bytes = a.max_body;
-  ledger::RpcService service(&shared, &sequencer, limits);
+  ledger::RpcService service(&shared, &sequencer, limits,
+                             {.role = candidate ? "candidate" : "sequencer"});
   ledger::RpcServerOptions opts;
   opts.max_body_bytes = a.max_body;
   opts.rate_limit.rate_per_second = a.rate_limit;
@@ -167,25 +215,48 @@ Status RunServe(GlobalOptions& g, ChainArgs& a) {
   ledger::RpcServer server(&service, opts);
   ML_RETURN_IF_ERROR(server.Start(listen.first, listen.second));
   sequencer.Start();
+  Status cluster_result;
+  std::thread cluster_thread;
+  if (candidate) {
+    candidate->set_advertise_url(a.advertise.empty() ? server.url() : a.advertise);
+    cluster_thread = std::thread([&] {
+      cluster_result = candidate->Run();
+      // A refused block or another history in etcd: stop the process, exit 1 with the reason.
+      if (!cluster_result.ok()) kill(getpid(), SIGUSR1);
+    });
+  }
 
   // The dashboard is GET / of the same address (ledger/dashboard.h).
   json j = {{"url", server.url()},
             {"dashboard", server.url() + "/"},
             {"chain_id", gen.chain_id},
             {"height", shared.height()},
-            {"genesis_hash", chain->genesis_hash().ToHex()}};
+            {"genesis_hash", chain->genesis_hash().ToHex()},
+            {"key", key.public_key().ToHex()}};
+  if (candidate) {
+    j["cluster"] = {{"etcd", etcd}, {"prefix", ledger::ClusterCandidate::Prefix(gen)}};
+  }
   if (g.json) {
     std::cout << j.dump() << std::endl;
   } else {
     std::cout << "serving chain '" << gen.chain_id << "' at " << server.url() << " (height "
               << shared.height() << ", a block every " << gen.block_interval_ms
               << " ms); Ctrl-C to stop\ndashboard: " << server.url() << "/" << std::endl;
+    if (candidate) {
+      std::cout << "sequencer candidate " << key.public_key().ShortHex() << "... on etcd "
+                << a.cluster << " (leads when elected)" << std::endl;
+    }
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);
   ML_LOG_INFO("signal {}: stopping", sig);
+  if (candidate) {
+    candidate->Stop();
+    cluster_thread.join();
+  }
   server.Stop();
   sequencer.Stop();
+  if (!cluster_result.ok()) return cluster_result;
   if (!g.json) std::cout << "stopped at height " << shared.height() << std::endl;
   return Status::Ok();
 }
@@ -315,10 +386,14 @@ void AddChain(CLI::App& root, GlobalOptions& g) {
   init->add_option("--fund", a.fund, "KEY=AMOUNT: a genesis balance (KEY: key name or hex); repeatable");
   init->add_flag("--faucet", a.faucet, "Allow Faucet transactions (devnets only)");
   init->add_flag("--devnet", a.devnet, "Devnet parameters: faucet, small stakes, short unbonding");
+  init->add_option("--sequencers", a.sequencers,
+                   "Sequencer candidates of a replicated chain (keys sequencer, sequencer-2, ...)")
+      ->capture_default_str()->check(CLI::Range(1, static_cast<int>(ledger::kMaxSequencers)));
   init->footer("Examples:\n"
                "  meshlearn chain init --dir ./chain --faucet\n"
                "  meshlearn chain init --dir ./chain --chain-id test-1 --block-interval-ms 500 \\\n"
-               "      --fund alice=1000000 --fund 3b6a27bc...=5000");
+               "      --fund alice=1000000 --fund 3b6a27bc...=5000\n"
+               "  meshlearn chain init --dir ./chain --sequencers 3   # a replicated chain");
   init->callback([&g] { g.Exit(RunInit(g, a)); });
 
   CLI::App* serve = chain->add_subcommand("serve", "Run the sequencer and its JSON-RPC API");
@@ -328,9 +403,25 @@ void AddChain(CLI::App& root, GlobalOptions& g) {
   serve->add_option("--rate-limit", a.rate_limit, "Requests per second per client address (0: off)")
       ->capture_default_str();
   serve->add_option("--max-body", a.max_body, "Largest request body in bytes")->capture_default_str();
+  serve->add_option("--cluster", a.cluster,
+                    "etcd endpoints (comma-separated): run as one candidate of a replicated "
+                    "sequencer");
+  serve->add_option("--key", a.key_name, "The key in DIR/keys that signs blocks")
+      ->capture_default_str();
+  serve->add_option("--advertise", a.advertise,
+                    "With --cluster: the RPC URL clients reach this candidate at (default: the "
+                    "listening URL)");
+  serve->add_option("--lease-ttl", a.lease_ttl_s,
+                    "With --cluster: the leader's etcd lease in seconds (failover takes about "
+                    "this long)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{600}));
   serve->footer("Examples:\n"
                 "  meshlearn chain serve --dir ./chain\n"
                 "  meshlearn chain serve --dir ./chain --listen 127.0.0.1:0 --json   # prints the URL\n"
+                "  meshlearn chain serve --dir ./chain --key sequencer-2 --listen 127.0.0.1:7702 \\\n"
+                "      --cluster http://127.0.0.1:2379,http://127.0.0.1:22379,http://127.0.0.1:32379\n"
+                "With --cluster, candidates elect a leader through etcd; clients take every\n"
+                "candidate's URL (--rpc URL1,URL2,URL3) and fail over (docs/operators.md).\n"
                 "Serves JSON-RPC (POST /), GET /metrics and the dashboard at GET / (open the URL in\n"
                 "a browser).\n"
                 "Stop with Ctrl-C or SIGTERM; a crash loses no acknowledged transaction.");
