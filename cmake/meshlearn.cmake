@@ -30,6 +30,10 @@ function(meshlearn_test)
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   # GoogleTest's header is the slowest part of compiling a test file; precompile it once per binary.
   target_precompile_headers(${ARG_NAME} PRIVATE <gtest/gtest.h>)
+  # The code under test is the libraries, built -O2; a test file itself only sets up and asserts,
+  # and -O0 compiles it in about half the time (network_sim_test.cc: 23 s -> 12 s). (-O1 is not used:
+  # GCC 12 then reports false out-of-bounds copies in std::string concatenation, bug 105329.)
+  target_compile_options(${ARG_NAME} PRIVATE $<$<CONFIG:Release>:-O0>)
   target_compile_definitions(${ARG_NAME} PRIVATE
                              MESHLEARN_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
                              MESHLEARN_BINARY_DIR="${CMAKE_BINARY_DIR}")
