@@ -54,6 +54,15 @@ meshlearn_test(NAME ledger_cluster_test
   DEPS meshlearn_ledger
   LABELS slow
   TIMEOUT 900)
+# `chain init --sequencers` / `chain serve --cluster` / --rpc lists through the real CLI.
+if(MESHLEARN_BUILD_APPS)
+  meshlearn_test(NAME ledger_cluster_cli_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/cluster_cli_test.cc
+    DEPS meshlearn_ledger)
+  add_dependencies(ledger_cluster_cli_test meshlearn)
+  target_compile_definitions(ledger_cluster_cli_test PRIVATE
+                             MESHLEARN_BIN="$<TARGET_FILE:meshlearn>")
+endif()
 if(TARGET ledger_crash_test)
   add_dependencies(ledger_crash_test meshlearn)
   target_compile_definitions(ledger_crash_test PRIVATE MESHLEARN_BIN="$<TARGET_FILE:meshlearn>")
