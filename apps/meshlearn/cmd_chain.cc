@@ -257,6 +257,18 @@ Status RunServe(GlobalOptions& g, ChainArgs& a) {
   server.Stop();
   sequencer.Stop();
   if (!cluster_result.ok()) return cluster_result;
+  if (candidate) {
+    // What this candidate saw: each time it took over, how long the chain had gone without a
+    // block (ms).
+    json cs = candidate->StatusJson();
+    if (g.json) {
+      std::cout << json{{"stopped_at", shared.height()}, {"cluster", cs}}.dump() << std::endl;
+    } else {
+      std::cout << "led " << cs["takeovers"].size() << " time(s); gaps before taking over (ms):";
+      for (const json& t : cs["takeovers"]) std::cout << " " << t["gap_ms"];
+      std::cout << std::endl;
+    }
+  }
   if (!g.json) std::cout << "stopped at height " << shared.height() << std::endl;
   return Status::Ok();
 }

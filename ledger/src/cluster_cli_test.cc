@@ -125,14 +125,31 @@ TEST(ClusterCli, InitServeTransferKillTheLeaderTransferAgain) {
   ASSERT_EQ(c3, 0) << ReadAll(home + "/stderr.txt");
   EXPECT_EQ(t2["status"], "included");
   EXPECT_GT(t2["height"].get<uint64_t>(), t1["height"].get<uint64_t>());
-  auto [c4, bal] = Meshlearn("--json wallet balance --key bob" + rpc, home);
-  ASSERT_EQ(c4, 0);
+  // A standby candidate applies etcd's blocks every 50 ms: reads may lag the leader briefly.
+  json bal;
+  for (int t = 0; t < 100; ++t) {
+    auto [c4, b] = Meshlearn("--json wallet balance --key bob" + rpc, home);
+    ASSERT_EQ(c4, 0);
+    bal = b;
+    if (bal["balance"] == 12) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   EXPECT_EQ(bal["balance"], 12) << "each transfer exactly once";
   for (size_t i = 0; i < 3; ++i) {
     if (static_cast<int>(i) == killed) continue;
     kill(pids[i], SIGTERM);
     int status = 0;
     waitpid(pids[i], &status, 0);
+    // Its last line: what it saw as a candidate (--json).
+    std::string log = ReadAll(home + "/c" + std::to_string(i) + "/serve.log");
+    json stopped;
+    std::istringstream lines(log);
+    for (std::string line; std::getline(lines, line);) {
+      json j = json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("stopped_at")) stopped = j;
+    }
+    ASSERT_TRUE(stopped.is_object()) << log;
+    EXPECT_TRUE(stopped["cluster"]["takeovers"].is_array()) << log;
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << ReadAll(home + "/c" + std::to_string(i) + "/serve.log");
   }

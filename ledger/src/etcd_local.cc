@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "meshlearn/ledger/etcd.h"
@@ -48,7 +49,12 @@ int FreeLoopbackPort() {
   return port;
 }
 
-LocalEtcdCluster::~LocalEtcdCluster() { StopAll(); }
+LocalEtcdCluster::~LocalEtcdCluster() {
+  StopAll();
+  // etcd preallocates 64 MB of WAL per member: a local cluster's data goes with it.
+  std::error_code ec;
+  for (const Member& m : members_) std::filesystem::remove_all(m.data_dir, ec);
+}
 
 void LocalEtcdCluster::StopAll() {
   for (size_t i = 0; i < members_.size(); ++i) Kill(i);

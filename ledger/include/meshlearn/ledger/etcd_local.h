@@ -10,7 +10,8 @@
 //   etcd.Pause(0); etcd.Resume(0);                 // SIGSTOP / SIGCONT one member
 //
 // Fast Raft timings (heartbeat 50 ms, election 500 ms): a lease can be as short as 1 s. The
-// members die with their parent (PR_SET_PDEATHSIG) and in the destructor. Not thread-safe.
+// members die with their parent (PR_SET_PDEATHSIG) and in the destructor, which also removes
+// their data directories (64 MB of preallocated WAL each). Not thread-safe.
 #pragma once
 
 #include <sys/types.h>
