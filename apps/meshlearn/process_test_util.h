@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "meshlearn/base/test_dir.h"
+
 namespace meshlearn::process_test {
 
 struct CmdResult {
@@ -48,11 +50,8 @@ inline CmdResult Meshlearn(const std::string& args, const std::string& home,
                (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
-// A new directory under /tmp named after `what`.
-inline std::string TempDir(const std::string& what) {
-  std::string tmpl = "/tmp/meshlearn-" + what + "-XXXXXX";
-  return mkdtemp(tmpl.data());
-}
+// A new directory under /tmp named after `what`, removed when the test passed (base/test_dir.h).
+inline std::string TempDir(const std::string& what) { return meshlearn::TestDir(what); }
 
 // The whole file; empty if it cannot be read.
 inline std::string ReadText(const std::string& path) {

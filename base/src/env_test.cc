@@ -1,4 +1,5 @@
 #include "meshlearn/base/env.h"
+#include "meshlearn/base/test_dir.h"
 
 #include <gtest/gtest.h>
 
@@ -11,10 +12,7 @@
 namespace meshlearn {
 namespace {
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/meshlearn-env-XXXXXX";
-  return mkdtemp(tmpl);
-}
+std::string TempDir() { return TestDir("env"); }
 
 TEST(PosixEnv, AtomicWriteReplacesAndLeavesNoTemporaries) {
   Env* env = Env::Default();

@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/test_dir.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/safetensors.h"
 
@@ -328,17 +329,15 @@ batch_size = 1
 // Hostile input: a data path of /dev/zero (or a FIFO, a directory) read until memory ran out
 // (std::bad_alloc, rc 134) or blocked. Data files must be regular files; the error says which.
 TEST(TaskTest, NonRegularDataFilesAreRefused) {
-  char tmpl[] = "/tmp/meshlearn-fifo-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string fifo = std::string(tmpl) + "/fifo";
+  const std::string dir = TestDir("fifo");
+  const std::string fifo = dir + "/fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   for (auto [path, kind] : std::vector<std::pair<std::string, std::string>>{
-           {"/dev/zero", "a character device"}, {fifo, "a FIFO"}, {tmpl, "a directory"}}) {
+           {"/dev/zero", "a character device"}, {fifo, "a FIFO"}, {dir, "a directory"}}) {
     ExpectTaskError("[data]\nformat = \"text\"\npath = \"" + path + "\"\n" + kGoodTail,
                     "bad.toml: data.path: cannot read " + path + ": not a regular file (" + kind +
                         ")");
   }
-  std::filesystem::remove_all(tmpl);
 }
 
 // Sets $MESHLEARN_MEMORY_BYTES for one test.
@@ -506,9 +505,7 @@ std::string WriteWeights(const std::string& path, Model& model) {
 class InitWeightsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/meshlearn-init-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = TestDir("init");
     // Weights unlike task.seed's: the same model initialised from another seed and shifted.
     Result<TaskSpec> t = TaskSpec::Parse(InitTask(""), "t.toml", "");
     ASSERT_TRUE(t.ok()) << t.status().ToString();

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "meshlearn/base/keyfile.h"
+#include "meshlearn/base/test_dir.h"
 #include "meshlearn/ledger/chain.h"
 
 #include "test_util.h"
@@ -157,10 +158,7 @@ TEST(GenesisTest, TheChainAcceptsEveryListedSequencerAndNoOther) {
   EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.ToString();
 }
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/meshlearn-genesis-XXXXXX";
-  return mkdtemp(tmpl);
-}
+std::string TempDir() { return TestDir("genesis"); }
 
 size_t Entries(const std::string& dir) {
   size_t n = 0;

@@ -12,6 +12,7 @@
 
 #include "meshlearn/base/clock.h"
 #include "meshlearn/base/hex.h"
+#include "meshlearn/base/test_dir.h"
 #include "meshlearn/ledger/chain.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/rpc.h"
@@ -21,12 +22,7 @@
 
 namespace meshlearn::ledger::testing {
 
-inline std::string TempDir() {
-  char tmpl[] = "/tmp/meshlearn-ledgersvc-XXXXXX";
-  char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d ? d : "/tmp";
-}
+inline std::string TempDir() { return TestDir("ledgersvc"); }
 
 inline KeyPair KeyFromByte(uint8_t b) {
   KeySeed seed;

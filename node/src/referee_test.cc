@@ -15,6 +15,7 @@
 
 #include "meshlearn/base/clock.h"
 #include "meshlearn/base/merkle.h"
+#include "meshlearn/base/test_dir.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/ledger/chain.h"
 #include "meshlearn/ledger/genesis.h"
@@ -405,8 +406,7 @@ class RefereeChainFixture : public ::testing::Test {
     p.min_deadline_blocks = 50;
     genesis_.sequencer = seq_.public_key();  // referee: zero, so the sequencer's key rules
     genesis_.genesis_time_ms = clock_.NowMillis();
-    char tmpl[] = "/tmp/meshlearn-referee-XXXXXX";
-    dir_ = mkdtemp(tmpl);
+    dir_ = TestDir("referee");
     chain_ = ledger::Chain::Open(dir_ + "/chain.db", genesis_).value();
     shared_ = std::make_unique<ledger::SharedChain>(chain_.get());
     sequencer_ = std::make_unique<ledger::Sequencer>(shared_.get(), seq_, &clock_);

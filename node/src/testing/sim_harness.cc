@@ -6,6 +6,7 @@
 
 #include "meshlearn/base/check.h"
 #include "meshlearn/base/hash.h"
+#include "meshlearn/base/test_dir.h"
 #include "meshlearn/node/blob_push.h"
 #include "meshlearn/node/local_diloco.h"
 
@@ -24,11 +25,7 @@ KeyPair DerivedKey(uint64_t seed, const std::string& who) {
   return KeyPair::FromSeed(s);
 }
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/meshlearn-sim-XXXXXX";
-  char* d = mkdtemp(tmpl);
-  return d ? d : "/tmp";
-}
+std::string TempDir() { return TestDir("sim"); }
 
 }  // namespace
 
