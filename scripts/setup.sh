@@ -32,7 +32,6 @@ packages=(
   dataset-fashion-mnist  # the real dataset for examples and tests
   prometheus             # promtool checks the GET /metrics pages in tests
   libpython3.11-minimal libpython3.11-stdlib  # the code-gpt corpus: /usr/lib/python3.11/**/*.py
-  etcd-server etcd-client  # `chain serve --cluster`: the replicated sequencer's log (etcdctl: backups)
 )
 # Only the tests use these; each test skips, visibly, where its package is missing.
 if [ "$with_test" -eq 1 ]; then
@@ -40,6 +39,7 @@ if [ "$with_test" -eq 1 ]; then
     chromium             # headless browser test of the dashboard (its charts are inline SVG)
     python3-nacl         # the Python client (python/): ed25519 signatures, encrypted keys
     python3-torch        # PyTorch comparisons: GPT-2 layout check, torch export, benches
+    etcd-server etcd-client  # the replicated sequencer's tests (`chain serve --cluster`; etcdctl: backups)
   )
 fi
 
