@@ -51,12 +51,7 @@ namespace {
 using nlohmann::json;
 using Steady = std::chrono::steady_clock;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing::ReadAll;
 
 int64_t MsSince(Steady::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - t).count();

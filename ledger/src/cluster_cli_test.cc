@@ -28,12 +28,7 @@ namespace {
 
 using nlohmann::json;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing::ReadAll;
 
 // `meshlearn ARGS` with MESHLEARN_HOME=home; its exit code and stdout parsed as JSON.
 std::pair<int, json> Meshlearn(const std::string& args, const std::string& home) {
@@ -122,7 +117,7 @@ TEST(ClusterCli, InitServeTransferKillTheLeaderTransferAgain) {
   waitpid(pids[killed], nullptr, 0);
 
   auto [c3, t2] = Meshlearn("--json wallet transfer bob 7 --key alice" + rpc, home);
-  ASSERT_EQ(c3, 0) << ReadAll(home + "/stderr.txt");
+  ASSERT_EQ(c3, 0) << t2.dump() << ReadAll(home + "/stderr.txt");
   EXPECT_EQ(t2["status"], "included");
   EXPECT_GT(t2["height"].get<uint64_t>(), t1["height"].get<uint64_t>());
   // A standby candidate applies etcd's blocks every 50 ms: reads may lag the leader briefly.

@@ -32,12 +32,7 @@ namespace {
 
 using nlohmann::json;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing::ReadAll;
 
 struct Server {
   pid_t pid = -1;

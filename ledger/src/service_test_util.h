@@ -4,7 +4,9 @@
 
 #include <stdlib.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,14 @@
 namespace meshlearn::ledger::testing {
 
 inline std::string TempDir() { return TestDir("ledgersvc"); }
+
+// The whole file (a server's log, a command's output); empty if it cannot be read.
+inline std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 inline KeyPair KeyFromByte(uint8_t b) {
   KeySeed seed;
