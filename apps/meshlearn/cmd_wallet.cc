@@ -1,8 +1,10 @@
 // meshlearn wallet balance|transfer|stake|unstake|withdraw|history|faucet|tx: an account's
 // tokens on the ledger. Sending commands sign with a key from the key store, wait until the
 // transaction's block is committed and print the receipt.
+#include <chrono>
 #include <iostream>
 #include <optional>
+#include <thread>
 
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/hex.h"
@@ -139,28 +141,46 @@ Status Send(GlobalOptions& g, const WalletArgs& a, ledger::TxPayload payload, co
       ML_RETURN_IF_ERROR(Env::Default()->DeleteFile(outbox));  // included or superseded
     }
   }
-  if (!tx) tx = ledger::BuildSignedTx(kp, chain_id, nonce, std::move(payload), a.fee);
-  ML_RETURN_IF_ERROR(Env::Default()->CreateDirs(g.Home().OutboxDir(), 0700));
-  ML_RETURN_IF_ERROR(
-      Env::Default()->WriteFileAtomic(outbox, HexEncode(ledger::EncodeTx(*tx)) + "\n", 0600));
-
-  std::string id = ledger::TxId(*tx).ToHex();
-  if (!g.json) {
-    std::cerr << what << ": sent tx " << id.substr(0, 12) << " (nonce " << tx->nonce << ")"
-              << std::endl;
-  }
+  const bool fresh = !tx.has_value();  // signed by this command, not resent from the outbox
+  if (!tx) tx = ledger::BuildSignedTx(kp, chain_id, nonce, payload, a.fee);
+  std::string id;
   auto progress = [&](int64_t waited_ms) {
     if (!g.json && waited_ms >= 2000) {
       std::cerr << "  waiting for the next block... " << waited_ms / 1000 << "s" << std::endl;
     }
   };
-  Result<json> sent = DataLoss("not sent");
-  try {
-    sent = ledger::SendTxAndWait(rpc, *tx, a.timeout_s * 1000, progress);
-  } catch (const json::exception& e) {
-    // An answer of the wrong shape says nothing about the transaction: it stays in the outbox,
-    // as after a timeout, and re-running the command resends the same bytes.
-    return MalformedAnswer({rpc.url(), "send_tx"}, e.what());
+  // Writes the outbox entry, then sends and waits.
+  auto send = [&]() -> Result<json> {
+    ML_RETURN_IF_ERROR(Env::Default()->CreateDirs(g.Home().OutboxDir(), 0700));
+    ML_RETURN_IF_ERROR(
+        Env::Default()->WriteFileAtomic(outbox, HexEncode(ledger::EncodeTx(*tx)) + "\n", 0600));
+    id = ledger::TxId(*tx).ToHex();
+    if (!g.json) {
+      std::cerr << what << ": sent tx " << id.substr(0, 12) << " (nonce " << tx->nonce << ")"
+                << std::endl;
+    }
+    try {
+      return ledger::SendTxAndWait(rpc, *tx, a.timeout_s * 1000, progress);
+    } catch (const json::exception& e) {
+      // An answer of the wrong shape says nothing about the transaction: it stays in the outbox,
+      // as after a timeout, and re-running the command resends the same bytes.
+      return MalformedAnswer({rpc.url(), "send_tx"}, e.what());
+    }
+  };
+  Result<json> sent = send();
+  // On a replicated chain (several --rpc endpoints) the nonce may have been read from a standby
+  // that applies the leader's blocks a poll later: just after a failover it can give a nonce the
+  // chain already used, and the leader refuses the transaction outright. A transaction this
+  // command signed (never one resent from the outbox) is then signed again with the nonce the
+  // chain has moved to, once a read shows it (within about 2 s).
+  for (int poll = 0; fresh && rpc.endpoint_count() > 1 && !sent.ok() &&
+                     sent.status().code() == StatusCode::kInvalidArgument && poll < 20;
+       ++poll) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ML_ASSIGN_OR_RETURN(uint64_t now, ledger::FetchNextNonce(rpc, kp.public_key()));
+    if (now <= tx->nonce) continue;
+    tx = ledger::BuildSignedTx(kp, chain_id, now, payload, a.fee);
+    sent = send();
   }
   if (!sent.ok()) {
     if (sent.status().code() == StatusCode::kDeadlineExceeded) {
