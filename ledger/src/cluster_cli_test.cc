@@ -34,13 +34,8 @@ using testing::ReadAll;
 std::pair<int, json> Meshlearn(const std::string& args, const std::string& home) {
   std::string cmd =
       "MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args + " 2>>" + home + "/stderr.txt";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, json::parse(out, nullptr, false)};
+  auto [code, out] = testing::RunShell(cmd);
+  return {code, json::parse(out, nullptr, false)};
 }
 
 pid_t Serve(const std::vector<std::string>& args, const std::string& home, const std::string& log) {

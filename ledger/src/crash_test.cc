@@ -226,13 +226,8 @@ struct Cli {
 
 Cli Meshlearn(const std::string& args, const std::string& home) {
   std::string cmd = "MESHLEARN_HOME=" + home + " " + MESHLEARN_BIN + " " + args + " 2>" + home + "/stderr.txt";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  Cli r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out + ReadAll(home + "/stderr.txt"), json()};
+  auto [code, out] = testing::RunShell(cmd);
+  Cli r{code, out + ReadAll(home + "/stderr.txt"), json()};
   r.j = json::parse(out, nullptr, false);
   return r;
 }

@@ -2,12 +2,15 @@
 // sequencer and an RPC service over it.
 #pragma once
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -25,6 +28,17 @@
 namespace meshlearn::ledger::testing {
 
 inline std::string TempDir() { return TestDir("ledgersvc"); }
+
+// Runs `cmd` through the shell: its exit code (-1 if it did not exit) and its stdout.
+inline std::pair<int, std::string> RunShell(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = p == nullptr ? -1 : pclose(p);
+  return {status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
 
 // The whole file (a server's log, a command's output); empty if it cannot be read.
 inline std::string ReadAll(const std::string& path) {
