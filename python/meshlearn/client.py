@@ -98,7 +98,8 @@ def progress_of(t):
 
 
 class Client:
-    """A client of one ledger (`rpc`: its URL, default $MESHLEARN_RPC or http://127.0.0.1:7700).
+    """A client of one ledger (`rpc`: its URL, default $MESHLEARN_RPC or http://127.0.0.1:7700;
+    several, comma-separated, are a replicated sequencer's candidates: calls fail over, rpc.py).
 
     `home` is the meshlearn home holding keys/ (default $MESHLEARN_HOME or ~/.meshlearn), `key`
     the name of the key that signs and pays, `passphrase` its passphrase when it is encrypted
@@ -319,7 +320,7 @@ class Client:
 
     def _cli(self, args, passphrase=False, timeout=None, explain=None):
         binary = cli.find_binary(self._binary)
-        return cli.run_json(binary, list(args) + ["--rpc", self.rpc.url], self.home,
+        return cli.run_json(binary, list(args) + ["--rpc", self.rpc.url_list], self.home,
                             passphrase=self._passphrase if passphrase else None,
                             timeout=timeout, explain=explain)
 

@@ -1,9 +1,12 @@
 """The Python client without a ledger: key files the CLI wrote (clear and encrypted), its errors,
 task dicts written as TOML and checked by the binary, RPC errors. Needs python3-nacl."""
 
+import http.server
 import json
 import os
+import socket
 import stat
+import threading
 import tomllib
 import unittest
 
@@ -210,6 +213,98 @@ class RpcErrorTest(unittest.TestCase):
         with self.assertRaises(meshlearn.TaskError) as e:
             list(c.watch("12xz"))
         self.assertIn("task id: expected hex digits", str(e.exception))
+
+
+class _FakeLedger:
+    """A JSON-RPC endpoint on loopback that answers every call with `answer(method)`: a result,
+    or an error status name (a candidate of a replicated sequencer that is not the leader
+    answers Unavailable). Counts the calls it got."""
+
+    def __init__(self, answer):
+        calls = self.calls = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                calls.append(req["method"])
+                result = answer(req["method"])
+                if isinstance(result, str):
+                    body = {"jsonrpc": "2.0", "id": req["id"],
+                            "error": {"code": -32004, "message": "%s here" % result,
+                                      "data": {"status": result}}}
+                else:
+                    body = {"jsonrpc": "2.0", "id": req["id"], "result": result}
+                out = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _dead_url():
+    """A loopback URL nothing listens on (a killed candidate)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return "http://127.0.0.1:%d" % port
+
+
+class RpcFailoverTest(unittest.TestCase):
+    """A comma-separated URL list (a replicated sequencer's candidates, docs/operators.md): a
+    dead first endpoint and a standby answering Unavailable are passed over to the leader, which
+    is then asked first; other errors are not retried elsewhere."""
+
+    def setUp(self):
+        self.leader = _FakeLedger(lambda m: {"height": 7} if m == "chain_status" else "NotFound")
+        self.standby = _FakeLedger(lambda m: "Unavailable")
+        self.addCleanup(self.leader.close)
+        self.addCleanup(self.standby.close)
+
+    def test_dead_and_standby_endpoints_fail_over_to_the_leader(self):
+        dead = _dead_url()
+        urls = ",".join([dead, self.standby.url, self.leader.url])
+        c = meshlearn.Client(urls, home=util.tempdir("failover"))
+        self.assertEqual(c.chain_status(), {"height": 7})
+        self.assertEqual(c.rpc.url, self.leader.url)
+        self.assertEqual(self.standby.calls, ["chain_status"])
+        # The next call goes to the endpoint that answered last.
+        self.assertEqual(c.chain_status(), {"height": 7})
+        self.assertEqual(self.standby.calls, ["chain_status"])
+        self.assertEqual(self.leader.calls, ["chain_status", "chain_status"])
+        # An answer that is not "try elsewhere" is the answer: no other endpoint is asked.
+        with self.assertRaises(meshlearn.RpcError) as e:
+            c.rpc.call("get_task", id="ab" * 32)
+        self.assertEqual(e.exception.status, "NotFound")
+        self.assertEqual(self.standby.calls, ["chain_status"])
+        # The binary gets the whole list.
+        self.assertEqual(c.rpc.url_list, urls)
+
+    def test_no_endpoint_answering_names_every_one(self):
+        dead = _dead_url()
+        urls = dead + "," + self.standby.url
+        rpc = meshlearn.Rpc(urls, rounds=2, backoff=0.01)
+        with self.assertRaises(meshlearn.RpcError) as e:
+            rpc.call("chain_status")
+        self.assertEqual(e.exception.status, "Unavailable")
+        self.assertIn("every endpoint of " + urls + " was tried, 2 round(s)", str(e.exception))
+        self.assertEqual(self.standby.calls, ["chain_status", "chain_status"])  # once a round
+        with self.assertRaises(meshlearn.RpcError) as e:
+            meshlearn.Rpc(self.leader.url + ",127.0.0.1:7700")
+        self.assertIn("'127.0.0.1:7700' (in ", str(e.exception))
+        self.assertIn("is not http://HOST:PORT", str(e.exception))
 
 
 if __name__ == "__main__":
