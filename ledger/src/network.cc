@@ -150,12 +150,15 @@ Status SettleRound(LedgerState& s, const ChainParams& p, const Hash256& task_id,
   t = s.tasks.Find(task_id);
   if (round < t->round_results.size()) {
     const RoundResult& rr = t->round_results[round];
-    const NodeRecord* agg = s.nodes.Find(rr.aggregator);
+    const PublicKey aggregator = rr.aggregator;
+    const NodeRecord* agg = s.nodes.Find(aggregator);
     if (agg != nullptr) {
       Amount amount = std::min(UnitCost(*t, rr.aggregator_price), t->escrow);
       PublicKey owner = agg->owner;
       ML_RETURN_IF_ERROR(PayFromEscrow(s, p, task_id, owner, amount));
       s.tasks.FindMutable(task_id)->round_results[round].aggregator_paid = amount;
+      NodeEarnings& e = s.nodes.FindMutable(aggregator)->earnings;
+      ML_RETURN_IF_ERROR(CheckedAdd(e.aggregation, amount, &e.aggregation, "node earnings"));
     }
   }
   return Status::Ok();

@@ -156,6 +156,7 @@ void EncodeNode(Encoder& e, const NodeRecord& n) {
   e.PutU64(r.failures).PutU64(r.slashes).PutU64(r.joined_height);
   e.PutU64(n.last_heartbeat_height);
   e.PutHash(n.secret_anchor).PutU64(n.secret_anchor_index).PutU64(n.secrets_committed);
+  NodeEarnings::Visit(n.earnings, internal::FieldEncoder{e});
 }
 
 Status DecodeNode(Decoder& d, NodeRecord* n) {
@@ -180,7 +181,9 @@ Status DecodeNode(Decoder& d, NodeRecord* n) {
   ML_RETURN_IF_ERROR(d.GetHash(&n->secret_anchor, "secret_anchor"));
   ML_RETURN_IF_ERROR(d.GetU64(&n->secret_anchor_index, "secret_anchor_index"));
   ML_RETURN_IF_ERROR(d.GetU64(&n->secrets_committed, "secrets_committed"));
-  return Status::Ok();
+  internal::FieldDecoder ed{d, Status::Ok()};
+  NodeEarnings::Visit(n->earnings, ed);
+  return ed.status;
 }
 
 void EncodeTask(Encoder& e, const TaskRecord& t) {
@@ -306,6 +309,8 @@ nlohmann::json AccountToJson(const Account& a) {
 nlohmann::json NodeToJson(const NodeRecord& n) {
   nlohmann::json caps = nlohmann::json::object();
   NodeCapabilities::Visit(n.capabilities, internal::FieldToJson{caps});
+  nlohmann::json earnings = nlohmann::json::object();
+  NodeEarnings::Visit(n.earnings, internal::FieldToJson{earnings});
   const Reputation& r = n.reputation;
   return {{"id", n.id.ToHex()},
           {"owner", n.owner.ToHex()},
@@ -326,7 +331,8 @@ nlohmann::json NodeToJson(const NodeRecord& n) {
           {"last_heartbeat_height", n.last_heartbeat_height},
           {"secret_anchor", n.secret_anchor.ToHex()},
           {"secret_anchor_index", n.secret_anchor_index},
-          {"secrets_committed", n.secrets_committed}};
+          {"secrets_committed", n.secrets_committed},
+          {"earnings", std::move(earnings)}};
 }
 
 nlohmann::json TaskToJson(const TaskRecord& t) {

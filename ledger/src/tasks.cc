@@ -131,6 +131,7 @@ Status SettleWorkUnit(LedgerState& s, const ChainParams& p, const Hash256& task_
     n->reputation.units_verified_clean++;
     n->reputation.clean_streak++;
   }
+  ML_RETURN_IF_ERROR(CheckedAdd(n->earnings.units, amount, &n->earnings.units, "node earnings"));
   return PayFromEscrow(s, p, task_id, n->owner, amount);
 }
 

@@ -108,7 +108,7 @@ protocol::Reputation ReputationOf(const NodeRecord& n) {
 }
 
 // Pays `amount` from the jackpot pool, split equally among `winners` (their owners), never more
-// than the pool holds.
+// than the pool holds; each winner's earnings record its share.
 Status PayJackpotShares(LedgerState& s, const std::vector<protocol::NodeId>& winners,
                         Amount amount, Amount* paid) {
   if (winners.empty()) return Status::Ok();
@@ -118,9 +118,20 @@ Status PayJackpotShares(LedgerState& s, const std::vector<protocol::NodeId>& win
     const NodeRecord* n = s.nodes.Find(w);
     if (n == nullptr) continue;
     ML_RETURN_IF_ERROR(PayFromJackpot(s, n->owner, share));
+    NodeEarnings& e = s.nodes.FindMutable(w)->earnings;
+    ML_RETURN_IF_ERROR(CheckedAdd(e.jackpot, share, &e.jackpot, "node earnings"));
+    e.jackpot_wins++;
     *paid += share;
   }
   return Status::Ok();
+}
+
+// SlashNode, and the node's earnings record what it lost.
+Status SlashAndRecord(LedgerState& s, const ChainParams& p, const protocol::NodeId& node,
+                      Amount amount, Amount* slashed) {
+  ML_RETURN_IF_ERROR(SlashNode(s, p, node, amount, slashed));
+  NodeEarnings& e = s.nodes.FindMutable(node)->earnings;
+  return CheckedAdd(e.slashed, *slashed, &e.slashed, "node earnings");
 }
 
 // Slashes a cheating solver; "the cheater's stake pays for the redo": up to one round's most
@@ -129,7 +140,7 @@ Status SlashSolverIntoEscrow(LedgerState& s, const ChainParams& p, const Hash256
                              const protocol::NodeId& solver, Amount amount, Amount* slashed_out,
                              Amount* to_escrow_out) {
   Amount slashed = 0;
-  ML_RETURN_IF_ERROR(SlashNode(s, p, solver, amount, &slashed));
+  ML_RETURN_IF_ERROR(SlashAndRecord(s, p, solver, amount, &slashed));
   *slashed_out = slashed;
   const TaskRecord* t = s.tasks.Find(task_id);
   TaskParams one_round = t->params;  // the most one round can cost: MaxTaskCost of one round
@@ -169,7 +180,7 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
     if (n == solver) {
       ML_RETURN_IF_ERROR(SlashSolverIntoEscrow(s, p, task_id, n, slash, &slashed, &to_escrow));
     } else {
-      ML_RETURN_IF_ERROR(SlashNode(s, p, n, slash, &slashed));
+      ML_RETURN_IF_ERROR(SlashAndRecord(s, p, n, slash, &slashed));
     }
     tally.slashed += slashed;
     tally.redo_escrow += to_escrow;
@@ -190,6 +201,9 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
     Amount amount = std::min(verifier_pay, s.tasks.Find(task_id)->escrow);
     if (node == nullptr || amount == 0) continue;
     ML_RETURN_IF_ERROR(PayFromEscrow(s, p, task_id, node->owner, amount));
+    NodeEarnings& e = s.nodes.FindMutable(n)->earnings;
+    ML_RETURN_IF_ERROR(CheckedAdd(e.verification, amount, &e.verification, "node earnings"));
+    e.checks_paid++;
     tally.verifiers_paid += amount;
   }
   if (fx.settled) {
@@ -257,6 +271,8 @@ Status ClawBack(LedgerState& s, const Hash256& task_id, const protocol::NodeId& 
   const Amount take = std::min(amount, n->stake);
   if (take == 0) return Status::Ok();
   n->stake -= take;
+  ML_RETURN_IF_ERROR(
+      CheckedAdd(n->earnings.clawed_back, take, &n->earnings.clawed_back, "node earnings"));
   TaskRecord* t = s.tasks.FindMutable(task_id);
   ML_RETURN_IF_ERROR(CheckedAdd(t->escrow, take, &t->escrow, "task escrow"));
   ML_RETURN_IF_ERROR(CheckedAdd(t->budget, take, &t->budget, "task budget"));

@@ -146,6 +146,33 @@ class VerificationTest : public FollowedChainFixture {
   }
   WorkUnit Unit(uint32_t index) { return chain_->GetWorkUnit(task_id_, index).value(); }
   NodeRecord Node(const KeyPair& k) { return chain_->GetNode(k.public_key()).value(); }
+  // The nodes' earnings (written where each payment is made) add up to the task's own tallies.
+  void ExpectEarningsAddUpToTheTask() {
+    NodeEarnings all;
+    for (const NodeRecord& n : chain_->ListNodes(0, 1000)) {
+      all.units += n.earnings.units;
+      all.aggregation += n.earnings.aggregation;
+      all.verification += n.earnings.verification;
+      all.jackpot += n.earnings.jackpot;
+      all.slashed += n.earnings.slashed;
+      all.clawed_back += n.earnings.clawed_back;
+    }
+    const TaskRecord t = Task();
+    Amount aggregators = 0;
+    for (const RoundResult& r : t.round_results) aggregators += r.aggregator_paid;
+    EXPECT_EQ(all.verification, t.verification.verifiers_paid);
+    EXPECT_EQ(all.jackpot, t.verification.jackpot_paid);
+    EXPECT_EQ(all.slashed, t.verification.slashed);
+    EXPECT_EQ(all.clawed_back, t.verification.clawed_back);
+    if (t.verification.rounds_rewound == 0) {  // a rewound round's records were reset
+      EXPECT_EQ(all.aggregation, aggregators);
+      Amount units = 0;
+      for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) units += u.paid;
+      EXPECT_EQ(all.units, units);
+      // What the escrow paid out, each kind counted once.
+      EXPECT_EQ(all.units + all.aggregation + all.verification, t.spent);
+    }
+  }
   UnitCheck Check(uint32_t index) { return UnitCheck::Decode(Unit(index).check).value(); }
   // False once the unit's round re-ran (its check was dropped).
   bool HasCheck(uint32_t index) { return !Unit(index).check.empty(); }
@@ -444,6 +471,12 @@ TEST_F(VerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
   EXPECT_EQ(tally.clawed_back, paid_p0);
   EXPECT_EQ(TaskToJson(Task())["verification"]["clawed_back"], paid_p0);
   EXPECT_EQ(Node(s1_).stake, kStake - kSlashMultiple * kUnitCost - paid_p0);
+  // Its node keeps the record of both: paid for the unit, then the pay taken back.
+  EXPECT_EQ(Node(s1_).earnings.units, paid_p0);
+  EXPECT_EQ(Node(s1_).earnings.clawed_back, paid_p0);
+  EXPECT_EQ(Node(s1_).earnings.slashed, kSlashMultiple * kUnitCost);
+  const Amount s2_paid_before_rewind = Node(s2_).earnings.units;
+  EXPECT_EQ(s2_paid_before_rewind, kUnitCost);  // h0, whose record the rewind reset
   for (int u : {p0, h0, p1, h1}) {
     EXPECT_NE(Unit(u).status, WorkUnitStatus::kVerified) << u;
     EXPECT_EQ(Unit(u).paid, 0u) << u;
@@ -460,6 +493,11 @@ TEST_F(VerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
     EXPECT_EQ(u.paid, kUnitCost) << u.index;
   }
   EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
+  // The honest solver keeps what it was paid for the rewound round, besides the redo's pay.
+  Amount units = 0;
+  for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) units += u.paid;
+  EXPECT_EQ(Node(s2_).earnings.units, s2_paid_before_rewind + units);
+  ExpectEarningsAddUpToTheTask();
 }
 
 // Assurance full: every unit is checked and every one of its segments replayed, and the
@@ -589,9 +627,18 @@ TEST_F(VerificationTest, HonestWorkIsCheckedCleanAndEveryonePaid) {
   EXPECT_EQ(Task().verification.clean, 2u);
   EXPECT_EQ(Task().verification.verifiers_paid, 2 * pay);
   EXPECT_EQ(Task().verification.slashed, 0u);
+  // The verifier's node records both payments, before the cut, as the task does.
+  EXPECT_EQ(Node(v1_).earnings.verification, 2 * pay);
+  EXPECT_EQ(Node(v1_).earnings.checks_paid, 2u);
+  EXPECT_EQ(NodeToJson(Node(v1_))["earnings"]["verification"], 2 * pay);
   FinishTask();
   EXPECT_EQ(Unit(u1).status, WorkUnitStatus::kVerified);
   EXPECT_EQ(Unit(u1).paid, kUnitCost);
+  EXPECT_EQ(Node(s1_).earnings.units, kUnitCost);
+  EXPECT_EQ(Node(agg_).earnings.aggregation, Task().round_results.at(0).aggregator_paid);
+  EXPECT_GT(Node(agg_).earnings.aggregation, 0u);
+  EXPECT_EQ(Node(s1_).earnings.verification + Node(s1_).earnings.jackpot, 0u);
+  ExpectEarningsAddUpToTheTask();
   for (const KeyPair* k : {&s1_, &s2_, &v1_, &wb_, &agg_}) {
     EXPECT_EQ(Node(*k).reputation.slashes, 0u);
     EXPECT_EQ(Node(*k).stake, kStake);
@@ -657,6 +704,12 @@ TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns)
   EXPECT_GT(tally.redo_escrow, 0u);
   EXPECT_EQ(TaskToJson(Task())["verification"]["fraud"], 1);
   EXPECT_GT(Balance(carol_), v1_balance);   // the verifier was paid and rewarded
+  EXPECT_EQ(cheater.earnings.slashed, kSlashMultiple * kUnitCost);
+  EXPECT_EQ(cheater.earnings.units, 0u);
+  EXPECT_EQ(Node(v1_).earnings.jackpot, tally.jackpot_paid);
+  EXPECT_GT(Node(v1_).earnings.jackpot, 0u);
+  EXPECT_EQ(Node(v1_).earnings.jackpot_wins, 1u);
+  ExpectEarningsAddUpToTheTask();
   // The honest solver does both units now; they are checked and the task finishes.
   Steps(1);
   EXPECT_EQ(Unit(lazy).assignee, s2_.public_key());
@@ -673,6 +726,8 @@ TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns)
   EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
   EXPECT_EQ(Node(v1_).reputation.slashes, 0u);
   EXPECT_EQ(Node(s2_).secrets_committed, 3u);
+  EXPECT_EQ(Node(s1_).earnings.units, 0u);
+  ExpectEarningsAddUpToTheTask();
 }
 
 // Both parties play the whole game; the referee computes the narrowed step and rules.
@@ -1082,6 +1137,11 @@ TEST_F(ForcedErrorTest, AForcedErrorCatchesTheRubberStamp) {
   StepUntilDone(u);
   EXPECT_FALSE(HasCheck(u));  // settled as a forced error: the round re-runs
   EXPECT_GT(Balance(*owner_.at(honest.public_key())), honest_before);  // jackpot share
+  EXPECT_GT(Node(honest).earnings.jackpot, 0u);
+  EXPECT_EQ(Node(honest).earnings.jackpot_wins, 1u);
+  EXPECT_EQ(Node(stamp).earnings.jackpot, 0u);
+  EXPECT_GT(Node(stamp).earnings.slashed, 0u);
+  ExpectEarningsAddUpToTheTask();
   EXPECT_EQ(Node(stamp).reputation.slashes, 1u);
   EXPECT_EQ(Node(honest).reputation.slashes, 0u);
   EXPECT_EQ(Node(s1_).reputation.slashes, 0u);  // the solver did what it was told
@@ -1115,6 +1175,8 @@ TEST_F(VerificationTest, AWhistleblowerCatchesWhatARubberStampApproved) {
   EXPECT_EQ(Node(v1_).reputation.slashes, 1u);  // it approved the cheat
   EXPECT_EQ(Node(wb_).reputation.slashes, 0u);
   EXPECT_GT(Balance(erin_), wb_before);  // rewarded from the jackpot
+  EXPECT_EQ(Node(wb_).earnings.jackpot, Balance(erin_) - wb_before);
+  ExpectEarningsAddUpToTheTask();
   EXPECT_TRUE(Rerunning());
 }
 

@@ -95,6 +95,37 @@ struct Reputation {
   bool operator==(const Reputation&) const = default;
 };
 
+// What a node's work earned its owner and what it cost the node, by kind, over its life on the
+// chain (a re-registration keeps it). Written where each payment is made (tasks.cc, network.cc,
+// verification.cc), so it is the ledger's own record, not a sum of records that a re-run round
+// resets: the sums over nodes equal the tasks' tallies (units: every settlement; aggregation:
+// RoundResult::aggregator_paid; verification: VerificationTally::verifiers_paid; jackpot:
+// VerificationTally::jackpot_paid). Escrow payments count before the treasury's cut, as the task
+// counts them (the owner's balance got amount - treasury_cut_bps of it); the jackpot pays whole.
+struct NodeEarnings {
+  Amount units = 0;            // settled work units it solved (SettleWorkUnit)
+  Amount aggregation = 0;      // rounds it aggregated, when the round settled
+  Amount verification = 0;     // checks it replayed, when the check settled (ApplyEffects)
+  Amount jackpot = 0;          // its share of jackpots: forced errors caught, challenges won
+  uint64_t checks_paid = 0;    // verification payments, one per settled check it was paid for
+  uint64_t jackpot_wins = 0;   // jackpot payments
+  Amount slashed = 0;          // stake taken from it by slashes (to the jackpot and treasury)
+  Amount clawed_back = 0;      // stake taken back for tainted rounds' pay (into the escrow)
+
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("units", s.units);
+    v("aggregation", s.aggregation);
+    v("verification", s.verification);
+    v("jackpot", s.jackpot);
+    v("checks_paid", s.checks_paid);
+    v("jackpot_wins", s.jackpot_wins);
+    v("slashed", s.slashed);
+    v("clawed_back", s.clawed_back);
+  }
+  bool operator==(const NodeEarnings&) const = default;
+};
+
 // A node is identified by its own ed25519 key (the key its daemon signs messages with), and
 // owned by the account that registered it. One account may own many nodes.
 struct NodeRecord {
@@ -114,6 +145,7 @@ struct NodeRecord {
   Hash256 secret_anchor;
   uint64_t secret_anchor_index = 0;
   uint64_t secrets_committed = 0;
+  NodeEarnings earnings;
   bool operator==(const NodeRecord&) const = default;
 };
 
