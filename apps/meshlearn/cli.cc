@@ -380,4 +380,12 @@ Result<std::string> ReadPassphrase(const std::string& passphrase_file, bool conf
   return p;
 }
 
+sigset_t BlockSignalsForSigwait(std::initializer_list<int> signals) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : signals) sigaddset(&set, s);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
 }  // namespace meshlearn::cli

@@ -16,6 +16,8 @@
 // (2 for usage errors, from CLI11).
 #pragma once
 
+#include <signal.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -157,6 +159,11 @@ Status WriteReportFile(const std::string& path, const nlohmann::json& report,
 // prompting on the terminal without echo (twice when `confirm`), else empty (no encryption).
 Result<std::string> ReadPassphrase(const std::string& passphrase_file, bool confirm,
                                    bool allow_prompt);
+
+// Blocks `signals` in the calling thread, and so in every thread it starts afterwards, and returns
+// them as a set: a long-running command (chain serve, node run) then waits for them with sigwait
+// in its main thread instead of a signal handler.
+sigset_t BlockSignalsForSigwait(std::initializer_list<int> signals);
 
 }  // namespace meshlearn::cli
 

@@ -209,15 +209,6 @@ Status RunBench(GlobalOptions& g, const NodeArgs& a) {
   return Status::Ok();
 }
 
-sigset_t BlockStopSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
-}
-
 // GET /metrics of `node run` (docs/operators.md, "Metrics"). The agent is single-threaded: the
 // daemon's loop copies what it needs here after every Tick, and scrapes (server threads) read the
 // copy, the blob store (thread-safe) and the HTTP server's counters.
@@ -381,7 +372,7 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   if (!agent.init_status().ok()) return agent.init_status();
   agent.RegisterServices(&router);
 
-  sigset_t stop_signals = BlockStopSignals();
+  sigset_t stop_signals = BlockSignalsForSigwait({SIGINT, SIGTERM});
   NodeMetrics metrics;
   net::HttpServer* server_ptr = nullptr;
   net::HttpServerOptions server_options;

@@ -13,12 +13,12 @@
 namespace meshlearn::engine {
 namespace {
 
-const std::string kSrc = MESHLEARN_SOURCE_DIR;
+const std::string kSourceDir = MESHLEARN_SOURCE_DIR;
 // The corpus's distinct bytes (CorpusTest.PythonStdlibCorpus checks it on the real files).
 constexpr int64_t kCorpusVocab = 172;
 
 TaskSpec Example(const std::string& name) {
-  Result<TaskSpec> t = TaskSpec::Load(Env::Default(), kSrc + "/examples/" + name);
+  Result<TaskSpec> t = TaskSpec::Load(Env::Default(), kSourceDir + "/examples/" + name);
   CHECK(t.ok()) << t.status().ToString();
   return *t;
 }

@@ -89,10 +89,6 @@ Amount BasisPoints(Amount amount, uint32_t bps) {
   return q * bps + r * bps / 10000;
 }
 
-namespace {
-constexpr std::string_view kTxDomain = "meshlearn.tx.v1";
-}  // namespace
-
 PreparedTx::PreparedTx(const Transaction& t) : tx(t) {
   Bytes enc = EncodeTx(t);
   buffer.reserve(kTxDomain.size() + enc.size());

@@ -18,8 +18,8 @@ using testing::FollowedChainFixture;
 using testing::TestKey;
 using testing::TestTaskParams;
 
-constexpr Amount kPrice = 10;          // every node's price per GFLOP
-constexpr Amount kUnitCost = 32 * 10;  // 32 GFLOP per unit (TestTaskParams) x kPrice
+using testing::kTestPrice;
+using testing::kTestUnitCost;
 
 class NetworkTest : public FollowedChainFixture {
  protected:
@@ -46,7 +46,7 @@ class NetworkTest : public FollowedChainFixture {
                                            .throughput = throughput,
                                            .latency_ms = 1,
                                            .bandwidth_bytes_per_s = 1'000'000'000},
-                          .price = kPrice,
+                          .price = kTestPrice,
                           .stake = 100};
   }
 
@@ -115,7 +115,7 @@ TEST_F(NetworkTest, WholeTaskThroughBlocks) {
     if (u.round == 0) {
       ASSERT_EQ(u.status, WorkUnitStatus::kAssigned) << u.index;
       EXPECT_GE(u.deadline_height, submit_height + genesis_.params.min_deadline_blocks);
-      EXPECT_EQ(u.price, kPrice);
+      EXPECT_EQ(u.price, kTestPrice);
       per_node[u.assignee]++;
     } else {
       EXPECT_EQ(u.status, WorkUnitStatus::kPending);
@@ -230,26 +230,26 @@ TEST_F(NetworkTest, WholeTaskThroughBlocks) {
   EXPECT_FALSE(r[1].ok);
   ASSERT_TRUE(r[2].ok) << r[2].reason;
 
-  // ---- Round 0 final and paid at once: 6 units + the aggregator, each kUnitCost, to owners.
+  // ---- Round 0 final and paid at once: 6 units + the aggregator, each kTestUnitCost, to owners.
   t = Task();
   EXPECT_EQ(t.rounds_settled, 1u);
   ASSERT_EQ(t.round_results.size(), 1u);
   EXPECT_EQ(t.round_results[0].state, Blake2b("state 1"));
   EXPECT_EQ(t.round_results[0].test_accuracy_ppm, 700'000u);
   EXPECT_EQ(t.round_results[0].aggregator, agg0);
-  EXPECT_EQ(t.round_results[0].aggregator_paid, kUnitCost);
-  EXPECT_EQ(t.spent, 7 * kUnitCost);
-  EXPECT_EQ(t.escrow, kBudget - 7 * kUnitCost);
-  const Amount cut = BasisPoints(kUnitCost, genesis_.params.treasury_cut_bps);
+  EXPECT_EQ(t.round_results[0].aggregator_paid, kTestUnitCost);
+  EXPECT_EQ(t.spent, 7 * kTestUnitCost);
+  EXPECT_EQ(t.escrow, kBudget - 7 * kTestUnitCost);
+  const Amount cut = BasisPoints(kTestUnitCost, genesis_.params.treasury_cut_bps);
   std::map<PublicKey, Amount> expected = before;
   for (const WorkUnit& u : Units()) {
     if (u.round != 0) continue;
     EXPECT_EQ(u.status, WorkUnitStatus::kVerified) << u.index;
-    EXPECT_EQ(u.paid, kUnitCost);
+    EXPECT_EQ(u.paid, kTestUnitCost);
     EXPECT_NE(u.assignee, n3_.public_key());  // the late node is never paid for them
-    expected[owner_.at(u.assignee)->public_key()] += kUnitCost - cut;
+    expected[owner_.at(u.assignee)->public_key()] += kTestUnitCost - cut;
   }
-  expected[owner_.at(agg0)->public_key()] += kUnitCost - cut;
+  expected[owner_.at(agg0)->public_key()] += kTestUnitCost - cut;
   for (const KeyPair* k : {&alice_, &bob_, &carol_}) {
     EXPECT_EQ(Balance(*k), expected[k->public_key()]) << k->public_key().ShortHex();
   }
@@ -286,10 +286,10 @@ TEST_F(NetworkTest, WholeTaskThroughBlocks) {
   EXPECT_EQ(t.status, TaskStatus::kFinished);
   EXPECT_EQ(t.final_state, Blake2b("state 2"));
   EXPECT_EQ(t.rounds_settled, 2u);
-  EXPECT_EQ(t.spent, 14 * kUnitCost);
+  EXPECT_EQ(t.spent, 14 * kTestUnitCost);
   EXPECT_EQ(t.escrow, 0u);
-  EXPECT_EQ(t.refunded, kBudget - 14 * kUnitCost);
-  EXPECT_EQ(Balance(dave_), kFunds - 14 * kUnitCost);
+  EXPECT_EQ(t.refunded, kBudget - 14 * kTestUnitCost);
+  EXPECT_EQ(Balance(dave_), kFunds - 14 * kTestUnitCost);
   for (const WorkUnit& u : Units()) EXPECT_EQ(u.status, WorkUnitStatus::kVerified) << u.index;
   j = TaskToJson(t);
   EXPECT_EQ(j["phase"], "final");
@@ -345,7 +345,7 @@ TEST_F(NetworkTest, CancelPaysTheCommittedUnitsFirst) {
   for (const WorkUnit& u : Units()) {
     if (u.index == first.index) {
       EXPECT_EQ(u.status, WorkUnitStatus::kVerified);
-      EXPECT_EQ(u.paid, kUnitCost);
+      EXPECT_EQ(u.paid, kTestUnitCost);
     } else {
       EXPECT_EQ(u.paid, 0u);
     }
@@ -468,7 +468,7 @@ TEST_F(NetworkTest, NoEligibleNodeLeavesUnitsPending) {
   // The task's price cap is below every node's price: nothing is assigned, nothing is paid.
   ASSERT_TRUE(Step({Q(alice_, Reg(n1_, 1'000'000'000'000))})[0].ok);
   SubmitTaskTx s = Submit(10'000);
-  s.price_cap = kPrice - 1;
+  s.price_cap = kTestPrice - 1;
   Transaction submit = Q(dave_, s);
   task_id_ = TaskIdFor(dave_.public_key(), submit.nonce);
   ASSERT_TRUE(Step({submit})[0].ok);

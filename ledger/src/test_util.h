@@ -43,6 +43,11 @@ class TempDir {
   std::string path_;
 };
 
+// The price per GFLOP the network tests give every node, and what one unit of TestTaskParams
+// (32 GFLOP) then costs.
+inline constexpr Amount kTestPrice = 10;
+inline constexpr Amount kTestUnitCost = 32 * kTestPrice;
+
 // Valid parameters of a small network task (2 rounds x 3 units; one unit is 4 x 8 samples of
 // 10^9 FLOPs = 32 GFLOP, so it costs 32 x the price per GFLOP).
 inline TaskParams TestTaskParams() {

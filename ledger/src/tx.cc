@@ -7,8 +7,6 @@ namespace meshlearn::ledger {
 
 namespace {
 
-constexpr std::string_view kTxDomain = "meshlearn.tx.v1";
-
 // Everything but the signature.
 void EncodeUnsigned(Encoder& e, const Transaction& tx) {
   e.PutU8(kTxVersion).PutString(tx.chain_id).PutPublicKey(tx.sender).PutU64(tx.nonce);

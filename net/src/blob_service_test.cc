@@ -7,18 +7,13 @@
 
 #include "meshlearn/base/rng.h"
 #include "meshlearn/net/sim_transport.h"
+#include "test_util.h"
 
 namespace meshlearn::net {
 namespace {
 
-constexpr uint32_t kChunk = 4096;
-
-Bytes RandomBytes(size_t n, uint64_t seed) {
-  Rng rng(seed);
-  Bytes b(n);
-  for (auto& x : b) x = static_cast<uint8_t>(rng.NextU32());
-  return b;
-}
+using test_util::kTestChunk;
+using test_util::RandomBytes;
 
 // One simulated node with its own in-memory disk, store and blob service.
 struct Peer {
@@ -57,14 +52,14 @@ class BlobFetchTest : public ::testing::Test {
   BlobFetchTest() : net_(7, LinkParams{.latency_us = 500, .bandwidth_bytes_per_sec = 50e6}) {}
 
   BlobId Seed(Peer* p) {
-    Result<BlobId> id = p->store->Put(data_, kChunk);
+    Result<BlobId> id = p->store->Put(data_, kTestChunk);
     CHECK(id.ok()) << id.status().ToString();
     return *id;
   }
 
   SimNetwork net_;
-  Bytes data_ = RandomBytes(40 * kChunk + 123, 99);
-  Manifest manifest_ = BuildManifest(data_, kChunk);
+  Bytes data_ = RandomBytes(40 * kTestChunk + 123, 99);
+  Manifest manifest_ = BuildManifest(data_, kTestChunk);
 };
 
 TEST_F(BlobFetchTest, FromThreeProvidersInParallel) {
@@ -87,7 +82,7 @@ TEST_F(BlobFetchTest, FromThreeProvidersInParallel) {
 
 TEST_F(BlobFetchTest, CompressesOnTheWire) {
   Peer p1(&net_, "p1"), me(&net_, "me");
-  data_ = Bytes(20 * kChunk, 0);
+  data_ = Bytes(20 * kTestChunk, 0);
   for (size_t i = 0; i < data_.size(); ++i) data_[i] = static_cast<uint8_t>(i / 512);
   BlobId id = Seed(&p1);
   Fetcher fetcher(me.node->transport(), me.store.get());
@@ -106,8 +101,8 @@ TEST_F(BlobFetchTest, LyingProviderWrongChunkBytesIsDropped) {
   liar.chunk = [&](const Request& r) {
     ChunkRequest q = *DecodeChunkRequest(r.body);
     ChunkResponse resp;
-    resp.payload = RandomBytes(kChunk, q.hash.bytes[0]);  // right size, wrong bytes
-    resp.raw_size = kChunk;
+    resp.payload = RandomBytes(kTestChunk, q.hash.bytes[0]);  // right size, wrong bytes
+    resp.raw_size = kTestChunk;
     return Result<Bytes>(EncodeChunkResponse(resp));
   };
   Fetcher fetcher(me.node->transport(), me.store.get());
@@ -124,7 +119,7 @@ TEST_F(BlobFetchTest, LyingProviderBadManifestIsRefused) {
   Liar forger(&net_, "forger"), junk(&net_, "junk");
   Peer good(&net_, "good"), me(&net_, "me");
   BlobId id = Seed(&good);
-  Manifest other = BuildManifest(RandomBytes(3 * kChunk, 5), kChunk);
+  Manifest other = BuildManifest(RandomBytes(3 * kTestChunk, 5), kTestChunk);
   forger.manifest = [&] { return Result<Bytes>(EncodeManifest(other)); };  // valid, wrong blob
   junk.manifest = [&] { return Result<Bytes>(ToBytes("definitely not a manifest")); };
   Fetcher fetcher(me.node->transport(), me.store.get());
@@ -183,7 +178,7 @@ TEST_F(BlobFetchTest, ZstdBombIsRefusedBySizeLimit) {
   ASSERT_LT(bomb.size(), 64u << 10);
   bomber.manifest = [&] { return Result<Bytes>(EncodeManifest(manifest_)); };
   bomber.chunk = [&](const Request&) {
-    return Result<Bytes>(EncodeChunkResponse({ChunkEncoding::kChunkEncodingZstd, kChunk, bomb}));
+    return Result<Bytes>(EncodeChunkResponse({ChunkEncoding::kChunkEncodingZstd, kTestChunk, bomb}));
   };
   Fetcher fetcher(me.node->transport(), me.store.get());
   Result<FetchStats> st = fetcher.Fetch(id, {"bomber", "good"});
@@ -293,7 +288,7 @@ TEST_F(BlobFetchTest, PartitionedProviderIsRoutedAround) {
 }
 
 TEST_F(BlobFetchTest, QuotaTooSmallFailsWithResourceExhausted) {
-  Peer p1(&net_, "p1"), me(&net_, "me", /*quota=*/10 * kChunk);
+  Peer p1(&net_, "p1"), me(&net_, "me", /*quota=*/10 * kTestChunk);
   BlobId id = Seed(&p1);
   Fetcher fetcher(me.node->transport(), me.store.get());
   Result<FetchStats> st = fetcher.Fetch(id, {"p1"});
@@ -320,8 +315,8 @@ std::string SwarmRun(uint64_t seed) {
   for (int i = 0; i < 50; ++i) {
     peers.push_back(std::make_unique<Peer>(&net, "n" + std::to_string(i)));
   }
-  Bytes data = RandomBytes(16 * kChunk, seed);
-  BlobId id = *peers[0]->store->Put(data, kChunk);
+  Bytes data = RandomBytes(16 * kTestChunk, seed);
+  BlobId id = *peers[0]->store->Put(data, kTestChunk);
   Rng rng(seed);
   std::vector<std::unique_ptr<Fetcher>> fetchers;
   std::string digest;

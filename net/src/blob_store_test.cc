@@ -7,18 +7,14 @@
 #include <thread>
 
 #include "meshlearn/base/rng.h"
+#include "meshlearn/base/test_dir.h"
+#include "test_util.h"
 
 namespace meshlearn::net {
 namespace {
 
-constexpr uint32_t kChunk = 4096;
-
-Bytes RandomBytes(size_t n, uint64_t seed) {
-  Rng rng(seed);
-  Bytes b(n);
-  for (auto& x : b) x = static_cast<uint8_t>(rng.NextU32());
-  return b;
-}
+using test_util::kTestChunk;
+using test_util::RandomBytes;
 
 std::unique_ptr<BlobStore> OpenOrDie(Env* env, const std::string& dir, uint64_t quota = 0) {
   auto s = BlobStore::Open(env, dir, {.quota_bytes = quota});
@@ -26,26 +22,11 @@ std::unique_ptr<BlobStore> OpenOrDie(Env* env, const std::string& dir, uint64_t 
   return std::move(*s);
 }
 
-// A real directory under /tmp, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/meshlearn_net_test_XXXXXX";
-    CHECK(mkdtemp(tmpl) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 TEST(BlobStoreTest, PutGetRoundTrip) {
   MemEnv env;
   auto store = OpenOrDie(&env, "/data/blobs");
-  Bytes data = RandomBytes(3 * kChunk + 5, 1);
-  Result<BlobId> id = store->Put(data, kChunk);
+  Bytes data = RandomBytes(3 * kTestChunk + 5, 1);
+  Result<BlobId> id = store->Put(data, kTestChunk);
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   EXPECT_TRUE(store->HasBlob(*id));
   Result<Bytes> back = store->Get(*id);
@@ -63,8 +44,8 @@ TEST(BlobStoreTest, PutGetRoundTrip) {
 TEST(BlobStoreTest, IdenticalChunksStoredOnce) {
   MemEnv env;
   auto store = OpenOrDie(&env, "/b");
-  Bytes zeros(4 * kChunk, 0);
-  BlobId id = *store->Put(zeros, kChunk);
+  Bytes zeros(4 * kTestChunk, 0);
+  BlobId id = *store->Put(zeros, kTestChunk);
   EXPECT_EQ(store->stats().chunk_files, 1u);
   EXPECT_EQ(*store->Get(id), zeros);
   // Removing it drops the shared chunk exactly once.
@@ -91,8 +72,8 @@ TEST(BlobStoreTest, ReopenFindsEverything) {
   uint64_t used = 0;
   {
     auto store = OpenOrDie(&env, "/b");
-    a = *store->Put(RandomBytes(2 * kChunk, 3), kChunk);
-    b = *store->Put(RandomBytes(kChunk + 1, 4), kChunk);
+    a = *store->Put(RandomBytes(2 * kTestChunk, 3), kTestChunk);
+    b = *store->Put(RandomBytes(kTestChunk + 1, 4), kTestChunk);
     ASSERT_TRUE(store->Pin(a).ok());
     used = store->stats().used_bytes;
   }
@@ -108,30 +89,30 @@ TEST(BlobStoreTest, ReopenFindsEverything) {
 TEST(BlobStoreTest, QuotaEvictsLeastRecentlyUsedUnpinned) {
   MemEnv env;
   // Room for about three blobs of two chunks each (plus manifests).
-  auto store = OpenOrDie(&env, "/b", /*quota=*/3 * (2 * kChunk + 200));
-  BlobId a = *store->Put(RandomBytes(2 * kChunk, 10), kChunk);
-  BlobId b = *store->Put(RandomBytes(2 * kChunk, 11), kChunk);
-  BlobId c = *store->Put(RandomBytes(2 * kChunk, 12), kChunk);
+  auto store = OpenOrDie(&env, "/b", /*quota=*/3 * (2 * kTestChunk + 200));
+  BlobId a = *store->Put(RandomBytes(2 * kTestChunk, 10), kTestChunk);
+  BlobId b = *store->Put(RandomBytes(2 * kTestChunk, 11), kTestChunk);
+  BlobId c = *store->Put(RandomBytes(2 * kTestChunk, 12), kTestChunk);
   ASSERT_TRUE(store->Pin(a).ok());
   ASSERT_TRUE(store->Get(b).ok());  // b is now more recent than c
-  BlobId d = *store->Put(RandomBytes(2 * kChunk, 13), kChunk);
+  BlobId d = *store->Put(RandomBytes(2 * kTestChunk, 13), kTestChunk);
   EXPECT_TRUE(store->HasBlob(a));       // pinned
   EXPECT_TRUE(store->HasBlob(b));       // recently used
   EXPECT_FALSE(store->HasManifest(c));  // least recently used: evicted
   EXPECT_TRUE(store->HasBlob(d));
   EXPECT_EQ(store->stats().evicted_blobs, 1u);
-  EXPECT_LE(store->stats().used_bytes, 3 * (2 * kChunk + 200));
+  EXPECT_LE(store->stats().used_bytes, 3 * (2 * kTestChunk + 200));
 }
 
 TEST(BlobStoreTest, QuotaFullOfPinnedRefusesAndChangesNothing) {
   MemEnv env;
-  auto store = OpenOrDie(&env, "/b", /*quota=*/2 * (2 * kChunk + 200));
-  BlobId a = *store->Put(RandomBytes(2 * kChunk, 20), kChunk);
-  BlobId b = *store->Put(RandomBytes(2 * kChunk, 21), kChunk);
+  auto store = OpenOrDie(&env, "/b", /*quota=*/2 * (2 * kTestChunk + 200));
+  BlobId a = *store->Put(RandomBytes(2 * kTestChunk, 20), kTestChunk);
+  BlobId b = *store->Put(RandomBytes(2 * kTestChunk, 21), kTestChunk);
   ASSERT_TRUE(store->Pin(a).ok());
   ASSERT_TRUE(store->Pin(b).ok());
   BlobStoreStats before = store->stats();
-  Result<BlobId> c = store->Put(RandomBytes(2 * kChunk, 22), kChunk);
+  Result<BlobId> c = store->Put(RandomBytes(2 * kTestChunk, 22), kTestChunk);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
   BlobStoreStats after = store->stats();
@@ -140,17 +121,17 @@ TEST(BlobStoreTest, QuotaFullOfPinnedRefusesAndChangesNothing) {
   EXPECT_EQ(after.manifests, before.manifests);
   // Unpinning makes room again.
   ASSERT_TRUE(store->Unpin(a).ok());
-  EXPECT_TRUE(store->Put(RandomBytes(2 * kChunk, 22), kChunk).ok());
+  EXPECT_TRUE(store->Put(RandomBytes(2 * kTestChunk, 22), kTestChunk).ok());
   EXPECT_FALSE(store->HasManifest(a));
   EXPECT_EQ(store->Unpin(a).code(), StatusCode::kFailedPrecondition);
 }
 
 TEST(BlobStoreTest, HeldBlobIsNotEvictedAndRemoveRefusesPinned) {
   MemEnv env;
-  auto store = OpenOrDie(&env, "/b", /*quota=*/2 * kChunk + 200);
-  BlobId a = *store->Put(RandomBytes(2 * kChunk, 30), kChunk);
+  auto store = OpenOrDie(&env, "/b", /*quota=*/2 * kTestChunk + 200);
+  BlobId a = *store->Put(RandomBytes(2 * kTestChunk, 30), kTestChunk);
   store->Hold(a);
-  EXPECT_EQ(store->Put(RandomBytes(kChunk, 31), kChunk).status().code(),
+  EXPECT_EQ(store->Put(RandomBytes(kTestChunk, 31), kTestChunk).status().code(),
             StatusCode::kResourceExhausted);
   EXPECT_EQ(store->Remove(a).code(), StatusCode::kFailedPrecondition);
   store->Release(a);
@@ -160,8 +141,8 @@ TEST(BlobStoreTest, HeldBlobIsNotEvictedAndRemoveRefusesPinned) {
 TEST(BlobStoreTest, GarbageCollectionDropsOrphanChunks) {
   MemEnv env;
   auto store = OpenOrDie(&env, "/b");
-  BlobId a = *store->Put(RandomBytes(2 * kChunk, 40), kChunk);
-  Bytes orphan = RandomBytes(kChunk, 41);
+  BlobId a = *store->Put(RandomBytes(2 * kTestChunk, 40), kTestChunk);
+  Bytes orphan = RandomBytes(kTestChunk, 41);
   ASSERT_TRUE(store->PutChunk(Blake2b(orphan), orphan).ok());
   EXPECT_EQ(store->stats().chunk_files, 3u);
   ASSERT_TRUE(store->CollectGarbage().ok());
@@ -174,8 +155,8 @@ TEST(BlobStoreTest, FailedWritesLeaveNoPartialChunk) {
   MemEnv env;
   auto store = OpenOrDie(&env, "/b");
   env.FailWritesAfter(2);  // the manifest and one chunk get written, then the "disk" fails
-  Bytes data = RandomBytes(3 * kChunk, 50);
-  Result<BlobId> id = store->Put(data, kChunk);
+  Bytes data = RandomBytes(3 * kTestChunk, 50);
+  Result<BlobId> id = store->Put(data, kTestChunk);
   ASSERT_FALSE(id.ok());
   env.FailWritesAfter(-1);
   // Every chunk file that exists is complete and matches its name.
@@ -185,21 +166,21 @@ TEST(BlobStoreTest, FailedWritesLeaveNoPartialChunk) {
     EXPECT_EQ(Blake2b(content).ToHex(), name);
   }
   // A second attempt completes the blob.
-  BlobId again = *store->Put(data, kChunk);
+  BlobId again = *store->Put(data, kTestChunk);
   EXPECT_EQ(*store->Get(again), data);
 }
 
 TEST(BlobStoreTest, CrashLeftoversOnDiskAreNeverVisible) {
-  TempDir tmp;
-  Bytes data = RandomBytes(3 * kChunk, 60);
+  const std::string tmp = TestDir("net");
+  Bytes data = RandomBytes(3 * kTestChunk, 60);
   BlobId id;
-  Manifest m = BuildManifest(data, kChunk);
+  Manifest m = BuildManifest(data, kTestChunk);
   {
-    auto store = OpenOrDie(Env::Default(), tmp.path());
-    id = *store->Put(data, kChunk);
+    auto store = OpenOrDie(Env::Default(), tmp);
+    id = *store->Put(data, kTestChunk);
   }
   Env* env = Env::Default();
-  std::string chunk_dir = tmp.path() + "/chunks";
+  std::string chunk_dir = tmp + "/chunks";
   // A crash in WriteFileAtomic before its rename leaves a partial temporary...
   std::string partial = chunk_dir + "/" + Blake2b("x").ToHex() + ".tmp.123.0";
   ASSERT_TRUE(env->WriteFileAtomic(partial, "half a chu").ok());
@@ -207,7 +188,7 @@ TEST(BlobStoreTest, CrashLeftoversOnDiskAreNeverVisible) {
   std::string chunk1 = chunk_dir + "/" + m.chunks[1].ToHex();
   ASSERT_TRUE(env->WriteFileAtomic(chunk1, "garbage").ok());
 
-  auto store = OpenOrDie(env, tmp.path());
+  auto store = OpenOrDie(env, tmp);
   EXPECT_FALSE(env->FileExists(partial));
   EXPECT_EQ(store->stats().chunk_files, 3u);
   Result<Bytes> got = store->Get(id);
@@ -216,22 +197,22 @@ TEST(BlobStoreTest, CrashLeftoversOnDiskAreNeverVisible) {
   EXPECT_FALSE(store->HasBlob(id));
   EXPECT_EQ(*store->MissingChunks(id), std::vector<size_t>{1});
   // Putting the blob again repairs it.
-  ASSERT_TRUE(store->Put(data, kChunk).ok());
+  ASSERT_TRUE(store->Put(data, kTestChunk).ok());
   EXPECT_EQ(*store->Get(id), data);
 }
 
 TEST(BlobStoreTest, ConcurrentPutsAndGets) {
-  TempDir tmp;
-  auto store = OpenOrDie(Env::Default(), tmp.path());
+  const std::string tmp = TestDir("net");
+  auto store = OpenOrDie(Env::Default(), tmp);
   std::vector<std::thread> threads;
   std::vector<int> ok(4, 0);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 5; ++i) {
         // Blobs share their first chunk across threads.
-        Bytes data = RandomBytes(3 * kChunk, 1000 + t * 10 + i);
-        std::fill(data.begin(), data.begin() + kChunk, 0);
-        Result<BlobId> id = store->Put(data, kChunk);
+        Bytes data = RandomBytes(3 * kTestChunk, 1000 + t * 10 + i);
+        std::fill(data.begin(), data.begin() + kTestChunk, 0);
+        Result<BlobId> id = store->Put(data, kTestChunk);
         if (id.ok() && store->Get(*id).ok() && *store->Get(*id) == data) ++ok[t];
       }
     });
@@ -242,10 +223,10 @@ TEST(BlobStoreTest, ConcurrentPutsAndGets) {
 }
 
 TEST(BlobStoreTest, ParallelChunkWritesKeepAccountsExact) {
-  TempDir tmp;
-  auto store = OpenOrDie(Env::Default(), tmp.path());
+  const std::string tmp = TestDir("net");
+  auto store = OpenOrDie(Env::Default(), tmp);
   std::vector<Bytes> chunks;
-  for (int i = 0; i < 8; ++i) chunks.push_back(RandomBytes(kChunk + i, 3000 + i));
+  for (int i = 0; i < 8; ++i) chunks.push_back(RandomBytes(kTestChunk + i, 3000 + i));
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
@@ -264,7 +245,7 @@ TEST(BlobStoreTest, ParallelChunkWritesKeepAccountsExact) {
   EXPECT_EQ(store->stats().chunk_files, 8u);
   EXPECT_EQ(store->stats().used_bytes, expect);
   store.reset();
-  auto reopened = OpenOrDie(Env::Default(), tmp.path());
+  auto reopened = OpenOrDie(Env::Default(), tmp);
   EXPECT_EQ(reopened->stats().used_bytes, expect);  // no temporaries were left behind
   EXPECT_EQ(reopened->stats().chunk_files, 8u);
 }

@@ -92,6 +92,11 @@ void SendNow(int fd, const std::string& bytes) {
   (void)send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+}  // namespace
+
+// Named (not anonymous) because HttpGate::Impl, which has external linkage, holds Conns.
+namespace http_gate_internal {
+
 // A connection between requests, receiving one, or being handled by a worker. The gate thread
 // owns it while it waits for bytes; a worker while it handles its request.
 struct Conn {
@@ -111,6 +116,12 @@ struct Conn {
   size_t reserved = 0;  // body budget held
   size_t drained = 0;
 };
+
+}  // namespace http_gate_internal
+
+namespace {
+
+using http_gate_internal::Conn;
 
 // cpp-httplib's view of one buffered request: reads stop at the request's end, so what follows
 // (a pipelined request) stays for the next one; writes go to the socket within one deadline.

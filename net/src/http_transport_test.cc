@@ -7,31 +7,14 @@
 #include <filesystem>
 
 #include "meshlearn/base/rng.h"
+#include "meshlearn/base/test_dir.h"
 #include "meshlearn/net/blob_service.h"
+#include "test_util.h"
 
 namespace meshlearn::net {
 namespace {
 
-Bytes RandomBytes(size_t n, uint64_t seed) {
-  Rng rng(seed);
-  Bytes b(n);
-  for (auto& x : b) x = static_cast<uint8_t>(rng.NextU32());
-  return b;
-}
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/meshlearn_http_test_XXXXXX";
-    CHECK(mkdtemp(tmpl) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_util::RandomBytes;
 
 TEST(HttpTransportTest, ParseHostPort) {
   std::string host;
@@ -112,7 +95,7 @@ TEST(HttpTransportTest, ConcurrentAsyncRequests) {
 
 // Two real providers on loopback, each with an on-disk store, and a fetcher with its own store.
 TEST(HttpTransportTest, FetchBlobFromTwoProviders) {
-  TempDir dir;
+  const std::string dir = TestDir("net");
   Bytes data = RandomBytes(5 * kDefaultChunkSize + 1000, 3);
   struct Provider {
     std::unique_ptr<BlobStore> store;
@@ -124,7 +107,7 @@ TEST(HttpTransportTest, FetchBlobFromTwoProviders) {
   BlobId id;
   std::vector<std::string> endpoints;
   for (int i = 0; i < 2; ++i) {
-    p[i].store = std::move(*BlobStore::Open(Env::Default(), dir.path() + "/p" + std::to_string(i)));
+    p[i].store = std::move(*BlobStore::Open(Env::Default(), dir + "/p" + std::to_string(i)));
     id = *p[i].store->Put(data);
     p[i].service = std::make_unique<BlobService>(p[i].store.get());
     p[i].service->Register(&p[i].router);
@@ -132,7 +115,7 @@ TEST(HttpTransportTest, FetchBlobFromTwoProviders) {
     ASSERT_TRUE(p[i].server->Start("127.0.0.1", 0).ok());
     endpoints.push_back(p[i].server->endpoint());
   }
-  auto mine = std::move(*BlobStore::Open(Env::Default(), dir.path() + "/me"));
+  auto mine = std::move(*BlobStore::Open(Env::Default(), dir + "/me"));
   HttpTransport client;
   Fetcher fetcher(&client, mine.get(), {.max_in_flight_per_provider = 2});
   Result<FetchStats> st = fetcher.Fetch(id, endpoints);
@@ -153,9 +136,9 @@ TEST(HttpTransportTest, FetchBlobFromTwoProviders) {
 
 // Over real sockets too, a provider that lies is refused and the blob comes from the honest one.
 TEST(HttpTransportTest, LyingProviderOverHttpIsRefused) {
-  TempDir dir;
+  const std::string dir = TestDir("net");
   Bytes data = RandomBytes(3 * 4096 + 10, 5);
-  auto good_store = std::move(*BlobStore::Open(Env::Default(), dir.path() + "/good"));
+  auto good_store = std::move(*BlobStore::Open(Env::Default(), dir + "/good"));
   BlobId id = *good_store->Put(data, 4096);
   BlobService good_service(good_store.get());
   Router good_router;
@@ -179,7 +162,7 @@ TEST(HttpTransportTest, LyingProviderOverHttpIsRefused) {
   HttpServer liar(&liar_router);
   ASSERT_TRUE(liar.Start("127.0.0.1", 0).ok());
 
-  auto mine = std::move(*BlobStore::Open(Env::Default(), dir.path() + "/me"));
+  auto mine = std::move(*BlobStore::Open(Env::Default(), dir + "/me"));
   HttpTransport client;
   Fetcher fetcher(&client, mine.get());
   Result<FetchStats> st = fetcher.Fetch(id, {liar.endpoint(), good.endpoint()});

@@ -17,11 +17,11 @@ class RobustAggregation : public ::testing::TestWithParam<std::string> {};
 // 20 rounds x 8 units x 100 inner steps x batch 64 (about 17 epochs of compute, 2,000 sequential
 // steps). Measured with one huge-garbage sender: median 0.882 and multi-Krum 0.880 after 16
 // rounds, so 20 leaves a margin; the mean falls to ~0.15.
-constexpr int kRounds = 20, kUnits = 8, kInner = 100;
+constexpr int kTargetRounds = 20, kTargetUnits = 8, kTargetInner = 100;
 
 TEST_P(RobustAggregation, OneGarbageSenderOfEight) {
   const std::string rule = GetParam();
-  std::string text = MlpTask(kRounds, kUnits, kInner, rule);
+  std::string text = MlpTask(kTargetRounds, kTargetUnits, kTargetInner, rule);
   // Multi-Krum: average the 5 best-scored deltas (classic Krum keeps one, a single solver's
   // progress per round).
   if (rule == "krum") text += "krum_select = 5\n";
@@ -33,7 +33,7 @@ TEST_P(RobustAggregation, OneGarbageSenderOfEight) {
   LocalDilocoResult r = *RunLocalDiloco(s.trainer.get(), s.net, opt);
   double acc = r.rounds.back().eval.accuracy;
   std::printf("rule %s: test accuracy %.4f after %d rounds with 1/%d garbage senders\n",
-              rule.c_str(), acc, kRounds, kUnits);
+              rule.c_str(), acc, kTargetRounds, kTargetUnits);
   if (rule == "mean") {
     EXPECT_LT(acc, 0.5) << "the plain mean should be wrecked by a garbage sender";
   } else {

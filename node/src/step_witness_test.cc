@@ -20,14 +20,14 @@
 namespace meshlearn::node {
 namespace {
 
-constexpr int64_t kH = 8;
-constexpr int64_t kK = 4;
+constexpr int64_t kWitnessH = 8;
+constexpr int64_t kWitnessK = 4;
 
 class StepWitnessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     Result<std::string> toml = testing::WriteSyntheticTask(
-        &env_, "/task", 7, 200, 40, 6, 3, /*rounds=*/1, /*units=*/1, kH, kK, "mean", /*hidden=*/8);
+        &env_, "/task", 7, 200, 40, 6, 3, /*rounds=*/1, /*units=*/1, kWitnessH, kWitnessK, "mean", /*hidden=*/8);
     ASSERT_TRUE(toml.ok()) << toml.status().ToString();
     ASSERT_TRUE(env_.WriteFileAtomic("/task/task.toml", *toml).ok());
     bundle_ = *toml;  // any text: the ledger checks it against spec_hash, the builder copies it
@@ -53,7 +53,7 @@ class StepWitnessTest : public ::testing::Test {
     UnitRunOptions opts;
     opts.on_checkpoint = [&](int64_t step, engine::TrainState& st, const std::vector<Hash256>&,
                              double) -> Status {
-      if (step != kK) return Status::Ok();
+      if (step != kWitnessK) return Status::Ok();
       ML_RETURN_IF_ERROR(engine::SaveCheckpoint(&env_, "/ckpt", st));
       ML_ASSIGN_OR_RETURN(ckpt, engine::LoadCheckpoint(&env_, "/ckpt"));
       return Status::Ok();
@@ -84,7 +84,7 @@ class StepWitnessTest : public ::testing::Test {
 TEST_F(StepWitnessTest, FromTheUnitsStartItReproducesEveryStep) {
   const std::vector<Hash256> honest = EveryStep(Adversary::kNone);
   const std::vector<Hash256> lazy = EveryStep(Adversary::kLazy);
-  for (int64_t s : {int64_t{1}, int64_t{3}, kK + 1, kH}) {
+  for (int64_t s : {int64_t{1}, int64_t{3}, kWitnessK + 1, kWitnessH}) {
     SCOPED_TRACE("step " + std::to_string(s));
     const protocol::RefereeTask t{.step = static_cast<uint64_t>(s),
                                   .input = honest[s - 1],
@@ -168,12 +168,12 @@ TEST_F(StepWitnessTest, AFalseAgreedStateComesFromTheDefendersCheckpoint) {
   const std::vector<Hash256> honest = EveryStep(Adversary::kNone);
   const std::vector<Hash256> lazy = EveryStep(Adversary::kLazy);
   engine::TrainState lazy_ckpt = CheckpointAtK(Adversary::kLazy);
-  ASSERT_EQ(engine::StateHash(lazy_ckpt), lazy[kK]);
-  ASSERT_NE(lazy[kK], honest[kK]);
-  const int64_t s = kK + 2;
+  ASSERT_EQ(engine::StateHash(lazy_ckpt), lazy[kWitnessK]);
+  ASSERT_NE(lazy[kWitnessK], honest[kWitnessK]);
+  const int64_t s = kWitnessK + 2;
   const int64_t at[] = {s - 1, s};
   const std::vector<Hash256> from_ckpt =
-      ReplayToSteps(trainer_.get(), global_, work_, kK, &lazy_ckpt, at).value();
+      ReplayToSteps(trainer_.get(), global_, work_, kWitnessK, &lazy_ckpt, at).value();
   const protocol::RefereeTask t{.step = static_cast<uint64_t>(s),
                                 .input = from_ckpt[0],
                                 .defender_output = lazy[s],
@@ -181,11 +181,11 @@ TEST_F(StepWitnessTest, AFalseAgreedStateComesFromTheDefendersCheckpoint) {
   int loads = 0;
   auto loader = [&](int64_t step) -> Result<engine::TrainState> {
     ++loads;
-    EXPECT_EQ(step, kK);
+    EXPECT_EQ(step, kWitnessK);
     return engine::LoadCheckpoint(&env_, "/lazy-ckpt");
   };
   ASSERT_TRUE(engine::SaveCheckpoint(&env_, "/lazy-ckpt", lazy_ckpt).ok());
-  const DisputeStart start{.first_step = kK, .agreed = lazy[kK], .checkpoint = loader};
+  const DisputeStart start{.first_step = kWitnessK, .agreed = lazy[kWitnessK], .checkpoint = loader};
   Result<BuiltStepWitness> w = Build(t, start);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(loads, 1);
@@ -198,7 +198,7 @@ TEST_F(StepWitnessTest, AFalseAgreedStateComesFromTheDefendersCheckpoint) {
   EXPECT_EQ(*Execute(s, w->witness, t.input), t.challenger_output);
 
   // No way to fetch the checkpoint, or a dispute that starts at the unit's start: no witness.
-  Result<BuiltStepWitness> none = Build(t, {.first_step = kK, .agreed = lazy[kK]});
+  Result<BuiltStepWitness> none = Build(t, {.first_step = kWitnessK, .agreed = lazy[kWitnessK]});
   EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(none.status().message().find("is not the unit's true state"), std::string::npos)
       << none.status().message();
@@ -208,7 +208,7 @@ TEST_F(StepWitnessTest, AFalseAgreedStateComesFromTheDefendersCheckpoint) {
   engine::TrainState honest_ckpt = CheckpointAtK(Adversary::kNone);
   ASSERT_TRUE(engine::SaveCheckpoint(&env_, "/honest-ckpt", honest_ckpt).ok());
   Result<BuiltStepWitness> other =
-      Build(t, {.first_step = kK, .agreed = lazy[kK], .checkpoint = [&](int64_t) {
+      Build(t, {.first_step = kWitnessK, .agreed = lazy[kWitnessK], .checkpoint = [&](int64_t) {
                   return engine::LoadCheckpoint(&env_, "/honest-ckpt");
                 }});
   EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);
@@ -216,7 +216,7 @@ TEST_F(StepWitnessTest, AFalseAgreedStateComesFromTheDefendersCheckpoint) {
       << other.status().message();
   // A checkpoint that cannot be had.
   Result<BuiltStepWitness> gone =
-      Build(t, {.first_step = kK, .agreed = lazy[kK], .checkpoint = [](int64_t) {
+      Build(t, {.first_step = kWitnessK, .agreed = lazy[kWitnessK], .checkpoint = [](int64_t) {
                   return Result<engine::TrainState>(Unavailable("connection refused"));
                 }});
   EXPECT_EQ(gone.status().code(), StatusCode::kFailedPrecondition);
@@ -234,12 +234,12 @@ TEST_F(StepWitnessTest, AFalseAgreedStateComesFromTheDefendersCheckpoint) {
 TEST_F(StepWitnessTest, RefusesWhatIsNotAnExactWholeStep) {
   const std::vector<Hash256> honest = EveryStep(Adversary::kNone);
   EXPECT_EQ(
-      Build({.segment = true, .first_step = 0, .step = kK, .input = honest[0]}).status().code(),
+      Build({.segment = true, .first_step = 0, .step = kWitnessK, .input = honest[0]}).status().code(),
       StatusCode::kInvalidArgument);
   EXPECT_EQ(Build({.whole_step = false, .step = 2, .operator_index = 1}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(Build({.step = 0}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Build({.step = kH + 1}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Build({.step = kWitnessH + 1}).status().code(), StatusCode::kInvalidArgument);
 }
 
 // ---- The data root a task declares.
@@ -342,7 +342,7 @@ TEST(StepWitnessSizeTest, AModelTooLargeToWitnessGetsNoDataRoot) {
   for (const int64_t hidden : {int64_t{8}, int64_t{12000}}) {
     MemEnv env;
     Result<std::string> toml = testing::WriteSyntheticTask(&env, "/task", 7, 200, 40, 64, 3, 1, 1,
-                                                           kH, kK, "mean", hidden);
+                                                           kWitnessH, kWitnessK, "mean", hidden);
     ASSERT_TRUE(toml.ok()) << toml.status().ToString();
     ASSERT_TRUE(env.WriteFileAtomic("/task/task.toml", *toml).ok());
     engine::TaskSpec spec = engine::TaskSpec::Load(&env, "/task/task.toml").value();

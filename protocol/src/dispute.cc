@@ -7,7 +7,7 @@
 namespace meshlearn::protocol {
 namespace {
 
-constexpr uint8_t kEncodingVersion = 1;
+constexpr uint8_t kDisputeEncodingVersion = 1;
 constexpr uint32_t kMaxReasonLength = 256;
 
 void PutOptionalHash(Encoder& e, const std::optional<Hash256>& h) {
@@ -259,7 +259,7 @@ Status DisputeGame::RuleTolerance(bool defender_within_tolerance) {
 
 Bytes DisputeGame::Encode() const {
   Encoder e;
-  e.PutU8(kEncodingVersion);
+  e.PutU8(kDisputeEncodingVersion);
   e.PutHash(config_.unit.task).PutU32(config_.unit.round).PutU32(config_.unit.shard);
   e.PutPublicKey(config_.defender).PutPublicKey(config_.challenger);
   e.PutU64(config_.first_step).PutU64(config_.last_step);
@@ -286,7 +286,7 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
   Decoder d(bytes);
   uint8_t version = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&version, "dispute.version"));
-  if (version != kEncodingVersion) {
+  if (version != kDisputeEncodingVersion) {
     return InvalidArgument("dispute: unknown encoding version " + std::to_string(version));
   }
   DisputeConfig c;

@@ -9,7 +9,7 @@
 namespace meshlearn::protocol {
 namespace {
 
-constexpr uint8_t kEncodingVersion = 1;
+constexpr uint8_t kRoundPhaseEncodingVersion = 1;
 // Bounds for decoding: more nodes than this excluded from one unit is not a state we produce.
 constexpr uint32_t kMaxExcluded = 1u << 20;
 constexpr uint32_t kMaxUnitsPerRound = 1u << 24;
@@ -313,7 +313,7 @@ Result<RoundUpdate> RoundStateMachine::ReleaseFinality() {
 
 Bytes RoundStateMachine::Encode() const {
   Encoder e;
-  e.PutU8(kEncodingVersion);
+  e.PutU8(kRoundPhaseEncodingVersion);
   e.PutHash(config_.task).PutU32(config_.rounds).PutU32(config_.units_per_round);
   e.PutU64(config_.verification_window_blocks).PutHash(config_.initial_weights);
   e.PutU64(config_.start_height);
@@ -344,7 +344,7 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
   Decoder d(bytes, "round state");
   uint8_t version = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&version, "version"));
-  if (version != kEncodingVersion) {
+  if (version != kRoundPhaseEncodingVersion) {
     return DataLoss("round state: unknown encoding version " + std::to_string(version));
   }
   RoundMachineConfig c;

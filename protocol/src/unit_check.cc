@@ -12,7 +12,7 @@
 namespace meshlearn::protocol {
 namespace {
 
-constexpr uint8_t kEncodingVersion = 1;
+constexpr uint8_t kUnitCheckEncodingVersion = 1;
 constexpr uint32_t kMaxVerifiers = 64;
 constexpr uint32_t kMaxSegments = 1u << 20;
 constexpr uint32_t kMaxReason = 256;
@@ -526,7 +526,7 @@ Result<CheckEffects> UnitCheck::OnResultDisproved(const NodeId& prover, uint64_t
 
 Bytes UnitCheck::Encode() const {
   Encoder e;
-  e.PutU8(kEncodingVersion);
+  e.PutU8(kUnitCheckEncodingVersion);
   const UnitCheckConfig& c = config_;
   e.PutHash(c.unit.task).PutU32(c.unit.round).PutU32(c.unit.shard).PutPublicKey(c.solver);
   e.PutHash(c.result).PutHash(c.commitment).PutU64(c.inner_steps).PutU64(c.checkpoint_interval);
@@ -563,7 +563,7 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
   Decoder d(bytes);
   uint8_t version = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&version, "check.version"));
-  if (version != kEncodingVersion) {
+  if (version != kUnitCheckEncodingVersion) {
     return InvalidArgument("unit check: unknown encoding version " + std::to_string(version));
   }
   UnitCheckConfig c;

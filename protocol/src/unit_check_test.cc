@@ -7,14 +7,14 @@
 namespace meshlearn::protocol {
 namespace {
 
-NodeId Node(uint8_t b) {
+NodeId NodeOfByte(uint8_t b) {
   NodeId n;
   n.bytes.fill(b);
   return n;
 }
 
-const NodeId kSolver = Node(1);
-const NodeId kV1 = Node(2), kV2 = Node(3), kV3 = Node(4), kWhistle = Node(9);
+const NodeId kSolver = NodeOfByte(1);
+const NodeId kV1 = NodeOfByte(2), kV2 = NodeOfByte(3), kV3 = NodeOfByte(4), kWhistle = NodeOfByte(9);
 const Hash256 kSecret = Blake2b("solver secret 17");
 
 // The replay of one segment from a state: an honest run's next leaf is Replay(previous).
@@ -389,7 +389,7 @@ TEST(UnitCheckTest, BadRevealsAreRefused) {
   EXPECT_EQ(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 102).code(),
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(c.OnSecretRevealed(kSecret, kStart, 102).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(c.OnVerdictCommitted(Node(77), Blake2b("x"), 102).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(c.OnVerdictCommitted(NodeOfByte(77), Blake2b("x"), 102).code(), StatusCode::kPermissionDenied);
   for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
   EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, Blake2b("wrong"), &claim, 105).ok());
   EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, nullptr, 105).ok());

@@ -577,7 +577,10 @@ Bytes EncodeTx(const Transaction& tx);
 // Does NOT check the signature (see VerifyTxSignature).
 Result<Transaction> DecodeTx(ByteSpan wire);
 
-// The bytes the sender signs: domain tag "meshlearn.tx.v1" + the encoding without signature.
+// The domain tag that starts every signed message of a transaction, so that a transaction's
+// signature can never be taken for a signature over any other kind of message.
+inline constexpr std::string_view kTxDomain = "meshlearn.tx.v1";
+// The bytes the sender signs: kTxDomain + the encoding without signature.
 Bytes SigningBytes(const Transaction& tx);
 // Id = BLAKE2b over the full encoding (signature included). ed25519 as libsodium checks it is
 // not malleable, so a transaction has one id.
