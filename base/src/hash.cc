@@ -5,16 +5,14 @@
 #include <cstring>
 
 #include "meshlearn/base/hex.h"
+#include "sodium_init.h"
 
 namespace meshlearn {
 namespace {
 
-static_assert(sizeof(crypto_generichash_state) <= 384, "Hasher::state_ too small");
+using internal::InitSodium;
 
-void InitSodium() {
-  static const int rc = sodium_init();
-  CHECK(rc >= 0) << "libsodium failed to initialise";
-}
+static_assert(sizeof(crypto_generichash_state) <= 384, "Hasher::state_ too small");
 
 }  // namespace
 

@@ -5,14 +5,12 @@
 #include <cstring>
 
 #include "meshlearn/base/hex.h"
+#include "sodium_init.h"
 
 namespace meshlearn {
 namespace {
 
-void InitSodium() {
-  static const int rc = sodium_init();
-  CHECK(rc >= 0) << "libsodium failed to initialise";
-}
+using internal::InitSodium;
 
 template <typename T>
 Result<T> FixedFromHex(std::string_view hex, std::string_view what) {

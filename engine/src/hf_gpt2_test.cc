@@ -340,12 +340,8 @@ TEST(GenerateTest, BadOptionsAreRefusedNamingTheOption) {
 
 // ---- PyTorch (label "slow"): tools/hf_gpt2_check.py rebuilds GPT-2 from the exported directory.
 
-bool TorchAvailable() {
-  return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-}
-
 TEST(HfGpt2CheckTest, PyTorchReproducesTheLossAndLogits) {
-  if (!TorchAvailable()) {
+  if (!testing::TorchAvailable()) {
     GTEST_SKIP() << "/usr/bin/python3 cannot import torch; install python3-torch to run "
                     "tools/hf_gpt2_check.py against meshlearn's loss and logits";
   }

@@ -1,7 +1,8 @@
-// Test helpers shared by the engine kernel tests.
+// Test helpers shared by the engine tests.
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -10,6 +11,11 @@
 #include "meshlearn/engine/backend.h"
 
 namespace meshlearn::engine::testing {
+
+// Whether Debian's python3 can import torch: the PyTorch cross-checks skip, saying so, without it.
+inline bool TorchAvailable() {
+  return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+}
 
 inline std::vector<float> RandomVec(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
   Rng rng(seed);

@@ -21,6 +21,7 @@
 #include "meshlearn/base/test_dir.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/safetensors.h"
+#include "test_util.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -441,10 +442,6 @@ TEST(TrainQualityTest, TinyGptLossFallsBelowUniform) {
 
 // ---- PyTorch cross-check (label "slow") --------------------------------------------------------
 
-bool TorchAvailable() {
-  return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-}
-
 // Trains a few steps, saves the model and a fixture (inputs + meshlearn's logits), and asks
 // tools/safetensors_check.py to rebuild the model in PyTorch and compare predictions.
 void CheckWithTorch(const std::string& example, int64_t steps) {
@@ -670,7 +667,7 @@ TEST_F(InitWeightsTest, BadFilesAreRefusedNamingTheFileTheTensorAndTheFix) {
 }
 
 TEST(TorchCheckTest, PyTorchPredictsTheSame) {
-  if (!TorchAvailable()) {
+  if (!testing::TorchAvailable()) {
     GTEST_SKIP() << "/usr/bin/python3 cannot import torch; install python3-torch to run the "
                     "PyTorch cross-check";
   }

@@ -41,7 +41,7 @@ struct Deltas {
   }
 };
 
-AggregationConfig Config(Rule rule) {
+AggregationConfig AggregationTestConfig(Rule rule) {
   AggregationConfig c;
   c.rule = rule;
   return c;
@@ -70,13 +70,13 @@ TEST(AggregateTest, WeightedMeanByHand) {
   d.Add({1, 2}, 1);
   d.Add({3, 4}, 3);
   // (1x1 + 3x3) / 4 = 2.5, (1x2 + 3x4) / 4 = 3.5
-  EXPECT_EQ(Agg(d, Config(kMean)), (std::vector<float>{2.5f, 3.5f}));
+  EXPECT_EQ(Agg(d, AggregationTestConfig(kMean)), (std::vector<float>{2.5f, 3.5f}));
 }
 
 TEST(AggregateTest, TrimmedMeanByHand) {
   Deltas d;
   for (float v : {100.f, 2.f, 1.f, 4.f, 3.f}) d.Add({v, -v});
-  AggregationConfig c = Config(kTrimmed);
+  AggregationConfig c = AggregationTestConfig(kTrimmed);
   c.trim_fraction = 0.2;  // k = 1 of 5 at each end
   // Column 0 sorted: 1 2 3 4 100 -> mean(2, 3, 4) = 3; column 1: -100 -4 -3 -2 -1 -> -3.
   EXPECT_EQ(Agg(d, c), (std::vector<float>{3.f, -3.f}));
@@ -87,16 +87,16 @@ TEST(AggregateTest, TrimmedMeanByHand) {
 TEST(AggregateTest, MedianByHand) {
   Deltas odd;
   for (float v : {5.f, 1.f, 3.f}) odd.Add({v});
-  EXPECT_EQ(Agg(odd, Config(kMedian)), std::vector<float>{3.f});
+  EXPECT_EQ(Agg(odd, AggregationTestConfig(kMedian)), std::vector<float>{3.f});
   Deltas even;
   for (float v : {10.f, 1.f, 3.f, 2.f}) even.Add({v});
-  EXPECT_EQ(Agg(even, Config(kMedian)), std::vector<float>{2.5f});
+  EXPECT_EQ(Agg(even, AggregationTestConfig(kMedian)), std::vector<float>{2.5f});
 }
 
 TEST(AggregateTest, CenteredClipByHand) {
   Deltas d;
   for (float v : {0.f, 1.f, 10.f}) d.Add({v});
-  AggregationConfig c = Config(kClip);
+  AggregationConfig c = AggregationTestConfig(kClip);
   c.clip_radius = 2.0;
   c.clip_iterations = 1;
   // Start at the median 1. Differences -1, 0, 9; the last is clipped to radius 2:
@@ -111,7 +111,7 @@ TEST(AggregateTest, CenteredClipByHand) {
 TEST(AggregateTest, KrumByHand) {
   Deltas d;
   for (float v : {0.f, 1.f, 2.f, 100.f, 101.f}) d.Add({v});
-  AggregationConfig c = Config(kKrum);
+  AggregationConfig c = AggregationTestConfig(kKrum);
   c.krum_byzantine = 1;  // n = 5 >= 2f + 3; score over n - f - 2 = 2 nearest
   // Scores: 0 -> 1 + 4 = 5; 1 -> 1 + 1 = 2; 2 -> 1 + 4 = 5; 100 -> 1 + 9604; 101 -> 1 + 9801.
   auto contribs = d.Contributions();
@@ -130,25 +130,25 @@ TEST(AggregateTest, KrumByHand) {
 }
 
 TEST(AggregateTest, RejectsBadInput) {
-  EXPECT_FALSE(Aggregate({}, Config(kMean)).ok());
+  EXPECT_FALSE(Aggregate({}, AggregationTestConfig(kMean)).ok());
   Deltas d;
   d.Add({1, 2});
   d.Add({1, 2, 3});
-  EXPECT_EQ(Aggregate(d.Contributions(), Config(kMean)).status().code(),
+  EXPECT_EQ(Aggregate(d.Contributions(), AggregationTestConfig(kMean)).status().code(),
             StatusCode::kInvalidArgument);
   Deltas dup;
   dup.Add({1});
   dup.Add({2});
   auto c = dup.Contributions();
   c[1].unit = c[0].unit;
-  EXPECT_EQ(Aggregate(c, Config(kMedian)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Aggregate(c, AggregationTestConfig(kMedian)).status().code(), StatusCode::kInvalidArgument);
   Deltas zero;
   zero.Add({1}, 0);
-  EXPECT_FALSE(Aggregate(zero.Contributions(), Config(kMean)).ok());
-  AggregationConfig bad = Config(kTrimmed);
+  EXPECT_FALSE(Aggregate(zero.Contributions(), AggregationTestConfig(kMean)).ok());
+  AggregationConfig bad = AggregationTestConfig(kTrimmed);
   bad.trim_fraction = 0.5;
   EXPECT_FALSE(ValidateAggregationConfig(bad).ok());
-  bad = Config(kClip);
+  bad = AggregationTestConfig(kClip);
   bad.clip_iterations = 0;
   EXPECT_FALSE(ValidateAggregationConfig(bad).ok());
 }
@@ -188,7 +188,7 @@ TEST(AggregateTest, PerTensorClipAndKrum) {
   d.Add({1.1f, 1.1f, -100, -100});
   d.Add({1.2f, 1.2f, 1.2f, 1.2f});
   const std::vector<size_t> sizes = {2, 2};
-  AggregationConfig c = Config(kKrum);
+  AggregationConfig c = AggregationTestConfig(kKrum);
   c.krum_byzantine = 1;
   auto contribs = d.Contributions();
   auto per = Aggregate(contribs, c, sizes);
@@ -201,7 +201,7 @@ TEST(AggregateTest, PerTensorClipAndKrum) {
   ASSERT_TRUE(one.ok() && none.ok());
   EXPECT_TRUE(BitwiseEqual(one->delta, none->delta));
   // Per-tensor clipping with a radius from each tensor's own distances keeps both outliers out.
-  AggregationConfig clip = Config(kClip);
+  AggregationConfig clip = AggregationTestConfig(kClip);
   auto clipped = Aggregate(contribs, clip, sizes);
   ASSERT_TRUE(clipped.ok());
   for (float x : clipped->delta) EXPECT_NEAR(x, 1.0, 0.5);
@@ -218,7 +218,7 @@ TEST(AggregateTest, BitwiseIndependentOfInputOrder) {
     const Deltas d = RandomDeltas(n, n, 257);
     const std::vector<Contribution> base = d.Contributions();
     for (Rule rule : kAllRules) {
-      AggregationConfig c = Config(rule);
+      AggregationConfig c = AggregationTestConfig(rule);
       c.krum_select = rule == kKrum ? 3 : 1;
       auto ref = Aggregate(base, c);
       ASSERT_TRUE(ref.ok()) << ref.status().ToString();
@@ -244,7 +244,7 @@ TEST(AggregateTest, GoldenBits) {
   const Deltas d = RandomDeltas(3, 8, 100);
   std::string got;
   for (Rule rule : kAllRules) {
-    const std::vector<float> out = Agg(d, Config(rule));
+    const std::vector<float> out = Agg(d, AggregationTestConfig(rule));
     const Hash256 h =
         Blake2b(ByteSpan(reinterpret_cast<const uint8_t*>(out.data()), out.size() * 4));
     got += std::string(AggregationRuleName(rule)) + "=" + h.ShortHex() + " ";
@@ -264,7 +264,7 @@ TEST(AggregateTest, NonFiniteContributionsAreRejectedByEveryRule) {
   dirty.Add(nan_delta);
   dirty.Add(inf_delta);
   for (Rule rule : kAllRules) {
-    AggregationConfig c = Config(rule);
+    AggregationConfig c = AggregationTestConfig(rule);
     c.krum_byzantine = 1;
     auto want = Aggregate(clean.Contributions(), c);
     auto dirty_contribs = dirty.Contributions();
@@ -276,7 +276,7 @@ TEST(AggregateTest, NonFiniteContributionsAreRejectedByEveryRule) {
   }
   Deltas all_bad;
   all_bad.Add(nan_delta);
-  EXPECT_EQ(Aggregate(all_bad.Contributions(), Config(kMedian)).status().code(),
+  EXPECT_EQ(Aggregate(all_bad.Contributions(), AggregationTestConfig(kMedian)).status().code(),
             StatusCode::kFailedPrecondition);
 }
 
@@ -334,10 +334,10 @@ TEST(AggregateTest, RobustRulesResistOneGarbageSolverOfEight) {
     d.Add(bad, 64);
     const int garbage = static_cast<int>(g);
     for (Rule rule : kRobustRules) {
-      const double err = RelativeError(Agg(d, Config(rule)), honest_mean);
+      const double err = RelativeError(Agg(d, AggregationTestConfig(rule)), honest_mean);
       EXPECT_LT(err, 0.1) << AggregationRuleName(rule) << " garbage kind " << garbage;
     }
-    const std::vector<float> mean = Agg(d, Config(kMean));
+    const std::vector<float> mean = Agg(d, AggregationTestConfig(kMean));
     const double mean_err = RelativeError(mean, honest_mean);
     if (g == Garbage::kNaN) {
       // Non-finite deltas are rejected before any rule runs, so even the mean survives NaN.

@@ -41,7 +41,7 @@ struct Trace {
 
 const Trace kTruth{};
 
-DisputeConfig Config(const Trace& defender, const Trace& challenger, uint64_t first,
+DisputeConfig DisputeTestConfig(const Trace& defender, const Trace& challenger, uint64_t first,
                      uint64_t last, uint32_t ops = kOps) {
   DisputeConfig c;
   c.unit = UnitId{Blake2b("task"), 2, 1};
@@ -83,7 +83,7 @@ DisputeOutcome Play(DisputeGame& g, const Trace& defender, const Trace& challeng
 
 TEST(DisputeTest, LyingDefenderLosesAtTheFirstWrongOperator) {
   Trace lazy{.lie_step = 37, .lie_op = 5};
-  auto g = DisputeGame::Create(Config(lazy, kTruth, 0, 100));
+  auto g = DisputeGame::Create(DisputeTestConfig(lazy, kTruth, 0, 100));
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   RefereeTask t;
   DisputeOutcome o = Play(*g, lazy, kTruth, &t);
@@ -100,7 +100,7 @@ TEST(DisputeTest, LyingDefenderLosesAtTheFirstWrongOperator) {
 
 TEST(DisputeTest, LyingChallengerLoses) {
   Trace liar{.lie_step = 3, .lie_op = 16};
-  auto g = DisputeGame::Create(Config(kTruth, liar, 0, 100));
+  auto g = DisputeGame::Create(DisputeTestConfig(kTruth, liar, 0, 100));
   ASSERT_TRUE(g.ok());
   RefereeTask t;
   DisputeOutcome o = Play(*g, kTruth, liar, &t);
@@ -114,7 +114,7 @@ TEST(DisputeTest, EveryLiePositionIsFoundExactly) {
   for (uint64_t step : {1u, 2u, 10u, 11u, 19u, 20u}) {
     for (uint32_t op : {1u, 2u, 7u, 16u}) {
       Trace liar{.lie_step = step, .lie_op = op};
-      auto g = DisputeGame::Create(Config(liar, kTruth, 0, 20));
+      auto g = DisputeGame::Create(DisputeTestConfig(liar, kTruth, 0, 20));
       ASSERT_TRUE(g.ok());
       RefereeTask t;
       DisputeOutcome o = Play(*g, liar, kTruth, &t);
@@ -128,7 +128,7 @@ TEST(DisputeTest, EveryLiePositionIsFoundExactly) {
 
 TEST(DisputeTest, WithoutOperatorHashesTheRefereeRunsOneStep) {
   Trace lazy{.lie_step = 42, .lie_op = 3};
-  auto g = DisputeGame::Create(Config(lazy, kTruth, 30, 60, /*ops=*/0));
+  auto g = DisputeGame::Create(DisputeTestConfig(lazy, kTruth, 30, 60, /*ops=*/0));
   ASSERT_TRUE(g.ok());
   RefereeTask t;
   DisputeOutcome o = Play(*g, lazy, kTruth, &t);
@@ -142,7 +142,7 @@ TEST(DisputeTest, WithoutOperatorHashesTheRefereeRunsOneStep) {
 TEST(DisputeTest, SameOperatorOutputsButDifferentStateGoesToTheWholeStep) {
   // lie_op = 0: every operator output is true, only the state update is wrong.
   Trace liar{.lie_step = 8, .lie_op = 0};
-  auto g = DisputeGame::Create(Config(liar, kTruth, 0, 16));
+  auto g = DisputeGame::Create(DisputeTestConfig(liar, kTruth, 0, 16));
   ASSERT_TRUE(g.ok());
   RefereeTask t;
   DisputeOutcome o = Play(*g, liar, kTruth, &t);
@@ -154,7 +154,7 @@ TEST(DisputeTest, SameOperatorOutputsButDifferentStateGoesToTheWholeStep) {
 
 TEST(DisputeTest, AdjacentStepsSkipPhaseOne) {
   Trace liar{.lie_step = 5, .lie_op = 9};
-  auto g = DisputeGame::Create(Config(liar, kTruth, 4, 5));
+  auto g = DisputeGame::Create(DisputeTestConfig(liar, kTruth, 4, 5));
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->stage(), DisputeStage::kDisputeOperators);
   EXPECT_EQ(g->query().position, kOps);  // the chain end first
@@ -167,7 +167,7 @@ TEST(DisputeTest, AdjacentStepsSkipPhaseOne) {
 TEST(DisputeTest, APartyThatStopsAnsweringLoses) {
   Trace lazy{.lie_step = 37, .lie_op = 5};
   for (int silent = 0; silent < 3; ++silent) {  // 0: defender, 1: challenger, 2: both
-    auto g = DisputeGame::Create(Config(lazy, kTruth, 0, 100));
+    auto g = DisputeGame::Create(DisputeTestConfig(lazy, kTruth, 0, 100));
     ASSERT_TRUE(g.ok());
     DisputeQuery q = g->query();
     if (silent == 1) {  // only the challenger is silent
@@ -189,7 +189,7 @@ TEST(DisputeTest, APartyThatStopsAnsweringLoses) {
 
 TEST(DisputeTest, BadMovesAreRefusedAndChangeNothing) {
   Trace lazy{.lie_step = 37, .lie_op = 5};
-  auto g = DisputeGame::Create(Config(lazy, kTruth, 0, 100));
+  auto g = DisputeGame::Create(DisputeTestConfig(lazy, kTruth, 0, 100));
   ASSERT_TRUE(g.ok());
   DisputeQuery q = g->query();
   Bytes before = g->Encode();
@@ -206,21 +206,21 @@ TEST(DisputeTest, BadMovesAreRefusedAndChangeNothing) {
 
 TEST(DisputeTest, CreateRefusesNonsense) {
   Trace lazy{.lie_step = 3};
-  DisputeConfig c = Config(lazy, kTruth, 10, 10);
+  DisputeConfig c = DisputeTestConfig(lazy, kTruth, 10, 10);
   EXPECT_FALSE(DisputeGame::Create(c).ok());
-  c = Config(kTruth, kTruth, 0, 10);
+  c = DisputeTestConfig(kTruth, kTruth, 0, 10);
   EXPECT_FALSE(DisputeGame::Create(c).ok());  // equal claims
-  c = Config(lazy, kTruth, 0, 10);
+  c = DisputeTestConfig(lazy, kTruth, 0, 10);
   c.response_blocks = 0;
   EXPECT_FALSE(DisputeGame::Create(c).ok());
-  c = Config(lazy, kTruth, 0, 10);
+  c = DisputeTestConfig(lazy, kTruth, 0, 10);
   c.challenger = c.defender;
   EXPECT_FALSE(DisputeGame::Create(c).ok());
 }
 
 TEST(DisputeTest, EncodeDecodeMidGameContinuesIdentically) {
   Trace lazy{.lie_step = 61, .lie_op = 11};
-  auto g = DisputeGame::Create(Config(lazy, kTruth, 0, 100));
+  auto g = DisputeGame::Create(DisputeTestConfig(lazy, kTruth, 0, 100));
   ASSERT_TRUE(g.ok());
   uint64_t height = 100;
   for (int turn = 0; turn < 9; ++turn) {  // into phase 2
@@ -250,7 +250,7 @@ TEST(DisputeTest, ToleranceModeGoesStraightToTheRefereeOverTheSegment) {
   // Across hardware without bitwise reproducibility hashes never agree: nothing to bisect.
   Trace off{.lie_step = 31};
   for (bool within : {true, false}) {
-    DisputeConfig c = Config(off, kTruth, 30, 40);
+    DisputeConfig c = DisputeTestConfig(off, kTruth, 30, 40);
     c.tolerance = true;
     auto g = DisputeGame::Create(c);
     ASSERT_TRUE(g.ok());
@@ -271,14 +271,14 @@ TEST(DisputeTest, ToleranceModeGoesStraightToTheRefereeOverTheSegment) {
     EXPECT_FALSE(back->RuleTolerance(within).ok());  // resolved
   }
   // An exact-mode game refuses a tolerance ruling.
-  auto exact = DisputeGame::Create(Config(off, kTruth, 30, 31, /*ops=*/0));
+  auto exact = DisputeGame::Create(DisputeTestConfig(off, kTruth, 30, 31, /*ops=*/0));
   ASSERT_EQ(exact->stage(), DisputeStage::kDisputeReferee);
   EXPECT_EQ(exact->RuleTolerance(true).code(), StatusCode::kFailedPrecondition);
 }
 
 TEST(DisputeTest, AnAbsentRefereeLeavesTheGameUndecided) {
   Trace liar{.lie_step = 31};
-  DisputeConfig c = Config(liar, kTruth, 30, 31, /*ops=*/0);
+  DisputeConfig c = DisputeTestConfig(liar, kTruth, 30, 31, /*ops=*/0);
   c.referee_blocks = 4;
   auto g = DisputeGame::Create(c);
   ASSERT_EQ(g->stage(), DisputeStage::kDisputeReferee);

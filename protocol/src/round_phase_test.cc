@@ -14,7 +14,7 @@ NodeId Id(uint8_t i) {
   return id;
 }
 
-RoundMachineConfig Config(uint64_t window) {
+RoundMachineConfig RoundTestConfig(uint64_t window) {
   RoundMachineConfig c;
   c.task = Blake2b("round-task");
   c.rounds = 2;
@@ -56,7 +56,7 @@ void RunRound(RoundStateMachine& m, const RoundMachineConfig& c, uint64_t height
 }
 
 TEST(RoundPhaseTest, FullLifecycleWithVerificationWindow) {
-  const RoundMachineConfig c = Config(5);
+  const RoundMachineConfig c = RoundTestConfig(5);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
@@ -121,7 +121,7 @@ TEST(RoundPhaseTest, FullLifecycleWithVerificationWindow) {
 }
 
 TEST(RoundPhaseTest, ZeroWindowFinalizesImmediately) {
-  const RoundMachineConfig c = Config(0);
+  const RoundMachineConfig c = RoundTestConfig(0);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
@@ -133,7 +133,7 @@ TEST(RoundPhaseTest, ZeroWindowFinalizesImmediately) {
 }
 
 TEST(RoundPhaseTest, ExpiryReassignsAndRefusesLateCommit) {
-  const RoundMachineConfig c = Config(0);
+  const RoundMachineConfig c = RoundTestConfig(0);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   ASSERT_TRUE(
@@ -178,7 +178,7 @@ TEST(RoundPhaseTest, ExpiryReassignsAndRefusesLateCommit) {
 }
 
 TEST(RoundPhaseTest, HoldKeepsTheWindowOpenAndRewindReruns) {
-  const RoundMachineConfig c = Config(2);
+  const RoundMachineConfig c = RoundTestConfig(2);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
@@ -225,7 +225,7 @@ TEST(RoundPhaseTest, HoldKeepsTheWindowOpenAndRewindReruns) {
 // round 0, from the initial weights, every unit pending without the cheater; the encoding keeps
 // the rewound machine.
 TEST(RoundPhaseTest, RewindToAnEarlierRoundForgetsTheLaterWeights) {
-  const RoundMachineConfig c = Config(0);  // c.rounds = 2
+  const RoundMachineConfig c = RoundTestConfig(0);  // c.rounds = 2
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
@@ -268,7 +268,7 @@ TEST(RoundPhaseTest, RewindToAnEarlierRoundForgetsTheLaterWeights) {
 // A forced error in one unit: only that unit re-runs; the others keep their commits; the
 // aggregate already committed is dropped and the round aggregates again over the new result.
 TEST(RoundPhaseTest, RerunUnitsKeepsTheOtherCommitsAndAggregatesAgain) {
-  const RoundMachineConfig c = Config(2);
+  const RoundMachineConfig c = RoundTestConfig(2);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
@@ -304,7 +304,7 @@ TEST(RoundPhaseTest, RerunUnitsKeepsTheOtherCommitsAndAggregatesAgain) {
 // The machine and the scheduler together: pending units go through AssignUnits, an expired unit
 // comes back with its late node excluded and lands elsewhere.
 TEST(RoundPhaseTest, DrivesTheScheduler) {
-  RoundMachineConfig c = Config(0);
+  RoundMachineConfig c = RoundTestConfig(0);
   c.units_per_round = 6;
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
@@ -354,7 +354,7 @@ TEST(RoundPhaseTest, DrivesTheScheduler) {
 }
 
 TEST(RoundPhaseTest, ExpiredAggregatorIsReplaced) {
-  const RoundMachineConfig c = Config(0);
+  const RoundMachineConfig c = RoundTestConfig(0);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
@@ -392,7 +392,7 @@ void ExpectRoundTrip(const RoundStateMachine& m) {
 }
 
 TEST(RoundPhaseTest, EncodeDecodeRoundTripsThroughALifecycle) {
-  const RoundMachineConfig c = Config(3);
+  const RoundMachineConfig c = RoundTestConfig(3);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   ExpectRoundTrip(*m);
@@ -428,7 +428,7 @@ TEST(RoundPhaseTest, EncodeDecodeRoundTripsThroughALifecycle) {
 }
 
 TEST(RoundPhaseTest, DecodeRejectsCorruptState) {
-  const RoundMachineConfig c = Config(3);
+  const RoundMachineConfig c = RoundTestConfig(3);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 1, 2, 10, 30)}).ok());
@@ -454,7 +454,7 @@ TEST(RoundPhaseTest, DecodeRejectsCorruptState) {
 }
 
 TEST(RoundPhaseTest, CreateRejectsEmptyTask) {
-  RoundMachineConfig c = Config(0);
+  RoundMachineConfig c = RoundTestConfig(0);
   c.rounds = 0;
   EXPECT_FALSE(RoundStateMachine::Create(c).ok());
   EXPECT_EQ(RoundPhaseName(RoundPhase::kRoundPhaseAwaitingVerificationWindow),

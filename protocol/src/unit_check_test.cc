@@ -39,7 +39,7 @@ std::vector<Hash256> Leaves(int work) {
 }
 const Hash256 kStart = Leaves(0)[0];
 
-UnitCheckConfig Config(int work, uint64_t forced_per_million = 0) {
+UnitCheckConfig CheckTestConfig(int work, uint64_t forced_per_million = 0) {
   UnitCheckConfig c;
   c.unit = kUnit;
   c.solver = kSolver;
@@ -146,7 +146,7 @@ bool Has(const std::vector<NodeId>& v, const NodeId& n) {
 // the check keeps waiting for a later beacon; once there is a verifier, the draw happens. Without
 // it the same pool is accepted unchecked.
 TEST(UnitCheckTest, AnEmptyPoolWaitsForAVerifierWhenTheTaskBoughtReplays) {
-  auto c = UnitCheck::Create(Config(false));
+  auto c = UnitCheck::Create(CheckTestConfig(false));
   ASSERT_TRUE(c.ok());
   const std::vector<NodeId> only_solver = {kSolver};
   auto fx = c->OnBeacon(Blake2b("b101"), 1000, only_solver, {}, 101, /*wait_for_verifier=*/true);
@@ -159,7 +159,7 @@ TEST(UnitCheckTest, AnEmptyPoolWaitsForAVerifierWhenTheTaskBoughtReplays) {
   EXPECT_EQ(c->stage(), CheckStage::kCheckCommitVerdicts);
   EXPECT_EQ(c->verifiers(), std::vector<NodeId>{kV1});
 
-  auto economic = UnitCheck::Create(Config(false));
+  auto economic = UnitCheck::Create(CheckTestConfig(false));
   ASSERT_TRUE(economic.ok());
   ASSERT_TRUE(economic->OnBeacon(Blake2b("b101"), 1000, only_solver, {}, 101).ok());
   EXPECT_EQ(economic->stage(), CheckStage::kCheckCommitVerdicts);  // the unchecked path
@@ -167,7 +167,7 @@ TEST(UnitCheckTest, AnEmptyPoolWaitsForAVerifierWhenTheTaskBoughtReplays) {
 }
 
 TEST(UnitCheckTest, UnselectedUnitIsAcceptedUnchecked) {
-  auto c = UnitCheck::Create(Config(false));
+  auto c = UnitCheck::Create(CheckTestConfig(false));
   ASSERT_TRUE(c.ok());
   std::vector<NodeId> candidates = {kV1, kV2};
   ASSERT_TRUE(c->OnBeacon(Blake2b("b"), 0, candidates, {}, 101).ok());
@@ -187,7 +187,7 @@ TEST(UnitCheckTest, UnselectedUnitIsAcceptedUnchecked) {
 }
 
 TEST(UnitCheckTest, HonestWorkIsCleanAndVerifiersArePaid) {
-  UnitCheck c = Selected(Config(false));
+  UnitCheck c = Selected(CheckTestConfig(false));
   ASSERT_EQ(c.verifiers().size(), 2u);
   EXPECT_FALSE(Has(c.verifiers(), kSolver));
   ASSERT_EQ(c.segments().size(), 1u);
@@ -199,7 +199,7 @@ TEST(UnitCheckTest, HonestWorkIsCleanAndVerifiersArePaid) {
 }
 
 TEST(UnitCheckTest, LazySolverLosesTheDisputeAndTheRubberStampIsSlashedWithIt) {
-  UnitCheck c = Selected(Config(true));
+  UnitCheck c = Selected(CheckTestConfig(true));
   // verifiers()[0] replays honestly and finds the mismatch; [1] approves without running.
   CheckEffects fx = RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
   ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed) << c.reason();
@@ -229,7 +229,7 @@ TEST(UnitCheckTest, LazySolverLosesTheDisputeAndTheRubberStampIsSlashedWithIt) {
 
 TEST(UnitCheckTest, LyingVerifierLosesAndTheHonestSolverIsNeverSlashed) {
   // A verifier claims honest work replays to a made-up state.
-  UnitCheck d = Selected(Config(false));
+  UnitCheck d = Selected(CheckTestConfig(false));
   Hash256 salt = Blake2b("liar salt");
   const NodeId liar = d.verifiers()[0];
   Hash256 fake = Blake2b("made up");
@@ -266,7 +266,7 @@ TEST(UnitCheckTest, LyingVerifierLosesAndTheHonestSolverIsNeverSlashed) {
 
 TEST(UnitCheckTest, ForcedErrorCatchesTheRubberStampAndSparesTheSolver) {
   // Every unit is a forced error: the solver committed deliberately wrong states.
-  UnitCheck c = Selected(Config(kForced, 1'000'000));
+  UnitCheck c = Selected(CheckTestConfig(kForced, 1'000'000));
   const NodeId honest = c.verifiers()[0], stamp = c.verifiers()[1];
   CheckEffects fx = RunWindows(c, kForced, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
   ASSERT_EQ(c.stage(), CheckStage::kCheckSettled);
@@ -280,7 +280,7 @@ TEST(UnitCheckTest, ForcedErrorCatchesTheRubberStampAndSparesTheSolver) {
 
 TEST(UnitCheckTest, AResultShownWrongIsFraudAtAnyStageUntilTheUnitReruns) {
   // Settled clean (the verifiers replayed segments; the delta was never theirs to replay).
-  UnitCheck c = Selected(Config(false));
+  UnitCheck c = Selected(CheckTestConfig(false));
   RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean});
   ASSERT_EQ(c.result(), CheckResult::kCheckClean);
   EXPECT_EQ(c.OnResultDisproved(kSolver, 120).status().code(), StatusCode::kInvalidArgument);
@@ -295,12 +295,12 @@ TEST(UnitCheckTest, AResultShownWrongIsFraudAtAnyStageUntilTheUnitReruns) {
   // Once the unit re-runs there is nothing left to disprove.
   EXPECT_EQ(c.OnResultDisproved(kV1, 121).status().code(), StatusCode::kFailedPrecondition);
   // Mid-check and mid-dispute: settles at once, the open verdicts and the game are void.
-  UnitCheck open = Selected(Config(true));
+  UnitCheck open = Selected(CheckTestConfig(true));
   fx = open.OnResultDisproved(kV2, 102);
   ASSERT_TRUE(fx.ok());
   EXPECT_EQ(open.result(), CheckResult::kCheckFraud);
   EXPECT_TRUE(fx->pay_verifiers.empty() && fx->failures.empty());
-  UnitCheck disputed = Selected(Config(true));
+  UnitCheck disputed = Selected(CheckTestConfig(true));
   RunWindows(disputed, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
   ASSERT_EQ(disputed.stage(), CheckStage::kCheckDisputed);
   ASSERT_TRUE(disputed.OnResultDisproved(kV1, 110).ok());
@@ -310,7 +310,7 @@ TEST(UnitCheckTest, AResultShownWrongIsFraudAtAnyStageUntilTheUnitReruns) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->Encode(), disputed.Encode());
   // A forced error already re-runs the unit.
-  UnitCheck forced = Selected(Config(kForced, 1'000'000));
+  UnitCheck forced = Selected(CheckTestConfig(kForced, 1'000'000));
   RunWindows(forced, kForced, {Verdict::kVerdictMismatch, Verdict::kVerdictMismatch});
   ASSERT_EQ(forced.result(), CheckResult::kCheckForcedError);
   EXPECT_EQ(forced.OnResultDisproved(kV1, 120).status().code(), StatusCode::kFailedPrecondition);
@@ -318,7 +318,7 @@ TEST(UnitCheckTest, AResultShownWrongIsFraudAtAnyStageUntilTheUnitReruns) {
 
 TEST(UnitCheckTest, ASolverThatHidesItsSecretLosesTheUnitButIsNotSlashed) {
   // An honest solver that crashed after committing looks the same: no slash, a failure, re-run.
-  UnitCheck c = Selected(Config(false));
+  UnitCheck c = Selected(CheckTestConfig(false));
   CheckEffects fx = RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean},
                                /*reveal_secret=*/false);
   EXPECT_EQ(c.result(), CheckResult::kCheckAbandoned);
@@ -329,7 +329,7 @@ TEST(UnitCheckTest, ASolverThatHidesItsSecretLosesTheUnitButIsNotSlashed) {
 }
 
 TEST(UnitCheckTest, HidingTheSecretDoesNotDodgeADispute) {
-  UnitCheck c = Selected(Config(true));
+  UnitCheck c = Selected(CheckTestConfig(true));
   RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean},
              /*reveal_secret=*/false);
   EXPECT_EQ(c.stage(), CheckStage::kCheckDisputed);
@@ -338,7 +338,7 @@ TEST(UnitCheckTest, HidingTheSecretDoesNotDodgeADispute) {
 // Selected, and both verifiers silent: each counts a failure, and the unit is not accepted
 // unchecked (nobody replayed it: chaos seed 9) but runs again; its solver is not at fault.
 TEST(UnitCheckTest, SilentVerifiersCountFailuresAndTheUnitRunsAgain) {
-  UnitCheck c = Selected(Config(false));
+  UnitCheck c = Selected(CheckTestConfig(false));
   const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
   Hash256 salt = Blake2b("s");
   // a commits but never reveals; b never commits.
@@ -366,7 +366,7 @@ TEST(UnitCheckTest, SilentVerifiersCountFailuresAndTheUnitRunsAgain) {
 TEST(UnitCheckTest, ABlindMismatchCannotRevealACopiedClaim) {
   // A lazy verifier commits "mismatch" without replaying, hoping to copy another verifier's
   // claim once it is published: its commitment does not bind that claim, so the reveal fails.
-  UnitCheck c = Selected(Config(true));
+  UnitCheck c = Selected(CheckTestConfig(true));
   const NodeId lazy = c.verifiers()[1];
   Hash256 salt = Blake2b("salt");
   ASSERT_TRUE(c.OnVerdictCommitted(lazy, VerdictCommitment(Verdict::kVerdictMismatch, salt, lazy,
@@ -378,7 +378,7 @@ TEST(UnitCheckTest, ABlindMismatchCannotRevealACopiedClaim) {
 }
 
 TEST(UnitCheckTest, BadRevealsAreRefused) {
-  UnitCheck c = Selected(Config(true));
+  UnitCheck c = Selected(CheckTestConfig(true));
   const NodeId v = c.verifiers()[0];
   Hash256 salt = Blake2b("salt");
   MismatchClaim claim = ClaimFor(true, c.segments()[0]);
@@ -407,7 +407,7 @@ TEST(UnitCheckTest, BadRevealsAreRefused) {
 
 TEST(UnitCheckTest, WhistleblowerChallengesACleanVerdict) {
   // Lazy work approved by rubber stamps only.
-  UnitCheck c = Selected(Config(true));
+  UnitCheck c = Selected(CheckTestConfig(true));
   const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
   RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
   ASSERT_EQ(c.result(), CheckResult::kCheckClean);
@@ -436,7 +436,7 @@ TEST(UnitCheckTest, AFailedWhistleblowerChallengePaysAndSlashesNoVerifierAgain) 
   // Honest work settled clean (both verifiers paid, the solver's streak credited); a
   // whistleblower's challenge fails. Only the whistleblower loses: the verifiers are not paid a
   // second time and the solver's streak is not credited twice.
-  UnitCheck c = Selected(Config(false));
+  UnitCheck c = Selected(CheckTestConfig(false));
   RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean});
   ASSERT_EQ(c.result(), CheckResult::kCheckClean);
   Hash256 fake = Blake2b("made up");
@@ -460,7 +460,7 @@ TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
   // Two segments are replayed. The solver cheated in one; its accomplice, drawn first, claims a
   // mismatch in the other (honest) segment and loses that dispute on purpose. The honest
   // verifier's claim is not refuted by it: it gets its own dispute, and the cheat is caught.
-  UnitCheckConfig cfg = Config(false);
+  UnitCheckConfig cfg = CheckTestConfig(false);
   VerificationParams params;
   params.segments_per_check = 2;
   const Hash256 beacon = Blake2b("block 101");
@@ -541,7 +541,7 @@ TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
 TEST(UnitCheckTest, AVerifierThatWithholdsItsRevealOnAForcedErrorIsSlashed) {
   // The secret is revealed in the verdicts' reveal window, so a verifier that committed "clean"
   // without replaying could watch for it and stay silent when the unit is forced.
-  UnitCheck c = Selected(Config(kForced, 1'000'000));
+  UnitCheck c = Selected(CheckTestConfig(kForced, 1'000'000));
   const NodeId catcher = c.verifiers()[0], silent = c.verifiers()[1];
   const Hash256 s1 = Blake2b("s1"), s2 = Blake2b("s2");
   MismatchClaim caught = ClaimFor(kForced, c.segments()[0]);
@@ -567,7 +567,7 @@ TEST(UnitCheckTest, AVerifierThatWithholdsItsRevealOnAForcedErrorIsSlashed) {
 }
 
 TEST(UnitCheckTest, EncodeDecodeAtEveryStage) {
-  UnitCheck c = Selected(Config(true));
+  UnitCheck c = Selected(CheckTestConfig(true));
   auto roundtrip = [](const UnitCheck& u) {
     Bytes w = u.Encode();
     auto back = UnitCheck::Decode(w);
@@ -581,7 +581,7 @@ TEST(UnitCheckTest, EncodeDecodeAtEveryStage) {
   RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
   ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
   roundtrip(c);
-  auto u = UnitCheck::Create(Config(false));
+  auto u = UnitCheck::Create(CheckTestConfig(false));
   ASSERT_TRUE(u.ok());
   roundtrip(*u);
 }
@@ -599,7 +599,7 @@ TEST(UnitCheckTest, ASolverThatIgnoresItsForcedErrorCannotGetHonestVerifiersSlas
   // Drawn for a forced error, the solver commits its honest work instead: honest verifiers call
   // it clean. The revealed secret shows the commitment is not the forced one: the solver is the
   // one that broke the protocol, the verifiers are paid.
-  UnitCheck c = Selected(Config(false, 1'000'000));
+  UnitCheck c = Selected(CheckTestConfig(false, 1'000'000));
   CheckEffects fx = RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean});
   EXPECT_EQ(c.result(), CheckResult::kCheckFraud) << c.reason();
   EXPECT_TRUE(Has(fx.slash, kSolver));
@@ -611,7 +611,7 @@ TEST(UnitCheckTest, ASolverThatIgnoresItsForcedErrorCannotGetHonestVerifiersSlas
 TEST(UnitCheckTest, AMismatchMayNameASegmentThatWasNotDrawn) {
   // The solver served no checkpoint matching its commitment, so the verifier replayed from the
   // unit's start and found the first wrong segment elsewhere.
-  UnitCheck c = Selected(Config(true));
+  UnitCheck c = Selected(CheckTestConfig(true));
   const NodeId v = c.verifiers()[0];
   const uint32_t other_segment = (c.segments()[0] + 1) % 4;
   MismatchClaim claim = ClaimFor(true, other_segment);
@@ -624,7 +624,7 @@ TEST(UnitCheckTest, AMismatchMayNameASegmentThatWasNotDrawn) {
 }
 
 TEST(UnitCheckTest, AnUndecidedDisputeRerunsTheUnitAndPunishesNobody) {
-  UnitCheckConfig cfg = Config(true);
+  UnitCheckConfig cfg = CheckTestConfig(true);
   cfg.referee_blocks = 3;
   cfg.num_operators = 0;  // the game ends at a whole step
   UnitCheck c = Selected(cfg);
