@@ -53,7 +53,8 @@ meshlearn_test(NAME ledger_cluster_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/cluster_chaos_test.cc
   DEPS meshlearn_ledger
   LABELS slow
-  TIMEOUT 900)
+  TIMEOUT 900
+  COST 60)
 # `chain init --sequencers` / `chain serve --cluster` / --rpc lists through the real CLI.
 if(MESHLEARN_BUILD_APPS)
   meshlearn_test(NAME ledger_cluster_cli_test
