@@ -206,8 +206,13 @@ Status RunServe(GlobalOptions& g, ChainArgs& a) {
   }
   ledger::RpcLimits limits;
   limits.max_body_bytes = a.max_body;
-  ledger::RpcService service(&shared, &sequencer, limits,
-                             {.role = candidate ? "candidate" : "sequencer"});
+  ledger::RpcServiceInfo info{.role = candidate ? "candidate" : "sequencer"};
+  if (candidate) {
+    // A standby answers reads only once it has applied what etcd holds (cluster.h).
+    info.read_barrier = [&candidate] { return candidate->CatchUp(); };
+    info.cluster_status = [&candidate] { return candidate->StatusJson(); };
+  }
+  ledger::RpcService service(&shared, &sequencer, limits, info);
   ledger::RpcServerOptions opts;
   opts.max_body_bytes = a.max_body;
   opts.rate_limit.rate_per_second = a.rate_limit;
@@ -373,6 +378,25 @@ Status RunStatus(GlobalOptions& g, ChainArgs& a) {
               << "sequencer:    " << st.value("sequencer", std::string()) << "\n";
     if (st.contains("mempool")) std::cout << "mempool:      " << st["mempool"] << " pending\n";
     if (st.contains("totals")) std::cout << "totals:       " << st["totals"].dump() << "\n";
+    if (st.contains("cluster") && st["cluster"].is_object()) {
+      // A replicated sequencer's candidate: who leads, and what this candidate saw.
+      const json& c = st["cluster"];
+      const std::string leader = c.value("leader", std::string());
+      std::cout << "leader:       "
+                << (c.value("leading", false) ? "this candidate"
+                    : leader.empty()
+                        ? "none (an election is under way)"
+                        : leader.substr(0, 16) + "... at " + c.value("leader_url", std::string()))
+                << "\n"
+                << "takeovers:    " << c.value("takeover_count", uint64_t{0})
+                << " by this candidate";
+      if (c.contains("takeovers") && c["takeovers"].is_array() && !c["takeovers"].empty()) {
+        std::cout << " (gap without a block, ms:";
+        for (const json& t : c["takeovers"]) std::cout << " " << t.value("gap_ms", int64_t{0});
+        std::cout << ")";
+      }
+      std::cout << "\n";
+    }
   });
   return Status::Ok();
 }

@@ -31,6 +31,7 @@ ClusterCandidate::ClusterCandidate(SharedChain* chain, Sequencer* sequencer, Clu
   EtcdOptions eo{.timeout_ms = options_.etcd_timeout_ms};
   loop_etcd_ = std::make_unique<EtcdClient>(options_.etcd, eo);
   commit_etcd_ = std::make_unique<EtcdClient>(options_.etcd, eo);
+  read_etcd_ = std::make_unique<EtcdClient>(options_.etcd, eo);
   if (options_.batch == 0) options_.batch = 1;
   sequencer_->SetReplicated([this](const Block& b) { return CommitToEtcd(b); });
 }
@@ -122,6 +123,31 @@ Result<uint64_t> ClusterCandidate::SyncFromEtcd() {
       ++applied;
     }
   }
+}
+
+Status ClusterCandidate::CatchUp() {
+  if (leading_.load() && !lost_.load() && LeaseAlive()) return Status::Ok();
+  const uint64_t local = chain_->height();
+  Result<int64_t> ahead =
+      read_etcd_->Count(BlockKey(prefix_, local + 1), EtcdClient::PrefixEnd(prefix_ + "blocks/"));
+  if (!ahead.ok()) {
+    return Unavailable(
+        "this sequencer candidate is a standby and cannot ask etcd how far the chain "
+        "is (" +
+        ahead.status().message() + "); ask another candidate");
+  }
+  const uint64_t target = local + static_cast<uint64_t>(std::max<int64_t>(0, *ahead));
+  const int64_t deadline = SteadyMs() + options_.read_wait_ms;
+  for (uint64_t h = chain_->height(); h < target; h = chain_->height()) {
+    const int64_t left = deadline - SteadyMs();
+    if (left <= 0 || chain_->shutting_down() || stop_.load()) {
+      return Unavailable("this sequencer candidate is a standby at height " + std::to_string(h) +
+                         ", behind etcd's " + std::to_string(target) +
+                         "; ask another candidate or retry");
+    }
+    chain_->WaitAbove(h, left);
+  }
+  return Status::Ok();
 }
 
 bool ClusterCandidate::LeaseAlive() const { return SteadyMs() < lease_deadline_ms_.load(); }
@@ -273,6 +299,11 @@ Status ClusterCandidate::Run() {
       leader_key_hex_ = rec.is_object() ? rec.value("key", std::string()) : std::string();
       leader_url_ = rec.is_object() ? rec.value("url", std::string()) : std::string();
     } else {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        leader_key_hex_.clear();  // nobody leads until the election is won
+        leader_url_.clear();
+      }
       Result<bool> won = Campaign();
       if (!won.ok()) {
         if (won.status().code() == StatusCode::kPermissionDenied) return won.status();
@@ -304,8 +335,10 @@ nlohmann::json ClusterCandidate::StatusJson() {
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json t = nlohmann::json::array();
   for (const Takeover& x : takeovers_) t.push_back({{"height", x.height}, {"gap_ms", x.gap_ms}});
+  const size_t count = t.size();
   return {{"leading", leading_.load()}, {"leader", leader_key_hex_}, {"leader_url", leader_url_},
-          {"etcd", options_.etcd},      {"prefix", prefix_},         {"takeovers", std::move(t)}};
+          {"etcd", options_.etcd},      {"prefix", prefix_},         {"takeovers", std::move(t)},
+          {"takeover_count", count}};
 }
 
 std::vector<Takeover> ClusterCandidate::takeovers() {

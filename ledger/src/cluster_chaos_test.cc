@@ -108,7 +108,10 @@ TEST(ClusterChaosChild, Candidate) {
   ClusterCandidate candidate(
       &shared, &sequencer,
       {.etcd = *etcd, .advertise_url = "http://" + listen, .lease_ttl_s = 1, .evidence_dir = dir});
-  RpcService service(&shared, &sequencer, {}, {.role = "candidate"});
+  RpcService service(&shared, &sequencer, {},
+                     {.role = "candidate",
+                      .read_barrier = [&] { return candidate.CatchUp(); },
+                      .cluster_status = [&] { return candidate.StatusJson(); }});
   RpcServerOptions opts;
   opts.rate_limit.rate_per_second = 0;
   RpcServer server(&service, opts);

@@ -20,7 +20,7 @@ using testing::KeyFromByte;
 
 struct Candidate {
   Candidate(const Genesis& g, const std::string& dir, const KeyPair& key,
-            const std::vector<std::string>& etcd) {
+            const std::vector<std::string>& etcd, int64_t read_wait_ms = 2000) {
     Result<std::unique_ptr<Chain>> c = Chain::Open(dir + "/chain.db", g);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     chain = std::move(c).value();
@@ -32,7 +32,8 @@ struct Candidate {
                        .advertise_url = "http://" + key.public_key().ShortHex(),
                        .lease_ttl_s = 1,
                        .poll_ms = 10,
-                       .evidence_dir = dir});
+                       .evidence_dir = dir,
+                       .read_wait_ms = read_wait_ms});
   }
   void Start() {
     EXPECT_TRUE(cand->CheckEtcd().ok());
@@ -69,10 +70,10 @@ class ClusterTest : public ::testing::Test {
     for (const KeyPair& k : keys_) genesis_.sequencers.push_back(k.public_key());
   }
 
-  std::unique_ptr<Candidate> MakeCandidate(int i) {
+  std::unique_ptr<Candidate> MakeCandidate(int i, int64_t read_wait_ms = 2000) {
     std::string d = dir_ + "/cand" + std::to_string(i);
     std::filesystem::create_directories(d);
-    return std::make_unique<Candidate>(genesis_, d, keys_[i], etcd_.ClientUrlList());
+    return std::make_unique<Candidate>(genesis_, d, keys_[i], etcd_.ClientUrlList(), read_wait_ms);
   }
 
   // Waits (up to 20 s) until one of `cs` leads; its index, or -1.
@@ -163,6 +164,72 @@ TEST_F(ClusterTest, OneLeadsTheOthersFollowAndAHandoverLosesNothing) {
             1'000'000u + 60);
   other.Stop();
   EXPECT_TRUE(other.result.ok()) << other.result.ToString();
+}
+
+// Read-after-apply: a client that fails over to a standby reads the next nonce there (`task
+// submit`, a node's TxSender). A standby that has not applied the leader's latest block must not
+// answer with the nonce before it: it waits until it has applied what etcd holds, or answers
+// Unavailable (the client asks another candidate). The standby here does not run at first, so
+// it cannot catch up: the stale answer is there to be given, and is not.
+TEST_F(ClusterTest, AStandbyAnswersReadsOnlyAfterApplyingWhatEtcdHolds) {
+  auto a = MakeCandidate(0);
+  auto b = MakeCandidate(1, /*read_wait_ms=*/300);
+  a->Start();
+  std::vector<Candidate*> cs = {a.get()};
+  ASSERT_EQ(WaitLeader(cs), 0);
+  const uint64_t h = TransferVia(*a, 0, 7);
+  ASSERT_GT(h, 0u);
+  auto service = [](Candidate& c) {
+    return std::make_unique<RpcService>(
+        c.shared.get(), c.seq.get(), RpcLimits{},
+        RpcServiceInfo{.role = "candidate",
+                       .read_barrier = [&c] { return c.cand->CatchUp(); },
+                       .cluster_status = [&c] { return c.cand->StatusJson(); }});
+  };
+  auto nonce_request = nlohmann::json{{"jsonrpc", "2.0"},
+                                      {"id", 1},
+                                      {"method", "get_account"},
+                                      {"params", {{"address", alice_.public_key().ToHex()}}}};
+  // The leader answers at once, with the nonce after the transfer.
+  nlohmann::json on_a = service(*a)->HandleRpc(nonce_request);
+  ASSERT_TRUE(on_a.contains("result")) << on_a.dump();
+  EXPECT_EQ(on_a["result"]["nonce"], 1) << on_a.dump();
+  // The standby's own state still says nonce 0 (the scenario is real) ...
+  ASSERT_LT(b->shared->height(), h);
+  EXPECT_EQ(b->shared->With([&](Chain& c) { return c.GetAccount(alice_.public_key())->nonce; }),
+            0u);
+  // ... but it does not answer with it: Unavailable, so a client moves on.
+  auto b_service = service(*b);
+  nlohmann::json stale = b_service->HandleRpc(nonce_request);
+  ASSERT_TRUE(stale.contains("error"))
+      << "a standby answered from a state etcd has passed: " << stale.dump();
+  EXPECT_EQ(stale["error"]["data"]["status"], "Unavailable") << stale.dump();
+  EXPECT_NE(stale["error"]["message"].get<std::string>().find("behind etcd"), std::string::npos)
+      << stale.dump();
+  // chain_status is the candidate's own view, answered whatever its height, with the cluster.
+  nlohmann::json st = b_service->HandleRpc({{"jsonrpc", "2.0"},
+                                            {"id", 2},
+                                            {"method", "chain_status"},
+                                            {"params", nlohmann::json::object()}});
+  ASSERT_TRUE(st.contains("result")) << st.dump();
+  EXPECT_EQ(st["result"]["role"], "candidate");
+  EXPECT_FALSE(st["result"]["cluster"]["leading"].get<bool>()) << st.dump();
+  // Once it runs, the same read waits for the block and answers the nonce after the transfer.
+  b->Start();
+  nlohmann::json fresh = b_service->HandleRpc(nonce_request);
+  ASSERT_TRUE(fresh.contains("result")) << fresh.dump();
+  EXPECT_EQ(fresh["result"]["nonce"], 1) << fresh.dump();
+  EXPECT_GE(b->shared->height(), h);
+  // The leader's chain_status names it and counts its takeover.
+  nlohmann::json la = service(*a)->HandleRpc({{"jsonrpc", "2.0"},
+                                              {"id", 3},
+                                              {"method", "chain_status"},
+                                              {"params", nlohmann::json::object()}});
+  ASSERT_TRUE(la.contains("result")) << la.dump();
+  const nlohmann::json& cl = la["result"]["cluster"];
+  EXPECT_TRUE(cl["leading"].get<bool>()) << la.dump();
+  EXPECT_EQ(cl["leader"], keys_[0].public_key().ToHex()) << la.dump();
+  EXPECT_EQ(cl["takeover_count"], 1) << la.dump();
 }
 
 TEST_F(ClusterTest, ADeposedLeaderCannotCommit) {

@@ -203,6 +203,13 @@ Result<std::vector<EtcdKv>> EtcdClient::Range(const std::string& key, const std:
   return DecodeKvs(j);
 }
 
+Result<int64_t> EtcdClient::Count(const std::string& key, const std::string& range_end) {
+  nlohmann::json body = {{"key", Base64Encode(key)}, {"count_only", true}};
+  if (!range_end.empty()) body["range_end"] = Base64Encode(range_end);
+  ML_ASSIGN_OR_RETURN(nlohmann::json j, Post("/v3/kv/range", body));
+  return Int(j, "count");
+}
+
 Result<std::optional<EtcdKv>> EtcdClient::Get(const std::string& key) {
   ML_ASSIGN_OR_RETURN(std::vector<EtcdKv> kvs, Range(key, ""));
   if (kvs.empty()) return std::optional<EtcdKv>();

@@ -304,6 +304,15 @@ json RpcService::Dispatch(const std::string& method, const json& params,
     return std::min<int64_t>(left, static_cast<int64_t>(asked));
   };
 
+  // Read-after-apply on a replicated chain's standby (cluster.h). chain_status is the
+  // candidate's own view (answered even when etcd is not reachable); send_tx and faucet are not
+  // reads (a standby refuses them).
+  if (info_.read_barrier && method != "chain_status" && method != "get_genesis" &&
+      method != "send_tx" && method != "faucet") {
+    Status ready = info_.read_barrier();
+    if (!ready.ok()) FailStatus(ready.WithPrefix(method), kRpcUnavailable);
+  }
+
   if (method == "chain_status") {
     p.Only({});
     json j = chain_->With([&](Chain& c) {
@@ -321,6 +330,7 @@ json RpcService::Dispatch(const std::string& method, const json& params,
     });
     j["role"] = info_.role;
     if (!info_.upstream.empty()) j["upstream"] = info_.upstream;
+    if (info_.cluster_status) j["cluster"] = info_.cluster_status();
     if (sequencer_) {
       j["mempool"] = sequencer_->mempool_size();
       j["sequencer_key"] = sequencer_->public_key().ToHex();

@@ -20,6 +20,11 @@
 // leader's transaction fails on either comparison (a new leader key holds another lease). A
 // transaction whose answer was lost is read back (the block at that height is ours or not).
 //
+// Reads: a standby answers a read only once it has applied every block etcd held when the read
+// arrived (CatchUp, called by RpcService before each read), so a client that fails over from the
+// leader never reads a state older than one it was already answered from (a nonce, a receipt).
+// The leader's chain is etcd's (it commits to etcd first, under the chain's lock).
+//
 // Following: every candidate, while not leading, applies the blocks etcd holds above its height
 // with Chain::ApplyBlock -- signature by a key the genesis authorizes, every transaction
 // re-executed, receipts root and state hash compared -- so a block that does not verify is
@@ -60,6 +65,7 @@ struct ClusterOptions {
   int64_t etcd_timeout_ms = 500;  // per etcd request; well under the TTL
   uint32_t batch = 100;           // blocks per etcd range read
   std::string evidence_dir;       // where a refused block is written ("" : nowhere)
+  int64_t read_wait_ms = 2000;    // how long a standby's read waits to catch up (CatchUp)
 };
 
 // One time this candidate took over: the chain's height then and how long it had gone without
@@ -90,11 +96,18 @@ class ClusterCandidate {
   Status Run();
   void Stop() { stop_.store(true); }
 
+  // Read-after-apply for RPC reads (any thread): OK at once on the leader; on a standby, asks
+  // etcd how many blocks it holds above the local height and waits (read_wait_ms at most) until
+  // Run has applied them. Unavailable, saying why, when etcd cannot be asked or the wait runs
+  // out: the client asks another candidate.
+  Status CatchUp();
+
   // Applies the blocks etcd holds above the local height, verified; how many.
   Result<uint64_t> SyncFromEtcd();
 
   bool leading() const { return leading_.load(); }
-  // For chain_status: role, leader key and URL, takeovers.
+  // For chain_status: leading, leader key and URL, etcd, prefix, takeovers (each {height,
+  // gap_ms}) and their count.
   nlohmann::json StatusJson();
   std::vector<Takeover> takeovers();
 
@@ -111,6 +124,7 @@ class ClusterCandidate {
   std::string prefix_;
   std::unique_ptr<EtcdClient> loop_etcd_;    // Run's thread
   std::unique_ptr<EtcdClient> commit_etcd_;  // the sequencer's thread (the commit hook)
+  std::unique_ptr<EtcdClient> read_etcd_;    // RPC threads (CatchUp)
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> leading_{false};

@@ -94,6 +94,8 @@ class EtcdClient {
   // Keys in [key, range_end), in key order, at most `limit` (0: all).
   Result<std::vector<EtcdKv>> Range(const std::string& key, const std::string& range_end,
                                     int64_t limit = 0);
+  // How many keys are in [key, range_end) (etcd's count_only range: no values travel).
+  Result<int64_t> Count(const std::string& key, const std::string& range_end);
   Status Delete(const std::string& key);
 
   // If every comparison holds, applies `puts` atomically and returns true; else false and

@@ -74,6 +74,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -117,8 +118,14 @@ struct RpcLimits {
 
 // Extra facts a service states about itself in chain_status.
 struct RpcServiceInfo {
-  std::string role = "sequencer";  // or "follower"
+  std::string role = "sequencer";  // or "follower", "candidate"
   std::string upstream = "";       // a follower's sequencer URL
+  // A replicated sequencer's candidate (cluster.h): called before every read (each method but
+  // chain_status, get_genesis, send_tx and faucet); an error is the answer, so a standby that
+  // has not applied what etcd holds sends the client elsewhere instead of a stale state.
+  std::function<Status()> read_barrier;
+  // chain_status's "cluster": the leader, this candidate's takeovers.
+  std::function<nlohmann::json()> cluster_status;
 };
 
 class RpcService {
