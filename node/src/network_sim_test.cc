@@ -179,9 +179,10 @@ TEST(NetworkSimTest, ADeadSolversUnfetchableDeltaIsReportedAndTheRoundReruns) {
   // The seed decides the beacons, which come from block hashes, so from the ledger state: a
   // change to what a task records moves the draws. Seed 16 drew a forced error once tasks
   // declared a data root, and seed 17 a check of the dead solver's unit (abandoned, re-run
-  // before the aggregator tried its delta) once tasks recorded their treasury cut; at seed 18
-  // the aggregator tries the dead solver's delta first, which is what this test is about.
-  o.seed = 18;
+  // before the aggregator tried its delta) once tasks recorded their treasury cut; seed 18 the
+  // same once node records kept their earnings by kind (issue 17). At seed 21 the aggregator
+  // tries the dead solver's delta first, which is what this test is about (seeds 21 to 25 do).
+  o.seed = 21;
   o.nodes = 4;
   o.task_toml = f.toml;
   o.env = &f.env;
@@ -206,7 +207,10 @@ TEST(NetworkSimTest, ADeadSolversUnfetchableDeltaIsReportedAndTheRoundReruns) {
   Status run = sim.RunUntilFinished(800);
   ASSERT_TRUE(run.ok()) << run.ToString();
   ASSERT_GE(killed, 0);
-  EXPECT_FALSE(reports.empty());
+  EXPECT_FALSE(reports.empty())
+      << "no aggregator reported the dead solver's delta unavailable; if the dead solver's unit "
+         "was abandoned or checked before the aggregator tried it, the beacon draws moved (see "
+         "the seed's comment) and another seed is needed";
   json task = sim.Task(true);
   EXPECT_EQ(task.value("status", std::string()), "finished");
   Result<GlobalState> final_state = sim.FinalState();
