@@ -185,7 +185,12 @@ void NodeAgent::Heartbeat(uint64_t height) {
 
 void NodeAgent::HandleOutcomes() {
   for (const TxOutcome& o : tx_->TakeOutcomes()) {
-    if (!o.ok) {
+    if (!o.ok && aggregator_->Overtaken(o)) {
+      // A race, not a failure: another party's transaction re-ran the round first.
+      ++stats_.aggregations_overtaken;
+      Log(o.type + " " + o.id.ShortHex() + " overtaken: its round was re-run before it landed (" +
+          o.reason + "); the round is aggregated again when it is ready");
+    } else if (!o.ok) {
       ++stats_.tx_failed;
       Log(o.type + " " + o.id.ShortHex() + (o.included ? " failed: " : " refused: ") + o.reason);
     }

@@ -62,9 +62,28 @@ Aggregator::RoundState Aggregator::StateOf(const AggregationAssignment& a) const
   return RoundState::kNew;
 }
 
+bool Aggregator::Overtaken(const TxOutcome& o) {
+  if (o.ok) return false;
+  for (const auto& [key, c] : commits_) {
+    if (c.tx != o.id) continue;
+    Result<TaskInfo> t = GetTask(node_->chain(), key.first, /*units=*/true);
+    if (!t.ok()) return false;  // cannot tell: counted as a failure
+    for (const AggregationInput& in : c.inputs) {
+      auto u = std::find_if(t->units.begin(), t->units.end(),
+                            [&](const UnitRecord& r) { return r.index == in.index; });
+      if (u == t->units.end() || u->round != key.second ||
+          u->status != ledger::WorkUnitStatus::kCommitted || u->result_hash != in.result_hash) {
+        return true;
+      }
+    }
+    return false;
+  }
+  return false;
+}
+
 bool Aggregator::OnOutcome(const TxOutcome& o) {
   for (auto it = commits_.begin(); it != commits_.end(); ++it) {
-    if (it->second != o.id) continue;
+    if (it->second.tx != o.id) continue;
     if (o.ok) {
       ++node_->stats().aggregations_ok;
       committed_.insert(it->first);
@@ -92,7 +111,7 @@ Status Aggregator::Run(const AggregationAssignment& a) {
                                         .state_hash = agg.state,
                                         .test_accuracy_ppm = agg.accuracy_ppm,
                                         .test_loss_micros = agg.loss_micros}));
-  commits_[std::make_pair(a.task_id, a.round)] = txid;
+  commits_[std::make_pair(a.task_id, a.round)] = InFlight{.tx = txid, .inputs = a.units};
   ++node_->stats().aggregations;
   return Status::Ok();
 }

@@ -34,6 +34,13 @@ class Aggregator {
   std::vector<const AggregationAssignment*> Pending(const NodeWork& work);
   RoundState StateOf(const AggregationAssignment& a) const;
   Status Run(const AggregationAssignment& a);
+  // True when `o` is a failed CommitAggregate of ours that its round's re-run overtook: another
+  // party's transaction (a fraud proof, a forced error's reveal, a check settled abandoned)
+  // executed first and reset units it aggregated, so the ledger no longer expected an aggregate
+  // ("not expected: ... phase assigning"). The aggregator could not have known when it sent; the
+  // re-run round is aggregated again when node_work asks. Read from get_task: some input of the
+  // commit is no longer a committed unit of that round with that result. Call before OnOutcome.
+  bool Overtaken(const TxOutcome& o);
   bool OnOutcome(const TxOutcome& o);
 
  private:
@@ -50,7 +57,12 @@ class Aggregator {
   void ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why);
 
   NodeContext* node_;
-  std::map<std::pair<Hash256, uint32_t>, Hash256> commits_;  // (task, round) -> tx in flight
+  // (task, round) -> the CommitAggregate in flight, and the units it aggregated.
+  struct InFlight {
+    Hash256 tx;
+    std::vector<AggregationInput> inputs;
+  };
+  std::map<std::pair<Hash256, uint32_t>, InFlight> commits_;
   std::set<std::pair<Hash256, uint32_t>> committed_;
   // (task, unit index) -> failed fetches of its delta; reported once.
   std::map<std::pair<Hash256, uint32_t>, uint32_t> fetch_failures_;

@@ -211,8 +211,13 @@ struct AgentStats {
   uint64_t commits_failed = 0;
   uint64_t aggregations = 0;      // CommitAggregate sent
   uint64_t aggregations_ok = 0;
+  // CommitAggregate that failed because another party's transaction (a fraud proof, a forced
+  // error's reveal, a check settled abandoned) re-ran its round first: an expected race, not in
+  // tx_failed (Aggregator::Overtaken).
+  uint64_t aggregations_overtaken = 0;
   uint64_t bad_deltas = 0;        // malformed delta blobs left out of an aggregation
-  uint64_t tx_failed = 0;         // any transaction whose receipt failed or that was refused
+  // Any transaction whose receipt failed or that was refused, but the overtaken aggregates.
+  uint64_t tx_failed = 0;
   uint64_t blobs_unpinned = 0;    // pins released (their last reason ended)
   uint64_t unit_dirs_deleted = 0;  // unit checkpoint directories cleaned up
   // Verification.
