@@ -17,6 +17,14 @@
 // solver nodes (the first flag to the last solver), verifier modes to the last verifier-only
 // nodes, then to the last honest solvers. The report says what verification did: checks settled
 // per result, disputes ruled, who was slashed and how much, what every node earned.
+//
+// --sequencers N (N >= 2) runs a replicated sequencer (docs/operators.md, "Running a replicated
+// chain") instead of one `chain serve`: a 3-member etcd on loopback (ledger/etcd_local.h) and N
+// `chain serve --cluster` candidates, each with its own chain directory and key; nodes, the
+// referee and the submitter get every candidate's URL (RpcClient fails over). --kill-sequencer R
+// SIGKILLs whichever candidate leads when round R starts; the report lists every change of the
+// block signer on the chain with its gap (the time between the last block of the old leader and
+// the first of the new one).
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -30,20 +38,25 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "meshlearn/base/clock.h"
+#include "meshlearn/base/hex.h"
 #include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/progress.h"
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
+#include "meshlearn/ledger/block.h"
+#include "meshlearn/ledger/etcd_local.h"
 #include "meshlearn/ledger/genesis.h"
+#include "meshlearn/ledger/rpc_answer.h"
 #include "meshlearn/net/http_transport.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/node/chain_client.h"
@@ -82,7 +95,51 @@ struct DevnetArgs {
   // task file's).
   std::string assurance;
   uint32_t target_escape_ppm = 0;
+  int sequencers = 1;          // >= 2: a replicated sequencer on a local etcd
+  std::string kill_sequencer;  // "R": SIGKILL the leader when round R starts ("" : never)
 };
+
+constexpr int kEtcdMembers = 3;  // the smallest etcd cluster that survives losing a member
+constexpr int kMaxSequencers = 9;
+
+// --sequencers and --kill-sequencer, checked before anything starts. Sets `kill_round` (-1:
+// none) and, for a replicated sequencer, `etcd_bin`.
+Status CheckSequencerFlags(const DevnetArgs& a, uint64_t rounds, int64_t* kill_round,
+                           std::string* etcd_bin) {
+  *kill_round = -1;
+  if (a.sequencers < 1 || a.sequencers > kMaxSequencers) {
+    return InvalidArgument(fmt::format(
+        "--sequencers is {}; use 1 (one `chain serve`) or 2..{} (candidates of a replicated "
+        "sequencer on a {}-member etcd)",
+        a.sequencers, kMaxSequencers, kEtcdMembers));
+  }
+  if (!a.kill_sequencer.empty()) {
+    ML_ASSIGN_OR_RETURN(uint64_t r, ParseUnsigned(a.kill_sequencer, "--kill-sequencer"));
+    if (a.sequencers < 2) {
+      return InvalidArgument(
+          "--kill-sequencer needs a replicated sequencer to fail over to: add --sequencers 3");
+    }
+    if (r >= rounds) {
+      return InvalidArgument(fmt::format(
+          "--kill-sequencer {} is not a round of the task: its rounds are 0..{} (numbered from 0)",
+          r, rounds - 1));
+    }
+    *kill_round = static_cast<int64_t>(r);
+  }
+  if (a.sequencers >= 2) {
+    *etcd_bin = ledger::FindEtcd();
+    if (etcd_bin->empty() || access(etcd_bin->c_str(), X_OK) != 0) {
+      return FailedPrecondition(
+          "--sequencers " + std::to_string(a.sequencers) +
+          " runs a local etcd cluster, but there is no etcd binary" +
+          (etcd_bin->empty() ? std::string(" on PATH")
+                             : " at $MESHLEARN_ETCD (" + *etcd_bin + ")") +
+          "; install it: apt-get install etcd-server (scripts/setup.sh --test does), or run "
+          "without --sequencers");
+    }
+  }
+  return Status::Ok();
+}
 
 // --assurance and --target-escape-ppm in place of the task file's [network] assurance and
 // target_escape_ppm, with the same checks and the ledger's terms (CheckTaskTerms) again.
@@ -460,6 +517,82 @@ Result<Traffic> MeasureTraffic(Env* env, const std::vector<std::string>& node_di
   return t;
 }
 
+// The candidate that leads now, by its own chain_status (cluster.leading), and its height; asks
+// every live one (`urls[i]` empty: killed) until one leads, for up to `timeout_ms` (an election
+// may be under way).
+Result<std::pair<size_t, uint64_t>> FindLeader(const std::vector<std::string>& urls,
+                                               int64_t timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string last_error = "no candidate answered";
+  while (std::chrono::steady_clock::now() < until) {
+    for (size_t i = 0; i < urls.size(); ++i) {
+      if (urls[i].empty()) continue;
+      ledger::RpcClient one(urls[i],
+                            {.connect_timeout_ms = 1000, .read_timeout_ms = 2000, .retries = 0});
+      Result<json> st = one.Call("chain_status", json::object());
+      if (!st.ok()) {
+        last_error = urls[i] + ": " + st.status().message();
+        continue;
+      }
+      ledger::RpcAnswer answer("chain_status", *st);
+      Result<ledger::RpcAnswer> cluster = answer.Object("cluster");
+      if (!cluster.ok()) return cluster.status();
+      ML_ASSIGN_OR_RETURN(bool leading, cluster->Bool("leading"));
+      ML_ASSIGN_OR_RETURN(uint64_t height, answer.U64("height"));
+      if (leading) return std::make_pair(i, height);
+    }
+    if (g_stop_signal.load()) return Interrupted();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return Unavailable("no sequencer candidate leads (asked each for " +
+                     std::to_string(timeout_ms / 1000) + " s; last: " + last_error + ")");
+}
+
+// Every change of the block signer on the chain from block 1: the failovers, with how long the
+// chain went without a block (the time between the old leader's last block and the new one's
+// first, by the blocks' own times). `keys[i]` is candidate i's key; `killed_at` the height the
+// killed leader had reached when it was killed (-1: none): the first change above it is the
+// failover the kill caused.
+Result<json> Failovers(ledger::RpcClient& rpc, const std::vector<PublicKey>& keys,
+                       int64_t killed_at) {
+  auto candidate = [&](const PublicKey& k) -> int {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == k) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  json out = json::array();
+  std::optional<ledger::BlockHeader> prev;
+  bool kill_seen = false;
+  for (uint64_t from = 1;;) {
+    ML_ASSIGN_OR_RETURN(json page, rpc.Call("get_blocks", {{"from", from}, {"limit", 100}}));
+    ledger::RpcAnswer answer("get_blocks", page);
+    ML_ASSIGN_OR_RETURN(uint64_t height, answer.U64("height"));
+    ML_ASSIGN_OR_RETURN(ledger::RpcAnswer blocks, answer.Array("blocks"));
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      ML_ASSIGN_OR_RETURN(std::string hex, blocks.At(i).Str());
+      ML_ASSIGN_OR_RETURN(Bytes wire, HexDecode(hex, "get_blocks: a block"));
+      ML_ASSIGN_OR_RETURN(ledger::Block b, ledger::DecodeBlock(wire));
+      if (prev && b.header.sequencer != prev->sequencer) {
+        const bool after_kill =
+            killed_at >= 0 && !kill_seen && prev->height >= static_cast<uint64_t>(killed_at);
+        kill_seen = kill_seen || after_kill;
+        out.push_back({{"height", b.header.height},
+                       {"from", candidate(prev->sequencer)},
+                       {"to", candidate(b.header.sequencer)},
+                       {"last_block_ms", prev->time_ms},
+                       {"next_block_ms", b.header.time_ms},
+                       {"gap_ms", b.header.time_ms - prev->time_ms},
+                       {"after_kill", after_kill}});
+      }
+      prev = b.header;
+    }
+    from += blocks.size();
+    if (blocks.size() == 0 || from > height) break;
+  }
+  return out;
+}
+
 // Runs the devnet; `emit` gets the report once report.json is written (before --keep waits).
 Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                  const std::function<void(const json&)>& emit) {
@@ -503,6 +636,10 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   // 1. The task, validated before anything starts.
   ML_ASSIGN_OR_RETURN(PreparedTask task, PrepareTask(env, a.task));
   ML_RETURN_IF_ERROR(OverrideAssurance(a, &task));
+  int64_t kill_round = -1;
+  std::string etcd_bin;
+  ML_RETURN_IF_ERROR(CheckSequencerFlags(a, task.net.rounds, &kill_round, &etcd_bin));
+  const bool replicated = a.sequencers >= 2;
   say(fmt::format("devnet: {} ({} rounds x {} units x {} steps), {} solvers{}, verification {}",
                   a.task, task.net.rounds, task.net.units_per_round, task.net.inner_steps,
                   a.solvers, a.verifiers > 0 ? fmt::format(" + {} verifiers", a.verifiers) : "",
@@ -540,6 +677,21 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   ML_ASSIGN_OR_RETURN(KeyPair seq, chain_keys.Create(ledger::kSequencerKeyName, ""));
   // The sequencer's key is the referee: it sends RuleDispute, so it needs an account.
   if (a.verification) funded.push_back(seq.public_key());
+  // A replicated sequencer's candidates: chain/ holds "sequencer", chain-I/ "sequencer-I"; each
+  // directory is one candidate's (its chain.db, its key), as on separate machines.
+  std::vector<std::string> cand_dirs = {chain_dir};
+  std::vector<std::string> cand_keys = {ledger::kSequencerKeyName};
+  std::vector<PublicKey> cand_ids = {seq.public_key()};
+  for (int i = 2; i <= a.sequencers; ++i) {
+    const std::string d = JoinPath(dir, fmt::format("chain-{}", i));
+    ML_RETURN_IF_ERROR(env->CreateDirs(d, 0700));
+    const std::string name = fmt::format("{}-{}", ledger::kSequencerKeyName, i);
+    KeyStore ks(env, ledger::ChainKeysDir(d));
+    ML_ASSIGN_OR_RETURN(KeyPair k, ks.Create(name, ""));
+    cand_dirs.push_back(d);
+    cand_keys.push_back(name);
+    cand_ids.push_back(k.public_key());
+  }
   const uint64_t balance = std::max<uint64_t>(task.net.budget * 2, 10'000'000);
   ledger::Genesis gen = ledger::DevnetGenesis(funded, balance);
   gen.block_interval_ms = a.block_interval_ms;
@@ -562,8 +714,11 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   }
   gen.genesis_time_ms = SystemClock::Default()->NowMillis();
   gen.sequencer = seq.public_key();
+  if (replicated) gen.sequencers = cand_ids;
   ML_RETURN_IF_ERROR(ledger::ValidateGenesis(gen));
-  ML_RETURN_IF_ERROR(ledger::WriteGenesis(env, ledger::ChainGenesisPath(chain_dir), gen));
+  for (const std::string& d : cand_dirs) {
+    ML_RETURN_IF_ERROR(ledger::WriteGenesis(env, ledger::ChainGenesisPath(d), gen));
+  }
 
   // 3. Processes.
   struct sigaction sa {};
@@ -571,15 +726,38 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  ledger::LocalEtcdCluster etcd;  // declared before the fleet: it outlives the candidates
   Fleet fleet;
-  ML_ASSIGN_OR_RETURN(uint16_t chain_port, FreePort());
-  const std::string rpc_url = fmt::format("http://127.0.0.1:{}", chain_port);
-  ML_ASSIGN_OR_RETURN(Child chain,
-                      Spawn("chain",
-                            {"chain", "serve", "--dir", chain_dir, "--listen",
-                             fmt::format("127.0.0.1:{}", chain_port), "--rate-limit", "0"},
-                            JoinPath(dir, "logs/chain.log"), home));
-  fleet.children.push_back(chain);
+  if (replicated) {
+    const std::string etcd_dir = JoinPath(dir, "etcd");
+    ML_RETURN_IF_ERROR(env->CreateDirs(etcd_dir));
+    Status up = etcd.Start(etcd_bin, kEtcdMembers, etcd_dir);
+    if (!up.ok()) return up.WithPrefix("the devnet's etcd cluster (" + etcd_bin + ")");
+    say(fmt::format("etcd: {} members at {} (data and logs in {})", kEtcdMembers, etcd.ClientUrls(),
+                    etcd_dir));
+  }
+  // The ledger: one `chain serve`, or the candidates of a replicated sequencer.
+  std::vector<std::string> cand_urls;
+  std::vector<size_t> cand_child;  // index in fleet.children
+  for (size_t i = 0; i < cand_dirs.size(); ++i) {
+    ML_ASSIGN_OR_RETURN(uint16_t port, FreePort());
+    std::vector<std::string> args = {"chain",        "serve",    "--dir",
+                                     cand_dirs[i],   "--listen", fmt::format("127.0.0.1:{}", port),
+                                     "--rate-limit", "0"};
+    if (replicated) {
+      for (const std::string& s :
+           {std::string("--cluster"), etcd.ClientUrls(), std::string("--key"), cand_keys[i]}) {
+        args.push_back(s);
+      }
+    }
+    const std::string name = i == 0 ? "chain" : fmt::format("chain-{}", i + 1);
+    ML_ASSIGN_OR_RETURN(Child c, Spawn(name, args, JoinPath(dir, "logs/" + name + ".log"), home));
+    cand_child.push_back(fleet.children.size());
+    fleet.children.push_back(c);
+    cand_urls.push_back(fmt::format("http://127.0.0.1:{}", port));
+  }
+  std::string rpc_url;  // every candidate, comma-separated: clients fail over (rpc_client.h)
+  for (const std::string& u : cand_urls) rpc_url += (rpc_url.empty() ? "" : ",") + u;
   ledger::RpcClient rpc(rpc_url, {.retries = 5});
   {
     Status up = Unavailable("not started");
@@ -593,9 +771,19 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                          JoinPath(dir, "logs/chain.log") + "): " + up.message());
     }
   }
-  say("ledger at " + rpc_url);
-  say("dashboard: " + rpc_url + "/ (open it in a browser: live while the devnet runs; --keep keeps "
-      "it up after the task)");
+  if (replicated) {
+    Result<std::pair<size_t, uint64_t>> leader = FindLeader(cand_urls, 60000);
+    if (!leader.ok()) {
+      return leader.status().WithPrefix("the devnet's sequencer candidates (see " +
+                                        JoinPath(dir, "logs/chain*.log") + ")");
+    }
+    say(fmt::format("ledger: {} sequencer candidates at {}; candidate {} leads", a.sequencers,
+                    rpc_url, leader->first));
+  } else {
+    say("ledger at " + rpc_url);
+  }
+  say("dashboard: " + cand_urls[0] +
+      "/ (open it in a browser: live while the devnet runs; --keep keeps it up after the task)");
 
   std::vector<size_t> node_child(total_nodes, SIZE_MAX);
   std::map<std::string, std::string> endpoint_dir;
@@ -668,9 +856,50 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   std::set<int> killed;  // solvers --kill took down (they died by SIGKILL as configured)
   std::map<int, bool> late_started;
   json events = json::array();
+  // --kill-sequencer R: when round R starts, the candidate that leads then dies by SIGKILL.
+  std::vector<std::string> live_urls = cand_urls;
+  bool sequencer_killed = false;
+  int64_t killed_height = -1;
+  json killed_sequencer = nullptr;
+  Status kill_status = Status::Ok();
+  auto kill_leader = [&](uint64_t round) {
+    sequencer_killed = true;
+    Result<std::pair<size_t, uint64_t>> leader = FindLeader(live_urls, 30000);
+    if (!leader.ok()) {
+      kill_status =
+          leader.status().WithPrefix(fmt::format("--kill-sequencer {}: no leader to kill", round));
+      return;
+    }
+    const auto [i, height] = *leader;
+    Child& c = fleet.children[cand_child[i]];
+    kill(c.pid, SIGKILL);
+    waitpid(c.pid, nullptr, 0);  // reaped here: the watch below must not count it as a failure
+    c.pid = -1;
+    live_urls[i].clear();
+    killed_height = static_cast<int64_t>(height);
+    killed_sequencer = {{"candidate", i},
+                        {"key", cand_ids[i].ToHex()},
+                        {"round", round},
+                        {"height", height},
+                        {"seconds", elapsed()}};
+    events.push_back({{"event", "kill -9 sequencer"},
+                      {"candidate", i},
+                      {"key", cand_ids[i].ToHex()},
+                      {"round", round},
+                      {"height", height},
+                      {"seconds", elapsed()}});
+    say(
+        fmt::format("round {} started: the leading sequencer candidate {} ({}) killed (-9) at "
+                    "height {}",
+                    round, i, c.name, height));
+  };
   auto on_progress = [&](const json& j) {
     TaskProgress p = ProgressOf(j, TaskMetricOf(task.task));
     bar.Update(static_cast<int64_t>(p.units_committed), ProgressLine(p));
+    if (kill_round >= 0 && !sequencer_killed &&
+        p.rounds_done >= static_cast<uint64_t>(kill_round)) {
+      kill_leader(static_cast<uint64_t>(kill_round));
+    }
     for (auto& [i, at] : lates) {
       if (!late_started[i] && p.rounds_done > at) {  // round `at` (0-based) has finished
         late_started[i] = true;
@@ -722,6 +951,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     if (!died.empty()) return Internal(died);
     return watched.status();
   }
+  if (!kill_status.ok()) return kill_status;
   const double t_done = elapsed();
   json final_task = *watched;
   TaskProgress p = ProgressOf(final_task, TaskMetricOf(task.task));
@@ -824,6 +1054,14 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     }
   }
   const uint64_t model_bytes = task.params.model_bytes;
+  // The sequencer: one, or a replicated one's candidates and every failover the chain shows.
+  json sequencer_report = {{"candidates", a.sequencers}};
+  if (replicated) {
+    ML_ASSIGN_OR_RETURN(json failovers, Failovers(rpc, cand_ids, killed_height));
+    sequencer_report = {{"candidates", a.sequencers}, {"etcd_members", kEtcdMembers},
+                        {"etcd", etcd.ClientUrls()},  {"rpc", cand_urls},
+                        {"killed", killed_sequencer}, {"failovers", failovers}};
+  }
 
   *report = {{"task", a.task},
              {"task_id", sub.task_id.ToHex()},
@@ -857,7 +1095,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
              {"events", events},
              {"chain_totals", totals},
              {"token_invariant", minted == 0 ? json(nullptr) : json(minted == sum)},
-             {"round_results", final_task.value("round_results", json::array())}};
+             {"round_results", final_task.value("round_results", json::array())},
+             {"sequencer", sequencer_report}};
   if (a.verification) {
     json rulings = json::array();
     for (const node::RefereeRecord& r : referee->rulings()) {
@@ -906,6 +1145,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   if (!a.keep) {
     if (referee) referee->Stop();
     StopAll(fleet.children, 5000);
+    etcd.StopAll();
   }
   {
     std::vector<std::string> pushed_dirs;
@@ -965,7 +1205,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
               << AbsolutePath(home) << "/keys:\n  export MESHLEARN_HOME=" << AbsolutePath(home)
               << "\n  meshlearn task status " << sub.task_id.ToHex() << " --rpc " << rpc_url
               << "\n  meshlearn wallet balance --key submitter --rpc " << rpc_url
-              << "\ndashboard: " << rpc_url << "/\nCtrl-C stops it." << std::endl;
+              << "\ndashboard: " << cand_urls[0] << "/\nCtrl-C stops it." << std::endl;
     while (!g_stop_signal.load()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     g_stop_signal.store(0);
   }
@@ -1017,6 +1257,14 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
   cmd->add_option("--target-escape-ppm", a.target_escape_ppm,
                   "With --assurance target: the chance, per million, that one corrupted segment "
                   "escapes every check");
+  cmd->add_option("--sequencers", a.sequencers,
+                  "1: one `chain serve`; 2..9: candidates of a replicated sequencer on a local "
+                  "3-member etcd (needs etcd-server; docs/operators.md, \"Running a replicated "
+                  "chain\")")
+      ->capture_default_str();
+  cmd->add_option("--kill-sequencer", a.kill_sequencer,
+                  "R: SIGKILL the leading sequencer candidate when round R (from 0) starts; the "
+                  "report says how long the chain went without a block");
   cmd->add_option("--forced-errors", a.forced_errors,
                   "Forced errors per million units (genesis forced_error_per_million; default: "
                   "the ledger's)");
@@ -1030,6 +1278,8 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       "solver:lazy\n"
       "  meshlearn devnet --solvers 4 --task examples/fashion-mlp.toml --out /tmp/d --adversary "
       "solver:noisy --assurance full\n"
+      "  meshlearn devnet --solvers 4 --task tests/devnet-tiny.toml --out /tmp/d --sequencers 3 "
+      "--kill-sequencer 1\n"
       "Writes DIR/model.safetensors and DIR/report.json (the task's metric, rounds, units, money:\n"
       "spent = paid to solvers + verifiers + aggregators, treasury cut, refunded; bytes; the\n"
       "ledger's final state and the weights hash vs the in-process reference); logs of every\n"
@@ -1054,6 +1304,23 @@ void PrintReport(GlobalOptions& g, const json& report) {
               : "",
           report["final_state"].get<std::string>(), report["model"].get<std::string>(),
           report["report"].get<std::string>());
+      const json seqr = report.value("sequencer", json::object());
+      if (seqr.value("candidates", 1) > 1) {
+        std::cout << fmt::format("sequencer: {} candidates on a {}-member etcd",
+                                 seqr["candidates"].get<int>(), seqr.value("etcd_members", 0));
+        const json& k = seqr["killed"];
+        if (k.is_object()) {
+          std::cout << fmt::format("; the leader (candidate {}) killed -9 when round {} started",
+                                   k["candidate"].get<int>(), k["round"].get<uint64_t>());
+        }
+        std::cout << "\n";
+        for (const json& f : seqr["failovers"]) {
+          std::cout << fmt::format(
+              "  failover{}: candidate {} -> {} at block {}: {} ms without a block\n",
+              f["after_kill"].get<bool>() ? " (the kill)" : "", f["from"].get<int>(),
+              f["to"].get<int>(), f["height"].get<uint64_t>(), f["gap_ms"].get<int64_t>());
+        }
+      }
       const json& v = report["verification"];
       if (!v.value("enabled", false)) return;
       const json& c = v["checks"];

@@ -475,6 +475,101 @@ TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
   ExpectNoOrphans(dir);
 }
 
+// The etcd binary the devnet would use ($MESHLEARN_ETCD, else `etcd` on PATH); "" if none.
+std::string EtcdBinary() {
+  if (const char* e = std::getenv("MESHLEARN_ETCD"); e && *e) return e;
+  CmdResult r = Shell("command -v etcd 2>/dev/null");
+  return r.code == 0 ? r.out : "";
+}
+
+// The main job (scripts/run.sh: a lazy solver among 4) on a replicated sequencer (issue 18):
+// --sequencers 3 runs a 3-member etcd and three `chain serve --cluster` candidates, and
+// --kill-sequencer 4 SIGKILLs whichever leads when round 4 starts. The chain fails over; the
+// task still finishes with the lazy solver slashed and the weights of the honest in-process run,
+// and the report gives the failover's gap (the chain's time without a block). Label "slow".
+TEST(DevnetSlow, ReplicatedSequencerSurvivesItsLeaderKilledMidTask) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  if (EtcdBinary().empty()) {
+    GTEST_SKIP() << "no etcd binary (apt-get install etcd-server, or scripts/setup.sh --test); "
+                    "skipped";
+  }
+  const std::string dir = TempDir();
+  // tests/devnet-tiny.toml with 6 rounds, so that round 4 starts mid-task.
+  std::string text = ReadText(MESHLEARN_SOURCE_DIR "/tests/devnet-tiny.toml");
+  ASSERT_NE(text.find("rounds = 3\n"), std::string::npos);
+  text.replace(text.find("rounds = 3\n"), 10, "rounds = 6");
+  const std::string task = dir + "/six-rounds.toml";
+  std::ofstream(task) << text;
+  const std::string out = dir + "/d";
+  CmdResult r = Meshlearn("--json devnet --solvers 4 --task " + task +
+                              " --block-interval-ms 200 --timeout 600 --adversary solver:lazy "
+                              "--sequencers 3 --kill-sequencer 4 --out " +
+                              out,
+                          dir + "/home");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json rep = ReadReport(out);
+  CheckCommon(rep, 6);  // every committed unit paid once; the weights = the in-process reference
+  const json& v = rep["verification"];
+  ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
+  EXPECT_EQ(v["slashed"][0]["adversary"], "lazy");
+  EXPECT_GT(v["slashed"][0]["amount"].get<uint64_t>(), 0u);
+  const json& s = rep["sequencer"];
+  EXPECT_EQ(s["candidates"], 3) << s.dump(2);
+  EXPECT_EQ(s["etcd_members"], 3) << s.dump(2);
+  ASSERT_TRUE(s["killed"].is_object()) << s.dump(2);
+  EXPECT_EQ(s["killed"]["round"], 4) << s.dump(2);
+  // The kill shows on the chain: the first change of block signer after it is from the killed
+  // candidate to another, with the time the chain went without a block.
+  int after_kill = 0;
+  for (const json& f : s["failovers"]) {
+    if (!f["after_kill"].get<bool>()) continue;
+    ++after_kill;
+    EXPECT_EQ(f["from"], s["killed"]["candidate"]) << s.dump(2);
+    EXPECT_NE(f["to"], s["killed"]["candidate"]) << s.dump(2);
+    EXPECT_GE(f["to"].get<int>(), 0) << "a block signed by no candidate: " << s.dump(2);
+    EXPECT_GT(f["gap_ms"].get<int64_t>(), 0) << s.dump(2);
+    EXPECT_EQ(f["gap_ms"].get<int64_t>(),
+              f["next_block_ms"].get<int64_t>() - f["last_block_ms"].get<int64_t>());
+    std::printf("failover after the kill: block %llu, %lld ms without a block\n",
+                static_cast<unsigned long long>(f["height"].get<uint64_t>()),
+                static_cast<long long>(f["gap_ms"].get<int64_t>()));
+  }
+  EXPECT_EQ(after_kill, 1) << s.dump(2);
+  // The text report names it too.
+  EXPECT_NE(rep.dump().find("kill -9 sequencer"), std::string::npos) << rep["events"].dump(2);
+  ExpectNoOrphans(dir);  // the etcd members and the surviving candidates are gone too
+}
+
+// --sequencers and --kill-sequencer are checked before anything starts.
+TEST(Devnet, BadSequencerOptionsAreRefusedBeforeAnythingStarts) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  const std::string dir = TempDir() + "/d";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--sequencers 0", "--sequencers is 0; use 1"},
+      {"--sequencers 10", "--sequencers is 10; use 1"},
+      {"--kill-sequencer 1", "--kill-sequencer needs a replicated sequencer"},
+      {"--sequencers 3 --kill-sequencer 3",
+       "--kill-sequencer 3 is not a round of the task: its "
+       "rounds are 0..2"},
+      {"--sequencers 3 --kill-sequencer x", "--kill-sequencer"}};
+  for (const auto& [flags, expect] : cases) {
+    CmdResult r =
+        Meshlearn("devnet --solvers 2 --task tests/devnet-tiny.toml --out " + dir + " " + flags,
+                  dir + "-home");
+    EXPECT_NE(r.code, 0) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(expect), std::string::npos) << flags << "\n" << r.out;
+    EXPECT_FALSE(std::filesystem::exists(dir)) << flags << " left " << dir;
+  }
+  // No etcd: the error says how to install it.
+  CmdResult r = Shell("MESHLEARN_ETCD=/nonexistent/etcd MESHLEARN_HOME=" + dir + "-home " +
+                      MESHLEARN_BIN + " devnet --solvers 2 --task tests/devnet-tiny.toml --out " +
+                      dir + " --sequencers 3 2>&1");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("apt-get install etcd-server"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent/etcd"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "left " << dir;
+}
+
 TEST(TaskSubmit, BadTaskFilesAreRefusedBeforeEscrow) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   std::string dir = TempDir();
