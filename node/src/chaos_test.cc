@@ -71,6 +71,7 @@ struct ChaosCounts {
   uint64_t late_joins = 0;
   uint64_t leaves = 0;
   uint64_t cancels = 0;
+  uint64_t cancels_mid_check = 0;  // ... that closed the task with a committed unit's check open
   uint64_t skewed_clocks = 0;
   uint64_t adversaries = 0;
   uint64_t silent_unchecked_paid = 0;  // selected units paid unchecked: every verifier silent
@@ -92,7 +93,8 @@ struct ChaosCounts {
     late_joins += o.late_joins, leaves += o.leaves;
     lies += o.lies, liars_slashed += o.liars_slashed, lies_wiped += o.lies_wiped;
     silent_unchecked_paid += o.silent_unchecked_paid;
-    cancels += o.cancels, skewed_clocks += o.skewed_clocks, adversaries += o.adversaries;
+    cancels += o.cancels, cancels_mid_check += o.cancels_mid_check;
+    skewed_clocks += o.skewed_clocks, adversaries += o.adversaries;
     invariant_checks += o.invariant_checks, blocks += o.blocks, reference += o.reference;
     refunded += o.refunded, failed += o.failed, messages_lost += o.messages_lost;
     messages_duplicated += o.messages_duplicated;
@@ -105,9 +107,10 @@ struct ChaosCounts {
       << " (power cuts " << ledger_power_cuts << "), partitions " << partitions << ", link faults "
       << link_faults << " (messages lost " << messages_lost << ", duplicated "
       << messages_duplicated << "), late joins " << late_joins << ", leaves " << leaves
-      << ", cancels " << cancels << ", skewed clocks " << skewed_clocks << ", adversaries "
-      << adversaries << " (lying challenges accepted " << lies << ", liars slashed "
-      << liars_slashed << ", lies wiped by a round re-run " << lies_wiped
+      << ", cancels " << cancels << " (with a check open " << cancels_mid_check
+      << "), skewed clocks " << skewed_clocks << ", adversaries " << adversaries
+      << " (lying challenges accepted " << lies << ", liars slashed " << liars_slashed
+      << ", lies wiped by a round re-run " << lies_wiped
       << "), selected units paid unchecked (every verifier silent) " << silent_unchecked_paid
       << ", invariant checks " << invariant_checks << ", outcomes: reference " << reference
       << ", refunded " << refunded << ", failed " << failed;
@@ -123,6 +126,23 @@ struct ChaosResult {
   ChaosCounts counts;
   std::vector<std::string> failures;  // broken invariants, first few
   std::vector<std::string> faults;    // the fault schedule as it happened
+  // What the regression tests pinned to a seed need the run to have done (docs/chaos.md,
+  // "Found"). A seed's run moves whenever anything that feeds its beacons changes (a ledger
+  // record's encoding changes every state hash): a test whose seed no longer plays its scenario
+  // must fail saying so, not pass testing nothing.
+  struct Scenario {
+    // The cancel (seed 54, found at 46): committed units whose check was still running when it
+    // executed (read in the block the task closed), and how many of them were paid (none may be).
+    uint64_t cancel_checks_open = 0;
+    uint64_t cancel_checks_open_paid = 0;
+    // The leaver, when it sent LeaveNode: it had committed an aggregate (seed 300, found at 3),
+    // and how many of its units were still in verification (seed 100, found at 188).
+    bool leaver_aggregated = false;
+    uint64_t leaver_checks_open = 0;
+    // Checks settled abandoned (seed 9: a selected unit whose verifiers were all silent), from
+    // the task's tally at the end.
+    uint64_t abandoned = 0;
+  } scenario;
 };
 
 // The run's schedule limits. A kill of an honest node lasts at most kMaxDown blocks and the node
@@ -181,6 +201,8 @@ class ChaosRun {
   void Fault(uint64_t height, const std::string& what);
   bool Honest(int i) const { return plan_[i].adversary == Adversary::kNone && !plan_[i].liar; }
   void Lie(uint64_t height);
+  void NoteLeave(int i, const json& task);
+  void NoteCancel();
   bool CheatsAsSolver(int i) const { return node::CheatsAsSolver(plan_[i].adversary); }
   int DownCount() const { return static_cast<int>(down_.size()); }
 
@@ -532,6 +554,34 @@ void ChaosRun::RestartNode(int i, uint64_t height) {
   Fault(height, "restart n" + std::to_string(i));
 }
 
+// Where the leaver stood when it left (ChaosResult::Scenario). `task` is get_task with units.
+void ChaosRun::NoteLeave(int i, const json& task) {
+  r_.scenario.leaver_aggregated = sim_->agent(i)->stats().aggregations_ok > 0;
+  if (!task.contains("units")) return;
+  const std::string hex = sim_->node_key(i).public_key().ToHex();
+  for (const json& u : task["units"]) {
+    const json& c = u["check"];
+    if (u.value("assignee", std::string()) == hex && c.is_object() &&
+        c.value("stage", std::string()) != "settled") {
+      ++r_.scenario.leaver_checks_open;
+    }
+  }
+}
+
+// Called once, in the block the cancel closed the task: the committed units whose check it found
+// running. CloseTask marks them cancelled and leaves their check as it was.
+void ChaosRun::NoteCancel() {
+  json task = sim_->Task(true);
+  if (!task.contains("units")) return;
+  for (const json& u : task["units"]) {
+    const json& c = u["check"];
+    if (!c.is_object() || c.value("stage", std::string()) == "settled") continue;
+    ++r_.scenario.cancel_checks_open;
+    if (u.value("paid", uint64_t{0}) > 0) ++r_.scenario.cancel_checks_open_paid;
+  }
+  if (r_.scenario.cancel_checks_open > 0) ++r_.counts.cancels_mid_check;
+}
+
 // The liar challenges the first unit of an honest solver settled clean, claiming its replay of
 // segment 0 ended somewhere else. Its agent then plays the dispute with true hashes: the game
 // narrows to the claimed end, which is wrong, and the liar is slashed.
@@ -698,6 +748,7 @@ void ChaosRun::Faults(uint64_t height) {
     if (plan_[i].leaver && rel >= plan_[i].leave_at && sim.alive(i) && left_ < 0) {
       left_ = i;
       ++r_.counts.leaves;
+      NoteLeave(i, task);
       Result<Hash256> id = sim.agent(i)->tx_sender().Send(
           ledger::LeaveNodeTx{.node_id = sim.node_key(i).public_key()});
       if (!id.ok()) Fail("leave: " + id.status().ToString());
@@ -789,6 +840,7 @@ ChaosResult ChaosRun::Run() {
   for (uint64_t b = 0; s.ok() && b < kMaxBlocks; ++b) {
     json task = sim.Task(false);
     status = task.value("status", std::string());
+    if (status == "cancelled") NoteCancel();
     if (status == "finished" || status == "cancelled") break;
     s = sim.Step();
     if (!s.ok()) Fail("step at h" + std::to_string(sim.height()) + ": " + s.ToString());
@@ -845,6 +897,9 @@ ChaosResult ChaosRun::Run() {
     Fail("the task did not end in " + std::to_string(kMaxBlocks) +
          " blocks: " + task.dump().substr(0, 600));
   }
+  if (task.contains("verification") && task["verification"].is_object()) {
+    r_.scenario.abandoned = task["verification"].value("abandoned", uint64_t{0});
+  }
   r_.counts.messages_lost = sim.network().stats().dropped_loss;
   r_.counts.messages_duplicated = sim.network().stats().duplicated;
   if (!r_.failures.empty()) r_.outcome = "failed";
@@ -858,8 +913,15 @@ ChaosResult ChaosRun::Run() {
   std::cout << "chaos seed=" << seed_ << " outcome=" << r_.outcome
             << " trace=" << r_.trace.ToHex().substr(0, 16) << " blocks=" << r_.counts.blocks
             << " kills=" << r_.counts.kills << " partitions=" << r_.counts.partitions
-            << " adversaries=" << r_.counts.adversaries << " (" << secs << " s) [" << r_.plan << "]"
-            << std::endl;
+            << " adversaries=" << r_.counts.adversaries;
+  // The scenario facts (ChaosResult::Scenario), to find a seed for a regression test.
+  if (r_.counts.cancels > 0) std::cout << " cancel_checks_open=" << r_.scenario.cancel_checks_open;
+  if (r_.counts.leaves > 0) {
+    std::cout << " leaver_aggregated=" << r_.scenario.leaver_aggregated
+              << " leaver_checks_open=" << r_.scenario.leaver_checks_open;
+  }
+  std::cout << " abandoned=" << r_.scenario.abandoned;
+  std::cout << " (" << secs << " s) [" << r_.plan << "]" << std::endl;
   sim_ = nullptr;
   return r_;
 }
@@ -888,10 +950,15 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 // Seed 3: a node that left right after committing round 0's aggregate held the only copy of it;
 // peers fetched blobs from active nodes only, so no unit of round 1 could fetch its start state
 // and the task never ended. Fixed: a node that left still serves while it unbonds and peers ask
-// it after the active nodes (NodeAgent::Providers).
-TEST(ChaosTest, Seed3ANodeThatLeftStillServesTheAggregateItCommitted) {
-  ChaosResult r = RunChaos(3);
+// it after the active nodes (NodeAgent::Providers). Re-pinned to seed 300 when 3ca01a4 (the node
+// record's earnings) moved every seed's run and seed 3's leaver left before it aggregated: at
+// seed 300 the leaver (n3, +23) has committed an aggregate when it leaves.
+TEST(ChaosTest, Seed300ANodeThatLeftStillServesTheAggregateItCommitted) {
+  ChaosResult r = RunChaos(300);
   EXPECT_EQ(r.counts.leaves, 1u);
+  EXPECT_TRUE(r.scenario.leaver_aggregated)
+      << "seed 300 no longer has a leaver that committed an aggregate, so this test checks "
+         "nothing: re-pin it to a seed whose sweep line reads leaver_aggregated=1 (docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
 
@@ -932,24 +999,38 @@ TEST(ChaosTest, TheAggregatorLeavesAndTheNextRoundStillFetchesItsState) {
   EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&env, *toml)));
 }
 
-// Seed 46: the submitter cancelled while four committed units were still being verified, and
-// the cancel paid them unverified (a cheat committed just before a cancel would have been paid).
-// Fixed in ExecuteCancelTask (ledger/src/tasks.cc; ledger test VerificationTest.
-// ACancelPaysNoWorkWhoseCheckIsStillRunning).
-TEST(ChaosTest, Seed46ACancelPaysNoUnverifiedWork) {
-  ChaosResult r = RunChaos(46);
+// Found at seed 46: the submitter cancelled while four committed units were still being
+// verified, and the cancel paid them unverified (a cheat committed just before a cancel would
+// have been paid). Fixed in ExecuteCancelTask (ledger/src/tasks.cc; ledger test
+// VerificationTest.ACancelPaysNoWorkWhoseCheckIsStillRunning). Re-pinned to seed 54 when the node
+// record's encoding grew (3ca01a4: every state hash, so every beacon, moved) and seed 46's task
+// finished before its cancel: at seed 54 the cancel (+18) closes the task with four committed
+// units in verification, one of them a copying solver's.
+TEST(ChaosTest, Seed54ACancelPaysNoUnverifiedWork) {
+  ChaosResult r = RunChaos(54);
   EXPECT_EQ(r.counts.cancels, 1u);
   EXPECT_EQ(r.outcome, "refunded");
+  EXPECT_GE(r.scenario.cancel_checks_open, 1u)
+      << "seed 54 no longer cancels while a committed unit's check runs, so this test checks "
+         "nothing: re-pin it to a seed whose line in a sweep reads outcome=refunded ... "
+         "cancel_checks_open=N with N > 0 (docs/chaos.md)";
+  EXPECT_EQ(r.scenario.cancel_checks_open_paid, 0u);
   if (r.outcome == "failed") Report(r);
 }
 
 // Seed 188: a node left (LeaveNode) with a unit drawn for a forced error still in verification.
 // The agent of a node that left played nothing any more, so it never revealed its secret, the
 // verifiers' mismatch became a dispute it did not defend, and the honest node was slashed.
-// Fixed: a node that left still plays the checks it is party to (NodeAgent::Tick).
-TEST(ChaosTest, Seed188ANodeThatLeftStillRevealsAndDefends) {
-  ChaosResult r = RunChaos(188);
+// Fixed: a node that left still plays the checks it is party to (NodeAgent::Tick). Re-pinned to
+// seed 100 when 3ca01a4 moved every seed's run and seed 188's leaver had no unit in verification
+// any more: at seed 100 (forced errors 25%) the leaver (n5, +18) leaves with one.
+TEST(ChaosTest, Seed100ANodeThatLeftStillRevealsAndDefends) {
+  ChaosResult r = RunChaos(100);
   EXPECT_EQ(r.counts.leaves, 1u);
+  EXPECT_GE(r.scenario.leaver_checks_open, 1u)
+      << "seed 100's leaver no longer leaves with a unit in verification, so this test checks "
+         "nothing: re-pin it to a seed whose sweep line reads leaver_checks_open=N with N > 0 "
+         "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
 
@@ -960,6 +1041,9 @@ TEST(ChaosTest, Seed188ANodeThatLeftStillRevealsAndDefends) {
 // settles abandoned and runs again (protocol UnitCheck).
 TEST(ChaosTest, Seed9ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
   ChaosResult r = RunChaos(9, /*strict_unchecked=*/true);
+  EXPECT_GE(r.scenario.abandoned, 1u)
+      << "seed 9 no longer settles a check abandoned: re-pin the test to a seed that does "
+         "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
 
