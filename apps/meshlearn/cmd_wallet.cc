@@ -224,6 +224,33 @@ Status RunBalance(GlobalOptions& g, const WalletArgs& a) {
                                      {"nonce", JsonKind::kUnsigned, true},
                                      {"unbonding", JsonKind::kArray},
                                      {"exists", JsonKind::kBool}}));
+  // A node's own key: what its work earned its owner and what it lost, by kind, as the ledger
+  // records it on the node (get_node's earnings).
+  Result<json> node = rpc.Call("get_node", {{"id", who.ToHex()}});
+  if (!node.ok() && node.status().code() != StatusCode::kNotFound) return node.status();
+  if (node.ok()) {
+    const RpcWhere node_where{rpc.url(), "get_node"};
+    ML_RETURN_IF_ERROR(CheckRpcAnswer(*node, node_where,
+                                      {{"owner", JsonKind::kString, true},
+                                       {"status", JsonKind::kString, true},
+                                       {"stake", JsonKind::kUnsigned, true},
+                                       {"earnings", JsonKind::kObject, true}}));
+    const json& e = (*node)["earnings"];
+    ML_RETURN_IF_ERROR(CheckRpcAnswer(e, {rpc.url(), "get_node (earnings)"},
+                                      {{"units", JsonKind::kUnsigned, true},
+                                       {"aggregation", JsonKind::kUnsigned, true},
+                                       {"verification", JsonKind::kUnsigned, true},
+                                       {"jackpot", JsonKind::kUnsigned, true},
+                                       {"checks_paid", JsonKind::kUnsigned, true},
+                                       {"jackpot_wins", JsonKind::kUnsigned, true},
+                                       {"slashed", JsonKind::kUnsigned, true},
+                                       {"clawed_back", JsonKind::kUnsigned, true}}));
+    acct["node"] = {{"id", who.ToHex()},
+                    {"owner", (*node)["owner"]},
+                    {"status", (*node)["status"]},
+                    {"stake", (*node)["stake"]},
+                    {"earnings", e}};
+  }
   g.Output(acct, [&] {
     std::cout << "account: " << who.ToHex() << "\nbalance: " << acct.value("balance", Amount{0})
               << "\nnonce:   " << acct.value("nonce", uint64_t{0}) << "\n";
@@ -231,6 +258,19 @@ Status RunBalance(GlobalOptions& g, const WalletArgs& a) {
       for (const json& u : acct["unbonding"]) std::cout << "unbonding: " << u.dump() << "\n";
     }
     if (!acct.value("exists", true)) std::cout << "(the ledger has never seen this account)\n";
+    if (acct.contains("node")) {
+      const json& n = acct["node"];
+      const json& e = n["earnings"];
+      auto amount = [&](const char* k) { return std::to_string(e[k].get<Amount>()); };
+      std::cout << "node:    " << n["status"].get<std::string>() << ", stake "
+                << n["stake"].get<Amount>() << ", owner " << n["owner"].get<std::string>()
+                << "\nearned:  units " << amount("units") << ", aggregation "
+                << amount("aggregation") << ", verification " << amount("verification") << " ("
+                << amount("checks_paid") << " checks), jackpot " << amount("jackpot") << " ("
+                << amount("jackpot_wins") << " wins); before the treasury's cut\nlost:    "
+                << amount("slashed") << " slashed, " << amount("clawed_back")
+                << " clawed back\n";
+    }
   });
   return Status::Ok();
 }
