@@ -24,13 +24,16 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "meshlearn/base/blob.h"
 #include "process_test_util.h"
 
 namespace {
 
 using meshlearn::process_test::ChainServer;
 using meshlearn::process_test::CmdResult;
+using meshlearn::process_test::HttpAnswer;
 using meshlearn::process_test::HttpGet;
+using meshlearn::process_test::HttpRequest;
 using meshlearn::process_test::Meshlearn;
 using meshlearn::process_test::ReadText;
 using meshlearn::process_test::Shell;
@@ -101,6 +104,19 @@ TEST(Dashboard, ChainServeAnswersThePageAtSlash) {
        at = page.find("http://", at + 1)) {
     EXPECT_EQ(page.compare(at, 26, "http://www.w3.org/2000/svg"), 0) << page.substr(at, 60);
   }
+  // The task view's downloads refuse, saying why, what they cannot serve (the rest:
+  // DashboardDownloads.* in ledger_service_test, and the devnet test below).
+  const std::string zeros(64, '0');
+  HttpAnswer bad = HttpRequest(host_port, "/tasks/not-a-task/model");
+  EXPECT_EQ(bad.status, 400) << bad.headers;
+  EXPECT_NE(bad.body.find("'not-a-task' in /tasks/not-a-task/model is not a task id"),
+            std::string::npos) << bad.body;
+  for (const char* file : {"/model", "/audit.json"}) {
+    HttpAnswer unknown = HttpRequest(host_port, "/tasks/" + zeros + file);
+    EXPECT_EQ(unknown.status, 404) << file;
+    EXPECT_NE(unknown.body.find("no task " + zeros + " on this ledger"), std::string::npos)
+        << unknown.body;
+  }
   // `chain serve` says where it is.
   EXPECT_NE(ReadText(home + "/serve.out").find("\"dashboard\":\"" + chain.url() + "/\""),
             std::string::npos)
@@ -134,6 +150,20 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
       waitpid(pid, nullptr, 0);
     }
   } stop{pid};
+  // While the task runs, its model is refused (409) with the reason.
+  const std::string running = WaitFor(log, "task ", "0123456789abcdef", 300, /*min_len=*/64);
+  ASSERT_EQ(running.size(), 64u) << ReadText(log);
+  {
+    const std::string early = WaitFor(log, "dashboard: ", "abcdefghijklmnopqrstuvwxyz0123456789:/.", 1, 10);
+    ASSERT_EQ(early.rfind("http://", 0), 0u) << ReadText(log);
+    const HttpAnswer a = HttpRequest(early.substr(7, early.size() - 8), "/tasks/" + running + "/model");
+    if (a.status == 409) {
+      EXPECT_NE(a.body.find("task " + running + " is open"), std::string::npos) << a.body;
+    } else {  // only if the task finished within a moment of its submission
+      EXPECT_EQ(a.status, 200) << a.headers << "\n" << a.body.substr(0, 400);
+    }
+    std::cout << "model of the running task: HTTP " << a.status << std::endl;
+  }
   ASSERT_NE(WaitFor(log, "Ctrl-C stops it", "", 300), "") << ReadText(log);
   std::cout << "devnet task finished after " << SecondsSince(t0) << " s" << std::endl;
   // The URL as devnet printed it (the first time, when the ledger came up).
@@ -142,6 +172,7 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << ReadText(log);
   ASSERT_EQ(url.back(), '/') << url;
   const std::string rpc = url.substr(0, url.size() - 1);
+  const std::string host_port = rpc.substr(std::string("http://").size());
 
   const json report = json::parse(ReadText(out + "/report.json"), nullptr, false);
   ASSERT_FALSE(report.is_discarded()) << ReadText(out + "/report.json");
@@ -161,6 +192,7 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   };
   const json status = cli("task status " + task_id);
   ASSERT_EQ(status["status"], "finished") << status.dump(2);
+  EXPECT_EQ(task_id, running);
 
   // The page as chromium renders it, the lazy solver selected.
   const std::string page_url = url + "#task=" + task_id + "&node=" + lazy;
@@ -191,7 +223,6 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   EXPECT_EQ(DomValue(dom, "task-slashed"), std::to_string(slash));
   EXPECT_EQ(slash, slashed[0]["amount"].get<uint64_t>()) << report.dump(2);
   EXPECT_EQ(DomValue(dom, "node-" + lazy + "-status"), "jailed");
-  EXPECT_EQ(DomValue(dom, "node-" + lazy + "-paid-units"), "0");
   // The dispute timeline names the lazy solver as the one who committed the disputed unit.
   EXPECT_EQ(dom.find("data-k=\"disputes\" data-count=\"0\""), std::string::npos);
   EXPECT_NE(dom.find("data-k=\"disputes\" data-count=\""), std::string::npos);
@@ -211,16 +242,13 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   }
   EXPECT_NE(dom.find("id=\"loss-plot\" data-points=\"3\""), std::string::npos);
 
-  // Per node: what devnet's report counted from the same records, and the wallet's balance.
+  // Per node: what devnet's report counted from the same records, the wallet's balance, and
+  // the earnings by kind the ledger records on the node (get_node, through `wallet balance`).
+  const json& v = status["verification"];
+  uint64_t verification = 0, jackpot = 0, stake_slashed = 0, units_paid = 0;
   for (const json& n : report["nodes"]) {
     const std::string id = n["node"];
     EXPECT_EQ(DomValue(dom, "node-" + id + "-units"), std::to_string(n["units"].get<int>())) << id;
-    EXPECT_EQ(DomValue(dom, "node-" + id + "-paid-units"),
-              std::to_string(n["paid_for_units"].get<uint64_t>()))
-        << id;
-    EXPECT_EQ(DomValue(dom, "node-" + id + "-paid-aggregation"),
-              std::to_string(n["paid_for_aggregation"].get<uint64_t>()))
-        << id;
     EXPECT_EQ(DomValue(dom, "node-" + id + "-stake"), std::to_string(n["stake"].get<uint64_t>()))
         << id;
     EXPECT_EQ(DomValue(dom, "node-" + id + "-slashes"),
@@ -230,7 +258,61 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
     EXPECT_EQ(DomValue(dom, "node-" + id + "-balance"),
               std::to_string(wallet["balance"].get<uint64_t>()))
         << id;
+    ASSERT_TRUE(wallet.contains("node")) << wallet.dump(2);
+    const json& e = wallet["node"]["earnings"];
+    for (const char* kind : {"units", "aggregation", "verification", "jackpot"}) {
+      EXPECT_EQ(DomValue(dom, "node-" + id + "-paid-" + kind),
+                std::to_string(e[kind].get<uint64_t>()))
+          << id << " " << kind;
+    }
+    EXPECT_EQ(DomValue(dom, "node-" + id + "-slashed"), std::to_string(e["slashed"].get<uint64_t>()))
+        << id;
+    // Without a rewound round the units' records hold every payment, as the report sums them.
+    if (v["rounds_rewound"].get<uint64_t>() == 0) {
+      EXPECT_EQ(e["units"].get<uint64_t>(), n["paid_for_units"].get<uint64_t>()) << id;
+      EXPECT_EQ(e["aggregation"].get<uint64_t>(), n["paid_for_aggregation"].get<uint64_t>()) << id;
+    }
+    verification += e["verification"].get<uint64_t>();
+    jackpot += e["jackpot"].get<uint64_t>();
+    stake_slashed += e["slashed"].get<uint64_t>();
+    units_paid += e["units"].get<uint64_t>();
   }
+  // The nodes' records add up to the task's (one task on this chain): verifiers paid, jackpot,
+  // slashed stake; the lazy solver's own record holds the whole slash and no pay.
+  EXPECT_GT(verification, 0u);
+  EXPECT_EQ(verification, v["verifiers_paid"].get<uint64_t>());
+  EXPECT_EQ(verification, money["paid_to_verifiers"].get<uint64_t>());
+  EXPECT_EQ(jackpot, v["jackpot_paid"].get<uint64_t>());
+  EXPECT_EQ(stake_slashed, slash);
+  EXPECT_EQ(DomValue(dom, "node-" + lazy + "-slashed"), std::to_string(slash));
+  EXPECT_EQ(DomValue(dom, "node-" + lazy + "-paid-units"), "0");
+  EXPECT_GE(units_paid, money["paid_to_solvers"].get<uint64_t>());
+  // The selected node's earnings, and the transactions behind them.
+  EXPECT_EQ(DomValue(dom, "detail-units"), "0");
+  EXPECT_NE(DomValue(dom, "detail-units-txs"), "0");  // its CommitUnits, paid nothing
+
+  // The task view's downloads, through the page's links: the model is the blob the ledger
+  // recorded as the final state; the audit record is the ledger's record.
+  const std::string model_href = "/tasks/" + task_id + "/model";
+  EXPECT_NE(dom.find("href=\"" + model_href + "\""), std::string::npos);
+  const HttpAnswer model = HttpRequest(host_port, model_href);
+  ASSERT_EQ(model.status, 200) << model.headers << "\n" << model.body.substr(0, 400);
+  EXPECT_NE(model.headers.find("Content-Disposition: attachment"), std::string::npos)
+      << model.headers;
+  EXPECT_EQ(model.body.substr(0, 5), "MLGS1");
+  EXPECT_EQ(meshlearn::BuildManifest(meshlearn::AsBytes(model.body)).id().ToHex(),
+            status["final_state"].get<std::string>());
+  const std::string audit_href = "/tasks/" + task_id + "/audit.json";
+  EXPECT_NE(dom.find("href=\"" + audit_href + "\""), std::string::npos);
+  const HttpAnswer audit = HttpRequest(host_port, audit_href);
+  ASSERT_EQ(audit.status, 200) << audit.headers << "\n" << audit.body.substr(0, 400);
+  const json record = json::parse(audit.body, nullptr, false);
+  ASSERT_FALSE(record.is_discarded()) << audit.body.substr(0, 400);
+  EXPECT_EQ(record["task"]["id"], task_id);
+  EXPECT_EQ(record["task"]["final_state"], status["final_state"]);
+  EXPECT_EQ(record["task"]["weights_history"], status["weights_history"]);
+  EXPECT_EQ(record["task"]["units"].size(), status["units"].size());
+  EXPECT_EQ(record["task"]["verification"], status["verification"]);
 
   // Live: the page re-read the ledger as blocks arrived, without being reloaded.
   const std::string first = DomValue(dom, "first-height"), last = DomValue(dom, "height");

@@ -153,10 +153,16 @@ class ChainServer {
   std::string url_;
 };
 
-// The body of GET http://host:port/path (HTTP/1.0 over a plain socket; "" on any failure).
-inline std::string HttpGet(const std::string& url_host_port, const std::string& path) {
+// GET http://host:port/path (HTTP/1.0 over a plain socket): the status code (0 on any failure to
+// connect or read), the header block and the body.
+struct HttpAnswer {
+  int status = 0;
+  std::string headers;  // the status line and header lines, as received
+  std::string body;
+};
+inline HttpAnswer HttpRequest(const std::string& url_host_port, const std::string& path) {
   const size_t colon = url_host_port.rfind(':');
-  if (colon == std::string::npos) return "";
+  if (colon == std::string::npos) return {};
   const int port = std::atoi(url_host_port.c_str() + colon + 1);
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -177,8 +183,14 @@ inline std::string HttpGet(const std::string& url_host_port, const std::string& 
   }
   close(fd);
   const size_t body = response.find("\r\n\r\n");
-  if (response.compare(0, 12, "HTTP/1.1 200") != 0 || body == std::string::npos) return "";
-  return response.substr(body + 4);
+  if (response.compare(0, 9, "HTTP/1.1 ") != 0 || body == std::string::npos) return {};
+  return {std::atoi(response.c_str() + 9), response.substr(0, body), response.substr(body + 4)};
+}
+
+// The body of GET http://host:port/path ("" on any failure or a status other than 200).
+inline std::string HttpGet(const std::string& url_host_port, const std::string& path) {
+  HttpAnswer a = HttpRequest(url_host_port, path);
+  return a.status == 200 ? a.body : "";
 }
 
 }  // namespace meshlearn::process_test

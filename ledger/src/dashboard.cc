@@ -1,7 +1,19 @@
 #include "meshlearn/ledger/dashboard.h"
 
+#include <algorithm>
+#include <memory>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/ledger/rpc.h"
+#include "meshlearn/net/blob_service.h"
+#include "meshlearn/net/blob_store.h"
+#include "meshlearn/net/http_transport.h"
+#include "meshlearn/protocol/state_blob.h"
+
 namespace meshlearn::ledger {
 namespace {
+
+using nlohmann::json;
 
 // The page. Values from the ledger go into the document as text (textContent, SVG text nodes),
 // never as HTML: a task's memo and a node's endpoint are whatever their senders wrote.
@@ -341,9 +353,7 @@ function taskView(t) {
   const hasAcc = results.some(r => Number(r.test_accuracy_ppm) > 0);
   const units = t.units || [];
   const origin = location.origin;
-  const record = new Blob([JSON.stringify(t, (k, x) => typeof x === 'bigint' ? JSON.rawJSON(String(x)) : x, 2)],
-                          {type: 'application/json'});
-  const finalState = /[^0]/.test(t.final_state || '') ? t.final_state : null;
+  const finalState = t.status === 'finished' && /[^0]/.test(t.final_state || '') ? t.final_state : null;
   return h('div', {},
     h('h3', {}, 'Task ', h('code', {'data-k': 'task-id'}, t.id)),
     h('div', {class: 'cards'},
@@ -377,10 +387,15 @@ function taskView(t) {
       `${v.forced_error} forced error, ${v.abandoned} abandoned; ${v.disputes} dispute(s) played to the end`),
     h('h3', {}, 'Disputes and fraud'), disputeTimeline(t),
     h('h3', {}, 'Model and audit record'),
-    h('p', {}, finalState ? h('span', {}, 'final state ', h('code', {}, finalState), '. ') : 'no final model yet. ',
-      h('a', {href: URL.createObjectURL(record), download: `task-${short(t.id)}.json`, id: 'task-record'},
-        'download the ledger\'s record of this task (get_task with units, JSON)')),
-    h('p', {}, 'The model: ', h('code', {}, `meshlearn task fetch ${t.id} --rpc ${origin} --out task-${short(t.id)}`),
+    // Both answered by this server (GET /tasks/ID/...): the model is fetched from the nodes that
+    // hold it and served only if its blob id is the ledger's final_state.
+    h('p', {}, finalState
+      ? h('span', {}, h('a', {href: `/tasks/${t.id}/model`, download: '', 'data-k': 'model-link'}, 'download the trained model'),
+          ' (the final global state ', h('code', {}, finalState), ': weights and outer momentum, checked against the ledger\'s blob id)')
+      : h('span', {class: 'muted', 'data-k': 'model-link'}, t.status === 'open' ? 'no final model yet: the task is open' : `no final model: the task is ${t.status}`),
+      ' \u00b7 ', h('a', {href: `/tasks/${t.id}/audit.json`, download: '', 'data-k': 'audit-link'},
+        'download the audit record'), ' (the ledger\'s record of the task with its units, JSON)'),
+    h('p', {}, 'As a model file: ', h('code', {}, `meshlearn task fetch ${t.id} --rpc ${origin} --out task-${short(t.id)}`),
       h('br'), 'Re-execute and check it: ', h('code', {}, `meshlearn task audit ${t.id} --rpc ${origin}`)),
     h('h3', {}, `Units (${units.length})`),
     table(['unit#', 'round#', 'shard#', 'solver', 'status', 'verdict', 'verifiers', 'train loss#', 'price#', 'paid#'],
@@ -462,29 +477,55 @@ function disputeTimeline(t) {
     }
     return h('div', {class: 'timeline'}, lines);
   }), h('p', {class: 'muted'}, 'Stake slashed in this task: ', h('b', {class: 'bad'}, String(t.verification.slashed)),
-        ` (the ledger keeps slashes per task, and counts them per node). From the task's transactions in ${scanned}.`));
+        ` (each node's stake slashed, over all its tasks, is under Per node). From the task's transactions in ${scanned}.`));
+}
+
+// Earnings by kind are the ledger's own per-node record (get_node / list_nodes "earnings",
+// written where each payment is made); the transactions behind them are the node's own, from
+// account_history.
+const kEarnings = [['units', 'units'], ['aggregation', 'aggregation'], ['verification', 'verification'],
+                   ['jackpot', 'jackpot']];
+// Which transactions of a node earn which kind: a unit it solved (CommitUnit), a round it
+// aggregated (CommitAggregate), a check it was drawn for (its sealed and opened verdicts), and
+// what can win a jackpot (a mismatch verdict, a challenge, a proof that a result is wrong).
+function kindOf(x) {
+  const pl = x.payload || {};
+  if (x.type === 'CommitUnit') return 'units';
+  if (x.type === 'CommitAggregate') return 'aggregation';
+  if (x.type === 'RevealVerdict' && Number(pl.verdict) === 2) return 'jackpot';
+  if (x.type === 'CommitVerdict' || x.type === 'RevealVerdict') return 'verification';
+  if (x.type === 'ChallengeUnit' || x.type === 'ProveResult') return 'jackpot';
+  return null;
 }
 
 function renderPerNode() {
   const tasks = Object.values(view.full);
   const rows = view.nodes.map(n => {
+    const e = n.earnings || {};
     const mine = tasks.flatMap(t => t.units.filter(u => u.assignee === n.id));
-    const agg = tasks.flatMap(t => t.round_results.filter(r => r.aggregator === n.id));
     const acct = view.accounts[n.owner] || {};
     return {sel: n.id === selected('node'), cells: [nodeLink(n.id),
-      num(`node-${n.id}-units`, mine.filter(isDone).length), num(`node-${n.id}-paid-units`, sum(mine.map(u => u.paid))),
-      num(`node-${n.id}-paid-aggregation`, sum(agg.map(r => r.aggregator_paid))),
+      num(`node-${n.id}-units`, mine.filter(isDone).length),
+      num(`node-${n.id}-paid-units`, big(e.units)), num(`node-${n.id}-paid-aggregation`, big(e.aggregation)),
+      h('span', {}, num(`node-${n.id}-paid-verification`, big(e.verification)), h('span', {class: 'muted'}, ` (${e.checks_paid || 0})`)),
+      h('span', {}, num(`node-${n.id}-paid-jackpot`, big(e.jackpot)), h('span', {class: 'muted'}, ` (${e.jackpot_wins || 0})`)),
+      num(`node-${n.id}-earned`, sum(kEarnings.map(([k]) => e[k]))),
       h('span', {class: Number(n.reputation.slashes) > 0 ? 'bad' : null}, String(n.reputation.slashes)),
+      num(`node-${n.id}-slashed`, big(e.slashed), big(e.slashed) > 0n ? 'bad' : null),
+      num(`node-${n.id}-clawed-back`, big(e.clawed_back)),
       String(n.stake), num(`node-${n.id}-balance`, acct.balance === undefined ? '-' : acct.balance), n.status]};
   });
   put('node-earnings',
-      h('p', {class: 'muted'}, `Over the ${tasks.length} newest task(s). Verifiers and jackpot winners are paid from a task's `,
-        'escrow and the jackpot; the ledger records those payments per task (verifiers paid, jackpot paid, above), not per ',
-        'node, so a node\'s share shows in its balance and its transactions, not as a number of its own.'),
-      table(['node', 'units done#', 'paid for units#', 'paid for aggregation#', 'slashes#', 'stake#', 'owner balance#', 'status'], rows));
+      h('p', {class: 'muted'}, 'Earnings by kind are the ledger\'s record of each node (list_nodes, get_node: ',
+        h('code', {}, 'earnings'), '), over its whole life on the chain: tokens paid from a task\'s escrow before the ',
+        'treasury\'s cut (units, aggregation, verification: in brackets, how many checks) and from the jackpot ',
+        '(in brackets, how many wins). Units done: over the ', String(tasks.length), ' newest task(s).'),
+      table(['node', 'units done#', 'paid for units#', 'paid for aggregation#', 'paid for verification#', 'jackpot#',
+             'earned#', 'slashes#', 'stake slashed#', 'clawed back#', 'stake#', 'owner balance#', 'status'], rows));
   const id = selected('node');
   const n = view.nodes.find(x => x.id === id);
   if (!n) { put('node-detail', h('p', {class: 'muted'}, 'Select a node to see the transactions behind its numbers.')); return; }
+  const e = n.earnings || {};
   const paid = {};  // "task/index" -> paid, for the units this node solved
   for (const t of tasks) for (const u of t.units) if (u.assignee === id) paid[t.id + '/' + u.index] = u.paid;
   const aggPaid = {};
@@ -493,14 +534,30 @@ function renderPerNode() {
   const counts = {};
   hist.forEach(x => { counts[x.type] = (counts[x.type] || 0) + 1; });
   const backing = hist.filter(x => x.type !== 'Heartbeat' && x.type !== 'RevealSecret');
+  const byKind = {};
+  for (const x of backing) if (x.receipt.ok && kindOf(x)) (byKind[kindOf(x)] = byKind[kindOf(x)] || []).push(x);
+  const kindRows = kEarnings.map(([k, label]) => {
+    const txs = byKind[k] || [];
+    const payments = k === 'verification' ? `${e.checks_paid || 0} check(s) paid` : k === 'jackpot' ? `${e.jackpot_wins || 0} win(s)` : '';
+    return {cells: [label, num(`detail-${k}`, big(e[k])), payments, num(`detail-${k}-txs`, txs.length),
+                    h('span', {}, txs.slice(0, 12).map((x, i) => [i ? ' ' : '', h('span', {title: x.id}, `${x.type}@${x.receipt.height}`)]),
+                      txs.length > 12 ? ` ... (${txs.length - 12} more, below)` : '')]};
+  });
   put('node-detail', h('h3', {}, 'Node ', h('code', {}, id)),
+      table(['earned for#', 'tokens (ledger)#', 'payments', 'transactions#', 'the transactions behind it (type@block)'], kindRows),
+      h('p', {class: 'muted'}, 'Units and aggregation are paid when their round settles (each CommitUnit and CommitAggregate below ',
+        'shows what the unit\'s or round\'s record says it was paid; a round that ran again after a cheater was found keeps ',
+        'only its last attempt there, the node\'s total keeps every payment). Verification and jackpots are paid at the end of ',
+        'the block that settles a check: the ledger records them per node as totals (the number of checks, of wins), ',
+        'and the transactions are the node\'s verdicts, challenges and proofs. Stake lost: ',
+        h('b', {class: big(e.slashed) > 0n ? 'bad' : null}, String(e.slashed || 0)), ' slashed, ', String(e.clawed_back || 0), ' clawed back.'),
       h('p', {}, `${hist.length} transaction(s) name it${hist.length >= 1000 ? ' (the newest 1000)' : ''}: `, Object.entries(counts).map(([k, c]) => `${k} ${c}`).join(', ')),
-      table(['block#', 'type', 'task', 'unit / round#', 'paid for it#', 'outcome', 'tx'],
+      table(['block#', 'type', 'earns', 'task', 'unit / round#', 'paid for it#', 'outcome', 'tx'],
             backing.map(x => {
               const pl = x.payload || {};
               const key = pl.task_id + '/' + (x.type === 'CommitAggregate' ? pl.round : pl.index);
               const amount = x.type === 'CommitUnit' ? paid[key] : x.type === 'CommitAggregate' ? aggPaid[key] : undefined;
-              return {cells: [String(x.receipt.height), x.type, pl.task_id ? link(short(pl.task_id), 'task=' + pl.task_id) : '-',
+              return {cells: [String(x.receipt.height), x.type, kindOf(x) || '', pl.task_id ? link(short(pl.task_id), 'task=' + pl.task_id) : '-',
                               pl.index !== undefined ? String(pl.index) : pl.round !== undefined ? String(pl.round) : '-',
                               amount !== undefined ? String(amount) : '',
                               x.receipt.ok ? 'ok' : h('span', {class: 'bad'}, x.receipt.reason), short(x.id)]};
@@ -539,8 +596,201 @@ load().catch(e => put('error', String(e.message || e))).then(live);
 </html>
 )MLPAGE";
 
+// ---- Downloads (dashboard.h).
+
+DashboardFile Refuse(int http_status, std::string message) {
+  return {http_status, "text/plain; charset=utf-8", "", std::move(message) + "\n"};
+}
+
+// What a request named, fit to be echoed in an error line: printable ASCII, at most 80 bytes.
+std::string Echo(std::string_view text) {
+  std::string out;
+  for (char c : text.substr(0, 80)) out += c >= 0x20 && c < 0x7f ? c : '?';
+  if (text.size() > 80) out += "...";
+  return out;
+}
+
+StatusCode CodeNamed(std::string_view name) {
+  for (StatusCode c :
+       {StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kAlreadyExists,
+        StatusCode::kFailedPrecondition, StatusCode::kPermissionDenied, StatusCode::kDataLoss,
+        StatusCode::kUnavailable, StatusCode::kDeadlineExceeded, StatusCode::kResourceExhausted}) {
+    if (StatusCodeName(c) == name) return c;
+  }
+  return StatusCode::kInternal;
+}
+
+// An RPC error as the HTTP status of the download that needed the call.
+int HttpStatusOf(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kUnavailable:
+    case StatusCode::kDeadlineExceeded:
+    case StatusCode::kResourceExhausted: return 503;
+    default: return 500;
+  }
+}
+
+std::string StringAt(const json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "";
+}
+uint64_t NumberAt(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) return 0;
+  return j[key].is_number_unsigned() || j[key].get<int64_t>() >= 0 ? j[key].get<uint64_t>() : 0;
+}
+
+// The blob servers of the registered nodes that have not left ("host:port"), the one that
+// produced the blob (`first`, a node id) first: any node may hold it, and what one serves is
+// checked against the blob id.
+Result<std::vector<std::string>> BlobProviders(const DashboardSources& src,
+                                               const std::string& first) {
+  std::vector<std::string> preferred, others;
+  json params = {{"limit", 100}};
+  for (int page = 0; page < 100; ++page) {
+    ML_ASSIGN_OR_RETURN(json answer, src.rpc("list_nodes", params));
+    if (answer.contains("items") && answer["items"].is_array()) {
+      for (const json& n : answer["items"]) {
+        std::string endpoint = StringAt(n, "endpoint");
+        if (StringAt(n, "status") == "unbonding" || endpoint.empty()) continue;
+        if (endpoint.rfind("http://", 0) == 0) endpoint = endpoint.substr(7);
+        (StringAt(n, "id") == first ? preferred : others).push_back(endpoint);
+      }
+    }
+    if (!answer.contains("next_cursor") || answer["next_cursor"].is_null()) break;
+    params["cursor"] = answer["next_cursor"];
+  }
+  preferred.insert(preferred.end(), others.begin(), others.end());
+  return preferred;
+}
+
+DashboardFile ServeModel(const std::string& id, const json& task, const DashboardSources& src) {
+  const std::string status = StringAt(task, "status");
+  const std::string final_hex = StringAt(task, "final_state");
+  const size_t rounds_done =
+      task.contains("round_results") && task["round_results"].is_array() ? task["round_results"].size() : 0;
+  const uint64_t rounds = task.contains("params") ? NumberAt(task["params"], "rounds") : 0;
+  const bool has_final = final_hex.find_first_not_of('0') != std::string::npos;
+  if (status != "finished" || !has_final) {
+    const std::string done = " (" + std::to_string(rounds_done) + " of " +
+                             std::to_string(rounds) + " rounds done)";
+    if (status == "open") {
+      return Refuse(409, "task " + id + " is open" + done +
+                             ": its model is final when the task finishes. The latest finished "
+                             "round's state now: meshlearn task fetch " + id + " --out DIR");
+    }
+    return Refuse(409, "task " + id + " is " + status + done +
+                           ": it has no final model. A finished round's state: meshlearn task "
+                           "fetch " + id + " --out DIR");
+  }
+  Result<Hash256> state = Hash256::FromHex(final_hex, "final_state");
+  if (!state.ok()) return Refuse(500, "get_task: " + state.status().message());
+  const BlobId blob{*state};
+  // A global state blob is "MLGS1" | u64 n | n weights | n momentum: twice the model's float32
+  // bytes and a header. Room to spare; it bounds what a node can make this server hold.
+  const uint64_t model_bytes = task.contains("params") ? NumberAt(task["params"], "model_bytes") : 0;
+  const uint64_t max_bytes =
+      model_bytes > (kMaxBlobSize - 4096) / 4 ? kMaxBlobSize : 4096 + 4 * model_bytes;
+  std::string aggregator;
+  if (rounds_done > 0) aggregator = StringAt(task["round_results"].back(), "aggregator");
+  Result<std::vector<std::string>> providers = BlobProviders(src, aggregator);
+  if (!providers.ok()) return Refuse(HttpStatusOf(providers.status()), providers.status().message());
+  if (providers->empty()) {
+    return Refuse(503, "the final state " + final_hex + " of task " + id +
+                           " is not available: no registered node to fetch it from; try again "
+                           "when the nodes that hold it are up");
+  }
+  Result<FetchedBlob> got = src.fetch(blob, *providers, max_bytes);
+  if (!got.ok()) {
+    return Refuse(503, "the final state " + final_hex + " of task " + id +
+                           " is not available from the nodes now (asked " +
+                           std::to_string(providers->size()) + "): " + got.status().message() +
+                           "; try again when the nodes that hold it are up");
+  }
+  // The content address the ledger recorded, whatever the fetch did.
+  Status size_ok = ValidateBlobSize(got->data.size(), got->chunk_size);
+  if (!size_ok.ok() || BuildManifest(got->data, got->chunk_size).id() != blob) {
+    return Refuse(502, "the nodes served bytes that are not the final state " + final_hex +
+                           " of task " + id + " (their blob id differs); not served");
+  }
+  return {200, "application/octet-stream",
+          "task-" + id.substr(0, 12) + "-final-state-" + final_hex.substr(0, 12) + ".mlgs",
+          std::string(got->data.begin(), got->data.end())};
+}
+
 }  // namespace
 
 std::string_view DashboardHtml() { return kPage; }
+
+DashboardFile ServeTaskFile(std::string_view path, const DashboardSources& src) {
+  constexpr std::string_view kPrefix = "/tasks/";
+  const std::string kFiles = "the dashboard serves /tasks/<task id>/model and "
+                             "/tasks/<task id>/audit.json";
+  if (path.substr(0, kPrefix.size()) != kPrefix) {
+    return Refuse(404, "no such path '" + Echo(path) + "'; " + kFiles);
+  }
+  const std::string_view rest = path.substr(kPrefix.size());
+  const size_t slash = rest.find('/');
+  const std::string_view id_text = rest.substr(0, slash);
+  const std::string_view file = slash == std::string_view::npos ? "" : rest.substr(slash + 1);
+  if (file != "model" && file != "audit.json") {
+    return Refuse(404, "no file '" + Echo(file) + "' for a task; " + kFiles);
+  }
+  Result<Hash256> id = Hash256::FromHex(id_text, "task id");
+  if (!id.ok()) {
+    return Refuse(400, "'" + Echo(id_text) + "' in " + Echo(path) +
+                           " is not a task id (64 hex digits); the dashboard's task view links "
+                           "the whole id");
+  }
+  const std::string hex = id->ToHex();
+  // Height first: the record is at least as recent.
+  Result<json> chain = src.rpc("chain_status", json::object());
+  if (!chain.ok()) return Refuse(HttpStatusOf(chain.status()), chain.status().message());
+  Result<json> task = src.rpc("get_task", {{"id", hex}, {"units", file == "audit.json"}});
+  if (!task.ok()) {
+    if (task.status().code() == StatusCode::kNotFound) {
+      return Refuse(404, "no task " + hex + " on this ledger (chain " +
+                             StringAt(*chain, "chain_id") + ")");
+    }
+    return Refuse(HttpStatusOf(task.status()), task.status().message());
+  }
+  if (file == "model") return ServeModel(hex, *task, src);
+  const json record = {
+      {"format", "meshlearn.task_record.v1"},
+      {"about", "the ledger's record of a task: every hash from the initial state to the final "
+                "one, each unit's commitment, result, check and pay, each round's aggregate and "
+                "result; `meshlearn task audit ID --full` re-executes the units and checks them"},
+      {"chain_id", StringAt(*chain, "chain_id")},
+      {"height", NumberAt(*chain, "height")},
+      {"task", *task}};
+  return {200, "application/json", "task-" + hex.substr(0, 12) + "-record.json",
+          record.dump(2) + "\n"};
+}
+
+DashboardSources DashboardSourcesOf(RpcService* service) {
+  DashboardSources s;
+  s.rpc = [service](const std::string& method, const json& params) -> Result<json> {
+    json answer = service->HandleRpc(
+        {{"jsonrpc", "2.0"}, {"id", 1}, {"method", method}, {"params", params}});
+    if (answer.contains("error")) {
+      const json& e = answer["error"];
+      std::string code = e.contains("data") ? StringAt(e["data"], "status") : "";
+      return Status(CodeNamed(code), method + ": " + StringAt(e, "message"));
+    }
+    return answer.contains("result") ? answer["result"] : json(nullptr);
+  };
+  s.fetch = [](const BlobId& id, const std::vector<std::string>& endpoints,
+               uint64_t max_bytes) -> Result<FetchedBlob> {
+    MemEnv env;  // this request's blobs, in memory only: `chain serve` keeps none
+    ML_ASSIGN_OR_RETURN(std::unique_ptr<net::BlobStore> store, net::BlobStore::Open(&env, "/blobs"));
+    net::HttpTransport transport;
+    net::Fetcher fetcher(&transport, store.get(), {.max_blob_bytes = max_bytes});
+    ML_RETURN_IF_ERROR(fetcher.Fetch(id, endpoints).status());
+    ML_ASSIGN_OR_RETURN(net::Manifest m, store->GetManifest(id));
+    ML_ASSIGN_OR_RETURN(Bytes data, store->Get(id));
+    return FetchedBlob{std::move(data), m.chunk_size};
+  };
+  return s;
+}
 
 }  // namespace meshlearn::ledger

@@ -13,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/blob.h"
+#include "meshlearn/ledger/dashboard.h"
 #include "meshlearn/ledger/rpc_client.h"
 #include "meshlearn/ledger/rpc_server.h"
 #include "service_test_util.h"
@@ -431,6 +433,121 @@ TEST(RpcHttpHostile, ConcurrentLargeBodiesStayWithinTheBudget) {
   EXPECT_EQ(stats.refused_busy, static_cast<uint64_t>(refused));
   server.Stop();
   EXPECT_EQ(server.gate_stats().body_bytes_in_flight, 0u);
+}
+
+// The dashboard's downloads (dashboard.h) with the ledger and the nodes faked: each refusal says
+// why, and a model is served only when its bytes are the blob the ledger recorded.
+TEST(DashboardDownloads, RefuseWhatTheyCannotServeAndServeOnlyTheRecordedBlob) {
+  const Bytes state = ToBytes("MLGS1 the trained weights");  // the id is of whatever bytes
+  const BlobId final_id = BuildManifest(state).id();
+  const std::string id(64, 'a'), aggregator(64, 'b'), zeros(64, '0');
+  json task = {{"id", id},
+               {"status", "finished"},
+               {"final_state", final_id.ToHex()},
+               {"params", {{"rounds", 3}, {"model_bytes", 100000}}},
+               {"round_results", json::array({{{"aggregator", aggregator}}})},
+               {"units", json::array()}};
+  json nodes = json::array({{{"id", std::string(64, 'c')}, {"status", "active"}, {"endpoint", "http://127.0.0.1:1"}},
+                            {{"id", aggregator}, {"status", "jailed"}, {"endpoint", "http://127.0.0.1:2"}},
+                            {{"id", std::string(64, 'd')}, {"status", "unbonding"}, {"endpoint", "http://127.0.0.1:3"}}});
+  std::vector<std::string> asked;
+  Result<FetchedBlob> served = Unavailable("no provider has it");
+  DashboardSources src;
+  src.rpc = [&](const std::string& method, const json& params) -> Result<json> {
+    if (method == "chain_status") return json{{"chain_id", "test"}, {"height", 7}};
+    if (method == "list_nodes") return json{{"items", nodes}, {"next_cursor", nullptr}};
+    if (method == "get_task") {
+      if (params.at("id") != id) return NotFound("get_task: task not found");
+      return task;
+    }
+    return Internal("unexpected call " + method);
+  };
+  src.fetch = [&](const BlobId& b, const std::vector<std::string>& endpoints,
+                  uint64_t max_bytes) -> Result<FetchedBlob> {
+    EXPECT_EQ(b, final_id);
+    EXPECT_GE(max_bytes, 2 * 100000u);  // weights and momentum
+    EXPECT_LE(max_bytes, 8 * 100000u);
+    asked = endpoints;
+    return served;
+  };
+  auto get = [&](const std::string& path) { return ServeTaskFile(path, src); };
+  const std::string model = "/tasks/" + id + "/model";
+
+  DashboardFile f = get("/tasks/xyz/model");
+  EXPECT_EQ(f.http_status, 400);
+  EXPECT_NE(f.body.find("'xyz' in /tasks/xyz/model is not a task id"), std::string::npos) << f.body;
+  f = get("/tasks/" + std::string(64, 'e') + "/model");
+  EXPECT_EQ(f.http_status, 404);
+  EXPECT_NE(f.body.find("no task " + std::string(64, 'e') + " on this ledger (chain test)"),
+            std::string::npos) << f.body;
+  f = get("/tasks/" + id + "/weights");
+  EXPECT_EQ(f.http_status, 404);
+  EXPECT_NE(f.body.find("no file 'weights'"), std::string::npos) << f.body;
+  EXPECT_TRUE(f.filename.empty());
+
+  // No node serves it: 503, naming the state. The last round's aggregator is asked first; a
+  // node that left is not asked.
+  f = get(model);
+  EXPECT_EQ(f.http_status, 503);
+  EXPECT_NE(f.body.find("the final state " + final_id.ToHex() + " of task " + id +
+                        " is not available from the nodes now (asked 2): no provider has it"),
+            std::string::npos) << f.body;
+  EXPECT_EQ(asked, (std::vector<std::string>{"127.0.0.1:2", "127.0.0.1:1"}));
+  // A node serves other bytes: not served.
+  served = FetchedBlob{ToBytes("MLGS1 other weights")};
+  f = get(model);
+  EXPECT_EQ(f.http_status, 502);
+  EXPECT_NE(f.body.find("not the final state"), std::string::npos) << f.body;
+  // The recorded blob: served as a file.
+  served = FetchedBlob{state};
+  f = get(model);
+  ASSERT_EQ(f.http_status, 200) << f.body;
+  EXPECT_EQ(f.body, std::string(state.begin(), state.end()));
+  EXPECT_EQ(f.content_type, "application/octet-stream");
+  EXPECT_EQ(f.filename, "task-aaaaaaaaaaaa-final-state-" + final_id.ToHex().substr(0, 12) + ".mlgs");
+  // No node registered at all.
+  nodes = json::array();
+  f = get(model);
+  EXPECT_EQ(f.http_status, 503);
+  EXPECT_NE(f.body.find("no registered node to fetch it from"), std::string::npos) << f.body;
+  // No final model: the task is open, or was cancelled.
+  task["status"] = "open";
+  task["final_state"] = zeros;
+  f = get(model);
+  EXPECT_EQ(f.http_status, 409);
+  EXPECT_NE(f.body.find("task " + id + " is open (1 of 3 rounds done)"), std::string::npos) << f.body;
+  task["status"] = "cancelled";
+  f = get(model);
+  EXPECT_EQ(f.http_status, 409);
+  EXPECT_NE(f.body.find("is cancelled (1 of 3 rounds done): it has no final model"),
+            std::string::npos) << f.body;
+  // The audit record, at any status: the ledger's record and the chain it is of.
+  f = get("/tasks/" + id + "/audit.json");
+  ASSERT_EQ(f.http_status, 200) << f.body;
+  EXPECT_EQ(f.content_type, "application/json");
+  EXPECT_EQ(f.filename, "task-aaaaaaaaaaaa-record.json");
+  const json record = json::parse(f.body);
+  EXPECT_EQ(record["task"], task);
+  EXPECT_EQ(record["chain_id"], "test");
+  EXPECT_EQ(record["height"], 7);
+}
+
+// `chain serve`'s server answers the downloads' paths with the reason as text.
+TEST(DashboardDownloads, TheServerAnswersTheirPaths) {
+  TestLedger t;
+  RpcServer server(t.rpc.get());
+  ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
+  httplib::Client raw("127.0.0.1", server.port());
+  httplib::Result r = raw.Get("/tasks/" + std::string(64, '0') + "/model");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_NE(r->body.find("no task " + std::string(64, '0')), std::string::npos) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type").rfind("text/plain", 0), 0u);
+  r = raw.Get("/tasks/nope/audit.json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("is not a task id"), std::string::npos) << r->body;
+  server.Stop();
 }
 
 }  // namespace

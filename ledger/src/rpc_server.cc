@@ -109,6 +109,18 @@ Status RpcServer::Start(const std::string& host, int port) {
     res.set_header("Cache-Control", "no-cache");
     res.set_content(std::string(DashboardHtml()), "text/html; charset=utf-8");
   });
+  // The files the dashboard's task view links (dashboard.h): a task's final model, fetched from
+  // the nodes and served only if it is the blob the ledger recorded, and its record as JSON.
+  http.Get(R"(/tasks/.*)", [sources = DashboardSourcesOf(service_)](const httplib::Request& req,
+                                                                    httplib::Response& res) {
+    DashboardFile f = ServeTaskFile(req.path, sources);
+    res.status = f.http_status;
+    if (!f.filename.empty()) {
+      res.set_header("Content-Disposition", "attachment; filename=\"" + f.filename + "\"");
+    }
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_content(std::move(f.body), f.content_type);
+  });
 
   Result<int> bound = gate_->Start(host, port);
   if (!bound.ok()) {

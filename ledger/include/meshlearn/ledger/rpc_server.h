@@ -9,7 +9,8 @@
 //   server.Stop();                                      // wakes long-polls, joins the thread
 //
 // Requests: POST / (or /rpc) with a JSON-RPC 2.0 body. GET /health answers "ok"; GET /metrics
-// the Prometheus text (metrics.h); GET / the dashboard page (dashboard.h). Several
+// the Prometheus text (metrics.h); GET / the dashboard page and GET /tasks/ID/model and
+// /tasks/ID/audit.json the downloads it links (dashboard.h). Several
 // requests on one connection (keep-alive, pipelined) are answered in order.
 // Limits (docs/ledger.md, "RPC limits"): connections are held by net::HttpGate, which gives a
 // request a thread only once its headers and body have arrived, each within a total deadline
