@@ -127,9 +127,17 @@ Result<uint64_t> ClusterCandidate::SyncFromEtcd() {
 
 Status ClusterCandidate::CatchUp() {
   if (leading_.load() && !lost_.load() && LeaseAlive()) return Status::Ok();
+  const int64_t deadline = SteadyMs() + options_.read_wait_ms;
+  // etcd's height: a request that fails (a member slow to answer, the machine loaded) is tried
+  // again until the deadline.
   const uint64_t local = chain_->height();
-  Result<int64_t> ahead =
-      read_etcd_->Count(BlockKey(prefix_, local + 1), EtcdClient::PrefixEnd(prefix_ + "blocks/"));
+  Result<int64_t> ahead = Unavailable("not asked");
+  for (;;) {
+    ahead =
+        read_etcd_->Count(BlockKey(prefix_, local + 1), EtcdClient::PrefixEnd(prefix_ + "blocks/"));
+    if (ahead.ok() || SteadyMs() + options_.poll_ms >= deadline || stop_.load()) break;
+    SleepMs(options_.poll_ms);
+  }
   if (!ahead.ok()) {
     return Unavailable(
         "this sequencer candidate is a standby and cannot ask etcd how far the chain "
@@ -137,7 +145,6 @@ Status ClusterCandidate::CatchUp() {
         ahead.status().message() + "); ask another candidate");
   }
   const uint64_t target = local + static_cast<uint64_t>(std::max<int64_t>(0, *ahead));
-  const int64_t deadline = SteadyMs() + options_.read_wait_ms;
   for (uint64_t h = chain_->height(); h < target; h = chain_->height()) {
     const int64_t left = deadline - SteadyMs();
     if (left <= 0 || chain_->shutting_down() || stop_.load()) {
