@@ -89,16 +89,9 @@ Status Guarded(const std::string& url, const std::function<Status()>& f) {
   }
 }
 
-// Blocks SIGINT and SIGTERM in every thread started after this, so sigwait gets them.
-sigset_t BlockStopSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR1);  // a worker thread asking main to wake up
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
-}
+// The signals the serving commands wait for: SIGINT and SIGTERM stop; SIGUSR1 is a worker thread
+// asking the main thread to wake up.
+sigset_t BlockStopSignals() { return BlockSignalsForSigwait({SIGINT, SIGTERM, SIGUSR1}); }
 
 Status RunInit(GlobalOptions& g, ChainArgs& a) {
   Genesis gen = a.devnet ? ledger::DevnetGenesis({}, 0, a.chain_id) : Genesis{};
