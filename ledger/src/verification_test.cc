@@ -34,8 +34,8 @@ using testing::FollowedChainFixture;
 using testing::TestKey;
 using testing::TestTaskParams;
 
-constexpr Amount kPrice = 10;
-constexpr Amount kUnitCost = 32 * kPrice;  // TestTaskParams: 32 GFLOP per unit
+using testing::kTestPrice;
+using testing::kTestUnitCost;
 constexpr Amount kStake = 100'000;
 constexpr uint32_t kSlashMultiple = 10;
 
@@ -103,7 +103,7 @@ class VerificationTest : public FollowedChainFixture {
                                            .throughput = 1'000'000'000'000,
                                            .latency_ms = 1,
                                            .bandwidth_bytes_per_s = 1'000'000'000},
-                          .price = kPrice,
+                          .price = kTestPrice,
                           .stake = kStake,
                           .secret_head = Secret(node, 0)};
   }
@@ -446,7 +446,7 @@ TEST_F(VerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
   ASSERT_EQ(Machine().round(), 1u);
   ASSERT_EQ(Unit(p0).status, WorkUnitStatus::kVerified);
   const Amount paid_p0 = Unit(p0).paid;
-  EXPECT_EQ(paid_p0, kUnitCost);
+  EXPECT_EQ(paid_p0, kTestUnitCost);
   ASSERT_EQ(Task().round_results.size(), 1u);
 
   // Round 1: s1 is lazy, the verifier catches it, it does not defend.
@@ -470,13 +470,13 @@ TEST_F(VerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
   EXPECT_EQ(tally.rounds_rewound, 1u);
   EXPECT_EQ(tally.clawed_back, paid_p0);
   EXPECT_EQ(TaskToJson(Task())["verification"]["clawed_back"], paid_p0);
-  EXPECT_EQ(Node(s1_).stake, kStake - kSlashMultiple * kUnitCost - paid_p0);
+  EXPECT_EQ(Node(s1_).stake, kStake - kSlashMultiple * kTestUnitCost - paid_p0);
   // Its node keeps the record of both: paid for the unit, then the pay taken back.
   EXPECT_EQ(Node(s1_).earnings.units, paid_p0);
   EXPECT_EQ(Node(s1_).earnings.clawed_back, paid_p0);
-  EXPECT_EQ(Node(s1_).earnings.slashed, kSlashMultiple * kUnitCost);
+  EXPECT_EQ(Node(s1_).earnings.slashed, kSlashMultiple * kTestUnitCost);
   const Amount s2_paid_before_rewind = Node(s2_).earnings.units;
-  EXPECT_EQ(s2_paid_before_rewind, kUnitCost);  // h0, whose record the rewind reset
+  EXPECT_EQ(s2_paid_before_rewind, kTestUnitCost);  // h0, whose record the rewind reset
   for (int u : {p0, h0, p1, h1}) {
     EXPECT_NE(Unit(u).status, WorkUnitStatus::kVerified) << u;
     EXPECT_EQ(Unit(u).paid, 0u) << u;
@@ -490,7 +490,7 @@ TEST_F(VerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
   for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
     EXPECT_EQ(u.assignee, s2_.public_key()) << u.index;
     EXPECT_EQ(u.status, WorkUnitStatus::kVerified) << u.index;
-    EXPECT_EQ(u.paid, kUnitCost) << u.index;
+    EXPECT_EQ(u.paid, kTestUnitCost) << u.index;
   }
   EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
   // The honest solver keeps what it was paid for the rewound round, besides the redo's pay.
@@ -521,7 +521,7 @@ TEST_P(AssuranceChainTest, FullReplaysEverySegmentOfEveryUnitEconomicOne) {
   }
   SettleClean({u1, u2});
   for (int u : {u1, u2}) EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean);
-  const Amount pay = protocol::VerifierPay(kUnitCost, level == 1 ? 2 : 1, 2);
+  const Amount pay = protocol::VerifierPay(kTestUnitCost, level == 1 ? 2 : 1, 2);
   const Amount cut = BasisPoints(pay, genesis_.params.treasury_cut_bps);
   EXPECT_EQ(Task().verification.verifiers_paid, 2 * pay);
   EXPECT_EQ(Balance(carol_), v1_before + 2 * (pay - cut));
@@ -621,7 +621,7 @@ TEST_F(VerificationTest, HonestWorkIsCheckedCleanAndEveryonePaid) {
   EXPECT_EQ(Node(s1_).reputation.units_verified_clean, 1u);
   EXPECT_EQ(Node(s1_).reputation.clean_streak, 1u);
   // The verifier replayed 1 of 2 segments of each unit: half a unit's cost each, less the cut.
-  const Amount pay = protocol::VerifierPay(kUnitCost, 1, 2);
+  const Amount pay = protocol::VerifierPay(kTestUnitCost, 1, 2);
   const Amount cut = BasisPoints(pay, genesis_.params.treasury_cut_bps);
   EXPECT_EQ(Balance(carol_), v1_before + 2 * (pay - cut));
   EXPECT_EQ(Task().verification.clean, 2u);
@@ -633,8 +633,8 @@ TEST_F(VerificationTest, HonestWorkIsCheckedCleanAndEveryonePaid) {
   EXPECT_EQ(NodeToJson(Node(v1_))["earnings"]["verification"], 2 * pay);
   FinishTask();
   EXPECT_EQ(Unit(u1).status, WorkUnitStatus::kVerified);
-  EXPECT_EQ(Unit(u1).paid, kUnitCost);
-  EXPECT_EQ(Node(s1_).earnings.units, kUnitCost);
+  EXPECT_EQ(Unit(u1).paid, kTestUnitCost);
+  EXPECT_EQ(Node(s1_).earnings.units, kTestUnitCost);
   EXPECT_EQ(Node(agg_).earnings.aggregation, Task().round_results.at(0).aggregator_paid);
   EXPECT_GT(Node(agg_).earnings.aggregation, 0u);
   EXPECT_EQ(Node(s1_).earnings.verification + Node(s1_).earnings.jackpot, 0u);
@@ -676,7 +676,7 @@ TEST_F(VerificationTest, ACancelPaysWorkCheckedClean) {
   for (int u : {u1, u2}) ASSERT_EQ(Check(u).result(), CheckResult::kCheckClean) << u;
   StepOk({Q(gina_, CancelTaskTx{.task_id = task_id_})});
   EXPECT_EQ(Task().status, TaskStatus::kCancelled);
-  for (int u : {u1, u2}) EXPECT_EQ(Unit(u).paid, kUnitCost) << u;
+  for (int u : {u1, u2}) EXPECT_EQ(Unit(u).paid, kTestUnitCost) << u;
   EXPECT_EQ(Task().escrow, 0u);
   EXPECT_TRUE(chain_->CheckInvariants().ok());
 }
@@ -692,7 +692,7 @@ TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns)
   NodeRecord cheater = Node(s1_);
   EXPECT_EQ(cheater.reputation.slashes, 1u);
   EXPECT_EQ(cheater.status, NodeStatus::kJailed);
-  EXPECT_EQ(cheater.stake, kStake - kSlashMultiple * kUnitCost);
+  EXPECT_EQ(cheater.stake, kStake - kSlashMultiple * kTestUnitCost);
   // The round re-runs from its start: every unit given out again, the cheater excluded.
   EXPECT_TRUE(Rerunning());
   EXPECT_TRUE(Unit(lazy).check.empty());
@@ -700,11 +700,11 @@ TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns)
   const VerificationTally tally = Task().verification;  // kept though the checks were dropped
   EXPECT_EQ(tally.fraud, 1u);
   EXPECT_EQ(tally.disputes, 1u);
-  EXPECT_EQ(tally.slashed, kSlashMultiple * kUnitCost);
+  EXPECT_EQ(tally.slashed, kSlashMultiple * kTestUnitCost);
   EXPECT_GT(tally.redo_escrow, 0u);
   EXPECT_EQ(TaskToJson(Task())["verification"]["fraud"], 1);
   EXPECT_GT(Balance(carol_), v1_balance);   // the verifier was paid and rewarded
-  EXPECT_EQ(cheater.earnings.slashed, kSlashMultiple * kUnitCost);
+  EXPECT_EQ(cheater.earnings.slashed, kSlashMultiple * kTestUnitCost);
   EXPECT_EQ(cheater.earnings.units, 0u);
   EXPECT_EQ(Node(v1_).earnings.jackpot, tally.jackpot_paid);
   EXPECT_GT(Node(v1_).earnings.jackpot, 0u);
@@ -722,7 +722,7 @@ TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns)
   StepOk({RevealTx(v1_, lazy, a), RevealTx(v1_, honest, b), SecretTx(lazy), SecretTx(honest)});
   FinishTask();
   EXPECT_EQ(Balance(alice_), kFunds - kStake);  // the cheater's owner was never paid
-  EXPECT_EQ(Unit(lazy).paid, kUnitCost);
+  EXPECT_EQ(Unit(lazy).paid, kTestUnitCost);
   EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
   EXPECT_EQ(Node(v1_).reputation.slashes, 0u);
   EXPECT_EQ(Node(s2_).secrets_committed, 3u);
@@ -1329,7 +1329,7 @@ TEST_F(VerificationTest, InToleranceModeTheRefereeJudgesTheWholeSegment) {
 
 TEST_F(VerificationTest, ASolverWhoseStakeCannotCoverTheSlashGetsNoUnits) {
   Start(/*verifiers=*/1, /*tolerance_ppm=*/0,
-        /*s1_stake=*/kSlashMultiple * kUnitCost - 1);  // one token short of a slash
+        /*s1_stake=*/kSlashMultiple * kTestUnitCost - 1);  // one token short of a slash
   for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
     if (u.status == WorkUnitStatus::kAssigned) {
       EXPECT_EQ(u.assignee, s2_.public_key());
