@@ -155,9 +155,13 @@ Result<nlohmann::json> EtcdClient::Post(const std::string& path, const nlohmann:
   std::lock_guard<std::mutex> lock(mu_);
   if (http_.empty()) return InvalidArgument("etcd client: no endpoints");
   const std::string text = body.dump();
+  const auto timeout =
+      std::chrono::milliseconds(options_.timeout_ms + static_cast<int64_t>(text.size() / 1024));
   std::string unreachable;
   for (size_t tried = 0; tried < http_.size(); ++tried) {
     size_t i = (current_ + tried) % http_.size();
+    http_[i]->set_read_timeout(timeout);
+    http_[i]->set_write_timeout(timeout);
     httplib::Result r = http_[i]->Post(path, text, "application/json");
     if (!r) {
       unreachable +=

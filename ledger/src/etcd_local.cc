@@ -149,7 +149,9 @@ void LocalEtcdCluster::Launch(size_t i, const char* state) {
                                    "--logger",
                                    "zap",
                                    "--log-level",
-                                   "warn"};
+                                   "warn",
+                                   "--max-request-bytes",
+                                   std::to_string(kEtcdMaxRequestBytes)};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

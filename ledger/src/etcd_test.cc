@@ -86,6 +86,20 @@ TEST_F(EtcdTest, PutGetRangeDelete) {
   EXPECT_FALSE(etcd.Get("/t/b/1")->has_value());
 }
 
+// A block holding a Fashion-MNIST step witness is 3.3 MB; etcd's default request limit (1.5 MB)
+// refused it and the replicated devnet stalled. The local cluster's members take the largest
+// block, and the client waits for it.
+TEST_F(EtcdTest, ABlockWithAStepWitnessFits) {
+  EtcdClient etcd(cluster_.ClientUrlList());
+  std::string big(4'000'000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 2654435761u) >> 24);
+  Result<int64_t> put = etcd.Put("/t/big", big);
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  Result<std::optional<EtcdKv>> got = etcd.Get("/t/big");
+  ASSERT_TRUE(got.ok() && got->has_value()) << got.status().ToString();
+  EXPECT_EQ((*got)->value, big);
+}
+
 TEST_F(EtcdTest, TxnIsACompareAndSwap) {
   EtcdClient etcd(cluster_.ClientUrlList());
   // Absent -> put: the first wins, the second finds the key and changes nothing.
