@@ -200,7 +200,11 @@ Status Chain::ApplyBlock(const Block& block, const PublicKey& expected_sequencer
   if (h.time_ms < last_block_time_ms_) {
     return InvalidArgument(name + ": time goes backwards");
   }
-  if (h.sequencer != expected_sequencer || !IsAuthorizedSequencer(genesis_, h.sequencer)) {
+  if (!IsAuthorizedSequencer(genesis_, h.sequencer)) {
+    return PermissionDenied(name + ": signed by " + h.sequencer.ToHex() +
+                            ", which is not a sequencer key of this chain's genesis");
+  }
+  if (h.sequencer != expected_sequencer) {
     return PermissionDenied(name + ": signed by " + h.sequencer.ToHex() +
                             ", not by the expected sequencer " + expected_sequencer.ToHex());
   }

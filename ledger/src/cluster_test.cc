@@ -283,7 +283,8 @@ TEST_F(ClusterTest, ABlockInEtcdThatDoesNotVerifyIsRefusedNotApplied) {
   a->run.join();  // Run ends by itself on a refused block
   EXPECT_EQ(a->result.code(), StatusCode::kPermissionDenied) << a->result.ToString();
   EXPECT_NE(a->result.message().find("REFUSED block 1"), std::string::npos) << a->result.message();
-  EXPECT_NE(a->result.message().find("not by the expected sequencer"), std::string::npos)
+  EXPECT_NE(a->result.message().find("not a sequencer key of this chain's genesis"),
+            std::string::npos)
       << a->result.message();
   EXPECT_EQ(a->shared->height(), 0u);
   EXPECT_FALSE(a->cand->leading());
