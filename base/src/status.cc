@@ -19,6 +19,14 @@ std::string_view StatusCodeName(StatusCode code) {
   return "Unknown";
 }
 
+StatusCode ErrorCodeFromName(std::string_view name) {
+  for (int c = static_cast<int>(StatusCode::kOk) + 1; c <= static_cast<int>(StatusCode::kInternal);
+       ++c) {
+    if (StatusCodeName(static_cast<StatusCode>(c)) == name) return static_cast<StatusCode>(c);
+  }
+  return StatusCode::kInternal;
+}
+
 std::string Status::ToString() const {
   if (ok()) return "OK";
   std::string s(StatusCodeName(code_));

@@ -610,16 +610,6 @@ std::string Echo(std::string_view text) {
   return out;
 }
 
-StatusCode CodeNamed(std::string_view name) {
-  for (StatusCode c :
-       {StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kAlreadyExists,
-        StatusCode::kFailedPrecondition, StatusCode::kPermissionDenied, StatusCode::kDataLoss,
-        StatusCode::kUnavailable, StatusCode::kDeadlineExceeded, StatusCode::kResourceExhausted}) {
-    if (StatusCodeName(c) == name) return c;
-  }
-  return StatusCode::kInternal;
-}
-
 // An RPC error as the HTTP status of the download that needed the call.
 int HttpStatusOf(const Status& s) {
   switch (s.code()) {
@@ -775,7 +765,7 @@ DashboardSources DashboardSourcesOf(RpcService* service) {
     if (answer.contains("error")) {
       const json& e = answer["error"];
       std::string code = e.contains("data") ? StringAt(e["data"], "status") : "";
-      return Status(CodeNamed(code), method + ": " + StringAt(e, "message"));
+      return Status(ErrorCodeFromName(code), method + ": " + StringAt(e, "message"));
     }
     return answer.contains("result") ? answer["result"] : json(nullptr);
   };

@@ -22,13 +22,6 @@ std::pair<std::string, std::string> SplitUrl(const std::string& url) {
   return {url.substr(0, slash), url.substr(slash)};
 }
 
-StatusCode CodeFromName(const std::string& name) {
-  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
-    if (StatusCodeName(static_cast<StatusCode>(c)) == name) return static_cast<StatusCode>(c);
-  }
-  return StatusCode::kInternal;
-}
-
 }  // namespace
 
 RpcClient::RpcClient(std::string url, RpcClientOptions options) : options_(options) {
@@ -128,7 +121,7 @@ Result<nlohmann::json> RpcClient::CallOn(size_t i, const std::string& method,
     Result<RpcAnswer> data = e.ObjectOrNull("data");
     if (data.ok()) {
       Result<std::string> name = data->Str("status", "");
-      if (name.ok() && !name->empty()) code = CodeFromName(*name);
+      if (name.ok() && !name->empty()) code = ErrorCodeFromName(*name);
     }
     // A candidate that is not the leader (or a ledger shutting down): another endpoint may
     // answer. With one endpoint the caller decides, as before.

@@ -14,13 +14,6 @@ using nlohmann::json;
 
 namespace {
 
-StatusCode CodeFromName(const std::string& name) {
-  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
-    if (StatusCodeName(static_cast<StatusCode>(c)) == name) return static_cast<StatusCode>(c);
-  }
-  return StatusCode::kInternal;
-}
-
 using ledger::RpcAnswer;
 
 // Reads one record of a known shape. Fields(a, {every field the record has}) fails on a field
@@ -408,7 +401,7 @@ Result<json> RpcResultOrStatus(const json& response) {
     Result<RpcAnswer> data = e.ObjectOrNull("data");
     if (data.ok()) {
       Result<std::string> name = data->Str("status", "");
-      if (name.ok() && !name->empty()) code = CodeFromName(*name);
+      if (name.ok() && !name->empty()) code = ErrorCodeFromName(*name);
     }
     Result<std::string> msg = e.Str("message", "ledger error");
     return Status(code, msg.ok() ? *msg : "ledger error");

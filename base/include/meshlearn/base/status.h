@@ -32,6 +32,9 @@ enum class StatusCode {
 };
 
 std::string_view StatusCodeName(StatusCode code);
+// The code StatusCodeName gives `name`, for an error that crossed a process boundary (a JSON-RPC
+// answer's status). An error is never OK: "OK" and unknown names give kInternal.
+StatusCode ErrorCodeFromName(std::string_view name);
 
 class [[nodiscard]] Status {
  public:
