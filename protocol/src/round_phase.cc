@@ -9,7 +9,8 @@
 namespace meshlearn::protocol {
 namespace {
 
-constexpr uint8_t kRoundPhaseEncodingVersion = 1;
+// 1: no rounds in flight; 2 adds rounds_in_flight and the settling rounds (1 still decodes).
+constexpr uint8_t kRoundPhaseEncodingVersion = 2;
 // Bounds for decoding: more nodes than this excluded from one unit is not a state we produce.
 constexpr uint32_t kMaxExcluded = 1u << 20;
 constexpr uint32_t kMaxUnitsPerRound = 1u << 24;
@@ -143,21 +144,56 @@ Assignment RoundStateMachine::Expire(Unit& u) {
   return a;
 }
 
+uint32_t RoundStateMachine::final_rounds() const {
+  if (phase_ == RoundPhase::kRoundPhaseFinal) return config_.rounds;
+  return round_ - static_cast<uint32_t>(settling_.size());
+}
+
+// The current round is aggregated, is not the last, and fewer than rounds_in_flight rounds are
+// settling: it may settle behind the next round.
+bool RoundStateMachine::MayStartNextRound() const {
+  return phase_ == RoundPhase::kRoundPhaseAwaitingVerificationWindow &&
+         round_ + 1 < config_.rounds && settling_.size() < config_.rounds_in_flight;
+}
+
+// Rounds become final in order: the oldest settling round first, then the current one (only
+// when nothing settles before it). An aggregated current round moves to the settling rounds
+// when rounds_in_flight allows, and the next round starts from its aggregate.
 void RoundStateMachine::MaybeFinalize(RoundUpdate& update) {
-  if (phase_ != RoundPhase::kRoundPhaseAwaitingVerificationWindow) return;
-  if (holds_ > 0 || height_ < window_end_) return;
-  update.finalized_rounds.push_back(round_);
-  weights_history_.push_back(pending_weights_);
-  ++round_;
-  if (round_ == config_.rounds) {
-    units_.clear();
-    aggregator_.reset();
-    aggregator_excluded_.clear();
-    pending_weights_ = Hash256{};
-    phase_ = RoundPhase::kRoundPhaseFinal;
+  for (;;) {
+    if (!settling_.empty()) {
+      const Settling& oldest = settling_.front();
+      if (oldest.holds == 0 && height_ >= oldest.window_end) {
+        update.finalized_rounds.push_back(oldest.round);
+        settling_.erase(settling_.begin());
+        continue;
+      }
+    } else if (phase_ == RoundPhase::kRoundPhaseAwaitingVerificationWindow && holds_ == 0 &&
+               height_ >= window_end_) {
+      update.finalized_rounds.push_back(round_);
+      weights_history_.push_back(pending_weights_);
+      ++round_;
+      if (round_ == config_.rounds) {
+        units_.clear();
+        aggregator_.reset();
+        aggregator_excluded_.clear();
+        pending_weights_ = Hash256{};
+        phase_ = RoundPhase::kRoundPhaseFinal;
+        return;
+      }
+      StartRound();
+      continue;
+    }
+    if (MayStartNextRound()) {
+      settling_.push_back({.round = round_, .window_end = window_end_, .holds = holds_});
+      weights_history_.push_back(pending_weights_);
+      ++round_;
+      holds_ = 0;
+      StartRound();
+      continue;
+    }
     return;
   }
-  StartRound();
 }
 
 Result<RoundUpdate> RoundStateMachine::OnBlock(uint64_t height) {
@@ -300,11 +336,31 @@ Result<RoundUpdate> RoundStateMachine::OnAggregateCommitted(uint32_t round,
 
 Result<RoundUpdate> RoundStateMachine::ReleaseFinality() {
   if (holds_ == 0) return FailedPrecondition("round machine: ReleaseFinality without a hold");
-  --holds_;
+  return SetHolds(round_, holds_ - 1);
+}
+
+Result<uint32_t> RoundStateMachine::HoldsOf(uint32_t round) const {
+  if (!Unfinal(round)) {
+    return FailedPrecondition("round " + std::to_string(round) + " of task " +
+                              config_.task.ShortHex() + " is not open (final rounds " +
+                              std::to_string(final_rounds()) + ", current " +
+                              std::to_string(round_) + ")");
+  }
+  if (round == round_) return holds_;
+  return settling_[round - final_rounds()].holds;
+}
+
+Result<RoundUpdate> RoundStateMachine::SetHolds(uint32_t round, uint32_t holds) {
+  ML_ASSIGN_OR_RETURN(uint32_t before, HoldsOf(round));
+  const bool current = round == round_;
+  uint32_t& h = current ? holds_ : settling_[round - final_rounds()].holds;
+  uint64_t& window_end = current ? window_end_ : settling_[round - final_rounds()].window_end;
+  h = holds;
   // The last hold of an aggregated round (its last check settled): the window runs again from
   // here, so whistleblowers always get verification_window_blocks to challenge what settled.
-  if (holds_ == 0 && phase_ == RoundPhase::kRoundPhaseAwaitingVerificationWindow) {
-    window_end_ = std::max(window_end_, height_ + config_.verification_window_blocks);
+  const bool aggregated = !current || phase_ == RoundPhase::kRoundPhaseAwaitingVerificationWindow;
+  if (before > 0 && holds == 0 && aggregated) {
+    window_end = std::max(window_end, height_ + config_.verification_window_blocks);
   }
   RoundUpdate update;
   MaybeFinalize(update);
@@ -337,6 +393,9 @@ Bytes RoundStateMachine::Encode() const {
     e.PutHash(u.result).PutU64(u.commit_height);
     PutNodes(e, u.excluded);
   }
+  e.PutU32(config_.rounds_in_flight);
+  e.PutU32(static_cast<uint32_t>(settling_.size()));
+  for (const Settling& r : settling_) e.PutU32(r.round).PutU64(r.window_end).PutU32(r.holds);
   return e.Take();
 }
 
@@ -344,7 +403,7 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
   Decoder d(bytes, "round state");
   uint8_t version = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&version, "version"));
-  if (version != kRoundPhaseEncodingVersion) {
+  if (version != 1 && version != kRoundPhaseEncodingVersion) {
     return DataLoss("round state: unknown encoding version " + std::to_string(version));
   }
   RoundMachineConfig c;
@@ -408,10 +467,27 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
     ML_RETURN_IF_ERROR(d.GetU64(&u.commit_height, "unit.commit_height"));
     ML_RETURN_IF_ERROR(GetNodes(d, &u.excluded, "unit.excluded"));
   }
+  if (version >= 2) {
+    ML_RETURN_IF_ERROR(d.GetU32(&m.config_.rounds_in_flight, "rounds_in_flight"));
+    uint32_t settling = 0;
+    ML_RETURN_IF_ERROR(d.GetCount(&settling, "settling", m.config_.rounds_in_flight, 16));
+    m.settling_.resize(settling);
+    for (Settling& r : m.settling_) {
+      ML_RETURN_IF_ERROR(d.GetU32(&r.round, "settling.round"));
+      ML_RETURN_IF_ERROR(d.GetU64(&r.window_end, "settling.window_end"));
+      ML_RETURN_IF_ERROR(d.GetU32(&r.holds, "settling.holds"));
+    }
+  }
   ML_RETURN_IF_ERROR(d.Finish());
 
   // Only states the events can produce.
   const bool final = m.phase_ == RoundPhase::kRoundPhaseFinal;
+  for (size_t i = 0; i < m.settling_.size(); ++i) {
+    if (final || m.settling_[i].round + (m.settling_.size() - i) != m.round_) {
+      return DataLoss("round state: settling rounds must be the ones just before the current "
+                      "round " + std::to_string(m.round_));
+    }
+  }
   if (final != (m.round_ == c.rounds) || m.round_ > c.rounds ||
       m.weights_history_.size() != size_t{m.round_} + 1 ||
       m.units_.size() != (final ? 0 : c.units_per_round)) {
@@ -490,6 +566,8 @@ Status RoundStateMachine::RewindTo(uint32_t round, std::span<const NodeId> exclu
   if (round < round_) {
     round_ = round;
     weights_history_.resize(round + 1);
+    std::erase_if(settling_, [&](const Settling& r) { return r.round >= round; });
+    holds_ = 0;
     StartRound();
   }
   return RewindRound(exclude);

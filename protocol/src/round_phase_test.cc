@@ -449,8 +449,15 @@ TEST(RoundPhaseTest, DecodeRejectsCorruptState) {
     EXPECT_FALSE(RoundStateMachine::Decode(b).ok()) << "phase " << int{bad};
   }
   Bytes v = good;
-  v[0] = 2;
+  v[0] = 3;
   EXPECT_EQ(RoundStateMachine::Decode(v).status().code(), StatusCode::kDataLoss);
+  // Version 1 (before rounds in flight) ends before rounds_in_flight and the settling count,
+  // and still decodes, with no rounds in flight.
+  Bytes v1(good.begin(), good.end() - 8);
+  v1[0] = 1;
+  auto old = RoundStateMachine::Decode(v1);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(old->Encode(), good);
 }
 
 TEST(RoundPhaseTest, CreateRejectsEmptyTask) {
@@ -459,6 +466,130 @@ TEST(RoundPhaseTest, CreateRejectsEmptyTask) {
   EXPECT_FALSE(RoundStateMachine::Create(c).ok());
   EXPECT_EQ(RoundPhaseName(RoundPhase::kRoundPhaseAwaitingVerificationWindow),
             "awaiting_verification_window");
+}
+
+// Rounds in flight: once round r's aggregate commits, round r+1 trains from it while r settles
+// (its holds and window); rounds become final in order, and only final rounds are reported.
+TEST(RoundPhaseTest, RoundsInFlightTrainWhileEarlierRoundsSettle) {
+  RoundMachineConfig c = RoundTestConfig(5);
+  c.rounds = 4;
+  c.rounds_in_flight = 2;
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  RunRound(*m, c, 10);
+  m->HoldFinality();  // round 0's check is open
+  auto up = CommitAggregate(*m, c, 0, Blake2b("w1"), 12);
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  EXPECT_TRUE(up->finalized_rounds.empty());
+  EXPECT_EQ(m->round(), 1u);  // started at once, from the settling aggregate
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  EXPECT_EQ(m->round_weights(), Blake2b("w1"));
+  EXPECT_EQ(m->final_rounds(), 0u);
+  EXPECT_TRUE(m->Unfinal(0));
+  EXPECT_EQ(*m->HoldsOf(0), 1u);
+  EXPECT_EQ(*m->HoldsOf(1), 0u);
+  RunRound(*m, c, 13);
+  ASSERT_TRUE(CommitAggregate(*m, c, 1, Blake2b("w2"), 15).ok());
+  EXPECT_EQ(m->round(), 2u);  // two rounds settle now
+  RunRound(*m, c, 16);
+  ASSERT_TRUE(CommitAggregate(*m, c, 2, Blake2b("w3"), 18).ok());
+  // The third aggregated round waits: rounds_in_flight = 2 are settling.
+  EXPECT_EQ(m->round(), 2u);
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);
+  EXPECT_FALSE(m->SetHolds(3, 1).ok());  // not a round of the task yet
+  // Round 1's window has closed (15 + 5) but round 0 holds: nothing is final out of order.
+  up = m->OnBlock(21);
+  ASSERT_TRUE(up.ok());
+  EXPECT_TRUE(up->finalized_rounds.empty());
+  auto back = RoundStateMachine::Decode(m->Encode());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Encode(), m->Encode());
+  // Round 0's check settles at 21: its window restarts (21 + 5); at 26 rounds 0 and 1 are final
+  // and round 2 (with the hold it has) moves to the settling rounds, round 3 trains from w3.
+  m->HoldFinality();
+  up = m->SetHolds(0, 0);
+  ASSERT_TRUE(up.ok());
+  EXPECT_TRUE(up->finalized_rounds.empty());
+  up = m->OnBlock(26);
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->finalized_rounds, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(m->final_rounds(), 2u);
+  EXPECT_EQ(m->round(), 3u);
+  EXPECT_EQ(m->weights_history(), (std::vector<Hash256>{c.initial_weights, Blake2b("w1"),
+                                                        Blake2b("w2"), Blake2b("w3")}));
+  EXPECT_FALSE(m->Unfinal(1));
+  EXPECT_FALSE(m->HoldsOf(1).ok());
+  EXPECT_EQ(*m->HoldsOf(2), 1u);
+  ASSERT_TRUE(m->SetHolds(2, 0).ok());  // its window restarts: 26 + 5
+  // The last round waits for the settling one before it, then for its own window.
+  RunRound(*m, c, 27);
+  ASSERT_TRUE(CommitAggregate(*m, c, 3, Blake2b("w4"), 29).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);
+  up = m->OnBlock(34);
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->finalized_rounds, (std::vector<uint32_t>{2, 3}));
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseFinal);
+  EXPECT_EQ(m->final_rounds(), 4u);
+  EXPECT_EQ(m->round_weights(), Blake2b("w4"));
+}
+
+// Fraud found in a settling round: the task goes back to it, and the round trained on top of it
+// (and its weights) is dropped.
+TEST(RoundPhaseTest, RewindIntoASettlingRoundDropsTheRoundsAfterIt) {
+  RoundMachineConfig c = RoundTestConfig(5);
+  c.rounds = 4;
+  c.rounds_in_flight = 2;
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  RunRound(*m, c, 10);
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1"), 12).ok());
+  RunRound(*m, c, 13);
+  ASSERT_TRUE(CommitAggregate(*m, c, 1, Blake2b("w2"), 15).ok());
+  ASSERT_TRUE(m->SetHolds(1, 2).ok());
+  ASSERT_TRUE(m->OnBlock(17).ok());  // round 0's window (12 + 5) closed: final
+  EXPECT_EQ(m->final_rounds(), 1u);
+  EXPECT_EQ(m->round(), 2u);
+  ASSERT_TRUE(m->RewindTo(1, std::vector<NodeId>{Id(2)}).ok());
+  EXPECT_EQ(m->round(), 1u);
+  EXPECT_EQ(m->final_rounds(), 1u);
+  EXPECT_EQ(*m->HoldsOf(1), 0u);  // its checks went with it
+  EXPECT_EQ(m->weights_history(), (std::vector<Hash256>{c.initial_weights, Blake2b("w1")}));
+  EXPECT_EQ(m->PendingUnits().size(), 3u);
+  auto back = RoundStateMachine::Decode(m->Encode());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Encode(), m->Encode());
+}
+
+// rounds_in_flight = 0 is the strict order: round r+1 starts only when r is final.
+TEST(RoundPhaseTest, NoRoundsInFlightWaitsForFinality) {
+  RoundMachineConfig c = RoundTestConfig(5);
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  RunRound(*m, c, 10);
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1"), 12).ok());
+  EXPECT_EQ(m->round(), 0u);
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAwaitingVerificationWindow);
+  ASSERT_TRUE(m->OnBlock(17).ok());
+  EXPECT_EQ(m->round(), 1u);
+  EXPECT_EQ(m->final_rounds(), 1u);
+}
+
+// A settling list the events could not produce is refused when decoding.
+TEST(RoundPhaseTest, DecodeRefusesSettlingRoundsOutOfPlace) {
+  RoundMachineConfig c = RoundTestConfig(5);
+  c.rounds = 4;
+  c.rounds_in_flight = 2;
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  RunRound(*m, c, 10);
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1"), 12).ok());
+  Bytes enc = m->Encode();
+  // The last 16 bytes are the one settling entry: round (u32), window end (u64), holds (u32).
+  ASSERT_GE(enc.size(), 16u);
+  Bytes bad = enc;
+  bad[bad.size() - 16] = 7;  // round 7 (little-endian u32) instead of 0
+  EXPECT_FALSE(RoundStateMachine::Decode(bad).ok());
+  ASSERT_TRUE(RoundStateMachine::Decode(enc).ok());
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 //       │                                                            aggregate committed
 //       │                                                                             v
 //   next round <──(window closed, no hold)── awaiting_verification_window ──(last round)──> final
+//       ^                                                │
+//       └────(rounds_in_flight allows: the round settles while the next one trains)
 //
 // Pure and event-driven: no clock (heights come with the events), no I/O. The ledger keeps one
 // machine per task in its state, feeds it the block's events in order, and acts on the returned
@@ -18,6 +20,15 @@
 // once) and no hold is active (HoldFinality/ReleaseFinality, e.g. while a dispute is open).
 // RewindRound re-runs the current round from its starting weights after fraud is proven;
 // RerunUnits re-runs single units of it (a forced error, a unit whose solver vanished).
+//
+// Rounds in flight (`rounds_in_flight` > 0): verification costs compute, not wall time. Once a
+// round's aggregate is committed, the next round starts from it at once, while the committed
+// round *settles* (its checks run and its window closes) behind it; up to `rounds_in_flight`
+// rounds settle at a time, and they become final in order. Nothing of a settling round is paid
+// until it is final, and fraud found in a settling round r rewinds the task to r (RewindTo),
+// dropping the rounds trained on top of it. final_rounds() counts the final rounds;
+// weights_history() holds the start weights of every round up to the current one, settling ones
+// included.
 //
 //   Result<RoundStateMachine> m = RoundStateMachine::Create(config);
 //   m->OnBlock(h);                                   // every block, first
@@ -57,6 +68,9 @@ struct RoundMachineConfig {
   uint64_t verification_window_blocks = 0;  // 0 = a round is final when its aggregate commits
   Hash256 initial_weights;                  // content hash of the task's initial weights
   uint64_t start_height = 0;                // height of the block that accepted the task
+  // Aggregated rounds that may await finality while a later round trains (0: a round starts
+  // only when the one before it is final).
+  uint32_t rounds_in_flight = 0;
 };
 
 // What an event did, for the caller to act on.
@@ -85,11 +99,18 @@ class RoundStateMachine {
   // The round in progress (== rounds once final).
   uint32_t round() const { return round_; }
   uint64_t height() const { return height_; }
-  // Global weights the current round trains from (the last final aggregate, or the initial
-  // weights). weights_history()[r] are the weights round r started from; the last entry is the
-  // newest final weights.
+  // Global weights the current round trains from (the newest aggregate, final or settling, or
+  // the initial weights). weights_history()[r] are the weights round r started from, for every
+  // round up to the current one; once the task is final the last entry is its final weights.
   const Hash256& round_weights() const { return weights_history_.back(); }
   const std::vector<Hash256>& weights_history() const { return weights_history_; }
+  // Rounds [0, final_rounds()) are final (paid, no longer checked); rounds [final_rounds(),
+  // round()) are settling.
+  uint32_t final_rounds() const;
+  // Whether `round` may still be checked or disputed: settling, or the current round.
+  bool Unfinal(uint32_t round) const {
+    return phase_ != RoundPhase::kRoundPhaseFinal && round >= final_rounds() && round <= round_;
+  }
   // Height at which the current round's window closes (valid in the awaiting phase).
   uint64_t window_end_height() const { return window_end_; }
 
@@ -143,13 +164,18 @@ class RoundStateMachine {
   void HoldFinality() { ++holds_; }
   uint32_t holds() const { return holds_; }
   Result<RoundUpdate> ReleaseFinality();
+  // The holds of any unfinal round (settling or current): the ledger keeps one per unsettled
+  // check. Going to 0 restarts an aggregated round's window as ReleaseFinality does.
+  Result<uint32_t> HoldsOf(uint32_t round) const;
+  Result<RoundUpdate> SetHolds(uint32_t round, uint32_t holds);
   // Fraud proven in the current, not yet final round: every unit becomes pending again (the
   // given nodes excluded from all of them) and the round re-runs from round_weights().
   Status RewindRound(std::span<const NodeId> exclude);
-  // Fraud proven by a node whose work also went into earlier, final rounds ("taint"): the task
-  // goes back to round `round` (<= round()), whose start weights become the current ones again;
-  // the later rounds' final weights are forgotten and every unit of `round` is pending, `exclude`
-  // barred from them. round == round() is RewindRound.
+  // Fraud proven by a node whose work also went into earlier rounds ("taint"), or anything that
+  // changes a settling round's aggregate: the task goes back to round `round` (<= round()),
+  // whose start weights become the current ones again; the later rounds' weights (final or
+  // settling) are forgotten and every unit of `round` is pending, `exclude` barred from them.
+  // round == round() is RewindRound.
   Status RewindTo(uint32_t round, std::span<const NodeId> exclude);
   // A forced error or an abandoned unit in the current, not yet final round: only `shards`
   // re-run (pending again, `exclude` barred from them); the round's other units keep their
@@ -159,6 +185,12 @@ class RoundStateMachine {
 
  private:
   enum class UnitState : uint8_t { kPending, kAssigned, kCommitted };
+  // An aggregated round waiting for finality while a later round trains.
+  struct Settling {
+    uint32_t round = 0;
+    uint64_t window_end = 0;
+    uint32_t holds = 0;
+  };
   struct Unit {
     UnitState state = UnitState::kPending;
     Assignment assignment;
@@ -172,6 +204,7 @@ class RoundStateMachine {
   void RecomputePhase();
   Assignment Expire(Unit& u);
   void MaybeFinalize(RoundUpdate& update);
+  bool MayStartNextRound() const;
   Result<Unit*> FindUnit(const UnitId& unit);
 
   RoundMachineConfig config_;
@@ -180,12 +213,12 @@ class RoundStateMachine {
   uint64_t height_ = 0;
   uint64_t window_end_ = 0;
   uint32_t holds_ = 0;
-  Hash256 pending_weights_;
+  Hash256 pending_weights_;  // aggregate of the current round, final when the window closes
   std::optional<AggregatorAssignment> aggregator_;
-  std::vector<NodeId>
-      aggregator_excluded_;  // aggregate of the current round, final when the window closes
+  std::vector<NodeId> aggregator_excluded_;
   std::vector<Hash256> weights_history_;
   std::vector<Unit> units_;  // index = shard
+  std::vector<Settling> settling_;  // rounds [final_rounds(), round_), in order
 };
 
 }  // namespace meshlearn::protocol
