@@ -125,6 +125,11 @@ Status ValidateGenesis(const Genesis& g) {
     return InvalidArgument("genesis: params.slash_multiple must be >= 1 (a cheater must lose "
                            "more than a unit pays)");
   }
+  if (p.rounds_in_flight > kMaxRoundsInFlight) {
+    return InvalidArgument("genesis: params.rounds_in_flight must be in [0, " +
+                           std::to_string(kMaxRoundsInFlight) + "], got " +
+                           std::to_string(p.rounds_in_flight));
+  }
   if (!g.sequencers.empty()) {
     if (g.sequencers.size() > kMaxSequencers) {
       return InvalidArgument("genesis: sequencers lists " + std::to_string(g.sequencers.size()) +

@@ -227,7 +227,7 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
   }
   SaveMachine(s, task_id, m);
   // 4. Pay every finalized round not yet paid.
-  const uint32_t finalized = static_cast<uint32_t>(m.weights_history().size() - 1);
+  const uint32_t finalized = m.final_rounds();
   while (s.tasks.Find(task_id)->rounds_settled < finalized) {
     uint32_t round = s.tasks.Find(task_id)->rounds_settled;
     ML_RETURN_IF_ERROR(SettleRound(s, g.params, task_id, round));

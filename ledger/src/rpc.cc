@@ -527,10 +527,12 @@ json RpcService::Dispatch(const std::string& method, const json& params,
                                   {"units", std::move(committed)}});
         }
         if (m->phase() == protocol::RoundPhase::kRoundPhaseFinal) continue;
-        // Verification of the current round: the units this node solves, verifies or disputes,
-        // and (for a whistleblower) the settled ones it may re-check.
-        for (uint32_t shard = 0; shard < per_round; ++shard) {
-          Result<WorkUnit> wu = c.GetWorkUnit(t.id, m->round() * per_round + shard);
+        // Verification of the unfinal rounds (the settling ones and the current one): the units
+        // this node solves, verifies or disputes, and (for a whistleblower) the settled ones it
+        // may re-check.
+        for (uint32_t index = m->final_rounds() * per_round;
+             index < (m->round() + 1) * per_round; ++index) {
+          Result<WorkUnit> wu = c.GetWorkUnit(t.id, index);
           if (!wu.ok() || wu->check.empty()) continue;
           auto check = protocol::UnitCheck::Decode(wu->check);
           if (!check.ok()) continue;
@@ -556,7 +558,7 @@ json RpcService::Dispatch(const std::string& method, const json& params,
           if (roles.empty() || (settled && !challengeable)) continue;
           json j = WorkUnitToJson(*wu);
           j["roles"] = roles;
-          j["start_state"] = start;
+          j["start_state"] = m->weights_history()[wu->round].ToHex();
           j["spec_hash"] = t.spec_hash.ToHex();
           Result<NodeRecord> solver = c.GetNode(check->config().solver);
           j["solver_endpoint"] = solver.ok() ? solver->endpoint : "";
@@ -589,7 +591,9 @@ json RpcService::Dispatch(const std::string& method, const json& params,
           }
           json j = WorkUnitToJson(u);
           auto m = protocol::RoundStateMachine::Decode(t.runtime);
-          j["start_state"] = m.ok() ? m->round_weights().ToHex() : "";
+          j["start_state"] = m.ok() && u.round < m->weights_history().size()
+                                 ? m->weights_history()[u.round].ToHex()
+                                 : "";
           j["spec_hash"] = t.spec_hash.ToHex();
           disputes.push_back(std::move(j));
         }

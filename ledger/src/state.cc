@@ -205,7 +205,7 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
   e.PutU64(v.abandoned).PutU64(v.disputes).PutU64(v.slashed).PutU64(v.verifiers_paid);
   e.PutU64(v.jackpot_paid).PutU64(v.redo_escrow);
   e.PutU64(t.treasury_cut);
-  e.PutU64(v.rounds_rewound).PutU64(v.clawed_back);
+  e.PutU64(v.rounds_rewound).PutU64(v.clawed_back).PutU64(v.rounds_dropped);
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -256,6 +256,7 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
   ML_RETURN_IF_ERROR(d.GetU64(&t->treasury_cut, "treasury_cut"));
   ML_RETURN_IF_ERROR(d.GetU64(&v.rounds_rewound, "verification.rounds_rewound"));
   ML_RETURN_IF_ERROR(d.GetU64(&v.clawed_back, "verification.clawed_back"));
+  ML_RETURN_IF_ERROR(d.GetU64(&v.rounds_dropped, "verification.rounds_dropped"));
   return Status::Ok();
 }
 
@@ -398,7 +399,8 @@ nlohmann::json TaskToJson(const TaskRecord& t) {
             {"jackpot_paid", t.verification.jackpot_paid},
             {"redo_escrow", t.verification.redo_escrow},
             {"rounds_rewound", t.verification.rounds_rewound},
-            {"clawed_back", t.verification.clawed_back}}}};
+            {"clawed_back", t.verification.clawed_back},
+            {"rounds_dropped", t.verification.rounds_dropped}}}};
 }
 
 nlohmann::json WorkUnitToJson(const WorkUnit& u) {

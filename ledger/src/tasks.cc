@@ -274,7 +274,8 @@ Status ExecuteSubmitTask(ExecContext& ctx, const SubmitTaskTx& tx) {
                                       .units_per_round = p.units_per_round,
                                       .verification_window_blocks = p.verification_window_blocks,
                                       .initial_weights = p.initial_state,
-                                      .start_height = ctx.height};
+                                      .start_height = ctx.height,
+                                      .rounds_in_flight = ctx.params().rounds_in_flight};
   Result<protocol::RoundStateMachine> machine = protocol::RoundStateMachine::Create(config);
   if (!machine.ok()) return InvalidArgument("submit task: " + machine.status().message());
   ML_RETURN_IF_ERROR(Debit(ctx.state, ctx.tx.sender, tx.budget, "task budget"));

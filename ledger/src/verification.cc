@@ -157,11 +157,14 @@ Status SlashSolverIntoEscrow(LedgerState& s, const ChainParams& p, const Hash256
   return CheckedAdd(mt->budget, to_escrow, &mt->budget, "task budget");
 }
 
-// What the effects of a block's checks ask of the round: fraud re-runs the whole round (its
-// cheater excluded); a forced error or an abandoned unit re-runs that unit only.
+// What the effects of a block's checks ask of the task: fraud re-runs the whole round (its
+// cheater excluded); a forced error or an abandoned unit re-runs that unit only. `round` is the
+// earliest round that must run again: when it is a settling round (an earlier one than the
+// current round, rounds in flight), the rounds trained on its aggregate go with it.
 struct Rerun {
-  bool round = false;
-  std::vector<uint32_t> shards;
+  bool whole_round = false;
+  uint32_t round = UINT32_MAX;
+  std::vector<uint32_t> shards;  // of `round`
   std::vector<protocol::NodeId> exclude;
   std::vector<protocol::NodeId> cheaters;  // proven fraudulent: their earlier work is tainted
 };
@@ -229,9 +232,11 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
     }
   }
   if (fx.rerun_unit) {
+    if (u->round < rerun->round) rerun->shards.clear();  // an earlier round re-runs whole
+    rerun->round = std::min(rerun->round, u->round);
     if (c.result() == protocol::CheckResult::kCheckFraud) {
-      rerun->round = true;
-    } else {
+      rerun->whole_round = true;
+    } else if (u->round == rerun->round) {
       rerun->shards.push_back(u->shard);
     }
     // A cheater, or a solver that vanished (its failure is counted): the re-run goes without
@@ -245,21 +250,22 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
   return Status::Ok();
 }
 
-// The earliest round before `current` holding a unit of one of `cheaters` that was paid (its
-// work is in a final aggregate), or `current` when there is none.
+// The earliest round before `before` holding a unit of one of `cheaters` that went into an
+// aggregate: paid (a final round) or committed (a settling round); `before` when there is none.
 uint32_t FirstTaintedRound(const LedgerState& s, const Hash256& task_id,
-                           const std::vector<protocol::NodeId>& cheaters, uint32_t current) {
+                           const std::vector<protocol::NodeId>& cheaters, uint32_t before) {
   const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
-  for (uint32_t r = 0; r < current; ++r) {
+  for (uint32_t r = 0; r < before; ++r) {
     for (uint32_t shard = 0; shard < per_round; ++shard) {
       const WorkUnit* w = s.units.Find({task_id, r * per_round + shard});
-      if (w != nullptr && w->status == WorkUnitStatus::kVerified &&
+      if (w != nullptr &&
+          (w->status == WorkUnitStatus::kVerified || w->status == WorkUnitStatus::kCommitted) &&
           std::find(cheaters.begin(), cheaters.end(), w->assignee) != cheaters.end()) {
         return r;
       }
     }
   }
-  return current;
+  return before;
 }
 
 // Takes back from a proven cheater's stake what it was paid for `amount` of tainted work (at
@@ -280,49 +286,52 @@ Status ClawBack(LedgerState& s, const Hash256& task_id, const protocol::NodeId& 
   return Status::Ok();
 }
 
-// Applies what a block's checks asked (Rerun): fraud re-runs the round from its start weights,
-// every unit pending again (the deterministic ones come back with the same results); a forced
-// error or an abandoned unit re-runs only its units, the others keeping their commits and
-// checks. Either way `exclude` (cheaters, vanished solvers) is failed and left out of what
-// re-runs, and an aggregate of the round is dropped (it aggregates again).
+// Applies what a block's checks asked (Rerun). Within the current round, a forced error or an
+// abandoned unit re-runs only its units, the others keeping their commits and checks, and fraud
+// re-runs the round from its start weights (every unit pending; the deterministic ones come
+// back with the same results). Either way `exclude` (cheaters, vanished solvers) is failed and
+// left out of what re-runs, and an aggregate of the round is dropped (it aggregates again).
+// Anything that re-runs a unit of a settling round changes its aggregate, so the task goes back
+// to that round, whole: the rounds trained on top of it are dropped (unpaid: not final).
 //
 // Taint (docs/verification.md): a proven cheater's earlier work in the task is not trusted
-// either, checked clean or not (a check replays a sample of segments). When a cheater has paid
-// units in earlier, final rounds, the task goes back to the first of them: those rounds' units
-// run again (the honest ones keep what they were paid; the redo is paid anew from the escrow),
-// and what the cheater was paid for them comes back out of its stake into the escrow.
+// either, checked clean or not (a check replays a sample of segments). When a cheater has units
+// in earlier rounds, final or settling, the task goes back to the first of them: those rounds'
+// units run again (the honest ones keep what they were paid; the redo is paid anew from the
+// escrow), and what the cheater was paid for them comes back out of its stake into the escrow.
 Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMachine& m,
                   const Rerun& rerun) {
-  std::vector<uint32_t> shards = rerun.shards;
+  if (rerun.round == UINT32_MAX) return Status::Ok();
   const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
   const uint32_t current = m.round();
-  uint32_t first = current;
-  if (rerun.round) {
-    first = FirstTaintedRound(s, task_id, rerun.cheaters, current);
-    ML_RETURN_IF_ERROR(m.RewindTo(first, rerun.exclude));
-    shards.clear();
-    for (uint32_t shard = 0; shard < per_round; ++shard) shards.push_back(shard);
-  } else if (!shards.empty()) {
-    ML_RETURN_IF_ERROR(m.RerunUnits(shards, rerun.exclude));
-  } else {
+  const std::vector<protocol::NodeId>& exclude = rerun.exclude;
+  uint32_t first = rerun.round;
+  if (rerun.whole_round) first = FirstTaintedRound(s, task_id, rerun.cheaters, rerun.round);
+  if (!rerun.whole_round && rerun.round == current) {
+    ML_RETURN_IF_ERROR(m.RerunUnits(rerun.shards, exclude));
+    for (uint32_t shard : rerun.shards) {
+      WorkUnit* w = s.units.FindMutable({task_id, current * per_round + shard});
+      if (w == nullptr) continue;
+      if (w->status == WorkUnitStatus::kCommitted &&
+          std::find(exclude.begin(), exclude.end(), w->assignee) != exclude.end()) {
+        ML_RETURN_IF_ERROR(FailWorkUnit(s, task_id, w->index));
+      }
+      ResetWorkUnit(w);
+    }
     return Status::Ok();
   }
-  const std::vector<protocol::NodeId>& exclude = rerun.exclude;
-  for (uint32_t shard : shards) {
-    const uint32_t index = current * per_round + shard;
+  ML_RETURN_IF_ERROR(m.RewindTo(first, exclude));
+  // Rounds [first, current] run again. The excluded nodes' unpaid commits in the round that
+  // asked for the re-run, or later, are failures; what the cheaters were paid in final rounds
+  // comes back.
+  std::map<protocol::NodeId, Amount> paid_to_cheater;
+  for (uint32_t index = first * per_round; index < (current + 1) * per_round; ++index) {
     WorkUnit* w = s.units.FindMutable({task_id, index});
     if (w == nullptr) continue;
-    if (w->status == WorkUnitStatus::kCommitted &&
-        std::find(exclude.begin(), exclude.end(), w->assignee) != exclude.end()) {
+    const bool excluded = std::find(exclude.begin(), exclude.end(), w->assignee) != exclude.end();
+    if (w->status == WorkUnitStatus::kCommitted && excluded && w->round >= rerun.round) {
       ML_RETURN_IF_ERROR(FailWorkUnit(s, task_id, index));
     }
-    ResetWorkUnit(w);
-  }
-  // Tainted final rounds [first, current): paid already; they run again.
-  std::map<protocol::NodeId, Amount> paid_to_cheater;
-  for (uint32_t index = first * per_round; index < current * per_round; ++index) {
-    WorkUnit* w = s.units.FindMutable({task_id, index});
-    if (w == nullptr) continue;
     if (w->status == WorkUnitStatus::kVerified &&
         std::find(rerun.cheaters.begin(), rerun.cheaters.end(), w->assignee) !=
             rerun.cheaters.end()) {
@@ -338,7 +347,8 @@ Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMa
   TaskRecord* t = s.tasks.FindMutable(task_id);
   if (t->round_results.size() > first) t->round_results.resize(first);
   t->rounds_settled = std::min(t->rounds_settled, first);
-  t->verification.rounds_rewound += current - first;
+  t->verification.rounds_rewound += rerun.round - first;
+  t->verification.rounds_dropped += current - rerun.round;
   t->verification.clawed_back += clawed;
   return Status::Ok();
 }
@@ -403,9 +413,11 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
   std::vector<protocol::NodeId> candidates;
   bool have_candidates = false;
   Rerun rerun;
-  uint32_t open = 0;  // checks of the round still unsettled after this block
-  for (uint32_t shard = 0; shard < per_round; ++shard) {
-    const uint32_t index = m.round() * per_round + shard;
+  // Every unfinal round: the settling ones (rounds in flight) and the current one.
+  const uint32_t from = m.final_rounds(), to = m.round();
+  std::vector<uint32_t> open(to - from + 1, 0);  // checks still unsettled after this block
+  for (uint32_t index = from * per_round; index < (to + 1) * per_round; ++index) {
+    const uint32_t round = index / per_round;
     const WorkUnit* u = s.units.Find({task_id, index});
     if (u == nullptr || u->check.empty()) continue;
     ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
@@ -413,7 +425,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     CheckEffects fx;
     if (c.stage() == CheckStage::kCheckAwaitingBeacon) {
       if (c.config().commit_height >= height) {  // the beacon is the next block's seed
-        ++open;
+        ++open[round - from];
         continue;
       }
       if (!have_candidates) {
@@ -443,7 +455,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
       ML_ASSIGN_OR_RETURN(fx, c.OnBlock(height));
     }
     SaveCheck(s, task_id, index, c);
-    if (c.stage() != CheckStage::kCheckSettled) ++open;
+    if (c.stage() != CheckStage::kCheckSettled) ++open[round - from];
     ML_RETURN_IF_ERROR(ApplyEffects(s, p, task_id, index, c, fx, &rerun));
     if (fx.settled) {
       ML_LOG_INFO("ledger: task {} unit {}: {} ({})", task_id.ShortHex(), index,
@@ -451,10 +463,15 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     }
   }
   ML_RETURN_IF_ERROR(ApplyRerun(s, task_id, m, rerun));
-  if (rerun.round) open = 0;  // the rewind dropped every check of the round
-  // One hold per unsettled check of the current round.
-  while (m.holds() < open) m.HoldFinality();
-  while (m.holds() > open) ML_RETURN_IF_ERROR(m.ReleaseFinality().status());
+  // A rewind dropped every check from the round it went back to.
+  const bool rewound = rerun.round != UINT32_MAX && (rerun.whole_round || rerun.round < to);
+  // One hold per unsettled check of each unfinal round, the newest first: rounds become final
+  // in order, so only the oldest's release can finalize (and cascade).
+  for (uint32_t r = m.round() + 1; r-- > std::min(from, m.final_rounds());) {
+    if (!m.Unfinal(r)) continue;
+    const uint32_t holds = (rewound && r >= m.round()) || r < from ? 0 : open[r - from];
+    ML_RETURN_IF_ERROR(m.SetHolds(r, holds).status());
+  }
   return Status::Ok();
 }
 
@@ -547,7 +564,7 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
   ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
   ML_ASSIGN_OR_RETURN(protocol::RoundStateMachine m, LoadMachine(*t));
-  if (u->round != m.round() || m.phase() == protocol::RoundPhase::kRoundPhaseFinal) {
+  if (!m.Unfinal(u->round)) {
     return FailedPrecondition("challenge unit: round " + std::to_string(u->round) +
                               " of task " + tx.task_id.ShortHex() +
                               " is final; a challenge must come before its window closes");
@@ -555,7 +572,9 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
   ML_RETURN_IF_ERROR(c.OnChallenge(tx.node_id, ClaimOf(tx.claim), ctx.height));
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
-  m.HoldFinality();  // DriveChecks keeps one hold per unsettled check
+  // DriveChecks keeps one hold per unsettled check.
+  ML_ASSIGN_OR_RETURN(uint32_t holds, m.HoldsOf(u->round));
+  ML_RETURN_IF_ERROR(m.SetHolds(u->round, holds + 1).status());
   SaveMachine(ctx.state, tx.task_id, m);
   return Status::Ok();
 }
@@ -611,7 +630,7 @@ Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
   ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
   ML_ASSIGN_OR_RETURN(protocol::RoundStateMachine m, LoadMachine(*t));
-  if (u->round != m.round() || m.phase() == protocol::RoundPhase::kRoundPhaseFinal) {
+  if (!m.Unfinal(u->round)) {
     return FailedPrecondition("prove result: round " + std::to_string(u->round) + " of task " +
                               tx.task_id.ShortHex() + " is final");
   }

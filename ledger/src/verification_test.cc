@@ -427,7 +427,68 @@ class VerificationTest : public FollowedChainFixture {
 // round-0 aggregate it was in is forgotten, every unit of round 0 runs again without it, what it
 // was paid for round 0 comes back out of its stake into the escrow, and the honest solver's
 // redo is paid anew; the task finishes with none of the cheater's work.
-TEST_F(VerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
+// Rounds in flight: round 1 trains from round 0's aggregate while round 0's checks run. Fraud
+// proven in round 0 then takes the task back to round 0 and drops round 1, whose units (the
+// cheater's honest-looking one included) were built on the poisoned aggregate; none of it is
+// paid, and the task ends with the honest solver's work only.
+// Tests of more than one round: round 1 is assigned as soon as round 0 aggregates (rounds in
+// flight), and its assignments must outlive the blocks a test spends on round 0's checks (a
+// node trains them meanwhile; the test commits them when it gets to them).
+class InFlightVerificationTest : public VerificationTest {
+ protected:
+  InFlightVerificationTest() { genesis_.params.min_deadline_blocks = 40; }
+};
+
+TEST_F(InFlightVerificationTest, FraudInASettlingRoundDropsTheRoundTrainedOnIt) {
+  rounds_ = 2;
+  Start();
+  const int p0 = UnitOf(s1_), h0 = UnitOf(s2_);
+  ASSERT_GE(p0, 0);
+  ASSERT_GE(h0, 0);
+  CommitAndDispute(p0, h0);
+  ASSERT_EQ(Machine().round(), 1u);  // started while round 0 settles
+  EXPECT_EQ(Machine().final_rounds(), 0u);
+  EXPECT_EQ(Machine().weights_history().back(), Blake2b("aggregate"));
+  int p1 = -1, h1 = -1;
+  for (int i = 0; i < 10 && (p1 < 0 || h1 < 0); ++i) {
+    p1 = UnitOf(s1_), h1 = UnitOf(s2_);
+    if (p1 < 0 || h1 < 0) Step();
+  }
+  ASSERT_GE(p1, 2);
+  ASSERT_GE(h1, 2);
+  CommitAll({{p1, false}, {h1, false}});
+  EXPECT_EQ(Unit(p1).status, WorkUnitStatus::kCommitted);
+  PlayDispute(p0, nullptr, [&](uint64_t s) { return TrueState(p0, s); });
+
+  EXPECT_EQ(Machine().round(), 0u);
+  EXPECT_EQ(Machine().round_weights(), initial_state_);
+  EXPECT_TRUE(Task().round_results.empty());
+  const VerificationTally tally = Task().verification;
+  EXPECT_EQ(tally.fraud, 1u);
+  EXPECT_EQ(tally.rounds_dropped, 1u);
+  EXPECT_EQ(tally.rounds_rewound, 0u);  // no earlier round held its work
+  EXPECT_EQ(tally.clawed_back, 0u);     // nothing was paid: no round was final
+  EXPECT_EQ(TaskToJson(Task())["verification"]["rounds_dropped"], 1u);
+  EXPECT_EQ(Node(s1_).stake, kStake - kSlashMultiple * kTestUnitCost);
+  EXPECT_EQ(Node(s1_).earnings.units, 0u);
+  for (int u : {p0, h0, p1, h1}) {
+    EXPECT_EQ(Unit(u).paid, 0u) << u;
+    EXPECT_NE(Unit(u).status, WorkUnitStatus::kCommitted) << u;
+    EXPECT_FALSE(HasCheck(u)) << u;
+  }
+  RunHonestRound();
+  RunHonestRound();
+  FinishTask();
+  for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
+    EXPECT_EQ(u.assignee, s2_.public_key()) << u.index;
+    EXPECT_EQ(u.status, WorkUnitStatus::kVerified) << u.index;
+    EXPECT_EQ(u.paid, kTestUnitCost) << u.index;
+  }
+  EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
+  ExpectEarningsAddUpToTheTask();
+}
+
+TEST_F(InFlightVerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
   rounds_ = 2;
   Start();
   const int p0 = UnitOf(s1_), h0 = UnitOf(s2_);
@@ -442,7 +503,9 @@ TEST_F(VerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
   StepOk({SealTx(v1_, p0, a), SealTx(v1_, h0, b)});
   StepUntil(p0, CheckStage::kCheckRevealVerdicts);
   StepOk({RevealTx(v1_, p0, a), RevealTx(v1_, h0, b), SecretTx(p0), SecretTx(h0)});
-  for (int i = 0; i < 40 && Machine().round() == 0; ++i) Step();
+  // Round 1 starts from round 0's aggregate at once (rounds in flight); round 0 becomes final
+  // when its checks settled and its window closed.
+  for (int i = 0; i < 40 && Task().rounds_settled == 0; ++i) Step();
   ASSERT_EQ(Machine().round(), 1u);
   ASSERT_EQ(Unit(p0).status, WorkUnitStatus::kVerified);
   const Amount paid_p0 = Unit(p0).paid;

@@ -375,7 +375,7 @@ Result<TaskInfo> ParseTask(const RpcAnswer& a) {
   f.Read("spec_hash", &t.spec_hash);
   f.ReadEnum("status", &t.status, &ledger::TaskStatusName, 3);
   f.Read("id", &t.id).Read("final_state", &t.final_state);
-  f.Read("weights_history", &t.weights_history);
+  f.Read("weights_history", &t.weights_history).Read("rounds_settled", &t.rounds_settled);
   ML_ASSIGN_OR_RETURN(RpcAnswer params, f.Object("params"));
   ML_ASSIGN_OR_RETURN(t.params, ParseTaskParams(params));
   ML_ASSIGN_OR_RETURN(RpcAnswer units, f.Optional("units").Array("units"));  // with units=true

@@ -136,15 +136,16 @@ Status PinKeeper::ReviewPins() {
         continue;
       }
     }
-    // Rounds [0, finalized) are final. SEAM (verification): weights_history grows only when a
-    // round's verification window has closed, so deltas and checkpoints of a round that can
-    // still be checked or disputed stay.
-    const uint32_t finalized = history.empty() ? 0 : static_cast<uint32_t>(history.size() - 1);
-    std::set<Hash256> old_states(history.begin(), history.end());
-    if (!history.empty()) {
-      old_states.erase(history.front());  // the initial state
-      old_states.erase(history.back());   // the current round's (or the final) weights
+    // Rounds [0, finalized) are final (rounds_settled). SEAM (verification): a round is final
+    // only when its checks settled and its verification window closed, so deltas and
+    // checkpoints of a round that can still be checked or disputed stay, and so do the start
+    // states of the rounds not final yet (settling rounds and the current one).
+    const uint32_t finalized = gone ? 0 : info->rounds_settled;
+    std::set<Hash256> old_states;
+    for (size_t r = 1; r < std::min<size_t>(finalized, history.size()); ++r) {
+      old_states.insert(history[r]);  // not the initial state, nor any unfinal round's start
     }
+    if (!history.empty()) old_states.erase(history.back());  // the current (or final) weights
     old_states.erase(final_state);
     ML_ASSIGN_OR_RETURN(size_t freed, node_->book().Remove([&](const Hash256& id, const std::string& r) {
       std::string kind;

@@ -33,6 +33,7 @@
 //   dispute_response_blocks = 5         # each dispute turn
 //   referee_blocks = 20                 # the referee's time to rule (0: no limit)
 //   slash_multiple = 10                 # a slash takes this many times the unit's cost
+//   rounds_in_flight = 2                # aggregated rounds that settle while later ones train
 //   [[accounts]]
 //   key = "<hex public key>"
 //   balance = 1000000
@@ -54,6 +55,8 @@
 #include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::ledger {
+
+inline constexpr uint32_t kMaxRoundsInFlight = 16;
 
 struct ChainParams {
   Amount min_stake_solver = 1000;
@@ -85,6 +88,11 @@ struct ChainParams {
   uint64_t referee_blocks = 20;
   // A slash takes slash_multiple x the unit's cost (protocol::SlashAmount), capped by the stake.
   uint32_t slash_multiple = 10;  // >= 1
+  // Aggregated rounds of a task that may await finality (checks, verification window) while
+  // the next round trains from their aggregate (protocol::RoundMachineConfig). 0: a round
+  // starts only when the one before it is final. Fraud found in a settling round rewinds the
+  // rounds after it, so more in flight risks more redone work for less waiting.
+  uint32_t rounds_in_flight = 2;  // <= kMaxRoundsInFlight
   bool operator==(const ChainParams&) const = default;
 
   // Every field once, in canonical order: genesis hash, TOML, JSON.
@@ -112,6 +120,7 @@ struct ChainParams {
     v("dispute_response_blocks", s.dispute_response_blocks);
     v("referee_blocks", s.referee_blocks);
     v("slash_multiple", s.slash_multiple);
+    v("rounds_in_flight", s.rounds_in_flight);
   }
 
   // The stake a node with these roles must keep while active: the largest of the roles' minima.

@@ -27,8 +27,11 @@
 //                       num_examples, seed, initial_state, verification_window_blocks},
 //                     "phase" (assigning | training | aggregating |
 //                       awaiting_verification_window | final), "round" (the round in
-//                       progress, == rounds once final), "weights_history" [state blob ids:
-//                       [r] = what round r trains from; the last is the newest final state],
+//                       progress, == rounds once final), "rounds_settled" (rounds final and
+//                       paid; rounds [rounds_settled, round) are settling: aggregated, still
+//                       checked, genesis rounds_in_flight), "weights_history" [state blob ids:
+//                       [r] = what round r trains from, for every round up to "round"; once
+//                       final the last is the final state],
 //                     "aggregator" {node, round, deadline_height} | null, "final_state"
 //                       (zero hex until finished), "round_results" [{round, state,
 //                       test_accuracy_ppm, test_loss_micros, aggregator, committed_height,
@@ -51,8 +54,9 @@
 //                       spec_hash, solver_endpoint]}; start_state: blob id of the global state
 //                     the round trains from. Commit by deadline_height (inclusive) with
 //                     CommitUnit (secret_index = next_secret_index, one more per commit in
-//                     flight) / CommitAggregate. checks: the current round's units under
-//                     verification this node takes part in (docs/verification.md).
+//                     flight) / CommitAggregate. checks: the units of the unfinal rounds
+//                     (settling and current) under verification this node takes part in, each
+//                     with its own round's start_state (docs/verification.md).
 //   referee_work      {}                                -> {height, disputes: [unit JSON with
 //                       "check".dispute.referee, start_state, spec_hash]}: disputes waiting
 //                     for the referee's RuleDispute

@@ -242,6 +242,10 @@ struct VerificationTally {
   // them, taken back from its stake into the escrow (docs/verification.md, "Taint").
   uint64_t rounds_rewound = 0;
   Amount clawed_back = 0;
+  // Rounds in flight (genesis rounds_in_flight): rounds trained on top of a settling round that
+  // then ran again (fraud, a forced error, an abandoned unit in it), dropped unpaid; the price
+  // of not waiting for verification.
+  uint64_t rounds_dropped = 0;
   bool operator==(const VerificationTally&) const = default;
 };
 

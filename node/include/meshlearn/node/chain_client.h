@@ -254,8 +254,10 @@ struct TaskInfo {
   Hash256 spec_hash;  // blob id of the task bundle
   ledger::TaskStatus status = ledger::TaskStatus::kOpen;
   ledger::TaskParams params;
-  // [r] = the state round r trains from; the last is the newest final state.
+  // [r] = the state round r trains from, for every round up to the current one (settling
+  // rounds' aggregates included); once the task is final the last is its final state.
   std::vector<Hash256> weights_history;
+  uint32_t rounds_settled = 0;  // rounds [0, rounds_settled) are final (paid, no longer checked)
   Hash256 final_state;            // zero until finished
   std::vector<UnitRecord> units;  // with units=true
 };
