@@ -237,12 +237,16 @@ Status UnitCheck::OnVerdictRevealed(const NodeId& verifier, Verdict verdict, con
 
 Status UnitCheck::OnSecretRevealed(const Hash256& secret, const Hash256& start_leaf,
                                    uint64_t height) {
-  if (stage_ != CheckStage::kCheckRevealVerdicts) {
+  const bool late = stage_ == CheckStage::kCheckDisputed && !whistleblower_;
+  if (stage_ != CheckStage::kCheckRevealVerdicts && !late) {
     return FailedPrecondition("secret reveal for " + config_.unit.ToString() +
-                              ": only in the reveal window, after the verdicts are committed "
-                              "(stage " + std::string(CheckStageName(stage_)) + ")");
+                              ": only in the reveal window, after the verdicts are committed, "
+                              "or during a verifier's dispute (stage " +
+                              std::string(CheckStageName(stage_)) + ")");
   }
-  if (height > deadline_) return DeadlineExceeded("secret reveal: the reveal window closed");
+  if (!late && height > deadline_) {
+    return DeadlineExceeded("secret reveal: the reveal window closed");
+  }
   if (secret_) return AlreadyExists("secret reveal: already revealed");
   ML_RETURN_IF_ERROR(CheckSecretInChain(secret, config_.secret_anchor, config_.secret_distance));
   secret_ = secret;
@@ -303,30 +307,8 @@ CheckEffects UnitCheck::Resolve(uint64_t height) {
     settle(CheckResult::kCheckAbandoned, "the solver did not reveal its secret in time");
     return fx;
   }
-  if (forced_ && !forced_form_ok_) {
-    // Drawn for a forced error but committed something else (typically its honest work, to get
-    // honest verifiers slashed for calling it clean): a protocol violation by the solver.
-    Append(fx.slash, config_.solver);
-    for (size_t i : clean) Append(fx.pay_verifiers, verifiers_[i]);
-    for (size_t i : mismatch) Append(fx.pay_verifiers, verifiers_[i]);
-    fx.rerun_unit = true;
-    settle(CheckResult::kCheckFraud, "the solver was drawn for a forced error and did not "
-                                     "commit it");
-    return fx;
-  }
   if (forced_) {
-    for (size_t i : clean) Append(fx.slash, verifiers_[i]);  // approved work it never ran
-    for (size_t i : mismatch) Append(fx.jackpot_winners, verifiers_[i]);
-    // A verifier that committed and then kept its verdict back is slashed like one that called
-    // it clean: the solver's secret is revealed in the same window, so otherwise a verifier
-    // could commit "clean" unread and withhold the reveal exactly when the unit is forced.
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].commitment && !slots_[i].verdict) Append(fx.slash, verifiers_[i]);
-    }
-    fx.rerun_unit = true;
-    settle(CheckResult::kCheckForcedError,
-           "forced error: " + std::to_string(mismatch.size()) + " verifier(s) caught it, " +
-               std::to_string(clean.size()) + " approved it");
+    SettleForced(clean, mismatch, fx);
     return fx;
   }
   if (!mismatch.empty() && StartDispute(mismatch.front(), height).ok()) return fx;
@@ -351,6 +333,34 @@ CheckEffects UnitCheck::Resolve(uint64_t height) {
   return fx;
 }
 
+void UnitCheck::SettleForced(const std::vector<size_t>& clean, const std::vector<size_t>& mismatch,
+                             CheckEffects& fx) {
+  stage_ = CheckStage::kCheckSettled;
+  fx.settled = true;
+  fx.rerun_unit = true;
+  if (!forced_form_ok_) {
+    // Drawn for a forced error but committed something else (typically its honest work, to get
+    // honest verifiers slashed for calling it clean): a protocol violation by the solver.
+    Append(fx.slash, config_.solver);
+    for (size_t i : clean) Append(fx.pay_verifiers, verifiers_[i]);
+    for (size_t i : mismatch) Append(fx.pay_verifiers, verifiers_[i]);
+    result_ = CheckResult::kCheckFraud;
+    reason_ = "the solver was drawn for a forced error and did not commit it";
+    return;
+  }
+  for (size_t i : clean) Append(fx.slash, verifiers_[i]);  // approved work it never ran
+  for (size_t i : mismatch) Append(fx.jackpot_winners, verifiers_[i]);
+  // A verifier that committed and then kept its verdict back is slashed like one that called
+  // it clean: the solver's secret is revealed in the same window, so otherwise a verifier
+  // could commit "clean" unread and withhold the reveal exactly when the unit is forced.
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].commitment && !slots_[i].verdict) Append(fx.slash, verifiers_[i]);
+  }
+  result_ = CheckResult::kCheckForcedError;
+  reason_ = "forced error: " + std::to_string(mismatch.size()) + " verifier(s) caught it, " +
+            std::to_string(clean.size()) + " approved it";
+}
+
 Result<CheckEffects> UnitCheck::OnBlock(uint64_t height) {
   CheckEffects fx;
   if (stage_ == CheckStage::kCheckCommitVerdicts && height > deadline_) {
@@ -364,6 +374,22 @@ Result<CheckEffects> UnitCheck::OnBlock(uint64_t height) {
     CheckEffects r = Resolve(height);
     for (const NodeId& n : fx.failures) Append(r.failures, n);
     return r;
+  }
+  if (stage_ == CheckStage::kCheckDisputed && secret_ && forced_ && !whistleblower_) {
+    // The secret came late, during the dispute its absence started: a forced unit's leaves are
+    // forced by design, so the dispute is moot and the check settles as Resolve would have.
+    std::vector<size_t> clean, mismatch;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].verdict) {
+        (*slots_[i].verdict == Verdict::kVerdictClean ? clean : mismatch).push_back(i);
+      }
+    }
+    dispute_.reset();
+    challenger_ = -1;
+    SettleForced(clean, mismatch, fx);
+    Append(fx.failures, config_.solver);  // it revealed late
+    reason_ += " (the secret came late, during the dispute)";
+    return fx;
   }
   if (stage_ == CheckStage::kCheckDisputed) {
     ML_RETURN_IF_ERROR(dispute_->OnBlock(height));

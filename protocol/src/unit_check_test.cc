@@ -335,6 +335,45 @@ TEST(UnitCheckTest, HidingTheSecretDoesNotDodgeADispute) {
   EXPECT_EQ(c.stage(), CheckStage::kCheckDisputed);
 }
 
+// An honest solver drawn for a forced error that crashed through its reveal window: the
+// verifiers' mismatch starts a dispute it cannot win (its leaves are forced by design). Its late
+// secret, during the dispute, settles the check as the forced error it is: nobody slashed, the
+// catchers rewarded, the solver a failure for being late (chaos seed 50 with rounds in flight).
+// A late secret of a unit that was not forced leaves the dispute to decide.
+TEST(UnitCheckTest, ALateSecretDuringTheDisputeSettlesAForcedError) {
+  UnitCheck c = Selected(CheckTestConfig(kForced, 1'000'000));
+  const NodeId catcher = c.verifiers()[0], stamp = c.verifiers()[1];
+  RunWindows(c, kForced, {Verdict::kVerdictMismatch, Verdict::kVerdictClean},
+             /*reveal_secret=*/false);
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
+  ASSERT_TRUE(c.OnSecretRevealed(kSecret, kStart, 110).ok());
+  EXPECT_EQ(c.OnSecretRevealed(kSecret, kStart, 110).code(), StatusCode::kAlreadyExists);
+  Result<CheckEffects> fx = c.OnBlock(111);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  EXPECT_EQ(c.stage(), CheckStage::kCheckSettled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckForcedError) << c.reason();
+  EXPECT_FALSE(c.dispute().has_value());
+  EXPECT_FALSE(Has(fx->slash, kSolver));
+  EXPECT_TRUE(Has(fx->slash, stamp));
+  EXPECT_TRUE(Has(fx->jackpot_winners, catcher));
+  EXPECT_TRUE(Has(fx->failures, kSolver));
+  EXPECT_TRUE(fx->rerun_unit && fx->settled);
+  Result<UnitCheck> back = UnitCheck::Decode(c.Encode());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Encode(), c.Encode());
+
+  UnitCheck lazy = Selected(CheckTestConfig(true));
+  RunWindows(lazy, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean},
+             /*reveal_secret=*/false);
+  ASSERT_EQ(lazy.stage(), CheckStage::kCheckDisputed);
+  ASSERT_TRUE(lazy.OnSecretRevealed(kSecret, kStart, 110).ok());
+  // Not forced: the game goes on, and the silent defender loses it at its deadline.
+  for (uint64_t h = 110; h < 130 && lazy.stage() == CheckStage::kCheckDisputed; ++h) {
+    ASSERT_TRUE(lazy.OnBlock(h).ok());
+  }
+  EXPECT_EQ(lazy.result(), CheckResult::kCheckFraud) << lazy.reason();
+}
+
 // Selected, and both verifiers silent: each counts a failure, and the unit is not accepted
 // unchecked (nobody replayed it: chaos seed 9) but runs again; its solver is not at fault.
 TEST(UnitCheckTest, SilentVerifiersCountFailuresAndTheUnitRunsAgain) {

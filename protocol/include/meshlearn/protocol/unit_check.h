@@ -163,6 +163,11 @@ class UnitCheck {
   // the true state hash after step 0; it is needed only when the secret says the unit was a
   // forced error, to check that the solver really committed ForcedCommitment (a forced unit
   // committed any other way is fraud: honest verifiers that called it clean were right).
+  // Also accepted late, while the dispute a verifier's mismatch started in its absence runs: a
+  // forced error then settles as one at the next block (the solver counts a failure for being
+  // late, nobody is slashed for the forced leaves), so an honest solver that crashed through
+  // its reveal window is not slashed for its forced commitment; any other secret leaves the
+  // dispute to decide.
   Status OnSecretRevealed(const Hash256& secret, const Hash256& start_leaf, uint64_t height);
   // Every block: closes windows (effects of missed deadlines and the resolution).
   Result<CheckEffects> OnBlock(uint64_t height);
@@ -196,6 +201,9 @@ class UnitCheck {
                             const Hash256& solver_end, const Hash256& replayed_end,
                             uint64_t height) const;
   CheckEffects Resolve(uint64_t height);
+  // Resolve's settlement of a revealed forced error (or of a forced unit committed otherwise).
+  void SettleForced(const std::vector<size_t>& clean, const std::vector<size_t>& mismatch,
+                    CheckEffects& fx);
   // Opens the dispute between the solver and the verifier of `slot` (its mismatch claim).
   Status StartDispute(size_t slot, uint64_t height);
   // Whether a verifier of slots [0, upto) claimed a mismatch in the segment `slot` claims: in
