@@ -8,8 +8,16 @@
 //     server: model_bytes / batch per sample; ring all-reduce: 2 (N-1)/N x that). Target: >= 50x.
 //  2. time to target: devnet wall time from submit until the first round whose test accuracy
 //     reaches the target, against `meshlearn train` of the same file in one process.
+//  3. verification cost (--verification): the task's devnet training time (submit to the final
+//     round) with verification off, then economic assurance with rounds in flight 0 (each round
+//     waits for the one before it to be final: the old order) and with the ledger's default,
+//     then full assurance; each over the unverified time (targets: economic <= 1.2x, full
+//     <= 1.5x), with verifier compute per solver compute (what verifiers were paid over what
+//     solvers were paid: at one price, pay is proportional to the steps each ran) and the final
+//     weights' hash (the same in every run: verification does not change the model).
 //
 // Usage: devnet_bench [--task examples/fashion-mlp.toml] [--target 0.88] [--skip-time]
+//                     [--verification]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,19 +67,72 @@ std::string TempDir() {
   return mkdtemp(tmpl);
 }
 
+// 3. One devnet run of `task` per setting, the same seed: training seconds against the unverified
+// run's.
+int VerificationCost(const std::string& bin, const std::string& task, const std::string& dir) {
+  struct Setting {
+    const char* name;
+    const char* flags;
+  };
+  const Setting settings[] = {
+      {"unverified", "--no-verification"},
+      {"economic_in_order", "--assurance economic --rounds-in-flight 0"},
+      {"economic", "--assurance economic"},
+      {"full", "--assurance full"},
+  };
+  double unverified_s = 0;
+  for (const Setting& s : settings) {
+    int code = 0;
+    const std::string out_dir = dir + "/" + s.name;
+    std::string out = Run("MESHLEARN_HOME=" + out_dir + "-home " + bin +
+                              " --json devnet --solvers 4 --no-check-reference " + s.flags +
+                              " --task " + task + " --out " + out_dir,
+                          &code);
+    json r = json::parse(out, nullptr, false);
+    if (code != 0 || r.is_discarded() || !r.contains("seconds_training")) {
+      std::cerr << "devnet (" << s.name << ") failed: " << out << "\n";
+      return 1;
+    }
+    const double seconds = r["seconds_training"].get<double>();
+    if (unverified_s == 0) unverified_s = seconds;
+    const json money = r.value("money", json::object());
+    const double solvers = money.value("paid_to_solvers", 0.0);
+    const json v = r.value("verification", json::object());
+    std::cout << json{{"bench", "devnet_verification_cost"},
+                      {"task", task},
+                      {"setting", s.name},
+                      {"flags", s.flags},
+                      {"seconds_training", seconds},
+                      {"ratio_vs_unverified", seconds / unverified_s},
+                      {"verifier_per_solver_compute",
+                       solvers > 0 ? money.value("paid_to_verifiers", 0.0) / solvers : 0.0},
+                      {"rounds_in_flight", v.value("rounds_in_flight", json())},
+                      {"rounds_dropped", v.value("rounds_dropped", json())},
+                      {"checks", v.value("checks", json())},
+                      {"final_weights_hash", r.value("final_weights_hash", "")},
+                      {"test_accuracy", r.value("test_accuracy", json())}}
+                     .dump()
+              << std::endl;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string task = std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml";
   double target = 0.88;
   bool skip_time = false;
+  bool verification = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--task" && i + 1 < argc) task = argv[++i];
     else if (a == "--target" && i + 1 < argc) target = std::stod(argv[++i]);
     else if (a == "--skip-time") skip_time = true;
+    else if (a == "--verification") verification = true;
     else {
-      std::cerr << "usage: devnet_bench [--task FILE] [--target ACC] [--skip-time]\n";
+      std::cerr << "usage: devnet_bench [--task FILE] [--target ACC] [--skip-time] "
+                   "[--verification]\n";
       return 2;
     }
   }
@@ -83,6 +144,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   int code = 0;
+  if (verification) return VerificationCost(bin, task, dir);
 
   // 1. Communication with H = 50 (2 rounds are enough: the ratio is per sample).
   {

@@ -91,6 +91,7 @@ struct DevnetArgs {
   int verifiers = 0;                   // verifier-only nodes besides the solvers
   bool verification = true;
   int64_t forced_errors = -1;  // per million units; -1: the genesis default
+  int64_t rounds_in_flight = -1;  // genesis rounds_in_flight; -1: the genesis default
   // The task's [network] assurance and target_escape_ppm, overridden for this run ("" and 0: the
   // task file's).
   std::string assurance;
@@ -389,7 +390,10 @@ json SettledChecks(const json& task) {
   // what it had been paid for them, taken back from its stake.
   const json taint = {{"rounds_rewound", tally.value("rounds_rewound", uint64_t{0})},
                       {"clawed_back", tally.value("clawed_back", uint64_t{0})}};
-  return {{"settled", counts}, {"events", events}, {"taint", taint}};
+  return {{"settled", counts},
+          {"events", events},
+          {"taint", taint},
+          {"rounds_dropped", tally.value("rounds_dropped", uint64_t{0})}};
 }
 
 // The referee of the devnet's disputes, on its own thread: the sequencer's key (genesis leaves
@@ -623,6 +627,11 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   if (a.forced_errors > 1'000'000) {
     return InvalidArgument("--forced-errors is per million units: 0..1000000");
   }
+  if (a.rounds_in_flight < -1 || a.rounds_in_flight > static_cast<int64_t>(ledger::kMaxRoundsInFlight)) {
+    return InvalidArgument(fmt::format(
+        "--rounds-in-flight is {}; use 0 (a round starts when the one before it is final) to {}",
+        a.rounds_in_flight, ledger::kMaxRoundsInFlight));
+  }
   const int total_nodes = a.solvers + a.verifiers;
   ML_ASSIGN_OR_RETURN(std::vector<AdversaryPlan> adversaries,
                       PlanAdversaries(a.adversary, a.solvers, a.verifiers, a.verification));
@@ -700,6 +709,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   gen.params.verification = a.verification;
   if (a.forced_errors >= 0) {
     gen.params.forced_error_per_million = static_cast<uint32_t>(a.forced_errors);
+  }
+  if (a.rounds_in_flight >= 0) {
+    gen.params.rounds_in_flight = static_cast<uint32_t>(a.rounds_in_flight);
   }
   // Windows of at least kVerifyWindowMs: a verifier drawn for its first unit of the task must
   // fetch and load the task's data (seconds) before it can replay and commit its verdict; at
@@ -1127,6 +1139,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                                  {"checks", checks["settled"]},
                                  {"check_events", checks["events"]},
                                  {"taint", checks["taint"]},
+                                 {"rounds_in_flight", gen.params.rounds_in_flight},
+                                 {"rounds_dropped", checks["rounds_dropped"]},
                                  {"disputes_ruled", rulings},
                                  {"slashed", slashed},
                                  {"jackpot", totals.value("jackpot", uint64_t{0})}};
@@ -1265,6 +1279,10 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
   cmd->add_option("--kill-sequencer", a.kill_sequencer,
                   "R: SIGKILL the leading sequencer candidate when round R (from 0) starts; the "
                   "report says how long the chain went without a block");
+  cmd->add_option("--rounds-in-flight", a.rounds_in_flight,
+                  "Aggregated rounds whose checks may run while later rounds train (genesis "
+                  "rounds_in_flight; 0: each round waits for the one before it to be final; "
+                  "default: the ledger's, 2)");
   cmd->add_option("--forced-errors", a.forced_errors,
                   "Forced errors per million units (genesis forced_error_per_million; default: "
                   "the ledger's)");
@@ -1332,9 +1350,14 @@ void PrintReport(GlobalOptions& g, const json& report) {
       const json taint = v.value("taint", json::object());
       if (taint.value("rounds_rewound", uint64_t{0}) > 0) {
         std::cout << fmt::format(
-            "  taint: a proven cheater's earlier work re-ran {} final round(s); {} tokens it had "
+            "  taint: a proven cheater's earlier work re-ran {} earlier round(s); {} tokens it had "
             "been paid for them came back from its stake\n",
             taint["rounds_rewound"].get<uint64_t>(), taint["clawed_back"].get<uint64_t>());
+      }
+      if (v.value("rounds_dropped", uint64_t{0}) > 0) {
+        std::cout << fmt::format(
+            "  rounds in flight: {} round(s) trained on a round that then re-ran were dropped\n",
+            v["rounds_dropped"].get<uint64_t>());
       }
       for (const json& r : v["disputes_ruled"]) {
         std::cout << fmt::format("  ruling on unit {} step {}: for the {} ({})\n",

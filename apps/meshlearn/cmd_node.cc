@@ -60,6 +60,7 @@ struct NodeConfig {
   // first checkpoint of its next unit (a crash mid-unit at a reproducible point); -1: never.
   int64_t crash_in_unit = -1;
   double whistleblower_sample = 0.2;
+  int64_t verification_poll_ms = 1000;
   bool have_capabilities = false;
   ledger::NodeCapabilities capabilities;
   uint32_t latency_ms = 5;
@@ -78,7 +79,7 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
                                        "speed_factor", "max_units", "memory_limit_bytes",
                                        "release_after_blocks", "keep_final_states",
                                        "adversary", "crash_in_unit", "whistleblower_sample",
-                                       "capabilities"}));
+                                       "verification_poll_ms", "capabilities"}));
   NodeConfig n;
   n.path = path;
   ML_ASSIGN_OR_RETURN(n.data_dir, c.GetString("data_dir"));
@@ -135,6 +136,8 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   ML_ASSIGN_OR_RETURN(n.crash_in_unit, c.GetInt("crash_in_unit", -1, {.min = -1, .max = 1 << 30}));
   ML_ASSIGN_OR_RETURN(n.whistleblower_sample,
                       c.GetDouble("whistleblower_sample", 0.2, {.min = 0, .max = 1}));
+  ML_ASSIGN_OR_RETURN(n.verification_poll_ms,
+                      c.GetInt("verification_poll_ms", 1000, {.min = 0, .max = 3'600'000}));
   n.memory_limit_bytes = static_cast<uint64_t>(mem_limit);
   n.release_after_blocks = static_cast<uint64_t>(release);
   if (c.Has("capabilities")) {
@@ -249,6 +252,7 @@ class NodeMetrics {
     for (const auto& [kind, n] : std::initializer_list<std::pair<const char*, uint64_t>>{
              {"units_completed", st.units_completed},
              {"units_resumed", st.units_resumed},
+             {"units_paused", st.units_paused},
              {"units_refused_memory", st.units_refused},
              {"commits_ok", st.commits_ok},
              {"commits_failed", st.commits_failed},
@@ -347,6 +351,7 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   opts.keep_final_states = c.keep_final_states;
   opts.adversary = c.adversary;
   opts.whistleblower_sample = c.whistleblower_sample;
+  opts.verification_poll_ms = c.verification_poll_ms;
   if (c.crash_in_unit >= 0) {
     // Units are told apart by (task, index); the (crash_in_unit + 1)-th one dies at its first
     // checkpoint, before its commit: the unit stays assigned until its deadline.
@@ -507,6 +512,7 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  memory_limit_bytes = 0            # memory really available to a unit (0: capabilities)\n"
       "  speed_factor = 1.0                # < 1: a deliberately slow node (tests, demos)\n"
       "  whistleblower_sample = 0.2        # whistleblower: share of settled units re-checked\n"
+      "  verification_poll_ms = 1000       # while training: look for due replays this often\n"
       "  # crash_in_unit = 2                # testing only: kill -9 itself mid-unit after 2 units\n"
       "  # adversary = \"lazy\"              # testing only: lazy|noisy|wrong_data|copy|stale|\n"
       "                                    #   wrong_result (honest training, negated delta)|\n"

@@ -307,10 +307,11 @@ Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMa
   const std::vector<protocol::NodeId>& exclude = rerun.exclude;
   uint32_t first = rerun.round;
   if (rerun.whole_round) first = FirstTaintedRound(s, task_id, rerun.cheaters, rerun.round);
-  if (!rerun.whole_round && rerun.round == current) {
-    ML_RETURN_IF_ERROR(m.RerunUnits(rerun.shards, exclude));
+  if (!rerun.whole_round) {
+    // A settling round goes back with its other commits; the rounds after it are dropped.
+    ML_RETURN_IF_ERROR(m.RerunUnitsOf(rerun.round, rerun.shards, exclude));
     for (uint32_t shard : rerun.shards) {
-      WorkUnit* w = s.units.FindMutable({task_id, current * per_round + shard});
+      WorkUnit* w = s.units.FindMutable({task_id, rerun.round * per_round + shard});
       if (w == nullptr) continue;
       if (w->status == WorkUnitStatus::kCommitted &&
           std::find(exclude.begin(), exclude.end(), w->assignee) != exclude.end()) {
@@ -318,6 +319,13 @@ Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMa
       }
       ResetWorkUnit(w);
     }
+    for (uint32_t index = (rerun.round + 1) * per_round; index < (current + 1) * per_round;
+         ++index) {
+      if (WorkUnit* w = s.units.FindMutable({task_id, index})) ResetWorkUnit(w);
+    }
+    TaskRecord* t = s.tasks.FindMutable(task_id);
+    if (t->round_results.size() > rerun.round) t->round_results.resize(rerun.round);
+    t->verification.rounds_dropped += current - rerun.round;
     return Status::Ok();
   }
   ML_RETURN_IF_ERROR(m.RewindTo(first, exclude));
@@ -463,13 +471,15 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     }
   }
   ML_RETURN_IF_ERROR(ApplyRerun(s, task_id, m, rerun));
-  // A rewind dropped every check from the round it went back to.
-  const bool rewound = rerun.round != UINT32_MAX && (rerun.whole_round || rerun.round < to);
+  // The checks that went with a re-run: every one from the round a whole-round re-run went back
+  // to; the rounds after a round whose units re-ran.
+  uint32_t dropped_from = UINT32_MAX;
+  if (rerun.round != UINT32_MAX) dropped_from = rerun.whole_round ? m.round() : rerun.round + 1;
   // One hold per unsettled check of each unfinal round, the newest first: rounds become final
   // in order, so only the oldest's release can finalize (and cascade).
   for (uint32_t r = m.round() + 1; r-- > std::min(from, m.final_rounds());) {
     if (!m.Unfinal(r)) continue;
-    const uint32_t holds = (rewound && r >= m.round()) || r < from ? 0 : open[r - from];
+    const uint32_t holds = r >= dropped_from || r < from ? 0 : open[r - from];
     ML_RETURN_IF_ERROR(m.SetHolds(r, holds).status());
   }
   return Status::Ok();

@@ -54,6 +54,9 @@ NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
                                         unit_service_.get(), &stats_);
   outbox_ = std::make_unique<VerifyOutbox>(node_.get());
   solver_ = std::make_unique<Solver>(node_.get(), outbox_.get());
+  if (options_.verification_poll_ms > 0) {
+    solver_->set_pause([this] { return PauseForVerification(); });
+  }
   aggregator_ = std::make_unique<Aggregator>(node_.get());
   verifier_ = std::make_unique<Verifier>(node_.get(), outbox_.get());
   whistleblower_ = std::make_unique<Whistleblower>(node_.get(), outbox_.get());
@@ -286,10 +289,11 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
     if (!s.ok()) {
       Log("unit " + u->task_id.ShortHex() + "/" + std::to_string(u->index) + " failed: " +
           s.message());
-    } else {
+    } else if (!solver_->paused()) {
       ++report->units_run;
     }
-    report->busy = units.size() > 1;
+    // A paused unit resumes after the verification job that paused it.
+    report->busy = units.size() > 1 || solver_->paused();
     break;
   }
   return Status::Ok();
@@ -315,6 +319,27 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
     return a.deadline < b.deadline;
   });
   CleanVerifyDirs(live);
+}
+
+Status NodeAgent::PauseForVerification() {
+  if (const Clock* clock = deps_.clock) {
+    const int64_t now = clock->MonotonicMicros();
+    if (now - last_verification_poll_us_ < options_.verification_poll_ms * 1000) {
+      return Status::Ok();
+    }
+    last_verification_poll_us_ = now;
+  }
+  Result<NodeWork> work = GetNodeWork(*deps_.chain, id());
+  if (!work.ok()) return Status::Ok();  // the chain is away: keep training
+  Status polled = tx_->Poll();
+  if (!polled.ok()) Log("polling transactions: " + polled.message());
+  HandleOutcomes();
+  std::vector<VerifyJob> urgent, later;
+  PlayVerification(*work, &urgent, &later);
+  if (urgent.empty()) return Status::Ok();
+  ++stats_.units_paused;
+  return Unavailable("a verification replay is due by block " +
+                 std::to_string(urgent.front().deadline));
 }
 
 Status NodeAgent::RunVerifyJob(const VerifyJob& job) {

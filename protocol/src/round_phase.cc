@@ -34,6 +34,44 @@ UnitId UnitOf(const TaskId& task, uint32_t round, size_t shard) {
 
 }  // namespace
 
+void RoundStateMachine::PutUnits(Encoder& e, const std::vector<Unit>& units) {
+  e.PutU32(static_cast<uint32_t>(units.size()));
+  for (const Unit& u : units) {
+    e.PutU8(static_cast<uint8_t>(u.state));
+    e.PutHash(u.assignment.unit.task).PutU32(u.assignment.unit.round);
+    e.PutU32(u.assignment.unit.shard).PutPublicKey(u.assignment.node);
+    e.PutU64(u.assignment.assigned_height).PutU64(u.assignment.deadline_height);
+    e.PutU64(u.assignment.price_per_gflop);
+    e.PutHash(u.result).PutU64(u.commit_height);
+    PutNodes(e, u.excluded);
+  }
+}
+
+Status RoundStateMachine::GetUnits(Decoder& d, uint32_t max, std::vector<Unit>* units) {
+  uint32_t count = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&count, "units", max, 1));
+  units->resize(count);
+  for (Unit& u : *units) {
+    uint8_t state = 0;
+    ML_RETURN_IF_ERROR(d.GetU8(&state, "unit.state"));
+    if (state > static_cast<uint8_t>(UnitState::kCommitted)) {
+      return DataLoss("round state: invalid unit state " + std::to_string(state));
+    }
+    u.state = static_cast<UnitState>(state);
+    ML_RETURN_IF_ERROR(d.GetHash(&u.assignment.unit.task, "unit.task"));
+    ML_RETURN_IF_ERROR(d.GetU32(&u.assignment.unit.round, "unit.round"));
+    ML_RETURN_IF_ERROR(d.GetU32(&u.assignment.unit.shard, "unit.shard"));
+    ML_RETURN_IF_ERROR(d.GetPublicKey(&u.assignment.node, "unit.node"));
+    ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.assigned_height, "unit.assigned_height"));
+    ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.deadline_height, "unit.deadline_height"));
+    ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.price_per_gflop, "unit.price_per_gflop"));
+    ML_RETURN_IF_ERROR(d.GetHash(&u.result, "unit.result"));
+    ML_RETURN_IF_ERROR(d.GetU64(&u.commit_height, "unit.commit_height"));
+    ML_RETURN_IF_ERROR(GetNodes(d, &u.excluded, "unit.excluded"));
+  }
+  return Status::Ok();
+}
+
 std::string_view RoundPhaseName(RoundPhase phase) {
   switch (phase) {
     case RoundPhase::kRoundPhaseAssigning:
@@ -185,7 +223,8 @@ void RoundStateMachine::MaybeFinalize(RoundUpdate& update) {
       continue;
     }
     if (MayStartNextRound()) {
-      settling_.push_back({.round = round_, .window_end = window_end_, .holds = holds_});
+      settling_.push_back(
+          {.round = round_, .window_end = window_end_, .holds = holds_, .units = units_});
       weights_history_.push_back(pending_weights_);
       ++round_;
       holds_ = 0;
@@ -383,19 +422,13 @@ Bytes RoundStateMachine::Encode() const {
   PutNodes(e, aggregator_excluded_);
   e.PutU32(static_cast<uint32_t>(weights_history_.size()));
   for (const Hash256& h : weights_history_) e.PutHash(h);
-  e.PutU32(static_cast<uint32_t>(units_.size()));
-  for (const Unit& u : units_) {
-    e.PutU8(static_cast<uint8_t>(u.state));
-    e.PutHash(u.assignment.unit.task).PutU32(u.assignment.unit.round);
-    e.PutU32(u.assignment.unit.shard).PutPublicKey(u.assignment.node);
-    e.PutU64(u.assignment.assigned_height).PutU64(u.assignment.deadline_height);
-    e.PutU64(u.assignment.price_per_gflop);
-    e.PutHash(u.result).PutU64(u.commit_height);
-    PutNodes(e, u.excluded);
-  }
+  PutUnits(e, units_);
   e.PutU32(config_.rounds_in_flight);
   e.PutU32(static_cast<uint32_t>(settling_.size()));
-  for (const Settling& r : settling_) e.PutU32(r.round).PutU64(r.window_end).PutU32(r.holds);
+  for (const Settling& r : settling_) {
+    e.PutU32(r.round).PutU64(r.window_end).PutU32(r.holds);
+    PutUnits(e, r.units);
+  }
   return e.Take();
 }
 
@@ -446,27 +479,7 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetCount(&history, "weights_history", c.rounds + 1, Hash256::kSize));
   m.weights_history_.resize(history);
   for (Hash256& h : m.weights_history_) ML_RETURN_IF_ERROR(d.GetHash(&h, "weights_history"));
-  uint32_t units = 0;
-  ML_RETURN_IF_ERROR(d.GetCount(&units, "units", c.units_per_round, 1));
-  m.units_.resize(units);
-  for (Unit& u : m.units_) {
-    uint8_t state = 0;
-    ML_RETURN_IF_ERROR(d.GetU8(&state, "unit.state"));
-    if (state > static_cast<uint8_t>(UnitState::kCommitted)) {
-      return DataLoss("round state: invalid unit state " + std::to_string(state));
-    }
-    u.state = static_cast<UnitState>(state);
-    ML_RETURN_IF_ERROR(d.GetHash(&u.assignment.unit.task, "unit.task"));
-    ML_RETURN_IF_ERROR(d.GetU32(&u.assignment.unit.round, "unit.round"));
-    ML_RETURN_IF_ERROR(d.GetU32(&u.assignment.unit.shard, "unit.shard"));
-    ML_RETURN_IF_ERROR(d.GetPublicKey(&u.assignment.node, "unit.node"));
-    ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.assigned_height, "unit.assigned_height"));
-    ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.deadline_height, "unit.deadline_height"));
-    ML_RETURN_IF_ERROR(d.GetU64(&u.assignment.price_per_gflop, "unit.price_per_gflop"));
-    ML_RETURN_IF_ERROR(d.GetHash(&u.result, "unit.result"));
-    ML_RETURN_IF_ERROR(d.GetU64(&u.commit_height, "unit.commit_height"));
-    ML_RETURN_IF_ERROR(GetNodes(d, &u.excluded, "unit.excluded"));
-  }
+  ML_RETURN_IF_ERROR(GetUnits(d, c.units_per_round, &m.units_));
   if (version >= 2) {
     ML_RETURN_IF_ERROR(d.GetU32(&m.config_.rounds_in_flight, "rounds_in_flight"));
     uint32_t settling = 0;
@@ -476,6 +489,7 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
       ML_RETURN_IF_ERROR(d.GetU32(&r.round, "settling.round"));
       ML_RETURN_IF_ERROR(d.GetU64(&r.window_end, "settling.window_end"));
       ML_RETURN_IF_ERROR(d.GetU32(&r.holds, "settling.holds"));
+      ML_RETURN_IF_ERROR(GetUnits(d, c.units_per_round, &r.units));
     }
   }
   ML_RETURN_IF_ERROR(d.Finish());
@@ -483,9 +497,21 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
   // Only states the events can produce.
   const bool final = m.phase_ == RoundPhase::kRoundPhaseFinal;
   for (size_t i = 0; i < m.settling_.size(); ++i) {
-    if (final || m.settling_[i].round + (m.settling_.size() - i) != m.round_) {
+    const Settling& r = m.settling_[i];
+    if (final || r.round + (m.settling_.size() - i) != m.round_) {
       return DataLoss("round state: settling rounds must be the ones just before the current "
                       "round " + std::to_string(m.round_));
+    }
+    if (r.units.size() != c.units_per_round) {
+      return DataLoss("round state: settling round " + std::to_string(r.round) + " has " +
+                      std::to_string(r.units.size()) + " units");
+    }
+    for (size_t shard = 0; shard < r.units.size(); ++shard) {
+      if (r.units[shard].state != UnitState::kCommitted ||
+          r.units[shard].assignment.unit != UnitOf(c.task, r.round, shard)) {
+        return DataLoss("round state: settling round " + std::to_string(r.round) + " unit " +
+                        std::to_string(shard) + " is not its committed unit");
+      }
     }
   }
   if (final != (m.round_ == c.rounds) || m.round_ > c.rounds ||
@@ -571,6 +597,35 @@ Status RoundStateMachine::RewindTo(uint32_t round, std::span<const NodeId> exclu
     StartRound();
   }
   return RewindRound(exclude);
+}
+
+Status RoundStateMachine::RerunUnitsOf(uint32_t round, std::span<const uint32_t> shards,
+                                       std::span<const NodeId> exclude) {
+  if (round == round_) return RerunUnits(shards, exclude);
+  if (!Unfinal(round)) {
+    return FailedPrecondition("re-run: round " + std::to_string(round) + " of task " +
+                              config_.task.ShortHex() + " is not open (final rounds " +
+                              std::to_string(final_rounds()) + ", current " +
+                              std::to_string(round_) + ")");
+  }
+  for (uint32_t shard : shards) {
+    if (shard >= config_.units_per_round) {
+      return InvalidArgument("re-run: shard " + std::to_string(shard) + " of task " +
+                             config_.task.ShortHex() + " is out of range (" +
+                             std::to_string(config_.units_per_round) + " units per round)");
+    }
+  }
+  // Back to the settling round, with its units as they were committed.
+  auto at = std::find_if(settling_.begin(), settling_.end(),
+                         [&](const Settling& r) { return r.round == round; });
+  Settling back = std::move(*at);
+  settling_.erase(at, settling_.end());
+  round_ = round;
+  weights_history_.resize(round + 1);
+  StartRound();
+  units_ = std::move(back.units);
+  holds_ = back.holds;
+  return RerunUnits(shards, exclude);
 }
 
 Status RoundStateMachine::RerunUnits(std::span<const uint32_t> shards,

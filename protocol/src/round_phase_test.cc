@@ -1,5 +1,7 @@
 #include "meshlearn/protocol/round_phase.h"
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "meshlearn/protocol/decompose.h"
@@ -584,12 +586,52 @@ TEST(RoundPhaseTest, DecodeRefusesSettlingRoundsOutOfPlace) {
   RunRound(*m, c, 10);
   ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1"), 12).ok());
   Bytes enc = m->Encode();
-  // The last 16 bytes are the one settling entry: round (u32), window end (u64), holds (u32).
-  ASSERT_GE(enc.size(), 16u);
+  // rounds_in_flight 2, one settling round: round 0, window end 12 + 5 (little-endian).
+  const Bytes entry = {2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0, 0};
+  auto at = std::search(enc.begin(), enc.end(), entry.begin(), entry.end());
+  ASSERT_NE(at, enc.end());
   Bytes bad = enc;
-  bad[bad.size() - 16] = 7;  // round 7 (little-endian u32) instead of 0
+  bad[static_cast<size_t>(at - enc.begin()) + 8] = 7;  // round 7 instead of 0
   EXPECT_FALSE(RoundStateMachine::Decode(bad).ok());
+  Bytes uncommitted = enc;  // the settling round's first unit no longer committed
+  uncommitted[static_cast<size_t>(at - enc.begin()) + entry.size() + 4 + 4] = 0;
+  EXPECT_FALSE(RoundStateMachine::Decode(uncommitted).ok());
   ASSERT_TRUE(RoundStateMachine::Decode(enc).ok());
+}
+
+// A forced error in a settling round: the task goes back to that round, whose other units keep
+// their commits; only the forced unit re-runs, and the round after it is dropped.
+TEST(RoundPhaseTest, RerunUnitsOfASettlingRoundKeepsItsOtherCommits) {
+  RoundMachineConfig c = RoundTestConfig(5);
+  c.rounds = 3;
+  c.rounds_in_flight = 2;
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  RunRound(*m, c, 10);
+  ASSERT_TRUE(m->SetHolds(0, 3).ok());
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1"), 12).ok());
+  RunRound(*m, c, 13);
+  ASSERT_EQ(m->round(), 1u);
+  EXPECT_FALSE(m->RerunUnitsOf(0, std::vector<uint32_t>{3}, {}).ok());  // no shard 3
+  EXPECT_FALSE(m->RerunUnitsOf(2, std::vector<uint32_t>{0}, {}).ok());  // not a round yet
+  ASSERT_TRUE(m->RerunUnitsOf(0, std::vector<uint32_t>{1}, std::vector<NodeId>{Id(7)}).ok());
+  EXPECT_EQ(m->round(), 0u);
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  EXPECT_EQ(*m->HoldsOf(0), 3u);  // the other checks of the round are still open
+  EXPECT_EQ(m->weights_history(), std::vector<Hash256>{c.initial_weights});
+  auto pending = m->PendingUnits();
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].unit, (UnitId{c.task, 0, 1}));
+  EXPECT_EQ(pending[0].excluded, std::vector<NodeId>{Id(7)});
+  EXPECT_EQ(m->CommittedUnits().size(), 2u);
+  auto back = RoundStateMachine::Decode(m->Encode());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Encode(), m->Encode());
+  ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 1, 8, 14, 40)}).ok());
+  ASSERT_TRUE(m->OnUnitCommitted(UnitId{c.task, 0, 1}, Id(8), Blake2b("again"), 15).ok());
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1b"), 16).ok());
+  EXPECT_EQ(m->round(), 1u);  // round 1 trains again, from the new aggregate
+  EXPECT_EQ(m->round_weights(), Blake2b("w1b"));
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ bool Solver::OnOutcome(const TxOutcome& o) {
 
 Status Solver::Run(const UnitAssignment& a) {
   skipped_ = false;
+  paused_ = false;
   const std::string dir = node_->UnitDir(a.task_id, a.index);
   // Trained before (a crash after the delta was stored, a failed commit, or its round re-ran):
   // commit again, with a new secret (and forced-error draw).
@@ -119,6 +120,11 @@ Status Solver::Run(const UnitAssignment& a) {
              " (" + std::to_string(net.inner_steps) + " steps)");
   Result<UnitOutcome> ran = Train(a, ctx, start, work, resume ? &*resume : nullptr);
   if (!ran.ok()) {
+    if (paused_) {
+      --units_taken_;  // the same unit, taken again when it resumes
+      node_->Log(Name(a) + ": paused at a checkpoint (" + ran.status().message() + ")");
+      return Status::Ok();
+    }
     if (options.should_stop && options.should_stop()) crashed_ = true;  // stop Tick now
     return ran.status();
   }
@@ -211,6 +217,13 @@ Result<UnitOutcome> Solver::Train(const UnitAssignment& a, TaskContext* ctx,
       if (!hook.ok()) {
         crashed_ = true;
         return hook;
+      }
+    }
+    if (pause_ && step < net.inner_steps) {
+      Status pause = pause_();
+      if (!pause.ok()) {
+        paused_ = true;
+        return pause;
       }
     }
     return Status::Ok();
@@ -377,13 +390,25 @@ void Solver::PlayCheck(const CheckAssignment& c) {
       if (!s.ok()) node_->Log(CheckName(c) + ": cannot serve the committed leaves: " + s.message());
     }
   }
-  if (c.stage == protocol::CheckStage::kCheckRevealVerdicts) RevealSecret(c);
+  if (c.stage == protocol::CheckStage::kCheckRevealVerdicts) RevealSecret(c, /*late=*/false);
+  // Missed the reveal window (a crash, a long job) and a verifier's mismatch started a dispute:
+  // the ledger still takes the secret, and a forced unit then settles as the forced error it is
+  // (protocol::UnitCheck::OnSecretRevealed). Once; a secret already revealed is refused, which
+  // changes nothing.
+  const VerifyAction in_time{.dir = node_->VerifyDir(c),
+                            .kind = VerifyAction::Kind::kSecret,
+                            .detail = {c.secret_index, 0}};
+  if (c.stage == protocol::CheckStage::kCheckDisputed && c.dispute &&
+      c.dispute->defender == node_->id() &&
+      (!outbox_->Sent(in_time) || outbox_->Failed(in_time))) {
+    RevealSecret(c, /*late=*/true);
+  }
 }
 
-void Solver::RevealSecret(const CheckAssignment& c) {
+void Solver::RevealSecret(const CheckAssignment& c, bool late) {
   const VerifyAction action{.dir = node_->VerifyDir(c),
                             .kind = VerifyAction::Kind::kSecret,
-                            .detail = {c.secret_index}};
+                            .detail = {c.secret_index, late ? 1u : 0u}};
   if (outbox_->Sent(action) || c.secret_index == 0 ||
       c.secret_index > protocol::kSecretChainLength) {
     return;

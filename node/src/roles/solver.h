@@ -52,6 +52,12 @@ class Solver {
   Status Run(const UnitAssignment& a);
   bool skipped() const { return skipped_; }
   bool crashed() const { return crashed_; }
+  // The unit stopped at a checkpoint because `pause` asked (it resumes from there next time);
+  // not a failure.
+  bool paused() const { return paused_; }
+  // Asked after each checkpoint before the last: an error pauses the unit there. The agent
+  // pauses training for verification work whose window is short (agent.h, "Rounds in flight").
+  void set_pause(std::function<Status()> pause) { pause_ = std::move(pause); }
   // A refusal found the node's real memory below what it registered: the lower value to report
   // (UpdateNode), 0 if none; Take... is true once per new value.
   uint64_t memory_reported() const { return memory_reported_; }
@@ -88,7 +94,8 @@ class Solver {
   // Commits a trained unit with its secret index, as a forced error when drawn.
   Status Commit(const UnitAssignment& a, const journal::UnitDone& done);
   Status Publish(const Hash256& task, uint32_t index, const journal::UnitCommit& commit);
-  void RevealSecret(const CheckAssignment& c);
+  // In the reveal window, or `late`: during the dispute a verifier started without it.
+  void RevealSecret(const CheckAssignment& c, bool late);
 
   NodeContext* node_;
   VerifyOutbox* outbox_;
@@ -98,6 +105,8 @@ class Solver {
   std::set<std::pair<Hash256, uint32_t>> committed_;
   uint32_t units_taken_ = 0;
   bool skipped_ = false;
+  bool paused_ = false;
+  std::function<Status()> pause_;
   bool crashed_ = false;
   uint64_t memory_reported_ = 0;
   bool reregister_ = false;

@@ -182,6 +182,12 @@ struct AgentOptions {
   // Checked before every inner step: true stops the unit (it resumes from its last checkpoint
   // next time) and Tick returns Unavailable. The daemon sets it on SIGTERM.
   std::function<bool()> should_stop;
+  // Rounds in flight: while a unit trains, round r-1's checks run. At a checkpoint, at most this
+  // often (by deps.clock; every checkpoint without a clock), the solver looks at node_work,
+  // sends the verification transactions that need no computation (reveals), and pauses the unit
+  // at that checkpoint when a replay with a short window waits (a verdict, a dispute move, a
+  // witness); the unit resumes from there on a later tick. 0: never (the unit runs to its end).
+  int64_t verification_poll_ms = 1000;
   // Testing and demos only (adversary.h, docs/operators.md): the node cheats as this kind of
   // solver in every unit it runs (copy borrows a committed delta of another solver of the same
   // round from get_task; stale re-commits its previous unit of the task). Logged loudly at start.
@@ -206,6 +212,7 @@ struct TickReport {
 struct AgentStats {
   uint64_t units_completed = 0;   // delta computed and CommitUnit sent
   uint64_t units_resumed = 0;     // continued from a checkpoint
+  uint64_t units_paused = 0;      // paused at a checkpoint for a verification replay
   uint64_t units_refused = 0;     // did not fit in memory (each Tick that refused one)
   uint64_t commits_ok = 0;        // CommitUnit receipts ok
   uint64_t commits_failed = 0;
@@ -284,6 +291,8 @@ class NodeAgent {
   void PlayVerification(const NodeWork& work, std::vector<VerifyJob>* urgent,
                         std::vector<VerifyJob>* later);
   Status RunVerifyJob(const VerifyJob& job);
+  // Solver::set_pause's question at a unit's checkpoint (AgentOptions::verification_poll_ms).
+  Status PauseForVerification();
   // Deletes the directories of checks node_work no longer lists, and the roles' state of them.
   void CleanVerifyDirs(const std::set<std::string>& live);
   void Log(const std::string& line);
@@ -314,6 +323,7 @@ class NodeAgent {
   bool was_active_ = false;
   bool secret_chain_checked_ = false;
   uint64_t last_heartbeat_sent_ = 0;
+  int64_t last_verification_poll_us_ = 0;
   std::atomic<uint64_t> seen_height_{0};  // the height, for the upload threads
   std::optional<std::set<std::string>> verify_dirs_;  // entries of <data_dir>/verify
 };

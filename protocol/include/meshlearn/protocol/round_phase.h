@@ -26,6 +26,7 @@
 // round *settles* (its checks run and its window closes) behind it; up to `rounds_in_flight`
 // rounds settle at a time, and they become final in order. Nothing of a settling round is paid
 // until it is final, and fraud found in a settling round r rewinds the task to r (RewindTo),
+// a forced error or an abandoned unit in it re-runs that unit there (RerunUnitsOf), either way
 // dropping the rounds trained on top of it. final_rounds() counts the final rounds;
 // weights_history() holds the start weights of every round up to the current one, settling ones
 // included.
@@ -49,6 +50,11 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/protocol/types.h"
+
+namespace meshlearn {
+class Encoder;
+class Decoder;
+}  // namespace meshlearn
 
 namespace meshlearn::protocol {
 
@@ -182,15 +188,14 @@ class RoundStateMachine {
   // commits. An aggregator assigned or an aggregate committed is dropped: the round aggregates
   // again, over the new results, once every unit is committed.
   Status RerunUnits(std::span<const uint32_t> shards, std::span<const NodeId> exclude);
+  // RerunUnits for any unfinal round: in a settling round, the task goes back to it (its other
+  // units keep their commits; the rounds after it are dropped) and only `shards` re-run.
+  Status RerunUnitsOf(uint32_t round, std::span<const uint32_t> shards,
+                      std::span<const NodeId> exclude);
 
  private:
   enum class UnitState : uint8_t { kPending, kAssigned, kCommitted };
   // An aggregated round waiting for finality while a later round trains.
-  struct Settling {
-    uint32_t round = 0;
-    uint64_t window_end = 0;
-    uint32_t holds = 0;
-  };
   struct Unit {
     UnitState state = UnitState::kPending;
     Assignment assignment;
@@ -198,8 +203,16 @@ class RoundStateMachine {
     uint64_t commit_height = 0;
     std::vector<NodeId> excluded;
   };
+  struct Settling {
+    uint32_t round = 0;
+    uint64_t window_end = 0;
+    uint32_t holds = 0;
+    std::vector<Unit> units;  // every one committed
+  };
 
   explicit RoundStateMachine(const RoundMachineConfig& config);
+  static void PutUnits(Encoder& e, const std::vector<Unit>& units);
+  static Status GetUnits(Decoder& d, uint32_t max, std::vector<Unit>* units);
   void StartRound();
   void RecomputePhase();
   Assignment Expire(Unit& u);
