@@ -60,6 +60,9 @@ std::vector<TxPayload> SamplePayloads() {
       ProveResultTx{.task_id = Blake2b("task"), .index = 2, .node_id = k,
                     .witness = {EncodeResultWitness({.bundle = "[task]", .start_state = {1, 2},
                                                      .state = {3}})}},
+      ProveFraudTx{.task_id = Blake2b("task"), .index = 2, .segment = 1,
+                   .witness = {EncodeSegmentWitness({.bundle = "[task]", .start_state = {},
+                                                     .state = {3}, .examples = {}})}},
   };
   return out;
 }

@@ -35,4 +35,5 @@
   X(ChallengeUnit, 54, verification) \
   X(RuleDispute, 55, verification)  \
   X(RefereeStep, 56, verification)  \
-  X(ProveResult, 57, verification)
+  X(ProveResult, 57, verification)  \
+  X(ProveFraud, 58, verification)
