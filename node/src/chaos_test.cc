@@ -951,13 +951,14 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 // peers fetched blobs from active nodes only, so no unit of round 1 could fetch its start state
 // and the task never ended. Fixed: a node that left still serves while it unbonds and peers ask
 // it after the active nodes (NodeAgent::Providers). Re-pinned to seed 300 when 3ca01a4 (the node
-// record's earnings) moved every seed's run and seed 3's leaver left before it aggregated: at
-// seed 300 the leaver (n3, +23) has committed an aggregate when it leaves.
-TEST(ChaosTest, Seed300ANodeThatLeftStillServesTheAggregateItCommitted) {
-  ChaosResult r = RunChaos(300);
+// record's earnings) moved every seed's run and seed 3's leaver left before it aggregated; to seed
+// 42 when the task record gained verification.proven_frauds (ProveFraud) and seed 300's leaver no
+// longer aggregated: at seed 42 the leaver (n2, +33) has committed an aggregate when it leaves.
+TEST(ChaosTest, Seed42ANodeThatLeftStillServesTheAggregateItCommitted) {
+  ChaosResult r = RunChaos(42);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_TRUE(r.scenario.leaver_aggregated)
-      << "seed 300 no longer has a leaver that committed an aggregate, so this test checks "
+      << "seed 42 no longer has a leaver that committed an aggregate, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_aggregated=1 (docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
@@ -1023,12 +1024,14 @@ TEST(ChaosTest, Seed54ACancelPaysNoUnverifiedWork) {
 // verifiers' mismatch became a dispute it did not defend, and the honest node was slashed.
 // Fixed: a node that left still plays the checks it is party to (NodeAgent::Tick). Re-pinned to
 // seed 100 when 3ca01a4 moved every seed's run and seed 188's leaver had no unit in verification
-// any more: at seed 100 (forced errors 25%) the leaver (n5, +18) leaves with one.
-TEST(ChaosTest, Seed100ANodeThatLeftStillRevealsAndDefends) {
-  ChaosResult r = RunChaos(100);
+// any more; to seed 3 when the task record gained verification.proven_frauds (ProveFraud) and
+// seed 100's leaver had none either: at seed 3 (forced errors 25%) the leaver (n4, +14) leaves
+// with one.
+TEST(ChaosTest, Seed3ANodeThatLeftStillRevealsAndDefends) {
+  ChaosResult r = RunChaos(3);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_GE(r.scenario.leaver_checks_open, 1u)
-      << "seed 100's leaver no longer leaves with a unit in verification, so this test checks "
+      << "seed 3's leaver no longer leaves with a unit in verification, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_checks_open=N with N > 0 "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
