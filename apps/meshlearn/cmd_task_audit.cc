@@ -206,6 +206,13 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
   Env* env = Env::Default();
   if (!a.full && a.sample == 0)
     return InvalidArgument("--sample must be at least 1 (or use --full)");
+  if (a.prove && a.key.empty()) {
+    return InvalidArgument("--prove needs --key NAME: the key that signs and pays for the "
+                           "ProveFraud transactions (and gets their bounties)");
+  }
+  if (!a.prove && !a.key.empty()) {
+    return InvalidArgument("--key " + a.key + " is only used with --prove");
+  }
   const std::string url = ledger::DefaultRpcUrl(a.rpc);
   node::HttpChainClient chain(url);
   // A malformed id is refused before any network; a prefix needs the ledger's list of tasks.
@@ -221,17 +228,11 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
   std::optional<KeyPair> key;
   std::string chain_id;
   if (a.prove) {
-    if (a.key.empty()) {
-      return InvalidArgument("--prove needs --key NAME: the key that signs and pays for the "
-                             "ProveFraud transactions (and gets their bounties)");
-    }
     KeyStore keys(env, g.KeysDir());
     ML_ASSIGN_OR_RETURN(std::string pass, ReadPassphrase(a.passphrase_file, false, !g.json));
     ML_ASSIGN_OR_RETURN(KeyPair k, keys.Load(a.key, pass));
     key = std::move(k);
     ML_ASSIGN_OR_RETURN(chain_id, ledger::FetchChainId(chain.rpc()));
-  } else if (!a.key.empty()) {
-    return InvalidArgument("--key " + a.key + " is only used with --prove");
   }
   ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, g.Home().BlobsDir()));
   if (!a.task_file.empty()) {
