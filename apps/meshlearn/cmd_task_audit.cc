@@ -281,8 +281,26 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
     money = MoneyOf(*t);
     j["money"] = MoneyJson(money);
   }
+  // After the proofs: the record as the ledger has it now.
+  if (a.prove) {
+    if (Result<json> t = GetTask(chain.rpc(), id, false); t.ok()) {
+      const json v = t->value("verification", json::object());
+      r.proven_frauds = v.value("proven_frauds", json::array());
+      r.fraud_rounds = v.value("fraud_rounds", json::array());
+      j["proven_frauds"] = r.proven_frauds;
+      j["fraud_rounds"] = r.fraud_rounds;
+    }
+  }
   g.Output(j, [&] {
     PrintReport(r, seconds);
+    for (const json& f : r.proven_frauds) {
+      std::cout << fmt::format(
+          "on chain: unit {} (round {}) proven fraudulent in segment {} at height {}: slashed {}, "
+          "{} clawed back, bounty {}\n",
+          f.value("index", 0u), f.value("round", 0u), f.value("segment", 0u),
+          f.value("height", uint64_t{0}), f.value("slashed", uint64_t{0}),
+          f.value("clawed_back", uint64_t{0}), f.value("bounty", uint64_t{0}));
+    }
     if (j.contains("money")) std::cout << MoneyLine(money) << "\n";
   });
   if (!r.pass) g.exit_code = 1;

@@ -144,6 +144,13 @@ TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
             poisoner_before.value("stake", uint64_t{0}));
   testing::ExpectNeverSlashed(sim, {1, 2, 3, 4});
   EXPECT_TRUE(sim.Totals().Check().ok());
+  // A later audit reads the proofs from the record.
+  Result<AuditReport> again = AuditTaskRecord(sim.env(), sim.Task(true), AllNodeBlobs(&sim, 5),
+                                              {.full = true, .work_dir = "/audit"});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->proven_frauds.size(), poisoned.size());
+  EXPECT_EQ(again->fraud_rounds, v["fraud_rounds"]);
+  EXPECT_EQ(AuditReportToJson(*again)["proven_frauds"], v["proven_frauds"]);
 }
 
 }  // namespace

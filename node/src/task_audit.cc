@@ -120,6 +120,10 @@ class Auditor {
       ML_ASSIGN_OR_RETURN(Hash256 w, Hash256::FromHex(h.get<std::string>(), "weights_history"));
       history_.push_back(w);
     }
+    if (const auto v = task_.find("verification"); v != task_.end() && v->is_object()) {
+      r_.proven_frauds = v->value("proven_frauds", json::array());
+      r_.fraud_rounds = v->value("fraud_rounds", json::array());
+    }
     if (!task_.contains("units") || !task_["units"].is_array()) {
       return DataLoss(where + ": the record has no units (ask get_task with units = true)");
     }
@@ -589,6 +593,8 @@ json AuditReportToJson(const AuditReport& r) {
           {"units_executed", r.units_executed},
           {"verdict", r.pass ? "PASS" : "FAIL"},
           {"first_mismatch", r.pass ? json(nullptr) : json(r.first_mismatch)},
+          {"proven_frauds", r.proven_frauds},
+          {"fraud_rounds", r.fraud_rounds},
           {"chain", chain},
           {"units", units}};
 }

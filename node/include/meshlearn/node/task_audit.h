@@ -105,6 +105,10 @@ struct AuditReport {
   std::vector<AuditState> chain;
   std::vector<AuditUnit> units;  // every unit of the audited rounds, by index
   uint64_t units_executed = 0;
+  // The record's verification.proven_frauds when the audit read it (units already proven
+  // fraudulent on chain, ProveFraudTx), and verification.fraud_rounds.
+  nlohmann::json proven_frauds = nlohmann::json::array();
+  nlohmann::json fraud_rounds = nlohmann::json::array();
   bool pass = false;
   std::string first_mismatch;  // empty on PASS: the first failed check, in chain order
 };
