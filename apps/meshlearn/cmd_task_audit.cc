@@ -1,9 +1,10 @@
-// meshlearn task audit ID [--full] [--sample N] [--seed S] [--prove --key K]: fetches a finished task's record from
-// the ledger and its bundle and data from the nodes, re-executes its units (all of them with
-// --full, else a seeded random sample) and checks every recorded hash, printing the chain from the
-// initial weights to the final model and a verdict (node/task_audit.h does the work;
-// docs/submitters.md "Audit a task"). With --prove every unit whose commitment does not replay is
-// proven on chain (ProveFraudTx: the witness of its first segment that misses its leaf). It hangs under `meshlearn task`, which cmd_task.cc creates.
+// meshlearn task audit ID [--full] [--sample N] [--seed S] [--prove --key K]: fetches a finished
+// task's record from the ledger and its bundle and data from the nodes, re-executes its units
+// (all of them with --full, else a seeded random sample) and checks every recorded hash, printing
+// the chain from the initial weights to the final model and a verdict (node/task_audit.h does the
+// work; docs/submitters.md "Audit a task"). With --prove every unit whose commitment does not
+// replay is proven on chain (ProveFraudTx: the witness of its first segment that misses its leaf).
+// It hangs under `meshlearn task`, which cmd_task.cc creates.
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -67,8 +68,8 @@ std::string Hex16(const Hash256& h) {
 std::string ProofLine(const node::AuditUnit& u) {
   const json& p = u.proof;
   if (!p.value("sent", false) || !p.value("ok", false)) {
-    return fmt::format("segment {}: {}", u.fraud_segment < 0 ? std::string("-")
-                                                                : std::to_string(u.fraud_segment),
+    return fmt::format("segment {}: {}",
+                       u.fraud_segment < 0 ? std::string("-") : std::to_string(u.fraud_segment),
                        p.value("error", std::string("not sent")));
   }
   std::string rounds;
@@ -104,10 +105,12 @@ json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
     out["error"] = nonce.status().message();
     return out;
   }
-  const ledger::Transaction tx = ledger::BuildSignedTx(
-      key, chain_id, *nonce,
-      ledger::ProveFraudTx{.task_id = task_id, .index = u.index, .segment = w.segment,
-                           .witness = {std::move(witness)}});
+  const ledger::Transaction tx =
+      ledger::BuildSignedTx(key, chain_id, *nonce,
+                            ledger::ProveFraudTx{.task_id = task_id,
+                                                 .index = u.index,
+                                                 .segment = w.segment,
+                                                 .witness = {std::move(witness)}});
   out["tx"] = ledger::TxId(tx).ToHex();
   Result<json> done = ledger::SendTxAndWait(rpc, tx, 120000);
   if (!done.ok()) {
@@ -118,8 +121,8 @@ json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
   const json receipt = done->value("receipt", json::object());
   out["ok"] = receipt.value("ok", false);
   if (!receipt.value("ok", false)) {
-    out["error"] = "the ledger refused the proof: " +
-                   receipt.value("reason", std::string("no reason given"));
+    out["error"] =
+        "the ledger refused the proof: " + receipt.value("reason", std::string("no reason given"));
     return out;
   }
   Result<json> t = GetTask(rpc, task_id, false);
@@ -207,8 +210,9 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
   if (!a.full && a.sample == 0)
     return InvalidArgument("--sample must be at least 1 (or use --full)");
   if (a.prove && a.key.empty()) {
-    return InvalidArgument("--prove needs --key NAME: the key that signs and pays for the "
-                           "ProveFraud transactions (and gets their bounties)");
+    return InvalidArgument(
+        "--prove needs --key NAME: the key that signs and pays for the "
+        "ProveFraud transactions (and gets their bounties)");
   }
   if (!a.prove && !a.key.empty()) {
     return InvalidArgument("--key " + a.key + " is only used with --prove");
@@ -327,7 +331,8 @@ void AddTaskAudit(CLI::App& root, GlobalOptions& g) {
   c->add_flag("--prove", a.prove,
               "Prove every unit that fails on chain (ProveFraud: the ledger re-executes its first "
               "segment that misses its committed leaf, slashes the solver, pays a bounty)");
-  c->add_option("--key", a.key, "With --prove: the key that signs the proofs (`meshlearn keys list`)");
+  c->add_option("--key", a.key,
+                "With --prove: the key that signs the proofs (`meshlearn keys list`)");
   c->add_option("--passphrase-file", a.passphrase_file, "Read the key's passphrase from this file");
   c->add_option("--rpc", a.rpc, "Ledger RPC URL (default $MESHLEARN_RPC or http://127.0.0.1:7700)");
   c->footer(

@@ -100,9 +100,8 @@ namespace {
 // The batch of the step after `before` steps (0-based step index `before`), from `examples` (the
 // witness's examples of that step): one per batch position, each the index the unit's sampler
 // draws there (BatchIndices), each proven against `data_root`.
-Result<engine::Batch> WitnessBatch(const engine::TaskSpec& spec, uint64_t stream,
-                                   int64_t classes, uint64_t num_examples,
-                                   const Hash256& data_root, int64_t before,
+Result<engine::Batch> WitnessBatch(const engine::TaskSpec& spec, uint64_t stream, int64_t classes,
+                                   uint64_t num_examples, const Hash256& data_root, int64_t before,
                                    std::span<const StepWitnessExample> examples,
                                    const std::string& where) {
   const int64_t batch = spec.batch_size;
@@ -169,8 +168,8 @@ Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, do
                                    "the agreed state after step " + std::to_string(before)));
   // The batch: the examples the unit's sampler draws at this step, each proven in the data.
   ML_ASSIGN_OR_RETURN(engine::Batch batch,
-                      WitnessBatch(spec, stream, state.model->NumOutputs(), num_examples,
-                                   data_root, before, w.examples, where));
+                      WitnessBatch(spec, stream, state.model->NumOutputs(), num_examples, data_root,
+                                   before, w.examples, where));
   engine::StepOnBatch(state, batch, engine::DropoutSeed(spec.seed, stream));
   return engine::StateHash(state);
 }
@@ -190,11 +189,10 @@ Result<Hash256> RunSegmentSteps(const engine::TaskSpec& spec, uint64_t stream,
   const int64_t classes = state.model->NumOutputs();
   for (uint64_t i = 0; i < steps; ++i) {
     const int64_t before = state.step;
-    ML_ASSIGN_OR_RETURN(
-        engine::Batch b,
-        WitnessBatch(spec, stream, classes, num_examples, data_root, before,
-                     examples.subspan(i * batch, batch),
-                     where + ": step " + std::to_string(before + 1)));
+    ML_ASSIGN_OR_RETURN(engine::Batch b,
+                        WitnessBatch(spec, stream, classes, num_examples, data_root, before,
+                                     examples.subspan(i * batch, batch),
+                                     where + ": step " + std::to_string(before + 1)));
     engine::StepOnBatch(state, b, engine::DropoutSeed(spec.seed, stream));
   }
   return engine::StateHash(state);
@@ -219,8 +217,7 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
     return FailedPrecondition(where + ": the unit has no committed leaves");
   }
   ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
-  ML_ASSIGN_OR_RETURN(protocol::GlobalState start,
-                      RoundStart(t, unit.round, w.start_state, where));
+  ML_ASSIGN_OR_RETURN(protocol::GlobalState start, RoundStart(t, unit.round, w.start_state, where));
   ML_ASSIGN_OR_RETURN(engine::TrainState st,
                       CheckedState(r.spec, r.lr_scale, r.stream, w.state,
                                    static_cast<int64_t>(t.params.inner_steps),
@@ -235,16 +232,16 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
   return ResultBlobId(start.weights, std::span<const float>(w.state.data(), n));
 }
 
-Result<Hash256> ExecuteSegmentWitness(const TaskRecord& t, const WorkUnit& unit,
-                                      uint32_t segment, const SegmentWitness& w) {
+Result<Hash256> ExecuteSegmentWitness(const TaskRecord& t, const WorkUnit& unit, uint32_t segment,
+                                      const SegmentWitness& w) {
   const std::string where = "prove fraud (task " + t.id.ShortHex() + ", unit " +
                             std::to_string(unit.index) + ", segment " + std::to_string(segment) +
                             ")";
   const TaskParams& p = t.params;
   const uint32_t segments = protocol::SegmentCount(p.inner_steps, p.checkpoint_interval);
   if (segment >= segments) {
-    return InvalidArgument(where + ": the unit has " + std::to_string(segments) +
-                           " segments (0.." + std::to_string(segments - 1) + ")");
+    return InvalidArgument(where + ": the unit has " + std::to_string(segments) + " segments (0.." +
+                           std::to_string(segments - 1) + ")");
   }
   if (unit.leaves.size() != segments + 1ull) {
     return FailedPrecondition(where + ": the unit has " + std::to_string(unit.leaves.size()) +
@@ -258,31 +255,33 @@ Result<Hash256> ExecuteSegmentWitness(const TaskRecord& t, const WorkUnit& unit,
     // The unit's true start, from the chain's record of the round: a solver that committed a
     // false leaf 0 is caught here too (its segment 0 does not end where the true start leads).
     if (!w.state.empty()) {
-      return InvalidArgument(where + ": segment 0 starts from the round's start state; send it "
+      return InvalidArgument(where +
+                             ": segment 0 starts from the round's start state; send it "
                              "as start_state and leave state empty");
     }
     ML_ASSIGN_OR_RETURN(protocol::GlobalState start,
                         RoundStart(t, unit.round, w.start_state, where));
     std::vector<float> flat(start.weights);
-    const int64_t size = engine::FlatStateSize(static_cast<int64_t>(start.weights.size()),
-                                               r.spec.optimizer);
+    const int64_t size =
+        engine::FlatStateSize(static_cast<int64_t>(start.weights.size()), r.spec.optimizer);
     flat.resize(static_cast<size_t>(std::max<int64_t>(size, 0)), 0.0f);  // fresh moments: zero
-    Result<engine::TrainState> st = engine::StateFromFlat(
-        r.spec.model, engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale), flat, 0,
-        r.spec.seed, r.stream);
+    Result<engine::TrainState> st =
+        engine::StateFromFlat(r.spec.model, engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale),
+                              flat, 0, r.spec.seed, r.stream);
     if (!st.ok()) return InvalidArgument(where + ": start state: " + st.status().message());
     state = std::move(*st);
   } else {
     if (!w.start_state.empty()) {
-      return InvalidArgument(where + ": a later segment starts from the committed state after "
-                             "step " + std::to_string(steps.first_step) +
+      return InvalidArgument(where +
+                             ": a later segment starts from the committed state after "
+                             "step " +
+                             std::to_string(steps.first_step) +
                              "; send it as state and leave start_state empty");
     }
-    ML_ASSIGN_OR_RETURN(state, CheckedState(r.spec, r.lr_scale, r.stream, w.state,
-                                            static_cast<int64_t>(steps.first_step),
-                                            unit.leaves[segment], where,
-                                            "the unit's committed leaf " +
-                                                std::to_string(segment)));
+    ML_ASSIGN_OR_RETURN(
+        state, CheckedState(r.spec, r.lr_scale, r.stream, w.state,
+                            static_cast<int64_t>(steps.first_step), unit.leaves[segment], where,
+                            "the unit's committed leaf " + std::to_string(segment)));
   }
   return RunSegmentSteps(r.spec, r.stream, p.num_examples, p.data_root, state,
                          steps.last_step - steps.first_step, w.examples, where);

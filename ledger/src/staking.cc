@@ -52,7 +52,8 @@ Amount TakeBondedStake(LedgerState& s, NodeRecord* n, Amount amount) {
     it->amount -= part;
     take += part;
   }
-  std::erase_if(m->unbonding, [&](const Unbonding& u) { return u.node_id == n->id && u.amount == 0; });
+  std::erase_if(m->unbonding,
+                [&](const Unbonding& u) { return u.node_id == n->id && u.amount == 0; });
   return take;
 }
 

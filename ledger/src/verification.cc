@@ -674,8 +674,8 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
   ML_ASSIGN_OR_RETURN(Hash256 end, ExecuteSegmentWitness(*t, *u, tx.segment, *w));
   const Hash256 committed = u->leaves[tx.segment + 1];
   if (end == committed) {
-    return FailedPrecondition("prove fraud: segment " + std::to_string(tx.segment) + " of " +
-                              unit + " replays to its committed end " + committed.ShortHex() +
+    return FailedPrecondition("prove fraud: segment " + std::to_string(tx.segment) + " of " + unit +
+                              " replays to its committed end " + committed.ShortHex() +
                               "; nothing to prove");
   }
   // Proven. What the unit was paid goes back first (to the submitter of a closed task, to the
@@ -699,10 +699,10 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
   mt->verification.slashed += f.slashed;
   mt->verification.clawed_back += f.clawed_back;
   mt->verification.proven_frauds.push_back(f);
-  ML_LOG_INFO("ledger: task {} unit {} (round {}): fraud proven after the fact in segment {}: "
-              "slashed {}, clawed back {}, bounty {}",
-              tx.task_id.ShortHex(), tx.index, f.round, tx.segment, f.slashed, f.clawed_back,
-              f.bounty);
+  ML_LOG_INFO(
+      "ledger: task {} unit {} (round {}): fraud proven after the fact in segment {}: "
+      "slashed {}, clawed back {}, bounty {}",
+      tx.task_id.ShortHex(), tx.index, f.round, tx.segment, f.slashed, f.clawed_back, f.bounty);
   return Status::Ok();
 }
 

@@ -1165,8 +1165,10 @@ TEST_F(FraudProofTest, ASegmentThatDoesNotReplayToItsLeafIsProvenAfterTheFact) {
   Refused(Prove(dave_, 1, w), "spec_hash");
   Refused(Prove(dave_, 2, SegmentProof(1)), "the unit has 2 segments");
   Refused(Prove(dave_, 1, SegmentProof(1), /*index=*/99), "out of range");
-  Refused(Q(dave_, ProveFraudTx{.task_id = task_id_, .index = static_cast<uint32_t>(u_),
-                                .segment = 1, .witness = {Bytes{1, 2, 3}}}),
+  Refused(Q(dave_, ProveFraudTx{.task_id = task_id_,
+                                .index = static_cast<uint32_t>(u_),
+                                .segment = 1,
+                                .witness = {Bytes{1, 2, 3}}}),
           "segment witness");
   EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
 
@@ -1227,10 +1229,12 @@ TEST_F(FraudProofTest, AProofAfterTheSolverWithdrewEverythingIsRefused) {
 }
 
 TEST(SegmentWitnessTest, EncodingRoundTripsAndRefusesDamage) {
-  SegmentWitness w{.bundle = "[task]\n", .start_state = {9, 8, 7}, .state = {1.5f, -2.0f},
-                   .examples = {}};
+  SegmentWitness w{
+      .bundle = "[task]\n", .start_state = {9, 8, 7}, .state = {1.5f, -2.0f}, .examples = {}};
   w.examples.push_back(StepWitnessExample{
-      .index = 7, .x = {0.25f, 0.5f}, .y = 2,
+      .index = 7,
+      .x = {0.25f, 0.5f},
+      .y = 2,
       .proof = MerkleProof{.index = 7, .leaf_count = 9, .siblings = {Blake2b("a")}}});
   const Bytes enc = EncodeSegmentWitness(w);
   Result<SegmentWitness> back = DecodeSegmentWitness(enc);
@@ -1252,7 +1256,9 @@ TEST(SegmentWitnessTest, EncodingRoundTripsAndRefusesDamage) {
   SegmentWitness big = w;
   big.state.assign(100'000, 0.5f);
   Transaction tx = BuildSignedTx(TestKey(1), "c", 0,
-                                 ProveFraudTx{.task_id = Blake2b("t"), .index = 3, .segment = 1,
+                                 ProveFraudTx{.task_id = Blake2b("t"),
+                                              .index = 3,
+                                              .segment = 1,
                                               .witness = {EncodeSegmentWitness(big)}});
   const Bytes wire = EncodeTx(tx);
   EXPECT_GT(wire.size(), kMaxTxBytes);

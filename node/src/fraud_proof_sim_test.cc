@@ -30,8 +30,8 @@ struct PoisonedRun {
   explicit PoisonedRun(uint64_t seed) : f(seed, /*rounds=*/3, /*units=*/3, kFraudH, kFraudK) {
     const std::string table = "[network]\n";
     f.toml.insert(f.toml.find(table) + table.size(), "assurance = \"economic\"\n");
-    SimOptions o{.seed = seed, .nodes = 5, .task_toml = f.toml, .log = testing::SimLog(),
-                 .env = &f.env};
+    SimOptions o{
+        .seed = seed, .nodes = 5, .task_toml = f.toml, .log = testing::SimLog(), .env = &f.env};
     o.node_options = {{.roles = testing::kAllRoles},
                       {.roles = testing::kAllRoles},
                       {.roles = testing::kAllRoles},
@@ -102,9 +102,11 @@ TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
   int sent = 0;
   o.on_fraud = [&](const AuditUnit& u, const BuiltSegmentWitness& w) -> json {
     ++sent;
-    Result<Hash256> id = sim.submitter_tx().Send(ledger::ProveFraudTx{
-        .task_id = sim.task_id(), .index = u.index, .segment = w.segment,
-        .witness = {ledger::EncodeSegmentWitness(w.witness)}});
+    Result<Hash256> id = sim.submitter_tx().Send(
+        ledger::ProveFraudTx{.task_id = sim.task_id(),
+                             .index = u.index,
+                             .segment = w.segment,
+                             .witness = {ledger::EncodeSegmentWitness(w.witness)}});
     if (!id.ok()) return {{"ok", false}, {"error", id.status().message()}};
     for (int i = 0; i < 5 && sim.submitter_tx().IsInFlight(*id); ++i) {
       EXPECT_TRUE(sim.Step().ok());

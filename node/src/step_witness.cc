@@ -21,8 +21,7 @@ int64_t ExampleFloats(const engine::ClassificationData& train) {
 // its proof in `tree`.
 std::vector<ledger::StepWitnessExample> BatchExamples(const engine::Trainer& trainer,
                                                       const UnitWork& work,
-                                                      const engine::DataTree& tree,
-                                                      int64_t step) {
+                                                      const engine::DataTree& tree, int64_t step) {
   const engine::ClassificationData& train = trainer.data().train;
   const int64_t per = ExampleFloats(train);
   const std::vector<int64_t> indices = engine::BatchIndices(
@@ -170,8 +169,7 @@ Result<BuiltStepWitness> BuildStepWitness(engine::Trainer* trainer, std::span<co
   return out;
 }
 
-uint64_t SegmentWitnessBound(const engine::Trainer& trainer, uint64_t num_params,
-                             uint64_t steps) {
+uint64_t SegmentWitnessBound(const engine::Trainer& trainer, uint64_t num_params, uint64_t steps) {
   // One step's bound holds the state, one batch and the margin; each further step one batch.
   const uint64_t one = StepWitnessBound(trainer, num_params);
   const uint64_t state = 4 * static_cast<uint64_t>(engine::FlatStateSize(
@@ -202,15 +200,16 @@ Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSp
   const int64_t zero[] = {0};
   ML_RETURN_IF_ERROR(ReplayToSteps(trainer, start->weights, work, 0, nullptr, zero).status());
   for (uint32_t j = 0; j < segments; ++j) {
-    const protocol::SegmentSteps seg = protocol::SegmentStepsOf(
-        static_cast<uint64_t>(work.inner_steps), static_cast<uint64_t>(work.checkpoint_interval), j);
+    const protocol::SegmentSteps seg =
+        protocol::SegmentStepsOf(static_cast<uint64_t>(work.inner_steps),
+                                 static_cast<uint64_t>(work.checkpoint_interval), j);
     std::vector<float> flat;
     if (j > 0) flat = engine::FlatState(trainer->state());
     for (uint64_t s = seg.first_step; s < seg.last_step; ++s) trainer->Step();
     const Hash256 end = engine::StateHash(trainer->state());
     if (end == leaves[j + 1]) continue;
-    BuiltSegmentWitness out{.segment = j, .witness = {}, .committed_end = leaves[j + 1],
-                            .replayed_end = end};
+    BuiltSegmentWitness out{
+        .segment = j, .witness = {}, .committed_end = leaves[j + 1], .replayed_end = end};
     out.witness.bundle = std::string(bundle);
     if (j == 0) {
       out.witness.start_state.assign(start_blob.begin(), start_blob.end());
@@ -225,8 +224,9 @@ Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSp
     }
     return out;
   }
-  return NotFound("segment witness: every segment of the unit replays to its committed leaf; "
-                  "there is no fraud to prove");
+  return NotFound(
+      "segment witness: every segment of the unit replays to its committed leaf; "
+      "there is no fraud to prove");
 }
 
 }  // namespace meshlearn::node

@@ -339,8 +339,8 @@ class Auditor {
       return Status::Ok();
     }
     if (!tree_) tree_ = std::make_unique<engine::DataTree>(trainer_->data().train);
-    Result<BuiltSegmentWitness> w = BuildSegmentWitness(
-        trainer_.get(), EncodeGlobalState(start), work, u.leaves, bundle_text_, *tree_);
+    Result<BuiltSegmentWitness> w = BuildSegmentWitness(trainer_.get(), EncodeGlobalState(start),
+                                                        work, u.leaves, bundle_text_, *tree_);
     if (!w.ok()) {
       // Leaves that agree with the replay under a commitment that does not (the record is
       // inconsistent) or none recorded: nothing the ledger could re-execute.

@@ -197,9 +197,9 @@ Status CreateChainDir(const std::string& dir, const Genesis& g, const KeyPair& s
 std::string CandidateKeyName(size_t i);
 
 // A devnet genesis: faucet on, each key funded with `balance_each`, small minimum stakes,
-// a short unbonding delay and audit window (10 blocks each) so local tests move quickly, and generous scheduler
-// knobs (liveness 60 blocks, slack 6000 permille, deadlines at least 20 blocks) so a loaded
-// machine does not miss deadlines.
+// a short unbonding delay and audit window (10 blocks each) so local tests move quickly, and
+// generous scheduler knobs (liveness 60 blocks, slack 6000 permille, deadlines at least 20 blocks)
+// so a loaded machine does not miss deadlines.
 Genesis DevnetGenesis(const std::vector<PublicKey>& funded_keys, Amount balance_each,
                       std::string chain_id = "meshlearn-devnet");
 

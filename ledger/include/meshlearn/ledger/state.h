@@ -227,13 +227,13 @@ struct RoundResult {
 // A unit proven fraudulent after its round was final (ProveFraudTx; docs/verification.md, "Fraud
 // proofs after the fact"): its segment `segment` does not replay to its committed end.
 struct ProvenFraud {
-  uint32_t round = 0;    // the round the unit's work went into (the task's rounds from it on
-                         // were trained from a state it poisoned)
-  uint32_t index = 0;    // the unit
-  uint32_t segment = 0;  // the segment the ledger replayed
-  PublicKey solver;      // the node that committed it
-  PublicKey prover;      // the account that sent the proof
-  uint64_t height = 0;   // the block that accepted the proof
+  uint32_t round = 0;      // the round the unit's work went into (the task's rounds from it on
+                           // were trained from a state it poisoned)
+  uint32_t index = 0;      // the unit
+  uint32_t segment = 0;    // the segment the ledger replayed
+  PublicKey solver;        // the node that committed it
+  PublicKey prover;        // the account that sent the proof
+  uint64_t height = 0;     // the block that accepted the proof
   Amount slashed = 0;      // taken from the solver's stake and unbonding
   Amount clawed_back = 0;  // of what the unit was paid, back to the submitter
   Amount bounty = 0;       // to the prover, from the jackpot

@@ -38,8 +38,9 @@
 namespace meshlearn::ledger {
 
 inline constexpr size_t kMaxTxBytes = 16 * 1024;       // a whole encoded transaction
-// A RefereeStep, a ProveResult or a ProveFraud carries a witness (the training state of a small model and one
-// batch of examples, or a global state): the only transactions allowed past kMaxTxBytes.
+// A RefereeStep, a ProveResult or a ProveFraud carries a witness (the training state of a small
+// model and one batch of examples, or a global state): the only transactions allowed past
+// kMaxTxBytes.
 inline constexpr size_t kMaxWitnessBytes = 8u << 20;
 inline constexpr size_t kMaxLargeTxBytes = kMaxWitnessBytes + kMaxTxBytes;
 inline constexpr uint32_t kMaxChainIdLength = 64;
