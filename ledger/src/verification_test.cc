@@ -1228,6 +1228,41 @@ TEST_F(FraudProofTest, AProofAfterTheSolverWithdrewEverythingIsRefused) {
   EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
 }
 
+// The task record keeps its proofs through the encoding the state hash and the database use.
+TEST(ProvenFraudTest, TheTaskRecordKeepsItsProofsThroughItsEncoding) {
+  TaskRecord t;
+  t.id = Blake2b("task");
+  t.verification.clawed_back = 7;
+  for (uint32_t i : {3u, 9u}) {
+    t.verification.proven_frauds.push_back(ProvenFraud{.round = i / 4,
+                                                       .index = i,
+                                                       .segment = 1,
+                                                       .solver = TestKey(1).public_key(),
+                                                       .prover = TestKey(2).public_key(),
+                                                       .height = 40 + i,
+                                                       .slashed = 190,
+                                                       .clawed_back = 19,
+                                                       .bounty = 95});
+  }
+  Encoder e;
+  EncodeTask(e, t);
+  const Bytes enc = e.Take();
+  Decoder d(enc, "task");
+  TaskRecord back;
+  ASSERT_TRUE(DecodeTask(d, &back).ok());
+  ASSERT_TRUE(d.Finish().ok());
+  EXPECT_EQ(back, t);
+  for (size_t cut : {enc.size() - 1, enc.size() - 40}) {
+    Decoder short_d(ByteSpan(enc).first(cut), "task");
+    TaskRecord partial;
+    EXPECT_FALSE(DecodeTask(short_d, &partial).ok() && short_d.Finish().ok()) << cut;
+  }
+  const nlohmann::json j = TaskToJson(t);
+  EXPECT_EQ(j["verification"]["fraud_rounds"], nlohmann::json::array({0, 2}));
+  EXPECT_EQ(j["verification"]["proven_frauds"][1]["index"], 9);
+  EXPECT_EQ(j["verification"]["proven_frauds"][1]["prover"], TestKey(2).public_key().ToHex());
+}
+
 TEST(SegmentWitnessTest, EncodingRoundTripsAndRefusesDamage) {
   SegmentWitness w{
       .bundle = "[task]\n", .start_state = {9, 8, 7}, .state = {1.5f, -2.0f}, .examples = {}};
