@@ -66,6 +66,7 @@ TEST(TaskAudit, HelpAndBadInputs) {
   EXPECT_EQ(down.code, 1);
   EXPECT_NE(down.out.find("cannot reach the ledger"), std::string::npos) << down.out;
   EXPECT_NE(down.out.find("--rpc"), std::string::npos) << down.out;
+  std::filesystem::remove_all(home);
 }
 
 TEST(TaskAudit, DevnetTaskPassesFullAndSampledAuditsAndBadInputsAreClear) {
