@@ -39,6 +39,21 @@ TEST(TaskAudit, HelpAndBadInputs) {
   EXPECT_NE(help.out.find("Examples"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("--full"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("--seed"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--full --prove --key alice"), std::string::npos) << help.out;
+  // --prove signs with --key; each without the other is refused before any network.
+  CmdResult no_key = Meshlearn("task audit " + std::string(64, 'a') +
+                                   " --full --prove --rpc "
+                                   "http://127.0.0.1:9",
+                               home);
+  EXPECT_EQ(no_key.code, 1);
+  EXPECT_NE(no_key.out.find("--prove needs --key NAME"), std::string::npos) << no_key.out;
+  CmdResult key_alone = Meshlearn("task audit " + std::string(64, 'a') +
+                                      " --key alice --rpc "
+                                      "http://127.0.0.1:9",
+                                  home);
+  EXPECT_EQ(key_alone.code, 1);
+  EXPECT_NE(key_alone.out.find("--key alice is only used with --prove"), std::string::npos)
+      << key_alone.out;
 
   // Not hex at all: refused before any network. (A hex prefix like 12ab is a valid id prefix,
   // resolved by the ledger.)
@@ -51,6 +66,7 @@ TEST(TaskAudit, HelpAndBadInputs) {
   EXPECT_EQ(down.code, 1);
   EXPECT_NE(down.out.find("cannot reach the ledger"), std::string::npos) << down.out;
   EXPECT_NE(down.out.find("--rpc"), std::string::npos) << down.out;
+  std::filesystem::remove_all(home);
 }
 
 TEST(TaskAudit, DevnetTaskPassesFullAndSampledAuditsAndBadInputsAreClear) {

@@ -1,8 +1,10 @@
-// meshlearn task audit ID [--full] [--sample N] [--seed S]: fetches a finished task's record from
-// the ledger and its bundle and data from the nodes, re-executes its units (all of them with
-// --full, else a seeded random sample) and checks every recorded hash, printing the chain from the
-// initial weights to the final model and a verdict (node/task_audit.h does the work;
-// docs/submitters.md "Audit a task"). It hangs under `meshlearn task`, which cmd_task.cc creates.
+// meshlearn task audit ID [--full] [--sample N] [--seed S] [--prove --key K]: fetches a finished
+// task's record from the ledger and its bundle and data from the nodes, re-executes its units
+// (all of them with --full, else a seeded random sample) and checks every recorded hash, printing
+// the chain from the initial weights to the final model and a verdict (node/task_audit.h does the
+// work; docs/submitters.md "Audit a task"). With --prove every unit whose commitment does not
+// replay is proven on chain (ProveFraudTx: the witness of its first segment that misses its leaf).
+// It hangs under `meshlearn task`, which cmd_task.cc creates.
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -11,9 +13,12 @@
 
 #include <fmt/format.h>
 
+#include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/progress.h"
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
+#include "meshlearn/ledger/rpc_client.h"
+#include "meshlearn/ledger/tx.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/task_audit.h"
 #include "meshlearn/node/task_bundle.h"
@@ -33,6 +38,9 @@ struct AuditArgs {
   uint32_t sample = 3;
   std::optional<uint64_t> seed;
   uint64_t max_rebuild_units = 100;
+  bool prove = false;
+  std::string key;
+  std::string passphrase_file;
 };
 
 // Rounds with more re-executed units than this print only their failures and a count.
@@ -54,6 +62,81 @@ const char* Mark(AuditCheck c) {
 
 std::string Hex16(const Hash256& h) {
   return h.IsZero() ? std::string(16, '-') : h.ToHex().substr(0, 16);
+}
+
+// What became of a unit's fraud proof (AuditUnit::proof, made by SendFraudProof).
+std::string ProofLine(const node::AuditUnit& u) {
+  const json& p = u.proof;
+  if (!p.value("sent", false) || !p.value("ok", false)) {
+    return fmt::format("segment {}: {}",
+                       u.fraud_segment < 0 ? std::string("-") : std::to_string(u.fraud_segment),
+                       p.value("error", std::string("not sent")));
+  }
+  std::string rounds;
+  for (const json& r : p.value("fraud_rounds", json::array())) {
+    rounds += (rounds.empty() ? "" : ", ") + r.dump();
+  }
+  return fmt::format(
+      "segment {} re-executed by the ledger ({} bytes of witness): PROVEN; solver slashed {}, "
+      "{} clawed back to the submitter, bounty {}; the task's record marks round(s) {}",
+      u.fraud_segment, p.value("witness_bytes", uint64_t{0}), p.value("slashed", uint64_t{0}),
+      p.value("clawed_back", uint64_t{0}), p.value("bounty", uint64_t{0}), rounds);
+}
+
+// Sends the ProveFraud of unit `u` and waits for its block: the answer AuditUnit::proof keeps.
+json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
+                    const Hash256& task_id, const node::AuditUnit& u,
+                    const node::BuiltSegmentWitness& w) {
+  json out = {{"segment", w.segment},
+              {"committed_end", w.committed_end.ToHex()},
+              {"replayed_end", w.replayed_end.ToHex()},
+              {"sent", false}};
+  Bytes witness = ledger::EncodeSegmentWitness(w.witness);
+  out["witness_bytes"] = witness.size();
+  if (witness.size() > ledger::kMaxWitnessBytes) {
+    out["error"] = fmt::format(
+        "the witness of segment {} is {} bytes, over the ledger's limit of {} (the model's state "
+        "and {} batches); this unit cannot be proven on chain",
+        w.segment, witness.size(), ledger::kMaxWitnessBytes, w.witness.examples.size());
+    return out;
+  }
+  Result<uint64_t> nonce = ledger::FetchNextNonce(rpc, key.public_key());
+  if (!nonce.ok()) {
+    out["error"] = nonce.status().message();
+    return out;
+  }
+  const ledger::Transaction tx =
+      ledger::BuildSignedTx(key, chain_id, *nonce,
+                            ledger::ProveFraudTx{.task_id = task_id,
+                                                 .index = u.index,
+                                                 .segment = w.segment,
+                                                 .witness = {std::move(witness)}});
+  out["tx"] = ledger::TxId(tx).ToHex();
+  Result<json> done = ledger::SendTxAndWait(rpc, tx, 120000);
+  if (!done.ok()) {
+    out["error"] = "ProveFraud was not included: " + done.status().message();
+    return out;
+  }
+  out["sent"] = true;
+  const json receipt = done->value("receipt", json::object());
+  out["ok"] = receipt.value("ok", false);
+  if (!receipt.value("ok", false)) {
+    out["error"] =
+        "the ledger refused the proof: " + receipt.value("reason", std::string("no reason given"));
+    return out;
+  }
+  Result<json> t = GetTask(rpc, task_id, false);
+  if (t.ok()) {
+    const json v = t->value("verification", json::object());
+    for (const json& f : v.value("proven_frauds", json::array())) {
+      if (f.value("index", uint32_t{0}) != u.index) continue;
+      out["slashed"] = f.value("slashed", uint64_t{0});
+      out["clawed_back"] = f.value("clawed_back", uint64_t{0});
+      out["bounty"] = f.value("bounty", uint64_t{0});
+    }
+    out["fraud_rounds"] = v.value("fraud_rounds", json::array());
+  }
+  return out;
 }
 
 void PrintReport(const node::AuditReport& r, double seconds) {
@@ -98,6 +181,7 @@ void PrintReport(const node::AuditReport& r, double seconds) {
           u->shard, u->assignee.substr(0, 12), Hex16(u->commitment), c_ok ? "✓" : "✗",
           Hex16(u->result), d_ok ? "✓" : "✗", u->sampled && !r.full ? "  (sampled)" : "");
       if (!c_ok || !d_ok) std::cout << "        " << u->note << "\n";
+      if (!u->proof.is_null()) std::cout << "        fraud proof: " << ProofLine(*u) << "\n";
     }
     if (quiet > 0) std::cout << fmt::format("      {} more units ✓\n", quiet);
     state_line(r.chain[round + 1]);
@@ -125,6 +209,14 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
   Env* env = Env::Default();
   if (!a.full && a.sample == 0)
     return InvalidArgument("--sample must be at least 1 (or use --full)");
+  if (a.prove && a.key.empty()) {
+    return InvalidArgument(
+        "--prove needs --key NAME: the key that signs and pays for the "
+        "ProveFraud transactions (and gets their bounties)");
+  }
+  if (!a.prove && !a.key.empty()) {
+    return InvalidArgument("--key " + a.key + " is only used with --prove");
+  }
   const std::string url = ledger::DefaultRpcUrl(a.rpc);
   node::HttpChainClient chain(url);
   // A malformed id is refused before any network; a prefix needs the ledger's list of tasks.
@@ -136,6 +228,16 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
                        "(or set $MESHLEARN_RPC)");
   }
   ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(chain.rpc(), a.id));
+  // --prove signs with --key: load it before hours of re-execution, not after.
+  std::optional<KeyPair> key;
+  std::string chain_id;
+  if (a.prove) {
+    KeyStore keys(env, g.KeysDir());
+    ML_ASSIGN_OR_RETURN(std::string pass, ReadPassphrase(a.passphrase_file, false, !g.json));
+    ML_ASSIGN_OR_RETURN(KeyPair k, keys.Load(a.key, pass));
+    key = std::move(k);
+    ML_ASSIGN_OR_RETURN(chain_id, ledger::FetchChainId(chain.rpc()));
+  }
   ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, g.Home().BlobsDir()));
   if (!a.task_file.empty()) {
     // The task file and its data, from this machine: the audit then needs nothing from the
@@ -164,6 +266,11 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
                 fmt::format("{} ({}/{} units)", p.status, p.units_done, p.units_total));
   };
   if (!g.json) o.log = [](const std::string& s) { std::cerr << s << std::endl; };
+  if (key) {
+    o.on_fraud = [&](const node::AuditUnit& u, const node::BuiltSegmentWitness& w) {
+      return SendFraudProof(chain.rpc(), *key, chain_id, id, u, w);
+    };
+  }
   auto get = [&](const Hash256& h) { return FetchBlob(chain.rpc(), store.get(), net::BlobId{h}); };
   const auto t0 = std::chrono::steady_clock::now();
   ML_ASSIGN_OR_RETURN(node::AuditReport r, node::AuditTask(env, chain, id, get, o));
@@ -178,8 +285,26 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
     money = MoneyOf(*t);
     j["money"] = MoneyJson(money);
   }
+  // After the proofs: the record as the ledger has it now.
+  if (a.prove) {
+    if (Result<json> t = GetTask(chain.rpc(), id, false); t.ok()) {
+      const json v = t->value("verification", json::object());
+      r.proven_frauds = v.value("proven_frauds", json::array());
+      r.fraud_rounds = v.value("fraud_rounds", json::array());
+      j["proven_frauds"] = r.proven_frauds;
+      j["fraud_rounds"] = r.fraud_rounds;
+    }
+  }
   g.Output(j, [&] {
     PrintReport(r, seconds);
+    for (const json& f : r.proven_frauds) {
+      std::cout << fmt::format(
+          "on chain: unit {} (round {}) proven fraudulent in segment {} at height {}: slashed {}, "
+          "{} clawed back, bounty {}\n",
+          f.value("index", 0u), f.value("round", 0u), f.value("segment", 0u),
+          f.value("height", uint64_t{0}), f.value("slashed", uint64_t{0}),
+          f.value("clawed_back", uint64_t{0}), f.value("bounty", uint64_t{0}));
+    }
     if (j.contains("money")) std::cout << MoneyLine(money) << "\n";
   });
   if (!r.pass) g.exit_code = 1;
@@ -203,6 +328,12 @@ void AddTaskAudit(CLI::App& root, GlobalOptions& g) {
       ->capture_default_str();
   c->add_option("--task", a.task_file,
                 "The task file, if you have it and its data: nothing of the task is fetched");
+  c->add_flag("--prove", a.prove,
+              "Prove every unit that fails on chain (ProveFraud: the ledger re-executes its first "
+              "segment that misses its committed leaf, slashes the solver, pays a bounty)");
+  c->add_option("--key", a.key,
+                "With --prove: the key that signs the proofs (`meshlearn keys list`)");
+  c->add_option("--passphrase-file", a.passphrase_file, "Read the key's passphrase from this file");
   c->add_option("--rpc", a.rpc, "Ledger RPC URL (default $MESHLEARN_RPC or http://127.0.0.1:7700)");
   c->footer(
       "Examples:\n"
@@ -212,10 +343,14 @@ void AddTaskAudit(CLI::App& root, GlobalOptions& g) {
       "  meshlearn task audit 3f2a... --sample 10 --seed 42   # repeat a sample\n"
       "  meshlearn --json task audit 3f2a... --full --rpc http://127.0.0.1:7700\n"
       "  meshlearn task audit 3f2a... --full --task my-task.toml   # bundle and data from here\n"
+      "  meshlearn task audit 3f2a... --full --prove --key alice  # slash what fails, on chain\n"
       "Exit status 0 on PASS, 1 on FAIL (the first mismatch is named) or on an error.\n"
       "A sampled unit needs its round's start state: fetched from the nodes, else rebuilt by\n"
       "re-executing the rounds before it (at most --max-rebuild-units units). See\n"
-      "docs/submitters.md \"Audit a task\".");
+      "docs/submitters.md \"Audit a task\".\n"
+      "--prove: for each unit that fails, the first segment whose replay misses its committed\n"
+      "leaf is sent as ProveFraud (a few MB of witness); accepted for a final round while the\n"
+      "solver's stake is bonded (params.unbonding_delay_blocks >= params.audit_window_blocks).");
   c->callback([&g] { g.Exit(RunAudit(g, a)); });
 }
 

@@ -385,6 +385,11 @@ function taskView(t) {
                     num('task-redo-escrow', m.redo_escrow)]}]),
     h('p', {class: 'muted'}, `checks settled: ${v.clean} clean, ${v.unchecked} unchecked, ${v.fraud} fraud, `,
       `${v.forced_error} forced error, ${v.abandoned} abandoned; ${v.disputes} dispute(s) played to the end`),
+    (v.proven_frauds || []).length
+      ? h('p', {class: 'bad', 'data-k': 'task-proven-frauds'},
+          `fraud proven after the fact (ProveFraud): ${v.proven_frauds.map(f => `unit ${f.index} (round ${f.round}, segment ${f.segment}, ` +
+            `slashed ${f.slashed}, ${f.clawed_back} clawed back)`).join('; ')}; rounds marked: ${(v.fraud_rounds || []).join(', ')}`)
+      : null,
     h('h3', {}, 'Disputes and fraud'), disputeTimeline(t),
     h('h3', {}, 'Model and audit record'),
     // Both answered by this server (GET /tasks/ID/...): the model is fetched from the nodes that

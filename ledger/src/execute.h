@@ -93,11 +93,24 @@ Status Mint(LedgerState& s, const PublicKey& to, Amount amount);
 Status CreditTreasury(LedgerState& s, Amount amount);
 
 // ---- Staking primitives (staking.cc).
-// Moves up to `amount` of a node's bonded stake out: slash_jackpot_bps of it to the jackpot,
-// the rest to the treasury. Jails the node, counts the slash, resets its clean streak.
-// *slashed gets what was taken (less than asked when the stake is short).
+// What node `n` still has bonded, so what a slash can reach: its stake plus its owner's unbonding
+// entries for it that are not withdrawn (saturating).
+Amount BondedStake(const LedgerState& s, const NodeRecord& n);
+// Takes up to `amount` of node `n`'s bonded stake out of the node and its owner's unbonding
+// entries (the stake first, then the entries furthest from release); returns what it took. The
+// caller puts the tokens somewhere (the invariant). May invalidate `n`.
+Amount TakeBondedStake(LedgerState& s, NodeRecord* n, Amount amount);
+// Moves up to `amount` of a node's bonded stake (TakeBondedStake) out: slash_jackpot_bps of it
+// to the jackpot, the rest to the treasury. Jails the node, counts the slash, resets its clean
+// streak. *slashed gets what was taken (less than asked when the stake is short).
 Status SlashNode(LedgerState& s, const ChainParams& p, const PublicKey& node_id, Amount amount,
                  Amount* slashed);
+// Takes back from a proven cheater's bonded stake (TakeBondedStake) what it was paid for
+// `amount` of tainted work in task `task_id`, adding what it took to *clawed and to the node's
+// earnings.clawed_back: into the task's escrow (and budget) while the task is open, where it pays
+// for the redo; else refunded to the task's submitter (budget and refunded grow).
+Status ClawBack(LedgerState& s, const Hash256& task_id, const PublicKey& node_id, Amount amount,
+                Amount* clawed);
 // Pays from the jackpot pool to an account (forced-error rewards).
 Status PayFromJackpot(LedgerState& s, const PublicKey& to, Amount amount);
 // Starts unbonding `amount` of a node's stake to its owner, released at height + delay.

@@ -109,6 +109,14 @@ Status ValidateGenesis(const Genesis& g) {
     return InvalidArgument("genesis: params.liveness_blocks must be >= 1");
   }
   const ChainParams& p = g.params;
+  if (p.unbonding_delay_blocks < p.audit_window_blocks) {
+    return InvalidArgument(
+        "genesis: params.unbonding_delay_blocks (" + std::to_string(p.unbonding_delay_blocks) +
+        ") must be >= params.audit_window_blocks (" + std::to_string(p.audit_window_blocks) +
+        "): a solver could withdraw its stake before a fraud proof within the audit window "
+        "reaches it; raise unbonding_delay_blocks to at least " +
+        std::to_string(p.audit_window_blocks) + " or lower audit_window_blocks");
+  }
   if (Status v = protocol::ValidateVerificationParams(p.Verification()); !v.ok()) {
     return v.WithPrefix("genesis: params");
   }
@@ -343,6 +351,7 @@ Genesis DevnetGenesis(const std::vector<PublicKey>& funded_keys, Amount balance_
   g.params.min_stake_whistleblower = 100;
   g.params.min_stake_aggregator = 100;
   g.params.unbonding_delay_blocks = 10;
+  g.params.audit_window_blocks = 10;
   g.params.liveness_blocks = 60;
   g.params.deadline_slack_permille = 6000;
   g.params.min_deadline_blocks = 20;

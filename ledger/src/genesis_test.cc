@@ -60,6 +60,32 @@ TEST(GenesisTest, ErrorsNameTheProblem) {
                "twice");
 }
 
+// A solver must still be bonded when a fraud proof arrives within a task's audit window.
+TEST(GenesisTest, TheUnbondingDelayCoversTheAuditWindow) {
+  auto g = ParseGenesis(
+      "chain_id = \"x\"\n[params]\nunbonding_delay_blocks = 50\n"
+      "audit_window_blocks = 51\n",
+      "genesis.toml");
+  ASSERT_FALSE(g.ok());
+  const std::string m = g.status().message();
+  for (const char* part : {"params.unbonding_delay_blocks (50)", "params.audit_window_blocks (51)",
+                           "raise unbonding_delay_blocks to at least 51"}) {
+    EXPECT_NE(m.find(part), std::string::npos) << m;
+  }
+  g = ParseGenesis(
+      "chain_id = \"x\"\n[params]\nunbonding_delay_blocks = 51\n"
+      "audit_window_blocks = 51\n");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->params.audit_window_blocks, 51u);
+  EXPECT_LE(ChainParams{}.audit_window_blocks, ChainParams{}.unbonding_delay_blocks);
+  const Genesis devnet = DevnetGenesis({TestKey(1).public_key()}, 5);
+  EXPECT_TRUE(ValidateGenesis(devnet).ok());
+  EXPECT_LE(devnet.params.audit_window_blocks, devnet.params.unbonding_delay_blocks);
+  Genesis changed = devnet;
+  changed.params.audit_window_blocks--;
+  EXPECT_NE(GenesisHash(changed), GenesisHash(devnet));
+}
+
 TEST(GenesisTest, TotalBalanceMustFit) {
   Genesis g = DevnetGenesis({TestKey(1).public_key(), TestKey(2).public_key()}, UINT64_MAX / 2 + 1);
   EXPECT_FALSE(ValidateGenesis(g).ok());

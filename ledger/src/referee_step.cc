@@ -1,5 +1,6 @@
 #include "referee_step.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/state_blob.h"
 #include "meshlearn/protocol/task_model.h"
+#include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::ledger {
 
@@ -71,26 +73,40 @@ Result<engine::TrainState> CheckedState(const engine::TaskSpec& spec, double lr_
   return st;
 }
 
+// The global state round `round` of `t` started from, given as its blob `blob`: its blob id must
+// be the one the chain names (round 0: params.initial_state; else round round - 1's aggregate).
+Result<protocol::GlobalState> RoundStart(const TaskRecord& t, uint32_t round, ByteSpan blob,
+                                         const std::string& where) {
+  if (round > t.round_results.size()) {
+    return FailedPrecondition(where + ": round " + std::to_string(round) +
+                              " has no recorded start state");
+  }
+  const Hash256 start_id = round == 0 ? t.params.initial_state : t.round_results[round - 1].state;
+  const BlobId given = BuildManifest(blob).id();
+  if (given.hash != start_id) {
+    return InvalidArgument(where + ": the witness's start state has blob id " + given.ShortHex() +
+                           ", round " + std::to_string(round) + " started from " +
+                           start_id.ShortHex());
+  }
+  Result<protocol::GlobalState> start = protocol::DecodeGlobalState(blob);
+  if (!start.ok()) return InvalidArgument(where + ": " + start.status().message());
+  return start;
+}
+
 }  // namespace
 
-Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, double lr_scale,
-                               uint64_t num_examples, const Hash256& data_root, uint64_t step,
-                               const Hash256& agreed, const StepWitness& w,
-                               const std::string& where) {
-  if (spec.data.format != "idx" && spec.data.format != "npy") {
-    return FailedPrecondition(where + ": a '" + spec.data.format +
-                              "' task; only classification tasks are refereed on chain");
-  }
-  if (step == 0) return InvalidArgument(where + ": step 0 is the unit's start, not a step");
-  const int64_t before = static_cast<int64_t>(step) - 1;
-  ML_ASSIGN_OR_RETURN(engine::TrainState state,
-                      CheckedState(spec, lr_scale, stream, w.state, before, agreed, where,
-                                   "the agreed state after step " + std::to_string(before)));
-  engine::TrainState* st = &state;
-  // The batch: the examples the unit's sampler draws at this step, each proven in the data.
+namespace {
+
+// The batch of the step after `before` steps (0-based step index `before`), from `examples` (the
+// witness's examples of that step): one per batch position, each the index the unit's sampler
+// draws there (BatchIndices), each proven against `data_root`.
+Result<engine::Batch> WitnessBatch(const engine::TaskSpec& spec, uint64_t stream, int64_t classes,
+                                   uint64_t num_examples, const Hash256& data_root, int64_t before,
+                                   std::span<const StepWitnessExample> examples,
+                                   const std::string& where) {
   const int64_t batch = spec.batch_size;
-  if (w.examples.size() != static_cast<size_t>(batch)) {
-    return InvalidArgument(where + ": the witness has " + std::to_string(w.examples.size()) +
+  if (examples.size() != static_cast<size_t>(batch)) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(examples.size()) +
                            " examples, a batch of this task has " + std::to_string(batch));
   }
   const std::vector<int64_t> indices = engine::BatchIndices(
@@ -98,14 +114,13 @@ Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, do
   engine::Shape shape = spec.model.input;
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
-  const int64_t classes = st->model->NumOutputs();
   engine::ClassificationData data;
   shape.insert(shape.begin(), batch);
   data.x = engine::Tensor(shape);
   data.num_classes = classes;
   data.y.reserve(batch);
   for (int64_t i = 0; i < batch; ++i) {
-    const StepWitnessExample& e = w.examples[i];
+    const StepWitnessExample& e = examples[i];
     const std::string ex = where + ": example " + std::to_string(i);
     if (e.index != static_cast<uint64_t>(indices[i])) {
       return InvalidArgument(ex + " is dataset index " + std::to_string(e.index) +
@@ -128,9 +143,59 @@ Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, do
   }
   std::vector<int64_t> order(batch);
   for (int64_t i = 0; i < batch; ++i) order[i] = i;
-  engine::StepOnBatch(*st, engine::MakeClassificationBatch(data, order),
-                      engine::DropoutSeed(spec.seed, stream));
-  return engine::StateHash(*st);
+  return engine::MakeClassificationBatch(data, order);
+}
+
+Status CheckClassification(const engine::TaskSpec& spec, const std::string& where) {
+  if (spec.data.format != "idx" && spec.data.format != "npy") {
+    return FailedPrecondition(where + ": a '" + spec.data.format +
+                              "' task; only classification tasks are refereed on chain");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, double lr_scale,
+                               uint64_t num_examples, const Hash256& data_root, uint64_t step,
+                               const Hash256& agreed, const StepWitness& w,
+                               const std::string& where) {
+  ML_RETURN_IF_ERROR(CheckClassification(spec, where));
+  if (step == 0) return InvalidArgument(where + ": step 0 is the unit's start, not a step");
+  const int64_t before = static_cast<int64_t>(step) - 1;
+  ML_ASSIGN_OR_RETURN(engine::TrainState state,
+                      CheckedState(spec, lr_scale, stream, w.state, before, agreed, where,
+                                   "the agreed state after step " + std::to_string(before)));
+  // The batch: the examples the unit's sampler draws at this step, each proven in the data.
+  ML_ASSIGN_OR_RETURN(engine::Batch batch,
+                      WitnessBatch(spec, stream, state.model->NumOutputs(), num_examples, data_root,
+                                   before, w.examples, where));
+  engine::StepOnBatch(state, batch, engine::DropoutSeed(spec.seed, stream));
+  return engine::StateHash(state);
+}
+
+Result<Hash256> RunSegmentSteps(const engine::TaskSpec& spec, uint64_t stream,
+                                uint64_t num_examples, const Hash256& data_root,
+                                engine::TrainState& state, uint64_t steps,
+                                std::span<const StepWitnessExample> examples,
+                                const std::string& where) {
+  ML_RETURN_IF_ERROR(CheckClassification(spec, where));
+  const size_t batch = static_cast<size_t>(spec.batch_size);
+  if (examples.size() != steps * batch) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(examples.size()) +
+                           " examples; " + std::to_string(steps) + " steps of batch " +
+                           std::to_string(batch) + " take " + std::to_string(steps * batch));
+  }
+  const int64_t classes = state.model->NumOutputs();
+  for (uint64_t i = 0; i < steps; ++i) {
+    const int64_t before = state.step;
+    ML_ASSIGN_OR_RETURN(engine::Batch b,
+                        WitnessBatch(spec, stream, classes, num_examples, data_root, before,
+                                     examples.subspan(i * batch, batch),
+                                     where + ": step " + std::to_string(before + 1)));
+    engine::StepOnBatch(state, b, engine::DropoutSeed(spec.seed, stream));
+  }
+  return engine::StateHash(state);
 }
 
 Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& unit,
@@ -152,29 +217,74 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
     return FailedPrecondition(where + ": the unit has no committed leaves");
   }
   ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
-  // The round's start weights: the blob the chain names for the unit's round.
-  const Hash256 start_id = unit.round == 0 ? t.params.initial_state
-                                           : t.round_results.at(unit.round - 1).state;
-  const BlobId given = BuildManifest(w.start_state).id();
-  if (given.hash != start_id) {
-    return InvalidArgument(where + ": the witness's start state has blob id " + given.ShortHex() +
-                           ", round " + std::to_string(unit.round) + " started from " +
-                           start_id.ShortHex());
-  }
-  Result<protocol::GlobalState> start = protocol::DecodeGlobalState(w.start_state);
-  if (!start.ok()) return InvalidArgument(where + ": " + start.status().message());
+  ML_ASSIGN_OR_RETURN(protocol::GlobalState start, RoundStart(t, unit.round, w.start_state, where));
   ML_ASSIGN_OR_RETURN(engine::TrainState st,
                       CheckedState(r.spec, r.lr_scale, r.stream, w.state,
                                    static_cast<int64_t>(t.params.inner_steps),
                                    unit.leaves.back(), where, "the unit's last committed leaf"));
   const size_t n = static_cast<size_t>(st.model->NumParameters());
-  if (start->weights.size() != n) {
+  if (start.weights.size() != n) {
     return InvalidArgument(where + ": the start state holds " +
-                           std::to_string(start->weights.size()) + " weights, the model has " +
+                           std::to_string(start.weights.size()) + " weights, the model has " +
                            std::to_string(n));
   }
   // FlatState puts the parameters first, in model order: the layout of weights and deltas.
-  return ResultBlobId(start->weights, std::span<const float>(w.state.data(), n));
+  return ResultBlobId(start.weights, std::span<const float>(w.state.data(), n));
+}
+
+Result<Hash256> ExecuteSegmentWitness(const TaskRecord& t, const WorkUnit& unit, uint32_t segment,
+                                      const SegmentWitness& w) {
+  const std::string where = "prove fraud (task " + t.id.ShortHex() + ", unit " +
+                            std::to_string(unit.index) + ", segment " + std::to_string(segment) +
+                            ")";
+  const TaskParams& p = t.params;
+  const uint32_t segments = protocol::SegmentCount(p.inner_steps, p.checkpoint_interval);
+  if (segment >= segments) {
+    return InvalidArgument(where + ": the unit has " + std::to_string(segments) + " segments (0.." +
+                           std::to_string(segments - 1) + ")");
+  }
+  if (unit.leaves.size() != segments + 1ull) {
+    return FailedPrecondition(where + ": the unit has " + std::to_string(unit.leaves.size()) +
+                              " committed leaves, not " + std::to_string(segments + 1));
+  }
+  ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
+  const protocol::SegmentSteps steps =
+      protocol::SegmentStepsOf(p.inner_steps, p.checkpoint_interval, segment);
+  engine::TrainState state;
+  if (segment == 0) {
+    // The unit's true start, from the chain's record of the round: a solver that committed a
+    // false leaf 0 is caught here too (its segment 0 does not end where the true start leads).
+    if (!w.state.empty()) {
+      return InvalidArgument(where +
+                             ": segment 0 starts from the round's start state; send it "
+                             "as start_state and leave state empty");
+    }
+    ML_ASSIGN_OR_RETURN(protocol::GlobalState start,
+                        RoundStart(t, unit.round, w.start_state, where));
+    std::vector<float> flat(start.weights);
+    const int64_t size =
+        engine::FlatStateSize(static_cast<int64_t>(start.weights.size()), r.spec.optimizer);
+    flat.resize(static_cast<size_t>(std::max<int64_t>(size, 0)), 0.0f);  // fresh moments: zero
+    Result<engine::TrainState> st =
+        engine::StateFromFlat(r.spec.model, engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale),
+                              flat, 0, r.spec.seed, r.stream);
+    if (!st.ok()) return InvalidArgument(where + ": start state: " + st.status().message());
+    state = std::move(*st);
+  } else {
+    if (!w.start_state.empty()) {
+      return InvalidArgument(where +
+                             ": a later segment starts from the committed state after "
+                             "step " +
+                             std::to_string(steps.first_step) +
+                             "; send it as state and leave start_state empty");
+    }
+    ML_ASSIGN_OR_RETURN(
+        state, CheckedState(r.spec, r.lr_scale, r.stream, w.state,
+                            static_cast<int64_t>(steps.first_step), unit.leaves[segment], where,
+                            "the unit's committed leaf " + std::to_string(segment)));
+  }
+  return RunSegmentSteps(r.spec, r.stream, p.num_examples, p.data_root, state,
+                         steps.last_step - steps.first_step, w.examples, where);
 }
 
 Hash256 DeltaBlobId(std::span<const float> delta) {

@@ -35,4 +35,15 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& task_record, const W
 Result<Hash256> ExecuteResultWitness(const TaskRecord& task_record, const WorkUnit& unit,
                                      const ResultWitness& witness);
 
+// The state hash at the end of segment `segment` of unit `unit` (a ProveFraudTx), computed by the
+// ledger from `witness`: the bundle must be the task's; the segment's start is, for segment 0,
+// the unit's true start (witness.start_state must be the round's start blob; fresh optimizer
+// moments), else witness.state, which must hash to the committed leaf `segment`; the examples
+// must be the batches of the segment's steps in order, each proven against params.data_root.
+// Then the segment's steps run (engine::StepOnBatch each). InvalidArgument (naming the input and
+// what is wrong) when the witness does not check out; FailedPrecondition for a unit without
+// leaves or a token task. The caller compares the result with leaves[segment + 1].
+Result<Hash256> ExecuteSegmentWitness(const TaskRecord& task_record, const WorkUnit& unit,
+                                      uint32_t segment, const SegmentWitness& witness);
+
 }  // namespace meshlearn::ledger

@@ -1,4 +1,7 @@
 // Staking: bonding tokens to nodes, unbonding with a delay, withdrawing, and slashing.
+#include <algorithm>
+#include <cstdint>
+
 #include "execute.h"
 
 namespace meshlearn::ledger {
@@ -22,12 +25,44 @@ Status BeginUnbonding(LedgerState& s, const ChainParams& p, uint64_t height, Nod
   return Status::Ok();
 }
 
+Amount BondedStake(const LedgerState& s, const NodeRecord& n) {
+  Amount total = n.stake;
+  if (const Account* owner = s.accounts.Find(n.owner)) {
+    for (const Unbonding& u : owner->unbonding) {
+      if (u.node_id == n.id) total = total > UINT64_MAX - u.amount ? UINT64_MAX : total + u.amount;
+    }
+  }
+  return total;
+}
+
+Amount TakeBondedStake(LedgerState& s, NodeRecord* n, Amount amount) {
+  Amount take = std::min(amount, n->stake);
+  n->stake -= take;
+  if (take == amount) return take;
+  const Account* owner = s.accounts.Find(n->owner);
+  if (owner == nullptr) return take;
+  bool has_unbonding = false;
+  for (const Unbonding& u : owner->unbonding) has_unbonding |= u.node_id == n->id && u.amount > 0;
+  if (!has_unbonding) return take;  // leave an unchanged account clean
+  Account* m = s.accounts.FindMutable(n->owner);
+  // The entries furthest from release first: what was about to be released goes last.
+  for (auto it = m->unbonding.rbegin(); it != m->unbonding.rend() && take < amount; ++it) {
+    if (it->node_id != n->id) continue;
+    const Amount part = std::min(amount - take, it->amount);
+    it->amount -= part;
+    take += part;
+  }
+  std::erase_if(m->unbonding,
+                [&](const Unbonding& u) { return u.node_id == n->id && u.amount == 0; });
+  return take;
+}
+
 Status SlashNode(LedgerState& s, const ChainParams& p, const PublicKey& node_id, Amount amount,
                  Amount* slashed) {
   NodeRecord* n = s.nodes.FindMutable(node_id);
   if (n == nullptr) return NotFound("slash: node " + node_id.ToHex() + " is not registered");
-  Amount take = std::min(amount, n->stake);
-  n->stake -= take;
+  const Amount take = TakeBondedStake(s, n, amount);
+  n = s.nodes.FindMutable(node_id);
   n->status = NodeStatus::kJailed;
   n->reputation.slashes++;
   n->reputation.clean_streak = 0;
@@ -36,6 +71,30 @@ Status SlashNode(LedgerState& s, const ChainParams& p, const PublicKey& node_id,
   ML_RETURN_IF_ERROR(CheckedAdd(g->jackpot, to_jackpot, &g->jackpot, "jackpot"));
   ML_RETURN_IF_ERROR(CheckedAdd(g->treasury, take - to_jackpot, &g->treasury, "treasury"));
   if (slashed) *slashed = take;
+  return Status::Ok();
+}
+
+Status ClawBack(LedgerState& s, const Hash256& task_id, const PublicKey& node_id, Amount amount,
+                Amount* clawed) {
+  NodeRecord* n = s.nodes.FindMutable(node_id);
+  if (n == nullptr || amount == 0) return Status::Ok();
+  const Amount take = TakeBondedStake(s, n, amount);
+  if (take == 0) return Status::Ok();
+  n = s.nodes.FindMutable(node_id);
+  ML_RETURN_IF_ERROR(
+      CheckedAdd(n->earnings.clawed_back, take, &n->earnings.clawed_back, "node earnings"));
+  TaskRecord* t = s.tasks.FindMutable(task_id);
+  ML_RETURN_IF_ERROR(CheckedAdd(t->budget, take, &t->budget, "task budget"));
+  if (t->status == TaskStatus::kOpen) {
+    // It pays for the redo.
+    ML_RETURN_IF_ERROR(CheckedAdd(t->escrow, take, &t->escrow, "task escrow"));
+  } else {
+    // The task is closed: straight back to the submitter (budget == escrow + spent + refunded).
+    ML_RETURN_IF_ERROR(CheckedAdd(t->refunded, take, &t->refunded, "task refunded"));
+    const PublicKey submitter = t->submitter;
+    ML_RETURN_IF_ERROR(Credit(s, submitter, take));
+  }
+  *clawed += take;
   return Status::Ok();
 }
 

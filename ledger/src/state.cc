@@ -1,5 +1,7 @@
 #include "meshlearn/ledger/state.h"
 
+#include <set>
+
 #include "fields.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/protocol/round_phase.h"
@@ -206,6 +208,8 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
   e.PutU64(v.jackpot_paid).PutU64(v.redo_escrow);
   e.PutU64(t.treasury_cut);
   e.PutU64(v.rounds_rewound).PutU64(v.clawed_back).PutU64(v.rounds_dropped);
+  e.PutU32(static_cast<uint32_t>(v.proven_frauds.size()));
+  for (const ProvenFraud& f : v.proven_frauds) ProvenFraud::Visit(f, internal::FieldEncoder{e});
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -257,6 +261,15 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
   ML_RETURN_IF_ERROR(d.GetU64(&v.rounds_rewound, "verification.rounds_rewound"));
   ML_RETURN_IF_ERROR(d.GetU64(&v.clawed_back, "verification.clawed_back"));
   ML_RETURN_IF_ERROR(d.GetU64(&v.rounds_dropped, "verification.rounds_dropped"));
+  uint32_t frauds = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&frauds, "verification.proven_frauds",
+                                static_cast<uint32_t>(kMaxTaskUnits), 4 * 3 + 32 * 2 + 8 * 4));
+  v.proven_frauds.resize(frauds);
+  for (ProvenFraud& f : v.proven_frauds) {
+    internal::FieldDecoder fd{d, Status::Ok()};
+    ProvenFraud::Visit(f, fd);
+    ML_RETURN_IF_ERROR(fd.status);
+  }
   return Status::Ok();
 }
 
@@ -351,6 +364,16 @@ nlohmann::json TaskToJson(const TaskRecord& t) {
                        {"aggregator_price", rr.aggregator_price},
                        {"aggregator_paid", rr.aggregator_paid}});
   }
+  // Proven frauds, and the rounds they mark (distinct, ascending).
+  nlohmann::json frauds = nlohmann::json::array();
+  std::set<uint32_t> marked;
+  for (const ProvenFraud& f : t.verification.proven_frauds) {
+    nlohmann::json j = nlohmann::json::object();
+    ProvenFraud::Visit(f, internal::FieldToJson{j});
+    frauds.push_back(std::move(j));
+    marked.insert(f.round);
+  }
+  nlohmann::json fraud_rounds(std::vector<uint32_t>(marked.begin(), marked.end()));
   nlohmann::json phase = nullptr, round = nullptr, aggregator = nullptr;
   nlohmann::json history = nlohmann::json::array();
   if (!t.runtime.empty()) {
@@ -400,7 +423,9 @@ nlohmann::json TaskToJson(const TaskRecord& t) {
             {"redo_escrow", t.verification.redo_escrow},
             {"rounds_rewound", t.verification.rounds_rewound},
             {"clawed_back", t.verification.clawed_back},
-            {"rounds_dropped", t.verification.rounds_dropped}}}};
+            {"rounds_dropped", t.verification.rounds_dropped},
+            {"proven_frauds", std::move(frauds)},
+            {"fraud_rounds", std::move(fraud_rounds)}}}};
 }
 
 nlohmann::json WorkUnitToJson(const WorkUnit& u) {

@@ -77,13 +77,16 @@ TxType PayloadType(const TxPayload& p) {
 }
 
 size_t MaxTxBytes(TxType t) {
-  return t == TxType::kRefereeStep || t == TxType::kProveResult ? kMaxLargeTxBytes : kMaxTxBytes;
+  return t == TxType::kRefereeStep || t == TxType::kProveResult || t == TxType::kProveFraud
+             ? kMaxLargeTxBytes
+             : kMaxTxBytes;
 }
 
 namespace {
 
 constexpr std::string_view kWitnessMagic = "meshlearn.step_witness.v1";
 constexpr std::string_view kResultWitnessMagic = "meshlearn.result_witness.v1";
+constexpr std::string_view kSegmentWitnessMagic = "meshlearn.segment_witness.v1";
 constexpr uint32_t kMaxWitnessExamples = 1u << 16;
 constexpr uint32_t kMaxWitnessProofDepth = 64;
 
@@ -116,14 +119,10 @@ Status ReadWitnessHeader(Decoder& d, size_t size, std::string_view magic, const 
   return Status::Ok();
 }
 
-}  // namespace
-
-Bytes EncodeStepWitness(const StepWitness& w) {
-  Encoder e;
-  e.PutString(kWitnessMagic).PutString(w.bundle);
-  PutFloats(e, w.state);
-  e.PutU32(static_cast<uint32_t>(w.examples.size()));
-  for (const StepWitnessExample& x : w.examples) {
+// Examples with their proofs: a step witness's batch, a segment witness's batches.
+void PutExamples(Encoder& e, const std::vector<StepWitnessExample>& examples) {
+  e.PutU32(static_cast<uint32_t>(examples.size()));
+  for (const StepWitnessExample& x : examples) {
     e.PutU64(x.index);
     PutFloats(e, x.x);
     e.PutU32(static_cast<uint32_t>(x.y));
@@ -131,19 +130,12 @@ Bytes EncodeStepWitness(const StepWitness& w) {
     e.PutU32(static_cast<uint32_t>(x.proof.siblings.size()));
     for (const Hash256& h : x.proof.siblings) e.PutHash(h);
   }
-  return e.Take();
 }
-
-Result<StepWitness> DecodeStepWitness(ByteSpan bytes) {
-  Decoder d(bytes, "step witness");
-  ML_RETURN_IF_ERROR(ReadWitnessHeader(d, bytes.size(), kWitnessMagic, "step witness"));
-  StepWitness w;
-  ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
-  ML_RETURN_IF_ERROR(GetFloats(d, &w.state, "state"));
+Status GetExamples(Decoder& d, std::vector<StepWitnessExample>* examples) {
   uint32_t n = 0;
   ML_RETURN_IF_ERROR(d.GetCount(&n, "examples", kMaxWitnessExamples, 28));
-  w.examples.resize(n);
-  for (StepWitnessExample& x : w.examples) {
+  examples->resize(n);
+  for (StepWitnessExample& x : *examples) {
     ML_RETURN_IF_ERROR(d.GetU64(&x.index, "example.index"));
     ML_RETURN_IF_ERROR(GetFloats(d, &x.x, "example.x"));
     uint32_t y = 0;
@@ -156,6 +148,46 @@ Result<StepWitness> DecodeStepWitness(ByteSpan bytes) {
     x.proof.siblings.resize(depth);
     for (Hash256& h : x.proof.siblings) ML_RETURN_IF_ERROR(d.GetHash(&h, "example.proof.siblings"));
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Bytes EncodeStepWitness(const StepWitness& w) {
+  Encoder e;
+  e.PutString(kWitnessMagic).PutString(w.bundle);
+  PutFloats(e, w.state);
+  PutExamples(e, w.examples);
+  return e.Take();
+}
+
+Result<StepWitness> DecodeStepWitness(ByteSpan bytes) {
+  Decoder d(bytes, "step witness");
+  ML_RETURN_IF_ERROR(ReadWitnessHeader(d, bytes.size(), kWitnessMagic, "step witness"));
+  StepWitness w;
+  ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
+  ML_RETURN_IF_ERROR(GetFloats(d, &w.state, "state"));
+  ML_RETURN_IF_ERROR(GetExamples(d, &w.examples));
+  ML_RETURN_IF_ERROR(d.Finish());
+  return w;
+}
+
+Bytes EncodeSegmentWitness(const SegmentWitness& w) {
+  Encoder e;
+  e.PutString(kSegmentWitnessMagic).PutString(w.bundle).PutBytes(w.start_state);
+  PutFloats(e, w.state);
+  PutExamples(e, w.examples);
+  return e.Take();
+}
+
+Result<SegmentWitness> DecodeSegmentWitness(ByteSpan bytes) {
+  Decoder d(bytes, "segment witness");
+  ML_RETURN_IF_ERROR(ReadWitnessHeader(d, bytes.size(), kSegmentWitnessMagic, "segment witness"));
+  SegmentWitness w;
+  ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(GetFloats(d, &w.state, "state"));
+  ML_RETURN_IF_ERROR(GetExamples(d, &w.examples));
   ML_RETURN_IF_ERROR(d.Finish());
   return w;
 }
@@ -211,7 +243,7 @@ Result<Transaction> DecodeTx(ByteSpan wire) {
     const size_t limit = wire.size() > kMaxLargeTxBytes ? kMaxLargeTxBytes : kMaxTxBytes;
     return ResourceExhausted("transaction: " + std::to_string(wire.size()) +
                              " bytes, over the limit of " + std::to_string(limit) +
-                             " (only RefereeStep and ProveResult may be longer than " +
+                             " (only RefereeStep, ProveResult and ProveFraud may be longer than " +
                              std::to_string(kMaxTxBytes) + ")");
   }
   Decoder d(wire, "transaction");

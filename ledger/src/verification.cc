@@ -12,6 +12,9 @@
 //                  with a data root, exact mode; referee_step.h)    -> DisputeGame::Rule
 //   ProveResult    the witness that a unit's result is not the delta of its committed final
 //                  state: the ledger computes it; fraud at once -> UnitCheck::OnResultDisproved
+//   ProveFraud     after the fact (a final round): the witness of one segment that does not
+//                  replay to its committed end; the ledger replays it; the solver slashed,
+//                  its pay for the unit clawed back, the prover's bounty, the round marked
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
 //                  tolerance-mode segment, a task without a data root -> DisputeGame::Rule
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
@@ -268,31 +271,13 @@ uint32_t FirstTaintedRound(const LedgerState& s, const Hash256& task_id,
   return before;
 }
 
-// Takes back from a proven cheater's stake what it was paid for `amount` of tainted work (at
-// most its stake) into the task's escrow, which pays for the redo.
-Status ClawBack(LedgerState& s, const Hash256& task_id, const protocol::NodeId& node,
-                Amount amount, Amount* clawed) {
-  NodeRecord* n = s.nodes.FindMutable(node);
-  if (n == nullptr) return Status::Ok();
-  const Amount take = std::min(amount, n->stake);
-  if (take == 0) return Status::Ok();
-  n->stake -= take;
-  ML_RETURN_IF_ERROR(
-      CheckedAdd(n->earnings.clawed_back, take, &n->earnings.clawed_back, "node earnings"));
-  TaskRecord* t = s.tasks.FindMutable(task_id);
-  ML_RETURN_IF_ERROR(CheckedAdd(t->escrow, take, &t->escrow, "task escrow"));
-  ML_RETURN_IF_ERROR(CheckedAdd(t->budget, take, &t->budget, "task budget"));
-  *clawed += take;
-  return Status::Ok();
-}
-
 // Applies what a block's checks asked (Rerun). Within the current round, a forced error or an
 // abandoned unit re-runs only its units, the others keeping their commits and checks, and fraud
 // re-runs the round from its start weights (every unit pending; the deterministic ones come
 // back with the same results). Either way `exclude` (cheaters, vanished solvers) is failed and
-// left out of what re-runs, and an aggregate of the round is dropped (it aggregates again).
-// Anything that re-runs a unit of a settling round changes its aggregate, so the task goes back
-// to that round, whole: the rounds trained on top of it are dropped (unpaid: not final).
+// left out of what re-runs, and an aggregate of the round is dropped (it aggregates again). In
+// a settling round the same happens after the task went back to it (RerunUnitsOf, RewindTo):
+// the rounds trained on top of its aggregate are dropped (unpaid: not final).
 //
 // Taint (docs/verification.md): a proven cheater's earlier work in the task is not trusted
 // either, checked clean or not (a check replays a sample of segments). When a cheater has units
@@ -662,6 +647,91 @@ Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
   ML_RETURN_IF_ERROR(ApplyRerun(ctx.state, tx.task_id, m, rerun));
   // The next block's DriveChecks sets the round's holds from the checks left open.
   SaveMachine(ctx.state, tx.task_id, m);
+  return Status::Ok();
+}
+
+Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  if (t == nullptr) return NotFound("prove fraud: task " + tx.task_id.ToHex() + " not found");
+  if (tx.index >= t->unit_count) {
+    return InvalidArgument("prove fraud: index " + std::to_string(tx.index) +
+                           " is out of range; task " + tx.task_id.ShortHex() + " has " +
+                           std::to_string(t->unit_count) + " units");
+  }
+  const WorkUnit* u = ctx.state.units.Find({tx.task_id, tx.index});
+  const std::string unit = "unit " + std::to_string(tx.index) + " of task " + tx.task_id.ShortHex();
+  if (u == nullptr) return NotFound("prove fraud: " + unit + " not found");
+  // Final rounds only: until then the unit's check (verdicts, a dispute, ChallengeUnit) rules.
+  if (u->round >= t->rounds_settled) {
+    return FailedPrecondition("prove fraud: round " + std::to_string(u->round) + " of task " +
+                              tx.task_id.ShortHex() +
+                              " is not final yet; while it is open a verifier's mismatch or a "
+                              "whistleblower's ChallengeUnit disputes the unit");
+  }
+  if (u->status != WorkUnitStatus::kVerified || u->leaves.empty()) {
+    return FailedPrecondition("prove fraud: " + unit + " is " +
+                              std::string(WorkUnitStatusName(u->status)) +
+                              (u->leaves.empty() ? " and has no committed leaves" : "") +
+                              "; only a paid unit of a final round with its leaves can be proven");
+  }
+  if (t->params.tolerance_rel_l2_ppm != 0 || t->params.tolerance_cosine_gap_ppb != 0) {
+    return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
+                              " is verified in tolerance mode, where replays need not match "
+                              "hashes bit for bit; only exact-mode units can be proven");
+  }
+  if (t->params.data_root.IsZero()) {
+    return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
+                              " has no data root, so the ledger cannot check a replay's batches");
+  }
+  for (const ProvenFraud& f : t->verification.proven_frauds) {
+    if (f.index == tx.index) {
+      return FailedPrecondition("prove fraud: " + unit + " was proven fraudulent at height " +
+                                std::to_string(f.height) + " already");
+    }
+  }
+  const PublicKey solver = u->assignee;
+  const NodeRecord* n = ctx.state.nodes.Find(solver);
+  if (n == nullptr || BondedStake(ctx.state, *n) == 0) {
+    return FailedPrecondition(
+        "prove fraud: the solver " + solver.ShortHex() + " of " + unit +
+        " has no stake bonded any more (unbonded and withdrawn): nothing is left to slash; a "
+        "proof must come within the unbonding delay (params.unbonding_delay_blocks, at least "
+        "params.audit_window_blocks) after the solver unstakes");
+  }
+  Result<SegmentWitness> w = DecodeSegmentWitness(tx.witness.bytes);
+  if (!w.ok()) return w.status().WithPrefix("prove fraud");
+  ML_ASSIGN_OR_RETURN(Hash256 end, ExecuteSegmentWitness(*t, *u, tx.segment, *w));
+  const Hash256 committed = u->leaves[tx.segment + 1];
+  if (end == committed) {
+    return FailedPrecondition("prove fraud: segment " + std::to_string(tx.segment) + " of " + unit +
+                              " replays to its committed end " + committed.ShortHex() +
+                              "; nothing to prove");
+  }
+  // Proven. What the unit was paid goes back first (to the submitter of a closed task, to the
+  // escrow of an open one); then the slash, as for a lost dispute; then the prover's bounty.
+  const ChainParams& p = ctx.params();
+  ProvenFraud f{.round = u->round,
+                .index = tx.index,
+                .segment = tx.segment,
+                .solver = solver,
+                .prover = ctx.tx.sender,
+                .height = ctx.height};
+  const Amount slash = protocol::SlashAmount(UnitCost(*t, u->price), p.slash_multiple);
+  const Amount paid = u->paid;
+  ML_RETURN_IF_ERROR(ClawBack(ctx.state, tx.task_id, solver, paid, &f.clawed_back));
+  ML_RETURN_IF_ERROR(SlashAndRecord(ctx.state, p, solver, slash, &f.slashed));
+  // A whistleblower's reward (at most one slash, never more than the pool holds), capped by what
+  // this slash took: proving one's own fraud never pays.
+  f.bounty = std::min(f.slashed, ctx.state.g().jackpot);
+  if (f.bounty > 0) ML_RETURN_IF_ERROR(PayFromJackpot(ctx.state, ctx.tx.sender, f.bounty));
+  TaskRecord* mt = ctx.state.tasks.FindMutable(tx.task_id);
+  mt->verification.slashed += f.slashed;
+  mt->verification.clawed_back += f.clawed_back;
+  mt->verification.proven_frauds.push_back(f);
+  ML_LOG_INFO(
+      "ledger: task {} unit {} (round {}): fraud proven after the fact in segment {}: "
+      "slashed {}, clawed back {}, bounty {}",
+      tx.task_id.ShortHex(), tx.index, f.round, tx.segment, f.slashed, f.clawed_back, f.bounty);
   return Status::Ok();
 }
 

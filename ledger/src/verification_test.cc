@@ -1119,6 +1119,255 @@ TEST_F(RealTrainingTest, AResultThatIsNotTheDeltaOfTheFinalStateIsProvenFraud) {
   EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
 }
 
+// ---- Fraud proofs after the fact (ProveFraudTx).
+//
+// s1 trains its unit honestly to step 2, then perturbs one weight and trains on: a consistent
+// commitment whose segment 1 is poisoned (the noisy adversary). Its check replays nothing (the
+// verifier calls it clean, as a one-segment check drawn on segment 0 would), the round is final,
+// the task finishes and s1 is paid. Then anyone re-executes segment 1 on chain.
+class FraudProofTest : public RealTrainingTest {
+ protected:
+  // Runs the task to its end with s1's poisoned unit paid.
+  void RunPoisonedTask() {
+    Start();
+    u_ = UnitOf(s1_);
+    other_ = UnitOf(s2_);
+    ASSERT_GE(u_, 0);
+    ASSERT_GE(other_, 0);
+    TrainUnit(static_cast<uint32_t>(u_));
+    // The poisoned trajectory: the true state after step 2, one weight moved, two more steps.
+    ASSERT_TRUE(trainer_->StartUnit(stream_, global_, protocol::InnerLrScale(2, 0.5, 0)).ok());
+    trainer_->Step();
+    trainer_->Step();
+    trainer_->state().model->params()[0].value.data()[0] += 0.25f;
+    trainer_->Step();
+    trainer_->Step();
+    poisoned_ = {states_[0], states_[2], engine::StateHash(trainer_->state())};
+    ASSERT_NE(poisoned_[2], states_[4]);
+    StepOk({CommitTx(u_, poisoned_, Blake2b("poisoned delta")),
+            CommitTx(other_, Leaves(other_, false))});
+    pending_secrets_.clear();
+    Aggregate();
+    SettleClean({u_, other_});
+    ASSERT_EQ(Check(u_).result(), CheckResult::kCheckClean) << Check(u_).reason();
+    // While the round is open, the dispute path applies.
+    Receipt early = Step({Prove(dave_, 1, SegmentProof(1))})[0];
+    EXPECT_EQ(early.code, StatusCode::kFailedPrecondition) << early.reason;
+    EXPECT_NE(early.reason.find("ChallengeUnit"), std::string::npos) << early.reason;
+    FinishTask();
+    ASSERT_EQ(Unit(u_).status, WorkUnitStatus::kVerified);
+    ASSERT_GT(Unit(u_).paid, 0u);
+  }
+
+  // The witness of segment `segment` (H = 4, k = 2): the true start (segment 0: the round's
+  // start blob; segment 1: the state after step 2, which s1's leaf 1 commits to) and the batches
+  // of its two steps.
+  SegmentWitness SegmentProof(uint32_t segment) const {
+    SegmentWitness w{.bundle = kTinyBundle, .start_state = {}, .state = {}, .examples = {}};
+    if (segment == 0) {
+      w.start_state = start_blob_;
+    } else {
+      w.state = flats_.at(2 * segment);
+    }
+    for (uint64_t step = 2 * segment + 1; step <= 2 * segment + 2; ++step) {
+      for (StepWitnessExample& e : Witness(step).examples) w.examples.push_back(std::move(e));
+    }
+    return w;
+  }
+  Transaction Prove(const KeyPair& sender, uint32_t segment, const SegmentWitness& w,
+                    std::optional<uint32_t> index = std::nullopt) {
+    return Q(sender, ProveFraudTx{.task_id = task_id_,
+                                  .index = index.value_or(static_cast<uint32_t>(u_)),
+                                  .segment = segment,
+                                  .witness = {EncodeSegmentWitness(w)}});
+  }
+  void Refused(Transaction tx, const std::string& why) {
+    const TaskRecord before = Task();
+    std::vector<Receipt> r = Step({std::move(tx)});
+    EXPECT_FALSE(r[0].ok) << why;
+    EXPECT_NE(r[0].reason.find(why), std::string::npos) << r[0].reason;
+    EXPECT_EQ(Task(), before);
+  }
+
+  int u_ = -1, other_ = -1;
+  std::vector<Hash256> poisoned_;
+};
+
+TEST_F(FraudProofTest, ASegmentThatDoesNotReplayToItsLeafIsProvenAfterTheFact) {
+  RunPoisonedTask();
+  const Amount paid = Unit(u_).paid;
+  const Amount stake_before = Node(s1_).stake;
+  const Amount gina_before = Balance(gina_), dave_before = Balance(dave_);
+
+  // Honest segment 0 (from the true start) ends at the committed leaf 1: nothing to prove.
+  Refused(Prove(dave_, 0, SegmentProof(0)), "replays to its committed end");
+  // Witnesses that do not check out, each refused naming what is wrong.
+  SegmentWitness w = SegmentProof(1);
+  w.state = flats_[3];  // a true state, not the one leaf 1 commits to
+  Refused(Prove(dave_, 1, w), "the unit's committed leaf 1");
+  w = SegmentProof(1);
+  w.state[0] += 1e-3f;
+  Refused(Prove(dave_, 1, w), "the unit's committed leaf 1");
+  w = SegmentProof(1);
+  w.start_state = start_blob_;
+  Refused(Prove(dave_, 1, w), "leave start_state empty");
+  w = SegmentProof(0);
+  w.start_state = protocol::EncodeGlobalState(flats_[4], flats_[4]);
+  Refused(Prove(dave_, 0, w), "round 0 started from");
+  w = SegmentProof(1);
+  w.examples[7].x[0] += 1.0f;  // step 4's batch (5 examples a step), not the task's data
+  Refused(Prove(dave_, 1, w), "step 4: example 2 (index");
+  w = SegmentProof(1);
+  std::swap(w.examples[0], w.examples[5]);  // steps 3 and 4 swapped
+  Refused(Prove(dave_, 1, w), "the batch draws index");
+  w = SegmentProof(1);
+  w.examples.pop_back();
+  Refused(Prove(dave_, 1, w), "2 steps of batch 5 take 10");
+  w = SegmentProof(1);
+  w.bundle += "\n";
+  Refused(Prove(dave_, 1, w), "spec_hash");
+  Refused(Prove(dave_, 2, SegmentProof(1)), "the unit has 2 segments");
+  Refused(Prove(dave_, 1, SegmentProof(1), /*index=*/99), "out of range");
+  Refused(Q(dave_, ProveFraudTx{.task_id = task_id_,
+                                .index = static_cast<uint32_t>(u_),
+                                .segment = 1,
+                                .witness = {Bytes{1, 2, 3}}}),
+          "segment witness");
+  EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
+
+  // The true witness of segment 1: the ledger's replay ends at states_[4], not the leaf.
+  StepOk({Prove(dave_, 1, SegmentProof(1))});
+  const NodeRecord s1 = Node(s1_);
+  EXPECT_EQ(s1.status, NodeStatus::kJailed);
+  EXPECT_EQ(s1.reputation.slashes, 1u);
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+  const ProvenFraud& f = t.verification.proven_frauds[0];
+  EXPECT_EQ(f.round, 0u);
+  EXPECT_EQ(f.index, static_cast<uint32_t>(u_));
+  EXPECT_EQ(f.segment, 1u);
+  EXPECT_EQ(f.solver, s1_.public_key());
+  EXPECT_EQ(f.prover, dave_.public_key());
+  // Paid back to the submitter, then slashed like a lost dispute (10 unit costs, the stake
+  // covers it); the prover's bounty comes from the jackpot, at most what was slashed.
+  EXPECT_EQ(f.clawed_back, paid);
+  EXPECT_EQ(f.slashed, protocol::SlashAmount(UnitCost(t, Unit(u_).price), kSlashMultiple));
+  EXPECT_EQ(s1.stake, stake_before - paid - f.slashed);
+  EXPECT_EQ(Balance(gina_), gina_before + paid);
+  EXPECT_GT(f.bounty, 0u);
+  EXPECT_LE(f.bounty, f.slashed);
+  EXPECT_EQ(Balance(dave_), dave_before + f.bounty);
+  EXPECT_EQ(t.verification.clawed_back, paid);
+  EXPECT_EQ(t.budget, t.escrow + t.spent + t.refunded);
+  ExpectEarningsAddUpToTheTask();
+  const nlohmann::json j = TaskToJson(t);
+  EXPECT_EQ(j["verification"]["fraud_rounds"], nlohmann::json::array({0}));
+  EXPECT_EQ(j["verification"]["proven_frauds"][0]["segment"], 1);
+  // A unit is proven once.
+  Refused(Prove(erin_, 1, SegmentProof(1)), "already");
+}
+
+// Stake that is unbonding is still slashable; stake withdrawn is gone, and with it the proof.
+TEST_F(FraudProofTest, UnbondingStakeIsSlashedAndWithdrawnStakeIsOutOfReach) {
+  RunPoisonedTask();
+  StepOk({N(s1_, LeaveNodeTx{.node_id = s1_.public_key()})});
+  ASSERT_EQ(Node(s1_).stake, 0u);
+  const Amount unbonding_before = chain_->GetAccount(alice_.public_key())->unbonding.at(0).amount;
+  StepOk({Prove(dave_, 1, SegmentProof(1))});
+  const ProvenFraud f = Task().verification.proven_frauds.at(0);
+  EXPECT_GT(f.slashed, 0u);
+  EXPECT_GT(f.clawed_back, 0u);
+  const Account alice = *chain_->GetAccount(alice_.public_key());
+  ASSERT_EQ(alice.unbonding.size(), 1u);
+  EXPECT_EQ(alice.unbonding[0].amount, unbonding_before - f.slashed - f.clawed_back);
+}
+
+TEST_F(FraudProofTest, AProofAfterTheSolverWithdrewEverythingIsRefused) {
+  RunPoisonedTask();
+  StepOk({N(s1_, LeaveNodeTx{.node_id = s1_.public_key()})});
+  Steps(static_cast<int>(genesis_.params.unbonding_delay_blocks) + 1);
+  StepOk({Q(alice_, WithdrawTx{})});
+  Refused(Prove(dave_, 1, SegmentProof(1)), "has no stake bonded any more");
+  EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
+}
+
+// The task record keeps its proofs through the encoding the state hash and the database use.
+TEST(ProvenFraudTest, TheTaskRecordKeepsItsProofsThroughItsEncoding) {
+  TaskRecord t;
+  t.id = Blake2b("task");
+  t.verification.clawed_back = 7;
+  for (uint32_t i : {3u, 9u}) {
+    t.verification.proven_frauds.push_back(ProvenFraud{.round = i / 4,
+                                                       .index = i,
+                                                       .segment = 1,
+                                                       .solver = TestKey(1).public_key(),
+                                                       .prover = TestKey(2).public_key(),
+                                                       .height = 40 + i,
+                                                       .slashed = 190,
+                                                       .clawed_back = 19,
+                                                       .bounty = 95});
+  }
+  Encoder e;
+  EncodeTask(e, t);
+  const Bytes enc = e.Take();
+  Decoder d(enc, "task");
+  TaskRecord back;
+  ASSERT_TRUE(DecodeTask(d, &back).ok());
+  ASSERT_TRUE(d.Finish().ok());
+  EXPECT_EQ(back, t);
+  for (size_t cut : {enc.size() - 1, enc.size() - 40}) {
+    Decoder short_d(ByteSpan(enc).first(cut), "task");
+    TaskRecord partial;
+    EXPECT_FALSE(DecodeTask(short_d, &partial).ok() && short_d.Finish().ok()) << cut;
+  }
+  const nlohmann::json j = TaskToJson(t);
+  EXPECT_EQ(j["verification"]["fraud_rounds"], nlohmann::json::array({0, 2}));
+  EXPECT_EQ(j["verification"]["proven_frauds"][1]["index"], 9);
+  EXPECT_EQ(j["verification"]["proven_frauds"][1]["prover"], TestKey(2).public_key().ToHex());
+}
+
+TEST(SegmentWitnessTest, EncodingRoundTripsAndRefusesDamage) {
+  SegmentWitness w{
+      .bundle = "[task]\n", .start_state = {9, 8, 7}, .state = {1.5f, -2.0f}, .examples = {}};
+  w.examples.push_back(StepWitnessExample{
+      .index = 7,
+      .x = {0.25f, 0.5f},
+      .y = 2,
+      .proof = MerkleProof{.index = 7, .leaf_count = 9, .siblings = {Blake2b("a")}}});
+  const Bytes enc = EncodeSegmentWitness(w);
+  Result<SegmentWitness> back = DecodeSegmentWitness(enc);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, w);
+  for (size_t cut : {size_t{0}, size_t{10}, enc.size() - 1}) {
+    EXPECT_FALSE(DecodeSegmentWitness(ByteSpan(enc).first(cut)).ok()) << cut;
+  }
+  Bytes longer = enc;
+  longer.push_back(0);
+  EXPECT_FALSE(DecodeSegmentWitness(longer).ok());
+  EXPECT_EQ(DecodeSegmentWitness(Bytes(kMaxWitnessBytes + 1, 0)).status().code(),
+            StatusCode::kInvalidArgument);
+  // A step witness is not a segment witness.
+  Result<SegmentWitness> other = DecodeSegmentWitness(EncodeStepWitness({}));
+  EXPECT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("meshlearn.segment_witness.v1"), std::string::npos);
+  // As a transaction past kMaxTxBytes, through the binary and JSON forms.
+  SegmentWitness big = w;
+  big.state.assign(100'000, 0.5f);
+  Transaction tx = BuildSignedTx(TestKey(1), "c", 0,
+                                 ProveFraudTx{.task_id = Blake2b("t"),
+                                              .index = 3,
+                                              .segment = 1,
+                                              .witness = {EncodeSegmentWitness(big)}});
+  const Bytes wire = EncodeTx(tx);
+  EXPECT_GT(wire.size(), kMaxTxBytes);
+  Result<Transaction> decoded = DecodeTx(wire);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(*decoded, tx);
+  Result<Transaction> from_json = TxFromJson(TxToJson(tx));
+  ASSERT_TRUE(from_json.ok()) << from_json.status().ToString();
+  EXPECT_EQ(*from_json, tx);
+}
+
 TEST(StepWitnessTest, EncodingRoundTripsAndRefusesDamage) {
   StepWitness w{.bundle = "[task]\n", .state = {1.5f, -2.0f, 0.0f}, .examples = {}};
   w.examples.push_back(StepWitnessExample{

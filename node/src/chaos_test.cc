@@ -951,13 +951,13 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 // peers fetched blobs from active nodes only, so no unit of round 1 could fetch its start state
 // and the task never ended. Fixed: a node that left still serves while it unbonds and peers ask
 // it after the active nodes (NodeAgent::Providers). Re-pinned to seed 300 when 3ca01a4 (the node
-// record's earnings) moved every seed's run and seed 3's leaver left before it aggregated: at
-// seed 300 the leaver (n3, +23) has committed an aggregate when it leaves.
-TEST(ChaosTest, Seed3ANodeThatLeftStillServesTheAggregateItCommitted) {
-  ChaosResult r = RunChaos(3);
+// record's earnings) moved every seed's run and seed 3's leaver left before it aggregated; then
+// to seed 80 when rounds in flight and the task record's proven frauds moved them again.
+TEST(ChaosTest, Seed80ANodeThatLeftStillServesTheAggregateItCommitted) {
+  ChaosResult r = RunChaos(80);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_TRUE(r.scenario.leaver_aggregated)
-      << "seed 3 no longer has a leaver that committed an aggregate, so this test checks "
+      << "seed 80 no longer has a leaver that committed an aggregate, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_aggregated=1 (docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
@@ -1023,26 +1023,28 @@ TEST(ChaosTest, Seed54ACancelPaysNoUnverifiedWork) {
 // verifiers' mismatch became a dispute it did not defend, and the honest node was slashed.
 // Fixed: a node that left still plays the checks it is party to (NodeAgent::Tick). Re-pinned to
 // seed 100 when 3ca01a4 moved every seed's run and seed 188's leaver had no unit in verification
-// any more: at seed 100 (forced errors 25%) the leaver (n5, +18) leaves with one.
-TEST(ChaosTest, Seed100ANodeThatLeftStillRevealsAndDefends) {
-  ChaosResult r = RunChaos(100);
+// any more; to seed 3 when the task record gained verification.proven_frauds (ProveFraud) and
+// seed 100's leaver had none either: at seed 3 (forced errors 25%) the leaver (n4, +14) leaves
+// with one.
+TEST(ChaosTest, Seed3ANodeThatLeftStillRevealsAndDefends) {
+  ChaosResult r = RunChaos(3);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_GE(r.scenario.leaver_checks_open, 1u)
-      << "seed 100's leaver no longer leaves with a unit in verification, so this test checks "
+      << "seed 3's leaver no longer leaves with a unit in verification, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_checks_open=N with N > 0 "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
 
-// Seed 9 (docs/chaos.md "Found"): unit 4 of a new solver was selected for verification, its only
+// Seed 9, now 55 (docs/chaos.md "Found"): unit 4 of a new solver was selected for verification, its only
 // verifier's CommitVerdict came after the commit window closed, and the check settled "unchecked
 // (no verifier revealed a verdict)": the unit was paid and entered the model although nobody
 // replayed it. A cheater whose verifiers stay silent is paid the same way. Fixed: such a unit
 // settles abandoned and runs again (protocol UnitCheck).
-TEST(ChaosTest, Seed94ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
-  ChaosResult r = RunChaos(94, /*strict_unchecked=*/true);
+TEST(ChaosTest, Seed55ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
+  ChaosResult r = RunChaos(55, /*strict_unchecked=*/true);
   EXPECT_GE(r.scenario.abandoned, 1u)
-      << "seed 94 no longer settles a check abandoned: re-pin the test to a seed that does "
+      << "seed 55 no longer settles a check abandoned: re-pin the test to a seed that does "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }

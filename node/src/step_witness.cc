@@ -5,6 +5,9 @@
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/ledger/step_witness.h"
+#include "meshlearn/protocol/state_blob.h"
+#include "meshlearn/protocol/task_model.h"
+#include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::node {
 namespace {
@@ -12,6 +15,27 @@ namespace {
 // Floats per training example (the training tensor is (N, ...)).
 int64_t ExampleFloats(const engine::ClassificationData& train) {
   return train.size() == 0 ? 0 : train.x.size() / train.size();
+}
+
+// The examples of the batch at 0-based step index `step` of `work`, in batch order, each with
+// its proof in `tree`.
+std::vector<ledger::StepWitnessExample> BatchExamples(const engine::Trainer& trainer,
+                                                      const UnitWork& work,
+                                                      const engine::DataTree& tree, int64_t step) {
+  const engine::ClassificationData& train = trainer.data().train;
+  const int64_t per = ExampleFloats(train);
+  const std::vector<int64_t> indices = engine::BatchIndices(
+      trainer.task().seed, work.stream, train.size(), trainer.task().batch_size, step);
+  std::vector<ledger::StepWitnessExample> out;
+  out.reserve(indices.size());
+  for (int64_t i : indices) {
+    const float* x = train.x.data() + i * per;
+    out.push_back({.index = static_cast<uint64_t>(i),
+                   .x = std::vector<float>(x, x + per),
+                   .y = train.y[static_cast<size_t>(i)],
+                   .proof = tree.Prove(i)});
+  }
+  return out;
 }
 
 }  // namespace
@@ -125,18 +149,7 @@ Result<BuiltStepWitness> BuildStepWitness(engine::Trainer* trainer, std::span<co
   engine::TrainState& st = trainer->state();
   out.witness.bundle = std::string(bundle);
   out.witness.state = engine::FlatState(st);
-  const engine::ClassificationData& train = trainer->data().train;
-  const int64_t per = ExampleFloats(train);
-  const std::vector<int64_t> indices = engine::BatchIndices(
-      trainer->task().seed, work.stream, train.size(), trainer->task().batch_size, st.step);
-  out.witness.examples.reserve(indices.size());
-  for (int64_t i : indices) {
-    const float* x = train.x.data() + i * per;
-    out.witness.examples.push_back({.index = static_cast<uint64_t>(i),
-                                    .x = std::vector<float>(x, x + per),
-                                    .y = train.y[static_cast<size_t>(i)],
-                                    .proof = tree.Prove(i)});
-  }
+  out.witness.examples = BatchExamples(*trainer, work, tree, st.step);
   // The output the ledger will compute, and the trainer's own step: they must agree, or the
   // witness does not describe this step (a bug, never a party's fault).
   ML_ASSIGN_OR_RETURN(
@@ -154,6 +167,66 @@ Result<BuiltStepWitness> BuildStepWitness(engine::Trainer* trainer, std::span<co
                  : c ? ", the challenger's output"
                      : ", neither output (both lose)");
   return out;
+}
+
+uint64_t SegmentWitnessBound(const engine::Trainer& trainer, uint64_t num_params, uint64_t steps) {
+  // One step's bound holds the state, one batch and the margin; each further step one batch.
+  const uint64_t one = StepWitnessBound(trainer, num_params);
+  const uint64_t state = 4 * static_cast<uint64_t>(engine::FlatStateSize(
+                                 static_cast<int64_t>(num_params), trainer.task().optimizer));
+  const uint64_t batch = one - state - (64 << 10);
+  return one + (steps > 0 ? steps - 1 : 0) * batch;
+}
+
+Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSpan start_blob,
+                                                const UnitWork& work,
+                                                std::span<const Hash256> leaves,
+                                                std::string_view bundle,
+                                                const engine::DataTree& tree) {
+  if (trainer->data().tokens) {
+    return InvalidArgument("segment witness: a token task has no per-example data root");
+  }
+  const uint32_t segments = protocol::SegmentCount(static_cast<uint64_t>(work.inner_steps),
+                                                   static_cast<uint64_t>(work.checkpoint_interval));
+  if (leaves.size() != segments + 1ull) {
+    return InvalidArgument("segment witness: the unit has " + std::to_string(leaves.size()) +
+                           " committed leaves; its " + std::to_string(segments) +
+                           " segments need " + std::to_string(segments + 1));
+  }
+  Result<protocol::GlobalState> start = protocol::DecodeGlobalState(start_blob);
+  if (!start.ok()) return start.status().WithPrefix("segment witness: the round's start state");
+  // The replay from the unit's true start, one segment at a time (ReplayToSteps: the hashes
+  // every party computes).
+  const int64_t zero[] = {0};
+  ML_RETURN_IF_ERROR(ReplayToSteps(trainer, start->weights, work, 0, nullptr, zero).status());
+  for (uint32_t j = 0; j < segments; ++j) {
+    const protocol::SegmentSteps seg =
+        protocol::SegmentStepsOf(static_cast<uint64_t>(work.inner_steps),
+                                 static_cast<uint64_t>(work.checkpoint_interval), j);
+    std::vector<float> flat;
+    if (j > 0) flat = engine::FlatState(trainer->state());
+    for (uint64_t s = seg.first_step; s < seg.last_step; ++s) trainer->Step();
+    const Hash256 end = engine::StateHash(trainer->state());
+    if (end == leaves[j + 1]) continue;
+    BuiltSegmentWitness out{
+        .segment = j, .witness = {}, .committed_end = leaves[j + 1], .replayed_end = end};
+    out.witness.bundle = std::string(bundle);
+    if (j == 0) {
+      out.witness.start_state.assign(start_blob.begin(), start_blob.end());
+    } else {
+      out.witness.state = std::move(flat);
+    }
+    for (uint64_t s = seg.first_step; s < seg.last_step; ++s) {
+      for (ledger::StepWitnessExample& e :
+           BatchExamples(*trainer, work, tree, static_cast<int64_t>(s))) {
+        out.witness.examples.push_back(std::move(e));
+      }
+    }
+    return out;
+  }
+  return NotFound(
+      "segment witness: every segment of the unit replays to its committed leaf; "
+      "there is no fraud to prove");
 }
 
 }  // namespace meshlearn::node

@@ -15,6 +15,7 @@
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/task_model.h"
 #include "testing/synthetic_task.h"
 
 namespace meshlearn::node {
@@ -334,6 +335,52 @@ TEST(StepWitnessSizeTest, FashionMlpFitsInATransaction) {
   const uint64_t bound = StepWitnessBound(*trainer, facts.num_params);
   EXPECT_GE(bound, wire.size());
   EXPECT_LE(bound, ledger::kMaxWitnessBytes);
+}
+
+// The fraud proof of examples/fashion-mlp.toml (inner_steps 100, checkpoint_interval 10): a
+// segment witness holds the start state and ten batches; it fits one ProveFraud. A unit whose
+// leaf 2 is not what segment 1 gives is proven in segment 1, from the true state after step 10.
+TEST(StepWitnessSizeTest, FashionMlpSegmentWitnessFitsInATransaction) {
+  const std::string dir = "/usr/share/datasets/fashion-mnist/";
+  if (!Env::Default()->FileExists(dir + "train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST not installed at " << dir;
+  }
+  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml";
+  Env* env = Env::Default();
+  engine::TaskSpec spec = engine::TaskSpec::Load(env, path).value();
+  NetworkSpec net = NetworkSpec::Load(env, path).value();
+  std::unique_ptr<engine::Trainer> trainer = engine::Trainer::Create(env, spec).value();
+  const TaskFacts facts = ComputeTaskFacts(*trainer, net);
+  const GlobalState start = InitialState(*trainer);
+  const UnitWork work = protocol::UnitWorkOf(net, facts, 0, 0);
+  ASSERT_EQ(work.inner_steps, 100);
+  ASSERT_EQ(work.checkpoint_interval, 10);
+  const engine::DataTree tree(trainer->data().train);
+  const std::vector<int64_t> at = protocol::HashedSteps(work.inner_steps, work.checkpoint_interval);
+  std::vector<Hash256> leaves =
+      ReplayToSteps(trainer.get(), start.weights, work, 0, nullptr, at).value();
+  const Hash256 true_end = leaves[2];
+  leaves[2] = Blake2b("a perturbed trajectory");
+  const std::string bundle = env->ReadFile(path).value();
+  Result<BuiltSegmentWitness> w =
+      BuildSegmentWitness(trainer.get(), EncodeGlobalState(start), work, leaves, bundle, tree);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->segment, 1u);
+  EXPECT_EQ(w->replayed_end, true_end);
+  EXPECT_EQ(w->witness.examples.size(), 10u * static_cast<size_t>(spec.batch_size));
+  EXPECT_EQ(w->witness.state.size(), 3 * facts.num_params);
+  const Bytes wire = ledger::EncodeSegmentWitness(w->witness);
+  std::printf("fashion-mlp segment witness (10 steps): %zu bytes (state %zu bytes, %zu examples)\n",
+              wire.size(), 4 * w->witness.state.size(), w->witness.examples.size());
+  EXPECT_LT(wire.size(), ledger::kMaxWitnessBytes);
+  const uint64_t bound = SegmentWitnessBound(*trainer, facts.num_params, 10);
+  EXPECT_GE(bound, wire.size());
+  // An honest unit has nothing to prove.
+  leaves[2] = true_end;
+  EXPECT_EQ(BuildSegmentWitness(trainer.get(), EncodeGlobalState(start), work, leaves, bundle, tree)
+                .status()
+                .code(),
+            StatusCode::kNotFound);
 }
 
 // A model whose witness could not be posted is submitted without a data root (the genesis

@@ -120,6 +120,10 @@ class Auditor {
       ML_ASSIGN_OR_RETURN(Hash256 w, Hash256::FromHex(h.get<std::string>(), "weights_history"));
       history_.push_back(w);
     }
+    if (const auto v = task_.find("verification"); v != task_.end() && v->is_object()) {
+      r_.proven_frauds = v->value("proven_frauds", json::array());
+      r_.fraud_rounds = v->value("fraud_rounds", json::array());
+    }
     if (!task_.contains("units") || !task_["units"].is_array()) {
       return DataLoss(where + ": the record has no units (ask get_task with units = true)");
     }
@@ -134,6 +138,11 @@ class Auditor {
       if (Contributes(u)) {
         ML_ASSIGN_OR_RETURN(u.commitment, HashField(ju, "commitment", where + " unit"));
         ML_ASSIGN_OR_RETURN(u.result, HashField(ju, "result_hash", where + " unit"));
+        for (const json& h : ju.value("leaves", json::array())) {
+          if (!h.is_string()) return DataLoss(where + " unit: leaves holds a non-string");
+          ML_ASSIGN_OR_RETURN(Hash256 leaf, Hash256::FromHex(h.get<std::string>(), "leaves"));
+          u.leaves.push_back(leaf);
+        }
       } else {
         u.note = "status " + u.status + ": not part of its round's aggregate";
       }
@@ -161,6 +170,7 @@ class Auditor {
       ML_RETURN_IF_ERROR(env_->WriteFileAtomic(path, AsStringView(*data)));
       return path;
     };
+    bundle_text_ = std::string(AsStringView(*bundle));
     ML_ASSIGN_OR_RETURN(LoadedBundle b, LoadBundle(AsStringView(*bundle), resolver));
     net_ = b.net;
     r_.task_name = b.task.name;
@@ -318,6 +328,27 @@ class Auditor {
                 ", re-executed " + u.replayed_result.ToHex();
     }
     if (delta) *delta = std::move(out.delta);
+    if (!c_ok && o_.on_fraud) ML_RETURN_IF_ERROR(Prove(u, start, work));
+    return Status::Ok();
+  }
+
+  // The fraud proof of unit `u`, whose commitment did not replay from `start`.
+  Status Prove(AuditUnit& u, const GlobalState& start, const UnitWork& work) {
+    if (trainer_->data().tokens) {
+      u.proof = {{"sent", false}, {"error", "a token task has no data root to prove against"}};
+      return Status::Ok();
+    }
+    if (!tree_) tree_ = std::make_unique<engine::DataTree>(trainer_->data().train);
+    Result<BuiltSegmentWitness> w = BuildSegmentWitness(trainer_.get(), EncodeGlobalState(start),
+                                                        work, u.leaves, bundle_text_, *tree_);
+    if (!w.ok()) {
+      // Leaves that agree with the replay under a commitment that does not (the record is
+      // inconsistent) or none recorded: nothing the ledger could re-execute.
+      u.proof = {{"sent", false}, {"error", w.status().message()}};
+      return Status::Ok();
+    }
+    u.fraud_segment = static_cast<int32_t>(w->segment);
+    u.proof = o_.on_fraud(u, *w);
     return Status::Ok();
   }
 
@@ -485,6 +516,8 @@ class Auditor {
   NetworkSpec net_;
   TaskFacts facts_;
   std::unique_ptr<engine::Trainer> trainer_;
+  std::unique_ptr<engine::DataTree> tree_;  // built for the first fraud proof
+  std::string bundle_text_;
   GlobalState initial_;
   std::string bundle_mismatch_, ledger_mismatch_;
   std::vector<bool> whole_;                  // rounds re-executed completely
@@ -543,7 +576,9 @@ json AuditReportToJson(const AuditReport& r) {
                      {"replayed_result_hash", HashOrNull(u.replayed_result)},
                      {"sampled", u.sampled},
                      {"check", std::string(AuditCheckName(u.check))},
-                     {"note", u.note}});
+                     {"note", u.note},
+                     {"fraud_segment", u.fraud_segment < 0 ? json(nullptr) : json(u.fraud_segment)},
+                     {"proof", u.proof}});
   }
   return {{"task_id", r.task_id.ToHex()},
           {"task", r.task_name},
@@ -558,6 +593,8 @@ json AuditReportToJson(const AuditReport& r) {
           {"units_executed", r.units_executed},
           {"verdict", r.pass ? "PASS" : "FAIL"},
           {"first_mismatch", r.pass ? json(nullptr) : json(r.first_mismatch)},
+          {"proven_frauds", r.proven_frauds},
+          {"fraud_rounds", r.fraud_rounds},
           {"chain", chain},
           {"units", units}};
 }

@@ -15,7 +15,8 @@
 //   min_stake_verifier = 1000
 //   min_stake_whistleblower = 1000
 //   min_stake_aggregator = 1000
-//   unbonding_delay_blocks = 100
+//   unbonding_delay_blocks = 100        # >= audit_window_blocks
+//   audit_window_blocks = 100           # after a task's last round is final: time to audit it
 //   treasury_cut_bps = 200              # of every payout from escrow, in basis points
 //   slash_jackpot_bps = 5000            # share of slashed stake that goes to the jackpot pool
 //   faucet_max_amount = 1000000000
@@ -63,7 +64,14 @@ struct ChainParams {
   Amount min_stake_verifier = 1000;
   Amount min_stake_whistleblower = 1000;
   Amount min_stake_aggregator = 1000;
+  // Stake on its way out stays slashable this long (Unstake/LeaveNode -> Withdraw).
   uint64_t unbonding_delay_blocks = 100;
+  // How long after a task's last round is final it may still be audited and reopened (the
+  // submitter's time to run `task audit --full`; docs/verification.md, "Fraud proofs after the
+  // fact"). unbonding_delay_blocks must be at least this, so that a solver that unstakes the
+  // moment its last unit is final is still bonded when a fraud proof (ProveFraudTx) arrives within
+  // the window. A proof is accepted whenever the solver still has stake bonded, window or not.
+  uint64_t audit_window_blocks = 100;
   uint32_t treasury_cut_bps = 200;   // <= 10000
   uint32_t slash_jackpot_bps = 5000;  // <= 10000
   Amount faucet_max_amount = 1'000'000'000;
@@ -103,6 +111,7 @@ struct ChainParams {
     v("min_stake_whistleblower", s.min_stake_whistleblower);
     v("min_stake_aggregator", s.min_stake_aggregator);
     v("unbonding_delay_blocks", s.unbonding_delay_blocks);
+    v("audit_window_blocks", s.audit_window_blocks);
     v("treasury_cut_bps", s.treasury_cut_bps);
     v("slash_jackpot_bps", s.slash_jackpot_bps);
     v("faucet_max_amount", s.faucet_max_amount);
@@ -155,7 +164,8 @@ struct Genesis {
 };
 
 // Checks chain id (1-64 chars of [A-Za-z0-9_.-]), interval > 0, bps <= 10000, distinct account
-// keys, and that the total balance fits in an Amount.
+// keys, that the total balance fits in an Amount, and unbonding_delay_blocks >=
+// audit_window_blocks.
 // With `sequencers` set: `sequencer` among them, keys distinct and non-zero, at most
 // kMaxSequencers.
 Status ValidateGenesis(const Genesis& g);
@@ -196,9 +206,9 @@ Status CreateChainDir(const std::string& dir, const Genesis& g, const KeyPair& s
 std::string CandidateKeyName(size_t i);
 
 // A devnet genesis: faucet on, each key funded with `balance_each`, small minimum stakes,
-// a short unbonding delay (10 blocks) so local tests move quickly, and generous scheduler
-// knobs (liveness 60 blocks, slack 6000 permille, deadlines at least 20 blocks) so a loaded
-// machine does not miss deadlines.
+// a short unbonding delay and audit window (10 blocks each) so local tests move quickly, and
+// generous scheduler knobs (liveness 60 blocks, slack 6000 permille, deadlines at least 20 blocks)
+// so a loaded machine does not miss deadlines.
 Genesis DevnetGenesis(const std::vector<PublicKey>& funded_keys, Amount balance_each,
                       std::string chain_id = "meshlearn-devnet");
 

@@ -224,6 +224,34 @@ struct RoundResult {
   bool operator==(const RoundResult&) const = default;
 };
 
+// A unit proven fraudulent after its round was final (ProveFraudTx; docs/verification.md, "Fraud
+// proofs after the fact"): its segment `segment` does not replay to its committed end.
+struct ProvenFraud {
+  uint32_t round = 0;      // the round the unit's work went into (the task's rounds from it on
+                           // were trained from a state it poisoned)
+  uint32_t index = 0;      // the unit
+  uint32_t segment = 0;    // the segment the ledger replayed
+  PublicKey solver;        // the node that committed it
+  PublicKey prover;        // the account that sent the proof
+  uint64_t height = 0;     // the block that accepted the proof
+  Amount slashed = 0;      // taken from the solver's stake and unbonding
+  Amount clawed_back = 0;  // of what the unit was paid, back to the submitter
+  Amount bounty = 0;       // to the prover, from the jackpot
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("round", s.round);
+    v("index", s.index);
+    v("segment", s.segment);
+    v("solver", s.solver);
+    v("prover", s.prover);
+    v("height", s.height);
+    v("slashed", s.slashed);
+    v("clawed_back", s.clawed_back);
+    v("bounty", s.bounty);
+  }
+  bool operator==(const ProvenFraud&) const = default;
+};
+
 // What verification did on a task (ledger/src/verification.cc): settled checks by result, and
 // the tokens it moved. Kept on the task because a check that ends in a re-run is dropped with its
 // round.
@@ -246,6 +274,9 @@ struct VerificationTally {
   // then ran again (fraud, a forced error, an abandoned unit in it), dropped unpaid; the price
   // of not waiting for verification.
   uint64_t rounds_dropped = 0;
+  // Units proven fraudulent after their round was final (ProveFraudTx), in proof order; at most
+  // one per unit. Their slashes and claw-backs are also in `slashed` and `clawed_back`.
+  std::vector<ProvenFraud> proven_frauds;
   bool operator==(const VerificationTally&) const = default;
 };
 

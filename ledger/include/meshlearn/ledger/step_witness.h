@@ -26,6 +26,17 @@ Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, do
                                const Hash256& agreed, const StepWitness& w,
                                const std::string& where);
 
+// Runs `steps` steps of a classification unit with stream `stream` from `state` (which moves to
+// the end), each on its batch from `examples` (steps x batch_size of them, step after step, each
+// checked as RunStepWitness checks one step's), and returns the end state's hash: the segment
+// replay of a ProveFraudTx. InvalidArgument naming the first example that does not check
+// (`where` prefixes every message). Deterministic.
+Result<Hash256> RunSegmentSteps(const engine::TaskSpec& spec, uint64_t stream,
+                                uint64_t num_examples, const Hash256& data_root,
+                                engine::TrainState& state, uint64_t steps,
+                                std::span<const StepWitnessExample> examples,
+                                const std::string& where);
+
 // The blob id of the delta blob of `delta` (protocol/state_blob.h EncodeDelta): the id a
 // BlobStore::Put of the encoded delta returns, which CommitUnit records as result_hash.
 Hash256 DeltaBlobId(std::span<const float> delta);

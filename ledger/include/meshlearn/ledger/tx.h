@@ -38,8 +38,9 @@
 namespace meshlearn::ledger {
 
 inline constexpr size_t kMaxTxBytes = 16 * 1024;       // a whole encoded transaction
-// A RefereeStep or a ProveResult carries a witness (the training state of a small model and one
-// batch of examples, or a global state): the only transactions allowed past kMaxTxBytes.
+// A RefereeStep, a ProveResult or a ProveFraud carries a witness (the training state of a small
+// model and one batch of examples, or a global state): the only transactions allowed past
+// kMaxTxBytes.
 inline constexpr size_t kMaxWitnessBytes = 8u << 20;
 inline constexpr size_t kMaxLargeTxBytes = kMaxWitnessBytes + kMaxTxBytes;
 inline constexpr uint32_t kMaxChainIdLength = 64;
@@ -543,6 +544,55 @@ struct ProveResultTx {
   bool operator==(const ProveResultTx&) const = default;
 };
 
+// The witness that segment `segment` of a unit whose round is final does not replay to its
+// committed end (ProveFraudTx; docs/verification.md, "Fraud proofs after the fact"): everything
+// the ledger needs to re-execute the segment's steps itself, each input checked against the chain.
+//   - bundle: the task bundle text (blob id == spec_hash);
+//   - the segment's start: for segment 0 `start_state`, the global state blob the round started
+//     from (blob id == the round's start on chain; the unit starts from its weights with a fresh
+//     optimizer, as every solver does), `state` empty; for a later segment `state`, the
+//     engine::FlatState after step segment x k, which must hash to the unit's committed leaf
+//     `segment`, `start_state` empty;
+//   - examples: the batches of the segment's steps, step after step, each batch in batch order
+//     (engine::BatchIndices), each example proven against the task's data_root. Batches are a
+//     pure function of (task seed, unit stream, step), so no intermediate state is needed.
+struct SegmentWitness {
+  std::string bundle;
+  Bytes start_state;
+  std::vector<float> state;
+  std::vector<StepWitnessExample> examples;
+  bool operator==(const SegmentWitness&) const = default;
+};
+Bytes EncodeSegmentWitness(const SegmentWitness& w);
+// Refuses truncated or trailing bytes and sizes over kMaxWitnessBytes (InvalidArgument).
+Result<SegmentWitness> DecodeSegmentWitness(ByteSpan bytes);
+
+// Anyone (the sender: any account) proves after the fact that unit `index` of a task committed a
+// segment its replay does not reach: the ledger re-executes segment `segment` from the witness
+// (SegmentWitness) and compares the end state's hash with the committed leaf segment + 1.
+// Accepted only for a paid unit whose round is final (before that the dispute path applies:
+// verdicts, ChallengeUnit) and while the solver's stake is bonded (on the node, or unbonding and
+// not withdrawn), once per unit. Then the solver is slashed (stake, then unbonding) and jailed,
+// what it was paid for the unit is clawed back to the submitter, the sender gets a bounty from
+// the jackpot, and the task's record marks the unit's round (VerificationTally::proven_frauds).
+// Refused, changing nothing, when the witness does not check out or the segment replays to its
+// committed end. May be longer than kMaxTxBytes (kMaxLargeTxBytes).
+struct ProveFraudTx {
+  static constexpr TxType kType = TxType::kProveFraud;
+  Hash256 task_id;
+  uint32_t index = 0;
+  uint32_t segment = 0;
+  WitnessField witness;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("segment", s.segment);
+    v("witness", s.witness);
+  }
+  bool operator==(const ProveFraudTx&) const = default;
+};
+
 namespace internal {
 template <typename Ignored, typename... T>
 struct VariantOfRest {
@@ -557,8 +607,8 @@ using TxPayload =
 #undef ML_TX_ALTERNATIVE_
 
 TxType PayloadType(const TxPayload& p);
-// The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for the two that
-// carry a witness (RefereeStep, ProveResult).
+// The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for the three that
+// carry a witness (RefereeStep, ProveResult, ProveFraud).
 size_t MaxTxBytes(TxType t);
 
 struct Transaction {

@@ -33,6 +33,7 @@
   X(RevealSecret, 52, verification)  \
   X(DisputePost, 53, verification)   \
   X(ChallengeUnit, 54, verification) \
-  X(RuleDispute, 55, verification)  \
-  X(RefereeStep, 56, verification)  \
-  X(ProveResult, 57, verification)
+  X(RuleDispute, 55, verification)   \
+  X(RefereeStep, 56, verification)   \
+  X(ProveResult, 57, verification)   \
+  X(ProveFraud, 58, verification)

@@ -93,6 +93,33 @@ Result<Hash256> ExecuteStepWitness(const engine::Trainer& trainer, const UnitWor
                                    int64_t step, const ledger::StepWitness& witness,
                                    const Hash256& agreed, const Hash256& data_root);
 
+// ---- Fraud proofs after the fact (ProveFraudTx; docs/verification.md, "Fraud proofs after the
+// fact"). An auditor replays a unit from its true start; the first segment j whose end is not the
+// committed leaf j + 1 is the one to prove: its start is the committed leaf j (segment 0: the
+// unit's true start, always), since every earlier segment ended on its leaf.
+struct BuiltSegmentWitness {
+  uint32_t segment = 0;
+  ledger::SegmentWitness witness;
+  Hash256 committed_end;  // leaves[segment + 1]
+  Hash256 replayed_end;   // what the honest replay (and so the ledger) gets instead
+};
+
+// The witness of the first segment of unit `work` (trained from the round's start state
+// `start_blob`, a global state blob) that does not replay to its committed leaf (`leaves`:
+// SegmentCount + 1 of them). `bundle` is the task bundle text, `tree` the DataTree of the
+// trainer's training data. NotFound when every segment replays to its leaf (nothing to prove);
+// InvalidArgument for a token task, a start blob that does not decode, or leaves of the wrong
+// count. Moves the trainer.
+Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSpan start_blob,
+                                                const UnitWork& work,
+                                                std::span<const Hash256> leaves,
+                                                std::string_view bundle,
+                                                const engine::DataTree& tree);
+
+// The size of a segment witness of `steps` steps (the start state, steps x one batch of examples
+// with proofs, the bundle), bounded as StepWitnessBound bounds a step's.
+uint64_t SegmentWitnessBound(const engine::Trainer& trainer, uint64_t num_params, uint64_t steps);
+
 // The data root a task's training data gives (engine::DataTree): what TaskParams::data_root must
 // be. Zero for a token task (no per-example tree; the genesis referee rules its disputes).
 Hash256 TaskDataRoot(const engine::TaskData& data);

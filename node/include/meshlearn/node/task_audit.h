@@ -48,6 +48,7 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/node/chain_client.h"
+#include "meshlearn/node/step_witness.h"
 
 namespace meshlearn::node {
 
@@ -73,6 +74,11 @@ struct AuditUnit {
   bool sampled = false;  // drawn by a sampled audit (else: full, or rebuilding its round's state)
   AuditCheck check = AuditCheck::kAuditCheckSkipped;
   std::string note;  // why it was skipped, or what differs
+  std::vector<Hash256> leaves;  // recorded (CommitUnit): the state hashes after steps 0, k, ..., H
+  // With AuditOptions::on_fraud: the first segment that does not replay to its leaf (-1: none
+  // found or not asked) and on_fraud's answer (what became of the proof; null when not asked).
+  int32_t fraud_segment = -1;
+  nlohmann::json proof;
 };
 
 // One link of the chain initial -> round 0 -> ... -> final.
@@ -99,6 +105,10 @@ struct AuditReport {
   std::vector<AuditState> chain;
   std::vector<AuditUnit> units;  // every unit of the audited rounds, by index
   uint64_t units_executed = 0;
+  // The record's verification.proven_frauds when the audit read it (units already proven
+  // fraudulent on chain, ProveFraudTx), and verification.fraud_rounds.
+  nlohmann::json proven_frauds = nlohmann::json::array();
+  nlohmann::json fraud_rounds = nlohmann::json::array();
   bool pass = false;
   std::string first_mismatch;  // empty on PASS: the first failed check, in chain order
 };
@@ -121,6 +131,11 @@ struct AuditOptions {
   std::string work_dir;
   std::function<void(const AuditProgress&)> on_progress;
   std::function<void(const std::string&)> log;  // decisions worth telling a human
+  // Fraud proofs (`task audit --prove`): for every re-executed unit whose commitment does not
+  // replay, the audit builds the witness of the first segment that does not reach its committed
+  // leaf (BuildSegmentWitness, from the unit's true start) and calls this with it; whatever it
+  // returns is kept as AuditUnit::proof. Null: no witness is built.
+  std::function<nlohmann::json(const AuditUnit&, const BuiltSegmentWitness&)> on_fraud;
 };
 
 // Returns the bytes of blob `id` (content-verified), or an error when no one serves it.

@@ -1,0 +1,160 @@
+// Fraud proofs after the fact (issue 19; docs/verification.md, "Fraud proofs after the fact"), on
+// a whole network in one process: a noisy poisoner's units pass their one-segment checks under
+// economic assurance, the task finishes with its work in the model and its pay in its pocket;
+// then a full audit (node/task_audit.h) finds every poisoned unit, builds the witness of the
+// segment that misses its leaf, and the ledger, re-executing that segment, slashes the poisoner,
+// claws its pay back to the submitter and marks the rounds.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "meshlearn/node/adversary.h"
+#include "meshlearn/node/task_audit.h"
+#include "testing/verification_sim.h"
+
+namespace meshlearn::node {
+namespace {
+
+using nlohmann::json;
+using testing::SimHarness;
+using testing::SimOptions;
+using testing::VerifyFixture;
+
+constexpr uint32_t kFraudH = 8, kFraudK = 2;  // 4 segments a unit: a check replays one
+
+// A network that ran a task to its end with node 0 a noisy poisoner under economic assurance.
+struct PoisonedRun {
+  VerifyFixture f;
+  std::unique_ptr<SimHarness> sim;
+  explicit PoisonedRun(uint64_t seed) : f(seed, /*rounds=*/3, /*units=*/3, kFraudH, kFraudK) {
+    const std::string table = "[network]\n";
+    f.toml.insert(f.toml.find(table) + table.size(), "assurance = \"economic\"\n");
+    SimOptions o{
+        .seed = seed, .nodes = 5, .task_toml = f.toml, .log = testing::SimLog(), .env = &f.env};
+    o.node_options = {{.roles = testing::kAllRoles},
+                      {.roles = testing::kAllRoles},
+                      {.roles = testing::kAllRoles},
+                      {.roles = ledger::kRoleVerifier},
+                      {.roles = ledger::kRoleVerifier}};
+    o.tweak_genesis = [](ledger::Genesis& g) {
+      g.params.verification = true;
+      g.params.forced_error_per_million = 0;
+      g.params.verifiers_per_unit = 1;
+    };
+    o.agent_options = [](int i, AgentOptions& a) {
+      if (i == 0) a.adversary = Adversary::kNoisy;
+    };
+    sim = std::make_unique<SimHarness>(o);
+    Status s = sim->Setup();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (s.ok()) s = sim->RunUntilFinished(1500);
+    EXPECT_TRUE(s.ok()) << "seed " << seed << ": " << s.ToString();
+  }
+  std::string Poisoner() const { return sim->node_key(0).public_key().ToHex(); }
+  // The poisoner's units paid in the final record.
+  std::set<uint32_t> PaidPoisonedUnits() {
+    std::set<uint32_t> out;
+    const json task = sim->Task(true);  // kept: the loop reads into it
+    for (const json& u : task["units"]) {
+      if (u.value("assignee", std::string()) == Poisoner() && u.value("paid", uint64_t{0}) > 0) {
+        out.insert(u.value("index", 0u));
+      }
+    }
+    return out;
+  }
+};
+
+BlobGetter AllNodeBlobs(SimHarness* sim, int nodes) {
+  return [sim, nodes](const Hash256& id) -> Result<Bytes> {
+    for (int i = 0; i < nodes; ++i) {
+      if (sim->store(i)->HasBlob(net::BlobId{id})) return sim->store(i)->Get(net::BlobId{id});
+    }
+    return NotFound("no node has blob " + id.ShortHex());
+  };
+}
+
+TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
+  // Seed 4: the poisoner is never caught while the task runs (each of its units' one-segment
+  // checks replayed a clean segment), so its work is in the final model and it was paid (of
+  // seeds 1..12, 4, 6, 7, 8, 10 and 11 escape so since rounds in flight moved the draws; the
+  // others are caught and tainted while the task runs).
+  constexpr uint64_t kSeed = 4;
+  PoisonedRun run(kSeed);
+  SimHarness& sim = *run.sim;
+  ASSERT_EQ(sim.Task(false).value("status", std::string()), "finished");
+  ASSERT_EQ(testing::Slashes(sim, 0), 0u) << "seed " << kSeed << " caught the poisoner; pick "
+                                          << "a seed where it escapes";
+  const std::set<uint32_t> poisoned = run.PaidPoisonedUnits();
+  ASSERT_FALSE(poisoned.empty());
+  const json before = sim.Task(true);
+  uint64_t paid = 0;
+  std::set<uint32_t> rounds;
+  for (const json& u : before["units"]) {
+    if (poisoned.count(u.value("index", 0u))) {
+      paid += u.value("paid", uint64_t{0});
+      rounds.insert(u.value("round", 0u));
+    }
+  }
+  const json poisoner_before = testing::Node(sim, 0);
+
+  // The submitter audits everything and proves each unit that fails, with its own key.
+  AuditOptions o{.full = true, .work_dir = "/audit"};
+  int sent = 0;
+  o.on_fraud = [&](const AuditUnit& u, const BuiltSegmentWitness& w) -> json {
+    ++sent;
+    Result<Hash256> id = sim.submitter_tx().Send(
+        ledger::ProveFraudTx{.task_id = sim.task_id(),
+                             .index = u.index,
+                             .segment = w.segment,
+                             .witness = {ledger::EncodeSegmentWitness(w.witness)}});
+    if (!id.ok()) return {{"ok", false}, {"error", id.status().message()}};
+    for (int i = 0; i < 5 && sim.submitter_tx().IsInFlight(*id); ++i) {
+      EXPECT_TRUE(sim.Step().ok());
+      EXPECT_TRUE(sim.submitter_tx().Poll().ok());
+    }
+    for (const TxOutcome& out : sim.submitter_tx().TakeOutcomes()) {
+      if (out.id == *id) return {{"ok", out.ok}, {"error", out.reason}};
+    }
+    return {{"ok", false}, {"error", "not included"}};
+  };
+  Result<AuditReport> r = AuditTaskRecord(sim.env(), before, AllNodeBlobs(&sim, 5), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->pass);
+  std::set<uint32_t> failed;
+  for (const AuditUnit& u : r->units) {
+    if (u.check != AuditCheck::kAuditCheckFail) continue;
+    failed.insert(u.index);
+    EXPECT_EQ(u.assignee, run.Poisoner()) << "unit " << u.index << ": " << u.note;
+    EXPECT_GE(u.fraud_segment, 0) << u.proof.dump();
+    EXPECT_TRUE(u.proof.value("ok", false)) << "unit " << u.index << ": " << u.proof.dump();
+  }
+  EXPECT_EQ(failed, poisoned) << "the audit must name exactly the poisoner's paid units";
+  EXPECT_EQ(sent, static_cast<int>(poisoned.size()));
+
+  // On chain: slashed and jailed, its pay back with the submitter, the rounds marked.
+  const json after = sim.Task(false);
+  const json& v = after["verification"];
+  EXPECT_GT(testing::Slashes(sim, 0), 0u);
+  EXPECT_EQ(testing::Node(sim, 0).value("status", std::string()), "jailed");
+  ASSERT_EQ(v["proven_frauds"].size(), poisoned.size());
+  uint64_t clawed = 0;
+  for (const json& f : v["proven_frauds"]) clawed += f.value("clawed_back", uint64_t{0});
+  EXPECT_EQ(clawed, paid);
+  EXPECT_EQ(after.value("refunded", uint64_t{0}), before.value("refunded", uint64_t{0}) + paid);
+  EXPECT_EQ(v["fraud_rounds"], json(std::vector<uint32_t>(rounds.begin(), rounds.end())));
+  EXPECT_LT(testing::Node(sim, 0).value("stake", uint64_t{0}),
+            poisoner_before.value("stake", uint64_t{0}));
+  testing::ExpectNeverSlashed(sim, {1, 2, 3, 4});
+  EXPECT_TRUE(sim.Totals().Check().ok());
+  // A later audit reads the proofs from the record.
+  Result<AuditReport> again = AuditTaskRecord(sim.env(), sim.Task(true), AllNodeBlobs(&sim, 5),
+                                              {.full = true, .work_dir = "/audit"});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->proven_frauds.size(), poisoned.size());
+  EXPECT_EQ(again->fraud_rounds, v["fraud_rounds"]);
+  EXPECT_EQ(AuditReportToJson(*again)["proven_frauds"], v["proven_frauds"]);
+}
+
+}  // namespace
+}  // namespace meshlearn::node
