@@ -193,6 +193,25 @@ class VerificationTest : public FollowedChainFixture {
     return -1;
   }
 
+  // The units s1 and s2 are assigned next (stepping until both have one), or -1.
+  std::pair<int, int> NextUnitsOfBothSolvers() {
+    int p = -1, h = -1;
+    for (int i = 0; i < 10 && (p < 0 || h < 0); ++i) {
+      p = UnitOf(s1_), h = UnitOf(s2_);
+      if (p < 0 || h < 0) Step();
+    }
+    return {p, h};
+  }
+  // A task whose cheater (s1) was caught and rewound out: every unit is s2's, verified and paid.
+  void ExpectOnlyTheHonestSolversWorkPaid() {
+    for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
+      EXPECT_EQ(u.assignee, s2_.public_key()) << u.index;
+      EXPECT_EQ(u.status, WorkUnitStatus::kVerified) << u.index;
+      EXPECT_EQ(u.paid, kTestUnitCost) << u.index;
+    }
+    EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
+  }
+
   static std::vector<Hash256> Leaves(uint32_t index, bool lazy) {
     std::vector<Hash256> l;
     for (uint64_t s : {0, 2, 4}) l.push_back(lazy ? LazyState(index, s) : TrueState(index, s));
@@ -449,11 +468,7 @@ TEST_F(InFlightVerificationTest, FraudInASettlingRoundDropsTheRoundTrainedOnIt) 
   ASSERT_EQ(Machine().round(), 1u);  // started while round 0 settles
   EXPECT_EQ(Machine().final_rounds(), 0u);
   EXPECT_EQ(Machine().weights_history().back(), Blake2b("aggregate"));
-  int p1 = -1, h1 = -1;
-  for (int i = 0; i < 10 && (p1 < 0 || h1 < 0); ++i) {
-    p1 = UnitOf(s1_), h1 = UnitOf(s2_);
-    if (p1 < 0 || h1 < 0) Step();
-  }
+  const auto [p1, h1] = NextUnitsOfBothSolvers();
   ASSERT_GE(p1, 2);
   ASSERT_GE(h1, 2);
   CommitAll({{p1, false}, {h1, false}});
@@ -479,12 +494,7 @@ TEST_F(InFlightVerificationTest, FraudInASettlingRoundDropsTheRoundTrainedOnIt) 
   RunHonestRound();
   RunHonestRound();
   FinishTask();
-  for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
-    EXPECT_EQ(u.assignee, s2_.public_key()) << u.index;
-    EXPECT_EQ(u.status, WorkUnitStatus::kVerified) << u.index;
-    EXPECT_EQ(u.paid, kTestUnitCost) << u.index;
-  }
-  EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
+  ExpectOnlyTheHonestSolversWorkPaid();
   ExpectEarningsAddUpToTheTask();
 }
 
@@ -513,11 +523,7 @@ TEST_F(InFlightVerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
   ASSERT_EQ(Task().round_results.size(), 1u);
 
   // Round 1: s1 is lazy, the verifier catches it, it does not defend.
-  int p1 = -1, h1 = -1;
-  for (int i = 0; i < 10 && (p1 < 0 || h1 < 0); ++i) {
-    p1 = UnitOf(s1_), h1 = UnitOf(s2_);
-    if (p1 < 0 || h1 < 0) Step();
-  }
+  const auto [p1, h1] = NextUnitsOfBothSolvers();
   ASSERT_GE(p1, 2);
   ASSERT_GE(h1, 2);
   CommitAndDispute(p1, h1);
@@ -550,12 +556,7 @@ TEST_F(InFlightVerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
   ASSERT_EQ(Machine().round(), 1u);
   RunHonestRound();
   FinishTask();
-  for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
-    EXPECT_EQ(u.assignee, s2_.public_key()) << u.index;
-    EXPECT_EQ(u.status, WorkUnitStatus::kVerified) << u.index;
-    EXPECT_EQ(u.paid, kTestUnitCost) << u.index;
-  }
-  EXPECT_EQ(Node(s2_).reputation.slashes, 0u);
+  ExpectOnlyTheHonestSolversWorkPaid();
   // The honest solver keeps what it was paid for the rewound round, besides the redo's pay.
   Amount units = 0;
   for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) units += u.paid;

@@ -27,6 +27,14 @@ RoundMachineConfig RoundTestConfig(uint64_t window) {
   return c;
 }
 
+// A task of `rounds` rounds with 2 rounds in flight and a 5-block window.
+RoundMachineConfig InFlightConfig(uint32_t rounds) {
+  RoundMachineConfig c = RoundTestConfig(5);
+  c.rounds = rounds;
+  c.rounds_in_flight = 2;
+  return c;
+}
+
 Assignment Assign(const RoundMachineConfig& c, uint32_t round, uint32_t shard, uint8_t node,
                   uint64_t height, uint64_t deadline) {
   return Assignment{UnitId{c.task, round, shard}, Id(node), height, deadline};
@@ -473,9 +481,7 @@ TEST(RoundPhaseTest, CreateRejectsEmptyTask) {
 // Rounds in flight: once round r's aggregate commits, round r+1 trains from it while r settles
 // (its holds and window); rounds become final in order, and only final rounds are reported.
 TEST(RoundPhaseTest, RoundsInFlightTrainWhileEarlierRoundsSettle) {
-  RoundMachineConfig c = RoundTestConfig(5);
-  c.rounds = 4;
-  c.rounds_in_flight = 2;
+  const RoundMachineConfig c = InFlightConfig(4);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
@@ -538,9 +544,7 @@ TEST(RoundPhaseTest, RoundsInFlightTrainWhileEarlierRoundsSettle) {
 // Fraud found in a settling round: the task goes back to it, and the round trained on top of it
 // (and its weights) is dropped.
 TEST(RoundPhaseTest, RewindIntoASettlingRoundDropsTheRoundsAfterIt) {
-  RoundMachineConfig c = RoundTestConfig(5);
-  c.rounds = 4;
-  c.rounds_in_flight = 2;
+  const RoundMachineConfig c = InFlightConfig(4);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
@@ -578,9 +582,7 @@ TEST(RoundPhaseTest, NoRoundsInFlightWaitsForFinality) {
 
 // A settling list the events could not produce is refused when decoding.
 TEST(RoundPhaseTest, DecodeRefusesSettlingRoundsOutOfPlace) {
-  RoundMachineConfig c = RoundTestConfig(5);
-  c.rounds = 4;
-  c.rounds_in_flight = 2;
+  const RoundMachineConfig c = InFlightConfig(4);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
@@ -602,9 +604,7 @@ TEST(RoundPhaseTest, DecodeRefusesSettlingRoundsOutOfPlace) {
 // A forced error in a settling round: the task goes back to that round, whose other units keep
 // their commits; only the forced unit re-runs, and the round after it is dropped.
 TEST(RoundPhaseTest, RerunUnitsOfASettlingRoundKeepsItsOtherCommits) {
-  RoundMachineConfig c = RoundTestConfig(5);
-  c.rounds = 3;
-  c.rounds_in_flight = 2;
+  const RoundMachineConfig c = InFlightConfig(3);
   auto m = RoundStateMachine::Create(c);
   ASSERT_TRUE(m.ok());
   RunRound(*m, c, 10);
