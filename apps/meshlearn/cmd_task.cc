@@ -930,9 +930,17 @@ TaskQuote QuoteTask(const PreparedTask& t, const ledger::Genesis& gen,
                                                 nodes.size();
   const uint64_t block_ms = static_cast<uint64_t>(std::max<int64_t>(1, gen.block_interval_ms));
   auto blocks = [&](uint64_t ms) { return (ms + block_ms - 1) / block_ms; };
-  q.blocks_per_round = 2 + blocks(per_node * slowest) + 2 + 1 + t.net.verification_window_blocks + 1;
-  if (cp.verification) q.blocks_per_round += 2 + blocks(slowest * replayed / std::max(1u, segments));
-  q.seconds = rounds * static_cast<double>(q.blocks_per_round * block_ms) / 1000.0;
+  const uint64_t train = 2 + blocks(per_node * slowest) + 2 + 1;
+  uint64_t settle = t.net.verification_window_blocks + 1;
+  if (cp.verification) settle += 2 + blocks(slowest * replayed / std::max(1u, segments));
+  q.blocks_per_round = train + settle;
+  // Rounds in flight (genesis rounds_in_flight = k): a round trains while up to k earlier ones
+  // settle, so rounds start every max(train, (train + settle) / (k + 1)) blocks and only the
+  // last round's settling adds to the end.
+  const uint64_t k = cp.verification ? cp.rounds_in_flight : 0;
+  const uint64_t pace = std::max(train, (train + settle + k) / (k + 1));
+  const double total_blocks = (rounds - 1) * static_cast<double>(pace) + static_cast<double>(train + settle);
+  q.seconds = total_blocks * static_cast<double>(block_ms) / 1000.0;
   return q;
 }
 
