@@ -24,6 +24,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -138,6 +139,10 @@ int main(int argc, char** argv) {
   }
   const std::string bin = MESHLEARN_BIN;
   const std::string dir = TempDir();
+  struct RemoveDir {  // the devnets' directories go with the bench, whatever path returns
+    std::string path;
+    ~RemoveDir() { std::filesystem::remove_all(path); }
+  } remove_dir{dir};
   const std::string text = ReadFile(task);
   if (text.empty()) {
     std::cerr << "cannot read " << task << "\n";

@@ -11,7 +11,6 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -27,13 +26,13 @@ using meshlearn::process_test::CmdResult;
 using meshlearn::process_test::Meshlearn;
 using meshlearn::process_test::ReadText;
 using meshlearn::process_test::Shell;
+using meshlearn::process_test::TempDir;
 using meshlearn::process_test::WaitFor;
 
 using nlohmann::json;
 
 TEST(TaskAudit, HelpAndBadInputs) {
-  char tmpl[] = "/tmp/meshlearn-audit-XXXXXX";
-  const std::string home = mkdtemp(tmpl);
+  const std::string home = TempDir("audit");
   CmdResult help = Meshlearn("task audit --help", home);
   EXPECT_EQ(help.code, 0) << help.out;
   EXPECT_NE(help.out.find("Examples"), std::string::npos) << help.out;
@@ -66,15 +65,13 @@ TEST(TaskAudit, HelpAndBadInputs) {
   EXPECT_EQ(down.code, 1);
   EXPECT_NE(down.out.find("cannot reach the ledger"), std::string::npos) << down.out;
   EXPECT_NE(down.out.find("--rpc"), std::string::npos) << down.out;
-  std::filesystem::remove_all(home);
 }
 
 TEST(TaskAudit, DevnetTaskPassesFullAndSampledAuditsAndBadInputsAreClear) {
   if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good()) {
     GTEST_SKIP() << "Fashion-MNIST not installed";
   }
-  char tmpl[] = "/tmp/meshlearn-audit-XXXXXX";
-  const std::string dir = std::string(mkdtemp(tmpl)) + "/d";
+  const std::string dir = TempDir("audit") + "/d";  // removed when the tests pass
   const std::string log = dir + ".out";
   pid_t pid = fork();
   if (pid == 0) {
