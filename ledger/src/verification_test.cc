@@ -1327,38 +1327,25 @@ TEST(ProvenFraudTest, TheTaskRecordKeepsItsProofsThroughItsEncoding) {
   EXPECT_EQ(j["verification"]["proven_frauds"][1]["prover"], TestKey(2).public_key().ToHex());
 }
 
-TEST(SegmentWitnessTest, EncodingRoundTripsAndRefusesDamage) {
-  SegmentWitness w{
-      .bundle = "[task]\n", .start_state = {9, 8, 7}, .state = {1.5f, -2.0f}, .examples = {}};
-  w.examples.push_back(StepWitnessExample{
-      .index = 7,
-      .x = {0.25f, 0.5f},
-      .y = 2,
-      .proof = MerkleProof{.index = 7, .leaf_count = 9, .siblings = {Blake2b("a")}}});
-  const Bytes enc = EncodeSegmentWitness(w);
-  Result<SegmentWitness> back = DecodeSegmentWitness(enc);
+// A witness encoding decodes back to `w` and refuses damage: cut short, trailing bytes, more
+// than kMaxWitnessBytes.
+template <typename W, typename Decode>
+void ExpectWitnessRoundTripsAndRefusesDamage(const W& w, const Bytes& enc, Decode decode) {
+  Result<W> back = decode(enc);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, w);
   for (size_t cut : {size_t{0}, size_t{10}, enc.size() - 1}) {
-    EXPECT_FALSE(DecodeSegmentWitness(ByteSpan(enc).first(cut)).ok()) << cut;
+    EXPECT_FALSE(decode(ByteSpan(enc).first(cut)).ok()) << cut;
   }
   Bytes longer = enc;
   longer.push_back(0);
-  EXPECT_FALSE(DecodeSegmentWitness(longer).ok());
-  EXPECT_EQ(DecodeSegmentWitness(Bytes(kMaxWitnessBytes + 1, 0)).status().code(),
-            StatusCode::kInvalidArgument);
-  // A step witness is not a segment witness.
-  Result<SegmentWitness> other = DecodeSegmentWitness(EncodeStepWitness({}));
-  EXPECT_FALSE(other.ok());
-  EXPECT_NE(other.status().message().find("meshlearn.segment_witness.v1"), std::string::npos);
-  // As a transaction past kMaxTxBytes, through the binary and JSON forms.
-  SegmentWitness big = w;
-  big.state.assign(100'000, 0.5f);
-  Transaction tx = BuildSignedTx(TestKey(1), "c", 0,
-                                 ProveFraudTx{.task_id = Blake2b("t"),
-                                              .index = 3,
-                                              .segment = 1,
-                                              .witness = {EncodeSegmentWitness(big)}});
+  EXPECT_FALSE(decode(longer).ok());
+  EXPECT_EQ(decode(Bytes(kMaxWitnessBytes + 1, 0)).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A transaction carrying a witness past kMaxTxBytes goes through the binary and JSON forms.
+void ExpectLargeTxRoundTrips(const TxPayload& payload) {
+  Transaction tx = BuildSignedTx(TestKey(1), "c", 0, payload);
   const Bytes wire = EncodeTx(tx);
   EXPECT_GT(wire.size(), kMaxTxBytes);
   Result<Transaction> decoded = DecodeTx(wire);
@@ -1369,37 +1356,38 @@ TEST(SegmentWitnessTest, EncodingRoundTripsAndRefusesDamage) {
   EXPECT_EQ(*from_json, tx);
 }
 
+TEST(SegmentWitnessTest, EncodingRoundTripsAndRefusesDamage) {
+  SegmentWitness w{
+      .bundle = "[task]\n", .start_state = {9, 8, 7}, .state = {1.5f, -2.0f}, .examples = {}};
+  w.examples.push_back(StepWitnessExample{
+      .index = 7,
+      .x = {0.25f, 0.5f},
+      .y = 2,
+      .proof = MerkleProof{.index = 7, .leaf_count = 9, .siblings = {Blake2b("a")}}});
+  ExpectWitnessRoundTripsAndRefusesDamage(w, EncodeSegmentWitness(w), DecodeSegmentWitness);
+  // A step witness is not a segment witness.
+  Result<SegmentWitness> other = DecodeSegmentWitness(EncodeStepWitness({}));
+  EXPECT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("meshlearn.segment_witness.v1"), std::string::npos);
+  SegmentWitness big = w;
+  big.state.assign(100'000, 0.5f);
+  ExpectLargeTxRoundTrips(ProveFraudTx{.task_id = Blake2b("t"),
+                                       .index = 3,
+                                       .segment = 1,
+                                       .witness = {EncodeSegmentWitness(big)}});
+}
+
 TEST(StepWitnessTest, EncodingRoundTripsAndRefusesDamage) {
   StepWitness w{.bundle = "[task]\n", .state = {1.5f, -2.0f, 0.0f}, .examples = {}};
   w.examples.push_back(StepWitnessExample{
       .index = 7, .x = {0.25f, 0.5f}, .y = 2,
       .proof = MerkleProof{.index = 7, .leaf_count = 9, .siblings = {Blake2b("a"), Blake2b("b")}}});
-  const Bytes enc = EncodeStepWitness(w);
-  Result<StepWitness> back = DecodeStepWitness(enc);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
-  EXPECT_EQ(*back, w);
-  for (size_t cut : {size_t{0}, size_t{10}, enc.size() - 1}) {
-    EXPECT_FALSE(DecodeStepWitness(ByteSpan(enc).first(cut)).ok()) << cut;
-  }
-  Bytes longer = enc;
-  longer.push_back(0);
-  EXPECT_FALSE(DecodeStepWitness(longer).ok());
-  EXPECT_EQ(DecodeStepWitness(Bytes(kMaxWitnessBytes + 1, 0)).status().code(),
-            StatusCode::kInvalidArgument);
-  // As a transaction: the one type allowed past kMaxTxBytes, through the binary and JSON forms.
+  ExpectWitnessRoundTripsAndRefusesDamage(w, EncodeStepWitness(w), DecodeStepWitness);
+  // As a transaction: a witness may go past kMaxTxBytes.
   StepWitness big = w;
   big.state.assign(100'000, 0.5f);
-  Transaction tx = BuildSignedTx(TestKey(1), "c", 0,
-                                 RefereeStepTx{.task_id = Blake2b("t"), .index = 3,
-                                               .witness = {EncodeStepWitness(big)}});
-  const Bytes wire = EncodeTx(tx);
-  EXPECT_GT(wire.size(), kMaxTxBytes);
-  Result<Transaction> decoded = DecodeTx(wire);
-  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
-  EXPECT_EQ(*decoded, tx);
-  Result<Transaction> from_json = TxFromJson(TxToJson(tx));
-  ASSERT_TRUE(from_json.ok()) << from_json.status().ToString();
-  EXPECT_EQ(*from_json, tx);
+  ExpectLargeTxRoundTrips(RefereeStepTx{.task_id = Blake2b("t"), .index = 3,
+                                        .witness = {EncodeStepWitness(big)}});
 }
 
 class ForcedErrorTest : public VerificationTest {

@@ -186,6 +186,12 @@ void NodeAgent::Heartbeat(uint64_t height) {
   }
 }
 
+void NodeAgent::PollTransactions() {
+  Status polled = tx_->Poll();
+  if (!polled.ok()) Log("polling transactions: " + polled.message());
+  HandleOutcomes();
+}
+
 void NodeAgent::HandleOutcomes() {
   for (const TxOutcome& o : tx_->TakeOutcomes()) {
     if (!o.ok && aggregator_->Overtaken(o)) {
@@ -221,9 +227,7 @@ Result<TickReport> NodeAgent::Tick() {
 Result<std::optional<NodeWork>> NodeAgent::Prepare(TickReport* report) {
   ML_RETURN_IF_ERROR(init_status_);
   if (!tx_->initialized()) ML_RETURN_IF_ERROR(tx_->Init());
-  Status polled = tx_->Poll();
-  if (!polled.ok()) Log("polling transactions: " + polled.message());
-  HandleOutcomes();
+  PollTransactions();
 
   ML_RETURN_IF_ERROR(node_->GenesisParams().status());
   ML_ASSIGN_OR_RETURN(NodeWork work, GetNodeWork(*deps_.chain, id()));
@@ -331,9 +335,7 @@ Status NodeAgent::PauseForVerification() {
   }
   Result<NodeWork> work = GetNodeWork(*deps_.chain, id());
   if (!work.ok()) return Status::Ok();  // the chain is away: keep training
-  Status polled = tx_->Poll();
-  if (!polled.ok()) Log("polling transactions: " + polled.message());
-  HandleOutcomes();
+  PollTransactions();
   std::vector<VerifyJob> urgent, later;
   PlayVerification(*work, &urgent, &later);
   if (urgent.empty()) return Status::Ok();

@@ -22,6 +22,7 @@
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/state_blob.h"
+#include "testing/fashion_mlp.h"
 #include "testing/diloco_task.h"
 #include "testing/sim_harness.h"
 #include "testing/synthetic_task.h"
@@ -85,15 +86,10 @@ TEST(ResultCheckTest, AnHonestResultPassesAndAWrongOneIsFlagged) {
 // replay of one segment. Sizes and times are printed for docs/verification.md
 // ("Result binding").
 TEST(ResultCheckTest, FashionMlpWitnessFitsAndTheCheckIsCheap) {
-  const std::string dir = "/usr/share/datasets/fashion-mnist/";
-  if (!Env::Default()->FileExists(dir + "train-images-idx3-ubyte.gz")) {
-    GTEST_SKIP() << "Fashion-MNIST not installed at " << dir;
-  }
-  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml";
+  std::optional<testing::FashionMlp> fm = testing::LoadFashionMlp();
+  if (!fm) GTEST_SKIP() << "Fashion-MNIST not installed at " << testing::kFashionMnistDir;
+  auto& [path, spec, net, trainer] = *fm;
   Env* env = Env::Default();
-  engine::TaskSpec spec = engine::TaskSpec::Load(env, path).value();
-  NetworkSpec net = NetworkSpec::Load(env, path).value();
-  std::unique_ptr<engine::Trainer> trainer = engine::Trainer::Create(env, spec).value();
   const GlobalState start = InitialState(*trainer);
   // A short unit of the task's shape (the witness does not depend on H): one segment of k steps.
   const UnitWork work{.stream = 5,

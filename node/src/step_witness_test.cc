@@ -16,6 +16,7 @@
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/task_model.h"
+#include "testing/fashion_mlp.h"
 #include "testing/synthetic_task.h"
 
 namespace meshlearn::node {
@@ -295,15 +296,10 @@ TEST_F(StepWitnessTest, ANodeRefusesATaskWhoseDataRootIsNotItsData) {
 // when Fashion-MNIST is installed: it must fit in one RefereeStepTx. Its size is printed for
 // docs/verification.md ("Referee").
 TEST(StepWitnessSizeTest, FashionMlpFitsInATransaction) {
-  const std::string dir = "/usr/share/datasets/fashion-mnist/";
-  if (!Env::Default()->FileExists(dir + "train-images-idx3-ubyte.gz")) {
-    GTEST_SKIP() << "Fashion-MNIST not installed at " << dir;
-  }
-  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml";
+  std::optional<testing::FashionMlp> fm = testing::LoadFashionMlp();
+  if (!fm) GTEST_SKIP() << "Fashion-MNIST not installed at " << testing::kFashionMnistDir;
+  auto& [path, spec, net, trainer] = *fm;
   Env* env = Env::Default();
-  engine::TaskSpec spec = engine::TaskSpec::Load(env, path).value();
-  NetworkSpec net = NetworkSpec::Load(env, path).value();
-  std::unique_ptr<engine::Trainer> trainer = engine::Trainer::Create(env, spec).value();
   const TaskFacts facts = ComputeTaskFacts(*trainer, net);
   const std::vector<float> global = InitialState(*trainer).weights;
   const UnitWork work = protocol::UnitWorkOf(net, facts, 0, 0);
@@ -341,15 +337,10 @@ TEST(StepWitnessSizeTest, FashionMlpFitsInATransaction) {
 // segment witness holds the start state and ten batches; it fits one ProveFraud. A unit whose
 // leaf 2 is not what segment 1 gives is proven in segment 1, from the true state after step 10.
 TEST(StepWitnessSizeTest, FashionMlpSegmentWitnessFitsInATransaction) {
-  const std::string dir = "/usr/share/datasets/fashion-mnist/";
-  if (!Env::Default()->FileExists(dir + "train-images-idx3-ubyte.gz")) {
-    GTEST_SKIP() << "Fashion-MNIST not installed at " << dir;
-  }
-  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml";
+  std::optional<testing::FashionMlp> fm = testing::LoadFashionMlp();
+  if (!fm) GTEST_SKIP() << "Fashion-MNIST not installed at " << testing::kFashionMnistDir;
+  auto& [path, spec, net, trainer] = *fm;
   Env* env = Env::Default();
-  engine::TaskSpec spec = engine::TaskSpec::Load(env, path).value();
-  NetworkSpec net = NetworkSpec::Load(env, path).value();
-  std::unique_ptr<engine::Trainer> trainer = engine::Trainer::Create(env, spec).value();
   const TaskFacts facts = ComputeTaskFacts(*trainer, net);
   const GlobalState start = InitialState(*trainer);
   const UnitWork work = protocol::UnitWorkOf(net, facts, 0, 0);

@@ -281,17 +281,23 @@ bool UnitCheck::RefutedBefore(size_t slot, size_t upto) const {
   return false;
 }
 
+void UnitCheck::SplitVerdicts(std::vector<size_t>* clean, std::vector<size_t>* mismatch) const {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].verdict) {
+      (*slots_[i].verdict == Verdict::kVerdictClean ? clean : mismatch)->push_back(i);
+    }
+  }
+}
+
 CheckEffects UnitCheck::Resolve(uint64_t height) {
   CheckEffects fx;
-  std::vector<size_t> clean, mismatch;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    const VerdictSlot& s = slots_[i];
-    if (!s.verdict) {
-      if (s.commitment) Append(fx.failures, verifiers_[i]);  // committed, never revealed
-      continue;
+    if (slots_[i].commitment && !slots_[i].verdict) {
+      Append(fx.failures, verifiers_[i]);  // committed, never revealed
     }
-    (*s.verdict == Verdict::kVerdictClean ? clean : mismatch).push_back(i);
   }
+  std::vector<size_t> clean, mismatch;
+  SplitVerdicts(&clean, &mismatch);
   auto settle = [&](CheckResult r, std::string why) {
     stage_ = CheckStage::kCheckSettled;
     result_ = r;
@@ -379,11 +385,7 @@ Result<CheckEffects> UnitCheck::OnBlock(uint64_t height) {
     // The secret came late, during the dispute its absence started: a forced unit's leaves are
     // forced by design, so the dispute is moot and the check settles as Resolve would have.
     std::vector<size_t> clean, mismatch;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].verdict) {
-        (*slots_[i].verdict == Verdict::kVerdictClean ? clean : mismatch).push_back(i);
-      }
-    }
+    SplitVerdicts(&clean, &mismatch);
     dispute_.reset();
     challenger_ = -1;
     SettleForced(clean, mismatch, fx);

@@ -395,9 +395,7 @@ void Solver::PlayCheck(const CheckAssignment& c) {
   // the ledger still takes the secret, and a forced unit then settles as the forced error it is
   // (protocol::UnitCheck::OnSecretRevealed). Once; a secret already revealed is refused, which
   // changes nothing.
-  const VerifyAction in_time{.dir = node_->VerifyDir(c),
-                            .kind = VerifyAction::Kind::kSecret,
-                            .detail = {c.secret_index, 0}};
+  const VerifyAction in_time = SecretAction(c, /*late=*/false);
   if (c.stage == protocol::CheckStage::kCheckDisputed && c.dispute &&
       c.dispute->defender == node_->id() &&
       (!outbox_->Sent(in_time) || outbox_->Failed(in_time))) {
@@ -405,10 +403,14 @@ void Solver::PlayCheck(const CheckAssignment& c) {
   }
 }
 
+VerifyAction Solver::SecretAction(const CheckAssignment& c, bool late) const {
+  return {.dir = node_->VerifyDir(c),
+          .kind = VerifyAction::Kind::kSecret,
+          .detail = {c.secret_index, late ? 1u : 0u}};
+}
+
 void Solver::RevealSecret(const CheckAssignment& c, bool late) {
-  const VerifyAction action{.dir = node_->VerifyDir(c),
-                            .kind = VerifyAction::Kind::kSecret,
-                            .detail = {c.secret_index, late ? 1u : 0u}};
+  const VerifyAction action = SecretAction(c, late);
   if (outbox_->Sent(action) || c.secret_index == 0 ||
       c.secret_index > protocol::kSecretChainLength) {
     return;

@@ -96,6 +96,8 @@ class Solver {
   Status Publish(const Hash256& task, uint32_t index, const journal::UnitCommit& commit);
   // In the reveal window, or `late`: during the dispute a verifier started without it.
   void RevealSecret(const CheckAssignment& c, bool late);
+  // The outbox's key of that reveal (one in time, one late).
+  VerifyAction SecretAction(const CheckAssignment& c, bool late) const;
 
   NodeContext* node_;
   VerifyOutbox* outbox_;

@@ -285,6 +285,9 @@ class NodeAgent {
   Status RegisterOrRejoin(const std::optional<NodeInfo>& me, const ledger::NodeCapabilities& caps);
   void Heartbeat(uint64_t height);
   void HandleOutcomes();
+  // Polls the transactions in flight (a failure is logged; retried next time) and hands their
+  // outcomes to the roles.
+  void PollTransactions();
   // The roles' verification transactions that need no computation go out at once; the replays
   // they need go to `urgent` (verdicts, dispute moves, witnesses) and `later` (whistleblower
   // re-checks).

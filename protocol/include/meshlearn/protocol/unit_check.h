@@ -201,6 +201,8 @@ class UnitCheck {
                             const Hash256& solver_end, const Hash256& replayed_end,
                             uint64_t height) const;
   CheckEffects Resolve(uint64_t height);
+  // The slots that revealed a verdict, by verdict.
+  void SplitVerdicts(std::vector<size_t>* clean, std::vector<size_t>* mismatch) const;
   // Resolve's settlement of a revealed forced error (or of a forced unit committed otherwise).
   void SettleForced(const std::vector<size_t>& clean, const std::vector<size_t>& mismatch,
                     CheckEffects& fx);
