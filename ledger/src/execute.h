@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string_view>
 
 #include "ledger_state.h"
@@ -178,12 +179,21 @@ uint32_t UnitIndex(const TaskRecord& t, const protocol::UnitId& u);
 Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
                      const PublicKey& solver, uint64_t secret_index,
                      protocol::RoundStateMachine& m);
-// The end-of-block step for the current round's checks of one task, before the round machine's
-// OnBlock: beacons, closed windows, dispute deadlines and rulings; applies the effects (slash,
-// pay, jackpot, reputation), rewinds the round on fraud or a forced error, and leaves exactly
-// one finality hold per unsettled check.
+// Each solver's lowest secret index among its units whose checks still await verdicts
+// (UnitCheck::AwaitsVerdicts), over every open task at the start of the end-of-block step: a
+// later unit's check must not open its reveal window (where the solver reveals a secret that
+// reveals every earlier one) before theirs. The checks below it open theirs in this block.
+using AwaitingSecrets = std::map<PublicKey, uint64_t>;
+void AddAwaitingSecrets(const LedgerState& s, const Hash256& task_id,
+                      const protocol::RoundStateMachine& m, AwaitingSecrets& awaiting);
+// The end-of-block step for the checks of one task's unfinal rounds, before the round machine's
+// OnBlock: beacons, closed windows (early where nothing more can happen in them; `awaiting`),
+// dispute deadlines and rulings; applies the effects (slash, pay, jackpot, reputation), rewinds
+// the round on fraud or a forced error, and leaves exactly one finality hold per unsettled
+// check.
 Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
-                   const Hash256& task_id, protocol::RoundStateMachine& m);
+                   const Hash256& task_id, protocol::RoundStateMachine& m,
+                   const AwaitingSecrets& awaiting);
 
 // Helpers for executors.
 Result<NodeRecord*> OwnedNode(LedgerState& s, const PublicKey& node_id, const PublicKey& owner);

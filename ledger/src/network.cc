@@ -167,10 +167,12 @@ Status SettleRound(LedgerState& s, const ChainParams& p, const Hash256& task_id,
 // One task's end-of-block step (docs/ledger.md, "Network training", steps 1-5).
 Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
                    const Hash256& task_id, RoundStateMachine& m,
-                   std::map<PublicKey, uint64_t>& inflight) {
+                   std::map<PublicKey, uint64_t>& inflight, const AwaitingSecrets& awaiting) {
   const protocol::SchedulerParams sp = SchedulerParamsOf(g);
-  // 0. Verification of the current round's committed units (may rewind the round).
-  if (g.params.verification) ML_RETURN_IF_ERROR(DriveChecks(s, g, height, seed, task_id, m));
+  // 0. Verification of the unfinal rounds' committed units (may rewind the task).
+  if (g.params.verification) {
+    ML_RETURN_IF_ERROR(DriveChecks(s, g, height, seed, task_id, m, awaiting));
+  }
   // 1. Expiry: the unit is pending again (and never paid); the node's failure is counted.
   ML_ASSIGN_OR_RETURN(protocol::RoundUpdate update, m.OnBlock(height));
   for (const protocol::Assignment& a : update.expired) {
@@ -357,6 +359,7 @@ void EndBlock(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& 
   // of them (their queues lengthen new deadlines).
   std::vector<std::pair<Hash256, RoundStateMachine>> tasks;
   std::map<PublicKey, uint64_t> inflight;
+  AwaitingSecrets awaiting;
   for (const auto& [id, t] : s.tasks.rows()) {
     if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
     Result<RoundStateMachine> m = LoadMachine(t);
@@ -365,11 +368,12 @@ void EndBlock(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& 
       continue;
     }
     for (const protocol::Assignment& a : m->OpenAssignments()) inflight[a.node]++;
+    if (g.params.verification) AddAwaitingSecrets(s, id, *m, awaiting);
     tasks.emplace_back(id, std::move(*m));
   }
   for (auto& [id, m] : tasks) {
     LedgerState::Mark mark = s.GetMark();
-    Status st = AdvanceTask(s, g, height, block_seed, id, m, inflight);
+    Status st = AdvanceTask(s, g, height, block_seed, id, m, inflight, awaiting);
     if (!st.ok()) {
       // A bug, not an input: every replica fails the same way; leave the task as it was.
       s.RollbackTo(mark);

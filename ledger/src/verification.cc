@@ -397,8 +397,24 @@ Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
   return Status::Ok();
 }
 
+void AddAwaitingSecrets(const LedgerState& s, const Hash256& task_id,
+                      const protocol::RoundStateMachine& m, AwaitingSecrets& awaiting) {
+  if (m.phase() == protocol::RoundPhase::kRoundPhaseFinal) return;
+  const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
+  for (uint32_t index = m.final_rounds() * per_round; index < (m.round() + 1) * per_round;
+       ++index) {
+    const WorkUnit* u = s.units.Find({task_id, index});
+    if (u == nullptr || u->check.empty()) continue;
+    Result<UnitCheck> c = LoadCheck(*u);
+    if (!c.ok() || !c->AwaitsVerdicts()) continue;
+    auto [it, added] = awaiting.try_emplace(c->config().solver, u->secret_index);
+    if (!added) it->second = std::min(it->second, u->secret_index);
+  }
+}
+
 Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
-                   const Hash256& task_id, protocol::RoundStateMachine& m) {
+                   const Hash256& task_id, protocol::RoundStateMachine& m,
+                   const AwaitingSecrets& awaiting) {
   if (m.phase() == protocol::RoundPhase::kRoundPhaseFinal) return Status::Ok();
   const ChainParams& p = g.params;
   const protocol::VerificationParams vp = p.Verification();
@@ -445,7 +461,9 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
       ML_ASSIGN_OR_RETURN(fx, c.OnBeacon(seed, plan.probability_permille, candidates, unit_vp,
                                          height, wait));
     } else {
-      ML_ASSIGN_OR_RETURN(fx, c.OnBlock(height));
+      const auto floor = awaiting.find(c.config().solver);
+      const bool earlier_awaits = floor != awaiting.end() && floor->second < u->secret_index;
+      ML_ASSIGN_OR_RETURN(fx, c.OnBlock(height, /*earlier_verdicts_in=*/!earlier_awaits));
     }
     SaveCheck(s, task_id, index, c);
     if (c.stage() != CheckStage::kCheckSettled) ++open[round - from];

@@ -498,6 +498,59 @@ TEST_F(InFlightVerificationTest, FraudInASettlingRoundDropsTheRoundTrainedOnIt) 
   ExpectEarningsAddUpToTheTask();
 }
 
+// A check's windows close early once everyone is in, but a solver's reveal windows still open in
+// the order of its secrets: revealing a later unit's secret reveals every earlier one, so a unit
+// whose verdicts are in waits while an earlier unit of the same solver still awaits its verdicts
+// (a lazy verifier of that one would otherwise learn whether it is a forced error).
+class SecretOrderTest : public InFlightVerificationTest {
+ protected:
+  SecretOrderTest() { genesis_.params.verdict_commit_blocks = 30; }
+};
+
+TEST_F(SecretOrderTest, ALaterSecretWaitsForTheVerdictsOnAnEarlierUnit) {
+  rounds_ = 2;
+  Start();
+  const int p0 = UnitOf(s1_), h0 = UnitOf(s2_);
+  ASSERT_GE(p0, 0);
+  ASSERT_GE(h0, 0);
+  CommitAll({{p0, false}, {h0, false}});
+  Aggregate();  // round 1 trains while round 0 settles
+  StepUntil(p0, CheckStage::kCheckCommitVerdicts);
+  const Sealed v_p0 = Clean(), v_h0 = Clean();
+  StepOk({SealTx(v1_, h0, v_h0)});  // nobody has committed a verdict on p0 yet
+  EXPECT_EQ(Check(h0).stage(), CheckStage::kCheckRevealVerdicts);  // early: all verdicts in
+  StepOk({RevealTx(v1_, h0, v_h0), SecretTx(h0)});
+  EXPECT_EQ(Check(h0).stage(), CheckStage::kCheckSettled);
+
+  const auto [p1, h1] = NextUnitsOfBothSolvers();
+  ASSERT_GE(p1, 2);
+  ASSERT_GE(h1, 2);
+  CommitAll({{p1, false}, {h1, false}});
+  ASSERT_GT(Unit(p1).secret_index, Unit(p0).secret_index);
+  StepUntil(p1, CheckStage::kCheckCommitVerdicts);
+  const Sealed v_p1 = Clean(), v_h1 = Clean();
+  StepOk({SealTx(v1_, p1, v_p1), SealTx(v1_, h1, v_h1)});
+  EXPECT_EQ(Check(h1).stage(), CheckStage::kCheckRevealVerdicts);
+  EXPECT_EQ(Check(p1).stage(), CheckStage::kCheckCommitVerdicts);  // p0 still awaits its verdict
+  const std::vector<Receipt> r = Step({RevealTx(v1_, h1, v_h1), SecretTx(h1), SecretTx(p1)});
+  EXPECT_TRUE(r[0].ok && r[1].ok) << r[0].reason << r[1].reason;
+  EXPECT_EQ(r[2].code, StatusCode::kFailedPrecondition) << r[2].reason;
+  Steps(2);
+  EXPECT_EQ(Check(p1).stage(), CheckStage::kCheckCommitVerdicts);
+  // p0's verdict comes in: both of s1's reveal windows open with that block.
+  StepOk({SealTx(v1_, p0, v_p0)});
+  EXPECT_EQ(Check(p0).stage(), CheckStage::kCheckRevealVerdicts);
+  EXPECT_EQ(Check(p1).stage(), CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, p0, v_p0), RevealTx(v1_, p1, v_p1), SecretTx(p0), SecretTx(p1)});
+  for (int u : {p0, h0, p1, h1}) {  // everything is in: every check settled in that block
+    EXPECT_EQ(Check(u).stage(), CheckStage::kCheckSettled) << u;
+    EXPECT_EQ(Check(u).result(), protocol::CheckResult::kCheckClean) << u;
+  }
+  Aggregate();
+  FinishTask();
+  ExpectEarningsAddUpToTheTask();
+}
+
 TEST_F(InFlightVerificationTest, AProvenCheaterTaintsItsEarlierRounds) {
   rounds_ = 2;
   Start();
@@ -1434,8 +1487,10 @@ TEST_F(ForcedErrorTest, AForcedErrorCatchesTheRubberStamp) {
   StepOk({SealTx(honest, u, catch_it), SealTx(stamp, u, stamp_it)});
   StepUntil(u, CheckStage::kCheckRevealVerdicts);
   const Amount honest_before = Balance(*owner_.at(honest.public_key()));
-  StepOk({RevealTx(honest, u, catch_it), RevealTx(stamp, u, stamp_it), SecretTx(u), SecretTx(other)});
+  StepOk({RevealTx(honest, u, catch_it), RevealTx(stamp, u, stamp_it), SecretTx(u)});
   StepUntilDone(u);
+  StepUntil(other, CheckStage::kCheckRevealVerdicts);  // its verifiers stayed silent
+  StepOk({SecretTx(other)});
   EXPECT_FALSE(HasCheck(u));  // settled as a forced error: the round re-runs
   EXPECT_GT(Balance(*owner_.at(honest.public_key())), honest_before);  // jackpot share
   EXPECT_GT(Node(honest).earnings.jackpot, 0u);
@@ -1556,15 +1611,17 @@ TEST_F(VerificationTest, BadVerificationTransactionsAreRefused) {
             verdict_commit(bob_, s2_, ui),     // not a drawn verifier
             verdict_commit(gina_, v1_, ui),    // someone else's node
             verdict_commit(carol_, v1_, 99),   // out of range
-            SealTx(v1_, u, early), SealTx(v1_, other, later)});
+            SealTx(v1_, u, early), SealTx(v1_, other, later), SealTx(v1_, u, early)});
   EXPECT_EQ(r[0].code, StatusCode::kNotFound) << r[0].reason;
   EXPECT_EQ(r[1].code, StatusCode::kPermissionDenied) << r[1].reason;
   EXPECT_EQ(r[2].code, StatusCode::kPermissionDenied) << r[2].reason;
   EXPECT_EQ(r[3].code, StatusCode::kInvalidArgument) << r[3].reason;
   EXPECT_TRUE(r[4].ok) << r[4].reason;
   EXPECT_TRUE(r[5].ok) << r[5].reason;
+  EXPECT_EQ(r[6].code, StatusCode::kAlreadyExists) << r[6].reason;
+  // Every drawn verifier committed: the commit window closed with that block.
   r = Step({SealTx(v1_, u, early)});
-  EXPECT_EQ(r[0].code, StatusCode::kAlreadyExists) << r[0].reason;
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
   StepUntil(u, CheckStage::kCheckRevealVerdicts);
   // Reveal window: an unknown verdict, a wrong salt, a secret from the wrong node or chain
   // element, a dispute move without a dispute, a ruling without one, a challenge of a unit that

@@ -367,7 +367,13 @@ void UnitCheck::SettleForced(const std::vector<size_t>& clean, const std::vector
             std::to_string(clean.size()) + " approved it";
 }
 
-Result<CheckEffects> UnitCheck::OnBlock(uint64_t height) {
+bool UnitCheck::AwaitsVerdicts() const {
+  if (stage_ == CheckStage::kCheckAwaitingBeacon) return true;
+  return stage_ == CheckStage::kCheckCommitVerdicts &&
+         !std::ranges::all_of(slots_, [](const VerdictSlot& v) { return v.commitment.has_value(); });
+}
+
+Result<CheckEffects> UnitCheck::OnBlock(uint64_t height, bool earlier_verdicts_in) {
   CheckEffects fx;
   if (stage_ == CheckStage::kCheckCommitVerdicts && height > deadline_) {
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -375,8 +381,17 @@ Result<CheckEffects> UnitCheck::OnBlock(uint64_t height) {
     }
     stage_ = CheckStage::kCheckRevealVerdicts;
     deadline_ += config_.reveal_blocks;
+  } else if (stage_ == CheckStage::kCheckCommitVerdicts && earlier_verdicts_in &&
+             !AwaitsVerdicts()) {
+    stage_ = CheckStage::kCheckRevealVerdicts;  // every verdict is in: reveals from the next block
+    deadline_ = height + config_.reveal_blocks;
+    return fx;
   }
-  if (stage_ == CheckStage::kCheckRevealVerdicts && height > deadline_) {
+  const bool all_revealed =
+      secret_ && std::ranges::all_of(slots_, [](const VerdictSlot& v) {
+        return !v.commitment || v.verdict.has_value();
+      });
+  if (stage_ == CheckStage::kCheckRevealVerdicts && (height > deadline_ || all_revealed)) {
     CheckEffects r = Resolve(height);
     for (const NodeId& n : fx.failures) Append(r.failures, n);
     return r;

@@ -97,8 +97,8 @@ Hash256 EvidenceOf(Verdict v, int lazy, const UnitCheck& c) {
 
 Hash256 EvidenceOf(const MismatchClaim& m) { return MismatchEvidence(m.segment, m.replayed_end); }
 
-// Commits at 102, reveals at 105 (the reveal window is 105..107), secret revealed, then the
-// window closes at 108.
+// Commits at 102, reveals at 105 (the reveal window is 105..107), secret revealed at 106: with
+// everything revealed, the reveal window closes early, at block 106 (a dispute starts there).
 CheckEffects RunWindows(UnitCheck& c, int lazy, const std::vector<Verdict>& verdicts,
                         bool reveal_secret = true) {
   for (size_t i = 0; i < c.verifiers().size() && i < verdicts.size(); ++i) {
@@ -122,7 +122,7 @@ CheckEffects RunWindows(UnitCheck& c, int lazy, const std::vector<Verdict>& verd
     all.rerun_unit |= fx.rerun_unit;
     all.settled |= fx.settled;
   };
-  for (uint64_t h = 102; h <= 105; ++h) merge(*c.OnBlock(h));  // the commit window closes
+  for (uint64_t h = 102; h <= 105; ++h) merge(*c.OnBlock(h, false));  // the commit window closes
   EXPECT_EQ(c.stage(), CheckStage::kCheckRevealVerdicts);
   for (size_t i = 0; i < c.verifiers().size() && i < verdicts.size(); ++i) {
     Hash256 salt = Blake2b("salt " + std::to_string(i));
@@ -134,7 +134,9 @@ CheckEffects RunWindows(UnitCheck& c, int lazy, const std::vector<Verdict>& verd
   if (reveal_secret) {
     EXPECT_TRUE(c.OnSecretRevealed(kSecret, kStart, 106).ok());
   }
-  for (uint64_t h = 106; h <= 108; ++h) merge(*c.OnBlock(h));  // the reveal window closes
+  for (uint64_t h = 106; h <= 108 && c.stage() == CheckStage::kCheckRevealVerdicts; ++h) {
+    merge(*c.OnBlock(h, false));  // the reveal window closes
+  }
   return all;
 }
 
@@ -166,6 +168,54 @@ TEST(UnitCheckTest, AnEmptyPoolWaitsForAVerifierWhenTheTaskBoughtReplays) {
   EXPECT_TRUE(economic->verifiers().empty());
 }
 
+// A window closes at the block where nothing more can happen in it, not at its deadline: the
+// commit window once every verifier committed (and no earlier secret of the solver is still
+// sealed), the reveal window once every verdict and the secret are in.
+TEST(UnitCheckTest, WindowsCloseEarlyOnceEverythingIsIn) {
+  UnitCheck c = Selected(CheckTestConfig(false));  // commit window 102..104
+  ASSERT_EQ(c.verifiers().size(), 2u);
+  const NodeId v0 = c.verifiers()[0], v1 = c.verifiers()[1];
+  const Hash256 s0 = Blake2b("s0"), s1 = Blake2b("s1");
+  auto commit = [&](const NodeId& v, const Hash256& salt, uint64_t h) {
+    return c.OnVerdictCommitted(
+        v, VerdictCommitment(Verdict::kVerdictClean, salt, v, c.config().unit), h);
+  };
+  ASSERT_TRUE(commit(v0, s0, 102).ok());
+  ASSERT_TRUE(c.OnBlock(102, true).ok());
+  EXPECT_EQ(c.stage(), CheckStage::kCheckCommitVerdicts);  // v1 has not committed
+  ASSERT_TRUE(commit(v1, s1, 103).ok());
+  UnitCheck sealed = c;  // an earlier secret of the solver still awaits verdicts
+  ASSERT_TRUE(sealed.OnBlock(103, false).ok());
+  EXPECT_EQ(sealed.stage(), CheckStage::kCheckCommitVerdicts);
+  EXPECT_EQ(sealed.OnSecretRevealed(kSecret, kStart, 104).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(c.OnBlock(103, true).ok());
+  ASSERT_EQ(c.stage(), CheckStage::kCheckRevealVerdicts);
+  EXPECT_EQ(c.deadline_height(), 106u);  // a full reveal window from the early close
+  EXPECT_EQ(commit(v0, s0, 104).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(c.OnVerdictRevealed(v0, Verdict::kVerdictClean, s0, nullptr, 104).ok());
+  ASSERT_TRUE(c.OnVerdictRevealed(v1, Verdict::kVerdictClean, s1, nullptr, 104).ok());
+  CheckEffects fx = *c.OnBlock(104, true);
+  EXPECT_FALSE(fx.settled);  // the secret is missing
+  ASSERT_TRUE(c.OnSecretRevealed(kSecret, kStart, 105).ok());
+  fx = *c.OnBlock(105, true);
+  EXPECT_TRUE(fx.settled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckClean) << c.reason();
+  EXPECT_EQ(fx.pay_verifiers.size(), 2u);
+  EXPECT_TRUE(fx.failures.empty());
+
+  // Not selected: nobody commits, so the reveal window opens at the first block.
+  auto u = UnitCheck::Create(CheckTestConfig(false));
+  ASSERT_TRUE(u.ok());
+  ASSERT_TRUE(u->OnBeacon(Blake2b("b"), 0, std::vector<NodeId>{kV1}, {}, 101).ok());
+  ASSERT_TRUE(u->OnBlock(102, true).ok());
+  ASSERT_EQ(u->stage(), CheckStage::kCheckRevealVerdicts);
+  ASSERT_TRUE(u->OnSecretRevealed(kSecret, kStart, 103).ok());
+  fx = *u->OnBlock(103, true);
+  EXPECT_TRUE(fx.settled);
+  EXPECT_EQ(u->result(), CheckResult::kCheckUnchecked);
+}
+
 TEST(UnitCheckTest, UnselectedUnitIsAcceptedUnchecked) {
   auto c = UnitCheck::Create(CheckTestConfig(false));
   ASSERT_TRUE(c.ok());
@@ -175,10 +225,10 @@ TEST(UnitCheckTest, UnselectedUnitIsAcceptedUnchecked) {
   // Its secret is revealed in the same window as a checked unit's (after the commit window).
   EXPECT_EQ(c->stage(), CheckStage::kCheckCommitVerdicts);
   EXPECT_EQ(c->OnSecretRevealed(kSecret, kStart, 102).code(), StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(c->OnBlock(105).ok());
+  ASSERT_TRUE(c->OnBlock(105, false).ok());
   EXPECT_EQ(c->stage(), CheckStage::kCheckRevealVerdicts);
   ASSERT_TRUE(c->OnSecretRevealed(kSecret, kStart, 105).ok());
-  auto fx = c->OnBlock(108);
+  auto fx = c->OnBlock(108, false);
   ASSERT_TRUE(fx.ok());
   EXPECT_TRUE(fx->settled);
   EXPECT_EQ(c->result(), CheckResult::kCheckUnchecked);
@@ -211,10 +261,10 @@ TEST(UnitCheckTest, LazySolverLosesTheDisputeAndTheRubberStampIsSlashedWithIt) {
   EXPECT_EQ(g->config().challenger, honest);
   // The lazy solver cannot defend its claim and stops answering; the challenger posts.
   DisputeQuery q = g->query();
-  ASSERT_TRUE(g->Post(DisputeParty::kChallenger, q.position, Blake2b("true"), 109).ok());
+  ASSERT_TRUE(g->Post(DisputeParty::kChallenger, q.position, Blake2b("true"), 107).ok());
   CheckEffects end;
-  for (uint64_t h = 109; h <= q.deadline_height + 1 && c.stage() == CheckStage::kCheckDisputed; ++h) {
-    end = *c.OnBlock(h);
+  for (uint64_t h = 107; h <= q.deadline_height + 1 && c.stage() == CheckStage::kCheckDisputed; ++h) {
+    end = *c.OnBlock(h, false);
   }
   ASSERT_EQ(c.stage(), CheckStage::kCheckSettled);
   EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
@@ -237,15 +287,15 @@ TEST(UnitCheckTest, LyingVerifierLosesAndTheHonestSolverIsNeverSlashed) {
   ASSERT_TRUE(d.OnVerdictCommitted(liar, VerdictCommitment(Verdict::kVerdictMismatch, salt, liar,
                                                            d.config().unit, EvidenceOf(claim)),
                                    102).ok());
-  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(d.OnBlock(h).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(d.OnBlock(h, false).ok());
   ASSERT_TRUE(d.OnVerdictRevealed(liar, Verdict::kVerdictMismatch, salt, &claim, 105).ok());
   ASSERT_TRUE(d.OnSecretRevealed(kSecret, kStart, 105).ok());
-  for (uint64_t h = 106; h <= 108; ++h) ASSERT_TRUE(d.OnBlock(h).ok());
+  ASSERT_TRUE(d.OnBlock(106, false).ok());  // everything is revealed: the window closes early
   ASSERT_EQ(d.stage(), CheckStage::kCheckDisputed);
   // Play the game with the referee: the solver answers truthfully, the liar with its story;
   // here the referee's ruling is the solver's claim at the final transition.
   DisputeGame* g = d.mutable_dispute();
-  uint64_t h = 109;
+  uint64_t h = 107;
   while (g->stage() == DisputeStage::kDisputeSteps || g->stage() == DisputeStage::kDisputeOperators) {
     DisputeQuery q = g->query();
     Hash256 truth = Hasher("t").UpdateU64(q.stage == DisputeStage::kDisputeSteps).UpdateU64(q.position).Finish();
@@ -348,7 +398,7 @@ TEST(UnitCheckTest, ALateSecretDuringTheDisputeSettlesAForcedError) {
   ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
   ASSERT_TRUE(c.OnSecretRevealed(kSecret, kStart, 110).ok());
   EXPECT_EQ(c.OnSecretRevealed(kSecret, kStart, 110).code(), StatusCode::kAlreadyExists);
-  Result<CheckEffects> fx = c.OnBlock(111);
+  Result<CheckEffects> fx = c.OnBlock(111, false);
   ASSERT_TRUE(fx.ok()) << fx.status().ToString();
   EXPECT_EQ(c.stage(), CheckStage::kCheckSettled);
   EXPECT_EQ(c.result(), CheckResult::kCheckForcedError) << c.reason();
@@ -369,7 +419,7 @@ TEST(UnitCheckTest, ALateSecretDuringTheDisputeSettlesAForcedError) {
   ASSERT_TRUE(lazy.OnSecretRevealed(kSecret, kStart, 110).ok());
   // Not forced: the game goes on, and the silent defender loses it at its deadline.
   for (uint64_t h = 110; h < 130 && lazy.stage() == CheckStage::kCheckDisputed; ++h) {
-    ASSERT_TRUE(lazy.OnBlock(h).ok());
+    ASSERT_TRUE(lazy.OnBlock(h, false).ok());
   }
   EXPECT_EQ(lazy.result(), CheckResult::kCheckFraud) << lazy.reason();
 }
@@ -384,7 +434,7 @@ TEST(UnitCheckTest, SilentVerifiersCountFailuresAndTheUnitRunsAgain) {
   ASSERT_TRUE(c.OnVerdictCommitted(a, VerdictCommitment(Verdict::kVerdictClean, salt, a, c.config().unit), 102).ok());
   CheckEffects all;
   for (uint64_t h = 102; h <= 108; ++h) {
-    CheckEffects fx = *c.OnBlock(h);
+    CheckEffects fx = *c.OnBlock(h, false);
     if (h == 105) {
       ASSERT_TRUE(c.OnSecretRevealed(kSecret, kStart, h).ok());
     }
@@ -410,7 +460,7 @@ TEST(UnitCheckTest, ABlindMismatchCannotRevealACopiedClaim) {
   Hash256 salt = Blake2b("salt");
   ASSERT_TRUE(c.OnVerdictCommitted(lazy, VerdictCommitment(Verdict::kVerdictMismatch, salt, lazy,
                                                            c.config().unit), 102).ok());
-  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h, false).ok());
   MismatchClaim copied = ClaimFor(true, c.segments()[0]);
   EXPECT_EQ(c.OnVerdictRevealed(lazy, Verdict::kVerdictMismatch, salt, &copied, 105).code(),
             StatusCode::kPermissionDenied);
@@ -429,7 +479,7 @@ TEST(UnitCheckTest, BadRevealsAreRefused) {
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(c.OnSecretRevealed(kSecret, kStart, 102).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(c.OnVerdictCommitted(NodeOfByte(77), Blake2b("x"), 102).code(), StatusCode::kPermissionDenied);
-  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h, false).ok());
   EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, Blake2b("wrong"), &claim, 105).ok());
   EXPECT_FALSE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, nullptr, 105).ok());
   MismatchClaim bad = claim;
@@ -462,7 +512,7 @@ TEST(UnitCheckTest, WhistleblowerChallengesACleanVerdict) {
   DisputeQuery q = g->query();
   ASSERT_TRUE(g->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), 111).ok());
   CheckEffects fx;
-  for (uint64_t h = 111; c.stage() == CheckStage::kCheckDisputed; ++h) fx = *c.OnBlock(h);
+  for (uint64_t h = 111; c.stage() == CheckStage::kCheckDisputed; ++h) fx = *c.OnBlock(h, false);
   EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
   EXPECT_TRUE(Has(fx.slash, kSolver));
   EXPECT_TRUE(Has(fx.slash, a));
@@ -485,7 +535,7 @@ TEST(UnitCheckTest, AFailedWhistleblowerChallengePaysAndSlashesNoVerifierAgain) 
   ASSERT_TRUE(g->Post(DisputeParty::kDefender, q.position, Blake2b("t"), 111).ok());
   CheckEffects fx;
   for (uint64_t h = 111; c.stage() == CheckStage::kCheckDisputed && h < 120; ++h) {
-    fx = *c.OnBlock(h);
+    fx = *c.OnBlock(h, false);
   }
   EXPECT_EQ(c.result(), CheckResult::kCheckClean);
   EXPECT_TRUE(fx.settled);
@@ -537,20 +587,20 @@ TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
   ASSERT_TRUE(c.OnVerdictCommitted(honest, VerdictCommitment(Verdict::kVerdictMismatch, s2,
                                                              honest, cfg.unit, EvidenceOf(real)),
                                    102).ok());
-  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h, false).ok());
   ASSERT_TRUE(c.OnVerdictRevealed(accomplice, Verdict::kVerdictMismatch, s1, &fake, 105).ok());
   ASSERT_TRUE(c.OnVerdictRevealed(honest, Verdict::kVerdictMismatch, s2, &real, 105).ok());
   ASSERT_TRUE(c.OnSecretRevealed(kSecret, kStart, 105).ok());
-  for (uint64_t h = 106; h <= 108; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  ASSERT_TRUE(c.OnBlock(106, false).ok());  // everything is revealed: the window closes early
   ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
   ASSERT_EQ(c.dispute()->config().challenger, accomplice);
   // The accomplice stops answering: the solver wins the first dispute.
   DisputeQuery q = c.mutable_dispute()->query();
-  ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kDefender, q.position, Blake2b("t"), 109).ok());
+  ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kDefender, q.position, Blake2b("t"), 107).ok());
   CheckEffects first;
-  uint64_t h = 109;
+  uint64_t h = 107;
   for (; h <= q.deadline_height + 1; ++h) {
-    first = *c.OnBlock(h);
+    first = *c.OnBlock(h, false);
     if (c.stage() != CheckStage::kCheckDisputed || c.dispute()->config().challenger != accomplice) {
       break;
     }
@@ -567,7 +617,7 @@ TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
   ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), h).ok());
   CheckEffects second;
   for (const uint64_t end = h + 10; c.stage() == CheckStage::kCheckDisputed && h <= end; ++h) {
-    second = *c.OnBlock(h);
+    second = *c.OnBlock(h, false);
   }
   EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
   EXPECT_TRUE(Has(second.slash, kSolver));
@@ -589,13 +639,13 @@ TEST(UnitCheckTest, AVerifierThatWithholdsItsRevealOnAForcedErrorIsSlashed) {
                                                               EvidenceOf(caught)), 102).ok());
   ASSERT_TRUE(c.OnVerdictCommitted(silent, VerdictCommitment(Verdict::kVerdictClean, s2, silent,
                                                              c.config().unit), 102).ok());
-  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h, false).ok());
   ASSERT_TRUE(c.OnSecretRevealed(kSecret, kStart, 105).ok());
   MismatchClaim claim = ClaimFor(kForced, c.segments()[0]);
   ASSERT_TRUE(c.OnVerdictRevealed(catcher, Verdict::kVerdictMismatch, s1, &claim, 106).ok());
   CheckEffects fx;
   for (uint64_t h = 106; h <= 108; ++h) {
-    CheckEffects e = *c.OnBlock(h);
+    CheckEffects e = *c.OnBlock(h, false);
     if (e.settled) fx = e;
   }
   EXPECT_EQ(c.result(), CheckResult::kCheckForcedError);
@@ -658,7 +708,7 @@ TEST(UnitCheckTest, AMismatchMayNameASegmentThatWasNotDrawn) {
   ASSERT_TRUE(c.OnVerdictCommitted(v, VerdictCommitment(Verdict::kVerdictMismatch, salt, v,
                                                         c.config().unit, EvidenceOf(claim)),
                                    102).ok());
-  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h).ok());
+  for (uint64_t h = 102; h <= 105; ++h) ASSERT_TRUE(c.OnBlock(h, false).ok());
   EXPECT_TRUE(c.OnVerdictRevealed(v, Verdict::kVerdictMismatch, salt, &claim, 105).ok());
 }
 
@@ -670,7 +720,7 @@ TEST(UnitCheckTest, AnUndecidedDisputeRerunsTheUnitAndPunishesNobody) {
   RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
   ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
   // Both parties play every turn; the referee never rules.
-  uint64_t h = 108;
+  uint64_t h = 106;
   while (c.dispute()->stage() == DisputeStage::kDisputeSteps) {
     const DisputeQuery q = c.dispute()->query();
     ++h;
@@ -682,7 +732,7 @@ TEST(UnitCheckTest, AnUndecidedDisputeRerunsTheUnitAndPunishesNobody) {
   }
   ASSERT_EQ(c.dispute()->stage(), DisputeStage::kDisputeReferee);
   CheckEffects fx;
-  for (int i = 0; i < 6 && c.stage() != CheckStage::kCheckSettled; ++i) fx = *c.OnBlock(++h);
+  for (int i = 0; i < 6 && c.stage() != CheckStage::kCheckSettled; ++i) fx = *c.OnBlock(++h, false);
   ASSERT_EQ(c.stage(), CheckStage::kCheckSettled);
   EXPECT_EQ(c.result(), CheckResult::kCheckAbandoned) << c.reason();
   EXPECT_TRUE(fx.slash.empty());

@@ -169,8 +169,19 @@ class UnitCheck {
   // its reveal window is not slashed for its forced commitment; any other secret leaves the
   // dispute to decide.
   Status OnSecretRevealed(const Hash256& secret, const Hash256& start_leaf, uint64_t height);
-  // Every block: closes windows (effects of missed deadlines and the resolution).
-  Result<CheckEffects> OnBlock(uint64_t height);
+  // Every block: closes windows (effects of missed deadlines and the resolution). A window
+  // also closes early, at the block where nothing more can happen in it, so a check costs the
+  // time its parties take, not the windows' length:
+  //   the commit window, once every verifier has committed (at once for a unit not selected)
+  //   and `earlier_verdicts_in`: no unit of the same solver with an earlier secret
+  //   AwaitsVerdicts(). Revealing this unit's secret reveals every earlier one (they hash
+  //   forward from it), so reveal windows must open in secret order, as the fixed windows make
+  //   them;
+  //   the reveal window, once the secret and every committed verdict are revealed.
+  Result<CheckEffects> OnBlock(uint64_t height, bool earlier_verdicts_in);
+  // Whether verdicts are still to be committed (before the beacon, or a drawn verifier has not
+  // committed): the solver's secret, and every later one, must stay unrevealed.
+  bool AwaitsVerdicts() const;
   // The dispute resolved (the ledger drives the game and its referee; see dispute.h), at
   // `height`. A solver that wins refutes the mismatches claimed in that segment only: a mismatch
   // another verifier claimed in a different segment opens the next dispute (at `height`), so a
