@@ -1005,13 +1005,15 @@ TEST(ChaosTest, TheAggregatorLeavesAndTheNextRoundStillFetchesItsState) {
 // VerificationTest.ACancelPaysNoWorkWhoseCheckIsStillRunning). Re-pinned to seed 54 when the node
 // record's encoding grew (3ca01a4: every state hash, so every beacon, moved) and seed 46's task
 // finished before its cancel: at seed 54 the cancel (+18) closes the task with four committed
-// units in verification, one of them a copying solver's.
-TEST(ChaosTest, Seed54ACancelPaysNoUnverifiedWork) {
-  ChaosResult r = RunChaos(54);
+// units in verification, one of them a copying solver's. Re-pinned to seed 124 when verification
+// windows began to close early (c9faed7) and seed 54's task finished before its cancel: at seed
+// 124 the cancel (+10) closes the task with three committed units in verification.
+TEST(ChaosTest, Seed124ACancelPaysNoUnverifiedWork) {
+  ChaosResult r = RunChaos(124);
   EXPECT_EQ(r.counts.cancels, 1u);
   EXPECT_EQ(r.outcome, "refunded");
   EXPECT_GE(r.scenario.cancel_checks_open, 1u)
-      << "seed 54 no longer cancels while a committed unit's check runs, so this test checks "
+      << "seed 124 no longer cancels while a committed unit's check runs, so this test checks "
          "nothing: re-pin it to a seed whose line in a sweep reads outcome=refunded ... "
          "cancel_checks_open=N with N > 0 (docs/chaos.md)";
   EXPECT_EQ(r.scenario.cancel_checks_open_paid, 0u);
@@ -1025,26 +1027,29 @@ TEST(ChaosTest, Seed54ACancelPaysNoUnverifiedWork) {
 // seed 100 when 3ca01a4 moved every seed's run and seed 188's leaver had no unit in verification
 // any more; to seed 3 when the task record gained verification.proven_frauds (ProveFraud) and
 // seed 100's leaver had none either: at seed 3 (forced errors 25%) the leaver (n4, +14) leaves
-// with one.
-TEST(ChaosTest, Seed3ANodeThatLeftStillRevealsAndDefends) {
-  ChaosResult r = RunChaos(3);
+// with one; to seed 100 again when verification windows began to close early (c9faed7): its
+// leaver (n5, +18, forced errors 25%) leaves with one.
+TEST(ChaosTest, Seed100ANodeThatLeftStillRevealsAndDefends) {
+  ChaosResult r = RunChaos(100);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_GE(r.scenario.leaver_checks_open, 1u)
-      << "seed 3's leaver no longer leaves with a unit in verification, so this test checks "
+      << "seed 100's leaver no longer leaves with a unit in verification, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_checks_open=N with N > 0 "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
 
-// Seed 9, now 55 (docs/chaos.md "Found"): unit 4 of a new solver was selected for verification, its only
+// Seed 9, then 55, now 75 (docs/chaos.md "Found"): unit 4 of a new solver was selected for verification, its only
 // verifier's CommitVerdict came after the commit window closed, and the check settled "unchecked
 // (no verifier revealed a verdict)": the unit was paid and entered the model although nobody
 // replayed it. A cheater whose verifiers stay silent is paid the same way. Fixed: such a unit
 // settles abandoned and runs again (protocol UnitCheck).
-TEST(ChaosTest, Seed55ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
-  ChaosResult r = RunChaos(55, /*strict_unchecked=*/true);
+// (Re-pinned to seed 75 when verification windows began to close early, c9faed7: a lazy solver's
+// selected unit settles abandoned there.)
+TEST(ChaosTest, Seed75ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
+  ChaosResult r = RunChaos(75, /*strict_unchecked=*/true);
   EXPECT_GE(r.scenario.abandoned, 1u)
-      << "seed 55 no longer settles a check abandoned: re-pin the test to a seed that does "
+      << "seed 75 no longer settles a check abandoned: re-pin the test to a seed that does "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
