@@ -71,7 +71,8 @@ namespace {
 using nlohmann::json;
 
 std::atomic<int> g_stop_signal{0};
-constexpr int64_t kVerifyWindowMs = 4000;  // verdict and dispute windows, at least
+constexpr int64_t kVerifyWindowMs = 4000;   // reveal and dispute windows, at least
+constexpr int64_t kCommitWindowMs = 10000;  // the verdict commit window, at least
 constexpr uint64_t kNodeStake = 100000;    // every devnet node's stake: covers a slash (node.toml)
 void OnStopSignal(int sig) { g_stop_signal.store(sig); }
 
@@ -91,7 +92,10 @@ struct DevnetArgs {
   int verifiers = 0;                   // verifier-only nodes besides the solvers
   bool verification = true;
   int64_t forced_errors = -1;  // per million units; -1: the genesis default
-  int64_t rounds_in_flight = -1;  // genesis rounds_in_flight; -1: the genesis default
+  // Genesis rounds_in_flight. Here a unit trains in about a second and a round settles (checks,
+  // then the 5-block verification window) over about three rounds' time, so 4 rounds in flight
+  // keep the solvers busy (`devnet_bench --verification`; the ledger's default is 2).
+  int64_t rounds_in_flight = 4;
   // The task's [network] assurance and target_escape_ppm, overridden for this run ("" and 0: the
   // task file's).
   std::string assurance;
@@ -627,7 +631,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   if (a.forced_errors > 1'000'000) {
     return InvalidArgument("--forced-errors is per million units: 0..1000000");
   }
-  if (a.rounds_in_flight < -1 || a.rounds_in_flight > static_cast<int64_t>(ledger::kMaxRoundsInFlight)) {
+  if (a.rounds_in_flight < 0 || a.rounds_in_flight > static_cast<int64_t>(ledger::kMaxRoundsInFlight)) {
     return InvalidArgument(fmt::format(
         "--rounds-in-flight is {}; use 0 (a round starts when the one before it is final) to {}",
         a.rounds_in_flight, ledger::kMaxRoundsInFlight));
@@ -710,19 +714,23 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   if (a.forced_errors >= 0) {
     gen.params.forced_error_per_million = static_cast<uint32_t>(a.forced_errors);
   }
-  if (a.rounds_in_flight >= 0) {
-    gen.params.rounds_in_flight = static_cast<uint32_t>(a.rounds_in_flight);
-  }
+  gen.params.rounds_in_flight = static_cast<uint32_t>(a.rounds_in_flight);
   // Windows of at least kVerifyWindowMs: a verifier drawn for its first unit of the task must
   // fetch and load the task's data (seconds) before it can replay and commit its verdict; at
-  // 200 ms blocks the default 5-block windows closed first and the unit went unchecked.
+  // 200 ms blocks the default 5-block windows closed first and the unit went unchecked. The
+  // commit window is longer: a check of a `full` task replays the whole unit on a node that is
+  // training its own (4 nodes on 2 cores took 5 s), and a verdict too late leaves the unit
+  // abandoned, re-run with the rounds after it. Windows close once everyone is in
+  // (docs/verification.md), so a long one costs time only when a party is silent.
   {
-    const uint64_t blocks = static_cast<uint64_t>((kVerifyWindowMs + a.block_interval_ms - 1) /
-                                                  std::max<int64_t>(1, a.block_interval_ms));
+    auto blocks = [&](int64_t ms) {
+      return static_cast<uint64_t>((ms + a.block_interval_ms - 1) /
+                                   std::max<int64_t>(1, a.block_interval_ms));
+    };
     ledger::ChainParams& p = gen.params;
-    p.verdict_commit_blocks = std::max(p.verdict_commit_blocks, blocks);
-    p.verdict_reveal_blocks = std::max(p.verdict_reveal_blocks, blocks);
-    p.dispute_response_blocks = std::max(p.dispute_response_blocks, blocks);
+    p.verdict_commit_blocks = std::max(p.verdict_commit_blocks, blocks(kCommitWindowMs));
+    p.verdict_reveal_blocks = std::max(p.verdict_reveal_blocks, blocks(kVerifyWindowMs));
+    p.dispute_response_blocks = std::max(p.dispute_response_blocks, blocks(kVerifyWindowMs));
   }
   gen.genesis_time_ms = SystemClock::Default()->NowMillis();
   gen.sequencer = seq.public_key();
@@ -1282,7 +1290,7 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
   cmd->add_option("--rounds-in-flight", a.rounds_in_flight,
                   "Aggregated rounds whose checks may run while later rounds train (genesis "
                   "rounds_in_flight; 0: each round waits for the one before it to be final; "
-                  "default: the ledger's, 2)");
+                  "default 4, the ledger's default is 2)");
   cmd->add_option("--forced-errors", a.forced_errors,
                   "Forced errors per million units (genesis forced_error_per_million; default: "
                   "the ledger's)");
