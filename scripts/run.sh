@@ -4,6 +4,8 @@
 # (`meshlearn devnet`, docs/submitters.md), with verification on and one of the 4 solvers a
 # deliberate cheater (`--adversary solver:lazy`: it skips steps), so the run shows verification
 # catching, slashing and not paying it while the model still ends bit-equal to an honest run.
+# The task runs at `full` assurance (every segment of every unit replayed by another node), so a
+# node that poisons the model instead (`--adversary solver:noisy`) is caught every time too.
 # Writes out/devnet/model.safetensors and
 # out/devnet/report.json (the metric, rounds, units, bytes moved, the money: spent, paid to
 # solvers, verifiers and aggregators, treasury cut, refunded; and whether the final weights equal
@@ -19,5 +21,5 @@ out=out/devnet
 # A devnet directory holds one chain: start each run from a fresh one.
 rm -rf "$out"
 mkdir -p out
-exec "$bin" devnet --solvers 4 --task examples/fashion-mlp.toml --adversary solver:lazy \
-  --out "$out" "$@"
+exec "$bin" devnet --solvers 4 --task examples/fashion-mlp.toml --assurance full \
+  --adversary solver:lazy --out "$out" "$@"

@@ -139,6 +139,7 @@ TEST(Devnet, TheMainJobAsScriptsRunShWritesIt) {
   ASSERT_NE(command, "") << "scripts/run.sh has no `exec \"$bin\" devnet` line or no out=";
   ASSERT_NE(command.find("--out out/devnet"), std::string::npos) << command;
   ASSERT_NE(command.find("--adversary solver:lazy"), std::string::npos) << command;
+  ASSERT_NE(command.find("--assurance full"), std::string::npos) << command;
   const std::string cwd = TempDir();
   std::filesystem::create_directories(cwd + "/examples");
   std::filesystem::create_directories(cwd + "/out");  // run.sh: mkdir -p out
@@ -150,6 +151,7 @@ TEST(Devnet, TheMainJobAsScriptsRunShWritesIt) {
   json rep = ReadReport(cwd + "/out/devnet");
   CheckCommon(rep);
   const json& v = rep["verification"];
+  EXPECT_EQ(v["assurance"], "full") << v.dump(2);
   ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
   EXPECT_EQ(v["slashed"][0]["adversary"], "lazy");
   EXPECT_GT(v["slashed"][0]["amount"].get<uint64_t>(), 0u);
@@ -510,6 +512,7 @@ TEST(DevnetSlow, ReplicatedSequencerSurvivesItsLeaderKilledMidTask) {
   json rep = ReadReport(out);
   CheckCommon(rep, 6);  // every committed unit paid once; the weights = the in-process reference
   const json& v = rep["verification"];
+  EXPECT_EQ(v["assurance"], "full") << v.dump(2);
   ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
   EXPECT_EQ(v["slashed"][0]["adversary"], "lazy");
   EXPECT_GT(v["slashed"][0]["amount"].get<uint64_t>(), 0u);
