@@ -210,7 +210,10 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
   e.PutU64(v.rounds_rewound).PutU64(v.clawed_back).PutU64(v.rounds_dropped);
   e.PutU32(static_cast<uint32_t>(v.proven_frauds.size()));
   for (const ProvenFraud& f : v.proven_frauds) ProvenFraud::Visit(f, internal::FieldEncoder{e});
-  e.PutU64(t.closed_height).PutU64(v.reopened);
+  // Written only once set (the task closed, or a proof reopened it): a task that never closed
+  // encodes as before they existed, so databases written then still load and a running task's
+  // record (hence the state hash, the block hashes and the beacons drawn from them) is unchanged.
+  if (t.closed_height != 0 || v.reopened != 0) e.PutU64(t.closed_height).PutU64(v.reopened);
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -272,8 +275,15 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
     ProvenFraud::Visit(f, fd);
     ML_RETURN_IF_ERROR(fd.status);
   }
-  ML_RETURN_IF_ERROR(d.GetU64(&t->closed_height, "closed_height"));
-  ML_RETURN_IF_ERROR(d.GetU64(&v.reopened, "verification.reopened"));
+  // The record's optional tail (EncodeTask): present exactly when one of them is set, so each
+  // record still has one encoding. A task record is the last thing its decoder holds.
+  if (d.remaining() > 0) {
+    ML_RETURN_IF_ERROR(d.GetU64(&t->closed_height, "closed_height"));
+    ML_RETURN_IF_ERROR(d.GetU64(&v.reopened, "verification.reopened"));
+    if (t->closed_height == 0 && v.reopened == 0) {
+      return DataLoss("task: closed_height and verification.reopened are written only when set");
+    }
+  }
   return Status::Ok();
 }
 

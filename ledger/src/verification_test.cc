@@ -1565,6 +1565,38 @@ TEST(ProvenFraudTest, TheTaskRecordKeepsItsProofsThroughItsEncoding) {
   EXPECT_EQ(j["verification"]["fraud_rounds"], nlohmann::json::array({0, 2}));
   EXPECT_EQ(j["verification"]["proven_frauds"][1]["index"], 9);
   EXPECT_EQ(j["verification"]["proven_frauds"][1]["prover"], TestKey(2).public_key().ToHex());
+
+  // The tail a closed (or reopened) task adds; a task that never closed has none, so its record
+  // encodes as it did before the tail existed.
+  TaskRecord closed = t;
+  closed.closed_height = 77;
+  closed.verification.reopened = 1;
+  closed.verification.proven_frauds[1].rewound = true;
+  closed.verification.proven_frauds[1].rewound_to = 1;
+  Encoder ce;
+  EncodeTask(ce, closed);
+  const Bytes cenc = ce.Take();
+  EXPECT_EQ(cenc.size(), enc.size() + 16);
+  Decoder cd(cenc, "task");
+  TaskRecord cback;
+  ASSERT_TRUE(DecodeTask(cd, &cback).ok());
+  ASSERT_TRUE(cd.Finish().ok());
+  EXPECT_EQ(cback, closed);
+  Bytes zero_tail = enc;  // a tail of zeros is not how any record is written
+  zero_tail.resize(enc.size() + 16, 0);
+  Decoder zd(zero_tail, "task");
+  TaskRecord zback;
+  EXPECT_EQ(DecodeTask(zd, &zback).code(), StatusCode::kDataLoss);
+  const nlohmann::json cj = TaskToJson(closed, 10);
+  EXPECT_EQ(cj["closed_height"], 77);
+  EXPECT_EQ(cj["audit_window_end"], 0);  // status open: a proof rewinds it anyway
+  EXPECT_EQ(cj["verification"]["reopened"], 1);
+  EXPECT_EQ(cj["verification"]["proven_frauds"][1]["rewound_to"], 1);
+  closed.status = TaskStatus::kFinished;
+  EXPECT_EQ(TaskToJson(closed, 10)["audit_window_end"], 87);
+  EXPECT_EQ(AuditWindowEnd(closed, 10), 87u);
+  closed.status = TaskStatus::kCancelled;
+  EXPECT_EQ(AuditWindowEnd(closed, 10), 0u);
 }
 
 // A witness encoding decodes back to `w` and refuses damage: cut short, trailing bytes, more

@@ -406,6 +406,7 @@ Status DecodeAccount(Decoder& d, Account* a);
 void EncodeNode(Encoder& e, const NodeRecord& n);
 Status DecodeNode(Decoder& d, NodeRecord* n);
 void EncodeTask(Encoder& e, const TaskRecord& t);
+// Reads to the end of `d`: a task record ends with an optional tail (EncodeTask).
 Status DecodeTask(Decoder& d, TaskRecord* t);
 void EncodeWorkUnit(Encoder& e, const WorkUnit& u);
 Status DecodeWorkUnit(Decoder& d, WorkUnit* u);
