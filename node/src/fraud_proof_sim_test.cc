@@ -13,6 +13,7 @@
 #include <string>
 
 #include "meshlearn/node/adversary.h"
+#include "meshlearn/node/pin_book.h"
 #include "meshlearn/node/task_audit.h"
 #include "testing/verification_sim.h"
 
@@ -196,6 +197,13 @@ TEST_P(ReopenSimTest, AProofWithinTheAuditWindowReopensTheTaskAndTheRedoIsTheRef
   ASSERT_NE(HashFloats(poisoned_final->weights), HashFloats(reference))
       << "the poisoner's work must be in the first final model";
   ASSERT_LT(sim.height(), before.value("audit_window_end", uint64_t{0}));
+  // The nodes saw it finished (their pin keepers count the release from there).
+  auto seen_closed = [&] {
+    int n = 0;
+    for (int i = 1; i < 5; ++i) n += sim.agent(i)->pin_book()->ClosedSeen(sim.task_id()) > 0;
+    return n;
+  };
+  EXPECT_EQ(seen_closed(), 4);
 
   AuditOptions o{.full = true, .work_dir = "/audit"};
   int sent = 0;
@@ -228,6 +236,8 @@ TEST_P(ReopenSimTest, AProofWithinTheAuditWindowReopensTheTaskAndTheRedoIsTheRef
   EXPECT_TRUE(v["proven_frauds"][0].value("rewound", false));
   EXPECT_LE(v["proven_frauds"][0].value("rewound_to", 99u), first_round);
   EXPECT_EQ(testing::Node(sim, 0).value("status", std::string()), "jailed");
+  // The nodes saw it open again: they keep its blobs until it closes anew.
+  EXPECT_EQ(seen_closed(), 0);
 
   // The redo, to the end: the honest reference, and nothing of the poisoner's paid.
   Status s = sim.RunUntilFinished(1500);
