@@ -641,6 +641,22 @@ Status RunStatus(GlobalOptions& g, const TaskArgs& a) {
               << ProgressLine(p) << "\n"
               << MoneyLine(p.money) << "\n";
     if (!p.final_state.empty()) std::cout << "final state: " << p.final_state << "\n";
+    // Until its audit window closes a finished task's model may still change: a fraud proof
+    // reopens the task (docs/submitters.md, "Watch").
+    const uint64_t audit_end = j.value("audit_window_end", uint64_t{0});
+    if (p.status == "finished" && audit_end != 0) {
+      std::cout << "audit window: until block " << audit_end
+                << " a fraud proof reopens the task and the final state can change\n";
+    }
+    const json v = j.value("verification", json::object());
+    if (const uint64_t reopened = v.value("reopened", uint64_t{0}); reopened > 0) {
+      std::string to;
+      for (const json& f : v.value("proven_frauds", json::array())) {
+        if (f.value("rewound", false)) to = std::to_string(f.value("rewound_to", 0u));
+      }
+      std::cout << "reopened " << reopened << "x by a fraud proof after it finished (last back to"
+                << " round " << to << "): the rounds ran again without the cheater\n";
+    }
     PrintRounds(j, p);
   });
   return Status::Ok();

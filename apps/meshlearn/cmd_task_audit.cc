@@ -76,6 +76,16 @@ std::string ProofLine(const node::AuditUnit& u) {
   for (const json& r : p.value("fraud_rounds", json::array())) {
     rounds += (rounds.empty() ? "" : ", ") + r.dump();
   }
+  if (p.value("rewound", false)) {
+    // Within the task's audit window (or while it runs): the task trains again without it.
+    return fmt::format(
+        "segment {} re-executed by the ledger ({} bytes of witness): PROVEN; solver slashed {}, "
+        "bounty {}; the task is reopened from round {} (the first its solver worked in) and "
+        "runs again without it, {} of its pay clawed back into the escrow for the redo",
+        u.fraud_segment, p.value("witness_bytes", uint64_t{0}), p.value("slashed", uint64_t{0}),
+        p.value("bounty", uint64_t{0}), p.value("rewound_to", uint32_t{0}),
+        p.value("clawed_back", uint64_t{0}));
+  }
   return fmt::format(
       "segment {} re-executed by the ledger ({} bytes of witness): PROVEN; solver slashed {}, "
       "{} clawed back to the submitter, bounty {}; the task's record marks round(s) {}",
@@ -133,6 +143,8 @@ json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
       out["slashed"] = f.value("slashed", uint64_t{0});
       out["clawed_back"] = f.value("clawed_back", uint64_t{0});
       out["bounty"] = f.value("bounty", uint64_t{0});
+      out["rewound"] = f.value("rewound", false);
+      out["rewound_to"] = f.value("rewound_to", uint32_t{0});
     }
     out["fraud_rounds"] = v.value("fraud_rounds", json::array());
   }

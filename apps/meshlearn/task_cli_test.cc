@@ -281,6 +281,12 @@ TEST(TaskCli, DevnetTaskReadsTheSameInEveryCommand) {
   EXPECT_FALSE(Has(human.out, "round   3:")) << human.out;
   EXPECT_TRUE(Has(human.out, "rounds 3/3 done")) << human.out;
   EXPECT_TRUE(Has(human.out, "spent " + std::to_string(spent) + " = solvers ")) << human.out;
+  // Until its audit window closes the model may still change (a fraud proof reopens the task):
+  // the ledger says until when, status prints it.
+  const uint64_t audit_end = t["audit_window_end"].get<uint64_t>();
+  EXPECT_EQ(audit_end, t["closed_height"].get<uint64_t>() + 10) << t.dump(2);  // devnet window
+  EXPECT_TRUE(Has(human.out, "audit window: until block " + std::to_string(audit_end)))
+      << human.out;
 
   // A finished task's watch: the result, no rate or ETA.
   CmdResult done = Meshlearn("task watch " + id.substr(0, 12) + rpc, user);

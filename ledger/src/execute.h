@@ -122,8 +122,9 @@ Status BeginUnbonding(LedgerState& s, const ChainParams& p, uint64_t height, Nod
 // Pays `amount` out of a task's escrow: treasury_cut_bps to the treasury, the rest to `to`.
 Status PayFromEscrow(LedgerState& s, const ChainParams& p, const Hash256& task_id,
                      const PublicKey& to, Amount amount);
-// Ends an open task: refunds the remaining escrow to the submitter; status `final_status`.
-Status CloseTask(LedgerState& s, const Hash256& task_id, TaskStatus final_status);
+// Ends an open task in the block at `height` (its closed_height): refunds the remaining escrow
+// to the submitter; status `final_status`.
+Status CloseTask(LedgerState& s, const Hash256& task_id, TaskStatus final_status, uint64_t height);
 // Work units: network.cc schedules and commits (verification is a later issue); these keep
 // the records.
 Status AddWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t* index);

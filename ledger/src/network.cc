@@ -238,7 +238,7 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
   // 5. Done: record the final state and refund the rest.
   if (m.phase() == protocol::RoundPhase::kRoundPhaseFinal) {
     s.tasks.FindMutable(task_id)->final_state = m.round_weights();
-    ML_RETURN_IF_ERROR(CloseTask(s, task_id, TaskStatus::kFinished));
+    ML_RETURN_IF_ERROR(CloseTask(s, task_id, TaskStatus::kFinished, height));
   }
   return Status::Ok();
 }

@@ -469,7 +469,7 @@ json RpcService::Dispatch(const std::string& method, const json& params,
     json j;
     chain_->With([&](Chain& c) {
       TaskRecord t = OrFail(c.GetTask(id));
-      j = TaskToJson(t);
+      j = TaskToJson(t, c.genesis().params.audit_window_blocks);
       if (units) {
         j["units"] = json::array();
         for (const WorkUnit& u : c.ListWorkUnits(id)) j["units"].push_back(WorkUnitToJson(u));
@@ -617,9 +617,11 @@ json RpcService::Dispatch(const std::string& method, const json& params,
     p.Only({"cursor", "limit"});
     Page page = GetPage(p, limits_);
     json items = json::array();
+    const uint64_t audit_window =
+        chain_->With([&](Chain& c) { return c.genesis().params.audit_window_blocks; });
     for (const TaskRecord& t :
          chain_->With([&](Chain& c) { return c.ListTasks(page.offset, page.limit); })) {
-      items.push_back(TaskToJson(t));
+      items.push_back(TaskToJson(t, audit_window));
     }
     return PageResult(std::move(items), page);
   }

@@ -210,6 +210,10 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
   e.PutU64(v.rounds_rewound).PutU64(v.clawed_back).PutU64(v.rounds_dropped);
   e.PutU32(static_cast<uint32_t>(v.proven_frauds.size()));
   for (const ProvenFraud& f : v.proven_frauds) ProvenFraud::Visit(f, internal::FieldEncoder{e});
+  // Written only once set (the task closed, or a proof reopened it): a task that never closed
+  // encodes as before they existed, so databases written then still load and a running task's
+  // record (hence the state hash, the block hashes and the beacons drawn from them) is unchanged.
+  if (t.closed_height != 0 || v.reopened != 0) e.PutU64(t.closed_height).PutU64(v.reopened);
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -263,12 +267,22 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
   ML_RETURN_IF_ERROR(d.GetU64(&v.rounds_dropped, "verification.rounds_dropped"));
   uint32_t frauds = 0;
   ML_RETURN_IF_ERROR(d.GetCount(&frauds, "verification.proven_frauds",
-                                static_cast<uint32_t>(kMaxTaskUnits), 4 * 3 + 32 * 2 + 8 * 4));
+                                static_cast<uint32_t>(kMaxTaskUnits),
+                                4 * 3 + 32 * 2 + 8 * 4 + 1 + 4));
   v.proven_frauds.resize(frauds);
   for (ProvenFraud& f : v.proven_frauds) {
     internal::FieldDecoder fd{d, Status::Ok()};
     ProvenFraud::Visit(f, fd);
     ML_RETURN_IF_ERROR(fd.status);
+  }
+  // The record's optional tail (EncodeTask): present exactly when one of them is set, so each
+  // record still has one encoding. A task record is the last thing its decoder holds.
+  if (d.remaining() > 0) {
+    ML_RETURN_IF_ERROR(d.GetU64(&t->closed_height, "closed_height"));
+    ML_RETURN_IF_ERROR(d.GetU64(&v.reopened, "verification.reopened"));
+    if (t->closed_height == 0 && v.reopened == 0) {
+      return DataLoss("task: closed_height and verification.reopened are written only when set");
+    }
   }
   return Status::Ok();
 }
@@ -349,7 +363,13 @@ nlohmann::json NodeToJson(const NodeRecord& n) {
           {"earnings", std::move(earnings)}};
 }
 
-nlohmann::json TaskToJson(const TaskRecord& t) {
+uint64_t AuditWindowEnd(const TaskRecord& t, uint64_t audit_window_blocks) {
+  if (t.status != TaskStatus::kFinished) return 0;
+  return t.closed_height > UINT64_MAX - audit_window_blocks ? UINT64_MAX
+                                                            : t.closed_height + audit_window_blocks;
+}
+
+nlohmann::json TaskToJson(const TaskRecord& t, std::optional<uint64_t> audit_window_blocks) {
   nlohmann::json params = nlohmann::json::object();
   TaskParams::Visit(t.params, internal::FieldToJson{params});
   nlohmann::json results = nlohmann::json::array();
@@ -389,43 +409,47 @@ nlohmann::json TaskToJson(const TaskRecord& t) {
       }
     }
   }
-  return {{"id", t.id.ToHex()},
-          {"submitter", t.submitter.ToHex()},
-          {"spec_hash", t.spec_hash.ToHex()},
-          {"budget", t.budget},
-          {"escrow", t.escrow},
-          {"spent", t.spent},
-          {"treasury_cut", t.treasury_cut},
-          {"refunded", t.refunded},
-          {"price_cap", t.price_cap},
-          {"status", std::string(TaskStatusName(t.status))},
-          {"created_height", t.created_height},
-          {"unit_count", t.unit_count},
-          {"memo", t.memo},
-          {"params", std::move(params)},
-          {"phase", std::move(phase)},
-          {"round", std::move(round)},
-          {"weights_history", std::move(history)},
-          {"aggregator", std::move(aggregator)},
-          {"final_state", t.final_state.ToHex()},
-          {"round_results", std::move(results)},
-          {"rounds_settled", t.rounds_settled},
-          {"verification",
-           {{"clean", t.verification.clean},
-            {"unchecked", t.verification.unchecked},
-            {"fraud", t.verification.fraud},
-            {"forced_error", t.verification.forced_error},
-            {"abandoned", t.verification.abandoned},
-            {"disputes", t.verification.disputes},
-            {"slashed", t.verification.slashed},
-            {"verifiers_paid", t.verification.verifiers_paid},
-            {"jackpot_paid", t.verification.jackpot_paid},
-            {"redo_escrow", t.verification.redo_escrow},
-            {"rounds_rewound", t.verification.rounds_rewound},
-            {"clawed_back", t.verification.clawed_back},
-            {"rounds_dropped", t.verification.rounds_dropped},
-            {"proven_frauds", std::move(frauds)},
-            {"fraud_rounds", std::move(fraud_rounds)}}}};
+  nlohmann::json j = {{"id", t.id.ToHex()},
+                      {"submitter", t.submitter.ToHex()},
+                      {"spec_hash", t.spec_hash.ToHex()},
+                      {"budget", t.budget},
+                      {"escrow", t.escrow},
+                      {"spent", t.spent},
+                      {"treasury_cut", t.treasury_cut},
+                      {"refunded", t.refunded},
+                      {"price_cap", t.price_cap},
+                      {"status", std::string(TaskStatusName(t.status))},
+                      {"created_height", t.created_height},
+                      {"closed_height", t.closed_height},
+                      {"unit_count", t.unit_count},
+                      {"memo", t.memo},
+                      {"params", std::move(params)},
+                      {"phase", std::move(phase)},
+                      {"round", std::move(round)},
+                      {"weights_history", std::move(history)},
+                      {"aggregator", std::move(aggregator)},
+                      {"final_state", t.final_state.ToHex()},
+                      {"round_results", std::move(results)},
+                      {"rounds_settled", t.rounds_settled},
+                      {"verification",
+                       {{"clean", t.verification.clean},
+                        {"unchecked", t.verification.unchecked},
+                        {"fraud", t.verification.fraud},
+                        {"forced_error", t.verification.forced_error},
+                        {"abandoned", t.verification.abandoned},
+                        {"disputes", t.verification.disputes},
+                        {"slashed", t.verification.slashed},
+                        {"verifiers_paid", t.verification.verifiers_paid},
+                        {"jackpot_paid", t.verification.jackpot_paid},
+                        {"redo_escrow", t.verification.redo_escrow},
+                        {"rounds_rewound", t.verification.rounds_rewound},
+                        {"clawed_back", t.verification.clawed_back},
+                        {"rounds_dropped", t.verification.rounds_dropped},
+                        {"reopened", t.verification.reopened},
+                        {"proven_frauds", std::move(frauds)},
+                        {"fraud_rounds", std::move(fraud_rounds)}}}};
+  if (audit_window_blocks) j["audit_window_end"] = AuditWindowEnd(t, *audit_window_blocks);
+  return j;
 }
 
 nlohmann::json WorkUnitToJson(const WorkUnit& u) {

@@ -46,10 +46,11 @@ Status PayFromEscrow(LedgerState& s, const ChainParams& p, const Hash256& task_i
   return Credit(s, to, amount - cut);
 }
 
-Status CloseTask(LedgerState& s, const Hash256& task_id, TaskStatus final_status) {
+Status CloseTask(LedgerState& s, const Hash256& task_id, TaskStatus final_status, uint64_t height) {
   ML_ASSIGN_OR_RETURN(TaskRecord * t, OpenTask(s, task_id, "close task"));
   Amount refund = t->escrow;
   t->escrow = 0;
+  t->closed_height = height;
   ML_RETURN_IF_ERROR(CheckedAdd(t->refunded, refund, &t->refunded, "task refunded"));
   t->status = final_status;
   PublicKey submitter = t->submitter;
@@ -339,7 +340,7 @@ Status ExecuteCancelTask(ExecContext& ctx, const CancelTaskTx& tx) {
       ML_RETURN_IF_ERROR(SettleAtAssignedPrice(ctx.state, ctx.params(), tx.task_id, i));
     }
   }
-  return CloseTask(ctx.state, tx.task_id, TaskStatus::kCancelled);
+  return CloseTask(ctx.state, tx.task_id, TaskStatus::kCancelled, ctx.height);
 }
 
 }  // namespace meshlearn::ledger

@@ -158,7 +158,8 @@ TEST(TaskPrimitivesTest, WorkUnitLifecyclePaysAndKeepsBooks) {
   EXPECT_EQ(s.nodes.Find(node.public_key())->reputation.failures, 1u);
   EXPECT_EQ(s.nodes.Find(node.public_key())->reputation.clean_streak, 0u);
 
-  ASSERT_TRUE(CloseTask(s, id, TaskStatus::kFinished).ok());
+  ASSERT_TRUE(CloseTask(s, id, TaskStatus::kFinished, 7).ok());
+  EXPECT_EQ(s.tasks.Find(id)->closed_height, 7u);
   EXPECT_EQ(s.accounts.Find(submitter.public_key())->balance, 10'000u - 200);
   EXPECT_EQ(s.tasks.Find(id)->refunded, 800u);
   EXPECT_FALSE(PayFromEscrow(s, g.params, id, owner.public_key(), 1).ok());  // closed

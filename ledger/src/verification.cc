@@ -14,7 +14,9 @@
 //                  state: the ledger computes it; fraud at once -> UnitCheck::OnResultDisproved
 //   ProveFraud     after the fact (a final round): the witness of one segment that does not
 //                  replay to its committed end; the ledger replays it; the solver slashed,
-//                  its pay for the unit clawed back, the prover's bounty, the round marked
+//                  its pay for the unit clawed back, the prover's bounty, the round marked;
+//                  while the task is open or within its audit window after it finished, the
+//                  task is reopened and rewound as taint does (ApplyRerun)
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
 //                  tolerance-mode segment, a task without a data root -> DisputeGame::Rule
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
@@ -137,17 +139,17 @@ Status SlashAndRecord(LedgerState& s, const ChainParams& p, const protocol::Node
   return CheckedAdd(e.slashed, *slashed, &e.slashed, "node earnings");
 }
 
-// Slashes a cheating solver; "the cheater's stake pays for the redo": up to one round's most
-// cost of what went to the treasury is added to the task's escrow (and budget).
+// Slashes a cheating solver; "the cheater's stake pays for the redo": up to `redo_rounds`
+// rounds' most cost of what went to the treasury is added to the task's escrow (and budget).
 Status SlashSolverIntoEscrow(LedgerState& s, const ChainParams& p, const Hash256& task_id,
                              const protocol::NodeId& solver, Amount amount, Amount* slashed_out,
-                             Amount* to_escrow_out) {
+                             Amount* to_escrow_out, uint32_t redo_rounds = 1) {
   Amount slashed = 0;
   ML_RETURN_IF_ERROR(SlashAndRecord(s, p, solver, amount, &slashed));
   *slashed_out = slashed;
   const TaskRecord* t = s.tasks.Find(task_id);
-  TaskParams one_round = t->params;  // the most one round can cost: MaxTaskCost of one round
-  one_round.rounds = 1;
+  TaskParams one_round = t->params;  // the most the redo can cost: MaxTaskCost of its rounds
+  one_round.rounds = redo_rounds;
   const Amount redo = MaxTaskCost(one_round, t->price_cap, nullptr, p.verifiers_per_unit);
   Amount to_escrow = std::min({redo, slashed - BasisPoints(slashed, p.slash_jackpot_bps),
                                s.g().treasury});
@@ -284,10 +286,16 @@ uint32_t FirstTaintedRound(const LedgerState& s, const Hash256& task_id,
 // in earlier rounds, final or settling, the task goes back to the first of them: those rounds'
 // units run again (the honest ones keep what they were paid; the redo is paid anew from the
 // escrow), and what the cheater was paid for them comes back out of its stake into the escrow.
+//
+// A fraud proof after the fact (ExecuteProveFraud) asks for the same with `rerun.round` a final
+// round, of an open task or of a finished one it reopened: the final rounds from the first
+// tainted one on are rewound, and the unfinal ones (settling, current) dropped.
 Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMachine& m,
                   const Rerun& rerun) {
   if (rerun.round == UINT32_MAX) return Status::Ok();
   const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
+  const uint32_t rounds = s.tasks.Find(task_id)->params.rounds;
+  const uint32_t settled = s.tasks.Find(task_id)->rounds_settled;
   const uint32_t current = m.round();
   const std::vector<protocol::NodeId>& exclude = rerun.exclude;
   uint32_t first = rerun.round;
@@ -340,8 +348,13 @@ Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMa
   TaskRecord* t = s.tasks.FindMutable(task_id);
   if (t->round_results.size() > first) t->round_results.resize(first);
   t->rounds_settled = std::min(t->rounds_settled, first);
-  t->verification.rounds_rewound += rerun.round - first;
-  t->verification.rounds_dropped += current - rerun.round;
+  if (rerun.round < settled) {  // after the fact: rounds [first, settled) were final
+    t->verification.rounds_rewound += settled - first;
+    t->verification.rounds_dropped += std::min(current + 1, rounds) - settled;
+  } else {
+    t->verification.rounds_rewound += rerun.round - first;
+    t->verification.rounds_dropped += current - rerun.round;
+  }
   t->verification.clawed_back += clawed;
   return Status::Ok();
 }
@@ -702,7 +715,8 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                               " has no data root, so the ledger cannot check a replay's batches");
   }
   for (const ProvenFraud& f : t->verification.proven_frauds) {
-    if (f.index == tx.index) {
+    // (A rewind re-ran the unit by another solver: that work is the new solver's to answer for.)
+    if (f.index == tx.index && f.solver == u->assignee) {
       return FailedPrecondition("prove fraud: " + unit + " was proven fraudulent at height " +
                                 std::to_string(f.height) + " already");
     }
@@ -725,8 +739,13 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                               " replays to its committed end " + committed.ShortHex() +
                               "; nothing to prove");
   }
-  // Proven. What the unit was paid goes back first (to the submitter of a closed task, to the
-  // escrow of an open one); then the slash, as for a lost dispute; then the prover's bounty.
+  // Proven. While the task is open, or within its audit window after it finished, the proof
+  // does what fraud found during the task does (taint, ApplyRerun): a finished task is reopened,
+  // the task goes back to the first round that holds a paid unit of the solver, what it was paid
+  // for every unit from there comes back into the escrow, and the rounds run again without it.
+  // After the window the model is final: only what the unit was paid goes back, to the
+  // submitter. Either way the solver is slashed as for a lost dispute (while rewinding, into the
+  // escrow first: it pays for the redo), and the prover gets its bounty.
   const ChainParams& p = ctx.params();
   ProvenFraud f{.round = u->round,
                 .index = tx.index,
@@ -735,21 +754,57 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                 .prover = ctx.tx.sender,
                 .height = ctx.height};
   const Amount slash = protocol::SlashAmount(UnitCost(*t, u->price), p.slash_multiple);
-  const Amount paid = u->paid;
-  ML_RETURN_IF_ERROR(ClawBack(ctx.state, tx.task_id, solver, paid, &f.clawed_back));
-  ML_RETURN_IF_ERROR(SlashAndRecord(ctx.state, p, solver, slash, &f.slashed));
+  const bool reopen =
+      t->status == TaskStatus::kFinished && ctx.height <= AuditWindowEnd(*t, p.audit_window_blocks);
+  f.rewound = reopen || t->status == TaskStatus::kOpen;
+  Amount to_escrow = 0;
+  if (f.rewound) {
+    ML_ASSIGN_OR_RETURN(protocol::RoundStateMachine m, LoadMachine(*t));
+    TaskRecord* mt = ctx.state.tasks.FindMutable(tx.task_id);
+    if (reopen) {
+      // Open again, its escrow empty (refunded at the finish) until the claw-back and the
+      // slash fund the redo; the final state is what the redo ends with.
+      mt->status = TaskStatus::kOpen;
+      mt->closed_height = 0;
+      mt->final_state = Hash256{};
+      ++mt->verification.reopened;
+    }
+    Rerun rerun{.whole_round = true,
+                .round = u->round,
+                .shards = {},
+                .exclude = {solver},
+                .cheaters = {solver}};
+    f.rewound_to = FirstTaintedRound(ctx.state, tx.task_id, rerun.cheaters, rerun.round);
+    const uint32_t redo_rounds =
+        std::min(m.round() + 1, mt->params.rounds) - f.rewound_to;  // rounds that run again
+    const Amount clawed_before = mt->verification.clawed_back;
+    ML_RETURN_IF_ERROR(ApplyRerun(ctx.state, tx.task_id, m, rerun));
+    SaveMachine(ctx.state, tx.task_id, m);
+    f.clawed_back = ctx.state.tasks.Find(tx.task_id)->verification.clawed_back - clawed_before;
+    ML_RETURN_IF_ERROR(SlashSolverIntoEscrow(ctx.state, p, tx.task_id, solver, slash, &f.slashed,
+                                             &to_escrow, redo_rounds));
+  } else {
+    Amount clawed = 0;
+    ML_RETURN_IF_ERROR(ClawBack(ctx.state, tx.task_id, solver, u->paid, &clawed));
+    f.clawed_back = clawed;
+    ML_RETURN_IF_ERROR(SlashAndRecord(ctx.state, p, solver, slash, &f.slashed));
+    ctx.state.tasks.FindMutable(tx.task_id)->verification.clawed_back += f.clawed_back;
+  }
   // A whistleblower's reward (at most one slash, never more than the pool holds), capped by what
   // this slash took: proving one's own fraud never pays.
   f.bounty = std::min(f.slashed, ctx.state.g().jackpot);
   if (f.bounty > 0) ML_RETURN_IF_ERROR(PayFromJackpot(ctx.state, ctx.tx.sender, f.bounty));
   TaskRecord* mt = ctx.state.tasks.FindMutable(tx.task_id);
   mt->verification.slashed += f.slashed;
-  mt->verification.clawed_back += f.clawed_back;
+  mt->verification.redo_escrow += to_escrow;
   mt->verification.proven_frauds.push_back(f);
   ML_LOG_INFO(
       "ledger: task {} unit {} (round {}): fraud proven after the fact in segment {}: "
-      "slashed {}, clawed back {}, bounty {}",
-      tx.task_id.ShortHex(), tx.index, f.round, tx.segment, f.slashed, f.clawed_back, f.bounty);
+      "slashed {}, clawed back {}, bounty {}{}",
+      tx.task_id.ShortHex(), tx.index, f.round, tx.segment, f.slashed, f.clawed_back, f.bounty,
+      f.rewound ? (reopen ? ", task reopened" : "") + std::string(", rewound to round ") +
+                      std::to_string(f.rewound_to)
+                : std::string(", after the audit window: the model stays"));
   return Status::Ok();
 }
 

@@ -1188,16 +1188,7 @@ class FraudProofTest : public RealTrainingTest {
     other_ = UnitOf(s2_);
     ASSERT_GE(u_, 0);
     ASSERT_GE(other_, 0);
-    TrainUnit(static_cast<uint32_t>(u_));
-    // The poisoned trajectory: the true state after step 2, one weight moved, two more steps.
-    ASSERT_TRUE(trainer_->StartUnit(stream_, global_, protocol::InnerLrScale(2, 0.5, 0)).ok());
-    trainer_->Step();
-    trainer_->Step();
-    trainer_->state().model->params()[0].value.data()[0] += 0.25f;
-    trainer_->Step();
-    trainer_->Step();
-    poisoned_ = {states_[0], states_[2], engine::StateHash(trainer_->state())};
-    ASSERT_NE(poisoned_[2], states_[4]);
+    PoisonUnit(static_cast<uint32_t>(u_));
     StepOk({CommitTx(u_, poisoned_, Blake2b("poisoned delta")),
             CommitTx(other_, Leaves(other_, false))});
     pending_secrets_.clear();
@@ -1211,6 +1202,22 @@ class FraudProofTest : public RealTrainingTest {
     FinishTask();
     ASSERT_EQ(Unit(u_).status, WorkUnitStatus::kVerified);
     ASSERT_GT(Unit(u_).paid, 0u);
+  }
+
+  // Trains unit `index` honestly (TrainUnit, whose states the witnesses take), then the
+  // poisoned trajectory s1 commits: the true state after step 2, one weight moved, two more
+  // steps (poisoned_: its leaves).
+  void PoisonUnit(uint32_t index) {
+    TrainUnit(index);
+    const double lr_scale = protocol::InnerLrScale(2, 0.5, Unit(index).round);
+    ASSERT_TRUE(trainer_->StartUnit(stream_, global_, lr_scale).ok());
+    trainer_->Step();
+    trainer_->Step();
+    trainer_->state().model->params()[0].value.data()[0] += 0.25f;
+    trainer_->Step();
+    trainer_->Step();
+    poisoned_ = {states_[0], states_[2], engine::StateHash(trainer_->state())};
+    ASSERT_NE(poisoned_[2], states_[4]);
   }
 
   // The witness of segment `segment` (H = 4, k = 2): the true start (segment 0: the round's
@@ -1247,8 +1254,16 @@ class FraudProofTest : public RealTrainingTest {
   std::vector<Hash256> poisoned_;
 };
 
+// After the task's audit window the model is final: the proof slashes and claws back, the task
+// stays finished (ReopenTest has the proofs that take the task back).
 TEST_F(FraudProofTest, ASegmentThatDoesNotReplayToItsLeafIsProvenAfterTheFact) {
   RunPoisonedTask();
+  const TaskRecord finished = Task();
+  const uint64_t window_end = AuditWindowEnd(finished, genesis_.params.audit_window_blocks);
+  EXPECT_EQ(window_end, finished.closed_height + genesis_.params.audit_window_blocks);
+  EXPECT_EQ(TaskToJson(finished, genesis_.params.audit_window_blocks)["audit_window_end"],
+            window_end);
+  while (chain_->Height() + 1 <= window_end) Step();  // the proof's block is past the window
   const Amount paid = Unit(u_).paid;
   const Amount stake_before = Node(s1_).stake;
   const Amount gina_before = Balance(gina_), dave_before = Balance(dave_);
@@ -1313,12 +1328,184 @@ TEST_F(FraudProofTest, ASegmentThatDoesNotReplayToItsLeafIsProvenAfterTheFact) {
   EXPECT_EQ(Balance(dave_), dave_before + f.bounty);
   EXPECT_EQ(t.verification.clawed_back, paid);
   EXPECT_EQ(t.budget, t.escrow + t.spent + t.refunded);
+  // The model stays: nothing is rewound or reopened.
+  EXPECT_EQ(t.status, TaskStatus::kFinished);
+  EXPECT_EQ(t.final_state, finished.final_state);
+  EXPECT_EQ(t.closed_height, finished.closed_height);
+  EXPECT_EQ(t.round_results, finished.round_results);
+  EXPECT_EQ(t.rounds_settled, 1u);
+  EXPECT_FALSE(f.rewound);
+  EXPECT_EQ(t.verification.reopened, 0u);
+  EXPECT_EQ(t.verification.rounds_rewound, 0u);
+  EXPECT_EQ(Unit(other_).status, WorkUnitStatus::kVerified);
   ExpectEarningsAddUpToTheTask();
   const nlohmann::json j = TaskToJson(t);
   EXPECT_EQ(j["verification"]["fraud_rounds"], nlohmann::json::array({0}));
   EXPECT_EQ(j["verification"]["proven_frauds"][0]["segment"], 1);
   // A unit is proven once.
   Refused(Prove(erin_, 1, SegmentProof(1)), "already");
+}
+
+// Fraud proofs that take the task back (docs/verification.md, "Fraud proofs after the fact"): a
+// task of two rounds. Rounds in flight: round 1 trains while round 0 settles, so its
+// assignments must outlive the blocks the test spends on round 0's checks.
+class ReopenTest : public FraudProofTest {
+ protected:
+  ReopenTest() {
+    rounds_ = 2;
+    genesis_.params.min_deadline_blocks = 40;
+    // The slash's treasury share and the claw-back fund the redo of both rounds in full (at
+    // 10 x, the last aggregation of the redo would find the escrow empty).
+    genesis_.params.slash_multiple = 20;
+  }
+  // s1's unit `p` (poisoned after step 2) and s2's unit `h` (honest) of the current round are
+  // committed, aggregated and checked clean.
+  void CommitPoisonedAndHonest(int p, int h) {
+    PoisonUnit(static_cast<uint32_t>(p));
+    StepOk({CommitTx(p, poisoned_, Blake2b("poisoned delta")), CommitTx(h, Leaves(h, false))});
+    pending_secrets_.clear();
+    Aggregate();
+    SettleClean({p, h});
+    ASSERT_EQ(Check(p).result(), CheckResult::kCheckClean) << Check(p).reason();
+  }
+  // What a rewind to round 0 leaves: the task open in round 0 from the initial weights, no
+  // aggregate, nothing final, no unit of s1's paid or kept.
+  void ExpectBackAtRoundZero(const std::vector<int>& units) {
+    const TaskRecord t = Task();
+    EXPECT_EQ(t.status, TaskStatus::kOpen);
+    EXPECT_EQ(Machine().round(), 0u);
+    EXPECT_EQ(Machine().round_weights(), initial_state_);
+    EXPECT_TRUE(t.round_results.empty());
+    EXPECT_EQ(t.rounds_settled, 0u);
+    EXPECT_TRUE(t.final_state.IsZero());
+    EXPECT_EQ(t.closed_height, 0u);
+    for (int u : units) {
+      EXPECT_NE(Unit(u).status, WorkUnitStatus::kVerified) << u;
+      EXPECT_EQ(Unit(u).paid, 0u) << u;
+      EXPECT_NE(Unit(u).assignee, s1_.public_key()) << u;
+    }
+    EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
+  }
+  // The redo: both rounds again (s2 alone: s1 is jailed), the task finishes, only honest work
+  // paid; s2 keeps what it was paid before the rewind besides the redo's pay.
+  void RedoAndFinish(Amount s2_paid_before_rewind) {
+    RunHonestRound();
+    ASSERT_EQ(Machine().round(), 1u);
+    RunHonestRound();
+    FinishTask();
+    ExpectOnlyTheHonestSolversWorkPaid();
+    Amount units = 0;
+    for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) units += u.paid;
+    EXPECT_EQ(Node(s2_).earnings.units, s2_paid_before_rewind + units);
+    const TaskRecord t = Task();
+    EXPECT_FALSE(t.final_state.IsZero());
+    EXPECT_EQ(t.rounds_settled, 2u);
+    EXPECT_EQ(t.budget, t.escrow + t.spent + t.refunded);
+    ExpectEarningsAddUpToTheTask();
+  }
+};
+
+// Within the audit window after the task finished: s1's round-1 unit is proven; the task is
+// reopened and goes back to round 0 (s1's clean-looking round-0 unit is tainted too), what s1
+// was paid for both units comes back into the escrow with the slash's share, and the redo runs
+// without s1 and finishes the task again, with a new audit window.
+TEST_F(ReopenTest, AProofWithinTheAuditWindowReopensTheFinishedTaskAndRedoesItWithoutTheCheater) {
+  Start();
+  const int p0 = UnitOf(s1_), h0 = UnitOf(s2_);
+  ASSERT_GE(p0, 0);
+  ASSERT_GE(h0, 0);
+  CommitAll({{p0, false}, {h0, false}});
+  Aggregate();
+  SettleClean({p0, h0});
+  const auto [p1, h1] = NextUnitsOfBothSolvers();
+  ASSERT_GE(p1, 2);
+  ASSERT_GE(h1, 2);
+  u_ = p1;
+  CommitPoisonedAndHonest(p1, h1);
+  FinishTask();
+  const TaskRecord finished = Task();
+  ASSERT_GT(finished.closed_height, 0u);
+  ASSERT_FALSE(finished.final_state.IsZero());
+  const uint64_t window_end = AuditWindowEnd(finished, genesis_.params.audit_window_blocks);
+  ASSERT_EQ(window_end, finished.closed_height + genesis_.params.audit_window_blocks);
+  const Amount paid_p0 = Unit(p0).paid, paid_p1 = Unit(p1).paid;
+  ASSERT_EQ(paid_p0, kTestUnitCost);
+  ASSERT_EQ(paid_p1, kTestUnitCost);
+  const Amount s1_stake = Node(s1_).stake, gina_before = Balance(gina_);
+  const Amount s2_paid_before_rewind = Node(s2_).earnings.units;
+  ASSERT_EQ(s2_paid_before_rewind, 2 * kTestUnitCost);  // h0, h1
+
+  // The last block of the window.
+  while (chain_->Height() + 1 < window_end) Step();
+  StepOk({Prove(dave_, 1, SegmentProof(1))});
+  ASSERT_EQ(chain_->Height(), window_end);
+  ExpectBackAtRoundZero({p0, h0, p1, h1});
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+  const ProvenFraud& f = t.verification.proven_frauds[0];
+  EXPECT_TRUE(f.rewound);
+  EXPECT_EQ(f.rewound_to, 0u);
+  EXPECT_EQ(f.round, 1u);
+  EXPECT_EQ(f.clawed_back, paid_p0 + paid_p1);  // every tainted unit, not only the proven one
+  EXPECT_EQ(f.slashed, protocol::SlashAmount(kTestUnitCost, 20));
+  EXPECT_EQ(Node(s1_).stake, s1_stake - paid_p0 - paid_p1 - f.slashed);
+  EXPECT_EQ(Node(s1_).earnings.clawed_back, paid_p0 + paid_p1);
+  EXPECT_EQ(t.verification.reopened, 1u);
+  EXPECT_EQ(t.verification.rounds_rewound, 2u);
+  EXPECT_EQ(t.verification.rounds_dropped, 0u);
+  EXPECT_EQ(t.verification.clawed_back, paid_p0 + paid_p1);
+  // The redo's funds: the claw-back and the slash's treasury share, nothing from the submitter.
+  EXPECT_GT(t.verification.redo_escrow, 0u);
+  EXPECT_EQ(t.escrow, paid_p0 + paid_p1 + t.verification.redo_escrow);
+  EXPECT_EQ(Balance(gina_), gina_before);
+  const nlohmann::json j = TaskToJson(t, genesis_.params.audit_window_blocks);
+  EXPECT_EQ(j["status"], "open");
+  EXPECT_EQ(j["closed_height"], 0);
+  EXPECT_EQ(j["audit_window_end"], 0);
+  EXPECT_EQ(j["verification"]["reopened"], 1);
+  EXPECT_EQ(j["verification"]["proven_frauds"][0]["rewound"], true);
+  EXPECT_EQ(j["verification"]["proven_frauds"][0]["rewound_to"], 0);
+  // The proven unit is running again (the task moves on, so not Refused's unchanged task).
+  const Receipt again = Step({Prove(erin_, 1, SegmentProof(1))})[0];
+  EXPECT_FALSE(again.ok);
+  EXPECT_NE(again.reason.find("is not final yet"), std::string::npos) << again.reason;
+  EXPECT_EQ(Task().verification.proven_frauds.size(), 1u);
+
+  RedoAndFinish(s2_paid_before_rewind);
+  EXPECT_GT(Task().closed_height, finished.closed_height);  // a new audit window
+  EXPECT_EQ(Task().verification.reopened, 1u);
+}
+
+// While the task is open, a proof of a unit in a final round rewinds the task the same way:
+// round 0 (final, s1's poisoned unit in it) and round 1 (training on top of it) run again.
+TEST_F(ReopenTest, AProofWhileTheTaskIsOpenRewindsItsFinalRounds) {
+  Start();
+  u_ = UnitOf(s1_);
+  other_ = UnitOf(s2_);
+  ASSERT_GE(u_, 0);
+  ASSERT_GE(other_, 0);
+  CommitPoisonedAndHonest(u_, other_);
+  for (int i = 0; i < 40 && Task().rounds_settled == 0; ++i) Step();
+  ASSERT_EQ(Task().rounds_settled, 1u);
+  ASSERT_EQ(Machine().round(), 1u);
+  const Amount paid = Unit(u_).paid;
+  ASSERT_EQ(paid, kTestUnitCost);
+  const Amount s2_paid_before_rewind = Node(s2_).earnings.units;
+  const Amount escrow_before = Task().escrow;
+
+  StepOk({Prove(dave_, 1, SegmentProof(1))});
+  ExpectBackAtRoundZero({u_, other_, 2, 3});
+  const TaskRecord t = Task();
+  const ProvenFraud& f = t.verification.proven_frauds.at(0);
+  EXPECT_TRUE(f.rewound);
+  EXPECT_EQ(f.rewound_to, 0u);
+  EXPECT_EQ(f.clawed_back, paid);
+  EXPECT_EQ(t.verification.reopened, 0u);        // never closed
+  EXPECT_EQ(t.verification.rounds_rewound, 1u);  // round 0 was final
+  EXPECT_EQ(t.verification.rounds_dropped, 1u);  // round 1 was training
+  EXPECT_EQ(t.escrow, escrow_before + paid + t.verification.redo_escrow);
+
+  RedoAndFinish(s2_paid_before_rewind);
 }
 
 // Stake that is unbonding is still slashable; stake withdrawn is gone, and with it the proof.
@@ -1378,6 +1565,38 @@ TEST(ProvenFraudTest, TheTaskRecordKeepsItsProofsThroughItsEncoding) {
   EXPECT_EQ(j["verification"]["fraud_rounds"], nlohmann::json::array({0, 2}));
   EXPECT_EQ(j["verification"]["proven_frauds"][1]["index"], 9);
   EXPECT_EQ(j["verification"]["proven_frauds"][1]["prover"], TestKey(2).public_key().ToHex());
+
+  // The tail a closed (or reopened) task adds; a task that never closed has none, so its record
+  // encodes as it did before the tail existed.
+  TaskRecord closed = t;
+  closed.closed_height = 77;
+  closed.verification.reopened = 1;
+  closed.verification.proven_frauds[1].rewound = true;
+  closed.verification.proven_frauds[1].rewound_to = 1;
+  Encoder ce;
+  EncodeTask(ce, closed);
+  const Bytes cenc = ce.Take();
+  EXPECT_EQ(cenc.size(), enc.size() + 16);
+  Decoder cd(cenc, "task");
+  TaskRecord cback;
+  ASSERT_TRUE(DecodeTask(cd, &cback).ok());
+  ASSERT_TRUE(cd.Finish().ok());
+  EXPECT_EQ(cback, closed);
+  Bytes zero_tail = enc;  // a tail of zeros is not how any record is written
+  zero_tail.resize(enc.size() + 16, 0);
+  Decoder zd(zero_tail, "task");
+  TaskRecord zback;
+  EXPECT_EQ(DecodeTask(zd, &zback).code(), StatusCode::kDataLoss);
+  const nlohmann::json cj = TaskToJson(closed, 10);
+  EXPECT_EQ(cj["closed_height"], 77);
+  EXPECT_EQ(cj["audit_window_end"], 0);  // status open: a proof rewinds it anyway
+  EXPECT_EQ(cj["verification"]["reopened"], 1);
+  EXPECT_EQ(cj["verification"]["proven_frauds"][1]["rewound_to"], 1);
+  closed.status = TaskStatus::kFinished;
+  EXPECT_EQ(TaskToJson(closed, 10)["audit_window_end"], 87);
+  EXPECT_EQ(AuditWindowEnd(closed, 10), 87u);
+  closed.status = TaskStatus::kCancelled;
+  EXPECT_EQ(AuditWindowEnd(closed, 10), 0u);
 }
 
 // A witness encoding decodes back to `w` and refuses damage: cut short, trailing bytes, more

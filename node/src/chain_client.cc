@@ -369,10 +369,14 @@ Result<ledger::TaskParams> ParseTaskParams(const RpcAnswer& a) {
 Result<TaskInfo> ParseTask(const RpcAnswer& a) {
   TaskInfo t;
   Fields f(a, {"id", "submitter", "spec_hash", "budget", "escrow", "spent", "treasury_cut",
-               "refunded", "price_cap", "status", "created_height", "unit_count", "memo",
-               "params", "phase", "round", "weights_history", "aggregator", "final_state",
-               "round_results", "rounds_settled", "verification", "units"});
+               "refunded", "price_cap", "status", "created_height", "closed_height",
+               "audit_window_end", "unit_count", "memo", "params", "phase", "round",
+               "weights_history", "aggregator", "final_state", "round_results",
+               "rounds_settled", "verification", "units"});
   f.Read("spec_hash", &t.spec_hash);
+  // get_task and list_tasks answer it (the ledger knows its audit window); a bare TaskToJson
+  // does not.
+  f.Optional("audit_window_end").Read("audit_window_end", &t.audit_window_end);
   f.ReadEnum("status", &t.status, &ledger::TaskStatusName, 3);
   f.Read("id", &t.id).Read("final_state", &t.final_state);
   f.Read("weights_history", &t.weights_history).Read("rounds_settled", &t.rounds_settled);

@@ -2,14 +2,18 @@
 // a whole network in one process: a noisy poisoner's units pass their one-segment checks under
 // economic assurance, the task finishes with its work in the model and its pay in its pocket;
 // then a full audit (node/task_audit.h) finds every poisoned unit, builds the witness of the
-// segment that misses its leaf, and the ledger, re-executing that segment, slashes the poisoner,
-// claws its pay back to the submitter and marks the rounds.
+// segment that misses its leaf, and the ledger, re-executing that segment, slashes the poisoner
+// and claws its pay back. Within the task's audit window the first proof reopens the task: it
+// goes back to the first round the poisoner worked in and runs again without it, and the final
+// model is the honest reference, bit for bit. After the window the model stays; the pay goes
+// back to the submitter and the rounds are marked.
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
 
 #include "meshlearn/node/adversary.h"
+#include "meshlearn/node/pin_book.h"
 #include "meshlearn/node/task_audit.h"
 #include "testing/verification_sim.h"
 
@@ -53,11 +57,12 @@ struct PoisonedRun {
   }
   std::string Poisoner() const { return sim->node_key(0).public_key().ToHex(); }
   // The poisoner's units paid in the final record.
-  std::set<uint32_t> PaidPoisonedUnits() {
+  std::set<uint32_t> PaidPoisonedUnits() { return PaidUnitsOf(Poisoner()); }
+  std::set<uint32_t> PaidUnitsOf(const std::string& node) {
     std::set<uint32_t> out;
     const json task = sim->Task(true);  // kept: the loop reads into it
     for (const json& u : task["units"]) {
-      if (u.value("assignee", std::string()) == Poisoner() && u.value("paid", uint64_t{0}) > 0) {
+      if (u.value("assignee", std::string()) == node && u.value("paid", uint64_t{0}) > 0) {
         out.insert(u.value("index", 0u));
       }
     }
@@ -74,11 +79,34 @@ BlobGetter AllNodeBlobs(SimHarness* sim, int nodes) {
   };
 }
 
+// What `task audit --full --prove` does with the submitter's key: each unit the audit fails is
+// proven with its witness in a ProveFraud transaction; the answer is the proof's outcome.
+std::function<json(const AuditUnit&, const BuiltSegmentWitness&)> ProveWithSubmitterKey(
+    SimHarness& sim, int* sent) {
+  return [&sim, sent](const AuditUnit& u, const BuiltSegmentWitness& w) -> json {
+    ++*sent;
+    Result<Hash256> id = sim.submitter_tx().Send(
+        ledger::ProveFraudTx{.task_id = sim.task_id(),
+                             .index = u.index,
+                             .segment = w.segment,
+                             .witness = {ledger::EncodeSegmentWitness(w.witness)}});
+    if (!id.ok()) return {{"ok", false}, {"error", id.status().message()}};
+    for (int i = 0; i < 5 && sim.submitter_tx().IsInFlight(*id); ++i) {
+      EXPECT_TRUE(sim.Step().ok());
+      EXPECT_TRUE(sim.submitter_tx().Poll().ok());
+    }
+    for (const TxOutcome& out : sim.submitter_tx().TakeOutcomes()) {
+      if (out.id == *id) return {{"ok", out.ok}, {"error", out.reason}};
+    }
+    return {{"ok", false}, {"error", "not included"}};
+  };
+}
+
 TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
   // Seed 5: the poisoner is never caught while the task runs (each of its units' one-segment
   // checks replayed a clean segment), so its work is in the final model and it was paid (of
-  // seeds 1..12, 5, 6, 7 and 11 escape so since verification windows close early; the others
-  // are caught and tainted while the task runs).
+  // seeds 1..12, 5, 6, 7 and 11 escape so since the verification windows close early, which
+  // moved the draws; the others are caught and tainted while the task runs).
   constexpr uint64_t kSeed = 5;
   PoisonedRun run(kSeed);
   SimHarness& sim = *run.sim;
@@ -97,27 +125,15 @@ TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
     }
   }
   const json poisoner_before = testing::Node(sim, 0);
+  // The audit comes after the task's audit window: the model is final, proofs only punish.
+  const uint64_t audit_end = before.value("audit_window_end", uint64_t{0});
+  ASSERT_GT(audit_end, 0u);
+  while (sim.height() <= audit_end) ASSERT_TRUE(sim.Step().ok());
 
   // The submitter audits everything and proves each unit that fails, with its own key.
   AuditOptions o{.full = true, .work_dir = "/audit"};
   int sent = 0;
-  o.on_fraud = [&](const AuditUnit& u, const BuiltSegmentWitness& w) -> json {
-    ++sent;
-    Result<Hash256> id = sim.submitter_tx().Send(
-        ledger::ProveFraudTx{.task_id = sim.task_id(),
-                             .index = u.index,
-                             .segment = w.segment,
-                             .witness = {ledger::EncodeSegmentWitness(w.witness)}});
-    if (!id.ok()) return {{"ok", false}, {"error", id.status().message()}};
-    for (int i = 0; i < 5 && sim.submitter_tx().IsInFlight(*id); ++i) {
-      EXPECT_TRUE(sim.Step().ok());
-      EXPECT_TRUE(sim.submitter_tx().Poll().ok());
-    }
-    for (const TxOutcome& out : sim.submitter_tx().TakeOutcomes()) {
-      if (out.id == *id) return {{"ok", out.ok}, {"error", out.reason}};
-    }
-    return {{"ok", false}, {"error", "not included"}};
-  };
+  o.on_fraud = ProveWithSubmitterKey(sim, &sent);
   Result<AuditReport> r = AuditTaskRecord(sim.env(), before, AllNodeBlobs(&sim, 5), o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE(r->pass);
@@ -134,6 +150,9 @@ TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
 
   // On chain: slashed and jailed, its pay back with the submitter, the rounds marked.
   const json after = sim.Task(false);
+  EXPECT_EQ(after.value("status", std::string()), "finished");
+  EXPECT_EQ(after["verification"].value("reopened", 1u), 0u);
+  EXPECT_EQ(after.value("final_state", std::string()), before.value("final_state", std::string()));
   const json& v = after["verification"];
   EXPECT_GT(testing::Slashes(sim, 0), 0u);
   EXPECT_EQ(testing::Node(sim, 0).value("status", std::string()), "jailed");
@@ -155,6 +174,86 @@ TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
   EXPECT_EQ(again->fraud_rounds, v["fraud_rounds"]);
   EXPECT_EQ(AuditReportToJson(*again)["proven_frauds"], v["proven_frauds"]);
 }
+
+// Within the audit window: the full audit's first proof (the poisoner's earliest paid unit)
+// reopens the finished task and takes it back to the first round the poisoner worked in; the
+// audit's later proofs find their units re-running (nothing left to prove). The network runs
+// the rounds again without the jailed poisoner and the task finishes with the honest
+// reference's weights, bit for bit: the final model holds none of its work, and it keeps no
+// pay for it. Over the seeds whose poisoner escapes every check while the task runs (above).
+class ReopenSimTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(ReopenSimTest, AProofWithinTheAuditWindowReopensTheTaskAndTheRedoIsTheReference) {
+  PoisonedRun run(GetParam());
+  SimHarness& sim = *run.sim;
+  ASSERT_EQ(sim.Task(false).value("status", std::string()), "finished");
+  ASSERT_EQ(testing::Slashes(sim, 0), 0u);
+  const std::set<uint32_t> poisoned = run.PaidPoisonedUnits();
+  ASSERT_FALSE(poisoned.empty());
+  const json before = sim.Task(true);
+  Result<GlobalState> poisoned_final = sim.FinalState();
+  ASSERT_TRUE(poisoned_final.ok()) << poisoned_final.status().ToString();
+  const std::vector<float> reference = LocalReference(&run.f.env, run.f.toml);
+  ASSERT_NE(HashFloats(poisoned_final->weights), HashFloats(reference))
+      << "the poisoner's work must be in the first final model";
+  ASSERT_LT(sim.height(), before.value("audit_window_end", uint64_t{0}));
+  // The nodes saw it finished (their pin keepers count the release from there).
+  auto seen_closed = [&] {
+    int n = 0;
+    for (int i = 1; i < 5; ++i) n += sim.agent(i)->pin_book()->ClosedSeen(sim.task_id()) > 0;
+    return n;
+  };
+  EXPECT_EQ(seen_closed(), 4);
+
+  AuditOptions o{.full = true, .work_dir = "/audit"};
+  int sent = 0;
+  o.on_fraud = ProveWithSubmitterKey(sim, &sent);
+  Result<AuditReport> r = AuditTaskRecord(sim.env(), before, AllNodeBlobs(&sim, 5), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->pass);
+  int accepted = 0;
+  for (const AuditUnit& u : r->units) {
+    if (u.check != AuditCheck::kAuditCheckFail) continue;
+    EXPECT_EQ(u.assignee, run.Poisoner()) << "unit " << u.index << ": " << u.note;
+    if (u.proof.value("ok", false)) {
+      ++accepted;
+      EXPECT_EQ(u.index, *poisoned.begin()) << "the first proof is of the earliest unit";
+    } else {
+      EXPECT_NE(u.proof.value("error", std::string()).find("not final yet"), std::string::npos)
+          << "unit " << u.index << ": " << u.proof.dump();
+    }
+  }
+  EXPECT_EQ(accepted, 1);
+  EXPECT_EQ(sent, static_cast<int>(poisoned.size()));
+
+  // Reopened, back at the first round the poisoner worked in, the poisoner jailed.
+  const json reopened = sim.Task(false);
+  const json& v = reopened["verification"];
+  EXPECT_EQ(reopened.value("status", std::string()), "open");
+  EXPECT_EQ(v.value("reopened", 0u), 1u);
+  ASSERT_EQ(v["proven_frauds"].size(), 1u);
+  const uint32_t first_round = *poisoned.begin() / 3;  // 3 units a round
+  EXPECT_TRUE(v["proven_frauds"][0].value("rewound", false));
+  EXPECT_LE(v["proven_frauds"][0].value("rewound_to", 99u), first_round);
+  EXPECT_EQ(testing::Node(sim, 0).value("status", std::string()), "jailed");
+  // The nodes saw it open again: they keep its blobs until it closes anew.
+  EXPECT_EQ(seen_closed(), 0);
+
+  // The redo, to the end: the honest reference, and nothing of the poisoner's paid.
+  Status s = sim.RunUntilFinished(1500);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const json done = sim.Task(true);
+  EXPECT_EQ(done.value("status", std::string()), "finished");
+  Result<GlobalState> final_state = sim.FinalState();
+  ASSERT_TRUE(final_state.ok()) << final_state.status().ToString();
+  EXPECT_EQ(HashFloats(final_state->weights), HashFloats(reference));
+  EXPECT_TRUE(run.PaidUnitsOf(run.Poisoner()).empty());
+  EXPECT_GT(done.value("closed_height", uint64_t{0}), before.value("closed_height", uint64_t{0}));
+  testing::ExpectNeverSlashed(sim, {1, 2, 3, 4});
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(5, 6, 7, 11));
 
 }  // namespace
 }  // namespace meshlearn::node

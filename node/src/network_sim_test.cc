@@ -271,13 +271,16 @@ int CountPinned(net::BlobStore* store) {
 
 TEST(NetworkSimTest, SmallBlobQuotaStaysBoundedAndTheTaskFinishes) {
   // Hidden width 512: a global state blob is ~150 KB, a delta ~75 KB, the task data ~85 KB. A
-  // node that pinned everything would hold ~2 MB after 6 rounds; each node here has 1 MiB.
+  // node keeps every round's start state until the task's audit window closes (7 states, ~1.05
+  // MB: a fraud proof may rewind the task to any round) and its deltas until their round is
+  // final; one that pinned everything (every delta too) would hold ~3 MB after 6 rounds; each
+  // node here has 1.75 MiB.
   MemEnv env;
   Result<std::string> toml = testing::WriteSyntheticTask(&env, "/data", 15, 480, 160, 32, 4,
                                                          /*rounds=*/6, /*units=*/4, /*H=*/3,
                                                          /*k=*/1, "mean", /*hidden=*/512);
   ASSERT_TRUE(toml.ok()) << toml.status().ToString();
-  constexpr uint64_t kQuota = 1 << 20;
+  constexpr uint64_t kQuota = 7 << 18;
   uint64_t max_used = 0;
   bool restarted = false;
   SimHarness* simp = nullptr;
@@ -328,10 +331,26 @@ TEST(NetworkSimTest, SmallBlobQuotaStaysBoundedAndTheTaskFinishes) {
   EXPECT_GT(evicted, 0u);  // released blobs made room for new ones
   EXPECT_GT(unpinned, 0u);
 
-  // Some blocks after the task finished, every pin of it is gone except the final state (the
-  // operators asked to keep final states: a node that holds it keeps it), and the checkpoints
-  // and data files are deleted.
-  for (int b = 0; b < 6; ++b) ASSERT_TRUE(sim.Step().ok());
+  // Until the task's audit window closes a fraud proof may reopen it and rewind it to any
+  // round: every round's start state stays pinned where a node holds it, and some node holds
+  // each one.
+  const uint64_t audit_end = task.value("audit_window_end", uint64_t{0});
+  ASSERT_GT(audit_end, 0u);
+  ASSERT_LE(sim.height(), audit_end);
+  for (const json& h : task["weights_history"]) {
+    const net::BlobId id{Hash256::FromHex(h.get<std::string>()).value()};
+    int holders = 0;
+    for (int i = 0; i < 2; ++i) {
+      if (!sim.store(i)->HasBlob(id)) continue;
+      ++holders;
+      EXPECT_TRUE(sim.store(i)->IsPinned(id)) << "node " << i << ", state " << id.ShortHex();
+    }
+    EXPECT_GE(holders, 1) << "state " << id.ShortHex();
+  }
+  // Some blocks after the audit window closed, every pin of the task is gone except the final
+  // state (the operators asked to keep final states: a node that holds it keeps it), and the
+  // checkpoints and data files are deleted.
+  while (sim.height() <= audit_end + 3) ASSERT_TRUE(sim.Step().ok());
   Result<Hash256> final_id = Hash256::FromHex(task.value("final_state", std::string()));
   ASSERT_TRUE(final_id.ok());
   int holders = 0;

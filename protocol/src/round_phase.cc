@@ -581,13 +581,13 @@ Status RoundStateMachine::RewindRound(std::span<const NodeId> exclude) {
 }
 
 Status RoundStateMachine::RewindTo(uint32_t round, std::span<const NodeId> exclude) {
-  if (phase_ == RoundPhase::kRoundPhaseFinal) {
-    return FailedPrecondition("task " + config_.task.ShortHex() + " is final; nothing to rewind");
-  }
-  if (round > round_) {
+  // A final task has no current round (round_ == rounds): any of its rounds may be rewound.
+  const bool final = phase_ == RoundPhase::kRoundPhaseFinal;
+  if (round > round_ || (final && round >= config_.rounds)) {
     return InvalidArgument("rewind: round " + std::to_string(round) + " of task " +
-                           config_.task.ShortHex() + " is after the current round " +
-                           std::to_string(round_));
+                           config_.task.ShortHex() + " is after the " +
+                           (final ? "last round " + std::to_string(config_.rounds - 1)
+                                  : "current round " + std::to_string(round_)));
   }
   if (round < round_) {
     round_ = round;

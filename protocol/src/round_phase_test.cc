@@ -272,7 +272,50 @@ TEST(RoundPhaseTest, RewindToAnEarlierRoundForgetsTheLaterWeights) {
   ASSERT_TRUE(CommitAggregate(*m, c, 1, Blake2b("w2"), 26).ok());
   ASSERT_TRUE(m->OnBlock(27).ok());
   EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseFinal);
-  EXPECT_FALSE(m->RewindTo(0, std::vector<NodeId>{Id(2)}).ok());
+  EXPECT_FALSE(m->RewindTo(2, std::vector<NodeId>{Id(2)}).ok());  // there is no round 2
+}
+
+// A fraud proof within a finished task's audit window: the final task goes back to round 1
+// (its last), the final weights forgotten, every unit pending without the cheater; it trains
+// forward and is final again, with the new weights. Through the encoding too.
+TEST(RoundPhaseTest, AFinalTaskRewindsAndTrainsToTheEndAgain) {
+  const RoundMachineConfig c = RoundTestConfig(0);  // c.rounds = 2
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  for (uint32_t r = 0; r < 2; ++r) {
+    RunRound(*m, c, 10 + 4 * r);
+    ASSERT_TRUE(CommitAggregate(*m, c, r, Blake2b("w" + std::to_string(r + 1)), 12 + 4 * r).ok());
+    ASSERT_TRUE(m->OnBlock(13 + 4 * r).ok());
+  }
+  ASSERT_EQ(m->phase(), RoundPhase::kRoundPhaseFinal);
+  ASSERT_EQ(m->round_weights(), Blake2b("w2"));
+  ASSERT_EQ(m->final_rounds(), 2u);
+  EXPECT_FALSE(m->RewindTo(2, std::vector<NodeId>{Id(2)}).ok());
+  ASSERT_TRUE(m->RewindTo(1, std::vector<NodeId>{Id(2)}).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseAssigning);
+  EXPECT_EQ(m->round(), 1u);
+  EXPECT_EQ(m->final_rounds(), 1u);
+  EXPECT_TRUE(m->Unfinal(1));
+  EXPECT_EQ(m->weights_history(), (std::vector<Hash256>{c.initial_weights, Blake2b("w1")}));
+  auto pending = m->PendingUnits();
+  ASSERT_EQ(pending.size(), 3u);
+  for (const auto& p : pending) {
+    EXPECT_EQ(p.unit.round, 1u);
+    EXPECT_EQ(p.excluded, std::vector<NodeId>{Id(2)});
+  }
+  auto again = RoundStateMachine::Decode(m->Encode());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->Encode(), m->Encode());
+  std::vector<Assignment> as;
+  for (uint32_t s = 0; s < 3; ++s) as.push_back(Assign(c, 1, s, 9, 30, 40));
+  ASSERT_TRUE(m->OnAssigned(as).ok());
+  for (const Assignment& a : as) ASSERT_TRUE(m->OnUnitCommitted(a.unit, a.node, {}, 31).ok());
+  ASSERT_TRUE(CommitAggregate(*m, c, 1, Blake2b("w2b"), 32).ok());
+  ASSERT_TRUE(m->OnBlock(33).ok());
+  EXPECT_EQ(m->phase(), RoundPhase::kRoundPhaseFinal);
+  EXPECT_EQ(m->round_weights(), Blake2b("w2b"));
+  EXPECT_EQ(m->weights_history(),
+            (std::vector<Hash256>{c.initial_weights, Blake2b("w1"), Blake2b("w2b")}));
 }
 
 // A forced error in one unit: only that unit re-runs; the others keep their commits; the

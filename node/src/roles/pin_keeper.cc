@@ -119,44 +119,58 @@ Status PinKeeper::ReviewPins() {
     Result<TaskInfo> info = GetTask(node_->chain(), task);
     if (!info.ok() && info.status().code() != StatusCode::kNotFound) return info.status();
     const bool gone = !info.ok();  // unknown to this ledger (e.g. a devnet started afresh)
-    const std::vector<Hash256> history = gone ? std::vector<Hash256>{} : info->weights_history;
     const Hash256 final_state = gone ? Hash256{} : info->final_state;
     if (gone || info->status != ledger::TaskStatus::kOpen) {
       uint64_t seen = node_->book().ClosedSeen(task);
-      if (seen == 0) {
+      const bool first_seen = seen == 0;
+      if (first_seen) {
         seen = node_->height();
         ML_RETURN_IF_ERROR(node_->book().SetClosedSeen(task, seen));
-        node_->Log("task " + task.ShortHex() + " is " +
-            (gone ? "unknown to the ledger" : std::string(ledger::TaskStatusName(info->status))) +
-            ": its blobs are released in " + std::to_string(node_->options().release_after_blocks) +
-            " blocks");
       }
-      if (node_->height() >= seen + node_->options().release_after_blocks) {
+      // A finished task can still be reopened and rewound to any of its rounds (a fraud proof
+      // within its audit window): everything stays until the window has closed.
+      const uint64_t audit_end = gone ? 0 : info->audit_window_end;
+      const uint64_t release_at =
+          std::max(seen + node_->options().release_after_blocks, audit_end + 1);
+      if (first_seen) {
+        node_->Log(
+            "task " + task.ShortHex() + " is " +
+            (gone ? "unknown to the ledger" : std::string(ledger::TaskStatusName(info->status))) +
+            ": its blobs are released at block " + std::to_string(release_at) +
+            (audit_end != 0 ? " (its audit window ends at block " + std::to_string(audit_end) + ")"
+                            : std::string()));
+      }
+      if (node_->height() >= release_at) {
         ML_RETURN_IF_ERROR(ReleaseTask(task, final_state));
         continue;
       }
+    } else if (node_->book().ClosedSeen(task) != 0) {
+      // Seen closed, open again: a fraud proof reopened it (its rounds re-run from the first
+      // one the cheater worked in). It is released when it closes again.
+      ML_RETURN_IF_ERROR(node_->book().ForgetTask(task));
+      node_->Log("task " + task.ShortHex() + " was reopened: keeping its blobs until it closes");
     }
     // Rounds [0, finalized) are final (rounds_settled). SEAM (verification): a round is final
     // only when its checks settled and its verification window closed, so deltas and
-    // checkpoints of a round that can still be checked or disputed stay, and so do the start
-    // states of the rounds not final yet (settling rounds and the current one).
+    // checkpoints of a round that can still be checked or disputed stay. The global states
+    // ("state:<T>", every round's start) stay until the task is released: a fraud proof while
+    // the task is open or within its audit window takes the task back to the first round the
+    // cheater worked in, which trains again from its start state (docs/verification.md,
+    // "Fraud proofs after the fact"); a redo needs no delta or checkpoint of the rounds it
+    // re-runs.
     const uint32_t finalized = gone ? 0 : info->rounds_settled;
-    std::set<Hash256> old_states;
-    for (size_t r = 1; r < std::min<size_t>(finalized, history.size()); ++r) {
-      old_states.insert(history[r]);  // not the initial state, nor any unfinal round's start
-    }
-    if (!history.empty()) old_states.erase(history.back());  // the current (or final) weights
-    old_states.erase(final_state);
-    ML_ASSIGN_OR_RETURN(size_t freed, node_->book().Remove([&](const Hash256& id, const std::string& r) {
-      std::string kind;
-      Hash256 t;
-      if (!PinBook::ParseTaskReason(r, &kind, &t) || t != task) return false;
-      if (kind == "delta") {
-        uint32_t round = static_cast<uint32_t>(std::strtoul(r.c_str() + r.rfind(':') + 1, nullptr, 10));
-        return round < finalized;
-      }
-      return kind == "state" && old_states.count(id) > 0;
-    }));
+    ML_ASSIGN_OR_RETURN(
+        size_t freed, node_->book().Remove([&](const Hash256&, const std::string& r) {
+          std::string kind;
+          Hash256 t;
+          if (!PinBook::ParseTaskReason(r, &kind, &t) || t != task) return false;
+          if (kind == "delta") {
+            uint32_t round =
+                static_cast<uint32_t>(std::strtoul(r.c_str() + r.rfind(':') + 1, nullptr, 10));
+            return round < finalized;
+          }
+          return false;
+        }));
     node_->stats().blobs_unpinned += freed;
     std::vector<PinBook::UnitKey> done;
     for (const auto& [k, round] : units) {

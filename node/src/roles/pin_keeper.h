@@ -1,7 +1,9 @@
 // Which blobs and files the node keeps (not a public header; agent.h "Blobs the node keeps"):
 // reviews the pins every gc_every_blocks, adopts uploads an open task uses, releases a closed
-// task's blobs and files release_after_blocks after it closed, and deletes a unit's checkpoints
-// once its round is final.
+// task's blobs and files release_after_blocks after it closed and not before its audit window
+// closed (until then a fraud proof may reopen it and rewind it to any round: every round's start
+// state stays), forgets the closed mark of a task reopened, and deletes a unit's checkpoints
+// and deltas once its round is final.
 //
 // Its state is the pin book (<data_dir>/pins.json, pin_book.h): reasons per blob, the units with
 // files and the height each closed task was first seen closed; a restart goes on from it.

@@ -21,7 +21,10 @@
 //   get_node          {id: HEX}
 //   get_task          {id: HEX, units?: bool}           -> the task (TaskToJson, state.h):
 //                     id, submitter, spec_hash, budget, escrow, spent, refunded, price_cap,
-//                     status, created_height, unit_count, memo, rounds_settled, and
+//                     status, created_height, closed_height (the block that finished or
+//                       cancelled it; 0 while open), audit_window_end (a finished task: the
+//                       last height at which a fraud proof reopens it; else 0), unit_count,
+//                       memo, rounds_settled, and
 //                     "params" {rounds, units_per_round, inner_steps, batch_size,
 //                       checkpoint_interval, flops_per_sample, model_bytes, memory_bytes,
 //                       num_examples, seed, initial_state, verification_window_blocks},

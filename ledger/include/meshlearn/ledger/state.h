@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -237,6 +238,11 @@ struct ProvenFraud {
   Amount slashed = 0;      // taken from the solver's stake and unbonding
   Amount clawed_back = 0;  // of what the unit was paid, back to the submitter
   Amount bounty = 0;       // to the prover, from the jackpot
+  // Whether the proof took the task back (it was open, or finished within its audit window:
+  // docs/verification.md, "Fraud proofs after the fact"), and to which round: the first that
+  // held a paid unit of the solver.
+  bool rewound = false;
+  uint32_t rewound_to = 0;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("round", s.round);
@@ -248,6 +254,8 @@ struct ProvenFraud {
     v("slashed", s.slashed);
     v("clawed_back", s.clawed_back);
     v("bounty", s.bounty);
+    v("rewound", s.rewound);
+    v("rewound_to", s.rewound_to);
   }
   bool operator==(const ProvenFraud&) const = default;
 };
@@ -277,6 +285,9 @@ struct VerificationTally {
   // Units proven fraudulent after their round was final (ProveFraudTx), in proof order; at most
   // one per unit. Their slashes and claw-backs are also in `slashed` and `clawed_back`.
   std::vector<ProvenFraud> proven_frauds;
+  // Times a fraud proof within the audit window reopened the finished task (its status open
+  // again, its final state forgotten until it finishes again).
+  uint64_t reopened = 0;
   bool operator==(const VerificationTally&) const = default;
 };
 
@@ -294,6 +305,9 @@ struct TaskRecord {
   Amount price_cap = 0;  // most the submitter pays, tokens per 10^9 training FLOPs
   TaskStatus status = TaskStatus::kOpen;
   uint64_t created_height = 0;
+  // The block that closed the task (finished or cancelled); 0 while open, and again once a fraud
+  // proof reopens it. A finished task's audit window runs from here (AuditWindowEnd).
+  uint64_t closed_height = 0;
   uint32_t unit_count = 0;  // work units (ids 0..unit_count-1); rounds x units_per_round
   std::string memo;
   // ---- Network training (docs/ledger.md, "Network training").
@@ -308,6 +322,12 @@ struct TaskRecord {
   bool operator==(const TaskRecord&) const = default;
 };
 Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce);
+
+// The last height at which a fraud proof (ProveFraudTx) reopens finished task `t` and rewinds
+// it (docs/verification.md, "Fraud proofs after the fact"): closed_height + audit_window_blocks
+// (the genesis parameter). 0 for a task that is open (a proof rewinds it anyway) or cancelled
+// (never reopened). After it, a proof still slashes and claws back, and the model is final.
+uint64_t AuditWindowEnd(const TaskRecord& t, uint64_t audit_window_blocks);
 
 // The most a task can cost at `price_cap` (tokens per GFLOP): every unit, each of its
 // `verifiers_per_unit` verifications (a verifier is paid at most one unit's cost) and every
@@ -386,13 +406,17 @@ Status DecodeAccount(Decoder& d, Account* a);
 void EncodeNode(Encoder& e, const NodeRecord& n);
 Status DecodeNode(Decoder& d, NodeRecord* n);
 void EncodeTask(Encoder& e, const TaskRecord& t);
+// Reads to the end of `d`: a task record ends with an optional tail (EncodeTask).
 Status DecodeTask(Decoder& d, TaskRecord* t);
 void EncodeWorkUnit(Encoder& e, const WorkUnit& u);
 Status DecodeWorkUnit(Decoder& d, WorkUnit* u);
 
 nlohmann::json AccountToJson(const Account& a);
 nlohmann::json NodeToJson(const NodeRecord& n);
-nlohmann::json TaskToJson(const TaskRecord& t);
+// With `audit_window_blocks` (the genesis parameter, which the record does not hold) also
+// "audit_window_end" (AuditWindowEnd).
+nlohmann::json TaskToJson(const TaskRecord& t,
+                          std::optional<uint64_t> audit_window_blocks = std::nullopt);
 nlohmann::json WorkUnitToJson(const WorkUnit& u);
 nlohmann::json TotalsToJson(const Totals& t);
 // A unit's verification (WorkUnit::check): stage, result, verifiers, segments, deadlines, the

@@ -41,9 +41,8 @@
 // get_task per task the node holds something of):
 //   "task:<T>"        bundle and data blobs of task T: some blocks after T is closed (below);
 //   "state:<T>"       a global state of T (a round's start state, or one the node aggregated):
-//                     once it is older than T's current round weights, except T's initial and
-//                     final states; states not in T's weights history yet (an aggregate waiting
-//                     for finality) stay;
+//                     with "task:<T>" (below): a fraud proof while T is open or within its audit
+//                     window may rewind T to any round, which trains again from its start state;
 //   "delta:<T>:<r>"   the node's delta for round r of T: once round r is final;
 //   "upload:<h>"      pushed to the node at height h (blob.put_manifest): replaced by "task:<T>"
 //                     / "state:<T>" when an open task T uses it as bundle, data or initial
@@ -51,7 +50,9 @@
 //   "keep"            the operator's keep_blobs: never ends;
 //   "keep-final:<T>"  T's final state when keep_final_states: never ends.
 // A closed (finished or cancelled) task: `release_after_blocks` blocks after the node first saw
-// it closed, every reason naming it ends, its unit directories and data files are deleted.
+// it closed, and not before its audit window closed (get_task's audit_window_end), every reason
+// naming it ends, its unit directories and data files are deleted. A task seen closed and then
+// open again (reopened by a fraud proof) is kept until it closes anew.
 // A unit's checkpoints (<data_dir>/units/<T>-<index>/) are all kept until the unit's round is
 // final, then deleted. SEAM (verification): a round is final only when its verification window
 // has closed (the task's weights_history grows only then), so a verifier can replay any k-step
@@ -169,7 +170,7 @@ struct AgentOptions {
   uint64_t memory_limit_bytes = 0;
   // Blob clean-up (see "Blobs the node keeps").
   uint64_t gc_every_blocks = 1;
-  uint64_t release_after_blocks = 100;  // after a task is closed
+  uint64_t release_after_blocks = 100;  // after a task is closed (and its audit window)
   uint64_t upload_grace_blocks = 100;   // for uploads no open task uses
   std::vector<Hash256> keep_blobs;      // never unpinned
   bool keep_final_states = false;       // keep closed tasks' final states pinned

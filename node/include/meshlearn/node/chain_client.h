@@ -259,6 +259,9 @@ struct TaskInfo {
   std::vector<Hash256> weights_history;
   uint32_t rounds_settled = 0;  // rounds [0, rounds_settled) are final (paid, no longer checked)
   Hash256 final_state;            // zero until finished
+  // A finished task: the last height at which a fraud proof reopens and rewinds it (0 while
+  // open, for a cancelled task, or from a record read without it: ledger::AuditWindowEnd).
+  uint64_t audit_window_end = 0;
   std::vector<UnitRecord> units;  // with units=true
 };
 Result<TaskInfo> GetTask(ChainClient& chain, const Hash256& id, bool units = false);

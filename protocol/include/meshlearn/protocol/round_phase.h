@@ -181,7 +181,8 @@ class RoundStateMachine {
   // changes a settling round's aggregate: the task goes back to round `round` (<= round()),
   // whose start weights become the current ones again; the later rounds' weights (final or
   // settling) are forgotten and every unit of `round` is pending, `exclude` barred from them.
-  // round == round() is RewindRound.
+  // round == round() is RewindRound. A final task may be rewound too (a fraud proof within its
+  // audit window reopens it): any round < rounds, and the task trains forward from there.
   Status RewindTo(uint32_t round, std::span<const NodeId> exclude);
   // A forced error or an abandoned unit in the current, not yet final round: only `shards`
   // re-run (pending again, `exclude` barred from them); the round's other units keep their
