@@ -201,6 +201,18 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     }
     ML_ASSIGN_OR_RETURN(protocol::ScheduleResult r,
                         protocol::AssignUnits(view, nodes, pending, seed, height, sp));
+    // A unit every eligible solver let expire once would wait forever: they may take it again
+    // from the next block (a cheater is jailed, so never eligible).
+    for (const protocol::PendingUnit& p : pending) {
+      if (nodes.empty() || p.excluded.empty() ||
+          std::find(r.unassigned.begin(), r.unassigned.end(), p.unit) == r.unassigned.end()) {
+        continue;
+      }
+      const bool all_excluded = std::ranges::all_of(nodes, [&](const protocol::NodeView& v) {
+        return std::find(p.excluded.begin(), p.excluded.end(), v.id) != p.excluded.end();
+      });
+      if (all_excluded) ML_RETURN_IF_ERROR(m.ForgiveExcluded(p.unit));
+    }
     if (!r.assignments.empty()) {
       ML_RETURN_IF_ERROR(m.OnAssigned(r.assignments));
       for (const protocol::Assignment& a : r.assignments) {

@@ -464,6 +464,31 @@ TEST_F(NetworkTest, CancelStopsTheTask) {
   EXPECT_TRUE(chain_->ReplayFromGenesis().ok());
 }
 
+// A unit every eligible solver let expire once excludes them all; it used to stay pending
+// forever (a devnet's redo hung so after commits refused for a stale secret index). They are
+// forgiven: the unit is offered to them again, and the expiry stays on their record.
+TEST_F(NetworkTest, AUnitEverySolverLetExpireIsOfferedToThemAgain) {
+  ASSERT_TRUE(Step({Q(alice_, Reg(n1_, 1'000'000'000'000))})[0].ok);
+  Transaction submit = Q(dave_, Submit(10'000));
+  task_id_ = TaskIdFor(dave_.public_key(), submit.nonce);
+  ASSERT_TRUE(Step({submit})[0].ok);
+  uint64_t first_deadline = 0;
+  for (const WorkUnit& u : Units()) {
+    if (u.round != 0) continue;
+    ASSERT_EQ(u.status, WorkUnitStatus::kAssigned) << u.index;
+    first_deadline = std::max(first_deadline, u.deadline_height);
+  }
+  // n1 commits nothing: every unit expires, and n1 is the only solver there is.
+  while (chain_->Height() <= first_deadline + 2) Step();
+  EXPECT_GT(Node(n1_).reputation.failures, 0u);
+  for (const WorkUnit& u : Units()) {
+    if (u.round != 0) continue;
+    EXPECT_EQ(u.status, WorkUnitStatus::kAssigned) << u.index;
+    EXPECT_EQ(u.assignee, n1_.public_key()) << u.index;
+    EXPECT_GT(u.deadline_height, first_deadline) << u.index;
+  }
+}
+
 TEST_F(NetworkTest, NoEligibleNodeLeavesUnitsPending) {
   // The task's price cap is below every node's price: nothing is assigned, nothing is paid.
   ASSERT_TRUE(Step({Q(alice_, Reg(n1_, 1'000'000'000'000))})[0].ok);

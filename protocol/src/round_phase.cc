@@ -171,6 +171,15 @@ Result<RoundStateMachine::Unit*> RoundStateMachine::FindUnit(const UnitId& unit)
   return &units_[unit.shard];
 }
 
+Status RoundStateMachine::ForgiveExcluded(const UnitId& unit) {
+  ML_ASSIGN_OR_RETURN(Unit * u, FindUnit(unit));
+  if (u->state != UnitState::kPending) {
+    return FailedPrecondition("unit " + unit.ToString() + " is not pending");
+  }
+  u->excluded.clear();
+  return Status::Ok();
+}
+
 Assignment RoundStateMachine::Expire(Unit& u) {
   CHECK(u.state == UnitState::kAssigned);
   Assignment a = u.assignment;

@@ -64,10 +64,16 @@ Solver::UnitState Solver::StateOf(const UnitAssignment& a) const {
 
 bool Solver::OnOutcome(const TxOutcome& o) {
   for (auto it = commits_.begin(); it != commits_.end(); ++it) {
-    if (it->second != o.id) continue;
+    if (it->second.txid != o.id) continue;
     if (o.ok) {
       ++node_->stats().commits_ok;
       committed_.insert(it->first);
+      // The ledger took that secret: the next commit binds the one after it, even before the
+      // next node_work says so (a unit that finishes while training paused for a replay commits
+      // without a new node_work; it used to reuse the index and be refused).
+      if (it->second.secret_index > 0) {
+        next_secret_index_ = std::max(next_secret_index_, it->second.secret_index + 1);
+      }
     } else {
       ++node_->stats().commits_failed;
     }
@@ -351,7 +357,7 @@ Status Solver::Commit(const UnitAssignment& a, const journal::UnitDone& done) {
                                         .loss_micros = done.loss_micros,
                                         .secret_index = commit.secret_index,
                                         .leaves = commit.leaves}));
-  commits_[std::make_pair(a.task_id, a.index)] = txid;
+  commits_[std::make_pair(a.task_id, a.index)] = {txid, commit.secret_index};
   return Status::Ok();
 }
 

@@ -41,6 +41,8 @@ class Solver {
       : node_(node), outbox_(outbox), secrets_(node) {}
 
   // This tick's node_work: the next secret index the ledger expects.
+  // The ledger's next secret index for this node (node_work, fetched after the outcomes were
+  // polled); OnOutcome moves it past each commit included in between.
   void set_next_secret_index(uint64_t i) { next_secret_index_ = i; }
   // The units of `work` to run, earliest deadline first (commits in flight are left out; a unit
   // committed ok and assigned again, after its round re-ran, is back to kTrained).
@@ -102,8 +104,12 @@ class Solver {
   NodeContext* node_;
   VerifyOutbox* outbox_;
   uint64_t next_secret_index_ = 0;
-  // (task, unit index) -> tx id of the CommitUnit in flight / committed ok.
-  std::map<std::pair<Hash256, uint32_t>, Hash256> commits_;
+  struct CommitInFlight {
+    Hash256 txid;
+    uint64_t secret_index = 0;
+  };
+  // (task, unit index) -> the CommitUnit in flight.
+  std::map<std::pair<Hash256, uint32_t>, CommitInFlight> commits_;
   std::set<std::pair<Hash256, uint32_t>> committed_;
   uint32_t units_taken_ = 0;
   bool skipped_ = false;

@@ -122,6 +122,9 @@ class RoundStateMachine {
 
   // Units of the current round without a solver, sorted, with their excluded nodes.
   std::vector<PendingUnit> PendingUnits() const;
+  // A pending unit every eligible solver is excluded from (each let it expire once) would never
+  // be assigned again: the ledger forgives them, and the unit is open to all of them again.
+  Status ForgiveExcluded(const UnitId& unit);
   // Assignments of the current round not yet committed, sorted by unit.
   std::vector<Assignment> OpenAssignments() const;
   // Committed units of the current round, sorted by unit (what the aggregator fetches).
