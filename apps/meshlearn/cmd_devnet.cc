@@ -73,6 +73,7 @@ using nlohmann::json;
 std::atomic<int> g_stop_signal{0};
 constexpr int64_t kVerifyWindowMs = 4000;   // reveal and dispute windows, at least
 constexpr int64_t kCommitWindowMs = 10000;  // the verdict commit window, at least
+constexpr int64_t kAuditWindowMs = 300000;  // a finished task's audit window, at least
 constexpr uint64_t kNodeStake = 100000;    // every devnet node's stake: covers a slash (node.toml)
 void OnStopSignal(int sig) { g_stop_signal.store(sig); }
 
@@ -731,6 +732,11 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     p.verdict_commit_blocks = std::max(p.verdict_commit_blocks, blocks(kCommitWindowMs));
     p.verdict_reveal_blocks = std::max(p.verdict_reveal_blocks, blocks(kVerifyWindowMs));
     p.dispute_response_blocks = std::max(p.dispute_response_blocks, blocks(kVerifyWindowMs));
+    // Time for `task audit --full --prove` against a --keep devnet to reopen the task (a full
+    // audit of examples/fashion-mlp.toml re-executes its 48 units in about a minute); stake
+    // stays bonded for at least as long (genesis requires it).
+    p.audit_window_blocks = std::max(p.audit_window_blocks, blocks(kAuditWindowMs));
+    p.unbonding_delay_blocks = std::max(p.unbonding_delay_blocks, p.audit_window_blocks);
   }
   gen.genesis_time_ms = SystemClock::Default()->NowMillis();
   gen.sequencer = seq.public_key();
