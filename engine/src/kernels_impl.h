@@ -474,7 +474,9 @@ void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout
                     for (int64_t o0 = ob; o0 < OC; o0 += kW) {
                       const int nv = static_cast<int>(MinI(kW, OC - o0));
                       Vf acc = Zero();
-                      for (int64_t b = 0; b < B; ++b) acc = acc + LoadPartial(dout + b * OC + o0, nv);
+                      for (int64_t b = 0; b < B; ++b) {
+                        acc = acc + LoadPartial(dout + b * OC + o0, nv);
+                      }
                       StorePartial(dbias + o0, LoadPartial(dbias + o0, nv) + acc, nv);
                     }
                   }
