@@ -42,8 +42,10 @@ inline constexpr int kNR = kNRV * kW;
 inline constexpr int64_t kKC = 256;
 inline constexpr int64_t kMC = kMR * 128;
 inline constexpr int64_t kNC = kNR * (256 / kNR);
-// How far ahead (in k steps) the micro-kernel prefetches its A micro-panel.
-inline constexpr int64_t kPrefetchK = 8;
+// How far ahead (in k steps) the micro-kernel prefetches its A micro-panel. The first tile of a
+// panel reads it from L3 when the A block outgrows L2 (large K); 8 steps (~100 cycles) did not
+// cover that latency (1536^3 at 0.70-0.87x OpenBLAS on a Xeon, 0.96-1.06x with 24).
+inline constexpr int64_t kPrefetchK = 24;
 
 inline float ScalarFma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -280,16 +282,95 @@ void Gemm(int64_t M, int64_t N, int64_t K, const PackA& pack_a, const PackB& pac
   });
 }
 
+// dst[kk*R + r] = src[r*ld + kk] for r < R, kk < kc: R rows of a row-major matrix packed
+// transposed into a micro-panel (row-major A, and weight^T as B). A pure copy, so any order of
+// moves gives the same bits; the vector paths transpose 4 rows x 8 columns in registers (the
+// scalar loop stores at a stride of R floats, one store per element, and was the largest cost of
+// the GPT's GEMMs outside the micro-kernel).
+template <int R>
+inline void PackRowsTransposed(float* __restrict dst, const float* __restrict src, int64_t ld,
+                               int64_t kc) {
+  int64_t kk = 0;
+#if MESHLEARN_SIMD_LEVEL >= 1
+  for (; kk + 8 <= kc; kk += 8) {
+    float* d = dst + kk * R;
+    int r = 0;
+    for (; r + 4 <= R; r += 4) {
+      const float* s = src + r * ld + kk;
+      const __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + ld);
+      const __m256 r2 = _mm256_loadu_ps(s + 2 * ld), r3 = _mm256_loadu_ps(s + 3 * ld);
+      const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+      const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+      // Lane halves: u_j holds column j (low 128 bits) and column j + 4 (high) of the 4 rows.
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      _mm_storeu_ps(d + 0 * R + r, _mm256_castps256_ps128(u0));
+      _mm_storeu_ps(d + 1 * R + r, _mm256_castps256_ps128(u1));
+      _mm_storeu_ps(d + 2 * R + r, _mm256_castps256_ps128(u2));
+      _mm_storeu_ps(d + 3 * R + r, _mm256_castps256_ps128(u3));
+      _mm_storeu_ps(d + 4 * R + r, _mm256_extractf128_ps(u0, 1));
+      _mm_storeu_ps(d + 5 * R + r, _mm256_extractf128_ps(u1, 1));
+      _mm_storeu_ps(d + 6 * R + r, _mm256_extractf128_ps(u2, 1));
+      _mm_storeu_ps(d + 7 * R + r, _mm256_extractf128_ps(u3, 1));
+    }
+    if (r + 2 <= R) {  // two rows left (R = 6 on AVX2): pairs of columns
+      const float* s = src + r * ld + kk;
+      const __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + ld);
+      const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+      const __m128 t0l = _mm256_castps256_ps128(t0), t0h = _mm256_extractf128_ps(t0, 1);
+      const __m128 t1l = _mm256_castps256_ps128(t1), t1h = _mm256_extractf128_ps(t1, 1);
+      _mm_storel_pi(reinterpret_cast<__m64*>(d + 0 * R + r), t0l);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(d + 1 * R + r), t0l);
+      _mm_storel_pi(reinterpret_cast<__m64*>(d + 2 * R + r), t1l);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(d + 3 * R + r), t1l);
+      _mm_storel_pi(reinterpret_cast<__m64*>(d + 4 * R + r), t0h);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(d + 5 * R + r), t0h);
+      _mm_storel_pi(reinterpret_cast<__m64*>(d + 6 * R + r), t1h);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(d + 7 * R + r), t1h);
+      r += 2;
+    }
+    for (; r < R; ++r) {
+      for (int64_t j = 0; j < 8; ++j) d[j * R + r] = src[r * ld + kk + j];
+    }
+  }
+#endif
+  for (; kk < kc; ++kk) {
+    for (int r = 0; r < R; ++r) dst[kk * R + r] = src[r * ld + kk];
+  }
+}
+
+// dst[kk*R + r] = src[kk*ld + r] for r < R, kk < kc: a micro-panel whose R values of one k are
+// contiguous in memory (A^T or B stored row-major).
+template <int R>
+inline void PackRowsContiguous(float* __restrict dst, const float* __restrict src, int64_t ld,
+                               int64_t kc) {
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const float* s = src + kk * ld;
+    float* d = dst + kk * R;
+    int r = 0;
+#if MESHLEARN_SIMD_LEVEL >= 1
+    for (; r + 4 <= R; r += 4) _mm_storeu_ps(d + r, _mm_loadu_ps(s + r));
+    if (r + 2 <= R) {
+      _mm_storel_pi(reinterpret_cast<__m64*>(d + r),
+                    _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(s + r))));
+      r += 2;
+    }
+#endif
+    for (; r < R; ++r) d[r] = s[r];
+  }
+}
+
 // Packer for A stored with strides: A[m,k] = a[m*rs + k*cs].
 struct StridedA {
   const float* a;
   int64_t rs, cs;
   void operator()(float* dst, int64_t m0, int64_t mr, int64_t k0, int64_t kc) const {
     if (rs == 1 && mr == kMR) {  // A^T stored row-major: the MR values of one k are contiguous
-      for (int64_t kk = 0; kk < kc; ++kk) {
-        const float* src = a + m0 + (k0 + kk) * cs;
-        for (int64_t r = 0; r < kMR; ++r) dst[kk * kMR + r] = src[r];
-      }
+      PackRowsContiguous<kMR>(dst, a + m0 + k0 * cs, cs, kc);
+      return;
+    }
+    if (cs == 1 && mr == kMR) {  // A stored row-major
+      PackRowsTransposed<kMR>(dst, a + m0 * rs + k0, rs, kc);
       return;
     }
     for (int64_t r = 0; r < kMR; ++r) {
@@ -318,6 +399,8 @@ struct StridedB {
           for (int64_t j = 0; j < kNR; ++j) d[j] = j < nr ? src[j] : 0.0f;
         }
       }
+    } else if (nr == kNR && rs == 1) {  // B^T stored row-major (e.g. weight^T)
+      PackRowsTransposed<kNR>(dst, b + n0 * cs + k0, cs, kc);
     } else if (nr == kNR && kW > 1 && cs * (kW - 1) < (int64_t{1} << 31)) {
       // Transposing pack (e.g. weight^T): one strided gather per vector of a row.
       for (int64_t kk = 0; kk < kc; ++kk) {
@@ -370,13 +453,34 @@ void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout
     Gemm(OC, C, B, StridedA{dout, 1, OC}, StridedB{inp, C, 1}, o, threads);
   }
   if (dbias != nullptr) {
-    // dbias[o] += chain over b of dout[b,o] (adds); lanes hold different o.
-    for (int64_t o0 = 0; o0 < OC; o0 += kW) {
-      const int nv = static_cast<int>(MinI(kW, OC - o0));
-      Vf acc = Zero();
-      for (int64_t b = 0; b < B; ++b) acc = acc + LoadPartial(dout + b * OC + o0, nv);
-      StorePartial(dbias + o0, LoadPartial(dbias + o0, nv) + acc, nv);
-    }
+    // dbias[o] += chain over b of dout[b,o] (adds); lanes hold different o, and threads groups of
+    // kG columns, each group one pass over the rows (four vectors per load of a row's stretch).
+    constexpr int64_t kG = 4 * kW;
+    ParallelFor(CeilDiv(OC, kG), B * OC >= (int64_t{1} << 17) ? threads : 1,
+                [&](int64_t g0, int64_t g1) {
+                  for (int64_t g = g0; g < g1; ++g) {
+                    const int64_t ob = g * kG;
+                    if (ob + kG <= OC) {
+                      Vf acc[4] = {Zero(), Zero(), Zero(), Zero()};
+                      for (int64_t b = 0; b < B; ++b) {
+                        const float* row = dout + b * OC + ob;
+                        for (int j = 0; j < 4; ++j) acc[j] = acc[j] + Load(row + j * kW);
+                      }
+                      for (int j = 0; j < 4; ++j) {
+                        Store(dbias + ob + j * kW, Load(dbias + ob + j * kW) + acc[j]);
+                      }
+                      continue;
+                    }
+                    for (int64_t o0 = ob; o0 < OC; o0 += kW) {
+                      const int nv = static_cast<int>(MinI(kW, OC - o0));
+                      Vf acc = Zero();
+                      for (int64_t b = 0; b < B; ++b) {
+                        acc = acc + LoadPartial(dout + b * OC + o0, nv);
+                      }
+                      StorePartial(dbias + o0, LoadPartial(dbias + o0, nv) + acc, nv);
+                    }
+                  }
+                });
   }
 }
 

@@ -739,7 +739,7 @@ class GptModel final : public Model {
     float* const buf_datt = Alloc(B * NH * T * T);
     float* const buf_dln1 = Alloc(N * C);
     auto zeroed = [](float* p, int64_t n) {
-      std::fill(p, p + n, 0.0f);
+      ZeroFloats(p, n);
       return p;
     };
     for (int64_t l = NL; l-- > 0;) {
@@ -763,8 +763,9 @@ class GptModel final : public Model {
       float* datty = zeroed(buf_datty, N * C);
       LinearBackward(datty, G(l, 4), G(l, 5), dattproj, a.atty, P(l, 4), N, C, C);
       float* dqkv = zeroed(buf_dqkv, N * 3 * C);
-      float* dpreatt = zeroed(buf_dpreatt, B * NH * T * T);
-      float* datt = zeroed(buf_datt, B * NH * T * T);
+      // AttentionBackward overwrites its two (B, NH, T, T) scratch outputs: no zeroing.
+      float* dpreatt = buf_dpreatt;
+      float* datt = buf_datt;
       AttentionBackward(dqkv, dpreatt, datt, datty, a.qkv, a.att, B, T, C, NH);
       float* dln1 = zeroed(buf_dln1, N * C);
       LinearBackward(dln1, G(l, 2), G(l, 3), dqkv, a.ln1, P(l, 2), N, C, 3 * C);

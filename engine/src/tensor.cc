@@ -3,7 +3,24 @@
 #include <algorithm>
 #include <cstring>
 
+#include "meshlearn/engine/backend.h"
+#include "meshlearn/engine/threadpool.h"
+
 namespace meshlearn::engine {
+
+void ZeroFloats(float* p, int64_t n) {
+  // Below ~1 MB a pool wake-up costs more than the second thread saves.
+  constexpr int64_t kChunk = int64_t{1} << 18;
+  const int threads = GetKernelConfig().threads;
+  if (threads <= 1 || n < 2 * kChunk) {
+    if (n > 0) std::memset(p, 0, static_cast<size_t>(n) * 4);
+    return;
+  }
+  ParallelFor((n + kChunk - 1) / kChunk, threads, [&](int64_t c0, int64_t c1) {
+    const int64_t lo = c0 * kChunk, hi = std::min(n, c1 * kChunk);
+    std::memset(p + lo, 0, static_cast<size_t>(hi - lo) * 4);
+  });
+}
 
 int64_t NumElements(const Shape& shape) {
   int64_t n = 1;
@@ -35,7 +52,7 @@ Tensor::Tensor(Shape shape, std::vector<float> data)
   CHECK_EQ(static_cast<int64_t>(data_.size()), NumElements(shape_));
 }
 
-void Tensor::Zero() { std::fill(data_.begin(), data_.end(), 0.0f); }
+void Tensor::Zero() { ZeroFloats(data_.data(), static_cast<int64_t>(data_.size())); }
 
 void* Arena::AllocBytes(int64_t bytes) {
   bytes = (bytes + 63) / 64 * 64;
@@ -68,7 +85,7 @@ TensorView Arena::Alloc(Shape shape) {
 
 TensorView Arena::AllocZeroed(Shape shape) {
   TensorView v = Alloc(std::move(shape));
-  std::memset(v.data(), 0, v.size() * 4);
+  ZeroFloats(v.data(), v.size());
   return v;
 }
 

@@ -3,12 +3,36 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <thread>
 #include <vector>
 
+#include "meshlearn/engine/backend.h"
+#include "meshlearn/engine/tensor.h"
+
 namespace meshlearn::engine {
 namespace {
+
+// ZeroFloats splits large buffers over the kernels' threads: every element of [0, n) becomes
+// +0.0f (not -0.0f), and nothing outside it is touched, at sizes around its chunking.
+TEST(ThreadPoolTest, ZeroFloatsZeroesExactlyTheRange) {
+  const KernelConfig saved = GetKernelConfig();
+  for (int threads : {1, 2, 3}) {
+    ASSERT_TRUE(SetKernelConfig({saved.simd, threads}).ok());
+    for (int64_t n : std::vector<int64_t>{0, 1, 1000, (1 << 19) - 1, (1 << 19) + 7, 3000001}) {
+      std::vector<float> v(static_cast<size_t>(n + 2), -1.5f);
+      ZeroFloats(v.data() + 1, n);
+      EXPECT_EQ(v[0], -1.5f);
+      EXPECT_EQ(v[static_cast<size_t>(n + 1)], -1.5f);
+      for (int64_t i = 1; i <= n; ++i) {
+        ASSERT_EQ(v[static_cast<size_t>(i)], 0.0f) << n << " " << threads << " " << i;
+        ASSERT_FALSE(std::signbit(v[static_cast<size_t>(i)])) << i;
+      }
+    }
+  }
+  ASSERT_TRUE(SetKernelConfig(saved).ok());
+}
 
 TEST(ThreadPoolTest, EveryIndexExactlyOnce) {
   for (int threads : {1, 2, 3, 4, 8}) {

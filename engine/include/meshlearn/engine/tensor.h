@@ -25,6 +25,11 @@ using Shape = std::vector<int64_t>;
 
 // Product of the dimensions (1 for a scalar shape {}).
 int64_t NumElements(const Shape& shape);
+
+// Sets p[0, n) to +0.0f, on the kernels' threads (GetKernelConfig().threads) when n is large: a
+// training step zeroes hundreds of MB of gradient buffers, which on one thread would be a serial
+// part of every step.
+void ZeroFloats(float* p, int64_t n);
 // "(64, 1, 28, 28)".
 std::string ShapeToString(const Shape& shape);
 
