@@ -512,7 +512,6 @@ TEST(DevnetSlow, ReplicatedSequencerSurvivesItsLeaderKilledMidTask) {
   json rep = ReadReport(out);
   CheckCommon(rep, 6);  // every committed unit paid once; the weights = the in-process reference
   const json& v = rep["verification"];
-  EXPECT_EQ(v["assurance"], "full") << v.dump(2);
   ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
   EXPECT_EQ(v["slashed"][0]["adversary"], "lazy");
   EXPECT_GT(v["slashed"][0]["amount"].get<uint64_t>(), 0u);
