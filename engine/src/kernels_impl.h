@@ -351,8 +351,9 @@ inline void PackRowsContiguous(float* __restrict dst, const float* __restrict sr
 #if MESHLEARN_SIMD_LEVEL >= 1
     for (; r + 4 <= R; r += 4) _mm_storeu_ps(d + r, _mm_loadu_ps(s + r));
     if (r + 2 <= R) {
-      _mm_storel_pi(reinterpret_cast<__m64*>(d + r),
-                    _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(s + r))));
+      // 64-bit copy through the unaligned-typed intrinsics: s + r is only 4-byte aligned.
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(d + r),
+                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + r)));
       r += 2;
     }
 #endif
