@@ -13,6 +13,8 @@ set(ENGINE_MODEL_SOURCES
   ${CMAKE_CURRENT_SOURCE_DIR}/src/checkpoint.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/train.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/op_trace.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/tile.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/tile_rule.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/step_replay.cc
 )
 set(ENGINE_MODEL_TESTS
@@ -26,6 +28,7 @@ set(ENGINE_MODEL_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/safetensors_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/train_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/op_trace_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/tile_rule_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/step_replay_test.cc
 )
 

@@ -1,19 +1,31 @@
 #include "meshlearn/engine/op_trace.h"
 
 #include <algorithm>
-#include <bit>
-#include <cstring>
+
+#include "meshlearn/base/check.h"
 
 namespace meshlearn::engine {
 
 void OpTrace::Record(std::string name, std::span<const float> values) {
-  static_assert(std::endian::native == std::endian::little, "hashes are over little-endian bytes");
-  Hasher h("meshlearn.engine.op");
-  h.Update(name);
-  h.UpdateU64(values.size());
-  h.Update(ByteSpan(reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(float)));
+  Record(std::move(name), values, 1, static_cast<int64_t>(values.size()));
+}
+
+void OpTrace::Record(std::string name, std::span<const float> values, int64_t rows,
+                     int64_t cols) {
+  CHECK_EQ(static_cast<int64_t>(values.size()), rows * cols) << name;
+  const TileGrid grid = TileGrid::For(rows, cols);
   names_.push_back(std::move(name));
-  hashes_.push_back(h.Finish());
+  hashes_.push_back(TensorRoot(values, grid));
+  grids_.push_back(grid);
+  if (keep_values_) {
+    values_.resize(hashes_.size() - 1);
+    values_.emplace_back(values.begin(), values.end());
+  }
+}
+
+std::span<const float> OpTrace::values(size_t i) const {
+  CHECK_LT(i, values_.size()) << "OpTrace::values: set_keep_values(true) before recording";
+  return values_[i];
 }
 
 int64_t FirstDifference(const OpTrace& a, const OpTrace& b) {

@@ -86,12 +86,18 @@ size_t IndexOf(const OpTrace& t, const std::string& name) {
 TEST(OpTraceTest, RecordsEveryOperatorInAFixedOrder) {
   auto a = MakeTrainer();
   OpTrace t = TraceStep(*a);
-  // 5 layer outputs, loss, logits grad, 4 activation grads (none for the data), 6 parameter
-  // grads, 6 updated parameters.
-  ASSERT_EQ(t.size(), 5u + 1 + 1 + 4 + 6 + 6);
-  EXPECT_EQ(t.name(0), "layers.0.out");
-  EXPECT_EQ(t.name(5), "loss");
-  EXPECT_EQ(t.name(6), "logits.grad");
+  // The input state (6 parameters, 6 + 6 Adam moments), 5 layer outputs, loss, logits grad, 4
+  // activation grads (none for the data), 6 parameter grads, 6 updated parameters.
+  ASSERT_EQ(t.size(), 18u + 5 + 1 + 1 + 4 + 6 + 6);
+  EXPECT_EQ(t.name(0), "in.layers.0.weight");
+  EXPECT_EQ(t.name(6), "in.optim.m.layers.0.weight");
+  EXPECT_EQ(t.name(17), "in.optim.v.layers.4.bias");
+  EXPECT_EQ(t.name(18), "layers.0.out");
+  EXPECT_EQ(t.name(23), "loss");
+  EXPECT_EQ(t.name(24), "logits.grad");
+  // Each output is committed as its tiled root, in its rows x cols grid.
+  EXPECT_EQ(t.grid(18), TileGrid::For(8, 16));  // batch 8 x 16 features
+  EXPECT_EQ(t.grid(23), TileGrid::For(8, 1));   // per-sample losses: a column, 32 rows a tile
   EXPECT_EQ(t.name(t.size() - 1), "layers.4.bias");
   auto b = MakeTrainer();
   OpTrace u = TraceStep(*b);
@@ -112,12 +118,22 @@ TEST(OpTraceTest, TracingDoesNotChangeTheComputation) {
 TEST(OpTraceTest, FirstDifferenceIsTheFirstOperatorThatReadsAChangedWeight) {
   auto honest = MakeTrainer();
   auto cheat = MakeTrainer();
-  // A changed weight of the third linear layer (layers.4): everything before its forward output
-  // is identical, its output is the first difference.
+  // A changed weight of the third linear layer (layers.4): the step's input state records it
+  // first; of the computed outputs, everything before its forward output is identical, its
+  // output is the first difference.
   cheat->state().model->params()[4].value.data()[3] += 1e-3f;
   OpTrace t = TraceStep(*honest);
   OpTrace u = TraceStep(*cheat);
-  EXPECT_EQ(FirstDifference(t, u), static_cast<int64_t>(IndexOf(t, "layers.4.out")));
+  EXPECT_EQ(FirstDifference(t, u), static_cast<int64_t>(IndexOf(t, "in.layers.4.weight")));
+  const size_t first_computed = IndexOf(t, "layers.0.out");
+  size_t first = t.size();
+  for (size_t i = first_computed; i < t.size(); ++i) {
+    if (t.hash(i) != u.hash(i)) {
+      first = i;
+      break;
+    }
+  }
+  EXPECT_EQ(first, IndexOf(t, "layers.4.out"));
 }
 
 TEST(OpTraceTest, AWrongUpdateShowsOnlyInTheLastOperators) {
@@ -145,8 +161,13 @@ TEST(OpTraceTest, FirstDifferenceOfPrefixes) {
   a.Record("y", std::vector<float>{1, 2, 4});
   EXPECT_EQ(FirstDifference(a, b), 1);
   OpTrace c;
-  c.Record("z", v);  // same values, other operator: different hash
+  c.Record("x", std::vector<float>{1, 2, 5});
   EXPECT_EQ(FirstDifference(a, c), 0);
+  // The commitment is the tiled root of the values; the operator's name is fixed by its position
+  // in the model's order, not hashed.
+  OpTrace d;
+  d.Record("z", v);
+  EXPECT_EQ(d.hash(0), TensorRoot(v, TileGrid::For(1, 3)));
 }
 
 }  // namespace

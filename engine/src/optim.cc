@@ -102,20 +102,22 @@ Optimizer::Optimizer(OptimizerSpec spec, const std::vector<Param>& params)
   }
 }
 
-float Optimizer::LearningRate(int64_t step) const {
-  const double lr = spec_.lr;
-  if (spec_.warmup_steps > 0 && step < spec_.warmup_steps) {
+float Optimizer::LearningRate(int64_t step) const { return LearningRateAt(spec_, step); }
+
+float LearningRateAt(const OptimizerSpec& spec, int64_t step) {
+  const double lr = spec.lr;
+  if (spec.warmup_steps > 0 && step < spec.warmup_steps) {
     return static_cast<float>(lr * static_cast<double>(step + 1) /
-                              static_cast<double>(spec_.warmup_steps));
+                              static_cast<double>(spec.warmup_steps));
   }
-  if (spec_.schedule == "constant") return static_cast<float>(lr);
-  const int64_t span = spec_.total_steps - spec_.warmup_steps;
-  if (span <= 0) return static_cast<float>(spec_.min_lr);
-  double progress = static_cast<double>(step - spec_.warmup_steps) / static_cast<double>(span);
+  if (spec.schedule == "constant") return static_cast<float>(lr);
+  const int64_t span = spec.total_steps - spec.warmup_steps;
+  if (span <= 0) return static_cast<float>(spec.min_lr);
+  double progress = static_cast<double>(step - spec.warmup_steps) / static_cast<double>(span);
   if (progress > 1.0) progress = 1.0;
   // cos(pi * progress) = cos(2 pi * progress/2), from the engine's own polynomial.
   double c = DetCos2Pi(progress * 0.5);
-  return static_cast<float>(spec_.min_lr + 0.5 * (lr - spec_.min_lr) * (1.0 + c));
+  return static_cast<float>(spec.min_lr + 0.5 * (lr - spec.min_lr) * (1.0 + c));
 }
 
 float GlobalGradNorm(const std::vector<Param>& params) {
@@ -144,33 +146,13 @@ float Optimizer::Step(std::vector<Param>& params, int64_t step) {
   const float norm = GlobalGradNorm(params);
   const bool clip = spec_.grad_clip > 0 && norm > static_cast<float>(spec_.grad_clip);
   const float scale = clip ? static_cast<float>(spec_.grad_clip) / (norm + 1e-6f) : 1.0f;
-  const float lr = LearningRate(step);
-  const float wd = static_cast<float>(spec_.weight_decay);
   if (spec_.kind == "adamw") {
-    const int64_t t = step + 1;
-    const float b1 = static_cast<float>(spec_.beta1), b2 = static_cast<float>(spec_.beta2);
-    const float one_minus_b1 = static_cast<float>(1.0 - spec_.beta1);
-    const float one_minus_b2 = static_cast<float>(1.0 - spec_.beta2);
-    const float step_size = static_cast<float>(lr / (1.0 - PowInt(spec_.beta1, t)));
-    const float bc2_sqrt = std::sqrt(static_cast<float>(1.0 - PowInt(spec_.beta2, t)));
-    const float eps = static_cast<float>(spec_.eps);
-    const float decay = 1.0f - lr * wd;
     // The per-element update (clipping included) is the AdamWUpdate kernel: SIMD lanes and
     // threads over elements, the reference's formula (kernels.h) bit for bit.
-    AdamWStep s;
-    s.b1 = b1;
-    s.b2 = b2;
-    s.one_minus_b1 = one_minus_b1;
-    s.one_minus_b2 = one_minus_b2;
-    s.step_size = step_size;
-    s.bc2_sqrt = bc2_sqrt;
-    s.eps = eps;
-    s.decay = decay;
-    s.grad_scale = scale;
-    s.scale_grad = clip;
+    AdamWStep s = AdamWScalars(spec_, step, scale, clip);
     for (size_t k = 0; k < params.size(); ++k) {
       Param& p = params[k];
-      s.decay_weight = wd != 0.0f && p.value.shape().size() >= 2;
+      s.decay_weight = AdamWDecays(spec_, p.value.shape());
       AdamWUpdate(p.value.data(), p.grad.data(), m_[k].data(), v_[k].data(), p.value.size(), s);
     }
   } else {
@@ -180,27 +162,54 @@ float Optimizer::Step(std::vector<Param>& params, int64_t step) {
         for (int64_t i = 0; i < p.grad.size(); ++i) g[i] = g[i] * scale;
       }
     }
-    const float mu = static_cast<float>(spec_.momentum);
+    const bool momentum = spec_.momentum > 0;
     for (size_t k = 0; k < params.size(); ++k) {
       Param& p = params[k];
-      float* w = p.value.data();
-      const float* g = p.grad.data();
-      float* buf = mu > 0 ? m_[k].data() : nullptr;
-      const bool decayed = wd != 0.0f && p.value.shape().size() >= 2;
-      const int64_t n = p.value.size();
-      for (int64_t i = 0; i < n; ++i) {
-        float gi = decayed ? g[i] + wd * w[i] : g[i];
-        float d = gi;
-        if (buf) {
-          float b = mu * buf[i] + gi;
-          buf[i] = b;
-          d = spec_.nesterov ? gi + mu * b : b;
-        }
-        w[i] = w[i] - lr * d;
-      }
+      SgdUpdate(spec_, step, p.value.shape(), p.value.data(), p.grad.data(),
+                momentum ? m_[k].data() : nullptr, p.value.size());
     }
   }
   return norm;
+}
+
+AdamWStep AdamWScalars(const OptimizerSpec& spec, int64_t step, float grad_scale, bool clip) {
+  const float lr = LearningRateAt(spec, step);
+  const float wd = static_cast<float>(spec.weight_decay);
+  const int64_t t = step + 1;
+  AdamWStep s;
+  s.b1 = static_cast<float>(spec.beta1);
+  s.b2 = static_cast<float>(spec.beta2);
+  s.one_minus_b1 = static_cast<float>(1.0 - spec.beta1);
+  s.one_minus_b2 = static_cast<float>(1.0 - spec.beta2);
+  s.step_size = static_cast<float>(lr / (1.0 - PowInt(spec.beta1, t)));
+  s.bc2_sqrt = std::sqrt(static_cast<float>(1.0 - PowInt(spec.beta2, t)));
+  s.eps = static_cast<float>(spec.eps);
+  s.decay = 1.0f - lr * wd;
+  s.grad_scale = grad_scale;
+  s.scale_grad = clip;
+  return s;
+}
+
+bool AdamWDecays(const OptimizerSpec& spec, const Shape& shape) {
+  return static_cast<float>(spec.weight_decay) != 0.0f && shape.size() >= 2;
+}
+
+void SgdUpdate(const OptimizerSpec& spec, int64_t step, const Shape& shape, float* w,
+               const float* g, float* buf, int64_t n) {
+  const float lr = LearningRateAt(spec, step);
+  const float wd = static_cast<float>(spec.weight_decay);
+  const float mu = static_cast<float>(spec.momentum);
+  const bool decayed = wd != 0.0f && shape.size() >= 2;
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = decayed ? g[i] + wd * w[i] : g[i];
+    float d = gi;
+    if (buf) {
+      float b = mu * buf[i] + gi;
+      buf[i] = b;
+      d = spec.nesterov ? gi + mu * b : b;
+    }
+    w[i] = w[i] - lr * d;
+  }
 }
 
 std::vector<Optimizer::NamedState> Optimizer::State() {

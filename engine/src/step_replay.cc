@@ -47,6 +47,14 @@ float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed, 
   CHECK(state.optimizer) << "StepOnBatch needs a training state with an optimizer";
   const int64_t step = state.step;
   Model& m = *state.model;
+  if (OpTrace* trace = m.op_trace()) {  // the step's input state comes first (op_trace.h)
+    auto record = [&](const std::string& name, const Tensor& t) {
+      const TileGrid g = TileGrid::ForShape(t.shape());
+      trace->Record("in." + name, {t.data(), static_cast<size_t>(t.size())}, g.rows, g.cols);
+    };
+    for (const Param& p : m.params()) record(p.name, p.value);
+    for (const Optimizer::NamedState& s : state.optimizer->State()) record(s.name, *s.tensor);
+  }
   m.ZeroGrad();
   ForwardOptions opts{
       .train = true, .dropout_seed = dropout_seed, .step = static_cast<uint64_t>(step)};
@@ -55,7 +63,9 @@ float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed, 
   const float norm = state.optimizer->Step(m.params(), step);
   if (OpTrace* trace = m.op_trace()) {  // the update is the step's last operator
     for (const Param& p : m.params()) {
-      trace->Record(p.name, {p.value.data(), static_cast<size_t>(p.value.size())});
+      const TileGrid g = TileGrid::ForShape(p.value.shape());
+      trace->Record(p.name, {p.value.data(), static_cast<size_t>(p.value.size())}, g.rows,
+                    g.cols);
     }
   }
   state.step = step + 1;

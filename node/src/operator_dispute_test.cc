@@ -111,7 +111,8 @@ OpTrace TraceStep(Trainer& tr) {
 enum class Lie {
   kNone,
   // The step reads one weight of layers.2 off by 1e-3 (a memory fault, or a solver that skipped
-  // work): the first differing operator is the forward output of layers.2.
+  // work), and keeps it: the first differing operator is that weight in the step's recorded
+  // input state (op_trace.h), the first computed one the forward output of layers.2.
   kCorruptedRead,
   // The step's update uses twice the learning rate (a lazy or careless solver): forward and
   // backward are right, the first differing operator is the first updated parameter.
@@ -333,8 +334,8 @@ void ExpectNarrowsToTheLie(Lie lie, uint64_t lie_step, const std::string& first_
   }
 }
 
-TEST(OperatorDisputeTest, ACorruptedReadIsNarrowedToItsForwardOperator) {
-  ExpectNarrowsToTheLie(Lie::kCorruptedRead, kLieStep, "layers.2.out");
+TEST(OperatorDisputeTest, ACorruptedReadIsNarrowedToTheWeightItRead) {
+  ExpectNarrowsToTheLie(Lie::kCorruptedRead, kLieStep, "in.layers.2.weight");
 }
 
 TEST(OperatorDisputeTest, AWrongUpdateIsNarrowedToTheFirstUpdatedParameter) {
@@ -344,7 +345,7 @@ TEST(OperatorDisputeTest, AWrongUpdateIsNarrowedToTheFirstUpdatedParameter) {
 TEST(OperatorDisputeTest, EveryStepOfTheSegment) {
   // The first and last steps are the bisection's edges.
   for (uint64_t s = 1; s <= kSteps; ++s) {
-    ExpectNarrowsToTheLie(Lie::kCorruptedRead, s, "layers.2.out");
+    ExpectNarrowsToTheLie(Lie::kCorruptedRead, s, "in.layers.2.weight");
   }
 }
 

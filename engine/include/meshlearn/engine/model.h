@@ -177,17 +177,17 @@ class Model {
   friend Result<MemoryEstimate> EstimateMemory(const ModelSpec&, int64_t, int64_t,
                                                const std::string&, bool);
   std::vector<Shape> param_shapes_;  // parallel to params_
-  void TraceOp(const char* name, const float* values, int64_t n) {
-    if (trace_) trace_->Record(name, {values, static_cast<size_t>(n)});
-  }
-  void TraceOp(const std::string& name, const float* values, int64_t n) {
-    if (trace_) trace_->Record(name, {values, static_cast<size_t>(n)});
+  // An operator output viewed as rows x cols (its tile grid, tile.h); rows = 1 for a vector.
+  void TraceOp(const std::string& name, const float* values, int64_t rows, int64_t cols) {
+    if (trace_) trace_->Record(name, {values, static_cast<size_t>(rows * cols)}, rows, cols);
   }
   // Every parameter gradient, in parameter order (the end of Backward).
   void TraceParamGrads() {
     if (!trace_) return;
     for (const Param& p : params_) {
-      trace_->Record(p.name + ".grad", {p.grad.data(), static_cast<size_t>(p.grad.size())});
+      const TileGrid g = TileGrid::ForShape(p.grad.shape());
+      trace_->Record(p.name + ".grad", {p.grad.data(), static_cast<size_t>(p.grad.size())},
+                     g.rows, g.cols);
     }
   }
 

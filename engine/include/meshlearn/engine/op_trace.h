@@ -2,11 +2,16 @@
 // bisects (DESIGN.md, "One task, end to end", step 7).
 //
 // When a Model has an OpTrace attached, Forward, Backward and Trainer::Step append, in a fixed
-// order that depends only on the model spec, the BLAKE2b hash of every operator's output: each
-// layer's activations, the per-sample losses, each gradient with respect to an activation and to
-// a parameter, and finally every parameter after the optimizer update. Two honest runs of the same
-// step record identical lists; the first index where two lists differ names the first operator
-// that computed something different, and the referee needs to recompute only that one.
+// order that depends only on the model spec, the commitment of every operator's output: first
+// the step's input state (every parameter, then every optimizer state tensor, as "in.<name>"),
+// then each layer's activations, the per-sample losses, each gradient with respect to an
+// activation and to a parameter, and finally every parameter after the optimizer update. Two
+// honest runs of the same step record identical lists; the first index where two lists differ
+// names the first operator that computed something different, and the referee needs to recompute
+// only that one, and of it only one tile (tile.h, tile_rule.h).
+//
+// An output's commitment is its tiled root (tile.h): the Merkle root over its tiles' hashes, in
+// the tile grid of its rows x cols view (recorded beside it), so one tile can be proven alone.
 //
 //   OpTrace trace;
 //   trainer->state().model->set_op_trace(&trace);
@@ -14,8 +19,10 @@
 //   trainer->state().model->set_op_trace(nullptr);
 //   trace.size(); trace.name(i); trace.hash(i);
 //
-// Recording costs one hash pass over every output (a few percent of a step); nothing is recorded
-// when no trace is attached.
+// Recording costs one hash pass over every output and the input state (verify_bench
+// --benchmarks=referee measures it); nothing is recorded when no trace is attached. With
+// keep_values set, the trace also keeps a copy of every output, so the party that ran the step
+// can open any tile of it (a witness); the referee never needs that.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +31,7 @@
 #include <vector>
 
 #include "meshlearn/base/hash.h"
+#include "meshlearn/engine/tile.h"
 
 namespace meshlearn::engine {
 
@@ -32,18 +40,33 @@ class OpTrace {
   void Clear() {
     names_.clear();
     hashes_.clear();
+    grids_.clear();
+    values_.clear();
   }
-  // Appends the hash of `values` (little-endian float32 bytes, with the name as domain).
+  // Appends the tiled root of `values` viewed as a vector (1 x n).
   void Record(std::string name, std::span<const float> values);
+  // Appends the tiled root of `values` viewed as rows x cols. REQUIRES: values.size() ==
+  // rows * cols.
+  void Record(std::string name, std::span<const float> values, int64_t rows, int64_t cols);
+
+  // Keep a copy of every recorded output (for opening tiles). Off by default.
+  void set_keep_values(bool keep) { keep_values_ = keep; }
 
   size_t size() const { return hashes_.size(); }
   const std::string& name(size_t i) const { return names_[i]; }
+  // The tiled root of output i (TensorRoot(values, grid(i))).
   const Hash256& hash(size_t i) const { return hashes_[i]; }
   const std::vector<Hash256>& hashes() const { return hashes_; }
+  const TileGrid& grid(size_t i) const { return grids_[i]; }
+  // REQUIRES: keep_values was set when output i was recorded.
+  std::span<const float> values(size_t i) const;
 
  private:
   std::vector<std::string> names_;
   std::vector<Hash256> hashes_;
+  std::vector<TileGrid> grids_;
+  bool keep_values_ = false;
+  std::vector<std::vector<float>> values_;
 };
 
 // Index of the first operator whose hash differs, or -1 when the two traces are equal. A trace

@@ -28,6 +28,7 @@
 
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/engine/kernels.h"
 #include "meshlearn/engine/model.h"
 
 namespace meshlearn::engine {
@@ -77,6 +78,20 @@ class Optimizer {
   std::vector<std::string> param_names_;
   std::vector<Tensor> m_, v_;  // adamw: m, v; sgd: m = momentum buffer (if momentum > 0)
 };
+
+// The learning rate of 0-based `step` under `spec`'s schedule (Optimizer::LearningRate).
+float LearningRateAt(const OptimizerSpec& spec, int64_t step);
+
+// The per-element pieces of Optimizer::Step, so that one parameter tile can be updated alone
+// (the referee's tile rule, tile_rule.h) with the bits the whole step gives.
+// AdamW's scalars at 0-based `step`; `clip` and `grad_scale` from the global gradient norm.
+// decay_weight is left false: AdamWDecays says, per tensor.
+AdamWStep AdamWScalars(const OptimizerSpec& spec, int64_t step, float grad_scale, bool clip);
+bool AdamWDecays(const OptimizerSpec& spec, const Shape& shape);
+// SGD on n elements of a parameter of `shape` (weight decay applies to rank >= 2): w, and the
+// momentum buffer `buf` (null without momentum), in place; g already clipped.
+void SgdUpdate(const OptimizerSpec& spec, int64_t step, const Shape& shape, float* w,
+               const float* g, float* buf, int64_t n);
 
 // sqrt(sum of squares of all gradients), in parameter order (deterministic).
 float GlobalGradNorm(const std::vector<Param>& params);

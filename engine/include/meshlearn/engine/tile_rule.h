@@ -1,0 +1,144 @@
+// One tile of one operator of a training step, recomputed from nothing but the input tiles it
+// depends on: what the referee runs once a dispute has narrowed to a tile (protocol/dispute.h,
+// the tile phase; docs/verification.md, "Tiles").
+//
+// A TilePlan lists the operators of one training step in OpTrace's order (op_trace.h), each with
+// its tile grid and its operands (earlier operators, or the batch's examples). For an output tile
+// t of operator j:
+//   Footprint(plan, j, t, block)   which operand tiles (and batch examples) it depends on;
+//   RecomputeTile(plan, j, t, ...) its values from just those, with the reference kernel's order
+//                                  of floating-point operations (kernels.h), so the result is bit
+//                                  for bit the tile the whole step's fast kernels produced.
+//
+// Footprints (32 x 32 tiles, tile.h):
+//   linear forward   out[r, o]      rows r of the input (a row block x all C) and rows o of the
+//                                   weight (a row block x all C), the bias elements o;
+//   relu (and its gradient)         the same elements of its input (and of the incoming gradient);
+//   loss, loss gradient             the logits rows of the tile, the examples of those rows (their
+//                                   targets);
+//   linear input gradient dX[r, c]  rows r of the output gradient (all OC) and columns c of the
+//                                   weight (all OC);
+//   linear dW[o, c], db[o]          a reduction over the whole batch: NARROWED. The batch is cut
+//                                   into fixed blocks of kTileRows rows; the engine's sum is one
+//                                   sequential chain over the batch (kernels.h), so the partial
+//                                   accumulator after block k is a well-defined value S_k (S_0 =
+//                                   0). The footprint of (tile, block k) is block k's rows of the
+//                                   output gradient and of the input (or of the examples), and
+//                                   RecomputeTile continues the chain from the agreed S_k to
+//                                   S_{k+1}; after the last block it also applies the final
+//                                   "grad += sum" (0 + S_K), giving the recorded tile;
+//   optimizer update                the same elements of the parameter, its gradient, and the
+//                                   optimizer moments (from the step's input state).
+// The input state tensors ("in.<name>") are operators of the plan but are not recomputed: they
+// are the step's input (RecomputeTile refuses them).
+//
+// Supported today: sequential models of linear, relu and flatten layers (the fashion MLP's
+// shape), AdamW or SGD without gradient clipping (a clipped step's scale is a reduction over all
+// gradients, not yet committed as an operator). PlanStepTiles refuses anything else
+// (Unimplemented, naming the layer or setting).
+//
+//   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size));
+//   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, block));
+//   TileInputs in = GatherTileInputs(plan, fp, trace, batch);      // a party, from its own run
+//   in.partial = ...;                                              // reductions: S_block
+//   ML_ASSIGN_OR_RETURN(std::vector<float> out, RecomputeTile(plan, j, t, block, step, in));
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/model.h"
+#include "meshlearn/engine/op_trace.h"
+#include "meshlearn/engine/optim.h"
+#include "meshlearn/engine/tile.h"
+
+namespace meshlearn::engine {
+
+enum class TileOpKind : uint8_t {
+  kTileOpState = 0,        // an input state tensor: not recomputed
+  kTileOpLinear,           // out = x @ w^T + b
+  kTileOpRelu,             // out = relu(x)
+  kTileOpLoss,             // per-sample softmax cross-entropy of logits x (B x 1)
+  kTileOpLossGrad,         // d loss / d logits x
+  kTileOpLinearInputGrad,  // x = dout, w = weight
+  kTileOpReluInputGrad,    // x = dout, w = the relu's input
+  kTileOpLinearWeightGrad, // x = dout, w = the layer's input; reduction over the batch
+  kTileOpLinearBiasGrad,   // x = dout; reduction over the batch
+  kTileOpAdamW,            // x = parameter, w = gradient, b = m, v = v
+  kTileOpSgd,              // x = parameter, w = gradient, b = momentum buffer (or none)
+};
+
+// An operand that is the batch's examples (x rows, y targets), not an operator.
+inline constexpr int64_t kTileOperandBatch = -2;
+
+struct TileOp {
+  std::string name;  // OpTrace's name
+  TileOpKind kind = TileOpKind::kTileOpState;
+  TileGrid grid;
+  Shape shape;  // the tensor's shape (parameters: for the optimizer's weight-decay rule)
+  // Operands: indices into TilePlan::ops (< this op's index), kTileOperandBatch, or -1 (none).
+  int64_t x = -1, w = -1, b = -1, v = -1;
+};
+
+struct TilePlan {
+  std::vector<TileOp> ops;
+  int64_t batch = 0;       // B
+  int64_t input_size = 0;  // floats of one example
+  int64_t classes = 0;
+  OptimizerSpec optimizer;
+};
+
+// The plan of one training step of `model` trained by `optimizer` at batch size `batch`.
+// Unimplemented (naming what) for a model or optimizer the tile rule does not cover yet.
+Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
+                               int64_t batch);
+
+// Number of fixed reduction blocks a tile of op j is narrowed into (the batch in blocks of
+// kTileRows rows), or 0 when op j's tiles are recomputed whole.
+int64_t ReductionBlocks(const TilePlan& plan, int64_t op);
+
+struct TileRef {
+  int64_t op = 0;
+  int64_t tile = 0;
+  bool operator==(const TileRef&) const = default;
+};
+
+struct TileFootprint {
+  std::vector<TileRef> tiles;       // operand tiles, in a fixed order
+  std::vector<int64_t> batch_rows;  // batch positions whose examples are read, increasing
+};
+
+// The operand tiles output tile `tile` of op `op` depends on; for a reduction op, those of fixed
+// block `block` only (0 <= block < ReductionBlocks; else block must be 0). InvalidArgument for an
+// index out of range; FailedPrecondition for an input state operator.
+Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, int64_t block);
+
+// The values a footprint names.
+struct TileInputs {
+  std::vector<std::vector<float>> tiles;  // tiles[i]: footprint.tiles[i]'s values (ExtractTile)
+  std::vector<std::vector<float>> x;      // x[i], y[i]: the example at footprint.batch_rows[i]
+  std::vector<int32_t> y;
+  // A reduction op: the partial accumulator S_block of the tile (empty for block 0: zeros).
+  std::vector<float> partial;
+};
+
+// Recomputes output tile `tile` of op `op` at 0-based step index `step` (the optimizer's
+// schedule) from `inputs`. A reduction op returns S_{block+1}, or the output tile itself after
+// the last block. InvalidArgument (naming what) when the inputs do not match the footprint.
+Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64_t tile,
+                                         int64_t block, int64_t step, const TileInputs& inputs);
+
+// What a party that ran the step holds: the footprint's values, from its trace (recorded with
+// keep_values) and the step's batch. REQUIRES: `trace` follows `plan`.
+TileInputs GatherTileInputs(const TilePlan& plan, const TileFootprint& footprint,
+                            const OpTrace& trace, const Batch& batch);
+
+// The chain of a reduction tile from a party's run: partials[k] = S_k for k = 0..blocks-1 (S_0
+// empty = zeros), and the output tile last. REQUIRES: ReductionBlocks(plan, op) > 0.
+Result<std::vector<std::vector<float>>> ReductionChain(const TilePlan& plan, int64_t op,
+                                                       int64_t tile, int64_t step,
+                                                       const OpTrace& trace, const Batch& batch);
+
+}  // namespace meshlearn::engine

@@ -1,0 +1,505 @@
+#include "meshlearn/engine/tile_rule.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include "meshlearn/base/check.h"
+#include "meshlearn/engine/kernels.h"
+#include "kernels_internal.h"
+
+namespace meshlearn::engine {
+namespace {
+
+// Names here carry a TileRule prefix: the engine builds as unity translation units.
+
+std::string TileRuleOpName(const TilePlan& plan, int64_t op) {
+  return "op " + std::to_string(op) + " (" + plan.ops[static_cast<size_t>(op)].name + ")";
+}
+
+bool TileRuleIsReduction(TileOpKind k) {
+  return k == TileOpKind::kTileOpLinearWeightGrad || k == TileOpKind::kTileOpLinearBiasGrad;
+}
+
+// The rows [b0, b1) of reduction block `block` of a batch of B.
+std::pair<int64_t, int64_t> TileRuleBlockRows(int64_t B, int64_t block) {
+  const int64_t b0 = block * kTileRows;
+  return {b0, std::min(B, b0 + kTileRows)};
+}
+
+// Appends the tiles of `op` covering [r0, r1) x [c0, c1) (rows and columns of its rows x cols
+// view), or the batch rows [r0, r1) when op is the batch.
+void TileRuleCover(const TilePlan& plan, int64_t op, int64_t r0, int64_t r1, int64_t c0,
+                   int64_t c1, TileFootprint& fp) {
+  if (op == kTileOperandBatch) {
+    for (int64_t r = r0; r < r1; ++r) fp.batch_rows.push_back(r);
+    return;
+  }
+  const TileGrid& g = plan.ops[static_cast<size_t>(op)].grid;
+  if (r1 <= r0 || c1 <= c0) return;
+  for (int64_t rt = r0 / g.tile_rows; rt <= (r1 - 1) / g.tile_rows; ++rt) {
+    for (int64_t ct = c0 / g.tile_cols; ct <= (c1 - 1) / g.tile_cols; ++ct) {
+      fp.tiles.push_back(TileRef{op, rt * g.col_tiles() + ct});
+    }
+  }
+}
+
+// The columns of operand `op` (the batch: one example's floats).
+int64_t TileRuleCols(const TilePlan& plan, int64_t op) {
+  return op == kTileOperandBatch ? plan.input_size : plan.ops[static_cast<size_t>(op)].grid.cols;
+}
+
+// Dense values of `op`'s rectangle [r0, r1) x [c0, c1), from the footprint's tiles of `op` (or
+// its examples). The inputs were size-checked against the footprint first.
+std::vector<float> TileRuleDense(const TilePlan& plan, const TileFootprint& fp,
+                                 const TileInputs& in, int64_t op, int64_t r0, int64_t r1,
+                                 int64_t c0, int64_t c1) {
+  const int64_t R = r1 - r0, K = c1 - c0;
+  std::vector<float> out(static_cast<size_t>(R * K), 0.0f);
+  if (op == kTileOperandBatch) {
+    for (size_t i = 0; i < fp.batch_rows.size(); ++i) {
+      const int64_t r = fp.batch_rows[i];
+      if (r < r0 || r >= r1) continue;
+      std::copy(in.x[i].begin() + c0, in.x[i].begin() + c1, out.begin() + (r - r0) * K);
+    }
+    return out;
+  }
+  const TileGrid& g = plan.ops[static_cast<size_t>(op)].grid;
+  for (size_t i = 0; i < fp.tiles.size(); ++i) {
+    if (fp.tiles[i].op != op) continue;
+    const TileGrid::Rect t = g.TileRect(fp.tiles[i].tile);
+    const int64_t tw = t.c1 - t.c0;
+    for (int64_t r = std::max(r0, t.r0); r < std::min(r1, t.r1); ++r) {
+      for (int64_t c = std::max(c0, t.c0); c < std::min(c1, t.c1); ++c) {
+        out[static_cast<size_t>((r - r0) * K + (c - c0))] =
+            in.tiles[i][static_cast<size_t>((r - t.r0) * tw + (c - t.c0))];
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
+                               int64_t batch) {
+  if (model.kind != "sequential") {
+    return FailedPrecondition("tile rule: a '" + model.kind +
+                              "' model is not covered yet (sequential linear/relu models are)");
+  }
+  if (optimizer.grad_clip > 0) {
+    return FailedPrecondition(
+        "tile rule: gradient clipping (optimizer.grad_clip) is not covered yet: the clipped "
+        "update's scale is a reduction over every gradient");
+  }
+  if (optimizer.kind != "adamw" && optimizer.kind != "sgd") {
+    return InvalidArgument("tile rule: unknown optimizer kind '" + optimizer.kind + "'");
+  }
+  if (batch < 1) return InvalidArgument("tile rule: batch must be >= 1, got " + std::to_string(batch));
+  Result<std::unique_ptr<Model>> built = Model::CreateUnchecked(model);
+  if (!built.ok()) return InvalidArgument("tile rule: " + built.status().message());
+  Model& m = **built;
+  Optimizer opt(optimizer, m.params());
+  TilePlan plan;
+  plan.batch = batch;
+  plan.input_size = NumElements(model.input);
+  plan.classes = m.NumOutputs();
+  plan.optimizer = optimizer;
+  std::map<std::string, int64_t> index;  // op name -> index
+  auto add = [&](TileOp op) {
+    index[op.name] = static_cast<int64_t>(plan.ops.size());
+    plan.ops.push_back(std::move(op));
+    return static_cast<int64_t>(plan.ops.size()) - 1;
+  };
+  auto state_op = [&](const std::string& name) {
+    auto it = index.find("in." + name);
+    return it == index.end() ? int64_t{-1} : it->second;
+  };
+  // The input state, in StateHash order (step_replay.cc records it so).
+  for (const Param& p : m.params()) {
+    add({"in." + p.name, TileOpKind::kTileOpState, TileGrid::ForShape(p.value.shape()),
+         p.value.shape()});
+  }
+  for (const Optimizer::NamedState& s : opt.State()) {
+    add({"in." + s.name, TileOpKind::kTileOpState, TileGrid::ForShape(s.tensor->shape()),
+         s.tensor->shape()});
+  }
+  // Forward (model.cc's sequential Forward).
+  struct Linear {
+    size_t layer;
+    int64_t in_op, dout_op = -1, C, OC;
+    bool bias;
+  };
+  std::vector<int64_t> in_op(model.layers.size());  // the activation each layer reads
+  std::vector<int64_t> in_features(model.layers.size());
+  std::map<size_t, Linear> linears;
+  int64_t act = kTileOperandBatch;
+  int64_t features = plan.input_size;
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const LayerSpec& l = model.layers[i];
+    const std::string name = "layers." + std::to_string(i);
+    in_op[i] = act;
+    in_features[i] = features;
+    if (l.kind == "flatten") continue;
+    if (l.kind == "linear") {
+      TileOp op{name + ".out", TileOpKind::kTileOpLinear, TileGrid::For(batch, l.out),
+                {batch, l.out}};
+      op.x = act;
+      op.w = state_op(name + ".weight");
+      op.b = l.bias ? state_op(name + ".bias") : -1;
+      CHECK_GE(op.w, 0) << name;
+      linears[i] = Linear{i, act, -1, features, l.out, l.bias};
+      act = add(std::move(op));
+      features = l.out;
+    } else if (l.kind == "relu") {
+      TileOp op{name + ".out", TileOpKind::kTileOpRelu, TileGrid::For(batch, features),
+                {batch, features}};
+      op.x = act;
+      act = add(std::move(op));
+    } else {
+      return FailedPrecondition("tile rule: model.layers[" + std::to_string(i) + "] is a '" +
+                                l.kind + "' layer; only linear, relu and flatten are covered yet");
+    }
+  }
+  const int64_t logits = act;
+  if (logits == kTileOperandBatch) return InvalidArgument("tile rule: the model has no layers");
+  {
+    TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(batch, 1), {batch, 1}};
+    loss.x = logits;
+    add(std::move(loss));
+    TileOp grad{"logits.grad", TileOpKind::kTileOpLossGrad, TileGrid::For(batch, plan.classes),
+                {batch, plan.classes}};
+    grad.x = logits;
+    add(std::move(grad));
+  }
+  // Backward (model.cc's sequential Backward).
+  int64_t dout = index["logits.grad"];
+  for (size_t ii = model.layers.size(); ii-- > 0;) {
+    const LayerSpec& l = model.layers[ii];
+    if (l.kind == "flatten") continue;
+    const std::string name = "layers." + std::to_string(ii) + ".in.grad";
+    const bool need_dinp = ii > 0;
+    if (l.kind == "linear") linears[ii].dout_op = dout;
+    if (!need_dinp) continue;
+    TileOp op{name,
+              l.kind == "linear" ? TileOpKind::kTileOpLinearInputGrad
+                                 : TileOpKind::kTileOpReluInputGrad,
+              TileGrid::For(batch, in_features[ii]),
+              {batch, in_features[ii]}};
+    op.x = dout;
+    op.w = l.kind == "linear" ? state_op("layers." + std::to_string(ii) + ".weight") : in_op[ii];
+    dout = add(std::move(op));
+  }
+  // Parameter gradients, in parameter order (Model::TraceParamGrads).
+  for (const auto& [layer, lin] : linears) {
+    const std::string name = "layers." + std::to_string(layer);
+    TileOp dw{name + ".weight.grad", TileOpKind::kTileOpLinearWeightGrad,
+              TileGrid::ForShape({lin.OC, lin.C}), {lin.OC, lin.C}};
+    dw.x = lin.dout_op;
+    dw.w = lin.in_op;
+    add(std::move(dw));
+    if (lin.bias) {
+      TileOp db{name + ".bias.grad", TileOpKind::kTileOpLinearBiasGrad,
+                TileGrid::ForShape({lin.OC}), {lin.OC}};
+      db.x = lin.dout_op;
+      add(std::move(db));
+    }
+  }
+  // The update (StepOnBatch records every parameter after it).
+  const bool adam = optimizer.kind == "adamw";
+  for (const Param& p : m.params()) {
+    TileOp up{p.name, adam ? TileOpKind::kTileOpAdamW : TileOpKind::kTileOpSgd,
+              TileGrid::ForShape(p.value.shape()), p.value.shape()};
+    up.x = state_op(p.name);
+    up.w = index[p.name + ".grad"];
+    up.b = state_op(adam ? "optim.m." + p.name : "optim.momentum." + p.name);
+    up.v = adam ? state_op("optim.v." + p.name) : -1;
+    add(std::move(up));
+  }
+  return plan;
+}
+
+int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
+  if (op < 0 || op >= static_cast<int64_t>(plan.ops.size())) return 0;
+  if (!TileRuleIsReduction(plan.ops[static_cast<size_t>(op)].kind)) return 0;
+  return (plan.batch + kTileRows - 1) / kTileRows;
+}
+
+Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, int64_t block) {
+  if (op < 0 || op >= static_cast<int64_t>(plan.ops.size())) {
+    return InvalidArgument("tile rule: operator " + std::to_string(op) + " out of range (the step has " +
+                           std::to_string(plan.ops.size()) + ")");
+  }
+  const TileOp& o = plan.ops[static_cast<size_t>(op)];
+  if (tile < 0 || tile >= o.grid.count()) {
+    return InvalidArgument("tile rule: " + TileRuleOpName(plan, op) + " has " +
+                           std::to_string(o.grid.count()) + " tiles, not tile " +
+                           std::to_string(tile));
+  }
+  const int64_t blocks = ReductionBlocks(plan, op);
+  if (blocks > 0 ? (block < 0 || block >= blocks) : block != 0) {
+    return InvalidArgument("tile rule: " + TileRuleOpName(plan, op) + " has " +
+                           std::to_string(std::max<int64_t>(blocks, 1)) +
+                           " reduction block(s), not block " + std::to_string(block));
+  }
+  const TileGrid::Rect t = o.grid.TileRect(tile);
+  TileFootprint fp;
+  switch (o.kind) {
+    case TileOpKind::kTileOpState:
+      return FailedPrecondition("tile rule: " + TileRuleOpName(plan, op) +
+                                " is the step's input state, not computed by the step");
+    case TileOpKind::kTileOpLinear:
+      TileRuleCover(plan, o.x, t.r0, t.r1, 0, TileRuleCols(plan, o.x), fp);
+      TileRuleCover(plan, o.w, t.c0, t.c1, 0, TileRuleCols(plan, o.w), fp);
+      if (o.b >= 0) TileRuleCover(plan, o.b, 0, 1, t.c0, t.c1, fp);
+      break;
+    case TileOpKind::kTileOpRelu:
+      TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
+      break;
+    case TileOpKind::kTileOpLoss:
+    case TileOpKind::kTileOpLossGrad:
+      TileRuleCover(plan, o.x, t.r0, t.r1, 0, plan.classes, fp);
+      TileRuleCover(plan, kTileOperandBatch, t.r0, t.r1, 0, 0, fp);
+      break;
+    case TileOpKind::kTileOpLinearInputGrad: {
+      const int64_t OC = TileRuleCols(plan, o.x);
+      TileRuleCover(plan, o.x, t.r0, t.r1, 0, OC, fp);
+      TileRuleCover(plan, o.w, 0, OC, t.c0, t.c1, fp);
+      break;
+    }
+    case TileOpKind::kTileOpReluInputGrad:
+      TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
+      TileRuleCover(plan, o.w, t.r0, t.r1, t.c0, t.c1, fp);
+      break;
+    case TileOpKind::kTileOpLinearWeightGrad: {
+      const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+      TileRuleCover(plan, o.x, b0, b1, t.r0, t.r1, fp);  // dout[:, o]
+      TileRuleCover(plan, o.w, b0, b1, t.c0, t.c1, fp);  // inp[:, c]
+      break;
+    }
+    case TileOpKind::kTileOpLinearBiasGrad: {
+      const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+      TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
+      break;
+    }
+    case TileOpKind::kTileOpAdamW:
+    case TileOpKind::kTileOpSgd:
+      for (int64_t operand : {o.x, o.w, o.b, o.v}) {
+        if (operand >= 0) TileRuleCover(plan, operand, t.r0, t.r1, t.c0, t.c1, fp);
+      }
+      break;
+  }
+  std::sort(fp.batch_rows.begin(), fp.batch_rows.end());
+  fp.batch_rows.erase(std::unique(fp.batch_rows.begin(), fp.batch_rows.end()),
+                      fp.batch_rows.end());
+  return fp;
+}
+
+Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64_t tile,
+                                         int64_t block, int64_t step, const TileInputs& in) {
+  ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, op, tile, block));
+  const std::string what = "tile rule: " + TileRuleOpName(plan, op) + " tile " +
+                           std::to_string(tile);
+  // The inputs must be exactly the footprint's, each of its tile's size.
+  if (in.tiles.size() != fp.tiles.size()) {
+    return InvalidArgument(what + ": " + std::to_string(in.tiles.size()) +
+                           " input tiles given, the footprint has " +
+                           std::to_string(fp.tiles.size()));
+  }
+  for (size_t i = 0; i < fp.tiles.size(); ++i) {
+    const TileGrid& g = plan.ops[static_cast<size_t>(fp.tiles[i].op)].grid;
+    const int64_t want = g.TileRect(fp.tiles[i].tile).numel();
+    if (static_cast<int64_t>(in.tiles[i].size()) != want) {
+      return InvalidArgument(what + ": input tile " + std::to_string(i) + " (tile " +
+                             std::to_string(fp.tiles[i].tile) + " of " +
+                             TileRuleOpName(plan, fp.tiles[i].op) + ") has " +
+                             std::to_string(in.tiles[i].size()) + " floats, not " +
+                             std::to_string(want));
+    }
+  }
+  if (in.x.size() != fp.batch_rows.size() || in.y.size() != fp.batch_rows.size()) {
+    return InvalidArgument(what + ": " + std::to_string(in.x.size()) + " examples given, the " +
+                           "footprint reads " + std::to_string(fp.batch_rows.size()));
+  }
+  for (size_t i = 0; i < in.x.size(); ++i) {
+    if (static_cast<int64_t>(in.x[i].size()) != plan.input_size || in.y[i] < 0 ||
+        in.y[i] >= plan.classes) {
+      return InvalidArgument(what + ": example " + std::to_string(i) + " has " +
+                             std::to_string(in.x[i].size()) + " floats and class " +
+                             std::to_string(in.y[i]) + "; the model takes " +
+                             std::to_string(plan.input_size) + " and " +
+                             std::to_string(plan.classes) + " classes");
+    }
+  }
+  const TileOp& o = plan.ops[static_cast<size_t>(op)];
+  const TileGrid::Rect t = o.grid.TileRect(tile);
+  const int64_t R = t.r1 - t.r0, K = t.c1 - t.c0;
+  const int64_t blocks = ReductionBlocks(plan, op);
+  if (blocks > 0 && !in.partial.empty() && static_cast<int64_t>(in.partial.size()) != t.numel()) {
+    return InvalidArgument(what + ": the partial sum has " + std::to_string(in.partial.size()) +
+                           " floats, the tile " + std::to_string(t.numel()));
+  }
+  if (blocks > 0 && block > 0 && in.partial.empty()) {
+    return InvalidArgument(what + ": block " + std::to_string(block) +
+                           " continues from the agreed partial sum; none given");
+  }
+  auto dense = [&](int64_t operand, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    return TileRuleDense(plan, fp, in, operand, r0, r1, c0, c1);
+  };
+  auto targets = [&](int64_t r0, int64_t r1) {
+    std::vector<int32_t> y;
+    for (size_t i = 0; i < fp.batch_rows.size(); ++i) {
+      if (fp.batch_rows[i] >= r0 && fp.batch_rows[i] < r1) y.push_back(in.y[i]);
+    }
+    return y;
+  };
+  std::vector<float> out(static_cast<size_t>(t.numel()), 0.0f);
+  switch (o.kind) {
+    case TileOpKind::kTileOpState:
+      return FailedPrecondition(what + ": the step's input state is not recomputed");
+    case TileOpKind::kTileOpLinear: {
+      const int64_t C = TileRuleCols(plan, o.x);
+      std::vector<float> x = dense(o.x, t.r0, t.r1, 0, C);
+      std::vector<float> w = dense(o.w, t.c0, t.c1, 0, C);
+      std::vector<float> b;
+      if (o.b >= 0) b = dense(o.b, 0, 1, t.c0, t.c1);
+      ref::LinearForward(out.data(), x.data(), w.data(), o.b >= 0 ? b.data() : nullptr, R, C, K);
+      break;
+    }
+    case TileOpKind::kTileOpRelu: {
+      std::vector<float> x = dense(o.x, t.r0, t.r1, t.c0, t.c1);
+      ref::ReluForward(out.data(), x.data(), t.numel());
+      break;
+    }
+    case TileOpKind::kTileOpLoss:
+    case TileOpKind::kTileOpLossGrad: {
+      const int64_t V = plan.classes;
+      std::vector<float> logits = dense(o.x, t.r0, t.r1, 0, V);
+      std::vector<int32_t> y = targets(t.r0, t.r1);
+      std::vector<float> probs(static_cast<size_t>(R * V)), losses(static_cast<size_t>(R));
+      // Rows are independent: the rows of the tile give the same probabilities and losses as
+      // the whole batch does.
+      ref::SoftmaxCrossEntropyForward(probs.data(), losses.data(), logits.data(), y.data(), R, V);
+      if (o.kind == TileOpKind::kTileOpLoss) {
+        out = losses;
+        break;
+      }
+      // The gradient's scale is 1 / B of the whole batch: run the reference backward over a
+      // batch of B rows, zero but for the tile's.
+      const int64_t B = plan.batch;
+      std::vector<float> all_probs(static_cast<size_t>(B * V), 0.0f);
+      std::vector<int32_t> all_y(static_cast<size_t>(B), 0);
+      std::vector<float> dlogits(static_cast<size_t>(B * V), 0.0f);
+      std::copy(probs.begin(), probs.end(), all_probs.begin() + t.r0 * V);
+      std::copy(y.begin(), y.end(), all_y.begin() + t.r0);
+      ref::SoftmaxCrossEntropyBackward(dlogits.data(), all_probs.data(), all_y.data(), 1.0f, B, V);
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t c = 0; c < K; ++c) out[r * K + c] = dlogits[(t.r0 + r) * V + t.c0 + c];
+      }
+      break;
+    }
+    case TileOpKind::kTileOpLinearInputGrad: {
+      const int64_t OC = TileRuleCols(plan, o.x);
+      std::vector<float> d = dense(o.x, t.r0, t.r1, 0, OC);
+      std::vector<float> w = dense(o.w, 0, OC, t.c0, t.c1);  // (OC, K): weight columns c
+      ref::LinearBackward(out.data(), nullptr, nullptr, d.data(), nullptr, w.data(), R, K, OC);
+      break;
+    }
+    case TileOpKind::kTileOpReluInputGrad: {
+      std::vector<float> d = dense(o.x, t.r0, t.r1, t.c0, t.c1);
+      std::vector<float> x = dense(o.w, t.r0, t.r1, t.c0, t.c1);
+      ref::ReluBackward(out.data(), d.data(), x.data(), t.numel());
+      break;
+    }
+    case TileOpKind::kTileOpLinearWeightGrad:
+    case TileOpKind::kTileOpLinearBiasGrad: {
+      // One block of the sequential chain over the batch (kernels.h: dweight chains
+      // fma(dout[b,o], inp[b,c], acc) over b from 0; dbias chains acc + dout[b,o]), continued
+      // from the agreed partial; after the last block, the kernel's "grad += sum" on a zeroed
+      // gradient.
+      internal::FpEnvGuard fp_guard;
+      const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+      std::vector<float> acc = in.partial.empty() ? out : in.partial;
+      const bool weight = o.kind == TileOpKind::kTileOpLinearWeightGrad;
+      // dW tile rows are output features o (dout columns), columns are input features c.
+      const int64_t o0 = weight ? t.r0 : t.c0, o1 = weight ? t.r1 : t.c1;
+      std::vector<float> d = dense(o.x, b0, b1, o0, o1);  // (b1-b0, O)
+      const int64_t O = o1 - o0;
+      if (weight) {
+        std::vector<float> x = dense(o.w, b0, b1, t.c0, t.c1);  // (b1-b0, K)
+        for (int64_t oo = 0; oo < O; ++oo) {
+          for (int64_t c = 0; c < K; ++c) {
+            float a = acc[static_cast<size_t>(oo * K + c)];
+            for (int64_t b = 0; b < b1 - b0; ++b) a = __builtin_fmaf(d[b * O + oo], x[b * K + c], a);
+            acc[static_cast<size_t>(oo * K + c)] = a;
+          }
+        }
+      } else {
+        for (int64_t oo = 0; oo < O; ++oo) {
+          float a = acc[static_cast<size_t>(oo)];
+          for (int64_t b = 0; b < b1 - b0; ++b) a = a + d[b * O + oo];
+          acc[static_cast<size_t>(oo)] = a;
+        }
+      }
+      if (block + 1 == blocks) {
+        for (float& a : acc) a = 0.0f + a;  // dweight / dbias (zeroed) += acc
+      }
+      out = std::move(acc);
+      break;
+    }
+    case TileOpKind::kTileOpAdamW:
+    case TileOpKind::kTileOpSgd: {
+      std::vector<float> w = dense(o.x, t.r0, t.r1, t.c0, t.c1);
+      std::vector<float> g = dense(o.w, t.r0, t.r1, t.c0, t.c1);
+      std::vector<float> m, v;
+      if (o.b >= 0) m = dense(o.b, t.r0, t.r1, t.c0, t.c1);
+      if (o.v >= 0) v = dense(o.v, t.r0, t.r1, t.c0, t.c1);
+      if (o.kind == TileOpKind::kTileOpAdamW) {
+        AdamWStep s = AdamWScalars(plan.optimizer, step, 1.0f, false);
+        s.decay_weight = AdamWDecays(plan.optimizer, o.shape);
+        ref::AdamWUpdate(w.data(), g.data(), m.data(), v.data(), t.numel(), s);
+      } else {
+        SgdUpdate(plan.optimizer, step, o.shape, w.data(), g.data(), o.b >= 0 ? m.data() : nullptr,
+                  t.numel());
+      }
+      out = std::move(w);
+      break;
+    }
+  }
+  return out;
+}
+
+TileInputs GatherTileInputs(const TilePlan& plan, const TileFootprint& fp, const OpTrace& trace,
+                            const Batch& batch) {
+  TileInputs in;
+  for (const TileRef& r : fp.tiles) {
+    in.tiles.push_back(
+        ExtractTile(trace.values(static_cast<size_t>(r.op)), plan.ops[static_cast<size_t>(r.op)].grid, r.tile));
+  }
+  for (int64_t row : fp.batch_rows) {
+    const float* x = batch.inputs.data() + row * plan.input_size;
+    in.x.emplace_back(x, x + plan.input_size);
+    in.y.push_back(batch.targets[static_cast<size_t>(row)]);
+  }
+  return in;
+}
+
+Result<std::vector<std::vector<float>>> ReductionChain(const TilePlan& plan, int64_t op,
+                                                       int64_t tile, int64_t step,
+                                                       const OpTrace& trace, const Batch& batch) {
+  const int64_t blocks = ReductionBlocks(plan, op);
+  CHECK_GT(blocks, 0) << "ReductionChain of a non-reduction operator";
+  std::vector<std::vector<float>> chain;
+  std::vector<float> partial;
+  for (int64_t k = 0; k < blocks; ++k) {
+    chain.push_back(partial);
+    ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, op, tile, k));
+    TileInputs in = GatherTileInputs(plan, fp, trace, batch);
+    in.partial = partial;
+    ML_ASSIGN_OR_RETURN(partial, RecomputeTile(plan, op, tile, k, step, in));
+  }
+  chain.push_back(partial);
+  return chain;
+}
+
+}  // namespace meshlearn::engine

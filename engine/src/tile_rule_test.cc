@@ -1,0 +1,242 @@
+// Tiled commitments (tile.h) and the one-tile recompute (tile_rule.h) on real training: every
+// tile of every operator of a step, recomputed from its footprint alone with the reference
+// kernels' order, equals the tile the whole step's fast kernels produced, bit for bit.
+#include "meshlearn/engine/tile_rule.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/engine/backend.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/tile.h"
+#include "meshlearn/engine/train.h"
+
+namespace meshlearn::engine {
+namespace tile_rule_test {  // named: the tests build as unity translation units
+
+// Shapes that cut every tensor into several tiles, with short tiles at the edges: batch 40 (two
+// row blocks, the second of 8 rows), 70 inputs, hidden 40 and 36, 5 classes.
+constexpr char kMlp[] = R"(
+[task]
+name = "tile-mlp"
+seed = 9
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [70]
+[[model.layers]]
+kind = "linear"
+out = 40
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 36
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 5
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+weight_decay = 0.05
+[train]
+steps = 10
+batch_size = 40
+)";
+
+TaskData SyntheticData() {
+  TaskData d;
+  Rng rng(4);
+  const int64_t n = 200;
+  std::vector<float> x(static_cast<size_t>(n * 70));
+  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) * 2.0f - 1.0f;
+  d.train.x = Tensor({n, 70}, x);
+  d.train.y.resize(n);
+  for (int64_t i = 0; i < n; ++i) d.train.y[i] = static_cast<int32_t>(rng.Uniform(5));
+  d.train.num_classes = 5;
+  d.test = d.train;
+  return d;
+}
+
+std::unique_ptr<Trainer> MakeTrainer(const std::string& toml) {
+  Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-mlp.toml", ".");
+  CHECK(spec.ok()) << spec.status().ToString();
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, SyntheticData());
+  CHECK(tr.ok()) << tr.status().ToString();
+  return std::move(*tr);
+}
+
+bool SameBits(const std::vector<float>& a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(TileTest, GridsCutTensorsIntoTilesThatProveAlone) {
+  TileGrid m = TileGrid::For(70, 40);
+  EXPECT_EQ(m.row_tiles(), 3);
+  EXPECT_EQ(m.col_tiles(), 2);
+  EXPECT_EQ(m.count(), 6);
+  TileGrid::Rect r = m.TileRect(5);
+  EXPECT_EQ(r.r0, 64);
+  EXPECT_EQ(r.r1, 70);
+  EXPECT_EQ(r.c0, 32);
+  EXPECT_EQ(r.c1, 40);
+  EXPECT_EQ(m.TileAt(65, 33), 5);
+  TileGrid v = TileGrid::For(1, 2500);
+  EXPECT_EQ(v.count(), 3);
+  EXPECT_EQ(v.TileRect(2).numel(), 452);
+  EXPECT_EQ(TileGrid::ForShape({36}), TileGrid::For(1, 36));
+  EXPECT_EQ(TileGrid::ForShape({4, 3, 5}), TileGrid::For(4, 15));
+
+  std::vector<float> x(70 * 40);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) * 0.5f;
+  std::vector<Hash256> hashes = TileHashes(x, m);
+  const Hash256 root = TensorRoot(x, m);
+  EXPECT_EQ(root, MerkleRoot(hashes));
+  for (int64_t t = 0; t < m.count(); ++t) {
+    std::vector<float> tile = ExtractTile(x, m, t);
+    EXPECT_EQ(static_cast<int64_t>(tile.size()), m.TileRect(t).numel());
+    EXPECT_EQ(TileHash(tile), hashes[static_cast<size_t>(t)]);
+    EXPECT_TRUE(MerkleVerify(root, TileHash(tile), MerkleProve(hashes, static_cast<uint64_t>(t))));
+  }
+  // A changed element changes its tile's hash only.
+  x[65 * 40 + 33] += 1.0f;
+  std::vector<Hash256> changed = TileHashes(x, m);
+  for (int64_t t = 0; t < m.count(); ++t) EXPECT_EQ(changed[t] != hashes[t], t == 5) << t;
+}
+
+// Trains two steps and checks, at the second (Adam moments nonzero), that the plan is the
+// trace's list of operators and that every tile of every computed operator recomputes from its
+// footprint to the traced bits.
+void ExpectEveryTileRecomputes(const std::string& toml) {
+  std::unique_ptr<Trainer> tr = MakeTrainer(toml);
+  tr->Step();
+  TrainState& st = tr->state();
+  const int64_t step = st.step;
+  const Batch batch = tr->BatchForStep(step);
+  OpTrace trace;
+  trace.set_keep_values(true);
+  st.model->set_op_trace(&trace);
+  StepOnBatch(st, batch, DropoutSeed(tr->task().seed, tr->task().stream));
+  st.model->set_op_trace(nullptr);
+
+  Result<TilePlan> plan = PlanStepTiles(tr->task().model, st.optimizer->spec(), batch.size);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->ops.size(), trace.size());
+  for (size_t j = 0; j < trace.size(); ++j) {
+    EXPECT_EQ(plan->ops[j].name, trace.name(j)) << j;
+    EXPECT_EQ(plan->ops[j].grid, trace.grid(j)) << trace.name(j);
+  }
+  int64_t checked = 0, reductions = 0;
+  for (size_t j = 0; j < trace.size(); ++j) {
+    const TileOp& op = plan->ops[j];
+    if (op.kind == TileOpKind::kTileOpState) continue;
+    const int64_t jj = static_cast<int64_t>(j);
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      SCOPED_TRACE(op.name + " tile " + std::to_string(t));
+      const std::vector<float> want = ExtractTile(trace.values(j), op.grid, t);
+      if (ReductionBlocks(*plan, jj) > 0) {
+        Result<std::vector<std::vector<float>>> chain =
+            ReductionChain(*plan, jj, t, step, trace, batch);
+        ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+        ASSERT_EQ(static_cast<int64_t>(chain->size()), ReductionBlocks(*plan, jj) + 1);
+        EXPECT_TRUE(SameBits(chain->back(), want));
+        ++reductions;
+      } else {
+        Result<TileFootprint> fp = Footprint(*plan, jj, t, 0);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        Result<std::vector<float>> got =
+            RecomputeTile(*plan, jj, t, 0, step, GatherTileInputs(*plan, *fp, trace, batch));
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        EXPECT_TRUE(SameBits(*got, want));
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 50);
+  EXPECT_GT(reductions, 10);
+}
+
+// The step runs on every fast path this CPU has (SIMD width, threads); the recompute always
+// uses the reference order.
+void OnEveryFastPath(const std::string& toml) {
+  const KernelConfig saved = GetKernelConfig();
+  for (SimdPath simd : {SimdPath::kScalar, SimdPath::kAvx2, SimdPath::kAvx512}) {
+    if (!SimdPathSupported(simd)) continue;
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE(std::string(SimdPathName(simd)) + " x " + std::to_string(threads));
+      ASSERT_TRUE(SetKernelConfig({simd, threads}).ok());
+      ExpectEveryTileRecomputes(toml);
+    }
+  }
+  ASSERT_TRUE(SetKernelConfig(saved).ok());
+}
+
+TEST(TileRuleTest, EveryTileOfEveryOperatorRecomputesBitForBitAdamW) { OnEveryFastPath(kMlp); }
+
+TEST(TileRuleTest, EveryTileOfEveryOperatorRecomputesBitForBitSgdNesterov) {
+  std::string sgd = kMlp;
+  sgd.replace(sgd.find("kind = \"adamw\""), 14, "kind = \"sgd\"\nmomentum = 0.9\nnesterov = true");
+  OnEveryFastPath(sgd);
+}
+
+TEST(TileRuleTest, FootprintsAreSmallAndRefuseWhatIsNotAnOutput) {
+  std::unique_ptr<Trainer> tr = MakeTrainer(kMlp);
+  Result<TilePlan> plan =
+      PlanStepTiles(tr->task().model, tr->state().optimizer->spec(), tr->task().batch_size);
+  ASSERT_TRUE(plan.ok());
+  // layers.0.out tile 0: 32 examples, the 2 x 3 tiles of layers.0.weight rows 0..31 (70 = 3 column
+  // tiles), the bias tile.
+  int64_t out0 = -1, dw0 = -1;
+  for (size_t j = 0; j < plan->ops.size(); ++j) {
+    if (plan->ops[j].name == "layers.0.out") out0 = static_cast<int64_t>(j);
+    if (plan->ops[j].name == "layers.0.weight.grad") dw0 = static_cast<int64_t>(j);
+  }
+  ASSERT_GE(out0, 0);
+  Result<TileFootprint> fp = Footprint(*plan, out0, 0, 0);
+  ASSERT_TRUE(fp.ok());
+  EXPECT_EQ(fp->batch_rows.size(), 32u);
+  EXPECT_EQ(fp->tiles.size(), 3u + 1);
+  // dW is narrowed: 2 blocks of the batch (32 + 8 rows); block 1 reads 8 examples.
+  EXPECT_EQ(ReductionBlocks(*plan, dw0), 2);
+  Result<TileFootprint> b1 = Footprint(*plan, dw0, 0, 1);
+  ASSERT_TRUE(b1.ok());
+  EXPECT_EQ(b1->batch_rows.size(), 8u);
+  EXPECT_FALSE(Footprint(*plan, dw0, 0, 2).ok());
+  EXPECT_FALSE(Footprint(*plan, out0, 0, 1).ok());
+  EXPECT_FALSE(Footprint(*plan, out0, 99, 0).ok());
+  Result<TileFootprint> state = Footprint(*plan, 0, 0, 0);
+  EXPECT_EQ(state.status().code(), StatusCode::kFailedPrecondition);
+  // Inputs that are not the footprint's are refused, not recomputed.
+  TileInputs wrong;
+  Result<std::vector<float>> r = RecomputeTile(*plan, out0, 0, 0, 0, wrong);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("input tiles given"), std::string::npos)
+      << r.status().message();
+}
+
+TEST(TileRuleTest, RefusesWhatItDoesNotCoverYet) {
+  std::unique_ptr<Trainer> tr = MakeTrainer(kMlp);
+  OptimizerSpec clipped = tr->state().optimizer->spec();
+  clipped.grad_clip = 1.0;
+  Result<TilePlan> p = PlanStepTiles(tr->task().model, clipped, 8);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("grad_clip"), std::string::npos);
+  ModelSpec gpt;
+  gpt.kind = "gpt";
+  EXPECT_FALSE(PlanStepTiles(gpt, tr->state().optimizer->spec(), 8).ok());
+}
+
+}  // namespace tile_rule_test
+}  // namespace meshlearn::engine
