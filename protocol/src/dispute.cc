@@ -3,12 +3,28 @@
 #include <utility>
 
 #include "meshlearn/base/encoding.h"
+#include "meshlearn/base/merkle.h"
 
 namespace meshlearn::protocol {
 namespace {
 
-constexpr uint8_t kDisputeEncodingVersion = 1;
+constexpr uint8_t kDisputeEncodingVersion = 1;       // no tile phase
+constexpr uint8_t kDisputeEncodingVersionTiles = 2;  // with the tile phase (operator_tiles)
 constexpr uint32_t kMaxReasonLength = 256;
+constexpr uint32_t kMaxOperators = 1u << 20;
+
+// The levels of a Merkle tree (base/merkle.h) over n leaves: level 0 holds the leaves, each
+// level above ceil(half) as many nodes (an odd last node is promoted), the top one node.
+uint32_t MerkleTopLevel(uint64_t n) {
+  uint32_t level = 0;
+  for (uint64_t w = n; w > 1; w = (w + 1) / 2) ++level;
+  return level;
+}
+uint64_t MerkleWidthAt(uint64_t n, uint32_t level) {
+  uint64_t w = n;
+  for (uint32_t l = 0; l < level; ++l) w = (w + 1) / 2;
+  return w;
+}
 
 void PutOptionalHash(Encoder& e, const std::optional<Hash256>& h) {
   e.PutBool(h.has_value());
@@ -43,6 +59,10 @@ std::string_view DisputeStageName(DisputeStage s) {
       return "referee";
     case DisputeStage::kDisputeResolved:
       return "resolved";
+    case DisputeStage::kDisputeTiles:
+      return "tiles";
+    case DisputeStage::kDisputeReduction:
+      return "reduction";
   }
   return "unknown";
 }
@@ -64,6 +84,17 @@ Result<DisputeGame> DisputeGame::Create(const DisputeConfig& config) {
   }
   if (config.defender == config.challenger) {
     return InvalidArgument("dispute: a node cannot challenge itself");
+  }
+  if (!config.operator_tiles.empty() && config.operator_tiles.size() != config.num_operators) {
+    return InvalidArgument("dispute: operator_tiles has " +
+                           std::to_string(config.operator_tiles.size()) + " entries, the step " +
+                           std::to_string(config.num_operators) + " operators");
+  }
+  if (!config.operator_blocks.empty() &&
+      config.operator_blocks.size() != config.operator_tiles.size()) {
+    return InvalidArgument("dispute: operator_blocks has " +
+                           std::to_string(config.operator_blocks.size()) +
+                           " entries; give one per operator with operator_tiles, or none");
   }
   return DisputeGame(config);
 }
@@ -89,7 +120,7 @@ DisputeGame::DisputeGame(const DisputeConfig& config)
 }
 
 void DisputeGame::StartTurn(uint64_t height) {
-  if (stage_ == DisputeStage::kDisputeSteps || chain_end_known_) {
+  if (stage_ != DisputeStage::kDisputeOperators || chain_end_known_) {
     position_ = lo_ + (hi_ - lo_) / 2;
   } else {
     position_ = config_.num_operators;  // phase 2 opens with the chain end C_n
@@ -100,8 +131,72 @@ void DisputeGame::StartTurn(uint64_t height) {
 }
 
 DisputeQuery DisputeGame::query() const {
-  return DisputeQuery{stage_, position_,
-                      stage_ == DisputeStage::kDisputeOperators ? step_ : 0, deadline_};
+  DisputeQuery q{stage_, position_, stage_ == DisputeStage::kDisputeSteps ? 0 : step_, deadline_};
+  if (stage_ == DisputeStage::kDisputeTiles || stage_ == DisputeStage::kDisputeReduction) {
+    q.operator_index = op_;
+    q.children = stage_ == DisputeStage::kDisputeTiles && root_known_;
+    q.level = level_;
+    q.tile = tile_;
+  }
+  return q;
+}
+
+void DisputeGame::EnterTiles(uint64_t height) {
+  stage_ = DisputeStage::kDisputeTiles;
+  root_known_ = false;
+  position_ = op_;
+  deadline_ = height + config_.response_blocks;
+  d_post_.reset();
+  c_post_.reset();
+  d_right_.reset();
+  c_right_.reset();
+}
+
+void DisputeGame::DescendTiles(uint64_t height) {
+  const uint64_t tiles = config_.operator_tiles[op_ - 1];
+  while (level_ > 0) {
+    if (2 * node_ + 1 >= MerkleWidthAt(tiles, level_ - 1)) {  // promoted: the same hash below
+      node_ = 2 * node_;
+      --level_;
+      continue;
+    }
+    position_ = node_;
+    deadline_ = height + config_.response_blocks;
+    d_post_.reset();
+    c_post_.reset();
+    d_right_.reset();
+    c_right_.reset();
+    return;
+  }
+  tile_ = node_;
+  const uint32_t blocks = config_.operator_blocks.empty() ? 0 : config_.operator_blocks[op_ - 1];
+  if (blocks == 0) {
+    EnterTileReferee(height);
+    return;
+  }
+  // Phase 4: S_0 = 0 is known to both; the disputed leaf is position `blocks`.
+  stage_ = DisputeStage::kDisputeReduction;
+  lo_ = 0;
+  hi_ = blocks;
+  lo_hash_ = Hash256{};
+  if (hi_ - lo_ > 1) {
+    StartTurn(height);
+  } else {
+    EnterTileReferee(height);
+  }
+}
+
+void DisputeGame::EnterTileReferee(uint64_t height) {
+  const bool reduction = stage_ == DisputeStage::kDisputeReduction;
+  EnterReferee(false, step_, op_, op_input_, d_hi_, c_hi_, height);
+  referee_.tile = true;
+  referee_.tile_index = tile_;
+  referee_.tile_count = config_.operator_tiles[op_ - 1];
+  referee_.reduction_blocks =
+      config_.operator_blocks.empty() ? 0 : config_.operator_blocks[op_ - 1];
+  referee_.block = reduction ? static_cast<uint32_t>(lo_) : 0;
+  referee_.state_input = step_input_;
+  referee_.partial_input = reduction ? lo_hash_ : Hash256{};
 }
 
 void DisputeGame::EnterReferee(bool whole_step, uint64_t step, uint32_t op, const Hash256& input,
@@ -124,6 +219,23 @@ void DisputeGame::Advance() {
     ++turns_;
     const Hash256& d = *d_post_;
     const Hash256& c = *c_post_;
+    if (stage_ == DisputeStage::kDisputeTiles) {
+      if (!root_known_) {  // the opening: out_j, checked against C_j when posted
+        root_known_ = true;
+        d_hi_ = d;
+        c_hi_ = c;
+        level_ = MerkleTopLevel(config_.operator_tiles[op_ - 1]);
+        node_ = 0;
+      } else {  // the children of the disputed node: descend into the first that differs
+        const bool left = d != c;
+        node_ = 2 * node_ + (left ? 0 : 1);
+        d_hi_ = left ? d : *d_right_;
+        c_hi_ = left ? c : *c_right_;
+        --level_;
+      }
+      DescendTiles(last_post_height_);
+      return;
+    }
     if (stage_ == DisputeStage::kDisputeOperators && !chain_end_known_) {
       chain_end_known_ = true;
       if (d == c) {
@@ -151,6 +263,10 @@ void DisputeGame::Advance() {
     StartTurn(height);
     return;
   }
+  if (stage_ == DisputeStage::kDisputeReduction) {
+    EnterTileReferee(height);
+    return;
+  }
   if (stage_ == DisputeStage::kDisputeSteps) {
     step_ = hi_;
     step_input_ = lo_hash_;
@@ -166,16 +282,22 @@ void DisputeGame::Advance() {
     return;
   }
   // Phase 2 narrowed to one operator: C_lo agreed, C_hi disputed, hi = lo + 1.
+  if (tiled()) {
+    op_ = static_cast<uint32_t>(hi_);
+    op_input_ = lo_hash_;
+    if (config_.operator_tiles[op_ - 1] == 0) {
+      // The step's input state (not computed by the step): the whole step decides.
+      EnterReferee(true, step_, 0, step_input_, step_d_out_, step_c_out_, height);
+      return;
+    }
+    EnterTiles(height);
+    return;
+  }
   EnterReferee(false, step_, static_cast<uint32_t>(hi_), lo_hash_, d_hi_, c_hi_, height);
 }
 
-Status DisputeGame::Post(DisputeParty party, uint64_t position, const Hash256& hash,
-                         uint64_t height) {
-  std::string who(DisputePartyName(party));
-  if (stage_ != DisputeStage::kDisputeSteps && stage_ != DisputeStage::kDisputeOperators) {
-    return FailedPrecondition("dispute: " + who + " posted in stage " +
-                              std::string(DisputeStageName(stage_)) + "; no move is expected");
-  }
+Status DisputeGame::CheckTurn(const std::string& who, uint64_t position, uint64_t height,
+                              std::optional<Hash256>& slot) const {
   if (position != position_) {
     return InvalidArgument("dispute: " + who + " posted position " + std::to_string(position) +
                            ", the game asks for " + std::to_string(position_));
@@ -184,9 +306,57 @@ Status DisputeGame::Post(DisputeParty party, uint64_t position, const Hash256& h
     return DeadlineExceeded("dispute: " + who + " posted at height " + std::to_string(height) +
                             ", after the turn's deadline " + std::to_string(deadline_));
   }
-  std::optional<Hash256>& slot = party == DisputeParty::kDefender ? d_post_ : c_post_;
   if (slot) return AlreadyExists("dispute: " + who + " already posted this turn");
+  return Status::Ok();
+}
+
+Status DisputeGame::Post(DisputeParty party, uint64_t position, const Hash256& hash,
+                         uint64_t height) {
+  std::string who(DisputePartyName(party));
+  const bool opening = stage_ == DisputeStage::kDisputeTiles && !root_known_;
+  if (stage_ != DisputeStage::kDisputeSteps && stage_ != DisputeStage::kDisputeOperators &&
+      stage_ != DisputeStage::kDisputeReduction && !opening) {
+    return FailedPrecondition("dispute: " + who + " posted one hash in stage " +
+                              std::string(DisputeStageName(stage_)) +
+                              (stage_ == DisputeStage::kDisputeTiles
+                                   ? "; post the node's two children (PostChildren)"
+                                   : "; no move is expected"));
+  }
+  std::optional<Hash256>& slot = party == DisputeParty::kDefender ? d_post_ : c_post_;
+  ML_RETURN_IF_ERROR(CheckTurn(who, position, height, slot));
+  if (opening) {
+    const Hash256& claim = party == DisputeParty::kDefender ? d_hi_ : c_hi_;
+    if (OperatorChainHash(op_input_, hash) != claim) {
+      return InvalidArgument("dispute: " + who + "'s output root of operator " +
+                             std::to_string(op_) + " does not chain from the agreed C_" +
+                             std::to_string(op_ - 1) + " to its own C_" + std::to_string(op_));
+    }
+  }
   slot = hash;
+  last_post_height_ = height;
+  if (d_post_ && c_post_) Advance();
+  return Status::Ok();
+}
+
+Status DisputeGame::PostChildren(DisputeParty party, uint64_t position, const Hash256& left,
+                                 const Hash256& right, uint64_t height) {
+  std::string who(DisputePartyName(party));
+  if (stage_ != DisputeStage::kDisputeTiles || !root_known_) {
+    return FailedPrecondition("dispute: " + who + " posted children in stage " +
+                              std::string(DisputeStageName(stage_)) +
+                              (stage_ == DisputeStage::kDisputeTiles ? " before the output root"
+                                                                     : "; no node is disputed"));
+  }
+  const bool defender = party == DisputeParty::kDefender;
+  std::optional<Hash256>& slot = defender ? d_post_ : c_post_;
+  ML_RETURN_IF_ERROR(CheckTurn(who, position, height, slot));
+  if (MerkleInnerHash(left, right) != (defender ? d_hi_ : c_hi_)) {
+    return InvalidArgument("dispute: " + who + "'s children of node " + std::to_string(node_) +
+                           " (level " + std::to_string(level_) +
+                           ") do not hash to its own node");
+  }
+  slot = left;
+  (defender ? d_right_ : c_right_) = right;
   last_post_height_ = height;
   if (d_post_ && c_post_) Advance();
   return Status::Ok();
@@ -201,9 +371,7 @@ Status DisputeGame::OnBlock(uint64_t height) {
                       " blocks";
     return Status::Ok();
   }
-  if (stage_ != DisputeStage::kDisputeSteps && stage_ != DisputeStage::kDisputeOperators) {
-    return Status::Ok();
-  }
+  if (stage_ == DisputeStage::kDisputeResolved) return Status::Ok();
   if (height <= deadline_) return Status::Ok();
   stage_ = DisputeStage::kDisputeResolved;
   outcome_.defender_honest = d_post_.has_value();
@@ -233,6 +401,13 @@ Status DisputeGame::Rule(const Hash256& correct_output) {
                          ? "step " + std::to_string(referee_.step)
                          : "operator " + std::to_string(referee_.operator_index) + " of step " +
                                std::to_string(referee_.step);
+  if (referee_.tile) {
+    what = "tile " + std::to_string(referee_.tile_index) +
+           (referee_.reduction_blocks > 0
+                ? " (reduction block " + std::to_string(referee_.block) + ")"
+                : std::string()) +
+           " of " + what;
+  }
   if (outcome_.defender_honest) {
     outcome_.reason = "referee recomputed " + what + ": the challenger's output is wrong";
   } else if (outcome_.challenger_honest) {
@@ -259,13 +434,20 @@ Status DisputeGame::RuleTolerance(bool defender_within_tolerance) {
 
 Bytes DisputeGame::Encode() const {
   Encoder e;
-  e.PutU8(kDisputeEncodingVersion);
+  const bool v2 = tiled();
+  e.PutU8(v2 ? kDisputeEncodingVersionTiles : kDisputeEncodingVersion);
   e.PutHash(config_.unit.task).PutU32(config_.unit.round).PutU32(config_.unit.shard);
   e.PutPublicKey(config_.defender).PutPublicKey(config_.challenger);
   e.PutU64(config_.first_step).PutU64(config_.last_step);
   e.PutHash(config_.agreed).PutHash(config_.defender_claim).PutHash(config_.challenger_claim);
   e.PutU32(config_.num_operators).PutU64(config_.response_blocks).PutU64(config_.start_height);
   e.PutBool(config_.tolerance).PutU64(config_.referee_blocks);
+  if (v2) {
+    e.PutU32(static_cast<uint32_t>(config_.operator_tiles.size()));
+    for (uint64_t t : config_.operator_tiles) e.PutU64(t);
+    e.PutU32(static_cast<uint32_t>(config_.operator_blocks.size()));
+    for (uint32_t b : config_.operator_blocks) e.PutU32(b);
+  }
   e.PutU8(static_cast<uint8_t>(stage_));
   e.PutU64(lo_).PutU64(hi_).PutHash(lo_hash_).PutHash(d_hi_).PutHash(c_hi_);
   e.PutU64(step_).PutHash(step_input_).PutHash(step_d_out_).PutHash(step_c_out_);
@@ -279,6 +461,15 @@ Bytes DisputeGame::Encode() const {
   e.PutBool(outcome_.defender_honest).PutBool(outcome_.challenger_honest);
   e.PutBool(outcome_.undecided);
   e.PutString(outcome_.reason);
+  if (v2) {
+    e.PutU32(op_).PutHash(op_input_).PutBool(root_known_).PutU32(level_).PutU64(node_);
+    PutOptionalHash(e, d_right_);
+    PutOptionalHash(e, c_right_);
+    e.PutU64(tile_);
+    e.PutBool(referee_.tile).PutU64(referee_.tile_index).PutU64(referee_.tile_count);
+    e.PutU32(referee_.reduction_blocks).PutU32(referee_.block);
+    e.PutHash(referee_.state_input).PutHash(referee_.partial_input);
+  }
   return e.Take();
 }
 
@@ -286,9 +477,10 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
   Decoder d(bytes);
   uint8_t version = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&version, "dispute.version"));
-  if (version != kDisputeEncodingVersion) {
+  if (version != kDisputeEncodingVersion && version != kDisputeEncodingVersionTiles) {
     return InvalidArgument("dispute: unknown encoding version " + std::to_string(version));
   }
+  const bool v2 = version == kDisputeEncodingVersionTiles;
   DisputeConfig c;
   ML_RETURN_IF_ERROR(d.GetHash(&c.unit.task, "dispute.unit.task"));
   ML_RETURN_IF_ERROR(d.GetU32(&c.unit.round, "dispute.unit.round"));
@@ -305,10 +497,26 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetU64(&c.start_height, "dispute.start_height"));
   ML_RETURN_IF_ERROR(d.GetBool(&c.tolerance, "dispute.tolerance"));
   ML_RETURN_IF_ERROR(d.GetU64(&c.referee_blocks, "dispute.referee_blocks"));
+  if (v2) {
+    uint32_t n = 0;
+    ML_RETURN_IF_ERROR(d.GetCount(&n, "dispute.operator_tiles", kMaxOperators, 8));
+    c.operator_tiles.resize(n);
+    for (uint64_t& t : c.operator_tiles) ML_RETURN_IF_ERROR(d.GetU64(&t, "dispute.operator_tiles"));
+    ML_RETURN_IF_ERROR(d.GetCount(&n, "dispute.operator_blocks", kMaxOperators, 4));
+    c.operator_blocks.resize(n);
+    for (uint32_t& b : c.operator_blocks) {
+      ML_RETURN_IF_ERROR(d.GetU32(&b, "dispute.operator_blocks"));
+    }
+    if (c.operator_tiles.empty()) {
+      return InvalidArgument("dispute: version 2 is the tile phase; operator_tiles is empty");
+    }
+  }
   ML_ASSIGN_OR_RETURN(DisputeGame g, Create(c));
   uint8_t stage = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&stage, "dispute.stage"));
-  if (stage > static_cast<uint8_t>(DisputeStage::kDisputeResolved)) {
+  const DisputeStage last =
+      v2 ? DisputeStage::kDisputeReduction : DisputeStage::kDisputeResolved;
+  if (stage > static_cast<uint8_t>(last)) {
     return InvalidArgument("dispute: unknown stage " + std::to_string(stage));
   }
   g.stage_ = static_cast<DisputeStage>(stage);
@@ -341,7 +549,41 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetBool(&g.outcome_.challenger_honest, "dispute.challenger_honest"));
   ML_RETURN_IF_ERROR(d.GetBool(&g.outcome_.undecided, "dispute.undecided"));
   ML_RETURN_IF_ERROR(d.GetString(&g.outcome_.reason, "dispute.reason", kMaxReasonLength));
+  if (v2) {
+    ML_RETURN_IF_ERROR(d.GetU32(&g.op_, "dispute.operator"));
+    ML_RETURN_IF_ERROR(d.GetHash(&g.op_input_, "dispute.operator_input"));
+    ML_RETURN_IF_ERROR(d.GetBool(&g.root_known_, "dispute.root_known"));
+    ML_RETURN_IF_ERROR(d.GetU32(&g.level_, "dispute.level"));
+    ML_RETURN_IF_ERROR(d.GetU64(&g.node_, "dispute.node"));
+    ML_RETURN_IF_ERROR(GetOptionalHash(d, &g.d_right_, "dispute.defender_right"));
+    ML_RETURN_IF_ERROR(GetOptionalHash(d, &g.c_right_, "dispute.challenger_right"));
+    ML_RETURN_IF_ERROR(d.GetU64(&g.tile_, "dispute.tile"));
+    ML_RETURN_IF_ERROR(d.GetBool(&g.referee_.tile, "dispute.referee.tile"));
+    ML_RETURN_IF_ERROR(d.GetU64(&g.referee_.tile_index, "dispute.referee.tile_index"));
+    ML_RETURN_IF_ERROR(d.GetU64(&g.referee_.tile_count, "dispute.referee.tile_count"));
+    ML_RETURN_IF_ERROR(d.GetU32(&g.referee_.reduction_blocks, "dispute.referee.blocks"));
+    ML_RETURN_IF_ERROR(d.GetU32(&g.referee_.block, "dispute.referee.block"));
+    ML_RETURN_IF_ERROR(d.GetHash(&g.referee_.state_input, "dispute.referee.state_input"));
+    ML_RETURN_IF_ERROR(d.GetHash(&g.referee_.partial_input, "dispute.referee.partial_input"));
+  }
   ML_RETURN_IF_ERROR(d.Finish());
+  if (g.stage_ == DisputeStage::kDisputeTiles || g.stage_ == DisputeStage::kDisputeReduction) {
+    if (g.op_ == 0 || g.op_ > c.num_operators || c.operator_tiles[g.op_ - 1] == 0) {
+      return InvalidArgument("dispute: the disputed operator " + std::to_string(g.op_) +
+                             " has no tiles");
+    }
+    const uint64_t tiles = c.operator_tiles[g.op_ - 1];
+    if (g.stage_ == DisputeStage::kDisputeTiles && g.root_known_ &&
+        (g.level_ > MerkleTopLevel(tiles) || g.node_ >= MerkleWidthAt(tiles, g.level_) ||
+         g.level_ == 0 || g.position_ != g.node_)) {
+      return InvalidArgument("dispute: the disputed node is outside the operator's tile tree");
+    }
+    if (g.stage_ == DisputeStage::kDisputeReduction &&
+        (g.tile_ >= tiles || c.operator_blocks.empty() ||
+         g.hi_ > c.operator_blocks[g.op_ - 1] || g.position_ <= g.lo_ || g.position_ >= g.hi_)) {
+      return InvalidArgument("dispute: the reduction interval is outside the tile's blocks");
+    }
+  }
   // States the game cannot reach.
   if (g.lo_ >= g.hi_ && g.stage_ != DisputeStage::kDisputeReferee &&
       g.stage_ != DisputeStage::kDisputeResolved) {

@@ -12,9 +12,23 @@
 //                        hashes C_0 = agreed state hash, C_j = OperatorChainHash(C_{j-1}, out_j)
 //                        (the engine records out_j, the hash of operator j's output, in a fixed
 //                        order); the parties first post C_n, then bisect down to one operator;
-//   referee              the ledger computes that single transition (one operator, or one whole
-//                        step when num_operators == 0 or the parties agree on C_n) from inputs it
-//                        checks against the agreed hash, and Rule()s with the correct output.
+//   phase 3 (tiles)      when the config gives the operators' tile counts (operator_tiles),
+//                        the game narrows operator j further, to one tile of its output: both
+//                        parties first post out_j, the operator's tiled root (engine/tile.h),
+//                        which must chain to their C_j (OperatorChainHash(C_{j-1}, out_j)); then,
+//                        from the root down, both post the two children of the disputed Merkle
+//                        node (PostChildren; each pair must hash to the party's node) and the
+//                        game descends into the first child that differs, down to one leaf:
+//                        MerkleLeafHash(TileHash(tile t));
+//   phase 4 (reduction)  when that operator's tiles are long reductions (operator_blocks > 0),
+//                        the parties bisect the tile's partial sums S_0 = 0, S_1, .., S_K over
+//                        the fixed blocks of the engine's reduction order (positions 1..K-1
+//                        post TileHash(S_k); position K is the disputed leaf), down to one block;
+//   referee              the ledger computes that single transition (one block or one tile of
+//                        one operator, one operator, or one whole step when num_operators == 0,
+//                        the parties agree on C_n, or the operator has no tiles: the step's
+//                        input state) from inputs it checks against the agreed hashes, and
+//                        Rule()s with the correct output.
 //
 // A party whose claim equals the referee's output wins; a party that posts nothing by a turn's
 // deadline loses at once. Because an honest party only ever posts true hashes, every hash both
@@ -22,7 +36,8 @@
 // party's output is the referee's: an honest party never loses.
 //
 // Pure: heights come in with the calls. The state has one canonical encoding (Encode/Decode) so
-// the ledger keeps it in its state hash.
+// the ledger keeps it in its state hash; a game without a tile phase encodes as it always did
+// (version 1), one with it as version 2.
 //
 //   Result<DisputeGame> g = DisputeGame::Create(config);
 //   DisputeQuery q = g->query();                           // stage, position, deadline
@@ -37,6 +52,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "meshlearn/base/bytes.h"
 #include "meshlearn/base/hash.h"
@@ -56,6 +72,8 @@ enum class DisputeStage : uint8_t {
   kDisputeOperators = 1,  // phase 2: bisecting the operators of one step
   kDisputeReferee = 2,    // waiting for the referee's computation
   kDisputeResolved = 3,
+  kDisputeTiles = 4,      // phase 3: bisecting one operator's output tiles
+  kDisputeReduction = 5,  // phase 4: bisecting one tile's reduction blocks
 };
 std::string_view DisputeStageName(DisputeStage s);
 
@@ -83,14 +101,29 @@ struct DisputeConfig {
   // Blocks the referee has to rule once the game reaches it (0: no limit). Past them the game
   // ends undecided: nobody was shown to lie, nobody is punished.
   uint64_t referee_blocks = 0;
+  // Phase 3: the number of output tiles of each operator (operator j at index j - 1), from the
+  // engine's tile plan (engine/tile_rule.h); 0 for an operator that is not recomputed by tile
+  // (the step's input state: a dispute there goes to the whole-step referee). Empty: no tile
+  // phase, the referee recomputes one whole operator. Else exactly num_operators entries.
+  std::vector<uint64_t> operator_tiles;
+  // Phase 4: the reduction blocks of each operator's tiles (0: recomputed whole). Empty, or
+  // num_operators entries.
+  std::vector<uint32_t> operator_blocks;
 };
 
 // What both parties must post now.
 struct DisputeQuery {
   DisputeStage stage = DisputeStage::kDisputeSteps;
-  uint64_t position = 0;  // a step (phase 1) or an operator chain index C_position (phase 2)
-  uint64_t step = 0;      // phase 2: the step whose operators are bisected
+  // A step (phase 1), an operator chain index C_position (phase 2), the operator j (phase 3's
+  // opening: post out_j), a node index at `level` (phase 3: PostChildren), a block boundary k
+  // (phase 4: post TileHash(S_k)).
+  uint64_t position = 0;
+  uint64_t step = 0;      // phases 2-4: the step whose operators are bisected
   uint64_t deadline_height = 0;
+  uint32_t operator_index = 0;  // phases 3-4: the disputed operator j (1-based)
+  bool children = false;        // phase 3: post the two children of node (level, position)
+  uint32_t level = 0;           // phase 3: the node's level (0 = the leaves, the tiles)
+  uint64_t tile = 0;            // phase 4: the disputed tile
 };
 
 // The single transition the referee computes once the game has narrowed it.
@@ -106,6 +139,19 @@ struct RefereeTask {
   Hash256 input;
   Hash256 defender_output;
   Hash256 challenger_output;
+  // Phases 3-4: one tile of operator `operator_index` (input: the agreed C_{j-1}). The referee
+  // recomputes tile `tile_index` (of `tile_count`), or, when reduction_blocks > 0, its block
+  // `block`: from S_block (TileHash = partial_input; block 0 starts from zeros, partial_input
+  // is zero) to S_{block+1}. The outputs are in the form the parties posted: the leaf
+  // MerkleLeafHash(TileHash(tile)) when the result is the tile (no reduction, or the last
+  // block), else TileHash(S_{block+1}).
+  bool tile = false;
+  uint64_t tile_index = 0;
+  uint64_t tile_count = 0;
+  uint32_t reduction_blocks = 0;
+  uint32_t block = 0;
+  Hash256 state_input;    // C_0: the state hash the step starts from
+  Hash256 partial_input;  // TileHash(S_block); zero for block 0
 };
 
 struct DisputeOutcome {
@@ -134,7 +180,13 @@ class DisputeGame {
   // A party's hash for the current query. Refused (nothing changes): a resolved or referee
   // stage, a position that is not the query's, a post after the deadline, a second post by
   // the same party this turn. The second post of a turn advances the game.
+  // Phase 3's opening: the party's out_j, refused unless OperatorChainHash(C_{j-1}, out_j) is
+  // the party's C_j. Phase 4: TileHash(S_position).
   Status Post(DisputeParty party, uint64_t position, const Hash256& hash, uint64_t height);
+  // Phase 3: the two children of the disputed node (query().level, query().position), refused
+  // unless MerkleInnerHash(left, right) is the party's node hash.
+  Status PostChildren(DisputeParty party, uint64_t position, const Hash256& left,
+                      const Hash256& right, uint64_t height);
 
   // A new block. After a turn's deadline, a party that has not posted loses (both: both lose).
   // In the referee stage, after referee_blocks the game ends undecided. Heights never decrease.
@@ -156,6 +208,12 @@ class DisputeGame {
   void EnterReferee(bool whole_step, uint64_t step, uint32_t op, const Hash256& input,
                     const Hash256& d_out, const Hash256& c_out, uint64_t height);
   void StartTurn(uint64_t height);
+  bool tiled() const { return !config_.operator_tiles.empty(); }
+  Status CheckTurn(const std::string& who, uint64_t position, uint64_t height,
+                   std::optional<Hash256>& slot) const;
+  void EnterTiles(uint64_t height);  // phase 2 narrowed to operator op_
+  void DescendTiles(uint64_t height);  // skip promoted nodes; leaf: phase 4 or the referee
+  void EnterTileReferee(uint64_t height);
 
   DisputeConfig config_;
   DisputeStage stage_ = DisputeStage::kDisputeSteps;
@@ -179,6 +237,15 @@ class DisputeGame {
   uint32_t turns_ = 0;
   RefereeTask referee_;
   DisputeOutcome outcome_;
+  // Phases 3-4 (version 2).
+  uint32_t op_ = 0;          // the disputed operator j
+  Hash256 op_input_;         // C_{j-1}
+  bool root_known_ = false;  // phase 3: out_j posted
+  uint32_t level_ = 0;       // phase 3: the disputed node
+  uint64_t node_ = 0;
+  std::optional<Hash256> d_right_;  // phase 3: the right children posted this turn
+  std::optional<Hash256> c_right_;
+  uint64_t tile_ = 0;        // phase 4: the disputed tile
 };
 
 }  // namespace meshlearn::protocol
