@@ -1,0 +1,245 @@
+#include "referee_tile.h"
+
+#include <string>
+
+#include "meshlearn/base/encoding.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/tile.h"
+
+namespace meshlearn::ledger {
+namespace {
+
+constexpr char kTileWitnessMagic[] = "meshlearn.tile_witness.v1";
+constexpr uint32_t kTileWitnessMaxItems = 1u << 20;
+
+void TileWitnessPutFloats(Encoder& e, const std::vector<float>& v) {
+  e.PutU32(static_cast<uint32_t>(v.size()));
+  for (float f : v) e.PutF32(f);
+}
+Status TileWitnessGetFloats(Decoder& d, std::vector<float>* v, std::string_view field) {
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, field, kTileWitnessMaxItems, 4));
+  v->resize(n);
+  for (float& f : *v) ML_RETURN_IF_ERROR(d.GetF32(&f, field));
+  return Status::Ok();
+}
+void TileWitnessPutProof(Encoder& e, const MerkleProof& p) {
+  e.PutU64(p.index).PutU64(p.leaf_count).PutU32(static_cast<uint32_t>(p.siblings.size()));
+  for (const Hash256& h : p.siblings) e.PutHash(h);
+}
+Status TileWitnessGetProof(Decoder& d, MerkleProof* p, std::string_view field) {
+  ML_RETURN_IF_ERROR(d.GetU64(&p->index, field));
+  ML_RETURN_IF_ERROR(d.GetU64(&p->leaf_count, field));
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, field, 64, 32));
+  p->siblings.resize(n);
+  for (Hash256& h : p->siblings) ML_RETURN_IF_ERROR(d.GetHash(&h, field));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Bytes EncodeTileWitness(const TileWitness& w) {
+  Encoder e;
+  e.PutString(kTileWitnessMagic);
+  e.PutU32(static_cast<uint32_t>(w.outputs.size()));
+  for (const Hash256& h : w.outputs) e.PutHash(h);
+  e.PutU32(static_cast<uint32_t>(w.tiles.size()));
+  for (const TileWitnessTile& t : w.tiles) {
+    e.PutU32(t.op).PutU64(t.tile);
+    TileWitnessPutFloats(e, t.values);
+    TileWitnessPutProof(e, t.proof);
+  }
+  e.PutU32(static_cast<uint32_t>(w.examples.size()));
+  for (const StepWitnessExample& x : w.examples) {
+    e.PutU64(x.index);
+    TileWitnessPutFloats(e, x.x);
+    e.PutU32(static_cast<uint32_t>(x.y));
+    TileWitnessPutProof(e, x.proof);
+  }
+  TileWitnessPutFloats(e, w.partial);
+  return e.Take();
+}
+
+Result<TileWitness> DecodeTileWitness(ByteSpan bytes) {
+  Decoder d(bytes, "tile witness");
+  std::string magic;
+  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
+  if (magic != kTileWitnessMagic) {
+    return InvalidArgument("tile witness: magic '" + magic + "', expected '" + kTileWitnessMagic +
+                           "'");
+  }
+  TileWitness w;
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "outputs", kTileWitnessMaxItems, 32));
+  w.outputs.resize(n);
+  for (Hash256& h : w.outputs) ML_RETURN_IF_ERROR(d.GetHash(&h, "outputs"));
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "tiles", kTileWitnessMaxItems, 28));
+  w.tiles.resize(n);
+  for (TileWitnessTile& t : w.tiles) {
+    ML_RETURN_IF_ERROR(d.GetU32(&t.op, "tile.op"));
+    ML_RETURN_IF_ERROR(d.GetU64(&t.tile, "tile.index"));
+    ML_RETURN_IF_ERROR(TileWitnessGetFloats(d, &t.values, "tile.values"));
+    ML_RETURN_IF_ERROR(TileWitnessGetProof(d, &t.proof, "tile.proof"));
+  }
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "examples", kTileWitnessMaxItems, 32));
+  w.examples.resize(n);
+  for (StepWitnessExample& x : w.examples) {
+    ML_RETURN_IF_ERROR(d.GetU64(&x.index, "example.index"));
+    ML_RETURN_IF_ERROR(TileWitnessGetFloats(d, &x.x, "example.x"));
+    uint32_t y = 0;
+    ML_RETURN_IF_ERROR(d.GetU32(&y, "example.y"));
+    x.y = static_cast<int32_t>(y);
+    ML_RETURN_IF_ERROR(TileWitnessGetProof(d, &x.proof, "example.proof"));
+  }
+  ML_RETURN_IF_ERROR(TileWitnessGetFloats(d, &w.partial, "partial"));
+  ML_RETURN_IF_ERROR(d.Finish());
+  return w;
+}
+
+void SetTilePhase(const engine::TilePlan& plan, protocol::DisputeConfig* config) {
+  config->operator_tiles.clear();
+  config->operator_blocks.clear();
+  for (size_t j = 0; j < plan.ops.size(); ++j) {
+    const engine::TileOp& op = plan.ops[j];
+    const bool state = op.kind == engine::TileOpKind::kTileOpState;
+    config->operator_tiles.push_back(state ? 0 : static_cast<uint64_t>(op.grid.count()));
+    config->operator_blocks.push_back(
+        static_cast<uint32_t>(engine::ReductionBlocks(plan, static_cast<int64_t>(j))));
+  }
+}
+
+Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask& task,
+                         const TileWitness& w) {
+  const engine::TilePlan& plan = ctx.plan;
+  const uint32_t j = task.operator_index;
+  const std::string where = "tile rule (step " + std::to_string(task.step) + ", operator " +
+                            std::to_string(j) + ", tile " + std::to_string(task.tile_index) + ")";
+  // The task must be a tile of a computed operator of this plan, in the plan's own shape.
+  if (!task.tile || task.whole_step || task.segment) {
+    return FailedPrecondition(where + ": the referee task is not one tile");
+  }
+  if (task.step == 0) return FailedPrecondition(where + ": step 0 is the unit's start");
+  if (j == 0 || j > plan.ops.size()) {
+    return FailedPrecondition(where + ": the step has " + std::to_string(plan.ops.size()) +
+                              " operators");
+  }
+  const int64_t op = static_cast<int64_t>(j) - 1;
+  const engine::TileOp& target = plan.ops[static_cast<size_t>(op)];
+  if (task.tile_count != static_cast<uint64_t>(target.grid.count()) ||
+      task.tile_index >= task.tile_count) {
+    return FailedPrecondition(where + ": " + target.name + " has " +
+                              std::to_string(target.grid.count()) + " tiles; the task says " +
+                              std::to_string(task.tile_count));
+  }
+  const int64_t blocks = engine::ReductionBlocks(plan, op);
+  if (static_cast<int64_t>(task.reduction_blocks) != blocks ||
+      (blocks > 0 && task.block >= task.reduction_blocks) || (blocks == 0 && task.block != 0)) {
+    return FailedPrecondition(where + ": " + target.name + " has " + std::to_string(blocks) +
+                              " reduction blocks; the task says block " +
+                              std::to_string(task.block) + " of " +
+                              std::to_string(task.reduction_blocks));
+  }
+  // 1. The earlier outputs: they must chain from the agreed state to the agreed C_{j-1}.
+  if (w.outputs.size() != static_cast<size_t>(op)) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(w.outputs.size()) +
+                           " operator outputs; the agreed ones are operators 1.." +
+                           std::to_string(op));
+  }
+  Hash256 chain = task.state_input;
+  for (const Hash256& out : w.outputs) chain = protocol::OperatorChainHash(chain, out);
+  if (chain != task.input) {
+    return InvalidArgument(where + ": the witness's operator outputs chain to " +
+                           chain.ShortHex() + ", not to the agreed C_" + std::to_string(op) + " " +
+                           task.input.ShortHex());
+  }
+  // 2. The input tiles: exactly the footprint's, each of an agreed operator, each proven.
+  ML_ASSIGN_OR_RETURN(engine::TileFootprint fp,
+                      engine::Footprint(plan, op, static_cast<int64_t>(task.tile_index),
+                                        static_cast<int64_t>(task.block)));
+  for (size_t i = 0; i < w.tiles.size(); ++i) {
+    if (w.tiles[i].op == 0 || w.tiles[i].op >= j) {
+      return InvalidArgument(where + ": input tile " + std::to_string(i) + " is of operator " +
+                             std::to_string(w.tiles[i].op) +
+                             ", whose output is not agreed (the agreed operators are 1.." +
+                             std::to_string(op) + ")");
+    }
+  }
+  if (w.tiles.size() != fp.tiles.size()) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(w.tiles.size()) +
+                           " input tiles; the footprint of " + target.name + " has " +
+                           std::to_string(fp.tiles.size()));
+  }
+  engine::TileInputs in;
+  for (size_t i = 0; i < fp.tiles.size(); ++i) {
+    const TileWitnessTile& t = w.tiles[i];
+    const engine::TileRef& want = fp.tiles[i];
+    const engine::TileOp& src = plan.ops[static_cast<size_t>(want.op)];
+    if (t.op != static_cast<uint32_t>(want.op + 1) || t.tile != static_cast<uint64_t>(want.tile)) {
+      return InvalidArgument(where + ": input tile " + std::to_string(i) + " is tile " +
+                             std::to_string(t.tile) + " of operator " + std::to_string(t.op) +
+                             "; the footprint needs tile " + std::to_string(want.tile) +
+                             " of operator " + std::to_string(want.op + 1) + " (" + src.name +
+                             ")");
+    }
+    if (t.proof.index != t.tile || t.proof.leaf_count != static_cast<uint64_t>(src.grid.count()) ||
+        !MerkleVerify(w.outputs[static_cast<size_t>(want.op)], engine::TileHash(t.values),
+                      t.proof)) {
+      return InvalidArgument(where + ": input tile " + std::to_string(t.tile) + " of operator " +
+                             std::to_string(t.op) + " (" + src.name +
+                             ") is not proven against its agreed output root " +
+                             w.outputs[static_cast<size_t>(want.op)].ShortHex());
+    }
+    in.tiles.push_back(t.values);
+  }
+  // 3. The examples: the batch's, at the footprint's rows, proven against the data root.
+  if (w.examples.size() != fp.batch_rows.size()) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(w.examples.size()) +
+                           " examples; the footprint reads batch rows " +
+                           std::to_string(fp.batch_rows.size()));
+  }
+  if (!fp.batch_rows.empty()) {
+    const std::vector<int64_t> indices = engine::BatchIndices(
+        ctx.seed, ctx.stream, static_cast<int64_t>(ctx.num_examples), plan.batch,
+        static_cast<int64_t>(task.step) - 1);
+    for (size_t i = 0; i < fp.batch_rows.size(); ++i) {
+      const StepWitnessExample& e = w.examples[i];
+      const int64_t row = fp.batch_rows[i];
+      const uint64_t want = static_cast<uint64_t>(indices[static_cast<size_t>(row)]);
+      if (e.index != want) {
+        return InvalidArgument(where + ": example " + std::to_string(i) + " is dataset index " +
+                               std::to_string(e.index) + "; batch row " + std::to_string(row) +
+                               " draws index " + std::to_string(want));
+      }
+      if (e.proof.index != e.index || e.proof.leaf_count != ctx.num_examples ||
+          !MerkleVerify(ctx.data_root, engine::ExampleLeaf(e.index, e.x, e.y), e.proof)) {
+        return InvalidArgument(where + ": example " + std::to_string(i) + " (index " +
+                               std::to_string(e.index) + ") is not proven against the data root " +
+                               ctx.data_root.ShortHex());
+      }
+      in.x.push_back(e.x);
+      in.y.push_back(e.y);
+    }
+  }
+  // 4. The partial sum the block continues from: the agreed one.
+  if (blocks > 0 && task.block > 0) {
+    if (engine::TileHash(w.partial) != task.partial_input) {
+      return InvalidArgument(where + ": the witness's partial sum S_" + std::to_string(task.block) +
+                             " hashes to " + engine::TileHash(w.partial).ShortHex() +
+                             ", the agreed one is " + task.partial_input.ShortHex());
+    }
+    in.partial = w.partial;
+  } else if (!w.partial.empty()) {
+    return InvalidArgument(where + ": block 0 starts from zeros; leave the partial sum empty");
+  }
+  Result<std::vector<float>> out =
+      engine::RecomputeTile(plan, op, static_cast<int64_t>(task.tile_index),
+                            static_cast<int64_t>(task.block), static_cast<int64_t>(task.step) - 1,
+                            in);
+  if (!out.ok()) return InvalidArgument(where + ": " + out.status().message());
+  const Hash256 h = engine::TileHash(*out);
+  const bool whole = blocks == 0 || static_cast<int64_t>(task.block) + 1 == blocks;
+  return whole ? MerkleLeafHash(h) : h;
+}
+
+}  // namespace meshlearn::ledger

@@ -1,0 +1,82 @@
+// The ledger as referee of ONE TILE of one operator of a training step: the rule a dispute game
+// narrowed to a tile (protocol/dispute.h, phases 3 and 4) is settled by, from a witness of at most
+// a few hundred KiB whatever the model's size (engine/tile_rule.h; docs/verification.md, "Tiles").
+// Internal to the ledger. Pure library code: the transaction that carries a TileWitness onto the
+// chain is not wired yet (docs/verification.md says what is on chain today).
+//
+//   TileRuleContext ctx = ...;              // from the task record and the unit (below)
+//   SetTilePhase(ctx.plan, &config);        // when the dispute is opened
+//   ...                                     // the game reaches the referee with a tile task
+//   Result<Hash256> out = RuleTile(ctx, game.referee_task(), witness);
+//   if (out.ok()) game.Rule(*out);          // a refused witness rules nothing
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "meshlearn/base/bytes.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/tile_rule.h"
+#include "meshlearn/ledger/tx.h"
+#include "meshlearn/protocol/dispute.h"
+
+namespace meshlearn::ledger {
+
+// What the chain knows about the disputed unit, decoded: the step's operator plan (the task's
+// model, the unit's inner optimizer, the batch size) and what draws and proves its batches.
+struct TileRuleContext {
+  engine::TilePlan plan;
+  uint64_t seed = 0;    // the task's seed
+  uint64_t stream = 0;  // the unit's stream
+  uint64_t num_examples = 0;
+  Hash256 data_root;
+};
+
+// One input tile: tile `tile` of operator `op` (1-based, as the game counts), its values, and
+// its Merkle proof against that operator's agreed output root.
+struct TileWitnessTile {
+  uint32_t op = 0;
+  uint64_t tile = 0;
+  std::vector<float> values;
+  MerkleProof proof;
+};
+
+struct TileWitness {
+  // out_1 .. out_{j-1}: the output roots of the operators before the disputed one j, which
+  // chain from the step's agreed state hash C_0 to the agreed C_{j-1}.
+  std::vector<Hash256> outputs;
+  // The footprint's tiles (engine::Footprint), in its order.
+  std::vector<TileWitnessTile> tiles;
+  // The footprint's batch rows, in order: each the example the unit's sampler draws at that
+  // position of the step's batch, proven against the task's data root.
+  std::vector<StepWitnessExample> examples;
+  // A reduction block > 0: the agreed partial sum S_block (its TileHash is the task's
+  // partial_input). Empty for block 0.
+  std::vector<float> partial;
+};
+
+// The encoded witness (what a transaction would carry) and its inverse. Decode refuses
+// truncated or trailing bytes.
+Bytes EncodeTileWitness(const TileWitness& w);
+Result<TileWitness> DecodeTileWitness(ByteSpan bytes);
+
+// The witness bound the tile rule is designed to (issue 16): 256 KiB.
+inline constexpr size_t kMaxTileWitnessBytes = 256 * 1024;
+
+// The tile phase of a dispute over steps of `plan`: the tile count of every operator (0 for the
+// step's input state, which the whole-step referee rules) and its reduction blocks.
+void SetTilePhase(const engine::TilePlan& plan, protocol::DisputeConfig* config);
+
+// The correct output for `task` (a tile task of the referee stage) in the form the parties
+// posted (RefereeTask: the tile's leaf, or TileHash of the next partial sum), computed from
+// `witness` alone. InvalidArgument, naming what is wrong, when the witness does not check out:
+// outputs that do not chain to the agreed C_{j-1}; an input tile that is not the footprint's (a
+// wrong operator or tile index), of an operator not agreed to (j or later), or with a wrong
+// proof; an example that is not the batch's or not proven against the data root; a partial sum
+// that is not the agreed one. FailedPrecondition when the task is not a tile task of this plan.
+Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask& task,
+                         const TileWitness& witness);
+
+}  // namespace meshlearn::ledger

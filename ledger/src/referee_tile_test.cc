@@ -1,0 +1,701 @@
+// The dispute game narrowed to ONE TILE of one operator, played end to end on real training of a
+// fashion-MLP-shaped model (784-256-128-10, AdamW, batch 128), and ruled by RuleTile from a
+// witness of input tiles proven against commitments both parties agreed to. An honest party and
+// a liar train the same unit; the liar lies at the step (the state only), at an operator (a real
+// wrong computation), or at one tile of any operator the model has (forward, loss, gradients,
+// long reductions, the optimizer update). Each party answers every query from its own run; the
+// game goes through its canonical encoding after every turn, as the ledger stores it. The honest
+// side wins in either role; a silent party loses at every phase; a witness with a wrong proof,
+// a wrong tile, or an input not agreed is refused; every witness is at most 256 KiB.
+#include "referee_tile.h"
+
+#include <bit>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/check.h"
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/op_trace.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/tile.h"
+#include "meshlearn/engine/tile_rule.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/protocol/dispute.h"
+
+namespace meshlearn::ledger {
+namespace referee_tile_test {  // named: the tests build as unity translation units
+
+using engine::OpTrace;
+using engine::TilePlan;
+using engine::Trainer;
+using protocol::DisputeConfig;
+using protocol::DisputeGame;
+using protocol::DisputeOutcome;
+using protocol::DisputeParty;
+using protocol::DisputeQuery;
+using protocol::DisputeStage;
+using protocol::RefereeTask;
+
+constexpr char kFashionMlp[] = R"(
+[task]
+name = "tile-dispute-mlp"
+seed = 3
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [784]
+[[model.layers]]
+kind = "linear"
+out = 256
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 128
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 10
+init = "xavier"
+[optimizer]
+kind = "adamw"
+lr = 2e-3
+[train]
+steps = 4
+batch_size = 128
+)";
+
+constexpr uint64_t kSteps = 4;    // the disputed segment: steps 1..4 (agreed: the start state)
+constexpr uint64_t kLieStep = 3;  // the step inside which the liar goes wrong
+constexpr int64_t kExamples = 512;
+
+// Synthetic 10-class data shaped like Fashion-MNIST, no files.
+const engine::TaskData& Data() {
+  static const engine::TaskData* data = [] {
+    auto* d = new engine::TaskData;
+    Rng rng(17);
+    std::vector<float> x(static_cast<size_t>(kExamples * 784));
+    for (float& v : x) v = static_cast<float>(rng.UniformDouble()) * 2.0f - 1.0f;
+    d->train.x = engine::Tensor({kExamples, 784}, x);
+    d->train.y.resize(kExamples);
+    for (int64_t i = 0; i < kExamples; ++i) d->train.y[i] = static_cast<int32_t>(rng.Uniform(10));
+    d->train.num_classes = 10;
+    d->test = d->train;
+    return d;
+  }();
+  return *data;
+}
+
+std::unique_ptr<Trainer> MakeTrainer() {
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(kFashionMlp, "tile-dispute.toml", ".");
+  CHECK(spec.ok()) << spec.status().ToString();
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, Data());
+  CHECK(tr.ok()) << tr.status().ToString();
+  return std::move(*tr);
+}
+
+// The chain's view of the unit (what the ledger decodes from the task record).
+const TileRuleContext& Context() {
+  static const TileRuleContext* ctx = [] {
+    std::unique_ptr<Trainer> tr = MakeTrainer();
+    auto* c = new TileRuleContext;
+    Result<TilePlan> plan = engine::PlanStepTiles(
+        tr->task().model, tr->state().optimizer->spec(), tr->task().batch_size);
+    CHECK(plan.ok()) << plan.status().ToString();
+    c->plan = std::move(*plan);
+    c->seed = tr->task().seed;
+    c->stream = tr->task().stream;
+    c->num_examples = static_cast<uint64_t>(kExamples);
+    c->data_root = engine::DataTree(Data().train).root();
+    return c;
+  }();
+  return *ctx;
+}
+
+const engine::DataTree& Tree() {
+  static const engine::DataTree* tree = new engine::DataTree(Data().train);
+  return *tree;
+}
+
+int64_t OpIndex(const std::string& name) {
+  const TilePlan& plan = Context().plan;
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    if (plan.ops[i].name == name) return static_cast<int64_t>(i);
+  }
+  ADD_FAILURE() << "no operator " << name;
+  return 0;
+}
+
+enum class LieKind {
+  kNone,
+  kStepState,    // the state after the step is off (an optimizer moment): no operator differs
+  kInputState,   // the step starts from a corrupted weight: its input state differs
+  kWrongUpdate,  // the step's update uses twice the learning rate (a real wrong computation)
+  kTile,         // one element of one operator's output is off (posted as computed)
+};
+
+struct Lie {
+  LieKind kind = LieKind::kNone;
+  std::string op;        // kTile: the operator
+  int64_t row = 0, col = 0;
+  int64_t block = 0;     // kTile on a reduction: the first block whose partial sum is off
+};
+
+struct StepRecord {
+  std::unique_ptr<OpTrace> trace;  // kept values
+  engine::Batch batch;
+  std::vector<Hash256> roots;                 // the output roots the party claims
+  std::map<int64_t, std::vector<float>> fake;  // op -> the values it claims instead
+};
+
+struct PartyRun {
+  Lie lie;
+  std::vector<Hash256> state;     // state[s]: after step s
+  std::vector<StepRecord> steps;  // steps[s] for s >= 1
+
+  std::span<const float> Values(uint64_t s, int64_t op) const {
+    const StepRecord& r = steps.at(s);
+    auto it = r.fake.find(op);
+    if (it != r.fake.end()) return it->second;
+    return r.trace->values(static_cast<size_t>(op));
+  }
+};
+
+PartyRun Train(const Lie& lie) {
+  std::unique_ptr<Trainer> tr = MakeTrainer();
+  engine::TrainState& st = tr->state();
+  const uint64_t dropout = engine::DropoutSeed(tr->task().seed, tr->task().stream);
+  PartyRun run;
+  run.lie = lie;
+  run.state.push_back(engine::StateHash(st));
+  run.steps.emplace_back();
+  for (uint64_t s = 1; s <= kSteps; ++s) {
+    const bool lying = s == kLieStep;
+    StepRecord rec;
+    rec.batch = tr->BatchForStep(st.step);
+    rec.trace = std::make_unique<OpTrace>();
+    rec.trace->set_keep_values(true);
+    if (lying && lie.kind == LieKind::kInputState) st.model->params()[2].value.data()[5] += 1e-3f;
+    std::unique_ptr<engine::Optimizer> right;
+    if (lying && lie.kind == LieKind::kWrongUpdate) {
+      engine::OptimizerSpec fast = st.optimizer->spec();
+      fast.lr *= 2;
+      auto wrong = std::make_unique<engine::Optimizer>(fast, st.model->params());
+      std::vector<engine::Optimizer::NamedState> from = st.optimizer->State();
+      std::vector<engine::Optimizer::NamedState> to = wrong->State();
+      for (size_t i = 0; i < from.size(); ++i) *to[i].tensor = *from[i].tensor;
+      right = std::exchange(st.optimizer, std::move(wrong));
+    }
+    st.model->set_op_trace(rec.trace.get());
+    engine::StepOnBatch(st, rec.batch, dropout);
+    st.model->set_op_trace(nullptr);
+    if (right) {
+      std::vector<engine::Optimizer::NamedState> from = st.optimizer->State();
+      std::vector<engine::Optimizer::NamedState> to = right->State();
+      for (size_t i = 0; i < from.size(); ++i) *to[i].tensor = *from[i].tensor;
+      st.optimizer = std::move(right);
+    }
+    rec.roots = rec.trace->hashes();
+    if (lying && lie.kind == LieKind::kStepState) st.optimizer->State()[0].tensor->data()[0] += 1e-3f;
+    if (lying && lie.kind == LieKind::kTile) {
+      const int64_t op = OpIndex(lie.op);
+      const engine::TileGrid& g = rec.trace->grid(static_cast<size_t>(op));
+      std::span<const float> v = rec.trace->values(static_cast<size_t>(op));
+      std::vector<float> fake(v.begin(), v.end());
+      fake[static_cast<size_t>(lie.row * g.cols + lie.col)] += 0.25f;
+      rec.roots[static_cast<size_t>(op)] = engine::TensorRoot(fake, g);
+      rec.fake[op] = std::move(fake);
+      // The liar carries on from a state of its own.
+      st.model->params()[0].value.data()[0] += 1e-3f;
+    }
+    run.steps.push_back(std::move(rec));
+    run.state.push_back(engine::StateHash(st));
+  }
+  return run;
+}
+
+// C_j of step s in `run`: C_0 is the state the step starts from.
+Hash256 ChainHash(const PartyRun& run, uint64_t s, uint64_t j) {
+  Hash256 c = run.state.at(s - 1);
+  for (uint64_t op = 1; op <= j; ++op) {
+    c = protocol::OperatorChainHash(c, run.steps.at(s).roots.at(op - 1));
+  }
+  return c;
+}
+
+// The Merkle levels over op `op`'s tiles as the party claims them: levels[0] the leaf nodes.
+std::vector<std::vector<Hash256>> TileLevels(const PartyRun& run, uint64_t s, int64_t op) {
+  const engine::TileGrid& g = Context().plan.ops[static_cast<size_t>(op)].grid;
+  std::vector<Hash256> hashes = engine::TileHashes(run.Values(s, op), g);
+  std::vector<std::vector<Hash256>> levels(1);
+  for (const Hash256& h : hashes) levels[0].push_back(MerkleLeafHash(h));
+  while (levels.back().size() > 1) {
+    const std::vector<Hash256>& l = levels.back();
+    std::vector<Hash256> next;
+    for (size_t i = 0; i + 1 < l.size(); i += 2) next.push_back(MerkleInnerHash(l[i], l[i + 1]));
+    if (l.size() % 2 == 1) next.push_back(l.back());
+    levels.push_back(std::move(next));
+  }
+  EXPECT_EQ(levels.back()[0], run.steps.at(s).roots.at(static_cast<size_t>(op)));
+  return levels;
+}
+
+// The party's partial sums S_0..S_K of a reduction tile (S_K: the tile it claims).
+std::vector<std::vector<float>> PartialChain(const PartyRun& run, uint64_t s, int64_t op,
+                                             uint64_t tile) {
+  const TilePlan& plan = Context().plan;
+  const StepRecord& r = run.steps.at(s);
+  Result<std::vector<std::vector<float>>> chain = engine::ReductionChain(
+      plan, op, static_cast<int64_t>(tile), static_cast<int64_t>(s) - 1, *r.trace, r.batch);
+  CHECK(chain.ok()) << chain.status().ToString();
+  auto it = r.fake.find(op);
+  if (it != r.fake.end()) {
+    const engine::TileGrid& g = plan.ops[static_cast<size_t>(op)].grid;
+    const engine::TileGrid::Rect rect = g.TileRect(static_cast<int64_t>(tile));
+    const Lie& lie = run.lie;
+    if (lie.row >= rect.r0 && lie.row < rect.r1 && lie.col >= rect.c0 && lie.col < rect.c1) {
+      const size_t e = static_cast<size_t>((lie.row - rect.r0) * (rect.c1 - rect.c0) +
+                                           (lie.col - rect.c0));
+      for (size_t k = static_cast<size_t>(lie.block) + 1; k < chain->size(); ++k) {
+        if (k + 1 < chain->size()) (*chain)[k][e] += 0.25f;  // S_k; the last is the fake tile
+      }
+      chain->back() = engine::ExtractTile(it->second, g, static_cast<int64_t>(tile));
+    }
+  }
+  return std::move(*chain);
+}
+
+struct Move {
+  Hash256 hash;
+  std::optional<std::pair<Hash256, Hash256>> children;
+};
+
+Move Answer(const PartyRun& run, const DisputeQuery& q) {
+  switch (q.stage) {
+    case DisputeStage::kDisputeSteps:
+      return {run.state.at(q.position), std::nullopt};
+    case DisputeStage::kDisputeOperators:
+      return {ChainHash(run, q.step, q.position), std::nullopt};
+    case DisputeStage::kDisputeTiles: {
+      const int64_t op = static_cast<int64_t>(q.operator_index) - 1;
+      if (!q.children) return {run.steps.at(q.step).roots.at(static_cast<size_t>(op)), std::nullopt};
+      std::vector<std::vector<Hash256>> levels = TileLevels(run, q.step, op);
+      const std::vector<Hash256>& below = levels.at(q.level - 1);
+      return {Hash256{}, std::make_pair(below.at(2 * q.position), below.at(2 * q.position + 1))};
+    }
+    case DisputeStage::kDisputeReduction: {
+      const int64_t op = static_cast<int64_t>(q.operator_index) - 1;
+      return {engine::TileHash(PartialChain(run, q.step, op, q.tile).at(q.position)),
+              std::nullopt};
+    }
+    default:
+      ADD_FAILURE() << "no move in stage " << protocol::DisputeStageName(q.stage);
+      return {};
+  }
+}
+
+// The witness for a tile task, built from `run` (anyone holding the agreed inputs can: every
+// input is agreed, so the liar's witness is the honest one's).
+TileWitness BuildWitness(const PartyRun& run, const RefereeTask& task) {
+  const TilePlan& plan = Context().plan;
+  const int64_t op = static_cast<int64_t>(task.operator_index) - 1;
+  Result<engine::TileFootprint> fp = engine::Footprint(
+      plan, op, static_cast<int64_t>(task.tile_index), static_cast<int64_t>(task.block));
+  CHECK(fp.ok()) << fp.status().ToString();
+  TileWitness w;
+  const StepRecord& r = run.steps.at(task.step);
+  w.outputs.assign(r.roots.begin(), r.roots.begin() + op);
+  std::map<int64_t, std::vector<Hash256>> hashes;
+  for (const engine::TileRef& ref : fp->tiles) {
+    const engine::TileGrid& g = plan.ops[static_cast<size_t>(ref.op)].grid;
+    if (!hashes.count(ref.op)) hashes[ref.op] = engine::TileHashes(run.Values(task.step, ref.op), g);
+    w.tiles.push_back(TileWitnessTile{static_cast<uint32_t>(ref.op + 1),
+                                      static_cast<uint64_t>(ref.tile),
+                                      engine::ExtractTile(run.Values(task.step, ref.op), g, ref.tile),
+                                      MerkleProve(hashes[ref.op], static_cast<uint64_t>(ref.tile))});
+  }
+  const std::vector<int64_t> indices =
+      engine::BatchIndices(Context().seed, Context().stream, kExamples, plan.batch,
+                           static_cast<int64_t>(task.step) - 1);
+  for (int64_t row : fp->batch_rows) {
+    const int64_t idx = indices[static_cast<size_t>(row)];
+    const float* x = Data().train.x.data() + idx * 784;
+    w.examples.push_back(StepWitnessExample{static_cast<uint64_t>(idx),
+                                            std::vector<float>(x, x + 784),
+                                            Data().train.y[static_cast<size_t>(idx)],
+                                            Tree().Prove(idx)});
+  }
+  if (task.reduction_blocks > 0 && task.block > 0) {
+    w.partial = PartialChain(run, task.step, op, task.tile_index).at(task.block);
+  }
+  return w;
+}
+
+struct Silence {
+  DisputeStage stage = DisputeStage::kDisputeResolved;  // never: nobody is silent
+  bool children = false;                                // kDisputeTiles: at the children
+  DisputeParty party = DisputeParty::kDefender;
+};
+
+struct Played {
+  std::optional<RefereeTask> task;
+  DisputeOutcome outcome;
+  uint32_t turns = 0;
+  size_t witness_bytes = 0;
+};
+
+size_t g_largest_witness = 0;
+
+DisputeConfig Config(const PartyRun& defender, const PartyRun& challenger) {
+  DisputeConfig c;
+  c.unit = protocol::UnitId{Blake2b("tile-dispute"), 0, 0};
+  c.defender.bytes.fill(1);
+  c.challenger.bytes.fill(2);
+  c.first_step = 0;
+  c.last_step = kSteps;
+  c.agreed = defender.state[0];
+  c.defender_claim = defender.state[kSteps];
+  c.challenger_claim = challenger.state[kSteps];
+  c.num_operators = static_cast<uint32_t>(Context().plan.ops.size());
+  c.response_blocks = 5;
+  c.start_height = 100;
+  SetTilePhase(Context().plan, &c);
+  return c;
+}
+
+Played Play(const PartyRun& defender, const PartyRun& challenger, const PartyRun& honest,
+            std::optional<Silence> silence = std::nullopt) {
+  Played p;
+  Result<DisputeGame> created = DisputeGame::Create(Config(defender, challenger));
+  EXPECT_TRUE(created.ok()) << created.status().ToString();
+  if (!created.ok()) return p;
+  DisputeGame g = std::move(*created);
+  uint64_t height = g.config().start_height;
+  while (g.stage() != DisputeStage::kDisputeReferee && g.stage() != DisputeStage::kDisputeResolved) {
+    const DisputeQuery q = g.query();
+    ++height;
+    const bool quiet = silence && q.stage == silence->stage &&
+                       (q.stage != DisputeStage::kDisputeTiles || q.children == silence->children);
+    for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+      if (quiet && silence->party == party) continue;
+      const Move m = Answer(party == DisputeParty::kDefender ? defender : challenger, q);
+      Status s = m.children
+                     ? g.PostChildren(party, q.position, m.children->first, m.children->second, height)
+                     : g.Post(party, q.position, m.hash, height);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+    if (quiet) {
+      height = q.deadline_height + 1;
+      EXPECT_TRUE(g.OnBlock(height).ok());
+      EXPECT_EQ(g.stage(), DisputeStage::kDisputeResolved);
+    } else {
+      EXPECT_TRUE(g.OnBlock(height).ok());
+    }
+    const Bytes bytes = g.Encode();
+    EXPECT_EQ(bytes[0], 2) << "a game with the tile phase encodes as version 2";
+    Result<DisputeGame> decoded = DisputeGame::Decode(bytes);
+    EXPECT_TRUE(decoded.ok()) << decoded.status().ToString();
+    if (!decoded.ok()) return p;
+    EXPECT_EQ(decoded->Encode(), bytes);
+    g = std::move(*decoded);
+  }
+  if (g.stage() == DisputeStage::kDisputeReferee) {
+    p.task = g.referee_task();
+    if (p.task->tile) {
+      const TileWitness w = BuildWitness(defender, *p.task);
+      const Bytes encoded = EncodeTileWitness(w);
+      p.witness_bytes = encoded.size();
+      g_largest_witness = std::max(g_largest_witness, encoded.size());
+      Result<TileWitness> decoded = DecodeTileWitness(encoded);
+      EXPECT_TRUE(decoded.ok()) << decoded.status().ToString();
+      Result<Hash256> ruled = RuleTile(Context(), *p.task, decoded.ok() ? *decoded : w);
+      EXPECT_TRUE(ruled.ok()) << ruled.status().ToString();
+      if (ruled.ok()) {
+        EXPECT_TRUE(g.Rule(*ruled).ok());
+      }
+    } else {
+      // The whole step: the ledger's existing referee (ExecuteRefereeStepWitness) computes the
+      // state after it; here the honest run's, which is the task's true state.
+      EXPECT_TRUE(p.task->whole_step);
+      EXPECT_TRUE(g.Rule(honest.state.at(p.task->step)).ok());
+    }
+  }
+  EXPECT_EQ(g.stage(), DisputeStage::kDisputeResolved);
+  p.outcome = g.outcome();
+  p.turns = g.turns();
+  return p;
+}
+
+uint32_t CeilLog2(uint64_t n) { return n <= 1 ? 0 : static_cast<uint32_t>(std::bit_width(n - 1)); }
+
+const PartyRun& Honest() {
+  static const PartyRun* run = new PartyRun(Train(Lie{}));
+  return *run;
+}
+
+// Plays `lie` in both roles: the game must reach the lie's operator and tile (and block), and
+// the rule must make the honest side win.
+void ExpectTheHonestSideWins(const Lie& lie, bool want_whole_step) {
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(lie);
+  for (uint64_t s = 0; s < kLieStep; ++s) ASSERT_EQ(honest.state[s], liar.state[s]) << s;
+  ASSERT_NE(honest.state[kSteps], liar.state[kSteps]);
+  for (DisputeParty liar_role : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+    SCOPED_TRACE("liar: " + std::string(protocol::DisputePartyName(liar_role)));
+    const bool defender_lies = liar_role == DisputeParty::kDefender;
+    Played p = defender_lies ? Play(liar, honest, honest) : Play(honest, liar, honest);
+    ASSERT_TRUE(p.task.has_value()) << p.outcome.reason;
+    EXPECT_EQ(p.task->step, kLieStep);
+    EXPECT_EQ(p.task->whole_step, want_whole_step);
+    if (lie.kind == LieKind::kTile) {
+      const int64_t op = OpIndex(lie.op);
+      const engine::TileOp& o = Context().plan.ops[static_cast<size_t>(op)];
+      EXPECT_EQ(p.task->operator_index, static_cast<uint32_t>(op + 1));
+      EXPECT_TRUE(p.task->tile);
+      EXPECT_EQ(p.task->tile_index, static_cast<uint64_t>(o.grid.TileAt(lie.row, lie.col)));
+      EXPECT_EQ(p.task->block, engine::ReductionBlocks(Context().plan, op) > 0
+                                   ? static_cast<uint32_t>(lie.block)
+                                   : 0u);
+      const uint32_t bound = CeilLog2(kSteps) + 1 + CeilLog2(Context().plan.ops.size()) + 1 +
+                             CeilLog2(o.grid.count()) +
+                             CeilLog2(engine::ReductionBlocks(Context().plan, op));
+      EXPECT_LE(p.turns, bound);
+      EXPECT_LE(p.witness_bytes, kMaxTileWitnessBytes);
+      std::printf("[ tile     ] %-22s tile %3llu block %u: %2u turns, witness %6zu bytes\n",
+                  lie.op.c_str(), static_cast<unsigned long long>(p.task->tile_index),
+                  p.task->block, p.turns, p.witness_bytes);
+    }
+    EXPECT_EQ(p.outcome.defender_honest, !defender_lies) << p.outcome.reason;
+    EXPECT_EQ(p.outcome.challenger_honest, defender_lies) << p.outcome.reason;
+    EXPECT_FALSE(p.outcome.undecided);
+  }
+}
+
+TEST(TileDisputeTest, ALieAtOneTileOfEveryKindOfOperatorLosesToTheTileRule) {
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.0.out", 40, 40},          // matmul on the batch's examples
+      {LieKind::kTile, "layers.1.out", 5, 200},          // relu
+      {LieKind::kTile, "layers.2.out", 100, 70},         // matmul on an activation
+      {LieKind::kTile, "loss", 77, 0},                   // softmax cross-entropy
+      {LieKind::kTile, "logits.grad", 3, 7},             // its gradient
+      {LieKind::kTile, "layers.4.in.grad", 64, 100},     // linear dX
+      {LieKind::kTile, "layers.3.in.grad", 10, 10},      // relu backward
+      {LieKind::kTile, "layers.0.weight.grad", 200, 700, 2},  // dW over the batch: narrowed
+      {LieKind::kTile, "layers.2.weight.grad", 3, 4, 0},
+      {LieKind::kTile, "layers.4.bias.grad", 0, 7, 3},   // db over the batch: narrowed
+      {LieKind::kTile, "layers.2.weight", 50, 60},       // the AdamW update
+      {LieKind::kTile, "layers.4.bias", 0, 2},
+  };
+  for (const Lie& lie : lies) {
+    SCOPED_TRACE(lie.op);
+    ExpectTheHonestSideWins(lie, false);
+  }
+  std::printf("[ tile     ] largest witness: %zu bytes (bound %zu)\n", g_largest_witness,
+              kMaxTileWitnessBytes);
+  EXPECT_LE(g_largest_witness, kMaxTileWitnessBytes);
+}
+
+TEST(TileDisputeTest, AWrongComputationAtAnOperatorIsNarrowedToATileAndLoses) {
+  // Twice the learning rate: forward and backward agree, the first differing output is the first
+  // updated parameter, every tile of it differs; the game takes the first.
+  ExpectTheHonestSideWins(Lie{LieKind::kWrongUpdate}, false);
+}
+
+TEST(TileDisputeTest, ALieInTheStateOnlyGoesToTheWholeStepReferee) {
+  ExpectTheHonestSideWins(Lie{LieKind::kStepState}, true);
+}
+
+TEST(TileDisputeTest, ALieInTheStepsInputStateGoesToTheWholeStepReferee) {
+  // The input state is committed by the flat StateHash the parties agreed on; a tile of it cannot
+  // be proven against that hash alone, so the whole step decides (docs/verification.md).
+  ExpectTheHonestSideWins(Lie{LieKind::kInputState}, true);
+}
+
+TEST(TileDisputeTest, APartySilentAtAnyPhaseLoses) {
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.0.weight.grad", 200, 700, 2});
+  const std::vector<Silence> phases = {
+      {DisputeStage::kDisputeSteps, false},
+      {DisputeStage::kDisputeOperators, false},
+      {DisputeStage::kDisputeTiles, false},  // the output root
+      {DisputeStage::kDisputeTiles, true},   // the children of a node
+      {DisputeStage::kDisputeReduction, false},
+  };
+  for (Silence silence : phases) {
+    for (DisputeParty silent : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+      for (bool defender_lies : {true, false}) {
+        silence.party = silent;
+        SCOPED_TRACE(std::string(protocol::DisputeStageName(silence.stage)) +
+                     (silence.children ? " (children)" : "") + ", " +
+                     std::string(protocol::DisputePartyName(silent)) + " silent, " +
+                     (defender_lies ? "defender" : "challenger") + " lies");
+        Played p = defender_lies ? Play(liar, honest, honest, silence)
+                                 : Play(honest, liar, honest, silence);
+        EXPECT_FALSE(p.task.has_value()) << "the game ended at the missed deadline";
+        EXPECT_EQ(p.outcome.defender_honest, silent != DisputeParty::kDefender);
+        EXPECT_EQ(p.outcome.challenger_honest, silent != DisputeParty::kChallenger);
+        EXPECT_EQ(p.outcome.reason,
+                  std::string(protocol::DisputePartyName(silent)) + " missed its turn");
+      }
+    }
+  }
+}
+
+// Plays `lie` with the liar as defender up to the referee stage and returns the game there.
+DisputeGame GameAtReferee(const PartyRun& liar) {
+  const PartyRun& honest = Honest();
+  Result<DisputeGame> g = DisputeGame::Create(Config(liar, honest));
+  CHECK(g.ok());
+  uint64_t height = 100;
+  while (g->stage() != DisputeStage::kDisputeReferee) {
+    CHECK(g->stage() != DisputeStage::kDisputeResolved) << g->outcome().reason;
+    const DisputeQuery q = g->query();
+    ++height;
+    for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+      const Move m = Answer(party == DisputeParty::kDefender ? liar : honest, q);
+      Status s = m.children ? g->PostChildren(party, q.position, m.children->first,
+                                              m.children->second, height)
+                            : g->Post(party, q.position, m.hash, height);
+      CHECK(s.ok()) << s.ToString();
+    }
+  }
+  return std::move(*g);
+}
+
+void ExpectRefused(const RefereeTask& task, const TileWitness& w, const std::string& what) {
+  Result<Hash256> r = RuleTile(Context(), task, w);
+  ASSERT_FALSE(r.ok()) << "a witness with " << what << " was accepted";
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  std::printf("[ refused  ] %s: %s\n", what.c_str(), r.status().message().c_str());
+}
+
+TEST(TileDisputeTest, MalformedWitnessesAreRefused) {
+  const PartyRun& honest = Honest();
+  // A matmul tile on the batch: tiles, proofs and examples.
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
+  DisputeGame g = GameAtReferee(liar);
+  const RefereeTask task = g.referee_task();
+  ASSERT_TRUE(task.tile);
+  const TileWitness good = BuildWitness(honest, task);
+  Result<Hash256> ok = RuleTile(Context(), task, good);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(*ok, task.challenger_output);  // the honest side's leaf
+  EXPECT_NE(*ok, task.defender_output);
+  {
+    TileWitness w = good;
+    w.tiles[0].values[3] += 1.0f;  // values that are not the agreed tile's
+    ExpectRefused(task, w, "a wrong proof");
+  }
+  {
+    TileWitness w = good;
+    w.tiles[1].proof = w.tiles[0].proof;  // another tile's proof
+    ExpectRefused(task, w, "another tile's proof");
+  }
+  {
+    TileWitness w = good;
+    std::swap(w.tiles[0], w.tiles[1]);  // proven tiles, but not the footprint's at that place
+    ExpectRefused(task, w, "a wrong tile");
+  }
+  {
+    TileWitness w = good;
+    w.tiles.pop_back();
+    ExpectRefused(task, w, "a missing tile");
+  }
+  {
+    // The disputed operator's own output (the honest party's, validly proven against its own
+    // root) is not an input anyone agreed to.
+    TileWitness w = good;
+    const int64_t op = static_cast<int64_t>(task.operator_index) - 1;
+    const engine::TileGrid& grid = Context().plan.ops[static_cast<size_t>(op)].grid;
+    std::vector<Hash256> hashes = engine::TileHashes(honest.Values(task.step, op), grid);
+    w.tiles[0] = TileWitnessTile{task.operator_index, 0,
+                                 engine::ExtractTile(honest.Values(task.step, op), grid, 0),
+                                 MerkleProve(hashes, 0)};
+    ExpectRefused(task, w, "an input not agreed to");
+  }
+  {
+    TileWitness w = good;
+    w.outputs[5] = Blake2b("not agreed");
+    ExpectRefused(task, w, "outputs that do not chain to C_{j-1}");
+  }
+  {
+    RefereeTask other = task;
+    other.tile_index = task.tile_index == 0 ? 1 : 0;  // the witness is for another tile
+    Result<Hash256> r = RuleTile(Context(), other, good);
+    EXPECT_FALSE(r.ok()) << "a witness for another tile was accepted";
+  }
+  // A tile that reads the batch: examples must be the batch's and proven.
+  const PartyRun liar0 = Train(Lie{LieKind::kTile, "layers.0.out", 40, 40});
+  DisputeGame g0 = GameAtReferee(liar0);
+  const RefereeTask task0 = g0.referee_task();
+  const TileWitness good0 = BuildWitness(honest, task0);
+  ASSERT_TRUE(RuleTile(Context(), task0, good0).ok());
+  {
+    TileWitness w = good0;
+    std::swap(w.examples[0], w.examples[1]);
+    ExpectRefused(task0, w, "examples out of batch order");
+  }
+  {
+    TileWitness w = good0;
+    w.examples[2].x[10] += 0.5f;
+    ExpectRefused(task0, w, "an example not in the data");
+  }
+  {
+    TileWitness w = good0;
+    w.examples[2].y = (w.examples[2].y + 1) % 10;
+    ExpectRefused(task0, w, "a relabelled example");
+  }
+  // A reduction block: the partial sum must be the agreed one.
+  const PartyRun liar2 = Train(Lie{LieKind::kTile, "layers.0.weight.grad", 200, 700, 2});
+  DisputeGame g2 = GameAtReferee(liar2);
+  const RefereeTask task2 = g2.referee_task();
+  ASSERT_EQ(task2.block, 2u);
+  const TileWitness good2 = BuildWitness(honest, task2);
+  ASSERT_TRUE(RuleTile(Context(), task2, good2).ok());
+  {
+    TileWitness w = good2;
+    w.partial[0] += 1.0f;
+    ExpectRefused(task2, w, "a partial sum not agreed to");
+  }
+  // The game itself refuses moves that do not hash to the party's own claims.
+  {
+    Result<DisputeGame> fresh = DisputeGame::Create(Config(liar, honest));
+    ASSERT_TRUE(fresh.ok());
+    DisputeGame h = std::move(*fresh);
+    uint64_t height = 100;
+    while (h.stage() != DisputeStage::kDisputeTiles) {
+      const DisputeQuery q = h.query();
+      ++height;
+      ASSERT_TRUE(h.Post(DisputeParty::kDefender, q.position, Answer(liar, q).hash, height).ok());
+      ASSERT_TRUE(h.Post(DisputeParty::kChallenger, q.position, Answer(honest, q).hash, height).ok());
+    }
+    const DisputeQuery q = h.query();
+    Status bad = h.Post(DisputeParty::kDefender, q.position, Answer(honest, q).hash, height);
+    EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << "a root not chaining to its C_j";
+    ASSERT_TRUE(h.Post(DisputeParty::kDefender, q.position, Answer(liar, q).hash, height).ok());
+    ASSERT_TRUE(h.Post(DisputeParty::kChallenger, q.position, Answer(honest, q).hash, height).ok());
+    const DisputeQuery c = h.query();
+    ASSERT_TRUE(c.children);
+    const Move m = Answer(liar, c);
+    Status swapped = h.PostChildren(DisputeParty::kDefender, c.position, m.children->second,
+                                    m.children->first, height);
+    EXPECT_EQ(swapped.code(), StatusCode::kInvalidArgument) << "children not hashing to the node";
+  }
+}
+
+}  // namespace referee_tile_test
+}  // namespace meshlearn::ledger
