@@ -1,6 +1,7 @@
 #include "meshlearn/engine/op_trace.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "meshlearn/base/check.h"
 
@@ -13,9 +14,12 @@ void OpTrace::Record(std::string name, std::span<const float> values) {
 void OpTrace::Record(std::string name, std::span<const float> values, int64_t rows,
                      int64_t cols) {
   CHECK_EQ(static_cast<int64_t>(values.size()), rows * cols) << name;
+  const auto t0 = std::chrono::steady_clock::now();
   const TileGrid grid = TileGrid::For(rows, cols);
   names_.push_back(std::move(name));
   hashes_.push_back(TensorRoot(values, grid));
+  record_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   grids_.push_back(grid);
   if (keep_values_) {
     values_.resize(hashes_.size() - 1);

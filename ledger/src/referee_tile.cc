@@ -1,4 +1,4 @@
-#include "referee_tile.h"
+#include "meshlearn/ledger/referee_tile.h"
 
 #include <string>
 

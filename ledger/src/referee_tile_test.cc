@@ -7,7 +7,7 @@
 // game goes through its canonical encoding after every turn, as the ledger stores it. The honest
 // side wins in either role; a silent party loses at every phase; a witness with a wrong proof,
 // a wrong tile, or an input not agreed is refused; every witness is at most 256 KiB.
-#include "referee_tile.h"
+#include "meshlearn/ledger/referee_tile.h"
 
 #include <bit>
 #include <cstdio>

@@ -42,12 +42,17 @@ class OpTrace {
     hashes_.clear();
     grids_.clear();
     values_.clear();
+    record_seconds_ = 0;
   }
   // Appends the tiled root of `values` viewed as a vector (1 x n).
   void Record(std::string name, std::span<const float> values);
   // Appends the tiled root of `values` viewed as rows x cols. REQUIRES: values.size() ==
   // rows * cols.
   void Record(std::string name, std::span<const float> values, int64_t rows, int64_t cols);
+
+  // Wall-clock seconds spent recording (hashing tiles and building roots) since construction or
+  // Clear(): the commitment's cost, for verify_bench --benchmarks=referee.
+  double record_seconds() const { return record_seconds_; }
 
   // Keep a copy of every recorded output (for opening tiles). Off by default.
   void set_keep_values(bool keep) { keep_values_ = keep; }
@@ -67,6 +72,7 @@ class OpTrace {
   std::vector<TileGrid> grids_;
   bool keep_values_ = false;
   std::vector<std::vector<float>> values_;
+  double record_seconds_ = 0;
 };
 
 // Index of the first operator whose hash differs, or -1 when the two traces are equal. A trace

@@ -1,8 +1,9 @@
 // The ledger as referee of ONE TILE of one operator of a training step: the rule a dispute game
 // narrowed to a tile (protocol/dispute.h, phases 3 and 4) is settled by, from a witness of at most
 // a few hundred KiB whatever the model's size (engine/tile_rule.h; docs/verification.md, "Tiles").
-// Internal to the ledger. Pure library code: the transaction that carries a TileWitness onto the
-// chain is not wired yet (docs/verification.md says what is on chain today).
+// Public so that a party or a referee service can build and size witnesses with the ledger's own
+// types. Pure library code: the transaction that carries a TileWitness onto the chain is not
+// wired yet (docs/verification.md says what is on chain today).
 //
 //   TileRuleContext ctx = ...;              // from the task record and the unit (below)
 //   SetTilePhase(ctx.plan, &config);        // when the dispute is opened
