@@ -21,6 +21,16 @@
 //            node::ReplaySegment of each of its segments from the solver's checkpoints (plus the
 //            checkpoint's decoding), best of --repeats. measured_overhead = p V (replay + load) /
 //            unit, the same as the computed p V r / S but with the measured segment/unit ratio.
+// referee    (not in the default list) the tile referee (issue 16), one line per model (the
+//            fashion MLP of --task, and examples/code-gpt-10m.toml at batch 8 x 256): parameters;
+//            commitment_fraction, what training pays per step: the state's tiled commitment
+//            (engine/tile.h) once per checkpoint_interval steps, over an untraced step's time;
+//            trace_commit_fraction, what one traced step costs more than a plain one (OpTrace's
+//            tiled roots of every operator output, paid by the two parties of a dispute for the
+//            one disputed step; medians of --referee-steps steps); and where the tile
+//            rule covers the model (engine/tile_rule.h): the turns to reach a tile, the largest
+//            witness of any operator's tile (EncodeTileWitness bytes; bound 256 KiB) and the
+//            ledger's time to rule it (RuleTile), checked to give the traced tile.
 // summary    last line: the headline numbers, replication's, and whether the targets are met.
 #include <algorithm>
 #include <chrono>
@@ -39,7 +49,12 @@
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/engine/op_trace.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/tile.h"
+#include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/ledger/genesis.h"
+#include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/node/network_task.h"
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/decompose.h"
@@ -169,6 +184,180 @@ ReplayTiming TimeReplay(const std::string& task_path, const TaskShape& shape, in
   return t;
 }
 
+uint32_t CeilLog2(uint64_t n) {
+  return n <= 1 ? 0 : static_cast<uint32_t>(64 - __builtin_clzll(n - 1));
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The referee case for the task at `path` (see the top of this file).
+json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interval) {
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Load(Env::Default(), path);
+  if (!spec.ok()) Fail(path, spec.status());
+  Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), *spec);
+  if (!data.ok()) Fail(path, data.status());
+  const bool classification = !data->tokens && data->train.size() > 0;
+  std::unique_ptr<engine::DataTree> tree;
+  if (classification) tree = std::make_unique<engine::DataTree>(data->train);
+  Result<std::unique_ptr<engine::Trainer>> created = engine::Trainer::Create(*spec, *data);
+  if (!created.ok()) Fail(path, created.status());
+  engine::Trainer& tr = **created;
+  engine::TrainState& st = tr.state();
+  tr.Step();  // warm-up
+  std::vector<double> plain, traced, commit;
+  for (int i = 0; i < steps; ++i) plain.push_back(Seconds([&] { tr.Step(); }));
+  engine::OpTrace trace;
+  for (int i = 0; i < steps; ++i) {
+    trace.Clear();
+    st.model->set_op_trace(&trace);
+    traced.push_back(Seconds([&] { tr.Step(); }));
+    st.model->set_op_trace(nullptr);
+    commit.push_back(trace.record_seconds());
+  }
+  uint64_t tiles = 0;
+  for (size_t i = 0; i < trace.size(); ++i) tiles += static_cast<uint64_t>(trace.grid(i).count());
+  const double step_s = Median(plain), commit_s = Median(commit);
+  // What training pays without a dispute: the state committed at each checkpoint, tiled (every
+  // parameter and moment's TensorRoot) and flat (StateHash, what the chain holds today), once
+  // per checkpoint_interval steps. The operator trace is computed only by the two parties of a
+  // dispute, replaying the one disputed step from their checkpoint.
+  std::vector<double> state_tiled, state_flat;
+  for (int i = 0; i < steps; ++i) {
+    state_tiled.push_back(Seconds([&] {
+      for (const engine::Param& p : st.model->params()) {
+        engine::TensorRoot({p.value.data(), static_cast<size_t>(p.value.size())},
+                           engine::TileGrid::ForShape(p.value.shape()));
+      }
+      for (const engine::Optimizer::NamedState& n : st.optimizer->State()) {
+        engine::TensorRoot({n.tensor->data(), static_cast<size_t>(n.tensor->size())},
+                           engine::TileGrid::ForShape(n.tensor->shape()));
+      }
+    }));
+    state_flat.push_back(Seconds([&] { engine::StateHash(st); }));
+  }
+  const double tiled_s = Median(state_tiled);
+  const double per_step = tiled_s / (checkpoint_interval * step_s);
+  json j = {{"bench", "verify_referee"},
+            {"model", spec->name},
+            {"parameters", st.model->NumParameters()},
+            {"batch", spec->batch_size},
+            {"threads", engine::GetKernelConfig().threads},
+            {"operators", trace.size()},
+            {"tiles", tiles},
+            {"step_seconds", step_s},
+            {"traced_step_seconds", Median(traced)},
+            {"trace_commit_seconds", commit_s},
+            {"trace_commit_fraction", commit_s / step_s},
+            {"checkpoint_interval", checkpoint_interval},
+            {"state_tiled_commit_seconds", tiled_s},
+            {"state_flat_hash_seconds", Median(state_flat)},
+            {"commitment_fraction", per_step},
+            {"target_commitment_fraction", 0.10}};
+  Result<engine::TilePlan> plan =
+      engine::PlanStepTiles(spec->model, st.optimizer->spec(), spec->batch_size);
+  if (!plan.ok() || !classification) {
+    j["tile_rule"] = plan.ok() ? "not covered: a token task has no data leaves yet"
+                               : plan.status().message();
+    j["largest_witness_bytes"] = nullptr;
+    return j;
+  }
+  // One more step, its outputs kept: the largest witness over every computed operator (its
+  // tile 0; a reduction at block 1, which carries a partial sum) and the ledger ruling it.
+  const int64_t before = st.step;
+  const Hash256 state_in = engine::StateHash(st);
+  const engine::Batch batch = tr.BatchForStep(before);
+  trace.Clear();
+  trace.set_keep_values(true);
+  st.model->set_op_trace(&trace);
+  engine::StepOnBatch(st, batch, engine::DropoutSeed(spec->seed, spec->stream));
+  st.model->set_op_trace(nullptr);
+  ledger::TileRuleContext ctx;
+  ctx.plan = *plan;
+  ctx.seed = spec->seed;
+  ctx.stream = spec->stream;
+  ctx.num_examples = static_cast<uint64_t>(data->train.size());
+  ctx.data_root = tree->root();
+  const std::vector<int64_t> indices = engine::BatchIndices(
+      spec->seed, spec->stream, data->train.size(), spec->batch_size, before);
+  size_t largest = 0;
+  std::string largest_op;
+  uint32_t turns = 0;
+  double rule_s = 0;
+  bool rule_matches = true;
+  Hash256 chain = state_in;
+  for (size_t op = 0; op < plan->ops.size(); ++op) {
+    const engine::TileOp& o = plan->ops[op];
+    const Hash256 c_before = chain;
+    chain = OperatorChainHash(chain, trace.hash(op));
+    if (o.kind == engine::TileOpKind::kTileOpState) continue;
+    const int64_t blocks = engine::ReductionBlocks(*plan, static_cast<int64_t>(op));
+    const int64_t block = blocks > 1 ? 1 : 0;
+    turns = std::max(turns, CeilLog2(checkpoint_interval) + 1 + CeilLog2(plan->ops.size()) + 1 +
+                                CeilLog2(o.grid.count()) + CeilLog2(blocks));
+    Result<engine::TileFootprint> fp = engine::Footprint(*plan, static_cast<int64_t>(op), 0, block);
+    if (!fp.ok()) Fail("footprint", fp.status());
+    ledger::TileWitness w;
+    w.outputs.assign(trace.hashes().begin(), trace.hashes().begin() + static_cast<int64_t>(op));
+    for (const engine::TileRef& r : fp->tiles) {
+      const engine::TileGrid& g = trace.grid(static_cast<size_t>(r.op));
+      std::vector<Hash256> hashes = engine::TileHashes(trace.values(static_cast<size_t>(r.op)), g);
+      w.tiles.push_back({static_cast<uint32_t>(r.op + 1), static_cast<uint64_t>(r.tile),
+                         engine::ExtractTile(trace.values(static_cast<size_t>(r.op)), g, r.tile),
+                         MerkleProve(hashes, static_cast<uint64_t>(r.tile))});
+    }
+    const int64_t features = plan->input_size;
+    for (int64_t row : fp->batch_rows) {
+      const int64_t idx = indices[static_cast<size_t>(row)];
+      const float* x = data->train.x.data() + idx * features;
+      w.examples.push_back({static_cast<uint64_t>(idx), std::vector<float>(x, x + features),
+                            data->train.y[static_cast<size_t>(idx)], tree->Prove(idx)});
+    }
+    RefereeTask task;
+    task.whole_step = false;
+    task.tile = true;
+    task.step = static_cast<uint64_t>(before) + 1;
+    task.operator_index = static_cast<uint32_t>(op + 1);
+    task.tile_index = 0;
+    task.tile_count = static_cast<uint64_t>(o.grid.count());
+    task.reduction_blocks = static_cast<uint32_t>(blocks);
+    task.block = static_cast<uint32_t>(block);
+    task.state_input = state_in;
+    task.input = c_before;
+    Hash256 want = MerkleLeafHash(engine::TileHash(engine::ExtractTile(trace.values(op), o.grid, 0)));
+    if (blocks > 0) {
+      Result<std::vector<std::vector<float>>> partials =
+          engine::ReductionChain(*plan, static_cast<int64_t>(op), 0, before, trace, batch);
+      if (!partials.ok()) Fail("reduction chain", partials.status());
+      if (block > 0) {
+        w.partial = (*partials)[static_cast<size_t>(block)];
+        task.partial_input = engine::TileHash(w.partial);
+      }
+      if (block + 1 < blocks) want = engine::TileHash((*partials)[static_cast<size_t>(block) + 1]);
+    }
+    const size_t bytes = ledger::EncodeTileWitness(w).size();
+    Result<Hash256> ruled = Hash256{};
+    const double secs = Seconds([&] { ruled = ledger::RuleTile(ctx, task, w); });
+    if (!ruled.ok()) Fail("RuleTile " + o.name, ruled.status());
+    rule_matches = rule_matches && *ruled == want;
+    if (bytes > largest) {
+      largest = bytes;
+      largest_op = o.name;
+      rule_s = secs;
+    }
+  }
+  j["tile_rule"] = "covered";
+  j["turns_to_tile"] = turns;
+  j["largest_witness_bytes"] = largest;
+  j["largest_witness_operator"] = largest_op;
+  j["witness_bound_bytes"] = ledger::kMaxTileWitnessBytes;
+  j["ledger_rule_seconds"] = rule_s;
+  j["rule_matches_trace"] = rule_matches;
+  return j;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -177,6 +366,7 @@ int main(int argc, char** argv) {
   uint32_t solvers = 4;
   uint64_t tasks = 20'000;
   int repeats = 2;
+  int referee_steps = 3;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--benchmarks=", 0) == 0) {
@@ -189,11 +379,13 @@ int main(int argc, char** argv) {
       tasks = std::max<uint64_t>(1, std::strtoull(a.c_str() + 8, nullptr, 10));
     } else if (a.rfind("--repeats=", 0) == 0) {
       repeats = std::max(1, std::atoi(a.c_str() + 10));
+    } else if (a.rfind("--referee-steps=", 0) == 0) {
+      referee_steps = std::max(1, std::atoi(a.c_str() + 16));
     } else {
       std::fprintf(stderr,
-                   "usage: verify_bench [--benchmarks=economics,simulate,replay] "
+                   "usage: verify_bench [--benchmarks=economics,simulate,replay,referee] "
                    "[--task=examples/fashion-mlp.toml] [--solvers=4] [--tasks=20000] "
-                   "[--repeats=2]\n");
+                   "[--repeats=2] [--referee-steps=3]\n");
       return 2;
     }
   }
@@ -304,6 +496,12 @@ int main(int argc, char** argv) {
                             .dump()
                             .c_str());
     std::fflush(stdout);
+  }
+  if (wants("referee")) {
+    for (const std::string& p : {task_path, SourceDir() + "/examples/code-gpt-10m.toml"}) {
+      std::printf("%s\n", RefereeCase(p, referee_steps, net->checkpoint_interval).dump().c_str());
+      std::fflush(stdout);
+    }
   }
   const double overhead = measured_overhead >= 0 ? measured_overhead : headline.overhead;
   std::printf("%s\n", json{{"bench", "verify_summary"},
