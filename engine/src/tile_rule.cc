@@ -49,6 +49,12 @@ int64_t TileRuleCols(const TilePlan& plan, int64_t op) {
   return op == kTileOperandBatch ? plan.input_size : plan.ops[static_cast<size_t>(op)].grid.cols;
 }
 
+// A linear forward tile reads 32 input rows and 32 weight rows of C floats: 256 C bytes. Up to
+// C = 1024 (256 KiB with the proofs ~ the bound) it is recomputed whole; above, its chain over c
+// is narrowed into blocks of kTileLinearBlock columns (64 KiB of inputs each).
+constexpr int64_t kTileLinearWholeMax = 1024;
+constexpr int64_t kTileLinearBlock = 256;
+
 // Dense values of `op`'s rectangle [r0, r1) x [c0, c1), from the footprint's tiles of `op` (or
 // its examples). The inputs were size-checked against the footprint first.
 std::vector<float> TileRuleDense(const TilePlan& plan, const TileFootprint& fp,
@@ -81,16 +87,18 @@ std::vector<float> TileRuleDense(const TilePlan& plan, const TileFootprint& fp,
 
 }  // namespace
 
+namespace {
+
+constexpr char kTileRuleClipped[] =
+    "a clipped update (optimizer.grad_clip): its scale is a reduction over every gradient, not "
+    "yet committed as an operator";
+
+}  // namespace
+
 Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
-                               int64_t batch) {
-  if (model.kind != "sequential") {
-    return FailedPrecondition("tile rule: a '" + model.kind +
-                              "' model is not covered yet (sequential linear/relu models are)");
-  }
-  if (optimizer.grad_clip > 0) {
-    return FailedPrecondition(
-        "tile rule: gradient clipping (optimizer.grad_clip) is not covered yet: the clipped "
-        "update's scale is a reduction over every gradient");
+                               int64_t batch, int64_t seq_len) {
+  if (model.kind != "sequential" && model.kind != "gpt") {
+    return FailedPrecondition("tile rule: a '" + model.kind + "' model is not covered");
   }
   if (optimizer.kind != "adamw" && optimizer.kind != "sgd") {
     return InvalidArgument("tile rule: unknown optimizer kind '" + optimizer.kind + "'");
@@ -102,7 +110,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   Optimizer opt(optimizer, m.params());
   TilePlan plan;
   plan.batch = batch;
-  plan.input_size = NumElements(model.input);
+  plan.input_size = model.kind == "gpt" ? 0 : NumElements(model.input);
   plan.classes = m.NumOutputs();
   plan.optimizer = optimizer;
   std::map<std::string, int64_t> index;  // op name -> index
@@ -123,6 +131,83 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   for (const Optimizer::NamedState& s : opt.State()) {
     add({"in." + s.name, TileOpKind::kTileOpState, TileGrid::ForShape(s.tensor->shape()),
          s.tensor->shape()});
+  }
+  // The update (StepOnBatch records every parameter after it), the same for every model.
+  const bool adam = optimizer.kind == "adamw";
+  auto add_updates = [&] {
+    for (const Param& p : m.params()) {
+      TileOp up{p.name, adam ? TileOpKind::kTileOpAdamW : TileOpKind::kTileOpSgd,
+                TileGrid::ForShape(p.value.shape()), p.value.shape()};
+      up.x = state_op(p.name);
+      up.w = index[p.name + ".grad"];
+      up.b = state_op(adam ? "optim.m." + p.name : "optim.momentum." + p.name);
+      up.v = adam ? state_op("optim.v." + p.name) : -1;
+      if (optimizer.grad_clip > 0) {
+        up.kind = TileOpKind::kTileOpOpaque;
+        up.opaque = kTileRuleClipped;
+      }
+      add(std::move(up));
+    }
+  };
+  if (model.kind == "gpt") {
+    // model.cc's GptModel: Forward, Backward, then the gradients, in its trace order. Its linear
+    // operators are covered; the rest is opaque until it has a footprint.
+    const GptSpec& g = model.gpt;
+    const int64_t T = seq_len > 0 ? seq_len : g.block_size;
+    const int64_t N = batch * T, C = g.n_embd, V = g.vocab_size;
+    plan.batch = N;
+    auto opaque = [&](const std::string& name, int64_t rows, int64_t cols, const char* why) {
+      TileOp op{name, TileOpKind::kTileOpOpaque, TileGrid::For(rows, cols), {rows, cols}};
+      op.opaque = why;
+      return add(std::move(op));
+    };
+    auto linear = [&](const std::string& name, int64_t x, int64_t out, int64_t param) {
+      TileOp op{name, TileOpKind::kTileOpLinear, TileGrid::For(N, out), {N, out}};
+      op.x = x;
+      op.w = state_op(m.params()[static_cast<size_t>(param)].name);
+      op.b = param + 1 < static_cast<int64_t>(m.params().size()) &&
+                     m.params()[static_cast<size_t>(param + 1)].value.shape().size() == 1 &&
+                     m.params()[static_cast<size_t>(param + 1)].name.ends_with(".bias")
+                 ? state_op(m.params()[static_cast<size_t>(param + 1)].name)
+                 : -1;
+      return add(std::move(op));
+    };
+    constexpr char kNoFootprint[] = "no footprint yet for this GPT operator";
+    opaque("encoded", N, C, "the token embeddings: token tasks have no data leaves yet");
+    for (int64_t l = 0; l < g.n_layer; ++l) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      const int64_t base = 2 + 12 * l;  // the layer's 12 parameters (model.cc's P(l, k))
+      const int64_t ln1 = opaque(p + "ln1", N, C, kNoFootprint);
+      linear(p + "qkv", ln1, 3 * C, base + 2);
+      opaque(p + "att", batch * g.n_head * T, T, kNoFootprint);
+      const int64_t atty = opaque(p + "atty", N, C, kNoFootprint);
+      linear(p + "attproj", atty, C, base + 4);
+      opaque(p + "residual2", N, C, kNoFootprint);
+      const int64_t ln2 = opaque(p + "ln2", N, C, kNoFootprint);
+      linear(p + "fch", ln2, 4 * C, base + 8);
+      const int64_t gelu = opaque(p + "fch_gelu", N, 4 * C, kNoFootprint);
+      linear(p + "fcproj", gelu, C, base + 10);
+      opaque(p + "residual3", N, C, kNoFootprint);
+    }
+    const int64_t lnf = opaque("ln_f", N, C, kNoFootprint);
+    linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
+    opaque("loss", N, 1, "the token loss: token tasks have no data leaves yet");
+    opaque("logits.grad", N, V, "the token loss: token tasks have no data leaves yet");
+    opaque("ln_f.grad", N, C, kNoFootprint);
+    opaque("residual.grad", N, C, kNoFootprint);
+    for (int64_t l = g.n_layer; l-- > 0;) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      opaque(p + "residual3.grad", N, C, kNoFootprint);
+      opaque(p + "fch.grad", N, 4 * C, kNoFootprint);
+      opaque(p + "qkv.grad", N, 3 * C, kNoFootprint);
+      opaque(p + "residual.grad", N, C, kNoFootprint);
+    }
+    for (const Param& p : m.params()) {
+      const TileGrid grid = TileGrid::ForShape(p.value.shape());
+      opaque(p.name + ".grad", grid.rows, grid.cols, kNoFootprint);
+    }
+    add_updates();
+    return plan;
   }
   // Forward (model.cc's sequential Forward).
   struct Linear {
@@ -205,23 +290,18 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       add(std::move(db));
     }
   }
-  // The update (StepOnBatch records every parameter after it).
-  const bool adam = optimizer.kind == "adamw";
-  for (const Param& p : m.params()) {
-    TileOp up{p.name, adam ? TileOpKind::kTileOpAdamW : TileOpKind::kTileOpSgd,
-              TileGrid::ForShape(p.value.shape()), p.value.shape()};
-    up.x = state_op(p.name);
-    up.w = index[p.name + ".grad"];
-    up.b = state_op(adam ? "optim.m." + p.name : "optim.momentum." + p.name);
-    up.v = adam ? state_op("optim.v." + p.name) : -1;
-    add(std::move(up));
-  }
+  add_updates();
   return plan;
 }
 
 int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   if (op < 0 || op >= static_cast<int64_t>(plan.ops.size())) return 0;
-  if (!TileRuleIsReduction(plan.ops[static_cast<size_t>(op)].kind)) return 0;
+  const TileOp& o = plan.ops[static_cast<size_t>(op)];
+  if (o.kind == TileOpKind::kTileOpLinear) {
+    const int64_t C = TileRuleCols(plan, o.x);
+    return C > kTileLinearWholeMax ? (C + kTileLinearBlock - 1) / kTileLinearBlock : 0;
+  }
+  if (!TileRuleIsReduction(o.kind)) return 0;
   return (plan.batch + kTileRows - 1) / kTileRows;
 }
 
@@ -248,11 +328,19 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     case TileOpKind::kTileOpState:
       return FailedPrecondition("tile rule: " + TileRuleOpName(plan, op) +
                                 " is the step's input state, not computed by the step");
-    case TileOpKind::kTileOpLinear:
-      TileRuleCover(plan, o.x, t.r0, t.r1, 0, TileRuleCols(plan, o.x), fp);
-      TileRuleCover(plan, o.w, t.c0, t.c1, 0, TileRuleCols(plan, o.w), fp);
-      if (o.b >= 0) TileRuleCover(plan, o.b, 0, 1, t.c0, t.c1, fp);
+    case TileOpKind::kTileOpOpaque:
+      return FailedPrecondition("tile rule: " + TileRuleOpName(plan, op) + ": " + o.opaque);
+    case TileOpKind::kTileOpLinear: {
+      // Whole: every column c of the rows; narrowed: block `block`'s columns, the bias with the
+      // first block (the chain starts from it).
+      const int64_t C = TileRuleCols(plan, o.x);
+      const int64_t k0 = blocks > 0 ? block * kTileLinearBlock : 0;
+      const int64_t k1 = blocks > 0 ? std::min(C, k0 + kTileLinearBlock) : C;
+      TileRuleCover(plan, o.x, t.r0, t.r1, k0, k1, fp);
+      TileRuleCover(plan, o.w, t.c0, t.c1, k0, k1, fp);
+      if (o.b >= 0 && block == 0) TileRuleCover(plan, o.b, 0, 1, t.c0, t.c1, fp);
       break;
+    }
     case TileOpKind::kTileOpRelu:
       TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
       break;
@@ -356,14 +444,40 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
   std::vector<float> out(static_cast<size_t>(t.numel()), 0.0f);
   switch (o.kind) {
     case TileOpKind::kTileOpState:
-      return FailedPrecondition(what + ": the step's input state is not recomputed");
+    case TileOpKind::kTileOpOpaque:
+      return FailedPrecondition(what + ": not recomputed by tile");
     case TileOpKind::kTileOpLinear: {
       const int64_t C = TileRuleCols(plan, o.x);
-      std::vector<float> x = dense(o.x, t.r0, t.r1, 0, C);
-      std::vector<float> w = dense(o.w, t.c0, t.c1, 0, C);
-      std::vector<float> b;
-      if (o.b >= 0) b = dense(o.b, 0, 1, t.c0, t.c1);
-      ref::LinearForward(out.data(), x.data(), w.data(), o.b >= 0 ? b.data() : nullptr, R, C, K);
+      if (blocks == 0) {
+        std::vector<float> x = dense(o.x, t.r0, t.r1, 0, C);
+        std::vector<float> w = dense(o.w, t.c0, t.c1, 0, C);
+        std::vector<float> b;
+        if (o.b >= 0) b = dense(o.b, 0, 1, t.c0, t.c1);
+        ref::LinearForward(out.data(), x.data(), w.data(), o.b >= 0 ? b.data() : nullptr, R, C, K);
+        break;
+      }
+      // One block of the chain over c (kernels.h: acc = fma(inp[b,c], weight[o,c], acc) from
+      // bias[o], or 0), continued from the agreed partial; the last block's accumulator is out.
+      internal::FpEnvGuard fp_guard;
+      const int64_t k0 = block * kTileLinearBlock, k1 = std::min(C, k0 + kTileLinearBlock);
+      const int64_t W = k1 - k0;
+      std::vector<float> x = dense(o.x, t.r0, t.r1, k0, k1);
+      std::vector<float> w = dense(o.w, t.c0, t.c1, k0, k1);
+      if (block == 0) {
+        if (o.b >= 0) {
+          std::vector<float> b = dense(o.b, 0, 1, t.c0, t.c1);
+          for (int64_t r = 0; r < R; ++r) std::copy(b.begin(), b.end(), out.begin() + r * K);
+        }
+      } else {
+        out = in.partial;
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t c = 0; c < K; ++c) {
+          float a = out[static_cast<size_t>(r * K + c)];
+          for (int64_t k = 0; k < W; ++k) a = __builtin_fmaf(x[r * W + k], w[c * W + k], a);
+          out[static_cast<size_t>(r * K + c)] = a;
+        }
+      }
       break;
     }
     case TileOpKind::kTileOpRelu: {

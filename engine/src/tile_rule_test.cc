@@ -3,6 +3,7 @@
 // kernels' order, equals the tile the whole step's fast kernels produced, bit for bit.
 #include "meshlearn/engine/tile_rule.h"
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "meshlearn/base/merkle.h"
+#include "meshlearn/base/env.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/step_replay.h"
@@ -226,16 +228,106 @@ TEST(TileRuleTest, FootprintsAreSmallAndRefuseWhatIsNotAnOutput) {
       << r.status().message();
 }
 
-TEST(TileRuleTest, RefusesWhatItDoesNotCoverYet) {
+TEST(TileRuleTest, WhatIsNotCoveredYetIsOpaqueAndRefused) {
   std::unique_ptr<Trainer> tr = MakeTrainer(kMlp);
   OptimizerSpec clipped = tr->state().optimizer->spec();
   clipped.grad_clip = 1.0;
   Result<TilePlan> p = PlanStepTiles(tr->task().model, clipped, 8);
-  ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.status().message().find("grad_clip"), std::string::npos);
-  ModelSpec gpt;
-  gpt.kind = "gpt";
-  EXPECT_FALSE(PlanStepTiles(gpt, tr->state().optimizer->spec(), 8).ok());
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const int64_t last = static_cast<int64_t>(p->ops.size()) - 1;  // an updated parameter
+  EXPECT_EQ(p->ops.back().kind, TileOpKind::kTileOpOpaque);
+  Result<TileFootprint> fp = Footprint(*p, last, 0, 0);
+  ASSERT_FALSE(fp.ok());
+  EXPECT_NE(fp.status().message().find("grad_clip"), std::string::npos) << fp.status().message();
+  ModelSpec cnn = tr->task().model;
+  cnn.layers[1].kind = "gelu";
+  Result<TilePlan> g = PlanStepTiles(cnn, tr->state().optimizer->spec(), 8);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("model.layers[1]"), std::string::npos);
+}
+
+// The 10M GPT's shape (examples/code-gpt-10m.toml, one sequence of 256 tokens): the plan is the
+// trace's operator list, and every tile of its linear operators (the first and last layer's qkv,
+// attention projection, MLP up and down projections, and the tied LM head) recomputes from its
+// footprint to the traced bits.
+TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
+  Result<TaskSpec> spec =
+      TaskSpec::Load(Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<TaskData> data = LoadTaskData(Env::Default(), *spec);
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  spec->batch_size = 1;
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, std::move(*data));
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  TrainState& st = (*tr)->state();
+  const Batch batch = (*tr)->BatchForStep(st.step);
+  OpTrace trace;
+  trace.set_keep_values(true);
+  st.model->set_op_trace(&trace);
+  StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream));
+  st.model->set_op_trace(nullptr);
+  Result<TilePlan> plan = PlanStepTiles(spec->model, st.optimizer->spec(), 1, spec->seq_len);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->ops.size(), trace.size());
+  for (size_t j = 0; j < trace.size(); ++j) {
+    ASSERT_EQ(plan->ops[j].name, trace.name(j)) << j;
+    ASSERT_EQ(plan->ops[j].grid, trace.grid(j)) << trace.name(j);
+  }
+  const int64_t L = spec->model.gpt.n_layer - 1;
+  int64_t checked = 0;
+  for (const std::string& name :
+       {std::string("h.0.qkv"), std::string("h.0.attproj"), std::string("h.0.fch"),
+        std::string("h.0.fcproj"), "h." + std::to_string(L) + ".qkv",
+        "h." + std::to_string(L) + ".fcproj", std::string("logits")}) {
+    int64_t j = -1;
+    for (size_t i = 0; i < plan->ops.size(); ++i) {
+      if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
+    }
+    ASSERT_GE(j, 0) << name;
+    const TileOp& op = plan->ops[static_cast<size_t>(j)];
+    ASSERT_EQ(op.kind, TileOpKind::kTileOpLinear) << name;
+    int64_t footprint_floats = 0;
+    // The down projection reads 4C = 1536 floats a row: narrowed into blocks of its chain.
+    const int64_t blocks = ReductionBlocks(*plan, j);
+    EXPECT_EQ(blocks > 0, name.ends_with("fcproj")) << name;
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      for (int64_t k = 0; k < std::max<int64_t>(blocks, 1); ++k) {
+        Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        int64_t floats = blocks > 0 ? kTileRows * kTileCols : 0;  // the partial sum
+        for (const TileRef& r : fp->tiles) {
+          floats += plan->ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
+        }
+        footprint_floats = std::max(footprint_floats, floats);
+      }
+      const std::vector<float> want = ExtractTile(trace.values(static_cast<size_t>(j)), op.grid, t);
+      if (blocks > 0) {
+        Result<std::vector<std::vector<float>>> chain =
+            ReductionChain(*plan, j, t, 0, trace, batch);
+        ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+        ASSERT_TRUE(SameBits(chain->back(), want)) << name << " tile " << t;
+      } else {
+        Result<TileFootprint> fp = Footprint(*plan, j, t, 0);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        Result<std::vector<float>> got =
+            RecomputeTile(*plan, j, t, 0, 0, GatherTileInputs(*plan, *fp, trace, batch));
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        ASSERT_TRUE(SameBits(*got, want)) << name << " tile " << t;
+      }
+      ++checked;
+    }
+    std::printf("[ gpt tile ] %-12s %4lld tiles, %lld blocks, footprint %7lld bytes of values\n",
+                name.c_str(), static_cast<long long>(op.grid.count()),
+                static_cast<long long>(blocks), static_cast<long long>(footprint_floats * 4));
+    EXPECT_LE(footprint_floats * 4, 200 * 1024) << name;
+  }
+  EXPECT_GT(checked, 1000);
+  // Everything else is opaque, with a reason.
+  for (const TileOp& op : plan->ops) {
+    if (op.kind == TileOpKind::kTileOpOpaque) {
+      EXPECT_FALSE(op.opaque.empty()) << op.name;
+    }
+  }
 }
 
 }  // namespace tile_rule_test

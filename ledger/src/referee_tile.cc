@@ -102,7 +102,8 @@ void SetTilePhase(const engine::TilePlan& plan, protocol::DisputeConfig* config)
   config->operator_blocks.clear();
   for (size_t j = 0; j < plan.ops.size(); ++j) {
     const engine::TileOp& op = plan.ops[j];
-    const bool state = op.kind == engine::TileOpKind::kTileOpState;
+    const bool state = op.kind == engine::TileOpKind::kTileOpState ||
+                       op.kind == engine::TileOpKind::kTileOpOpaque;
     config->operator_tiles.push_back(state ? 0 : static_cast<uint64_t>(op.grid.count()));
     config->operator_blocks.push_back(
         static_cast<uint32_t>(engine::ReductionBlocks(plan, static_cast<int64_t>(j))));

@@ -32,10 +32,13 @@
 // The input state tensors ("in.<name>") are operators of the plan but are not recomputed: they
 // are the step's input (RecomputeTile refuses them).
 //
-// Supported today: sequential models of linear, relu and flatten layers (the fashion MLP's
-// shape), AdamW or SGD without gradient clipping (a clipped step's scale is a reduction over all
-// gradients, not yet committed as an operator). PlanStepTiles refuses anything else
-// (Unimplemented, naming the layer or setting).
+// Covered today: sequential models of linear, relu and flatten layers (the fashion MLP's shape),
+// AdamW or SGD; in a GPT, the linear operators (qkv, attention projection, MLP up and down
+// projections, the tied LM head). Every other operator is in the plan with its name and grid but
+// is opaque (kTileOpOpaque: Footprint refuses it, naming why): layernorm, attention, gelu,
+// residuals, embeddings, the token loss and every GPT gradient, and a clipped update (its scale
+// is a reduction over every gradient, not yet committed as an operator). PlanStepTiles refuses a
+// sequential layer kind it does not know how to plan (FailedPrecondition, naming the layer).
 //
 //   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size));
 //   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, block));
@@ -68,6 +71,7 @@ enum class TileOpKind : uint8_t {
   kTileOpLinearBiasGrad,   // x = dout; reduction over the batch
   kTileOpAdamW,            // x = parameter, w = gradient, b = m, v = v
   kTileOpSgd,              // x = parameter, w = gradient, b = momentum buffer (or none)
+  kTileOpOpaque,           // computed by the step, but without a footprint yet
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
@@ -75,25 +79,28 @@ inline constexpr int64_t kTileOperandBatch = -2;
 
 struct TileOp {
   std::string name;  // OpTrace's name
+  // kTileOpOpaque: why it has no footprint yet.
   TileOpKind kind = TileOpKind::kTileOpState;
   TileGrid grid;
   Shape shape;  // the tensor's shape (parameters: for the optimizer's weight-decay rule)
   // Operands: indices into TilePlan::ops (< this op's index), kTileOperandBatch, or -1 (none).
   int64_t x = -1, w = -1, b = -1, v = -1;
+  std::string opaque;
 };
 
 struct TilePlan {
   std::vector<TileOp> ops;
-  int64_t batch = 0;       // B
+  int64_t batch = 0;       // B (a GPT: B x T, the rows of its activations)
   int64_t input_size = 0;  // floats of one example
   int64_t classes = 0;
   OptimizerSpec optimizer;
 };
 
-// The plan of one training step of `model` trained by `optimizer` at batch size `batch`.
-// Unimplemented (naming what) for a model or optimizer the tile rule does not cover yet.
+// The plan of one training step of `model` trained by `optimizer` at batch size `batch` (a GPT:
+// of `seq_len` tokens, 0 = block_size). FailedPrecondition (naming what) for a sequential layer
+// it cannot plan.
 Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
-                               int64_t batch);
+                               int64_t batch, int64_t seq_len = 0);
 
 // Number of fixed reduction blocks a tile of op j is narrowed into (the batch in blocks of
 // kTileRows rows), or 0 when op j's tiles are recomputed whole.

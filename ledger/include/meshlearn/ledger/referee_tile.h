@@ -67,7 +67,8 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes);
 inline constexpr size_t kMaxTileWitnessBytes = 256 * 1024;
 
 // The tile phase of a dispute over steps of `plan`: the tile count of every operator (0 for the
-// step's input state, which the whole-step referee rules) and its reduction blocks.
+// step's input state and for an operator without a footprint yet, which the whole-step referee
+// rules) and its reduction blocks.
 void SetTilePhase(const engine::TilePlan& plan, protocol::DisputeConfig* config);
 
 // The correct output for `task` (a tile task of the referee stage) in the form the parties
