@@ -10,6 +10,7 @@
 #include "meshlearn/ledger/referee_tile.h"
 
 #include <bit>
+#include <functional>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "meshlearn/base/check.h"
+#include "meshlearn/base/env.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/engine/checkpoint.h"
@@ -100,31 +102,72 @@ const engine::TaskData& Data() {
   return *data;
 }
 
-std::unique_ptr<Trainer> MakeTrainer() {
-  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(kFashionMlp, "tile-dispute.toml", ".");
-  CHECK(spec.ok()) << spec.status().ToString();
-  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, Data());
-  CHECK(tr.ok()) << tr.status().ToString();
-  return std::move(*tr);
+// The model under test: how to train it, and the chain's view of the unit (what the ledger
+// decodes from the task record).
+struct Setup {
+  std::function<std::unique_ptr<Trainer>()> make;
+  TileRuleContext ctx;
+};
+
+TileRuleContext ContextOf(Trainer& tr, uint64_t num_examples, const Hash256& data_root) {
+  TileRuleContext c;
+  Result<TilePlan> plan =
+      engine::PlanStepTiles(tr.task().model, tr.state().optimizer->spec(), tr.task().batch_size,
+                            tr.task().seq_len);
+  CHECK(plan.ok()) << plan.status().ToString();
+  c.plan = std::move(*plan);
+  c.seed = tr.task().seed;
+  c.stream = tr.task().stream;
+  c.num_examples = num_examples;
+  c.data_root = data_root;
+  return c;
 }
 
-// The chain's view of the unit (what the ledger decodes from the task record).
-const TileRuleContext& Context() {
-  static const TileRuleContext* ctx = [] {
-    std::unique_ptr<Trainer> tr = MakeTrainer();
-    auto* c = new TileRuleContext;
-    Result<TilePlan> plan = engine::PlanStepTiles(
-        tr->task().model, tr->state().optimizer->spec(), tr->task().batch_size);
-    CHECK(plan.ok()) << plan.status().ToString();
-    c->plan = std::move(*plan);
-    c->seed = tr->task().seed;
-    c->stream = tr->task().stream;
-    c->num_examples = static_cast<uint64_t>(kExamples);
-    c->data_root = engine::DataTree(Data().train).root();
-    return c;
+const Setup& FashionSetup() {
+  static const Setup* setup = [] {
+    auto* s = new Setup;
+    s->make = [] {
+      Result<engine::TaskSpec> spec =
+          engine::TaskSpec::Parse(kFashionMlp, "tile-dispute.toml", ".");
+      CHECK(spec.ok()) << spec.status().ToString();
+      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, Data());
+      CHECK(tr.ok()) << tr.status().ToString();
+      return std::move(*tr);
+    };
+    s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(kExamples),
+                       engine::DataTree(Data().train).root());
+    return s;
   }();
-  return *ctx;
+  return *setup;
 }
+
+// examples/code-gpt-10m.toml (10.8M parameters, the code corpus) at one sequence of 256 tokens.
+const Setup& GptSetup() {
+  static const Setup* setup = [] {
+    auto* s = new Setup;
+    Result<engine::TaskSpec> spec = engine::TaskSpec::Load(
+        Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
+    CHECK(spec.ok()) << spec.status().ToString();
+    Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), *spec);
+    CHECK(data.ok()) << data.status().ToString();
+    spec->batch_size = 1;
+    auto shared = std::make_shared<const std::pair<engine::TaskSpec, engine::TaskData>>(
+        std::move(*spec), std::move(*data));
+    s->make = [shared] {
+      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(shared->first, shared->second);
+      CHECK(tr.ok()) << tr.status().ToString();
+      return std::move(*tr);
+    };
+    s->ctx = ContextOf(*s->make(), 0, Hash256{});  // a token task: no example is read
+    return s;
+  }();
+  return *setup;
+}
+
+const Setup* g_setup = nullptr;  // the model the current test plays
+
+std::unique_ptr<Trainer> MakeTrainer() { return g_setup->make(); }
+const TileRuleContext& Context() { return g_setup->ctx; }
 
 const engine::DataTree& Tree() {
   static const engine::DataTree* tree = new engine::DataTree(Data().train);
@@ -188,7 +231,7 @@ PartyRun Train(const Lie& lie) {
     StepRecord rec;
     rec.batch = tr->BatchForStep(st.step);
     rec.trace = std::make_unique<OpTrace>();
-    rec.trace->set_keep_values(true);
+    rec.trace->set_keep_values(lying);  // the game narrows to the lie's step only
     if (lying && lie.kind == LieKind::kInputState) st.model->params()[2].value.data()[5] += 1e-3f;
     std::unique_ptr<engine::Optimizer> right;
     if (lying && lie.kind == LieKind::kWrongUpdate) {
@@ -328,9 +371,11 @@ TileWitness BuildWitness(const PartyRun& run, const RefereeTask& task) {
                                       engine::ExtractTile(run.Values(task.step, ref.op), g, ref.tile),
                                       MerkleProve(hashes[ref.op], static_cast<uint64_t>(ref.tile))});
   }
-  const std::vector<int64_t> indices =
-      engine::BatchIndices(Context().seed, Context().stream, kExamples, plan.batch,
-                           static_cast<int64_t>(task.step) - 1);
+  std::vector<int64_t> indices;
+  if (!fp->batch_rows.empty()) {
+    indices = engine::BatchIndices(Context().seed, Context().stream, kExamples, plan.batch,
+                                   static_cast<int64_t>(task.step) - 1);
+  }
   for (int64_t row : fp->batch_rows) {
     const int64_t idx = indices[static_cast<size_t>(row)];
     const float* x = Data().train.x.data() + idx * 784;
@@ -443,8 +488,9 @@ Played Play(const PartyRun& defender, const PartyRun& challenger, const PartyRun
 uint32_t CeilLog2(uint64_t n) { return n <= 1 ? 0 : static_cast<uint32_t>(std::bit_width(n - 1)); }
 
 const PartyRun& Honest() {
-  static const PartyRun* run = new PartyRun(Train(Lie{}));
-  return *run;
+  static std::map<const Setup*, const PartyRun*> runs;
+  if (!runs.count(g_setup)) runs[g_setup] = new PartyRun(Train(Lie{}));
+  return *runs[g_setup];
 }
 
 // Plays `lie` in both roles: the game must reach the lie's operator and tile (and block), and
@@ -475,7 +521,7 @@ void ExpectTheHonestSideWins(const Lie& lie, bool want_whole_step) {
                              CeilLog2(engine::ReductionBlocks(Context().plan, op));
       EXPECT_LE(p.turns, bound);
       EXPECT_LE(p.witness_bytes, kMaxTileWitnessBytes);
-      std::printf("[ tile     ] %-22s tile %3llu block %u: %2u turns, witness %6zu bytes\n",
+      std::printf("[ tile     ] %-22s tile %4llu block %u: %2u turns, witness %6zu bytes\n",
                   lie.op.c_str(), static_cast<unsigned long long>(p.task->tile_index),
                   p.task->block, p.turns, p.witness_bytes);
     }
@@ -486,6 +532,7 @@ void ExpectTheHonestSideWins(const Lie& lie, bool want_whole_step) {
 }
 
 TEST(TileDisputeTest, ALieAtOneTileOfEveryKindOfOperatorLosesToTheTileRule) {
+  g_setup = &FashionSetup();
   const std::vector<Lie> lies = {
       {LieKind::kTile, "layers.0.out", 40, 40},          // matmul on the batch's examples
       {LieKind::kTile, "layers.1.out", 5, 200},          // relu
@@ -510,22 +557,26 @@ TEST(TileDisputeTest, ALieAtOneTileOfEveryKindOfOperatorLosesToTheTileRule) {
 }
 
 TEST(TileDisputeTest, AWrongComputationAtAnOperatorIsNarrowedToATileAndLoses) {
+  g_setup = &FashionSetup();
   // Twice the learning rate: forward and backward agree, the first differing output is the first
   // updated parameter, every tile of it differs; the game takes the first.
   ExpectTheHonestSideWins(Lie{LieKind::kWrongUpdate}, false);
 }
 
 TEST(TileDisputeTest, ALieInTheStateOnlyGoesToTheWholeStepReferee) {
+  g_setup = &FashionSetup();
   ExpectTheHonestSideWins(Lie{LieKind::kStepState}, true);
 }
 
 TEST(TileDisputeTest, ALieInTheStepsInputStateGoesToTheWholeStepReferee) {
+  g_setup = &FashionSetup();
   // The input state is committed by the flat StateHash the parties agreed on; a tile of it cannot
   // be proven against that hash alone, so the whole step decides (docs/verification.md).
   ExpectTheHonestSideWins(Lie{LieKind::kInputState}, true);
 }
 
 TEST(TileDisputeTest, APartySilentAtAnyPhaseLoses) {
+  g_setup = &FashionSetup();
   const PartyRun& honest = Honest();
   const PartyRun liar = Train(Lie{LieKind::kTile, "layers.0.weight.grad", 200, 700, 2});
   const std::vector<Silence> phases = {
@@ -553,6 +604,23 @@ TEST(TileDisputeTest, APartySilentAtAnyPhaseLoses) {
       }
     }
   }
+}
+
+TEST(TileDisputeTest, OnThe10mGptALieAtALinearTileLosesToTheTileRule) {
+  g_setup = &GptSetup();
+  g_largest_witness = 0;
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "h.0.qkv", 100, 500},
+      {LieKind::kTile, "h.5.fcproj", 7, 300, 3},  // 4C = 1536 inputs: narrowed into 6 blocks
+      {LieKind::kTile, "logits", 200, 100},       // the tied LM head
+  };
+  for (const Lie& lie : lies) {
+    SCOPED_TRACE(lie.op);
+    ExpectTheHonestSideWins(lie, false);
+  }
+  std::printf("[ tile     ] 10M GPT, largest witness: %zu bytes (bound %zu)\n", g_largest_witness,
+              kMaxTileWitnessBytes);
+  EXPECT_LE(g_largest_witness, kMaxTileWitnessBytes);
 }
 
 // Plays `lie` with the liar as defender up to the referee stage and returns the game there.
@@ -584,6 +652,7 @@ void ExpectRefused(const RefereeTask& task, const TileWitness& w, const std::str
 }
 
 TEST(TileDisputeTest, MalformedWitnessesAreRefused) {
+  g_setup = &FashionSetup();
   const PartyRun& honest = Honest();
   // A matmul tile on the batch: tiles, proofs and examples.
   const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
