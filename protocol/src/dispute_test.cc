@@ -2,8 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "meshlearn/base/merkle.h"
 
 namespace meshlearn::protocol {
 namespace {
@@ -298,6 +303,273 @@ TEST(DisputeTest, AnAbsentRefereeLeavesTheGameUndecided) {
   auto patient = DisputeGame::Create(c);
   ASSERT_TRUE(patient->OnBlock(100000).ok());
   EXPECT_EQ(patient->stage(), DisputeStage::kDisputeReferee);
+}
+
+// ---- Phases 3 and 4: one tile of one operator, one block of a reduction ----------------------
+
+// A party's run whose operator outputs are tiled roots: operator j of step s has `tiles` tiles;
+// a liar's tiles of operator lie_op of lie_step from tile lie_tile on are wrong (and everything
+// after). With blocks > 0, a tile's partial sums S_1..S_{K-1}: a lying tile's differ from block
+// lie_block + 1 on (S_K is the tile itself).
+struct TiledTrace {
+  uint64_t lie_step = UINT64_MAX;
+  uint32_t lie_op = 1;
+  uint64_t lie_tile = 0;
+  uint32_t lie_block = 0;
+  uint64_t tiles = 1;
+
+  bool Lying(uint64_t s, uint32_t j, uint64_t t) const {
+    return s > lie_step || (s == lie_step && (j > lie_op || (j == lie_op && t >= lie_tile)));
+  }
+  Hash256 State(uint64_t s) const {
+    return Blake2b((s >= lie_step ? "lie state " : "state ") + std::to_string(s));
+  }
+  Hash256 Tile(uint64_t s, uint32_t j, uint64_t t) const {
+    return Blake2b((Lying(s, j, t) ? "lie tile " : "tile ") + std::to_string(s) + "/" +
+                   std::to_string(j) + "/" + std::to_string(t));
+  }
+  std::vector<Hash256> Tiles(uint64_t s, uint32_t j) const {
+    std::vector<Hash256> v;
+    for (uint64_t t = 0; t < tiles; ++t) v.push_back(Tile(s, j, t));
+    return v;
+  }
+  Hash256 Chain(uint64_t s, uint64_t j) const {
+    Hash256 c = State(s - 1);
+    for (uint32_t op = 1; op <= j; ++op) c = OperatorChainHash(c, MerkleRoot(Tiles(s, op)));
+    return c;
+  }
+  Hash256 Partial(uint64_t s, uint32_t j, uint64_t t, uint64_t k) const {
+    const bool lying = Lying(s, j, t) && (s != lie_step || j != lie_op || t != lie_tile ||
+                                          k > lie_block);
+    return Blake2b((lying ? "lie partial " : "partial ") + std::to_string(s) + "/" +
+                   std::to_string(j) + "/" + std::to_string(t) + "/" + std::to_string(k));
+  }
+  // The two children of node `node` at `level` of operator j's tile tree (base/merkle.h's shape).
+  std::pair<Hash256, Hash256> Children(uint64_t s, uint32_t j, uint32_t level,
+                                       uint64_t node) const {
+    std::vector<std::vector<Hash256>> levels(1);
+    for (const Hash256& h : Tiles(s, j)) levels[0].push_back(MerkleLeafHash(h));
+    while (levels.back().size() > 1) {
+      const std::vector<Hash256>& l = levels.back();
+      std::vector<Hash256> next;
+      for (size_t i = 0; i + 1 < l.size(); i += 2) next.push_back(MerkleInnerHash(l[i], l[i + 1]));
+      if (l.size() % 2 == 1) next.push_back(l.back());
+      levels.push_back(std::move(next));
+    }
+    const std::vector<Hash256>& below = levels.at(level - 1);
+    return {below.at(2 * node), below.at(2 * node + 1)};
+  }
+  Status Move(DisputeGame& g, DisputeParty p, uint64_t height) const {
+    const DisputeQuery q = g.query();
+    switch (q.stage) {
+      case DisputeStage::kDisputeSteps:
+        return g.Post(p, q.position, State(q.position), height);
+      case DisputeStage::kDisputeOperators:
+        return g.Post(p, q.position, Chain(q.step, q.position), height);
+      case DisputeStage::kDisputeTiles:
+        if (!q.children) return g.Post(p, q.position, MerkleRoot(Tiles(q.step, q.operator_index)), height);
+        {
+          auto [l, r] = Children(q.step, q.operator_index, q.level, q.position);
+          return g.PostChildren(p, q.position, l, r, height);
+        }
+      case DisputeStage::kDisputeReduction:
+        return g.Post(p, q.position, Partial(q.step, q.operator_index, q.tile, q.position), height);
+      default:
+        return FailedPrecondition("no move");
+    }
+  }
+};
+
+DisputeConfig TiledConfig(const TiledTrace& d, const TiledTrace& c, uint64_t tiles,
+                          uint32_t blocks) {
+  DisputeConfig cfg;
+  cfg.unit = UnitId{Blake2b("task"), 0, 0};
+  cfg.defender.bytes.fill(1);
+  cfg.challenger.bytes.fill(2);
+  cfg.first_step = 0;
+  cfg.last_step = 8;
+  cfg.agreed = TiledTrace{}.State(0);
+  cfg.defender_claim = d.State(8);
+  cfg.challenger_claim = c.State(8);
+  cfg.num_operators = kOps;
+  cfg.operator_tiles.assign(kOps, tiles);
+  cfg.operator_tiles[0] = 0;  // the step's input state: no tiles
+  cfg.operator_blocks.assign(kOps, blocks);
+  cfg.response_blocks = 5;
+  cfg.start_height = 100;
+  return cfg;
+}
+
+struct TiledPlay {
+  RefereeTask task;
+  DisputeOutcome outcome;
+  uint32_t turns = 0;
+};
+
+// Both answer every query (through the encoding, every turn); the referee computes the truth.
+TiledPlay PlayTiled(DisputeGame g, const TiledTrace& d, const TiledTrace& c) {
+  const TiledTrace truth{.tiles = d.tiles};
+  uint64_t height = g.config().start_height;
+  while (g.stage() != DisputeStage::kDisputeReferee && g.stage() != DisputeStage::kDisputeResolved) {
+    ++height;
+    EXPECT_TRUE(d.Move(g, DisputeParty::kDefender, height).ok());
+    EXPECT_TRUE(c.Move(g, DisputeParty::kChallenger, height).ok());
+    Bytes wire = g.Encode();
+    EXPECT_EQ(wire[0], 2);
+    auto back = DisputeGame::Decode(wire);
+    EXPECT_TRUE(back.ok()) << back.status().ToString();
+    if (!back.ok()) return {};
+    EXPECT_EQ(back->Encode(), wire);
+    g = std::move(*back);
+  }
+  TiledPlay p;
+  EXPECT_EQ(g.stage(), DisputeStage::kDisputeReferee);
+  p.task = g.referee_task();
+  const RefereeTask& t = p.task;
+  Hash256 correct;
+  if (t.whole_step) {
+    correct = truth.State(t.step);
+  } else if (t.reduction_blocks == 0 || t.block + 1 == t.reduction_blocks) {
+    correct = MerkleLeafHash(truth.Tile(t.step, t.operator_index, t.tile_index));
+  } else {
+    correct = truth.Partial(t.step, t.operator_index, t.tile_index, t.block + 1);
+  }
+  EXPECT_TRUE(g.Rule(correct).ok());
+  p.outcome = g.outcome();
+  p.turns = g.turns();
+  return p;
+}
+
+uint32_t Log2Up(uint64_t n) { return n <= 1 ? 0 : static_cast<uint32_t>(std::bit_width(n - 1)); }
+
+TEST(DisputeTileTest, TheGameFindsTheFirstWrongTileInEveryTreeShape) {
+  for (uint64_t n : {1u, 2u, 3u, 5u, 8u, 13u, 33u}) {
+    for (uint64_t t = 0; t < n; t += (n > 13 ? 7 : 1)) {
+      for (bool defender_lies : {true, false}) {
+        SCOPED_TRACE(std::to_string(n) + " tiles, lie at " + std::to_string(t));
+        TiledTrace liar{.lie_step = 5, .lie_op = 9, .lie_tile = t, .tiles = n};
+        TiledTrace honest{.tiles = n};
+        const TiledTrace& d = defender_lies ? liar : honest;
+        const TiledTrace& c = defender_lies ? honest : liar;
+        auto g = DisputeGame::Create(TiledConfig(d, c, n, 0));
+        ASSERT_TRUE(g.ok()) << g.status().ToString();
+        TiledPlay p = PlayTiled(std::move(*g), d, c);
+        ASSERT_TRUE(p.task.tile);
+        EXPECT_EQ(p.task.step, 5u);
+        EXPECT_EQ(p.task.operator_index, 9u);
+        EXPECT_EQ(p.task.tile_index, t);
+        EXPECT_EQ(p.task.tile_count, n);
+        EXPECT_EQ(p.task.input, honest.Chain(5, 8));
+        EXPECT_EQ(p.task.state_input, honest.State(4));
+        EXPECT_EQ(p.outcome.defender_honest, !defender_lies) << p.outcome.reason;
+        EXPECT_EQ(p.outcome.challenger_honest, defender_lies) << p.outcome.reason;
+        EXPECT_LE(p.turns, Log2Up(8) + 1 + Log2Up(kOps) + 1 + Log2Up(n));
+      }
+    }
+  }
+}
+
+TEST(DisputeTileTest, TheReductionPhaseFindsTheFirstWrongBlock) {
+  for (uint32_t k : {1u, 2u, 4u, 7u}) {
+    for (uint32_t b = 0; b < k; ++b) {
+      SCOPED_TRACE(std::to_string(k) + " blocks, lie from " + std::to_string(b));
+      TiledTrace liar{.lie_step = 8, .lie_op = 16, .lie_tile = 3, .lie_block = b, .tiles = 5};
+      TiledTrace honest{.tiles = 5};
+      auto g = DisputeGame::Create(TiledConfig(liar, honest, 5, k));
+      ASSERT_TRUE(g.ok());
+      TiledPlay p = PlayTiled(std::move(*g), liar, honest);
+      EXPECT_EQ(p.task.tile_index, 3u);
+      EXPECT_EQ(p.task.reduction_blocks, k);
+      EXPECT_EQ(p.task.block, b);
+      EXPECT_EQ(p.task.partial_input, b == 0 ? Hash256{} : honest.Partial(8, 16, 3, b));
+      EXPECT_FALSE(p.outcome.defender_honest) << p.outcome.reason;
+      EXPECT_TRUE(p.outcome.challenger_honest);
+      EXPECT_NE(p.outcome.reason.find("reduction block " + std::to_string(b)), std::string::npos)
+          << p.outcome.reason;
+    }
+  }
+}
+
+TEST(DisputeTileTest, AnOperatorWithoutTilesGoesToTheWholeStep) {
+  TiledTrace liar{.lie_step = 3, .lie_op = 1, .tiles = 4};  // op 1: the input state
+  TiledTrace honest{.tiles = 4};
+  auto g = DisputeGame::Create(TiledConfig(liar, honest, 4, 0));
+  ASSERT_TRUE(g.ok());
+  TiledPlay p = PlayTiled(std::move(*g), liar, honest);
+  EXPECT_TRUE(p.task.whole_step);
+  EXPECT_FALSE(p.task.tile);
+  EXPECT_FALSE(p.outcome.defender_honest);
+}
+
+TEST(DisputeTileTest, TileMovesThatDoNotHashToTheirClaimsAreRefused) {
+  TiledTrace liar{.lie_step = 2, .lie_op = 5, .lie_tile = 6, .tiles = 9};
+  TiledTrace honest{.tiles = 9};
+  auto g = DisputeGame::Create(TiledConfig(liar, honest, 9, 0));
+  ASSERT_TRUE(g.ok());
+  uint64_t height = 100;
+  while (g->stage() != DisputeStage::kDisputeTiles) {
+    ++height;
+    ASSERT_TRUE(liar.Move(*g, DisputeParty::kDefender, height).ok());
+    ASSERT_TRUE(honest.Move(*g, DisputeParty::kChallenger, height).ok());
+  }
+  DisputeQuery q = g->query();
+  EXPECT_FALSE(q.children);
+  EXPECT_EQ(q.operator_index, 5u);
+  // The honest root does not chain to the liar's C_5.
+  EXPECT_EQ(g->Post(DisputeParty::kDefender, q.position, MerkleRoot(honest.Tiles(2, 5)), height)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(g->PostChildren(DisputeParty::kDefender, q.position, Hash256{}, Hash256{}, height)
+                .code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(liar.Move(*g, DisputeParty::kDefender, height).ok());
+  ASSERT_TRUE(honest.Move(*g, DisputeParty::kChallenger, height).ok());
+  q = g->query();
+  ASSERT_TRUE(q.children);
+  auto [l, r] = liar.Children(2, 5, q.level, q.position);
+  EXPECT_EQ(g->PostChildren(DisputeParty::kDefender, q.position, r, l, height).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(g->Post(DisputeParty::kDefender, q.position, l, height).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(g->PostChildren(DisputeParty::kDefender, q.position + 1, l, r, height).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(g->PostChildren(DisputeParty::kDefender, q.position, l, r, height).ok());
+  EXPECT_EQ(g->PostChildren(DisputeParty::kDefender, q.position, l, r, height).code(),
+            StatusCode::kAlreadyExists);
+  // Silent at the children: the challenger loses.
+  EXPECT_TRUE(g->OnBlock(q.deadline_height + 1).ok());
+  EXPECT_EQ(g->stage(), DisputeStage::kDisputeResolved);
+  EXPECT_TRUE(g->outcome().defender_honest);
+  EXPECT_FALSE(g->outcome().challenger_honest);
+}
+
+TEST(DisputeTileTest, EncodingIsVersionOneWithoutTilesAndTwoWith) {
+  Trace lazy{.lie_step = 3, .lie_op = 2};
+  auto plain = DisputeGame::Create(DisputeTestConfig(lazy, kTruth, 0, 8));
+  ASSERT_TRUE(plain.ok());
+  Bytes v1 = plain->Encode();
+  EXPECT_EQ(v1[0], 1) << "a game without the tile phase encodes as it always did";
+  TiledTrace liar{.lie_step = 3, .lie_op = 2, .tiles = 4};
+  auto tiled = DisputeGame::Create(TiledConfig(liar, TiledTrace{.tiles = 4}, 4, 2));
+  ASSERT_TRUE(tiled.ok());
+  Bytes v2 = tiled->Encode();
+  EXPECT_EQ(v2[0], 2);
+  ASSERT_TRUE(DisputeGame::Decode(v2).ok());
+  for (size_t cut = 0; cut < v2.size(); cut += 11) {
+    EXPECT_FALSE(DisputeGame::Decode(ByteSpan(v2.data(), cut)).ok()) << cut;
+  }
+  // A version-1 game cannot be in a tile stage: its stage byte follows the config (246 bytes).
+  Bytes forged = v1;
+  ASSERT_EQ(forged[246], static_cast<uint8_t>(DisputeStage::kDisputeSteps));
+  ASSERT_TRUE(DisputeGame::Decode(forged).ok());
+  forged[246] = static_cast<uint8_t>(DisputeStage::kDisputeTiles);
+  EXPECT_FALSE(DisputeGame::Decode(forged).ok());
+  DisputeConfig bad = TiledConfig(liar, TiledTrace{.tiles = 4}, 4, 2);
+  bad.operator_tiles.pop_back();
+  EXPECT_FALSE(DisputeGame::Create(bad).ok());
+  bad = TiledConfig(liar, TiledTrace{.tiles = 4}, 4, 2);
+  bad.operator_blocks.pop_back();
+  EXPECT_FALSE(DisputeGame::Create(bad).ok());
 }
 
 }  // namespace
