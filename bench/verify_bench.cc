@@ -278,12 +278,9 @@ json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interva
   ctx.plan = *plan;
   ctx.seed = spec->seed;
   ctx.stream = spec->stream;
-  std::vector<int64_t> indices;
   if (classification) {
     ctx.num_examples = static_cast<uint64_t>(data->train.size());
     ctx.data_root = tree->root();
-    indices = engine::BatchIndices(spec->seed, spec->stream, data->train.size(),
-                                   spec->batch_size, before);
   }
   int64_t covered = 0, computed = 0;
   size_t largest = 0;
@@ -304,24 +301,6 @@ json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interva
     const int64_t block = blocks > 1 ? 1 : 0;
     turns = std::max(turns, CeilLog2(checkpoint_interval) + 1 + CeilLog2(plan->ops.size()) + 1 +
                                 CeilLog2(o.grid.count()) + CeilLog2(blocks));
-    Result<engine::TileFootprint> fp = engine::Footprint(*plan, static_cast<int64_t>(op), 0, block);
-    if (!fp.ok()) Fail("footprint", fp.status());
-    ledger::TileWitness w;
-    w.outputs.assign(trace.hashes().begin(), trace.hashes().begin() + static_cast<int64_t>(op));
-    for (const engine::TileRef& r : fp->tiles) {
-      const engine::TileGrid& g = trace.grid(static_cast<size_t>(r.op));
-      std::vector<Hash256> hashes = engine::TileHashes(trace.values(static_cast<size_t>(r.op)), g);
-      w.tiles.push_back({static_cast<uint32_t>(r.op + 1), static_cast<uint64_t>(r.tile),
-                         engine::ExtractTile(trace.values(static_cast<size_t>(r.op)), g, r.tile),
-                         MerkleProve(hashes, static_cast<uint64_t>(r.tile))});
-    }
-    const int64_t features = plan->input_size;
-    for (int64_t row : fp->batch_rows) {
-      const int64_t idx = indices[static_cast<size_t>(row)];
-      const float* x = data->train.x.data() + idx * features;
-      w.examples.push_back({static_cast<uint64_t>(idx), std::vector<float>(x, x + features),
-                            data->train.y[static_cast<size_t>(idx)], tree->Prove(idx)});
-    }
     RefereeTask task;
     task.whole_step = false;
     task.tile = true;
@@ -333,16 +312,18 @@ json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interva
     task.block = static_cast<uint32_t>(block);
     task.state_input = state_in;
     task.input = c_before;
+    Result<ledger::TileWitness> built = ledger::BuildTileWitness(
+        ctx, task, trace, batch, classification ? &data->train : nullptr, tree.get());
+    if (!built.ok()) Fail("BuildTileWitness " + o.name, built.status());
+    const ledger::TileWitness& w = *built;
+    if (block > 0) task.partial_input = engine::TileHash(w.partial);
+    // The traced tile, or (a reduction block before the last) the next partial sum.
     Hash256 want = MerkleLeafHash(engine::TileHash(engine::ExtractTile(trace.values(op), o.grid, 0)));
-    if (blocks > 0) {
+    if (blocks > 0 && block + 1 < blocks) {
       Result<std::vector<std::vector<float>>> partials =
           engine::ReductionChain(*plan, static_cast<int64_t>(op), 0, before, trace, batch);
       if (!partials.ok()) Fail("reduction chain", partials.status());
-      if (block > 0) {
-        w.partial = (*partials)[static_cast<size_t>(block)];
-        task.partial_input = engine::TileHash(w.partial);
-      }
-      if (block + 1 < blocks) want = engine::TileHash((*partials)[static_cast<size_t>(block) + 1]);
+      want = engine::TileHash((*partials)[static_cast<size_t>(block) + 1]);
     }
     const size_t bytes = ledger::EncodeTileWitness(w).size();
     Result<Hash256> ruled = Hash256{};

@@ -97,6 +97,57 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes) {
   return w;
 }
 
+Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol::RefereeTask& task,
+                                     const engine::OpTrace& trace, const engine::Batch& batch,
+                                     const engine::ClassificationData* train,
+                                     const engine::DataTree* tree) {
+  const engine::TilePlan& plan = ctx.plan;
+  if (!task.tile || task.operator_index == 0 || task.operator_index > plan.ops.size() ||
+      trace.size() != plan.ops.size()) {
+    return FailedPrecondition("tile witness: the task is not a tile of this step's operators");
+  }
+  const int64_t op = static_cast<int64_t>(task.operator_index) - 1;
+  ML_ASSIGN_OR_RETURN(engine::TileFootprint fp,
+                      engine::Footprint(plan, op, static_cast<int64_t>(task.tile_index),
+                                        static_cast<int64_t>(task.block)));
+  TileWitness w;
+  w.outputs.assign(trace.hashes().begin(), trace.hashes().begin() + op);
+  std::vector<std::vector<Hash256>> hashes(plan.ops.size());
+  for (const engine::TileRef& r : fp.tiles) {
+    const size_t i = static_cast<size_t>(r.op);
+    const engine::TileGrid& g = plan.ops[i].grid;
+    if (hashes[i].empty()) hashes[i] = engine::TileHashes(trace.values(i), g);
+    w.tiles.push_back(TileWitnessTile{static_cast<uint32_t>(r.op + 1),
+                                      static_cast<uint64_t>(r.tile),
+                                      engine::ExtractTile(trace.values(i), g, r.tile),
+                                      MerkleProve(hashes[i], static_cast<uint64_t>(r.tile))});
+  }
+  if (!fp.batch_rows.empty()) {
+    if (train == nullptr || tree == nullptr) {
+      return FailedPrecondition("tile witness: the footprint reads examples; give the data");
+    }
+    const std::vector<int64_t> indices =
+        engine::BatchIndices(ctx.seed, ctx.stream, train->size(), plan.batch,
+                             static_cast<int64_t>(task.step) - 1);
+    const int64_t n = plan.input_size;
+    for (int64_t row : fp.batch_rows) {
+      const int64_t idx = indices[static_cast<size_t>(row)];
+      const float* x = train->x.data() + idx * n;
+      w.examples.push_back(StepWitnessExample{static_cast<uint64_t>(idx),
+                                              std::vector<float>(x, x + n),
+                                              train->y[static_cast<size_t>(idx)],
+                                              tree->Prove(idx)});
+    }
+  }
+  if (task.reduction_blocks > 0 && task.block > 0) {
+    ML_ASSIGN_OR_RETURN(std::vector<std::vector<float>> chain,
+                        engine::ReductionChain(plan, op, static_cast<int64_t>(task.tile_index),
+                                               static_cast<int64_t>(task.step) - 1, trace, batch));
+    w.partial = std::move(chain[task.block]);
+  }
+  return w;
+}
+
 void SetTilePhase(const engine::TilePlan& plan, protocol::DisputeConfig* config) {
   config->operator_tiles.clear();
   config->operator_blocks.clear();

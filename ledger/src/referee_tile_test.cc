@@ -351,43 +351,16 @@ Move Answer(const PartyRun& run, const DisputeQuery& q) {
   }
 }
 
-// The witness for a tile task, built from `run` (anyone holding the agreed inputs can: every
-// input is agreed, so the liar's witness is the honest one's).
+// The witness for a tile task, built from `run` by the ledger library's BuildTileWitness (anyone
+// holding the agreed inputs can: every input is agreed, so the liar's witness is the honest one's).
 TileWitness BuildWitness(const PartyRun& run, const RefereeTask& task) {
-  const TilePlan& plan = Context().plan;
-  const int64_t op = static_cast<int64_t>(task.operator_index) - 1;
-  Result<engine::TileFootprint> fp = engine::Footprint(
-      plan, op, static_cast<int64_t>(task.tile_index), static_cast<int64_t>(task.block));
-  CHECK(fp.ok()) << fp.status().ToString();
-  TileWitness w;
   const StepRecord& r = run.steps.at(task.step);
-  w.outputs.assign(r.roots.begin(), r.roots.begin() + op);
-  std::map<int64_t, std::vector<Hash256>> hashes;
-  for (const engine::TileRef& ref : fp->tiles) {
-    const engine::TileGrid& g = plan.ops[static_cast<size_t>(ref.op)].grid;
-    if (!hashes.count(ref.op)) hashes[ref.op] = engine::TileHashes(run.Values(task.step, ref.op), g);
-    w.tiles.push_back(TileWitnessTile{static_cast<uint32_t>(ref.op + 1),
-                                      static_cast<uint64_t>(ref.tile),
-                                      engine::ExtractTile(run.Values(task.step, ref.op), g, ref.tile),
-                                      MerkleProve(hashes[ref.op], static_cast<uint64_t>(ref.tile))});
-  }
-  std::vector<int64_t> indices;
-  if (!fp->batch_rows.empty()) {
-    indices = engine::BatchIndices(Context().seed, Context().stream, kExamples, plan.batch,
-                                   static_cast<int64_t>(task.step) - 1);
-  }
-  for (int64_t row : fp->batch_rows) {
-    const int64_t idx = indices[static_cast<size_t>(row)];
-    const float* x = Data().train.x.data() + idx * 784;
-    w.examples.push_back(StepWitnessExample{static_cast<uint64_t>(idx),
-                                            std::vector<float>(x, x + 784),
-                                            Data().train.y[static_cast<size_t>(idx)],
-                                            Tree().Prove(idx)});
-  }
-  if (task.reduction_blocks > 0 && task.block > 0) {
-    w.partial = PartialChain(run, task.step, op, task.tile_index).at(task.block);
-  }
-  return w;
+  const bool examples = g_setup == &FashionSetup();
+  Result<TileWitness> w = BuildTileWitness(Context(), task, *r.trace, r.batch,
+                                           examples ? &Data().train : nullptr,
+                                           examples ? &Tree() : nullptr);
+  CHECK(w.ok()) << w.status().ToString();
+  return std::move(*w);
 }
 
 struct Silence {

@@ -19,6 +19,8 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/engine/data.h"
+#include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/protocol/dispute.h"
@@ -65,6 +67,17 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes);
 
 // The witness bound the tile rule is designed to (issue 16): 256 KiB.
 inline constexpr size_t kMaxTileWitnessBytes = 256 * 1024;
+
+// The witness for tile task `task`, built by anyone who ran its step (a party, a referee
+// service): `trace` is that run's OpTrace, recorded with keep_values (only the operators before
+// the disputed one are read: the agreed ones, so the liar's witness is the honest one's); `batch`
+// the step's batch (for a reduction block's agreed partial sum); `train` and `tree` the task's
+// training data and its DataTree (the examples the footprint reads; may be null when it reads
+// none). FailedPrecondition when the task is not a tile of a covered operator of ctx.plan.
+Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol::RefereeTask& task,
+                                     const engine::OpTrace& trace, const engine::Batch& batch,
+                                     const engine::ClassificationData* train,
+                                     const engine::DataTree* tree);
 
 // The tile phase of a dispute over steps of `plan`: the tile count of every operator (0 for the
 // step's input state and for an operator without a footprint yet, which the whole-step referee
