@@ -49,11 +49,11 @@
 #include "meshlearn/base/env.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
-#include "meshlearn/engine/train.h"
 #include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/tile.h"
 #include "meshlearn/engine/tile_rule.h"
+#include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/node/network_task.h"
@@ -318,7 +318,8 @@ json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interva
     const ledger::TileWitness& w = *built;
     if (block > 0) task.partial_input = engine::TileHash(w.partial);
     // The traced tile, or (a reduction block before the last) the next partial sum.
-    Hash256 want = MerkleLeafHash(engine::TileHash(engine::ExtractTile(trace.values(op), o.grid, 0)));
+    Hash256 want =
+        MerkleLeafHash(engine::TileHash(engine::ExtractTile(trace.values(op), o.grid, 0)));
     if (blocks > 0 && block + 1 < blocks) {
       Result<std::vector<std::vector<float>>> partials =
           engine::ReductionChain(*plan, static_cast<int64_t>(op), 0, before, trace, batch);

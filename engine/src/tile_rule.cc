@@ -4,9 +4,9 @@
 #include <map>
 #include <memory>
 
+#include "kernels_internal.h"
 #include "meshlearn/base/check.h"
 #include "meshlearn/engine/kernels.h"
-#include "kernels_internal.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -29,8 +29,8 @@ std::pair<int64_t, int64_t> TileRuleBlockRows(int64_t B, int64_t block) {
 
 // Appends the tiles of `op` covering [r0, r1) x [c0, c1) (rows and columns of its rows x cols
 // view), or the batch rows [r0, r1) when op is the batch.
-void TileRuleCover(const TilePlan& plan, int64_t op, int64_t r0, int64_t r1, int64_t c0,
-                   int64_t c1, TileFootprint& fp) {
+void TileRuleCover(const TilePlan& plan, int64_t op, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                   TileFootprint& fp) {
   if (op == kTileOperandBatch) {
     for (int64_t r = r0; r < r1; ++r) fp.batch_rows.push_back(r);
     return;
@@ -103,7 +103,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   if (optimizer.kind != "adamw" && optimizer.kind != "sgd") {
     return InvalidArgument("tile rule: unknown optimizer kind '" + optimizer.kind + "'");
   }
-  if (batch < 1) return InvalidArgument("tile rule: batch must be >= 1, got " + std::to_string(batch));
+  if (batch < 1)
+    return InvalidArgument("tile rule: batch must be >= 1, got " + std::to_string(batch));
   Result<std::unique_ptr<Model>> built = Model::CreateUnchecked(model);
   if (!built.ok()) return InvalidArgument("tile rule: " + built.status().message());
   Model& m = **built;
@@ -227,8 +228,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     in_features[i] = features;
     if (l.kind == "flatten") continue;
     if (l.kind == "linear") {
-      TileOp op{name + ".out", TileOpKind::kTileOpLinear, TileGrid::For(batch, l.out),
-                {batch, l.out}};
+      TileOp op{
+          name + ".out", TileOpKind::kTileOpLinear, TileGrid::For(batch, l.out), {batch, l.out}};
       op.x = act;
       op.w = state_op(name + ".weight");
       op.b = l.bias ? state_op(name + ".bias") : -1;
@@ -237,7 +238,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       act = add(std::move(op));
       features = l.out;
     } else if (l.kind == "relu") {
-      TileOp op{name + ".out", TileOpKind::kTileOpRelu, TileGrid::For(batch, features),
+      TileOp op{name + ".out",
+                TileOpKind::kTileOpRelu,
+                TileGrid::For(batch, features),
                 {batch, features}};
       op.x = act;
       act = add(std::move(op));
@@ -252,7 +255,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(batch, 1), {batch, 1}};
     loss.x = logits;
     add(std::move(loss));
-    TileOp grad{"logits.grad", TileOpKind::kTileOpLossGrad, TileGrid::For(batch, plan.classes),
+    TileOp grad{"logits.grad",
+                TileOpKind::kTileOpLossGrad,
+                TileGrid::For(batch, plan.classes),
                 {batch, plan.classes}};
     grad.x = logits;
     add(std::move(grad));
@@ -266,11 +271,11 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     const bool need_dinp = ii > 0;
     if (l.kind == "linear") linears[ii].dout_op = dout;
     if (!need_dinp) continue;
-    TileOp op{name,
-              l.kind == "linear" ? TileOpKind::kTileOpLinearInputGrad
-                                 : TileOpKind::kTileOpReluInputGrad,
-              TileGrid::For(batch, in_features[ii]),
-              {batch, in_features[ii]}};
+    TileOp op{
+        name,
+        l.kind == "linear" ? TileOpKind::kTileOpLinearInputGrad : TileOpKind::kTileOpReluInputGrad,
+        TileGrid::For(batch, in_features[ii]),
+        {batch, in_features[ii]}};
     op.x = dout;
     op.w = l.kind == "linear" ? state_op("layers." + std::to_string(ii) + ".weight") : in_op[ii];
     dout = add(std::move(op));
@@ -278,14 +283,18 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   // Parameter gradients, in parameter order (Model::TraceParamGrads).
   for (const auto& [layer, lin] : linears) {
     const std::string name = "layers." + std::to_string(layer);
-    TileOp dw{name + ".weight.grad", TileOpKind::kTileOpLinearWeightGrad,
-              TileGrid::ForShape({lin.OC, lin.C}), {lin.OC, lin.C}};
+    TileOp dw{name + ".weight.grad",
+              TileOpKind::kTileOpLinearWeightGrad,
+              TileGrid::ForShape({lin.OC, lin.C}),
+              {lin.OC, lin.C}};
     dw.x = lin.dout_op;
     dw.w = lin.in_op;
     add(std::move(dw));
     if (lin.bias) {
-      TileOp db{name + ".bias.grad", TileOpKind::kTileOpLinearBiasGrad,
-                TileGrid::ForShape({lin.OC}), {lin.OC}};
+      TileOp db{name + ".bias.grad",
+                TileOpKind::kTileOpLinearBiasGrad,
+                TileGrid::ForShape({lin.OC}),
+                {lin.OC}};
       db.x = lin.dout_op;
       add(std::move(db));
     }
@@ -307,8 +316,8 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
 
 Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, int64_t block) {
   if (op < 0 || op >= static_cast<int64_t>(plan.ops.size())) {
-    return InvalidArgument("tile rule: operator " + std::to_string(op) + " out of range (the step has " +
-                           std::to_string(plan.ops.size()) + ")");
+    return InvalidArgument("tile rule: operator " + std::to_string(op) +
+                           " out of range (the step has " + std::to_string(plan.ops.size()) + ")");
   }
   const TileOp& o = plan.ops[static_cast<size_t>(op)];
   if (tile < 0 || tile >= o.grid.count()) {
@@ -378,16 +387,15 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
   }
   std::sort(fp.batch_rows.begin(), fp.batch_rows.end());
-  fp.batch_rows.erase(std::unique(fp.batch_rows.begin(), fp.batch_rows.end()),
-                      fp.batch_rows.end());
+  fp.batch_rows.erase(std::unique(fp.batch_rows.begin(), fp.batch_rows.end()), fp.batch_rows.end());
   return fp;
 }
 
 Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64_t tile,
                                          int64_t block, int64_t step, const TileInputs& in) {
   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, op, tile, block));
-  const std::string what = "tile rule: " + TileRuleOpName(plan, op) + " tile " +
-                           std::to_string(tile);
+  const std::string what =
+      "tile rule: " + TileRuleOpName(plan, op) + " tile " + std::to_string(tile);
   // The inputs must be exactly the footprint's, each of its tile's size.
   if (in.tiles.size() != fp.tiles.size()) {
     return InvalidArgument(what + ": " + std::to_string(in.tiles.size()) +
@@ -398,11 +406,10 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     const TileGrid& g = plan.ops[static_cast<size_t>(fp.tiles[i].op)].grid;
     const int64_t want = g.TileRect(fp.tiles[i].tile).numel();
     if (static_cast<int64_t>(in.tiles[i].size()) != want) {
-      return InvalidArgument(what + ": input tile " + std::to_string(i) + " (tile " +
-                             std::to_string(fp.tiles[i].tile) + " of " +
-                             TileRuleOpName(plan, fp.tiles[i].op) + ") has " +
-                             std::to_string(in.tiles[i].size()) + " floats, not " +
-                             std::to_string(want));
+      return InvalidArgument(
+          what + ": input tile " + std::to_string(i) + " (tile " +
+          std::to_string(fp.tiles[i].tile) + " of " + TileRuleOpName(plan, fp.tiles[i].op) +
+          ") has " + std::to_string(in.tiles[i].size()) + " floats, not " + std::to_string(want));
     }
   }
   if (in.x.size() != fp.batch_rows.size() || in.y.size() != fp.batch_rows.size()) {
@@ -412,11 +419,10 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
   for (size_t i = 0; i < in.x.size(); ++i) {
     if (static_cast<int64_t>(in.x[i].size()) != plan.input_size || in.y[i] < 0 ||
         in.y[i] >= plan.classes) {
-      return InvalidArgument(what + ": example " + std::to_string(i) + " has " +
-                             std::to_string(in.x[i].size()) + " floats and class " +
-                             std::to_string(in.y[i]) + "; the model takes " +
-                             std::to_string(plan.input_size) + " and " +
-                             std::to_string(plan.classes) + " classes");
+      return InvalidArgument(
+          what + ": example " + std::to_string(i) + " has " + std::to_string(in.x[i].size()) +
+          " floats and class " + std::to_string(in.y[i]) + "; the model takes " +
+          std::to_string(plan.input_size) + " and " + std::to_string(plan.classes) + " classes");
     }
   }
   const TileOp& o = plan.ops[static_cast<size_t>(op)];
@@ -544,7 +550,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         for (int64_t oo = 0; oo < O; ++oo) {
           for (int64_t c = 0; c < K; ++c) {
             float a = acc[static_cast<size_t>(oo * K + c)];
-            for (int64_t b = 0; b < b1 - b0; ++b) a = __builtin_fmaf(d[b * O + oo], x[b * K + c], a);
+            for (int64_t b = 0; b < b1 - b0; ++b)
+              a = __builtin_fmaf(d[b * O + oo], x[b * K + c], a);
             acc[static_cast<size_t>(oo * K + c)] = a;
           }
         }
@@ -587,8 +594,8 @@ TileInputs GatherTileInputs(const TilePlan& plan, const TileFootprint& fp, const
                             const Batch& batch) {
   TileInputs in;
   for (const TileRef& r : fp.tiles) {
-    in.tiles.push_back(
-        ExtractTile(trace.values(static_cast<size_t>(r.op)), plan.ops[static_cast<size_t>(r.op)].grid, r.tile));
+    in.tiles.push_back(ExtractTile(trace.values(static_cast<size_t>(r.op)),
+                                   plan.ops[static_cast<size_t>(r.op)].grid, r.tile));
   }
   for (int64_t row : fp.batch_rows) {
     const float* x = batch.inputs.data() + row * plan.input_size;

@@ -11,8 +11,8 @@
 
 #include <gtest/gtest.h>
 
-#include "meshlearn/base/merkle.h"
 #include "meshlearn/base/env.h"
+#include "meshlearn/base/merkle.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/step_replay.h"
@@ -251,8 +251,8 @@ TEST(TileRuleTest, WhatIsNotCoveredYetIsOpaqueAndRefused) {
 // attention projection, MLP up and down projections, and the tied LM head) recomputes from its
 // footprint to the traced bits.
 TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
-  Result<TaskSpec> spec =
-      TaskSpec::Load(Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
+  Result<TaskSpec> spec = TaskSpec::Load(
+      Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   Result<TaskData> data = LoadTaskData(Env::Default(), *spec);
   ASSERT_TRUE(data.ok()) << data.status().ToString();

@@ -126,17 +126,15 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
     if (train == nullptr || tree == nullptr) {
       return FailedPrecondition("tile witness: the footprint reads examples; give the data");
     }
-    const std::vector<int64_t> indices =
-        engine::BatchIndices(ctx.seed, ctx.stream, train->size(), plan.batch,
-                             static_cast<int64_t>(task.step) - 1);
+    const std::vector<int64_t> indices = engine::BatchIndices(
+        ctx.seed, ctx.stream, train->size(), plan.batch, static_cast<int64_t>(task.step) - 1);
     const int64_t n = plan.input_size;
     for (int64_t row : fp.batch_rows) {
       const int64_t idx = indices[static_cast<size_t>(row)];
       const float* x = train->x.data() + idx * n;
-      w.examples.push_back(StepWitnessExample{static_cast<uint64_t>(idx),
-                                              std::vector<float>(x, x + n),
-                                              train->y[static_cast<size_t>(idx)],
-                                              tree->Prove(idx)});
+      w.examples.push_back(
+          StepWitnessExample{static_cast<uint64_t>(idx), std::vector<float>(x, x + n),
+                             train->y[static_cast<size_t>(idx)], tree->Prove(idx)});
     }
   }
   if (task.reduction_blocks > 0 && task.block > 0) {
@@ -153,8 +151,8 @@ void SetTilePhase(const engine::TilePlan& plan, protocol::DisputeConfig* config)
   config->operator_blocks.clear();
   for (size_t j = 0; j < plan.ops.size(); ++j) {
     const engine::TileOp& op = plan.ops[j];
-    const bool state = op.kind == engine::TileOpKind::kTileOpState ||
-                       op.kind == engine::TileOpKind::kTileOpOpaque;
+    const bool state =
+        op.kind == engine::TileOpKind::kTileOpState || op.kind == engine::TileOpKind::kTileOpOpaque;
     config->operator_tiles.push_back(state ? 0 : static_cast<uint64_t>(op.grid.count()));
     config->operator_blocks.push_back(
         static_cast<uint32_t>(engine::ReductionBlocks(plan, static_cast<int64_t>(j))));
@@ -201,8 +199,8 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
   Hash256 chain = task.state_input;
   for (const Hash256& out : w.outputs) chain = protocol::OperatorChainHash(chain, out);
   if (chain != task.input) {
-    return InvalidArgument(where + ": the witness's operator outputs chain to " +
-                           chain.ShortHex() + ", not to the agreed C_" + std::to_string(op) + " " +
+    return InvalidArgument(where + ": the witness's operator outputs chain to " + chain.ShortHex() +
+                           ", not to the agreed C_" + std::to_string(op) + " " +
                            task.input.ShortHex());
   }
   // 2. The input tiles: exactly the footprint's, each of an agreed operator, each proven.
@@ -231,8 +229,7 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
       return InvalidArgument(where + ": input tile " + std::to_string(i) + " is tile " +
                              std::to_string(t.tile) + " of operator " + std::to_string(t.op) +
                              "; the footprint needs tile " + std::to_string(want.tile) +
-                             " of operator " + std::to_string(want.op + 1) + " (" + src.name +
-                             ")");
+                             " of operator " + std::to_string(want.op + 1) + " (" + src.name + ")");
     }
     if (t.proof.index != t.tile || t.proof.leaf_count != static_cast<uint64_t>(src.grid.count()) ||
         !MerkleVerify(w.outputs[static_cast<size_t>(want.op)], engine::TileHash(t.values),
@@ -251,9 +248,9 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
                            std::to_string(fp.batch_rows.size()));
   }
   if (!fp.batch_rows.empty()) {
-    const std::vector<int64_t> indices = engine::BatchIndices(
-        ctx.seed, ctx.stream, static_cast<int64_t>(ctx.num_examples), plan.batch,
-        static_cast<int64_t>(task.step) - 1);
+    const std::vector<int64_t> indices =
+        engine::BatchIndices(ctx.seed, ctx.stream, static_cast<int64_t>(ctx.num_examples),
+                             plan.batch, static_cast<int64_t>(task.step) - 1);
     for (size_t i = 0; i < fp.batch_rows.size(); ++i) {
       const StepWitnessExample& e = w.examples[i];
       const int64_t row = fp.batch_rows[i];
@@ -284,10 +281,9 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
   } else if (!w.partial.empty()) {
     return InvalidArgument(where + ": block 0 starts from zeros; leave the partial sum empty");
   }
-  Result<std::vector<float>> out =
-      engine::RecomputeTile(plan, op, static_cast<int64_t>(task.tile_index),
-                            static_cast<int64_t>(task.block), static_cast<int64_t>(task.step) - 1,
-                            in);
+  Result<std::vector<float>> out = engine::RecomputeTile(
+      plan, op, static_cast<int64_t>(task.tile_index), static_cast<int64_t>(task.block),
+      static_cast<int64_t>(task.step) - 1, in);
   if (!out.ok()) return InvalidArgument(where + ": " + out.status().message());
   const Hash256 h = engine::TileHash(*out);
   const bool whole = blocks == 0 || static_cast<int64_t>(task.block) + 1 == blocks;

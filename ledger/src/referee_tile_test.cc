@@ -10,8 +10,8 @@
 #include "meshlearn/ledger/referee_tile.h"
 
 #include <bit>
-#include <functional>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -111,9 +111,8 @@ struct Setup {
 
 TileRuleContext ContextOf(Trainer& tr, uint64_t num_examples, const Hash256& data_root) {
   TileRuleContext c;
-  Result<TilePlan> plan =
-      engine::PlanStepTiles(tr.task().model, tr.state().optimizer->spec(), tr.task().batch_size,
-                            tr.task().seq_len);
+  Result<TilePlan> plan = engine::PlanStepTiles(tr.task().model, tr.state().optimizer->spec(),
+                                                tr.task().batch_size, tr.task().seq_len);
   CHECK(plan.ok()) << plan.status().ToString();
   c.plan = std::move(*plan);
   c.seed = tr.task().seed;
@@ -193,15 +192,15 @@ enum class LieKind {
 
 struct Lie {
   LieKind kind = LieKind::kNone;
-  std::string op;        // kTile: the operator
+  std::string op;  // kTile: the operator
   int64_t row = 0, col = 0;
-  int64_t block = 0;     // kTile on a reduction: the first block whose partial sum is off
+  int64_t block = 0;  // kTile on a reduction: the first block whose partial sum is off
 };
 
 struct StepRecord {
   std::unique_ptr<OpTrace> trace;  // kept values
   engine::Batch batch;
-  std::vector<Hash256> roots;                 // the output roots the party claims
+  std::vector<Hash256> roots;                  // the output roots the party claims
   std::map<int64_t, std::vector<float>> fake;  // op -> the values it claims instead
 };
 
@@ -253,7 +252,8 @@ PartyRun Train(const Lie& lie) {
       st.optimizer = std::move(right);
     }
     rec.roots = rec.trace->hashes();
-    if (lying && lie.kind == LieKind::kStepState) st.optimizer->State()[0].tensor->data()[0] += 1e-3f;
+    if (lying && lie.kind == LieKind::kStepState)
+      st.optimizer->State()[0].tensor->data()[0] += 1e-3f;
     if (lying && lie.kind == LieKind::kTile) {
       const int64_t op = OpIndex(lie.op);
       const engine::TileGrid& g = rec.trace->grid(static_cast<size_t>(op));
@@ -311,8 +311,8 @@ std::vector<std::vector<float>> PartialChain(const PartyRun& run, uint64_t s, in
     const engine::TileGrid::Rect rect = g.TileRect(static_cast<int64_t>(tile));
     const Lie& lie = run.lie;
     if (lie.row >= rect.r0 && lie.row < rect.r1 && lie.col >= rect.c0 && lie.col < rect.c1) {
-      const size_t e = static_cast<size_t>((lie.row - rect.r0) * (rect.c1 - rect.c0) +
-                                           (lie.col - rect.c0));
+      const size_t e =
+          static_cast<size_t>((lie.row - rect.r0) * (rect.c1 - rect.c0) + (lie.col - rect.c0));
       for (size_t k = static_cast<size_t>(lie.block) + 1; k < chain->size(); ++k) {
         if (k + 1 < chain->size()) (*chain)[k][e] += 0.25f;  // S_k; the last is the fake tile
       }
@@ -335,15 +335,15 @@ Move Answer(const PartyRun& run, const DisputeQuery& q) {
       return {ChainHash(run, q.step, q.position), std::nullopt};
     case DisputeStage::kDisputeTiles: {
       const int64_t op = static_cast<int64_t>(q.operator_index) - 1;
-      if (!q.children) return {run.steps.at(q.step).roots.at(static_cast<size_t>(op)), std::nullopt};
+      if (!q.children)
+        return {run.steps.at(q.step).roots.at(static_cast<size_t>(op)), std::nullopt};
       std::vector<std::vector<Hash256>> levels = TileLevels(run, q.step, op);
       const std::vector<Hash256>& below = levels.at(q.level - 1);
       return {Hash256{}, std::make_pair(below.at(2 * q.position), below.at(2 * q.position + 1))};
     }
     case DisputeStage::kDisputeReduction: {
       const int64_t op = static_cast<int64_t>(q.operator_index) - 1;
-      return {engine::TileHash(PartialChain(run, q.step, op, q.tile).at(q.position)),
-              std::nullopt};
+      return {engine::TileHash(PartialChain(run, q.step, op, q.tile).at(q.position)), std::nullopt};
     }
     default:
       ADD_FAILURE() << "no move in stage " << protocol::DisputeStageName(q.stage);
@@ -356,9 +356,9 @@ Move Answer(const PartyRun& run, const DisputeQuery& q) {
 TileWitness BuildWitness(const PartyRun& run, const RefereeTask& task) {
   const StepRecord& r = run.steps.at(task.step);
   const bool examples = g_setup == &FashionSetup();
-  Result<TileWitness> w = BuildTileWitness(Context(), task, *r.trace, r.batch,
-                                           examples ? &Data().train : nullptr,
-                                           examples ? &Tree() : nullptr);
+  Result<TileWitness> w =
+      BuildTileWitness(Context(), task, *r.trace, r.batch, examples ? &Data().train : nullptr,
+                       examples ? &Tree() : nullptr);
   CHECK(w.ok()) << w.status().ToString();
   return std::move(*w);
 }
@@ -403,7 +403,8 @@ Played Play(const PartyRun& defender, const PartyRun& challenger, const PartyRun
   if (!created.ok()) return p;
   DisputeGame g = std::move(*created);
   uint64_t height = g.config().start_height;
-  while (g.stage() != DisputeStage::kDisputeReferee && g.stage() != DisputeStage::kDisputeResolved) {
+  while (g.stage() != DisputeStage::kDisputeReferee &&
+         g.stage() != DisputeStage::kDisputeResolved) {
     const DisputeQuery q = g.query();
     ++height;
     const bool quiet = silence && q.stage == silence->stage &&
@@ -411,9 +412,9 @@ Played Play(const PartyRun& defender, const PartyRun& challenger, const PartyRun
     for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
       if (quiet && silence->party == party) continue;
       const Move m = Answer(party == DisputeParty::kDefender ? defender : challenger, q);
-      Status s = m.children
-                     ? g.PostChildren(party, q.position, m.children->first, m.children->second, height)
-                     : g.Post(party, q.position, m.hash, height);
+      Status s = m.children ? g.PostChildren(party, q.position, m.children->first,
+                                             m.children->second, height)
+                            : g.Post(party, q.position, m.hash, height);
       EXPECT_TRUE(s.ok()) << s.ToString();
     }
     if (quiet) {
@@ -507,17 +508,17 @@ void ExpectTheHonestSideWins(const Lie& lie, bool want_whole_step) {
 TEST(TileDisputeTest, ALieAtOneTileOfEveryKindOfOperatorLosesToTheTileRule) {
   g_setup = &FashionSetup();
   const std::vector<Lie> lies = {
-      {LieKind::kTile, "layers.0.out", 40, 40},          // matmul on the batch's examples
-      {LieKind::kTile, "layers.1.out", 5, 200},          // relu
-      {LieKind::kTile, "layers.2.out", 100, 70},         // matmul on an activation
-      {LieKind::kTile, "loss", 77, 0},                   // softmax cross-entropy
-      {LieKind::kTile, "logits.grad", 3, 7},             // its gradient
-      {LieKind::kTile, "layers.4.in.grad", 64, 100},     // linear dX
-      {LieKind::kTile, "layers.3.in.grad", 10, 10},      // relu backward
+      {LieKind::kTile, "layers.0.out", 40, 40},               // matmul on the batch's examples
+      {LieKind::kTile, "layers.1.out", 5, 200},               // relu
+      {LieKind::kTile, "layers.2.out", 100, 70},              // matmul on an activation
+      {LieKind::kTile, "loss", 77, 0},                        // softmax cross-entropy
+      {LieKind::kTile, "logits.grad", 3, 7},                  // its gradient
+      {LieKind::kTile, "layers.4.in.grad", 64, 100},          // linear dX
+      {LieKind::kTile, "layers.3.in.grad", 10, 10},           // relu backward
       {LieKind::kTile, "layers.0.weight.grad", 200, 700, 2},  // dW over the batch: narrowed
       {LieKind::kTile, "layers.2.weight.grad", 3, 4, 0},
-      {LieKind::kTile, "layers.4.bias.grad", 0, 7, 3},   // db over the batch: narrowed
-      {LieKind::kTile, "layers.2.weight", 50, 60},       // the AdamW update
+      {LieKind::kTile, "layers.4.bias.grad", 0, 7, 3},  // db over the batch: narrowed
+      {LieKind::kTile, "layers.2.weight", 50, 60},      // the AdamW update
       {LieKind::kTile, "layers.4.bias", 0, 2},
   };
   for (const Lie& lie : lies) {
@@ -553,8 +554,7 @@ TEST(TileDisputeTest, APartySilentAtAnyPhaseLoses) {
   const PartyRun& honest = Honest();
   const PartyRun liar = Train(Lie{LieKind::kTile, "layers.0.weight.grad", 200, 700, 2});
   const std::vector<Silence> phases = {
-      {DisputeStage::kDisputeSteps, false},
-      {DisputeStage::kDisputeOperators, false},
+      {DisputeStage::kDisputeSteps, false},     {DisputeStage::kDisputeOperators, false},
       {DisputeStage::kDisputeTiles, false},  // the output root
       {DisputeStage::kDisputeTiles, true},   // the children of a node
       {DisputeStage::kDisputeReduction, false},
@@ -723,7 +723,8 @@ TEST(TileDisputeTest, MalformedWitnessesAreRefused) {
       const DisputeQuery q = h.query();
       ++height;
       ASSERT_TRUE(h.Post(DisputeParty::kDefender, q.position, Answer(liar, q).hash, height).ok());
-      ASSERT_TRUE(h.Post(DisputeParty::kChallenger, q.position, Answer(honest, q).hash, height).ok());
+      ASSERT_TRUE(
+          h.Post(DisputeParty::kChallenger, q.position, Answer(honest, q).hash, height).ok());
     }
     const DisputeQuery q = h.query();
     Status bad = h.Post(DisputeParty::kDefender, q.position, Answer(honest, q).hash, height);

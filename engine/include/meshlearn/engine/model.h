@@ -186,8 +186,8 @@ class Model {
     if (!trace_) return;
     for (const Param& p : params_) {
       const TileGrid g = TileGrid::ForShape(p.grad.shape());
-      trace_->Record(p.name + ".grad", {p.grad.data(), static_cast<size_t>(p.grad.size())},
-                     g.rows, g.cols);
+      trace_->Record(p.name + ".grad", {p.grad.data(), static_cast<size_t>(p.grad.size())}, g.rows,
+                     g.cols);
     }
   }
 

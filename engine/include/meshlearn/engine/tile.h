@@ -61,7 +61,9 @@ struct TileGrid {
   };
   Rect TileRect(int64_t t) const;
   // The tile holding element (r, c).
-  int64_t TileAt(int64_t r, int64_t c) const { return (r / tile_rows) * col_tiles() + c / tile_cols; }
+  int64_t TileAt(int64_t r, int64_t c) const {
+    return (r / tile_rows) * col_tiles() + c / tile_cols;
+  }
 
   bool operator==(const TileGrid&) const = default;
 };

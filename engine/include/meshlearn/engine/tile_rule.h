@@ -60,18 +60,18 @@
 namespace meshlearn::engine {
 
 enum class TileOpKind : uint8_t {
-  kTileOpState = 0,        // an input state tensor: not recomputed
-  kTileOpLinear,           // out = x @ w^T + b
-  kTileOpRelu,             // out = relu(x)
-  kTileOpLoss,             // per-sample softmax cross-entropy of logits x (B x 1)
-  kTileOpLossGrad,         // d loss / d logits x
-  kTileOpLinearInputGrad,  // x = dout, w = weight
-  kTileOpReluInputGrad,    // x = dout, w = the relu's input
-  kTileOpLinearWeightGrad, // x = dout, w = the layer's input; reduction over the batch
-  kTileOpLinearBiasGrad,   // x = dout; reduction over the batch
-  kTileOpAdamW,            // x = parameter, w = gradient, b = m, v = v
-  kTileOpSgd,              // x = parameter, w = gradient, b = momentum buffer (or none)
-  kTileOpOpaque,           // computed by the step, but without a footprint yet
+  kTileOpState = 0,         // an input state tensor: not recomputed
+  kTileOpLinear,            // out = x @ w^T + b
+  kTileOpRelu,              // out = relu(x)
+  kTileOpLoss,              // per-sample softmax cross-entropy of logits x (B x 1)
+  kTileOpLossGrad,          // d loss / d logits x
+  kTileOpLinearInputGrad,   // x = dout, w = weight
+  kTileOpReluInputGrad,     // x = dout, w = the relu's input
+  kTileOpLinearWeightGrad,  // x = dout, w = the layer's input; reduction over the batch
+  kTileOpLinearBiasGrad,    // x = dout; reduction over the batch
+  kTileOpAdamW,             // x = parameter, w = gradient, b = m, v = v
+  kTileOpSgd,               // x = parameter, w = gradient, b = momentum buffer (or none)
+  kTileOpOpaque,            // computed by the step, but without a footprint yet
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
