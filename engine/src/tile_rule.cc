@@ -306,7 +306,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
 int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   if (op < 0 || op >= static_cast<int64_t>(plan.ops.size())) return 0;
   const TileOp& o = plan.ops[static_cast<size_t>(op)];
-  if (o.kind == TileOpKind::kTileOpLinear) {
+  if (o.kind == TileOpKind::kTileOpLinear || o.kind == TileOpKind::kTileOpLinearInputGrad) {
+    // The forward's chain runs over the input width C, dX's over the output width OC (the
+    // columns of x in both).
     const int64_t C = TileRuleCols(plan, o.x);
     return C > kTileLinearWholeMax ? (C + kTileLinearBlock - 1) / kTileLinearBlock : 0;
   }
@@ -360,8 +362,10 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     case TileOpKind::kTileOpLinearInputGrad: {
       const int64_t OC = TileRuleCols(plan, o.x);
-      TileRuleCover(plan, o.x, t.r0, t.r1, 0, OC, fp);
-      TileRuleCover(plan, o.w, 0, OC, t.c0, t.c1, fp);
+      const int64_t k0 = blocks > 0 ? block * kTileLinearBlock : 0;
+      const int64_t k1 = blocks > 0 ? std::min(OC, k0 + kTileLinearBlock) : OC;
+      TileRuleCover(plan, o.x, t.r0, t.r1, k0, k1, fp);
+      TileRuleCover(plan, o.w, k0, k1, t.c0, t.c1, fp);
       break;
     }
     case TileOpKind::kTileOpReluInputGrad:
@@ -520,9 +524,31 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     }
     case TileOpKind::kTileOpLinearInputGrad: {
       const int64_t OC = TileRuleCols(plan, o.x);
-      std::vector<float> d = dense(o.x, t.r0, t.r1, 0, OC);
-      std::vector<float> w = dense(o.w, 0, OC, t.c0, t.c1);  // (OC, K): weight columns c
-      ref::LinearBackward(out.data(), nullptr, nullptr, d.data(), nullptr, w.data(), R, K, OC);
+      if (blocks == 0) {
+        std::vector<float> d = dense(o.x, t.r0, t.r1, 0, OC);
+        std::vector<float> w = dense(o.w, 0, OC, t.c0, t.c1);  // (OC, K): weight columns c
+        ref::LinearBackward(out.data(), nullptr, nullptr, d.data(), nullptr, w.data(), R, K, OC);
+        break;
+      }
+      // One block of the chain over o (kernels.h: acc = fma(dout[b,o], weight[o,c], acc) from
+      // 0), continued from the agreed partial; after the last, the kernel's "dinp += acc" on a
+      // zeroed gradient.
+      internal::FpEnvGuard fp_guard;
+      const int64_t k0 = block * kTileLinearBlock, k1 = std::min(OC, k0 + kTileLinearBlock);
+      const int64_t W = k1 - k0;
+      std::vector<float> d = dense(o.x, t.r0, t.r1, k0, k1);  // (R, W)
+      std::vector<float> w = dense(o.w, k0, k1, t.c0, t.c1);  // (W, K)
+      if (block > 0) out = in.partial;
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t c = 0; c < K; ++c) {
+          float a = out[static_cast<size_t>(r * K + c)];
+          for (int64_t k = 0; k < W; ++k) a = __builtin_fmaf(d[r * W + k], w[k * K + c], a);
+          out[static_cast<size_t>(r * K + c)] = a;
+        }
+      }
+      if (block + 1 == blocks) {
+        for (float& a : out) a = 0.0f + a;
+      }
       break;
     }
     case TileOpKind::kTileOpReluInputGrad: {

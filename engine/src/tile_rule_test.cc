@@ -193,6 +193,60 @@ TEST(TileRuleTest, EveryTileOfEveryOperatorRecomputesBitForBitSgdNesterov) {
   OnEveryFastPath(sgd);
 }
 
+TEST(TileRuleTest, WideLayersAreNarrowedIntoTheirChainsBitForBit) {
+  // 1100 inputs and a 1030-wide hidden layer: the first and last forwards (C = 1100, 1030) and
+  // the wide layer's dX (OC = 1030) run over more than 1024 terms, so they are narrowed into
+  // 256-wide blocks of their chains (5 blocks each, the last short).
+  std::string wide = kMlp;
+  wide.replace(wide.find("input = [70]"), 12, "input = [1100]");
+  wide.replace(wide.find("out = 36"), 8, "out = 1030");
+  const KernelConfig saved = GetKernelConfig();
+  for (SimdPath simd : {SimdPath::kScalar, SimdPath::kAvx512}) {
+    if (!SimdPathSupported(simd)) continue;
+    ASSERT_TRUE(SetKernelConfig({simd, 2}).ok());
+    Result<TaskSpec> spec = TaskSpec::Parse(wide, "wide.toml", ".");
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    TaskData d;
+    Rng rng(8);
+    std::vector<float> x(static_cast<size_t>(64 * 1100));
+    for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
+    d.train.x = Tensor({64, 1100}, x);
+    d.train.y.resize(64);
+    for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(5));
+    d.train.num_classes = 5;
+    d.test = d.train;
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, d);
+    ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+    TrainState& st = (*tr)->state();
+    const Batch batch = (*tr)->BatchForStep(st.step);
+    OpTrace trace;
+    trace.set_keep_values(true);
+    st.model->set_op_trace(&trace);
+    StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream));
+    st.model->set_op_trace(nullptr);
+    Result<TilePlan> plan = PlanStepTiles(spec->model, st.optimizer->spec(), spec->batch_size);
+    ASSERT_TRUE(plan.ok());
+    for (const char* name : {"layers.0.out", "layers.4.out", "layers.2.in.grad"}) {
+      int64_t j = -1;
+      for (size_t i = 0; i < plan->ops.size(); ++i) {
+        if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
+      }
+      ASSERT_GE(j, 0);
+      ASSERT_EQ(ReductionBlocks(*plan, j), 5) << name;
+      const TileGrid& g = plan->ops[static_cast<size_t>(j)].grid;
+      for (int64_t t = 0; t < g.count(); t += 3) {
+        Result<std::vector<std::vector<float>>> chain =
+            ReductionChain(*plan, j, t, 0, trace, batch);
+        ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+        ASSERT_TRUE(
+            SameBits(chain->back(), ExtractTile(trace.values(static_cast<size_t>(j)), g, t)))
+            << name << " tile " << t;
+      }
+    }
+  }
+  ASSERT_TRUE(SetKernelConfig(saved).ok());
+}
+
 TEST(TileRuleTest, FootprintsAreSmallAndRefuseWhatIsNotAnOutput) {
   std::unique_ptr<Trainer> tr = MakeTrainer(kMlp);
   Result<TilePlan> plan =
