@@ -221,22 +221,13 @@ json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interva
   uint64_t tiles = 0;
   for (size_t i = 0; i < trace.size(); ++i) tiles += static_cast<uint64_t>(trace.grid(i).count());
   const double step_s = Median(plain), commit_s = Median(commit);
-  // What training pays without a dispute: the state committed at each checkpoint, tiled (every
-  // parameter and moment's TensorRoot) and flat (StateHash, what the chain holds today), once
+  // What training pays without a dispute: the state committed at each checkpoint, tiled
+  // (StateTileRoot) and flat (StateHash, what the chain holds today), once
   // per checkpoint_interval steps. The operator trace is computed only by the two parties of a
   // dispute, replaying the one disputed step from their checkpoint.
   std::vector<double> state_tiled, state_flat;
   for (int i = 0; i < steps; ++i) {
-    state_tiled.push_back(Seconds([&] {
-      for (const engine::Param& p : st.model->params()) {
-        engine::TensorRoot({p.value.data(), static_cast<size_t>(p.value.size())},
-                           engine::TileGrid::ForShape(p.value.shape()));
-      }
-      for (const engine::Optimizer::NamedState& n : st.optimizer->State()) {
-        engine::TensorRoot({n.tensor->data(), static_cast<size_t>(n.tensor->size())},
-                           engine::TileGrid::ForShape(n.tensor->shape()));
-      }
-    }));
+    state_tiled.push_back(Seconds([&] { engine::StateTileRoot(st); }));
     state_flat.push_back(Seconds([&] { engine::StateHash(st); }));
   }
   const double tiled_s = Median(state_tiled);

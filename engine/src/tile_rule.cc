@@ -6,6 +6,7 @@
 
 #include "kernels_internal.h"
 #include "meshlearn/base/check.h"
+#include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/kernels.h"
 
 namespace meshlearn::engine {
@@ -301,6 +302,20 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   }
   add_updates();
   return plan;
+}
+
+Hash256 StateTileRoot(TrainState& state) {
+  CHECK(state.optimizer) << "StateTileRoot needs a training state with an optimizer";
+  std::vector<Hash256> roots;
+  for (const Param& p : state.model->params()) {
+    roots.push_back(TensorRoot({p.value.data(), static_cast<size_t>(p.value.size())},
+                               TileGrid::ForShape(p.value.shape())));
+  }
+  for (const Optimizer::NamedState& s : state.optimizer->State()) {
+    roots.push_back(TensorRoot({s.tensor->data(), static_cast<size_t>(s.tensor->size())},
+                               TileGrid::ForShape(s.tensor->shape())));
+  }
+  return MerkleRoot(roots);
 }
 
 int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {

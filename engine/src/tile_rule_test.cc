@@ -168,6 +168,14 @@ void ExpectEveryTileRecomputes(const std::string& toml) {
   }
   EXPECT_GT(checked, 50);
   EXPECT_GT(reductions, 10);
+  // The state's tiled commitment is the Merkle root over the input-state operators' roots.
+  size_t n_state = 0;
+  while (plan->ops[n_state].kind == TileOpKind::kTileOpState) ++n_state;
+  std::unique_ptr<Trainer> again = MakeTrainer(toml);
+  again->Step();
+  EXPECT_EQ(StateTileRoot(again->state()),
+            MerkleRoot(std::vector<Hash256>(
+                trace.hashes().begin(), trace.hashes().begin() + static_cast<int64_t>(n_state))));
 }
 
 // The step runs on every fast path this CPU has (SIMD width, threads); the recompute always

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "meshlearn/base/status.h"
+#include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/optim.h"
@@ -95,6 +96,13 @@ struct TilePlan {
   int64_t classes = 0;
   OptimizerSpec optimizer;
 };
+
+// The training state committed the way operator outputs are (tile.h): the Merkle root over the
+// tiled roots of every parameter and then every optimizer state tensor, in StateHash order (the
+// order of the step's "in.<name>" operators). Not yet what the chain holds (StateHash, flat);
+// what a checkpoint commitment must become for a tile of the input state to be provable alone
+// (docs/verification.md, "Tiles"). REQUIRES: state has an optimizer.
+Hash256 StateTileRoot(TrainState& state);
 
 // The plan of one training step of `model` trained by `optimizer` at batch size `batch` (a GPT:
 // of `seq_len` tokens, 0 = block_size). FailedPrecondition (naming what) for a sequential layer
