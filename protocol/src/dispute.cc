@@ -128,6 +128,8 @@ void DisputeGame::StartTurn(uint64_t height) {
   deadline_ = height + config_.response_blocks;
   d_post_.reset();
   c_post_.reset();
+  d_right_.reset();
+  c_right_.reset();
 }
 
 DisputeQuery DisputeGame::query() const {
@@ -203,6 +205,8 @@ void DisputeGame::EnterReferee(bool whole_step, uint64_t step, uint32_t op, cons
                                const Hash256& d_out, const Hash256& c_out, uint64_t height) {
   stage_ = DisputeStage::kDisputeReferee;
   deadline_ = height + config_.referee_blocks;
+  d_right_.reset();
+  c_right_.reset();
   referee_ = RefereeTask{.whole_step = whole_step,
                          .step = step,
                          .operator_index = op,
@@ -573,6 +577,15 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
                              " has no tiles");
     }
     const uint64_t tiles = c.operator_tiles[g.op_ - 1];
+    // A right child is held exactly while its party's left child is, in a children turn.
+    const bool children = g.stage_ == DisputeStage::kDisputeTiles && g.root_known_;
+    if (g.d_right_.has_value() != (children && g.d_post_.has_value()) ||
+        g.c_right_.has_value() != (children && g.c_post_.has_value())) {
+      return InvalidArgument("dispute: a posted child without its pair");
+    }
+    if (g.stage_ == DisputeStage::kDisputeTiles && !g.root_known_ && g.position_ != g.op_) {
+      return InvalidArgument("dispute: the output-root turn asks for another operator");
+    }
     if (g.stage_ == DisputeStage::kDisputeTiles && g.root_known_ &&
         (g.level_ > MerkleTopLevel(tiles) || g.node_ >= MerkleWidthAt(tiles, g.level_) ||
          g.level_ == 0 || g.position_ != g.node_)) {

@@ -564,6 +564,32 @@ TEST(DisputeTileTest, EncodingIsVersionOneWithoutTilesAndTwoWith) {
   ASSERT_TRUE(DisputeGame::Decode(forged).ok());
   forged[246] = static_cast<uint8_t>(DisputeStage::kDisputeTiles);
   EXPECT_FALSE(DisputeGame::Decode(forged).ok());
+  // A children turn whose right child is missing (a forged state) is refused, not played.
+  {
+    TiledTrace honest{.tiles = 4};
+    auto g = DisputeGame::Create(TiledConfig(liar, honest, 4, 2));
+    ASSERT_TRUE(g.ok());
+    uint64_t height = 100;
+    while (!g->query().children) {
+      ++height;
+      ASSERT_TRUE(liar.Move(*g, DisputeParty::kDefender, height).ok());
+      ASSERT_TRUE(honest.Move(*g, DisputeParty::kChallenger, height).ok());
+    }
+    ASSERT_TRUE(liar.Move(*g, DisputeParty::kDefender, height).ok());
+    Bytes wire = g->Encode();
+    ASSERT_TRUE(DisputeGame::Decode(wire).ok());
+    // The tail: ... d_right (present, 33 bytes), c_right (absent, 1 byte), tile (8), referee
+    // fields (1 + 8 + 8 + 4 + 4 + 32 + 32 = 89): drop d_right's hash and mark it absent.
+    const size_t tail = 89 + 8 + 1;
+    const size_t d_right = wire.size() - tail - 33;
+    ASSERT_EQ(wire[d_right], 1);
+    Bytes forged(wire.begin(), wire.begin() + static_cast<std::ptrdiff_t>(d_right));
+    forged.push_back(0);
+    forged.insert(forged.end(), wire.end() - static_cast<std::ptrdiff_t>(tail), wire.end());
+    auto back = DisputeGame::Decode(forged);
+    ASSERT_FALSE(back.ok());
+    EXPECT_NE(back.status().message().find("child"), std::string::npos) << back.status().message();
+  }
   DisputeConfig bad = TiledConfig(liar, TiledTrace{.tiles = 4}, 4, 2);
   bad.operator_tiles.pop_back();
   EXPECT_FALSE(DisputeGame::Create(bad).ok());
