@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "meshlearn/base/merkle.h"
+#include "meshlearn/base/rng.h"
 
 namespace meshlearn::protocol {
 namespace {
@@ -596,6 +597,52 @@ TEST(DisputeTileTest, EncodingIsVersionOneWithoutTilesAndTwoWith) {
   bad = TiledConfig(liar, TiledTrace{.tiles = 4}, 4, 2);
   bad.operator_blocks.pop_back();
   EXPECT_FALSE(DisputeGame::Create(bad).ok());
+}
+
+TEST(DisputeTileTest, MutatedEncodingsDecodeToPlayableGamesOrAreRefused) {
+  // Every state of a tiled game, with random bytes changed: Decode refuses it, or the game it
+  // gives answers every call without crashing (the ledger decodes games from its store).
+  TiledTrace liar{.lie_step = 6, .lie_op = 7, .lie_tile = 5, .lie_block = 1, .tiles = 11};
+  TiledTrace honest{.tiles = 11};
+  auto g = DisputeGame::Create(TiledConfig(liar, honest, 11, 3));
+  ASSERT_TRUE(g.ok());
+  std::vector<Bytes> states;
+  uint64_t height = 100;
+  while (g->stage() != DisputeStage::kDisputeReferee) {
+    ++height;
+    ASSERT_TRUE(liar.Move(*g, DisputeParty::kDefender, height).ok());
+    states.push_back(g->Encode());  // half a turn
+    ASSERT_TRUE(honest.Move(*g, DisputeParty::kChallenger, height).ok());
+    states.push_back(g->Encode());
+  }
+  Rng rng(99);
+  int decoded = 0;
+  for (const Bytes& state : states) {
+    for (int i = 0; i < 300; ++i) {
+      Bytes m = state;
+      const int flips = 1 + static_cast<int>(rng.Uniform(3));
+      for (int f = 0; f < flips; ++f) {
+        m[rng.Uniform(m.size())] = static_cast<uint8_t>(rng.Uniform(256));
+      }
+      auto back = DisputeGame::Decode(m);
+      if (!back.ok()) continue;
+      ++decoded;
+      DisputeGame& d = *back;
+      for (DisputeParty p : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+        if (d.stage() == DisputeStage::kDisputeReferee || d.stage() == DisputeStage::kDisputeResolved) {
+          break;
+        }
+        const DisputeQuery q = d.query();
+        const Hash256 h = Blake2b("random " + std::to_string(i));
+        (void)(q.children ? d.PostChildren(p, q.position, h, h, q.deadline_height)
+                          : d.Post(p, q.position, h, q.deadline_height));
+      }
+      (void)d.OnBlock(d.query().deadline_height + 1);
+      if (d.stage() == DisputeStage::kDisputeReferee) (void)d.Rule(Hash256{});
+      EXPECT_TRUE(DisputeGame::Decode(d.Encode()).ok());
+    }
+  }
+  EXPECT_GT(decoded, 100);  // the mutations also reach the game, not only the decoder
 }
 
 }  // namespace
