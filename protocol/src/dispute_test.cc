@@ -340,8 +340,8 @@ struct TiledTrace {
     return c;
   }
   Hash256 Partial(uint64_t s, uint32_t j, uint64_t t, uint64_t k) const {
-    const bool lying = Lying(s, j, t) && (s != lie_step || j != lie_op || t != lie_tile ||
-                                          k > lie_block);
+    const bool lying =
+        Lying(s, j, t) && (s != lie_step || j != lie_op || t != lie_tile || k > lie_block);
     return Blake2b((lying ? "lie partial " : "partial ") + std::to_string(s) + "/" +
                    std::to_string(j) + "/" + std::to_string(t) + "/" + std::to_string(k));
   }
@@ -368,7 +368,8 @@ struct TiledTrace {
       case DisputeStage::kDisputeOperators:
         return g.Post(p, q.position, Chain(q.step, q.position), height);
       case DisputeStage::kDisputeTiles:
-        if (!q.children) return g.Post(p, q.position, MerkleRoot(Tiles(q.step, q.operator_index)), height);
+        if (!q.children)
+          return g.Post(p, q.position, MerkleRoot(Tiles(q.step, q.operator_index)), height);
         {
           auto [l, r] = Children(q.step, q.operator_index, q.level, q.position);
           return g.PostChildren(p, q.position, l, r, height);
@@ -411,7 +412,8 @@ struct TiledPlay {
 TiledPlay PlayTiled(DisputeGame g, const TiledTrace& d, const TiledTrace& c) {
   const TiledTrace truth{.tiles = d.tiles};
   uint64_t height = g.config().start_height;
-  while (g.stage() != DisputeStage::kDisputeReferee && g.stage() != DisputeStage::kDisputeResolved) {
+  while (g.stage() != DisputeStage::kDisputeReferee &&
+         g.stage() != DisputeStage::kDisputeResolved) {
     ++height;
     EXPECT_TRUE(d.Move(g, DisputeParty::kDefender, height).ok());
     EXPECT_TRUE(c.Move(g, DisputeParty::kChallenger, height).ok());
@@ -517,12 +519,12 @@ TEST(DisputeTileTest, TileMovesThatDoNotHashToTheirClaimsAreRefused) {
   EXPECT_FALSE(q.children);
   EXPECT_EQ(q.operator_index, 5u);
   // The honest root does not chain to the liar's C_5.
-  EXPECT_EQ(g->Post(DisputeParty::kDefender, q.position, MerkleRoot(honest.Tiles(2, 5)), height)
-                .code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(g->PostChildren(DisputeParty::kDefender, q.position, Hash256{}, Hash256{}, height)
-                .code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      g->Post(DisputeParty::kDefender, q.position, MerkleRoot(honest.Tiles(2, 5)), height).code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      g->PostChildren(DisputeParty::kDefender, q.position, Hash256{}, Hash256{}, height).code(),
+      StatusCode::kFailedPrecondition);
   ASSERT_TRUE(liar.Move(*g, DisputeParty::kDefender, height).ok());
   ASSERT_TRUE(honest.Move(*g, DisputeParty::kChallenger, height).ok());
   q = g->query();
@@ -629,7 +631,8 @@ TEST(DisputeTileTest, MutatedEncodingsDecodeToPlayableGamesOrAreRefused) {
       ++decoded;
       DisputeGame& d = *back;
       for (DisputeParty p : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
-        if (d.stage() == DisputeStage::kDisputeReferee || d.stage() == DisputeStage::kDisputeResolved) {
+        if (d.stage() == DisputeStage::kDisputeReferee ||
+            d.stage() == DisputeStage::kDisputeResolved) {
           break;
         }
         const DisputeQuery q = d.query();
