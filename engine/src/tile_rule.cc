@@ -211,44 +211,57 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     add_updates();
     return plan;
   }
-  // Forward (model.cc's sequential Forward).
+  // Forward (model.cc's sequential Forward). Layers without a footprint yet are opaque, with
+  // their output shapes (per sample) computed as Model::Create does.
   struct Linear {
-    size_t layer;
     int64_t in_op, dout_op = -1, C, OC;
     bool bias;
   };
+  constexpr char kNoLayerFootprint[] = "no footprint yet for this layer kind";
   std::vector<int64_t> in_op(model.layers.size());  // the activation each layer reads
   std::vector<int64_t> in_features(model.layers.size());
   std::map<size_t, Linear> linears;
   int64_t act = kTileOperandBatch;
-  int64_t features = plan.input_size;
+  Shape cur = model.input;  // one sample's shape
   for (size_t i = 0; i < model.layers.size(); ++i) {
     const LayerSpec& l = model.layers[i];
     const std::string name = "layers." + std::to_string(i);
+    const int64_t features = NumElements(cur);
     in_op[i] = act;
     in_features[i] = features;
-    if (l.kind == "flatten") continue;
+    if (l.kind == "flatten") {
+      cur = {features};
+      continue;
+    }
+    TileOp op{name + ".out", TileOpKind::kTileOpOpaque, {}, {}};
+    op.x = act;
     if (l.kind == "linear") {
-      TileOp op{
-          name + ".out", TileOpKind::kTileOpLinear, TileGrid::For(batch, l.out), {batch, l.out}};
-      op.x = act;
+      op.kind = TileOpKind::kTileOpLinear;
       op.w = state_op(name + ".weight");
       op.b = l.bias ? state_op(name + ".bias") : -1;
       CHECK_GE(op.w, 0) << name;
-      linears[i] = Linear{i, act, -1, features, l.out, l.bias};
-      act = add(std::move(op));
-      features = l.out;
+      linears[i] = Linear{act, -1, features, l.out, l.bias};
+      cur = {l.out};
     } else if (l.kind == "relu") {
-      TileOp op{name + ".out",
-                TileOpKind::kTileOpRelu,
-                TileGrid::For(batch, features),
-                {batch, features}};
-      op.x = act;
-      act = add(std::move(op));
-    } else {
+      op.kind = TileOpKind::kTileOpRelu;
+    } else if (l.kind == "gelu") {
+      op.kind = TileOpKind::kTileOpGelu;
+    } else if (l.kind == "conv2d" && cur.size() == 3) {
+      const int64_t s = l.stride > 0 ? l.stride : 1;
+      cur = {l.out, (cur[1] + 2 * l.pad - l.kernel) / s + 1,
+             (cur[2] + 2 * l.pad - l.kernel) / s + 1};
+    } else if (l.kind == "maxpool2d" && cur.size() == 3) {
+      const int64_t s = l.stride > 0 ? l.stride : l.kernel;
+      cur = {cur[0], (cur[1] - l.kernel) / s + 1, (cur[2] - l.kernel) / s + 1};
+    } else if (l.kind != "dropout" && l.kind != "layernorm") {
       return FailedPrecondition("tile rule: model.layers[" + std::to_string(i) + "] is a '" +
-                                l.kind + "' layer; only linear, relu and flatten are covered yet");
+                                l.kind + "' layer the tile plan does not know");
     }
+    if (op.kind == TileOpKind::kTileOpOpaque) op.opaque = kNoLayerFootprint;
+    const int64_t out = NumElements(cur);
+    op.grid = TileGrid::For(batch, out);
+    op.shape = {batch, out};
+    act = add(std::move(op));
   }
   const int64_t logits = act;
   if (logits == kTileOperandBatch) return InvalidArgument("tile rule: the model has no layers");
@@ -263,42 +276,49 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     grad.x = logits;
     add(std::move(grad));
   }
-  // Backward (model.cc's sequential Backward).
+  // Backward (model.cc's sequential Backward): a flatten, and a dropout that kept everything
+  // (p = 0), pass the gradient through unrecorded; the first layer has no input gradient.
   int64_t dout = index["logits.grad"];
   for (size_t ii = model.layers.size(); ii-- > 0;) {
     const LayerSpec& l = model.layers[ii];
-    if (l.kind == "flatten") continue;
-    const std::string name = "layers." + std::to_string(ii) + ".in.grad";
-    const bool need_dinp = ii > 0;
+    if (l.kind == "flatten" || (l.kind == "dropout" && !(l.p > 0))) continue;
     if (l.kind == "linear") linears[ii].dout_op = dout;
-    if (!need_dinp) continue;
-    TileOp op{
-        name,
-        l.kind == "linear" ? TileOpKind::kTileOpLinearInputGrad : TileOpKind::kTileOpReluInputGrad,
-        TileGrid::For(batch, in_features[ii]),
-        {batch, in_features[ii]}};
+    if (ii == 0) continue;
+    const std::string layer = "layers." + std::to_string(ii);
+    TileOp op{layer + ".in.grad",
+              TileOpKind::kTileOpOpaque,
+              TileGrid::For(batch, in_features[ii]),
+              {batch, in_features[ii]}};
     op.x = dout;
-    op.w = l.kind == "linear" ? state_op("layers." + std::to_string(ii) + ".weight") : in_op[ii];
+    if (l.kind == "linear") {
+      op.kind = TileOpKind::kTileOpLinearInputGrad;
+      op.w = state_op(layer + ".weight");
+    } else if (l.kind == "relu" || l.kind == "gelu") {
+      op.kind =
+          l.kind == "relu" ? TileOpKind::kTileOpReluInputGrad : TileOpKind::kTileOpGeluInputGrad;
+      op.w = in_op[ii];
+    } else {
+      op.opaque = kNoLayerFootprint;
+    }
     dout = add(std::move(op));
   }
   // Parameter gradients, in parameter order (Model::TraceParamGrads).
-  for (const auto& [layer, lin] : linears) {
-    const std::string name = "layers." + std::to_string(layer);
-    TileOp dw{name + ".weight.grad",
-              TileOpKind::kTileOpLinearWeightGrad,
-              TileGrid::ForShape({lin.OC, lin.C}),
-              {lin.OC, lin.C}};
-    dw.x = lin.dout_op;
-    dw.w = lin.in_op;
-    add(std::move(dw));
-    if (lin.bias) {
-      TileOp db{name + ".bias.grad",
-                TileOpKind::kTileOpLinearBiasGrad,
-                TileGrid::ForShape({lin.OC}),
-                {lin.OC}};
-      db.x = lin.dout_op;
-      add(std::move(db));
+  for (const Param& p : m.params()) {
+    // "layers.<i>.weight" / "layers.<i>.bias"
+    const size_t dot = p.name.find('.', 7);
+    const size_t layer = static_cast<size_t>(std::stoll(p.name.substr(7, dot - 7)));
+    const bool weight = p.name.ends_with(".weight");
+    const TileGrid grid = TileGrid::ForShape(p.value.shape());
+    TileOp g{p.name + ".grad", TileOpKind::kTileOpOpaque, grid, p.value.shape()};
+    auto it = linears.find(layer);
+    if (it != linears.end()) {
+      g.kind = weight ? TileOpKind::kTileOpLinearWeightGrad : TileOpKind::kTileOpLinearBiasGrad;
+      g.x = it->second.dout_op;
+      g.w = weight ? it->second.in_op : -1;
+    } else {
+      g.opaque = kNoLayerFootprint;
     }
+    add(std::move(g));
   }
   add_updates();
   return plan;
@@ -368,6 +388,7 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     }
     case TileOpKind::kTileOpRelu:
+    case TileOpKind::kTileOpGelu:
       TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
       break;
     case TileOpKind::kTileOpLoss:
@@ -384,6 +405,7 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     }
     case TileOpKind::kTileOpReluInputGrad:
+    case TileOpKind::kTileOpGeluInputGrad:
       TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
       TileRuleCover(plan, o.w, t.r0, t.r1, t.c0, t.c1, fp);
       break;
@@ -510,6 +532,11 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       ref::ReluForward(out.data(), x.data(), t.numel());
       break;
     }
+    case TileOpKind::kTileOpGelu: {
+      std::vector<float> x = dense(o.x, t.r0, t.r1, t.c0, t.c1);
+      ref::GeluForward(out.data(), x.data(), t.numel());
+      break;
+    }
     case TileOpKind::kTileOpLoss:
     case TileOpKind::kTileOpLossGrad: {
       const int64_t V = plan.classes;
@@ -570,6 +597,12 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       std::vector<float> d = dense(o.x, t.r0, t.r1, t.c0, t.c1);
       std::vector<float> x = dense(o.w, t.r0, t.r1, t.c0, t.c1);
       ref::ReluBackward(out.data(), d.data(), x.data(), t.numel());
+      break;
+    }
+    case TileOpKind::kTileOpGeluInputGrad: {
+      std::vector<float> d = dense(o.x, t.r0, t.r1, t.c0, t.c1);
+      std::vector<float> x = dense(o.w, t.r0, t.r1, t.c0, t.c1);
+      ref::GeluBackward(out.data(), d.data(), x.data(), t.numel());
       break;
     }
     case TileOpKind::kTileOpLinearWeightGrad:

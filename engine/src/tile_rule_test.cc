@@ -301,11 +301,85 @@ TEST(TileRuleTest, WhatIsNotCoveredYetIsOpaqueAndRefused) {
   Result<TileFootprint> fp = Footprint(*p, last, 0, 0);
   ASSERT_FALSE(fp.ok());
   EXPECT_NE(fp.status().message().find("grad_clip"), std::string::npos) << fp.status().message();
-  ModelSpec cnn = tr->task().model;
-  cnn.layers[1].kind = "gelu";
-  Result<TilePlan> g = PlanStepTiles(cnn, tr->state().optimizer->spec(), 8);
+  ModelSpec odd = tr->task().model;
+  odd.layers[1].kind = "softplus";
+  Result<TilePlan> g = PlanStepTiles(odd, tr->state().optimizer->spec(), 8);
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().message().find("model.layers[1]"), std::string::npos);
+}
+
+// examples/fashion-cnn.toml's model (conv, relu, pool, conv, relu, pool, flatten, linear 1568 ->
+// 128, relu, linear, with a gelu in place of the head's relu to cover it too) at batch 40: the
+// plan is the trace's list; every tile of every covered operator recomputes to the traced bits
+// (the first linear narrowed: 1568 inputs); conv and pooling are opaque.
+TEST(TileRuleTest, TheCnnsCoveredOperatorsRecomputeAndTheRestIsOpaque) {
+  Result<TaskSpec> base = TaskSpec::Load(
+      Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-cnn.toml");
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  ModelSpec model = base->model;
+  ASSERT_EQ(model.layers.size(), 10u);
+  model.layers[8].kind = "gelu";
+  Result<TaskSpec> parsed = TaskSpec::Parse(kMlp, "cnn.toml", ".");  // batch 40, no files
+  ASSERT_TRUE(parsed.ok());
+  TaskSpec spec = std::move(*parsed);
+  spec.model = model;
+  spec.optimizer = base->optimizer;
+  spec.optimizer.grad_clip = 0;
+  TaskData d;
+  Rng rng(21);
+  std::vector<float> x(static_cast<size_t>(64 * 784));
+  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
+  d.train.x = Tensor({64, 1, 28, 28}, x);
+  d.train.y.resize(64);
+  for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(10));
+  d.train.num_classes = 10;
+  d.test = d.train;
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(spec, d);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  TrainState& st = (*tr)->state();
+  const Batch batch = (*tr)->BatchForStep(st.step);
+  OpTrace trace;
+  trace.set_keep_values(true);
+  st.model->set_op_trace(&trace);
+  StepOnBatch(st, batch, DropoutSeed(spec.seed, spec.stream));
+  st.model->set_op_trace(nullptr);
+  Result<TilePlan> plan = PlanStepTiles(spec.model, st.optimizer->spec(), spec.batch_size);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->ops.size(), trace.size());
+  int64_t covered = 0, opaque = 0;
+  for (size_t j = 0; j < trace.size(); ++j) {
+    const TileOp& op = plan->ops[j];
+    ASSERT_EQ(op.name, trace.name(j)) << j;
+    ASSERT_EQ(op.grid, trace.grid(j)) << op.name;
+    if (op.kind == TileOpKind::kTileOpState) continue;
+    if (op.kind == TileOpKind::kTileOpOpaque) {
+      ++opaque;
+      EXPECT_FALSE(Footprint(*plan, static_cast<int64_t>(j), 0, 0).ok()) << op.name;
+      continue;
+    }
+    ++covered;
+    const int64_t jj = static_cast<int64_t>(j);
+    for (int64_t t = 0; t < op.grid.count(); t += std::max<int64_t>(1, op.grid.count() / 40)) {
+      const std::vector<float> want = ExtractTile(trace.values(j), op.grid, t);
+      if (ReductionBlocks(*plan, jj) > 0) {
+        Result<std::vector<std::vector<float>>> chain =
+            ReductionChain(*plan, jj, t, st.step - 1, trace, batch);
+        ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+        ASSERT_TRUE(SameBits(chain->back(), want)) << op.name << " tile " << t;
+      } else {
+        Result<TileFootprint> fp = Footprint(*plan, jj, t, 0);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        Result<std::vector<float>> got =
+            RecomputeTile(*plan, jj, t, 0, st.step - 1, GatherTileInputs(*plan, *fp, trace, batch));
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        ASSERT_TRUE(SameBits(*got, want)) << op.name << " tile " << t;
+      }
+    }
+  }
+  std::printf("[ cnn      ] %lld covered operators, %lld opaque\n", static_cast<long long>(covered),
+              static_cast<long long>(opaque));
+  EXPECT_GE(covered, 15);  // 4 relu/gelu, 2 linear, loss x2, 4 in.grads, 4 linear grads, 4 updates
+  EXPECT_GE(opaque, 8);    // conv and pool outputs, their input gradients, conv parameter grads
 }
 
 // The 10M GPT's shape (examples/code-gpt-10m.toml, one sequence of 256 tokens): the plan is the

@@ -32,13 +32,14 @@
 // The input state tensors ("in.<name>") are operators of the plan but are not recomputed: they
 // are the step's input (RecomputeTile refuses them).
 //
-// Covered today: sequential models of linear, relu and flatten layers (the fashion MLP's shape),
-// AdamW or SGD; in a GPT, the linear operators (qkv, attention projection, MLP up and down
-// projections, the tied LM head). Every other operator is in the plan with its name and grid but
-// is opaque (kTileOpOpaque: Footprint refuses it, naming why): layernorm, attention, gelu,
-// residuals, embeddings, the token loss and every GPT gradient, and a clipped update (its scale
-// is a reduction over every gradient, not yet committed as an operator). PlanStepTiles refuses a
-// sequential layer kind it does not know how to plan (FailedPrecondition, naming the layer).
+// Covered today: in sequential models, linear, relu and gelu layers (all of the fashion MLP;
+// the fashion CNN's linear head and relus), with AdamW or SGD; in a GPT, the linear operators
+// (qkv, attention projection, MLP up and down projections, the tied LM head). Every other
+// operator is in the plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses
+// it, naming why): conv2d, maxpool2d, dropout and layernorm layers (and their gradients), GPT
+// layernorm, attention, gelu, residuals, embeddings, the token loss and every GPT gradient, and
+// a clipped update (its scale is a reduction over every gradient, not yet committed as an
+// operator). PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
 //
 //   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size));
 //   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, block));
@@ -73,6 +74,8 @@ enum class TileOpKind : uint8_t {
   kTileOpAdamW,             // x = parameter, w = gradient, b = m, v = v
   kTileOpSgd,               // x = parameter, w = gradient, b = momentum buffer (or none)
   kTileOpOpaque,            // computed by the step, but without a footprint yet
+  kTileOpGelu,              // out = gelu(x)
+  kTileOpGeluInputGrad,     // x = dout, w = the gelu's input
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
