@@ -22,7 +22,8 @@
 //            checkpoint's decoding), best of --repeats. measured_overhead = p V (replay + load) /
 //            unit, the same as the computed p V r / S but with the measured segment/unit ratio.
 // referee    (not in the default list) the tile referee (issue 16), one line per model (the
-//            fashion MLP of --task, and examples/code-gpt-10m.toml at batch 8 x 256): parameters;
+//            fashion MLP of --task, examples/fashion-cnn.toml, and examples/code-gpt-10m.toml at
+//            batch 8 x 256): parameters;
 //            commitment_fraction, what training pays per step: the state's tiled commitment
 //            (engine/tile.h) once per checkpoint_interval steps, over an untraced step's time;
 //            trace_commit_fraction, what one traced step costs more than a plain one (OpTrace's
@@ -480,7 +481,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   if (wants("referee")) {
-    for (const std::string& p : {task_path, SourceDir() + "/examples/code-gpt-10m.toml"}) {
+    for (const std::string& p : {task_path, SourceDir() + "/examples/fashion-cnn.toml",
+                                 SourceDir() + "/examples/code-gpt-10m.toml"}) {
       std::printf("%s\n", RefereeCase(p, referee_steps, net->checkpoint_interval).dump().c_str());
       std::fflush(stdout);
     }

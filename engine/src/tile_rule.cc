@@ -474,6 +474,9 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     return InvalidArgument(what + ": the partial sum has " + std::to_string(in.partial.size()) +
                            " floats, the tile " + std::to_string(t.numel()));
   }
+  if ((blocks == 0 || block == 0) && !in.partial.empty()) {
+    return InvalidArgument(what + ": block 0 starts from the chain's start; no partial sum");
+  }
   if (blocks > 0 && block > 0 && in.partial.empty()) {
     return InvalidArgument(what + ": block " + std::to_string(block) +
                            " continues from the agreed partial sum; none given");
