@@ -55,6 +55,33 @@ int64_t TileRuleCols(const TilePlan& plan, int64_t op) {
 // is narrowed into blocks of kTileLinearBlock columns (64 KiB of inputs each).
 constexpr int64_t kTileLinearWholeMax = 1024;
 constexpr int64_t kTileLinearBlock = 256;
+// A conv2d tile's chain runs over (c, kh, kw): above this many input channels it is narrowed into
+// blocks of this many.
+constexpr int64_t kTileConvChannels = 4;
+
+// The geometry a conv2d output tile (columns [c0, c1) of its (B, OC*OH*OW) view) touches: output
+// channels [oc0, oc1), and the input rows [ih0, ih1) its output rows read (all the output rows
+// when the tile spans channels).
+struct TileRuleConvSpan {
+  int64_t oc0, oc1, ih0, ih1;
+};
+TileRuleConvSpan TileRuleConvOf(const TileOp& o, int64_t c0, int64_t c1) {
+  const int64_t H = o.conv[1], OC = o.conv[3], KH = o.conv[4], s = o.conv[6], pad = o.conv[7];
+  const int64_t OH = (H + 2 * pad - KH) / s + 1;
+  const int64_t OW = (o.conv[2] + 2 * pad - o.conv[5]) / s + 1;
+  const int64_t per = OH * OW;
+  TileRuleConvSpan r;
+  r.oc0 = c0 / per;
+  r.oc1 = std::min(OC, (c1 - 1) / per + 1);
+  int64_t oh0 = 0, oh1 = OH;
+  if (r.oc1 - r.oc0 == 1) {
+    oh0 = (c0 % per) / OW;
+    oh1 = ((c1 - 1) % per) / OW + 1;
+  }
+  r.ih0 = std::max<int64_t>(0, oh0 * s - pad);
+  r.ih1 = std::max(r.ih0, std::min(H, (oh1 - 1) * s - pad + KH));
+  return r;
+}
 
 // Dense values of `op`'s rectangle [r0, r1) x [c0, c1), from the footprint's tiles of `op` (or
 // its examples). The inputs were size-checked against the footprint first.
@@ -248,6 +275,11 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       op.kind = TileOpKind::kTileOpGelu;
     } else if (l.kind == "conv2d" && cur.size() == 3) {
       const int64_t s = l.stride > 0 ? l.stride : 1;
+      op.kind = TileOpKind::kTileOpConv;
+      op.conv = {cur[0], cur[1], cur[2], l.out, l.kernel, l.kernel, s, l.pad};
+      op.w = state_op(name + ".weight");
+      op.b = l.bias ? state_op(name + ".bias") : -1;
+      CHECK_GE(op.w, 0) << name;
       cur = {l.out, (cur[1] + 2 * l.pad - l.kernel) / s + 1,
              (cur[2] + 2 * l.pad - l.kernel) / s + 1};
     } else if (l.kind == "maxpool2d" && cur.size() == 3) {
@@ -347,6 +379,10 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     const int64_t C = TileRuleCols(plan, o.x);
     return C > kTileLinearWholeMax ? (C + kTileLinearBlock - 1) / kTileLinearBlock : 0;
   }
+  if (o.kind == TileOpKind::kTileOpConv) {
+    const int64_t C = o.conv[0];
+    return C > kTileConvChannels ? (C + kTileConvChannels - 1) / kTileConvChannels : 0;
+  }
   if (!TileRuleIsReduction(o.kind)) return 0;
   return (plan.batch + kTileRows - 1) / kTileRows;
 }
@@ -391,6 +427,22 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     case TileOpKind::kTileOpGelu:
       TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
       break;
+    case TileOpKind::kTileOpConv: {
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KK = o.conv[4] * o.conv[5];
+      const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
+      const int64_t cb0 = blocks > 0 ? block * kTileConvChannels : 0;
+      const int64_t cb1 = blocks > 0 ? std::min(C, cb0 + kTileConvChannels) : C;
+      if (o.x == kTileOperandBatch) {
+        TileRuleCover(plan, o.x, t.r0, t.r1, 0, 0, fp);
+      } else {
+        for (int64_t c = cb0; c < cb1; ++c) {
+          TileRuleCover(plan, o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W, fp);
+        }
+      }
+      TileRuleCover(plan, o.w, cs.oc0, cs.oc1, cb0 * KK, cb1 * KK, fp);
+      if (o.b >= 0 && block == 0) TileRuleCover(plan, o.b, 0, 1, cs.oc0, cs.oc1, fp);
+      break;
+    }
     case TileOpKind::kTileOpLoss:
     case TileOpKind::kTileOpLossGrad:
       TileRuleCover(plan, o.x, t.r0, t.r1, 0, plan.classes, fp);
@@ -538,6 +590,54 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     case TileOpKind::kTileOpGelu: {
       std::vector<float> x = dense(o.x, t.r0, t.r1, t.c0, t.c1);
       ref::GeluForward(out.data(), x.data(), t.numel());
+      break;
+    }
+    case TileOpKind::kTileOpConv: {
+      // kernels.h: out[b,oc,oh,ow] = chain over (c, kh, kw) of fma(x, or 0 in the padding,
+      // w[oc,c,kh,kw], acc) from bias[oc] (or 0); narrowed: channels [cb0, cb1) of it, continued
+      // from the agreed partial.
+      internal::FpEnvGuard fp_guard;
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KH = o.conv[4], KW = o.conv[5];
+      const int64_t s = o.conv[6], pad = o.conv[7];
+      const int64_t OH = (H + 2 * pad - KH) / s + 1, OW = (W + 2 * pad - KW) / s + 1;
+      const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
+      const int64_t cb0 = blocks > 0 ? block * kTileConvChannels : 0;
+      const int64_t cb1 = blocks > 0 ? std::min(C, cb0 + kTileConvChannels) : C;
+      const int64_t NC = cb1 - cb0, IH = cs.ih1 - cs.ih0;
+      // The input rows [r0, r1) over input rows [ih0, ih1) of channels [cb0, cb1): (R, NC, IH, W).
+      std::vector<float> x(static_cast<size_t>(R * NC * IH * W), 0.0f);
+      for (int64_t c = cb0; c < cb1; ++c) {
+        const int64_t col0 = (c * H + cs.ih0) * W, col1 = (c * H + cs.ih1) * W;
+        std::vector<float> part = dense(o.x, t.r0, t.r1, col0, col1);
+        for (int64_t r = 0; r < R; ++r) {
+          std::copy(part.begin() + r * IH * W, part.begin() + (r + 1) * IH * W,
+                    x.begin() + (r * NC + (c - cb0)) * IH * W);
+        }
+      }
+      const int64_t KK = KH * KW, WC = NC * KK;
+      std::vector<float> w = dense(o.w, cs.oc0, cs.oc1, cb0 * KK, cb1 * KK);
+      std::vector<float> b;
+      if (o.b >= 0 && block == 0) b = dense(o.b, 0, 1, cs.oc0, cs.oc1);
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t jj = 0; jj < K; ++jj) {
+          const int64_t j = t.c0 + jj, oc = j / (OH * OW), oh = (j % (OH * OW)) / OW, ow = j % OW;
+          const size_t e = static_cast<size_t>(r * K + jj);
+          float acc = block > 0 ? in.partial[e] : (b.empty() ? 0.0f : b[oc - cs.oc0]);
+          for (int64_t c = cb0; c < cb1; ++c) {
+            for (int64_t kh = 0; kh < KH; ++kh) {
+              for (int64_t kw = 0; kw < KW; ++kw) {
+                const int64_t ih = oh * s - pad + kh, iw = ow * s - pad + kw;
+                const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+                const float xv =
+                    inside ? x[((r * NC + (c - cb0)) * IH + (ih - cs.ih0)) * W + iw] : 0.0f;
+                const float wv = w[(oc - cs.oc0) * WC + (c - cb0) * KK + kh * KW + kw];
+                acc = __builtin_fmaf(xv, wv, acc);
+              }
+            }
+          }
+          out[e] = acc;
+        }
+      }
       break;
     }
     case TileOpKind::kTileOpLoss:

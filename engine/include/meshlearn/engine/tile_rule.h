@@ -32,9 +32,13 @@
 // The input state tensors ("in.<name>") are operators of the plan but are not recomputed: they
 // are the step's input (RecomputeTile refuses them).
 //
-// Covered today: in sequential models, linear, relu and gelu layers (all of the fashion MLP;
-// the fashion CNN's linear head and relus), with AdamW or SGD; in a GPT, the linear operators
-// (qkv, attention projection, MLP up and down projections, the tied LM head). Every other
+// A conv2d output tile reads, for its samples, the input rows its output rows see, in every
+// channel: over 4 channels its chain (over (c, kh, kw), kernels.h) is narrowed into blocks of 4
+// channels.
+//
+// Covered today: in sequential models, linear, relu, gelu and conv2d layers' outputs (all of the
+// fashion MLP; the fashion CNN's linear head and relus), with AdamW or SGD; in a GPT, the linear
+// operators (qkv, attention projection, MLP up and down projections, the tied LM head). Every other
 // operator is in the plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses
 // it, naming why): conv2d, maxpool2d, dropout and layernorm layers (and their gradients), GPT
 // layernorm, attention, gelu, residuals, embeddings, the token loss and every GPT gradient, and
@@ -76,6 +80,7 @@ enum class TileOpKind : uint8_t {
   kTileOpOpaque,            // computed by the step, but without a footprint yet
   kTileOpGelu,              // out = gelu(x)
   kTileOpGeluInputGrad,     // x = dout, w = the gelu's input
+  kTileOpConv,              // out = conv2d(x, w) + b; chain over (c, kh, kw), narrowed by channels
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
@@ -90,6 +95,8 @@ struct TileOp {
   // Operands: indices into TilePlan::ops (< this op's index), kTileOperandBatch, or -1 (none).
   int64_t x = -1, w = -1, b = -1, v = -1;
   std::string opaque;
+  // kTileOpConv: C, H, W, OC, KH, KW, stride, pad (kernels.h's Conv2dForward).
+  std::vector<int64_t> conv;
 };
 
 struct TilePlan {
