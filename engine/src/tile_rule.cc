@@ -284,6 +284,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
              (cur[2] + 2 * l.pad - l.kernel) / s + 1};
     } else if (l.kind == "maxpool2d" && cur.size() == 3) {
       const int64_t s = l.stride > 0 ? l.stride : l.kernel;
+      op.kind = TileOpKind::kTileOpMaxPool;
+      op.conv = {cur[0], cur[1], cur[2], cur[0], l.kernel, l.kernel, s, 0};
       cur = {cur[0], (cur[1] - l.kernel) / s + 1, (cur[2] - l.kernel) / s + 1};
     } else if (l.kind != "dropout" && l.kind != "layernorm") {
       return FailedPrecondition("tile rule: model.layers[" + std::to_string(i) + "] is a '" +
@@ -427,6 +429,15 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     case TileOpKind::kTileOpGelu:
       TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
       break;
+    case TileOpKind::kTileOpMaxPool: {
+      // Channel c of the output reads channel c of the input, the rows its windows cover.
+      const int64_t H = o.conv[1], W = o.conv[2];
+      const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
+      for (int64_t c = cs.oc0; c < cs.oc1; ++c) {
+        TileRuleCover(plan, o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W, fp);
+      }
+      break;
+    }
     case TileOpKind::kTileOpConv: {
       const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KK = o.conv[4] * o.conv[5];
       const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
@@ -590,6 +601,33 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     case TileOpKind::kTileOpGelu: {
       std::vector<float> x = dense(o.x, t.r0, t.r1, t.c0, t.c1);
       ref::GeluForward(out.data(), x.data(), t.numel());
+      break;
+    }
+    case TileOpKind::kTileOpMaxPool: {
+      // kernels.h: the window's first element, replaced by every later one that is greater.
+      const int64_t H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
+      const int64_t OH = (H - k) / s + 1, OW = (W - k) / s + 1;
+      const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
+      const int64_t IH = cs.ih1 - cs.ih0;
+      std::vector<std::vector<float>> chan;  // per channel: (R, IH, W)
+      for (int64_t c = cs.oc0; c < cs.oc1; ++c) {
+        chan.push_back(dense(o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W));
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t jj = 0; jj < K; ++jj) {
+          const int64_t j = t.c0 + jj, c = j / (OH * OW), oh = (j % (OH * OW)) / OW, ow = j % OW;
+          const std::vector<float>& x = chan[static_cast<size_t>(c - cs.oc0)];
+          auto at = [&](int64_t ih, int64_t iw) { return x[(r * IH + ih - cs.ih0) * W + iw]; };
+          float best = at(oh * s, ow * s);
+          for (int64_t kh = 0; kh < k; ++kh) {
+            for (int64_t kw = 0; kw < k; ++kw) {
+              const float v = at(oh * s + kh, ow * s + kw);
+              if (v > best) best = v;
+            }
+          }
+          out[static_cast<size_t>(r * K + jj)] = best;
+        }
+      }
       break;
     }
     case TileOpKind::kTileOpConv: {

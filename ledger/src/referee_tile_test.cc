@@ -638,6 +638,7 @@ TEST(TileDisputeTest, OnTheFashionCnnALieAtACoveredTileLosesToTheTileRule) {
       {LieKind::kTile, "layers.0.out", 70, 2000},             // the first conv, on the examples
       {LieKind::kTile, "layers.3.out", 9, 700, 2},            // the second: 16 channels, narrowed
       {LieKind::kTile, "layers.1.out", 5, 3000},              // relu on the first conv
+      {LieKind::kTile, "layers.5.out", 30, 1000},             // the second max pool
       {LieKind::kTile, "layers.7.out", 40, 100, 3},           // linear over 1568 inputs: narrowed
       {LieKind::kTile, "layers.7.weight.grad", 50, 1000, 1},  // dW over the batch: narrowed
       {LieKind::kTile, "layers.4.in.grad", 100, 5000},        // relu backward
@@ -646,8 +647,8 @@ TEST(TileDisputeTest, OnTheFashionCnnALieAtACoveredTileLosesToTheTileRule) {
     SCOPED_TRACE(lie.op);
     ExpectTheHonestSideWins(lie, false);
   }
-  // A lie at a max pool (no footprint yet): the whole step decides.
-  ExpectTheHonestSideWins(Lie{LieKind::kTile, "layers.2.out", 9, 700}, true);
+  // A lie at a convolution's input gradient (no footprint yet): the whole step decides.
+  ExpectTheHonestSideWins(Lie{LieKind::kTile, "layers.3.in.grad", 9, 700}, true);
   std::printf("[ tile     ] fashion CNN, largest witness: %zu bytes (bound %zu)\n",
               g_largest_witness, kMaxTileWitnessBytes);
   EXPECT_LE(g_largest_witness, kMaxTileWitnessBytes);

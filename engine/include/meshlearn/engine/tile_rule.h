@@ -36,14 +36,14 @@
 // channel: over 4 channels its chain (over (c, kh, kw), kernels.h) is narrowed into blocks of 4
 // channels.
 //
-// Covered today: in sequential models, linear, relu, gelu and conv2d layers' outputs (all of the
-// fashion MLP; the fashion CNN's linear head and relus), with AdamW or SGD; in a GPT, the linear
-// operators (qkv, attention projection, MLP up and down projections, the tied LM head). Every other
-// operator is in the plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses
-// it, naming why): conv2d, maxpool2d, dropout and layernorm layers (and their gradients), GPT
-// layernorm, attention, gelu, residuals, embeddings, the token loss and every GPT gradient, and
-// a clipped update (its scale is a reduction over every gradient, not yet committed as an
-// operator). PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
+// Covered today: in sequential models, linear, relu, gelu, conv2d and maxpool2d layers' outputs
+// (all of the fashion MLP; the fashion CNN's linear head and relus), with AdamW or SGD; in a GPT,
+// the linear operators (qkv, attention projection, MLP up and down projections, the tied LM head).
+// Every other operator is in the plan with its name and grid but is opaque (kTileOpOpaque:
+// Footprint refuses it, naming why): conv2d, maxpool2d, dropout and layernorm layers (and their
+// gradients), GPT layernorm, attention, gelu, residuals, embeddings, the token loss and every GPT
+// gradient, and a clipped update (its scale is a reduction over every gradient, not yet committed
+// as an operator). PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
 //
 //   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size));
 //   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, block));
@@ -81,6 +81,7 @@ enum class TileOpKind : uint8_t {
   kTileOpGelu,              // out = gelu(x)
   kTileOpGeluInputGrad,     // x = dout, w = the gelu's input
   kTileOpConv,              // out = conv2d(x, w) + b; chain over (c, kh, kw), narrowed by channels
+  kTileOpMaxPool,           // out = the window maxima of x (conv holds C, H, W, C, k, k, stride, 0)
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
