@@ -14,6 +14,7 @@ set(ENGINE_MODEL_SOURCES
   ${CMAKE_CURRENT_SOURCE_DIR}/src/train.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/op_trace.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/step_replay.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/pipeline.cc
 )
 set(ENGINE_MODEL_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/init_test.cc
@@ -27,6 +28,7 @@ set(ENGINE_MODEL_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/train_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/op_trace_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/step_replay_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/pipeline_test.cc
 )
 
 # Tests that take more than ~20 s in a release build get the label "slow" (ctest -L slow / -LE

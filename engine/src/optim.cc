@@ -118,10 +118,13 @@ float Optimizer::LearningRate(int64_t step) const {
   return static_cast<float>(spec_.min_lr + 0.5 * (lr - spec_.min_lr) * (1.0 + c));
 }
 
-float GlobalGradNorm(const std::vector<Param>& params) {
-  float total = 0.0f;
+float SumGradSquares(const std::vector<Param>& params, float total) {
   for (const Param& p : params) total += SumSquaresTree(p.grad.data(), p.grad.size());
-  return std::sqrt(total);
+  return total;
+}
+
+float GlobalGradNorm(const std::vector<Param>& params) {
+  return std::sqrt(SumGradSquares(params, 0.0f));
 }
 
 namespace {
@@ -140,8 +143,13 @@ double PowInt(double b, int64_t t) {
 }  // namespace
 
 float Optimizer::Step(std::vector<Param>& params, int64_t step) {
-  CHECK_EQ(params.size(), param_names_.size());
   const float norm = GlobalGradNorm(params);
+  Update(params, step, norm);
+  return norm;
+}
+
+void Optimizer::Update(std::vector<Param>& params, int64_t step, float norm) {
+  CHECK_EQ(params.size(), param_names_.size());
   const bool clip = spec_.grad_clip > 0 && norm > static_cast<float>(spec_.grad_clip);
   const float scale = clip ? static_cast<float>(spec_.grad_clip) / (norm + 1e-6f) : 1.0f;
   const float lr = LearningRate(step);
@@ -200,7 +208,6 @@ float Optimizer::Step(std::vector<Param>& params, int64_t step) {
       }
     }
   }
-  return norm;
 }
 
 std::vector<Optimizer::NamedState> Optimizer::State() {

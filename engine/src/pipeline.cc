@@ -1,0 +1,402 @@
+#include "meshlearn/engine/pipeline.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace meshlearn::engine {
+
+Result<std::vector<Batch>> SplitBatch(const Batch& batch, int64_t micro_batches) {
+  const int64_t B = batch.size;
+  if (micro_batches < 1 || B % micro_batches != 0) {
+    return InvalidArgument("micro_batches (" + std::to_string(micro_batches) +
+                           ") must be >= 1 and divide the batch size (" + std::to_string(B) +
+                           ")");
+  }
+  const int64_t b = B / micro_batches;
+  std::vector<Batch> out;
+  out.reserve(static_cast<size_t>(micro_batches));
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    Batch mb;
+    mb.size = b;
+    mb.seq_len = batch.seq_len;
+    if (!batch.tokens.empty()) {
+      const int64_t n = b * batch.seq_len;
+      mb.tokens.assign(batch.tokens.begin() + m * n, batch.tokens.begin() + (m + 1) * n);
+      mb.targets.assign(batch.targets.begin() + m * n, batch.targets.begin() + (m + 1) * n);
+    } else {
+      const int64_t per = B > 0 ? batch.inputs.size() / B : 0;
+      Shape s = batch.inputs.shape();
+      if (!s.empty()) s[0] = b;
+      mb.inputs = Tensor(s, std::vector<float>(batch.inputs.data() + m * b * per,
+                                               batch.inputs.data() + (m + 1) * b * per));
+      mb.targets.assign(batch.targets.begin() + m * b, batch.targets.begin() + (m + 1) * b);
+    }
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+float MicroBatchLossScale(int64_t micro_batches) {
+  return 1.0f / static_cast<float>(micro_batches);
+}
+
+void AddTiedHeadGrad(Tensor& wte_grad, std::span<const float> head_grad) {
+  CHECK_EQ(static_cast<int64_t>(head_grad.size()), wte_grad.size());
+  float* g = wte_grad.data();
+  for (size_t i = 0; i < head_grad.size(); ++i) g[i] = g[i] + head_grad[i];
+}
+
+Result<PipelineCut> MakeCut(const ModelSpec& spec, std::vector<int64_t> bounds,
+                            const std::string& where) {
+  const int64_t layers = CutLayerCount(spec);
+  const std::string unit = spec.kind == "gpt" ? "blocks (model.n_layer)" : "layers";
+  if (bounds.size() < 2) {
+    return InvalidArgument(where + ": a cut lists S + 1 bounds from 0 to " +
+                           std::to_string(layers) + " (the model's " + unit + "), got " +
+                           std::to_string(bounds.size()));
+  }
+  if (bounds.front() != 0 || bounds.back() != layers) {
+    return InvalidArgument(where + ": the bounds must start at 0 and end at " +
+                           std::to_string(layers) + " (the model's " + unit + "), got [" +
+                           std::to_string(bounds.front()) + ", ..., " +
+                           std::to_string(bounds.back()) + "]");
+  }
+  for (size_t i = 1; i < bounds.size(); ++i) {
+    if (bounds[i] <= bounds[i - 1]) {
+      return InvalidArgument(where + ": bound " + std::to_string(i) + " (" +
+                             std::to_string(bounds[i]) + ") must be greater than bound " +
+                             std::to_string(i - 1) + " (" + std::to_string(bounds[i - 1]) +
+                             "): every stage holds at least one of the model's " + unit);
+    }
+  }
+  return PipelineCut{std::move(bounds)};
+}
+
+namespace {
+
+double PipeMoments(const OptimizerSpec& o) {
+  return o.kind == "adamw" ? 2.0 : (o.kind == "sgd" && o.momentum > 0 ? 1.0 : 0.0);
+}
+
+// Stage costs from per-layer costs: the sums over [a, b) plus the GPT head's copy of wte.
+StageCost PipeStageCost(const ModelSpec& spec, const OptimizerSpec& optimizer,
+                        const std::vector<LayerCost>& layers, int64_t a, int64_t b,
+                        int64_t batch, int64_t micro_batches) {
+  StageCost c;
+  double act_per_sample = 0;
+  for (int64_t i = a; i < b; ++i) {
+    const LayerCost& l = layers[static_cast<size_t>(i)];
+    c.parameters += l.parameters;
+    c.flops += l.flops * static_cast<uint64_t>(batch);
+    act_per_sample += l.activation_floats;
+  }
+  const double weights = 4.0 * static_cast<double>(c.parameters);
+  c.param_bytes = 2.0 * weights;
+  if (spec.kind == "gpt" && a > 0 && b == static_cast<int64_t>(layers.size())) {
+    c.param_bytes += 2.0 * 4.0 * static_cast<double>(spec.gpt.vocab_size * spec.gpt.n_embd);
+  }
+  c.optimizer_bytes = PipeMoments(optimizer) * weights;
+  // M micro-batches of batch / M samples: all in flight in GPipe order.
+  c.activation_bytes = 4.0 * act_per_sample * static_cast<double>(batch / micro_batches) *
+                       static_cast<double>(micro_batches);
+  return c;
+}
+
+}  // namespace
+
+Result<std::vector<StageCost>> CutCosts(const ModelSpec& spec, const OptimizerSpec& optimizer,
+                                        const PipelineCut& cut, int64_t batch, int64_t seq_len,
+                                        int64_t micro_batches) {
+  ML_ASSIGN_OR_RETURN(std::vector<LayerCost> layers, LayerCosts(spec, seq_len));
+  ML_ASSIGN_OR_RETURN(PipelineCut checked, MakeCut(spec, cut.bounds));
+  if (micro_batches < 1 || batch % micro_batches != 0) {
+    return InvalidArgument("micro_batches (" + std::to_string(micro_batches) +
+                           ") must be >= 1 and divide the batch size (" + std::to_string(batch) +
+                           ")");
+  }
+  std::vector<StageCost> out;
+  for (int s = 0; s < checked.stages(); ++s) {
+    out.push_back(PipeStageCost(spec, optimizer, layers, checked.bounds[s],
+                                checked.bounds[s + 1], batch, micro_batches));
+  }
+  return out;
+}
+
+Result<PipelineCut> ChooseCut(const ModelSpec& spec, const OptimizerSpec& optimizer, int stages,
+                              int64_t batch, int64_t seq_len, int64_t micro_batches) {
+  const int64_t n = CutLayerCount(spec);
+  const std::string unit = spec.kind == "gpt" ? "blocks (model.n_layer)" : "layers";
+  if (stages < 1 || stages > n) {
+    return InvalidArgument("stages (" + std::to_string(stages) + ") must be between 1 and the " +
+                           std::to_string(n) + " " + unit +
+                           " of the model: every stage holds at least one; use fewer stages or "
+                           "a deeper model");
+  }
+  if (micro_batches < 1 || batch % micro_batches != 0) {
+    return InvalidArgument("micro_batches (" + std::to_string(micro_batches) +
+                           ") must be >= 1 and divide the batch size (" + std::to_string(batch) +
+                           ")");
+  }
+  ML_ASSIGN_OR_RETURN(std::vector<LayerCost> layers, LayerCosts(spec, seq_len));
+  // Integer keys: FLOPs, then bytes (rounded up; the byte estimates are integers anyway).
+  auto flops = [&](int64_t a, int64_t b) {
+    return PipeStageCost(spec, optimizer, layers, a, b, batch, micro_batches).flops;
+  };
+  auto bytes = [&](int64_t a, int64_t b) {
+    return static_cast<uint64_t>(
+        std::ceil(PipeStageCost(spec, optimizer, layers, a, b, batch, micro_batches)
+                      .total_bytes()));
+  };
+  constexpr uint64_t kInf = std::numeric_limits<uint64_t>::max();
+  const size_t N = static_cast<size_t>(n), S = static_cast<size_t>(stages);
+  // best[k][i]: the smallest largest-key over cuts of layers [0, i) into k stages, under `key`,
+  // among cuts whose every stage has flops <= flops_cap. from[k][i]: the first bound achieving it
+  // (the smallest j: ties keep the lexicographically smallest bounds).
+  auto solve = [&](auto key, uint64_t flops_cap, std::vector<int64_t>* bounds) -> uint64_t {
+    std::vector<std::vector<uint64_t>> best(S + 1, std::vector<uint64_t>(N + 1, kInf));
+    std::vector<std::vector<int64_t>> from(S + 1, std::vector<int64_t>(N + 1, -1));
+    best[0][0] = 0;
+    for (size_t k = 1; k <= S; ++k) {
+      for (size_t i = k; i <= N; ++i) {
+        for (size_t j = k - 1; j < i; ++j) {
+          if (best[k - 1][j] == kInf) continue;
+          const int64_t a = static_cast<int64_t>(j), b = static_cast<int64_t>(i);
+          if (flops(a, b) > flops_cap) continue;
+          const uint64_t v = std::max(best[k - 1][j], key(a, b));
+          if (v < best[k][i]) {
+            best[k][i] = v;
+            from[k][i] = a;
+          }
+        }
+      }
+    }
+    if (bounds != nullptr && best[S][N] != kInf) {
+      bounds->assign(S + 1, 0);
+      int64_t i = n;
+      for (size_t k = S; k > 0; --k) {
+        (*bounds)[k] = i;
+        i = from[k][static_cast<size_t>(i)];
+      }
+      (*bounds)[0] = 0;
+    }
+    return best[S][N];
+  };
+  const uint64_t min_flops = solve(flops, kInf, nullptr);
+  std::vector<int64_t> bounds;
+  solve(bytes, min_flops, &bounds);
+  return MakeCut(spec, std::move(bounds), "ChooseCut");
+}
+
+Hash256 TensorHash(std::span<const float> values) {
+  Hasher h("meshlearn.pipeline.tensor.v1");
+  h.UpdateU64(values.size());
+  static_assert(std::endian::native == std::endian::little, "float bytes are hashed as stored");
+  h.Update(ByteSpan(reinterpret_cast<const uint8_t*>(values.data()), values.size() * 4));
+  return h.Finish();
+}
+
+const char* TransferKindName(TransferKind kind) {
+  switch (kind) {
+    case TransferKind::kTransferActivation:
+      return "activation";
+    case TransferKind::kTransferActivationGrad:
+      return "activation_grad";
+    case TransferKind::kTransferTiedHeadGrad:
+      return "tied_head_grad";
+    case TransferKind::kTransferGradSquares:
+      return "grad_squares";
+    case TransferKind::kTransferTiedWeight:
+      return "tied_weight";
+  }
+  return "unknown";
+}
+
+// ---- Stage.
+
+Result<std::unique_ptr<Stage>> Stage::Create(const ModelSpec& model,
+                                             const OptimizerSpec& optimizer,
+                                             const PipelineCut& cut, int index,
+                                             int64_t micro_batches) {
+  if (index < 0 || index >= cut.stages()) {
+    return InvalidArgument("stage " + std::to_string(index) + " of a cut of " +
+                           std::to_string(cut.stages()) + " stages");
+  }
+  if (micro_batches < 1) {
+    return InvalidArgument("micro_batches must be >= 1, got " + std::to_string(micro_batches));
+  }
+  std::unique_ptr<Stage> s(new Stage());
+  s->index_ = index;
+  s->micro_batches_ = micro_batches;
+  ML_ASSIGN_OR_RETURN(s->state_.model, Model::CreatePart(model, cut.part(index)));
+  s->state_.optimizer = std::make_unique<Optimizer>(optimizer, s->state_.model->params());
+  const size_t M = static_cast<size_t>(micro_batches);
+  for (size_t m = 0; m < M; ++m) s->tapes_.push_back(s->state_.model->NewTape());
+  s->batches_.resize(M);
+  s->inputs_.resize(M);
+  s->output_grads_.resize(M);
+  s->losses_.assign(M, 0.0f);
+  if (s->state_.model->tied_head() && s->last()) {
+    s->head_grad_ = Tensor({model.gpt.vocab_size, model.gpt.n_embd});
+  }
+  return s;
+}
+
+void Stage::BeginStep() {
+  state_.model->ZeroGrad();
+  head_grad_.Zero();
+}
+
+std::span<const float> Stage::Forward(int64_t m, const Batch& micro_batch,
+                                      std::vector<float> input, const ForwardOptions& opts) {
+  const size_t k = static_cast<size_t>(m);
+  CHECK_LT(k, tapes_.size());
+  batches_[k] = micro_batch;
+  inputs_[k] = std::move(input);
+  Model& model = *state_.model;
+  losses_[k] = model.ForwardPart(*tapes_[k], batches_[k], inputs_[k], opts);
+  if (last()) return {};
+  return model.PartOutput(*tapes_[k]);
+}
+
+std::span<const float> Stage::Backward(int64_t m, std::vector<float> output_grad) {
+  const size_t k = static_cast<size_t>(m);
+  CHECK_LT(k, tapes_.size());
+  output_grads_[k] = std::move(output_grad);
+  BackwardOptions opts;
+  opts.dloss = MicroBatchLossScale(micro_batches_);
+  if (head_grad_.size() > 0) opts.tied_head_grad = head_grad_.data();
+  Model& model = *state_.model;
+  model.BackwardPart(*tapes_[k], output_grads_[k], opts);
+  if (first()) return {};
+  return model.PartInputGrad(*tapes_[k]);
+}
+
+std::span<const float> Stage::tied_head_grad() const {
+  return {head_grad_.data(), static_cast<size_t>(head_grad_.size())};
+}
+
+void Stage::AddTiedHeadGrad(std::span<const float> head_grad) {
+  CHECK(first() && state_.model->tied_head());
+  engine::AddTiedHeadGrad(state_.model->params()[0].grad, head_grad);
+}
+
+float Stage::SumGradSquares(float running) const {
+  return engine::SumGradSquares(state_.model->params(), running);
+}
+
+void Stage::Update(int64_t step, float grad_norm) {
+  state_.optimizer->Update(state_.model->params(), step, grad_norm);
+  state_.step = step + 1;
+}
+
+std::span<const float> Stage::tied_weight_source() const {
+  CHECK(first() && state_.model->tied_head());
+  const Tensor& w = state_.model->params()[0].value;
+  return {w.data(), static_cast<size_t>(w.size())};
+}
+
+void Stage::SetTiedWeight(std::span<const float> wte) {
+  Tensor* t = state_.model->tied_weight();
+  CHECK(t != nullptr) << "stage " << index_ << " holds no copy of wte";
+  CHECK_EQ(static_cast<int64_t>(wte.size()), t->size());
+  std::copy(wte.begin(), wte.end(), t->data());
+}
+
+// ---- The schedule.
+
+namespace {
+
+// Stage 0 -> S-1: wte (a GPT cut into two or more stages); nothing otherwise.
+void PipeShareTiedWeight(std::span<const std::unique_ptr<Stage>> stages, int64_t step,
+                         std::vector<Transfer>* transfers) {
+  Stage& first = *stages.front();
+  Stage& last = *stages.back();
+  if (stages.size() < 2 || !first.state().model->tied_head()) return;
+  std::span<const float> wte = first.tied_weight_source();
+  last.SetTiedWeight(wte);
+  transfers->push_back({TransferKind::kTransferTiedWeight, first.index(), last.index(), step, -1,
+                        static_cast<int64_t>(wte.size()), TensorHash(wte)});
+}
+
+}  // namespace
+
+std::vector<Transfer> InitPipeline(std::span<const std::unique_ptr<Stage>> stages, uint64_t seed) {
+  for (const std::unique_ptr<Stage>& s : stages) {
+    s->state().model->Init(seed);
+    s->state().seed = seed;
+  }
+  std::vector<Transfer> transfers;
+  PipeShareTiedWeight(stages, 0, &transfers);
+  return transfers;
+}
+
+PipelineStepResult RunPipelineStep(std::span<const std::unique_ptr<Stage>> stages,
+                                   const Batch& batch, uint64_t dropout_seed) {
+  CHECK(!stages.empty());
+  const int64_t M = stages.front()->micro_batches();
+  const int64_t step = stages.front()->state().step;
+  for (const std::unique_ptr<Stage>& s : stages) {
+    CHECK_EQ(s->micro_batches(), M);
+    CHECK_EQ(s->state().step, step) << "stage " << s->index() << " is at another step";
+  }
+  Result<std::vector<Batch>> micro = SplitBatch(batch, M);
+  CHECK(micro.ok()) << micro.status().ToString();
+  const size_t S = stages.size();
+  PipelineStepResult r;
+  auto record = [&](TransferKind kind, size_t from, size_t to, int64_t m,
+                    std::span<const float> v) {
+    r.transfers.push_back({kind, static_cast<int>(from), static_cast<int>(to), step, m,
+                           static_cast<int64_t>(v.size()), TensorHash(v)});
+  };
+  for (const std::unique_ptr<Stage>& s : stages) s->BeginStep();
+  // GPipe: every micro-batch forward through every stage.
+  for (int64_t m = 0; m < M; ++m) {
+    ForwardOptions opts{.train = true,
+                        .dropout_seed = dropout_seed,
+                        .step = static_cast<uint64_t>(step),
+                        .micro_batch = static_cast<uint64_t>(m)};
+    std::span<const float> out;
+    for (size_t s = 0; s < S; ++s) {
+      std::vector<float> input(out.begin(), out.end());
+      if (s > 0) record(TransferKind::kTransferActivation, s - 1, s, m, input);
+      out = stages[s]->Forward(m, (*micro)[static_cast<size_t>(m)], std::move(input), opts);
+    }
+  }
+  // Backward passes in increasing micro-batch order: each stage accumulates in StepOnBatch's
+  // order.
+  for (int64_t m = 0; m < M; ++m) {
+    std::span<const float> grad;
+    for (size_t s = S; s-- > 0;) {
+      std::vector<float> output_grad(grad.begin(), grad.end());
+      if (s + 1 < S) record(TransferKind::kTransferActivationGrad, s + 1, s, m, output_grad);
+      grad = stages[s]->Backward(m, std::move(output_grad));
+    }
+  }
+  float loss = 0.0f;
+  for (int64_t m = 0; m < M; ++m) loss = loss + stages.back()->loss(m);
+  r.loss = M == 1 ? loss : loss / static_cast<float>(M);
+  // a. the head's wte gradient joins the embedding's.
+  Stage& first = *stages.front();
+  Stage& last = *stages.back();
+  if (first.state().model->tied_head()) {
+    std::span<const float> head = last.tied_head_grad();
+    if (S > 1) record(TransferKind::kTransferTiedHeadGrad, S - 1, 0, -1, head);
+    first.AddTiedHeadGrad(head);
+  }
+  // b. the gradient norm, chained in model order; every stage updates with it.
+  float squares = 0.0f;
+  for (size_t s = 0; s < S; ++s) {
+    if (s > 0) record(TransferKind::kTransferGradSquares, s - 1, s, -1, {&squares, 1});
+    squares = stages[s]->SumGradSquares(squares);
+  }
+  r.grad_norm = std::sqrt(squares);
+  for (const std::unique_ptr<Stage>& s : stages) s->Update(step, r.grad_norm);
+  // c. the head's copy of wte follows the update.
+  PipeShareTiedWeight(stages, step, &r.transfers);
+  return r;
+}
+
+}  // namespace meshlearn::engine
