@@ -249,9 +249,8 @@ void PipeCollect(TrainState& st, std::map<std::string, const Tensor*>* out) {
 
 // Trains the unsplit model (StepOnBatch with M micro-batches) and the pipeline `bounds` for
 // `steps` steps on the same batches; every parameter, moment and loss must be bit-equal.
-void ExpectPipelineEqualsOracle(const char* toml, int64_t batch, std::vector<int64_t> bounds,
+void ExpectPipelineEqualsOracle(const ModelSpec& spec, int64_t batch, std::vector<int64_t> bounds,
                                 int64_t M, int64_t steps) {
-  const ModelSpec spec = PipeParseModel(toml);
   TrainState oracle = PipeState(spec);
   std::vector<std::unique_ptr<Stage>> stages = PipeStages(spec, bounds, M);
   std::string cut_name;
@@ -295,7 +294,7 @@ void ExpectCutsEqualOracle(const char* toml, int64_t batch,
     ASSERT_TRUE(SetKernelConfig({GetKernelConfig().simd, threads}).ok());
     for (const std::vector<int64_t>& cut : cuts) {
       // M = 4: with 2 the accumulation order could not show (0 + a) + b == (0 + b) + a.
-      for (int64_t M : {1, 2, 4}) ExpectPipelineEqualsOracle(toml, batch, cut, M, 3);
+      for (int64_t M : {1, 2, 4}) ExpectPipelineEqualsOracle(PipeParseModel(toml), batch, cut, M, 3);
     }
   }
 }
@@ -374,10 +373,8 @@ TEST(PipelineTest, TransfersAreListedAndContentAddressed) {
   EXPECT_NE(TensorHash(std::span<const float>(v.data(), 2)), TensorHash(v));
 }
 
-// ---- Cuts.
-
-ModelSpec PipeTenMillionGpt() {
-  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml";
+ModelSpec PipeExampleGpt(const std::string& name) {
+  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/" + name;
   Result<ConfigFile> cfg = ConfigFile::Load(Env::Default(), path);
   CHECK(cfg.ok()) << cfg.status().ToString();
   Result<ConfigFile> table = cfg->GetTable("model");
@@ -387,6 +384,24 @@ ModelSpec PipeTenMillionGpt() {
   spec->gpt.vocab_size = 172;  // the corpus's (docs/engine.md)
   return *spec;
 }
+
+ModelSpec PipeTenMillionGpt() { return PipeExampleGpt("code-gpt-10m.toml"); }
+
+// The example GPTs at their real widths (code-gpt: 6 x 128; code-gpt-10m: 6 x 384 with 6 heads),
+// on short sequences: one step of 3 and 4 stages with 2 micro-batches equals the oracle's.
+TEST(PipelineTest, ExampleGptsAtTheirRealWidths) {
+  testing::ConfigGuard guard;
+  ASSERT_TRUE(SetKernelConfig({GetKernelConfig().simd, 2}).ok());
+  for (const char* name : {"code-gpt.toml", "code-gpt-10m.toml"}) {
+    ModelSpec spec = PipeExampleGpt(name);
+    spec.gpt.block_size = 16;  // the sequences of PipeBatch; the same ops at every length
+    ExpectPipelineEqualsOracle(spec, 2, {0, 2, 4, 6}, 2, 1);
+    ExpectPipelineEqualsOracle(spec, 2, {0, 1, 3, 5, 6}, 2, 1);
+  }
+}
+
+// ---- Cuts.
+
 
 TEST(CutTest, BadCutsAreRefusedNamingTheBoundAndTheFix) {
   const ModelSpec gpt = PipeTenMillionGpt();
