@@ -527,7 +527,8 @@ class SequentialModel final : public Model {
       const int64_t in_n = B * NumElements(L.in_shape);
       const float* in = tp.acts[ii - begin];
       const bool need_dinp = ii > 0;  // no gradient for the data
-      if (l.kind == "flatten" || (l.kind == "dropout" && !la.mask)) continue;  // dout passes through
+      // flatten, and dropout without a mask: dout passes through.
+      if (l.kind == "flatten" || (l.kind == "dropout" && !la.mask)) continue;
       float* dinp = need_dinp ? tp.arena.AllocZeroed({in_n}).data() : nullptr;
       if (l.kind == "linear") {
         LinearBackward(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,

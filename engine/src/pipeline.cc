@@ -12,8 +12,7 @@ Result<std::vector<Batch>> SplitBatch(const Batch& batch, int64_t micro_batches)
   const int64_t B = batch.size;
   if (micro_batches < 1 || B % micro_batches != 0) {
     return InvalidArgument("micro_batches (" + std::to_string(micro_batches) +
-                           ") must be >= 1 and divide the batch size (" + std::to_string(B) +
-                           ")");
+                           ") must be >= 1 and divide the batch size (" + std::to_string(B) + ")");
   }
   const int64_t b = B / micro_batches;
   std::vector<Batch> out;
@@ -77,14 +76,17 @@ Result<PipelineCut> MakeCut(const ModelSpec& spec, std::vector<int64_t> bounds,
 
 namespace {
 
+// FLOPs squared need 128 bits (scheduler.cc does the same; __extension__ keeps -Wpedantic quiet).
+__extension__ typedef unsigned __int128 PipeU128;
+
 double PipeMoments(const OptimizerSpec& o) {
   return o.kind == "adamw" ? 2.0 : (o.kind == "sgd" && o.momentum > 0 ? 1.0 : 0.0);
 }
 
 // Stage costs from per-layer costs: the sums over [a, b) plus the GPT head's copy of wte.
 StageCost PipeStageCost(const ModelSpec& spec, const OptimizerSpec& optimizer,
-                        const std::vector<LayerCost>& layers, int64_t a, int64_t b,
-                        int64_t batch, int64_t micro_batches) {
+                        const std::vector<LayerCost>& layers, int64_t a, int64_t b, int64_t batch,
+                        int64_t micro_batches) {
   StageCost c;
   double act_per_sample = 0;
   for (int64_t i = a; i < b; ++i) {
@@ -119,8 +121,8 @@ Result<std::vector<StageCost>> CutCosts(const ModelSpec& spec, const OptimizerSp
   }
   std::vector<StageCost> out;
   for (int s = 0; s < checked.stages(); ++s) {
-    out.push_back(PipeStageCost(spec, optimizer, layers, checked.bounds[s],
-                                checked.bounds[s + 1], batch, micro_batches));
+    out.push_back(PipeStageCost(spec, optimizer, layers, checked.bounds[s], checked.bounds[s + 1],
+                                batch, micro_batches));
   }
   return out;
 }
@@ -146,48 +148,74 @@ Result<PipelineCut> ChooseCut(const ModelSpec& spec, const OptimizerSpec& optimi
     return PipeStageCost(spec, optimizer, layers, a, b, batch, micro_batches).flops;
   };
   auto bytes = [&](int64_t a, int64_t b) {
-    return static_cast<uint64_t>(
-        std::ceil(PipeStageCost(spec, optimizer, layers, a, b, batch, micro_batches)
-                      .total_bytes()));
+    return static_cast<uint64_t>(std::ceil(
+        PipeStageCost(spec, optimizer, layers, a, b, batch, micro_batches).total_bytes()));
   };
-  constexpr uint64_t kInf = std::numeric_limits<uint64_t>::max();
   const size_t N = static_cast<size_t>(n), S = static_cast<size_t>(stages);
-  // best[k][i]: the smallest largest-key over cuts of layers [0, i) into k stages, under `key`,
-  // among cuts whose every stage has flops <= flops_cap. from[k][i]: the first bound achieving it
-  // (the smallest j: ties keep the lexicographically smallest bounds).
-  auto solve = [&](auto key, uint64_t flops_cap, std::vector<int64_t>* bounds) -> uint64_t {
-    std::vector<std::vector<uint64_t>> best(S + 1, std::vector<uint64_t>(N + 1, kInf));
-    std::vector<std::vector<int64_t>> from(S + 1, std::vector<int64_t>(N + 1, -1));
-    best[0][0] = 0;
+  // best[k][i]: the optimum over cuts of layers [i, N) into k stages whose every stage has
+  // flops <= flops_cap and bytes <= bytes_cap, of the stages' `key` combined by max (or by sum).
+  // from[k][i]: the smallest next bound reaching it, so that reading `from` forward from layer 0
+  // gives, for the additive objective, the lexicographically smallest optimal bounds.
+  constexpr PipeU128 kInf = ~PipeU128{0};
+  auto solve = [&](auto key, bool sum, PipeU128 flops_cap, PipeU128 bytes_cap,
+                   std::vector<int64_t>* bounds) -> PipeU128 {
+    std::vector<std::vector<PipeU128>> best(S + 1, std::vector<PipeU128>(N + 1, kInf));
+    std::vector<std::vector<size_t>> from(S + 1, std::vector<size_t>(N + 1, N));
+    best[0][N] = 0;
     for (size_t k = 1; k <= S; ++k) {
-      for (size_t i = k; i <= N; ++i) {
-        for (size_t j = k - 1; j < i; ++j) {
+      for (size_t i = 0; i + k <= N; ++i) {
+        for (size_t j = i + 1; j + (k - 1) <= N; ++j) {
           if (best[k - 1][j] == kInf) continue;
-          const int64_t a = static_cast<int64_t>(j), b = static_cast<int64_t>(i);
-          if (flops(a, b) > flops_cap) continue;
-          const uint64_t v = std::max(best[k - 1][j], key(a, b));
+          const int64_t a = static_cast<int64_t>(i), b = static_cast<int64_t>(j);
+          if (flops(a, b) > flops_cap || bytes(a, b) > bytes_cap) continue;
+          const PipeU128 here = key(a, b);
+          const PipeU128 v = sum ? here + best[k - 1][j] : std::max(here, best[k - 1][j]);
           if (v < best[k][i]) {
             best[k][i] = v;
-            from[k][i] = a;
+            from[k][i] = j;
           }
         }
       }
     }
-    if (bounds != nullptr && best[S][N] != kInf) {
-      bounds->assign(S + 1, 0);
-      int64_t i = n;
+    if (bounds != nullptr && best[S][0] != kInf) {
+      bounds->assign(1, 0);
+      size_t i = 0;
       for (size_t k = S; k > 0; --k) {
-        (*bounds)[k] = i;
-        i = from[k][static_cast<size_t>(i)];
+        i = from[k][i];
+        bounds->push_back(static_cast<int64_t>(i));
       }
-      (*bounds)[0] = 0;
     }
-    return best[S][N];
+    return best[S][0];
   };
-  const uint64_t min_flops = solve(flops, kInf, nullptr);
+  // 1. the smallest largest-stage FLOPs; 2. under it, the smallest largest-stage memory; 3. under
+  // both, the most even FLOPs (the smallest sum of squares), then the smallest bounds.
+  auto flops_key = [&](int64_t a, int64_t b) { return PipeU128{flops(a, b)}; };
+  auto bytes_key = [&](int64_t a, int64_t b) { return PipeU128{bytes(a, b)}; };
+  auto square_key = [&](int64_t a, int64_t b) {
+    const PipeU128 f = flops(a, b);
+    return f * f;
+  };
+  const PipeU128 min_flops = solve(flops_key, false, kInf, kInf, nullptr);
+  const PipeU128 min_bytes = solve(bytes_key, false, min_flops, kInf, nullptr);
   std::vector<int64_t> bounds;
-  solve(bytes, min_flops, &bounds);
+  solve(square_key, true, min_flops, min_bytes, &bounds);
   return MakeCut(spec, std::move(bounds), "ChooseCut");
+}
+
+Result<PipelineCut> TaskPipelineCut(const TaskSpec& task, int stages,
+                                    const std::vector<int64_t>& cut) {
+  if (!cut.empty()) {
+    if (static_cast<int64_t>(cut.size()) != int64_t{stages} + 1) {
+      return InvalidArgument(task.path + ": network.cut lists " + std::to_string(cut.size()) +
+                             " bounds but network.stages = " + std::to_string(stages) + " needs " +
+                             std::to_string(stages + 1));
+    }
+    return MakeCut(task.model, cut, task.path + ": network.cut");
+  }
+  Result<PipelineCut> chosen = ChooseCut(task.model, task.optimizer, stages, task.batch_size,
+                                         task.seq_len, task.micro_batches);
+  if (!chosen.ok()) return chosen.status().WithPrefix(task.path + ": network.stages");
+  return chosen;
 }
 
 Hash256 TensorHash(std::span<const float> values) {
@@ -216,8 +244,7 @@ const char* TransferKindName(TransferKind kind) {
 
 // ---- Stage.
 
-Result<std::unique_ptr<Stage>> Stage::Create(const ModelSpec& model,
-                                             const OptimizerSpec& optimizer,
+Result<std::unique_ptr<Stage>> Stage::Create(const ModelSpec& model, const OptimizerSpec& optimizer,
                                              const PipelineCut& cut, int index,
                                              int64_t micro_batches) {
   if (index < 0 || index >= cut.stages()) {
@@ -249,8 +276,8 @@ void Stage::BeginStep() {
   head_grad_.Zero();
 }
 
-std::span<const float> Stage::Forward(int64_t m, const Batch& micro_batch,
-                                      std::vector<float> input, const ForwardOptions& opts) {
+std::span<const float> Stage::Forward(int64_t m, const Batch& micro_batch, std::vector<float> input,
+                                      const ForwardOptions& opts) {
   const size_t k = static_cast<size_t>(m);
   CHECK_LT(k, tapes_.size());
   batches_[k] = micro_batch;

@@ -6,10 +6,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -262,8 +265,8 @@ void ExpectPipelineEqualsOracle(const ModelSpec& spec, int64_t batch, std::vecto
     float norm = 0;
     const float loss = StepOnBatch(oracle, b, kPipeDropoutSeed, &norm, M);
     PipelineStepResult r = RunPipelineStep(stages, b, kPipeDropoutSeed);
-    EXPECT_EQ(std::memcmp(&loss, &r.loss, 4), 0) << what << " step " << s << ": loss " << loss
-                                                 << " vs " << r.loss;
+    EXPECT_EQ(std::memcmp(&loss, &r.loss, 4), 0)
+        << what << " step " << s << ": loss " << loss << " vs " << r.loss;
     EXPECT_EQ(std::memcmp(&norm, &r.grad_norm, 4), 0) << what << " step " << s;
   }
   std::map<std::string, const Tensor*> want, got;
@@ -276,8 +279,8 @@ void ExpectPipelineEqualsOracle(const ModelSpec& spec, int64_t batch, std::vecto
   for (const auto& [name, t] : want) {
     ASSERT_TRUE(got.count(name)) << what << ": no stage holds " << name;
     std::string why;
-    EXPECT_TRUE(testing::BitEqual(t->vec(), got[name]->vec(), &why)) << what << ": " << name
-                                                                      << " " << why;
+    EXPECT_TRUE(testing::BitEqual(t->vec(), got[name]->vec(), &why))
+        << what << ": " << name << " " << why;
   }
   if (spec.kind == "gpt" && stages.size() > 1) {  // the head's copy of wte follows the update
     std::string why;
@@ -294,7 +297,8 @@ void ExpectCutsEqualOracle(const char* toml, int64_t batch,
     ASSERT_TRUE(SetKernelConfig({GetKernelConfig().simd, threads}).ok());
     for (const std::vector<int64_t>& cut : cuts) {
       // M = 4: with 2 the accumulation order could not show (0 + a) + b == (0 + b) + a.
-      for (int64_t M : {1, 2, 4}) ExpectPipelineEqualsOracle(PipeParseModel(toml), batch, cut, M, 3);
+      for (int64_t M : {1, 2, 4})
+        ExpectPipelineEqualsOracle(PipeParseModel(toml), batch, cut, M, 3);
     }
   }
 }
@@ -323,7 +327,8 @@ TEST(PipelineTest, OneMicroBatchIsTodaysStep) {
   const ModelSpec spec = PipeParseModel(kPipeGpt);
   std::vector<std::unique_ptr<Stage>> stages = PipeStages(spec, {0, 1, 3, 4}, 1);
   TrainState st = PipeState(spec);  // only for the batches
-  for (int64_t s = 0; s < 3; ++s) RunPipelineStep(stages, PipeBatch(*st.model, 4, s), kPipeDropoutSeed);
+  for (int64_t s = 0; s < 3; ++s)
+    RunPipelineStep(stages, PipeBatch(*st.model, 4, s), kPipeDropoutSeed);
   // Reassemble the whole state from the stages in model order and hash it.
   std::map<std::string, const Tensor*> got;
   for (const std::unique_ptr<Stage>& stage : stages) PipeCollect(stage->state(), &got);
@@ -402,25 +407,25 @@ TEST(PipelineTest, ExampleGptsAtTheirRealWidths) {
 
 // ---- Cuts.
 
-
 TEST(CutTest, BadCutsAreRefusedNamingTheBoundAndTheFix) {
   const ModelSpec gpt = PipeTenMillionGpt();
   struct Case {
     std::vector<int64_t> bounds;
     std::string message;
   };
-  for (const Case& c : std::vector<Case>{
-           {{0, 3, 3, 6}, "bound 2 (3) must be greater than bound 1 (3): every stage holds at "
+  for (const Case& c :
+       std::vector<Case>{{{0, 3, 3, 6},
+                          "bound 2 (3) must be greater than bound 1 (3): every stage holds at "
                           "least one of the model's blocks (model.n_layer)"},
-           {{0, 2, 7}, "must start at 0 and end at 6 (the model's blocks (model.n_layer)), got "
-                       "[0, ..., 7]"},
-           {{1, 6}, "must start at 0"},
-           {{6}, "a cut lists S + 1 bounds from 0 to 6"}}) {
+                         {{0, 2, 7},
+                          "must start at 0 and end at 6 (the model's blocks (model.n_layer)), got "
+                          "[0, ..., 7]"},
+                         {{1, 6}, "must start at 0"},
+                         {{6}, "a cut lists S + 1 bounds from 0 to 6"}}) {
     Result<PipelineCut> cut = MakeCut(gpt, c.bounds, "x.toml: network.cut");
     ASSERT_FALSE(cut.ok());
     EXPECT_NE(cut.status().message().find("x.toml: network.cut: "), std::string::npos);
-    EXPECT_NE(cut.status().message().find(c.message), std::string::npos)
-        << cut.status().message();
+    EXPECT_NE(cut.status().message().find(c.message), std::string::npos) << cut.status().message();
   }
   OptimizerSpec adamw;
   Result<PipelineCut> seven = ChooseCut(gpt, adamw, 7, 8, 256, 2);
@@ -502,18 +507,18 @@ TEST(CutTest, ChooseCutBalancesTheTenMillionGptInFourStages) {
   int64_t params = 0;
   double largest_bytes = 0;
   std::printf("  code-gpt-10m, 4 stages, batch %lld x %lld tokens, %lld micro-batches:\n",
-              static_cast<long long>(batch), static_cast<long long>(T),
-              static_cast<long long>(M));
+              static_cast<long long>(batch), static_cast<long long>(T), static_cast<long long>(M));
   for (size_t s = 0; s < costs->size(); ++s) {
     const StageCost& c = (*costs)[s];
     params += c.parameters;
     largest_bytes = std::max(largest_bytes, c.param_bytes + c.optimizer_bytes);
-    std::printf("  stage %zu: blocks [%lld, %lld) %lld parameters, %.1f GFLOP/step, weights+grads "
-                "%s, optimizer %s, activations %s\n",
-                s, static_cast<long long>(cut->bounds[s]),
-                static_cast<long long>(cut->bounds[s + 1]), static_cast<long long>(c.parameters),
-                static_cast<double>(c.flops) / 1e9, FormatBytes(c.param_bytes).c_str(),
-                FormatBytes(c.optimizer_bytes).c_str(), FormatBytes(c.activation_bytes).c_str());
+    std::printf(
+        "  stage %zu: blocks [%lld, %lld) %lld parameters, %.1f GFLOP/step, weights+grads "
+        "%s, optimizer %s, activations %s\n",
+        s, static_cast<long long>(cut->bounds[s]), static_cast<long long>(cut->bounds[s + 1]),
+        static_cast<long long>(c.parameters), static_cast<double>(c.flops) / 1e9,
+        FormatBytes(c.param_bytes).c_str(), FormatBytes(c.optimizer_bytes).c_str(),
+        FormatBytes(c.activation_bytes).c_str());
   }
   std::printf("  whole model: weights+grads %s, optimizer %s, activations %s\n",
               FormatBytes(whole->parameters + whole->gradients).c_str(),
@@ -521,8 +526,156 @@ TEST(CutTest, ChooseCutBalancesTheTenMillionGptInFourStages) {
   EXPECT_EQ(params, whole->num_parameters);
   // Each stage's weights, gradients and moments: at most a third of the whole model's (2 of 6
   // blocks, or one block with the embeddings or the head).
-  EXPECT_LT(largest_bytes,
-            (whole->parameters + whole->gradients + whole->optimizer) / 3.0);
+  EXPECT_LT(largest_bytes, (whole->parameters + whole->gradients + whole->optimizer) / 3.0);
+}
+
+// ChooseCut against every cut of every stage count, enumerated: the smallest (largest FLOPs,
+// largest bytes, sum of squared FLOPs, bounds) in that order.
+void ExpectChooseCutIsTheBestOfAll(const ModelSpec& spec, int64_t batch, int64_t seq_len,
+                                   int64_t M) {
+  OptimizerSpec adamw;
+  const int64_t n = CutLayerCount(spec);
+  for (int S = 1; S <= n; ++S) {
+    using Key = std::tuple<uint64_t, uint64_t, long double, std::vector<int64_t>>;
+    std::optional<Key> best;
+    std::vector<int64_t> bounds(static_cast<size_t>(S) + 1, 0);
+    // Every increasing choice of the S - 1 inner bounds from 1..n-1.
+    std::function<void(int, int64_t)> walk = [&](int k, int64_t lo) {
+      if (k == S) {
+        bounds[static_cast<size_t>(S)] = n;
+        Result<std::vector<StageCost>> c = CutCosts(spec, adamw, PipelineCut{bounds}, batch,
+                                                    seq_len, M);
+        CHECK(c.ok());
+        uint64_t f = 0, b = 0;
+        long double sq = 0;
+        for (const StageCost& st : *c) {
+          f = std::max(f, st.flops);
+          b = std::max(b, static_cast<uint64_t>(std::ceil(st.total_bytes())));
+          sq += static_cast<long double>(st.flops) * static_cast<long double>(st.flops);
+        }
+        Key key{f, b, sq, bounds};
+        if (!best || key < *best) best = key;
+        return;
+      }
+      for (int64_t v = lo; v <= n - (S - k); ++v) {
+        bounds[static_cast<size_t>(k)] = v;
+        walk(k + 1, v + 1);
+      }
+    };
+    walk(1, 1);
+    Result<PipelineCut> cut = ChooseCut(spec, adamw, S, batch, seq_len, M);
+    ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+    EXPECT_EQ(cut->bounds, std::get<3>(*best)) << spec.kind << " S=" << S;
+  }
+}
+
+TEST(CutTest, ChooseCutIsTheBestOfEveryCut) {
+  ExpectChooseCutIsTheBestOfAll(PipeParseModel(kPipeMlp), 8, 0, 2);
+  ExpectChooseCutIsTheBestOfAll(PipeParseModel(kPipeCnn), 4, 0, 1);
+  ExpectChooseCutIsTheBestOfAll(PipeTenMillionGpt(), 8, 256, 2);
+}
+
+// The task file's view: network.stages / network.cut against the task's model, errors naming
+// the key; examples/code-gpt-pipeline.toml's cut is the one ChooseCut picks.
+TEST(CutTest, TaskPipelineCutNamesTheTaskFileAndTheKey) {
+  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-pipeline.toml";
+  Result<TaskSpec> task = TaskSpec::Load(Env::Default(), path);
+  ASSERT_TRUE(task.ok()) << task.status().ToString();
+  EXPECT_EQ(task->micro_batches, 2);
+  task->model.gpt.vocab_size = 172;  // from the corpus (Trainer::Create fills it in)
+  Result<PipelineCut> chosen = TaskPipelineCut(*task, 4, {});
+  ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+  EXPECT_EQ(chosen->bounds, (std::vector<int64_t>{0, 1, 3, 5, 6}));
+  Result<std::string> text = Env::Default()->ReadFile(path);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("cut = [0, 1, 3, 5, 6]"), std::string::npos);
+
+  Result<PipelineCut> seven = TaskPipelineCut(*task, 7, {});
+  ASSERT_FALSE(seven.ok());
+  EXPECT_NE(seven.status().message().find(
+                "code-gpt-pipeline.toml: network.stages: stages (7) must be between 1 and the 6 "
+                "blocks (model.n_layer) of the model"),
+            std::string::npos)
+      << seven.status().message();
+  Result<PipelineCut> past = TaskPipelineCut(*task, 2, {0, 3, 7});
+  ASSERT_FALSE(past.ok());
+  EXPECT_NE(past.status().message().find("code-gpt-pipeline.toml: network.cut: the bounds must "
+                                         "start at 0 and end at 6"),
+            std::string::npos)
+      << past.status().message();
+}
+
+// What `meshlearn diloco` computes for one unit of a task with micro-batches (Trainer::StartUnit,
+// then Trainer::Step with train.micro_batches, on the unit's own batches and rate) is what the
+// unit's pipeline computes from the same weights, batches and rate: the oracle at the level of a
+// DiLoCo unit, on real data (the tiny GPT on the GPL text; the Fashion-MNIST MLP when installed).
+void ExpectUnitEqualsItsPipeline(TaskSpec task, std::vector<int64_t> bounds, int64_t steps) {
+  Result<TaskData> data = LoadTaskData(Env::Default(), task);
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(task, *data);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  Trainer& trainer = **tr;
+  const std::vector<float> start = trainer.FlatParams();
+  const uint64_t stream = 12345;
+  const double lr_scale = 0.5;
+  ASSERT_TRUE(trainer.StartUnit(stream, start, lr_scale).ok());
+  // The pipeline: the unit's inner optimizer, its starting weights, its batches.
+  const TaskSpec& t = trainer.task();
+  Result<PipelineCut> cut = MakeCut(t.model, std::move(bounds));
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  std::vector<std::unique_ptr<Stage>> stages;
+  for (int s = 0; s < cut->stages(); ++s) {
+    Result<std::unique_ptr<Stage>> st =
+        Stage::Create(t.model, UnitOptimizerSpec(t.optimizer, lr_scale), *cut, s, t.micro_batches);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    stages.push_back(std::move(*st));
+  }
+  std::map<std::string, const Tensor*> whole;
+  for (const Param& p : trainer.state().model->params()) whole[p.name] = &p.value;
+  for (std::unique_ptr<Stage>& st : stages) {
+    for (Param& p : st->params()) p.value.vec() = whole.at(p.name)->vec();
+    st->state().seed = t.seed;
+    st->state().stream = stream;
+  }
+  if (t.model.kind == "gpt" && stages.size() > 1) {
+    stages.back()->SetTiedWeight(stages.front()->tied_weight_source());
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    const Batch b = trainer.BatchForStep(s);
+    const float want = trainer.Step();
+    PipelineStepResult r = RunPipelineStep(stages, b, DropoutSeed(t.seed, stream));
+    EXPECT_EQ(std::memcmp(&want, &r.loss, 4), 0) << "step " << s;
+  }
+  std::map<std::string, const Tensor*> want, got;
+  PipeCollect(trainer.state(), &want);
+  for (std::unique_ptr<Stage>& st : stages) PipeCollect(st->state(), &got);
+  ASSERT_EQ(want.size(), got.size());
+  for (const auto& [name, tensor] : want) {
+    std::string why;
+    EXPECT_TRUE(testing::BitEqual(tensor->vec(), got.at(name)->vec(), &why)) << name << " " << why;
+  }
+}
+
+TEST(PipelineTest, DilocoUnitOfTheTinyGptEqualsItsPipeline) {
+  Result<TaskSpec> t =
+      TaskSpec::Load(Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/tiny-gpt.toml");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  t->batch_size = 4;
+  t->seq_len = 32;
+  t->micro_batches = 4;
+  ExpectUnitEqualsItsPipeline(*t, {0, 1, 2}, 3);
+}
+
+TEST(PipelineTest, DilocoUnitOfTheFashionMlpEqualsItsPipeline) {
+  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml";
+  Result<TaskSpec> t = TaskSpec::Load(Env::Default(), path);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  if (!Env::Default()->FileSize(t->data.train_x).ok()) {
+    GTEST_SKIP() << "Fashion-MNIST not installed (dataset-fashion-mnist)";
+  }
+  t->batch_size = 24;
+  t->micro_batches = 3;
+  ExpectUnitEqualsItsPipeline(*t, {0, 2, 4, CutLayerCount(t->model)}, 3);
 }
 
 }  // namespace

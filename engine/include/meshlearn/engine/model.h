@@ -101,7 +101,7 @@ struct ForwardOptions {
 
 struct BackwardOptions {
   // d(loss)/d(this batch's mean loss): the kernels scale the logits' gradient by dloss / B. A
-  // step of M micro-batches passes MicroBatchLossScale(M) (train.h), so the step's loss is the
+  // step of M micro-batches passes MicroBatchLossScale(M) (pipeline.h), so the step's loss is the
   // mean of the micro-batch means.
   float dloss = 1.0f;
   // GPT: where the LM head adds its gradient of the tied embedding wte (V, C). nullptr: into

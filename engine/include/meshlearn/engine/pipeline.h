@@ -55,6 +55,7 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/optim.h"
+#include "meshlearn/engine/train.h"
 
 namespace meshlearn::engine {
 
@@ -84,11 +85,11 @@ Result<PipelineCut> MakeCut(const ModelSpec& spec, std::vector<int64_t> bounds,
 // What one stage costs at a step of `batch` samples in M micro-batches (GPipe keeps the
 // activations of all M in flight).
 struct StageCost {
-  int64_t parameters = 0;    // weights the stage holds (not the GPT head's copy of wte)
-  uint64_t flops = 0;        // training FLOPs of one step (all micro-batches)
-  double param_bytes = 0;    // weights, their gradients, and a GPT last stage's wte copy +
-                             // head gradient
-  double optimizer_bytes = 0;  // moments (adamw 2, sgd with momentum 1 per weight)
+  int64_t parameters = 0;       // weights the stage holds (not the GPT head's copy of wte)
+  uint64_t flops = 0;           // training FLOPs of one step (all micro-batches)
+  double param_bytes = 0;       // weights, their gradients, and a GPT last stage's wte copy +
+                                // head gradient
+  double optimizer_bytes = 0;   // moments (adamw 2, sgd with momentum 1 per weight)
   double activation_bytes = 0;  // M micro-batches of batch / M samples (LayerCosts estimate)
   double total_bytes() const { return param_bytes + optimizer_bytes + activation_bytes; }
 };
@@ -99,11 +100,19 @@ Result<std::vector<StageCost>> CutCosts(const ModelSpec& spec, const OptimizerSp
                                         int64_t micro_batches);
 
 // The contiguous cut into `stages` stages minimising the largest stage's FLOPs; among those, the
-// largest stage's memory (CutCosts total_bytes); among those, the lexicographically smallest
-// bounds. Deterministic (integer FLOPs and byte counts; dynamic programming over prefixes).
+// largest stage's memory (CutCosts total_bytes); among those, the sum of the squared stage FLOPs
+// (the rest as even as the largest allows); among those, the lexicographically smallest bounds.
+// Deterministic (integer FLOPs and byte counts; dynamic programming over suffixes). An
 // InvalidArgument when stages < 1 or stages > CutLayerCount (naming both and the fix).
 Result<PipelineCut> ChooseCut(const ModelSpec& spec, const OptimizerSpec& optimizer, int stages,
                               int64_t batch, int64_t seq_len, int64_t micro_batches);
+
+// The cut of a task's pipeline of `stages` stages: `cut` when given (MakeCut), else ChooseCut at
+// the task's batch size, seq_len and micro_batches. Errors name "<task file>: network.cut" or
+// "network.stages", and the fix. REQUIRES: the task's model is complete (a GPT's vocabulary
+// filled in from its data: use the trainer's task).
+Result<PipelineCut> TaskPipelineCut(const TaskSpec& task, int stages,
+                                    const std::vector<int64_t>& cut);
 
 // ---- Content-addressed transfers.
 
@@ -125,7 +134,7 @@ struct Transfer {
   int64_t step = 0;          // 0-based step index (the state's counter before the step)
   int64_t micro_batch = -1;  // -1: not per micro-batch
   int64_t floats = 0;
-  Hash256 hash;              // TensorHash of what was sent; the receiver checks it
+  Hash256 hash;  // TensorHash of what was sent; the receiver checks it
 };
 
 // ---- Stages.
@@ -178,10 +187,10 @@ class Stage {
   int index_ = 0;
   int64_t micro_batches_ = 1;
   TrainState state_;
-  std::vector<std::unique_ptr<Tape>> tapes_;     // one per micro-batch
-  std::vector<Batch> batches_;                   // micro-batch m, kept for its backward pass
-  std::vector<std::vector<float>> inputs_;       // received activations of micro-batch m
-  std::vector<std::vector<float>> output_grads_; // received gradients of micro-batch m
+  std::vector<std::unique_ptr<Tape>> tapes_;      // one per micro-batch
+  std::vector<Batch> batches_;                    // micro-batch m, kept for its backward pass
+  std::vector<std::vector<float>> inputs_;        // received activations of micro-batch m
+  std::vector<std::vector<float>> output_grads_;  // received gradients of micro-batch m
   std::vector<float> losses_;
   Tensor head_grad_;  // GPT last stage: the head's wte gradient
 };
@@ -191,8 +200,8 @@ class Stage {
 std::vector<Transfer> InitPipeline(std::span<const std::unique_ptr<Stage>> stages, uint64_t seed);
 
 struct PipelineStepResult {
-  float loss = 0;       // mean of the micro-batch losses (StepOnBatch's)
-  float grad_norm = 0;  // before clipping
+  float loss = 0;                   // mean of the micro-batch losses (StepOnBatch's)
+  float grad_norm = 0;              // before clipping
   std::vector<Transfer> transfers;  // in the order they happened
 };
 
