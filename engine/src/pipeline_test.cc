@@ -400,7 +400,10 @@ TEST(PipelineTest, ExampleGptsAtTheirRealWidths) {
   for (const char* name : {"code-gpt.toml", "code-gpt-10m.toml"}) {
     ModelSpec spec = PipeExampleGpt(name);
     spec.gpt.block_size = 16;  // the sequences of PipeBatch; the same ops at every length
-    ExpectPipelineEqualsOracle(spec, 2, {0, 2, 4, 6}, 2, 1);
+    // Both cuts for the small one; the 10.8M one, which dominates the time (most of all under
+    // ASan), once in its 4 stages.
+    if (name == std::string("code-gpt.toml"))
+      ExpectPipelineEqualsOracle(spec, 2, {0, 2, 4, 6}, 2, 1);
     ExpectPipelineEqualsOracle(spec, 2, {0, 1, 3, 5, 6}, 2, 1);
   }
 }
@@ -543,8 +546,8 @@ void ExpectChooseCutIsTheBestOfAll(const ModelSpec& spec, int64_t batch, int64_t
     std::function<void(int, int64_t)> walk = [&](int k, int64_t lo) {
       if (k == S) {
         bounds[static_cast<size_t>(S)] = n;
-        Result<std::vector<StageCost>> c = CutCosts(spec, adamw, PipelineCut{bounds}, batch,
-                                                    seq_len, M);
+        Result<std::vector<StageCost>> c =
+            CutCosts(spec, adamw, PipelineCut{bounds}, batch, seq_len, M);
         CHECK(c.ok());
         uint64_t f = 0, b = 0;
         long double sq = 0;
