@@ -319,6 +319,31 @@ void Stage::Update(int64_t step, float grad_norm) {
   state_.step = step + 1;
 }
 
+Status Stage::Restore(TrainState saved) {
+  Model& mine = *state_.model;
+  if (!saved.model || !saved.optimizer) {
+    return InvalidArgument("stage " + std::to_string(index_) +
+                           ": the saved state has no model or no optimizer (a model file?)");
+  }
+  if (saved.model->spec().ToJson() != mine.spec().ToJson() ||
+      saved.model->part().begin != mine.part().begin ||
+      saved.model->part().end != mine.part().end) {
+    return InvalidArgument(
+        "stage " + std::to_string(index_) + " holds layers [" + std::to_string(mine.part().begin) +
+        ", " + std::to_string(mine.part().end) + ") of " + mine.spec().ToJson() +
+        "; the saved state holds [" + std::to_string(saved.model->part().begin) + ", " +
+        std::to_string(saved.model->part().end) + ") of " + saved.model->spec().ToJson());
+  }
+  if (saved.optimizer->spec().ToJson() != state_.optimizer->spec().ToJson()) {
+    return InvalidArgument("stage " + std::to_string(index_) + ": the saved optimizer " +
+                           saved.optimizer->spec().ToJson() + " differs from the stage's " +
+                           state_.optimizer->spec().ToJson());
+  }
+  state_ = std::move(saved);
+  for (std::unique_ptr<Tape>& t : tapes_) t = state_.model->NewTape();
+  return Status::Ok();
+}
+
 std::span<const float> Stage::tied_weight_source() const {
   CHECK(first() && state_.model->tied_head());
   const Tensor& w = state_.model->params()[0].value;
@@ -337,8 +362,8 @@ void Stage::SetTiedWeight(std::span<const float> wte) {
 namespace {
 
 // Stage 0 -> S-1: wte (a GPT cut into two or more stages); nothing otherwise.
-void PipeShareTiedWeight(std::span<const std::unique_ptr<Stage>> stages, int64_t step,
-                         std::vector<Transfer>* transfers) {
+void PipeShareTiedWeightInto(std::span<const std::unique_ptr<Stage>> stages, int64_t step,
+                             std::vector<Transfer>* transfers) {
   Stage& first = *stages.front();
   Stage& last = *stages.back();
   if (stages.size() < 2 || !first.state().model->tied_head()) return;
@@ -356,7 +381,13 @@ std::vector<Transfer> InitPipeline(std::span<const std::unique_ptr<Stage>> stage
     s->state().seed = seed;
   }
   std::vector<Transfer> transfers;
-  PipeShareTiedWeight(stages, 0, &transfers);
+  PipeShareTiedWeightInto(stages, 0, &transfers);
+  return transfers;
+}
+
+std::vector<Transfer> ShareTiedWeight(std::span<const std::unique_ptr<Stage>> stages) {
+  std::vector<Transfer> transfers;
+  if (!stages.empty()) PipeShareTiedWeightInto(stages, stages.front()->state().step, &transfers);
   return transfers;
 }
 
@@ -422,7 +453,7 @@ PipelineStepResult RunPipelineStep(std::span<const std::unique_ptr<Stage>> stage
   r.grad_norm = std::sqrt(squares);
   for (const std::unique_ptr<Stage>& s : stages) s->Update(step, r.grad_norm);
   // c. the head's copy of wte follows the update.
-  PipeShareTiedWeight(stages, step, &r.transfers);
+  PipeShareTiedWeightInto(stages, step, &r.transfers);
   return r;
 }
 

@@ -20,6 +20,7 @@
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/rng.h"
+#include "meshlearn/base/test_dir.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/model.h"
@@ -376,6 +377,53 @@ TEST(PipelineTest, TransfersAreListedAndContentAddressed) {
   v[1] = std::nextafter(v[1], 3.0f);
   EXPECT_NE(TensorHash(v), h);
   EXPECT_NE(TensorHash(std::span<const float>(v.data(), 2)), TensorHash(v));
+}
+
+// A stage's checkpoint (its part's tensors and optimizer state) resumes the pipeline bit for bit:
+// 2 steps, save every stage, restore them into fresh stages, 2 more steps = 4 straight steps.
+TEST(PipelineTest, StagesResumeFromTheirCheckpoints) {
+  const std::string dir = TestDir("pipeline-ckpt");
+  for (const char* toml : {kPipeGpt, kPipeMlp}) {
+    const ModelSpec spec = PipeParseModel(toml);
+    const std::vector<int64_t> bounds =
+        spec.kind == "gpt" ? std::vector<int64_t>{0, 1, 3, 4} : std::vector<int64_t>{0, 3, 5, 7};
+    const int64_t M = 2, batch = spec.kind == "gpt" ? 4 : 8;
+    TrainState batches = PipeState(spec);
+    std::vector<std::unique_ptr<Stage>> straight = PipeStages(spec, bounds, M);
+    std::vector<std::unique_ptr<Stage>> first = PipeStages(spec, bounds, M);
+    for (int64_t s = 0; s < 2; ++s) {
+      const Batch b = PipeBatch(*batches.model, batch, s);
+      RunPipelineStep(straight, b, kPipeDropoutSeed);
+      RunPipelineStep(first, b, kPipeDropoutSeed);
+    }
+    std::vector<std::unique_ptr<Stage>> resumed = PipeStages(spec, bounds, M);
+    for (size_t i = 0; i < first.size(); ++i) {
+      const std::string path = dir + "/" + spec.kind + std::to_string(i) + ".safetensors";
+      ASSERT_TRUE(SaveCheckpoint(Env::Default(), path, first[i]->state()).ok());
+      Result<TrainState> back = LoadCheckpoint(Env::Default(), path);
+      ASSERT_TRUE(back.ok()) << back.status().ToString();
+      EXPECT_EQ(StateHash(*back), StateHash(first[i]->state())) << "stage " << i;
+      ASSERT_TRUE(resumed[i]->Restore(std::move(*back)).ok());
+    }
+    // Another stage's file is refused, naming both parts.
+    Result<TrainState> other =
+        LoadCheckpoint(Env::Default(), dir + "/" + spec.kind + "0.safetensors");
+    ASSERT_TRUE(other.ok());
+    Status wrong = resumed[1]->Restore(std::move(*other));
+    EXPECT_NE(wrong.message().find("the saved state holds [0, "), std::string::npos)
+        << wrong.message();
+    ShareTiedWeight(resumed);
+    for (int64_t s = 2; s < 4; ++s) {
+      const Batch b = PipeBatch(*batches.model, batch, s);
+      RunPipelineStep(straight, b, kPipeDropoutSeed);
+      RunPipelineStep(resumed, b, kPipeDropoutSeed);
+    }
+    for (size_t i = 0; i < straight.size(); ++i) {
+      EXPECT_EQ(resumed[i]->state().step, 4);
+      EXPECT_EQ(StateHash(resumed[i]->state()), StateHash(straight[i]->state()))
+          << spec.kind << " stage " << i;
+    }
+  }
 }
 
 ModelSpec PipeExampleGpt(const std::string& name) {

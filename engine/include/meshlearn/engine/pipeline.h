@@ -177,6 +177,10 @@ class Stage {
   float SumGradSquares(float running) const;
   // The optimizer update of 0-based step `step` with the global norm; then state().step = step+1.
   void Update(int64_t step, float grad_norm);
+  // Replaces the stage's state by `saved` (LoadCheckpoint of this stage's SaveCheckpoint): the
+  // same model part and optimizer, else InvalidArgument naming what differs. A GPT's last stage
+  // then needs wte again (ShareTiedWeight).
+  Status Restore(TrainState saved);
   // A GPT's first stage: wte's values. A GPT's last stage (without wte): sets its copy.
   std::span<const float> tied_weight_source() const;
   void SetTiedWeight(std::span<const float> wte);
@@ -198,6 +202,10 @@ class Stage {
 // Initialises every stage's parameters as Model::Init(seed) initialises the whole model, and
 // gives a GPT's last stage stage 0's wte. Returns the transfers (the wte copy).
 std::vector<Transfer> InitPipeline(std::span<const std::unique_ptr<Stage>> stages, uint64_t seed);
+
+// A GPT cut into two or more stages: stage 0's wte into the last stage's copy (after a resume).
+// Returns the transfer (none for other models).
+std::vector<Transfer> ShareTiedWeight(std::span<const std::unique_ptr<Stage>> stages);
 
 struct PipelineStepResult {
   float loss = 0;                   // mean of the micro-batch losses (StepOnBatch's)
