@@ -79,7 +79,8 @@ Status RunDiloco(GlobalOptions& g, const DilocoArgs& a, nlohmann::json* report) 
     std::cout << fmt::format("pipeline: {} stages x {} replicas, {} micro-batches, cut [{}] "
                              "(trained unsplit here: the pipeline's result)\n",
                              net.stages, net.units_per_round, tk.micro_batches,
-                             fmt::join(cut.bounds, ", "));
+                             fmt::join(cut.bounds, ", "))
+              << std::flush;
   }
 
   const int64_t total_units = int64_t{net.rounds} * net.units_per_round;
