@@ -128,11 +128,21 @@ int Child(const Options& o) {
       ForwardOptions fo{.train = true, .step = static_cast<uint64_t>(s)};
       for (int64_t m = 0; m < t.micro_batches; ++m) {
         fo.micro_batch = static_cast<uint64_t>(m);
-        stage.Forward(m, (*micro)[static_cast<size_t>(m)],
-                      stage.first() ? std::vector<float>() : Noise(act, 10 + m), fo);
+        Result<std::span<const float>> out =
+            stage.Forward(m, (*micro)[static_cast<size_t>(m)],
+                          stage.first() ? std::vector<float>() : Noise(act, 10 + m), fo);
+        if (!out.ok()) {
+          std::fprintf(stderr, "error: %s\n", out.status().ToString().c_str());
+          return 1;
+        }
       }
       for (int64_t m = 0; m < t.micro_batches; ++m) {
-        stage.Backward(m, stage.last() ? std::vector<float>() : Noise(act, 20 + m));
+        Result<std::span<const float>> grad =
+            stage.Backward(m, stage.last() ? std::vector<float>() : Noise(act, 20 + m));
+        if (!grad.ok()) {
+          std::fprintf(stderr, "error: %s\n", grad.status().ToString().c_str());
+          return 1;
+        }
       }
       if (stage.first()) stage.AddTiedHeadGrad(Noise(V * C, 30));
       stage.Update(s, std::sqrt(stage.SumGradSquares(0.0f)));

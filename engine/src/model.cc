@@ -497,6 +497,10 @@ class SequentialModel final : public Model {
     return {tp.input_grad, static_cast<size_t>(tp.B * NumElements(first.in_shape))};
   }
 
+  int64_t PartInputSize(int64_t B, int64_t) const override {
+    return B * NumElements(layers_[static_cast<size_t>(part_.begin)].in_shape);
+  }
+
   TensorView TapeLogits(const Tape& tape) const override {
     const SequentialTape& tp = static_cast<const SequentialTape&>(tape);
     return TensorView(const_cast<float*>(tp.logits), {tp.B, num_outputs_});
@@ -833,6 +837,10 @@ class GptModel final : public Model {
     const GptTape& tp = static_cast<const GptTape&>(tape);
     CHECK(tp.input_grad != nullptr) << "PartInputGrad: no BackwardPart of a part with an input";
     return {tp.input_grad, static_cast<size_t>(tp.B * tp.T * spec_.gpt.n_embd)};
+  }
+
+  int64_t PartInputSize(int64_t B, int64_t T) const override {
+    return B * T * spec_.gpt.n_embd;
   }
 
   TensorView TapeLogits(const Tape& tape) const override {

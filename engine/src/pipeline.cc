@@ -265,6 +265,7 @@ Result<std::unique_ptr<Stage>> Stage::Create(const ModelSpec& model, const Optim
   s->inputs_.resize(M);
   s->output_grads_.resize(M);
   s->losses_.assign(M, 0.0f);
+  s->forwarded_.assign(M, false);
   if (s->state_.model->tied_head() && s->last()) {
     s->head_grad_ = Tensor({model.gpt.vocab_size, model.gpt.n_embd});
   }
@@ -274,30 +275,55 @@ Result<std::unique_ptr<Stage>> Stage::Create(const ModelSpec& model, const Optim
 void Stage::BeginStep() {
   state_.model->ZeroGrad();
   head_grad_.Zero();
+  forwarded_.assign(forwarded_.size(), false);
 }
 
-std::span<const float> Stage::Forward(int64_t m, const Batch& micro_batch, std::vector<float> input,
-                                      const ForwardOptions& opts) {
+Result<std::span<const float>> Stage::Forward(int64_t m, const Batch& micro_batch,
+                                              std::vector<float> input,
+                                              const ForwardOptions& opts) {
+  if (m < 0 || m >= micro_batches_) {
+    return InvalidArgument("stage " + std::to_string(index_) + ": micro-batch " +
+                           std::to_string(m) + " is not in [0, " + std::to_string(micro_batches_) +
+                           ")");
+  }
+  Model& model = *state_.model;
+  const int64_t want = first() ? 0 : model.PartInputSize(micro_batch.size, micro_batch.seq_len);
+  if (static_cast<int64_t>(input.size()) != want) {
+    return InvalidArgument("stage " + std::to_string(index_) + ", micro-batch " +
+                           std::to_string(m) + ": the input activations have " +
+                           std::to_string(input.size()) + " floats, the stage takes " +
+                           std::to_string(want));
+  }
   const size_t k = static_cast<size_t>(m);
-  CHECK_LT(k, tapes_.size());
   batches_[k] = micro_batch;
   inputs_[k] = std::move(input);
-  Model& model = *state_.model;
   losses_[k] = model.ForwardPart(*tapes_[k], batches_[k], inputs_[k], opts);
-  if (last()) return {};
+  forwarded_[k] = true;
+  if (last()) return std::span<const float>();
   return model.PartOutput(*tapes_[k]);
 }
 
-std::span<const float> Stage::Backward(int64_t m, std::vector<float> output_grad) {
+Result<std::span<const float>> Stage::Backward(int64_t m, std::vector<float> output_grad) {
+  if (m < 0 || m >= micro_batches_ || !forwarded_[static_cast<size_t>(m)]) {
+    return InvalidArgument("stage " + std::to_string(index_) + ": micro-batch " +
+                           std::to_string(m) + " has no forward pass this step");
+  }
   const size_t k = static_cast<size_t>(m);
-  CHECK_LT(k, tapes_.size());
+  Model& model = *state_.model;
+  const int64_t want = last() ? 0 : static_cast<int64_t>(model.PartOutput(*tapes_[k]).size());
+  if (static_cast<int64_t>(output_grad.size()) != want) {
+    return InvalidArgument("stage " + std::to_string(index_) + ", micro-batch " +
+                           std::to_string(m) + ": the output gradient has " +
+                           std::to_string(output_grad.size()) + " floats, the stage's output " +
+                           std::to_string(want));
+  }
   output_grads_[k] = std::move(output_grad);
   BackwardOptions opts;
   opts.dloss = MicroBatchLossScale(micro_batches_);
   if (head_grad_.size() > 0) opts.tied_head_grad = head_grad_.data();
-  Model& model = *state_.model;
   model.BackwardPart(*tapes_[k], output_grads_[k], opts);
-  if (first()) return {};
+  forwarded_[k] = false;
+  if (first()) return std::span<const float>();
   return model.PartInputGrad(*tapes_[k]);
 }
 
@@ -420,7 +446,10 @@ PipelineStepResult RunPipelineStep(std::span<const std::unique_ptr<Stage>> stage
     for (size_t s = 0; s < S; ++s) {
       std::vector<float> input(out.begin(), out.end());
       if (s > 0) record(TransferKind::kTransferActivation, s - 1, s, m, input);
-      out = stages[s]->Forward(m, (*micro)[static_cast<size_t>(m)], std::move(input), opts);
+      Result<std::span<const float>> o =
+          stages[s]->Forward(m, (*micro)[static_cast<size_t>(m)], std::move(input), opts);
+      CHECK(o.ok()) << o.status().ToString();  // the previous stage's output: the right size
+      out = *o;
     }
   }
   // Backward passes in increasing micro-batch order: each stage accumulates in StepOnBatch's
@@ -430,7 +459,9 @@ PipelineStepResult RunPipelineStep(std::span<const std::unique_ptr<Stage>> stage
     for (size_t s = S; s-- > 0;) {
       std::vector<float> output_grad(grad.begin(), grad.end());
       if (s + 1 < S) record(TransferKind::kTransferActivationGrad, s + 1, s, m, output_grad);
-      grad = stages[s]->Backward(m, std::move(output_grad));
+      Result<std::span<const float>> g = stages[s]->Backward(m, std::move(output_grad));
+      CHECK(g.ok()) << g.status().ToString();
+      grad = *g;
     }
   }
   float loss = 0.0f;

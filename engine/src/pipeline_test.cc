@@ -379,6 +379,44 @@ TEST(PipelineTest, TransfersAreListedAndContentAddressed) {
   EXPECT_NE(TensorHash(std::span<const float>(v.data(), 2)), TensorHash(v));
 }
 
+// What a stage receives comes from a peer: a wrong size, an unknown micro-batch or a gradient
+// for a micro-batch that had no forward pass is refused, and nothing runs.
+TEST(PipelineTest, StagesRefuseTensorsOfTheWrongSize) {
+  const ModelSpec spec = PipeParseModel(kPipeGpt);
+  std::vector<std::unique_ptr<Stage>> stages = PipeStages(spec, {0, 2, 4}, 2);
+  TrainState st = PipeState(spec);
+  Result<std::vector<Batch>> micro = SplitBatch(PipeBatch(*st.model, 4, 0), 2);
+  ASSERT_TRUE(micro.ok());
+  Stage& second = *stages[1];
+  second.BeginStep();
+  const ForwardOptions opts{.train = true};
+  Result<std::span<const float>> short_input =
+      second.Forward(0, (*micro)[0], std::vector<float>(2 * 8 * 16 - 1), opts);
+  ASSERT_FALSE(short_input.ok());
+  EXPECT_NE(short_input.status().message().find(
+                "stage 1, micro-batch 0: the input activations have 255 floats, the stage takes "
+                "256"),
+            std::string::npos)
+      << short_input.status().message();
+  EXPECT_FALSE(second.Forward(2, (*micro)[0], std::vector<float>(256), opts).ok());
+  Result<std::span<const float>> early = second.Backward(0, {});
+  ASSERT_FALSE(early.ok());
+  EXPECT_NE(early.status().message().find("has no forward pass this step"), std::string::npos);
+  Stage& first = *stages[0];
+  first.BeginStep();
+  ASSERT_TRUE(first.Forward(0, (*micro)[0], {}, opts).ok());
+  Result<std::span<const float>> bad_grad = first.Backward(0, std::vector<float>(7));
+  ASSERT_FALSE(bad_grad.ok());
+  EXPECT_NE(bad_grad.status().message().find("the output gradient has 7 floats, the stage's "
+                                             "output 256"),
+            std::string::npos)
+      << bad_grad.status().message();
+  // The refused calls changed nothing: the stage still trains as its oracle (the tests above).
+  for (const Param& p : first.params()) {
+    for (float g : p.grad.vec()) ASSERT_EQ(g, 0.0f) << p.name;
+  }
+}
+
 // A stage's checkpoint (its part's tensors and optimizer state) resumes the pipeline bit for bit:
 // 2 steps, save every stage, restore them into fresh stages, 2 more steps = 4 straight steps.
 TEST(PipelineTest, StagesResumeFromTheirCheckpoints) {

@@ -241,6 +241,9 @@ class Model {
   // d loss / d input after BackwardPart, for a part without has_input(); valid until the next
   // ForwardPart on `tape`.
   virtual std::span<const float> PartInputGrad(const Tape& tape) const = 0;
+  // Floats of the input ForwardPart expects for B samples of T tokens (a part without
+  // has_input(): the previous part's output), for checking what a peer sent.
+  virtual int64_t PartInputSize(int64_t B, int64_t T) const = 0;
 
   // A Batch of `n` samples with this model's input shape (zeros), for tests and tools.
   Batch EmptyBatch(int64_t n, int64_t seq_len = 0) const;

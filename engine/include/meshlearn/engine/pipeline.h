@@ -162,12 +162,16 @@ class Stage {
   // Forward of micro-batch m; `input` (moved in, kept until Backward(m)) is the previous stage's
   // output (empty for the first stage). Returns the output activations (valid until the next
   // Forward(m)); for the last stage, an empty span (loss(m) holds the micro-batch's loss).
-  std::span<const float> Forward(int64_t m, const Batch& micro_batch, std::vector<float> input,
-                                 const ForwardOptions& opts);
+  // `input` comes from a peer: a wrong size (or m out of range) is an InvalidArgument naming
+  // both sizes, and nothing runs.
+  Result<std::span<const float>> Forward(int64_t m, const Batch& micro_batch,
+                                         std::vector<float> input, const ForwardOptions& opts);
   float loss(int64_t m) const { return losses_[static_cast<size_t>(m)]; }
   // Backward of micro-batch m from d loss / d output (empty for the last stage). Returns
   // d loss / d input (empty for the first stage), valid until the next Forward(m).
-  std::span<const float> Backward(int64_t m, std::vector<float> output_grad);
+  // InvalidArgument (nothing runs) when micro-batch m had no Forward this step or `output_grad`
+  // (from a peer) has the wrong size.
+  Result<std::span<const float>> Backward(int64_t m, std::vector<float> output_grad);
 
   // End of step. A GPT's last stage: the head's wte gradient of this step (all micro-batches).
   std::span<const float> tied_head_grad() const;
@@ -196,7 +200,8 @@ class Stage {
   std::vector<std::vector<float>> inputs_;        // received activations of micro-batch m
   std::vector<std::vector<float>> output_grads_;  // received gradients of micro-batch m
   std::vector<float> losses_;
-  Tensor head_grad_;  // GPT last stage: the head's wte gradient
+  std::vector<bool> forwarded_;  // micro-batch m ran Forward this step (Backward may run)
+  Tensor head_grad_;             // GPT last stage: the head's wte gradient
 };
 
 // Initialises every stage's parameters as Model::Init(seed) initialises the whole model, and
