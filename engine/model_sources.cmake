@@ -16,6 +16,7 @@ set(ENGINE_MODEL_SOURCES
   ${CMAKE_CURRENT_SOURCE_DIR}/src/tile.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/tile_rule.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/step_replay.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/pipeline.cc
 )
 set(ENGINE_MODEL_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/init_test.cc
@@ -30,6 +31,7 @@ set(ENGINE_MODEL_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/op_trace_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/tile_rule_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/step_replay_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/pipeline_test.cc
 )
 
 # Tests that take more than ~20 s in a release build get the label "slow" (ctest -L slow / -LE

@@ -173,6 +173,56 @@ TEST(Cli, TrainReportNamesItsFilesRelativeToItself) {
                                                abs_report["model"].get<std::string>()));
 }
 
+// Issue 15: a pipeline task (network.stages > 1) is trained by `meshlearn diloco`, unsplit with
+// its micro-batches (bit-equal to its stages: engine PipelineTest.*, node PipelineDilocoTest.*),
+// which reports the cut; `task submit` checks the cut, then refuses the task until stage nodes
+// run on the network.
+TEST(Cli, PipelineTasksRunInDilocoAndAreRefusedBySubmit) {
+  if (!std::ifstream("/usr/share/common-licenses/GPL-3").good()) {
+    GTEST_SKIP() << "/usr/share/common-licenses/GPL-3 (base-files) not installed";
+  }
+  const std::string cwd = TempHome();
+  auto task = [&](const std::string& pipeline) {
+    std::ofstream(cwd + "/pipe.toml")
+        << "[task]\nname = \"pipe-lm\"\nseed = 3\n"
+           "[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n"
+           "[model]\nkind = \"gpt\"\nn_layer = 3\nn_head = 2\nn_embd = 16\nblock_size = 16\n"
+           "[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n"
+           "[train]\nsteps = 2\nbatch_size = 4\nmicro_batches = 2\neval_batches = 1\n"
+           "[network]\nrounds = 1\nunits_per_round = 2\ninner_steps = 2\nbudget = 100000\n"
+           "price_cap = 100\n"
+        << pipeline;
+    return cwd + "/pipe.toml";
+  };
+  CmdResult d = Meshlearn("--json diloco " + task("stages = 3\n"), cwd, false);
+  ASSERT_EQ(d.code, 0) << d.out;
+  const json report = json::parse(d.out, nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << d.out;
+  EXPECT_EQ(report["pipeline"]["stages"], 3);
+  EXPECT_EQ(report["pipeline"]["replicas"], 2);
+  EXPECT_EQ(report["pipeline"]["micro_batches"], 2);
+  EXPECT_EQ(report["pipeline"]["cut"], json::array({0, 1, 2, 3}));
+  EXPECT_EQ(report["pipeline"]["per_stage"].size(), 3u);
+
+  CmdResult submit = Meshlearn("task submit " + task("stages = 3\n") + " --dry-run", cwd);
+  EXPECT_NE(submit.code, 0);
+  EXPECT_NE(submit.out.find("network.stages = 3: pipeline-parallel tasks do not run on the "
+                            "network yet"),
+            std::string::npos)
+      << submit.out;
+  CmdResult bad_cut =
+      Meshlearn("task submit " + task("stages = 3\ncut = [0, 2, 2, 3]\n") + " --dry-run", cwd);
+  EXPECT_NE(bad_cut.out.find("network.cut bound 2 (2) must be greater than bound 1 (2)"),
+            std::string::npos)
+      << bad_cut.out;
+  CmdResult too_many = Meshlearn("diloco " + task("stages = 4\n"), cwd);
+  EXPECT_NE(too_many.code, 0);
+  EXPECT_NE(too_many.out.find("pipe.toml: network.stages: stages (4) must be between 1 and the 3 "
+                              "blocks (model.n_layer)"),
+            std::string::npos)
+      << too_many.out;
+}
+
 // A .npy file (format 1.0) of `descr` ("<f4", "|u1") and `shape` ("(8, 4)") holding `data`.
 void WriteNpy(const std::string& path, const std::string& descr, const std::string& shape,
               const std::string& data) {

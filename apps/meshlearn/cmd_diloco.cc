@@ -6,12 +6,14 @@
 #include <iostream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "meshlearn/base/clock.h"
 #include "meshlearn/base/progress.h"
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/pipeline.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/protocol/task_model.h"
 
@@ -51,6 +53,35 @@ Status RunDiloco(GlobalOptions& g, const DilocoArgs& a, nlohmann::json* report) 
 
   ML_ASSIGN_OR_RETURN(engine::TaskSpec task, engine::TaskSpec::Load(env, a.task));
   ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Trainer> trainer, engine::Trainer::Create(env, task));
+  // A pipeline task (network.stages > 1) trains here unsplit, with its micro-batches: by the
+  // engine's pipeline contract (engine/pipeline.h) that is, bit for bit, what its stages compute.
+  ML_ASSIGN_OR_RETURN(
+      engine::PipelineCut cut,
+      engine::TaskPipelineCut(trainer->task(), static_cast<int>(net.stages), net.cut));
+  const engine::TaskSpec& tk = trainer->task();
+  ML_ASSIGN_OR_RETURN(std::vector<engine::StageCost> stage_costs,
+                      engine::CutCosts(tk.model, tk.optimizer, cut, tk.batch_size, tk.seq_len,
+                                       tk.micro_batches));
+  nlohmann::json pipeline = {{"stages", net.stages},
+                             {"replicas", net.units_per_round},
+                             {"micro_batches", tk.micro_batches},
+                             {"cut", cut.bounds}};
+  nlohmann::json per_stage = nlohmann::json::array();
+  for (const engine::StageCost& c : stage_costs) {
+    per_stage.push_back({{"parameters", c.parameters},
+                         {"flops_per_step", c.flops},
+                         {"param_bytes", c.param_bytes},
+                         {"optimizer_bytes", c.optimizer_bytes},
+                         {"activation_bytes", c.activation_bytes}});
+  }
+  pipeline["per_stage"] = per_stage;
+  if (net.stages > 1 && !g.json) {
+    std::cout << fmt::format("pipeline: {} stages x {} replicas, {} micro-batches, cut [{}] "
+                             "(trained unsplit here: the pipeline's result)\n",
+                             net.stages, net.units_per_round, tk.micro_batches,
+                             fmt::join(cut.bounds, ", "))
+              << std::flush;
+  }
 
   const int64_t total_units = int64_t{net.rounds} * net.units_per_round;
   ProgressBar bar("diloco", total_units, "units", !g.json);
@@ -89,7 +120,8 @@ Status RunDiloco(GlobalOptions& g, const DilocoArgs& a, nlohmann::json* report) 
              {"test_loss", last.eval.loss},
              {"final_weights_hash", r.final_hash.ToHex()},
              {"seconds", seconds},
-             {"per_round", rounds}};
+             {"per_round", rounds},
+             {"pipeline", pipeline}};
   if (!a.out.empty()) {
     ML_RETURN_IF_ERROR(env->CreateDirs(a.out));
     ML_RETURN_IF_ERROR(trainer->SetFlatParams(r.final_weights));

@@ -16,6 +16,7 @@
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/safetensors.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/tx.h"
@@ -95,6 +96,17 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   }
   ML_ASSIGN_OR_RETURN(t.task, engine::TaskSpec::Load(env, path));
   ML_ASSIGN_OR_RETURN(t.trainer, engine::Trainer::Create(env, t.task));
+  if (t.net.stages > 1) {
+    // The cut is checked (and its errors given) first; then the plain refusal.
+    ML_RETURN_IF_ERROR(engine::TaskPipelineCut(t.trainer->task(), static_cast<int>(t.net.stages),
+                                               t.net.cut)
+                           .status());
+    return InvalidArgument(fmt::format(
+        "{}: network.stages = {}: pipeline-parallel tasks do not run on the network yet (issue "
+        "15); `meshlearn diloco {}` trains one in this process (bit-equal to its pipeline), or "
+        "set stages = 1",
+        path, t.net.stages, path));
+  }
   t.facts = node::ComputeTaskFacts(*t.trainer, t.net);
   // The one derivation of the ledger's params from the file (initial_state: StoreTaskBlobs). It
   // carries data_root, the Merkle root over the training examples (zero for a token task): nodes

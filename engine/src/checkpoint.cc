@@ -24,6 +24,10 @@ void AddCommon(SafetensorsWriter& w, TrainState& st, bool with_optimizer) {
   w.SetMetadata("seed", std::to_string(st.seed));
   w.SetMetadata("stream", std::to_string(st.stream));
   w.SetMetadata("model", st.model->spec().ToJson());
+  if (!st.model->has_input() || !st.model->has_loss()) {  // a pipeline stage's part
+    w.SetMetadata("part_begin", std::to_string(st.model->part().begin));
+    w.SetMetadata("part_end", std::to_string(st.model->part().end));
+  }
   w.SetMetadata("state_hash", HashState(st, with_optimizer).ToHex());
   for (const Param& p : st.model->params()) w.AddF32(p.name, p.value);
 }
@@ -96,7 +100,22 @@ Result<TrainState> LoadCheckpoint(Env* env, const std::string& path) {
   ML_ASSIGN_OR_RETURN(std::string model_json, f.Metadata("model"));
   Result<ModelSpec> spec = ModelSpec::FromJson(model_json, path);
   if (!spec.ok()) return DataLoss(spec.status().message());
-  Result<std::unique_ptr<Model>> model = Model::Create(*spec);
+  // A pipeline stage's checkpoint names its part of the model (part_begin, part_end).
+  const bool part = f.Metadata("part_begin").ok() || f.Metadata("part_end").ok();
+  int64_t begin = 0, end = -1;
+  if (part) {
+    ML_ASSIGN_OR_RETURN(uint64_t b, ParseU64(f, "part_begin"));
+    ML_ASSIGN_OR_RETURN(uint64_t e, ParseU64(f, "part_end"));
+    if (e > static_cast<uint64_t>(CutLayerCount(*spec))) {
+      return DataLoss(path + ": __metadata__.part_end (" + std::to_string(e) +
+                      ") is past the model's " + std::to_string(CutLayerCount(*spec)) +
+                      " cut layers");
+    }
+    begin = static_cast<int64_t>(b);
+    end = static_cast<int64_t>(e);
+  }
+  Result<std::unique_ptr<Model>> model =
+      part ? Model::CreatePart(*spec, ModelPart{begin, end}) : Model::Create(*spec);
   if (!model.ok()) return DataLoss(path + ": " + model.status().message());
   st.model = std::move(*model);
   std::set<std::string> expected;

@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config_ranges.h"
 #include "meshlearn/engine/init.h"
 #include "meshlearn/engine/kernels.h"
-#include "config_ranges.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -166,20 +166,6 @@ int64_t Model::NumParameters() const {
   return n;
 }
 
-Param& Model::AddParam(std::string name, Shape shape) {
-  params_.push_back(Param{std::move(name), Tensor(), Tensor()});
-  param_shapes_.push_back(std::move(shape));
-  init_.push_back({});
-  return params_.back();
-}
-
-void Model::AllocateParams() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].value = Tensor(param_shapes_[i]);
-    params_[i].grad = Tensor(param_shapes_[i]);
-  }
-}
-
 int64_t Model::PlannedParameters() const {
   int64_t n = 0;
   for (const Shape& s : param_shapes_) n += NumElements(s);
@@ -234,20 +220,21 @@ void Model::Init(uint64_t seed) {
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& w = params_[i].value;
     const InitRule& r = init_[i];
+    const uint64_t stream = param_index_[i];  // the whole model's index: a part inits the same
     if (r.kind == "zeros") {
       w.Zero();
     } else if (r.kind == "ones") {
       std::fill(w.vec().begin(), w.vec().end(), 1.0f);
     } else if (r.kind == "kaiming") {  // He normal for ReLU: std = sqrt(2 / fan_in)
-      FillNormal(w.data(), w.size(), static_cast<float>(std::sqrt(2.0 / r.fan_in)), seed, i);
+      FillNormal(w.data(), w.size(), static_cast<float>(std::sqrt(2.0 / r.fan_in)), seed, stream);
     } else if (r.kind == "xavier") {  // Glorot normal: std = sqrt(2 / (fan_in + fan_out))
       FillNormal(w.data(), w.size(), static_cast<float>(std::sqrt(2.0 / (r.fan_in + r.fan_out))),
-                 seed, i);
+                 seed, stream);
     } else if (r.kind == "uniform") {  // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), ..)
-      FillUniform(w.data(), w.size(), static_cast<float>(1.0 / std::sqrt(r.fan_in)), seed, i);
+      FillUniform(w.data(), w.size(), static_cast<float>(1.0 / std::sqrt(r.fan_in)), seed, stream);
     } else {
       CHECK(r.kind == "normal") << r.kind;
-      FillNormal(w.data(), w.size(), static_cast<float>(r.std), seed, i);
+      FillNormal(w.data(), w.size(), static_cast<float>(r.std), seed, stream);
     }
   }
 }
@@ -290,9 +277,28 @@ std::vector<int32_t> ArgmaxRows(const float* logits, int64_t rows, int64_t cols)
 
 namespace {
 
+class SequentialTape final : public Tape {
+ public:
+  // Runtime pointers of one layer (into the arena).
+  struct LayerActs {
+    int32_t* argmax = nullptr;
+    float* mask = nullptr;
+    float* mean = nullptr;
+    float* rstd = nullptr;
+  };
+  bool train = false;
+  int64_t B = 0;
+  std::vector<const float*> acts;  // acts[i - begin]: the input of layer i; acts.back(): output
+  std::vector<LayerActs> layer;    // layer[i - begin]
+  const float* logits = nullptr;
+  float* probs = nullptr;
+  const int32_t* targets = nullptr;
+  const float* input_grad = nullptr;
+};
+
 class SequentialModel final : public Model {
  public:
-  explicit SequentialModel(ModelSpec spec) : Model(std::move(spec)) {}
+  SequentialModel(ModelSpec spec, ModelPart part) : Model(std::move(spec), part) {}
 
   Status Build() {
     Shape s = spec_.input;  // per-sample shape
@@ -300,6 +306,7 @@ class SequentialModel final : public Model {
       const LayerSpec& l = spec_.layers[i];
       const std::string where = "model.layers[" + std::to_string(i) + "] (" + l.kind + ")";
       const std::string prefix = "layers." + std::to_string(i) + ".";
+      const bool keep = InPart(static_cast<int64_t>(i));
       Layer L;
       L.spec = l;
       L.in_shape = s;
@@ -309,7 +316,10 @@ class SequentialModel final : public Model {
                                  " but linear needs a vector; add a layer with kind = \"flatten\" "
                                  "before it");
         }
-        L.weight = AddLinearLike(prefix, {l.out, s[0]}, l, s[0], l.out);
+        L.weight = AddLinearLike(prefix, {l.out, s[0]}, l, s[0], l.out, keep);
+        L.weight_elems = l.out * s[0];
+        L.num_params = L.weight_elems + (l.bias ? l.out : 0);
+        L.macs = s[0] * l.out;
         s = {l.out};
       } else if (l.kind == "conv2d") {
         if (s.size() != 3) {
@@ -325,7 +335,10 @@ class SequentialModel final : public Model {
         }
         int64_t fan_in = s[0] * l.kernel * l.kernel;
         L.weight = AddLinearLike(prefix, {l.out, s[0], l.kernel, l.kernel}, l, fan_in,
-                                 l.out * l.kernel * l.kernel);
+                                 l.out * l.kernel * l.kernel, keep);
+        L.weight_elems = l.out * fan_in;
+        L.num_params = L.weight_elems + (l.bias ? l.out : 0);
+        L.macs = fan_in * l.out * oh * ow;
         s = {l.out, oh, ow};
       } else if (l.kind == "maxpool2d") {
         if (s.size() != 3 || s[1] < l.kernel || s[2] < l.kernel) {
@@ -337,11 +350,11 @@ class SequentialModel final : public Model {
       } else if (l.kind == "flatten") {
         s = {NumElements(s)};
       } else if (l.kind == "layernorm") {
-        L.weight = static_cast<int>(params_.size());
-        AddParam(prefix + "weight", {s.back()});
-        init_.back().kind = "ones";
-        AddParam(prefix + "bias", {s.back()});
-        init_.back().kind = "zeros";
+        L.weight = keep ? static_cast<int>(params_.size()) : -1;
+        AddParam(prefix + "weight", {s.back()}, keep).kind = "ones";
+        AddParam(prefix + "bias", {s.back()}, keep).kind = "zeros";
+        L.weight_elems = s.back();
+        L.num_params = 2 * s.back();
       }
       L.out_shape = s;
       layers_.push_back(L);
@@ -359,61 +372,84 @@ class SequentialModel final : public Model {
   int64_t NumOutputs() const override { return num_outputs_; }
 
   // Forward keeps every layer's output (and masks, argmax); Backward one input gradient and
-  // scratch per layer: about twice each side.
-  double ActivationFloats(int64_t B, int64_t) const override {
-    double per_sample = 2.0 * static_cast<double>(num_outputs_);
-    for (const Layer& L : layers_) {
-      per_sample += 2.0 * static_cast<double>(NumElements(L.in_shape)) +
-                    2.0 * static_cast<double>(NumElements(L.out_shape));
+  // scratch per layer: about twice each side. The loss's probabilities and logits' gradient go
+  // with the last layer.
+  std::vector<LayerCost> Costs(int64_t) const override {
+    std::vector<LayerCost> out;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& L = layers_[i];
+      LayerCost c;
+      c.name = "model.layers[" + std::to_string(i) + "] (" + L.spec.kind + ")";
+      c.parameters = L.num_params;
+      c.flops = 6 * static_cast<uint64_t>(L.macs);
+      c.activation_floats = 2.0 * static_cast<double>(NumElements(L.in_shape)) +
+                            2.0 * static_cast<double>(NumElements(L.out_shape));
+      if (i + 1 == layers_.size()) c.activation_floats += 2.0 * static_cast<double>(num_outputs_);
+      out.push_back(std::move(c));
     }
-    return per_sample * static_cast<double>(B);
+    return out;
   }
 
   std::string LargestKey() const override {
     std::string key = "model.layers";
     int64_t most = -1;
     for (size_t i = 0; i < layers_.size(); ++i) {
-      if (layers_[i].weight < 0) continue;
-      int64_t n = NumElements(param_shapes_[static_cast<size_t>(layers_[i].weight)]);
-      if (n > most) {
-        most = n;
-        key = "model.layers[" + std::to_string(i) + "] (" + layers_[i].spec.kind + ", out = " +
-              std::to_string(layers_[i].spec.out) + ")";
+      if (layers_[i].weight_elems == 0) continue;
+      if (layers_[i].weight_elems > most) {
+        most = layers_[i].weight_elems;
+        key = "model.layers[" + std::to_string(i) + "] (" + layers_[i].spec.kind +
+              ", out = " + std::to_string(layers_[i].spec.out) + ")";
       }
     }
     return key;
   }
 
-  float Forward(const Batch& batch, const ForwardOptions& opts) override {
+  std::unique_ptr<Tape> MakeTape() const override { return std::make_unique<SequentialTape>(); }
+
+  float ForwardPart(Tape& tape, const Batch& batch, std::span<const float> input,
+                    const ForwardOptions& opts) override {
+    SequentialTape& tp = static_cast<SequentialTape&>(tape);
     const int64_t B = batch.size;
-    CHECK_EQ(batch.inputs.size(), B * NumElements(spec_.input)) << "batch input shape";
-    CHECK_EQ(static_cast<int64_t>(batch.targets.size()), B);
-    arena_.Reset();
-    train_ = opts.train;
-    B_ = B;
-    acts_.assign(layers_.size() + 1, nullptr);
-    acts_[0] = batch.inputs.data();
-    targets_ = batch.targets.data();
-    for (size_t i = 0; i < layers_.size(); ++i) {
+    const size_t begin = static_cast<size_t>(part_.begin), end = static_cast<size_t>(part_.end);
+    tp.arena.Reset();
+    tp.train = opts.train;
+    tp.B = B;
+    tp.acts.assign(end - begin + 1, nullptr);
+    tp.layer.assign(end - begin, {});
+    tp.input_grad = nullptr;
+    if (begin == 0) {
+      CHECK_EQ(batch.inputs.size(), B * NumElements(spec_.input)) << "batch input shape";
+      tp.acts[0] = batch.inputs.data();
+    } else {
+      CHECK_EQ(static_cast<int64_t>(input.size()), B * NumElements(layers_[begin].in_shape))
+          << "input activations of layer " << begin;
+      tp.acts[0] = input.data();
+    }
+    if (has_loss()) {
+      CHECK_EQ(static_cast<int64_t>(batch.targets.size()), B);
+      tp.targets = batch.targets.data();
+    }
+    for (size_t i = begin; i < end; ++i) {
       Layer& L = layers_[i];
       const LayerSpec& l = L.spec;
+      SequentialTape::LayerActs& la = tp.layer[i - begin];
       const int64_t in_n = B * NumElements(L.in_shape);
       const int64_t out_n = B * NumElements(L.out_shape);
-      const float* in = acts_[i];
+      const float* in = tp.acts[i - begin];
       if (l.kind == "flatten") {
-        acts_[i + 1] = acts_[i];
+        tp.acts[i - begin + 1] = in;
         continue;
       }
-      float* out = arena_.Alloc({out_n}).data();
-      acts_[i + 1] = out;
+      float* out = tp.arena.Alloc({out_n}).data();
+      tp.acts[i - begin + 1] = out;
       if (l.kind == "linear") {
         LinearForward(out, in, params_[L.weight].value.data(), Bias(L), B, L.in_shape[0], l.out);
       } else if (l.kind == "conv2d") {
         Conv2dForward(out, in, params_[L.weight].value.data(), Bias(L), B, L.in_shape[0],
                       L.in_shape[1], L.in_shape[2], l.out, l.kernel, l.kernel, l.stride, l.pad);
       } else if (l.kind == "maxpool2d") {
-        L.argmax = arena_.AllocInt32(out_n);
-        MaxPool2dForward(out, L.argmax, in, B, L.in_shape[0], L.in_shape[1], L.in_shape[2],
+        la.argmax = tp.arena.AllocInt32(out_n);
+        MaxPool2dForward(out, la.argmax, in, B, L.in_shape[0], L.in_shape[1], L.in_shape[2],
                          l.kernel, l.stride);
       } else if (l.kind == "relu") {
         ReluForward(out, in, in_n);
@@ -421,49 +457,84 @@ class SequentialModel final : public Model {
         GeluForward(out, in, in_n);
       } else if (l.kind == "dropout") {
         if (opts.train && l.p > 0) {
-          L.mask = arena_.Alloc({in_n}).data();
-          DropoutForward(out, L.mask, in, in_n, static_cast<float>(l.p), opts.dropout_seed,
-                         opts.step << 16 | i);
+          la.mask = tp.arena.Alloc({in_n}).data();
+          DropoutForward(out, la.mask, in, in_n, static_cast<float>(l.p), opts.dropout_seed,
+                         (opts.step << 16 | i) + (opts.micro_batch << 48));
         } else {
-          acts_[i + 1] = acts_[i];
-          L.mask = nullptr;
+          tp.acts[i - begin + 1] = in;
+          la.mask = nullptr;
         }
       } else if (l.kind == "layernorm") {
         const int64_t C = L.in_shape.back();
         const int64_t N = in_n / C;
-        L.mean = arena_.Alloc({N}).data();
-        L.rstd = arena_.Alloc({N}).data();
-        LayerNormForward(out, L.mean, L.rstd, in, params_[L.weight].value.data(),
+        la.mean = tp.arena.Alloc({N}).data();
+        la.rstd = tp.arena.Alloc({N}).data();
+        LayerNormForward(out, la.mean, la.rstd, in, params_[L.weight].value.data(),
                          params_[L.weight + 1].value.data(), N, C);
       }
-      if (trace_) TraceOp("layers." + std::to_string(i) + ".out", acts_[i + 1], B, out_n / B);
+      if (trace_)
+        TraceOp("layers." + std::to_string(i) + ".out", tp.acts[i - begin + 1], B, out_n / B);
     }
-    logits_ = acts_.back();
-    probs_ = arena_.Alloc({B, num_outputs_}).data();
-    float* losses = arena_.Alloc({B}).data();
-    float loss = SoftmaxCrossEntropyForward(probs_, losses, logits_, targets_, B, num_outputs_);
+    if (!has_loss()) return 0.0f;
+    tp.logits = tp.acts.back();
+    tp.probs = tp.arena.Alloc({B, num_outputs_}).data();
+    float* losses = tp.arena.Alloc({B}).data();
+    float loss =
+        SoftmaxCrossEntropyForward(tp.probs, losses, tp.logits, tp.targets, B, num_outputs_);
     TraceOp("loss", losses, B, 1);
     return loss;
   }
 
-  TensorView logits() const override {
-    return TensorView(const_cast<float*>(logits_), {B_, num_outputs_});
+  std::span<const float> PartOutput(const Tape& tape) const override {
+    const SequentialTape& tp = static_cast<const SequentialTape&>(tape);
+    const Layer& last = layers_[static_cast<size_t>(part_.end - 1)];
+    return {tp.acts.back(), static_cast<size_t>(tp.B * NumElements(last.out_shape))};
   }
 
-  void Backward() override {
-    CHECK(train_) << "Backward() needs a Forward() with opts.train";
-    const int64_t B = B_;
-    float* dout = arena_.AllocZeroed({B, num_outputs_}).data();
-    SoftmaxCrossEntropyBackward(dout, probs_, targets_, 1.0f, B, num_outputs_);
-    TraceOp("logits.grad", dout, B, num_outputs_);
-    for (size_t ii = layers_.size(); ii-- > 0;) {
+  std::span<const float> PartInputGrad(const Tape& tape) const override {
+    const SequentialTape& tp = static_cast<const SequentialTape&>(tape);
+    CHECK(tp.input_grad != nullptr) << "PartInputGrad: no BackwardPart of a part with an input";
+    const Layer& first = layers_[static_cast<size_t>(part_.begin)];
+    return {tp.input_grad, static_cast<size_t>(tp.B * NumElements(first.in_shape))};
+  }
+
+  int64_t PartInputSize(int64_t B, int64_t) const override {
+    return B * NumElements(layers_[static_cast<size_t>(part_.begin)].in_shape);
+  }
+
+  TensorView TapeLogits(const Tape& tape) const override {
+    const SequentialTape& tp = static_cast<const SequentialTape&>(tape);
+    return TensorView(const_cast<float*>(tp.logits), {tp.B, num_outputs_});
+  }
+
+  void BackwardPart(Tape& tape, std::span<const float> output_grad,
+                    const BackwardOptions& bopts) override {
+    SequentialTape& tp = static_cast<SequentialTape&>(tape);
+    CHECK(tp.train) << "Backward() needs a Forward() with opts.train";
+    const int64_t B = tp.B;
+    const size_t begin = static_cast<size_t>(part_.begin), end = static_cast<size_t>(part_.end);
+    const float* dout = nullptr;
+    if (has_loss()) {
+      float* dlogits = tp.arena.AllocZeroed({B, num_outputs_}).data();
+      SoftmaxCrossEntropyBackward(dlogits, tp.probs, tp.targets, bopts.dloss, B, num_outputs_);
+      TraceOp("logits.grad", dlogits, B, num_outputs_);
+      dout = dlogits;
+    } else {
+      CHECK_EQ(static_cast<int64_t>(output_grad.size()),
+               B * NumElements(layers_[end - 1].out_shape))
+          << "output gradient of layer " << end - 1;
+      dout = output_grad.data();
+    }
+    for (size_t ii = end; ii-- > begin;) {
       Layer& L = layers_[ii];
       const LayerSpec& l = L.spec;
+      const SequentialTape::LayerActs& la = tp.layer[ii - begin];
       const int64_t in_n = B * NumElements(L.in_shape);
-      const float* in = acts_[ii];
+      const float* in = tp.acts[ii - begin];
       const bool need_dinp = ii > 0;  // no gradient for the data
-      if (l.kind == "flatten" || (l.kind == "dropout" && !L.mask)) continue;  // dout passes through
-      float* dinp = need_dinp ? arena_.AllocZeroed({in_n}).data() : nullptr;
+      // flatten, and dropout without a mask: dout passes through.
+      if (l.kind == "flatten" || (l.kind == "dropout" && !la.mask)) continue;
+      float* dinp = need_dinp ? tp.arena.AllocZeroed({in_n}).data() : nullptr;
       if (l.kind == "linear") {
         LinearBackward(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
                        params_[L.weight].value.data(), B, L.in_shape[0], l.out);
@@ -474,28 +545,29 @@ class SequentialModel final : public Model {
       } else if (!need_dinp) {
         // Elementwise / pooling layers first in the stack have nothing to accumulate.
       } else if (l.kind == "maxpool2d") {
-        MaxPool2dBackward(dinp, dout, L.argmax, B, L.out_shape[0], L.out_shape[1], L.out_shape[2]);
+        MaxPool2dBackward(dinp, dout, la.argmax, B, L.out_shape[0], L.out_shape[1], L.out_shape[2]);
       } else if (l.kind == "relu") {
         ReluBackward(dinp, dout, in, in_n);
       } else if (l.kind == "gelu") {
         GeluBackward(dinp, dout, in, in_n);
       } else if (l.kind == "dropout") {
-        DropoutBackward(dinp, dout, L.mask, in_n);
+        DropoutBackward(dinp, dout, la.mask, in_n);
       } else if (l.kind == "layernorm") {
         const int64_t C = L.in_shape.back();
         LayerNormBackward(dinp, params_[L.weight].grad.data(), params_[L.weight + 1].grad.data(),
-                          dout, in, params_[L.weight].value.data(), L.mean, L.rstd, in_n / C, C);
+                          dout, in, params_[L.weight].value.data(), la.mean, la.rstd, in_n / C, C);
       }
       if (l.kind == "layernorm" && !need_dinp) {
         // Parameter gradients still needed when layernorm is the first layer.
         const int64_t C = L.in_shape.back();
-        float* scratch = arena_.AllocZeroed({in_n}).data();
+        float* scratch = tp.arena.AllocZeroed({in_n}).data();
         LayerNormBackward(scratch, params_[L.weight].grad.data(), params_[L.weight + 1].grad.data(),
-                          dout, in, params_[L.weight].value.data(), L.mean, L.rstd, in_n / C, C);
+                          dout, in, params_[L.weight].value.data(), la.mean, la.rstd, in_n / C, C);
       }
       if (trace_ && dinp) TraceOp("layers." + std::to_string(ii) + ".in.grad", dinp, B, in_n / B);
       dout = dinp;
     }
+    tp.input_grad = begin > 0 ? dout : nullptr;
     TraceParamGrads();
   }
 
@@ -503,23 +575,21 @@ class SequentialModel final : public Model {
   struct Layer {
     LayerSpec spec;
     Shape in_shape, out_shape;
-    int weight = -1;  // index into params_ (bias, if any, is weight + 1)
-    bool has_bias = false;
-    int32_t* argmax = nullptr;
-    float* mask = nullptr;
-    float* mean = nullptr;
-    float* rstd = nullptr;
+    int weight = -1;  // index into params_ (bias, if any, is weight + 1); -1: none or not kept
+    int64_t num_params = 0;    // weights and biases
+    int64_t weight_elems = 0;  // the weight alone (LargestKey)
+    int64_t macs = 0;          // multiply-adds per sample of the forward pass
   };
 
+  bool InPart(int64_t layer) const { return layer >= part_.begin && layer < part_.end; }
+
   int AddLinearLike(const std::string& prefix, Shape wshape, const LayerSpec& l, int64_t fan_in,
-                    int64_t fan_out) {
-    int idx = static_cast<int>(params_.size());
-    AddParam(prefix + "weight", wshape);
-    init_.back() = {l.init, static_cast<double>(fan_in), static_cast<double>(fan_out), l.init_std};
-    if (l.bias) {
-      AddParam(prefix + "bias", {wshape[0]});
-      init_.back().kind = "zeros";
-    }
+                    int64_t fan_out, bool keep) {
+    int idx = keep ? static_cast<int>(params_.size()) : -1;
+    const int64_t out = wshape[0];
+    AddParam(prefix + "weight", std::move(wshape), keep) = {
+        l.init, static_cast<double>(fan_in), static_cast<double>(fan_out), l.init_std};
+    if (l.bias) AddParam(prefix + "bias", {out}, keep).kind = "zeros";
     return idx;
   }
   const float* Bias(const Layer& L) const {
@@ -529,21 +599,34 @@ class SequentialModel final : public Model {
 
   std::vector<Layer> layers_;
   int64_t num_outputs_ = 0;
-  // Per-step state.
-  bool train_ = false;
-  int64_t B_ = 0;
-  std::vector<const float*> acts_;
-  const float* logits_ = nullptr;
-  float* probs_ = nullptr;
-  const int32_t* targets_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------
 // GPT-2 style decoder (llm.c's train_gpt2.c structure; weights tied between wte and the LM head).
 
+class GptTape final : public Tape {
+ public:
+  struct Acts {
+    const float* residual = nullptr;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *preatt, *att, *attproj, *residual2, *ln2,
+        *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj, *residual3;
+  };
+  bool train = false;
+  int64_t B = 0, T = 0;
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  int32_t* pos = nullptr;
+  float* encoded = nullptr;
+  std::vector<Acts> acts;  // acts[l - begin]
+  const float* last_residual = nullptr;
+  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;
+  float *logits = nullptr, *probs = nullptr;
+  const float* input_grad = nullptr;
+};
+
 class GptModel final : public Model {
  public:
-  explicit GptModel(ModelSpec spec) : Model(std::move(spec)) {}
+  GptModel(ModelSpec spec, ModelPart part) : Model(std::move(spec), part) {}
 
   Status Build() {
     const GptSpec& g = spec_.gpt;
@@ -553,17 +636,18 @@ class GptModel final : public Model {
     }
     const int64_t C = g.n_embd, V = g.vocab_size, L = g.n_layer;
     const double proj_std = 0.02 / std::sqrt(2.0 * L);
+    bool keep = has_input();
     auto normal = [&](const std::string& name, Shape s, double std) {
-      AddParam(name, std::move(s));
-      init_.back() = {"normal", 0, 0, std};
+      AddParam(name, std::move(s), keep) = {"normal", 0, 0, std};
     };
     auto fixed = [&](const std::string& name, Shape s, const char* kind) {
-      AddParam(name, std::move(s));
-      init_.back().kind = kind;
+      AddParam(name, std::move(s), keep).kind = kind;
     };
     normal("transformer.wte.weight", {V, C}, 0.02);
     normal("transformer.wpe.weight", {g.block_size, C}, 0.02);
+    block_base_ = static_cast<int>(params_.size());
     for (int64_t l = 0; l < L; ++l) {
+      keep = l >= part_.begin && l < part_.end;
       const std::string p = "transformer.h." + std::to_string(l) + ".";
       fixed(p + "ln_1.weight", {C}, "ones");
       fixed(p + "ln_1.bias", {C}, "zeros");
@@ -578,85 +662,124 @@ class GptModel final : public Model {
       normal(p + "mlp.c_proj.weight", {C, 4 * C}, proj_std);
       fixed(p + "mlp.c_proj.bias", {C}, "zeros");
     }
+    keep = has_loss();
     fixed("transformer.ln_f.weight", {C}, "ones");
     fixed("transformer.ln_f.bias", {C}, "zeros");
+    if (has_loss() && !has_input()) tied_shape_ = {V, C};
     return Status::Ok();
   }
 
   int64_t NumOutputs() const override { return spec_.gpt.vocab_size; }
 
   // Per token and layer (llm.c's activation list): ~16 C plus the attention rows (2 NH T); then
-  // the logits and probabilities (2 V). Doubled for the backward pass's buffers.
-  double ActivationFloats(int64_t B, int64_t T) const override {
+  // the embeddings (2 C: with the first block) and ln_f, the logits and probabilities (2 C + 2 V:
+  // with the last). Doubled for the backward pass's buffers.
+  std::vector<LayerCost> Costs(int64_t T) const override {
     const GptSpec& g = spec_.gpt;
     if (T <= 0) T = g.block_size;
-    const double per_token =
-        static_cast<double>(g.n_layer) * (16.0 * g.n_embd + 2.0 * g.n_head * T) +
-        4.0 * g.n_embd + 2.0 * g.vocab_size;
-    return 2.0 * per_token * static_cast<double>(B) * static_cast<double>(T);
+    const double t = static_cast<double>(T);
+    const uint64_t ut = static_cast<uint64_t>(T), C = static_cast<uint64_t>(g.n_embd),
+                   V = static_cast<uint64_t>(g.vocab_size);
+    std::vector<LayerCost> out;
+    for (int64_t l = 0; l < g.n_layer; ++l) {
+      LayerCost c;
+      c.name = "transformer.h." + std::to_string(l);
+      const uint64_t block = 12 * C * C + 13 * C;
+      c.parameters = static_cast<int64_t>(block);
+      c.flops = 6 * block * ut + 12 * ut * ut * C;
+      c.activation_floats = 2.0 * (16.0 * g.n_embd + 2.0 * g.n_head * t) * t;
+      if (l == 0) {  // wte and wpe; the FLOPs of wpe (6 x its weights, as every weight counts)
+        const uint64_t emb = (V + static_cast<uint64_t>(g.block_size)) * C;
+        c.name += " + embeddings";
+        c.parameters += static_cast<int64_t>(emb);
+        c.flops += 6 * static_cast<uint64_t>(g.block_size) * C * ut;
+        c.activation_floats += 2.0 * (2.0 * g.n_embd) * t;
+      }
+      if (l + 1 == g.n_layer) {  // ln_f and the head's product with the tied wte
+        c.name += " + ln_f + head";
+        c.parameters += static_cast<int64_t>(2 * C);
+        c.flops += 6 * (V * C + 2 * C) * ut;
+        c.activation_floats += 2.0 * (2.0 * g.n_embd + 2.0 * g.vocab_size) * t;
+      }
+      out.push_back(std::move(c));
+    }
+    return out;
   }
 
   std::string LargestKey() const override {
     const GptSpec& g = spec_.gpt;
     const double blocks = 12.0 * g.n_embd * g.n_embd * g.n_layer;
     const double embeddings = static_cast<double>(g.vocab_size + g.block_size) * g.n_embd;
-    return blocks >= embeddings
-               ? "model.n_layer = " + std::to_string(g.n_layer) + " x model.n_embd = " +
-                     std::to_string(g.n_embd)
-               : "model.vocab_size = " + std::to_string(g.vocab_size) + " x model.n_embd = " +
-                     std::to_string(g.n_embd);
+    return blocks >= embeddings ? "model.n_layer = " + std::to_string(g.n_layer) +
+                                      " x model.n_embd = " + std::to_string(g.n_embd)
+                                : "model.vocab_size = " + std::to_string(g.vocab_size) +
+                                      " x model.n_embd = " + std::to_string(g.n_embd);
   }
 
+  std::unique_ptr<Tape> MakeTape() const override { return std::make_unique<GptTape>(); }
+
   // Parameter accessors: layer l, slot k (0..11 in the order of Build()).
-  float* P(int64_t l, int k) { return params_[2 + l * 12 + k].value.data(); }
-  float* G(int64_t l, int k) { return params_[2 + l * 12 + k].grad.data(); }
+  float* P(int64_t l, int k) { return params_[Slot(l, k)].value.data(); }
+  float* G(int64_t l, int k) { return params_[Slot(l, k)].grad.data(); }
+  // The tied embedding the head reads: wte, or a part's copy of it.
+  const float* Wte() const { return has_input() ? params_[0].value.data() : tied_weight_.data(); }
 
-  float Forward(const Batch& batch, const ForwardOptions& opts) override {
+  float ForwardPart(Tape& tape, const Batch& batch, std::span<const float> input,
+                    const ForwardOptions& opts) override {
+    GptTape& tp = static_cast<GptTape&>(tape);
     const GptSpec& g = spec_.gpt;
-    const int64_t B = batch.size, T = batch.seq_len, C = g.n_embd, V = g.vocab_size, NH = g.n_head,
-                  NL = g.n_layer;
+    const int64_t B = batch.size, T = batch.seq_len, C = g.n_embd, V = g.vocab_size, NH = g.n_head;
     CHECK(T >= 1 && T <= g.block_size) << "T=" << T;
-    CHECK_EQ(static_cast<int64_t>(batch.tokens.size()), B * T);
-    CHECK_EQ(static_cast<int64_t>(batch.targets.size()), B * T);
     const int64_t N = B * T;
-    arena_.Reset();
-    train_ = opts.train;
-    B_ = B;
-    T_ = T;
-    tokens_ = batch.tokens.data();
-    targets_ = batch.targets.data();
-    pos_ = arena_.AllocInt32(N);
-    for (int64_t i = 0; i < N; ++i) pos_[i] = static_cast<int32_t>(i % T);
-
-    float* tok = arena_.Alloc({N, C}).data();
-    float* pos = arena_.Alloc({N, C}).data();
-    encoded_ = arena_.Alloc({N, C}).data();
-    EmbeddingForward(tok, tokens_, params_[0].value.data(), N, C);
-    EmbeddingForward(pos, pos_, params_[1].value.data(), N, C);
-    ResidualForward(encoded_, tok, pos, N * C);
-    TraceOp("encoded", encoded_, N, C);
-
-    acts_.assign(NL, {});
-    const float* residual = encoded_;
-    for (int64_t l = 0; l < NL; ++l) {
-      Acts& a = acts_[l];
+    tp.arena.Reset();
+    tp.train = opts.train;
+    tp.B = B;
+    tp.T = T;
+    tp.input_grad = nullptr;
+    const float* residual = nullptr;
+    if (has_input()) {
+      CHECK_EQ(static_cast<int64_t>(batch.tokens.size()), B * T);
+      tp.tokens = batch.tokens.data();
+      tp.pos = tp.arena.AllocInt32(N);
+      for (int64_t i = 0; i < N; ++i) tp.pos[i] = static_cast<int32_t>(i % T);
+      float* tok = tp.arena.Alloc({N, C}).data();
+      float* pos = tp.arena.Alloc({N, C}).data();
+      tp.encoded = tp.arena.Alloc({N, C}).data();
+      EmbeddingForward(tok, tp.tokens, params_[0].value.data(), N, C);
+      EmbeddingForward(pos, tp.pos, params_[1].value.data(), N, C);
+      ResidualForward(tp.encoded, tok, pos, N * C);
+      TraceOp("encoded", tp.encoded, N, C);
+      residual = tp.encoded;
+    } else {
+      CHECK_EQ(static_cast<int64_t>(input.size()), N * C)
+          << "input activations of block " << part_.begin;
+      residual = input.data();
+    }
+    if (has_loss()) {
+      CHECK_EQ(static_cast<int64_t>(batch.targets.size()), B * T);
+      tp.targets = batch.targets.data();
+    }
+    auto alloc = [&](int64_t n) { return tp.arena.Alloc({n}).data(); };
+    tp.acts.assign(static_cast<size_t>(part_.end - part_.begin), {});
+    for (int64_t l = part_.begin; l < part_.end; ++l) {
+      GptTape::Acts& a = tp.acts[static_cast<size_t>(l - part_.begin)];
       a.residual = residual;
-      a.ln1 = Alloc(N * C);
-      a.ln1_mean = Alloc(N);
-      a.ln1_rstd = Alloc(N);
-      a.qkv = Alloc(N * 3 * C);
-      a.atty = Alloc(N * C);
-      a.preatt = Alloc(B * NH * T * T);
-      a.att = Alloc(B * NH * T * T);
-      a.attproj = Alloc(N * C);
-      a.residual2 = Alloc(N * C);
-      a.ln2 = Alloc(N * C);
-      a.ln2_mean = Alloc(N);
-      a.ln2_rstd = Alloc(N);
-      a.fch = Alloc(N * 4 * C);
-      a.fch_gelu = Alloc(N * 4 * C);
-      a.fcproj = Alloc(N * C);
-      a.residual3 = Alloc(N * C);
+      a.ln1 = alloc(N * C);
+      a.ln1_mean = alloc(N);
+      a.ln1_rstd = alloc(N);
+      a.qkv = alloc(N * 3 * C);
+      a.atty = alloc(N * C);
+      a.preatt = alloc(B * NH * T * T);
+      a.att = alloc(B * NH * T * T);
+      a.attproj = alloc(N * C);
+      a.residual2 = alloc(N * C);
+      a.ln2 = alloc(N * C);
+      a.ln2_mean = alloc(N);
+      a.ln2_rstd = alloc(N);
+      a.fch = alloc(N * 4 * C);
+      a.fch_gelu = alloc(N * 4 * C);
+      a.fcproj = alloc(N * C);
+      a.residual3 = alloc(N * C);
       LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, P(l, 0), P(l, 1), N, C);
       LinearForward(a.qkv, a.ln1, P(l, 2), P(l, 3), N, C, 3 * C);
       AttentionForward(a.atty, a.preatt, a.att, a.qkv, B, T, C, NH);
@@ -683,67 +806,99 @@ class GptModel final : public Model {
         TraceOp(p + "residual3", a.residual3, N, C);
       }
     }
-    last_residual_ = residual;
-    lnf_ = Alloc(N * C);
-    lnf_mean_ = Alloc(N);
-    lnf_rstd_ = Alloc(N);
+    tp.last_residual = residual;
+    if (!has_loss()) return 0.0f;
+    tp.lnf = alloc(N * C);
+    tp.lnf_mean = alloc(N);
+    tp.lnf_rstd = alloc(N);
     const int lnf = static_cast<int>(params_.size()) - 2;
-    LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, residual, params_[lnf].value.data(),
+    LayerNormForward(tp.lnf, tp.lnf_mean, tp.lnf_rstd, residual, params_[lnf].value.data(),
                      params_[lnf + 1].value.data(), N, C);
-    logits_ = Alloc(N * V);
-    LinearForward(logits_, lnf_, params_[0].value.data(), nullptr, N, C, V);
-    probs_ = Alloc(N * V);
-    float* losses = Alloc(N);
-    float loss = SoftmaxCrossEntropyForward(probs_, losses, logits_, targets_, N, V);
-    TraceOp("ln_f", lnf_, N, C);
-    TraceOp("logits", logits_, N, V);
+    tp.logits = alloc(N * V);
+    LinearForward(tp.logits, tp.lnf, Wte(), nullptr, N, C, V);
+    tp.probs = alloc(N * V);
+    float* losses = alloc(N);
+    float loss = SoftmaxCrossEntropyForward(tp.probs, losses, tp.logits, tp.targets, N, V);
+    TraceOp("ln_f", tp.lnf, N, C);
+    TraceOp("logits", tp.logits, N, V);
     TraceOp("loss", losses, N, 1);
     return loss;
   }
 
-  TensorView logits() const override {
-    return TensorView(logits_, {B_ * T_, spec_.gpt.vocab_size});
+  std::span<const float> PartOutput(const Tape& tape) const override {
+    const GptTape& tp = static_cast<const GptTape&>(tape);
+    return {tp.last_residual, static_cast<size_t>(tp.B * tp.T * spec_.gpt.n_embd)};
   }
 
-  void Backward() override {
-    CHECK(train_) << "Backward() needs a Forward() with opts.train";
+  std::span<const float> PartInputGrad(const Tape& tape) const override {
+    const GptTape& tp = static_cast<const GptTape&>(tape);
+    CHECK(tp.input_grad != nullptr) << "PartInputGrad: no BackwardPart of a part with an input";
+    return {tp.input_grad, static_cast<size_t>(tp.B * tp.T * spec_.gpt.n_embd)};
+  }
+
+  int64_t PartInputSize(int64_t B, int64_t T) const override { return B * T * spec_.gpt.n_embd; }
+
+  TensorView TapeLogits(const Tape& tape) const override {
+    const GptTape& tp = static_cast<const GptTape&>(tape);
+    return TensorView(tp.logits, {tp.B * tp.T, spec_.gpt.vocab_size});
+  }
+
+  void BackwardPart(Tape& tape, std::span<const float> output_grad,
+                    const BackwardOptions& bopts) override {
+    GptTape& tp = static_cast<GptTape&>(tape);
+    CHECK(tp.train) << "Backward() needs a Forward() with opts.train";
     const GptSpec& g = spec_.gpt;
-    const int64_t B = B_, T = T_, C = g.n_embd, V = g.vocab_size, NH = g.n_head, NL = g.n_layer;
+    const int64_t B = tp.B, T = tp.T, C = g.n_embd, V = g.vocab_size, NH = g.n_head;
     const int64_t N = B * T;
-    const int lnf = static_cast<int>(params_.size()) - 2;
-    float* dlogits = Zeroed(N * V);
-    SoftmaxCrossEntropyBackward(dlogits, probs_, targets_, 1.0f, N, V);
-    float* dlnf = Zeroed(N * C);
-    LinearBackward(dlnf, params_[0].grad.data(), nullptr, dlogits, lnf_, params_[0].value.data(), N,
-                   C, V);
-    float* dresidual = Zeroed(N * C);
-    LayerNormBackward(dresidual, params_[lnf].grad.data(), params_[lnf + 1].grad.data(), dlnf,
-                      last_residual_, params_[lnf].value.data(), lnf_mean_, lnf_rstd_, N, C);
-    TraceOp("logits.grad", dlogits, N, V);
-    TraceOp("ln_f.grad", dlnf, N, C);
-    TraceOp("residual.grad", dresidual, N, C);
+    auto alloc = [&](int64_t n) { return tp.arena.Alloc({n}).data(); };
+    auto zeroed_alloc = [&](int64_t n) { return tp.arena.AllocZeroed({n}).data(); };
+    const float* dresidual = nullptr;
+    if (has_loss()) {
+      const int lnf = static_cast<int>(params_.size()) - 2;
+      float* head_grad = bopts.tied_head_grad;
+      if (head_grad == nullptr) {
+        CHECK(has_input()) << "a GPT part without wte needs BackwardOptions::tied_head_grad";
+        head_grad = params_[0].grad.data();
+      }
+      float* dlogits = zeroed_alloc(N * V);
+      SoftmaxCrossEntropyBackward(dlogits, tp.probs, tp.targets, bopts.dloss, N, V);
+      float* dlnf = zeroed_alloc(N * C);
+      LinearBackward(dlnf, head_grad, nullptr, dlogits, tp.lnf, Wte(), N, C, V);
+      float* dres = zeroed_alloc(N * C);
+      LayerNormBackward(dres, params_[lnf].grad.data(), params_[lnf + 1].grad.data(), dlnf,
+                        tp.last_residual, params_[lnf].value.data(), tp.lnf_mean, tp.lnf_rstd, N,
+                        C);
+      TraceOp("logits.grad", dlogits, N, V);
+      TraceOp("ln_f.grad", dlnf, N, C);
+      TraceOp("residual.grad", dres, N, C);
+      dresidual = dres;
+    } else {
+      CHECK_EQ(static_cast<int64_t>(output_grad.size()), N * C)
+          << "output gradient of block " << part_.end - 1;
+      dresidual = output_grad.data();
+    }
     // One set of per-layer gradient buffers serves every layer (each is zeroed when the layer
     // starts using it, as a fresh zeroed buffer was): only the residual gradient crosses layers,
     // and it alternates between two buffers. For code-gpt-10m at 8 x 256 tokens this keeps ~360
     // MB of the peak resident set that a copy per layer took.
-    float* const buf_dresidual2 = Alloc(N * C);
-    float* const buf_dfcproj = Alloc(N * C);
-    float* const buf_dfch_gelu = Alloc(N * 4 * C);
-    float* const buf_dfch = Alloc(N * 4 * C);
-    float* const buf_dln2 = Alloc(N * C);
-    float* const buf_dres_in[2] = {Alloc(N * C), Alloc(N * C)};
-    float* const buf_dattproj = Alloc(N * C);
-    float* const buf_datty = Alloc(N * C);
-    float* const buf_dqkv = Alloc(N * 3 * C);
-    float* const buf_dpreatt = Alloc(B * NH * T * T);
-    float* const buf_datt = Alloc(B * NH * T * T);
-    float* const buf_dln1 = Alloc(N * C);
+    float* const buf_dresidual2 = alloc(N * C);
+    float* const buf_dfcproj = alloc(N * C);
+    float* const buf_dfch_gelu = alloc(N * 4 * C);
+    float* const buf_dfch = alloc(N * 4 * C);
+    float* const buf_dln2 = alloc(N * C);
+    float* const buf_dres_in[2] = {alloc(N * C), alloc(N * C)};
+    float* const buf_dattproj = alloc(N * C);
+    float* const buf_datty = alloc(N * C);
+    float* const buf_dqkv = alloc(N * 3 * C);
+    float* const buf_dpreatt = alloc(B * NH * T * T);
+    float* const buf_datt = alloc(B * NH * T * T);
+    float* const buf_dln1 = alloc(N * C);
     auto zeroed = [](float* p, int64_t n) {
       ZeroFloats(p, n);
       return p;
     };
-    for (int64_t l = NL; l-- > 0;) {
-      Acts& a = acts_[l];
+    for (int64_t l = part_.end; l-- > part_.begin;) {
+      GptTape::Acts& a = tp.acts[static_cast<size_t>(l - part_.begin)];
       // residual3 = residual2 + fcproj
       float* dresidual2 = zeroed(buf_dresidual2, N * C);
       float* dfcproj = zeroed(buf_dfcproj, N * C);
@@ -780,50 +935,86 @@ class GptModel final : public Model {
         TraceOp(p + "residual.grad", dres_in, N, C);
       }
     }
-    // encoded = wte[tokens] + wpe[pos]
-    EmbeddingBackward(params_[0].grad.data(), dresidual, tokens_, N, C, V);
-    EmbeddingBackward(params_[1].grad.data(), dresidual, pos_, N, C, g.block_size);
+    if (has_input()) {
+      // encoded = wte[tokens] + wpe[pos]
+      EmbeddingBackward(params_[0].grad.data(), dresidual, tp.tokens, N, C, V);
+      EmbeddingBackward(params_[1].grad.data(), dresidual, tp.pos, N, C, g.block_size);
+    } else {
+      tp.input_grad = dresidual;
+    }
     TraceParamGrads();
   }
 
  private:
-  struct Acts {
-    const float* residual = nullptr;
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *preatt, *att, *attproj, *residual2, *ln2,
-        *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj, *residual3;
-  };
-  float* Alloc(int64_t n) { return arena_.Alloc({n}).data(); }
-  float* Zeroed(int64_t n) { return arena_.AllocZeroed({n}).data(); }
+  size_t Slot(int64_t l, int k) const {
+    return static_cast<size_t>(block_base_ + (l - part_.begin) * 12 + k);
+  }
 
-  bool train_ = false;
-  int64_t B_ = 0, T_ = 0;
-  const int32_t* tokens_ = nullptr;
-  const int32_t* targets_ = nullptr;
-  int32_t* pos_ = nullptr;
-  float* encoded_ = nullptr;
-  std::vector<Acts> acts_;
-  const float* last_residual_ = nullptr;
-  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
-  float *logits_ = nullptr, *probs_ = nullptr;
+  int block_base_ = 0;  // index in params_ of the part's first block's first parameter
 };
 
-}  // namespace
-
-namespace {
-
 // Builds the model's plan: names, shapes, layers; nothing allocated yet.
-Result<std::unique_ptr<Model>> Plan(const ModelSpec& spec) {
+Result<std::unique_ptr<Model>> Plan(const ModelSpec& spec, ModelPart part) {
+  const int64_t layers = CutLayerCount(spec);
+  if (part.end < 0) part.end = layers;
+  if (part.begin < 0 || part.begin >= part.end || part.end > layers) {
+    return InvalidArgument("model part [" + std::to_string(part.begin) + ", " +
+                           std::to_string(part.end) + ") is not a non-empty range of the " +
+                           std::to_string(layers) + " cut layers of the model (" +
+                           (spec.kind == "gpt" ? "blocks" : "layers") + ")");
+  }
   if (spec.kind == "gpt") {
-    auto m = std::make_unique<GptModel>(spec);
+    auto m = std::make_unique<GptModel>(spec, part);
     ML_RETURN_IF_ERROR(m->Build());
     return std::unique_ptr<Model>(std::move(m));
   }
-  auto m = std::make_unique<SequentialModel>(spec);
+  auto m = std::make_unique<SequentialModel>(spec, part);
   ML_RETURN_IF_ERROR(m->Build());
   return std::unique_ptr<Model>(std::move(m));
 }
 
 }  // namespace
+
+int64_t CutLayerCount(const ModelSpec& spec) {
+  return spec.kind == "gpt" ? spec.gpt.n_layer : static_cast<int64_t>(spec.layers.size());
+}
+
+Model::InitRule& Model::AddParam(std::string name, Shape shape, bool keep) {
+  const uint64_t index = planned_params_++;
+  if (!keep) {
+    scratch_rule_ = {};
+    return scratch_rule_;
+  }
+  params_.push_back(Param{std::move(name), Tensor(), Tensor()});
+  param_shapes_.push_back(std::move(shape));
+  param_index_.push_back(index);
+  init_.push_back({});
+  return init_.back();
+}
+
+void Model::AllocateParams() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].value = Tensor(param_shapes_[i]);
+    params_[i].grad = Tensor(param_shapes_[i]);
+  }
+  if (!tied_shape_.empty()) tied_weight_ = Tensor(tied_shape_);
+  tape_ = MakeTape();
+}
+
+std::unique_ptr<Tape> Model::NewTape() const { return MakeTape(); }
+
+float Model::Forward(const Batch& batch, const ForwardOptions& opts) {
+  CHECK(has_input() && has_loss()) << "Forward() runs a whole model; a part runs ForwardPart()";
+  return ForwardPart(*tape_, batch, {}, opts);
+}
+
+void Model::Backward(const BackwardOptions& opts) { BackwardPart(*tape_, {}, opts); }
+
+double Model::ActivationFloats(int64_t B, int64_t T) const {
+  double per_sample = 0;
+  for (const LayerCost& c : Costs(T)) per_sample += c.activation_floats;
+  return per_sample * static_cast<double>(B);
+}
 
 MemoryEstimate Model::PlannedMemory(int64_t B, int64_t T) const {
   MemoryEstimate e;
@@ -835,11 +1026,24 @@ MemoryEstimate Model::PlannedMemory(int64_t B, int64_t T) const {
   return e;
 }
 
+Result<std::vector<LayerCost>> LayerCosts(const ModelSpec& spec, int64_t seq_len) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
+  return m->Costs(seq_len);
+}
+
+Result<uint64_t> TrainingFlopsPerSample(const ModelSpec& spec, int64_t seq_len) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
+  uint64_t flops = 0;
+  for (const LayerCost& c : m->Costs(seq_len)) flops += c.flops;
+  if (spec.kind == "gpt") return flops;
+  return std::max<uint64_t>(flops, 6 * static_cast<uint64_t>(m->PlannedParameters()));
+}
+
 Result<MemoryEstimate> EstimateMemory(const ModelSpec& spec, int64_t batch, int64_t seq_len,
                                       const std::string& optimizer_kind, bool sgd_momentum) {
-  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec));
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
   MemoryEstimate e = m->PlannedMemory(std::max<int64_t>(1, batch), seq_len);
-  const double moments = optimizer_kind == "adamw"                  ? 2.0
+  const double moments = optimizer_kind == "adamw"                 ? 2.0
                          : optimizer_kind == "sgd" && sgd_momentum ? 1.0
                                                                    : 0.0;
   e.optimizer = moments * e.parameters;
@@ -847,12 +1051,12 @@ Result<MemoryEstimate> EstimateMemory(const ModelSpec& spec, int64_t batch, int6
 }
 
 Result<int64_t> ModelOutputs(const ModelSpec& spec) {
-  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec));
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
   return m->NumOutputs();
 }
 
 Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
-  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec));
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
   MemoryEstimate e = m->PlannedMemory(1, 1);
   std::string source;
   const uint64_t available = AvailableMemoryBytes(&source);
@@ -860,15 +1064,21 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
     return ResourceExhausted(e.largest + ": the model has " + std::to_string(e.num_parameters) +
                              " parameters; its weights and gradients need " +
                              FormatBytes(e.parameters + e.gradients) + " but this machine has " +
-                             FormatBytes(static_cast<double>(available)) + " available (" +
-                             source + "); make the model smaller");
+                             FormatBytes(static_cast<double>(available)) + " available (" + source +
+                             "); make the model smaller");
   }
   m->AllocateParams();
   return m;
 }
 
 Result<std::unique_ptr<Model>> Model::CreateUnchecked(const ModelSpec& spec) {
-  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec));
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
+  m->AllocateParams();
+  return m;
+}
+
+Result<std::unique_ptr<Model>> Model::CreatePart(const ModelSpec& spec, ModelPart part) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, part));
   m->AllocateParams();
   return m;
 }

@@ -120,10 +120,13 @@ float LearningRateAt(const OptimizerSpec& spec, int64_t step) {
   return static_cast<float>(spec.min_lr + 0.5 * (lr - spec.min_lr) * (1.0 + c));
 }
 
-float GlobalGradNorm(const std::vector<Param>& params) {
-  float total = 0.0f;
+float SumGradSquares(const std::vector<Param>& params, float total) {
   for (const Param& p : params) total += SumSquaresTree(p.grad.data(), p.grad.size());
-  return std::sqrt(total);
+  return total;
+}
+
+float GlobalGradNorm(const std::vector<Param>& params) {
+  return std::sqrt(SumGradSquares(params, 0.0f));
 }
 
 namespace {
@@ -142,8 +145,13 @@ double PowInt(double b, int64_t t) {
 }  // namespace
 
 float Optimizer::Step(std::vector<Param>& params, int64_t step) {
-  CHECK_EQ(params.size(), param_names_.size());
   const float norm = GlobalGradNorm(params);
+  Update(params, step, norm);
+  return norm;
+}
+
+void Optimizer::Update(std::vector<Param>& params, int64_t step, float norm) {
+  CHECK_EQ(params.size(), param_names_.size());
   const bool clip = spec_.grad_clip > 0 && norm > static_cast<float>(spec_.grad_clip);
   const float scale = clip ? static_cast<float>(spec_.grad_clip) / (norm + 1e-6f) : 1.0f;
   if (spec_.kind == "adamw") {
@@ -169,7 +177,6 @@ float Optimizer::Step(std::vector<Param>& params, int64_t step) {
                 momentum ? m_[k].data() : nullptr, p.value.size());
     }
   }
-  return norm;
 }
 
 AdamWStep AdamWScalars(const OptimizerSpec& spec, int64_t step, float grad_scale, bool clip) {

@@ -1,5 +1,7 @@
 #include "meshlearn/engine/step_replay.h"
 
+#include "meshlearn/engine/pipeline.h"
+
 #include <algorithm>
 #include <bit>
 #include <string>
@@ -43,8 +45,54 @@ uint64_t DropoutSeed(uint64_t task_seed, uint64_t stream) {
   return task_seed + stream * 0x9E3779B97F4A7C15ULL;
 }
 
-float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed, float* grad_norm) {
+namespace {
+
+// Steps 1-4 of pipeline.h for M > 1 micro-batches.
+float StepOnMicroBatches(TrainState& state, const Batch& batch, uint64_t dropout_seed,
+                         float* grad_norm, int64_t micro_batches) {
+  Result<std::vector<Batch>> parts = SplitBatch(batch, micro_batches);
+  CHECK(parts.ok()) << parts.status().ToString();
+  const int64_t step = state.step;
+  Model& m = *state.model;
+  m.ZeroGrad();
+  BackwardOptions bopts;
+  bopts.dloss = MicroBatchLossScale(micro_batches);
+  Tensor head_grad;
+  if (m.tied_head()) {
+    head_grad = Tensor(m.params()[0].value.shape());
+    bopts.tied_head_grad = head_grad.data();
+  }
+  float loss = 0.0f;
+  for (int64_t k = 0; k < micro_batches; ++k) {
+    ForwardOptions opts{.train = true,
+                        .dropout_seed = dropout_seed,
+                        .step = static_cast<uint64_t>(step),
+                        .micro_batch = static_cast<uint64_t>(k)};
+    loss = loss + m.Forward((*parts)[static_cast<size_t>(k)], opts);
+    m.Backward(bopts);
+  }
+  if (m.tied_head()) {
+    AddTiedHeadGrad(m.params()[0].grad, {head_grad.data(), static_cast<size_t>(head_grad.size())});
+  }
+  const float norm = state.optimizer->Step(m.params(), step);
+  if (OpTrace* trace = m.op_trace()) {
+    for (const Param& p : m.params()) {
+      trace->Record(p.name, {p.value.data(), static_cast<size_t>(p.value.size())});
+    }
+  }
+  state.step = step + 1;
+  if (grad_norm != nullptr) *grad_norm = norm;
+  return loss / static_cast<float>(micro_batches);
+}
+
+}  // namespace
+
+float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed, float* grad_norm,
+                  int64_t micro_batches) {
   CHECK(state.optimizer) << "StepOnBatch needs a training state with an optimizer";
+  if (micro_batches != 1) {
+    return StepOnMicroBatches(state, batch, dropout_seed, grad_norm, micro_batches);
+  }
   const int64_t step = state.step;
   Model& m = *state.model;
   if (OpTrace* trace = m.op_trace()) {  // the step's input state comes first (op_trace.h)

@@ -104,10 +104,22 @@ Result<TaskSpec> TaskSpec::Parse(std::string_view toml, const std::string& name,
   ML_ASSIGN_OR_RETURN(ConfigFile opt, cfg.GetTable("optimizer"));
   ML_ASSIGN_OR_RETURN(t.optimizer, OptimizerSpec::FromConfig(opt));
   ML_ASSIGN_OR_RETURN(ConfigFile train, cfg.GetTable("train"));
-  ML_RETURN_IF_ERROR(
-      train.CheckKnownKeys({"steps", "batch_size", "seq_len", "eval_batch_size", "eval_batches"}));
+  ML_RETURN_IF_ERROR(train.CheckKnownKeys(
+      {"steps", "batch_size", "micro_batches", "seq_len", "eval_batch_size", "eval_batches"}));
   ML_ASSIGN_OR_RETURN(t.steps, train.GetInt("steps", IRange(0, int64_t{1} << 40)));
   ML_ASSIGN_OR_RETURN(t.batch_size, train.GetInt("batch_size", IRange(1, 1 << 20)));
+  ML_ASSIGN_OR_RETURN(t.micro_batches, train.GetInt("micro_batches", 1, IRange(1, 1 << 20)));
+  if (t.batch_size % t.micro_batches != 0) {
+    std::string divisors;
+    for (int64_t d = 2; d < t.batch_size && divisors.size() < 24; ++d) {
+      if (t.batch_size % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+    }
+    return train.Error("micro_batches",
+                       "(" + std::to_string(t.micro_batches) + ") must divide train.batch_size (" +
+                           std::to_string(t.batch_size) + "); use 1" +
+                           (divisors.empty() ? "" : " or a divisor such as " + divisors) +
+                           ", or change the batch size");
+  }
   ML_ASSIGN_OR_RETURN(t.eval_batch_size, train.GetInt("eval_batch_size", 1000, IRange(1, 1 << 20)));
   ML_ASSIGN_OR_RETURN(t.eval_batches, train.GetInt("eval_batches", 8, IRange(1, 1 << 20)));
   const bool gpt = t.model.kind == "gpt";
@@ -528,7 +540,8 @@ Batch Trainer::BatchForStep(int64_t step) {
 
 float Trainer::Step() {
   Batch b = BatchForStep(state_.step);
-  return StepOnBatch(state_, b, DropoutSeed(task_.seed, task_.stream), &last_grad_norm_);
+  return StepOnBatch(state_, b, DropoutSeed(task_.seed, task_.stream), &last_grad_norm_,
+                     task_.micro_batches);
 }
 
 std::vector<float> Trainer::FlatParams() const {

@@ -170,7 +170,8 @@ Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, do
   ML_ASSIGN_OR_RETURN(engine::Batch batch,
                       WitnessBatch(spec, stream, state.model->NumOutputs(), num_examples, data_root,
                                    before, w.examples, where));
-  engine::StepOnBatch(state, batch, engine::DropoutSeed(spec.seed, stream));
+  engine::StepOnBatch(state, batch, engine::DropoutSeed(spec.seed, stream), nullptr,
+                      spec.micro_batches);
   return engine::StateHash(state);
 }
 
@@ -193,7 +194,8 @@ Result<Hash256> RunSegmentSteps(const engine::TaskSpec& spec, uint64_t stream,
                         WitnessBatch(spec, stream, classes, num_examples, data_root, before,
                                      examples.subspan(i * batch, batch),
                                      where + ": step " + std::to_string(before + 1)));
-    engine::StepOnBatch(state, b, engine::DropoutSeed(spec.seed, stream));
+    engine::StepOnBatch(state, b, engine::DropoutSeed(spec.seed, stream), nullptr,
+                        spec.micro_batches);
   }
   return engine::StateHash(state);
 }

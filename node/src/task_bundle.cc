@@ -178,43 +178,10 @@ Result<LoadedBundle> LoadBundle(std::string_view text, const BundleResolver& res
 }
 
 uint64_t EstimateFlopsPerSample(const engine::TaskSpec& task, uint64_t num_params) {
-  const engine::ModelSpec& m = task.model;
-  if (m.kind == "gpt") {
-    const uint64_t t = static_cast<uint64_t>(task.seq_len > 0 ? task.seq_len : m.gpt.block_size);
-    return 6 * num_params * t +
-           12 * static_cast<uint64_t>(m.gpt.n_layer) * t * t * static_cast<uint64_t>(m.gpt.n_embd);
-  }
-  // Sequential: follow the shape. Multiply-adds of the forward pass x 2 (FLOPs) x 3 (backward
-  // costs about twice the forward).
-  std::vector<int64_t> shape(m.input.begin(), m.input.end());
-  auto numel = [&] {
-    uint64_t n = 1;
-    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-    return n;
-  };
-  uint64_t macs = 0;
-  for (const engine::LayerSpec& l : m.layers) {
-    if (l.kind == "linear") {
-      uint64_t in = shape.empty() ? 0 : static_cast<uint64_t>(shape.back());
-      uint64_t rows = in == 0 ? 0 : numel() / in;
-      macs += rows * in * static_cast<uint64_t>(l.out);
-      shape.back() = l.out;
-    } else if (l.kind == "conv2d" && shape.size() == 3) {
-      int64_t stride = l.stride > 0 ? l.stride : 1;
-      int64_t h = (shape[1] + 2 * l.pad - l.kernel) / stride + 1;
-      int64_t w = (shape[2] + 2 * l.pad - l.kernel) / stride + 1;
-      macs += static_cast<uint64_t>(shape[0] * l.kernel * l.kernel) *
-              static_cast<uint64_t>(l.out * std::max<int64_t>(h, 0) * std::max<int64_t>(w, 0));
-      shape = {l.out, h, w};
-    } else if (l.kind == "maxpool2d" && shape.size() == 3) {
-      int64_t stride = l.stride > 0 ? l.stride : l.kernel;
-      shape = {shape[0], (shape[1] - l.kernel) / stride + 1, (shape[2] - l.kernel) / stride + 1};
-    } else if (l.kind == "flatten") {
-      shape = {static_cast<int64_t>(numel())};
-    }
-  }
-  uint64_t flops = 6 * macs;
-  return std::max<uint64_t>(flops, 6 * num_params);
+  // The engine derives it, layer by layer (engine::LayerCosts; pipeline cuts use the same
+  // numbers). A spec that does not plan has no layers to count: 6 x parameters.
+  Result<uint64_t> flops = engine::TrainingFlopsPerSample(task.model, task.seq_len);
+  return flops.ok() ? *flops : 6 * num_params;
 }
 
 TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& net) {

@@ -13,7 +13,8 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
        "trim_fraction", "clip_radius", "clip_iterations", "krum_select", "krum_byzantine",
        "outer_lr", "outer_momentum", "outer_nesterov", "inner_lr_final",
        "verification_window_blocks", "verification", "tolerance_rel_l2_ppm",
-       "tolerance_cosine_gap_ppb", "assurance", "target_escape_ppm", "budget", "price_cap"}));
+       "tolerance_cosine_gap_ppb", "assurance", "target_escape_ppm", "budget", "price_cap",
+       "stages", "cut"}));
   NetworkSpec s;
   ML_ASSIGN_OR_RETURN(int64_t rounds, n.GetInt("rounds", {.min = 1, .max = 100000}));
   ML_ASSIGN_OR_RETURN(int64_t units, n.GetInt("units_per_round", {.min = 1, .max = 4096}));
@@ -88,6 +89,34 @@ Result<NetworkSpec> NetworkSpec::FromConfig(const ConfigFile& cfg) {
   ML_ASSIGN_OR_RETURN(int64_t cap, n.GetInt("price_cap", 0, {.min = 0}));
   s.budget = static_cast<uint64_t>(budget);
   s.price_cap = static_cast<uint64_t>(cap);
+
+  // Pipeline stages (issue 15). The bounds against the model (the last one is the model's layer
+  // count; every stage non-empty) are the engine's check (engine::TaskPipelineCut).
+  ML_ASSIGN_OR_RETURN(int64_t stages,
+                      n.GetInt("stages", 1, {.min = 1, .max = kMaxPipelineStages}));
+  s.stages = static_cast<uint32_t>(stages);
+  if (n.Has("cut")) {
+    ML_ASSIGN_OR_RETURN(s.cut, n.GetIntArray("cut"));
+    if (s.cut.size() != static_cast<size_t>(stages) + 1) {
+      return n.Error("cut", "lists " + std::to_string(s.cut.size()) +
+                                " bounds but network.stages = " + std::to_string(stages) +
+                                " needs " + std::to_string(stages + 1) +
+                                " (0, the first layer of each later stage, the layer count); fix "
+                                "one or remove cut to let the cut be chosen");
+    }
+    if (s.cut.front() != 0) {
+      return n.Error("cut", "must start at 0 (stage 0 holds the first layer), got " +
+                                std::to_string(s.cut.front()));
+    }
+    for (size_t i = 1; i < s.cut.size(); ++i) {
+      if (s.cut[i] <= s.cut[i - 1]) {
+        return n.Error("cut", "bound " + std::to_string(i) + " (" + std::to_string(s.cut[i]) +
+                                  ") must be greater than bound " + std::to_string(i - 1) + " (" +
+                                  std::to_string(s.cut[i - 1]) +
+                                  "): every stage holds at least one layer");
+      }
+    }
+  }
   return s;
 }
 

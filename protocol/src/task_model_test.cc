@@ -101,6 +101,38 @@ TEST(NetworkSpec, AnUnknownKeyIsNamedEvenWithNoNearName) {
       << s.status().message();
 }
 
+// Issue 15: pipeline stages and an optional explicit cut. The checks against the model (the
+// last bound, stages <= layers) are the engine's (engine::TaskPipelineCut, pipeline_test.cc).
+TEST(NetworkSpec, PipelineStagesAndCut) {
+  const std::string base = "rounds = 1\nunits_per_round = 2\ninner_steps = 5\n";
+  Result<NetworkSpec> plain = Parse(base);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->stages, 1u);
+  EXPECT_TRUE(plain->cut.empty());
+  Result<NetworkSpec> s = Parse(base + "stages = 4\ncut = [0, 1, 3, 5, 6]\n");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->stages, 4u);
+  EXPECT_EQ(s->cut, (std::vector<int64_t>{0, 1, 3, 5, 6}));
+  struct Case {
+    std::string table;
+    const char* expect;
+  } cases[] = {
+      {base + "stages = 0\n", "network.stages must be >= 1, got 0"},
+      {base + "stages = 3\ncut = [0, 2, 4]\n",
+       "network.cut lists 3 bounds but network.stages = 3 needs 4"},
+      {base + "stages = 2\ncut = [1, 2, 4]\n", "network.cut must start at 0"},
+      {base + "stages = 3\ncut = [0, 2, 2, 6]\n",
+       "network.cut bound 2 (2) must be greater than bound 1 (2)"},
+      {base + "cut = [0, 3, 6]\n", "network.cut lists 3 bounds but network.stages = 1 needs 2"},
+  };
+  for (const Case& c : cases) {
+    Result<NetworkSpec> bad = Parse(c.table);
+    ASSERT_FALSE(bad.ok()) << c.table;
+    EXPECT_NE(bad.status().message().find(c.expect), std::string::npos)
+        << bad.status().message() << "\nexpected: " << c.expect;
+  }
+}
+
 TEST(NetworkSpec, InnerLrDecaysLinearlyAcrossRounds) {
   NetworkSpec s;
   s.rounds = 5;

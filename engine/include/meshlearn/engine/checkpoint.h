@@ -11,7 +11,9 @@
 // ("optim.m.<param>", ...), and __metadata__ {"format": "meshlearn.checkpoint.v1", "step",
 // "seed", "stream", "model" (ModelSpec JSON), "optimizer" (OptimizerSpec JSON), "state_hash"}.
 // A model file is the same without optimizer state ("format": "meshlearn.model.v1"); PyTorch
-// loads either with safetensors.torch.load_file / torch's own reader.
+// loads either with safetensors.torch.load_file / torch's own reader. A pipeline stage's state
+// (a part of the model, Model::CreatePart) saves its own tensors and "part_begin", "part_end";
+// loading builds the same part (pipeline.h: Stage::Restore).
 //
 //   TrainState st = ...;
 //   Hash256 h = StateHash(st);

@@ -23,12 +23,17 @@
 // deterministically from (seed, parameter index) with Philox (see init.h).
 //
 // Thread-safety: a Model is used by one thread at a time; the kernels it calls use the engine's
-// thread pool internally. Activations live in the model's Arena and are valid until the next
-// Forward().
+// thread pool internally. Activations live in a Tape (the model's own for Forward/Backward) and
+// are valid until the next Forward() on it.
+//
+// Parts: Model::CreatePart builds a contiguous range of the model's layers (a pipeline stage,
+// pipeline.h) with only their parameters; Forward/Backward of a whole model are ForwardPart /
+// BackwardPart over all of its layers, so a part runs exactly the whole model's code.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -89,7 +94,33 @@ struct ForwardOptions {
   bool train = false;         // keep activations for Backward(); apply dropout
   uint64_t dropout_seed = 0;  // dropout mask of layer l at step s: Philox(seed, s<<16 | l)
   uint64_t step = 0;
+  // Micro-batch m of a step (train.micro_batches): its dropout stream is (s<<16 | l) + (m<<48),
+  // so micro-batches draw different masks and micro-batch 0 draws today's.
+  uint64_t micro_batch = 0;
 };
+
+struct BackwardOptions {
+  // d(loss)/d(this batch's mean loss): the kernels scale the logits' gradient by dloss / B. A
+  // step of M micro-batches passes MicroBatchLossScale(M) (pipeline.h), so the step's loss is the
+  // mean of the micro-batch means.
+  float dloss = 1.0f;
+  // GPT: where the LM head adds its gradient of the tied embedding wte (V, C). nullptr: into
+  // wte's own gradient (today's Backward). A micro-batched step and a pipeline's last stage keep
+  // it apart and add it to wte's gradient once, after every micro-batch (pipeline.h).
+  float* tied_head_grad = nullptr;
+};
+
+// A contiguous range [begin, end) of a model's cut layers: what one pipeline stage holds
+// (pipeline.h). A sequential model is cut between its layers (0..layers.size()); a GPT between
+// its blocks (0..n_layer): the part with begin 0 also holds the embeddings (wte, wpe), the part
+// with end n_layer also holds ln_f and the LM head. end = -1 means "to the end".
+struct ModelPart {
+  int64_t begin = 0;
+  int64_t end = -1;
+};
+
+// The number of cut layers of a spec (sequential: layers; GPT: n_layer).
+int64_t CutLayerCount(const ModelSpec& spec);
 
 // What training a model needs in memory, from its spec alone (nothing is allocated): the
 // parameters, their gradients, the optimizer's moments and what one training step keeps at a
@@ -110,6 +141,23 @@ struct MemoryEstimate {
 Result<MemoryEstimate> EstimateMemory(const ModelSpec& spec, int64_t batch, int64_t seq_len,
                                       const std::string& optimizer_kind, bool sgd_momentum);
 
+// What each cut layer of a model costs, from its spec alone (pipeline.h chooses cuts from these).
+// GPT: cut layer l is block l; the embeddings (wte, wpe) are counted in layer 0 and ln_f with the
+// LM head in the last, as they go with the first and the last stage. The head's matrix product
+// with the tied wte counts as the last layer's FLOPs, wte's weights as layer 0's parameters.
+struct LayerCost {
+  std::string name;              // "model.layers[3] (linear)", "transformer.h.0 + embeddings"
+  int64_t parameters = 0;        // weights the layer holds
+  uint64_t flops = 0;            // training FLOPs per sample (forward + backward: 6 x MACs)
+  double activation_floats = 0;  // floats a training step keeps per sample (ActivationFloats)
+};
+// `seq_len` (GPT; 0 = block_size): the tokens of one sample. Errors: the spec's own (shapes).
+Result<std::vector<LayerCost>> LayerCosts(const ModelSpec& spec, int64_t seq_len);
+// Training FLOPs of one sample of the whole model: the sum of LayerCosts' flops, and for a
+// sequential model at least 6 x parameters (biases and norms have weights but no products).
+// What a task's flops_per_sample is (node::EstimateFlopsPerSample calls it).
+Result<uint64_t> TrainingFlopsPerSample(const ModelSpec& spec, int64_t seq_len);
+
 // The width of the model's logits (classes, or the vocabulary), without allocating it.
 Result<int64_t> ModelOutputs(const ModelSpec& spec);
 
@@ -120,6 +168,15 @@ uint64_t AvailableMemoryBytes(std::string* source = nullptr);
 
 // "1.5 GiB", "300.0 MiB".
 std::string FormatBytes(double bytes);
+
+// What one forward pass keeps for its backward pass (activations in an Arena, pointers into
+// them). A model keeps one for Forward()/Backward(); a pipeline stage keeps one per micro-batch in
+// flight (NewTape()). Opaque; each model kind defines its own.
+class Tape {
+ public:
+  virtual ~Tape() = default;
+  Arena arena;
+};
 
 class Model {
  public:
@@ -133,8 +190,21 @@ class Model {
   // (the ledger executing a witness): the caller bounds the model's size itself, before
   // calling (StateFromFlat compares the planned parameter count with the floats it was given).
   static Result<std::unique_ptr<Model>> CreateUnchecked(const ModelSpec& spec);
+  // A part of the model (a pipeline stage's layers): only the part's parameters are allocated,
+  // under their full-model names and initialised as the full model initialises them. A GPT part
+  // with the head but not the embeddings also holds a copy of wte (tied_weight()), which its
+  // owner refreshes after every update. InvalidArgument when the range is empty or out of
+  // bounds (naming both).
+  static Result<std::unique_ptr<Model>> CreatePart(const ModelSpec& spec, ModelPart part);
 
   const ModelSpec& spec() const { return spec_; }
+  const ModelPart& part() const { return part_; }
+  bool has_input() const { return part_.begin == 0; }       // reads the batch's inputs/tokens
+  bool has_loss() const { return part_.end == cut_layers_; }  // computes the loss
+  // GPT parts with the head but without wte: the copy of wte the head reads. Else nullptr.
+  Tensor* tied_weight() { return tied_weight_.size() > 0 ? &tied_weight_ : nullptr; }
+  // Whether the model ties its input embedding to its output head (GPT).
+  bool tied_head() const { return spec_.kind == "gpt"; }
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
   int64_t NumParameters() const;
@@ -146,12 +216,34 @@ class Model {
   void ZeroGrad();
 
   // Runs the model and the mean softmax cross-entropy loss over all targets.
-  virtual float Forward(const Batch& batch, const ForwardOptions& opts) = 0;
+  // REQUIRES: a whole model (not a part). `batch` stays alive until Backward().
+  float Forward(const Batch& batch, const ForwardOptions& opts);
   // Logits of the last Forward: (B, classes) or (B*T, vocab).
-  virtual TensorView logits() const = 0;
+  TensorView logits() const { return TapeLogits(*tape_); }
   // Accumulates d(loss)/d(param) into each Param::grad (call ZeroGrad() first).
   // REQUIRES: the last Forward() had opts.train.
-  virtual void Backward() = 0;
+  void Backward(const BackwardOptions& opts = {});
+
+  // ---- Parts (pipeline stages). The same code runs a whole model and a part.
+  std::unique_ptr<Tape> NewTape() const;
+  // Runs the part's layers on `batch` (a micro-batch), starting from `input` (the previous
+  // part's output; empty for a part with has_input()). Returns the mean loss when has_loss(),
+  // else 0. `batch` and `input` must stay alive until BackwardPart() on the same tape.
+  virtual float ForwardPart(Tape& tape, const Batch& batch, std::span<const float> input,
+                            const ForwardOptions& opts) = 0;
+  // The part's output activations after ForwardPart (a part without the loss): sequential
+  // (B, out shape of layer end-1), GPT (B, T, C).
+  virtual std::span<const float> PartOutput(const Tape& tape) const = 0;
+  // Accumulates the part's parameter gradients from `output_grad` (d loss / d PartOutput; empty
+  // for a part with has_loss()). REQUIRES: ForwardPart with opts.train on `tape`.
+  virtual void BackwardPart(Tape& tape, std::span<const float> output_grad,
+                            const BackwardOptions& opts) = 0;
+  // d loss / d input after BackwardPart, for a part without has_input(); valid until the next
+  // ForwardPart on `tape`.
+  virtual std::span<const float> PartInputGrad(const Tape& tape) const = 0;
+  // Floats of the input ForwardPart expects for B samples of T tokens (a part without
+  // has_input(): the previous part's output), for checking what a peer sent.
+  virtual int64_t PartInputSize(int64_t B, int64_t T) const = 0;
 
   // A Batch of `n` samples with this model's input shape (zeros), for tests and tools.
   Batch EmptyBatch(int64_t n, int64_t seq_len = 0) const;
@@ -162,14 +254,29 @@ class Model {
   OpTrace* op_trace() const { return trace_; }
 
  protected:
-  explicit Model(ModelSpec spec) : spec_(std::move(spec)) {}
-  // Records a parameter's name and shape; its memory is allocated by AllocateParams(), after
-  // Create has checked that it fits.
-  Param& AddParam(std::string name, Shape shape);
+  // Per-parameter init rule, parallel to params_.
+  struct InitRule {
+    std::string kind;  // kaiming xavier normal uniform zeros ones
+    double fan_in = 0, fan_out = 0, std = 0;
+  };
+  // REQUIRES: `part` resolved (0 <= begin < end <= CutLayerCount(spec)).
+  Model(ModelSpec spec, ModelPart part)
+      : spec_(std::move(spec)), part_(part), cut_layers_(CutLayerCount(spec_)) {}
+  // Records the next parameter of the whole model (name, shape; its index in the whole model is
+  // its init stream). A part keeps it only when `keep` (its layers'); the returned rule is then
+  // the parameter's, else a scratch one. Memory is allocated by AllocateParams(), after Create
+  // has checked that it fits.
+  InitRule& AddParam(std::string name, Shape shape, bool keep = true);
   void AllocateParams();
+  virtual TensorView TapeLogits(const Tape& tape) const = 0;
+  virtual std::unique_ptr<Tape> MakeTape() const = 0;
+  // The whole model's LayerCosts at T tokens (0 = block_size), from the shapes Build() recorded.
+  virtual std::vector<LayerCost> Costs(int64_t T) const = 0;
   // Floats one training step keeps (activations, their gradients, scratch) for B samples of T
-  // tokens, from the shapes Build() recorded. An estimate.
-  virtual double ActivationFloats(int64_t B, int64_t T) const = 0;
+  // tokens: B x the sum of Costs(T)'s activation_floats. An estimate.
+  double ActivationFloats(int64_t B, int64_t T) const;
+  friend Result<std::vector<LayerCost>> LayerCosts(const ModelSpec&, int64_t);
+  friend Result<uint64_t> TrainingFlopsPerSample(const ModelSpec&, int64_t);
   // The spec key holding the most weights, for messages.
   virtual std::string LargestKey() const = 0;
   int64_t PlannedParameters() const;
@@ -192,14 +299,16 @@ class Model {
   }
 
   ModelSpec spec_;
+  ModelPart part_;           // resolved: 0 <= begin < end <= cut_layers_
+  int64_t cut_layers_ = 0;   // CutLayerCount(spec_)
   std::vector<Param> params_;
-  // Per-parameter init rule, parallel to params_.
-  struct InitRule {
-    std::string kind;  // kaiming xavier normal uniform zeros ones
-    double fan_in = 0, fan_out = 0, std = 0;
-  };
-  std::vector<InitRule> init_;
-  Arena arena_;
+  std::vector<InitRule> init_;         // parallel to params_
+  std::vector<uint64_t> param_index_;  // parallel to params_: index in the whole model
+  uint64_t planned_params_ = 0;        // parameters of the whole model recorded so far
+  InitRule scratch_rule_;
+  Shape tied_shape_;     // a GPT part with the head but not wte: wte's shape
+  Tensor tied_weight_;   // allocated with the parameters
+  std::unique_ptr<Tape> tape_;  // Forward()/Backward()'s
   OpTrace* trace_ = nullptr;
 };
 

@@ -63,7 +63,12 @@ class Optimizer {
 
   // Clips and applies one update using each Param::grad. Returns the gradient norm before
   // clipping. `step` is 0-based (the bias correction uses t = step + 1).
+  // Same as Update(params, step, GlobalGradNorm(params)).
   float Step(std::vector<Param>& params, int64_t step);
+  // The update of Step with the global gradient norm given: a pipeline stage holds part of the
+  // model's parameters, and the norm is SumGradSquares chained over every stage in model order
+  // (pipeline.h), the same float sum GlobalGradNorm forms over the whole model.
+  void Update(std::vector<Param>& params, int64_t step, float grad_norm);
 
   // Optimizer state tensors with stable names ("optim.m.<param>", "optim.v.<param>",
   // "optim.momentum.<param>"), in a fixed order, for checkpoints and the state hash.
@@ -93,7 +98,10 @@ bool AdamWDecays(const OptimizerSpec& spec, const Shape& shape);
 void SgdUpdate(const OptimizerSpec& spec, int64_t step, const Shape& shape, float* w,
                const float* g, float* buf, int64_t n);
 
-// sqrt(sum of squares of all gradients), in parameter order (deterministic).
+// sqrt(sum of squares of all gradients), in parameter order (deterministic):
+// sqrt(SumGradSquares(params, 0)).
 float GlobalGradNorm(const std::vector<Param>& params);
+// `total` + SumSquaresTree of each gradient, added one parameter at a time in order (float).
+float SumGradSquares(const std::vector<Param>& params, float total);
 
 }  // namespace meshlearn::engine

@@ -64,9 +64,11 @@ uint64_t DropoutSeed(uint64_t task_seed, uint64_t stream);
 // One optimizer step of `state` on `batch` at step state.step, then state.step += 1: exactly what
 // Trainer::Step does after drawing its batch (Trainer::Step calls this). Records into the model's
 // OpTrace when one is attached. Returns the batch loss; stores the gradient norm before clipping
-// in *grad_norm when given (Trainer::last_grad_norm). REQUIRES: state has an optimizer.
+// in *grad_norm when given (Trainer::last_grad_norm). `micro_batches` (the task's
+// train.micro_batches) > 1 runs the step as that many micro-batches in pipeline.h's fixed order;
+// 1 is the plain step. REQUIRES: state has an optimizer; micro_batches divides batch.size.
 float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed,
-                  float* grad_norm = nullptr);
+                  float* grad_norm = nullptr, int64_t micro_batches = 1);
 
 // How many floats FlatState holds for a model of `num_params` parameters trained with
 // `optimizer`: the parameters and the optimizer's state (adamw: m and v; sgd: a momentum buffer

@@ -20,6 +20,9 @@
 //   [train]
 //   steps = 2000
 //   batch_size = 128
+//   micro_batches = 1            # the step runs as this many micro-batches of batch_size /
+//                                # micro_batches (must divide it); gradients accumulate in a fixed
+//                                # order and the optimizer steps once (pipeline.h). 1 = one pass.
 //   seq_len = 64                 # GPT only; default block_size
 //   eval_batch_size = 1000       # classification evaluation chunk
 //   eval_batches = 8             # GPT: batches of validation windows
@@ -83,6 +86,7 @@ struct TaskSpec {
   OptimizerSpec optimizer;
   int64_t steps = 0;
   int64_t batch_size = 0;
+  int64_t micro_batches = 1;  // divides batch_size (checked by Parse)
   int64_t seq_len = 0;
   int64_t eval_batch_size = 1000;
   int64_t eval_batches = 8;

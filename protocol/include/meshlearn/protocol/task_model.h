@@ -43,6 +43,10 @@
 //                             # segment escapes its check
 //   budget = 1000000          # tokens escrowed by the submitter
 //   price_cap = 100           # highest price per GFLOP accepted from a solver
+//   stages = 1                # pipeline stages per replica (issue 15; 1: no pipeline). Each unit
+//                             # of a round is a replica; [train] micro_batches is M.
+//   cut = [0, 1, 3, 5, 6]     # optional: stage s holds layers [cut[s], cut[s+1]) (a GPT's
+//                             # blocks); without it engine::ChooseCut balances FLOPs and memory
 //
 // Every value is validated; errors name the file, the key and the fix. All functions are pure
 // and thread-safe; NetworkSpec::Load reads the file through the Env it is given and nothing else.
@@ -61,6 +65,8 @@
 #include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::protocol {
+
+inline constexpr int64_t kMaxPipelineStages = 256;
 
 struct NetworkSpec {
   uint32_t rounds = 0;
@@ -84,6 +90,12 @@ struct NetworkSpec {
   AssuranceLevel assurance;               // economic unless the file says
   uint64_t budget = 0;
   uint64_t price_cap = 0;
+  // Pipeline-parallel replicas (issue 15): each unit trained as `stages` stages. `cut` (empty:
+  // chosen by engine::ChooseCut) has stages + 1 increasing bounds from 0; its last bound and the
+  // stage count against the model are checked by engine::TaskPipelineCut. Not yet run by the
+  // network: `task submit` refuses stages > 1; `meshlearn diloco` computes the result.
+  uint32_t stages = 1;
+  std::vector<int64_t> cut;
 
   // Parses the [network] table of `cfg` (the whole task file). A missing table, a missing
   // required key (rounds, units_per_round, inner_steps), an unknown key and a value out of range
