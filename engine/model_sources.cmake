@@ -45,6 +45,8 @@ set(ENGINE_MODEL_SLOW_TESTS
   HfGpt2CheckTest.PyTorchReproducesTheLossAndLogits
   DeterminismTest.CodeGptStateHashSameForAllThreadsAndSimd
   DeterminismTest.CodeGpt10mStateHashSameForAllThreadsAndSimd
+  PipelineTest.ExampleGptsAtTheirRealWidths
+  TileRuleTest.GptLinearTilesRecomputeOnThe10mShape
 )
 set(ENGINE_MODEL_LONG_TESTS
   TrainQualityTest.FashionCnnReachesTarget
