@@ -1,0 +1,413 @@
+// Pipeline stages on their own nodes (issue 15): a stage's step against its neighbours
+// (stage_step.h) equals RunPipelineStep bit for bit; a verifier's replay of one stage step
+// (stage_replay.h) passes an honest stage and names (replica, stage, step, micro-batch) of every
+// cheat; the HTTP data plane (stage_plane.h) trains 3 stage endpoints bit-equal to
+// RunPipelineStep and fails a step by its deadline when a stage stops answering.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/config.h"
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/model.h"
+#include "meshlearn/engine/pipeline.h"
+#include "meshlearn/node/stage_replay.h"
+#include "meshlearn/node/stage_step.h"
+#include "meshlearn/protocol/stage_transfer.h"
+
+namespace meshlearn::node {
+namespace {
+
+using engine::Batch;
+using engine::ModelSpec;
+using engine::Stage;
+using protocol::StageStepCommit;
+using protocol::StageTensorKey;
+using protocol::StageTensorKind;
+using protocol::StageTransfer;
+
+// An MLP with dropout (masks per micro-batch) and layernorm, and a GPT (tied embedding: every
+// end-of-step kind crosses the network).
+constexpr char kStageMlp[] = R"(
+input = [12]
+[[model.layers]]
+kind = "linear"
+out = 16
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "dropout"
+p = 0.25
+[[model.layers]]
+kind = "layernorm"
+[[model.layers]]
+kind = "linear"
+out = 10
+[[model.layers]]
+kind = "gelu"
+[[model.layers]]
+kind = "linear"
+out = 4
+)";
+
+constexpr char kStageGpt[] = R"(
+kind = "gpt"
+n_layer = 4
+n_head = 2
+n_embd = 16
+block_size = 8
+vocab_size = 11
+)";
+
+constexpr uint64_t kStageSeed = 7;
+constexpr uint64_t kStageDropoutSeed = 99;
+constexpr int64_t kStageBatch = 4;
+constexpr int64_t kStageMicroBatches = 2;
+
+ModelSpec StageParseModel(const char* toml) {
+  Result<ConfigFile> cfg = ConfigFile::Parse(std::string("[model]\n") + toml, "model.toml");
+  CHECK(cfg.ok()) << cfg.status().ToString();
+  Result<ConfigFile> table = cfg->GetTable("model");
+  CHECK(table.ok()) << table.status().ToString();
+  Result<ModelSpec> spec = ModelSpec::FromConfig(*table);
+  CHECK(spec.ok()) << spec.status().ToString();
+  return *spec;
+}
+
+engine::OptimizerSpec StageOptimizer() {
+  engine::OptimizerSpec o;
+  o.kind = "adamw";
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  o.grad_clip = 0.05;  // small: clipping happens, so the norm's total matters on every stage
+  return o;
+}
+
+// The batch of step `step`: a pure function of (model, step).
+Batch StageBatch(const ModelSpec& spec, int64_t step) {
+  Result<std::unique_ptr<engine::Model>> m = engine::Model::Create(spec);
+  CHECK(m.ok()) << m.status().ToString();
+  Batch b = (*m)->EmptyBatch(kStageBatch, spec.kind == "gpt" ? spec.gpt.block_size : 0);
+  Rng rng(1000 + static_cast<uint64_t>(step));
+  const int64_t classes = (*m)->NumOutputs();
+  for (float& x : b.inputs.vec()) x = static_cast<float>(rng.UniformDouble() * 2.0 - 1.0);
+  for (int32_t& t : b.tokens) t = static_cast<int32_t>(rng.Uniform(static_cast<uint64_t>(classes)));
+  for (int32_t& t : b.targets) {
+    t = static_cast<int32_t>(rng.Uniform(static_cast<uint64_t>(classes)));
+  }
+  return b;
+}
+
+// 3 stages of the model (MLP: layers [0,2) [2,5) [5,7); GPT: embeddings + block 0, block 1,
+// blocks 2-3 + head), initialised as one model.
+std::vector<int64_t> StageBounds(const ModelSpec& spec) {
+  return spec.kind == "gpt" ? std::vector<int64_t>{0, 1, 2, 4} : std::vector<int64_t>{0, 2, 5, 7};
+}
+
+std::vector<std::unique_ptr<Stage>> StageStages(const ModelSpec& spec) {
+  Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
+  CHECK(cut.ok()) << cut.status().ToString();
+  std::vector<std::unique_ptr<Stage>> stages;
+  for (int s = 0; s < cut->stages(); ++s) {
+    Result<std::unique_ptr<Stage>> st =
+        Stage::Create(spec, StageOptimizer(), *cut, s, kStageMicroBatches);
+    CHECK(st.ok()) << st.status().ToString();
+    stages.push_back(std::move(*st));
+  }
+  engine::InitPipeline(stages, kStageSeed);
+  return stages;
+}
+
+KeyPair StageNodeKey(int s) {
+  KeySeed seed;
+  seed.bytes.fill(static_cast<uint8_t>(40 + s));
+  return KeyPair::FromSeed(seed);
+}
+
+StageContext StageCtx() {
+  StageContext ctx;
+  ctx.task = Blake2b("stage test task");
+  ctx.round = 3;
+  ctx.replica = 1;
+  for (int s = 0; s < 3; ++s) ctx.chain.push_back(StageNodeKey(s).public_key());
+  return ctx;
+}
+
+std::vector<KeyPair> StageKeys() { return {StageNodeKey(0), StageNodeKey(1), StageNodeKey(2)}; }
+
+// What a stage node does around its link: it keeps (serves) every tensor it received, by hash,
+// and an adversary may change what it sends.
+class StageServingLink final : public StageLink {
+ public:
+  explicit StageServingLink(StageLink* inner) : inner_(inner) {}
+  Result<std::vector<float>> Receive(const StageTensorKey& key, StageTransfer* record) override {
+    Result<std::vector<float>> v = inner_->Receive(key, record);
+    if (v.ok()) served[record->tensor] = StageTensorBytes(*v);
+    return v;
+  }
+  Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
+    if (corrupt && corrupt(key)) {
+      std::vector<float> bad(values.begin(), values.end());
+      bad[0] = bad[0] + 1e-3f;
+      return inner_->Send(key, bad);
+    }
+    return inner_->Send(key, values);
+  }
+  std::map<Hash256, Bytes> served;
+  std::function<bool(const StageTensorKey&)> corrupt;
+
+ private:
+  StageLink* inner_;
+};
+
+// One step of every stage, each in its own thread, over `links`. Returns the outcomes.
+std::vector<StageStepOutcome> StageRunStep(std::vector<std::unique_ptr<Stage>>& stages,
+                                           const StageContext& ctx,
+                                           const std::vector<StageLink*>& links, int64_t step) {
+  const Batch batch = StageBatch(stages[0]->state().model->spec(), step);
+  std::vector<Result<StageStepOutcome>> got(stages.size(), Internal("not run"));
+  std::vector<std::thread> threads;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    threads.emplace_back(
+        [&, s] { got[s] = RunStageStep(*stages[s], ctx, batch, kStageDropoutSeed, *links[s]); });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<StageStepOutcome> out;
+  for (Result<StageStepOutcome>& r : got) {
+    CHECK(r.ok()) << r.status().ToString();
+    out.push_back(std::move(*r));
+  }
+  return out;
+}
+
+TEST(StageStepTest, StagesTalkingThroughLinksEqualRunPipelineStep) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+    std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+    const StageContext ctx = StageCtx();
+    MemoryStageNetwork net(ctx, StageKeys());
+    std::vector<Hash256> last_after(3);
+    for (int64_t step = 0; step < 3; ++step) {
+      engine::PipelineStepResult r =
+          engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+      std::vector<StageStepOutcome> out =
+          StageRunStep(got, ctx, {net.link(0), net.link(1), net.link(2)}, step);
+      EXPECT_EQ(out[2].loss, r.loss);
+      for (int s = 0; s < 3; ++s) {
+        EXPECT_EQ(out[s].grad_norm, r.grad_norm) << "stage " << s;
+        EXPECT_EQ(engine::StateHash(got[s]->state()), engine::StateHash(want[s]->state()))
+            << "stage " << s << " after step " << step;
+        const StageStepCommit& c = out[s].commit;
+        EXPECT_TRUE(protocol::ValidateStageStepCommit(c).ok());
+        EXPECT_TRUE(protocol::VerifyStageStepSignatures(c, ctx.chain).ok());
+        EXPECT_EQ(c.state_after, engine::StateHash(got[s]->state()));
+        if (step > 0) {
+          EXPECT_EQ(c.state_before, last_after[s]) << "the chain of state hashes";
+        }
+        last_after[s] = c.state_after;
+      }
+      // Per step: M activations and M gradients across each of the 2 boundaries, the running sum
+      // twice, the total twice; a GPT also the wte copy and the head's gradient.
+      const size_t sends =
+          out[0].commit.sent.size() + out[1].commit.sent.size() + out[2].commit.sent.size();
+      EXPECT_EQ(sends, 2 * 2 * kStageMicroBatches + 4 + (spec.kind == "gpt" ? 2 : 0));
+    }
+  }
+}
+
+// ---- Replay.
+
+// A replica of 3 stages trained 2 steps over a memory network; before step 1 each stage's state
+// is checkpointed. `before_step1` may tamper with the stages (an adversary).
+struct StageReplayRun {
+  ModelSpec spec;
+  std::vector<StageStepCommit> commits;  // step 1's, per stage
+  std::vector<std::map<Hash256, Bytes>> served;
+  MemEnv env;
+  std::vector<std::string> checkpoints;
+};
+
+void StageRunForReplay(const char* toml, StageReplayRun* run,
+                       const std::function<void(std::vector<std::unique_ptr<Stage>>&,
+                                                std::vector<StageServingLink*>&)>& adversary) {
+  run->spec = StageParseModel(toml);
+  std::vector<std::unique_ptr<Stage>> stages = StageStages(run->spec);
+  const StageContext ctx = StageCtx();
+  MemoryStageNetwork net(ctx, StageKeys());
+  std::vector<std::unique_ptr<StageServingLink>> serving;
+  std::vector<StageServingLink*> links;
+  for (int s = 0; s < 3; ++s) {
+    serving.push_back(std::make_unique<StageServingLink>(net.link(s)));
+    links.push_back(serving.back().get());
+  }
+  std::vector<StageLink*> as_links(links.begin(), links.end());
+  StageRunStep(stages, ctx, as_links, 0);
+  for (int s = 0; s < 3; ++s) {
+    run->checkpoints.push_back("stage" + std::to_string(s) + ".safetensors");
+    CHECK(engine::SaveCheckpoint(&run->env, run->checkpoints.back(), stages[s]->state()).ok());
+    serving[s]->served.clear();
+  }
+  if (adversary) adversary(stages, links);
+  std::vector<StageStepOutcome> out = StageRunStep(stages, ctx, as_links, 1);
+  for (int s = 0; s < 3; ++s) {
+    run->commits.push_back(out[s].commit);
+    run->served.push_back(serving[s]->served);
+  }
+}
+
+StageReplayResult StageReplay(StageReplayRun& run, int s) {
+  StageReplaySetup setup;
+  setup.model = run.spec;
+  setup.optimizer = StageOptimizer();
+  Result<engine::PipelineCut> cut = engine::MakeCut(run.spec, StageBounds(run.spec));
+  CHECK(cut.ok());
+  setup.cut = *cut;
+  setup.micro_batches = kStageMicroBatches;
+  setup.chain = StageCtx().chain;
+  Result<engine::TrainState> start = engine::LoadCheckpoint(&run.env, run.checkpoints[s]);
+  CHECK(start.ok()) << start.status().ToString();
+  Result<StageReplayResult> r =
+      ReplayStageStep(setup, std::move(*start), run.commits[s], run.served[s],
+                      StageBatch(run.spec, 1), kStageDropoutSeed);
+  CHECK(r.ok()) << r.status().ToString();
+  return *r;
+}
+
+bool StageHas(const StageReplayResult& r, const std::string& text) {
+  return r.message.find(text) != std::string::npos;
+}
+
+TEST(StageReplayTest, HonestStagesPass) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    StageReplayRun run;
+    StageRunForReplay(toml, &run, nullptr);
+    for (int s = 0; s < 3; ++s) {
+      StageReplayResult r = StageReplay(run, s);
+      EXPECT_TRUE(r.ok()) << run.spec.kind << " stage " << s << ": " << r.message;
+    }
+  }
+}
+
+TEST(StageReplayTest, AStageThatComputesWrongIsCaughtAtItsFirstOutput) {
+  // Stage 1 trains step 1 from other weights but commits the honest start state.
+  StageReplayRun run;
+  Hash256 honest_start;
+  StageRunForReplay(kStageMlp, &run, [&](auto& stages, auto&) {
+    honest_start = engine::StateHash(stages[1]->state());
+    float& w = stages[1]->params()[0].value.vec()[0];
+    w = w + 0.5f;
+  });
+  run.commits[1].state_before = honest_start;
+  StageReplayResult r = StageReplay(run, 1);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultOutput) << r.message;
+  EXPECT_EQ(r.replica, 1u);
+  EXPECT_EQ(r.stage, 1u);
+  EXPECT_EQ(r.step, 1u);
+  EXPECT_EQ(r.micro_batch, 0);
+  EXPECT_EQ(r.key.kind, StageTensorKind::kStageTensorActivation);
+  EXPECT_TRUE(StageHas(r, "replica 1, stage 1, step 1, micro-batch 0: output: the stage sent"))
+      << r.message;
+  EXPECT_NE(r.claimed, r.replayed);
+  // Stage 2 computed honestly from what it was sent: it passes.
+  EXPECT_TRUE(StageReplay(run, 2).ok()) << StageReplay(run, 2).message;
+}
+
+TEST(StageReplayTest, AStageThatSendsCorruptedActivationsWhileComputingHonestlyIsCaught) {
+  StageReplayRun run;
+  StageRunForReplay(kStageMlp, &run, [](auto&, auto& links) {
+    links[1]->corrupt = [](const StageTensorKey& k) {
+      return k.kind == StageTensorKind::kStageTensorActivation && k.micro_batch == 1;
+    };
+  });
+  StageReplayResult r = StageReplay(run, 1);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultOutput) << r.message;
+  EXPECT_EQ(r.stage, 1u);
+  EXPECT_EQ(r.micro_batch, 1);
+  EXPECT_TRUE(StageHas(r, "replica 1, stage 1, step 1, micro-batch 1: output")) << r.message;
+  // The receiver, which used what was signed, passes, and so does stage 0, which trained on the
+  // gradients that came back: every honest stage of the replica passes, the cheat alone is named.
+  EXPECT_TRUE(StageReplay(run, 2).ok()) << StageReplay(run, 2).message;
+  EXPECT_TRUE(StageReplay(run, 0).ok()) << StageReplay(run, 0).message;
+}
+
+TEST(StageReplayTest, AReceivedInputThatDoesNotMatchItsSignedRecordIsCaught) {
+  // Stage 2 serves, as the activation of micro-batch 0 it used, another tensor than stage 1 sent.
+  StageReplayRun run;
+  StageRunForReplay(kStageMlp, &run, nullptr);
+  const StageTransfer& rec = run.commits[2].received[0];
+  ASSERT_EQ(rec.key.kind, StageTensorKind::kStageTensorActivation);
+  std::vector<float> other = StageTensorFromBytes(run.served[2].at(rec.tensor));
+  other[1] = other[1] * 2.0f;
+  run.served[2][rec.tensor] = StageTensorBytes(other);
+  StageReplayResult r = StageReplay(run, 2);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultInput) << r.message;
+  EXPECT_EQ(r.micro_batch, 0);
+  EXPECT_TRUE(StageHas(r,
+                       "replica 1, stage 2, step 1, micro-batch 0: input: the tensor the stage "
+                       "used does not match the sender's signed record"))
+      << r.message;
+
+  // A record the stage made up (signed by itself, not by stage 1): the signature check.
+  StageReplayRun forged;
+  StageRunForReplay(kStageMlp, &forged, nullptr);
+  StageTransfer& f = forged.commits[2].received[1];
+  f = protocol::SignStageTransfer(f.key, Blake2b("made up"), f.bytes, StageNodeKey(2));
+  r = StageReplay(forged, 2);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultRecord) << r.message;
+  EXPECT_EQ(r.micro_batch, 1);
+  EXPECT_TRUE(StageHas(r,
+                       "replica 1, stage 2, step 1, micro-batch 1: record: replica 1, step 1, "
+                       "micro-batch 1: activation stage 1 -> 2: sent by node"))
+      << r.message;
+
+  // An input not served at all.
+  StageReplayRun unserved;
+  StageRunForReplay(kStageMlp, &unserved, nullptr);
+  unserved.served[1].clear();
+  r = StageReplay(unserved, 1);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultUnserved) << r.message;
+  EXPECT_EQ(r.micro_batch, 0);
+}
+
+TEST(StageReplayTest, AWrongUpdateAStartElsewhereAndMissingRecordsAreCaught) {
+  StageReplayRun run;
+  StageRunForReplay(kStageGpt, &run, nullptr);
+  StageStepCommit honest = run.commits[0];
+  run.commits[0].state_after = Blake2b("noisy update");
+  StageReplayResult r = StageReplay(run, 0);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultState) << r.message;
+  EXPECT_TRUE(StageHas(r, "replica 1, stage 0, step 1: state")) << r.message;
+
+  run.commits[0] = honest;
+  run.commits[0].state_before = Blake2b("elsewhere");
+  EXPECT_EQ(StageReplay(run, 0).fault, StageFault::kStageFaultStart);
+
+  run.commits[0] = honest;
+  std::erase_if(run.commits[0].received, [](const StageTransfer& t) {
+    return t.key.kind == StageTensorKind::kStageTensorTiedHeadGrad;
+  });
+  r = StageReplay(run, 0);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultMissing) << r.message;
+  EXPECT_EQ(r.key.kind, StageTensorKind::kStageTensorTiedHeadGrad) << r.message;
+
+  run.commits[0] = honest;
+  std::swap(run.commits[0].sent[0], run.commits[0].sent[1]);
+  EXPECT_EQ(StageReplay(run, 0).fault, StageFault::kStageFaultRecord);
+
+  run.commits[0] = honest;
+  EXPECT_TRUE(StageReplay(run, 0).ok());
+}
+
+}  // namespace
+}  // namespace meshlearn::node
