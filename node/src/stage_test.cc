@@ -5,6 +5,7 @@
 // RunPipelineStep and fails a step by its deadline when a stage stops answering.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,6 +21,8 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/pipeline.h"
+#include "meshlearn/net/http_transport.h"
+#include "meshlearn/node/stage_plane.h"
 #include "meshlearn/node/stage_replay.h"
 #include "meshlearn/node/stage_step.h"
 #include "meshlearn/protocol/stage_transfer.h"
@@ -407,6 +410,227 @@ TEST(StageReplayTest, AWrongUpdateAStartElsewhereAndMissingRecordsAreCaught) {
 
   run.commits[0] = honest;
   EXPECT_TRUE(StageReplay(run, 0).ok());
+}
+
+// ---- The data plane over loopback HTTP.
+
+// A stage node: its router, client, data plane and HTTP server (stopped first on destruction:
+// the handlers use the plane).
+struct StageNode {
+  net::Router router;
+  std::unique_ptr<net::HttpTransport> transport;
+  std::unique_ptr<StagePlane> plane;
+  std::unique_ptr<net::HttpServer> server;
+};
+
+std::vector<std::unique_ptr<StageNode>> StageNodes(const StageContext& ctx,
+                                                   const StagePlaneOptions& options) {
+  std::vector<std::unique_ptr<StageNode>> nodes;
+  std::vector<std::string> endpoints;
+  for (int s = 0; s < 3; ++s) {
+    auto n = std::make_unique<StageNode>();
+    net::HttpTransportOptions topt;
+    topt.threads = 2;
+    n->transport = std::make_unique<net::HttpTransport>(topt);
+    n->plane = std::make_unique<StagePlane>(ctx, s, StageNodeKey(s), n->transport.get(), options);
+    n->plane->Register(&n->router);
+    net::HttpServerOptions sopt;
+    sopt.threads = 4;
+    n->server = std::make_unique<net::HttpServer>(&n->router, sopt);
+    Result<uint16_t> port = n->server->Start("127.0.0.1", 0);
+    CHECK(port.ok()) << port.status().ToString();
+    endpoints.push_back(n->server->endpoint());
+    nodes.push_back(std::move(n));
+  }
+  for (auto& n : nodes) n->plane->SetEndpoints(endpoints);
+  return nodes;
+}
+
+// Stages `which` (each in its own thread, on its own node) run steps [0, steps); returns each
+// one's first error (or ok), and its outcomes.
+std::vector<Status> StageRunOverHttp(std::vector<std::unique_ptr<Stage>>& stages,
+                                     std::vector<std::unique_ptr<StageNode>>& nodes,
+                                     const StageContext& ctx, const std::vector<int>& which,
+                                     int64_t steps,
+                                     std::vector<std::vector<StageStepOutcome>>* outcomes) {
+  const ModelSpec spec = stages[0]->state().model->spec();
+  std::vector<Batch> batches;
+  for (int64_t step = 0; step < steps; ++step) batches.push_back(StageBatch(spec, step));
+  std::vector<Status> status(stages.size(), Status::Ok());
+  outcomes->assign(stages.size(), {});
+  std::vector<std::thread> threads;
+  for (int s : which) {
+    threads.emplace_back([&, s] {
+      for (int64_t step = 0; step < steps; ++step) {
+        nodes[s]->plane->BeginStep(static_cast<uint64_t>(step));
+        Result<StageStepOutcome> r = RunStageStep(*stages[s], ctx, batches[step], kStageDropoutSeed,
+                                                  *nodes[s]->plane->link());
+        if (!r.ok()) {
+          status[s] = r.status();
+          return;
+        }
+        (*outcomes)[s].push_back(std::move(*r));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return status;
+}
+
+TEST(StagePlaneTest, ThreeStageEndpointsTrainBitEqualToRunPipelineStep) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    constexpr int64_t kSteps = 3;
+    std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+    std::vector<float> losses;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      losses.push_back(
+          engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed).loss);
+    }
+    std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+    const StageContext ctx = StageCtx();
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, {});
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st = StageRunOverHttp(got, nodes, ctx, {0, 1, 2}, kSteps, &out);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+      EXPECT_EQ(engine::StateHash(got[s]->state()), engine::StateHash(want[s]->state()))
+          << "stage " << s;
+      for (const engine::Param& p : got[s]->params()) {
+        const engine::Param* q = nullptr;
+        for (const engine::Param& w : want[s]->params()) {
+          if (w.name == p.name) q = &w;
+        }
+        ASSERT_NE(q, nullptr) << p.name;
+        EXPECT_EQ(p.value.vec(), q->value.vec()) << p.name;
+      }
+    }
+    for (int64_t step = 0; step < kSteps; ++step) EXPECT_EQ(out[2][step].loss, losses[step]);
+    uint64_t bytes = 0, pushes = 0;
+    for (auto& n : nodes) {
+      bytes += n->plane->stats().bytes_sent;
+      pushes += n->plane->stats().pushes_sent;
+    }
+    std::printf("%s: %lld steps over HTTP, %llu pushes, %llu tensor bytes\n", spec.kind.c_str(),
+                static_cast<long long>(kSteps), static_cast<unsigned long long>(pushes),
+                static_cast<unsigned long long>(bytes));
+    EXPECT_EQ(pushes, kSteps * (2 * 2 * kStageMicroBatches + 4 + (spec.kind == "gpt" ? 2 : 0)));
+  }
+}
+
+TEST(StagePlaneTest, AStageThatStopsAnsweringFailsTheStepByItsDeadline) {
+  const ModelSpec spec = StageParseModel(kStageMlp);
+  const StageContext ctx = StageCtx();
+  StagePlaneOptions opt;
+  opt.step_deadline_ms = 800;
+  // Stage 2's node is up but its stage never runs (it takes activations, sends nothing back);
+  // then its node is down (nothing listens at its endpoint).
+  for (bool node_down : {false, true}) {
+    SCOPED_TRACE(node_down ? "node down" : "stage silent");
+    std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+    const std::string stage2 = nodes[2]->server->endpoint();
+    if (node_down) nodes[2]->server->Stop();
+    std::vector<Hash256> before;
+    for (auto& s : stages) before.push_back(engine::StateHash(s->state()));
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st = StageRunOverHttp(stages, nodes, ctx, {0, 1}, 1, &out);
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(st[s].code(), StatusCode::kDeadlineExceeded) << st[s].ToString();
+      EXPECT_NE(st[s].message().find("replica 1, stage " + std::to_string(s) + ", step 0"),
+                std::string::npos)
+          << st[s].ToString();
+      // No half-applied step: the weights and moments are those of the step's start.
+      EXPECT_EQ(engine::StateHash(stages[s]->state()), before[s]) << "stage " << s;
+      EXPECT_EQ(stages[s]->state().step, 0);
+    }
+    // Stage 1 names the stage that stopped answering, its node and its endpoint; stage 0 the
+    // stage it waited for.
+    EXPECT_NE(st[1].message().find("stage 2 (node " + ctx.chain[2].ShortHex() + " at " + stage2),
+              std::string::npos)
+        << st[1].ToString();
+    EXPECT_NE(st[1].message().find(node_down ? "did not take replica 1, step 0, micro-batch 0: "
+                                               "activation stage 1 -> 2"
+                                             : "no replica 1, step 0, micro-batch 0: "
+                                               "activation_grad stage 2 -> 1"),
+              std::string::npos)
+        << st[1].ToString();
+    EXPECT_NE(st[0].message().find("activation_grad stage 1 -> 0 from stage 1"), std::string::npos)
+        << st[0].ToString();
+  }
+}
+
+TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {
+  const StageContext ctx = StageCtx();
+  net::HttpTransport transport;
+  StagePlaneOptions opt;
+  opt.inbox_bytes = 1;  // one tensor at a time
+  opt.step_deadline_ms = 50;
+  StagePlane plane(ctx, 1, StageNodeKey(1), &transport, opt);
+  plane.SetEndpoints({"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"});
+  plane.BeginStep(0);
+  const std::vector<float> a = {1, 2, 3}, b = {4, 5, 6};
+  auto key = [&](int64_t m, uint64_t step = 0) {
+    return ctx.Key(StageTensorKind::kStageTensorActivation, 0, 1, step, m);
+  };
+  auto push = [&](const StageTransfer& rec, const std::vector<float>& values) {
+    return plane.HandlePush(net::Request{kMethodStagePush, EncodeStagePush(rec, values)}).status();
+  };
+  const StageTransfer a0 = SignStageTensor(key(0), a, StageNodeKey(0));
+  EXPECT_TRUE(push(a0, a).ok());
+  EXPECT_TRUE(push(a0, a).ok()) << "a retry of the same push";
+  EXPECT_EQ(plane.stats().duplicates, 1u);
+  Status st = push(SignStageTensor(key(0), b, StageNodeKey(0)), b);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("a second tensor"), std::string::npos) << st.ToString();
+
+  // Back-pressure: the inbox is full until the stage takes what it holds.
+  const StageTransfer a1 = SignStageTensor(key(1), b, StageNodeKey(0));
+  st = push(a1, b);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find("busy"), std::string::npos) << st.ToString();
+  StageTransfer rec;
+  Result<std::vector<float>> got = plane.link()->Receive(key(0), &rec);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, a);
+  EXPECT_EQ(rec, a0);
+  EXPECT_TRUE(push(a1, b).ok());
+  EXPECT_EQ(plane.stats().refused_busy, 1u);
+  EXPECT_TRUE(push(a0, a).ok()) << "a retry of a push already taken";
+
+  // Records that are not this stage's, not the chain's node's, or not the tensor's.
+  StageContext other = ctx;
+  other.replica = 0;
+  st = push(SignStageTensor(other.Key(StageTensorKind::kStageTensorActivation, 0, 1, 0, 0), a,
+                            StageNodeKey(0)),
+            a);
+  EXPECT_NE(st.message().find("is not for this node, which serves stage 1 of replica 1"),
+            std::string::npos)
+      << st.ToString();
+  st = push(SignStageTensor(ctx.Key(StageTensorKind::kStageTensorActivation, 1, 2, 0, 0), a,
+                            StageNodeKey(1)),
+            a);
+  EXPECT_NE(st.message().find("is not for this node"), std::string::npos) << st.ToString();
+  st = push(SignStageTensor(key(1, 1), a, StageNodeKey(2)), a);
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+  st = push(SignStageTensor(key(1, 1), a, StageNodeKey(0)), b);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("the tensor received hashes to"), std::string::npos) << st.ToString();
+  st = push(SignStageTensor(key(0, 5), a, StageNodeKey(0)), a);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("ahead of this stage's step 0"), std::string::npos) << st.ToString();
+  Bytes truncated = EncodeStagePush(a0, a);
+  truncated.pop_back();
+  EXPECT_FALSE(plane.HandlePush(net::Request{kMethodStagePush, truncated}).ok());
+
+  // A tensor that never comes: the step's deadline.
+  got = plane.link()->Receive(key(3), &rec);
+  EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(got.status().message().find("from stage 0 (node " + ctx.chain[0].ShortHex() +
+                                        " at 127.0.0.1:1)"),
+            std::string::npos)
+      << got.status().ToString();
 }
 
 }  // namespace

@@ -1,0 +1,239 @@
+#include "meshlearn/node/stage_plane.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "meshlearn/base/check.h"
+#include "meshlearn/base/encoding.h"
+
+namespace meshlearn::node {
+
+using protocol::StageTensorKey;
+using protocol::StageTransfer;
+using Clock = std::chrono::steady_clock;
+
+Bytes EncodeStagePush(const StageTransfer& record, std::span<const float> values) {
+  Encoder e;
+  e.PutBytes(protocol::EncodeStageTransfer(record));
+  e.PutBytes(StageTensorBytes(values));
+  return e.Take();
+}
+
+class StagePlane::Link final : public StageLink {
+ public:
+  explicit Link(StagePlane* plane) : plane_(plane) {}
+  Result<std::vector<float>> Receive(const StageTensorKey& key, StageTransfer* record) override {
+    return plane_->Take(key, record);
+  }
+  Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
+    return plane_->Push(key, values);
+  }
+
+ private:
+  StagePlane* plane_;
+};
+
+StagePlane::StagePlane(StageContext ctx, int stage, KeyPair key, net::Transport* transport,
+                       StagePlaneOptions options)
+    : ctx_(std::move(ctx)),
+      stage_(static_cast<uint32_t>(stage)),
+      key_(std::move(key)),
+      transport_(transport),
+      options_(options),
+      link_(std::make_unique<Link>(this)) {
+  CHECK_LT(stage_, ctx_.stages());
+  endpoints_.assign(ctx_.chain.size(), "");
+  CHECK(key_.public_key() == ctx_.chain[stage_]) << "stage " << stage << " signs with its node key";
+  deadline_ = Clock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
+}
+
+StagePlane::~StagePlane() = default;
+
+void StagePlane::Register(net::Router* router) {
+  router->Register(
+      kMethodStagePush, [this](const net::Request& r) { return HandlePush(r); },
+      options_.max_tensor_bytes + protocol::kStageTransferWireBytes + 16);
+}
+
+void StagePlane::SetEndpoints(std::vector<std::string> endpoints) {
+  CHECK_EQ(endpoints.size(), ctx_.chain.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  endpoints_ = std::move(endpoints);
+}
+
+void StagePlane::BeginStep(uint64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_ = step;
+  deadline_ = Clock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
+  taken_.clear();
+  for (auto it = inbox_.begin(); it != inbox_.end();) {
+    if (it->first.step < step) {
+      held_bytes_ -= it->second.record.bytes;
+      it = inbox_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  cv_.notify_all();
+}
+
+StageLink* StagePlane::link() { return link_.get(); }
+
+StagePlaneStats StagePlane::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+std::string StagePlane::PeerName(uint32_t stage) const {
+  return "stage " + std::to_string(stage) + " (node " + ctx_.chain[stage].ShortHex() + " at " +
+         endpoints_[stage] + ")";
+}
+
+Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
+  const std::string me = "stage.push to stage " + std::to_string(stage_) + " of replica " +
+                         std::to_string(ctx_.replica);
+  Decoder d(request.body, "stage.push");
+  Bytes record_bytes, tensor_bytes;
+  ML_RETURN_IF_ERROR(d.GetBytes(&record_bytes, "record",
+                                static_cast<uint32_t>(protocol::kStageTransferWireBytes)));
+  ML_RETURN_IF_ERROR(d.GetBytes(
+      &tensor_bytes, "tensor",
+      static_cast<uint32_t>(std::min<uint64_t>(options_.max_tensor_bytes, kMaxEncodedLength))));
+  ML_RETURN_IF_ERROR(d.Finish());
+  Result<StageTransfer> rec = protocol::DecodeStageTransfer(record_bytes);
+  if (!rec.ok()) return rec.status().WithPrefix(me);
+  const StageTensorKey& k = rec->key;
+  if (k.task != ctx_.task || k.round != ctx_.round || k.replica != ctx_.replica ||
+      k.stages != ctx_.stages() || k.to_stage != stage_) {
+    return InvalidArgument(me + ": " + k.ToString() + " (task " + k.task.ShortHex() + ", round " +
+                           std::to_string(k.round) + ", " + std::to_string(k.stages) +
+                           " stages) is not for this node, which serves stage " +
+                           std::to_string(stage_) + " of replica " + std::to_string(ctx_.replica) +
+                           " of task " + ctx_.task.ShortHex() + ", round " +
+                           std::to_string(ctx_.round));
+  }
+  if (tensor_bytes.size() % 4 != 0) {
+    return InvalidArgument(me + ": " + k.ToString() + ": the tensor has " +
+                           std::to_string(tensor_bytes.size()) + " bytes, not whole float32s");
+  }
+  std::vector<float> values = StageTensorFromBytes(tensor_bytes);
+  Status checked = CheckStageTensor(*rec, values, ctx_);
+  if (!checked.ok()) return checked.WithPrefix(me);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (k.step < step_) {  // a retry of a push the stage already used: done
+    ++stats_.duplicates;
+    return Bytes();
+  }
+  if (k.step > step_ + 1) {
+    return FailedPrecondition(me + ": " + k.ToString() + " is ahead of this stage's step " +
+                              std::to_string(step_) + " by more than one");
+  }
+  auto held = inbox_.find(k);
+  auto taken = taken_.find(k);
+  const Hash256* before = held != inbox_.end()    ? &held->second.record.tensor
+                          : taken != taken_.end() ? &taken->second
+                                                  : nullptr;
+  if (before != nullptr) {
+    if (*before != rec->tensor) {
+      return InvalidArgument(me + ": " + k.ToString() + ": a second tensor (" +
+                             rec->tensor.ShortHex() + ") for a key already sent with " +
+                             before->ShortHex() + " (the sender signed both)");
+    }
+    ++stats_.duplicates;
+    return Bytes();
+  }
+  if (!inbox_.empty() && held_bytes_ + rec->bytes > options_.inbox_bytes) {
+    ++stats_.refused_busy;
+    return ResourceExhausted(me + ": busy, the inbox holds " + std::to_string(held_bytes_) +
+                             " of " + std::to_string(options_.inbox_bytes) + " bytes; retry");
+  }
+  held_bytes_ += rec->bytes;
+  stats_.peak_inbox_bytes = std::max(stats_.peak_inbox_bytes, held_bytes_);
+  ++stats_.pushes_taken;
+  inbox_[k] = Held{std::move(*rec), std::move(values)};
+  cv_.notify_all();
+  return Bytes();
+}
+
+Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTransfer* record) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool arrived = cv_.wait_until(lock, deadline_, [&] { return inbox_.count(key) > 0; });
+  if (!arrived) {
+    return DeadlineExceeded("no " + key.ToString() + " from " + PeerName(key.from_stage) +
+                            " within the step's deadline of " +
+                            std::to_string(options_.step_deadline_ms) +
+                            " ms: the stage stopped answering (the replica resumes from the "
+                            "stages' checkpoints of this step)");
+  }
+  auto it = inbox_.find(key);
+  Held h = std::move(it->second);
+  inbox_.erase(it);
+  held_bytes_ -= h.record.bytes;
+  taken_[key] = h.record.tensor;
+  *record = std::move(h.record);
+  return std::move(h.values);
+}
+
+Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<const float> values) {
+  CHECK_EQ(key.from_stage, stage_);
+  StageTransfer record = SignStageTensor(key, values, key_);
+  if (record.bytes > options_.max_tensor_bytes) {
+    return ResourceExhausted(key.ToString() + ": " + std::to_string(record.bytes) +
+                             " bytes, over the data plane's limit of " +
+                             std::to_string(options_.max_tensor_bytes) +
+                             " (use more micro-batches, or raise max_tensor_bytes on every stage)");
+  }
+  const Bytes body = EncodeStagePush(record, values);
+  Clock::time_point deadline;
+  std::string endpoint, peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    deadline = deadline_;
+    endpoint = endpoints_[key.to_stage];
+    peer = PeerName(key.to_stage);
+  }
+  if (endpoint.empty()) {
+    return FailedPrecondition(key.ToString() + ": no endpoint for stage " +
+                              std::to_string(key.to_stage) + " (SetEndpoints before the step)");
+  }
+  int64_t backoff = options_.retry_initial_ms;
+  Status last = Status::Ok();
+  for (bool first = true;; first = false) {
+    const int64_t left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      return DeadlineExceeded(peer + " did not take " + key.ToString() +
+                              " within the step's deadline of " +
+                              std::to_string(options_.step_deadline_ms) + " ms" +
+                              (last.ok() ? "" : " (last answer: " + last.ToString() + ")"));
+    }
+    if (!first) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.push_retries;
+    }
+    net::Request req;
+    req.method = kMethodStagePush;
+    req.body = body;
+    req.timeout_ms = std::min(left, options_.request_timeout_ms);
+    Result<Bytes> r = transport_->Send(endpoint, std::move(req));
+    if (r.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.pushes_sent;
+      stats_.bytes_sent += record.bytes;
+      return record;
+    }
+    last = r.status();
+    const StatusCode code = last.code();
+    if (code != StatusCode::kResourceExhausted && code != StatusCode::kUnavailable &&
+        code != StatusCode::kDeadlineExceeded) {
+      return last.WithPrefix(peer + " refused " + key.ToString());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff, left)));
+    backoff = std::min(backoff * 2, options_.retry_max_ms);
+  }
+}
+
+}  // namespace meshlearn::node
