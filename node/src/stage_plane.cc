@@ -70,7 +70,7 @@ void StagePlane::BeginStep(uint64_t step) {
   taken_.clear();
   for (auto it = inbox_.begin(); it != inbox_.end();) {
     if (it->first.step < step) {
-      held_bytes_ -= it->second.record.bytes;
+      StageUnhold(it->first.from_stage, it->second.record.bytes);
       it = inbox_.erase(it);
     } else {
       ++it;
@@ -80,6 +80,11 @@ void StagePlane::BeginStep(uint64_t step) {
 }
 
 StageLink* StagePlane::link() { return link_.get(); }
+
+void StagePlane::StageUnhold(uint32_t from_stage, uint64_t bytes) {
+  held_bytes_ -= bytes;
+  held_from_[from_stage] -= bytes;
+}
 
 StagePlaneStats StagePlane::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -145,11 +150,17 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
     ++stats_.duplicates;
     return Bytes();
   }
-  if (!inbox_.empty() && held_bytes_ + rec->bytes > options_.inbox_bytes) {
+  // Back-pressure per sending stage: each sender's tensors are taken in the order it sends them
+  // (stage_step.h), so refusing a sender only until its own earlier tensors are taken cannot
+  // stall the schedule; and the tensor the stage is waiting for is never refused.
+  uint64_t& from_sender = held_from_[k.from_stage];
+  if (from_sender > 0 && from_sender + rec->bytes > options_.inbox_bytes && !(awaited_ == k)) {
     ++stats_.refused_busy;
-    return ResourceExhausted(me + ": busy, the inbox holds " + std::to_string(held_bytes_) +
-                             " of " + std::to_string(options_.inbox_bytes) + " bytes; retry");
+    return ResourceExhausted(me + ": busy, the inbox holds " + std::to_string(from_sender) +
+                             " bytes from stage " + std::to_string(k.from_stage) + " (at most " +
+                             std::to_string(options_.inbox_bytes) + "); retry");
   }
+  from_sender += rec->bytes;
   held_bytes_ += rec->bytes;
   stats_.peak_inbox_bytes = std::max(stats_.peak_inbox_bytes, held_bytes_);
   ++stats_.pushes_taken;
@@ -160,7 +171,9 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
 
 Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTransfer* record) {
   std::unique_lock<std::mutex> lock(mu_);
+  awaited_ = key;
   const bool arrived = cv_.wait_until(lock, deadline_, [&] { return inbox_.count(key) > 0; });
+  awaited_ = protocol::StageTensorKey();
   if (!arrived) {
     return DeadlineExceeded("no " + key.ToString() + " from " + PeerName(key.from_stage) +
                             " within the step's deadline of " +
@@ -171,7 +184,7 @@ Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTran
   auto it = inbox_.find(key);
   Held h = std::move(it->second);
   inbox_.erase(it);
-  held_bytes_ -= h.record.bytes;
+  StageUnhold(key.from_stage, h.record.bytes);
   taken_[key] = h.record.tensor;
   *record = std::move(h.record);
   return std::move(h.values);

@@ -478,9 +478,15 @@ std::vector<Status> StageRunOverHttp(std::vector<std::unique_ptr<Stage>>& stages
 }
 
 TEST(StagePlaneTest, ThreeStageEndpointsTrainBitEqualToRunPipelineStep) {
-  for (const char* toml : {kStageMlp, kStageGpt}) {
+  // Both also with inboxes that hold one tensor per sender at a time: senders are pushed back
+  // and retry (and the next step's tensors must not block this step's).
+  for (auto [toml, tight] : {std::pair{kStageMlp, false}, std::pair{kStageGpt, false},
+                             std::pair{kStageMlp, true}, std::pair{kStageGpt, true}}) {
     const ModelSpec spec = StageParseModel(toml);
-    SCOPED_TRACE(spec.kind);
+    SCOPED_TRACE(spec.kind + (tight ? " (one tensor per inbox)" : ""));
+    StagePlaneOptions opt;
+    opt.step_deadline_ms = 30'000;  // a stall fails the test in 30 s, not the default's 120
+    if (tight) opt.inbox_bytes = 1;
     constexpr int64_t kSteps = 3;
     std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
     std::vector<float> losses;
@@ -490,7 +496,7 @@ TEST(StagePlaneTest, ThreeStageEndpointsTrainBitEqualToRunPipelineStep) {
     }
     std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
     const StageContext ctx = StageCtx();
-    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, {});
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
     std::vector<std::vector<StageStepOutcome>> out;
     std::vector<Status> st = StageRunOverHttp(got, nodes, ctx, {0, 1, 2}, kSteps, &out);
     for (int s = 0; s < 3; ++s) {
@@ -507,14 +513,20 @@ TEST(StagePlaneTest, ThreeStageEndpointsTrainBitEqualToRunPipelineStep) {
       }
     }
     for (int64_t step = 0; step < kSteps; ++step) EXPECT_EQ(out[2][step].loss, losses[step]);
-    uint64_t bytes = 0, pushes = 0;
+    uint64_t bytes = 0, pushes = 0, retries = 0, peak = 0;
     for (auto& n : nodes) {
-      bytes += n->plane->stats().bytes_sent;
-      pushes += n->plane->stats().pushes_sent;
+      const StagePlaneStats ps = n->plane->stats();
+      bytes += ps.bytes_sent;
+      pushes += ps.pushes_sent;
+      retries += ps.push_retries;
+      peak = std::max(peak, ps.peak_inbox_bytes);
     }
-    std::printf("%s: %lld steps over HTTP, %llu pushes, %llu tensor bytes\n", spec.kind.c_str(),
-                static_cast<long long>(kSteps), static_cast<unsigned long long>(pushes),
-                static_cast<unsigned long long>(bytes));
+    std::printf(
+        "%s%s: %lld steps over HTTP, %llu pushes, %llu tensor bytes, %llu retries, "
+        "peak inbox %llu bytes\n",
+        spec.kind.c_str(), tight ? " (one tensor per inbox)" : "", static_cast<long long>(kSteps),
+        static_cast<unsigned long long>(pushes), static_cast<unsigned long long>(bytes),
+        static_cast<unsigned long long>(retries), static_cast<unsigned long long>(peak));
     EXPECT_EQ(pushes, kSteps * (2 * 2 * kStageMicroBatches + 4 + (spec.kind == "gpt" ? 2 : 0)));
   }
 }

@@ -14,13 +14,17 @@
 // answered ok, a second tensor for a key already held is refused as equivocation). Then it holds
 // the tensor in the stage's inbox until the stage's RunStageStep takes it.
 //
-// Back-pressure: the inbox holds at most `inbox_bytes` (but always one tensor, whatever its size);
-// a push beyond is refused with ResourceExhausted and the sender retries, backing off, until the
-// step's deadline. Unavailable and DeadlineExceeded (a peer restarting, a lost answer) are retried
-// the same way; anything else (a refused record) fails the step at once. A Receive waits for its
-// tensor until the step's deadline: a stage that stops answering fails its neighbours' step with
-// a DeadlineExceeded that names the stage, its endpoint and the tensor, and no stage's weights
-// change (stage_step.h: the update is the step's last act).
+// Back-pressure: the inbox holds at most `inbox_bytes` from each sending stage (but always one
+// tensor, whatever its size, and always the tensor the stage is waiting for); a push beyond is
+// refused with ResourceExhausted and the sender retries, backing off, until the step's deadline.
+// Per sender, because a stage takes each neighbour's tensors in the order that neighbour sends
+// them but not the neighbours' in the order they arrive (one budget for all could hold the next
+// step's activation while refusing this step's gradient total: a deadlock). Unavailable and
+// DeadlineExceeded (a peer restarting, a lost answer) are retried the same way; anything else (a
+// refused record) fails the step at once. A Receive waits for its tensor until the step's deadline:
+// a stage that stops answering fails its neighbours' step with a DeadlineExceeded that names the
+// stage, its endpoint and the tensor, and no stage's weights change (stage_step.h: the update is
+// the step's last act).
 //
 //   StagePlane plane(ctx, stage, key, &transport, {.step_deadline_ms = 60'000});
 //   plane.Register(&router);                    // then serve `router` over HTTP
@@ -50,7 +54,7 @@ namespace meshlearn::node {
 inline constexpr char kMethodStagePush[] = "stage.push";
 
 struct StagePlaneOptions {
-  uint64_t inbox_bytes = 256ull << 20;      // tensors held, not yet taken by the stage
+  uint64_t inbox_bytes = 256ull << 20;      // held from one sending stage, not yet taken
   uint64_t max_tensor_bytes = 64ull << 20;  // one push (larger ones are refused, unread)
   int64_t step_deadline_ms = 120'000;       // from BeginStep to the step's last receive or send
   int64_t request_timeout_ms = 10'000;      // one push
@@ -104,7 +108,8 @@ class StagePlane {
                                   protocol::StageTransfer* record);
   Result<protocol::StageTransfer> Push(const protocol::StageTensorKey& key,
                                        std::span<const float> values);
-  std::string PeerName(uint32_t stage) const;  // REQUIRES: mu_ held
+  std::string PeerName(uint32_t stage) const;             // REQUIRES: mu_ held
+  void StageUnhold(uint32_t from_stage, uint64_t bytes);  // REQUIRES: mu_ held
 
   const StageContext ctx_;
   const uint32_t stage_;
@@ -121,6 +126,8 @@ class StagePlane {
   std::map<protocol::StageTensorKey, Held> inbox_;
   std::map<protocol::StageTensorKey, Hash256> taken_;  // this step's, by key
   uint64_t held_bytes_ = 0;
+  std::map<uint32_t, uint64_t> held_from_;  // by sending stage
+  protocol::StageTensorKey awaited_;        // what Take waits for (default: nothing)
   StagePlaneStats stats_;
 };
 
