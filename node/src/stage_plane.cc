@@ -39,6 +39,7 @@ StagePlane::StagePlane(StageContext ctx, int stage, KeyPair key, net::Transport*
                        StagePlaneOptions options)
     : ctx_(std::move(ctx)),
       stage_(static_cast<uint32_t>(stage)),
+      stages_(ctx_.stages()),
       key_(std::move(key)),
       transport_(transport),
       options_(options),
@@ -57,10 +58,27 @@ void StagePlane::Register(net::Router* router) {
       options_.max_tensor_bytes + protocol::kStageTransferWireBytes + 16);
 }
 
-void StagePlane::SetEndpoints(std::vector<std::string> endpoints) {
-  CHECK_EQ(endpoints.size(), ctx_.chain.size());
+void StagePlane::SetChain(std::vector<protocol::NodeId> chain, std::vector<std::string> endpoints) {
   std::lock_guard<std::mutex> lock(mu_);
+  CHECK_EQ(chain.size(), ctx_.chain.size());
+  CHECK_EQ(endpoints.size(), ctx_.chain.size());
+  CHECK(chain[stage_] == key_.public_key()) << "stage " << stage_ << " is this node";
+  ctx_.chain = std::move(chain);
   endpoints_ = std::move(endpoints);
+  for (auto it = inbox_.begin(); it != inbox_.end();) {
+    if (it->second.record.sender != ctx_.chain[it->first.from_stage]) {
+      StageUnhold(it->first.from_stage, it->second.record.bytes);
+      it = inbox_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  taken_.clear();  // a replaced node's step starts over
+}
+
+StageContext StagePlane::context() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ctx_;
 }
 
 void StagePlane::BeginStep(uint64_t step) {
@@ -111,7 +129,7 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
   if (!rec.ok()) return rec.status().WithPrefix(me);
   const StageTensorKey& k = rec->key;
   if (k.task != ctx_.task || k.round != ctx_.round || k.replica != ctx_.replica ||
-      k.stages != ctx_.stages() || k.to_stage != stage_) {
+      k.stages != stages_ || k.to_stage != stage_) {
     return InvalidArgument(me + ": " + k.ToString() + " (task " + k.task.ShortHex() + ", round " +
                            std::to_string(k.round) + ", " + std::to_string(k.stages) +
                            " stages) is not for this node, which serves stage " +
@@ -124,10 +142,23 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
                            std::to_string(tensor_bytes.size()) + " bytes, not whole float32s");
   }
   std::vector<float> values = StageTensorFromBytes(tensor_bytes);
-  Status checked = CheckStageTensor(*rec, values, ctx_);
+  // The signature and the hash, outside the lock (hashing a large tensor takes a while).
+  protocol::NodeId sender;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sender = ctx_.chain[k.from_stage];
+  }
+  Status checked = protocol::VerifyStageTransfer(*rec, sender);
+  if (checked.ok()) {
+    checked = protocol::CheckReceivedTensor(*rec, engine::TensorHash(values), tensor_bytes.size());
+  }
   if (!checked.ok()) return checked.WithPrefix(me);
 
   std::lock_guard<std::mutex> lock(mu_);
+  if (ctx_.chain[k.from_stage] != sender) {
+    return FailedPrecondition(me + ": " + k.ToString() + ": stage " + std::to_string(k.from_stage) +
+                              "'s node was replaced while the push was checked");
+  }
   if (k.step < step_) {  // a retry of a push the stage already used: done
     ++stats_.duplicates;
     return Bytes();
@@ -141,15 +172,17 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
   const Hash256* before = held != inbox_.end()    ? &held->second.record.tensor
                           : taken != taken_.end() ? &taken->second
                                                   : nullptr;
-  if (before != nullptr) {
-    if (*before != rec->tensor) {
-      return InvalidArgument(me + ": " + k.ToString() + ": a second tensor (" +
-                             rec->tensor.ShortHex() + ") for a key already sent with " +
-                             before->ShortHex() + " (the sender signed both)");
-    }
+  if (before != nullptr && *before != rec->tensor) {
+    return InvalidArgument(me + ": " + k.ToString() + ": a second tensor (" +
+                           rec->tensor.ShortHex() + ") for a key already sent with " +
+                           before->ShortHex() + " (the sender signed both)");
+  }
+  if (held != inbox_.end()) {  // a retry of a push held: done
     ++stats_.duplicates;
     return Bytes();
   }
+  // New, or the same tensor as one taken: held (again), for a re-run of the step after a
+  // failure; a lost answer's retry also lands here and is dropped with its step.
   // Back-pressure per sending stage: each sender's tensors are taken in the order it sends them
   // (stage_step.h), so refusing a sender only until its own earlier tensors are taken cannot
   // stall the schedule; and the tensor the stage is waiting for is never refused.
@@ -210,7 +243,7 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
   }
   if (endpoint.empty()) {
     return FailedPrecondition(key.ToString() + ": no endpoint for stage " +
-                              std::to_string(key.to_stage) + " (SetEndpoints before the step)");
+                              std::to_string(key.to_stage) + " (SetChain before the step)");
   }
   int64_t backoff = options_.retry_initial_ms;
   Status last = Status::Ok();

@@ -423,48 +423,58 @@ struct StageNode {
   std::unique_ptr<net::HttpServer> server;
 };
 
+// The node of stage s of ctx's replica, signing with `key`, serving on a free loopback port.
+std::unique_ptr<StageNode> StageStartNode(const StageContext& ctx, int s, const KeyPair& key,
+                                          const StagePlaneOptions& options) {
+  auto n = std::make_unique<StageNode>();
+  net::HttpTransportOptions topt;
+  topt.threads = 2;
+  n->transport = std::make_unique<net::HttpTransport>(topt);
+  n->plane = std::make_unique<StagePlane>(ctx, s, key, n->transport.get(), options);
+  n->plane->Register(&n->router);
+  net::HttpServerOptions sopt;
+  sopt.threads = 4;
+  n->server = std::make_unique<net::HttpServer>(&n->router, sopt);
+  Result<uint16_t> port = n->server->Start("127.0.0.1", 0);
+  CHECK(port.ok()) << port.status().ToString();
+  return n;
+}
+
+// Tells every node the chain and its endpoints.
+void StageConnect(std::vector<std::unique_ptr<StageNode>>& nodes,
+                  const std::vector<protocol::NodeId>& chain) {
+  std::vector<std::string> endpoints;
+  for (auto& n : nodes) endpoints.push_back(n->server->endpoint());
+  for (auto& n : nodes) n->plane->SetChain(chain, endpoints);
+}
+
 std::vector<std::unique_ptr<StageNode>> StageNodes(const StageContext& ctx,
                                                    const StagePlaneOptions& options) {
   std::vector<std::unique_ptr<StageNode>> nodes;
-  std::vector<std::string> endpoints;
-  for (int s = 0; s < 3; ++s) {
-    auto n = std::make_unique<StageNode>();
-    net::HttpTransportOptions topt;
-    topt.threads = 2;
-    n->transport = std::make_unique<net::HttpTransport>(topt);
-    n->plane = std::make_unique<StagePlane>(ctx, s, StageNodeKey(s), n->transport.get(), options);
-    n->plane->Register(&n->router);
-    net::HttpServerOptions sopt;
-    sopt.threads = 4;
-    n->server = std::make_unique<net::HttpServer>(&n->router, sopt);
-    Result<uint16_t> port = n->server->Start("127.0.0.1", 0);
-    CHECK(port.ok()) << port.status().ToString();
-    endpoints.push_back(n->server->endpoint());
-    nodes.push_back(std::move(n));
-  }
-  for (auto& n : nodes) n->plane->SetEndpoints(endpoints);
+  for (int s = 0; s < 3; ++s) nodes.push_back(StageStartNode(ctx, s, StageNodeKey(s), options));
+  StageConnect(nodes, ctx.chain);
   return nodes;
 }
 
-// Stages `which` (each in its own thread, on its own node) run steps [0, steps); returns each
+// Stages `which` (each in its own thread, on its own node) run steps [first, last); returns each
 // one's first error (or ok), and its outcomes.
 std::vector<Status> StageRunOverHttp(std::vector<std::unique_ptr<Stage>>& stages,
                                      std::vector<std::unique_ptr<StageNode>>& nodes,
-                                     const StageContext& ctx, const std::vector<int>& which,
-                                     int64_t steps,
+                                     const std::vector<int>& which, int64_t first, int64_t last,
                                      std::vector<std::vector<StageStepOutcome>>* outcomes) {
   const ModelSpec spec = stages[0]->state().model->spec();
   std::vector<Batch> batches;
-  for (int64_t step = 0; step < steps; ++step) batches.push_back(StageBatch(spec, step));
+  for (int64_t step = 0; step < last; ++step) batches.push_back(StageBatch(spec, step));
   std::vector<Status> status(stages.size(), Status::Ok());
   outcomes->assign(stages.size(), {});
   std::vector<std::thread> threads;
   for (int s : which) {
     threads.emplace_back([&, s] {
-      for (int64_t step = 0; step < steps; ++step) {
+      for (int64_t step = first; step < last; ++step) {
         nodes[s]->plane->BeginStep(static_cast<uint64_t>(step));
-        Result<StageStepOutcome> r = RunStageStep(*stages[s], ctx, batches[step], kStageDropoutSeed,
-                                                  *nodes[s]->plane->link());
+        Result<StageStepOutcome> r =
+            RunStageStep(*stages[s], nodes[s]->plane->context(), batches[step], kStageDropoutSeed,
+                         *nodes[s]->plane->link());
         if (!r.ok()) {
           status[s] = r.status();
           return;
@@ -498,7 +508,7 @@ TEST(StagePlaneTest, ThreeStageEndpointsTrainBitEqualToRunPipelineStep) {
     const StageContext ctx = StageCtx();
     std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
     std::vector<std::vector<StageStepOutcome>> out;
-    std::vector<Status> st = StageRunOverHttp(got, nodes, ctx, {0, 1, 2}, kSteps, &out);
+    std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, kSteps, &out);
     for (int s = 0; s < 3; ++s) {
       ASSERT_TRUE(st[s].ok()) << st[s].ToString();
       EXPECT_EQ(engine::StateHash(got[s]->state()), engine::StateHash(want[s]->state()))
@@ -547,7 +557,7 @@ TEST(StagePlaneTest, AStageThatStopsAnsweringFailsTheStepByItsDeadline) {
     std::vector<Hash256> before;
     for (auto& s : stages) before.push_back(engine::StateHash(s->state()));
     std::vector<std::vector<StageStepOutcome>> out;
-    std::vector<Status> st = StageRunOverHttp(stages, nodes, ctx, {0, 1}, 1, &out);
+    std::vector<Status> st = StageRunOverHttp(stages, nodes, {0, 1}, 0, 1, &out);
     for (int s = 0; s < 2; ++s) {
       EXPECT_EQ(st[s].code(), StatusCode::kDeadlineExceeded) << st[s].ToString();
       EXPECT_NE(st[s].message().find("replica 1, stage " + std::to_string(s) + ", step 0"),
@@ -573,6 +583,94 @@ TEST(StagePlaneTest, AStageThatStopsAnsweringFailsTheStepByItsDeadline) {
   }
 }
 
+// A stage node killed in the middle of a step: its link fails once it has run micro-batch 0's
+// forward pass, then its server goes down.
+class StageDyingLink final : public StageLink {
+ public:
+  explicit StageDyingLink(StageLink* inner) : inner_(inner) {}
+  Result<std::vector<float>> Receive(const StageTensorKey& key, StageTransfer* record) override {
+    if (key.micro_batch == 1) return Unavailable("the node was killed");
+    return inner_->Receive(key, record);
+  }
+  Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
+    return inner_->Send(key, values);
+  }
+
+ private:
+  StageLink* inner_;
+};
+
+TEST(StagePlaneTest, AStageNodeKilledMidStepIsReplacedAndTheReplicaEndsBitEqual) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+    for (int64_t step = 0; step < 3; ++step) {
+      engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+    }
+    std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+    const StageContext ctx = StageCtx();
+    StagePlaneOptions opt;
+    opt.step_deadline_ms = 800;
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, 1, &out);
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+    // Every stage checkpoints the start of step 1.
+    MemEnv env;
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(engine::SaveCheckpoint(&env, "s" + std::to_string(s), got[s]->state()).ok());
+    }
+
+    // Step 1: stage 2's node dies after its forward pass of micro-batch 0; the others fail the
+    // step by its deadline, their weights untouched.
+    Status died;
+    std::thread dying([&] {
+      nodes[2]->plane->BeginStep(1);
+      StageDyingLink link(nodes[2]->plane->link());
+      Result<StageStepOutcome> r =
+          RunStageStep(*got[2], ctx, StageBatch(spec, 1), kStageDropoutSeed, link);
+      died = r.status();
+      nodes[2]->server->Stop();
+    });
+    st = StageRunOverHttp(got, nodes, {0, 1}, 1, 2, &out);
+    dying.join();
+    EXPECT_EQ(died.code(), StatusCode::kUnavailable) << died.ToString();
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(st[s].code(), StatusCode::kDeadlineExceeded) << st[s].ToString();
+    }
+
+    // The scheduler replaces stage 2's node by another (another key, another endpoint); every
+    // stage of the replica resumes from its checkpoint of step 1's start, the new node from
+    // stage 2's; and the replica trains on, bit-equal to the pipeline in one process.
+    StageContext replaced = ctx;
+    replaced.chain[2] = StageNodeKey(5).public_key();
+    nodes[2] = StageStartNode(replaced, 2, StageNodeKey(5), opt);
+    StageConnect(nodes, replaced.chain);
+    Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
+    ASSERT_TRUE(cut.ok());
+    Result<std::unique_ptr<Stage>> fresh =
+        Stage::Create(spec, StageOptimizer(), *cut, 2, kStageMicroBatches);
+    ASSERT_TRUE(fresh.ok());
+    got[2] = std::move(*fresh);
+    for (int s = 0; s < 3; ++s) {
+      Result<engine::TrainState> saved = engine::LoadCheckpoint(&env, "s" + std::to_string(s));
+      ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+      ASSERT_TRUE(got[s]->Restore(std::move(*saved)).ok());
+    }
+    st = StageRunOverHttp(got, nodes, {0, 1, 2}, 1, 3, &out);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+      EXPECT_EQ(engine::StateHash(got[s]->state()), engine::StateHash(want[s]->state()))
+          << "stage " << s;
+      // Its commits name the new node as stage 2's.
+      for (const StageStepOutcome& o : out[s]) {
+        EXPECT_TRUE(protocol::VerifyStageStepSignatures(o.commit, replaced.chain).ok());
+      }
+    }
+  }
+}
+
 TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {
   const StageContext ctx = StageCtx();
   net::HttpTransport transport;
@@ -580,7 +678,7 @@ TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {
   opt.inbox_bytes = 1;  // one tensor at a time
   opt.step_deadline_ms = 50;
   StagePlane plane(ctx, 1, StageNodeKey(1), &transport, opt);
-  plane.SetEndpoints({"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"});
+  plane.SetChain(ctx.chain, {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"});
   plane.BeginStep(0);
   const std::vector<float> a = {1, 2, 3}, b = {4, 5, 6};
   auto key = [&](int64_t m, uint64_t step = 0) {
@@ -609,7 +707,13 @@ TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {
   EXPECT_EQ(rec, a0);
   EXPECT_TRUE(push(a1, b).ok());
   EXPECT_EQ(plane.stats().refused_busy, 1u);
-  EXPECT_TRUE(push(a0, a).ok()) << "a retry of a push already taken";
+  got = plane.link()->Receive(key(1), &rec);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, b);
+  EXPECT_TRUE(push(a0, a).ok()) << "a push already taken, again: held for a re-run";
+  got = plane.link()->Receive(key(0), &rec);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, a);
 
   // Records that are not this stage's, not the chain's node's, or not the tensor's.
   StageContext other = ctx;

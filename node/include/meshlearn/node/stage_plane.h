@@ -11,8 +11,9 @@
 // signature against the chain's node of the sending stage, the tensor's size and hash against the
 // record (content-addressed: the key's tensor is the one its hash names), and the step (the
 // current one or the next; an earlier step's push is a retry of something already used and is
-// answered ok, a second tensor for a key already held is refused as equivocation). Then it holds
-// the tensor in the stage's inbox until the stage's RunStageStep takes it.
+// answered ok, a second tensor for a key already held or taken is refused as equivocation; the
+// same tensor again is held again, for a re-run of the step). Then it holds the tensor in the
+// stage's inbox until the stage's RunStageStep takes it.
 //
 // Back-pressure: the inbox holds at most `inbox_bytes` from each sending stage (but always one
 // tensor, whatever its size, and always the tensor the stage is waiting for); a push beyond is
@@ -28,7 +29,7 @@
 //
 //   StagePlane plane(ctx, stage, key, &transport, {.step_deadline_ms = 60'000});
 //   plane.Register(&router);                    // then serve `router` over HTTP
-//   plane.SetEndpoints(endpoints);               // endpoints[s]: stage s's node
+//   plane.SetChain(chain, endpoints);            // stage s: node chain[s] at endpoints[s]
 //   plane.BeginStep(step);                       // the deadline starts now
 //   Result<StageStepOutcome> r = RunStageStep(*stage_obj, ctx, batch, seed, *plane.link());
 //
@@ -68,7 +69,7 @@ struct StagePlaneStats {
   uint64_t push_retries = 0;  // pushes sent again (busy, unavailable, timed out)
   uint64_t pushes_taken = 0;  // pushes this stage took into its inbox
   uint64_t refused_busy = 0;  // pushes this stage refused: inbox full
-  uint64_t duplicates = 0;    // pushes of a key already taken (a retry), answered ok
+  uint64_t duplicates = 0;    // pushes of a key held or of an earlier step, answered ok
   uint64_t peak_inbox_bytes = 0;
 };
 
@@ -84,12 +85,19 @@ class StagePlane {
 
   // Registers "stage.push" (bodies up to max_tensor_bytes and the record).
   void Register(net::Router* router);
-  // Where the replica's stage nodes serve: endpoints[s] for stage s (this stage's own entry is
-  // unused). Set before a step that sends anything; a node serves first and learns its peers'
-  // endpoints after (the chain's node registry). REQUIRES: endpoints.size() == ctx.stages().
-  void SetEndpoints(std::vector<std::string> endpoints);
-  // Step `step` begins: its deadline is step_deadline_ms from now; what is held for earlier
-  // steps is dropped.
+  // The replica's nodes and where they serve: chain[s] and endpoints[s] for stage s (this
+  // stage's own endpoint is unused). Set before a step that sends anything -- a node serves first
+  // and learns its peers' endpoints after (the chain's node registry) -- and again when a stage's
+  // node is replaced: what is held from a node no longer in the chain is dropped.
+  // REQUIRES: both of ctx.stages() entries, chain[stage] this node's key.
+  void SetChain(std::vector<protocol::NodeId> chain, std::vector<std::string> endpoints);
+  // The context RunStageStep must be given (the chain as last set).
+  StageContext context() const;
+  // Step `step` begins (or begins again: a replica that failed a step, or rolls back to an
+  // earlier one, resumes from its stages' checkpoints and calls it with that step): its deadline
+  // is step_deadline_ms from now; what is held for earlier steps is dropped, what is held for it
+  // and the next is kept (tensors are a pure function of the step's inputs: a re-run sends the
+  // same ones).
   void BeginStep(uint64_t step);
   // The link RunStageStep uses for the current step.
   StageLink* link();
@@ -111,8 +119,9 @@ class StagePlane {
   std::string PeerName(uint32_t stage) const;             // REQUIRES: mu_ held
   void StageUnhold(uint32_t from_stage, uint64_t bytes);  // REQUIRES: mu_ held
 
-  const StageContext ctx_;
+  StageContext ctx_;  // its chain: guarded by mu_ (the rest never changes)
   const uint32_t stage_;
+  const uint32_t stages_;  // the chain's length
   const KeyPair key_;
   net::Transport* const transport_;
   const StagePlaneOptions options_;
