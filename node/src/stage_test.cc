@@ -178,15 +178,18 @@ class StageServingLink final : public StageLink {
 };
 
 // One step of every stage, each in its own thread, over `links`. Returns the outcomes.
+// `wrong[s]`: the batch stage s trains on instead of the step's (a wrong_data adversary).
 std::vector<StageStepOutcome> StageRunStep(std::vector<std::unique_ptr<Stage>>& stages,
                                            const StageContext& ctx,
-                                           const std::vector<StageLink*>& links, int64_t step) {
+                                           const std::vector<StageLink*>& links, int64_t step,
+                                           const std::map<int, Batch>& wrong = {}) {
   const Batch batch = StageBatch(stages[0]->state().model->spec(), step);
   std::vector<Result<StageStepOutcome>> got(stages.size(), Internal("not run"));
   std::vector<std::thread> threads;
   for (size_t s = 0; s < stages.size(); ++s) {
+    const Batch& b = wrong.count(static_cast<int>(s)) ? wrong.at(static_cast<int>(s)) : batch;
     threads.emplace_back(
-        [&, s] { got[s] = RunStageStep(*stages[s], ctx, batch, kStageDropoutSeed, *links[s]); });
+        [&, s] { got[s] = RunStageStep(*stages[s], ctx, b, kStageDropoutSeed, *links[s]); });
   }
   for (std::thread& t : threads) t.join();
   std::vector<StageStepOutcome> out;
@@ -246,9 +249,14 @@ struct StageReplayRun {
   std::vector<std::string> checkpoints;
 };
 
+// `adversary` runs before step 1, `after` after it (it may change a stage and its commit), and
+// `wrong[s]` is the batch stage s trains step 1 on.
 void StageRunForReplay(const char* toml, StageReplayRun* run,
                        const std::function<void(std::vector<std::unique_ptr<Stage>>&,
-                                                std::vector<StageServingLink*>&)>& adversary) {
+                                                std::vector<StageServingLink*>&)>& adversary,
+                       const std::function<void(std::vector<std::unique_ptr<Stage>>&,
+                                                std::vector<StageStepOutcome>&)>& after = nullptr,
+                       const std::map<int, Batch>& wrong = {}) {
   run->spec = StageParseModel(toml);
   std::vector<std::unique_ptr<Stage>> stages = StageStages(run->spec);
   const StageContext ctx = StageCtx();
@@ -267,7 +275,8 @@ void StageRunForReplay(const char* toml, StageReplayRun* run,
     serving[s]->served.clear();
   }
   if (adversary) adversary(stages, links);
-  std::vector<StageStepOutcome> out = StageRunStep(stages, ctx, as_links, 1);
+  std::vector<StageStepOutcome> out = StageRunStep(stages, ctx, as_links, 1, wrong);
+  if (after) after(stages, out);
   for (int s = 0; s < 3; ++s) {
     run->commits.push_back(out[s].commit);
     run->served.push_back(serving[s]->served);
@@ -347,6 +356,80 @@ TEST(StageReplayTest, AStageThatSendsCorruptedActivationsWhileComputingHonestlyI
   // gradients that came back: every honest stage of the replica passes, the cheat alone is named.
   EXPECT_TRUE(StageReplay(run, 2).ok()) << StageReplay(run, 2).message;
   EXPECT_TRUE(StageReplay(run, 0).ok()) << StageReplay(run, 0).message;
+}
+
+// The solver adversary modes (node/adversary.h), each applied to one stage of the replica: the
+// replay of every stage's step finds that stage, with the expected finding, and passes the
+// other two.
+TEST(StageReplayTest, EveryAdversaryModeOnOneStageIsCaughtAndNoHonestStageIs) {
+  const ModelSpec spec = StageParseModel(kStageMlp);
+  using Stages = std::vector<std::unique_ptr<Stage>>;
+  using Outcomes = std::vector<StageStepOutcome>;
+  struct Mode {
+    std::string name;
+    int cheat;
+    StageFault fault;
+    StageTensorKind kind;  // of the tensor at fault (output findings)
+    std::function<void(Stages&, Outcomes&)> after;
+    std::map<int, Batch> wrong;
+    std::function<void(Stages&, std::vector<StageServingLink*>&)> before;
+  };
+  const Batch other = StageBatch(spec, 7);
+  const auto kAct = StageTensorKind::kStageTensorActivation;
+  std::vector<Mode> modes = {
+      // lazy: does the passes but not the update, and commits the state it started from.
+      {"lazy", 1, StageFault::kStageFaultState, kAct,
+       [](Stages&, Outcomes& out) { out[1].commit.state_after = out[1].commit.state_before; }},
+      // noisy: adds noise to its weights after the update and commits that state.
+      {"noisy", 1, StageFault::kStageFaultState, kAct,
+       [](Stages& st, Outcomes& out) {
+         for (float& w : st[1]->params()[0].value.vec()) w = w + 1e-4f;
+         out[1].commit.state_after = engine::StateHash(st[1]->state());
+       }},
+      // wrong_data: the first stage trains on other inputs, the last on other targets.
+      {"wrong_data (inputs)", 0, StageFault::kStageFaultOutput, kAct, nullptr, {{0, other}}},
+      {"wrong_data (targets)",
+       2,
+       StageFault::kStageFaultOutput,
+       StageTensorKind::kStageTensorActivationGrad,
+       nullptr,
+       {{2, other}}},
+      // wrong_result: commits a state it did not compute.
+      {"wrong_result", 2, StageFault::kStageFaultState, kAct,
+       [](Stages&, Outcomes& out) { out[2].commit.state_after = Blake2b("a made-up state"); }},
+      // computes honestly, sends corrupted activations.
+      {"corrupt activations",
+       1,
+       StageFault::kStageFaultOutput,
+       kAct,
+       nullptr,
+       {},
+       [](Stages&, std::vector<StageServingLink*>& links) {
+         links[1]->corrupt = [](const StageTensorKey& k) {
+           return k.kind == StageTensorKind::kStageTensorActivation && k.micro_batch == 0;
+         };
+       }},
+  };
+  for (const Mode& m : modes) {
+    SCOPED_TRACE(m.name);
+    StageReplayRun run;
+    StageRunForReplay(kStageMlp, &run, m.before, m.after, m.wrong);
+    for (int s = 0; s < 3; ++s) {
+      StageReplayResult r = StageReplay(run, s);
+      if (s != m.cheat) {
+        EXPECT_TRUE(r.ok()) << "honest stage " << s << ": " << r.message;
+        continue;
+      }
+      EXPECT_EQ(r.fault, m.fault) << r.message;
+      EXPECT_EQ(r.stage, static_cast<uint32_t>(s));
+      EXPECT_EQ(r.replica, 1u);
+      EXPECT_EQ(r.step, 1u);
+      if (m.fault == StageFault::kStageFaultOutput) {
+        EXPECT_EQ(r.key.kind, m.kind) << r.message;
+        EXPECT_EQ(r.micro_batch, 0) << r.message;
+      }
+    }
+  }
 }
 
 TEST(StageReplayTest, AReceivedInputThatDoesNotMatchItsSignedRecordIsCaught) {
