@@ -86,6 +86,7 @@ void StagePlane::BeginStep(uint64_t step) {
   step_ = step;
   deadline_ = Clock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
   taken_.clear();
+  received_.clear();
   for (auto it = inbox_.begin(); it != inbox_.end();) {
     if (it->first.step < step) {
       StageUnhold(it->first.from_stage, it->second.record.bytes);
@@ -102,6 +103,11 @@ StageLink* StagePlane::link() { return link_.get(); }
 void StagePlane::StageUnhold(uint32_t from_stage, uint64_t bytes) {
   held_bytes_ -= bytes;
   held_from_[from_stage] -= bytes;
+}
+
+std::map<Hash256, Bytes> StagePlane::received() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return received_;
 }
 
 StagePlaneStats StagePlane::stats() const {
@@ -219,6 +225,7 @@ Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTran
   inbox_.erase(it);
   StageUnhold(key.from_stage, h.record.bytes);
   taken_[key] = h.record.tensor;
+  received_[h.record.tensor] = StageTensorBytes(h.values);
   *record = std::move(h.record);
   return std::move(h.values);
 }

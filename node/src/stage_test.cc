@@ -25,6 +25,7 @@
 #include "meshlearn/net/http_transport.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/network_round.h"
+#include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/node/stage_plane.h"
 #include "meshlearn/node/stage_replay.h"
 #include "meshlearn/node/stage_step.h"
@@ -506,6 +507,7 @@ TEST(StageReplayTest, AWrongUpdateAStartElsewhereAndMissingRecordsAreCaught) {
 // the handlers use the plane).
 struct StageNode {
   net::Router router;
+  StageEvidence evidence;
   std::unique_ptr<net::HttpTransport> transport;
   std::unique_ptr<StagePlane> plane;
   std::unique_ptr<net::HttpServer> server;
@@ -520,6 +522,7 @@ std::unique_ptr<StageNode> StageStartNode(const StageContext& ctx, int s, const 
   n->transport = std::make_unique<net::HttpTransport>(topt);
   n->plane = std::make_unique<StagePlane>(ctx, s, key, n->transport.get(), options);
   n->plane->Register(&n->router);
+  n->evidence.Register(&n->router);
   net::HttpServerOptions sopt;
   sopt.threads = 4;
   n->server = std::make_unique<net::HttpServer>(&n->router, sopt);
@@ -820,6 +823,75 @@ TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloc
   EXPECT_EQ(HashFloats(state.weights), want->final_hash);
   std::printf("2 rounds x 2 replicas x 3 stages over HTTP: %llu tensor bytes between stages\n",
               static_cast<unsigned long long>(bytes));
+}
+
+// A verifier fetches a stage step's evidence from the stage's node over HTTP (the commit, the
+// checkpoint of the step's start, the received tensors) and replays it.
+TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+    const StageContext ctx = StageCtx();
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, {});
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, 1, &out);
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+    MemEnv env;
+    std::vector<Bytes> checkpoints;
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(engine::SaveCheckpoint(&env, "c", got[s]->state()).ok());
+      Result<std::string> file = env.ReadFile("c");
+      ASSERT_TRUE(file.ok());
+      checkpoints.push_back(ToBytes(*file));
+    }
+    st = StageRunOverHttp(got, nodes, {0, 1, 2}, 1, 2, &out);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+      std::map<Hash256, Bytes> received = nodes[s]->plane->received();
+      EXPECT_EQ(received.size(), out[s][0].commit.received.size());
+      if (s == 2 && spec.kind != "gpt") {
+        // The MLP's stage 2 serves, for micro-batch 1's activations, other floats than it got.
+        Bytes& b = received.at(out[s][0].commit.received[1].tensor);
+        b[0] ^= 1;
+      }
+      nodes[s]->evidence.Publish(out[s][0].commit, received, checkpoints[s]);
+    }
+
+    StageReplaySetup setup;
+    setup.model = spec;
+    setup.optimizer = StageOptimizer();
+    Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
+    ASSERT_TRUE(cut.ok());
+    setup.cut = *cut;
+    setup.micro_batches = kStageMicroBatches;
+    setup.chain = ctx.chain;
+    net::HttpTransport verifier;
+    for (int s = 0; s < 3; ++s) {
+      const StageStepRef ref{ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), 1};
+      Result<StageStepEvidence> ev =
+          FetchStageStepEvidence(&verifier, nodes[s]->server->endpoint(), ref);
+      ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+      EXPECT_EQ(ev->commit, out[s][0].commit);
+      Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
+      ASSERT_TRUE(start.ok()) << start.status().ToString();
+      Result<StageReplayResult> r = ReplayStageStep(setup, std::move(*start), ev->commit, ev->blobs,
+                                                    StageBatch(spec, 1), kStageDropoutSeed);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      if (s == 2 && spec.kind != "gpt") {
+        EXPECT_EQ(r->fault, StageFault::kStageFaultInput) << r->message;
+        EXPECT_EQ(r->micro_batch, 1) << r->message;
+      } else {
+        EXPECT_TRUE(r->ok()) << "stage " << s << ": " << r->message;
+      }
+    }
+    Result<StageStepEvidence> none = FetchStageStepEvidence(
+        &verifier, nodes[0]->server->endpoint(), {ctx.task, ctx.round, ctx.replica, 0, 7});
+    EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status().ToString();
+    EXPECT_NE(none.status().message().find("serves no replica 1, stage 0, step 7"),
+              std::string::npos)
+        << none.status().ToString();
+  }
 }
 
 // A stage node killed in the middle of a step: its link fails once it has run micro-batch 0's

@@ -101,6 +101,9 @@ class StagePlane {
   void BeginStep(uint64_t step);
   // The link RunStageStep uses for the current step.
   StageLink* link();
+  // The tensors the stage took this step, by hash (StageTensorBytes): what it serves verifiers
+  // (stage_evidence.h). A copy of each is kept until the next BeginStep.
+  std::map<Hash256, Bytes> received() const;
   StagePlaneStats stats() const;
 
   // The handler of "stage.push" (public for tests that drive it without HTTP).
@@ -134,6 +137,7 @@ class StagePlane {
   std::chrono::steady_clock::time_point deadline_;
   std::map<protocol::StageTensorKey, Held> inbox_;
   std::map<protocol::StageTensorKey, Hash256> taken_;  // this step's, by key
+  std::map<Hash256, Bytes> received_;                  // this step's, by hash
   uint64_t held_bytes_ = 0;
   std::map<uint32_t, uint64_t> held_from_;  // by sending stage
   protocol::StageTensorKey awaited_;        // what Take waits for (default: nothing)
