@@ -12,7 +12,7 @@ namespace meshlearn::node {
 
 using protocol::StageTensorKey;
 using protocol::StageTransfer;
-using Clock = std::chrono::steady_clock;
+using StagePlaneClock = std::chrono::steady_clock;
 
 Bytes EncodeStagePush(const StageTransfer& record, std::span<const float> values) {
   Encoder e;
@@ -47,7 +47,7 @@ StagePlane::StagePlane(StageContext ctx, int stage, KeyPair key, net::Transport*
   CHECK_LT(stage_, ctx_.stages());
   endpoints_.assign(ctx_.chain.size(), "");
   CHECK(key_.public_key() == ctx_.chain[stage_]) << "stage " << stage << " signs with its node key";
-  deadline_ = Clock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
+  deadline_ = StagePlaneClock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
 }
 
 StagePlane::~StagePlane() = default;
@@ -84,7 +84,7 @@ StageContext StagePlane::context() const {
 void StagePlane::BeginStep(uint64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   step_ = step;
-  deadline_ = Clock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
+  deadline_ = StagePlaneClock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
   taken_.clear();
   received_.clear();
   for (auto it = inbox_.begin(); it != inbox_.end();) {
@@ -162,16 +162,18 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
 
   std::lock_guard<std::mutex> lock(mu_);
   if (ctx_.chain[k.from_stage] != sender) {
-    return FailedPrecondition(me + ": " + k.ToString() + ": stage " + std::to_string(k.from_stage) +
-                              "'s node was replaced while the push was checked");
+    return Unavailable(me + ": " + k.ToString() + ": stage " + std::to_string(k.from_stage) +
+                       "'s node was replaced while the push was checked; retry");
   }
   if (k.step < step_) {  // a retry of a push the stage already used: done
     ++stats_.duplicates;
     return Bytes();
   }
   if (k.step > step_ + 1) {
-    return FailedPrecondition(me + ": " + k.ToString() + " is ahead of this stage's step " +
-                              std::to_string(step_) + " by more than one");
+    // Not yet: a stage that joined the replica (a replacement) begins the step after the others
+    // may have; the sender retries until its deadline.
+    return Unavailable(me + ": " + k.ToString() + " is ahead of this stage's step " +
+                       std::to_string(step_) + " by more than one; retry");
   }
   auto held = inbox_.find(k);
   auto taken = taken_.find(k);
@@ -240,7 +242,7 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
                              " (use more micro-batches, or raise max_tensor_bytes on every stage)");
   }
   const Bytes body = EncodeStagePush(record, values);
-  Clock::time_point deadline;
+  StagePlaneClock::time_point deadline;
   std::string endpoint, peer;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -256,7 +258,7 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
   Status last = Status::Ok();
   for (bool first = true;; first = false) {
     const int64_t left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - StagePlaneClock::now()).count();
     if (left <= 0) {
       return DeadlineExceeded(peer + " did not take " + key.ToString() +
                               " within the step's deadline of " +

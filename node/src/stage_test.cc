@@ -1045,7 +1045,7 @@ TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("the tensor received hashes to"), std::string::npos) << st.ToString();
   st = push(SignStageTensor(key(0, 5), a, StageNodeKey(0)), a);
-  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << "not yet: the sender retries";
   EXPECT_NE(st.message().find("ahead of this stage's step 0"), std::string::npos) << st.ToString();
   Bytes truncated = EncodeStagePush(a0, a);
   truncated.pop_back();

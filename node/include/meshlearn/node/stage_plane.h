@@ -9,11 +9,12 @@
 // The receiver checks everything before keeping a byte: the record's shape, that it belongs to
 // this replica (task, round, replica, chain length) and is addressed to this stage, the sender's
 // signature against the chain's node of the sending stage, the tensor's size and hash against the
-// record (content-addressed: the key's tensor is the one its hash names), and the step (the
-// current one or the next; an earlier step's push is a retry of something already used and is
-// answered ok, a second tensor for a key already held or taken is refused as equivocation; the
-// same tensor again is held again, for a re-run of the step). Then it holds the tensor in the
-// stage's inbox until the stage's RunStageStep takes it.
+// record (content-addressed: the key's tensor is the one its hash names), and the step: the
+// current one or the next are held; a later one is answered Unavailable ("not yet") and retried,
+// as a replacement node may begin a step after its peers; an earlier step's push is a retry of
+// something already used and is answered ok. A second tensor for a key already held or taken is
+// refused as equivocation; the same tensor again is held again, for a re-run of the step. The
+// stage's RunStageStep takes what is held from its inbox.
 //
 // Back-pressure: the inbox holds at most `inbox_bytes` from each sending stage (but always one
 // tensor, whatever its size, and always the tensor the stage is waiting for); a push beyond is
