@@ -110,7 +110,7 @@ void StageEvidence::Register(net::Router* router) {
       kMethodStageSlice, [this](const net::Request& r) { return HandleSlice(r); }, 256);
 }
 
-void StageEvidence::Publish(StageStepCommit commit, std::map<Hash256, Bytes> received,
+void StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, Bytes> received,
                             Bytes checkpoint) {
   const StageStepRef ref = StageStepRefOf(commit);
   Entry e{protocol::EncodeStageStepCommit(commit), std::move(received), std::move(checkpoint)};

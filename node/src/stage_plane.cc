@@ -35,12 +35,12 @@ class StagePlane::Link final : public StageLink {
   StagePlane* plane_;
 };
 
-StagePlane::StagePlane(StageContext ctx, int stage, KeyPair key, net::Transport* transport,
+StagePlane::StagePlane(StageContext ctx, int stage, const KeyPair& key, net::Transport* transport,
                        StagePlaneOptions options)
     : ctx_(std::move(ctx)),
       stage_(static_cast<uint32_t>(stage)),
       stages_(ctx_.stages()),
-      key_(std::move(key)),
+      key_(key),
       transport_(transport),
       options_(options),
       link_(std::make_unique<Link>(this)) {
@@ -205,7 +205,7 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
   held_bytes_ += rec->bytes;
   stats_.peak_inbox_bytes = std::max(stats_.peak_inbox_bytes, held_bytes_);
   ++stats_.pushes_taken;
-  inbox_[k] = Held{std::move(*rec), std::move(values)};
+  inbox_[k] = Held{*rec, std::move(values)};
   cv_.notify_all();
   return Bytes();
 }
@@ -228,7 +228,7 @@ Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTran
   StageUnhold(key.from_stage, h.record.bytes);
   taken_[key] = h.record.tensor;
   received_[h.record.tensor] = StageTensorBytes(h.values);
-  *record = std::move(h.record);
+  *record = h.record;
   return std::move(h.values);
 }
 
@@ -258,7 +258,8 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
   Status last = Status::Ok();
   for (bool first = true;; first = false) {
     const int64_t left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - StagePlaneClock::now()).count();
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - StagePlaneClock::now())
+            .count();
     if (left <= 0) {
       return DeadlineExceeded(peer + " did not take " + key.ToString() +
                               " within the step's deadline of " +

@@ -96,13 +96,13 @@ Result<StageStepOutcome> RunStageStep(engine::Stage& stage, const StageContext& 
     StageTransfer record;
     Result<std::vector<float>> v = link.Receive(ctx.Key(kind, from, s, ustep, m), &record);
     if (!v.ok()) return v.status().WithPrefix(name);
-    c.received.push_back(std::move(record));
+    c.received.push_back(record);
     return v;
   };
   auto send = [&](StageTensorKind kind, uint32_t to, int64_t m, std::span<const float> v) {
     Result<StageTransfer> record = link.Send(ctx.Key(kind, s, to, ustep, m), v);
     if (!record.ok()) return record.status().WithPrefix(name);
-    c.sent.push_back(std::move(*record));
+    c.sent.push_back(*record);
     return Status::Ok();
   };
   // A once-per-step tensor of the size the stage needs (a peer's tensor: checked, not assumed).
@@ -214,7 +214,7 @@ class MemoryStageNetwork::Link final : public StageLink {
     net_->boxes_.erase(it);
     lock.unlock();
     ML_RETURN_IF_ERROR(CheckStageTensor(box.record, box.values, net_->ctx_));
-    *record = std::move(box.record);
+    *record = box.record;
     return std::move(box.values);
   }
 

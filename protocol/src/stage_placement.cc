@@ -69,11 +69,13 @@ Result<std::vector<std::vector<NodeId>>> PlaceStages(
 
   auto memories_of = [](const std::vector<const NodeView*>& v) {
     std::vector<uint64_t> m;
+    m.reserve(v.size());
     for (const NodeView* n : v) m.push_back(n->memory_bytes);
     return m;
   };
   auto needs_of = [&](size_t from) {
     std::vector<uint64_t> m;
+    m.reserve(slots.size() - from);
     for (size_t i = from; i < slots.size(); ++i) m.push_back(slots[i].need.memory_bytes);
     return m;
   };

@@ -67,7 +67,7 @@ class StageEvidence {
   // Serves the step of `commit` (replacing what was served for it): `received`, the tensors the
   // stage received that step by hash (StageTensorBytes; StagePlane::received()), and
   // `checkpoint`, its checkpoint file of the step's start.
-  void Publish(protocol::StageStepCommit commit, std::map<Hash256, Bytes> received,
+  void Publish(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received,
                Bytes checkpoint);
   // Stops serving a step (its round is final).
   void Withdraw(const StageStepRef& ref);

@@ -78,7 +78,7 @@ class StagePlane {
  public:
   // Stage `stage` of ctx's replica, signing with `key` (ctx.chain[stage] must be its public key).
   // `transport` must outlive the plane.
-  StagePlane(StageContext ctx, int stage, KeyPair key, net::Transport* transport,
+  StagePlane(StageContext ctx, int stage, const KeyPair& key, net::Transport* transport,
              StagePlaneOptions options = {});
   ~StagePlane();
   StagePlane(const StagePlane&) = delete;
