@@ -916,7 +916,7 @@ TEST(StagePlaneTest, AStageNodeKilledMidStepIsReplacedAndTheReplicaEndsBitEqual)
     const ModelSpec spec = StageParseModel(toml);
     SCOPED_TRACE(spec.kind);
     std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
-    for (int64_t step = 0; step < 3; ++step) {
+    for (int64_t step = 0; step < 4; ++step) {
       engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
     }
     std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
@@ -925,26 +925,26 @@ TEST(StagePlaneTest, AStageNodeKilledMidStepIsReplacedAndTheReplicaEndsBitEqual)
     opt.step_deadline_ms = 800;
     std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
     std::vector<std::vector<StageStepOutcome>> out;
-    std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, 1, &out);
+    std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, 2, &out);
     for (int s = 0; s < 3; ++s) ASSERT_TRUE(st[s].ok()) << st[s].ToString();
-    // Every stage checkpoints the start of step 1.
+    // Every stage checkpoints the start of step 2.
     MemEnv env;
     for (int s = 0; s < 3; ++s) {
       ASSERT_TRUE(engine::SaveCheckpoint(&env, "s" + std::to_string(s), got[s]->state()).ok());
     }
 
-    // Step 1: stage 2's node dies after its forward pass of micro-batch 0; the others fail the
+    // Step 2: stage 2's node dies after its forward pass of micro-batch 0; the others fail the
     // step by its deadline, their weights untouched.
     Status died;
     std::thread dying([&] {
-      nodes[2]->plane->BeginStep(1);
+      nodes[2]->plane->BeginStep(2);
       StageDyingLink link(nodes[2]->plane->link());
       Result<StageStepOutcome> r =
-          RunStageStep(*got[2], ctx, StageBatch(spec, 1), kStageDropoutSeed, link);
+          RunStageStep(*got[2], ctx, StageBatch(spec, 2), kStageDropoutSeed, link);
       died = r.status();
       nodes[2]->server->Stop();
     });
-    st = StageRunOverHttp(got, nodes, {0, 1}, 1, 2, &out);
+    st = StageRunOverHttp(got, nodes, {0, 1}, 2, 3, &out);
     dying.join();
     EXPECT_EQ(died.code(), StatusCode::kUnavailable) << died.ToString();
     for (int s = 0; s < 2; ++s) {
@@ -952,8 +952,10 @@ TEST(StagePlaneTest, AStageNodeKilledMidStepIsReplacedAndTheReplicaEndsBitEqual)
     }
 
     // The scheduler replaces stage 2's node by another (another key, another endpoint); every
-    // stage of the replica resumes from its checkpoint of step 1's start, the new node from
-    // stage 2's; and the replica trains on, bit-equal to the pipeline in one process.
+    // stage of the replica resumes from its checkpoint of step 2's start, the new node from
+    // stage 2's; and the replica trains on, bit-equal to the pipeline in one process. (The new
+    // node's plane starts at step 0: its peers' step-2 pushes that arrive before its BeginStep(2)
+    // are answered "not yet" and retried.)
     StageContext replaced = ctx;
     replaced.chain[2] = StageNodeKey(5).public_key();
     nodes[2] = StageStartNode(replaced, 2, StageNodeKey(5), opt);
@@ -969,7 +971,7 @@ TEST(StagePlaneTest, AStageNodeKilledMidStepIsReplacedAndTheReplicaEndsBitEqual)
       ASSERT_TRUE(saved.ok()) << saved.status().ToString();
       ASSERT_TRUE(got[s]->Restore(std::move(*saved)).ok());
     }
-    st = StageRunOverHttp(got, nodes, {0, 1, 2}, 1, 3, &out);
+    st = StageRunOverHttp(got, nodes, {0, 1, 2}, 2, 4, &out);
     for (int s = 0; s < 3; ++s) {
       ASSERT_TRUE(st[s].ok()) << st[s].ToString();
       EXPECT_EQ(engine::StateHash(got[s]->state()), engine::StateHash(want[s]->state()))
