@@ -274,11 +274,20 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
     req.method = kMethodStagePush;
     req.body = body;
     req.timeout_ms = std::min(left, options_.request_timeout_ms);
+    const StagePlaneClock::time_point sent_at = StagePlaneClock::now();
     Result<Bytes> r = transport_->Send(endpoint, std::move(req));
     if (r.ok()) {
+      const uint64_t us = static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(StagePlaneClock::now() - sent_at)
+              .count());
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.pushes_sent;
       stats_.bytes_sent += record.bytes;
+      StageLinkStats& link = stats_.links[key.to_stage];
+      link.min_push_us = link.pushes == 0 ? us : std::min(link.min_push_us, us);
+      ++link.pushes;
+      link.bytes += record.bytes;
+      link.push_us += us;
       return record;
     }
     last = r.status();

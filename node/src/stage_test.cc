@@ -615,6 +615,15 @@ TEST(StagePlaneTest, ThreeStageEndpointsTrainBitEqualToRunPipelineStep) {
     }
     for (int64_t step = 0; step < kSteps; ++step) EXPECT_EQ(out[2][step].loss, losses[step]);
     uint64_t bytes = 0, pushes = 0, retries = 0, peak = 0;
+    // The links each stage measured: per step, stage 1 pushes M activations and the running sum
+    // to stage 2 and M gradients to stage 0.
+    const StagePlaneStats middle = nodes[1]->plane->stats();
+    ASSERT_EQ(middle.links.size(), 2u);
+    EXPECT_EQ(middle.links.at(2).pushes, kSteps * (kStageMicroBatches + 1));
+    EXPECT_EQ(middle.links.at(0).pushes, kSteps * kStageMicroBatches);
+    EXPECT_EQ(middle.links.at(0).bytes + middle.links.at(2).bytes, middle.bytes_sent);
+    EXPECT_LE(middle.links.at(0).min_push_us * middle.links.at(0).pushes,
+              middle.links.at(0).push_us);
     for (auto& n : nodes) {
       const StagePlaneStats ps = n->plane->stats();
       bytes += ps.bytes_sent;

@@ -64,13 +64,24 @@ struct StagePlaneOptions {
   int64_t retry_max_ms = 100;
 };
 
+// What this stage measured of its link to one peer stage: the pushes that peer took. A first
+// measure of the link (bytes over the time its pushes took, the fastest push's round trip) for
+// placing consecutive stages on well-connected nodes; nothing reports it to the ledger yet.
+struct StageLinkStats {
+  uint64_t pushes = 0;
+  uint64_t bytes = 0;        // tensor bytes
+  uint64_t push_us = 0;      // the taken pushes' round trips, summed (microseconds)
+  uint64_t min_push_us = 0;  // the fastest one
+};
+
 struct StagePlaneStats {
-  uint64_t pushes_sent = 0;   // pushes the peers took
-  uint64_t bytes_sent = 0;    // tensor bytes in them
-  uint64_t push_retries = 0;  // pushes sent again (busy, unavailable, timed out)
-  uint64_t pushes_taken = 0;  // pushes this stage took into its inbox
-  uint64_t refused_busy = 0;  // pushes this stage refused: inbox full
-  uint64_t duplicates = 0;    // pushes of a key held or of an earlier step, answered ok
+  std::map<uint32_t, StageLinkStats> links;  // by the receiving stage
+  uint64_t pushes_sent = 0;                  // pushes the peers took
+  uint64_t bytes_sent = 0;                   // tensor bytes in them
+  uint64_t push_retries = 0;                 // pushes sent again (busy, unavailable, timed out)
+  uint64_t pushes_taken = 0;                 // pushes this stage took into its inbox
+  uint64_t refused_busy = 0;                 // pushes this stage refused: inbox full
+  uint64_t duplicates = 0;  // pushes of a key held or of an earlier step, answered ok
   uint64_t peak_inbox_bytes = 0;
 };
 
