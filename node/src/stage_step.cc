@@ -160,7 +160,9 @@ Result<StageStepOutcome> RunStageStep(engine::Stage& stage, const StageContext& 
     for (int64_t m = 0; m < M; ++m) loss = loss + stage.loss(m);
     out.loss = M == 1 ? loss : loss / static_cast<float>(M);
   }
-  // 3. The head's wte gradient joins the embedding's.
+  // 3. The head's wte gradient joins the embedding's: sent from the last stage to stage 0, or,
+  // a GPT in one stage, added where it is.
+  if (model.tied_head() && S == 1) stage.AddTiedHeadGrad(stage.tied_head_grad());
   if (tied && s == last_stage) {
     ML_RETURN_IF_ERROR(
         send(StageTensorKind::kStageTensorTiedHeadGrad, 0, -1, stage.tied_head_grad()));

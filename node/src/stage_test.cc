@@ -122,8 +122,10 @@ std::vector<int64_t> StageBounds(const ModelSpec& spec) {
   return spec.kind == "gpt" ? std::vector<int64_t>{0, 1, 2, 4} : std::vector<int64_t>{0, 2, 5, 7};
 }
 
-std::vector<std::unique_ptr<Stage>> StageStages(const ModelSpec& spec) {
-  Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
+std::vector<std::unique_ptr<Stage>> StageStages(const ModelSpec& spec,
+                                                std::vector<int64_t> bounds = {}) {
+  if (bounds.empty()) bounds = StageBounds(spec);
+  Result<engine::PipelineCut> cut = engine::MakeCut(spec, bounds);
   CHECK(cut.ok()) << cut.status().ToString();
   std::vector<std::unique_ptr<Stage>> stages;
   for (int s = 0; s < cut->stages(); ++s) {
@@ -142,16 +144,20 @@ KeyPair StageNodeKey(int s) {
   return KeyPair::FromSeed(seed);
 }
 
-StageContext StageCtx() {
+StageContext StageCtx(int stages = 3) {
   StageContext ctx;
   ctx.task = Blake2b("stage test task");
   ctx.round = 3;
   ctx.replica = 1;
-  for (int s = 0; s < 3; ++s) ctx.chain.push_back(StageNodeKey(s).public_key());
+  for (int s = 0; s < stages; ++s) ctx.chain.push_back(StageNodeKey(s).public_key());
   return ctx;
 }
 
-std::vector<KeyPair> StageKeys() { return {StageNodeKey(0), StageNodeKey(1), StageNodeKey(2)}; }
+std::vector<KeyPair> StageKeys(int stages = 3) {
+  std::vector<KeyPair> keys;
+  for (int s = 0; s < stages; ++s) keys.push_back(StageNodeKey(s));
+  return keys;
+}
 
 // What a stage node does around its link: it keeps (serves) every tensor it received, by hash,
 // and an adversary may change what it sends.
@@ -234,6 +240,44 @@ TEST(StageStepTest, StagesTalkingThroughLinksEqualRunPipelineStep) {
       const size_t sends =
           out[0].commit.sent.size() + out[1].commit.sent.size() + out[2].commit.sent.size();
       EXPECT_EQ(sends, 2 * 2 * kStageMicroBatches + 4 + (spec.kind == "gpt" ? 2 : 0));
+    }
+  }
+}
+
+// Chains of 1, 2 and 4 stages (no middle stage, two middle stages; one stage sends nothing).
+TEST(StageStepTest, ChainsOfOtherLengthsEqualRunPipelineStep) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    const std::vector<std::vector<int64_t>> cuts =
+        spec.kind == "gpt" ? std::vector<std::vector<int64_t>>{{0, 4}, {0, 2, 4}, {0, 1, 2, 3, 4}}
+                           : std::vector<std::vector<int64_t>>{{0, 7}, {0, 3, 7}, {0, 1, 3, 5, 7}};
+    for (const std::vector<int64_t>& bounds : cuts) {
+      const int S = static_cast<int>(bounds.size()) - 1;
+      SCOPED_TRACE(spec.kind + " in " + std::to_string(S) + " stages");
+      std::vector<std::unique_ptr<Stage>> want = StageStages(spec, bounds);
+      std::vector<std::unique_ptr<Stage>> got = StageStages(spec, bounds);
+      const StageContext ctx = StageCtx(S);
+      MemoryStageNetwork net(ctx, StageKeys(S));
+      std::vector<StageLink*> links;
+      for (int s = 0; s < S; ++s) links.push_back(net.link(s));
+      for (int64_t step = 0; step < 2; ++step) {
+        engine::PipelineStepResult r =
+            engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+        std::vector<StageStepOutcome> out = StageRunStep(got, ctx, links, step);
+        EXPECT_EQ(out[static_cast<size_t>(S - 1)].loss, r.loss);
+        size_t sends = 0;
+        for (int s = 0; s < S; ++s) {
+          EXPECT_EQ(engine::StateHash(got[s]->state()), engine::StateHash(want[s]->state()))
+              << "stage " << s << " after step " << step;
+          EXPECT_EQ(out[s].grad_norm, r.grad_norm);
+          sends += out[s].commit.sent.size();
+        }
+        // M activations and M gradients per boundary, the running sum and the total per
+        // boundary, and a GPT's wte and head gradient.
+        const size_t boundaries = static_cast<size_t>(S - 1);
+        EXPECT_EQ(sends, boundaries * (2 * kStageMicroBatches + 2) +
+                             (spec.kind == "gpt" && S > 1 ? 2 : 0));
+      }
     }
   }
 }

@@ -11,7 +11,8 @@
 //      forward, send the output to stage s+1 (not the last stage);
 //   2. for m = 0..M-1: receive d loss / d output from stage s+1 (not the last stage), backward,
 //      send d loss / d input to stage s-1 (not stage 0);
-//   3. a GPT, S > 1: the last stage sends its head's wte gradient to stage 0, which adds it;
+//   3. a GPT: the last stage sends its head's wte gradient to stage 0, which adds it (S = 1: the
+//      stage adds its own);
 //   4. the sum of squares: receive the running sum from s-1 (0 for stage 0), add the stage's,
 //      send it on to s+1; the last stage sends the total to every other stage;
 //   5. the update with norm = sqrt(total).
