@@ -1,0 +1,162 @@
+// The data plane between the stage nodes of a pipeline replica (issue 15; docs/networking.md
+// "Pipeline stages").
+//
+// Each stage node serves one method beside its blob and unit services, and pushes what it sends
+// straight to the receiving stage's node:
+//
+//   "stage.push"  {record: EncodeStageTransfer, tensor: raw float32 bytes} -> empty
+//
+// The receiver checks everything before keeping a byte: the record's shape, that it belongs to
+// this replica (task, round, replica, chain length) and is addressed to this stage, the sender's
+// signature against the chain's node of the sending stage, the tensor's size and hash against the
+// record (content-addressed: the key's tensor is the one its hash names), and the step: the
+// current one or the next are held; a later one is answered Unavailable ("not yet") and retried,
+// as a replacement node may begin a step after its peers; an earlier step's push is a retry of
+// something already used and is answered ok. A second tensor for a key already held or taken is
+// refused as equivocation; the same tensor again is held again, for a re-run of the step. The
+// stage's RunStageStep takes what is held from its inbox.
+//
+// Back-pressure: the inbox holds at most `inbox_bytes` from each sending stage (but always one
+// tensor, whatever its size, and always the tensor the stage is waiting for); a push beyond is
+// refused with ResourceExhausted and the sender retries, backing off, until the step's deadline.
+// Per sender, because a stage takes each neighbour's tensors in the order that neighbour sends
+// them but not the neighbours' in the order they arrive (one budget for all could hold the next
+// step's activation while refusing this step's gradient total: a deadlock). Unavailable and
+// DeadlineExceeded (a peer restarting, a lost answer) are retried the same way; anything else (a
+// refused record) fails the step at once. A Receive waits for its tensor until the step's deadline:
+// a stage that stops answering fails its neighbours' step with a DeadlineExceeded that names the
+// stage, its endpoint and the tensor, and no stage's weights change (stage_step.h: the update is
+// the step's last act).
+//
+//   StagePlane plane(ctx, stage, key, &transport, {.step_deadline_ms = 60'000});
+//   plane.Register(&router);                    // then serve `router` over HTTP
+//   plane.SetChain(chain, endpoints);            // stage s: node chain[s] at endpoints[s]
+//   plane.BeginStep(step);                       // the deadline starts now
+//   Result<StageStepOutcome> r = RunStageStep(*stage_obj, ctx, batch, seed, *plane.link());
+//
+// Thread-safety: the handler runs on the server's threads; link() is used by one thread (the
+// stage's); BeginStep from that thread; stats() from any.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "meshlearn/base/sign.h"
+#include "meshlearn/net/transport.h"
+#include "meshlearn/node/stage_step.h"
+
+namespace meshlearn::node {
+
+inline constexpr char kMethodStagePush[] = "stage.push";
+
+struct StagePlaneOptions {
+  uint64_t inbox_bytes = 256ull << 20;      // held from one sending stage, not yet taken
+  uint64_t max_tensor_bytes = 64ull << 20;  // one push (larger ones are refused, unread)
+  int64_t step_deadline_ms = 120'000;       // from BeginStep to the step's last receive or send
+  int64_t request_timeout_ms = 10'000;      // one push
+  int64_t retry_initial_ms = 2;             // backoff after a refused or failed push, doubling
+  int64_t retry_max_ms = 100;
+};
+
+// What this stage measured of its link to one peer stage: the pushes that peer took. A first
+// measure of the link (bytes over the time its pushes took, the fastest push's round trip) for
+// placing consecutive stages on well-connected nodes; nothing reports it to the ledger yet.
+struct StageLinkStats {
+  uint64_t pushes = 0;
+  uint64_t bytes = 0;        // tensor bytes
+  uint64_t push_us = 0;      // the taken pushes' round trips, summed (microseconds)
+  uint64_t min_push_us = 0;  // the fastest one
+};
+
+struct StagePlaneStats {
+  std::map<uint32_t, StageLinkStats> links;  // by the receiving stage
+  uint64_t pushes_sent = 0;                  // pushes the peers took
+  uint64_t bytes_sent = 0;                   // tensor bytes in them
+  uint64_t push_retries = 0;                 // pushes sent again (busy, unavailable, timed out)
+  uint64_t pushes_taken = 0;                 // pushes this stage took into its inbox
+  uint64_t refused_busy = 0;                 // pushes this stage refused: inbox full
+  uint64_t duplicates = 0;  // pushes of a key held or of an earlier step, answered ok
+  uint64_t peak_inbox_bytes = 0;
+};
+
+class StagePlane {
+ public:
+  // Stage `stage` of ctx's replica, signing with `key` (ctx.chain[stage] must be its public key).
+  // `transport` must outlive the plane.
+  StagePlane(StageContext ctx, int stage, const KeyPair& key, net::Transport* transport,
+             StagePlaneOptions options = {});
+  ~StagePlane();
+  StagePlane(const StagePlane&) = delete;
+  StagePlane& operator=(const StagePlane&) = delete;
+
+  // Registers "stage.push" (bodies up to max_tensor_bytes and the record).
+  void Register(net::Router* router);
+  // The replica's nodes and where they serve: chain[s] and endpoints[s] for stage s (this
+  // stage's own endpoint is unused). Set before a step that sends anything -- a node serves first
+  // and learns its peers' endpoints after (the chain's node registry) -- and again when a stage's
+  // node is replaced: what is held from a node no longer in the chain is dropped.
+  // REQUIRES: both of ctx.stages() entries, chain[stage] this node's key.
+  void SetChain(std::vector<protocol::NodeId> chain, std::vector<std::string> endpoints);
+  // The context RunStageStep must be given (the chain as last set).
+  StageContext context() const;
+  // Step `step` begins (or begins again: a replica that failed a step, or rolls back to an
+  // earlier one, resumes from its stages' checkpoints and calls it with that step): its deadline
+  // is step_deadline_ms from now; what is held for earlier steps is dropped, what is held for it
+  // and the next is kept (tensors are a pure function of the step's inputs: a re-run sends the
+  // same ones).
+  void BeginStep(uint64_t step);
+  // The link RunStageStep uses for the current step.
+  StageLink* link();
+  // The tensors the stage took this step, by hash (StageTensorBytes): what it serves verifiers
+  // (stage_evidence.h). A copy of each is kept until the next BeginStep.
+  std::map<Hash256, Bytes> received() const;
+  StagePlaneStats stats() const;
+
+  // The handler of "stage.push" (public for tests that drive it without HTTP).
+  Result<Bytes> HandlePush(const net::Request& request);
+
+ private:
+  class Link;
+  struct Held {
+    protocol::StageTransfer record;
+    std::vector<float> values;
+  };
+  Result<std::vector<float>> Take(const protocol::StageTensorKey& key,
+                                  protocol::StageTransfer* record);
+  Result<protocol::StageTransfer> Push(const protocol::StageTensorKey& key,
+                                       std::span<const float> values);
+  std::string PeerName(uint32_t stage) const;             // REQUIRES: mu_ held
+  void StageUnhold(uint32_t from_stage, uint64_t bytes);  // REQUIRES: mu_ held
+
+  StageContext ctx_;  // its chain: guarded by mu_ (the rest never changes)
+  const uint32_t stage_;
+  const uint32_t stages_;  // the chain's length
+  const KeyPair key_;
+  net::Transport* const transport_;
+  const StagePlaneOptions options_;
+  std::unique_ptr<Link> link_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> endpoints_;  // by stage
+  uint64_t step_ = 0;
+  std::chrono::steady_clock::time_point deadline_;
+  std::map<protocol::StageTensorKey, Held> inbox_;
+  std::map<protocol::StageTensorKey, Hash256> taken_;  // this step's, by key
+  std::map<Hash256, Bytes> received_;                  // this step's, by hash
+  uint64_t held_bytes_ = 0;
+  std::map<uint32_t, uint64_t> held_from_;  // by sending stage
+  protocol::StageTensorKey awaited_;        // what Take waits for (default: nothing)
+  StagePlaneStats stats_;
+};
+
+// The body of a push (what StagePlane sends; for tests of the handler).
+Bytes EncodeStagePush(const protocol::StageTransfer& record, std::span<const float> values);
+
+}  // namespace meshlearn::node

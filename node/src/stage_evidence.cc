@@ -1,0 +1,215 @@
+#include "meshlearn/node/stage_evidence.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "meshlearn/base/encoding.h"
+#include "meshlearn/base/env.h"
+
+namespace meshlearn::node {
+
+using protocol::StageStepCommit;
+using protocol::StageTransfer;
+
+namespace {
+
+enum class StageSlicePart : uint8_t { kStageSliceCheckpoint = 0, kStageSliceTensor = 1 };
+
+void PutStageRef(Encoder& e, const StageStepRef& r) {
+  e.PutHash(r.task).PutU32(r.round).PutU32(r.replica).PutU32(r.stage).PutU64(r.step);
+}
+
+Status GetStageRef(Decoder& d, StageStepRef* r) {
+  ML_RETURN_IF_ERROR(d.GetHash(&r->task, "task"));
+  ML_RETURN_IF_ERROR(d.GetU32(&r->round, "round"));
+  ML_RETURN_IF_ERROR(d.GetU32(&r->replica, "replica"));
+  ML_RETURN_IF_ERROR(d.GetU32(&r->stage, "stage"));
+  return d.GetU64(&r->step, "step");
+}
+
+struct StageSliceRequest {
+  StageStepRef ref;
+  StageSlicePart part = StageSlicePart::kStageSliceCheckpoint;
+  Hash256 tensor;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+Bytes EncodeStageSliceRequest(const StageSliceRequest& q) {
+  Encoder e;
+  PutStageRef(e, q.ref);
+  e.PutU8(static_cast<uint8_t>(q.part)).PutHash(q.tensor).PutU64(q.offset).PutU64(q.length);
+  return e.Take();
+}
+
+Result<StageSliceRequest> DecodeStageSliceRequest(ByteSpan wire) {
+  Decoder d(wire, "stage.slice request");
+  StageSliceRequest q;
+  ML_RETURN_IF_ERROR(GetStageRef(d, &q.ref));
+  uint8_t part = 0;
+  ML_RETURN_IF_ERROR(d.GetU8(&part, "part"));
+  if (part > 1) {
+    return InvalidArgument("stage.slice request: part " + std::to_string(part) +
+                           " is neither 0 (checkpoint) nor 1 (tensor)");
+  }
+  q.part = static_cast<StageSlicePart>(part);
+  ML_RETURN_IF_ERROR(d.GetHash(&q.tensor, "tensor"));
+  ML_RETURN_IF_ERROR(d.GetU64(&q.offset, "offset"));
+  ML_RETURN_IF_ERROR(d.GetU64(&q.length, "length"));
+  ML_RETURN_IF_ERROR(d.Finish());
+  if (q.length == 0 || q.length > kMaxStageSlice) {
+    return InvalidArgument("stage.slice request: length must be in [1, " +
+                           std::to_string(kMaxStageSlice) + "], got " + std::to_string(q.length));
+  }
+  return q;
+}
+
+// Fetches `size` bytes of one part in slices.
+Result<Bytes> StageFetchPart(net::Transport* transport, const std::string& endpoint,
+                             StageSliceRequest q, uint64_t size, int64_t timeout_ms) {
+  Bytes out;
+  out.reserve(size);
+  while (out.size() < size) {
+    q.offset = out.size();
+    q.length = std::min<uint64_t>(kMaxStageSlice, size - out.size());
+    net::Request req{.method = kMethodStageSlice,
+                     .body = EncodeStageSliceRequest(q),
+                     .timeout_ms = timeout_ms,
+                     .max_response_bytes = kMaxStageSlice + 64};
+    Result<Bytes> answer = transport->Send(endpoint, std::move(req));
+    // A part shorter than asked (the node's offset check): what it has, for the replay to judge.
+    if (!answer.ok() && answer.status().code() == StatusCode::kInvalidArgument && !out.empty()) {
+      break;
+    }
+    ML_ASSIGN_OR_RETURN(Bytes slice, std::move(answer));
+    if (slice.empty() || slice.size() > q.length) {
+      return DataLoss("stage.slice from " + endpoint + " has " + std::to_string(slice.size()) +
+                      " bytes, asked " + std::to_string(q.length));
+    }
+    out.insert(out.end(), slice.begin(), slice.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string StageStepRef::ToString() const {
+  return "replica " + std::to_string(replica) + ", stage " + std::to_string(stage) + ", step " +
+         std::to_string(step);
+}
+
+StageStepRef StageStepRefOf(const StageStepCommit& c) {
+  return {c.task, c.round, c.replica, c.stage, c.step};
+}
+
+void StageEvidence::Register(net::Router* router) {
+  router->Register(
+      kMethodStageStep, [this](const net::Request& r) { return HandleStep(r); }, 256);
+  router->Register(
+      kMethodStageSlice, [this](const net::Request& r) { return HandleSlice(r); }, 256);
+}
+
+void StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, Bytes> received,
+                            Bytes checkpoint) {
+  const StageStepRef ref = StageStepRefOf(commit);
+  Entry e{protocol::EncodeStageStepCommit(commit), std::move(received), std::move(checkpoint)};
+  std::lock_guard<std::mutex> lock(mu_);
+  steps_[ref] = std::move(e);
+}
+
+void StageEvidence::Withdraw(const StageStepRef& ref) {
+  std::lock_guard<std::mutex> lock(mu_);
+  steps_.erase(ref);
+}
+
+Result<Bytes> StageEvidence::HandleStep(const net::Request& r) const {
+  Decoder d(r.body, "stage.step request");
+  StageStepRef ref;
+  ML_RETURN_IF_ERROR(GetStageRef(d, &ref));
+  ML_RETURN_IF_ERROR(d.Finish());
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = steps_.find(ref);
+  if (it == steps_.end()) return NotFound("stage.step: this node serves no " + ref.ToString());
+  Encoder e;
+  e.PutBytes(it->second.commit).PutU64(it->second.checkpoint.size());
+  return e.Take();
+}
+
+Result<Bytes> StageEvidence::HandleSlice(const net::Request& r) const {
+  ML_ASSIGN_OR_RETURN(StageSliceRequest q, DecodeStageSliceRequest(r.body));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = steps_.find(q.ref);
+  if (it == steps_.end()) return NotFound("stage.slice: this node serves no " + q.ref.ToString());
+  const Bytes* part = &it->second.checkpoint;
+  if (q.part == StageSlicePart::kStageSliceTensor) {
+    auto t = it->second.tensors.find(q.tensor);
+    if (t == it->second.tensors.end()) {
+      return NotFound("stage.slice: " + q.ref.ToString() + " received no tensor " +
+                      q.tensor.ShortHex());
+    }
+    part = &t->second;
+  }
+  if (q.offset >= part->size()) {
+    return InvalidArgument("stage.slice: offset " + std::to_string(q.offset) + " is past the " +
+                           std::to_string(part->size()) + " bytes");
+  }
+  const uint64_t n = std::min<uint64_t>(q.length, part->size() - q.offset);
+  return Bytes(part->begin() + static_cast<std::ptrdiff_t>(q.offset),
+               part->begin() + static_cast<std::ptrdiff_t>(q.offset + n));
+}
+
+Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
+                                                 const std::string& endpoint,
+                                                 const StageStepRef& ref, int64_t timeout_ms) {
+  Encoder e;
+  PutStageRef(e, ref);
+  net::Request req{.method = kMethodStageStep,
+                   .body = e.Take(),
+                   .timeout_ms = timeout_ms,
+                   .max_response_bytes = 16 + protocol::kStageTransferWireBytes *
+                                                  (2 * protocol::kMaxStageStepTransfers + 1)};
+  ML_ASSIGN_OR_RETURN(Bytes answer, transport->Send(endpoint, std::move(req)));
+  Decoder d(answer, "stage.step answer from " + endpoint);
+  Bytes commit_bytes;
+  uint64_t checkpoint_size = 0;
+  ML_RETURN_IF_ERROR(d.GetBytes(&commit_bytes, "commit"));
+  ML_RETURN_IF_ERROR(d.GetU64(&checkpoint_size, "checkpoint_bytes"));
+  ML_RETURN_IF_ERROR(d.Finish());
+  StageStepEvidence ev;
+  Result<StageStepCommit> commit = protocol::DecodeStageStepCommit(commit_bytes);
+  if (!commit.ok()) return commit.status().WithPrefix("stage.step answer from " + endpoint);
+  ev.commit = std::move(*commit);
+  if (!(StageStepRefOf(ev.commit) == ref)) {
+    return InvalidArgument("stage.step answer from " + endpoint + ": the commit is of " +
+                           StageStepRefOf(ev.commit).ToString() + ", asked " + ref.ToString());
+  }
+  if (checkpoint_size == 0 || checkpoint_size > kMaxEncodedLength) {
+    return InvalidArgument("stage.step answer from " + endpoint + ": a checkpoint of " +
+                           std::to_string(checkpoint_size) + " bytes (1 to " +
+                           std::to_string(kMaxEncodedLength) + ")");
+  }
+  StageSliceRequest q{.ref = ref};
+  ML_ASSIGN_OR_RETURN(ev.checkpoint,
+                      StageFetchPart(transport, endpoint, q, checkpoint_size, timeout_ms));
+  q.part = StageSlicePart::kStageSliceTensor;
+  for (const StageTransfer& t : ev.commit.received) {
+    if (ev.blobs.count(t.tensor) > 0) continue;
+    q.tensor = t.tensor;
+    Result<Bytes> tensor = StageFetchPart(transport, endpoint, q, t.bytes, timeout_ms);
+    if (tensor.status().code() == StatusCode::kNotFound) continue;  // the replay: `unserved`
+    if (!tensor.ok()) return tensor.status();
+    ev.blobs[t.tensor] = std::move(*tensor);
+  }
+  return ev;
+}
+
+Result<engine::TrainState> StageCheckpointState(ByteSpan checkpoint) {
+  MemEnv env;
+  ML_RETURN_IF_ERROR(env.WriteFileAtomic(
+      "stage.safetensors",
+      std::string_view(reinterpret_cast<const char*>(checkpoint.data()), checkpoint.size())));
+  return engine::LoadCheckpoint(&env, "stage.safetensors");
+}
+
+}  // namespace meshlearn::node

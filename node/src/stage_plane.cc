@@ -1,0 +1,304 @@
+#include "meshlearn/node/stage_plane.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "meshlearn/base/check.h"
+#include "meshlearn/base/encoding.h"
+
+namespace meshlearn::node {
+
+using protocol::StageTensorKey;
+using protocol::StageTransfer;
+using StagePlaneClock = std::chrono::steady_clock;
+
+Bytes EncodeStagePush(const StageTransfer& record, std::span<const float> values) {
+  Encoder e;
+  e.PutBytes(protocol::EncodeStageTransfer(record));
+  e.PutBytes(StageTensorBytes(values));
+  return e.Take();
+}
+
+class StagePlane::Link final : public StageLink {
+ public:
+  explicit Link(StagePlane* plane) : plane_(plane) {}
+  Result<std::vector<float>> Receive(const StageTensorKey& key, StageTransfer* record) override {
+    return plane_->Take(key, record);
+  }
+  Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
+    return plane_->Push(key, values);
+  }
+
+ private:
+  StagePlane* plane_;
+};
+
+StagePlane::StagePlane(StageContext ctx, int stage, const KeyPair& key, net::Transport* transport,
+                       StagePlaneOptions options)
+    : ctx_(std::move(ctx)),
+      stage_(static_cast<uint32_t>(stage)),
+      stages_(ctx_.stages()),
+      key_(key),
+      transport_(transport),
+      options_(options),
+      link_(std::make_unique<Link>(this)) {
+  CHECK_LT(stage_, ctx_.stages());
+  endpoints_.assign(ctx_.chain.size(), "");
+  CHECK(key_.public_key() == ctx_.chain[stage_]) << "stage " << stage << " signs with its node key";
+  deadline_ = StagePlaneClock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
+}
+
+StagePlane::~StagePlane() = default;
+
+void StagePlane::Register(net::Router* router) {
+  router->Register(
+      kMethodStagePush, [this](const net::Request& r) { return HandlePush(r); },
+      options_.max_tensor_bytes + protocol::kStageTransferWireBytes + 16);
+}
+
+void StagePlane::SetChain(std::vector<protocol::NodeId> chain, std::vector<std::string> endpoints) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CHECK_EQ(chain.size(), ctx_.chain.size());
+  CHECK_EQ(endpoints.size(), ctx_.chain.size());
+  CHECK(chain[stage_] == key_.public_key()) << "stage " << stage_ << " is this node";
+  ctx_.chain = std::move(chain);
+  endpoints_ = std::move(endpoints);
+  for (auto it = inbox_.begin(); it != inbox_.end();) {
+    if (it->second.record.sender != ctx_.chain[it->first.from_stage]) {
+      StageUnhold(it->first.from_stage, it->second.record.bytes);
+      it = inbox_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  taken_.clear();  // a replaced node's step starts over
+}
+
+StageContext StagePlane::context() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ctx_;
+}
+
+void StagePlane::BeginStep(uint64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_ = step;
+  deadline_ = StagePlaneClock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
+  taken_.clear();
+  received_.clear();
+  for (auto it = inbox_.begin(); it != inbox_.end();) {
+    if (it->first.step < step) {
+      StageUnhold(it->first.from_stage, it->second.record.bytes);
+      it = inbox_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  cv_.notify_all();
+}
+
+StageLink* StagePlane::link() { return link_.get(); }
+
+void StagePlane::StageUnhold(uint32_t from_stage, uint64_t bytes) {
+  held_bytes_ -= bytes;
+  held_from_[from_stage] -= bytes;
+}
+
+std::map<Hash256, Bytes> StagePlane::received() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return received_;
+}
+
+StagePlaneStats StagePlane::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+std::string StagePlane::PeerName(uint32_t stage) const {
+  return "stage " + std::to_string(stage) + " (node " + ctx_.chain[stage].ShortHex() + " at " +
+         endpoints_[stage] + ")";
+}
+
+Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
+  const std::string me = "stage.push to stage " + std::to_string(stage_) + " of replica " +
+                         std::to_string(ctx_.replica);
+  Decoder d(request.body, "stage.push");
+  Bytes record_bytes, tensor_bytes;
+  ML_RETURN_IF_ERROR(d.GetBytes(&record_bytes, "record",
+                                static_cast<uint32_t>(protocol::kStageTransferWireBytes)));
+  ML_RETURN_IF_ERROR(d.GetBytes(
+      &tensor_bytes, "tensor",
+      static_cast<uint32_t>(std::min<uint64_t>(options_.max_tensor_bytes, kMaxEncodedLength))));
+  ML_RETURN_IF_ERROR(d.Finish());
+  Result<StageTransfer> rec = protocol::DecodeStageTransfer(record_bytes);
+  if (!rec.ok()) return rec.status().WithPrefix(me);
+  const StageTensorKey& k = rec->key;
+  if (k.task != ctx_.task || k.round != ctx_.round || k.replica != ctx_.replica ||
+      k.stages != stages_ || k.to_stage != stage_) {
+    return InvalidArgument(me + ": " + k.ToString() + " (task " + k.task.ShortHex() + ", round " +
+                           std::to_string(k.round) + ", " + std::to_string(k.stages) +
+                           " stages) is not for this node, which serves stage " +
+                           std::to_string(stage_) + " of replica " + std::to_string(ctx_.replica) +
+                           " of task " + ctx_.task.ShortHex() + ", round " +
+                           std::to_string(ctx_.round));
+  }
+  if (tensor_bytes.size() % 4 != 0) {
+    return InvalidArgument(me + ": " + k.ToString() + ": the tensor has " +
+                           std::to_string(tensor_bytes.size()) + " bytes, not whole float32s");
+  }
+  std::vector<float> values = StageTensorFromBytes(tensor_bytes);
+  // The signature and the hash, outside the lock (hashing a large tensor takes a while).
+  protocol::NodeId sender;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sender = ctx_.chain[k.from_stage];
+  }
+  Status checked = protocol::VerifyStageTransfer(*rec, sender);
+  if (checked.ok()) {
+    checked = protocol::CheckReceivedTensor(*rec, engine::TensorHash(values), tensor_bytes.size());
+  }
+  if (!checked.ok()) return checked.WithPrefix(me);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ctx_.chain[k.from_stage] != sender) {
+    return Unavailable(me + ": " + k.ToString() + ": stage " + std::to_string(k.from_stage) +
+                       "'s node was replaced while the push was checked; retry");
+  }
+  if (k.step < step_) {  // a retry of a push the stage already used: done
+    ++stats_.duplicates;
+    return Bytes();
+  }
+  if (k.step > step_ + 1) {
+    // Not yet: a stage that joined the replica (a replacement) begins the step after the others
+    // may have; the sender retries until its deadline.
+    return Unavailable(me + ": " + k.ToString() + " is ahead of this stage's step " +
+                       std::to_string(step_) + " by more than one; retry");
+  }
+  auto held = inbox_.find(k);
+  auto taken = taken_.find(k);
+  const Hash256* before = held != inbox_.end()    ? &held->second.record.tensor
+                          : taken != taken_.end() ? &taken->second
+                                                  : nullptr;
+  if (before != nullptr && *before != rec->tensor) {
+    return InvalidArgument(me + ": " + k.ToString() + ": a second tensor (" +
+                           rec->tensor.ShortHex() + ") for a key already sent with " +
+                           before->ShortHex() + " (the sender signed both)");
+  }
+  if (held != inbox_.end()) {  // a retry of a push held: done
+    ++stats_.duplicates;
+    return Bytes();
+  }
+  // New, or the same tensor as one taken: held (again), for a re-run of the step after a
+  // failure; a lost answer's retry also lands here and is dropped with its step.
+  // Back-pressure per sending stage: each sender's tensors are taken in the order it sends them
+  // (stage_step.h), so refusing a sender only until its own earlier tensors are taken cannot
+  // stall the schedule; and the tensor the stage is waiting for is never refused.
+  uint64_t& from_sender = held_from_[k.from_stage];
+  if (from_sender > 0 && from_sender + rec->bytes > options_.inbox_bytes && !(awaited_ == k)) {
+    ++stats_.refused_busy;
+    return ResourceExhausted(me + ": busy, the inbox holds " + std::to_string(from_sender) +
+                             " bytes from stage " + std::to_string(k.from_stage) + " (at most " +
+                             std::to_string(options_.inbox_bytes) + "); retry");
+  }
+  from_sender += rec->bytes;
+  held_bytes_ += rec->bytes;
+  stats_.peak_inbox_bytes = std::max(stats_.peak_inbox_bytes, held_bytes_);
+  ++stats_.pushes_taken;
+  inbox_[k] = Held{*rec, std::move(values)};
+  cv_.notify_all();
+  return Bytes();
+}
+
+Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTransfer* record) {
+  std::unique_lock<std::mutex> lock(mu_);
+  awaited_ = key;
+  const bool arrived = cv_.wait_until(lock, deadline_, [&] { return inbox_.count(key) > 0; });
+  awaited_ = protocol::StageTensorKey();
+  if (!arrived) {
+    return DeadlineExceeded("no " + key.ToString() + " from " + PeerName(key.from_stage) +
+                            " within the step's deadline of " +
+                            std::to_string(options_.step_deadline_ms) +
+                            " ms: the stage stopped answering (the replica resumes from the "
+                            "stages' checkpoints of this step)");
+  }
+  auto it = inbox_.find(key);
+  Held h = std::move(it->second);
+  inbox_.erase(it);
+  StageUnhold(key.from_stage, h.record.bytes);
+  taken_[key] = h.record.tensor;
+  received_[h.record.tensor] = StageTensorBytes(h.values);
+  *record = h.record;
+  return std::move(h.values);
+}
+
+Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<const float> values) {
+  CHECK_EQ(key.from_stage, stage_);
+  StageTransfer record = SignStageTensor(key, values, key_);
+  if (record.bytes > options_.max_tensor_bytes) {
+    return ResourceExhausted(key.ToString() + ": " + std::to_string(record.bytes) +
+                             " bytes, over the data plane's limit of " +
+                             std::to_string(options_.max_tensor_bytes) +
+                             " (use more micro-batches, or raise max_tensor_bytes on every stage)");
+  }
+  const Bytes body = EncodeStagePush(record, values);
+  StagePlaneClock::time_point deadline;
+  std::string endpoint, peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    deadline = deadline_;
+    endpoint = endpoints_[key.to_stage];
+    peer = PeerName(key.to_stage);
+  }
+  if (endpoint.empty()) {
+    return FailedPrecondition(key.ToString() + ": no endpoint for stage " +
+                              std::to_string(key.to_stage) + " (SetChain before the step)");
+  }
+  int64_t backoff = options_.retry_initial_ms;
+  Status last = Status::Ok();
+  for (bool first = true;; first = false) {
+    const int64_t left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - StagePlaneClock::now())
+            .count();
+    if (left <= 0) {
+      return DeadlineExceeded(peer + " did not take " + key.ToString() +
+                              " within the step's deadline of " +
+                              std::to_string(options_.step_deadline_ms) + " ms" +
+                              (last.ok() ? "" : " (last answer: " + last.ToString() + ")"));
+    }
+    if (!first) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.push_retries;
+    }
+    net::Request req;
+    req.method = kMethodStagePush;
+    req.body = body;
+    req.timeout_ms = std::min(left, options_.request_timeout_ms);
+    const StagePlaneClock::time_point sent_at = StagePlaneClock::now();
+    Result<Bytes> r = transport_->Send(endpoint, std::move(req));
+    if (r.ok()) {
+      const uint64_t us = static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(StagePlaneClock::now() - sent_at)
+              .count());
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.pushes_sent;
+      stats_.bytes_sent += record.bytes;
+      StageLinkStats& link = stats_.links[key.to_stage];
+      link.min_push_us = link.pushes == 0 ? us : std::min(link.min_push_us, us);
+      ++link.pushes;
+      link.bytes += record.bytes;
+      link.push_us += us;
+      return record;
+    }
+    last = r.status();
+    const StatusCode code = last.code();
+    if (code != StatusCode::kResourceExhausted && code != StatusCode::kUnavailable &&
+        code != StatusCode::kDeadlineExceeded) {
+      return last.WithPrefix(peer + " refused " + key.ToString());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff, left)));
+    backoff = std::min(backoff * 2, options_.retry_max_ms);
+  }
+}
+
+}  // namespace meshlearn::node

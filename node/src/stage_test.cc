@@ -1,0 +1,1139 @@
+// Pipeline stages on their own nodes (issue 15): a stage's step against its neighbours
+// (stage_step.h) equals RunPipelineStep bit for bit; a verifier's replay of one stage step
+// (stage_replay.h) passes an honest stage and names (replica, stage, step, micro-batch) of every
+// cheat; the HTTP data plane (stage_plane.h) trains 3 stage endpoints bit-equal to
+// RunPipelineStep and fails a step by its deadline when a stage stops answering.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/config.h"
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/model.h"
+#include "meshlearn/engine/pipeline.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/net/http_transport.h"
+#include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/network_round.h"
+#include "meshlearn/node/stage_evidence.h"
+#include "meshlearn/node/stage_plane.h"
+#include "meshlearn/node/stage_replay.h"
+#include "meshlearn/node/stage_step.h"
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/protocol/aggregate.h"
+#include "meshlearn/protocol/stage_transfer.h"
+
+namespace meshlearn::node {
+namespace {
+
+using engine::Batch;
+using engine::ModelSpec;
+using engine::Stage;
+using protocol::StageStepCommit;
+using protocol::StageTensorKey;
+using protocol::StageTensorKind;
+using protocol::StageTransfer;
+
+// An MLP with dropout (masks per micro-batch) and layernorm, and a GPT (tied embedding: every
+// end-of-step kind crosses the network).
+constexpr char kStageMlp[] = R"(
+input = [12]
+[[model.layers]]
+kind = "linear"
+out = 16
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "dropout"
+p = 0.25
+[[model.layers]]
+kind = "layernorm"
+[[model.layers]]
+kind = "linear"
+out = 10
+[[model.layers]]
+kind = "gelu"
+[[model.layers]]
+kind = "linear"
+out = 4
+)";
+
+constexpr char kStageGpt[] = R"(
+kind = "gpt"
+n_layer = 4
+n_head = 2
+n_embd = 16
+block_size = 8
+vocab_size = 11
+)";
+
+constexpr uint64_t kStageSeed = 7;
+constexpr uint64_t kStageDropoutSeed = 99;
+constexpr int64_t kStageBatch = 4;
+constexpr int64_t kStageMicroBatches = 2;
+
+ModelSpec StageParseModel(const char* toml) {
+  Result<ConfigFile> cfg = ConfigFile::Parse(std::string("[model]\n") + toml, "model.toml");
+  CHECK(cfg.ok()) << cfg.status().ToString();
+  Result<ConfigFile> table = cfg->GetTable("model");
+  CHECK(table.ok()) << table.status().ToString();
+  Result<ModelSpec> spec = ModelSpec::FromConfig(*table);
+  CHECK(spec.ok()) << spec.status().ToString();
+  return *spec;
+}
+
+engine::OptimizerSpec StageOptimizer() {
+  engine::OptimizerSpec o;
+  o.kind = "adamw";
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  o.grad_clip = 0.05;  // small: clipping happens, so the norm's total matters on every stage
+  return o;
+}
+
+// The batch of step `step`: a pure function of (model, step).
+Batch StageBatch(const ModelSpec& spec, int64_t step) {
+  Result<std::unique_ptr<engine::Model>> m = engine::Model::Create(spec);
+  CHECK(m.ok()) << m.status().ToString();
+  Batch b = (*m)->EmptyBatch(kStageBatch, spec.kind == "gpt" ? spec.gpt.block_size : 0);
+  Rng rng(1000 + static_cast<uint64_t>(step));
+  const int64_t classes = (*m)->NumOutputs();
+  for (float& x : b.inputs.vec()) x = static_cast<float>(rng.UniformDouble() * 2.0 - 1.0);
+  for (int32_t& t : b.tokens) t = static_cast<int32_t>(rng.Uniform(static_cast<uint64_t>(classes)));
+  for (int32_t& t : b.targets) {
+    t = static_cast<int32_t>(rng.Uniform(static_cast<uint64_t>(classes)));
+  }
+  return b;
+}
+
+// 3 stages of the model (MLP: layers [0,2) [2,5) [5,7); GPT: embeddings + block 0, block 1,
+// blocks 2-3 + head), initialised as one model.
+std::vector<int64_t> StageBounds(const ModelSpec& spec) {
+  return spec.kind == "gpt" ? std::vector<int64_t>{0, 1, 2, 4} : std::vector<int64_t>{0, 2, 5, 7};
+}
+
+std::vector<std::unique_ptr<Stage>> StageStages(const ModelSpec& spec,
+                                                std::vector<int64_t> bounds = {}) {
+  if (bounds.empty()) bounds = StageBounds(spec);
+  Result<engine::PipelineCut> cut = engine::MakeCut(spec, bounds);
+  CHECK(cut.ok()) << cut.status().ToString();
+  std::vector<std::unique_ptr<Stage>> stages;
+  for (int s = 0; s < cut->stages(); ++s) {
+    Result<std::unique_ptr<Stage>> st =
+        Stage::Create(spec, StageOptimizer(), *cut, s, kStageMicroBatches);
+    CHECK(st.ok()) << st.status().ToString();
+    stages.push_back(std::move(*st));
+  }
+  engine::InitPipeline(stages, kStageSeed);
+  return stages;
+}
+
+KeyPair StageNodeKey(int s) {
+  KeySeed seed;
+  seed.bytes.fill(static_cast<uint8_t>(40 + s));
+  return KeyPair::FromSeed(seed);
+}
+
+StageContext StageCtx(int stages = 3) {
+  StageContext ctx;
+  ctx.task = Blake2b("stage test task");
+  ctx.round = 3;
+  ctx.replica = 1;
+  for (int s = 0; s < stages; ++s) ctx.chain.push_back(StageNodeKey(s).public_key());
+  return ctx;
+}
+
+std::vector<KeyPair> StageKeys(int stages = 3) {
+  std::vector<KeyPair> keys;
+  for (int s = 0; s < stages; ++s) keys.push_back(StageNodeKey(s));
+  return keys;
+}
+
+// What a stage node does around its link: it keeps (serves) every tensor it received, by hash,
+// and an adversary may change what it sends.
+class StageServingLink final : public StageLink {
+ public:
+  explicit StageServingLink(StageLink* inner) : inner_(inner) {}
+  Result<std::vector<float>> Receive(const StageTensorKey& key, StageTransfer* record) override {
+    Result<std::vector<float>> v = inner_->Receive(key, record);
+    if (v.ok()) served[record->tensor] = StageTensorBytes(*v);
+    return v;
+  }
+  Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
+    if (corrupt && corrupt(key)) {
+      std::vector<float> bad(values.begin(), values.end());
+      bad[0] = bad[0] + 1e-3f;
+      return inner_->Send(key, bad);
+    }
+    return inner_->Send(key, values);
+  }
+  std::map<Hash256, Bytes> served;
+  std::function<bool(const StageTensorKey&)> corrupt;
+
+ private:
+  StageLink* inner_;
+};
+
+// One step of every stage, each in its own thread, over `links`. Returns the outcomes.
+// `wrong[s]`: the batch stage s trains on instead of the step's (a wrong_data adversary).
+std::vector<StageStepOutcome> StageRunStep(std::vector<std::unique_ptr<Stage>>& stages,
+                                           const StageContext& ctx,
+                                           const std::vector<StageLink*>& links, int64_t step,
+                                           const std::map<int, Batch>& wrong = {}) {
+  const Batch batch = StageBatch(stages[0]->state().model->spec(), step);
+  std::vector<Result<StageStepOutcome>> got(stages.size(), Internal("not run"));
+  std::vector<std::thread> threads;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const Batch& b = wrong.count(static_cast<int>(s)) ? wrong.at(static_cast<int>(s)) : batch;
+    threads.emplace_back(
+        [&, s] { got[s] = RunStageStep(*stages[s], ctx, b, kStageDropoutSeed, *links[s]); });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<StageStepOutcome> out;
+  for (Result<StageStepOutcome>& r : got) {
+    CHECK(r.ok()) << r.status().ToString();
+    out.push_back(std::move(*r));
+  }
+  return out;
+}
+
+TEST(StageStepTest, StagesTalkingThroughLinksEqualRunPipelineStep) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+    std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+    const StageContext ctx = StageCtx();
+    MemoryStageNetwork net(ctx, StageKeys());
+    std::vector<Hash256> last_after(3);
+    for (int64_t step = 0; step < 3; ++step) {
+      engine::PipelineStepResult r =
+          engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+      std::vector<StageStepOutcome> out =
+          StageRunStep(got, ctx, {net.link(0), net.link(1), net.link(2)}, step);
+      EXPECT_EQ(out[2].loss, r.loss);
+      for (int s = 0; s < 3; ++s) {
+        EXPECT_EQ(out[s].grad_norm, r.grad_norm) << "stage " << s;
+        EXPECT_EQ(engine::StateHash(got[s]->state()), engine::StateHash(want[s]->state()))
+            << "stage " << s << " after step " << step;
+        const StageStepCommit& c = out[s].commit;
+        EXPECT_TRUE(protocol::ValidateStageStepCommit(c).ok());
+        EXPECT_TRUE(protocol::VerifyStageStepSignatures(c, ctx.chain).ok());
+        EXPECT_EQ(c.state_after, engine::StateHash(got[s]->state()));
+        if (step > 0) {
+          EXPECT_EQ(c.state_before, last_after[s]) << "the chain of state hashes";
+        }
+        last_after[s] = c.state_after;
+      }
+      // Per step: M activations and M gradients across each of the 2 boundaries, the running sum
+      // twice, the total twice; a GPT also the wte copy and the head's gradient.
+      const size_t sends =
+          out[0].commit.sent.size() + out[1].commit.sent.size() + out[2].commit.sent.size();
+      EXPECT_EQ(sends, 2 * 2 * kStageMicroBatches + 4 + (spec.kind == "gpt" ? 2 : 0));
+    }
+  }
+}
+
+// Chains of 1, 2 and 4 stages (no middle stage, two middle stages; one stage sends nothing).
+TEST(StageStepTest, ChainsOfOtherLengthsEqualRunPipelineStep) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    const std::vector<std::vector<int64_t>> cuts =
+        spec.kind == "gpt" ? std::vector<std::vector<int64_t>>{{0, 4}, {0, 2, 4}, {0, 1, 2, 3, 4}}
+                           : std::vector<std::vector<int64_t>>{{0, 7}, {0, 3, 7}, {0, 1, 3, 5, 7}};
+    for (const std::vector<int64_t>& bounds : cuts) {
+      const int S = static_cast<int>(bounds.size()) - 1;
+      SCOPED_TRACE(spec.kind + " in " + std::to_string(S) + " stages");
+      std::vector<std::unique_ptr<Stage>> want = StageStages(spec, bounds);
+      std::vector<std::unique_ptr<Stage>> got = StageStages(spec, bounds);
+      const StageContext ctx = StageCtx(S);
+      MemoryStageNetwork net(ctx, StageKeys(S));
+      std::vector<StageLink*> links;
+      for (int s = 0; s < S; ++s) links.push_back(net.link(s));
+      for (int64_t step = 0; step < 2; ++step) {
+        engine::PipelineStepResult r =
+            engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+        std::vector<StageStepOutcome> out = StageRunStep(got, ctx, links, step);
+        EXPECT_EQ(out[static_cast<size_t>(S - 1)].loss, r.loss);
+        size_t sends = 0;
+        for (int s = 0; s < S; ++s) {
+          EXPECT_EQ(engine::StateHash(got[s]->state()), engine::StateHash(want[s]->state()))
+              << "stage " << s << " after step " << step;
+          EXPECT_EQ(out[s].grad_norm, r.grad_norm);
+          sends += out[s].commit.sent.size();
+        }
+        // M activations and M gradients per boundary, the running sum and the total per
+        // boundary, and a GPT's wte and head gradient.
+        const size_t boundaries = static_cast<size_t>(S - 1);
+        EXPECT_EQ(sends, boundaries * (2 * kStageMicroBatches + 2) +
+                             (spec.kind == "gpt" && S > 1 ? 2 : 0));
+      }
+    }
+  }
+}
+
+// ---- Replay.
+
+// A replica of 3 stages trained 2 steps over a memory network; before step 1 each stage's state
+// is checkpointed. `before_step1` may tamper with the stages (an adversary).
+struct StageReplayRun {
+  ModelSpec spec;
+  std::vector<StageStepCommit> commits;  // step 1's, per stage
+  std::vector<std::map<Hash256, Bytes>> served;
+  MemEnv env;
+  std::vector<std::string> checkpoints;
+};
+
+// `adversary` runs before step 1, `after` after it (it may change a stage and its commit), and
+// `wrong[s]` is the batch stage s trains step 1 on.
+void StageRunForReplay(const char* toml, StageReplayRun* run,
+                       const std::function<void(std::vector<std::unique_ptr<Stage>>&,
+                                                std::vector<StageServingLink*>&)>& adversary,
+                       const std::function<void(std::vector<std::unique_ptr<Stage>>&,
+                                                std::vector<StageStepOutcome>&)>& after = nullptr,
+                       const std::map<int, Batch>& wrong = {}) {
+  run->spec = StageParseModel(toml);
+  std::vector<std::unique_ptr<Stage>> stages = StageStages(run->spec);
+  const StageContext ctx = StageCtx();
+  MemoryStageNetwork net(ctx, StageKeys());
+  std::vector<std::unique_ptr<StageServingLink>> serving;
+  std::vector<StageServingLink*> links;
+  for (int s = 0; s < 3; ++s) {
+    serving.push_back(std::make_unique<StageServingLink>(net.link(s)));
+    links.push_back(serving.back().get());
+  }
+  std::vector<StageLink*> as_links(links.begin(), links.end());
+  StageRunStep(stages, ctx, as_links, 0);
+  for (int s = 0; s < 3; ++s) {
+    run->checkpoints.push_back("stage" + std::to_string(s) + ".safetensors");
+    CHECK(engine::SaveCheckpoint(&run->env, run->checkpoints.back(), stages[s]->state()).ok());
+    serving[s]->served.clear();
+  }
+  if (adversary) adversary(stages, links);
+  std::vector<StageStepOutcome> out = StageRunStep(stages, ctx, as_links, 1, wrong);
+  if (after) after(stages, out);
+  for (int s = 0; s < 3; ++s) {
+    run->commits.push_back(out[s].commit);
+    run->served.push_back(serving[s]->served);
+  }
+}
+
+StageReplayResult StageReplay(StageReplayRun& run, int s) {
+  StageReplaySetup setup;
+  setup.model = run.spec;
+  setup.optimizer = StageOptimizer();
+  Result<engine::PipelineCut> cut = engine::MakeCut(run.spec, StageBounds(run.spec));
+  CHECK(cut.ok());
+  setup.cut = *cut;
+  setup.micro_batches = kStageMicroBatches;
+  setup.chain = StageCtx().chain;
+  Result<engine::TrainState> start = engine::LoadCheckpoint(&run.env, run.checkpoints[s]);
+  CHECK(start.ok()) << start.status().ToString();
+  Result<StageReplayResult> r =
+      ReplayStageStep(setup, std::move(*start), run.commits[s], run.served[s],
+                      StageBatch(run.spec, 1), kStageDropoutSeed);
+  CHECK(r.ok()) << r.status().ToString();
+  return *r;
+}
+
+bool StageHas(const StageReplayResult& r, const std::string& text) {
+  return r.message.find(text) != std::string::npos;
+}
+
+TEST(StageReplayTest, HonestStagesPass) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    StageReplayRun run;
+    StageRunForReplay(toml, &run, nullptr);
+    for (int s = 0; s < 3; ++s) {
+      StageReplayResult r = StageReplay(run, s);
+      EXPECT_TRUE(r.ok()) << run.spec.kind << " stage " << s << ": " << r.message;
+    }
+  }
+}
+
+TEST(StageReplayTest, AStageThatComputesWrongIsCaughtAtItsFirstOutput) {
+  // Stage 1 trains step 1 from other weights but commits the honest start state.
+  StageReplayRun run;
+  Hash256 honest_start;
+  StageRunForReplay(kStageMlp, &run, [&](auto& stages, auto&) {
+    honest_start = engine::StateHash(stages[1]->state());
+    float& w = stages[1]->params()[0].value.vec()[0];
+    w = w + 0.5f;
+  });
+  run.commits[1].state_before = honest_start;
+  StageReplayResult r = StageReplay(run, 1);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultOutput) << r.message;
+  EXPECT_EQ(r.replica, 1u);
+  EXPECT_EQ(r.stage, 1u);
+  EXPECT_EQ(r.step, 1u);
+  EXPECT_EQ(r.micro_batch, 0);
+  EXPECT_EQ(r.key.kind, StageTensorKind::kStageTensorActivation);
+  EXPECT_TRUE(StageHas(r, "replica 1, stage 1, step 1, micro-batch 0: output: the stage sent"))
+      << r.message;
+  EXPECT_NE(r.claimed, r.replayed);
+  // Stage 2 computed honestly from what it was sent: it passes.
+  EXPECT_TRUE(StageReplay(run, 2).ok()) << StageReplay(run, 2).message;
+}
+
+TEST(StageReplayTest, AStageThatSendsCorruptedActivationsWhileComputingHonestlyIsCaught) {
+  StageReplayRun run;
+  StageRunForReplay(kStageMlp, &run, [](auto&, auto& links) {
+    links[1]->corrupt = [](const StageTensorKey& k) {
+      return k.kind == StageTensorKind::kStageTensorActivation && k.micro_batch == 1;
+    };
+  });
+  StageReplayResult r = StageReplay(run, 1);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultOutput) << r.message;
+  EXPECT_EQ(r.stage, 1u);
+  EXPECT_EQ(r.micro_batch, 1);
+  EXPECT_TRUE(StageHas(r, "replica 1, stage 1, step 1, micro-batch 1: output")) << r.message;
+  // The receiver, which used what was signed, passes, and so does stage 0, which trained on the
+  // gradients that came back: every honest stage of the replica passes, the cheat alone is named.
+  EXPECT_TRUE(StageReplay(run, 2).ok()) << StageReplay(run, 2).message;
+  EXPECT_TRUE(StageReplay(run, 0).ok()) << StageReplay(run, 0).message;
+}
+
+// The solver adversary modes (node/adversary.h), each applied to one stage of the replica: the
+// replay of every stage's step finds that stage, with the expected finding, and passes the
+// other two.
+TEST(StageReplayTest, EveryAdversaryModeOnOneStageIsCaughtAndNoHonestStageIs) {
+  const ModelSpec spec = StageParseModel(kStageMlp);
+  using Stages = std::vector<std::unique_ptr<Stage>>;
+  using Outcomes = std::vector<StageStepOutcome>;
+  struct Mode {
+    std::string name;
+    int cheat;
+    StageFault fault;
+    StageTensorKind kind;  // of the tensor at fault (output findings)
+    std::function<void(Stages&, Outcomes&)> after;
+    std::map<int, Batch> wrong;
+    std::function<void(Stages&, std::vector<StageServingLink*>&)> before;
+  };
+  const Batch other = StageBatch(spec, 7);
+  const auto kAct = StageTensorKind::kStageTensorActivation;
+  std::vector<Mode> modes = {
+      // lazy: does the passes but not the update, and commits the state it started from.
+      {"lazy", 1, StageFault::kStageFaultState, kAct,
+       [](Stages&, Outcomes& out) { out[1].commit.state_after = out[1].commit.state_before; }},
+      // noisy: adds noise to its weights after the update and commits that state.
+      {"noisy", 1, StageFault::kStageFaultState, kAct,
+       [](Stages& st, Outcomes& out) {
+         for (float& w : st[1]->params()[0].value.vec()) w = w + 1e-4f;
+         out[1].commit.state_after = engine::StateHash(st[1]->state());
+       }},
+      // wrong_data: the first stage trains on other inputs, the last on other targets.
+      {"wrong_data (inputs)", 0, StageFault::kStageFaultOutput, kAct, nullptr, {{0, other}}},
+      {"wrong_data (targets)",
+       2,
+       StageFault::kStageFaultOutput,
+       StageTensorKind::kStageTensorActivationGrad,
+       nullptr,
+       {{2, other}}},
+      // wrong_result: commits a state it did not compute.
+      {"wrong_result", 2, StageFault::kStageFaultState, kAct,
+       [](Stages&, Outcomes& out) { out[2].commit.state_after = Blake2b("a made-up state"); }},
+      // computes honestly, sends corrupted activations.
+      {"corrupt activations",
+       1,
+       StageFault::kStageFaultOutput,
+       kAct,
+       nullptr,
+       {},
+       [](Stages&, std::vector<StageServingLink*>& links) {
+         links[1]->corrupt = [](const StageTensorKey& k) {
+           return k.kind == StageTensorKind::kStageTensorActivation && k.micro_batch == 0;
+         };
+       }},
+  };
+  for (const Mode& m : modes) {
+    SCOPED_TRACE(m.name);
+    StageReplayRun run;
+    StageRunForReplay(kStageMlp, &run, m.before, m.after, m.wrong);
+    for (int s = 0; s < 3; ++s) {
+      StageReplayResult r = StageReplay(run, s);
+      if (s != m.cheat) {
+        EXPECT_TRUE(r.ok()) << "honest stage " << s << ": " << r.message;
+        continue;
+      }
+      EXPECT_EQ(r.fault, m.fault) << r.message;
+      EXPECT_EQ(r.stage, static_cast<uint32_t>(s));
+      EXPECT_EQ(r.replica, 1u);
+      EXPECT_EQ(r.step, 1u);
+      if (m.fault == StageFault::kStageFaultOutput) {
+        EXPECT_EQ(r.key.kind, m.kind) << r.message;
+        EXPECT_EQ(r.micro_batch, 0) << r.message;
+      }
+    }
+  }
+}
+
+TEST(StageReplayTest, AReceivedInputThatDoesNotMatchItsSignedRecordIsCaught) {
+  // Stage 2 serves, as the activation of micro-batch 0 it used, another tensor than stage 1 sent.
+  StageReplayRun run;
+  StageRunForReplay(kStageMlp, &run, nullptr);
+  const StageTransfer& rec = run.commits[2].received[0];
+  ASSERT_EQ(rec.key.kind, StageTensorKind::kStageTensorActivation);
+  std::vector<float> other = StageTensorFromBytes(run.served[2].at(rec.tensor));
+  other[1] = other[1] * 2.0f;
+  run.served[2][rec.tensor] = StageTensorBytes(other);
+  StageReplayResult r = StageReplay(run, 2);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultInput) << r.message;
+  EXPECT_EQ(r.micro_batch, 0);
+  EXPECT_TRUE(StageHas(r,
+                       "replica 1, stage 2, step 1, micro-batch 0: input: the tensor the stage "
+                       "used does not match the sender's signed record"))
+      << r.message;
+
+  // A record the stage made up (signed by itself, not by stage 1): the signature check.
+  StageReplayRun forged;
+  StageRunForReplay(kStageMlp, &forged, nullptr);
+  StageTransfer& f = forged.commits[2].received[1];
+  f = protocol::SignStageTransfer(f.key, Blake2b("made up"), f.bytes, StageNodeKey(2));
+  r = StageReplay(forged, 2);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultRecord) << r.message;
+  EXPECT_EQ(r.micro_batch, 1);
+  EXPECT_TRUE(StageHas(r,
+                       "replica 1, stage 2, step 1, micro-batch 1: record: replica 1, step 1, "
+                       "micro-batch 1: activation stage 1 -> 2: sent by node"))
+      << r.message;
+
+  // An input not served at all.
+  StageReplayRun unserved;
+  StageRunForReplay(kStageMlp, &unserved, nullptr);
+  unserved.served[1].clear();
+  r = StageReplay(unserved, 1);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultUnserved) << r.message;
+  EXPECT_EQ(r.micro_batch, 0);
+}
+
+TEST(StageReplayTest, AWrongUpdateAStartElsewhereAndMissingRecordsAreCaught) {
+  StageReplayRun run;
+  StageRunForReplay(kStageGpt, &run, nullptr);
+  StageStepCommit honest = run.commits[0];
+  run.commits[0].state_after = Blake2b("noisy update");
+  StageReplayResult r = StageReplay(run, 0);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultState) << r.message;
+  EXPECT_TRUE(StageHas(r, "replica 1, stage 0, step 1: state")) << r.message;
+
+  run.commits[0] = honest;
+  run.commits[0].state_before = Blake2b("elsewhere");
+  EXPECT_EQ(StageReplay(run, 0).fault, StageFault::kStageFaultStart);
+
+  run.commits[0] = honest;
+  std::erase_if(run.commits[0].received, [](const StageTransfer& t) {
+    return t.key.kind == StageTensorKind::kStageTensorTiedHeadGrad;
+  });
+  r = StageReplay(run, 0);
+  EXPECT_EQ(r.fault, StageFault::kStageFaultMissing) << r.message;
+  EXPECT_EQ(r.key.kind, StageTensorKind::kStageTensorTiedHeadGrad) << r.message;
+
+  run.commits[0] = honest;
+  std::swap(run.commits[0].sent[0], run.commits[0].sent[1]);
+  EXPECT_EQ(StageReplay(run, 0).fault, StageFault::kStageFaultRecord);
+
+  run.commits[0] = honest;
+  EXPECT_TRUE(StageReplay(run, 0).ok());
+}
+
+// ---- The data plane over loopback HTTP.
+
+// A stage node: its router, client, data plane and HTTP server (stopped first on destruction:
+// the handlers use the plane).
+struct StageNode {
+  net::Router router;
+  StageEvidence evidence;
+  std::unique_ptr<net::HttpTransport> transport;
+  std::unique_ptr<StagePlane> plane;
+  std::unique_ptr<net::HttpServer> server;
+};
+
+// The node of stage s of ctx's replica, signing with `key`, serving on a free loopback port.
+std::unique_ptr<StageNode> StageStartNode(const StageContext& ctx, int s, const KeyPair& key,
+                                          const StagePlaneOptions& options) {
+  auto n = std::make_unique<StageNode>();
+  net::HttpTransportOptions topt;
+  topt.threads = 2;
+  n->transport = std::make_unique<net::HttpTransport>(topt);
+  n->plane = std::make_unique<StagePlane>(ctx, s, key, n->transport.get(), options);
+  n->plane->Register(&n->router);
+  n->evidence.Register(&n->router);
+  net::HttpServerOptions sopt;
+  sopt.threads = 4;
+  n->server = std::make_unique<net::HttpServer>(&n->router, sopt);
+  Result<uint16_t> port = n->server->Start("127.0.0.1", 0);
+  CHECK(port.ok()) << port.status().ToString();
+  return n;
+}
+
+// Tells every node the chain and its endpoints.
+void StageConnect(std::vector<std::unique_ptr<StageNode>>& nodes,
+                  const std::vector<protocol::NodeId>& chain) {
+  std::vector<std::string> endpoints;
+  for (auto& n : nodes) endpoints.push_back(n->server->endpoint());
+  for (auto& n : nodes) n->plane->SetChain(chain, endpoints);
+}
+
+std::vector<std::unique_ptr<StageNode>> StageNodes(const StageContext& ctx,
+                                                   const StagePlaneOptions& options) {
+  std::vector<std::unique_ptr<StageNode>> nodes;
+  for (int s = 0; s < 3; ++s) nodes.push_back(StageStartNode(ctx, s, StageNodeKey(s), options));
+  StageConnect(nodes, ctx.chain);
+  return nodes;
+}
+
+// Stages `which` (each in its own thread, on its own node) run steps [first, last); returns each
+// one's first error (or ok), and its outcomes.
+std::vector<Status> StageRunOverHttp(std::vector<std::unique_ptr<Stage>>& stages,
+                                     std::vector<std::unique_ptr<StageNode>>& nodes,
+                                     const std::vector<int>& which, int64_t first, int64_t last,
+                                     std::vector<std::vector<StageStepOutcome>>* outcomes) {
+  const ModelSpec spec = stages[0]->state().model->spec();
+  std::vector<Batch> batches;
+  for (int64_t step = 0; step < last; ++step) batches.push_back(StageBatch(spec, step));
+  std::vector<Status> status(stages.size(), Status::Ok());
+  outcomes->assign(stages.size(), {});
+  std::vector<std::thread> threads;
+  for (int s : which) {
+    threads.emplace_back([&, s] {
+      for (int64_t step = first; step < last; ++step) {
+        nodes[s]->plane->BeginStep(static_cast<uint64_t>(step));
+        Result<StageStepOutcome> r =
+            RunStageStep(*stages[s], nodes[s]->plane->context(), batches[step], kStageDropoutSeed,
+                         *nodes[s]->plane->link());
+        if (!r.ok()) {
+          status[s] = r.status();
+          return;
+        }
+        (*outcomes)[s].push_back(std::move(*r));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return status;
+}
+
+TEST(StagePlaneTest, ThreeStageEndpointsTrainBitEqualToRunPipelineStep) {
+  // Both also with inboxes that hold one tensor per sender at a time: senders are pushed back
+  // and retry (and the next step's tensors must not block this step's).
+  for (auto [toml, tight] : {std::pair{kStageMlp, false}, std::pair{kStageGpt, false},
+                             std::pair{kStageMlp, true}, std::pair{kStageGpt, true}}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind + (tight ? " (one tensor per inbox)" : ""));
+    StagePlaneOptions opt;
+    opt.step_deadline_ms = 30'000;  // a stall fails the test in 30 s, not the default's 120
+    if (tight) opt.inbox_bytes = 1;
+    constexpr int64_t kSteps = 3;
+    std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+    std::vector<float> losses;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      losses.push_back(
+          engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed).loss);
+    }
+    std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+    const StageContext ctx = StageCtx();
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, kSteps, &out);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+      EXPECT_EQ(engine::StateHash(got[s]->state()), engine::StateHash(want[s]->state()))
+          << "stage " << s;
+      for (const engine::Param& p : got[s]->params()) {
+        const engine::Param* q = nullptr;
+        for (const engine::Param& w : want[s]->params()) {
+          if (w.name == p.name) q = &w;
+        }
+        ASSERT_NE(q, nullptr) << p.name;
+        EXPECT_EQ(p.value.vec(), q->value.vec()) << p.name;
+      }
+    }
+    for (int64_t step = 0; step < kSteps; ++step) EXPECT_EQ(out[2][step].loss, losses[step]);
+    uint64_t bytes = 0, pushes = 0, retries = 0, peak = 0;
+    // The links each stage measured: per step, stage 1 pushes M activations and the running sum
+    // to stage 2 and M gradients to stage 0.
+    const StagePlaneStats middle = nodes[1]->plane->stats();
+    ASSERT_EQ(middle.links.size(), 2u);
+    EXPECT_EQ(middle.links.at(2).pushes, kSteps * (kStageMicroBatches + 1));
+    EXPECT_EQ(middle.links.at(0).pushes, kSteps * kStageMicroBatches);
+    EXPECT_EQ(middle.links.at(0).bytes + middle.links.at(2).bytes, middle.bytes_sent);
+    EXPECT_LE(middle.links.at(0).min_push_us * middle.links.at(0).pushes,
+              middle.links.at(0).push_us);
+    for (auto& n : nodes) {
+      const StagePlaneStats ps = n->plane->stats();
+      bytes += ps.bytes_sent;
+      pushes += ps.pushes_sent;
+      retries += ps.push_retries;
+      peak = std::max(peak, ps.peak_inbox_bytes);
+    }
+    std::printf(
+        "%s%s: %lld steps over HTTP, %llu pushes, %llu tensor bytes, %llu retries, "
+        "peak inbox %llu bytes\n",
+        spec.kind.c_str(), tight ? " (one tensor per inbox)" : "", static_cast<long long>(kSteps),
+        static_cast<unsigned long long>(pushes), static_cast<unsigned long long>(bytes),
+        static_cast<unsigned long long>(retries), static_cast<unsigned long long>(peak));
+    EXPECT_EQ(pushes, kSteps * (2 * 2 * kStageMicroBatches + 4 + (spec.kind == "gpt" ? 2 : 0)));
+  }
+}
+
+TEST(StagePlaneTest, AStageThatStopsAnsweringFailsTheStepByItsDeadline) {
+  const ModelSpec spec = StageParseModel(kStageMlp);
+  const StageContext ctx = StageCtx();
+  StagePlaneOptions opt;
+  opt.step_deadline_ms = 800;
+  // Stage 2's node is up but its stage never runs (it takes activations, sends nothing back);
+  // then its node is down (nothing listens at its endpoint).
+  for (bool node_down : {false, true}) {
+    SCOPED_TRACE(node_down ? "node down" : "stage silent");
+    std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+    const std::string stage2 = nodes[2]->server->endpoint();
+    if (node_down) nodes[2]->server->Stop();
+    std::vector<Hash256> before;
+    for (auto& s : stages) before.push_back(engine::StateHash(s->state()));
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st = StageRunOverHttp(stages, nodes, {0, 1}, 0, 1, &out);
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(st[s].code(), StatusCode::kDeadlineExceeded) << st[s].ToString();
+      EXPECT_NE(st[s].message().find("replica 1, stage " + std::to_string(s) + ", step 0"),
+                std::string::npos)
+          << st[s].ToString();
+      // No half-applied step: the weights and moments are those of the step's start.
+      EXPECT_EQ(engine::StateHash(stages[s]->state()), before[s]) << "stage " << s;
+      EXPECT_EQ(stages[s]->state().step, 0);
+    }
+    // Stage 1 names the stage that stopped answering, its node and its endpoint; stage 0 the
+    // stage it waited for.
+    EXPECT_NE(st[1].message().find("stage 2 (node " + ctx.chain[2].ShortHex() + " at " + stage2),
+              std::string::npos)
+        << st[1].ToString();
+    EXPECT_NE(st[1].message().find(node_down ? "did not take replica 1, step 0, micro-batch 0: "
+                                               "activation stage 1 -> 2"
+                                             : "no replica 1, step 0, micro-batch 0: "
+                                               "activation_grad stage 2 -> 1"),
+              std::string::npos)
+        << st[1].ToString();
+    EXPECT_NE(st[0].message().find("activation_grad stage 1 -> 0 from stage 1"), std::string::npos)
+        << st[0].ToString();
+  }
+}
+
+// ---- A whole task: DiLoCo rounds whose replicas are chains of stage endpoints.
+
+// A 3-block GPT on the GPL text (Debian's base-files, always installed), 2 micro-batches per step,
+// 2 rounds x 2 replicas x 3 inner steps, 3 stages (node/src/pipeline_diloco_test.cc's task, which
+// checks the same rounds with the stages in one process).
+constexpr char kStageTask[] = R"(
+[task]
+name = "pipeline-data-plane"
+seed = 3
+[data]
+format = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[model]
+kind = "gpt"
+n_layer = 3
+n_head = 2
+n_embd = 16
+block_size = 16
+[optimizer]
+kind = "adamw"
+lr = 3e-3
+weight_decay = 0.1
+grad_clip = 0.5
+[train]
+steps = 10
+batch_size = 4
+micro_batches = 2
+[network]
+rounds = 2
+units_per_round = 2
+inner_steps = 3
+stages = 3
+aggregation = "mean"
+inner_lr_final = 0.5
+)";
+
+TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloco) {
+  Result<ConfigFile> cfg = ConfigFile::Parse(kStageTask, "pipeline.toml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  Result<NetworkSpec> net = NetworkSpec::FromConfig(*cfg);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  Result<engine::TaskSpec> task = engine::TaskSpec::Parse(kStageTask, "pipeline.toml", "/");
+  ASSERT_TRUE(task.ok()) << task.status().ToString();
+  Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), *task);
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+
+  // meshlearn diloco: every unit unsplit, with the task's micro-batches.
+  Result<std::unique_ptr<engine::Trainer>> ref = engine::Trainer::Create(*task, *data);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  LocalDilocoOptions lopt;
+  lopt.eval_every_round = false;
+  Result<LocalDilocoResult> want = RunLocalDiloco(ref->get(), *net, lopt);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+
+  Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::Create(*task, *data);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  engine::Trainer* trainer = tr->get();
+  const engine::TaskSpec& t = trainer->task();
+  Result<engine::PipelineCut> cut =
+      engine::TaskPipelineCut(t, static_cast<int>(net->stages), net->cut);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  ASSERT_EQ(cut->stages(), 3);
+  const protocol::TaskSpecView view = MakeTaskView(*trainer, *net);
+  GlobalState state = InitialState(*trainer);
+  const uint64_t samples = UnitSamples(*trainer, *net);
+  uint64_t bytes = 0;
+  for (uint32_t r = 0; r < net->rounds; ++r) {
+    // Each replica: 3 stage nodes of its own, from the round's weights, on its unit's batches.
+    struct Replica {
+      UnitWork work;
+      std::vector<engine::Batch> batches;
+      std::vector<std::unique_ptr<Stage>> stages;
+      std::vector<std::unique_ptr<StageNode>> nodes;
+    };
+    std::vector<Replica> replicas(net->units_per_round);
+    for (uint32_t i = 0; i < net->units_per_round; ++i) {
+      Replica& rep = replicas[i];
+      rep.work = protocol::UnitWorkOf(*net, view.seed, view.id, r, i);
+      ASSERT_TRUE(trainer->StartUnit(rep.work.stream, state.weights, rep.work.lr_scale).ok());
+      for (int64_t s = 0; s < rep.work.inner_steps; ++s) {
+        rep.batches.push_back(trainer->BatchForStep(s));
+      }
+      std::map<std::string, const engine::Tensor*> whole;
+      for (const engine::Param& p : trainer->state().model->params()) whole[p.name] = &p.value;
+      StageContext ctx;
+      ctx.task = view.id;
+      ctx.round = r;
+      ctx.replica = i;
+      for (int s = 0; s < 3; ++s) {
+        ctx.chain.push_back(StageNodeKey(static_cast<int>(10 * i) + s).public_key());
+      }
+      for (int s = 0; s < 3; ++s) {
+        Result<std::unique_ptr<Stage>> st =
+            Stage::Create(t.model, engine::UnitOptimizerSpec(t.optimizer, rep.work.lr_scale), *cut,
+                          s, t.micro_batches);
+        ASSERT_TRUE(st.ok()) << st.status().ToString();
+        for (engine::Param& p : (*st)->params()) p.value.vec() = whole.at(p.name)->vec();
+        rep.stages.push_back(std::move(*st));
+        rep.nodes.push_back(StageStartNode(ctx, s, StageNodeKey(static_cast<int>(10 * i) + s), {}));
+      }
+      StageConnect(rep.nodes, ctx.chain);
+    }
+    // Both replicas at once: 6 stage threads, each on its own endpoint.
+    std::vector<Status> status(2 * 3, Status::Ok());
+    std::vector<std::thread> threads;
+    for (uint32_t i = 0; i < net->units_per_round; ++i) {
+      for (int s = 0; s < 3; ++s) {
+        threads.emplace_back([&, i, s] {
+          Replica& rep = replicas[i];
+          const uint64_t seed = engine::DropoutSeed(t.seed, rep.work.stream);
+          for (int64_t step = 0; step < rep.work.inner_steps; ++step) {
+            rep.nodes[s]->plane->BeginStep(static_cast<uint64_t>(step));
+            Result<StageStepOutcome> o =
+                RunStageStep(*rep.stages[s], rep.nodes[s]->plane->context(), rep.batches[step],
+                             seed, *rep.nodes[s]->plane->link());
+            if (!o.ok()) {
+              status[3 * i + s] = o.status();
+              return;
+            }
+          }
+        });
+      }
+    }
+    for (std::thread& th : threads) th.join();
+    std::vector<std::vector<float>> deltas;  // RoundDelta holds a span: they must outlive it
+    for (uint32_t i = 0; i < net->units_per_round; ++i) {
+      std::map<std::string, const engine::Tensor*> trained;
+      for (int s = 0; s < 3; ++s) {
+        ASSERT_TRUE(status[3 * i + s].ok()) << status[3 * i + s].ToString();
+        for (const engine::Param& p : replicas[i].stages[s]->params()) trained[p.name] = &p.value;
+        bytes += replicas[i].nodes[s]->plane->stats().bytes_sent;
+      }
+      std::vector<float> local;
+      for (const engine::Param& p : trainer->state().model->params()) {
+        const std::vector<float>& v = trained.at(p.name)->vec();
+        local.insert(local.end(), v.begin(), v.end());
+      }
+      deltas.push_back(protocol::PseudoGradient(state.weights, local));
+    }
+    std::vector<RoundDelta> round;
+    for (uint32_t i = 0; i < net->units_per_round; ++i) {
+      round.push_back({.shard = i, .delta = deltas[i]});
+    }
+    ASSERT_TRUE(ApplyRound(&state, round, *net, view.id, r, samples).ok());
+    EXPECT_EQ(HashFloats(state.weights), want->rounds[r].global_hash) << "round " << r;
+  }
+  EXPECT_EQ(HashFloats(state.weights), want->final_hash);
+  std::printf("2 rounds x 2 replicas x 3 stages over HTTP: %llu tensor bytes between stages\n",
+              static_cast<unsigned long long>(bytes));
+}
+
+// A verifier fetches a stage step's evidence from the stage's node over HTTP (the commit, the
+// checkpoint of the step's start, the received tensors) and replays it.
+TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+    const StageContext ctx = StageCtx();
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, {});
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, 1, &out);
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+    MemEnv env;
+    std::vector<Bytes> checkpoints;
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(engine::SaveCheckpoint(&env, "c", got[s]->state()).ok());
+      Result<std::string> file = env.ReadFile("c");
+      ASSERT_TRUE(file.ok());
+      checkpoints.push_back(ToBytes(*file));
+    }
+    st = StageRunOverHttp(got, nodes, {0, 1, 2}, 1, 2, &out);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+      std::map<Hash256, Bytes> received = nodes[s]->plane->received();
+      EXPECT_EQ(received.size(), out[s][0].commit.received.size());
+      if (s == 2 && spec.kind != "gpt") {
+        // The MLP's stage 2 serves, for micro-batch 1's activations, other floats than it got.
+        Bytes& b = received.at(out[s][0].commit.received[1].tensor);
+        b[0] ^= 1;
+      }
+      nodes[s]->evidence.Publish(out[s][0].commit, received, checkpoints[s]);
+    }
+
+    StageReplaySetup setup;
+    setup.model = spec;
+    setup.optimizer = StageOptimizer();
+    Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
+    ASSERT_TRUE(cut.ok());
+    setup.cut = *cut;
+    setup.micro_batches = kStageMicroBatches;
+    setup.chain = ctx.chain;
+    net::HttpTransport verifier;
+    for (int s = 0; s < 3; ++s) {
+      const StageStepRef ref{ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), 1};
+      Result<StageStepEvidence> ev =
+          FetchStageStepEvidence(&verifier, nodes[s]->server->endpoint(), ref);
+      ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+      EXPECT_EQ(ev->commit, out[s][0].commit);
+      Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
+      ASSERT_TRUE(start.ok()) << start.status().ToString();
+      Result<StageReplayResult> r = ReplayStageStep(setup, std::move(*start), ev->commit, ev->blobs,
+                                                    StageBatch(spec, 1), kStageDropoutSeed);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      if (s == 2 && spec.kind != "gpt") {
+        EXPECT_EQ(r->fault, StageFault::kStageFaultInput) << r->message;
+        EXPECT_EQ(r->micro_batch, 1) << r->message;
+      } else {
+        EXPECT_TRUE(r->ok()) << "stage " << s << ": " << r->message;
+      }
+    }
+    Result<StageStepEvidence> none = FetchStageStepEvidence(
+        &verifier, nodes[0]->server->endpoint(), {ctx.task, ctx.round, ctx.replica, 0, 7});
+    EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status().ToString();
+    EXPECT_NE(none.status().message().find("serves no replica 1, stage 0, step 7"),
+              std::string::npos)
+        << none.status().ToString();
+  }
+}
+
+// A stage node killed in the middle of a step: its link fails once it has run micro-batch 0's
+// forward pass, then its server goes down.
+class StageDyingLink final : public StageLink {
+ public:
+  explicit StageDyingLink(StageLink* inner) : inner_(inner) {}
+  Result<std::vector<float>> Receive(const StageTensorKey& key, StageTransfer* record) override {
+    if (key.micro_batch == 1) return Unavailable("the node was killed");
+    return inner_->Receive(key, record);
+  }
+  Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
+    return inner_->Send(key, values);
+  }
+
+ private:
+  StageLink* inner_;
+};
+
+TEST(StagePlaneTest, AStageNodeKilledMidStepIsReplacedAndTheReplicaEndsBitEqual) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+    for (int64_t step = 0; step < 4; ++step) {
+      engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+    }
+    std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+    const StageContext ctx = StageCtx();
+    StagePlaneOptions opt;
+    opt.step_deadline_ms = 800;
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, 2, &out);
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+    // Every stage checkpoints the start of step 2.
+    MemEnv env;
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(engine::SaveCheckpoint(&env, "s" + std::to_string(s), got[s]->state()).ok());
+    }
+
+    // Step 2: stage 2's node dies after its forward pass of micro-batch 0; the others fail the
+    // step by its deadline, their weights untouched.
+    Status died;
+    std::thread dying([&] {
+      nodes[2]->plane->BeginStep(2);
+      StageDyingLink link(nodes[2]->plane->link());
+      Result<StageStepOutcome> r =
+          RunStageStep(*got[2], ctx, StageBatch(spec, 2), kStageDropoutSeed, link);
+      died = r.status();
+      nodes[2]->server->Stop();
+    });
+    st = StageRunOverHttp(got, nodes, {0, 1}, 2, 3, &out);
+    dying.join();
+    EXPECT_EQ(died.code(), StatusCode::kUnavailable) << died.ToString();
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(st[s].code(), StatusCode::kDeadlineExceeded) << st[s].ToString();
+    }
+
+    // The scheduler replaces stage 2's node by another (another key, another endpoint); every
+    // stage of the replica resumes from its checkpoint of step 2's start, the new node from
+    // stage 2's; and the replica trains on, bit-equal to the pipeline in one process. (The new
+    // node's plane starts at step 0: its peers' step-2 pushes that arrive before its BeginStep(2)
+    // are answered "not yet" and retried.)
+    StageContext replaced = ctx;
+    replaced.chain[2] = StageNodeKey(5).public_key();
+    nodes[2] = StageStartNode(replaced, 2, StageNodeKey(5), opt);
+    StageConnect(nodes, replaced.chain);
+    Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
+    ASSERT_TRUE(cut.ok());
+    Result<std::unique_ptr<Stage>> fresh =
+        Stage::Create(spec, StageOptimizer(), *cut, 2, kStageMicroBatches);
+    ASSERT_TRUE(fresh.ok());
+    got[2] = std::move(*fresh);
+    for (int s = 0; s < 3; ++s) {
+      Result<engine::TrainState> saved = engine::LoadCheckpoint(&env, "s" + std::to_string(s));
+      ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+      ASSERT_TRUE(got[s]->Restore(std::move(*saved)).ok());
+    }
+    st = StageRunOverHttp(got, nodes, {0, 1, 2}, 2, 4, &out);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+      EXPECT_EQ(engine::StateHash(got[s]->state()), engine::StateHash(want[s]->state()))
+          << "stage " << s;
+      // Its commits name the new node as stage 2's.
+      for (const StageStepOutcome& o : out[s]) {
+        EXPECT_TRUE(protocol::VerifyStageStepSignatures(o.commit, replaced.chain).ok());
+      }
+    }
+  }
+}
+
+TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {
+  const StageContext ctx = StageCtx();
+  net::HttpTransport transport;
+  StagePlaneOptions opt;
+  opt.inbox_bytes = 1;  // one tensor at a time
+  opt.step_deadline_ms = 50;
+  StagePlane plane(ctx, 1, StageNodeKey(1), &transport, opt);
+  plane.SetChain(ctx.chain, {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"});
+  plane.BeginStep(0);
+  const std::vector<float> a = {1, 2, 3}, b = {4, 5, 6};
+  auto key = [&](int64_t m, uint64_t step = 0) {
+    return ctx.Key(StageTensorKind::kStageTensorActivation, 0, 1, step, m);
+  };
+  auto push = [&](const StageTransfer& rec, const std::vector<float>& values) {
+    return plane.HandlePush(net::Request{kMethodStagePush, EncodeStagePush(rec, values)}).status();
+  };
+  const StageTransfer a0 = SignStageTensor(key(0), a, StageNodeKey(0));
+  EXPECT_TRUE(push(a0, a).ok());
+  EXPECT_TRUE(push(a0, a).ok()) << "a retry of the same push";
+  EXPECT_EQ(plane.stats().duplicates, 1u);
+  Status st = push(SignStageTensor(key(0), b, StageNodeKey(0)), b);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("a second tensor"), std::string::npos) << st.ToString();
+
+  // Back-pressure: the inbox is full until the stage takes what it holds.
+  const StageTransfer a1 = SignStageTensor(key(1), b, StageNodeKey(0));
+  st = push(a1, b);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find("busy"), std::string::npos) << st.ToString();
+  StageTransfer rec;
+  Result<std::vector<float>> got = plane.link()->Receive(key(0), &rec);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, a);
+  EXPECT_EQ(rec, a0);
+  EXPECT_TRUE(push(a1, b).ok());
+  EXPECT_EQ(plane.stats().refused_busy, 1u);
+  got = plane.link()->Receive(key(1), &rec);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, b);
+  EXPECT_TRUE(push(a0, a).ok()) << "a push already taken, again: held for a re-run";
+  got = plane.link()->Receive(key(0), &rec);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, a);
+
+  // Records that are not this stage's, not the chain's node's, or not the tensor's.
+  StageContext other = ctx;
+  other.replica = 0;
+  st = push(SignStageTensor(other.Key(StageTensorKind::kStageTensorActivation, 0, 1, 0, 0), a,
+                            StageNodeKey(0)),
+            a);
+  EXPECT_NE(st.message().find("is not for this node, which serves stage 1 of replica 1"),
+            std::string::npos)
+      << st.ToString();
+  st = push(SignStageTensor(ctx.Key(StageTensorKind::kStageTensorActivation, 1, 2, 0, 0), a,
+                            StageNodeKey(1)),
+            a);
+  EXPECT_NE(st.message().find("is not for this node"), std::string::npos) << st.ToString();
+  st = push(SignStageTensor(key(1, 1), a, StageNodeKey(2)), a);
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+  st = push(SignStageTensor(key(1, 1), a, StageNodeKey(0)), b);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("the tensor received hashes to"), std::string::npos) << st.ToString();
+  st = push(SignStageTensor(key(0, 5), a, StageNodeKey(0)), a);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << "not yet: the sender retries";
+  EXPECT_NE(st.message().find("ahead of this stage's step 0"), std::string::npos) << st.ToString();
+  Bytes truncated = EncodeStagePush(a0, a);
+  truncated.pop_back();
+  EXPECT_FALSE(plane.HandlePush(net::Request{kMethodStagePush, truncated}).ok());
+
+  // Mutated push bodies (bytes changed, cut, added) never crash the handler and are never taken:
+  // the record's signature binds every field, the hash the floats.
+  Rng rng(15);
+  const Bytes body = EncodeStagePush(a0, a);
+  for (int i = 0; i < 2000; ++i) {
+    Bytes m = body;
+    for (uint64_t e = 1 + rng.Uniform(3); e > 0; --e) {
+      const uint64_t what = rng.Uniform(3);
+      if (what == 0 && !m.empty())
+        m[rng.Uniform(m.size())] ^= static_cast<uint8_t>(1 + rng.Uniform(255));
+      if (what == 1 && !m.empty()) m.resize(rng.Uniform(m.size()));
+      if (what == 2) m.push_back(static_cast<uint8_t>(rng.Uniform(256)));
+    }
+    if (m == body) continue;
+    const uint64_t taken = plane.stats().pushes_taken;
+    Result<Bytes> r = plane.HandlePush(net::Request{kMethodStagePush, m});
+    EXPECT_EQ(plane.stats().pushes_taken, taken) << "mutation " << i << " was taken";
+    (void)r;
+  }
+
+  // A tensor that never comes: the step's deadline.
+  got = plane.link()->Receive(key(3), &rec);
+  EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(got.status().message().find("from stage 0 (node " + ctx.chain[0].ShortHex() +
+                                        " at 127.0.0.1:1)"),
+            std::string::npos)
+      << got.status().ToString();
+}
+
+}  // namespace
+}  // namespace meshlearn::node
