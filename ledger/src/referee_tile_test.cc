@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/blob.h"
 #include "meshlearn/base/check.h"
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/merkle.h"
@@ -32,6 +33,10 @@
 #include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/protocol/dispute.h"
+#include "meshlearn/protocol/task_model.h"
+#include "meshlearn/protocol/unit_check.h"
+#include "meshlearn/protocol/verification.h"
+#include "test_util.h"
 
 namespace meshlearn::ledger {
 namespace referee_tile_test {  // named: the tests build as unity translation units
@@ -244,6 +249,7 @@ struct StepRecord {
 struct PartyRun {
   Lie lie;
   std::vector<Hash256> state;     // state[s]: after step s
+  std::vector<float> before_lie;  // engine::FlatState after step kLieStep - 1 (a whole step's input)
   std::vector<StepRecord> steps;  // steps[s] for s >= 1
 
   std::span<const float> Values(uint64_t s, int64_t op) const {
@@ -264,6 +270,7 @@ PartyRun Train(const Lie& lie) {
   run.steps.emplace_back();
   for (uint64_t s = 1; s <= kSteps; ++s) {
     const bool lying = s == kLieStep;
+    if (lying) run.before_lie = engine::FlatState(st);
     StepRecord rec;
     rec.batch = tr->BatchForStep(st.step);
     rec.trace = std::make_unique<OpTrace>();
@@ -796,6 +803,510 @@ TEST(TileDisputeTest, MalformedWitnessesAreRefused) {
                                     m.children->first, height);
     EXPECT_EQ(swapped.code(), StatusCode::kInvalidArgument) << "children not hashing to the node";
   }
+}
+
+
+// ---- On chain: the same game played with real transactions (RevealVerdict with the task bundle,
+// DisputePost, DisputeChildren, RefereeTile) on a ledger with verification on, every block
+// replayed by a follower. The solver trains unit 0 of a one-unit task (H = 4, one segment), the
+// drawn verifier replays it; one of them lies. The honest side wins by RefereeTile (by RefereeStep
+// when the lie is in the state only), and the genesis referee's word is refused.
+
+const std::string& ChainBundle() {
+  static const std::string* b = new std::string(
+      std::string(kFashionMlp) +
+      "[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\ncheckpoint_interval = 4\n");
+  return *b;
+}
+
+// The fashion-MLP shape trained as unit 0 of the chain task: the unit's stream and inner rate
+// (UnitWorkOf, as every solver derives them), from the task's initial weights.
+const Setup& ChainSetup() {
+  static const Setup* setup = [] {
+    auto* s = new Setup;
+    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(ChainBundle(), "tile-chain.toml", ".");
+    CHECK(spec.ok()) << spec.status().ToString();
+    Result<ConfigFile> cfg = ConfigFile::Parse(ChainBundle(), "tile-chain.toml");
+    CHECK(cfg.ok());
+    Result<protocol::NetworkSpec> net = protocol::NetworkSpec::FromConfig(*cfg);
+    CHECK(net.ok()) << net.status().ToString();
+    const protocol::UnitWork work =
+        protocol::UnitWorkOf(*net, spec->seed, engine::TaskContentId(*spec), 0, 0);
+    auto shared = std::make_shared<const engine::TaskSpec>(std::move(*spec));
+    s->make = [shared, work] {
+      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, Data());
+      CHECK(tr.ok()) << tr.status().ToString();
+      const std::vector<float> start = (*tr)->FlatParams();
+      CHECK((*tr)->StartUnit(work.stream, start, work.lr_scale).ok());
+      return std::move(*tr);
+    };
+    s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(kExamples), Tree().root());
+    s->train = &Data().train;
+    s->tree = &Tree();
+    return s;
+  }();
+  return *setup;
+}
+
+using protocol::CheckStage;
+using protocol::UnitCheck;
+using protocol::Verdict;
+
+class TileChainTest : public testing::FollowedChainFixture {
+ protected:
+  TileChainTest()
+      : gina_(testing::TestKey(7)), referee_(testing::TestKey(8)), solver_(testing::TestKey(21)),
+        verifier_(testing::TestKey(23)) {
+    genesis_ = DevnetGenesis({alice_.public_key(), bob_.public_key(), gina_.public_key(),
+                              referee_.public_key()},
+                             kFunds, "tile-chain");
+    ChainParams& p = genesis_.params;
+    p.verification = true;
+    p.liveness_blocks = 1000;
+    p.min_deadline_blocks = 4;
+    p.verdict_commit_blocks = 2;
+    p.verdict_reveal_blocks = 2;
+    p.dispute_response_blocks = 2;
+    p.forced_error_per_million = 0;
+    p.verifiers_per_unit = 1;
+    genesis_.referee = referee_.public_key();
+    owner_[solver_.public_key()] = &alice_;
+    owner_[verifier_.public_key()] = &bob_;
+  }
+
+  void SetUp() override {
+    FollowedChainFixture::SetUp();
+    g_setup = &ChainSetup();
+  }
+
+  Transaction N(const KeyPair& node, TxPayload p) { return Q(*owner_.at(node.public_key()), p); }
+  void StepOk(std::vector<Transaction> txs) {
+    for (const Receipt& r : Step(std::move(txs))) EXPECT_TRUE(r.ok) << r.reason;
+  }
+  static Hash256 Secret(const KeyPair& node, uint64_t i) {
+    return protocol::SecretChainElement(Blake2b("seed " + node.public_key().ToHex()), i);
+  }
+  RegisterNodeTx Reg(const KeyPair& node, uint32_t roles) {
+    return RegisterNodeTx{.node_id = node.public_key(),
+                          .endpoint = "http://node:1",
+                          .roles = roles,
+                          .capabilities = {.cores = 4,
+                                           .memory_bytes = 1ull << 30,
+                                           .throughput = 1'000'000'000'000,
+                                           .latency_ms = 1,
+                                           .bandwidth_bytes_per_s = 1'000'000'000},
+                          .price = testing::kTestPrice,
+                          .stake = 100'000,
+                          .secret_head = Secret(node, 0)};
+  }
+  TaskRecord Task() { return chain_->GetTask(task_id_).value(); }
+  WorkUnit Unit() { return chain_->GetWorkUnit(task_id_, 0).value(); }
+  UnitCheck Check() { return UnitCheck::Decode(Unit().check).value(); }
+  bool HasCheck() { return !Unit().check.empty(); }
+  NodeRecord Node(const KeyPair& k) { return chain_->GetNode(k.public_key()).value(); }
+
+  // Registers the solver and the verifier and submits the one-unit task; the unit is assigned.
+  void Submit() {
+    StepOk({N(solver_, Reg(solver_, kRoleSolver)), N(verifier_, Reg(verifier_, kRoleVerifier))});
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    TaskParams p = testing::TestTaskParams();
+    p.rounds = 1;
+    p.units_per_round = 1;
+    p.inner_steps = kSteps;
+    p.checkpoint_interval = kSteps;
+    p.batch_size = 128;
+    p.num_examples = kExamples;
+    p.verification_window_blocks = 12;
+    p.data_root = Tree().root();
+    const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
+    Transaction submit =
+        Q(gina_, SubmitTaskTx{.spec_hash = BuildManifest(AsBytes(ChainBundle())).id().hash,
+                              .budget = budget,
+                              .price_cap = 20,
+                              .params = p});
+    task_id_ = TaskIdFor(gina_.public_key(), submit.nonce);
+    StepOk({submit});
+    for (int i = 0; i < 10 && Unit().status != WorkUnitStatus::kAssigned; ++i) Step();
+    ASSERT_EQ(Unit().status, WorkUnitStatus::kAssigned);
+    ASSERT_EQ(Unit().assignee, solver_.public_key());
+  }
+
+  // The solver commits `solver`'s states; the drawn verifier claims segment 0 ends at
+  // `verifier`'s state (revealed with `bundle`); the dispute opens.
+  void CommitAndDispute(const PartyRun& solver, const PartyRun& verifier,
+                        const std::string& bundle,
+                        std::function<std::vector<std::pair<Transaction, std::string>>(
+                            const Hash256& salt)>
+                            refused_reveals = nullptr) {
+    const std::vector<Hash256> leaves = {solver.state[0], solver.state[kSteps]};
+    StepOk({N(solver_, CommitUnitTx{.task_id = task_id_,
+                                    .index = 0,
+                                    .node_id = solver_.public_key(),
+                                    .result_hash = Blake2b("delta"),
+                                    .commitment = MerkleRoot(leaves),
+                                    .loss_micros = 1,
+                                    .secret_index = Node(solver_).secrets_committed + 1,
+                                    .leaves = leaves})});
+    for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckCommitVerdicts; ++i) Step();
+    ASSERT_EQ(Check().stage(), CheckStage::kCheckCommitVerdicts);
+    ASSERT_EQ(Check().verifiers().at(0), verifier_.public_key());
+    auto proof = [&](uint64_t i) {
+      MerkleProof m = MerkleProve(leaves, i);
+      return MerkleProofField{.index = m.index, .leaf_count = m.leaf_count, .siblings = m.siblings};
+    };
+    claim_ = MismatchClaimField{.segment = 0,
+                                .start = leaves[0],
+                                .start_proof = proof(0),
+                                .solver_end = leaves[1],
+                                .end_proof = proof(1),
+                                .replayed_end = verifier.state[kSteps]};
+    const Hash256 salt = Blake2b("salt");
+    StepOk({N(verifier_,
+              CommitVerdictTx{.task_id = task_id_,
+                              .index = 0,
+                              .node_id = verifier_.public_key(),
+                              .commitment = protocol::VerdictCommitment(
+                                  Verdict::kVerdictMismatch, salt, verifier_.public_key(),
+                                  Check().config().unit,
+                                  protocol::MismatchEvidence(0, claim_.replayed_end))})});
+    for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckRevealVerdicts; ++i) Step();
+    ASSERT_EQ(Check().stage(), CheckStage::kCheckRevealVerdicts);
+    // Transactions that must be refused (with these reasons) go first, in the same block: the
+    // reveal window is short.
+    std::vector<std::pair<Transaction, std::string>> refused;
+    if (refused_reveals) refused = refused_reveals(salt);
+    std::vector<Transaction> txs;
+    for (const auto& [tx, why] : refused) txs.push_back(tx);
+    txs.push_back(N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                         .index = 0,
+                                         .node_id = verifier_.public_key(),
+                                         .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
+                                         .salt = salt,
+                                         .claim = claim_,
+                                         .bundle = {bundle}}));
+    txs.push_back(N(solver_, RevealSecretTx{.task_id = task_id_,
+                                            .index = 0,
+                                            .node_id = solver_.public_key(),
+                                            .secret = Secret(solver_, Unit().secret_index),
+                                            .start_leaf = solver.state[0]}));
+    std::vector<Receipt> receipts = Step(txs);
+    ASSERT_EQ(receipts.size(), txs.size());
+    for (size_t i = 0; i < receipts.size(); ++i) {
+      if (i < refused.size()) {
+        EXPECT_FALSE(receipts[i].ok) << refused[i].second;
+        EXPECT_NE(receipts[i].reason.find(refused[i].second), std::string::npos)
+            << receipts[i].reason;
+      } else {
+        EXPECT_TRUE(receipts[i].ok) << receipts[i].reason;
+      }
+    }
+    for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckDisputed; ++i) Step();
+    ASSERT_EQ(Check().stage(), CheckStage::kCheckDisputed);
+  }
+
+  // Both parties answer every query of the game from their runs, as transactions, until it
+  // reaches the referee or resolves; a silent party posts nothing at `silence`'s phase.
+  void PlayOnChain(const PartyRun& defender, const PartyRun& challenger,
+                   std::optional<Silence> silence = std::nullopt) {
+    for (int turn = 0; turn < 80; ++turn) {
+      if (!HasCheck() || Check().stage() != CheckStage::kCheckDisputed) return;
+      const protocol::DisputeGame g = *Check().dispute();
+      if (g.stage() == DisputeStage::kDisputeReferee ||
+          g.stage() == DisputeStage::kDisputeResolved) {
+        return;
+      }
+      const DisputeQuery q = g.query();
+      const bool quiet = silence && q.stage == silence->stage &&
+                         (q.stage != DisputeStage::kDisputeTiles || q.children == silence->children);
+      std::vector<Transaction> txs;
+      for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+        if (quiet && silence->party == party) continue;
+        const KeyPair& node = party == DisputeParty::kDefender ? solver_ : verifier_;
+        const Move m = Answer(party == DisputeParty::kDefender ? defender : challenger, q);
+        if (m.children) {
+          txs.push_back(N(node, DisputeChildrenTx{.task_id = task_id_,
+                                                  .index = 0,
+                                                  .node_id = node.public_key(),
+                                                  .position = q.position,
+                                                  .left = m.children->first,
+                                                  .right = m.children->second}));
+        } else {
+          txs.push_back(N(node, DisputePostTx{.task_id = task_id_,
+                                              .index = 0,
+                                              .node_id = node.public_key(),
+                                              .position = q.position,
+                                              .hash = m.hash}));
+        }
+      }
+      StepOk(txs);
+      if (quiet) {
+        for (uint64_t i = 0; i <= genesis_.params.dispute_response_blocks; ++i) Step();
+      }
+    }
+    ADD_FAILURE() << "the game did not end";
+  }
+
+  RefereeTask RefereeTaskNow() {
+    EXPECT_EQ(Check().stage(), CheckStage::kCheckDisputed);
+    EXPECT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeReferee);
+    return Check().dispute()->referee_task();
+  }
+
+  Transaction RefereeTile(const KeyPair& sender, const Bytes& witness,
+                          const std::string& bundle = ChainBundle()) {
+    return Q(sender, RefereeTileTx{.task_id = task_id_, .index = 0, .bundle = {bundle},
+                                   .witness = {witness}});
+  }
+
+  // The genesis referee's word is refused for a dispute the ledger rules itself.
+  void ExpectGenesisRefereeRefused(const RefereeTask& task, const std::string& instead) {
+    std::vector<Receipt> r = Step({Q(referee_, RuleDisputeTx{.task_id = task_id_,
+                                                             .index = 0,
+                                                             .output = task.challenger_output})});
+    EXPECT_EQ(r.at(0).code, StatusCode::kFailedPrecondition) << r.at(0).reason;
+    EXPECT_NE(r.at(0).reason.find(instead), std::string::npos) << r.at(0).reason;
+  }
+
+  // After the ruling: the liar lost (slashed), the honest side did not.
+  void ExpectTheLiarSlashed(bool solver_lies) {
+    for (int i = 0; i < 6 && HasCheck() && Check().stage() != CheckStage::kCheckSettled; ++i) {
+      Step();
+    }
+    if (solver_lies) {
+      EXPECT_FALSE(HasCheck()) << "fraud: the round re-runs without the cheater";
+      EXPECT_EQ(Node(solver_).reputation.slashes, 1u);
+      EXPECT_EQ(Node(verifier_).reputation.slashes, 0u);
+    } else {
+      ASSERT_TRUE(HasCheck());
+      EXPECT_EQ(Check().result(), protocol::CheckResult::kCheckClean) << Check().reason();
+      EXPECT_EQ(Node(verifier_).reputation.slashes, 1u);
+      EXPECT_EQ(Node(solver_).reputation.slashes, 0u);
+    }
+  }
+
+  // Plays `lie` on chain with the liar in `solver_lies`' role: returns the ruling transaction's
+  // witness size (0 for a whole step).
+  size_t PlayLieOnChain(const PartyRun& liar, bool solver_lies, bool want_tile) {
+    const PartyRun& honest = Honest();
+    const PartyRun& solver = solver_lies ? liar : honest;
+    const PartyRun& verifier = solver_lies ? honest : liar;
+    Submit();
+    CommitAndDispute(solver, verifier, ChainBundle());
+    if (::testing::Test::HasFatalFailure()) return 0;
+    EXPECT_TRUE(Check().has_tile_phase());
+    EXPECT_EQ(Unit().check[0], 2) << "a check with the tile phase encodes as version 2";
+    PlayOnChain(solver, verifier);
+    const RefereeTask task = RefereeTaskNow();
+    const uint32_t turns = Check().dispute()->turns();
+    EXPECT_EQ(task.step, kLieStep);
+    EXPECT_EQ(task.tile, want_tile);
+    size_t bytes = 0;
+    if (task.tile) {
+      ExpectGenesisRefereeRefused(task, "RefereeTile");
+      // A RefereeStep does not rule a tile.
+      std::vector<Receipt> r = Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = 0,
+                                                            .witness = {Bytes{1}}})});
+      EXPECT_NE(r.at(0).reason.find("send RefereeTile"), std::string::npos) << r.at(0).reason;
+      // Anyone (here the submitter) posts the witness, built from the honest run; the ledger
+      // recomputes the tile.
+      Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), ChainBundle(), "test");
+      EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+      const StepRecord& rec = honest.steps.at(task.step);
+      Result<TileWitness> w =
+          BuildTileWitness(*ctx, task, *rec.trace, rec.batch, &Data().train, &Tree());
+      EXPECT_TRUE(w.ok()) << w.status().ToString();
+      const Bytes encoded = EncodeTileWitness(*w);
+      bytes = encoded.size();
+      EXPECT_LE(bytes, kMaxTileWitnessBytes);
+      StepOk({RefereeTile(gina_, encoded)});
+      std::printf("[ on chain ] %-22s tile %4llu block %u: %2u turns, RefereeTile witness %6zu "
+                  "bytes\n",
+                  Context().plan.ops.at(task.operator_index - 1).name.c_str(),
+                  static_cast<unsigned long long>(task.tile_index), task.block, turns, bytes);
+    } else {
+      ExpectGenesisRefereeRefused(task, "RefereeStep");
+      StepWitness w{.bundle = ChainBundle(), .state = honest.before_lie, .examples = {}};
+      for (int64_t i : engine::BatchIndices(Context().seed, Context().stream, kExamples, 128,
+                                            static_cast<int64_t>(task.step) - 1)) {
+        StepWitnessExample e{.index = static_cast<uint64_t>(i), .x = {},
+                             .y = Data().train.y[static_cast<size_t>(i)],
+                             .proof = Tree().Prove(i)};
+        e.x.assign(Data().train.x.data() + i * 784, Data().train.x.data() + (i + 1) * 784);
+        w.examples.push_back(std::move(e));
+      }
+      StepOk({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = 0,
+                                     .witness = {EncodeStepWitness(w)}})});
+    }
+    // Ruled: the check settles (a cheating solver's round re-runs, dropping it).
+    if (HasCheck()) {
+      EXPECT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeResolved);
+    }
+    ExpectTheLiarSlashed(solver_lies);
+    return bytes;
+  }
+
+  static constexpr Amount kFunds = 1'000'000;
+  KeyPair gina_, referee_, solver_, verifier_;
+  std::map<PublicKey, const KeyPair*> owner_;
+  Hash256 task_id_;
+  MismatchClaimField claim_;
+};
+
+class TileChainLieTest : public TileChainTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(TileChainLieTest, ALieAtATileIsRuledOnChainByRefereeTile) {
+  const bool solver_lies = GetParam();
+  // A first-layer tile: 32 examples proven against the data root and a block of the weight (the
+  // largest witness of this model).
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.out", 40, 40}), solver_lies, true);
+}
+
+TEST_P(TileChainLieTest, ALieAtAReductionBlockIsRuledOnChainByRefereeTile) {
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.weight.grad", 200, 700, 2}), GetParam(),
+                 true);
+}
+
+TEST_P(TileChainLieTest, AWrongOperatorIsNarrowedToATileAndRuledOnChain) {
+  PlayLieOnChain(Train(Lie{LieKind::kWrongUpdate}), GetParam(), true);
+}
+
+TEST_P(TileChainLieTest, ALieInTheStateOnlyIsRuledOnChainByTheWholeStep) {
+  PlayLieOnChain(Train(Lie{LieKind::kStepState}), GetParam(), false);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachSideLies, TileChainLieTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "SolverLies" : "VerifierLies"; });
+
+// A party silent at one phase (param: phase x which party; the solver lies) loses at the missed
+// deadline, whichever side lies, with no referee. A fresh chain each: the loser is jailed.
+class TileChainSilenceTest : public TileChainTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(TileChainSilenceTest, APartySilentAtAnyPhaseLosesOnChain) {
+  const std::vector<Silence> phases = {
+      {DisputeStage::kDisputeSteps, false},     {DisputeStage::kDisputeOperators, false},
+      {DisputeStage::kDisputeTiles, false},     {DisputeStage::kDisputeTiles, true},
+      {DisputeStage::kDisputeReduction, false},
+  };
+  Silence silence = phases.at(static_cast<size_t>(GetParam() / 4));
+  silence.party = GetParam() % 2 == 0 ? DisputeParty::kDefender : DisputeParty::kChallenger;
+  const bool solver_lies = (GetParam() / 2) % 2 == 0;
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.0.weight.grad", 200, 700, 2});
+  const PartyRun& solver = solver_lies ? liar : honest;
+  const PartyRun& verifier = solver_lies ? honest : liar;
+  Submit();
+  CommitAndDispute(solver, verifier, ChainBundle());
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  PlayOnChain(solver, verifier, silence);
+  for (int i = 0; i < 6 && HasCheck() && Check().stage() != CheckStage::kCheckSettled; ++i) Step();
+  // The silent party lost at the missed deadline, honest or not; no referee was asked.
+  EXPECT_EQ(Node(solver_).reputation.slashes, silence.party == DisputeParty::kDefender ? 1u : 0u);
+  EXPECT_EQ(Node(verifier_).reputation.slashes,
+            silence.party == DisputeParty::kChallenger ? 1u : 0u);
+}
+
+// 5 phases x (defender, challenger silent) x (solver, verifier lies).
+std::string SilenceName(const ::testing::TestParamInfo<int>& info) {
+  static const char* kPhase[] = {"Steps", "Operators", "TileRoot", "TileChildren", "Reduction"};
+  return std::string(kPhase[info.param / 4]) +
+         (info.param % 2 == 0 ? "DefenderSilent" : "ChallengerSilent") +
+         ((info.param / 2) % 2 == 0 ? "SolverLies" : "VerifierLies");
+}
+INSTANTIATE_TEST_SUITE_P(EachPhase, TileChainSilenceTest, ::testing::Range(0, 20), SilenceName);
+
+TEST_F(TileChainTest, WitnessesThatDoNotCheckOutAreRefusedAndTheHonestOneRules) {
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
+  Submit();
+  // The opening transaction's bundle is checked: another task's text, or on a clean verdict.
+  CommitAndDispute(liar, honest, ChainBundle());
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  PlayOnChain(liar, honest);
+  const RefereeTask task = RefereeTaskNow();
+  ASSERT_TRUE(task.tile);
+  ExpectGenesisRefereeRefused(task, "RefereeTile");
+  Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), ChainBundle(), "test");
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  const StepRecord& rec = honest.steps.at(task.step);
+  const TileWitness good =
+      BuildTileWitness(*ctx, task, *rec.trace, rec.batch, &Data().train, &Tree()).value();
+  auto refused = [&](const Transaction& tx, const std::string& why) {
+    std::vector<Receipt> r = Step({tx});
+    EXPECT_FALSE(r.at(0).ok) << why;
+    EXPECT_NE(r.at(0).reason.find(why), std::string::npos) << r.at(0).reason;
+  };
+  {
+    TileWitness w = good;
+    w.tiles[0].values[3] += 1.0f;
+    refused(RefereeTile(gina_, EncodeTileWitness(w)), "is not proven against its agreed output");
+  }
+  {
+    TileWitness w = good;
+    std::swap(w.tiles[0], w.tiles[1]);
+    refused(RefereeTile(gina_, EncodeTileWitness(w)), "the footprint needs tile");
+  }
+  {
+    // The disputed operator's own output is no agreed input.
+    TileWitness w = good;
+    const int64_t op = static_cast<int64_t>(task.operator_index) - 1;
+    const engine::TileGrid& grid = Context().plan.ops[static_cast<size_t>(op)].grid;
+    std::vector<Hash256> hashes = engine::TileHashes(honest.Values(task.step, op), grid);
+    w.tiles[0] = TileWitnessTile{task.operator_index, 0,
+                                 engine::ExtractTile(honest.Values(task.step, op), grid, 0),
+                                 MerkleProve(hashes, 0)};
+    refused(RefereeTile(gina_, EncodeTileWitness(w)), "whose output is not agreed");
+  }
+  {
+    TileWitness w = good;
+    w.outputs[5] = Blake2b("not agreed");
+    refused(RefereeTile(gina_, EncodeTileWitness(w)), "not to the agreed C_");
+  }
+  refused(RefereeTile(gina_, EncodeTileWitness(good), ChainBundle() + "# another task\n"),
+          "spec_hash");
+  refused(RefereeTile(gina_, EncodeTileWitness(good), ""), "bundle is empty");
+  refused(RefereeTile(gina_, Bytes{1, 2, 3}), "referee tile: witness");
+  refused(RefereeTile(gina_, Bytes(kMaxTileWitnessBytes + 1, 0)), "over the tile witness bound");
+  ASSERT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeReferee);
+  // The honest witness, posted by the liar itself: it is the same witness (every input agreed).
+  StepOk({N(solver_, RefereeTileTx{.task_id = task_id_, .index = 0, .bundle = {ChainBundle()},
+                                   .witness = {EncodeTileWitness(good)}})});
+  // Ruled: nothing is left to rule (the round re-runs without the cheater).
+  refused(RefereeTile(gina_, EncodeTileWitness(good)), "referee tile: unit 0");
+  ExpectTheLiarSlashed(true);
+}
+
+TEST_F(TileChainTest, AMismatchWithoutTheBundlePlaysWholeStepsAndABadBundleIsRefused) {
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
+  Submit();
+  auto reveal = [&](Verdict verdict, const Hash256& salt, const std::string& bundle) {
+    return N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                        .index = 0,
+                                        .node_id = verifier_.public_key(),
+                                        .verdict = static_cast<uint8_t>(verdict),
+                                        .salt = salt,
+                                        .claim = claim_,
+                                        .bundle = {bundle}});
+  };
+  CommitAndDispute(liar, honest, "", [&](const Hash256& salt) {
+    return std::vector<std::pair<Transaction, std::string>>{
+        {reveal(Verdict::kVerdictMismatch, salt, ChainBundle() + "# another task\n"),
+         "the task's spec_hash"},
+        {reveal(Verdict::kVerdictClean, salt, ChainBundle()),
+         "leave it empty with a clean verdict"}};
+  });
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  // Without the bundle the dispute is as before: version 1, whole steps.
+  EXPECT_FALSE(Check().has_tile_phase());
+  EXPECT_EQ(Unit().check[0], 1) << "a check without the tile phase encodes as before";
+  EXPECT_EQ(Check().dispute()->Encode()[0], 1);
+  PlayOnChain(liar, honest);
+  const RefereeTask task = RefereeTaskNow();
+  EXPECT_TRUE(task.whole_step);
+  EXPECT_FALSE(task.tile);
+  EXPECT_EQ(task.step, kLieStep);
+  std::vector<Receipt> r = Step({RefereeTile(gina_, Bytes{1})});
+  EXPECT_NE(r.at(0).reason.find("waits for a whole step"), std::string::npos) << r.at(0).reason;
 }
 
 }  // namespace referee_tile_test

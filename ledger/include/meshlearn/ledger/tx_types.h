@@ -36,4 +36,6 @@
   X(RuleDispute, 55, verification)   \
   X(RefereeStep, 56, verification)   \
   X(ProveResult, 57, verification)   \
-  X(ProveFraud, 58, verification)
+  X(ProveFraud, 58, verification)    \
+  X(DisputeChildren, 59, verification) \
+  X(RefereeTile, 60, verification)
