@@ -1022,7 +1022,24 @@ class TileChainTest : public testing::FollowedChainFixture {
       for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
         if (quiet && silence->party == party) continue;
         const KeyPair& node = party == DisputeParty::kDefender ? solver_ : verifier_;
-        const Move m = Answer(party == DisputeParty::kDefender ? defender : challenger, q);
+        const PartyRun& run = party == DisputeParty::kDefender ? defender : challenger;
+        const Move m = Answer(run, q);
+        if (q.stage != DisputeStage::kDisputeSteps && run.steps.at(q.step).fake.empty()) {
+          // What a node answers (ledger::AnswerTileQuery) is this test's honest answer.
+          const StepRecord& rec = run.steps.at(q.step);
+          Result<DisputeMoveAnswer> a =
+              AnswerTileQuery(Context(), q, run.state.at(q.step - 1), *rec.trace, rec.batch);
+          EXPECT_TRUE(a.ok()) << a.status().ToString();
+          if (a.ok()) {
+            EXPECT_EQ(a->children, m.children.has_value());
+            if (m.children) {
+              EXPECT_EQ(a->left, m.children->first);
+              EXPECT_EQ(a->right, m.children->second);
+            } else {
+              EXPECT_EQ(a->hash, m.hash);
+            }
+          }
+        }
         if (m.children) {
           txs.push_back(N(node, DisputeChildrenTx{.task_id = task_id_,
                                                   .index = 0,

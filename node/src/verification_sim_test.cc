@@ -6,6 +6,7 @@
 // reaches the model).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
@@ -291,9 +292,12 @@ INSTANTIATE_TEST_SUITE_P(EveryMode, CheatingSolverTest,
                            return std::string(AdversaryName(p.param));
                          });
 
-// With a checkpoint every step, a disputed segment is one step: the game goes straight to the
-// referee (node/referee.h, run by the harness after every block), which replays that step and
-// rules for the honest verifier.
+// With a checkpoint every step, a disputed segment is one step: the game goes straight to its
+// operators, then to one tile (the verifier's mismatch carries the task bundle); the lazy solver
+// claims its skipped update, so the first differing operator is an updated parameter. The
+// referee service (node/referee.h, run by the harness after every block) and the honest verifier
+// each post the tile's witness (RefereeTile); the ledger recomputes the tile and rules for the
+// verifier. No key is trusted.
 TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
   VerifyFixture f(91, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
   SimOptions o{.seed = 91, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
@@ -316,21 +320,32 @@ TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
   ASSERT_NE(sim.referee(), nullptr);
   ASSERT_FALSE(sim.referee()->rulings().empty());
   for (const RefereeRecord& r : sim.referee()->rulings()) {
-    EXPECT_TRUE(r.ok) << r.error;
+    // Second to post in the same block as the challenger's own witness: already ruled.
+    if (!r.ok) {
+      EXPECT_NE(r.error.find("no dispute waiting for the referee"), std::string::npos) << r.error;
+    }
     EXPECT_EQ(r.dispute.defender, sim.node_key(0).public_key());
     EXPECT_EQ(r.ruling.output, r.dispute.task.challenger_output) << r.ruling.reason;
-    // The task has a data root: the ledger executed the step from the service's witness.
-    EXPECT_EQ(r.tx_type, "RefereeStep") << r.ruling.reason;
+    // The verifier's mismatch carried the task bundle: the game went on from the step to one
+    // tile of one operator (the lazy solver's skipped update), and the ledger recomputed that
+    // tile from the service's witness.
+    EXPECT_EQ(r.tx_type, "RefereeTile") << r.ruling.reason;
     EXPECT_TRUE(r.ruling.ledger_executes);
+    EXPECT_TRUE(r.dispute.task.tile);
+    EXPECT_GT(r.ruling.witness_bytes, 0u);
+    EXPECT_LE(r.ruling.witness_bytes, ledger::kMaxTileWitnessBytes);
+    std::printf("[ tile     ] ruled by %s: %s\n", r.tx_type.c_str(), r.ruling.reason.c_str());
   }
+  EXPECT_GE(Tally(sim, "disputes"), 1u);
   EXPECT_GT(Slashes(sim, 0), 0u);
   ExpectNeverSlashed(sim, {1, 2});
   ExpectFinalModelIsHonest(sim, f);
 }
 
-// The same dispute refereed by a service whose key genesis does not name (it names none: the
-// sequencer's key would rule RuleDispute): a RefereeStep needs no key, the ledger executes the
-// step itself, and the lazy solver still loses. (A checkpoint every step: every disputed segment
+// The same dispute, played over whole steps (the verifier's mismatch carries no bundle), refereed
+// by a service whose key genesis does not name (it names none: the sequencer's key would rule
+// RuleDispute): a RefereeStep needs no key, the ledger executes the step itself, and the lazy
+// solver still loses. (A checkpoint every step: every disputed segment
 // is one step, so the game goes straight to the referee.)
 TEST(VerificationSimTest, AnyoneCanPostTheStepWitnessAndTheLedgerRules) {
   VerifyFixture f(92, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
@@ -342,6 +357,7 @@ TEST(VerificationSimTest, AnyoneCanPostTheStepWitnessAndTheLedgerRules) {
   o.referee = true;
   o.referee_in_genesis = false;
   o.agent_options = [](int i, AgentOptions& a) {
+    a.tile_disputes = false;  // whole steps: the ledger executes the step (RefereeStep)
     if (i == 0) {
       a.adversary = Adversary::kLazy;
       a.stake = 100'000;

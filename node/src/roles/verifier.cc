@@ -4,6 +4,7 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/protocol/verification.h"
+#include "disputes.h"
 #include "journal.h"
 #include "segment_checker.h"
 
@@ -151,6 +152,9 @@ void Verifier::RevealVerdict(const CheckAssignment& c) {
       return;
     }
     tx.claim = std::move(*claim);
+    // The task bundle, when the ledger can narrow the dispute to one tile (ruled by RefereeTile).
+    std::string bundle;
+    if (TileContextFor(*node_, c, &bundle).ok()) tx.bundle.text = std::move(bundle);
   }
   if (outbox_->Send(action, std::move(tx))) ++node_->stats().verdicts_revealed;
 }

@@ -91,6 +91,23 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
 Result<TileRuleContext> TileContextOf(const TaskRecord& task, const WorkUnit& unit,
                                       const std::string& bundle, const std::string& where);
 
+// A party's move in phases 2-4 of a dispute (protocol::DisputeQuery of stage operators, tiles or
+// reduction) from its own run of the disputed step: `state_input` is the state hash the step
+// starts from (C_0), `trace` that run's OpTrace of the step (keep_values; it follows ctx.plan),
+// `batch` its batch. `hash` for DisputePost; with `children`, `left` and `right` for
+// DisputeChildren. What every party (the node's dispute role, tests) posts, so an honest party's
+// moves are the true ones by construction. InvalidArgument for a query of another stage or out of
+// the plan's range.
+struct DisputeMoveAnswer {
+  Hash256 hash;
+  bool children = false;
+  Hash256 left, right;
+};
+Result<DisputeMoveAnswer> AnswerTileQuery(const TileRuleContext& ctx,
+                                          const protocol::DisputeQuery& query,
+                                          const Hash256& state_input, const engine::OpTrace& trace,
+                                          const engine::Batch& batch);
+
 // The tile phase of a dispute over steps of `plan`: the tile count of every operator (0 for the
 // step's input state and for an operator without a footprint yet, which the whole-step referee
 // rules) and its reduction blocks.

@@ -9,7 +9,12 @@
 // executes the step and rules with its own output. Anyone may post it: for these disputes the
 // service is permissionless, its key needs only an account to pay for the transaction.
 //
-// Everything else -- tolerance-mode segments and tasks without a data root (token tasks) -- is
+// A dispute narrowed to one tile of one operator (the tile phase, docs/verification.md "Tiles")
+// is refereed by the ledger too: the service replays the step with its operator trace
+// (TraceDisputedStep) and posts RefereeTileTx{task, index, bundle, witness}
+// (ledger::BuildTileWitness: the tile's input tiles and examples with their proofs).
+//
+// Everything else -- tolerance-mode segments and whole steps of tasks without a data root -- is
 // ruled with RuleDisputeTx{task, index, output}, signed with the key genesis names as `referee`
 // (all zero: the sequencer's key). The ledger accepts that ruling from that key only; it does not
 // re-run it.
@@ -107,6 +112,7 @@ struct RefereeRuling {
   // Posted as RefereeStepTx (the ledger executes the step; `output` is what it will compute
   // from the witness) rather than RuleDisputeTx.
   bool ledger_executes = false;
+  bool tile = false;  // ... as RefereeTileTx: one tile of one operator (ledger::RuleTile)
   bool from_checkpoint = false;  // ... the agreed state came from the defender's checkpoint
   uint64_t witness_bytes = 0;    // ... EncodeStepWitness's size
 };
@@ -240,6 +246,10 @@ class RefereeService {
                                        std::span<const float> global,
                                        const UnitWork& work);
   Result<Computed> ComputeStepWitness(const RefereeDispute& d, TaskTrainer* t,
+                                      std::span<const float> global, const UnitWork& work);
+  // One tile (a dispute with the tile phase): the step traced, the tile's witness (RefereeTile).
+  Result<Computed> ComputeTileWitness(const RefereeDispute& d, TaskTrainer* t,
+                                      const ledger::TaskParams& params,
                                       std::span<const float> global, const UnitWork& work);
   bool CanFetchCheckpoints() const;
   Result<Bytes> FetchCheckpoint(const RefereeDispute& d, int64_t step);
