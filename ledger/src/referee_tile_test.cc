@@ -819,31 +819,62 @@ const std::string& ChainBundle() {
   return *b;
 }
 
-// The fashion-MLP shape trained as unit 0 of the chain task: the unit's stream and inner rate
+// The same task with examples/fashion-cnn.toml's model (the same examples as 1 x 28 x 28 images).
+const std::string& ChainCnnBundle() {
+  static const std::string* b = [] {
+    Result<std::string> cnn = Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) +
+                                                       "/examples/fashion-cnn.toml");
+    CHECK(cnn.ok()) << cnn.status().ToString();
+    const size_t m0 = cnn->find("[model]"), m1 = cnn->find("[optimizer]");
+    std::string bundle = ChainBundle();
+    const size_t b0 = bundle.find("[model]"), b1 = bundle.find("[optimizer]");
+    bundle.replace(b0, b1 - b0, cnn->substr(m0, m1 - m0));
+    return new std::string(bundle);
+  }();
+  return *b;
+}
+
+// The model of `bundle` trained as unit 0 of the chain task: the unit's stream and inner rate
 // (UnitWorkOf, as every solver derives them), from the task's initial weights.
+Setup* MakeChainSetup(const std::string& bundle, const engine::TaskData* data) {
+  auto* s = new Setup;
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle, "tile-chain.toml", ".");
+  CHECK(spec.ok()) << spec.status().ToString();
+  Result<ConfigFile> cfg = ConfigFile::Parse(bundle, "tile-chain.toml");
+  CHECK(cfg.ok());
+  Result<protocol::NetworkSpec> net = protocol::NetworkSpec::FromConfig(*cfg);
+  CHECK(net.ok()) << net.status().ToString();
+  const protocol::UnitWork work =
+      protocol::UnitWorkOf(*net, spec->seed, engine::TaskContentId(*spec), 0, 0);
+  auto shared = std::make_shared<const engine::TaskSpec>(std::move(*spec));
+  s->make = [shared, work, data] {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, *data);
+    CHECK(tr.ok()) << tr.status().ToString();
+    const std::vector<float> start = (*tr)->FlatParams();
+    CHECK((*tr)->StartUnit(work.stream, start, work.lr_scale).ok());
+    return std::move(*tr);
+  };
+  s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(kExamples), Tree().root());
+  s->train = &Data().train;  // the same floats whatever the shape: the same leaves
+  s->tree = &Tree();
+  return s;
+}
+
 const Setup& ChainSetup() {
+  static const Setup* setup = MakeChainSetup(ChainBundle(), &Data());
+  return *setup;
+}
+
+const Setup& ChainCnnSetup() {
   static const Setup* setup = [] {
-    auto* s = new Setup;
-    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(ChainBundle(), "tile-chain.toml", ".");
-    CHECK(spec.ok()) << spec.status().ToString();
-    Result<ConfigFile> cfg = ConfigFile::Parse(ChainBundle(), "tile-chain.toml");
-    CHECK(cfg.ok());
-    Result<protocol::NetworkSpec> net = protocol::NetworkSpec::FromConfig(*cfg);
-    CHECK(net.ok()) << net.status().ToString();
-    const protocol::UnitWork work =
-        protocol::UnitWorkOf(*net, spec->seed, engine::TaskContentId(*spec), 0, 0);
-    auto shared = std::make_shared<const engine::TaskSpec>(std::move(*spec));
-    s->make = [shared, work] {
-      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, Data());
-      CHECK(tr.ok()) << tr.status().ToString();
-      const std::vector<float> start = (*tr)->FlatParams();
-      CHECK((*tr)->StartUnit(work.stream, start, work.lr_scale).ok());
-      return std::move(*tr);
-    };
-    s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(kExamples), Tree().root());
-    s->train = &Data().train;
-    s->tree = &Tree();
-    return s;
+    auto* data = new engine::TaskData;
+    data->train.x = engine::Tensor(
+        {kExamples, 1, 28, 28},
+        std::vector<float>(Data().train.x.data(), Data().train.x.data() + kExamples * 784));
+    data->train.y = Data().train.y;
+    data->train.num_classes = 10;
+    data->test = data->train;
+    return MakeChainSetup(ChainCnnBundle(), data);
   }();
   return *setup;
 }
@@ -877,6 +908,11 @@ class TileChainTest : public testing::FollowedChainFixture {
   void SetUp() override {
     FollowedChainFixture::SetUp();
     g_setup = &ChainSetup();
+  }
+  // Plays the fashion CNN's task instead (before Submit).
+  void UseCnn() {
+    bundle_ = &ChainCnnBundle();
+    g_setup = &ChainCnnSetup();
   }
 
   Transaction N(const KeyPair& node, TxPayload p) { return Q(*owner_.at(node.public_key()), p); }
@@ -920,7 +956,7 @@ class TileChainTest : public testing::FollowedChainFixture {
     p.data_root = Tree().root();
     const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
     Transaction submit =
-        Q(gina_, SubmitTaskTx{.spec_hash = BuildManifest(AsBytes(ChainBundle())).id().hash,
+        Q(gina_, SubmitTaskTx{.spec_hash = BuildManifest(AsBytes(*bundle_)).id().hash,
                               .budget = budget,
                               .price_cap = 20,
                               .params = p});
@@ -1069,8 +1105,10 @@ class TileChainTest : public testing::FollowedChainFixture {
     return Check().dispute()->referee_task();
   }
 
-  Transaction RefereeTile(const KeyPair& sender, const Bytes& witness,
-                          const std::string& bundle = ChainBundle()) {
+  Transaction RefereeTile(const KeyPair& sender, const Bytes& witness) {
+    return RefereeTile(sender, witness, *bundle_);
+  }
+  Transaction RefereeTile(const KeyPair& sender, const Bytes& witness, const std::string& bundle) {
     return Q(sender, RefereeTileTx{.task_id = task_id_, .index = 0, .bundle = {bundle},
                                    .witness = {witness}});
   }
@@ -1108,7 +1146,7 @@ class TileChainTest : public testing::FollowedChainFixture {
     const PartyRun& solver = solver_lies ? liar : honest;
     const PartyRun& verifier = solver_lies ? honest : liar;
     Submit();
-    CommitAndDispute(solver, verifier, ChainBundle());
+    CommitAndDispute(solver, verifier, *bundle_);
     if (::testing::Test::HasFatalFailure()) return 0;
     EXPECT_TRUE(Check().has_tile_phase());
     EXPECT_EQ(Unit().check[0], 2) << "a check with the tile phase encodes as version 2";
@@ -1126,7 +1164,7 @@ class TileChainTest : public testing::FollowedChainFixture {
       EXPECT_NE(r.at(0).reason.find("send RefereeTile"), std::string::npos) << r.at(0).reason;
       // Anyone (here the submitter) posts the witness, built from the honest run; the ledger
       // recomputes the tile.
-      Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), ChainBundle(), "test");
+      Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), *bundle_, "test");
       EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
       const StepRecord& rec = honest.steps.at(task.step);
       Result<TileWitness> w =
@@ -1142,7 +1180,7 @@ class TileChainTest : public testing::FollowedChainFixture {
                   static_cast<unsigned long long>(task.tile_index), task.block, turns, bytes);
     } else {
       ExpectGenesisRefereeRefused(task, "RefereeStep");
-      StepWitness w{.bundle = ChainBundle(), .state = honest.before_lie, .examples = {}};
+      StepWitness w{.bundle = *bundle_, .state = honest.before_lie, .examples = {}};
       for (int64_t i : engine::BatchIndices(Context().seed, Context().stream, kExamples, 128,
                                             static_cast<int64_t>(task.step) - 1)) {
         StepWitnessExample e{.index = static_cast<uint64_t>(i), .x = {},
@@ -1163,6 +1201,7 @@ class TileChainTest : public testing::FollowedChainFixture {
   }
 
   static constexpr Amount kFunds = 1'000'000;
+  const std::string* bundle_ = &ChainBundle();
   KeyPair gina_, referee_, solver_, verifier_;
   std::map<PublicKey, const KeyPair*> owner_;
   Hash256 task_id_;
@@ -1193,6 +1232,23 @@ TEST_P(TileChainLieTest, ALieInTheStateOnlyIsRuledOnChainByTheWholeStep) {
 
 INSTANTIATE_TEST_SUITE_P(EachSideLies, TileChainLieTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "SolverLies" : "VerifierLies"; });
+
+// The fashion CNN through the same transactions: lies at both convolutions (the second narrowed
+// into blocks of 4 input channels) and at the narrowed 1568-input linear, each ruled on chain.
+TEST_P(TileChainLieTest, OnTheFashionCnnAFirstConvTileIsRuledOnChain) {
+  UseCnn();
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.out", 70, 2000}), GetParam(), true);
+}
+
+TEST_P(TileChainLieTest, OnTheFashionCnnASecondConvBlockIsRuledOnChain) {
+  UseCnn();
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.out", 9, 700, 2}), GetParam(), true);
+}
+
+TEST_P(TileChainLieTest, OnTheFashionCnnANarrowedLinearBlockIsRuledOnChain) {
+  UseCnn();
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 40, 100, 3}), GetParam(), true);
+}
 
 // A party silent at one phase (param: phase x which party; the solver lies) loses at the missed
 // deadline, whichever side lies, with no referee. A fresh chain each: the loser is jailed.

@@ -393,7 +393,9 @@ Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
   cfg.commitment = u->commitment;
   cfg.inner_steps = t->params.inner_steps;
   cfg.checkpoint_interval = t->params.checkpoint_interval;
-  cfg.num_operators = 0;  // the referee rules on whole steps (docs/verification.md, "Referee")
+  // Whole steps until a mismatch brings the task bundle: then UnitCheck::SetTilePhase sets the
+  // step's plan (docs/verification.md, "Tiles").
+  cfg.num_operators = 0;
   cfg.secret_anchor = n->secret_anchor;
   cfg.secret_distance = distance;
   cfg.forced_error_per_million = p.forced_error_per_million;

@@ -37,8 +37,8 @@
 //                        without the checkpoint; ruling against the defender is right whatever the
 //                        challenger did.
 // An honest defender only posts true hashes, so every hash it agreed to is true (case 1) and it
-// wins; an honest challenger wins in both cases. The operator-level task (num_operators > 0) is
-// not played on this chain (the ledger sets num_operators = 0) and is refused.
+// wins; an honest challenger wins in both cases. An operator-level task without tiles is not
+// played on this chain and is refused (a tile task: ComputeTileWitness).
 //
 // The ruling on a tolerance-mode segment {first_step, step, input, defender_output} (a task for
 // hardware without bitwise reproducibility: hashes never agree across machines, so the game goes
