@@ -6,6 +6,7 @@
 // reaches the model).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -337,6 +338,46 @@ TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
     std::printf("[ tile     ] ruled by %s: %s\n", r.tx_type.c_str(), r.ruling.reason.c_str());
   }
   EXPECT_GE(Tally(sim, "disputes"), 1u);
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  ExpectNeverSlashed(sim, {1, 2});
+  ExpectFinalModelIsHonest(sim, f);
+}
+
+// The same dispute with no referee service at all: the honest verifier's own agent traces the
+// disputed step, plays the operators and the tiles, and posts the tile's witness (RefereeTile)
+// itself; the ledger rules. Nobody but the two parties takes part.
+TEST(VerificationSimTest, TheHonestPartyPostsTheTileWitnessItself) {
+  VerifyFixture f(91, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
+  SimOptions o{.seed = 91, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = kAllRoles},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain();
+  o.referee = false;
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) {
+      a.adversary = Adversary::kLazy;
+      a.stake = 100'000;
+    }
+  };
+  SimHarness sim(o);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  uint64_t witnesses = 0, largest = 0;
+  for (int i = 1; i < 3; ++i) {
+    witnesses += sim.agent(i)->stats().tile_witnesses;
+    largest = std::max(largest, sim.agent(i)->stats().tile_witness_bytes);
+  }
+  EXPECT_GE(witnesses, 1u) << "an honest party posted RefereeTile";
+  EXPECT_EQ(sim.agent(0)->stats().tile_witnesses, 0u) << "the cheater posts no witness";
+  EXPECT_GT(largest, 0u);
+  EXPECT_LE(largest, ledger::kMaxTileWitnessBytes);
+  std::printf("[ tile     ] the verifier's own RefereeTile: %llu witness(es), largest %llu bytes\n",
+              static_cast<unsigned long long>(witnesses), static_cast<unsigned long long>(largest));
+  EXPECT_GE(Tally(sim, "disputes"), 1u);
+  EXPECT_GE(Tally(sim, "fraud"), 1u);
   EXPECT_GT(Slashes(sim, 0), 0u);
   ExpectNeverSlashed(sim, {1, 2});
   ExpectFinalModelIsHonest(sim, f);
