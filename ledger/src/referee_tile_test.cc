@@ -1348,6 +1348,68 @@ TEST_F(TileChainTest, WitnessesThatDoNotCheckOutAreRefusedAndTheHonestOneRules) 
   ExpectTheLiarSlashed(true);
 }
 
+// Phase 3's moves are checked: children that do not hash to the party's node, children out of
+// turn (in the steps stage), a node that is no party: each refused by name, nothing changes.
+TEST_F(TileChainTest, BadChildrenAreRefused) {
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
+  Submit();
+  CommitAndDispute(liar, honest, ChainBundle());
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  auto children = [&](const KeyPair& node, const KeyPair& signer, uint64_t position,
+                      const Hash256& left, const Hash256& right) {
+    return Q(signer, DisputeChildrenTx{.task_id = task_id_,
+                                       .index = 0,
+                                       .node_id = node.public_key(),
+                                       .position = position,
+                                       .left = left,
+                                       .right = right});
+  };
+  auto refused = [&](const Transaction& tx, const std::string& why) {
+    std::vector<Receipt> r = Step({tx});
+    EXPECT_FALSE(r.at(0).ok) << why;
+    EXPECT_NE(r.at(0).reason.find(why), std::string::npos) << r.at(0).reason;
+  };
+  // In the steps stage there are no children to post.
+  ASSERT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeSteps);
+  refused(children(solver_, alice_, 0, Blake2b("l"), Blake2b("r")), "posted children in stage");
+  // Play to the first children query.
+  for (int turn = 0; turn < 40; ++turn) {
+    const DisputeQuery q = Check().dispute()->query();
+    if (q.stage == DisputeStage::kDisputeTiles && q.children) break;
+    std::vector<Transaction> txs;
+    for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+      const KeyPair& node = party == DisputeParty::kDefender ? solver_ : verifier_;
+      const Move m = Answer(party == DisputeParty::kDefender ? liar : honest, q);
+      txs.push_back(N(node, DisputePostTx{.task_id = task_id_,
+                                          .index = 0,
+                                          .node_id = node.public_key(),
+                                          .position = q.position,
+                                          .hash = m.hash}));
+    }
+    StepOk(txs);
+  }
+  const DisputeQuery q = Check().dispute()->query();
+  ASSERT_TRUE(q.children);
+  const Move m = Answer(liar, q);
+  // One block (a turn is 2 blocks): two refused, then the right children, taken.
+  std::vector<Receipt> r =
+      Step({children(solver_, alice_, q.position, m.children->second, m.children->first),
+            children(gina_, gina_, q.position, m.children->first, m.children->second),
+            children(solver_, alice_, q.position, m.children->first, m.children->second)});
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("dispute children: dispute: defender's children of node"),
+            std::string::npos)
+      << r[0].reason;
+  EXPECT_FALSE(r[1].ok);
+  EXPECT_NE(r[1].reason.find("dispute children: node"), std::string::npos) << r[1].reason;
+  EXPECT_TRUE(r[2].ok) << r[2].reason;
+  // A second post of the same turn is refused too.
+  refused(children(solver_, alice_, q.position, m.children->first, m.children->second),
+          "dispute children: dispute: defender");
+}
+
 TEST_F(TileChainTest, AMismatchWithoutTheBundlePlaysWholeStepsAndABadBundleIsRefused) {
   const PartyRun& honest = Honest();
   const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
