@@ -203,14 +203,13 @@ Result<DisputeMoveAnswer> AnswerTileQuery(const TileRuleContext& ctx,
     return a;
   }
   if (q.stage == protocol::DisputeStage::kDisputeReduction) {
-    ML_ASSIGN_OR_RETURN(std::vector<std::vector<float>> chain,
-                        engine::ReductionChain(plan, static_cast<int64_t>(op),
-                                               static_cast<int64_t>(q.tile),
-                                               static_cast<int64_t>(q.step) - 1, trace, batch));
+    ML_ASSIGN_OR_RETURN(
+        std::vector<std::vector<float>> chain,
+        engine::ReductionChain(plan, static_cast<int64_t>(op), static_cast<int64_t>(q.tile),
+                               static_cast<int64_t>(q.step) - 1, trace, batch));
     if (q.position >= chain.size()) {
       return InvalidArgument(where + ": block boundary " + std::to_string(q.position) +
-                             " is past the tile's " + std::to_string(chain.size() - 1) +
-                             " blocks");
+                             " is past the tile's " + std::to_string(chain.size() - 1) + " blocks");
     }
     a.hash = engine::TileHash(chain[q.position]);
     return a;

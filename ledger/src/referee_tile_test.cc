@@ -248,8 +248,9 @@ struct StepRecord {
 
 struct PartyRun {
   Lie lie;
-  std::vector<Hash256> state;     // state[s]: after step s
-  std::vector<float> before_lie;  // engine::FlatState after step kLieStep - 1 (a whole step's input)
+  std::vector<Hash256> state;  // state[s]: after step s
+  std::vector<float>
+      before_lie;  // engine::FlatState after step kLieStep - 1 (a whole step's input)
   std::vector<StepRecord> steps;  // steps[s] for s >= 1
 
   std::span<const float> Values(uint64_t s, int64_t op) const {
@@ -805,7 +806,6 @@ TEST(TileDisputeTest, MalformedWitnessesAreRefused) {
   }
 }
 
-
 // ---- On chain: the same game played with real transactions (RevealVerdict with the task bundle,
 // DisputePost, DisputeChildren, RefereeTile) on a ledger with verification on, every block
 // replayed by a follower. The solver trains unit 0 of a one-unit task (H = 4, one segment), the
@@ -822,8 +822,8 @@ const std::string& ChainBundle() {
 // The same task with examples/fashion-cnn.toml's model (the same examples as 1 x 28 x 28 images).
 const std::string& ChainCnnBundle() {
   static const std::string* b = [] {
-    Result<std::string> cnn = Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) +
-                                                       "/examples/fashion-cnn.toml");
+    Result<std::string> cnn =
+        Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-cnn.toml");
     CHECK(cnn.ok()) << cnn.status().ToString();
     const size_t m0 = cnn->find("[model]"), m1 = cnn->find("[optimizer]");
     std::string bundle = ChainBundle();
@@ -886,11 +886,13 @@ using protocol::Verdict;
 class TileChainTest : public testing::FollowedChainFixture {
  protected:
   TileChainTest()
-      : gina_(testing::TestKey(7)), referee_(testing::TestKey(8)), solver_(testing::TestKey(21)),
+      : gina_(testing::TestKey(7)),
+        referee_(testing::TestKey(8)),
+        solver_(testing::TestKey(21)),
         verifier_(testing::TestKey(23)) {
-    genesis_ = DevnetGenesis({alice_.public_key(), bob_.public_key(), gina_.public_key(),
-                              referee_.public_key()},
-                             kFunds, "tile-chain");
+    genesis_ = DevnetGenesis(
+        {alice_.public_key(), bob_.public_key(), gina_.public_key(), referee_.public_key()}, kFunds,
+        "tile-chain");
     ChainParams& p = genesis_.params;
     p.verification = true;
     p.liveness_blocks = 1000;
@@ -969,11 +971,10 @@ class TileChainTest : public testing::FollowedChainFixture {
 
   // The solver commits `solver`'s states; the drawn verifier claims segment 0 ends at
   // `verifier`'s state (revealed with `bundle`); the dispute opens.
-  void CommitAndDispute(const PartyRun& solver, const PartyRun& verifier,
-                        const std::string& bundle,
-                        std::function<std::vector<std::pair<Transaction, std::string>>(
-                            const Hash256& salt)>
-                            refused_reveals = nullptr) {
+  void CommitAndDispute(
+      const PartyRun& solver, const PartyRun& verifier, const std::string& bundle,
+      std::function<std::vector<std::pair<Transaction, std::string>>(const Hash256& salt)>
+          refused_reveals = nullptr) {
     const std::vector<Hash256> leaves = {solver.state[0], solver.state[kSteps]};
     StepOk({N(solver_, CommitUnitTx{.task_id = task_id_,
                                     .index = 0,
@@ -997,14 +998,14 @@ class TileChainTest : public testing::FollowedChainFixture {
                                 .end_proof = proof(1),
                                 .replayed_end = verifier.state[kSteps]};
     const Hash256 salt = Blake2b("salt");
-    StepOk({N(verifier_,
-              CommitVerdictTx{.task_id = task_id_,
-                              .index = 0,
-                              .node_id = verifier_.public_key(),
-                              .commitment = protocol::VerdictCommitment(
-                                  Verdict::kVerdictMismatch, salt, verifier_.public_key(),
-                                  Check().config().unit,
-                                  protocol::MismatchEvidence(0, claim_.replayed_end))})});
+    StepOk(
+        {N(verifier_, CommitVerdictTx{.task_id = task_id_,
+                                      .index = 0,
+                                      .node_id = verifier_.public_key(),
+                                      .commitment = protocol::VerdictCommitment(
+                                          Verdict::kVerdictMismatch, salt, verifier_.public_key(),
+                                          Check().config().unit,
+                                          protocol::MismatchEvidence(0, claim_.replayed_end))})});
     for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckRevealVerdicts; ++i) Step();
     ASSERT_EQ(Check().stage(), CheckStage::kCheckRevealVerdicts);
     // Transactions that must be refused (with these reasons) go first, in the same block: the
@@ -1013,13 +1014,14 @@ class TileChainTest : public testing::FollowedChainFixture {
     if (refused_reveals) refused = refused_reveals(salt);
     std::vector<Transaction> txs;
     for (const auto& [tx, why] : refused) txs.push_back(tx);
-    txs.push_back(N(verifier_, RevealVerdictTx{.task_id = task_id_,
-                                         .index = 0,
-                                         .node_id = verifier_.public_key(),
-                                         .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
-                                         .salt = salt,
-                                         .claim = claim_,
-                                         .bundle = {bundle}}));
+    txs.push_back(
+        N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                     .index = 0,
+                                     .node_id = verifier_.public_key(),
+                                     .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
+                                     .salt = salt,
+                                     .claim = claim_,
+                                     .bundle = {bundle}}));
     txs.push_back(N(solver_, RevealSecretTx{.task_id = task_id_,
                                             .index = 0,
                                             .node_id = solver_.public_key(),
@@ -1052,8 +1054,9 @@ class TileChainTest : public testing::FollowedChainFixture {
         return;
       }
       const DisputeQuery q = g.query();
-      const bool quiet = silence && q.stage == silence->stage &&
-                         (q.stage != DisputeStage::kDisputeTiles || q.children == silence->children);
+      const bool quiet =
+          silence && q.stage == silence->stage &&
+          (q.stage != DisputeStage::kDisputeTiles || q.children == silence->children);
       std::vector<Transaction> txs;
       for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
         if (quiet && silence->party == party) continue;
@@ -1109,15 +1112,16 @@ class TileChainTest : public testing::FollowedChainFixture {
     return RefereeTile(sender, witness, *bundle_);
   }
   Transaction RefereeTile(const KeyPair& sender, const Bytes& witness, const std::string& bundle) {
-    return Q(sender, RefereeTileTx{.task_id = task_id_, .index = 0, .bundle = {bundle},
-                                   .witness = {witness}});
+    return Q(
+        sender,
+        RefereeTileTx{.task_id = task_id_, .index = 0, .bundle = {bundle}, .witness = {witness}});
   }
 
   // The genesis referee's word is refused for a dispute the ledger rules itself.
   void ExpectGenesisRefereeRefused(const RefereeTask& task, const std::string& instead) {
-    std::vector<Receipt> r = Step({Q(referee_, RuleDisputeTx{.task_id = task_id_,
-                                                             .index = 0,
-                                                             .output = task.challenger_output})});
+    std::vector<Receipt> r =
+        Step({Q(referee_,
+                RuleDisputeTx{.task_id = task_id_, .index = 0, .output = task.challenger_output})});
     EXPECT_EQ(r.at(0).code, StatusCode::kFailedPrecondition) << r.at(0).reason;
     EXPECT_NE(r.at(0).reason.find(instead), std::string::npos) << r.at(0).reason;
   }
@@ -1159,8 +1163,8 @@ class TileChainTest : public testing::FollowedChainFixture {
     if (task.tile) {
       ExpectGenesisRefereeRefused(task, "RefereeTile");
       // A RefereeStep does not rule a tile.
-      std::vector<Receipt> r = Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = 0,
-                                                            .witness = {Bytes{1}}})});
+      std::vector<Receipt> r =
+          Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = 0, .witness = {Bytes{1}}})});
       EXPECT_NE(r.at(0).reason.find("send RefereeTile"), std::string::npos) << r.at(0).reason;
       // Anyone (here the submitter) posts the witness, built from the honest run; the ledger
       // recomputes the tile.
@@ -1174,23 +1178,25 @@ class TileChainTest : public testing::FollowedChainFixture {
       bytes = encoded.size();
       EXPECT_LE(bytes, kMaxTileWitnessBytes);
       StepOk({RefereeTile(gina_, encoded)});
-      std::printf("[ on chain ] %-22s tile %4llu block %u: %2u turns, RefereeTile witness %6zu "
-                  "bytes\n",
-                  Context().plan.ops.at(task.operator_index - 1).name.c_str(),
-                  static_cast<unsigned long long>(task.tile_index), task.block, turns, bytes);
+      std::printf(
+          "[ on chain ] %-22s tile %4llu block %u: %2u turns, RefereeTile witness %6zu "
+          "bytes\n",
+          Context().plan.ops.at(task.operator_index - 1).name.c_str(),
+          static_cast<unsigned long long>(task.tile_index), task.block, turns, bytes);
     } else {
       ExpectGenesisRefereeRefused(task, "RefereeStep");
       StepWitness w{.bundle = *bundle_, .state = honest.before_lie, .examples = {}};
       for (int64_t i : engine::BatchIndices(Context().seed, Context().stream, kExamples, 128,
                                             static_cast<int64_t>(task.step) - 1)) {
-        StepWitnessExample e{.index = static_cast<uint64_t>(i), .x = {},
+        StepWitnessExample e{.index = static_cast<uint64_t>(i),
+                             .x = {},
                              .y = Data().train.y[static_cast<size_t>(i)],
                              .proof = Tree().Prove(i)};
         e.x.assign(Data().train.x.data() + i * 784, Data().train.x.data() + (i + 1) * 784);
         w.examples.push_back(std::move(e));
       }
-      StepOk({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = 0,
-                                     .witness = {EncodeStepWitness(w)}})});
+      StepOk({Q(gina_, RefereeStepTx{
+                           .task_id = task_id_, .index = 0, .witness = {EncodeStepWitness(w)}})});
     }
     // Ruled: the check settles (a cheating solver's round re-runs, dropping it).
     if (HasCheck()) {
@@ -1218,8 +1224,7 @@ TEST_P(TileChainLieTest, ALieAtATileIsRuledOnChainByRefereeTile) {
 }
 
 TEST_P(TileChainLieTest, ALieAtAReductionBlockIsRuledOnChainByRefereeTile) {
-  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.weight.grad", 200, 700, 2}), GetParam(),
-                 true);
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.weight.grad", 200, 700, 2}), GetParam(), true);
 }
 
 TEST_P(TileChainLieTest, AWrongOperatorIsNarrowedToATileAndRuledOnChain) {
@@ -1230,8 +1235,9 @@ TEST_P(TileChainLieTest, ALieInTheStateOnlyIsRuledOnChainByTheWholeStep) {
   PlayLieOnChain(Train(Lie{LieKind::kStepState}), GetParam(), false);
 }
 
-INSTANTIATE_TEST_SUITE_P(EachSideLies, TileChainLieTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "SolverLies" : "VerifierLies"; });
+INSTANTIATE_TEST_SUITE_P(EachSideLies, TileChainLieTest, ::testing::Bool(), [](const auto& info) {
+  return info.param ? "SolverLies" : "VerifierLies";
+});
 
 // The fashion CNN through the same transactions: lies at both convolutions (the second narrowed
 // into blocks of 4 input channels) and at the narrowed 1568-input linear, each ruled on chain.
@@ -1341,7 +1347,9 @@ TEST_F(TileChainTest, WitnessesThatDoNotCheckOutAreRefusedAndTheHonestOneRules) 
   refused(RefereeTile(gina_, Bytes(kMaxTileWitnessBytes + 1, 0)), "over the tile witness bound");
   ASSERT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeReferee);
   // The honest witness, posted by the liar itself: it is the same witness (every input agreed).
-  StepOk({N(solver_, RefereeTileTx{.task_id = task_id_, .index = 0, .bundle = {ChainBundle()},
+  StepOk({N(solver_, RefereeTileTx{.task_id = task_id_,
+                                   .index = 0,
+                                   .bundle = {ChainBundle()},
                                    .witness = {EncodeTileWitness(good)}})});
   // Ruled: nothing is left to rule (the round re-runs without the cheater).
   refused(RefereeTile(gina_, EncodeTileWitness(good)), "referee tile: unit 0");

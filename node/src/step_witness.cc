@@ -87,8 +87,8 @@ Status ReachAgreedState(engine::Trainer* trainer, std::span<const float> global,
     }
     out->from_checkpoint = true;
     out->reason = not_true + "; it is the defender's checkpoint at step " +
-                 std::to_string(start.first_step) + " replayed to step " +
-                 std::to_string(step - 1) + " (the defender cheated before the dispute)";
+                  std::to_string(start.first_step) + " replayed to step " +
+                  std::to_string(step - 1) + " (the defender cheated before the dispute)";
   }
 
   return Status::Ok();

@@ -38,8 +38,8 @@ VerifyAction TraceAction(const std::string& dir, uint64_t step) {
 }  // namespace
 
 Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAssignment& c,
-                                               std::string* bundle) {
-  if (!node.options().tile_disputes) {
+                                               std::string* bundle, bool to_open) {
+  if (to_open && !node.options().tile_disputes) {
     return FailedPrecondition("tile disputes are off (AgentOptions::tile_disputes)");
   }
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node.GetTask(c.task_id));
@@ -249,7 +249,8 @@ Status Disputes::RunTrace(const CheckAssignment& c) {
     return Status::Ok();
   };
   TraceEntry entry;
-  Result<ledger::TileRuleContext> tc = TileContextFor(*node_, c, &entry.bundle);
+  // (Whatever this node's own tile_disputes: the dispute plays the tile phase, so it answers.)
+  Result<ledger::TileRuleContext> tc = TileContextFor(*node_, c, &entry.bundle, false);
   if (!tc.ok()) return give_up(tc.status().message());
   entry.ctx = std::move(*tc);
   // The state the step starts from, as this node holds it: its own replay of the range.

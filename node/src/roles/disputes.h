@@ -83,9 +83,10 @@ class Disputes {
 
 // The chain's view of the tile phase for check `c` (ledger::TileContextOf on this node's copy of
 // the task and its bundle, `*bundle` set to the text): what a mismatch's RevealVerdict or
-// ChallengeUnit carries. An error when the task is not served by the tile phase (the dispute
-// then plays whole steps) or the node's options turn it off.
+// ChallengeUnit carries (`to_open`), and what a party answers a tile dispute with. An error when
+// the task is not served by the tile phase (the dispute then plays whole steps) or, `to_open`,
+// when the node's options turn it off.
 Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAssignment& c,
-                                               std::string* bundle);
+                                               std::string* bundle, bool to_open);
 
 }  // namespace meshlearn::node

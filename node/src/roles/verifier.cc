@@ -154,7 +154,9 @@ void Verifier::RevealVerdict(const CheckAssignment& c) {
     tx.claim = std::move(*claim);
     // The task bundle, when the ledger can narrow the dispute to one tile (ruled by RefereeTile).
     std::string bundle;
-    if (TileContextFor(*node_, c, &bundle).ok()) tx.bundle.text = std::move(bundle);
+    if (TileContextFor(*node_, c, &bundle, /*to_open=*/true).ok()) {
+      tx.bundle.text = std::move(bundle);
+    }
   }
   if (outbox_->Send(action, std::move(tx))) ++node_->stats().verdicts_revealed;
 }

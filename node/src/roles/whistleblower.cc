@@ -14,7 +14,7 @@ namespace {
 // The task bundle when the ledger can narrow a dispute on `c` to one tile, else "".
 std::string TileBundleOf(NodeContext& node, const CheckAssignment& c) {
   std::string bundle;
-  return TileContextFor(node, c, &bundle).ok() ? bundle : std::string();
+  return TileContextFor(node, c, &bundle, /*to_open=*/true).ok() ? bundle : std::string();
 }
 }  // namespace
 
