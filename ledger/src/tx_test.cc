@@ -88,10 +88,8 @@ std::vector<TxPayload> SamplePayloads() {
                         .position = 3,
                         .left = Blake2b("left"),
                         .right = Blake2b("right")},
-      RefereeTileTx{.task_id = Blake2b("task"),
-                    .index = 2,
-                    .bundle = {"[task]"},
-                    .witness = {Bytes(100, 7)}},
+      RefereeTileTx{
+          .task_id = Blake2b("task"), .index = 2, .bundle = {"[task]"}, .witness = {Bytes(100, 7)}},
       RuleDisputeTx{.task_id = Blake2b("task"), .index = 2, .output = Blake2b("out")},
       RefereeStepTx{
           .task_id = Blake2b("task"),
@@ -120,10 +118,9 @@ TEST(TxTest, SamplesCoverEveryType) {
 TEST(TxTest, ABundleFieldIsBoundedAndUtf8) {
   KeyPair a = TestKey(1);
   auto reveal = [&](std::string bundle) {
-    return EncodeTx(BuildSignedTx(a, "test", 1,
-                                  RevealVerdictTx{.task_id = Blake2b("task"),
-                                                  .verdict = 2,
-                                                  .bundle = {std::move(bundle)}}));
+    return EncodeTx(BuildSignedTx(
+        a, "test", 1,
+        RevealVerdictTx{.task_id = Blake2b("task"), .verdict = 2, .bundle = {std::move(bundle)}}));
   };
   EXPECT_TRUE(DecodeTx(reveal(std::string(kMaxBundleBytes - 200, 'x'))).ok());
   Result<Transaction> long_bundle = DecodeTx(reveal(std::string(kMaxBundleBytes + 1, 'x')));
@@ -135,10 +132,10 @@ TEST(TxTest, ABundleFieldIsBoundedAndUtf8) {
   EXPECT_NE(not_utf8.status().message().find("not valid UTF-8"), std::string::npos)
       << not_utf8.status().ToString();
   // A RefereeTile may carry a witness up to kMaxTileWitnessBytes (longer than kMaxTxBytes).
-  Bytes tile = EncodeTx(BuildSignedTx(
-      a, "test", 1,
-      RefereeTileTx{.task_id = Blake2b("task"), .bundle = {"[task]"},
-                    .witness = {Bytes(kMaxTileWitnessBytes, 1)}}));
+  Bytes tile = EncodeTx(BuildSignedTx(a, "test", 1,
+                                      RefereeTileTx{.task_id = Blake2b("task"),
+                                                    .bundle = {"[task]"},
+                                                    .witness = {Bytes(kMaxTileWitnessBytes, 1)}}));
   EXPECT_GT(tile.size(), kMaxTxBytes);
   EXPECT_LE(tile.size(), MaxTxBytes(TxType::kRefereeTile));
   EXPECT_TRUE(DecodeTx(tile).ok());

@@ -547,8 +547,9 @@ Status ExecuteRevealVerdict(ExecContext& ctx, const RevealVerdictTx& tx) {
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
   const auto verdict = static_cast<protocol::Verdict>(tx.verdict);
   if (verdict != protocol::Verdict::kVerdictMismatch && !tx.bundle.text.empty()) {
-    return InvalidArgument("reveal verdict: bundle is for a mismatch (the dispute's tile plan); "
-                           "leave it empty with a clean verdict");
+    return InvalidArgument(
+        "reveal verdict: bundle is for a mismatch (the dispute's tile plan); "
+        "leave it empty with a clean verdict");
   }
   ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, c, kWhat));
   protocol::MismatchClaim claim = ClaimOf(tx.claim);
@@ -619,8 +620,8 @@ Status ExecuteDisputePost(ExecContext& ctx, const DisputePostTx& tx) {
 Status ExecuteDisputeChildren(ExecContext& ctx, const DisputeChildrenTx& tx) {
   ML_ASSIGN_OR_RETURN(DisputeMove m,
                       MoveOf(ctx, tx.task_id, tx.index, tx.node_id, "dispute children"));
-  Status s = m.check.mutable_dispute()->PostChildren(m.party, tx.position, tx.left, tx.right,
-                                                     ctx.height);
+  Status s =
+      m.check.mutable_dispute()->PostChildren(m.party, tx.position, tx.left, tx.right, ctx.height);
   if (!s.ok()) return s.WithPrefix("dispute children");
   SaveCheck(ctx.state, tx.task_id, tx.index, m.check);
   return Status::Ok();
@@ -712,8 +713,9 @@ Status ExecuteRefereeTile(ExecContext& ctx, const RefereeTileTx& tx) {
     return FailedPrecondition(
         "referee tile: the dispute on unit " + std::to_string(tx.index) +
         " waits for a whole step" +
-        (LedgerExecutes(*t, task) ? " (send RefereeStep with the step's witness)"
-                                  : " the ledger cannot execute (the genesis referee's RuleDispute)"));
+        (LedgerExecutes(*t, task)
+             ? " (send RefereeStep with the step's witness)"
+             : " the ledger cannot execute (the genesis referee's RuleDispute)"));
   }
   if (tx.witness.bytes.size() > kMaxTileWitnessBytes) {
     return InvalidArgument("referee tile: witness is " + std::to_string(tx.witness.bytes.size()) +
@@ -721,11 +723,13 @@ Status ExecuteRefereeTile(ExecContext& ctx, const RefereeTileTx& tx) {
                            std::to_string(kMaxTileWitnessBytes));
   }
   if (tx.bundle.text.empty()) {
-    return InvalidArgument("referee tile: bundle is empty; send the task's bundle (its blob id is "
-                           "the task's spec_hash " + t->spec_hash.ShortHex() + ")");
+    return InvalidArgument(
+        "referee tile: bundle is empty; send the task's bundle (its blob id is "
+        "the task's spec_hash " +
+        t->spec_hash.ShortHex() + ")");
   }
-  const std::string where = "referee tile (task " + tx.task_id.ShortHex() + ", unit " +
-                            std::to_string(tx.index) + ")";
+  const std::string where =
+      "referee tile (task " + tx.task_id.ShortHex() + ", unit " + std::to_string(tx.index) + ")";
   ML_ASSIGN_OR_RETURN(TileRuleContext tc, TileContextOf(*t, *r.unit, tx.bundle.text, where));
   Result<TileWitness> w = DecodeTileWitness(tx.witness.bytes);
   if (!w.ok()) return w.status().WithPrefix("referee tile: witness");

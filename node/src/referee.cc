@@ -428,18 +428,17 @@ Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
   if (CanFetchCheckpoints()) {
     start.checkpoint = [this, &d](int64_t step) { return LoadDefenderCheckpoint(d, step); };
   }
-  ML_ASSIGN_OR_RETURN(TracedStep traced,
-                      TraceDisputedStep(t->trainer.get(), global, work,
-                                        static_cast<int64_t>(d.task.step), d.task.state_input,
-                                        start));
+  ML_ASSIGN_OR_RETURN(TracedStep traced, TraceDisputedStep(t->trainer.get(), global, work,
+                                                           static_cast<int64_t>(d.task.step),
+                                                           d.task.state_input, start));
   const engine::ClassificationData* train = nullptr;
   if (!t->trainer->data().tokens) {
     if (t->tree == nullptr) t->tree = std::make_unique<engine::DataTree>(t->trainer->data().train);
     train = &t->trainer->data().train;
   }
-  ML_ASSIGN_OR_RETURN(ledger::TileWitness w,
-                      ledger::BuildTileWitness(ctx, d.task, *traced.trace, traced.batch, train,
-                                               t->tree.get()));
+  ML_ASSIGN_OR_RETURN(
+      ledger::TileWitness w,
+      ledger::BuildTileWitness(ctx, d.task, *traced.trace, traced.batch, train, t->tree.get()));
   // The output the ledger will compute from it (its own rule, on this copy of the task).
   ML_ASSIGN_OR_RETURN(Hash256 output, ledger::RuleTile(ctx, d.task, w));
   ledger::RefereeTileTx tx{.task_id = d.task_id, .index = d.index};
@@ -602,8 +601,9 @@ Result<std::vector<RefereeRecord>> RefereeService::Poll() {
     fetch_failures_.erase(key);
     computed_[key] = *computed;
     const RefereeRuling& ruling = computed->ruling;
-    const std::string tx_type =
-        ruling.tile ? "RefereeTile" : ruling.ledger_executes ? "RefereeStep" : "RuleDispute";
+    const std::string tx_type = ruling.tile              ? "RefereeTile"
+                                : ruling.ledger_executes ? "RefereeStep"
+                                                         : "RuleDispute";
     Result<Hash256> id = tx_->Send(computed->tx);
     if (!id.ok()) {
       Log(name + ": sending " + tx_type + " failed: " + id.status().message());

@@ -681,8 +681,9 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
     for (uint32_t& b : c.operator_blocks) ML_RETURN_IF_ERROR(d.GetU32(&b, "check.operator_blocks"));
     if (c.operator_tiles.empty() || c.operator_tiles.size() != c.num_operators ||
         c.operator_blocks.size() != c.operator_tiles.size()) {
-      return InvalidArgument("unit check: version 2 needs one tile count and one block count "
-                             "per operator");
+      return InvalidArgument(
+          "unit check: version 2 needs one tile count and one block count "
+          "per operator");
     }
   }
   ML_ASSIGN_OR_RETURN(UnitCheck u, Create(c));

@@ -274,8 +274,8 @@ Status Disputes::RunTrace(const CheckAssignment& c) {
       return give_up("the " + std::string(AdversaryName(adversary)) +
                      " solver has no step to show");
     }
-    traced->trace = std::make_shared<engine::OpTrace>(
-        SkippedUpdateTrace(entry.ctx.plan, *traced->trace));
+    traced->trace =
+        std::make_shared<engine::OpTrace>(SkippedUpdateTrace(entry.ctx.plan, *traced->trace));
   }
   entry.step = std::move(*traced);
   traces_[key] = std::move(entry);
@@ -293,11 +293,11 @@ void Disputes::PostTileMove(const CheckAssignment& c) {
   if (it == traces_.end()) return;
   const TraceEntry& e = it->second;
   const protocol::DisputeQuery& q = d.query;
-  const VerifyAction action{.dir = node_->VerifyDir(c),
-                            .kind = Kind::kPost,
-                            .detail = {d.first_step, d.last_step, q.position, q.deadline_height,
-                                       100 + static_cast<uint64_t>(q.stage), q.level,
-                                       q.operator_index}};
+  const VerifyAction action{
+      .dir = node_->VerifyDir(c),
+      .kind = Kind::kPost,
+      .detail = {d.first_step, d.last_step, q.position, q.deadline_height,
+                 100 + static_cast<uint64_t>(q.stage), q.level, q.operator_index}};
   if (outbox_->Done(action)) return;
   Result<ledger::DisputeMoveAnswer> a =
       ledger::AnswerTileQuery(e.ctx, q, e.step.input, *e.step.trace, e.step.batch);
@@ -354,8 +354,8 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
     }
     train = &ctx->trainer->data().train;
   }
-  Result<ledger::TileWitness> w = ledger::BuildTileWitness(e.ctx, t, *e.step.trace, e.step.batch,
-                                                           train, ctx->data_tree.get());
+  Result<ledger::TileWitness> w =
+      ledger::BuildTileWitness(e.ctx, t, *e.step.trace, e.step.batch, train, ctx->data_tree.get());
   if (!w.ok()) return give_up(w.status().message());
   Bytes witness = ledger::EncodeTileWitness(*w);
   if (witness.size() > ledger::kMaxTileWitnessBytes) {

@@ -1,11 +1,11 @@
 #include "verifier.h"
 
+#include "disputes.h"
+#include "journal.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/protocol/verification.h"
-#include "disputes.h"
-#include "journal.h"
 #include "segment_checker.h"
 
 namespace meshlearn::node {

@@ -1,9 +1,9 @@
 #include "whistleblower.h"
 
-#include "meshlearn/node/adversary.h"
-#include "meshlearn/protocol/draw.h"
 #include "disputes.h"
 #include "journal.h"
+#include "meshlearn/node/adversary.h"
+#include "meshlearn/protocol/draw.h"
 #include "records.h"
 #include "segment_checker.h"
 #include "verifier.h"

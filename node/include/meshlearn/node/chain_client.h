@@ -176,7 +176,7 @@ struct DisputeView {
   uint64_t query_deadline = 0;
   protocol::DisputeQuery query;  // the whole query (phases 3-4: operator, children, level, tile)
   uint32_t num_operators = 0;
-  bool tile_phase = false;  // opened with the task bundle: narrows to one tile (RefereeTile)
+  bool tile_phase = false;   // opened with the task bundle: narrows to one tile (RefereeTile)
   bool has_referee = false;  // referee stage: what the referee must compute
   protocol::RefereeTask referee;
 };
