@@ -836,9 +836,10 @@ const std::string& ChainCnnBundle() {
 
 // The model of `bundle` trained as unit 0 of the chain task: the unit's stream and inner rate
 // (UnitWorkOf, as every solver derives them), from the task's initial weights.
-Setup* MakeChainSetup(const std::string& bundle, const engine::TaskData* data) {
+Setup* MakeChainSetup(const std::string& bundle, const engine::TaskData* data,
+                      const std::string& dir = ".") {
   auto* s = new Setup;
-  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle, "tile-chain.toml", ".");
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle, "tile-chain.toml", dir);
   CHECK(spec.ok()) << spec.status().ToString();
   Result<ConfigFile> cfg = ConfigFile::Parse(bundle, "tile-chain.toml");
   CHECK(cfg.ok());
@@ -860,8 +861,50 @@ Setup* MakeChainSetup(const std::string& bundle, const engine::TaskData* data) {
   return s;
 }
 
+// examples/code-gpt-10m.toml (10.8M parameters, a token task: no data root) at one sequence of 256
+// tokens a step, as unit 0 of a one-unit task, with its data. The bundle names the vocabulary
+// size the data gives: the ledger plans the step from the bundle alone (TileContextOf), so a GPT
+// whose vocabulary is left to the data cannot be planned on chain.
+struct GptTask {
+  std::string bundle;
+  engine::TaskData data;
+};
+const GptTask& ChainGpt() {
+  static const GptTask* t = [] {
+    const std::string dir = std::string(MESHLEARN_SOURCE_DIR) + "/examples";
+    Result<std::string> text = Env::Default()->ReadFile(dir + "/code-gpt-10m.toml");
+    CHECK(text.ok()) << text.status().ToString();
+    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(*text, "code-gpt-10m.toml", dir);
+    CHECK(spec.ok()) << spec.status().ToString();
+    auto* out = new GptTask;
+    Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), *spec);
+    CHECK(data.ok()) << data.status().ToString();
+    out->data = std::move(*data);
+    std::string bundle = *text;
+    const size_t at = bundle.find("batch_size = 8");
+    CHECK(at != std::string::npos);
+    bundle.replace(at, 14, "batch_size = 1");
+    const size_t model = bundle.find("[model]\n");
+    CHECK(model != std::string::npos);
+    bundle.insert(model + 8,
+                  "vocab_size = " + std::to_string(spec->model.gpt.vocab_size) + "\n");
+    bundle += "\n[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\n"
+              "checkpoint_interval = 4\n";
+    out->bundle = std::move(bundle);
+    return out;
+  }();
+  return *t;
+}
+const std::string& ChainGptBundle() { return ChainGpt().bundle; }
+
 const Setup& ChainSetup() {
   static const Setup* setup = MakeChainSetup(ChainBundle(), &Data());
+  return *setup;
+}
+
+const Setup& ChainGptSetup() {
+  static const Setup* setup = MakeChainSetup(ChainGptBundle(), &ChainGpt().data,
+                                             std::string(MESHLEARN_SOURCE_DIR) + "/examples");
   return *setup;
 }
 
@@ -916,6 +959,11 @@ class TileChainTest : public testing::FollowedChainFixture {
     bundle_ = &ChainCnnBundle();
     g_setup = &ChainCnnSetup();
   }
+  // Plays the 10M GPT's task instead (a token task; before Submit).
+  void UseGpt() {
+    bundle_ = &ChainGptBundle();
+    g_setup = &ChainGptSetup();
+  }
 
   Transaction N(const KeyPair& node, TxPayload p) { return Q(*owner_.at(node.public_key()), p); }
   void StepOk(std::vector<Transaction> txs) {
@@ -955,7 +1003,8 @@ class TileChainTest : public testing::FollowedChainFixture {
     p.batch_size = 128;
     p.num_examples = kExamples;
     p.verification_window_blocks = 12;
-    p.data_root = Tree().root();
+    // A token task has no data root (its batches are not examples).
+    p.data_root = bundle_ == &ChainGptBundle() ? Hash256{} : Tree().root();
     const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
     Transaction submit =
         Q(gina_, SubmitTaskTx{.spec_hash = BuildManifest(AsBytes(*bundle_)).id().hash,
@@ -1254,6 +1303,41 @@ TEST_P(TileChainLieTest, OnTheFashionCnnASecondConvBlockIsRuledOnChain) {
 TEST_P(TileChainLieTest, OnTheFashionCnnANarrowedLinearBlockIsRuledOnChain) {
   UseCnn();
   PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 40, 100, 3}), GetParam(), true);
+}
+
+// The 10M GPT (a token task, so no data root: its covered operators read no example) through the
+// same transactions: a lie at a qkv tile, the liar the solver, ruled by RefereeTile. Slow (two
+// traced runs of 4 steps of 10.8M parameters).
+TEST_F(TileChainTest, OnThe10mGptALinearTileIsRuledOnChain) {
+  UseGpt();
+  const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "h.0.qkv", 100, 500}), true, true);
+  EXPECT_GT(bytes, 0u);
+}
+
+// A GPT whose vocabulary is left to its data cannot be planned from its bundle: the ledger refuses
+// the tile phase for it, naming why (its disputes play whole steps), and never aborts on it.
+TEST(TileContextTest, AGptWithoutItsVocabularySizeIsRefusedByName) {
+  Result<std::string> text = Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) +
+                                                      "/examples/code-gpt-10m.toml");
+  ASSERT_TRUE(text.ok());
+  const std::string bundle =
+      *text + "\n[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\n";
+  TaskRecord t;
+  t.id = Blake2b("gpt task");
+  t.spec_hash = BuildManifest(AsBytes(bundle)).id().hash;
+  WorkUnit u;
+  u.task_id = t.id;
+  Result<TileRuleContext> ctx = TileContextOf(t, u, bundle, "reveal verdict: bundle");
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_EQ(ctx.status().code(), StatusCode::kFailedPrecondition) << ctx.status().ToString();
+  EXPECT_NE(ctx.status().message().find("vocab_size"), std::string::npos)
+      << ctx.status().ToString();
+  // With the size named, it plans.
+  std::string named = bundle;
+  named.insert(named.find("[model]\n") + 8, "vocab_size = 256\n");
+  t.spec_hash = BuildManifest(AsBytes(named)).id().hash;
+  Result<TileRuleContext> ok = TileContextOf(t, u, named, "reveal verdict: bundle");
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
 }
 
 // A party silent at one phase (param: phase x which party; the solver lies) loses at the missed
