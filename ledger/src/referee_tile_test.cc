@@ -932,7 +932,8 @@ class TileChainTest : public testing::FollowedChainFixture {
       : gina_(testing::TestKey(7)),
         referee_(testing::TestKey(8)),
         solver_(testing::TestKey(21)),
-        verifier_(testing::TestKey(23)) {
+        verifier_(testing::TestKey(23)),
+        wb_(testing::TestKey(25)) {
     genesis_ = DevnetGenesis(
         {alice_.public_key(), bob_.public_key(), gina_.public_key(), referee_.public_key()}, kFunds,
         "tile-chain");
@@ -948,6 +949,7 @@ class TileChainTest : public testing::FollowedChainFixture {
     genesis_.referee = referee_.public_key();
     owner_[solver_.public_key()] = &alice_;
     owner_[verifier_.public_key()] = &bob_;
+    owner_[wb_.public_key()] = &referee_;
   }
 
   void SetUp() override {
@@ -1109,7 +1111,9 @@ class TileChainTest : public testing::FollowedChainFixture {
       std::vector<Transaction> txs;
       for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
         if (quiet && silence->party == party) continue;
-        const KeyPair& node = party == DisputeParty::kDefender ? solver_ : verifier_;
+        const KeyPair& node = party == DisputeParty::kDefender ? solver_
+                              : g.config().challenger == wb_.public_key() ? wb_
+                                                                          : verifier_;
         const PartyRun& run = party == DisputeParty::kDefender ? defender : challenger;
         const Move m = Answer(run, q);
         if (q.stage != DisputeStage::kDisputeSteps && run.steps.at(q.step).fake.empty()) {
@@ -1257,7 +1261,7 @@ class TileChainTest : public testing::FollowedChainFixture {
 
   static constexpr Amount kFunds = 1'000'000;
   const std::string* bundle_ = &ChainBundle();
-  KeyPair gina_, referee_, solver_, verifier_;
+  KeyPair gina_, referee_, solver_, verifier_, wb_;
   std::map<PublicKey, const KeyPair*> owner_;
   Hash256 task_id_;
   MismatchClaimField claim_;
@@ -1442,6 +1446,78 @@ TEST_F(TileChainTest, WitnessesThatDoNotCheckOutAreRefusedAndTheHonestOneRules) 
 
 // Phase 3's moves are checked: children that do not hash to the party's node, children out of
 // turn (in the steps stage), a node that is no party: each refused by name, nothing changes.
+// A whistleblower's ChallengeUnit carries the bundle the same way: a lazy verifier called a lying
+// solver's unit clean; the whistleblower challenges it, the dispute plays the tile phase and the
+// ledger rules by RefereeTile: the solver and the verifier that approved it are slashed.
+TEST_F(TileChainTest, AWhistleblowersChallengeWithTheBundlePlaysTheTilePhase) {
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
+  StepOk({N(wb_, Reg(wb_, kRoleWhistleblower))});
+  Submit();
+  const std::vector<Hash256> leaves = {liar.state[0], liar.state[kSteps]};
+  StepOk({N(solver_, CommitUnitTx{.task_id = task_id_,
+                                  .index = 0,
+                                  .node_id = solver_.public_key(),
+                                  .result_hash = Blake2b("delta"),
+                                  .commitment = MerkleRoot(leaves),
+                                  .loss_micros = 1,
+                                  .secret_index = Node(solver_).secrets_committed + 1,
+                                  .leaves = leaves})});
+  for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckCommitVerdicts; ++i) Step();
+  const Hash256 salt = Blake2b("salt");
+  StepOk({N(verifier_, CommitVerdictTx{.task_id = task_id_,
+                                       .index = 0,
+                                       .node_id = verifier_.public_key(),
+                                       .commitment = protocol::VerdictCommitment(
+                                           Verdict::kVerdictClean, salt, verifier_.public_key(),
+                                           Check().config().unit, Hash256{})})});
+  for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckRevealVerdicts; ++i) Step();
+  StepOk({N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                       .index = 0,
+                                       .node_id = verifier_.public_key(),
+                                       .verdict = static_cast<uint8_t>(Verdict::kVerdictClean),
+                                       .salt = salt}),
+          N(solver_, RevealSecretTx{.task_id = task_id_,
+                                    .index = 0,
+                                    .node_id = solver_.public_key(),
+                                    .secret = Secret(solver_, Unit().secret_index),
+                                    .start_leaf = liar.state[0]})});
+  for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckSettled; ++i) Step();
+  ASSERT_EQ(Check().result(), protocol::CheckResult::kCheckClean) << Check().reason();
+  auto proof = [&](uint64_t i) {
+    MerkleProof m = MerkleProve(leaves, i);
+    return MerkleProofField{.index = m.index, .leaf_count = m.leaf_count, .siblings = m.siblings};
+  };
+  const MismatchClaimField claim{.segment = 0,
+                                 .start = leaves[0],
+                                 .start_proof = proof(0),
+                                 .solver_end = leaves[1],
+                                 .end_proof = proof(1),
+                                 .replayed_end = honest.state[kSteps]};
+  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = 0,
+                                 .node_id = wb_.public_key(),
+                                 .claim = claim,
+                                 .bundle = {ChainBundle()}})});
+  ASSERT_EQ(Check().stage(), CheckStage::kCheckDisputed);
+  EXPECT_TRUE(Check().has_tile_phase());
+  EXPECT_EQ(Check().dispute()->config().challenger, wb_.public_key());
+  PlayOnChain(liar, honest);
+  const RefereeTask task = RefereeTaskNow();
+  ASSERT_TRUE(task.tile);
+  ExpectGenesisRefereeRefused(task, "RefereeTile");
+  Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), ChainBundle(), "test");
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  const StepRecord& rec = honest.steps.at(task.step);
+  const TileWitness w =
+      BuildTileWitness(*ctx, task, *rec.trace, rec.batch, &Data().train, &Tree()).value();
+  StepOk({RefereeTile(gina_, EncodeTileWitness(w))});
+  for (int i = 0; i < 6 && HasCheck() && Check().stage() != CheckStage::kCheckSettled; ++i) Step();
+  EXPECT_EQ(Node(solver_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(verifier_).reputation.slashes, 1u) << "it approved the lie";
+  EXPECT_EQ(Node(wb_).reputation.slashes, 0u);
+}
+
 TEST_F(TileChainTest, BadChildrenAreRefused) {
   const PartyRun& honest = Honest();
   const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
