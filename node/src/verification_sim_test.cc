@@ -383,6 +383,59 @@ TEST(VerificationSimTest, TheHonestPartyPostsTheTileWitnessItself) {
   ExpectFinalModelIsHonest(sim, f);
 }
 
+// Restart-safe: both verifiers are killed and restarted (new agents on the same data dirs, their
+// traces lost) once the game is in its tile phase; the challenger traces the step again, answers
+// the rest of the game without posting any move twice, posts the tile's witness, and the ledger
+// rules for it.
+TEST(VerificationSimTest, AChallengerRestartedInTheTilePhaseStillWins) {
+  VerifyFixture f(91, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
+  SimOptions o{.seed = 91, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = kAllRoles},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain();
+  o.referee = false;
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) {
+      a.adversary = Adversary::kLazy;
+      a.stake = 100'000;
+    }
+  };
+  SimHarness sim(o);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  bool restarted = false;
+  for (int i = 0; i < 400 && !restarted; ++i) {
+    ASSERT_TRUE(sim.Step().ok());
+    const json t = sim.Task(true);
+    for (const json& u : t["units"]) {
+      const json& c = u["check"];
+      if (c.is_object() && c["dispute"].is_object() &&
+          c["dispute"].value("stage", std::string()) == "tiles") {
+        restarted = true;
+      }
+    }
+  }
+  ASSERT_TRUE(restarted) << "the game never reached its tile phase";
+  for (int i : {1, 2}) {
+    sim.Kill(i);
+    ASSERT_TRUE(sim.Restart(i).ok());
+  }
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  uint64_t witnesses = 0, failed = 0;
+  for (int i : {1, 2}) {
+    witnesses += sim.agent(i)->stats().tile_witnesses;
+    failed += sim.agent(i)->stats().tx_failed;
+  }
+  EXPECT_GE(witnesses, 1u) << "the restarted challenger posted RefereeTile";
+  EXPECT_EQ(failed, 0u) << "no move was sent twice";
+  EXPECT_GE(Tally(sim, "fraud"), 1u);
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  ExpectNeverSlashed(sim, {1, 2});
+  ExpectFinalModelIsHonest(sim, f);
+}
+
 // The same dispute, played over whole steps (the verifier's mismatch carries no bundle), refereed
 // by a service whose key genesis does not name (it names none: the sequencer's key would rule
 // RuleDispute): a RefereeStep needs no key, the ledger executes the step itself, and the lazy
