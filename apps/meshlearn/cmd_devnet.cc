@@ -1137,7 +1137,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                                                                          : "neither"},
            {"reason", r.ruling.reason},
            // RefereeStep: the ledger executed the step from the witness (`output` is what it
-           // computes); RuleDispute: the genesis referee's ruling.
+           // computes); RefereeTile: it recomputed one tile of one operator from the tile's
+           // witness; RuleDispute: the genesis referee's ruling.
            {"tx", r.tx_type},
            {"witness_bytes", r.ruling.witness_bytes},
            {"executed", r.ok},

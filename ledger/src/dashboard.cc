@@ -420,10 +420,12 @@ function taskView(t) {
 // other solvers, so the unit records keep only the last attempt): for every committed unit that
 // a mismatch verdict, a challenge, a proof or a dispute move named: who committed it (CommitUnit),
 // who challenged it (RevealVerdict with a mismatch, ChallengeUnit, ProveResult), how far the game
-// went (DisputePost by each side), how it was decided (RuleDispute: the referee's ruling;
-// RefereeStep: the ledger executed the disputed step from a witness) and what became of the
-// solver; a game still being played adds its stage from the unit's check.
-const kGameTxs = ['RevealVerdict', 'ChallengeUnit', 'DisputePost', 'RuleDispute', 'RefereeStep', 'ProveResult'];
+// went (DisputePost and DisputeChildren by each side), how it was decided (RuleDispute: the
+// referee's ruling; RefereeStep: the ledger executed the disputed step from a witness;
+// RefereeTile: it recomputed one tile of one operator) and what became of the solver; a game
+// still being played adds its stage from the unit's check.
+const kGameTxs = ['RevealVerdict', 'ChallengeUnit', 'DisputePost', 'DisputeChildren', 'RuleDispute',
+                  'RefereeStep', 'RefereeTile', 'ProveResult'];
 function disputeTimeline(t) {
   const perRound = Math.max(1, Number(t.params.units_per_round));
   const attempts = [], latest = {};
@@ -447,7 +449,8 @@ function disputeTimeline(t) {
   const nodeOf = id => view.nodes.find(n => n.id === id);
   return h('div', {'data-k': 'disputes', 'data-count': hits.length}, hits.map((a, i) => {
     const of = type => a.events.filter(e => e.type === type);
-    const posts = of('DisputePost'), mine = posts.filter(e => e.node === a.solver);
+    const posts = of('DisputePost').concat(of('DisputeChildren')).sort((x, y) => x.height - y.height);
+    const mine = posts.filter(e => e.node === a.solver);
     const challengers = [...new Set(of('RevealVerdict').concat(of('ChallengeUnit'), of('ProveResult'),
                                                                 posts.filter(e => e.node !== a.solver)).map(e => e.node))];
     const first = a.events[0];
@@ -465,7 +468,11 @@ function disputeTimeline(t) {
       lines.push(h('br'), `decided by the ledger, which executed the disputed step itself (RefereeStep at block ${r.height}, sent by `,
                  nodeLink(r.node || r.sender), ')');
     }
-    if (posts.length && !of('RuleDispute').length && !of('RefereeStep').length) {
+    for (const r of of('RefereeTile')) {
+      lines.push(h('br'), `decided by the ledger, which recomputed the disputed tile itself (RefereeTile at block ${r.height}, sent by `,
+                 nodeLink(r.node || r.sender), ')');
+    }
+    if (posts.length && !of('RuleDispute').length && !of('RefereeStep').length && !of('RefereeTile').length) {
       lines.push(h('br'), 'no ruling transaction: the game ended at a deadline (a side missed its turn)');
     }
     const unit = t.units.find(u => Number(u.index) === a.index);

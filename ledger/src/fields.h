@@ -82,6 +82,7 @@ struct FieldEncoder {
     for (const Hash256& h : v) e.PutHash(h);
   }
   void operator()(const char*, const WitnessField& v) { e.PutBytes(v.bytes); }
+  void operator()(const char*, const BundleField& v) { e.PutString(v.text); }
   template <HasVisit T>
   void operator()(const char*, const T& v) {
     T::Visit(v, *this);
@@ -116,6 +117,12 @@ struct FieldDecoder {
   void operator()(const char* n, WitnessField& v) {
     Do([&] { return d.GetBytes(&v.bytes, n, static_cast<uint32_t>(kMaxWitnessBytes)); });
   }
+  void operator()(const char* n, BundleField& v) {
+    Do([&] { return d.GetString(&v.text, n, kMaxBundleBytes); });
+    if (status.ok() && !IsValidUtf8(v.text)) {
+      status = InvalidArgument(std::string("field '") + n + "' (a task bundle) is not valid UTF-8");
+    }
+  }
   template <HasVisit T>
   void operator()(const char*, T& v) {
     T::Visit(v, *this);
@@ -144,6 +151,7 @@ struct FieldToJson {
     j[n] = std::move(a);
   }
   void operator()(const char* n, const WitnessField& v) { j[n] = HexEncode(v.bytes); }
+  void operator()(const char* n, const BundleField& v) { j[n] = v.text; }
   template <HasVisit T>
   void operator()(const char* n, const T& v) {
     nlohmann::json sub = nlohmann::json::object();
@@ -236,6 +244,15 @@ struct FieldFromJson {
     auto r = HexDecode(f->get<std::string>(), n);
     if (!r.ok()) return SetError(r.status());
     v.bytes = std::move(*r);
+  }
+  void operator()(const char* n, BundleField& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (!f->is_string() || f->get_ref<const std::string&>().size() > kMaxBundleBytes) {
+      return Fail(n, "must be a task bundle's text of at most " + std::to_string(kMaxBundleBytes) +
+                         " bytes");
+    }
+    v.text = f->get<std::string>();
   }
   template <HasVisit T>
   void operator()(const char* n, T& v) {

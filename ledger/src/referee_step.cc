@@ -10,6 +10,7 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/state_blob.h"
@@ -209,6 +210,39 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& u
   ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
   return RunStepWitness(r.spec, r.stream, r.lr_scale, p.num_examples, p.data_root, task.step,
                         task.input, w, where);
+}
+
+Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
+                                      const std::string& bundle, const std::string& where) {
+  if (t.params.tolerance_rel_l2_ppm != 0 || t.params.tolerance_cosine_gap_ppb != 0) {
+    return FailedPrecondition(where + ": task " + t.id.ShortHex() +
+                              " is verified in tolerance mode: its disputes are not bisected, "
+                              "there is no tile phase; send no bundle");
+  }
+  ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, bundle, where));
+  const bool tokens = r.spec.data.format != "idx" && r.spec.data.format != "npy";
+  if (!tokens && t.params.data_root.IsZero()) {
+    return FailedPrecondition(where + ": task " + t.id.ShortHex() +
+                              " has no data root, so the ledger cannot check the examples a "
+                              "first layer's tile reads; send no bundle (whole steps)");
+  }
+  if (r.spec.micro_batches != 1) {
+    return FailedPrecondition(where + ": the task trains in " +
+                              std::to_string(r.spec.micro_batches) +
+                              " micro-batches, whose gradient order the tile plan does not follow "
+                              "yet; send no bundle (whole steps)");
+  }
+  Result<engine::TilePlan> plan =
+      engine::PlanStepTiles(r.spec.model, engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale),
+                            r.spec.batch_size, r.spec.seq_len);
+  if (!plan.ok()) return FailedPrecondition(where + ": " + plan.status().message());
+  TileRuleContext ctx;
+  ctx.plan = std::move(*plan);
+  ctx.seed = r.spec.seed;
+  ctx.stream = r.stream;
+  ctx.num_examples = t.params.num_examples;
+  ctx.data_root = t.params.data_root;
+  return ctx;
 }
 
 Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,

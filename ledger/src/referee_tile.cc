@@ -1,6 +1,8 @@
 #include "meshlearn/ledger/referee_tile.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/engine/step_replay.h"
@@ -144,6 +146,76 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
     w.partial = std::move(chain[task.block]);
   }
   return w;
+}
+
+Result<DisputeMoveAnswer> AnswerTileQuery(const TileRuleContext& ctx,
+                                          const protocol::DisputeQuery& q,
+                                          const Hash256& state_input, const engine::OpTrace& trace,
+                                          const engine::Batch& batch) {
+  const engine::TilePlan& plan = ctx.plan;
+  const std::string where = "dispute move (step " + std::to_string(q.step) + ")";
+  if (trace.size() != plan.ops.size()) {
+    return InvalidArgument(where + ": the trace has " + std::to_string(trace.size()) +
+                           " operators, the plan " + std::to_string(plan.ops.size()));
+  }
+  DisputeMoveAnswer a;
+  if (q.stage == protocol::DisputeStage::kDisputeOperators) {
+    if (q.position > trace.size()) {
+      return InvalidArgument(where + ": C_" + std::to_string(q.position) + " is past the step's " +
+                             std::to_string(trace.size()) + " operators");
+    }
+    a.hash = state_input;
+    for (uint64_t j = 0; j < q.position; ++j) {
+      a.hash = protocol::OperatorChainHash(a.hash, trace.hash(static_cast<size_t>(j)));
+    }
+    return a;
+  }
+  if (q.operator_index == 0 || q.operator_index > trace.size()) {
+    return InvalidArgument(where + ": operator " + std::to_string(q.operator_index) +
+                           " is not one of the step's " + std::to_string(trace.size()));
+  }
+  const size_t op = q.operator_index - 1;
+  if (q.stage == protocol::DisputeStage::kDisputeTiles) {
+    if (!q.children) {
+      a.hash = trace.hash(op);
+      return a;
+    }
+    // The Merkle levels over the operator's tiles (base/merkle.h: an odd last node is promoted).
+    std::vector<Hash256> level;
+    for (const Hash256& h : engine::TileHashes(trace.values(op), trace.grid(op))) {
+      level.push_back(MerkleLeafHash(h));
+    }
+    for (uint32_t l = 0; l + 1 < q.level; ++l) {
+      std::vector<Hash256> next;
+      for (size_t i = 0; i + 1 < level.size(); i += 2) {
+        next.push_back(MerkleInnerHash(level[i], level[i + 1]));
+      }
+      if (level.size() % 2 == 1) next.push_back(level.back());
+      level = std::move(next);
+    }
+    if (q.level == 0 || 2 * q.position + 1 >= level.size()) {
+      return InvalidArgument(where + ": node " + std::to_string(q.position) + " at level " +
+                             std::to_string(q.level) + " has no two children");
+    }
+    a.children = true;
+    a.left = level[2 * q.position];
+    a.right = level[2 * q.position + 1];
+    return a;
+  }
+  if (q.stage == protocol::DisputeStage::kDisputeReduction) {
+    ML_ASSIGN_OR_RETURN(
+        std::vector<std::vector<float>> chain,
+        engine::ReductionChain(plan, static_cast<int64_t>(op), static_cast<int64_t>(q.tile),
+                               static_cast<int64_t>(q.step) - 1, trace, batch));
+    if (q.position >= chain.size()) {
+      return InvalidArgument(where + ": block boundary " + std::to_string(q.position) +
+                             " is past the tile's " + std::to_string(chain.size() - 1) + " blocks");
+    }
+    a.hash = engine::TileHash(chain[q.position]);
+    return a;
+  }
+  return InvalidArgument(where + ": stage " + std::string(protocol::DisputeStageName(q.stage)) +
+                         " is not answered from a step's trace");
 }
 
 void SetTilePhase(const engine::TilePlan& plan, protocol::DisputeConfig* config) {

@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/blob.h"
 #include "meshlearn/base/check.h"
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/merkle.h"
@@ -32,6 +33,10 @@
 #include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/protocol/dispute.h"
+#include "meshlearn/protocol/task_model.h"
+#include "meshlearn/protocol/unit_check.h"
+#include "meshlearn/protocol/verification.h"
+#include "test_util.h"
 
 namespace meshlearn::ledger {
 namespace referee_tile_test {  // named: the tests build as unity translation units
@@ -243,7 +248,9 @@ struct StepRecord {
 
 struct PartyRun {
   Lie lie;
-  std::vector<Hash256> state;     // state[s]: after step s
+  std::vector<Hash256> state;  // state[s]: after step s
+  std::vector<float>
+      before_lie;  // engine::FlatState after step kLieStep - 1 (a whole step's input)
   std::vector<StepRecord> steps;  // steps[s] for s >= 1
 
   std::span<const float> Values(uint64_t s, int64_t op) const {
@@ -264,6 +271,7 @@ PartyRun Train(const Lie& lie) {
   run.steps.emplace_back();
   for (uint64_t s = 1; s <= kSteps; ++s) {
     const bool lying = s == kLieStep;
+    if (lying) run.before_lie = engine::FlatState(st);
     StepRecord rec;
     rec.batch = tr->BatchForStep(st.step);
     rec.trace = std::make_unique<OpTrace>();
@@ -797,6 +805,812 @@ TEST(TileDisputeTest, MalformedWitnessesAreRefused) {
                                     m.children->first, height);
     EXPECT_EQ(swapped.code(), StatusCode::kInvalidArgument) << "children not hashing to the node";
   }
+}
+
+// ---- On chain: the same game played with real transactions (RevealVerdict with the task bundle,
+// DisputePost, DisputeChildren, RefereeTile) on a ledger with verification on, every block
+// replayed by a follower. The solver trains unit 0 of a one-unit task (H = 4, one segment), the
+// drawn verifier replays it; one of them lies. The honest side wins by RefereeTile (by RefereeStep
+// when the lie is in the state only), and the genesis referee's word is refused.
+
+const std::string& ChainBundle() {
+  static const std::string* b = new std::string(
+      std::string(kFashionMlp) +
+      "[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\ncheckpoint_interval = 4\n");
+  return *b;
+}
+
+// The same task with examples/fashion-cnn.toml's model (the same examples as 1 x 28 x 28 images).
+const std::string& ChainCnnBundle() {
+  static const std::string* b = [] {
+    Result<std::string> cnn =
+        Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-cnn.toml");
+    CHECK(cnn.ok()) << cnn.status().ToString();
+    const size_t m0 = cnn->find("[model]"), m1 = cnn->find("[optimizer]");
+    std::string bundle = ChainBundle();
+    const size_t b0 = bundle.find("[model]"), b1 = bundle.find("[optimizer]");
+    bundle.replace(b0, b1 - b0, cnn->substr(m0, m1 - m0));
+    return new std::string(bundle);
+  }();
+  return *b;
+}
+
+// The model of `bundle` trained as unit 0 of the chain task: the unit's stream and inner rate
+// (UnitWorkOf, as every solver derives them), from the task's initial weights.
+Setup* MakeChainSetup(const std::string& bundle, const engine::TaskData* data,
+                      const std::string& dir = ".") {
+  auto* s = new Setup;
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle, "tile-chain.toml", dir);
+  CHECK(spec.ok()) << spec.status().ToString();
+  Result<ConfigFile> cfg = ConfigFile::Parse(bundle, "tile-chain.toml");
+  CHECK(cfg.ok());
+  Result<protocol::NetworkSpec> net = protocol::NetworkSpec::FromConfig(*cfg);
+  CHECK(net.ok()) << net.status().ToString();
+  const protocol::UnitWork work =
+      protocol::UnitWorkOf(*net, spec->seed, engine::TaskContentId(*spec), 0, 0);
+  auto shared = std::make_shared<const engine::TaskSpec>(std::move(*spec));
+  s->make = [shared, work, data] {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, *data);
+    CHECK(tr.ok()) << tr.status().ToString();
+    const std::vector<float> start = (*tr)->FlatParams();
+    CHECK((*tr)->StartUnit(work.stream, start, work.lr_scale).ok());
+    return std::move(*tr);
+  };
+  s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(kExamples), Tree().root());
+  s->train = &Data().train;  // the same floats whatever the shape: the same leaves
+  s->tree = &Tree();
+  return s;
+}
+
+// examples/code-gpt-10m.toml (10.8M parameters, a token task: no data root) at one sequence of 256
+// tokens a step, as unit 0 of a one-unit task, with its data. The bundle names the vocabulary
+// size the data gives: the ledger plans the step from the bundle alone (TileContextOf), so a GPT
+// whose vocabulary is left to the data cannot be planned on chain.
+struct GptTask {
+  std::string bundle;
+  engine::TaskData data;
+};
+const GptTask& ChainGpt() {
+  static const GptTask* t = [] {
+    const std::string dir = std::string(MESHLEARN_SOURCE_DIR) + "/examples";
+    Result<std::string> text = Env::Default()->ReadFile(dir + "/code-gpt-10m.toml");
+    CHECK(text.ok()) << text.status().ToString();
+    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(*text, "code-gpt-10m.toml", dir);
+    CHECK(spec.ok()) << spec.status().ToString();
+    auto* out = new GptTask;
+    Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), *spec);
+    CHECK(data.ok()) << data.status().ToString();
+    out->data = std::move(*data);
+    std::string bundle = *text;
+    const size_t at = bundle.find("batch_size = 8");
+    CHECK(at != std::string::npos);
+    bundle.replace(at, 14, "batch_size = 1");
+    const size_t model = bundle.find("[model]\n");
+    CHECK(model != std::string::npos);
+    bundle.insert(model + 8,
+                  "vocab_size = " + std::to_string(spec->model.gpt.vocab_size) + "\n");
+    bundle += "\n[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\n"
+              "checkpoint_interval = 4\n";
+    out->bundle = std::move(bundle);
+    return out;
+  }();
+  return *t;
+}
+const std::string& ChainGptBundle() { return ChainGpt().bundle; }
+
+const Setup& ChainSetup() {
+  static const Setup* setup = MakeChainSetup(ChainBundle(), &Data());
+  return *setup;
+}
+
+const Setup& ChainGptSetup() {
+  static const Setup* setup = MakeChainSetup(ChainGptBundle(), &ChainGpt().data,
+                                             std::string(MESHLEARN_SOURCE_DIR) + "/examples");
+  return *setup;
+}
+
+const Setup& ChainCnnSetup() {
+  static const Setup* setup = [] {
+    auto* data = new engine::TaskData;
+    data->train.x = engine::Tensor(
+        {kExamples, 1, 28, 28},
+        std::vector<float>(Data().train.x.data(), Data().train.x.data() + kExamples * 784));
+    data->train.y = Data().train.y;
+    data->train.num_classes = 10;
+    data->test = data->train;
+    return MakeChainSetup(ChainCnnBundle(), data);
+  }();
+  return *setup;
+}
+
+using protocol::CheckStage;
+using protocol::UnitCheck;
+using protocol::Verdict;
+
+class TileChainTest : public testing::FollowedChainFixture {
+ protected:
+  TileChainTest()
+      : gina_(testing::TestKey(7)),
+        referee_(testing::TestKey(8)),
+        solver_(testing::TestKey(21)),
+        verifier_(testing::TestKey(23)),
+        wb_(testing::TestKey(25)) {
+    genesis_ = DevnetGenesis(
+        {alice_.public_key(), bob_.public_key(), gina_.public_key(), referee_.public_key()}, kFunds,
+        "tile-chain");
+    ChainParams& p = genesis_.params;
+    p.verification = true;
+    p.liveness_blocks = 1000;
+    p.min_deadline_blocks = 4;
+    p.verdict_commit_blocks = 2;
+    p.verdict_reveal_blocks = 2;
+    p.dispute_response_blocks = 2;
+    p.forced_error_per_million = 0;
+    p.verifiers_per_unit = 1;
+    genesis_.referee = referee_.public_key();
+    owner_[solver_.public_key()] = &alice_;
+    owner_[verifier_.public_key()] = &bob_;
+    owner_[wb_.public_key()] = &referee_;
+  }
+
+  void SetUp() override {
+    FollowedChainFixture::SetUp();
+    g_setup = &ChainSetup();
+  }
+  // Plays the fashion CNN's task instead (before Submit).
+  void UseCnn() {
+    bundle_ = &ChainCnnBundle();
+    g_setup = &ChainCnnSetup();
+  }
+  // Plays the 10M GPT's task instead (a token task; before Submit).
+  void UseGpt() {
+    bundle_ = &ChainGptBundle();
+    g_setup = &ChainGptSetup();
+  }
+
+  Transaction N(const KeyPair& node, TxPayload p) { return Q(*owner_.at(node.public_key()), p); }
+  void StepOk(std::vector<Transaction> txs) {
+    for (const Receipt& r : Step(std::move(txs))) EXPECT_TRUE(r.ok) << r.reason;
+  }
+  static Hash256 Secret(const KeyPair& node, uint64_t i) {
+    return protocol::SecretChainElement(Blake2b("seed " + node.public_key().ToHex()), i);
+  }
+  RegisterNodeTx Reg(const KeyPair& node, uint32_t roles) {
+    return RegisterNodeTx{.node_id = node.public_key(),
+                          .endpoint = "http://node:1",
+                          .roles = roles,
+                          .capabilities = {.cores = 4,
+                                           .memory_bytes = 1ull << 30,
+                                           .throughput = 1'000'000'000'000,
+                                           .latency_ms = 1,
+                                           .bandwidth_bytes_per_s = 1'000'000'000},
+                          .price = testing::kTestPrice,
+                          .stake = 100'000,
+                          .secret_head = Secret(node, 0)};
+  }
+  TaskRecord Task() { return chain_->GetTask(task_id_).value(); }
+  WorkUnit Unit() { return chain_->GetWorkUnit(task_id_, 0).value(); }
+  UnitCheck Check() { return UnitCheck::Decode(Unit().check).value(); }
+  bool HasCheck() { return !Unit().check.empty(); }
+  NodeRecord Node(const KeyPair& k) { return chain_->GetNode(k.public_key()).value(); }
+
+  // Registers the solver and the verifier and submits the one-unit task; the unit is assigned.
+  void Submit() {
+    StepOk({N(solver_, Reg(solver_, kRoleSolver)), N(verifier_, Reg(verifier_, kRoleVerifier))});
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    TaskParams p = testing::TestTaskParams();
+    p.rounds = 1;
+    p.units_per_round = 1;
+    p.inner_steps = kSteps;
+    p.checkpoint_interval = kSteps;
+    p.batch_size = 128;
+    p.num_examples = kExamples;
+    p.verification_window_blocks = 12;
+    // A token task has no data root (its batches are not examples).
+    p.data_root = bundle_ == &ChainGptBundle() ? Hash256{} : Tree().root();
+    const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
+    Transaction submit =
+        Q(gina_, SubmitTaskTx{.spec_hash = BuildManifest(AsBytes(*bundle_)).id().hash,
+                              .budget = budget,
+                              .price_cap = 20,
+                              .params = p});
+    task_id_ = TaskIdFor(gina_.public_key(), submit.nonce);
+    StepOk({submit});
+    for (int i = 0; i < 10 && Unit().status != WorkUnitStatus::kAssigned; ++i) Step();
+    ASSERT_EQ(Unit().status, WorkUnitStatus::kAssigned);
+    ASSERT_EQ(Unit().assignee, solver_.public_key());
+  }
+
+  // The solver commits `solver`'s states; the drawn verifier claims segment 0 ends at
+  // `verifier`'s state (revealed with `bundle`); the dispute opens.
+  void CommitAndDispute(
+      const PartyRun& solver, const PartyRun& verifier, const std::string& bundle,
+      std::function<std::vector<std::pair<Transaction, std::string>>(const Hash256& salt)>
+          refused_reveals = nullptr) {
+    const std::vector<Hash256> leaves = {solver.state[0], solver.state[kSteps]};
+    StepOk({N(solver_, CommitUnitTx{.task_id = task_id_,
+                                    .index = 0,
+                                    .node_id = solver_.public_key(),
+                                    .result_hash = Blake2b("delta"),
+                                    .commitment = MerkleRoot(leaves),
+                                    .loss_micros = 1,
+                                    .secret_index = Node(solver_).secrets_committed + 1,
+                                    .leaves = leaves})});
+    for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckCommitVerdicts; ++i) Step();
+    ASSERT_EQ(Check().stage(), CheckStage::kCheckCommitVerdicts);
+    ASSERT_EQ(Check().verifiers().at(0), verifier_.public_key());
+    auto proof = [&](uint64_t i) {
+      MerkleProof m = MerkleProve(leaves, i);
+      return MerkleProofField{.index = m.index, .leaf_count = m.leaf_count, .siblings = m.siblings};
+    };
+    claim_ = MismatchClaimField{.segment = 0,
+                                .start = leaves[0],
+                                .start_proof = proof(0),
+                                .solver_end = leaves[1],
+                                .end_proof = proof(1),
+                                .replayed_end = verifier.state[kSteps]};
+    const Hash256 salt = Blake2b("salt");
+    StepOk(
+        {N(verifier_, CommitVerdictTx{.task_id = task_id_,
+                                      .index = 0,
+                                      .node_id = verifier_.public_key(),
+                                      .commitment = protocol::VerdictCommitment(
+                                          Verdict::kVerdictMismatch, salt, verifier_.public_key(),
+                                          Check().config().unit,
+                                          protocol::MismatchEvidence(0, claim_.replayed_end))})});
+    for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckRevealVerdicts; ++i) Step();
+    ASSERT_EQ(Check().stage(), CheckStage::kCheckRevealVerdicts);
+    // Transactions that must be refused (with these reasons) go first, in the same block: the
+    // reveal window is short.
+    std::vector<std::pair<Transaction, std::string>> refused;
+    if (refused_reveals) refused = refused_reveals(salt);
+    std::vector<Transaction> txs;
+    for (const auto& [tx, why] : refused) txs.push_back(tx);
+    txs.push_back(
+        N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                     .index = 0,
+                                     .node_id = verifier_.public_key(),
+                                     .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
+                                     .salt = salt,
+                                     .claim = claim_,
+                                     .bundle = {bundle}}));
+    txs.push_back(N(solver_, RevealSecretTx{.task_id = task_id_,
+                                            .index = 0,
+                                            .node_id = solver_.public_key(),
+                                            .secret = Secret(solver_, Unit().secret_index),
+                                            .start_leaf = solver.state[0]}));
+    std::vector<Receipt> receipts = Step(txs);
+    ASSERT_EQ(receipts.size(), txs.size());
+    for (size_t i = 0; i < receipts.size(); ++i) {
+      if (i < refused.size()) {
+        EXPECT_FALSE(receipts[i].ok) << refused[i].second;
+        EXPECT_NE(receipts[i].reason.find(refused[i].second), std::string::npos)
+            << receipts[i].reason;
+      } else {
+        EXPECT_TRUE(receipts[i].ok) << receipts[i].reason;
+      }
+    }
+    for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckDisputed; ++i) Step();
+    ASSERT_EQ(Check().stage(), CheckStage::kCheckDisputed);
+  }
+
+  // Both parties answer every query of the game from their runs, as transactions, until it
+  // reaches the referee or resolves; a silent party posts nothing at `silence`'s phase.
+  void PlayOnChain(const PartyRun& defender, const PartyRun& challenger,
+                   std::optional<Silence> silence = std::nullopt) {
+    for (int turn = 0; turn < 80; ++turn) {
+      if (!HasCheck() || Check().stage() != CheckStage::kCheckDisputed) return;
+      const protocol::DisputeGame g = *Check().dispute();
+      if (g.stage() == DisputeStage::kDisputeReferee ||
+          g.stage() == DisputeStage::kDisputeResolved) {
+        return;
+      }
+      const DisputeQuery q = g.query();
+      const bool quiet =
+          silence && q.stage == silence->stage &&
+          (q.stage != DisputeStage::kDisputeTiles || q.children == silence->children);
+      std::vector<Transaction> txs;
+      for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+        if (quiet && silence->party == party) continue;
+        const KeyPair& node = party == DisputeParty::kDefender ? solver_
+                              : g.config().challenger == wb_.public_key() ? wb_
+                                                                          : verifier_;
+        const PartyRun& run = party == DisputeParty::kDefender ? defender : challenger;
+        const Move m = Answer(run, q);
+        if (q.stage != DisputeStage::kDisputeSteps && run.steps.at(q.step).fake.empty()) {
+          // What a node answers (ledger::AnswerTileQuery) is this test's honest answer.
+          const StepRecord& rec = run.steps.at(q.step);
+          Result<DisputeMoveAnswer> a =
+              AnswerTileQuery(Context(), q, run.state.at(q.step - 1), *rec.trace, rec.batch);
+          EXPECT_TRUE(a.ok()) << a.status().ToString();
+          if (a.ok()) {
+            EXPECT_EQ(a->children, m.children.has_value());
+            if (m.children) {
+              EXPECT_EQ(a->left, m.children->first);
+              EXPECT_EQ(a->right, m.children->second);
+            } else {
+              EXPECT_EQ(a->hash, m.hash);
+            }
+          }
+        }
+        if (m.children) {
+          txs.push_back(N(node, DisputeChildrenTx{.task_id = task_id_,
+                                                  .index = 0,
+                                                  .node_id = node.public_key(),
+                                                  .position = q.position,
+                                                  .left = m.children->first,
+                                                  .right = m.children->second}));
+        } else {
+          txs.push_back(N(node, DisputePostTx{.task_id = task_id_,
+                                              .index = 0,
+                                              .node_id = node.public_key(),
+                                              .position = q.position,
+                                              .hash = m.hash}));
+        }
+      }
+      StepOk(txs);
+      if (quiet) {
+        for (uint64_t i = 0; i <= genesis_.params.dispute_response_blocks; ++i) Step();
+      }
+    }
+    ADD_FAILURE() << "the game did not end";
+  }
+
+  RefereeTask RefereeTaskNow() {
+    EXPECT_EQ(Check().stage(), CheckStage::kCheckDisputed);
+    EXPECT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeReferee);
+    return Check().dispute()->referee_task();
+  }
+
+  Transaction RefereeTile(const KeyPair& sender, const Bytes& witness) {
+    return RefereeTile(sender, witness, *bundle_);
+  }
+  Transaction RefereeTile(const KeyPair& sender, const Bytes& witness, const std::string& bundle) {
+    return Q(
+        sender,
+        RefereeTileTx{.task_id = task_id_, .index = 0, .bundle = {bundle}, .witness = {witness}});
+  }
+
+  // The genesis referee's word is refused for a dispute the ledger rules itself.
+  void ExpectGenesisRefereeRefused(const RefereeTask& task, const std::string& instead) {
+    std::vector<Receipt> r =
+        Step({Q(referee_,
+                RuleDisputeTx{.task_id = task_id_, .index = 0, .output = task.challenger_output})});
+    EXPECT_EQ(r.at(0).code, StatusCode::kFailedPrecondition) << r.at(0).reason;
+    EXPECT_NE(r.at(0).reason.find(instead), std::string::npos) << r.at(0).reason;
+  }
+
+  // After the ruling: the liar lost (slashed), the honest side did not.
+  void ExpectTheLiarSlashed(bool solver_lies) {
+    for (int i = 0; i < 6 && HasCheck() && Check().stage() != CheckStage::kCheckSettled; ++i) {
+      Step();
+    }
+    if (solver_lies) {
+      EXPECT_FALSE(HasCheck()) << "fraud: the round re-runs without the cheater";
+      EXPECT_EQ(Node(solver_).reputation.slashes, 1u);
+      EXPECT_EQ(Node(verifier_).reputation.slashes, 0u);
+    } else {
+      ASSERT_TRUE(HasCheck());
+      EXPECT_EQ(Check().result(), protocol::CheckResult::kCheckClean) << Check().reason();
+      EXPECT_EQ(Node(verifier_).reputation.slashes, 1u);
+      EXPECT_EQ(Node(solver_).reputation.slashes, 0u);
+    }
+  }
+
+  // Plays `lie` on chain with the liar in `solver_lies`' role: returns the ruling transaction's
+  // witness size (0 for a whole step).
+  size_t PlayLieOnChain(const PartyRun& liar, bool solver_lies, bool want_tile) {
+    const PartyRun& honest = Honest();
+    const PartyRun& solver = solver_lies ? liar : honest;
+    const PartyRun& verifier = solver_lies ? honest : liar;
+    Submit();
+    CommitAndDispute(solver, verifier, *bundle_);
+    if (::testing::Test::HasFatalFailure()) return 0;
+    EXPECT_TRUE(Check().has_tile_phase());
+    EXPECT_EQ(Unit().check[0], 2) << "a check with the tile phase encodes as version 2";
+    PlayOnChain(solver, verifier);
+    const RefereeTask task = RefereeTaskNow();
+    const uint32_t turns = Check().dispute()->turns();
+    EXPECT_EQ(task.step, kLieStep);
+    EXPECT_EQ(task.tile, want_tile);
+    size_t bytes = 0;
+    if (task.tile) {
+      ExpectGenesisRefereeRefused(task, "RefereeTile");
+      // A RefereeStep does not rule a tile.
+      std::vector<Receipt> r =
+          Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = 0, .witness = {Bytes{1}}})});
+      EXPECT_NE(r.at(0).reason.find("send RefereeTile"), std::string::npos) << r.at(0).reason;
+      // Anyone (here the submitter) posts the witness, built from the honest run; the ledger
+      // recomputes the tile.
+      Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), *bundle_, "test");
+      EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+      const StepRecord& rec = honest.steps.at(task.step);
+      Result<TileWitness> w =
+          BuildTileWitness(*ctx, task, *rec.trace, rec.batch, &Data().train, &Tree());
+      EXPECT_TRUE(w.ok()) << w.status().ToString();
+      const Bytes encoded = EncodeTileWitness(*w);
+      bytes = encoded.size();
+      EXPECT_LE(bytes, kMaxTileWitnessBytes);
+      StepOk({RefereeTile(gina_, encoded)});
+      std::printf(
+          "[ on chain ] %-22s tile %4llu block %u: %2u turns, RefereeTile witness %6zu "
+          "bytes\n",
+          Context().plan.ops.at(task.operator_index - 1).name.c_str(),
+          static_cast<unsigned long long>(task.tile_index), task.block, turns, bytes);
+    } else {
+      ExpectGenesisRefereeRefused(task, "RefereeStep");
+      StepWitness w{.bundle = *bundle_, .state = honest.before_lie, .examples = {}};
+      for (int64_t i : engine::BatchIndices(Context().seed, Context().stream, kExamples, 128,
+                                            static_cast<int64_t>(task.step) - 1)) {
+        StepWitnessExample e{.index = static_cast<uint64_t>(i),
+                             .x = {},
+                             .y = Data().train.y[static_cast<size_t>(i)],
+                             .proof = Tree().Prove(i)};
+        e.x.assign(Data().train.x.data() + i * 784, Data().train.x.data() + (i + 1) * 784);
+        w.examples.push_back(std::move(e));
+      }
+      StepOk({Q(gina_, RefereeStepTx{
+                           .task_id = task_id_, .index = 0, .witness = {EncodeStepWitness(w)}})});
+    }
+    // Ruled: the check settles (a cheating solver's round re-runs, dropping it).
+    if (HasCheck()) {
+      EXPECT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeResolved);
+    }
+    ExpectTheLiarSlashed(solver_lies);
+    return bytes;
+  }
+
+  static constexpr Amount kFunds = 1'000'000;
+  const std::string* bundle_ = &ChainBundle();
+  KeyPair gina_, referee_, solver_, verifier_, wb_;
+  std::map<PublicKey, const KeyPair*> owner_;
+  Hash256 task_id_;
+  MismatchClaimField claim_;
+};
+
+class TileChainLieTest : public TileChainTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(TileChainLieTest, ALieAtATileIsRuledOnChainByRefereeTile) {
+  const bool solver_lies = GetParam();
+  // A first-layer tile: 32 examples proven against the data root and a block of the weight (the
+  // largest witness of this model).
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.out", 40, 40}), solver_lies, true);
+}
+
+TEST_P(TileChainLieTest, ALieAtAReductionBlockIsRuledOnChainByRefereeTile) {
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.weight.grad", 200, 700, 2}), GetParam(), true);
+}
+
+TEST_P(TileChainLieTest, AWrongOperatorIsNarrowedToATileAndRuledOnChain) {
+  PlayLieOnChain(Train(Lie{LieKind::kWrongUpdate}), GetParam(), true);
+}
+
+TEST_P(TileChainLieTest, ALieInTheStateOnlyIsRuledOnChainByTheWholeStep) {
+  PlayLieOnChain(Train(Lie{LieKind::kStepState}), GetParam(), false);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachSideLies, TileChainLieTest, ::testing::Bool(), [](const auto& info) {
+  return info.param ? "SolverLies" : "VerifierLies";
+});
+
+// The fashion CNN through the same transactions: lies at both convolutions (the second narrowed
+// into blocks of 4 input channels) and at the narrowed 1568-input linear, each ruled on chain.
+TEST_P(TileChainLieTest, OnTheFashionCnnAFirstConvTileIsRuledOnChain) {
+  UseCnn();
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.out", 70, 2000}), GetParam(), true);
+}
+
+TEST_P(TileChainLieTest, OnTheFashionCnnASecondConvBlockIsRuledOnChain) {
+  UseCnn();
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.out", 9, 700, 2}), GetParam(), true);
+}
+
+TEST_P(TileChainLieTest, OnTheFashionCnnANarrowedLinearBlockIsRuledOnChain) {
+  UseCnn();
+  PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 40, 100, 3}), GetParam(), true);
+}
+
+// The 10M GPT (a token task, so no data root: its covered operators read no example) through the
+// same transactions: a lie at a qkv tile, the liar the solver, ruled by RefereeTile. Slow (two
+// traced runs of 4 steps of 10.8M parameters).
+TEST_F(TileChainTest, OnThe10mGptALinearTileIsRuledOnChain) {
+  UseGpt();
+  const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "h.0.qkv", 100, 500}), true, true);
+  EXPECT_GT(bytes, 0u);
+}
+
+// A GPT whose vocabulary is left to its data cannot be planned from its bundle: the ledger refuses
+// the tile phase for it, naming why (its disputes play whole steps), and never aborts on it.
+TEST(TileContextTest, AGptWithoutItsVocabularySizeIsRefusedByName) {
+  Result<std::string> text = Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) +
+                                                      "/examples/code-gpt-10m.toml");
+  ASSERT_TRUE(text.ok());
+  const std::string bundle =
+      *text + "\n[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\n";
+  TaskRecord t;
+  t.id = Blake2b("gpt task");
+  t.spec_hash = BuildManifest(AsBytes(bundle)).id().hash;
+  WorkUnit u;
+  u.task_id = t.id;
+  Result<TileRuleContext> ctx = TileContextOf(t, u, bundle, "reveal verdict: bundle");
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_EQ(ctx.status().code(), StatusCode::kFailedPrecondition) << ctx.status().ToString();
+  EXPECT_NE(ctx.status().message().find("vocab_size"), std::string::npos)
+      << ctx.status().ToString();
+  // With the size named, it plans.
+  std::string named = bundle;
+  named.insert(named.find("[model]\n") + 8, "vocab_size = 256\n");
+  t.spec_hash = BuildManifest(AsBytes(named)).id().hash;
+  Result<TileRuleContext> ok = TileContextOf(t, u, named, "reveal verdict: bundle");
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+}
+
+// A party silent at one phase (param: phase x which party; the solver lies) loses at the missed
+// deadline, whichever side lies, with no referee. A fresh chain each: the loser is jailed.
+class TileChainSilenceTest : public TileChainTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(TileChainSilenceTest, APartySilentAtAnyPhaseLosesOnChain) {
+  const std::vector<Silence> phases = {
+      {DisputeStage::kDisputeSteps, false},     {DisputeStage::kDisputeOperators, false},
+      {DisputeStage::kDisputeTiles, false},     {DisputeStage::kDisputeTiles, true},
+      {DisputeStage::kDisputeReduction, false},
+  };
+  Silence silence = phases.at(static_cast<size_t>(GetParam() / 4));
+  silence.party = GetParam() % 2 == 0 ? DisputeParty::kDefender : DisputeParty::kChallenger;
+  const bool solver_lies = (GetParam() / 2) % 2 == 0;
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.0.weight.grad", 200, 700, 2});
+  const PartyRun& solver = solver_lies ? liar : honest;
+  const PartyRun& verifier = solver_lies ? honest : liar;
+  Submit();
+  CommitAndDispute(solver, verifier, ChainBundle());
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  PlayOnChain(solver, verifier, silence);
+  for (int i = 0; i < 6 && HasCheck() && Check().stage() != CheckStage::kCheckSettled; ++i) Step();
+  // The silent party lost at the missed deadline, honest or not; no referee was asked.
+  EXPECT_EQ(Node(solver_).reputation.slashes, silence.party == DisputeParty::kDefender ? 1u : 0u);
+  EXPECT_EQ(Node(verifier_).reputation.slashes,
+            silence.party == DisputeParty::kChallenger ? 1u : 0u);
+}
+
+// 5 phases x (defender, challenger silent) x (solver, verifier lies).
+std::string SilenceName(const ::testing::TestParamInfo<int>& info) {
+  static const char* kPhase[] = {"Steps", "Operators", "TileRoot", "TileChildren", "Reduction"};
+  return std::string(kPhase[info.param / 4]) +
+         (info.param % 2 == 0 ? "DefenderSilent" : "ChallengerSilent") +
+         ((info.param / 2) % 2 == 0 ? "SolverLies" : "VerifierLies");
+}
+INSTANTIATE_TEST_SUITE_P(EachPhase, TileChainSilenceTest, ::testing::Range(0, 20), SilenceName);
+
+TEST_F(TileChainTest, WitnessesThatDoNotCheckOutAreRefusedAndTheHonestOneRules) {
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
+  Submit();
+  // The opening transaction's bundle is checked: another task's text, or on a clean verdict.
+  CommitAndDispute(liar, honest, ChainBundle());
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  PlayOnChain(liar, honest);
+  const RefereeTask task = RefereeTaskNow();
+  ASSERT_TRUE(task.tile);
+  ExpectGenesisRefereeRefused(task, "RefereeTile");
+  Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), ChainBundle(), "test");
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  const StepRecord& rec = honest.steps.at(task.step);
+  const TileWitness good =
+      BuildTileWitness(*ctx, task, *rec.trace, rec.batch, &Data().train, &Tree()).value();
+  auto refused = [&](const Transaction& tx, const std::string& why) {
+    std::vector<Receipt> r = Step({tx});
+    EXPECT_FALSE(r.at(0).ok) << why;
+    EXPECT_NE(r.at(0).reason.find(why), std::string::npos) << r.at(0).reason;
+  };
+  {
+    TileWitness w = good;
+    w.tiles[0].values[3] += 1.0f;
+    refused(RefereeTile(gina_, EncodeTileWitness(w)), "is not proven against its agreed output");
+  }
+  {
+    TileWitness w = good;
+    std::swap(w.tiles[0], w.tiles[1]);
+    refused(RefereeTile(gina_, EncodeTileWitness(w)), "the footprint needs tile");
+  }
+  {
+    // The disputed operator's own output is no agreed input.
+    TileWitness w = good;
+    const int64_t op = static_cast<int64_t>(task.operator_index) - 1;
+    const engine::TileGrid& grid = Context().plan.ops[static_cast<size_t>(op)].grid;
+    std::vector<Hash256> hashes = engine::TileHashes(honest.Values(task.step, op), grid);
+    w.tiles[0] = TileWitnessTile{task.operator_index, 0,
+                                 engine::ExtractTile(honest.Values(task.step, op), grid, 0),
+                                 MerkleProve(hashes, 0)};
+    refused(RefereeTile(gina_, EncodeTileWitness(w)), "whose output is not agreed");
+  }
+  {
+    TileWitness w = good;
+    w.outputs[5] = Blake2b("not agreed");
+    refused(RefereeTile(gina_, EncodeTileWitness(w)), "not to the agreed C_");
+  }
+  refused(RefereeTile(gina_, EncodeTileWitness(good), ChainBundle() + "# another task\n"),
+          "spec_hash");
+  refused(RefereeTile(gina_, EncodeTileWitness(good), ""), "bundle is empty");
+  refused(RefereeTile(gina_, Bytes{1, 2, 3}), "referee tile: witness");
+  refused(RefereeTile(gina_, Bytes(kMaxTileWitnessBytes + 1, 0)), "over the tile witness bound");
+  ASSERT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeReferee);
+  // The honest witness, posted by the liar itself: it is the same witness (every input agreed).
+  StepOk({N(solver_, RefereeTileTx{.task_id = task_id_,
+                                   .index = 0,
+                                   .bundle = {ChainBundle()},
+                                   .witness = {EncodeTileWitness(good)}})});
+  // Ruled: nothing is left to rule (the round re-runs without the cheater).
+  refused(RefereeTile(gina_, EncodeTileWitness(good)), "referee tile: unit 0");
+  ExpectTheLiarSlashed(true);
+}
+
+// Phase 3's moves are checked: children that do not hash to the party's node, children out of
+// turn (in the steps stage), a node that is no party: each refused by name, nothing changes.
+// A whistleblower's ChallengeUnit carries the bundle the same way: a lazy verifier called a lying
+// solver's unit clean; the whistleblower challenges it, the dispute plays the tile phase and the
+// ledger rules by RefereeTile: the solver and the verifier that approved it are slashed.
+TEST_F(TileChainTest, AWhistleblowersChallengeWithTheBundlePlaysTheTilePhase) {
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
+  StepOk({N(wb_, Reg(wb_, kRoleWhistleblower))});
+  Submit();
+  const std::vector<Hash256> leaves = {liar.state[0], liar.state[kSteps]};
+  StepOk({N(solver_, CommitUnitTx{.task_id = task_id_,
+                                  .index = 0,
+                                  .node_id = solver_.public_key(),
+                                  .result_hash = Blake2b("delta"),
+                                  .commitment = MerkleRoot(leaves),
+                                  .loss_micros = 1,
+                                  .secret_index = Node(solver_).secrets_committed + 1,
+                                  .leaves = leaves})});
+  for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckCommitVerdicts; ++i) Step();
+  const Hash256 salt = Blake2b("salt");
+  StepOk({N(verifier_, CommitVerdictTx{.task_id = task_id_,
+                                       .index = 0,
+                                       .node_id = verifier_.public_key(),
+                                       .commitment = protocol::VerdictCommitment(
+                                           Verdict::kVerdictClean, salt, verifier_.public_key(),
+                                           Check().config().unit, Hash256{})})});
+  for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckRevealVerdicts; ++i) Step();
+  StepOk({N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                       .index = 0,
+                                       .node_id = verifier_.public_key(),
+                                       .verdict = static_cast<uint8_t>(Verdict::kVerdictClean),
+                                       .salt = salt}),
+          N(solver_, RevealSecretTx{.task_id = task_id_,
+                                    .index = 0,
+                                    .node_id = solver_.public_key(),
+                                    .secret = Secret(solver_, Unit().secret_index),
+                                    .start_leaf = liar.state[0]})});
+  for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckSettled; ++i) Step();
+  ASSERT_EQ(Check().result(), protocol::CheckResult::kCheckClean) << Check().reason();
+  auto proof = [&](uint64_t i) {
+    MerkleProof m = MerkleProve(leaves, i);
+    return MerkleProofField{.index = m.index, .leaf_count = m.leaf_count, .siblings = m.siblings};
+  };
+  const MismatchClaimField claim{.segment = 0,
+                                 .start = leaves[0],
+                                 .start_proof = proof(0),
+                                 .solver_end = leaves[1],
+                                 .end_proof = proof(1),
+                                 .replayed_end = honest.state[kSteps]};
+  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = 0,
+                                 .node_id = wb_.public_key(),
+                                 .claim = claim,
+                                 .bundle = {ChainBundle()}})});
+  ASSERT_EQ(Check().stage(), CheckStage::kCheckDisputed);
+  EXPECT_TRUE(Check().has_tile_phase());
+  EXPECT_EQ(Check().dispute()->config().challenger, wb_.public_key());
+  PlayOnChain(liar, honest);
+  const RefereeTask task = RefereeTaskNow();
+  ASSERT_TRUE(task.tile);
+  ExpectGenesisRefereeRefused(task, "RefereeTile");
+  Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), ChainBundle(), "test");
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  const StepRecord& rec = honest.steps.at(task.step);
+  const TileWitness w =
+      BuildTileWitness(*ctx, task, *rec.trace, rec.batch, &Data().train, &Tree()).value();
+  StepOk({RefereeTile(gina_, EncodeTileWitness(w))});
+  for (int i = 0; i < 6 && HasCheck() && Check().stage() != CheckStage::kCheckSettled; ++i) Step();
+  EXPECT_EQ(Node(solver_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(verifier_).reputation.slashes, 1u) << "it approved the lie";
+  EXPECT_EQ(Node(wb_).reputation.slashes, 0u);
+}
+
+TEST_F(TileChainTest, BadChildrenAreRefused) {
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
+  Submit();
+  CommitAndDispute(liar, honest, ChainBundle());
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  auto children = [&](const KeyPair& node, const KeyPair& signer, uint64_t position,
+                      const Hash256& left, const Hash256& right) {
+    return Q(signer, DisputeChildrenTx{.task_id = task_id_,
+                                       .index = 0,
+                                       .node_id = node.public_key(),
+                                       .position = position,
+                                       .left = left,
+                                       .right = right});
+  };
+  auto refused = [&](const Transaction& tx, const std::string& why) {
+    std::vector<Receipt> r = Step({tx});
+    EXPECT_FALSE(r.at(0).ok) << why;
+    EXPECT_NE(r.at(0).reason.find(why), std::string::npos) << r.at(0).reason;
+  };
+  // In the steps stage there are no children to post.
+  ASSERT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeSteps);
+  refused(children(solver_, alice_, 0, Blake2b("l"), Blake2b("r")), "posted children in stage");
+  // Play to the first children query.
+  for (int turn = 0; turn < 40; ++turn) {
+    const DisputeQuery q = Check().dispute()->query();
+    if (q.stage == DisputeStage::kDisputeTiles && q.children) break;
+    std::vector<Transaction> txs;
+    for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+      const KeyPair& node = party == DisputeParty::kDefender ? solver_ : verifier_;
+      const Move m = Answer(party == DisputeParty::kDefender ? liar : honest, q);
+      txs.push_back(N(node, DisputePostTx{.task_id = task_id_,
+                                          .index = 0,
+                                          .node_id = node.public_key(),
+                                          .position = q.position,
+                                          .hash = m.hash}));
+    }
+    StepOk(txs);
+  }
+  const DisputeQuery q = Check().dispute()->query();
+  ASSERT_TRUE(q.children);
+  const Move m = Answer(liar, q);
+  // One block (a turn is 2 blocks): two refused, then the right children, taken.
+  std::vector<Receipt> r =
+      Step({children(solver_, alice_, q.position, m.children->second, m.children->first),
+            children(gina_, gina_, q.position, m.children->first, m.children->second),
+            children(solver_, alice_, q.position, m.children->first, m.children->second)});
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("dispute children: dispute: defender's children of node"),
+            std::string::npos)
+      << r[0].reason;
+  EXPECT_FALSE(r[1].ok);
+  EXPECT_NE(r[1].reason.find("dispute children: node"), std::string::npos) << r[1].reason;
+  EXPECT_TRUE(r[2].ok) << r[2].reason;
+  // A second post of the same turn is refused too.
+  refused(children(solver_, alice_, q.position, m.children->first, m.children->second),
+          "dispute children: dispute: defender");
+}
+
+TEST_F(TileChainTest, AMismatchWithoutTheBundlePlaysWholeStepsAndABadBundleIsRefused) {
+  const PartyRun& honest = Honest();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.2.out", 100, 70});
+  Submit();
+  auto reveal = [&](Verdict verdict, const Hash256& salt, const std::string& bundle) {
+    return N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                        .index = 0,
+                                        .node_id = verifier_.public_key(),
+                                        .verdict = static_cast<uint8_t>(verdict),
+                                        .salt = salt,
+                                        .claim = claim_,
+                                        .bundle = {bundle}});
+  };
+  CommitAndDispute(liar, honest, "", [&](const Hash256& salt) {
+    return std::vector<std::pair<Transaction, std::string>>{
+        {reveal(Verdict::kVerdictMismatch, salt, ChainBundle() + "# another task\n"),
+         "the task's spec_hash"},
+        {reveal(Verdict::kVerdictClean, salt, ChainBundle()),
+         "leave it empty with a clean verdict"}};
+  });
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  // Without the bundle the dispute is as before: version 1, whole steps.
+  EXPECT_FALSE(Check().has_tile_phase());
+  EXPECT_EQ(Unit().check[0], 1) << "a check without the tile phase encodes as before";
+  EXPECT_EQ(Check().dispute()->Encode()[0], 1);
+  PlayOnChain(liar, honest);
+  const RefereeTask task = RefereeTaskNow();
+  EXPECT_TRUE(task.whole_step);
+  EXPECT_FALSE(task.tile);
+  EXPECT_EQ(task.step, kLieStep);
+  std::vector<Receipt> r = Step({RefereeTile(gina_, Bytes{1})});
+  EXPECT_NE(r.at(0).reason.find("waits for a whole step"), std::string::npos) << r.at(0).reason;
 }
 
 }  // namespace referee_tile_test

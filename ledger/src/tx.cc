@@ -77,6 +77,7 @@ TxType PayloadType(const TxPayload& p) {
 }
 
 size_t MaxTxBytes(TxType t) {
+  if (t == TxType::kRefereeTile) return kMaxTileTxBytes;
   return t == TxType::kRefereeStep || t == TxType::kProveResult || t == TxType::kProveFraud
              ? kMaxLargeTxBytes
              : kMaxTxBytes;
@@ -241,10 +242,11 @@ Result<Transaction> DecodeTx(ByteSpan wire) {
   if (wire.size() > kMaxTxBytes &&
       (wire.size() > kMaxLargeTxBytes || !StartsAsLargeTx(wire))) {
     const size_t limit = wire.size() > kMaxLargeTxBytes ? kMaxLargeTxBytes : kMaxTxBytes;
-    return ResourceExhausted("transaction: " + std::to_string(wire.size()) +
-                             " bytes, over the limit of " + std::to_string(limit) +
-                             " (only RefereeStep, ProveResult and ProveFraud may be longer than " +
-                             std::to_string(kMaxTxBytes) + ")");
+    return ResourceExhausted(
+        "transaction: " + std::to_string(wire.size()) + " bytes, over the limit of " +
+        std::to_string(limit) +
+        " (only RefereeStep, ProveResult, ProveFraud and RefereeTile may be longer than " +
+        std::to_string(kMaxTxBytes) + ")");
   }
   Decoder d(wire, "transaction");
   Transaction tx;

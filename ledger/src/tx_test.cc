@@ -69,7 +69,8 @@ std::vector<TxPayload> SamplePayloads() {
                       .node_id = k,
                       .verdict = 2,
                       .salt = Blake2b("salt"),
-                      .claim = claim},
+                      .claim = claim,
+                      .bundle = {"[task]\nname = \"t\"\n"}},
       RevealSecretTx{.task_id = Blake2b("task"),
                      .index = 2,
                      .node_id = k,
@@ -81,6 +82,14 @@ std::vector<TxPayload> SamplePayloads() {
                     .position = 17,
                     .hash = Blake2b("mid")},
       ChallengeUnitTx{.task_id = Blake2b("task"), .index = 2, .node_id = k, .claim = claim},
+      DisputeChildrenTx{.task_id = Blake2b("task"),
+                        .index = 2,
+                        .node_id = k,
+                        .position = 3,
+                        .left = Blake2b("left"),
+                        .right = Blake2b("right")},
+      RefereeTileTx{
+          .task_id = Blake2b("task"), .index = 2, .bundle = {"[task]"}, .witness = {Bytes(100, 7)}},
       RuleDisputeTx{.task_id = Blake2b("task"), .index = 2, .output = Blake2b("out")},
       RefereeStepTx{
           .task_id = Blake2b("task"),
@@ -104,6 +113,32 @@ TEST(TxTest, SamplesCoverEveryType) {
   std::set<TxType> seen;
   for (const TxPayload& p : SamplePayloads()) seen.insert(PayloadType(p));
   EXPECT_EQ(seen.size(), std::variant_size_v<TxPayload>);
+}
+
+TEST(TxTest, ABundleFieldIsBoundedAndUtf8) {
+  KeyPair a = TestKey(1);
+  auto reveal = [&](std::string bundle) {
+    return EncodeTx(BuildSignedTx(
+        a, "test", 1,
+        RevealVerdictTx{.task_id = Blake2b("task"), .verdict = 2, .bundle = {std::move(bundle)}}));
+  };
+  EXPECT_TRUE(DecodeTx(reveal(std::string(kMaxBundleBytes - 200, 'x'))).ok());
+  Result<Transaction> long_bundle = DecodeTx(reveal(std::string(kMaxBundleBytes + 1, 'x')));
+  ASSERT_FALSE(long_bundle.ok());
+  EXPECT_NE(long_bundle.status().message().find("bundle"), std::string::npos)
+      << long_bundle.status().ToString();
+  Result<Transaction> not_utf8 = DecodeTx(reveal(std::string("[task]\xff\xfe")));
+  ASSERT_FALSE(not_utf8.ok());
+  EXPECT_NE(not_utf8.status().message().find("not valid UTF-8"), std::string::npos)
+      << not_utf8.status().ToString();
+  // A RefereeTile may carry a witness up to kMaxTileWitnessBytes (longer than kMaxTxBytes).
+  Bytes tile = EncodeTx(BuildSignedTx(a, "test", 1,
+                                      RefereeTileTx{.task_id = Blake2b("task"),
+                                                    .bundle = {"[task]"},
+                                                    .witness = {Bytes(kMaxTileWitnessBytes, 1)}}));
+  EXPECT_GT(tile.size(), kMaxTxBytes);
+  EXPECT_LE(tile.size(), MaxTxBytes(TxType::kRefereeTile));
+  EXPECT_TRUE(DecodeTx(tile).ok());
 }
 
 TEST(TxTest, EveryTypeRoundTripsThroughBytesAndJson) {

@@ -7,9 +7,12 @@
 //   RevealVerdict  ... opened, with a mismatch's evidence       -> UnitCheck::OnVerdictRevealed
 //   RevealSecret   the solver's secret for the unit             -> UnitCheck::OnSecretRevealed
 //   DisputePost    a party's move in the bisection game         -> DisputeGame::Post
+//   DisputeChildren  phase 3's move: the two children of a tile node -> DisputeGame::PostChildren
 //   ChallengeUnit  a whistleblower disputes a settled unit      -> UnitCheck::OnChallenge
 //   RefereeStep    the witness of the narrowed step: the ledger executes it itself (a task
 //                  with a data root, exact mode; referee_step.h)    -> DisputeGame::Rule
+//   RefereeTile    the witness of the narrowed tile (a dispute opened with the task bundle:
+//                  the tile phase): the ledger recomputes it (referee_tile.h) -> DisputeGame::Rule
 //   ProveResult    the witness that a unit's result is not the delta of its committed final
 //                  state: the ledger computes it; fraud at once -> UnitCheck::OnResultDisproved
 //   ProveFraud     after the fact (a final round): the witness of one segment that does not
@@ -18,7 +21,8 @@
 //                  while the task is open or within its audit window after it finished, the
 //                  task is reopened and rewound as taint does (ApplyRerun)
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
-//                  tolerance-mode segment, a task without a data root -> DisputeGame::Rule
+//                  tolerance-mode segment, a whole step of a task without a data root
+//                  -> DisputeGame::Rule
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
 //                  reputation; fraud rewinds the round, a forced error or an abandoned unit
 //                  re-runs that unit (DriveChecks)
@@ -31,6 +35,7 @@
 #include "execute.h"
 #include "referee_step.h"
 #include "meshlearn/base/log.h"
+#include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 
@@ -388,7 +393,9 @@ Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
   cfg.commitment = u->commitment;
   cfg.inner_steps = t->params.inner_steps;
   cfg.checkpoint_interval = t->params.checkpoint_interval;
-  cfg.num_operators = 0;  // the referee rules on whole steps (docs/verification.md, "Referee")
+  // Whole steps until a mismatch brings the task bundle: then UnitCheck::SetTilePhase sets the
+  // step's plan (docs/verification.md, "Tiles").
+  cfg.num_operators = 0;
   cfg.secret_anchor = n->secret_anchor;
   cfg.secret_distance = distance;
   cfg.forced_error_per_million = p.forced_error_per_million;
@@ -503,6 +510,21 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
 
 // ---- Transactions.
 
+// A mismatch's `bundle` (RevealVerdict, ChallengeUnit): the step's tile plan from it, set on the
+// check so that the dispute it opens narrows to one tile. Nothing for an empty bundle.
+Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleField& bundle,
+                        UnitCheck& c, std::string_view what) {
+  if (bundle.text.empty()) return Status::Ok();
+  const TaskRecord* t = s.tasks.Find(u.task_id);
+  ML_ASSIGN_OR_RETURN(TileRuleContext tc,
+                      TileContextOf(*t, u, bundle.text, std::string(what) + ": bundle"));
+  protocol::DisputeConfig layout;
+  SetTilePhase(tc.plan, &layout);
+  Status st = c.SetTilePhase(static_cast<uint32_t>(tc.plan.ops.size()),
+                             std::move(layout.operator_tiles), std::move(layout.operator_blocks));
+  return st.WithPrefix(std::string(what));
+}
+
 Status ExecuteCommitVerdict(ExecContext& ctx, const CommitVerdictTx& tx) {
   constexpr std::string_view kWhat = "commit verdict";
   ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
@@ -524,6 +546,12 @@ Status ExecuteRevealVerdict(ExecContext& ctx, const RevealVerdictTx& tx) {
   ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
   const auto verdict = static_cast<protocol::Verdict>(tx.verdict);
+  if (verdict != protocol::Verdict::kVerdictMismatch && !tx.bundle.text.empty()) {
+    return InvalidArgument(
+        "reveal verdict: bundle is for a mismatch (the dispute's tile plan); "
+        "leave it empty with a clean verdict");
+  }
+  ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, c, kWhat));
   protocol::MismatchClaim claim = ClaimOf(tx.claim);
   ML_RETURN_IF_ERROR(c.OnVerdictRevealed(
       tx.node_id, verdict, tx.salt,
@@ -554,28 +582,48 @@ Status ExecuteRevealSecret(ExecContext& ctx, const RevealSecretTx& tx) {
   return Status::Ok();
 }
 
-Status ExecuteDisputePost(ExecContext& ctx, const DisputePostTx& tx) {
-  constexpr std::string_view kWhat = "dispute post";
-  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
-  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
+// The running dispute on unit `index` and `node`'s side in it (a move's checks).
+struct DisputeMove {
+  UnitCheck check;
+  protocol::DisputeParty party;
+};
+Result<DisputeMove> MoveOf(const ExecContext& ctx, const Hash256& task_id, uint32_t index,
+                           const PublicKey& node, std::string_view what) {
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, node, ctx.tx.sender, what));
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, task_id, index, what));
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
-  protocol::DisputeGame* game = c.mutable_dispute();
+  const protocol::DisputeGame* game = c.mutable_dispute();
   if (c.stage() != CheckStage::kCheckDisputed || game == nullptr) {
-    return FailedPrecondition("dispute post: unit " + std::to_string(tx.index) +
+    return FailedPrecondition(std::string(what) + ": unit " + std::to_string(index) +
                               " has no dispute running (stage " +
                               std::string(protocol::CheckStageName(c.stage())) + ")");
   }
   protocol::DisputeParty party;
-  if (tx.node_id == game->config().defender) {
+  if (node == game->config().defender) {
     party = protocol::DisputeParty::kDefender;
-  } else if (tx.node_id == game->config().challenger) {
+  } else if (node == game->config().challenger) {
     party = protocol::DisputeParty::kChallenger;
   } else {
-    return PermissionDenied("dispute post: node " + tx.node_id.ShortHex() +
-                            " is not a party of the dispute on unit " + std::to_string(tx.index));
+    return PermissionDenied(std::string(what) + ": node " + node.ShortHex() +
+                            " is not a party of the dispute on unit " + std::to_string(index));
   }
-  ML_RETURN_IF_ERROR(game->Post(party, tx.position, tx.hash, ctx.height));
-  SaveCheck(ctx.state, tx.task_id, tx.index, c);
+  return DisputeMove{std::move(c), party};
+}
+
+Status ExecuteDisputePost(ExecContext& ctx, const DisputePostTx& tx) {
+  ML_ASSIGN_OR_RETURN(DisputeMove m, MoveOf(ctx, tx.task_id, tx.index, tx.node_id, "dispute post"));
+  ML_RETURN_IF_ERROR(m.check.mutable_dispute()->Post(m.party, tx.position, tx.hash, ctx.height));
+  SaveCheck(ctx.state, tx.task_id, tx.index, m.check);
+  return Status::Ok();
+}
+
+Status ExecuteDisputeChildren(ExecContext& ctx, const DisputeChildrenTx& tx) {
+  ML_ASSIGN_OR_RETURN(DisputeMove m,
+                      MoveOf(ctx, tx.task_id, tx.index, tx.node_id, "dispute children"));
+  Status s =
+      m.check.mutable_dispute()->PostChildren(m.party, tx.position, tx.left, tx.right, ctx.height);
+  if (!s.ok()) return s.WithPrefix("dispute children");
+  SaveCheck(ctx.state, tx.task_id, tx.index, m.check);
   return Status::Ok();
 }
 
@@ -596,6 +644,7 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
                               " is final; a challenge must come before its window closes");
   }
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, c, kWhat));
   ML_RETURN_IF_ERROR(c.OnChallenge(tx.node_id, ClaimOf(tx.claim), ctx.height));
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
   // DriveChecks keeps one hold per unsettled check.
@@ -634,6 +683,10 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
   ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(ctx.state, tx.task_id, tx.index, kWhat));
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
   protocol::DisputeGame* game = r.check.mutable_dispute();
+  if (game->referee_task().tile) {
+    return FailedPrecondition("referee step: the dispute on unit " + std::to_string(tx.index) +
+                              " narrowed to one tile; send RefereeTile with the tile's witness");
+  }
   if (!LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition(
         "referee step: the dispute on unit " + std::to_string(tx.index) +
@@ -646,6 +699,43 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
   ML_ASSIGN_OR_RETURN(Hash256 output,
                       ExecuteRefereeStepWitness(*t, *r.unit, game->referee_task(), *w));
   ML_RETURN_IF_ERROR(game->Rule(output));
+  SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
+  return Status::Ok();
+}
+
+Status ExecuteRefereeTile(ExecContext& ctx, const RefereeTileTx& tx) {
+  constexpr std::string_view kWhat = "referee tile";
+  ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(ctx.state, tx.task_id, tx.index, kWhat));
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  protocol::DisputeGame* game = r.check.mutable_dispute();
+  const protocol::RefereeTask& task = game->referee_task();
+  if (!task.tile) {
+    return FailedPrecondition(
+        "referee tile: the dispute on unit " + std::to_string(tx.index) +
+        " waits for a whole step" +
+        (LedgerExecutes(*t, task)
+             ? " (send RefereeStep with the step's witness)"
+             : " the ledger cannot execute (the genesis referee's RuleDispute)"));
+  }
+  if (tx.witness.bytes.size() > kMaxTileWitnessBytes) {
+    return InvalidArgument("referee tile: witness is " + std::to_string(tx.witness.bytes.size()) +
+                           " bytes, over the tile witness bound of " +
+                           std::to_string(kMaxTileWitnessBytes));
+  }
+  if (tx.bundle.text.empty()) {
+    return InvalidArgument(
+        "referee tile: bundle is empty; send the task's bundle (its blob id is "
+        "the task's spec_hash " +
+        t->spec_hash.ShortHex() + ")");
+  }
+  const std::string where =
+      "referee tile (task " + tx.task_id.ShortHex() + ", unit " + std::to_string(tx.index) + ")";
+  ML_ASSIGN_OR_RETURN(TileRuleContext tc, TileContextOf(*t, *r.unit, tx.bundle.text, where));
+  Result<TileWitness> w = DecodeTileWitness(tx.witness.bytes);
+  if (!w.ok()) return w.status().WithPrefix("referee tile: witness");
+  Result<Hash256> output = RuleTile(tc, task, *w);
+  if (!output.ok()) return output.status().WithPrefix("referee tile");
+  ML_RETURN_IF_ERROR(game->Rule(*output));
   SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
   return Status::Ok();
 }
@@ -820,6 +910,12 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
   ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(ctx.state, tx.task_id, tx.index, kWhat));
   UnitCheck& c = r.check;
   protocol::DisputeGame* game = c.mutable_dispute();
+  if (game->referee_task().tile) {
+    return FailedPrecondition("rule dispute: the dispute on unit " + std::to_string(tx.index) +
+                              " of task " + tx.task_id.ShortHex() +
+                              " narrowed to one tile, which the ledger recomputes itself; send "
+                              "RefereeTile with the tile's witness");
+  }
   if (LedgerExecutes(*ctx.state.tasks.Find(tx.task_id), game->referee_task())) {
     return FailedPrecondition("rule dispute: task " + tx.task_id.ShortHex() +
                               " has a data root, so the ledger executes the disputed step "
@@ -866,13 +962,23 @@ nlohmann::json UnitCheckToJson(const UnitCheck& c) {
                          {"last_step", d->config().last_step},
                          {"agreed", d->config().agreed.ToHex()},
                          {"turns", d->turns()}};
-    if (d->stage() == protocol::DisputeStage::kDisputeSteps ||
-        d->stage() == protocol::DisputeStage::kDisputeOperators) {
+    dj["num_operators"] = d->config().num_operators;
+    dj["tile_phase"] = !d->config().operator_tiles.empty();
+    const protocol::DisputeStage st = d->stage();
+    if (st == protocol::DisputeStage::kDisputeSteps ||
+        st == protocol::DisputeStage::kDisputeOperators ||
+        st == protocol::DisputeStage::kDisputeTiles ||
+        st == protocol::DisputeStage::kDisputeReduction) {
       protocol::DisputeQuery q = d->query();
-      dj["query"] = {{"position", q.position},
+      dj["query"] = {{"stage", std::string(protocol::DisputeStageName(q.stage))},
+                     {"position", q.position},
                      {"step", q.step},
-                     {"deadline_height", q.deadline_height}};
-    } else if (d->stage() == protocol::DisputeStage::kDisputeReferee) {
+                     {"deadline_height", q.deadline_height},
+                     {"operator_index", q.operator_index},
+                     {"children", q.children},
+                     {"level", q.level},
+                     {"tile", q.tile}};
+    } else if (st == protocol::DisputeStage::kDisputeReferee) {
       const protocol::RefereeTask& r = d->referee_task();
       dj["referee"] = {{"whole_step", r.whole_step},
                        {"segment", r.segment},
@@ -881,7 +987,14 @@ nlohmann::json UnitCheckToJson(const UnitCheck& c) {
                        {"operator_index", r.operator_index},
                        {"input", r.input.ToHex()},
                        {"defender_output", r.defender_output.ToHex()},
-                       {"challenger_output", r.challenger_output.ToHex()}};
+                       {"challenger_output", r.challenger_output.ToHex()},
+                       {"tile", r.tile},
+                       {"tile_index", r.tile_index},
+                       {"tile_count", r.tile_count},
+                       {"reduction_blocks", r.reduction_blocks},
+                       {"block", r.block},
+                       {"state_input", r.state_input.ToHex()},
+                       {"partial_input", r.partial_input.ToHex()}};
     } else {
       dj["outcome"] = {{"defender_honest", d->outcome().defender_honest},
                        {"challenger_honest", d->outcome().challenger_honest},

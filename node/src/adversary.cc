@@ -206,4 +206,17 @@ Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
   return InvalidArgument("unknown adversary");
 }
 
+engine::OpTrace SkippedUpdateTrace(const engine::TilePlan& plan, const engine::OpTrace& honest) {
+  engine::OpTrace out;
+  out.set_keep_values(true);
+  for (size_t i = 0; i < honest.size(); ++i) {
+    const engine::TileOp& op = plan.ops.at(i);
+    const bool update =
+        op.kind == engine::TileOpKind::kTileOpAdamW || op.kind == engine::TileOpKind::kTileOpSgd;
+    const size_t from = update ? static_cast<size_t>(op.x) : i;  // x: the parameter before
+    out.Record(honest.name(i), honest.values(from), honest.grid(i).rows, honest.grid(i).cols);
+  }
+  return out;
+}
+
 }  // namespace meshlearn::node

@@ -354,6 +354,8 @@ Status NodeAgent::RunVerifyJob(const VerifyJob& job) {
       return whistleblower_->Run(*job.check);
     case VerifyJob::Kind::kWitness:
       return disputes_->RunStepWitness(*job.check);
+    case VerifyJob::Kind::kTrace:
+      return disputes_->RunTrace(*job.check);
   }
   return Internal("unknown verification job");
 }

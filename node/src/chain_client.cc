@@ -200,35 +200,54 @@ Result<UnitRecord> ParseUnit(const RpcAnswer& a) {
 
 Status ParseDispute(const RpcAnswer& d, DisputeView* v) {
   Fields f(d, {"stage", "defender", "challenger", "first_step", "last_step", "agreed", "turns",
-               "query", "referee", "outcome"});
-  f.ReadEnum("stage", &v->stage, &protocol::DisputeStageName, 4);
+               "num_operators", "tile_phase", "query", "referee", "outcome"});
+  f.ReadEnum("stage", &v->stage, &protocol::DisputeStageName, 6);
+  f.Optional("num_operators").Optional("tile_phase");
+  f.Read("num_operators", &v->num_operators).Read("tile_phase", &v->tile_phase);
   f.Read("defender", &v->defender).Read("challenger", &v->challenger);
   f.Read("first_step", &v->first_step).Read("last_step", &v->last_step);
   f.Read("agreed", &v->agreed);
   uint64_t turns = 0;
   f.Read("turns", &turns).Optional("query").Optional("referee").Optional("outcome");
   ML_RETURN_IF_ERROR(f.status());
-  // One of query (steps, operators), referee (referee) or outcome (resolved).
+  // One of query (steps, operators, tiles, reduction), referee (referee) or outcome (resolved).
   const bool asks = v->stage == protocol::DisputeStage::kDisputeSteps ||
-                    v->stage == protocol::DisputeStage::kDisputeOperators;
+                    v->stage == protocol::DisputeStage::kDisputeOperators ||
+                    v->stage == protocol::DisputeStage::kDisputeTiles ||
+                    v->stage == protocol::DisputeStage::kDisputeReduction;
   if (asks) {
     ML_ASSIGN_OR_RETURN(RpcAnswer q, f.Object("query"));
-    Fields qf(q, {"position", "step", "deadline_height"});
-    uint64_t step = 0;
-    qf.Read("position", &v->position).Read("step", &step);
-    qf.Read("deadline_height", &v->query_deadline);
+    Fields qf(q, {"stage", "position", "step", "deadline_height", "operator_index", "children",
+                  "level", "tile"});
+    protocol::DisputeQuery& query = v->query;
+    query.stage = v->stage;
+    qf.Optional("stage").Optional("operator_index").Optional("children").Optional("level");
+    qf.Optional("tile");
+    qf.Read("position", &query.position).Read("step", &query.step);
+    qf.Read("deadline_height", &query.deadline_height);
+    qf.Read("operator_index", &query.operator_index).Read("children", &query.children);
+    qf.Read("level", &query.level).Read("tile", &query.tile);
     ML_RETURN_IF_ERROR(qf.Done());
+    v->position = query.position;
+    v->query_deadline = query.deadline_height;
     v->has_query = true;
   } else if (v->stage == protocol::DisputeStage::kDisputeReferee) {
     ML_ASSIGN_OR_RETURN(RpcAnswer r, f.Object("referee"));
     Fields rf(r, {"whole_step", "segment", "first_step", "step", "operator_index", "input",
-                  "defender_output", "challenger_output"});
+                  "defender_output", "challenger_output", "tile", "tile_index", "tile_count",
+                  "reduction_blocks", "block", "state_input", "partial_input"});
     protocol::RefereeTask& t = v->referee;
     rf.Read("whole_step", &t.whole_step).Read("segment", &t.segment);
     rf.Read("first_step", &t.first_step).Read("step", &t.step);
     rf.Read("operator_index", &t.operator_index).Read("input", &t.input);
     rf.Read("defender_output", &t.defender_output);
     rf.Read("challenger_output", &t.challenger_output);
+    rf.Optional("tile").Optional("tile_index").Optional("tile_count");
+    rf.Optional("reduction_blocks").Optional("block").Optional("state_input");
+    rf.Optional("partial_input");
+    rf.Read("tile", &t.tile).Read("tile_index", &t.tile_index).Read("tile_count", &t.tile_count);
+    rf.Read("reduction_blocks", &t.reduction_blocks).Read("block", &t.block);
+    rf.Read("state_input", &t.state_input).Read("partial_input", &t.partial_input);
     ML_RETURN_IF_ERROR(rf.Done());
     v->has_referee = true;
   } else {

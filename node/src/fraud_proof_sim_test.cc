@@ -105,8 +105,8 @@ std::function<json(const AuditUnit&, const BuiltSegmentWitness&)> ProveWithSubmi
 TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
   // Seed 5: the poisoner is never caught while the task runs (each of its units' one-segment
   // checks replayed a clean segment), so its work is in the final model and it was paid (of
-  // seeds 1..12, 5, 6, 7 and 11 escape so since the verification windows close early, which
-  // moved the draws; the others are caught and tainted while the task runs).
+  // seeds 1..22, 5, 7, 11, 20 and 22 escape so since mismatches carry the task bundle, which
+  // moved the draws; 6 escaped before; the others are caught and tainted while the task runs).
   constexpr uint64_t kSeed = 5;
   PoisonedRun run(kSeed);
   SimHarness& sim = *run.sim;
@@ -253,7 +253,7 @@ TEST_P(ReopenSimTest, AProofWithinTheAuditWindowReopensTheTaskAndTheRedoIsTheRef
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(5, 6, 7, 11));
+INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(5, 7, 11, 20));
 
 }  // namespace
 }  // namespace meshlearn::node

@@ -6,6 +6,7 @@
 
 #include "meshlearn/base/check.h"
 #include "meshlearn/engine/step_replay.h"
+#include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/step_witness.h"
@@ -241,6 +242,15 @@ Result<std::vector<RefereeDispute>> ParseRefereeWork(const json& j) {
     d.task.first_step = r.value("first_step", uint64_t{0});
     d.task.step = r.value("step", uint64_t{0});
     d.task.operator_index = r.value("operator_index", 0u);
+    d.task.tile = r.value("tile", false);
+    d.task.tile_index = r.value("tile_index", uint64_t{0});
+    d.task.tile_count = r.value("tile_count", uint64_t{0});
+    d.task.reduction_blocks = r.value("reduction_blocks", 0u);
+    d.task.block = r.value("block", 0u);
+    if (d.task.tile) {
+      ML_ASSIGN_OR_RETURN(d.task.state_input, HashAt(r, "state_input", where));
+      ML_ASSIGN_OR_RETURN(d.task.partial_input, HashAt(r, "partial_input", where));
+    }
     ML_ASSIGN_OR_RETURN(d.task.input, HashAt(r, "input", where));
     ML_ASSIGN_OR_RETURN(d.task.defender_output, HashAt(r, "defender_output", where));
     ML_ASSIGN_OR_RETURN(d.task.challenger_output, HashAt(r, "challenger_output", where));
@@ -350,6 +360,7 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
                              .tolerance_verdict = r.tolerance_verdict};
     return Computed{.ruling = std::move(r), .tx = tx};
   }
+  if (d.task.tile) return ComputeTileWitness(d, t, params, start.weights, work);
   // A whole step of a task with a data root (the ledger's record; CheckBundleMatchesLedger made
   // sure it is the data's): the ledger executes it from our witness.
   const Hash256 data_root = params.data_root;
@@ -396,6 +407,64 @@ Result<RefereeService::Computed> RefereeService::ComputeStepWitness(const Refere
   r.witness_bytes = tx.witness.bytes.size();
   r.reason = "step " + std::to_string(d.task.step) + " for the ledger to execute (witness of " +
              std::to_string(r.witness_bytes) + " bytes): " + built.reason;
+  return Computed{.ruling = std::move(r), .tx = std::move(tx)};
+}
+
+Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
+    const RefereeDispute& d, TaskTrainer* t, const ledger::TaskParams& params,
+    std::span<const float> global, const UnitWork& work) {
+  ledger::TaskRecord record;
+  record.id = d.task_id;
+  record.spec_hash = d.spec_hash;
+  record.params = params;
+  ledger::WorkUnit unit;
+  unit.task_id = d.task_id;
+  unit.index = d.index;
+  unit.round = d.round;
+  unit.shard = d.shard;
+  ML_ASSIGN_OR_RETURN(ledger::TileRuleContext ctx,
+                      ledger::TileContextOf(record, unit, t->bundle_text, "tile witness"));
+  DisputeStart start{.first_step = static_cast<int64_t>(d.first_step), .agreed = d.agreed};
+  if (CanFetchCheckpoints()) {
+    start.checkpoint = [this, &d](int64_t step) { return LoadDefenderCheckpoint(d, step); };
+  }
+  ML_ASSIGN_OR_RETURN(TracedStep traced, TraceDisputedStep(t->trainer.get(), global, work,
+                                                           static_cast<int64_t>(d.task.step),
+                                                           d.task.state_input, start));
+  const engine::ClassificationData* train = nullptr;
+  if (!t->trainer->data().tokens) {
+    if (t->tree == nullptr) t->tree = std::make_unique<engine::DataTree>(t->trainer->data().train);
+    train = &t->trainer->data().train;
+  }
+  ML_ASSIGN_OR_RETURN(
+      ledger::TileWitness w,
+      ledger::BuildTileWitness(ctx, d.task, *traced.trace, traced.batch, train, t->tree.get()));
+  // The output the ledger will compute from it (its own rule, on this copy of the task).
+  ML_ASSIGN_OR_RETURN(Hash256 output, ledger::RuleTile(ctx, d.task, w));
+  ledger::RefereeTileTx tx{.task_id = d.task_id, .index = d.index};
+  tx.bundle.text = t->bundle_text;
+  tx.witness.bytes = ledger::EncodeTileWitness(w);
+  if (tx.witness.bytes.size() > ledger::kMaxTileWitnessBytes) {
+    return FailedPrecondition("the witness of tile " + std::to_string(d.task.tile_index) + " is " +
+                              std::to_string(tx.witness.bytes.size()) + " bytes, over " +
+                              std::to_string(ledger::kMaxTileWitnessBytes));
+  }
+  RefereeRuling r;
+  r.output = output;
+  r.true_input = traced.input;
+  r.true_output = traced.output;
+  r.input_true = true;
+  r.ledger_executes = true;
+  r.tile = true;
+  r.witness_bytes = tx.witness.bytes.size();
+  const std::string& op = ctx.plan.ops.at(d.task.operator_index - 1).name;
+  r.reason = "tile " + std::to_string(d.task.tile_index) + " of " + op + " (block " +
+             std::to_string(d.task.block) + ") of step " + std::to_string(d.task.step) +
+             " for the ledger to recompute (witness of " + std::to_string(r.witness_bytes) +
+             " bytes): " +
+             (output == d.task.defender_output     ? "the defender's output"
+              : output == d.task.challenger_output ? "the challenger's output"
+                                                   : "neither output (both lose)");
   return Computed{.ruling = std::move(r), .tx = std::move(tx)};
 }
 
@@ -517,7 +586,7 @@ Result<std::vector<RefereeRecord>> RefereeService::Poll() {
       }
       // A step witness that cannot be built: the agreed state is reached neither from the
       // unit's start nor from the defender's checkpoint (or that cannot be fetched).
-      if (d.task.whole_step && !d.task.segment &&
+      if ((d.task.whole_step || d.task.tile) && !d.task.segment &&
           computed.status().code() == StatusCode::kFailedPrecondition &&
           ++fetch_failures_[key] >= options_.state_fetch_passes) {
         fetch_failures_.erase(key);
@@ -532,7 +601,9 @@ Result<std::vector<RefereeRecord>> RefereeService::Poll() {
     fetch_failures_.erase(key);
     computed_[key] = *computed;
     const RefereeRuling& ruling = computed->ruling;
-    const std::string tx_type = ruling.ledger_executes ? "RefereeStep" : "RuleDispute";
+    const std::string tx_type = ruling.tile              ? "RefereeTile"
+                                : ruling.ledger_executes ? "RefereeStep"
+                                                         : "RuleDispute";
     Result<Hash256> id = tx_->Send(computed->tx);
     if (!id.ok()) {
       Log(name + ": sending " + tx_type + " failed: " + id.status().message());

@@ -38,6 +38,62 @@ std::vector<ledger::StepWitnessExample> BatchExamples(const engine::Trainer& tra
   return out;
 }
 
+// Brings `trainer` to the agreed state after step - 1 of the dispute (the top of
+// node/step_witness.h: the unit's start, else the defender's checkpoint), filling what `out`
+// records about it. FailedPrecondition when neither reaches `input`.
+Status ReachAgreedState(engine::Trainer* trainer, std::span<const float> global,
+                        const UnitWork& work, int64_t step, const Hash256& input,
+                        const DisputeStart& start, BuiltStepWitness* out) {
+  // 1. From the unit's start.
+  const int64_t before[] = {step - 1};
+  ML_ASSIGN_OR_RETURN(std::vector<Hash256> h,
+                      ReplayToSteps(trainer, global, work, 0, nullptr, before));
+  out->true_input = h[0];
+  if (out->true_input == input) {
+    out->reason =
+        "the agreed state after step " + std::to_string(step - 1) + " is the unit's true state";
+  } else {
+    trainer->Step();
+    out->true_output = engine::StateHash(trainer->state());
+    const std::string not_true = "the agreed state after step " + std::to_string(step - 1) + " (" +
+                                 input.ShortHex() + ") is not the unit's true state (" +
+                                 out->true_input.ShortHex() + ")";
+    // 2. From the defender's checkpoint at the dispute's first step.
+    if (start.first_step <= 0 || start.first_step >= step || !start.checkpoint) {
+      return FailedPrecondition("step witness: " + not_true +
+                                (start.first_step <= 0
+                                     ? ", and the dispute starts at the unit's start"
+                                     : ", and the defender's checkpoint cannot be fetched") +
+                                "; no witness can be built (the dispute ends undecided)");
+    }
+    Result<engine::TrainState> ckpt = start.checkpoint(start.first_step);
+    if (!ckpt.ok()) {
+      return FailedPrecondition(
+          "step witness: " + not_true + "; the defender's checkpoint at step " +
+          std::to_string(start.first_step) + " could not be had: " + ckpt.status().message());
+    }
+    if (const Hash256 got = engine::StateHash(*ckpt); got != start.agreed) {
+      return FailedPrecondition("step witness: " + not_true +
+                                "; the defender's checkpoint at step " +
+                                std::to_string(start.first_step) + " hashes to " + got.ShortHex() +
+                                ", not to its committed leaf " + start.agreed.ShortHex());
+    }
+    ML_ASSIGN_OR_RETURN(h, ReplayToSteps(trainer, global, work, start.first_step, &*ckpt, before));
+    if (h[0] != input) {
+      return FailedPrecondition("step witness: " + not_true +
+                                ", nor the replay from the defender's checkpoint at step " +
+                                std::to_string(start.first_step) + " (" + h[0].ShortHex() +
+                                "); no witness can be built (the dispute ends undecided)");
+    }
+    out->from_checkpoint = true;
+    out->reason = not_true + "; it is the defender's checkpoint at step " +
+                  std::to_string(start.first_step) + " replayed to step " +
+                  std::to_string(step - 1) + " (the defender cheated before the dispute)";
+  }
+
+  return Status::Ok();
+}
+
 }  // namespace
 
 Hash256 TaskDataRoot(const engine::TaskData& data) {
@@ -98,53 +154,7 @@ Result<BuiltStepWitness> BuildStepWitness(engine::Trainer* trainer, std::span<co
                            std::to_string(work.inner_steps));
   }
   BuiltStepWitness out;
-  // 1. From the unit's start.
-  const int64_t before[] = {step - 1};
-  ML_ASSIGN_OR_RETURN(std::vector<Hash256> h,
-                      ReplayToSteps(trainer, global, work, 0, nullptr, before));
-  out.true_input = h[0];
-  if (out.true_input == task.input) {
-    out.reason =
-        "the agreed state after step " + std::to_string(step - 1) + " is the unit's true state";
-  } else {
-    trainer->Step();
-    out.true_output = engine::StateHash(trainer->state());
-    const std::string not_true = "the agreed state after step " + std::to_string(step - 1) + " (" +
-                                 task.input.ShortHex() + ") is not the unit's true state (" +
-                                 out.true_input.ShortHex() + ")";
-    // 2. From the defender's checkpoint at the dispute's first step.
-    if (start.first_step <= 0 || start.first_step >= step || !start.checkpoint) {
-      return FailedPrecondition("step witness: " + not_true +
-                                (start.first_step <= 0
-                                     ? ", and the dispute starts at the unit's start"
-                                     : ", and the defender's checkpoint cannot be fetched") +
-                                "; no witness can be built (the dispute ends undecided)");
-    }
-    Result<engine::TrainState> ckpt = start.checkpoint(start.first_step);
-    if (!ckpt.ok()) {
-      return FailedPrecondition(
-          "step witness: " + not_true + "; the defender's checkpoint at step " +
-          std::to_string(start.first_step) + " could not be had: " + ckpt.status().message());
-    }
-    if (const Hash256 got = engine::StateHash(*ckpt); got != start.agreed) {
-      return FailedPrecondition("step witness: " + not_true +
-                                "; the defender's checkpoint at step " +
-                                std::to_string(start.first_step) + " hashes to " + got.ShortHex() +
-                                ", not to its committed leaf " + start.agreed.ShortHex());
-    }
-    ML_ASSIGN_OR_RETURN(h, ReplayToSteps(trainer, global, work, start.first_step, &*ckpt, before));
-    if (h[0] != task.input) {
-      return FailedPrecondition("step witness: " + not_true +
-                                ", nor the replay from the defender's checkpoint at step " +
-                                std::to_string(start.first_step) + " (" + h[0].ShortHex() +
-                                "); no witness can be built (the dispute ends undecided)");
-    }
-    out.from_checkpoint = true;
-    out.reason = not_true + "; it is the defender's checkpoint at step " +
-                 std::to_string(start.first_step) + " replayed to step " +
-                 std::to_string(step - 1) + " (the defender cheated before the dispute)";
-  }
-
+  ML_RETURN_IF_ERROR(ReachAgreedState(trainer, global, work, step, task.input, start, &out));
   // The trainer is at the agreed state after step - 1.
   engine::TrainState& st = trainer->state();
   out.witness.bundle = std::string(bundle);
@@ -166,6 +176,32 @@ Result<BuiltStepWitness> BuildStepWitness(engine::Trainer* trainer, std::span<co
                 (d   ? ", the defender's output"
                  : c ? ", the challenger's output"
                      : ", neither output (both lose)");
+  return out;
+}
+
+Result<TracedStep> TraceDisputedStep(engine::Trainer* trainer, std::span<const float> global,
+                                     const UnitWork& work, int64_t step, const Hash256& input,
+                                     const DisputeStart& start) {
+  if (step < 1 || step > work.inner_steps) {
+    return InvalidArgument("traced step: step " + std::to_string(step) + " is outside 1.." +
+                           std::to_string(work.inner_steps));
+  }
+  BuiltStepWitness where;
+  ML_RETURN_IF_ERROR(ReachAgreedState(trainer, global, work, step, input, start, &where));
+  // The trainer is at the agreed state after step - 1: the step exactly as Trainer::Step runs it,
+  // with the trace attached.
+  engine::TrainState& st = trainer->state();
+  TracedStep out;
+  out.step = step;
+  out.input = input;
+  out.trace = std::make_shared<engine::OpTrace>();
+  out.trace->set_keep_values(true);
+  out.batch = trainer->BatchForStep(st.step);
+  st.model->set_op_trace(out.trace.get());
+  engine::StepOnBatch(st, out.batch, engine::DropoutSeed(trainer->task().seed, work.stream),
+                      nullptr, trainer->task().micro_batches);
+  st.model->set_op_trace(nullptr);
+  out.output = engine::StateHash(st);
   return out;
 }
 

@@ -6,6 +6,8 @@
 // reaches the model).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
@@ -291,9 +293,12 @@ INSTANTIATE_TEST_SUITE_P(EveryMode, CheatingSolverTest,
                            return std::string(AdversaryName(p.param));
                          });
 
-// With a checkpoint every step, a disputed segment is one step: the game goes straight to the
-// referee (node/referee.h, run by the harness after every block), which replays that step and
-// rules for the honest verifier.
+// With a checkpoint every step, a disputed segment is one step: the game goes straight to its
+// operators, then to one tile (the verifier's mismatch carries the task bundle); the lazy solver
+// claims its skipped update, so the first differing operator is an updated parameter. The
+// referee service (node/referee.h, run by the harness after every block) and the honest verifier
+// each post the tile's witness (RefereeTile); the ledger recomputes the tile and rules for the
+// verifier. No key is trusted.
 TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
   VerifyFixture f(91, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
   SimOptions o{.seed = 91, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
@@ -316,21 +321,125 @@ TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
   ASSERT_NE(sim.referee(), nullptr);
   ASSERT_FALSE(sim.referee()->rulings().empty());
   for (const RefereeRecord& r : sim.referee()->rulings()) {
-    EXPECT_TRUE(r.ok) << r.error;
+    // Second to post in the same block as the challenger's own witness: already ruled.
+    if (!r.ok) {
+      EXPECT_NE(r.error.find("no dispute waiting for the referee"), std::string::npos) << r.error;
+    }
     EXPECT_EQ(r.dispute.defender, sim.node_key(0).public_key());
     EXPECT_EQ(r.ruling.output, r.dispute.task.challenger_output) << r.ruling.reason;
-    // The task has a data root: the ledger executed the step from the service's witness.
-    EXPECT_EQ(r.tx_type, "RefereeStep") << r.ruling.reason;
+    // The verifier's mismatch carried the task bundle: the game went on from the step to one
+    // tile of one operator (the lazy solver's skipped update), and the ledger recomputed that
+    // tile from the service's witness.
+    EXPECT_EQ(r.tx_type, "RefereeTile") << r.ruling.reason;
     EXPECT_TRUE(r.ruling.ledger_executes);
+    EXPECT_TRUE(r.dispute.task.tile);
+    EXPECT_GT(r.ruling.witness_bytes, 0u);
+    EXPECT_LE(r.ruling.witness_bytes, ledger::kMaxTileWitnessBytes);
+    std::printf("[ tile     ] ruled by %s: %s\n", r.tx_type.c_str(), r.ruling.reason.c_str());
   }
+  EXPECT_GE(Tally(sim, "disputes"), 1u);
   EXPECT_GT(Slashes(sim, 0), 0u);
   ExpectNeverSlashed(sim, {1, 2});
   ExpectFinalModelIsHonest(sim, f);
 }
 
-// The same dispute refereed by a service whose key genesis does not name (it names none: the
-// sequencer's key would rule RuleDispute): a RefereeStep needs no key, the ledger executes the
-// step itself, and the lazy solver still loses. (A checkpoint every step: every disputed segment
+// The same dispute with no referee service at all: the honest verifier's own agent traces the
+// disputed step, plays the operators and the tiles, and posts the tile's witness (RefereeTile)
+// itself; the ledger rules. Nobody but the two parties takes part.
+TEST(VerificationSimTest, TheHonestPartyPostsTheTileWitnessItself) {
+  VerifyFixture f(91, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
+  SimOptions o{.seed = 91, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = kAllRoles},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain();
+  o.referee = false;
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) {
+      a.adversary = Adversary::kLazy;
+      a.stake = 100'000;
+    }
+  };
+  SimHarness sim(o);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  uint64_t witnesses = 0, largest = 0;
+  for (int i = 1; i < 3; ++i) {
+    witnesses += sim.agent(i)->stats().tile_witnesses;
+    largest = std::max(largest, sim.agent(i)->stats().tile_witness_bytes);
+  }
+  EXPECT_GE(witnesses, 1u) << "an honest party posted RefereeTile";
+  EXPECT_EQ(sim.agent(0)->stats().tile_witnesses, 0u) << "the cheater posts no witness";
+  EXPECT_GT(largest, 0u);
+  EXPECT_LE(largest, ledger::kMaxTileWitnessBytes);
+  std::printf("[ tile     ] the verifier's own RefereeTile: %llu witness(es), largest %llu bytes\n",
+              static_cast<unsigned long long>(witnesses), static_cast<unsigned long long>(largest));
+  EXPECT_GE(Tally(sim, "disputes"), 1u);
+  EXPECT_GE(Tally(sim, "fraud"), 1u);
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  ExpectNeverSlashed(sim, {1, 2});
+  ExpectFinalModelIsHonest(sim, f);
+}
+
+// Restart-safe: both verifiers are killed and restarted (new agents on the same data dirs, their
+// traces lost) once the game is in its tile phase; the challenger traces the step again, answers
+// the rest of the game without posting any move twice, posts the tile's witness, and the ledger
+// rules for it.
+TEST(VerificationSimTest, AChallengerRestartedInTheTilePhaseStillWins) {
+  VerifyFixture f(91, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
+  SimOptions o{.seed = 91, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = kAllRoles},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain();
+  o.referee = false;
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) {
+      a.adversary = Adversary::kLazy;
+      a.stake = 100'000;
+    }
+  };
+  SimHarness sim(o);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  bool restarted = false;
+  for (int i = 0; i < 400 && !restarted; ++i) {
+    ASSERT_TRUE(sim.Step().ok());
+    const json t = sim.Task(true);
+    for (const json& u : t["units"]) {
+      const json& c = u["check"];
+      if (c.is_object() && c["dispute"].is_object() &&
+          c["dispute"].value("stage", std::string()) == "tiles") {
+        restarted = true;
+      }
+    }
+  }
+  ASSERT_TRUE(restarted) << "the game never reached its tile phase";
+  for (int i : {1, 2}) {
+    sim.Kill(i);
+    ASSERT_TRUE(sim.Restart(i).ok());
+  }
+  Status run = sim.RunUntilFinished(400);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  uint64_t witnesses = 0, failed = 0;
+  for (int i : {1, 2}) {
+    witnesses += sim.agent(i)->stats().tile_witnesses;
+    failed += sim.agent(i)->stats().tx_failed;
+  }
+  EXPECT_GE(witnesses, 1u) << "the restarted challenger posted RefereeTile";
+  EXPECT_EQ(failed, 0u) << "no move was sent twice";
+  EXPECT_GE(Tally(sim, "fraud"), 1u);
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  ExpectNeverSlashed(sim, {1, 2});
+  ExpectFinalModelIsHonest(sim, f);
+}
+
+// The same dispute, played over whole steps (the verifier's mismatch carries no bundle), refereed
+// by a service whose key genesis does not name (it names none: the sequencer's key would rule
+// RuleDispute): a RefereeStep needs no key, the ledger executes the step itself, and the lazy
+// solver still loses. (A checkpoint every step: every disputed segment
 // is one step, so the game goes straight to the referee.)
 TEST(VerificationSimTest, AnyoneCanPostTheStepWitnessAndTheLedgerRules) {
   VerifyFixture f(92, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
@@ -342,6 +451,7 @@ TEST(VerificationSimTest, AnyoneCanPostTheStepWitnessAndTheLedgerRules) {
   o.referee = true;
   o.referee_in_genesis = false;
   o.agent_options = [](int i, AgentOptions& a) {
+    a.tile_disputes = false;  // whole steps: the ledger executes the step (RefereeStep)
     if (i == 0) {
       a.adversary = Adversary::kLazy;
       a.stake = 100'000;

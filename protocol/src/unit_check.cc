@@ -13,9 +13,12 @@ namespace meshlearn::protocol {
 namespace {
 
 constexpr uint8_t kUnitCheckEncodingVersion = 1;
+constexpr uint8_t kUnitCheckEncodingVersionTiles = 2;  // with the tile phase
 constexpr uint32_t kMaxVerifiers = 64;
 constexpr uint32_t kMaxSegments = 1u << 20;
 constexpr uint32_t kMaxReason = 256;
+// The most operators a step's tile plan may list (the 10M GPT has 477).
+constexpr uint32_t kMaxTileOperators = 1u << 12;
 
 void Append(std::vector<NodeId>& to, const NodeId& n) {
   if (std::find(to.begin(), to.end(), n) == to.end()) to.push_back(n);
@@ -106,6 +109,8 @@ DisputeConfig UnitCheck::DisputeOver(const NodeId& challenger, uint32_t segment,
   dc.start_height = height;
   dc.tolerance = config_.tolerance;
   dc.referee_blocks = config_.referee_blocks;
+  dc.operator_tiles = config_.operator_tiles;
+  dc.operator_blocks = config_.operator_blocks;
   return dc;
 }
 
@@ -567,10 +572,40 @@ Result<CheckEffects> UnitCheck::OnResultDisproved(const NodeId& prover, uint64_t
   return fx;
 }
 
+Status UnitCheck::SetTilePhase(uint32_t num_operators, std::vector<uint64_t> operator_tiles,
+                               std::vector<uint32_t> operator_blocks) {
+  if (num_operators == 0 || num_operators > kMaxTileOperators ||
+      operator_tiles.size() != num_operators || operator_blocks.size() != num_operators) {
+    return InvalidArgument("tile phase for " + config_.unit.ToString() + ": " +
+                           std::to_string(operator_tiles.size()) + " tile counts and " +
+                           std::to_string(operator_blocks.size()) + " block counts for " +
+                           std::to_string(num_operators) + " operators (1.." +
+                           std::to_string(kMaxTileOperators) + ", one of each per operator)");
+  }
+  if (config_.tolerance) {
+    return FailedPrecondition("tile phase for " + config_.unit.ToString() +
+                              ": a tolerance-mode unit is not bisected; its disputes go to the "
+                              "referee whole");
+  }
+  if (!config_.operator_tiles.empty()) {
+    if (config_.num_operators == num_operators && config_.operator_tiles == operator_tiles &&
+        config_.operator_blocks == operator_blocks) {
+      return Status::Ok();
+    }
+    return AlreadyExists("tile phase for " + config_.unit.ToString() +
+                         ": a different plan was set already");
+  }
+  config_.num_operators = num_operators;
+  config_.operator_tiles = std::move(operator_tiles);
+  config_.operator_blocks = std::move(operator_blocks);
+  return Status::Ok();
+}
+
 Bytes UnitCheck::Encode() const {
   Encoder e;
-  e.PutU8(kUnitCheckEncodingVersion);
   const UnitCheckConfig& c = config_;
+  const bool v2 = !c.operator_tiles.empty();
+  e.PutU8(v2 ? kUnitCheckEncodingVersionTiles : kUnitCheckEncodingVersion);
   e.PutHash(c.unit.task).PutU32(c.unit.round).PutU32(c.unit.shard).PutPublicKey(c.solver);
   e.PutHash(c.result).PutHash(c.commitment).PutU64(c.inner_steps).PutU64(c.checkpoint_interval);
   e.PutU32(c.num_operators).PutHash(c.secret_anchor).PutU64(c.secret_distance);
@@ -578,6 +613,12 @@ Bytes UnitCheck::Encode() const {
   e.PutHash(c.assignment_beacon).PutU64(c.commit_height).PutU64(c.commit_blocks);
   e.PutU64(c.reveal_blocks).PutU64(c.dispute_response_blocks).PutU32(c.verifiers_per_unit);
   e.PutBool(c.tolerance).PutU64(c.referee_blocks);
+  if (v2) {
+    e.PutU32(static_cast<uint32_t>(c.operator_tiles.size()));
+    for (uint64_t t : c.operator_tiles) e.PutU64(t);
+    e.PutU32(static_cast<uint32_t>(c.operator_blocks.size()));
+    for (uint32_t b : c.operator_blocks) e.PutU32(b);
+  }
   e.PutU8(static_cast<uint8_t>(stage_)).PutU8(static_cast<uint8_t>(result_)).PutString(reason_);
   e.PutU32(static_cast<uint32_t>(verifiers_.size()));
   for (size_t i = 0; i < verifiers_.size(); ++i) {
@@ -606,7 +647,7 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
   Decoder d(bytes);
   uint8_t version = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&version, "check.version"));
-  if (version != kUnitCheckEncodingVersion) {
+  if (version != kUnitCheckEncodingVersion && version != kUnitCheckEncodingVersionTiles) {
     return InvalidArgument("unit check: unknown encoding version " + std::to_string(version));
   }
   UnitCheckConfig c;
@@ -630,6 +671,21 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetU32(&c.verifiers_per_unit, "check.verifiers_per_unit"));
   ML_RETURN_IF_ERROR(d.GetBool(&c.tolerance, "check.tolerance"));
   ML_RETURN_IF_ERROR(d.GetU64(&c.referee_blocks, "check.referee_blocks"));
+  if (version == kUnitCheckEncodingVersionTiles) {
+    uint32_t n = 0;
+    ML_RETURN_IF_ERROR(d.GetCount(&n, "check.operator_tiles", kMaxTileOperators, 8));
+    c.operator_tiles.resize(n);
+    for (uint64_t& t : c.operator_tiles) ML_RETURN_IF_ERROR(d.GetU64(&t, "check.operator_tiles"));
+    ML_RETURN_IF_ERROR(d.GetCount(&n, "check.operator_blocks", kMaxTileOperators, 4));
+    c.operator_blocks.resize(n);
+    for (uint32_t& b : c.operator_blocks) ML_RETURN_IF_ERROR(d.GetU32(&b, "check.operator_blocks"));
+    if (c.operator_tiles.empty() || c.operator_tiles.size() != c.num_operators ||
+        c.operator_blocks.size() != c.operator_tiles.size()) {
+      return InvalidArgument(
+          "unit check: version 2 needs one tile count and one block count "
+          "per operator");
+    }
+  }
   ML_ASSIGN_OR_RETURN(UnitCheck u, Create(c));
   uint8_t stage = 0, result = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&stage, "check.stage"));

@@ -675,6 +675,54 @@ TEST(UnitCheckTest, EncodeDecodeAtEveryStage) {
   roundtrip(*u);
 }
 
+// The tile plan set on a check goes into every dispute it opens (a version 2 game), survives the
+// encoding (version 2 only with it), is set once, and is refused in tolerance mode.
+TEST(UnitCheckTest, TheTilePhaseGoesIntoTheDisputeItOpens) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  const Bytes v1 = c.Encode();
+  EXPECT_EQ(v1[0], 1);
+  const std::vector<uint64_t> tiles = {0, 4, 4, 1, 0, 2, 2, 9};
+  const std::vector<uint32_t> blocks = {0, 0, 3, 0, 0, 0, 2, 0};
+  EXPECT_EQ(c.SetTilePhase(8, {1, 2}, blocks).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.SetTilePhase(0, {}, {}).code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(c.has_tile_phase());
+  ASSERT_TRUE(c.SetTilePhase(8, tiles, blocks).ok());
+  EXPECT_TRUE(c.SetTilePhase(8, tiles, blocks).ok());  // the same plan again
+  std::vector<uint64_t> other = tiles;
+  other[1] = 5;
+  EXPECT_EQ(c.SetTilePhase(8, other, blocks).code(), StatusCode::kAlreadyExists);
+  Bytes v2 = c.Encode();
+  EXPECT_EQ(v2[0], 2);
+  Result<UnitCheck> back = UnitCheck::Decode(v2);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Encode(), v2);
+  EXPECT_EQ(back->config().operator_tiles, tiles);
+  c = std::move(*back);
+  RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictClean});
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
+  EXPECT_EQ(c.dispute()->config().operator_tiles, tiles);
+  EXPECT_EQ(c.dispute()->config().operator_blocks, blocks);
+  EXPECT_EQ(c.dispute()->Encode()[0], 2);
+  // Tolerance mode bisects nothing.
+  UnitCheckConfig tol = CheckTestConfig(false);
+  tol.tolerance = true;
+  Result<UnitCheck> t = UnitCheck::Create(tol);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->SetTilePhase(8, tiles, blocks).code(), StatusCode::kFailedPrecondition);
+  // A version 2 encoding whose plan does not match its operators is refused.
+  UnitCheckConfig few = CheckTestConfig(true);
+  few.num_operators = 3;
+  Result<UnitCheck> f = UnitCheck::Create(few);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(f->SetTilePhase(3, {1, 1, 1}, {0, 0, 0}).ok());
+  Bytes enc = f->Encode();
+  // num_operators sits before the plan; make it disagree with the plan's length.
+  const size_t at = 1 + 32 + 4 + 4 + 32 + 32 + 32 + 8 + 8;
+  ASSERT_EQ(enc[at], 3);
+  enc[at] = 4;
+  EXPECT_FALSE(UnitCheck::Decode(enc).ok());
+}
+
 TEST(UnitCheckTest, PayAndSlashAmounts) {
   EXPECT_EQ(VerifierPay(1000, 1, 4), 250u);
   EXPECT_EQ(VerifierPay(1000, 4, 4), 1000u);

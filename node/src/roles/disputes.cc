@@ -1,5 +1,6 @@
 #include "disputes.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "meshlearn/engine/checkpoint.h"
@@ -22,7 +23,44 @@ bool Queried(const CheckAssignment& c, const PublicKey& me) {
          (c.dispute->defender == me || c.dispute->challenger == me);
 }
 
+// A query of phases 2-4 (a dispute with the tile phase) to this node.
+bool TileQueried(const CheckAssignment& c, const PublicKey& me) {
+  return c.dispute && c.dispute->has_query &&
+         c.dispute->stage != protocol::DisputeStage::kDisputeSteps &&
+         (c.dispute->defender == me || c.dispute->challenger == me);
+}
+
+// The marker of a step this node cannot trace (given up: it stays silent).
+VerifyAction TraceAction(const std::string& dir, uint64_t step) {
+  return {.dir = dir, .kind = Kind::kPost, .detail = {step, UINT64_MAX}};
+}
+
 }  // namespace
+
+Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAssignment& c,
+                                               std::string* bundle, bool to_open) {
+  if (to_open && !node.options().tile_disputes) {
+    return FailedPrecondition("tile disputes are off (AgentOptions::tile_disputes)");
+  }
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node.GetTask(c.task_id));
+  ML_ASSIGN_OR_RETURN(Bytes text, node.FetchBlob(ctx->info.spec_hash, {}, ""));
+  if (text.size() > ledger::kMaxBundleBytes) {
+    return FailedPrecondition("the task bundle is " + std::to_string(text.size()) +
+                              " bytes, over the " + std::to_string(ledger::kMaxBundleBytes) +
+                              " a transaction's bundle field holds");
+  }
+  ledger::TaskRecord t;
+  t.id = c.task_id;
+  t.spec_hash = ctx->info.spec_hash;
+  t.params = ctx->info.params;
+  ledger::WorkUnit u;
+  u.task_id = c.task_id;
+  u.index = c.index;
+  u.round = c.round;
+  u.shard = c.shard;
+  *bundle = std::string(AsStringView(text));
+  return ledger::TileContextOf(t, u, *bundle, CheckName(c) + ": tile phase");
+}
 
 std::string Disputes::JournalPath(const CheckAssignment& c) const {
   return JoinPath(node_->VerifyDir(c), "dispute-" + std::to_string(c.dispute->first_step) + "-" +
@@ -51,6 +89,24 @@ void Disputes::Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
       urgent->push_back({VerifyJob::Kind::kDispute, &c, c.dispute->query_deadline});
     }
   }
+  if (TileQueried(c, me)) {
+    if (traces_.count(TraceKey(c, c.dispute->query.step))) {
+      PostTileMove(c);
+    } else if (!outbox_->Done(TraceAction(node_->VerifyDir(c), c.dispute->query.step))) {
+      urgent->push_back({VerifyJob::Kind::kTrace, &c, c.dispute->query_deadline});
+    }
+  }
+  // At the referee with one tile: a party that is not cheating posts the tile's witness.
+  if (c.dispute && c.dispute->has_referee && c.dispute->referee.tile &&
+      (c.dispute->challenger == me ||
+       (c.dispute->defender == me && !CheatsAsSolver(node_->options().adversary)))) {
+    const protocol::RefereeTask& t = c.dispute->referee;
+    if (!outbox_->Done({.dir = node_->VerifyDir(c),
+                        .kind = Kind::kWitness,
+                        .detail = {t.step, t.operator_index, t.tile_index, t.block}})) {
+      urgent->push_back({VerifyJob::Kind::kWitness, &c, c.deadline_height});
+    }
+  }
   // At the referee: a party that is not cheating posts the step's witness (the ledger rules).
   if (c.dispute && c.dispute->has_referee && c.dispute->referee.whole_step &&
       !c.dispute->referee.segment &&
@@ -68,6 +124,13 @@ void Disputes::Forget(const std::string& dir) {
   for (auto h = hashes_.begin(); h != hashes_.end();) {
     h = h->first.starts_with(dir + "/") ? hashes_.erase(h) : std::next(h);
   }
+  for (auto t = traces_.begin(); t != traces_.end();) {
+    t = t->first.starts_with(dir + "/") ? traces_.erase(t) : std::next(t);
+  }
+}
+
+std::string Disputes::TraceKey(const CheckAssignment& c, uint64_t step) const {
+  return JoinPath(node_->VerifyDir(c), "trace-" + std::to_string(step));
 }
 
 std::string Disputes::TrustedCheckpoint(const CheckAssignment& c) const {
@@ -151,6 +214,7 @@ Status Disputes::RunReplay(const CheckAssignment& c) {
 
 void Disputes::PostMove(const CheckAssignment& c) {
   const DisputeView& d = *c.dispute;
+  if (d.stage != protocol::DisputeStage::kDisputeSteps) return;  // phases 2-4: PostTileMove
   auto it = hashes_.find(JournalPath(c));
   if (it == hashes_.end() || d.position < d.first_step ||
       d.position - d.first_step >= it->second.size()) {
@@ -168,8 +232,173 @@ void Disputes::PostMove(const CheckAssignment& c) {
   }
 }
 
+Status Disputes::RunTrace(const CheckAssignment& c) {
+  const DisputeView& d = *c.dispute;
+  const uint64_t step = d.has_referee ? d.referee.step : d.query.step;
+  const std::string key = TraceKey(c, step);
+  if (traces_.count(key)) {
+    PostTileMove(c);
+    return Status::Ok();
+  }
+  const VerifyAction action = TraceAction(node_->VerifyDir(c), step);
+  if (outbox_->Done(action)) return Status::Ok();
+  auto give_up = [&](const std::string& why) {
+    node_->Log(CheckName(c) + ": dispute at step " + std::to_string(step) +
+               ": no operator trace, silent from here: " + why);
+    outbox_->GiveUp(action);
+    return Status::Ok();
+  };
+  TraceEntry entry;
+  // (Whatever this node's own tile_disputes: the dispute plays the tile phase, so it answers.)
+  Result<ledger::TileRuleContext> tc = TileContextFor(*node_, c, &entry.bundle, false);
+  if (!tc.ok()) return give_up(tc.status().message());
+  entry.ctx = std::move(*tc);
+  // The state the step starts from, as this node holds it: its own replay of the range.
+  if (StateOf(c) != RangeState::kReplayed) ML_RETURN_IF_ERROR(RunReplay(c));
+  const std::vector<Hash256>& hashes = hashes_.at(JournalPath(c));
+  if (step <= d.first_step || step > d.last_step) {
+    return give_up("step " + std::to_string(step) + " is outside the dispute's range");
+  }
+  const Hash256 input = hashes[step - 1 - d.first_step];
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
+  ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));
+  const UnitWork work = protocol::UnitWorkOf(ctx->bundle.net, ctx->facts, c.round, c.shard);
+  Result<TracedStep> traced = TraceDisputedStep(ctx->trainer.get(), start.weights, work,
+                                                static_cast<int64_t>(step), input, StartOf(c));
+  if (!traced.ok()) return give_up(traced.status().message());
+  const Adversary adversary = node_->options().adversary;
+  if (d.defender == node_->id() && CheatsAsSolver(adversary)) {
+    // A cheating solver claims what its own run did (adversary.h): a lazy one skipped the step,
+    // so its parameters after it are the ones before; the others have no trace to show.
+    if (adversary != Adversary::kLazy) {
+      return give_up("the " + std::string(AdversaryName(adversary)) +
+                     " solver has no step to show");
+    }
+    traced->trace =
+        std::make_shared<engine::OpTrace>(SkippedUpdateTrace(entry.ctx.plan, *traced->trace));
+  }
+  entry.step = std::move(*traced);
+  traces_[key] = std::move(entry);
+  node_->Log(CheckName(c) + ": dispute narrowed to step " + std::to_string(step) +
+             ": replayed it with its operator trace (" +
+             std::to_string(traces_[key].step.trace->size()) + " operators)");
+  PostTileMove(c);
+  return Status::Ok();
+}
+
+void Disputes::PostTileMove(const CheckAssignment& c) {
+  const DisputeView& d = *c.dispute;
+  if (!d.has_query || d.stage == protocol::DisputeStage::kDisputeSteps) return;
+  auto it = traces_.find(TraceKey(c, d.query.step));
+  if (it == traces_.end()) return;
+  const TraceEntry& e = it->second;
+  const protocol::DisputeQuery& q = d.query;
+  const VerifyAction action{
+      .dir = node_->VerifyDir(c),
+      .kind = Kind::kPost,
+      .detail = {d.first_step, d.last_step, q.position, q.deadline_height,
+                 100 + static_cast<uint64_t>(q.stage), q.level, q.operator_index}};
+  if (outbox_->Done(action)) return;
+  Result<ledger::DisputeMoveAnswer> a =
+      ledger::AnswerTileQuery(e.ctx, q, e.step.input, *e.step.trace, e.step.batch);
+  if (!a.ok()) {
+    node_->Log(CheckName(c) + ": no move for the dispute's query: " + a.status().message());
+    outbox_->GiveUp(action);
+    return;
+  }
+  bool sent = false;
+  if (a->children) {
+    sent = outbox_->Send(action, ledger::DisputeChildrenTx{.task_id = c.task_id,
+                                                           .index = c.index,
+                                                           .node_id = node_->id(),
+                                                           .position = q.position,
+                                                           .left = a->left,
+                                                           .right = a->right});
+  } else {
+    sent = outbox_->Send(action, ledger::DisputePostTx{.task_id = c.task_id,
+                                                       .index = c.index,
+                                                       .node_id = node_->id(),
+                                                       .position = q.position,
+                                                       .hash = a->hash});
+  }
+  if (sent) ++node_->stats().dispute_posts;
+}
+
+Status Disputes::RunTileWitness(const CheckAssignment& c) {
+  const DisputeView& d = *c.dispute;
+  const protocol::RefereeTask& t = d.referee;
+  const VerifyAction action{.dir = node_->VerifyDir(c),
+                            .kind = Kind::kWitness,
+                            .detail = {t.step, t.operator_index, t.tile_index, t.block}};
+  if (outbox_->Done(action)) return Status::Ok();
+  auto give_up = [&](const std::string& why) {
+    if (!outbox_->Failed(action)) {
+      node_->Log(CheckName(c) + ": no witness for tile " + std::to_string(t.tile_index) +
+                 " of operator " + std::to_string(t.operator_index) + ": " + why);
+    }
+    outbox_->GiveUp(action);
+    return Status::Ok();
+  };
+  const std::string key = TraceKey(c, t.step);
+  if (!traces_.count(key)) {
+    // After a restart (or a game that reached the referee at once): trace the step again.
+    ML_RETURN_IF_ERROR(RunTrace(c));
+    if (!traces_.count(key)) return give_up("the step could not be traced");
+  }
+  const TraceEntry& e = traces_.at(key);
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
+  const engine::ClassificationData* train = nullptr;
+  if (!ctx->trainer->data().tokens) {
+    if (!ctx->data_tree) {
+      ctx->data_tree = std::make_unique<engine::DataTree>(ctx->trainer->data().train);
+    }
+    train = &ctx->trainer->data().train;
+  }
+  Result<ledger::TileWitness> w =
+      ledger::BuildTileWitness(e.ctx, t, *e.step.trace, e.step.batch, train, ctx->data_tree.get());
+  if (!w.ok()) return give_up(w.status().message());
+  Bytes witness = ledger::EncodeTileWitness(*w);
+  if (witness.size() > ledger::kMaxTileWitnessBytes) {
+    return give_up("its witness is " + std::to_string(witness.size()) + " bytes, over " +
+                   std::to_string(ledger::kMaxTileWitnessBytes));
+  }
+  const size_t bytes = witness.size();
+  node_->Log(CheckName(c) + ": the dispute narrowed to tile " + std::to_string(t.tile_index) +
+             " of operator " + std::to_string(t.operator_index) + " (" +
+             e.ctx.plan.ops.at(t.operator_index - 1).name + ", block " + std::to_string(t.block) +
+             ") of step " + std::to_string(t.step) + "; posting its witness (RefereeTile, " +
+             std::to_string(bytes) + " bytes)");
+  if (outbox_->Send(action, ledger::RefereeTileTx{.task_id = c.task_id,
+                                                  .index = c.index,
+                                                  .bundle = {e.bundle},
+                                                  .witness = {std::move(witness)}})) {
+    ++node_->stats().tile_witnesses;
+    node_->stats().tile_witness_bytes =
+        std::max<uint64_t>(node_->stats().tile_witness_bytes, bytes);
+  }
+  return Status::Ok();
+}
+
+DisputeStart Disputes::StartOf(const CheckAssignment& c) const {
+  const DisputeView& d = *c.dispute;
+  const std::string checkpoint = TrustedCheckpoint(c);
+  DisputeStart from{.first_step = static_cast<int64_t>(d.first_step), .agreed = d.agreed};
+  if (!checkpoint.empty()) {
+    Env* env = node_->env();
+    from.checkpoint = [env, checkpoint](int64_t step) -> Result<engine::TrainState> {
+      ML_ASSIGN_OR_RETURN(engine::TrainState st, engine::LoadCheckpoint(env, checkpoint));
+      if (st.step != step) {
+        return NotFound("checkpoint " + checkpoint + " is of step " + std::to_string(st.step));
+      }
+      return st;
+    };
+  }
+  return from;
+}
+
 Status Disputes::RunStepWitness(const CheckAssignment& c) {
   const DisputeView& d = *c.dispute;
+  if (d.has_referee && d.referee.tile) return RunTileWitness(c);
   const VerifyAction action{
       .dir = node_->VerifyDir(c), .kind = Kind::kWitness, .detail = {d.referee.step}};
   if (outbox_->Done(action)) return Status::Ok();
@@ -183,18 +412,7 @@ Status Disputes::RunStepWitness(const CheckAssignment& c) {
   ML_ASSIGN_OR_RETURN(Bytes bundle, node_->FetchBlob(ctx->info.spec_hash, {}, ""));
   ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));
   const UnitWork work = protocol::UnitWorkOf(ctx->bundle.net, ctx->facts, c.round, c.shard);
-  const std::string checkpoint = TrustedCheckpoint(c);
-  DisputeStart from{.first_step = static_cast<int64_t>(d.first_step), .agreed = d.agreed};
-  if (!checkpoint.empty()) {
-    Env* env = node_->env();
-    from.checkpoint = [env, checkpoint](int64_t step) -> Result<engine::TrainState> {
-      ML_ASSIGN_OR_RETURN(engine::TrainState st, engine::LoadCheckpoint(env, checkpoint));
-      if (st.step != step) {
-        return NotFound("checkpoint " + checkpoint + " is of step " + std::to_string(st.step));
-      }
-      return st;
-    };
-  }
+  const DisputeStart from = StartOf(c);
   Result<BuiltStepWitness> w = BuildStepWitness(ctx->trainer.get(), start.weights, work, d.referee,
                                                 AsStringView(bundle), *ctx->data_tree, from);
   if (!w.ok()) {

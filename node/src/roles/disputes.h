@@ -10,6 +10,11 @@
 //     (the next query narrows the range: a new journal, kToReplay again)
 //   referee stage at one whole step of a task with a data root:
 //     the party that is not cheating posts the step's witness (RefereeStep), once
+//   operators, tiles, reduction stages (a dispute opened with the task bundle, the tile phase):
+//     the disputed step replayed once with its operator trace (a job; kept in memory, replayed
+//     again after a restart), each query answered from it (ledger::AnswerTileQuery) by
+//     DisputePost or DisputeChildren; at the referee, one tile: the party that is not cheating
+//     posts the tile's witness (RefereeTile, ledger::BuildTileWitness), once
 //
 // The replay starts from a state this node trusts at the range's start: its own checkpoint as
 // the defender, the solver's checkpoint its verdict or challenge started from as the challenger,
@@ -20,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "meshlearn/ledger/referee_tile.h"
+#include "meshlearn/node/step_witness.h"
 #include "node_context.h"
 #include "verify_job.h"
 #include "verify_outbox.h"
@@ -41,10 +48,20 @@ class Disputes {
   // posts the step's witness itself (RefereeStepTx; node/step_witness.h): the ledger executes
   // the step, and the honest party needs nobody else to win.
   Status RunStepWitness(const CheckAssignment& c);
+  // The disputed step of a tile dispute replayed with its trace; then the query's move.
+  Status RunTrace(const CheckAssignment& c);
   // The check of `dir` is over.
   void Forget(const std::string& dir);
 
  private:
+  // Phases 2-4: the move for the current query, from the traced step.
+  void PostTileMove(const CheckAssignment& c);
+  // The referee stage at one tile: the witness (RefereeTile).
+  Status RunTileWitness(const CheckAssignment& c);
+  // The key of the disputed step's trace in traces_.
+  std::string TraceKey(const CheckAssignment& c, uint64_t step) const;
+  // Where the agreed state of the dispute can come from (node/step_witness.h).
+  DisputeStart StartOf(const CheckAssignment& c) const;
   std::string JournalPath(const CheckAssignment& c) const;
   // The checkpoint this node trusts at the dispute's first step ("" = none).
   std::string TrustedCheckpoint(const CheckAssignment& c) const;
@@ -54,6 +71,22 @@ class Disputes {
   VerifyOutbox* outbox_;
   // journal path -> state hashes after every step of the disputed range.
   std::map<std::string, std::vector<Hash256>> hashes_;
+  // TraceKey -> the disputed step as this node claims it (a cheating defender: its own update),
+  // with the chain's view of the tile phase it was answered in.
+  struct TraceEntry {
+    TracedStep step;
+    ledger::TileRuleContext ctx;
+    std::string bundle;
+  };
+  std::map<std::string, TraceEntry> traces_;
 };
+
+// The chain's view of the tile phase for check `c` (ledger::TileContextOf on this node's copy of
+// the task and its bundle, `*bundle` set to the text): what a mismatch's RevealVerdict or
+// ChallengeUnit carries (`to_open`), and what a party answers a tile dispute with. An error when
+// the task is not served by the tile phase (the dispute then plays whole steps) or, `to_open`,
+// when the node's options turn it off.
+Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAssignment& c,
+                                               std::string* bundle, bool to_open);
 
 }  // namespace meshlearn::node

@@ -1,10 +1,11 @@
 #include "verifier.h"
 
+#include "disputes.h"
+#include "journal.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/protocol/verification.h"
-#include "journal.h"
 #include "segment_checker.h"
 
 namespace meshlearn::node {
@@ -151,6 +152,11 @@ void Verifier::RevealVerdict(const CheckAssignment& c) {
       return;
     }
     tx.claim = std::move(*claim);
+    // The task bundle, when the ledger can narrow the dispute to one tile (ruled by RefereeTile).
+    std::string bundle;
+    if (TileContextFor(*node_, c, &bundle, /*to_open=*/true).ok()) {
+      tx.bundle.text = std::move(bundle);
+    }
   }
   if (outbox_->Send(action, std::move(tx))) ++node_->stats().verdicts_revealed;
 }

@@ -10,7 +10,8 @@
 namespace meshlearn::node {
 
 struct VerifyJob {
-  enum class Kind { kVerdict, kDispute, kWhistle, kWitness };
+  // kTrace: the disputed step replayed with its operator trace (phases 2-4 of a tile dispute).
+  enum class Kind { kVerdict, kDispute, kWhistle, kWitness, kTrace };
   Kind kind = Kind::kVerdict;
   const CheckAssignment* check = nullptr;  // in this tick's NodeWork
   uint64_t deadline = 0;

@@ -1,13 +1,22 @@
 #include "whistleblower.h"
 
+#include "disputes.h"
+#include "journal.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/protocol/draw.h"
-#include "journal.h"
 #include "records.h"
 #include "segment_checker.h"
 #include "verifier.h"
 
 namespace meshlearn::node {
+
+namespace {
+// The task bundle when the ledger can narrow a dispute on `c` to one tile, else "".
+std::string TileBundleOf(NodeContext& node, const CheckAssignment& c) {
+  std::string bundle;
+  return TileContextFor(node, c, &bundle, /*to_open=*/true).ok() ? bundle : std::string();
+}
+}  // namespace
 
 Whistleblower::DrawState Whistleblower::StateOf(const CheckAssignment& c) const {
   const std::string dir = node_->VerifyDir(c);
@@ -65,7 +74,8 @@ Status Whistleblower::Run(const CheckAssignment& c) {
                     ledger::ChallengeUnitTx{.task_id = c.task_id,
                                             .index = c.index,
                                             .node_id = node_->id(),
-                                            .claim = std::move(claim)})) {
+                                            .claim = std::move(claim),
+                                            .bundle = {TileBundleOf(*node_, c)}})) {
     ++node_->stats().challenges;
   }
   return Status::Ok();

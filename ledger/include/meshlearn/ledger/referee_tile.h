@@ -2,8 +2,9 @@
 // narrowed to a tile (protocol/dispute.h, phases 3 and 4) is settled by, from a witness of at most
 // a few hundred KiB whatever the model's size (engine/tile_rule.h; docs/verification.md, "Tiles").
 // Public so that a party or a referee service can build and size witnesses with the ledger's own
-// types. Pure library code: the transaction that carries a TileWitness onto the chain is not
-// wired yet (docs/verification.md says what is on chain today).
+// types. On chain: a mismatch (RevealVerdict, ChallengeUnit) carrying the task bundle opens a
+// dispute with the tile phase (TileContextOf, SetTilePhase); RefereeTile carries the witness and
+// the ledger rules with RuleTile (ledger/src/verification.cc).
 //
 //   TileRuleContext ctx = ...;              // from the task record and the unit (below)
 //   SetTilePhase(ctx.plan, &config);        // when the dispute is opened
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "meshlearn/base/bytes.h"
@@ -65,8 +67,7 @@ struct TileWitness {
 Bytes EncodeTileWitness(const TileWitness& w);
 Result<TileWitness> DecodeTileWitness(ByteSpan bytes);
 
-// The witness bound the tile rule is designed to (issue 16): 256 KiB.
-inline constexpr size_t kMaxTileWitnessBytes = 256 * 1024;
+// The witness bound the tile rule is designed to (issue 16): kMaxTileWitnessBytes (256 KiB, tx.h).
 
 // The witness for tile task `task`, built by anyone who ran its step (a party, a referee
 // service): `trace` is that run's OpTrace, recorded with keep_values (only the operators before
@@ -78,6 +79,34 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
                                      const engine::OpTrace& trace, const engine::Batch& batch,
                                      const engine::ClassificationData* train,
                                      const engine::DataTree* tree);
+
+// The chain's view of unit `unit` of task `task` for the tile phase, from the task's `bundle`
+// (its blob id must be the task's spec_hash): the step's plan (PlanStepTiles with the task's
+// model, the unit's inner optimizer and the batch size), the task's seed, the unit's stream and
+// the data root. What the ledger derives when a dispute opens with a bundle (the tile counts,
+// SetTilePhase) and when it rules a tile (RefereeTile); a node calls it to build what the ledger
+// will check. InvalidArgument for a bundle that is not the task's; FailedPrecondition (naming
+// why, `where` first) for a task the tile phase does not serve: tolerance mode, a classification
+// task without a data root, micro-batches, a layer PlanStepTiles cannot plan.
+Result<TileRuleContext> TileContextOf(const TaskRecord& task, const WorkUnit& unit,
+                                      const std::string& bundle, const std::string& where);
+
+// A party's move in phases 2-4 of a dispute (protocol::DisputeQuery of stage operators, tiles or
+// reduction) from its own run of the disputed step: `state_input` is the state hash the step
+// starts from (C_0), `trace` that run's OpTrace of the step (keep_values; it follows ctx.plan),
+// `batch` its batch. `hash` for DisputePost; with `children`, `left` and `right` for
+// DisputeChildren. What every party (the node's dispute role, tests) posts, so an honest party's
+// moves are the true ones by construction. InvalidArgument for a query of another stage or out of
+// the plan's range.
+struct DisputeMoveAnswer {
+  Hash256 hash;
+  bool children = false;
+  Hash256 left, right;
+};
+Result<DisputeMoveAnswer> AnswerTileQuery(const TileRuleContext& ctx,
+                                          const protocol::DisputeQuery& query,
+                                          const Hash256& state_input, const engine::OpTrace& trace,
+                                          const engine::Batch& batch);
 
 // The tile phase of a dispute over steps of `plan`: the tile count of every operator (0 for the
 // step's input state and for an operator without a footprint yet, which the whole-step referee

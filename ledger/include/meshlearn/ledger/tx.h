@@ -43,6 +43,12 @@ inline constexpr size_t kMaxTxBytes = 16 * 1024;       // a whole encoded transa
 // kMaxTxBytes.
 inline constexpr size_t kMaxWitnessBytes = 8u << 20;
 inline constexpr size_t kMaxLargeTxBytes = kMaxWitnessBytes + kMaxTxBytes;
+// A RefereeTile's witness (one tile's inputs: referee_tile.h) is bounded by the tile rule's design
+// (issue 16: 256 KiB whatever the model's size), its transaction by that plus a bundle.
+inline constexpr size_t kMaxTileWitnessBytes = 256 * 1024;
+// The task bundle a transaction may carry (BundleField): the TOML text of a task, a few KiB.
+inline constexpr uint32_t kMaxBundleBytes = 12 * 1024;
+inline constexpr size_t kMaxTileTxBytes = kMaxTileWitnessBytes + kMaxBundleBytes + kMaxTxBytes;
 inline constexpr uint32_t kMaxChainIdLength = 64;
 inline constexpr uint32_t kMaxStringFieldLength = 1024;  // endpoint, memo, accelerator, ...
 inline constexpr uint8_t kTxVersion = 1;
@@ -59,8 +65,17 @@ Result<TxType> TxTypeFromName(std::string_view name);
 
 // ---- Payloads. Each lists its fields once, in Visit, which drives encoding and JSON. Field
 // types understood by Visit: uint8/16/32/64_t, int64_t, bool, std::string (<=
-// kMaxStringFieldLength), PublicKey, Hash256, std::vector<Hash256> (<= kMaxHashListLength), and
-// structs with a Visit (NodeCapabilities, TaskParams, MerkleProofField, MismatchClaimField).
+// kMaxStringFieldLength), PublicKey, Hash256, std::vector<Hash256> (<= kMaxHashListLength),
+// WitnessField, BundleField, and structs with a Visit (NodeCapabilities, TaskParams,
+// MerkleProofField, MismatchClaimField).
+
+// A task bundle's text (blob id == the task's spec_hash; at most kMaxBundleBytes, UTF-8; a JSON
+// string): what lets the ledger derive a disputed step's operator and tile plan
+// (docs/verification.md, "Tiles"). Empty: none given.
+struct BundleField {
+  std::string text;
+  bool operator==(const BundleField&) const = default;
+};
 
 // Moves `amount` from the sender's balance to `to` (creating `to` if new).
 struct TransferTx {
@@ -361,7 +376,11 @@ struct CommitVerdictTx {
 };
 
 // Opens a committed verdict in the reveal window. verdict: 1 clean, 2 mismatch (then `claim` is
-// the evidence; it is ignored for clean).
+// the evidence; it is ignored for clean). A mismatch may carry the task's `bundle` (an exact-mode
+// task): the ledger derives the step's tile plan from it (TilePhaseOf, referee_tile.h) and the
+// dispute the mismatch opens narrows to one tile of one operator (RefereeTile rules it); without
+// it the dispute plays whole steps. Refused with a bundle that is not the task's, on a clean
+// verdict, or for a tolerance-mode task.
 struct RevealVerdictTx {
   static constexpr TxType kType = TxType::kRevealVerdict;
   Hash256 task_id;
@@ -370,6 +389,7 @@ struct RevealVerdictTx {
   uint8_t verdict = 0;
   Hash256 salt;
   MismatchClaimField claim;
+  BundleField bundle;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("task_id", s.task_id);
@@ -378,6 +398,7 @@ struct RevealVerdictTx {
     v("verdict", s.verdict);
     v("salt", s.salt);
     v("claim", s.claim);
+    v("bundle", s.bundle);
   }
   bool operator==(const RevealVerdictTx&) const = default;
 };
@@ -404,7 +425,8 @@ struct RevealSecretTx {
 };
 
 // A party's move in the unit's dispute: its hash at the current query's position (a state hash
-// after step `position` in phase 1, the operator chain hash C_position in phase 2).
+// after step `position` in phase 1, the operator chain hash C_position in phase 2, the disputed
+// operator's output root at phase 3's opening, TileHash(S_position) in phase 4).
 struct DisputePostTx {
   static constexpr TxType kType = TxType::kDisputePost;
   Hash256 task_id;
@@ -423,20 +445,46 @@ struct DisputePostTx {
   bool operator==(const DisputePostTx&) const = default;
 };
 
+// Phase 3 of the unit's dispute (protocol/dispute.h): a party's two children `left`, `right` of
+// the disputed Merkle node (query level, `position`) over the operator's output tiles; refused
+// unless they hash to the party's own node.
+struct DisputeChildrenTx {
+  static constexpr TxType kType = TxType::kDisputeChildren;
+  Hash256 task_id;
+  uint32_t index = 0;
+  PublicKey node_id;
+  uint64_t position = 0;
+  Hash256 left;
+  Hash256 right;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("node_id", s.node_id);
+    v("position", s.position);
+    v("left", s.left);
+    v("right", s.right);
+  }
+  bool operator==(const DisputeChildrenTx&) const = default;
+};
+
 // A whistleblower challenges a unit settled clean or unchecked, before its round is final: a
-// dispute between the solver and the whistleblower (whose stake is its bond).
+// dispute between the solver and the whistleblower (whose stake is its bond). `bundle`: as in
+// RevealVerdictTx (the dispute narrows to a tile).
 struct ChallengeUnitTx {
   static constexpr TxType kType = TxType::kChallengeUnit;
   Hash256 task_id;
   uint32_t index = 0;
   PublicKey node_id;
   MismatchClaimField claim;
+  BundleField bundle;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("task_id", s.task_id);
     v("index", s.index);
     v("node_id", s.node_id);
     v("claim", s.claim);
+    v("bundle", s.bundle);
   }
   bool operator==(const ChallengeUnitTx&) const = default;
 };
@@ -506,6 +554,28 @@ struct RefereeStepTx {
     v("witness", s.witness);
   }
   bool operator==(const RefereeStepTx&) const = default;
+};
+
+// The ledger rules a dispute in the referee stage whose task is one tile of one operator (or one
+// reduction block of it; protocol::RefereeTask::tile): `bundle` is the task's (checked against
+// spec_hash; it gives the step's plan, the unit's optimizer and its batches), `witness` an
+// encoded TileWitness (ledger/referee_tile.h, at most kMaxTileWitnessBytes): the footprint's
+// input tiles and examples, each proven against an agreed commitment. The ledger recomputes the
+// tile (RuleTile) and DisputeGame::Rule gets its output. Sender: anyone. No key is trusted.
+struct RefereeTileTx {
+  static constexpr TxType kType = TxType::kRefereeTile;
+  Hash256 task_id;
+  uint32_t index = 0;
+  BundleField bundle;
+  WitnessField witness;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("bundle", s.bundle);
+    v("witness", s.witness);
+  }
+  bool operator==(const RefereeTileTx&) const = default;
 };
 
 // The witness that a unit's committed result is not what its own committed final state gives:
@@ -608,7 +678,8 @@ using TxPayload =
 
 TxType PayloadType(const TxPayload& p);
 // The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for the three that
-// carry a witness (RefereeStep, ProveResult, ProveFraud).
+// carry a whole-state witness (RefereeStep, ProveResult, ProveFraud), kMaxTileTxBytes for
+// RefereeTile.
 size_t MaxTxBytes(TxType t);
 
 struct Transaction {

@@ -29,7 +29,12 @@
 //
 // A cheating solver defends its units in a dispute: it answers every turn with its own states
 // (its unit run again with a state hash after every step), so the game narrows to one step and
-// the ledger executes that step (RefereeStep) and rules against it.
+// the ledger executes that step (RefereeStep) and rules against it. In a dispute with the tile
+// phase a lazy solver goes on claiming what it did: the step's forward and backward pass as
+// anyone computes them from the agreed state, but its parameters after the step the ones before
+// it (SkippedUpdateTrace): the game narrows to a tile of the first updated parameter and the
+// ledger recomputes it (RefereeTile). Every other cheat has no step to show and stays silent (it
+// loses at the deadline).
 //
 // And one cheating verifier:
 //   rubber_stamp  solves honestly, but as a verifier commits and reveals "clean" without
@@ -39,6 +44,9 @@
 //   ML_ASSIGN_OR_RETURN(Adversary adv, ParseAdversary("lazy"));
 //   ML_ASSIGN_OR_RETURN(UnitOutcome out, RunAdversaryUnit(adv, trainer, global, work, opts, {}));
 #pragma once
+
+#include "meshlearn/engine/op_trace.h"
+#include "meshlearn/engine/tile_rule.h"
 
 #include <cstdint>
 #include <span>
@@ -103,5 +111,10 @@ struct AdversaryInputs {
 Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
                                      std::span<const float> global, const UnitWork& work,
                                      const UnitRunOptions& options, const AdversaryInputs& in);
+
+// What a lazy solver that skipped a step claims in a tile dispute: `honest` (the step traced from
+// the agreed state, following `plan`) with every optimizer update's output replaced by the
+// parameter it updates, as it was before the step.
+engine::OpTrace SkippedUpdateTrace(const engine::TilePlan& plan, const engine::OpTrace& honest);
 
 }  // namespace meshlearn::node

@@ -197,6 +197,11 @@ struct AgentOptions {
   // or unchecked in a round not final yet that this node re-checks (one segment each). The draw
   // is a hash of the node key and the unit, so a restarted node draws the same units.
   double whistleblower_sample = 0.2;
+  // A mismatch this node reveals (or a challenge it makes) carries the task bundle whenever the
+  // ledger can narrow the dispute to one tile of one operator (ledger::TileContextOf accepts
+  // it): the dispute plays the tile phase and is ruled by RefereeTile from a witness of at most
+  // 256 KiB (docs/verification.md, "Tiles"). False: whole steps, as before.
+  bool tile_disputes = true;
   // Test hook: called after each checkpoint of a unit; an error aborts the Tick as a crash
   // would (nothing after the checkpoint is written).
   std::function<Status(const Hash256& task, uint32_t index, int64_t step)> after_checkpoint;
@@ -236,7 +241,9 @@ struct AgentStats {
   uint64_t mismatches = 0;          // ... of which "mismatch"
   uint64_t verdicts_revealed = 0;   // RevealVerdict sent
   uint64_t challenges = 0;          // ChallengeUnit sent
-  uint64_t dispute_posts = 0;       // DisputePost sent
+  uint64_t dispute_posts = 0;       // DisputePost and DisputeChildren sent
+  uint64_t tile_witnesses = 0;      // RefereeTile sent
+  uint64_t tile_witness_bytes = 0;  // ... the largest witness among them
   uint64_t results_checked = 0;     // result checks that had the committed final state
   uint64_t results_proven = 0;      // ProveResult sent (a result not the delta of its final state)
 };

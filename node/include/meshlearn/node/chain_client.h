@@ -171,9 +171,12 @@ struct DisputeView {
   uint64_t first_step = 0;
   uint64_t last_step = 0;
   Hash256 agreed;
-  bool has_query = false;  // steps / operators stage: both parties post at `position`
+  bool has_query = false;  // steps / operators / tiles / reduction: both parties post at `position`
   uint64_t position = 0;
   uint64_t query_deadline = 0;
+  protocol::DisputeQuery query;  // the whole query (phases 3-4: operator, children, level, tile)
+  uint32_t num_operators = 0;
+  bool tile_phase = false;   // opened with the task bundle: narrows to one tile (RefereeTile)
   bool has_referee = false;  // referee stage: what the referee must compute
   protocol::RefereeTask referee;
 };

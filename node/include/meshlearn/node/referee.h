@@ -9,7 +9,12 @@
 // executes the step and rules with its own output. Anyone may post it: for these disputes the
 // service is permissionless, its key needs only an account to pay for the transaction.
 //
-// Everything else -- tolerance-mode segments and tasks without a data root (token tasks) -- is
+// A dispute narrowed to one tile of one operator (the tile phase, docs/verification.md "Tiles")
+// is refereed by the ledger too: the service replays the step with its operator trace
+// (TraceDisputedStep) and posts RefereeTileTx{task, index, bundle, witness}
+// (ledger::BuildTileWitness: the tile's input tiles and examples with their proofs).
+//
+// Everything else -- tolerance-mode segments and whole steps of tasks without a data root -- is
 // ruled with RuleDisputeTx{task, index, output}, signed with the key genesis names as `referee`
 // (all zero: the sequencer's key). The ledger accepts that ruling from that key only; it does not
 // re-run it.
@@ -32,8 +37,8 @@
 //                        without the checkpoint; ruling against the defender is right whatever the
 //                        challenger did.
 // An honest defender only posts true hashes, so every hash it agreed to is true (case 1) and it
-// wins; an honest challenger wins in both cases. The operator-level task (num_operators > 0) is
-// not played on this chain (the ledger sets num_operators = 0) and is refused.
+// wins; an honest challenger wins in both cases. An operator-level task without tiles is not
+// played on this chain and is refused (a tile task: ComputeTileWitness).
 //
 // The ruling on a tolerance-mode segment {first_step, step, input, defender_output} (a task for
 // hardware without bitwise reproducibility: hashes never agree across machines, so the game goes
@@ -107,6 +112,7 @@ struct RefereeRuling {
   // Posted as RefereeStepTx (the ledger executes the step; `output` is what it will compute
   // from the witness) rather than RuleDisputeTx.
   bool ledger_executes = false;
+  bool tile = false;  // ... as RefereeTileTx: one tile of one operator (ledger::RuleTile)
   bool from_checkpoint = false;  // ... the agreed state came from the defender's checkpoint
   uint64_t witness_bytes = 0;    // ... EncodeStepWitness's size
 };
@@ -240,6 +246,10 @@ class RefereeService {
                                        std::span<const float> global,
                                        const UnitWork& work);
   Result<Computed> ComputeStepWitness(const RefereeDispute& d, TaskTrainer* t,
+                                      std::span<const float> global, const UnitWork& work);
+  // One tile (a dispute with the tile phase): the step traced, the tile's witness (RefereeTile).
+  Result<Computed> ComputeTileWitness(const RefereeDispute& d, TaskTrainer* t,
+                                      const ledger::TaskParams& params,
                                       std::span<const float> global, const UnitWork& work);
   bool CanFetchCheckpoints() const;
   Result<Bytes> FetchCheckpoint(const RefereeDispute& d, int64_t step);

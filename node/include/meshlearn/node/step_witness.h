@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -40,6 +41,7 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/tx.h"
@@ -82,6 +84,23 @@ Result<BuiltStepWitness> BuildStepWitness(engine::Trainer* trainer, std::span<co
                                           const UnitWork& work, const protocol::RefereeTask& task,
                                           std::string_view bundle, const engine::DataTree& tree,
                                           const DisputeStart& start = {});
+
+// The disputed step replayed with an engine::OpTrace (values kept): what a party answers phases
+// 2-4 of a dispute with the tile phase from (ledger::AnswerTileQuery) and builds a tile witness
+// from (ledger::BuildTileWitness). The trainer is brought to the agreed state after step - 1
+// (`input`) as BuildStepWitness finds it (the unit's start, else the defender's checkpoint), then
+// runs the step as Trainer::Step does. InvalidArgument for a step outside 1..H;
+// FailedPrecondition when the agreed state cannot be reached. Moves the trainer.
+struct TracedStep {
+  int64_t step = 0;
+  Hash256 input;   // the state hash after step - 1 (C_0)
+  Hash256 output;  // the state hash after the step
+  std::shared_ptr<engine::OpTrace> trace;
+  engine::Batch batch;
+};
+Result<TracedStep> TraceDisputedStep(engine::Trainer* trainer, std::span<const float> global,
+                                     const UnitWork& work, int64_t step, const Hash256& input,
+                                     const DisputeStart& start = {});
 
 // The state hash after step `step` that `witness` gives, computed as the ledger does: the state
 // rebuilt from witness.state (StateFromFlat with the unit's optimizer), checked to hash to

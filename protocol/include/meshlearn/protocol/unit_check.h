@@ -100,6 +100,12 @@ struct UnitCheckConfig {
   uint32_t verifiers_per_unit = 1;
   bool tolerance = false;  // the task verifies in tolerance mode: disputes go to the referee
   uint64_t referee_blocks = 0;  // DisputeConfig::referee_blocks (0: the referee has no deadline)
+  // The tile phase of every dispute of this check (DisputeConfig::operator_tiles and
+  // operator_blocks, with num_operators): empty until SetTilePhase, then the step's plan as the
+  // ledger derived it from the task bundle the opening transaction carried. A check without it
+  // encodes as it always did (version 1); with it as version 2.
+  std::vector<uint64_t> operator_tiles;
+  std::vector<uint32_t> operator_blocks;
 };
 
 // A verifier's evidence that segment `segment` does not replay to the committed state: the two
@@ -191,6 +197,14 @@ class UnitCheck {
   // the unit's round is final): a dispute between the solver and the whistleblower. If the
   // solver loses, every verifier that revealed "clean" is slashed with it.
   Status OnChallenge(const NodeId& whistleblower, const MismatchClaim& claim, uint64_t height);
+  // The step's tile plan (DisputeConfig's num_operators, operator_tiles, operator_blocks), for
+  // the disputes this check opens from now on (a dispute already running keeps its own). Set
+  // once: a second call must give the same plan (AlreadyExists otherwise). InvalidArgument for
+  // sizes that do not match or no operators; FailedPrecondition in tolerance mode (no bisection).
+  // Also on a settled check: a whistleblower's challenge opens a dispute on one.
+  Status SetTilePhase(uint32_t num_operators, std::vector<uint64_t> operator_tiles,
+                      std::vector<uint32_t> operator_blocks);
+  bool has_tile_phase() const { return !config_.operator_tiles.empty(); }
   // The ledger has shown that the committed result is not what the solver's own committed final
   // state gives (result != the delta of the state that hashes to the last leaf: ProveResult).
   // No game is needed: it is one computation over committed data. At any stage until the round
