@@ -1345,6 +1345,52 @@ TEST(TileContextTest, AGptWithoutItsVocabularySizeIsRefusedByName) {
   EXPECT_TRUE(ok.ok()) << ok.status().ToString();
 }
 
+// A bundle is the submitter's text: one declaring a model of 2^20 x 2^20 weights (4 TiB) must be
+// refused by its size, from the spec alone, before the ledger allocates anything (this test would
+// die of memory, not fail, if TileContextOf built the model first).
+TEST(TileContextTest, AModelAboveThePlanBoundIsRefusedBeforeItIsBuilt) {
+  const std::string bundle = R"(
+[task]
+name = "huge"
+seed = 1
+[data]
+format = "idx"
+train_images = "unused"
+train_labels = "unused"
+test_images = "unused"
+test_labels = "unused"
+[model]
+input = [1048576]
+[[model.layers]]
+kind = "linear"
+out = 1048576
+[[model.layers]]
+kind = "linear"
+out = 10
+[train]
+steps = 4
+batch_size = 8
+[optimizer]
+kind = "adamw"
+lr = 0.001
+[network]
+rounds = 1
+units_per_round = 1
+inner_steps = 4
+)";
+  TaskRecord t;
+  t.id = Blake2b("huge task");
+  t.spec_hash = BuildManifest(AsBytes(bundle)).id().hash;
+  t.params.data_root = Blake2b("some data");
+  WorkUnit u;
+  u.task_id = t.id;
+  Result<TileRuleContext> ctx = TileContextOf(t, u, bundle, "reveal verdict: bundle");
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_EQ(ctx.status().code(), StatusCode::kFailedPrecondition) << ctx.status().ToString();
+  EXPECT_NE(ctx.status().message().find("parameters, above the"), std::string::npos)
+      << ctx.status().ToString();
+}
+
 // A party silent at one phase (param: phase x which party; the solver lies) loses at the missed
 // deadline, whichever side lies, with no referee. A fresh chain each: the loser is jailed.
 class TileChainSilenceTest : public TileChainTest, public ::testing::WithParamInterface<int> {};
