@@ -657,7 +657,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   say(fmt::format("devnet: {} ({} rounds x {} units x {} steps), {} solvers{}, verification {}",
                   a.task, task.net.rounds, task.net.units_per_round, task.net.inner_steps,
                   a.solvers, a.verifiers > 0 ? fmt::format(" + {} verifiers", a.verifiers) : "",
-                  a.verification ? "on (the devnet's sequencer key referees disputes)" : "off"));
+                  a.verification ? "on (the ledger rules disputes from witnesses; the devnet's "
+                                   "sequencer key referees those it cannot)"
+                                 : "off"));
   for (const AdversaryPlan& p : adversaries) {
     say(fmt::format("node{} is an adversary: {} {}", p.node, p.role, p.mode));
   }
