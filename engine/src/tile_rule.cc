@@ -179,8 +179,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     }
   };
   if (model.kind == "gpt") {
-    // model.cc's GptModel: Forward, Backward, then the gradients, in its trace order. Its linear
-    // operators are covered; the rest is opaque until it has a footprint.
+    // model.cc's GptModel: Forward, Backward, then the gradients, in its trace order. Its forward
+    // operators but attention and the embeddings are covered; the rest is opaque until it has a
+    // footprint.
     const GptSpec& g = model.gpt;
     const int64_t T = seq_len > 0 ? seq_len : g.block_size;
     const int64_t N = batch * T, C = g.n_embd, V = g.vocab_size;
@@ -202,23 +203,40 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       return add(std::move(op));
     };
     constexpr char kNoFootprint[] = "no footprint yet for this GPT operator";
-    opaque("encoded", N, C, "the token embeddings: token tasks have no data leaves yet");
+    auto layernorm = [&](const std::string& name, int64_t x, int64_t param) {
+      TileOp op{name, TileOpKind::kTileOpLayerNorm, TileGrid::For(N, C), {N, C}};
+      op.x = x;
+      op.w = state_op(m.params()[static_cast<size_t>(param)].name);
+      op.b = state_op(m.params()[static_cast<size_t>(param + 1)].name);
+      CHECK(op.w >= 0 && op.b >= 0) << name;
+      return add(std::move(op));
+    };
+    auto residual = [&](const std::string& name, int64_t a, int64_t b) {
+      TileOp op{name, TileOpKind::kTileOpResidual, TileGrid::For(N, C), {N, C}};
+      op.x = a;
+      op.w = b;
+      return add(std::move(op));
+    };
+    int64_t resid =
+        opaque("encoded", N, C, "the token embeddings: token tasks have no data leaves yet");
     for (int64_t l = 0; l < g.n_layer; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
       const int64_t base = 2 + 12 * l;  // the layer's 12 parameters (model.cc's P(l, k))
-      const int64_t ln1 = opaque(p + "ln1", N, C, kNoFootprint);
+      const int64_t ln1 = layernorm(p + "ln1", resid, base);
       linear(p + "qkv", ln1, 3 * C, base + 2);
       opaque(p + "att", batch * g.n_head * T, T, kNoFootprint);
       const int64_t atty = opaque(p + "atty", N, C, kNoFootprint);
-      linear(p + "attproj", atty, C, base + 4);
-      opaque(p + "residual2", N, C, kNoFootprint);
-      const int64_t ln2 = opaque(p + "ln2", N, C, kNoFootprint);
-      linear(p + "fch", ln2, 4 * C, base + 8);
-      const int64_t gelu = opaque(p + "fch_gelu", N, 4 * C, kNoFootprint);
-      linear(p + "fcproj", gelu, C, base + 10);
-      opaque(p + "residual3", N, C, kNoFootprint);
+      const int64_t attproj = linear(p + "attproj", atty, C, base + 4);
+      const int64_t r2 = residual(p + "residual2", resid, attproj);
+      const int64_t ln2 = layernorm(p + "ln2", r2, base + 6);
+      const int64_t fch = linear(p + "fch", ln2, 4 * C, base + 8);
+      TileOp gelu{p + "fch_gelu", TileOpKind::kTileOpGelu, TileGrid::For(N, 4 * C), {N, 4 * C}};
+      gelu.x = fch;
+      const int64_t fcproj = linear(p + "fcproj", add(std::move(gelu)), C, base + 10);
+      resid = residual(p + "residual3", r2, fcproj);
     }
-    const int64_t lnf = opaque("ln_f", N, C, kNoFootprint);
+    const int64_t lnf =
+        layernorm("ln_f", resid, static_cast<int64_t>(m.params().size()) - 2);
     linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
     opaque("loss", N, 1, "the token loss: token tasks have no data leaves yet");
     opaque("logits.grad", N, V, "the token loss: token tasks have no data leaves yet");
@@ -429,6 +447,16 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     case TileOpKind::kTileOpGelu:
       TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
       break;
+    case TileOpKind::kTileOpResidual:
+      TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
+      TileRuleCover(plan, o.w, t.r0, t.r1, t.c0, t.c1, fp);
+      break;
+    case TileOpKind::kTileOpLayerNorm:
+      // A row's mean and variance read the whole row; column c applies weight[c] and bias[c].
+      TileRuleCover(plan, o.x, t.r0, t.r1, 0, TileRuleCols(plan, o.x), fp);
+      TileRuleCover(plan, o.w, 0, 1, t.c0, t.c1, fp);
+      TileRuleCover(plan, o.b, 0, 1, t.c0, t.c1, fp);
+      break;
     case TileOpKind::kTileOpMaxPool: {
       // Channel c of the output reads channel c of the input, the rows its windows cover.
       const int64_t H = o.conv[1], W = o.conv[2];
@@ -601,6 +629,32 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     case TileOpKind::kTileOpGelu: {
       std::vector<float> x = dense(o.x, t.r0, t.r1, t.c0, t.c1);
       ref::GeluForward(out.data(), x.data(), t.numel());
+      break;
+    }
+    case TileOpKind::kTileOpResidual: {
+      std::vector<float> a = dense(o.x, t.r0, t.r1, t.c0, t.c1);
+      std::vector<float> b = dense(o.w, t.r0, t.r1, t.c0, t.c1);
+      ref::ResidualForward(out.data(), a.data(), b.data(), t.numel());
+      break;
+    }
+    case TileOpKind::kTileOpLayerNorm: {
+      // The reference kernel over the tile's whole rows (a row's result depends on that row
+      // alone), with weight and bias zero outside the tile's columns (column c reads only its
+      // own); the tile's columns are the recorded bits.
+      const int64_t C = TileRuleCols(plan, o.x);
+      std::vector<float> x = dense(o.x, t.r0, t.r1, 0, C);
+      std::vector<float> w(static_cast<size_t>(C), 0.0f), b(static_cast<size_t>(C), 0.0f);
+      const std::vector<float> wt = dense(o.w, 0, 1, t.c0, t.c1);
+      const std::vector<float> bt = dense(o.b, 0, 1, t.c0, t.c1);
+      std::copy(wt.begin(), wt.end(), w.begin() + t.c0);
+      std::copy(bt.begin(), bt.end(), b.begin() + t.c0);
+      std::vector<float> rows(static_cast<size_t>(R * C)), mean(static_cast<size_t>(R)),
+          rstd(static_cast<size_t>(R));
+      ref::LayerNormForward(rows.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), R,
+                            C);
+      for (int64_t r = 0; r < R; ++r) {
+        std::copy(rows.begin() + r * C + t.c0, rows.begin() + r * C + t.c1, out.begin() + r * K);
+      }
       break;
     }
     case TileOpKind::kTileOpMaxPool: {
