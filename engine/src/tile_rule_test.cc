@@ -389,9 +389,10 @@ TEST(TileRuleTest, TheCnnsCoveredOperatorsRecomputeAndTheRestIsOpaque) {
 }
 
 // A small GPT (2 layers, 2 heads, C = 40: tiles with short edges) on text, batch 2 x 24 tokens:
-// on every fast path, every tile of every covered operator (the linears, layernorms, gelus and
-// residual adds; ln_f and the LM head; the update) recomputes from its footprint to the traced
-// bits, and the rest (embeddings, attention, the token loss, the backward) is opaque.
+// on every fast path, every tile of every covered operator (the linears, layernorms, attention
+// (tiles spanning two heads of 20 columns, and two sequences of 24 rows), gelus and residual
+// adds; ln_f and the LM head; the update) recomputes from its footprint to the traced bits, and
+// the rest (embeddings, the token loss, the backward) is opaque.
 constexpr char kSmallGpt[] = R"(
 [task]
 name = "tile-gpt"
@@ -457,9 +458,11 @@ void ExpectEveryGptForwardTileRecomputes() {
       ++checked;
     }
   }
-  // Per layer: qkv, attproj, fch, fcproj; ln1, ln2; fch_gelu; residual2, residual3. Then ln_f
-  // and the LM head, and the (unclipped) update of each of the 28 parameters.
-  EXPECT_EQ(covered, 2 * 9 + 2 + 28);
+  // Per layer: qkv, attproj, fch, fcproj; ln1, ln2; att, atty; fch_gelu; residual2, residual3.
+  // Then ln_f and the LM head, and the (unclipped) update of each of the 28 parameters.
+  EXPECT_EQ(covered, 2 * 11 + 2 + 28);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpAttention], 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpAttentionOut], 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpAdamW], 28);
   EXPECT_EQ(kinds[TileOpKind::kTileOpLinear], 2 * 4 + 1);
   EXPECT_EQ(kinds[TileOpKind::kTileOpLayerNorm], 2 * 2 + 1);
@@ -525,8 +528,8 @@ TEST(TileRuleTest, GptLayerNormAndResidualTilesDependOnTheirWholeFootprint) {
 // The 10M GPT's shape (examples/code-gpt-10m.toml, one sequence of 256 tokens): the plan is the
 // trace's operator list, and every tile of its covered forward operators (the first and last
 // layer's qkv, attention projection, MLP up and down projections, the tied LM head; the first
-// layer's layernorms, gelu and residual adds, and ln_f) recomputes from its footprint to the
-// traced bits, with a witness of at most 200 KiB of values.
+// layer's layernorms, attention, gelu and residual adds, and ln_f) recomputes from its footprint
+// to the traced bits, with a witness of at most 200 KiB of values.
 TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
   Result<TaskSpec> spec = TaskSpec::Load(
       Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
@@ -557,7 +560,8 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
         std::string("h.0.fcproj"), "h." + std::to_string(L) + ".qkv",
         "h." + std::to_string(L) + ".fcproj", std::string("logits"), std::string("h.0.ln1"),
         std::string("h.0.residual2"), std::string("h.0.ln2"), std::string("h.0.fch_gelu"),
-        std::string("h.0.residual3"), std::string("ln_f")}) {
+        std::string("h.0.residual3"), std::string("ln_f"), std::string("h.0.att"),
+        std::string("h.0.atty")}) {
     int64_t j = -1;
     for (size_t i = 0; i < plan->ops.size(); ++i) {
       if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
@@ -601,8 +605,9 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     EXPECT_LE(footprint_floats * 4, 200 * 1024) << name;
   }
   EXPECT_GT(checked, 1000);
-  // Everything else is opaque, with a reason: 56 of its 249 computed operators are covered (per
-  // layer 4 linears, 2 layernorms, a gelu and 2 residual adds; ln_f and the LM head).
+  // Everything else is opaque, with a reason: 68 of its 249 computed operators are covered (per
+  // layer 4 linears, 2 layernorms, att and atty, a gelu and 2 residual adds; ln_f and the LM
+  // head).
   int64_t computed = 0, covered = 0;
   for (const TileOp& op : plan->ops) {
     if (op.kind == TileOpKind::kTileOpState) continue;
@@ -614,7 +619,7 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     }
   }
   EXPECT_EQ(computed, 249);
-  EXPECT_EQ(covered, 6 * 9 + 2);
+  EXPECT_EQ(covered, 6 * 11 + 2);
 }
 
 }  // namespace tile_rule_test
