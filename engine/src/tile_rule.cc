@@ -241,8 +241,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       const int64_t fcproj = linear(p + "fcproj", add(std::move(gelu)), C, base + 10);
       resid = residual(p + "residual3", r2, fcproj);
     }
-    const int64_t lnf =
-        layernorm("ln_f", resid, static_cast<int64_t>(m.params().size()) - 2);
+    const int64_t lnf = layernorm("ln_f", resid, static_cast<int64_t>(m.params().size()) - 2);
     linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
     opaque("loss", N, 1, "the token loss: token tasks have no data leaves yet");
     opaque("logits.grad", N, V, "the token loss: token tasks have no data leaves yet");
@@ -463,7 +462,8 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
       for (int64_t gr = t.r0 / T; gr <= (t.r1 - 1) / T; ++gr) {
         const int64_t b = gr / NH, h = gr % NH;
-        const int64_t t0 = std::max(t.r0, gr * T) - gr * T, t1 = std::min(t.r1, (gr + 1) * T) - gr * T;
+        const int64_t t0 = std::max(t.r0, gr * T) - gr * T,
+                      t1 = std::min(t.r1, (gr + 1) * T) - gr * T;
         TileRuleCover(plan, o.x, b * T + t0, b * T + t1, h * hs, (h + 1) * hs, fp);
         TileRuleCover(plan, o.x, b * T, b * T + t1, C + h * hs, C + (h + 1) * hs, fp);
       }
@@ -689,7 +689,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
       for (int64_t gr = t.r0 / T; gr <= (t.r1 - 1) / T; ++gr) {
         const int64_t b = gr / NH, h = gr % NH;
-        const int64_t t0 = std::max(t.r0, gr * T) - gr * T, t1 = std::min(t.r1, (gr + 1) * T) - gr * T;
+        const int64_t t0 = std::max(t.r0, gr * T) - gr * T,
+                      t1 = std::min(t.r1, (gr + 1) * T) - gr * T;
         const std::vector<float> q = dense(o.x, b * T + t0, b * T + t1, h * hs, (h + 1) * hs);
         const std::vector<float> k = dense(o.x, b * T, b * T + t1, C + h * hs, C + (h + 1) * hs);
         std::vector<float> qkv(static_cast<size_t>(t1 * 3 * hs), 0.0f);

@@ -427,8 +427,8 @@ void ExpectEveryGptForwardTileRecomputes() {
   st.model->set_op_trace(&trace);
   StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream));
   st.model->set_op_trace(nullptr);
-  Result<TilePlan> plan = PlanStepTiles((*tr)->task().model, st.optimizer->spec(),
-                                        spec->batch_size, spec->seq_len);
+  Result<TilePlan> plan =
+      PlanStepTiles((*tr)->task().model, st.optimizer->spec(), spec->batch_size, spec->seq_len);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_EQ(plan->ops.size(), trace.size());
   int64_t covered = 0, checked = 0;
