@@ -179,8 +179,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     }
   };
   if (model.kind == "gpt") {
-    // model.cc's GptModel: Forward, Backward, then the gradients, in its trace order. Its linear
-    // operators are covered; the rest is opaque until it has a footprint.
+    // model.cc's GptModel: Forward, Backward, then the gradients, in its trace order. Its forward
+    // operators but the embeddings are covered; the rest is opaque until it has a footprint.
     const GptSpec& g = model.gpt;
     const int64_t T = seq_len > 0 ? seq_len : g.block_size;
     const int64_t N = batch * T, C = g.n_embd, V = g.vocab_size;
@@ -202,23 +202,46 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       return add(std::move(op));
     };
     constexpr char kNoFootprint[] = "no footprint yet for this GPT operator";
-    opaque("encoded", N, C, "the token embeddings: token tasks have no data leaves yet");
+    auto layernorm = [&](const std::string& name, int64_t x, int64_t param) {
+      TileOp op{name, TileOpKind::kTileOpLayerNorm, TileGrid::For(N, C), {N, C}};
+      op.x = x;
+      op.w = state_op(m.params()[static_cast<size_t>(param)].name);
+      op.b = state_op(m.params()[static_cast<size_t>(param + 1)].name);
+      CHECK(op.w >= 0 && op.b >= 0) << name;
+      return add(std::move(op));
+    };
+    auto residual = [&](const std::string& name, int64_t a, int64_t b) {
+      TileOp op{name, TileOpKind::kTileOpResidual, TileGrid::For(N, C), {N, C}};
+      op.x = a;
+      op.w = b;
+      return add(std::move(op));
+    };
+    int64_t resid =
+        opaque("encoded", N, C, "the token embeddings: token tasks have no data leaves yet");
     for (int64_t l = 0; l < g.n_layer; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
       const int64_t base = 2 + 12 * l;  // the layer's 12 parameters (model.cc's P(l, k))
-      const int64_t ln1 = opaque(p + "ln1", N, C, kNoFootprint);
-      linear(p + "qkv", ln1, 3 * C, base + 2);
-      opaque(p + "att", batch * g.n_head * T, T, kNoFootprint);
-      const int64_t atty = opaque(p + "atty", N, C, kNoFootprint);
-      linear(p + "attproj", atty, C, base + 4);
-      opaque(p + "residual2", N, C, kNoFootprint);
-      const int64_t ln2 = opaque(p + "ln2", N, C, kNoFootprint);
-      linear(p + "fch", ln2, 4 * C, base + 8);
-      const int64_t gelu = opaque(p + "fch_gelu", N, 4 * C, kNoFootprint);
-      linear(p + "fcproj", gelu, C, base + 10);
-      opaque(p + "residual3", N, C, kNoFootprint);
+      const int64_t ln1 = layernorm(p + "ln1", resid, base);
+      const int64_t qkv = linear(p + "qkv", ln1, 3 * C, base + 2);
+      const int64_t NHT = batch * g.n_head * T;
+      TileOp att{p + "att", TileOpKind::kTileOpAttention, TileGrid::For(NHT, T), {NHT, T}};
+      att.x = qkv;
+      att.conv = {T, g.n_head, C};
+      TileOp y{p + "atty", TileOpKind::kTileOpAttentionOut, TileGrid::For(N, C), {N, C}};
+      y.x = add(std::move(att));
+      y.w = qkv;
+      y.conv = {T, g.n_head, C};
+      const int64_t atty = add(std::move(y));
+      const int64_t attproj = linear(p + "attproj", atty, C, base + 4);
+      const int64_t r2 = residual(p + "residual2", resid, attproj);
+      const int64_t ln2 = layernorm(p + "ln2", r2, base + 6);
+      const int64_t fch = linear(p + "fch", ln2, 4 * C, base + 8);
+      TileOp gelu{p + "fch_gelu", TileOpKind::kTileOpGelu, TileGrid::For(N, 4 * C), {N, 4 * C}};
+      gelu.x = fch;
+      const int64_t fcproj = linear(p + "fcproj", add(std::move(gelu)), C, base + 10);
+      resid = residual(p + "residual3", r2, fcproj);
     }
-    const int64_t lnf = opaque("ln_f", N, C, kNoFootprint);
+    const int64_t lnf = layernorm("ln_f", resid, static_cast<int64_t>(m.params().size()) - 2);
     linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
     opaque("loss", N, 1, "the token loss: token tasks have no data leaves yet");
     opaque("logits.grad", N, V, "the token loss: token tasks have no data leaves yet");
@@ -429,6 +452,44 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     case TileOpKind::kTileOpGelu:
       TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
       break;
+    case TileOpKind::kTileOpResidual:
+      TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
+      TileRuleCover(plan, o.w, t.r0, t.r1, t.c0, t.c1, fp);
+      break;
+    case TileOpKind::kTileOpAttention: {
+      // Row (b, h, t) is the softmax over t2 <= t of q_t . k_t2 in head h: q of its rows, k of
+      // the sequence's rows 0..t (whatever the tile's columns).
+      const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      for (int64_t gr = t.r0 / T; gr <= (t.r1 - 1) / T; ++gr) {
+        const int64_t b = gr / NH, h = gr % NH;
+        const int64_t t0 = std::max(t.r0, gr * T) - gr * T,
+                      t1 = std::min(t.r1, (gr + 1) * T) - gr * T;
+        TileRuleCover(plan, o.x, b * T + t0, b * T + t1, h * hs, (h + 1) * hs, fp);
+        TileRuleCover(plan, o.x, b * T, b * T + t1, C + h * hs, C + (h + 1) * hs, fp);
+      }
+      break;
+    }
+    case TileOpKind::kTileOpAttentionOut: {
+      // Row (b, t), column c (head h = c / hs) chains att[(b, h, t), t2] * v[(b, t2), c] over
+      // every t2 < T (kernels.h; att is 0 past t): the att rows of the tile's heads, and the v
+      // columns of the tile over the whole sequence.
+      const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      for (int64_t b = t.r0 / T; b <= (t.r1 - 1) / T; ++b) {
+        const int64_t t0 = std::max(t.r0, b * T) - b * T, t1 = std::min(t.r1, (b + 1) * T) - b * T;
+        for (int64_t h = t.c0 / hs; h <= (t.c1 - 1) / hs; ++h) {
+          const int64_t gr = b * NH + h;
+          TileRuleCover(plan, o.x, gr * T + t0, gr * T + t1, 0, T, fp);
+        }
+        TileRuleCover(plan, o.w, b * T, (b + 1) * T, 2 * C + t.c0, 2 * C + t.c1, fp);
+      }
+      break;
+    }
+    case TileOpKind::kTileOpLayerNorm:
+      // A row's mean and variance read the whole row; column c applies weight[c] and bias[c].
+      TileRuleCover(plan, o.x, t.r0, t.r1, 0, TileRuleCols(plan, o.x), fp);
+      TileRuleCover(plan, o.w, 0, 1, t.c0, t.c1, fp);
+      TileRuleCover(plan, o.b, 0, 1, t.c0, t.c1, fp);
+      break;
     case TileOpKind::kTileOpMaxPool: {
       // Channel c of the output reads channel c of the input, the rows its windows cover.
       const int64_t H = o.conv[1], W = o.conv[2];
@@ -489,6 +550,18 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
         if (operand >= 0) TileRuleCover(plan, operand, t.r0, t.r1, t.c0, t.c1, fp);
       }
       break;
+  }
+  // Attention: a tile named twice (rectangles of one operand sharing a tile: q and k of a head,
+  // or two heads' rows) is listed once, where it first appears.
+  const bool attention =
+      o.kind == TileOpKind::kTileOpAttention || o.kind == TileOpKind::kTileOpAttentionOut;
+  for (size_t i = 1; attention && i < fp.tiles.size();) {
+    if (std::find(fp.tiles.begin(), fp.tiles.begin() + static_cast<int64_t>(i), fp.tiles[i]) !=
+        fp.tiles.begin() + static_cast<int64_t>(i)) {
+      fp.tiles.erase(fp.tiles.begin() + static_cast<int64_t>(i));
+    } else {
+      ++i;
+    }
   }
   std::sort(fp.batch_rows.begin(), fp.batch_rows.end());
   fp.batch_rows.erase(std::unique(fp.batch_rows.begin(), fp.batch_rows.end()), fp.batch_rows.end());
@@ -601,6 +674,88 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     case TileOpKind::kTileOpGelu: {
       std::vector<float> x = dense(o.x, t.r0, t.r1, t.c0, t.c1);
       ref::GeluForward(out.data(), x.data(), t.numel());
+      break;
+    }
+    case TileOpKind::kTileOpResidual: {
+      std::vector<float> a = dense(o.x, t.r0, t.r1, t.c0, t.c1);
+      std::vector<float> b = dense(o.w, t.r0, t.r1, t.c0, t.c1);
+      ref::ResidualForward(out.data(), a.data(), b.data(), t.numel());
+      break;
+    }
+    case TileOpKind::kTileOpAttention: {
+      // Per (b, h) group of the tile's rows t0..t1: the reference kernel on the sequence's first
+      // t1 positions of head h alone (B = 1, NH = 1, C = hs: the same scale and order; a row
+      // reads only q of its own position and k of positions <= it; v is not read for att).
+      const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      for (int64_t gr = t.r0 / T; gr <= (t.r1 - 1) / T; ++gr) {
+        const int64_t b = gr / NH, h = gr % NH;
+        const int64_t t0 = std::max(t.r0, gr * T) - gr * T,
+                      t1 = std::min(t.r1, (gr + 1) * T) - gr * T;
+        const std::vector<float> q = dense(o.x, b * T + t0, b * T + t1, h * hs, (h + 1) * hs);
+        const std::vector<float> k = dense(o.x, b * T, b * T + t1, C + h * hs, C + (h + 1) * hs);
+        std::vector<float> qkv(static_cast<size_t>(t1 * 3 * hs), 0.0f);
+        for (int64_t tt = 0; tt < t1; ++tt) {
+          if (tt >= t0) {
+            std::copy(q.begin() + (tt - t0) * hs, q.begin() + (tt - t0 + 1) * hs,
+                      qkv.begin() + tt * 3 * hs);
+          }
+          std::copy(k.begin() + tt * hs, k.begin() + (tt + 1) * hs, qkv.begin() + tt * 3 * hs + hs);
+        }
+        std::vector<float> y(static_cast<size_t>(t1 * hs)), pre(static_cast<size_t>(t1 * t1)),
+            a(static_cast<size_t>(t1 * t1));
+        ref::AttentionForward(y.data(), pre.data(), a.data(), qkv.data(), 1, t1, hs, 1);
+        for (int64_t tt = t0; tt < t1; ++tt) {
+          for (int64_t c = t.c0; c < t.c1; ++c) {
+            out[static_cast<size_t>((gr * T + tt - t.r0) * K + (c - t.c0))] =
+                c < t1 ? a[static_cast<size_t>(tt * t1 + c)] : 0.0f;
+          }
+        }
+      }
+      break;
+    }
+    case TileOpKind::kTileOpAttentionOut: {
+      // kernels.h: out[b, t, h * hs + i] = chain over t2 < T of fma(att[(b, h, t), t2],
+      // v[(b, t2), h * hs + i], acc) from 0.
+      internal::FpEnvGuard fp_guard;
+      const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      for (int64_t b = t.r0 / T; b <= (t.r1 - 1) / T; ++b) {
+        const int64_t t0 = std::max(t.r0, b * T) - b * T, t1 = std::min(t.r1, (b + 1) * T) - b * T;
+        const std::vector<float> v = dense(o.w, b * T, (b + 1) * T, 2 * C + t.c0, 2 * C + t.c1);
+        for (int64_t h = t.c0 / hs; h <= (t.c1 - 1) / hs; ++h) {
+          const int64_t gr = b * NH + h;
+          const std::vector<float> a = dense(o.x, gr * T + t0, gr * T + t1, 0, T);
+          for (int64_t tt = t0; tt < t1; ++tt) {
+            for (int64_t c = std::max(t.c0, h * hs); c < std::min(t.c1, (h + 1) * hs); ++c) {
+              float acc = 0.0f;
+              for (int64_t t2 = 0; t2 < T; ++t2) {
+                acc = __builtin_fmaf(a[static_cast<size_t>((tt - t0) * T + t2)],
+                                     v[static_cast<size_t>(t2 * K + (c - t.c0))], acc);
+              }
+              out[static_cast<size_t>((b * T + tt - t.r0) * K + (c - t.c0))] = acc;
+            }
+          }
+        }
+      }
+      break;
+    }
+    case TileOpKind::kTileOpLayerNorm: {
+      // The reference kernel over the tile's whole rows (a row's result depends on that row
+      // alone), with weight and bias zero outside the tile's columns (column c reads only its
+      // own); the tile's columns are the recorded bits.
+      const int64_t C = TileRuleCols(plan, o.x);
+      std::vector<float> x = dense(o.x, t.r0, t.r1, 0, C);
+      std::vector<float> w(static_cast<size_t>(C), 0.0f), b(static_cast<size_t>(C), 0.0f);
+      const std::vector<float> wt = dense(o.w, 0, 1, t.c0, t.c1);
+      const std::vector<float> bt = dense(o.b, 0, 1, t.c0, t.c1);
+      std::copy(wt.begin(), wt.end(), w.begin() + t.c0);
+      std::copy(bt.begin(), bt.end(), b.begin() + t.c0);
+      std::vector<float> rows(static_cast<size_t>(R * C)), mean(static_cast<size_t>(R)),
+          rstd(static_cast<size_t>(R));
+      ref::LayerNormForward(rows.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), R,
+                            C);
+      for (int64_t r = 0; r < R; ++r) {
+        std::copy(rows.begin() + r * C + t.c0, rows.begin() + r * C + t.c1, out.begin() + r * K);
+      }
       break;
     }
     case TileOpKind::kTileOpMaxPool: {

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -387,10 +388,148 @@ TEST(TileRuleTest, TheCnnsCoveredOperatorsRecomputeAndTheRestIsOpaque) {
   EXPECT_EQ(opaque, 7);    // the pools' and the second conv's input gradients, conv grads
 }
 
+// A small GPT (2 layers, 2 heads, C = 40: tiles with short edges) on text, batch 2 x 24 tokens:
+// on every fast path, every tile of every covered operator (the linears, layernorms, attention
+// (tiles spanning two heads of 20 columns, and two sequences of 24 rows), gelus and residual
+// adds; ln_f and the LM head; the update) recomputes from its footprint to the traced bits, and
+// the rest (embeddings, the token loss, the backward) is opaque.
+constexpr char kSmallGpt[] = R"(
+[task]
+name = "tile-gpt"
+seed = 5
+[data]
+format = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[model]
+kind = "gpt"
+n_layer = 2
+n_head = 2
+n_embd = 40
+block_size = 24
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[train]
+steps = 2
+batch_size = 2
+)";
+
+void ExpectEveryGptForwardTileRecomputes() {
+  Result<TaskSpec> spec = TaskSpec::Parse(kSmallGpt, "tile-gpt.toml", ".");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), *spec);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  (*tr)->Step();
+  TrainState& st = (*tr)->state();
+  const Batch batch = (*tr)->BatchForStep(st.step);
+  OpTrace trace;
+  trace.set_keep_values(true);
+  st.model->set_op_trace(&trace);
+  StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream));
+  st.model->set_op_trace(nullptr);
+  Result<TilePlan> plan =
+      PlanStepTiles((*tr)->task().model, st.optimizer->spec(), spec->batch_size, spec->seq_len);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->ops.size(), trace.size());
+  int64_t covered = 0, checked = 0;
+  std::map<TileOpKind, int64_t> kinds;
+  for (size_t j = 0; j < trace.size(); ++j) {
+    const TileOp& op = plan->ops[j];
+    ASSERT_EQ(op.name, trace.name(j)) << j;
+    ASSERT_EQ(op.grid, trace.grid(j)) << op.name;
+    if (op.kind == TileOpKind::kTileOpState) continue;
+    const int64_t jj = static_cast<int64_t>(j);
+    if (op.kind == TileOpKind::kTileOpOpaque) {
+      EXPECT_FALSE(op.opaque.empty()) << op.name;
+      EXPECT_FALSE(Footprint(*plan, jj, 0, 0).ok()) << op.name;
+      continue;
+    }
+    ++covered;
+    ++kinds[op.kind];
+    ASSERT_EQ(ReductionBlocks(*plan, jj), 0) << op.name;
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      Result<TileFootprint> fp = Footprint(*plan, jj, t, 0);
+      ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+      Result<std::vector<float>> got =
+          RecomputeTile(*plan, jj, t, 0, st.step - 1, GatherTileInputs(*plan, *fp, trace, batch));
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_TRUE(SameBits(*got, ExtractTile(trace.values(j), op.grid, t)))
+          << op.name << " tile " << t;
+      ++checked;
+    }
+  }
+  // Per layer: qkv, attproj, fch, fcproj; ln1, ln2; att, atty; fch_gelu; residual2, residual3.
+  // Then ln_f and the LM head, and the (unclipped) update of each of the 28 parameters.
+  EXPECT_EQ(covered, 2 * 11 + 2 + 28);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpAttention], 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpAttentionOut], 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpAdamW], 28);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLinear], 2 * 4 + 1);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLayerNorm], 2 * 2 + 1);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpGelu], 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpResidual], 2 * 2);
+  EXPECT_GT(checked, 200);
+}
+
+TEST(TileRuleTest, EverySmallGptForwardTileRecomputesBitForBitOnEveryFastPath) {
+  const KernelConfig saved = GetKernelConfig();
+  for (SimdPath simd : {SimdPath::kScalar, SimdPath::kAvx2, SimdPath::kAvx512}) {
+    if (!SimdPathSupported(simd)) continue;
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE(std::string(SimdPathName(simd)) + " x " + std::to_string(threads));
+      ASSERT_TRUE(SetKernelConfig({simd, threads}).ok());
+      ExpectEveryGptForwardTileRecomputes();
+    }
+  }
+  ASSERT_TRUE(SetKernelConfig(saved).ok());
+}
+
+// A changed input in any tile of the footprint (for a layernorm, also the row's columns outside
+// the tile's, and its weight and bias; for a residual add, either operand) changes the
+// recomputed tile: the footprint is what the value depends on.
+TEST(TileRuleTest, GptLayerNormAndResidualTilesDependOnTheirWholeFootprint) {
+  Result<TaskSpec> spec = TaskSpec::Parse(kSmallGpt, "tile-gpt.toml", ".");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  spec->model.gpt.vocab_size = 64;  // a plan only: no data to take it from
+  Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, spec->batch_size);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (const char* op_name : {"h.1.ln2", "h.0.residual3"}) {
+    const std::string name = op_name;
+    int64_t j = -1;
+    for (size_t i = 0; i < plan->ops.size(); ++i) {
+      if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
+    }
+    ASSERT_GE(j, 0) << name;
+    Result<TileFootprint> fp = Footprint(*plan, j, 0, 0);  // rows 0..31, columns 0..31
+    ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+    // A layernorm reads both column tiles of its input's rows, its weight and its bias; a
+    // residual one tile of each operand.
+    ASSERT_EQ(fp->tiles.size(), name.ends_with("ln2") ? 4u : 2u) << name;
+    TileInputs in;
+    Rng rng(7);
+    for (const TileRef& r : fp->tiles) {
+      std::vector<float> v(
+          static_cast<size_t>(plan->ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel()));
+      for (float& f : v) f = static_cast<float>(rng.UniformDouble()) - 0.5f;
+      in.tiles.push_back(std::move(v));
+    }
+    Result<std::vector<float>> base = RecomputeTile(*plan, j, 0, 0, 0, in);
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    for (size_t i = 0; i < in.tiles.size(); ++i) {
+      TileInputs changed = in;
+      changed.tiles[i].front() += 0.25f;  // row 0 (and column 0 of a vector)
+      Result<std::vector<float>> got = RecomputeTile(*plan, j, 0, 0, 0, changed);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_FALSE(SameBits(*got, *base)) << name << " input tile " << i;
+    }
+  }
+}
+
 // The 10M GPT's shape (examples/code-gpt-10m.toml, one sequence of 256 tokens): the plan is the
-// trace's operator list, and every tile of its linear operators (the first and last layer's qkv,
-// attention projection, MLP up and down projections, and the tied LM head) recomputes from its
-// footprint to the traced bits.
+// trace's operator list, and every tile of its covered forward operators (the first and last
+// layer's qkv, attention projection, MLP up and down projections, the tied LM head; the first
+// layer's layernorms, attention, gelu and residual adds, and ln_f) recomputes from its footprint
+// to the traced bits, with a witness of at most 200 KiB of values.
 TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
   Result<TaskSpec> spec = TaskSpec::Load(
       Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
@@ -419,14 +558,17 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
   for (const std::string& name :
        {std::string("h.0.qkv"), std::string("h.0.attproj"), std::string("h.0.fch"),
         std::string("h.0.fcproj"), "h." + std::to_string(L) + ".qkv",
-        "h." + std::to_string(L) + ".fcproj", std::string("logits")}) {
+        "h." + std::to_string(L) + ".fcproj", std::string("logits"), std::string("h.0.ln1"),
+        std::string("h.0.residual2"), std::string("h.0.ln2"), std::string("h.0.fch_gelu"),
+        std::string("h.0.residual3"), std::string("ln_f"), std::string("h.0.att"),
+        std::string("h.0.atty")}) {
     int64_t j = -1;
     for (size_t i = 0; i < plan->ops.size(); ++i) {
       if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
     }
     ASSERT_GE(j, 0) << name;
     const TileOp& op = plan->ops[static_cast<size_t>(j)];
-    ASSERT_EQ(op.kind, TileOpKind::kTileOpLinear) << name;
+    ASSERT_NE(op.kind, TileOpKind::kTileOpOpaque) << name;
     int64_t footprint_floats = 0;
     // The down projection reads 4C = 1536 floats a row: narrowed into blocks of its chain.
     const int64_t blocks = ReductionBlocks(*plan, j);
@@ -463,12 +605,21 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     EXPECT_LE(footprint_floats * 4, 200 * 1024) << name;
   }
   EXPECT_GT(checked, 1000);
-  // Everything else is opaque, with a reason.
+  // Everything else is opaque, with a reason: 68 of its 249 computed operators are covered (per
+  // layer 4 linears, 2 layernorms, att and atty, a gelu and 2 residual adds; ln_f and the LM
+  // head).
+  int64_t computed = 0, covered = 0;
   for (const TileOp& op : plan->ops) {
+    if (op.kind == TileOpKind::kTileOpState) continue;
+    ++computed;
     if (op.kind == TileOpKind::kTileOpOpaque) {
       EXPECT_FALSE(op.opaque.empty()) << op.name;
+    } else {
+      ++covered;
     }
   }
+  EXPECT_EQ(computed, 249);
+  EXPECT_EQ(covered, 6 * 11 + 2);
 }
 
 }  // namespace tile_rule_test

@@ -13,7 +13,13 @@
 // Footprints (32 x 32 tiles, tile.h):
 //   linear forward   out[r, o]      rows r of the input (a row block x all C) and rows o of the
 //                                   weight (a row block x all C), the bias elements o;
-//   relu (and its gradient)         the same elements of its input (and of the incoming gradient);
+//   relu, gelu (and their gradients) the same elements of its input (and of the incoming
+//                                   gradient);
+//   residual add                    the same elements of both its inputs;
+//   layernorm out[r, c]             the whole rows r of its input (all C), weight and bias c;
+//   attention att[(b, h, t), t2]    q of rows t of sequence b, head h, and k of its rows 0..t;
+//   attention out atty[(b, t), c]   the att rows (b, h, t) of the heads h of columns c (all T),
+//                                   and v of columns c of every row of sequence b;
 //   loss, loss gradient             the logits rows of the tile, the examples of those rows (their
 //                                   targets);
 //   linear input gradient dX[r, c]  rows r of the output gradient (all OC) and columns c of the
@@ -38,12 +44,14 @@
 //
 // Covered today: in sequential models, linear, relu, gelu, conv2d and maxpool2d layers' outputs
 // (all of the fashion MLP; the fashion CNN's linear head and relus), with AdamW or SGD; in a GPT,
-// the linear operators (qkv, attention projection, MLP up and down projections, the tied LM head).
-// Every other operator is in the plan with its name and grid but is opaque (kTileOpOpaque:
-// Footprint refuses it, naming why): conv2d, maxpool2d, dropout and layernorm layers (and their
-// gradients), GPT layernorm, attention, gelu, residuals, embeddings, the token loss and every GPT
-// gradient, and a clipped update (its scale is a reduction over every gradient, not yet committed
-// as an operator). PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
+// the forward but for the embeddings: the linear operators (qkv, attention projection, MLP up and
+// down projections, the tied LM head), the layernorms (ln1, ln2, ln_f), attention (att, atty),
+// the MLP's gelu and the residual adds (residual2, residual3). Every other operator is in the plan
+// with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming why): the
+// conv2d and maxpool2d gradients, dropout and layernorm layers, the GPT's token embeddings
+// (encoded), the token loss and every GPT gradient, and a clipped update (its
+// scale is a reduction over every gradient, not yet committed as an operator). PlanStepTiles
+// refuses a layer kind it does not know (FailedPrecondition).
 //
 //   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size));
 //   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, block));
@@ -82,6 +90,10 @@ enum class TileOpKind : uint8_t {
   kTileOpGeluInputGrad,     // x = dout, w = the gelu's input
   kTileOpConv,              // out = conv2d(x, w) + b; chain over (c, kh, kw), narrowed by channels
   kTileOpMaxPool,           // out = the window maxima of x (conv holds C, H, W, C, k, k, stride, 0)
+  kTileOpResidual,          // out = x + w (elementwise)
+  kTileOpLayerNorm,         // out = layernorm of x's rows, w = weight, b = bias (vectors of C)
+  kTileOpAttention,         // att: causal softmax(q k^T / sqrt(hs)) of x = qkv (conv: T, NH, C)
+  kTileOpAttentionOut,      // atty = att @ v: x = att, w = qkv (conv: T, NH, C)
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
@@ -96,7 +108,8 @@ struct TileOp {
   // Operands: indices into TilePlan::ops (< this op's index), kTileOperandBatch, or -1 (none).
   int64_t x = -1, w = -1, b = -1, v = -1;
   std::string opaque;
-  // kTileOpConv: C, H, W, OC, KH, KW, stride, pad (kernels.h's Conv2dForward).
+  // kTileOpConv: C, H, W, OC, KH, KW, stride, pad (kernels.h's Conv2dForward); the attention
+  // kinds: T, NH, C.
   std::vector<int64_t> conv;
 };
 
