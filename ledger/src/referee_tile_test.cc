@@ -304,7 +304,7 @@ PartyRun Train(const Lie& lie) {
       const engine::TileGrid& g = rec.trace->grid(static_cast<size_t>(op));
       std::span<const float> v = rec.trace->values(static_cast<size_t>(op));
       std::vector<float> fake(v.begin(), v.end());
-      fake[static_cast<size_t>(lie.row * g.cols + lie.col)] += 0.25f;
+      fake.at(static_cast<size_t>(lie.row * g.cols + lie.col)) += 0.25f;  // a lie off the grid throws
       rec.roots[static_cast<size_t>(op)] = engine::TensorRoot(fake, g);
       rec.fake[op] = std::move(fake);
       // The liar carries on from a state of its own.
@@ -623,13 +623,19 @@ TEST(TileDisputeTest, APartySilentAtAnyPhaseLoses) {
   }
 }
 
-TEST(TileDisputeTest, OnThe10mGptALieAtALinearTileLosesToTheTileRule) {
+TEST(TileDisputeTest, OnThe10mGptALieAtACoveredTileLosesToTheTileRule) {
   g_setup = &GptSetup();
   g_largest_witness = 0;
   const std::vector<Lie> lies = {
       {LieKind::kTile, "h.0.qkv", 100, 500},
       {LieKind::kTile, "h.5.fcproj", 7, 300, 3},  // 4C = 1536 inputs: narrowed into 6 blocks
       {LieKind::kTile, "logits", 200, 100},       // the tied LM head
+      // The row-wise and attention operators (whole input rows; q and k of the sequence so far):
+      {LieKind::kTile, "h.2.ln2", 200, 200},
+      {LieKind::kTile, "h.3.att", 1279, 100},  // head 4's last position: k over all 256 rows
+      {LieKind::kTile, "h.4.atty", 255, 50},
+      {LieKind::kTile, "h.1.residual2", 100, 383},
+      {LieKind::kTile, "h.0.fch_gelu", 10, 1000},
   };
   for (const Lie& lie : lies) {
     SCOPED_TRACE(lie.op);
