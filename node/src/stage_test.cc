@@ -32,6 +32,7 @@
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/stage_transfer.h"
+#include "testing/pipeline_task.h"
 
 namespace meshlearn::node {
 namespace {
@@ -729,71 +730,27 @@ TEST(StagePlaneTest, AStageThatStopsAnsweringFailsTheStepByItsDeadline) {
 
 // ---- A whole task: DiLoCo rounds whose replicas are chains of stage endpoints.
 
-// A 3-block GPT on the GPL text (Debian's base-files, always installed), 2 micro-batches per step,
-// 2 rounds x 2 replicas x 3 inner steps, 3 stages (node/src/pipeline_diloco_test.cc's task, which
-// checks the same rounds with the stages in one process).
-constexpr char kStageTask[] = R"(
-[task]
-name = "pipeline-data-plane"
-seed = 3
-[data]
-format = "text"
-path = "/usr/share/common-licenses/GPL-3"
-[model]
-kind = "gpt"
-n_layer = 3
-n_head = 2
-n_embd = 16
-block_size = 16
-[optimizer]
-kind = "adamw"
-lr = 3e-3
-weight_decay = 0.1
-grad_clip = 0.5
-[train]
-steps = 10
-batch_size = 4
-micro_batches = 2
-[network]
-rounds = 2
-units_per_round = 2
-inner_steps = 3
-stages = 3
-aggregation = "mean"
-inner_lr_final = 0.5
-)";
-
+// kPipelineGptTask (testing/pipeline_task.h), whose rounds node/src/pipeline_diloco_test.cc checks
+// with the stages in one process, here with each stage an HTTP endpoint.
 TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloco) {
-  Result<ConfigFile> cfg = ConfigFile::Parse(kStageTask, "pipeline.toml");
-  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  Result<NetworkSpec> net = NetworkSpec::FromConfig(*cfg);
-  ASSERT_TRUE(net.ok()) << net.status().ToString();
-  Result<engine::TaskSpec> task = engine::TaskSpec::Parse(kStageTask, "pipeline.toml", "/");
-  ASSERT_TRUE(task.ok()) << task.status().ToString();
-  Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), *task);
-  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  PipelineOracle o;
+  ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
+  const NetworkSpec& net = o.net;
+  const LocalDilocoResult& want = o.want;
 
-  // meshlearn diloco: every unit unsplit, with the task's micro-batches.
-  Result<std::unique_ptr<engine::Trainer>> ref = engine::Trainer::Create(*task, *data);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  LocalDilocoOptions lopt;
-  lopt.eval_every_round = false;
-  Result<LocalDilocoResult> want = RunLocalDiloco(ref->get(), *net, lopt);
-  ASSERT_TRUE(want.ok()) << want.status().ToString();
-
-  Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::Create(*task, *data);
+  Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::Create(o.task, o.data);
   ASSERT_TRUE(tr.ok()) << tr.status().ToString();
   engine::Trainer* trainer = tr->get();
   const engine::TaskSpec& t = trainer->task();
   Result<engine::PipelineCut> cut =
-      engine::TaskPipelineCut(t, static_cast<int>(net->stages), net->cut);
+      engine::TaskPipelineCut(t, static_cast<int>(net.stages), net.cut);
   ASSERT_TRUE(cut.ok()) << cut.status().ToString();
   ASSERT_EQ(cut->stages(), 3);
-  const protocol::TaskSpecView view = MakeTaskView(*trainer, *net);
+  const protocol::TaskSpecView view = MakeTaskView(*trainer, net);
   GlobalState state = InitialState(*trainer);
-  const uint64_t samples = UnitSamples(*trainer, *net);
+  const uint64_t samples = UnitSamples(*trainer, net);
   uint64_t bytes = 0;
-  for (uint32_t r = 0; r < net->rounds; ++r) {
+  for (uint32_t r = 0; r < net.rounds; ++r) {
     // Each replica: 3 stage nodes of its own, from the round's weights, on its unit's batches.
     struct Replica {
       UnitWork work;
@@ -801,16 +758,14 @@ TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloc
       std::vector<std::unique_ptr<Stage>> stages;
       std::vector<std::unique_ptr<StageNode>> nodes;
     };
-    std::vector<Replica> replicas(net->units_per_round);
-    for (uint32_t i = 0; i < net->units_per_round; ++i) {
+    std::vector<Replica> replicas(net.units_per_round);
+    for (uint32_t i = 0; i < net.units_per_round; ++i) {
       Replica& rep = replicas[i];
-      rep.work = protocol::UnitWorkOf(*net, view.seed, view.id, r, i);
+      rep.work = protocol::UnitWorkOf(net, view.seed, view.id, r, i);
       ASSERT_TRUE(trainer->StartUnit(rep.work.stream, state.weights, rep.work.lr_scale).ok());
       for (int64_t s = 0; s < rep.work.inner_steps; ++s) {
         rep.batches.push_back(trainer->BatchForStep(s));
       }
-      std::map<std::string, const engine::Tensor*> whole;
-      for (const engine::Param& p : trainer->state().model->params()) whole[p.name] = &p.value;
       StageContext ctx;
       ctx.task = view.id;
       ctx.round = r;
@@ -823,7 +778,7 @@ TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloc
             Stage::Create(t.model, engine::UnitOptimizerSpec(t.optimizer, rep.work.lr_scale), *cut,
                           s, t.micro_batches);
         ASSERT_TRUE(st.ok()) << st.status().ToString();
-        for (engine::Param& p : (*st)->params()) p.value.vec() = whole.at(p.name)->vec();
+        CopyWholeParams(*trainer->state().model, **st);
         rep.stages.push_back(std::move(*st));
         rep.nodes.push_back(StageStartNode(ctx, s, StageNodeKey(static_cast<int>(10 * i) + s), {}));
       }
@@ -832,7 +787,7 @@ TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloc
     // Both replicas at once: 6 stage threads, each on its own endpoint.
     std::vector<Status> status(2 * 3, Status::Ok());
     std::vector<std::thread> threads;
-    for (uint32_t i = 0; i < net->units_per_round; ++i) {
+    for (uint32_t i = 0; i < net.units_per_round; ++i) {
       for (int s = 0; s < 3; ++s) {
         threads.emplace_back([&, i, s] {
           Replica& rep = replicas[i];
@@ -852,28 +807,22 @@ TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloc
     }
     for (std::thread& th : threads) th.join();
     std::vector<std::vector<float>> deltas;  // RoundDelta holds a span: they must outlive it
-    for (uint32_t i = 0; i < net->units_per_round; ++i) {
-      std::map<std::string, const engine::Tensor*> trained;
+    for (uint32_t i = 0; i < net.units_per_round; ++i) {
       for (int s = 0; s < 3; ++s) {
         ASSERT_TRUE(status[3 * i + s].ok()) << status[3 * i + s].ToString();
-        for (const engine::Param& p : replicas[i].stages[s]->params()) trained[p.name] = &p.value;
         bytes += replicas[i].nodes[s]->plane->stats().bytes_sent;
       }
-      std::vector<float> local;
-      for (const engine::Param& p : trainer->state().model->params()) {
-        const std::vector<float>& v = trained.at(p.name)->vec();
-        local.insert(local.end(), v.begin(), v.end());
-      }
-      deltas.push_back(protocol::PseudoGradient(state.weights, local));
+      deltas.push_back(protocol::PseudoGradient(
+          state.weights, GatherStageParams(*trainer->state().model, replicas[i].stages)));
     }
     std::vector<RoundDelta> round;
-    for (uint32_t i = 0; i < net->units_per_round; ++i) {
+    for (uint32_t i = 0; i < net.units_per_round; ++i) {
       round.push_back({.shard = i, .delta = deltas[i]});
     }
-    ASSERT_TRUE(ApplyRound(&state, round, *net, view.id, r, samples).ok());
-    EXPECT_EQ(HashFloats(state.weights), want->rounds[r].global_hash) << "round " << r;
+    ASSERT_TRUE(ApplyRound(&state, round, net, view.id, r, samples).ok());
+    EXPECT_EQ(HashFloats(state.weights), want.rounds[r].global_hash) << "round " << r;
   }
-  EXPECT_EQ(HashFloats(state.weights), want->final_hash);
+  EXPECT_EQ(HashFloats(state.weights), want.final_hash);
   std::printf("2 rounds x 2 replicas x 3 stages over HTTP: %llu tensor bytes between stages\n",
               static_cast<unsigned long long>(bytes));
 }
