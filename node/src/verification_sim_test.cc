@@ -293,6 +293,28 @@ INSTANTIATE_TEST_SUITE_P(EveryMode, CheatingSolverTest,
                            return std::string(AdversaryName(p.param));
                          });
 
+// The cast of the one-dispute tests: node 0 a solver and aggregator cheating as `adversary`
+// (staked 100,000 so that a slash never unbonds it), node 1 every role, node 2 a verifier, on a
+// verifying chain; the referee service runs when `referee`. `tile_disputes` false: mismatches
+// carry no bundle, so disputes play whole steps.
+SimOptions CheaterAndTwoVerifiers(VerifyFixture& f, uint64_t seed, Adversary adversary,
+                                  bool referee, bool tile_disputes = true) {
+  SimOptions o{.seed = seed, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = kAllRoles},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = VerifyingChain();
+  o.referee = referee;
+  o.agent_options = [adversary, tile_disputes](int i, AgentOptions& a) {
+    a.tile_disputes = tile_disputes;
+    if (i == 0) {
+      a.adversary = adversary;
+      a.stake = 100'000;
+    }
+  };
+  return o;
+}
+
 // With a checkpoint every step, a disputed segment is one step: the game goes straight to its
 // operators, then to one tile (the verifier's mismatch carries the task bundle); the lazy solver
 // claims its skipped update, so the first differing operator is an updated parameter. The
@@ -301,18 +323,7 @@ INSTANTIATE_TEST_SUITE_P(EveryMode, CheatingSolverTest,
 // verifier. No key is trusted.
 TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
   VerifyFixture f(91, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
-  SimOptions o{.seed = 91, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
-  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
-                    {.roles = kAllRoles},
-                    {.roles = ledger::kRoleVerifier}};
-  o.tweak_genesis = VerifyingChain();
-  o.referee = true;
-  o.agent_options = [](int i, AgentOptions& a) {
-    if (i == 0) {
-      a.adversary = Adversary::kLazy;
-      a.stake = 100'000;
-    }
-  };
+  SimOptions o = CheaterAndTwoVerifiers(f, 91, Adversary::kLazy, /*referee=*/true);
   SimHarness sim(o);
   Status setup = sim.Setup();
   ASSERT_TRUE(setup.ok()) << setup.ToString();
@@ -348,18 +359,7 @@ TEST(VerificationSimTest, AOneStepDisputeIsRuledByTheReferee) {
 // itself; the ledger rules. Nobody but the two parties takes part.
 TEST(VerificationSimTest, TheHonestPartyPostsTheTileWitnessItself) {
   VerifyFixture f(91, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
-  SimOptions o{.seed = 91, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
-  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
-                    {.roles = kAllRoles},
-                    {.roles = ledger::kRoleVerifier}};
-  o.tweak_genesis = VerifyingChain();
-  o.referee = false;
-  o.agent_options = [](int i, AgentOptions& a) {
-    if (i == 0) {
-      a.adversary = Adversary::kLazy;
-      a.stake = 100'000;
-    }
-  };
+  SimOptions o = CheaterAndTwoVerifiers(f, 91, Adversary::kLazy, /*referee=*/false);
   SimHarness sim(o);
   Status setup = sim.Setup();
   ASSERT_TRUE(setup.ok()) << setup.ToString();
@@ -389,18 +389,7 @@ TEST(VerificationSimTest, TheHonestPartyPostsTheTileWitnessItself) {
 // rules for it.
 TEST(VerificationSimTest, AChallengerRestartedInTheTilePhaseStillWins) {
   VerifyFixture f(91, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
-  SimOptions o{.seed = 91, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
-  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
-                    {.roles = kAllRoles},
-                    {.roles = ledger::kRoleVerifier}};
-  o.tweak_genesis = VerifyingChain();
-  o.referee = false;
-  o.agent_options = [](int i, AgentOptions& a) {
-    if (i == 0) {
-      a.adversary = Adversary::kLazy;
-      a.stake = 100'000;
-    }
-  };
+  SimOptions o = CheaterAndTwoVerifiers(f, 91, Adversary::kLazy, /*referee=*/false);
   SimHarness sim(o);
   Status setup = sim.Setup();
   ASSERT_TRUE(setup.ok()) << setup.ToString();
@@ -443,20 +432,10 @@ TEST(VerificationSimTest, AChallengerRestartedInTheTilePhaseStillWins) {
 // is one step, so the game goes straight to the referee.)
 TEST(VerificationSimTest, AnyoneCanPostTheStepWitnessAndTheLedgerRules) {
   VerifyFixture f(92, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/1);
-  SimOptions o{.seed = 92, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
-  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
-                    {.roles = kAllRoles},
-                    {.roles = ledger::kRoleVerifier}};
-  o.tweak_genesis = VerifyingChain();
-  o.referee = true;
+  // Whole steps (no bundle in the mismatch): the ledger executes the step (RefereeStep).
+  SimOptions o = CheaterAndTwoVerifiers(f, 92, Adversary::kLazy, /*referee=*/true,
+                                        /*tile_disputes=*/false);
   o.referee_in_genesis = false;
-  o.agent_options = [](int i, AgentOptions& a) {
-    a.tile_disputes = false;  // whole steps: the ledger executes the step (RefereeStep)
-    if (i == 0) {
-      a.adversary = Adversary::kLazy;
-      a.stake = 100'000;
-    }
-  };
   SimHarness sim(o);
   Status setup = sim.Setup();
   ASSERT_TRUE(setup.ok()) << setup.ToString();
@@ -490,21 +469,10 @@ TEST(VerificationSimTest, AnyoneCanPostTheStepWitnessAndTheLedgerRules) {
 // state with the true one, rules against it.
 TEST(VerificationSimTest, ToleranceModeCatchesANoisySolverThroughTheReferee) {
   VerifyFixture f(95, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/2);
-  SimOptions o{.seed = 95, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
-  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
-                    {.roles = kAllRoles},
-                    {.roles = ledger::kRoleVerifier}};
-  o.tweak_genesis = VerifyingChain();
+  SimOptions o = CheaterAndTwoVerifiers(f, 95, Adversary::kNoisy, /*referee=*/true);
   o.tweak_params = [](ledger::TaskParams& p) {
     p.tolerance_rel_l2_ppm = 10;
     p.tolerance_cosine_gap_ppb = 10;
-  };
-  o.referee = true;
-  o.agent_options = [](int i, AgentOptions& a) {
-    if (i == 0) {
-      a.adversary = Adversary::kNoisy;
-      a.stake = 100'000;
-    }
   };
   SimHarness sim(o);
   Status setup = sim.Setup();
