@@ -113,6 +113,16 @@ std::vector<float> TileRuleDense(const TilePlan& plan, const TileFootprint& fp,
   return out;
 }
 
+// Calls fn(g, t0, t1) for each group g of T consecutive rows (a sequence, or a sequence's head)
+// that rows [r0, r1) touch, t0..t1 being the rows' positions inside the group. The footprint and
+// the recompute of a tile walk its rows the same way.
+template <typename F>
+void ForEachSequenceSpan(int64_t r0, int64_t r1, int64_t T, F&& fn) {
+  for (int64_t g = r0 / T; g <= (r1 - 1) / T; ++g) {
+    fn(g, std::max(r0, g * T) - g * T, std::min(r1, (g + 1) * T) - g * T);
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -460,13 +470,11 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // Row (b, h, t) is the softmax over t2 <= t of q_t . k_t2 in head h: q of its rows, k of
       // the sequence's rows 0..t (whatever the tile's columns).
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
-      for (int64_t gr = t.r0 / T; gr <= (t.r1 - 1) / T; ++gr) {
+      ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t gr, int64_t t0, int64_t t1) {
         const int64_t b = gr / NH, h = gr % NH;
-        const int64_t t0 = std::max(t.r0, gr * T) - gr * T,
-                      t1 = std::min(t.r1, (gr + 1) * T) - gr * T;
         TileRuleCover(plan, o.x, b * T + t0, b * T + t1, h * hs, (h + 1) * hs, fp);
         TileRuleCover(plan, o.x, b * T, b * T + t1, C + h * hs, C + (h + 1) * hs, fp);
-      }
+      });
       break;
     }
     case TileOpKind::kTileOpAttentionOut: {
@@ -474,14 +482,13 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // every t2 < T (kernels.h; att is 0 past t): the att rows of the tile's heads, and the v
       // columns of the tile over the whole sequence.
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
-      for (int64_t b = t.r0 / T; b <= (t.r1 - 1) / T; ++b) {
-        const int64_t t0 = std::max(t.r0, b * T) - b * T, t1 = std::min(t.r1, (b + 1) * T) - b * T;
+      ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t t0, int64_t t1) {
         for (int64_t h = t.c0 / hs; h <= (t.c1 - 1) / hs; ++h) {
           const int64_t gr = b * NH + h;
           TileRuleCover(plan, o.x, gr * T + t0, gr * T + t1, 0, T, fp);
         }
         TileRuleCover(plan, o.w, b * T, (b + 1) * T, 2 * C + t.c0, 2 * C + t.c1, fp);
-      }
+      });
       break;
     }
     case TileOpKind::kTileOpLayerNorm:
@@ -687,10 +694,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // t1 positions of head h alone (B = 1, NH = 1, C = hs: the same scale and order; a row
       // reads only q of its own position and k of positions <= it; v is not read for att).
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
-      for (int64_t gr = t.r0 / T; gr <= (t.r1 - 1) / T; ++gr) {
+      ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t gr, int64_t t0, int64_t t1) {
         const int64_t b = gr / NH, h = gr % NH;
-        const int64_t t0 = std::max(t.r0, gr * T) - gr * T,
-                      t1 = std::min(t.r1, (gr + 1) * T) - gr * T;
         const std::vector<float> q = dense(o.x, b * T + t0, b * T + t1, h * hs, (h + 1) * hs);
         const std::vector<float> k = dense(o.x, b * T, b * T + t1, C + h * hs, C + (h + 1) * hs);
         std::vector<float> qkv(static_cast<size_t>(t1 * 3 * hs), 0.0f);
@@ -710,7 +715,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
                 c < t1 ? a[static_cast<size_t>(tt * t1 + c)] : 0.0f;
           }
         }
-      }
+      });
       break;
     }
     case TileOpKind::kTileOpAttentionOut: {
@@ -718,8 +723,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // v[(b, t2), h * hs + i], acc) from 0.
       internal::FpEnvGuard fp_guard;
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
-      for (int64_t b = t.r0 / T; b <= (t.r1 - 1) / T; ++b) {
-        const int64_t t0 = std::max(t.r0, b * T) - b * T, t1 = std::min(t.r1, (b + 1) * T) - b * T;
+      ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t t0, int64_t t1) {
         const std::vector<float> v = dense(o.w, b * T, (b + 1) * T, 2 * C + t.c0, 2 * C + t.c1);
         for (int64_t h = t.c0 / hs; h <= (t.c1 - 1) / hs; ++h) {
           const int64_t gr = b * NH + h;
@@ -735,7 +739,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
             }
           }
         }
-      }
+      });
       break;
     }
     case TileOpKind::kTileOpLayerNorm: {
