@@ -549,6 +549,19 @@ void ExpectTheHonestSideWins(const Lie& lie, bool want_whole_step) {
   }
 }
 
+// Plays every lie of `lies` in both roles, each to be ruled by tile for the honest side, and
+// holds the largest witness they needed to the bound (printed for `model`).
+void ExpectTheHonestSideWinsAtEveryTile(const std::vector<Lie>& lies, const char* model) {
+  g_largest_witness = 0;
+  for (const Lie& lie : lies) {
+    SCOPED_TRACE(lie.op);
+    ExpectTheHonestSideWins(lie, false);
+  }
+  std::printf("[ tile     ] %s, largest witness: %zu bytes (bound %zu)\n", model,
+              g_largest_witness, kMaxTileWitnessBytes);
+  EXPECT_LE(g_largest_witness, kMaxTileWitnessBytes);
+}
+
 TEST(TileDisputeTest, ALieAtOneTileOfEveryKindOfOperatorLosesToTheTileRule) {
   g_setup = &FashionSetup();
   const std::vector<Lie> lies = {
@@ -565,13 +578,7 @@ TEST(TileDisputeTest, ALieAtOneTileOfEveryKindOfOperatorLosesToTheTileRule) {
       {LieKind::kTile, "layers.2.weight", 50, 60},      // the AdamW update
       {LieKind::kTile, "layers.4.bias", 0, 2},
   };
-  for (const Lie& lie : lies) {
-    SCOPED_TRACE(lie.op);
-    ExpectTheHonestSideWins(lie, false);
-  }
-  std::printf("[ tile     ] largest witness: %zu bytes (bound %zu)\n", g_largest_witness,
-              kMaxTileWitnessBytes);
-  EXPECT_LE(g_largest_witness, kMaxTileWitnessBytes);
+  ExpectTheHonestSideWinsAtEveryTile(lies, "fashion MLP");
 }
 
 TEST(TileDisputeTest, AWrongComputationAtAnOperatorIsNarrowedToATileAndLoses) {
@@ -625,7 +632,6 @@ TEST(TileDisputeTest, APartySilentAtAnyPhaseLoses) {
 
 TEST(TileDisputeTest, OnThe10mGptALieAtACoveredTileLosesToTheTileRule) {
   g_setup = &GptSetup();
-  g_largest_witness = 0;
   const std::vector<Lie> lies = {
       {LieKind::kTile, "h.0.qkv", 100, 500},
       {LieKind::kTile, "h.5.fcproj", 7, 300, 3},  // 4C = 1536 inputs: narrowed into 6 blocks
@@ -637,18 +643,11 @@ TEST(TileDisputeTest, OnThe10mGptALieAtACoveredTileLosesToTheTileRule) {
       {LieKind::kTile, "h.1.residual2", 100, 383},
       {LieKind::kTile, "h.0.fch_gelu", 10, 1000},
   };
-  for (const Lie& lie : lies) {
-    SCOPED_TRACE(lie.op);
-    ExpectTheHonestSideWins(lie, false);
-  }
-  std::printf("[ tile     ] 10M GPT, largest witness: %zu bytes (bound %zu)\n", g_largest_witness,
-              kMaxTileWitnessBytes);
-  EXPECT_LE(g_largest_witness, kMaxTileWitnessBytes);
+  ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT");
 }
 
 TEST(TileDisputeTest, OnTheFashionCnnALieAtACoveredTileLosesToTheTileRule) {
   g_setup = &CnnSetup();
-  g_largest_witness = 0;
   const std::vector<Lie> lies = {
       {LieKind::kTile, "layers.0.out", 70, 2000},             // the first conv, on the examples
       {LieKind::kTile, "layers.3.out", 9, 700, 2},            // the second: 16 channels, narrowed
@@ -658,15 +657,9 @@ TEST(TileDisputeTest, OnTheFashionCnnALieAtACoveredTileLosesToTheTileRule) {
       {LieKind::kTile, "layers.7.weight.grad", 50, 1000, 1},  // dW over the batch: narrowed
       {LieKind::kTile, "layers.4.in.grad", 100, 5000},        // relu backward
   };
-  for (const Lie& lie : lies) {
-    SCOPED_TRACE(lie.op);
-    ExpectTheHonestSideWins(lie, false);
-  }
+  ExpectTheHonestSideWinsAtEveryTile(lies, "fashion CNN");
   // A lie at a convolution's input gradient (no footprint yet): the whole step decides.
   ExpectTheHonestSideWins(Lie{LieKind::kTile, "layers.3.in.grad", 9, 700}, true);
-  std::printf("[ tile     ] fashion CNN, largest witness: %zu bytes (bound %zu)\n",
-              g_largest_witness, kMaxTileWitnessBytes);
-  EXPECT_LE(g_largest_witness, kMaxTileWitnessBytes);
 }
 
 // Plays `lie` with the liar as defender up to the referee stage and returns the game there.
