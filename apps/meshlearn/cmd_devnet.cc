@@ -59,6 +59,7 @@
 #include "meshlearn/ledger/rpc_answer.h"
 #include "meshlearn/net/http_transport.h"
 #include "meshlearn/node/adversary.h"
+#include "meshlearn/node/bench.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/referee.h"
@@ -813,6 +814,14 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   say("dashboard: " + cand_urls[0] +
       "/ (open it in a browser: live while the devnet runs; --keep keeps it up after the task)");
 
+  // One measurement of this machine for every node: they share it. Were each node to run the
+  // benchmark itself, the nodes would measure each other's benchmarks at once, and one that
+  // measured low would get a smaller share of the units, or none (the scheduler deals units by
+  // reported throughput; --speed is applied by the node on top of this number).
+  ML_ASSIGN_OR_RETURN(node::BenchResult machine, node::RunStandardBench({.seconds = 2.0}));
+  say(fmt::format("benchmark: {:.2f} GFLOP/s (one measurement of this machine, reported by every node)",
+                  static_cast<double>(machine.flops_per_s) / 1e9));
+
   std::vector<size_t> node_child(total_nodes, SIZE_MAX);
   std::map<std::string, std::string> endpoint_dir;
   auto start_node = [&](int i) -> Status {
@@ -826,6 +835,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         speeds.count(i) ? speeds[i] : 1.0);
     if (adversary_of.count(i)) cfg += fmt::format("adversary = \"{}\"\n", adversary_of[i]);
     if (kills.count(i)) cfg += fmt::format("crash_in_unit = {}\n", kills[i]);
+    cfg += fmt::format("[capabilities]\nthroughput = {}\n", machine.flops_per_s);
     endpoint_dir[fmt::format("127.0.0.1:{}", port)] = node_dirs[i];
     ML_RETURN_IF_ERROR(env->WriteFileAtomic(path, cfg));
     ML_ASSIGN_OR_RETURN(Child c, Spawn(fmt::format("node{}", i), {"node", "run", "--config", path},

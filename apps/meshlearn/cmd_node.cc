@@ -323,6 +323,10 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
     caps = measured;
     ML_LOG_INFO("benchmark: {:.2f} GFLOP/s, {} MiB, {} cores", caps.throughput / 1e9,
                 caps.memory_bytes >> 20, caps.cores);
+  } else {
+    // A table that gives the throughput but not memory_bytes or cores: this machine's.
+    if (caps.memory_bytes == 0) caps.memory_bytes = node::PhysicalMemoryBytes();
+    if (caps.cores == 0) caps.cores = node::OnlineCores();
   }
   Env* env = Env::Default();
   ML_ASSIGN_OR_RETURN(std::unique_ptr<net::BlobStore> store,
