@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "config_ranges.h"
 #include "meshlearn/engine/init.h"
 #include "meshlearn/engine/kernels.h"
+#include "meshlearn/engine/threadpool.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -240,7 +242,15 @@ void Model::Init(uint64_t seed) {
 }
 
 void Model::ZeroGrad() {
-  for (Param& p : params_) p.grad.Zero();
+  // All gradients in one parallel region (ParallelForArrays): most are small.
+  std::vector<int64_t> sizes(params_.size());
+  int64_t total = 0;
+  for (size_t k = 0; k < params_.size(); ++k) total += sizes[k] = params_[k].grad.size();
+  ParallelForArrays(sizes.data(), static_cast<int64_t>(sizes.size()), ElementwiseThreads(total),
+                    kElementPiece, [&](int64_t k, int64_t b, int64_t e) {
+                      std::memset(params_[static_cast<size_t>(k)].grad.data() + b, 0,
+                                  static_cast<size_t>(e - b) * sizeof(float));
+                    });
 }
 
 Batch Model::EmptyBatch(int64_t n, int64_t seq_len) const {

@@ -7,6 +7,7 @@
 
 #include "meshlearn/engine/init.h"
 #include "meshlearn/engine/kernels.h"
+#include "meshlearn/engine/threadpool.h"
 #include "config_ranges.h"
 
 namespace meshlearn::engine {
@@ -157,12 +158,23 @@ void Optimizer::Update(std::vector<Param>& params, int64_t step, float norm) {
   if (spec_.kind == "adamw") {
     // The per-element update (clipping included) is the AdamWUpdate kernel: SIMD lanes and
     // threads over elements, the reference's formula (kernels.h) bit for bit.
-    AdamWStep s = AdamWScalars(spec_, step, scale, clip);
+    // All parameters in one parallel region (ParallelForArrays): the small ones would each run
+    // on one thread.
+    const AdamWStep s = AdamWScalars(spec_, step, scale, clip);
+    std::vector<int64_t> sizes(params.size());
+    std::vector<AdamWStep> steps(params.size(), s);
+    int64_t total = 0;
     for (size_t k = 0; k < params.size(); ++k) {
-      Param& p = params[k];
-      s.decay_weight = AdamWDecays(spec_, p.value.shape());
-      AdamWUpdate(p.value.data(), p.grad.data(), m_[k].data(), v_[k].data(), p.value.size(), s);
+      sizes[k] = params[k].value.size();
+      total += sizes[k];
+      steps[k].decay_weight = AdamWDecays(spec_, params[k].value.shape());
     }
+    ParallelForArrays(sizes.data(), static_cast<int64_t>(sizes.size()), ElementwiseThreads(total),
+                      kElementPiece, [&](int64_t k, int64_t b, int64_t e) {
+                        Param& p = params[static_cast<size_t>(k)];
+                        AdamWUpdate(p.value.data() + b, p.grad.data() + b, m_[k].data() + b,
+                                    v_[k].data() + b, e - b, steps[static_cast<size_t>(k)]);
+                      });
   } else {
     if (clip) {
       for (Param& p : params) {

@@ -22,6 +22,10 @@ void ZeroFloats(float* p, int64_t n) {
   });
 }
 
+int ElementwiseThreads(int64_t total) {
+  return total >= (int64_t{1} << 15) ? GetKernelConfig().threads : 1;
+}
+
 int64_t NumElements(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

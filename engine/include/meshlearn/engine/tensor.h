@@ -30,6 +30,12 @@ int64_t NumElements(const Shape& shape);
 // training step zeroes hundreds of MB of gradient buffers, which on one thread would be a serial
 // part of every step.
 void ZeroFloats(float* p, int64_t n);
+
+// For element-wise work over arrays of `total` elements in all (ParallelForArrays, threadpool.h):
+// the kernels' threads, or 1 below the size at which a pool wake-up costs more than a second
+// thread saves; and the pieces the arrays are cut into (a multiple of every SIMD width).
+int ElementwiseThreads(int64_t total);
+inline constexpr int64_t kElementPiece = 1024;
 // "(64, 1, 28, 28)".
 std::string ShapeToString(const Shape& shape);
 
