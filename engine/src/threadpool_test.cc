@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -84,6 +85,47 @@ TEST(ThreadPoolTest, ConcurrentCallersTakeTurns) {
   }
   for (auto& t : callers) t.join();
   EXPECT_EQ(sum.load(), 3 * 200 * 50);
+}
+
+// ParallelForArrays visits every element of every array exactly once, in ranges that start at a
+// multiple of the piece size and stay inside their array; empty arrays get no call; with more
+// than one thread it is cut into one chunk per thread.
+TEST(ThreadPoolTest, ParallelForArraysCoversEveryElementOnceInAlignedRanges) {
+  const std::vector<std::vector<int64_t>> cases = {
+      {}, {0}, {1}, {5, 0, 3}, {1024}, {1025, 7, 4096, 0, 1}, {200704, 256, 32768, 128, 1280, 10}};
+  for (int threads : {1, 2, 3, 8}) {
+    for (const std::vector<int64_t>& sizes : cases) {
+      for (int64_t align : {int64_t{1}, int64_t{16}, int64_t{1024}}) {
+        std::vector<std::vector<std::atomic<int>>> hits;
+        for (int64_t n : sizes) hits.emplace_back(static_cast<size_t>(n));
+        std::atomic<int> calls{0}, bad{0};
+        ParallelForArrays(sizes.data(), static_cast<int64_t>(sizes.size()), threads, align,
+                          [&](int64_t k, int64_t b, int64_t e) {
+                            ++calls;
+                            if (k < 0 || k >= static_cast<int64_t>(sizes.size()) || b % align != 0 ||
+                                b >= e || e > sizes[static_cast<size_t>(k)]) {
+                              ++bad;
+                              return;
+                            }
+                            for (int64_t i = b; i < e; ++i) ++hits[static_cast<size_t>(k)][static_cast<size_t>(i)];
+                          });
+        ASSERT_EQ(bad.load(), 0) << threads << " threads, align " << align;
+        for (size_t k = 0; k < sizes.size(); ++k) {
+          for (int64_t i = 0; i < sizes[k]; ++i) {
+            ASSERT_EQ(hits[k][static_cast<size_t>(i)].load(), 1) << "array " << k << " element " << i;
+          }
+        }
+        // One call per array a chunk touches; ParallelFor makes min(pieces, threads) chunks.
+        int64_t pieces = 0, nonempty = 0;
+        for (int64_t n : sizes) {
+          pieces += (n + align - 1) / align;
+          nonempty += n > 0;
+        }
+        EXPECT_GE(calls.load(), std::max<int64_t>(nonempty, std::min<int64_t>(pieces, threads)));
+        EXPECT_LE(calls.load(), nonempty + std::min<int64_t>(pieces, threads) - 1 + (pieces == 0));
+      }
+    }
+  }
 }
 
 TEST(ThreadPoolTest, ScratchBufferIsAlignedAndGrows) {
