@@ -642,9 +642,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         a.rounds_in_flight, ledger::kMaxRoundsInFlight));
   }
   if (a.dispute_window_ms < 1 || a.dispute_window_ms > 3'600'000) {
-    return InvalidArgument(fmt::format(
-        "--dispute-window-ms is {}; use 1 to 3600000 (the default is {})", a.dispute_window_ms,
-        kVerifyWindowMs));
+    return InvalidArgument(
+        fmt::format("--dispute-window-ms is {}; use 1 to 3600000 (the default is {})",
+                    a.dispute_window_ms, kVerifyWindowMs));
   }
   const int total_nodes = a.solvers + a.verifiers;
   ML_ASSIGN_OR_RETURN(std::vector<AdversaryPlan> adversaries,

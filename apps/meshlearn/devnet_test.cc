@@ -307,7 +307,8 @@ TEST(Devnet, BadAssuranceOptionsAreRefusedBeforeAnythingStarts) {
       {"--assurance full --target-escape-ppm 1000", "--target-escape-ppm"},
       {"--target-escape-ppm 1000", "--target-escape-ppm needs --assurance target"},
       {"--assurance target --target-escape-ppm 1000000", "--target-escape-ppm"},
-      {"--assurance full --no-verification", "it needs verification"}};
+      {"--assurance full --no-verification", "it needs verification"},
+      {"--dispute-window-ms 0", "--dispute-window-ms is 0; use 1 to 3600000"}};
   for (const auto& [flags, expect] : cases) {
     CmdResult r = Meshlearn("devnet --solvers 2 --task tests/devnet-tiny.toml --out " + dir + " " +
                                 flags,
@@ -488,11 +489,11 @@ TEST(DevnetLong, The10mGptWithALazySolverIsRuledByTheLedgerAtATile) {
     GTEST_SKIP() << "the code corpus (/usr/lib/python3.11) is not installed";
   }
   std::string dir = TempDir() + "/d";
-  CmdResult r = Meshlearn("--json devnet --solvers 3 --task examples/code-gpt-10m-devnet.toml "
-                          "--block-interval-ms 200 --dispute-window-ms 20000 --timeout 1800 "
-                          "--adversary solver:lazy "
-                          "--out " + dir,
-                          dir + "-home");
+  const std::string args =
+      "--json devnet --solvers 3 --task examples/code-gpt-10m-devnet.toml --block-interval-ms 200 "
+      "--dispute-window-ms 20000 --timeout 1800 --adversary solver:lazy --out " +
+      dir;
+  CmdResult r = Meshlearn(args, dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
   json rep = ReadReport(dir);
   ASSERT_FALSE(rep.is_discarded());

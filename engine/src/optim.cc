@@ -6,10 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "meshlearn/engine/init.h"
-#include "meshlearn/engine/kernels.h"
 #include "config_ranges.h"
 #include "kernels_internal.h"
+#include "meshlearn/engine/init.h"
+#include "meshlearn/engine/kernels.h"
 
 namespace meshlearn::engine {
 

@@ -212,8 +212,10 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         grads.push_back(index[p.name + ".grad"]);
         partials += (p.value.size() + kSumBlock - 1) / kSumBlock;
       }
-      TileOp blocks{"grad_norm.blocks", TileOpKind::kTileOpGradSquareBlocks,
-                    TileGrid::For(1, partials), {partials}};
+      TileOp blocks{"grad_norm.blocks",
+                    TileOpKind::kTileOpGradSquareBlocks,
+                    TileGrid::For(1, partials),
+                    {partials}};
       blocks.sources = grads;
       TileOp n{"grad_norm", TileOpKind::kTileOpGradNorm, TileGrid::For(1, 1), {1}};
       n.x = add(std::move(blocks));

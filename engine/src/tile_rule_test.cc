@@ -359,8 +359,8 @@ TEST(TileRuleTest, TheNormOperatorsDependOnTheirWholeFootprint) {
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   const int64_t blocks = static_cast<int64_t>(p->ops.size()) - 8, norm = blocks + 1;
   Rng rng(3);
-  for (const auto& [op, block] : {std::pair<int64_t, int64_t>{blocks, 1}, {blocks, 2}, {norm, 0},
-                                  {norm, 3}}) {
+  for (const auto& [op, block] :
+       {std::pair<int64_t, int64_t>{blocks, 1}, {blocks, 2}, {norm, 0}, {norm, 3}}) {
     Result<TileFootprint> fp = Footprint(*p, op, 0, block);
     ASSERT_TRUE(fp.ok()) << fp.status().ToString();
     TileInputs in;
@@ -371,8 +371,8 @@ TEST(TileRuleTest, TheNormOperatorsDependOnTheirWholeFootprint) {
       in.tiles.push_back(std::move(v));
     }
     if (block > 0) {
-      in.partial.assign(static_cast<size_t>(p->ops[static_cast<size_t>(op)].grid.TileRect(0).numel()),
-                        0.5f);
+      in.partial.assign(
+          static_cast<size_t>(p->ops[static_cast<size_t>(op)].grid.TileRect(0).numel()), 0.5f);
     }
     Result<std::vector<float>> base = RecomputeTile(*p, op, 0, block, 0, in);
     ASSERT_TRUE(base.ok()) << base.status().ToString();
