@@ -85,6 +85,12 @@ bool SameBits(const std::vector<float>& a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// `toml` with optimizer.grad_clip = `clip` (its [optimizer] table is the one before [train]).
+std::string Clipped(std::string toml, const char* clip) {
+  toml.replace(toml.find("[train]"), 7, std::string("grad_clip = ") + clip + "\n[train]");
+  return toml;
+}
+
 TEST(TileTest, GridsCutTensorsIntoTilesThatProveAlone) {
   TileGrid m = TileGrid::For(70, 40);
   EXPECT_EQ(m.row_tiles(), 3);
@@ -256,6 +262,81 @@ TEST(TileRuleTest, WideLayersAreNarrowedIntoTheirChainsBitForBit) {
   ASSERT_TRUE(SetKernelConfig(saved).ok());
 }
 
+// The fast SumSquaresTree sums 8 blocks at a time and splits a gradient of 2^16 elements or more
+// over threads; the norm's operators recompute it block by block in the reference order. A clipped
+// MLP whose first weight has 64 x 1100 = 70,400 elements takes both fast paths: on every SIMD
+// width and thread count, the block partials, the norm and the clipped updates recompute to the
+// traced bits, and the traced norm is the one the fast GlobalGradNorm gave the step (StepOnBatch's
+// grad_norm): the reference combination of the partials is the fast sum, bit for bit.
+TEST(TileRuleTest, TheNormOperatorsRecomputeOnEveryFastPathOverLargeGradients) {
+  std::string wide = Clipped(kMlp, "0.05");
+  wide.replace(wide.find("input = [70]"), 12, "input = [1100]");
+  wide.replace(wide.find("out = 40"), 8, "out = 64");
+  const KernelConfig saved = GetKernelConfig();
+  for (SimdPath simd : {SimdPath::kScalar, SimdPath::kAvx2, SimdPath::kAvx512}) {
+    if (!SimdPathSupported(simd)) continue;
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE(std::string(SimdPathName(simd)) + " x " + std::to_string(threads));
+      ASSERT_TRUE(SetKernelConfig({simd, threads}).ok());
+      Result<TaskSpec> spec = TaskSpec::Parse(wide, "wide-clipped.toml", ".");
+      ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+      TaskData d;
+      Rng rng(8);
+      std::vector<float> x(static_cast<size_t>(64 * 1100));
+      for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
+      d.train.x = Tensor({64, 1100}, x);
+      d.train.y.resize(64);
+      for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(5));
+      d.train.num_classes = 5;
+      d.test = d.train;
+      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, d);
+      ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+      (*tr)->Step();  // nonzero moments
+      TrainState& st = (*tr)->state();
+      const int64_t step = st.step;
+      const Batch batch = (*tr)->BatchForStep(step);
+      OpTrace trace;
+      trace.set_keep_values(true);
+      st.model->set_op_trace(&trace);
+      float norm = 0;
+      StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream), &norm);
+      st.model->set_op_trace(nullptr);
+      Result<TilePlan> plan = PlanStepTiles(spec->model, st.optimizer->spec(), spec->batch_size);
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      ASSERT_EQ(plan->ops.size(), trace.size());
+      const int64_t n = static_cast<int64_t>(plan->ops.size());
+      const int64_t blocks = n - 8, norm_op = n - 7;
+      ASSERT_EQ(plan->ops[static_cast<size_t>(norm_op)].name, "grad_norm");
+      EXPECT_GT(norm, 0.05f) << "the clip must act";
+      EXPECT_EQ(trace.values(static_cast<size_t>(norm_op))[0], norm);
+      for (int64_t j : {blocks, norm_op}) {
+        const TileGrid& g = plan->ops[static_cast<size_t>(j)].grid;
+        for (int64_t t = 0; t < g.count(); ++t) {
+          Result<std::vector<std::vector<float>>> chain =
+              ReductionChain(*plan, j, t, step, trace, batch);
+          ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+          ASSERT_TRUE(
+              SameBits(chain->back(), ExtractTile(trace.values(static_cast<size_t>(j)), g, t)))
+              << plan->ops[static_cast<size_t>(j)].name << " tile " << t;
+        }
+      }
+      for (int64_t j = norm_op + 1; j < n; ++j) {  // every clipped update, every tile
+        const TileGrid& g = plan->ops[static_cast<size_t>(j)].grid;
+        for (int64_t t = 0; t < g.count(); ++t) {
+          Result<TileFootprint> fp = Footprint(*plan, j, t, 0);
+          ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+          Result<std::vector<float>> got =
+              RecomputeTile(*plan, j, t, 0, step, GatherTileInputs(*plan, *fp, trace, batch));
+          ASSERT_TRUE(got.ok()) << got.status().ToString();
+          ASSERT_TRUE(SameBits(*got, ExtractTile(trace.values(static_cast<size_t>(j)), g, t)))
+              << plan->ops[static_cast<size_t>(j)].name << " tile " << t;
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(SetKernelConfig(saved).ok());
+}
+
 TEST(TileRuleTest, FootprintsAreSmallAndRefuseWhatIsNotAnOutput) {
   std::unique_ptr<Trainer> tr = MakeTrainer(kMlp);
   Result<TilePlan> plan =
@@ -303,11 +384,6 @@ TEST(TileRuleTest, WhatIsNotCoveredYetIsOpaqueAndRefused) {
 // A clipped step (optimizer.grad_clip) commits its global gradient norm as two operators before
 // the update: every gradient's block partials, then the norm; each update tile reads the norm's
 // one tile besides its own elements. The clip is small enough to act at every step here.
-std::string Clipped(std::string toml, const char* clip) {
-  toml.replace(toml.find("[train]"), 7, std::string("grad_clip = ") + clip + "\n[train]");
-  return toml;
-}
-
 TEST(TileRuleTest, AClippedUpdateReadsTheCommittedNormAndEveryTileRecomputesAdamW) {
   const std::string toml = Clipped(kMlp, "0.05");
   std::unique_ptr<Trainer> tr = MakeTrainer(toml);
