@@ -98,6 +98,10 @@ struct DevnetArgs {
   // then the 5-block verification window) over about three rounds' time, so 4 rounds in flight
   // keep the solvers busy (`devnet_bench --verification`; the ledger's default is 2).
   int64_t rounds_in_flight = 4;
+  // Each dispute turn's window, at least (genesis dispute_response_blocks). A party answers the
+  // turn that narrows a dispute to one step by replaying that step with its operator trace: well
+  // under a second for the fashion MLP, about 5 s for the 10M GPT on 2 loaded cores.
+  int64_t dispute_window_ms = kVerifyWindowMs;
   // The task's [network] assurance and target_escape_ppm, overridden for this run ("" and 0: the
   // task file's).
   std::string assurance;
@@ -638,6 +642,11 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         "--rounds-in-flight is {}; use 0 (a round starts when the one before it is final) to {}",
         a.rounds_in_flight, ledger::kMaxRoundsInFlight));
   }
+  if (a.dispute_window_ms < 1 || a.dispute_window_ms > 3'600'000) {
+    return InvalidArgument(
+        fmt::format("--dispute-window-ms is {}; use 1 to 3600000 (the default is {})",
+                    a.dispute_window_ms, kVerifyWindowMs));
+  }
   const int total_nodes = a.solvers + a.verifiers;
   ML_ASSIGN_OR_RETURN(std::vector<AdversaryPlan> adversaries,
                       PlanAdversaries(a.adversary, a.solvers, a.verifiers, a.verification));
@@ -734,7 +743,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     ledger::ChainParams& p = gen.params;
     p.verdict_commit_blocks = std::max(p.verdict_commit_blocks, blocks(kCommitWindowMs));
     p.verdict_reveal_blocks = std::max(p.verdict_reveal_blocks, blocks(kVerifyWindowMs));
-    p.dispute_response_blocks = std::max(p.dispute_response_blocks, blocks(kVerifyWindowMs));
+    p.dispute_response_blocks = std::max(p.dispute_response_blocks, blocks(a.dispute_window_ms));
     // Time for `task audit --full --prove` against a --keep devnet to reopen the task (a full
     // audit of examples/fashion-mlp.toml re-executes its 48 units in about a minute); stake
     // stays bonded for at least as long (genesis requires it).
@@ -1306,6 +1315,11 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
   cmd->add_option("--kill-sequencer", a.kill_sequencer,
                   "R: SIGKILL the leading sequencer candidate when round R (from 0) starts; the "
                   "report says how long the chain went without a block");
+  cmd->add_option("--dispute-window-ms", a.dispute_window_ms,
+                  "Each dispute turn's window, at least: a party replays the disputed step with "
+                  "its operator trace within one (raise it for large models: the 10M GPT's takes "
+                  "about 5 s on 2 cores)")
+      ->capture_default_str();
   cmd->add_option("--rounds-in-flight", a.rounds_in_flight,
                   "Aggregated rounds whose checks may run while later rounds train (genesis "
                   "rounds_in_flight; 0: each round waits for the one before it to be final; "
@@ -1387,9 +1401,13 @@ void PrintReport(GlobalOptions& g, const json& report) {
             v["rounds_dropped"].get<uint64_t>());
       }
       for (const json& r : v["disputes_ruled"]) {
-        std::cout << fmt::format("  ruling on unit {} step {}: for the {} ({})\n",
-                                 r["unit"].get<uint32_t>(), r["step"].get<uint64_t>(),
-                                 r["for"].get<std::string>(), r["reason"].get<std::string>());
+        // Which transaction ruled (RefereeTile, RefereeStep, RuleDispute) and from how large a
+        // witness.
+        std::cout << fmt::format(
+            "  ruling on unit {} step {} by {} (witness {} bytes): for the {} ({})\n",
+            r["unit"].get<uint32_t>(), r["step"].get<uint64_t>(), r.value("tx", std::string("?")),
+            r.value("witness_bytes", uint64_t{0}), r["for"].get<std::string>(),
+            r["reason"].get<std::string>());
       }
       for (const json& n : report["nodes"]) {
         const std::string adv = n.value("adversary", "");

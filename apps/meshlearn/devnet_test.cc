@@ -307,7 +307,8 @@ TEST(Devnet, BadAssuranceOptionsAreRefusedBeforeAnythingStarts) {
       {"--assurance full --target-escape-ppm 1000", "--target-escape-ppm"},
       {"--target-escape-ppm 1000", "--target-escape-ppm needs --assurance target"},
       {"--assurance target --target-escape-ppm 1000000", "--target-escape-ppm"},
-      {"--assurance full --no-verification", "it needs verification"}};
+      {"--assurance full --no-verification", "it needs verification"},
+      {"--dispute-window-ms 0", "--dispute-window-ms is 0; use 1 to 3600000"}};
   for (const auto& [flags, expect] : cases) {
     CmdResult r = Meshlearn("devnet --solvers 2 --task tests/devnet-tiny.toml --out " + dir + " " +
                                 flags,
@@ -474,6 +475,49 @@ TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
     }
   }
   EXPECT_EQ(killed, 1) << rep.dump(2);
+  ExpectNoOrphans(dir);
+}
+
+// The 10M GPT (examples/code-gpt-10m-devnet.toml: 10.8M parameters, AdamW clipping at 1.0, one
+// sequence of 64 tokens a step, 2 rounds of 2 units of 4 inner steps, every segment replayed)
+// with a lazy solver among 3: its unit is disputed with the tile phase, the game narrows to a
+// clipped AdamW tile of the step it skipped, and the ledger rules it by RefereeTile from a
+// witness of at most 256 KiB (no key involved); the lazy node is slashed and the final model is
+// the honest in-process reference's. Label "long" (minutes on 2 cores: MESHLEARN_SLOW_TESTS=1).
+TEST(DevnetLong, The10mGptWithALazySolverIsRuledByTheLedgerAtATile) {
+  if (!std::ifstream("/usr/lib/python3.11/os.py").good()) {
+    GTEST_SKIP() << "the code corpus (/usr/lib/python3.11) is not installed";
+  }
+  std::string dir = TempDir() + "/d";
+  const std::string args =
+      "--json devnet --solvers 3 --task examples/code-gpt-10m-devnet.toml --block-interval-ms 200 "
+      "--dispute-window-ms 20000 --timeout 1800 --adversary solver:lazy --out " +
+      dir;
+  CmdResult r = Meshlearn(args, dir + "-home");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json rep = ReadReport(dir);
+  ASSERT_FALSE(rep.is_discarded());
+  EXPECT_TRUE(rep["matches_reference"].get<bool>()) << rep.dump(2);
+  const json& v = rep["verification"];
+  ASSERT_TRUE(v.value("enabled", false)) << rep.dump(2);
+  ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
+  EXPECT_EQ(v["slashed"][0]["adversary"], "lazy");
+  int tile_rulings = 0;
+  for (const json& ruling : v["disputes_ruled"]) {
+    std::printf("[ devnet   ] ruling on unit %u step %llu by %s, witness %llu bytes, for the %s\n",
+                ruling["unit"].get<uint32_t>(),
+                static_cast<unsigned long long>(ruling["step"].get<uint64_t>()),
+                ruling["tx"].get<std::string>().c_str(),
+                static_cast<unsigned long long>(ruling["witness_bytes"].get<uint64_t>()),
+                ruling["for"].get<std::string>().c_str());
+    EXPECT_NE(ruling["tx"], "RuleDispute") << "no key rules an exact-mode dispute";
+    if (ruling["tx"] == "RefereeTile") {
+      ++tile_rulings;
+      EXPECT_GT(ruling["witness_bytes"].get<uint64_t>(), 0u);
+      EXPECT_LE(ruling["witness_bytes"].get<uint64_t>(), 256u * 1024) << ruling.dump(2);
+    }
+  }
+  EXPECT_GE(tile_rulings, 1) << v.dump(2);
   ExpectNoOrphans(dir);
 }
 

@@ -1,14 +1,16 @@
 #include "meshlearn/engine/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
 #include <nlohmann/json.hpp>
 
+#include "config_ranges.h"
+#include "kernels_internal.h"
 #include "meshlearn/engine/init.h"
 #include "meshlearn/engine/kernels.h"
 #include "meshlearn/engine/threadpool.h"
-#include "config_ranges.h"
 
 namespace meshlearn::engine {
 
@@ -130,6 +132,36 @@ float GlobalGradNorm(const std::vector<Param>& params) {
   return std::sqrt(SumGradSquares(params, 0.0f));
 }
 
+GradClip GradClipOf(const OptimizerSpec& spec, float norm) {
+  GradClip c;
+  c.clip = spec.grad_clip > 0 && norm > static_cast<float>(spec.grad_clip);
+  c.scale = c.clip ? static_cast<float>(spec.grad_clip) / (norm + 1e-6f) : 1.0f;
+  return c;
+}
+
+void AppendSquareBlockPartials(const float* x, int64_t n, std::vector<float>* partials) {
+  internal::FpEnvGuard fp_guard;  // the kernels' canonical environment (kernels.h)
+  for (int64_t b0 = 0; b0 < n; b0 += kSumBlock) {
+    const int64_t b1 = std::min(n, b0 + kSumBlock);
+    float acc = 0.0f;
+    for (int64_t i = b0; i < b1; ++i) acc = __builtin_fmaf(x[i], x[i], acc);
+    partials->push_back(acc);
+  }
+}
+
+float CombineBlockPartials(std::vector<float> p) {
+  internal::FpEnvGuard fp_guard;
+  if (p.empty()) return 0.0f;
+  size_t n = p.size();
+  while (n > 1) {
+    const size_t half = n / 2;
+    for (size_t i = 0; i < half; ++i) p[i] = p[2 * i] + p[2 * i + 1];
+    if (n % 2 == 1) p[half] = p[n - 1];
+    n = half + n % 2;
+  }
+  return p[0];
+}
+
 namespace {
 
 // b^t by repeated squaring in double: a fixed sequence of IEEE multiplications.
@@ -153,8 +185,7 @@ float Optimizer::Step(std::vector<Param>& params, int64_t step) {
 
 void Optimizer::Update(std::vector<Param>& params, int64_t step, float norm) {
   CHECK_EQ(params.size(), param_names_.size());
-  const bool clip = spec_.grad_clip > 0 && norm > static_cast<float>(spec_.grad_clip);
-  const float scale = clip ? static_cast<float>(spec_.grad_clip) / (norm + 1e-6f) : 1.0f;
+  const auto [clip, scale] = GradClipOf(spec_, norm);
   if (spec_.kind == "adamw") {
     // The per-element update (clipping included) is the AdamWUpdate kernel: SIMD lanes and
     // threads over elements, the reference's formula (kernels.h) bit for bit.

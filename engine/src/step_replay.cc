@@ -108,7 +108,19 @@ float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed, 
       .train = true, .dropout_seed = dropout_seed, .step = static_cast<uint64_t>(step)};
   const float loss = m.Forward(batch, opts);
   m.Backward();
-  const float norm = state.optimizer->Step(m.params(), step);
+  const float norm = GlobalGradNorm(m.params());
+  if (OpTrace* trace = m.op_trace(); trace != nullptr && state.optimizer->spec().grad_clip > 0) {
+    // A clipped update's scale is a reduction over every gradient: it is committed as two
+    // operators, every gradient's SumSquaresTree block partials and then the norm they combine
+    // to (tile_rule.h), so one tile of the update, and the norm itself, can be ruled alone.
+    std::vector<float> partials;
+    for (const Param& p : m.params()) {
+      AppendSquareBlockPartials(p.grad.data(), p.grad.size(), &partials);
+    }
+    trace->Record("grad_norm.blocks", partials);
+    trace->Record("grad_norm", {&norm, 1});
+  }
+  state.optimizer->Update(m.params(), step, norm);
   if (OpTrace* trace = m.op_trace()) {  // the update is the step's last operator
     for (const Param& p : m.params()) {
       const TileGrid g = TileGrid::ForShape(p.value.shape());

@@ -1,6 +1,7 @@
 #include "meshlearn/engine/tile_rule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 
@@ -123,13 +124,41 @@ void ForEachSequenceSpan(int64_t r0, int64_t r1, int64_t T, F&& fn) {
   }
 }
 
-}  // namespace
+// One gradient's share of "grad_norm.blocks": its operator, the index of its first block partial
+// and how many it has (one per kSumBlock elements, the last cut short).
+struct TileRuleSquareRange {
+  int64_t grad = 0, first = 0, count = 0;
+};
+std::vector<TileRuleSquareRange> TileRuleSquareRanges(const TilePlan& plan, const TileOp& o) {
+  std::vector<TileRuleSquareRange> ranges;
+  int64_t first = 0;
+  for (int64_t g : o.sources) {
+    const int64_t n = plan.ops[static_cast<size_t>(g)].grid.size();
+    ranges.push_back({g, first, (n + kSumBlock - 1) / kSumBlock});
+    first += ranges.back().count;
+  }
+  return ranges;
+}
 
-namespace {
-
-constexpr char kTileRuleClipped[] =
-    "a clipped update (optimizer.grad_clip): its scale is a reduction over every gradient, not "
-    "yet committed as an operator";
+// The gradient elements block partial `e` of "grad_norm.blocks" sums the squares of: elements
+// [e0, e1) of gradient operator `grad` (flat, row-major), whose grid has `cols` columns. False
+// when e is past the last partial.
+struct TileRuleSquareBlock {
+  int64_t grad = 0, e0 = 0, e1 = 0, cols = 1;
+};
+bool TileRuleSquareBlockOf(const TilePlan& plan, const TileOp& o, int64_t e,
+                           TileRuleSquareBlock* out) {
+  for (const TileRuleSquareRange& r : TileRuleSquareRanges(plan, o)) {
+    if (e < r.first || e >= r.first + r.count) continue;
+    const TileGrid& g = plan.ops[static_cast<size_t>(r.grad)].grid;
+    out->grad = r.grad;
+    out->e0 = (e - r.first) * kSumBlock;
+    out->e1 = std::min(g.size(), out->e0 + kSumBlock);
+    out->cols = g.cols;
+    return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -171,9 +200,28 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     add({"in." + s.name, TileOpKind::kTileOpState, TileGrid::ForShape(s.tensor->shape()),
          s.tensor->shape()});
   }
-  // The update (StepOnBatch records every parameter after it), the same for every model.
+  // The update (StepOnBatch records every parameter after it), the same for every model; a
+  // clipped one after the global norm's two operators (step_replay.cc records them so).
   const bool adam = optimizer.kind == "adamw";
   auto add_updates = [&] {
+    int64_t norm = -1;
+    if (optimizer.grad_clip > 0) {
+      std::vector<int64_t> grads;
+      int64_t partials = 0;
+      for (const Param& p : m.params()) {
+        grads.push_back(index[p.name + ".grad"]);
+        partials += (p.value.size() + kSumBlock - 1) / kSumBlock;
+      }
+      TileOp blocks{"grad_norm.blocks",
+                    TileOpKind::kTileOpGradSquareBlocks,
+                    TileGrid::For(1, partials),
+                    {partials}};
+      blocks.sources = grads;
+      TileOp n{"grad_norm", TileOpKind::kTileOpGradNorm, TileGrid::For(1, 1), {1}};
+      n.x = add(std::move(blocks));
+      n.sources = std::move(grads);
+      norm = add(std::move(n));
+    }
     for (const Param& p : m.params()) {
       TileOp up{p.name, adam ? TileOpKind::kTileOpAdamW : TileOpKind::kTileOpSgd,
                 TileGrid::ForShape(p.value.shape()), p.value.shape()};
@@ -181,10 +229,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       up.w = index[p.name + ".grad"];
       up.b = state_op(adam ? "optim.m." + p.name : "optim.momentum." + p.name);
       up.v = adam ? state_op("optim.v." + p.name) : -1;
-      if (optimizer.grad_clip > 0) {
-        up.kind = TileOpKind::kTileOpOpaque;
-        up.opaque = kTileRuleClipped;
-      }
+      up.clip_norm = norm;
       add(std::move(up));
     }
   };
@@ -418,6 +463,13 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     const int64_t C = o.conv[0];
     return C > kTileConvChannels ? (C + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
+  // The block partials are independent sums of kSumBlock gradient elements each (up to 4 KiB of
+  // values, in at most 40 of their tiles): a tile of them is narrowed to one, the chain S_k being
+  // the tile with its first k partials filled in (the rest 0).
+  if (o.kind == TileOpKind::kTileOpGradSquareBlocks) return kTileFlat;
+  // The norm chains over the parameters (optim.cc's SumGradSquares): S_{k+1} = S_k + the
+  // combination of parameter k's block partials.
+  if (o.kind == TileOpKind::kTileOpGradNorm) return static_cast<int64_t>(o.sources.size());
   if (!TileRuleIsReduction(o.kind)) return 0;
   return (plan.batch + kTileRows - 1) / kTileRows;
 }
@@ -556,12 +608,33 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       for (int64_t operand : {o.x, o.w, o.b, o.v}) {
         if (operand >= 0) TileRuleCover(plan, operand, t.r0, t.r1, t.c0, t.c1, fp);
       }
+      if (o.clip_norm >= 0) TileRuleCover(plan, o.clip_norm, 0, 1, 0, 1, fp);  // its scale
       break;
+    case TileOpKind::kTileOpGradSquareBlocks: {
+      // Block `block` of the tile is its partial e = c0 + block: the gradient elements it sums,
+      // row segment by row segment of the gradient's grid (none past the last partial).
+      TileRuleSquareBlock sb;
+      if (!TileRuleSquareBlockOf(plan, o, t.c0 + block, &sb) || t.c0 + block >= t.c1) break;
+      for (int64_t r = sb.e0 / sb.cols; r <= (sb.e1 - 1) / sb.cols; ++r) {
+        const int64_t c0 = std::max(sb.e0, r * sb.cols) - r * sb.cols;
+        const int64_t c1 = std::min(sb.e1, (r + 1) * sb.cols) - r * sb.cols;
+        TileRuleCover(plan, sb.grad, r, r + 1, c0, c1, fp);
+      }
+      break;
+    }
+    case TileOpKind::kTileOpGradNorm: {
+      // Block k: parameter k's block partials.
+      const TileRuleSquareRange r = TileRuleSquareRanges(plan, o)[static_cast<size_t>(block)];
+      TileRuleCover(plan, o.x, 0, 1, r.first, r.first + r.count, fp);
+      break;
+    }
   }
-  // Attention: a tile named twice (rectangles of one operand sharing a tile: q and k of a head,
-  // or two heads' rows) is listed once, where it first appears.
-  const bool attention =
-      o.kind == TileOpKind::kTileOpAttention || o.kind == TileOpKind::kTileOpAttentionOut;
+  // Attention and the block partials: a tile named twice (rectangles of one operand sharing a
+  // tile: q and k of a head, two heads' rows, two row segments of a gradient) is listed once,
+  // where it first appears.
+  const bool attention = o.kind == TileOpKind::kTileOpAttention ||
+                         o.kind == TileOpKind::kTileOpAttentionOut ||
+                         o.kind == TileOpKind::kTileOpGradSquareBlocks;
   for (size_t i = 1; attention && i < fp.tiles.size();) {
     if (std::find(fp.tiles.begin(), fp.tiles.begin() + static_cast<int64_t>(i), fp.tiles[i]) !=
         fp.tiles.begin() + static_cast<int64_t>(i)) {
@@ -949,15 +1022,49 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       std::vector<float> m, v;
       if (o.b >= 0) m = dense(o.b, t.r0, t.r1, t.c0, t.c1);
       if (o.v >= 0) v = dense(o.v, t.r0, t.r1, t.c0, t.c1);
+      // Clipped: the factor of the agreed global norm, as Optimizer::Update forms it.
+      const GradClip clip = o.clip_norm >= 0
+                                ? GradClipOf(plan.optimizer, dense(o.clip_norm, 0, 1, 0, 1)[0])
+                                : GradClip{};
       if (o.kind == TileOpKind::kTileOpAdamW) {
-        AdamWStep s = AdamWScalars(plan.optimizer, step, 1.0f, false);
+        AdamWStep s = AdamWScalars(plan.optimizer, step, clip.scale, clip.clip);
         s.decay_weight = AdamWDecays(plan.optimizer, o.shape);
         ref::AdamWUpdate(w.data(), g.data(), m.data(), v.data(), t.numel(), s);
       } else {
+        if (clip.clip) {
+          for (float& gi : g) gi = gi * clip.scale;
+        }
         SgdUpdate(plan.optimizer, step, o.shape, w.data(), g.data(), o.b >= 0 ? m.data() : nullptr,
                   t.numel());
       }
       out = std::move(w);
+      break;
+    }
+    case TileOpKind::kTileOpGradSquareBlocks: {
+      // S_{block+1}: S_block with partial c0 + block summed (kernels.h's SumSquaresTree block:
+      // acc = fma(g, g, acc) from 0 over its kSumBlock elements).
+      if (block > 0) out = in.partial;
+      TileRuleSquareBlock sb;
+      if (!TileRuleSquareBlockOf(plan, o, t.c0 + block, &sb) || t.c0 + block >= t.c1) break;
+      const int64_t r0 = sb.e0 / sb.cols, r1 = (sb.e1 - 1) / sb.cols + 1;
+      const int64_t c0 = r1 - r0 == 1 ? sb.e0 - r0 * sb.cols : 0;
+      const int64_t c1 = r1 - r0 == 1 ? sb.e1 - r0 * sb.cols : sb.cols;
+      const std::vector<float> g = dense(sb.grad, r0, r1, c0, c1);
+      const int64_t skip = sb.e0 - r0 * sb.cols - c0;
+      std::vector<float> partial;
+      AppendSquareBlockPartials(g.data() + skip, sb.e1 - sb.e0, &partial);
+      out[static_cast<size_t>(block)] = partial.at(0);
+      break;
+    }
+    case TileOpKind::kTileOpGradNorm: {
+      // optim.cc: total = 0; total += SumSquaresTree(grad) parameter by parameter; norm =
+      // sqrt(total). Block k adds parameter k's tree of partials to the agreed S_k; the last
+      // block also takes the square root.
+      internal::FpEnvGuard fp_guard;
+      const TileRuleSquareRange r = TileRuleSquareRanges(plan, o)[static_cast<size_t>(block)];
+      const float tree = CombineBlockPartials(dense(o.x, 0, 1, r.first, r.first + r.count));
+      const float total = (block > 0 ? in.partial[0] : 0.0f) + tree;
+      out[0] = block + 1 == blocks ? std::sqrt(total) : total;
       break;
     }
   }

@@ -230,6 +230,10 @@ enum class LieKind {
   kInputState,   // the step starts from a corrupted weight: its input state differs
   kWrongUpdate,  // the step's update uses twice the learning rate (a real wrong computation)
   kTile,         // one element of one operator's output is off (posted as computed)
+  // A lazy solver's claim (node::SkippedUpdateTrace, node/src/adversary.cc; ledger tests cannot
+  // link node): the step's forward and backward pass as computed, every parameter after the
+  // update the one before it.
+  kSkippedUpdate,
 };
 
 struct Lie {
@@ -308,6 +312,19 @@ PartyRun Train(const Lie& lie) {
       rec.roots[static_cast<size_t>(op)] = engine::TensorRoot(fake, g);
       rec.fake[op] = std::move(fake);
       // The liar carries on from a state of its own.
+      st.model->params()[0].value.data()[0] += 1e-3f;
+    }
+    if (lying && lie.kind == LieKind::kSkippedUpdate) {
+      const TilePlan& plan = Context().plan;
+      for (size_t op = 0; op < plan.ops.size(); ++op) {
+        const engine::TileOp& o = plan.ops[op];
+        if (o.kind != engine::TileOpKind::kTileOpAdamW && o.kind != engine::TileOpKind::kTileOpSgd)
+          continue;
+        std::span<const float> before = rec.trace->values(static_cast<size_t>(o.x));
+        std::vector<float> fake(before.begin(), before.end());
+        rec.roots[op] = engine::TensorRoot(fake, o.grid);
+        rec.fake[static_cast<int64_t>(op)] = std::move(fake);
+      }
       st.model->params()[0].value.data()[0] += 1e-3f;
     }
     run.steps.push_back(std::move(rec));
@@ -642,8 +659,49 @@ TEST(TileDisputeTest, OnThe10mGptALieAtACoveredTileLosesToTheTileRule) {
       {LieKind::kTile, "h.4.atty", 255, 50},
       {LieKind::kTile, "h.1.residual2", 100, 383},
       {LieKind::kTile, "h.0.fch_gelu", 10, 1000},
+      // The clipped update (grad_clip = 1.0) and the global norm its scale comes from: a partial
+      // sum of squares of 1024 gradient elements (tile 4, its partial 904: narrowed to it), the
+      // norm's chain over the 76 parameters (off from parameter 40 on), an updated tile.
+      {LieKind::kTile, "grad_norm.blocks", 0, 5000, 904},
+      {LieKind::kTile, "grad_norm", 0, 0, 40},
+      {LieKind::kTile, "transformer.wte.weight", 100, 200},
+      {LieKind::kTile, "transformer.h.3.mlp.c_fc.weight", 1000, 300},
   };
   ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT");
+}
+
+// A lazy party on the 10M GPT (clipping at 1.0, and the clip acts at the disputed step): it claims
+// the step's forward and backward pass and the global norm as anyone computes them, and every
+// parameter unchanged by the update. The game narrows to the first tile of the first updated
+// parameter, a clipped AdamW tile, and the tile rule recomputes it from the parameter, gradient,
+// moment tiles and the agreed norm.
+TEST(TileDisputeTest, OnThe10mGptALazyPartyLosesAtAClippedUpdateTile) {
+  g_setup = &GptSetup();
+  const PartyRun& honest = Honest();
+  const int64_t norm = OpIndex("grad_norm");
+  const float g = honest.steps.at(kLieStep).trace->values(static_cast<size_t>(norm))[0];
+  ASSERT_GT(g, 1.0f) << "the clip must act at the disputed step";
+  std::printf("[ tile     ] 10M GPT step %llu: global gradient norm %.4f (clipped to 1.0)\n",
+              static_cast<unsigned long long>(kLieStep), static_cast<double>(g));
+  const PartyRun lazy = Train(Lie{LieKind::kSkippedUpdate});
+  const int64_t wte = OpIndex("transformer.wte.weight");
+  for (DisputeParty liar_role : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+    SCOPED_TRACE("lazy: " + std::string(protocol::DisputePartyName(liar_role)));
+    const bool defender_lies = liar_role == DisputeParty::kDefender;
+    Played p = defender_lies ? Play(lazy, honest, honest) : Play(honest, lazy, honest);
+    ASSERT_TRUE(p.task.has_value()) << p.outcome.reason;
+    EXPECT_EQ(p.task->step, kLieStep);
+    EXPECT_TRUE(p.task->tile);
+    EXPECT_EQ(p.task->operator_index, static_cast<uint32_t>(wte + 1));
+    EXPECT_EQ(p.task->tile_index, 0u);
+    EXPECT_LE(p.witness_bytes, kMaxTileWitnessBytes);
+    std::printf("[ tile     ] lazy %-10s ruled at %s tile %llu: %u turns, witness %zu bytes\n",
+                defender_lies ? "defender" : "challenger", "transformer.wte.weight",
+                static_cast<unsigned long long>(p.task->tile_index), p.turns, p.witness_bytes);
+    EXPECT_EQ(p.outcome.defender_honest, !defender_lies) << p.outcome.reason;
+    EXPECT_EQ(p.outcome.challenger_honest, defender_lies) << p.outcome.reason;
+    EXPECT_FALSE(p.outcome.undecided);
+  }
 }
 
 TEST(TileDisputeTest, OnTheFashionCnnALieAtACoveredTileLosesToTheTileRule) {
@@ -1316,6 +1374,15 @@ TEST_F(TileChainTest, OnThe10mGptALinearTileIsRuledOnChain) {
   UseGpt();
   const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "h.0.qkv", 100, 500}), true, true);
   EXPECT_GT(bytes, 0u);
+}
+
+// A lazy solver of the 10M GPT (it skipped the update of a clipped step) through the same
+// transactions: ruled by RefereeTile at a clipped AdamW tile, and slashed.
+TEST_F(TileChainTest, OnThe10mGptALazySolverIsRuledOnChainAtAClippedUpdateTile) {
+  UseGpt();
+  const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kSkippedUpdate}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
 }
 
 // A GPT whose vocabulary is left to its data cannot be planned from its bundle: the ledger refuses

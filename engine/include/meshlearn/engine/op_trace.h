@@ -5,7 +5,9 @@
 // order that depends only on the model spec, the commitment of every operator's output: first
 // the step's input state (every parameter, then every optimizer state tensor, as "in.<name>"),
 // then each layer's activations, the per-sample losses, each gradient with respect to an
-// activation and to a parameter, and finally every parameter after the optimizer update. Two
+// activation and to a parameter, for a clipped task (optimizer.grad_clip > 0) the global gradient
+// norm as two operators ("grad_norm.blocks": every gradient's SumSquaresTree block partials;
+// "grad_norm": the norm), and finally every parameter after the optimizer update. Two
 // honest runs of the same step record identical lists; the first index where two lists differ
 // names the first operator that computed something different, and the referee needs to recompute
 // only that one, and of it only one tile (tile.h, tile_rule.h).

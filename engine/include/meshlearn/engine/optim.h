@@ -104,4 +104,22 @@ float GlobalGradNorm(const std::vector<Param>& params);
 // `total` + SumSquaresTree of each gradient, added one parameter at a time in order (float).
 float SumGradSquares(const std::vector<Param>& params, float total);
 
+// Whether a step whose global gradient norm is `grad_norm` clips, and the factor every gradient
+// is multiplied by: clip / (norm + 1e-6) when spec.grad_clip > 0 and norm > clip, else 1.
+// Optimizer::Update and the tile rule of a clipped update (tile_rule.h) both use it.
+struct GradClip {
+  bool clip = false;
+  float scale = 1.0f;
+};
+GradClip GradClipOf(const OptimizerSpec& spec, float grad_norm);
+
+// The two halves of SumSquaresTree (kernels.h), so that the global norm can be committed and
+// recomputed in pieces (tile_rule.h, "grad_norm.blocks" and "grad_norm"):
+// appends to *partials the sequential sum of squares of each block of kSumBlock elements of x
+// (acc = fma(x[i], x[i], acc) from 0; the last block cut short);
+void AppendSquareBlockPartials(const float* x, int64_t n, std::vector<float>* partials);
+// and combines one tensor's block partials level by level (p[i] = p[2i] + p[2i+1], an odd last
+// one moving up): CombineBlockPartials(partials of x) == SumSquaresTree(x, n), bit for bit.
+float CombineBlockPartials(std::vector<float> partials);
+
 }  // namespace meshlearn::engine

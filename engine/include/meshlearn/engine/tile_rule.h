@@ -34,7 +34,28 @@
 //                                   S_{k+1}; after the last block it also applies the final
 //                                   "grad += sum" (0 + S_K), giving the recorded tile;
 //   optimizer update                the same elements of the parameter, its gradient, and the
-//                                   optimizer moments (from the step's input state).
+//                                   optimizer moments (from the step's input state); clipped
+//                                   (optimizer.grad_clip > 0), also the one tile of "grad_norm";
+//   grad_norm.blocks[e]             (clipped steps) partial e of SumSquaresTree (kernels.h): the
+//                                   squares of 1024 consecutive elements of one gradient, chained
+//                                   by fma from 0. NARROWED: a tile holds 1024 independent
+//                                   partials (4 MiB of gradient), so its block k is its partial k
+//                                   alone (S_k = the tile with partials 0..k-1 filled in, 0 after);
+//                                   the footprint of a block is the gradient tiles its 1024
+//                                   elements lie in, row segment by row segment: whatever the
+//                                   gradient's width C, at most 34 tiles and 136 KiB of values
+//                                   (the worst C, 1085, found by enumerating every C to 2100 and
+//                                   every alignment; a vector's block is one tile; 128 KiB on
+//                                   the 10M GPT, in its 1536-wide down projection), plus the
+//                                   4 KiB partial;
+//   grad_norm (1 value)             sqrt of the chain over the parameters, in order, of
+//                                   "total + the pairwise tree of that parameter's partials"
+//                                   (optim.cc's SumGradSquares). NARROWED: block k is parameter k;
+//                                   its footprint the tiles of grad_norm.blocks holding that
+//                                   parameter's ceil(n / 1024) partials (4 bytes a 1024 elements:
+//                                   a parameter of up to ~60M elements fits the 256 KiB bound;
+//                                   a larger one would narrow its tree as well, not done), and the
+//                                   last block also takes the square root.
 // The input state tensors ("in.<name>") are operators of the plan but are not recomputed: they
 // are the step's input (RecomputeTile refuses them).
 //
@@ -43,15 +64,17 @@
 // channels.
 //
 // Covered today: in sequential models, linear, relu, gelu, conv2d and maxpool2d layers' outputs
-// (all of the fashion MLP; the fashion CNN's linear head and relus), with AdamW or SGD; in a GPT,
-// the forward but for the embeddings: the linear operators (qkv, attention projection, MLP up and
-// down projections, the tied LM head), the layernorms (ln1, ln2, ln_f), attention (att, atty),
-// the MLP's gelu and the residual adds (residual2, residual3). Every other operator is in the plan
-// with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming why): the
-// conv2d and maxpool2d gradients, dropout and layernorm layers, the GPT's token embeddings
-// (encoded), the token loss and every GPT gradient, and a clipped update (its
-// scale is a reduction over every gradient, not yet committed as an operator). PlanStepTiles
-// refuses a layer kind it does not know (FailedPrecondition).
+// (all of the fashion MLP; the fashion CNN's linear head and relus), with AdamW or SGD, clipped
+// or not (a clipped step commits its global gradient norm as the two operators above, between
+// the gradients and the update); in a GPT, the forward but for the embeddings: the linear
+// operators (qkv, attention projection, MLP up and down projections, the tied LM head), the
+// layernorms (ln1, ln2, ln_f), attention (att, atty), the MLP's gelu and the residual adds
+// (residual2, residual3), and the (clipped) update of every parameter. Every other operator is in
+// the plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming
+// why): the conv2d and maxpool2d gradients, dropout and layernorm layers, the GPT's token
+// embeddings (encoded), the token loss and every GPT gradient. The gradients being opaque does
+// not keep the norm and the update from being ruled: both read gradients only as agreed inputs.
+// PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
 //
 //   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size));
 //   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, block));
@@ -94,6 +117,10 @@ enum class TileOpKind : uint8_t {
   kTileOpLayerNorm,         // out = layernorm of x's rows, w = weight, b = bias (vectors of C)
   kTileOpAttention,         // att: causal softmax(q k^T / sqrt(hs)) of x = qkv (conv: T, NH, C)
   kTileOpAttentionOut,      // atty = att @ v: x = att, w = qkv (conv: T, NH, C)
+  kTileOpGradSquareBlocks,  // every gradient's SumSquaresTree block partials (sources: the
+                            // gradient operators); each element its own reduction block
+  kTileOpGradNorm,          // the global gradient norm from x = the block partials (sources as
+                            // x's); a chain over the parameters
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
@@ -111,6 +138,11 @@ struct TileOp {
   // kTileOpConv: C, H, W, OC, KH, KW, stride, pad (kernels.h's Conv2dForward); the attention
   // kinds: T, NH, C.
   std::vector<int64_t> conv;
+  // The global-norm operators: the gradient operators, in parameter order.
+  std::vector<int64_t> sources;
+  // A clipped update (kTileOpAdamW, kTileOpSgd with optimizer.grad_clip > 0): the step's
+  // kTileOpGradNorm operator, whose one value sets the clipping factor; -1 when not clipped.
+  int64_t clip_norm = -1;
 };
 
 struct TilePlan {
@@ -134,8 +166,10 @@ Hash256 StateTileRoot(TrainState& state);
 Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
                                int64_t batch, int64_t seq_len = 0);
 
-// Number of fixed reduction blocks a tile of op j is narrowed into (the batch in blocks of
-// kTileRows rows), or 0 when op j's tiles are recomputed whole.
+// Number of fixed reduction blocks a tile of op j is narrowed into (dW, db: the batch in blocks of
+// kTileRows rows; a wide linear: its chain in blocks of 256; a conv: 4 channels a block;
+// grad_norm.blocks: kTileFlat, one partial a block, those past a short last tile's end changing
+// nothing; grad_norm: one parameter a block), or 0 when op j's tiles are recomputed whole.
 int64_t ReductionBlocks(const TilePlan& plan, int64_t op);
 
 struct TileRef {
