@@ -98,10 +98,11 @@ struct DevnetArgs {
   // then the 5-block verification window) over about three rounds' time, so 4 rounds in flight
   // keep the solvers busy (`devnet_bench --verification`; the ledger's default is 2).
   int64_t rounds_in_flight = 4;
-  // Each dispute turn's window, at least (genesis dispute_response_blocks). A party answers the
-  // turn that narrows a dispute to one step by replaying that step with its operator trace: well
-  // under a second for the fashion MLP, about 5 s for the 10M GPT on 2 loaded cores.
-  int64_t dispute_window_ms = kVerifyWindowMs;
+  // Each dispute turn's window, at least (genesis dispute_response_blocks); 0: DisputeWindowMs of
+  // the task. A party answers the turn that narrows a dispute to one step by replaying that step
+  // with its operator trace: well under a second for the fashion MLP, about 5 s for the 10M GPT
+  // on 2 loaded cores.
+  int64_t dispute_window_ms = 0;
   // The task's [network] assurance and target_escape_ppm, overridden for this run ("" and 0: the
   // task file's).
   std::string assurance;
@@ -607,6 +608,15 @@ Result<json> Failovers(ledger::RpcClient& rpc, const std::vector<PublicKey>& key
   return out;
 }
 
+// The dispute turns' window a devnet gives a task unless --dispute-window-ms says otherwise: a
+// party answers the turn that narrows a dispute to one step with a traced replay of that step,
+// whose cost grows with the state it loads, runs and hashes (about 5 s for the 10M GPT's 10.8M
+// parameters on 2 loaded cores): kVerifyWindowMs, plus 2 s per whole million parameters (the
+// fashion MLP's 0.7M: 4 s; the 10M GPT: 24 s).
+int64_t DisputeWindowMs(const node::TaskFacts& facts) {
+  return kVerifyWindowMs + 2000 * static_cast<int64_t>(facts.num_params / 1'000'000);
+}
+
 // Runs the devnet; `emit` gets the report once report.json is written (before --keep waits).
 Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                  const std::function<void(const json&)>& emit) {
@@ -642,10 +652,10 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         "--rounds-in-flight is {}; use 0 (a round starts when the one before it is final) to {}",
         a.rounds_in_flight, ledger::kMaxRoundsInFlight));
   }
-  if (a.dispute_window_ms < 1 || a.dispute_window_ms > 3'600'000) {
-    return InvalidArgument(
-        fmt::format("--dispute-window-ms is {}; use 1 to 3600000 (the default is {})",
-                    a.dispute_window_ms, kVerifyWindowMs));
+  if (a.dispute_window_ms < 0 || a.dispute_window_ms > 3'600'000) {
+    return InvalidArgument(fmt::format(
+        "--dispute-window-ms is {}; use 1 to 3600000, or 0 (the default) for the task's own",
+        a.dispute_window_ms));
   }
   const int total_nodes = a.solvers + a.verifiers;
   ML_ASSIGN_OR_RETURN(std::vector<AdversaryPlan> adversaries,
@@ -743,7 +753,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     ledger::ChainParams& p = gen.params;
     p.verdict_commit_blocks = std::max(p.verdict_commit_blocks, blocks(kCommitWindowMs));
     p.verdict_reveal_blocks = std::max(p.verdict_reveal_blocks, blocks(kVerifyWindowMs));
-    p.dispute_response_blocks = std::max(p.dispute_response_blocks, blocks(a.dispute_window_ms));
+    p.dispute_response_blocks = std::max(
+        p.dispute_response_blocks,
+        blocks(a.dispute_window_ms > 0 ? a.dispute_window_ms : DisputeWindowMs(task.facts)));
     // Time for `task audit --full --prove` against a --keep devnet to reopen the task (a full
     // audit of examples/fashion-mlp.toml re-executes its 48 units in about a minute); stake
     // stays bonded for at least as long (genesis requires it).
@@ -1176,6 +1188,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                                  {"check_events", checks["events"]},
                                  {"taint", checks["taint"]},
                                  {"rounds_in_flight", gen.params.rounds_in_flight},
+                                 {"dispute_window_ms",
+                                  gen.params.dispute_response_blocks * a.block_interval_ms},
                                  {"rounds_dropped", checks["rounds_dropped"]},
                                  {"disputes_ruled", rulings},
                                  {"slashed", slashed},
@@ -1317,8 +1331,8 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
                   "report says how long the chain went without a block");
   cmd->add_option("--dispute-window-ms", a.dispute_window_ms,
                   "Each dispute turn's window, at least: a party replays the disputed step with "
-                  "its operator trace within one (raise it for large models: the 10M GPT's takes "
-                  "about 5 s on 2 cores)")
+                  "its operator trace within one (default 0: 4 s, plus 2 s per whole million "
+                  "parameters of the task's model)")
       ->capture_default_str();
   cmd->add_option("--rounds-in-flight", a.rounds_in_flight,
                   "Aggregated rounds whose checks may run while later rounds train (genesis "

@@ -268,6 +268,7 @@ TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   const int cheater = v["adversaries"][0]["solver"].get<int>();
   EXPECT_EQ(v["adversaries"][0]["mode"], mode);
   EXPECT_EQ(v["assurance"], assurance.empty() ? "economic" : assurance) << v.dump(2);
+  EXPECT_EQ(v["dispute_window_ms"].get<int64_t>(), 4000) << v.dump(2);  // a model under 1M parameters
   if (assurance == "full") {
     EXPECT_EQ(v["checks"]["unchecked"].get<int>(), 0) << v.dump(2);  // every unit replayed
   }
@@ -308,7 +309,8 @@ TEST(Devnet, BadAssuranceOptionsAreRefusedBeforeAnythingStarts) {
       {"--target-escape-ppm 1000", "--target-escape-ppm needs --assurance target"},
       {"--assurance target --target-escape-ppm 1000000", "--target-escape-ppm"},
       {"--assurance full --no-verification", "it needs verification"},
-      {"--dispute-window-ms 0", "--dispute-window-ms is 0; use 1 to 3600000"}};
+      {"--dispute-window-ms -1", "--dispute-window-ms: '-1' is negative"},
+      {"--dispute-window-ms 3600001", "--dispute-window-ms is 3600001; use 1 to 3600000, or 0"}};
   for (const auto& [flags, expect] : cases) {
     CmdResult r = Meshlearn("devnet --solvers 2 --task tests/devnet-tiny.toml --out " + dir + " " +
                                 flags,
@@ -491,7 +493,7 @@ TEST(DevnetLong, The10mGptWithALazySolverIsRuledByTheLedgerAtATile) {
   std::string dir = TempDir() + "/d";
   const std::string args =
       "--json devnet --solvers 3 --task examples/code-gpt-10m-devnet.toml --block-interval-ms 200 "
-      "--dispute-window-ms 20000 --timeout 1800 --adversary solver:lazy --out " +
+      "--timeout 1800 --adversary solver:lazy --out " +
       dir;
   CmdResult r = Meshlearn(args, dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -500,6 +502,8 @@ TEST(DevnetLong, The10mGptWithALazySolverIsRuledByTheLedgerAtATile) {
   EXPECT_TRUE(rep["matches_reference"].get<bool>()) << rep.dump(2);
   const json& v = rep["verification"];
   ASSERT_TRUE(v.value("enabled", false)) << rep.dump(2);
+  // The devnet's window for a 10.8M-parameter model: 4 s + 2 s per whole million.
+  EXPECT_EQ(v["dispute_window_ms"].get<int64_t>(), 24000) << v.dump(2);
   ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
   EXPECT_EQ(v["slashed"][0]["adversary"], "lazy");
   int tile_rulings = 0;
