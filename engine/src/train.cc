@@ -270,6 +270,13 @@ Result<std::string> LoadTextCorpus(Env* env, const TaskSpec& task, TaskData* d) 
   return text;
 }
 
+// The text of a text task: its one file, or its corpus (LoadTextCorpus, which fills in d's corpus
+// facts).
+Result<std::string> ReadText(Env* env, const TaskSpec& task, TaskData* d) {
+  if (!task.data.text_files.empty()) return LoadTextCorpus(env, task, d);
+  return env->ReadFile(task.data.text_path);
+}
+
 }  // namespace
 
 Status CheckTrainingMemory(const TaskSpec& task) {
@@ -288,6 +295,17 @@ Status CheckTrainingMemory(const TaskSpec& task) {
       ", activations at " + batch + " " + FormatBytes(e->activations) + ") but this machine has " +
       FormatBytes(static_cast<double>(available)) + " available (" + source + "); " +
       (activations ? "lower train.batch_size" : "make the model smaller"));
+}
+
+Result<std::string> LoadTaskText(Env* env, const TaskSpec& task) {
+  if (task.data.format != "text") {
+    return InvalidArgument(task.path + ": data.format is '" + task.data.format +
+                           "', not text");
+  }
+  TaskData scratch;
+  Result<std::string> text = ReadText(env, task, &scratch);
+  if (!text.ok()) return DataError(task, text.status());
+  return text;
 }
 
 Result<TaskData> LoadTaskData(Env* env, TaskSpec& task) {
@@ -396,14 +414,9 @@ Result<TaskData> LoadTaskDataUnchecked(Env* env, TaskSpec& task) {
   }
   d.tokens = true;
   if (s.format == "text") {
-    std::string text;
-    std::string source = s.text_path;  // for messages
-    if (!s.text_files.empty()) {
-      ML_ASSIGN_OR_RETURN(text, LoadTextCorpus(env, task, &d));
-      source = "the corpus of " + s.text_files;
-    } else {
-      ML_ASSIGN_OR_RETURN(text, env->ReadFile(s.text_path));
-    }
+    const std::string source =
+        s.text_files.empty() ? s.text_path : "the corpus of " + s.text_files;  // for messages
+    ML_ASSIGN_OR_RETURN(std::string text, ReadText(env, task, &d));
     if (text.size() < 1000) {
       return InvalidArgument(source + ": only " + std::to_string(text.size()) +
                              " bytes; a text task needs at least 1000");

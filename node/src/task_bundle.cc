@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <optional>
 
 #include "meshlearn/base/config.h"
 #include "meshlearn/node/local_diloco.h"
@@ -63,11 +65,15 @@ std::vector<std::string> BundleFileKeys(const engine::DataSpec& data) {
   return keys;
 }
 
-Result<std::string> RewriteDataPaths(
-    std::string_view toml, const std::vector<std::pair<std::string, std::string>>& replacements) {
-  std::vector<bool> done(replacements.size(), false);
+namespace {
+
+// Rewrites the [data] table of `toml` line by line: edit(key) gives what replaces the line of
+// `key` (std::nullopt: the line stays; "": the line goes), every other line stays as it is.
+std::string EditDataLines(
+    std::string_view toml,
+    const std::function<std::optional<std::string>(const std::string& key)>& edit) {
   std::string out;
-  out.reserve(toml.size() + 64 * replacements.size());
+  out.reserve(toml.size() + 256);
   std::string table;
   size_t pos = 0;
   while (pos < toml.size()) {
@@ -75,34 +81,63 @@ Result<std::string> RewriteDataPaths(
     size_t end = nl == std::string_view::npos ? toml.size() : nl;
     std::string_view line = toml.substr(pos, end - pos);
     std::string_view t = Trim(line);
-    std::string replaced;
+    std::optional<std::string> replaced;
     if (!t.empty() && t.front() == '[') {
       size_t close = t.find(']');
       table = close == std::string_view::npos ? "" : std::string(Trim(t.substr(1, close - 1)));
       if (!table.empty() && table.front() == '[') table.clear();  // [[array]]
     } else if (table == "data") {
       size_t eq = t.find('=');
-      if (eq != std::string_view::npos) {
-        std::string key(Trim(t.substr(0, eq)));
-        for (size_t i = 0; i < replacements.size(); ++i) {
-          if (replacements[i].first == key) {
-            if (done[i]) return InvalidArgument("data." + key + " appears twice");
-            replaced = key + " = \"" + replacements[i].second + "\"";
-            done[i] = true;
-          }
-        }
-      }
+      if (eq != std::string_view::npos) replaced = edit(std::string(Trim(t.substr(0, eq))));
     }
-    out += replaced.empty() ? std::string(line) : replaced;
-    if (nl != std::string_view::npos) out += '\n';
     pos = end + 1;
+    if (replaced && replaced->empty()) continue;  // dropped, with its newline
+    out += replaced ? *replaced : std::string(line);
+    if (nl != std::string_view::npos) out += '\n';
   }
+  return out;
+}
+
+}  // namespace
+
+Result<std::string> RewriteDataPaths(
+    std::string_view toml, const std::vector<std::pair<std::string, std::string>>& replacements) {
+  std::vector<bool> done(replacements.size(), false);
+  Status twice = Status::Ok();
+  std::string out = EditDataLines(toml, [&](const std::string& key) -> std::optional<std::string> {
+    for (size_t i = 0; i < replacements.size(); ++i) {
+      if (replacements[i].first != key) continue;
+      if (done[i]) twice = InvalidArgument("data." + key + " appears twice");
+      done[i] = true;
+      return key + " = \"" + replacements[i].second + "\"";
+    }
+    return std::nullopt;
+  });
+  ML_RETURN_IF_ERROR(twice);
   for (size_t i = 0; i < replacements.size(); ++i) {
     if (!done[i]) {
       return InvalidArgument("could not find data." + replacements[i].first +
                              " as a line `" + replacements[i].first +
                              " = \"...\"` inside the [data] table; write it that way");
     }
+  }
+  return out;
+}
+
+Result<std::string> RewriteCorpusAsFile(std::string_view toml, const std::string& path) {
+  int files = 0;
+  std::string out = EditDataLines(toml, [&](const std::string& key) -> std::optional<std::string> {
+    if (key == "files") {
+      ++files;
+      return "path = \"" + path + "\"";
+    }
+    if (key == "root" || key == "data_root") return std::string();
+    return std::nullopt;
+  });
+  if (files != 1) {
+    return InvalidArgument(
+        "could not find data.files as one line `files = \"...\"` inside the [data] table; write "
+        "it that way");
   }
   return out;
 }
@@ -115,7 +150,20 @@ Result<TaskBundle> MakeBundle(Env* env, const std::string& task_path, net::BlobS
 
   TaskBundle bundle;
   std::vector<std::pair<std::string, std::string>> repl;
+  if (spec.data.format == "text" && !spec.data.text_files.empty()) {
+    // A corpus (engine/corpus.h) ships as one file of its text, the files concatenated in the
+    // listing's order (checked against data_root): the tokens the nodes train on are the ones
+    // this machine's corpus gives, and the bundle's blob id pins them as data_root pinned the
+    // listing. data.path then names the blob (BundleFileKeys: "path").
+    ML_ASSIGN_OR_RETURN(std::string corpus, engine::LoadTaskText(env, spec));
+    ML_ASSIGN_OR_RETURN(net::BlobId id, store->Put(AsBytes(corpus)));
+    ML_RETURN_IF_ERROR(store->Pin(id));
+    const std::string blob = std::string(kBlobPathPrefix) + id.ToHex();
+    ML_ASSIGN_OR_RETURN(text, RewriteCorpusAsFile(text, blob));
+    bundle.files.push_back({"path", spec.data.text_files, id, corpus.size()});
+  }
   for (const std::string& key : BundleFileKeys(spec.data)) {
+    if (!bundle.files.empty() && bundle.files[0].key == key) continue;  // the corpus, above
     std::string* path = DataField(spec.data, key);
     if (path == nullptr || path->empty()) {
       return InvalidArgument(task_path + ": data." + key + " is empty");

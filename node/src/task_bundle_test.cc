@@ -1,9 +1,11 @@
 #include "meshlearn/node/task_bundle.h"
 
 #include <memory>
+#include <string>
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/hash.h"
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/safetensors.h"
 #include "meshlearn/node/state_blob.h"
@@ -136,6 +138,115 @@ TEST(TaskBundleTest, InitWeightsAreABlobOfTheBundleAndRoundZerosWeights) {
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("data.init_weights"), std::string::npos)
       << missing.status().message();
+}
+
+// A text corpus (engine/corpus.h: root, files, data_root) ships as one blob of its text, the
+// files concatenated in the listing's order: the bundle names it as data.path and keeps no corpus
+// key, and a node that loads the bundle trains on exactly the tokens the submitter's corpus gives.
+// A corpus file changed after its listing was made cannot be bundled (the error names data.root).
+TEST(TaskBundleTest, ACorpusShipsAsOneBlobOfItsTextAndGivesTheSameTokens) {
+  MemEnv env;
+  std::string a, b;
+  for (int i = 0; i < 60; ++i) a += "def f" + std::to_string(i) + "(x):\n    return x * " + std::to_string(i) + "\n";
+  for (int i = 0; i < 40; ++i) b += "class C" + std::to_string(i) + ":\n    pass  # {}[]\n";
+  ASSERT_TRUE(env.CreateDirs("/sub/corpus/pkg").ok());
+  ASSERT_TRUE(env.WriteFileAtomic("/sub/corpus/a.py", a).ok());
+  ASSERT_TRUE(env.WriteFileAtomic("/sub/corpus/pkg/b.py", b).ok());
+  const std::string listing = Blake2b(AsBytes(a)).ToHex() + "  a.py\n" +
+                              Blake2b(AsBytes(b)).ToHex() + "  pkg/b.py\n";
+  ASSERT_TRUE(env.WriteFileAtomic("/sub/corpus.files", listing).ok());
+  const std::string task = std::string(R"([task]
+name = "corpus-bundle"
+seed = 5
+[data]
+format = "text"
+root = "corpus"
+files = "corpus.files"
+data_root = ")") + Blake2b(AsBytes(listing)).ToHex() + R"("
+val_fraction = 0.1
+[model]
+kind = "gpt"
+n_layer = 1
+n_head = 2
+n_embd = 8
+block_size = 8
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[train]
+steps = 4
+batch_size = 2
+[network]
+rounds = 1
+units_per_round = 1
+inner_steps = 2
+budget = 1000
+price_cap = 100
+)";
+  ASSERT_TRUE(env.WriteFileAtomic("/sub/task.toml", task).ok());
+  auto store = net::BlobStore::Open(&env, "/sub/blobs");
+  ASSERT_TRUE(store.ok());
+  Result<TaskBundle> bundle = MakeBundle(&env, "/sub/task.toml", store->get());
+  ASSERT_TRUE(bundle.ok()) << bundle.status().ToString();
+  ASSERT_EQ(bundle->files.size(), 1u);
+  const BundleDataFile& f = bundle->files[0];
+  EXPECT_EQ(f.key, "path");
+  EXPECT_EQ(f.size, a.size() + b.size());
+  Result<Bytes> blob = (*store)->Get(f.id);
+  ASSERT_TRUE(blob.ok());
+  EXPECT_EQ(AsStringView(*blob), a + b);  // the listing's order, nothing between
+  EXPECT_TRUE((*store)->IsPinned(f.id));
+  EXPECT_NE(bundle->text.find("path = \"blob:" + f.id.ToHex() + "\""), std::string::npos)
+      << bundle->text;
+  for (const char* key : {"root =", "files =", "data_root ="}) {
+    EXPECT_EQ(bundle->text.find(key), std::string::npos) << key << "\n" << bundle->text;
+  }
+  EXPECT_NE(bundle->text.find("val_fraction = 0.1"), std::string::npos);  // the rest stays
+
+  ASSERT_TRUE(env.CreateDirs("/node").ok());
+  Result<LoadedBundle> loaded = LoadBundle(
+      bundle->text, [&](const net::BlobId& id, const std::string&) -> Result<std::string> {
+        ML_ASSIGN_OR_RETURN(Bytes data, (*store)->Get(id));
+        const std::string path = "/node/" + id.ToHex();
+        ML_RETURN_IF_ERROR(env.WriteFileAtomic(path, AsStringView(data)));
+        return path;
+      });
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  Result<engine::TaskSpec> original = engine::TaskSpec::Load(&env, "/sub/task.toml");
+  ASSERT_TRUE(original.ok()) << original.status().ToString();
+  Result<engine::TaskData> want = engine::LoadTaskData(&env, *original);
+  Result<engine::TaskData> got = engine::LoadTaskData(&env, loaded->task);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->vocab.chars, want->vocab.chars);
+  EXPECT_EQ(got->train_tokens.tokens, want->train_tokens.tokens);
+  EXPECT_EQ(got->val_tokens.tokens, want->val_tokens.tokens);
+  EXPECT_EQ(loaded->task.model.gpt.vocab_size, original->model.gpt.vocab_size);
+
+  // A file edited after the listing was made: refused, naming the key and the file.
+  ASSERT_TRUE(env.WriteFileAtomic("/sub/corpus/pkg/b.py", b + "# edited\n").ok());
+  Result<TaskBundle> changed = MakeBundle(&env, "/sub/task.toml", store->get());
+  ASSERT_FALSE(changed.ok());
+  EXPECT_NE(changed.status().message().find("data.root"), std::string::npos)
+      << changed.status().message();
+  EXPECT_NE(changed.status().message().find("pkg/b.py"), std::string::npos)
+      << changed.status().message();
+}
+
+// RewriteCorpusAsFile turns the corpus keys of [data] into one path, and leaves other tables'
+// keys of the same names alone.
+TEST(TaskBundleTest, RewriteCorpusAsFileTouchesOnlyTheDataTable) {
+  const std::string toml =
+      "[task]\nroot = \"keep\"\n[data]\nformat = \"text\"\nroot = \"/r\"\n  files = \"x.files\"\n"
+      "data_root = \"ab\"\nval_fraction = 0.1\n[other]\nfiles = \"keep\"\n";
+  Result<std::string> out = RewriteCorpusAsFile(toml, "blob:12");
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(*out,
+            "[task]\nroot = \"keep\"\n[data]\nformat = \"text\"\npath = \"blob:12\"\n"
+            "val_fraction = 0.1\n[other]\nfiles = \"keep\"\n");
+  Result<std::string> none = RewriteCorpusAsFile("[data]\nformat = \"text\"\n", "blob:12");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("data.files"), std::string::npos);
 }
 
 }  // namespace

@@ -116,6 +116,11 @@ struct TaskData {
 Result<TaskData> LoadTaskData(Env* env, TaskSpec& task);
 // The loading itself, without those checks and prefixes.
 Result<TaskData> LoadTaskDataUnchecked(Env* env, TaskSpec& task);
+// The text a text task trains on, before tokenizing: its one file (data.path), or its corpus's
+// files concatenated in the listing's order (data.files, checked against data.data_root). The
+// same text gives the same tokens in either form: a network task's bundle ships a corpus as one
+// file of it (node/task_bundle.h). Errors name the task file and the key.
+Result<std::string> LoadTaskText(Env* env, const TaskSpec& task);
 
 // Sets `model`'s parameters from `file` (data.init_weights): every parameter must be there under
 // its name, F32, of its shape, finite, and the file may hold nothing else. Errors are

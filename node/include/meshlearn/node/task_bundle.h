@@ -50,7 +50,7 @@ inline constexpr char kInitWeightsKey[] = "init_weights";  // [data] key of the 
 
 struct BundleDataFile {
   std::string key;   // "train_images"
-  std::string path;  // the submitter's local file
+  std::string path;  // the submitter's local file (a corpus: its listing)
   net::BlobId id;
   uint64_t size = 0;
 };
@@ -74,6 +74,11 @@ Result<TaskBundle> MakeBundle(Env* env, const std::string& task_path, net::BlobS
 // `toml`. Errors if a key is not found there. Pure (tests use it directly).
 Result<std::string> RewriteDataPaths(std::string_view toml,
                                      const std::vector<std::pair<std::string, std::string>>& replacements);
+
+// A corpus task's [data] (root, files, data_root: engine/corpus.h) as a one-file text task whose
+// path is `path`: the `files` line becomes `path = "<path>"`, the root and data_root lines go.
+// MakeBundle ships a corpus so, as the blob of its text. Pure.
+Result<std::string> RewriteCorpusAsFile(std::string_view toml, const std::string& path);
 
 // Returns the local path of data blob `id` (named `key` in [data]), fetching it if needed.
 using BundleResolver =
