@@ -369,6 +369,18 @@ Result<ledger::TaskParams> ParseTaskParams(const RpcAnswer& a) {
       Result<Hash256> r = a.Hash(key);
       if (r.ok()) field = *r;
       else s = r.status();
+    } else if constexpr (std::is_same_v<T, std::vector<uint64_t>>) {
+      Result<RpcAnswer> list = a.Array(key);
+      if (!list.ok()) {
+        s = list.status();
+        return;
+      }
+      field.clear();
+      for (size_t i = 0; i < list->size() && s.ok(); ++i) {
+        Result<uint64_t> r = list->At(i).U64();
+        if (r.ok()) field.push_back(*r);
+        else s = r.status();
+      }
     } else {
       static_assert(std::is_unsigned_v<T>, "a TaskParams field type with no reader");
       Result<uint64_t> r = a.U64(key);
