@@ -1133,6 +1133,15 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
   ASSERT_EQ(params.stages, 3u);
   ASSERT_EQ(params.units_per_round, 6u);
   ASSERT_EQ(params.stage_memory_bytes.size(), 3u);
+  // A node checks the ledger's terms against the bundle it loaded, stages included.
+  EXPECT_TRUE(CheckBundleMatchesLedger(facts, net, params).ok());
+  ledger::TaskParams unstaged = params;
+  unstaged.stages = 1;
+  Status mismatch = CheckBundleMatchesLedger(facts, net, unstaged);
+  EXPECT_NE(mismatch.message().find("the task bundle says stages = 3 but the ledger's "
+                                    "params.stages = 1"),
+            std::string::npos)
+      << mismatch.ToString();
 
   // The ledger, and six nodes owned by one account.
   const KeyPair submitter = StageNodeKey(90), owner = StageNodeKey(91), sequencer = StageNodeKey(92);

@@ -77,8 +77,6 @@ Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
   ML_ASSIGN_OR_RETURN(std::vector<engine::StageCost> costs,
                       engine::CutCosts(task.model, task.optimizer, cut, task.batch_size,
                                        task.seq_len, task.micro_batches));
-  params->stages = net.stages;
-  params->units_per_round = net.units_per_round * net.stages;
   params->stage_memory_bytes.clear();
   params->stage_flops.clear();
   for (const engine::StageCost& c : costs) {

@@ -64,10 +64,11 @@ std::vector<float> GatherStageParams(const engine::Model& whole,
 
 // ---- The ledger's terms of a pipeline task.
 
-// For net.stages > 1: params->stages = S, units_per_round = net.units_per_round (the replicas) x
-// S, and per stage its memory (engine::CutCosts total bytes, rounded up) and training FLOPs of
-// one step, for the cut engine::TaskPipelineCut chooses or checks. Nothing changes for S = 1.
-// Errors are TaskPipelineCut's (naming network.stages or network.cut).
+// For net.stages > 1: per stage its memory (engine::CutCosts total bytes, rounded up) and
+// training FLOPs of one step, for the cut engine::TaskPipelineCut chooses or checks, into
+// params' stage_memory_bytes and stage_flops (MakeTaskParams already set stages and
+// units_per_round = replicas x stages). Nothing changes for S = 1. Errors are TaskPipelineCut's
+// (naming network.stages or network.cut).
 Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
                         ledger::TaskParams* params);
 
