@@ -175,12 +175,15 @@ Status SettleRound(LedgerState& s, const ChainParams& p, const Hash256& task_id,
 // order, on a node that holds no other unit of the round and is not excluded from it. A node holds
 // at most one unit of a round. The deadline covers the node's queue as AssignUnits' does, for the
 // whole unit's FLOPs (a stage waits on its neighbours: a replica's step is as slow as its
-// slowest stage). No placement: the units stay pending, and the next block tries again.
+// slowest stage). No placement: the units stay pending, and the next block tries again; when
+// only the units' exclusions stand in the way (every node that could take them let one expire
+// once), they are listed in `forgive`, to be open to those nodes again from the next block, as a
+// unit every eligible solver excluded is (a cheater is jailed, so never eligible).
 Result<std::vector<protocol::Assignment>> PlaceStageUnits(
     const TaskParams& p, const protocol::TaskSpecView& view,
     const std::vector<protocol::NodeView>& nodes, std::span<const protocol::PendingUnit> pending,
     const RoundStateMachine& m, uint64_t height, const protocol::SchedulerParams& sp,
-    const std::map<PublicKey, uint64_t>& inflight) {
+    const std::map<PublicKey, uint64_t>& inflight, std::vector<protocol::UnitId>* forgive) {
   std::vector<protocol::StageNeed> needs(p.stages);
   for (uint32_t s = 0; s < p.stages; ++s) needs[s] = {p.stage_memory_bytes[s], p.stage_flops[s]};
   std::map<PublicKey, const protocol::NodeView*> by_id;
@@ -208,8 +211,14 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
     Result<std::vector<std::vector<protocol::NodeId>>> chains =
         protocol::PlaceStages(view, needs, PipelineReplicas(p), free, height, sp);
     if (!chains.ok()) {
-      if (chains.status().code() == StatusCode::kFailedPrecondition) return out;  // not yet
-      return chains.status();
+      if (chains.status().code() != StatusCode::kFailedPrecondition) return chains.status();
+      if (free.size() < nodes.size() &&
+          protocol::PlaceStages(view, needs, PipelineReplicas(p), nodes, height, sp).ok()) {
+        for (const protocol::PendingUnit& u : pending) {
+          if (!u.excluded.empty()) forgive->push_back(u.unit);
+        }
+      }
+      return out;  // not yet
     }
     for (uint32_t r = 0; r < chains->size(); ++r) {
       for (uint32_t s = 0; s < p.stages; ++s) {
@@ -222,19 +231,23 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
   for (const protocol::Assignment& a : m.OpenAssignments()) busy.insert(a.node);
   for (const protocol::CommittedUnit& c : m.CommittedUnits()) busy.insert(c.node);
   for (const protocol::PendingUnit& u : pending) {
-    std::vector<protocol::NodeView> free;
+    std::vector<protocol::NodeView> idle, free;  // idle: no unit of the round; free: not excluded
     for (const protocol::NodeView& v : nodes) {
-      if (busy.count(v.id) == 0 &&
-          std::find(u.excluded.begin(), u.excluded.end(), v.id) == u.excluded.end()) {
+      if (busy.count(v.id) != 0) continue;
+      idle.push_back(v);
+      if (std::find(u.excluded.begin(), u.excluded.end(), v.id) == u.excluded.end()) {
         free.push_back(v);
       }
     }
-    const uint32_t stage = u.unit.shard % p.stages;
-    Result<std::vector<std::vector<protocol::NodeId>>> chains = protocol::PlaceStages(
-        view, std::span<const protocol::StageNeed>(&needs[stage], 1), 1, free, height, sp);
+    const std::span<const protocol::StageNeed> need(&needs[u.unit.shard % p.stages], 1);
+    Result<std::vector<std::vector<protocol::NodeId>>> chains =
+        protocol::PlaceStages(view, need, 1, free, height, sp);
     if (!chains.ok()) {
-      if (chains.status().code() == StatusCode::kFailedPrecondition) continue;  // not yet
-      return chains.status();
+      if (chains.status().code() != StatusCode::kFailedPrecondition) return chains.status();
+      if (free.size() < idle.size() && protocol::PlaceStages(view, need, 1, idle, height, sp).ok()) {
+        forgive->push_back(u.unit);
+      }
+      continue;  // not yet
     }
     const PublicKey node = (*chains)[0][0];
     assign(u.unit, node);
@@ -280,8 +293,10 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     }
     protocol::ScheduleResult r;
     if (IsPipelineTask(t->params)) {
+      std::vector<protocol::UnitId> forgive;
       ML_ASSIGN_OR_RETURN(r.assignments, PlaceStageUnits(t->params, view, nodes, pending, m,
-                                                         height, sp, inflight));
+                                                         height, sp, inflight, &forgive));
+      for (const protocol::UnitId& u : forgive) ML_RETURN_IF_ERROR(m.ForgiveExcluded(u));
     } else {
       ML_ASSIGN_OR_RETURN(r, protocol::AssignUnits(view, nodes, pending, seed, height, sp));
     }

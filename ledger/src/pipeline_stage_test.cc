@@ -71,10 +71,11 @@ class PipelineStageTest : public FollowedChainFixture {
                           .stake = 100};
   }
 
-  // Registers the nodes (all owned by alice) and submits `p` from bob; the submit's receipt.
-  Receipt Start(const TaskParams& p) {
+  // Registers the first `count` nodes (all owned by alice) and submits `p` from bob; the
+  // submit's receipt.
+  Receipt Start(const TaskParams& p, size_t count = 7) {
     std::vector<Transaction> regs;
-    for (size_t i = 0; i < nodes_.size(); ++i) regs.push_back(Q(alice_, Reg(i)));
+    for (size_t i = 0; i < count; ++i) regs.push_back(Q(alice_, Reg(i)));
     for (const Receipt& r : Step(regs)) EXPECT_TRUE(r.ok) << r.reason;
     Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
                                               .budget = kBudget,
@@ -406,6 +407,39 @@ TEST_F(PipelineStageTest, NoPlacementLeavesTheRoundPendingAndCommitStageNeedsSta
                              "CommitUnit"),
             std::string::npos)
       << r[0].reason;
+}
+
+// One replica of three stages on four nodes: stages 0 and 2 fit only n1 and n2, so stage 1 has
+// n3 and, once n3 lets it expire, n4. When n4 lets it expire too, the nodes that could take it
+// all did once: the stage is open to them again (as any unit every eligible solver excluded is),
+// instead of waiting forever.
+TEST_F(PipelineStageTest, AStageEveryFreeNodeLetExpireIsOpenToThemAgain) {
+  TaskParams p = PipelineParams();
+  p.units_per_round = kStages;  // one replica
+  Receipt submit = Start(p, 4);
+  ASSERT_TRUE(submit.ok) << submit.reason;
+  EXPECT_LE(NodeIndex(Unit(0, 0, 0).assignee), 1u);
+  EXPECT_LE(NodeIndex(Unit(0, 0, 2).assignee), 1u);
+  ASSERT_EQ(NodeIndex(Unit(0, 0, 1).assignee), 2u);  // n3: the fastest that holds stage 1
+  for (const Receipt& x : Step({Q(alice_, Commit(0, 0, 0)), Q(alice_, Commit(0, 0, 2))})) {
+    EXPECT_TRUE(x.ok) << x.reason;
+  }
+  uint64_t deadline = Unit(0, 0, 1).deadline_height;
+  while (chain_->Height() <= deadline) Step();
+  ASSERT_EQ(Unit(0, 0, 1).status, WorkUnitStatus::kAssigned);
+  ASSERT_EQ(NodeIndex(Unit(0, 0, 1).assignee), 3u);  // n4, the one node left
+  deadline = Unit(0, 0, 1).deadline_height;
+  while (chain_->Height() <= deadline) Step();
+  // n4 expired it too: nobody may take it in that block; from the next, n3 and n4 may again.
+  EXPECT_EQ(Unit(0, 0, 1).status, WorkUnitStatus::kPending);
+  Step();
+  ASSERT_EQ(Unit(0, 0, 1).status, WorkUnitStatus::kAssigned);
+  EXPECT_EQ(NodeIndex(Unit(0, 0, 1).assignee), 2u);
+  EXPECT_EQ(chain_->GetNode(nodes_[2].public_key()).value().reputation.failures, 1u);
+  EXPECT_EQ(chain_->GetNode(nodes_[3].public_key()).value().reputation.failures, 1u);
+  std::vector<Receipt> r = Step({Q(alice_, Commit(0, 0, 1))});
+  EXPECT_TRUE(r[0].ok) << r[0].reason;
+  EXPECT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
 }
 
 }  // namespace
