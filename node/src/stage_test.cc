@@ -1285,34 +1285,50 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
     }
     block(std::move(commits));
 
-    // The aggregator the ledger assigned gathers each replica's stage deltas (checked against the
-    // committed blob ids) and applies the round.
+    // The aggregator the ledger assigned applies the round stage by stage over the replicas'
+    // stage deltas (checked against the committed blob ids); gathering each replica's whole delta
+    // and applying the round on it gives the same state.
     Result<protocol::RoundStateMachine> m =
         protocol::RoundStateMachine::Decode(chain.GetTask(task_id).value().runtime);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     ASSERT_EQ(m->phase(), protocol::RoundPhase::kRoundPhaseAggregating);
     ASSERT_TRUE(m->aggregator().has_value());
     const std::vector<ledger::WorkUnit> committed = chain.ListWorkUnits(task_id);
+    std::vector<std::unique_ptr<Stage>> layout;              // replica 0's stages: the shapes
+    std::vector<std::vector<std::vector<float>>> stage_deltas(2);  // [replica][stage]
+    for (Unit& u : units) {
+      const uint32_t index =
+          ledger::StageUnitIndex(params, {r, u.replica, static_cast<uint32_t>(u.stage)});
+      EXPECT_EQ(committed.at(index).result_hash, ledger::DeltaBlobId(u.out->delta));
+      stage_deltas[u.replica].push_back(u.out->delta);
+      if (u.replica == 0) layout.push_back(std::move(u.stage_obj));
+    }
+    const engine::Model& whole_model = *trainer->state().model;
+    GlobalState gathered = state;
     std::vector<std::vector<float>> deltas;  // RoundDelta holds a span: they must outlive it
     for (uint32_t i = 0; i < 2; ++i) {
-      std::vector<std::unique_ptr<Stage>> layout;
-      std::vector<std::vector<float>> stage_deltas;
-      for (Unit& u : units) {
-        if (u.replica != i) continue;
-        const uint32_t index = ledger::StageUnitIndex(
-            params, {r, i, static_cast<uint32_t>(u.stage)});
-        EXPECT_EQ(committed.at(index).result_hash, ledger::DeltaBlobId(u.out->delta));
-        stage_deltas.push_back(u.out->delta);
-        layout.push_back(std::move(u.stage_obj));
-      }
-      Result<std::vector<float>> whole =
-          GatherStageFlats(*trainer->state().model, layout, stage_deltas);
+      Result<std::vector<float>> whole = GatherStageFlats(whole_model, layout, stage_deltas[i]);
       ASSERT_TRUE(whole.ok()) << whole.status().ToString();
       deltas.push_back(std::move(*whole));
     }
     std::vector<RoundDelta> round;
     for (uint32_t i = 0; i < 2; ++i) round.push_back({.shard = i, .delta = deltas[i]});
-    ASSERT_TRUE(ApplyRound(&state, round, net, view.id, r, samples).ok());
+    ASSERT_TRUE(ApplyRound(&gathered, round, net, view.id, r, samples).ok());
+    const std::vector<uint32_t> shards = {0, 1};
+    if (r == 0) {  // a rule over whole deltas cannot be applied stage by stage
+      NetworkSpec krum = net;
+      krum.aggregation.rule = protocol::AggregationRule::kAggregationRuleKrum;
+      GlobalState untouched = state;
+      Status refused = ApplyStageRound(&untouched, whole_model, layout, shards, stage_deltas,
+                                       krum, view.id, r, samples);
+      EXPECT_NE(refused.message().find("rule krum takes norms or distances"), std::string::npos)
+          << refused.ToString();
+      EXPECT_EQ(untouched, state);
+    }
+    Status staged = ApplyStageRound(&state, whole_model, layout, shards, stage_deltas, net,
+                                    view.id, r, samples);
+    ASSERT_TRUE(staged.ok()) << staged.ToString();
+    EXPECT_EQ(state, gathered) << "round " << r;
     EXPECT_EQ(HashFloats(state.weights), o.want.rounds[r].global_hash) << "round " << r;
     block({{&owner, ledger::CommitAggregateTx{.task_id = task_id,
                                               .round = r,

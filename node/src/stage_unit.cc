@@ -69,6 +69,97 @@ std::vector<float> GatherStageParams(const engine::Model& whole,
   return std::move(*out);
 }
 
+Result<std::vector<std::vector<float>>> ScatterToStages(
+    const engine::Model& whole, std::span<const std::unique_ptr<engine::Stage>> layout,
+    std::span<const float> flat) {
+  std::map<std::string, std::span<const float>> by_name;
+  size_t at = 0;
+  for (const engine::Param& p : whole.params()) {
+    const size_t n = p.value.vec().size();
+    if (at + n > flat.size()) break;
+    by_name[p.name] = flat.subspan(at, n);
+    at += n;
+  }
+  if (at != flat.size() || by_name.size() != whole.params().size()) {
+    return InvalidArgument("scatter to stages: " + std::to_string(flat.size()) +
+                           " values for a model of " + std::to_string(at) + " or more");
+  }
+  std::vector<std::vector<float>> out(layout.size());
+  for (size_t s = 0; s < layout.size(); ++s) {
+    for (const engine::Param& p : layout[s]->params()) {
+      auto it = by_name.find(p.name);
+      if (it == by_name.end()) {
+        return InvalidArgument("scatter to stages: stage " + std::to_string(s) + "'s parameter " +
+                               p.name + " is not in the model");
+      }
+      out[s].insert(out[s].end(), it->second.begin(), it->second.end());
+    }
+  }
+  return out;
+}
+
+Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
+                       std::span<const std::unique_ptr<engine::Stage>> layout,
+                       std::span<const uint32_t> shards,
+                       std::span<const std::vector<std::vector<float>>> deltas,
+                       const NetworkSpec& net, const Hash256& content_id, uint32_t round,
+                       uint64_t samples_per_unit) {
+  const protocol::AggregationRule rule = net.aggregation.rule;
+  if (rule == protocol::AggregationRule::kAggregationRuleCenteredClip ||
+      rule == protocol::AggregationRule::kAggregationRuleKrum) {
+    return InvalidArgument("stage-by-stage aggregation: rule " +
+                           std::string(protocol::AggregationRuleName(rule)) +
+                           " takes norms or distances over the whole delta; gather the replicas' "
+                           "whole deltas (GatherStageFlats) and use ApplyRound");
+  }
+  if (shards.size() != deltas.size()) {
+    return InvalidArgument("stage-by-stage aggregation: " + std::to_string(deltas.size()) +
+                           " replicas' deltas for " + std::to_string(shards.size()) + " shards");
+  }
+  std::vector<size_t> kept;  // replicas whose every stage delta is finite
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    if (deltas[i].size() != layout.size()) {
+      return InvalidArgument("stage-by-stage aggregation: replica " + std::to_string(shards[i]) +
+                             " has " + std::to_string(deltas[i].size()) + " stage deltas for " +
+                             std::to_string(layout.size()) + " stages");
+    }
+    bool finite = true;
+    for (const std::vector<float>& d : deltas[i]) {
+      for (float v : d) finite = finite && std::isfinite(v);
+    }
+    if (finite) kept.push_back(i);
+  }
+  if (kept.empty()) {
+    return FailedPrecondition("stage-by-stage aggregation: all " + std::to_string(deltas.size()) +
+                              " replicas have NaN or Inf values");
+  }
+  ML_ASSIGN_OR_RETURN(std::vector<std::vector<float>> weights,
+                      ScatterToStages(whole, layout, state->weights));
+  ML_ASSIGN_OR_RETURN(std::vector<std::vector<float>> momentum,
+                      ScatterToStages(whole, layout, state->momentum));
+  for (size_t s = 0; s < layout.size(); ++s) {
+    GlobalState slice{.weights = std::move(weights[s]), .momentum = std::move(momentum[s])};
+    std::vector<RoundDelta> round_deltas;
+    for (size_t i : kept) {
+      if (deltas[i][s].size() != slice.weights.size()) {
+        return InvalidArgument("stage-by-stage aggregation: replica " + std::to_string(shards[i]) +
+                               "'s stage " + std::to_string(s) + " delta has " +
+                               std::to_string(deltas[i][s].size()) + " values, the stage " +
+                               std::to_string(slice.weights.size()));
+      }
+      round_deltas.push_back({.shard = shards[i], .delta = deltas[i][s]});
+    }
+    Result<protocol::AggregateResult> agg =
+        ApplyRound(&slice, round_deltas, net, content_id, round, samples_per_unit);
+    if (!agg.ok()) return agg.status().WithPrefix("stage " + std::to_string(s));
+    weights[s] = std::move(slice.weights);
+    momentum[s] = std::move(slice.momentum);
+  }
+  ML_ASSIGN_OR_RETURN(state->weights, GatherStageFlats(whole, layout, weights));
+  ML_ASSIGN_OR_RETURN(state->momentum, GatherStageFlats(whole, layout, momentum));
+  return Status::Ok();
+}
+
 Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
                         ledger::TaskParams* params) {
   if (net.stages <= 1) return Status::Ok();

@@ -10,10 +10,11 @@
 //   2. runs the unit's H steps against its neighbours over the data plane (RunStageUnit: one
 //      StagePlane per stage unit, attached to the node's StageHost, which serves "stage.push"),
 //   3. commits CommitStage with the stage's delta blob id and its StageCommitment.
-// The aggregator gathers each replica's stage deltas in model order (GatherStageFlats): the
-// replica's delta is then exactly the unsplit unit's pseudo-gradient (elementwise global -
-// local), and ApplyRound (network_round.h) combines the replicas with the task's rule and outer
-// step, the one derivation `meshlearn diloco` uses.
+// The aggregator combines the replicas stage by stage (ApplyStageRound: ApplyRound on each
+// stage's slice, for the coordinate-wise rules), or gathers each replica's stage deltas in model
+// order (GatherStageFlats) -- the replica's delta is then exactly the unsplit unit's
+// pseudo-gradient (elementwise global - local) -- and calls ApplyRound (network_round.h). Either
+// way the round is ApplyRound's, the one derivation `meshlearn diloco` uses.
 //
 //   ledger::TaskParams p = MakeTaskParams(facts, net, initial, memory);
 //   ML_RETURN_IF_ERROR(AddPipelineTerms(trainer->task(), net, &p));      // stages, needs
@@ -40,7 +41,9 @@
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/state.h"
 #include "meshlearn/net/transport.h"
+#include "meshlearn/node/network_round.h"
 #include "meshlearn/node/stage_plane.h"
+#include "meshlearn/node/state_blob.h"
 #include "meshlearn/protocol/task_model.h"
 
 namespace meshlearn::node {
@@ -61,6 +64,29 @@ Result<std::vector<float>> GatherStageFlats(const engine::Model& whole,
 // The stages' own parameters gathered in whole's order. REQUIRES: they cover the whole model.
 std::vector<float> GatherStageParams(const engine::Model& whole,
                                      std::span<const std::unique_ptr<engine::Stage>> stages);
+// The inverse of GatherStageFlats: `flat` (whole's params() order) cut into one vector per stage,
+// laid out as layout[s]'s params(). InvalidArgument when `flat` is not whole's size.
+Result<std::vector<std::vector<float>>> ScatterToStages(
+    const engine::Model& whole, std::span<const std::unique_ptr<engine::Stage>> layout,
+    std::span<const float> flat);
+
+// ---- Aggregation, stage by stage.
+
+// Round `round`'s aggregation stage by stage: stage s's slice of `state` (its parameters' weights
+// and outer momentum) takes ApplyRound (network_round.h) over the replicas' stage-s deltas,
+// `deltas[i][s]` the stage-s delta of the replica with shard `shards[i]`, laid out as layout[s]'s
+// params(); so an aggregator needs one stage's replicas at a time. A replica with a non-finite
+// value in any stage is left out of every stage, as ApplyRound leaves out a non-finite whole
+// delta. For a coordinate-wise rule (mean, trimmed_mean, median) this is ApplyRound over the
+// replicas' gathered whole deltas, bit for bit, and so `meshlearn diloco`'s round. The rules with
+// norms or distances over the whole delta (centered_clip, krum) are refused (InvalidArgument
+// naming the rule): gather the whole deltas (GatherStageFlats) and call ApplyRound for those.
+Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
+                       std::span<const std::unique_ptr<engine::Stage>> layout,
+                       std::span<const uint32_t> shards,
+                       std::span<const std::vector<std::vector<float>>> deltas,
+                       const NetworkSpec& net, const Hash256& content_id, uint32_t round,
+                       uint64_t samples_per_unit);
 
 // ---- The ledger's terms of a pipeline task.
 
