@@ -173,9 +173,9 @@ Status SettleRound(LedgerState& s, const ChainParams& p, const Hash256& task_id,
 // call, so the faster nodes take the heavier stages; a node excluded from any of its units takes
 // none. Otherwise some stages lost their node (a deadline passed): each is placed alone, in unit
 // order, on a node that holds no other unit of the round and is not excluded from it. A node holds
-// at most one unit of a round. The deadline covers the node's queue as AssignUnits' does, for the
-// whole unit's FLOPs (a stage waits on its neighbours: a replica's step is as slow as its
-// slowest stage). No placement: the units stay pending, and the next block tries again; when
+// at most one unit of a round. A node's deadline covers its queue as AssignUnits' does, for the
+// whole unit's FLOPs; a replica placed whole takes the latest of its nodes' deadlines for every
+// stage (a stage waits on its neighbours: a replica is as slow as its slowest stage). No placement: the units stay pending, and the next block tries again; when
 // only the units' exclusions stand in the way (every node that could take them let one expire
 // once), they are listed in `forgive`, to be open to those nodes again from the next block, as a
 // unit every eligible solver excluded is (a cheater is jailed, so never eligible).
@@ -190,14 +190,17 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
   for (const protocol::NodeView& v : nodes) by_id[v.id] = &v;
   std::map<PublicKey, uint64_t> queued = inflight;
   std::vector<protocol::Assignment> out;
-  auto assign = [&](const protocol::UnitId& unit, const PublicKey& node) {
-    const protocol::NodeView& v = *by_id.at(node);
-    const uint64_t unit_ms = protocol::EstimatedUnitMs(v, view, sp);
+  // The node's own deadline for the unit, behind its queue.
+  auto deadline_of = [&](const PublicKey& node) {
+    const uint64_t unit_ms = protocol::EstimatedUnitMs(*by_id.at(node), view, sp);
+    return protocol::DeadlineHeight(height, unit_ms, queued[node], sp);
+  };
+  auto assign = [&](const protocol::UnitId& unit, const PublicKey& node, uint64_t deadline) {
     out.push_back({.unit = unit,
                    .node = node,
                    .assigned_height = height,
-                   .deadline_height = protocol::DeadlineHeight(height, unit_ms, queued[node], sp),
-                   .price_per_gflop = v.price_per_gflop});
+                   .deadline_height = deadline,
+                   .price_per_gflop = by_id.at(node)->price_per_gflop});
     queued[node]++;
   };
   if (pending.size() == p.units_per_round) {
@@ -220,9 +223,15 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
       }
       return out;  // not yet
     }
+    // A replica's stages finish together (each waits on its neighbours every step), so they
+    // share the latest of their nodes' deadlines: a fast stage beside a slow one is not late.
     for (uint32_t r = 0; r < chains->size(); ++r) {
+      uint64_t deadline = 0;
+      for (const protocol::NodeId& node : (*chains)[r]) {
+        deadline = std::max(deadline, deadline_of(node));
+      }
       for (uint32_t s = 0; s < p.stages; ++s) {
-        assign({view.id, m.round(), r * p.stages + s}, (*chains)[r][s]);
+        assign({view.id, m.round(), r * p.stages + s}, (*chains)[r][s], deadline);
       }
     }
     return out;
@@ -250,7 +259,7 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
       continue;  // not yet
     }
     const PublicKey node = (*chains)[0][0];
-    assign(u.unit, node);
+    assign(u.unit, node, deadline_of(node));
     busy.insert(node);
   }
   return out;

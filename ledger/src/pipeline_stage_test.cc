@@ -73,12 +73,12 @@ class PipelineStageTest : public FollowedChainFixture {
 
   // Registers the first `count` nodes (all owned by alice) and submits `p` from bob; the
   // submit's receipt.
-  Receipt Start(const TaskParams& p, size_t count = 7) {
+  Receipt Start(const TaskParams& p, size_t count = 7, Amount budget = kBudget) {
     std::vector<Transaction> regs;
     for (size_t i = 0; i < count; ++i) regs.push_back(Q(alice_, Reg(i)));
     for (const Receipt& r : Step(regs)) EXPECT_TRUE(r.ok) << r.reason;
     Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
-                                              .budget = kBudget,
+                                              .budget = budget,
                                               .price_cap = 20,
                                               .params = p});
     task_id_ = TaskIdFor(bob_.public_key(), submit.nonce);
@@ -440,6 +440,40 @@ TEST_F(PipelineStageTest, AStageEveryFreeNodeLetExpireIsOpenToThemAgain) {
   std::vector<Receipt> r = Step({Q(alice_, Commit(0, 0, 1))});
   EXPECT_TRUE(r[0].ok) << r[0].reason;
   EXPECT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
+}
+
+// Units long enough that the nodes' own deadlines differ (3.2 TFLOP: 7 blocks at 1 TFLOP/s, the
+// 4-block floor at 5): every stage of a replica gets the latest of its nodes' deadlines, since a
+// fast stage cannot finish before its slow neighbour.
+TEST_F(PipelineStageTest, AReplicasStagesShareItsSlowestNodesDeadline) {
+  TaskParams p = PipelineParams();
+  p.flops_per_sample = 100'000'000'000;
+  Receipt submit = Start(p, 7, 900'000);
+  ASSERT_TRUE(submit.ok) << submit.reason;
+  const uint64_t height = chain_->Height();
+  const protocol::SchedulerParams sp = SchedulerParamsOf(genesis_);
+  const protocol::TaskSpecView view = TaskSpecViewOf(task_id_, Task().params, Task().price_cap);
+  std::set<uint64_t> deadlines;
+  for (uint32_t r = 0; r < kReplicas; ++r) {
+    uint64_t slowest = 0;
+    for (uint32_t s = 0; s < kStages; ++s) {
+      const NodeRecord n = chain_->GetNode(Unit(0, r, s).assignee).value();
+      protocol::NodeView v{.id = n.id,
+                           .memory_bytes = n.capabilities.memory_bytes,
+                           .throughput_flops = n.capabilities.throughput,
+                           .latency_ms = n.capabilities.latency_ms,
+                           .bandwidth_bytes_per_s = n.capabilities.bandwidth_bytes_per_s};
+      const uint64_t own = protocol::DeadlineHeight(
+          height, protocol::EstimatedUnitMs(v, view, sp), 0, sp);
+      deadlines.insert(own);
+      slowest = std::max(slowest, own);
+    }
+    for (uint32_t s = 0; s < kStages; ++s) {
+      EXPECT_EQ(Unit(0, r, s).deadline_height, slowest) << r << "/" << s;
+    }
+  }
+  EXPECT_GT(deadlines.size(), 1u) << "the nodes' own deadlines must differ for this test to mean "
+                                     "anything";
 }
 
 }  // namespace
