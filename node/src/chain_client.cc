@@ -531,11 +531,34 @@ Result<NodeWork> ParseNodeWork(const json& j) {
     UnitAssignment x;
     Hash256 spec_hash;
     Fields uf(u, {"task_id", "index", "round", "shard", "deadline_height", "start_state",
-                  "spec_hash", "assignment_beacon"});
+                  "spec_hash", "assignment_beacon", "stage"});
+    uf.Optional("stage");
     uf.Read("task_id", &x.task_id).Read("index", &x.index).Read("round", &x.round);
     uf.Read("shard", &x.shard).Read("deadline_height", &x.deadline_height);
     uf.Read("start_state", &x.start_state).Read("spec_hash", &spec_hash);
     uf.Read("assignment_beacon", &x.assignment_beacon);
+    if (uf.ok() && u.raw().contains("stage")) {
+      ML_ASSIGN_OR_RETURN(RpcAnswer st, uf.Object("stage"));
+      UnitAssignment::Stage stage;
+      Fields sf(st, {"replica", "stage", "chain"});
+      sf.Read("replica", &stage.replica).Read("stage", &stage.stage);
+      ML_ASSIGN_OR_RETURN(RpcAnswer chain, sf.Array("chain"));
+      for (size_t k = 0; k < chain.size(); ++k) {
+        Fields cf(chain.At(k), {"node", "endpoint"});
+        PublicKey node;
+        std::string endpoint;
+        cf.Read("node", &node).Read("endpoint", &endpoint);
+        ML_RETURN_IF_ERROR(cf.Done());
+        stage.chain.push_back(node);
+        stage.endpoints.push_back(std::move(endpoint));
+      }
+      ML_RETURN_IF_ERROR(sf.Done());
+      if (stage.stage >= stage.chain.size()) {
+        return st.Bad("stage", "is not a stage of the chain listed (" +
+                                   std::to_string(stage.chain.size()) + " stages)");
+      }
+      x.stage = std::move(stage);
+    }
     ML_RETURN_IF_ERROR(uf.Done());
     w.units.push_back(x);
   }

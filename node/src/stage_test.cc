@@ -27,8 +27,11 @@
 #include "meshlearn/net/http_transport.h"
 #include "meshlearn/ledger/chain.h"
 #include "meshlearn/ledger/genesis.h"
+#include "meshlearn/ledger/rpc.h"
+#include "meshlearn/ledger/shared_chain.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/ledger/tx.h"
+#include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/stage_evidence.h"
@@ -1217,6 +1220,31 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
       used.insert(u.assignee);
     }
     ASSERT_EQ(used.size(), 6u) << "round " << r << ": a node per stage unit";
+    // What each stage node reads: node_work lists its stage unit with the replica's chain and
+    // the endpoints of its nodes (the registry's).
+    {
+      ledger::SharedChain shared(&chain);
+      ledger::RpcService rpc(&shared, nullptr);
+      for (const PublicKey& id : used) {
+        nlohmann::json answer = rpc.HandleRpc({{"jsonrpc", "2.0"},
+                                               {"id", 1},
+                                               {"method", "node_work"},
+                                               {"params", {{"id", id.ToHex()}}}});
+        ASSERT_TRUE(answer.contains("result")) << answer.dump();
+        Result<NodeWork> work = ParseNodeWork(answer["result"]);
+        ASSERT_TRUE(work.ok()) << work.status().ToString();
+        ASSERT_EQ(work->units.size(), 1u);
+        const UnitAssignment& u = work->units[0];
+        ASSERT_TRUE(u.stage.has_value());
+        const ledger::StageSlot slot = ledger::StageSlotOf(params, u.index);
+        EXPECT_EQ(u.stage->replica, slot.replica);
+        EXPECT_EQ(u.stage->stage, slot.stage);
+        EXPECT_EQ(u.stage->chain, chains[slot.replica]);
+        for (uint32_t s = 0; s < 3; ++s) {
+          EXPECT_EQ(u.stage->endpoints[s], node_of(chains[slot.replica][s]).server->endpoint());
+        }
+      }
+    }
 
     struct Unit {
       uint32_t replica = 0;
