@@ -49,6 +49,9 @@ std::vector<std::pair<std::string, Bytes>> Seeds() {
                                              .state_hash = Blake2b("g"),
                                              .test_accuracy_ppm = 5, .test_loss_micros = 6}},
       {"report_unavailable", ReportUnavailableTx{.task_id = Blake2b("t"), .index = 2, .node_id = k}},
+      {"commit_stage", CommitStageTx{.task_id = Blake2b("t"), .round = 1, .replica = 1, .stage = 2,
+                                     .node_id = k, .result_hash = Blake2b("d"),
+                                     .commitment = Blake2b("c")}},
   };
   std::vector<std::pair<std::string, Bytes>> out;
   Block block;

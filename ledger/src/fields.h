@@ -81,6 +81,10 @@ struct FieldEncoder {
     e.PutU32(static_cast<uint32_t>(v.size()));
     for (const Hash256& h : v) e.PutHash(h);
   }
+  void operator()(const char*, const std::vector<uint64_t>& v) {
+    e.PutU32(static_cast<uint32_t>(v.size()));
+    for (uint64_t x : v) e.PutU64(x);
+  }
   void operator()(const char*, const WitnessField& v) { e.PutBytes(v.bytes); }
   void operator()(const char*, const BundleField& v) { e.PutString(v.text); }
   template <HasVisit T>
@@ -113,6 +117,13 @@ struct FieldDecoder {
     if (!status.ok()) return;
     v.resize(count);
     for (Hash256& h : v) Do([&] { return d.GetHash(&h, n); });
+  }
+  void operator()(const char* n, std::vector<uint64_t>& v) {
+    uint32_t count = 0;
+    Do([&] { return d.GetCount(&count, n, kMaxU64ListLength, 8); });
+    if (!status.ok()) return;
+    v.resize(count);
+    for (uint64_t& x : v) Do([&] { return d.GetU64(&x, n); });
   }
   void operator()(const char* n, WitnessField& v) {
     Do([&] { return d.GetBytes(&v.bytes, n, static_cast<uint32_t>(kMaxWitnessBytes)); });
@@ -150,6 +161,7 @@ struct FieldToJson {
     for (const Hash256& h : v) a.push_back(h.ToHex());
     j[n] = std::move(a);
   }
+  void operator()(const char* n, const std::vector<uint64_t>& v) { j[n] = v; }
   void operator()(const char* n, const WitnessField& v) { j[n] = HexEncode(v.bytes); }
   void operator()(const char* n, const BundleField& v) { j[n] = v.text; }
   template <HasVisit T>
@@ -233,6 +245,21 @@ struct FieldFromJson {
       auto r = Hash256::FromHex(e.get<std::string>(), n);
       if (!r.ok()) return SetError(r.status());
       v.push_back(*r);
+    }
+  }
+  void operator()(const char* n, std::vector<uint64_t>& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (!f->is_array() || f->size() > kMaxU64ListLength) {
+      return Fail(n, "must be an array of at most " + std::to_string(kMaxU64ListLength) +
+                         " integers");
+    }
+    v.clear();
+    for (const nlohmann::json& e : *f) {
+      if (!e.is_number_unsigned()) {
+        return Fail(n, "must hold integers in [0, 2^64), got " + e.dump());
+      }
+      v.push_back(e.get<uint64_t>());
     }
   }
   void operator()(const char* n, WitnessField& v) {

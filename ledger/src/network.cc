@@ -10,6 +10,8 @@
 // hash: sorted maps, integer arithmetic, no clocks. See docs/ledger.md, "Network training".
 #include <algorithm>
 #include <map>
+#include <set>
+#include <span>
 #include <vector>
 
 #include "execute.h"
@@ -18,6 +20,7 @@
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/scheduler.h"
+#include "meshlearn/protocol/stage_placement.h"
 #include "meshlearn/protocol/unit_check.h"
 
 namespace meshlearn::ledger {
@@ -164,6 +167,104 @@ Status SettleRound(LedgerState& s, const ChainParams& p, const Hash256& task_id,
   return Status::Ok();
 }
 
+// A pipeline task's pending stage units of the current round, placed on `nodes` (eligible
+// solvers) with protocol::PlaceStages (docs/protocol.md, "Pipeline stage units"). A round whose
+// every unit is pending (its start, a re-run) is placed whole, its R replicas x S stages in one
+// call, so the faster nodes take the heavier stages; a node excluded from any of its units takes
+// none. Otherwise some stages lost their node (a deadline passed): each is placed alone, in unit
+// order, on a node that holds no other unit of the round and is not excluded from it. A node holds
+// at most one unit of a round. A node's deadline covers its queue as AssignUnits' does, for the
+// whole unit's FLOPs; a replica placed whole takes the latest of its nodes' deadlines for every
+// stage (a stage waits on its neighbours: a replica is as slow as its slowest stage). No placement: the units stay pending, and the next block tries again; when
+// only the units' exclusions stand in the way (every node that could take them let one expire
+// once), they are listed in `forgive`, to be open to those nodes again from the next block, as a
+// unit every eligible solver excluded is (a cheater is jailed, so never eligible).
+Result<std::vector<protocol::Assignment>> PlaceStageUnits(
+    const TaskParams& p, const protocol::TaskSpecView& view,
+    const std::vector<protocol::NodeView>& nodes, std::span<const protocol::PendingUnit> pending,
+    const RoundStateMachine& m, uint64_t height, const protocol::SchedulerParams& sp,
+    const std::map<PublicKey, uint64_t>& inflight, std::vector<protocol::UnitId>* forgive) {
+  std::vector<protocol::StageNeed> needs(p.stages);
+  for (uint32_t s = 0; s < p.stages; ++s) needs[s] = {p.stage_memory_bytes[s], p.stage_flops[s]};
+  std::map<PublicKey, const protocol::NodeView*> by_id;
+  for (const protocol::NodeView& v : nodes) by_id[v.id] = &v;
+  std::map<PublicKey, uint64_t> queued = inflight;
+  std::vector<protocol::Assignment> out;
+  // The node's own deadline for the unit, behind its queue.
+  auto deadline_of = [&](const PublicKey& node) {
+    const uint64_t unit_ms = protocol::EstimatedUnitMs(*by_id.at(node), view, sp);
+    return protocol::DeadlineHeight(height, unit_ms, queued[node], sp);
+  };
+  auto assign = [&](const protocol::UnitId& unit, const PublicKey& node, uint64_t deadline) {
+    out.push_back({.unit = unit,
+                   .node = node,
+                   .assigned_height = height,
+                   .deadline_height = deadline,
+                   .price_per_gflop = by_id.at(node)->price_per_gflop});
+    queued[node]++;
+  };
+  if (pending.size() == p.units_per_round) {
+    std::vector<protocol::NodeView> free;
+    for (const protocol::NodeView& v : nodes) {
+      const bool excluded = std::ranges::any_of(pending, [&](const protocol::PendingUnit& u) {
+        return std::find(u.excluded.begin(), u.excluded.end(), v.id) != u.excluded.end();
+      });
+      if (!excluded) free.push_back(v);
+    }
+    Result<std::vector<std::vector<protocol::NodeId>>> chains =
+        protocol::PlaceStages(view, needs, PipelineReplicas(p), free, height, sp);
+    if (!chains.ok()) {
+      if (chains.status().code() != StatusCode::kFailedPrecondition) return chains.status();
+      if (free.size() < nodes.size() &&
+          protocol::PlaceStages(view, needs, PipelineReplicas(p), nodes, height, sp).ok()) {
+        for (const protocol::PendingUnit& u : pending) {
+          if (!u.excluded.empty()) forgive->push_back(u.unit);
+        }
+      }
+      return out;  // not yet
+    }
+    // A replica's stages finish together (each waits on its neighbours every step), so they
+    // share the latest of their nodes' deadlines: a fast stage beside a slow one is not late.
+    for (uint32_t r = 0; r < chains->size(); ++r) {
+      uint64_t deadline = 0;
+      for (const protocol::NodeId& node : (*chains)[r]) {
+        deadline = std::max(deadline, deadline_of(node));
+      }
+      for (uint32_t s = 0; s < p.stages; ++s) {
+        assign({view.id, m.round(), r * p.stages + s}, (*chains)[r][s], deadline);
+      }
+    }
+    return out;
+  }
+  std::set<PublicKey> busy;
+  for (const protocol::Assignment& a : m.OpenAssignments()) busy.insert(a.node);
+  for (const protocol::CommittedUnit& c : m.CommittedUnits()) busy.insert(c.node);
+  for (const protocol::PendingUnit& u : pending) {
+    std::vector<protocol::NodeView> idle, free;  // idle: no unit of the round; free: not excluded
+    for (const protocol::NodeView& v : nodes) {
+      if (busy.count(v.id) != 0) continue;
+      idle.push_back(v);
+      if (std::find(u.excluded.begin(), u.excluded.end(), v.id) == u.excluded.end()) {
+        free.push_back(v);
+      }
+    }
+    const std::span<const protocol::StageNeed> need(&needs[u.unit.shard % p.stages], 1);
+    Result<std::vector<std::vector<protocol::NodeId>>> chains =
+        protocol::PlaceStages(view, need, 1, free, height, sp);
+    if (!chains.ok()) {
+      if (chains.status().code() != StatusCode::kFailedPrecondition) return chains.status();
+      if (free.size() < idle.size() && protocol::PlaceStages(view, need, 1, idle, height, sp).ok()) {
+        forgive->push_back(u.unit);
+      }
+      continue;  // not yet
+    }
+    const PublicKey node = (*chains)[0][0];
+    assign(u.unit, node, deadline_of(node));
+    busy.insert(node);
+  }
+  return out;
+}
+
 // One task's end-of-block step (docs/ledger.md, "Network training", steps 1-5).
 Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
                    const Hash256& task_id, RoundStateMachine& m,
@@ -199,8 +300,15 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
                                                 g.params.slash_multiple);
       });
     }
-    ML_ASSIGN_OR_RETURN(protocol::ScheduleResult r,
-                        protocol::AssignUnits(view, nodes, pending, seed, height, sp));
+    protocol::ScheduleResult r;
+    if (IsPipelineTask(t->params)) {
+      std::vector<protocol::UnitId> forgive;
+      ML_ASSIGN_OR_RETURN(r.assignments, PlaceStageUnits(t->params, view, nodes, pending, m,
+                                                         height, sp, inflight, &forgive));
+      for (const protocol::UnitId& u : forgive) ML_RETURN_IF_ERROR(m.ForgiveExcluded(u));
+    } else {
+      ML_ASSIGN_OR_RETURN(r, protocol::AssignUnits(view, nodes, pending, seed, height, sp));
+    }
     // A unit every eligible solver let expire once would wait forever: they may take it again
     // from the next block (a cheater is jailed, so never eligible).
     for (const protocol::PendingUnit& p : pending) {
@@ -269,6 +377,12 @@ Status ExecuteCommitUnit(ExecContext& ctx, const CommitUnitTx& tx) {
   if (tx.result_hash.IsZero()) {
     return InvalidArgument("commit unit: result_hash is zero (store the delta blob first)");
   }
+  if (IsPipelineTask(t->params)) {
+    return InvalidArgument("commit unit: task " + tx.task_id.ShortHex() +
+                           " is trained in pipeline stages (params.stages = " +
+                           std::to_string(t->params.stages) +
+                           "): commit each stage's result with CommitStage");
+  }
   ML_ASSIGN_OR_RETURN(RoundStateMachine m, LoadMachine(*t));
   const uint32_t per_round = t->params.units_per_round;
   protocol::UnitId unit{tx.task_id, tx.index / per_round, tx.index % per_round};
@@ -289,6 +403,72 @@ Status ExecuteCommitUnit(ExecContext& ctx, const CommitUnitTx& tx) {
     u->leaves = tx.leaves;
     ML_RETURN_IF_ERROR(OpenUnitCheck(ctx, tx.task_id, tx.index, tx.node_id, tx.secret_index, m));
   }
+  SaveMachine(ctx.state, tx.task_id, m);
+  return Status::Ok();
+}
+
+Status ExecuteCommitStage(ExecContext& ctx, const CommitStageTx& tx) {
+  constexpr std::string_view kWhat = "commit stage";
+  ML_ASSIGN_OR_RETURN(const TaskRecord* t, OpenTaskFor(ctx.state, tx.task_id, kWhat));
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  const TaskParams& p = t->params;
+  const std::string task = "task " + tx.task_id.ShortHex();
+  if (!IsPipelineTask(p)) {
+    return InvalidArgument("commit stage: " + task +
+                           " has no pipeline stages (params.stages = 1): commit its units with "
+                           "CommitUnit");
+  }
+  if (tx.round >= p.rounds) {
+    return InvalidArgument("commit stage: round " + std::to_string(tx.round) +
+                           " is out of range; " + task + " has " + std::to_string(p.rounds) +
+                           " rounds (0.." + std::to_string(p.rounds - 1) + ")");
+  }
+  const uint32_t replicas = PipelineReplicas(p);
+  if (tx.replica >= replicas) {
+    return InvalidArgument("commit stage: replica " + std::to_string(tx.replica) +
+                           " is out of range; " + task + " has " + std::to_string(replicas) +
+                           " replicas (0.." + std::to_string(replicas - 1) + ")");
+  }
+  if (tx.stage >= p.stages) {
+    return InvalidArgument("commit stage: stage " + std::to_string(tx.stage) +
+                           " is out of range; " + task + " has " + std::to_string(p.stages) +
+                           " stages (0.." + std::to_string(p.stages - 1) + ")");
+  }
+  if (tx.result_hash.IsZero()) {
+    return InvalidArgument("commit stage: result_hash is zero (store the stage's delta blob first)");
+  }
+  if (tx.commitment.IsZero()) {
+    return InvalidArgument(
+        "commit stage: commitment is zero (the stage's StageCommitment over its steps' leaves)");
+  }
+  if (tx.loss_micros != 0 && tx.stage + 1 != p.stages) {
+    return InvalidArgument("commit stage: loss_micros is " + std::to_string(tx.loss_micros) +
+                           " from stage " + std::to_string(tx.stage) + "; only the last stage (" +
+                           std::to_string(p.stages - 1) + ") computes the loss: send 0");
+  }
+  const uint32_t index = StageUnitIndex(p, {tx.round, tx.replica, tx.stage});
+  const std::string slot = "stage " + std::to_string(tx.stage) + " of replica " +
+                           std::to_string(tx.replica) + " in round " + std::to_string(tx.round) +
+                           " of " + task;
+  const WorkUnit* u = ctx.state.units.Find({tx.task_id, index});
+  if (u == nullptr) return Internal("commit stage: " + slot + " has no unit " + std::to_string(index));
+  if (u->status != WorkUnitStatus::kAssigned || u->assignee != tx.node_id) {
+    return PermissionDenied(
+        "commit stage: node " + tx.node_id.ShortHex() + " is not assigned " + slot + " (" +
+        (u->status == WorkUnitStatus::kAssigned || u->status == WorkUnitStatus::kCommitted
+             ? "its node is " + u->assignee.ShortHex() + ", unit " +
+                   std::string(WorkUnitStatusName(u->status))
+             : "the unit is " + std::string(WorkUnitStatusName(u->status))) +
+        ")");
+  }
+  ML_ASSIGN_OR_RETURN(RoundStateMachine m, LoadMachine(*t));
+  protocol::UnitId unit{tx.task_id, tx.round, tx.replica * p.stages + tx.stage};
+  Status s = m.OnUnitCommitted(unit, tx.node_id, tx.result_hash, ctx.height);
+  if (!s.ok()) return s.WithPrefix("commit stage");
+  ML_RETURN_IF_ERROR(CommitWorkUnit(ctx.state, tx.task_id, index, tx.result_hash));
+  WorkUnit* mu = ctx.state.units.FindMutable({tx.task_id, index});
+  mu->commitment = tx.commitment;
+  mu->loss_micros = tx.loss_micros;
   SaveMachine(ctx.state, tx.task_id, m);
   return Status::Ok();
 }

@@ -499,15 +499,35 @@ json RpcService::Dispatch(const std::string& method, const json& params,
           if (a.node != node) continue;
           const uint32_t index = a.unit.round * per_round + a.unit.shard;
           Result<WorkUnit> wu = c.GetWorkUnit(t.id, index);
-          units.push_back({{"task_id", t.id.ToHex()},
-                           {"index", index},
-                           {"round", a.unit.round},
-                           {"shard", a.unit.shard},
-                           {"deadline_height", a.deadline_height},
-                           {"start_state", start},
-                           {"spec_hash", t.spec_hash.ToHex()},
-                           {"assignment_beacon",
-                            wu.ok() ? wu->assignment_beacon.ToHex() : Hash256{}.ToHex()}});
+          json unit = {{"task_id", t.id.ToHex()},
+                       {"index", index},
+                       {"round", a.unit.round},
+                       {"shard", a.unit.shard},
+                       {"deadline_height", a.deadline_height},
+                       {"start_state", start},
+                       {"spec_hash", t.spec_hash.ToHex()},
+                       {"assignment_beacon",
+                        wu.ok() ? wu->assignment_beacon.ToHex() : Hash256{}.ToHex()}};
+          if (IsPipelineTask(t.params)) {
+            // The replica's chain as the ledger placed it: every stage's node and endpoint (a
+            // stage whose node expired: a zero node and no endpoint until it is placed again).
+            const StageSlot slot = StageSlotOf(t.params, index);
+            json chain = json::array();
+            for (uint32_t st = 0; st < t.params.stages; ++st) {
+              Result<WorkUnit> w =
+                  c.GetWorkUnit(t.id, StageUnitIndex(t.params, {slot.round, slot.replica, st}));
+              const bool placed = w.ok() && (w->status == WorkUnitStatus::kAssigned ||
+                                             w->status == WorkUnitStatus::kCommitted);
+              Result<NodeRecord> n = placed ? c.GetNode(w->assignee) : Result<NodeRecord>(
+                                                                           NotFound("unplaced"));
+              chain.push_back({{"node", placed ? w->assignee.ToHex() : PublicKey{}.ToHex()},
+                               {"endpoint", n.ok() ? n->endpoint : std::string()}});
+            }
+            unit["stage"] = {{"replica", slot.replica},
+                             {"stage", slot.stage},
+                             {"chain", std::move(chain)}};
+          }
+          units.push_back(std::move(unit));
         }
         const auto& agg = m->aggregator();
         if (agg && agg->node == node &&

@@ -96,6 +96,22 @@ Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce) {
   return h.Finish();
 }
 
+uint32_t PipelineReplicas(const TaskParams& p) {
+  return IsPipelineTask(p) ? p.units_per_round / p.stages : p.units_per_round;
+}
+
+StageSlot StageSlotOf(const TaskParams& p, uint32_t index) {
+  const uint32_t per_round = p.units_per_round == 0 ? 1 : p.units_per_round;
+  const uint32_t stages = IsPipelineTask(p) ? p.stages : 1;
+  const uint32_t within = index % per_round;
+  return {index / per_round, within / stages, within % stages};
+}
+
+uint32_t StageUnitIndex(const TaskParams& p, const StageSlot& slot) {
+  const uint32_t stages = IsPipelineTask(p) ? p.stages : 1;
+  return slot.round * p.units_per_round + slot.replica * stages + slot.stage;
+}
+
 Status Totals::Check() const {
   uint64_t sum = 0;
   bool overflow = false;

@@ -6,6 +6,7 @@
 #include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/task_model.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 
@@ -185,6 +186,53 @@ void ResetWorkUnit(WorkUnit* u) {
   u->leaves.clear();
 }
 
+namespace {
+
+// The pipeline fields of a task's terms (TaskParams::stages and the per-stage needs).
+template <typename Namer>
+Status ValidatePipelineTerms(const TaskParams& p, bool verification, const Namer& name) {
+  if (p.stages == 0 || p.stages > protocol::kMaxPipelineStages) {
+    return InvalidArgument(name("stages") + " must be in [1, " +
+                           std::to_string(protocol::kMaxPipelineStages) + "] (1: no pipeline), got " +
+                           std::to_string(p.stages));
+  }
+  if (!IsPipelineTask(p)) {
+    if (!p.stage_memory_bytes.empty() || !p.stage_flops.empty()) {
+      return InvalidArgument(name("stage_memory_bytes") + " and " + name("stage_flops") +
+                             " must be empty for a task without stages (" + name("stages") +
+                             " = 1); set " + name("stages") + " to their length");
+    }
+    return Status::Ok();
+  }
+  if (p.units_per_round % p.stages != 0) {
+    return InvalidArgument(name("units_per_round") + " = " + std::to_string(p.units_per_round) +
+                           " must be replicas x " + name("stages") + " = replicas x " +
+                           std::to_string(p.stages) + " (one unit per stage of every replica)");
+  }
+  if (p.stage_memory_bytes.size() != p.stages || p.stage_flops.size() != p.stages) {
+    return InvalidArgument(name("stage_memory_bytes") + " and " + name("stage_flops") +
+                           " must hold one entry per stage (" + std::to_string(p.stages) +
+                           "), got " + std::to_string(p.stage_memory_bytes.size()) + " and " +
+                           std::to_string(p.stage_flops.size()));
+  }
+  for (uint32_t s = 0; s < p.stages; ++s) {
+    if (p.stage_memory_bytes[s] == 0 || p.stage_flops[s] == 0) {
+      return InvalidArgument(name("stage_memory_bytes") + "[" + std::to_string(s) + "] and " +
+                             name("stage_flops") + "[" + std::to_string(s) +
+                             "] must be > 0 (engine::CutCosts of the stage)");
+    }
+  }
+  if (verification) {
+    return InvalidArgument(name("stages") + " = " + std::to_string(p.stages) +
+                           ": pipeline stage units are not verified yet (issue 15), and this chain "
+                           "verifies every task's work; train it on a chain without verification "
+                           "or set " + name("stages") + " = 1");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ValidateTaskTerms(const TaskParams& p, Amount budget, Amount price_cap, bool verification,
                          uint32_t verifiers_per_unit, const TaskFieldNamer& namer) {
   auto name = [&](std::string_view field) {
@@ -218,6 +266,7 @@ Status ValidateTaskTerms(const TaskParams& p, Amount budget, Amount price_cap, b
                            " fit in a commit on a verifying chain: raise " +
                            name("checkpoint_interval"));
   }
+  ML_RETURN_IF_ERROR(ValidatePipelineTerms(p, verification, name));
   if (p.tolerance_rel_l2_ppm > 1'000'000 || p.tolerance_cosine_gap_ppb > 1'000'000'000) {
     return InvalidArgument(name("tolerance_rel_l2_ppm") + " must be <= 1000000 and " +
                            name("tolerance_cosine_gap_ppb") +

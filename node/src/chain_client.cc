@@ -369,6 +369,18 @@ Result<ledger::TaskParams> ParseTaskParams(const RpcAnswer& a) {
       Result<Hash256> r = a.Hash(key);
       if (r.ok()) field = *r;
       else s = r.status();
+    } else if constexpr (std::is_same_v<T, std::vector<uint64_t>>) {
+      Result<RpcAnswer> list = a.Array(key);
+      if (!list.ok()) {
+        s = list.status();
+        return;
+      }
+      field.clear();
+      for (size_t i = 0; i < list->size() && s.ok(); ++i) {
+        Result<uint64_t> r = list->At(i).U64();
+        if (r.ok()) field.push_back(*r);
+        else s = r.status();
+      }
     } else {
       static_assert(std::is_unsigned_v<T>, "a TaskParams field type with no reader");
       Result<uint64_t> r = a.U64(key);
@@ -519,11 +531,34 @@ Result<NodeWork> ParseNodeWork(const json& j) {
     UnitAssignment x;
     Hash256 spec_hash;
     Fields uf(u, {"task_id", "index", "round", "shard", "deadline_height", "start_state",
-                  "spec_hash", "assignment_beacon"});
+                  "spec_hash", "assignment_beacon", "stage"});
+    uf.Optional("stage");
     uf.Read("task_id", &x.task_id).Read("index", &x.index).Read("round", &x.round);
     uf.Read("shard", &x.shard).Read("deadline_height", &x.deadline_height);
     uf.Read("start_state", &x.start_state).Read("spec_hash", &spec_hash);
     uf.Read("assignment_beacon", &x.assignment_beacon);
+    if (uf.ok() && u.raw().contains("stage")) {
+      ML_ASSIGN_OR_RETURN(RpcAnswer st, uf.Object("stage"));
+      UnitAssignment::Stage stage;
+      Fields sf(st, {"replica", "stage", "chain"});
+      sf.Read("replica", &stage.replica).Read("stage", &stage.stage);
+      ML_ASSIGN_OR_RETURN(RpcAnswer chain, sf.Array("chain"));
+      for (size_t k = 0; k < chain.size(); ++k) {
+        Fields cf(chain.At(k), {"node", "endpoint"});
+        PublicKey node;
+        std::string endpoint;
+        cf.Read("node", &node).Read("endpoint", &endpoint);
+        ML_RETURN_IF_ERROR(cf.Done());
+        stage.chain.push_back(node);
+        stage.endpoints.push_back(std::move(endpoint));
+      }
+      ML_RETURN_IF_ERROR(sf.Done());
+      if (stage.stage >= stage.chain.size()) {
+        return st.Bad("stage", "is not a stage of the chain listed (" +
+                                   std::to_string(stage.chain.size()) + " stages)");
+      }
+      x.stage = std::move(stage);
+    }
     ML_RETURN_IF_ERROR(uf.Done());
     w.units.push_back(x);
   }

@@ -41,12 +41,13 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
   }
   const nlohmann::json& p = task["params"];
   ledger::TaskParams params;
-  for (auto [key, field] : {std::pair{"rounds", &params.rounds},
+  for (auto [key, field] : {std::pair{"stages", &params.stages},
+                            {"rounds", &params.rounds},
                             {"units_per_round", &params.units_per_round},
                             {"inner_steps", &params.inner_steps},
                             {"checkpoint_interval", &params.checkpoint_interval},
                             {"batch_size", &params.batch_size}}) {
-    const uint64_t v = p.value(key, uint64_t{0});
+    const uint64_t v = p.value(key, uint64_t{field == &params.stages ? 1u : 0u});
     if (v > UINT32_MAX) {
       return InvalidArgument(std::string("the ledger's params.") + key + " = " +
                              std::to_string(v) + " does not fit 32 bits");
@@ -71,7 +72,8 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
     uint64_t want;  // the bundle's
     uint64_t got;   // the ledger's
   };
-  const Field fields[] = {{"rounds", bundle.rounds, p.rounds},
+  const Field fields[] = {{"stages", bundle.stages, p.stages},
+                          {"rounds", bundle.rounds, p.rounds},
                           {"units_per_round", bundle.units_per_round, p.units_per_round},
                           {"inner_steps", bundle.inner_steps, p.inner_steps},
                           {"checkpoint_interval", bundle.checkpoint_interval, p.checkpoint_interval},

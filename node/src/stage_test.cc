@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,19 +19,30 @@
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/rng.h"
+#include "meshlearn/base/test_dir.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/net/http_transport.h"
+#include "meshlearn/ledger/chain.h"
+#include "meshlearn/ledger/genesis.h"
+#include "meshlearn/ledger/rpc.h"
+#include "meshlearn/ledger/shared_chain.h"
+#include "meshlearn/ledger/step_witness.h"
+#include "meshlearn/ledger/tx.h"
+#include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/node/stage_plane.h"
 #include "meshlearn/node/stage_replay.h"
 #include "meshlearn/node/stage_step.h"
+#include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/task_bundle.h"
 #include "meshlearn/protocol/aggregate.h"
+#include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/stage_transfer.h"
 #include "testing/pipeline_task.h"
 
@@ -1082,6 +1094,336 @@ TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {
                                         " at 127.0.0.1:1)"),
             std::string::npos)
       << got.status().ToString();
+}
+
+// ---- The ledger places the stages (docs/protocol.md, "Pipeline stage units").
+
+// A registered node of the ledger test: a persistent HTTP server whose "stage.push" goes to the
+// stage unit the node runs now (StageHost), and its client.
+struct LedgerStageNode {
+  explicit LedgerStageNode(KeyPair k) : key(std::move(k)) {}
+  KeyPair key;
+  net::Router router;
+  StageHost host;
+  std::unique_ptr<net::HttpTransport> transport;
+  std::unique_ptr<net::HttpServer> server;
+};
+
+// kPipelineGptTask on a ledger: SubmitTask with its pipeline terms (AddPipelineTerms), the ledger
+// places every round's 2 replicas x 3 stages on six registered nodes (PlaceStages), each node
+// runs its stage unit over HTTP with its neighbours, found in the node registry (RunStageUnit),
+// and commits it (CommitStage); the ledger's aggregator gathers the replicas' stage deltas and
+// applies the round (GatherStageFlats, ApplyRound). The task finishes on the ledger with the
+// weights of `meshlearn diloco`, bit for bit.
+TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDiloco) {
+  PipelineOracle o;
+  ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
+  const NetworkSpec& net = o.net;
+  Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::Create(o.task, o.data);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  engine::Trainer* trainer = tr->get();
+  const engine::TaskSpec& t = trainer->task();
+  Result<engine::PipelineCut> cut =
+      engine::TaskPipelineCut(t, static_cast<int>(net.stages), net.cut);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  const protocol::TaskSpecView view = MakeTaskView(*trainer, net);
+  const TaskFacts facts = ComputeTaskFacts(*trainer, net);
+  GlobalState state = InitialState(*trainer);
+  const uint64_t samples = UnitSamples(*trainer, net);
+
+  ledger::TaskParams params = MakeTaskParams(facts, net, StateBlobId(state), 0);
+  ASSERT_TRUE(AddPipelineTerms(t, net, &params).ok());
+  ASSERT_EQ(params.stages, 3u);
+  ASSERT_EQ(params.units_per_round, 6u);
+  ASSERT_EQ(params.stage_memory_bytes.size(), 3u);
+  // A node checks the ledger's terms against the bundle it loaded, stages included.
+  EXPECT_TRUE(CheckBundleMatchesLedger(facts, net, params).ok());
+  ledger::TaskParams unstaged = params;
+  unstaged.stages = 1;
+  Status mismatch = CheckBundleMatchesLedger(facts, net, unstaged);
+  EXPECT_NE(mismatch.message().find("the task bundle says stages = 3 but the ledger's "
+                                    "params.stages = 1"),
+            std::string::npos)
+      << mismatch.ToString();
+
+  // The ledger, and six nodes owned by one account.
+  const KeyPair submitter = StageNodeKey(90), owner = StageNodeKey(91), sequencer = StageNodeKey(92);
+  ledger::Genesis g = ledger::DevnetGenesis({submitter.public_key(), owner.public_key()},
+                                            1'000'000'000, "stage-chain");
+  g.params.verification = false;      // stage units are not verified yet
+  g.params.liveness_blocks = 100'000;  // no heartbeats in this test
+  g.params.min_deadline_blocks = 100'000;  // blocks are made by hand: no deadline passes
+  Result<std::unique_ptr<ledger::Chain>> opened =
+      ledger::Chain::Open(TestDir("stage-ledger") + "/ledger.db", g);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  ledger::Chain& chain = **opened;
+  int64_t time_ms = 0;
+  auto block = [&](std::vector<std::pair<const KeyPair*, ledger::TxPayload>> txs) {
+    std::map<PublicKey, uint64_t> queued;
+    std::vector<ledger::Transaction> signed_txs;
+    for (auto& [from, p] : txs) {
+      const uint64_t nonce = chain.NextNonce(from->public_key()) + queued[from->public_key()]++;
+      signed_txs.push_back(ledger::BuildSignedTx(*from, g.chain_id, nonce, std::move(p)));
+    }
+    time_ms += 1000;
+    Result<ledger::Block> b = chain.ProduceBlock(std::move(signed_txs), time_ms, sequencer);
+    CHECK(b.ok()) << b.status().ToString();
+    for (const ledger::Receipt& r : b->receipts) EXPECT_TRUE(r.ok) << r.reason;
+    return b->receipts;
+  };
+  std::vector<std::unique_ptr<LedgerStageNode>> nodes;
+  std::vector<std::pair<const KeyPair*, ledger::TxPayload>> regs;
+  for (int k = 0; k < 6; ++k) {
+    auto n = std::make_unique<LedgerStageNode>(StageNodeKey(60 + k));
+    n->transport = std::make_unique<net::HttpTransport>(net::HttpTransportOptions{.threads = 2});
+    n->host.Register(&n->router);
+    n->server = std::make_unique<net::HttpServer>(&n->router, net::HttpServerOptions{.threads = 4});
+    Result<uint16_t> port = n->server->Start("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status().ToString();
+    regs.push_back({&owner, ledger::RegisterNodeTx{
+                                .node_id = n->key.public_key(),
+                                .endpoint = n->server->endpoint(),
+                                .roles = ledger::kRoleSolver | ledger::kRoleAggregator,
+                                .capabilities = {.cores = 2,
+                                                 .memory_bytes = 1ull << 34,
+                                                 .throughput = (k + 1) * 1'000'000'000'000ull,
+                                                 .latency_ms = 1,
+                                                 .bandwidth_bytes_per_s = 1'000'000'000},
+                                .price = 1,
+                                .stake = 1000}});
+    nodes.push_back(std::move(n));
+  }
+  block(std::move(regs));
+  ledger::SubmitTaskTx submit{
+      .spec_hash = Blake2b("pipeline bundle"), .budget = 100'000'000, .price_cap = 1,
+      .params = params};
+  const Hash256 task_id = ledger::TaskIdFor(submitter.public_key(),
+                                            chain.NextNonce(submitter.public_key()));
+  block({{&submitter, submit}});
+
+  auto node_of = [&](const PublicKey& id) -> LedgerStageNode& {
+    for (auto& n : nodes) {
+      if (n->key.public_key() == id) return *n;
+    }
+    CHECK(false) << "not a test node";
+    return *nodes[0];
+  };
+  for (uint32_t r = 0; r < net.rounds; ++r) {
+    // The chains the ledger recorded: the assignees of the round's stage units.
+    std::vector<std::vector<protocol::NodeId>> chains(2, std::vector<protocol::NodeId>(3));
+    std::set<PublicKey> used;
+    for (const ledger::WorkUnit& u : chain.ListWorkUnits(task_id)) {
+      if (u.round != r) continue;
+      ASSERT_EQ(u.status, ledger::WorkUnitStatus::kAssigned) << u.index;
+      const ledger::StageSlot slot = ledger::StageSlotOf(params, u.index);
+      chains[slot.replica][slot.stage] = u.assignee;
+      used.insert(u.assignee);
+    }
+    ASSERT_EQ(used.size(), 6u) << "round " << r << ": a node per stage unit";
+    // What each stage node reads: node_work lists its stage unit with the replica's chain and
+    // the endpoints of its nodes (the registry's).
+    {
+      ledger::SharedChain shared(&chain);
+      ledger::RpcService rpc(&shared, nullptr);
+      for (const PublicKey& id : used) {
+        nlohmann::json answer = rpc.HandleRpc({{"jsonrpc", "2.0"},
+                                               {"id", 1},
+                                               {"method", "node_work"},
+                                               {"params", {{"id", id.ToHex()}}}});
+        ASSERT_TRUE(answer.contains("result")) << answer.dump();
+        Result<NodeWork> work = ParseNodeWork(answer["result"]);
+        ASSERT_TRUE(work.ok()) << work.status().ToString();
+        ASSERT_EQ(work->units.size(), 1u);
+        const UnitAssignment& u = work->units[0];
+        ASSERT_TRUE(u.stage.has_value());
+        const ledger::StageSlot slot = ledger::StageSlotOf(params, u.index);
+        EXPECT_EQ(u.stage->replica, slot.replica);
+        EXPECT_EQ(u.stage->stage, slot.stage);
+        EXPECT_EQ(u.stage->chain, chains[slot.replica]);
+        for (uint32_t s = 0; s < 3; ++s) {
+          EXPECT_EQ(u.stage->endpoints[s], node_of(chains[slot.replica][s]).server->endpoint());
+        }
+      }
+    }
+
+    struct Unit {
+      uint32_t replica = 0;
+      int stage = 0;
+      UnitWork work;
+      LedgerStageNode* node = nullptr;
+      std::unique_ptr<Stage> stage_obj;
+      std::unique_ptr<StagePlane> plane;
+      std::unique_ptr<StageHost::Attachment> attached;
+      Result<StageUnitOutcome> out = Unavailable("not run");
+    };
+    std::vector<std::vector<engine::Batch>> batches(2);
+    std::vector<Unit> units;
+    for (uint32_t i = 0; i < 2; ++i) {
+      const UnitWork work = protocol::UnitWorkOf(net, view.seed, view.id, r, i);
+      ASSERT_TRUE(trainer->StartUnit(work.stream, state.weights, work.lr_scale).ok());
+      for (int64_t s = 0; s < work.inner_steps; ++s) batches[i].push_back(trainer->BatchForStep(s));
+      StageContext ctx;
+      ctx.task = task_id;
+      ctx.round = r;
+      ctx.replica = i;
+      ctx.chain = chains[i];
+      std::vector<std::string> endpoints;  // from the node registry
+      for (const protocol::NodeId& id : chains[i]) {
+        endpoints.push_back(chain.GetNode(id).value().endpoint);
+      }
+      for (int s = 0; s < 3; ++s) {
+        Unit u;
+        u.replica = i;
+        u.stage = s;
+        u.work = work;
+        u.node = &node_of(chains[i][s]);
+        Result<std::unique_ptr<Stage>> st =
+            StageFromGlobal(t, *cut, s, *trainer->state().model, work.lr_scale);
+        ASSERT_TRUE(st.ok()) << st.status().ToString();
+        u.stage_obj = std::move(*st);
+        u.plane = std::make_unique<StagePlane>(ctx, s, u.node->key, u.node->transport.get());
+        u.attached = u.node->host.Attach(u.plane.get());
+        u.plane->SetChain(chains[i], endpoints);
+        units.push_back(std::move(u));
+      }
+    }
+    std::vector<std::thread> threads;
+    for (Unit& u : units) {
+      threads.emplace_back([&, up = &u] {
+        up->out = RunStageUnit(*up->stage_obj, *up->plane, batches[up->replica],
+                               engine::DropoutSeed(t.seed, up->work.stream));
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    std::vector<std::pair<const KeyPair*, ledger::TxPayload>> commits;
+    for (Unit& u : units) {
+      ASSERT_TRUE(u.out.ok()) << u.out.status().ToString();
+      commits.push_back(
+          {&owner, ledger::CommitStageTx{
+                       .task_id = task_id,
+                       .round = r,
+                       .replica = u.replica,
+                       .stage = static_cast<uint32_t>(u.stage),
+                       .node_id = u.node->key.public_key(),
+                       .result_hash = u.out->result_hash,
+                       .commitment = u.out->commitment,
+                       .loss_micros = u.stage == 2
+                                          ? static_cast<uint64_t>(u.out->mean_loss * 1e6)
+                                          : 0u}});
+    }
+    block(std::move(commits));
+
+    // The aggregator the ledger assigned applies the round stage by stage over the replicas'
+    // stage deltas (checked against the committed blob ids); gathering each replica's whole delta
+    // and applying the round on it gives the same state.
+    Result<protocol::RoundStateMachine> m =
+        protocol::RoundStateMachine::Decode(chain.GetTask(task_id).value().runtime);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_EQ(m->phase(), protocol::RoundPhase::kRoundPhaseAggregating);
+    ASSERT_TRUE(m->aggregator().has_value());
+    const std::vector<ledger::WorkUnit> committed = chain.ListWorkUnits(task_id);
+    std::vector<std::unique_ptr<Stage>> layout;              // replica 0's stages: the shapes
+    std::vector<std::vector<std::vector<float>>> stage_deltas(2);  // [replica][stage]
+    for (Unit& u : units) {
+      const uint32_t index =
+          ledger::StageUnitIndex(params, {r, u.replica, static_cast<uint32_t>(u.stage)});
+      EXPECT_EQ(committed.at(index).result_hash, ledger::DeltaBlobId(u.out->delta));
+      stage_deltas[u.replica].push_back(u.out->delta);
+      if (u.replica == 0) layout.push_back(std::move(u.stage_obj));
+    }
+    const engine::Model& whole_model = *trainer->state().model;
+    GlobalState gathered = state;
+    std::vector<std::vector<float>> deltas;  // RoundDelta holds a span: they must outlive it
+    for (uint32_t i = 0; i < 2; ++i) {
+      Result<std::vector<float>> whole = GatherStageFlats(whole_model, layout, stage_deltas[i]);
+      ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+      deltas.push_back(std::move(*whole));
+    }
+    std::vector<RoundDelta> round;
+    for (uint32_t i = 0; i < 2; ++i) round.push_back({.shard = i, .delta = deltas[i]});
+    ASSERT_TRUE(ApplyRound(&gathered, round, net, view.id, r, samples).ok());
+    const std::vector<uint32_t> shards = {0, 1};
+    if (r == 0) {  // a rule over whole deltas cannot be applied stage by stage
+      NetworkSpec krum = net;
+      krum.aggregation.rule = protocol::AggregationRule::kAggregationRuleKrum;
+      GlobalState untouched = state;
+      Status refused = ApplyStageRound(&untouched, whole_model, layout, shards, stage_deltas,
+                                       krum, view.id, r, samples);
+      EXPECT_NE(refused.message().find("rule krum takes norms or distances"), std::string::npos)
+          << refused.ToString();
+      EXPECT_EQ(untouched, state);
+    }
+    Status staged = ApplyStageRound(&state, whole_model, layout, shards, stage_deltas, net,
+                                    view.id, r, samples);
+    ASSERT_TRUE(staged.ok()) << staged.ToString();
+    EXPECT_EQ(state, gathered) << "round " << r;
+    EXPECT_EQ(HashFloats(state.weights), o.want.rounds[r].global_hash) << "round " << r;
+    block({{&owner, ledger::CommitAggregateTx{.task_id = task_id,
+                                              .round = r,
+                                              .node_id = m->aggregator()->node,
+                                              .state_hash = StateBlobId(state)}}});
+  }
+  // The last round is final once its verification window (network.verification_window_blocks)
+  // has passed.
+  for (uint64_t b = 0; b <= params.verification_window_blocks; ++b) block({});
+  const ledger::TaskRecord done = chain.GetTask(task_id).value();
+  EXPECT_EQ(done.status, ledger::TaskStatus::kFinished);
+  EXPECT_EQ(done.final_state, StateBlobId(state));
+  EXPECT_EQ(HashFloats(state.weights), o.want.final_hash);
+}
+
+// ApplyStageRound against ApplyRound over the gathered whole deltas, for every coordinate-wise
+// rule, on a GPT's three stages with four replicas, one of them non-finite in one stage only (it
+// is left out of every stage, as the whole round leaves it out).
+TEST(StageLedgerTest, StageByStageAggregationEqualsTheWholeRoundForCoordinateWiseRules) {
+  const ModelSpec spec = StageParseModel(kStageGpt);
+  Result<std::unique_ptr<engine::Model>> whole = engine::Model::Create(spec);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  std::vector<std::unique_ptr<Stage>> layout = StageStages(spec);
+  Rng rng(5);
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = static_cast<float>(rng.UniformDouble() * 2.0 - 1.0);
+    return v;
+  };
+  const size_t size = GatherStageParams(**whole, layout).size();
+  GlobalState start{.weights = random(size), .momentum = random(size)};
+  const std::vector<uint32_t> shards = {0, 1, 2, 3};
+  std::vector<std::vector<std::vector<float>>> stage_deltas(shards.size());
+  for (auto& replica : stage_deltas) {
+    for (const std::unique_ptr<Stage>& st : layout) {
+      replica.push_back(random(StageFlatParams(*st).size()));
+    }
+  }
+  stage_deltas[2][1][3] = std::nanf("");
+  std::vector<std::vector<float>> deltas;
+  for (const auto& replica : stage_deltas) {
+    Result<std::vector<float>> d = GatherStageFlats(**whole, layout, replica);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    deltas.push_back(std::move(*d));
+  }
+  std::vector<RoundDelta> round;
+  for (size_t i = 0; i < shards.size(); ++i) round.push_back({.shard = shards[i], .delta = deltas[i]});
+  for (protocol::AggregationRule rule : {protocol::AggregationRule::kAggregationRuleWeightedMean,
+                                         protocol::AggregationRule::kAggregationRuleTrimmedMean,
+                                         protocol::AggregationRule::kAggregationRuleMedian}) {
+    NetworkSpec net;
+    net.aggregation.rule = rule;
+    net.aggregation.trim_fraction = 0.25;
+    net.outer.lr = 0.7f;
+    net.outer.momentum = 0.9f;
+    net.outer.nesterov = true;
+    GlobalState gathered = start, staged = start;
+    Result<protocol::AggregateResult> agg =
+        ApplyRound(&gathered, round, net, Blake2b("task"), 1, 100);
+    ASSERT_TRUE(agg.ok()) << agg.status().ToString();
+    EXPECT_EQ(agg->rejected.size(), 1u);
+    Status s = ApplyStageRound(&staged, **whole, layout, shards, stage_deltas, net,
+                               Blake2b("task"), 1, 100);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(staged, gathered) << protocol::AggregationRuleName(rule);
+    EXPECT_NE(staged, start);
+  }
 }
 
 }  // namespace

@@ -275,9 +275,12 @@ Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec,
 
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
                                   const Hash256& initial_state, uint64_t memory_bytes) {
+  // A pipeline task's units are its replicas' stages (docs/protocol.md, "Pipeline stage units");
+  // the per-stage needs come from its cut (AddPipelineTerms, stage_unit.h).
+  const uint32_t stages = std::max<uint32_t>(net.stages, 1);
   return ledger::TaskParams{
       .rounds = net.rounds,
-      .units_per_round = net.units_per_round,
+      .units_per_round = net.units_per_round * stages,
       .inner_steps = net.inner_steps,
       .batch_size = facts.batch_size,
       .checkpoint_interval = net.checkpoint_interval,
@@ -290,7 +293,8 @@ ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net
       .verification_window_blocks = net.verification_window_blocks,
       .data_root = facts.data_root,
       .assurance = static_cast<uint8_t>(net.assurance.kind),
-      .target_escape_ppm = net.assurance.target_escape_ppm};
+      .target_escape_ppm = net.assurance.target_escape_ppm,
+      .stages = stages};
 }
 
 }  // namespace meshlearn::node

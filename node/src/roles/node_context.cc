@@ -135,6 +135,17 @@ Result<TaskContext*> NodeContext::GetTask(const Hash256& task_id) {
     refused_.emplace(task_id, refused);
     return refused;
   }
+  if (ledger::IsPipelineTask(ctx->info.params)) {
+    // The ledger places its stage units (docs/protocol.md, "Pipeline stage units"); this agent
+    // has no stage role yet (stage_unit.h holds what one runs).
+    Status refused = FailedPrecondition(
+        "task " + task_id.ShortHex() + " is trained in pipeline stages (params.stages = " +
+        std::to_string(ctx->info.params.stages) +
+        "): this node does not run stage units yet (issue 15); its units expire to other nodes");
+    Log(refused.message());
+    refused_.emplace(task_id, refused);
+    return refused;
+  }
   protocol::TaskSpecView view;
   view.model_bytes = ctx->facts.model_bytes;
   view.memory_required_bytes = ctx->info.params.memory_bytes;

@@ -1,6 +1,6 @@
 // Test helpers for pipeline tasks (issue 15): the task whose DiLoCo rounds the pipeline tests run
-// as chains of stages, its oracle (`meshlearn diloco`), and the weight copies between a whole
-// model and its stages.
+// as chains of stages and its oracle (`meshlearn diloco`). The weight copies between a whole model
+// and its stages are the library's (stage_unit.h).
 #pragma once
 
 #include <map>
@@ -15,6 +15,7 @@
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/stage_unit.h"  // CopyWholeParams, GatherStageParams
 
 namespace meshlearn::node {
 
@@ -80,28 +81,6 @@ inline void LoadPipelineOracle(PipelineOracle* out) {
   out->task = std::move(*task);
   out->data = std::move(*data);
   out->want = std::move(*want);
-}
-
-// Sets `stage`'s parameters to the whole model's of the same names.
-inline void CopyWholeParams(const engine::Model& whole, engine::Stage& stage) {
-  std::map<std::string, const engine::Tensor*> by_name;
-  for (const engine::Param& p : whole.params()) by_name[p.name] = &p.value;
-  for (engine::Param& p : stage.params()) p.value.vec() = by_name.at(p.name)->vec();
-}
-
-// The stages' trained parameters, gathered in the whole model's order (its flat weights).
-inline std::vector<float> GatherStageParams(const engine::Model& whole,
-                                            std::span<const std::unique_ptr<engine::Stage>> stages) {
-  std::map<std::string, const engine::Tensor*> trained;
-  for (const std::unique_ptr<engine::Stage>& st : stages) {
-    for (const engine::Param& p : st->params()) trained[p.name] = &p.value;
-  }
-  std::vector<float> flat;
-  for (const engine::Param& p : whole.params()) {
-    const std::vector<float>& v = trained.at(p.name)->vec();
-    flat.insert(flat.end(), v.begin(), v.end());
-  }
-  return flat;
 }
 
 }  // namespace meshlearn::node

@@ -49,7 +49,8 @@
 //                       cancelled; index = round * units_per_round + shard)
 //   node_work         {id: node key HEX}                -> what the node must do now:
 //                     {height, next_secret_index, units: [{task_id, index, round, shard,
-//                       deadline_height, start_state, spec_hash, assignment_beacon}],
+//                       deadline_height, start_state, spec_hash, assignment_beacon, stage?:
+//                       {replica, stage, chain: [{node, endpoint}]}}],
 //                       aggregations: [{task_id, round, deadline_height, start_state, spec_hash,
 //                       units: [{index, shard, node, result_hash}]}],
 //                       checks: [a unit JSON (as in get_task, with "check") plus roles
@@ -59,7 +60,10 @@
 //                     CommitUnit (secret_index = next_secret_index, one more per commit in
 //                     flight) / CommitAggregate. checks: the units of the unfinal rounds
 //                     (settling and current) under verification this node takes part in, each
-//                     with its own round's start_state (docs/verification.md).
+//                     with its own round's start_state (docs/verification.md). A pipeline
+//                     task's unit has `stage`: its replica and stage, and the replica's chain
+//                     as placed (per stage its node and endpoint; a zero node and "" while a
+//                     stage waits for a node; docs/protocol.md "Pipeline stage units").
 //   referee_work      {}                                -> {height, disputes: [unit JSON with
 //                       "check".dispute.referee, start_state, spec_hash]}: disputes waiting
 //                     for the referee's RuleDispute

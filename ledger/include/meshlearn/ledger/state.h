@@ -188,6 +188,16 @@ struct TaskParams {
   // only.
   uint8_t assurance = 0;
   uint32_t target_escape_ppm = 0;
+  // Pipeline-parallel training (issue 15; docs/protocol.md, "Pipeline stage units"). stages = S >
+  // 1 trains every replica of a round as a chain of S stage units on S nodes: units_per_round is
+  // then replicas x S (PipelineReplicas), and unit index = round x units_per_round + replica x S +
+  // stage (StageSlotOf, StageUnitIndex). stage_memory_bytes[s] and stage_flops[s] are what stage s
+  // needs (engine::CutCosts of the task's cut: total bytes, training FLOPs of one step); the
+  // ledger places the stages on nodes with protocol::PlaceStages. stages = 1 with both lists
+  // empty: no pipeline (every unit trains the whole model).
+  uint32_t stages = 1;
+  std::vector<uint64_t> stage_memory_bytes;
+  std::vector<uint64_t> stage_flops;
 
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
@@ -208,10 +218,29 @@ struct TaskParams {
     v("data_root", s.data_root);
     v("assurance", s.assurance);
     v("target_escape_ppm", s.target_escape_ppm);
+    v("stages", s.stages);
+    v("stage_memory_bytes", s.stage_memory_bytes);
+    v("stage_flops", s.stage_flops);
   }
   bool operator==(const TaskParams&) const = default;
 };
 inline constexpr uint64_t kMaxTaskUnits = 100000;  // rounds x units_per_round
+
+// ---- Pipeline tasks (TaskParams::stages > 1).
+inline bool IsPipelineTask(const TaskParams& p) { return p.stages > 1; }
+// The replicas of each round: units_per_round / stages (units_per_round for a task without
+// stages). REQUIRES: the params passed ValidateTaskTerms.
+uint32_t PipelineReplicas(const TaskParams& p);
+// Which (round, replica, stage) a unit index is, and back. For a task without stages, the replica
+// is the unit's shard and the stage 0. REQUIRES: the params passed ValidateTaskTerms.
+struct StageSlot {
+  uint32_t round = 0;
+  uint32_t replica = 0;
+  uint32_t stage = 0;
+  bool operator==(const StageSlot&) const = default;
+};
+StageSlot StageSlotOf(const TaskParams& p, uint32_t index);
+uint32_t StageUnitIndex(const TaskParams& p, const StageSlot& slot);
 
 // What the aggregator of a finished round reported (CommitAggregate), and what it was paid.
 struct RoundResult {

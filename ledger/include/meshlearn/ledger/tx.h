@@ -53,6 +53,8 @@ inline constexpr uint32_t kMaxChainIdLength = 64;
 inline constexpr uint32_t kMaxStringFieldLength = 1024;  // endpoint, memo, accelerator, ...
 inline constexpr uint8_t kTxVersion = 1;
 inline constexpr uint32_t kMaxHashListLength = 64;  // a std::vector<Hash256> field (Merkle path)
+// A std::vector<uint64_t> field (TaskParams' per-stage needs: protocol::kMaxPipelineStages).
+inline constexpr uint32_t kMaxU64ListLength = 256;
 
 enum class TxType : uint16_t {
 #define ML_TX_ENUM_(Name, tag, module) k##Name = tag,
@@ -66,6 +68,7 @@ Result<TxType> TxTypeFromName(std::string_view name);
 // ---- Payloads. Each lists its fields once, in Visit, which drives encoding and JSON. Field
 // types understood by Visit: uint8/16/32/64_t, int64_t, bool, std::string (<=
 // kMaxStringFieldLength), PublicKey, Hash256, std::vector<Hash256> (<= kMaxHashListLength),
+// std::vector<uint64_t> (<= kMaxU64ListLength),
 // WitnessField, BundleField, and structs with a Visit (NodeCapabilities, TaskParams,
 // MerkleProofField, MismatchClaimField).
 
@@ -315,6 +318,39 @@ struct ReportUnavailableTx {
     v("node_id", s.node_id);
   }
   bool operator==(const ReportUnavailableTx&) const = default;
+};
+
+// A pipeline stage node's result (issue 15; docs/protocol.md, "Pipeline stage units"): stage
+// `stage` of replica `replica` in round `round` of a task with TaskParams::stages > 1 (its unit
+// StageUnitIndex). Sender: the node's own key or its owner. Accepted only from the node the ledger
+// placed on that stage, at or before its deadline, in the round being trained. result_hash: blob
+// id of the stage's delta blob (its parameters' delta over the H steps); commitment: the stage's
+// protocol::StageCommitment, the Merkle root over its steps' StageStepLeaf (the stage's state
+// hashes before and after each step, and the signed transfers it received and sent that step);
+// loss_micros: the last stage's mean training loss x 1e6 (display only; 0 from other stages).
+// A task without stages takes CommitUnit, a pipeline task only CommitStage.
+struct CommitStageTx {
+  static constexpr TxType kType = TxType::kCommitStage;
+  Hash256 task_id;
+  uint32_t round = 0;
+  uint32_t replica = 0;
+  uint32_t stage = 0;
+  PublicKey node_id;
+  Hash256 result_hash;
+  Hash256 commitment;
+  uint64_t loss_micros = 0;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("round", s.round);
+    v("replica", s.replica);
+    v("stage", s.stage);
+    v("node_id", s.node_id);
+    v("result_hash", s.result_hash);
+    v("commitment", s.commitment);
+    v("loss_micros", s.loss_micros);
+  }
+  bool operator==(const CommitStageTx&) const = default;
 };
 
 // ---- Verification (docs/verification.md, ledger/src/verification.cc). Every one names a

@@ -28,6 +28,7 @@
   X(CommitUnit, 40, network)           \
   X(CommitAggregate, 41, network)      \
   X(ReportUnavailable, 42, network)    \
+  X(CommitStage, 43, network)          \
   X(CommitVerdict, 50, verification)   \
   X(RevealVerdict, 51, verification)   \
   X(RevealSecret, 52, verification)    \

@@ -149,6 +149,16 @@ struct UnitAssignment {
   // The block seed at assignment: with the solver's secret it decides whether the unit is a
   // forced error (protocol::IsForcedError).
   Hash256 assignment_beacon;
+  // A pipeline task's stage unit: its replica and stage, and the replica's chain as the ledger
+  // placed it (chain[s] and endpoints[s]: stage s's node and where it serves; a zero node and ""
+  // while that stage waits for a node). Absent for a unit of a task without stages.
+  struct Stage {
+    uint32_t replica = 0;
+    uint32_t stage = 0;
+    std::vector<PublicKey> chain;
+    std::vector<std::string> endpoints;
+  };
+  std::optional<Stage> stage;
 };
 struct AggregationInput {
   uint32_t index = 0;

@@ -1,0 +1,480 @@
+// Pipeline tasks on the ledger (issue 15; docs/protocol.md, "Pipeline stage units"): a task with
+// TaskParams::stages > 1 has R replicas x S stage units a round, placed by protocol::PlaceStages
+// at the end of a block, committed stage by stage with CommitStage, aggregated and paid as units
+// are; a stage whose node goes silent is placed again on a free node. Every refusal of the new
+// fields is tested. Checked against a follower after every block (FollowedChainFixture).
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "execute.h"
+#include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/stage_placement.h"
+#include "test_util.h"
+
+namespace meshlearn::ledger {
+namespace {
+
+using protocol::RoundPhase;
+using protocol::RoundStateMachine;
+using testing::FollowedChainFixture;
+using testing::kTestPrice;
+using testing::kTestUnitCost;
+using testing::TestKey;
+using testing::TestTaskParams;
+
+constexpr uint64_t kGiB = 1ull << 30;
+constexpr uint32_t kStages = 3;
+constexpr uint32_t kReplicas = 2;
+
+// Three stages: the first the heaviest in FLOPs, the last the largest in memory.
+TaskParams PipelineParams() {
+  TaskParams p = TestTaskParams();
+  p.units_per_round = kReplicas * kStages;
+  p.num_examples = 600;
+  p.stages = kStages;
+  p.stage_memory_bytes = {3 * kGiB, 1 * kGiB, 5 * kGiB};
+  p.stage_flops = {30'000'000'000, 20'000'000'000, 10'000'000'000};
+  return p;
+}
+
+class PipelineStageTest : public FollowedChainFixture {
+ protected:
+  PipelineStageTest() {
+    genesis_ = DevnetGenesis({alice_.public_key(), bob_.public_key()}, kFunds, "test-chain");
+    genesis_.params.liveness_blocks = 1000;  // no heartbeats needed in these tests
+    genesis_.params.verification = false;    // stage units are not verified yet
+    genesis_.params.min_deadline_blocks = 4;
+    // Seven nodes for six slots: (memory, throughput). Only n1 and n2 hold stage 2 (5 GiB); n3 is
+    // the fastest but holds only stage 1.
+    const std::vector<std::pair<uint64_t, uint64_t>> caps = {
+        {8 * kGiB, 4'000'000'000'000}, {8 * kGiB, 3'000'000'000'000},
+        {2 * kGiB, 5'000'000'000'000}, {2 * kGiB, 1'000'000'000'000},
+        {4 * kGiB, 2'000'000'000'000}, {4 * kGiB, 1'000'000'000'000},
+        {4 * kGiB, 1'000'000'000'000}};
+    for (size_t i = 0; i < caps.size(); ++i) {
+      nodes_.push_back(TestKey(static_cast<uint8_t>(21 + i)));
+      caps_.push_back(caps[i]);
+    }
+  }
+
+  RegisterNodeTx Reg(size_t i) {
+    return RegisterNodeTx{.node_id = nodes_[i].public_key(),
+                          .endpoint = "http://stage" + std::to_string(i) + ":1",
+                          .roles = kRoleSolver | kRoleAggregator,
+                          .capabilities = {.cores = 4,
+                                           .memory_bytes = caps_[i].first,
+                                           .throughput = caps_[i].second,
+                                           .latency_ms = 1,
+                                           .bandwidth_bytes_per_s = 1'000'000'000},
+                          .price = kTestPrice,
+                          .stake = 100};
+  }
+
+  // Registers the first `count` nodes (all owned by alice) and submits `p` from bob; the
+  // submit's receipt.
+  Receipt Start(const TaskParams& p, size_t count = 7, Amount budget = kBudget) {
+    std::vector<Transaction> regs;
+    for (size_t i = 0; i < count; ++i) regs.push_back(Q(alice_, Reg(i)));
+    for (const Receipt& r : Step(regs)) EXPECT_TRUE(r.ok) << r.reason;
+    Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
+                                              .budget = budget,
+                                              .price_cap = 20,
+                                              .params = p});
+    task_id_ = TaskIdFor(bob_.public_key(), submit.nonce);
+    return Step({submit})[0];
+  }
+
+  TaskRecord Task() { return chain_->GetTask(task_id_).value(); }
+  RoundStateMachine Machine() { return RoundStateMachine::Decode(Task().runtime).value(); }
+  WorkUnit Unit(uint32_t round, uint32_t replica, uint32_t stage) {
+    const uint32_t index = StageUnitIndex(Task().params, {round, replica, stage});
+    return chain_->ListWorkUnits(task_id_).at(index);
+  }
+  size_t NodeIndex(const PublicKey& id) {
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i].public_key() == id) return i;
+    }
+    ADD_FAILURE() << "not a test node: " << id.ShortHex();
+    return 0;
+  }
+
+  CommitStageTx Commit(uint32_t round, uint32_t replica, uint32_t stage) {
+    const std::string name = std::to_string(round) + "/" + std::to_string(replica) + "/" +
+                             std::to_string(stage);
+    return CommitStageTx{.task_id = task_id_,
+                         .round = round,
+                         .replica = replica,
+                         .stage = stage,
+                         .node_id = Unit(round, replica, stage).assignee,
+                         .result_hash = Blake2b("stage delta " + name),
+                         .commitment = Blake2b("stage commitment " + name),
+                         .loss_micros = stage + 1 == kStages ? 2'000'000u + replica : 0u};
+  }
+
+  // What PlaceStages gives for the round placed at `height` from the registered nodes: the chains
+  // the ledger must have recorded as the units' assignees.
+  std::vector<std::vector<protocol::NodeId>> WantChains(uint64_t height) {
+    std::vector<protocol::NodeView> views;
+    for (const KeyPair& k : nodes_) {
+      NodeRecord n = chain_->GetNode(k.public_key()).value();
+      views.push_back({.id = n.id,
+                       .memory_bytes = n.capabilities.memory_bytes,
+                       .throughput_flops = n.capabilities.throughput,
+                       .latency_ms = n.capabilities.latency_ms,
+                       .bandwidth_bytes_per_s = n.capabilities.bandwidth_bytes_per_s,
+                       .price_per_gflop = n.price,
+                       .last_heartbeat_height = n.last_heartbeat_height});
+    }
+    const TaskRecord t = Task();
+    std::vector<protocol::StageNeed> needs;
+    for (uint32_t s = 0; s < kStages; ++s) {
+      needs.push_back({t.params.stage_memory_bytes[s], t.params.stage_flops[s]});
+    }
+    Result<std::vector<std::vector<protocol::NodeId>>> chains =
+        protocol::PlaceStages(TaskSpecViewOf(task_id_, t.params, t.price_cap), needs, kReplicas,
+                              views, height, SchedulerParamsOf(genesis_));
+    EXPECT_TRUE(chains.ok()) << chains.status().ToString();
+    return chains.ok() ? *chains : std::vector<std::vector<protocol::NodeId>>{};
+  }
+
+  static constexpr Amount kBudget = 100'000;
+  std::vector<KeyPair> nodes_;
+  std::vector<std::pair<uint64_t, uint64_t>> caps_;
+  Hash256 task_id_;
+};
+
+TEST(PipelineStageSlotTest, UnitIndexIsRoundReplicaStage) {
+  TaskParams p = PipelineParams();
+  EXPECT_EQ(PipelineReplicas(p), kReplicas);
+  EXPECT_EQ(StageUnitIndex(p, {1, 1, 2}), 1u * 6 + 1 * 3 + 2);
+  for (uint32_t i = 0; i < p.rounds * p.units_per_round; ++i) {
+    EXPECT_EQ(StageUnitIndex(p, StageSlotOf(p, i)), i);
+  }
+  EXPECT_EQ(StageSlotOf(p, 10), (StageSlot{1, 1, 1}));
+  // A task without stages: the replica is the shard, the stage 0.
+  TaskParams plain = TestTaskParams();
+  EXPECT_EQ(PipelineReplicas(plain), plain.units_per_round);
+  EXPECT_EQ(StageSlotOf(plain, 4), (StageSlot{1, 1, 0}));
+}
+
+TEST(PipelineStageSlotTest, ThePipelineFieldsSurviveEveryEncoding) {
+  const KeyPair k = TestKey(9);
+  SubmitTaskTx submit{.spec_hash = Blake2b("s"), .budget = 10, .price_cap = 1,
+                      .params = PipelineParams()};
+  Transaction tx = BuildSignedTx(k, "c", 0, submit);
+  Result<Transaction> back = DecodeTx(EncodeTx(tx));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(std::get<SubmitTaskTx>(back->payload).params, PipelineParams());
+  nlohmann::json j = TxToJson(tx);
+  EXPECT_EQ(j["payload"]["params"]["stage_memory_bytes"][2], 5 * kGiB);
+  Result<Transaction> from_json = TxFromJson(j);
+  ASSERT_TRUE(from_json.ok()) << from_json.status().ToString();
+  EXPECT_EQ(std::get<SubmitTaskTx>(from_json->payload).params, PipelineParams());
+  j["payload"]["params"]["stage_flops"] = nlohmann::json::array({1, -2, 3});
+  Result<Transaction> negative = TxFromJson(j);
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("stage_flops"), std::string::npos)
+      << negative.status().ToString();
+  // A list longer than kMaxU64ListLength does not decode.
+  submit.params.stage_flops.assign(kMaxU64ListLength + 1, 1);
+  Result<Transaction> too_long = DecodeTx(EncodeTx(BuildSignedTx(k, "c", 0, submit)));
+  EXPECT_FALSE(too_long.ok());
+}
+
+TEST(PipelineStageSlotTest, TermsRefuseBadStageFields) {
+  auto refused = [](const TaskParams& p, bool verification, const std::string& want) {
+    Status s = ValidateTaskTerms(p, 1'000'000, 20, verification, 2);
+    EXPECT_FALSE(s.ok()) << want;
+    EXPECT_NE(s.message().find(want), std::string::npos) << s.ToString();
+  };
+  EXPECT_TRUE(ValidateTaskTerms(PipelineParams(), 1'000'000, 20, false, 0).ok());
+  TaskParams p = PipelineParams();
+  p.stages = 0;
+  refused(p, false, "params.stages must be in [1, 256]");
+  p.stages = 257;
+  refused(p, false, "params.stages must be in [1, 256]");
+  p = PipelineParams();
+  p.units_per_round = 7;
+  refused(p, false, "params.units_per_round = 7 must be replicas x params.stages");
+  p = PipelineParams();
+  p.stage_flops.pop_back();
+  refused(p, false, "must hold one entry per stage (3), got 3 and 2");
+  p = PipelineParams();
+  p.stage_memory_bytes[1] = 0;
+  refused(p, false, "params.stage_memory_bytes[1] and params.stage_flops[1] must be > 0");
+  p = TestTaskParams();
+  p.stage_flops = {1};
+  refused(p, false, "must be empty for a task without stages");
+  refused(PipelineParams(), true, "pipeline stage units are not verified yet");
+  // A client names the task file's keys.
+  p = PipelineParams();
+  p.units_per_round = 7;
+  Status named = ValidateTaskTerms(p, 1'000'000, 20, false, 0, [](std::string_view f) {
+    return "network." + std::string(f);
+  });
+  EXPECT_NE(named.message().find("network.units_per_round = 7"), std::string::npos)
+      << named.ToString();
+}
+
+TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
+  Receipt submit = Start(PipelineParams());
+  ASSERT_TRUE(submit.ok) << submit.reason;
+  const uint64_t submit_height = chain_->Height();
+  TaskRecord t = Task();
+  EXPECT_EQ(t.unit_count, 2u * kReplicas * kStages);
+
+  // ---- Round 0 placed at the end of the submit's block: exactly PlaceStages' chains, a node
+  // per slot, each holding its stage; stage 2 (5 GiB) only on n1 and n2 (index 0 and 1).
+  const std::vector<std::vector<protocol::NodeId>> want = WantChains(submit_height);
+  ASSERT_EQ(want.size(), kReplicas);
+  std::set<PublicKey> used;
+  for (uint32_t r = 0; r < kReplicas; ++r) {
+    for (uint32_t s = 0; s < kStages; ++s) {
+      WorkUnit u = Unit(0, r, s);
+      ASSERT_EQ(u.status, WorkUnitStatus::kAssigned) << r << "/" << s;
+      EXPECT_EQ(u.assignee, want[r][s]) << r << "/" << s;
+      EXPECT_GE(caps_[NodeIndex(u.assignee)].first, t.params.stage_memory_bytes[s]);
+      EXPECT_GE(u.deadline_height, submit_height + genesis_.params.min_deadline_blocks);
+      EXPECT_EQ(u.price, kTestPrice);
+      EXPECT_TRUE(used.insert(u.assignee).second) << "a node holds two slots";
+    }
+    EXPECT_LE(NodeIndex(Unit(0, r, 2).assignee), 1u);
+  }
+  EXPECT_EQ(Unit(1, 0, 0).status, WorkUnitStatus::kPending);
+  EXPECT_EQ(Machine().phase(), RoundPhase::kRoundPhaseTraining);
+
+  // ---- Refusals: every new field, a CommitUnit on a pipeline task, a foreign stage.
+  CommitStageTx bad_stage = Commit(0, 0, 0);
+  bad_stage.stage = kStages;
+  CommitStageTx bad_replica = Commit(0, 0, 0);
+  bad_replica.replica = kReplicas;
+  CommitStageTx bad_round = Commit(0, 0, 0);
+  bad_round.round = 2;
+  CommitStageTx foreign = Commit(0, 0, 1);
+  foreign.node_id = Unit(0, 1, 1).assignee;  // the node of another replica's stage 1
+  CommitStageTx loss_early = Commit(0, 0, 0);
+  loss_early.loss_micros = 5;
+  CommitStageTx no_commitment = Commit(0, 0, 0);
+  no_commitment.commitment = Hash256{};
+  CommitStageTx no_result = Commit(0, 0, 0);
+  no_result.result_hash = Hash256{};
+  CommitStageTx future = Commit(0, 0, 0);
+  future.round = 1;  // a unit of round 1: not assigned yet
+  CommitUnitTx as_unit{.task_id = task_id_,
+                       .index = 0,
+                       .node_id = Unit(0, 0, 0).assignee,
+                       .result_hash = Blake2b("d"),
+                       .commitment = Blake2b("c")};
+  std::vector<std::pair<Transaction, std::string>> refusals = {
+      {Q(alice_, bad_stage), "stage 3 is out of range; task " + task_id_.ShortHex() +
+                                 " has 3 stages (0..2)"},
+      {Q(alice_, bad_replica), "replica 2 is out of range; task " + task_id_.ShortHex() +
+                                   " has 2 replicas (0..1)"},
+      {Q(alice_, bad_round), "round 2 is out of range"},
+      {Q(alice_, foreign), "is not assigned stage 1 of replica 0 in round 0"},
+      {Q(alice_, loss_early), "only the last stage (2) computes the loss"},
+      {Q(alice_, no_commitment), "commitment is zero"},
+      {Q(alice_, no_result), "result_hash is zero"},
+      {Q(alice_, future), "the unit is pending"},
+      {Q(alice_, as_unit), "is trained in pipeline stages (params.stages = 3): commit each "
+                           "stage's result with CommitStage"},
+      {Q(bob_, Commit(0, 0, 0)), "the sender must be node"},
+  };
+  std::vector<Transaction> txs;
+  for (const auto& [tx, why] : refusals) txs.push_back(tx);
+  std::vector<Receipt> r = Step(txs);
+  for (size_t i = 0; i < refusals.size(); ++i) {
+    EXPECT_FALSE(r[i].ok) << refusals[i].second;
+    EXPECT_NE(r[i].reason.find(refusals[i].second), std::string::npos) << r[i].reason;
+  }
+  EXPECT_EQ(r[3].code, StatusCode::kPermissionDenied);
+  EXPECT_EQ(Unit(0, 0, 0).status, WorkUnitStatus::kAssigned);
+
+  // ---- Every stage commits (one by the node's own key): the round aggregates.
+  ASSERT_TRUE(Step({Q(alice_, TransferTx{.to = Unit(0, 0, 0).assignee, .amount = 10})})[0].ok);
+  txs = {Q(nodes_[NodeIndex(Unit(0, 0, 0).assignee)], Commit(0, 0, 0))};
+  for (uint32_t rep = 0; rep < kReplicas; ++rep) {
+    for (uint32_t s = 0; s < kStages; ++s) {
+      if (rep != 0 || s != 0) txs.push_back(Q(alice_, Commit(0, rep, s)));
+    }
+  }
+  for (const Receipt& x : Step(txs)) EXPECT_TRUE(x.ok) << x.reason;
+  WorkUnit last = Unit(0, 1, 2);
+  EXPECT_EQ(last.status, WorkUnitStatus::kCommitted);
+  EXPECT_EQ(last.commitment, Blake2b("stage commitment 0/1/2"));
+  EXPECT_EQ(last.loss_micros, 2'000'001u);
+  // A stage committed twice is refused.
+  r = Step({Q(alice_, Commit(0, 0, 1))});
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("unit committed"), std::string::npos) << r[0].reason;
+
+  RoundStateMachine m = Machine();
+  ASSERT_EQ(m.phase(), RoundPhase::kRoundPhaseAggregating);
+  ASSERT_TRUE(m.aggregator().has_value());
+  const Amount alice_before = Balance(alice_);
+  r = Step({Q(alice_, CommitAggregateTx{.task_id = task_id_,
+                                        .round = 0,
+                                        .node_id = m.aggregator()->node,
+                                        .state_hash = Blake2b("state 1")})});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  // Round 0 paid: six stage units and the aggregator, one unit's cost each, all to alice.
+  t = Task();
+  EXPECT_EQ(t.rounds_settled, 1u);
+  EXPECT_EQ(t.spent, 7 * kTestUnitCost);
+  const Amount cut = BasisPoints(kTestUnitCost, genesis_.params.treasury_cut_bps);
+  EXPECT_EQ(Balance(alice_), alice_before + 7 * (kTestUnitCost - cut));
+  EXPECT_EQ(Unit(0, 1, 2).status, WorkUnitStatus::kVerified);
+
+  // ---- Round 1 placed from the new weights; the node of stage 1 of replica 1 goes silent.
+  m = Machine();
+  EXPECT_EQ(m.round(), 1u);
+  EXPECT_EQ(m.round_weights(), Blake2b("state 1"));
+  std::set<PublicKey> round1;
+  for (uint32_t rep = 0; rep < kReplicas; ++rep) {
+    for (uint32_t s = 0; s < kStages; ++s) {
+      ASSERT_EQ(Unit(1, rep, s).status, WorkUnitStatus::kAssigned);
+      round1.insert(Unit(1, rep, s).assignee);
+    }
+  }
+  EXPECT_EQ(round1.size(), kReplicas * kStages);
+  const WorkUnit silent = Unit(1, 1, 1);
+  txs.clear();
+  for (uint32_t rep = 0; rep < kReplicas; ++rep) {
+    for (uint32_t s = 0; s < kStages; ++s) {
+      if (rep != 1 || s != 1) txs.push_back(Q(alice_, Commit(1, rep, s)));
+    }
+  }
+  for (const Receipt& x : Step(txs)) EXPECT_TRUE(x.ok) << x.reason;
+  while (chain_->Height() <= silent.deadline_height) Step();
+  // Placed again on the one node that holds no unit of the round (the seventh), not the silent one.
+  const WorkUnit replaced = Unit(1, 1, 1);
+  ASSERT_EQ(replaced.status, WorkUnitStatus::kAssigned);
+  EXPECT_NE(replaced.assignee, silent.assignee);
+  EXPECT_EQ(round1.count(replaced.assignee), 0u);
+  EXPECT_GE(caps_[NodeIndex(replaced.assignee)].first, t.params.stage_memory_bytes[1]);
+  EXPECT_EQ(chain_->GetNode(silent.assignee).value().reputation.failures, 1u);
+  // The silent node's late commit is refused; the replacement's is taken.
+  CommitStageTx late = Commit(1, 1, 1);
+  late.node_id = silent.assignee;
+  r = Step({Q(alice_, late), Q(alice_, Commit(1, 1, 1))});
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_TRUE(r[1].ok) << r[1].reason;
+
+  m = Machine();
+  ASSERT_TRUE(m.aggregator().has_value());
+  r = Step({Q(alice_, CommitAggregateTx{.task_id = task_id_,
+                                        .round = 1,
+                                        .node_id = m.aggregator()->node,
+                                        .state_hash = Blake2b("state 2")})});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  t = Task();
+  EXPECT_EQ(t.status, TaskStatus::kFinished);
+  EXPECT_EQ(t.final_state, Blake2b("state 2"));
+  EXPECT_EQ(t.spent, 14 * kTestUnitCost);
+  EXPECT_EQ(t.budget, t.escrow + t.spent + t.refunded);
+}
+
+TEST_F(PipelineStageTest, NoPlacementLeavesTheRoundPendingAndCommitStageNeedsStages) {
+  // Stage 2 needs 9 GiB: no node holds it, so nothing is placed (the round waits).
+  TaskParams p = PipelineParams();
+  p.stage_memory_bytes[2] = 9 * kGiB;
+  Receipt submit = Start(p);
+  ASSERT_TRUE(submit.ok) << submit.reason;
+  Step();
+  for (uint32_t rep = 0; rep < kReplicas; ++rep) {
+    for (uint32_t s = 0; s < kStages; ++s) {
+      EXPECT_EQ(Unit(0, rep, s).status, WorkUnitStatus::kPending) << rep << "/" << s;
+    }
+  }
+  EXPECT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAssigning);
+
+  // A task without stages refuses CommitStage.
+  Transaction plain = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("plain bundle"),
+                                           .budget = kBudget,
+                                           .price_cap = 20,
+                                           .params = TestTaskParams()});
+  const Hash256 plain_id = TaskIdFor(bob_.public_key(), plain.nonce);
+  ASSERT_TRUE(Step({plain})[0].ok);
+  WorkUnit u = chain_->ListWorkUnits(plain_id).at(0);
+  ASSERT_EQ(u.status, WorkUnitStatus::kAssigned);
+  std::vector<Receipt> r = Step({Q(alice_, CommitStageTx{.task_id = plain_id,
+                                                         .node_id = u.assignee,
+                                                         .result_hash = Blake2b("d"),
+                                                         .commitment = Blake2b("c")})});
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("has no pipeline stages (params.stages = 1): commit its units with "
+                             "CommitUnit"),
+            std::string::npos)
+      << r[0].reason;
+}
+
+// One replica of three stages on four nodes: stages 0 and 2 fit only n1 and n2, so stage 1 has
+// n3 and, once n3 lets it expire, n4. When n4 lets it expire too, the nodes that could take it
+// all did once: the stage is open to them again (as any unit every eligible solver excluded is),
+// instead of waiting forever.
+TEST_F(PipelineStageTest, AStageEveryFreeNodeLetExpireIsOpenToThemAgain) {
+  TaskParams p = PipelineParams();
+  p.units_per_round = kStages;  // one replica
+  Receipt submit = Start(p, 4);
+  ASSERT_TRUE(submit.ok) << submit.reason;
+  EXPECT_LE(NodeIndex(Unit(0, 0, 0).assignee), 1u);
+  EXPECT_LE(NodeIndex(Unit(0, 0, 2).assignee), 1u);
+  ASSERT_EQ(NodeIndex(Unit(0, 0, 1).assignee), 2u);  // n3: the fastest that holds stage 1
+  for (const Receipt& x : Step({Q(alice_, Commit(0, 0, 0)), Q(alice_, Commit(0, 0, 2))})) {
+    EXPECT_TRUE(x.ok) << x.reason;
+  }
+  uint64_t deadline = Unit(0, 0, 1).deadline_height;
+  while (chain_->Height() <= deadline) Step();
+  ASSERT_EQ(Unit(0, 0, 1).status, WorkUnitStatus::kAssigned);
+  ASSERT_EQ(NodeIndex(Unit(0, 0, 1).assignee), 3u);  // n4, the one node left
+  deadline = Unit(0, 0, 1).deadline_height;
+  while (chain_->Height() <= deadline) Step();
+  // n4 expired it too: nobody may take it in that block; from the next, n3 and n4 may again.
+  EXPECT_EQ(Unit(0, 0, 1).status, WorkUnitStatus::kPending);
+  Step();
+  ASSERT_EQ(Unit(0, 0, 1).status, WorkUnitStatus::kAssigned);
+  EXPECT_EQ(NodeIndex(Unit(0, 0, 1).assignee), 2u);
+  EXPECT_EQ(chain_->GetNode(nodes_[2].public_key()).value().reputation.failures, 1u);
+  EXPECT_EQ(chain_->GetNode(nodes_[3].public_key()).value().reputation.failures, 1u);
+  std::vector<Receipt> r = Step({Q(alice_, Commit(0, 0, 1))});
+  EXPECT_TRUE(r[0].ok) << r[0].reason;
+  EXPECT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
+}
+
+// Units long enough that the nodes' own deadlines differ (3.2 TFLOP: 7 blocks at 1 TFLOP/s, the
+// 4-block floor at 5): every stage of a replica gets the latest of its nodes' deadlines, since a
+// fast stage cannot finish before its slow neighbour.
+TEST_F(PipelineStageTest, AReplicasStagesShareItsSlowestNodesDeadline) {
+  TaskParams p = PipelineParams();
+  p.flops_per_sample = 100'000'000'000;
+  Receipt submit = Start(p, 7, 900'000);
+  ASSERT_TRUE(submit.ok) << submit.reason;
+  const uint64_t height = chain_->Height();
+  const protocol::SchedulerParams sp = SchedulerParamsOf(genesis_);
+  const protocol::TaskSpecView view = TaskSpecViewOf(task_id_, Task().params, Task().price_cap);
+  std::set<uint64_t> deadlines;
+  for (uint32_t r = 0; r < kReplicas; ++r) {
+    uint64_t slowest = 0;
+    for (uint32_t s = 0; s < kStages; ++s) {
+      const NodeRecord n = chain_->GetNode(Unit(0, r, s).assignee).value();
+      protocol::NodeView v{.id = n.id,
+                           .memory_bytes = n.capabilities.memory_bytes,
+                           .throughput_flops = n.capabilities.throughput,
+                           .latency_ms = n.capabilities.latency_ms,
+                           .bandwidth_bytes_per_s = n.capabilities.bandwidth_bytes_per_s};
+      const uint64_t own = protocol::DeadlineHeight(
+          height, protocol::EstimatedUnitMs(v, view, sp), 0, sp);
+      deadlines.insert(own);
+      slowest = std::max(slowest, own);
+    }
+    for (uint32_t s = 0; s < kStages; ++s) {
+      EXPECT_EQ(Unit(0, r, s).deadline_height, slowest) << r << "/" << s;
+    }
+  }
+  EXPECT_GT(deadlines.size(), 1u) << "the nodes' own deadlines must differ for this test to mean "
+                                     "anything";
+}
+
+}  // namespace
+}  // namespace meshlearn::ledger

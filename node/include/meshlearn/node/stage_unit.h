@@ -1,0 +1,162 @@
+// A pipeline task's stage unit on a node (issue 15; docs/protocol.md "Pipeline stage units"): what
+// a node placed on stage s of replica r in round n runs and commits, the ledger terms of a
+// pipeline task, and how the aggregator turns a replica's S stage deltas back into one unit's
+// delta.
+//
+// The ledger places (round, replica, stage) units on nodes (PlaceStages) and records the chain
+// of each replica as its units' assignees. A stage node then
+//   1. builds its stage from the round's global weights (StageFromGlobal: the unit's inner rate,
+//      protocol::UnitWorkOf of (round, replica), as for a whole unit),
+//   2. runs the unit's H steps against its neighbours over the data plane (RunStageUnit: one
+//      StagePlane per stage unit, attached to the node's StageHost, which serves "stage.push"),
+//   3. commits CommitStage with the stage's delta blob id and its StageCommitment.
+// The aggregator combines the replicas stage by stage (ApplyStageRound: ApplyRound on each
+// stage's slice, for the coordinate-wise rules), or gathers each replica's stage deltas in model
+// order (GatherStageFlats) -- the replica's delta is then exactly the unsplit unit's
+// pseudo-gradient (elementwise global - local) -- and calls ApplyRound (network_round.h). Either
+// way the round is ApplyRound's, the one derivation `meshlearn diloco` uses.
+//
+//   ledger::TaskParams p = MakeTaskParams(facts, net, initial, memory);
+//   ML_RETURN_IF_ERROR(AddPipelineTerms(trainer->task(), net, &p));      // stages, needs
+//   ...
+//   StageHost host;  host.Register(&router);                             // once per node
+//   ML_ASSIGN_OR_RETURN(auto stage, StageFromGlobal(trainer->task(), cut, s, whole, lr_scale));
+//   StagePlane plane(ctx, s, key, &transport);
+//   StageHost::Attachment a = host.Attach(&plane);
+//   plane.SetChain(chain, endpoints);
+//   ML_ASSIGN_OR_RETURN(StageUnitOutcome out, RunStageUnit(*stage, plane, batches, seed));
+//
+// Thread-safety: StageHost is thread-safe; the rest are pure or use their arguments only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/pipeline.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/state.h"
+#include "meshlearn/net/transport.h"
+#include "meshlearn/node/network_round.h"
+#include "meshlearn/node/stage_plane.h"
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/protocol/task_model.h"
+
+namespace meshlearn::node {
+
+// ---- Weights between a whole model and its stages (by parameter name).
+
+// Sets `stage`'s parameters to `whole`'s of the same names. REQUIRES: the stage is a part of
+// whole's model.
+void CopyWholeParams(const engine::Model& whole, engine::Stage& stage);
+// The stage's parameters, flat, in its params() order.
+std::vector<float> StageFlatParams(engine::Stage& stage);
+// The whole model's flat vector (its params() order) from per-stage flat vectors, `flats[s]` laid
+// out as `layout[s]`'s params(). InvalidArgument when the sizes do not match the layout or a
+// parameter of the whole model is in no stage.
+Result<std::vector<float>> GatherStageFlats(const engine::Model& whole,
+                                            std::span<const std::unique_ptr<engine::Stage>> layout,
+                                            std::span<const std::vector<float>> flats);
+// The stages' own parameters gathered in whole's order. REQUIRES: they cover the whole model.
+std::vector<float> GatherStageParams(const engine::Model& whole,
+                                     std::span<const std::unique_ptr<engine::Stage>> stages);
+// The inverse of GatherStageFlats: `flat` (whole's params() order) cut into one vector per stage,
+// laid out as layout[s]'s params(). InvalidArgument when `flat` is not whole's size.
+Result<std::vector<std::vector<float>>> ScatterToStages(
+    const engine::Model& whole, std::span<const std::unique_ptr<engine::Stage>> layout,
+    std::span<const float> flat);
+
+// ---- Aggregation, stage by stage.
+
+// Round `round`'s aggregation stage by stage: stage s's slice of `state` (its parameters' weights
+// and outer momentum) takes ApplyRound (network_round.h) over the replicas' stage-s deltas,
+// `deltas[i][s]` the stage-s delta of the replica with shard `shards[i]`, laid out as layout[s]'s
+// params(); so an aggregator needs one stage's replicas at a time. A replica with a non-finite
+// value in any stage is left out of every stage, as ApplyRound leaves out a non-finite whole
+// delta. For a coordinate-wise rule (mean, trimmed_mean, median) this is ApplyRound over the
+// replicas' gathered whole deltas, bit for bit, and so `meshlearn diloco`'s round. The rules with
+// norms or distances over the whole delta (centered_clip, krum) are refused (InvalidArgument
+// naming the rule): gather the whole deltas (GatherStageFlats) and call ApplyRound for those.
+Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
+                       std::span<const std::unique_ptr<engine::Stage>> layout,
+                       std::span<const uint32_t> shards,
+                       std::span<const std::vector<std::vector<float>>> deltas,
+                       const NetworkSpec& net, const Hash256& content_id, uint32_t round,
+                       uint64_t samples_per_unit);
+
+// ---- The ledger's terms of a pipeline task.
+
+// For net.stages > 1: per stage its memory (engine::CutCosts total bytes, rounded up) and
+// training FLOPs of one step, for the cut engine::TaskPipelineCut chooses or checks, into
+// params' stage_memory_bytes and stage_flops (MakeTaskParams already set stages and
+// units_per_round = replicas x stages). Nothing changes for S = 1. Errors are TaskPipelineCut's
+// (naming network.stages or network.cut).
+Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
+                        ledger::TaskParams* params);
+
+// ---- A stage unit.
+
+// Stage `stage` of `cut` trained from `whole` (a model holding the round's global weights, e.g.
+// the trainer's after StartUnit) at the unit's inner-rate factor `lr_scale`.
+Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& task,
+                                                       const engine::PipelineCut& cut, int stage,
+                                                       const engine::Model& whole,
+                                                       double lr_scale);
+
+struct StageUnitOutcome {
+  std::vector<float> delta;         // the stage's pseudo-gradient: start - end, params() order
+  Hash256 result_hash;              // ledger::DeltaBlobId(delta): CommitStage's result_hash
+  std::vector<Hash256> leaves;      // StageStepLeaf of every step
+  Hash256 commitment;               // protocol::StageCommitment(leaves)
+  float mean_loss = 0;              // the last stage: the mean of its steps' losses; else 0
+  std::vector<protocol::StageStepCommit> commits;  // every step's, for the stage's evidence
+};
+
+// The unit's steps 0..batches.size()-1 of `stage` over `plane` (BeginStep, then RunStageStep
+// with plane.context()): batches[i] is step i's whole batch (the unit's BatchForStep), and
+// `dropout_seed` the unit's (engine::DropoutSeed of the task seed and the unit's stream). The
+// first failed step's error (a silent neighbour: DeadlineExceeded naming it) ends the run; the
+// stage's weights then hold the steps before it.
+Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
+                                      std::span<const engine::Batch> batches,
+                                      uint64_t dropout_seed);
+
+// One node's data-plane service: registers "stage.push" once on the node's router and hands each
+// push to the plane of the stage unit the node runs now (a node runs one stage unit at a time and
+// a new plane for each). With no plane attached a push is answered Unavailable, which the
+// sender's plane retries until its step's deadline (a neighbour that starts its stage first).
+class StageHost {
+ public:
+  StageHost() = default;
+  StageHost(const StageHost&) = delete;
+  StageHost& operator=(const StageHost&) = delete;
+
+  // Registers "stage.push" (bodies up to `max_push_bytes`: StagePlaneOptions::max_tensor_bytes
+  // plus the record). `router` must outlive the server that serves it.
+  void Register(net::Router* router, uint64_t max_push_bytes = (64ull << 20) + 4096);
+
+  // Pushes go to `plane` until the attachment is destroyed. REQUIRES: none attached now.
+  class Attachment {
+   public:
+    ~Attachment();
+    Attachment(Attachment&&) = delete;
+
+   private:
+    friend class StageHost;
+    explicit Attachment(StageHost* host) : host_(host) {}
+    StageHost* host_;
+  };
+  std::unique_ptr<Attachment> Attach(StagePlane* plane);
+
+ private:
+  Result<Bytes> HandlePush(const net::Request& request);
+
+  std::mutex mu_;
+  StagePlane* plane_ = nullptr;  // guarded by mu_; the handler runs under it
+};
+
+}  // namespace meshlearn::node

@@ -1,0 +1,241 @@
+#include "meshlearn/node/stage_unit.h"
+
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "meshlearn/base/check.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/ledger/step_witness.h"
+#include "meshlearn/protocol/aggregate.h"
+#include "meshlearn/protocol/stage_transfer.h"
+
+namespace meshlearn::node {
+
+void CopyWholeParams(const engine::Model& whole, engine::Stage& stage) {
+  std::map<std::string, const engine::Tensor*> by_name;
+  for (const engine::Param& p : whole.params()) by_name[p.name] = &p.value;
+  for (engine::Param& p : stage.params()) p.value.vec() = by_name.at(p.name)->vec();
+}
+
+std::vector<float> StageFlatParams(engine::Stage& stage) {
+  std::vector<float> flat;
+  for (const engine::Param& p : stage.params()) {
+    flat.insert(flat.end(), p.value.vec().begin(), p.value.vec().end());
+  }
+  return flat;
+}
+
+Result<std::vector<float>> GatherStageFlats(const engine::Model& whole,
+                                            std::span<const std::unique_ptr<engine::Stage>> layout,
+                                            std::span<const std::vector<float>> flats) {
+  if (layout.size() != flats.size()) {
+    return InvalidArgument("gather stage deltas: " + std::to_string(flats.size()) +
+                           " stage vectors for " + std::to_string(layout.size()) + " stages");
+  }
+  // Where each parameter's values sit in its stage's flat vector.
+  std::map<std::string, std::span<const float>> by_name;
+  for (size_t s = 0; s < layout.size(); ++s) {
+    size_t at = 0;
+    for (const engine::Param& p : layout[s]->params()) {
+      const size_t n = p.value.vec().size();
+      if (at + n > flats[s].size()) break;
+      by_name[p.name] = std::span<const float>(flats[s]).subspan(at, n);
+      at += n;
+    }
+    if (at != flats[s].size()) {
+      return InvalidArgument("gather stage deltas: stage " + std::to_string(s) + " holds " +
+                             std::to_string(at) + " parameters, its vector " +
+                             std::to_string(flats[s].size()));
+    }
+  }
+  std::vector<float> out;
+  for (const engine::Param& p : whole.params()) {
+    auto it = by_name.find(p.name);
+    if (it == by_name.end()) {
+      return InvalidArgument("gather stage deltas: parameter " + p.name + " is in no stage");
+    }
+    out.insert(out.end(), it->second.begin(), it->second.end());
+  }
+  return out;
+}
+
+std::vector<float> GatherStageParams(const engine::Model& whole,
+                                     std::span<const std::unique_ptr<engine::Stage>> stages) {
+  std::vector<std::vector<float>> flats;
+  for (const std::unique_ptr<engine::Stage>& st : stages) flats.push_back(StageFlatParams(*st));
+  Result<std::vector<float>> out = GatherStageFlats(whole, stages, flats);
+  CHECK(out.ok()) << out.status().ToString();
+  return std::move(*out);
+}
+
+Result<std::vector<std::vector<float>>> ScatterToStages(
+    const engine::Model& whole, std::span<const std::unique_ptr<engine::Stage>> layout,
+    std::span<const float> flat) {
+  std::map<std::string, std::span<const float>> by_name;
+  size_t at = 0;
+  for (const engine::Param& p : whole.params()) {
+    const size_t n = p.value.vec().size();
+    if (at + n > flat.size()) break;
+    by_name[p.name] = flat.subspan(at, n);
+    at += n;
+  }
+  if (at != flat.size() || by_name.size() != whole.params().size()) {
+    return InvalidArgument("scatter to stages: " + std::to_string(flat.size()) +
+                           " values for a model of " + std::to_string(at) + " or more");
+  }
+  std::vector<std::vector<float>> out(layout.size());
+  for (size_t s = 0; s < layout.size(); ++s) {
+    for (const engine::Param& p : layout[s]->params()) {
+      auto it = by_name.find(p.name);
+      if (it == by_name.end()) {
+        return InvalidArgument("scatter to stages: stage " + std::to_string(s) + "'s parameter " +
+                               p.name + " is not in the model");
+      }
+      out[s].insert(out[s].end(), it->second.begin(), it->second.end());
+    }
+  }
+  return out;
+}
+
+Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
+                       std::span<const std::unique_ptr<engine::Stage>> layout,
+                       std::span<const uint32_t> shards,
+                       std::span<const std::vector<std::vector<float>>> deltas,
+                       const NetworkSpec& net, const Hash256& content_id, uint32_t round,
+                       uint64_t samples_per_unit) {
+  const protocol::AggregationRule rule = net.aggregation.rule;
+  if (rule == protocol::AggregationRule::kAggregationRuleCenteredClip ||
+      rule == protocol::AggregationRule::kAggregationRuleKrum) {
+    return InvalidArgument("stage-by-stage aggregation: rule " +
+                           std::string(protocol::AggregationRuleName(rule)) +
+                           " takes norms or distances over the whole delta; gather the replicas' "
+                           "whole deltas (GatherStageFlats) and use ApplyRound");
+  }
+  if (shards.size() != deltas.size()) {
+    return InvalidArgument("stage-by-stage aggregation: " + std::to_string(deltas.size()) +
+                           " replicas' deltas for " + std::to_string(shards.size()) + " shards");
+  }
+  std::vector<size_t> kept;  // replicas whose every stage delta is finite
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    if (deltas[i].size() != layout.size()) {
+      return InvalidArgument("stage-by-stage aggregation: replica " + std::to_string(shards[i]) +
+                             " has " + std::to_string(deltas[i].size()) + " stage deltas for " +
+                             std::to_string(layout.size()) + " stages");
+    }
+    bool finite = true;
+    for (const std::vector<float>& d : deltas[i]) {
+      for (float v : d) finite = finite && std::isfinite(v);
+    }
+    if (finite) kept.push_back(i);
+  }
+  if (kept.empty()) {
+    return FailedPrecondition("stage-by-stage aggregation: all " + std::to_string(deltas.size()) +
+                              " replicas have NaN or Inf values");
+  }
+  ML_ASSIGN_OR_RETURN(std::vector<std::vector<float>> weights,
+                      ScatterToStages(whole, layout, state->weights));
+  ML_ASSIGN_OR_RETURN(std::vector<std::vector<float>> momentum,
+                      ScatterToStages(whole, layout, state->momentum));
+  for (size_t s = 0; s < layout.size(); ++s) {
+    GlobalState slice{.weights = std::move(weights[s]), .momentum = std::move(momentum[s])};
+    std::vector<RoundDelta> round_deltas;
+    for (size_t i : kept) {
+      if (deltas[i][s].size() != slice.weights.size()) {
+        return InvalidArgument("stage-by-stage aggregation: replica " + std::to_string(shards[i]) +
+                               "'s stage " + std::to_string(s) + " delta has " +
+                               std::to_string(deltas[i][s].size()) + " values, the stage " +
+                               std::to_string(slice.weights.size()));
+      }
+      round_deltas.push_back({.shard = shards[i], .delta = deltas[i][s]});
+    }
+    Result<protocol::AggregateResult> agg =
+        ApplyRound(&slice, round_deltas, net, content_id, round, samples_per_unit);
+    if (!agg.ok()) return agg.status().WithPrefix("stage " + std::to_string(s));
+    weights[s] = std::move(slice.weights);
+    momentum[s] = std::move(slice.momentum);
+  }
+  ML_ASSIGN_OR_RETURN(state->weights, GatherStageFlats(whole, layout, weights));
+  ML_ASSIGN_OR_RETURN(state->momentum, GatherStageFlats(whole, layout, momentum));
+  return Status::Ok();
+}
+
+Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
+                        ledger::TaskParams* params) {
+  if (net.stages <= 1) return Status::Ok();
+  ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
+                      engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut));
+  ML_ASSIGN_OR_RETURN(std::vector<engine::StageCost> costs,
+                      engine::CutCosts(task.model, task.optimizer, cut, task.batch_size,
+                                       task.seq_len, task.micro_batches));
+  params->stage_memory_bytes.clear();
+  params->stage_flops.clear();
+  for (const engine::StageCost& c : costs) {
+    params->stage_memory_bytes.push_back(static_cast<uint64_t>(std::ceil(c.total_bytes())));
+    params->stage_flops.push_back(c.flops);
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& task,
+                                                       const engine::PipelineCut& cut, int stage,
+                                                       const engine::Model& whole,
+                                                       double lr_scale) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Stage> st,
+                      engine::Stage::Create(task.model,
+                                            engine::UnitOptimizerSpec(task.optimizer, lr_scale),
+                                            cut, stage, task.micro_batches));
+  CopyWholeParams(whole, *st);
+  return st;
+}
+
+Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
+                                      std::span<const engine::Batch> batches,
+                                      uint64_t dropout_seed) {
+  const std::vector<float> start = StageFlatParams(stage);
+  StageUnitOutcome out;
+  double loss_sum = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    plane.BeginStep(static_cast<uint64_t>(i));
+    ML_ASSIGN_OR_RETURN(StageStepOutcome step, RunStageStep(stage, plane.context(), batches[i],
+                                                            dropout_seed, *plane.link()));
+    loss_sum += step.loss;
+    out.leaves.push_back(protocol::StageStepLeaf(step.commit));
+    out.commits.push_back(std::move(step.commit));
+  }
+  if (stage.last() && !batches.empty()) {
+    out.mean_loss = static_cast<float>(loss_sum / static_cast<double>(batches.size()));
+  }
+  out.delta = protocol::PseudoGradient(start, StageFlatParams(stage));
+  out.result_hash = ledger::DeltaBlobId(out.delta);
+  out.commitment = protocol::StageCommitment(out.leaves);
+  return out;
+}
+
+void StageHost::Register(net::Router* router, uint64_t max_push_bytes) {
+  router->Register(
+      kMethodStagePush, [this](const net::Request& r) { return HandlePush(r); },
+      static_cast<size_t>(max_push_bytes));
+}
+
+std::unique_ptr<StageHost::Attachment> StageHost::Attach(StagePlane* plane) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CHECK(plane_ == nullptr) << "a stage host runs one stage unit at a time";
+  plane_ = plane;
+  return std::unique_ptr<Attachment>(new Attachment(this));
+}
+
+StageHost::Attachment::~Attachment() {
+  std::lock_guard<std::mutex> lock(host_->mu_);
+  host_->plane_ = nullptr;
+}
+
+Result<Bytes> StageHost::HandlePush(const net::Request& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (plane_ == nullptr) {
+    return Unavailable("stage.push: this node runs no stage unit yet (retry)");
+  }
+  return plane_->HandlePush(request);
+}
+
+}  // namespace meshlearn::node
