@@ -1573,14 +1573,7 @@ float SumTreeImpl(const float* x, int64_t n, bool squares) {
       for (int64_t j = 0; j < cnt; ++j) p[b0 + j] = acc[j];
     }
   });
-  int64_t m = nb;
-  while (m > 1) {
-    const int64_t half = m / 2;
-    for (int64_t i = 0; i < half; ++i) p[i] = p[2 * i] + p[2 * i + 1];
-    if (m % 2 == 1) p[half] = p[m - 1];
-    m = half + m % 2;
-  }
-  return p[0];
+  return internal::CombinePartialsTree(p, nb);
 }
 
 float SumTree(const float* x, int64_t n) { return SumTreeImpl(x, n, false); }

@@ -87,6 +87,19 @@ class FpEnvGuard {
 // Sets the calling thread's floating-point control state to the canonical one (no restore).
 void SetCanonicalFpEnv();
 
+// The fixed pairwise tree over n >= 1 block partials, in place (the last step of SumTree and
+// SumSquaresTree, kernels.h): level by level p[i] = p[2i] + p[2i+1], an odd last element moving
+// up unchanged; returns the root. Inline: the SIMD TUs run it too. The one copy of that order.
+inline float CombinePartialsTree(float* p, int64_t n) {
+  while (n > 1) {
+    const int64_t half = n / 2;
+    for (int64_t i = 0; i < half; ++i) p[i] = p[2 * i] + p[2 * i + 1];
+    if (n % 2 == 1) p[half] = p[n - 1];
+    n = half + n % 2;
+  }
+  return p[0];
+}
+
 // Checks shared by reference and fast kernels; abort with a message on a broken precondition.
 void CheckTargets(const int32_t* targets, int64_t B, int64_t V);
 void CheckIds(const int32_t* ids, int64_t N, int64_t V);

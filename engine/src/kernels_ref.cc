@@ -24,20 +24,6 @@ namespace {
 
 inline float Fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 
-// Pairwise tree over block partials: level by level, p[i] = p[2i] + p[2i+1]; an odd last
-// element moves up unchanged.
-float CombineTree(std::vector<float> p) {
-  if (p.empty()) return 0.0f;
-  size_t n = p.size();
-  while (n > 1) {
-    size_t half = n / 2;
-    for (size_t i = 0; i < half; ++i) p[i] = p[2 * i] + p[2 * i + 1];
-    if (n % 2 == 1) p[half] = p[n - 1];
-    n = half + n % 2;
-  }
-  return p[0];
-}
-
 }  // namespace
 
 float SumTreeRef(const float* x, int64_t n, bool squares) {
@@ -48,7 +34,9 @@ float SumTreeRef(const float* x, int64_t n, bool squares) {
     for (int64_t i = b0; i < b1; ++i) acc = squares ? Fma(x[i], x[i], acc) : acc + x[i];
     partials.push_back(acc);
   }
-  return CombineTree(std::move(partials));
+  return partials.empty() ? 0.0f
+                          : internal::CombinePartialsTree(partials.data(),
+                                                          static_cast<int64_t>(partials.size()));
 }
 
 using internal::kGelu3K1;

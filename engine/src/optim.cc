@@ -152,14 +152,7 @@ void AppendSquareBlockPartials(const float* x, int64_t n, std::vector<float>* pa
 float CombineBlockPartials(std::vector<float> p) {
   internal::FpEnvGuard fp_guard;
   if (p.empty()) return 0.0f;
-  size_t n = p.size();
-  while (n > 1) {
-    const size_t half = n / 2;
-    for (size_t i = 0; i < half; ++i) p[i] = p[2 * i] + p[2 * i + 1];
-    if (n % 2 == 1) p[half] = p[n - 1];
-    n = half + n % 2;
-  }
-  return p[0];
+  return internal::CombinePartialsTree(p.data(), static_cast<int64_t>(p.size()));
 }
 
 namespace {
