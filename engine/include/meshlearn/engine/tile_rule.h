@@ -121,6 +121,12 @@ enum class TileOpKind : uint8_t {
                             // gradient operators); each element its own reduction block
   kTileOpGradNorm,          // the global gradient norm from x = the block partials (sources as
                             // x's); a chain over the parameters
+  kTileOpLayerNormInputGrad,   // x = dout, w = the layernorm's input, b = its weight; v = the
+                               // gradient it adds into (-1: a zeroed one)
+  kTileOpLayerNormWeightGrad,  // x = dout, w = the layernorm's input; reduction over the rows
+  kTileOpLayerNormBiasGrad,    // x = dout; reduction over the rows
+  kTileOpLinearGeluInputGrad,  // gelu backward of a linear's dX: x = the linear's dout, w = its
+                               // weight, b = the gelu's input (the linear's dX is not traced)
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
