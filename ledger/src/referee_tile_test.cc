@@ -670,6 +670,30 @@ TEST(TileDisputeTest, OnThe10mGptALieAtACoveredTileLosesToTheTileRule) {
   ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT");
 }
 
+// The 10M GPT's gradients with footprints: the LM head's input gradient (a chain over the 172
+// logits), ln_f's backward (its input gradient from whole rows; its weight and bias gradients),
+// the gelu's input gradient, and the four linears' weight and bias gradients of every layer (those are chains over the 256
+// rows, narrowed into blocks of 32: the lie starts at the block named).
+TEST(TileDisputeTest, OnThe10mGptALieAtAGradientTileLosesToTheTileRule) {
+  g_setup = &GptSetup();
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "ln_f.grad", 100, 200},
+      {LieKind::kTile, "residual.grad", 255, 383},  // ln_f's backward: whole rows
+      {LieKind::kTile, "transformer.ln_f.weight.grad", 0, 300, 4},
+      {LieKind::kTile, "transformer.ln_f.bias.grad", 0, 10, 0},
+      {LieKind::kTile, "h.3.fch.grad", 100, 1000},  // gelu backward of the untraced dX
+      {LieKind::kTile, "transformer.h.2.attn.c_attn.weight.grad", 500, 100, 3},
+      {LieKind::kTile, "transformer.h.0.attn.c_attn.bias.grad", 0, 1100, 0},
+      {LieKind::kTile, "transformer.h.1.attn.c_proj.weight.grad", 383, 383, 7},
+      {LieKind::kTile, "transformer.h.1.attn.c_proj.bias.grad", 0, 50, 5},
+      {LieKind::kTile, "transformer.h.4.mlp.c_fc.weight.grad", 1000, 300, 6},
+      {LieKind::kTile, "transformer.h.3.mlp.c_fc.bias.grad", 0, 1200, 2},
+      {LieKind::kTile, "transformer.h.5.mlp.c_proj.weight.grad", 100, 1500, 1},
+      {LieKind::kTile, "transformer.h.5.mlp.c_proj.bias.grad", 0, 7, 4},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT gradients");
+}
+
 // A lazy party on the 10M GPT (clipping at 1.0, and the clip acts at the disputed step): it claims
 // the step's forward and backward pass and the global norm as anyone computes them, and every
 // parameter unchanged by the update. The game narrows to the first tile of the first updated
