@@ -307,40 +307,52 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     dlnf.x = dlogits;
     dlnf.w = state_op(m.params()[0].name);
     const int64_t dlnf_op = add(std::move(dlnf));
-    // The residual gradient entering the top layer; each layer's traced gradients.
-    std::vector<int64_t> dres_in(static_cast<size_t>(g.n_layer + 1), -1);
-    std::vector<int64_t> dres2(static_cast<size_t>(g.n_layer), -1);
-    std::vector<int64_t> dfch(static_cast<size_t>(g.n_layer), -1);
-    std::vector<int64_t> dqkv(static_cast<size_t>(g.n_layer), -1);
+    // The residual gradient entering each layer (the top one's: ln_f's backward); each layer's
+    // traced gradients.
+    const size_t L = static_cast<size_t>(g.n_layer);
+    std::vector<int64_t> dres_in(L + 1, -1), dres2(L, -1), dfch(L, -1), dqkv(L, -1), dln1(L, -1),
+        dln2(L, -1);
     // ln_f's backward on a zeroed gradient: the rows of ln_f.grad and of the last residual.
     const int64_t lnf_w = static_cast<int64_t>(m.params().size()) - 2;
-    TileOp dres{
-        "residual.grad", TileOpKind::kTileOpLayerNormInputGrad, TileGrid::For(N, C), {N, C}};
-    dres.x = dlnf_op;
-    dres.w = resid;
-    dres.b = state_op(m.params()[static_cast<size_t>(lnf_w)].name);
-    dres_in[static_cast<size_t>(g.n_layer)] = add(std::move(dres));
+    auto ln_input_grad = [&](const std::string& name, int64_t dout, int64_t ln, int64_t weight,
+                             int64_t into) {
+      TileOp op{name, TileOpKind::kTileOpLayerNormInputGrad, TileGrid::For(N, C), {N, C}};
+      op.x = dout;
+      op.w = plan.ops[static_cast<size_t>(ln)].x;  // the layernorm's input
+      op.b = state_op(m.params()[static_cast<size_t>(weight)].name);
+      op.v = into;
+      return add(std::move(op));
+    };
+    auto input_grad = [&](const std::string& name, int64_t cols, int64_t dout, int64_t weight) {
+      TileOp op{name, TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, cols), {N, cols}};
+      op.x = dout;
+      op.w = state_op(m.params()[static_cast<size_t>(weight)].name);
+      return add(std::move(op));
+    };
+    dres_in[L] = ln_input_grad("residual.grad", dlnf_op, lnf, lnf_w, -1);
+    // Each layer as BackwardPart runs it (kernels on zeroed buffers): the down projection's dX,
+    // the gelu's, the up projection's dX, ln2's backward added into the residual gradient
+    // (ResidualBackward's 0 + the gradient entering the layer), the attention projection's dX
+    // (from dattproj = 0 + residual3.grad), the attention backward (opaque), qkv's dX, and ln1's
+    // backward added into 0 + residual3.grad.
     for (int64_t l = g.n_layer; l-- > 0;) {
       const std::string p = "h." + std::to_string(l) + ".";
       const size_t ls = static_cast<size_t>(l);
-      dres2[ls] = opaque(p + "residual3.grad", N, C, kNoFootprint);
-      // dfch = gelu backward of dfch_gelu (untraced: the down projection's dX from the residual
-      // gradient entering the layer), recomputed through both; whole while that chain over C
-      // fits (C <= 1024).
-      if (C <= kTileLinearWholeMax) {
-        TileOp op{p + "fch.grad",
-                  TileOpKind::kTileOpLinearGeluInputGrad,
-                  TileGrid::For(N, 4 * C),
-                  {N, 4 * C}};
-        op.x = dres_in[ls + 1];
-        op.w = state_op(m.params()[static_cast<size_t>(2 + 12 * l + 10)].name);
-        op.b = index.at(p + "fch");
-        dfch[ls] = add(std::move(op));
-      } else {
-        dfch[ls] = opaque(p + "fch.grad", N, 4 * C, kNoFootprint);
-      }
-      dqkv[ls] = opaque(p + "qkv.grad", N, 3 * C, kNoFootprint);
-      dres_in[ls] = opaque(p + "residual.grad", N, C, kNoFootprint);
+      const int64_t base = 2 + 12 * l;
+      const int64_t dfch_gelu = input_grad(p + "fch_gelu.grad", 4 * C, dres_in[ls + 1], base + 10);
+      TileOp gelu{
+          p + "fch.grad", TileOpKind::kTileOpGeluInputGrad, TileGrid::For(N, 4 * C), {N, 4 * C}};
+      gelu.x = dfch_gelu;
+      gelu.w = index.at(p + "fch");
+      dfch[ls] = add(std::move(gelu));
+      dln2[ls] = input_grad(p + "ln2.grad", C, dfch[ls], base + 8);
+      dres2[ls] = ln_input_grad(p + "residual3.grad", dln2[ls], index.at(p + "ln2"), base + 6,
+                                dres_in[ls + 1]);
+      input_grad(p + "atty.grad", C, dres2[ls], base + 4);
+      dqkv[ls] = opaque(p + "qkv.grad", N, 3 * C, "the attention backward: no footprint yet");
+      dln1[ls] = input_grad(p + "ln1.grad", C, dqkv[ls], base + 2);
+      dres_in[ls] =
+          ln_input_grad(p + "residual.grad", dln1[ls], index.at(p + "ln1"), base, dres2[ls]);
     }
     // The parameter gradients. A block's four linears (model.cc's GptModel::BackwardPart):
     // LinearBackward's dweight and dbias on zeroed gradients, from the traced gradient of the
@@ -374,14 +386,20 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         const size_t ls = static_cast<size_t>(l);
         const std::string p = "h." + std::to_string(l) + ".";
         int64_t dout = -1, in = -1;
+        if (slot == 0 || slot == 1)
+          dout = dln1[ls], in = plan.ops[static_cast<size_t>(fwd(p + "ln1"))].x;
+        if (slot == 6 || slot == 7) dout = dln2[ls], in = fwd(p + "residual2");
         if (slot == 2 || slot == 3) dout = dqkv[ls], in = fwd(p + "ln1");
         if (slot == 4 || slot == 5) dout = dres2[ls], in = fwd(p + "atty");
         if (slot == 8 || slot == 9) dout = dfch[ls], in = fwd(p + "ln2");
         if (slot == 10 || slot == 11) dout = dres_in[ls + 1], in = fwd(p + "fch_gelu");
         if (dout >= 0) {
           const bool weight = slot % 2 == 0;
-          op.kind =
-              weight ? TileOpKind::kTileOpLinearWeightGrad : TileOpKind::kTileOpLinearBiasGrad;
+          const bool ln = slot == 0 || slot == 1 || slot == 6 || slot == 7;
+          op.kind = ln ? (weight ? TileOpKind::kTileOpLayerNormWeightGrad
+                                 : TileOpKind::kTileOpLayerNormBiasGrad)
+                       : (weight ? TileOpKind::kTileOpLinearWeightGrad
+                                 : TileOpKind::kTileOpLinearBiasGrad);
           op.x = dout;
           op.w = weight ? in : -1;
           op.opaque.clear();
@@ -667,12 +685,6 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     case TileOpKind::kTileOpGeluInputGrad:
       TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
       TileRuleCover(plan, o.w, t.r0, t.r1, t.c0, t.c1, fp);
-      break;
-    case TileOpKind::kTileOpLinearGeluInputGrad:
-      // The linear's dX tile (rows of its dout, columns of its weight), and the gelu's input.
-      TileRuleCover(plan, o.x, t.r0, t.r1, 0, TileRuleCols(plan, o.x), fp);
-      TileRuleCover(plan, o.w, 0, TileRuleCols(plan, o.x), t.c0, t.c1, fp);
-      TileRuleCover(plan, o.b, t.r0, t.r1, t.c0, t.c1, fp);
       break;
     case TileOpKind::kTileOpLinearWeightGrad: {
       const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
@@ -1081,18 +1093,6 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       ref::GeluBackward(out.data(), d.data(), x.data(), t.numel());
       break;
     }
-    case TileOpKind::kTileOpLinearGeluInputGrad: {
-      // Both kernels on zeroed buffers, as the step runs them: the linear's dX tile, then the
-      // gelu's backward of it.
-      const int64_t OC = TileRuleCols(plan, o.x);
-      std::vector<float> d = dense(o.x, t.r0, t.r1, 0, OC);
-      std::vector<float> w = dense(o.w, 0, OC, t.c0, t.c1);  // (OC, K): weight columns c
-      std::vector<float> dx(static_cast<size_t>(t.numel()), 0.0f);
-      ref::LinearBackward(dx.data(), nullptr, nullptr, d.data(), nullptr, w.data(), R, K, OC);
-      std::vector<float> x = dense(o.b, t.r0, t.r1, t.c0, t.c1);
-      ref::GeluBackward(out.data(), dx.data(), x.data(), t.numel());
-      break;
-    }
     case TileOpKind::kTileOpLinearWeightGrad:
     case TileOpKind::kTileOpLinearBiasGrad: {
       // One block of the sequential chain over the batch (kernels.h: dweight chains
@@ -1139,11 +1139,13 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       const std::vector<float> x = dense(o.w, t.r0, t.r1, 0, C);
       const std::vector<float> w = dense(o.b, 0, 1, 0, C);
       std::vector<float> dinp(static_cast<size_t>(R * C), 0.0f);
-      if (o.v >= 0) {
+      if (o.v >= 0) {  // ResidualBackward's copy of it into a zeroed buffer: 0 + prior
         const std::vector<float> prior = dense(o.v, t.r0, t.r1, t.c0, t.c1);
         for (int64_t r = 0; r < R; ++r) {
-          std::copy(prior.begin() + r * K, prior.begin() + (r + 1) * K,
-                    dinp.begin() + r * C + t.c0);
+          for (int64_t c = 0; c < K; ++c) {
+            dinp[static_cast<size_t>(r * C + t.c0 + c)] =
+                0.0f + prior[static_cast<size_t>(r * K + c)];
+          }
         }
       }
       std::vector<float> y(static_cast<size_t>(R * C)), mean(static_cast<size_t>(R)),

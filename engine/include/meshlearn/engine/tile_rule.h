@@ -125,8 +125,6 @@ enum class TileOpKind : uint8_t {
                                // gradient it adds into (-1: a zeroed one)
   kTileOpLayerNormWeightGrad,  // x = dout, w = the layernorm's input; reduction over the rows
   kTileOpLayerNormBiasGrad,    // x = dout; reduction over the rows
-  kTileOpLinearGeluInputGrad,  // gelu backward of a linear's dX: x = the linear's dout, w = its
-                               // weight, b = the gelu's input (the linear's dX is not traced)
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
