@@ -670,10 +670,12 @@ TEST(TileDisputeTest, OnThe10mGptALieAtACoveredTileLosesToTheTileRule) {
   ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT");
 }
 
-// The 10M GPT's gradients with footprints: the LM head's input gradient (a chain over the 172
-// logits), ln_f's backward (its input gradient from whole rows; its weight and bias gradients),
-// the gelu's input gradient, and the four linears' weight and bias gradients of every layer (those are chains over the 256
-// rows, narrowed into blocks of 32: the lie starts at the block named).
+// The 10M GPT's gradients with footprints (all but the embeddings', the token loss's and the
+// attention backward's): the LM head's input gradient (a chain over the 172 logits), the
+// linears' input gradients (narrowed above 1024 outputs), the gelu's, the layernorms' backward
+// (input gradients from whole rows, added into the residual gradient; weight and bias gradients)
+// and the linears' weight and bias gradients. The parameter gradients are chains over the 256
+// rows, narrowed into blocks of 32; the lie starts at the block named.
 TEST(TileDisputeTest, OnThe10mGptALieAtAGradientTileLosesToTheTileRule) {
   g_setup = &GptSetup();
   const std::vector<Lie> lies = {
@@ -681,7 +683,15 @@ TEST(TileDisputeTest, OnThe10mGptALieAtAGradientTileLosesToTheTileRule) {
       {LieKind::kTile, "residual.grad", 255, 383},  // ln_f's backward: whole rows
       {LieKind::kTile, "transformer.ln_f.weight.grad", 0, 300, 4},
       {LieKind::kTile, "transformer.ln_f.bias.grad", 0, 10, 0},
-      {LieKind::kTile, "h.3.fch.grad", 100, 1000},  // gelu backward of the untraced dX
+      {LieKind::kTile, "h.5.fch_gelu.grad", 30, 1500},  // the down projection's dX
+      {LieKind::kTile, "h.3.fch.grad", 100, 1000},      // the gelu's
+      {LieKind::kTile, "h.2.ln2.grad", 64, 64, 4},  // the up projection's: 1536 outputs, narrowed
+      {LieKind::kTile, "h.4.residual3.grad", 200, 10},  // ln2's backward + the residual gradient
+      {LieKind::kTile, "h.0.atty.grad", 255, 0},
+      {LieKind::kTile, "h.1.ln1.grad", 128, 300, 2},  // qkv's dX: 1152 outputs, narrowed
+      {LieKind::kTile, "h.1.residual.grad", 3, 3},
+      {LieKind::kTile, "transformer.h.2.ln_1.weight.grad", 0, 100, 6},
+      {LieKind::kTile, "transformer.h.3.ln_2.bias.grad", 0, 383, 1},
       {LieKind::kTile, "transformer.h.2.attn.c_attn.weight.grad", 500, 100, 3},
       {LieKind::kTile, "transformer.h.0.attn.c_attn.bias.grad", 0, 1100, 0},
       {LieKind::kTile, "transformer.h.1.attn.c_proj.weight.grad", 383, 383, 7},
