@@ -1410,6 +1410,25 @@ TEST_F(TileChainTest, OnThe10mGptALinearTileIsRuledOnChain) {
   EXPECT_GT(bytes, 0u);
 }
 
+// Lies at the 10M GPT's gradients through the same transactions (one game a ledger): a
+// layernorm's input gradient added into the residual gradient (whole rows), and a block of a
+// layernorm weight gradient's chain over the rows; each ruled by RefereeTile within the bound.
+TEST_F(TileChainTest, OnThe10mGptAGradientTileIsRuledOnChain) {
+  UseGpt();
+  const size_t bytes =
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "h.1.residual.grad", 3, 3}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
+}
+
+TEST_F(TileChainTest, OnThe10mGptAGradientChainBlockIsRuledOnChain) {
+  UseGpt();
+  const size_t bytes = PlayLieOnChain(
+      Train(Lie{LieKind::kTile, "transformer.h.2.ln_1.weight.grad", 0, 100, 6}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
+}
+
 // A lazy solver of the 10M GPT (it skipped the update of a clipped step) through the same
 // transactions: ruled by RefereeTile at a clipped AdamW tile, and slashed.
 TEST_F(TileChainTest, OnThe10mGptALazySolverIsRuledOnChainAtAClippedUpdateTile) {
