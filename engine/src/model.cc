@@ -939,9 +939,16 @@ class GptModel final : public Model {
       dresidual = dres_in;
       if (trace_) {
         const std::string p = "h." + std::to_string(l) + ".";
-        TraceOp(p + "residual3.grad", dresidual2, N, C);
+        // Every input gradient the layer computes, in the order it does (dattproj is
+        // residual3.grad's copy; the attention's scratch is not an output): each one a tile
+        // footprint reads (tile_rule.h).
+        TraceOp(p + "fch_gelu.grad", dfch_gelu, N, 4 * C);
         TraceOp(p + "fch.grad", dfch, N, 4 * C);
+        TraceOp(p + "ln2.grad", dln2, N, C);
+        TraceOp(p + "residual3.grad", dresidual2, N, C);
+        TraceOp(p + "atty.grad", datty, N, C);
         TraceOp(p + "qkv.grad", dqkv, N, 3 * C);
+        TraceOp(p + "ln1.grad", dln1, N, C);
         TraceOp(p + "residual.grad", dres_in, N, C);
       }
     }

@@ -20,7 +20,8 @@ std::string TileRuleOpName(const TilePlan& plan, int64_t op) {
 }
 
 bool TileRuleIsReduction(TileOpKind k) {
-  return k == TileOpKind::kTileOpLinearWeightGrad || k == TileOpKind::kTileOpLinearBiasGrad;
+  return k == TileOpKind::kTileOpLinearWeightGrad || k == TileOpKind::kTileOpLinearBiasGrad ||
+         k == TileOpKind::kTileOpLayerNormWeightGrad || k == TileOpKind::kTileOpLayerNormBiasGrad;
 }
 
 // The rows [b0, b1) of reduction block `block` of a batch of B.
@@ -299,19 +300,112 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     const int64_t lnf = layernorm("ln_f", resid, static_cast<int64_t>(m.params().size()) - 2);
     linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
     opaque("loss", N, 1, "the token loss: token tasks have no data leaves yet");
-    opaque("logits.grad", N, V, "the token loss: token tasks have no data leaves yet");
-    opaque("ln_f.grad", N, C, kNoFootprint);
-    opaque("residual.grad", N, C, kNoFootprint);
+    const int64_t dlogits =
+        opaque("logits.grad", N, V, "the token loss: token tasks have no data leaves yet");
+    // The head's input gradient: dlogits @ wte (kernels.h's dinp chain over the V logits).
+    TileOp dlnf{"ln_f.grad", TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, C), {N, C}};
+    dlnf.x = dlogits;
+    dlnf.w = state_op(m.params()[0].name);
+    const int64_t dlnf_op = add(std::move(dlnf));
+    // The residual gradient entering each layer (the top one's: ln_f's backward); each layer's
+    // traced gradients.
+    const size_t L = static_cast<size_t>(g.n_layer);
+    std::vector<int64_t> dres_in(L + 1, -1), dres2(L, -1), dfch(L, -1), dqkv(L, -1), dln1(L, -1),
+        dln2(L, -1);
+    // ln_f's backward on a zeroed gradient: the rows of ln_f.grad and of the last residual.
+    const int64_t lnf_w = static_cast<int64_t>(m.params().size()) - 2;
+    auto ln_input_grad = [&](const std::string& name, int64_t dout, int64_t ln, int64_t weight,
+                             int64_t into) {
+      TileOp op{name, TileOpKind::kTileOpLayerNormInputGrad, TileGrid::For(N, C), {N, C}};
+      op.x = dout;
+      op.w = plan.ops[static_cast<size_t>(ln)].x;  // the layernorm's input
+      op.b = state_op(m.params()[static_cast<size_t>(weight)].name);
+      op.v = into;
+      return add(std::move(op));
+    };
+    auto input_grad = [&](const std::string& name, int64_t cols, int64_t dout, int64_t weight) {
+      TileOp op{name, TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, cols), {N, cols}};
+      op.x = dout;
+      op.w = state_op(m.params()[static_cast<size_t>(weight)].name);
+      return add(std::move(op));
+    };
+    dres_in[L] = ln_input_grad("residual.grad", dlnf_op, lnf, lnf_w, -1);
+    // Each layer as BackwardPart runs it (kernels on zeroed buffers): the down projection's dX,
+    // the gelu's, the up projection's dX, ln2's backward added into the residual gradient
+    // (ResidualBackward's 0 + the gradient entering the layer), the attention projection's dX
+    // (from dattproj = 0 + residual3.grad), the attention backward (opaque), qkv's dX, and ln1's
+    // backward added into 0 + residual3.grad.
     for (int64_t l = g.n_layer; l-- > 0;) {
       const std::string p = "h." + std::to_string(l) + ".";
-      opaque(p + "residual3.grad", N, C, kNoFootprint);
-      opaque(p + "fch.grad", N, 4 * C, kNoFootprint);
-      opaque(p + "qkv.grad", N, 3 * C, kNoFootprint);
-      opaque(p + "residual.grad", N, C, kNoFootprint);
+      const size_t ls = static_cast<size_t>(l);
+      const int64_t base = 2 + 12 * l;
+      const int64_t dfch_gelu = input_grad(p + "fch_gelu.grad", 4 * C, dres_in[ls + 1], base + 10);
+      TileOp gelu{
+          p + "fch.grad", TileOpKind::kTileOpGeluInputGrad, TileGrid::For(N, 4 * C), {N, 4 * C}};
+      gelu.x = dfch_gelu;
+      gelu.w = index.at(p + "fch");
+      dfch[ls] = add(std::move(gelu));
+      dln2[ls] = input_grad(p + "ln2.grad", C, dfch[ls], base + 8);
+      dres2[ls] = ln_input_grad(p + "residual3.grad", dln2[ls], index.at(p + "ln2"), base + 6,
+                                dres_in[ls + 1]);
+      input_grad(p + "atty.grad", C, dres2[ls], base + 4);
+      dqkv[ls] = opaque(p + "qkv.grad", N, 3 * C, "the attention backward: no footprint yet");
+      dln1[ls] = input_grad(p + "ln1.grad", C, dqkv[ls], base + 2);
+      dres_in[ls] =
+          ln_input_grad(p + "residual.grad", dln1[ls], index.at(p + "ln1"), base, dres2[ls]);
     }
-    for (const Param& p : m.params()) {
-      const TileGrid grid = TileGrid::ForShape(p.value.shape());
-      opaque(p.name + ".grad", grid.rows, grid.cols, kNoFootprint);
+    // The parameter gradients. A block's four linears (model.cc's GptModel::BackwardPart):
+    // LinearBackward's dweight and dbias on zeroed gradients, from the traced gradient of the
+    // linear's output and its traced input. Their output gradients are traced as:
+    //   qkv      dqkv, "qkv.grad";
+    //   attproj  dattproj = 0 + dresidual2 (ResidualBackward on a zeroed buffer, after ln2's
+    //            backward has added into dresidual2), "residual3.grad";
+    //   fch      dfch, "fch.grad";
+    //   fcproj   dfcproj = 0 + the residual gradient entering the layer (the next layer's
+    //            "residual.grad", the top one's for the last layer).
+    // 0 + d differs from d only for d = -0, which no chain (from +0) can tell from +0.
+    auto fwd = [&](const std::string& name) {
+      auto it = index.find(name);
+      CHECK(it != index.end()) << name;
+      return it->second;
+    };
+    for (size_t pi = 0; pi < m.params().size(); ++pi) {
+      const Param& param = m.params()[pi];
+      const TileGrid grid = TileGrid::ForShape(param.value.shape());
+      TileOp op{param.name + ".grad", TileOpKind::kTileOpOpaque, grid, param.value.shape()};
+      op.opaque = kNoFootprint;
+      const int64_t k = static_cast<int64_t>(pi) - 2;
+      if (static_cast<int64_t>(pi) >= lnf_w) {  // ln_f's weight and bias: chains over the rows
+        op.kind = static_cast<int64_t>(pi) == lnf_w ? TileOpKind::kTileOpLayerNormWeightGrad
+                                                    : TileOpKind::kTileOpLayerNormBiasGrad;
+        op.x = dlnf_op;
+        op.w = static_cast<int64_t>(pi) == lnf_w ? resid : -1;
+        op.opaque.clear();
+      } else if (k >= 0 && k < 12 * g.n_layer) {
+        const int64_t l = k / 12, slot = k % 12;
+        const size_t ls = static_cast<size_t>(l);
+        const std::string p = "h." + std::to_string(l) + ".";
+        int64_t dout = -1, in = -1;
+        if (slot == 0 || slot == 1)
+          dout = dln1[ls], in = plan.ops[static_cast<size_t>(fwd(p + "ln1"))].x;
+        if (slot == 6 || slot == 7) dout = dln2[ls], in = fwd(p + "residual2");
+        if (slot == 2 || slot == 3) dout = dqkv[ls], in = fwd(p + "ln1");
+        if (slot == 4 || slot == 5) dout = dres2[ls], in = fwd(p + "atty");
+        if (slot == 8 || slot == 9) dout = dfch[ls], in = fwd(p + "ln2");
+        if (slot == 10 || slot == 11) dout = dres_in[ls + 1], in = fwd(p + "fch_gelu");
+        if (dout >= 0) {
+          const bool weight = slot % 2 == 0;
+          const bool ln = slot == 0 || slot == 1 || slot == 6 || slot == 7;
+          op.kind = ln ? (weight ? TileOpKind::kTileOpLayerNormWeightGrad
+                                 : TileOpKind::kTileOpLayerNormBiasGrad)
+                       : (weight ? TileOpKind::kTileOpLinearWeightGrad
+                                 : TileOpKind::kTileOpLinearBiasGrad);
+          op.x = dout;
+          op.w = weight ? in : -1;
+          op.opaque.clear();
+        }
+      }
+      add(std::move(op));
     }
     add_updates();
     return plan;
@@ -601,6 +695,27 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     case TileOpKind::kTileOpLinearBiasGrad: {
       const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
       TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
+      break;
+    }
+    case TileOpKind::kTileOpLayerNormInputGrad: {
+      // A row's dinp reads the row's whole dout and input (its mean, variance and the two sums
+      // over c) and the whole weight; the gradient it adds into, the tile's elements.
+      const int64_t C = TileRuleCols(plan, o.x);
+      TileRuleCover(plan, o.x, t.r0, t.r1, 0, C, fp);
+      TileRuleCover(plan, o.w, t.r0, t.r1, 0, C, fp);
+      TileRuleCover(plan, o.b, 0, 1, 0, C, fp);
+      if (o.v >= 0) TileRuleCover(plan, o.v, t.r0, t.r1, t.c0, t.c1, fp);
+      break;
+    }
+    case TileOpKind::kTileOpLayerNormWeightGrad:
+    case TileOpKind::kTileOpLayerNormBiasGrad: {
+      // Block `block`'s rows of dout's columns c; dweight also the block's whole input rows
+      // (each row's mean and variance).
+      const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+      TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
+      if (o.kind == TileOpKind::kTileOpLayerNormWeightGrad) {
+        TileRuleCover(plan, o.w, b0, b1, 0, TileRuleCols(plan, o.w), fp);
+      }
       break;
     }
     case TileOpKind::kTileOpAdamW:
@@ -1007,6 +1122,73 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           float a = acc[static_cast<size_t>(oo)];
           for (int64_t b = 0; b < b1 - b0; ++b) a = a + d[b * O + oo];
           acc[static_cast<size_t>(oo)] = a;
+        }
+      }
+      if (block + 1 == blocks) {
+        for (float& a : acc) a = 0.0f + a;  // dweight / dbias (zeroed) += acc
+      }
+      out = std::move(acc);
+      break;
+    }
+    case TileOpKind::kTileOpLayerNormInputGrad: {
+      // The reference backward over the tile's whole rows (each row's result depends on that
+      // row alone), its mean and rstd from the reference forward (the fast path's bits, by
+      // kernels.h's contract), adding into the gradient's tile (zeros elsewhere, not read back).
+      const int64_t C = TileRuleCols(plan, o.x);
+      const std::vector<float> d = dense(o.x, t.r0, t.r1, 0, C);
+      const std::vector<float> x = dense(o.w, t.r0, t.r1, 0, C);
+      const std::vector<float> w = dense(o.b, 0, 1, 0, C);
+      std::vector<float> dinp(static_cast<size_t>(R * C), 0.0f);
+      if (o.v >= 0) {  // ResidualBackward's copy of it into a zeroed buffer: 0 + prior
+        const std::vector<float> prior = dense(o.v, t.r0, t.r1, t.c0, t.c1);
+        for (int64_t r = 0; r < R; ++r) {
+          for (int64_t c = 0; c < K; ++c) {
+            dinp[static_cast<size_t>(r * C + t.c0 + c)] =
+                0.0f + prior[static_cast<size_t>(r * K + c)];
+          }
+        }
+      }
+      std::vector<float> y(static_cast<size_t>(R * C)), mean(static_cast<size_t>(R)),
+          rstd(static_cast<size_t>(R));
+      ref::LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), R, C);
+      ref::LayerNormBackward(dinp.data(), nullptr, nullptr, d.data(), x.data(), w.data(),
+                             mean.data(), rstd.data(), R, C);
+      for (int64_t r = 0; r < R; ++r) {
+        std::copy(dinp.begin() + r * C + t.c0, dinp.begin() + r * C + t.c1, out.begin() + r * K);
+      }
+      break;
+    }
+    case TileOpKind::kTileOpLayerNormWeightGrad:
+    case TileOpKind::kTileOpLayerNormBiasGrad: {
+      // One block of the chain over the rows (kernels_ref.cc: dw = fma(norm, dout, dw), db = db +
+      // dout, from 0, norm = (x - mean) * rstd), continued from the agreed partial; after the
+      // last block the kernel's "grad += sum" on a zeroed gradient.
+      internal::FpEnvGuard fp_guard;
+      const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+      const int64_t NB = b1 - b0;
+      std::vector<float> acc = in.partial.empty() ? out : in.partial;
+      const std::vector<float> d = dense(o.x, b0, b1, t.c0, t.c1);  // (NB, K)
+      if (o.kind == TileOpKind::kTileOpLayerNormWeightGrad) {
+        const int64_t C = TileRuleCols(plan, o.w);
+        const std::vector<float> x = dense(o.w, b0, b1, 0, C);
+        const std::vector<float> ones(static_cast<size_t>(C), 1.0f);
+        std::vector<float> y(static_cast<size_t>(NB * C)), mean(static_cast<size_t>(NB)),
+            rstd(static_cast<size_t>(NB));
+        ref::LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), ones.data(),
+                              ones.data(), NB, C);
+        for (int64_t c = 0; c < K; ++c) {
+          float a = acc[static_cast<size_t>(c)];
+          for (int64_t n = 0; n < NB; ++n) {
+            const float norm = (x[n * C + t.c0 + c] - mean[n]) * rstd[n];
+            a = __builtin_fmaf(norm, d[n * K + c], a);
+          }
+          acc[static_cast<size_t>(c)] = a;
+        }
+      } else {
+        for (int64_t c = 0; c < K; ++c) {
+          float a = acc[static_cast<size_t>(c)];
+          for (int64_t n = 0; n < NB; ++n) a = a + d[n * K + c];
+          acc[static_cast<size_t>(c)] = a;
         }
       }
       if (block + 1 == blocks) {

@@ -550,8 +550,9 @@ TEST(TileRuleTest, TheCnnsCoveredOperatorsRecomputeAndTheRestIsOpaque) {
 // A small GPT (2 layers, 2 heads, C = 40: tiles with short edges) on text, batch 2 x 24 tokens:
 // on every fast path, every tile of every covered operator (the linears, layernorms, attention
 // (tiles spanning two heads of 20 columns, and two sequences of 24 rows), gelus and residual
-// adds; ln_f and the LM head; the update) recomputes from its footprint to the traced bits, and
-// the rest (embeddings, the token loss, the backward) is opaque.
+// adds; ln_f and the LM head; the backward's head input gradient, ln_f's backward and the linears'
+// weight and bias gradients, chained block by block; the update) recomputes from its footprint to
+// the traced bits, and the rest (embeddings, the token loss, the rest of the backward) is opaque.
 constexpr char kSmallGpt[] = R"(
 [task]
 name = "tile-gpt"
@@ -573,7 +574,7 @@ steps = 2
 batch_size = 2
 )";
 
-void ExpectEveryGptForwardTileRecomputes() {
+void ExpectEveryCoveredGptTileRecomputes() {
   Result<TaskSpec> spec = TaskSpec::Parse(kSmallGpt, "tile-gpt.toml", ".");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), *spec);
@@ -605,8 +606,22 @@ void ExpectEveryGptForwardTileRecomputes() {
     }
     ++covered;
     ++kinds[op.kind];
-    ASSERT_EQ(ReductionBlocks(*plan, jj), 0) << op.name;
+    // The parameter gradients are reductions over the 48 rows: two blocks of 32, chained.
+    const bool reduction = op.kind == TileOpKind::kTileOpLinearWeightGrad ||
+                           op.kind == TileOpKind::kTileOpLinearBiasGrad ||
+                           op.kind == TileOpKind::kTileOpLayerNormWeightGrad ||
+                           op.kind == TileOpKind::kTileOpLayerNormBiasGrad;
+    ASSERT_EQ(ReductionBlocks(*plan, jj), reduction ? 2 : 0) << op.name;
     for (int64_t t = 0; t < op.grid.count(); ++t) {
+      if (reduction) {
+        Result<std::vector<std::vector<float>>> chain =
+            ReductionChain(*plan, jj, t, st.step - 1, trace, batch);
+        ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+        ASSERT_TRUE(SameBits(chain->back(), ExtractTile(trace.values(j), op.grid, t)))
+            << op.name << " tile " << t;
+        ++checked;
+        continue;
+      }
       Result<TileFootprint> fp = Footprint(*plan, jj, t, 0);
       ASSERT_TRUE(fp.ok()) << fp.status().ToString();
       Result<std::vector<float>> got =
@@ -618,8 +633,20 @@ void ExpectEveryGptForwardTileRecomputes() {
     }
   }
   // Per layer: qkv, attproj, fch, fcproj; ln1, ln2; att, atty; fch_gelu; residual2, residual3.
-  // Then ln_f and the LM head, and the (unclipped) update of each of the 28 parameters.
-  EXPECT_EQ(covered, 2 * 11 + 2 + 28);
+  // Then ln_f and the LM head; the head's input gradient (ln_f.grad) and ln_f's backward (the
+  // top residual gradient, ln_f's weight and bias gradients); per layer its backward but the
+  // attention's (qkv.grad): the input gradients of its four linears and of its gelu, the two
+  // layernorms' input gradients added into the residual gradients (residual3.grad,
+  // residual.grad), the four linears' and the two layernorms' weight and bias gradients (19); and
+  // the (unclipped) update of each of the 28 parameters.
+  EXPECT_EQ(covered, 2 * 11 + 2 + 1 + 3 + 2 * 19 + 28);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpGeluInputGrad], 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLayerNormInputGrad], 1 + 2 * 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLayerNormWeightGrad], 1 + 2 * 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLayerNormBiasGrad], 1 + 2 * 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLinearInputGrad], 1 + 2 * 4);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLinearWeightGrad], 2 * 4);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLinearBiasGrad], 2 * 4);
   EXPECT_EQ(kinds[TileOpKind::kTileOpAttention], 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpAttentionOut], 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpAdamW], 28);
@@ -630,29 +657,30 @@ void ExpectEveryGptForwardTileRecomputes() {
   EXPECT_GT(checked, 200);
 }
 
-TEST(TileRuleTest, EverySmallGptForwardTileRecomputesBitForBitOnEveryFastPath) {
+TEST(TileRuleTest, EverySmallGptCoveredTileRecomputesBitForBitOnEveryFastPath) {
   const KernelConfig saved = GetKernelConfig();
   for (SimdPath simd : {SimdPath::kScalar, SimdPath::kAvx2, SimdPath::kAvx512}) {
     if (!SimdPathSupported(simd)) continue;
     for (int threads : {1, 3}) {
       SCOPED_TRACE(std::string(SimdPathName(simd)) + " x " + std::to_string(threads));
       ASSERT_TRUE(SetKernelConfig({simd, threads}).ok());
-      ExpectEveryGptForwardTileRecomputes();
+      ExpectEveryCoveredGptTileRecomputes();
     }
   }
   ASSERT_TRUE(SetKernelConfig(saved).ok());
 }
 
 // A changed input in any tile of the footprint (for a layernorm, also the row's columns outside
-// the tile's, and its weight and bias; for a residual add, either operand) changes the
-// recomputed tile: the footprint is what the value depends on.
+// the tile's, and its weight and bias; for a residual add, either operand; for ln_f's input
+// gradient, the rows of dout and of the input, and the weight, outside the tile's columns too)
+// changes the recomputed tile: the footprint is what the value depends on.
 TEST(TileRuleTest, GptLayerNormAndResidualTilesDependOnTheirWholeFootprint) {
   Result<TaskSpec> spec = TaskSpec::Parse(kSmallGpt, "tile-gpt.toml", ".");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   spec->model.gpt.vocab_size = 64;  // a plan only: no data to take it from
   Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, spec->batch_size);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  for (const char* op_name : {"h.1.ln2", "h.0.residual3"}) {
+  for (const char* op_name : {"h.1.ln2", "h.0.residual3", "residual.grad", "h.0.residual3.grad"}) {
     const std::string name = op_name;
     int64_t j = -1;
     for (size_t i = 0; i < plan->ops.size(); ++i) {
@@ -663,7 +691,14 @@ TEST(TileRuleTest, GptLayerNormAndResidualTilesDependOnTheirWholeFootprint) {
     ASSERT_TRUE(fp.ok()) << fp.status().ToString();
     // A layernorm reads both column tiles of its input's rows, its weight and its bias; a
     // residual one tile of each operand.
-    ASSERT_EQ(fp->tiles.size(), name.ends_with("ln2") ? 4u : 2u) << name;
+    // A layernorm's input gradient (ln_f's: residual.grad) both column tiles of dout's rows and
+    // of its input's rows, and the weight (one tile: each row's two sums over c read all of
+    // them); ln2's (residual3.grad) also the tile of the residual gradient it adds into.
+    const size_t want = name == "residual.grad"        ? 5u
+                        : name == "h.0.residual3.grad" ? 6u
+                        : name.ends_with("ln2")        ? 4u
+                                                       : 2u;
+    ASSERT_EQ(fp->tiles.size(), want) << name;
     TileInputs in;
     Rng rng(7);
     for (const TileRef& r : fp->tiles) {
@@ -724,7 +759,27 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
         // The clipped update (grad_clip = 1.0) and the global norm it reads.
         std::string("grad_norm.blocks"), std::string("grad_norm"),
         std::string("transformer.wte.weight"), std::string("transformer.h.0.mlp.c_fc.weight"),
-        std::string("transformer.ln_f.bias")}) {
+        std::string("transformer.ln_f.bias"),
+        // The backward: the LM head's input gradient (a chain over the 172 logits), the layernorms'
+        // backward (whole rows; their weight and bias gradients, chains over the 256 rows in
+        // blocks of 32), the gelu's input gradient, the linears' input gradients (ln2.grad's
+        // chain over 4C = 1536 and ln1.grad's over 3C = 1152 narrowed into blocks of 256), their
+        // weight and bias gradients (chains over the rows).
+        std::string("ln_f.grad"), std::string("residual.grad"), std::string("h.0.fch.grad"),
+        "h." + std::to_string(L) + ".fch_gelu.grad", "h." + std::to_string(L) + ".ln2.grad",
+        "h." + std::to_string(L) + ".residual3.grad", std::string("h.0.atty.grad"),
+        std::string("h.0.ln1.grad"), std::string("h.0.residual.grad"),
+        std::string("transformer.h.0.ln_1.weight.grad"),
+        "transformer.h." + std::to_string(L) + ".ln_2.bias.grad",
+        std::string("transformer.ln_f.weight.grad"), std::string("transformer.ln_f.bias.grad"),
+        std::string("transformer.h.0.attn.c_attn.weight.grad"),
+        std::string("transformer.h.0.attn.c_attn.bias.grad"),
+        std::string("transformer.h.0.attn.c_proj.weight.grad"),
+        std::string("transformer.h.0.attn.c_proj.bias.grad"),
+        std::string("transformer.h.0.mlp.c_fc.weight.grad"),
+        std::string("transformer.h.0.mlp.c_fc.bias.grad"),
+        "transformer.h." + std::to_string(L) + ".mlp.c_proj.weight.grad",
+        "transformer.h." + std::to_string(L) + ".mlp.c_proj.bias.grad"}) {
     int64_t j = -1;
     for (size_t i = 0; i < plan->ops.size(); ++i) {
       if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
@@ -736,7 +791,10 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     // The down projection reads 4C = 1536 floats a row: narrowed into blocks of its chain; so are
     // the norm's operators.
     const int64_t blocks = ReductionBlocks(*plan, j);
-    EXPECT_EQ(blocks > 0, name.ends_with("fcproj") || name.starts_with("grad_norm")) << name;
+    EXPECT_EQ(blocks > 0, name.ends_with("fcproj") || name.starts_with("grad_norm") ||
+                              name.ends_with("weight.grad") || name.ends_with("bias.grad") ||
+                              name.ends_with("ln1.grad") || name.ends_with("ln2.grad"))
+        << name;
     for (int64_t t = 0; t < op.grid.count(); ++t) {
       for (int64_t k = 0; k < std::max<int64_t>(blocks, 1); ++k) {
         Result<TileFootprint> fp = Footprint(*plan, j, t, k);
@@ -769,9 +827,11 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     EXPECT_LE(footprint_floats * 4, 200 * 1024) << name;
   }
   EXPECT_GT(checked, 1000);
-  // Everything else is opaque, with a reason: 146 of its 251 computed operators are covered (per
-  // layer 4 linears, 2 layernorms, att and atty, a gelu and 2 residual adds; ln_f and the LM
-  // head; the global norm's two operators and the clipped update of each of the 76 parameters).
+  // Everything else is opaque, with a reason: 264 of its 275 computed operators are covered (per
+  // layer 4 linears, 2 layernorms, att and atty, a gelu and 2 residual adds, and its backward
+  // but the attention's: 19; ln_f and the LM head, the head's input gradient and ln_f's backward
+  // (3); the global norm's two operators and the clipped update of each of the 76 parameters).
+  // Opaque: encoded, the loss and logits.grad, wte's and wpe's gradients, each layer's qkv.grad.
   int64_t computed = 0, covered = 0;
   for (const TileOp& op : plan->ops) {
     if (op.kind == TileOpKind::kTileOpState) continue;
@@ -782,8 +842,8 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
       ++covered;
     }
   }
-  EXPECT_EQ(computed, 251);
-  EXPECT_EQ(covered, 6 * 11 + 2 + 2 + 76);
+  EXPECT_EQ(computed, 275);
+  EXPECT_EQ(covered, 6 * 11 + 6 * 19 + 2 + 1 + 3 + 2 + 76);
 }
 
 }  // namespace tile_rule_test

@@ -670,6 +670,40 @@ TEST(TileDisputeTest, OnThe10mGptALieAtACoveredTileLosesToTheTileRule) {
   ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT");
 }
 
+// The 10M GPT's gradients with footprints (all but the embeddings', the token loss's and the
+// attention backward's): the LM head's input gradient (a chain over the 172 logits), the
+// linears' input gradients (narrowed above 1024 outputs), the gelu's, the layernorms' backward
+// (input gradients from whole rows, added into the residual gradient; weight and bias gradients)
+// and the linears' weight and bias gradients. The parameter gradients are chains over the 256
+// rows, narrowed into blocks of 32; the lie starts at the block named.
+TEST(TileDisputeTest, OnThe10mGptALieAtAGradientTileLosesToTheTileRule) {
+  g_setup = &GptSetup();
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "ln_f.grad", 100, 200},
+      {LieKind::kTile, "residual.grad", 255, 383},  // ln_f's backward: whole rows
+      {LieKind::kTile, "transformer.ln_f.weight.grad", 0, 300, 4},
+      {LieKind::kTile, "transformer.ln_f.bias.grad", 0, 10, 0},
+      {LieKind::kTile, "h.5.fch_gelu.grad", 30, 1500},  // the down projection's dX
+      {LieKind::kTile, "h.3.fch.grad", 100, 1000},      // the gelu's
+      {LieKind::kTile, "h.2.ln2.grad", 64, 64, 4},  // the up projection's: 1536 outputs, narrowed
+      {LieKind::kTile, "h.4.residual3.grad", 200, 10},  // ln2's backward + the residual gradient
+      {LieKind::kTile, "h.0.atty.grad", 255, 0},
+      {LieKind::kTile, "h.1.ln1.grad", 128, 300, 2},  // qkv's dX: 1152 outputs, narrowed
+      {LieKind::kTile, "h.1.residual.grad", 3, 3},
+      {LieKind::kTile, "transformer.h.2.ln_1.weight.grad", 0, 100, 6},
+      {LieKind::kTile, "transformer.h.3.ln_2.bias.grad", 0, 383, 1},
+      {LieKind::kTile, "transformer.h.2.attn.c_attn.weight.grad", 500, 100, 3},
+      {LieKind::kTile, "transformer.h.0.attn.c_attn.bias.grad", 0, 1100, 0},
+      {LieKind::kTile, "transformer.h.1.attn.c_proj.weight.grad", 383, 383, 7},
+      {LieKind::kTile, "transformer.h.1.attn.c_proj.bias.grad", 0, 50, 5},
+      {LieKind::kTile, "transformer.h.4.mlp.c_fc.weight.grad", 1000, 300, 6},
+      {LieKind::kTile, "transformer.h.3.mlp.c_fc.bias.grad", 0, 1200, 2},
+      {LieKind::kTile, "transformer.h.5.mlp.c_proj.weight.grad", 100, 1500, 1},
+      {LieKind::kTile, "transformer.h.5.mlp.c_proj.bias.grad", 0, 7, 4},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT gradients");
+}
+
 // A lazy party on the 10M GPT (clipping at 1.0, and the clip acts at the disputed step): it claims
 // the step's forward and backward pass and the global norm as anyone computes them, and every
 // parameter unchanged by the update. The game narrows to the first tile of the first updated
@@ -1374,6 +1408,25 @@ TEST_F(TileChainTest, OnThe10mGptALinearTileIsRuledOnChain) {
   UseGpt();
   const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "h.0.qkv", 100, 500}), true, true);
   EXPECT_GT(bytes, 0u);
+}
+
+// Lies at the 10M GPT's gradients through the same transactions (one game a ledger): a
+// layernorm's input gradient added into the residual gradient (whole rows), and a block of a
+// layernorm weight gradient's chain over the rows; each ruled by RefereeTile within the bound.
+TEST_F(TileChainTest, OnThe10mGptAGradientTileIsRuledOnChain) {
+  UseGpt();
+  const size_t bytes =
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "h.1.residual.grad", 3, 3}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
+}
+
+TEST_F(TileChainTest, OnThe10mGptAGradientChainBlockIsRuledOnChain) {
+  UseGpt();
+  const size_t bytes = PlayLieOnChain(
+      Train(Lie{LieKind::kTile, "transformer.h.2.ln_1.weight.grad", 0, 100, 6}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
 }
 
 // A lazy solver of the 10M GPT (it skipped the update of a clipped step) through the same

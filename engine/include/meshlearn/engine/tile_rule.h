@@ -23,7 +23,15 @@
 //   loss, loss gradient             the logits rows of the tile, the examples of those rows (their
 //                                   targets);
 //   linear input gradient dX[r, c]  rows r of the output gradient (all OC) and columns c of the
-//                                   weight (all OC);
+//                                   weight (all OC); above OC = 1024 its chain over o is narrowed
+//                                   into blocks of 256 (the GPT's ln2.grad, ln1.grad);
+//   layernorm input gradient dX[r, c] (GPT) the whole rows r of the output gradient and of the
+//                                   layernorm's input (each row's mean, rstd and two sums over c),
+//                                   the whole weight, and the tile of the residual gradient it is
+//                                   added into (ResidualBackward's 0 + g; none for ln_f);
+//   layernorm dweight[c], dbias[c]  a reduction over the rows: NARROWED like dW below, block k
+//                                   reading rows k of the output gradient (columns c) and, for
+//                                   dweight, the whole rows k of the input (their mean and rstd);
 //   linear dW[o, c], db[o]          a reduction over the whole batch: NARROWED. The batch is cut
 //                                   into fixed blocks of kTileRows rows; the engine's sum is one
 //                                   sequential chain over the batch (kernels.h), so the partial
@@ -69,11 +77,18 @@
 // the gradients and the update); in a GPT, the forward but for the embeddings: the linear
 // operators (qkv, attention projection, MLP up and down projections, the tied LM head), the
 // layernorms (ln1, ln2, ln_f), attention (att, atty), the MLP's gelu and the residual adds
-// (residual2, residual3), and the (clipped) update of every parameter. Every other operator is in
-// the plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming
-// why): the conv2d and maxpool2d gradients, dropout and layernorm layers, the GPT's token
-// embeddings (encoded), the token loss and every GPT gradient. The gradients being opaque does
-// not keep the norm and the update from being ruled: both read gradients only as agreed inputs.
+// (residual2, residual3); the backward but for the attention's and the embeddings': the linears'
+// input gradients (ln_f.grad through the tied head, fch_gelu.grad, ln2.grad, atty.grad,
+// ln1.grad), the gelu's (fch.grad), the layernorms' input gradients added into the residual
+// gradient (residual.grad, residual3.grad), every linear's and layernorm's weight and bias
+// gradient; and the (clipped) update of every parameter: 264 of the 10M GPT's 275 computed
+// operators. Every other operator is in the plan with its name and grid but is opaque
+// (kTileOpOpaque: Footprint refuses it, naming why): the conv2d and maxpool2d gradients, dropout
+// and layernorm layers, the GPT's token embeddings (encoded) and their gradients (wte, wpe), the
+// token loss and its gradient, and the attention backward (qkv.grad: a key's gradient sums over
+// every later query of the sequence, through the softmax backward; not done). The opaque
+// gradients do not keep the norm and the update from being ruled: both read gradients only as
+// agreed inputs.
 // PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
 //
 //   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size));
@@ -121,6 +136,10 @@ enum class TileOpKind : uint8_t {
                             // gradient operators); each element its own reduction block
   kTileOpGradNorm,          // the global gradient norm from x = the block partials (sources as
                             // x's); a chain over the parameters
+  kTileOpLayerNormInputGrad,   // x = dout, w = the layernorm's input, b = its weight; v = the
+                               // gradient it adds into (-1: a zeroed one)
+  kTileOpLayerNormWeightGrad,  // x = dout, w = the layernorm's input; reduction over the rows
+  kTileOpLayerNormBiasGrad,    // x = dout; reduction over the rows
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
