@@ -208,6 +208,20 @@ TEST(TileRuleTest, EveryTileOfEveryOperatorRecomputesBitForBitSgdNesterov) {
   OnEveryFastPath(sgd);
 }
 
+// 64 examples of 1100 uniform inputs in [-0.5, 0.5), 5 classes: the data of the wide MLPs below.
+TaskData WideMlpData() {
+  TaskData d;
+  Rng rng(8);
+  std::vector<float> x(static_cast<size_t>(64 * 1100));
+  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
+  d.train.x = Tensor({64, 1100}, x);
+  d.train.y.resize(64);
+  for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(5));
+  d.train.num_classes = 5;
+  d.test = d.train;
+  return d;
+}
+
 TEST(TileRuleTest, WideLayersAreNarrowedIntoTheirChainsBitForBit) {
   // 1100 inputs and a 1030-wide hidden layer: the first and last forwards (C = 1100, 1030) and
   // the wide layer's dX (OC = 1030) run over more than 1024 terms, so they are narrowed into
@@ -221,16 +235,7 @@ TEST(TileRuleTest, WideLayersAreNarrowedIntoTheirChainsBitForBit) {
     ASSERT_TRUE(SetKernelConfig({simd, 2}).ok());
     Result<TaskSpec> spec = TaskSpec::Parse(wide, "wide.toml", ".");
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
-    TaskData d;
-    Rng rng(8);
-    std::vector<float> x(static_cast<size_t>(64 * 1100));
-    for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
-    d.train.x = Tensor({64, 1100}, x);
-    d.train.y.resize(64);
-    for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(5));
-    d.train.num_classes = 5;
-    d.test = d.train;
-    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, d);
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, WideMlpData());
     ASSERT_TRUE(tr.ok()) << tr.status().ToString();
     TrainState& st = (*tr)->state();
     const Batch batch = (*tr)->BatchForStep(st.step);
@@ -280,16 +285,7 @@ TEST(TileRuleTest, TheNormOperatorsRecomputeOnEveryFastPathOverLargeGradients) {
       ASSERT_TRUE(SetKernelConfig({simd, threads}).ok());
       Result<TaskSpec> spec = TaskSpec::Parse(wide, "wide-clipped.toml", ".");
       ASSERT_TRUE(spec.ok()) << spec.status().ToString();
-      TaskData d;
-      Rng rng(8);
-      std::vector<float> x(static_cast<size_t>(64 * 1100));
-      for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
-      d.train.x = Tensor({64, 1100}, x);
-      d.train.y.resize(64);
-      for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(5));
-      d.train.num_classes = 5;
-      d.test = d.train;
-      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, d);
+      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, WideMlpData());
       ASSERT_TRUE(tr.ok()) << tr.status().ToString();
       (*tr)->Step();  // nonzero moments
       TrainState& st = (*tr)->state();
