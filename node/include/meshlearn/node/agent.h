@@ -253,6 +253,7 @@ class NodeContext;
 class VerifyOutbox;
 class Solver;
 class Aggregator;
+class Stager;
 class Verifier;
 class Whistleblower;
 class Disputes;
@@ -289,6 +290,7 @@ class NodeAgent {
   // the one job it runs.
   Result<std::optional<NodeWork>> Prepare(TickReport* report);
   Status RunOneJob(const NodeWork& work, TickReport* report);
+  void RunStages(const NodeWork& work);
   Status EnsureRegistered(uint64_t height);
   Status RegisterOrRejoin(const std::optional<NodeInfo>& me, const ledger::NodeCapabilities& caps);
   void Heartbeat(uint64_t height);
@@ -322,6 +324,7 @@ class NodeAgent {
   std::unique_ptr<VerifyOutbox> outbox_;
   std::unique_ptr<Solver> solver_;
   std::unique_ptr<Aggregator> aggregator_;
+  std::unique_ptr<Stager> stager_;  // pipeline stage units, each on a thread of its own
   std::unique_ptr<Verifier> verifier_;
   std::unique_ptr<Whistleblower> whistleblower_;
   std::unique_ptr<Disputes> disputes_;
