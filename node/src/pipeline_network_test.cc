@@ -9,6 +9,8 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -70,6 +72,68 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
   EXPECT_EQ(HashFloats(final_state->weights), o.want.final_hash);
   // Every agent ran a stage (six stage units a round, one per node).
   EXPECT_EQ(stage_nodes_committed.size(), 6u);
+}
+
+// A stage whose steps fail (here node 5's own, by a 1 ms step deadline; its neighbours then wait
+// for it past their 3 s deadlines: a silent neighbour) commits nothing: no CommitStage from any
+// stage of its replica, and the round is not aggregated. Every failed run is logged and the unit
+// runs again while it stays assigned.
+TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
+  testing::SimOptions opt;
+  opt.seed = 16;
+  opt.nodes = 6;
+  opt.env = Env::Default();
+  opt.root = TestDir("pipeline-network-fail");
+  opt.http = true;
+  opt.task_toml = std::string(kPipelineGptTask) + "budget = 100000000000\nprice_cap = 1000\n";
+  opt.tweak_genesis = [](ledger::Genesis& g) {
+    g.params.verification = false;
+    g.params.min_deadline_blocks = 1'000'000;
+  };
+  opt.agent_options = [](int node, AgentOptions& a) {
+    a.stage_plane.step_deadline_ms = node == 5 ? 1 : 3'000;
+  };
+  std::mutex mu;
+  std::vector<std::pair<int, std::string>> lines;
+  opt.log_sink = [&](int node, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.push_back({node, line});
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  // Until node 5 has failed twice (it runs its unit again after the first failure).
+  auto failures_of_5 = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    int n = 0;
+    for (const auto& [node, line] : lines) {
+      n += node == 5 && line.find("failed (nothing committed)") != std::string::npos;
+    }
+    return n;
+  };
+  for (int b = 0; b < 20'000 && failures_of_5() < 2; ++b) {
+    Status stepped = sim.Step();
+    ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(failures_of_5(), 2);
+  std::lock_guard<std::mutex> lock(mu);
+  std::string replica;  // "replica R " of node 5's unit, from its "training" line
+  for (const auto& [node, line] : lines) {
+    const size_t at = line.find(" replica ");
+    if (node == 5 && at != std::string::npos && line.find(": training") != std::string::npos) {
+      replica = line.substr(at, line.find(" stage ", at + 1) - at);
+    }
+  }
+  ASSERT_FALSE(replica.empty());
+  for (const auto& [node, line] : lines) {
+    if (line.find("(CommitStage)") == std::string::npos) continue;
+    EXPECT_NE(node, 5) << line;
+    EXPECT_EQ(line.find(replica + " stage "), std::string::npos)
+        << "a stage of node 5's replica committed: " << line;
+  }
+  const json t = sim.Task(false);
+  EXPECT_NE(t.value("status", std::string()), "finished") << t.dump();
 }
 
 }  // namespace

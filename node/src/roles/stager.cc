@@ -75,7 +75,8 @@ Status Stager::Start(const UnitAssignment& a) {
   sc.replica = slot.replica;
   sc.chain = slot.chain;
   run->plane = std::make_unique<StagePlane>(sc, static_cast<int>(slot.stage), node_->key(),
-                                            node_->deps().transport);
+                                            node_->deps().transport,
+                                            node_->options().stage_plane);
   run->plane->SetChain(slot.chain, slot.endpoints);
   run->attached = host_.Attach(run->plane.get());
   node_->Log(Name(a) + ": training " + std::to_string(work.inner_steps) +

@@ -131,6 +131,7 @@
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/pin_book.h"
 #include "meshlearn/node/secret_chain.h"
+#include "meshlearn/node/stage_plane.h"
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/node/unit_service.h"
@@ -163,6 +164,9 @@ struct AgentOptions {
   // anyone (its solver died before anybody copied it), report it unavailable to the ledger, which
   // re-runs the round without that solver (ReportUnavailableTx).
   uint32_t report_unavailable_after = 5;
+  // A pipeline stage unit's data plane (node/stage_plane.h): its step deadline, push timeouts and
+  // retries. A step that misses its deadline fails the unit, which commits nothing.
+  StagePlaneOptions stage_plane;
   net::FetchOptions fetch;  // .pin is ignored: the agent pins with a reason (PinBook)
   UploadOptions upload;     // .pin/.on_complete are set by the agent (reason "upload:<h>")
   // The memory this node can really give a unit now; 0 = capabilities.memory_bytes. Units that
