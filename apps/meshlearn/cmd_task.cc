@@ -115,7 +115,7 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   t.view.model_bytes = p.model_bytes;
   Status v = protocol::ValidateTaskSpec(t.view);
   if (!v.ok()) return v.WithPrefix(path);
-  t.total_units = uint64_t{t.net.rounds} * t.net.units_per_round;
+  t.total_units = uint64_t{t.net.rounds} * p.units_per_round;  // R x S for a pipeline task
   t.unit_flops = protocol::UnitFlops(t.view);
   // The ledger's own rules, for a chain with the default parameters (SubmitPreparedTask and
   // `task quote` check again against the chain's genesis). A pipeline task runs only on a chain
