@@ -4,11 +4,11 @@
 #include <cmath>
 #include <optional>
 
+#include "journal.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/protocol/aggregate.h"
-#include "journal.h"
 #include "records.h"
 
 namespace meshlearn::node {
@@ -147,8 +147,8 @@ Status Aggregator::FetchDeltas(const AggregationAssignment& a, TaskContext* ctx,
   return Status::Ok();
 }
 
-Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
-                               GlobalState* state, size_t* replicas) {
+Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx, GlobalState* state,
+                               size_t* replicas) {
   const NetworkSpec& net = ctx->bundle.net;
   const ledger::TaskParams& params = ctx->info.params;
   const engine::TaskSpec& task = ctx->trainer->task();
@@ -187,8 +187,8 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
     Result<std::vector<float>> d = DecodeDelta(*fetched, sizes[slot.stage]);
     if (!d.ok()) {
       ++node_->stats().bad_deltas;
-      node_->Log(Name(a) + ": leaving out replica " + std::to_string(slot.replica) +
-                 " (stage " + std::to_string(slot.stage) + " of node " + in.node.ShortHex() +
+      node_->Log(Name(a) + ": leaving out replica " + std::to_string(slot.replica) + " (stage " +
+                 std::to_string(slot.stage) + " of node " + in.node.ShortHex() +
                  "): " + d.status().message());
       continue;
     }
@@ -222,7 +222,8 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
     wholes.push_back(std::move(w));
   }
   std::vector<RoundDelta> round;
-  for (size_t i = 0; i < wholes.size(); ++i) round.push_back({.shard = shards[i], .delta = wholes[i]});
+  for (size_t i = 0; i < wholes.size(); ++i)
+    round.push_back({.shard = shards[i], .delta = wholes[i]});
   return ApplyRound(state, round, net, ctx->facts.content_id, a.round, samples).status();
 }
 
@@ -233,8 +234,9 @@ Result<Aggregator::Aggregate> Aggregator::Compute(const AggregationAssignment& a
   if (ledger::IsPipelineTask(ctx->info.params)) {
     size_t replicas = 0;
     ML_RETURN_IF_ERROR(ApplyStages(a, ctx, &state, &replicas));
-    return Finish(a, ctx, state, std::to_string(replicas) + " replicas of " +
-                                     std::to_string(net.stages) + " stages");
+    return Finish(
+        a, ctx, state,
+        std::to_string(replicas) + " replicas of " + std::to_string(net.stages) + " stages");
   }
   std::vector<std::vector<float>> deltas;
   std::vector<protocol::UnitId> ids;
@@ -279,9 +281,8 @@ Result<Aggregator::Aggregate> Aggregator::Finish(const AggregationAssignment& a,
   }
   ML_RETURN_IF_ERROR(node_->env()->CreateDirs(JoinPath(node_->options().data_dir, "aggregates")));
   ML_RETURN_IF_ERROR(journal::WriteJournal(node_->env(), JournalPath(*node_, a), d));
-  node_->Log(Name(a) + ": " + inputs + ", test accuracy " +
-             std::to_string(eval.accuracy) + " loss " + std::to_string(eval.loss) + ", state " +
-             agg.state.ShortHex());
+  node_->Log(Name(a) + ": " + inputs + ", test accuracy " + std::to_string(eval.accuracy) +
+             " loss " + std::to_string(eval.loss) + ", state " + agg.state.ShortHex());
   return agg;
 }
 

@@ -40,8 +40,8 @@ Status Stager::Start(const UnitAssignment& a) {
   }
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(a.task_id));
   const NetworkSpec& net = ctx->bundle.net;
-  if (a.round >= net.rounds || slot.replica >= net.units_per_round ||
-      slot.stage >= net.stages || slot.chain.size() != net.stages) {
+  if (a.round >= net.rounds || slot.replica >= net.units_per_round || slot.stage >= net.stages ||
+      slot.chain.size() != net.stages) {
     return InvalidArgument(Name(a) + ": round/replica/stage outside the task's " +
                            std::to_string(net.rounds) + " rounds x " +
                            std::to_string(net.units_per_round) + " replicas x " +
@@ -75,8 +75,7 @@ Status Stager::Start(const UnitAssignment& a) {
   sc.replica = slot.replica;
   sc.chain = slot.chain;
   run->plane = std::make_unique<StagePlane>(sc, static_cast<int>(slot.stage), node_->key(),
-                                            node_->deps().transport,
-                                            node_->options().stage_plane);
+                                            node_->deps().transport, node_->options().stage_plane);
   run->plane->SetChain(slot.chain, slot.endpoints);
   run->attached = host_.Attach(run->plane.get());
   node_->Log(Name(a) + ": training " + std::to_string(work.inner_steps) +

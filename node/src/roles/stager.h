@@ -7,7 +7,8 @@
 // One stage unit (task, index):
 //
 //   waiting ──every stage placed──▶ running ──H steps──▶ trained ──CommitStage──▶ committing
-//   (a zero node in its chain)      (thread)   │         (delta stored, pinned)     ──ok──▶ committed
+//   (a zero node in its chain)      (thread)   │         (delta stored, pinned)     ──ok──▶
+//   committed
 //                                              └─ a step failed (a silent neighbour past its
 //                                                 deadline): logged, nothing stored or committed;
 //                                                 started again from step 0 while still assigned

@@ -112,14 +112,13 @@ Status SimHarness::MakeAgent(int i) {
     agent_opts_[i].endpoint = "127.0.0.1:" + std::to_string(port);
     transport = http_transports_[i].get();
   }
-  agents_[i] = std::make_unique<NodeAgent>(
-      AgentDeps{.env = env_,
-                .clock = clock,
-                .transport = transport,
-                .store = stores_[i].get(),
-                .chain = client_.get(),
-                .key = node_keys_[i]},
-      agent_opts_[i]);
+  agents_[i] = std::make_unique<NodeAgent>(AgentDeps{.env = env_,
+                                                     .clock = clock,
+                                                     .transport = transport,
+                                                     .store = stores_[i].get(),
+                                                     .chain = client_.get(),
+                                                     .key = node_keys_[i]},
+                                           agent_opts_[i]);
   agents_[i]->RegisterServices(routers_[i].get());
   if (options_.http) {
     servers_[i] = std::make_unique<net::HttpServer>(routers_[i].get());
@@ -191,7 +190,8 @@ Status SimHarness::Setup() {
   net_->AddNode("submitter");
   if (options_.referee) {
     net_->AddNode("referee");
-    ML_ASSIGN_OR_RETURN(referee_store_, net::BlobStore::Open(env_, options_.root + "/referee/blobs"));
+    ML_ASSIGN_OR_RETURN(referee_store_,
+                        net::BlobStore::Open(env_, options_.root + "/referee/blobs"));
     referee_tx_ = std::make_unique<TxSender>(client_.get(), referee_key_);
     ML_RETURN_IF_ERROR(referee_tx_->Init());
     // The referee reads public blobs (bundle, data, start states) from the nodes.
@@ -234,7 +234,8 @@ Status SimHarness::Setup() {
   }
 
   // The submitter: bundle, initial state, push to two nodes, SubmitTask.
-  ML_ASSIGN_OR_RETURN(submitter_store_, net::BlobStore::Open(env_, options_.root + "/submitter/blobs"));
+  ML_ASSIGN_OR_RETURN(submitter_store_,
+                      net::BlobStore::Open(env_, options_.root + "/submitter/blobs"));
   const std::string task_file = options_.root + "/submitter/task.toml";
   ML_RETURN_IF_ERROR(env_->WriteFileAtomic(task_file, options_.task_toml));
   ML_ASSIGN_OR_RETURN(bundle_, MakeBundle(env_, task_file, submitter_store_.get()));
@@ -254,8 +255,7 @@ Status SimHarness::Setup() {
     submitter_transport = submitter_http_.get();
   }
   for (const net::BlobId& id : blobs) {
-    ML_RETURN_IF_ERROR(
-        PushBlob(submitter_transport, submitter_store_.get(), id, targets).status());
+    ML_RETURN_IF_ERROR(PushBlob(submitter_transport, submitter_store_.get(), id, targets).status());
   }
 
   submitter_tx_ = std::make_unique<TxSender>(client_.get(), submitter_);
@@ -361,9 +361,8 @@ Result<GlobalState> SimHarness::FinalState() {
   for (int i = 0; i < options_.nodes; ++i) {
     if (agents_[i]) providers.push_back(agent_opts_[i].endpoint);
   }
-  net::Fetcher fetcher(
-      options_.http ? submitter_http_.get() : net_->node("submitter")->transport(),
-      submitter_store_.get());
+  net::Fetcher fetcher(options_.http ? submitter_http_.get() : net_->node("submitter")->transport(),
+                       submitter_store_.get());
   ML_RETURN_IF_ERROR(fetcher.Fetch(net::BlobId{id}, providers).status());
   ML_ASSIGN_OR_RETURN(Bytes b, submitter_store_->Get(net::BlobId{id}));
   return DecodeGlobalState(b);
