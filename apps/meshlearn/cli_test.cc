@@ -175,8 +175,8 @@ TEST(Cli, TrainReportNamesItsFilesRelativeToItself) {
 
 // Issue 15: a pipeline task (network.stages > 1) is trained by `meshlearn diloco`, unsplit with
 // its micro-batches (bit-equal to its stages: engine PipelineTest.*, node PipelineDilocoTest.*),
-// which reports the cut; `task submit` checks the cut, then refuses the task until stage nodes
-// run on the network.
+// which reports the cut; `task submit` checks the cut, then refuses the task on a chain that
+// verifies (stage units are not verified yet).
 TEST(Cli, PipelineTasksRunInDilocoAndAreRefusedBySubmit) {
   if (!std::ifstream("/usr/share/common-licenses/GPL-3").good()) {
     GTEST_SKIP() << "/usr/share/common-licenses/GPL-3 (base-files) not installed";
@@ -206,8 +206,9 @@ TEST(Cli, PipelineTasksRunInDilocoAndAreRefusedBySubmit) {
 
   CmdResult submit = Meshlearn("task submit " + task("stages = 3\n") + " --dry-run", cwd);
   EXPECT_NE(submit.code, 0);
-  EXPECT_NE(submit.out.find("network.stages = 3: pipeline-parallel tasks do not run on the "
-                            "network yet"),
+  // Checked against the default chain, which verifies: stage units are not verified yet.
+  EXPECT_NE(submit.out.find("network.stages = 3: pipeline stage units are not verified yet "
+                            "(issue 15), and this chain verifies every task's work"),
             std::string::npos)
       << submit.out;
   CmdResult bad_cut =

@@ -182,7 +182,9 @@ Status OverrideAssurance(const DevnetArgs& a, PreparedTask* task) {
   task->net.assurance = level;
   task->params.assurance = static_cast<uint8_t>(level.kind);
   task->params.target_escape_ppm = level.target_escape_ppm;
-  return CheckTaskTerms(*task, ledger::ChainParams{});
+  ledger::ChainParams chain;
+  chain.verification = a.verification;  // a pipeline task needs --no-verification
+  return CheckTaskTerms(*task, chain);
 }
 
 // A child process whose stdout/stderr go to a log file.

@@ -24,6 +24,7 @@
 #include "meshlearn/net/http_transport.h"
 #include "meshlearn/node/blob_push.h"
 #include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/tolerance.h"
 #include "meshlearn/node/unit_executor.h"
@@ -96,17 +97,6 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   }
   ML_ASSIGN_OR_RETURN(t.task, engine::TaskSpec::Load(env, path));
   ML_ASSIGN_OR_RETURN(t.trainer, engine::Trainer::Create(env, t.task));
-  if (t.net.stages > 1) {
-    // The cut is checked (and its errors given) first; then the plain refusal.
-    ML_RETURN_IF_ERROR(engine::TaskPipelineCut(t.trainer->task(), static_cast<int>(t.net.stages),
-                                               t.net.cut)
-                           .status());
-    return InvalidArgument(fmt::format(
-        "{}: network.stages = {}: pipeline-parallel tasks do not run on the network yet (issue "
-        "15); `meshlearn diloco {}` trains one in this process (bit-equal to its pipeline), or "
-        "set stages = 1",
-        path, t.net.stages, path));
-  }
   t.facts = node::ComputeTaskFacts(*t.trainer, t.net);
   // The one derivation of the ledger's params from the file (initial_state: StoreTaskBlobs). It
   // carries data_root, the Merkle root over the training examples (zero for a token task): nodes
@@ -114,17 +104,25 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   // it (RefereeStepTx).
   t.params = node::MakeTaskParams(t.facts, t.net, Hash256{});
   ledger::TaskParams& p = t.params;
+  // A pipeline task (issue 15): its stages' needs for the ledger's placement; errors name
+  // network.stages or network.cut.
+  if (t.net.stages > 1) {
+    ML_RETURN_IF_ERROR(node::AddPipelineTerms(t.trainer->task(), t.net, &p).WithPrefix(path));
+  }
   if (t.net.tolerance_mode) ML_RETURN_IF_ERROR(SetTolerance(env, path, &t));
   t.view = node::MakeTaskView(*t.trainer, t.net);
   t.view.flops_per_sample = p.flops_per_sample;
   t.view.model_bytes = p.model_bytes;
   Status v = protocol::ValidateTaskSpec(t.view);
   if (!v.ok()) return v.WithPrefix(path);
-  t.total_units = uint64_t{t.net.rounds} * t.net.units_per_round;
+  t.total_units = uint64_t{t.net.rounds} * p.units_per_round;  // R x S for a pipeline task
   t.unit_flops = protocol::UnitFlops(t.view);
   // The ledger's own rules, for a chain with the default parameters (SubmitPreparedTask and
-  // `task quote` check again against the chain's genesis).
-  const ledger::ChainParams chain;
+  // `task quote` check again against the chain's genesis). A pipeline task runs only on a chain
+  // without verification (its stage units are not verified yet): that is checked against the
+  // chain it goes to (submit, quote, devnet), or, on a dry run with no ledger, the defaults.
+  ledger::ChainParams chain;
+  if (t.net.stages > 1) chain.verification = false;
   t.cost_at_cap = ledger::MaxTaskCost(p, t.net.price_cap, nullptr,
                                       chain.verification ? chain.verifiers_per_unit : 0);
   ML_RETURN_IF_ERROR(CheckTaskTerms(t, chain));
@@ -569,6 +567,8 @@ Status RunSubmit(GlobalOptions& g, const TaskArgs& a) {
       against = "the chain at " + ledger::DefaultRpcUrl(a.rpc);
       j["checked_against"] = ledger::DefaultRpcUrl(a.rpc);
     } else {
+      // PrepareTask left out the verifying chain's refusal of a pipeline task: give it here.
+      if (t.net.stages > 1) ML_RETURN_IF_ERROR(CheckTaskTerms(t, ledger::ChainParams{}));
       j["checked_against"] = "defaults";
     }
     j["valid"] = true;

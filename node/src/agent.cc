@@ -8,6 +8,7 @@
 #include "roles/node_context.h"
 #include "roles/pin_keeper.h"
 #include "roles/solver.h"
+#include "roles/stager.h"
 #include "roles/verifier.h"
 #include "roles/verify_job.h"
 #include "roles/verify_outbox.h"
@@ -58,6 +59,7 @@ NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
     solver_->set_pause([this] { return PauseForVerification(); });
   }
   aggregator_ = std::make_unique<Aggregator>(node_.get());
+  stager_ = std::make_unique<Stager>(node_.get());
   verifier_ = std::make_unique<Verifier>(node_.get(), outbox_.get());
   whistleblower_ = std::make_unique<Whistleblower>(node_.get(), outbox_.get());
   disputes_ = std::make_unique<Disputes>(node_.get(), outbox_.get());
@@ -80,6 +82,7 @@ void NodeAgent::RegisterServices(net::Router* router) {
   blob_service_->Register(router);
   upload_service_->Register(router);
   unit_service_->Register(router);
+  stager_->Register(router);
 }
 
 void NodeAgent::Log(const std::string& line) {
@@ -210,7 +213,8 @@ void NodeAgent::HandleOutcomes() {
     // Re-read the node record next tick: registered now, or failed, or the node left.
     if (o.type == "RegisterNode" || (o.type == "Heartbeat" && !o.ok)) registered_ = false;
     // Each role takes the outcomes of its own transactions.
-    (void)(solver_->OnOutcome(o) || outbox_->OnOutcome(o) || aggregator_->OnOutcome(o));
+    (void)(solver_->OnOutcome(o) || stager_->OnOutcome(o) || outbox_->OnOutcome(o) ||
+           aggregator_->OnOutcome(o));
   }
 }
 
@@ -256,7 +260,9 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
   PlayVerification(work, &urgent, &later);
   if (left_) later.clear();
   const std::vector<const AggregationAssignment*> aggs = aggregator_->Pending(work);
-  const std::vector<const UnitAssignment*> units = solver_->Pending(work);
+  std::vector<const UnitAssignment*> units = solver_->Pending(work);
+  std::erase_if(units, [](const UnitAssignment* u) { return u->stage.has_value(); });
+  if (!left_) RunStages(work);
 
   if (!urgent.empty()) {
     Status s = RunVerifyJob(urgent.front());
@@ -301,6 +307,23 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
     break;
   }
   return Status::Ok();
+}
+
+// A pipeline stage unit runs on a thread of its own, beside its neighbours' (Stager): each tick
+// commits the one that finished and starts the next, and goes on with the tick's one job.
+void NodeAgent::RunStages(const NodeWork& work) {
+  Status collected = stager_->Collect();
+  if (!collected.ok()) Log(collected.message());  // run again while it stays assigned
+  if (stager_->running()) return;
+  for (const UnitAssignment* u : stager_->Pending(work)) {
+    Status started = stager_->Start(*u);
+    if (!started.ok()) {
+      Log("stage unit " + u->task_id.ShortHex() + "/" + std::to_string(u->index) +
+          " not started: " + started.message());
+      continue;
+    }
+    if (stager_->running()) return;
+  }
 }
 
 // ---- Verification ----------------------------------------------------------------------------

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
+#include "journal.h"
+#include "meshlearn/node/network_round.h"
+#include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/protocol/aggregate.h"
-#include "journal.h"
 #include "records.h"
 
 namespace meshlearn::node {
@@ -144,10 +147,97 @@ Status Aggregator::FetchDeltas(const AggregationAssignment& a, TaskContext* ctx,
   return Status::Ok();
 }
 
+Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx, GlobalState* state,
+                               size_t* replicas) {
+  const NetworkSpec& net = ctx->bundle.net;
+  const ledger::TaskParams& params = ctx->info.params;
+  const engine::TaskSpec& task = ctx->trainer->task();
+  ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
+                      engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut));
+  // The stages' shapes (their parameters' names and sizes; the weights do not matter here).
+  const engine::Model& whole = *ctx->trainer->state().model;
+  std::vector<std::unique_ptr<engine::Stage>> layout;
+  std::vector<uint64_t> sizes;
+  for (int s = 0; s < static_cast<int>(net.stages); ++s) {
+    ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Stage> st,
+                        StageFromGlobal(task, cut, s, whole, /*lr_scale=*/1.0));
+    sizes.push_back(StageFlatParams(*st).size());
+    layout.push_back(std::move(st));
+  }
+  ML_RETURN_IF_ERROR(node_->Providers(true).status());
+  std::map<PublicKey, std::string> endpoint_of;
+  for (const NodeInfo& ni : node_->nodes()) endpoint_of[ni.id] = ni.endpoint;
+  // replica -> its stages' deltas; a replica with a stage missing (a malformed blob) is left out.
+  std::map<uint32_t, std::vector<std::optional<std::vector<float>>>> by_replica;
+  for (const AggregationInput& in : a.units) {
+    const ledger::StageSlot slot = ledger::StageSlotOf(params, in.index);
+    if (slot.round != a.round || slot.stage >= net.stages) {
+      return InvalidArgument(Name(a) + ": input unit " + std::to_string(in.index) +
+                             " is not a stage unit of round " + std::to_string(a.round));
+    }
+    std::vector<std::string> preferred;
+    if (endpoint_of.count(in.node)) preferred.push_back(endpoint_of[in.node]);
+    Result<Bytes> fetched = node_->FetchBlob(in.result_hash, preferred, /*reason=*/"");
+    if (!fetched.ok()) {
+      ReportIfUnavailable(a.task_id, in.index, fetched.status());
+      return fetched.status();
+    }
+    auto& stages = by_replica[slot.replica];
+    stages.resize(net.stages);
+    Result<std::vector<float>> d = DecodeDelta(*fetched, sizes[slot.stage]);
+    if (!d.ok()) {
+      ++node_->stats().bad_deltas;
+      node_->Log(Name(a) + ": leaving out replica " + std::to_string(slot.replica) + " (stage " +
+                 std::to_string(slot.stage) + " of node " + in.node.ShortHex() +
+                 "): " + d.status().message());
+      continue;
+    }
+    stages[slot.stage] = std::move(*d);
+  }
+  std::vector<uint32_t> shards;
+  std::vector<std::vector<std::vector<float>>> deltas;  // [replica][stage]
+  for (auto& [replica, stages] : by_replica) {
+    if (!std::all_of(stages.begin(), stages.end(), [](const auto& d) { return d.has_value(); })) {
+      continue;
+    }
+    shards.push_back(replica);
+    std::vector<std::vector<float>> flat;
+    for (auto& d : stages) flat.push_back(std::move(*d));
+    deltas.push_back(std::move(flat));
+  }
+  *replicas = shards.size();
+  const uint64_t samples = UnitSamples(*ctx->trainer, net);
+  const protocol::AggregationRule rule = net.aggregation.rule;
+  if (rule != protocol::AggregationRule::kAggregationRuleCenteredClip &&
+      rule != protocol::AggregationRule::kAggregationRuleKrum) {
+    // Stage by stage, ApplyRound's round: the one derivation `meshlearn diloco` uses.
+    return ApplyStageRound(state, whole, layout, shards, deltas, net, ctx->facts.content_id,
+                           a.round, samples);
+  }
+  // The rules over whole deltas (norms, distances): each replica's stage deltas gathered in model
+  // order are its unsplit unit's delta, bit for bit.
+  std::vector<std::vector<float>> wholes;  // RoundDelta holds a span: they must outlive it
+  for (const std::vector<std::vector<float>>& stages : deltas) {
+    ML_ASSIGN_OR_RETURN(std::vector<float> w, GatherStageFlats(whole, layout, stages));
+    wholes.push_back(std::move(w));
+  }
+  std::vector<RoundDelta> round;
+  for (size_t i = 0; i < wholes.size(); ++i)
+    round.push_back({.shard = shards[i], .delta = wholes[i]});
+  return ApplyRound(state, round, net, ctx->facts.content_id, a.round, samples).status();
+}
+
 Result<Aggregator::Aggregate> Aggregator::Compute(const AggregationAssignment& a,
                                                   TaskContext* ctx) {
   const NetworkSpec& net = ctx->bundle.net;
   ML_ASSIGN_OR_RETURN(GlobalState state, node_->StartState(*ctx, a.task_id, a.start_state));
+  if (ledger::IsPipelineTask(ctx->info.params)) {
+    size_t replicas = 0;
+    ML_RETURN_IF_ERROR(ApplyStages(a, ctx, &state, &replicas));
+    return Finish(
+        a, ctx, state,
+        std::to_string(replicas) + " replicas of " + std::to_string(net.stages) + " stages");
+  }
   std::vector<std::vector<float>> deltas;
   std::vector<protocol::UnitId> ids;
   ML_RETURN_IF_ERROR(FetchDeltas(a, ctx, &deltas, &ids));
@@ -164,6 +254,12 @@ Result<Aggregator::Aggregate> Aggregator::Compute(const AggregationAssignment& a
                " contributions with NaN/Inf");
   }
   protocol::OuterStep(state.weights, state.momentum, result.delta, net.outer);
+  return Finish(a, ctx, state, std::to_string(contributions.size()) + " deltas");
+}
+
+Result<Aggregator::Aggregate> Aggregator::Finish(const AggregationAssignment& a, TaskContext* ctx,
+                                                 const GlobalState& state,
+                                                 const std::string& inputs) {
   ML_RETURN_IF_ERROR(ctx->trainer->SetFlatParams(state.weights));
   engine::EvalResult eval = ctx->trainer->Evaluate();
   Aggregate agg;
@@ -185,9 +281,8 @@ Result<Aggregator::Aggregate> Aggregator::Compute(const AggregationAssignment& a
   }
   ML_RETURN_IF_ERROR(node_->env()->CreateDirs(JoinPath(node_->options().data_dir, "aggregates")));
   ML_RETURN_IF_ERROR(journal::WriteJournal(node_->env(), JournalPath(*node_, a), d));
-  node_->Log(Name(a) + ": " + std::to_string(contributions.size()) + " deltas, test accuracy " +
-             std::to_string(eval.accuracy) + " loss " + std::to_string(eval.loss) + ", state " +
-             agg.state.ShortHex());
+  node_->Log(Name(a) + ": " + inputs + ", test accuracy " + std::to_string(eval.accuracy) +
+             " loss " + std::to_string(eval.loss) + ", state " + agg.state.ShortHex());
   return agg;
 }
 

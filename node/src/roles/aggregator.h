@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,13 @@ class Aggregator {
     uint64_t loss_micros = 0;
   };
   Result<Aggregate> Compute(const AggregationAssignment& a, TaskContext* ctx);
+  // A pipeline task's round: the replicas' stage deltas applied stage by stage (ApplyStageRound)
+  // to `state`; `replicas`: how many replicas had every stage's delta well-formed.
+  Status ApplyStages(const AggregationAssignment& a, TaskContext* ctx, GlobalState* state,
+                     size_t* replicas);
+  // Evaluates the round's new state, stores and pins it, journals the round.
+  Result<Aggregate> Finish(const AggregationAssignment& a, TaskContext* ctx,
+                           const GlobalState& state, const std::string& inputs);
   // The deltas of the round's committed units; a malformed one is logged and left out.
   Status FetchDeltas(const AggregationAssignment& a, TaskContext* ctx,
                      std::vector<std::vector<float>>* deltas, std::vector<protocol::UnitId>* ids);

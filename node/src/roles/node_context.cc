@@ -135,17 +135,9 @@ Result<TaskContext*> NodeContext::GetTask(const Hash256& task_id) {
     refused_.emplace(task_id, refused);
     return refused;
   }
-  if (ledger::IsPipelineTask(ctx->info.params)) {
-    // The ledger places its stage units (docs/protocol.md, "Pipeline stage units"); this agent
-    // has no stage role yet (stage_unit.h holds what one runs).
-    Status refused = FailedPrecondition(
-        "task " + task_id.ShortHex() + " is trained in pipeline stages (params.stages = " +
-        std::to_string(ctx->info.params.stages) +
-        "): this node does not run stage units yet (issue 15); its units expire to other nodes");
-    Log(refused.message());
-    refused_.emplace(task_id, refused);
-    return refused;
-  }
+  // A pipeline task's units are stage units (docs/protocol.md, "Pipeline stage units"): the
+  // Stager runs them, the Aggregator applies their rounds stage by stage. The ledger places a
+  // stage only on a node whose memory holds it (params.stage_memory_bytes).
   protocol::TaskSpecView view;
   view.model_bytes = ctx->facts.model_bytes;
   view.memory_required_bytes = ctx->info.params.memory_bytes;

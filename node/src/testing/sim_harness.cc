@@ -9,6 +9,7 @@
 #include "meshlearn/base/test_dir.h"
 #include "meshlearn/node/blob_push.h"
 #include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/stage_unit.h"
 
 namespace meshlearn::node::testing {
 
@@ -64,6 +65,9 @@ SimHarness::SimHarness(SimOptions options)
 }
 
 SimHarness::~SimHarness() {
+  for (auto& server : servers_) {
+    if (server) server->Stop();
+  }
   agents_.clear();
   if (!chain_dir_.empty()) {
     std::string cmd = "rm -rf '" + chain_dir_ + "'";
@@ -93,15 +97,33 @@ Status SimHarness::MakeAgent(int i) {
   const std::string name = "n" + std::to_string(i);
   routers_[i] = std::make_unique<net::Router>();
   const Clock* clock = clocks_[i] ? static_cast<const Clock*>(clocks_[i].get()) : net_->clock();
-  agents_[i] = std::make_unique<NodeAgent>(
-      AgentDeps{.env = env_,
-                .clock = clock,
-                .transport = net_->node(name)->transport(),
-                .store = stores_[i].get(),
-                .chain = client_.get(),
-                .key = node_keys_[i]},
-      agent_opts_[i]);
+  net::Transport* transport = net_->node(name)->transport();
+  uint16_t port = 0;
+  if (options_.http) {
+    // The agent needs its endpoint before it registers its services, and a server takes its
+    // router's limits when it starts: a free port is taken first, served once all is registered.
+    servers_.resize(agents_.size());
+    http_transports_.resize(agents_.size());
+    http_transports_[i] = std::make_unique<net::HttpTransport>();
+    net::Router none;
+    net::HttpServer probe(&none);
+    ML_ASSIGN_OR_RETURN(port, probe.Start("127.0.0.1", 0));
+    probe.Stop();
+    agent_opts_[i].endpoint = "127.0.0.1:" + std::to_string(port);
+    transport = http_transports_[i].get();
+  }
+  agents_[i] = std::make_unique<NodeAgent>(AgentDeps{.env = env_,
+                                                     .clock = clock,
+                                                     .transport = transport,
+                                                     .store = stores_[i].get(),
+                                                     .chain = client_.get(),
+                                                     .key = node_keys_[i]},
+                                           agent_opts_[i]);
   agents_[i]->RegisterServices(routers_[i].get());
+  if (options_.http) {
+    servers_[i] = std::make_unique<net::HttpServer>(routers_[i].get());
+    ML_RETURN_IF_ERROR(servers_[i]->Start("127.0.0.1", port).status());
+  }
   net_->node(name)->Serve(routers_[i].get());
   return agents_[i]->init_status();
 }
@@ -129,7 +151,7 @@ Status SimHarness::Setup() {
   for (int i = 0; i < n; ++i) {
     const std::string name = "n" + std::to_string(i);
     net_->AddNode(name);
-    const std::string dir = "/nodes/" + name;
+    const std::string dir = options_.root + "/nodes/" + name;
     const SimNodeOptions& no = options_.node_options[i];
     ML_ASSIGN_OR_RETURN(stores_[i], net::BlobStore::Open(env_, dir + "/blobs",
                                                          {.quota_bytes = no.blob_quota_bytes}));
@@ -168,7 +190,8 @@ Status SimHarness::Setup() {
   net_->AddNode("submitter");
   if (options_.referee) {
     net_->AddNode("referee");
-    ML_ASSIGN_OR_RETURN(referee_store_, net::BlobStore::Open(env_, "/referee/blobs"));
+    ML_ASSIGN_OR_RETURN(referee_store_,
+                        net::BlobStore::Open(env_, options_.root + "/referee/blobs"));
     referee_tx_ = std::make_unique<TxSender>(client_.get(), referee_key_);
     ML_RETURN_IF_ERROR(referee_tx_->Init());
     // The referee reads public blobs (bundle, data, start states) from the nodes.
@@ -186,7 +209,7 @@ Status SimHarness::Setup() {
     };
     // Tolerance mode: the referee fetches the defender's checkpoints from its unit service.
     RefereeOptions ro{.env = env_,
-                      .work_dir = "/referee/work",
+                      .work_dir = options_.root + "/referee/work",
                       .transport = net_->node("referee")->transport()};
     if (options_.log || options_.log_sink) {
       ro.log = [echo = options_.log, sink = options_.log_sink](const std::string& line) {
@@ -211,27 +234,34 @@ Status SimHarness::Setup() {
   }
 
   // The submitter: bundle, initial state, push to two nodes, SubmitTask.
-  ML_ASSIGN_OR_RETURN(submitter_store_, net::BlobStore::Open(env_, "/submitter/blobs"));
-  ML_RETURN_IF_ERROR(env_->WriteFileAtomic("/submitter/task.toml", options_.task_toml));
-  ML_ASSIGN_OR_RETURN(bundle_, MakeBundle(env_, "/submitter/task.toml", submitter_store_.get()));
-  ML_ASSIGN_OR_RETURN(engine::TaskSpec spec, engine::TaskSpec::Load(env_, "/submitter/task.toml"));
+  ML_ASSIGN_OR_RETURN(submitter_store_,
+                      net::BlobStore::Open(env_, options_.root + "/submitter/blobs"));
+  const std::string task_file = options_.root + "/submitter/task.toml";
+  ML_RETURN_IF_ERROR(env_->WriteFileAtomic(task_file, options_.task_toml));
+  ML_ASSIGN_OR_RETURN(bundle_, MakeBundle(env_, task_file, submitter_store_.get()));
+  ML_ASSIGN_OR_RETURN(engine::TaskSpec spec, engine::TaskSpec::Load(env_, task_file));
   ML_ASSIGN_OR_RETURN(auto trainer, engine::Trainer::Create(env_, spec));
-  ML_ASSIGN_OR_RETURN(NetworkSpec net, NetworkSpec::Load(env_, "/submitter/task.toml"));
+  ML_ASSIGN_OR_RETURN(NetworkSpec net, NetworkSpec::Load(env_, task_file));
   TaskFacts facts = ComputeTaskFacts(*trainer, net);
   ML_ASSIGN_OR_RETURN(net::BlobId init, submitter_store_->Put(EncodeGlobalState(InitialState(*trainer))));
   ML_RETURN_IF_ERROR(submitter_store_->Pin(init));
   std::vector<net::BlobId> blobs = {bundle_.id, init};
   for (const BundleDataFile& f : bundle_.files) blobs.push_back(f.id);
-  std::vector<std::string> targets = {"n0", n > 1 ? "n1" : "n0"};
+  std::vector<std::string> targets = {agent_opts_[0].endpoint, agent_opts_[n > 1 ? 1 : 0].endpoint};
   if (targets[0] == targets[1]) targets.pop_back();
+  net::Transport* submitter_transport = net_->node("submitter")->transport();
+  if (options_.http) {
+    submitter_http_ = std::make_unique<net::HttpTransport>();
+    submitter_transport = submitter_http_.get();
+  }
   for (const net::BlobId& id : blobs) {
-    ML_RETURN_IF_ERROR(
-        PushBlob(net_->node("submitter")->transport(), submitter_store_.get(), id, targets).status());
+    ML_RETURN_IF_ERROR(PushBlob(submitter_transport, submitter_store_.get(), id, targets).status());
   }
 
   submitter_tx_ = std::make_unique<TxSender>(client_.get(), submitter_);
   ML_RETURN_IF_ERROR(submitter_tx_->Init());
   ledger::TaskParams params = MakeTaskParams(facts, net, init.hash);
+  if (net.stages > 1) ML_RETURN_IF_ERROR(AddPipelineTerms(trainer->task(), net, &params));
   if (options_.tweak_params) options_.tweak_params(params);
   task_id_ = ledger::TaskIdFor(submitter_.public_key(), submitter_tx_->next_nonce());
   ML_RETURN_IF_ERROR(submitter_tx_
@@ -329,9 +359,10 @@ Result<GlobalState> SimHarness::FinalState() {
   ML_ASSIGN_OR_RETURN(Hash256 id, Hash256::FromHex(t.value("final_state", std::string())));
   std::vector<std::string> providers;
   for (int i = 0; i < options_.nodes; ++i) {
-    if (agents_[i]) providers.push_back("n" + std::to_string(i));
+    if (agents_[i]) providers.push_back(agent_opts_[i].endpoint);
   }
-  net::Fetcher fetcher(net_->node("submitter")->transport(), submitter_store_.get());
+  net::Fetcher fetcher(options_.http ? submitter_http_.get() : net_->node("submitter")->transport(),
+                       submitter_store_.get());
   ML_RETURN_IF_ERROR(fetcher.Fetch(net::BlobId{id}, providers).status());
   ML_ASSIGN_OR_RETURN(Bytes b, submitter_store_->Get(net::BlobId{id}));
   return DecodeGlobalState(b);

@@ -36,6 +36,7 @@
 #include "meshlearn/ledger/rpc.h"
 #include "meshlearn/ledger/sequencer.h"
 #include "meshlearn/ledger/shared_chain.h"
+#include "meshlearn/net/http_transport.h"
 #include "meshlearn/net/sim_transport.h"
 #include "meshlearn/node/agent.h"
 #include "meshlearn/node/referee.h"
@@ -111,6 +112,14 @@ struct SimOptions {
   // The ledger's database in a MemEnv of its own (not a folder under /tmp), so RestartLedger can
   // cut its power (MemEnv::CutPower: SQLite loses what it had not synced).
   bool ledger_in_memory = false;
+  // The agents serve on loopback HTTP (net::HttpServer on 127.0.0.1, an HttpTransport each, the
+  // server's address as endpoint) instead of the simulated network, for roles with threads of
+  // their own (pipeline stage units), which the one-threaded SimNetwork cannot carry. Give a
+  // thread-safe `env` (Env::Default()). Kill and Restart are not for this mode.
+  bool http = false;
+  // Prefix of the harness's paths in `env` (nodes, submitter, referee): with a real Env, a
+  // TestDir.
+  std::string root;
   // Sees every ledger call of every party (agents, submitter, referee) and its answer.
   std::function<void(const std::string& method, const nlohmann::json& params,
                      const Result<nlohmann::json>& answer)>
@@ -187,6 +196,10 @@ class SimHarness {
   std::vector<std::unique_ptr<net::Router>> routers_;
   std::vector<AgentOptions> agent_opts_;
   std::vector<std::unique_ptr<NodeAgent>> agents_;
+  // options_.http: each agent's server and transport, and the submitter's transport.
+  std::vector<std::unique_ptr<net::HttpServer>> servers_;
+  std::vector<std::unique_ptr<net::HttpTransport>> http_transports_;
+  std::unique_ptr<net::HttpTransport> submitter_http_;
   std::unique_ptr<net::BlobStore> submitter_store_;
   std::unique_ptr<TxSender> submitter_tx_;
   KeyPair referee_key_;

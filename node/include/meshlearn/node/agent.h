@@ -131,6 +131,7 @@
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/pin_book.h"
 #include "meshlearn/node/secret_chain.h"
+#include "meshlearn/node/stage_plane.h"
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/node/unit_service.h"
@@ -163,6 +164,9 @@ struct AgentOptions {
   // anyone (its solver died before anybody copied it), report it unavailable to the ledger, which
   // re-runs the round without that solver (ReportUnavailableTx).
   uint32_t report_unavailable_after = 5;
+  // A pipeline stage unit's data plane (node/stage_plane.h): its step deadline, push timeouts and
+  // retries. A step that misses its deadline fails the unit, which commits nothing.
+  StagePlaneOptions stage_plane;
   net::FetchOptions fetch;  // .pin is ignored: the agent pins with a reason (PinBook)
   UploadOptions upload;     // .pin/.on_complete are set by the agent (reason "upload:<h>")
   // The memory this node can really give a unit now; 0 = capabilities.memory_bytes. Units that
@@ -253,6 +257,7 @@ class NodeContext;
 class VerifyOutbox;
 class Solver;
 class Aggregator;
+class Stager;
 class Verifier;
 class Whistleblower;
 class Disputes;
@@ -289,6 +294,7 @@ class NodeAgent {
   // the one job it runs.
   Result<std::optional<NodeWork>> Prepare(TickReport* report);
   Status RunOneJob(const NodeWork& work, TickReport* report);
+  void RunStages(const NodeWork& work);
   Status EnsureRegistered(uint64_t height);
   Status RegisterOrRejoin(const std::optional<NodeInfo>& me, const ledger::NodeCapabilities& caps);
   void Heartbeat(uint64_t height);
@@ -322,6 +328,7 @@ class NodeAgent {
   std::unique_ptr<VerifyOutbox> outbox_;
   std::unique_ptr<Solver> solver_;
   std::unique_ptr<Aggregator> aggregator_;
+  std::unique_ptr<Stager> stager_;  // pipeline stage units, each on a thread of its own
   std::unique_ptr<Verifier> verifier_;
   std::unique_ptr<Whistleblower> whistleblower_;
   std::unique_ptr<Disputes> disputes_;

@@ -1,0 +1,148 @@
+#include "stager.h"
+
+#include <cmath>
+
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/protocol/task_model.h"
+
+namespace meshlearn::node {
+
+Stager::~Stager() {
+  if (run_ && run_->thread.joinable()) run_->thread.join();
+}
+
+std::string Stager::Name(const UnitAssignment& a) {
+  return "stage unit " + a.task_id.ShortHex() + "/" + std::to_string(a.index) + " r" +
+         std::to_string(a.round) + " replica " + std::to_string(a.stage->replica) + " stage " +
+         std::to_string(a.stage->stage);
+}
+
+std::vector<const UnitAssignment*> Stager::Pending(const NodeWork& work) const {
+  std::vector<const UnitAssignment*> out;
+  for (const UnitAssignment& u : work.units) {
+    if (!u.stage) continue;
+    const auto key = std::make_pair(u.task_id, u.index);
+    if (commits_.count(key) || committed_.count(key)) continue;
+    if (run_ && run_->a.task_id == u.task_id && run_->a.index == u.index) continue;
+    out.push_back(&u);
+  }
+  return out;
+}
+
+Status Stager::Start(const UnitAssignment& a) {
+  CHECK(a.stage.has_value() && !running());
+  const UnitAssignment::Stage& slot = *a.stage;
+  for (size_t s = 0; s < slot.chain.size(); ++s) {
+    if (slot.chain[s] == protocol::NodeId{} || slot.endpoints[s].empty()) {
+      return Status::Ok();  // a stage of the chain waits for a node: started when it has one
+    }
+  }
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(a.task_id));
+  const NetworkSpec& net = ctx->bundle.net;
+  if (a.round >= net.rounds || slot.replica >= net.units_per_round || slot.stage >= net.stages ||
+      slot.chain.size() != net.stages) {
+    return InvalidArgument(Name(a) + ": round/replica/stage outside the task's " +
+                           std::to_string(net.rounds) + " rounds x " +
+                           std::to_string(net.units_per_round) + " replicas x " +
+                           std::to_string(net.stages) + " stages");
+  }
+  if (slot.chain[slot.stage] != node_->id()) {
+    return InvalidArgument(Name(a) + ": the unit's chain places node " +
+                           slot.chain[slot.stage].ShortHex() + " on its stage, not this node");
+  }
+  ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, a.task_id, a.start_state));
+  // The replica trains what the unsplit unit of shard `replica` would (its stream, inner rate,
+  // batches): protocol::UnitWorkOf, the one derivation `meshlearn diloco` uses.
+  const UnitWork work = protocol::UnitWorkOf(net, ctx->facts, a.round, slot.replica);
+  const engine::TaskSpec& task = ctx->trainer->task();
+  ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
+                      engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut));
+  auto run = std::make_unique<Run>();
+  run->a = a;
+  run->ctx = ctx;
+  // The trainer is the tick thread's: everything taken from it is taken here, before the thread.
+  ML_RETURN_IF_ERROR(ctx->trainer->StartUnit(work.stream, start.weights, work.lr_scale));
+  for (int64_t s = 0; s < work.inner_steps; ++s) {
+    run->batches.push_back(ctx->trainer->BatchForStep(s));
+  }
+  ML_ASSIGN_OR_RETURN(run->stage, StageFromGlobal(task, cut, static_cast<int>(slot.stage),
+                                                  *ctx->trainer->state().model, work.lr_scale));
+  run->dropout_seed = engine::DropoutSeed(task.seed, work.stream);
+  StageContext sc;
+  sc.task = a.task_id;
+  sc.round = a.round;
+  sc.replica = slot.replica;
+  sc.chain = slot.chain;
+  run->plane = std::make_unique<StagePlane>(sc, static_cast<int>(slot.stage), node_->key(),
+                                            node_->deps().transport, node_->options().stage_plane);
+  run->plane->SetChain(slot.chain, slot.endpoints);
+  run->attached = host_.Attach(run->plane.get());
+  node_->Log(Name(a) + ": training " + std::to_string(work.inner_steps) +
+             " steps with its neighbours");
+  Run* r = run.get();
+  run_ = std::move(run);
+  r->thread = std::thread([r] {
+    r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed);
+    r->done.store(true, std::memory_order_release);
+  });
+  return Status::Ok();
+}
+
+Status Stager::Collect() {
+  if (!run_ || !run_->done.load(std::memory_order_acquire)) return Status::Ok();
+  run_->thread.join();
+  std::unique_ptr<Run> run = std::move(run_);
+  run->attached.reset();  // pushes for a later unit are not this one's
+  if (!run->out.ok()) {
+    // Nothing of the unit is stored or committed: it runs again from its start while assigned.
+    return run->out.status().WithPrefix(Name(run->a) + " failed (nothing committed)");
+  }
+  return Commit(*run);
+}
+
+Status Stager::Commit(const Run& run) {
+  const UnitAssignment& a = run.a;
+  const StageUnitOutcome& out = *run.out;
+  ML_ASSIGN_OR_RETURN(net::BlobId delta_id, node_->deps().store->Put(EncodeDelta(out.delta)));
+  if (delta_id.hash != out.result_hash) {
+    return Internal(Name(a) + ": the stored delta blob " + delta_id.hash.ShortHex() +
+                    " is not the outcome's result " + out.result_hash.ShortHex());
+  }
+  ML_RETURN_IF_ERROR(node_->book().Add(delta_id.hash, DeltaReason(a.task_id, a.round)));
+  const bool last = a.stage->stage + 1 == a.stage->chain.size();
+  const uint64_t loss_micros =
+      last && std::isfinite(out.mean_loss) && out.mean_loss > 0
+          ? static_cast<uint64_t>(std::llround(static_cast<double>(out.mean_loss) * 1e6))
+          : 0;
+  ML_ASSIGN_OR_RETURN(Hash256 txid,
+                      node_->tx().Send(ledger::CommitStageTx{.task_id = a.task_id,
+                                                             .round = a.round,
+                                                             .replica = a.stage->replica,
+                                                             .stage = a.stage->stage,
+                                                             .node_id = node_->id(),
+                                                             .result_hash = delta_id.hash,
+                                                             .commitment = out.commitment,
+                                                             .loss_micros = loss_micros}));
+  commits_[std::make_pair(a.task_id, a.index)] = txid;
+  ++node_->stats().units_completed;
+  node_->Log(Name(a) + ": committed delta " + delta_id.hash.ShortHex() + " (CommitStage)");
+  return Status::Ok();
+}
+
+bool Stager::OnOutcome(const TxOutcome& o) {
+  for (auto it = commits_.begin(); it != commits_.end(); ++it) {
+    if (it->second != o.id) continue;
+    if (o.ok) {
+      ++node_->stats().commits_ok;
+      committed_.insert(it->first);
+    } else {
+      ++node_->stats().commits_failed;
+    }
+    commits_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace meshlearn::node

@@ -1,0 +1,85 @@
+// The stage role (not a public header; docs/protocol.md "Pipeline stage units", docs/node.md
+// "Stage units"): runs the pipeline stage units node_work assigns. A stage trains only while its
+// neighbours train theirs (activations forward, gradients back over the data plane), so it runs
+// on a thread of its own: the tick starts it and goes on (verification, aggregation, heartbeats),
+// and a later tick commits what it produced.
+//
+// One stage unit (task, index):
+//
+//   waiting ──every stage placed──▶ running ──H steps──▶ trained ──CommitStage──▶ committing
+//   (a zero node in its chain)      (thread)   │         (delta stored, pinned)     ──ok──▶
+//   committed
+//                                              └─ a step failed (a silent neighbour past its
+//                                                 deadline): logged, nothing stored or committed;
+//                                                 started again from step 0 while still assigned
+//
+// A node runs one stage unit at a time: its StageHost hands "stage.push" to that unit's plane.
+// A restart forgets a running unit (it is run again from the start: a stage is cheap next to
+// the round, and its neighbours restart with it when their steps miss their deadlines).
+//
+// Thread-compatible: Pending, Start, Collect and OnOutcome run on the agent's Tick thread; only
+// the RunStageUnit call runs on the unit's thread, on objects no one else touches until it ends.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "meshlearn/node/stage_unit.h"
+#include "node_context.h"
+
+namespace meshlearn::node {
+
+class Stager {
+ public:
+  explicit Stager(NodeContext* node) : node_(node) {}
+  ~Stager();  // waits for a running unit (its steps end by their deadlines)
+  Stager(const Stager&) = delete;
+  Stager& operator=(const Stager&) = delete;
+
+  // Registers the node's data plane ("stage.push") on its router.
+  void Register(net::Router* router) { host_.Register(router); }
+
+  // The stage units of `work` to start: not running, not committing, not committed.
+  std::vector<const UnitAssignment*> Pending(const NodeWork& work) const;
+  bool running() const { return run_ != nullptr; }
+
+  // Starts `a` on its own thread and returns (Ok with nothing started while a stage of its chain
+  // waits for a node). REQUIRES: a.stage, !running().
+  Status Start(const UnitAssignment& a);
+
+  // A finished unit: stored and committed (CommitStage), or, when a step failed, logged and
+  // dropped. Nothing when none finished.
+  Status Collect();
+  bool OnOutcome(const TxOutcome& o);
+
+ private:
+  struct Run {
+    UnitAssignment a;
+    TaskContext* ctx = nullptr;
+    std::unique_ptr<engine::Stage> stage;
+    std::unique_ptr<StagePlane> plane;
+    std::unique_ptr<StageHost::Attachment> attached;
+    std::vector<engine::Batch> batches;
+    uint64_t dropout_seed = 0;
+    Result<StageUnitOutcome> out = Unavailable("not run");
+    std::atomic<bool> done{false};
+    std::thread thread;
+  };
+  static std::string Name(const UnitAssignment& a);
+  Status Commit(const Run& run);
+
+  NodeContext* node_;
+  StageHost host_;
+  std::unique_ptr<Run> run_;
+  // (task, unit index) -> the CommitStage in flight.
+  std::map<std::pair<Hash256, uint32_t>, Hash256> commits_;
+  std::set<std::pair<Hash256, uint32_t>> committed_;
+};
+
+}  // namespace meshlearn::node
