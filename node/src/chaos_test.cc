@@ -952,12 +952,14 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 // and the task never ended. Fixed: a node that left still serves while it unbonds and peers ask
 // it after the active nodes (NodeAgent::Providers). Re-pinned to seed 300 when 3ca01a4 (the node
 // record's earnings) moved every seed's run and seed 3's leaver left before it aggregated; then
-// to seed 80 when rounds in flight and the task record's proven frauds moved them again.
-TEST(ChaosTest, Seed41ANodeThatLeftStillServesTheAggregateItCommitted) {
-  ChaosResult r = RunChaos(41);
+// to seed 80 when rounds in flight and the task record's proven frauds moved them again; to seed
+// 41, then to seed 20 when the task terms gained pipeline stages (every state hash, so every beacon,
+// moved).
+TEST(ChaosTest, Seed20ANodeThatLeftStillServesTheAggregateItCommitted) {
+  ChaosResult r = RunChaos(20);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_TRUE(r.scenario.leaver_aggregated)
-      << "seed 41 no longer has a leaver that committed an aggregate, so this test checks "
+      << "seed 20 no longer has a leaver that committed an aggregate, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_aggregated=1 (docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
@@ -1028,12 +1030,13 @@ TEST(ChaosTest, Seed124ACancelPaysNoUnverifiedWork) {
 // any more; to seed 3 when the task record gained verification.proven_frauds (ProveFraud) and
 // seed 100's leaver had none either: at seed 3 (forced errors 25%) the leaver (n4, +14) leaves
 // with one; to seed 100 again when verification windows began to close early (c9faed7): its
-// leaver (n5, +18, forced errors 25%) leaves with one.
-TEST(ChaosTest, Seed127ANodeThatLeftStillRevealsAndDefends) {
-  ChaosResult r = RunChaos(127);
+// leaver (n5, +18, forced errors 25%) leaves with one; then to 127, and to 66 when the task terms
+// gained pipeline stages (every beacon moved): its leaver leaves with two.
+TEST(ChaosTest, Seed66ANodeThatLeftStillRevealsAndDefends) {
+  ChaosResult r = RunChaos(66);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_GE(r.scenario.leaver_checks_open, 1u)
-      << "seed 127's leaver no longer leaves with a unit in verification, so this test checks "
+      << "seed 66's leaver no longer leaves with a unit in verification, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_checks_open=N with N > 0 "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
@@ -1045,11 +1048,12 @@ TEST(ChaosTest, Seed127ANodeThatLeftStillRevealsAndDefends) {
 // replayed it. A cheater whose verifiers stay silent is paid the same way. Fixed: such a unit
 // settles abandoned and runs again (protocol UnitCheck).
 // (Re-pinned to seed 75 when verification windows began to close early, c9faed7: a lazy solver's
-// selected unit settles abandoned there.)
-TEST(ChaosTest, Seed23ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
-  ChaosResult r = RunChaos(23, /*strict_unchecked=*/true);
+// selected unit settles abandoned there; then to 23, and to 103 when the task terms gained
+// pipeline stages and every beacon moved.)
+TEST(ChaosTest, Seed103ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
+  ChaosResult r = RunChaos(103, /*strict_unchecked=*/true);
   EXPECT_GE(r.scenario.abandoned, 1u)
-      << "seed 23 no longer settles a check abandoned: re-pin the test to a seed that does "
+      << "seed 103 no longer settles a check abandoned: re-pin the test to a seed that does "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
