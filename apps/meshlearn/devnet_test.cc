@@ -128,6 +128,27 @@ TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
   ExpectNoOrphans(dir);
 }
 
+// A pipeline task (issue 15) through the real processes: the ledger places 2 replicas x 3 stages
+// on 6 node daemons, the stages exchange activations over their data planes, the aggregator
+// combines the replicas stage by stage, and the final weights are `meshlearn diloco`'s, bit for
+// bit. (Stage units are not verified yet: --no-verification; a verifying chain refuses the task.)
+TEST(Devnet, APipelineTaskTrainsOnStageNodesToTheReference) {
+  std::string dir = TempDir() + "/d";
+  CmdResult r = Meshlearn("--json devnet --solvers 6 --task tests/devnet-pipeline.toml "
+                          "--block-interval-ms 200 --no-verification --timeout 300 --out " + dir,
+                          dir + "-home");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json rep = ReadReport(dir);
+  ASSERT_FALSE(rep.is_discarded());
+  EXPECT_TRUE(rep["matches_reference"].get<bool>()) << rep.dump(2);
+  EXPECT_EQ(rep["units"], 12) << "2 rounds x 2 replicas x 3 stages";
+  EXPECT_EQ(rep["units_paid"], rep["units_committed"]) << rep.dump(2);
+  int with_units = 0;
+  for (const json& n : rep["nodes"]) with_units += n["units"].get<int>() > 0;
+  EXPECT_EQ(with_units, 6) << "every stage node took a stage";
+  ExpectNoOrphans(dir);
+}
+
 // The README's first command, as a newcomer runs it: scripts/run.sh's devnet command line, flags
 // and relative --out exactly as the script writes them, from a fresh working directory, on the
 // tiny task placed where the script's task file is. A relative --out once made every node read
