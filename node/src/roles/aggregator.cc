@@ -127,14 +127,8 @@ Status Aggregator::FetchDeltas(const AggregationAssignment& a, TaskContext* ctx,
   for (const NodeInfo& ni : node_->nodes()) endpoint_of[ni.id] = ni.endpoint;
   deltas->reserve(a.units.size());
   for (const AggregationInput& in : a.units) {
-    std::vector<std::string> preferred;
-    if (endpoint_of.count(in.node)) preferred.push_back(endpoint_of[in.node]);
-    Result<Bytes> fetched = node_->FetchBlob(in.result_hash, preferred, /*reason=*/"");
-    if (!fetched.ok()) {
-      ReportIfUnavailable(a.task_id, in.index, fetched.status());
-      return fetched.status();
-    }
-    Result<std::vector<float>> d = DecodeDelta(*fetched, ctx->facts.num_params);
+    ML_ASSIGN_OR_RETURN(Bytes fetched, FetchInput(a, in, endpoint_of));
+    Result<std::vector<float>> d = DecodeDelta(fetched, ctx->facts.num_params);
     if (!d.ok()) {
       ++node_->stats().bad_deltas;
       node_->Log(Name(a) + ": leaving out unit " + std::to_string(in.index) + " of node " +
@@ -175,16 +169,10 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
       return InvalidArgument(Name(a) + ": input unit " + std::to_string(in.index) +
                              " is not a stage unit of round " + std::to_string(a.round));
     }
-    std::vector<std::string> preferred;
-    if (endpoint_of.count(in.node)) preferred.push_back(endpoint_of[in.node]);
-    Result<Bytes> fetched = node_->FetchBlob(in.result_hash, preferred, /*reason=*/"");
-    if (!fetched.ok()) {
-      ReportIfUnavailable(a.task_id, in.index, fetched.status());
-      return fetched.status();
-    }
+    ML_ASSIGN_OR_RETURN(Bytes fetched, FetchInput(a, in, endpoint_of));
     auto& stages = by_replica[slot.replica];
     stages.resize(net.stages);
-    Result<std::vector<float>> d = DecodeDelta(*fetched, sizes[slot.stage]);
+    Result<std::vector<float>> d = DecodeDelta(fetched, sizes[slot.stage]);
     if (!d.ok()) {
       ++node_->stats().bad_deltas;
       node_->Log(Name(a) + ": leaving out replica " + std::to_string(slot.replica) + " (stage " +
@@ -284,6 +272,15 @@ Result<Aggregator::Aggregate> Aggregator::Finish(const AggregationAssignment& a,
   node_->Log(Name(a) + ": " + inputs + ", test accuracy " + std::to_string(eval.accuracy) +
              " loss " + std::to_string(eval.loss) + ", state " + agg.state.ShortHex());
   return agg;
+}
+
+Result<Bytes> Aggregator::FetchInput(const AggregationAssignment& a, const AggregationInput& in,
+                                     const std::map<PublicKey, std::string>& endpoint_of) {
+  std::vector<std::string> preferred;
+  if (auto it = endpoint_of.find(in.node); it != endpoint_of.end()) preferred.push_back(it->second);
+  Result<Bytes> fetched = node_->FetchBlob(in.result_hash, preferred, /*reason=*/"");
+  if (!fetched.ok()) ReportIfUnavailable(a.task_id, in.index, fetched.status());
+  return fetched;
 }
 
 void Aggregator::ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why) {

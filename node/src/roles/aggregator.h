@@ -63,6 +63,10 @@ class Aggregator {
   Status FetchDeltas(const AggregationAssignment& a, TaskContext* ctx,
                      std::vector<std::vector<float>>* deltas, std::vector<protocol::UnitId>* ids);
   void ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why);
+  // The result blob of input `in`, asked first of the node that committed it (`endpoint_of`:
+  // node -> endpoint); a blob no node serves is reported (ReportIfUnavailable).
+  Result<Bytes> FetchInput(const AggregationAssignment& a, const AggregationInput& in,
+                           const std::map<PublicKey, std::string>& endpoint_of);
 
   NodeContext* node_;
   // (task, round) -> the CommitAggregate in flight, and the units it aggregated.
