@@ -96,6 +96,9 @@ Optimizer::Optimizer(OptimizerSpec spec, const std::vector<Param>& params)
     : spec_(std::move(spec)) {
   for (const Param& p : params) {
     param_names_.push_back(p.name);
+    sizes_.push_back(p.value.size());
+    total_size_ += p.value.size();
+    decays_.push_back(AdamWDecays(spec_, p.value.shape()));
     if (spec_.kind == "adamw") {
       m_.emplace_back(p.value.shape());
       v_.emplace_back(p.value.shape());
@@ -185,19 +188,15 @@ void Optimizer::Update(std::vector<Param>& params, int64_t step, float norm) {
     // All parameters in one parallel region (ParallelForArrays): the small ones would each run
     // on one thread.
     const AdamWStep s = AdamWScalars(spec_, step, scale, clip);
-    std::vector<int64_t> sizes(params.size());
-    std::vector<AdamWStep> steps(params.size(), s);
-    int64_t total = 0;
-    for (size_t k = 0; k < params.size(); ++k) {
-      sizes[k] = params[k].value.size();
-      total += sizes[k];
-      steps[k].decay_weight = AdamWDecays(spec_, params[k].value.shape());
-    }
-    ParallelForArrays(sizes.data(), static_cast<int64_t>(sizes.size()), ElementwiseThreads(total),
-                      kElementPiece, [&](int64_t k, int64_t b, int64_t e) {
-                        Param& p = params[static_cast<size_t>(k)];
-                        AdamWUpdate(p.value.data() + b, p.grad.data() + b, m_[k].data() + b,
-                                    v_[k].data() + b, e - b, steps[static_cast<size_t>(k)]);
+    ParallelForArrays(sizes_.data(), static_cast<int64_t>(sizes_.size()),
+                      ElementwiseThreads(total_size_), kElementPiece,
+                      [&](int64_t k, int64_t b, int64_t e) {
+                        const size_t i = static_cast<size_t>(k);
+                        AdamWStep sk = s;
+                        sk.decay_weight = decays_[i];
+                        Param& p = params[i];
+                        AdamWUpdate(p.value.data() + b, p.grad.data() + b, m_[i].data() + b,
+                                    v_[i].data() + b, e - b, sk);
                       });
   } else {
     if (clip) {

@@ -82,6 +82,11 @@ class Optimizer {
   OptimizerSpec spec_;
   std::vector<std::string> param_names_;
   std::vector<Tensor> m_, v_;  // adamw: m, v; sgd: m = momentum buffer (if momentum > 0)
+  // Fixed by the parameter list (Update's one parallel region over all of them): each
+  // parameter's size, their total, and (adamw) whether weight decay applies to it.
+  std::vector<int64_t> sizes_;
+  int64_t total_size_ = 0;
+  std::vector<bool> decays_;
 };
 
 // The learning rate of 0-based `step` under `spec`'s schedule (Optimizer::LearningRate).
