@@ -24,26 +24,33 @@ namespace {
 
 using nlohmann::json;
 
+// Six agents serving on loopback HTTP, kPipelineGptTask submitted, on a chain without
+// verification (stage units are not verified yet: the ledger refuses them there).
+testing::SimOptions PipelineSimOptions(uint64_t seed, const std::string& dir) {
+  testing::SimOptions opt;
+  opt.seed = seed;
+  opt.nodes = 6;
+  opt.env = Env::Default();
+  opt.root = TestDir(dir);
+  opt.http = true;
+  // kPipelineGptTask ends with its [network] table: the submitter's terms go there.
+  opt.task_toml = std::string(kPipelineGptTask) + "budget = 100000000000\nprice_cap = 1000\n";
+  opt.tweak_genesis = [](ledger::Genesis& g) {
+    g.params.verification = false;
+    // Blocks are made as fast as the test's loop turns while stages train in real time: no unit
+    // may expire for that.
+    g.params.min_deadline_blocks = 1'000'000;
+  };
+  return opt;
+}
+
 TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshlearnDiloco) {
   PipelineOracle o;
   ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
   ASSERT_EQ(o.net.stages, 3u);
   ASSERT_EQ(o.net.units_per_round, 2u);
 
-  testing::SimOptions opt;
-  opt.seed = 15;
-  opt.nodes = 6;
-  opt.env = Env::Default();
-  opt.root = TestDir("pipeline-network");
-  opt.http = true;
-  // kPipelineGptTask ends with its [network] table: the submitter's terms go there.
-  opt.task_toml = std::string(kPipelineGptTask) + "budget = 100000000000\nprice_cap = 1000\n";
-  opt.tweak_genesis = [](ledger::Genesis& g) {
-    g.params.verification = false;  // stage units are not verified yet: the ledger refuses them
-    // Blocks are made as fast as the loop below turns while stages train in real time: no unit
-    // may expire for that.
-    g.params.min_deadline_blocks = 1'000'000;
-  };
+  testing::SimOptions opt = PipelineSimOptions(15, "pipeline-network");
   std::set<int> stage_nodes_committed;
   std::mutex mu;
   opt.log_sink = [&](int node, const std::string& line) {
@@ -79,17 +86,7 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
 // stage of its replica, and the round is not aggregated. Every failed run is logged and the unit
 // runs again while it stays assigned.
 TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
-  testing::SimOptions opt;
-  opt.seed = 16;
-  opt.nodes = 6;
-  opt.env = Env::Default();
-  opt.root = TestDir("pipeline-network-fail");
-  opt.http = true;
-  opt.task_toml = std::string(kPipelineGptTask) + "budget = 100000000000\nprice_cap = 1000\n";
-  opt.tweak_genesis = [](ledger::Genesis& g) {
-    g.params.verification = false;
-    g.params.min_deadline_blocks = 1'000'000;
-  };
+  testing::SimOptions opt = PipelineSimOptions(16, "pipeline-network-fail");
   opt.agent_options = [](int node, AgentOptions& a) {
     a.stage_plane.step_deadline_ms = node == 5 ? 1 : 3'000;
   };
