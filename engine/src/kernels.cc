@@ -22,6 +22,10 @@ float SumSquaresTree(const float* x, int64_t n) {
   internal::FpEnvGuard fp_guard;
   return ActiveKernelTable().sum_squares_tree(x, n);
 }
+void SumSquaresBlocks(const float* x, int64_t n, float* partials) {
+  internal::FpEnvGuard fp_guard;
+  ActiveKernelTable().sum_squares_blocks(x, n, partials);
+}
 
 void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
                    int64_t C, int64_t OC) {

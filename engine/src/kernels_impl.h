@@ -1544,8 +1544,34 @@ void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* do
 
 // ---- Sums and math arrays ----------------------------------------------------------------------
 
-// Same blocks and tree as ref::SumTree. Eight blocks at a time for instruction-level parallelism
-// (each block is still its own sequential chain).
+// The block partials p[b0 - first], ..., of blocks [b0, b1) of x (n elements): each block of
+// kSumBlock elements is its own sequential chain (ref::SumTree's blocks), eight blocks at a time
+// for instruction-level parallelism.
+inline void BlockPartials(const float* x, int64_t n, int64_t b0, int64_t b1, bool squares,
+                          float* p) {
+  for (; b0 < b1; b0 += 8) {
+    const int64_t cnt = MinI(8, b1 - b0);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const bool full = cnt == 8 && (b0 + 8) * kSumBlock <= n;
+    if (full) {
+      for (int64_t i = 0; i < kSumBlock; ++i)
+        for (int j = 0; j < 8; ++j) {
+          const float v = x[(b0 + j) * kSumBlock + i];
+          acc[j] = squares ? ScalarFma(v, v, acc[j]) : acc[j] + v;
+        }
+    } else {
+      for (int64_t j = 0; j < cnt; ++j) {
+        const int64_t s = (b0 + j) * kSumBlock, e = MinI(n, s + kSumBlock);
+        for (int64_t i = s; i < e; ++i)
+          acc[j] = squares ? ScalarFma(x[i], x[i], acc[j]) : acc[j] + x[i];
+      }
+    }
+    for (int64_t j = 0; j < cnt; ++j) p[j] = acc[j];
+    p += cnt;
+  }
+}
+
+// Same blocks and tree as ref::SumTree.
 float SumTreeImpl(const float* x, int64_t n, bool squares) {
   if (n <= 0) return 0.0f;
   const int64_t nb = CeilDiv(n, kSumBlock);
@@ -1553,27 +1579,13 @@ float SumTreeImpl(const float* x, int64_t n, bool squares) {
   // Block partials are independent: threads split groups of 8 blocks (2^16 elements and up).
   const int threads = n >= (int64_t{1} << 16) ? internal::ActiveThreads() : 1;
   ParallelFor(CeilDiv(nb, 8), threads, [&](int64_t g0, int64_t g1) {
-    for (int64_t b0 = g0 * 8; b0 < MinI(nb, g1 * 8); b0 += 8) {
-      const int64_t cnt = MinI(8, nb - b0);
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      const bool full = cnt == 8 && (b0 + 8) * kSumBlock <= n;
-      if (full) {
-        for (int64_t i = 0; i < kSumBlock; ++i)
-          for (int j = 0; j < 8; ++j) {
-            const float v = x[(b0 + j) * kSumBlock + i];
-            acc[j] = squares ? ScalarFma(v, v, acc[j]) : acc[j] + v;
-          }
-      } else {
-        for (int64_t j = 0; j < cnt; ++j) {
-          const int64_t s = (b0 + j) * kSumBlock, e = MinI(n, s + kSumBlock);
-          for (int64_t i = s; i < e; ++i)
-            acc[j] = squares ? ScalarFma(x[i], x[i], acc[j]) : acc[j] + x[i];
-        }
-      }
-      for (int64_t j = 0; j < cnt; ++j) p[b0 + j] = acc[j];
-    }
+    BlockPartials(x, n, g0 * 8, MinI(nb, g1 * 8), squares, p + g0 * 8);
   });
   return internal::CombinePartialsTree(p, nb);
+}
+
+void SumSquaresBlocks(const float* x, int64_t n, float* partials) {
+  BlockPartials(x, n, 0, CeilDiv(n, kSumBlock), true, partials);
 }
 
 float SumTree(const float* x, int64_t n) { return SumTreeImpl(x, n, false); }
@@ -1636,6 +1648,7 @@ inline internal::KernelTable MakeTable() {
   t.adamw_update = &AdamWUpdate;
   t.sum_tree = &SumTree;
   t.sum_squares_tree = &SumSquaresTree;
+  t.sum_squares_blocks = &SumSquaresBlocks;
   t.exp_array = &MapArray<ExpV>;
   t.log_array = &MapArray<LogV>;
   t.tanh_array = &MapArray<TanhV>;

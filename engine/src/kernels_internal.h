@@ -50,6 +50,7 @@ struct KernelTable {
   void (*adamw_update)(float*, float*, float*, float*, int64_t, const AdamWStep&);
   float (*sum_tree)(const float*, int64_t);
   float (*sum_squares_tree)(const float*, int64_t);
+  void (*sum_squares_blocks)(const float*, int64_t, float*);
   void (*exp_array)(float*, const float*, int64_t);
   void (*log_array)(float*, const float*, int64_t);
   void (*tanh_array)(float*, const float*, int64_t);

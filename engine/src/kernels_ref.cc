@@ -9,6 +9,7 @@
 //    (round-to-nearest never produces -0 from a +0 start), and it lets the fast kernels run
 //    dense GEMM tiles.
 //  * "d += chain" forms the whole chain first, then does one add into d.
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <vector>
@@ -26,7 +27,9 @@ inline float Fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 
 }  // namespace
 
-float SumTreeRef(const float* x, int64_t n, bool squares) {
+namespace {
+// The block partials of ref::SumTree / ref::SumSquaresTree (kernels.h), one per kSumBlock block.
+std::vector<float> BlockPartialsRef(const float* x, int64_t n, bool squares) {
   std::vector<float> partials;
   for (int64_t b0 = 0; b0 < n; b0 += kSumBlock) {
     int64_t b1 = b0 + kSumBlock < n ? b0 + kSumBlock : n;
@@ -34,6 +37,12 @@ float SumTreeRef(const float* x, int64_t n, bool squares) {
     for (int64_t i = b0; i < b1; ++i) acc = squares ? Fma(x[i], x[i], acc) : acc + x[i];
     partials.push_back(acc);
   }
+  return partials;
+}
+}  // namespace
+
+float SumTreeRef(const float* x, int64_t n, bool squares) {
+  std::vector<float> partials = BlockPartialsRef(x, n, squares);
   return partials.empty() ? 0.0f
                           : internal::CombinePartialsTree(partials.data(),
                                                           static_cast<int64_t>(partials.size()));
@@ -471,6 +480,11 @@ float SumTree(const float* x, int64_t n) {
 float SumSquaresTree(const float* x, int64_t n) {
   internal::FpEnvGuard fp_guard;
   return SumTreeRef(x, n, true);
+}
+void SumSquaresBlocks(const float* x, int64_t n, float* partials) {
+  internal::FpEnvGuard fp_guard;
+  const std::vector<float> p = BlockPartialsRef(x, n, true);
+  std::copy(p.begin(), p.end(), partials);
 }
 
 }  // namespace meshlearn::engine::ref

@@ -2,11 +2,13 @@
 // 2 and 4 threads, over odd shapes; plus finite-difference gradient checks of the reference.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "kernels_internal.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/kernels.h"
@@ -194,6 +196,25 @@ TEST(KernelsTest, SumTreeLong) {
       return Outputs{
           {KERNEL(fast, SumTree)(x.data(), n), KERNEL(fast, SumSquaresTree)(x.data(), n)}};
     });
+  }
+}
+
+// SumSquaresBlocks is SumSquaresTree's first half: the same partials on every path, and the tree
+// over them is SumSquaresTree's bits.
+TEST(KernelsTest, SumSquaresBlocksAreTheTreesBlocks) {
+  for (int64_t n : {1, 1023, 1024, 1025, 8 * 1024, 9 * 1024 + 5, 100003}) {
+    auto x = RandomVec(n, 43);
+    const int64_t nb = (n + kSumBlock - 1) / kSumBlock;
+    ExpectFastEqualsRef("SumSquaresBlocks", [&](bool fast) {
+      std::vector<float> p(static_cast<size_t>(nb) + 1, -7.0f);  // one past the end: untouched
+      KERNEL(fast, SumSquaresBlocks)(x.data(), n, p.data());
+      return Outputs{p};
+    });
+    std::vector<float> p(static_cast<size_t>(nb));
+    SumSquaresBlocks(x.data(), n, p.data());
+    EXPECT_EQ(std::bit_cast<uint32_t>(internal::CombinePartialsTree(p.data(), nb)),
+              std::bit_cast<uint32_t>(SumSquaresTree(x.data(), n)))
+        << "n=" << n;
   }
 }
 

@@ -126,8 +126,37 @@ float LearningRateAt(const OptimizerSpec& spec, int64_t step) {
   return static_cast<float>(spec.min_lr + 0.5 * (lr - spec.min_lr) * (1.0 + c));
 }
 
+std::vector<float> GradSquareBlockPartials(const std::vector<Param>& params) {
+  std::vector<int64_t> sizes(params.size());
+  int64_t elements = 0, blocks = 0;
+  std::vector<int64_t> first(params.size());  // parameter k's first block
+  for (size_t k = 0; k < params.size(); ++k) {
+    sizes[k] = params[k].grad.size();
+    first[k] = blocks;
+    elements += sizes[k];
+    blocks += (sizes[k] + kSumBlock - 1) / kSumBlock;
+  }
+  std::vector<float> partials(static_cast<size_t>(blocks));
+  // One region over every gradient, cut at block boundaries (pieces of 8 blocks): a model's many
+  // small gradients would each run on one thread.
+  ParallelForArrays(sizes.data(), static_cast<int64_t>(sizes.size()), ElementwiseThreads(elements),
+                    8 * kSumBlock, [&](int64_t k, int64_t b, int64_t e) {
+                      const size_t i = static_cast<size_t>(k);
+                      SumSquaresBlocks(params[i].grad.data() + b, e - b,
+                                       partials.data() + first[i] + b / kSumBlock);
+                    });
+  return partials;
+}
+
 float SumGradSquares(const std::vector<Param>& params, float total) {
-  for (const Param& p : params) total += SumSquaresTree(p.grad.data(), p.grad.size());
+  std::vector<float> partials = GradSquareBlockPartials(params);
+  internal::FpEnvGuard fp_guard;  // the tree's adds, as SumSquaresTree's
+  float* p = partials.data();
+  for (const Param& param : params) {
+    const int64_t nb = (param.grad.size() + kSumBlock - 1) / kSumBlock;
+    total += nb == 0 ? 0.0f : internal::CombinePartialsTree(p, nb);
+    p += nb;
+  }
   return total;
 }
 
@@ -143,13 +172,9 @@ GradClip GradClipOf(const OptimizerSpec& spec, float norm) {
 }
 
 void AppendSquareBlockPartials(const float* x, int64_t n, std::vector<float>* partials) {
-  internal::FpEnvGuard fp_guard;  // the kernels' canonical environment (kernels.h)
-  for (int64_t b0 = 0; b0 < n; b0 += kSumBlock) {
-    const int64_t b1 = std::min(n, b0 + kSumBlock);
-    float acc = 0.0f;
-    for (int64_t i = b0; i < b1; ++i) acc = __builtin_fmaf(x[i], x[i], acc);
-    partials->push_back(acc);
-  }
+  const size_t at = partials->size();
+  partials->resize(at + static_cast<size_t>((n + kSumBlock - 1) / kSumBlock));
+  ref::SumSquaresBlocks(x, n, partials->data() + at);
 }
 
 float CombineBlockPartials(std::vector<float> p) {

@@ -1,8 +1,14 @@
 #include "meshlearn/engine/optim.h"
 
+#include <bit>
 #include <cmath>
+#include <string>
 
 #include <gtest/gtest.h>
+
+#include "meshlearn/engine/backend.h"
+#include "meshlearn/engine/kernels.h"
+#include "test_util.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -100,6 +106,32 @@ TEST(OptimTest, GradClipping) {
   EXPECT_FLOAT_EQ(norm, 5.0f);
   EXPECT_NEAR(ps[0].value[0], -0.6f, 1e-6);
   EXPECT_NEAR(ps[0].value[1], -0.8f, 1e-6);
+}
+
+// The global norm's sum of squares, computed in one parallel region over every gradient, is the
+// chain of each gradient's SumSquaresTree in parameter order, bit for bit on every SIMD path and
+// thread count; its block partials are each gradient's AppendSquareBlockPartials laid end to end.
+TEST(OptimTest, SumGradSquaresIsTheChainOfEachGradientsTree) {
+  std::vector<Param> ps;
+  int salt = 0;
+  for (int64_t n : {0, 1, 1025, 9000, 8 * 1024, 70001, 3}) {
+    std::vector<float> g = testing::RandomVec(n, 60 + salt++);
+    ps.push_back(Param{"p" + std::to_string(n), Tensor({n}), Tensor({n}, g)});
+  }
+  float want = 0.25f;
+  std::vector<float> want_partials;
+  for (const Param& p : ps) {
+    want = want + ref::SumSquaresTree(p.grad.data(), p.grad.size());
+    AppendSquareBlockPartials(p.grad.data(), p.grad.size(), &want_partials);
+  }
+  testing::ConfigGuard guard;
+  for (const KernelConfig& c : testing::AllConfigs()) {
+    ASSERT_TRUE(SetKernelConfig(c).ok());
+    EXPECT_EQ(std::bit_cast<uint32_t>(SumGradSquares(ps, 0.25f)), std::bit_cast<uint32_t>(want))
+        << SimdPathName(c.simd) << " x" << c.threads;
+    std::string why;
+    EXPECT_TRUE(testing::BitEqual(GradSquareBlockPartials(ps), want_partials, &why)) << why;
+  }
 }
 
 TEST(OptimTest, SpecErrorsNameTheKey) {

@@ -113,11 +113,7 @@ float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed, 
     // A clipped update's scale is a reduction over every gradient: it is committed as two
     // operators, every gradient's SumSquaresTree block partials and then the norm they combine
     // to (tile_rule.h), so one tile of the update, and the norm itself, can be ruled alone.
-    std::vector<float> partials;
-    for (const Param& p : m.params()) {
-      AppendSquareBlockPartials(p.grad.data(), p.grad.size(), &partials);
-    }
-    trace->Record("grad_norm.blocks", partials);
+    trace->Record("grad_norm.blocks", GradSquareBlockPartials(m.params()));
     trace->Record("grad_norm", {&norm, 1});
   }
   state.optimizer->Update(m.params(), step, norm);

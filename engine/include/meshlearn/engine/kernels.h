@@ -35,6 +35,11 @@ inline constexpr int64_t kSumBlock = 1024;
 float SumTree(const float* x, int64_t n);
 // Fixed-order sum of squares (for global gradient norms).
 float SumSquaresTree(const float* x, int64_t n);
+// The first half of SumSquaresTree: partials[b] = the sequential sum of squares of block b of x
+// (acc = fma(x[i], x[i], acc) from 0, blocks of kSumBlock elements, the last cut short) for
+// b < ceil(n / kSumBlock), on the calling thread (a caller splits blocks over threads).
+// SumSquaresTree(x, n) is these partials combined by the tree.
+void SumSquaresBlocks(const float* x, int64_t n, float* partials);
 
 // The scalars of one AdamW step (optim.cc computes them; AdamWUpdate applies them per element).
 struct AdamWStep {
@@ -155,6 +160,7 @@ namespace ref {
 MESHLEARN_KERNEL_DECLS
 float SumTree(const float* x, int64_t n);
 float SumSquaresTree(const float* x, int64_t n);
+void SumSquaresBlocks(const float* x, int64_t n, float* partials);
 }  // namespace ref
 
 }  // namespace meshlearn::engine

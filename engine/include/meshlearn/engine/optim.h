@@ -108,6 +108,10 @@ void SgdUpdate(const OptimizerSpec& spec, int64_t step, const Shape& shape, floa
 float GlobalGradNorm(const std::vector<Param>& params);
 // `total` + SumSquaresTree of each gradient, added one parameter at a time in order (float).
 float SumGradSquares(const std::vector<Param>& params, float total);
+// Every gradient's block partials (SumSquaresBlocks, kernels.h) laid end to end in parameter
+// order: what a clipped step commits as "grad_norm.blocks" (tile_rule.h). One parallel region
+// over all gradients; SumGradSquares combines each gradient's run of them by the tree.
+std::vector<float> GradSquareBlockPartials(const std::vector<Param>& params);
 
 // Whether a step whose global gradient norm is `grad_norm` clips, and the factor every gradient
 // is multiplied by: clip / (norm + 1e-6) when spec.grad_clip > 0 and norm > clip, else 1.
@@ -121,7 +125,8 @@ GradClip GradClipOf(const OptimizerSpec& spec, float grad_norm);
 // The two halves of SumSquaresTree (kernels.h), so that the global norm can be committed and
 // recomputed in pieces (tile_rule.h, "grad_norm.blocks" and "grad_norm"):
 // appends to *partials the sequential sum of squares of each block of kSumBlock elements of x
-// (acc = fma(x[i], x[i], acc) from 0; the last block cut short);
+// (acc = fma(x[i], x[i], acc) from 0; the last block cut short: ref::SumSquaresBlocks, the
+// reference kernel, for a recompute);
 void AppendSquareBlockPartials(const float* x, int64_t n, std::vector<float>* partials);
 // and combines one tensor's block partials level by level (p[i] = p[2i] + p[2i+1], an odd last
 // one moving up): CombineBlockPartials(partials of x) == SumSquaresTree(x, n), bit for bit.
