@@ -333,14 +333,17 @@ TaskProgress ProgressOf(const json& j, TaskMetric metric) {
   uint32_t loss_n = 0, loss_round = 0;
   for (const json& u : j.value("units", json::array())) {
     const std::string s = u.value("status", "");
-    if (s == "committed" || s == "verified") {
-      ++p.units_committed;
+    // A unit without a loss (0: a pipeline stage before the last, which computes none) is left
+    // out of the mean, not counted as a zero loss.
+    const uint64_t loss_micros = u.value("loss_micros", uint64_t{0});
+    if (s == "committed" || s == "verified") ++p.units_committed;
+    if ((s == "committed" || s == "verified") && loss_micros > 0) {
       const uint32_t r = u.value("round", 0u);
       if (r > loss_round || loss_n == 0) {
         if (r > loss_round) loss_sum = 0, loss_n = 0;
         loss_round = r;
       }
-      if (r == loss_round) loss_sum += u.value("loss_micros", uint64_t{0}) / 1e6, ++loss_n;
+      if (r == loss_round) loss_sum += static_cast<double>(loss_micros) / 1e6, ++loss_n;
     }
     if (s == "assigned") ++p.units_assigned;
     if (u.value("paid", uint64_t{0}) > 0) ++p.units_paid;
