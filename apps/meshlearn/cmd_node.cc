@@ -269,6 +269,16 @@ class NodeMetrics {
              {"transactions_failed", st.tx_failed}}) {
       out.Sample("meshlearn_node_work_total", {{"kind", kind}}, n);
     }
+    out.Family("meshlearn_node_stage_bytes_sent_total", "counter",
+               "Tensor bytes this node's pipeline stages sent to their neighbours.")
+        .Sample("meshlearn_node_stage_bytes_sent_total", {}, st.stage_bytes_sent);
+    out.Family("meshlearn_node_stage_seconds_total", "counter",
+               "Time this node's pipeline stage units ran, and the part of it they waited for a "
+               "neighbour's tensor (the pipeline's bubble).")
+        .Sample("meshlearn_node_stage_seconds_total", {{"kind", "running"}},
+                static_cast<double>(st.stage_run_us) / 1e6)
+        .Sample("meshlearn_node_stage_seconds_total", {{"kind", "waiting"}},
+                static_cast<double>(st.stage_wait_us) / 1e6);
     out.Family("meshlearn_node_work_seconds", "histogram",
                "Time of the agent tick that ran a unit, an aggregation or a verification.");
     unit_seconds_.Write(out, "meshlearn_node_work_seconds", {{"kind", "unit"}});

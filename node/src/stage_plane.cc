@@ -213,7 +213,11 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
 Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTransfer* record) {
   std::unique_lock<std::mutex> lock(mu_);
   awaited_ = key;
+  const auto t0 = std::chrono::steady_clock::now();
   const bool arrived = cv_.wait_until(lock, deadline_, [&] { return inbox_.count(key) > 0; });
+  stats_.wait_us += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                              std::chrono::steady_clock::now() - t0)
+                                              .count());
   awaited_ = protocol::StageTensorKey();
   if (!arrived) {
     return DeadlineExceeded("no " + key.ToString() + " from " + PeerName(key.from_stage) +

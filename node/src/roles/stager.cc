@@ -1,5 +1,6 @@
 #include "stager.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "meshlearn/engine/step_replay.h"
@@ -83,7 +84,11 @@ Status Stager::Start(const UnitAssignment& a) {
   Run* r = run.get();
   run_ = std::move(run);
   r->thread = std::thread([r] {
+    const auto t0 = std::chrono::steady_clock::now();
     r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed);
+    r->run_us = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
     r->done.store(true, std::memory_order_release);
   });
   return Status::Ok();
@@ -94,6 +99,11 @@ Status Stager::Collect() {
   run_->thread.join();
   std::unique_ptr<Run> run = std::move(run_);
   run->attached.reset();  // pushes for a later unit are not this one's
+  const StagePlaneStats plane = run->plane->stats();  // what the run did, committed or not
+  AgentStats& st = node_->stats();
+  st.stage_bytes_sent += plane.bytes_sent;
+  st.stage_wait_us += plane.wait_us;
+  st.stage_run_us += run->run_us;
   if (!run->out.ok()) {
     // Nothing of the unit is stored or committed: it runs again from its start while assigned.
     return run->out.status().WithPrefix(Name(run->a) + " failed (nothing committed)");

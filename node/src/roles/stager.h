@@ -68,6 +68,7 @@ class Stager {
     std::vector<engine::Batch> batches;
     uint64_t dropout_seed = 0;
     Result<StageUnitOutcome> out = Unavailable("not run");
+    uint64_t run_us = 0;  // RunStageUnit's wall time
     std::atomic<bool> done{false};
     std::thread thread;
   };

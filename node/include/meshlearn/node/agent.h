@@ -221,6 +221,11 @@ struct TickReport {
 
 struct AgentStats {
   uint64_t units_completed = 0;   // delta computed and CommitUnit sent
+  // Pipeline stage units run (committed or failed): the tensor bytes this node's stages sent to
+  // their neighbours, the time they ran, and the part of it they waited for a neighbour's tensor.
+  uint64_t stage_bytes_sent = 0;
+  uint64_t stage_run_us = 0;
+  uint64_t stage_wait_us = 0;
   uint64_t units_resumed = 0;     // continued from a checkpoint
   uint64_t units_paused = 0;      // paused at a checkpoint for a verification replay
   uint64_t units_refused = 0;     // did not fit in memory (each Tick that refused one)

@@ -83,6 +83,9 @@ struct StagePlaneStats {
   uint64_t refused_busy = 0;                 // pushes this stage refused: inbox full
   uint64_t duplicates = 0;  // pushes of a key held or of an earlier step, answered ok
   uint64_t peak_inbox_bytes = 0;
+  // Time Take waited for a neighbour's tensor: the stage's share of the pipeline's bubble (and of
+  // any neighbour that is slow or starved of a core), in microseconds.
+  uint64_t wait_us = 0;
 };
 
 class StagePlane {
