@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -45,12 +46,14 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <httplib.h>
 
 #include "meshlearn/base/clock.h"
 #include "meshlearn/base/hex.h"
 #include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/progress.h"
+#include "meshlearn/base/prometheus.h"
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/ledger/block.h"
@@ -63,6 +66,7 @@
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/referee.h"
+#include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/verification.h"
 #include "task_client.h"
 
@@ -109,7 +113,102 @@ struct DevnetArgs {
   uint32_t target_escape_ppm = 0;
   int sequencers = 1;          // >= 2: a replicated sequencer on a local etcd
   std::string kill_sequencer;  // "R": SIGKILL the leader when round R starts ("" : never)
+  // The memory every node offers to training (node.toml memory_limit_bytes and [capabilities]
+  // memory_bytes): "" for the machine's; bytes, or with a K, M or G suffix (KiB, MiB, GiB).
+  std::string memory_limit;
 };
+
+// The peak resident memory (VmHWM) of a live process, or 0 when it cannot be read.
+uint64_t PeakRssBytes(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/status", pid));
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
+// What a node's pipeline stages did, from its GET /metrics (docs/operators.md, "Metrics").
+struct StageMetrics {
+  uint64_t bytes_sent = 0;
+  double seconds_running = 0, seconds_waiting = 0;
+};
+Result<StageMetrics> ScrapeStageMetrics(const std::string& host_port) {
+  httplib::Client client("http://" + host_port);
+  client.set_connection_timeout(5);
+  client.set_read_timeout(10);
+  httplib::Result r = client.Get("/metrics");
+  if (!r || r->status != 200) {
+    return Unavailable("GET http://" + host_port + "/metrics failed (" +
+                       (r ? "status " + std::to_string(r->status) : httplib::to_string(r.error())) +
+                       ")");
+  }
+  StageMetrics m;
+  m.bytes_sent = static_cast<uint64_t>(
+      PrometheusSample(r->body, "meshlearn_node_stage_bytes_sent_total").value_or(0));
+  m.seconds_running =
+      PrometheusSample(r->body, "meshlearn_node_stage_seconds_total{kind=\"running\"}").value_or(0);
+  m.seconds_waiting =
+      PrometheusSample(r->body, "meshlearn_node_stage_seconds_total{kind=\"waiting\"}").value_or(0);
+  return m;
+}
+
+// --memory-limit as bytes (0: not given).
+Result<uint64_t> ParseMemoryLimit(const std::string& text) {
+  if (text.empty()) return uint64_t{0};
+  std::string digits = text;
+  uint64_t unit = 1;
+  switch (digits.back()) {
+    case 'K': unit = uint64_t{1} << 10; break;
+    case 'M': unit = uint64_t{1} << 20; break;
+    case 'G': unit = uint64_t{1} << 30; break;
+    default: break;
+  }
+  if (unit > 1) digits.pop_back();
+  Result<uint64_t> n = ParseUnsigned(digits, "--memory-limit");
+  if (!n.ok() || *n == 0 || *n > (uint64_t{1} << 50) / unit) {
+    return InvalidArgument("--memory-limit is '" + text +
+                           "'; use a number of bytes, or one with a K, M or G suffix (KiB, MiB, "
+                           "GiB), e.g. 200M");
+  }
+  return *n * unit;
+}
+
+// What one whole (unsplit) unit of the task needs: the ledger scheduler's RequiredMemoryBytes of
+// the fields it reads (TaskSpecViewOf).
+uint64_t UnitMemoryBytes(const ledger::TaskParams& p) {
+  protocol::TaskSpecView v;
+  v.model_bytes = p.model_bytes;
+  v.memory_required_bytes = p.memory_bytes;
+  return protocol::RequiredMemoryBytes(v);
+}
+
+// --memory-limit against what the task needs: a node that holds less than a unit (or, pipelined,
+// than its heaviest stage) is never eligible, and the devnet would wait forever.
+Status CheckMemoryLimit(const PreparedTask& task, uint64_t limit, const std::string& text) {
+  if (limit == 0) return Status::Ok();
+  const ledger::TaskParams& p = task.params;
+  if (p.stages > 1) {
+    const uint64_t heaviest =
+        *std::max_element(p.stage_memory_bytes.begin(), p.stage_memory_bytes.end());
+    if (limit < heaviest) {
+      return InvalidArgument(fmt::format(
+          "--memory-limit {} ({} bytes) is below the heaviest of the task's {} stages ({} bytes): "
+          "no node could train it; raise the limit or cut the model into more stages "
+          "([network] stages)",
+          text, limit, p.stages, heaviest));
+    }
+    return Status::Ok();
+  }
+  const uint64_t need = UnitMemoryBytes(p);
+  if (limit < need) {
+    return InvalidArgument(fmt::format(
+        "--memory-limit {} ({} bytes) is below what one unit of the task needs ({} bytes): no "
+        "node could train it; raise the limit, or cut the model into pipeline stages "
+        "([network] stages, docs/submitters.md)",
+        text, limit, need));
+  }
+  return Status::Ok();
+}
 
 constexpr int kEtcdMembers = 3;  // the smallest etcd cluster that survives losing a member
 constexpr int kMaxSequencers = 9;
@@ -659,29 +758,49 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         "--dispute-window-ms is {}; use 1 to 3600000, or 0 (the default) for the task's own",
         a.dispute_window_ms));
   }
-  const int total_nodes = a.solvers + a.verifiers;
+  ML_ASSIGN_OR_RETURN(const uint64_t memory_limit, ParseMemoryLimit(a.memory_limit));
+  // Under --memory-limit the solvers and verifiers cannot hold the whole model, so they do not
+  // aggregate: one more node, without the limit, aggregates every round (an aggregator holds the
+  // round's global state and outer momentum whole).
+  const int aggregator_nodes = memory_limit > 0 ? 1 : 0;
+  const int total_nodes = a.solvers + a.verifiers + aggregator_nodes;
   ML_ASSIGN_OR_RETURN(std::vector<AdversaryPlan> adversaries,
                       PlanAdversaries(a.adversary, a.solvers, a.verifiers, a.verification));
   std::map<int, std::string> adversary_of;  // node -> mode
   for (const AdversaryPlan& p : adversaries) adversary_of[p.node] = p.mode;
+  auto limited = [&](int i) { return memory_limit > 0 && i < a.solvers + a.verifiers; };
   auto roles_of = [&](int i) -> std::string {
-    if (!a.verification) return "solver,aggregator";
-    return i < a.solvers ? "solver,verifier,aggregator" : "verifier";
+    if (i >= a.solvers + a.verifiers) return "aggregator";
+    const std::string aggregator = limited(i) ? "" : ",aggregator";
+    if (!a.verification) return "solver" + aggregator;
+    return i < a.solvers ? "solver,verifier" + aggregator : "verifier";
   };
 
   // 1. The task, validated before anything starts.
   ML_ASSIGN_OR_RETURN(PreparedTask task, PrepareTask(env, a.task));
   ML_RETURN_IF_ERROR(OverrideAssurance(a, &task));
+  ML_RETURN_IF_ERROR(CheckMemoryLimit(task, memory_limit, a.memory_limit));
   int64_t kill_round = -1;
   std::string etcd_bin;
   ML_RETURN_IF_ERROR(CheckSequencerFlags(a, task.net.rounds, &kill_round, &etcd_bin));
   const bool replicated = a.sequencers >= 2;
-  say(fmt::format("devnet: {} ({} rounds x {} units x {} steps), {} solvers{}, verification {}",
+  const uint32_t stages = task.params.stages > 1 ? task.params.stages : 1;
+  const std::string pipeline_text =
+      stages > 1 ? fmt::format(", pipelined: {} replicas x {} stages x {} micro-batches a step",
+                               task.net.units_per_round, stages, task.task.micro_batches)
+                 : "";
+  say(fmt::format("devnet: {} ({} rounds x {} units x {} steps{}), {} solvers{}, verification {}",
                   a.task, task.net.rounds, task.net.units_per_round, task.net.inner_steps,
-                  a.solvers, a.verifiers > 0 ? fmt::format(" + {} verifiers", a.verifiers) : "",
+                  pipeline_text, a.solvers,
+                  a.verifiers > 0 ? fmt::format(" + {} verifiers", a.verifiers) : "",
                   a.verification ? "on (the ledger rules disputes from witnesses; the devnet's "
                                    "sequencer key referees those it cannot)"
                                  : "off"));
+  if (memory_limit > 0) {
+    say(fmt::format("memory: the solvers{} offer {} bytes each to training (--memory-limit); "
+                    "node{} (no limit) aggregates",
+                    a.verifiers > 0 ? " and verifiers" : "", memory_limit, total_nodes - 1));
+  }
   for (const AdversaryPlan& p : adversaries) {
     say(fmt::format("node{} is an adversary: {} {}", p.node, p.role, p.mode));
   }
@@ -846,6 +965,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                   static_cast<double>(machine.flops_per_s) / 1e9));
 
   std::vector<size_t> node_child(total_nodes, SIZE_MAX);
+  std::vector<std::string> node_addr(total_nodes);  // host:port of its data plane and /metrics
   std::map<std::string, std::string> endpoint_dir;
   auto start_node = [&](int i) -> Status {
     ML_ASSIGN_OR_RETURN(uint16_t port, FreePort());
@@ -858,8 +978,11 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         speeds.count(i) ? speeds[i] : 1.0);
     if (adversary_of.count(i)) cfg += fmt::format("adversary = \"{}\"\n", adversary_of[i]);
     if (kills.count(i)) cfg += fmt::format("crash_in_unit = {}\n", kills[i]);
+    if (limited(i)) cfg += fmt::format("memory_limit_bytes = {}\n", memory_limit);
     cfg += fmt::format("[capabilities]\nthroughput = {}\n", machine.flops_per_s);
-    endpoint_dir[fmt::format("127.0.0.1:{}", port)] = node_dirs[i];
+    if (limited(i)) cfg += fmt::format("memory_bytes = {}\n", memory_limit);
+    node_addr[i] = fmt::format("127.0.0.1:{}", port);
+    endpoint_dir[node_addr[i]] = node_dirs[i];
     ML_RETURN_IF_ERROR(env->WriteFileAtomic(path, cfg));
     ML_ASSIGN_OR_RETURN(Child c, Spawn(fmt::format("node{}", i), {"node", "run", "--config", path},
                                        JoinPath(dir, fmt::format("logs/node{}.log", i)), home));
@@ -913,7 +1036,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   }
 
   // 5. Watch, with the scenario events.
-  ProgressBar bar("devnet", static_cast<int64_t>(task.total_units), "units", !g.json);
+  ProgressBar bar("devnet", static_cast<int64_t>(task.total_units),
+                  stages > 1 ? "stage units" : "units", !g.json);
   std::set<int> killed;  // solvers --kill took down (they died by SIGKILL as configured)
   std::map<int, bool> late_started;
   json events = json::array();
@@ -1059,6 +1183,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   }
   json nodes = json::array();
   json slashed = json::array();
+  uint64_t stage_bytes = 0;  // a pipeline task's: summed over the nodes' /metrics
+  double stage_running = 0, stage_waiting = 0;
   for (int i = 0; i < total_nodes; ++i) {
     const std::string id = node_ids[i].ToHex();
     json n = per_node.count(id) ? per_node[id] : json{{"units", 0}, {"paid_for_units", 0}};
@@ -1069,6 +1195,20 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     n["speed"] = speeds.count(i) ? speeds[i] : 1.0;
     n["killed"] = killed.count(i) > 0;
     n["late"] = lates.count(i) > 0;
+    // The node process's peak resident memory, read while it still runs (0: not running).
+    const size_t ci = node_child[i];
+    const pid_t pid = ci < fleet.children.size() ? fleet.children[ci].pid : -1;
+    n["peak_rss_bytes"] = pid > 0 ? PeakRssBytes(pid) : 0;
+    if (stages > 1 && pid > 0) {
+      Result<StageMetrics> sm = ScrapeStageMetrics(node_addr[i]);
+      if (!sm.ok()) return sm.status().WithPrefix(fmt::format("node{}'s stage metrics", i));
+      n["stage_bytes_sent"] = sm->bytes_sent;
+      n["stage_seconds_running"] = sm->seconds_running;
+      n["stage_seconds_waiting"] = sm->seconds_waiting;
+      stage_bytes += sm->bytes_sent;
+      stage_running += sm->seconds_running;
+      stage_waiting += sm->seconds_waiting;
+    }
     Result<json> nr = rpc.Call("get_node", {{"id", id}});
     if (nr.ok()) {
       n["reputation"] = nr->value("reputation", json::object());
@@ -1158,6 +1298,22 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
              {"token_invariant", minted == 0 ? json(nullptr) : json(minted == sum)},
              {"round_results", final_task.value("round_results", json::array())},
              {"sequencer", sequencer_report}};
+  if (stages > 1) {
+    // The bubble measured: the share of the stage units' running time spent waiting for a
+    // neighbour's tensor, over every stage node (on a shared machine, also for a neighbour that
+    // waits for a core). GPipe's schedule alone would leave (S-1)/(M+S-1) of it idle.
+    const double m = static_cast<double>(task.task.micro_batches);
+    (*report)["pipeline"] = {
+        {"stages", stages},
+        {"replicas", task.net.units_per_round},
+        {"micro_batches", task.task.micro_batches},
+        {"bytes_activations", stage_bytes},
+        {"bubble_fraction", stage_running > 0 ? stage_waiting / stage_running : 0.0},
+        {"bubble_fraction_schedule", (stages - 1) / (m + stages - 1)},
+        {"stage_memory_bytes", task.params.stage_memory_bytes},
+        {"unpipelined_memory_bytes", UnitMemoryBytes(task.params)},
+        {"memory_limit_bytes", memory_limit}};
+  }
   if (a.verification) {
     json rulings = json::array();
     for (const node::RefereeRecord& r : referee->rulings()) {
@@ -1340,6 +1496,10 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
                   "Aggregated rounds whose checks may run while later rounds train (genesis "
                   "rounds_in_flight; 0: each round waits for the one before it to be final; "
                   "default 4, the ledger's default is 2)");
+  cmd->add_option("--memory-limit", a.memory_limit,
+                  "The memory every node offers to training (bytes, or with K, M or G for KiB, "
+                  "MiB, GiB; default: the machine's): below what a whole unit needs, only a "
+                  "pipeline task whose every stage fits can run");
   cmd->add_option("--forced-errors", a.forced_errors,
                   "Forced errors per million units (genesis forced_error_per_million; default: "
                   "the ledger's)");
@@ -1355,6 +1515,8 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       "solver:noisy --assurance full\n"
       "  meshlearn devnet --solvers 4 --task tests/devnet-tiny.toml --out /tmp/d --sequencers 3 "
       "--kill-sequencer 1\n"
+      "  meshlearn devnet --solvers 6 --task tests/devnet-pipeline.toml --out /tmp/d "
+      "--no-verification --memory-limit 8M\n"
       "Writes DIR/model.safetensors and DIR/report.json (the task's metric, rounds, units, money:\n"
       "spent = paid to solvers + verifiers + aggregators, treasury cut, refunded; bytes; the\n"
       "ledger's final state and the weights hash vs the in-process reference); logs of every\n"

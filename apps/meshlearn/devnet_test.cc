@@ -132,10 +132,15 @@ TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
 // on 6 node daemons, the stages exchange activations over their data planes, the aggregator
 // combines the replicas stage by stage, and the final weights are `meshlearn diloco`'s, bit for
 // bit. (Stage units are not verified yet: --no-verification; a verifying chain refuses the task.)
+// The pipeline task on six stage nodes that each offer 400 KiB to training (--memory-limit), and
+// a seventh node without the limit that aggregates: every stage fits (its heaviest needs 320,768
+// bytes), the final weights are the in-process reference's, and report.json's pipeline section
+// adds up to what the nodes' /metrics say.
 TEST(Devnet, APipelineTaskTrainsOnStageNodesToTheReference) {
   std::string dir = TempDir() + "/d";
   CmdResult r = Meshlearn("--json devnet --solvers 6 --task tests/devnet-pipeline.toml "
-                          "--block-interval-ms 200 --no-verification --timeout 300 --out " + dir,
+                          "--block-interval-ms 200 --no-verification --timeout 300 "
+                          "--memory-limit 400K --out " + dir,
                           dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
   json rep = ReadReport(dir);
@@ -144,9 +149,60 @@ TEST(Devnet, APipelineTaskTrainsOnStageNodesToTheReference) {
   EXPECT_EQ(rep["units"], 12) << "2 rounds x 2 replicas x 3 stages";
   EXPECT_EQ(rep["units_paid"], rep["units_committed"]) << rep.dump(2);
   int with_units = 0;
-  for (const json& n : rep["nodes"]) with_units += n["units"].get<int>() > 0;
+  uint64_t bytes_sent = 0;
+  ASSERT_EQ(rep["nodes"].size(), 7u) << "6 solvers under the limit and one aggregator";
+  for (const json& n : rep["nodes"]) {
+    EXPECT_GT(n["peak_rss_bytes"].get<uint64_t>(), 0u) << n.dump();
+    if (n["roles"] == "aggregator") continue;
+    EXPECT_EQ(n["roles"], "solver") << "a node under the limit does not aggregate";
+    with_units += n["units"].get<int>() > 0;
+    EXPECT_GT(n["stage_bytes_sent"].get<uint64_t>(), 0u) << "every stage sends to a neighbour";
+    EXPECT_LE(n["stage_seconds_waiting"].get<double>(), n["stage_seconds_running"].get<double>());
+    bytes_sent += n["stage_bytes_sent"].get<uint64_t>();
+  }
   EXPECT_EQ(with_units, 6) << "every stage node took a stage";
+  // The train loss shown is the last stages' (the others compute none): not diluted by their
+  // zeros, which once showed a third of it.
+  const double train = rep["metric"]["train_loss"].get<double>();
+  const double test = rep["metric"]["test_loss"].get<double>();
+  EXPECT_GT(train, 0.5 * test) << rep["metric"].dump();
+  EXPECT_LT(train, 2.0 * test) << rep["metric"].dump();
+  const json& p = rep["pipeline"];
+  EXPECT_EQ(p["stages"], 3) << p.dump();
+  EXPECT_EQ(p["replicas"], 2);
+  EXPECT_EQ(p["micro_batches"], 2);
+  EXPECT_EQ(p["memory_limit_bytes"], 400 * 1024);
+  ASSERT_EQ(p["stage_memory_bytes"].size(), 3u);
+  for (const json& m : p["stage_memory_bytes"]) EXPECT_LE(m.get<uint64_t>(), 400u * 1024);
+  EXPECT_EQ(p["bytes_activations"].get<uint64_t>(), bytes_sent);
+  EXPECT_DOUBLE_EQ(p["bubble_fraction_schedule"].get<double>(), 0.5) << "(S-1)/(M+S-1) = 2/4";
+  EXPECT_GT(p["bubble_fraction"].get<double>(), 0.0);
+  EXPECT_LT(p["bubble_fraction"].get<double>(), 1.0);
   ExpectNoOrphans(dir);
+}
+
+// A memory limit no node could train the task under is refused before anything starts, naming
+// the stage (or the unit) that does not fit and the fix; so is a limit that is not a size.
+TEST(Devnet, AMemoryLimitThatNothingFitsIsRefusedUpFront) {
+  const std::string dir = TempDir() + "/d";
+  struct Case {
+    std::string args, want;
+  } cases[] = {
+      {"--task tests/devnet-pipeline.toml --solvers 6 --no-verification --memory-limit 100K",
+       "below the heaviest of the task's 3 stages (320768 bytes)"},
+      {"--task tests/devnet-tiny.toml --memory-limit 1K",
+       "below what one unit of the task needs"},
+      {"--task tests/devnet-tiny.toml --memory-limit 12X", "--memory-limit is '12X'"},
+      {"--task tests/devnet-tiny.toml --memory-limit 0", "--memory-limit is '0'"},
+      {"--task tests/devnet-tiny.toml --memory-limit 99999999999G", "--memory-limit is"},
+  };
+  for (const Case& c : cases) {
+    if (c.args.find("devnet-tiny") != std::string::npos && !HaveFashion()) continue;
+    CmdResult r = Meshlearn("devnet " + c.args + " --out " + dir, dir + "-home");
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_NE(r.out.find(c.want), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_FALSE(std::filesystem::exists(dir)) << "nothing made for " << c.args;
+  }
 }
 
 // The README's first command, as a newcomer runs it: scripts/run.sh's devnet command line, flags
@@ -543,6 +599,39 @@ TEST(DevnetLong, The10mGptWithALazySolverIsRuledByTheLedgerAtATile) {
     }
   }
   EXPECT_GE(tile_rulings, 1) << v.dump(2);
+  ExpectNoOrphans(dir);
+}
+
+// The 10M GPT cut into 4 stages x 2 replicas (examples/code-gpt-pipeline-devnet.toml) on 8 stage
+// nodes that each offer 100 MiB to training: every stage fits (the heaviest needs 70.9 MB), one
+// whole unit would not (216 MB), so the ledger can place it only as stages; the final weights are
+// `meshlearn diloco`'s, bit for bit. Label "long" (about a minute on 2 cores).
+TEST(DevnetLong, TheGptPipelineTrainsOnEightStageNodesUnderAMemoryLimit) {
+  if (!std::ifstream("/usr/lib/python3.11/os.py").good()) {
+    GTEST_SKIP() << "the code corpus (/usr/lib/python3.11) is not installed";
+  }
+  std::string dir = TempDir() + "/d";
+  CmdResult r = Meshlearn("--json devnet --solvers 8 --task examples/code-gpt-pipeline-devnet.toml "
+                          "--block-interval-ms 200 --no-verification --memory-limit 100M "
+                          "--timeout 1800 --out " + dir,
+                          dir + "-home");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json rep = ReadReport(dir);
+  ASSERT_FALSE(rep.is_discarded());
+  EXPECT_TRUE(rep["matches_reference"].get<bool>()) << rep.dump(2);
+  const json& p = rep["pipeline"];
+  EXPECT_EQ(p["stages"], 4) << p.dump();
+  EXPECT_EQ(p["replicas"], 2);
+  EXPECT_EQ(p["micro_batches"], 2);
+  const uint64_t limit = p["memory_limit_bytes"].get<uint64_t>();
+  EXPECT_EQ(limit, 100u << 20);
+  EXPECT_LT(limit, p["unpipelined_memory_bytes"].get<uint64_t>()) << "a whole unit must not fit";
+  for (const json& m : p["stage_memory_bytes"]) EXPECT_LE(m.get<uint64_t>(), limit);
+  EXPECT_GT(p["bytes_activations"].get<uint64_t>(), 0u);
+  int stage_nodes = 0;
+  for (const json& n : rep["nodes"]) stage_nodes += n["roles"] == "solver" && n["units"] == 2;
+  EXPECT_EQ(stage_nodes, 8) << "each of the 8 limited nodes trained one stage a round";
+  std::printf("[ devnet   ] pipeline %s\n", p.dump().c_str());
   ExpectNoOrphans(dir);
 }
 
