@@ -1442,7 +1442,9 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       "devnet",
       "Run a whole network on this machine (ledger + nodes as processes) and train a task");
   cmd->add_option("--task", a.task, "Task file with a [network] table")->required();
-  cmd->add_option("--solvers", a.solvers, "Nodes to start (solver and aggregator roles)")
+  cmd->add_option("--solvers", a.solvers,
+                  "Nodes to start (solver and aggregator roles; with --memory-limit solvers only, "
+                  "and one more node aggregates)")
       ->capture_default_str();
   cmd->add_option(
          "--out", a.out,
