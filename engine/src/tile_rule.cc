@@ -24,6 +24,21 @@ bool TileRuleIsReduction(TileOpKind k) {
          k == TileOpKind::kTileOpLayerNormWeightGrad || k == TileOpKind::kTileOpLayerNormBiasGrad;
 }
 
+// The number of 32-row blocks of a batch of B rows.
+int64_t TileRuleRowBlocks(int64_t B) { return (B + kTileRows - 1) / kTileRows; }
+
+// The floats of the partial sum S_block a reduction tile of `numel` elements continues from: the
+// tile's, but for wte's gradient past the tied head's blocks, which carries the head's finished
+// dW tile and the embedding's own accumulator (EmbeddingBackward adds its sum to the gradient
+// once, at the end).
+int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, int64_t numel, int64_t block) {
+  if (o.kind == TileOpKind::kTileOpEmbeddingGrad && o.b >= 0 &&
+      block >= TileRuleRowBlocks(plan.batch)) {
+    return 2 * numel;
+  }
+  return numel;
+}
+
 // The rows [b0, b1) of reduction block `block` of a batch of B.
 std::pair<int64_t, int64_t> TileRuleBlockRows(int64_t B, int64_t block) {
   const int64_t b0 = block * kTileRows;
@@ -241,6 +256,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     const int64_t T = seq_len > 0 ? seq_len : g.block_size;
     const int64_t N = batch * T, C = g.n_embd, V = g.vocab_size;
     plan.batch = N;
+    plan.tokens = true;
+    plan.seq_len = T;
     auto opaque = [&](const std::string& name, int64_t rows, int64_t cols, const char* why) {
       TileOp op{name, TileOpKind::kTileOpOpaque, TileGrid::For(rows, cols), {rows, cols}};
       op.opaque = why;
@@ -272,8 +289,12 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       op.w = b;
       return add(std::move(op));
     };
-    int64_t resid =
-        opaque("encoded", N, C, "the token embeddings: token tasks have no data leaves yet");
+    // encoded = wte[token] + wpe[position] (EmbeddingForward twice, ResidualForward).
+    TileOp enc{"encoded", TileOpKind::kTileOpEmbedding, TileGrid::For(N, C), {N, C}};
+    enc.x = state_op(m.params()[0].name);
+    enc.w = state_op(m.params()[1].name);
+    enc.conv = {T};
+    int64_t resid = add(std::move(enc));
     for (int64_t l = 0; l < g.n_layer; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
       const int64_t base = 2 + 12 * l;  // the layer's 12 parameters (model.cc's P(l, k))
@@ -298,10 +319,15 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       resid = residual(p + "residual3", r2, fcproj);
     }
     const int64_t lnf = layernorm("ln_f", resid, static_cast<int64_t>(m.params().size()) - 2);
-    linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
-    opaque("loss", N, 1, "the token loss: token tasks have no data leaves yet");
-    const int64_t dlogits =
-        opaque("logits.grad", N, V, "the token loss: token tasks have no data leaves yet");
+    const int64_t logits = linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
+    // The token loss and its gradient: the logits rows and their target tokens (rows are
+    // independent, as a classifier's are).
+    TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(N, 1), {N, 1}};
+    loss.x = logits;
+    add(std::move(loss));
+    TileOp lgrad{"logits.grad", TileOpKind::kTileOpLossGrad, TileGrid::For(N, V), {N, V}};
+    lgrad.x = logits;
+    const int64_t dlogits = add(std::move(lgrad));
     // The head's input gradient: dlogits @ wte (kernels.h's dinp chain over the V logits).
     TileOp dlnf{"ln_f.grad", TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, C), {N, C}};
     dlnf.x = dlogits;
@@ -375,7 +401,21 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       TileOp op{param.name + ".grad", TileOpKind::kTileOpOpaque, grid, param.value.shape()};
       op.opaque = kNoFootprint;
       const int64_t k = static_cast<int64_t>(pi) - 2;
-      if (static_cast<int64_t>(pi) >= lnf_w) {  // ln_f's weight and bias: chains over the rows
+      if (pi < 2) {
+        // wte (pi 0): the tied head's dW (LinearBackward on the zeroed gradient: its chain over
+        // the rows, then 0 + the sum), then EmbeddingBackward's row sums by token added to it;
+        // wpe (pi 1): EmbeddingBackward's row sums by position on its zeroed gradient. Both
+        // read the residual gradient entering the first layer.
+        op.kind = TileOpKind::kTileOpEmbeddingGrad;
+        op.x = dres_in[0];
+        op.conv = {T, pi == 0 ? 1 : 0};
+        if (pi == 0) {
+          op.b = dlogits;
+          op.v = lnf;
+        }
+        op.opaque.clear();
+      } else if (static_cast<int64_t>(pi) >=
+                 lnf_w) {  // ln_f's weight and bias: chains over the rows
         op.kind = static_cast<int64_t>(pi) == lnf_w ? TileOpKind::kTileOpLayerNormWeightGrad
                                                     : TileOpKind::kTileOpLayerNormBiasGrad;
         op.x = dlnf_op;
@@ -564,6 +604,11 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   // The norm chains over the parameters (optim.cc's SumGradSquares): S_{k+1} = S_k + the
   // combination of parameter k's block partials.
   if (o.kind == TileOpKind::kTileOpGradNorm) return static_cast<int64_t>(o.sources.size());
+  // The embeddings' gradients chain over the rows in blocks of 32; wte's first runs the tied
+  // head's dW chain (as many blocks again).
+  if (o.kind == TileOpKind::kTileOpEmbeddingGrad) {
+    return (o.b >= 0 ? 2 : 1) * TileRuleRowBlocks(plan.batch);
+  }
   if (!TileRuleIsReduction(o.kind)) return 0;
   return (plan.batch + kTileRows - 1) / kTileRows;
 }
@@ -635,6 +680,33 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
         }
         TileRuleCover(plan, o.w, b * T, (b + 1) * T, 2 * C + t.c0, 2 * C + t.c1, fp);
       });
+      break;
+    }
+    case TileOpKind::kTileOpEmbedding:
+      // Row r is wte's row of its token plus wpe's row of its position r % T: the rows' tokens
+      // (proven by the pages holding them), wte's whole column strip c (the footprint cannot
+      // know which rows the tokens pick: 4 x V x 32 bytes) and wpe's rows of the positions.
+      TileRuleCover(plan, kTileOperandBatch, t.r0, t.r1, 0, 0, fp);
+      TileRuleCover(plan, o.x, 0, plan.classes, t.c0, t.c1, fp);
+      ForEachSequenceSpan(t.r0, t.r1, o.conv[0], [&](int64_t, int64_t t0, int64_t t1) {
+        TileRuleCover(plan, o.w, t0, t1, t.c0, t.c1, fp);
+      });
+      break;
+    case TileOpKind::kTileOpEmbeddingGrad: {
+      const int64_t nb = TileRuleRowBlocks(plan.batch);
+      if (o.b >= 0 && block < nb) {
+        // wte's tied-head block: logits.grad's rows of the block in the tile's rows v (its
+        // columns), ln_f's rows of the block in columns c.
+        const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+        TileRuleCover(plan, o.b, b0, b1, t.r0, t.r1, fp);
+        TileRuleCover(plan, o.v, b0, b1, t.c0, t.c1, fp);
+        break;
+      }
+      // An embedding block: the block's rows of the residual gradient in columns c, and (wte)
+      // the rows' tokens, which pick the rows they add into.
+      const auto [b0, b1] = TileRuleBlockRows(plan.batch, o.b >= 0 ? block - nb : block);
+      if (o.conv[1] == 1) TileRuleCover(plan, kTileOperandBatch, b0, b1, 0, 0, fp);
+      TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
       break;
     }
     case TileOpKind::kTileOpLayerNorm:
@@ -747,9 +819,9 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
   // Attention and the block partials: a tile named twice (rectangles of one operand sharing a
   // tile: q and k of a head, two heads' rows, two row segments of a gradient) is listed once,
   // where it first appears.
-  const bool attention = o.kind == TileOpKind::kTileOpAttention ||
-                         o.kind == TileOpKind::kTileOpAttentionOut ||
-                         o.kind == TileOpKind::kTileOpGradSquareBlocks;
+  const bool attention =
+      o.kind == TileOpKind::kTileOpAttention || o.kind == TileOpKind::kTileOpAttentionOut ||
+      o.kind == TileOpKind::kTileOpEmbedding || o.kind == TileOpKind::kTileOpGradSquareBlocks;
   for (size_t i = 1; attention && i < fp.tiles.size();) {
     if (std::find(fp.tiles.begin(), fp.tiles.begin() + static_cast<int64_t>(i), fp.tiles[i]) !=
         fp.tiles.begin() + static_cast<int64_t>(i)) {
@@ -784,11 +856,28 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           ") has " + std::to_string(in.tiles[i].size()) + " floats, not " + std::to_string(want));
     }
   }
-  if (in.x.size() != fp.batch_rows.size() || in.y.size() != fp.batch_rows.size()) {
+  if (plan.tokens) {
+    if (in.tokens.size() != fp.batch_rows.size() || in.y.size() != fp.batch_rows.size() ||
+        !in.x.empty()) {
+      return InvalidArgument(what + ": " + std::to_string(in.tokens.size()) + " tokens and " +
+                             std::to_string(in.y.size()) + " targets given, the footprint reads " +
+                             std::to_string(fp.batch_rows.size()) + " rows' (and no examples)");
+    }
+    for (size_t i = 0; i < in.tokens.size(); ++i) {
+      if (in.tokens[i] < 0 || in.tokens[i] >= plan.classes || in.y[i] < 0 ||
+          in.y[i] >= plan.classes) {
+        return InvalidArgument(what + ": row " + std::to_string(fp.batch_rows[i]) + " has token " +
+                               std::to_string(in.tokens[i]) + " and target " +
+                               std::to_string(in.y[i]) + "; the vocabulary has " +
+                               std::to_string(plan.classes));
+      }
+    }
+  } else if (in.x.size() != fp.batch_rows.size() || in.y.size() != fp.batch_rows.size() ||
+             !in.tokens.empty()) {
     return InvalidArgument(what + ": " + std::to_string(in.x.size()) + " examples given, the " +
                            "footprint reads " + std::to_string(fp.batch_rows.size()));
   }
-  for (size_t i = 0; i < in.x.size(); ++i) {
+  for (size_t i = 0; !plan.tokens && i < in.x.size(); ++i) {
     if (static_cast<int64_t>(in.x[i].size()) != plan.input_size || in.y[i] < 0 ||
         in.y[i] >= plan.classes) {
       return InvalidArgument(
@@ -801,9 +890,12 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
   const TileGrid::Rect t = o.grid.TileRect(tile);
   const int64_t R = t.r1 - t.r0, K = t.c1 - t.c0;
   const int64_t blocks = ReductionBlocks(plan, op);
-  if (blocks > 0 && !in.partial.empty() && static_cast<int64_t>(in.partial.size()) != t.numel()) {
+  const int64_t partial_size = TileRulePartialSize(plan, o, t.numel(), block);
+  if (blocks > 0 && !in.partial.empty() &&
+      static_cast<int64_t>(in.partial.size()) != partial_size) {
     return InvalidArgument(what + ": the partial sum has " + std::to_string(in.partial.size()) +
-                           " floats, the tile " + std::to_string(t.numel()));
+                           " floats, block " + std::to_string(block) + "'s " +
+                           std::to_string(partial_size));
   }
   if ((blocks == 0 || block == 0) && !in.partial.empty()) {
     return InvalidArgument(what + ": block 0 starts from the chain's start; no partial sum");
@@ -1197,6 +1289,78 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       out = std::move(acc);
       break;
     }
+    case TileOpKind::kTileOpEmbedding: {
+      // model.cc: EmbeddingForward copies the rows (no rounding), ResidualForward adds them.
+      internal::FpEnvGuard fp_guard;
+      const int64_t T = o.conv[0];
+      const std::vector<float> wte = dense(o.x, 0, plan.classes, t.c0, t.c1);  // (V, K)
+      const std::vector<float> wpe = dense(o.w, 0, T, t.c0, t.c1);             // (T, K)
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t tok = in.tokens[static_cast<size_t>(r)], pos = (t.r0 + r) % T;
+        for (int64_t c = 0; c < K; ++c) {
+          out[static_cast<size_t>(r * K + c)] =
+              wte[static_cast<size_t>(tok * K + c)] + wpe[static_cast<size_t>(pos * K + c)];
+        }
+      }
+      break;
+    }
+    case TileOpKind::kTileOpEmbeddingGrad: {
+      // wte: the tied head's dW chain (kernels.h: fma(dlogits[n, v], ln_f[n, c], acc) over n
+      // from 0; then the zeroed gradient's 0 + acc), then EmbeddingBackward's: for each row v
+      // some token hits, acc = the chain over n of acc + dres[n, c] for tokens[n] == v, from 0,
+      // and grad += acc. wpe: the same by position on a zeroed gradient. A row nothing hits
+      // keeps its value, which is what + 0 gives: neither the head's 0 + acc nor a chain from +0
+      // can be -0.
+      internal::FpEnvGuard fp_guard;
+      const int64_t nb = TileRuleRowBlocks(plan.batch), n = t.numel();
+      const bool head = o.b >= 0;
+      if (head && block < nb) {
+        const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+        std::vector<float> acc = in.partial.empty() ? out : in.partial;
+        const std::vector<float> d = dense(o.b, b0, b1, t.r0, t.r1);  // (NB, R)
+        const std::vector<float> x = dense(o.v, b0, b1, t.c0, t.c1);  // (NB, K)
+        for (int64_t vv = 0; vv < R; ++vv) {
+          for (int64_t c = 0; c < K; ++c) {
+            float a = acc[static_cast<size_t>(vv * K + c)];
+            for (int64_t b = 0; b < b1 - b0; ++b)
+              a = __builtin_fmaf(d[static_cast<size_t>(b * R + vv)],
+                                 x[static_cast<size_t>(b * K + c)], a);
+            acc[static_cast<size_t>(vv * K + c)] = a;
+          }
+        }
+        if (block + 1 < nb) {
+          out = std::move(acc);
+          break;
+        }
+        // The head's dW is done (0 + acc into the zeroed gradient); the embedding's own
+        // accumulator starts from 0.
+        out.assign(static_cast<size_t>(2 * n), 0.0f);
+        for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = 0.0f + acc[i];
+        break;
+      }
+      const int64_t T = o.conv[0];
+      const auto [b0, b1] = TileRuleBlockRows(plan.batch, head ? block - nb : block);
+      std::vector<float> state = in.partial;
+      if (state.empty()) state.assign(static_cast<size_t>(n), 0.0f);
+      float* acc = state.data() + (head ? n : 0);
+      const std::vector<float> d = dense(o.x, b0, b1, t.c0, t.c1);  // (NB, K)
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t id = o.conv[1] == 1 ? in.tokens[static_cast<size_t>(b - b0)] : b % T;
+        if (id < t.r0 || id >= t.r1) continue;
+        for (int64_t c = 0; c < K; ++c) {
+          float& a = acc[(id - t.r0) * K + c];
+          a = a + d[static_cast<size_t>((b - b0) * K + c)];
+        }
+      }
+      if (block + 1 < blocks) {
+        out = std::move(state);
+        break;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        out[static_cast<size_t>(i)] = (head ? state[static_cast<size_t>(i)] : 0.0f) + acc[i];
+      }
+      break;
+    }
     case TileOpKind::kTileOpAdamW:
     case TileOpKind::kTileOpSgd: {
       std::vector<float> w = dense(o.x, t.r0, t.r1, t.c0, t.c1);
@@ -1261,6 +1425,11 @@ TileInputs GatherTileInputs(const TilePlan& plan, const TileFootprint& fp, const
                                    plan.ops[static_cast<size_t>(r.op)].grid, r.tile));
   }
   for (int64_t row : fp.batch_rows) {
+    if (plan.tokens) {
+      in.tokens.push_back(batch.tokens[static_cast<size_t>(row)]);
+      in.y.push_back(batch.targets[static_cast<size_t>(row)]);
+      continue;
+    }
     const float* x = batch.inputs.data() + row * plan.input_size;
     in.x.emplace_back(x, x + plan.input_size);
     in.y.push_back(batch.targets[static_cast<size_t>(row)]);

@@ -547,8 +547,11 @@ TEST(TileRuleTest, TheCnnsCoveredOperatorsRecomputeAndTheRestIsOpaque) {
 // on every fast path, every tile of every covered operator (the linears, layernorms, attention
 // (tiles spanning two heads of 20 columns, and two sequences of 24 rows), gelus and residual
 // adds; ln_f and the LM head; the backward's head input gradient, ln_f's backward and the linears'
-// weight and bias gradients, chained block by block; the update) recomputes from its footprint to
-// the traced bits, and the rest (embeddings, the token loss, the rest of the backward) is opaque.
+// weight and bias gradients, chained block by block; the token embeddings (encoded: tiles of
+// rows of two sequences, whose positions wrap), the token loss and its gradient, wte's gradient
+// (the tied head's dW chain, then the rows by token) and wpe's (the rows by position), both
+// chained block by block; the update) recomputes from its footprint to the traced bits, and the
+// rest (the attention backward, qkv.grad) is opaque.
 constexpr char kSmallGpt[] = R"(
 [task]
 name = "tile-gpt"
@@ -602,12 +605,15 @@ void ExpectEveryCoveredGptTileRecomputes() {
     }
     ++covered;
     ++kinds[op.kind];
-    // The parameter gradients are reductions over the 48 rows: two blocks of 32, chained.
+    // The parameter gradients are reductions over the 48 rows: two blocks of 32, chained (wte's
+    // twice: the tied head's chain, then the embedding's).
     const bool reduction = op.kind == TileOpKind::kTileOpLinearWeightGrad ||
                            op.kind == TileOpKind::kTileOpLinearBiasGrad ||
                            op.kind == TileOpKind::kTileOpLayerNormWeightGrad ||
-                           op.kind == TileOpKind::kTileOpLayerNormBiasGrad;
-    ASSERT_EQ(ReductionBlocks(*plan, jj), reduction ? 2 : 0) << op.name;
+                           op.kind == TileOpKind::kTileOpLayerNormBiasGrad ||
+                           op.kind == TileOpKind::kTileOpEmbeddingGrad;
+    const int64_t want_blocks = op.name == "transformer.wte.weight.grad" ? 4 : 2;
+    ASSERT_EQ(ReductionBlocks(*plan, jj), reduction ? want_blocks : 0) << op.name;
     for (int64_t t = 0; t < op.grid.count(); ++t) {
       if (reduction) {
         Result<std::vector<std::vector<float>>> chain =
@@ -634,8 +640,13 @@ void ExpectEveryCoveredGptTileRecomputes() {
   // attention's (qkv.grad): the input gradients of its four linears and of its gelu, the two
   // layernorms' input gradients added into the residual gradients (residual3.grad,
   // residual.grad), the four linears' and the two layernorms' weight and bias gradients (19); and
-  // the (unclipped) update of each of the 28 parameters.
-  EXPECT_EQ(covered, 2 * 11 + 2 + 1 + 3 + 2 * 19 + 28);
+  // the (unclipped) update of each of the 28 parameters; encoded, the loss, logits.grad, and
+  // wte's and wpe's gradients.
+  EXPECT_EQ(covered, 2 * 11 + 2 + 1 + 3 + 2 * 19 + 28 + 5);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpEmbedding], 1);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpEmbeddingGrad], 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLoss], 1);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLossGrad], 1);
   EXPECT_EQ(kinds[TileOpKind::kTileOpGeluInputGrad], 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpLayerNormInputGrad], 1 + 2 * 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpLayerNormWeightGrad], 1 + 2 * 2);
@@ -775,7 +786,13 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
         std::string("transformer.h.0.mlp.c_fc.weight.grad"),
         std::string("transformer.h.0.mlp.c_fc.bias.grad"),
         "transformer.h." + std::to_string(L) + ".mlp.c_proj.weight.grad",
-        "transformer.h." + std::to_string(L) + ".mlp.c_proj.bias.grad"}) {
+        "transformer.h." + std::to_string(L) + ".mlp.c_proj.bias.grad",
+        // The token operators: encoded (the rows' tokens, wte's column strip over the 172
+        // rows, wpe's rows), the token loss and its gradient (the logits rows and their targets),
+        // wte's gradient (the tied head's chain over the rows, then the rows by token) and
+        // wpe's (by position).
+        std::string("encoded"), std::string("loss"), std::string("logits.grad"),
+        std::string("transformer.wte.weight.grad"), std::string("transformer.wpe.weight.grad")}) {
     int64_t j = -1;
     for (size_t i = 0; i < plan->ops.size(); ++i) {
       if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
@@ -823,11 +840,11 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     EXPECT_LE(footprint_floats * 4, 200 * 1024) << name;
   }
   EXPECT_GT(checked, 1000);
-  // Everything else is opaque, with a reason: 264 of its 275 computed operators are covered (per
+  // Everything else is opaque, with a reason: 269 of its 275 computed operators are covered (per
   // layer 4 linears, 2 layernorms, att and atty, a gelu and 2 residual adds, and its backward
   // but the attention's: 19; ln_f and the LM head, the head's input gradient and ln_f's backward
-  // (3); the global norm's two operators and the clipped update of each of the 76 parameters).
-  // Opaque: encoded, the loss and logits.grad, wte's and wpe's gradients, each layer's qkv.grad.
+  // (3); the global norm's two operators and the clipped update of each of the 76 parameters;
+  // encoded, the loss, logits.grad, wte's and wpe's gradients). Opaque: each layer's qkv.grad.
   int64_t computed = 0, covered = 0;
   for (const TileOp& op : plan->ops) {
     if (op.kind == TileOpKind::kTileOpState) continue;
@@ -839,7 +856,7 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     }
   }
   EXPECT_EQ(computed, 275);
-  EXPECT_EQ(covered, 6 * 11 + 6 * 19 + 2 + 1 + 3 + 2 + 76);
+  EXPECT_EQ(covered, 6 * 11 + 6 * 19 + 2 + 1 + 3 + 2 + 76 + 5);
 }
 
 }  // namespace tile_rule_test

@@ -140,6 +140,11 @@ enum class TileOpKind : uint8_t {
                                // gradient it adds into (-1: a zeroed one)
   kTileOpLayerNormWeightGrad,  // x = dout, w = the layernorm's input; reduction over the rows
   kTileOpLayerNormBiasGrad,    // x = dout; reduction over the rows
+  kTileOpEmbedding,            // encoded = wte[token] + wpe[position]: x = wte, w = wpe (conv: T)
+  kTileOpEmbeddingGrad,        // wte / wpe gradient: x = the residual gradient entering the first
+                         // layer; conv: T, 1 (rows by token, wte) or 0 (rows by position, wpe);
+                         // wte also b = logits.grad, v = ln_f (the tied head's dW, chained
+                         // first); a reduction over the rows
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
@@ -167,8 +172,12 @@ struct TileOp {
 struct TilePlan {
   std::vector<TileOp> ops;
   int64_t batch = 0;       // B (a GPT: B x T, the rows of its activations)
-  int64_t input_size = 0;  // floats of one example
+  int64_t input_size = 0;  // floats of one example (0 for a GPT: its rows read tokens)
   int64_t classes = 0;
+  // A GPT: the batch operand's rows are tokens (TileInputs::tokens, y the targets), in sequences
+  // of seq_len.
+  bool tokens = false;
+  int64_t seq_len = 0;
   OptimizerSpec optimizer;
 };
 
@@ -212,6 +221,9 @@ struct TileInputs {
   std::vector<std::vector<float>> tiles;  // tiles[i]: footprint.tiles[i]'s values (ExtractTile)
   std::vector<std::vector<float>> x;      // x[i], y[i]: the example at footprint.batch_rows[i]
   std::vector<int32_t> y;
+  // A token plan (TilePlan::tokens): the input token of each footprint.batch_rows[i] (x is
+  // empty; y holds the targets).
+  std::vector<int32_t> tokens;
   // A reduction op: the partial accumulator S_block of the tile (empty for block 0: zeros).
   std::vector<float> partial;
 };
