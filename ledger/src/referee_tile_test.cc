@@ -116,6 +116,7 @@ struct Setup {
   TileRuleContext ctx;
   const engine::ClassificationData* train = nullptr;  // the examples witnesses read (or none)
   const engine::DataTree* tree = nullptr;
+  const engine::TokenPageTree* pages = nullptr;  // a token task's pages (or none)
 };
 
 TileRuleContext ContextOf(Trainer& tr, uint64_t num_examples, const Hash256& data_root) {
@@ -150,7 +151,8 @@ const Setup& FashionSetup() {
   return *setup;
 }
 
-// examples/code-gpt-10m.toml (10.8M parameters, the code corpus) at one sequence of 256 tokens.
+// examples/code-gpt-10m.toml (10.8M parameters, the code corpus) at one sequence of 256 tokens,
+// its data root over the train stream's token pages.
 const Setup& GptSetup() {
   static const Setup* setup = [] {
     auto* s = new Setup;
@@ -167,7 +169,9 @@ const Setup& GptSetup() {
       CHECK(tr.ok()) << tr.status().ToString();
       return std::move(*tr);
     };
-    s->ctx = ContextOf(*s->make(), 0, Hash256{});  // a token task: no example is read
+    s->pages = new engine::TokenPageTree(shared->second.train_tokens.tokens);
+    s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(s->pages->num_tokens()),
+                       s->pages->root());
     return s;
   }();
   return *setup;
@@ -418,7 +422,8 @@ Move Answer(const PartyRun& run, const DisputeQuery& q) {
 TileWitness BuildWitness(const PartyRun& run, const RefereeTask& task) {
   const StepRecord& r = run.steps.at(task.step);
   Result<TileWitness> w =
-      BuildTileWitness(Context(), task, *r.trace, r.batch, g_setup->train, g_setup->tree);
+      BuildTileWitness(Context(), task, *r.trace, r.batch, g_setup->train, g_setup->tree,
+                       g_setup->pages);
   CHECK(w.ok()) << w.status().ToString();
   return std::move(*w);
 }
@@ -702,6 +707,26 @@ TEST(TileDisputeTest, OnThe10mGptALieAtAGradientTileLosesToTheTileRule) {
       {LieKind::kTile, "transformer.h.5.mlp.c_proj.bias.grad", 0, 7, 4},
   };
   ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT gradients");
+}
+
+// The 10M GPT's token operators, their batch rows' tokens proven by the pages of the train stream
+// that hold them (the task's data root): encoded (the rows' tokens, wte's column strip, wpe's
+// rows), the token loss and its gradient (the logits rows, their targets), wte's gradient (the
+// tied head's dW chain over the rows, blocks 0-7, then the rows by token, blocks 8-15) and wpe's
+// (the rows by position; block 2 holds positions 64-95).
+TEST(TileDisputeTest, OnThe10mGptALieAtATokenOperatorLosesToTheTileRule) {
+  g_setup = &GptSetup();
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "encoded", 100, 200},
+      {LieKind::kTile, "loss", 77, 0},
+      {LieKind::kTile, "logits.grad", 200, 100},
+      {LieKind::kTile, "transformer.wte.weight.grad", 50, 100, 3},   // the head's chain
+      {LieKind::kTile, "transformer.wte.weight.grad", 50, 100, 11},  // the rows by token
+      {LieKind::kTile, "transformer.wte.weight.grad", 171, 383, 15},
+      {LieKind::kTile, "transformer.wpe.weight.grad", 70, 5, 2},
+      {LieKind::kTile, "transformer.wpe.weight.grad", 255, 0, 0},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT token operators");
 }
 
 // A lazy party on the 10M GPT (clipping at 1.0, and the clip acts at the disputed step): it claims
@@ -994,9 +1019,16 @@ const Setup& ChainSetup() {
   return *setup;
 }
 
+// The chain's GPT task declares its data root over its token pages (data_page_tokens).
 const Setup& ChainGptSetup() {
-  static const Setup* setup = MakeChainSetup(ChainGptBundle(), &ChainGpt().data,
-                                             std::string(MESHLEARN_SOURCE_DIR) + "/examples");
+  static const Setup* setup = [] {
+    Setup* s = MakeChainSetup(ChainGptBundle(), &ChainGpt().data,
+                              std::string(MESHLEARN_SOURCE_DIR) + "/examples");
+    s->pages = new engine::TokenPageTree(ChainGpt().data.train_tokens.tokens);
+    s->ctx.num_examples = static_cast<uint64_t>(s->pages->num_tokens());
+    s->ctx.data_root = s->pages->root();
+    return s;
+  }();
   return *setup;
 }
 
@@ -1097,8 +1129,13 @@ class TileChainTest : public testing::FollowedChainFixture {
     p.batch_size = 128;
     p.num_examples = kExamples;
     p.verification_window_blocks = 12;
-    // A token task has no data root (its batches are not examples).
-    p.data_root = bundle_ == &ChainGptBundle() ? Hash256{} : Tree().root();
+    // A token task's data root is over its train stream's pages (its batches are not examples).
+    p.data_root = Tree().root();
+    if (bundle_ == &ChainGptBundle()) {
+      p.data_root = ChainGptSetup().pages->root();
+      p.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
+      p.num_examples = static_cast<uint64_t>(ChainGptSetup().pages->num_tokens());
+    }
     const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
     Transaction submit =
         Q(gina_, SubmitTaskTx{.spec_hash = BuildManifest(AsBytes(*bundle_)).id().hash,
@@ -1316,8 +1353,8 @@ class TileChainTest : public testing::FollowedChainFixture {
       Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), *bundle_, "test");
       EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
       const StepRecord& rec = honest.steps.at(task.step);
-      Result<TileWitness> w =
-          BuildTileWitness(*ctx, task, *rec.trace, rec.batch, &Data().train, &Tree());
+      Result<TileWitness> w = BuildTileWitness(*ctx, task, *rec.trace, rec.batch, &Data().train,
+                                               &Tree(), g_setup->pages);
       EXPECT_TRUE(w.ok()) << w.status().ToString();
       const Bytes encoded = EncodeTileWitness(*w);
       bytes = encoded.size();
@@ -1401,13 +1438,22 @@ TEST_P(TileChainLieTest, OnTheFashionCnnANarrowedLinearBlockIsRuledOnChain) {
   PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 40, 100, 3}), GetParam(), true);
 }
 
-// The 10M GPT (a token task, so no data root: its covered operators read no example) through the
-// same transactions: a lie at a qkv tile, the liar the solver, ruled by RefereeTile. Slow (two
-// traced runs of 4 steps of 10.8M parameters).
+// The 10M GPT (a token task, its data root over its token pages) through the same transactions:
+// a lie at a qkv tile, the liar the solver, ruled by RefereeTile. Slow (two traced runs of 4 steps
+// of 10.8M parameters).
 TEST_F(TileChainTest, OnThe10mGptALinearTileIsRuledOnChain) {
   UseGpt();
   const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "h.0.qkv", 100, 500}), true, true);
   EXPECT_GT(bytes, 0u);
+}
+
+// A lie at the 10M GPT's token embeddings: the witness carries the pages of the train stream
+// holding the tile's 32 tokens, proven against the task's data root; ruled by RefereeTile.
+TEST_F(TileChainTest, OnThe10mGptATokenEmbeddingTileIsRuledOnChain) {
+  UseGpt();
+  const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "encoded", 40, 300}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
 }
 
 // Lies at the 10M GPT's gradients through the same transactions (one game a ledger): a
@@ -1462,6 +1508,28 @@ TEST(TileContextTest, AGptWithoutItsVocabularySizeIsRefusedByName) {
   t.spec_hash = BuildManifest(AsBytes(named)).id().hash;
   Result<TileRuleContext> ok = TileContextOf(t, u, named, "reveal verdict: bundle");
   EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+  // Without a data root over its token pages, the operators reading the batch's tokens are opaque
+  // (their disputes play the whole step); with one, covered. wpe's gradient reads positions only.
+  auto kind_of = [](const TileRuleContext& c, const std::string& name) {
+    for (const engine::TileOp& op : c.plan.ops) {
+      if (op.name == name) return op.kind;
+    }
+    ADD_FAILURE() << "no operator " << name;
+    return engine::TileOpKind::kTileOpState;
+  };
+  const char* token_ops[] = {"encoded", "loss", "logits.grad", "transformer.wte.weight.grad"};
+  for (const char* name : token_ops) {
+    EXPECT_EQ(kind_of(*ok, name), engine::TileOpKind::kTileOpOpaque) << name;
+  }
+  EXPECT_EQ(kind_of(*ok, "transformer.wpe.weight.grad"), engine::TileOpKind::kTileOpEmbeddingGrad);
+  t.params.data_root = Blake2b("the token pages");
+  t.params.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
+  Result<TileRuleContext> pages = TileContextOf(t, u, named, "reveal verdict: bundle");
+  ASSERT_TRUE(pages.ok()) << pages.status().ToString();
+  EXPECT_EQ(pages->data_root, t.params.data_root);
+  for (const char* name : token_ops) {
+    EXPECT_NE(kind_of(*pages, name), engine::TileOpKind::kTileOpOpaque) << name;
+  }
 }
 
 // A bundle is the submitter's text: one declaring a model of 2^20 x 2^20 weights (4 TiB) must be

@@ -21,7 +21,21 @@
 //   attention out atty[(b, t), c]   the att rows (b, h, t) of the heads h of columns c (all T),
 //                                   and v of columns c of every row of sequence b;
 //   loss, loss gradient             the logits rows of the tile, the examples of those rows (their
-//                                   targets);
+//                                   targets; a GPT's: the rows' target tokens);
+//   encoded[r, c] (GPT)             the rows' tokens (batch rows: a token task proves them by the
+//                                   pages of its train stream holding them, step_replay.h's
+//                                   TokenPageTree), wte's whole column strip c (all V rows: the
+//                                   footprint cannot know which rows the tokens pick; 4 V 32
+//                                   bytes, 22 KiB at V = 172) and wpe's rows of the positions
+//                                   r % T;
+//   wte, wpe gradients dW[v, c] (GPT) NARROWED like dW: wte's chain first runs the tied head's dW
+//                                   (blocks 0..K-1: logits.grad's and ln_f's rows of the block,
+//                                   then the head's 0 + sum), then EmbeddingBackward's row sums by
+//                                   token (blocks K..2K-1: the block's rows of the residual
+//                                   gradient entering the first layer, columns c, and the rows'
+//                                   tokens; its partial sums carry the head's finished tile and
+//                                   the embedding's own accumulator, added once at the end); wpe's
+//                                   the row sums by position r % T (K blocks, no tokens);
 //   linear input gradient dX[r, c]  rows r of the output gradient (all OC) and columns c of the
 //                                   weight (all OC); above OC = 1024 its chain over o is narrowed
 //                                   into blocks of 256 (the GPT's ln2.grad, ln1.grad);
@@ -74,21 +88,22 @@
 // Covered today: in sequential models, linear, relu, gelu, conv2d and maxpool2d layers' outputs
 // (all of the fashion MLP; the fashion CNN's linear head and relus), with AdamW or SGD, clipped
 // or not (a clipped step commits its global gradient norm as the two operators above, between
-// the gradients and the update); in a GPT, the forward but for the embeddings: the linear
-// operators (qkv, attention projection, MLP up and down projections, the tied LM head), the
-// layernorms (ln1, ln2, ln_f), attention (att, atty), the MLP's gelu and the residual adds
-// (residual2, residual3); the backward but for the attention's and the embeddings': the linears'
-// input gradients (ln_f.grad through the tied head, fch_gelu.grad, ln2.grad, atty.grad,
-// ln1.grad), the gelu's (fch.grad), the layernorms' input gradients added into the residual
-// gradient (residual.grad, residual3.grad), every linear's and layernorm's weight and bias
-// gradient; and the (clipped) update of every parameter: 264 of the 10M GPT's 275 computed
-// operators. Every other operator is in the plan with its name and grid but is opaque
-// (kTileOpOpaque: Footprint refuses it, naming why): the conv2d and maxpool2d gradients, dropout
-// and layernorm layers, the GPT's token embeddings (encoded) and their gradients (wte, wpe), the
-// token loss and its gradient, and the attention backward (qkv.grad: a key's gradient sums over
-// every later query of the sequence, through the softmax backward; not done). The opaque
-// gradients do not keep the norm and the update from being ruled: both read gradients only as
-// agreed inputs.
+// the gradients and the update); in a GPT, the whole forward: the token embeddings (encoded), the
+// linear operators (qkv, attention projection, MLP up and down projections, the tied LM head),
+// the layernorms (ln1, ln2, ln_f), attention (att, atty), the MLP's gelu, the residual adds
+// (residual2, residual3) and the token loss; the backward but for the attention's: logits.grad,
+// the linears' input gradients (ln_f.grad through the tied head, fch_gelu.grad, ln2.grad,
+// atty.grad, ln1.grad), the gelu's (fch.grad), the layernorms' input gradients added into the
+// residual gradient (residual.grad, residual3.grad), every linear's and layernorm's weight and
+// bias gradient, wte's and wpe's; and the (clipped) update of every parameter: 269 of the 10M
+// GPT's 275 computed operators. Every other operator is in the plan with its name and grid but is
+// opaque (kTileOpOpaque: Footprint refuses it, naming why): the conv2d and maxpool2d gradients,
+// dropout and layernorm layers, and the GPT's attention backward (qkv.grad: a key's gradient
+// sums over every later query of the sequence, through the softmax backward; not done). The
+// opaque gradients do not keep the norm and the update from being ruled: both read gradients
+// only as agreed inputs. A GPT plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens
+// and y, the targets); the ledger makes the operators reading them opaque for a token task
+// without a data root over its pages (ledger/referee_tile.h, TokenOpsOpaque).
 // PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
 //
 //   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size));
