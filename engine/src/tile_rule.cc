@@ -140,6 +140,18 @@ void ForEachSequenceSpan(int64_t r0, int64_t r1, int64_t T, F&& fn) {
   }
 }
 
+// The columns [c0, c1) of a qkv-shaped (3C wide) tensor cut by part (0 q, 1 k, 2 v) and head:
+// fn(part, h, i0, i1) for each piece, i the column inside the head.
+template <typename F>
+void ForEachHeadSegment(int64_t c0, int64_t c1, int64_t C, int64_t hs, F&& fn) {
+  for (int64_t c = c0; c < c1;) {
+    const int64_t part = c / C, h = (c % C) / hs;
+    const int64_t end = std::min(c1, part * C + (h + 1) * hs);
+    fn(part, h, c - part * C - h * hs, end - part * C - h * hs);
+    c = end;
+  }
+}
+
 // One gradient's share of "grad_norm.blocks": its operator, the index of its first block partial
 // and how many it has (one per kSumBlock elements, the last cut short).
 struct TileRuleSquareRange {
@@ -250,19 +262,14 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     }
   };
   if (model.kind == "gpt") {
-    // model.cc's GptModel: Forward, Backward, then the gradients, in its trace order. Its forward
-    // operators but the embeddings are covered; the rest is opaque until it has a footprint.
+    // model.cc's GptModel: Forward, Backward, then the gradients, in its trace order. Every
+    // operator has a footprint (a parameter the plan does not know would stay opaque).
     const GptSpec& g = model.gpt;
     const int64_t T = seq_len > 0 ? seq_len : g.block_size;
     const int64_t N = batch * T, C = g.n_embd, V = g.vocab_size;
     plan.batch = N;
     plan.tokens = true;
     plan.seq_len = T;
-    auto opaque = [&](const std::string& name, int64_t rows, int64_t cols, const char* why) {
-      TileOp op{name, TileOpKind::kTileOpOpaque, TileGrid::For(rows, cols), {rows, cols}};
-      op.opaque = why;
-      return add(std::move(op));
-    };
     auto linear = [&](const std::string& name, int64_t x, int64_t out, int64_t param) {
       TileOp op{name, TileOpKind::kTileOpLinear, TileGrid::For(N, out), {N, out}};
       op.x = x;
@@ -359,7 +366,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     // Each layer as BackwardPart runs it (kernels on zeroed buffers): the down projection's dX,
     // the gelu's, the up projection's dX, ln2's backward added into the residual gradient
     // (ResidualBackward's 0 + the gradient entering the layer), the attention projection's dX
-    // (from dattproj = 0 + residual3.grad), the attention backward (opaque), qkv's dX, and ln1's
+    // (from dattproj = 0 + residual3.grad), the attention backward, qkv's dX, and ln1's
     // backward added into 0 + residual3.grad.
     for (int64_t l = g.n_layer; l-- > 0;) {
       const std::string p = "h." + std::to_string(l) + ".";
@@ -374,8 +381,16 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       dln2[ls] = input_grad(p + "ln2.grad", C, dfch[ls], base + 8);
       dres2[ls] = ln_input_grad(p + "residual3.grad", dln2[ls], index.at(p + "ln2"), base + 6,
                                 dres_in[ls + 1]);
-      input_grad(p + "atty.grad", C, dres2[ls], base + 4);
-      dqkv[ls] = opaque(p + "qkv.grad", N, 3 * C, "the attention backward: no footprint yet");
+      const int64_t datty = input_grad(p + "atty.grad", C, dres2[ls], base + 4);
+      TileOp attb{p + "qkv.grad",
+                  TileOpKind::kTileOpAttentionBackward,
+                  TileGrid::For(N, 3 * C),
+                  {N, 3 * C}};
+      attb.x = datty;
+      attb.w = index.at(p + "qkv");
+      attb.b = index.at(p + "att");
+      attb.conv = {T, g.n_head, C};
+      dqkv[ls] = add(std::move(attb));
       dln1[ls] = input_grad(p + "ln1.grad", C, dqkv[ls], base + 2);
       dres_in[ls] =
           ln_input_grad(p + "residual.grad", dln1[ls], index.at(p + "ln1"), base, dres2[ls]);
@@ -609,6 +624,9 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   if (o.kind == TileOpKind::kTileOpEmbeddingGrad) {
     return (o.b >= 0 ? 2 : 1) * TileRuleRowBlocks(plan.batch);
   }
+  // The attention backward: every element a chain over the sequence's T positions (keys for dq,
+  // queries for dk and dv), in blocks of 32.
+  if (o.kind == TileOpKind::kTileOpAttentionBackward) return TileRuleRowBlocks(o.conv[0]);
   if (!TileRuleIsReduction(o.kind)) return 0;
   return (plan.batch + kTileRows - 1) / kTileRows;
 }
@@ -707,6 +725,35 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       const auto [b0, b1] = TileRuleBlockRows(plan.batch, o.b >= 0 ? block - nb : block);
       if (o.conv[1] == 1) TileRuleCover(plan, kTileOperandBatch, b0, b1, 0, 0, fp);
       TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
+      break;
+    }
+    case TileOpKind::kTileOpAttentionBackward: {
+      // kernels_ref.cc's AttentionBackward, per sequence b and head h, positions [k0, k1) of the
+      // block: dv[t2, i] chains att[t, t2] dout[t, i] over t; dq[t, i] chains dP[t, t2] k[t2, i]
+      // over t2; dk[t2, i] chains dP[t, t2] q[t, i] over t; dP[t, .] = att[t, .] (dA[t, .] -
+      // s_t) needs the whole row t of att and of dA = dout[t, :] . v[t2, :] (all t2). So: v's
+      // dout and att columns of the block's rows; q's whole att rows and dout rows of its own
+      // positions, v of the whole sequence, k of the block's rows; k's the same for the block's
+      // rows, and q of the block's rows.
+      const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      const int64_t k0 = block * kTileRows, k1 = std::min(T, k0 + kTileRows);
+      ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t p0, int64_t p1) {
+        const int64_t base = b * T;
+        ForEachHeadSegment(t.c0, t.c1, C, hs, [&](int64_t part, int64_t h, int64_t i0, int64_t i1) {
+          const int64_t arow = (b * NH + h) * T, hc = h * hs;
+          if (part == 2) {
+            TileRuleCover(plan, o.b, arow + k0, arow + k1, p0, p1, fp);
+            TileRuleCover(plan, o.x, base + k0, base + k1, hc + i0, hc + i1, fp);
+            return;
+          }
+          const int64_t r0 = part == 0 ? p0 : k0, r1 = part == 0 ? p1 : k1;
+          TileRuleCover(plan, o.b, arow + r0, arow + r1, 0, T, fp);
+          TileRuleCover(plan, o.x, base + r0, base + r1, hc, hc + hs, fp);
+          TileRuleCover(plan, o.w, base, base + T, 2 * C + hc, 2 * C + hc + hs, fp);
+          const int64_t other = part == 0 ? C : 0;  // q reads k of the block, k reads q
+          TileRuleCover(plan, o.w, base + k0, base + k1, other + hc + i0, other + hc + i1, fp);
+        });
+      });
       break;
     }
     case TileOpKind::kTileOpLayerNorm:
@@ -821,7 +868,8 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
   // where it first appears.
   const bool attention =
       o.kind == TileOpKind::kTileOpAttention || o.kind == TileOpKind::kTileOpAttentionOut ||
-      o.kind == TileOpKind::kTileOpEmbedding || o.kind == TileOpKind::kTileOpGradSquareBlocks;
+      o.kind == TileOpKind::kTileOpEmbedding || o.kind == TileOpKind::kTileOpAttentionBackward ||
+      o.kind == TileOpKind::kTileOpGradSquareBlocks;
   for (size_t i = 1; attention && i < fp.tiles.size();) {
     if (std::find(fp.tiles.begin(), fp.tiles.begin() + static_cast<int64_t>(i), fp.tiles[i]) !=
         fp.tiles.begin() + static_cast<int64_t>(i)) {
@@ -1287,6 +1335,101 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         for (float& a : acc) a = 0.0f + a;  // dweight / dbias (zeroed) += acc
       }
       out = std::move(acc);
+      break;
+    }
+    case TileOpKind::kTileOpAttentionBackward: {
+      // kernels_ref.cc's AttentionBackward, element by element, over the block's positions of
+      // each chain (continued from the agreed partial); after the last block the kernel's
+      // "dqkv += acc" (v) or "+= acc * scale" (q, k) on a zeroed gradient.
+      internal::FpEnvGuard fp_guard;
+      const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
+      const int64_t k0 = block * kTileRows, k1 = std::min(T, k0 + kTileRows), nk = k1 - k0;
+      std::vector<float> acc = in.partial.empty() ? out : in.partial;
+      std::vector<int8_t> part_of(static_cast<size_t>(t.numel()), 0);
+      // Columns [c0, c1) of row tt of dP, from the whole row tt of att (a) and of dout (g), and
+      // v of the whole sequence (T x hs).
+      auto dp_row = [&](const float* a, const float* g, const std::vector<float>& v, int64_t tt,
+                        int64_t c0, int64_t c1, float* dp) {
+        std::vector<float> da(static_cast<size_t>(T));
+        for (int64_t t2 = 0; t2 < T; ++t2) {
+          float d = 0.0f;
+          for (int64_t i = 0; i < hs; ++i) d = __builtin_fmaf(g[i], v[t2 * hs + i], d);
+          da[static_cast<size_t>(t2)] = t2 <= tt ? d : 0.0f;
+        }
+        float s = 0.0f;
+        for (int64_t t2 = 0; t2 < T; ++t2) s = __builtin_fmaf(a[t2], da[t2], s);
+        for (int64_t t2 = c0; t2 < c1; ++t2) {
+          dp[t2 - c0] = t2 <= tt ? a[t2] * (da[static_cast<size_t>(t2)] - s) : 0.0f;
+        }
+      };
+      ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t p0, int64_t p1) {
+        const int64_t base = b * T, np = p1 - p0;
+        ForEachHeadSegment(t.c0, t.c1, C, hs, [&](int64_t part, int64_t h, int64_t i0, int64_t i1) {
+          const int64_t arow = (b * NH + h) * T, hc = h * hs, ni = i1 - i0;
+          auto at = [&](int64_t p, int64_t i) {
+            const size_t e = static_cast<size_t>((base + p - t.r0) * K + part * C + hc + i - t.c0);
+            part_of[e] = static_cast<int8_t>(part);
+            return e;
+          };
+          if (part == 2) {
+            const std::vector<float> a = dense(o.b, arow + k0, arow + k1, p0, p1);  // (nk, np)
+            const std::vector<float> g = dense(o.x, base + k0, base + k1, hc + i0, hc + i1);
+            for (int64_t p = p0; p < p1; ++p) {
+              for (int64_t i = i0; i < i1; ++i) {
+                float& x = acc[at(p, i)];
+                for (int64_t tt = 0; tt < nk; ++tt) {
+                  x = __builtin_fmaf(a[static_cast<size_t>(tt * np + p - p0)],
+                                     g[static_cast<size_t>(tt * ni + i - i0)], x);
+                }
+              }
+            }
+            return;
+          }
+          const int64_t r0 = part == 0 ? p0 : k0, r1 = part == 0 ? p1 : k1;
+          const std::vector<float> a = dense(o.b, arow + r0, arow + r1, 0, T);  // (rows, T)
+          const std::vector<float> g = dense(o.x, base + r0, base + r1, hc, hc + hs);
+          const std::vector<float> v = dense(o.w, base, base + T, 2 * C + hc, 2 * C + hc + hs);
+          const int64_t other = part == 0 ? C : 0;
+          const std::vector<float> kq =
+              dense(o.w, base + k0, base + k1, other + hc + i0, other + hc + i1);  // (nk, ni)
+          if (part == 0) {  // dq[p, i]: over the block's keys t2
+            std::vector<float> dp(static_cast<size_t>(nk));
+            for (int64_t p = p0; p < p1; ++p) {
+              dp_row(a.data() + (p - p0) * T, g.data() + (p - p0) * hs, v, p, k0, k1, dp.data());
+              for (int64_t i = i0; i < i1; ++i) {
+                float& x = acc[at(p, i)];
+                for (int64_t t2 = 0; t2 < nk; ++t2) {
+                  x = __builtin_fmaf(dp[static_cast<size_t>(t2)],
+                                     kq[static_cast<size_t>(t2 * ni + i - i0)], x);
+                }
+              }
+            }
+            return;
+          }
+          // dk[p, i]: over the block's queries t, dP[t, p] from row t.
+          std::vector<float> dp(static_cast<size_t>(nk * np));
+          for (int64_t tt = 0; tt < nk; ++tt) {
+            dp_row(a.data() + tt * T, g.data() + tt * hs, v, k0 + tt, p0, p1, dp.data() + tt * np);
+          }
+          for (int64_t p = p0; p < p1; ++p) {
+            for (int64_t i = i0; i < i1; ++i) {
+              float& x = acc[at(p, i)];
+              for (int64_t tt = 0; tt < nk; ++tt) {
+                x = __builtin_fmaf(dp[static_cast<size_t>(tt * np + p - p0)],
+                                   kq[static_cast<size_t>(tt * ni + i - i0)], x);
+              }
+            }
+          }
+        });
+      });
+      if (block + 1 < blocks) {
+        out = std::move(acc);
+        break;
+      }
+      for (size_t e = 0; e < acc.size(); ++e) {
+        out[e] = part_of[e] == 2 ? 0.0f + acc[e] : 0.0f + acc[e] * scale;
+      }
       break;
     }
     case TileOpKind::kTileOpEmbedding: {

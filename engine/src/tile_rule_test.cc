@@ -550,8 +550,9 @@ TEST(TileRuleTest, TheCnnsCoveredOperatorsRecomputeAndTheRestIsOpaque) {
 // weight and bias gradients, chained block by block; the token embeddings (encoded: tiles of
 // rows of two sequences, whose positions wrap), the token loss and its gradient, wte's gradient
 // (the tied head's dW chain, then the rows by token) and wpe's (the rows by position), both
-// chained block by block; the update) recomputes from its footprint to the traced bits, and the
-// rest (the attention backward, qkv.grad) is opaque.
+// chained block by block; the attention backward (qkv.grad: tiles of q, k and v columns of two
+// heads and two sequences); the update) recomputes from its footprint to the traced bits:
+// every computed operator is covered.
 constexpr char kSmallGpt[] = R"(
 [task]
 name = "tile-gpt"
@@ -611,8 +612,12 @@ void ExpectEveryCoveredGptTileRecomputes() {
                            op.kind == TileOpKind::kTileOpLinearBiasGrad ||
                            op.kind == TileOpKind::kTileOpLayerNormWeightGrad ||
                            op.kind == TileOpKind::kTileOpLayerNormBiasGrad ||
-                           op.kind == TileOpKind::kTileOpEmbeddingGrad;
-    const int64_t want_blocks = op.name == "transformer.wte.weight.grad" ? 4 : 2;
+                           op.kind == TileOpKind::kTileOpEmbeddingGrad ||
+                           op.kind == TileOpKind::kTileOpAttentionBackward;
+    // (The attention backward's chains run over a sequence's 24 positions: one block.)
+    const int64_t want_blocks = op.name == "transformer.wte.weight.grad"          ? 4
+                                : op.kind == TileOpKind::kTileOpAttentionBackward ? 1
+                                                                                  : 2;
     ASSERT_EQ(ReductionBlocks(*plan, jj), reduction ? want_blocks : 0) << op.name;
     for (int64_t t = 0; t < op.grid.count(); ++t) {
       if (reduction) {
@@ -642,7 +647,8 @@ void ExpectEveryCoveredGptTileRecomputes() {
   // residual.grad), the four linears' and the two layernorms' weight and bias gradients (19); and
   // the (unclipped) update of each of the 28 parameters; encoded, the loss, logits.grad, and
   // wte's and wpe's gradients.
-  EXPECT_EQ(covered, 2 * 11 + 2 + 1 + 3 + 2 * 19 + 28 + 5);
+  EXPECT_EQ(covered, 2 * 11 + 2 + 1 + 3 + 2 * 20 + 28 + 5);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpAttentionBackward], 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpEmbedding], 1);
   EXPECT_EQ(kinds[TileOpKind::kTileOpEmbeddingGrad], 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpLoss], 1);
@@ -792,7 +798,10 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
         // wte's gradient (the tied head's chain over the rows, then the rows by token) and
         // wpe's (by position).
         std::string("encoded"), std::string("loss"), std::string("logits.grad"),
-        std::string("transformer.wte.weight.grad"), std::string("transformer.wpe.weight.grad")}) {
+        std::string("transformer.wte.weight.grad"), std::string("transformer.wpe.weight.grad"),
+        // The attention backward: q's, k's and v's gradients, chains over the 256 positions in
+        // blocks of 32.
+        std::string("h.0.qkv.grad"), "h." + std::to_string(L) + ".qkv.grad"}) {
     int64_t j = -1;
     for (size_t i = 0; i < plan->ops.size(); ++i) {
       if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
@@ -806,7 +815,8 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     const int64_t blocks = ReductionBlocks(*plan, j);
     EXPECT_EQ(blocks > 0, name.ends_with("fcproj") || name.starts_with("grad_norm") ||
                               name.ends_with("weight.grad") || name.ends_with("bias.grad") ||
-                              name.ends_with("ln1.grad") || name.ends_with("ln2.grad"))
+                              name.ends_with("ln1.grad") || name.ends_with("ln2.grad") ||
+                              name.ends_with("qkv.grad"))
         << name;
     for (int64_t t = 0; t < op.grid.count(); ++t) {
       for (int64_t k = 0; k < std::max<int64_t>(blocks, 1); ++k) {
@@ -840,11 +850,11 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     EXPECT_LE(footprint_floats * 4, 200 * 1024) << name;
   }
   EXPECT_GT(checked, 1000);
-  // Everything else is opaque, with a reason: 269 of its 275 computed operators are covered (per
-  // layer 4 linears, 2 layernorms, att and atty, a gelu and 2 residual adds, and its backward
-  // but the attention's: 19; ln_f and the LM head, the head's input gradient and ln_f's backward
-  // (3); the global norm's two operators and the clipped update of each of the 76 parameters;
-  // encoded, the loss, logits.grad, wte's and wpe's gradients). Opaque: each layer's qkv.grad.
+  // Every one of its 275 computed operators is covered (per layer 4 linears, 2 layernorms, att
+  // and atty, a gelu and 2 residual adds, and its backward: 20; ln_f and the LM head, the head's
+  // input gradient and ln_f's backward (3); the global norm's two operators and the clipped
+  // update of each of the 76 parameters; encoded, the loss, logits.grad, wte's and wpe's
+  // gradients).
   int64_t computed = 0, covered = 0;
   for (const TileOp& op : plan->ops) {
     if (op.kind == TileOpKind::kTileOpState) continue;
@@ -856,7 +866,8 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     }
   }
   EXPECT_EQ(computed, 275);
-  EXPECT_EQ(covered, 6 * 11 + 6 * 19 + 2 + 1 + 3 + 2 + 76 + 5);
+  EXPECT_EQ(covered, 6 * 11 + 6 * 20 + 2 + 1 + 3 + 2 + 76 + 5);
+  EXPECT_EQ(covered, computed);
 }
 
 }  // namespace tile_rule_test

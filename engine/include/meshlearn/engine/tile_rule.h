@@ -36,6 +36,14 @@
 //                                   tokens; its partial sums carry the head's finished tile and
 //                                   the embedding's own accumulator, added once at the end); wpe's
 //                                   the row sums by position r % T (K blocks, no tokens);
+//   attention backward qkv.grad[(b, t), c] (GPT) NARROWED: every element is a chain over the
+//                                   sequence's positions (keys for dq, queries for dk and dv), in
+//                                   blocks of 32; block k of a dv column reads the att columns of
+//                                   its positions and atty.grad of the block's rows; of a dq
+//                                   column, its whole att rows and atty.grad rows (dP's row sum),
+//                                   v of the whole sequence (dA) and k of the block's rows; of a
+//                                   dk column, the same for the block's rows and q of them. The
+//                                   backward's datt/dpreatt scratch is recomputed, not traced;
 //   linear input gradient dX[r, c]  rows r of the output gradient (all OC) and columns c of the
 //                                   weight (all OC); above OC = 1024 its chain over o is narrowed
 //                                   into blocks of 256 (the GPT's ln2.grad, ln1.grad);
@@ -91,17 +99,15 @@
 // the gradients and the update); in a GPT, the whole forward: the token embeddings (encoded), the
 // linear operators (qkv, attention projection, MLP up and down projections, the tied LM head),
 // the layernorms (ln1, ln2, ln_f), attention (att, atty), the MLP's gelu, the residual adds
-// (residual2, residual3) and the token loss; the backward but for the attention's: logits.grad,
+// (residual2, residual3) and the token loss; the whole backward: logits.grad,
 // the linears' input gradients (ln_f.grad through the tied head, fch_gelu.grad, ln2.grad,
 // atty.grad, ln1.grad), the gelu's (fch.grad), the layernorms' input gradients added into the
 // residual gradient (residual.grad, residual3.grad), every linear's and layernorm's weight and
-// bias gradient, wte's and wpe's; and the (clipped) update of every parameter: 269 of the 10M
-// GPT's 275 computed operators. Every other operator is in the plan with its name and grid but is
-// opaque (kTileOpOpaque: Footprint refuses it, naming why): the conv2d and maxpool2d gradients,
-// dropout and layernorm layers, and the GPT's attention backward (qkv.grad: a key's gradient
-// sums over every later query of the sequence, through the softmax backward; not done). The
-// opaque gradients do not keep the norm and the update from being ruled: both read gradients
-// only as agreed inputs. A GPT plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens
+// bias gradient, wte's and wpe's, the attention backward (qkv.grad); and the (clipped) update of
+// every parameter: all 275 of the 10M GPT's computed operators. Every other operator is in the
+// plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming why):
+// the conv2d and maxpool2d gradients, dropout and layernorm layers. The opaque gradients do not
+// keep the norm and the update from being ruled: both read gradients only as agreed inputs. A GPT plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens
 // and y, the targets); the ledger makes the operators reading them opaque for a token task
 // without a data root over its pages (ledger/referee_tile.h, TokenOpsOpaque).
 // PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
@@ -160,6 +166,8 @@ enum class TileOpKind : uint8_t {
                          // layer; conv: T, 1 (rows by token, wte) or 0 (rows by position, wpe);
                          // wte also b = logits.grad, v = ln_f (the tied head's dW, chained
                          // first); a reduction over the rows
+  kTileOpAttentionBackward,  // qkv.grad: x = atty.grad, w = qkv, b = att (conv: T, NH, C); each
+                             // element a chain over the sequence's positions, narrowed
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
