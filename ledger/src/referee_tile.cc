@@ -75,8 +75,8 @@ Status TileRuleTokens(const TileRuleContext& ctx, const protocol::RefereeTask& t
                            " token pages; the footprint's rows lie in " +
                            std::to_string(want.size()));
   }
-  const uint64_t num_pages = static_cast<uint64_t>(
-      (n + engine::kTokenPageTokens - 1) / engine::kTokenPageTokens);
+  const uint64_t num_pages =
+      static_cast<uint64_t>((n + engine::kTokenPageTokens - 1) / engine::kTokenPageTokens);
   for (size_t i = 0; i < want.size(); ++i) {
     const TileWitnessPage& p = w.pages[i];
     const int64_t first = want[i] * engine::kTokenPageTokens;
@@ -96,8 +96,8 @@ Status TileRuleTokens(const TileRuleContext& ctx, const protocol::RefereeTask& t
   const std::vector<int64_t> starts = engine::WindowStarts(ctx.seed, ctx.stream, step, B, n, T);
   auto token_at = [&](int64_t pos) {
     const int64_t page = pos / engine::kTokenPageTokens;
-    const size_t i = static_cast<size_t>(std::lower_bound(want.begin(), want.end(), page) -
-                                         want.begin());
+    const size_t i =
+        static_cast<size_t>(std::lower_bound(want.begin(), want.end(), page) - want.begin());
     return w.pages[i].tokens[static_cast<size_t>(pos - page * engine::kTokenPageTokens)];
   };
   for (int64_t row : fp.batch_rows) {
@@ -225,13 +225,14 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
   }
   if (!fp.batch_rows.empty() && plan.tokens) {
     if (pages == nullptr) {
-      return FailedPrecondition("tile witness: the footprint reads the batch's tokens; give the "
-                                "token pages");
+      return FailedPrecondition(
+          "tile witness: the footprint reads the batch's tokens; give the "
+          "token pages");
     }
     const int64_t T = plan.seq_len;
-    for (int64_t p : engine::TokenPagesOfRows(ctx.seed, ctx.stream,
-                                              static_cast<int64_t>(task.step) - 1, plan.batch / T,
-                                              T, pages->num_tokens(), fp.batch_rows)) {
+    for (int64_t p :
+         engine::TokenPagesOfRows(ctx.seed, ctx.stream, static_cast<int64_t>(task.step) - 1,
+                                  plan.batch / T, T, pages->num_tokens(), fp.batch_rows)) {
       const std::span<const int32_t> tokens = pages->Page(p);
       w.pages.push_back(TileWitnessPage{static_cast<uint64_t>(p),
                                         std::vector<int32_t>(tokens.begin(), tokens.end()),

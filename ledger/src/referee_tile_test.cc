@@ -170,8 +170,7 @@ const Setup& GptSetup() {
       return std::move(*tr);
     };
     s->pages = new engine::TokenPageTree(shared->second.train_tokens.tokens);
-    s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(s->pages->num_tokens()),
-                       s->pages->root());
+    s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(s->pages->num_tokens()), s->pages->root());
     return s;
   }();
   return *setup;
@@ -421,9 +420,8 @@ Move Answer(const PartyRun& run, const DisputeQuery& q) {
 // holding the agreed inputs can: every input is agreed, so the liar's witness is the honest one's).
 TileWitness BuildWitness(const PartyRun& run, const RefereeTask& task) {
   const StepRecord& r = run.steps.at(task.step);
-  Result<TileWitness> w =
-      BuildTileWitness(Context(), task, *r.trace, r.batch, g_setup->train, g_setup->tree,
-                       g_setup->pages);
+  Result<TileWitness> w = BuildTileWitness(Context(), task, *r.trace, r.batch, g_setup->train,
+                                           g_setup->tree, g_setup->pages);
   CHECK(w.ok()) << w.status().ToString();
   return std::move(*w);
 }
@@ -709,12 +707,17 @@ TEST(TileDisputeTest, OnThe10mGptALieAtAGradientTileLosesToTheTileRule) {
   ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT gradients");
 }
 
+DisputeGame GameAtReferee(const PartyRun& liar);
+void ExpectRefused(const RefereeTask& task, const TileWitness& w, const std::string& what);
+
 // The 10M GPT's token operators, their batch rows' tokens proven by the pages of the train stream
 // that hold them (the task's data root): encoded (the rows' tokens, wte's column strip, wpe's
 // rows), the token loss and its gradient (the logits rows, their targets), wte's gradient (the
 // tied head's dW chain over the rows, blocks 0-7, then the rows by token, blocks 8-15) and wpe's
-// (the rows by position; block 2 holds positions 64-95).
-TEST(TileDisputeTest, OnThe10mGptALieAtATokenOperatorLosesToTheTileRule) {
+// (the rows by position; block 2 holds positions 64-95); and the attention backward (qkv.grad: a
+// tile of one head's q, k or v gradient, its chains over the sequence's 256 positions narrowed
+// into blocks of 32).
+TEST(TileDisputeTest, OnThe10mGptALieAtATokenOperatorOrTheAttentionBackwardLoses) {
   g_setup = &GptSetup();
   const std::vector<Lie> lies = {
       {LieKind::kTile, "encoded", 100, 200},
@@ -725,8 +728,62 @@ TEST(TileDisputeTest, OnThe10mGptALieAtATokenOperatorLosesToTheTileRule) {
       {LieKind::kTile, "transformer.wte.weight.grad", 171, 383, 15},
       {LieKind::kTile, "transformer.wpe.weight.grad", 70, 5, 2},
       {LieKind::kTile, "transformer.wpe.weight.grad", 255, 0, 0},
+      {LieKind::kTile, "h.2.qkv.grad", 100, 50, 3},   // dq: over the block's keys
+      {LieKind::kTile, "h.2.qkv.grad", 200, 400, 5},  // dk: over the block's queries
+      {LieKind::kTile, "h.4.qkv.grad", 10, 1000, 0},  // dv
+      {LieKind::kTile, "h.0.qkv.grad", 255, 383, 7},  // dq of the last position, last block
   };
-  ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT token operators");
+  ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT token operators and attention backward");
+  // Token pages that do not check out are refused by name: a changed token, a page dropped, a
+  // page's proof for another page, a page cut short, examples in place of pages, and a context
+  // whose data root is not the pages'.
+  const PartyRun liar = Train(Lie{LieKind::kTile, "encoded", 100, 200});
+  DisputeGame g = GameAtReferee(liar);
+  const RefereeTask task = g.referee_task();
+  ASSERT_TRUE(task.tile);
+  const TileWitness good = BuildWitness(Honest(), task);
+  ASSERT_FALSE(good.pages.empty());
+  const Bytes bytes = EncodeTileWitness(good);
+  EXPECT_NE(std::string(bytes.begin(), bytes.begin() + 64).find("meshlearn.tile_witness.v2"),
+            std::string::npos)
+      << "a witness with pages encodes as v2";
+  Result<Hash256> ok = RuleTile(Context(), task, good);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(*ok, task.challenger_output);
+  {
+    TileWitness w = good;
+    w.pages[0].tokens[5] = (w.pages[0].tokens[5] + 1) % 172;
+    ExpectRefused(task, w, "a changed token");
+  }
+  {
+    TileWitness w = good;
+    w.pages.pop_back();
+    ExpectRefused(task, w, "a page dropped");
+  }
+  {
+    TileWitness w = good;
+    w.pages[0].proof.index += 1;
+    ExpectRefused(task, w, "another page's proof");
+  }
+  {
+    TileWitness w = good;
+    w.pages[0].tokens.pop_back();
+    ExpectRefused(task, w, "a page cut short");
+  }
+  {
+    TileWitness w = good;
+    w.examples.push_back(StepWitnessExample{});
+    ExpectRefused(task, w, "examples in place of pages");
+  }
+  {
+    TileRuleContext other = Context();
+    other.data_root = Blake2b("another corpus");
+    Result<Hash256> r = RuleTile(other, task, good);
+    EXPECT_FALSE(r.ok()) << "pages of another corpus were accepted";
+  }
+  Result<TileWitness> decoded = DecodeTileWitness(EncodeTileWitness(good));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(EncodeTileWitness(*decoded), EncodeTileWitness(good));
 }
 
 // A lazy party on the 10M GPT (clipping at 1.0, and the clip acts at the disputed step): it claims
@@ -1003,10 +1060,10 @@ const GptTask& ChainGpt() {
     bundle.replace(at, 14, "batch_size = 1");
     const size_t model = bundle.find("[model]\n");
     CHECK(model != std::string::npos);
-    bundle.insert(model + 8,
-                  "vocab_size = " + std::to_string(spec->model.gpt.vocab_size) + "\n");
-    bundle += "\n[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\n"
-              "checkpoint_interval = 4\n";
+    bundle.insert(model + 8, "vocab_size = " + std::to_string(spec->model.gpt.vocab_size) + "\n");
+    bundle +=
+        "\n[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\n"
+        "checkpoint_interval = 4\n";
     out->bundle = std::move(bundle);
     return out;
   }();
@@ -1240,7 +1297,7 @@ class TileChainTest : public testing::FollowedChainFixture {
       std::vector<Transaction> txs;
       for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
         if (quiet && silence->party == party) continue;
-        const KeyPair& node = party == DisputeParty::kDefender ? solver_
+        const KeyPair& node = party == DisputeParty::kDefender            ? solver_
                               : g.config().challenger == wb_.public_key() ? wb_
                                                                           : verifier_;
         const PartyRun& run = party == DisputeParty::kDefender ? defender : challenger;
@@ -1487,8 +1544,8 @@ TEST_F(TileChainTest, OnThe10mGptALazySolverIsRuledOnChainAtAClippedUpdateTile) 
 // A GPT whose vocabulary is left to its data cannot be planned from its bundle: the ledger refuses
 // the tile phase for it, naming why (its disputes play whole steps), and never aborts on it.
 TEST(TileContextTest, AGptWithoutItsVocabularySizeIsRefusedByName) {
-  Result<std::string> text = Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) +
-                                                      "/examples/code-gpt-10m.toml");
+  Result<std::string> text =
+      Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
   ASSERT_TRUE(text.ok());
   const std::string bundle =
       *text + "\n[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\n";

@@ -675,8 +675,8 @@ Result<RefereeStage> DisputeAtReferee(const LedgerState& s, const Hash256& task_
 // Whether the ledger executes this dispute's ruling itself (RefereeStep) rather than taking the
 // genesis referee's word (RuleDispute): a whole step of a task with a data root over examples. A
 // token task's data root (over pages) proves the tokens of a tile (RefereeTile); its whole step
-// is not executed by the ledger yet (its attention backward has no tile footprint, and a step
-// witness of its state would not fit), so the genesis referee still rules it.
+// (a lie in the step's input state or in the state only) is not executed by the ledger yet (a
+// step witness of its state would not fit), so the genesis referee still rules it.
 bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
   return !t.params.data_root.IsZero() && t.params.data_page_tokens == 0 && task.whole_step &&
          !task.segment;
