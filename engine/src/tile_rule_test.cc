@@ -732,6 +732,76 @@ TEST(TileRuleTest, GptLayerNormAndResidualTilesDependOnTheirWholeFootprint) {
   }
 }
 
+// The token operators read their rows' tokens: changing any one token (or target) of the
+// footprint changes the recomputed tile of encoded, the loss, logits.grad and a block of wte's
+// gradient's rows by token; wpe's gradient reads no token.
+TEST(TileRuleTest, GptTokenTilesDependOnTheirTokens) {
+  Result<TaskSpec> spec = TaskSpec::Parse(kSmallGpt, "tile-gpt.toml", ".");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  spec->model.gpt.vocab_size = 64;  // a plan only: no data to take it from
+  Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, spec->batch_size);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_TRUE(plan->tokens);
+  const int64_t nb = (plan->batch + kTileRows - 1) / kTileRows;
+  Rng rng(11);
+  struct Case {
+    const char* op;
+    int64_t block;
+    bool targets;  // the change is to a target (the loss), not a token
+  };
+  for (const Case& c : {Case{"encoded", 0, false}, Case{"loss", 0, true},
+                        Case{"logits.grad", 0, true},
+                        Case{"transformer.wte.weight.grad", nb, false}}) {
+    const std::string name = c.op;
+    int64_t j = -1;
+    for (size_t i = 0; i < plan->ops.size(); ++i) {
+      if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
+    }
+    ASSERT_GE(j, 0) << name;
+    Result<TileFootprint> fp = Footprint(*plan, j, 0, c.block);
+    ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+    ASSERT_EQ(fp->batch_rows.size(), 32u) << name;
+    TileInputs in;
+    for (const TileRef& r : fp->tiles) {
+      std::vector<float> v(
+          static_cast<size_t>(plan->ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel()));
+      for (float& f : v) f = static_cast<float>(rng.UniformDouble()) - 0.5f;
+      in.tiles.push_back(std::move(v));
+    }
+    for (size_t i = 0; i < fp->batch_rows.size(); ++i) {
+      in.tokens.push_back(static_cast<int32_t>(rng.Uniform(32)));  // rows of wte's tile 0
+      in.y.push_back(static_cast<int32_t>(rng.Uniform(64)));
+    }
+    if (c.block > 0) {
+      const TileGrid& g = plan->ops[static_cast<size_t>(j)].grid;
+      in.partial.resize(static_cast<size_t>(2 * g.TileRect(0).numel()));
+      for (float& f : in.partial) f = static_cast<float>(rng.UniformDouble());
+    }
+    Result<std::vector<float>> base = RecomputeTile(*plan, j, 0, c.block, 0, in);
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    for (size_t i = 0; i < fp->batch_rows.size(); ++i) {
+      TileInputs changed = in;
+      int32_t& t = c.targets ? changed.y[i] : changed.tokens[i];
+      t = (t + 1) % 32;
+      Result<std::vector<float>> got = RecomputeTile(*plan, j, 0, c.block, 0, changed);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_FALSE(SameBits(*got, *base)) << name << " row " << i;
+    }
+    // A token outside the vocabulary is refused, not read.
+    TileInputs bad = in;
+    bad.tokens[0] = 64;
+    EXPECT_FALSE(RecomputeTile(*plan, j, 0, c.block, 0, bad).ok()) << name;
+  }
+  int64_t wpe = -1;
+  for (size_t i = 0; i < plan->ops.size(); ++i) {
+    if (plan->ops[i].name == "transformer.wpe.weight.grad") wpe = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(wpe, 0);
+  Result<TileFootprint> fp = Footprint(*plan, wpe, 0, 0);
+  ASSERT_TRUE(fp.ok());
+  EXPECT_TRUE(fp->batch_rows.empty());
+}
+
 // The 10M GPT's shape (examples/code-gpt-10m.toml, one sequence of 256 tokens): the plan is the
 // trace's operator list, and every tile of its covered forward operators (the first and last
 // layer's qkv, attention projection, MLP up and down projections, the tied LM head; the first
