@@ -270,9 +270,14 @@ json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interva
   ctx.plan = *plan;
   ctx.seed = spec->seed;
   ctx.stream = spec->stream;
+  std::unique_ptr<engine::TokenPageTree> pages;  // a token task's data leaves
   if (classification) {
     ctx.num_examples = static_cast<uint64_t>(data->train.size());
     ctx.data_root = tree->root();
+  } else {
+    pages = std::make_unique<engine::TokenPageTree>(data->train_tokens.tokens);
+    ctx.num_examples = static_cast<uint64_t>(pages->num_tokens());
+    ctx.data_root = pages->root();
   }
   int64_t covered = 0, computed = 0;
   size_t largest = 0;
@@ -305,7 +310,7 @@ json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interva
     task.state_input = state_in;
     task.input = c_before;
     Result<ledger::TileWitness> built = ledger::BuildTileWitness(
-        ctx, task, trace, batch, classification ? &data->train : nullptr, tree.get());
+        ctx, task, trace, batch, classification ? &data->train : nullptr, tree.get(), pages.get());
     if (!built.ok()) Fail("BuildTileWitness " + o.name, built.status());
     const ledger::TileWitness& w = *built;
     if (block > 0) task.partial_input = engine::TileHash(w.partial);

@@ -99,9 +99,9 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   ML_ASSIGN_OR_RETURN(t.trainer, engine::Trainer::Create(env, t.task));
   t.facts = node::ComputeTaskFacts(*t.trainer, t.net);
   // The one derivation of the ledger's params from the file (initial_state: StoreTaskBlobs). It
-  // carries data_root, the Merkle root over the training examples (zero for a token task): nodes
-  // refuse a task whose data does not give it, and the ledger executes a disputed step against
-  // it (RefereeStepTx).
+  // carries data_root, the Merkle root over the training examples (a token task's: over its
+  // token pages, data_page_tokens): nodes refuse a task whose data does not give it, and the
+  // ledger executes a disputed step (RefereeStepTx) or tile (RefereeTileTx) against it.
   t.params = node::MakeTaskParams(t.facts, t.net, Hash256{});
   ledger::TaskParams& p = t.params;
   // A pipeline task (issue 15): its stages' needs for the ledger's placement; errors name
@@ -134,7 +134,8 @@ std::string TaskFileKey(std::string_view field) {
   if (field == "seed") return "task.seed";
   // Computed from the model and the data, not written in the file.
   if (field == "flops_per_sample" || field == "model_bytes" || field == "memory_bytes" ||
-      field == "num_examples" || field == "initial_state" || field == "data_root") {
+      field == "num_examples" || field == "initial_state" || field == "data_root" ||
+      field == "data_page_tokens") {
     return "the task's " + std::string(field);
   }
   return "network." + std::string(field);

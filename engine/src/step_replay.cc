@@ -120,8 +120,7 @@ float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed, 
   if (OpTrace* trace = m.op_trace()) {  // the update is the step's last operator
     for (const Param& p : m.params()) {
       const TileGrid g = TileGrid::ForShape(p.value.shape());
-      trace->Record(p.name, {p.value.data(), static_cast<size_t>(p.value.size())}, g.rows,
-                    g.cols);
+      trace->Record(p.name, {p.value.data(), static_cast<size_t>(p.value.size())}, g.rows, g.cols);
     }
   }
   state.step = step + 1;
@@ -163,11 +162,10 @@ Result<TrainState> StateFromFlat(const ModelSpec& model, const OptimizerSpec& op
   }
   const int64_t want = FlatStateSize(planned->num_parameters, optimizer);
   if (static_cast<int64_t>(flat.size()) != want) {
-    return InvalidArgument("StateFromFlat: the flat state has " + std::to_string(flat.size()) +
-                           " floats but model " + model.ToJson() + " with optimizer " +
-                           optimizer.kind + " expects " + std::to_string(want) + " (" +
-                           std::to_string(planned->num_parameters) +
-                           " parameters, then the optimizer state)");
+    return InvalidArgument(
+        "StateFromFlat: the flat state has " + std::to_string(flat.size()) + " floats but model " +
+        model.ToJson() + " with optimizer " + optimizer.kind + " expects " + std::to_string(want) +
+        " (" + std::to_string(planned->num_parameters) + " parameters, then the optimizer state)");
   }
   Result<std::unique_ptr<Model>> m = Model::CreateUnchecked(model);
   if (!m.ok()) {
@@ -252,6 +250,56 @@ MerkleProof DataTree::Prove(int64_t index) const {
     pos /= 2;
   }
   return proof;
+}
+
+Hash256 TokenPageLeaf(uint64_t page, std::span<const int32_t> tokens) {
+  static_assert(std::endian::native == std::endian::little,
+                "meshlearn hashes little-endian tokens");
+  Hasher h("meshlearn.token_page");
+  h.UpdateU64(page);
+  h.UpdateU64(static_cast<uint64_t>(tokens.size()));
+  h.Update(
+      ByteSpan(reinterpret_cast<const uint8_t*>(tokens.data()), tokens.size() * sizeof(int32_t)));
+  return h.Finish();
+}
+
+TokenPageTree::TokenPageTree(std::span<const int32_t> tokens)
+    : tokens_(tokens.begin(), tokens.end()) {
+  const int64_t n = num_tokens();
+  for (int64_t p = 0; p * kTokenPageTokens < n; ++p) {
+    leaves_.push_back(TokenPageLeaf(static_cast<uint64_t>(p), Page(p)));
+  }
+  root_ = MerkleRoot(leaves_);
+}
+
+std::span<const int32_t> TokenPageTree::Page(int64_t page) const {
+  CHECK(page >= 0 && page * kTokenPageTokens < num_tokens()) << "token page " << page;
+  const int64_t p0 = page * kTokenPageTokens;
+  const int64_t p1 = std::min(num_tokens(), p0 + kTokenPageTokens);
+  return {tokens_.data() + p0, static_cast<size_t>(p1 - p0)};
+}
+
+MerkleProof TokenPageTree::Prove(int64_t page) const {
+  CHECK(page >= 0 && page < num_pages()) << "token page " << page;
+  return MerkleProve(leaves_, static_cast<uint64_t>(page));
+}
+
+Hash256 TokenDataRoot(std::span<const int32_t> tokens) { return TokenPageTree(tokens).root(); }
+
+std::vector<int64_t> TokenPagesOfRows(uint64_t seed, uint64_t stream, int64_t step, int64_t B,
+                                      int64_t T, int64_t n_tokens,
+                                      const std::vector<int64_t>& rows) {
+  const std::vector<int64_t> starts = WindowStarts(seed, stream, step, B, n_tokens, T);
+  std::vector<int64_t> pages;
+  for (int64_t r : rows) {
+    CHECK(r >= 0 && r < B * T) << "batch row " << r;
+    const int64_t pos = starts[static_cast<size_t>(r / T)] + r % T;
+    pages.push_back(pos / kTokenPageTokens);
+    pages.push_back((pos + 1) / kTokenPageTokens);
+  }
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  return pages;
 }
 
 }  // namespace meshlearn::engine

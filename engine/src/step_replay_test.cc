@@ -3,6 +3,7 @@
 // example leaf format; DataTree against base/merkle.h.
 #include "meshlearn/engine/step_replay.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -421,6 +422,59 @@ TEST(DataTreeTest, FashionMnistTrainingSet) {
     ExpectProofsEqual(p, MerkleProve(leaves, static_cast<uint64_t>(i)));
     EXPECT_TRUE(MerkleVerify(tree.root(), leaves[static_cast<size_t>(i)], p)) << i;
   }
+}
+
+// Token tasks' data leaves: pages of kTokenPageTokens tokens (the last one short), each proven
+// alone against the root; any changed token, a moved page boundary or a dropped token gives
+// another root; the pages of a batch's rows hold every token and target those rows read.
+TEST(TokenPageTreeTest, PagesProveAloneAndTheRootPinsEveryToken) {
+  Rng rng(3);
+  std::vector<int32_t> tokens(3 * kTokenPageTokens + 100);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng.Uniform(172));
+  const TokenPageTree tree(tokens);
+  ASSERT_EQ(tree.num_pages(), 4);
+  EXPECT_EQ(tree.num_tokens(), static_cast<int64_t>(tokens.size()));
+  EXPECT_EQ(tree.Page(3).size(), 100u);
+  std::vector<Hash256> leaves;
+  for (int64_t p = 0; p < tree.num_pages(); ++p) {
+    leaves.push_back(TokenPageLeaf(static_cast<uint64_t>(p), tree.Page(p)));
+    const MerkleProof proof = tree.Prove(p);
+    EXPECT_TRUE(MerkleVerify(tree.root(), leaves.back(), proof)) << p;
+    // Another page's tokens, or the page under another index, do not prove.
+    const uint64_t up = static_cast<uint64_t>(p);
+    EXPECT_FALSE(MerkleVerify(tree.root(), TokenPageLeaf(up, tree.Page((p + 1) % 4)), proof)) << p;
+    EXPECT_FALSE(MerkleVerify(tree.root(), TokenPageLeaf(up + 1, tree.Page(p)), proof)) << p;
+  }
+  EXPECT_EQ(tree.root(), MerkleRoot(leaves));
+  EXPECT_EQ(TokenDataRoot(tokens), tree.root());
+  for (size_t i : {size_t{0}, size_t{1023}, size_t{1024}, tokens.size() - 1}) {
+    std::vector<int32_t> changed = tokens;
+    changed[i] = (changed[i] + 1) % 172;
+    EXPECT_NE(TokenDataRoot(changed), tree.root()) << i;
+  }
+  std::vector<int32_t> shorter(tokens.begin(), tokens.end() - 1);
+  EXPECT_NE(TokenDataRoot(shorter), tree.root());
+  // The pages of rows: every row's token and target lie in them.
+  const int64_t B = 3, T = 64;
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < B * T; r += 5) rows.push_back(r);
+  const std::vector<int64_t> pages = TokenPagesOfRows(9, 2, 4, B, T, tree.num_tokens(), rows);
+  const std::vector<int64_t> starts = WindowStarts(9, 2, 4, B, tree.num_tokens(), T);
+  ASSERT_TRUE(std::is_sorted(pages.begin(), pages.end()));
+  for (int64_t r : rows) {
+    const int64_t pos = starts[static_cast<size_t>(r / T)] + r % T;
+    for (int64_t at : {pos, pos + 1}) {
+      EXPECT_TRUE(std::binary_search(pages.begin(), pages.end(), at / kTokenPageTokens)) << r;
+    }
+  }
+}
+
+TEST(TokenPageTreeTest, TheLeafFormatIsPinned) {
+  // BLAKE2b-256 of u64le(20) "meshlearn.token_page" u64le(5) u64le(3) i32le(7, 0, 171), computed
+  // with Python's hashlib.blake2b(digest_size=32).
+  const int32_t page[] = {7, 0, 171};
+  EXPECT_EQ(TokenPageLeaf(5, page).ToHex(),
+            "ed2882daeda435c4e410b4586a037d935b5bb64e11cfcb0fd9c5dd5be807d8e5");
 }
 
 }  // namespace

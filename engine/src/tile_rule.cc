@@ -24,6 +24,21 @@ bool TileRuleIsReduction(TileOpKind k) {
          k == TileOpKind::kTileOpLayerNormWeightGrad || k == TileOpKind::kTileOpLayerNormBiasGrad;
 }
 
+// The number of 32-row blocks of a batch of B rows.
+int64_t TileRuleRowBlocks(int64_t B) { return (B + kTileRows - 1) / kTileRows; }
+
+// The floats of the partial sum S_block a reduction tile of `numel` elements continues from: the
+// tile's, but for wte's gradient past the tied head's blocks, which carries the head's finished
+// dW tile and the embedding's own accumulator (EmbeddingBackward adds its sum to the gradient
+// once, at the end).
+int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, int64_t numel, int64_t block) {
+  if (o.kind == TileOpKind::kTileOpEmbeddingGrad && o.b >= 0 &&
+      block >= TileRuleRowBlocks(plan.batch)) {
+    return 2 * numel;
+  }
+  return numel;
+}
+
 // The rows [b0, b1) of reduction block `block` of a batch of B.
 std::pair<int64_t, int64_t> TileRuleBlockRows(int64_t B, int64_t block) {
   const int64_t b0 = block * kTileRows;
@@ -122,6 +137,18 @@ template <typename F>
 void ForEachSequenceSpan(int64_t r0, int64_t r1, int64_t T, F&& fn) {
   for (int64_t g = r0 / T; g <= (r1 - 1) / T; ++g) {
     fn(g, std::max(r0, g * T) - g * T, std::min(r1, (g + 1) * T) - g * T);
+  }
+}
+
+// The columns [c0, c1) of a qkv-shaped (3C wide) tensor cut by part (0 q, 1 k, 2 v) and head:
+// fn(part, h, i0, i1) for each piece, i the column inside the head.
+template <typename F>
+void ForEachHeadSegment(int64_t c0, int64_t c1, int64_t C, int64_t hs, F&& fn) {
+  for (int64_t c = c0; c < c1;) {
+    const int64_t part = c / C, h = (c % C) / hs;
+    const int64_t end = std::min(c1, part * C + (h + 1) * hs);
+    fn(part, h, c - part * C - h * hs, end - part * C - h * hs);
+    c = end;
   }
 }
 
@@ -235,17 +262,14 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     }
   };
   if (model.kind == "gpt") {
-    // model.cc's GptModel: Forward, Backward, then the gradients, in its trace order. Its forward
-    // operators but the embeddings are covered; the rest is opaque until it has a footprint.
+    // model.cc's GptModel: Forward, Backward, then the gradients, in its trace order. Every
+    // operator has a footprint (a parameter the plan does not know would stay opaque).
     const GptSpec& g = model.gpt;
     const int64_t T = seq_len > 0 ? seq_len : g.block_size;
     const int64_t N = batch * T, C = g.n_embd, V = g.vocab_size;
     plan.batch = N;
-    auto opaque = [&](const std::string& name, int64_t rows, int64_t cols, const char* why) {
-      TileOp op{name, TileOpKind::kTileOpOpaque, TileGrid::For(rows, cols), {rows, cols}};
-      op.opaque = why;
-      return add(std::move(op));
-    };
+    plan.tokens = true;
+    plan.seq_len = T;
     auto linear = [&](const std::string& name, int64_t x, int64_t out, int64_t param) {
       TileOp op{name, TileOpKind::kTileOpLinear, TileGrid::For(N, out), {N, out}};
       op.x = x;
@@ -272,8 +296,12 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       op.w = b;
       return add(std::move(op));
     };
-    int64_t resid =
-        opaque("encoded", N, C, "the token embeddings: token tasks have no data leaves yet");
+    // encoded = wte[token] + wpe[position] (EmbeddingForward twice, ResidualForward).
+    TileOp enc{"encoded", TileOpKind::kTileOpEmbedding, TileGrid::For(N, C), {N, C}};
+    enc.x = state_op(m.params()[0].name);
+    enc.w = state_op(m.params()[1].name);
+    enc.conv = {T};
+    int64_t resid = add(std::move(enc));
     for (int64_t l = 0; l < g.n_layer; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
       const int64_t base = 2 + 12 * l;  // the layer's 12 parameters (model.cc's P(l, k))
@@ -298,10 +326,15 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       resid = residual(p + "residual3", r2, fcproj);
     }
     const int64_t lnf = layernorm("ln_f", resid, static_cast<int64_t>(m.params().size()) - 2);
-    linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
-    opaque("loss", N, 1, "the token loss: token tasks have no data leaves yet");
-    const int64_t dlogits =
-        opaque("logits.grad", N, V, "the token loss: token tasks have no data leaves yet");
+    const int64_t logits = linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
+    // The token loss and its gradient: the logits rows and their target tokens (rows are
+    // independent, as a classifier's are).
+    TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(N, 1), {N, 1}};
+    loss.x = logits;
+    add(std::move(loss));
+    TileOp lgrad{"logits.grad", TileOpKind::kTileOpLossGrad, TileGrid::For(N, V), {N, V}};
+    lgrad.x = logits;
+    const int64_t dlogits = add(std::move(lgrad));
     // The head's input gradient: dlogits @ wte (kernels.h's dinp chain over the V logits).
     TileOp dlnf{"ln_f.grad", TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, C), {N, C}};
     dlnf.x = dlogits;
@@ -333,7 +366,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     // Each layer as BackwardPart runs it (kernels on zeroed buffers): the down projection's dX,
     // the gelu's, the up projection's dX, ln2's backward added into the residual gradient
     // (ResidualBackward's 0 + the gradient entering the layer), the attention projection's dX
-    // (from dattproj = 0 + residual3.grad), the attention backward (opaque), qkv's dX, and ln1's
+    // (from dattproj = 0 + residual3.grad), the attention backward, qkv's dX, and ln1's
     // backward added into 0 + residual3.grad.
     for (int64_t l = g.n_layer; l-- > 0;) {
       const std::string p = "h." + std::to_string(l) + ".";
@@ -348,8 +381,16 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       dln2[ls] = input_grad(p + "ln2.grad", C, dfch[ls], base + 8);
       dres2[ls] = ln_input_grad(p + "residual3.grad", dln2[ls], index.at(p + "ln2"), base + 6,
                                 dres_in[ls + 1]);
-      input_grad(p + "atty.grad", C, dres2[ls], base + 4);
-      dqkv[ls] = opaque(p + "qkv.grad", N, 3 * C, "the attention backward: no footprint yet");
+      const int64_t datty = input_grad(p + "atty.grad", C, dres2[ls], base + 4);
+      TileOp attb{p + "qkv.grad",
+                  TileOpKind::kTileOpAttentionBackward,
+                  TileGrid::For(N, 3 * C),
+                  {N, 3 * C}};
+      attb.x = datty;
+      attb.w = index.at(p + "qkv");
+      attb.b = index.at(p + "att");
+      attb.conv = {T, g.n_head, C};
+      dqkv[ls] = add(std::move(attb));
       dln1[ls] = input_grad(p + "ln1.grad", C, dqkv[ls], base + 2);
       dres_in[ls] =
           ln_input_grad(p + "residual.grad", dln1[ls], index.at(p + "ln1"), base, dres2[ls]);
@@ -375,7 +416,21 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       TileOp op{param.name + ".grad", TileOpKind::kTileOpOpaque, grid, param.value.shape()};
       op.opaque = kNoFootprint;
       const int64_t k = static_cast<int64_t>(pi) - 2;
-      if (static_cast<int64_t>(pi) >= lnf_w) {  // ln_f's weight and bias: chains over the rows
+      if (pi < 2) {
+        // wte (pi 0): the tied head's dW (LinearBackward on the zeroed gradient: its chain over
+        // the rows, then 0 + the sum), then EmbeddingBackward's row sums by token added to it;
+        // wpe (pi 1): EmbeddingBackward's row sums by position on its zeroed gradient. Both
+        // read the residual gradient entering the first layer.
+        op.kind = TileOpKind::kTileOpEmbeddingGrad;
+        op.x = dres_in[0];
+        op.conv = {T, pi == 0 ? 1 : 0};
+        if (pi == 0) {
+          op.b = dlogits;
+          op.v = lnf;
+        }
+        op.opaque.clear();
+      } else if (static_cast<int64_t>(pi) >=
+                 lnf_w) {  // ln_f's weight and bias: chains over the rows
         op.kind = static_cast<int64_t>(pi) == lnf_w ? TileOpKind::kTileOpLayerNormWeightGrad
                                                     : TileOpKind::kTileOpLayerNormBiasGrad;
         op.x = dlnf_op;
@@ -564,6 +619,14 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   // The norm chains over the parameters (optim.cc's SumGradSquares): S_{k+1} = S_k + the
   // combination of parameter k's block partials.
   if (o.kind == TileOpKind::kTileOpGradNorm) return static_cast<int64_t>(o.sources.size());
+  // The embeddings' gradients chain over the rows in blocks of 32; wte's first runs the tied
+  // head's dW chain (as many blocks again).
+  if (o.kind == TileOpKind::kTileOpEmbeddingGrad) {
+    return (o.b >= 0 ? 2 : 1) * TileRuleRowBlocks(plan.batch);
+  }
+  // The attention backward: every element a chain over the sequence's T positions (keys for dq,
+  // queries for dk and dv), in blocks of 32.
+  if (o.kind == TileOpKind::kTileOpAttentionBackward) return TileRuleRowBlocks(o.conv[0]);
   if (!TileRuleIsReduction(o.kind)) return 0;
   return (plan.batch + kTileRows - 1) / kTileRows;
 }
@@ -634,6 +697,62 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
           TileRuleCover(plan, o.x, gr * T + t0, gr * T + t1, 0, T, fp);
         }
         TileRuleCover(plan, o.w, b * T, (b + 1) * T, 2 * C + t.c0, 2 * C + t.c1, fp);
+      });
+      break;
+    }
+    case TileOpKind::kTileOpEmbedding:
+      // Row r is wte's row of its token plus wpe's row of its position r % T: the rows' tokens
+      // (proven by the pages holding them), wte's whole column strip c (the footprint cannot
+      // know which rows the tokens pick: 4 x V x 32 bytes) and wpe's rows of the positions.
+      TileRuleCover(plan, kTileOperandBatch, t.r0, t.r1, 0, 0, fp);
+      TileRuleCover(plan, o.x, 0, plan.classes, t.c0, t.c1, fp);
+      ForEachSequenceSpan(t.r0, t.r1, o.conv[0], [&](int64_t, int64_t t0, int64_t t1) {
+        TileRuleCover(plan, o.w, t0, t1, t.c0, t.c1, fp);
+      });
+      break;
+    case TileOpKind::kTileOpEmbeddingGrad: {
+      const int64_t nb = TileRuleRowBlocks(plan.batch);
+      if (o.b >= 0 && block < nb) {
+        // wte's tied-head block: logits.grad's rows of the block in the tile's rows v (its
+        // columns), ln_f's rows of the block in columns c.
+        const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+        TileRuleCover(plan, o.b, b0, b1, t.r0, t.r1, fp);
+        TileRuleCover(plan, o.v, b0, b1, t.c0, t.c1, fp);
+        break;
+      }
+      // An embedding block: the block's rows of the residual gradient in columns c, and (wte)
+      // the rows' tokens, which pick the rows they add into.
+      const auto [b0, b1] = TileRuleBlockRows(plan.batch, o.b >= 0 ? block - nb : block);
+      if (o.conv[1] == 1) TileRuleCover(plan, kTileOperandBatch, b0, b1, 0, 0, fp);
+      TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
+      break;
+    }
+    case TileOpKind::kTileOpAttentionBackward: {
+      // kernels_ref.cc's AttentionBackward, per sequence b and head h, positions [k0, k1) of the
+      // block: dv[t2, i] chains att[t, t2] dout[t, i] over t; dq[t, i] chains dP[t, t2] k[t2, i]
+      // over t2; dk[t2, i] chains dP[t, t2] q[t, i] over t; dP[t, .] = att[t, .] (dA[t, .] -
+      // s_t) needs the whole row t of att and of dA = dout[t, :] . v[t2, :] (all t2). So: v's
+      // dout and att columns of the block's rows; q's whole att rows and dout rows of its own
+      // positions, v of the whole sequence, k of the block's rows; k's the same for the block's
+      // rows, and q of the block's rows.
+      const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      const int64_t k0 = block * kTileRows, k1 = std::min(T, k0 + kTileRows);
+      ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t p0, int64_t p1) {
+        const int64_t base = b * T;
+        ForEachHeadSegment(t.c0, t.c1, C, hs, [&](int64_t part, int64_t h, int64_t i0, int64_t i1) {
+          const int64_t arow = (b * NH + h) * T, hc = h * hs;
+          if (part == 2) {
+            TileRuleCover(plan, o.b, arow + k0, arow + k1, p0, p1, fp);
+            TileRuleCover(plan, o.x, base + k0, base + k1, hc + i0, hc + i1, fp);
+            return;
+          }
+          const int64_t r0 = part == 0 ? p0 : k0, r1 = part == 0 ? p1 : k1;
+          TileRuleCover(plan, o.b, arow + r0, arow + r1, 0, T, fp);
+          TileRuleCover(plan, o.x, base + r0, base + r1, hc, hc + hs, fp);
+          TileRuleCover(plan, o.w, base, base + T, 2 * C + hc, 2 * C + hc + hs, fp);
+          const int64_t other = part == 0 ? C : 0;  // q reads k of the block, k reads q
+          TileRuleCover(plan, o.w, base + k0, base + k1, other + hc + i0, other + hc + i1, fp);
+        });
       });
       break;
     }
@@ -747,9 +866,10 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
   // Attention and the block partials: a tile named twice (rectangles of one operand sharing a
   // tile: q and k of a head, two heads' rows, two row segments of a gradient) is listed once,
   // where it first appears.
-  const bool attention = o.kind == TileOpKind::kTileOpAttention ||
-                         o.kind == TileOpKind::kTileOpAttentionOut ||
-                         o.kind == TileOpKind::kTileOpGradSquareBlocks;
+  const bool attention =
+      o.kind == TileOpKind::kTileOpAttention || o.kind == TileOpKind::kTileOpAttentionOut ||
+      o.kind == TileOpKind::kTileOpEmbedding || o.kind == TileOpKind::kTileOpAttentionBackward ||
+      o.kind == TileOpKind::kTileOpGradSquareBlocks;
   for (size_t i = 1; attention && i < fp.tiles.size();) {
     if (std::find(fp.tiles.begin(), fp.tiles.begin() + static_cast<int64_t>(i), fp.tiles[i]) !=
         fp.tiles.begin() + static_cast<int64_t>(i)) {
@@ -784,11 +904,28 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           ") has " + std::to_string(in.tiles[i].size()) + " floats, not " + std::to_string(want));
     }
   }
-  if (in.x.size() != fp.batch_rows.size() || in.y.size() != fp.batch_rows.size()) {
+  if (plan.tokens) {
+    if (in.tokens.size() != fp.batch_rows.size() || in.y.size() != fp.batch_rows.size() ||
+        !in.x.empty()) {
+      return InvalidArgument(what + ": " + std::to_string(in.tokens.size()) + " tokens and " +
+                             std::to_string(in.y.size()) + " targets given, the footprint reads " +
+                             std::to_string(fp.batch_rows.size()) + " rows' (and no examples)");
+    }
+    for (size_t i = 0; i < in.tokens.size(); ++i) {
+      if (in.tokens[i] < 0 || in.tokens[i] >= plan.classes || in.y[i] < 0 ||
+          in.y[i] >= plan.classes) {
+        return InvalidArgument(what + ": row " + std::to_string(fp.batch_rows[i]) + " has token " +
+                               std::to_string(in.tokens[i]) + " and target " +
+                               std::to_string(in.y[i]) + "; the vocabulary has " +
+                               std::to_string(plan.classes));
+      }
+    }
+  } else if (in.x.size() != fp.batch_rows.size() || in.y.size() != fp.batch_rows.size() ||
+             !in.tokens.empty()) {
     return InvalidArgument(what + ": " + std::to_string(in.x.size()) + " examples given, the " +
                            "footprint reads " + std::to_string(fp.batch_rows.size()));
   }
-  for (size_t i = 0; i < in.x.size(); ++i) {
+  for (size_t i = 0; !plan.tokens && i < in.x.size(); ++i) {
     if (static_cast<int64_t>(in.x[i].size()) != plan.input_size || in.y[i] < 0 ||
         in.y[i] >= plan.classes) {
       return InvalidArgument(
@@ -801,9 +938,12 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
   const TileGrid::Rect t = o.grid.TileRect(tile);
   const int64_t R = t.r1 - t.r0, K = t.c1 - t.c0;
   const int64_t blocks = ReductionBlocks(plan, op);
-  if (blocks > 0 && !in.partial.empty() && static_cast<int64_t>(in.partial.size()) != t.numel()) {
+  const int64_t partial_size = TileRulePartialSize(plan, o, t.numel(), block);
+  if (blocks > 0 && !in.partial.empty() &&
+      static_cast<int64_t>(in.partial.size()) != partial_size) {
     return InvalidArgument(what + ": the partial sum has " + std::to_string(in.partial.size()) +
-                           " floats, the tile " + std::to_string(t.numel()));
+                           " floats, block " + std::to_string(block) + "'s " +
+                           std::to_string(partial_size));
   }
   if ((blocks == 0 || block == 0) && !in.partial.empty()) {
     return InvalidArgument(what + ": block 0 starts from the chain's start; no partial sum");
@@ -1197,6 +1337,173 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       out = std::move(acc);
       break;
     }
+    case TileOpKind::kTileOpAttentionBackward: {
+      // kernels_ref.cc's AttentionBackward, element by element, over the block's positions of
+      // each chain (continued from the agreed partial); after the last block the kernel's
+      // "dqkv += acc" (v) or "+= acc * scale" (q, k) on a zeroed gradient.
+      internal::FpEnvGuard fp_guard;
+      const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
+      const int64_t k0 = block * kTileRows, k1 = std::min(T, k0 + kTileRows), nk = k1 - k0;
+      std::vector<float> acc = in.partial.empty() ? out : in.partial;
+      std::vector<int8_t> part_of(static_cast<size_t>(t.numel()), 0);
+      // Columns [c0, c1) of row tt of dP, from the whole row tt of att (a) and of dout (g), and
+      // v of the whole sequence (T x hs).
+      auto dp_row = [&](const float* a, const float* g, const std::vector<float>& v, int64_t tt,
+                        int64_t c0, int64_t c1, float* dp) {
+        std::vector<float> da(static_cast<size_t>(T));
+        for (int64_t t2 = 0; t2 < T; ++t2) {
+          float d = 0.0f;
+          for (int64_t i = 0; i < hs; ++i) d = __builtin_fmaf(g[i], v[t2 * hs + i], d);
+          da[static_cast<size_t>(t2)] = t2 <= tt ? d : 0.0f;
+        }
+        float s = 0.0f;
+        for (int64_t t2 = 0; t2 < T; ++t2) s = __builtin_fmaf(a[t2], da[t2], s);
+        for (int64_t t2 = c0; t2 < c1; ++t2) {
+          dp[t2 - c0] = t2 <= tt ? a[t2] * (da[static_cast<size_t>(t2)] - s) : 0.0f;
+        }
+      };
+      ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t p0, int64_t p1) {
+        const int64_t base = b * T, np = p1 - p0;
+        ForEachHeadSegment(t.c0, t.c1, C, hs, [&](int64_t part, int64_t h, int64_t i0, int64_t i1) {
+          const int64_t arow = (b * NH + h) * T, hc = h * hs, ni = i1 - i0;
+          auto at = [&](int64_t p, int64_t i) {
+            const size_t e = static_cast<size_t>((base + p - t.r0) * K + part * C + hc + i - t.c0);
+            part_of[e] = static_cast<int8_t>(part);
+            return e;
+          };
+          if (part == 2) {
+            const std::vector<float> a = dense(o.b, arow + k0, arow + k1, p0, p1);  // (nk, np)
+            const std::vector<float> g = dense(o.x, base + k0, base + k1, hc + i0, hc + i1);
+            for (int64_t p = p0; p < p1; ++p) {
+              for (int64_t i = i0; i < i1; ++i) {
+                float& x = acc[at(p, i)];
+                for (int64_t tt = 0; tt < nk; ++tt) {
+                  x = __builtin_fmaf(a[static_cast<size_t>(tt * np + p - p0)],
+                                     g[static_cast<size_t>(tt * ni + i - i0)], x);
+                }
+              }
+            }
+            return;
+          }
+          const int64_t r0 = part == 0 ? p0 : k0, r1 = part == 0 ? p1 : k1;
+          const std::vector<float> a = dense(o.b, arow + r0, arow + r1, 0, T);  // (rows, T)
+          const std::vector<float> g = dense(o.x, base + r0, base + r1, hc, hc + hs);
+          const std::vector<float> v = dense(o.w, base, base + T, 2 * C + hc, 2 * C + hc + hs);
+          const int64_t other = part == 0 ? C : 0;
+          const std::vector<float> kq =
+              dense(o.w, base + k0, base + k1, other + hc + i0, other + hc + i1);  // (nk, ni)
+          if (part == 0) {  // dq[p, i]: over the block's keys t2
+            std::vector<float> dp(static_cast<size_t>(nk));
+            for (int64_t p = p0; p < p1; ++p) {
+              dp_row(a.data() + (p - p0) * T, g.data() + (p - p0) * hs, v, p, k0, k1, dp.data());
+              for (int64_t i = i0; i < i1; ++i) {
+                float& x = acc[at(p, i)];
+                for (int64_t t2 = 0; t2 < nk; ++t2) {
+                  x = __builtin_fmaf(dp[static_cast<size_t>(t2)],
+                                     kq[static_cast<size_t>(t2 * ni + i - i0)], x);
+                }
+              }
+            }
+            return;
+          }
+          // dk[p, i]: over the block's queries t, dP[t, p] from row t.
+          std::vector<float> dp(static_cast<size_t>(nk * np));
+          for (int64_t tt = 0; tt < nk; ++tt) {
+            dp_row(a.data() + tt * T, g.data() + tt * hs, v, k0 + tt, p0, p1, dp.data() + tt * np);
+          }
+          for (int64_t p = p0; p < p1; ++p) {
+            for (int64_t i = i0; i < i1; ++i) {
+              float& x = acc[at(p, i)];
+              for (int64_t tt = 0; tt < nk; ++tt) {
+                x = __builtin_fmaf(dp[static_cast<size_t>(tt * np + p - p0)],
+                                   kq[static_cast<size_t>(tt * ni + i - i0)], x);
+              }
+            }
+          }
+        });
+      });
+      if (block + 1 < blocks) {
+        out = std::move(acc);
+        break;
+      }
+      for (size_t e = 0; e < acc.size(); ++e) {
+        out[e] = part_of[e] == 2 ? 0.0f + acc[e] : 0.0f + acc[e] * scale;
+      }
+      break;
+    }
+    case TileOpKind::kTileOpEmbedding: {
+      // model.cc: EmbeddingForward copies the rows (no rounding), ResidualForward adds them.
+      internal::FpEnvGuard fp_guard;
+      const int64_t T = o.conv[0];
+      const std::vector<float> wte = dense(o.x, 0, plan.classes, t.c0, t.c1);  // (V, K)
+      const std::vector<float> wpe = dense(o.w, 0, T, t.c0, t.c1);             // (T, K)
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t tok = in.tokens[static_cast<size_t>(r)], pos = (t.r0 + r) % T;
+        for (int64_t c = 0; c < K; ++c) {
+          out[static_cast<size_t>(r * K + c)] =
+              wte[static_cast<size_t>(tok * K + c)] + wpe[static_cast<size_t>(pos * K + c)];
+        }
+      }
+      break;
+    }
+    case TileOpKind::kTileOpEmbeddingGrad: {
+      // wte: the tied head's dW chain (kernels.h: fma(dlogits[n, v], ln_f[n, c], acc) over n
+      // from 0; then the zeroed gradient's 0 + acc), then EmbeddingBackward's: for each row v
+      // some token hits, acc = the chain over n of acc + dres[n, c] for tokens[n] == v, from 0,
+      // and grad += acc. wpe: the same by position on a zeroed gradient. A row nothing hits
+      // keeps its value, which is what + 0 gives: neither the head's 0 + acc nor a chain from +0
+      // can be -0.
+      internal::FpEnvGuard fp_guard;
+      const int64_t nb = TileRuleRowBlocks(plan.batch), n = t.numel();
+      const bool head = o.b >= 0;
+      if (head && block < nb) {
+        const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+        std::vector<float> acc = in.partial.empty() ? out : in.partial;
+        const std::vector<float> d = dense(o.b, b0, b1, t.r0, t.r1);  // (NB, R)
+        const std::vector<float> x = dense(o.v, b0, b1, t.c0, t.c1);  // (NB, K)
+        for (int64_t vv = 0; vv < R; ++vv) {
+          for (int64_t c = 0; c < K; ++c) {
+            float a = acc[static_cast<size_t>(vv * K + c)];
+            for (int64_t b = 0; b < b1 - b0; ++b)
+              a = __builtin_fmaf(d[static_cast<size_t>(b * R + vv)],
+                                 x[static_cast<size_t>(b * K + c)], a);
+            acc[static_cast<size_t>(vv * K + c)] = a;
+          }
+        }
+        if (block + 1 < nb) {
+          out = std::move(acc);
+          break;
+        }
+        // The head's dW is done (0 + acc into the zeroed gradient); the embedding's own
+        // accumulator starts from 0.
+        out.assign(static_cast<size_t>(2 * n), 0.0f);
+        for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = 0.0f + acc[i];
+        break;
+      }
+      const int64_t T = o.conv[0];
+      const auto [b0, b1] = TileRuleBlockRows(plan.batch, head ? block - nb : block);
+      std::vector<float> state = in.partial;
+      if (state.empty()) state.assign(static_cast<size_t>(n), 0.0f);
+      float* acc = state.data() + (head ? n : 0);
+      const std::vector<float> d = dense(o.x, b0, b1, t.c0, t.c1);  // (NB, K)
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t id = o.conv[1] == 1 ? in.tokens[static_cast<size_t>(b - b0)] : b % T;
+        if (id < t.r0 || id >= t.r1) continue;
+        for (int64_t c = 0; c < K; ++c) {
+          float& a = acc[(id - t.r0) * K + c];
+          a = a + d[static_cast<size_t>((b - b0) * K + c)];
+        }
+      }
+      if (block + 1 < blocks) {
+        out = std::move(state);
+        break;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        out[static_cast<size_t>(i)] = (head ? state[static_cast<size_t>(i)] : 0.0f) + acc[i];
+      }
+      break;
+    }
     case TileOpKind::kTileOpAdamW:
     case TileOpKind::kTileOpSgd: {
       std::vector<float> w = dense(o.x, t.r0, t.r1, t.c0, t.c1);
@@ -1261,6 +1568,11 @@ TileInputs GatherTileInputs(const TilePlan& plan, const TileFootprint& fp, const
                                    plan.ops[static_cast<size_t>(r.op)].grid, r.tile));
   }
   for (int64_t row : fp.batch_rows) {
+    if (plan.tokens) {
+      in.tokens.push_back(batch.tokens[static_cast<size_t>(row)]);
+      in.y.push_back(batch.targets[static_cast<size_t>(row)]);
+      continue;
+    }
     const float* x = batch.inputs.data() + row * plan.input_size;
     in.x.emplace_back(x, x + plan.input_size);
     in.y.push_back(batch.targets[static_cast<size_t>(row)]);

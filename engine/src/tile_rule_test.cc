@@ -547,8 +547,12 @@ TEST(TileRuleTest, TheCnnsCoveredOperatorsRecomputeAndTheRestIsOpaque) {
 // on every fast path, every tile of every covered operator (the linears, layernorms, attention
 // (tiles spanning two heads of 20 columns, and two sequences of 24 rows), gelus and residual
 // adds; ln_f and the LM head; the backward's head input gradient, ln_f's backward and the linears'
-// weight and bias gradients, chained block by block; the update) recomputes from its footprint to
-// the traced bits, and the rest (embeddings, the token loss, the rest of the backward) is opaque.
+// weight and bias gradients, chained block by block; the token embeddings (encoded: tiles of
+// rows of two sequences, whose positions wrap), the token loss and its gradient, wte's gradient
+// (the tied head's dW chain, then the rows by token) and wpe's (the rows by position), both
+// chained block by block; the attention backward (qkv.grad: tiles of q, k and v columns of two
+// heads and two sequences); the update) recomputes from its footprint to the traced bits:
+// every computed operator is covered.
 constexpr char kSmallGpt[] = R"(
 [task]
 name = "tile-gpt"
@@ -602,12 +606,19 @@ void ExpectEveryCoveredGptTileRecomputes() {
     }
     ++covered;
     ++kinds[op.kind];
-    // The parameter gradients are reductions over the 48 rows: two blocks of 32, chained.
+    // The parameter gradients are reductions over the 48 rows: two blocks of 32, chained (wte's
+    // twice: the tied head's chain, then the embedding's).
     const bool reduction = op.kind == TileOpKind::kTileOpLinearWeightGrad ||
                            op.kind == TileOpKind::kTileOpLinearBiasGrad ||
                            op.kind == TileOpKind::kTileOpLayerNormWeightGrad ||
-                           op.kind == TileOpKind::kTileOpLayerNormBiasGrad;
-    ASSERT_EQ(ReductionBlocks(*plan, jj), reduction ? 2 : 0) << op.name;
+                           op.kind == TileOpKind::kTileOpLayerNormBiasGrad ||
+                           op.kind == TileOpKind::kTileOpEmbeddingGrad ||
+                           op.kind == TileOpKind::kTileOpAttentionBackward;
+    // (The attention backward's chains run over a sequence's 24 positions: one block.)
+    const int64_t want_blocks = op.name == "transformer.wte.weight.grad"          ? 4
+                                : op.kind == TileOpKind::kTileOpAttentionBackward ? 1
+                                                                                  : 2;
+    ASSERT_EQ(ReductionBlocks(*plan, jj), reduction ? want_blocks : 0) << op.name;
     for (int64_t t = 0; t < op.grid.count(); ++t) {
       if (reduction) {
         Result<std::vector<std::vector<float>>> chain =
@@ -634,8 +645,14 @@ void ExpectEveryCoveredGptTileRecomputes() {
   // attention's (qkv.grad): the input gradients of its four linears and of its gelu, the two
   // layernorms' input gradients added into the residual gradients (residual3.grad,
   // residual.grad), the four linears' and the two layernorms' weight and bias gradients (19); and
-  // the (unclipped) update of each of the 28 parameters.
-  EXPECT_EQ(covered, 2 * 11 + 2 + 1 + 3 + 2 * 19 + 28);
+  // the (unclipped) update of each of the 28 parameters; encoded, the loss, logits.grad, and
+  // wte's and wpe's gradients.
+  EXPECT_EQ(covered, 2 * 11 + 2 + 1 + 3 + 2 * 20 + 28 + 5);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpAttentionBackward], 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpEmbedding], 1);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpEmbeddingGrad], 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLoss], 1);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLossGrad], 1);
   EXPECT_EQ(kinds[TileOpKind::kTileOpGeluInputGrad], 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpLayerNormInputGrad], 1 + 2 * 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpLayerNormWeightGrad], 1 + 2 * 2);
@@ -715,6 +732,76 @@ TEST(TileRuleTest, GptLayerNormAndResidualTilesDependOnTheirWholeFootprint) {
   }
 }
 
+// The token operators read their rows' tokens: changing any one token (or target) of the
+// footprint changes the recomputed tile of encoded, the loss, logits.grad and a block of wte's
+// gradient's rows by token; wpe's gradient reads no token.
+TEST(TileRuleTest, GptTokenTilesDependOnTheirTokens) {
+  Result<TaskSpec> spec = TaskSpec::Parse(kSmallGpt, "tile-gpt.toml", ".");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  spec->model.gpt.vocab_size = 64;  // a plan only: no data to take it from
+  Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, spec->batch_size);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_TRUE(plan->tokens);
+  const int64_t nb = (plan->batch + kTileRows - 1) / kTileRows;
+  Rng rng(11);
+  struct Case {
+    const char* op;
+    int64_t block;
+    bool targets;  // the change is to a target (the loss), not a token
+  };
+  for (const Case& c : {Case{"encoded", 0, false}, Case{"loss", 0, true},
+                        Case{"logits.grad", 0, true},
+                        Case{"transformer.wte.weight.grad", nb, false}}) {
+    const std::string name = c.op;
+    int64_t j = -1;
+    for (size_t i = 0; i < plan->ops.size(); ++i) {
+      if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
+    }
+    ASSERT_GE(j, 0) << name;
+    Result<TileFootprint> fp = Footprint(*plan, j, 0, c.block);
+    ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+    ASSERT_EQ(fp->batch_rows.size(), 32u) << name;
+    TileInputs in;
+    for (const TileRef& r : fp->tiles) {
+      std::vector<float> v(
+          static_cast<size_t>(plan->ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel()));
+      for (float& f : v) f = static_cast<float>(rng.UniformDouble()) - 0.5f;
+      in.tiles.push_back(std::move(v));
+    }
+    for (size_t i = 0; i < fp->batch_rows.size(); ++i) {
+      in.tokens.push_back(static_cast<int32_t>(rng.Uniform(32)));  // rows of wte's tile 0
+      in.y.push_back(static_cast<int32_t>(rng.Uniform(64)));
+    }
+    if (c.block > 0) {
+      const TileGrid& g = plan->ops[static_cast<size_t>(j)].grid;
+      in.partial.resize(static_cast<size_t>(2 * g.TileRect(0).numel()));
+      for (float& f : in.partial) f = static_cast<float>(rng.UniformDouble());
+    }
+    Result<std::vector<float>> base = RecomputeTile(*plan, j, 0, c.block, 0, in);
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    for (size_t i = 0; i < fp->batch_rows.size(); ++i) {
+      TileInputs changed = in;
+      int32_t& t = c.targets ? changed.y[i] : changed.tokens[i];
+      t = (t + 1) % 32;
+      Result<std::vector<float>> got = RecomputeTile(*plan, j, 0, c.block, 0, changed);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_FALSE(SameBits(*got, *base)) << name << " row " << i;
+    }
+    // A token outside the vocabulary is refused, not read.
+    TileInputs bad = in;
+    bad.tokens[0] = 64;
+    EXPECT_FALSE(RecomputeTile(*plan, j, 0, c.block, 0, bad).ok()) << name;
+  }
+  int64_t wpe = -1;
+  for (size_t i = 0; i < plan->ops.size(); ++i) {
+    if (plan->ops[i].name == "transformer.wpe.weight.grad") wpe = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(wpe, 0);
+  Result<TileFootprint> fp = Footprint(*plan, wpe, 0, 0);
+  ASSERT_TRUE(fp.ok());
+  EXPECT_TRUE(fp->batch_rows.empty());
+}
+
 // The 10M GPT's shape (examples/code-gpt-10m.toml, one sequence of 256 tokens): the plan is the
 // trace's operator list, and every tile of its covered forward operators (the first and last
 // layer's qkv, attention projection, MLP up and down projections, the tied LM head; the first
@@ -775,7 +862,16 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
         std::string("transformer.h.0.mlp.c_fc.weight.grad"),
         std::string("transformer.h.0.mlp.c_fc.bias.grad"),
         "transformer.h." + std::to_string(L) + ".mlp.c_proj.weight.grad",
-        "transformer.h." + std::to_string(L) + ".mlp.c_proj.bias.grad"}) {
+        "transformer.h." + std::to_string(L) + ".mlp.c_proj.bias.grad",
+        // The token operators: encoded (the rows' tokens, wte's column strip over the 172
+        // rows, wpe's rows), the token loss and its gradient (the logits rows and their targets),
+        // wte's gradient (the tied head's chain over the rows, then the rows by token) and
+        // wpe's (by position).
+        std::string("encoded"), std::string("loss"), std::string("logits.grad"),
+        std::string("transformer.wte.weight.grad"), std::string("transformer.wpe.weight.grad"),
+        // The attention backward: q's, k's and v's gradients, chains over the 256 positions in
+        // blocks of 32.
+        std::string("h.0.qkv.grad"), "h." + std::to_string(L) + ".qkv.grad"}) {
     int64_t j = -1;
     for (size_t i = 0; i < plan->ops.size(); ++i) {
       if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
@@ -789,7 +885,8 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     const int64_t blocks = ReductionBlocks(*plan, j);
     EXPECT_EQ(blocks > 0, name.ends_with("fcproj") || name.starts_with("grad_norm") ||
                               name.ends_with("weight.grad") || name.ends_with("bias.grad") ||
-                              name.ends_with("ln1.grad") || name.ends_with("ln2.grad"))
+                              name.ends_with("ln1.grad") || name.ends_with("ln2.grad") ||
+                              name.ends_with("qkv.grad"))
         << name;
     for (int64_t t = 0; t < op.grid.count(); ++t) {
       for (int64_t k = 0; k < std::max<int64_t>(blocks, 1); ++k) {
@@ -823,11 +920,11 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     EXPECT_LE(footprint_floats * 4, 200 * 1024) << name;
   }
   EXPECT_GT(checked, 1000);
-  // Everything else is opaque, with a reason: 264 of its 275 computed operators are covered (per
-  // layer 4 linears, 2 layernorms, att and atty, a gelu and 2 residual adds, and its backward
-  // but the attention's: 19; ln_f and the LM head, the head's input gradient and ln_f's backward
-  // (3); the global norm's two operators and the clipped update of each of the 76 parameters).
-  // Opaque: encoded, the loss and logits.grad, wte's and wpe's gradients, each layer's qkv.grad.
+  // Every one of its 275 computed operators is covered (per layer 4 linears, 2 layernorms, att
+  // and atty, a gelu and 2 residual adds, and its backward: 20; ln_f and the LM head, the head's
+  // input gradient and ln_f's backward (3); the global norm's two operators and the clipped
+  // update of each of the 76 parameters; encoded, the loss, logits.grad, wte's and wpe's
+  // gradients).
   int64_t computed = 0, covered = 0;
   for (const TileOp& op : plan->ops) {
     if (op.kind == TileOpKind::kTileOpState) continue;
@@ -839,7 +936,8 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     }
   }
   EXPECT_EQ(computed, 275);
-  EXPECT_EQ(covered, 6 * 11 + 6 * 19 + 2 + 1 + 3 + 2 + 76);
+  EXPECT_EQ(covered, 6 * 11 + 6 * 20 + 2 + 1 + 3 + 2 + 76 + 5);
+  EXPECT_EQ(covered, computed);
 }
 
 }  // namespace tile_rule_test

@@ -221,6 +221,11 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
   }
   ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, bundle, where));
   const bool tokens = r.spec.data.format != "idx" && r.spec.data.format != "npy";
+  if (!tokens && t.params.data_page_tokens != 0) {
+    return FailedPrecondition(where + ": task " + t.id.ShortHex() +
+                              " reads examples, but its data root is declared over token pages "
+                              "(params.data_page_tokens); send no bundle (whole steps)");
+  }
   if (!tokens && t.params.data_root.IsZero()) {
     return FailedPrecondition(where + ": task " + t.id.ShortHex() +
                               " has no data root, so the ledger cannot check the examples a "
@@ -251,6 +256,14 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
   ctx.stream = r.stream;
   ctx.num_examples = t.params.num_examples;
   ctx.data_root = t.params.data_root;
+  if (tokens && t.params.data_page_tokens != engine::kTokenPageTokens) {
+    // No root over the token pages: the operators that read the batch's tokens stay with the
+    // whole step.
+    ctx.data_root = Hash256{};
+    TokenOpsOpaque(&ctx.plan, "the task has no data root over its token pages "
+                              "(params.data_page_tokens = 0), so the tokens a tile reads cannot "
+                              "be proven");
+  }
   return ctx;
 }
 

@@ -1,5 +1,6 @@
 #include "meshlearn/ledger/referee_tile.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,8 @@ namespace meshlearn::ledger {
 namespace {
 
 constexpr char kTileWitnessMagic[] = "meshlearn.tile_witness.v1";
+// A witness with token pages (after the partial sum); one without keeps the v1 bytes.
+constexpr char kTileWitnessMagicPages[] = "meshlearn.tile_witness.v2";
 constexpr uint32_t kTileWitnessMaxItems = 1u << 20;
 
 void TileWitnessPutFloats(Encoder& e, const std::vector<float>& v) {
@@ -39,11 +42,77 @@ Status TileWitnessGetProof(Decoder& d, MerkleProof* p, std::string_view field) {
   return Status::Ok();
 }
 
+// RuleTile's step 3 for a token task: the witness's pages must be exactly those holding the
+// footprint's rows' tokens and targets (engine::TokenPagesOfRows), each of its full length and
+// proven against the data root; the rows' tokens and targets are read from them.
+Status TileRuleTokens(const TileRuleContext& ctx, const protocol::RefereeTask& task,
+                      const engine::TileFootprint& fp, const TileWitness& w,
+                      const std::string& where, engine::TileInputs* in) {
+  if (!w.examples.empty()) {
+    return InvalidArgument(where + ": the witness has examples; a token task's rows read pages");
+  }
+  if (fp.batch_rows.empty()) {
+    if (!w.pages.empty()) {
+      return InvalidArgument(where + ": the witness has " + std::to_string(w.pages.size()) +
+                             " token pages; the footprint reads no tokens");
+    }
+    return Status::Ok();
+  }
+  const engine::TilePlan& plan = ctx.plan;
+  const int64_t T = plan.seq_len, n = static_cast<int64_t>(ctx.num_examples);
+  if (ctx.data_root.IsZero()) {
+    return InvalidArgument(where + ": the task has no data root; its tokens cannot be proven");
+  }
+  if (T < 1 || n < T + 1) {
+    return InvalidArgument(where + ": the task's token stream has " + std::to_string(n) +
+                           " tokens, fewer than a window of " + std::to_string(T + 1));
+  }
+  const int64_t B = plan.batch / T, step = static_cast<int64_t>(task.step) - 1;
+  const std::vector<int64_t> want =
+      engine::TokenPagesOfRows(ctx.seed, ctx.stream, step, B, T, n, fp.batch_rows);
+  if (w.pages.size() != want.size()) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(w.pages.size()) +
+                           " token pages; the footprint's rows lie in " +
+                           std::to_string(want.size()));
+  }
+  const uint64_t num_pages =
+      static_cast<uint64_t>((n + engine::kTokenPageTokens - 1) / engine::kTokenPageTokens);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const TileWitnessPage& p = w.pages[i];
+    const int64_t first = want[i] * engine::kTokenPageTokens;
+    const size_t len = static_cast<size_t>(std::min(n - first, engine::kTokenPageTokens));
+    if (p.page != static_cast<uint64_t>(want[i]) || p.tokens.size() != len) {
+      return InvalidArgument(where + ": token page " + std::to_string(i) + " is page " +
+                             std::to_string(p.page) + " of " + std::to_string(p.tokens.size()) +
+                             " tokens; the rows need page " + std::to_string(want[i]) + " of " +
+                             std::to_string(len));
+    }
+    if (p.proof.index != p.page || p.proof.leaf_count != num_pages ||
+        !MerkleVerify(ctx.data_root, engine::TokenPageLeaf(p.page, p.tokens), p.proof)) {
+      return InvalidArgument(where + ": token page " + std::to_string(p.page) +
+                             " is not proven against the data root " + ctx.data_root.ShortHex());
+    }
+  }
+  const std::vector<int64_t> starts = engine::WindowStarts(ctx.seed, ctx.stream, step, B, n, T);
+  auto token_at = [&](int64_t pos) {
+    const int64_t page = pos / engine::kTokenPageTokens;
+    const size_t i =
+        static_cast<size_t>(std::lower_bound(want.begin(), want.end(), page) - want.begin());
+    return w.pages[i].tokens[static_cast<size_t>(pos - page * engine::kTokenPageTokens)];
+  };
+  for (int64_t row : fp.batch_rows) {
+    const int64_t pos = starts[static_cast<size_t>(row / T)] + row % T;
+    in->tokens.push_back(token_at(pos));
+    in->y.push_back(token_at(pos + 1));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Bytes EncodeTileWitness(const TileWitness& w) {
   Encoder e;
-  e.PutString(kTileWitnessMagic);
+  e.PutString(w.pages.empty() ? kTileWitnessMagic : kTileWitnessMagicPages);
   e.PutU32(static_cast<uint32_t>(w.outputs.size()));
   for (const Hash256& h : w.outputs) e.PutHash(h);
   e.PutU32(static_cast<uint32_t>(w.tiles.size()));
@@ -60,6 +129,14 @@ Bytes EncodeTileWitness(const TileWitness& w) {
     TileWitnessPutProof(e, x.proof);
   }
   TileWitnessPutFloats(e, w.partial);
+  if (!w.pages.empty()) {
+    e.PutU32(static_cast<uint32_t>(w.pages.size()));
+    for (const TileWitnessPage& p : w.pages) {
+      e.PutU64(p.page).PutU32(static_cast<uint32_t>(p.tokens.size()));
+      for (int32_t t : p.tokens) e.PutU32(static_cast<uint32_t>(t));
+      TileWitnessPutProof(e, p.proof);
+    }
+  }
   return e.Take();
 }
 
@@ -67,9 +144,10 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes) {
   Decoder d(bytes, "tile witness");
   std::string magic;
   ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
-  if (magic != kTileWitnessMagic) {
+  const bool pages = magic == kTileWitnessMagicPages;
+  if (magic != kTileWitnessMagic && !pages) {
     return InvalidArgument("tile witness: magic '" + magic + "', expected '" + kTileWitnessMagic +
-                           "'");
+                           "' (or '" + kTileWitnessMagicPages + "' with token pages)");
   }
   TileWitness w;
   uint32_t n = 0;
@@ -95,6 +173,26 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes) {
     ML_RETURN_IF_ERROR(TileWitnessGetProof(d, &x.proof, "example.proof"));
   }
   ML_RETURN_IF_ERROR(TileWitnessGetFloats(d, &w.partial, "partial"));
+  if (pages) {
+    ML_RETURN_IF_ERROR(d.GetCount(&n, "pages", kTileWitnessMaxItems, 24));
+    if (n == 0) {
+      return InvalidArgument(std::string("tile witness: a '") + kTileWitnessMagicPages +
+                             "' witness holds at least one token page");
+    }
+    w.pages.resize(n);
+    for (TileWitnessPage& p : w.pages) {
+      ML_RETURN_IF_ERROR(d.GetU64(&p.page, "page.index"));
+      uint32_t k = 0;
+      ML_RETURN_IF_ERROR(d.GetCount(&k, "page.tokens", kTileWitnessMaxItems, 4));
+      p.tokens.resize(k);
+      for (int32_t& t : p.tokens) {
+        uint32_t u = 0;
+        ML_RETURN_IF_ERROR(d.GetU32(&u, "page.tokens"));
+        t = static_cast<int32_t>(u);
+      }
+      ML_RETURN_IF_ERROR(TileWitnessGetProof(d, &p.proof, "page.proof"));
+    }
+  }
   ML_RETURN_IF_ERROR(d.Finish());
   return w;
 }
@@ -102,7 +200,8 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes) {
 Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol::RefereeTask& task,
                                      const engine::OpTrace& trace, const engine::Batch& batch,
                                      const engine::ClassificationData* train,
-                                     const engine::DataTree* tree) {
+                                     const engine::DataTree* tree,
+                                     const engine::TokenPageTree* pages) {
   const engine::TilePlan& plan = ctx.plan;
   if (!task.tile || task.operator_index == 0 || task.operator_index > plan.ops.size() ||
       trace.size() != plan.ops.size()) {
@@ -124,7 +223,22 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
                                       engine::ExtractTile(trace.values(i), g, r.tile),
                                       MerkleProve(hashes[i], static_cast<uint64_t>(r.tile))});
   }
-  if (!fp.batch_rows.empty()) {
+  if (!fp.batch_rows.empty() && plan.tokens) {
+    if (pages == nullptr) {
+      return FailedPrecondition(
+          "tile witness: the footprint reads the batch's tokens; give the "
+          "token pages");
+    }
+    const int64_t T = plan.seq_len;
+    for (int64_t p :
+         engine::TokenPagesOfRows(ctx.seed, ctx.stream, static_cast<int64_t>(task.step) - 1,
+                                  plan.batch / T, T, pages->num_tokens(), fp.batch_rows)) {
+      const std::span<const int32_t> tokens = pages->Page(p);
+      w.pages.push_back(TileWitnessPage{static_cast<uint64_t>(p),
+                                        std::vector<int32_t>(tokens.begin(), tokens.end()),
+                                        pages->Prove(p)});
+    }
+  } else if (!fp.batch_rows.empty()) {
     if (train == nullptr || tree == nullptr) {
       return FailedPrecondition("tile witness: the footprint reads examples; give the data");
     }
@@ -216,6 +330,20 @@ Result<DisputeMoveAnswer> AnswerTileQuery(const TileRuleContext& ctx,
   }
   return InvalidArgument(where + ": stage " + std::string(protocol::DisputeStageName(q.stage)) +
                          " is not answered from a step's trace");
+}
+
+void TokenOpsOpaque(engine::TilePlan* plan, const std::string& why) {
+  if (!plan->tokens) return;
+  for (engine::TileOp& op : plan->ops) {
+    const bool reads_tokens =
+        op.kind == engine::TileOpKind::kTileOpEmbedding ||
+        op.kind == engine::TileOpKind::kTileOpLoss ||
+        op.kind == engine::TileOpKind::kTileOpLossGrad ||
+        (op.kind == engine::TileOpKind::kTileOpEmbeddingGrad && op.conv.at(1) == 1);
+    if (!reads_tokens) continue;
+    op.kind = engine::TileOpKind::kTileOpOpaque;
+    op.opaque = why;
+  }
 }
 
 void SetTilePhase(const engine::TilePlan& plan, protocol::DisputeConfig* config) {
@@ -313,13 +441,19 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
     }
     in.tiles.push_back(t.values);
   }
-  // 3. The examples: the batch's, at the footprint's rows, proven against the data root.
-  if (w.examples.size() != fp.batch_rows.size()) {
+  // 3. The examples: the batch's, at the footprint's rows, proven against the data root; a token
+  // task's tokens and targets: from the pages holding them, each proven against the data root.
+  if (plan.tokens) {
+    ML_RETURN_IF_ERROR(TileRuleTokens(ctx, task, fp, w, where, &in));
+  } else if (w.examples.size() != fp.batch_rows.size()) {
     return InvalidArgument(where + ": the witness has " + std::to_string(w.examples.size()) +
                            " examples; the footprint reads batch rows " +
                            std::to_string(fp.batch_rows.size()));
   }
-  if (!fp.batch_rows.empty()) {
+  if (!plan.tokens && !w.pages.empty()) {
+    return InvalidArgument(where + ": the witness has token pages; the task reads examples");
+  }
+  if (!plan.tokens && !fp.batch_rows.empty()) {
     const std::vector<int64_t> indices =
         engine::BatchIndices(ctx.seed, ctx.stream, static_cast<int64_t>(ctx.num_examples),
                              plan.batch, static_cast<int64_t>(task.step) - 1);

@@ -116,6 +116,7 @@ struct Setup {
   TileRuleContext ctx;
   const engine::ClassificationData* train = nullptr;  // the examples witnesses read (or none)
   const engine::DataTree* tree = nullptr;
+  const engine::TokenPageTree* pages = nullptr;  // a token task's pages (or none)
 };
 
 TileRuleContext ContextOf(Trainer& tr, uint64_t num_examples, const Hash256& data_root) {
@@ -150,7 +151,8 @@ const Setup& FashionSetup() {
   return *setup;
 }
 
-// examples/code-gpt-10m.toml (10.8M parameters, the code corpus) at one sequence of 256 tokens.
+// examples/code-gpt-10m.toml (10.8M parameters, the code corpus) at one sequence of 256 tokens,
+// its data root over the train stream's token pages.
 const Setup& GptSetup() {
   static const Setup* setup = [] {
     auto* s = new Setup;
@@ -167,7 +169,8 @@ const Setup& GptSetup() {
       CHECK(tr.ok()) << tr.status().ToString();
       return std::move(*tr);
     };
-    s->ctx = ContextOf(*s->make(), 0, Hash256{});  // a token task: no example is read
+    s->pages = new engine::TokenPageTree(shared->second.train_tokens.tokens);
+    s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(s->pages->num_tokens()), s->pages->root());
     return s;
   }();
   return *setup;
@@ -417,8 +420,8 @@ Move Answer(const PartyRun& run, const DisputeQuery& q) {
 // holding the agreed inputs can: every input is agreed, so the liar's witness is the honest one's).
 TileWitness BuildWitness(const PartyRun& run, const RefereeTask& task) {
   const StepRecord& r = run.steps.at(task.step);
-  Result<TileWitness> w =
-      BuildTileWitness(Context(), task, *r.trace, r.batch, g_setup->train, g_setup->tree);
+  Result<TileWitness> w = BuildTileWitness(Context(), task, *r.trace, r.batch, g_setup->train,
+                                           g_setup->tree, g_setup->pages);
   CHECK(w.ok()) << w.status().ToString();
   return std::move(*w);
 }
@@ -704,6 +707,85 @@ TEST(TileDisputeTest, OnThe10mGptALieAtAGradientTileLosesToTheTileRule) {
   ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT gradients");
 }
 
+DisputeGame GameAtReferee(const PartyRun& liar);
+void ExpectRefused(const RefereeTask& task, const TileWitness& w, const std::string& what);
+
+// The 10M GPT's token operators, their batch rows' tokens proven by the pages of the train stream
+// that hold them (the task's data root): encoded (the rows' tokens, wte's column strip, wpe's
+// rows), the token loss and its gradient (the logits rows, their targets), wte's gradient (the
+// tied head's dW chain over the rows, blocks 0-7, then the rows by token, blocks 8-15) and wpe's
+// (the rows by position; block 2 holds positions 64-95); and the attention backward (qkv.grad: a
+// tile of one head's q, k or v gradient, its chains over the sequence's 256 positions narrowed
+// into blocks of 32).
+TEST(TileDisputeTest, OnThe10mGptALieAtATokenOperatorOrTheAttentionBackwardLoses) {
+  g_setup = &GptSetup();
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "encoded", 100, 200},
+      {LieKind::kTile, "loss", 77, 0},
+      {LieKind::kTile, "logits.grad", 200, 100},
+      {LieKind::kTile, "transformer.wte.weight.grad", 50, 100, 3},   // the head's chain
+      {LieKind::kTile, "transformer.wte.weight.grad", 50, 100, 11},  // the rows by token
+      {LieKind::kTile, "transformer.wte.weight.grad", 171, 383, 15},
+      {LieKind::kTile, "transformer.wpe.weight.grad", 70, 5, 2},
+      {LieKind::kTile, "transformer.wpe.weight.grad", 255, 0, 0},
+      {LieKind::kTile, "h.2.qkv.grad", 100, 50, 3},   // dq: over the block's keys
+      {LieKind::kTile, "h.2.qkv.grad", 200, 400, 5},  // dk: over the block's queries
+      {LieKind::kTile, "h.4.qkv.grad", 10, 1000, 0},  // dv
+      {LieKind::kTile, "h.0.qkv.grad", 255, 383, 7},  // dq of the last position, last block
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT token operators and attention backward");
+  // Token pages that do not check out are refused by name: a changed token, a page dropped, a
+  // page's proof for another page, a page cut short, examples in place of pages, and a context
+  // whose data root is not the pages'.
+  const PartyRun liar = Train(Lie{LieKind::kTile, "encoded", 100, 200});
+  DisputeGame g = GameAtReferee(liar);
+  const RefereeTask task = g.referee_task();
+  ASSERT_TRUE(task.tile);
+  const TileWitness good = BuildWitness(Honest(), task);
+  ASSERT_FALSE(good.pages.empty());
+  const Bytes bytes = EncodeTileWitness(good);
+  EXPECT_NE(std::string(bytes.begin(), bytes.begin() + 64).find("meshlearn.tile_witness.v2"),
+            std::string::npos)
+      << "a witness with pages encodes as v2";
+  Result<Hash256> ok = RuleTile(Context(), task, good);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(*ok, task.challenger_output);
+  {
+    TileWitness w = good;
+    w.pages[0].tokens[5] = (w.pages[0].tokens[5] + 1) % 172;
+    ExpectRefused(task, w, "a changed token");
+  }
+  {
+    TileWitness w = good;
+    w.pages.pop_back();
+    ExpectRefused(task, w, "a page dropped");
+  }
+  {
+    TileWitness w = good;
+    w.pages[0].proof.index += 1;
+    ExpectRefused(task, w, "another page's proof");
+  }
+  {
+    TileWitness w = good;
+    w.pages[0].tokens.pop_back();
+    ExpectRefused(task, w, "a page cut short");
+  }
+  {
+    TileWitness w = good;
+    w.examples.push_back(StepWitnessExample{});
+    ExpectRefused(task, w, "examples in place of pages");
+  }
+  {
+    TileRuleContext other = Context();
+    other.data_root = Blake2b("another corpus");
+    Result<Hash256> r = RuleTile(other, task, good);
+    EXPECT_FALSE(r.ok()) << "pages of another corpus were accepted";
+  }
+  Result<TileWitness> decoded = DecodeTileWitness(EncodeTileWitness(good));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(EncodeTileWitness(*decoded), EncodeTileWitness(good));
+}
+
 // A lazy party on the 10M GPT (clipping at 1.0, and the clip acts at the disputed step): it claims
 // the step's forward and backward pass and the global norm as anyone computes them, and every
 // parameter unchanged by the update. The game narrows to the first tile of the first updated
@@ -978,10 +1060,10 @@ const GptTask& ChainGpt() {
     bundle.replace(at, 14, "batch_size = 1");
     const size_t model = bundle.find("[model]\n");
     CHECK(model != std::string::npos);
-    bundle.insert(model + 8,
-                  "vocab_size = " + std::to_string(spec->model.gpt.vocab_size) + "\n");
-    bundle += "\n[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\n"
-              "checkpoint_interval = 4\n";
+    bundle.insert(model + 8, "vocab_size = " + std::to_string(spec->model.gpt.vocab_size) + "\n");
+    bundle +=
+        "\n[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\n"
+        "checkpoint_interval = 4\n";
     out->bundle = std::move(bundle);
     return out;
   }();
@@ -994,9 +1076,16 @@ const Setup& ChainSetup() {
   return *setup;
 }
 
+// The chain's GPT task declares its data root over its token pages (data_page_tokens).
 const Setup& ChainGptSetup() {
-  static const Setup* setup = MakeChainSetup(ChainGptBundle(), &ChainGpt().data,
-                                             std::string(MESHLEARN_SOURCE_DIR) + "/examples");
+  static const Setup* setup = [] {
+    Setup* s = MakeChainSetup(ChainGptBundle(), &ChainGpt().data,
+                              std::string(MESHLEARN_SOURCE_DIR) + "/examples");
+    s->pages = new engine::TokenPageTree(ChainGpt().data.train_tokens.tokens);
+    s->ctx.num_examples = static_cast<uint64_t>(s->pages->num_tokens());
+    s->ctx.data_root = s->pages->root();
+    return s;
+  }();
   return *setup;
 }
 
@@ -1097,8 +1186,13 @@ class TileChainTest : public testing::FollowedChainFixture {
     p.batch_size = 128;
     p.num_examples = kExamples;
     p.verification_window_blocks = 12;
-    // A token task has no data root (its batches are not examples).
-    p.data_root = bundle_ == &ChainGptBundle() ? Hash256{} : Tree().root();
+    // A token task's data root is over its train stream's pages (its batches are not examples).
+    p.data_root = Tree().root();
+    if (bundle_ == &ChainGptBundle()) {
+      p.data_root = ChainGptSetup().pages->root();
+      p.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
+      p.num_examples = static_cast<uint64_t>(ChainGptSetup().pages->num_tokens());
+    }
     const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
     Transaction submit =
         Q(gina_, SubmitTaskTx{.spec_hash = BuildManifest(AsBytes(*bundle_)).id().hash,
@@ -1203,7 +1297,7 @@ class TileChainTest : public testing::FollowedChainFixture {
       std::vector<Transaction> txs;
       for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
         if (quiet && silence->party == party) continue;
-        const KeyPair& node = party == DisputeParty::kDefender ? solver_
+        const KeyPair& node = party == DisputeParty::kDefender            ? solver_
                               : g.config().challenger == wb_.public_key() ? wb_
                                                                           : verifier_;
         const PartyRun& run = party == DisputeParty::kDefender ? defender : challenger;
@@ -1316,8 +1410,8 @@ class TileChainTest : public testing::FollowedChainFixture {
       Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), *bundle_, "test");
       EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
       const StepRecord& rec = honest.steps.at(task.step);
-      Result<TileWitness> w =
-          BuildTileWitness(*ctx, task, *rec.trace, rec.batch, &Data().train, &Tree());
+      Result<TileWitness> w = BuildTileWitness(*ctx, task, *rec.trace, rec.batch, &Data().train,
+                                               &Tree(), g_setup->pages);
       EXPECT_TRUE(w.ok()) << w.status().ToString();
       const Bytes encoded = EncodeTileWitness(*w);
       bytes = encoded.size();
@@ -1401,13 +1495,22 @@ TEST_P(TileChainLieTest, OnTheFashionCnnANarrowedLinearBlockIsRuledOnChain) {
   PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 40, 100, 3}), GetParam(), true);
 }
 
-// The 10M GPT (a token task, so no data root: its covered operators read no example) through the
-// same transactions: a lie at a qkv tile, the liar the solver, ruled by RefereeTile. Slow (two
-// traced runs of 4 steps of 10.8M parameters).
+// The 10M GPT (a token task, its data root over its token pages) through the same transactions:
+// a lie at a qkv tile, the liar the solver, ruled by RefereeTile. Slow (two traced runs of 4 steps
+// of 10.8M parameters).
 TEST_F(TileChainTest, OnThe10mGptALinearTileIsRuledOnChain) {
   UseGpt();
   const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "h.0.qkv", 100, 500}), true, true);
   EXPECT_GT(bytes, 0u);
+}
+
+// A lie at the 10M GPT's token embeddings: the witness carries the pages of the train stream
+// holding the tile's 32 tokens, proven against the task's data root; ruled by RefereeTile.
+TEST_F(TileChainTest, OnThe10mGptATokenEmbeddingTileIsRuledOnChain) {
+  UseGpt();
+  const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "encoded", 40, 300}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
 }
 
 // Lies at the 10M GPT's gradients through the same transactions (one game a ledger): a
@@ -1441,8 +1544,8 @@ TEST_F(TileChainTest, OnThe10mGptALazySolverIsRuledOnChainAtAClippedUpdateTile) 
 // A GPT whose vocabulary is left to its data cannot be planned from its bundle: the ledger refuses
 // the tile phase for it, naming why (its disputes play whole steps), and never aborts on it.
 TEST(TileContextTest, AGptWithoutItsVocabularySizeIsRefusedByName) {
-  Result<std::string> text = Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) +
-                                                      "/examples/code-gpt-10m.toml");
+  Result<std::string> text =
+      Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
   ASSERT_TRUE(text.ok());
   const std::string bundle =
       *text + "\n[network]\nrounds = 1\nunits_per_round = 1\ninner_steps = 4\n";
@@ -1462,6 +1565,28 @@ TEST(TileContextTest, AGptWithoutItsVocabularySizeIsRefusedByName) {
   t.spec_hash = BuildManifest(AsBytes(named)).id().hash;
   Result<TileRuleContext> ok = TileContextOf(t, u, named, "reveal verdict: bundle");
   EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+  // Without a data root over its token pages, the operators reading the batch's tokens are opaque
+  // (their disputes play the whole step); with one, covered. wpe's gradient reads positions only.
+  auto kind_of = [](const TileRuleContext& c, const std::string& name) {
+    for (const engine::TileOp& op : c.plan.ops) {
+      if (op.name == name) return op.kind;
+    }
+    ADD_FAILURE() << "no operator " << name;
+    return engine::TileOpKind::kTileOpState;
+  };
+  const char* token_ops[] = {"encoded", "loss", "logits.grad", "transformer.wte.weight.grad"};
+  for (const char* name : token_ops) {
+    EXPECT_EQ(kind_of(*ok, name), engine::TileOpKind::kTileOpOpaque) << name;
+  }
+  EXPECT_EQ(kind_of(*ok, "transformer.wpe.weight.grad"), engine::TileOpKind::kTileOpEmbeddingGrad);
+  t.params.data_root = Blake2b("the token pages");
+  t.params.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
+  Result<TileRuleContext> pages = TileContextOf(t, u, named, "reveal verdict: bundle");
+  ASSERT_TRUE(pages.ok()) << pages.status().ToString();
+  EXPECT_EQ(pages->data_root, t.params.data_root);
+  for (const char* name : token_ops) {
+    EXPECT_NE(kind_of(*pages, name), engine::TileOpKind::kTileOpOpaque) << name;
+  }
 }
 
 // A bundle is the submitter's text: one declaring a model of 2^20 x 2^20 weights (4 TiB) must be

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "execute.h"
+#include "meshlearn/engine/step_replay.h"
 #include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/round_phase.h"
@@ -267,6 +268,14 @@ Status ValidateTaskTerms(const TaskParams& p, Amount budget, Amount price_cap, b
                            name("checkpoint_interval"));
   }
   ML_RETURN_IF_ERROR(ValidatePipelineTerms(p, verification, name));
+  if (p.data_page_tokens != 0 &&
+      (p.data_page_tokens != engine::kTokenPageTokens || p.data_root.IsZero())) {
+    return InvalidArgument(name("data_page_tokens") + " must be 0 (data_root over examples) or " +
+                           std::to_string(engine::kTokenPageTokens) +
+                           " with a data_root over the token pages (engine::TokenPageTree), got " +
+                           std::to_string(p.data_page_tokens) +
+                           (p.data_root.IsZero() ? " and no data_root" : ""));
+  }
   if (p.tolerance_rel_l2_ppm > 1'000'000 || p.tolerance_cosine_gap_ppb > 1'000'000'000) {
     return InvalidArgument(name("tolerance_rel_l2_ppm") + " must be <= 1000000 and " +
                            name("tolerance_cosine_gap_ppb") +

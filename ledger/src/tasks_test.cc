@@ -87,6 +87,27 @@ TEST_F(TasksTest, ValidateTaskTermsIsWhatSubmitTaskChecks) {
                   .ok());
 }
 
+// A data root is over examples (data_page_tokens 0) or over a token task's pages of 1024 tokens
+// (engine::TokenPageTree); any other page size, or pages without a root, is refused by name.
+TEST_F(TasksTest, DataPageTokensIsZeroOrTheEnginesPageWithARoot) {
+  SubmitTaskTx s = Submit(5000);
+  s.params.data_page_tokens = 1024;
+  s.params.data_root = Hash256{};
+  Receipt r = Run(Tx(alice_, s));
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("params.data_page_tokens must be 0"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("no data_root"), std::string::npos) << r.reason;
+  s.params.data_root = Blake2b("pages");
+  s.params.data_page_tokens = 512;
+  r = Run(Tx(alice_, s));
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("got 512"), std::string::npos) << r.reason;
+  s.params.data_page_tokens = 1024;
+  r = Run(Tx(alice_, s));
+  ASSERT_TRUE(r.ok) << r.reason;
+  EXPECT_EQ(chain_->ListTasks(0, 10).at(0).params.data_page_tokens, 1024u);
+}
+
 TEST_F(TasksTest, CancelRefundsUnspent) {
   Transaction tx = Tx(alice_, Submit(5000));
   Hash256 id = TaskIdFor(alice_.public_key(), tx.nonce);

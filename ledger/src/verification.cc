@@ -673,9 +673,13 @@ Result<RefereeStage> DisputeAtReferee(const LedgerState& s, const Hash256& task_
 }
 
 // Whether the ledger executes this dispute's ruling itself (RefereeStep) rather than taking the
-// genesis referee's word (RuleDispute): a whole step of a task with a data root.
+// genesis referee's word (RuleDispute): a whole step of a task with a data root over examples. A
+// token task's data root (over pages) proves the tokens of a tile (RefereeTile); its whole step
+// (a lie in the step's input state or in the state only) is not executed by the ledger yet (a
+// step witness of its state would not fit), so the genesis referee still rules it.
 bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
-  return !t.params.data_root.IsZero() && task.whole_step && !task.segment;
+  return !t.params.data_root.IsZero() && t.params.data_page_tokens == 0 && task.whole_step &&
+         !task.segment;
 }
 
 Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
@@ -690,8 +694,10 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
   if (!LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition(
         "referee step: the dispute on unit " + std::to_string(tx.index) +
-        (t->params.data_root.IsZero() ? " belongs to a task without a data root"
-                                      : " is not about one whole step (tolerance mode)") +
+        (t->params.data_root.IsZero()          ? " belongs to a task without a data root"
+         : t->params.data_page_tokens != 0     ? " belongs to a token task, whose whole steps the "
+                                                 "ledger does not execute yet"
+                                               : " is not about one whole step (tolerance mode)") +
         "; the genesis referee rules it (RuleDispute)");
   }
   Result<StepWitness> w = DecodeStepWitness(tx.witness.bytes);
@@ -800,9 +806,13 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                               " is verified in tolerance mode, where replays need not match "
                               "hashes bit for bit; only exact-mode units can be proven");
   }
-  if (t->params.data_root.IsZero()) {
+  if (t->params.data_root.IsZero() || t->params.data_page_tokens != 0) {
     return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
-                              " has no data root, so the ledger cannot check a replay's batches");
+                              (t->params.data_root.IsZero()
+                                   ? " has no data root, so the ledger cannot check a replay's "
+                                     "batches"
+                                   : " is a token task, whose segments the ledger does not replay "
+                                     "yet"));
   }
   for (const ProvenFraud& f : t->verification.proven_frauds) {
     // (A rewind re-ran the unit by another solver: that work is the new solver's to answer for.)

@@ -57,6 +57,7 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
   params.num_examples = p.value("num_examples", uint64_t{0});
   params.seed = p.value("seed", uint64_t{0});
   params.model_bytes = p.value("model_bytes", uint64_t{0});
+  params.data_page_tokens = p.value("data_page_tokens", uint32_t{0});
   if (p.contains("data_root") && p["data_root"].is_string()) {
     ML_ASSIGN_OR_RETURN(params.data_root, Hash256::FromHex(p["data_root"].get<std::string>(),
                                                            "params.data_root"));
@@ -96,9 +97,18 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
         "the submitter's data_root does not match the data in the bundle: the ledger's "
         "params.data_root = " +
         p.data_root.ToHex() + " but the bundle's training data gives " +
-        (facts.data_root.IsZero() ? std::string("no data root (a token task)")
-                                  : facts.data_root.ToHex()) +
+        (facts.data_root.IsZero() ? std::string("no data root") : facts.data_root.ToHex()) +
+        (facts.data_page_tokens != 0 ? " (the root over this node's token pages: its corpus is "
+                                       "not the task's)"
+                                     : "") +
         "; refusing it");
+  }
+  if (!p.data_root.IsZero() && p.data_page_tokens != facts.data_page_tokens) {
+    return InvalidArgument("the ledger's params.data_page_tokens = " +
+                           std::to_string(p.data_page_tokens) + " but the bundle's data gives " +
+                           std::to_string(facts.data_page_tokens) +
+                           (facts.data_page_tokens != 0 ? " (a token task)" : " (examples)") +
+                           "; refusing it");
   }
   return Status::Ok();
 }

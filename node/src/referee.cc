@@ -272,6 +272,7 @@ struct RefereeService::TaskTrainer {
   std::unique_ptr<engine::Trainer> trainer;
   TaskFacts facts;
   std::unique_ptr<engine::DataTree> tree;  // built for the first step witness
+  std::unique_ptr<engine::TokenPageTree> pages;  // a token task's, for the first tile witness
   uint64_t last_use = 0;
 };
 
@@ -361,10 +362,11 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
     return Computed{.ruling = std::move(r), .tx = tx};
   }
   if (d.task.tile) return ComputeTileWitness(d, t, params, start.weights, work);
-  // A whole step of a task with a data root (the ledger's record; CheckBundleMatchesLedger made
-  // sure it is the data's): the ledger executes it from our witness.
+  // A whole step of a task with a data root over examples (the ledger's record;
+  // CheckBundleMatchesLedger made sure it is the data's): the ledger executes it from our witness.
+  // A token task's root (over pages) serves its tiles only: its whole step is ruled here.
   const Hash256 data_root = params.data_root;
-  if (d.task.whole_step && !data_root.IsZero()) {
+  if (d.task.whole_step && !data_root.IsZero() && params.data_page_tokens == 0) {
     return ComputeStepWitness(d, t, start.weights, work);
   }
   ML_ASSIGN_OR_RETURN(RefereeRuling r,
@@ -435,10 +437,12 @@ Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
   if (!t->trainer->data().tokens) {
     if (t->tree == nullptr) t->tree = std::make_unique<engine::DataTree>(t->trainer->data().train);
     train = &t->trainer->data().train;
+  } else if (t->pages == nullptr) {
+    t->pages = std::make_unique<engine::TokenPageTree>(t->trainer->data().train_tokens.tokens);
   }
-  ML_ASSIGN_OR_RETURN(
-      ledger::TileWitness w,
-      ledger::BuildTileWitness(ctx, d.task, *traced.trace, traced.batch, train, t->tree.get()));
+  ML_ASSIGN_OR_RETURN(ledger::TileWitness w,
+                      ledger::BuildTileWitness(ctx, d.task, *traced.trace, traced.batch, train,
+                                               t->tree.get(), t->pages.get()));
   // The output the ledger will compute from it (its own rule, on this copy of the task).
   ML_ASSIGN_OR_RETURN(Hash256 output, ledger::RuleTile(ctx, d.task, w));
   ledger::RefereeTileTx tx{.task_id = d.task_id, .index = d.index};

@@ -97,7 +97,8 @@ Status ReachAgreedState(engine::Trainer* trainer, std::span<const float> global,
 }  // namespace
 
 Hash256 TaskDataRoot(const engine::TaskData& data) {
-  if (data.tokens || data.train.size() == 0) return Hash256{};
+  if (data.tokens) return engine::TokenDataRoot(data.train_tokens.tokens);
+  if (data.train.size() == 0) return Hash256{};
   return engine::DataTree(data.train).root();
 }
 

@@ -251,11 +251,12 @@ TEST_F(StepWitnessTest, TheTasksDataRootIsItsTrainingDatasTree) {
   EXPECT_EQ(facts_.data_root, tree_->root());
   EXPECT_EQ(TaskDataRoot(trainer_->data()), tree_->root());
   EXPECT_EQ(MakeTaskParams(facts_, net_, Blake2b("init")).data_root, facts_.data_root);
-  // Token data has no per-example tree.
+  // Token data: the tree over its train stream's pages.
   engine::TaskData tokens;
   tokens.tokens = true;
   tokens.train_tokens.tokens = {1, 2, 3};
-  EXPECT_TRUE(TaskDataRoot(tokens).IsZero());
+  EXPECT_FALSE(TaskDataRoot(tokens).IsZero());
+  EXPECT_EQ(TaskDataRoot(tokens), engine::TokenDataRoot(tokens.train_tokens.tokens));
 }
 
 TEST_F(StepWitnessTest, ANodeRefusesATaskWhoseDataRootIsNotItsData) {
@@ -282,12 +283,22 @@ TEST_F(StepWitnessTest, ANodeRefusesATaskWhoseDataRootIsNotItsData) {
       << s.message();
   EXPECT_NE(s.message().find(wrong.ToHex()), std::string::npos) << s.message();
   EXPECT_NE(s.message().find(facts_.data_root.ToHex()), std::string::npos) << s.message();
-  // A token task (no root of its own) declared with one.
+  // A token task whose corpus is not the task's: this node's pages give another root.
   TaskFacts token_facts = facts_;
-  token_facts.data_root = Hash256{};
+  token_facts.data_root = engine::TokenDataRoot(std::vector<int32_t>{1, 2, 3});
+  token_facts.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
+  task["params"]["data_page_tokens"] = engine::kTokenPageTokens;
   s = CheckBundleMatchesLedger(token_facts, net_, task);
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("token task"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("its corpus is not the task's"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(token_facts.data_root.ToHex()), std::string::npos) << s.message();
+  // The right root, but declared over examples (data_page_tokens 0): refused by name.
+  task["params"]["data_root"] = token_facts.data_root.ToHex();
+  EXPECT_TRUE(CheckBundleMatchesLedger(token_facts, net_, task).ok());
+  task["params"]["data_page_tokens"] = 0;
+  s = CheckBundleMatchesLedger(token_facts, net_, task);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("data_page_tokens"), std::string::npos) << s.message();
   task["params"]["data_root"] = "not hex";
   EXPECT_FALSE(CheckBundleMatchesLedger(facts_, net_, task).ok());
 }

@@ -335,7 +335,9 @@ class Auditor {
   // The fraud proof of unit `u`, whose commitment did not replay from `start`.
   Status Prove(AuditUnit& u, const GlobalState& start, const UnitWork& work) {
     if (trainer_->data().tokens) {
-      u.proof = {{"sent", false}, {"error", "a token task has no data root to prove against"}};
+      u.proof = {{"sent", false},
+                 {"error", "a token task's segments are not replayed by the ledger yet (its data "
+                           "root proves the tokens of a disputed tile, not a segment)"}};
       return Status::Ok();
     }
     if (!tree_) tree_ = std::make_unique<engine::DataTree>(trainer_->data().train);

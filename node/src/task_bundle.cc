@@ -245,7 +245,13 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
   // Without a data root the genesis referee rules the task's disputes: a witness too large for
   // a transaction could never be posted, and a dispute the ledger may not rule would end
   // undecided.
-  if (StepWitnessBound(trainer, f.num_params) <= ledger::kMaxWitnessBytes) {
+  // A token task's root over its pages proves the tokens of a disputed tile; the ledger leaves
+  // its whole steps to the genesis referee (ledger verification.cc's LedgerExecutes), so it is
+  // always declared.
+  if (trainer.data().tokens) {
+    f.data_root = TaskDataRoot(trainer.data());
+    f.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
+  } else if (StepWitnessBound(trainer, f.num_params) <= ledger::kMaxWitnessBytes) {
     f.data_root = TaskDataRoot(trainer.data());
   }
   return f;
@@ -294,7 +300,8 @@ ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net
       .data_root = facts.data_root,
       .assurance = static_cast<uint8_t>(net.assurance.kind),
       .target_escape_ppm = net.assurance.target_escape_ppm,
-      .stages = stages};
+      .stages = stages,
+      .data_page_tokens = facts.data_page_tokens};
 }
 
 }  // namespace meshlearn::node

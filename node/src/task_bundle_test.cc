@@ -8,6 +8,8 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/safetensors.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/node/network_round.h"
 #include "meshlearn/node/state_blob.h"
 #include "testing/synthetic_task.h"
 
@@ -222,6 +224,30 @@ price_cap = 100
   EXPECT_EQ(got->train_tokens.tokens, want->train_tokens.tokens);
   EXPECT_EQ(got->val_tokens.tokens, want->val_tokens.tokens);
   EXPECT_EQ(loaded->task.model.gpt.vocab_size, original->model.gpt.vocab_size);
+
+  // The task's data root is the page tree over its train tokens (TaskDataRoot): the same from the
+  // bundle's one blob as from the submitter's corpus, so a node loading the bundle accepts the
+  // params the submitter declared; a node whose corpus differs by one token refuses them.
+  Result<NetworkSpec> net = NetworkSpec::Load(&env, "/sub/task.toml");
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  Result<std::unique_ptr<engine::Trainer>> submitter = engine::Trainer::Create(*original, *want);
+  Result<std::unique_ptr<engine::Trainer>> node = engine::Trainer::Create(loaded->task, *got);
+  ASSERT_TRUE(submitter.ok() && node.ok());
+  const TaskFacts declared = ComputeTaskFacts(**submitter, *net);
+  EXPECT_EQ(declared.data_root, engine::TokenDataRoot(want->train_tokens.tokens));
+  EXPECT_EQ(declared.data_page_tokens, static_cast<uint32_t>(engine::kTokenPageTokens));
+  const ledger::TaskParams params = MakeTaskParams(declared, *net, Blake2b("init"));
+  EXPECT_EQ(params.data_root, declared.data_root);
+  EXPECT_EQ(params.data_page_tokens, declared.data_page_tokens);
+  EXPECT_TRUE(CheckBundleMatchesLedger(ComputeTaskFacts(**node, *net), *net, params).ok());
+  engine::TaskData other = *got;
+  other.train_tokens.tokens[7] = (other.train_tokens.tokens[7] + 1) % 2;
+  Result<std::unique_ptr<engine::Trainer>> third = engine::Trainer::Create(loaded->task, other);
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  Status refused = CheckBundleMatchesLedger(ComputeTaskFacts(**third, *net), *net, params);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("its corpus is not the task's"), std::string::npos)
+      << refused.message();
 
   // A file edited after the listing was made: refused, naming the key and the file.
   ASSERT_TRUE(env.WriteFileAtomic("/sub/corpus/pkg/b.py", b + "# edited\n").ok());

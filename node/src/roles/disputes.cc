@@ -353,9 +353,13 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
       ctx->data_tree = std::make_unique<engine::DataTree>(ctx->trainer->data().train);
     }
     train = &ctx->trainer->data().train;
+  } else if (!ctx->token_pages) {
+    ctx->token_pages =
+        std::make_unique<engine::TokenPageTree>(ctx->trainer->data().train_tokens.tokens);
   }
   Result<ledger::TileWitness> w =
-      ledger::BuildTileWitness(e.ctx, t, *e.step.trace, e.step.batch, train, ctx->data_tree.get());
+      ledger::BuildTileWitness(e.ctx, t, *e.step.trace, e.step.batch, train, ctx->data_tree.get(),
+                               ctx->token_pages.get());
   if (!w.ok()) return give_up(w.status().message());
   Bytes witness = ledger::EncodeTileWitness(*w);
   if (witness.size() > ledger::kMaxTileWitnessBytes) {
@@ -403,8 +407,11 @@ Status Disputes::RunStepWitness(const CheckAssignment& c) {
       .dir = node_->VerifyDir(c), .kind = Kind::kWitness, .detail = {d.referee.step}};
   if (outbox_->Done(action)) return Status::Ok();
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
-  // Only a task with a data root on the ledger is refereed by the ledger itself.
-  if (ctx->info.params.data_root.IsZero()) return Status::Ok();
+  // Only a task with a data root over examples on the ledger has its whole steps refereed by the
+  // ledger itself.
+  if (ctx->info.params.data_root.IsZero() || ctx->info.params.data_page_tokens != 0) {
+    return Status::Ok();
+  }
   if (!ctx->data_tree) {
     if (ctx->trainer->data().tokens) return Status::Ok();
     ctx->data_tree = std::make_unique<engine::DataTree>(ctx->trainer->data().train);

@@ -41,6 +41,8 @@ struct TaskContext {
   uint64_t memory_need = 0;
   // The tree over the training examples, built when a step witness is first needed.
   std::unique_ptr<engine::DataTree> data_tree;
+  // A token task's page tree (its data root), built when a tile witness first reads tokens.
+  std::unique_ptr<engine::TokenPageTree> token_pages;
 };
 
 // PinBook reasons (agent.h, "Blobs the node keeps").

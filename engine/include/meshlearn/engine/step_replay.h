@@ -112,4 +112,47 @@ class DataTree {
   Hash256 root_;
 };
 
+// Token tasks' data leaves. The train token stream (TaskData::train_tokens, the stream
+// WindowStarts draws from) is cut into pages of kTokenPageTokens consecutive tokens, the last one
+// short; the Merkle tree (base/merkle.h) over TokenPageLeaf of every page, in order, has the
+// task's data root as its root (TaskParams::data_root of a token task; num_examples is the
+// stream's length). A batch row (b, t) of step s reads the token at position
+// WindowStarts(...)[b] + t and its target at the next position: 32 consecutive rows lie in at most
+// 3 pages (2 when the rows are of one sequence), so a tile's tokens cost 4 to 12 KiB with their
+// proofs, whatever the stream's length. Pages of 1024 tokens: small enough that a tile's pages
+// stay a few KiB, large enough that a stream of 2^30 tokens has a 20-level tree.
+inline constexpr int64_t kTokenPageTokens = 1024;
+
+// The leaf of page `page`: BLAKE2b("meshlearn.token_page", page, its tokens as little-endian
+// int32).
+Hash256 TokenPageLeaf(uint64_t page, std::span<const int32_t> tokens);
+
+// The page tree of a token stream. Keeps a copy of the stream (to open pages). Immutable after
+// construction.
+class TokenPageTree {
+ public:
+  explicit TokenPageTree(std::span<const int32_t> tokens);
+  const Hash256& root() const { return root_; }
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t num_pages() const { return static_cast<int64_t>(leaves_.size()); }
+  // REQUIRES: 0 <= page < num_pages().
+  std::span<const int32_t> Page(int64_t page) const;
+  MerkleProof Prove(int64_t page) const;
+
+ private:
+  std::vector<int32_t> tokens_;
+  std::vector<Hash256> leaves_;  // TokenPageLeaf of each page
+  Hash256 root_;
+};
+
+// The data root of a token stream: TokenPageTree(tokens).root().
+Hash256 TokenDataRoot(std::span<const int32_t> tokens);
+
+// The pages a batch's rows `rows` (indices b * T + t of a batch of sequences of T tokens) read:
+// each row's token and its target, at WindowStarts(seed, stream, step, B, n_tokens, T)[b] + t and
+// the position after. Increasing, each once. REQUIRES: n_tokens >= T + 1; rows < B * T.
+std::vector<int64_t> TokenPagesOfRows(uint64_t seed, uint64_t stream, int64_t step, int64_t B,
+                                      int64_t T, int64_t n_tokens,
+                                      const std::vector<int64_t>& rows);
+
 }  // namespace meshlearn::engine

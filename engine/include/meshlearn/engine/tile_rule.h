@@ -21,7 +21,29 @@
 //   attention out atty[(b, t), c]   the att rows (b, h, t) of the heads h of columns c (all T),
 //                                   and v of columns c of every row of sequence b;
 //   loss, loss gradient             the logits rows of the tile, the examples of those rows (their
-//                                   targets);
+//                                   targets; a GPT's: the rows' target tokens);
+//   encoded[r, c] (GPT)             the rows' tokens (batch rows: a token task proves them by the
+//                                   pages of its train stream holding them, step_replay.h's
+//                                   TokenPageTree), wte's whole column strip c (all V rows: the
+//                                   footprint cannot know which rows the tokens pick; 4 V 32
+//                                   bytes, 22 KiB at V = 172) and wpe's rows of the positions
+//                                   r % T;
+//   wte, wpe gradients dW[v, c] (GPT) NARROWED like dW: wte's chain first runs the tied head's dW
+//                                   (blocks 0..K-1: logits.grad's and ln_f's rows of the block,
+//                                   then the head's 0 + sum), then EmbeddingBackward's row sums by
+//                                   token (blocks K..2K-1: the block's rows of the residual
+//                                   gradient entering the first layer, columns c, and the rows'
+//                                   tokens; its partial sums carry the head's finished tile and
+//                                   the embedding's own accumulator, added once at the end); wpe's
+//                                   the row sums by position r % T (K blocks, no tokens);
+//   attention backward qkv.grad[(b, t), c] (GPT) NARROWED: every element is a chain over the
+//                                   sequence's positions (keys for dq, queries for dk and dv), in
+//                                   blocks of 32; block k of a dv column reads the att columns of
+//                                   its positions and atty.grad of the block's rows; of a dq
+//                                   column, its whole att rows and atty.grad rows (dP's row sum),
+//                                   v of the whole sequence (dA) and k of the block's rows; of a
+//                                   dk column, the same for the block's rows and q of them. The
+//                                   backward's datt/dpreatt scratch is recomputed, not traced;
 //   linear input gradient dX[r, c]  rows r of the output gradient (all OC) and columns c of the
 //                                   weight (all OC); above OC = 1024 its chain over o is narrowed
 //                                   into blocks of 256 (the GPT's ln2.grad, ln1.grad);
@@ -74,21 +96,20 @@
 // Covered today: in sequential models, linear, relu, gelu, conv2d and maxpool2d layers' outputs
 // (all of the fashion MLP; the fashion CNN's linear head and relus), with AdamW or SGD, clipped
 // or not (a clipped step commits its global gradient norm as the two operators above, between
-// the gradients and the update); in a GPT, the forward but for the embeddings: the linear
-// operators (qkv, attention projection, MLP up and down projections, the tied LM head), the
-// layernorms (ln1, ln2, ln_f), attention (att, atty), the MLP's gelu and the residual adds
-// (residual2, residual3); the backward but for the attention's and the embeddings': the linears'
-// input gradients (ln_f.grad through the tied head, fch_gelu.grad, ln2.grad, atty.grad,
-// ln1.grad), the gelu's (fch.grad), the layernorms' input gradients added into the residual
-// gradient (residual.grad, residual3.grad), every linear's and layernorm's weight and bias
-// gradient; and the (clipped) update of every parameter: 264 of the 10M GPT's 275 computed
-// operators. Every other operator is in the plan with its name and grid but is opaque
-// (kTileOpOpaque: Footprint refuses it, naming why): the conv2d and maxpool2d gradients, dropout
-// and layernorm layers, the GPT's token embeddings (encoded) and their gradients (wte, wpe), the
-// token loss and its gradient, and the attention backward (qkv.grad: a key's gradient sums over
-// every later query of the sequence, through the softmax backward; not done). The opaque
-// gradients do not keep the norm and the update from being ruled: both read gradients only as
-// agreed inputs.
+// the gradients and the update); in a GPT, the whole forward: the token embeddings (encoded), the
+// linear operators (qkv, attention projection, MLP up and down projections, the tied LM head),
+// the layernorms (ln1, ln2, ln_f), attention (att, atty), the MLP's gelu, the residual adds
+// (residual2, residual3) and the token loss; the whole backward: logits.grad,
+// the linears' input gradients (ln_f.grad through the tied head, fch_gelu.grad, ln2.grad,
+// atty.grad, ln1.grad), the gelu's (fch.grad), the layernorms' input gradients added into the
+// residual gradient (residual.grad, residual3.grad), every linear's and layernorm's weight and
+// bias gradient, wte's and wpe's, the attention backward (qkv.grad); and the (clipped) update of
+// every parameter: all 275 of the 10M GPT's computed operators. Every other operator is in the
+// plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming why):
+// the conv2d and maxpool2d gradients, dropout and layernorm layers. The opaque gradients do not
+// keep the norm and the update from being ruled: both read gradients only as agreed inputs. A GPT plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens
+// and y, the targets); the ledger makes the operators reading them opaque for a token task
+// without a data root over its pages (ledger/referee_tile.h, TokenOpsOpaque).
 // PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
 //
 //   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size));
@@ -140,6 +161,13 @@ enum class TileOpKind : uint8_t {
                                // gradient it adds into (-1: a zeroed one)
   kTileOpLayerNormWeightGrad,  // x = dout, w = the layernorm's input; reduction over the rows
   kTileOpLayerNormBiasGrad,    // x = dout; reduction over the rows
+  kTileOpEmbedding,            // encoded = wte[token] + wpe[position]: x = wte, w = wpe (conv: T)
+  kTileOpEmbeddingGrad,        // wte / wpe gradient: x = the residual gradient entering the first
+                         // layer; conv: T, 1 (rows by token, wte) or 0 (rows by position, wpe);
+                         // wte also b = logits.grad, v = ln_f (the tied head's dW, chained
+                         // first); a reduction over the rows
+  kTileOpAttentionBackward,  // qkv.grad: x = atty.grad, w = qkv, b = att (conv: T, NH, C); each
+                             // element a chain over the sequence's positions, narrowed
 };
 
 // An operand that is the batch's examples (x rows, y targets), not an operator.
@@ -167,8 +195,12 @@ struct TileOp {
 struct TilePlan {
   std::vector<TileOp> ops;
   int64_t batch = 0;       // B (a GPT: B x T, the rows of its activations)
-  int64_t input_size = 0;  // floats of one example
+  int64_t input_size = 0;  // floats of one example (0 for a GPT: its rows read tokens)
   int64_t classes = 0;
+  // A GPT: the batch operand's rows are tokens (TileInputs::tokens, y the targets), in sequences
+  // of seq_len.
+  bool tokens = false;
+  int64_t seq_len = 0;
   OptimizerSpec optimizer;
 };
 
@@ -212,6 +244,9 @@ struct TileInputs {
   std::vector<std::vector<float>> tiles;  // tiles[i]: footprint.tiles[i]'s values (ExtractTile)
   std::vector<std::vector<float>> x;      // x[i], y[i]: the example at footprint.batch_rows[i]
   std::vector<int32_t> y;
+  // A token plan (TilePlan::tokens): the input token of each footprint.batch_rows[i] (x is
+  // empty; y holds the targets).
+  std::vector<int32_t> tokens;
   // A reduction op: the partial accumulator S_block of the tile (empty for block 0: zeros).
   std::vector<float> partial;
 };

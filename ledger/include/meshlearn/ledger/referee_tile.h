@@ -35,8 +35,17 @@ struct TileRuleContext {
   engine::TilePlan plan;
   uint64_t seed = 0;    // the task's seed
   uint64_t stream = 0;  // the unit's stream
-  uint64_t num_examples = 0;
+  uint64_t num_examples = 0;  // a token task: the train stream's tokens
+  // The Merkle root over the examples (engine::DataTree), or over a token task's pages
+  // (engine::TokenPageTree; plan.tokens).
   Hash256 data_root;
+};
+
+// One page of a token task's train stream (engine::TokenPageTree), proven against the data root.
+struct TileWitnessPage {
+  uint64_t page = 0;
+  std::vector<int32_t> tokens;
+  MerkleProof proof;
 };
 
 // One input tile: tile `tile` of operator `op` (1-based, as the game counts), its values, and
@@ -57,13 +66,17 @@ struct TileWitness {
   // The footprint's batch rows, in order: each the example the unit's sampler draws at that
   // position of the step's batch, proven against the task's data root.
   std::vector<StepWitnessExample> examples;
+  // A token task: the pages holding the footprint's batch rows' tokens and targets
+  // (engine::TokenPagesOfRows), in increasing order, each proven against the data root.
+  std::vector<TileWitnessPage> pages;
   // A reduction block > 0: the agreed partial sum S_block (its TileHash is the task's
   // partial_input). Empty for block 0.
   std::vector<float> partial;
 };
 
 // The encoded witness (what a transaction would carry) and its inverse. Decode refuses
-// truncated or trailing bytes.
+// truncated or trailing bytes. A witness with token pages encodes as version 2 (the pages after
+// the partial sum); one without, exactly as before (version 1).
 Bytes EncodeTileWitness(const TileWitness& w);
 Result<TileWitness> DecodeTileWitness(ByteSpan bytes);
 
@@ -82,11 +95,13 @@ inline constexpr int64_t kMaxTilePlanParameters = int64_t{1} << 25;
 // the disputed one are read: the agreed ones, so the liar's witness is the honest one's); `batch`
 // the step's batch (for a reduction block's agreed partial sum); `train` and `tree` the task's
 // training data and its DataTree (the examples the footprint reads; may be null when it reads
-// none). FailedPrecondition when the task is not a tile of a covered operator of ctx.plan.
+// none); `pages` a token task's page tree (the rows' tokens; may be null when it reads none).
+// FailedPrecondition when the task is not a tile of a covered operator of ctx.plan.
 Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol::RefereeTask& task,
                                      const engine::OpTrace& trace, const engine::Batch& batch,
                                      const engine::ClassificationData* train,
-                                     const engine::DataTree* tree);
+                                     const engine::DataTree* tree,
+                                     const engine::TokenPageTree* pages = nullptr);
 
 // The chain's view of unit `unit` of task `task` for the tile phase, from the task's `bundle`
 // (its blob id must be the task's spec_hash): the step's plan (PlanStepTiles with the task's
@@ -96,7 +111,9 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
 // will check. InvalidArgument for a bundle that is not the task's; FailedPrecondition (naming
 // why, `where` first) for a task the tile phase does not serve: tolerance mode, a classification
 // task without a data root, micro-batches, a layer PlanStepTiles cannot plan, a model above
-// kMaxTilePlanParameters.
+// kMaxTilePlanParameters. A token task without a data root is served, but the operators that read
+// its batch's tokens (encoded, the loss, logits.grad, wte's gradient) are opaque in its plan
+// (TokenOpsOpaque): nothing proves the tokens.
 Result<TileRuleContext> TileContextOf(const TaskRecord& task, const WorkUnit& unit,
                                       const std::string& bundle, const std::string& where);
 
@@ -117,6 +134,10 @@ Result<DisputeMoveAnswer> AnswerTileQuery(const TileRuleContext& ctx,
                                           const Hash256& state_input, const engine::OpTrace& trace,
                                           const engine::Batch& batch);
 
+// Makes the operators of a token plan that read the batch's tokens opaque, with `why`: what
+// TileContextOf does for a token task without a data root.
+void TokenOpsOpaque(engine::TilePlan* plan, const std::string& why);
+
 // The tile phase of a dispute over steps of `plan`: the tile count of every operator (0 for the
 // step's input state and for an operator without a footprint yet, which the whole-step referee
 // rules) and its reduction blocks.
@@ -127,7 +148,8 @@ void SetTilePhase(const engine::TilePlan& plan, protocol::DisputeConfig* config)
 // `witness` alone. InvalidArgument, naming what is wrong, when the witness does not check out:
 // outputs that do not chain to the agreed C_{j-1}; an input tile that is not the footprint's (a
 // wrong operator or tile index), of an operator not agreed to (j or later), or with a wrong
-// proof; an example that is not the batch's or not proven against the data root; a partial sum
+// proof; an example that is not the batch's or not proven against the data root; token pages that
+// are not the ones the rows read, or not proven against the data root; a partial sum
 // that is not the agreed one. FailedPrecondition when the task is not a tile task of this plan.
 Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask& task,
                          const TileWitness& witness);

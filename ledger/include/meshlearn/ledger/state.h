@@ -179,8 +179,11 @@ struct TaskParams {
   uint32_t tolerance_cosine_gap_ppb = 0;  // <= 1000000000
   // Merkle root over the training examples (engine::DataTree; num_examples leaves), set by the
   // submitter; every node checks it against the data it loads and refuses a task whose root is
-  // wrong. With it the ledger itself executes a disputed step (RefereeStepTx); zero (a token task,
-  // or a task submitted without one): the genesis referee rules (RuleDisputeTx).
+  // wrong. With it the ledger itself executes a disputed step (RefereeStepTx); zero (a task
+  // submitted without one): the genesis referee rules (RuleDisputeTx). A token task
+  // (data_page_tokens > 0): the root over its train stream's pages (engine::TokenPageTree;
+  // num_examples tokens), which proves the tokens a tile reads (RefereeTileTx); its whole steps
+  // are still the genesis referee's (docs/verification.md, "Who rules what").
   Hash256 data_root;
   // What the submitter bought (protocol::Assurance, protocol/verification.h PlanCheck): 0
   // economic, 1 full (every segment of every unit replayed), 2 target (target_escape_ppm: the
@@ -198,6 +201,9 @@ struct TaskParams {
   uint32_t stages = 1;
   std::vector<uint64_t> stage_memory_bytes;
   std::vector<uint64_t> stage_flops;
+  // 0: data_root is over examples (or zero). engine::kTokenPageTokens: a token task whose
+  // data_root is over pages of that many tokens.
+  uint32_t data_page_tokens = 0;
 
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
@@ -221,6 +227,7 @@ struct TaskParams {
     v("stages", s.stages);
     v("stage_memory_bytes", s.stage_memory_bytes);
     v("stage_flops", s.stage_flops);
+    v("data_page_tokens", s.data_page_tokens);
   }
   bool operator==(const TaskParams&) const = default;
 };

@@ -139,8 +139,9 @@ Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSp
 // with proofs, the bundle), bounded as StepWitnessBound bounds a step's.
 uint64_t SegmentWitnessBound(const engine::Trainer& trainer, uint64_t num_params, uint64_t steps);
 
-// The data root a task's training data gives (engine::DataTree): what TaskParams::data_root must
-// be. Zero for a token task (no per-example tree; the genesis referee rules its disputes).
+// The data root a task's training data gives: what TaskParams::data_root must be. The DataTree
+// root over its examples; a token task's, the TokenPageTree root over its train token stream
+// (TaskParams::data_page_tokens = engine::kTokenPageTokens).
 Hash256 TaskDataRoot(const engine::TaskData& data);
 
 // An upper bound on what a RefereeStep witness of this task weighs: the state after a step with

@@ -120,10 +120,13 @@ struct TaskFacts {
   Hash256 content_id;
   // The Merkle root over the training examples (engine::DataTree, node/step_witness.h
   // TaskDataRoot): TaskParams::data_root, which lets the ledger execute a disputed step itself.
-  // Zero for a token task, and for a model whose witnesses would not fit a transaction
+  // Zero for a classification model whose witnesses would not fit a transaction
   // (StepWitnessBound > ledger::kMaxWitnessBytes: about 650,000 parameters with AdamW); the
-  // genesis referee rules those. Computing it hashes the training set once.
+  // genesis referee rules those. A token task: the root over its train stream's pages
+  // (engine::TokenPageTree), which proves the tokens a disputed tile reads, with
+  // data_page_tokens = engine::kTokenPageTokens. Computing it hashes the training set once.
   Hash256 data_root;
+  uint32_t data_page_tokens = 0;  // TaskParams::data_page_tokens
 };
 
 // The work of one unit: what the solver trains and every checking party replays.
