@@ -1030,13 +1030,15 @@ TEST(ChaosTest, Seed124ACancelPaysNoUnverifiedWork) {
 // any more; to seed 3 when the task record gained verification.proven_frauds (ProveFraud) and
 // seed 100's leaver had none either: at seed 3 (forced errors 25%) the leaver (n4, +14) leaves
 // with one; to seed 100 again when verification windows began to close early (c9faed7): its
-// leaver (n5, +18, forced errors 25%) leaves with one; then to 127, and to 66 when the task terms
-// gained pipeline stages (every beacon moved): its leaver leaves with two.
-TEST(ChaosTest, Seed66ANodeThatLeftStillRevealsAndDefends) {
-  ChaosResult r = RunChaos(66);
+// leaver (n5, +18, forced errors 25%) leaves with one; then to 127, to 66 when the task terms
+// gained pipeline stages (every beacon moved), and to 136 when they gained data_page_tokens (token
+// data leaves): its leaver (n2, +11, forced errors 25%) leaves with one, the only seed of 1..200
+// that does.
+TEST(ChaosTest, Seed136ANodeThatLeftStillRevealsAndDefends) {
+  ChaosResult r = RunChaos(136);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_GE(r.scenario.leaver_checks_open, 1u)
-      << "seed 66's leaver no longer leaves with a unit in verification, so this test checks "
+      << "seed 136's leaver no longer leaves with a unit in verification, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_checks_open=N with N > 0 "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
@@ -1048,12 +1050,13 @@ TEST(ChaosTest, Seed66ANodeThatLeftStillRevealsAndDefends) {
 // replayed it. A cheater whose verifiers stay silent is paid the same way. Fixed: such a unit
 // settles abandoned and runs again (protocol UnitCheck).
 // (Re-pinned to seed 75 when verification windows began to close early, c9faed7: a lazy solver's
-// selected unit settles abandoned there; then to 23, and to 103 when the task terms gained
-// pipeline stages and every beacon moved.)
-TEST(ChaosTest, Seed103ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
-  ChaosResult r = RunChaos(103, /*strict_unchecked=*/true);
+// selected unit settles abandoned there; then to 23, to 103 when the task terms gained pipeline
+// stages and every beacon moved, and to 220 when they gained data_page_tokens: no seed of 1..200
+// settles a check abandoned now, seeds 218, 220, 320 and 367 of 201..500 do.)
+TEST(ChaosTest, Seed220ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
+  ChaosResult r = RunChaos(220, /*strict_unchecked=*/true);
   EXPECT_GE(r.scenario.abandoned, 1u)
-      << "seed 103 no longer settles a check abandoned: re-pin the test to a seed that does "
+      << "seed 220 no longer settles a check abandoned: re-pin the test to a seed that does "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
