@@ -403,8 +403,9 @@ Status Disputes::RunStepWitness(const CheckAssignment& c) {
       .dir = node_->VerifyDir(c), .kind = Kind::kWitness, .detail = {d.referee.step}};
   if (outbox_->Done(action)) return Status::Ok();
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
-  // Only a task with a data root on the ledger is refereed by the ledger itself.
-  if (ctx->info.params.data_root.IsZero()) return Status::Ok();
+  // Only a task with a data root on the ledger is refereed by the ledger itself; a stage step
+  // (a pipeline task) is ruled by the genesis referee (node/referee.h).
+  if (ctx->info.params.data_root.IsZero() || ctx->bundle.net.stages > 1) return Status::Ok();
   if (!ctx->data_tree) {
     if (ctx->trainer->data().tokens) return Status::Ok();
     ctx->data_tree = std::make_unique<engine::DataTree>(ctx->trainer->data().train);
