@@ -548,7 +548,8 @@ class PipelineVerificationTest : public FollowedChainFixture {
   void Start() {
     std::vector<Transaction> regs;
     for (const KeyPair& k : stagers_) regs.push_back(Q(alice_, Reg(k, kRoleSolver, 4 * kGiB)));
-    regs.push_back(Q(alice_, Reg(verifier_, kRoleVerifier | kRoleSolver, kGiB / 2)));
+    regs.push_back(
+        Q(alice_, Reg(verifier_, kRoleVerifier | kRoleSolver | kRoleWhistleblower, kGiB / 2)));
     regs.push_back(Q(alice_, Reg(agg_, kRoleAggregator, kGiB)));
     StepOk(regs);
     TaskParams p = PipelineParams();
@@ -723,6 +724,31 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
     txs.push_back(SecretTx(st));
   }
   StepOk(txs);
+  StepUntil(0, protocol::CheckStage::kCheckSettled);
+  // A whistleblower's challenge names the stage unit and one of its steps: a unit or a step out
+  // of range is refused (the round is not final yet).
+  ASSERT_TRUE(Machine().Unfinal(0));
+  Sealed past_end = Mismatch(0, StepLeaves(0), kSteps - 1, Blake2b("x"));
+  past_end.claim.segment = kSteps;
+  std::vector<std::pair<Transaction, std::string>> refusals = {
+      {Q(alice_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = kStages,
+                                 .node_id = verifier_.public_key(),
+                                 .claim = Mismatch(0, StepLeaves(0), 1, Blake2b("x")).claim}),
+       "challenge unit: index 3 is out of range; task " + task_id_.ShortHex() + " has 3 units"},
+      {Q(alice_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = 0,
+                                 .node_id = verifier_.public_key(),
+                                 .claim = past_end.claim}),
+       "the claim's states are not the solver's committed states of segment 4"},
+  };
+  txs.clear();
+  for (const auto& [tx, why] : refusals) txs.push_back(tx);
+  std::vector<Receipt> r = Step(txs);  // one block: the round's window is short
+  for (size_t i = 0; i < refusals.size(); ++i) {
+    EXPECT_FALSE(r[i].ok) << refusals[i].second;
+    EXPECT_NE(r[i].reason.find(refusals[i].second), std::string::npos) << r[i].reason;
+  }
   for (int i = 0; i < 20 && Task().status == TaskStatus::kOpen; ++i) Step();
   ASSERT_EQ(Task().status, TaskStatus::kFinished);
   const TaskRecord t = Task();
