@@ -175,11 +175,13 @@ void CountFailure(LedgerState& s, const PublicKey& node_id);
 uint32_t UnitIndex(const TaskRecord& t, const protocol::UnitId& u);
 
 // ---- Verification (verification.cc; docs/verification.md).
-// CommitUnit on a chain with verification: binds the solver's next secret to the unit, opens
-// the unit's check (WorkUnit::check) and holds the round's finality until it settles.
+// CommitUnit (and CommitStage: `what` names the transaction in errors) on a chain with
+// verification: binds the solver's next secret to the unit, opens the unit's check
+// (WorkUnit::check) and holds the round's finality until it settles. A stage unit's check runs
+// over its WorkUnit::leaves (protocol::StageCheckLeaves): one segment per step, no forced errors.
 Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
                      const PublicKey& solver, uint64_t secret_index,
-                     protocol::RoundStateMachine& m);
+                     protocol::RoundStateMachine& m, std::string_view what = "commit unit");
 // Each solver's lowest secret index among its units whose checks still await verdicts
 // (UnitCheck::AwaitsVerdicts), over every open task at the start of the end-of-block step: a
 // later unit's check must not open its reveal window (where the solver reveals a secret that

@@ -21,6 +21,7 @@
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/stage_placement.h"
+#include "meshlearn/protocol/stage_transfer.h"
 #include "meshlearn/protocol/unit_check.h"
 
 namespace meshlearn::ledger {
@@ -469,6 +470,21 @@ Status ExecuteCommitStage(ExecContext& ctx, const CommitStageTx& tx) {
   WorkUnit* mu = ctx.state.units.FindMutable({tx.task_id, index});
   mu->commitment = tx.commitment;
   mu->loss_micros = tx.loss_micros;
+  if (ctx.params().verification) {
+    // One step leaf per inner step; the check runs over StageCheckLeaves (docs/verification.md,
+    // "Pipeline stages").
+    if (tx.leaves.size() != p.inner_steps ||
+        protocol::StageCommitment(tx.leaves) != tx.commitment) {
+      return InvalidArgument("commit stage: leaves must be the stage's " +
+                             std::to_string(p.inner_steps) +
+                             " step leaves (StageStepLeaf of steps 0.." +
+                             std::to_string(p.inner_steps - 1) +
+                             ") whose StageCommitment is the commitment (got " +
+                             std::to_string(tx.leaves.size()) + ")");
+    }
+    mu->leaves = protocol::StageCheckLeaves(tx.leaves);
+    ML_RETURN_IF_ERROR(OpenUnitCheck(ctx, tx.task_id, index, tx.node_id, tx.secret_index, m, kWhat));
+  }
   SaveMachine(ctx.state, tx.task_id, m);
   return Status::Ok();
 }

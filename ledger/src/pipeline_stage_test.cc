@@ -8,8 +8,13 @@
 #include <set>
 
 #include "execute.h"
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/stage_placement.h"
+#include "meshlearn/protocol/stage_transfer.h"
+#include "meshlearn/protocol/unit_check.h"
+#include "meshlearn/protocol/verification.h"
 #include "test_util.h"
 
 namespace meshlearn::ledger {
@@ -206,7 +211,17 @@ TEST(PipelineStageSlotTest, TermsRefuseBadStageFields) {
   p = TestTaskParams();
   p.stage_flops = {1};
   refused(p, false, "must be empty for a task without stages");
-  refused(PipelineParams(), true, "pipeline stage units are not verified yet");
+  // A verifying chain checks every stage unit (one leaf per step in CommitStage, exact replays).
+  EXPECT_TRUE(ValidateTaskTerms(PipelineParams(), 1'000'000, 20, true, 2).ok());
+  p = PipelineParams();
+  p.inner_steps = 64;
+  p.checkpoint_interval = 64;
+  refused(p, true, "params.inner_steps = 64 with params.stages = 3: a stage unit commits one "
+                   "leaf per step, and at most 63 fit in a CommitStage on a verifying chain");
+  EXPECT_TRUE(ValidateTaskTerms(p, 1'000'000, 20, false, 0).ok());
+  p = PipelineParams();
+  p.tolerance_rel_l2_ppm = 10;
+  refused(p, true, "a stage step is replayed exactly; tolerance mode");
   // A client names the task file's keys.
   p = PipelineParams();
   p.units_per_round = 7;
@@ -474,6 +489,390 @@ TEST_F(PipelineStageTest, AReplicasStagesShareItsSlowestNodesDeadline) {
   }
   EXPECT_GT(deadlines.size(), 1u) << "the nodes' own deadlines must differ for this test to mean "
                                      "anything";
+}
+
+
+// ---- Stage units on a verifying chain (docs/verification.md, "Pipeline stages"): CommitStage
+// opens the unit's check with OpenUnitCheck over protocol::StageCheckLeaves (one segment per
+// step), and the check runs as a unit's: the beacon draws the steps and a verifier (never a node
+// of the replica), verdicts are committed and revealed, a mismatch on a step is disputed and
+// ruled, and ApplyEffects slashes, pays and re-runs.
+class PipelineVerificationTest : public FollowedChainFixture {
+ protected:
+  static constexpr Amount kStake = 100'000;
+  static constexpr uint32_t kSlashMultiple = 10;
+  static constexpr uint32_t kSteps = 4;
+
+  PipelineVerificationTest() : referee_(TestKey(8)), verifier_(TestKey(40)), agg_(TestKey(41)) {
+    genesis_ = DevnetGenesis({alice_.public_key(), bob_.public_key(), referee_.public_key()},
+                             kFunds, "verify-chain");
+    ChainParams& p = genesis_.params;
+    p.verification = true;
+    p.liveness_blocks = 1000;
+    p.min_deadline_blocks = 4;
+    p.verdict_commit_blocks = 2;
+    p.verdict_reveal_blocks = 2;
+    p.dispute_response_blocks = 2;
+    p.forced_error_per_million = 0;
+    p.slash_multiple = kSlashMultiple;
+    p.verifiers_per_unit = 1;
+    genesis_.referee = referee_.public_key();
+    // Four nodes hold a stage (one more than a replica needs: the re-run's spare); the verifier
+    // node also has the solver role but too little memory for any stage.
+    for (uint8_t i = 0; i < 4; ++i) stagers_.push_back(TestKey(static_cast<uint8_t>(30 + i)));
+  }
+
+  static Hash256 Secret(const PublicKey& node, uint64_t i) {
+    return protocol::SecretChainElement(Blake2b("secret seed " + node.ToHex()), i);
+  }
+
+  RegisterNodeTx Reg(const KeyPair& node, uint32_t roles, uint64_t memory) {
+    return RegisterNodeTx{.node_id = node.public_key(),
+                          .endpoint = "http://node:1",
+                          .roles = roles,
+                          .capabilities = {.cores = 4,
+                                           .memory_bytes = memory,
+                                           .throughput = 1'000'000'000'000,
+                                           .latency_ms = 1,
+                                           .bandwidth_bytes_per_s = 1'000'000'000},
+                          .price = kTestPrice,
+                          .stake = kStake,
+                          .secret_head = Secret(node.public_key(), 0)};
+  }
+
+  void StepOk(std::vector<Transaction> txs) {
+    for (const Receipt& r : Step(std::move(txs))) EXPECT_TRUE(r.ok) << r.reason;
+  }
+
+  // One round of one replica of three stages, H = 4 steps.
+  void Start() {
+    std::vector<Transaction> regs;
+    for (const KeyPair& k : stagers_) regs.push_back(Q(alice_, Reg(k, kRoleSolver, 4 * kGiB)));
+    regs.push_back(
+        Q(alice_, Reg(verifier_, kRoleVerifier | kRoleSolver | kRoleWhistleblower, kGiB / 2)));
+    regs.push_back(Q(alice_, Reg(agg_, kRoleAggregator, kGiB)));
+    StepOk(regs);
+    TaskParams p = PipelineParams();
+    p.rounds = 1;
+    p.units_per_round = kStages;
+    p.inner_steps = kSteps;
+    p.checkpoint_interval = kSteps;
+    p.stage_memory_bytes = {kGiB, kGiB, kGiB};
+    p.verification_window_blocks = 2;
+    const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
+    Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
+                                              .budget = budget,
+                                              .price_cap = 20,
+                                              .params = p});
+    task_id_ = TaskIdFor(bob_.public_key(), submit.nonce);
+    StepOk({submit});
+  }
+
+  TaskRecord Task() { return chain_->GetTask(task_id_).value(); }
+  WorkUnit Unit(uint32_t index) { return chain_->GetWorkUnit(task_id_, index).value(); }
+  NodeRecord Node(const PublicKey& id) { return chain_->GetNode(id).value(); }
+  protocol::UnitCheck Check(uint32_t stage) {
+    return protocol::UnitCheck::Decode(Unit(stage).check).value();
+  }
+  bool HasCheck(uint32_t stage) { return !Unit(stage).check.empty(); }
+
+  // Stage `stage`'s step leaves (what a stage node's StageUnitOutcome::leaves would be); a
+  // cheating stage's differ from step `from` on.
+  static std::vector<Hash256> StepLeaves(uint32_t stage, bool cheat = false, uint64_t from = 0) {
+    std::vector<Hash256> out;
+    for (uint64_t t = 0; t < kSteps; ++t) {
+      const bool bad = cheat && t >= from;
+      out.push_back(Hasher(bad ? "cheated step" : "true step").UpdateU64(stage).UpdateU64(t).Finish());
+    }
+    return out;
+  }
+  CommitStageTx Commit(uint32_t stage, const std::vector<Hash256>& leaves) {
+    const WorkUnit u = Unit(stage);
+    return CommitStageTx{.task_id = task_id_,
+                         .round = 0,
+                         .replica = 0,
+                         .stage = stage,
+                         .node_id = u.assignee,
+                         .result_hash = Blake2b("stage delta " + std::to_string(stage)),
+                         .commitment = protocol::StageCommitment(leaves),
+                         .loss_micros = 0,
+                         .secret_index = Node(u.assignee).secrets_committed + 1,
+                         .leaves = leaves};
+  }
+
+  // A verifier's verdict on stage unit `stage`, sealed now and opened later.
+  struct Sealed {
+    protocol::Verdict verdict;
+    Hash256 salt;
+    MismatchClaimField claim;
+  };
+  // A mismatch on step `step`: the claim proves the committed step leaf against the check's
+  // leaves (StageCheckLeaves of what the stage committed).
+  Sealed Mismatch(uint32_t stage, const std::vector<Hash256>& committed, uint32_t step,
+                  const Hash256& replayed) {
+    const std::vector<Hash256> leaves = protocol::StageCheckLeaves(committed);
+    auto proof = [&](uint64_t i) {
+      MerkleProof p = MerkleProve(leaves, i);
+      return MerkleProofField{.index = p.index, .leaf_count = p.leaf_count, .siblings = p.siblings};
+    };
+    return Sealed{protocol::Verdict::kVerdictMismatch, Blake2b("salt " + std::to_string(stage)),
+                  MismatchClaimField{.segment = step,
+                                     .start = leaves[step],
+                                     .start_proof = proof(step),
+                                     .solver_end = leaves[step + 1],
+                                     .end_proof = proof(step + 1),
+                                     .replayed_end = replayed}};
+  }
+  Sealed Clean(uint32_t stage) {
+    return Sealed{protocol::Verdict::kVerdictClean, Blake2b("salt " + std::to_string(stage)), {}};
+  }
+  Transaction SealTx(uint32_t stage, const Sealed& v) {
+    const Hash256 evidence = v.verdict == protocol::Verdict::kVerdictMismatch
+                                 ? protocol::MismatchEvidence(v.claim.segment, v.claim.replayed_end)
+                                 : Hash256{};
+    return Q(alice_, CommitVerdictTx{.task_id = task_id_,
+                                     .index = stage,
+                                     .node_id = verifier_.public_key(),
+                                     .commitment = protocol::VerdictCommitment(
+                                         v.verdict, v.salt, verifier_.public_key(),
+                                         Check(stage).config().unit, evidence)});
+  }
+  Transaction RevealTx(uint32_t stage, const Sealed& v) {
+    return Q(alice_, RevealVerdictTx{.task_id = task_id_,
+                                     .index = stage,
+                                     .node_id = verifier_.public_key(),
+                                     .verdict = static_cast<uint8_t>(v.verdict),
+                                     .salt = v.salt,
+                                     .claim = v.claim});
+  }
+  Transaction SecretTx(uint32_t stage) {
+    const WorkUnit u = Unit(stage);
+    return Q(alice_, RevealSecretTx{.task_id = task_id_,
+                                    .index = stage,
+                                    .node_id = u.assignee,
+                                    .secret = Secret(u.assignee, u.secret_index)});
+  }
+  void StepUntil(uint32_t stage, protocol::CheckStage want, int limit = 10) {
+    for (int i = 0; i < limit && HasCheck(stage) && Check(stage).stage() != want; ++i) Step();
+    ASSERT_TRUE(HasCheck(stage)) << "the round re-ran";
+    ASSERT_EQ(Check(stage).stage(), want) << protocol::CheckStageName(Check(stage).stage());
+  }
+  void Aggregate() {
+    for (int i = 0; i < 10 && !Machine().aggregator(); ++i) Step();
+    ASSERT_TRUE(Machine().aggregator().has_value());
+    StepOk({Q(alice_, CommitAggregateTx{.task_id = task_id_,
+                                        .round = Machine().round(),
+                                        .node_id = agg_.public_key(),
+                                        .state_hash = Blake2b("aggregate")})});
+  }
+  RoundStateMachine Machine() { return RoundStateMachine::Decode(Task().runtime).value(); }
+  // Commits every stage of the round (`cheat`: that stage's leaves are wrong from step 1 on).
+  void CommitStages(int cheat = -1) {
+    std::vector<Transaction> txs;
+    for (uint32_t st = 0; st < kStages; ++st) {
+      txs.push_back(Q(alice_, Commit(st, StepLeaves(st, static_cast<int>(st) == cheat, 1))));
+    }
+    StepOk(txs);
+  }
+
+  KeyPair referee_, verifier_, agg_;
+  std::vector<KeyPair> stagers_;
+  Hash256 task_id_;
+};
+
+TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenClean) {
+  Start();
+  std::set<PublicKey> chain;
+  for (uint32_t st = 0; st < kStages; ++st) {
+    ASSERT_EQ(Unit(st).status, WorkUnitStatus::kAssigned) << st;
+    chain.insert(Unit(st).assignee);
+  }
+  EXPECT_EQ(chain.count(verifier_.public_key()), 0u) << "the verifier holds no stage";
+  CommitStages();
+  for (uint32_t st = 0; st < kStages; ++st) {
+    const WorkUnit u = Unit(st);
+    EXPECT_EQ(u.secret_index, 1u);
+    // The check runs over the commitment and the H step leaves: segment t is step t.
+    EXPECT_EQ(u.leaves, protocol::StageCheckLeaves(StepLeaves(st)));
+    const protocol::UnitCheck c = Check(st);
+    EXPECT_EQ(c.config().commitment, protocol::StageCheckCommitment(StepLeaves(st)));
+    EXPECT_EQ(c.config().inner_steps, kSteps);
+    EXPECT_EQ(c.config().checkpoint_interval, 1u);
+    EXPECT_EQ(c.config().forced_error_per_million, 0u);
+    EXPECT_EQ(c.stage(), protocol::CheckStage::kCheckAwaitingBeacon);
+  }
+  Aggregate();
+  const Amount alice_before = Balance(alice_);
+  // New nodes: every stage unit is checked; the one verifier outside the replica is drawn, and
+  // the steps it replays are steps of the stage.
+  std::vector<Sealed> verdicts;
+  std::vector<Transaction> txs;
+  for (uint32_t st = 0; st < kStages; ++st) {
+    const protocol::UnitCheck c = Check(st);
+    ASSERT_EQ(c.stage(), protocol::CheckStage::kCheckCommitVerdicts);
+    EXPECT_EQ(c.verifiers(), std::vector<protocol::NodeId>{verifier_.public_key()});
+    ASSERT_FALSE(c.segments().empty());
+    for (uint32_t step : c.segments()) EXPECT_LT(step, kSteps);
+    verdicts.push_back(Clean(st));
+    txs.push_back(SealTx(st, verdicts.back()));
+  }
+  StepOk(txs);
+  StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
+  txs.clear();
+  for (uint32_t st = 0; st < kStages; ++st) {
+    txs.push_back(RevealTx(st, verdicts[st]));
+    txs.push_back(SecretTx(st));
+  }
+  StepOk(txs);
+  StepUntil(0, protocol::CheckStage::kCheckSettled);
+  // A whistleblower's challenge names the stage unit and one of its steps: a unit or a step out
+  // of range is refused (the round is not final yet).
+  ASSERT_TRUE(Machine().Unfinal(0));
+  Sealed past_end = Mismatch(0, StepLeaves(0), kSteps - 1, Blake2b("x"));
+  past_end.claim.segment = kSteps;
+  std::vector<std::pair<Transaction, std::string>> refusals = {
+      {Q(alice_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = kStages,
+                                 .node_id = verifier_.public_key(),
+                                 .claim = Mismatch(0, StepLeaves(0), 1, Blake2b("x")).claim}),
+       "challenge unit: index 3 is out of range; task " + task_id_.ShortHex() + " has 3 units"},
+      {Q(alice_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = 0,
+                                 .node_id = verifier_.public_key(),
+                                 .claim = past_end.claim}),
+       "the claim's states are not the solver's committed states of segment 4"},
+  };
+  txs.clear();
+  for (const auto& [tx, why] : refusals) txs.push_back(tx);
+  std::vector<Receipt> r = Step(txs);  // one block: the round's window is short
+  for (size_t i = 0; i < refusals.size(); ++i) {
+    EXPECT_FALSE(r[i].ok) << refusals[i].second;
+    EXPECT_NE(r[i].reason.find(refusals[i].second), std::string::npos) << r[i].reason;
+  }
+  for (int i = 0; i < 20 && Task().status == TaskStatus::kOpen; ++i) Step();
+  ASSERT_EQ(Task().status, TaskStatus::kFinished);
+  const TaskRecord t = Task();
+  EXPECT_EQ(t.verification.clean, kStages);
+  EXPECT_EQ(t.verification.slashed, 0u);
+  EXPECT_GT(t.verification.verifiers_paid, 0u);
+  EXPECT_EQ(Node(verifier_.public_key()).earnings.checks_paid, kStages);
+  for (uint32_t st = 0; st < kStages; ++st) {
+    EXPECT_EQ(Check(st).result(), protocol::CheckResult::kCheckClean) << Check(st).reason();
+    EXPECT_EQ(Unit(st).status, WorkUnitStatus::kVerified);
+    EXPECT_EQ(Unit(st).paid, kTestUnitCost);
+    EXPECT_EQ(Node(Unit(st).assignee).reputation.units_verified_clean, 1u);
+  }
+  EXPECT_GT(Balance(alice_), alice_before);
+}
+
+// A stage whose step 1 is wrong (its leaf from step 1 on is not what the replay gives): the
+// verifier claims step 1, the stage does not win the ruling, and it alone is slashed; its
+// replica's round runs again without it (the spare node takes its stage), and no honest stage
+// is slashed or paid for the round built on the false step.
+TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaRerunsWithoutIt) {
+  Start();
+  constexpr uint32_t kCheat = 1;
+  const PublicKey cheater = Unit(kCheat).assignee;
+  CommitStages(kCheat);
+  Aggregate();
+  const std::vector<Hash256> lied = StepLeaves(kCheat, true, 1);
+  const Hash256 truth = StepLeaves(kCheat)[1];
+  std::vector<Sealed> verdicts;
+  std::vector<Transaction> txs;
+  for (uint32_t st = 0; st < kStages; ++st) {
+    verdicts.push_back(st == kCheat ? Mismatch(st, lied, 1, truth) : Clean(st));
+    txs.push_back(SealTx(st, verdicts.back()));
+  }
+  StepOk(txs);
+  StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
+  // A claim that opens the sealed verdict (same step, same replayed leaf) but proves leaves that
+  // are not the stage's committed ones is refused.
+  Sealed forged = Mismatch(kCheat, StepLeaves(kCheat), 1, truth);
+  forged.salt = verdicts[kCheat].salt;
+  std::vector<Receipt> r = Step({RevealTx(kCheat, forged)});
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("not the solver's committed states of segment 1"), std::string::npos)
+      << r[0].reason;
+  txs.clear();
+  for (uint32_t st = 0; st < kStages; ++st) {
+    txs.push_back(RevealTx(st, verdicts[st]));
+    txs.push_back(SecretTx(st));
+  }
+  StepOk(txs);
+  StepUntil(kCheat, protocol::CheckStage::kCheckDisputed);
+  // One step is one segment: the dispute is at the referee at once, for the whole step.
+  const protocol::UnitCheck c = Check(kCheat);
+  ASSERT_EQ(c.dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  const protocol::RefereeTask task = c.dispute()->referee_task();
+  EXPECT_TRUE(task.whole_step);
+  EXPECT_EQ(task.defender_output, lied[1]);
+  EXPECT_EQ(task.challenger_output, truth);
+  // A stage step is not a unit's: the ledger does not take a unit's step witness, and a tile
+  // bundle is refused; the genesis referee rules.
+  r = Step({Q(alice_, RefereeStepTx{.task_id = task_id_, .index = kCheat,
+                                    .witness = {EncodeStepWitness({})}})});
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
+  EXPECT_NE(r[0].reason.find("the genesis referee rules it"), std::string::npos) << r[0].reason;
+  StepOk({Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = truth})});
+  for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
+  EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
+  const TaskRecord t = Task();
+  EXPECT_EQ(t.verification.fraud, 1u);
+  EXPECT_EQ(t.verification.slashed, kSlashMultiple * kTestUnitCost);
+  const NodeRecord n = Node(cheater);
+  EXPECT_EQ(n.reputation.slashes, 1u);
+  EXPECT_EQ(n.status, NodeStatus::kJailed);
+  for (const KeyPair& k : stagers_) {
+    if (k.public_key() == cheater) continue;
+    EXPECT_EQ(Node(k.public_key()).reputation.slashes, 0u);
+    EXPECT_EQ(Node(k.public_key()).stake, kStake);
+    EXPECT_EQ(Node(k.public_key()).earnings.units, 0u) << "nothing paid for the false round";
+  }
+  EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
+  EXPECT_GT(Node(verifier_.public_key()).earnings.jackpot, 0u);
+  // The replica runs again without the cheater: the spare node holds its stage.
+  for (int i = 0; i < 5 && Unit(kCheat).status != WorkUnitStatus::kAssigned; ++i) Step();
+  for (uint32_t st = 0; st < kStages; ++st) {
+    ASSERT_EQ(Unit(st).status, WorkUnitStatus::kAssigned) << st;
+    EXPECT_NE(Unit(st).assignee, cheater) << st;
+  }
+}
+
+TEST_F(PipelineVerificationTest, ACommitStageWithoutItsStepLeavesOrSecretIsRefused) {
+  Start();
+  const std::vector<Hash256> leaves = StepLeaves(0);
+  CommitStageTx short_leaves = Commit(0, leaves);
+  short_leaves.leaves.pop_back();
+  CommitStageTx other_root = Commit(0, leaves);
+  other_root.commitment = Blake2b("another commitment");
+  CommitStageTx bad_secret = Commit(0, leaves);
+  bad_secret.secret_index = 5;
+  std::vector<std::pair<Transaction, std::string>> refusals = {
+      {Q(alice_, short_leaves), "commit stage: leaves must be the stage's 4 step leaves "
+                                "(StageStepLeaf of steps 0..3) whose StageCommitment is the "
+                                "commitment (got 3)"},
+      {Q(alice_, other_root), "commit stage: leaves must be the stage's 4 step leaves"},
+      {Q(alice_, bad_secret), "commit stage: secret_index must be 1"},
+  };
+  for (const auto& [tx, why] : refusals) {
+    std::vector<Receipt> r = Step({tx});
+    EXPECT_FALSE(r[0].ok) << why;
+    EXPECT_NE(r[0].reason.find(why), std::string::npos) << r[0].reason;
+  }
+  EXPECT_EQ(Unit(0).status, WorkUnitStatus::kAssigned);
+  StepOk({Q(alice_, Commit(0, leaves))});
+  // A mismatch on a stage unit carries no tile bundle (a stage step is ruled whole), and a stage
+  // unit has no after-the-fact fraud proof.
+  RevealVerdictTx with_bundle{.task_id = task_id_,
+                              .index = 0,
+                              .node_id = verifier_.public_key(),
+                              .verdict = static_cast<uint8_t>(protocol::Verdict::kVerdictMismatch),
+                              .bundle = {.text = "[model]"}};
+  std::vector<Receipt> r = Step({Q(alice_, with_bundle)});
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("reveal verdict: bundle must be empty for a stage unit"),
+            std::string::npos)
+      << r[0].reason;
 }
 
 }  // namespace

@@ -224,10 +224,22 @@ Status ValidatePipelineTerms(const TaskParams& p, bool verification, const Namer
     }
   }
   if (verification) {
-    return InvalidArgument(name("stages") + " = " + std::to_string(p.stages) +
-                           ": pipeline stage units are not verified yet (issue 15), and this chain "
-                           "verifies every task's work; train it on a chain without verification "
-                           "or set " + name("stages") + " = 1");
+    // Each stage unit's check runs over its H step leaves and the commitment
+    // (protocol::StageCheckLeaves), which must fit in a CommitStage; a stage step replays exactly.
+    if (p.inner_steps + 1ull > kMaxHashListLength) {
+      return InvalidArgument(name("inner_steps") + " = " + std::to_string(p.inner_steps) +
+                             " with " + name("stages") + " = " + std::to_string(p.stages) +
+                             ": a stage unit commits one leaf per step, and at most " +
+                             std::to_string(kMaxHashListLength - 1) +
+                             " fit in a CommitStage on a verifying chain; lower " +
+                             name("inner_steps"));
+    }
+    if (p.tolerance_rel_l2_ppm != 0 || p.tolerance_cosine_gap_ppb != 0) {
+      return InvalidArgument(name("stages") + " = " + std::to_string(p.stages) +
+                             ": a stage step is replayed exactly; tolerance mode (" +
+                             name("tolerance_rel_l2_ppm") + ", " + name("tolerance_cosine_gap_ppb") +
+                             ") is not for pipeline tasks: set both to 0");
+    }
   }
   return Status::Ok();
 }

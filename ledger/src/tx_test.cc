@@ -69,7 +69,9 @@ std::vector<TxPayload> SamplePayloads() {
                     .node_id = k,
                     .result_hash = Blake2b("stage delta"),
                     .commitment = Blake2b("stage root"),
-                    .loss_micros = 7},
+                    .loss_micros = 7,
+                    .secret_index = 3,
+                    .leaves = {Blake2b("step 0"), Blake2b("step 1")}},
       CommitVerdictTx{
           .task_id = Blake2b("task"), .index = 2, .node_id = k, .commitment = Blake2b("sealed")},
       RevealVerdictTx{.task_id = Blake2b("task"),

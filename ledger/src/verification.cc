@@ -35,6 +35,7 @@
 #include "execute.h"
 #include "referee_step.h"
 #include "meshlearn/base/log.h"
+#include "meshlearn/base/merkle.h"
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
@@ -105,6 +106,22 @@ std::vector<protocol::NodeId> VerifierCandidates(const LedgerState& s) {
     if ((n.roles & kRoleVerifier) != 0 && n.status == NodeStatus::kActive) out.push_back(id);
   }
   return out;
+}
+
+// The candidates that may verify unit `index`: for a stage unit, none of its replica's nodes
+// (they signed the stage's inputs or used its outputs: a neighbour has a stake in its verdict).
+std::vector<protocol::NodeId> StageVerifierCandidates(const LedgerState& s, const Hash256& task_id,
+                                                      uint32_t index,
+                                                      std::vector<protocol::NodeId> candidates) {
+  const TaskParams& p = s.tasks.Find(task_id)->params;
+  if (!IsPipelineTask(p)) return candidates;
+  const StageSlot slot = StageSlotOf(p, index);
+  for (uint32_t stage = 0; stage < p.stages; ++stage) {
+    const WorkUnit* w =
+        s.units.Find({task_id, StageUnitIndex(p, {slot.round, slot.replica, stage})});
+    if (w != nullptr) std::erase(candidates, w->assignee);
+  }
+  return candidates;
 }
 
 protocol::Reputation ReputationOf(const NodeRecord& n) {
@@ -368,19 +385,20 @@ Status ApplyRerun(LedgerState& s, const Hash256& task_id, protocol::RoundStateMa
 
 Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
                      const PublicKey& solver, uint64_t secret_index,
-                     protocol::RoundStateMachine& m) {
+                     protocol::RoundStateMachine& m, std::string_view what) {
   const ChainParams& p = ctx.params();
+  const std::string w(what);
   NodeRecord* n = ctx.state.nodes.FindMutable(solver);
-  if (n == nullptr) return NotFound("commit unit: node " + solver.ToHex() + " is not registered");
+  if (n == nullptr) return NotFound(w + ": node " + solver.ToHex() + " is not registered");
   if (secret_index != n->secrets_committed + 1) {
-    return InvalidArgument("commit unit: secret_index must be " +
+    return InvalidArgument(w + ": secret_index must be " +
                            std::to_string(n->secrets_committed + 1) +
                            " (the node's next secret chain element), got " +
                            std::to_string(secret_index));
   }
   const uint64_t distance = secret_index - n->secret_anchor_index;
   if (distance > protocol::kMaxSecretDistance || secret_index > protocol::kSecretChainLength) {
-    return FailedPrecondition("commit unit: node " + solver.ShortHex() + " has " +
+    return FailedPrecondition(w + ": node " + solver.ShortHex() + " has " +
                               std::to_string(distance) +
                               " unrevealed secrets or an exhausted chain; reveal them first");
   }
@@ -393,12 +411,20 @@ Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
   cfg.commitment = u->commitment;
   cfg.inner_steps = t->params.inner_steps;
   cfg.checkpoint_interval = t->params.checkpoint_interval;
+  cfg.forced_error_per_million = p.forced_error_per_million;
+  if (IsPipelineTask(t->params)) {
+    // A stage unit: segment t is step t, its end step t's leaf (protocol::StageCheckLeaves).
+    // A stage commits no state chain a forced error could replace, so it is never drawn for one
+    // (docs/verification.md, "Pipeline stages": forced errors for stages are not built).
+    cfg.commitment = MerkleRoot(u->leaves);
+    cfg.checkpoint_interval = 1;
+    cfg.forced_error_per_million = 0;
+  }
   // Whole steps until a mismatch brings the task bundle: then UnitCheck::SetTilePhase sets the
   // step's plan (docs/verification.md, "Tiles").
   cfg.num_operators = 0;
   cfg.secret_anchor = n->secret_anchor;
   cfg.secret_distance = distance;
-  cfg.forced_error_per_million = p.forced_error_per_million;
   cfg.assignment_beacon = u->assignment_beacon;
   cfg.commit_height = ctx.height;
   cfg.commit_blocks = p.verdict_commit_blocks;
@@ -408,7 +434,7 @@ Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
   cfg.referee_blocks = p.referee_blocks;
   cfg.tolerance = t->params.tolerance_rel_l2_ppm != 0 || t->params.tolerance_cosine_gap_ppb != 0;
   Result<UnitCheck> c = UnitCheck::Create(cfg);
-  if (!c.ok()) return c.status().WithPrefix("commit unit");
+  if (!c.ok()) return c.status().WithPrefix(what);
   n->secrets_committed = secret_index;
   WorkUnit* mu = ctx.state.units.FindMutable({task_id, index});
   mu->secret_index = secret_index;
@@ -472,14 +498,15 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
       slashed.slashes = 1;
       const protocol::CheckPlan plan = protocol::PlanCheck(
           level, solver == nullptr ? slashed : ReputationOf(*solver),
-          protocol::SegmentCount(tp.inner_steps, tp.checkpoint_interval), vp);
+          protocol::SegmentCount(c.config().inner_steps, c.config().checkpoint_interval), vp);
       protocol::VerificationParams unit_vp = vp;
       unit_vp.segments_per_check = plan.segments;
       // Full and target assurance promise a replay by another node: with no verifier the
       // check waits (holding the round) instead of settling unchecked.
       const bool wait = level.kind != protocol::Assurance::kAssuranceEconomic;
-      ML_ASSIGN_OR_RETURN(fx, c.OnBeacon(seed, plan.probability_permille, candidates, unit_vp,
-                                         height, wait));
+      ML_ASSIGN_OR_RETURN(fx, c.OnBeacon(seed, plan.probability_permille,
+                                         StageVerifierCandidates(s, task_id, index, candidates),
+                                         unit_vp, height, wait));
     } else {
       const auto floor = awaiting.find(c.config().solver);
       const bool earlier_awaits = floor != awaiting.end() && floor->second < u->secret_index;
@@ -516,6 +543,11 @@ Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleFie
                         UnitCheck& c, std::string_view what) {
   if (bundle.text.empty()) return Status::Ok();
   const TaskRecord* t = s.tasks.Find(u.task_id);
+  if (IsPipelineTask(t->params)) {
+    return InvalidArgument(std::string(what) + ": bundle must be empty for a stage unit of task " +
+                           u.task_id.ShortHex() +
+                           " (a stage step's dispute has no tile phase; the step is ruled whole)");
+  }
   ML_ASSIGN_OR_RETURN(TileRuleContext tc,
                       TileContextOf(*t, u, bundle.text, std::string(what) + ": bundle"));
   protocol::DisputeConfig layout;
@@ -676,9 +708,12 @@ Result<RefereeStage> DisputeAtReferee(const LedgerState& s, const Hash256& task_
 // genesis referee's word (RuleDispute): a whole step of a task with a data root over examples. A
 // token task's data root (over pages) proves the tokens of a tile (RefereeTile); its whole step
 // (a lie in the step's input state or in the state only) is not executed by the ledger yet (a
-// step witness of its state would not fit), so the genesis referee still rules it.
+// step witness of its state would not fit), so the genesis referee still rules it. A stage unit's
+// step is not a unit's step (its inputs are its neighbours' signed tensors): the genesis referee
+// rules it until the ledger executes a stage step's witness.
 bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
-  return !t.params.data_root.IsZero() && t.params.data_page_tokens == 0 && task.whole_step &&
+  return !t.params.data_root.IsZero() && t.params.data_page_tokens == 0 &&
+         !IsPipelineTask(t.params) && task.whole_step &&
          !task.segment;
 }
 
@@ -756,6 +791,11 @@ Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
     return FailedPrecondition("prove result: round " + std::to_string(u->round) + " of task " +
                               tx.task_id.ShortHex() + " is final");
   }
+  if (IsPipelineTask(t->params)) {
+    return FailedPrecondition("prove result: task " + tx.task_id.ShortHex() +
+                              " is trained in pipeline stages; a stage unit's result is not "
+                              "proven against a whole state (not built)");
+  }
   Result<ResultWitness> w = DecodeResultWitness(tx.witness.bytes);
   if (!w.ok()) return w.status().WithPrefix("prove result");
   ML_ASSIGN_OR_RETURN(Hash256 computed, ExecuteResultWitness(*t, *u, *w));
@@ -805,6 +845,11 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
     return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
                               " is verified in tolerance mode, where replays need not match "
                               "hashes bit for bit; only exact-mode units can be proven");
+  }
+  if (IsPipelineTask(t->params)) {
+    return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
+                              " is trained in pipeline stages; a stage unit's segment witness "
+                              "is not built (its checks and disputes rule it while it is open)");
   }
   if (t->params.data_root.IsZero() || t->params.data_page_tokens != 0) {
     return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +

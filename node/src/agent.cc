@@ -312,7 +312,7 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
 // A pipeline stage unit runs on a thread of its own, beside its neighbours' (Stager): each tick
 // commits the one that finished and starts the next, and goes on with the tick's one job.
 void NodeAgent::RunStages(const NodeWork& work) {
-  Status collected = stager_->Collect();
+  Status collected = stager_->Collect(work);
   if (!collected.ok()) Log(collected.message());  // run again while it stays assigned
   if (stager_->running()) return;
   for (const UnitAssignment* u : stager_->Pending(work)) {

@@ -5,6 +5,8 @@
 // stage by stage (ApplyStageRound). The task ends on the ledger with `meshlearn diloco`'s weights,
 // bit for bit.
 #include <chrono>
+#include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <string>
@@ -25,7 +27,7 @@ namespace {
 using nlohmann::json;
 
 // Six agents serving on loopback HTTP, kPipelineGptTask submitted, on a chain without
-// verification (stage units are not verified yet: the ledger refuses them there).
+// verification (VerifyingPipelineSimOptions turns it on).
 testing::SimOptions PipelineSimOptions(uint64_t seed, const std::string& dir) {
   testing::SimOptions opt;
   opt.seed = seed;
@@ -42,6 +44,57 @@ testing::SimOptions PipelineSimOptions(uint64_t seed, const std::string& dir) {
     g.params.min_deadline_blocks = 1'000'000;
   };
   return opt;
+}
+
+// The same on a verifying chain (docs/verification.md, "Pipeline stages"): seven agents, each a
+// solver, aggregator and verifier (a stage unit is verified by a node of another replica, or the
+// seventh), every step of every checked stage unit replayed, a referee (node/referee.h) for the
+// stage steps disputed. Blocks are made as fast as the loop turns while stages train and
+// verifiers replay in real time: no window may close for that (each closes early once every
+// party has acted).
+testing::SimOptions VerifyingPipelineSimOptions(uint64_t seed, const std::string& dir) {
+  testing::SimOptions opt = PipelineSimOptions(seed, dir);
+  opt.log = std::getenv("MESHLEARN_SIM_LOG") != nullptr;  // every agent's log to stderr
+  opt.nodes = 7;
+  opt.referee = true;
+  opt.node_options.resize(7);
+  for (testing::SimNodeOptions& n : opt.node_options) {
+    n.roles = ledger::kRoleSolver | ledger::kRoleAggregator | ledger::kRoleVerifier;
+  }
+  opt.tweak_genesis = [](ledger::Genesis& g) {
+    g.params.verification = true;
+    g.params.verify_segments_per_check = 64;
+    g.params.forced_error_per_million = 0;
+    g.params.verifiers_per_unit = 1;
+    g.params.min_deadline_blocks = 1'000'000;
+    g.params.verdict_commit_blocks = 1'000'000;
+    g.params.verdict_reveal_blocks = 1'000'000;
+    g.params.dispute_response_blocks = 1'000'000;
+  };
+  return opt;
+}
+
+json NodeRecordOf(testing::SimHarness& sim, int i) {
+  return sim.Call("get_node", {{"id", sim.node_key(i).public_key().ToHex()}});
+}
+
+// Steps blocks until the task finishes (or `max_blocks`); false when it did not.
+bool RunToTheEnd(testing::SimHarness& sim, int max_blocks) {
+  for (int b = 0; b < max_blocks; ++b) {
+    json t = sim.Task(false);
+    if (t.contains("error")) {
+      ADD_FAILURE() << t.dump();
+      return false;
+    }
+    if (t.value("status", std::string()) == "finished") return true;
+    Status stepped = sim.Step();
+    if (!stepped.ok()) {
+      ADD_FAILURE() << stepped.ToString();
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
 }
 
 TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshlearnDiloco) {
@@ -132,6 +185,81 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
   const json t = sim.Task(false);
   EXPECT_NE(t.value("status", std::string()), "finished") << t.dump();
 }
+
+// A stage node that cheats (the adversary `lazy`: every step's commit claims the state it started
+// from; or one that computes its part honestly and sends corrupted activations of micro-batch 0)
+// on a verifying chain: the verifier drawn for its stage unit replays a step from what it serves
+// and claims the mismatch, the referee replays the same step and rules against it, the ledger
+// slashes it alone (no honest stage node is slashed; its neighbours, which used what it sent,
+// replay clean), the round runs again without it, and the task ends with `meshlearn diloco`'s
+// weights, bit for bit, every unit's work paid to an honest node.
+struct CheatingStage {
+  const char* name;
+  std::function<void(AgentOptions&)> cheat;
+};
+class CheatingStageTest : public ::testing::TestWithParam<CheatingStage> {};
+
+TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco) {
+  PipelineOracle o;
+  ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
+  constexpr int kCheater = 5;
+  testing::SimOptions opt =
+      VerifyingPipelineSimOptions(17, std::string("pipeline-network-") + GetParam().name);
+  // The seventh node is the slowest: the first placement leaves it out, so the cheater has a stage.
+  opt.node_options[6].speed_factor = 0.25;
+  opt.agent_options = [cheat = GetParam().cheat](int node, AgentOptions& a) {
+    if (node == kCheater) cheat(a);
+  };
+  std::mutex mu;
+  std::vector<std::string> cheater_lines;
+  opt.log_sink = [&](int node, const std::string& line) {
+    if (node != kCheater) return;
+    std::lock_guard<std::mutex> lock(mu);
+    cheater_lines.push_back(line);
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 4000);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    bool committed = false;
+    for (const std::string& l : cheater_lines) committed |= l.find("(CommitStage)") != std::string::npos;
+    ASSERT_TRUE(committed) << "the cheater was never placed on a stage: the test means nothing";
+  }
+  Result<GlobalState> final_state = sim.FinalState();
+  ASSERT_TRUE(final_state.ok()) << final_state.status().ToString();
+  EXPECT_EQ(HashFloats(final_state->weights), o.want.final_hash);
+  const json task = sim.Task(true);
+  EXPECT_GE(task["verification"].value("fraud", uint64_t{0}), 1u) << task["verification"].dump();
+  EXPECT_GE(task["verification"].value("clean", uint64_t{0}), 12u) << task["verification"].dump();
+  const json cheater = NodeRecordOf(sim, kCheater);
+  EXPECT_GE(cheater["reputation"].value("slashes", uint64_t{0}), 1u) << cheater.dump();
+  for (int i = 0; i < 7; ++i) {
+    if (i == kCheater) continue;
+    const json n = NodeRecordOf(sim, i);
+    EXPECT_EQ(n["reputation"].value("slashes", uint64_t{1}), 0u) << "honest node " << i << ": "
+                                                                 << n.dump();
+  }
+  const std::string cheater_id = sim.node_key(kCheater).public_key().ToHex();
+  for (const json& u : task["units"]) {
+    EXPECT_NE(u.value("assignee", std::string()), cheater_id) << u.dump();
+    EXPECT_GT(u.value("paid", uint64_t{0}), 0u) << u.dump();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, CheatingStageTest,
+    ::testing::Values(
+        CheatingStage{"lazy", [](AgentOptions& a) { a.adversary = Adversary::kLazy; }},
+        CheatingStage{"corrupt_activations",
+                      [](AgentOptions& a) {
+                        a.stage_plane.corrupt_sent = [](const protocol::StageTensorKey& k) {
+                          return k.kind == protocol::StageTensorKind::kStageTensorActivation &&
+                                 k.micro_batch == 0;
+                        };
+                      }}),
+    [](const ::testing::TestParamInfo<CheatingStage>& p) { return std::string(p.param.name); });
 
 }  // namespace
 }  // namespace meshlearn::node

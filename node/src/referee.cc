@@ -1,5 +1,6 @@
 #include "meshlearn/node/referee.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <utility>
@@ -8,6 +9,7 @@
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/node/network_round.h"
+#include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/step_witness.h"
 #include "meshlearn/node/unit_service.h"
@@ -331,7 +333,9 @@ Result<RefereeService::TaskTrainer*> RefereeService::TrainerFor(const Hash256& s
 Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d) {
   ML_ASSIGN_OR_RETURN(TaskTrainer * t, TrainerFor(d.spec_hash));
   const NetworkSpec& net = t->bundle.net;
-  if (d.round >= net.rounds || d.shard >= net.units_per_round) {
+  // A pipeline task's round has units_per_round replicas x stages units.
+  const uint64_t per_round = uint64_t{net.units_per_round} * std::max<uint32_t>(net.stages, 1);
+  if (d.round >= net.rounds || d.shard >= per_round) {
     return InvalidArgument("referee: unit " + std::to_string(d.index) + " (round " +
                            std::to_string(d.round) + ", shard " + std::to_string(d.shard) +
                            ") is outside the task's " + std::to_string(net.rounds) + " x " +
@@ -351,6 +355,7 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
                                            d.start_state.ShortHex());
   }
   ML_ASSIGN_OR_RETURN(GlobalState start, DecodeGlobalState(*state_bytes, t->facts.num_params));
+  if (net.stages > 1) return ComputeStageStep(d, t, start.weights);
   // The unit's work exactly as the solver trained it.
   const UnitWork work = protocol::UnitWorkOf(net, t->facts, d.round, d.shard);
   if (d.task.segment) {
@@ -371,6 +376,49 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
   }
   ML_ASSIGN_OR_RETURN(RefereeRuling r,
                       RuleWholeStep(t->trainer.get(), start.weights, work, d.task));
+  ledger::RuleDisputeTx tx{.task_id = d.task_id, .index = d.index, .output = r.output};
+  return Computed{.ruling = std::move(r), .tx = tx};
+}
+
+Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeDispute& d,
+                                                                  TaskTrainer* t,
+                                                                  std::span<const float> global) {
+  const NetworkSpec& net = t->bundle.net;
+  const uint32_t stages = net.stages;
+  // A stage unit's check has one segment per step (protocol::StageCheckLeaves): the dispute is
+  // about step task.step - 1 of the stage, whose committed leaf is the defender's output.
+  if (!d.task.whole_step || d.task.step == 0) {
+    return InvalidArgument("referee: the dispute on stage unit " + std::to_string(d.index) +
+                           " is not about one whole step");
+  }
+  if (options_.transport == nullptr) {
+    return FailedPrecondition("referee: no transport to fetch the stage's evidence from");
+  }
+  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(*chain_, d.task_id, /*units=*/true));
+  ML_ASSIGN_OR_RETURN(std::optional<NodeInfo> node, GetNode(*chain_, d.defender));
+  if (!node.has_value()) {
+    return NotFound("referee: the stage's node " + d.defender.ShortHex() + " is not registered");
+  }
+  const uint32_t replica = d.shard / stages;
+  StageCheckInput in{.trainer = t->trainer.get(),
+                     .net = &net,
+                     .facts = &t->facts,
+                     .global = global,
+                     .task_id = d.task_id,
+                     .round = d.round,
+                     .replica = replica,
+                     .stage = d.shard % stages,
+                     .chain = ReplicaChain(info.units, stages, d.round, replica),
+                     .transport = options_.transport,
+                     .endpoint = node->endpoint};
+  ML_ASSIGN_OR_RETURN(StageStepCheck c, CheckStageStep(in, d.task.step - 1, d.task.defender_output));
+  RefereeRuling r;
+  r.output = c.leaf;
+  r.true_output = c.leaf;
+  r.input_true = true;
+  r.reason = c.leaf == d.task.defender_output
+                 ? "the stage's step replays to its committed leaf: " + c.message
+                 : "the stage's step does not replay to its committed leaf: " + c.message;
   ledger::RuleDisputeTx tx{.task_id = d.task_id, .index = d.index, .output = r.output};
   return Computed{.ruling = std::move(r), .tx = tx};
 }

@@ -212,4 +212,11 @@ Result<engine::TrainState> StageCheckpointState(ByteSpan checkpoint) {
   return engine::LoadCheckpoint(&env, "stage.safetensors");
 }
 
+Result<Bytes> StageCheckpointBytes(engine::TrainState& state) {
+  MemEnv env;
+  ML_RETURN_IF_ERROR(engine::SaveCheckpoint(&env, "stage.safetensors", state));
+  ML_ASSIGN_OR_RETURN(std::string file, env.ReadFile("stage.safetensors"));
+  return ToBytes(file);
+}
+
 }  // namespace meshlearn::node

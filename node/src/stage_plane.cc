@@ -28,6 +28,11 @@ class StagePlane::Link final : public StageLink {
     return plane_->Take(key, record);
   }
   Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
+    if (plane_->options_.corrupt_sent && plane_->options_.corrupt_sent(key) && !values.empty()) {
+      std::vector<float> bad(values.begin(), values.end());
+      bad[0] = bad[0] + 1e-3f;
+      return plane_->Push(key, bad);
+    }
     return plane_->Push(key, values);
   }
 
@@ -81,10 +86,25 @@ StageContext StagePlane::context() const {
   return ctx_;
 }
 
+namespace {
+Status Cancelled(const StageTensorKey& key) {
+  return FailedPrecondition(key.ToString() +
+                            ": the stage unit's run was cancelled (no longer assigned)");
+}
+}  // namespace
+
+void StagePlane::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  deadline_ = StagePlaneClock::now();
+  cv_.notify_all();
+}
+
 void StagePlane::BeginStep(uint64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   step_ = step;
-  deadline_ = StagePlaneClock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
+  deadline_ = StagePlaneClock::now();
+  if (!cancelled_) deadline_ += std::chrono::milliseconds(options_.step_deadline_ms);
   taken_.clear();
   received_.clear();
   for (auto it = inbox_.begin(); it != inbox_.end();) {
@@ -214,11 +234,15 @@ Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTran
   std::unique_lock<std::mutex> lock(mu_);
   awaited_ = key;
   const auto t0 = std::chrono::steady_clock::now();
-  const bool arrived = cv_.wait_until(lock, deadline_, [&] { return inbox_.count(key) > 0; });
+  const bool arrived =
+      !cancelled_ &&
+      cv_.wait_until(lock, deadline_, [&] { return cancelled_ || inbox_.count(key) > 0; }) &&
+      !cancelled_;
   stats_.wait_us += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                               std::chrono::steady_clock::now() - t0)
                                               .count());
   awaited_ = protocol::StageTensorKey();
+  if (cancelled_) return Cancelled(key);
   if (!arrived) {
     return DeadlineExceeded("no " + key.ToString() + " from " + PeerName(key.from_stage) +
                             " within the step's deadline of " +
@@ -264,6 +288,10 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
     const int64_t left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - StagePlaneClock::now())
             .count();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) return Cancelled(key);
+    }
     if (left <= 0) {
       return DeadlineExceeded(peer + " did not take " + key.ToString() +
                               " within the step's deadline of " +

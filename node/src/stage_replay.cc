@@ -12,6 +12,26 @@ using protocol::StageStepCommit;
 using protocol::StageTensorKey;
 using protocol::StageTransfer;
 
+Hash256 StageFindingLeaf(const Hash256& committed_leaf, const StageReplayResult& r) {
+  if (r.ok()) return committed_leaf;
+  return Hasher("meshlearn.pipeline.stage_finding.v1")
+      .Update(committed_leaf)
+      .UpdateU64(static_cast<uint64_t>(r.fault))
+      .UpdateU64(static_cast<uint64_t>(r.micro_batch))
+      .UpdateU64(static_cast<uint64_t>(r.key.kind))
+      .UpdateU64(r.key.from_stage)
+      .UpdateU64(r.key.to_stage)
+      .Update(r.claimed)
+      .Update(r.replayed)
+      .Finish();
+}
+
+Hash256 StageUnservedLeaf(const Hash256& committed_leaf) {
+  StageReplayResult r;
+  r.fault = StageFault::kStageFaultUnserved;
+  return StageFindingLeaf(committed_leaf, r);
+}
+
 const char* StageFaultName(StageFault fault) {
   switch (fault) {
     case StageFault::kStageFaultNone:

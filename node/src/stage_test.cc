@@ -4,6 +4,7 @@
 // cheat; the HTTP data plane (stage_plane.h) trains 3 stage endpoints bit-equal to
 // RunPipelineStep and fails a step by its deadline when a stage stops answering.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -738,6 +739,36 @@ TEST(StagePlaneTest, AStageThatStopsAnsweringFailsTheStepByItsDeadline) {
     EXPECT_NE(st[0].message().find("activation_grad stage 1 -> 0 from stage 1"), std::string::npos)
         << st[0].ToString();
   }
+}
+
+// A stage unit no longer assigned (its round re-ran) is cancelled (Stager): the receive it waits
+// on fails at once, and so does every later step, instead of holding the node until the step's
+// deadline (here ten minutes: the test would time out if Cancel did nothing).
+TEST(StagePlaneTest, ACancelledPlaneFailsItsWaitingReceiveAndEveryLaterStep) {
+  const StageContext ctx = StageCtx();
+  StagePlaneOptions opt;
+  opt.step_deadline_ms = 600'000;
+  std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+  StagePlane& plane = *nodes[1]->plane;
+  plane.BeginStep(0);
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the receive is waiting
+    plane.Cancel();
+  });
+  StageTransfer record;
+  Result<std::vector<float>> got =
+      plane.link()->Receive(ctx.Key(StageTensorKind::kStageTensorActivation, 0, 1, 0, 0), &record);
+  canceller.join();
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("cancelled (no longer assigned)"), std::string::npos)
+      << got.status().ToString();
+  plane.BeginStep(1);
+  got = plane.link()->Receive(ctx.Key(StageTensorKind::kStageTensorActivation, 0, 1, 1, 0), &record);
+  EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition) << got.status().ToString();
+  Result<StageTransfer> sent = plane.link()->Send(
+      ctx.Key(StageTensorKind::kStageTensorActivation, 1, 2, 1, 0), std::vector<float>{1, 2});
+  EXPECT_EQ(sent.status().code(), StatusCode::kFailedPrecondition) << sent.status().ToString();
 }
 
 // ---- A whole task: DiLoCo rounds whose replicas are chains of stage endpoints.

@@ -7,6 +7,7 @@
 #include "meshlearn/base/check.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/ledger/step_witness.h"
+#include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/stage_transfer.h"
 
@@ -191,14 +192,20 @@ Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& t
 
 Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
                                       std::span<const engine::Batch> batches,
-                                      uint64_t dropout_seed) {
+                                      uint64_t dropout_seed, const StageRunHooks& hooks) {
   const std::vector<float> start = StageFlatParams(stage);
   StageUnitOutcome out;
   double loss_sum = 0;
   for (size_t i = 0; i < batches.size(); ++i) {
+    Bytes checkpoint;
+    if (hooks.publish) {
+      ML_ASSIGN_OR_RETURN(checkpoint, StageCheckpointBytes(stage.state()));
+    }
     plane.BeginStep(static_cast<uint64_t>(i));
     ML_ASSIGN_OR_RETURN(StageStepOutcome step, RunStageStep(stage, plane.context(), batches[i],
                                                             dropout_seed, *plane.link()));
+    if (hooks.lazy_commit) step.commit.state_after = step.commit.state_before;
+    if (hooks.publish) hooks.publish(step.commit, plane.received(), std::move(checkpoint));
     loss_sum += step.loss;
     out.leaves.push_back(protocol::StageStepLeaf(step.commit));
     out.commits.push_back(std::move(step.commit));

@@ -254,6 +254,18 @@ Hash256 StageStepLeaf(const StageStepCommit& c) {
 
 Hash256 StageCommitment(const std::vector<Hash256>& leaves) { return MerkleRoot(leaves); }
 
+std::vector<Hash256> StageCheckLeaves(const std::vector<Hash256>& step_leaves) {
+  std::vector<Hash256> out;
+  out.reserve(step_leaves.size() + 1);
+  out.push_back(StageCommitment(step_leaves));
+  out.insert(out.end(), step_leaves.begin(), step_leaves.end());
+  return out;
+}
+
+Hash256 StageCheckCommitment(const std::vector<Hash256>& step_leaves) {
+  return MerkleRoot(StageCheckLeaves(step_leaves));
+}
+
 Bytes EncodeStageStepCommit(const StageStepCommit& c) {
   Encoder e;
   e.PutHash(c.task).PutU32(c.round).PutU32(c.replica).PutU32(c.stage).PutU32(c.stages);

@@ -408,8 +408,9 @@ Status Disputes::RunStepWitness(const CheckAssignment& c) {
   if (outbox_->Done(action)) return Status::Ok();
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
   // Only a task with a data root over examples on the ledger has its whole steps refereed by the
-  // ledger itself.
-  if (ctx->info.params.data_root.IsZero() || ctx->info.params.data_page_tokens != 0) {
+  // ledger itself; a stage step (a pipeline task) is ruled by the genesis referee (node/referee.h).
+  if (ctx->info.params.data_root.IsZero() || ctx->info.params.data_page_tokens != 0 ||
+      ctx->bundle.net.stages > 1) {
     return Status::Ok();
   }
   if (!ctx->data_tree) {

@@ -5,8 +5,10 @@
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/node/referee.h"
+#include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/protocol/aggregate.h"
+#include "meshlearn/protocol/stage_transfer.h"
 #include "meshlearn/protocol/task_model.h"
 
 namespace meshlearn::node {
@@ -288,6 +290,52 @@ Result<SegmentFinding> CheckSegments(NodeContext& node, const CheckAssignment& c
   SegmentChecker checker(node, c, dir);
   ML_RETURN_IF_ERROR(checker.Setup());
   return checker.Run(segments);
+}
+
+Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment& c,
+                                       const std::vector<uint32_t>& steps) {
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node.GetTask(c.task_id));
+  const NetworkSpec& net = ctx->bundle.net;
+  const uint32_t stages = net.stages;
+  if (stages < 2) return InvalidArgument(CheckName(c) + ": not a stage unit");
+  SegmentFinding f;
+  const std::vector<Hash256> step_leaves(c.leaves.begin() + (c.leaves.empty() ? 0 : 1),
+                                         c.leaves.end());
+  if (c.leaves.size() < 2 || c.leaves.front() != c.commitment ||
+      protocol::StageCommitment(step_leaves) != c.commitment) {
+    return FailedPrecondition(CheckName(c) + ": the committed step leaves do not hash to the "
+                              "stage's commitment " + c.commitment.ShortHex());
+  }
+  f.leaves = c.leaves;
+  ML_ASSIGN_OR_RETURN(GlobalState start, node.StartState(*ctx, c.task_id, c.start_state));
+  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node.chain(), c.task_id, /*units=*/true));
+  StageCheckInput in{.trainer = ctx->trainer.get(),
+                     .net = &net,
+                     .facts = &ctx->facts,
+                     .global = start.weights,
+                     .task_id = c.task_id,
+                     .round = c.round,
+                     .replica = c.shard / stages,
+                     .stage = c.shard % stages,
+                     .chain = ReplicaChain(info.units, stages, c.round, c.shard / stages),
+                     .transport = node.deps().transport,
+                     .endpoint = c.solver_endpoint};
+  for (uint32_t t : steps) {
+    if (t + 1ull >= f.leaves.size()) {
+      return InvalidArgument(CheckName(c) + ": step " + std::to_string(t) + " is out of range");
+    }
+    const Hash256 committed = f.leaves[t + 1];
+    ML_ASSIGN_OR_RETURN(StageStepCheck r, CheckStageStep(in, t, committed));
+    if (r.leaf == committed) continue;
+    node.Log(CheckName(c) + ": " + r.message);
+    f.mismatch = true;
+    f.segment = t;
+    f.start = f.leaves[t];
+    f.solver_end = committed;
+    f.replayed_end = r.leaf;
+    break;
+  }
+  return f;
 }
 
 }  // namespace meshlearn::node

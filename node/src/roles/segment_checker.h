@@ -46,4 +46,12 @@ Result<SegmentFinding> CheckSegments(NodeContext& node, const CheckAssignment& c
                                      const std::vector<uint32_t>& segments,
                                      const std::string& dir);
 
+// A stage unit's check (a pipeline task; docs/verification.md "Pipeline stages"): each drawn
+// step (a "segment" of the check, protocol::StageCheckLeaves) replayed with CheckStageStep from
+// what the stage node serves; the first step whose StageFindingLeaf is not the committed step
+// leaf is the mismatch, its replayed_end that finding leaf. `leaves` are the check's
+// (c.leaves: the stage's commitment, then its step leaves), checked against c.commitment.
+Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment& c,
+                                       const std::vector<uint32_t>& steps);
+
 }  // namespace meshlearn::node

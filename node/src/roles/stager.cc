@@ -1,9 +1,11 @@
 #include "stager.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "meshlearn/engine/step_replay.h"
+#include "meshlearn/node/adversary.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/protocol/task_model.h"
 
@@ -11,6 +13,10 @@ namespace meshlearn::node {
 
 Stager::~Stager() {
   if (run_ && run_->thread.joinable()) run_->thread.join();
+}
+
+Stager::Key Stager::KeyOf(const UnitAssignment& a) {
+  return {a.task_id, a.index, a.assignment_beacon};
 }
 
 std::string Stager::Name(const UnitAssignment& a) {
@@ -23,7 +29,7 @@ std::vector<const UnitAssignment*> Stager::Pending(const NodeWork& work) const {
   std::vector<const UnitAssignment*> out;
   for (const UnitAssignment& u : work.units) {
     if (!u.stage) continue;
-    const auto key = std::make_pair(u.task_id, u.index);
+    const Key key = KeyOf(u);
     if (commits_.count(key) || committed_.count(key)) continue;
     if (run_ && run_->a.task_id == u.task_id && run_->a.index == u.index) continue;
     out.push_back(&u);
@@ -83,9 +89,18 @@ Status Stager::Start(const UnitAssignment& a) {
              " steps with its neighbours");
   Run* r = run.get();
   run_ = std::move(run);
-  r->thread = std::thread([r] {
+  // Every step's evidence is served as it ends (StageEvidence: a verifier of the stage unit
+  // replays from it).
+  StageRunHooks hooks;
+  StageEvidence* evidence = &evidence_;
+  hooks.publish = [evidence](const protocol::StageStepCommit& commit,
+                             std::map<Hash256, Bytes> received, Bytes checkpoint) {
+    evidence->Publish(commit, std::move(received), std::move(checkpoint));
+  };
+  hooks.lazy_commit = node_->options().adversary == Adversary::kLazy;
+  r->thread = std::thread([r, hooks = std::move(hooks)] {
     const auto t0 = std::chrono::steady_clock::now();
-    r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed);
+    r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed, hooks);
     r->run_us = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
             .count());
@@ -94,7 +109,20 @@ Status Stager::Start(const UnitAssignment& a) {
   return Status::Ok();
 }
 
-Status Stager::Collect() {
+Status Stager::Collect(const NodeWork& work) {
+  if (run_ && !run_->done.load(std::memory_order_acquire) && !run_->cancelled) {
+    // A unit no longer assigned to this node (its round re-ran after a stage was caught
+    // cheating, or it expired) is stopped now rather than at its next step deadline: the node
+    // has other stage units to run.
+    const Key running = KeyOf(run_->a);
+    const bool assigned = std::any_of(work.units.begin(), work.units.end(),
+                                      [&](const UnitAssignment& u) { return KeyOf(u) == running; });
+    if (!assigned) {
+      node_->Log(Name(run_->a) + ": no longer assigned to this node; stopping it");
+      run_->plane->Cancel();
+      run_->cancelled = true;
+    }
+  }
   if (!run_ || !run_->done.load(std::memory_order_acquire)) return Status::Ok();
   run_->thread.join();
   std::unique_ptr<Run> run = std::move(run_);
@@ -108,10 +136,10 @@ Status Stager::Collect() {
     // Nothing of the unit is stored or committed: it runs again from its start while assigned.
     return run->out.status().WithPrefix(Name(run->a) + " failed (nothing committed)");
   }
-  return Commit(*run);
+  return Commit(*run, work);
 }
 
-Status Stager::Commit(const Run& run) {
+Status Stager::Commit(const Run& run, const NodeWork& work) {
   const UnitAssignment& a = run.a;
   const StageUnitOutcome& out = *run.out;
   ML_ASSIGN_OR_RETURN(net::BlobId delta_id, node_->deps().store->Put(EncodeDelta(out.delta)));
@@ -125,16 +153,29 @@ Status Stager::Commit(const Run& run) {
       last && std::isfinite(out.mean_loss) && out.mean_loss > 0
           ? static_cast<uint64_t>(std::llround(static_cast<double>(out.mean_loss) * 1e6))
           : 0;
-  ML_ASSIGN_OR_RETURN(Hash256 txid,
-                      node_->tx().Send(ledger::CommitStageTx{.task_id = a.task_id,
-                                                             .round = a.round,
-                                                             .replica = a.stage->replica,
-                                                             .stage = a.stage->stage,
-                                                             .node_id = node_->id(),
-                                                             .result_hash = delta_id.hash,
-                                                             .commitment = out.commitment,
-                                                             .loss_micros = loss_micros}));
-  commits_[std::make_pair(a.task_id, a.index)] = txid;
+  ledger::CommitStageTx tx{.task_id = a.task_id,
+                           .round = a.round,
+                           .replica = a.stage->replica,
+                           .stage = a.stage->stage,
+                           .node_id = node_->id(),
+                           .result_hash = delta_id.hash,
+                           .commitment = out.commitment,
+                           .loss_micros = loss_micros};
+  if (node_->VerificationOn()) {
+    // The ledger opens the stage unit's check over its step leaves (docs/verification.md,
+    // "Pipeline stages"); the secret is revealed by the Solver's PlayCheck, as a unit's.
+    if (work.next_secret_index == 0) {
+      return FailedPrecondition(Name(a) + ": the ledger's node_work gives no next_secret_index");
+    }
+    // The ledger's next index, unless node_work was read before a commit it has since
+    // confirmed; one more per commit in flight. A commit that failed used none.
+    tx.secret_index =
+        std::max(work.next_secret_index, confirmed_secret_index_ + 1) + commits_.size();
+    tx.leaves = out.leaves;
+  }
+  const uint64_t secret_index = tx.secret_index;
+  ML_ASSIGN_OR_RETURN(Hash256 txid, node_->tx().Send(std::move(tx)));
+  commits_[KeyOf(a)] = InFlight{.txid = txid, .secret_index = secret_index};
   ++node_->stats().units_completed;
   node_->Log(Name(a) + ": committed delta " + delta_id.hash.ShortHex() + " (CommitStage)");
   return Status::Ok();
@@ -142,10 +183,11 @@ Status Stager::Commit(const Run& run) {
 
 bool Stager::OnOutcome(const TxOutcome& o) {
   for (auto it = commits_.begin(); it != commits_.end(); ++it) {
-    if (it->second != o.id) continue;
+    if (it->second.txid != o.id) continue;
     if (o.ok) {
       ++node_->stats().commits_ok;
       committed_.insert(it->first);
+      confirmed_secret_index_ = std::max(confirmed_secret_index_, it->second.secret_index);
     } else {
       ++node_->stats().commits_failed;
     }

@@ -27,9 +27,11 @@
 #include <memory>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/node/stage_unit.h"
 #include "node_context.h"
 
@@ -42,8 +44,12 @@ class Stager {
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
 
-  // Registers the node's data plane ("stage.push") on its router.
-  void Register(net::Router* router) { host_.Register(router); }
+  // Registers the node's data plane ("stage.push") and what it serves verifiers of its stage
+  // steps ("stage.step", "stage.slice": StageEvidence) on its router.
+  void Register(net::Router* router) {
+    host_.Register(router);
+    evidence_.Register(router);
+  }
 
   // The stage units of `work` to start: not running, not committing, not committed.
   std::vector<const UnitAssignment*> Pending(const NodeWork& work) const;
@@ -53,9 +59,10 @@ class Stager {
   // waits for a node). REQUIRES: a.stage, !running().
   Status Start(const UnitAssignment& a);
 
-  // A finished unit: stored and committed (CommitStage), or, when a step failed, logged and
-  // dropped. Nothing when none finished.
-  Status Collect();
+  // A finished unit: stored and committed (CommitStage; on a verifying chain with its step
+  // leaves and the node's next secret, `work`'s next_secret_index), or, when a step failed,
+  // logged and dropped. Nothing when none finished.
+  Status Collect(const NodeWork& work);
   bool OnOutcome(const TxOutcome& o);
 
  private:
@@ -70,17 +77,30 @@ class Stager {
     Result<StageUnitOutcome> out = Unavailable("not run");
     uint64_t run_us = 0;  // RunStageUnit's wall time
     std::atomic<bool> done{false};
+    bool cancelled = false;  // Cancel sent to its plane (tick thread only)
     std::thread thread;
   };
+  using Key = std::tuple<Hash256, uint32_t, Hash256>;
+  static Key KeyOf(const UnitAssignment& a);
   static std::string Name(const UnitAssignment& a);
-  Status Commit(const Run& run);
+  Status Commit(const Run& run, const NodeWork& work);
 
   NodeContext* node_;
   StageHost host_;
+  // Every step the node trained, served until the process ends (a verifier replays it from
+  // there; the check of a stage unit settles before its round is final).
+  StageEvidence evidence_;
+  uint64_t confirmed_secret_index_ = 0;  // of the last CommitStage the ledger took
   std::unique_ptr<Run> run_;
-  // (task, unit index) -> the CommitStage in flight.
-  std::map<std::pair<Hash256, uint32_t>, Hash256> commits_;
-  std::set<std::pair<Hash256, uint32_t>> committed_;
+  // (task, unit index, assignment beacon) -> the CommitStage in flight. The beacon tells one
+  // assignment of a unit from the next (a round re-run after a stage was caught cheating places
+  // the same unit again, to be trained again).
+  struct InFlight {
+    Hash256 txid;
+    uint64_t secret_index = 0;  // 0 without verification
+  };
+  std::map<Key, InFlight> commits_;
+  std::set<Key> committed_;
 };
 
 }  // namespace meshlearn::node

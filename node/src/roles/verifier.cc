@@ -83,7 +83,14 @@ Status Verifier::RunVerdict(const CheckAssignment& c) {
   const bool rubber_stamp = CheatsAsVerifier(node_->options().adversary);
   SegmentFinding f;
   if (!rubber_stamp) {
-    ML_ASSIGN_OR_RETURN(f, CheckSegments(*node_, c, c.segments, dir));
+    // A stage unit (a pipeline task): its drawn steps, each replayed alone from what the stage
+    // node serves.
+    ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
+    if (ctx->bundle.net.stages > 1) {
+      ML_ASSIGN_OR_RETURN(f, CheckStageSteps(*node_, c, c.segments));
+    } else {
+      ML_ASSIGN_OR_RETURN(f, CheckSegments(*node_, c, c.segments, dir));
+    }
     ++node_->stats().replays;
   }  // else rubber stamp: "clean", nothing replayed
   const protocol::Verdict verdict =
@@ -152,9 +159,12 @@ void Verifier::RevealVerdict(const CheckAssignment& c) {
       return;
     }
     tx.claim = std::move(*claim);
-    // The task bundle, when the ledger can narrow the dispute to one tile (ruled by RefereeTile).
+    // The task bundle, when the ledger can narrow the dispute to one tile (ruled by RefereeTile;
+    // never a stage unit's: its step is ruled whole).
     std::string bundle;
-    if (TileContextFor(*node_, c, &bundle, /*to_open=*/true).ok()) {
+    Result<TaskContext*> ctx = node_->GetTask(c.task_id);
+    if (ctx.ok() && (*ctx)->bundle.net.stages < 2 &&
+        TileContextFor(*node_, c, &bundle, /*to_open=*/true).ok()) {
       tx.bundle.text = std::move(bundle);
     }
   }

@@ -14,6 +14,8 @@ namespace {
 // The task bundle when the ledger can narrow a dispute on `c` to one tile, else "".
 std::string TileBundleOf(NodeContext& node, const CheckAssignment& c) {
   std::string bundle;
+  Result<TaskContext*> ctx = node.GetTask(c.task_id);
+  if (!ctx.ok() || (*ctx)->bundle.net.stages > 1) return std::string();  // a stage step: whole
   return TileContextFor(node, c, &bundle, /*to_open=*/true).ok() ? bundle : std::string();
 }
 }  // namespace
@@ -51,7 +53,14 @@ Status Whistleblower::Run(const CheckAssignment& c) {
   const uint32_t segment =
       protocol::WhistleSegment(ByteSpan(seed.bytes.data(), seed.bytes.size()), c.task_id, c.index,
                                c.commit_height, c.num_segments);
-  ML_ASSIGN_OR_RETURN(SegmentFinding f, CheckSegments(*node_, c, {segment}, dir));
+  // A stage unit (a pipeline task): its step replayed alone from what the stage node serves.
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
+  SegmentFinding f;
+  if (ctx->bundle.net.stages > 1) {
+    ML_ASSIGN_OR_RETURN(f, CheckStageSteps(*node_, c, {segment}));
+  } else {
+    ML_ASSIGN_OR_RETURN(f, CheckSegments(*node_, c, {segment}, dir));
+  }
   ++node_->stats().replays;
   if (f.result == ResultCheck::kWrong) {
     // One computation settles it: no dispute needed.

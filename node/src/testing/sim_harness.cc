@@ -208,9 +208,13 @@ Status SimHarness::Setup() {
       return referee_store_->Get(bid);
     };
     // Tolerance mode: the referee fetches the defender's checkpoints from its unit service.
+    // In http mode the nodes' registered endpoints are loopback HTTP addresses (a stage's
+    // evidence is fetched from there).
+    if (options_.http) referee_http_ = std::make_unique<net::HttpTransport>();
     RefereeOptions ro{.env = env_,
                       .work_dir = options_.root + "/referee/work",
-                      .transport = net_->node("referee")->transport()};
+                      .transport = options_.http ? static_cast<net::Transport*>(referee_http_.get())
+                                                 : net_->node("referee")->transport()};
     if (options_.log || options_.log_sink) {
       ro.log = [echo = options_.log, sink = options_.log_sink](const std::string& line) {
         if (echo) std::cerr << "[referee] " << line << "\n";

@@ -204,6 +204,8 @@ class SimHarness {
   std::unique_ptr<TxSender> submitter_tx_;
   KeyPair referee_key_;
   std::unique_ptr<net::BlobStore> referee_store_;
+  // In `http` mode: the referee reaches the agents' endpoints (a stage's evidence) over it.
+  std::unique_ptr<net::HttpTransport> referee_http_;
   std::unique_ptr<TxSender> referee_tx_;
   std::unique_ptr<RefereeService> referee_;
   TaskBundle bundle_;

@@ -329,6 +329,10 @@ struct ReportUnavailableTx {
 // hashes before and after each step, and the signed transfers it received and sent that step);
 // loss_micros: the last stage's mean training loss x 1e6 (display only; 0 from other stages).
 // A task without stages takes CommitUnit, a pipeline task only CommitStage.
+// With verification, as CommitUnit: secret_index, the node's next secret chain element, and
+// leaves, the stage's H step leaves themselves (StageStepLeaf of steps 0..H-1;
+// StageCommitment(leaves) == commitment), over which the ledger opens the stage unit's check
+// (protocol::StageCheckLeaves: one check "segment" per step). Both ignored without verification.
 struct CommitStageTx {
   static constexpr TxType kType = TxType::kCommitStage;
   Hash256 task_id;
@@ -339,6 +343,8 @@ struct CommitStageTx {
   Hash256 result_hash;
   Hash256 commitment;
   uint64_t loss_micros = 0;
+  uint64_t secret_index = 0;
+  std::vector<Hash256> leaves;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("task_id", s.task_id);
@@ -349,6 +355,8 @@ struct CommitStageTx {
     v("result_hash", s.result_hash);
     v("commitment", s.commitment);
     v("loss_micros", s.loss_micros);
+    v("secret_index", s.secret_index);
+    v("leaves", s.leaves);
   }
   bool operator==(const CommitStageTx&) const = default;
 };

@@ -100,7 +100,9 @@ Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
                                                  const StageStepRef& ref,
                                                  int64_t timeout_ms = 30'000);
 
-// The training state in a checkpoint file's bytes (engine::LoadCheckpoint of them).
+// The training state in a checkpoint file's bytes (engine::LoadCheckpoint of them), and back
+// (engine::SaveCheckpoint's file).
 Result<engine::TrainState> StageCheckpointState(ByteSpan checkpoint);
+Result<Bytes> StageCheckpointBytes(engine::TrainState& state);
 
 }  // namespace meshlearn::node

@@ -41,6 +41,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,6 +63,10 @@ struct StagePlaneOptions {
   int64_t request_timeout_ms = 10'000;      // one push
   int64_t retry_initial_ms = 2;             // backoff after a refused or failed push, doubling
   int64_t retry_max_ms = 100;
+  // Testing only (an adversary that computes its part honestly and sends corrupted tensors;
+  // docs/verification.md "Pipeline stages"): a tensor whose key this matches is sent, and
+  // signed, with its first value changed by 1e-3.
+  std::function<bool(const protocol::StageTensorKey&)> corrupt_sent;
 };
 
 // What this stage measured of its link to one peer stage: the pushes that peer took. A first
@@ -114,6 +119,11 @@ class StagePlane {
   // and the next is kept (tensors are a pure function of the step's inputs: a re-run sends the
   // same ones).
   void BeginStep(uint64_t step);
+  // Ends the unit's run: every Receive and Send waiting now or later fails at once
+  // (FailedPrecondition),
+  // BeginStep included. For a unit no longer assigned (its round re-ran, or it expired), so that
+  // the node does not hold it up to a step deadline. Thread-safe.
+  void Cancel();
   // The link RunStageStep uses for the current step.
   StageLink* link();
   // The tensors the stage took this step, by hash (StageTensorBytes): what it serves verifiers
@@ -150,6 +160,7 @@ class StagePlane {
   std::vector<std::string> endpoints_;  // by stage
   uint64_t step_ = 0;
   std::chrono::steady_clock::time_point deadline_;
+  bool cancelled_ = false;
   std::map<protocol::StageTensorKey, Held> inbox_;
   std::map<protocol::StageTensorKey, Hash256> taken_;  // this step's, by key
   std::map<Hash256, Bytes> received_;                  // this step's, by hash

@@ -91,4 +91,14 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
                                           const std::map<Hash256, Bytes>& blobs,
                                           const engine::Batch& batch, uint64_t dropout_seed);
 
+// Where a stage unit's check says a replayed step ended (what a verifier claims, a
+// MismatchClaim's replayed_end, and what a referee rules with): the committed step leaf
+// (protocol::StageStepLeaf) when the replay found nothing, else a hash of that leaf and the
+// finding (its fault, micro-batch, tensor key and replayed hash), so that every party replaying
+// the same evidence derives the same value, and no finding equals the committed leaf. A stage
+// that serves no evidence for the step, or a commit that is not its committed leaf, is the
+// finding `unserved` with `replayed` zero (StageUnservedLeaf).
+Hash256 StageFindingLeaf(const Hash256& committed_leaf, const StageReplayResult& r);
+Hash256 StageUnservedLeaf(const Hash256& committed_leaf);
+
 }  // namespace meshlearn::node

@@ -30,6 +30,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -121,9 +123,20 @@ struct StageUnitOutcome {
 // `dropout_seed` the unit's (engine::DropoutSeed of the task seed and the unit's stream). The
 // first failed step's error (a silent neighbour: DeadlineExceeded naming it) ends the run; the
 // stage's weights then hold the steps before it.
+struct StageRunHooks {
+  // When set, gets every step's evidence as the step ends (what StageEvidence::Publish serves
+  // verifiers): its commit, the tensors the stage received (StagePlane::received) and its
+  // checkpoint of the step's start.
+  std::function<void(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received,
+                     Bytes checkpoint)>
+      publish;
+  // Testing only (the adversary `lazy` on a stage): every step's commit claims the state the
+  // step started from, as if the stage had skipped its update.
+  bool lazy_commit = false;
+};
 Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
                                       std::span<const engine::Batch> batches,
-                                      uint64_t dropout_seed);
+                                      uint64_t dropout_seed, const StageRunHooks& hooks = {});
 
 // One node's data-plane service: registers "stage.push" once on the node's router and hands each
 // push to the plane of the stage unit the node runs now (a node runs one stage unit at a time and

@@ -166,6 +166,16 @@ Hash256 StageStepLeaf(const StageStepCommit& c);
 // MerkleRoot over the leaves of steps 0..H-1 of a stage's run.
 Hash256 StageCommitment(const std::vector<Hash256>& leaves);
 
+// What a stage unit's check (protocol::UnitCheck, on chain) is run over: H + 1 leaves, the
+// stage's commitment first, then StageStepLeaf of steps 0..H-1, so that "segment" t of the check
+// is step t and a mismatch claim proves step t's leaf (its end) against
+// StageCheckCommitment(step_leaves), the check's commitment, with UnitCheck's claim rules
+// unchanged. Leaf 0 binds the check to the commitment the stage signed; it is never disputed (a
+// claim's start is agreed). Every party -- the ledger opening the check, a verifier building its
+// claim -- derives them here.
+std::vector<Hash256> StageCheckLeaves(const std::vector<Hash256>& step_leaves);
+Hash256 StageCheckCommitment(const std::vector<Hash256>& step_leaves);
+
 // Encoding of a commit (what a stage serves a verifier): the header fields, then the received
 // and the sent records (count-prefixed, each EncodeStageTransfer). Decode checks every record's
 // shape and ValidateStageStepCommit's structure.
