@@ -103,12 +103,13 @@ std::function<json(const AuditUnit&, const BuiltSegmentWitness&)> ProveWithSubmi
 }
 
 TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
-  // Seed 5: the poisoner is never caught while the task runs (each of its units' one-segment
+  // Seed 3: the poisoner is never caught while the task runs (each of its units' one-segment
   // checks replayed a clean segment), so its work is in the final model and it was paid (of
-  // seeds 1..22, 5, 6, 7, 12-16, 21 and 22 escape since the task terms gained pipeline stages,
-  // which moved every beacon; 5, 7, 8, 11, 20 and 22 escaped before; the others are caught and
-  // tainted while the task runs).
-  constexpr uint64_t kSeed = 5;
+  // seeds 1..40, 3, 4, 8, 11, 15, 17, 19, 21, 24, 29, 33, 34, 37 and 38 escape, and the audit
+  // reopens the task, since the task terms gained data_page_tokens, which moved every beacon; 5,
+  // 6, 7, 12-16, 21 and 22 of 1..22 escaped before; the others are caught and tainted while the
+  // task runs).
+  constexpr uint64_t kSeed = 3;
   PoisonedRun run(kSeed);
   SimHarness& sim = *run.sim;
   ASSERT_EQ(sim.Task(false).value("status", std::string()), "finished");
@@ -254,7 +255,7 @@ TEST_P(ReopenSimTest, AProofWithinTheAuditWindowReopensTheTaskAndTheRedoIsTheRef
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(5, 7, 12, 13));
+INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(3, 4, 8, 11));
 
 }  // namespace
 }  // namespace meshlearn::node
