@@ -282,7 +282,7 @@ Status OverrideAssurance(const DevnetArgs& a, PreparedTask* task) {
   task->params.assurance = static_cast<uint8_t>(level.kind);
   task->params.target_escape_ppm = level.target_escape_ppm;
   ledger::ChainParams chain;
-  chain.verification = a.verification;  // a pipeline task needs --no-verification
+  chain.verification = a.verification;
   return CheckTaskTerms(*task, chain);
 }
 
@@ -780,6 +780,25 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   ML_ASSIGN_OR_RETURN(PreparedTask task, PrepareTask(env, a.task));
   ML_RETURN_IF_ERROR(OverrideAssurance(a, &task));
   ML_RETURN_IF_ERROR(CheckMemoryLimit(task, memory_limit, a.memory_limit));
+  // A pipeline round is placed whole on R x S distinct nodes (a node holds one unit of a round);
+  // a solver adversary, once jailed, leaves the re-run of its round one node short.
+  if (task.params.stages > 1) {
+    const int need = static_cast<int>(task.params.units_per_round) +
+                     (std::any_of(adversaries.begin(), adversaries.end(),
+                                  [](const AdversaryPlan& p) { return p.role == "solver"; })
+                          ? 1
+                          : 0);
+    if (a.solvers < need) {
+      return InvalidArgument(fmt::format(
+          "--solvers {}: the task's rounds are {} replicas x {} stages, each stage on its own node, "
+          "so it needs at least {} solvers{}; pass --solvers {}",
+          a.solvers, task.net.units_per_round, task.params.stages, task.params.units_per_round,
+          need > static_cast<int>(task.params.units_per_round)
+              ? ", and one more for the re-run of a round after a cheating solver is jailed"
+              : "",
+          need));
+    }
+  }
   int64_t kill_round = -1;
   std::string etcd_bin;
   ML_RETURN_IF_ERROR(CheckSequencerFlags(a, task.net.rounds, &kill_round, &etcd_bin));

@@ -118,11 +118,8 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   t.total_units = uint64_t{t.net.rounds} * p.units_per_round;  // R x S for a pipeline task
   t.unit_flops = protocol::UnitFlops(t.view);
   // The ledger's own rules, for a chain with the default parameters (SubmitPreparedTask and
-  // `task quote` check again against the chain's genesis). A pipeline task runs only on a chain
-  // without verification (its stage units are not verified yet): that is checked against the
-  // chain it goes to (submit, quote, devnet), or, on a dry run with no ledger, the defaults.
+  // `task quote` check again against the chain's genesis).
   ledger::ChainParams chain;
-  if (t.net.stages > 1) chain.verification = false;
   t.cost_at_cap = ledger::MaxTaskCost(p, t.net.price_cap, nullptr,
                                       chain.verification ? chain.verifiers_per_unit : 0);
   ML_RETURN_IF_ERROR(CheckTaskTerms(t, chain));
@@ -144,18 +141,7 @@ std::string TaskFileKey(std::string_view field) {
 Status CheckTaskTerms(const PreparedTask& t, const ledger::ChainParams& chain) {
   Status s = ledger::ValidateTaskTerms(t.params, t.net.budget, t.net.price_cap, chain.verification,
                                        chain.verifiers_per_unit, TaskFileKey);
-  if (!s.ok()) return s.WithPrefix(t.path);
-  // The ledger opens a check for every stage unit on a verifying chain, but nodes do not yet
-  // reveal a stage unit's secret nor replay stage steps as verifiers (issue 15): every stage unit
-  // would settle abandoned. Until they do, a pipeline task goes to a chain without verification.
-  if (t.net.stages > 1 && chain.verification) {
-    return InvalidArgument(t.path + ": " + TaskFileKey("stages") + " = " +
-                           std::to_string(t.net.stages) +
-                           ": pipeline stage units are not verified yet (issue 15), and this chain "
-                           "verifies every task's work; train it on a chain without verification "
-                           "or set " + TaskFileKey("stages") + " = 1");
-  }
-  return Status::Ok();
+  return s.WithPrefix(t.path);
 }
 
 Result<ledger::Genesis> FetchGenesis(ledger::RpcClient& rpc) {
@@ -582,8 +568,6 @@ Status RunSubmit(GlobalOptions& g, const TaskArgs& a) {
       against = "the chain at " + ledger::DefaultRpcUrl(a.rpc);
       j["checked_against"] = ledger::DefaultRpcUrl(a.rpc);
     } else {
-      // PrepareTask left out the verifying chain's refusal of a pipeline task: give it here.
-      if (t.net.stages > 1) ML_RETURN_IF_ERROR(CheckTaskTerms(t, ledger::ChainParams{}));
       j["checked_against"] = "defaults";
     }
     j["valid"] = true;

@@ -181,6 +181,42 @@ TEST(Devnet, APipelineTaskTrainsOnStageNodesToTheReference) {
   ExpectNoOrphans(dir);
 }
 
+// The pipeline task on a verifying chain with a lazy stage node among 7 (R x S = 6 stage units a
+// round, and one more node for the re-run once the cheater is jailed): a verifier replays the lazy
+// stage's step, the dispute names the stage, the step and what differs, the lazy node alone is
+// slashed and jailed, and the final weights are the honest in-process run's. Too few solvers for
+// the re-run is refused up front.
+TEST(Devnet, ALazyStageOnAVerifyingChainIsSlashedAndTheModelIsTheReference) {
+  std::string dir = TempDir() + "/d";
+  CmdResult few = Meshlearn("devnet --solvers 6 --task tests/devnet-pipeline.toml "
+                            "--adversary solver:lazy --out " + dir,
+                            dir + "-home");
+  EXPECT_NE(few.code, 0);
+  EXPECT_NE(few.out.find("--solvers 6: the task's rounds are 2 replicas x 3 stages"),
+            std::string::npos)
+      << few.out;
+  EXPECT_NE(few.out.find("pass --solvers 7"), std::string::npos) << few.out;
+  CmdResult r = Meshlearn("--json devnet --solvers 7 --task tests/devnet-pipeline.toml "
+                          "--block-interval-ms 200 --timeout 300 --adversary solver:lazy --out " +
+                              dir,
+                          dir + "-home");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json rep = ReadReport(dir);
+  ASSERT_FALSE(rep.is_discarded());
+  EXPECT_TRUE(rep["matches_reference"].get<bool>()) << rep.dump(2);
+  const json& v = rep["verification"];
+  ASSERT_TRUE(v.value("enabled", false));
+  EXPECT_GE(v["checks"]["fraud"].get<int>(), 1) << v.dump(2);
+  ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
+  EXPECT_EQ(v["slashed"][0]["adversary"], "lazy");
+  EXPECT_EQ(v["slashed"][0]["status"], "jailed");
+  ASSERT_GE(v["disputes_ruled"].size(), 1u) << v.dump(2);
+  const json& ruling = v["disputes_ruled"][0];
+  EXPECT_EQ(ruling["for"], "challenger") << ruling.dump();
+  EXPECT_NE(ruling["reason"].get<std::string>().find("stage"), std::string::npos) << ruling.dump();
+  ExpectNoOrphans(dir);
+}
+
 // A memory limit no node could train the task under is refused before anything starts, naming
 // the stage (or the unit) that does not fit and the fix; so is a limit that is not a size.
 TEST(Devnet, AMemoryLimitThatNothingFitsIsRefusedUpFront) {
