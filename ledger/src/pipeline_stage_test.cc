@@ -506,16 +506,8 @@ class PipelineVerificationTest : public FollowedChainFixture {
   PipelineVerificationTest() : referee_(TestKey(8)), verifier_(TestKey(40)), agg_(TestKey(41)) {
     genesis_ = DevnetGenesis({alice_.public_key(), bob_.public_key(), referee_.public_key()},
                              kFunds, "verify-chain");
-    ChainParams& p = genesis_.params;
-    p.verification = true;
-    p.liveness_blocks = 1000;
-    p.min_deadline_blocks = 4;
-    p.verdict_commit_blocks = 2;
-    p.verdict_reveal_blocks = 2;
-    p.dispute_response_blocks = 2;
-    p.forced_error_per_million = 0;
-    p.slash_multiple = kSlashMultiple;
-    p.verifiers_per_unit = 1;
+    testing::SetVerifyingTestParams(genesis_.params);
+    genesis_.params.slash_multiple = kSlashMultiple;
     genesis_.referee = referee_.public_key();
     // Four nodes hold a stage (one more than a replica needs: the re-run's spare); the verifier
     // node also has the solver role but too little memory for any stage.

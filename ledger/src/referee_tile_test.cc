@@ -1118,15 +1118,7 @@ class TileChainTest : public testing::FollowedChainFixture {
     genesis_ = DevnetGenesis(
         {alice_.public_key(), bob_.public_key(), gina_.public_key(), referee_.public_key()}, kFunds,
         "tile-chain");
-    ChainParams& p = genesis_.params;
-    p.verification = true;
-    p.liveness_blocks = 1000;
-    p.min_deadline_blocks = 4;
-    p.verdict_commit_blocks = 2;
-    p.verdict_reveal_blocks = 2;
-    p.dispute_response_blocks = 2;
-    p.forced_error_per_million = 0;
-    p.verifiers_per_unit = 1;
+    testing::SetVerifyingTestParams(genesis_.params);
     genesis_.referee = referee_.public_key();
     owner_[solver_.public_key()] = &alice_;
     owner_[verifier_.public_key()] = &bob_;

@@ -43,6 +43,20 @@ class TempDir {
   std::string path_;
 };
 
+// The chain parameters of the verification tests' chains: verification on, short windows (so a
+// test steps through a check in a few blocks), no forced errors, one verifier a unit, nodes live
+// for the whole test.
+inline void SetVerifyingTestParams(ChainParams& p) {
+  p.verification = true;
+  p.liveness_blocks = 1000;
+  p.min_deadline_blocks = 4;
+  p.verdict_commit_blocks = 2;
+  p.verdict_reveal_blocks = 2;
+  p.dispute_response_blocks = 2;
+  p.forced_error_per_million = 0;
+  p.verifiers_per_unit = 1;
+}
+
 // The price per GFLOP the network tests give every node, and what one unit of TestTaskParams
 // (32 GFLOP) then costs.
 inline constexpr Amount kTestPrice = 10;

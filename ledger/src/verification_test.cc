@@ -60,16 +60,8 @@ class VerificationTest : public FollowedChainFixture {
                               dave_.public_key(), erin_.public_key(), frank_.public_key(),
                               gina_.public_key(), referee_.public_key()},
                              kFunds, "verify-chain");
-    ChainParams& p = genesis_.params;
-    p.verification = true;
-    p.liveness_blocks = 1000;
-    p.min_deadline_blocks = 4;
-    p.verdict_commit_blocks = 2;
-    p.verdict_reveal_blocks = 2;
-    p.dispute_response_blocks = 2;
-    p.forced_error_per_million = 0;
-    p.slash_multiple = kSlashMultiple;
-    p.verifiers_per_unit = 1;
+    testing::SetVerifyingTestParams(genesis_.params);
+    genesis_.params.slash_multiple = kSlashMultiple;
     genesis_.referee = referee_.public_key();
     owner_[s1_.public_key()] = &alice_;
     owner_[s2_.public_key()] = &bob_;
