@@ -1372,18 +1372,23 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
             part_of[e] = static_cast<int8_t>(part);
             return e;
           };
-          if (part == 2) {
-            const std::vector<float> a = dense(o.b, arow + k0, arow + k1, p0, p1);  // (nk, np)
-            const std::vector<float> g = dense(o.x, base + k0, base + k1, hc + i0, hc + i1);
+          // acc[p, i] += the chain over the block's rows tt of l[tt, p] * r[tt, i] (l: nk x np,
+          // r: nk x ni): dv's and dk's order.
+          auto chain_over_block = [&](const std::vector<float>& l, const std::vector<float>& r) {
             for (int64_t p = p0; p < p1; ++p) {
               for (int64_t i = i0; i < i1; ++i) {
                 float& x = acc[at(p, i)];
                 for (int64_t tt = 0; tt < nk; ++tt) {
-                  x = __builtin_fmaf(a[static_cast<size_t>(tt * np + p - p0)],
-                                     g[static_cast<size_t>(tt * ni + i - i0)], x);
+                  x = __builtin_fmaf(l[static_cast<size_t>(tt * np + p - p0)],
+                                     r[static_cast<size_t>(tt * ni + i - i0)], x);
                 }
               }
             }
+          };
+          if (part == 2) {
+            const std::vector<float> a = dense(o.b, arow + k0, arow + k1, p0, p1);  // (nk, np)
+            const std::vector<float> g = dense(o.x, base + k0, base + k1, hc + i0, hc + i1);
+            chain_over_block(a, g);
             return;
           }
           const int64_t r0 = part == 0 ? p0 : k0, r1 = part == 0 ? p1 : k1;
@@ -1412,15 +1417,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           for (int64_t tt = 0; tt < nk; ++tt) {
             dp_row(a.data() + tt * T, g.data() + tt * hs, v, k0 + tt, p0, p1, dp.data() + tt * np);
           }
-          for (int64_t p = p0; p < p1; ++p) {
-            for (int64_t i = i0; i < i1; ++i) {
-              float& x = acc[at(p, i)];
-              for (int64_t tt = 0; tt < nk; ++tt) {
-                x = __builtin_fmaf(dp[static_cast<size_t>(tt * np + p - p0)],
-                                   kq[static_cast<size_t>(tt * ni + i - i0)], x);
-              }
-            }
-          }
+          chain_over_block(dp, kq);
         });
       });
       if (block + 1 < blocks) {
