@@ -780,9 +780,10 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   ML_ASSIGN_OR_RETURN(PreparedTask task, PrepareTask(env, a.task));
   ML_RETURN_IF_ERROR(OverrideAssurance(a, &task));
   ML_RETURN_IF_ERROR(CheckMemoryLimit(task, memory_limit, a.memory_limit));
+  const uint32_t stages = task.params.stages > 1 ? task.params.stages : 1;
   // A pipeline round is placed whole on R x S distinct nodes (a node holds one unit of a round);
   // a solver adversary, once jailed, leaves the re-run of its round one node short.
-  if (task.params.stages > 1) {
+  if (stages > 1) {
     const int need = static_cast<int>(task.params.units_per_round) +
                      (std::any_of(adversaries.begin(), adversaries.end(),
                                   [](const AdversaryPlan& p) { return p.role == "solver"; })
@@ -792,7 +793,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
       return InvalidArgument(fmt::format(
           "--solvers {}: the task's rounds are {} replicas x {} stages, each stage on its own node, "
           "so it needs at least {} solvers{}; pass --solvers {}",
-          a.solvers, task.net.units_per_round, task.params.stages, task.params.units_per_round,
+          a.solvers, task.net.units_per_round, stages, task.params.units_per_round,
           need > static_cast<int>(task.params.units_per_round)
               ? ", and one more for the re-run of a round after a cheating solver is jailed"
               : "",
@@ -803,7 +804,6 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   std::string etcd_bin;
   ML_RETURN_IF_ERROR(CheckSequencerFlags(a, task.net.rounds, &kill_round, &etcd_bin));
   const bool replicated = a.sequencers >= 2;
-  const uint32_t stages = task.params.stages > 1 ? task.params.stages : 1;
   const std::string pipeline_text =
       stages > 1 ? fmt::format(", pipelined: {} replicas x {} stages x {} micro-batches a step",
                                task.net.units_per_round, stages, task.task.micro_batches)
