@@ -168,18 +168,61 @@ Status SettleRound(LedgerState& s, const ChainParams& p, const Hash256& task_id,
   return Status::Ok();
 }
 
+// A pipeline replica is one piece of work: its stages exchange activations and gradients every
+// micro-batch, so one stage cannot train again alone once its neighbours have finished. So a
+// replica with a pending stage (its deadline passed, or a check re-runs it) goes back to pending
+// whole: its other stages, committed or still assigned, are pending again, unpaid and with no
+// failure counted (they did nothing wrong; they are paid for the redo). A replica whose deadline
+// passed (`expired`) also backs off: each of its stages' next deadline is twice as long (see
+// PlaceStageUnits), so a replica slower than its nodes' estimates (cores shared with other
+// nodes, slow links, a large start state to load) gets the time it needs on a later try instead
+// of expiring for ever.
+Status RerunPartialReplicas(LedgerState& s, const Hash256& task_id, RoundStateMachine& m,
+                            std::span<const protocol::Assignment> expired,
+                            std::map<PublicKey, uint64_t>& inflight) {
+  const uint32_t stages = s.tasks.Find(task_id)->params.stages;
+  std::set<uint32_t> replicas;
+  for (const protocol::PendingUnit& u : m.PendingUnits()) replicas.insert(u.unit.shard / stages);
+  std::vector<uint32_t> shards;
+  for (const protocol::Assignment& a : m.OpenAssignments()) {
+    if (replicas.count(a.unit.shard / stages) == 0) continue;
+    shards.push_back(a.unit.shard);
+    if (inflight[a.node] > 0) inflight[a.node]--;
+  }
+  for (const protocol::CommittedUnit& c : m.CommittedUnits()) {
+    if (replicas.count(c.unit.shard / stages) != 0) shards.push_back(c.unit.shard);
+  }
+  if (!shards.empty()) {
+    ML_RETURN_IF_ERROR(m.RerunUnits(shards, {}));
+    const TaskRecord* t = s.tasks.Find(task_id);
+    for (uint32_t shard : shards) {
+      ResetWorkUnit(s.units.FindMutable({task_id, UnitIndex(*t, {task_id, m.round(), shard})}));
+    }
+  }
+  std::set<uint32_t> late;
+  for (const protocol::Assignment& a : expired) late.insert(a.unit.shard / stages);
+  for (uint32_t r : late) {
+    for (uint32_t stage = 0; stage < stages; ++stage) {
+      ML_RETURN_IF_ERROR(m.BackOff({task_id, m.round(), r * stages + stage}));
+    }
+  }
+  return Status::Ok();
+}
+
 // A pipeline task's pending stage units of the current round, placed on `nodes` (eligible
-// solvers) with protocol::PlaceStages (docs/protocol.md, "Pipeline stage units"). A round whose
-// every unit is pending (its start, a re-run) is placed whole, its R replicas x S stages in one
-// call, so the faster nodes take the heavier stages; a node excluded from any of its units takes
-// none. Otherwise some stages lost their node (a deadline passed): each is placed alone, in unit
-// order, on a node that holds no other unit of the round and is not excluded from it. A node holds
-// at most one unit of a round. A node's deadline covers its queue as AssignUnits' does, for the
-// whole unit's FLOPs; a replica placed whole takes the latest of its nodes' deadlines for every
-// stage (a stage waits on its neighbours: a replica is as slow as its slowest stage). No placement: the units stay pending, and the next block tries again; when
-// only the units' exclusions stand in the way (every node that could take them let one expire
-// once), they are listed in `forgive`, to be open to those nodes again from the next block, as a
-// unit every eligible solver excluded is (a cheater is jailed, so never eligible).
+// solvers) with protocol::PlaceStages (docs/protocol.md, "Pipeline stage units"). A replica is
+// placed whole (RerunPartialReplicas keeps every pending replica whole): a round whose every
+// replica is pending (its start, a re-run) in one call, its R replicas x S stages, so the faster
+// nodes take the heavier stages; otherwise each pending replica alone, in replica order, on
+// nodes that hold no unit of the round. Nodes excluded from any unit of a replica take none of
+// it, and a node holds at most one unit of a round. A node's deadline covers its queue as
+// AssignUnits' does, for the whole unit's FLOPs; a replica's stages share the latest of their
+// nodes' deadlines (a stage waits on its neighbours: a replica is as slow as its slowest stage),
+// doubled per back-off of the replica (PendingUnit::backoffs). No placement: the units stay
+// pending, and the next block tries again; when only the units' exclusions stand in the way
+// (every node that could take them let one expire once), they are listed in `forgive`, to be
+// open to those nodes again from the next block, as a unit every eligible solver excluded is (a
+// cheater is jailed, so never eligible).
 Result<std::vector<protocol::Assignment>> PlaceStageUnits(
     const TaskParams& p, const protocol::TaskSpecView& view,
     const std::vector<protocol::NodeView>& nodes, std::span<const protocol::PendingUnit> pending,
@@ -191,25 +234,55 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
   for (const protocol::NodeView& v : nodes) by_id[v.id] = &v;
   std::map<PublicKey, uint64_t> queued = inflight;
   std::vector<protocol::Assignment> out;
-  // The node's own deadline for the unit, behind its queue.
-  auto deadline_of = [&](const PublicKey& node) {
-    const uint64_t unit_ms = protocol::EstimatedUnitMs(*by_id.at(node), view, sp);
-    return protocol::DeadlineHeight(height, unit_ms, queued[node], sp);
+  // The pending replicas, each with its units (every stage, in stage order).
+  std::map<uint32_t, std::vector<const protocol::PendingUnit*>> replicas;
+  for (const protocol::PendingUnit& u : pending) replicas[u.unit.shard / p.stages].push_back(&u);
+  for (const auto& [r, units] : replicas) {
+    if (units.size() != p.stages) {
+      return Internal("pipeline placement: replica " + std::to_string(r) + " of round " +
+                      std::to_string(m.round()) + " has " + std::to_string(units.size()) + " of " +
+                      std::to_string(p.stages) + " stages pending (a replica is placed whole)");
+    }
+  }
+  auto excluded_from = [](const std::vector<const protocol::PendingUnit*>& units,
+                          const PublicKey& node) {
+    return std::ranges::any_of(units, [&](const protocol::PendingUnit* u) {
+      return std::find(u->excluded.begin(), u->excluded.end(), node) != u->excluded.end();
+    });
   };
-  auto assign = [&](const protocol::UnitId& unit, const PublicKey& node, uint64_t deadline) {
-    out.push_back({.unit = unit,
-                   .node = node,
-                   .assigned_height = height,
-                   .deadline_height = deadline,
-                   .price_per_gflop = by_id.at(node)->price_per_gflop});
-    queued[node]++;
+  // Places replica `r` on `chain`: every stage gets the latest of the chain's nodes' deadlines
+  // (each behind its queue), stretched 2^backoffs times.
+  auto place = [&](uint32_t r, const std::vector<protocol::NodeId>& chain) {
+    const std::vector<const protocol::PendingUnit*>& units = replicas.at(r);
+    uint32_t backoffs = 0;
+    for (const protocol::PendingUnit* u : units) backoffs = std::max(backoffs, u->backoffs);
+    uint64_t deadline = 0;
+    for (const protocol::NodeId& node : chain) {
+      const uint64_t unit_ms = protocol::EstimatedUnitMs(*by_id.at(node), view, sp);
+      deadline = std::max(deadline, protocol::DeadlineHeight(height, unit_ms, queued[node], sp));
+    }
+    const uint64_t blocks = deadline - height;
+    deadline = blocks > (UINT64_MAX - height) >> backoffs ? UINT64_MAX
+                                                          : height + (blocks << backoffs);
+    for (uint32_t s = 0; s < p.stages; ++s) {
+      out.push_back({.unit = units[s]->unit,
+                     .node = chain[s],
+                     .assigned_height = height,
+                     .deadline_height = deadline,
+                     .price_per_gflop = by_id.at(chain[s])->price_per_gflop});
+    }
+    for (const protocol::NodeId& node : chain) queued[node]++;
   };
-  if (pending.size() == p.units_per_round) {
+  auto forgive_replica = [&](const std::vector<const protocol::PendingUnit*>& units) {
+    for (const protocol::PendingUnit* u : units) {
+      if (!u->excluded.empty()) forgive->push_back(u->unit);
+    }
+  };
+  if (replicas.size() == PipelineReplicas(p)) {
     std::vector<protocol::NodeView> free;
     for (const protocol::NodeView& v : nodes) {
-      const bool excluded = std::ranges::any_of(pending, [&](const protocol::PendingUnit& u) {
-        return std::find(u.excluded.begin(), u.excluded.end(), v.id) != u.excluded.end();
-      });
+      const bool excluded = std::ranges::any_of(
+          replicas, [&](const auto& rep) { return excluded_from(rep.second, v.id); });
       if (!excluded) free.push_back(v);
     }
     Result<std::vector<std::vector<protocol::NodeId>>> chains =
@@ -218,50 +291,34 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
       if (chains.status().code() != StatusCode::kFailedPrecondition) return chains.status();
       if (free.size() < nodes.size() &&
           protocol::PlaceStages(view, needs, PipelineReplicas(p), nodes, height, sp).ok()) {
-        for (const protocol::PendingUnit& u : pending) {
-          if (!u.excluded.empty()) forgive->push_back(u.unit);
-        }
+        for (const auto& [r, units] : replicas) forgive_replica(units);
       }
       return out;  // not yet
     }
-    // A replica's stages finish together (each waits on its neighbours every step), so they
-    // share the latest of their nodes' deadlines: a fast stage beside a slow one is not late.
-    for (uint32_t r = 0; r < chains->size(); ++r) {
-      uint64_t deadline = 0;
-      for (const protocol::NodeId& node : (*chains)[r]) {
-        deadline = std::max(deadline, deadline_of(node));
-      }
-      for (uint32_t s = 0; s < p.stages; ++s) {
-        assign({view.id, m.round(), r * p.stages + s}, (*chains)[r][s], deadline);
-      }
-    }
+    for (uint32_t r = 0; r < chains->size(); ++r) place(r, (*chains)[r]);
     return out;
   }
   std::set<PublicKey> busy;
   for (const protocol::Assignment& a : m.OpenAssignments()) busy.insert(a.node);
   for (const protocol::CommittedUnit& c : m.CommittedUnits()) busy.insert(c.node);
-  for (const protocol::PendingUnit& u : pending) {
+  for (const auto& [r, units] : replicas) {
     std::vector<protocol::NodeView> idle, free;  // idle: no unit of the round; free: not excluded
     for (const protocol::NodeView& v : nodes) {
       if (busy.count(v.id) != 0) continue;
       idle.push_back(v);
-      if (std::find(u.excluded.begin(), u.excluded.end(), v.id) == u.excluded.end()) {
-        free.push_back(v);
-      }
+      if (!excluded_from(units, v.id)) free.push_back(v);
     }
-    const std::span<const protocol::StageNeed> need(&needs[u.unit.shard % p.stages], 1);
     Result<std::vector<std::vector<protocol::NodeId>>> chains =
-        protocol::PlaceStages(view, need, 1, free, height, sp);
+        protocol::PlaceStages(view, needs, 1, free, height, sp);
     if (!chains.ok()) {
       if (chains.status().code() != StatusCode::kFailedPrecondition) return chains.status();
-      if (free.size() < idle.size() && protocol::PlaceStages(view, need, 1, idle, height, sp).ok()) {
-        forgive->push_back(u.unit);
+      if (free.size() < idle.size() && protocol::PlaceStages(view, needs, 1, idle, height, sp).ok()) {
+        forgive_replica(units);
       }
       continue;  // not yet
     }
-    const PublicKey node = (*chains)[0][0];
-    assign(u.unit, node, deadline_of(node));
-    busy.insert(node);
+    place(r, (*chains)[0]);
+    for (const protocol::NodeId& node : (*chains)[0]) busy.insert(node);
   }
   return out;
 }
@@ -284,6 +341,9 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     if (inflight[a.node] > 0) inflight[a.node]--;
   }
   if (update.expired_aggregator) CountFailure(s, update.expired_aggregator->node);
+  if (IsPipelineTask(s.tasks.Find(task_id)->params)) {
+    ML_RETURN_IF_ERROR(RerunPartialReplicas(s, task_id, m, update.expired, inflight));
+  }
 
   const TaskRecord* t = s.tasks.Find(task_id);
   const protocol::TaskSpecView view = TaskSpecViewOf(task_id, t->params, t->price_cap);

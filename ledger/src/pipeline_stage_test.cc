@@ -341,7 +341,8 @@ TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
   EXPECT_EQ(Balance(alice_), alice_before + 7 * (kTestUnitCost - cut));
   EXPECT_EQ(Unit(0, 1, 2).status, WorkUnitStatus::kVerified);
 
-  // ---- Round 1 placed from the new weights; the node of stage 1 of replica 1 goes silent.
+  // ---- Round 1 placed from the new weights; the node of stage 1 of replica 1 goes silent while
+  // every other stage commits.
   m = Machine();
   EXPECT_EQ(m.round(), 1u);
   EXPECT_EQ(m.round_weights(), Blake2b("state 1"));
@@ -354,6 +355,7 @@ TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
   }
   EXPECT_EQ(round1.size(), kReplicas * kStages);
   const WorkUnit silent = Unit(1, 1, 1);
+  const uint64_t first_blocks = silent.deadline_height - (chain_->Height());
   txs.clear();
   for (uint32_t rep = 0; rep < kReplicas; ++rep) {
     for (uint32_t s = 0; s < kStages; ++s) {
@@ -361,20 +363,38 @@ TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
     }
   }
   for (const Receipt& x : Step(txs)) EXPECT_TRUE(x.ok) << x.reason;
+  EXPECT_EQ(Unit(1, 1, 0).status, WorkUnitStatus::kCommitted);
   while (chain_->Height() <= silent.deadline_height) Step();
-  // Placed again on the one node that holds no unit of the round (the seventh), not the silent one.
-  const WorkUnit replaced = Unit(1, 1, 1);
-  ASSERT_EQ(replaced.status, WorkUnitStatus::kAssigned);
-  EXPECT_NE(replaced.assignee, silent.assignee);
-  EXPECT_EQ(round1.count(replaced.assignee), 0u);
-  EXPECT_GE(caps_[NodeIndex(replaced.assignee)].first, t.params.stage_memory_bytes[1]);
+  // Its replica is placed again whole (a stage cannot train alone: its neighbours finished):
+  // replica 1's committed stages are assigned again, unpaid and with no failure counted, on the
+  // nodes outside replica 0 other than the silent one (the seventh takes its place), with twice
+  // the time: the replica ran past its deadline once.
+  std::set<PublicKey> again;
+  const uint64_t replaced_at = Unit(1, 1, 0).deadline_height;
+  for (uint32_t s = 0; s < kStages; ++s) {
+    const WorkUnit u = Unit(1, 1, s);
+    ASSERT_EQ(u.status, WorkUnitStatus::kAssigned) << s;
+    EXPECT_NE(u.assignee, silent.assignee) << s;
+    EXPECT_GE(caps_[NodeIndex(u.assignee)].first, t.params.stage_memory_bytes[s]) << s;
+    EXPECT_EQ(u.deadline_height, replaced_at) << s;
+    again.insert(u.assignee);
+    EXPECT_EQ(chain_->GetNode(u.assignee).value().reputation.failures, 0u) << s;
+  }
+  EXPECT_EQ(again.size(), kStages);
+  for (uint32_t s = 0; s < kStages; ++s) {
+    EXPECT_EQ(again.count(Unit(1, 0, s).assignee), 0u) << "a node of replica 0 took a stage";
+    EXPECT_EQ(Unit(1, 0, s).status, WorkUnitStatus::kCommitted) << "replica 0 keeps its commits";
+  }
+  EXPECT_EQ(replaced_at - (silent.deadline_height + 1), 2 * first_blocks);
+  EXPECT_EQ(Machine().PendingUnits().size(), 0u);
   EXPECT_EQ(chain_->GetNode(silent.assignee).value().reputation.failures, 1u);
-  // The silent node's late commit is refused; the replacement's is taken.
+  // The silent node's late commit is refused; the new chain's are taken.
   CommitStageTx late = Commit(1, 1, 1);
   late.node_id = silent.assignee;
-  r = Step({Q(alice_, late), Q(alice_, Commit(1, 1, 1))});
+  r = Step({Q(alice_, late), Q(alice_, Commit(1, 1, 0)), Q(alice_, Commit(1, 1, 1)),
+            Q(alice_, Commit(1, 1, 2))});
   EXPECT_FALSE(r[0].ok);
-  EXPECT_TRUE(r[1].ok) << r[1].reason;
+  for (size_t i = 1; i < r.size(); ++i) EXPECT_TRUE(r[i].ok) << r[i].reason;
 
   m = Machine();
   ASSERT_TRUE(m.aggregator().has_value());
@@ -425,9 +445,10 @@ TEST_F(PipelineStageTest, NoPlacementLeavesTheRoundPendingAndCommitStageNeedsSta
 }
 
 // One replica of three stages on four nodes: stages 0 and 2 fit only n1 and n2, so stage 1 has
-// n3 and, once n3 lets it expire, n4. When n4 lets it expire too, the nodes that could take it
-// all did once: the stage is open to them again (as any unit every eligible solver excluded is),
-// instead of waiting forever.
+// n3 and, once n3 lets it expire, n4. Each expiry sends the whole replica back (its committed
+// stages 0 and 2 too: they cannot train again without stage 1) with twice the time. When n4 lets
+// it expire too, the nodes that could take stage 1 all did once: it is open to them again (as
+// any unit every eligible solver excluded is), instead of waiting forever.
 TEST_F(PipelineStageTest, AStageEveryFreeNodeLetExpireIsOpenToThemAgain) {
   TaskParams p = PipelineParams();
   p.units_per_round = kStages;  // one replica
@@ -436,24 +457,40 @@ TEST_F(PipelineStageTest, AStageEveryFreeNodeLetExpireIsOpenToThemAgain) {
   EXPECT_LE(NodeIndex(Unit(0, 0, 0).assignee), 1u);
   EXPECT_LE(NodeIndex(Unit(0, 0, 2).assignee), 1u);
   ASSERT_EQ(NodeIndex(Unit(0, 0, 1).assignee), 2u);  // n3: the fastest that holds stage 1
+  const uint64_t blocks = Unit(0, 0, 1).deadline_height - chain_->Height();
   for (const Receipt& x : Step({Q(alice_, Commit(0, 0, 0)), Q(alice_, Commit(0, 0, 2))})) {
     EXPECT_TRUE(x.ok) << x.reason;
   }
+  // Each try of the replica: every stage assigned, sharing one deadline 2^tries x `blocks` away.
+  auto expect_replica = [&](uint32_t stage1_node, uint64_t backoff) {
+    const uint64_t deadline = Unit(0, 0, 0).deadline_height;
+    for (uint32_t s = 0; s < kStages; ++s) {
+      EXPECT_EQ(Unit(0, 0, s).status, WorkUnitStatus::kAssigned) << s;
+      EXPECT_EQ(Unit(0, 0, s).deadline_height, deadline) << s;
+    }
+    EXPECT_EQ(NodeIndex(Unit(0, 0, 1).assignee), stage1_node);
+    EXPECT_EQ(deadline - chain_->Height(), backoff * blocks);
+  };
   uint64_t deadline = Unit(0, 0, 1).deadline_height;
   while (chain_->Height() <= deadline) Step();
-  ASSERT_EQ(Unit(0, 0, 1).status, WorkUnitStatus::kAssigned);
-  ASSERT_EQ(NodeIndex(Unit(0, 0, 1).assignee), 3u);  // n4, the one node left
+  expect_replica(3, 2);  // n4, the one node left
+  for (const Receipt& x : Step({Q(alice_, Commit(0, 0, 0)), Q(alice_, Commit(0, 0, 2))})) {
+    EXPECT_TRUE(x.ok) << x.reason;
+  }
   deadline = Unit(0, 0, 1).deadline_height;
   while (chain_->Height() <= deadline) Step();
-  // n4 expired it too: nobody may take it in that block; from the next, n3 and n4 may again.
+  // n4 expired it too: nobody may take stage 1 in that block; from the next, n3 and n4 may again.
   EXPECT_EQ(Unit(0, 0, 1).status, WorkUnitStatus::kPending);
+  EXPECT_EQ(Unit(0, 0, 0).status, WorkUnitStatus::kPending);
   Step();
-  ASSERT_EQ(Unit(0, 0, 1).status, WorkUnitStatus::kAssigned);
-  EXPECT_EQ(NodeIndex(Unit(0, 0, 1).assignee), 2u);
+  expect_replica(2, 4);
   EXPECT_EQ(chain_->GetNode(nodes_[2].public_key()).value().reputation.failures, 1u);
   EXPECT_EQ(chain_->GetNode(nodes_[3].public_key()).value().reputation.failures, 1u);
-  std::vector<Receipt> r = Step({Q(alice_, Commit(0, 0, 1))});
-  EXPECT_TRUE(r[0].ok) << r[0].reason;
+  EXPECT_EQ(chain_->GetNode(nodes_[0].public_key()).value().reputation.failures, 0u);
+  EXPECT_EQ(chain_->GetNode(nodes_[1].public_key()).value().reputation.failures, 0u);
+  std::vector<Receipt> r =
+      Step({Q(alice_, Commit(0, 0, 0)), Q(alice_, Commit(0, 0, 1)), Q(alice_, Commit(0, 0, 2))});
+  for (const Receipt& x : r) EXPECT_TRUE(x.ok) << x.reason;
   EXPECT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
 }
 

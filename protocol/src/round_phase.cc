@@ -9,8 +9,11 @@
 namespace meshlearn::protocol {
 namespace {
 
-// 1: no rounds in flight; 2 adds rounds_in_flight and the settling rounds (1 still decodes).
+// 1: no rounds in flight; 2 adds rounds_in_flight and the settling rounds (1 still decodes); 3
+// adds the current units' back-offs, and is written only when one is non-zero (a machine without
+// any encodes as version 2, exactly as before back-offs existed).
 constexpr uint8_t kRoundPhaseEncodingVersion = 2;
+constexpr uint8_t kRoundPhaseBackoffVersion = 3;
 // Bounds for decoding: more nodes than this excluded from one unit is not a state we produce.
 constexpr uint32_t kMaxExcluded = 1u << 20;
 constexpr uint32_t kMaxUnitsPerRound = 1u << 24;
@@ -135,7 +138,7 @@ std::vector<PendingUnit> RoundStateMachine::PendingUnits() const {
   if (phase_ == RoundPhase::kRoundPhaseFinal) return out;
   for (size_t i = 0; i < units_.size(); ++i) {
     if (units_[i].state == UnitState::kPending) {
-      out.push_back({UnitOf(config_.task, round_, i), units_[i].excluded});
+      out.push_back({UnitOf(config_.task, round_, i), units_[i].excluded, units_[i].backoffs});
     }
   }
   return out;
@@ -177,6 +180,15 @@ Status RoundStateMachine::ForgiveExcluded(const UnitId& unit) {
     return FailedPrecondition("unit " + unit.ToString() + " is not pending");
   }
   u->excluded.clear();
+  return Status::Ok();
+}
+
+Status RoundStateMachine::BackOff(const UnitId& unit) {
+  ML_ASSIGN_OR_RETURN(Unit * u, FindUnit(unit));
+  if (u->state != UnitState::kPending) {
+    return FailedPrecondition("unit " + unit.ToString() + " is not pending");
+  }
+  u->backoffs = std::min(u->backoffs + 1, kMaxBackoffs);
   return Status::Ok();
 }
 
@@ -417,7 +429,9 @@ Result<RoundUpdate> RoundStateMachine::SetHolds(uint32_t round, uint32_t holds) 
 
 Bytes RoundStateMachine::Encode() const {
   Encoder e;
-  e.PutU8(kRoundPhaseEncodingVersion);
+  const bool backoffs =
+      std::any_of(units_.begin(), units_.end(), [](const Unit& u) { return u.backoffs != 0; });
+  e.PutU8(backoffs ? kRoundPhaseBackoffVersion : kRoundPhaseEncodingVersion);
   e.PutHash(config_.task).PutU32(config_.rounds).PutU32(config_.units_per_round);
   e.PutU64(config_.verification_window_blocks).PutHash(config_.initial_weights);
   e.PutU64(config_.start_height);
@@ -438,6 +452,9 @@ Bytes RoundStateMachine::Encode() const {
     e.PutU32(r.round).PutU64(r.window_end).PutU32(r.holds);
     PutUnits(e, r.units);
   }
+  if (backoffs) {
+    for (const Unit& u : units_) e.PutU32(u.backoffs);
+  }
   return e.Take();
 }
 
@@ -445,7 +462,7 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
   Decoder d(bytes, "round state");
   uint8_t version = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&version, "version"));
-  if (version != 1 && version != kRoundPhaseEncodingVersion) {
+  if (version != 1 && version != kRoundPhaseEncodingVersion && version != kRoundPhaseBackoffVersion) {
     return DataLoss("round state: unknown encoding version " + std::to_string(version));
   }
   RoundMachineConfig c;
@@ -499,6 +516,20 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
       ML_RETURN_IF_ERROR(d.GetU64(&r.window_end, "settling.window_end"));
       ML_RETURN_IF_ERROR(d.GetU32(&r.holds, "settling.holds"));
       ML_RETURN_IF_ERROR(GetUnits(d, c.units_per_round, &r.units));
+    }
+  }
+  if (version == kRoundPhaseBackoffVersion) {
+    bool any = false;
+    for (Unit& u : m.units_) {
+      ML_RETURN_IF_ERROR(d.GetU32(&u.backoffs, "unit.backoffs"));
+      if (u.backoffs > kMaxBackoffs) {
+        return DataLoss("round state: unit back-offs " + std::to_string(u.backoffs) +
+                        " above the most, " + std::to_string(kMaxBackoffs));
+      }
+      any |= u.backoffs != 0;
+    }
+    if (!any) {
+      return DataLoss("round state: version 3 without a back-off (not canonical: that is version 2)");
     }
   }
   ML_RETURN_IF_ERROR(d.Finish());

@@ -502,7 +502,9 @@ TEST(RoundPhaseTest, DecodeRejectsCorruptState) {
     EXPECT_FALSE(RoundStateMachine::Decode(b).ok()) << "phase " << int{bad};
   }
   Bytes v = good;
-  v[0] = 3;
+  v[0] = 4;
+  EXPECT_EQ(RoundStateMachine::Decode(v).status().code(), StatusCode::kDataLoss);
+  v[0] = 3;  // version 3 carries back-offs after the settling rounds: missing here
   EXPECT_EQ(RoundStateMachine::Decode(v).status().code(), StatusCode::kDataLoss);
   // Version 1 (before rounds in flight) ends before rounds_in_flight and the settling count,
   // and still decodes, with no rounds in flight.
@@ -511,6 +513,49 @@ TEST(RoundPhaseTest, DecodeRejectsCorruptState) {
   auto old = RoundStateMachine::Decode(v1);
   ASSERT_TRUE(old.ok()) << old.status().ToString();
   EXPECT_EQ(old->Encode(), good);
+}
+
+// BackOff (a pipeline replica that ran past its deadline): counted per pending unit of the
+// round, capped, shown in PendingUnits, encoded (version 3) only while one is non-zero, and gone
+// with the round.
+TEST(RoundPhaseTest, BackOffsAreCountedPerUnitAndEncodedOnlyWhileAnyIsSet) {
+  const RoundMachineConfig c = RoundTestConfig(2);
+  auto m = RoundStateMachine::Create(c);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(m->OnAssigned(std::vector<Assignment>{Assign(c, 0, 0, 1, 10, 12)}).ok());
+  EXPECT_EQ(m->BackOff(UnitId{c.task, 0, 0}).code(), StatusCode::kFailedPrecondition)
+      << "an assigned unit has its deadline";
+  EXPECT_EQ(m->BackOff(UnitId{c.task, 1, 0}).code(), StatusCode::kFailedPrecondition)
+      << "not a unit of the current round";
+  EXPECT_EQ(m->Encode()[0], 2);
+  ASSERT_TRUE(m->OnBlock(13).ok());  // unit 0 expires
+  ASSERT_TRUE(m->BackOff(UnitId{c.task, 0, 0}).ok());
+  std::vector<PendingUnit> pending = m->PendingUnits();
+  ASSERT_EQ(pending.size(), 3u);
+  EXPECT_EQ(pending[0].backoffs, 1u);
+  EXPECT_EQ(pending[1].backoffs, 0u);
+  const Bytes v3 = m->Encode();
+  EXPECT_EQ(v3[0], 3);
+  ExpectRoundTrip(*m);
+  EXPECT_EQ(RoundStateMachine::Decode(v3)->PendingUnits()[0].backoffs, 1u);
+  // Canonical: a version 3 whose back-offs are all zero is version 2's state written another way.
+  Bytes zero = v3;
+  std::fill(zero.end() - 12, zero.end(), 0);  // the three units' back-offs, last in the encoding
+  EXPECT_EQ(RoundStateMachine::Decode(zero).status().code(), StatusCode::kDataLoss);
+  for (uint32_t i = 0; i < RoundStateMachine::kMaxBackoffs + 3; ++i) {
+    ASSERT_TRUE(m->BackOff(UnitId{c.task, 0, 0}).ok());
+  }
+  EXPECT_EQ(m->PendingUnits()[0].backoffs, RoundStateMachine::kMaxBackoffs);
+  ExpectRoundTrip(*m);
+  std::vector<Assignment> as;
+  for (uint32_t s = 0; s < c.units_per_round; ++s) as.push_back(Assign(c, 0, s, 7, 20, 30));
+  ASSERT_TRUE(m->OnAssigned(as).ok());
+  for (const Assignment& a : as) ASSERT_TRUE(m->OnUnitCommitted(a.unit, a.node, Blake2b("r"), 21).ok());
+  ASSERT_TRUE(CommitAggregate(*m, c, 0, Blake2b("w1"), 22).ok());
+  ASSERT_TRUE(m->OnBlock(25).ok());
+  ASSERT_EQ(m->round(), 1u);
+  EXPECT_EQ(m->PendingUnits()[0].backoffs, 0u) << "a new round starts without back-offs";
+  EXPECT_EQ(m->Encode()[0], 2);
 }
 
 TEST(RoundPhaseTest, CreateRejectsEmptyTask) {

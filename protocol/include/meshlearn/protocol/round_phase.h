@@ -125,6 +125,12 @@ class RoundStateMachine {
   // A pending unit every eligible solver is excluded from (each let it expire once) would never
   // be assigned again: the ledger forgives them, and the unit is open to all of them again.
   Status ForgiveExcluded(const UnitId& unit);
+  // Doubles the next deadline of a pending unit of the current round (PendingUnit::backoffs; at
+  // most kMaxBackoffs times): the ledger backs off a pipeline stage whose replica ran past its
+  // deadline, so a replica slower than its nodes' estimates (shared cores, slow links) gets the
+  // time it needs on a later try instead of expiring forever. The count lasts the round.
+  static constexpr uint32_t kMaxBackoffs = 8;
+  Status BackOff(const UnitId& unit);
   // Assignments of the current round not yet committed, sorted by unit.
   std::vector<Assignment> OpenAssignments() const;
   // Committed units of the current round, sorted by unit (what the aggregator fetches).
@@ -206,6 +212,7 @@ class RoundStateMachine {
     Hash256 result;
     uint64_t commit_height = 0;
     std::vector<NodeId> excluded;
+    uint32_t backoffs = 0;  // current round's units only (encoded from version 3)
   };
   struct Settling {
     uint32_t round = 0;

@@ -112,9 +112,12 @@ struct AggregatorAssignment {
 };
 
 // A unit waiting for a solver, and the nodes that may not take it (they let it expire before).
+// `backoffs`: how many times the ledger doubled the unit's next deadline in this round
+// (RoundStateMachine::BackOff; a pipeline stage's replica that ran past its deadline).
 struct PendingUnit {
   UnitId unit;
   std::vector<NodeId> excluded;
+  uint32_t backoffs = 0;
 };
 
 }  // namespace meshlearn::protocol
