@@ -163,6 +163,31 @@ TEST(PipelineStageSlotTest, UnitIndexIsRoundReplicaStage) {
   EXPECT_EQ(StageSlotOf(plain, 4), (StageSlot{1, 1, 0}));
 }
 
+// A stage unit is paid its stage's share of a unit's cost, so a pipelined task costs what the
+// same training unpipelined does (plus rounding), not S times it.
+TEST(PipelineStageSlotTest, AStageIsPaidItsShareOfTheUnitAndTheTaskCostsAboutAnUnpipelinedOne) {
+  TaskParams p = PipelineParams();  // stage_flops 30:20:10 GFLOP
+  EXPECT_EQ(StageUnitCost(p, 600, 0), 300u);
+  EXPECT_EQ(StageUnitCost(p, 600, 1), 200u);
+  EXPECT_EQ(StageUnitCost(p, 600, 2), 100u);
+  EXPECT_EQ(StageUnitCost(p, 1, 2), 1u) << "rounded up: a stage is never paid nothing";
+  EXPECT_EQ(StageUnitCost(p, 0, 2), 0u);
+  p.stage_flops = {UINT64_MAX, UINT64_MAX, UINT64_MAX};  // no overflow in the share
+  EXPECT_EQ(StageUnitCost(p, UINT64_MAX, 1), UINT64_MAX / 3);  // 2^64 - 1 = 3 x 6148914691236517205
+  EXPECT_EQ(StageUnitCost(TestTaskParams(), 600, 0), 600u) << "a task without stages";
+  // The budget SubmitTask asks: every replica's stages (one unit's cost, rounded up per stage),
+  // each unit's verifications at a whole unit's cost, one aggregation, per round.
+  p = PipelineParams();
+  Amount unit = 0;
+  const Amount most = MaxTaskCost(p, 20, &unit, 1);
+  ASSERT_EQ(unit, 640u);  // 32 GFLOP at 20 a GFLOP
+  const Amount stages = StageUnitCost(p, unit, 0) + StageUnitCost(p, unit, 1) + StageUnitCost(p, unit, 2);
+  EXPECT_EQ(stages, 320u + 214u + 107u);
+  EXPECT_EQ(most, p.rounds * (kReplicas * stages + kReplicas * kStages * unit + unit));
+  TaskParams plain = TestTaskParams();
+  EXPECT_EQ(MaxTaskCost(plain, 20, &unit, 1), plain.rounds * (plain.units_per_round * 2 + 1) * unit);
+}
+
 TEST(PipelineStageSlotTest, ThePipelineFieldsSurviveEveryEncoding) {
   const KeyPair k = TestKey(9);
   SubmitTaskTx submit{.spec_hash = Blake2b("s"), .budget = 10, .price_cap = 1,
@@ -333,12 +358,20 @@ TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
                                         .node_id = m.aggregator()->node,
                                         .state_hash = Blake2b("state 1")})});
   ASSERT_TRUE(r[0].ok) << r[0].reason;
-  // Round 0 paid: six stage units and the aggregator, one unit's cost each, all to alice.
+  // Round 0 paid, all to alice: each stage unit its stage's share of a unit's cost (stage_flops
+  // 30:20:10 of 320: 160, 107 and 54 tokens, rounded up), the aggregator one unit's cost.
   t = Task();
   EXPECT_EQ(t.rounds_settled, 1u);
-  EXPECT_EQ(t.spent, 7 * kTestUnitCost);
-  const Amount cut = BasisPoints(kTestUnitCost, genesis_.params.treasury_cut_bps);
-  EXPECT_EQ(Balance(alice_), alice_before + 7 * (kTestUnitCost - cut));
+  const std::vector<Amount> stage_cost = {160, 107, 54};
+  for (uint32_t s = 0; s < kStages; ++s) {
+    EXPECT_EQ(StageUnitCost(t.params, kTestUnitCost, s), stage_cost[s]) << s;
+    EXPECT_EQ(Unit(0, 1, s).paid, stage_cost[s]) << s;
+  }
+  const Amount round_cost = kReplicas * (160 + 107 + 54) + kTestUnitCost;
+  EXPECT_EQ(t.spent, round_cost);
+  const auto net = [&](Amount a) { return a - BasisPoints(a, genesis_.params.treasury_cut_bps); };
+  EXPECT_EQ(Balance(alice_), alice_before + kReplicas * (net(160) + net(107) + net(54)) +
+                                 net(kTestUnitCost));
   EXPECT_EQ(Unit(0, 1, 2).status, WorkUnitStatus::kVerified);
 
   // ---- Round 1 placed from the new weights; the node of stage 1 of replica 1 goes silent while
@@ -406,7 +439,7 @@ TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
   t = Task();
   EXPECT_EQ(t.status, TaskStatus::kFinished);
   EXPECT_EQ(t.final_state, Blake2b("state 2"));
-  EXPECT_EQ(t.spent, 14 * kTestUnitCost);
+  EXPECT_EQ(t.spent, 2 * round_cost) << "a replica that re-ran is paid once";
   EXPECT_EQ(t.budget, t.escrow + t.spent + t.refunded);
 }
 
@@ -788,7 +821,7 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
   for (uint32_t st = 0; st < kStages; ++st) {
     EXPECT_EQ(Check(st).result(), protocol::CheckResult::kCheckClean) << Check(st).reason();
     EXPECT_EQ(Unit(st).status, WorkUnitStatus::kVerified);
-    EXPECT_EQ(Unit(st).paid, kTestUnitCost);
+    EXPECT_EQ(Unit(st).paid, StageUnitCost(t.params, kTestUnitCost, st));
     EXPECT_EQ(Node(Unit(st).assignee).reputation.units_verified_clean, 1u);
   }
   EXPECT_GT(Balance(alice_), alice_before);

@@ -100,6 +100,15 @@ uint32_t PipelineReplicas(const TaskParams& p) {
   return IsPipelineTask(p) ? p.units_per_round / p.stages : p.units_per_round;
 }
 
+Amount StageUnitCost(const TaskParams& p, Amount unit_cost, uint32_t stage) {
+  if (!IsPipelineTask(p)) return unit_cost;
+  __extension__ typedef unsigned __int128 U128;
+  U128 total = 0;
+  for (uint64_t f : p.stage_flops) total += f;
+  const U128 part = static_cast<U128>(unit_cost) * p.stage_flops.at(stage);  // < 2^128
+  return static_cast<Amount>(part / total + (part % total != 0 ? 1 : 0));  // <= unit_cost: stage_flops[stage] <= total
+}
+
 StageSlot StageSlotOf(const TaskParams& p, uint32_t index) {
   const uint32_t per_round = p.units_per_round == 0 ? 1 : p.units_per_round;
   const uint32_t stages = IsPipelineTask(p) ? p.stages : 1;

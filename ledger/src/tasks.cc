@@ -157,9 +157,16 @@ Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost
   const Amount unit = protocol::UnitCostTokens(TaskSpecViewOf(Hash256{}, params, price_cap),
                                                price_cap);
   if (unit_cost != nullptr) *unit_cost = unit;
-  const uint64_t per_round = params.units_per_round * (1ull + verifiers_per_unit) + 1ull;
-  const uint64_t paid_units = static_cast<uint64_t>(params.rounds) * per_round;
-  return unit != 0 && paid_units > UINT64_MAX / unit ? UINT64_MAX : unit * paid_units;
+  // One round: its units (a replica's stages each their share), their verifications and the
+  // aggregation; saturating.
+  const auto add = [](Amount a, Amount b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; };
+  const auto mul = [](Amount a, uint64_t b) { return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b; };
+  Amount round = unit;
+  for (uint32_t shard = 0; shard < params.units_per_round; ++shard) {
+    round = add(round, StageUnitCost(params, unit, shard % std::max<uint32_t>(params.stages, 1)));
+  }
+  round = add(round, mul(mul(unit, params.units_per_round), verifiers_per_unit));
+  return mul(round, params.rounds);
 }
 
 Status SettleAtAssignedPrice(LedgerState& s, const ChainParams& p, const Hash256& task_id,
@@ -170,7 +177,9 @@ Status SettleAtAssignedPrice(LedgerState& s, const ChainParams& p, const Hash256
     return NotFound("settle work unit: unit " + std::to_string(index) + " of task " +
                     task_id.ShortHex() + " not found");
   }
-  return SettleWorkUnit(s, p, task_id, index, std::min(UnitCost(*t, u->price), t->escrow));
+  const Amount cost =
+      StageUnitCost(t->params, UnitCost(*t, u->price), StageSlotOf(t->params, index).stage);
+  return SettleWorkUnit(s, p, task_id, index, std::min(cost, t->escrow));
 }
 
 void ResetWorkUnit(WorkUnit* u) {
@@ -313,7 +322,9 @@ Status ValidateTaskTerms(const TaskParams& p, Amount budget, Amount price_cap, b
         " is below the most this task can cost, " + std::to_string(most) + " = " +
         name("rounds") + " x (" + name("units_per_round") + " x (1 solver + " +
         std::to_string(verifiers) + " verifier" + (verifiers == 1 ? "" : "s") +
-        ") + 1 aggregation) x " + std::to_string(unit_cost) + " tokens a unit at " +
+        ") + 1 aggregation) x " + std::to_string(unit_cost) + " tokens a unit" +
+        (IsPipelineTask(p) ? " (a stage unit's solver its stage's share of the unit)" : "") +
+        " at " +
         name("price_cap") + " " + std::to_string(price_cap) + "; raise " + name("budget") +
         " or lower " + name("price_cap") + " (" + name("budget") + " must be at least " +
         std::to_string(most) + ")");

@@ -248,6 +248,12 @@ struct StageSlot {
 };
 StageSlot StageSlotOf(const TaskParams& p, uint32_t index);
 uint32_t StageUnitIndex(const TaskParams& p, const StageSlot& slot);
+// What a unit of stage `stage` is paid out of one whole unit's cost `unit_cost` (the model's
+// training FLOPs at a price): the stage's share of a step's training FLOPs, stage_flops[stage] /
+// sum(stage_flops), rounded up, so a replica's S stages together cost one unit (plus at most S
+// tokens of rounding), as the same training unpipelined would. `unit_cost` for a task without
+// stages. REQUIRES: the params passed ValidateTaskTerms.
+Amount StageUnitCost(const TaskParams& p, Amount unit_cost, uint32_t stage);
 
 // What the aggregator of a finished round reported (CommitAggregate), and what it was paid.
 struct RoundResult {
@@ -365,12 +371,13 @@ Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce);
 // (never reopened). After it, a proof still slashes and claws back, and the model is final.
 uint64_t AuditWindowEnd(const TaskRecord& t, uint64_t audit_window_blocks);
 
-// The most a task can cost at `price_cap` (tokens per GFLOP): every unit, each of its
-// `verifiers_per_unit` verifications (a verifier is paid at most one unit's cost) and every
-// round's aggregation paid one unit's cost at the cap, i.e.
-// rounds x (units_per_round x (1 + verifiers_per_unit) + 1) x unit cost (saturating). SubmitTask
-// refuses a smaller budget (verifiers: the genesis verifiers_per_unit, 0 without verification);
-// clients check the same before publishing. `unit_cost` (optional) receives one unit's cost.
+// The most a task can cost at `price_cap` (tokens per GFLOP): every unit (a stage unit its
+// StageUnitCost), each of its `verifiers_per_unit` verifications (a verifier is paid at most one
+// unit's cost) and every round's aggregation paid one unit's cost at the cap, i.e. for a task
+// without stages rounds x (units_per_round x (1 + verifiers_per_unit) + 1) x unit cost
+// (saturating). SubmitTask refuses a smaller budget (verifiers: the genesis verifiers_per_unit, 0
+// without verification); clients check the same before publishing. `unit_cost` (optional)
+// receives one unit's cost.
 Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost = nullptr,
                    uint32_t verifiers_per_unit = 0);
 
