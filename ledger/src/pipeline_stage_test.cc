@@ -12,10 +12,10 @@
 #include <thread>
 
 #include "execute.h"
-#include "meshlearn/base/merkle.h"
 #include "meshlearn/base/blob.h"
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/env.h"
+#include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
@@ -568,10 +568,8 @@ class PipelineVerificationTest : public FollowedChainFixture {
     p.verification_window_blocks = 2;
     if (tweak) tweak(p);
     const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
-    Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = spec_hash,
-                                              .budget = budget,
-                                              .price_cap = 20,
-                                              .params = p});
+    Transaction submit = Q(
+        bob_, SubmitTaskTx{.spec_hash = spec_hash, .budget = budget, .price_cap = 20, .params = p});
     task_id_ = TaskIdFor(bob_.public_key(), submit.nonce);
     StepOk({submit});
   }
@@ -968,8 +966,7 @@ class TestStageNetwork {
   std::vector<Link> links_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<protocol::StageTensorKey,
-           std::pair<protocol::StageTransfer, std::vector<float>>> boxes_;
+  std::map<protocol::StageTensorKey, std::pair<protocol::StageTransfer, std::vector<float>>> boxes_;
   std::map<Hash256, Bytes> sent_;
 };
 
@@ -1054,8 +1051,7 @@ class PipelineRulingTest : public PipelineVerificationTest {
     for (uint64_t t = 0; t < kSteps; ++t) {
       const engine::Batch batch = engine::MakeTokenBatch(
           data_.train_tokens,
-          engine::WindowStarts(spec_.seed, work_.stream, static_cast<int64_t>(t),
-                               spec_.batch_size,
+          engine::WindowStarts(spec_.seed, work_.stream, static_cast<int64_t>(t), spec_.batch_size,
                                static_cast<int64_t>(data_.train_tokens.tokens.size()),
                                spec_.seq_len),
           spec_.seq_len);
@@ -1152,8 +1148,7 @@ TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitn
         data_.train_tokens,
         engine::WindowStarts(spec_.seed, work_.stream, static_cast<int64_t>(ev.commit.step),
                              spec_.batch_size,
-                             static_cast<int64_t>(data_.train_tokens.tokens.size()),
-                             spec_.seq_len),
+                             static_cast<int64_t>(data_.train_tokens.tokens.size()), spec_.seq_len),
         spec_.seq_len);
     Result<StageStepCheck> c = JudgeStageStep(*setup, ev.commit, ev.checkpoint, ev.blobs, batch,
                                               engine::DropoutSeed(spec_.seed, work_.stream), leaf);
@@ -1198,8 +1193,9 @@ TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitn
   auto with = [&](const std::function<void(StageStepWitness&)>& edit) {
     StageStepWitness w = good;
     edit(w);
-    return Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat,
-                                        .witness = {EncodeStageStepWitness(w)}});
+    return Q(alice_,
+             RefereeStageStepTx{
+                 .task_id = task_id_, .index = kCheat, .witness = {EncodeStageStepWitness(w)}});
   };
   Bytes oversize(kMaxWitnessBytes + 1, 0);
   std::vector<std::pair<Transaction, std::string>> refusals = {
@@ -1218,10 +1214,8 @@ TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitn
       {with([&](StageStepWitness& w) { w.pages.pop_back(); }), "token pages; the step's batch"},
       {with([&](StageStepWitness& w) { w.pages[0].tokens[0] ^= 1; }),
        "is not proven against the task's data root"},
-      {with([&](StageStepWitness& w) { w.bundle += "\n"; }),
-       "send the task's own bundle text"},
-      {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat,
-                                    .witness = {oversize}}),
+      {with([&](StageStepWitness& w) { w.bundle += "\n"; }), "send the task's own bundle text"},
+      {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {oversize}}),
        "over the limit of " + std::to_string(kMaxWitnessBytes)},
       // Not at the referee: an honest stage's unit has no dispute.
       {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = 0, .witness = {good_bytes}}),
@@ -1230,8 +1224,8 @@ TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitn
       // step witness is pointed at the stage's.
       {Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = finding.leaf}),
        "send RefereeStageStep with the stage step's witness"},
-      {Q(alice_, RefereeStepTx{.task_id = task_id_, .index = kCheat,
-                               .witness = {EncodeStepWitness({})}}),
+      {Q(alice_,
+         RefereeStepTx{.task_id = task_id_, .index = kCheat, .witness = {EncodeStepWitness({})}}),
        "send RefereeStageStep with the stage step's witness"},
   };
   for (const auto& [tx, why] : refusals) {
@@ -1244,8 +1238,8 @@ TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitn
   // Anyone posts the good witness (here bob, no party of the dispute): the ledger replays the
   // step and rules with the finding leaf, so the verifier wins and the lazy stage is slashed.
   const PublicKey cheater = Unit(kCheat).assignee;
-  std::vector<Receipt> r = Step({Q(bob_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat,
-                                                            .witness = {good_bytes}})});
+  std::vector<Receipt> r = Step(
+      {Q(bob_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {good_bytes}})});
   ASSERT_TRUE(r[0].ok) << r[0].reason;
   for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
   EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
@@ -1269,12 +1263,13 @@ TEST_F(PipelineRulingTest, AFalseClaimOnAnHonestStageLosesToTheLedgersReplay) {
   for (uint32_t st = 0; st < kStages; ++st) leaves.push_back(Leaves(st));
   ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, Blake2b("a false finding")));
   const TestStageEvidence& ev = evidence_[kCheat][kLieStep];
-  Result<StageStepWitness> w = BuildStageStepWitness(kRulingBundle, ev.commit, ev.checkpoint,
-                                                     ev.blobs, spec_, work_.stream, pages_.get(),
-                                                     nullptr, nullptr);
+  Result<StageStepWitness> w =
+      BuildStageStepWitness(kRulingBundle, ev.commit, ev.checkpoint, ev.blobs, spec_, work_.stream,
+                            pages_.get(), nullptr, nullptr);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
-  StepOk({Q(bob_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat,
-                                     .witness = {EncodeStageStepWitness(*w)}})});
+  StepOk({Q(bob_,
+            RefereeStageStepTx{
+                .task_id = task_id_, .index = kCheat, .witness = {EncodeStageStepWitness(*w)}})});
   for (int i = 0; i < 5; ++i) Step();
   ASSERT_TRUE(HasCheck(kCheat)) << "no fraud: the round stands";
   EXPECT_NE(Check(kCheat).stage(), protocol::CheckStage::kCheckDisputed);
@@ -1296,9 +1291,9 @@ TEST_F(PipelineRulingTest, ACommittedRecordOfAnotherNodeIsRuledAgainstTheStage) 
   std::vector<std::vector<Hash256>> leaves;
   for (uint32_t st = 0; st < kStages; ++st) leaves.push_back(Leaves(st));
   leaves[kCheat][kLieStep] = protocol::StageStepLeaf(forged.commit);
-  Result<StageStepWitness> w = BuildStageStepWitness(kRulingBundle, forged.commit,
-                                                     forged.checkpoint, forged.blobs, spec_,
-                                                     work_.stream, pages_.get(), nullptr, nullptr);
+  Result<StageStepWitness> w =
+      BuildStageStepWitness(kRulingBundle, forged.commit, forged.checkpoint, forged.blobs, spec_,
+                            work_.stream, pages_.get(), nullptr, nullptr);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   // What every party's replay finds (the verifier's claim).
   std::vector<protocol::NodeId> chain;
@@ -1307,20 +1302,20 @@ TEST_F(PipelineRulingTest, ACommittedRecordOfAnotherNodeIsRuledAgainstTheStage) 
   ASSERT_TRUE(setup.ok());
   Result<StageReplayResult> replay = ReplayStageStep(
       *setup, *StageCheckpointState(forged.checkpoint), forged.commit, forged.blobs,
-      engine::MakeTokenBatch(data_.train_tokens,
-                             engine::WindowStarts(spec_.seed, work_.stream, kLieStep,
-                                                  spec_.batch_size,
-                                                  static_cast<int64_t>(pages_->num_tokens()),
-                                                  spec_.seq_len),
-                             spec_.seq_len),
+      engine::MakeTokenBatch(
+          data_.train_tokens,
+          engine::WindowStarts(spec_.seed, work_.stream, kLieStep, spec_.batch_size,
+                               static_cast<int64_t>(pages_->num_tokens()), spec_.seq_len),
+          spec_.seq_len),
       engine::DropoutSeed(spec_.seed, work_.stream));
   ASSERT_TRUE(replay.ok());
   ASSERT_EQ(replay->fault, StageFault::kStageFaultRecord) << replay->message;
   ASSERT_NO_FATAL_FAILURE(
       CommitAndDispute(leaves, StageFindingLeaf(leaves[kCheat][kLieStep], *replay)));
   const PublicKey cheater = Unit(kCheat).assignee;
-  StepOk({Q(bob_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat,
-                                     .witness = {EncodeStageStepWitness(*w)}})});
+  StepOk({Q(bob_,
+            RefereeStageStepTx{
+                .task_id = task_id_, .index = kCheat, .witness = {EncodeStageStepWitness(*w)}})});
   for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
   EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
   EXPECT_EQ(Task().verification.fraud, 1u);

@@ -8,8 +8,8 @@
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
-#include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/model.h"
+#include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/step_witness.h"
@@ -360,8 +360,7 @@ Hash256 ResultBlobId(std::span<const float> global, std::span<const float> param
   return DeltaBlobId(protocol::PseudoGradient(global, params));
 }
 
-Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec,
-                                            uint64_t num_weights) {
+Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint64_t num_weights) {
   if (spec.kind != "gpt" || spec.gpt.vocab_size != 0) return spec;
   auto count = [&](int64_t vocab) -> Result<int64_t> {
     engine::ModelSpec probe = spec;
@@ -374,8 +373,8 @@ Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec,
   const int64_t per_token = at3 - at2;
   const int64_t n = static_cast<int64_t>(num_weights);
   if (per_token <= 0 || n < at2 || (n - at2) % per_token != 0) {
-    return InvalidArgument("model.vocab_size comes from the data, and no vocabulary gives a GPT "
-                           "of " + std::to_string(num_weights) + " parameters");
+    return InvalidArgument("model.vocab_size comes from the data, and no vocabulary gives a GPT of " +
+                           std::to_string(num_weights) + " parameters");
   }
   engine::ModelSpec out = spec;
   out.gpt.vocab_size = 2 + (n - at2) / per_token;

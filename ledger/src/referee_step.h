@@ -8,11 +8,11 @@
 
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/state.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/protocol/dispute.h"
 #include "meshlearn/protocol/task_model.h"
-#include "meshlearn/engine/train.h"
 
 namespace meshlearn::ledger {
 

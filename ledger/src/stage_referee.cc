@@ -26,8 +26,8 @@ Result<StageReplaySetup> StageReplaySetupOf(const engine::TaskSpec& task,
 }
 
 Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
-                                      const protocol::StageStepCommit& commit,
-                                      ByteSpan checkpoint, const std::map<Hash256, Bytes>& blobs,
+                                      const protocol::StageStepCommit& commit, ByteSpan checkpoint,
+                                      const std::map<Hash256, Bytes>& blobs,
                                       const engine::Batch& batch, uint64_t dropout_seed,
                                       const Hash256& committed_leaf) {
   StageStepCheck out;
@@ -45,8 +45,8 @@ Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
     out.message = name + ": start: its checkpoint does not load (" + start.status().message() + ")";
     return out;
   }
-  ML_ASSIGN_OR_RETURN(out.replay, ReplayStageStep(setup, std::move(*start), commit, blobs, batch,
-                                                  dropout_seed));
+  ML_ASSIGN_OR_RETURN(
+      out.replay, ReplayStageStep(setup, std::move(*start), commit, blobs, batch, dropout_seed));
   out.leaf = StageFindingLeaf(committed_leaf, out.replay);
   out.message = out.replay.ok() ? name + ": replays to its committed leaf" : out.replay.message;
   return out;
@@ -114,7 +114,7 @@ Result<StageStepWitness> DecodeStageStepWitness(ByteSpan bytes) {
                            std::string(kStageWitnessMagic) + "'");
   }
   StageStepWitness w;
-  ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", kMaxBundleBytes));
+  ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));  // as a step witness's
   ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(d.GetBytes(&w.checkpoint, "checkpoint", kMaxWitnessBytes));
   uint32_t n = 0;
@@ -171,8 +171,8 @@ std::vector<int64_t> AllRows(int64_t B, int64_t T) {
 // The token batch of step `step` of a unit with stream `stream` from `pages`: exactly the pages
 // its rows read (engine::TokenPagesOfRows), each of full length and proven against `data_root`.
 Result<engine::Batch> WitnessTokenBatch(const engine::TaskSpec& spec, uint64_t stream,
-                                        uint64_t num_tokens, const Hash256& data_root,
-                                        int64_t step, const std::vector<StageWitnessPage>& pages,
+                                        uint64_t num_tokens, const Hash256& data_root, int64_t step,
+                                        const std::vector<StageWitnessPage>& pages,
                                         const std::string& where) {
   const int64_t B = spec.batch_size, T = spec.seq_len, n = static_cast<int64_t>(num_tokens);
   if (T < 1 || n < T + 1) {
@@ -183,8 +183,7 @@ Result<engine::Batch> WitnessTokenBatch(const engine::TaskSpec& spec, uint64_t s
       engine::TokenPagesOfRows(spec.seed, stream, step, B, T, n, AllRows(B, T));
   if (pages.size() != want.size()) {
     return InvalidArgument(where + ": the witness has " + std::to_string(pages.size()) +
-                           " token pages; the step's batch lies in " +
-                           std::to_string(want.size()));
+                           " token pages; the step's batch lies in " + std::to_string(want.size()));
   }
   const uint64_t num_pages =
       static_cast<uint64_t>((n + engine::kTokenPageTokens - 1) / engine::kTokenPageTokens);
@@ -204,8 +203,7 @@ Result<engine::Batch> WitnessTokenBatch(const engine::TaskSpec& spec, uint64_t s
     if (p.proof.index != p.page || p.proof.leaf_count != num_pages ||
         !MerkleVerify(data_root, engine::TokenPageLeaf(p.page, p.tokens), p.proof)) {
       return InvalidArgument(where + ": token page " + std::to_string(p.page) +
-                             " is not proven against the task's data root " +
-                             data_root.ShortHex());
+                             " is not proven against the task's data root " + data_root.ShortHex());
     }
     compact.tokens.insert(compact.tokens.end(), p.tokens.begin(), p.tokens.end());
   }
@@ -239,9 +237,9 @@ Result<StageStepWitness> BuildStageStepWitness(
   }
   const int64_t step = static_cast<int64_t>(commit.step);
   if (pages != nullptr) {
-    const std::vector<int64_t> want = engine::TokenPagesOfRows(
-        task.seed, stream, step, task.batch_size, task.seq_len, pages->num_tokens(),
-        AllRows(task.batch_size, task.seq_len));
+    const std::vector<int64_t> want =
+        engine::TokenPagesOfRows(task.seed, stream, step, task.batch_size, task.seq_len,
+                                 pages->num_tokens(), AllRows(task.batch_size, task.seq_len));
     for (int64_t p : want) {
       std::span<const int32_t> tokens = pages->Page(p);
       w.pages.push_back({.page = static_cast<uint64_t>(p),
@@ -273,8 +271,8 @@ Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& t, const WorkUnit&
   const StageSlot slot = StageSlotOf(t.params, unit.index);
   const std::string where = "referee stage step (task " + t.id.ShortHex() + ", unit " +
                             std::to_string(unit.index) + ": replica " +
-                            std::to_string(slot.replica) + ", stage " +
-                            std::to_string(slot.stage) + ", step " + std::to_string(step) + ")";
+                            std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) +
+                            ", step " + std::to_string(step) + ")";
   ML_ASSIGN_OR_RETURN(TaskBundleSpec b, ParseTaskBundle(t, w.bundle, where));
   // A GPT whose vocabulary the bundle leaves to its data: the one the task's weights were made
   // with (params.model_bytes), as every node has it after loading the data.
@@ -342,22 +340,24 @@ Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& t, const WorkUnit&
   engine::Batch batch;
   if (t.params.data_page_tokens != 0) {
     if (!w.examples.empty()) {
-      return InvalidArgument(where + ": the witness has examples; a token task's batch is proven "
-                                     "by its pages");
+      return InvalidArgument(where +
+                             ": the witness has examples; a token task's batch is proven "
+                             "by its pages");
     }
-    ML_ASSIGN_OR_RETURN(batch, WitnessTokenBatch(b.spec, work.stream, t.params.num_examples,
-                                                 t.params.data_root, static_cast<int64_t>(step),
-                                                 w.pages, where));
+    ML_ASSIGN_OR_RETURN(
+        batch, WitnessTokenBatch(b.spec, work.stream, t.params.num_examples, t.params.data_root,
+                                 static_cast<int64_t>(step), w.pages, where));
   } else {
     if (!w.pages.empty()) {
-      return InvalidArgument(where + ": the witness has token pages; a classification task's "
-                                     "batch is proven by its examples");
+      return InvalidArgument(where +
+                             ": the witness has token pages; a classification task's "
+                             "batch is proven by its examples");
     }
     Result<std::unique_ptr<engine::Model>> m = engine::Model::Create(b.spec.model);
     if (!m.ok()) return FailedPrecondition(where + ": " + m.status().message());
-    ML_ASSIGN_OR_RETURN(batch, WitnessBatch(b.spec, work.stream, (*m)->NumOutputs(),
-                                            t.params.num_examples, t.params.data_root,
-                                            static_cast<int64_t>(step), w.examples, where));
+    ML_ASSIGN_OR_RETURN(
+        batch, WitnessBatch(b.spec, work.stream, (*m)->NumOutputs(), t.params.num_examples,
+                            t.params.data_root, static_cast<int64_t>(step), w.examples, where));
   }
   ML_ASSIGN_OR_RETURN(StageReplaySetup setup,
                       StageReplaySetupOf(b.spec, b.net, work.lr_scale, chain));

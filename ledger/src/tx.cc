@@ -78,8 +78,8 @@ TxType PayloadType(const TxPayload& p) {
 
 size_t MaxTxBytes(TxType t) {
   if (t == TxType::kRefereeTile) return kMaxTileTxBytes;
-  return t == TxType::kRefereeStep || t == TxType::kRefereeStageStep ||
-                 t == TxType::kProveResult || t == TxType::kProveFraud
+  return t == TxType::kRefereeStep || t == TxType::kRefereeStageStep || t == TxType::kProveResult ||
+                 t == TxType::kProveFraud
              ? kMaxLargeTxBytes
              : kMaxTxBytes;
 }

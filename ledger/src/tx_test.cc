@@ -160,7 +160,8 @@ TEST(TxTest, ABundleFieldIsBoundedAndUtf8) {
   EXPECT_TRUE(DecodeTx(tile).ok());
   // So may a RefereeStageStep (a whole stage step: up to kMaxWitnessBytes).
   Bytes stage = EncodeTx(BuildSignedTx(
-      a, "test", 1, RefereeStageStepTx{.task_id = Blake2b("task"), .witness = {Bytes(1 << 20, 1)}}));
+      a, "test", 1,
+      RefereeStageStepTx{.task_id = Blake2b("task"), .witness = {Bytes(1 << 20, 1)}}));
   EXPECT_LE(stage.size(), MaxTxBytes(TxType::kRefereeStageStep));
   EXPECT_TRUE(DecodeTx(stage).ok());
 }

@@ -36,13 +36,13 @@
 #include <vector>
 
 #include "execute.h"
-#include "referee_step.h"
 #include "meshlearn/base/log.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
+#include "referee_step.h"
 
 namespace meshlearn::ledger {
 namespace {
@@ -764,8 +764,8 @@ std::vector<protocol::NodeId> ReplicaChainOf(const LedgerState& s, const TaskRec
   const StageSlot slot = StageSlotOf(t.params, index);
   std::vector<protocol::NodeId> chain(t.params.stages);
   for (uint32_t stage = 0; stage < t.params.stages; ++stage) {
-    const WorkUnit* u = s.units.Find({t.id, StageUnitIndex(t.params, {slot.round, slot.replica,
-                                                                     stage})});
+    const WorkUnit* u =
+        s.units.Find({t.id, StageUnitIndex(t.params, {slot.round, slot.replica, stage})});
     if (u != nullptr) chain[stage] = u->assignee;
   }
   return chain;
@@ -778,8 +778,8 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
   protocol::DisputeGame* game = r.check.mutable_dispute();
   const protocol::RefereeTask& task = game->referee_task();
   if (!IsPipelineTask(t->params)) {
-    return FailedPrecondition("referee stage step: unit " + std::to_string(tx.index) +
-                              " of task " + tx.task_id.ShortHex() +
+    return FailedPrecondition("referee stage step: unit " + std::to_string(tx.index) + " of task " +
+                              tx.task_id.ShortHex() +
                               " is not a pipeline stage's; send RefereeStep or RefereeTile");
   }
   if (task.tile || task.segment || !task.whole_step || task.step == 0) {
@@ -794,8 +794,7 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
         (t->params.data_root.IsZero()
              ? std::string("the task has no data root to prove the step's batch with")
              : "the stage needs " + std::to_string(t->params.stage_memory_bytes[stage]) +
-                   " bytes, over the witness bound of " +
-                   std::to_string(kMaxStageWitnessMemory)));
+                   " bytes, over the witness bound of " + std::to_string(kMaxStageWitnessMemory)));
   }
   Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
   if (!w.ok()) return w.status().WithPrefix("referee stage step");

@@ -253,8 +253,8 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
     EXPECT_GT(r.ruling.witness_bytes, 0u);
     EXPECT_LE(r.ruling.witness_bytes, ledger::kMaxWitnessBytes);
     EXPECT_EQ(r.ruling.output == r.dispute.task.challenger_output, true) << r.ruling.reason;
-    std::printf("%s: ruling by %s, witness %llu bytes (%s)\n", GetParam().name,
-                r.tx_type.c_str(), static_cast<unsigned long long>(r.ruling.witness_bytes),
+    std::printf("%s: ruling by %s, witness %llu bytes (%s)\n", GetParam().name, r.tx_type.c_str(),
+                static_cast<unsigned long long>(r.ruling.witness_bytes),
                 r.ok ? "executed" : ("refused: " + r.error).c_str());
   }
   const std::string cheater_id = sim.node_key(kCheater).public_key().ToHex();

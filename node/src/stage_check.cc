@@ -60,12 +60,15 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                          .step = step};
   Result<StageStepEvidence> ev = FetchStageStepEvidence(in.transport, in.endpoint, ref);
   if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) {
-    return FailedPrecondition(ref.ToString() + ": the stage node serves no evidence for the step; "
-                              "no witness can be built: " + ev.status().message());
+    return FailedPrecondition(ref.ToString() +
+                              ": the stage node serves no evidence for the step; "
+                              "no witness can be built: " +
+                              ev.status().message());
   }
   if (!ev.ok()) return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
   if (protocol::StageStepLeaf(ev->commit) != committed_leaf) {
-    return FailedPrecondition(ref.ToString() + ": the served commit is not the committed step leaf " +
+    return FailedPrecondition(ref.ToString() +
+                              ": the served commit is not the committed step leaf " +
                               committed_leaf.ShortHex() + "; no witness can be built");
   }
   const engine::TaskData& data = in.trainer->data();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "journal.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/ledger/stage_referee.h"
@@ -10,7 +11,6 @@
 #include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/step_witness.h"
 #include "meshlearn/protocol/task_model.h"
-#include "journal.h"
 #include "records.h"
 
 namespace meshlearn::node {
@@ -436,8 +436,8 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
     outbox_->GiveUp(action);
     return Status::Ok();
   }
-  node_->Log(CheckName(c) + ": the dispute is on stage step " +
-             std::to_string(d.referee.step - 1) + "; posting its witness (RefereeStageStep, " +
+  node_->Log(CheckName(c) + ": the dispute is on stage step " + std::to_string(d.referee.step - 1) +
+             "; posting its witness (RefereeStageStep, " +
              std::to_string(tx->witness.bytes.size()) + " bytes)");
   outbox_->Send(action, std::move(*tx));
   return Status::Ok();

@@ -13,11 +13,12 @@
 // runs the replay (ReplayStageStep: every record's signature against the replica's chain of
 // nodes the ledger placed, RunStageStep) and rules with StageFindingLeaf.
 //
-//   // The party (or a referee service) with the stage node's served evidence:
+//   // A party (or a referee service) with the stage node's served evidence (node/stage_check.h
+//   // BuildStageStepTx does this):
 //   ML_ASSIGN_OR_RETURN(StageStepWitness w,
-//                       BuildStageStepWitness(bundle, commit, checkpoint, blobs, pages, nullptr,
-//                                             batch_rows...));
-//   tx = RefereeStageStepTx{task_id, index, {EncodeStageStepWitness(w)}};
+//                       BuildStageStepWitness(bundle, ev.commit, ev.checkpoint, ev.blobs, task,
+//                                             work.stream, &page_tree, nullptr, nullptr));
+//   RefereeStageStepTx tx{.task_id = id, .index = unit, .witness = {EncodeStageStepWitness(w)}};
 //
 // Deterministic: every follower computes the same ruling from the same transaction.
 #pragma once
@@ -64,8 +65,8 @@ struct StageStepCheck {
 // only when the setup does not fit the commit. REQUIRES: StageStepLeaf(commit) == committed_leaf
 // (a commit that is not the committed leaf is the caller's `unserved`).
 Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
-                                      const protocol::StageStepCommit& commit,
-                                      ByteSpan checkpoint, const std::map<Hash256, Bytes>& blobs,
+                                      const protocol::StageStepCommit& commit, ByteSpan checkpoint,
+                                      const std::map<Hash256, Bytes>& blobs,
                                       const engine::Batch& batch, uint64_t dropout_seed,
                                       const Hash256& committed_leaf);
 
@@ -80,10 +81,10 @@ struct StageWitnessPage {
 };
 
 struct StageStepWitness {
-  std::string bundle;             // the task bundle text (blob id == spec_hash)
-  Bytes commit;                   // protocol::EncodeStageStepCommit of the stage's commit
-  Bytes checkpoint;               // the stage's checkpoint file of the step's start
-  std::vector<Bytes> received;    // commit.received[i]'s tensor (StageTensorBytes), in order
+  std::string bundle;           // the task bundle text (blob id == spec_hash)
+  Bytes commit;                 // protocol::EncodeStageStepCommit of the stage's commit
+  Bytes checkpoint;             // the stage's checkpoint file of the step's start
+  std::vector<Bytes> received;  // commit.received[i]'s tensor (StageTensorBytes), in order
   // The step's batch: a token task's pages (engine::TokenPagesOfRows of every row, increasing),
   // or a classification task's examples (in batch order); each proven against the data root.
   std::vector<StageWitnessPage> pages;

@@ -33,12 +33,12 @@
 #include <string_view>
 #include <vector>
 
-#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/state.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/net/blob.h"
 #include "meshlearn/net/blob_store.h"
 #include "meshlearn/node/network_task.h"
