@@ -1348,7 +1348,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
            {"reason", r.ruling.reason},
            // RefereeStep: the ledger executed the step from the witness (`output` is what it
            // computes); RefereeTile: it recomputed one tile of one operator from the tile's
-           // witness; RuleDispute: the genesis referee's ruling.
+           // witness; RefereeStageStep: it replayed a pipeline stage's step from the whole stage
+           // step's witness; RuleDispute: the genesis referee's ruling.
            {"tx", r.tx_type},
            {"witness_bytes", r.ruling.witness_bytes},
            {"executed", r.ok},
@@ -1600,8 +1601,8 @@ void PrintReport(GlobalOptions& g, const json& report) {
             v["rounds_dropped"].get<uint64_t>());
       }
       for (const json& r : v["disputes_ruled"]) {
-        // Which transaction ruled (RefereeTile, RefereeStep, RuleDispute) and from how large a
-        // witness.
+        // Which transaction ruled (RefereeTile, RefereeStep, RefereeStageStep, RuleDispute) and
+        // from how large a witness.
         std::cout << fmt::format(
             "  ruling on unit {} step {} by {} (witness {} bytes): for the {} ({})\n",
             r["unit"].get<uint32_t>(), r["step"].get<uint64_t>(), r.value("tx", std::string("?")),

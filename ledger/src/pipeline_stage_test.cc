@@ -4,11 +4,23 @@
 // are; a stage whose node goes silent is placed again on a free node. Every refusal of the new
 // fields is tested. Checked against a follower after every block (FollowedChainFixture).
 #include <algorithm>
+#include <condition_variable>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "execute.h"
+#include "meshlearn/base/blob.h"
+#include "meshlearn/base/config.h"
+#include "meshlearn/base/env.h"
 #include "meshlearn/base/merkle.h"
+#include "meshlearn/engine/pipeline.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/stage_step.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/stage_placement.h"
@@ -606,12 +618,15 @@ class PipelineVerificationTest : public FollowedChainFixture {
     for (const Receipt& r : Step(std::move(txs))) EXPECT_TRUE(r.ok) << r.reason;
   }
 
-  // One round of one replica of three stages, H = 4 steps.
-  void Start() {
+  // One round of one replica of three stages, H = 4 steps. `tweak` edits the task's params
+  // (default: no data root, stages of 1 GiB: the genesis referee rules their disputes).
+  void Start(const std::function<void(TaskParams&)>& tweak = nullptr,
+             const Hash256& spec_hash = Blake2b("pipeline bundle")) {
     std::vector<Transaction> regs;
     for (const KeyPair& k : stagers_) regs.push_back(Q(alice_, Reg(k, kRoleSolver, 4 * kGiB)));
-    regs.push_back(
-        Q(alice_, Reg(verifier_, kRoleVerifier | kRoleSolver | kRoleWhistleblower, kGiB / 2)));
+    // The verifier node has the solver role only while no stage fits its memory.
+    const uint32_t verifier_roles = kRoleVerifier | kRoleWhistleblower | (tweak ? 0 : kRoleSolver);
+    regs.push_back(Q(alice_, Reg(verifier_, verifier_roles, kGiB / 2)));
     regs.push_back(Q(alice_, Reg(agg_, kRoleAggregator, kGiB)));
     StepOk(regs);
     TaskParams p = PipelineParams();
@@ -621,11 +636,10 @@ class PipelineVerificationTest : public FollowedChainFixture {
     p.checkpoint_interval = kSteps;
     p.stage_memory_bytes = {kGiB, kGiB, kGiB};
     p.verification_window_blocks = 2;
+    if (tweak) tweak(p);
     const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
-    Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
-                                              .budget = budget,
-                                              .price_cap = 20,
-                                              .params = p});
+    Transaction submit = Q(
+        bob_, SubmitTaskTx{.spec_hash = spec_hash, .budget = budget, .price_cap = 20, .params = p});
     task_id_ = TaskIdFor(bob_.public_key(), submit.nonce);
     StepOk({submit});
   }
@@ -935,6 +949,447 @@ TEST_F(PipelineVerificationTest, ACommitStageWithoutItsStepLeavesOrSecretIsRefus
   EXPECT_NE(r[0].reason.find("reveal verdict: bundle must be empty for a stage unit"),
             std::string::npos)
       << r[0].reason;
+}
+
+// ---- The ledger rules a stage dispute itself (RefereeStageStep; ledger/stage_referee.h): a
+// real replica of the tiny pipeline GPT (3 stages on the GPL text, a data root over its token
+// pages) trains its steps with RunStageStep; the stage whose step-1 commit claims it did not
+// update (lazy) is disputed, and the ledger replays the step from the witness the verifier
+// builds from the stage's evidence. Every bad witness is refused, naming what is wrong.
+
+constexpr char kRulingBundle[] = R"([task]
+name = "ledger-stage-ruling"
+seed = 3
+[data]
+format = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[model]
+kind = "gpt"
+n_layer = 3
+n_head = 2
+n_embd = 16
+block_size = 16
+[optimizer]
+kind = "adamw"
+lr = 3e-3
+weight_decay = 0.1
+grad_clip = 0.5
+[train]
+steps = 10
+batch_size = 4
+micro_batches = 2
+[network]
+rounds = 1
+units_per_round = 1
+inner_steps = 4
+stages = 3
+aggregation = "mean"
+)";
+
+// The stages of one replica in one process (node::MemoryStageNetwork's job; ledger_test does not
+// link node/): a mailbox per key, a Receive waits for its tensor.
+class TestStageNetwork {
+ public:
+  TestStageNetwork(StageContext ctx, std::vector<const KeyPair*> keys)
+      : ctx_(std::move(ctx)), keys_(std::move(keys)) {
+    for (size_t s = 0; s < keys_.size(); ++s) links_.emplace_back(this, static_cast<uint32_t>(s));
+  }
+  StageLink* link(uint32_t s) { return &links_[s]; }
+  // Every tensor sent, by its hash (StageTensorBytes).
+  std::map<Hash256, Bytes> sent() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sent_;
+  }
+
+ private:
+  class Link final : public StageLink {
+   public:
+    Link(TestStageNetwork* net, uint32_t stage) : net_(net), stage_(stage) {}
+    Result<std::vector<float>> Receive(const protocol::StageTensorKey& key,
+                                       protocol::StageTransfer* record) override {
+      std::unique_lock<std::mutex> lock(net_->mu_);
+      net_->cv_.wait(lock, [&] { return net_->boxes_.count(key) > 0; });
+      auto box = net_->boxes_.extract(key);
+      lock.unlock();
+      ML_RETURN_IF_ERROR(CheckStageTensor(box.mapped().first, box.mapped().second, net_->ctx_));
+      *record = box.mapped().first;
+      return std::move(box.mapped().second);
+    }
+    Result<protocol::StageTransfer> Send(const protocol::StageTensorKey& key,
+                                         std::span<const float> values) override {
+      protocol::StageTransfer r = SignStageTensor(key, values, *net_->keys_[stage_]);
+      {
+        std::lock_guard<std::mutex> lock(net_->mu_);
+        net_->boxes_[key] = {r, std::vector<float>(values.begin(), values.end())};
+        net_->sent_[r.tensor] = StageTensorBytes(values);
+      }
+      net_->cv_.notify_all();
+      return r;
+    }
+
+   private:
+    TestStageNetwork* net_;
+    uint32_t stage_;
+  };
+  StageContext ctx_;
+  std::vector<const KeyPair*> keys_;
+  std::vector<Link> links_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<protocol::StageTensorKey, std::pair<protocol::StageTransfer, std::vector<float>>> boxes_;
+  std::map<Hash256, Bytes> sent_;
+};
+
+// What one stage node serves for one step (node::StageStepEvidence).
+struct TestStageEvidence {
+  protocol::StageStepCommit commit;
+  Bytes checkpoint;
+  std::map<Hash256, Bytes> blobs;
+};
+
+class PipelineRulingTest : public PipelineVerificationTest {
+ protected:
+  static constexpr uint32_t kCheat = 1;
+  static constexpr uint64_t kLieStep = 1;
+
+  void SetUp() override {
+    PipelineVerificationTest::SetUp();
+    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(kRulingBundle, "ruling.toml", "/");
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    spec_ = *spec;
+    Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), spec_);
+    ASSERT_TRUE(data.ok()) << data.status().ToString();
+    data_ = std::move(*data);
+    pages_ = std::make_unique<engine::TokenPageTree>(data_.train_tokens.tokens);
+    Result<ConfigFile> cfg = ConfigFile::Parse(kRulingBundle, "ruling.toml");
+    ASSERT_TRUE(cfg.ok());
+    Result<protocol::NetworkSpec> net = protocol::NetworkSpec::FromConfig(*cfg);
+    ASSERT_TRUE(net.ok()) << net.status().ToString();
+    net_ = *net;
+    work_ = protocol::UnitWorkOf(net_, spec_.seed, engine::TaskContentId(spec_), 0, 0);
+  }
+
+  // Submits the task with its bundle and data root; stages small enough for a witness.
+  void StartRuled() {
+    const Hash256 spec_hash = BuildManifest(AsBytes(std::string(kRulingBundle))).id().hash;
+    const Hash256 root = pages_->root();
+    const uint64_t tokens = static_cast<uint64_t>(pages_->num_tokens());
+    Result<std::unique_ptr<engine::Model>> whole = engine::Model::Create(spec_.model);
+    ASSERT_TRUE(whole.ok());
+    const uint64_t model_bytes = 4 * static_cast<uint64_t>((*whole)->NumParameters());
+    Start(
+        [&](TaskParams& p) {
+          p.data_root = root;
+          p.num_examples = tokens;
+          p.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
+          p.batch_size = 4;
+          p.model_bytes = model_bytes;  // the vocabulary the bundle leaves to the data
+          p.stage_memory_bytes = {1u << 20, 1u << 20, 1u << 20};
+        },
+        spec_hash);
+  }
+
+  const KeyPair* KeyOf(const PublicKey& id) {
+    for (const KeyPair& k : stagers_) {
+      if (k.public_key() == id) return &k;
+    }
+    return nullptr;
+  }
+
+  // Trains the placed replica's kSteps steps with RunStageStep, as its Stagers would: every
+  // stage's evidence of every step, [stage][step].
+  void Train() {
+    StageContext ctx{task_id_, 0, 0, {}};
+    std::vector<const KeyPair*> keys;
+    for (uint32_t st = 0; st < kStages; ++st) {
+      ctx.chain.push_back(Unit(st).assignee);
+      keys.push_back(KeyOf(ctx.chain.back()));
+      ASSERT_NE(keys.back(), nullptr);
+    }
+    Result<StageReplaySetup> setup = StageReplaySetupOf(spec_, net_, work_.lr_scale, ctx.chain);
+    ASSERT_TRUE(setup.ok()) << setup.status().ToString();
+    std::vector<std::unique_ptr<engine::Stage>> stages;
+    for (uint32_t st = 0; st < kStages; ++st) {
+      Result<std::unique_ptr<engine::Stage>> stage = engine::Stage::Create(
+          setup->model, setup->optimizer, setup->cut, static_cast<int>(st), setup->micro_batches);
+      ASSERT_TRUE(stage.ok()) << stage.status().ToString();
+      stages.push_back(std::move(*stage));
+    }
+    engine::InitPipeline(stages, spec_.seed);
+    TestStageNetwork net(ctx, keys);
+    evidence_.assign(kStages, std::vector<TestStageEvidence>(kSteps));
+    for (uint64_t t = 0; t < kSteps; ++t) {
+      const engine::Batch batch = engine::MakeTokenBatch(
+          data_.train_tokens,
+          engine::WindowStarts(spec_.seed, work_.stream, static_cast<int64_t>(t), spec_.batch_size,
+                               static_cast<int64_t>(data_.train_tokens.tokens.size()),
+                               spec_.seq_len),
+          spec_.seq_len);
+      std::vector<Result<StageStepOutcome>> out(kStages, InvalidArgument("not run"));
+      std::vector<std::thread> threads;
+      for (uint32_t st = 0; st < kStages; ++st) {
+        Result<Bytes> cp = StageCheckpointBytes(stages[st]->state());
+        ASSERT_TRUE(cp.ok());
+        evidence_[st][t].checkpoint = *cp;
+        threads.emplace_back([&, st] {
+          out[st] = RunStageStep(*stages[st], ctx, batch,
+                                 engine::DropoutSeed(spec_.seed, work_.stream), *net.link(st));
+        });
+      }
+      for (std::thread& th : threads) th.join();
+      for (uint32_t st = 0; st < kStages; ++st) {
+        ASSERT_TRUE(out[st].ok()) << out[st].status().ToString();
+        evidence_[st][t].commit = out[st]->commit;
+      }
+    }
+    // What each stage received, by hash (what its node serves): every tensor sent.
+    const std::map<Hash256, Bytes> sent = net.sent();
+    for (uint32_t st = 0; st < kStages; ++st) {
+      for (uint64_t t = 0; t < kSteps; ++t) {
+        for (const protocol::StageTransfer& r : evidence_[st][t].commit.received) {
+          evidence_[st][t].blobs[r.tensor] = sent.at(r.tensor);
+        }
+      }
+    }
+  }
+
+  std::vector<Hash256> Leaves(uint32_t stage) {
+    std::vector<Hash256> out;
+    for (uint64_t t = 0; t < kSteps; ++t) {
+      out.push_back(protocol::StageStepLeaf(evidence_[stage][t].commit));
+    }
+    return out;
+  }
+
+  // Commits every stage's `leaves`, aggregates, and has the verifier claim `claim` for step
+  // kLieStep of stage kCheat (clean for the others), until that dispute is at the referee.
+  void CommitAndDispute(const std::vector<std::vector<Hash256>>& leaves, const Hash256& claim) {
+    std::vector<Transaction> txs;
+    for (uint32_t st = 0; st < kStages; ++st) txs.push_back(Q(alice_, Commit(st, leaves[st])));
+    StepOk(txs);
+    Aggregate();
+    std::vector<Sealed> verdicts;
+    txs.clear();
+    for (uint32_t st = 0; st < kStages; ++st) {
+      verdicts.push_back(st == kCheat ? Mismatch(st, leaves[st], kLieStep, claim) : Clean(st));
+      txs.push_back(SealTx(st, verdicts.back()));
+    }
+    StepOk(txs);
+    StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
+    txs.clear();
+    for (uint32_t st = 0; st < kStages; ++st) {
+      txs.push_back(RevealTx(st, verdicts[st]));
+      txs.push_back(SecretTx(st));
+    }
+    StepOk(txs);
+    StepUntil(kCheat, protocol::CheckStage::kCheckDisputed);
+    ASSERT_EQ(Check(kCheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  }
+
+  engine::TaskSpec spec_;
+  engine::TaskData data_;
+  std::unique_ptr<engine::TokenPageTree> pages_;
+  protocol::NetworkSpec net_;
+  protocol::UnitWork work_;
+  std::vector<std::vector<TestStageEvidence>> evidence_;
+};
+
+TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitness) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(Train());
+  // The lazy stage commits, for step 1, the state it started from as its state after.
+  TestStageEvidence lie = evidence_[kCheat][kLieStep];
+  lie.commit.state_after = lie.commit.state_before;
+  std::vector<std::vector<Hash256>> leaves;
+  for (uint32_t st = 0; st < kStages; ++st) leaves.push_back(Leaves(st));
+  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(lie.commit);
+  std::vector<Transaction> txs;
+  for (uint32_t st = 0; st < kStages; ++st) txs.push_back(Q(alice_, Commit(st, leaves[st])));
+  StepOk(txs);
+  Aggregate();
+  // The verifier's replay of the served evidence (what node::CheckStageStep runs): the honest
+  // stages replay to their leaves, the lazy one to a `state` finding.
+  std::vector<protocol::NodeId> chain;
+  for (uint32_t st = 0; st < kStages; ++st) chain.push_back(Unit(st).assignee);
+  Result<StageReplaySetup> setup = StageReplaySetupOf(spec_, net_, work_.lr_scale, chain);
+  ASSERT_TRUE(setup.ok());
+  auto judge = [&](const TestStageEvidence& ev, const Hash256& leaf) {
+    const engine::Batch batch = engine::MakeTokenBatch(
+        data_.train_tokens,
+        engine::WindowStarts(spec_.seed, work_.stream, static_cast<int64_t>(ev.commit.step),
+                             spec_.batch_size,
+                             static_cast<int64_t>(data_.train_tokens.tokens.size()), spec_.seq_len),
+        spec_.seq_len);
+    Result<StageStepCheck> c = JudgeStageStep(*setup, ev.commit, ev.checkpoint, ev.blobs, batch,
+                                              engine::DropoutSeed(spec_.seed, work_.stream), leaf);
+    CHECK(c.ok()) << c.status().ToString();
+    return *c;
+  };
+  EXPECT_EQ(judge(evidence_[0][kLieStep], leaves[0][kLieStep]).leaf, leaves[0][kLieStep]);
+  const StageStepCheck finding = judge(lie, leaves[kCheat][kLieStep]);
+  ASSERT_EQ(finding.replay.fault, StageFault::kStageFaultState) << finding.message;
+  ASSERT_NE(finding.leaf, leaves[kCheat][kLieStep]);
+  std::vector<Sealed> verdicts;
+  txs.clear();
+  for (uint32_t st = 0; st < kStages; ++st) {
+    verdicts.push_back(st == kCheat ? Mismatch(st, leaves[st], kLieStep, finding.leaf) : Clean(st));
+    txs.push_back(SealTx(st, verdicts.back()));
+  }
+  StepOk(txs);
+  StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
+  txs.clear();
+  for (uint32_t st = 0; st < kStages; ++st) {
+    txs.push_back(RevealTx(st, verdicts[st]));
+    txs.push_back(SecretTx(st));
+  }
+  StepOk(txs);
+  StepUntil(kCheat, protocol::CheckStage::kCheckDisputed);
+  ASSERT_EQ(Check(kCheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+
+  // The witness, built from the lazy stage's served evidence.
+  Result<StageStepWitness> built =
+      BuildStageStepWitness(kRulingBundle, lie.commit, lie.checkpoint, lie.blobs, spec_,
+                            work_.stream, pages_.get(), nullptr, nullptr);
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  const StageStepWitness good = *built;
+  const Bytes good_bytes = EncodeStageStepWitness(good);
+  std::printf("stage step witness: %zu bytes (checkpoint %zu, %zu received tensors, %zu pages)\n",
+              good_bytes.size(), good.checkpoint.size(), good.received.size(), good.pages.size());
+  EXPECT_LE(good_bytes.size(), kMaxWitnessBytes);
+  Result<StageStepWitness> round_trip = DecodeStageStepWitness(good_bytes);
+  ASSERT_TRUE(round_trip.ok()) << round_trip.status().ToString();
+  EXPECT_EQ(*round_trip, good);
+
+  auto with = [&](const std::function<void(StageStepWitness&)>& edit) {
+    StageStepWitness w = good;
+    edit(w);
+    return Q(alice_,
+             RefereeStageStepTx{
+                 .task_id = task_id_, .index = kCheat, .witness = {EncodeStageStepWitness(w)}});
+  };
+  Bytes oversize(kMaxWitnessBytes + 1, 0);
+  std::vector<std::pair<Transaction, std::string>> refusals = {
+      {with([&](StageStepWitness& w) { w.checkpoint = evidence_[kCheat][0].checkpoint; }),
+       "the checkpoint (step 0) hashes to"},
+      {with([&](StageStepWitness& w) { w.checkpoint.resize(10); }), "checkpoint: "},
+      {with([&](StageStepWitness& w) { w.received[0][0] ^= 1; }),
+       "received tensor 0 (" + lie.commit.received[0].key.ToString() +
+           ") does not match its signed record"},
+      {with([&](StageStepWitness& w) { w.received.pop_back(); }),
+       "send the tensor of every received record"},
+      {with([&](StageStepWitness& w) {
+         w.commit = protocol::EncodeStageStepCommit(evidence_[kCheat][kLieStep].commit);
+       }),
+       "the stage committed " + leaves[kCheat][kLieStep].ShortHex() + " for the step"},
+      {with([&](StageStepWitness& w) { w.pages.pop_back(); }), "token pages; the step's batch"},
+      {with([&](StageStepWitness& w) { w.pages[0].tokens[0] ^= 1; }),
+       "is not proven against the task's data root"},
+      {with([&](StageStepWitness& w) { w.bundle += "\n"; }), "send the task's own bundle text"},
+      {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {oversize}}),
+       "over the limit of " + std::to_string(kMaxWitnessBytes)},
+      // Not at the referee: an honest stage's unit has no dispute.
+      {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = 0, .witness = {good_bytes}}),
+       "unit 0 has no dispute waiting for the referee"},
+      // No trusted party rules what the ledger replays: the genesis key is refused, and a unit's
+      // step witness is pointed at the stage's.
+      {Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = finding.leaf}),
+       "send RefereeStageStep with the stage step's witness"},
+      {Q(alice_,
+         RefereeStepTx{.task_id = task_id_, .index = kCheat, .witness = {EncodeStepWitness({})}}),
+       "send RefereeStageStep with the stage step's witness"},
+  };
+  for (const auto& [tx, why] : refusals) {
+    std::vector<Receipt> r = Step({tx});
+    EXPECT_FALSE(r[0].ok) << why;
+    EXPECT_NE(r[0].reason.find(why), std::string::npos) << r[0].reason;
+  }
+  ASSERT_TRUE(HasCheck(kCheat));
+  ASSERT_EQ(Check(kCheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  // Anyone posts the good witness (here bob, no party of the dispute): the ledger replays the
+  // step and rules with the finding leaf, so the verifier wins and the lazy stage is slashed.
+  const PublicKey cheater = Unit(kCheat).assignee;
+  std::vector<Receipt> r = Step(
+      {Q(bob_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {good_bytes}})});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
+  EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
+  const TaskRecord t = Task();
+  EXPECT_EQ(t.verification.fraud, 1u);
+  EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
+  EXPECT_EQ(Node(cheater).status, NodeStatus::kJailed);
+  for (const KeyPair& k : stagers_) {
+    if (k.public_key() == cheater) continue;
+    EXPECT_EQ(Node(k.public_key()).reputation.slashes, 0u);
+  }
+  EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
+}
+
+// The same ruling for an honest stage and a false claim: the ledger's replay gives the committed
+// leaf, so the stage wins and the verifier who claimed otherwise loses.
+TEST_F(PipelineRulingTest, AFalseClaimOnAnHonestStageLosesToTheLedgersReplay) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(Train());
+  std::vector<std::vector<Hash256>> leaves;
+  for (uint32_t st = 0; st < kStages; ++st) leaves.push_back(Leaves(st));
+  ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, Blake2b("a false finding")));
+  const TestStageEvidence& ev = evidence_[kCheat][kLieStep];
+  Result<StageStepWitness> w =
+      BuildStageStepWitness(kRulingBundle, ev.commit, ev.checkpoint, ev.blobs, spec_, work_.stream,
+                            pages_.get(), nullptr, nullptr);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  StepOk({Q(bob_,
+            RefereeStageStepTx{
+                .task_id = task_id_, .index = kCheat, .witness = {EncodeStageStepWitness(*w)}})});
+  for (int i = 0; i < 5; ++i) Step();
+  ASSERT_TRUE(HasCheck(kCheat)) << "no fraud: the round stands";
+  EXPECT_NE(Check(kCheat).stage(), protocol::CheckStage::kCheckDisputed);
+  EXPECT_EQ(Task().verification.fraud, 0u);
+  EXPECT_EQ(Node(Unit(kCheat).assignee).reputation.slashes, 0u);
+  EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 1u);
+}
+
+// A stage whose committed commit lists a received record signed by a node that is not its
+// sender's in the chain (it made up its own input): the commit is bound by the committed leaf, so
+// this is the stage's `record` finding and the ledger rules against it -- not a refusal of the
+// witness, which would leave a forged input unruled.
+TEST_F(PipelineRulingTest, ACommittedRecordOfAnotherNodeIsRuledAgainstTheStage) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(Train());
+  TestStageEvidence forged = evidence_[kCheat][kLieStep];
+  protocol::StageTransfer& r = forged.commit.received[0];
+  r = protocol::SignStageTransfer(r.key, r.tensor, r.bytes, verifier_);
+  std::vector<std::vector<Hash256>> leaves;
+  for (uint32_t st = 0; st < kStages; ++st) leaves.push_back(Leaves(st));
+  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(forged.commit);
+  Result<StageStepWitness> w =
+      BuildStageStepWitness(kRulingBundle, forged.commit, forged.checkpoint, forged.blobs, spec_,
+                            work_.stream, pages_.get(), nullptr, nullptr);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  // What every party's replay finds (the verifier's claim).
+  std::vector<protocol::NodeId> chain;
+  for (uint32_t st = 0; st < kStages; ++st) chain.push_back(Unit(st).assignee);
+  Result<StageReplaySetup> setup = StageReplaySetupOf(spec_, net_, work_.lr_scale, chain);
+  ASSERT_TRUE(setup.ok());
+  Result<StageReplayResult> replay = ReplayStageStep(
+      *setup, *StageCheckpointState(forged.checkpoint), forged.commit, forged.blobs,
+      engine::MakeTokenBatch(
+          data_.train_tokens,
+          engine::WindowStarts(spec_.seed, work_.stream, kLieStep, spec_.batch_size,
+                               static_cast<int64_t>(pages_->num_tokens()), spec_.seq_len),
+          spec_.seq_len),
+      engine::DropoutSeed(spec_.seed, work_.stream));
+  ASSERT_TRUE(replay.ok());
+  ASSERT_EQ(replay->fault, StageFault::kStageFaultRecord) << replay->message;
+  ASSERT_NO_FATAL_FAILURE(
+      CommitAndDispute(leaves, StageFindingLeaf(leaves[kCheat][kLieStep], *replay)));
+  const PublicKey cheater = Unit(kCheat).assignee;
+  StepOk({Q(bob_,
+            RefereeStageStepTx{
+                .task_id = task_id_, .index = kCheat, .witness = {EncodeStageStepWitness(*w)}})});
+  for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
+  EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
+  EXPECT_EQ(Task().verification.fraud, 1u);
+  EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/model.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/referee_tile.h"
@@ -19,17 +20,8 @@
 
 namespace meshlearn::ledger {
 
-namespace {
-
-// The task and unit replay parameters a witness's bundle gives, checked against the chain.
-struct UnitReplay {
-  engine::TaskSpec spec;
-  uint64_t stream = 0;
-  double lr_scale = 1.0;
-};
-
-Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
-                                  const std::string& bundle, const std::string& where) {
+Result<TaskBundleSpec> ParseTaskBundle(const TaskRecord& t, const std::string& bundle,
+                                       const std::string& where) {
   // The task: the bundle the submitter published.
   const BlobId bundle_id = BuildManifest(AsBytes(bundle)).id();
   if (bundle_id.hash != t.spec_hash) {
@@ -46,11 +38,26 @@ Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
   if (!cfg.ok()) return FailedPrecondition(where + ": " + cfg.status().message());
   Result<protocol::NetworkSpec> net = protocol::NetworkSpec::FromConfig(*cfg);
   if (!net.ok()) return FailedPrecondition(where + ": " + net.status().message());
+  return TaskBundleSpec{std::move(*spec), std::move(*net)};
+}
+
+namespace {
+
+// The task and unit replay parameters a witness's bundle gives, checked against the chain.
+struct UnitReplay {
+  engine::TaskSpec spec;
+  uint64_t stream = 0;
+  double lr_scale = 1.0;
+};
+
+Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
+                                  const std::string& bundle, const std::string& where) {
+  ML_ASSIGN_OR_RETURN(TaskBundleSpec b, ParseTaskBundle(t, bundle, where));
   // The unit, exactly as a solver trains it.
   UnitReplay r;
-  r.spec = std::move(*spec);
+  r.spec = std::move(b.spec);
   const protocol::UnitWork work = protocol::UnitWorkOf(
-      *net, r.spec.seed, engine::TaskContentId(r.spec), unit.round, unit.shard);
+      b.net, r.spec.seed, engine::TaskContentId(r.spec), unit.round, unit.shard);
   r.stream = work.stream;
   r.lr_scale = work.lr_scale;
   return r;
@@ -95,8 +102,6 @@ Result<protocol::GlobalState> RoundStart(const TaskRecord& t, uint32_t round, By
 }
 
 }  // namespace
-
-namespace {
 
 // The batch of the step after `before` steps (0-based step index `before`), from `examples` (the
 // witness's examples of that step): one per batch position, each the index the unit's sampler
@@ -146,6 +151,8 @@ Result<engine::Batch> WitnessBatch(const engine::TaskSpec& spec, uint64_t stream
   for (int64_t i = 0; i < batch; ++i) order[i] = i;
   return engine::MakeClassificationBatch(data, order);
 }
+
+namespace {
 
 Status CheckClassification(const engine::TaskSpec& spec, const std::string& where) {
   if (spec.data.format != "idx" && spec.data.format != "npy") {
@@ -351,6 +358,27 @@ Hash256 DeltaBlobId(std::span<const float> delta) {
 
 Hash256 ResultBlobId(std::span<const float> global, std::span<const float> params) {
   return DeltaBlobId(protocol::PseudoGradient(global, params));
+}
+
+Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint64_t num_weights) {
+  if (spec.kind != "gpt" || spec.gpt.vocab_size != 0) return spec;
+  auto count = [&](int64_t vocab) -> Result<int64_t> {
+    engine::ModelSpec probe = spec;
+    probe.gpt.vocab_size = vocab;
+    ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> m, engine::Model::Create(probe));
+    return m->NumParameters();
+  };
+  ML_ASSIGN_OR_RETURN(int64_t at2, count(2));
+  ML_ASSIGN_OR_RETURN(int64_t at3, count(3));
+  const int64_t per_token = at3 - at2;
+  const int64_t n = static_cast<int64_t>(num_weights);
+  if (per_token <= 0 || n < at2 || (n - at2) % per_token != 0) {
+    return InvalidArgument("model.vocab_size comes from the data, and no vocabulary gives a GPT of " +
+                           std::to_string(num_weights) + " parameters");
+  }
+  engine::ModelSpec out = spec;
+  out.gpt.vocab_size = 2 + (n - at2) / per_token;
+  return out;
 }
 
 }  // namespace meshlearn::ledger

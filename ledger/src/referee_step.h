@@ -3,13 +3,37 @@
 // "Referee"). Internal to the ledger (verification.cc calls it).
 #pragma once
 
+#include <span>
+#include <string>
+
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/state.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/protocol/dispute.h"
+#include "meshlearn/protocol/task_model.h"
 
 namespace meshlearn::ledger {
+
+// A task bundle given in a witness, checked against the chain: its blob id must be the task's
+// spec_hash (InvalidArgument, naming both, otherwise); the engine's spec and the [network] table
+// through the parsers every node uses (FailedPrecondition when they refuse it).
+struct TaskBundleSpec {
+  engine::TaskSpec spec;
+  protocol::NetworkSpec net;
+};
+Result<TaskBundleSpec> ParseTaskBundle(const TaskRecord& t, const std::string& bundle,
+                                       const std::string& where);
+
+// The batch of the step after `before` steps (0-based step index `before`), from `examples` (a
+// witness's examples of that step): one per batch position, each the index the unit's sampler
+// draws there (engine::BatchIndices), each proven against `data_root`. InvalidArgument naming the
+// first example that does not check.
+Result<engine::Batch> WitnessBatch(const engine::TaskSpec& spec, uint64_t stream, int64_t classes,
+                                   uint64_t num_examples, const Hash256& data_root, int64_t before,
+                                   std::span<const StepWitnessExample> examples,
+                                   const std::string& where);
 
 // The state hash after step `task.step` of unit `unit` of `task_record`, computed by the ledger
 // from `witness`:

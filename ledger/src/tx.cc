@@ -78,7 +78,8 @@ TxType PayloadType(const TxPayload& p) {
 
 size_t MaxTxBytes(TxType t) {
   if (t == TxType::kRefereeTile) return kMaxTileTxBytes;
-  return t == TxType::kRefereeStep || t == TxType::kProveResult || t == TxType::kProveFraud
+  return t == TxType::kRefereeStep || t == TxType::kRefereeStageStep || t == TxType::kProveResult ||
+                 t == TxType::kProveFraud
              ? kMaxLargeTxBytes
              : kMaxTxBytes;
 }
@@ -245,7 +246,8 @@ Result<Transaction> DecodeTx(ByteSpan wire) {
     return ResourceExhausted(
         "transaction: " + std::to_string(wire.size()) + " bytes, over the limit of " +
         std::to_string(limit) +
-        " (only RefereeStep, ProveResult, ProveFraud and RefereeTile may be longer than " +
+        " (only RefereeStep, RefereeStageStep, ProveResult, ProveFraud and RefereeTile may be "
+        "longer than " +
         std::to_string(kMaxTxBytes) + ")");
   }
   Decoder d(wire, "transaction");

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "meshlearn/base/rng.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "test_util.h"
 
 namespace meshlearn::ledger {
@@ -101,6 +102,14 @@ std::vector<TxPayload> SamplePayloads() {
       RefereeTileTx{
           .task_id = Blake2b("task"), .index = 2, .bundle = {"[task]"}, .witness = {Bytes(100, 7)}},
       RuleDisputeTx{.task_id = Blake2b("task"), .index = 2, .output = Blake2b("out")},
+      RefereeStageStepTx{.task_id = Blake2b("task"),
+                         .index = 4,
+                         .witness = {EncodeStageStepWitness(
+                             {.bundle = "[task]",
+                              .commit = Bytes(3, 1),
+                              .checkpoint = Bytes(5, 2),
+                              .received = {Bytes(8, 3)},
+                              .pages = {{.page = 2, .tokens = {1, 2}, .proof = {}}}})}},
       RefereeStepTx{
           .task_id = Blake2b("task"),
           .index = 2,
@@ -149,6 +158,12 @@ TEST(TxTest, ABundleFieldIsBoundedAndUtf8) {
   EXPECT_GT(tile.size(), kMaxTxBytes);
   EXPECT_LE(tile.size(), MaxTxBytes(TxType::kRefereeTile));
   EXPECT_TRUE(DecodeTx(tile).ok());
+  // So may a RefereeStageStep (a whole stage step: up to kMaxWitnessBytes).
+  Bytes stage = EncodeTx(BuildSignedTx(
+      a, "test", 1,
+      RefereeStageStepTx{.task_id = Blake2b("task"), .witness = {Bytes(1 << 20, 1)}}));
+  EXPECT_LE(stage.size(), MaxTxBytes(TxType::kRefereeStageStep));
+  EXPECT_TRUE(DecodeTx(stage).ok());
 }
 
 TEST(TxTest, EveryTypeRoundTripsThroughBytesAndJson) {

@@ -20,9 +20,12 @@
 //                  its pay for the unit clawed back, the prover's bounty, the round marked;
 //                  while the task is open or within its audit window after it finished, the
 //                  task is reopened and rewound as taint does (ApplyRerun)
+//   RefereeStageStep  the witness of a pipeline stage's disputed step (the whole stage step:
+//                  checkpoint, commit, received tensors, batch; stage_referee.h): the ledger
+//                  replays it itself -> DisputeGame::Rule
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
-//                  tolerance-mode segment, a whole step of a task without a data root
-//                  -> DisputeGame::Rule
+//                  tolerance-mode segment, a whole step of a task without a data root, a stage
+//                  step whose state does not fit a witness -> DisputeGame::Rule
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
 //                  reputation; fraud rewinds the round, a forced error or an abandoned unit
 //                  re-runs that unit (DriveChecks)
@@ -33,12 +36,13 @@
 #include <vector>
 
 #include "execute.h"
-#include "referee_step.h"
 #include "meshlearn/base/log.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/ledger/referee_tile.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
+#include "referee_step.h"
 
 namespace meshlearn::ledger {
 namespace {
@@ -710,7 +714,7 @@ Result<RefereeStage> DisputeAtReferee(const LedgerState& s, const Hash256& task_
 // (a lie in the step's input state or in the state only) is not executed by the ledger yet (a
 // step witness of its state would not fit), so the genesis referee still rules it. A stage unit's
 // step is not a unit's step (its inputs are its neighbours' signed tensors): the genesis referee
-// rules it until the ledger executes a stage step's witness.
+// is ruled from its own witness (RefereeStageStep, LedgerRulesStageStep), never by RefereeStep.
 bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
   return !t.params.data_root.IsZero() && t.params.data_page_tokens == 0 &&
          !IsPipelineTask(t.params) && task.whole_step &&
@@ -726,6 +730,16 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
     return FailedPrecondition("referee step: the dispute on unit " + std::to_string(tx.index) +
                               " narrowed to one tile; send RefereeTile with the tile's witness");
   }
+  if (IsPipelineTask(t->params)) {
+    const uint32_t stage = StageSlotOf(t->params, tx.index).stage;
+    return FailedPrecondition(
+        "referee step: the dispute on unit " + std::to_string(tx.index) +
+        " is on a pipeline stage's step, which is not a unit's step" +
+        (LedgerRulesStageStep(t->params, stage)
+             ? "; send RefereeStageStep with the stage step's witness"
+             : "; the genesis referee rules it (RuleDispute): the task has no data root or the "
+               "stage's state does not fit a witness"));
+  }
   if (!LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition(
         "referee step: the dispute on unit " + std::to_string(tx.index) +
@@ -740,6 +754,57 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
   ML_ASSIGN_OR_RETURN(Hash256 output,
                       ExecuteRefereeStepWitness(*t, *r.unit, game->referee_task(), *w));
   ML_RETURN_IF_ERROR(game->Rule(output));
+  SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
+  return Status::Ok();
+}
+
+// The replica's nodes, stage by stage, of stage unit `index` (what signed its records).
+std::vector<protocol::NodeId> ReplicaChainOf(const LedgerState& s, const TaskRecord& t,
+                                             uint32_t index) {
+  const StageSlot slot = StageSlotOf(t.params, index);
+  std::vector<protocol::NodeId> chain(t.params.stages);
+  for (uint32_t stage = 0; stage < t.params.stages; ++stage) {
+    const WorkUnit* u =
+        s.units.Find({t.id, StageUnitIndex(t.params, {slot.round, slot.replica, stage})});
+    if (u != nullptr) chain[stage] = u->assignee;
+  }
+  return chain;
+}
+
+Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
+  constexpr std::string_view kWhat = "referee stage step";
+  ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(ctx.state, tx.task_id, tx.index, kWhat));
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  protocol::DisputeGame* game = r.check.mutable_dispute();
+  const protocol::RefereeTask& task = game->referee_task();
+  if (!IsPipelineTask(t->params)) {
+    return FailedPrecondition("referee stage step: unit " + std::to_string(tx.index) + " of task " +
+                              tx.task_id.ShortHex() +
+                              " is not a pipeline stage's; send RefereeStep or RefereeTile");
+  }
+  if (task.tile || task.segment || !task.whole_step || task.step == 0) {
+    return FailedPrecondition("referee stage step: the dispute on unit " +
+                              std::to_string(tx.index) + " is not about one whole stage step");
+  }
+  const uint32_t stage = StageSlotOf(t->params, tx.index).stage;
+  if (!LedgerRulesStageStep(t->params, stage)) {
+    return FailedPrecondition(
+        "referee stage step: the dispute on unit " + std::to_string(tx.index) + " (stage " +
+        std::to_string(stage) + ") is ruled by the genesis referee (RuleDispute): " +
+        (t->params.data_root.IsZero()
+             ? std::string("the task has no data root to prove the step's batch with")
+             : "the stage needs " + std::to_string(t->params.stage_memory_bytes[stage]) +
+                   " bytes, over the witness bound of " + std::to_string(kMaxStageWitnessMemory)));
+  }
+  Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
+  if (!w.ok()) return w.status().WithPrefix("referee stage step");
+  // Segment t of a stage unit's check is step t: the referee's (1-based) step t + 1.
+  ML_ASSIGN_OR_RETURN(StageStepCheck c,
+                      RuleStageStepWitness(*t, *r.unit, task.step - 1, task.defender_output,
+                                           ReplicaChainOf(ctx.state, *t, tx.index), *w));
+  ML_LOG_INFO("ledger: task {} unit {}: stage step ruled from a {}-byte witness: {}",
+              tx.task_id.ShortHex(), tx.index, tx.witness.bytes.size(), c.message);
+  ML_RETURN_IF_ERROR(game->Rule(c.leaf));
   SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
   return Status::Ok();
 }
@@ -971,7 +1036,15 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               " narrowed to one tile, which the ledger recomputes itself; send "
                               "RefereeTile with the tile's witness");
   }
-  if (LedgerExecutes(*ctx.state.tasks.Find(tx.task_id), game->referee_task())) {
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  if (IsPipelineTask(t->params) &&
+      LedgerRulesStageStep(t->params, StageSlotOf(t->params, tx.index).stage)) {
+    return FailedPrecondition("rule dispute: unit " + std::to_string(tx.index) + " of task " +
+                              tx.task_id.ShortHex() +
+                              " is a pipeline stage whose step the ledger replays itself; send "
+                              "RefereeStageStep with the stage step's witness");
+  }
+  if (LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition("rule dispute: task " + tx.task_id.ShortHex() +
                               " has a data root, so the ledger executes the disputed step "
                               "itself; send RefereeStep with the step's witness");

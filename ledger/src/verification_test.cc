@@ -879,6 +879,13 @@ TEST_P(RefereeTest, TheRefereeRulesForTheHonestParty) {
                                    .witness = {EncodeStepWitness({})}})});
   EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
   EXPECT_NE(r[0].reason.find("without a data root"), std::string::npos) << r[0].reason;
+  // Not a pipeline stage's unit: no stage step witness either.
+  r = Step({Q(gina_, RefereeStageStepTx{.task_id = task_id_, .index = static_cast<uint32_t>(u),
+                                        .witness = {Bytes(8, 1)}})});
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
+  EXPECT_NE(r[0].reason.find("is not a pipeline stage's; send RefereeStep or RefereeTile"),
+            std::string::npos)
+      << r[0].reason;
   StepOk({Q(referee_, rule)});
   r = Step({Q(referee_, rule)});  // nothing left to rule
   EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;

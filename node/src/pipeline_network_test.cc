@@ -5,6 +5,7 @@
 // stage by stage (ApplyStageRound). The task ends on the ledger with `meshlearn diloco`'s weights,
 // bit for bit.
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -240,6 +241,21 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
     const json n = NodeRecordOf(sim, i);
     EXPECT_EQ(n["reputation"].value("slashes", uint64_t{1}), 0u) << "honest node " << i << ": "
                                                                  << n.dump();
+  }
+  // The ledger ruled the stage's step itself from a whole-step witness (RefereeStageStep; the
+  // genesis key's RuleDispute is refused for a stage that fits one): the referee service sent
+  // that, never a RuleDispute.
+  ASSERT_NE(sim.referee(), nullptr);
+  const std::vector<RefereeRecord> rulings = sim.referee()->rulings();
+  ASSERT_GE(rulings.size(), 1u);
+  for (const RefereeRecord& r : rulings) {
+    EXPECT_EQ(r.tx_type, "RefereeStageStep") << r.ruling.reason;
+    EXPECT_GT(r.ruling.witness_bytes, 0u);
+    EXPECT_LE(r.ruling.witness_bytes, ledger::kMaxWitnessBytes);
+    EXPECT_EQ(r.ruling.output == r.dispute.task.challenger_output, true) << r.ruling.reason;
+    std::printf("%s: ruling by %s, witness %llu bytes (%s)\n", GetParam().name, r.tx_type.c_str(),
+                static_cast<unsigned long long>(r.ruling.witness_bytes),
+                r.ok ? "executed" : ("refused: " + r.error).c_str());
   }
   const std::string cheater_id = sim.node_key(kCheater).public_key().ToHex();
   for (const json& u : task["units"]) {

@@ -8,6 +8,7 @@
 #include "meshlearn/base/check.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/ledger/referee_tile.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/state_blob.h"
@@ -419,6 +420,20 @@ Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeD
   r.reason = c.leaf == d.task.defender_output
                  ? "the stage's step replays to its committed leaf: " + c.message
                  : "the stage's step does not replay to its committed leaf: " + c.message;
+  if (ledger::LedgerRulesStageStep(info.params, in.stage)) {
+    // The ledger replays the step itself from the witness (RefereeStageStep): the same
+    // JudgeStageStep as CheckStageStep above, so it rules with r.output; the genesis key is
+    // refused for it.
+    ML_ASSIGN_OR_RETURN(ledger::RefereeStageStepTx tx,
+                        BuildStageStepTx(in, t->bundle_text, d.index, d.task.step - 1,
+                                         d.task.defender_output, &t->pages, &t->tree));
+    r.ledger_executes = true;
+    r.witness_bytes = tx.witness.bytes.size();
+    r.reason = "stage step " + std::to_string(d.task.step - 1) +
+               " for the ledger to replay (witness of " + std::to_string(r.witness_bytes) +
+               " bytes): " + r.reason;
+    return Computed{.ruling = std::move(r), .tx = std::move(tx)};
+  }
   ledger::RuleDisputeTx tx{.task_id = d.task_id, .index = d.index, .output = r.output};
   return Computed{.ruling = std::move(r), .tx = tx};
 }
@@ -653,9 +668,8 @@ Result<std::vector<RefereeRecord>> RefereeService::Poll() {
     fetch_failures_.erase(key);
     computed_[key] = *computed;
     const RefereeRuling& ruling = computed->ruling;
-    const std::string tx_type = ruling.tile              ? "RefereeTile"
-                                : ruling.ledger_executes ? "RefereeStep"
-                                                         : "RuleDispute";
+    // The transaction's own name (ledger::TxTypeName), so the record says what was sent.
+    const std::string tx_type(ledger::TxTypeName(ledger::PayloadType(computed->tx)));
     Result<Hash256> id = tx_->Send(computed->tx);
     if (!id.ok()) {
       Log(name + ": sending " + tx_type + " failed: " + id.status().message());

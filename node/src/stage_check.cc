@@ -39,33 +39,54 @@ Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
   }
   ML_RETURN_IF_ERROR(in.trainer->StartUnit(work.stream, in.global, work.lr_scale));
   const engine::Batch batch = in.trainer->BatchForStep(static_cast<int64_t>(step));
-  StageReplaySetup setup;
-  setup.model = task.model;
-  setup.optimizer = engine::UnitOptimizerSpec(task.optimizer, work.lr_scale);
-  ML_ASSIGN_OR_RETURN(setup.cut, engine::TaskPipelineCut(task, static_cast<int>(in.net->stages),
-                                                         in.net->cut));
-  setup.micro_batches = task.micro_batches;
-  setup.chain = in.chain;
-  Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
-  if (!start.ok()) {
-    // A checkpoint that does not load cannot hash to state_before: the stage's `start` fault.
-    out.replay.fault = StageFault::kStageFaultStart;
-    out.replay.replica = in.replica;
-    out.replay.stage = in.stage;
-    out.replay.step = step;
-    out.replay.claimed = ev->commit.state_before;
-    out.leaf = StageFindingLeaf(committed_leaf, out.replay);
-    out.message = ref.ToString() + ": start: its checkpoint does not load (" +
-                  start.status().message() + ")";
-    return out;
+  ML_ASSIGN_OR_RETURN(ledger::StageReplaySetup setup,
+                      ledger::StageReplaySetupOf(task, *in.net, work.lr_scale, in.chain));
+  Result<StageStepCheck> c =
+      ledger::JudgeStageStep(setup, ev->commit, ev->checkpoint, ev->blobs, batch,
+                             engine::DropoutSeed(task.seed, work.stream), committed_leaf);
+  if (!c.ok()) return c.status().WithPrefix(ref.ToString());
+  return c;
+}
+
+Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
+                                                    const std::string& bundle, uint32_t index,
+                                                    uint64_t step, const Hash256& committed_leaf,
+                                                    std::unique_ptr<engine::TokenPageTree>* pages,
+                                                    std::unique_ptr<engine::DataTree>* tree) {
+  const StageStepRef ref{.task = in.task_id,
+                         .round = in.round,
+                         .replica = in.replica,
+                         .stage = in.stage,
+                         .step = step};
+  Result<StageStepEvidence> ev = FetchStageStepEvidence(in.transport, in.endpoint, ref);
+  if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) {
+    return FailedPrecondition(ref.ToString() +
+                              ": the stage node serves no evidence for the step; "
+                              "no witness can be built: " +
+                              ev.status().message());
   }
-  ML_ASSIGN_OR_RETURN(out.replay,
-                      ReplayStageStep(setup, std::move(*start), ev->commit, ev->blobs, batch,
-                                      engine::DropoutSeed(task.seed, work.stream)));
-  out.leaf = StageFindingLeaf(committed_leaf, out.replay);
-  out.message = out.replay.ok() ? ref.ToString() + ": replays to its committed leaf"
-                                : out.replay.message;
-  return out;
+  if (!ev.ok()) return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
+  if (protocol::StageStepLeaf(ev->commit) != committed_leaf) {
+    return FailedPrecondition(ref.ToString() +
+                              ": the served commit is not the committed step leaf " +
+                              committed_leaf.ShortHex() + "; no witness can be built");
+  }
+  const engine::TaskData& data = in.trainer->data();
+  const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
+  if (data.tokens) {
+    if (*pages == nullptr) {
+      *pages = std::make_unique<engine::TokenPageTree>(data.train_tokens.tokens);
+    }
+  } else if (*tree == nullptr) {
+    *tree = std::make_unique<engine::DataTree>(data.train);
+  }
+  ML_ASSIGN_OR_RETURN(
+      ledger::StageStepWitness w,
+      ledger::BuildStageStepWitness(bundle, ev->commit, ev->checkpoint, ev->blobs,
+                                    in.trainer->task(), work.stream, pages->get(),
+                                    data.tokens ? nullptr : &data.train, tree->get()));
+  return ledger::RefereeStageStepTx{
+      .task_id = in.task_id, .index = index, .witness = {ledger::EncodeStageStepWitness(w)}};
 }
 
 std::vector<protocol::NodeId> ReplicaChain(const std::vector<UnitRecord>& units, uint32_t stages,

@@ -204,19 +204,4 @@ Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
   return ev;
 }
 
-Result<engine::TrainState> StageCheckpointState(ByteSpan checkpoint) {
-  MemEnv env;
-  ML_RETURN_IF_ERROR(env.WriteFileAtomic(
-      "stage.safetensors",
-      std::string_view(reinterpret_cast<const char*>(checkpoint.data()), checkpoint.size())));
-  return engine::LoadCheckpoint(&env, "stage.safetensors");
-}
-
-Result<Bytes> StageCheckpointBytes(engine::TrainState& state) {
-  MemEnv env;
-  ML_RETURN_IF_ERROR(engine::SaveCheckpoint(&env, "stage.safetensors", state));
-  ML_ASSIGN_OR_RETURN(std::string file, env.ReadFile("stage.safetensors"));
-  return ToBytes(file);
-}
-
 }  // namespace meshlearn::node

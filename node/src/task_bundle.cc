@@ -257,28 +257,6 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
   return f;
 }
 
-Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec,
-                                            uint64_t num_weights) {
-  if (spec.kind != "gpt" || spec.gpt.vocab_size != 0) return spec;
-  auto count = [&](int64_t vocab) -> Result<int64_t> {
-    engine::ModelSpec probe = spec;
-    probe.gpt.vocab_size = vocab;
-    ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> m, engine::Model::Create(probe));
-    return m->NumParameters();
-  };
-  ML_ASSIGN_OR_RETURN(int64_t at2, count(2));
-  ML_ASSIGN_OR_RETURN(int64_t at3, count(3));
-  const int64_t per_token = at3 - at2;
-  const int64_t n = static_cast<int64_t>(num_weights);
-  if (per_token <= 0 || n < at2 || (n - at2) % per_token != 0) {
-    return InvalidArgument("model.vocab_size comes from the data, and no vocabulary gives a GPT "
-                           "of " + std::to_string(num_weights) + " parameters");
-  }
-  engine::ModelSpec out = spec;
-  out.gpt.vocab_size = 2 + (n - at2) / per_token;
-  return out;
-}
-
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
                                   const Hash256& initial_state, uint64_t memory_bytes) {
   // A pipeline task's units are its replicas' stages (docs/protocol.md, "Pipeline stage units");

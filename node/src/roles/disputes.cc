@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <optional>
 
+#include "journal.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/node/adversary.h"
+#include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/step_witness.h"
 #include "meshlearn/protocol/task_model.h"
-#include "journal.h"
 #include "records.h"
 
 namespace meshlearn::node {
@@ -400,6 +402,47 @@ DisputeStart Disputes::StartOf(const CheckAssignment& c) const {
   return from;
 }
 
+Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
+                                     const VerifyAction& action) {
+  const DisputeView& d = *c.dispute;
+  const uint32_t stages = ctx->bundle.net.stages;
+  if (!ledger::LedgerRulesStageStep(ctx->info.params, c.shard % stages)) {
+    return Status::Ok();  // the genesis referee rules it (node/referee.h)
+  }
+  if (!d.has_referee || !d.referee.whole_step || d.referee.step == 0) return Status::Ok();
+  ML_ASSIGN_OR_RETURN(Bytes bundle, node_->FetchBlob(ctx->info.spec_hash, {}, ""));
+  ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));
+  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node_->chain(), c.task_id, /*units=*/true));
+  const uint32_t replica = c.shard / stages;
+  StageCheckInput in{.trainer = ctx->trainer.get(),
+                     .net = &ctx->bundle.net,
+                     .facts = &ctx->facts,
+                     .global = start.weights,
+                     .task_id = c.task_id,
+                     .round = c.round,
+                     .replica = replica,
+                     .stage = c.shard % stages,
+                     .chain = ReplicaChain(info.units, stages, c.round, replica),
+                     .transport = node_->deps().transport,
+                     .endpoint = c.solver_endpoint};
+  Result<ledger::RefereeStageStepTx> tx =
+      BuildStageStepTx(in, std::string(AsStringView(bundle)), c.index, d.referee.step - 1,
+                       d.referee.defender_output, &ctx->token_pages, &ctx->data_tree);
+  if (!tx.ok()) {
+    if (!outbox_->Failed(action)) {
+      node_->Log(CheckName(c) + ": no witness for stage step " +
+                 std::to_string(d.referee.step - 1) + ": " + tx.status().message());
+    }
+    outbox_->GiveUp(action);
+    return Status::Ok();
+  }
+  node_->Log(CheckName(c) + ": the dispute is on stage step " + std::to_string(d.referee.step - 1) +
+             "; posting its witness (RefereeStageStep, " +
+             std::to_string(tx->witness.bytes.size()) + " bytes)");
+  outbox_->Send(action, std::move(*tx));
+  return Status::Ok();
+}
+
 Status Disputes::RunStepWitness(const CheckAssignment& c) {
   const DisputeView& d = *c.dispute;
   if (d.has_referee && d.referee.tile) return RunTileWitness(c);
@@ -407,10 +450,12 @@ Status Disputes::RunStepWitness(const CheckAssignment& c) {
       .dir = node_->VerifyDir(c), .kind = Kind::kWitness, .detail = {d.referee.step}};
   if (outbox_->Done(action)) return Status::Ok();
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
+  // A pipeline stage's step: the ledger replays it from the whole stage step's witness
+  // (RefereeStageStep), when the task has a data root and the stage fits a witness.
+  if (ctx->bundle.net.stages > 1) return RunStageStepWitness(c, ctx, action);
   // Only a task with a data root over examples on the ledger has its whole steps refereed by the
-  // ledger itself; a stage step (a pipeline task) is ruled by the genesis referee (node/referee.h).
-  if (ctx->info.params.data_root.IsZero() || ctx->info.params.data_page_tokens != 0 ||
-      ctx->bundle.net.stages > 1) {
+  // ledger itself.
+  if (ctx->info.params.data_root.IsZero() || ctx->info.params.data_page_tokens != 0) {
     return Status::Ok();
   }
   if (!ctx->data_tree) {

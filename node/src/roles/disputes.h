@@ -48,6 +48,11 @@ class Disputes {
   // posts the step's witness itself (RefereeStepTx; node/step_witness.h): the ledger executes
   // the step, and the honest party needs nobody else to win.
   Status RunStepWitness(const CheckAssignment& c);
+  // A pipeline stage's disputed step: the whole stage step's witness from the stage node's served
+  // evidence (node/stage_check.h BuildStageStepTx), posted as RefereeStageStep when the ledger
+  // rules the stage (ledger::LedgerRulesStageStep).
+  Status RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
+                             const VerifyAction& action);
   // The disputed step of a tile dispute replayed with its trace; then the query's move.
   Status RunTrace(const CheckAssignment& c);
   // The check of `dir` is over.

@@ -37,6 +37,13 @@ Result<Hash256> RunSegmentSteps(const engine::TaskSpec& spec, uint64_t stream,
                                 std::span<const StepWitnessExample> examples,
                                 const std::string& where);
 
+// `spec` itself, or, for a GPT whose vocab_size comes from the data (0 in the file, hence in the
+// bundle), the spec with the vocab_size that gives exactly `num_weights` parameters (a GPT's
+// parameter count is affine in the vocabulary; a task's params.model_bytes / 4). Lets a model be
+// built from a task's bundle without its data (`task fetch`, the ledger's stage ruling). Errors
+// if no vocabulary fits.
+Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint64_t num_weights);
+
 // The blob id of the delta blob of `delta` (protocol/state_blob.h EncodeDelta): the id a
 // BlobStore::Put of the encoded delta returns, which CommitUnit records as result_hash.
 Hash256 DeltaBlobId(std::span<const float> delta);

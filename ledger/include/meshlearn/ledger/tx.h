@@ -622,6 +622,29 @@ struct RefereeTileTx {
   bool operator==(const RefereeTileTx&) const = default;
 };
 
+// The ledger rules a dispute in the referee stage on one step of a pipeline stage unit (issue 15;
+// docs/verification.md "Pipeline stages"): `witness` (ledger/stage_referee.h,
+// EncodeStageStepWitness; at most kMaxWitnessBytes) is the whole stage step -- the task bundle,
+// the stage's committed StageStepCommit (its leaf must be the disputed step's committed leaf), its
+// checkpoint of the step's start (hashing to state_before), every tensor it received (each
+// matching its signed record) and the step's batch proven against the data root. The ledger
+// replays the step (ReplayStageStep, every record's signature against the replica's chain) and
+// DisputeGame::Rule gets StageFindingLeaf: the party whose leaf it is wins. Sender: anyone. No key
+// is trusted. May be longer than kMaxTxBytes (kMaxLargeTxBytes).
+struct RefereeStageStepTx {
+  static constexpr TxType kType = TxType::kRefereeStageStep;
+  Hash256 task_id;
+  uint32_t index = 0;
+  WitnessField witness;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("witness", s.witness);
+  }
+  bool operator==(const RefereeStageStepTx&) const = default;
+};
+
 // The witness that a unit's committed result is not what its own committed final state gives:
 // the task bundle (blob id == spec_hash), the round's start state blob (blob id == the round's
 // start state on chain) and the solver's final training state (engine::FlatState after step H,
@@ -721,8 +744,9 @@ using TxPayload =
 #undef ML_TX_ALTERNATIVE_
 
 TxType PayloadType(const TxPayload& p);
-// The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for the three that
-// carry a whole-state witness (RefereeStep, ProveResult, ProveFraud), kMaxTileTxBytes for
+// The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for the four that
+// carry a whole-state witness (RefereeStep, RefereeStageStep, ProveResult, ProveFraud),
+// kMaxTileTxBytes for
 // RefereeTile.
 size_t MaxTxBytes(TxType t);
 

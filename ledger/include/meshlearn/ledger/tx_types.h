@@ -39,4 +39,5 @@
   X(ProveResult, 57, verification)     \
   X(ProveFraud, 58, verification)      \
   X(DisputeChildren, 59, verification) \
-  X(RefereeTile, 60, verification)
+  X(RefereeTile, 60, verification)     \
+  X(RefereeStageStep, 61, verification)

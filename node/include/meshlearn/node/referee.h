@@ -208,7 +208,8 @@ struct RefereeOptions {
 struct RefereeRecord {
   RefereeDispute dispute;
   RefereeRuling ruling;
-  std::string tx_type;  // "RefereeStep" (ruling.ledger_executes) or "RuleDispute"
+  std::string tx_type;  // the transaction sent: RefereeStep, RefereeTile, RefereeStageStep
+                        // (ruling.ledger_executes) or RuleDispute
   Hash256 tx_id;
   bool included = false;  // set by a later Poll once the ledger executed it
   bool ok = false;        // ... successfully

@@ -5,7 +5,9 @@
 // The stage's step is replayed alone from what its node serves (stage_evidence.h: the step's
 // commit, its checkpoint of the step's start, the tensors it received), on the step's batch of
 // the replica's work (protocol::UnitWorkOf of (round, replica), as the Stager trains it), with
-// ReplayStageStep. The result is StageFindingLeaf: the committed step leaf when the replay finds
+// ledger::JudgeStageStep -- the function the ledger rules a stage dispute with
+// (RefereeStageStepTx), so the verifier, the referee service and the ledger derive one value.
+// The result is StageFindingLeaf: the committed step leaf when the replay finds
 // nothing, another hash naming the finding otherwise. A node that serves no evidence for the step
 // (NotFound), or a commit whose StageStepLeaf is not the committed leaf, is the finding
 // `unserved` (StageUnservedLeaf): a stage must show what it committed. Any other fetch error is
@@ -21,13 +23,17 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/transport.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/stage_replay.h"
@@ -49,14 +55,25 @@ struct StageCheckInput {
   std::string endpoint;  // the stage node's
 };
 
-struct StageStepCheck {
-  Hash256 leaf;               // StageFindingLeaf (== the committed leaf: nothing found)
-  StageReplayResult replay;   // the replay's finding (fault none when it ran clean)
-  std::string message;        // what was found, for logs
-};
+// The leaf, the replay's finding and a message (ledger/stage_referee.h: the ledger rules a stage
+// dispute with the same JudgeStageStep).
+using ledger::StageStepCheck;
 
 Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
                                       const Hash256& committed_leaf);
+
+// The ledger's ruling of a stage dispute (RefereeStageStepTx; anyone posts it): the witness of
+// stage step `step` built from what the stage node at in.endpoint serves (its commit, which must
+// be `committed_leaf`'s, its checkpoint of the step's start, the tensors it received) and the
+// step's batch proven in the task's data: `pages` for a token task (built on first use), else
+// `tree` over the trainer's examples (built on first use). `bundle` is the task bundle's text.
+// The size is the caller's to report (witness.bytes). FailedPrecondition when the node does not
+// serve the committed step (no witness can be built) or a tensor of it; fetch errors as they come.
+Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
+                                                    const std::string& bundle, uint32_t index,
+                                                    uint64_t step, const Hash256& committed_leaf,
+                                                    std::unique_ptr<engine::TokenPageTree>* pages,
+                                                    std::unique_ptr<engine::DataTree>* tree);
 
 // The nodes of `replica`'s stages in `round`, from get_task's units (a zero id where a stage has
 // no node). REQUIRES: net.stages > 1.

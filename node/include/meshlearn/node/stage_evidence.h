@@ -38,6 +38,7 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/ledger/stage_replay.h"
 #include "meshlearn/net/transport.h"
 #include "meshlearn/protocol/stage_transfer.h"
 
@@ -100,9 +101,9 @@ Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
                                                  const StageStepRef& ref,
                                                  int64_t timeout_ms = 30'000);
 
-// The training state in a checkpoint file's bytes (engine::LoadCheckpoint of them), and back
-// (engine::SaveCheckpoint's file).
-Result<engine::TrainState> StageCheckpointState(ByteSpan checkpoint);
-Result<Bytes> StageCheckpointBytes(engine::TrainState& state);
+// The training state in a checkpoint file's bytes, and back (ledger/stage_replay.h: the ledger
+// loads a stage's checkpoint to rule its step).
+using ledger::StageCheckpointBytes;
+using ledger::StageCheckpointState;
 
 }  // namespace meshlearn::node

@@ -38,6 +38,7 @@
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/state.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/net/blob.h"
 #include "meshlearn/net/blob_store.h"
 #include "meshlearn/node/network_task.h"
@@ -115,7 +116,8 @@ ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net
 // bundle), the spec with the vocab_size that gives exactly `num_weights` parameters (a GPT's
 // parameter count is affine in the vocabulary). Lets a model be written from a task's state
 // without loading its data (`task fetch`). Errors if no vocabulary fits.
-Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint64_t num_weights);
+// (ledger/step_witness.h: the ledger resolves a stage witness's model the same way.)
+using ledger::ModelSpecForState;
 
 // Training FLOPs of one sample, forward + backward (3 x the forward multiply-adds x 2): linear
 // and conv2d layers counted exactly from their shapes, GPT as 6 x parameters x seq_len plus

@@ -1,12 +1,13 @@
-#include "meshlearn/node/stage_replay.h"
+#include "meshlearn/ledger/stage_replay.h"
 
 #include <memory>
 #include <string>
 #include <utility>
 
-#include "meshlearn/node/stage_step.h"
+#include "meshlearn/base/env.h"
+#include "meshlearn/ledger/stage_step.h"
 
-namespace meshlearn::node {
+namespace meshlearn::ledger {
 
 using protocol::StageStepCommit;
 using protocol::StageTensorKey;
@@ -232,4 +233,19 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
   return r;
 }
 
-}  // namespace meshlearn::node
+Result<engine::TrainState> StageCheckpointState(ByteSpan checkpoint) {
+  MemEnv env;
+  ML_RETURN_IF_ERROR(env.WriteFileAtomic(
+      "stage.safetensors",
+      std::string_view(reinterpret_cast<const char*>(checkpoint.data()), checkpoint.size())));
+  return engine::LoadCheckpoint(&env, "stage.safetensors");
+}
+
+Result<Bytes> StageCheckpointBytes(engine::TrainState& state) {
+  MemEnv env;
+  ML_RETURN_IF_ERROR(engine::SaveCheckpoint(&env, "stage.safetensors", state));
+  ML_ASSIGN_OR_RETURN(std::string file, env.ReadFile("stage.safetensors"));
+  return ToBytes(file);
+}
+
+}  // namespace meshlearn::ledger

@@ -1,0 +1,133 @@
+// The ruling of one pipeline stage's step (issue 15; docs/verification.md "Pipeline stages", "The
+// dispute"): the one function that decides what a stage step replays to -- a verifier drawn for
+// a stage unit, the referee service and the ledger all call JudgeStageStep -- and the witness
+// with which the ledger rules a stage dispute itself (RefereeStageStepTx), no key trusted.
+//
+// A stage step's witness is the whole step: the task bundle (its blob id is the task's
+// spec_hash: it gives the model, the cut, the optimizer and the unit's work), the stage's
+// committed StageStepCommit (its StageStepLeaf must be the committed leaf of the disputed step),
+// the stage's checkpoint of the step's start (it must hash to the commit's state_before), the
+// tensor of every record the stage received (each must match its signed record), and the step's
+// batch proven against the task's data root (a token task's pages, a classification task's
+// examples). The ledger refuses a witness that does not check out, naming what, and otherwise
+// runs the replay (ReplayStageStep: every record's signature against the replica's chain of
+// nodes the ledger placed, RunStageStep) and rules with StageFindingLeaf.
+//
+//   // A party (or a referee service) with the stage node's served evidence (node/stage_check.h
+//   // BuildStageStepTx does this):
+//   ML_ASSIGN_OR_RETURN(StageStepWitness w,
+//                       BuildStageStepWitness(bundle, ev.commit, ev.checkpoint, ev.blobs, task,
+//                                             work.stream, &page_tree, nullptr, nullptr));
+//   RefereeStageStepTx tx{.task_id = id, .index = unit, .witness = {EncodeStageStepWitness(w)}};
+//
+// Deterministic: every follower computes the same ruling from the same transaction.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "meshlearn/base/bytes.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/data.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/stage_replay.h"
+#include "meshlearn/ledger/state.h"
+#include "meshlearn/ledger/tx.h"
+#include "meshlearn/protocol/stage_transfer.h"
+#include "meshlearn/protocol/task_model.h"
+
+namespace meshlearn::ledger {
+
+// ---- The one ruling.
+
+// What the task fixes about stage `replay`'s replay: the task's model, the unit's inner optimizer
+// (the task's at `lr_scale`), the cut of `net`, the task's micro-batches, and `chain` (the
+// replica's nodes, stage by stage).
+Result<StageReplaySetup> StageReplaySetupOf(const engine::TaskSpec& task,
+                                            const protocol::NetworkSpec& net, double lr_scale,
+                                            std::vector<protocol::NodeId> chain);
+
+struct StageStepCheck {
+  Hash256 leaf;              // StageFindingLeaf (== the committed leaf: nothing found)
+  StageReplayResult replay;  // the replay's finding (fault none when it ran clean)
+  std::string message;       // what was found, for logs and receipts
+};
+
+// What stage step `commit` replays to, from its `checkpoint` file (the stage's state at the
+// step's start; StageCheckpointState), the received tensors `blobs` (by their records' hashes),
+// the step's `batch` and `dropout_seed`: a checkpoint that does not load is the `start` finding,
+// else ReplayStageStep; the leaf is StageFindingLeaf(committed_leaf, finding). A Status error
+// only when the setup does not fit the commit. REQUIRES: StageStepLeaf(commit) == committed_leaf
+// (a commit that is not the committed leaf is the caller's `unserved`).
+Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
+                                      const protocol::StageStepCommit& commit, ByteSpan checkpoint,
+                                      const std::map<Hash256, Bytes>& blobs,
+                                      const engine::Batch& batch, uint64_t dropout_seed,
+                                      const Hash256& committed_leaf);
+
+// ---- The ledger's witness.
+
+// One page of a token task's train stream (engine::TokenPageTree), proven against the data root.
+struct StageWitnessPage {
+  uint64_t page = 0;
+  std::vector<int32_t> tokens;
+  MerkleProof proof;
+  bool operator==(const StageWitnessPage&) const = default;
+};
+
+struct StageStepWitness {
+  std::string bundle;           // the task bundle text (blob id == spec_hash)
+  Bytes commit;                 // protocol::EncodeStageStepCommit of the stage's commit
+  Bytes checkpoint;             // the stage's checkpoint file of the step's start
+  std::vector<Bytes> received;  // commit.received[i]'s tensor (StageTensorBytes), in order
+  // The step's batch: a token task's pages (engine::TokenPagesOfRows of every row, increasing),
+  // or a classification task's examples (in batch order); each proven against the data root.
+  std::vector<StageWitnessPage> pages;
+  std::vector<StepWitnessExample> examples;
+  bool operator==(const StageStepWitness&) const = default;
+};
+Bytes EncodeStageStepWitness(const StageStepWitness& w);
+// Refuses truncated or trailing bytes and sizes over kMaxWitnessBytes (InvalidArgument, naming
+// the field).
+Result<StageStepWitness> DecodeStageStepWitness(ByteSpan bytes);
+
+// The largest stage (TaskParams::stage_memory_bytes: its weights, optimizer moments and
+// activations) whose step the ledger rules from a witness: half of kMaxWitnessBytes, the other
+// half for the step's pages or examples and the bundle. A larger stage's dispute is ruled by the
+// genesis referee (RuleDispute).
+inline constexpr uint64_t kMaxStageWitnessMemory = kMaxWitnessBytes / 2;
+
+// Whether the ledger rules a dispute on stage `stage` of `p` from a witness (RefereeStageStep)
+// rather than taking the genesis referee's word: a pipeline task with a data root (the batch is
+// proven) whose stage fits kMaxStageWitnessMemory.
+bool LedgerRulesStageStep(const TaskParams& p, uint32_t stage);
+
+// The witness of stage step `commit` from what its node serves (node::StageStepEvidence: the
+// commit, its checkpoint, the received tensors by hash) and the step's data: `pages` (a token
+// task: its TokenPageTree) or `train` and `tree` (a classification task); the batch is drawn as
+// the unit's (seed, stream, step). FailedPrecondition naming what is missing (a tensor not
+// served, no data for the task's kind).
+Result<StageStepWitness> BuildStageStepWitness(
+    const std::string& bundle, const protocol::StageStepCommit& commit, const Bytes& checkpoint,
+    const std::map<Hash256, Bytes>& blobs, const engine::TaskSpec& task, uint64_t stream,
+    const engine::TokenPageTree* pages, const engine::ClassificationData* train,
+    const engine::DataTree* tree);
+
+// The ledger's ruling of the dispute on stage unit `unit` of `task_record`, from `witness`
+// (RefereeStageStepTx): the leaf to rule with (DisputeGame::Rule). `committed_leaf`: the stage's
+// committed leaf of step `step` (the dispute's defender output); `chain`: the replica's nodes.
+// InvalidArgument naming the input that does not check out (a bundle that is not the task's, a
+// commit that is not the committed leaf, a checkpoint that does not hash to state_before, a
+// received tensor that does not match its signed record or is missing, a page or example not of
+// the batch or not proven); the finding of the replay otherwise.
+Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& task_record, const WorkUnit& unit,
+                                            uint64_t step, const Hash256& committed_leaf,
+                                            const std::vector<protocol::NodeId>& chain,
+                                            const StageStepWitness& witness);
+
+}  // namespace meshlearn::ledger

@@ -1,0 +1,371 @@
+#include "meshlearn/ledger/stage_referee.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "meshlearn/base/encoding.h"
+#include "meshlearn/engine/pipeline.h"
+#include "meshlearn/ledger/stage_step.h"
+#include "meshlearn/ledger/step_witness.h"
+#include "referee_step.h"
+
+namespace meshlearn::ledger {
+
+Result<StageReplaySetup> StageReplaySetupOf(const engine::TaskSpec& task,
+                                            const protocol::NetworkSpec& net, double lr_scale,
+                                            std::vector<protocol::NodeId> chain) {
+  StageReplaySetup setup;
+  setup.model = task.model;
+  setup.optimizer = engine::UnitOptimizerSpec(task.optimizer, lr_scale);
+  ML_ASSIGN_OR_RETURN(setup.cut,
+                      engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut));
+  setup.micro_batches = task.micro_batches;
+  setup.chain = std::move(chain);
+  return setup;
+}
+
+Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
+                                      const protocol::StageStepCommit& commit, ByteSpan checkpoint,
+                                      const std::map<Hash256, Bytes>& blobs,
+                                      const engine::Batch& batch, uint64_t dropout_seed,
+                                      const Hash256& committed_leaf) {
+  StageStepCheck out;
+  const std::string name = "replica " + std::to_string(commit.replica) + ", stage " +
+                           std::to_string(commit.stage) + ", step " + std::to_string(commit.step);
+  Result<engine::TrainState> start = StageCheckpointState(checkpoint);
+  if (!start.ok()) {
+    // A checkpoint that does not load cannot hash to state_before: the stage's `start` fault.
+    out.replay.fault = StageFault::kStageFaultStart;
+    out.replay.replica = commit.replica;
+    out.replay.stage = commit.stage;
+    out.replay.step = commit.step;
+    out.replay.claimed = commit.state_before;
+    out.leaf = StageFindingLeaf(committed_leaf, out.replay);
+    out.message = name + ": start: its checkpoint does not load (" + start.status().message() + ")";
+    return out;
+  }
+  ML_ASSIGN_OR_RETURN(
+      out.replay, ReplayStageStep(setup, std::move(*start), commit, blobs, batch, dropout_seed));
+  out.leaf = StageFindingLeaf(committed_leaf, out.replay);
+  out.message = out.replay.ok() ? name + ": replays to its committed leaf" : out.replay.message;
+  return out;
+}
+
+// ---- The witness's encoding.
+
+namespace {
+
+constexpr std::string_view kStageWitnessMagic = "meshlearn.stage_step_witness.v1";
+constexpr uint32_t kMaxStageWitnessItems = 1u << 16;
+constexpr uint32_t kMaxStageWitnessProofDepth = 64;
+
+void PutProof(Encoder& e, const MerkleProof& p) {
+  e.PutU64(p.index).PutU64(p.leaf_count);
+  e.PutU32(static_cast<uint32_t>(p.siblings.size()));
+  for (const Hash256& h : p.siblings) e.PutHash(h);
+}
+Status GetProof(Decoder& d, MerkleProof* p, std::string_view field) {
+  ML_RETURN_IF_ERROR(d.GetU64(&p->index, field));
+  ML_RETURN_IF_ERROR(d.GetU64(&p->leaf_count, field));
+  uint32_t depth = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&depth, field, kMaxStageWitnessProofDepth, 32));
+  p->siblings.resize(depth);
+  for (Hash256& h : p->siblings) ML_RETURN_IF_ERROR(d.GetHash(&h, field));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Bytes EncodeStageStepWitness(const StageStepWitness& w) {
+  Encoder e;
+  e.PutString(kStageWitnessMagic).PutString(w.bundle).PutBytes(w.commit).PutBytes(w.checkpoint);
+  e.PutU32(static_cast<uint32_t>(w.received.size()));
+  for (const Bytes& b : w.received) e.PutBytes(b);
+  e.PutU32(static_cast<uint32_t>(w.pages.size()));
+  for (const StageWitnessPage& p : w.pages) {
+    e.PutU64(p.page);
+    e.PutU32(static_cast<uint32_t>(p.tokens.size()));
+    for (int32_t t : p.tokens) e.PutU32(static_cast<uint32_t>(t));
+    PutProof(e, p.proof);
+  }
+  e.PutU32(static_cast<uint32_t>(w.examples.size()));
+  for (const StepWitnessExample& x : w.examples) {
+    e.PutU64(x.index);
+    e.PutU32(static_cast<uint32_t>(x.x.size()));
+    for (float f : x.x) e.PutF32(f);
+    e.PutU32(static_cast<uint32_t>(x.y));
+    PutProof(e, x.proof);
+  }
+  return e.Take();
+}
+
+Result<StageStepWitness> DecodeStageStepWitness(ByteSpan bytes) {
+  if (bytes.size() > kMaxWitnessBytes) {
+    return InvalidArgument("stage step witness: " + std::to_string(bytes.size()) +
+                           " bytes, over the limit of " + std::to_string(kMaxWitnessBytes) +
+                           " (a stage whose state does not fit is ruled by the genesis referee)");
+  }
+  Decoder d(bytes, "stage step witness");
+  std::string magic;
+  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
+  if (magic != kStageWitnessMagic) {
+    return InvalidArgument("stage step witness: starts with '" + magic + "', expected '" +
+                           std::string(kStageWitnessMagic) + "'");
+  }
+  StageStepWitness w;
+  ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));  // as a step witness's
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.checkpoint, "checkpoint", kMaxWitnessBytes));
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "received", kMaxStageWitnessItems, 4));
+  w.received.resize(n);
+  for (Bytes& b : w.received) ML_RETURN_IF_ERROR(d.GetBytes(&b, "received", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "pages", kMaxStageWitnessItems, 24));
+  w.pages.resize(n);
+  for (StageWitnessPage& p : w.pages) {
+    ML_RETURN_IF_ERROR(d.GetU64(&p.page, "page"));
+    uint32_t k = 0;
+    ML_RETURN_IF_ERROR(d.GetCount(&k, "page.tokens", kMaxWitnessBytes / 4, 4));
+    p.tokens.resize(k);
+    for (int32_t& t : p.tokens) {
+      uint32_t u = 0;
+      ML_RETURN_IF_ERROR(d.GetU32(&u, "page.tokens"));
+      t = static_cast<int32_t>(u);
+    }
+    ML_RETURN_IF_ERROR(GetProof(d, &p.proof, "page.proof"));
+  }
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "examples", kMaxStageWitnessItems, 28));
+  w.examples.resize(n);
+  for (StepWitnessExample& x : w.examples) {
+    ML_RETURN_IF_ERROR(d.GetU64(&x.index, "example.index"));
+    uint32_t k = 0;
+    ML_RETURN_IF_ERROR(d.GetCount(&k, "example.x", kMaxWitnessBytes / 4, 4));
+    x.x.resize(k);
+    for (float& f : x.x) ML_RETURN_IF_ERROR(d.GetF32(&f, "example.x"));
+    uint32_t y = 0;
+    ML_RETURN_IF_ERROR(d.GetU32(&y, "example.y"));
+    x.y = static_cast<int32_t>(y);
+    ML_RETURN_IF_ERROR(GetProof(d, &x.proof, "example.proof"));
+  }
+  ML_RETURN_IF_ERROR(d.Finish());
+  return w;
+}
+
+bool LedgerRulesStageStep(const TaskParams& p, uint32_t stage) {
+  return IsPipelineTask(p) && !p.data_root.IsZero() && stage < p.stage_memory_bytes.size() &&
+         p.stage_memory_bytes[stage] <= kMaxStageWitnessMemory;
+}
+
+// ---- The batch.
+
+namespace {
+
+// Every row of a batch of B sequences of T tokens.
+std::vector<int64_t> AllRows(int64_t B, int64_t T) {
+  std::vector<int64_t> rows(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B * T; ++i) rows[static_cast<size_t>(i)] = i;
+  return rows;
+}
+
+// The token batch of step `step` of a unit with stream `stream` from `pages`: exactly the pages
+// its rows read (engine::TokenPagesOfRows), each of full length and proven against `data_root`.
+Result<engine::Batch> WitnessTokenBatch(const engine::TaskSpec& spec, uint64_t stream,
+                                        uint64_t num_tokens, const Hash256& data_root, int64_t step,
+                                        const std::vector<StageWitnessPage>& pages,
+                                        const std::string& where) {
+  const int64_t B = spec.batch_size, T = spec.seq_len, n = static_cast<int64_t>(num_tokens);
+  if (T < 1 || n < T + 1) {
+    return InvalidArgument(where + ": the task's token stream has " + std::to_string(n) +
+                           " tokens, fewer than a window of " + std::to_string(T + 1));
+  }
+  const std::vector<int64_t> want =
+      engine::TokenPagesOfRows(spec.seed, stream, step, B, T, n, AllRows(B, T));
+  if (pages.size() != want.size()) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(pages.size()) +
+                           " token pages; the step's batch lies in " + std::to_string(want.size()));
+  }
+  const uint64_t num_pages =
+      static_cast<uint64_t>((n + engine::kTokenPageTokens - 1) / engine::kTokenPageTokens);
+  // The pages a window reads are consecutive, so laid end to end (all full but the stream's
+  // last) they give each window's tokens at its start's offset within them.
+  engine::TokenData compact;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const StageWitnessPage& p = pages[i];
+    const int64_t first = want[i] * engine::kTokenPageTokens;
+    const size_t len = static_cast<size_t>(std::min(n - first, engine::kTokenPageTokens));
+    if (p.page != static_cast<uint64_t>(want[i]) || p.tokens.size() != len) {
+      return InvalidArgument(where + ": token page " + std::to_string(i) + " is page " +
+                             std::to_string(p.page) + " of " + std::to_string(p.tokens.size()) +
+                             " tokens; the batch needs page " + std::to_string(want[i]) + " of " +
+                             std::to_string(len));
+    }
+    if (p.proof.index != p.page || p.proof.leaf_count != num_pages ||
+        !MerkleVerify(data_root, engine::TokenPageLeaf(p.page, p.tokens), p.proof)) {
+      return InvalidArgument(where + ": token page " + std::to_string(p.page) +
+                             " is not proven against the task's data root " + data_root.ShortHex());
+    }
+    compact.tokens.insert(compact.tokens.end(), p.tokens.begin(), p.tokens.end());
+  }
+  std::vector<int64_t> starts = engine::WindowStarts(spec.seed, stream, step, B, n, T);
+  for (int64_t& s : starts) {
+    const int64_t page = s / engine::kTokenPageTokens;
+    const int64_t i = std::lower_bound(want.begin(), want.end(), page) - want.begin();
+    s = i * engine::kTokenPageTokens + s % engine::kTokenPageTokens;
+  }
+  return engine::MakeTokenBatch(compact, starts, T);
+}
+
+}  // namespace
+
+Result<StageStepWitness> BuildStageStepWitness(
+    const std::string& bundle, const protocol::StageStepCommit& commit, const Bytes& checkpoint,
+    const std::map<Hash256, Bytes>& blobs, const engine::TaskSpec& task, uint64_t stream,
+    const engine::TokenPageTree* pages, const engine::ClassificationData* train,
+    const engine::DataTree* tree) {
+  StageStepWitness w;
+  w.bundle = bundle;
+  w.commit = protocol::EncodeStageStepCommit(commit);
+  w.checkpoint = checkpoint;
+  for (const protocol::StageTransfer& t : commit.received) {
+    auto it = blobs.find(t.tensor);
+    if (it == blobs.end()) {
+      return FailedPrecondition("stage step witness: the received tensor " + t.tensor.ShortHex() +
+                                " (" + t.key.ToString() + ") was not served");
+    }
+    w.received.push_back(it->second);
+  }
+  const int64_t step = static_cast<int64_t>(commit.step);
+  if (pages != nullptr) {
+    const std::vector<int64_t> want =
+        engine::TokenPagesOfRows(task.seed, stream, step, task.batch_size, task.seq_len,
+                                 pages->num_tokens(), AllRows(task.batch_size, task.seq_len));
+    for (int64_t p : want) {
+      std::span<const int32_t> tokens = pages->Page(p);
+      w.pages.push_back({.page = static_cast<uint64_t>(p),
+                         .tokens = std::vector<int32_t>(tokens.begin(), tokens.end()),
+                         .proof = pages->Prove(p)});
+    }
+  } else if (train != nullptr && tree != nullptr) {
+    const int64_t per = train->size() == 0 ? 0 : train->x.size() / train->size();
+    for (int64_t i :
+         engine::BatchIndices(task.seed, stream, train->size(), task.batch_size, step)) {
+      const float* x = train->x.data() + i * per;
+      w.examples.push_back({.index = static_cast<uint64_t>(i),
+                            .x = std::vector<float>(x, x + per),
+                            .y = train->y[static_cast<size_t>(i)],
+                            .proof = tree->Prove(i)});
+    }
+  } else {
+    return FailedPrecondition(
+        "stage step witness: no data to prove the step's batch with (a token task's page tree, "
+        "or a classification task's examples and data tree)");
+  }
+  return w;
+}
+
+Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& t, const WorkUnit& unit,
+                                            uint64_t step, const Hash256& committed_leaf,
+                                            const std::vector<protocol::NodeId>& chain,
+                                            const StageStepWitness& w) {
+  const StageSlot slot = StageSlotOf(t.params, unit.index);
+  const std::string where = "referee stage step (task " + t.id.ShortHex() + ", unit " +
+                            std::to_string(unit.index) + ": replica " +
+                            std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) +
+                            ", step " + std::to_string(step) + ")";
+  ML_ASSIGN_OR_RETURN(TaskBundleSpec b, ParseTaskBundle(t, w.bundle, where));
+  // A GPT whose vocabulary the bundle leaves to its data: the one the task's weights were made
+  // with (params.model_bytes), as every node has it after loading the data.
+  Result<engine::ModelSpec> model = ModelSpecForState(b.spec.model, t.params.model_bytes / 4);
+  if (!model.ok()) return FailedPrecondition(where + ": " + model.status().message());
+  b.spec.model = std::move(*model);
+  // The commit: the one the stage committed for this step.
+  Result<protocol::StageStepCommit> commit = protocol::DecodeStageStepCommit(w.commit);
+  if (!commit.ok()) return InvalidArgument(where + ": commit: " + commit.status().message());
+  const Hash256 leaf = protocol::StageStepLeaf(*commit);
+  if (leaf != committed_leaf) {
+    return InvalidArgument(where + ": the witness's commit has leaf " + leaf.ShortHex() +
+                           ", the stage committed " + committed_leaf.ShortHex() +
+                           " for the step; send the commit the stage node serves for it");
+  }
+  if (commit->task != t.id || commit->round != slot.round || commit->replica != slot.replica ||
+      commit->stage != slot.stage || commit->stages != t.params.stages || commit->step != step) {
+    // The stage committed a leaf of another step: what the verifier's CheckStageStep finds when
+    // the served commit is not of the step asked (`unserved`); it rules the same.
+    StageStepCheck out;
+    out.replay.fault = StageFault::kStageFaultUnserved;
+    out.leaf = StageUnservedLeaf(committed_leaf);
+    out.message = where + ": unserved: the committed leaf is of another step's commit";
+    return out;
+  }
+  // The received tensors: each the one its signed record names (the poster's to get right: a
+  // tensor the sender did not sign proves nothing about the stage).
+  if (w.received.size() != commit->received.size()) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(w.received.size()) +
+                           " received tensors, the commit lists " +
+                           std::to_string(commit->received.size()) +
+                           " records; send the tensor of every received record, in order");
+  }
+  std::map<Hash256, Bytes> blobs;
+  for (size_t i = 0; i < w.received.size(); ++i) {
+    const protocol::StageTransfer& r = commit->received[i];
+    const Bytes& bytes = w.received[i];
+    Status st = bytes.size() % 4 != 0
+                    ? InvalidArgument(std::to_string(bytes.size()) + " bytes, not whole float32s")
+                    : protocol::CheckReceivedTensor(
+                          r, engine::TensorHash(StageTensorFromBytes(bytes)), bytes.size());
+    if (!st.ok()) {
+      return InvalidArgument(where + ": received tensor " + std::to_string(i) + " (" +
+                             r.key.ToString() + ") does not match its signed record: " +
+                             st.message() + "; send the tensor the sender signed");
+    }
+    blobs[r.tensor] = bytes;
+  }
+  // The checkpoint: the stage's state at the step's start.
+  Result<engine::TrainState> start = StageCheckpointState(w.checkpoint);
+  if (!start.ok()) {
+    return InvalidArgument(where + ": checkpoint: " + start.status().message() +
+                           "; send the stage's checkpoint of the step's start");
+  }
+  const Hash256 before = engine::StateHash(*start);
+  if (before != commit->state_before || static_cast<uint64_t>(start->step) != step) {
+    return InvalidArgument(where + ": the checkpoint (step " + std::to_string(start->step) +
+                           ") hashes to " + before.ShortHex() + ", the commit starts from " +
+                           commit->state_before.ShortHex() +
+                           "; send the stage's checkpoint of the step's start");
+  }
+  // The unit's work as its stages train it, and the step's batch proven in the data.
+  const protocol::UnitWork work = protocol::UnitWorkOf(
+      b.net, b.spec.seed, engine::TaskContentId(b.spec), slot.round, slot.replica);
+  engine::Batch batch;
+  if (t.params.data_page_tokens != 0) {
+    if (!w.examples.empty()) {
+      return InvalidArgument(where +
+                             ": the witness has examples; a token task's batch is proven "
+                             "by its pages");
+    }
+    ML_ASSIGN_OR_RETURN(
+        batch, WitnessTokenBatch(b.spec, work.stream, t.params.num_examples, t.params.data_root,
+                                 static_cast<int64_t>(step), w.pages, where));
+  } else {
+    if (!w.pages.empty()) {
+      return InvalidArgument(where +
+                             ": the witness has token pages; a classification task's "
+                             "batch is proven by its examples");
+    }
+    Result<std::unique_ptr<engine::Model>> m = engine::Model::Create(b.spec.model);
+    if (!m.ok()) return FailedPrecondition(where + ": " + m.status().message());
+    ML_ASSIGN_OR_RETURN(
+        batch, WitnessBatch(b.spec, work.stream, (*m)->NumOutputs(), t.params.num_examples,
+                            t.params.data_root, static_cast<int64_t>(step), w.examples, where));
+  }
+  ML_ASSIGN_OR_RETURN(StageReplaySetup setup,
+                      StageReplaySetupOf(b.spec, b.net, work.lr_scale, chain));
+  Result<StageStepCheck> out =
+      JudgeStageStep(setup, *commit, w.checkpoint, blobs, batch,
+                     engine::DropoutSeed(b.spec.seed, work.stream), committed_leaf);
+  if (!out.ok()) return FailedPrecondition(where + ": " + out.status().message());
+  return out;
+}
+
+}  // namespace meshlearn::ledger
