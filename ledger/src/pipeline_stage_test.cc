@@ -1392,5 +1392,31 @@ TEST_F(PipelineRulingTest, ACommittedRecordOfAnotherNodeIsRuledAgainstTheStage) 
   EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
 }
 
+// A stage that serves nothing for its disputed step (the verifier's finding is `unserved`) and
+// posts no witness: nobody else holds the stage's checkpoint and inputs, so past the referee's
+// deadline the ledger rules against the stage, as against a party that missed its turn; it is
+// slashed, and the verifier is not. (Before, the dispute ended undecided and the stage was never
+// punished.) The same deadline with an honest stage: see AFalseClaimOnAnHonestStage..., whose
+// stage's witness is posted and wins.
+TEST_F(PipelineRulingTest, AStageThatPostsNoWitnessByTheRefereesDeadlineLoses) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(Train());
+  std::vector<std::vector<Hash256>> leaves;
+  for (uint32_t st = 0; st < kStages; ++st) leaves.push_back(Leaves(st));
+  ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, Blake2b("unserved")));
+  const PublicKey stage = Unit(kCheat).assignee;
+  const uint64_t deadline = Check(kCheat).dispute()->query().deadline_height;
+  while (chain_->Height() < deadline) {
+    Step();
+    ASSERT_TRUE(HasCheck(kCheat));
+    ASSERT_EQ(Check(kCheat).stage(), protocol::CheckStage::kCheckDisputed) << "ruled early";
+  }
+  for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
+  EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
+  EXPECT_EQ(Task().verification.fraud, 1u);
+  EXPECT_EQ(Node(stage).reputation.slashes, 1u);
+  EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
+}
+
 }  // namespace
 }  // namespace meshlearn::ledger

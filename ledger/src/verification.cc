@@ -462,6 +462,26 @@ void AddAwaitingSecrets(const LedgerState& s, const Hash256& task_id,
   }
 }
 
+// A stage step's witness (RefereeStageStep) holds the stage's checkpoint and the tensors it
+// received: the stage is the one party sure to hold them (a verifier whose finding is `unserved`
+// was never given them). So when the ledger rules a stage's step itself (LedgerRulesStageStep)
+// and nobody posted the witness by the referee's deadline, the stage loses, as a party that
+// misses its turn does; an honest stage always can post its own. Without this, a stage that
+// serves nothing would end its dispute undecided: its replica re-run, and it never punished.
+Status RuleUnpostedStageStep(const TaskRecord& t, uint32_t index, uint64_t height, UnitCheck& c) {
+  if (!IsPipelineTask(t.params) || c.stage() != CheckStage::kCheckDisputed) return Status::Ok();
+  protocol::DisputeGame* game = c.mutable_dispute();
+  if (game == nullptr || game->stage() != protocol::DisputeStage::kDisputeReferee ||
+      game->config().referee_blocks == 0 || height <= game->query().deadline_height ||
+      !LedgerRulesStageStep(t.params, StageSlotOf(t.params, index).stage)) {
+    return Status::Ok();
+  }
+  ML_LOG_INFO("ledger: task {} unit {}: no stage step witness by the referee's deadline {}: "
+              "ruled against the stage",
+              t.id.ShortHex(), index, game->query().deadline_height);
+  return game->Rule(game->referee_task().challenger_output);
+}
+
 Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
                    const Hash256& task_id, protocol::RoundStateMachine& m,
                    const AwaitingSecrets& awaiting) {
@@ -512,6 +532,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
                                          StageVerifierCandidates(s, task_id, index, candidates),
                                          unit_vp, height, wait));
     } else {
+      ML_RETURN_IF_ERROR(RuleUnpostedStageStep(*s.tasks.Find(task_id), index, height, c));
       const auto floor = awaiting.find(c.config().solver);
       const bool earlier_awaits = floor != awaiting.end() && floor->second < u->secret_index;
       ML_ASSIGN_OR_RETURN(fx, c.OnBlock(height, /*earlier_verdicts_in=*/!earlier_awaits));
