@@ -843,12 +843,15 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
 
 // A stage whose step 1 is wrong (its leaf from step 1 on is not what the replay gives): the
 // verifier claims step 1, the stage does not win the ruling, and it alone is slashed; its
-// replica's round runs again without it (the spare node takes its stage), and no honest stage
-// is slashed or paid for the round built on the false step.
+// replica's round runs again without it (the spare node takes its stage), no honest stage is
+// slashed, and each is paid for step 0 alone, the one step of its stage no false tensor reached
+// (1 of H = 4 steps of its StageUnitCost; the cheater nothing).
 TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaRerunsWithoutIt) {
   Start();
   constexpr uint32_t kCheat = 1;
   const PublicKey cheater = Unit(kCheat).assignee;
+  std::vector<PublicKey> first_run;
+  for (uint32_t st = 0; st < kStages; ++st) first_run.push_back(Unit(st).assignee);
   CommitStages(kCheat);
   Aggregate();
   const std::vector<Hash256> lied = StepLeaves(kCheat, true, 1);
@@ -898,11 +901,19 @@ TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaR
   const NodeRecord n = Node(cheater);
   EXPECT_EQ(n.reputation.slashes, 1u);
   EXPECT_EQ(n.status, NodeStatus::kJailed);
+  ASSERT_EQ(t.params.inner_steps, 4u);
   for (const KeyPair& k : stagers_) {
-    if (k.public_key() == cheater) continue;
+    if (k.public_key() == cheater) {
+      EXPECT_EQ(Node(k.public_key()).earnings.units, 0u) << "the cheater is paid nothing";
+      continue;
+    }
     EXPECT_EQ(Node(k.public_key()).reputation.slashes, 0u);
     EXPECT_EQ(Node(k.public_key()).stake, kStake);
-    EXPECT_EQ(Node(k.public_key()).earnings.units, 0u) << "nothing paid for the false round";
+  }
+  for (uint32_t st = 0; st < kStages; ++st) {
+    if (st == kCheat) continue;
+    const Amount cost = StageUnitCost(t.params, kTestUnitCost, st);
+    EXPECT_EQ(Node(first_run[st]).earnings.units, cost / 4) << "stage " << st << ": step 0 of 4";
   }
   EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
   EXPECT_GT(Node(verifier_.public_key()).earnings.jackpot, 0u);

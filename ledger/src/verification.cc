@@ -198,6 +198,9 @@ struct Rerun {
   std::vector<uint32_t> shards;  // of `round`
   std::vector<protocol::NodeId> exclude;
   std::vector<protocol::NodeId> cheaters;  // proven fraudulent: their earlier work is tainted
+  // Pipeline tasks: each stage unit proven fraudulent (by index) with the steps of it that came
+  // before the proven false one (its replica's stages did those honestly).
+  std::vector<std::pair<uint32_t, uint64_t>> stage_faults;
 };
 
 // Applies one event's effects for unit `index`, noting in *rerun what must run again.
@@ -276,7 +279,17 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
         std::find(fx.failures.begin(), fx.failures.end(), solver) != fx.failures.end()) {
       rerun->exclude.push_back(solver);
     }
-    if (c.result() == protocol::CheckResult::kCheckFraud) rerun->cheaters.push_back(solver);
+    if (c.result() == protocol::CheckResult::kCheckFraud) {
+      rerun->cheaters.push_back(solver);
+      if (IsPipelineTask(t->params)) {
+        // Check segment t of a stage unit is its step t, the referee's (1-based) step t + 1:
+        // steps 0..t-1 came before the false one. Fraud not narrowed to a step: none did.
+        const bool at_step = c.dispute() && c.dispute()->stage() ==
+                                                protocol::DisputeStage::kDisputeResolved;
+        const uint64_t step = at_step ? c.dispute()->referee_task().step : 0;
+        rerun->stage_faults.emplace_back(index, step > 0 ? step - 1 : 0);
+      }
+    }
   }
   return Status::Ok();
 }
@@ -297,6 +310,54 @@ uint32_t FirstTaintedRound(const LedgerState& s, const Hash256& task_id,
     }
   }
   return before;
+}
+
+// A pipeline round re-run after fraud: the stage work of it that no proven-false tensor reached
+// is paid now, since the re-run discards it (issue 15: "the honest stages of that replica are
+// paid for the work they did honestly, and nobody is paid for work built on a proven-false
+// input"). A replica without a fault was trained from the round's honest start: each of its
+// committed stages gets its whole StageUnitCost. In a replica with a stage proven false at step
+// k, every stage's steps from k on used (or fed) that step's tensors, so each of its honest stages
+// gets k / H of its cost. The cheaters get nothing, and the redo is paid as any unit is. Rounds
+// trained on top of the fraud round's aggregate are built on false input: not paid.
+Status PayHonestStageWork(LedgerState& s, const ChainParams& p, const Hash256& task_id,
+                          const Rerun& rerun) {
+  const TaskRecord* t = s.tasks.Find(task_id);
+  if (!rerun.whole_round || rerun.stage_faults.empty() || !IsPipelineTask(t->params)) {
+    return Status::Ok();
+  }
+  const TaskParams& params = t->params;
+  // The earliest false step of each faulty replica of the round that re-runs.
+  std::map<uint32_t, uint64_t> honest_steps;
+  for (const auto& [index, steps] : rerun.stage_faults) {
+    const StageSlot slot = StageSlotOf(params, index);
+    if (slot.round != rerun.round) continue;
+    auto [it, fresh] = honest_steps.emplace(slot.replica, steps);
+    if (!fresh) it->second = std::min(it->second, steps);
+  }
+  for (uint32_t shard = 0; shard < params.units_per_round; ++shard) {
+    const uint32_t index = rerun.round * params.units_per_round + shard;
+    const WorkUnit* w = s.units.Find({task_id, index});
+    if (w == nullptr || w->status != WorkUnitStatus::kCommitted ||
+        std::find(rerun.cheaters.begin(), rerun.cheaters.end(), w->assignee) !=
+            rerun.cheaters.end()) {
+      continue;
+    }
+    const StageSlot slot = StageSlotOf(params, index);
+    const auto fault = honest_steps.find(slot.replica);
+    const uint64_t steps = fault == honest_steps.end() ? params.inner_steps : fault->second;
+    const Amount cost = StageUnitCost(params, UnitCost(*t, w->price), slot.stage);
+    const uint64_t h = std::max<uint64_t>(params.inner_steps, 1);  // cost x steps / h, steps <= h
+    const Amount amount =
+        std::min(cost / h * steps + cost % h * steps / h, s.tasks.Find(task_id)->escrow);
+    const NodeRecord* n = s.nodes.Find(w->assignee);
+    if (amount == 0 || n == nullptr) continue;
+    ML_RETURN_IF_ERROR(PayFromEscrow(s, p, task_id, n->owner, amount));
+    NodeEarnings& e = s.nodes.FindMutable(w->assignee)->earnings;
+    ML_RETURN_IF_ERROR(CheckedAdd(e.units, amount, &e.units, "node earnings"));
+    t = s.tasks.Find(task_id);
+  }
+  return Status::Ok();
 }
 
 // Applies what a block's checks asked (Rerun). Within the current round, a forced error or an
@@ -545,6 +606,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
                   protocol::CheckResultName(c.result()), c.reason());
     }
   }
+  ML_RETURN_IF_ERROR(PayHonestStageWork(s, p, task_id, rerun));
   ML_RETURN_IF_ERROR(ApplyRerun(s, task_id, m, rerun));
   // The checks that went with a re-run: every one from the round a whole-round re-run went back
   // to; the rounds after a round whose units re-ran.
