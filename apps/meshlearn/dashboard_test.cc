@@ -86,6 +86,36 @@ std::string ArtifactDir() {
   return env && *env ? env : MESHLEARN_BINARY_DIR "/test-artifacts";
 }
 
+// `meshlearn devnet ARGS --keep` in the background (MESHLEARN_HOME and stderr under `dir`:
+// dir/home, dir/devnet.log), stopped with SIGINT when the object goes.
+class KeptDevnet {
+ public:
+  KeptDevnet(const std::string& dir, std::vector<std::string> args) {
+    args.insert(args.begin(), "devnet");
+    args.push_back("--keep");
+    pid_ = fork();
+    if (pid_ == 0) {
+      setenv("MESHLEARN_HOME", (dir + "/home").c_str(), 1);
+      if (!freopen((dir + "/devnet.log").c_str(), "w", stderr)) _exit(126);
+      if (!freopen("/dev/null", "w", stdout)) _exit(126);
+      std::vector<char*> argv{const_cast<char*>(MESHLEARN_BIN)};
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(MESHLEARN_BIN, argv.data());
+      _exit(127);
+    }
+  }
+  ~KeptDevnet() {
+    kill(pid_, SIGINT);
+    waitpid(pid_, nullptr, 0);
+  }
+  KeptDevnet(const KeptDevnet&) = delete;
+  KeptDevnet& operator=(const KeptDevnet&) = delete;
+
+ private:
+  pid_t pid_ = -1;
+};
+
 // GET / is the page: self-contained (no script, style or image from anywhere else) and the same
 // on a bare chain as on a busy one.
 TEST(Dashboard, ChainServeAnswersThePageAtSlash) {
@@ -133,24 +163,9 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   const auto t0 = std::chrono::steady_clock::now();  // for the log only: where the time went
   const std::string dir = TempDir("dashboard");
   const std::string out = dir + "/d", log = dir + "/devnet.log";
-  pid_t pid = fork();
-  if (pid == 0) {
-    setenv("MESHLEARN_HOME", (dir + "/home").c_str(), 1);
-    if (!freopen(log.c_str(), "w", stderr)) _exit(126);
-    if (!freopen("/dev/null", "w", stdout)) _exit(126);
-    execl(MESHLEARN_BIN, MESHLEARN_BIN, "devnet", "--solvers", "4", "--task",
-          MESHLEARN_SOURCE_DIR "/tests/devnet-tiny.toml", "--block-interval-ms", "200",
-          "--adversary", "solver:lazy", "--no-check-reference", "--keep", "--out", out.c_str(),
-          (char*)nullptr);
-    _exit(127);
-  }
-  struct StopDevnet {
-    pid_t pid;
-    ~StopDevnet() {
-      kill(pid, SIGINT);
-      waitpid(pid, nullptr, 0);
-    }
-  } stop{pid};
+  KeptDevnet devnet(dir, {"--solvers", "4", "--task", MESHLEARN_SOURCE_DIR "/tests/devnet-tiny.toml",
+                          "--block-interval-ms", "200", "--adversary", "solver:lazy",
+                          "--no-check-reference", "--out", out});
   // While the task runs, its model is refused (409) with the reason.
   const std::string running = WaitFor(log, "task ", "0123456789abcdef", 300, /*min_len=*/64);
   ASSERT_EQ(running.size(), 64u) << ReadText(log);
@@ -346,6 +361,47 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   std::cout << "dashboard screenshot: " << png << " (after " << SecondsSince(t0) << " s)"
             << std::endl;
   RecordProperty("screenshot", png);
+}
+
+// A pipeline task's dispute on the page: the lazy stage's unit (committed by CommitStage) in the
+// dispute timeline, decided by the ledger's own replay of the stage step (RefereeStageStep).
+TEST(Dashboard, ChromiumShowsALazyStagesDisputeDecidedByTheLedgersReplay) {
+  if (Chromium().empty()) {
+    GTEST_SKIP() << "chromium is not installed (scripts/setup.sh --test installs it)";
+  }
+  const std::string dir = TempDir("dashboard");
+  const std::string out = dir + "/d", log = dir + "/devnet.log";
+  // As Devnet.ALazyStageOnAVerifyingChain...: the honest nodes report 0.9x the machine's
+  // throughput, so the lazy one (node6) always takes a stage.
+  KeptDevnet devnet(dir, {"--solvers", "7", "--task",
+                          MESHLEARN_SOURCE_DIR "/tests/devnet-pipeline.toml", "--block-interval-ms",
+                          "200", "--adversary", "solver:lazy", "--speed", "0=0.9", "--speed",
+                          "1=0.9", "--speed", "2=0.9", "--speed", "3=0.9", "--speed", "4=0.9",
+                          "--speed", "5=0.9", "--no-check-reference", "--out", out});
+  ASSERT_NE(WaitFor(log, "Ctrl-C stops it", "", 300), "") << ReadText(log);
+  const std::string url =
+      WaitFor(log, "dashboard: ", "abcdefghijklmnopqrstuvwxyz0123456789:/.", 1, 10);
+  ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << ReadText(log);
+  const json report = json::parse(ReadText(out + "/report.json"), nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << ReadText(out + "/report.json");
+  const json& slashed = report["verification"]["slashed"];
+  ASSERT_EQ(slashed.size(), 1u) << report.dump(2);
+  const std::string lazy = slashed[0]["node"];
+  const std::string task_id = report["task_id"];
+  CmdResult dumped = Shell(ChromiumCommand(dir + "/chromium", "--dump-dom",
+                                           url + "#task=" + task_id + "&node=" + lazy));
+  ASSERT_EQ(dumped.code, 0) << ReadText(dir + "/chromium.log");
+  const std::string& dom = dumped.out;
+  ASSERT_EQ(DomValue(dom, "task-id"), task_id) << dom.substr(0, 2000);
+  EXPECT_EQ(DomValue(dom, "node-" + lazy + "-status"), "jailed");
+  EXPECT_EQ(DomValue(dom, "dispute-0-solver"), lazy.substr(0, 10)) << dom;
+  EXPECT_NE(dom.find("replayed the disputed stage step itself (RefereeStageStep at block"),
+            std::string::npos)
+      << dom;
+  const size_t timeline = dom.find("data-k=\"disputes\"");
+  ASSERT_NE(timeline, std::string::npos);
+  const std::string entry = dom.substr(timeline, dom.find("the solver now", timeline) - timeline);
+  EXPECT_EQ(entry.find("no ruling transaction"), std::string::npos) << entry;
 }
 
 }  // namespace

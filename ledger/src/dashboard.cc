@@ -418,14 +418,16 @@ function taskView(t) {
 
 // The checks that went wrong, from the task's transactions (a re-run round gives its units to
 // other solvers, so the unit records keep only the last attempt): for every committed unit that
-// a mismatch verdict, a challenge, a proof or a dispute move named: who committed it (CommitUnit),
+// a mismatch verdict, a challenge, a proof or a dispute move named: who committed it (CommitUnit,
+// or CommitStage for a pipeline stage),
 // who challenged it (RevealVerdict with a mismatch, ChallengeUnit, ProveResult), how far the game
 // went (DisputePost and DisputeChildren by each side), how it was decided (RuleDispute: the
 // referee's ruling; RefereeStep: the ledger executed the disputed step from a witness;
-// RefereeTile: it recomputed one tile of one operator) and what became of the solver; a game
+// RefereeTile: it recomputed one tile of one operator; RefereeStageStep: it replayed one stage's
+// step) and what became of the solver; a game
 // still being played adds its stage from the unit's check.
 const kGameTxs = ['RevealVerdict', 'ChallengeUnit', 'DisputePost', 'DisputeChildren', 'RuleDispute',
-                  'RefereeStep', 'RefereeTile', 'ProveResult'];
+                  'RefereeStep', 'RefereeTile', 'RefereeStageStep', 'ProveResult'];
 function disputeTimeline(t) {
   const perRound = Math.max(1, Number(t.params.units_per_round));
   const attempts = [], latest = {};
@@ -434,9 +436,11 @@ function disputeTimeline(t) {
     for (const tx of blockCache.get(b).txs) {
       const p = tx.payload || {};
       if (p.task_id !== t.id || !tx.receipt || !tx.receipt.ok) continue;
-      if (tx.type === 'CommitUnit') {
-        latest[p.index] = {index: Number(p.index), solver: p.node_id, height: b, events: []};
-        attempts.push(latest[p.index]);
+      if (tx.type === 'CommitUnit' || tx.type === 'CommitStage') {
+        const index = tx.type === 'CommitUnit' ? Number(p.index)
+            : Number(p.round) * perRound + Number(p.replica) * Number(t.params.stages) + Number(p.stage);
+        latest[index] = {index, solver: p.node_id, height: b, events: []};
+        attempts.push(latest[index]);
       } else if (kGameTxs.includes(tx.type) && latest[p.index]) {
         if (tx.type === 'RevealVerdict' && Number(p.verdict) !== 2) continue;  // 1: clean
         latest[p.index].events.push({type: tx.type, height: b, sender: tx.sender, node: p.node_id});
@@ -472,7 +476,11 @@ function disputeTimeline(t) {
       lines.push(h('br'), `decided by the ledger, which recomputed the disputed tile itself (RefereeTile at block ${r.height}, sent by `,
                  nodeLink(r.node || r.sender), ')');
     }
-    if (posts.length && !of('RuleDispute').length && !of('RefereeStep').length && !of('RefereeTile').length) {
+    for (const r of of('RefereeStageStep')) {
+      lines.push(h('br'), `decided by the ledger, which replayed the disputed stage step itself (RefereeStageStep at block ${r.height}, sent by `,
+                 nodeLink(r.node || r.sender), ')');
+    }
+    if (posts.length && !['RuleDispute', 'RefereeStep', 'RefereeTile', 'RefereeStageStep'].some(x => of(x).length)) {
       lines.push(h('br'), 'no ruling transaction: the game ended at a deadline (a side missed its turn)');
     }
     const unit = t.units.find(u => Number(u.index) === a.index);
@@ -502,7 +510,7 @@ const kEarnings = [['units', 'units'], ['aggregation', 'aggregation'], ['verific
 // what can win a jackpot (a mismatch verdict, a challenge, a proof that a result is wrong).
 function kindOf(x) {
   const pl = x.payload || {};
-  if (x.type === 'CommitUnit') return 'units';
+  if (x.type === 'CommitUnit' || x.type === 'CommitStage') return 'units';
   if (x.type === 'CommitAggregate') return 'aggregation';
   if (x.type === 'RevealVerdict' && Number(pl.verdict) === 2) return 'jackpot';
   if (x.type === 'CommitVerdict' || x.type === 'RevealVerdict') return 'verification';
