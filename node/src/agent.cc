@@ -63,7 +63,7 @@ NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
   verifier_ = std::make_unique<Verifier>(node_.get(), outbox_.get());
   whistleblower_ = std::make_unique<Whistleblower>(node_.get(), outbox_.get());
   disputes_ = std::make_unique<Disputes>(node_.get(), outbox_.get());
-  pins_ = std::make_unique<PinKeeper>(node_.get(), solver_.get());
+  pins_ = std::make_unique<PinKeeper>(node_.get(), solver_.get(), stager_.get());
   if (CheatsAsSolver(options_.adversary)) {
     Log("!!! ADVERSARY MODE: this node cheats as a \"" +
         std::string(AdversaryName(options_.adversary)) +

@@ -6,7 +6,9 @@
 // bit for bit.
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -106,11 +108,14 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
 
   testing::SimOptions opt = PipelineSimOptions(15, "pipeline-network");
   std::set<int> stage_nodes_committed;
+  std::map<int, uint64_t> steps_released;  // stage steps each node stopped serving
   std::mutex mu;
   opt.log_sink = [&](int node, const std::string& line) {
-    if (line.find("(CommitStage)") != std::string::npos) {
-      std::lock_guard<std::mutex> lock(mu);
-      stage_nodes_committed.insert(node);
+    std::lock_guard<std::mutex> lock(mu);
+    if (line.find("(CommitStage)") != std::string::npos) stage_nodes_committed.insert(node);
+    const size_t at = line.find("no longer serving ");
+    if (at != std::string::npos) {
+      steps_released[node] += std::strtoull(line.c_str() + at + 18, nullptr, 10);
     }
   };
   testing::SimHarness sim(opt);
@@ -133,6 +138,23 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
   EXPECT_EQ(HashFloats(final_state->weights), o.want.final_hash);
   // Every agent ran a stage (six stage units a round, one per node).
   EXPECT_EQ(stage_nodes_committed.size(), 6u);
+  // The evidence of a final round's stage steps is no longer served and its memory (a stage
+  // checkpoint per step) is freed: once the task is final, every node has released every step it
+  // trained (one stage a round: rounds x inner_steps).
+  const uint64_t trained = uint64_t{o.net.rounds} * o.net.inner_steps;
+  auto all_released = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return steps_released.size() == 6 &&
+           std::all_of(steps_released.begin(), steps_released.end(),
+                       [&](const auto& kv) { return kv.second == trained; });
+  };
+  for (int b = 0; b < 2'000 && !all_released(); ++b) {
+    ASSERT_TRUE(sim.Step().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(steps_released.size(), 6u);
+  for (const auto& [node, steps] : steps_released) EXPECT_EQ(steps, trained) << "node " << node;
 }
 
 // A stage whose steps fail (here node 5's own, by a 1 ms step deadline; its neighbours then wait

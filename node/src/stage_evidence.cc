@@ -123,6 +123,28 @@ void StageEvidence::Withdraw(const StageStepRef& ref) {
   steps_.erase(ref);
 }
 
+size_t StageEvidence::WithdrawRoundsBefore(const protocol::TaskId& task, uint32_t round) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::erase_if(steps_, [&](const auto& kv) {
+    return kv.first.task == task && kv.first.round < round;
+  });
+}
+
+size_t StageEvidence::steps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return steps_.size();
+}
+
+uint64_t StageEvidence::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const auto& [ref, e] : steps_) {
+    total += e.commit.size() + e.checkpoint.size();
+    for (const auto& [hash, t] : e.tensors) total += t.size();
+  }
+  return total;
+}
+
 Result<Bytes> StageEvidence::HandleStep(const net::Request& r) const {
   Decoder d(r.body, "stage.step request");
   StageStepRef ref;

@@ -78,6 +78,7 @@ Status PinKeeper::ReleaseTask(const Hash256& task, const Hash256& final_state) {
   const bool keep_final = node_->options().keep_final_states && !final_state.IsZero() &&
                           node_->deps().store->HasBlob(net::BlobId{final_state});
   if (keep_final) ML_RETURN_IF_ERROR(node_->book().Add(final_state, KeepFinalReason(task)));
+  stager_->ReleaseEvidence(task, UINT32_MAX);
   ML_ASSIGN_OR_RETURN(size_t freed, node_->book().Remove([&](const Hash256&, const std::string& r) {
     std::string kind;
     Hash256 t;
@@ -159,6 +160,7 @@ Status PinKeeper::ReviewPins() {
     // "Fraud proofs after the fact"); a redo needs no delta or checkpoint of the rounds it
     // re-runs.
     const uint32_t finalized = gone ? 0 : info->rounds_settled;
+    stager_->ReleaseEvidence(task, finalized);
     ML_ASSIGN_OR_RETURN(
         size_t freed, node_->book().Remove([&](const Hash256&, const std::string& r) {
           std::string kind;

@@ -14,6 +14,7 @@
 
 #include "node_context.h"
 #include "solver.h"
+#include "stager.h"
 
 namespace meshlearn::node {
 
@@ -22,7 +23,8 @@ inline constexpr char kKeepReason[] = "keep";
 
 class PinKeeper {
  public:
-  PinKeeper(NodeContext* node, Solver* solver) : node_(node), solver_(solver) {}
+  PinKeeper(NodeContext* node, Solver* solver, Stager* stager)
+      : node_(node), solver_(solver), stager_(stager) {}
 
   // The height of the agent's first tick: uploads pinned before it count from it.
   void set_first_height(uint64_t h) {
@@ -42,6 +44,7 @@ class PinKeeper {
 
   NodeContext* node_;
   Solver* solver_;
+  Stager* stager_;  // its stage steps' evidence goes with the rounds' deltas
   uint64_t first_height_ = 0;
   uint64_t last_review_height_ = 0;
 };

@@ -181,6 +181,14 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
   return Status::Ok();
 }
 
+void Stager::ReleaseEvidence(const Hash256& task, uint32_t finalized) {
+  const size_t freed = evidence_.WithdrawRoundsBefore(task, finalized);
+  if (freed != 0) {
+    node_->Log("task " + task.ShortHex() + ": no longer serving " + std::to_string(freed) +
+               " stage step(s) of its final rounds");
+  }
+}
+
 bool Stager::OnOutcome(const TxOutcome& o) {
   for (auto it = commits_.begin(); it != commits_.end(); ++it) {
     if (it->second.txid != o.id) continue;

@@ -65,6 +65,11 @@ class Stager {
   Status Collect(const NodeWork& work);
   bool OnOutcome(const TxOutcome& o);
 
+  // Rounds [0, finalized) of `task` are final (UINT32_MAX: the task is released): the evidence
+  // of their steps is no longer served, and its memory (a stage checkpoint per step) is freed.
+  void ReleaseEvidence(const Hash256& task, uint32_t finalized);
+  const StageEvidence& evidence() const { return evidence_; }
+
  private:
   struct Run {
     UnitAssignment a;
@@ -87,8 +92,8 @@ class Stager {
 
   NodeContext* node_;
   StageHost host_;
-  // Every step the node trained, served until the process ends (a verifier replays it from
-  // there; the check of a stage unit settles before its round is final).
+  // Every step the node trained, served until its round is final (a verifier replays it from
+  // there; the check of a stage unit settles before its round is final): ReleaseEvidence.
   StageEvidence evidence_;
   uint64_t confirmed_secret_index_ = 0;  // of the last CommitStage the ledger took
   std::unique_ptr<Run> run_;

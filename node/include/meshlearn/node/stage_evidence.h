@@ -72,6 +72,12 @@ class StageEvidence {
                Bytes checkpoint);
   // Stops serving a step (its round is final).
   void Withdraw(const StageStepRef& ref);
+  // Stops serving every step of `task` in a round before `round` (rounds [0, round) are final;
+  // UINT32_MAX: the whole task), and frees what they held. Returns the steps withdrawn.
+  size_t WithdrawRoundsBefore(const protocol::TaskId& task, uint32_t round);
+  // The steps served and the bytes they hold (checkpoints and received tensors).
+  size_t steps() const;
+  uint64_t bytes() const;
 
  private:
   struct Entry {
