@@ -87,8 +87,9 @@ TEST(OpTraceTest, RecordsEveryOperatorInAFixedOrder) {
   auto a = MakeTrainer();
   OpTrace t = TraceStep(*a);
   // The input state (6 parameters, 6 + 6 Adam moments), 5 layer outputs, loss, logits grad, 4
-  // activation grads (none for the data), 6 parameter grads, 6 updated parameters.
-  ASSERT_EQ(t.size(), 18u + 5 + 1 + 1 + 4 + 6 + 6);
+  // activation grads (none for the data), 6 parameter grads, 6 updated parameters, and the 6 + 6
+  // Adam moments after the update.
+  ASSERT_EQ(t.size(), 18u + 5 + 1 + 1 + 4 + 6 + 6 + 12);
   EXPECT_EQ(t.name(0), "in.layers.0.weight");
   EXPECT_EQ(t.name(6), "in.optim.m.layers.0.weight");
   EXPECT_EQ(t.name(17), "in.optim.v.layers.4.bias");
@@ -98,7 +99,11 @@ TEST(OpTraceTest, RecordsEveryOperatorInAFixedOrder) {
   // Each output is committed as its tiled root, in its rows x cols grid.
   EXPECT_EQ(t.grid(18), TileGrid::For(8, 16));  // batch 8 x 16 features
   EXPECT_EQ(t.grid(23), TileGrid::For(8, 1));   // per-sample losses: a column, 32 rows a tile
-  EXPECT_EQ(t.name(t.size() - 1), "layers.4.bias");
+  EXPECT_EQ(t.name(t.size() - 13), "layers.4.bias");
+  EXPECT_EQ(t.name(t.size() - 12), "optim.m.layers.0.weight");
+  EXPECT_EQ(t.name(t.size() - 1), "optim.v.layers.4.bias");
+  // The state the step leaves behind is its last 18 outputs, in the input state's order.
+  for (size_t i = 0; i < 18; ++i) EXPECT_EQ("in." + t.name(t.size() - 18 + i), t.name(i));
   auto b = MakeTrainer();
   OpTrace u = TraceStep(*b);
   EXPECT_EQ(FirstDifference(t, u), -1);

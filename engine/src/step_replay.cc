@@ -47,6 +47,18 @@ uint64_t DropoutSeed(uint64_t task_seed, uint64_t stream) {
 
 namespace {
 
+// The update is the step's last operator: every parameter after it, then every optimizer state
+// tensor after it (op_trace.h), each in its tile grid, so the state the step leaves behind is
+// operator outputs a dispute can narrow to a tile of (tile_rule.h's update operators).
+void RecordStepOutputState(TrainState& state, OpTrace& trace) {
+  auto record = [&](const std::string& name, const Tensor& t) {
+    const TileGrid g = TileGrid::ForShape(t.shape());
+    trace.Record(name, {t.data(), static_cast<size_t>(t.size())}, g.rows, g.cols);
+  };
+  for (const Param& p : state.model->params()) record(p.name, p.value);
+  for (const Optimizer::NamedState& s : state.optimizer->State()) record(s.name, *s.tensor);
+}
+
 // Steps 1-4 of pipeline.h for M > 1 micro-batches.
 float StepOnMicroBatches(TrainState& state, const Batch& batch, uint64_t dropout_seed,
                          float* grad_norm, int64_t micro_batches) {
@@ -75,11 +87,7 @@ float StepOnMicroBatches(TrainState& state, const Batch& batch, uint64_t dropout
     AddTiedHeadGrad(m.params()[0].grad, {head_grad.data(), static_cast<size_t>(head_grad.size())});
   }
   const float norm = state.optimizer->Step(m.params(), step);
-  if (OpTrace* trace = m.op_trace()) {
-    for (const Param& p : m.params()) {
-      trace->Record(p.name, {p.value.data(), static_cast<size_t>(p.value.size())});
-    }
-  }
+  if (OpTrace* trace = m.op_trace()) RecordStepOutputState(state, *trace);
   state.step = step + 1;
   if (grad_norm != nullptr) *grad_norm = norm;
   return loss / static_cast<float>(micro_batches);
@@ -117,12 +125,7 @@ float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed, 
     trace->Record("grad_norm", {&norm, 1});
   }
   state.optimizer->Update(m.params(), step, norm);
-  if (OpTrace* trace = m.op_trace()) {  // the update is the step's last operator
-    for (const Param& p : m.params()) {
-      const TileGrid g = TileGrid::ForShape(p.value.shape());
-      trace->Record(p.name, {p.value.data(), static_cast<size_t>(p.value.size())}, g.rows, g.cols);
-    }
-  }
+  if (OpTrace* trace = m.op_trace()) RecordStepOutputState(state, *trace);
   state.step = step + 1;
   if (grad_norm != nullptr) *grad_norm = norm;
   return loss;

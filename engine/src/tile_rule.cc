@@ -250,6 +250,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       n.sources = std::move(grads);
       norm = add(std::move(n));
     }
+    std::map<std::string, TileOp> updates;  // parameter name -> its update
     for (const Param& p : m.params()) {
       TileOp up{p.name, adam ? TileOpKind::kTileOpAdamW : TileOpKind::kTileOpSgd,
                 TileGrid::ForShape(p.value.shape()), p.value.shape()};
@@ -258,7 +259,26 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       up.b = state_op(adam ? "optim.m." + p.name : "optim.momentum." + p.name);
       up.v = adam ? state_op("optim.v." + p.name) : -1;
       up.clip_norm = norm;
+      updates[p.name] = up;
       add(std::move(up));
+    }
+    // Then the optimizer state the update leaves behind, in Optimizer::State() order
+    // (step_replay.cc records it so): the same update, its other outputs.
+    for (const Param& p : m.params()) {
+      const std::string m_name = (adam ? "optim.m." : "optim.momentum.") + p.name;
+      if (state_op(m_name) < 0) continue;  // SGD without momentum keeps no state
+      TileOp moment = updates.at(p.name);
+      moment.name = m_name;
+      moment.update_output = TileUpdateOutput::kTileUpdateFirstMoment;
+      add(std::move(moment));
+    }
+    if (adam) {
+      for (const Param& p : m.params()) {
+        TileOp moment = updates.at(p.name);
+        moment.name = "optim.v." + p.name;
+        moment.update_output = TileUpdateOutput::kTileUpdateSecondMoment;
+        add(std::move(moment));
+      }
     }
   };
   if (model.kind == "gpt") {
@@ -583,6 +603,19 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   }
   add_updates();
   return plan;
+}
+
+int64_t UpdatedStateOperand(const TileOp& op) {
+  if (op.kind != TileOpKind::kTileOpAdamW && op.kind != TileOpKind::kTileOpSgd) return -1;
+  switch (op.update_output) {
+    case TileUpdateOutput::kTileUpdateParam:
+      return op.x;
+    case TileUpdateOutput::kTileUpdateFirstMoment:
+      return op.b;
+    case TileUpdateOutput::kTileUpdateSecondMoment:
+      return op.v;
+  }
+  return -1;
 }
 
 Hash256 StateTileRoot(TrainState& state) {
@@ -1523,7 +1556,17 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         SgdUpdate(plan.optimizer, step, o.shape, w.data(), g.data(), o.b >= 0 ? m.data() : nullptr,
                   t.numel());
       }
-      out = std::move(w);
+      switch (o.update_output) {
+        case TileUpdateOutput::kTileUpdateParam:
+          out = std::move(w);
+          break;
+        case TileUpdateOutput::kTileUpdateFirstMoment:
+          out = std::move(m);
+          break;
+        case TileUpdateOutput::kTileUpdateSecondMoment:
+          out = std::move(v);
+          break;
+      }
       break;
     }
     case TileOpKind::kTileOpGradSquareBlocks: {

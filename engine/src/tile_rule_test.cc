@@ -300,7 +300,8 @@ TEST(TileRuleTest, TheNormOperatorsRecomputeOnEveryFastPathOverLargeGradients) {
       Result<TilePlan> plan = PlanStepTiles(spec->model, st.optimizer->spec(), spec->batch_size);
       ASSERT_TRUE(plan.ok()) << plan.status().ToString();
       ASSERT_EQ(plan->ops.size(), trace.size());
-      const int64_t n = static_cast<int64_t>(plan->ops.size());
+      // The 6 updates and their 12 AdamW moments follow the norm's two operators.
+      const int64_t n = static_cast<int64_t>(plan->ops.size()) - 12;
       const int64_t blocks = n - 8, norm_op = n - 7;
       ASSERT_EQ(plan->ops[static_cast<size_t>(norm_op)].name, "grad_norm");
       EXPECT_GT(norm, 0.05f) << "the clip must act";
@@ -387,8 +388,9 @@ TEST(TileRuleTest, AClippedUpdateReadsTheCommittedNormAndEveryTileRecomputesAdam
   ASSERT_GT(tr->last_grad_norm(), 0.05f) << "the clip must act for this test to mean anything";
   Result<TilePlan> p = PlanStepTiles(tr->task().model, tr->state().optimizer->spec(), 40);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
-  // The 6 parameters' updates follow the norm's two operators.
-  const size_t n = p->ops.size();
+  // The 6 parameters' updates follow the norm's two operators, and their 12 AdamW moments
+  // after the update follow them (m of each, then v of each).
+  const size_t n = p->ops.size() - 12;
   const TileOp& blocks = p->ops[n - 8];
   const TileOp& norm = p->ops[n - 7];
   EXPECT_EQ(blocks.name, "grad_norm.blocks");
@@ -398,13 +400,24 @@ TEST(TileRuleTest, AClippedUpdateReadsTheCommittedNormAndEveryTileRecomputesAdam
   EXPECT_EQ(norm.grid.count(), 1);
   EXPECT_EQ(ReductionBlocks(*p, static_cast<int64_t>(n - 7)), 6);  // a chain over the parameters
   EXPECT_EQ(ReductionBlocks(*p, static_cast<int64_t>(n - 8)), kTileFlat);
-  const int64_t last = static_cast<int64_t>(n) - 1;
-  EXPECT_EQ(p->ops.back().kind, TileOpKind::kTileOpAdamW);
-  EXPECT_EQ(p->ops.back().clip_norm, static_cast<int64_t>(n - 7));
-  Result<TileFootprint> fp = Footprint(*p, last, 0, 0);
-  ASSERT_TRUE(fp.ok()) << fp.status().ToString();
-  ASSERT_EQ(fp->tiles.size(), 5u);  // the parameter, its gradient, m, v and the norm
-  EXPECT_EQ(fp->tiles.back(), (TileRef{static_cast<int64_t>(n - 7), 0}));
+  for (const int64_t last : {static_cast<int64_t>(n) - 1, static_cast<int64_t>(n) + 5,
+                             static_cast<int64_t>(p->ops.size()) - 1}) {
+    const TileOp& up = p->ops[static_cast<size_t>(last)];
+    EXPECT_EQ(up.kind, TileOpKind::kTileOpAdamW) << up.name;
+    EXPECT_EQ(up.clip_norm, static_cast<int64_t>(n - 7)) << up.name;
+    Result<TileFootprint> fp = Footprint(*p, last, 0, 0);
+    ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+    ASSERT_EQ(fp->tiles.size(), 5u);  // the parameter, its gradient, m, v and the norm
+    EXPECT_EQ(fp->tiles.back(), (TileRef{static_cast<int64_t>(n - 7), 0}));
+  }
+  // The last parameter's update, then its moments after it: the same update's other outputs.
+  const std::string last_param = p->ops[n - 1].name;
+  EXPECT_EQ(p->ops[n + 5].name, "optim.m." + last_param);
+  EXPECT_EQ(p->ops[n + 5].update_output, TileUpdateOutput::kTileUpdateFirstMoment);
+  EXPECT_EQ(p->ops.back().name, "optim.v." + last_param);
+  EXPECT_EQ(p->ops.back().update_output, TileUpdateOutput::kTileUpdateSecondMoment);
+  EXPECT_EQ(UpdatedStateOperand(p->ops.back()), p->ops.back().v);
+  EXPECT_EQ(p->ops[static_cast<size_t>(p->ops.back().v)].name, "in.optim.v." + last_param);
   // Partial 1 (of layers.0.weight's 70 x 40 = 2800 elements: elements 1024..2047, rows 14..29 of
   // its 40 x 70 view, columns 44..69 of row 14 to 0..17 of row 29) reads the 3 column tiles of
   // row block 0; a partial past the last is an empty block.
@@ -429,7 +442,7 @@ TEST(TileRuleTest, TheNormOperatorsDependOnTheirWholeFootprint) {
   std::unique_ptr<Trainer> tr = MakeTrainer(Clipped(kMlp, "0.05"));
   Result<TilePlan> p = PlanStepTiles(tr->task().model, tr->state().optimizer->spec(), 40);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
-  const int64_t blocks = static_cast<int64_t>(p->ops.size()) - 8, norm = blocks + 1;
+  const int64_t blocks = static_cast<int64_t>(p->ops.size()) - 8 - 12, norm = blocks + 1;
   Rng rng(3);
   for (const auto& [op, block] :
        {std::pair<int64_t, int64_t>{blocks, 1}, {blocks, 2}, {norm, 0}, {norm, 3}}) {
@@ -538,8 +551,8 @@ TEST(TileRuleTest, TheCnnsCoveredOperatorsRecomputeAndTheRestIsOpaque) {
   }
   std::printf("[ cnn      ] %lld covered operators, %lld opaque\n", static_cast<long long>(covered),
               static_cast<long long>(opaque));
-  EXPECT_EQ(covered, 28);  // 2 conv, 2 pool, 3 relu/gelu, 2 linear, loss x2, 5 in.grads,
-                           // 4 linear grads, 8 updates
+  EXPECT_EQ(covered, 44);  // 2 conv, 2 pool, 3 relu/gelu, 2 linear, loss x2, 5 in.grads,
+                           // 4 linear grads, 8 updates and their 16 AdamW moments
   EXPECT_EQ(opaque, 7);    // the pools' and the second conv's input gradients, conv grads
 }
 
@@ -645,9 +658,9 @@ void ExpectEveryCoveredGptTileRecomputes() {
   // attention's (qkv.grad): the input gradients of its four linears and of its gelu, the two
   // layernorms' input gradients added into the residual gradients (residual3.grad,
   // residual.grad), the four linears' and the two layernorms' weight and bias gradients (19); and
-  // the (unclipped) update of each of the 28 parameters; encoded, the loss, logits.grad, and
-  // wte's and wpe's gradients.
-  EXPECT_EQ(covered, 2 * 11 + 2 + 1 + 3 + 2 * 20 + 28 + 5);
+  // the (unclipped) update of each of the 28 parameters and of its two AdamW moments; encoded,
+  // the loss, logits.grad, and wte's and wpe's gradients.
+  EXPECT_EQ(covered, 2 * 11 + 2 + 1 + 3 + 2 * 20 + 3 * 28 + 5);
   EXPECT_EQ(kinds[TileOpKind::kTileOpAttentionBackward], 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpEmbedding], 1);
   EXPECT_EQ(kinds[TileOpKind::kTileOpEmbeddingGrad], 2);
@@ -662,7 +675,7 @@ void ExpectEveryCoveredGptTileRecomputes() {
   EXPECT_EQ(kinds[TileOpKind::kTileOpLinearBiasGrad], 2 * 4);
   EXPECT_EQ(kinds[TileOpKind::kTileOpAttention], 2);
   EXPECT_EQ(kinds[TileOpKind::kTileOpAttentionOut], 2);
-  EXPECT_EQ(kinds[TileOpKind::kTileOpAdamW], 28);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpAdamW], 3 * 28);  // each parameter, its m and its v
   EXPECT_EQ(kinds[TileOpKind::kTileOpLinear], 2 * 4 + 1);
   EXPECT_EQ(kinds[TileOpKind::kTileOpLayerNorm], 2 * 2 + 1);
   EXPECT_EQ(kinds[TileOpKind::kTileOpGelu], 2);
@@ -920,11 +933,11 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     EXPECT_LE(footprint_floats * 4, 200 * 1024) << name;
   }
   EXPECT_GT(checked, 1000);
-  // Every one of its 275 computed operators is covered (per layer 4 linears, 2 layernorms, att
+  // Every one of its 427 computed operators is covered (per layer 4 linears, 2 layernorms, att
   // and atty, a gelu and 2 residual adds, and its backward: 20; ln_f and the LM head, the head's
   // input gradient and ln_f's backward (3); the global norm's two operators and the clipped
-  // update of each of the 76 parameters; encoded, the loss, logits.grad, wte's and wpe's
-  // gradients).
+  // update of each of the 76 parameters and of its two AdamW moments; encoded, the loss,
+  // logits.grad, wte's and wpe's gradients).
   int64_t computed = 0, covered = 0;
   for (const TileOp& op : plan->ops) {
     if (op.kind == TileOpKind::kTileOpState) continue;
@@ -935,8 +948,8 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
       ++covered;
     }
   }
-  EXPECT_EQ(computed, 275);
-  EXPECT_EQ(covered, 6 * 11 + 6 * 20 + 2 + 1 + 3 + 2 + 76 + 5);
+  EXPECT_EQ(computed, 427);
+  EXPECT_EQ(covered, 6 * 11 + 6 * 20 + 2 + 1 + 3 + 2 + 3 * 76 + 5);
   EXPECT_EQ(covered, computed);
 }
 

@@ -229,7 +229,10 @@ int64_t OpIndex(const std::string& name) {
 
 enum class LieKind {
   kNone,
-  kStepState,    // the state after the step is off (an optimizer moment): no operator differs
+  kStepState,    // the state after the step is off (an optimizer moment) while every operator
+                 // output it posts is the honest one: the operator chains agree
+  kMoment,       // one element of one optimizer moment after the step is off (lie.op names it:
+                 // "optim.m.<param>"), in the state and in the operator output it posts alike
   kInputState,   // the step starts from a corrupted weight: its input state differs
   kWrongUpdate,  // the step's update uses twice the learning rate (a real wrong computation)
   kTile,         // one element of one operator's output is off (posted as computed)
@@ -306,6 +309,24 @@ PartyRun Train(const Lie& lie) {
     rec.roots = rec.trace->hashes();
     if (lying && lie.kind == LieKind::kStepState)
       st.optimizer->State()[0].tensor->data()[0] += 1e-3f;
+    if (lying && lie.kind == LieKind::kMoment) {
+      // A lie in the state only, shown by the operator that records the moment after the update:
+      // the state it carries on from and the output root it posts hold the same wrong element.
+      const int64_t op = OpIndex(lie.op);
+      const engine::TileGrid& g = rec.trace->grid(static_cast<size_t>(op));
+      const size_t e = static_cast<size_t>(lie.row * g.cols + lie.col);
+      engine::Tensor* moment = nullptr;
+      for (const engine::Optimizer::NamedState& ns : st.optimizer->State()) {
+        if (ns.name == lie.op) moment = ns.tensor;
+      }
+      CHECK(moment != nullptr) << "no optimizer moment " << lie.op;
+      moment->data()[e] += 0.25f;
+      std::span<const float> v = rec.trace->values(static_cast<size_t>(op));
+      std::vector<float> fake(v.begin(), v.end());
+      fake.at(e) += 0.25f;
+      rec.roots[static_cast<size_t>(op)] = engine::TensorRoot(fake, g);
+      rec.fake[op] = std::move(fake);
+    }
     if (lying && lie.kind == LieKind::kTile) {
       const int64_t op = OpIndex(lie.op);
       const engine::TileGrid& g = rec.trace->grid(static_cast<size_t>(op));
@@ -321,9 +342,9 @@ PartyRun Train(const Lie& lie) {
       const TilePlan& plan = Context().plan;
       for (size_t op = 0; op < plan.ops.size(); ++op) {
         const engine::TileOp& o = plan.ops[op];
-        if (o.kind != engine::TileOpKind::kTileOpAdamW && o.kind != engine::TileOpKind::kTileOpSgd)
-          continue;
-        std::span<const float> before = rec.trace->values(static_cast<size_t>(o.x));
+        const int64_t from = engine::UpdatedStateOperand(o);
+        if (from < 0) continue;
+        std::span<const float> before = rec.trace->values(static_cast<size_t>(from));
         std::vector<float> fake(before.begin(), before.end());
         rec.roots[op] = engine::TensorRoot(fake, o.grid);
         rec.fake[static_cast<int64_t>(op)] = std::move(fake);
@@ -545,7 +566,7 @@ void ExpectTheHonestSideWins(const Lie& lie, bool want_whole_step) {
     ASSERT_TRUE(p.task.has_value()) << p.outcome.reason;
     EXPECT_EQ(p.task->step, kLieStep);
     EXPECT_EQ(p.task->whole_step, want_whole_step);
-    if (lie.kind == LieKind::kTile && !want_whole_step) {
+    if ((lie.kind == LieKind::kTile || lie.kind == LieKind::kMoment) && !want_whole_step) {
       const int64_t op = OpIndex(lie.op);
       const engine::TileOp& o = Context().plan.ops[static_cast<size_t>(op)];
       EXPECT_EQ(p.task->operator_index, static_cast<uint32_t>(op + 1));
@@ -608,9 +629,25 @@ TEST(TileDisputeTest, AWrongComputationAtAnOperatorIsNarrowedToATileAndLoses) {
   ExpectTheHonestSideWins(Lie{LieKind::kWrongUpdate}, false);
 }
 
-TEST(TileDisputeTest, ALieInTheStateOnlyGoesToTheWholeStepReferee) {
+// A lie in the state only whose operator outputs are the honest ones: the chains agree at C_n
+// while the state hashes differ, so no operator is disputed and the whole step decides (the
+// state hash is not derived from the operator outputs: docs/verification.md, "Who rules what").
+TEST(TileDisputeTest, ALieInTheStateOnlyWithHonestOperatorsGoesToTheWholeStepReferee) {
   g_setup = &FashionSetup();
   ExpectTheHonestSideWins(Lie{LieKind::kStepState}, true);
+}
+
+// A lie in an optimizer moment only (the parameters after the step are right): the moments after
+// the update are operators of the step (op_trace.h), so the game narrows to the lied tile of the
+// moment and the tile rule recomputes it from the same footprint as the parameter's update.
+TEST(TileDisputeTest, ALieInAnOptimizerMomentOnlyLosesToTheTileRule) {
+  g_setup = &FashionSetup();
+  const std::vector<Lie> lies = {
+      {LieKind::kMoment, "optim.m.layers.0.weight", 200, 700},
+      {LieKind::kMoment, "optim.v.layers.2.weight", 50, 60},
+      {LieKind::kMoment, "optim.v.layers.4.bias", 0, 7},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "fashion MLP, moments");
 }
 
 TEST(TileDisputeTest, ALieInTheStepsInputStateGoesToTheWholeStepReferee) {
@@ -1466,6 +1503,13 @@ TEST_P(TileChainLieTest, ALieInTheStateOnlyIsRuledOnChainByTheWholeStep) {
   PlayLieOnChain(Train(Lie{LieKind::kStepState}), GetParam(), false);
 }
 
+// A lie in an AdamW moment only, through real transactions: narrowed to a tile of the moment
+// after the update and ruled by RefereeTile, the genesis key's RuleDispute refused.
+TEST_P(TileChainLieTest, ALieInAnOptimizerMomentIsRuledOnChainByRefereeTile) {
+  PlayLieOnChain(Train(Lie{LieKind::kMoment, "optim.v.layers.0.weight", 100, 300}), GetParam(),
+                 true);
+}
+
 INSTANTIATE_TEST_SUITE_P(EachSideLies, TileChainLieTest, ::testing::Bool(), [](const auto& info) {
   return info.param ? "SolverLies" : "VerifierLies";
 });
@@ -1520,6 +1564,17 @@ TEST_F(TileChainTest, OnThe10mGptAGradientChainBlockIsRuledOnChain) {
   UseGpt();
   const size_t bytes = PlayLieOnChain(
       Train(Lie{LieKind::kTile, "transformer.h.2.ln_1.weight.grad", 0, 100, 6}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
+}
+
+// A solver of the 10M GPT lying only in an AdamW moment (wte's second moment, a clipped step):
+// before the moments were operators this ended at a whole step of a token task, ruled by the
+// genesis key; now RefereeTile rules a tile of the moment. Slow.
+TEST_F(TileChainTest, OnThe10mGptALieInAnOptimizerMomentIsRuledOnChain) {
+  UseGpt();
+  const size_t bytes = PlayLieOnChain(
+      Train(Lie{LieKind::kMoment, "optim.v.transformer.wte.weight", 40, 300}), true, true);
   EXPECT_GT(bytes, 0u);
   EXPECT_LE(bytes, kMaxTileWitnessBytes);
 }

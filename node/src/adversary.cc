@@ -211,9 +211,9 @@ engine::OpTrace SkippedUpdateTrace(const engine::TilePlan& plan, const engine::O
   out.set_keep_values(true);
   for (size_t i = 0; i < honest.size(); ++i) {
     const engine::TileOp& op = plan.ops.at(i);
-    const bool update =
-        op.kind == engine::TileOpKind::kTileOpAdamW || op.kind == engine::TileOpKind::kTileOpSgd;
-    const size_t from = update ? static_cast<size_t>(op.x) : i;  // x: the parameter before
+    // An update's output: the parameter or moment as it was before the step.
+    const int64_t before = engine::UpdatedStateOperand(op);
+    const size_t from = before >= 0 ? static_cast<size_t>(before) : i;
     out.Record(honest.name(i), honest.values(from), honest.grid(i).rows, honest.grid(i).cols);
   }
   return out;

@@ -117,8 +117,8 @@ enum class Lie {
   // The step's update uses twice the learning rate (a lazy or careless solver): forward and
   // backward are right, the first differing operator is the first updated parameter.
   kWrongUpdate,
-  // After the step, one Adam first moment is off: every recorded operator output of the step is
-  // right, only the state (which hashes the optimizer moments) differs.
+  // After the step, one Adam first moment is off in the state it hashes, while the operator
+  // outputs it posts (the moment's included) are the honest ones.
   kOptimizerState,
 };
 
@@ -350,8 +350,9 @@ TEST(OperatorDisputeTest, EveryStepOfTheSegment) {
 }
 
 TEST(OperatorDisputeTest, ALieOnlyInTheOptimizerStateGoesToAWholeStepReferee) {
-  // The trace records operator outputs and updated parameters but not the optimizer moments, so
-  // C_n agrees while the state differs: the referee must run the whole step.
+  // The trace records the moments after the update too, but this liar posts the honest trace
+  // and lies in its state hash only, so C_n agrees while the state differs: the referee must run
+  // the whole step (the state hash is not derived from the operator outputs).
   PartyRun honest = Train(Lie::kNone);
   PartyRun liar = Train(Lie::kOptimizerState);
   ASSERT_EQ(engine::FirstDifference(honest.traces[kLieStep], liar.traces[kLieStep]), -1);

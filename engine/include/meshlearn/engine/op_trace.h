@@ -7,7 +7,9 @@
 // then each layer's activations, the per-sample losses, each gradient with respect to an
 // activation and to a parameter, for a clipped task (optimizer.grad_clip > 0) the global gradient
 // norm as two operators ("grad_norm.blocks": every gradient's SumSquaresTree block partials;
-// "grad_norm": the norm), and finally every parameter after the optimizer update. Two
+// "grad_norm": the norm), then every parameter after the optimizer update, and finally every
+// optimizer state tensor after it (Optimizer::State()'s names and order), so the step's output
+// state is operator outputs too. Two
 // honest runs of the same step record identical lists; the first index where two lists differ
 // names the first operator that computed something different, and the referee needs to recompute
 // only that one, and of it only one tile (tile.h, tile_rule.h).

@@ -65,7 +65,11 @@
 //                                   "grad += sum" (0 + S_K), giving the recorded tile;
 //   optimizer update                the same elements of the parameter, its gradient, and the
 //                                   optimizer moments (from the step's input state); clipped
-//                                   (optimizer.grad_clip > 0), also the one tile of "grad_norm";
+//                                   (optimizer.grad_clip > 0), also the one tile of "grad_norm".
+//                                   The same footprint for the updated parameter and for each
+//                                   updated moment (AdamW's m and v, SGD's momentum buffer),
+//                                   which are operators of their own after every parameter
+//                                   (TileOp::update_output);
 //   grad_norm.blocks[e]             (clipped steps) partial e of SumSquaresTree (kernels.h): the
 //                                   squares of 1024 consecutive elements of one gradient, chained
 //                                   by fma from 0. NARROWED: a tile holds 1024 independent
@@ -170,6 +174,16 @@ enum class TileOpKind : uint8_t {
                              // element a chain over the sequence's positions, narrowed
 };
 
+// What an update operator (kTileOpAdamW, kTileOpSgd) records: the updated parameter (named as
+// the parameter), or one optimizer state tensor after the update (named as Optimizer::State()
+// names it: "optim.m.<param>", "optim.v.<param>", "optim.momentum.<param>"), so that a lie in
+// the state the step leaves behind narrows to a tile of a moment like any operator output.
+enum class TileUpdateOutput : uint8_t {
+  kTileUpdateParam = 0,
+  kTileUpdateFirstMoment = 1,   // AdamW's m, SGD's momentum buffer
+  kTileUpdateSecondMoment = 2,  // AdamW's v
+};
+
 // An operand that is the batch's examples (x rows, y targets), not an operator.
 inline constexpr int64_t kTileOperandBatch = -2;
 
@@ -190,6 +204,9 @@ struct TileOp {
   // A clipped update (kTileOpAdamW, kTileOpSgd with optimizer.grad_clip > 0): the step's
   // kTileOpGradNorm operator, whose one value sets the clipping factor; -1 when not clipped.
   int64_t clip_norm = -1;
+  // The update kinds: which of the update's outputs this operator records (one update computes
+  // all of them from the same footprint): the parameter, or an optimizer moment after it.
+  TileUpdateOutput update_output = TileUpdateOutput::kTileUpdateParam;
 };
 
 struct TilePlan {
@@ -203,6 +220,11 @@ struct TilePlan {
   int64_t seq_len = 0;
   OptimizerSpec optimizer;
 };
+
+// An update operator's (kTileOpAdamW, kTileOpSgd) operand that holds, in the step's input state,
+// what the operator outputs after it: the parameter (x), the first moment (b) or the second (v).
+// -1 for any other operator.
+int64_t UpdatedStateOperand(const TileOp& op);
 
 // The training state committed the way operator outputs are (tile.h): the Merkle root over the
 // tiled roots of every parameter and then every optimizer state tensor, in StateHash order (the

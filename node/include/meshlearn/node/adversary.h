@@ -114,7 +114,7 @@ Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
 
 // What a lazy solver that skipped a step claims in a tile dispute: `honest` (the step traced from
 // the agreed state, following `plan`) with every optimizer update's output replaced by the
-// parameter it updates, as it was before the step.
+// parameter or moment it updates, as it was before the step.
 engine::OpTrace SkippedUpdateTrace(const engine::TilePlan& plan, const engine::OpTrace& honest);
 
 }  // namespace meshlearn::node
