@@ -130,11 +130,6 @@ size_t StageEvidence::WithdrawRoundsBefore(const protocol::TaskId& task, uint32_
   });
 }
 
-size_t StageEvidence::steps() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return steps_.size();
-}
-
 uint64_t StageEvidence::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t total = 0;

@@ -132,6 +132,7 @@ Status Stager::Collect(const NodeWork& work) {
   st.stage_bytes_sent += plane.bytes_sent;
   st.stage_wait_us += plane.wait_us;
   st.stage_run_us += run->run_us;
+  st.stage_evidence_bytes = evidence_.bytes();
   if (!run->out.ok()) {
     // Nothing of the unit is stored or committed: it runs again from its start while assigned.
     return run->out.status().WithPrefix(Name(run->a) + " failed (nothing committed)");
@@ -183,6 +184,7 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
 
 void Stager::ReleaseEvidence(const Hash256& task, uint32_t finalized) {
   const size_t freed = evidence_.WithdrawRoundsBefore(task, finalized);
+  node_->stats().stage_evidence_bytes = evidence_.bytes();
   if (freed != 0) {
     node_->Log("task " + task.ShortHex() + ": no longer serving " + std::to_string(freed) +
                " stage step(s) of its final rounds");

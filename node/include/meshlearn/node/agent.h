@@ -226,6 +226,9 @@ struct AgentStats {
   uint64_t stage_bytes_sent = 0;
   uint64_t stage_run_us = 0;
   uint64_t stage_wait_us = 0;
+  // What the node serves of its stage steps for their verifiers (checkpoints and received
+  // tensors) until their rounds are final; a gauge.
+  uint64_t stage_evidence_bytes = 0;
   uint64_t units_resumed = 0;     // continued from a checkpoint
   uint64_t units_paused = 0;      // paused at a checkpoint for a verification replay
   uint64_t units_refused = 0;     // did not fit in memory (each Tick that refused one)

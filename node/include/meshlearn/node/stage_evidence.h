@@ -75,8 +75,7 @@ class StageEvidence {
   // Stops serving every step of `task` in a round before `round` (rounds [0, round) are final;
   // UINT32_MAX: the whole task), and frees what they held. Returns the steps withdrawn.
   size_t WithdrawRoundsBefore(const protocol::TaskId& task, uint32_t round);
-  // The steps served and the bytes they hold (checkpoints and received tensors).
-  size_t steps() const;
+  // The bytes the steps served hold (commits, checkpoints and received tensors).
   uint64_t bytes() const;
 
  private:
