@@ -70,29 +70,8 @@ Status TileRuleTokens(const TileRuleContext& ctx, const protocol::RefereeTask& t
   const int64_t B = plan.batch / T, step = static_cast<int64_t>(task.step) - 1;
   const std::vector<int64_t> want =
       engine::TokenPagesOfRows(ctx.seed, ctx.stream, step, B, T, n, fp.batch_rows);
-  if (w.pages.size() != want.size()) {
-    return InvalidArgument(where + ": the witness has " + std::to_string(w.pages.size()) +
-                           " token pages; the footprint's rows lie in " +
-                           std::to_string(want.size()));
-  }
-  const uint64_t num_pages =
-      static_cast<uint64_t>((n + engine::kTokenPageTokens - 1) / engine::kTokenPageTokens);
-  for (size_t i = 0; i < want.size(); ++i) {
-    const TileWitnessPage& p = w.pages[i];
-    const int64_t first = want[i] * engine::kTokenPageTokens;
-    const size_t len = static_cast<size_t>(std::min(n - first, engine::kTokenPageTokens));
-    if (p.page != static_cast<uint64_t>(want[i]) || p.tokens.size() != len) {
-      return InvalidArgument(where + ": token page " + std::to_string(i) + " is page " +
-                             std::to_string(p.page) + " of " + std::to_string(p.tokens.size()) +
-                             " tokens; the rows need page " + std::to_string(want[i]) + " of " +
-                             std::to_string(len));
-    }
-    if (p.proof.index != p.page || p.proof.leaf_count != num_pages ||
-        !MerkleVerify(ctx.data_root, engine::TokenPageLeaf(p.page, p.tokens), p.proof)) {
-      return InvalidArgument(where + ": token page " + std::to_string(p.page) +
-                             " is not proven against the data root " + ctx.data_root.ShortHex());
-    }
-  }
+  ML_RETURN_IF_ERROR(
+      CheckWitnessPages(w.pages, want, n, ctx.data_root, where, "the footprint's rows"));
   const std::vector<int64_t> starts = engine::WindowStarts(ctx.seed, ctx.stream, step, B, n, T);
   auto token_at = [&](int64_t pos) {
     const int64_t page = pos / engine::kTokenPageTokens;
@@ -109,6 +88,34 @@ Status TileRuleTokens(const TileRuleContext& ctx, const protocol::RefereeTask& t
 }
 
 }  // namespace
+
+Status CheckWitnessPages(const std::vector<TileWitnessPage>& pages,
+                         const std::vector<int64_t>& want, int64_t n, const Hash256& data_root,
+                         const std::string& where, const std::string& reader) {
+  if (pages.size() != want.size()) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(pages.size()) +
+                           " token pages; " + reader + " read " + std::to_string(want.size()));
+  }
+  const uint64_t num_pages =
+      static_cast<uint64_t>((n + engine::kTokenPageTokens - 1) / engine::kTokenPageTokens);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const TileWitnessPage& p = pages[i];
+    const int64_t first = want[i] * engine::kTokenPageTokens;
+    const size_t len = static_cast<size_t>(std::min(n - first, engine::kTokenPageTokens));
+    if (p.page != static_cast<uint64_t>(want[i]) || p.tokens.size() != len) {
+      return InvalidArgument(where + ": token page " + std::to_string(i) + " is page " +
+                             std::to_string(p.page) + " of " + std::to_string(p.tokens.size()) +
+                             " tokens; " + reader + " read page " + std::to_string(want[i]) +
+                             " there, of " + std::to_string(len));
+    }
+    if (p.proof.index != p.page || p.proof.leaf_count != num_pages ||
+        !MerkleVerify(data_root, engine::TokenPageLeaf(p.page, p.tokens), p.proof)) {
+      return InvalidArgument(where + ": token page " + std::to_string(p.page) +
+                             " is not proven against the task's data root " + data_root.ShortHex());
+    }
+  }
+  return Status::Ok();
+}
 
 Bytes EncodeTileWitness(const TileWitness& w) {
   Encoder e;

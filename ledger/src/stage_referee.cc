@@ -181,30 +181,11 @@ Result<engine::Batch> WitnessTokenBatch(const engine::TaskSpec& spec, uint64_t s
   }
   const std::vector<int64_t> want =
       engine::TokenPagesOfRows(spec.seed, stream, step, B, T, n, AllRows(B, T));
-  if (pages.size() != want.size()) {
-    return InvalidArgument(where + ": the witness has " + std::to_string(pages.size()) +
-                           " token pages; the step's batch lies in " + std::to_string(want.size()));
-  }
-  const uint64_t num_pages =
-      static_cast<uint64_t>((n + engine::kTokenPageTokens - 1) / engine::kTokenPageTokens);
+  ML_RETURN_IF_ERROR(CheckWitnessPages(pages, want, n, data_root, where, "the step's batch"));
   // The pages a window reads are consecutive, so laid end to end (all full but the stream's
   // last) they give each window's tokens at its start's offset within them.
   engine::TokenData compact;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const StageWitnessPage& p = pages[i];
-    const int64_t first = want[i] * engine::kTokenPageTokens;
-    const size_t len = static_cast<size_t>(std::min(n - first, engine::kTokenPageTokens));
-    if (p.page != static_cast<uint64_t>(want[i]) || p.tokens.size() != len) {
-      return InvalidArgument(where + ": token page " + std::to_string(i) + " is page " +
-                             std::to_string(p.page) + " of " + std::to_string(p.tokens.size()) +
-                             " tokens; the batch needs page " + std::to_string(want[i]) + " of " +
-                             std::to_string(len));
-    }
-    if (p.proof.index != p.page || p.proof.leaf_count != num_pages ||
-        !MerkleVerify(data_root, engine::TokenPageLeaf(p.page, p.tokens), p.proof)) {
-      return InvalidArgument(where + ": token page " + std::to_string(p.page) +
-                             " is not proven against the task's data root " + data_root.ShortHex());
-    }
+  for (const StageWitnessPage& p : pages) {
     compact.tokens.insert(compact.tokens.end(), p.tokens.begin(), p.tokens.end());
   }
   std::vector<int64_t> starts = engine::WindowStarts(spec.seed, stream, step, B, n, T);

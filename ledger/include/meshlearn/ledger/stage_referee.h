@@ -35,6 +35,7 @@
 #include "meshlearn/engine/data.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_replay.h"
 #include "meshlearn/ledger/state.h"
 #include "meshlearn/ledger/tx.h"
@@ -73,12 +74,7 @@ Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
 // ---- The ledger's witness.
 
 // One page of a token task's train stream (engine::TokenPageTree), proven against the data root.
-struct StageWitnessPage {
-  uint64_t page = 0;
-  std::vector<int32_t> tokens;
-  MerkleProof proof;
-  bool operator==(const StageWitnessPage&) const = default;
-};
+using StageWitnessPage = TileWitnessPage;
 
 struct StageStepWitness {
   std::string bundle;           // the task bundle text (blob id == spec_hash)
