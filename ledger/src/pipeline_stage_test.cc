@@ -662,12 +662,14 @@ class PipelineVerificationTest : public FollowedChainFixture {
     }
     return out;
   }
+  // The commit of unit `stage` (an index of round 0: replica index / kStages, stage index %
+  // kStages; one replica's are its stages).
   CommitStageTx Commit(uint32_t stage, const std::vector<Hash256>& leaves) {
     const WorkUnit u = Unit(stage);
     return CommitStageTx{.task_id = task_id_,
                          .round = 0,
-                         .replica = 0,
-                         .stage = stage,
+                         .replica = stage / kStages,
+                         .stage = stage % kStages,
                          .node_id = u.assignee,
                          .result_hash = Blake2b("stage delta " + std::to_string(stage)),
                          .commitment = protocol::StageCommitment(leaves),
@@ -922,6 +924,57 @@ TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaR
   for (uint32_t st = 0; st < kStages; ++st) {
     ASSERT_EQ(Unit(st).status, WorkUnitStatus::kAssigned) << st;
     EXPECT_NE(Unit(st).assignee, cheater) << st;
+  }
+}
+
+// Two replicas; stage 1 of replica 0 lies from step 1 on (of 4). Before the round re-runs, the
+// work no false tensor reached is paid: replica 1's stages their whole StageUnitCost (trained from
+// the round's honest start), replica 0's honest stages step 0's quarter of theirs, the cheater
+// nothing.
+TEST_F(PipelineVerificationTest, AFraudRoundsHonestStageWorkIsPaidBeforeItReruns) {
+  for (uint8_t i = 4; i < 7; ++i) stagers_.push_back(TestKey(static_cast<uint8_t>(30 + i)));
+  Start([](TaskParams& p) { p.units_per_round = 2 * kStages; });
+  constexpr uint32_t kUnits = 2 * kStages, kCheat = 1;
+  std::vector<PublicKey> first_run;
+  for (uint32_t i = 0; i < kUnits; ++i) {
+    ASSERT_EQ(Unit(i).status, WorkUnitStatus::kAssigned) << i;
+    first_run.push_back(Unit(i).assignee);
+  }
+  std::vector<Transaction> txs;
+  for (uint32_t i = 0; i < kUnits; ++i) {
+    txs.push_back(Q(alice_, Commit(i, StepLeaves(i, i == kCheat, 1))));
+  }
+  StepOk(txs);
+  Aggregate();
+  const std::vector<Hash256> lied = StepLeaves(kCheat, true, 1);
+  std::vector<Sealed> verdicts;
+  txs.clear();
+  for (uint32_t i = 0; i < kUnits; ++i) {
+    ASSERT_EQ(Check(i).stage(), protocol::CheckStage::kCheckCommitVerdicts) << i;
+    verdicts.push_back(i == kCheat ? Mismatch(i, lied, 1, StepLeaves(kCheat)[1]) : Clean(i));
+    txs.push_back(SealTx(i, verdicts.back()));
+  }
+  StepOk(txs);
+  StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
+  txs.clear();
+  for (uint32_t i = 0; i < kUnits; ++i) {
+    txs.push_back(RevealTx(i, verdicts[i]));
+    txs.push_back(SecretTx(i));
+  }
+  StepOk(txs);
+  StepUntil(kCheat, protocol::CheckStage::kCheckDisputed);
+  StepOk({Q(referee_, RuleDisputeTx{.task_id = task_id_,
+                                     .index = kCheat,
+                                     .output = StepLeaves(kCheat)[1]})});
+  for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
+  ASSERT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.fraud, 1u);
+  for (uint32_t i = 0; i < kUnits; ++i) {
+    const Amount cost = StageUnitCost(t.params, kTestUnitCost, i % kStages);
+    const Amount want = i == kCheat ? 0 : i < kStages ? cost / 4 : cost;
+    EXPECT_EQ(Node(first_run[i]).earnings.units, want)
+        << "unit " << i << " (replica " << i / kStages << ", stage " << i % kStages << ")";
   }
 }
 
