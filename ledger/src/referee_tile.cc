@@ -8,6 +8,7 @@
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/tile.h"
+#include "witness_codec.h"
 
 namespace meshlearn::ledger {
 namespace {
@@ -17,30 +18,6 @@ constexpr char kTileWitnessMagic[] = "meshlearn.tile_witness.v1";
 constexpr char kTileWitnessMagicPages[] = "meshlearn.tile_witness.v2";
 constexpr uint32_t kTileWitnessMaxItems = 1u << 20;
 
-void TileWitnessPutFloats(Encoder& e, const std::vector<float>& v) {
-  e.PutU32(static_cast<uint32_t>(v.size()));
-  for (float f : v) e.PutF32(f);
-}
-Status TileWitnessGetFloats(Decoder& d, std::vector<float>* v, std::string_view field) {
-  uint32_t n = 0;
-  ML_RETURN_IF_ERROR(d.GetCount(&n, field, kTileWitnessMaxItems, 4));
-  v->resize(n);
-  for (float& f : *v) ML_RETURN_IF_ERROR(d.GetF32(&f, field));
-  return Status::Ok();
-}
-void TileWitnessPutProof(Encoder& e, const MerkleProof& p) {
-  e.PutU64(p.index).PutU64(p.leaf_count).PutU32(static_cast<uint32_t>(p.siblings.size()));
-  for (const Hash256& h : p.siblings) e.PutHash(h);
-}
-Status TileWitnessGetProof(Decoder& d, MerkleProof* p, std::string_view field) {
-  ML_RETURN_IF_ERROR(d.GetU64(&p->index, field));
-  ML_RETURN_IF_ERROR(d.GetU64(&p->leaf_count, field));
-  uint32_t n = 0;
-  ML_RETURN_IF_ERROR(d.GetCount(&n, field, 64, 32));
-  p->siblings.resize(n);
-  for (Hash256& h : p->siblings) ML_RETURN_IF_ERROR(d.GetHash(&h, field));
-  return Status::Ok();
-}
 
 // RuleTile's step 3 for a token task: the witness's pages must be exactly those holding the
 // footprint's rows' tokens and targets (engine::TokenPagesOfRows), each of its full length and
@@ -125,25 +102,12 @@ Bytes EncodeTileWitness(const TileWitness& w) {
   e.PutU32(static_cast<uint32_t>(w.tiles.size()));
   for (const TileWitnessTile& t : w.tiles) {
     e.PutU32(t.op).PutU64(t.tile);
-    TileWitnessPutFloats(e, t.values);
-    TileWitnessPutProof(e, t.proof);
+    PutWitnessFloats(e, t.values);
+    PutMerkleProof(e, t.proof);
   }
-  e.PutU32(static_cast<uint32_t>(w.examples.size()));
-  for (const StepWitnessExample& x : w.examples) {
-    e.PutU64(x.index);
-    TileWitnessPutFloats(e, x.x);
-    e.PutU32(static_cast<uint32_t>(x.y));
-    TileWitnessPutProof(e, x.proof);
-  }
-  TileWitnessPutFloats(e, w.partial);
-  if (!w.pages.empty()) {
-    e.PutU32(static_cast<uint32_t>(w.pages.size()));
-    for (const TileWitnessPage& p : w.pages) {
-      e.PutU64(p.page).PutU32(static_cast<uint32_t>(p.tokens.size()));
-      for (int32_t t : p.tokens) e.PutU32(static_cast<uint32_t>(t));
-      TileWitnessPutProof(e, p.proof);
-    }
-  }
+  PutWitnessExamples(e, w.examples);
+  PutWitnessFloats(e, w.partial);
+  if (!w.pages.empty()) PutWitnessPages(e, w.pages);
   return e.Take();
 }
 
@@ -166,38 +130,16 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes) {
   for (TileWitnessTile& t : w.tiles) {
     ML_RETURN_IF_ERROR(d.GetU32(&t.op, "tile.op"));
     ML_RETURN_IF_ERROR(d.GetU64(&t.tile, "tile.index"));
-    ML_RETURN_IF_ERROR(TileWitnessGetFloats(d, &t.values, "tile.values"));
-    ML_RETURN_IF_ERROR(TileWitnessGetProof(d, &t.proof, "tile.proof"));
+    ML_RETURN_IF_ERROR(GetWitnessFloats(d, &t.values, "tile.values"));
+    ML_RETURN_IF_ERROR(GetMerkleProof(d, &t.proof, "tile.proof"));
   }
-  ML_RETURN_IF_ERROR(d.GetCount(&n, "examples", kTileWitnessMaxItems, 32));
-  w.examples.resize(n);
-  for (StepWitnessExample& x : w.examples) {
-    ML_RETURN_IF_ERROR(d.GetU64(&x.index, "example.index"));
-    ML_RETURN_IF_ERROR(TileWitnessGetFloats(d, &x.x, "example.x"));
-    uint32_t y = 0;
-    ML_RETURN_IF_ERROR(d.GetU32(&y, "example.y"));
-    x.y = static_cast<int32_t>(y);
-    ML_RETURN_IF_ERROR(TileWitnessGetProof(d, &x.proof, "example.proof"));
-  }
-  ML_RETURN_IF_ERROR(TileWitnessGetFloats(d, &w.partial, "partial"));
+  ML_RETURN_IF_ERROR(GetWitnessExamples(d, &w.examples));
+  ML_RETURN_IF_ERROR(GetWitnessFloats(d, &w.partial, "partial"));
   if (pages) {
-    ML_RETURN_IF_ERROR(d.GetCount(&n, "pages", kTileWitnessMaxItems, 24));
-    if (n == 0) {
+    ML_RETURN_IF_ERROR(GetWitnessPages(d, &w.pages));
+    if (w.pages.empty()) {
       return InvalidArgument(std::string("tile witness: a '") + kTileWitnessMagicPages +
                              "' witness holds at least one token page");
-    }
-    w.pages.resize(n);
-    for (TileWitnessPage& p : w.pages) {
-      ML_RETURN_IF_ERROR(d.GetU64(&p.page, "page.index"));
-      uint32_t k = 0;
-      ML_RETURN_IF_ERROR(d.GetCount(&k, "page.tokens", kTileWitnessMaxItems, 4));
-      p.tokens.resize(k);
-      for (int32_t& t : p.tokens) {
-        uint32_t u = 0;
-        ML_RETURN_IF_ERROR(d.GetU32(&u, "page.tokens"));
-        t = static_cast<int32_t>(u);
-      }
-      ML_RETURN_IF_ERROR(TileWitnessGetProof(d, &p.proof, "page.proof"));
     }
   }
   ML_RETURN_IF_ERROR(d.Finish());

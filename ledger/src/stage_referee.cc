@@ -9,6 +9,7 @@
 #include "meshlearn/ledger/stage_step.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "referee_step.h"
+#include "witness_codec.h"
 
 namespace meshlearn::ledger {
 
@@ -57,23 +58,6 @@ Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
 namespace {
 
 constexpr std::string_view kStageWitnessMagic = "meshlearn.stage_step_witness.v1";
-constexpr uint32_t kMaxStageWitnessItems = 1u << 16;
-constexpr uint32_t kMaxStageWitnessProofDepth = 64;
-
-void PutProof(Encoder& e, const MerkleProof& p) {
-  e.PutU64(p.index).PutU64(p.leaf_count);
-  e.PutU32(static_cast<uint32_t>(p.siblings.size()));
-  for (const Hash256& h : p.siblings) e.PutHash(h);
-}
-Status GetProof(Decoder& d, MerkleProof* p, std::string_view field) {
-  ML_RETURN_IF_ERROR(d.GetU64(&p->index, field));
-  ML_RETURN_IF_ERROR(d.GetU64(&p->leaf_count, field));
-  uint32_t depth = 0;
-  ML_RETURN_IF_ERROR(d.GetCount(&depth, field, kMaxStageWitnessProofDepth, 32));
-  p->siblings.resize(depth);
-  for (Hash256& h : p->siblings) ML_RETURN_IF_ERROR(d.GetHash(&h, field));
-  return Status::Ok();
-}
 
 }  // namespace
 
@@ -82,21 +66,8 @@ Bytes EncodeStageStepWitness(const StageStepWitness& w) {
   e.PutString(kStageWitnessMagic).PutString(w.bundle).PutBytes(w.commit).PutBytes(w.checkpoint);
   e.PutU32(static_cast<uint32_t>(w.received.size()));
   for (const Bytes& b : w.received) e.PutBytes(b);
-  e.PutU32(static_cast<uint32_t>(w.pages.size()));
-  for (const StageWitnessPage& p : w.pages) {
-    e.PutU64(p.page);
-    e.PutU32(static_cast<uint32_t>(p.tokens.size()));
-    for (int32_t t : p.tokens) e.PutU32(static_cast<uint32_t>(t));
-    PutProof(e, p.proof);
-  }
-  e.PutU32(static_cast<uint32_t>(w.examples.size()));
-  for (const StepWitnessExample& x : w.examples) {
-    e.PutU64(x.index);
-    e.PutU32(static_cast<uint32_t>(x.x.size()));
-    for (float f : x.x) e.PutF32(f);
-    e.PutU32(static_cast<uint32_t>(x.y));
-    PutProof(e, x.proof);
-  }
+  PutWitnessPages(e, w.pages);
+  PutWitnessExamples(e, w.examples);
   return e.Take();
 }
 
@@ -118,36 +89,11 @@ Result<StageStepWitness> DecodeStageStepWitness(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(d.GetBytes(&w.checkpoint, "checkpoint", kMaxWitnessBytes));
   uint32_t n = 0;
-  ML_RETURN_IF_ERROR(d.GetCount(&n, "received", kMaxStageWitnessItems, 4));
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "received", kMaxWitnessItems, 4));
   w.received.resize(n);
   for (Bytes& b : w.received) ML_RETURN_IF_ERROR(d.GetBytes(&b, "received", kMaxWitnessBytes));
-  ML_RETURN_IF_ERROR(d.GetCount(&n, "pages", kMaxStageWitnessItems, 24));
-  w.pages.resize(n);
-  for (StageWitnessPage& p : w.pages) {
-    ML_RETURN_IF_ERROR(d.GetU64(&p.page, "page"));
-    uint32_t k = 0;
-    ML_RETURN_IF_ERROR(d.GetCount(&k, "page.tokens", kMaxWitnessBytes / 4, 4));
-    p.tokens.resize(k);
-    for (int32_t& t : p.tokens) {
-      uint32_t u = 0;
-      ML_RETURN_IF_ERROR(d.GetU32(&u, "page.tokens"));
-      t = static_cast<int32_t>(u);
-    }
-    ML_RETURN_IF_ERROR(GetProof(d, &p.proof, "page.proof"));
-  }
-  ML_RETURN_IF_ERROR(d.GetCount(&n, "examples", kMaxStageWitnessItems, 28));
-  w.examples.resize(n);
-  for (StepWitnessExample& x : w.examples) {
-    ML_RETURN_IF_ERROR(d.GetU64(&x.index, "example.index"));
-    uint32_t k = 0;
-    ML_RETURN_IF_ERROR(d.GetCount(&k, "example.x", kMaxWitnessBytes / 4, 4));
-    x.x.resize(k);
-    for (float& f : x.x) ML_RETURN_IF_ERROR(d.GetF32(&f, "example.x"));
-    uint32_t y = 0;
-    ML_RETURN_IF_ERROR(d.GetU32(&y, "example.y"));
-    x.y = static_cast<int32_t>(y);
-    ML_RETURN_IF_ERROR(GetProof(d, &x.proof, "example.proof"));
-  }
+  ML_RETURN_IF_ERROR(GetWitnessPages(d, &w.pages));
+  ML_RETURN_IF_ERROR(GetWitnessExamples(d, &w.examples));
   ML_RETURN_IF_ERROR(d.Finish());
   return w;
 }

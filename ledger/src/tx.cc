@@ -1,6 +1,7 @@
 #include "meshlearn/ledger/tx.h"
 
 #include "fields.h"
+#include "witness_codec.h"
 #include "meshlearn/base/encoding.h"
 
 namespace meshlearn::ledger {
@@ -89,21 +90,6 @@ namespace {
 constexpr std::string_view kWitnessMagic = "meshlearn.step_witness.v1";
 constexpr std::string_view kResultWitnessMagic = "meshlearn.result_witness.v1";
 constexpr std::string_view kSegmentWitnessMagic = "meshlearn.segment_witness.v1";
-constexpr uint32_t kMaxWitnessExamples = 1u << 16;
-constexpr uint32_t kMaxWitnessProofDepth = 64;
-
-void PutFloats(Encoder& e, const std::vector<float>& v) {
-  e.PutU32(static_cast<uint32_t>(v.size()));
-  for (float f : v) e.PutF32(f);
-}
-Status GetFloats(Decoder& d, std::vector<float>* v, std::string_view field) {
-  uint32_t n = 0;
-  ML_RETURN_IF_ERROR(d.GetCount(&n, field, static_cast<uint32_t>(kMaxWitnessBytes / 4), 4));
-  v->resize(n);
-  for (float& f : *v) ML_RETURN_IF_ERROR(d.GetF32(&f, field));
-  return Status::Ok();
-}
-
 // A witness's size (at most kMaxWitnessBytes: only small models are refereed on chain) and its
 // leading magic string.
 Status ReadWitnessHeader(Decoder& d, size_t size, std::string_view magic, const char* what) {
@@ -121,45 +107,90 @@ Status ReadWitnessHeader(Decoder& d, size_t size, std::string_view magic, const 
   return Status::Ok();
 }
 
-// Examples with their proofs: a step witness's batch, a segment witness's batches.
-void PutExamples(Encoder& e, const std::vector<StepWitnessExample>& examples) {
+}  // namespace
+
+void PutWitnessFloats(Encoder& e, const std::vector<float>& v) {
+  e.PutU32(static_cast<uint32_t>(v.size()));
+  for (float f : v) e.PutF32(f);
+}
+Status GetWitnessFloats(Decoder& d, std::vector<float>* v, std::string_view field) {
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, field, static_cast<uint32_t>(kMaxWitnessBytes / 4), 4));
+  v->resize(n);
+  for (float& f : *v) ML_RETURN_IF_ERROR(d.GetF32(&f, field));
+  return Status::Ok();
+}
+
+void PutMerkleProof(Encoder& e, const MerkleProof& p) {
+  e.PutU64(p.index).PutU64(p.leaf_count).PutU32(static_cast<uint32_t>(p.siblings.size()));
+  for (const Hash256& h : p.siblings) e.PutHash(h);
+}
+Status GetMerkleProof(Decoder& d, MerkleProof* p, std::string_view field) {
+  ML_RETURN_IF_ERROR(d.GetU64(&p->index, field));
+  ML_RETURN_IF_ERROR(d.GetU64(&p->leaf_count, field));
+  uint32_t depth = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&depth, field, kMaxWitnessProofDepth, 32));
+  p->siblings.resize(depth);
+  for (Hash256& h : p->siblings) ML_RETURN_IF_ERROR(d.GetHash(&h, field));
+  return Status::Ok();
+}
+
+void PutWitnessExamples(Encoder& e, const std::vector<StepWitnessExample>& examples) {
   e.PutU32(static_cast<uint32_t>(examples.size()));
   for (const StepWitnessExample& x : examples) {
     e.PutU64(x.index);
-    PutFloats(e, x.x);
+    PutWitnessFloats(e, x.x);
     e.PutU32(static_cast<uint32_t>(x.y));
-    e.PutU64(x.proof.index).PutU64(x.proof.leaf_count);
-    e.PutU32(static_cast<uint32_t>(x.proof.siblings.size()));
-    for (const Hash256& h : x.proof.siblings) e.PutHash(h);
+    PutMerkleProof(e, x.proof);
   }
 }
-Status GetExamples(Decoder& d, std::vector<StepWitnessExample>* examples) {
+Status GetWitnessExamples(Decoder& d, std::vector<StepWitnessExample>* examples) {
   uint32_t n = 0;
-  ML_RETURN_IF_ERROR(d.GetCount(&n, "examples", kMaxWitnessExamples, 28));
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "examples", kMaxWitnessItems, 28));
   examples->resize(n);
   for (StepWitnessExample& x : *examples) {
     ML_RETURN_IF_ERROR(d.GetU64(&x.index, "example.index"));
-    ML_RETURN_IF_ERROR(GetFloats(d, &x.x, "example.x"));
+    ML_RETURN_IF_ERROR(GetWitnessFloats(d, &x.x, "example.x"));
     uint32_t y = 0;
     ML_RETURN_IF_ERROR(d.GetU32(&y, "example.y"));
     x.y = static_cast<int32_t>(y);
-    ML_RETURN_IF_ERROR(d.GetU64(&x.proof.index, "example.proof.index"));
-    ML_RETURN_IF_ERROR(d.GetU64(&x.proof.leaf_count, "example.proof.leaf_count"));
-    uint32_t depth = 0;
-    ML_RETURN_IF_ERROR(d.GetCount(&depth, "example.proof.siblings", kMaxWitnessProofDepth, 32));
-    x.proof.siblings.resize(depth);
-    for (Hash256& h : x.proof.siblings) ML_RETURN_IF_ERROR(d.GetHash(&h, "example.proof.siblings"));
+    ML_RETURN_IF_ERROR(GetMerkleProof(d, &x.proof, "example.proof"));
   }
   return Status::Ok();
 }
 
-}  // namespace
+void PutWitnessPages(Encoder& e, const std::vector<TileWitnessPage>& pages) {
+  e.PutU32(static_cast<uint32_t>(pages.size()));
+  for (const TileWitnessPage& p : pages) {
+    e.PutU64(p.page).PutU32(static_cast<uint32_t>(p.tokens.size()));
+    for (int32_t t : p.tokens) e.PutU32(static_cast<uint32_t>(t));
+    PutMerkleProof(e, p.proof);
+  }
+}
+Status GetWitnessPages(Decoder& d, std::vector<TileWitnessPage>* pages) {
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "pages", kMaxWitnessItems, 24));
+  pages->resize(n);
+  for (TileWitnessPage& p : *pages) {
+    ML_RETURN_IF_ERROR(d.GetU64(&p.page, "page.index"));
+    uint32_t k = 0;
+    ML_RETURN_IF_ERROR(d.GetCount(&k, "page.tokens", static_cast<uint32_t>(kMaxWitnessBytes / 4), 4));
+    p.tokens.resize(k);
+    for (int32_t& t : p.tokens) {
+      uint32_t u = 0;
+      ML_RETURN_IF_ERROR(d.GetU32(&u, "page.tokens"));
+      t = static_cast<int32_t>(u);
+    }
+    ML_RETURN_IF_ERROR(GetMerkleProof(d, &p.proof, "page.proof"));
+  }
+  return Status::Ok();
+}
 
 Bytes EncodeStepWitness(const StepWitness& w) {
   Encoder e;
   e.PutString(kWitnessMagic).PutString(w.bundle);
-  PutFloats(e, w.state);
-  PutExamples(e, w.examples);
+  PutWitnessFloats(e, w.state);
+  PutWitnessExamples(e, w.examples);
   return e.Take();
 }
 
@@ -168,8 +199,8 @@ Result<StepWitness> DecodeStepWitness(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(ReadWitnessHeader(d, bytes.size(), kWitnessMagic, "step witness"));
   StepWitness w;
   ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
-  ML_RETURN_IF_ERROR(GetFloats(d, &w.state, "state"));
-  ML_RETURN_IF_ERROR(GetExamples(d, &w.examples));
+  ML_RETURN_IF_ERROR(GetWitnessFloats(d, &w.state, "state"));
+  ML_RETURN_IF_ERROR(GetWitnessExamples(d, &w.examples));
   ML_RETURN_IF_ERROR(d.Finish());
   return w;
 }
@@ -177,8 +208,8 @@ Result<StepWitness> DecodeStepWitness(ByteSpan bytes) {
 Bytes EncodeSegmentWitness(const SegmentWitness& w) {
   Encoder e;
   e.PutString(kSegmentWitnessMagic).PutString(w.bundle).PutBytes(w.start_state);
-  PutFloats(e, w.state);
-  PutExamples(e, w.examples);
+  PutWitnessFloats(e, w.state);
+  PutWitnessExamples(e, w.examples);
   return e.Take();
 }
 
@@ -188,8 +219,8 @@ Result<SegmentWitness> DecodeSegmentWitness(ByteSpan bytes) {
   SegmentWitness w;
   ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
   ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
-  ML_RETURN_IF_ERROR(GetFloats(d, &w.state, "state"));
-  ML_RETURN_IF_ERROR(GetExamples(d, &w.examples));
+  ML_RETURN_IF_ERROR(GetWitnessFloats(d, &w.state, "state"));
+  ML_RETURN_IF_ERROR(GetWitnessExamples(d, &w.examples));
   ML_RETURN_IF_ERROR(d.Finish());
   return w;
 }
@@ -204,7 +235,7 @@ Bytes EncodeTx(const Transaction& tx) {
 Bytes EncodeResultWitness(const ResultWitness& w) {
   Encoder e;
   e.PutString(kResultWitnessMagic).PutString(w.bundle).PutBytes(w.start_state);
-  PutFloats(e, w.state);
+  PutWitnessFloats(e, w.state);
   return e.Take();
 }
 
@@ -214,7 +245,7 @@ Result<ResultWitness> DecodeResultWitness(ByteSpan bytes) {
   ResultWitness w;
   ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
   ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
-  ML_RETURN_IF_ERROR(GetFloats(d, &w.state, "state"));
+  ML_RETURN_IF_ERROR(GetWitnessFloats(d, &w.state, "state"));
   ML_RETURN_IF_ERROR(d.Finish());
   return w;
 }

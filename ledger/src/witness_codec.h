@@ -1,0 +1,31 @@
+// The pieces every witness a transaction carries encodes the same way (tx.cc's step, segment and
+// result witnesses, referee_tile.cc's TileWitness, stage_referee.cc's StageStepWitness): float
+// vectors, Merkle proofs, examples with their proofs, token pages with theirs. One wire format,
+// one set of bounds (a count is also bounded by the bytes left, Decoder::GetCount).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "meshlearn/base/encoding.h"
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/ledger/referee_tile.h"
+#include "meshlearn/ledger/tx.h"
+
+namespace meshlearn::ledger {
+
+inline constexpr uint32_t kMaxWitnessItems = 1u << 16;      // examples, pages
+inline constexpr uint32_t kMaxWitnessProofDepth = 64;       // Merkle proof siblings
+
+void PutWitnessFloats(Encoder& e, const std::vector<float>& v);
+Status GetWitnessFloats(Decoder& d, std::vector<float>* v, std::string_view field);
+void PutMerkleProof(Encoder& e, const MerkleProof& p);
+Status GetMerkleProof(Decoder& d, MerkleProof* p, std::string_view field);
+void PutWitnessExamples(Encoder& e, const std::vector<StepWitnessExample>& examples);
+Status GetWitnessExamples(Decoder& d, std::vector<StepWitnessExample>* examples);
+void PutWitnessPages(Encoder& e, const std::vector<TileWitnessPage>& pages);
+Status GetWitnessPages(Decoder& d, std::vector<TileWitnessPage>* pages);
+
+}  // namespace meshlearn::ledger
