@@ -735,6 +735,27 @@ class PipelineVerificationTest : public FollowedChainFixture {
     ASSERT_TRUE(HasCheck(stage)) << "the round re-ran";
     ASSERT_EQ(Check(stage).stage(), want) << protocol::CheckStageName(Check(stage).stage());
   }
+  // The verifier's verdicts on units [0, units) of the round: clean, but `mismatch` on unit
+  // `cheat`; sealed, then revealed with the stages' secrets, until `cheat`'s dispute is at the
+  // referee (one step is one segment: at once).
+  void VerdictsUntilReferee(uint32_t units, uint32_t cheat, const Sealed& mismatch) {
+    std::vector<Sealed> verdicts;
+    std::vector<Transaction> txs;
+    for (uint32_t i = 0; i < units; ++i) {
+      verdicts.push_back(i == cheat ? mismatch : Clean(i));
+      txs.push_back(SealTx(i, verdicts.back()));
+    }
+    StepOk(txs);
+    StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
+    txs.clear();
+    for (uint32_t i = 0; i < units; ++i) {
+      txs.push_back(RevealTx(i, verdicts[i]));
+      txs.push_back(SecretTx(i));
+    }
+    StepOk(txs);
+    StepUntil(cheat, protocol::CheckStage::kCheckDisputed);
+    ASSERT_EQ(Check(cheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  }
   void Aggregate() {
     for (int i = 0; i < 10 && !Machine().aggregator(); ++i) Step();
     ASSERT_TRUE(Machine().aggregator().has_value());
@@ -946,23 +967,11 @@ TEST_F(PipelineVerificationTest, AFraudRoundsHonestStageWorkIsPaidBeforeItReruns
   }
   StepOk(txs);
   Aggregate();
-  const std::vector<Hash256> lied = StepLeaves(kCheat, true, 1);
-  std::vector<Sealed> verdicts;
-  txs.clear();
   for (uint32_t i = 0; i < kUnits; ++i) {
     ASSERT_EQ(Check(i).stage(), protocol::CheckStage::kCheckCommitVerdicts) << i;
-    verdicts.push_back(i == kCheat ? Mismatch(i, lied, 1, StepLeaves(kCheat)[1]) : Clean(i));
-    txs.push_back(SealTx(i, verdicts.back()));
   }
-  StepOk(txs);
-  StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
-  txs.clear();
-  for (uint32_t i = 0; i < kUnits; ++i) {
-    txs.push_back(RevealTx(i, verdicts[i]));
-    txs.push_back(SecretTx(i));
-  }
-  StepOk(txs);
-  StepUntil(kCheat, protocol::CheckStage::kCheckDisputed);
+  ASSERT_NO_FATAL_FAILURE(VerdictsUntilReferee(
+      kUnits, kCheat, Mismatch(kCheat, StepLeaves(kCheat, true, 1), 1, StepLeaves(kCheat)[1])));
   StepOk({Q(referee_, RuleDisputeTx{.task_id = task_id_,
                                      .index = kCheat,
                                      .output = StepLeaves(kCheat)[1]})});
@@ -1232,22 +1241,7 @@ class PipelineRulingTest : public PipelineVerificationTest {
     for (uint32_t st = 0; st < kStages; ++st) txs.push_back(Q(alice_, Commit(st, leaves[st])));
     StepOk(txs);
     Aggregate();
-    std::vector<Sealed> verdicts;
-    txs.clear();
-    for (uint32_t st = 0; st < kStages; ++st) {
-      verdicts.push_back(st == kCheat ? Mismatch(st, leaves[st], kLieStep, claim) : Clean(st));
-      txs.push_back(SealTx(st, verdicts.back()));
-    }
-    StepOk(txs);
-    StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
-    txs.clear();
-    for (uint32_t st = 0; st < kStages; ++st) {
-      txs.push_back(RevealTx(st, verdicts[st]));
-      txs.push_back(SecretTx(st));
-    }
-    StepOk(txs);
-    StepUntil(kCheat, protocol::CheckStage::kCheckDisputed);
-    ASSERT_EQ(Check(kCheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+    VerdictsUntilReferee(kStages, kCheat, Mismatch(kCheat, leaves[kCheat], kLieStep, claim));
   }
 
   engine::TaskSpec spec_;
@@ -1293,22 +1287,8 @@ TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitn
   const StageStepCheck finding = judge(lie, leaves[kCheat][kLieStep]);
   ASSERT_EQ(finding.replay.fault, StageFault::kStageFaultState) << finding.message;
   ASSERT_NE(finding.leaf, leaves[kCheat][kLieStep]);
-  std::vector<Sealed> verdicts;
-  txs.clear();
-  for (uint32_t st = 0; st < kStages; ++st) {
-    verdicts.push_back(st == kCheat ? Mismatch(st, leaves[st], kLieStep, finding.leaf) : Clean(st));
-    txs.push_back(SealTx(st, verdicts.back()));
-  }
-  StepOk(txs);
-  StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
-  txs.clear();
-  for (uint32_t st = 0; st < kStages; ++st) {
-    txs.push_back(RevealTx(st, verdicts[st]));
-    txs.push_back(SecretTx(st));
-  }
-  StepOk(txs);
-  StepUntil(kCheat, protocol::CheckStage::kCheckDisputed);
-  ASSERT_EQ(Check(kCheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  ASSERT_NO_FATAL_FAILURE(VerdictsUntilReferee(
+      kStages, kCheat, Mismatch(kCheat, leaves[kCheat], kLieStep, finding.leaf)));
 
   // The witness, built from the lazy stage's served evidence.
   Result<StageStepWitness> built =
