@@ -31,6 +31,7 @@
 namespace {
 
 using meshlearn::process_test::ChainServer;
+using meshlearn::process_test::Child;
 using meshlearn::process_test::CmdResult;
 using meshlearn::process_test::HttpAnswer;
 using meshlearn::process_test::HttpGet;
@@ -86,36 +87,6 @@ std::string ArtifactDir() {
   return env && *env ? env : MESHLEARN_BINARY_DIR "/test-artifacts";
 }
 
-// `meshlearn devnet ARGS --keep` in the background (MESHLEARN_HOME and stderr under `dir`:
-// dir/home, dir/devnet.log), stopped with SIGINT when the object goes.
-class KeptDevnet {
- public:
-  KeptDevnet(const std::string& dir, std::vector<std::string> args) {
-    args.insert(args.begin(), "devnet");
-    args.push_back("--keep");
-    pid_ = fork();
-    if (pid_ == 0) {
-      setenv("MESHLEARN_HOME", (dir + "/home").c_str(), 1);
-      if (!freopen((dir + "/devnet.log").c_str(), "w", stderr)) _exit(126);
-      if (!freopen("/dev/null", "w", stdout)) _exit(126);
-      std::vector<char*> argv{const_cast<char*>(MESHLEARN_BIN)};
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(MESHLEARN_BIN, argv.data());
-      _exit(127);
-    }
-  }
-  ~KeptDevnet() {
-    kill(pid_, SIGINT);
-    waitpid(pid_, nullptr, 0);
-  }
-  KeptDevnet(const KeptDevnet&) = delete;
-  KeptDevnet& operator=(const KeptDevnet&) = delete;
-
- private:
-  pid_t pid_ = -1;
-};
-
 // GET / is the page: self-contained (no script, style or image from anywhere else) and the same
 // on a bare chain as on a busy one.
 TEST(Dashboard, ChainServeAnswersThePageAtSlash) {
@@ -163,9 +134,11 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   const auto t0 = std::chrono::steady_clock::now();  // for the log only: where the time went
   const std::string dir = TempDir("dashboard");
   const std::string out = dir + "/d", log = dir + "/devnet.log";
-  KeptDevnet devnet(dir, {"--solvers", "4", "--task", MESHLEARN_SOURCE_DIR "/tests/devnet-tiny.toml",
-                          "--block-interval-ms", "200", "--adversary", "solver:lazy",
-                          "--no-check-reference", "--out", out});
+  Child devnet(dir + "/home", log,
+               {"devnet", "--solvers", "4", "--task", MESHLEARN_SOURCE_DIR "/tests/devnet-tiny.toml",
+                "--block-interval-ms", "200", "--adversary", "solver:lazy", "--no-check-reference",
+                "--keep", "--out", out},
+               SIGINT);
   // While the task runs, its model is refused (409) with the reason.
   const std::string running = WaitFor(log, "task ", "0123456789abcdef", 300, /*min_len=*/64);
   ASSERT_EQ(running.size(), 64u) << ReadText(log);
@@ -373,11 +346,13 @@ TEST(Dashboard, ChromiumShowsALazyStagesDisputeDecidedByTheLedgersReplay) {
   const std::string out = dir + "/d", log = dir + "/devnet.log";
   // As Devnet.ALazyStageOnAVerifyingChain...: the honest nodes report 0.9x the machine's
   // throughput, so the lazy one (node6) always takes a stage.
-  KeptDevnet devnet(dir, {"--solvers", "7", "--task",
-                          MESHLEARN_SOURCE_DIR "/tests/devnet-pipeline.toml", "--block-interval-ms",
-                          "200", "--adversary", "solver:lazy", "--speed", "0=0.9", "--speed",
-                          "1=0.9", "--speed", "2=0.9", "--speed", "3=0.9", "--speed", "4=0.9",
-                          "--speed", "5=0.9", "--no-check-reference", "--out", out});
+  Child devnet(dir + "/home", log,
+               {"devnet", "--solvers", "7", "--task",
+                MESHLEARN_SOURCE_DIR "/tests/devnet-pipeline.toml", "--block-interval-ms", "200",
+                "--adversary", "solver:lazy", "--speed", "0=0.9", "--speed", "1=0.9", "--speed",
+                "2=0.9", "--speed", "3=0.9", "--speed", "4=0.9", "--speed", "5=0.9",
+                "--no-check-reference", "--keep", "--out", out},
+               SIGINT);
   ASSERT_NE(WaitFor(log, "Ctrl-C stops it", "", 300), "") << ReadText(log);
   const std::string url =
       WaitFor(log, "dashboard: ", "abcdefghijklmnopqrstuvwxyz0123456789:/.", 1, 10);

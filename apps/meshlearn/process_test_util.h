@@ -93,10 +93,12 @@ inline uint16_t FreePort() {
 }
 
 // `meshlearn ARGS...` as a child process with $MESHLEARN_HOME = `home`, stdout and stderr to
-// `log`; SIGTERMed and reaped when destroyed.
+// `log`; sent `stop_signal` (SIGINT: as Ctrl-C) and reaped when destroyed.
 class Child {
  public:
-  Child(const std::string& home, const std::string& log, std::vector<std::string> args) {
+  Child(const std::string& home, const std::string& log, std::vector<std::string> args,
+        int stop_signal = SIGTERM)
+      : stop_signal_(stop_signal) {
     pid_ = fork();
     if (pid_ == 0) {
       setenv("MESHLEARN_HOME", home.c_str(), 1);
@@ -110,7 +112,7 @@ class Child {
   }
   ~Child() {
     if (pid_ > 0) {
-      kill(pid_, SIGTERM);
+      kill(pid_, stop_signal_);
       waitpid(pid_, nullptr, 0);
     }
   }
@@ -118,6 +120,7 @@ class Child {
   Child& operator=(const Child&) = delete;
 
  private:
+  int stop_signal_;
   pid_t pid_ = -1;
 };
 
