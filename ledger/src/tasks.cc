@@ -161,10 +161,11 @@ Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost
   // aggregation; saturating.
   const auto add = [](Amount a, Amount b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; };
   const auto mul = [](Amount a, uint64_t b) { return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b; };
-  Amount round = unit;
-  for (uint32_t shard = 0; shard < params.units_per_round; ++shard) {
-    round = add(round, StageUnitCost(params, unit, shard % std::max<uint32_t>(params.stages, 1)));
+  Amount replica = 0;  // a replica's stages (one unit without stages)
+  for (uint32_t stage = 0; stage < std::max<uint32_t>(params.stages, 1); ++stage) {
+    replica = add(replica, StageUnitCost(params, unit, stage));
   }
+  Amount round = add(unit, mul(replica, PipelineReplicas(params)));
   round = add(round, mul(mul(unit, params.units_per_round), verifiers_per_unit));
   return mul(round, params.rounds);
 }
