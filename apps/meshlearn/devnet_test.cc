@@ -59,6 +59,25 @@ void ExpectNoOrphans(const std::string& dir) {
   }
 }
 
+// Prints the devnet's logs (dir/logs: the chain's and every node's, a few KB each) when the test
+// has failed by the time it goes out of scope, so a failure seen only in CI says what the
+// network did (which check ran, which proof landed when) instead of only the failed assertion.
+class LogsOnFailure {
+ public:
+  explicit LogsOnFailure(std::string dir) : dir_(std::move(dir)) {}
+  ~LogsOnFailure() {
+    if (!::testing::Test::HasFailure()) return;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_ + "/logs", ec)) {
+      std::printf("---- %s\n%s", e.path().c_str(), ReadText(e.path().string()).c_str());
+    }
+    if (ec) std::printf("---- no logs under %s/logs: %s\n", dir_.c_str(), ec.message().c_str());
+  }
+
+ private:
+  std::string dir_;
+};
+
 // Runs `command` (a shell command line) in the working directory `cwd`; stdout and stderr
 // together.
 [[maybe_unused]] CmdResult RunIn(const std::string& cwd, const std::string& command) {
@@ -120,6 +139,7 @@ void CheckCommon(const json& r, int rounds = 3) {
 TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   CmdResult r = Meshlearn("--json devnet --solvers 4 --task tests/devnet-tiny.toml --block-interval-ms 200 "
                           "--timeout 300 --out " + dir, dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -138,6 +158,7 @@ TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
 // adds up to what the nodes' /metrics say.
 TEST(Devnet, APipelineTaskTrainsOnStageNodesToTheReference) {
   std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   CmdResult r = Meshlearn("--json devnet --solvers 6 --task tests/devnet-pipeline.toml "
                           "--block-interval-ms 200 --no-verification --timeout 300 "
                           "--memory-limit 400K --out " + dir,
@@ -188,6 +209,7 @@ TEST(Devnet, APipelineTaskTrainsOnStageNodesToTheReference) {
 // the re-run is refused up front.
 TEST(Devnet, ALazyStageOnAVerifyingChainIsSlashedAndTheModelIsTheReference) {
   std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   CmdResult few = Meshlearn("devnet --solvers 6 --task tests/devnet-pipeline.toml "
                             "--adversary solver:lazy --out " + dir,
                             dir + "-home");
@@ -232,6 +254,7 @@ TEST(Devnet, ALazyStageOnAVerifyingChainIsSlashedAndTheModelIsTheReference) {
 // the stage (or the unit) that does not fit and the fix; so is a limit that is not a size.
 TEST(Devnet, AMemoryLimitThatNothingFitsIsRefusedUpFront) {
   const std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   struct Case {
     std::string args, want;
   } cases[] = {
@@ -379,6 +402,7 @@ TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   const std::string mode = GetParam().mode;
   const std::string assurance = GetParam().assurance;
   std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   CmdResult r = Meshlearn("--json devnet --solvers 4 --task tests/devnet-tiny.toml --block-interval-ms 200 "
                           "--timeout 300 --adversary solver:" + mode + " --out " + dir +
                               (assurance.empty() ? "" : " --assurance " + assurance),
@@ -426,6 +450,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, DevnetCheater,
 TEST(Devnet, BadAssuranceOptionsAreRefusedBeforeAnythingStarts) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   const std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--assurance paranoid", "--assurance is 'paranoid'; use economic, full or target"},
       {"--assurance target", "--target-escape-ppm"},
@@ -449,6 +474,7 @@ TEST(Devnet, BadAssuranceOptionsAreRefusedBeforeAnythingStarts) {
 TEST(Devnet, InterruptStopsEveryProcess) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   const std::string out = dir + ".out";
   pid_t pid = fork();
   if (pid == 0) {
@@ -570,6 +596,7 @@ TEST(Devnet, ATaskWithoutCheckpointIntervalIsTrainedWithTheDefault) {
 TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   // tests/devnet-tiny.toml with 8 rounds, so that the late node has rounds left to join.
   std::ifstream in("tests/devnet-tiny.toml");
   std::stringstream ss;
@@ -615,6 +642,7 @@ TEST(DevnetLong, The10mGptWithALazySolverIsRuledByTheLedgerAtATile) {
     GTEST_SKIP() << "the code corpus (/usr/lib/python3.11) is not installed";
   }
   std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   const std::string args =
       "--json devnet --solvers 3 --task examples/code-gpt-10m-devnet.toml --block-interval-ms 200 "
       "--timeout 1800 --adversary solver:lazy --out " +
@@ -658,6 +686,7 @@ TEST(DevnetLong, TheGptPipelineTrainsOnEightStageNodesUnderAMemoryLimit) {
     GTEST_SKIP() << "the code corpus (/usr/lib/python3.11) is not installed";
   }
   std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   CmdResult r = Meshlearn("--json devnet --solvers 8 --task examples/code-gpt-pipeline-devnet.toml "
                           "--block-interval-ms 200 --no-verification --memory-limit 100M "
                           "--timeout 1800 --out " + dir,
@@ -751,6 +780,7 @@ TEST(DevnetSlow, ReplicatedSequencerSurvivesItsLeaderKilledMidTask) {
 TEST(Devnet, BadSequencerOptionsAreRefusedBeforeAnythingStarts) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   const std::string dir = TempDir() + "/d";
+  LogsOnFailure logs(dir);
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--sequencers 0", "--sequencers is 0; use 1"},
       {"--sequencers 10", "--sequencers is 10; use 1"},
