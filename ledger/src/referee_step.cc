@@ -38,6 +38,12 @@ Result<TaskBundleSpec> ParseTaskBundle(const TaskRecord& t, const std::string& b
   if (!cfg.ok()) return FailedPrecondition(where + ": " + cfg.status().message());
   Result<protocol::NetworkSpec> net = protocol::NetworkSpec::FromConfig(*cfg);
   if (!net.ok()) return FailedPrecondition(where + ": " + net.status().message());
+  // A GPT whose vocabulary the bundle leaves to its data: the one the task's weights were made
+  // with (params.model_bytes), as every node has it after loading the data. Every ruling that
+  // builds or plans the model from the bundle sees the same model the nodes train.
+  Result<engine::ModelSpec> model = ModelSpecForState(spec->model, t.params.model_bytes / 4);
+  if (!model.ok()) return FailedPrecondition(where + ": " + model.status().message());
+  spec->model = std::move(*model);
   return TaskBundleSpec{std::move(*spec), std::move(*net)};
 }
 
@@ -362,11 +368,12 @@ Hash256 ResultBlobId(std::span<const float> global, std::span<const float> param
 
 Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint64_t num_weights) {
   if (spec.kind != "gpt" || spec.gpt.vocab_size != 0) return spec;
+  // From the shapes alone: nothing is allocated (the bundle is the submitter's text).
   auto count = [&](int64_t vocab) -> Result<int64_t> {
     engine::ModelSpec probe = spec;
     probe.gpt.vocab_size = vocab;
-    ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> m, engine::Model::Create(probe));
-    return m->NumParameters();
+    ML_ASSIGN_OR_RETURN(engine::MemoryEstimate m, engine::EstimateMemory(probe, 1, 1, "", false));
+    return m.num_parameters;
   };
   ML_ASSIGN_OR_RETURN(int64_t at2, count(2));
   ML_ASSIGN_OR_RETURN(int64_t at3, count(3));

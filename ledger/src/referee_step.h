@@ -18,7 +18,10 @@ namespace meshlearn::ledger {
 
 // A task bundle given in a witness, checked against the chain: its blob id must be the task's
 // spec_hash (InvalidArgument, naming both, otherwise); the engine's spec and the [network] table
-// through the parsers every node uses (FailedPrecondition when they refuse it).
+// through the parsers every node uses (FailedPrecondition when they refuse it). A GPT whose
+// vocab_size the bundle leaves to its data gets the one params.model_bytes implies
+// (ModelSpecForState), so the spec is the model the nodes train; FailedPrecondition when none
+// fits.
 struct TaskBundleSpec {
   engine::TaskSpec spec;
   protocol::NetworkSpec net;

@@ -1074,8 +1074,8 @@ Setup* MakeChainSetup(const std::string& bundle, const engine::TaskData* data,
 
 // examples/code-gpt-10m.toml (10.8M parameters, a token task: no data root) at one sequence of 256
 // tokens a step, as unit 0 of a one-unit task, with its data. The bundle names the vocabulary
-// size the data gives: the ledger plans the step from the bundle alone (TileContextOf), so a GPT
-// whose vocabulary is left to the data cannot be planned on chain.
+// size the data gives (a bundle that leaves it to the data gets it from the task's model_bytes:
+// TileContextTest.AGptWithoutItsVocabularySizeTakesItFromTheTaskWeights).
 struct GptTask {
   std::string bundle;
   engine::TaskData data;
@@ -1588,9 +1588,10 @@ TEST_F(TileChainTest, OnThe10mGptALazySolverIsRuledOnChainAtAClippedUpdateTile) 
   EXPECT_LE(bytes, kMaxTileWitnessBytes);
 }
 
-// A GPT whose vocabulary is left to its data cannot be planned from its bundle: the ledger refuses
-// the tile phase for it, naming why (its disputes play whole steps), and never aborts on it.
-TEST(TileContextTest, AGptWithoutItsVocabularySizeIsRefusedByName) {
+// A GPT whose vocabulary is left to its data is planned with the vocabulary its task's weights
+// were made with (params.model_bytes): the same plan as the bundle naming it. A task whose
+// model_bytes no vocabulary gives is refused by name, and the ledger never aborts on it.
+TEST(TileContextTest, AGptWithoutItsVocabularySizeTakesItFromTheTaskWeights) {
   Result<std::string> text =
       Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
   ASSERT_TRUE(text.ok());
@@ -1609,9 +1610,34 @@ TEST(TileContextTest, AGptWithoutItsVocabularySizeIsRefusedByName) {
   // With the size named, it plans.
   std::string named = bundle;
   named.insert(named.find("[model]\n") + 8, "vocab_size = 256\n");
+  const Hash256 unnamed_hash = t.spec_hash;
   t.spec_hash = BuildManifest(AsBytes(named)).id().hash;
   Result<TileRuleContext> ok = TileContextOf(t, u, named, "reveal verdict: bundle");
-  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  // Without it, from a task whose weights are that model's: the same plan, operator by operator.
+  Result<engine::TaskSpec> named_spec = engine::TaskSpec::Parse(named, "named bundle", "");
+  ASSERT_TRUE(named_spec.ok()) << named_spec.status().ToString();
+  Result<engine::MemoryEstimate> size = engine::EstimateMemory(named_spec->model, 1, 1, "", false);
+  ASSERT_TRUE(size.ok()) << size.status().ToString();
+  t.spec_hash = unnamed_hash;
+  t.params.model_bytes = static_cast<uint64_t>(size->num_parameters) * 4;
+  Result<TileRuleContext> derived = TileContextOf(t, u, bundle, "reveal verdict: bundle");
+  ASSERT_TRUE(derived.ok()) << derived.status().ToString();
+  ASSERT_EQ(derived->plan.ops.size(), ok->plan.ops.size());
+  for (size_t i = 0; i < ok->plan.ops.size(); ++i) {
+    EXPECT_EQ(derived->plan.ops[i].name, ok->plan.ops[i].name) << i;
+    EXPECT_EQ(derived->plan.ops[i].shape, ok->plan.ops[i].shape) << ok->plan.ops[i].name;
+    EXPECT_EQ(derived->plan.ops[i].grid, ok->plan.ops[i].grid) << ok->plan.ops[i].name;
+  }
+  // Weights that no vocabulary gives (one too many): refused by name.
+  t.params.model_bytes += 4;
+  Result<TileRuleContext> odd = TileContextOf(t, u, bundle, "reveal verdict: bundle");
+  ASSERT_FALSE(odd.ok());
+  EXPECT_EQ(odd.status().code(), StatusCode::kFailedPrecondition) << odd.status().ToString();
+  EXPECT_NE(odd.status().message().find("vocab_size"), std::string::npos)
+      << odd.status().ToString();
+  t.spec_hash = BuildManifest(AsBytes(named)).id().hash;
+  t.params.model_bytes = 0;
   // Without a data root over its token pages, the operators reading the batch's tokens are opaque
   // (their disputes play the whole step); with one, covered. wpe's gradient reads positions only.
   auto kind_of = [](const TileRuleContext& c, const std::string& name) {

@@ -201,11 +201,6 @@ Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& t, const WorkUnit&
                             std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) +
                             ", step " + std::to_string(step) + ")";
   ML_ASSIGN_OR_RETURN(TaskBundleSpec b, ParseTaskBundle(t, w.bundle, where));
-  // A GPT whose vocabulary the bundle leaves to its data: the one the task's weights were made
-  // with (params.model_bytes), as every node has it after loading the data.
-  Result<engine::ModelSpec> model = ModelSpecForState(b.spec.model, t.params.model_bytes / 4);
-  if (!model.ok()) return FailedPrecondition(where + ": " + model.status().message());
-  b.spec.model = std::move(*model);
   // The commit: the one the stage committed for this step.
   Result<protocol::StageStepCommit> commit = protocol::DecodeStageStepCommit(w.commit);
   if (!commit.ok()) return InvalidArgument(where + ": commit: " + commit.status().message());
