@@ -1072,6 +1072,16 @@ Result<int64_t> ModelOutputs(const ModelSpec& spec) {
   return m->NumOutputs();
 }
 
+Result<std::vector<ParamShape>> ParamShapes(const ModelSpec& spec) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
+  std::vector<ParamShape> out;
+  out.reserve(m->params_.size());
+  for (size_t i = 0; i < m->params_.size(); ++i) {
+    out.push_back({m->params_[i].name, m->param_shapes_[i]});
+  }
+  return out;
+}
+
 Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
   ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
   MemoryEstimate e = m->PlannedMemory(1, 1);

@@ -279,13 +279,28 @@ void SgdUpdate(const OptimizerSpec& spec, int64_t step, const Shape& shape, floa
   }
 }
 
+std::vector<Optimizer::StateSlot> Optimizer::StateSlots(const OptimizerSpec& spec,
+                                                        std::span<const std::string> param_names) {
+  std::vector<StateSlot> out;
+  const bool adam = spec.kind == "adamw";
+  if (adam || spec.momentum > 0) {  // the constructor's m_ (adamw: m; sgd: the momentum buffer)
+    for (size_t k = 0; k < param_names.size(); ++k) {
+      out.push_back({(adam ? "optim.m." : "optim.momentum.") + param_names[k], k});
+    }
+  }
+  if (adam) {  // v_
+    for (size_t k = 0; k < param_names.size(); ++k) out.push_back({"optim.v." + param_names[k], k});
+  }
+  return out;
+}
+
 std::vector<Optimizer::NamedState> Optimizer::State() {
   std::vector<NamedState> out;
-  const bool adam = spec_.kind == "adamw";
-  for (size_t k = 0; k < m_.size(); ++k) {
-    out.push_back({(adam ? "optim.m." : "optim.momentum.") + param_names_[k], &m_[k]});
+  for (const StateSlot& slot : StateSlots(spec_, param_names_)) {
+    Tensor* t = out.size() < m_.size() ? &m_[slot.param] : &v_[slot.param];
+    out.push_back({slot.name, t});
   }
-  for (size_t k = 0; k < v_.size(); ++k) out.push_back({"optim.v." + param_names_[k], &v_[k]});
+  CHECK_EQ(out.size(), m_.size() + v_.size());
   return out;
 }
 

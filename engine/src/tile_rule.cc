@@ -200,14 +200,16 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   }
   if (batch < 1)
     return InvalidArgument("tile rule: batch must be >= 1, got " + std::to_string(batch));
-  Result<std::unique_ptr<Model>> built = Model::CreateUnchecked(model);
-  if (!built.ok()) return InvalidArgument("tile rule: " + built.status().message());
-  Model& m = **built;
-  Optimizer opt(optimizer, m.params());
+  // From the spec's shapes alone: nothing is allocated, so the ledger plans a model of any size.
+  Result<std::vector<ParamShape>> shapes = ParamShapes(model);
+  if (!shapes.ok()) return InvalidArgument("tile rule: " + shapes.status().message());
+  const std::vector<ParamShape>& params = *shapes;
+  Result<int64_t> outputs = ModelOutputs(model);
+  if (!outputs.ok()) return InvalidArgument("tile rule: " + outputs.status().message());
   TilePlan plan;
   plan.batch = batch;
   plan.input_size = model.kind == "gpt" ? 0 : NumElements(model.input);
-  plan.classes = m.NumOutputs();
+  plan.classes = *outputs;
   plan.optimizer = optimizer;
   std::map<std::string, int64_t> index;  // op name -> index
   auto add = [&](TileOp op) {
@@ -220,13 +222,14 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     return it == index.end() ? int64_t{-1} : it->second;
   };
   // The input state, in StateHash order (step_replay.cc records it so).
-  for (const Param& p : m.params()) {
-    add({"in." + p.name, TileOpKind::kTileOpState, TileGrid::ForShape(p.value.shape()),
-         p.value.shape()});
+  std::vector<std::string> param_names;
+  for (const ParamShape& p : params) {
+    add({"in." + p.name, TileOpKind::kTileOpState, TileGrid::ForShape(p.shape), p.shape});
+    param_names.push_back(p.name);
   }
-  for (const Optimizer::NamedState& s : opt.State()) {
-    add({"in." + s.name, TileOpKind::kTileOpState, TileGrid::ForShape(s.tensor->shape()),
-         s.tensor->shape()});
+  for (const Optimizer::StateSlot& s : Optimizer::StateSlots(optimizer, param_names)) {
+    const Shape& shape = params[s.param].shape;
+    add({"in." + s.name, TileOpKind::kTileOpState, TileGrid::ForShape(shape), shape});
   }
   // The update (StepOnBatch records every parameter after it), the same for every model; a
   // clipped one after the global norm's two operators (step_replay.cc records them so).
@@ -236,9 +239,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     if (optimizer.grad_clip > 0) {
       std::vector<int64_t> grads;
       int64_t partials = 0;
-      for (const Param& p : m.params()) {
+      for (const ParamShape& p : params) {
         grads.push_back(index[p.name + ".grad"]);
-        partials += (p.value.size() + kSumBlock - 1) / kSumBlock;
+        partials += (NumElements(p.shape) + kSumBlock - 1) / kSumBlock;
       }
       TileOp blocks{"grad_norm.blocks",
                     TileOpKind::kTileOpGradSquareBlocks,
@@ -251,9 +254,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       norm = add(std::move(n));
     }
     std::map<std::string, TileOp> updates;  // parameter name -> its update
-    for (const Param& p : m.params()) {
+    for (const ParamShape& p : params) {
       TileOp up{p.name, adam ? TileOpKind::kTileOpAdamW : TileOpKind::kTileOpSgd,
-                TileGrid::ForShape(p.value.shape()), p.value.shape()};
+                TileGrid::ForShape(p.shape), p.shape};
       up.x = state_op(p.name);
       up.w = index[p.name + ".grad"];
       up.b = state_op(adam ? "optim.m." + p.name : "optim.momentum." + p.name);
@@ -264,7 +267,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     }
     // Then the optimizer state the update leaves behind, in Optimizer::State() order
     // (step_replay.cc records it so): the same update, its other outputs.
-    for (const Param& p : m.params()) {
+    for (const ParamShape& p : params) {
       const std::string m_name = (adam ? "optim.m." : "optim.momentum.") + p.name;
       if (state_op(m_name) < 0) continue;  // SGD without momentum keeps no state
       TileOp moment = updates.at(p.name);
@@ -273,7 +276,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       add(std::move(moment));
     }
     if (adam) {
-      for (const Param& p : m.params()) {
+      for (const ParamShape& p : params) {
         TileOp moment = updates.at(p.name);
         moment.name = "optim.v." + p.name;
         moment.update_output = TileUpdateOutput::kTileUpdateSecondMoment;
@@ -293,11 +296,11 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     auto linear = [&](const std::string& name, int64_t x, int64_t out, int64_t param) {
       TileOp op{name, TileOpKind::kTileOpLinear, TileGrid::For(N, out), {N, out}};
       op.x = x;
-      op.w = state_op(m.params()[static_cast<size_t>(param)].name);
-      op.b = param + 1 < static_cast<int64_t>(m.params().size()) &&
-                     m.params()[static_cast<size_t>(param + 1)].value.shape().size() == 1 &&
-                     m.params()[static_cast<size_t>(param + 1)].name.ends_with(".bias")
-                 ? state_op(m.params()[static_cast<size_t>(param + 1)].name)
+      op.w = state_op(params[static_cast<size_t>(param)].name);
+      op.b = param + 1 < static_cast<int64_t>(params.size()) &&
+                     params[static_cast<size_t>(param + 1)].shape.size() == 1 &&
+                     params[static_cast<size_t>(param + 1)].name.ends_with(".bias")
+                 ? state_op(params[static_cast<size_t>(param + 1)].name)
                  : -1;
       return add(std::move(op));
     };
@@ -305,8 +308,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     auto layernorm = [&](const std::string& name, int64_t x, int64_t param) {
       TileOp op{name, TileOpKind::kTileOpLayerNorm, TileGrid::For(N, C), {N, C}};
       op.x = x;
-      op.w = state_op(m.params()[static_cast<size_t>(param)].name);
-      op.b = state_op(m.params()[static_cast<size_t>(param + 1)].name);
+      op.w = state_op(params[static_cast<size_t>(param)].name);
+      op.b = state_op(params[static_cast<size_t>(param + 1)].name);
       CHECK(op.w >= 0 && op.b >= 0) << name;
       return add(std::move(op));
     };
@@ -318,8 +321,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     };
     // encoded = wte[token] + wpe[position] (EmbeddingForward twice, ResidualForward).
     TileOp enc{"encoded", TileOpKind::kTileOpEmbedding, TileGrid::For(N, C), {N, C}};
-    enc.x = state_op(m.params()[0].name);
-    enc.w = state_op(m.params()[1].name);
+    enc.x = state_op(params[0].name);
+    enc.w = state_op(params[1].name);
     enc.conv = {T};
     int64_t resid = add(std::move(enc));
     for (int64_t l = 0; l < g.n_layer; ++l) {
@@ -345,7 +348,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       const int64_t fcproj = linear(p + "fcproj", add(std::move(gelu)), C, base + 10);
       resid = residual(p + "residual3", r2, fcproj);
     }
-    const int64_t lnf = layernorm("ln_f", resid, static_cast<int64_t>(m.params().size()) - 2);
+    const int64_t lnf = layernorm("ln_f", resid, static_cast<int64_t>(params.size()) - 2);
     const int64_t logits = linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
     // The token loss and its gradient: the logits rows and their target tokens (rows are
     // independent, as a classifier's are).
@@ -358,7 +361,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     // The head's input gradient: dlogits @ wte (kernels.h's dinp chain over the V logits).
     TileOp dlnf{"ln_f.grad", TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, C), {N, C}};
     dlnf.x = dlogits;
-    dlnf.w = state_op(m.params()[0].name);
+    dlnf.w = state_op(params[0].name);
     const int64_t dlnf_op = add(std::move(dlnf));
     // The residual gradient entering each layer (the top one's: ln_f's backward); each layer's
     // traced gradients.
@@ -366,20 +369,20 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     std::vector<int64_t> dres_in(L + 1, -1), dres2(L, -1), dfch(L, -1), dqkv(L, -1), dln1(L, -1),
         dln2(L, -1);
     // ln_f's backward on a zeroed gradient: the rows of ln_f.grad and of the last residual.
-    const int64_t lnf_w = static_cast<int64_t>(m.params().size()) - 2;
+    const int64_t lnf_w = static_cast<int64_t>(params.size()) - 2;
     auto ln_input_grad = [&](const std::string& name, int64_t dout, int64_t ln, int64_t weight,
                              int64_t into) {
       TileOp op{name, TileOpKind::kTileOpLayerNormInputGrad, TileGrid::For(N, C), {N, C}};
       op.x = dout;
       op.w = plan.ops[static_cast<size_t>(ln)].x;  // the layernorm's input
-      op.b = state_op(m.params()[static_cast<size_t>(weight)].name);
+      op.b = state_op(params[static_cast<size_t>(weight)].name);
       op.v = into;
       return add(std::move(op));
     };
     auto input_grad = [&](const std::string& name, int64_t cols, int64_t dout, int64_t weight) {
       TileOp op{name, TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, cols), {N, cols}};
       op.x = dout;
-      op.w = state_op(m.params()[static_cast<size_t>(weight)].name);
+      op.w = state_op(params[static_cast<size_t>(weight)].name);
       return add(std::move(op));
     };
     dres_in[L] = ln_input_grad("residual.grad", dlnf_op, lnf, lnf_w, -1);
@@ -430,10 +433,10 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       CHECK(it != index.end()) << name;
       return it->second;
     };
-    for (size_t pi = 0; pi < m.params().size(); ++pi) {
-      const Param& param = m.params()[pi];
-      const TileGrid grid = TileGrid::ForShape(param.value.shape());
-      TileOp op{param.name + ".grad", TileOpKind::kTileOpOpaque, grid, param.value.shape()};
+    for (size_t pi = 0; pi < params.size(); ++pi) {
+      const ParamShape& param = params[pi];
+      const TileGrid grid = TileGrid::ForShape(param.shape);
+      TileOp op{param.name + ".grad", TileOpKind::kTileOpOpaque, grid, param.shape};
       op.opaque = kNoFootprint;
       const int64_t k = static_cast<int64_t>(pi) - 2;
       if (pi < 2) {
@@ -584,13 +587,13 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     dout = add(std::move(op));
   }
   // Parameter gradients, in parameter order (Model::TraceParamGrads).
-  for (const Param& p : m.params()) {
+  for (const ParamShape& p : params) {
     // "layers.<i>.weight" / "layers.<i>.bias"
     const size_t dot = p.name.find('.', 7);
     const size_t layer = static_cast<size_t>(std::stoll(p.name.substr(7, dot - 7)));
     const bool weight = p.name.ends_with(".weight");
-    const TileGrid grid = TileGrid::ForShape(p.value.shape());
-    TileOp g{p.name + ".grad", TileOpKind::kTileOpOpaque, grid, p.value.shape()};
+    const TileGrid grid = TileGrid::ForShape(p.shape);
+    TileOp g{p.name + ".grad", TileOpKind::kTileOpOpaque, grid, p.shape};
     auto it = linears.find(layer);
     if (it != linears.end()) {
       g.kind = weight ? TileOpKind::kTileOpLinearWeightGrad : TileOpKind::kTileOpLinearBiasGrad;

@@ -250,15 +250,7 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
                               " micro-batches, whose gradient order the tile plan does not follow "
                               "yet; send no bundle (whole steps)");
   }
-  // The spec's size from its shapes alone, before PlanStepTiles allocates the model.
-  Result<engine::MemoryEstimate> size =
-      engine::EstimateMemory(r.spec.model, 1, 1, "", false);
-  if (!size.ok()) return FailedPrecondition(where + ": " + size.status().message());
-  if (size->num_parameters > kMaxTilePlanParameters) {
-    return FailedPrecondition(where + ": the model has " + std::to_string(size->num_parameters) +
-                              " parameters, above the " + std::to_string(kMaxTilePlanParameters) +
-                              " the ledger plans a tile phase for; send no bundle (whole steps)");
-  }
+  // From the spec's shapes alone (PlanStepTiles allocates nothing): a model of any size.
   Result<engine::TilePlan> plan =
       engine::PlanStepTiles(r.spec.model, engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale),
                             r.spec.batch_size, r.spec.seq_len);

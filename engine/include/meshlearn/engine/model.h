@@ -161,6 +161,14 @@ Result<uint64_t> TrainingFlopsPerSample(const ModelSpec& spec, int64_t seq_len);
 // The width of the model's logits (classes, or the vocabulary), without allocating it.
 Result<int64_t> ModelOutputs(const ModelSpec& spec);
 
+// The model's parameters as names and shapes, in params() order, from its spec alone: nothing is
+// allocated, so a planner (tile_rule.h's PlanStepTiles, on the ledger) handles a model of any size.
+struct ParamShape {
+  std::string name;
+  Shape shape;
+};
+Result<std::vector<ParamShape>> ParamShapes(const ModelSpec& spec);
+
 // Bytes this machine can give a process now: $MESHLEARN_MEMORY_BYTES when set (a cap, for
 // operators and tests), else MemAvailable from /proc/meminfo, else the free physical pages.
 // `source` (optional) says which, for messages.
@@ -283,6 +291,7 @@ class Model {
   MemoryEstimate PlannedMemory(int64_t B, int64_t T) const;  // without the optimizer
   friend Result<MemoryEstimate> EstimateMemory(const ModelSpec&, int64_t, int64_t,
                                                const std::string&, bool);
+  friend Result<std::vector<ParamShape>> ParamShapes(const ModelSpec&);
   std::vector<Shape> param_shapes_;  // parallel to params_
   // An operator output viewed as rows x cols (its tile grid, tile.h); rows = 1 for a vector.
   void TraceOp(const std::string& name, const float* values, int64_t rows, int64_t cols) {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,16 @@ class Optimizer {
     Tensor* tensor;
   };
   std::vector<NamedState> State();
+  // The state tensors an optimizer of `spec` keeps for parameters named `param_names`, in
+  // State()'s order and with its names, each with the index of the parameter whose shape it has.
+  // The one derivation of those names and that order; needs no optimizer (a planner's, from
+  // shapes alone).
+  struct StateSlot {
+    std::string name;
+    size_t param = 0;
+  };
+  static std::vector<StateSlot> StateSlots(const OptimizerSpec& spec,
+                                           std::span<const std::string> param_names);
 
  private:
   OptimizerSpec spec_;

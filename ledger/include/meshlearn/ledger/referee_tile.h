@@ -88,14 +88,6 @@ struct TileWitness {
 Bytes EncodeTileWitness(const TileWitness& w);
 Result<TileWitness> DecodeTileWitness(ByteSpan bytes);
 
-// The largest model whose step the ledger plans for the tile phase. PlanStepTiles builds the
-// model (its parameters, gradients and AdamW moments: 16 bytes a parameter) while the ledger
-// executes a block, from a bundle the submitter wrote; the bound is checked from the spec alone
-// (EstimateMemory) before anything is allocated, so a bundle declaring a huge model is refused the
-// same way on every ledger node instead of exhausting its memory. 2^25 parameters (512 MiB of
-// state) holds the 10M GPT three times over.
-inline constexpr int64_t kMaxTilePlanParameters = int64_t{1} << 25;
-
 // The witness bound the tile rule is designed to (issue 16): kMaxTileWitnessBytes (256 KiB, tx.h).
 
 // The witness for tile task `task`, built by anyone who ran its step (a party, a referee
@@ -118,8 +110,8 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
 // SetTilePhase) and when it rules a tile (RefereeTile); a node calls it to build what the ledger
 // will check. InvalidArgument for a bundle that is not the task's; FailedPrecondition (naming
 // why, `where` first) for a task the tile phase does not serve: tolerance mode, a classification
-// task without a data root, micro-batches, a layer PlanStepTiles cannot plan, a model above
-// kMaxTilePlanParameters. A token task without a data root is served, but the operators that read
+// task without a data root, micro-batches, a layer PlanStepTiles cannot plan. The plan comes from
+// the spec's shapes alone, so a model of any size is planned without allocating it. A token task without a data root is served, but the operators that read
 // its batch's tokens (encoded, the loss, logits.grad, wte's gradient) are opaque in its plan
 // (TokenOpsOpaque): nothing proves the tokens.
 Result<TileRuleContext> TileContextOf(const TaskRecord& task, const WorkUnit& unit,
