@@ -72,6 +72,13 @@ int64_t TileRuleCols(const TilePlan& plan, int64_t op) {
 // is narrowed into blocks of kTileLinearBlock columns (64 KiB of inputs each).
 constexpr int64_t kTileLinearWholeMax = 1024;
 constexpr int64_t kTileLinearBlock = 256;
+// An `encoded` tile reads wte's column strip of its 32 columns over the whole vocabulary (the
+// footprint is fixed before the tokens are known): 128 V bytes. Up to V = 1024 rows it is
+// recomputed whole; above, it is narrowed into blocks of kTileEmbeddingBlock vocabulary rows
+// (128 KiB of wte each, whatever V): S_0 = zeros, and S_{k+1} is S_k with every row whose token
+// falls in block k set to wte[token] + wpe[position], so the last partial is the tile.
+constexpr int64_t kTileEmbeddingWholeMax = 1024;
+constexpr int64_t kTileEmbeddingBlock = 1024;
 // A conv2d tile's chain runs over (c, kh, kw): above this many input channels it is narrowed into
 // blocks of this many.
 constexpr int64_t kTileConvChannels = 4;
@@ -648,6 +655,10 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     const int64_t C = o.conv[0];
     return C > kTileConvChannels ? (C + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
+  if (o.kind == TileOpKind::kTileOpEmbedding) {
+    const int64_t V = plan.classes;
+    return V > kTileEmbeddingWholeMax ? (V + kTileEmbeddingBlock - 1) / kTileEmbeddingBlock : 0;
+  }
   // The block partials are independent sums of kSumBlock gradient elements each (up to 4 KiB of
   // values, in at most 40 of their tiles): a tile of them is narrowed to one, the chain S_k being
   // the tile with its first k partials filled in (the rest 0).
@@ -736,16 +747,21 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       });
       break;
     }
-    case TileOpKind::kTileOpEmbedding:
+    case TileOpKind::kTileOpEmbedding: {
       // Row r is wte's row of its token plus wpe's row of its position r % T: the rows' tokens
-      // (proven by the pages holding them), wte's whole column strip c (the footprint cannot
-      // know which rows the tokens pick: 4 x V x 32 bytes) and wpe's rows of the positions.
+      // (proven by the pages holding them), wte's column strip c (the footprint cannot know
+      // which rows the tokens pick: 4 x V x 32 bytes; narrowed: block `block`'s rows of it) and
+      // wpe's rows of the positions.
+      const int64_t v0 = blocks > 0 ? block * kTileEmbeddingBlock : 0;
+      const int64_t v1 = blocks > 0 ? std::min(plan.classes, v0 + kTileEmbeddingBlock)
+                                    : plan.classes;
       TileRuleCover(plan, kTileOperandBatch, t.r0, t.r1, 0, 0, fp);
-      TileRuleCover(plan, o.x, 0, plan.classes, t.c0, t.c1, fp);
+      TileRuleCover(plan, o.x, v0, v1, t.c0, t.c1, fp);
       ForEachSequenceSpan(t.r0, t.r1, o.conv[0], [&](int64_t, int64_t t0, int64_t t1) {
         TileRuleCover(plan, o.w, t0, t1, t.c0, t.c1, fp);
       });
       break;
+    }
     case TileOpKind::kTileOpEmbeddingGrad: {
       const int64_t nb = TileRuleRowBlocks(plan.batch);
       if (o.b >= 0 && block < nb) {
@@ -1467,15 +1483,22 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     }
     case TileOpKind::kTileOpEmbedding: {
       // model.cc: EmbeddingForward copies the rows (no rounding), ResidualForward adds them.
+      // Narrowed (a vocabulary above kTileEmbeddingWholeMax): block `block` sets the rows whose
+      // token is in its vocabulary rows [v0, v1) on the partial S_block, the rest kept.
       internal::FpEnvGuard fp_guard;
       const int64_t T = o.conv[0];
-      const std::vector<float> wte = dense(o.x, 0, plan.classes, t.c0, t.c1);  // (V, K)
-      const std::vector<float> wpe = dense(o.w, 0, T, t.c0, t.c1);             // (T, K)
+      const int64_t v0 = blocks > 0 ? block * kTileEmbeddingBlock : 0;
+      const int64_t v1 = blocks > 0 ? std::min(plan.classes, v0 + kTileEmbeddingBlock)
+                                    : plan.classes;
+      if (blocks > 0 && !in.partial.empty()) out = in.partial;
+      const std::vector<float> wte = dense(o.x, v0, v1, t.c0, t.c1);  // (v1 - v0, K)
+      const std::vector<float> wpe = dense(o.w, 0, T, t.c0, t.c1);    // (T, K)
       for (int64_t r = 0; r < R; ++r) {
         const int64_t tok = in.tokens[static_cast<size_t>(r)], pos = (t.r0 + r) % T;
+        if (tok < v0 || tok >= v1) continue;
         for (int64_t c = 0; c < K; ++c) {
-          out[static_cast<size_t>(r * K + c)] =
-              wte[static_cast<size_t>(tok * K + c)] + wpe[static_cast<size_t>(pos * K + c)];
+          out[static_cast<size_t>(r * K + c)] = wte[static_cast<size_t>((tok - v0) * K + c)] +
+                                                wpe[static_cast<size_t>(pos * K + c)];
         }
       }
       break;

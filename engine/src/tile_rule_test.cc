@@ -4,9 +4,12 @@
 #include "meshlearn/engine/tile_rule.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -813,6 +816,94 @@ TEST(TileRuleTest, GptTokenTilesDependOnTheirTokens) {
   Result<TileFootprint> fp = Footprint(*plan, wpe, 0, 0);
   ASSERT_TRUE(fp.ok());
   EXPECT_TRUE(fp->batch_rows.empty());
+}
+
+// A vocabulary wider than 1024 rows: `encoded` is narrowed into blocks of 1024 rows of wte (each
+// block sets the rows whose token it holds), so a block's footprint reads at most 1024 x 32
+// floats of wte whatever the vocabulary, and every tile's chain ends at the traced bits. Real
+// training on token files whose tokens spread over all three blocks of a 2,500-token vocabulary.
+TEST(TileRuleTest, AWideVocabularysEmbeddingIsNarrowedIntoRowBlocksBitForBit) {
+  char dir_template[] = "/tmp/meshlearn-tile-vocab-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  constexpr int64_t kVocab = 2500;
+  Rng rng(23);
+  for (const char* name : {"train.bin", "val.bin"}) {
+    std::string bytes;
+    for (int i = 0; i < 4096; ++i) {
+      const uint16_t t = static_cast<uint16_t>(rng.Uniform(kVocab));
+      bytes.push_back(static_cast<char>(t & 0xff));
+      bytes.push_back(static_cast<char>(t >> 8));
+    }
+    ASSERT_TRUE(Env::Default()->WriteFileAtomic(dir + "/" + name, bytes).ok());
+  }
+  const std::string toml = R"(
+[task]
+name = "wide-vocab"
+seed = 3
+[data]
+format = "tokens"
+train = "train.bin"
+val = "val.bin"
+vocab_size = 2500
+[model]
+kind = "gpt"
+n_layer = 1
+n_head = 2
+n_embd = 40
+block_size = 24
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[train]
+steps = 2
+batch_size = 2
+)";
+  Result<TaskSpec> spec = TaskSpec::Parse(toml, "wide-vocab.toml", dir);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), *spec);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  TrainState& st = (*tr)->state();
+  const Batch batch = (*tr)->BatchForStep(st.step);
+  OpTrace trace;
+  trace.set_keep_values(true);
+  st.model->set_op_trace(&trace);
+  StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream));
+  st.model->set_op_trace(nullptr);
+  Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, spec->batch_size);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->ops.size(), trace.size());
+  int64_t j = -1;
+  for (size_t i = 0; i < plan->ops.size(); ++i) {
+    if (plan->ops[i].name == "encoded") j = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(j, 0);
+  const TileOp& op = plan->ops[static_cast<size_t>(j)];
+  ASSERT_EQ(ReductionBlocks(*plan, j), 3);  // rows 0-1023, 1024-2047, 2048-2499
+  std::set<int64_t> blocks_hit;
+  for (int32_t t : batch.tokens) blocks_hit.insert(t / 1024);
+  EXPECT_EQ(blocks_hit.size(), 3u) << "the batch's tokens should reach every block";
+  for (int64_t t = 0; t < op.grid.count(); ++t) {
+    for (int64_t k = 0; k < 3; ++k) {
+      Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+      ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+      int64_t wte_floats = 0;
+      for (const TileRef& r : fp->tiles) {
+        if (r.op == op.x) {
+          wte_floats += plan->ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
+        }
+      }
+      EXPECT_GT(wte_floats, 0);
+      EXPECT_LE(wte_floats, 1024 * 32) << "tile " << t << " block " << k;
+    }
+    Result<std::vector<std::vector<float>>> chain =
+        ReductionChain(*plan, j, t, st.step - 1, trace, batch);
+    ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+    ASSERT_EQ(chain->size(), 4u);
+    EXPECT_TRUE(SameBits(chain->back(), ExtractTile(trace.values(static_cast<size_t>(j)), op.grid, t)))
+        << "encoded tile " << t;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // The 10M GPT's shape (examples/code-gpt-10m.toml, one sequence of 256 tokens): the plan is the

@@ -240,7 +240,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
                                int64_t batch, int64_t seq_len = 0);
 
 // Number of fixed reduction blocks a tile of op j is narrowed into (dW, db: the batch in blocks of
-// kTileRows rows; a wide linear: its chain in blocks of 256; a conv: 4 channels a block;
+// kTileRows rows; a wide linear: its chain in blocks of 256; a conv: 4 channels a block; `encoded`
+// of a vocabulary above 1024: wte's rows in blocks of 1024, each setting its tokens' rows;
 // grad_norm.blocks: kTileFlat, one partial a block, those past a short last tile's end changing
 // nothing; grad_norm: one parameter a block), or 0 when op j's tiles are recomputed whole.
 int64_t ReductionBlocks(const TilePlan& plan, int64_t op);
