@@ -590,23 +590,42 @@ steps = 2
 batch_size = 2
 )";
 
-void ExpectEveryCoveredGptTileRecomputes() {
-  Result<TaskSpec> spec = TaskSpec::Parse(kSmallGpt, "tile-gpt.toml", ".");
+// One traced training step of the task `toml` (data paths relative to `dir`) after `warmup` plain
+// steps: the trainer, the step's batch, its trace (values kept) and the step's tile plan, which
+// must follow the trace operator for operator.
+struct TracedStep {
+  std::unique_ptr<Trainer> trainer;
+  Batch batch;
+  OpTrace trace;
+  TilePlan plan;
+};
+void TraceStep(const std::string& toml, const std::string& dir, int warmup, TracedStep* out) {
+  Result<TaskSpec> spec = TaskSpec::Parse(toml, "traced-step.toml", dir);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), *spec);
   ASSERT_TRUE(tr.ok()) << tr.status().ToString();
-  (*tr)->Step();
-  TrainState& st = (*tr)->state();
-  const Batch batch = (*tr)->BatchForStep(st.step);
-  OpTrace trace;
-  trace.set_keep_values(true);
-  st.model->set_op_trace(&trace);
-  StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream));
+  out->trainer = std::move(*tr);
+  for (int i = 0; i < warmup; ++i) out->trainer->Step();
+  TrainState& st = out->trainer->state();
+  out->batch = out->trainer->BatchForStep(st.step);
+  out->trace.set_keep_values(true);
+  st.model->set_op_trace(&out->trace);
+  StepOnBatch(st, out->batch, DropoutSeed(spec->seed, spec->stream));
   st.model->set_op_trace(nullptr);
-  Result<TilePlan> plan =
-      PlanStepTiles((*tr)->task().model, st.optimizer->spec(), spec->batch_size, spec->seq_len);
+  Result<TilePlan> plan = PlanStepTiles(out->trainer->task().model, st.optimizer->spec(),
+                                        spec->batch_size, spec->seq_len);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  ASSERT_EQ(plan->ops.size(), trace.size());
+  ASSERT_EQ(plan->ops.size(), out->trace.size());
+  out->plan = std::move(*plan);
+}
+
+void ExpectEveryCoveredGptTileRecomputes() {
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceStep(kSmallGpt, ".", 1, &traced));
+  const TrainState& st = traced.trainer->state();
+  const Batch& batch = traced.batch;
+  const OpTrace& trace = traced.trace;
+  const TilePlan* plan = &traced.plan;
   int64_t covered = 0, checked = 0;
   std::map<TileOpKind, int64_t> kinds;
   for (size_t j = 0; j < trace.size(); ++j) {
@@ -859,20 +878,12 @@ lr = 1e-3
 steps = 2
 batch_size = 2
 )";
-  Result<TaskSpec> spec = TaskSpec::Parse(toml, "wide-vocab.toml", dir);
-  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
-  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), *spec);
-  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
-  TrainState& st = (*tr)->state();
-  const Batch batch = (*tr)->BatchForStep(st.step);
-  OpTrace trace;
-  trace.set_keep_values(true);
-  st.model->set_op_trace(&trace);
-  StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream));
-  st.model->set_op_trace(nullptr);
-  Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, spec->batch_size);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  ASSERT_EQ(plan->ops.size(), trace.size());
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceStep(toml, dir, 0, &traced));
+  const TrainState& st = traced.trainer->state();
+  const Batch& batch = traced.batch;
+  const OpTrace& trace = traced.trace;
+  const TilePlan* plan = &traced.plan;
   int64_t j = -1;
   for (size_t i = 0; i < plan->ops.size(); ++i) {
     if (plan->ops[i].name == "encoded") j = static_cast<int64_t>(i);
