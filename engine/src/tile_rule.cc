@@ -9,6 +9,7 @@
 #include "meshlearn/base/check.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/kernels.h"
+#include "meshlearn/engine/math.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -26,18 +27,6 @@ bool TileRuleIsReduction(TileOpKind k) {
 
 // The number of 32-row blocks of a batch of B rows.
 int64_t TileRuleRowBlocks(int64_t B) { return (B + kTileRows - 1) / kTileRows; }
-
-// The floats of the partial sum S_block a reduction tile of `numel` elements continues from: the
-// tile's, but for wte's gradient past the tied head's blocks, which carries the head's finished
-// dW tile and the embedding's own accumulator (EmbeddingBackward adds its sum to the gradient
-// once, at the end).
-int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, int64_t numel, int64_t block) {
-  if (o.kind == TileOpKind::kTileOpEmbeddingGrad && o.b >= 0 &&
-      block >= TileRuleRowBlocks(plan.batch)) {
-    return 2 * numel;
-  }
-  return numel;
-}
 
 // The rows [b0, b1) of reduction block `block` of a batch of B.
 std::pair<int64_t, int64_t> TileRuleBlockRows(int64_t B, int64_t block) {
@@ -79,6 +68,38 @@ constexpr int64_t kTileLinearBlock = 256;
 // falls in block k set to wte[token] + wpe[position], so the last partial is the tile.
 constexpr int64_t kTileEmbeddingWholeMax = 1024;
 constexpr int64_t kTileEmbeddingBlock = 1024;
+// A loss or loss-gradient tile reads its rows' whole logits (4 x 32 x V bytes). Up to V = 1024
+// it is recomputed whole; above, it follows the reference softmax's order over the vocabulary in
+// blocks of kTileSoftmaxBlock columns: blocks 0..nb-1 the running max (the partial: the tile's R
+// rows' maxima), blocks nb..2nb-1 the running sum of Exp(x - max) (the partial: R maxima, R sums
+// and R target logits, set by the block holding the target); the loss ends with the last sum
+// block, the gradient reads its own logits tile in one block more.
+constexpr int64_t kTileSoftmaxWholeMax = 1024;
+constexpr int64_t kTileSoftmaxBlock = 1024;
+int64_t TileRuleSoftmaxBlocks(const TilePlan& plan) {
+  return plan.classes > kTileSoftmaxWholeMax
+             ? (plan.classes + kTileSoftmaxBlock - 1) / kTileSoftmaxBlock
+             : 0;
+}
+
+// The floats of the partial sum S_block a reduction tile `t` continues from: the tile's, but for
+// wte's gradient past the tied head's blocks, which carries the head's finished dW tile and the
+// embedding's own accumulator (EmbeddingBackward adds its sum to the gradient once, at the end),
+// and for a narrowed softmax's (kTileSoftmaxBlock).
+int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, const TileGrid::Rect& t,
+                            int64_t block) {
+  if (o.kind == TileOpKind::kTileOpEmbeddingGrad && o.b >= 0 &&
+      block >= TileRuleRowBlocks(plan.batch)) {
+    return 2 * t.numel();
+  }
+  if (o.kind == TileOpKind::kTileOpLoss || o.kind == TileOpKind::kTileOpLossGrad) {
+    // The rows' maxima, then their maxima, sums and target logits.
+    const int64_t R = t.r1 - t.r0;
+    return block <= TileRuleSoftmaxBlocks(plan) ? R : 3 * R;
+  }
+  return t.numel();
+}
+
 // A conv2d tile's chain runs over (c, kh, kw): above this many input channels it is narrowed into
 // blocks of this many.
 constexpr int64_t kTileConvChannels = 4;
@@ -659,6 +680,10 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     const int64_t V = plan.classes;
     return V > kTileEmbeddingWholeMax ? (V + kTileEmbeddingBlock - 1) / kTileEmbeddingBlock : 0;
   }
+  if (o.kind == TileOpKind::kTileOpLoss || o.kind == TileOpKind::kTileOpLossGrad) {
+    const int64_t nb = TileRuleSoftmaxBlocks(plan);
+    return nb == 0 ? 0 : 2 * nb + (o.kind == TileOpKind::kTileOpLossGrad ? 1 : 0);
+  }
   // The block partials are independent sums of kSumBlock gradient elements each (up to 4 KiB of
   // values, in at most 40 of their tiles): a tile of them is narrowed to one, the chain S_k being
   // the tile with its first k partials filled in (the rest 0).
@@ -840,10 +865,23 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     }
     case TileOpKind::kTileOpLoss:
-    case TileOpKind::kTileOpLossGrad:
-      TileRuleCover(plan, o.x, t.r0, t.r1, 0, plan.classes, fp);
-      TileRuleCover(plan, kTileOperandBatch, t.r0, t.r1, 0, 0, fp);
+    case TileOpKind::kTileOpLossGrad: {
+      // Whole: the rows' logits and targets. Narrowed: a max block its columns of the rows'
+      // logits; a sum block its columns and the targets; the gradient's last block the tile's
+      // own logits and the targets.
+      const int64_t nb = TileRuleSoftmaxBlocks(plan);
+      int64_t v0 = 0, v1 = plan.classes;
+      if (blocks > 0 && block < 2 * nb) {
+        v0 = (block % nb) * kTileSoftmaxBlock;
+        v1 = std::min(plan.classes, v0 + kTileSoftmaxBlock);
+      } else if (blocks > 0) {
+        v0 = t.c0;
+        v1 = t.c1;
+      }
+      TileRuleCover(plan, o.x, t.r0, t.r1, v0, v1, fp);
+      if (blocks == 0 || block >= nb) TileRuleCover(plan, kTileOperandBatch, t.r0, t.r1, 0, 0, fp);
       break;
+    }
     case TileOpKind::kTileOpLinearInputGrad: {
       const int64_t OC = TileRuleCols(plan, o.x);
       const int64_t k0 = blocks > 0 ? block * kTileLinearBlock : 0;
@@ -935,6 +973,78 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
   return fp;
 }
 
+namespace {
+
+// Block `block` of a narrowed loss or loss-gradient tile `t` (kTileSoftmaxBlock), continued from
+// `partial`: ref::SoftmaxCrossEntropyForward's max, then its sum, over the block's columns in the
+// same order, then (the last block) its loss, or the backward's (p - [v == target]) / B on a
+// zeroed gradient for the tile's columns. `logits(v0, v1)` gives the rows' logits in columns
+// [v0, v1), `targets()` their targets.
+template <typename Logits, typename Targets>
+std::vector<float> SoftmaxBlock(const TilePlan& plan, const TileOp& o, const TileGrid::Rect& t,
+                                int64_t block, const std::vector<float>& partial, Logits&& logits,
+                                Targets&& targets) {
+  internal::FpEnvGuard fp_guard;
+  const int64_t nb = TileRuleSoftmaxBlocks(plan), R = t.r1 - t.r0;
+  const auto at = [](int64_t i) { return static_cast<size_t>(i); };
+  if (block < nb) {  // the running max: m = x[0], then m = x[v] > m ? x[v] : m for v = 1..V-1
+    const int64_t v0 = block * kTileSoftmaxBlock, v1 = std::min(plan.classes, v0 + kTileSoftmaxBlock);
+    const std::vector<float> x = logits(v0, v1);
+    const int64_t W = v1 - v0;
+    std::vector<float> m(at(R));
+    for (int64_t r = 0; r < R; ++r) {
+      float mr = block == 0 ? x[at(r * W)] : partial[at(r)];
+      for (int64_t v = block == 0 ? 1 : 0; v < W; ++v) {
+        mr = x[at(r * W + v)] > mr ? x[at(r * W + v)] : mr;
+      }
+      m[at(r)] = mr;
+    }
+    return m;
+  }
+  // The sums carry [maxima, sums, target logits].
+  std::vector<float> acc(at(3 * R), 0.0f);
+  if (block == nb) {
+    std::copy(partial.begin(), partial.begin() + R, acc.begin());
+  } else {
+    acc = partial;
+  }
+  const std::vector<int32_t> y = targets();
+  if (block < 2 * nb) {  // sum = sum + Exp(x[v] - m) for v = 0..V-1
+    const int64_t v0 = (block - nb) * kTileSoftmaxBlock;
+    const int64_t v1 = std::min(plan.classes, v0 + kTileSoftmaxBlock), W = v1 - v0;
+    const std::vector<float> x = logits(v0, v1);
+    for (int64_t r = 0; r < R; ++r) {
+      const float m = acc[at(r)];
+      float sum = acc[at(R + r)];
+      for (int64_t v = 0; v < W; ++v) sum = sum + Exp(x[at(r * W + v)] - m);
+      acc[at(R + r)] = sum;
+      const int64_t target = y[at(r)];
+      if (target >= v0 && target < v1) acc[at(2 * R + r)] = x[at(r * W + target - v0)];
+    }
+    if (block < 2 * nb - 1 || o.kind == TileOpKind::kTileOpLossGrad) return acc;
+    std::vector<float> losses(at(R));  // Log(sum) - (x[target] - m)
+    for (int64_t r = 0; r < R; ++r) {
+      losses[at(r)] = Log(acc[at(R + r)]) - (acc[at(2 * R + r)] - acc[at(r)]);
+    }
+    return losses;
+  }
+  // The gradient's block: dlogits = 0 + (Exp(x - m) / sum - [v == target]) * (1 / B).
+  const int64_t K = t.c1 - t.c0;
+  const std::vector<float> x = logits(t.c0, t.c1);
+  const float scale = 1.0f / static_cast<float>(plan.batch);
+  std::vector<float> out(at(R * K));
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < K; ++c) {
+      const float p = Exp(x[at(r * K + c)] - acc[at(r)]) / acc[at(R + r)];
+      const float ind = t.c0 + c == y[at(r)] ? 1.0f : 0.0f;
+      out[at(r * K + c)] = 0.0f + (p - ind) * scale;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64_t tile,
                                          int64_t block, int64_t step, const TileInputs& in) {
   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, op, tile, block));
@@ -990,7 +1100,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
   const TileGrid::Rect t = o.grid.TileRect(tile);
   const int64_t R = t.r1 - t.r0, K = t.c1 - t.c0;
   const int64_t blocks = ReductionBlocks(plan, op);
-  const int64_t partial_size = TileRulePartialSize(plan, o, t.numel(), block);
+  const int64_t partial_size = TileRulePartialSize(plan, o, t, block);
   if (blocks > 0 && !in.partial.empty() &&
       static_cast<int64_t>(in.partial.size()) != partial_size) {
     return InvalidArgument(what + ": the partial sum has " + std::to_string(in.partial.size()) +
@@ -1220,6 +1330,12 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     case TileOpKind::kTileOpLoss:
     case TileOpKind::kTileOpLossGrad: {
       const int64_t V = plan.classes;
+      if (blocks > 0) {
+        out = SoftmaxBlock(plan, o, t, block, in.partial,
+                           [&](int64_t v0, int64_t v1) { return dense(o.x, t.r0, t.r1, v0, v1); },
+                           [&] { return targets(t.r0, t.r1); });
+        break;
+      }
       std::vector<float> logits = dense(o.x, t.r0, t.r1, 0, V);
       std::vector<int32_t> y = targets(t.r0, t.r1);
       std::vector<float> probs(static_cast<size_t>(R * V)), losses(static_cast<size_t>(R));

@@ -837,11 +837,13 @@ TEST(TileRuleTest, GptTokenTilesDependOnTheirTokens) {
   EXPECT_TRUE(fp->batch_rows.empty());
 }
 
-// A vocabulary wider than 1024 rows: `encoded` is narrowed into blocks of 1024 rows of wte (each
-// block sets the rows whose token it holds), so a block's footprint reads at most 1024 x 32
-// floats of wte whatever the vocabulary, and every tile's chain ends at the traced bits. Real
-// training on token files whose tokens spread over all three blocks of a 2,500-token vocabulary.
-TEST(TileRuleTest, AWideVocabularysEmbeddingIsNarrowedIntoRowBlocksBitForBit) {
+// A vocabulary wider than 1024: the operators that read a whole vocabulary are narrowed into
+// blocks of 1024, so a block's footprint reads at most 1024 x 32 floats of it whatever the
+// vocabulary, and every tile's chain ends at the traced bits. `encoded` in blocks of wte's rows
+// (each setting the rows whose token it holds); the loss and its gradient in the reference
+// softmax's order over the logits' columns (the max, then the sum, then the gradient's own tile).
+// Real training on token files whose tokens spread over all three blocks of a 2,500 vocabulary.
+TEST(TileRuleTest, AWideVocabularyIsNarrowedIntoBlocksOf1024BitForBit) {
   char dir_template[] = "/tmp/meshlearn-tile-vocab-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template;
@@ -884,35 +886,42 @@ batch_size = 2
   const Batch& batch = traced.batch;
   const OpTrace& trace = traced.trace;
   const TilePlan* plan = &traced.plan;
-  int64_t j = -1;
-  for (size_t i = 0; i < plan->ops.size(); ++i) {
-    if (plan->ops[i].name == "encoded") j = static_cast<int64_t>(i);
-  }
-  ASSERT_GE(j, 0);
-  const TileOp& op = plan->ops[static_cast<size_t>(j)];
-  ASSERT_EQ(ReductionBlocks(*plan, j), 3);  // rows 0-1023, 1024-2047, 2048-2499
   std::set<int64_t> blocks_hit;
   for (int32_t t : batch.tokens) blocks_hit.insert(t / 1024);
-  EXPECT_EQ(blocks_hit.size(), 3u) << "the batch's tokens should reach every block";
-  for (int64_t t = 0; t < op.grid.count(); ++t) {
-    for (int64_t k = 0; k < 3; ++k) {
-      Result<TileFootprint> fp = Footprint(*plan, j, t, k);
-      ASSERT_TRUE(fp.ok()) << fp.status().ToString();
-      int64_t wte_floats = 0;
-      for (const TileRef& r : fp->tiles) {
-        if (r.op == op.x) {
-          wte_floats += plan->ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
-        }
-      }
-      EXPECT_GT(wte_floats, 0);
-      EXPECT_LE(wte_floats, 1024 * 32) << "tile " << t << " block " << k;
+  for (int32_t t : batch.targets) blocks_hit.insert(4 + t / 1024);
+  EXPECT_EQ(blocks_hit.size(), 6u) << "the batch's tokens and targets should reach every block";
+  // encoded: 3 blocks of wte rows; the loss: 3 max blocks, 3 sum blocks; its gradient one more.
+  const std::map<std::string, int64_t> want_blocks = {
+      {"encoded", 3}, {"loss", 6}, {"logits.grad", 7}};
+  for (const auto& [name, want] : want_blocks) {
+    int64_t j = -1;
+    for (size_t i = 0; i < plan->ops.size(); ++i) {
+      if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
     }
-    Result<std::vector<std::vector<float>>> chain =
-        ReductionChain(*plan, j, t, st.step - 1, trace, batch);
-    ASSERT_TRUE(chain.ok()) << chain.status().ToString();
-    ASSERT_EQ(chain->size(), 4u);
-    EXPECT_TRUE(SameBits(chain->back(), ExtractTile(trace.values(static_cast<size_t>(j)), op.grid, t)))
-        << "encoded tile " << t;
+    ASSERT_GE(j, 0) << name;
+    const TileOp& op = plan->ops[static_cast<size_t>(j)];
+    ASSERT_EQ(ReductionBlocks(*plan, j), want) << name;
+    // The vocabulary-wide operand: wte for encoded, the logits for the loss.
+    const int64_t wide = op.x;
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      for (int64_t k = 0; k < want; ++k) {
+        Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        int64_t floats = 0;
+        for (const TileRef& r : fp->tiles) {
+          if (r.op == wide) floats += plan->ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
+        }
+        EXPECT_GT(floats, 0) << name;
+        EXPECT_LE(floats, 1024 * 32) << name << " tile " << t << " block " << k;
+      }
+      Result<std::vector<std::vector<float>>> chain =
+          ReductionChain(*plan, j, t, st.step - 1, trace, batch);
+      ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+      ASSERT_EQ(static_cast<int64_t>(chain->size()), want + 1) << name;
+      EXPECT_TRUE(
+          SameBits(chain->back(), ExtractTile(trace.values(static_cast<size_t>(j)), op.grid, t)))
+          << name << " tile " << t;
+    }
   }
   std::filesystem::remove_all(dir);
 }
