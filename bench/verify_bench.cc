@@ -24,8 +24,10 @@
 // referee    (not in the default list) the tile referee (issue 16), one line per model (the
 //            fashion MLP of --task, examples/fashion-cnn.toml, and examples/code-gpt-10m.toml at
 //            batch 8 x 256): parameters;
-//            commitment_fraction, what training pays per step: the state's tiled commitment
-//            (engine/tile.h) once per checkpoint_interval steps, over an untraced step's time;
+//            commitment_fraction, what training pays per step: the state's hash, its tiled
+//            commitment (engine/checkpoint.h's StateHash: every tensor's tiled root), once per
+//            checkpoint_interval steps, over an untraced step's time (state_hash_step_fraction:
+//            the same if every step were hashed);
 //            trace_commit_fraction, what one traced step costs more than a plain one (OpTrace's
 //            tiled roots of every operator output, paid by the two parties of a dispute for the
 //            one disputed step; medians of --referee-steps steps); and where the tile
@@ -222,14 +224,13 @@ json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interva
   uint64_t tiles = 0;
   for (size_t i = 0; i < trace.size(); ++i) tiles += static_cast<uint64_t>(trace.grid(i).count());
   const double step_s = Median(plain), commit_s = Median(commit);
-  // What training pays without a dispute: the state committed at each checkpoint, tiled
-  // (StateTileRoot) and flat (StateHash, what the chain holds today), once
-  // per checkpoint_interval steps. The operator trace is computed only by the two parties of a
+  // What training pays without a dispute: the state hash at each checkpoint (StateHash, what the
+  // chain holds: every tensor's tiled root, then one hash over them), once per
+  // checkpoint_interval steps. The operator trace is computed only by the two parties of a
   // dispute, replaying the one disputed step from their checkpoint.
-  std::vector<double> state_tiled, state_flat;
+  std::vector<double> state_tiled;
   for (int i = 0; i < steps; ++i) {
-    state_tiled.push_back(Seconds([&] { engine::StateTileRoot(st); }));
-    state_flat.push_back(Seconds([&] { engine::StateHash(st); }));
+    state_tiled.push_back(Seconds([&] { engine::StateHash(st); }));
   }
   const double tiled_s = Median(state_tiled);
   const double per_step = tiled_s / (checkpoint_interval * step_s);
@@ -245,8 +246,8 @@ json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interva
             {"trace_commit_seconds", commit_s},
             {"trace_commit_fraction", commit_s / step_s},
             {"checkpoint_interval", checkpoint_interval},
-            {"state_tiled_commit_seconds", tiled_s},
-            {"state_flat_hash_seconds", Median(state_flat)},
+            {"state_hash_seconds", tiled_s},
+            {"state_hash_step_fraction", tiled_s / step_s},
             {"commitment_fraction", per_step},
             {"target_commitment_fraction", 0.10}};
   Result<engine::TilePlan> plan =

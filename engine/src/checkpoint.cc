@@ -3,7 +3,9 @@
 #include <charconv>
 #include <set>
 
+#include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/safetensors.h"
+#include "meshlearn/engine/tile.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -60,7 +62,43 @@ Hash256 HashState(TrainState& st, bool with_optimizer) {
 
 }  // namespace
 
-Hash256 StateHash(TrainState& st) { return HashState(st, /*with_optimizer=*/true); }
+std::vector<Hash256> StateTensorRoots(TrainState& st) {
+  std::vector<Hash256> roots;
+  auto add = [&](const Tensor& t) {
+    roots.push_back(
+        TensorRoot({t.data(), static_cast<size_t>(t.size())}, TileGrid::ForShape(t.shape())));
+  };
+  for (const Param& p : st.model->params()) add(p.value);
+  if (st.optimizer) {
+    for (const Optimizer::NamedState& s : st.optimizer->State()) add(*s.tensor);
+  }
+  return roots;
+}
+
+Hash256 StateHashOfRoots(int64_t step, uint64_t seed, uint64_t stream,
+                         std::span<const Hash256> tensor_roots) {
+  Hasher h("meshlearn.train_state.v2");
+  h.UpdateU64(static_cast<uint64_t>(step));
+  h.UpdateU64(seed);
+  h.UpdateU64(stream);
+  h.UpdateU64(tensor_roots.size());
+  const Hash256 root = MerkleRoot(std::vector<Hash256>(tensor_roots.begin(), tensor_roots.end()));
+  h.Update(ByteSpan(root.bytes.data(), root.bytes.size()));
+  return h.Finish();
+}
+
+Hash256 StateHash(TrainState& st) {
+  // A bare model keeps the flat form (model files, ModelStateHash); a training state is
+  // committed by its tensors' tiled roots (the top of checkpoint.h).
+  if (!st.optimizer) return HashState(st, /*with_optimizer=*/false);
+  return StateHashOfRoots(st.step, st.seed, st.stream, StateTensorRoots(st));
+}
+
+Hash256 FlatStateHash(TrainState& st) { return HashState(st, /*with_optimizer=*/true); }
+
+bool StateHashMatches(TrainState& st, const std::string& stored_hex) {
+  return stored_hex == StateHash(st).ToHex() || stored_hex == FlatStateHash(st).ToHex();
+}
 Hash256 ModelStateHash(TrainState& st) { return HashState(st, /*with_optimizer=*/false); }
 
 Status SaveCheckpoint(Env* env, const std::string& path, TrainState& st,
@@ -144,7 +182,7 @@ Result<TrainState> LoadCheckpoint(Env* env, const std::string& path) {
   Result<std::string> stored = f.Metadata("state_hash");
   if (stored.ok()) {
     std::string actual = StateHash(st).ToHex();
-    if (*stored != actual) {
+    if (!StateHashMatches(st, *stored)) {
       return DataLoss(path + ": state hash mismatch: metadata says " + *stored +
                       " but the tensors hash to " + actual + " (file modified or corrupt)");
     }

@@ -390,7 +390,7 @@ Result<LoadedModel> LoadHfGpt2(Env* env, const std::string& dir) {
     }
     ML_ASSIGN_OR_RETURN(std::string stored, o.Metadata("state_hash"));
     const std::string actual = StateHash(st).ToHex();
-    if (stored != actual) {
+    if (!StateHashMatches(st, stored)) {
       return DataLoss(opt_path + ": __metadata__.state_hash is " + stored +
                       " but the weights and moments hash to " + actual +
                       " (file modified, or from another state)");

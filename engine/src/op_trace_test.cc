@@ -110,6 +110,44 @@ TEST(OpTraceTest, RecordsEveryOperatorInAFixedOrder) {
   EXPECT_EQ(t.hashes(), u.hashes());
 }
 
+// The state hash commits to the tensors' tiled roots (checkpoint.h): the hash before a step
+// follows from the trace's first outputs (the input state) and the hash after it from its last
+// ones (every parameter and moment after the update), so a tile of either state is provable
+// against the agreed state hash.
+TEST(OpTraceTest, TheStateHashesBeforeAndAfterAStepFollowFromItsOperatorOutputs) {
+  auto a = MakeTrainer();
+  TrainState& st = a->state();
+  const Hash256 before = StateHash(st);
+  const int64_t step = st.step;
+  OpTrace t = TraceStep(*a);
+  const size_t k = StateTensorRoots(st).size();
+  ASSERT_EQ(k, 18u);
+  const std::vector<Hash256> in(t.hashes().begin(), t.hashes().begin() + k);
+  const std::vector<Hash256> out(t.hashes().end() - k, t.hashes().end());
+  EXPECT_EQ(StateHashOfRoots(step, st.seed, st.stream, in), before);
+  EXPECT_EQ(StateHashOfRoots(step + 1, st.seed, st.stream, out), StateHash(st));
+  EXPECT_EQ(StateTensorRoots(st), out);
+  // Every committed input matters: the step, the seed, the stream and each tensor's root.
+  std::vector<Hash256> other = out;
+  other[17].bytes[0] ^= 1;
+  EXPECT_NE(StateHashOfRoots(step + 1, st.seed, st.stream, other), StateHash(st));
+  EXPECT_NE(StateHashOfRoots(step, st.seed, st.stream, out), StateHash(st));
+  EXPECT_NE(StateHashOfRoots(step + 1, st.seed + 1, st.stream, out), StateHash(st));
+  EXPECT_NE(StateHashOfRoots(step + 1, st.seed, st.stream + 1, out), StateHash(st));
+  // One changed moment element changes the hash (the moments are committed, not only weights);
+  // the weights-only hash does not see it.
+  // A file's stored hash is accepted in the tiled form or in the flat form older checkpoints hold.
+  EXPECT_TRUE(StateHashMatches(st, StateHash(st).ToHex()));
+  EXPECT_TRUE(StateHashMatches(st, FlatStateHash(st).ToHex()));
+  EXPECT_NE(StateHash(st), FlatStateHash(st));
+  EXPECT_FALSE(StateHashMatches(st, ModelStateHash(st).ToHex()));
+  const Hash256 model_hash = ModelStateHash(st);
+  const Hash256 full = StateHash(st);
+  st.optimizer->State()[7].tensor->data()[3] += 1e-6f;
+  EXPECT_NE(StateHash(st), full);
+  EXPECT_EQ(ModelStateHash(st), model_hash);
+}
+
 TEST(OpTraceTest, TracingDoesNotChangeTheComputation) {
   auto a = MakeTrainer();
   auto b = MakeTrainer();

@@ -132,13 +132,14 @@ TrainState PipeState(const ModelSpec& spec) {
   return st;
 }
 
-// Today's training step (StepOnBatch) for `steps` steps; returns the state hash.
+// Today's training step (StepOnBatch) for `steps` steps; returns the state's flat hash (the bits
+// of every parameter and moment, in the form pinned before the tiled commitment: checkpoint.h).
 std::string PipeTrainedHash(const ModelSpec& spec, int64_t batch, int64_t steps) {
   TrainState st = PipeState(spec);
   for (int64_t s = 0; s < steps; ++s) {
     StepOnBatch(st, PipeBatch(*st.model, batch, s), kPipeDropoutSeed);
   }
-  return StateHash(st).ToHex();
+  return FlatStateHash(st).ToHex();
 }
 
 // The state hashes today's step gives these models (recorded before micro-batches and stages
@@ -336,7 +337,7 @@ TEST(PipelineTest, OneMicroBatchIsTodaysStep) {
   for (Param& p : st.model->params()) p.value.vec() = got[p.name]->vec();
   for (const Optimizer::NamedState& n : st.optimizer->State()) n.tensor->vec() = got[n.name]->vec();
   st.step = 3;
-  EXPECT_EQ(StateHash(st).ToHex(),
+  EXPECT_EQ(FlatStateHash(st).ToHex(),
             "d0d9472ceab27000965b05d25daaa5e346549adad7b9845f1275f81c2ce3a69c");
 }
 

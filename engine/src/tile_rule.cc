@@ -651,16 +651,7 @@ int64_t UpdatedStateOperand(const TileOp& op) {
 
 Hash256 StateTileRoot(TrainState& state) {
   CHECK(state.optimizer) << "StateTileRoot needs a training state with an optimizer";
-  std::vector<Hash256> roots;
-  for (const Param& p : state.model->params()) {
-    roots.push_back(TensorRoot({p.value.data(), static_cast<size_t>(p.value.size())},
-                               TileGrid::ForShape(p.value.shape())));
-  }
-  for (const Optimizer::NamedState& s : state.optimizer->State()) {
-    roots.push_back(TensorRoot({s.tensor->data(), static_cast<size_t>(s.tensor->size())},
-                               TileGrid::ForShape(s.tensor->shape())));
-  }
-  return MerkleRoot(roots);
+  return MerkleRoot(StateTensorRoots(state));
 }
 
 int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {

@@ -265,9 +265,16 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
   if (!left_) RunStages(work);
 
   if (!urgent.empty()) {
-    Status s = RunVerifyJob(urgent.front());
+    const VerifyJob& job = urgent.front();
+    Status s = RunVerifyJob(job);
     if (solver_->crashed()) return s;
-    if (!s.ok()) Log("verification: " + s.message());  // retried next tick while its window lasts
+    // Retried while its window lasts, after the urgent jobs that have not failed.
+    if (!s.ok()) Log("verification: " + s.message());
+    if (s.ok()) {
+      verify_job_failed_at_.erase(VerifyJobKey(job));
+    } else {
+      verify_job_failed_at_[VerifyJobKey(job)] = work.height;
+    }
     ++report->verifications_run;
     report->busy = urgent.size() > 1 || !later.empty() || !aggs.empty() || !units.empty();
     return Status::Ok();
@@ -342,9 +349,7 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
     }
     disputes_->Play(c, urgent);
   }
-  std::stable_sort(urgent->begin(), urgent->end(), [](const VerifyJob& a, const VerifyJob& b) {
-    return a.deadline < b.deadline;
-  });
+  OrderUrgentJobs(work.height, urgent, &verify_job_failed_at_);
   CleanVerifyDirs(live);
 }
 

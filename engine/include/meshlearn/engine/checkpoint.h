@@ -2,10 +2,19 @@
 //
 // StateHash() is what verifiers compare: two parties that trained the same work unit from the
 // same checkpoint agree on it exactly when their parameters, optimizer moments and step are
-// bit-identical. It covers, in this order (all integers u64 little-endian):
-//   domain "meshlearn.train_state.v1"; step; seed; stream;
-//   for each parameter (model order), then each optimizer state tensor (Optimizer::State order):
-//     name length, name bytes, rank, each dimension, byte length, raw float32 bytes.
+// bit-identical. A training state (with an optimizer) is committed tile by tile, so that one
+// tile of one tensor of an agreed state can be proven against its hash alone (a dispute over the
+// step's input state, docs/verification.md, "Tiles"): StateHashOfRoots(step, seed, stream, the
+// tiled root (tile.h's TensorRoot, in the tensor's TileGrid::ForShape grid) of each parameter
+// (model order) and then each optimizer state tensor (Optimizer::State order)) =
+//   BLAKE2b("meshlearn.train_state.v2", step, seed, stream, the number of tensors,
+//           MerkleRoot(those roots))                        (integers u64 little-endian).
+// Those roots are exactly the "in.<name>" operator outputs a traced step records first, and the
+// parameter and moment outputs it records last (op_trace.h), so the state hashes before and
+// after a step follow from its operator outputs.
+// A bare model (no optimizer) and ModelStateHash keep the flat form, "meshlearn.train_state.v1":
+// step; seed; stream; for each parameter: name length, name bytes, rank, each dimension, byte
+// length, raw float32 bytes (what model files and weights hashes have always held).
 //
 // Files: a checkpoint holds every parameter under its own name, every optimizer state tensor
 // ("optim.m.<param>", ...), and __metadata__ {"format": "meshlearn.checkpoint.v1", "step",
@@ -23,7 +32,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/hash.h"
@@ -45,6 +56,22 @@ struct TrainState {
 
 // The canonical hash of the training state (see the top of this file).
 Hash256 StateHash(TrainState& state);
+// The tiled root of every parameter, then of every optimizer state tensor (none without an
+// optimizer): what StateHash commits to.
+std::vector<Hash256> StateTensorRoots(TrainState& state);
+// The state hash of a state at `step` whose tensors have the tiled roots `tensor_roots` (in
+// StateTensorRoots order); StateHash(st) == StateHashOfRoots(st.step, st.seed, st.stream,
+// StateTensorRoots(st)) for a state with an optimizer.
+Hash256 StateHashOfRoots(int64_t step, uint64_t seed, uint64_t stream,
+                         std::span<const Hash256> tensor_roots);
+// The flat form of the whole training state, "meshlearn.train_state.v1" with every optimizer
+// state tensor after the parameters: what StateHash was before the tiled commitment. Old
+// checkpoint files hold it, and tests that pin the bits of a computation pin it (a change of
+// the commitment must not move them).
+Hash256 FlatStateHash(TrainState& state);
+// Whether `stored_hex` (a file's "state_hash") is the state's hash, in the current form or in
+// the flat form a checkpoint written before the tiled commitment holds.
+bool StateHashMatches(TrainState& state, const std::string& stored_hex);
 // The same without the optimizer state: what a model file's "state_hash" covers.
 Hash256 ModelStateHash(TrainState& state);
 

@@ -228,9 +228,9 @@ int64_t UpdatedStateOperand(const TileOp& op);
 
 // The training state committed the way operator outputs are (tile.h): the Merkle root over the
 // tiled roots of every parameter and then every optimizer state tensor, in StateHash order (the
-// order of the step's "in.<name>" operators). Not yet what the chain holds (StateHash, flat);
-// what a checkpoint commitment must become for a tile of the input state to be provable alone
-// (docs/verification.md, "Tiles"). REQUIRES: state has an optimizer.
+// order of the step's "in.<name>" operators): the root StateHash commits to (checkpoint.h's
+// StateHashOfRoots), so one tile of the input state is provable against the agreed state hash.
+// REQUIRES: state has an optimizer.
 Hash256 StateTileRoot(TrainState& state);
 
 // The plan of one training step of `model` trained by `optimizer` at batch size `batch` (a GPT:

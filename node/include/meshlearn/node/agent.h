@@ -352,6 +352,9 @@ class NodeAgent {
   int64_t last_verification_poll_us_ = 0;
   std::atomic<uint64_t> seen_height_{0};  // the height, for the upload threads
   std::optional<std::set<std::string>> verify_dirs_;  // entries of <data_dir>/verify
+  // Urgent verification jobs whose last run failed (VerifyJobKey -> the height it failed at):
+  // PlayVerification runs them after the urgent jobs that have not failed (chaos seed 29).
+  std::map<std::string, uint64_t> verify_job_failed_at_;
 };
 
 }  // namespace meshlearn::node

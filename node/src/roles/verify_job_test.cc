@@ -1,0 +1,89 @@
+// The order of a tick's urgent verification jobs (roles/verify_job.h OrderUrgentJobs): earliest
+// deadline first, a job that failed after the ones that did not, a job past its deadline last.
+#include "verify_job.h"
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/hash.h"
+
+namespace meshlearn::node {
+namespace {
+
+CheckAssignment Check(uint32_t index) {
+  CheckAssignment c;
+  c.task_id = Blake2b("task");
+  c.index = index;
+  c.commit_height = 10 + index;
+  return c;
+}
+
+std::vector<uint32_t> Order(const std::vector<VerifyJob>& jobs) {
+  std::vector<uint32_t> out;
+  for (const VerifyJob& j : jobs) out.push_back(j.check->index);
+  return out;
+}
+
+TEST(OrderUrgentJobsTest, EarliestDeadlineFirstWhenNothingFailed) {
+  const CheckAssignment a = Check(1), b = Check(2), c = Check(3);
+  std::vector<VerifyJob> jobs = {{VerifyJob::Kind::kTrace, &a, 33},
+                                 {VerifyJob::Kind::kVerdict, &b, 30},
+                                 {VerifyJob::Kind::kDispute, &c, 31}};
+  std::map<std::string, uint64_t> failed;
+  OrderUrgentJobs(28, &jobs, &failed);
+  EXPECT_EQ(Order(jobs), (std::vector<uint32_t>{2, 3, 1}));
+}
+
+// Chaos seed 29: a verdict (deadline 30) whose start state's only provider was partitioned away
+// failed every tick and, first by its deadline, took every tick from the challenger's dispute
+// move (deadline 31), which then landed late and the honest challenger was slashed.
+TEST(OrderUrgentJobsTest, AJobThatFailedYieldsToOneThatDidNot) {
+  const CheckAssignment verdict = Check(4), dispute = Check(1);
+  std::vector<VerifyJob> jobs = {{VerifyJob::Kind::kVerdict, &verdict, 30},
+                                 {VerifyJob::Kind::kTrace, &dispute, 31}};
+  std::map<std::string, uint64_t> failed;
+  OrderUrgentJobs(28, &jobs, &failed);
+  ASSERT_EQ(jobs.front().check, &verdict);
+  failed[VerifyJobKey(jobs.front())] = 28;  // its fetch failed this tick
+
+  std::vector<VerifyJob> next = {{VerifyJob::Kind::kVerdict, &verdict, 30},
+                                 {VerifyJob::Kind::kTrace, &dispute, 31}};
+  OrderUrgentJobs(29, &next, &failed);
+  EXPECT_EQ(Order(next), (std::vector<uint32_t>{1, 4}));
+  EXPECT_EQ(failed.size(), 1u);
+
+  // The dispute move went out; the verdict is the only urgent job: it runs again.
+  std::vector<VerifyJob> alone = {{VerifyJob::Kind::kVerdict, &verdict, 30}};
+  OrderUrgentJobs(29, &alone, &failed);
+  EXPECT_EQ(Order(alone), (std::vector<uint32_t>{4}));
+}
+
+TEST(OrderUrgentJobsTest, FailedJobsTakeTurnsTheOneThatFailedLongestAgoFirst) {
+  const CheckAssignment a = Check(1), b = Check(2);
+  std::map<std::string, uint64_t> failed;
+  std::vector<VerifyJob> jobs = {{VerifyJob::Kind::kVerdict, &a, 40},
+                                 {VerifyJob::Kind::kVerdict, &b, 41}};
+  failed[VerifyJobKey(jobs[0])] = 21;
+  failed[VerifyJobKey(jobs[1])] = 20;
+  OrderUrgentJobs(22, &jobs, &failed);
+  EXPECT_EQ(Order(jobs), (std::vector<uint32_t>{2, 1}));
+}
+
+TEST(OrderUrgentJobsTest, AJobPastItsDeadlineGoesLastAndForgottenFailuresAreDropped) {
+  const CheckAssignment a = Check(1), b = Check(2), gone = Check(3);
+  std::map<std::string, uint64_t> failed;
+  failed[VerifyJobKey({VerifyJob::Kind::kVerdict, &gone, 25})] = 24;
+  std::vector<VerifyJob> jobs = {{VerifyJob::Kind::kVerdict, &a, 30},
+                                 {VerifyJob::Kind::kTrace, &b, 31}};
+  failed[VerifyJobKey(jobs[1])] = 29;
+  // At height 30 what the verdict sends lands at 31, after its window: the failed dispute
+  // move, still in time, goes first.
+  OrderUrgentJobs(30, &jobs, &failed);
+  EXPECT_EQ(Order(jobs), (std::vector<uint32_t>{2, 1}));
+  EXPECT_EQ(failed.size(), 1u) << "the failure of a job no longer urgent is forgotten";
+  // The same check's verdict and dispute jobs are kept apart.
+  EXPECT_NE(VerifyJobKey({VerifyJob::Kind::kVerdict, &a, 30}),
+            VerifyJobKey({VerifyJob::Kind::kTrace, &a, 30}));
+}
+
+}  // namespace
+}  // namespace meshlearn::node
