@@ -30,6 +30,31 @@ void ParallelFor(int64_t n, int threads, F&& f) {
       const_cast<void*>(static_cast<const void*>(&f)));
 }
 
+// Element-wise work over several arrays as one parallel region: array k has sizes[k] elements,
+// cut into pieces of `align` elements (the last piece of an array may be shorter); the pieces of
+// all arrays, laid end to end, are split into contiguous chunks as ParallelFor splits [0, n), and
+// f(k, begin, end) is called for each run of consecutive pieces of array k in a chunk. A model's
+// parameters are many small arrays: one region for all of them, instead of one per large array and
+// none for the small ones, keeps a second thread busy (the optimizer update, zeroing gradients).
+// Only for work whose result does not depend on the split (each element on its own).
+template <typename F>
+void ParallelForArrays(const int64_t* sizes, int64_t count, int threads, int64_t align, F&& f) {
+  int64_t pieces = 0;
+  for (int64_t k = 0; k < count; ++k) pieces += (sizes[k] + align - 1) / align;
+  ParallelFor(pieces, threads, [&](int64_t p0, int64_t p1) {
+    int64_t first = 0;  // the first piece of array k
+    for (int64_t k = 0; k < count && first < p1; ++k) {
+      const int64_t n = (sizes[k] + align - 1) / align;
+      const int64_t lo = p0 > first ? p0 - first : 0, hi = p1 - first < n ? p1 - first : n;
+      if (lo < hi) {
+        const int64_t end = hi * align < sizes[k] ? hi * align : sizes[k];
+        f(k, lo * align, end);
+      }
+      first += n;
+    }
+  });
+}
+
 // Work units [0, n) for the chunks of one ParallelFor(parts, threads, ...) region, claimed with
 // a little stealing: the units are split into `parts` contiguous ranges, chunk t takes units from
 // the front of range t, and when that is empty from the back of the other ranges. When every
@@ -85,55 +110,6 @@ class UnitQueue {
   Range ranges_[kMaxParts];
   int parts_;
 };
-
-// Element-wise work over several arrays as one parallel region: array k has sizes[k] elements,
-// cut into pieces of `align` elements (the last piece of an array may be shorter); the pieces of
-// all arrays, laid end to end, are cut into ParallelForArraysUnits(pieces, threads) contiguous
-// units that the threads claim from a UnitQueue (above), and f(k, begin, end) is called for each
-// run of consecutive pieces of array k in a unit. A model's parameters are many small arrays: one
-// region for all of them, instead of one per large array and none for the small ones, keeps a
-// second thread busy (the optimizer update, zeroing gradients); claiming units keeps it busy when
-// it starts late or runs slower, while each thread keeps its own range (its data stays in its
-// cache) when both keep pace. Only for work whose result does not depend on the split (each
-// element on its own).
-inline int64_t ParallelForArraysUnits(int64_t pieces, int threads) {
-  const int64_t parts = threads < UnitQueue::kMaxParts ? threads : UnitQueue::kMaxParts;
-  const int64_t units = 8 * (parts > 1 ? parts : 1);
-  return pieces < units ? pieces : units;
-}
-
-template <typename F>
-void ParallelForArrays(const int64_t* sizes, int64_t count, int threads, int64_t align, F&& f) {
-  int64_t pieces = 0;
-  for (int64_t k = 0; k < count; ++k) pieces += (sizes[k] + align - 1) / align;
-  // f over pieces [p0, p1).
-  auto run = [&](int64_t p0, int64_t p1) {
-    int64_t first = 0;  // the first piece of array k
-    for (int64_t k = 0; k < count && first < p1; ++k) {
-      const int64_t n = (sizes[k] + align - 1) / align;
-      const int64_t lo = p0 > first ? p0 - first : 0, hi = p1 - first < n ? p1 - first : n;
-      if (lo < hi) {
-        const int64_t end = hi * align < sizes[k] ? hi * align : sizes[k];
-        f(k, lo * align, end);
-      }
-      first += n;
-    }
-  };
-  if (threads <= 1 || pieces <= 1) {
-    if (pieces > 0) run(0, pieces);
-    return;
-  }
-  const int64_t units = ParallelForArraysUnits(pieces, threads);
-  const int parts = threads < UnitQueue::kMaxParts ? threads : UnitQueue::kMaxParts;
-  UnitQueue queue(units, parts);
-  ParallelFor(parts, threads, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t u; (u = queue.Next(static_cast<int>(t))) >= 0;) {
-        run(pieces * u / units, pieces * (u + 1) / units);
-      }
-    }
-  });
-}
 
 // A per-thread, 64-byte aligned scratch buffer of at least n floats, one per slot (0..7). Valid
 // until the same thread asks for the same slot again. For kernel packing buffers.
