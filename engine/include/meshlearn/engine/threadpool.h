@@ -91,8 +91,7 @@ class UnitQueue {
         if (lo >= hi) break;
         // The own range from its front, another's from its back.
         const uint64_t want = k == 0 ? Pack(lo + 1, hi) : Pack(lo, hi - 1);
-        if (__atomic_compare_exchange_n(r, &cur, want, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_RELAXED)) {
+        if (__atomic_compare_exchange_n(r, &cur, want, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
           return k == 0 ? lo : hi - 1;
         }
       }
