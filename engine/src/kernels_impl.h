@@ -273,10 +273,9 @@ inline void SpinPause() {
 }
 
 // The GEMM of at most one row block (M <= kMC), its packed A no larger than the L2 B block, split
-// over threads by columns, as work units in
-// two UnitQueues (threadpool.h): first A's micro-panels, packed once into one shared buffer, then
-// groups of B micro-panels (columns), each packing its own B and computing its tiles from the
-// shared A once all of A is packed. Splitting by columns used to pack all of A again on every
+// over threads by columns, as work units in two UnitQueues (threadpool.h): first A's
+// micro-panels, packed once into one shared buffer, then groups of B micro-panels (columns), each
+// packing its own B and computing its tiles from the shared A once all of A is packed. Splitting by columns used to pack all of A again on every
 // thread (the batch's rows, in a training step); small units claimed from a queue balance the
 // threads when one starts late or runs slower, and each thread keeps the same columns from call
 // to call while they keep pace (their weights stay in its cache). Who computes a tile never
