@@ -181,11 +181,28 @@ inline void PrefetchTile(const float* p, int64_t ld, int mr) {
   }
 }
 
+// Packs A micro-panel ip of the row block starting at row ic (mc rows) for all of K, in the
+// layout GemmBlock reads: k block k0..k0+kc of panel ip at pa + k0 * mpanels * kMR + ip * kc * kMR
+// (mpanels = CeilDiv(mc, kMR)).
+template <typename PackA>
+inline void PackAPanel(float* pa, int64_t ic, int64_t mc, int64_t ip, int64_t K,
+                       const PackA& pack_a) {
+  const int64_t mpanels = CeilDiv(mc, kMR);
+  const int64_t nkb = K == 0 ? 1 : CeilDiv(K, kKC);
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    const int64_t k0 = kb * kKC, kc = MinI(kKC, K - k0);
+    pack_a(pa + k0 * mpanels * kMR + ip * kc * kMR, ic + ip * kMR, MinI(kMR, mc - ip * kMR), k0,
+           kc);
+  }
+}
+
 // Computes rows [m_begin, m_end) x columns [n_begin, n_end) of the GEMM on the calling thread.
 // pack_a(dst, m0, mr, k0, kc): dst[kk*MR + r] = A[m0+r, k0+kk], zero for r >= mr.
 // pack_b(dst, n0, nr, k0, kc): dst[kk*NR + j] = B[k0+kk, n0+j], zero for j >= nr.
 // partial: where running partials go between k blocks when the output cannot hold them
 // (accumulate or alpha); null means o.c holds them.
+// packed_a: null, or rows [m_begin, m_end) (at most kMC of them) already packed by PackAPanel
+// (ic = m_begin, mc = m_end - m_begin): threads that split the columns share one packing of A.
 // Blocking: rows in blocks of kMC whose A panels are packed once for all of K (A is packed once
 // per row block, not once per column block); then column blocks of kNC, k blocks of kKC with the
 // B block (kKC x kNC) packed into L2; then one A micro-panel (L1) against every B micro-panel of
@@ -195,25 +212,23 @@ inline void PrefetchTile(const float* p, int64_t ld, int mr) {
 template <typename PackA, typename PackB>
 void GemmBlock(int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, int64_t K,
                const PackA& pack_a, const PackB& pack_b, const GemmOut& o, float* partial,
-               int64_t ldp) {
+               int64_t ldp, const float* packed_a = nullptr) {
   if (m_end <= m_begin || n_end <= n_begin) return;
   const int64_t nkb = K == 0 ? 1 : CeilDiv(K, kKC);
   const int64_t kpad = K == 0 ? 1 : K;
   float* pb_buf = ScratchBuffer(0, kKC * kNC);
-  float* pa_buf = ScratchBuffer(1, kpad * MinI(kMC, CeilDiv(m_end - m_begin, kMR) * kMR));
+  float* pa_buf = packed_a != nullptr
+                      ? nullptr
+                      : ScratchBuffer(1, kpad * MinI(kMC, CeilDiv(m_end - m_begin, kMR) * kMR));
   float* pbase = partial != nullptr ? partial : o.c;
   const int64_t ldb = partial != nullptr ? ldp : o.ldc;
   for (int64_t ic = m_begin; ic < m_end; ic += kMC) {
     const int64_t mc = MinI(kMC, m_end - ic);
     const int64_t mpanels = CeilDiv(mc, kMR);
-    // A block k0..k0+kc: panel ip at pa_buf + k0 * mpanels * kMR + ip * kc * kMR.
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      const int64_t k0 = kb * kKC, kc = MinI(kKC, K - k0);
-      for (int64_t ip = 0; ip < mpanels; ++ip) {
-        pack_a(pa_buf + k0 * mpanels * kMR + ip * kc * kMR, ic + ip * kMR, MinI(kMR, mc - ip * kMR),
-               k0, kc);
-      }
+    if (packed_a == nullptr) {
+      for (int64_t ip = 0; ip < mpanels; ++ip) PackAPanel(pa_buf, ic, mc, ip, K, pack_a);
     }
+    const float* pa_blk = packed_a != nullptr ? packed_a : pa_buf;
     for (int64_t jc = n_begin; jc < n_end; jc += kNC) {
       const int64_t nc = MinI(kNC, n_end - jc);
       const int64_t npanels = CeilDiv(nc, kNR);
@@ -224,7 +239,7 @@ void GemmBlock(int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, i
         for (int64_t jp = 0; jp < npanels; ++jp) {
           pack_b(pb_buf + jp * kc * kNR, jc + jp * kNR, MinI(kNR, nc - jp * kNR), k0, kc);
         }
-        const float* pa_k = pa_buf + k0 * mpanels * kMR;
+        const float* pa_k = pa_blk + k0 * mpanels * kMR;
         // Where the tile's running partial lives (read when !first, written when !last), and the
         // output (written when last).
         float* pref = first && last ? o.c : pbase;
@@ -251,6 +266,47 @@ void GemmBlock(int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, i
   }
 }
 
+inline void SpinPause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// The GEMM of at most one row block (M <= kMC), its packed A no larger than the L2 B block, split
+// over threads by columns, as work units in two UnitQueues (threadpool.h): first A's
+// micro-panels, packed once into one shared buffer, then groups of B micro-panels (columns), each
+// packing its own B and computing its tiles from the shared A once all of A is packed. Splitting by columns used to pack all of A again on every
+// thread (the batch's rows, in a training step); small units claimed from a queue balance the
+// threads when one starts late or runs slower, and each thread keeps the same columns from call
+// to call while they keep pace (their weights stay in its cache). Who computes a tile never
+// changes it (GemmBlock); the only wait is for A panels another thread has claimed and is
+// packing, so a thread that never arrives stalls nothing.
+template <typename PackA, typename PackB>
+void GemmSplitColumns(int64_t M, int64_t N, int64_t K, const PackA& pack_a, const PackB& pack_b,
+                      const GemmOut& o, float* partial, int threads) {
+  const int64_t mpanels = CeilDiv(M, kMR), npanels = CeilDiv(N, kNR);
+  float* pa = ScratchBuffer(3, (K == 0 ? 1 : K) * mpanels * kMR);  // the caller's; shared
+  const int parts = static_cast<int>(MinI(threads, UnitQueue::kMaxParts));
+  // About two column units per thread, each of whole micro-panels.
+  const int64_t group = MaxI(1, npanels / (2 * parts));
+  UnitQueue a_units(mpanels, parts), col_units(CeilDiv(npanels, group), parts);
+  int64_t packed = 0;  // A panels done (GCC atomics: SIMD TUs use no STL)
+  ParallelFor(parts, threads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int part = static_cast<int>(t);
+      for (int64_t ip; (ip = a_units.Next(part)) >= 0;) {
+        PackAPanel(pa, 0, M, ip, K, pack_a);
+        __atomic_fetch_add(&packed, 1, __ATOMIC_RELEASE);
+      }
+      for (int64_t c; (c = col_units.Next(part)) >= 0;) {
+        while (__atomic_load_n(&packed, __ATOMIC_ACQUIRE) < mpanels) SpinPause();
+        GemmBlock(0, M, c * group * kNR, MinI(N, (c + 1) * group * kNR), K, pack_a, pack_b, o,
+                  partial, N, pa);
+      }
+    }
+  });
+}
+
 // The whole GEMM, split over `threads` by output columns or rows (whichever is longer).
 template <typename PackA, typename PackB>
 void Gemm(int64_t M, int64_t N, int64_t K, const PackA& pack_a, const PackB& pack_b,
@@ -265,9 +321,16 @@ void Gemm(int64_t M, int64_t N, int64_t K, const PackA& pack_a, const PackB& pac
     GemmBlock(0, M, 0, N, K, pack_a, pack_b, o, partial, N);
     return;
   }
+  const bool split_n = npanels >= threads && (N >= M || mpanels < threads);
+  // Every column unit reads all of the shared A: only while A is no larger than the B block that
+  // GemmBlock keeps in L2 (the GPT's weight gradients, K = 2048 rows of tokens, streamed a 3 MB A
+  // from L3 once per unit and ran ~2% slower on 2 threads).
+  if (split_n && M <= kMC && K * mpanels * kMR <= kKC * kNC) {
+    GemmSplitColumns(M, N, K, pack_a, pack_b, o, partial, threads);
+    return;
+  }
   // Each thread packs the A rows and B columns it uses: splitting columns repeats the packing of
   // A on every thread, splitting rows repeats B's, so split the longer side.
-  const bool split_n = npanels >= threads && (N >= M || mpanels < threads);
   const int64_t units = split_n ? npanels : mpanels;
   const int64_t tasks = MinI(units, threads);
   ParallelFor(tasks, threads, [&](int64_t t0, int64_t t1) {
@@ -437,21 +500,39 @@ void LinearForward(float* out, const float* inp, const float* weight, const floa
 void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int64_t B, int64_t C, int64_t OC) {
   const int threads = internal::ActiveThreads();
-  if (dinp != nullptr) {
-    // dinp[b,c] += chain over o of fma(dout[b,o], weight[o,c]).
+  // dinp[b,c] += chain over o of fma(dout[b,o], weight[o,c]).
+  auto dinp_gemm = [&](int t) {
     GemmOut o;
     o.c = dinp;
     o.ldc = C;
     o.accumulate = true;
-    Gemm(B, C, OC, StridedA{dout, OC, 1}, StridedB{weight, C, 1}, o, threads);
-  }
-  if (dweight != nullptr) {
-    // dweight[o,c] += chain over b of fma(dout[b,o], inp[b,c]).
+    Gemm(B, C, OC, StridedA{dout, OC, 1}, StridedB{weight, C, 1}, o, t);
+  };
+  // dweight[o,c] += chain over b of fma(dout[b,o], inp[b,c]).
+  auto dweight_gemm = [&](int t) {
     GemmOut o;
     o.c = dweight;
     o.ldc = C;
     o.accumulate = true;
-    Gemm(OC, C, B, StridedA{dout, 1, OC}, StridedB{inp, C, 1}, o, threads);
+    Gemm(OC, C, B, StridedA{dout, 1, OC}, StridedB{inp, C, 1}, o, t);
+  };
+  // The two products have the same B*C*OC multiply-adds. Below ~2^22 each, splitting each over
+  // the threads gains little (a region's start, packing and join against tens of microseconds of
+  // work: 1.0-1.3x on 2 threads for the Fashion MLP's 64 x 256 x 128); run them side by side
+  // instead, one per thread (a late worker leaves both to the caller, in order).
+  if (dinp != nullptr && dweight != nullptr && threads > 1 && B * C * OC < (int64_t{1} << 22)) {
+    ParallelFor(2, threads, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        if (i == 0) {
+          dinp_gemm(1);
+        } else {
+          dweight_gemm(1);
+        }
+      }
+    });
+  } else {
+    if (dinp != nullptr) dinp_gemm(threads);
+    if (dweight != nullptr) dweight_gemm(threads);
   }
   if (dbias != nullptr) {
     // dbias[o] += chain over b of dout[b,o] (adds); lanes hold different o, and threads groups of

@@ -128,6 +128,48 @@ TEST(ThreadPoolTest, ParallelForArraysCoversEveryElementOnceInAlignedRanges) {
   }
 }
 
+// Every unit is handed out exactly once, however many threads claim them at once.
+TEST(UnitQueueTest, EveryUnitExactlyOnce) {
+  for (int threads : {1, 2, 3, 4, 8}) {
+    for (int64_t n : {0, 1, 2, 5, 64, 1001}) {
+      const int parts = std::min(threads, UnitQueue::kMaxParts);
+      UnitQueue q(n, parts);
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      ParallelFor(parts, threads, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          for (int64_t u; (u = q.Next(static_cast<int>(t))) >= 0;) {
+            ASSERT_LT(u, n);
+            hits[static_cast<size_t>(u)]++;
+          }
+        }
+      });
+      for (int64_t u = 0; u < n; ++u) {
+        EXPECT_EQ(hits[static_cast<size_t>(u)].load(), 1) << threads << " " << n << " " << u;
+      }
+    }
+  }
+}
+
+// A part takes its own range from the front, then the others' from their backs: a thread that
+// never claims leaves its units to the rest (here part 0 alone drains both ranges).
+TEST(UnitQueueTest, OwnRangeFirstThenStealsFromTheBack) {
+  UnitQueue q(10, 2);
+  std::vector<int64_t> order;
+  for (int64_t u; (u = q.Next(0)) >= 0;) order.push_back(u);
+  EXPECT_EQ(order, (std::vector<int64_t>{0, 1, 2, 3, 4, 9, 8, 7, 6, 5}));
+  EXPECT_EQ(q.Next(1), -1);
+
+  UnitQueue r(7, 3);  // ranges [0, 2), [2, 4), [4, 7)
+  EXPECT_EQ(r.Next(1), 2);
+  EXPECT_EQ(r.Next(2), 4);
+  EXPECT_EQ(r.Next(1), 3);
+  EXPECT_EQ(r.Next(1), 6);  // its own range is empty: the back of part 2's
+  EXPECT_EQ(r.Next(1), 5);
+  EXPECT_EQ(r.Next(1), 1);  // then part 0's
+  EXPECT_EQ(r.Next(0), 0);
+  EXPECT_EQ(r.Next(0), -1);
+}
+
 TEST(ThreadPoolTest, ScratchBufferIsAlignedAndGrows) {
   float* a = ScratchBuffer(0, 10);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);

@@ -55,6 +55,61 @@ void ParallelForArrays(const int64_t* sizes, int64_t count, int threads, int64_t
   });
 }
 
+// Work units [0, n) for the chunks of one ParallelFor(parts, threads, ...) region, claimed with
+// a little stealing: the units are split into `parts` contiguous ranges, chunk t takes units from
+// the front of range t, and when that is empty from the back of the other ranges. When every
+// thread keeps pace, each takes its own range -- the same units, so the same data, on the same
+// thread in every call, which keeps that data in its core's cache from one call to the next --
+// and a thread that starts late or runs slower leaves the rest of its range to the others.
+// Header-only on GCC's atomic builtins (the SIMD kernels use no STL). Use only for units whose
+// results do not depend on who runs them or in what order.
+//
+//   UnitQueue q(units, parts);
+//   ParallelFor(parts, threads, [&](int64_t t, int64_t) {
+//     for (int64_t u; (u = q.Next(static_cast<int>(t))) >= 0;) DoUnit(u);
+//   });
+class UnitQueue {
+ public:
+  static constexpr int kMaxParts = 16;
+  // REQUIRES: 1 <= parts <= kMaxParts, 0 <= n < 2^31.
+  UnitQueue(int64_t n, int parts) : parts_(parts) {
+    for (int t = 0; t < parts; ++t) {
+      ranges_[t].v = Pack(n * t / parts, n * (t + 1) / parts);
+    }
+  }
+  UnitQueue(const UnitQueue&) = delete;
+  UnitQueue& operator=(const UnitQueue&) = delete;
+
+  // The next unit for chunk t (0 <= t < parts), or -1 when no unit is left in any range.
+  int64_t Next(int t) {
+    for (int k = 0; k < parts_; ++k) {
+      uint64_t* r = &ranges_[(t + k) % parts_].v;
+      uint64_t cur = __atomic_load_n(r, __ATOMIC_RELAXED);
+      for (;;) {
+        const int64_t lo = static_cast<int64_t>(cur & 0xffffffffu);
+        const int64_t hi = static_cast<int64_t>(cur >> 32);
+        if (lo >= hi) break;
+        // The own range from its front, another's from its back.
+        const uint64_t want = k == 0 ? Pack(lo + 1, hi) : Pack(lo, hi - 1);
+        if (__atomic_compare_exchange_n(r, &cur, want, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+          return k == 0 ? lo : hi - 1;
+        }
+      }
+    }
+    return -1;
+  }
+
+ private:
+  static uint64_t Pack(int64_t lo, int64_t hi) {
+    return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
+  }
+  struct alignas(64) Range {  // one cache line each: threads claim from their own
+    uint64_t v;
+  };
+  Range ranges_[kMaxParts];
+  int parts_;
+};
+
 // A per-thread, 64-byte aligned scratch buffer of at least n floats, one per slot (0..7). Valid
 // until the same thread asks for the same slot again. For kernel packing buffers.
 float* ScratchBuffer(int slot, int64_t n);
