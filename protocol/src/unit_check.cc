@@ -278,7 +278,7 @@ Status UnitCheck::StartDispute(size_t slot, uint64_t height) {
 
 bool UnitCheck::RefutedBefore(size_t slot, size_t upto) const {
   for (size_t k = 0; k < upto && k < slots_.size(); ++k) {
-    if (slots_[k].verdict == Verdict::kVerdictMismatch &&
+    if (slots_[k].verdict == Verdict::kVerdictMismatch && !slots_[k].lost_by_silence &&
         slots_[k].segment == slots_[slot].segment) {
       return true;
     }
@@ -470,8 +470,10 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
     for (size_t i = 0; i < slots_.size(); ++i) {
       // Every verifier that called the work clean approved something wrong.
       if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.slash, verifiers_[i]);
-      // Mismatches in segments an earlier dispute refuted were slashed then.
-      if (slots_[i].verdict == Verdict::kVerdictMismatch && i != ci && !RefutedBefore(i, ci)) {
+      // Mismatches in segments an earlier dispute refuted were slashed then, as was a challenger
+      // that lost by its silence.
+      if (slots_[i].verdict == Verdict::kVerdictMismatch && i != ci && !RefutedBefore(i, ci) &&
+          !slots_[i].lost_by_silence) {
         Append(fx.pay_verifiers, verifiers_[i]);
       }
     }
@@ -489,12 +491,20 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
     return fx;
   }
   // The solver's segment replays to its committed state: every mismatch claimed in that segment
-  // was wrong. A mismatch in another segment is not refuted by it and gets its own dispute.
+  // was wrong. A mismatch in another segment is not refuted by it and gets its own dispute. A
+  // challenger that lost by missing its turn proved nothing about its segment: it alone is
+  // slashed, and the next claim in the segment gets its own dispute (chaos seed 57: an honest
+  // verifier was slashed because an adversary that claimed the same mismatch went silent).
   const std::string reason = "dispute: " + o.reason;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].verdict == Verdict::kVerdictMismatch &&
-        slots_[i].segment == slots_[ci].segment) {
-      Append(fx.slash, verifiers_[i]);
+  if (o.challenger_silent) {
+    slots_[ci].lost_by_silence = true;
+    Append(fx.slash, challenger);
+  } else {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].verdict == Verdict::kVerdictMismatch && !slots_[i].lost_by_silence &&
+          slots_[i].segment == slots_[ci].segment) {
+        Append(fx.slash, verifiers_[i]);
+      }
     }
   }
   for (size_t j = ci + 1; j < slots_.size(); ++j) {
@@ -640,6 +650,16 @@ Bytes UnitCheck::Encode() const {
   e.PutI64(challenger_);
   e.PutBool(whistleblower_.has_value());
   if (whistleblower_) e.PutPublicKey(*whistleblower_);
+  // The challengers that lost by silence, only when there are any: a check without them encodes
+  // exactly as before (state hashes unchanged).
+  std::vector<uint32_t> silent;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].lost_by_silence) silent.push_back(static_cast<uint32_t>(i));
+  }
+  if (!silent.empty()) {
+    e.PutU32(static_cast<uint32_t>(silent.size()));
+    for (uint32_t i : silent) e.PutU32(i);
+  }
   return e.Take();
 }
 
@@ -754,6 +774,20 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
     PublicKey k;
     ML_RETURN_IF_ERROR(d.GetPublicKey(&k, "check.whistleblower"));
     u.whistleblower_ = k;
+  }
+  if (d.remaining() > 0) {  // the challengers that lost by silence (Encode)
+    uint32_t n = 0;
+    ML_RETURN_IF_ERROR(d.GetCount(&n, "check.lost_by_silence", nv, 4));
+    if (n == 0) return InvalidArgument("unit check: an empty lost_by_silence list is not encoded");
+    for (uint32_t k = 0; k < n; ++k) {
+      uint32_t i = 0;
+      ML_RETURN_IF_ERROR(d.GetU32(&i, "check.lost_by_silence"));
+      if (i >= nv || u.slots_[i].lost_by_silence) {
+        return InvalidArgument("unit check: lost_by_silence slot " + std::to_string(i) +
+                               " is out of range or repeated");
+      }
+      u.slots_[i].lost_by_silence = true;
+    }
   }
   ML_RETURN_IF_ERROR(d.Finish());
   if (u.stage_ == CheckStage::kCheckDisputed &&

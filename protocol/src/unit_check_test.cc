@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "meshlearn/base/encoding.h"
+
 namespace meshlearn::protocol {
 namespace {
 
@@ -625,6 +627,75 @@ TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
   EXPECT_FALSE(Has(second.slash, honest));
   EXPECT_FALSE(Has(second.pay_verifiers, accomplice));  // slashed already, not paid
   EXPECT_TRUE(second.rerun_unit);
+}
+
+// Two verifiers claim the same (true) mismatch in one segment of a lazy solver's unit. The first,
+// the challenger, goes silent: the solver wins that dispute by default, which refutes nothing. The
+// silent challenger alone is slashed; the other claim gets its own dispute in the same segment and
+// catches the cheat (chaos seed 57 slashed an honest verifier here). The check survives an
+// encode/decode between the two disputes, and the silent one is never paid.
+TEST(UnitCheckTest, AChallengersSilenceRefutesNoOtherClaimInItsSegment) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictMismatch});
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed) << c.reason();
+  const NodeId silent = c.verifiers()[0], honest = c.verifiers()[1];
+  ASSERT_EQ(c.dispute()->config().challenger, silent);
+  const uint64_t first_step = c.dispute()->config().first_step;
+  DisputeQuery q = c.mutable_dispute()->query();
+  ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kDefender, q.position, Blake2b("t"), 107).ok());
+  CheckEffects first;
+  uint64_t h = 107;
+  for (; h <= q.deadline_height + 1; ++h) {
+    first = *c.OnBlock(h, false);
+    if (c.dispute()->config().challenger != silent) break;
+  }
+  ++h;
+  EXPECT_TRUE(Has(first.slash, silent));
+  EXPECT_FALSE(Has(first.slash, honest));
+  EXPECT_FALSE(Has(first.slash, kSolver));
+  EXPECT_FALSE(first.settled);
+  EXPECT_FALSE(first.solver_clean);
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
+  EXPECT_EQ(c.dispute()->config().challenger, honest);
+  EXPECT_EQ(c.dispute()->config().first_step, first_step);  // the same segment
+  // What the ledger stores between blocks keeps the silent loss.
+  Result<UnitCheck> stored = UnitCheck::Decode(c.Encode());
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  EXPECT_EQ(stored->Encode(), c.Encode());
+  c = std::move(*stored);
+  q = c.mutable_dispute()->query();
+  ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), h).ok());
+  CheckEffects second;
+  for (const uint64_t end = h + 10; c.stage() == CheckStage::kCheckDisputed && h <= end; ++h) {
+    second = *c.OnBlock(h, false);
+  }
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
+  EXPECT_TRUE(Has(second.slash, kSolver));
+  EXPECT_TRUE(Has(second.rewarded, honest));
+  EXPECT_FALSE(Has(second.slash, honest));
+  EXPECT_FALSE(Has(second.slash, silent));         // slashed once, in the first dispute
+  EXPECT_FALSE(Has(second.pay_verifiers, silent));  // and never paid
+  EXPECT_TRUE(second.rerun_unit);
+}
+
+// A check that never had a silent challenger encodes exactly as before the silent-loss list
+// existed (no trailer), and a trailer naming a slot out of range or twice is refused.
+TEST(UnitCheckTest, TheSilentLossListIsEncodedOnlyWhenThereIsOne) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictMismatch});
+  const Bytes plain = c.Encode();
+  Result<UnitCheck> back = UnitCheck::Decode(plain);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Encode(), plain);
+  for (const std::vector<uint32_t>& bad :
+       std::vector<std::vector<uint32_t>>{{1, 7}, {2, 0, 0}, {0}}) {
+    Encoder e;
+    for (uint32_t x : bad) e.PutU32(x);
+    Bytes tampered = plain;
+    const Bytes tail = e.Take();
+    tampered.insert(tampered.end(), tail.begin(), tail.end());
+    EXPECT_FALSE(UnitCheck::Decode(tampered).ok()) << bad.size();
+  }
 }
 
 TEST(UnitCheckTest, AVerifierThatWithholdsItsRevealOnAForcedErrorIsSlashed) {

@@ -158,6 +158,10 @@ struct DisputeOutcome {
   bool defender_honest = false;
   bool challenger_honest = false;
   bool undecided = false;  // the referee did not rule in time (both count as honest)
+  // Decided by the challenger's silence alone: the defender posted, the challenger missed its
+  // turn, so nothing was ruled about the claim. Set when the game resolves at the missed
+  // deadline and not encoded: UnitCheck::OnBlock reads it in the call that resolved the game.
+  bool challenger_silent = false;
   std::string reason;  // "referee: defender's output differs", "challenger missed its turn", ...
 };
 

@@ -233,8 +233,9 @@ class UnitCheck {
                     CheckEffects& fx);
   // Opens the dispute between the solver and the verifier of `slot` (its mismatch claim).
   Status StartDispute(size_t slot, uint64_t height);
-  // Whether a verifier of slots [0, upto) claimed a mismatch in the segment `slot` claims: in
-  // slot order, every such segment has already been refuted by a dispute the solver won.
+  // Whether a verifier of slots [0, upto) claimed a mismatch in the segment `slot` claims and
+  // did not lose its dispute by silence alone: in slot order, every such segment has already been
+  // refuted by a dispute the solver won on the merits.
   bool RefutedBefore(size_t slot, size_t upto) const;
 
   struct VerdictSlot {
@@ -243,6 +244,9 @@ class UnitCheck {
     // For a mismatch: the claim without its proofs (already checked).
     uint32_t segment = 0;
     Hash256 start, solver_end, replayed_end;
+    // This verifier was the challenger and lost by missing its turn: slashed for that, but its
+    // silence refutes no other verifier's claim in the segment, which gets its own dispute.
+    bool lost_by_silence = false;
   };
 
   UnitCheckConfig config_;
