@@ -209,9 +209,11 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
   EXPECT_NE(t.value("status", std::string()), "finished") << t.dump();
 }
 
-// A stage node that cheats (the adversary `lazy`: every step's commit claims the state it started
-// from; or one that computes its part honestly and sends corrupted activations of micro-batch 0)
-// on a verifying chain: the verifier drawn for its stage unit replays a step from what it serves
+// A stage node that cheats on a verifying chain -- the adversary `lazy` (every step's commit claims
+// the state it started from), `noisy` (its stage's weights perturbed after step 1, the perturbed
+// state committed), `wrong_data` (step 1 trained on the wrong input: the first stage on step 2's
+// batch, a later stage on micro-batches 0 and 1's activations swapped), or one that computes its
+// part honestly and sends corrupted activations of micro-batch 0 -- the verifier drawn for its stage unit replays a step from what it serves
 // and claims the mismatch, the referee replays the same step and rules against it, the ledger
 // slashes it alone (no honest stage node is slashed; its neighbours, which used what it sent,
 // replay clean), the round runs again without it, and the task ends with `meshlearn diloco`'s
@@ -290,6 +292,8 @@ INSTANTIATE_TEST_SUITE_P(
     Modes, CheatingStageTest,
     ::testing::Values(
         CheatingStage{"lazy", [](AgentOptions& a) { a.adversary = Adversary::kLazy; }},
+        CheatingStage{"noisy", [](AgentOptions& a) { a.adversary = Adversary::kNoisy; }},
+        CheatingStage{"wrong_data", [](AgentOptions& a) { a.adversary = Adversary::kWrongData; }},
         CheatingStage{"corrupt_activations",
                       [](AgentOptions& a) {
                         a.stage_plane.corrupt_sent = [](const protocol::StageTensorKey& k) {

@@ -52,6 +52,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/train.h"
@@ -74,6 +75,13 @@ enum class Adversary : uint8_t {
 
 // What `targeted` adds to each weight of output class 0.
 inline constexpr float kTargetedShift = 0.05f;
+
+// noisy's poison: adds uniform noise in [-1e-3, 1e-3] to every value of `params`,
+// deterministically from the unit's stream `stream` (a unit's whole model, or a stage's part).
+void PerturbParams(std::vector<engine::Param>& params, uint64_t stream);
+// The number of steps after which noisy (and targeted) poison a unit of `inner_steps` steps:
+// max(1, inner_steps / 2).
+int64_t PoisonAfterSteps(int64_t inner_steps);
 
 // Whether `a` cheats as a solver (every mode but kNone and the verifier mode kRubberStamp).
 bool CheatsAsSolver(Adversary a);
