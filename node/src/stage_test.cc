@@ -30,6 +30,7 @@
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/rpc.h"
 #include "meshlearn/ledger/shared_chain.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/node/chain_client.h"
@@ -945,7 +946,8 @@ TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
 // state; wrong_data: its first output, on the first stage activations from another step's batch,
 // on a later stage the activations of micro-batches 0 and 1 swapped) and every other step of
 // every stage replays clean. wrong_result replays clean everywhere: its commit is honest, its
-// result is not start - end (what no step replay can see).
+// result is not start - end (what no step replay can see, and StageResultBlobId of its final
+// state, the verifier's and the ledger's derivation, shows).
 TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleToTheReplay) {
   const ModelSpec spec = StageParseModel(kStageGpt);
   const StageContext ctx = StageCtx();
@@ -977,6 +979,10 @@ TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleT
     std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, {});
     std::vector<std::vector<float>> start;
     for (auto& st : stages) start.push_back(StageFlatParams(*st));
+    // The round's start weights of the whole model (what a verifier and the ledger slice).
+    Result<std::unique_ptr<engine::Model>> whole = engine::Model::Create(spec);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    const std::vector<float> global = GatherStageParams(**whole, stages);
     std::vector<Result<StageUnitOutcome>> out(3, Internal("not run"));
     std::vector<std::thread> threads;
     for (int s = 0; s < 3; ++s) {
@@ -1036,6 +1042,17 @@ TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleT
       EXPECT_EQ(out[s]->result_hash == ledger::DeltaBlobId(honest),
                 !(s == m.cheat && m.adversary == Adversary::kWrongResult))
           << "stage " << s;
+      // What a verifier and the ledger derive from the stage's final state and the whole start
+      // (StageResultBlobId, by parameter name) is that honest delta's id.
+      Result<Hash256> derived = ledger::StageResultBlobId(spec, global, stages[s]->state());
+      ASSERT_TRUE(derived.ok()) << derived.status().ToString();
+      EXPECT_EQ(*derived, ledger::DeltaBlobId(honest)) << "stage " << s;
+      const std::vector<float> short_global(global.begin(), global.end() - 1);
+      Result<Hash256> refused = ledger::StageResultBlobId(spec, short_global, stages[s]->state());
+      EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(refused.status().message().find("the round's start state holds"),
+                std::string::npos)
+          << refused.status().ToString();
     }
   }
 }

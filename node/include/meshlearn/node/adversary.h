@@ -36,6 +36,10 @@
 // ledger recomputes it (RefereeTile). Every other cheat has no step to show and stays silent (it
 // loses at the deadline).
 //
+// A stage node of a pipeline task (issue 15) plays lazy, noisy, wrong_data and wrong_result on its
+// stage unit (node/stage_unit.h SetStageAdversary; docs/verification.md "Stage adversaries");
+// the other solver modes train a stage honestly.
+//
 // And one cheating verifier:
 //   rubber_stamp  solves honestly, but as a verifier commits and reveals "clean" without
 //                 replaying anything (and as a whistleblower never challenges): it loses its
