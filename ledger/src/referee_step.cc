@@ -300,10 +300,9 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
 Result<Hash256> ExecuteStageResultWitness(const TaskRecord& t, const WorkUnit& unit,
                                           const StageResultWitness& w) {
   const StageSlot slot = StageSlotOf(t.params, unit.index);
-  const std::string where = "prove result (task " + t.id.ShortHex() + ", unit " +
-                            std::to_string(unit.index) + ": replica " +
-                            std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) +
-                            ")";
+  const std::string where =
+      "prove result (task " + t.id.ShortHex() + ", unit " + std::to_string(unit.index) +
+      ": replica " + std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) + ")";
   if (unit.leaves.size() < 2) {
     return FailedPrecondition(where + ": the stage unit has no committed step leaves");
   }
@@ -316,8 +315,8 @@ Result<Hash256> ExecuteStageResultWitness(const TaskRecord& t, const WorkUnit& u
   if (leaf != unit.leaves.back() || commit->task != t.id || commit->round != slot.round ||
       commit->replica != slot.replica || commit->stage != slot.stage ||
       commit->stages != t.params.stages || commit->step != last_step) {
-    return InvalidArgument(where + ": the witness's commit (leaf " + leaf.ShortHex() +
-                           ", step " + std::to_string(commit->step) +
+    return InvalidArgument(where + ": the witness's commit (leaf " + leaf.ShortHex() + ", step " +
+                           std::to_string(commit->step) +
                            ") is not the stage's last committed step (leaf " +
                            unit.leaves.back().ShortHex() + ", step " + std::to_string(last_step) +
                            "); send the commit the stage node serves for its last step");

@@ -48,9 +48,8 @@ Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
     out.message = name + ": start: its checkpoint does not load (" + start.status().message() + ")";
     return out;
   }
-  ML_ASSIGN_OR_RETURN(
-      out.replay,
-      ReplayStageStep(setup, std::move(*start), commit, blobs, batch, dropout_seed, after));
+  ML_ASSIGN_OR_RETURN(out.replay, ReplayStageStep(setup, std::move(*start), commit, blobs, batch,
+                                                  dropout_seed, after));
   out.leaf = StageFindingLeaf(committed_leaf, out.replay);
   out.message = out.replay.ok() ? name + ": replays to its committed leaf" : out.replay.message;
   return out;
@@ -162,8 +161,9 @@ Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, std::span<cons
                              std::to_string(p.value.size()) +
                              " values) is not one of the task's model");
     }
-    start.insert(start.end(), global.begin() + static_cast<std::ptrdiff_t>(it->second.first),
-                 global.begin() + static_cast<std::ptrdiff_t>(it->second.first + it->second.second));
+    start.insert(
+        start.end(), global.begin() + static_cast<std::ptrdiff_t>(it->second.first),
+        global.begin() + static_cast<std::ptrdiff_t>(it->second.first + it->second.second));
     params.insert(params.end(), p.value.vec().begin(), p.value.vec().end());
   }
   return ResultBlobId(start, params);

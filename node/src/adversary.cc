@@ -159,12 +159,11 @@ Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
       }
       [[fallthrough]];
     case Adversary::kNoisy:
-      return CheatRun(trainer, global, work, options, false,
-                      PoisonAfterSteps(work.inner_steps), work.stream);
+      return CheatRun(trainer, global, work, options, false, PoisonAfterSteps(work.inner_steps),
+                      work.stream);
     case Adversary::kTargeted:
-      return CheatRun(trainer, global, work, options, false,
-                      PoisonAfterSteps(work.inner_steps), work.stream,
-                      Poison::kShiftClassZero);
+      return CheatRun(trainer, global, work, options, false, PoisonAfterSteps(work.inner_steps),
+                      work.stream, Poison::kShiftClassZero);
     case Adversary::kWrongData: {
       uint64_t other = in.other_stream;
       if (other == 0 || other == work.stream) {

@@ -214,11 +214,12 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
 // state committed), `wrong_data` (step 1 trained on the wrong input: the first stage on step 2's
 // batch, a later stage on micro-batches 0 and 1's activations swapped), `wrong_result` (honest
 // steps, the negated delta committed: the verifier's result check proves it, no dispute), or one
-// that computes its part honestly and sends corrupted activations of micro-batch 0 -- the verifier drawn for its stage unit replays a step from what it serves
-// and claims the mismatch, the referee replays the same step and rules against it, the ledger
-// slashes it alone (no honest stage node is slashed; its neighbours, which used what it sent,
-// replay clean), the round runs again without it, and the task ends with `meshlearn diloco`'s
-// weights, bit for bit, every unit's work paid to an honest node.
+// that computes its part honestly and sends corrupted activations of micro-batch 0 -- the verifier
+// drawn for its stage unit replays a step from what it serves and claims the mismatch, the referee
+// replays the same step and rules against it, the ledger slashes it alone (no honest stage node is
+// slashed; its neighbours, which used what it sent, replay clean), the round runs again without it,
+// and the task ends with `meshlearn diloco`'s weights, bit for bit, every unit's work paid to an
+// honest node.
 struct CheatingStage {
   const char* name;
   std::function<void(AgentOptions&)> cheat;

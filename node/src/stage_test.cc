@@ -25,7 +25,6 @@
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
-#include "meshlearn/net/http_transport.h"
 #include "meshlearn/ledger/chain.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/rpc.h"
@@ -33,6 +32,7 @@
 #include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/ledger/tx.h"
+#include "meshlearn/net/http_transport.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/network_round.h"
@@ -956,8 +956,8 @@ TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleT
     std::string name;
     int cheat;
     Adversary adversary;
-    StageFault fault;       // of the cheated step (none: wrong_result)
-    StageTensorKind kind;   // of the tensor at fault (output findings)
+    StageFault fault;      // of the cheated step (none: wrong_result)
+    StageTensorKind kind;  // of the tensor at fault (output findings)
   };
   const std::vector<Mode> modes = {
       {"noisy", 1, Adversary::kNoisy, StageFault::kStageFaultState, kAct},
@@ -1014,9 +1014,9 @@ TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleT
     const uint64_t cheated = 0;
     for (int s = 0; s < 3; ++s) {
       for (uint64_t t = 0; t < static_cast<uint64_t>(kSteps); ++t) {
-        Result<StageStepEvidence> ev = FetchStageStepEvidence(
-            &verifier, nodes[s]->server->endpoint(),
-            {ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), t});
+        Result<StageStepEvidence> ev =
+            FetchStageStepEvidence(&verifier, nodes[s]->server->endpoint(),
+                                   {ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), t});
         ASSERT_TRUE(ev.ok()) << ev.status().ToString();
         EXPECT_EQ(protocol::StageStepLeaf(ev->commit), out[s]->leaves[t]);
         Result<engine::TrainState> st = StageCheckpointState(ev->checkpoint);
@@ -1050,8 +1050,7 @@ TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleT
       const std::vector<float> short_global(global.begin(), global.end() - 1);
       Result<Hash256> refused = ledger::StageResultBlobId(spec, short_global, stages[s]->state());
       EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
-      EXPECT_NE(refused.status().message().find("the round's start state holds"),
-                std::string::npos)
+      EXPECT_NE(refused.status().message().find("the round's start state holds"), std::string::npos)
           << refused.status().ToString();
     }
   }

@@ -265,14 +265,14 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
     if (static_cast<int64_t>(i) == hooks.wrong_data_step) {
       if (stage.first()) {
         if (batches.size() < 2) {
-          return InvalidArgument("adversary wrong_data on the first stage trains a step on "
-                                 "another step's batch: the unit needs inner_steps >= 2");
+          return InvalidArgument(
+              "adversary wrong_data on the first stage trains a step on "
+              "another step's batch: the unit needs inner_steps >= 2");
         }
         batch = &batches[(i + 1) % batches.size()];
       } else {
         if (stage.micro_batches() < 2) {
-          return InvalidArgument("adversary wrong_data on stage " +
-                                 std::to_string(stage.index()) +
+          return InvalidArgument("adversary wrong_data on stage " + std::to_string(stage.index()) +
                                  " swaps two micro-batches' activations: the task needs "
                                  "micro_batches >= 2");
         }

@@ -4,8 +4,8 @@
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
-#include "meshlearn/node/referee.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/node/referee.h"
 #include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/node/state_blob.h"
@@ -358,10 +358,9 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
   }
   if (!ended) return f;
   Result<engine::TrainState> final_state = StageCheckpointState(end.checkpoint);
-  Result<Hash256> result =
-      final_state.ok()
-          ? ledger::StageResultBlobId(ctx->trainer->task().model, start.weights, *final_state)
-          : Result<Hash256>(final_state.status());
+  Result<Hash256> result = final_state.ok() ? ledger::StageResultBlobId(ctx->trainer->task().model,
+                                                                        start.weights, *final_state)
+                                            : Result<Hash256>(final_state.status());
   if (!result.ok()) {
     node.Log(CheckName(c) + ": result not checked: " + result.status().message());
     return f;
@@ -374,10 +373,11 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
   // check's directory so that a restart proves it too.
   const std::string dir = node.VerifyDir(c);
   ML_RETURN_IF_ERROR(node.env()->CreateDirs(dir));
-  ML_RETURN_IF_ERROR(node.env()->WriteFileAtomic(
-      JoinPath(dir, kStageFinalCommitFile), AsStringView(protocol::EncodeStageStepCommit(end.commit))));
   ML_RETURN_IF_ERROR(
-      node.env()->WriteFileAtomic(JoinPath(dir, kStageFinalStateFile), AsStringView(end.checkpoint)));
+      node.env()->WriteFileAtomic(JoinPath(dir, kStageFinalCommitFile),
+                                  AsStringView(protocol::EncodeStageStepCommit(end.commit))));
+  ML_RETURN_IF_ERROR(node.env()->WriteFileAtomic(JoinPath(dir, kStageFinalStateFile),
+                                                 AsStringView(end.checkpoint)));
   node.Log(CheckName(c) + ": its result " + c.result_hash.ShortHex() +
            " is not the delta of its state after its last step (" + result->ShortHex() + ")");
   f.result = ResultCheck::kWrong;
