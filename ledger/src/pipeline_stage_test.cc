@@ -25,6 +25,7 @@
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/stage_placement.h"
 #include "meshlearn/protocol/stage_transfer.h"
+#include "meshlearn/protocol/state_blob.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 #include "test_util.h"
@@ -1142,8 +1143,36 @@ class PipelineRulingTest : public PipelineVerificationTest {
     work_ = protocol::UnitWorkOf(net_, spec_.seed, engine::TaskContentId(spec_), 0, 0);
   }
 
+  // The whole model's weights the replica's stages start from (Train's InitPipeline), in the
+  // model's params() order: the round's start weights a result proof slices.
+  std::vector<float> WholeStart() {
+    Result<StageReplaySetup> setup = StageReplaySetupOf(spec_, net_, work_.lr_scale, {});
+    CHECK(setup.ok()) << setup.status().ToString();
+    std::vector<std::unique_ptr<engine::Stage>> stages;
+    for (uint32_t st = 0; st < kStages; ++st) {
+      Result<std::unique_ptr<engine::Stage>> stage = engine::Stage::Create(
+          setup->model, setup->optimizer, setup->cut, static_cast<int>(st), setup->micro_batches);
+      CHECK(stage.ok()) << stage.status().ToString();
+      stages.push_back(std::move(*stage));
+    }
+    engine::InitPipeline(stages, spec_.seed);
+    std::map<std::string, const engine::Tensor*> by_name;
+    for (auto& stage : stages) {
+      for (const engine::Param& p : stage->params()) by_name[p.name] = &p.value;
+    }
+    Result<std::vector<engine::ParamShape>> shapes = engine::ParamShapes(setup->model);
+    CHECK(shapes.ok());
+    std::vector<float> whole;
+    for (const engine::ParamShape& p : *shapes) {
+      const std::vector<float>& v = by_name.at(p.name)->vec();
+      whole.insert(whole.end(), v.begin(), v.end());
+    }
+    return whole;
+  }
+
   // Submits the task with its bundle and data root; stages small enough for a witness.
-  void StartRuled() {
+  // `initial_state`: the round's start state blob id (zero: the fixture's placeholder).
+  void StartRuled(const Hash256& initial_state = Hash256{}) {
     const Hash256 spec_hash = BuildManifest(AsBytes(std::string(kRulingBundle))).id().hash;
     const Hash256 root = pages_->root();
     const uint64_t tokens = static_cast<uint64_t>(pages_->num_tokens());
@@ -1158,6 +1187,7 @@ class PipelineRulingTest : public PipelineVerificationTest {
           p.batch_size = 4;
           p.model_bytes = model_bytes;  // the vocabulary the bundle leaves to the data
           p.stage_memory_bytes = {1u << 20, 1u << 20, 1u << 20};
+          if (!initial_state.IsZero()) p.initial_state = initial_state;
         },
         spec_hash);
   }
@@ -1215,6 +1245,13 @@ class PipelineRulingTest : public PipelineVerificationTest {
         evidence_[st][t].commit = out[st]->commit;
       }
     }
+    // Each stage's checkpoint after its last step (what a result proof carries).
+    final_.clear();
+    for (uint32_t st = 0; st < kStages; ++st) {
+      Result<Bytes> cp = StageCheckpointBytes(stages[st]->state());
+      ASSERT_TRUE(cp.ok());
+      final_.push_back(*cp);
+    }
     // What each stage received, by hash (what its node serves): every tensor sent.
     const std::map<Hash256, Bytes> sent = net.sent();
     for (uint32_t st = 0; st < kStages; ++st) {
@@ -1250,7 +1287,120 @@ class PipelineRulingTest : public PipelineVerificationTest {
   protocol::NetworkSpec net_;
   protocol::UnitWork work_;
   std::vector<std::vector<TestStageEvidence>> evidence_;
+  std::vector<Bytes> final_;  // [stage]: its checkpoint after step kSteps - 1
 };
+
+// Adversary wrong_result on a stage: every step true, the committed result another delta. No
+// step replay sees it; a ProveResult whose witness is the stage's last commit and its state
+// after it does (ExecuteStageResultWitness): the ledger refuses every bad witness by name and an
+// honest stage's right result ("nothing to prove"), and the good witness makes the check fraud at
+// once (no dispute): the stage slashed and jailed, the round re-run, nobody else slashed.
+TEST_F(PipelineRulingTest, AStagesWrongResultIsProvenFromItsFinalStateAndBadWitnessesRefused) {
+  const std::vector<float> start = WholeStart();
+  const Bytes start_blob =
+      protocol::EncodeGlobalState(start, std::vector<float>(start.size(), 0.0f));
+  ASSERT_NO_FATAL_FAILURE(StartRuled(BuildManifest(start_blob).id().hash));
+  ASSERT_NO_FATAL_FAILURE(Train());
+  std::vector<Hash256> right;  // each stage's result: StageResultBlobId of its final state
+  for (uint32_t st = 0; st < kStages; ++st) {
+    Result<engine::TrainState> fin = StageCheckpointState(final_[st]);
+    ASSERT_TRUE(fin.ok()) << fin.status().ToString();
+    Result<Hash256> id = StageResultBlobId(spec_.model, start, *fin);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    right.push_back(*id);
+  }
+  std::vector<Transaction> txs;
+  for (uint32_t st = 0; st < kStages; ++st) {
+    CommitStageTx c = Commit(st, Leaves(st));
+    c.result_hash = st == kCheat ? Blake2b("the negated delta") : right[st];
+    txs.push_back(Q(alice_, c));
+  }
+  StepOk(txs);
+  const StageResultWitness good{
+      .bundle = kRulingBundle,
+      .start_state = start_blob,
+      .commit = protocol::EncodeStageStepCommit(evidence_[kCheat][kSteps - 1].commit),
+      .state = final_[kCheat]};
+  const Bytes good_bytes = EncodeStageResultWitness(good);
+  std::printf("stage result witness: %zu bytes (start state %zu, final state %zu)\n",
+              good_bytes.size(), good.start_state.size(), good.state.size());
+  EXPECT_LE(good_bytes.size(), kMaxWitnessBytes);
+  Result<StageResultWitness> round_trip = DecodeStageResultWitness(good_bytes);
+  ASSERT_TRUE(round_trip.ok()) << round_trip.status().ToString();
+  EXPECT_EQ(*round_trip, good);
+  auto prove = [&](uint32_t index, const Bytes& witness) {
+    return Q(alice_, ProveResultTx{.task_id = task_id_,
+                                   .index = index,
+                                   .node_id = verifier_.public_key(),
+                                   .witness = {witness}});
+  };
+  auto with = [&](const std::function<void(StageResultWitness&)>& edit) {
+    StageResultWitness w = good;
+    edit(w);
+    return prove(kCheat, EncodeStageResultWitness(w));
+  };
+  std::vector<std::pair<Transaction, std::string>> refusals = {
+      {with([&](StageResultWitness& w) {
+         w.commit = protocol::EncodeStageStepCommit(evidence_[kCheat][kSteps - 2].commit);
+       }),
+       "is not the stage's last committed step"},
+      {with([&](StageResultWitness& w) { w.state = evidence_[kCheat][kSteps - 1].checkpoint; }),
+       "the state hashes to"},
+      {with([&](StageResultWitness& w) { w.state.resize(10); }), "state: "},
+      {with([&](StageResultWitness& w) {
+         w.start_state = protocol::EncodeGlobalState(std::vector<float>(start.size(), 0.0f),
+                                                     std::vector<float>(start.size(), 0.0f));
+       }),
+       "the witness's start state has blob id"},
+      {with([&](StageResultWitness& w) { w.bundle += "\n"; }), "send the task's own bundle text"},
+      {prove(kCheat, EncodeResultWitness({})), "a pipeline task's ProveResult carries"},
+      // An honest stage's result is the delta of its final state.
+      {prove(0, EncodeStageResultWitness(
+                    {.bundle = kRulingBundle,
+                     .start_state = start_blob,
+                     .commit = protocol::EncodeStageStepCommit(evidence_[0][kSteps - 1].commit),
+                     .state = final_[0]})),
+       "nothing to prove"},
+  };
+  // All in one block (the stages reveal no secrets here: the checks must stay open).
+  std::vector<Transaction> bad;
+  for (const auto& [tx, why] : refusals) bad.push_back(tx);
+  const std::vector<Receipt> refused = Step(bad);
+  ASSERT_EQ(refused.size(), refusals.size());
+  for (size_t i = 0; i < refusals.size(); ++i) {
+    EXPECT_FALSE(refused[i].ok) << refusals[i].second;
+    EXPECT_NE(refused[i].reason.find(refusals[i].second), std::string::npos) << refused[i].reason;
+  }
+  ASSERT_TRUE(HasCheck(kCheat));
+  const PublicKey cheater = Unit(kCheat).assignee;
+  std::vector<PublicKey> chain_before;
+  std::vector<Amount> price_before;
+  for (uint32_t st = 0; st < kStages; ++st) {
+    chain_before.push_back(Unit(st).assignee);
+    price_before.push_back(Unit(st).price);
+  }
+  std::vector<Receipt> r = Step({prove(kCheat, good_bytes)});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
+  EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
+  const TaskRecord t = Task();
+  EXPECT_EQ(t.verification.fraud, 1u);
+  EXPECT_EQ(t.verification.disputes, 0u);
+  // A wrong result fed no tensor to the other stages: each is paid its whole stage cost for the
+  // round the fraud discards (PayHonestStageWork with no false step); the cheater nothing.
+  for (uint32_t st = 0; st < kStages; ++st) {
+    const Amount want =
+        st == kCheat ? 0 : StageUnitCost(t.params, UnitCost(t, price_before[st]), st);
+    EXPECT_EQ(Node(chain_before[st]).earnings.units, want) << "stage " << st;
+  }
+  EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
+  EXPECT_EQ(Node(cheater).status, NodeStatus::kJailed);
+  for (const KeyPair& k : stagers_) {
+    if (k.public_key() == cheater) continue;
+    EXPECT_EQ(Node(k.public_key()).reputation.slashes, 0u);
+  }
+  EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
+}
 
 TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitness) {
   ASSERT_NO_FATAL_FAILURE(StartRuled());

@@ -12,6 +12,8 @@
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/referee_tile.h"
+#include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/stage_replay.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/state_blob.h"
@@ -293,6 +295,46 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
   }
   // FlatState puts the parameters first, in model order: the layout of weights and deltas.
   return ResultBlobId(start.weights, std::span<const float>(w.state.data(), n));
+}
+
+Result<Hash256> ExecuteStageResultWitness(const TaskRecord& t, const WorkUnit& unit,
+                                          const StageResultWitness& w) {
+  const StageSlot slot = StageSlotOf(t.params, unit.index);
+  const std::string where =
+      "prove result (task " + t.id.ShortHex() + ", unit " + std::to_string(unit.index) +
+      ": replica " + std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) + ")";
+  if (unit.leaves.size() < 2) {
+    return FailedPrecondition(where + ": the stage unit has no committed step leaves");
+  }
+  ML_ASSIGN_OR_RETURN(TaskBundleSpec b, ParseTaskBundle(t, w.bundle, where));
+  ML_ASSIGN_OR_RETURN(protocol::GlobalState start, RoundStart(t, unit.round, w.start_state, where));
+  Result<protocol::StageStepCommit> commit = protocol::DecodeStageStepCommit(w.commit);
+  if (!commit.ok()) return InvalidArgument(where + ": commit: " + commit.status().message());
+  const Hash256 leaf = protocol::StageStepLeaf(*commit);
+  const uint64_t last_step = t.params.inner_steps == 0 ? 0 : t.params.inner_steps - 1;
+  if (leaf != unit.leaves.back() || commit->task != t.id || commit->round != slot.round ||
+      commit->replica != slot.replica || commit->stage != slot.stage ||
+      commit->stages != t.params.stages || commit->step != last_step) {
+    return InvalidArgument(where + ": the witness's commit (leaf " + leaf.ShortHex() + ", step " +
+                           std::to_string(commit->step) +
+                           ") is not the stage's last committed step (leaf " +
+                           unit.leaves.back().ShortHex() + ", step " + std::to_string(last_step) +
+                           "); send the commit the stage node serves for its last step");
+  }
+  Result<engine::TrainState> st = StageCheckpointState(w.state);
+  if (!st.ok()) {
+    return InvalidArgument(where + ": state: " + st.status().message() +
+                           "; send the stage's checkpoint after its last step");
+  }
+  const Hash256 got = engine::StateHash(*st);
+  if (got != commit->state_after) {
+    return InvalidArgument(where + ": the state hashes to " + got.ShortHex() +
+                           ", the stage's last step ends at " + commit->state_after.ShortHex() +
+                           "; send the stage's checkpoint after its last step");
+  }
+  Result<Hash256> id = StageResultBlobId(b.spec.model, start.weights, *st);
+  if (!id.ok()) return InvalidArgument(where + ": " + id.status().message());
+  return id;
 }
 
 Result<Hash256> ExecuteSegmentWitness(const TaskRecord& t, const WorkUnit& unit, uint32_t segment,

@@ -62,6 +62,16 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& task_record, const W
 Result<Hash256> ExecuteResultWitness(const TaskRecord& task_record, const WorkUnit& unit,
                                      const ResultWitness& witness);
 
+struct StageResultWitness;  // stage_referee.h
+// The same for a stage unit of a pipeline task (ProveResultTx, its witness a
+// StageResultWitness): the bundle must be the task's, the start state blob the round's, the
+// commit the stage's last step's (its StageStepLeaf the unit's last committed leaf, of this
+// task, round, replica, stage and step H-1), and the state a stage checkpoint hashing to the
+// commit's state_after. The result is StageResultBlobId of the round's start weights and that
+// state. InvalidArgument (naming what is wrong and the fix) when the witness does not check out.
+Result<Hash256> ExecuteStageResultWitness(const TaskRecord& task_record, const WorkUnit& unit,
+                                          const StageResultWitness& witness);
+
 // The state hash at the end of segment `segment` of unit `unit` (a ProveFraudTx), computed by the
 // ledger from `witness`: the bundle must be the task's; the segment's start is, for segment 0,
 // the unit's true start (witness.start_state must be the round's start blob; fresh optimizer

@@ -1,6 +1,8 @@
 #include "meshlearn/ledger/stage_referee.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -30,7 +32,7 @@ Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
                                       const protocol::StageStepCommit& commit, ByteSpan checkpoint,
                                       const std::map<Hash256, Bytes>& blobs,
                                       const engine::Batch& batch, uint64_t dropout_seed,
-                                      const Hash256& committed_leaf) {
+                                      const Hash256& committed_leaf, Bytes* after) {
   StageStepCheck out;
   const std::string name = "replica " + std::to_string(commit.replica) + ", stage " +
                            std::to_string(commit.stage) + ", step " + std::to_string(commit.step);
@@ -46,8 +48,8 @@ Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
     out.message = name + ": start: its checkpoint does not load (" + start.status().message() + ")";
     return out;
   }
-  ML_ASSIGN_OR_RETURN(
-      out.replay, ReplayStageStep(setup, std::move(*start), commit, blobs, batch, dropout_seed));
+  ML_ASSIGN_OR_RETURN(out.replay, ReplayStageStep(setup, std::move(*start), commit, blobs, batch,
+                                                  dropout_seed, after));
   out.leaf = StageFindingLeaf(committed_leaf, out.replay);
   out.message = out.replay.ok() ? name + ": replays to its committed leaf" : out.replay.message;
   return out;
@@ -96,6 +98,75 @@ Result<StageStepWitness> DecodeStageStepWitness(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(GetWitnessExamples(d, &w.examples));
   ML_RETURN_IF_ERROR(d.Finish());
   return w;
+}
+
+namespace {
+
+constexpr std::string_view kStageResultWitnessMagic = "meshlearn.stage_result_witness.v1";
+
+}  // namespace
+
+Bytes EncodeStageResultWitness(const StageResultWitness& w) {
+  Encoder e;
+  e.PutString(kStageResultWitnessMagic)
+      .PutString(w.bundle)
+      .PutBytes(w.start_state)
+      .PutBytes(w.commit)
+      .PutBytes(w.state);
+  return e.Take();
+}
+
+Result<StageResultWitness> DecodeStageResultWitness(ByteSpan bytes) {
+  if (bytes.size() > kMaxWitnessBytes) {
+    return InvalidArgument("stage result witness: " + std::to_string(bytes.size()) +
+                           " bytes, over the limit of " + std::to_string(kMaxWitnessBytes));
+  }
+  Decoder d(bytes, "stage result witness");
+  std::string magic;
+  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
+  if (magic != kStageResultWitnessMagic) {
+    return InvalidArgument("stage result witness: starts with '" + magic + "', expected '" +
+                           std::string(kStageResultWitnessMagic) +
+                           "' (a pipeline task's ProveResult carries a StageResultWitness)");
+  }
+  StageResultWitness w;
+  ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.state, "state", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.Finish());
+  return w;
+}
+
+Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, std::span<const float> global,
+                                  const engine::TrainState& final_state) {
+  ML_ASSIGN_OR_RETURN(std::vector<engine::ParamShape> shapes, engine::ParamShapes(model));
+  std::map<std::string, std::pair<size_t, size_t>> at;  // name -> (offset, size) in `global`
+  size_t offset = 0;
+  for (const engine::ParamShape& p : shapes) {
+    const size_t n = static_cast<size_t>(engine::NumElements(p.shape));
+    at[p.name] = {offset, n};
+    offset += n;
+  }
+  if (offset != global.size()) {
+    return InvalidArgument("stage result: the round's start state holds " +
+                           std::to_string(global.size()) + " weights, the model has " +
+                           std::to_string(offset));
+  }
+  std::vector<float> start, params;
+  for (const engine::Param& p : final_state.model->params()) {
+    const auto it = at.find(p.name);
+    if (it == at.end() || it->second.second != static_cast<size_t>(p.value.size())) {
+      return InvalidArgument("stage result: the stage's parameter '" + p.name + "' (" +
+                             std::to_string(p.value.size()) +
+                             " values) is not one of the task's model");
+    }
+    start.insert(
+        start.end(), global.begin() + static_cast<std::ptrdiff_t>(it->second.first),
+        global.begin() + static_cast<std::ptrdiff_t>(it->second.first + it->second.second));
+    params.insert(params.end(), p.value.vec().begin(), p.value.vec().end());
+  }
+  return ResultBlobId(start, params);
 }
 
 bool LedgerRulesStageStep(const TaskParams& p, uint32_t stage) {

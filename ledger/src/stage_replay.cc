@@ -159,7 +159,8 @@ class StageReplayLink final : public StageLink {
 Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine::TrainState start,
                                           const StageStepCommit& commit,
                                           const std::map<Hash256, Bytes>& blobs,
-                                          const engine::Batch& batch, uint64_t dropout_seed) {
+                                          const engine::Batch& batch, uint64_t dropout_seed,
+                                          Bytes* after) {
   StageReplayResult r;
   r.replica = commit.replica;
   r.stage = commit.stage;
@@ -229,6 +230,9 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
     StageReplayFind(&r, commit, StageFault::kStageFaultRecord, nullptr,
                     "the records are not listed in the schedule's order");
     return r;
+  }
+  if (after != nullptr) {
+    ML_ASSIGN_OR_RETURN(*after, StageCheckpointBytes(stage->state()));
   }
   return r;
 }

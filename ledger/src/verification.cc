@@ -939,14 +939,18 @@ Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
     return FailedPrecondition("prove result: round " + std::to_string(u->round) + " of task " +
                               tx.task_id.ShortHex() + " is final");
   }
-  if (IsPipelineTask(t->params)) {
-    return FailedPrecondition("prove result: task " + tx.task_id.ShortHex() +
-                              " is trained in pipeline stages; a stage unit's result is not "
-                              "proven against a whole state (not built)");
+  // A stage unit (a pipeline task) is proven against its stage's state after its last step.
+  const bool stage = IsPipelineTask(t->params);
+  Hash256 computed;
+  if (stage) {
+    Result<StageResultWitness> w = DecodeStageResultWitness(tx.witness.bytes);
+    if (!w.ok()) return w.status().WithPrefix("prove result");
+    ML_ASSIGN_OR_RETURN(computed, ExecuteStageResultWitness(*t, *u, *w));
+  } else {
+    Result<ResultWitness> w = DecodeResultWitness(tx.witness.bytes);
+    if (!w.ok()) return w.status().WithPrefix("prove result");
+    ML_ASSIGN_OR_RETURN(computed, ExecuteResultWitness(*t, *u, *w));
   }
-  Result<ResultWitness> w = DecodeResultWitness(tx.witness.bytes);
-  if (!w.ok()) return w.status().WithPrefix("prove result");
-  ML_ASSIGN_OR_RETURN(Hash256 computed, ExecuteResultWitness(*t, *u, *w));
   if (computed == u->result_hash) {
     return FailedPrecondition("prove result: unit " + std::to_string(tx.index) +
                               "'s result " + u->result_hash.ShortHex() +
@@ -959,6 +963,15 @@ Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
   ML_RETURN_IF_ERROR(ApplyEffects(ctx.state, ctx.params(), tx.task_id, tx.index, c, fx, &rerun));
   ML_LOG_INFO("ledger: task {} unit {}: {} ({})", tx.task_id.ShortHex(), tx.index,
               protocol::CheckResultName(c.result()), c.reason());
+  if (stage) {
+    // A wrong result feeds no tensor to the replica's other stages: every step they trained was
+    // honest, so each is paid its whole cost before the round re-runs (PayHonestStageWork).
+    const uint64_t h = ctx.state.tasks.Find(tx.task_id)->params.inner_steps;
+    for (auto& [index, steps] : rerun.stage_faults) {
+      if (index == tx.index) steps = h;
+    }
+    ML_RETURN_IF_ERROR(PayHonestStageWork(ctx.state, ctx.params(), tx.task_id, rerun));
+  }
   ML_RETURN_IF_ERROR(ApplyRerun(ctx.state, tx.task_id, m, rerun));
   // The next block's DriveChecks sets the round's holds from the checks left open.
   SaveMachine(ctx.state, tx.task_id, m);

@@ -23,18 +23,6 @@ uint64_t SplitMix64(uint64_t& x) {
   return z ^ (z >> 31);
 }
 
-// Adds uniform noise in [-1e-3, 1e-3] to every parameter, deterministically from `seed`.
-void Perturb(engine::TrainState& st, uint64_t seed) {
-  uint64_t x = seed;
-  for (engine::Param& p : st.model->params()) {
-    float* v = p.value.data();
-    for (int64_t i = 0; i < p.value.size(); ++i) {
-      double u = static_cast<double>(SplitMix64(x) >> 11) * 0x1.0p-53;  // [0, 1)
-      v[i] += static_cast<float>((u * 2.0 - 1.0) * 1e-3);
-    }
-  }
-}
-
 // Adds kTargetedShift to every weight of output class 0: row 0 of the last rank-2 parameter and
 // element 0 of the last rank-1 parameter (a classifier's output layer).
 void ShiftClassZero(engine::TrainState& st) {
@@ -101,7 +89,7 @@ Result<UnitOutcome> CheatRun(engine::Trainer* trainer, std::span<const float> gl
       last_loss = trainer->Step();
     }
     if (poison_after > 0 && s + 1 == poison_after) {
-      if (poison == Poison::kNoise) Perturb(st, work.stream ^ 0x6E6F697379ULL);
+      if (poison == Poison::kNoise) PerturbParams(st.model->params(), work.stream);
       if (poison == Poison::kShiftClassZero) ShiftClassZero(st);
     }
     loss_sum += last_loss;
@@ -112,6 +100,19 @@ Result<UnitOutcome> CheatRun(engine::Trainer* trainer, std::span<const float> gl
 }
 
 }  // namespace
+
+void PerturbParams(std::vector<engine::Param>& params, uint64_t stream) {
+  uint64_t x = stream ^ 0x6E6F697379ULL;
+  for (engine::Param& p : params) {
+    float* v = p.value.data();
+    for (int64_t i = 0; i < p.value.size(); ++i) {
+      double u = static_cast<double>(SplitMix64(x) >> 11) * 0x1.0p-53;  // [0, 1)
+      v[i] += static_cast<float>((u * 2.0 - 1.0) * 1e-3);
+    }
+  }
+}
+
+int64_t PoisonAfterSteps(int64_t inner_steps) { return std::max<int64_t>(1, inner_steps / 2); }
 
 bool CheatsAsSolver(Adversary a) { return a != Adversary::kNone && a != Adversary::kRubberStamp; }
 
@@ -158,12 +159,11 @@ Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
       }
       [[fallthrough]];
     case Adversary::kNoisy:
-      return CheatRun(trainer, global, work, options, false,
-                      std::max<int64_t>(1, work.inner_steps / 2), work.stream);
+      return CheatRun(trainer, global, work, options, false, PoisonAfterSteps(work.inner_steps),
+                      work.stream);
     case Adversary::kTargeted:
-      return CheatRun(trainer, global, work, options, false,
-                      std::max<int64_t>(1, work.inner_steps / 2), work.stream,
-                      Poison::kShiftClassZero);
+      return CheatRun(trainer, global, work, options, false, PoisonAfterSteps(work.inner_steps),
+                      work.stream, Poison::kShiftClassZero);
     case Adversary::kWrongData: {
       uint64_t other = in.other_stream;
       if (other == 0 || other == work.stream) {

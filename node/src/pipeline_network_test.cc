@@ -209,16 +209,23 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
   EXPECT_NE(t.value("status", std::string()), "finished") << t.dump();
 }
 
-// A stage node that cheats (the adversary `lazy`: every step's commit claims the state it started
-// from; or one that computes its part honestly and sends corrupted activations of micro-batch 0)
-// on a verifying chain: the verifier drawn for its stage unit replays a step from what it serves
-// and claims the mismatch, the referee replays the same step and rules against it, the ledger
-// slashes it alone (no honest stage node is slashed; its neighbours, which used what it sent,
-// replay clean), the round runs again without it, and the task ends with `meshlearn diloco`'s
-// weights, bit for bit, every unit's work paid to an honest node.
+// A stage node that cheats on a verifying chain -- the adversary `lazy` (every step's commit claims
+// the state it started from), `noisy` (its stage's weights perturbed after step 1, the perturbed
+// state committed), `wrong_data` (step 1 trained on the wrong input: the first stage on step 2's
+// batch, a later stage on micro-batches 0 and 1's activations swapped), `wrong_result` (honest
+// steps, the negated delta committed: the verifier's result check proves it, no dispute), or one
+// that computes its part honestly and sends corrupted activations of micro-batch 0 -- the verifier
+// drawn for its stage unit replays a step from what it serves and claims the mismatch, the referee
+// replays the same step and rules against it, the ledger slashes it alone (no honest stage node is
+// slashed; its neighbours, which used what it sent, replay clean), the round runs again without it,
+// and the task ends with `meshlearn diloco`'s weights, bit for bit, every unit's work paid to an
+// honest node.
 struct CheatingStage {
   const char* name;
   std::function<void(AgentOptions&)> cheat;
+  // Caught by a stage step's replay and a dispute the ledger rules (RefereeStageStep); else
+  // (wrong_result: every step replays clean) by the verifier's result check and a ProveResult.
+  bool disputed = true;
 };
 class CheatingStageTest : public ::testing::TestWithParam<CheatingStage> {};
 
@@ -258,6 +265,7 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
   EXPECT_GE(task["verification"].value("clean", uint64_t{0}), 12u) << task["verification"].dump();
   const json cheater = NodeRecordOf(sim, kCheater);
   EXPECT_GE(cheater["reputation"].value("slashes", uint64_t{0}), 1u) << cheater.dump();
+  EXPECT_EQ(cheater.value("status", std::string()), "jailed") << cheater.dump();
   for (int i = 0; i < 7; ++i) {
     if (i == kCheater) continue;
     const json n = NodeRecordOf(sim, i);
@@ -269,7 +277,18 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
   // that, never a RuleDispute.
   ASSERT_NE(sim.referee(), nullptr);
   const std::vector<RefereeRecord> rulings = sim.referee()->rulings();
-  ASSERT_GE(rulings.size(), 1u);
+  if (!GetParam().disputed) {
+    // No game: the verifier proved the result wrong from the stage's state after its last step
+    // (ProveResult with a StageResultWitness), which settled the check as fraud at once.
+    EXPECT_EQ(task["verification"].value("disputes", uint64_t{1}), 0u)
+        << task["verification"].dump();
+    EXPECT_TRUE(rulings.empty());
+    uint64_t proven = 0;
+    for (int i = 0; i < 7; ++i) proven += sim.agent(i)->stats().results_proven;
+    EXPECT_GE(proven, 1u);
+    EXPECT_EQ(sim.agent(kCheater)->stats().results_proven, 0u);
+  }
+  ASSERT_GE(rulings.size(), GetParam().disputed ? 1u : 0u);
   for (const RefereeRecord& r : rulings) {
     EXPECT_EQ(r.tx_type, "RefereeStageStep") << r.ruling.reason;
     EXPECT_GT(r.ruling.witness_bytes, 0u);
@@ -290,6 +309,10 @@ INSTANTIATE_TEST_SUITE_P(
     Modes, CheatingStageTest,
     ::testing::Values(
         CheatingStage{"lazy", [](AgentOptions& a) { a.adversary = Adversary::kLazy; }},
+        CheatingStage{"noisy", [](AgentOptions& a) { a.adversary = Adversary::kNoisy; }},
+        CheatingStage{"wrong_data", [](AgentOptions& a) { a.adversary = Adversary::kWrongData; }},
+        CheatingStage{"wrong_result",
+                      [](AgentOptions& a) { a.adversary = Adversary::kWrongResult; }, false},
         CheatingStage{"corrupt_activations",
                       [](AgentOptions& a) {
                         a.stage_plane.corrupt_sent = [](const protocol::StageTensorKey& k) {

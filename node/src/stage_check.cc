@@ -10,7 +10,7 @@
 namespace meshlearn::node {
 
 Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
-                                      const Hash256& committed_leaf) {
+                                      const Hash256& committed_leaf, StageStepEnd* end) {
   const StageStepRef ref{.task = in.task_id,
                          .round = in.round,
                          .replica = in.replica,
@@ -41,10 +41,15 @@ Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
   const engine::Batch batch = in.trainer->BatchForStep(static_cast<int64_t>(step));
   ML_ASSIGN_OR_RETURN(ledger::StageReplaySetup setup,
                       ledger::StageReplaySetupOf(task, *in.net, work.lr_scale, in.chain));
-  Result<StageStepCheck> c =
-      ledger::JudgeStageStep(setup, ev->commit, ev->checkpoint, ev->blobs, batch,
-                             engine::DropoutSeed(task.seed, work.stream), committed_leaf);
+  Bytes after;
+  Result<StageStepCheck> c = ledger::JudgeStageStep(
+      setup, ev->commit, ev->checkpoint, ev->blobs, batch,
+      engine::DropoutSeed(task.seed, work.stream), committed_leaf, end ? &after : nullptr);
   if (!c.ok()) return c.status().WithPrefix(ref.ToString());
+  if (end != nullptr && c->leaf == committed_leaf) {
+    end->commit = std::move(ev->commit);
+    end->checkpoint = std::move(after);
+  }
   return c;
 }
 

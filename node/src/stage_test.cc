@@ -25,13 +25,14 @@
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
-#include "meshlearn/net/http_transport.h"
 #include "meshlearn/ledger/chain.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/rpc.h"
 #include "meshlearn/ledger/shared_chain.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/ledger/tx.h"
+#include "meshlearn/net/http_transport.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/network_round.h"
@@ -936,6 +937,122 @@ TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
     EXPECT_NE(none.status().message().find("serves no replica 1, stage 0, step 7"),
               std::string::npos)
         << none.status().ToString();
+  }
+}
+
+// The solver adversaries a stage node plays (SetStageAdversary's hooks), each on one stage of 3
+// nodes that run a unit of 2 steps over HTTP with RunStageUnit and serve its evidence: every step
+// of every stage is fetched and replayed. The cheating stage's cheated step is found (noisy: its
+// state; wrong_data: its first output, on the first stage activations from another step's batch,
+// on a later stage the activations of micro-batches 0 and 1 swapped) and every other step of
+// every stage replays clean. wrong_result replays clean everywhere: its commit is honest, its
+// result is not start - end (what no step replay can see, and StageResultBlobId of its final
+// state, the verifier's and the ledger's derivation, shows).
+TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleToTheReplay) {
+  const ModelSpec spec = StageParseModel(kStageGpt);
+  const StageContext ctx = StageCtx();
+  const auto kAct = StageTensorKind::kStageTensorActivation;
+  struct Mode {
+    std::string name;
+    int cheat;
+    Adversary adversary;
+    StageFault fault;      // of the cheated step (none: wrong_result)
+    StageTensorKind kind;  // of the tensor at fault (output findings)
+  };
+  const std::vector<Mode> modes = {
+      {"noisy", 1, Adversary::kNoisy, StageFault::kStageFaultState, kAct},
+      {"wrong_data (first stage)", 0, Adversary::kWrongData, StageFault::kStageFaultOutput, kAct},
+      {"wrong_data (middle stage)", 1, Adversary::kWrongData, StageFault::kStageFaultOutput, kAct},
+      {"wrong_data (last stage)", 2, Adversary::kWrongData, StageFault::kStageFaultOutput,
+       StageTensorKind::kStageTensorActivationGrad},
+      {"wrong_result", 2, Adversary::kWrongResult, StageFault::kStageFaultNone, kAct},
+  };
+  constexpr int64_t kSteps = 2;
+  std::vector<Batch> batches;
+  for (int64_t step = 0; step < kSteps; ++step) batches.push_back(StageBatch(spec, step));
+  UnitWork work;
+  work.inner_steps = kSteps;
+  work.stream = 12345;
+  for (const Mode& m : modes) {
+    SCOPED_TRACE(m.name);
+    std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, {});
+    std::vector<std::vector<float>> start;
+    for (auto& st : stages) start.push_back(StageFlatParams(*st));
+    // The round's start weights of the whole model (what a verifier and the ledger slice).
+    Result<std::unique_ptr<engine::Model>> whole = engine::Model::Create(spec);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    const std::vector<float> global = GatherStageParams(**whole, stages);
+    std::vector<Result<StageUnitOutcome>> out(3, Internal("not run"));
+    std::vector<std::thread> threads;
+    for (int s = 0; s < 3; ++s) {
+      StageRunHooks hooks;
+      StageEvidence* ev = &nodes[s]->evidence;
+      hooks.publish = [ev](const StageStepCommit& c, std::map<Hash256, Bytes> received,
+                           Bytes checkpoint) {
+        ev->Publish(c, std::move(received), std::move(checkpoint));
+      };
+      if (s == m.cheat) SetStageAdversary(m.adversary, work, &hooks);
+      threads.emplace_back([&, s, hooks] {
+        out[s] = RunStageUnit(*stages[s], *nodes[s]->plane, batches, kStageDropoutSeed, hooks);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE(out[s].ok()) << out[s].status().ToString();
+
+    StageReplaySetup setup;
+    setup.model = spec;
+    setup.optimizer = StageOptimizer();
+    Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
+    ASSERT_TRUE(cut.ok());
+    setup.cut = *cut;
+    setup.micro_batches = kStageMicroBatches;
+    setup.chain = ctx.chain;
+    net::HttpTransport verifier;
+    // The cheated step: noisy perturbs after PoisonAfterSteps(2) = 1 step (step 0's commit
+    // claims the perturbed state), wrong_data trains step PoisonAfterSteps(2) - 1 = 0 wrong.
+    const uint64_t cheated = 0;
+    for (int s = 0; s < 3; ++s) {
+      for (uint64_t t = 0; t < static_cast<uint64_t>(kSteps); ++t) {
+        Result<StageStepEvidence> ev =
+            FetchStageStepEvidence(&verifier, nodes[s]->server->endpoint(),
+                                   {ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), t});
+        ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+        EXPECT_EQ(protocol::StageStepLeaf(ev->commit), out[s]->leaves[t]);
+        Result<engine::TrainState> st = StageCheckpointState(ev->checkpoint);
+        ASSERT_TRUE(st.ok()) << st.status().ToString();
+        Result<StageReplayResult> r = ReplayStageStep(setup, std::move(*st), ev->commit, ev->blobs,
+                                                      batches[t], kStageDropoutSeed);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        if (s != m.cheat || t != cheated || m.fault == StageFault::kStageFaultNone) {
+          EXPECT_TRUE(r->ok()) << "stage " << s << " step " << t << ": " << r->message;
+          continue;
+        }
+        EXPECT_EQ(r->fault, m.fault) << r->message;
+        EXPECT_EQ(r->stage, static_cast<uint32_t>(s));
+        EXPECT_EQ(r->step, t);
+        if (m.fault == StageFault::kStageFaultOutput) {
+          EXPECT_EQ(r->key.kind, m.kind) << r->message;
+          EXPECT_EQ(r->micro_batch, 0) << r->message;
+        }
+      }
+      // Every stage's result is the delta of its own final state, but wrong_result's.
+      const std::vector<float> honest =
+          protocol::PseudoGradient(start[s], StageFlatParams(*stages[s]));
+      EXPECT_EQ(out[s]->result_hash == ledger::DeltaBlobId(honest),
+                !(s == m.cheat && m.adversary == Adversary::kWrongResult))
+          << "stage " << s;
+      // What a verifier and the ledger derive from the stage's final state and the whole start
+      // (StageResultBlobId, by parameter name) is that honest delta's id.
+      Result<Hash256> derived = ledger::StageResultBlobId(spec, global, stages[s]->state());
+      ASSERT_TRUE(derived.ok()) << derived.status().ToString();
+      EXPECT_EQ(*derived, ledger::DeltaBlobId(honest)) << "stage " << s;
+      const std::vector<float> short_global(global.begin(), global.end() - 1);
+      Result<Hash256> refused = ledger::StageResultBlobId(spec, short_global, stages[s]->state());
+      EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(refused.status().message().find("the round's start state holds"), std::string::npos)
+          << refused.status().ToString();
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "meshlearn/base/check.h"
@@ -190,6 +191,62 @@ Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& t
   return st;
 }
 
+namespace {
+
+// wrong_data on a later stage: micro-batch 0's received activations are micro-batch 1's and the
+// other way round. The records returned (and so committed) are the right ones, and the plane
+// holds (and so serves) every tensor it received: the step's commit is well-formed and signed,
+// only what the stage computed from it is not.
+class SwappedActivationsLink final : public ledger::StageLink {
+ public:
+  explicit SwappedActivationsLink(ledger::StageLink* inner) : inner_(inner) {}
+  Result<std::vector<float>> Receive(const protocol::StageTensorKey& key,
+                                     protocol::StageTransfer* record) override {
+    if (key.kind != protocol::StageTensorKind::kStageTensorActivation || key.micro_batch > 1) {
+      return inner_->Receive(key, record);
+    }
+    if (key.micro_batch == 1) {
+      *record = record1_;
+      return std::move(values0_);
+    }
+    ML_ASSIGN_OR_RETURN(values0_, inner_->Receive(key, record));
+    protocol::StageTensorKey k1 = key;
+    k1.micro_batch = 1;
+    return inner_->Receive(k1, &record1_);
+  }
+  Result<protocol::StageTransfer> Send(const protocol::StageTensorKey& key,
+                                       std::span<const float> values) override {
+    return inner_->Send(key, values);
+  }
+
+ private:
+  ledger::StageLink* inner_;
+  std::vector<float> values0_;       // micro-batch 0's activations, used for micro-batch 1
+  protocol::StageTransfer record1_;  // micro-batch 1's record, committed in its place
+};
+
+}  // namespace
+
+void SetStageAdversary(Adversary adv, const UnitWork& work, StageRunHooks* hooks) {
+  switch (adv) {
+    case Adversary::kLazy:
+      hooks->lazy_commit = true;
+      break;
+    case Adversary::kNoisy:
+      hooks->perturb_after = PoisonAfterSteps(work.inner_steps);
+      hooks->perturb_stream = work.stream;
+      break;
+    case Adversary::kWrongData:
+      hooks->wrong_data_step = PoisonAfterSteps(work.inner_steps) - 1;
+      break;
+    case Adversary::kWrongResult:
+      hooks->negate_result = true;
+      break;
+    default:
+      break;
+  }
+}
+
 Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
                                       std::span<const engine::Batch> batches,
                                       uint64_t dropout_seed, const StageRunHooks& hooks) {
@@ -202,9 +259,34 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
       ML_ASSIGN_OR_RETURN(checkpoint, StageCheckpointBytes(stage.state()));
     }
     plane.BeginStep(static_cast<uint64_t>(i));
-    ML_ASSIGN_OR_RETURN(StageStepOutcome step, RunStageStep(stage, plane.context(), batches[i],
-                                                            dropout_seed, *plane.link()));
+    const engine::Batch* batch = &batches[i];
+    ledger::StageLink* link = plane.link();
+    std::optional<SwappedActivationsLink> swapped;
+    if (static_cast<int64_t>(i) == hooks.wrong_data_step) {
+      if (stage.first()) {
+        if (batches.size() < 2) {
+          return InvalidArgument(
+              "adversary wrong_data on the first stage trains a step on "
+              "another step's batch: the unit needs inner_steps >= 2");
+        }
+        batch = &batches[(i + 1) % batches.size()];
+      } else {
+        if (stage.micro_batches() < 2) {
+          return InvalidArgument("adversary wrong_data on stage " + std::to_string(stage.index()) +
+                                 " swaps two micro-batches' activations: the task needs "
+                                 "micro_batches >= 2");
+        }
+        swapped.emplace(link);
+        link = &*swapped;
+      }
+    }
+    ML_ASSIGN_OR_RETURN(StageStepOutcome step,
+                        RunStageStep(stage, plane.context(), *batch, dropout_seed, *link));
     if (hooks.lazy_commit) step.commit.state_after = step.commit.state_before;
+    if (hooks.perturb_after > 0 && static_cast<int64_t>(i) + 1 == hooks.perturb_after) {
+      PerturbParams(stage.params(), hooks.perturb_stream);
+      step.commit.state_after = engine::StateHash(stage.state());
+    }
     if (hooks.publish) hooks.publish(step.commit, plane.received(), std::move(checkpoint));
     loss_sum += step.loss;
     out.leaves.push_back(protocol::StageStepLeaf(step.commit));
@@ -214,6 +296,9 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
     out.mean_loss = static_cast<float>(loss_sum / static_cast<double>(batches.size()));
   }
   out.delta = protocol::PseudoGradient(start, StageFlatParams(stage));
+  if (hooks.negate_result) {
+    for (float& d : out.delta) d = -d;
+  }
   out.result_hash = ledger::DeltaBlobId(out.delta);
   out.commitment = protocol::StageCommitment(out.leaves);
   return out;

@@ -4,8 +4,10 @@
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/node/referee.h"
 #include "meshlearn/node/stage_check.h"
+#include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/stage_transfer.h"
@@ -320,13 +322,21 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
                      .chain = ReplicaChain(info.units, stages, c.round, c.shard / stages),
                      .transport = node.deps().transport,
                      .endpoint = c.solver_endpoint};
+  // The stage's last step: where its committed result must come from.
+  const uint32_t last = static_cast<uint32_t>(f.leaves.size() - 2);
+  StageStepEnd end;
+  bool ended = false;
   for (uint32_t t : steps) {
     if (t + 1ull >= f.leaves.size()) {
       return InvalidArgument(CheckName(c) + ": step " + std::to_string(t) + " is out of range");
     }
     const Hash256 committed = f.leaves[t + 1];
-    ML_ASSIGN_OR_RETURN(StageStepCheck r, CheckStageStep(in, t, committed));
-    if (r.leaf == committed) continue;
+    ML_ASSIGN_OR_RETURN(StageStepCheck r,
+                        CheckStageStep(in, t, committed, t == last ? &end : nullptr));
+    if (r.leaf == committed) {
+      ended |= t == last;
+      continue;
+    }
     node.Log(CheckName(c) + ": " + r.message);
     f.mismatch = true;
     f.segment = t;
@@ -335,6 +345,42 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
     f.replayed_end = r.leaf;
     break;
   }
+  if (f.mismatch) return f;  // the dispute decides
+  // Result binding (docs/verification.md "Pipeline stages", "Stage adversaries"): the stage's
+  // state after its last step (replayed now if it was not drawn) against its committed result.
+  if (!ended) {
+    Result<StageStepCheck> r = CheckStageStep(in, last, f.leaves[last + 1], &end);
+    ended = r.ok() && r->leaf == f.leaves[last + 1];
+    if (!ended) {
+      node.Log(CheckName(c) + ": result not checked: its last step does not replay clean (" +
+               (r.ok() ? r->message : r.status().message()) + ")");
+    }
+  }
+  if (!ended) return f;
+  Result<engine::TrainState> final_state = StageCheckpointState(end.checkpoint);
+  Result<Hash256> result = final_state.ok() ? ledger::StageResultBlobId(ctx->trainer->task().model,
+                                                                        start.weights, *final_state)
+                                            : Result<Hash256>(final_state.status());
+  if (!result.ok()) {
+    node.Log(CheckName(c) + ": result not checked: " + result.status().message());
+    return f;
+  }
+  if (*result == c.result_hash) {
+    f.result = ResultCheck::kRight;
+    return f;
+  }
+  // Wrong: what ProveResult sends (the stage's last commit and its state after it), kept in the
+  // check's directory so that a restart proves it too.
+  const std::string dir = node.VerifyDir(c);
+  ML_RETURN_IF_ERROR(node.env()->CreateDirs(dir));
+  ML_RETURN_IF_ERROR(
+      node.env()->WriteFileAtomic(JoinPath(dir, kStageFinalCommitFile),
+                                  AsStringView(protocol::EncodeStageStepCommit(end.commit))));
+  ML_RETURN_IF_ERROR(node.env()->WriteFileAtomic(JoinPath(dir, kStageFinalStateFile),
+                                                 AsStringView(end.checkpoint)));
+  node.Log(CheckName(c) + ": its result " + c.result_hash.ShortHex() +
+           " is not the delta of its state after its last step (" + result->ShortHex() + ")");
+  f.result = ResultCheck::kWrong;
   return f;
 }
 

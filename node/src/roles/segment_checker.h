@@ -46,11 +46,19 @@ Result<SegmentFinding> CheckSegments(NodeContext& node, const CheckAssignment& c
                                      const std::vector<uint32_t>& segments,
                                      const std::string& dir);
 
+// Where a stage unit's check keeps, when it found the stage's result wrong, the stage's commit of
+// its last step and its checkpoint after it (ProveResult's witness).
+inline constexpr char kStageFinalCommitFile[] = "stage_final.commit";
+inline constexpr char kStageFinalStateFile[] = "stage_final.safetensors";
+
 // A stage unit's check (a pipeline task; docs/verification.md "Pipeline stages"): each drawn
 // step (a "segment" of the check, protocol::StageCheckLeaves) replayed with CheckStageStep from
 // what the stage node serves; the first step whose StageFindingLeaf is not the committed step
 // leaf is the mismatch, its replayed_end that finding leaf. `leaves` are the check's
-// (c.leaves: the stage's commitment, then its step leaves), checked against c.commitment.
+// (c.leaves: the stage's commitment, then its step leaves), checked against c.commitment. When
+// no step mismatches, the result too: the stage's state after its last step (from that step's
+// replay, run now when it was not drawn) gives StageResultBlobId; not c.result_hash is
+// `result` kWrong, with what ProveResult sends kept in node.VerifyDir(c).
 Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment& c,
                                        const std::vector<uint32_t>& steps);
 

@@ -97,7 +97,7 @@ Status Stager::Start(const UnitAssignment& a) {
                              std::map<Hash256, Bytes> received, Bytes checkpoint) {
     evidence->Publish(commit, std::move(received), std::move(checkpoint));
   };
-  hooks.lazy_commit = node_->options().adversary == Adversary::kLazy;
+  SetStageAdversary(node_->options().adversary, work, &hooks);
   r->thread = std::thread([r, hooks = std::move(hooks)] {
     const auto t0 = std::chrono::steady_clock::now();
     r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed, hooks);

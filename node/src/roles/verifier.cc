@@ -4,6 +4,7 @@
 #include "journal.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/protocol/verification.h"
 #include "segment_checker.h"
@@ -185,15 +186,27 @@ void ProveResult(NodeContext& node, VerifyOutbox& outbox, const CheckAssignment&
   if (!ctx.ok()) return give_up(ctx.status().message());
   Result<Bytes> bundle = node.FetchBlob((*ctx)->info.spec_hash, {}, "");
   Result<Bytes> start = node.FetchBlob(c.start_state, {}, StateReason(c.task_id));
-  Result<engine::TrainState> st =
-      engine::LoadCheckpoint(node.env(), JoinPath(dir, "final.safetensors"));
   if (!bundle.ok()) return give_up("the task bundle: " + bundle.status().message());
   if (!start.ok()) return give_up("the round's start state: " + start.status().message());
-  if (!st.ok()) return give_up("the final state: " + st.status().message());
-  ledger::ResultWitness w{.bundle = std::string(AsStringView(*bundle)),
-                          .start_state = std::move(*start),
-                          .state = engine::FlatState(*st)};
-  Bytes witness = ledger::EncodeResultWitness(w);
+  Bytes witness;
+  if ((*ctx)->bundle.net.stages > 1) {
+    // A stage unit: the stage's last commit and its state after it (CheckStageSteps kept both).
+    Result<std::string> commit = node.env()->ReadFile(JoinPath(dir, kStageFinalCommitFile));
+    Result<std::string> state = node.env()->ReadFile(JoinPath(dir, kStageFinalStateFile));
+    if (!commit.ok()) return give_up("the stage's last commit: " + commit.status().message());
+    if (!state.ok()) return give_up("the stage's final state: " + state.status().message());
+    witness = ledger::EncodeStageResultWitness({.bundle = std::string(AsStringView(*bundle)),
+                                                .start_state = std::move(*start),
+                                                .commit = ToBytes(*commit),
+                                                .state = ToBytes(*state)});
+  } else {
+    Result<engine::TrainState> st =
+        engine::LoadCheckpoint(node.env(), JoinPath(dir, "final.safetensors"));
+    if (!st.ok()) return give_up("the final state: " + st.status().message());
+    witness = ledger::EncodeResultWitness({.bundle = std::string(AsStringView(*bundle)),
+                                           .start_state = std::move(*start),
+                                           .state = engine::FlatState(*st)});
+  }
   if (witness.size() > ledger::kMaxWitnessBytes) {
     return give_up("its witness is " + std::to_string(witness.size()) + " bytes, over the " +
                    std::to_string(ledger::kMaxWitnessBytes) + " a transaction may carry");

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -65,11 +66,12 @@ struct StageStepCheck {
 // else ReplayStageStep; the leaf is StageFindingLeaf(committed_leaf, finding). A Status error
 // only when the setup does not fit the commit. REQUIRES: StageStepLeaf(commit) == committed_leaf
 // (a commit that is not the committed leaf is the caller's `unserved`).
+// `after` (optional): on a clean replay, the stage's checkpoint file after the step.
 Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
                                       const protocol::StageStepCommit& commit, ByteSpan checkpoint,
                                       const std::map<Hash256, Bytes>& blobs,
                                       const engine::Batch& batch, uint64_t dropout_seed,
-                                      const Hash256& committed_leaf);
+                                      const Hash256& committed_leaf, Bytes* after = nullptr);
 
 // ---- The ledger's witness.
 
@@ -125,5 +127,37 @@ Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& task_record, const
                                             uint64_t step, const Hash256& committed_leaf,
                                             const std::vector<protocol::NodeId>& chain,
                                             const StageStepWitness& witness);
+
+// ---- A stage unit's result (ProveResultTx on a pipeline task).
+//
+// A stage unit's result_hash must be the delta of the state its last step leaf commits to: the
+// stage's slice of the round's start weights minus its parameters after step H-1 (what the
+// Stager commits). Step replays cannot see a stage that trains honestly and commits another delta
+// (adversary wrong_result); a verifier that replayed the last step clean has that state and
+// compares, and proves a wrong one with this witness.
+
+// The delta blob id that the stage state `final_state` gives (ResultBlobId): its parameters (the
+// stage's part, by name) against their slice of `global`, the round's start weights of the whole
+// `model` (its params() order). InvalidArgument when `global` is not the model's size or a
+// parameter of the stage is not the model's.
+Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, std::span<const float> global,
+                                  const engine::TrainState& final_state);
+
+// The witness that a stage unit's committed result is not the delta of its committed final
+// state: the task bundle (blob id == spec_hash), the round's start state blob, the stage's commit
+// of its last step (its StageStepLeaf the unit's last committed leaf) and the stage's checkpoint
+// file after that step (hashing to the commit's state_after). ProveResultTx's witness on a
+// pipeline task.
+struct StageResultWitness {
+  std::string bundle;
+  Bytes start_state;  // the global state blob the round started from
+  Bytes commit;       // protocol::EncodeStageStepCommit of the stage's last step
+  Bytes state;        // the stage's checkpoint file after its last step
+  bool operator==(const StageResultWitness&) const = default;
+};
+Bytes EncodeStageResultWitness(const StageResultWitness& w);
+// Refuses truncated or trailing bytes and sizes over kMaxWitnessBytes (InvalidArgument, naming
+// the field).
+Result<StageResultWitness> DecodeStageResultWitness(ByteSpan bytes);
 
 }  // namespace meshlearn::ledger

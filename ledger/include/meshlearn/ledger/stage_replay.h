@@ -87,10 +87,13 @@ struct StageReplaySetup {
 // A finding (the result's fault) for anything the stage got wrong; a Status error only when the
 // verifier's own inputs are unusable (a setup that does not fit the commit: a chain of another
 // length, `start` of another model part).
+// `after` (optional): on a clean replay, the stage's checkpoint file after the step
+// (StageCheckpointBytes): a stage unit's result check starts from its last step's.
 Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine::TrainState start,
                                           const protocol::StageStepCommit& commit,
                                           const std::map<Hash256, Bytes>& blobs,
-                                          const engine::Batch& batch, uint64_t dropout_seed);
+                                          const engine::Batch& batch, uint64_t dropout_seed,
+                                          Bytes* after = nullptr);
 
 // Where a stage unit's check says a replayed step ended (what a verifier claims, a
 // MismatchClaim's replayed_end, and what a referee rules with): the committed step leaf

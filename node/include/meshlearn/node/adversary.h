@@ -36,6 +36,10 @@
 // ledger recomputes it (RefereeTile). Every other cheat has no step to show and stays silent (it
 // loses at the deadline).
 //
+// A stage node of a pipeline task (issue 15) plays lazy, noisy, wrong_data and wrong_result on its
+// stage unit (node/stage_unit.h SetStageAdversary; docs/verification.md "Stage adversaries");
+// the other solver modes train a stage honestly.
+//
 // And one cheating verifier:
 //   rubber_stamp  solves honestly, but as a verifier commits and reveals "clean" without
 //                 replaying anything (and as a whistleblower never challenges): it loses its
@@ -52,6 +56,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/train.h"
@@ -74,6 +79,13 @@ enum class Adversary : uint8_t {
 
 // What `targeted` adds to each weight of output class 0.
 inline constexpr float kTargetedShift = 0.05f;
+
+// noisy's poison: adds uniform noise in [-1e-3, 1e-3] to every value of `params`,
+// deterministically from the unit's stream `stream` (a unit's whole model, or a stage's part).
+void PerturbParams(std::vector<engine::Param>& params, uint64_t stream);
+// The number of steps after which noisy (and targeted) poison a unit of `inner_steps` steps:
+// max(1, inner_steps / 2).
+int64_t PoisonAfterSteps(int64_t inner_steps);
 
 // Whether `a` cheats as a solver (every mode but kNone and the verifier mode kRubberStamp).
 bool CheatsAsSolver(Adversary a);

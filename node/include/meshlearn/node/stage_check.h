@@ -59,8 +59,16 @@ struct StageCheckInput {
 // dispute with the same JudgeStageStep).
 using ledger::StageStepCheck;
 
+// Where a step that replayed clean ended: its commit as served and the stage's checkpoint file
+// after it (a stage unit's result check starts from its last step's: StageResultBlobId).
+struct StageStepEnd {
+  protocol::StageStepCommit commit;
+  Bytes checkpoint;
+};
+
+// `end` (optional): set when the step replays to its committed leaf.
 Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
-                                      const Hash256& committed_leaf);
+                                      const Hash256& committed_leaf, StageStepEnd* end = nullptr);
 
 // The ledger's ruling of a stage dispute (RefereeStageStepTx; anyone posts it): the witness of
 // stage step `step` built from what the stage node at in.endpoint serves (its commit, which must

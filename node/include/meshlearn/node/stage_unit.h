@@ -43,6 +43,7 @@
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/state.h"
 #include "meshlearn/net/transport.h"
+#include "meshlearn/node/adversary.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/stage_plane.h"
 #include "meshlearn/node/state_blob.h"
@@ -130,10 +131,27 @@ struct StageRunHooks {
   std::function<void(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received,
                      Bytes checkpoint)>
       publish;
-  // Testing only (the adversary `lazy` on a stage): every step's commit claims the state the
-  // step started from, as if the stage had skipped its update.
+  // Testing only: the solver adversaries on a stage (SetStageAdversary fills these from the
+  // node's mode; docs/verification.md "Pipeline stages", "Stage adversaries").
+  // lazy: every step's commit claims the state the step started from, as if the stage had
+  // skipped its update.
   bool lazy_commit = false;
+  // noisy: after `perturb_after` steps (0: never) the stage's parameters take PerturbParams of
+  // `perturb_stream`; that step's commit and every later one hash the perturbed state.
+  int64_t perturb_after = 0;
+  uint64_t perturb_stream = 0;
+  // wrong_data: step `wrong_data_step` (-1: none) trains on the wrong input, committing the
+  // records of the right one: the first stage on the batch of the next step (step + 1 mod H;
+  // InvalidArgument for H = 1), a later stage on micro-batch 1's received activations for
+  // micro-batch 0 and micro-batch 0's for 1 (InvalidArgument for one micro-batch).
+  int64_t wrong_data_step = -1;
+  // wrong_result: trains honestly and commits the negated delta (not start - end).
+  bool negate_result = false;
 };
+// The hooks with which a stage node plays adversary `adv` on a stage unit of `work`: lazy, noisy
+// (after PoisonAfterSteps(H) steps), wrong_data (step PoisonAfterSteps(H) - 1) and wrong_result;
+// every other mode leaves them honest (a stage trains honestly).
+void SetStageAdversary(Adversary adv, const UnitWork& work, StageRunHooks* hooks);
 Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
                                       std::span<const engine::Batch> batches,
                                       uint64_t dropout_seed, const StageRunHooks& hooks = {});
