@@ -1072,6 +1072,23 @@ Result<int64_t> ModelOutputs(const ModelSpec& spec) {
   return m->NumOutputs();
 }
 
+Result<std::vector<PlannedParam>> PlanParams(const ModelSpec& spec) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
+  std::vector<PlannedParam> out;
+  out.reserve(m->params().size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < m->params().size(); ++i) {
+    out.push_back({m->params()[i].name, m->param_shapes_[i], offset});
+    offset += NumElements(m->param_shapes_[i]);
+  }
+  return out;
+}
+
+Result<int64_t> CountParameters(const ModelSpec& spec) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
+  return m->PlannedParameters();
+}
+
 Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
   ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
   MemoryEstimate e = m->PlannedMemory(1, 1);
