@@ -324,7 +324,7 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   // returned to the system when freed. glibc's default raises this threshold to the size of the
   // largest block freed so far (up to 32 MiB), after which a stage unit's tensors came from heaps
   // that kept their pages: each unit a node ran stacked on the last one's memory (a stage node of
-  // the 10M GPT pipeline devnet peaked at 540-720 MB; with this, 310-420 MB: docs/submitters.md).
+  // the 10M GPT pipeline devnet peaked at 540-720 MB; with this, 265-425 MB: docs/submitters.md).
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   ML_ASSIGN_OR_RETURN(NodeConfig c, LoadNodeConfig(a.config));
   bool created = false;
