@@ -1452,9 +1452,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
       // whole by `meshlearn diloco` in a process of its own (its peak resident memory, from
       // wait4). In this process the reference shares memory with the devnet's own.
       say("measuring the whole model on one node (meshlearn diloco as its own process)...");
-      ML_ASSIGN_OR_RETURN(Child c, Spawn("reference", {"diloco", a.task, "--out",
-                                                        JoinPath(dir, "reference")},
-                                         JoinPath(dir, "logs/reference.log"), home));
+      ML_ASSIGN_OR_RETURN(
+          Child c, Spawn("reference", {"diloco", a.task, "--out", JoinPath(dir, "reference")},
+                         JoinPath(dir, "logs/reference.log"), home));
       int wstatus = 0;
       struct rusage ru {};
       if (wait4(c.pid, &wstatus, 0, &ru) != c.pid || !WIFEXITED(wstatus) ||

@@ -50,9 +50,16 @@ TEST(BlobStoreTest, ReadRangeReadsOnlyThePartAskedFor) {
   Result<BlobId> id = store->Put(data, kTestChunk);
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   const uint64_t n = data.size();
-  for (auto [offset, length] : std::vector<std::pair<uint64_t, uint64_t>>{
-           {0, 1}, {3, kTestChunk - 3}, {kTestChunk - 2, 4}, {1, 2 * kTestChunk + 3},
-           {3 * kTestChunk, 5}, {n - 1, 1}, {0, n}, {7, 0}, {n, 0}}) {
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {{0, 1},
+                                                             {3, kTestChunk - 3},
+                                                             {kTestChunk - 2, 4},
+                                                             {1, 2 * kTestChunk + 3},
+                                                             {3 * kTestChunk, 5},
+                                                             {n - 1, 1},
+                                                             {0, n},
+                                                             {7, 0},
+                                                             {n, 0}};
+  for (auto [offset, length] : ranges) {
     Result<Bytes> got = store->ReadRange(*id, offset, length);
     ASSERT_TRUE(got.ok()) << offset << "+" << length << ": " << got.status().ToString();
     EXPECT_EQ(*got, Bytes(data.begin() + static_cast<std::ptrdiff_t>(offset),

@@ -61,8 +61,8 @@ protocol::TaskSpecView MakeTaskView(const engine::TaskSpec& t, const engine::Tas
   v.inner_steps = net.inner_steps;
   v.batch_size = static_cast<uint32_t>(t.batch_size);
   v.seed = t.seed;
-  v.num_examples = static_cast<uint64_t>(
-      data.tokens ? data.train_tokens.tokens.size() : data.train.size());
+  v.num_examples =
+      static_cast<uint64_t>(data.tokens ? data.train_tokens.tokens.size() : data.train.size());
   v.price_cap_per_gflop = net.price_cap;
   return v;
 }

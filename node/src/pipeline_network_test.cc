@@ -108,7 +108,7 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
 
   testing::SimOptions opt = PipelineSimOptions(15, "pipeline-network");
   std::set<int> stage_nodes_committed;
-  std::set<int> aggregated;  // nodes that ran an aggregation (ok or failed)
+  std::set<int> aggregated;                // nodes that ran an aggregation (ok or failed)
   std::map<int, uint64_t> steps_released;  // stage steps each node stopped serving
   std::mutex mu;
   opt.log_sink = [&](int node, const std::string& line) {

@@ -800,17 +800,16 @@ TEST(StageUnitTest, AStageAndItsBatchesComeFromTheGlobalWeightsAndTheDataStreamA
   for (int s = 0; s < cut->stages(); ++s) {
     Result<std::unique_ptr<Stage>> got = StageFromGlobal(t, *cut, s, global, work.lr_scale);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
-    Result<std::unique_ptr<Stage>> want =
-        Stage::Create(t.model, engine::UnitOptimizerSpec(t.optimizer, work.lr_scale), *cut, s,
-                      t.micro_batches);
+    Result<std::unique_ptr<Stage>> want = Stage::Create(
+        t.model, engine::UnitOptimizerSpec(t.optimizer, work.lr_scale), *cut, s, t.micro_batches);
     ASSERT_TRUE(want.ok()) << want.status().ToString();
     CopyWholeParams(*trainer->state().model, **want);
     EXPECT_EQ(StageFlatParams(**got), StageFlatParams(**want)) << "stage " << s;
     EXPECT_EQ(engine::StateHash((*got)->state()), engine::StateHash((*want)->state()))
         << "stage " << s;
   }
-  Result<std::unique_ptr<Stage>> short_global = StageFromGlobal(
-      t, *cut, 0, std::span<const float>(global).first(global.size() - 1), 1.0);
+  Result<std::unique_ptr<Stage>> short_global =
+      StageFromGlobal(t, *cut, 0, std::span<const float>(global).first(global.size() - 1), 1.0);
   ASSERT_FALSE(short_global.ok());
   EXPECT_NE(short_global.status().message().find("values for a model of"), std::string::npos)
       << short_global.status().ToString();

@@ -193,9 +193,9 @@ Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& t
   const int64_t count =
       planned.empty() ? 0 : planned.back().offset + engine::NumElements(planned.back().shape);
   if (static_cast<int64_t>(global.size) != count) {
-    return InvalidArgument("stage " + std::to_string(stage) + " from the global weights: " +
-                           std::to_string(global.size) + " values for a model of " +
-                           std::to_string(count) + " parameters");
+    return InvalidArgument("stage " + std::to_string(stage) +
+                           " from the global weights: " + std::to_string(global.size) +
+                           " values for a model of " + std::to_string(count) + " parameters");
   }
   std::map<std::string, const engine::PlannedParam*> by_name;
   for (const engine::PlannedParam& p : planned) by_name[p.name] = &p;
@@ -206,9 +206,9 @@ Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& t
   for (engine::Param& p : st->params()) {
     const engine::PlannedParam& at = *by_name.at(p.name);  // a part's names are the model's
     CHECK(p.value.shape() == at.shape) << p.name;
-    ML_RETURN_IF_ERROR(global.read(static_cast<uint64_t>(at.offset),
-                                   std::span<float>(p.value.data(),
-                                                    static_cast<size_t>(p.value.size()))));
+    ML_RETURN_IF_ERROR(
+        global.read(static_cast<uint64_t>(at.offset),
+                    std::span<float>(p.value.data(), static_cast<size_t>(p.value.size()))));
   }
   return st;
 }

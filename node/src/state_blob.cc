@@ -23,9 +23,9 @@ Result<GlobalWeightsReader> BlobWeightsReader(net::BlobStore* store, const net::
   return GlobalWeightsReader{
       .size = n, .read = [store, id, n](uint64_t offset, std::span<float> out) -> Status {
         CHECK(offset <= n && out.size() <= n - offset);
-        ML_ASSIGN_OR_RETURN(Bytes bytes,
-                            store->ReadRange(id, protocol::kGlobalStateHeaderSize + 4 * offset,
-                                             4 * out.size()));
+        ML_ASSIGN_OR_RETURN(
+            Bytes bytes,
+            store->ReadRange(id, protocol::kGlobalStateHeaderSize + 4 * offset, 4 * out.size()));
         if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());  // little-endian
         return Status::Ok();
       }};

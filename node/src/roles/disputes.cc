@@ -359,8 +359,7 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
     }
     train = &ctx->data->train;
   } else if (!ctx->token_pages) {
-    ctx->token_pages =
-        std::make_unique<engine::TokenPageTree>(ctx->data->train_tokens.tokens);
+    ctx->token_pages = std::make_unique<engine::TokenPageTree>(ctx->data->train_tokens.tokens);
   }
   Result<ledger::TileWitness> w =
       ledger::BuildTileWitness(e.ctx, t, *e.step.trace, e.step.batch, train, ctx->data_tree.get(),

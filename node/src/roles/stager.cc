@@ -77,8 +77,8 @@ Status Stager::Start(const UnitAssignment& a) {
   {
     ML_ASSIGN_OR_RETURN(GlobalWeightsReader start,
                         node_->StartWeights(*ctx, a.task_id, a.start_state));
-    ML_ASSIGN_OR_RETURN(run->stage, StageFromGlobal(task, cut, static_cast<int>(slot.stage),
-                                                    start, work.lr_scale));
+    ML_ASSIGN_OR_RETURN(
+        run->stage, StageFromGlobal(task, cut, static_cast<int>(slot.stage), start, work.lr_scale));
   }
   run->dropout_seed = engine::DropoutSeed(task.seed, work.stream);
   StageContext sc;
