@@ -28,6 +28,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -131,6 +132,7 @@ uint64_t PeakRssBytes(pid_t pid) {
 struct StageMetrics {
   uint64_t bytes_sent = 0;
   double seconds_running = 0, seconds_waiting = 0;
+  uint64_t whole_models_built = 0;  // 0: the node held only its stages, never the whole model
 };
 Result<StageMetrics> ScrapeStageMetrics(const std::string& host_port) {
   httplib::Client client("http://" + host_port);
@@ -149,6 +151,9 @@ Result<StageMetrics> ScrapeStageMetrics(const std::string& host_port) {
       PrometheusSample(r->body, "meshlearn_node_stage_seconds_total{kind=\"running\"}").value_or(0);
   m.seconds_waiting =
       PrometheusSample(r->body, "meshlearn_node_stage_seconds_total{kind=\"waiting\"}").value_or(0);
+  m.whole_models_built = static_cast<uint64_t>(
+      PrometheusSample(r->body, "meshlearn_node_work_total{kind=\"whole_models_built\"}")
+          .value_or(0));
   return m;
 }
 
@@ -1204,6 +1209,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   json slashed = json::array();
   uint64_t stage_bytes = 0;  // a pipeline task's: summed over the nodes' /metrics
   double stage_running = 0, stage_waiting = 0;
+  // The peak resident memory of the nodes that ran stage units and never built the whole model.
+  uint64_t stage_peak_min = 0, stage_peak_max = 0;
   for (int i = 0; i < total_nodes; ++i) {
     const std::string id = node_ids[i].ToHex();
     json n = per_node.count(id) ? per_node[id] : json{{"units", 0}, {"paid_for_units", 0}};
@@ -1224,6 +1231,12 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
       n["stage_bytes_sent"] = sm->bytes_sent;
       n["stage_seconds_running"] = sm->seconds_running;
       n["stage_seconds_waiting"] = sm->seconds_waiting;
+      n["whole_models_built"] = sm->whole_models_built;
+      const uint64_t peak = n["peak_rss_bytes"].get<uint64_t>();
+      if (n["units"].get<int>() > 0 && sm->whole_models_built == 0 && peak > 0) {
+        stage_peak_min = stage_peak_min == 0 ? peak : std::min(stage_peak_min, peak);
+        stage_peak_max = std::max(stage_peak_max, peak);
+      }
       stage_bytes += sm->bytes_sent;
       stage_running += sm->seconds_running;
       stage_waiting += sm->seconds_waiting;
@@ -1331,7 +1344,12 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         {"bubble_fraction_schedule", (stages - 1) / (m + stages - 1)},
         {"stage_memory_bytes", task.params.stage_memory_bytes},
         {"unpipelined_memory_bytes", UnitMemoryBytes(task.params)},
-        {"memory_limit_bytes", memory_limit}};
+        {"memory_limit_bytes", memory_limit},
+        // What a stage node's process held at its peak (VmHWM), over the nodes that ran stage
+        // units only (they never build the whole model); 0 when none did. With the reference
+        // check, single_node_peak_rss_bytes is that of `meshlearn diloco` on the same task, run
+        // as its own process: the whole model trained on one node.
+        {"stage_node_peak_rss_bytes", {{"min", stage_peak_min}, {"max", stage_peak_max}}}};
   }
   if (a.verification) {
     json rulings = json::array();
@@ -1429,6 +1447,27 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     (*report)["reference_test_loss"] = ref.rounds.back().eval.loss;
     (*report)["reference_seconds"] = elapsed() - t_ref;
     (*report)["matches_reference"] = ref.final_hash == weights_hash;
+    if (stages > 1) {
+      // The single-node figure a stage node's memory is measured against: the same task trained
+      // whole by `meshlearn diloco` in a process of its own (its peak resident memory, from
+      // wait4). In this process the reference shares memory with the devnet's own.
+      say("measuring the whole model on one node (meshlearn diloco as its own process)...");
+      ML_ASSIGN_OR_RETURN(
+          Child c, Spawn("reference", {"diloco", a.task, "--out", JoinPath(dir, "reference")},
+                         JoinPath(dir, "logs/reference.log"), home));
+      int wstatus = 0;
+      struct rusage ru {};
+      if (wait4(c.pid, &wstatus, 0, &ru) != c.pid || !WIFEXITED(wstatus) ||
+          WEXITSTATUS(wstatus) != 0) {
+        return Internal("meshlearn diloco " + a.task + " (the single-node memory figure) failed; " +
+                        "see " + JoinPath(dir, "logs/reference.log"));
+      }
+      const uint64_t single = static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // Linux: KiB
+      json& pl = (*report)["pipeline"];
+      pl["single_node_peak_rss_bytes"] = single;
+      pl["stage_node_peak_fraction"] =
+          single > 0 ? static_cast<double>(stage_peak_max) / static_cast<double>(single) : 0.0;
+    }
   }
   // In the file, "task" and "model" are relative to its folder (docs/paths.md).
   ML_RETURN_IF_ERROR(WriteReportFile(JoinPath(dir, "report.json"), *report, {"task", "model"}));
@@ -1579,6 +1618,30 @@ void PrintReport(GlobalOptions& g, const json& report) {
               f["after_kill"].get<bool>() ? " (the kill)" : "", f["from"].get<int>(),
               f["to"].get<int>(), f["height"].get<uint64_t>(), f["gap_ms"].get<int64_t>());
         }
+      }
+      if (report.contains("pipeline")) {
+        const json& pl = report["pipeline"];
+        const uint32_t s = pl["stages"].get<uint32_t>();
+        std::cout << fmt::format(
+            "pipeline: {} stages x {} replicas, {} micro-batches; bubble {:.2f} (GPipe's schedule "
+            "{:.2f}), {} bytes of activations",
+            s, pl["replicas"].get<uint32_t>(), pl["micro_batches"].get<int64_t>(),
+            pl["bubble_fraction"].get<double>(), pl["bubble_fraction_schedule"].get<double>(),
+            pl["bytes_activations"].get<uint64_t>());
+        const json peak = pl.value("stage_node_peak_rss_bytes", json::object());
+        if (peak.value("max", uint64_t{0}) > 0) {
+          std::cout << fmt::format("\n  stage nodes' peak memory {:.0f}-{:.0f} MB",
+                                   peak["min"].get<uint64_t>() / 1e6,
+                                   peak["max"].get<uint64_t>() / 1e6);
+          if (pl.contains("single_node_peak_rss_bytes")) {
+            std::cout << fmt::format(
+                "; the whole model on one node (meshlearn diloco) {:.0f} MB: a stage node "
+                "holds at most {:.2f} of it (1/S = {:.2f})",
+                pl["single_node_peak_rss_bytes"].get<uint64_t>() / 1e6,
+                pl["stage_node_peak_fraction"].get<double>(), 1.0 / s);
+          }
+        }
+        std::cout << "\n";
       }
       const json& v = report["verification"];
       if (!v.value("enabled", false)) return;

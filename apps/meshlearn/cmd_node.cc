@@ -1,4 +1,5 @@
 // meshlearn node init|bench|run|leave: run a training node (docs/operators.md, "Run a node").
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -266,6 +267,7 @@ class NodeMetrics {
              {"dispute_posts", st.dispute_posts},
              {"results_checked", st.results_checked},
              {"results_proven", st.results_proven},
+             {"whole_models_built", st.whole_models_built},
              {"transactions_failed", st.tx_failed}}) {
       out.Sample("meshlearn_node_work_total", {{"kind", kind}}, n);
     }
@@ -318,6 +320,12 @@ class NodeMetrics {
 
 Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   (void)g;
+  // Every allocation of 1 MiB or more (tensors, blobs, decoded states) gets pages of its own,
+  // returned to the system when freed. glibc's default raises this threshold to the size of the
+  // largest block freed so far (up to 32 MiB), after which a stage unit's tensors came from heaps
+  // that kept their pages: each unit a node ran stacked on the last one's memory (a stage node of
+  // the 10M GPT pipeline devnet peaked at 540-720 MB; with this, 265-425 MB: docs/submitters.md).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   ML_ASSIGN_OR_RETURN(NodeConfig c, LoadNodeConfig(a.config));
   bool created = false;
   ML_ASSIGN_OR_RETURN(KeyPair key, LoadOrCreateNodeKey(c, &created));

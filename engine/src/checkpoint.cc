@@ -103,6 +103,10 @@ Hash256 ModelStateHash(TrainState& st) { return HashState(st, /*with_optimizer=*
 
 Status SaveCheckpoint(Env* env, const std::string& path, TrainState& st,
                       const std::map<std::string, std::string>& extra) {
+  return env->WriteFileAtomic(path, CheckpointBytes(st, extra));
+}
+
+std::string CheckpointBytes(TrainState& st, const std::map<std::string, std::string>& extra) {
   CHECK(st.optimizer) << "SaveCheckpoint needs an optimizer";
   SafetensorsWriter w;
   for (const auto& [k, v] : extra) w.SetMetadata(k, v);
@@ -110,7 +114,7 @@ Status SaveCheckpoint(Env* env, const std::string& path, TrainState& st,
   w.SetMetadata("optimizer", st.optimizer->spec().ToJson());
   AddCommon(w, st, /*with_optimizer=*/true);
   for (const Optimizer::NamedState& s : st.optimizer->State()) w.AddF32(s.name, *s.tensor);
-  return w.Write(env, path);
+  return w.Serialize();
 }
 
 Status SaveModel(Env* env, const std::string& path, TrainState& st,

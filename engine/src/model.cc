@@ -1072,14 +1072,21 @@ Result<int64_t> ModelOutputs(const ModelSpec& spec) {
   return m->NumOutputs();
 }
 
-Result<std::vector<ParamShape>> ParamShapes(const ModelSpec& spec) {
+Result<std::vector<PlannedParam>> PlanParams(const ModelSpec& spec) {
   ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
-  std::vector<ParamShape> out;
-  out.reserve(m->params_.size());
-  for (size_t i = 0; i < m->params_.size(); ++i) {
-    out.push_back({m->params_[i].name, m->param_shapes_[i]});
+  std::vector<PlannedParam> out;
+  out.reserve(m->params().size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < m->params().size(); ++i) {
+    out.push_back({m->params()[i].name, m->param_shapes_[i], offset});
+    offset += NumElements(m->param_shapes_[i]);
   }
   return out;
+}
+
+Result<int64_t> CountParameters(const ModelSpec& spec) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
+  return m->PlannedParameters();
 }
 
 Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {

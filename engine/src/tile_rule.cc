@@ -229,9 +229,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   if (batch < 1)
     return InvalidArgument("tile rule: batch must be >= 1, got " + std::to_string(batch));
   // From the spec's shapes alone: nothing is allocated, so the ledger plans a model of any size.
-  Result<std::vector<ParamShape>> shapes = ParamShapes(model);
+  Result<std::vector<PlannedParam>> shapes = PlanParams(model);
   if (!shapes.ok()) return InvalidArgument("tile rule: " + shapes.status().message());
-  const std::vector<ParamShape>& params = *shapes;
+  const std::vector<PlannedParam>& params = *shapes;
   Result<int64_t> outputs = ModelOutputs(model);
   if (!outputs.ok()) return InvalidArgument("tile rule: " + outputs.status().message());
   TilePlan plan;
@@ -251,7 +251,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   };
   // The input state, in StateHash order (step_replay.cc records it so).
   std::vector<std::string> param_names;
-  for (const ParamShape& p : params) {
+  for (const PlannedParam& p : params) {
     add({"in." + p.name, TileOpKind::kTileOpState, TileGrid::ForShape(p.shape), p.shape});
     param_names.push_back(p.name);
   }
@@ -267,7 +267,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     if (optimizer.grad_clip > 0) {
       std::vector<int64_t> grads;
       int64_t partials = 0;
-      for (const ParamShape& p : params) {
+      for (const PlannedParam& p : params) {
         grads.push_back(index[p.name + ".grad"]);
         partials += (NumElements(p.shape) + kSumBlock - 1) / kSumBlock;
       }
@@ -282,7 +282,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       norm = add(std::move(n));
     }
     std::map<std::string, TileOp> updates;  // parameter name -> its update
-    for (const ParamShape& p : params) {
+    for (const PlannedParam& p : params) {
       TileOp up{p.name, adam ? TileOpKind::kTileOpAdamW : TileOpKind::kTileOpSgd,
                 TileGrid::ForShape(p.shape), p.shape};
       up.x = state_op(p.name);
@@ -295,7 +295,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     }
     // Then the optimizer state the update leaves behind, in Optimizer::State() order
     // (step_replay.cc records it so): the same update, its other outputs.
-    for (const ParamShape& p : params) {
+    for (const PlannedParam& p : params) {
       const std::string m_name = (adam ? "optim.m." : "optim.momentum.") + p.name;
       if (state_op(m_name) < 0) continue;  // SGD without momentum keeps no state
       TileOp moment = updates.at(p.name);
@@ -304,7 +304,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       add(std::move(moment));
     }
     if (adam) {
-      for (const ParamShape& p : params) {
+      for (const PlannedParam& p : params) {
         TileOp moment = updates.at(p.name);
         moment.name = "optim.v." + p.name;
         moment.update_output = TileUpdateOutput::kTileUpdateSecondMoment;
@@ -462,7 +462,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       return it->second;
     };
     for (size_t pi = 0; pi < params.size(); ++pi) {
-      const ParamShape& param = params[pi];
+      const PlannedParam& param = params[pi];
       const TileGrid grid = TileGrid::ForShape(param.shape);
       TileOp op{param.name + ".grad", TileOpKind::kTileOpOpaque, grid, param.shape};
       op.opaque = kNoFootprint;
@@ -615,7 +615,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     dout = add(std::move(op));
   }
   // Parameter gradients, in parameter order (Model::TraceParamGrads).
-  for (const ParamShape& p : params) {
+  for (const PlannedParam& p : params) {
     // "layers.<i>.weight" / "layers.<i>.bias"
     const size_t dot = p.name.find('.', 7);
     const size_t layer = static_cast<size_t>(std::stoll(p.name.substr(7, dot - 7)));

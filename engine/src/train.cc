@@ -498,27 +498,30 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(Env* env, TaskSpec task) {
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(TaskSpec task, TaskData data) {
+  return Create(std::move(task), std::make_shared<const TaskData>(std::move(data)));
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(TaskSpec task,
+                                                 std::shared_ptr<const TaskData> data) {
+  CHECK(data != nullptr);
   ML_RETURN_IF_ERROR(CheckTrainingMemory(task));
   std::unique_ptr<Trainer> t(new Trainer(std::move(task), std::move(data)));
   ML_ASSIGN_OR_RETURN(t->state_.model, Model::Create(t->task_.model));
   if (t->task_.data.init_weights.empty()) {
     t->state_.model->Init(t->task_.seed);
   } else {
-    if (t->data_.init_weights == nullptr) {
+    if (t->data_->init_weights == nullptr) {
       return FailedPrecondition(t->task_.path + ": data.init_weights (" +
                                 t->task_.data.init_weights +
                                 ") was not read; load the data with LoadTaskData");
     }
     ML_RETURN_IF_ERROR(LoadInitWeights(
-        *t->data_.init_weights, t->task_.path + ": data.init_weights", t->state_.model.get()));
+        *t->data_->init_weights, t->task_.path + ": data.init_weights", t->state_.model.get()));
   }
   t->state_.optimizer = std::make_unique<Optimizer>(t->task_.optimizer, t->state_.model->params());
   t->state_.seed = t->task_.seed;
   t->state_.stream = t->task_.stream;
-  if (!t->data_.tokens) {
-    t->sampler_ = std::make_unique<BatchSampler>(t->task_.seed, t->task_.stream,
-                                                 t->data_.train.size(), t->task_.batch_size);
-  }
+  t->stream_ = std::make_unique<DataStream>(t->task_, *t->data_, t->task_.stream);
   return t;
 }
 
@@ -543,13 +546,26 @@ Status Trainer::Resume(TrainState st) {
 
 int64_t Trainer::samples_per_step() const { return task_.batch_size; }
 
-Batch Trainer::BatchForStep(int64_t step) {
-  if (!data_.tokens) return MakeClassificationBatch(data_.train, sampler_->Indices(step));
-  std::vector<int64_t> starts =
-      WindowStarts(task_.seed, task_.stream, step, task_.batch_size,
-                   static_cast<int64_t>(data_.train_tokens.tokens.size()), task_.seq_len);
-  return MakeTokenBatch(data_.train_tokens, starts, task_.seq_len);
+DataStream::DataStream(const TaskSpec& task, const TaskData& data, uint64_t stream)
+    : data_(&data),
+      seed_(task.seed),
+      stream_(stream),
+      batch_size_(task.batch_size),
+      seq_len_(task.seq_len) {
+  if (!data.tokens) {
+    sampler_ = std::make_unique<BatchSampler>(seed_, stream_, data.train.size(), batch_size_);
+  }
 }
+
+Batch DataStream::BatchForStep(int64_t step) {
+  if (!data_->tokens) return MakeClassificationBatch(data_->train, sampler_->Indices(step));
+  std::vector<int64_t> starts =
+      WindowStarts(seed_, stream_, step, batch_size_,
+                   static_cast<int64_t>(data_->train_tokens.tokens.size()), seq_len_);
+  return MakeTokenBatch(data_->train_tokens, starts, seq_len_);
+}
+
+Batch Trainer::BatchForStep(int64_t step) { return stream_->BatchForStep(step); }
 
 float Trainer::Step() {
   Batch b = BatchForStep(state_.step);
@@ -592,10 +608,7 @@ Status Trainer::StartUnit(uint64_t stream, std::span<const float> params, double
   // A unit's inner rate is constant (lr x lr_scale), no warm-up: see UnitOptimizerSpec.
   state_.optimizer = std::make_unique<Optimizer>(UnitOptimizerSpec(task_.optimizer, lr_scale),
                                                  state_.model->params());
-  if (!data_.tokens) {
-    sampler_ =
-        std::make_unique<BatchSampler>(task_.seed, stream, data_.train.size(), task_.batch_size);
-  }
+  stream_ = std::make_unique<DataStream>(task_, *data_, stream);
   return Status::Ok();
 }
 

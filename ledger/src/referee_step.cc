@@ -406,8 +406,7 @@ Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint6
   auto count = [&](int64_t vocab) -> Result<int64_t> {
     engine::ModelSpec probe = spec;
     probe.gpt.vocab_size = vocab;
-    ML_ASSIGN_OR_RETURN(engine::MemoryEstimate m, engine::EstimateMemory(probe, 1, 1, "", false));
-    return m.num_parameters;
+    return engine::CountParameters(probe);
   };
   ML_ASSIGN_OR_RETURN(int64_t at2, count(2));
   ML_ASSIGN_OR_RETURN(int64_t at3, count(3));

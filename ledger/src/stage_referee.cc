@@ -140,13 +140,13 @@ Result<StageResultWitness> DecodeStageResultWitness(ByteSpan bytes) {
 
 Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, std::span<const float> global,
                                   const engine::TrainState& final_state) {
-  ML_ASSIGN_OR_RETURN(std::vector<engine::ParamShape> shapes, engine::ParamShapes(model));
+  ML_ASSIGN_OR_RETURN(std::vector<engine::PlannedParam> planned, engine::PlanParams(model));
   std::map<std::string, std::pair<size_t, size_t>> at;  // name -> (offset, size) in `global`
   size_t offset = 0;
-  for (const engine::ParamShape& p : shapes) {
+  for (const engine::PlannedParam& p : planned) {
     const size_t n = static_cast<size_t>(engine::NumElements(p.shape));
-    at[p.name] = {offset, n};
-    offset += n;
+    at[p.name] = {static_cast<size_t>(p.offset), n};
+    offset = static_cast<size_t>(p.offset) + n;
   }
   if (offset != global.size()) {
     return InvalidArgument("stage result: the round's start state holds " +

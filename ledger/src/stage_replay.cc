@@ -246,10 +246,7 @@ Result<engine::TrainState> StageCheckpointState(ByteSpan checkpoint) {
 }
 
 Result<Bytes> StageCheckpointBytes(engine::TrainState& state) {
-  MemEnv env;
-  ML_RETURN_IF_ERROR(engine::SaveCheckpoint(&env, "stage.safetensors", state));
-  ML_ASSIGN_OR_RETURN(std::string file, env.ReadFile("stage.safetensors"));
-  return ToBytes(file);
+  return ToBytes(engine::CheckpointBytes(state));
 }
 
 }  // namespace meshlearn::ledger

@@ -143,6 +143,41 @@ Result<Bytes> BlobStore::Get(const BlobId& id) {
   return out;
 }
 
+Result<Bytes> BlobStore::ReadRange(const BlobId& id, uint64_t offset, uint64_t length) {
+  ML_ASSIGN_OR_RETURN(Manifest m, GetManifest(id));
+  if (offset > m.total_size || length > m.total_size - offset) {
+    return InvalidArgument("blob " + id.ShortHex() + " has " + std::to_string(m.total_size) +
+                           " bytes; bytes [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + length) + ") are not in it");
+  }
+  Bytes out;
+  out.reserve(length);
+  if (length == 0) return out;
+  Hold(id);
+  Status s;
+  const uint64_t first = offset / m.chunk_size, last = (offset + length - 1) / m.chunk_size;
+  for (uint64_t i = first; i <= last && s.ok(); ++i) {
+    Result<std::string> c = ReadChunk(m.chunks[i]);
+    if (!c.ok()) {
+      s = c.status().WithPrefix("blob " + id.ShortHex() + " chunk " + std::to_string(i));
+      break;
+    }
+    const uint64_t start = i * m.chunk_size;  // the chunk's first byte in the blob
+    const uint64_t from = std::max(offset, start) - start;
+    const uint64_t to = std::min<uint64_t>(offset + length, start + c->size()) - start;
+    out.insert(out.end(), c->begin() + static_cast<std::ptrdiff_t>(from),
+               c->begin() + static_cast<std::ptrdiff_t>(to));
+  }
+  Release(id);
+  if (!s.ok()) return s;
+  if (out.size() != length) {
+    return DataLoss("blob " + id.ShortHex() + ": its chunks hold " + std::to_string(out.size()) +
+                    " of bytes [" + std::to_string(offset) + ", " +
+                    std::to_string(offset + length) + ")");
+  }
+  return out;
+}
+
 Status BlobStore::PutManifest(const Manifest& m) {
   ML_RETURN_IF_ERROR(ValidateManifest(m));
   Bytes encoded = EncodeManifest(m);

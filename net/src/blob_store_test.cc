@@ -41,6 +41,40 @@ TEST(BlobStoreTest, PutGetRoundTrip) {
   EXPECT_FALSE(store->HasBlob(unknown));
 }
 
+// A part of a blob, from the chunks that hold it: within a chunk, across chunk boundaries, the
+// last (short) chunk, empty; a range past the end is refused naming the blob's size.
+TEST(BlobStoreTest, ReadRangeReadsOnlyThePartAskedFor) {
+  MemEnv env;
+  auto store = OpenOrDie(&env, "/data/blobs");
+  Bytes data = RandomBytes(3 * kTestChunk + 5, 2);
+  Result<BlobId> id = store->Put(data, kTestChunk);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  const uint64_t n = data.size();
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {{0, 1},
+                                                             {3, kTestChunk - 3},
+                                                             {kTestChunk - 2, 4},
+                                                             {1, 2 * kTestChunk + 3},
+                                                             {3 * kTestChunk, 5},
+                                                             {n - 1, 1},
+                                                             {0, n},
+                                                             {7, 0},
+                                                             {n, 0}};
+  for (auto [offset, length] : ranges) {
+    Result<Bytes> got = store->ReadRange(*id, offset, length);
+    ASSERT_TRUE(got.ok()) << offset << "+" << length << ": " << got.status().ToString();
+    EXPECT_EQ(*got, Bytes(data.begin() + static_cast<std::ptrdiff_t>(offset),
+                          data.begin() + static_cast<std::ptrdiff_t>(offset + length)))
+        << offset << "+" << length;
+  }
+  Result<Bytes> past = store->ReadRange(*id, n - 1, 2);
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(past.status().message().find(std::to_string(n) + " bytes"), std::string::npos)
+      << past.status().ToString();
+  EXPECT_EQ(store->ReadRange(BlobId{Blake2b("nothing")}, 0, 1).status().code(),
+            StatusCode::kNotFound);
+}
+
 TEST(BlobStoreTest, IdenticalChunksStoredOnce) {
   MemEnv env;
   auto store = OpenOrDie(&env, "/b");

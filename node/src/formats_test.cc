@@ -24,6 +24,27 @@ TEST(StateBlobTest, RoundTripAndRefusals) {
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(s->weights, w);
   EXPECT_EQ(s->momentum, m);
+  // Read in parts (a stage unit's start): the count from the header and the blob's size, checked
+  // as the whole blob is; the weights read from a store's chunks.
+  const ByteSpan head(blob.data(), protocol::kGlobalStateHeaderSize);
+  EXPECT_EQ(protocol::GlobalStateCount(head, blob.size(), 3).value(), 3u);
+  EXPECT_FALSE(protocol::GlobalStateCount(head, blob.size(), 4).ok());      // wrong model size
+  EXPECT_FALSE(protocol::GlobalStateCount(head, blob.size() - 1, 3).ok());  // truncated
+  EXPECT_FALSE(protocol::GlobalStateCount(head, blob.size() + 1, 3).ok());  // trailing bytes
+  {
+    MemEnv env;
+    Result<std::unique_ptr<net::BlobStore>> store = net::BlobStore::Open(&env, "/blobs");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    Result<net::BlobId> id = (*store)->Put(blob, /*chunk_size=*/8);  // floats across chunks
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    Result<GlobalWeightsReader> reader = BlobWeightsReader(store->get(), *id, 3);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    EXPECT_EQ(reader->size, 3u);
+    std::vector<float> part(2);
+    ASSERT_TRUE(reader->read(1, part).ok());
+    EXPECT_EQ(part, std::vector<float>(w.begin() + 1, w.end()));
+    EXPECT_FALSE(BlobWeightsReader(store->get(), *id, 4).ok());
+  }
 
   EXPECT_FALSE(DecodeGlobalState(blob, 4).ok());  // wrong model size
   Bytes trailing = blob;

@@ -49,7 +49,11 @@ void MakeGarbage(GarbageKind kind, uint64_t seed, std::vector<float>& delta) {
 }
 
 protocol::TaskSpecView MakeTaskView(const engine::Trainer& trainer, const NetworkSpec& net) {
-  const engine::TaskSpec& t = trainer.task();
+  return MakeTaskView(trainer.task(), trainer.data(), net);
+}
+
+protocol::TaskSpecView MakeTaskView(const engine::TaskSpec& t, const engine::TaskData& data,
+                                    const NetworkSpec& net) {
   protocol::TaskSpecView v;
   v.id = engine::TaskContentId(t);
   v.rounds = net.rounds;
@@ -57,8 +61,8 @@ protocol::TaskSpecView MakeTaskView(const engine::Trainer& trainer, const Networ
   v.inner_steps = net.inner_steps;
   v.batch_size = static_cast<uint32_t>(t.batch_size);
   v.seed = t.seed;
-  v.num_examples = static_cast<uint64_t>(
-      trainer.data().tokens ? trainer.data().train_tokens.tokens.size() : trainer.data().train.size());
+  v.num_examples =
+      static_cast<uint64_t>(data.tokens ? data.train_tokens.tokens.size() : data.train.size());
   v.price_cap_per_gflop = net.price_cap;
   return v;
 }

@@ -108,11 +108,15 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
 
   testing::SimOptions opt = PipelineSimOptions(15, "pipeline-network");
   std::set<int> stage_nodes_committed;
+  std::set<int> aggregated;                // nodes that ran an aggregation (ok or failed)
   std::map<int, uint64_t> steps_released;  // stage steps each node stopped serving
   std::mutex mu;
   opt.log_sink = [&](int node, const std::string& line) {
     std::lock_guard<std::mutex> lock(mu);
     if (line.find("(CommitStage)") != std::string::npos) stage_nodes_committed.insert(node);
+    if (line.rfind("aggregate ", 0) == 0 || line.rfind("aggregation of task ", 0) == 0) {
+      aggregated.insert(node);
+    }
     const size_t at = line.find("no longer serving ");
     if (at != std::string::npos) {
       steps_released[node] += std::strtoull(line.c_str() + at + 18, nullptr, 10);
@@ -138,6 +142,21 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
   EXPECT_EQ(HashFloats(final_state->weights), o.want.final_hash);
   // Every agent ran a stage (six stage units a round, one per node).
   EXPECT_EQ(stage_nodes_committed.size(), 6u);
+  // A node that only ran stage units held its stage, never the whole model: it built no
+  // whole-model trainer (weights, gradients and optimizer moments of every layer). The round's
+  // aggregator evaluates the whole model, so it builds one.
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_LT(aggregated.size(), 6u) << "no node ran stage units only";
+    for (int i = 0; i < 6; ++i) {
+      const uint64_t built = sim.agent(i)->stats().whole_models_built;
+      if (aggregated.count(i)) {
+        EXPECT_LE(built, 1u) << "aggregator node " << i << " builds the whole model once";
+      } else {
+        EXPECT_EQ(built, 0u) << "node " << i << " ran only stage units";
+      }
+    }
+  }
   // The evidence of a final round's stage steps is no longer served and its memory (a stage
   // checkpoint per step) is freed: once the task is final, every node has released every step it
   // trained (one stage a round: rounds x inner_steps).

@@ -776,6 +776,53 @@ TEST(StagePlaneTest, ACancelledPlaneFailsItsWaitingReceiveAndEveryLaterStep) {
 
 // kPipelineGptTask (testing/pipeline_task.h), whose rounds node/src/pipeline_diloco_test.cc checks
 // with the stages in one process, here with each stage an HTTP endpoint.
+// What a stage node builds a stage unit from without the whole model (Stager): its stage, from
+// the slices of the round's global weights (StageFromGlobal: the values the whole model's
+// parameters of the same names hold), and its batches, from the unit's data stream alone
+// (engine::DataStream: the trainer's BatchForStep after StartUnit).
+TEST(StageUnitTest, AStageAndItsBatchesComeFromTheGlobalWeightsAndTheDataStreamAlone) {
+  PipelineOracle o;
+  ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
+  Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::Create(o.task, o.data);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  engine::Trainer* trainer = tr->get();
+  const engine::TaskSpec& t = trainer->task();
+  // Weights that differ in every coordinate, so a slice taken from the wrong offset shows.
+  std::vector<float> global = trainer->FlatParams();
+  for (size_t i = 0; i < global.size(); ++i) global[i] += 1e-3f * static_cast<float>(i % 997);
+  Result<int64_t> count = engine::CountParameters(t.model);
+  ASSERT_TRUE(count.ok()) << count.status().ToString();
+  EXPECT_EQ(static_cast<size_t>(*count), global.size());
+  const UnitWork work{.stream = 7, .lr_scale = 0.5};
+  ASSERT_TRUE(trainer->StartUnit(work.stream, global, work.lr_scale).ok());
+  Result<engine::PipelineCut> cut =
+      engine::TaskPipelineCut(t, static_cast<int>(o.net.stages), o.net.cut);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  for (int s = 0; s < cut->stages(); ++s) {
+    Result<std::unique_ptr<Stage>> got = StageFromGlobal(t, *cut, s, global, work.lr_scale);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    Result<std::unique_ptr<Stage>> want = Stage::Create(
+        t.model, engine::UnitOptimizerSpec(t.optimizer, work.lr_scale), *cut, s, t.micro_batches);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    CopyWholeParams(*trainer->state().model, **want);
+    EXPECT_EQ(StageFlatParams(**got), StageFlatParams(**want)) << "stage " << s;
+    EXPECT_EQ(engine::StateHash((*got)->state()), engine::StateHash((*want)->state()))
+        << "stage " << s;
+  }
+  Result<std::unique_ptr<Stage>> short_global =
+      StageFromGlobal(t, *cut, 0, std::span<const float>(global).first(global.size() - 1), 1.0);
+  ASSERT_FALSE(short_global.ok());
+  EXPECT_NE(short_global.status().message().find("values for a model of"), std::string::npos)
+      << short_global.status().ToString();
+  engine::DataStream stream(t, trainer->data(), work.stream);
+  for (int64_t step = 0; step < 4; ++step) {
+    const Batch a = stream.BatchForStep(step);
+    const Batch b = trainer->BatchForStep(step);
+    EXPECT_EQ(a.tokens, b.tokens) << "step " << step;
+    EXPECT_EQ(a.targets, b.targets) << "step " << step;
+  }
+}
+
 TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloco) {
   PipelineOracle o;
   ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
@@ -1426,7 +1473,7 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
         u.work = work;
         u.node = &node_of(chains[i][s]);
         Result<std::unique_ptr<Stage>> st =
-            StageFromGlobal(t, *cut, s, *trainer->state().model, work.lr_scale);
+            StageFromGlobal(t, *cut, s, state.weights, work.lr_scale);
         ASSERT_TRUE(st.ok()) << st.status().ToString();
         u.stage_obj = std::move(*st);
         u.plane = std::make_unique<StagePlane>(ctx, s, u.node->key, u.node->transport.get());

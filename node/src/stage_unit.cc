@@ -181,13 +181,36 @@ Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
 
 Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& task,
                                                        const engine::PipelineCut& cut, int stage,
-                                                       const engine::Model& whole,
+                                                       std::span<const float> global,
                                                        double lr_scale) {
+  return StageFromGlobal(task, cut, stage, WeightsReader(global), lr_scale);
+}
+
+Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& task,
+                                                       const engine::PipelineCut& cut, int stage,
+                                                       const GlobalWeightsReader& global,
+                                                       double lr_scale) {
+  ML_ASSIGN_OR_RETURN(std::vector<engine::PlannedParam> planned, engine::PlanParams(task.model));
+  const int64_t count =
+      planned.empty() ? 0 : planned.back().offset + engine::NumElements(planned.back().shape);
+  if (static_cast<int64_t>(global.size) != count) {
+    return InvalidArgument("stage " + std::to_string(stage) +
+                           " from the global weights: " + std::to_string(global.size) +
+                           " values for a model of " + std::to_string(count) + " parameters");
+  }
+  std::map<std::string, const engine::PlannedParam*> by_name;
+  for (const engine::PlannedParam& p : planned) by_name[p.name] = &p;
   ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Stage> st,
                       engine::Stage::Create(task.model,
                                             engine::UnitOptimizerSpec(task.optimizer, lr_scale),
                                             cut, stage, task.micro_batches));
-  CopyWholeParams(whole, *st);
+  for (engine::Param& p : st->params()) {
+    const engine::PlannedParam& at = *by_name.at(p.name);  // a part's names are the model's
+    CHECK(p.value.shape() == at.shape) << p.name;
+    ML_RETURN_IF_ERROR(
+        global.read(static_cast<uint64_t>(at.offset),
+                    std::span<float>(p.value.data(), static_cast<size_t>(p.value.size()))));
+  }
   return st;
 }
 

@@ -102,8 +102,7 @@ Hash256 TaskDataRoot(const engine::TaskData& data) {
   return engine::DataTree(data.train).root();
 }
 
-uint64_t StepWitnessBound(const engine::Trainer& trainer, uint64_t num_params) {
-  const engine::TaskSpec& task = trainer.task();
+uint64_t StepWitnessBound(const engine::TaskSpec& task, uint64_t num_params) {
   const uint64_t state = 4 * static_cast<uint64_t>(engine::FlatStateSize(
                                  static_cast<int64_t>(num_params), task.optimizer));
   uint64_t example = 8 + 4 + 4 + 8 + 8 + 4 + 32 * 64;  // index, sizes, y, proof (<= 64 levels)
@@ -208,7 +207,7 @@ Result<TracedStep> TraceDisputedStep(engine::Trainer* trainer, std::span<const f
 
 uint64_t SegmentWitnessBound(const engine::Trainer& trainer, uint64_t num_params, uint64_t steps) {
   // One step's bound holds the state, one batch and the margin; each further step one batch.
-  const uint64_t one = StepWitnessBound(trainer, num_params);
+  const uint64_t one = StepWitnessBound(trainer.task(), num_params);
   const uint64_t state = 4 * static_cast<uint64_t>(engine::FlatStateSize(
                                  static_cast<int64_t>(num_params), trainer.task().optimizer));
   const uint64_t batch = one - state - (64 << 10);

@@ -339,7 +339,7 @@ TEST(StepWitnessSizeTest, FashionMlpFitsInATransaction) {
   EXPECT_EQ(w->witness.state.size(), 3 * facts.num_params);  // parameters + AdamW's two moments
   EXPECT_LT(wire.size(), ledger::kMaxWitnessBytes);
   // The bound `task submit` uses to decide whether the ledger can referee the task holds.
-  const uint64_t bound = StepWitnessBound(*trainer, facts.num_params);
+  const uint64_t bound = StepWitnessBound(trainer->task(), facts.num_params);
   EXPECT_GE(bound, wire.size());
   EXPECT_LE(bound, ledger::kMaxWitnessBytes);
 }
@@ -398,7 +398,8 @@ TEST(StepWitnessSizeTest, AModelTooLargeToWitnessGetsNoDataRoot) {
     NetworkSpec net = NetworkSpec::Load(&env, "/task/task.toml").value();
     std::unique_ptr<engine::Trainer> trainer = engine::Trainer::Create(&env, spec).value();
     const TaskFacts facts = ComputeTaskFacts(*trainer, net);
-    const bool fits = StepWitnessBound(*trainer, facts.num_params) <= ledger::kMaxWitnessBytes;
+    const bool fits =
+        StepWitnessBound(trainer->task(), facts.num_params) <= ledger::kMaxWitnessBytes;
     EXPECT_EQ(fits, hidden == 8) << facts.num_params << " parameters";
     EXPECT_EQ(facts.data_root.IsZero(), !fits) << facts.num_params << " parameters";
     if (fits) {

@@ -233,11 +233,19 @@ uint64_t EstimateFlopsPerSample(const engine::TaskSpec& task, uint64_t num_param
 }
 
 TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& net) {
+  Result<TaskFacts> f = ComputeTaskFacts(trainer.task(), trainer.data(), net);
+  CHECK(f.ok()) << f.status().ToString();  // the trainer built the model from the same spec
+  return std::move(*f);
+}
+
+Result<TaskFacts> ComputeTaskFacts(const engine::TaskSpec& task, const engine::TaskData& data,
+                                   const NetworkSpec& net) {
   TaskFacts f;
-  protocol::TaskSpecView view = MakeTaskView(trainer, net);
-  f.num_params = trainer.FlatParams().size();
+  protocol::TaskSpecView view = MakeTaskView(task, data, net);
+  ML_ASSIGN_OR_RETURN(const int64_t num_params, engine::CountParameters(task.model));
+  f.num_params = static_cast<uint64_t>(num_params);
   f.model_bytes = 4 * f.num_params;
-  f.flops_per_sample = EstimateFlopsPerSample(trainer.task(), f.num_params);
+  f.flops_per_sample = EstimateFlopsPerSample(task, f.num_params);
   f.num_examples = view.num_examples;
   f.batch_size = view.batch_size;
   f.seed = view.seed;
@@ -248,11 +256,11 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
   // A token task's root over its pages proves the tokens of a disputed tile; the ledger leaves
   // its whole steps to the genesis referee (ledger verification.cc's LedgerExecutes), so it is
   // always declared.
-  if (trainer.data().tokens) {
-    f.data_root = TaskDataRoot(trainer.data());
+  if (data.tokens) {
+    f.data_root = TaskDataRoot(data);
     f.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
-  } else if (StepWitnessBound(trainer, f.num_params) <= ledger::kMaxWitnessBytes) {
-    f.data_root = TaskDataRoot(trainer.data());
+  } else if (StepWitnessBound(task, f.num_params) <= ledger::kMaxWitnessBytes) {
+    f.data_root = TaskDataRoot(data);
   }
   return f;
 }

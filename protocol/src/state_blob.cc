@@ -21,9 +21,10 @@ void PutFloats(Bytes& out, std::span<const float> v) {
   out.insert(out.end(), p, p + v.size() * sizeof(float));
 }
 
-// Checks magic and count; returns n. `vectors` floats vectors of n follow the header.
-Result<uint64_t> ReadHeader(ByteSpan blob, const char* magic, const char* what, int vectors,
-                            uint64_t expected_n) {
+// Checks magic and count of a blob of `size` bytes whose first bytes are `blob` (at least its
+// header, or all of it); returns n. `vectors` floats vectors of n follow the header.
+Result<uint64_t> ReadHeader(ByteSpan blob, uint64_t size, const char* magic, const char* what,
+                            int vectors, uint64_t expected_n) {
   const size_t header = kBlobMagicSize + 8;
   if (blob.size() < header) {
     return InvalidArgument(std::string(what) + " is truncated: " + std::to_string(blob.size()) +
@@ -45,13 +46,13 @@ Result<uint64_t> ReadHeader(ByteSpan blob, const char* magic, const char* what, 
                            " parameters");
   }
   const uint64_t want = header + static_cast<uint64_t>(vectors) * n * sizeof(float);
-  if (blob.size() < want) {
-    return InvalidArgument(std::string(what) + " is truncated: " + std::to_string(blob.size()) +
+  if (size < want) {
+    return InvalidArgument(std::string(what) + " is truncated: " + std::to_string(size) +
                            " bytes, " + std::to_string(want) + " expected for " +
                            std::to_string(n) + " floats");
   }
-  if (blob.size() > want) {
-    return InvalidArgument(std::string(what) + " has " + std::to_string(blob.size() - want) +
+  if (size > want) {
+    return InvalidArgument(std::string(what) + " has " + std::to_string(size - want) +
                            " trailing bytes after its " + std::to_string(n) + " floats");
   }
   return n;
@@ -76,13 +77,16 @@ Bytes EncodeGlobalState(std::span<const float> weights, std::span<const float> m
 }
 
 Result<GlobalState> DecodeGlobalState(ByteSpan blob, uint64_t expected_n) {
-  ML_ASSIGN_OR_RETURN(uint64_t n,
-                      ReadHeader(blob, kGlobalStateMagic, "global state blob", 2, expected_n));
+  ML_ASSIGN_OR_RETURN(uint64_t n, GlobalStateCount(blob, blob.size(), expected_n));
   GlobalState s;
   const size_t header = kBlobMagicSize + 8;
   s.weights = ReadFloats(blob, header, n);
   s.momentum = ReadFloats(blob, header + n * sizeof(float), n);
   return s;
+}
+
+Result<uint64_t> GlobalStateCount(ByteSpan head, uint64_t blob_size, uint64_t expected_n) {
+  return ReadHeader(head, blob_size, kGlobalStateMagic, "global state blob", 2, expected_n);
 }
 
 Bytes EncodeDelta(std::span<const float> delta) {
@@ -94,7 +98,8 @@ Bytes EncodeDelta(std::span<const float> delta) {
 }
 
 Result<std::vector<float>> DecodeDelta(ByteSpan blob, uint64_t expected_n) {
-  ML_ASSIGN_OR_RETURN(uint64_t n, ReadHeader(blob, kDeltaMagic, "delta blob", 1, expected_n));
+  ML_ASSIGN_OR_RETURN(uint64_t n,
+                      ReadHeader(blob, blob.size(), kDeltaMagic, "delta blob", 1, expected_n));
   return ReadFloats(blob, kBlobMagicSize + 8, n);
 }
 

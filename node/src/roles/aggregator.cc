@@ -145,16 +145,18 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
                                size_t* replicas) {
   const NetworkSpec& net = ctx->bundle.net;
   const ledger::TaskParams& params = ctx->info.params;
-  const engine::TaskSpec& task = ctx->trainer->task();
+  // The whole model: its layout gathers and scatters the stages, and Finish evaluates it.
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+  const engine::TaskSpec& task = ctx->task;
   ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
                       engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut));
   // The stages' shapes (their parameters' names and sizes; the weights do not matter here).
-  const engine::Model& whole = *ctx->trainer->state().model;
+  const engine::Model& whole = *trainer->state().model;
   std::vector<std::unique_ptr<engine::Stage>> layout;
   std::vector<uint64_t> sizes;
   for (int s = 0; s < static_cast<int>(net.stages); ++s) {
     ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Stage> st,
-                        StageFromGlobal(task, cut, s, whole, /*lr_scale=*/1.0));
+                        StageFromGlobal(task, cut, s, state->weights, /*lr_scale=*/1.0));
     sizes.push_back(StageFlatParams(*st).size());
     layout.push_back(std::move(st));
   }
@@ -194,7 +196,7 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
     deltas.push_back(std::move(flat));
   }
   *replicas = shards.size();
-  const uint64_t samples = UnitSamples(*ctx->trainer, net);
+  const uint64_t samples = UnitSamples(*trainer, net);
   const protocol::AggregationRule rule = net.aggregation.rule;
   if (rule != protocol::AggregationRule::kAggregationRuleCenteredClip &&
       rule != protocol::AggregationRule::kAggregationRuleKrum) {
@@ -230,8 +232,8 @@ Result<Aggregator::Aggregate> Aggregator::Compute(const AggregationAssignment& a
   std::vector<protocol::UnitId> ids;
   ML_RETURN_IF_ERROR(FetchDeltas(a, ctx, &deltas, &ids));
   std::vector<protocol::Contribution> contributions;
-  const uint64_t samples =
-      static_cast<uint64_t>(net.inner_steps) * ctx->trainer->samples_per_step();
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+  const uint64_t samples = UnitSamples(*trainer, net);
   for (size_t i = 0; i < deltas.size(); ++i) {
     contributions.push_back({.unit = ids[i], .samples = samples, .delta = deltas[i]});
   }
@@ -248,8 +250,9 @@ Result<Aggregator::Aggregate> Aggregator::Compute(const AggregationAssignment& a
 Result<Aggregator::Aggregate> Aggregator::Finish(const AggregationAssignment& a, TaskContext* ctx,
                                                  const GlobalState& state,
                                                  const std::string& inputs) {
-  ML_RETURN_IF_ERROR(ctx->trainer->SetFlatParams(state.weights));
-  engine::EvalResult eval = ctx->trainer->Evaluate();
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+  ML_RETURN_IF_ERROR(trainer->SetFlatParams(state.weights));
+  engine::EvalResult eval = trainer->Evaluate();
   Aggregate agg;
   agg.accuracy_ppm =
       eval.accuracy >= 0 ? static_cast<uint32_t>(std::llround(eval.accuracy * 1e6)) : 0;

@@ -184,8 +184,9 @@ Status Disputes::RunReplay(const CheckAssignment& c) {
     every.checkpoint_interval = 1;
     AdversaryInputs in;
     in.last_round = c.round + 1 == ctx->bundle.net.rounds;  // as the solver told it (noisy_last)
-    ML_ASSIGN_OR_RETURN(UnitOutcome out, RunAdversaryUnit(adversary, ctx->trainer.get(),
-                                                          start.weights, every, {}, in));
+    ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+    ML_ASSIGN_OR_RETURN(UnitOutcome out,
+                        RunAdversaryUnit(adversary, trainer, start.weights, every, {}, in));
     for (int64_t s : steps) {
       if (s >= static_cast<int64_t>(out.state_hashes.size())) {
         return Internal("dispute: the adversary's run has no state after step " +
@@ -194,7 +195,8 @@ Status Disputes::RunReplay(const CheckAssignment& c) {
       hashes.push_back(out.state_hashes[static_cast<size_t>(s)]);
     }
   } else {
-    ML_ASSIGN_OR_RETURN(hashes, ReplayToSteps(ctx->trainer.get(), start.weights, work,
+    ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+    ML_ASSIGN_OR_RETURN(hashes, ReplayToSteps(trainer, start.weights, work,
                                               state ? static_cast<int64_t>(d.first_step) : 0,
                                               state ? &*state : nullptr, steps));
   }
@@ -265,7 +267,8 @@ Status Disputes::RunTrace(const CheckAssignment& c) {
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
   ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));
   const UnitWork work = protocol::UnitWorkOf(ctx->bundle.net, ctx->facts, c.round, c.shard);
-  Result<TracedStep> traced = TraceDisputedStep(ctx->trainer.get(), start.weights, work,
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+  Result<TracedStep> traced = TraceDisputedStep(trainer, start.weights, work,
                                                 static_cast<int64_t>(step), input, StartOf(c));
   if (!traced.ok()) return give_up(traced.status().message());
   const Adversary adversary = node_->options().adversary;
@@ -350,14 +353,13 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
   const TraceEntry& e = traces_.at(key);
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
   const engine::ClassificationData* train = nullptr;
-  if (!ctx->trainer->data().tokens) {
+  if (!ctx->data->tokens) {
     if (!ctx->data_tree) {
-      ctx->data_tree = std::make_unique<engine::DataTree>(ctx->trainer->data().train);
+      ctx->data_tree = std::make_unique<engine::DataTree>(ctx->data->train);
     }
-    train = &ctx->trainer->data().train;
+    train = &ctx->data->train;
   } else if (!ctx->token_pages) {
-    ctx->token_pages =
-        std::make_unique<engine::TokenPageTree>(ctx->trainer->data().train_tokens.tokens);
+    ctx->token_pages = std::make_unique<engine::TokenPageTree>(ctx->data->train_tokens.tokens);
   }
   Result<ledger::TileWitness> w =
       ledger::BuildTileWitness(e.ctx, t, *e.step.trace, e.step.batch, train, ctx->data_tree.get(),
@@ -414,7 +416,8 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
   ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));
   ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node_->chain(), c.task_id, /*units=*/true));
   const uint32_t replica = c.shard / stages;
-  StageCheckInput in{.trainer = ctx->trainer.get(),
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+  StageCheckInput in{.trainer = trainer,
                      .net = &ctx->bundle.net,
                      .facts = &ctx->facts,
                      .global = start.weights,
@@ -459,14 +462,15 @@ Status Disputes::RunStepWitness(const CheckAssignment& c) {
     return Status::Ok();
   }
   if (!ctx->data_tree) {
-    if (ctx->trainer->data().tokens) return Status::Ok();
-    ctx->data_tree = std::make_unique<engine::DataTree>(ctx->trainer->data().train);
+    if (ctx->data->tokens) return Status::Ok();
+    ctx->data_tree = std::make_unique<engine::DataTree>(ctx->data->train);
   }
   ML_ASSIGN_OR_RETURN(Bytes bundle, node_->FetchBlob(ctx->info.spec_hash, {}, ""));
   ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));
   const UnitWork work = protocol::UnitWorkOf(ctx->bundle.net, ctx->facts, c.round, c.shard);
   const DisputeStart from = StartOf(c);
-  Result<BuiltStepWitness> w = BuildStepWitness(ctx->trainer.get(), start.weights, work, d.referee,
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+  Result<BuiltStepWitness> w = BuildStepWitness(trainer, start.weights, work, d.referee,
                                                 AsStringView(bundle), *ctx->data_tree, from);
   if (!w.ok()) {
     if (!outbox_->Failed(action)) {

@@ -1,6 +1,9 @@
 #include "node_context.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/state_blob.h"
@@ -17,6 +20,21 @@ std::string DeltaReason(const Hash256& t, uint32_t round) {
 std::string CheckName(const CheckAssignment& c) {
   return "check " + c.task_id.ShortHex() + "/" + std::to_string(c.index) + " r" +
          std::to_string(c.round) + " s" + std::to_string(c.shard);
+}
+
+std::string MemoryNote() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return "";
+  uint64_t rss_kb = 0, hwm_kb = 0;
+  char line[256];
+  while (std::fgets(line, sizeof(line), f)) {
+    if (std::strncmp(line, "VmRSS:", 6) == 0) rss_kb = std::strtoull(line + 6, nullptr, 10);
+    if (std::strncmp(line, "VmHWM:", 6) == 0) hwm_kb = std::strtoull(line + 6, nullptr, 10);
+  }
+  std::fclose(f);
+  if (rss_kb == 0) return "";
+  return " (resident " + std::to_string(rss_kb / 1000) + " MB, peak " +
+         std::to_string(hwm_kb / 1000) + " MB)";
 }
 
 NodeContext::NodeContext(const AgentDeps& deps, const AgentOptions& options, TxSender* tx,
@@ -75,6 +93,16 @@ Result<std::vector<std::string>> NodeContext::Providers(bool refresh) {
 
 Result<Bytes> NodeContext::FetchBlob(const Hash256& id, const std::vector<std::string>& preferred,
                                      const std::string& reason) {
+  ML_RETURN_IF_ERROR(HaveBlob(id, preferred, reason));
+  net::BlobId bid{id};
+  deps_.store->Hold(bid);
+  Result<Bytes> out = deps_.store->Get(bid);
+  deps_.store->Release(bid);
+  return out;
+}
+
+Status NodeContext::HaveBlob(const Hash256& id, const std::vector<std::string>& preferred,
+                             const std::string& reason) {
   net::BlobId bid{id};
   if (!deps_.store->HasBlob(bid)) {
     std::vector<std::string> providers = preferred;
@@ -90,17 +118,28 @@ Result<Bytes> NodeContext::FetchBlob(const Hash256& id, const std::vector<std::s
     Result<net::FetchStats> st = fetcher_->Fetch(bid, providers);
     if (!st.ok()) return st.status().WithPrefix("fetch blob " + id.ShortHex());
   }
-  deps_.store->Hold(bid);
-  Status pinned = reason.empty() ? Status::Ok() : book_->Add(id, reason);
-  Result<Bytes> out = pinned.ok() ? deps_.store->Get(bid) : Result<Bytes>(pinned);
-  deps_.store->Release(bid);
-  return out;
+  return reason.empty() ? Status::Ok() : book_->Add(id, reason);
 }
 
 Result<GlobalState> NodeContext::StartState(const TaskContext& ctx, const Hash256& task,
                                             const Hash256& start_state) {
   ML_ASSIGN_OR_RETURN(Bytes bytes, FetchBlob(start_state, {}, StateReason(task)));
   return DecodeGlobalState(bytes, ctx.facts.num_params);
+}
+
+Result<GlobalWeightsReader> NodeContext::StartWeights(const TaskContext& ctx, const Hash256& task,
+                                                      const Hash256& start_state) {
+  ML_RETURN_IF_ERROR(HaveBlob(start_state, {}, StateReason(task)));
+  return BlobWeightsReader(deps_.store, net::BlobId{start_state}, ctx.facts.num_params);
+}
+
+Result<engine::Trainer*> TaskContext::Trainer() {
+  if (!trainer_) {
+    ML_ASSIGN_OR_RETURN(trainer_, engine::Trainer::Create(task, data));
+    if (builds) ++*builds;
+    if (log) log("task " + id.ShortHex() + ": built the whole model's trainer" + MemoryNote());
+  }
+  return trainer_.get();
 }
 
 Result<TaskContext*> NodeContext::GetTask(const Hash256& task_id) {
@@ -126,8 +165,14 @@ Result<TaskContext*> NodeContext::GetTask(const Hash256& task_id) {
     return path;
   };
   ML_ASSIGN_OR_RETURN(ctx->bundle, LoadBundle(text, resolver));
-  ML_ASSIGN_OR_RETURN(ctx->trainer, engine::Trainer::Create(deps_.env, ctx->bundle.task));
-  ctx->facts = ComputeTaskFacts(*ctx->trainer, ctx->bundle.net);
+  // The data and the facts, without the whole model: a stage node never builds it (the roles
+  // that need it call ctx->Trainer()).
+  ctx->task = ctx->bundle.task;
+  ML_ASSIGN_OR_RETURN(engine::TaskData data, engine::LoadTaskData(deps_.env, ctx->task));
+  ctx->data = std::make_shared<const engine::TaskData>(std::move(data));
+  ctx->builds = &stats_->whole_models_built;
+  ctx->log = [this](const std::string& line) { Log(line); };
+  ML_ASSIGN_OR_RETURN(ctx->facts, ComputeTaskFacts(ctx->task, *ctx->data, ctx->bundle.net));
   if (Status match = CheckBundleMatchesLedger(ctx->facts, ctx->bundle.net, ctx->info.params);
       !match.ok()) {
     Status refused = match.WithPrefix("task " + task_id.ShortHex());
@@ -144,7 +189,7 @@ Result<TaskContext*> NodeContext::GetTask(const Hash256& task_id) {
   ctx->memory_need = protocol::RequiredMemoryBytes(view);
   Log("task " + task_id.ShortHex() + ": loaded (" + std::to_string(ctx->facts.num_params) +
       " parameters, " + std::to_string(ctx->bundle.net.rounds) + " rounds x " +
-      std::to_string(ctx->bundle.net.units_per_round) + " units)");
+      std::to_string(ctx->bundle.net.units_per_round) + " units)" + MemoryNote());
   TaskContext* raw = ctx.get();
   tasks_[task_id] = std::move(ctx);
   return raw;

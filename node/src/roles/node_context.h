@@ -1,5 +1,6 @@
 // What every role of a node shares (not a public header): its key, files, transaction sender,
-// pin book and stats; the tasks it has loaded (bundle, trainer, facts); fetching a blob from the
+// pin book and stats; the tasks it has loaded (bundle, data, facts, and the whole model's trainer
+// for the roles that need it); fetching a blob from the
 // network; the chain's genesis parameters; the height of the current tick. NodeAgent owns one
 // and hands it to each role (solver.h, aggregator.h, verifier.h, whistleblower.h, disputes.h,
 // pin_keeper.h), which keep their own state and journals.
@@ -8,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,18 +33,39 @@
 
 namespace meshlearn::node {
 
-// A task the node works on: its bundle, trainer and facts, loaded once.
+// A task the node works on: its bundle, data and facts, loaded once; the whole model's trainer
+// built when a role first needs it.
 struct TaskContext {
   Hash256 id;
   TaskInfo info;
   LoadedBundle bundle;
-  std::unique_ptr<engine::Trainer> trainer;
+  // The task as the engine runs it (the bundle's, its model completed from the data: a GPT's
+  // vocabulary) and its data. Every role reads these; a pipeline stage node needs nothing more
+  // (it draws its batches with engine::DataStream and builds only its stage: Stager).
+  engine::TaskSpec task;
+  std::shared_ptr<const engine::TaskData> data;
   TaskFacts facts;
   uint64_t memory_need = 0;
   // The tree over the training examples, built when a step witness is first needed.
   std::unique_ptr<engine::DataTree> data_tree;
   // A token task's page tree (its data root), built when a tile witness first reads tokens.
   std::unique_ptr<engine::TokenPageTree> token_pages;
+
+  // The whole model's trainer (every weight, gradient and optimizer moment: the whole model's
+  // training state), built from `task` and `data` on the first call and kept: for the roles that
+  // train, replay or evaluate the whole model (Solver, Aggregator, the verifiers, Disputes). A
+  // node that only runs stage units never calls it. Errors: engine::Trainer::Create's (e.g. a
+  // model that does not fit in memory).
+  Result<engine::Trainer*> Trainer();
+  bool has_trainer() const { return trainer_ != nullptr; }
+
+  // Counts the trainers built (AgentStats::whole_models_built) and logs each; set by
+  // NodeContext::GetTask.
+  uint64_t* builds = nullptr;
+  std::function<void(const std::string&)> log;
+
+ private:
+  std::unique_ptr<engine::Trainer> trainer_;
 };
 
 // PinBook reasons (agent.h, "Blobs the node keeps").
@@ -52,6 +75,10 @@ std::string DeltaReason(const Hash256& t, uint32_t round);
 
 // "check 3f2a9c01/7 r1 s2", for log lines.
 std::string CheckName(const CheckAssignment& c);
+
+// " (resident 212 MB, peak 305 MB)": this process's memory now and at its peak (VmRSS and VmHWM
+// of /proc/self/status), for log lines; "" where it cannot be read.
+std::string MemoryNote();
 
 class NodeContext {
  public:
@@ -91,14 +118,22 @@ class NodeContext {
   // non-empty `reason` the blob is pinned for it (PinBook).
   Result<Bytes> FetchBlob(const Hash256& id, const std::vector<std::string>& preferred,
                           const std::string& reason);
+  // The same without reading it: the blob is in the node's store (fetched if it was not), pinned
+  // for `reason` when it is not empty.
+  Status HaveBlob(const Hash256& id, const std::vector<std::string>& preferred,
+                  const std::string& reason);
   // Endpoints of the other nodes, active ones first; the registry is read once per height
   // (`refresh`: now).
   Result<std::vector<std::string>> Providers(bool refresh);
   const std::vector<NodeInfo>& nodes() const { return nodes_; }
 
-  // The round's start state of a unit, decoded.
+  // The round's start state of a unit, decoded; or its weights alone, read in parts from the
+  // state blob (pinned for the task) as they are asked for: a stage unit's start, which needs
+  // only its stage's slices.
   Result<GlobalState> StartState(const TaskContext& ctx, const Hash256& task,
                                  const Hash256& start_state);
+  Result<GlobalWeightsReader> StartWeights(const TaskContext& ctx, const Hash256& task,
+                                           const Hash256& start_state);
 
   // Directories: a unit's checkpoints and journals, a check's files, a task's data files.
   std::string UnitDir(const Hash256& task, uint32_t index) const;

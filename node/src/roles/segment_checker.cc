@@ -77,7 +77,7 @@ class SegmentChecker {
 
 Status SegmentChecker::Setup() {
   ML_ASSIGN_OR_RETURN(ctx_, node_.GetTask(c_.task_id));
-  trainer_ = ctx_->trainer.get();
+  ML_ASSIGN_OR_RETURN(trainer_, ctx_->Trainer());
   ML_ASSIGN_OR_RETURN(start_, node_.StartState(*ctx_, c_.task_id, c_.start_state));
   work_ = protocol::UnitWorkOf(ctx_->bundle.net, ctx_->facts, c_.round, c_.shard);
   steps_ = HashedSteps(work_.inner_steps, work_.checkpoint_interval);
@@ -311,7 +311,8 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
   f.leaves = c.leaves;
   ML_ASSIGN_OR_RETURN(GlobalState start, node.StartState(*ctx, c.task_id, c.start_state));
   ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node.chain(), c.task_id, /*units=*/true));
-  StageCheckInput in{.trainer = ctx->trainer.get(),
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+  StageCheckInput in{.trainer = trainer,
                      .net = &net,
                      .facts = &ctx->facts,
                      .global = start.weights,

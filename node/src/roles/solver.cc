@@ -236,7 +236,8 @@ Result<UnitOutcome> Solver::Train(const UnitAssignment& a, TaskContext* ctx,
   };
   run.should_stop = options.should_stop;
   if (CheatsAsSolver(options.adversary)) return TrainAsAdversary(a, ctx, start, work, run);
-  UnitExecutor executor(ctx->trainer.get());
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+  UnitExecutor executor(trainer);
   return executor.Run(start.weights, work, run);
 }
 
@@ -257,8 +258,8 @@ Result<UnitOutcome> Solver::TrainAsAdversary(const UnitAssignment& a, TaskContex
   auto earlier = last_outcome_.find(a.task_id);
   if (earlier != last_outcome_.end()) in.earlier = &earlier->second;
   in.last_round = a.round + 1 == ctx->bundle.net.rounds;
-  Result<UnitOutcome> ran =
-      RunAdversaryUnit(adversary, ctx->trainer.get(), start.weights, work, run, in);
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+  Result<UnitOutcome> ran = RunAdversaryUnit(adversary, trainer, start.weights, work, run, in);
   if (ran.ok() && adversary == Adversary::kStale) last_outcome_[a.task_id] = *ran;
   return ran;
 }
@@ -285,10 +286,11 @@ Status Solver::Finish(const UnitAssignment& a, TaskContext* ctx, const UnitOutco
   // The final state (after step H) is kept and served like the other checkpoints, until the
   // round is final: with it anyone checks that the committed result is its delta
   // (docs/verification.md "Result binding"). Written before done.json, which marks the unit done.
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
   ML_RETURN_IF_ERROR(engine::SaveCheckpoint(
       node_->env(),
       JoinPath(dir, "ckpt-" + std::to_string(ctx->bundle.net.inner_steps) + ".safetensors"),
-      ctx->trainer->state()));
+      trainer->state()));
   ML_ASSIGN_OR_RETURN(net::BlobId delta_id, node_->deps().store->Put(EncodeDelta(out.delta)));
   ML_RETURN_IF_ERROR(node_->book().Add(delta_id.hash, DeltaReason(a.task_id, a.round)));
   const uint64_t loss_micros =

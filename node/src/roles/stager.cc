@@ -58,23 +58,28 @@ Status Stager::Start(const UnitAssignment& a) {
     return InvalidArgument(Name(a) + ": the unit's chain places node " +
                            slot.chain[slot.stage].ShortHex() + " on its stage, not this node");
   }
-  ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, a.task_id, a.start_state));
   // The replica trains what the unsplit unit of shard `replica` would (its stream, inner rate,
   // batches): protocol::UnitWorkOf, the one derivation `meshlearn diloco` uses.
   const UnitWork work = protocol::UnitWorkOf(net, ctx->facts, a.round, slot.replica);
-  const engine::TaskSpec& task = ctx->trainer->task();
+  const engine::TaskSpec& task = ctx->task;
   ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
                       engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut));
   auto run = std::make_unique<Run>();
   run->a = a;
   run->ctx = ctx;
-  // The trainer is the tick thread's: everything taken from it is taken here, before the thread.
-  ML_RETURN_IF_ERROR(ctx->trainer->StartUnit(work.stream, start.weights, work.lr_scale));
-  for (int64_t s = 0; s < work.inner_steps; ++s) {
-    run->batches.push_back(ctx->trainer->BatchForStep(s));
+  // Only the stage is built, never the whole model (its trainer: ctx->Trainer()): the unit's
+  // batches come from its data stream, and the stage's weights from their slices of the round's
+  // global weights, read from the state blob's chunks that hold them (neither the whole state nor
+  // the outer momentum, which only an aggregator needs, is ever in memory). Everything is taken
+  // here, on the tick thread, before the unit's thread starts.
+  engine::DataStream stream(task, *ctx->data, work.stream);
+  for (int64_t s = 0; s < work.inner_steps; ++s) run->batches.push_back(stream.BatchForStep(s));
+  {
+    ML_ASSIGN_OR_RETURN(GlobalWeightsReader start,
+                        node_->StartWeights(*ctx, a.task_id, a.start_state));
+    ML_ASSIGN_OR_RETURN(
+        run->stage, StageFromGlobal(task, cut, static_cast<int>(slot.stage), start, work.lr_scale));
   }
-  ML_ASSIGN_OR_RETURN(run->stage, StageFromGlobal(task, cut, static_cast<int>(slot.stage),
-                                                  *ctx->trainer->state().model, work.lr_scale));
   run->dropout_seed = engine::DropoutSeed(task.seed, work.stream);
   StageContext sc;
   sc.task = a.task_id;
@@ -86,7 +91,7 @@ Status Stager::Start(const UnitAssignment& a) {
   run->plane->SetChain(slot.chain, slot.endpoints);
   run->attached = host_.Attach(run->plane.get());
   node_->Log(Name(a) + ": training " + std::to_string(work.inner_steps) +
-             " steps with its neighbours");
+             " steps with its neighbours" + MemoryNote());
   Run* r = run.get();
   run_ = std::move(run);
   // Every step's evidence is served as it ends (StageEvidence: a verifier of the stage unit
@@ -178,7 +183,8 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
   ML_ASSIGN_OR_RETURN(Hash256 txid, node_->tx().Send(std::move(tx)));
   commits_[KeyOf(a)] = InFlight{.txid = txid, .secret_index = secret_index};
   ++node_->stats().units_completed;
-  node_->Log(Name(a) + ": committed delta " + delta_id.hash.ShortHex() + " (CommitStage)");
+  node_->Log(Name(a) + ": committed delta " + delta_id.hash.ShortHex() + " (CommitStage)" +
+             MemoryNote());
   return Status::Ok();
 }
 

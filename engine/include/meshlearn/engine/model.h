@@ -161,13 +161,20 @@ Result<uint64_t> TrainingFlopsPerSample(const ModelSpec& spec, int64_t seq_len);
 // The width of the model's logits (classes, or the vocabulary), without allocating it.
 Result<int64_t> ModelOutputs(const ModelSpec& spec);
 
-// The model's parameters as names and shapes, in params() order, from its spec alone: nothing is
-// allocated, so a planner (tile_rule.h's PlanStepTiles, on the ledger) handles a model of any size.
-struct ParamShape {
+// A parameter of the whole model as its spec plans it (nothing is allocated): its name, shape
+// and where its values start in the model's flat vector (params() order, the layout of weights
+// and deltas on the wire: Trainer::FlatParams). A pipeline stage node takes its stage's
+// parameters from the round's global vector by these, without building the whole model.
+struct PlannedParam {
   std::string name;
   Shape shape;
+  int64_t offset = 0;  // floats before it in the flat vector
 };
-Result<std::vector<ParamShape>> ParamShapes(const ModelSpec& spec);
+// Errors: the spec's own (shapes).
+Result<std::vector<PlannedParam>> PlanParams(const ModelSpec& spec);
+// The whole model's parameter count, from its spec alone: what a created model's NumParameters()
+// and the length of its flat vector are (the one count: EstimateMemory's num_parameters too).
+Result<int64_t> CountParameters(const ModelSpec& spec);
 
 // Bytes this machine can give a process now: $MESHLEARN_MEMORY_BYTES when set (a cap, for
 // operators and tests), else MemAvailable from /proc/meminfo, else the free physical pages.
@@ -291,7 +298,8 @@ class Model {
   MemoryEstimate PlannedMemory(int64_t B, int64_t T) const;  // without the optimizer
   friend Result<MemoryEstimate> EstimateMemory(const ModelSpec&, int64_t, int64_t,
                                                const std::string&, bool);
-  friend Result<std::vector<ParamShape>> ParamShapes(const ModelSpec&);
+  friend Result<std::vector<PlannedParam>> PlanParams(const ModelSpec&);
+  friend Result<int64_t> CountParameters(const ModelSpec&);
   std::vector<Shape> param_shapes_;  // parallel to params_
   // An operator output viewed as rows x cols (its tile grid, tile.h); rows = 1 for a vector.
   void TraceOp(const std::string& name, const float* values, int64_t rows, int64_t cols) {

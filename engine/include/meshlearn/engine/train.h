@@ -142,6 +142,21 @@ struct EvalResult {
 // Evaluates `model` on the task's test / validation split, deterministically.
 EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data);
 
+// The batches of one data stream of a task: step s's batch is a pure function of (task.seed,
+// `stream`, s) and the data. Trainer::BatchForStep draws through one; a pipeline stage node draws
+// its unit's batches with one without building the whole model. `data` must outlive it.
+class DataStream {
+ public:
+  DataStream(const TaskSpec& task, const TaskData& data, uint64_t stream);
+  Batch BatchForStep(int64_t step);
+
+ private:
+  const TaskData* data_;
+  uint64_t seed_, stream_;
+  int64_t batch_size_, seq_len_;
+  std::unique_ptr<BatchSampler> sampler_;  // classification data only
+};
+
 class Trainer {
  public:
   // Loads the data, builds the model, initialises it (data.init_weights when the task names
@@ -149,17 +164,21 @@ class Trainer {
   static Result<std::unique_ptr<Trainer>> Create(Env* env, TaskSpec task);
   // Same, with data already loaded by LoadTaskData(env, task) (tests and benchmarks reuse it).
   static Result<std::unique_ptr<Trainer>> Create(TaskSpec task, TaskData data);
+  // Same, sharing data someone else also holds (a node's task context keeps it for the roles
+  // that need only the data: the trainer, built later, reads the same copy).
+  static Result<std::unique_ptr<Trainer>> Create(TaskSpec task,
+                                                 std::shared_ptr<const TaskData> data);
 
   // Continues from a checkpoint of the same task (model and optimizer must match).
   Status Resume(TrainState state);
 
   // One optimizer step on the batch of step state().step; returns the batch loss.
   float Step();
-  EvalResult Evaluate() { return engine::Evaluate(*state_.model, task_, data_); }
+  EvalResult Evaluate() { return engine::Evaluate(*state_.model, task_, *data_); }
 
   TrainState& state() { return state_; }
   const TaskSpec& task() const { return task_; }
-  const TaskData& data() const { return data_; }
+  const TaskData& data() const { return *data_; }
   float last_grad_norm() const { return last_grad_norm_; }
   int64_t samples_per_step() const;
   // The batch of a given step (a pure function of seed, stream, step).
@@ -177,12 +196,13 @@ class Trainer {
   Status SetFlatParams(std::span<const float> params);
 
  private:
-  Trainer(TaskSpec task, TaskData data) : task_(std::move(task)), data_(std::move(data)) {}
+  Trainer(TaskSpec task, std::shared_ptr<const TaskData> data)
+      : task_(std::move(task)), data_(std::move(data)) {}
 
   TaskSpec task_;
-  TaskData data_;
+  std::shared_ptr<const TaskData> data_;  // never null
   TrainState state_;
-  std::unique_ptr<BatchSampler> sampler_;
+  std::unique_ptr<DataStream> stream_;  // task_.stream's batches
   float last_grad_norm_ = 0;
 };
 

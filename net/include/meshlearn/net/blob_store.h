@@ -72,6 +72,10 @@ class BlobStore {
   Result<BlobId> Put(ByteSpan data, uint32_t chunk_size = kDefaultChunkSize);
   // Reads a whole blob, checking every chunk. NotFound if the manifest or a chunk is missing.
   Result<Bytes> Get(const BlobId& id);
+  // Bytes [offset, offset + length) of a blob, reading (and checking) only the chunks that hold
+  // them: a part of a large blob without the whole of it in memory. InvalidArgument when the
+  // range runs past the blob's end; NotFound as Get.
+  Result<Bytes> ReadRange(const BlobId& id, uint64_t offset, uint64_t length);
 
   // Stores a manifest (validated; its id is computed, not trusted). Idempotent.
   Status PutManifest(const Manifest& m);

@@ -229,6 +229,10 @@ struct AgentStats {
   // What the node serves of its stage steps for their verifiers (checkpoints and received
   // tensors) until their rounds are final; a gauge.
   uint64_t stage_evidence_bytes = 0;
+  // Whole-model trainers built (one per task a role trained, replayed or evaluated whole: the
+  // whole model's weights, gradients and optimizer moments). A node that only ran stage units
+  // builds none: it holds its stage, not the model.
+  uint64_t whole_models_built = 0;
   uint64_t units_resumed = 0;     // continued from a checkpoint
   uint64_t units_paused = 0;      // paused at a checkpoint for a verification replay
   uint64_t units_refused = 0;     // did not fit in memory (each Tick that refused one)

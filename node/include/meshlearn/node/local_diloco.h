@@ -59,7 +59,10 @@ struct LocalDilocoResult {
   Hash256 final_hash;
 };
 
-// The protocol's view of a network task (ids, counts) derived from the task files.
+// The protocol's view of a network task (ids, counts) derived from the task files: from the task
+// (its model complete, as LoadTaskData leaves it) and its data, or from a trainer's.
+protocol::TaskSpecView MakeTaskView(const engine::TaskSpec& task, const engine::TaskData& data,
+                                    const NetworkSpec& net);
 protocol::TaskSpecView MakeTaskView(const engine::Trainer& trainer, const NetworkSpec& net);
 
 // Runs all rounds. The trainer's initial parameters (its task seed) are round 0's weights.

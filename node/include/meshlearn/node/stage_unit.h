@@ -20,7 +20,7 @@
 //   ML_RETURN_IF_ERROR(AddPipelineTerms(trainer->task(), net, &p));      // stages, needs
 //   ...
 //   StageHost host;  host.Register(&router);                             // once per node
-//   ML_ASSIGN_OR_RETURN(auto stage, StageFromGlobal(trainer->task(), cut, s, whole, lr_scale));
+//   ML_ASSIGN_OR_RETURN(auto stage, StageFromGlobal(task, cut, s, state.weights, lr_scale));
 //   StagePlane plane(ctx, s, key, &transport);
 //   StageHost::Attachment a = host.Attach(&plane);
 //   plane.SetChain(chain, endpoints);
@@ -103,11 +103,22 @@ Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
 
 // ---- A stage unit.
 
-// Stage `stage` of `cut` trained from `whole` (a model holding the round's global weights, e.g.
-// the trainer's after StartUnit) at the unit's inner-rate factor `lr_scale`.
+// Stage `stage` of `cut` trained from `global` (the round's global weights: the whole model's
+// flat vector, GlobalState::weights) at the unit's inner-rate factor `lr_scale`. Only the stage
+// is built: each of its parameters is copied from its slice of `global` (engine::PlanParams), and
+// the whole model is never allocated, so a stage node holds its stage and not the model. The
+// values are those the whole model's parameters of the same names would hold. InvalidArgument
+// when `global` does not have the model's parameter count (naming both).
 Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& task,
                                                        const engine::PipelineCut& cut, int stage,
-                                                       const engine::Model& whole,
+                                                       std::span<const float> global,
+                                                       double lr_scale);
+// The same from weights read in parts (state_blob.h: BlobWeightsReader reads them from the state
+// blob's chunks, so a stage node never holds the whole global state); `global.size` is checked
+// as the span's size is.
+Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& task,
+                                                       const engine::PipelineCut& cut, int stage,
+                                                       const GlobalWeightsReader& global,
                                                        double lr_scale);
 
 struct StageUnitOutcome {

@@ -149,6 +149,6 @@ Hash256 TaskDataRoot(const engine::TaskData& data);
 // witness could exceed ledger::kMaxWitnessBytes cannot be refereed by the ledger: it is
 // submitted without a data root, and the genesis referee rules its disputes (task_bundle.h).
 // (A ProveResult witness is bounded separately: see docs/verification.md, "Result binding".)
-uint64_t StepWitnessBound(const engine::Trainer& trainer, uint64_t num_params);
+uint64_t StepWitnessBound(const engine::TaskSpec& task, uint64_t num_params);
 
 }  // namespace meshlearn::node

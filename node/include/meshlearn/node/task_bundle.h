@@ -97,9 +97,12 @@ Result<std::vector<std::pair<std::string, net::BlobId>>> BundleDataBlobs(std::st
 // kMaxBundleBytes, a missing or bad [network] table) and resolves its data blobs.
 Result<LoadedBundle> LoadBundle(std::string_view text, const BundleResolver& resolver);
 
-// The facts of a task that come from its model and data (protocol::TaskFacts), computed from a
-// trainer built from the task (so its initial parameters are round 0's weights). Computing the
-// data root hashes the training set once.
+// The facts of a task that come from its model and data (protocol::TaskFacts): from the task (its
+// model complete, as LoadTaskData leaves it) and its data, without building the model (a stage
+// node needs no more), or from a trainer's. Computing the data root hashes the training set
+// once. Errors: the model spec's own.
+Result<TaskFacts> ComputeTaskFacts(const engine::TaskSpec& task, const engine::TaskData& data,
+                                   const NetworkSpec& net);
 TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& net);
 
 // The ledger's TaskParams of a task (what SubmitTaskTx carries), the one builder of them (the

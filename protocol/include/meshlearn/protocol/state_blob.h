@@ -47,6 +47,12 @@ inline Bytes EncodeGlobalState(const GlobalState& s) {
 }
 // `expected_n` 0: any count (up to kMaxStateFloats); otherwise the count must equal it.
 Result<GlobalState> DecodeGlobalState(ByteSpan blob, uint64_t expected_n = 0);
+// A global state blob of `blob_size` bytes read in parts: its float count n from its first bytes
+// `head` (at least kGlobalStateHeaderSize), checked as DecodeGlobalState checks a whole blob
+// (magic, count, size). Weight i is the little-endian float at byte kGlobalStateHeaderSize + 4 i;
+// the momentum follows the n weights. A pipeline stage node reads its stage's slices this way.
+inline constexpr size_t kGlobalStateHeaderSize = kBlobMagicSize + 8;
+Result<uint64_t> GlobalStateCount(ByteSpan head, uint64_t blob_size, uint64_t expected_n = 0);
 
 Bytes EncodeDelta(std::span<const float> delta);
 Result<std::vector<float>> DecodeDelta(ByteSpan blob, uint64_t expected_n = 0);
