@@ -359,7 +359,7 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
   }
   if (!ended) return f;
   Result<engine::TrainState> final_state = StageCheckpointState(end.checkpoint);
-  Result<Hash256> result = final_state.ok() ? ledger::StageResultBlobId(ctx->trainer->task().model,
+  Result<Hash256> result = final_state.ok() ? ledger::StageResultBlobId(ctx->task.model,
                                                                         start.weights, *final_state)
                                             : Result<Hash256>(final_state.status());
   if (!result.ok()) {
