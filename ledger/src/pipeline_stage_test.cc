@@ -1143,27 +1143,34 @@ class PipelineRulingTest : public PipelineVerificationTest {
     work_ = protocol::UnitWorkOf(net_, spec_.seed, engine::TaskContentId(spec_), 0, 0);
   }
 
+  // The replica's stages as a round starts them: every stage of `setup`, initialised as one model
+  // from the task's seed (Train's InitPipeline).
+  std::vector<std::unique_ptr<engine::Stage>> InitialStages(const StageReplaySetup& setup) {
+    std::vector<std::unique_ptr<engine::Stage>> stages;
+    for (uint32_t st = 0; st < kStages; ++st) {
+      Result<std::unique_ptr<engine::Stage>> stage = engine::Stage::Create(
+          setup.model, setup.optimizer, setup.cut, static_cast<int>(st), setup.micro_batches);
+      CHECK(stage.ok()) << stage.status().ToString();
+      stages.push_back(std::move(*stage));
+    }
+    engine::InitPipeline(stages, spec_.seed);
+    return stages;
+  }
+
   // The whole model's weights the replica's stages start from (Train's InitPipeline), in the
   // model's params() order: the round's start weights a result proof slices.
   std::vector<float> WholeStart() {
     Result<StageReplaySetup> setup = StageReplaySetupOf(spec_, net_, work_.lr_scale, {});
     CHECK(setup.ok()) << setup.status().ToString();
-    std::vector<std::unique_ptr<engine::Stage>> stages;
-    for (uint32_t st = 0; st < kStages; ++st) {
-      Result<std::unique_ptr<engine::Stage>> stage = engine::Stage::Create(
-          setup->model, setup->optimizer, setup->cut, static_cast<int>(st), setup->micro_batches);
-      CHECK(stage.ok()) << stage.status().ToString();
-      stages.push_back(std::move(*stage));
-    }
-    engine::InitPipeline(stages, spec_.seed);
+    std::vector<std::unique_ptr<engine::Stage>> stages = InitialStages(*setup);
     std::map<std::string, const engine::Tensor*> by_name;
     for (auto& stage : stages) {
       for (const engine::Param& p : stage->params()) by_name[p.name] = &p.value;
     }
-    Result<std::vector<engine::ParamShape>> shapes = engine::ParamShapes(setup->model);
+    Result<std::vector<engine::PlannedParam>> shapes = engine::PlanParams(setup->model);
     CHECK(shapes.ok());
     std::vector<float> whole;
-    for (const engine::ParamShape& p : *shapes) {
+    for (const engine::PlannedParam& p : *shapes) {
       const std::vector<float>& v = by_name.at(p.name)->vec();
       whole.insert(whole.end(), v.begin(), v.end());
     }
@@ -1211,14 +1218,7 @@ class PipelineRulingTest : public PipelineVerificationTest {
     }
     Result<StageReplaySetup> setup = StageReplaySetupOf(spec_, net_, work_.lr_scale, ctx.chain);
     ASSERT_TRUE(setup.ok()) << setup.status().ToString();
-    std::vector<std::unique_ptr<engine::Stage>> stages;
-    for (uint32_t st = 0; st < kStages; ++st) {
-      Result<std::unique_ptr<engine::Stage>> stage = engine::Stage::Create(
-          setup->model, setup->optimizer, setup->cut, static_cast<int>(st), setup->micro_batches);
-      ASSERT_TRUE(stage.ok()) << stage.status().ToString();
-      stages.push_back(std::move(*stage));
-    }
-    engine::InitPipeline(stages, spec_.seed);
+    std::vector<std::unique_ptr<engine::Stage>> stages = InitialStages(*setup);
     TestStageNetwork net(ctx, keys);
     evidence_.assign(kStages, std::vector<TestStageEvidence>(kSteps));
     for (uint64_t t = 0; t < kSteps; ++t) {

@@ -137,6 +137,20 @@ std::vector<int64_t> StageBounds(const ModelSpec& spec) {
   return spec.kind == "gpt" ? std::vector<int64_t>{0, 1, 2, 4} : std::vector<int64_t>{0, 2, 5, 7};
 }
 
+// What a verifier replays a step of StageStages(spec) with: the cut, the optimizer, the
+// micro-batches and the chain of stage nodes.
+StageReplaySetup StageSetup(const ModelSpec& spec, std::vector<protocol::NodeId> chain) {
+  StageReplaySetup setup;
+  setup.model = spec;
+  setup.optimizer = StageOptimizer();
+  Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
+  CHECK(cut.ok()) << cut.status().ToString();
+  setup.cut = *cut;
+  setup.micro_batches = kStageMicroBatches;
+  setup.chain = std::move(chain);
+  return setup;
+}
+
 std::vector<std::unique_ptr<Stage>> StageStages(const ModelSpec& spec,
                                                 std::vector<int64_t> bounds = {}) {
   if (bounds.empty()) bounds = StageBounds(spec);
@@ -344,14 +358,7 @@ void StageRunForReplay(const char* toml, StageReplayRun* run,
 }
 
 StageReplayResult StageReplay(StageReplayRun& run, int s) {
-  StageReplaySetup setup;
-  setup.model = run.spec;
-  setup.optimizer = StageOptimizer();
-  Result<engine::PipelineCut> cut = engine::MakeCut(run.spec, StageBounds(run.spec));
-  CHECK(cut.ok());
-  setup.cut = *cut;
-  setup.micro_batches = kStageMicroBatches;
-  setup.chain = StageCtx().chain;
+  const StageReplaySetup setup = StageSetup(run.spec, StageCtx().chain);
   Result<engine::TrainState> start = engine::LoadCheckpoint(&run.env, run.checkpoints[s]);
   CHECK(start.ok()) << start.status().ToString();
   Result<StageReplayResult> r =
@@ -951,14 +958,7 @@ TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
       nodes[s]->evidence.Publish(out[s][0].commit, received, checkpoints[s]);
     }
 
-    StageReplaySetup setup;
-    setup.model = spec;
-    setup.optimizer = StageOptimizer();
-    Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
-    ASSERT_TRUE(cut.ok());
-    setup.cut = *cut;
-    setup.micro_batches = kStageMicroBatches;
-    setup.chain = ctx.chain;
+    const StageReplaySetup setup = StageSetup(spec, ctx.chain);
     net::HttpTransport verifier;
     for (int s = 0; s < 3; ++s) {
       const StageStepRef ref{ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), 1};
@@ -1047,14 +1047,7 @@ TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleT
     for (std::thread& t : threads) t.join();
     for (int s = 0; s < 3; ++s) ASSERT_TRUE(out[s].ok()) << out[s].status().ToString();
 
-    StageReplaySetup setup;
-    setup.model = spec;
-    setup.optimizer = StageOptimizer();
-    Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
-    ASSERT_TRUE(cut.ok());
-    setup.cut = *cut;
-    setup.micro_batches = kStageMicroBatches;
-    setup.chain = ctx.chain;
+    const StageReplaySetup setup = StageSetup(spec, ctx.chain);
     net::HttpTransport verifier;
     // The cheated step: noisy perturbs after PoisonAfterSteps(2) = 1 step (step 0's commit
     // claims the perturbed state), wrong_data trains step PoisonAfterSteps(2) - 1 = 0 wrong.
