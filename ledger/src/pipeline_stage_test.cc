@@ -652,6 +652,16 @@ class PipelineVerificationTest : public FollowedChainFixture {
     return protocol::UnitCheck::Decode(Unit(stage).check).value();
   }
   bool HasCheck(uint32_t stage) { return !Unit(stage).check.empty(); }
+  // `cheater` is slashed once and jailed; no other stage node, nor the verifier, is slashed.
+  void ExpectOnlyTheCheaterSlashed(const PublicKey& cheater) {
+    EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
+    EXPECT_EQ(Node(cheater).status, NodeStatus::kJailed);
+    for (const KeyPair& k : stagers_) {
+      if (k.public_key() == cheater) continue;
+      EXPECT_EQ(Node(k.public_key()).reputation.slashes, 0u);
+    }
+    EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
+  }
 
   // Stage `stage`'s step leaves (what a stage node's StageUnitOutcome::leaves would be); a
   // cheating stage's differ from step `from` on.
@@ -1393,13 +1403,7 @@ TEST_F(PipelineRulingTest, AStagesWrongResultIsProvenFromItsFinalStateAndBadWitn
         st == kCheat ? 0 : StageUnitCost(t.params, UnitCost(t, price_before[st]), st);
     EXPECT_EQ(Node(chain_before[st]).earnings.units, want) << "stage " << st;
   }
-  EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
-  EXPECT_EQ(Node(cheater).status, NodeStatus::kJailed);
-  for (const KeyPair& k : stagers_) {
-    if (k.public_key() == cheater) continue;
-    EXPECT_EQ(Node(k.public_key()).reputation.slashes, 0u);
-  }
-  EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
+  ExpectOnlyTheCheaterSlashed(cheater);
 }
 
 TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitness) {
@@ -1509,13 +1513,7 @@ TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitn
   EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
   const TaskRecord t = Task();
   EXPECT_EQ(t.verification.fraud, 1u);
-  EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
-  EXPECT_EQ(Node(cheater).status, NodeStatus::kJailed);
-  for (const KeyPair& k : stagers_) {
-    if (k.public_key() == cheater) continue;
-    EXPECT_EQ(Node(k.public_key()).reputation.slashes, 0u);
-  }
-  EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
+  ExpectOnlyTheCheaterSlashed(cheater);
 }
 
 // The same ruling for an honest stage and a false claim: the ledger's replay gives the committed

@@ -146,6 +146,38 @@ bool Has(const std::vector<NodeId>& v, const NodeId& n) {
   return std::find(v.begin(), v.end(), n) != v.end();
 }
 
+// The check's dispute at block *h: the defender posts its first answer and the challenger never
+// does. Plays blocks until the dispute's deadline has passed or the check left that challenger's
+// dispute; returns the effects of that block, and *h is the next block.
+CheckEffects ChallengerFallsSilent(UnitCheck& c, uint64_t* h) {
+  const NodeId challenger = c.dispute()->config().challenger;
+  const DisputeQuery q = c.mutable_dispute()->query();
+  EXPECT_TRUE(
+      c.mutable_dispute()->Post(DisputeParty::kDefender, q.position, Blake2b("t"), *h).ok());
+  CheckEffects effects;
+  for (; *h <= q.deadline_height + 1; ++*h) {
+    effects = *c.OnBlock(*h, false);
+    if (c.stage() != CheckStage::kCheckDisputed || c.dispute()->config().challenger != challenger) {
+      break;
+    }
+  }
+  ++*h;
+  return effects;
+}
+
+// The check's dispute at block h: the challenger posts its first answer and the defender never
+// does. Plays at most 10 blocks until the check ends; returns the effects of the last one.
+CheckEffects DefenderFallsSilent(UnitCheck& c, uint64_t h) {
+  const DisputeQuery q = c.mutable_dispute()->query();
+  EXPECT_TRUE(
+      c.mutable_dispute()->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), h).ok());
+  CheckEffects effects;
+  for (const uint64_t end = h + 10; c.stage() == CheckStage::kCheckDisputed && h <= end; ++h) {
+    effects = *c.OnBlock(h, false);
+  }
+  return effects;
+}
+
 // Full or target assurance (wait_for_verifier): a pool holding only the solver draws nobody and
 // the check keeps waiting for a later beacon; once there is a verifier, the draw happens. Without
 // it the same pool is accepted unchecked.
@@ -597,17 +629,8 @@ TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
   ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
   ASSERT_EQ(c.dispute()->config().challenger, accomplice);
   // The accomplice stops answering: the solver wins the first dispute.
-  DisputeQuery q = c.mutable_dispute()->query();
-  ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kDefender, q.position, Blake2b("t"), 107).ok());
-  CheckEffects first;
   uint64_t h = 107;
-  for (; h <= q.deadline_height + 1; ++h) {
-    first = *c.OnBlock(h, false);
-    if (c.stage() != CheckStage::kCheckDisputed || c.dispute()->config().challenger != accomplice) {
-      break;
-    }
-  }
-  ++h;
+  const CheckEffects first = ChallengerFallsSilent(c, &h);
   EXPECT_TRUE(Has(first.slash, accomplice));
   EXPECT_FALSE(Has(first.slash, honest));
   EXPECT_FALSE(first.settled);
@@ -615,12 +638,7 @@ TEST(UnitCheckTest, AColludingVerifierCannotShieldACheatInAnotherSegment) {
   ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
   EXPECT_EQ(c.dispute()->config().challenger, honest);
   EXPECT_EQ(c.dispute()->config().first_step, uint64_t{cheat_seg} * 5);
-  q = c.mutable_dispute()->query();
-  ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), h).ok());
-  CheckEffects second;
-  for (const uint64_t end = h + 10; c.stage() == CheckStage::kCheckDisputed && h <= end; ++h) {
-    second = *c.OnBlock(h, false);
-  }
+  const CheckEffects second = DefenderFallsSilent(c, h);
   EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
   EXPECT_TRUE(Has(second.slash, kSolver));
   EXPECT_TRUE(Has(second.rewarded, honest));
@@ -641,15 +659,8 @@ TEST(UnitCheckTest, AChallengersSilenceRefutesNoOtherClaimInItsSegment) {
   const NodeId silent = c.verifiers()[0], honest = c.verifiers()[1];
   ASSERT_EQ(c.dispute()->config().challenger, silent);
   const uint64_t first_step = c.dispute()->config().first_step;
-  DisputeQuery q = c.mutable_dispute()->query();
-  ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kDefender, q.position, Blake2b("t"), 107).ok());
-  CheckEffects first;
   uint64_t h = 107;
-  for (; h <= q.deadline_height + 1; ++h) {
-    first = *c.OnBlock(h, false);
-    if (c.dispute()->config().challenger != silent) break;
-  }
-  ++h;
+  const CheckEffects first = ChallengerFallsSilent(c, &h);
   EXPECT_TRUE(Has(first.slash, silent));
   EXPECT_FALSE(Has(first.slash, honest));
   EXPECT_FALSE(Has(first.slash, kSolver));
@@ -663,12 +674,7 @@ TEST(UnitCheckTest, AChallengersSilenceRefutesNoOtherClaimInItsSegment) {
   ASSERT_TRUE(stored.ok()) << stored.status().ToString();
   EXPECT_EQ(stored->Encode(), c.Encode());
   c = std::move(*stored);
-  q = c.mutable_dispute()->query();
-  ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), h).ok());
-  CheckEffects second;
-  for (const uint64_t end = h + 10; c.stage() == CheckStage::kCheckDisputed && h <= end; ++h) {
-    second = *c.OnBlock(h, false);
-  }
+  const CheckEffects second = DefenderFallsSilent(c, h);
   EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
   EXPECT_TRUE(Has(second.slash, kSolver));
   EXPECT_TRUE(Has(second.rewarded, honest));
