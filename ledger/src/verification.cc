@@ -798,10 +798,11 @@ Result<RefereeStage> DisputeAtReferee(const LedgerState& s, const Hash256& task_
 // Whether the ledger executes this dispute's ruling itself (RefereeStep) rather than taking the
 // genesis referee's word (RuleDispute): a whole step of a task with a data root over examples. A
 // token task's data root (over pages) proves the tokens of a tile (RefereeTile); its whole step
-// (a lie in the step's input state or in the state only) is not executed by the ledger yet (a
-// step witness of its state would not fit), so the genesis referee still rules it. A stage unit's
-// step is not a unit's step (its inputs are its neighbours' signed tensors): the genesis referee
-// is ruled from its own witness (RefereeStageStep, LedgerRulesStageStep), never by RefereeStep.
+// is not executed by the ledger (a step witness of its state would not fit): the two whole steps
+// its tile phase ends at (a lie in the step's input state or in the state only) are ruled from
+// roots (LedgerRulesFromRoots), any other by the genesis referee. A stage unit's step is not a
+// unit's step (its inputs are its neighbours' signed tensors): it is ruled from its own witness
+// (RefereeStageStep, LedgerRulesStageStep), never by RefereeStep.
 bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
   return !t.params.data_root.IsZero() && t.params.data_page_tokens == 0 &&
          !IsPipelineTask(t.params) && task.whole_step &&

@@ -571,6 +571,13 @@ Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
   const std::string side = output == d_out   ? "the defender's output"
                            : output == c_out ? "the challenger's output"
                                              : "neither output (both lose)";
+  if (by_operator) {
+    // The ruling in the referee task's own terms (RuleDisputeTx::output, a report's "for"): the
+    // state claim of the party whose C_j the roots give.
+    r.output = output == d_out   ? d.task.defender_output
+               : output == c_out ? d.task.challenger_output
+                                 : output;
+  }
   if (roots) {
     r.reason = std::string(by_operator ? "operator " + std::to_string(d.task.operator_index) +
                                              " (" +

@@ -833,12 +833,17 @@ TEST_F(RefereeExactFixture, AWitnessNobodyCanBuildLeavesTheDisputeUndecided) {
   EXPECT_EQ(Node(verifier_).reputation.slashes, 0u);
 }
 
-// A solver that trained honestly but committed a wrong state after step k (a state hash that
-// does not follow from the operator outputs it shows): with the task bundle the dispute plays the
-// tile phase, both parties post the same operator chain, and the game ends at the whole step with
-// the chain end agreed. The service posts a RefereeTile with the step's operator output roots (not
-// a step witness, whatever the model's size); the ledger rules from roots for the verifier.
-TEST_F(RefereeExactFixture, AWholeStepThatFollowsFromRootsIsRuledByARefereeTileOfRoots) {
+// The two whole steps the tile phase ends at that follow from roots, played on a real chain with
+// the task bundle: a solver that trained honestly but committed a wrong state after step k (a
+// state hash that does not follow from the operator outputs it shows: both post the same chain,
+// the chain ends agree), or one that shows a wrong root of an input-state operator of step k. The
+// service posts a RefereeTile with the step's operator output roots (not a step witness, whatever
+// the model's size; no key); the ledger rules from roots for the verifier.
+class RefereeRootsTest : public RefereeExactFixture, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(RefereeRootsTest, AWholeStepThatFollowsFromRootsIsRuledByARefereeTileOfRoots) {
+  const bool input_state_lie = GetParam();
+  constexpr size_t kLiedOperator = 3;  // an "in.<name>" operator (1-based)
   ASSERT_NO_FATAL_FAILURE(Start());
   engine::Trainer* tr = local_->trainer.get();
   std::span<const float> global = local_->initial.weights;
@@ -856,6 +861,7 @@ TEST_F(RefereeExactFixture, AWholeStepThatFollowsFromRootsIsRuledByARefereeTileO
       shared_->With([&](ledger::Chain& c) { return c.GetWorkUnit(task_id_, index_).value(); });
   Result<ledger::TileRuleContext> ctx = ledger::TileContextOf(record, unit, bundle, "test");
   ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  ASSERT_EQ(ctx->plan.ops[kLiedOperator - 1].kind, engine::TileOpKind::kTileOpState);
   std::optional<TracedStep> traced;
   for (int turn = 0; turn < 20; ++turn) {
     const protocol::DisputeGame g = *Check().dispute();
@@ -869,7 +875,8 @@ TEST_F(RefereeExactFixture, AWholeStepThatFollowsFromRootsIsRuledByARefereeTileO
       if (q.stage == protocol::DisputeStage::kDisputeSteps) {
         h = posts(solver, q.position);
       } else {
-        // Both answer the operator phase from the same (honest) trace of the step.
+        // Both answer the operator phase from the same (honest) trace of the step; the input-state
+        // liar with one "in.<name>" root changed.
         if (!traced) {
           Result<TracedStep> t = TraceDisputedStep(tr, global, work, static_cast<int64_t>(q.step),
                                                    honest[q.step - 1]);
@@ -880,6 +887,14 @@ TEST_F(RefereeExactFixture, AWholeStepThatFollowsFromRootsIsRuledByARefereeTileO
             ledger::AnswerTileQuery(*ctx, q, honest[q.step - 1], *traced->trace, traced->batch);
         ASSERT_TRUE(a.ok()) << a.status().ToString();
         h = a->hash;
+        if (solver && input_state_lie && q.position >= kLiedOperator) {
+          h = honest[q.step - 1];
+          for (size_t j = 0; j < q.position; ++j) {
+            Hash256 out = traced->trace->hash(j);
+            if (j + 1 == kLiedOperator) out.bytes[0] ^= 1;
+            h = protocol::OperatorChainHash(h, out);
+          }
+        }
       }
       const KeyPair& key = solver ? solver_ : verifier_;
       Send(key, ledger::DisputePostTx{.task_id = task_id_,
@@ -893,7 +908,11 @@ TEST_F(RefereeExactFixture, AWholeStepThatFollowsFromRootsIsRuledByARefereeTileO
   const protocol::RefereeTask task = Check().dispute()->referee_task();
   ASSERT_EQ(Check().dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
   EXPECT_EQ(task.step, static_cast<uint64_t>(kK));
-  EXPECT_EQ(task.roots, protocol::RefereeRoots::kRootsChainEnd);
+  EXPECT_EQ(task.roots, input_state_lie ? protocol::RefereeRoots::kRootsOperator
+                                        : protocol::RefereeRoots::kRootsChainEnd);
+  if (input_state_lie) {
+    EXPECT_EQ(task.operator_index, kLiedOperator);
+  }
   // The service: any funded key (no genesis key is involved).
   std::vector<std::string> log;
   RefereeService referee(client_.get(), senders_.at(anyone_.public_key()).get(),
@@ -906,18 +925,31 @@ TEST_F(RefereeExactFixture, AWholeStepThatFollowsFromRootsIsRuledByARefereeTileO
   ASSERT_EQ(sent->size(), 1u) << ::testing::PrintToString(log);
   const RefereeRecord& rec = (*sent)[0];
   EXPECT_EQ(rec.tx_type, "RefereeTile") << rec.ruling.reason;
-  EXPECT_EQ(rec.dispute.task.roots, protocol::RefereeRoots::kRootsChainEnd);
+  EXPECT_EQ(rec.dispute.task.roots, task.roots);
   EXPECT_EQ(rec.dispute.task.chain_end, task.chain_end);
+  EXPECT_EQ(rec.dispute.task.operator_input, task.operator_input);
+  EXPECT_EQ(rec.dispute.task.defender_operator_output, task.defender_operator_output);
+  EXPECT_EQ(rec.dispute.task.challenger_operator_output, task.challenger_operator_output);
+  // The ruling in the task's own terms: the verifier's claim of the state after the step.
   EXPECT_EQ(rec.ruling.output, honest[kK]) << rec.ruling.reason;
+  EXPECT_EQ(rec.ruling.output, task.challenger_output) << rec.ruling.reason;
   EXPECT_TRUE(rec.ruling.ledger_executes);
   EXPECT_GT(rec.ruling.witness_bytes, 0u);
   EXPECT_LE(rec.ruling.witness_bytes, ledger::kMaxTileWitnessBytes);
   EXPECT_NE(rec.ruling.reason.find("from roots"), std::string::npos) << rec.ruling.reason;
+  EXPECT_NE(rec.ruling.reason.find("the challenger's output"), std::string::npos)
+      << rec.ruling.reason;
   std::printf("[ roots    ] %s\n", rec.ruling.reason.c_str());
   Step();
+  EXPECT_TRUE(referee.Poll()->empty());  // the ruling landed: nothing more to send
   ASSERT_EQ(referee.rulings().size(), 1u);
+  EXPECT_TRUE(referee.rulings()[0].ok) << referee.rulings()[0].error;
   ASSERT_NO_FATAL_FAILURE(ExpectHonestSideWon(/*solver_lies=*/true));
 }
+
+INSTANTIATE_TEST_SUITE_P(EachCase, RefereeRootsTest, ::testing::Bool(), [](const auto& info) {
+  return info.param ? "InputStateOperator" : "ChainEndAgreed";
+});
 
 // A submitter whose declared data_root is not the root of the data in its bundle: the referee
 // service refuses the task (logs it once, naming the task and both roots) and never rules.

@@ -102,7 +102,8 @@ Result<Hash256> StateHashAfterStep(engine::Trainer* trainer, std::span<const flo
 
 struct RefereeRuling {
   // RuleDisputeTx::output. A tolerance-mode segment: the replay's end state hash (informative:
-  // the ledger reads tolerance_verdict).
+  // the ledger reads tolerance_verdict). An input-state operator ruled from roots: the state
+  // claim of the party whose operator output the roots give (the ledger compares the C_j).
   Hash256 output;
   Hash256 true_input;       // A(step - 1); a segment: A(first_step)
   Hash256 true_output;      // A(step)
