@@ -1572,13 +1572,13 @@ class TileChainTest : public testing::FollowedChainFixture {
           "bytes\n",
           Context().plan.ops.at(task.operator_index - 1).name.c_str(),
           static_cast<unsigned long long>(task.tile_index), task.block, turns, bytes);
-    } else if (task.roots != protocol::RefereeRoots::kRootsNone) {
+    } else if (task.roots != protocol::RefereeRoots::kRootsNone &&
+               RulesFromRoots(TileContextOf(Task(), Unit(), *bundle_, "test")->plan, task)) {
       // A whole step that follows from roots: the genesis key is refused (for a token task too),
       // a wrong roots witness is refused, the honest run's roots rule.
       ExpectGenesisRefereeRefused(task, "RefereeTile");
       Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), *bundle_, "test");
       EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
-      EXPECT_TRUE(RulesFromRoots(ctx->plan, task));
       const StepRecord& rec = honest.steps.at(task.step);
       Result<TileWitness> w =
           BuildTileWitness(*ctx, task, *rec.trace, rec.batch, nullptr, nullptr, nullptr);
@@ -1601,6 +1601,21 @@ class TileChainTest : public testing::FollowedChainFixture {
                   static_cast<unsigned long long>(task.step), turns, bytes);
     } else {
       ExpectGenesisRefereeRefused(task, "RefereeStep");
+      if (task.roots == protocol::RefereeRoots::kRootsOperator) {
+        // An operator without tiles that the step computes (no footprint yet): roots do not rule
+        // it (a RefereeTile of the input state's roots is refused, naming the whole step).
+        Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), *bundle_, "test");
+        EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+        TileWitness roots;
+        roots.outputs.assign(honest.steps.at(task.step).roots.begin(),
+                             honest.steps.at(task.step).roots.begin() + 4);
+        std::vector<Receipt> r = Step({RefereeTile(gina_, EncodeTileWitness(roots))});
+        EXPECT_EQ(r.at(0).code, StatusCode::kFailedPrecondition) << r.at(0).reason;
+        EXPECT_NE(r.at(0).reason.find("the whole step decides"), std::string::npos)
+            << r.at(0).reason;
+        std::printf("[ on chain ] %s (no footprint): RefereeTile of roots refused, RefereeStep\n",
+                    ctx->plan.ops.at(task.operator_index - 1).name.c_str());
+      }
       StepWitness w{.bundle = *bundle_, .state = honest.before_lie, .examples = {}};
       for (int64_t i : engine::BatchIndices(Context().seed, Context().stream, kExamples, 128,
                                             static_cast<int64_t>(task.step) - 1)) {
@@ -1684,6 +1699,16 @@ TEST_P(TileChainLieTest, OnTheFashionCnnASecondConvBlockIsRuledOnChain) {
 TEST_P(TileChainLieTest, OnTheFashionCnnANarrowedLinearBlockIsRuledOnChain) {
   UseCnn();
   PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 40, 100, 3}), GetParam(), true);
+}
+
+// An operator without a footprint (the CNN's conv input gradient: no tiles) ends at the whole
+// step, which the game marks as an operator without tiles; roots do not rule it (it is computed by
+// the step), so the ledger executes the step (RefereeStep), the genesis key refused.
+TEST_P(TileChainLieTest, OnTheFashionCnnAnOperatorWithoutAFootprintIsRuledOnChainByTheWholeStep) {
+  UseCnn();
+  EXPECT_EQ(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.in.grad", 9, 700}), GetParam(),
+                           false),
+            0u);
 }
 
 // The 10M GPT (a token task, its data root over its token pages) through the same transactions:

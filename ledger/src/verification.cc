@@ -1178,7 +1178,12 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
              : "operator " + std::to_string(game->referee_task().operator_index) +
                    " of the step's input state") +
         ", which the ledger rules itself from roots; send RefereeTile with the task's bundle "
-        "and a witness of the operator output roots (ledger::BuildTileWitness)");
+        "and a witness of the operator output roots (ledger::BuildTileWitness)" +
+        (game->referee_task().roots == protocol::RefereeRoots::kRootsOperator &&
+                 LedgerExecutes(*t, game->referee_task())
+             ? std::string(" for an operator of the input state, or RefereeStep with the "
+                           "step's witness for one without a footprint")
+             : std::string()));
   }
   if (LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition("rule dispute: task " + tx.task_id.ShortHex() +
