@@ -423,9 +423,9 @@ function taskView(t) {
 // who challenged it (RevealVerdict with a mismatch, ChallengeUnit, ProveResult), how far the game
 // went (DisputePost and DisputeChildren by each side), how it was decided (RuleDispute: the
 // referee's ruling; RefereeStep: the ledger executed the disputed step from a witness;
-// RefereeTile: it recomputed one tile of one operator; RefereeStageStep: it replayed one stage's
-// step) and what became of the solver; a game
-// still being played adds its stage from the unit's check.
+// RefereeTile: it recomputed one tile of one operator, or ruled a whole step from operator roots;
+// RefereeStageStep: it replayed one stage's step) and what became of the solver; a game still
+// being played adds its stage from the unit's check.
 const kGameTxs = ['RevealVerdict', 'ChallengeUnit', 'DisputePost', 'DisputeChildren', 'RuleDispute',
                   'RefereeStep', 'RefereeTile', 'RefereeStageStep', 'ProveResult'];
 function disputeTimeline(t) {
@@ -473,7 +473,7 @@ function disputeTimeline(t) {
                  nodeLink(r.node || r.sender), ')');
     }
     for (const r of of('RefereeTile')) {
-      lines.push(h('br'), `decided by the ledger, which recomputed the disputed tile itself (RefereeTile at block ${r.height}, sent by `,
+      lines.push(h('br'), `decided by the ledger, which recomputed the disputed tile (or ruled the whole step from its operator roots) itself (RefereeTile at block ${r.height}, sent by `,
                  nodeLink(r.node || r.sender), ')');
     }
     for (const r of of('RefereeStageStep')) {

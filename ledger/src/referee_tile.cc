@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "meshlearn/base/encoding.h"
+#include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/tile.h"
 #include "witness_codec.h"
@@ -17,6 +18,13 @@ constexpr char kTileWitnessMagic[] = "meshlearn.tile_witness.v1";
 // A witness with token pages (after the partial sum); one without keeps the v1 bytes.
 constexpr char kTileWitnessMagicPages[] = "meshlearn.tile_witness.v2";
 constexpr uint32_t kTileWitnessMaxItems = 1u << 20;
+
+// The step's input-state operators ("in.<name>"): the plan's first k, one per state tensor.
+size_t StateOperators(const engine::TilePlan& plan) {
+  size_t k = 0;
+  while (k < plan.ops.size() && plan.ops[k].kind == engine::TileOpKind::kTileOpState) ++k;
+  return k;
+}
 
 
 // RuleTile's step 3 for a token task: the witness's pages must be exactly those holding the
@@ -152,6 +160,14 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
                                      const engine::DataTree* tree,
                                      const engine::TokenPageTree* pages) {
   const engine::TilePlan& plan = ctx.plan;
+  if (RulesFromRoots(plan, task) && trace.size() == plan.ops.size()) {
+    const size_t m = task.roots == protocol::RefereeRoots::kRootsChainEnd
+                         ? plan.ops.size()
+                         : StateOperators(plan);
+    TileWitness w;
+    w.outputs.assign(trace.hashes().begin(), trace.hashes().begin() + static_cast<ptrdiff_t>(m));
+    return w;
+  }
   if (!task.tile || task.operator_index == 0 || task.operator_index > plan.ops.size() ||
       trace.size() != plan.ops.size()) {
     return FailedPrecondition("tile witness: the task is not a tile of this step's operators");
@@ -443,6 +459,86 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
   const Hash256 h = engine::TileHash(*out);
   const bool whole = blocks == 0 || static_cast<int64_t>(task.block) + 1 == blocks;
   return whole ? MerkleLeafHash(h) : h;
+}
+
+bool RulesFromRoots(const engine::TilePlan& plan, const protocol::RefereeTask& task) {
+  if (!task.whole_step || task.tile || task.segment) return false;
+  if (task.roots == protocol::RefereeRoots::kRootsChainEnd) return true;
+  return task.roots == protocol::RefereeRoots::kRootsOperator && task.operator_index > 0 &&
+         task.operator_index <= plan.ops.size() &&
+         plan.ops[task.operator_index - 1].kind == engine::TileOpKind::kTileOpState;
+}
+
+Result<Hash256> RuleRoots(const TileRuleContext& ctx, const protocol::RefereeTask& task,
+                          const TileWitness& w) {
+  const engine::TilePlan& plan = ctx.plan;
+  const std::string where = "roots rule (step " + std::to_string(task.step) + ")";
+  if (task.roots == protocol::RefereeRoots::kRootsNone || !task.whole_step || task.tile ||
+      task.segment) {
+    return FailedPrecondition(where + ": the referee task is not a whole step ruled from roots");
+  }
+  if (task.step == 0) return FailedPrecondition(where + ": step 0 is the unit's start");
+  const size_t n = plan.ops.size();
+  const size_t k = StateOperators(plan);
+  if (k == 0 || 2 * k > n) {
+    return FailedPrecondition(where + ": the plan's " + std::to_string(n) + " operators hold " +
+                              std::to_string(k) + " input-state operators");
+  }
+  if (!RulesFromRoots(plan, task)) {
+    const uint32_t j = task.operator_index;
+    return FailedPrecondition(
+        where + ": operator " + std::to_string(j) +
+        (j == 0 || j > n ? " is not one of the step's " + std::to_string(n)
+                         : " (" + plan.ops[j - 1].name +
+                               ") is computed by the step without a footprint, not of its "
+                               "input state") +
+        "; the whole step decides (RefereeStep for a task with a data root over examples, else "
+        "the genesis referee's RuleDispute)");
+  }
+  if (!w.tiles.empty() || !w.examples.empty() || !w.pages.empty() || !w.partial.empty()) {
+    return InvalidArgument(where + ": a roots witness holds operator output roots only; it has " +
+                           std::to_string(w.tiles.size()) + " tiles, " +
+                           std::to_string(w.examples.size()) + " examples, " +
+                           std::to_string(w.pages.size()) + " token pages and a partial sum of " +
+                           std::to_string(w.partial.size()));
+  }
+  if (task.roots == protocol::RefereeRoots::kRootsChainEnd) {
+    if (w.outputs.size() != n) {
+      return InvalidArgument(where + ": the witness has " + std::to_string(w.outputs.size()) +
+                             " operator output roots; the agreed chain end C_" +
+                             std::to_string(n) + " needs all " + std::to_string(n));
+    }
+    Hash256 chain = task.input;
+    for (const Hash256& out : w.outputs) chain = protocol::OperatorChainHash(chain, out);
+    if (chain != task.chain_end) {
+      return InvalidArgument(where + ": the witness's operator outputs chain to " +
+                             chain.ShortHex() + ", not to the agreed C_" + std::to_string(n) +
+                             " " + task.chain_end.ShortHex());
+    }
+    // The step leaves the tensors it started from, in the same order, as its last k operators.
+    for (size_t i = 0; i < k; ++i) {
+      if ("in." + plan.ops[n - k + i].name != plan.ops[i].name) {
+        return FailedPrecondition(where + ": operator " + std::to_string(n - k + i + 1) + " (" +
+                                  plan.ops[n - k + i].name + ") is not the state tensor " +
+                                  plan.ops[i].name + " after the step");
+      }
+    }
+    return engine::StateHashOfRoots(static_cast<int64_t>(task.step), ctx.seed, ctx.stream,
+                                    std::span<const Hash256>(w.outputs).subspan(n - k));
+  }
+  if (w.outputs.size() != k) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(w.outputs.size()) +
+                           " operator output roots; the input state has " + std::to_string(k) +
+                           " tensors");
+  }
+  const Hash256 state = engine::StateHashOfRoots(static_cast<int64_t>(task.step) - 1, ctx.seed,
+                                                 ctx.stream, w.outputs);
+  if (state != task.input) {
+    return InvalidArgument(where + ": the witness's " + std::to_string(k) +
+                           " tensor roots give the state hash " + state.ShortHex() +
+                           ", not the agreed input state " + task.input.ShortHex());
+  }
+  return protocol::OperatorChainHash(task.operator_input, w.outputs[task.operator_index - 1]);
 }
 
 }  // namespace meshlearn::ledger

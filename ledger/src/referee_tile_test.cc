@@ -509,7 +509,9 @@ Played Play(const PartyRun& defender, const PartyRun& challenger, const PartyRun
       EXPECT_TRUE(g.OnBlock(height).ok());
     }
     const Bytes bytes = g.Encode();
-    EXPECT_EQ(bytes[0], 2) << "a game with the tile phase encodes as version 2";
+    EXPECT_EQ(bytes[0], g.referee_task().roots == protocol::RefereeRoots::kRootsNone ? 2 : 3)
+        << "a game with the tile phase encodes as version 2 (3: its referee task ruled from "
+           "roots)";
     Result<DisputeGame> decoded = DisputeGame::Decode(bytes);
     EXPECT_TRUE(decoded.ok()) << decoded.status().ToString();
     if (!decoded.ok()) return p;
@@ -529,6 +531,28 @@ Played Play(const PartyRun& defender, const PartyRun& challenger, const PartyRun
       EXPECT_TRUE(ruled.ok()) << ruled.status().ToString();
       if (ruled.ok()) {
         EXPECT_TRUE(g.Rule(*ruled).ok());
+      }
+    } else if (RulesFromRoots(Context().plan, *p.task)) {
+      // A whole step that follows from roots: the witness is the honest run's operator output
+      // roots (anyone's run of the step from the agreed state gives the same), and RuleRoots
+      // gives the true state after the step, or the true C_j of the input-state operator.
+      const StepRecord& r = honest.steps.at(p.task->step);
+      Result<TileWitness> w = BuildTileWitness(Context(), *p.task, *r.trace, r.batch, nullptr,
+                                               nullptr, nullptr);
+      EXPECT_TRUE(w.ok()) << w.status().ToString();
+      if (!w.ok()) return p;
+      const Bytes encoded = EncodeTileWitness(*w);
+      p.witness_bytes = encoded.size();
+      Result<TileWitness> decoded = DecodeTileWitness(encoded);
+      EXPECT_TRUE(decoded.ok()) << decoded.status().ToString();
+      Result<Hash256> ruled = RuleRoots(Context(), *p.task, decoded.ok() ? *decoded : *w);
+      EXPECT_TRUE(ruled.ok()) << ruled.status().ToString();
+      if (ruled.ok() && p.task->roots == protocol::RefereeRoots::kRootsChainEnd) {
+        EXPECT_EQ(*ruled, honest.state.at(p.task->step)) << "the true state after the step";
+        EXPECT_TRUE(g.Rule(*ruled).ok());
+      } else if (ruled.ok()) {
+        EXPECT_EQ(*ruled, ChainHash(honest, p.task->step, p.task->operator_index));
+        EXPECT_TRUE(g.RuleOperator(*ruled).ok());
       }
     } else {
       // The whole step: the ledger's existing referee (ExecuteRefereeStepWitness) computes the
@@ -553,8 +577,10 @@ const PartyRun& Honest() {
 }
 
 // Plays `lie` in both roles: the game must reach the lie's operator and tile (and block), and
-// the rule must make the honest side win.
-void ExpectTheHonestSideWins(const Lie& lie, bool want_whole_step) {
+// the rule must make the honest side win. `want_roots`: a whole step ruled from roots, of that
+// kind.
+void ExpectTheHonestSideWins(const Lie& lie, bool want_whole_step,
+                             protocol::RefereeRoots want_roots = protocol::RefereeRoots::kRootsNone) {
   const PartyRun& honest = Honest();
   const PartyRun liar = Train(lie);
   for (uint64_t s = 0; s < kLieStep; ++s) ASSERT_EQ(honest.state[s], liar.state[s]) << s;
@@ -566,6 +592,17 @@ void ExpectTheHonestSideWins(const Lie& lie, bool want_whole_step) {
     ASSERT_TRUE(p.task.has_value()) << p.outcome.reason;
     EXPECT_EQ(p.task->step, kLieStep);
     EXPECT_EQ(p.task->whole_step, want_whole_step);
+    if (want_roots != protocol::RefereeRoots::kRootsNone) {
+      EXPECT_EQ(p.task->roots, want_roots);
+      EXPECT_TRUE(RulesFromRoots(Context().plan, *p.task));
+      EXPECT_GT(p.witness_bytes, 0u);
+      EXPECT_LE(p.witness_bytes, kMaxTileWitnessBytes);
+      std::printf("[ roots    ] %s: %2u turns, witness %6zu bytes\n",
+                  want_roots == protocol::RefereeRoots::kRootsChainEnd
+                      ? "chain end agreed"
+                      : ("input-state operator " + std::to_string(p.task->operator_index)).c_str(),
+                  p.turns, p.witness_bytes);
+    }
     if ((lie.kind == LieKind::kTile || lie.kind == LieKind::kMoment) && !want_whole_step) {
       const int64_t op = OpIndex(lie.op);
       const engine::TileOp& o = Context().plan.ops[static_cast<size_t>(op)];
@@ -630,11 +667,12 @@ TEST(TileDisputeTest, AWrongComputationAtAnOperatorIsNarrowedToATileAndLoses) {
 }
 
 // A lie in the state only whose operator outputs are the honest ones: the chains agree at C_n
-// while the state hashes differ, so no operator is disputed and the whole step decides (the
-// state hash is not derived from the operator outputs: docs/verification.md, "Who rules what").
-TEST(TileDisputeTest, ALieInTheStateOnlyWithHonestOperatorsGoesToTheWholeStepReferee) {
+// while the state hashes differ, so no operator is disputed; the game ends at the whole step,
+// which the agreed C_n decides from roots (the state hash is StateHashOfRoots of the step's last
+// operator outputs): RuleRoots gives the true state from the n output roots.
+TEST(TileDisputeTest, ALieInTheStateOnlyWithHonestOperatorsIsRuledFromRoots) {
   g_setup = &FashionSetup();
-  ExpectTheHonestSideWins(Lie{LieKind::kStepState}, true);
+  ExpectTheHonestSideWins(Lie{LieKind::kStepState}, true, protocol::RefereeRoots::kRootsChainEnd);
 }
 
 // A lie in an optimizer moment only (the parameters after the step are right): the moments after
@@ -650,11 +688,85 @@ TEST(TileDisputeTest, ALieInAnOptimizerMomentOnlyLosesToTheTileRule) {
   ExpectTheHonestSideWinsAtEveryTile(lies, "fashion MLP, moments");
 }
 
-TEST(TileDisputeTest, ALieInTheStepsInputStateGoesToTheWholeStepReferee) {
+TEST(TileDisputeTest, ALieInTheStepsInputStateIsRuledFromRoots) {
   g_setup = &FashionSetup();
-  // The input state is committed by the flat StateHash the parties agreed on; a tile of it cannot
-  // be proven against that hash alone, so the whole step decides (docs/verification.md).
-  ExpectTheHonestSideWins(Lie{LieKind::kInputState}, true);
+  // The liar posts a wrong root of an "in.<name>" operator (its step starts from a corrupted
+  // weight): the game ends at that operator, which has no tiles; the agreed input state hash is
+  // StateHashOfRoots of the state's tensor roots, so those roots give its true C_j.
+  ExpectTheHonestSideWins(Lie{LieKind::kInputState}, true, protocol::RefereeRoots::kRootsOperator);
+}
+
+// A roots witness that does not check out is refused, naming what: a wrong root (the chain or the
+// state hash does not come out), one root too few, a tile or an example beside the roots; a task
+// that is not ruled from roots is refused too. The honest witness still rules for the honest side.
+TEST(TileDisputeTest, AWrongRootsWitnessIsRefused) {
+  g_setup = &FashionSetup();
+  const PartyRun& honest = Honest();
+  for (LieKind kind : {LieKind::kStepState, LieKind::kInputState}) {
+    const PartyRun liar = Train(Lie{kind});
+    Result<DisputeGame> g = DisputeGame::Create(Config(liar, honest));
+    ASSERT_TRUE(g.ok());
+    uint64_t height = g->config().start_height;
+    while (g->stage() != DisputeStage::kDisputeReferee) {
+      ASSERT_NE(g->stage(), DisputeStage::kDisputeResolved);
+      const DisputeQuery q = g->query();
+      ++height;
+      ASSERT_TRUE(g->Post(DisputeParty::kDefender, q.position, Answer(liar, q).hash, height).ok());
+      ASSERT_TRUE(
+          g->Post(DisputeParty::kChallenger, q.position, Answer(honest, q).hash, height).ok());
+    }
+    const RefereeTask task = g->referee_task();
+    ASSERT_TRUE(RulesFromRoots(Context().plan, task));
+    const StepRecord& r = honest.steps.at(task.step);
+    Result<TileWitness> good =
+        BuildTileWitness(Context(), task, *r.trace, r.batch, nullptr, nullptr, nullptr);
+    ASSERT_TRUE(good.ok()) << good.status().ToString();
+    auto refused = [&](const TileWitness& w, const std::string& why) {
+      Result<Hash256> out = RuleRoots(Context(), task, w);
+      ASSERT_FALSE(out.ok()) << why;
+      EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument) << out.status().ToString();
+      EXPECT_NE(out.status().message().find(why), std::string::npos) << out.status().ToString();
+    };
+    TileWitness w = *good;
+    w.outputs.back().bytes[3] ^= 1;
+    refused(w, kind == LieKind::kStepState ? "not to the agreed C_" : "not the agreed input state");
+    w = *good;
+    w.outputs.front().bytes[0] ^= 1;
+    refused(w, kind == LieKind::kStepState ? "not to the agreed C_" : "not the agreed input state");
+    w = *good;
+    w.outputs.pop_back();
+    refused(w, "operator output roots");
+    w = *good;
+    w.tiles.push_back(TileWitnessTile{1, 0, {1.0f}, {}});
+    refused(w, "holds operator output roots only");
+    w = *good;
+    w.examples.push_back(StepWitnessExample{});
+    refused(w, "holds operator output roots only");
+    // The liar's own run does not give the agreed roots of an input state it changed.
+    if (kind == LieKind::kInputState) {
+      const StepRecord& lr = liar.steps.at(task.step);
+      Result<TileWitness> lw =
+          BuildTileWitness(Context(), task, *lr.trace, lr.batch, nullptr, nullptr, nullptr);
+      ASSERT_TRUE(lw.ok());
+      refused(*lw, "not the agreed input state");
+    }
+    // A tile task is not ruled from roots, nor is a roots task by the tile rule.
+    RefereeTask not_roots = task;
+    not_roots.roots = protocol::RefereeRoots::kRootsNone;
+    EXPECT_EQ(RuleRoots(Context(), not_roots, *good).status().code(),
+              StatusCode::kFailedPrecondition);
+    EXPECT_FALSE(RuleTile(Context(), task, *good).ok());
+    // The honest witness rules for the honest challenger.
+    Result<Hash256> out = RuleRoots(Context(), task, *good);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    if (task.roots == protocol::RefereeRoots::kRootsChainEnd) {
+      ASSERT_TRUE(g->Rule(*out).ok());
+    } else {
+      ASSERT_TRUE(g->RuleOperator(*out).ok());
+    }
+    EXPECT_TRUE(g->outcome().challenger_honest) << g->outcome().reason;
+    EXPECT_FALSE(g->outcome().defender_honest) << g->outcome().reason;
+  }
 }
 
 TEST(TileDisputeTest, APartySilentAtAnyPhaseLoses) {
@@ -708,6 +820,15 @@ TEST(TileDisputeTest, OnThe10mGptALieAtACoveredTileLosesToTheTileRule) {
       {LieKind::kTile, "transformer.h.3.mlp.c_fc.weight", 1000, 300},
   };
   ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT");
+}
+
+// The 10M GPT (a token task) at the two whole steps that follow from roots, each side lying: a
+// lie in the state only (the chain end agreed: a witness of its 655 operator output roots) and a
+// lie in the step's input state (an "in.<name>" operator: its 228 tensor roots). Slow.
+TEST(TileDisputeTest, OnThe10mGptTheWholeStepsThatFollowFromRootsAreRuledFromRoots) {
+  g_setup = &GptSetup();
+  ExpectTheHonestSideWins(Lie{LieKind::kStepState}, true, protocol::RefereeRoots::kRootsChainEnd);
+  ExpectTheHonestSideWins(Lie{LieKind::kInputState}, true, protocol::RefereeRoots::kRootsOperator);
 }
 
 // The 10M GPT's gradients with footprints (all but the embeddings', the token loss's and the
@@ -1451,8 +1572,50 @@ class TileChainTest : public testing::FollowedChainFixture {
           "bytes\n",
           Context().plan.ops.at(task.operator_index - 1).name.c_str(),
           static_cast<unsigned long long>(task.tile_index), task.block, turns, bytes);
+    } else if (task.roots != protocol::RefereeRoots::kRootsNone &&
+               RulesFromRoots(TileContextOf(Task(), Unit(), *bundle_, "test")->plan, task)) {
+      // A whole step that follows from roots: the genesis key is refused (for a token task too),
+      // a wrong roots witness is refused, the honest run's roots rule.
+      ExpectGenesisRefereeRefused(task, "RefereeTile");
+      Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), *bundle_, "test");
+      EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+      const StepRecord& rec = honest.steps.at(task.step);
+      Result<TileWitness> w =
+          BuildTileWitness(*ctx, task, *rec.trace, rec.batch, nullptr, nullptr, nullptr);
+      EXPECT_TRUE(w.ok()) << w.status().ToString();
+      TileWitness wrong = *w;
+      wrong.outputs.back().bytes[0] ^= 1;
+      std::vector<Receipt> r = Step({RefereeTile(gina_, EncodeTileWitness(wrong))});
+      EXPECT_EQ(r.at(0).code, StatusCode::kInvalidArgument) << r.at(0).reason;
+      EXPECT_NE(r.at(0).reason.find("referee tile: roots rule"), std::string::npos)
+          << r.at(0).reason;
+      EXPECT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeReferee);
+      const Bytes encoded = EncodeTileWitness(*w);
+      bytes = encoded.size();
+      EXPECT_LE(bytes, kMaxTileWitnessBytes);
+      StepOk({RefereeTile(gina_, encoded)});
+      std::printf("[ on chain ] %s of step %llu: %2u turns, RefereeTile roots witness %6zu bytes\n",
+                  task.roots == protocol::RefereeRoots::kRootsChainEnd
+                      ? "chain end agreed"
+                      : ("input-state operator " + std::to_string(task.operator_index)).c_str(),
+                  static_cast<unsigned long long>(task.step), turns, bytes);
     } else {
       ExpectGenesisRefereeRefused(task, "RefereeStep");
+      if (task.roots == protocol::RefereeRoots::kRootsOperator) {
+        // An operator without tiles that the step computes (no footprint yet): roots do not rule
+        // it (a RefereeTile of the input state's roots is refused, naming the whole step).
+        Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), *bundle_, "test");
+        EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+        TileWitness roots;
+        roots.outputs.assign(honest.steps.at(task.step).roots.begin(),
+                             honest.steps.at(task.step).roots.begin() + 4);
+        std::vector<Receipt> r = Step({RefereeTile(gina_, EncodeTileWitness(roots))});
+        EXPECT_EQ(r.at(0).code, StatusCode::kFailedPrecondition) << r.at(0).reason;
+        EXPECT_NE(r.at(0).reason.find("the whole step decides"), std::string::npos)
+            << r.at(0).reason;
+        std::printf("[ on chain ] %s (no footprint): RefereeTile of roots refused, RefereeStep\n",
+                    ctx->plan.ops.at(task.operator_index - 1).name.c_str());
+      }
       StepWitness w{.bundle = *bundle_, .state = honest.before_lie, .examples = {}};
       for (int64_t i : engine::BatchIndices(Context().seed, Context().stream, kExamples, 128,
                                             static_cast<int64_t>(task.step) - 1)) {
@@ -1499,8 +1662,15 @@ TEST_P(TileChainLieTest, AWrongOperatorIsNarrowedToATileAndRuledOnChain) {
   PlayLieOnChain(Train(Lie{LieKind::kWrongUpdate}), GetParam(), true);
 }
 
-TEST_P(TileChainLieTest, ALieInTheStateOnlyIsRuledOnChainByTheWholeStep) {
-  PlayLieOnChain(Train(Lie{LieKind::kStepState}), GetParam(), false);
+// The two whole steps that follow from roots, through real transactions: a lie in the state only
+// (the chain end agreed) and a lie in the step's input state (an "in.<name>" operator); each
+// ruled by a RefereeTile with a witness of operator output roots, the genesis key refused.
+TEST_P(TileChainLieTest, ALieInTheStateOnlyIsRuledOnChainFromRoots) {
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kStepState}), GetParam(), false), 0u);
+}
+
+TEST_P(TileChainLieTest, ALieInTheStepsInputStateIsRuledOnChainFromRoots) {
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kInputState}), GetParam(), false), 0u);
 }
 
 // A lie in an AdamW moment only, through real transactions: narrowed to a tile of the moment
@@ -1531,6 +1701,16 @@ TEST_P(TileChainLieTest, OnTheFashionCnnANarrowedLinearBlockIsRuledOnChain) {
   PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 40, 100, 3}), GetParam(), true);
 }
 
+// An operator without a footprint (the CNN's conv input gradient: no tiles) ends at the whole
+// step, which the game marks as an operator without tiles; roots do not rule it (it is computed by
+// the step), so the ledger executes the step (RefereeStep), the genesis key refused.
+TEST_P(TileChainLieTest, OnTheFashionCnnAnOperatorWithoutAFootprintIsRuledOnChainByTheWholeStep) {
+  UseCnn();
+  EXPECT_EQ(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.in.grad", 9, 700}), GetParam(),
+                           false),
+            0u);
+}
+
 // The 10M GPT (a token task, its data root over its token pages) through the same transactions:
 // a lie at a qkv tile, the liar the solver, ruled by RefereeTile. Slow (two traced runs of 4 steps
 // of 10.8M parameters).
@@ -1545,6 +1725,24 @@ TEST_F(TileChainTest, OnThe10mGptALinearTileIsRuledOnChain) {
 TEST_F(TileChainTest, OnThe10mGptATokenEmbeddingTileIsRuledOnChain) {
   UseGpt();
   const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "encoded", 40, 300}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
+}
+
+// The 10M GPT (a token task, whose whole steps the ledger does not execute) at the two whole
+// steps that follow from roots, the liar the solver: the genesis key's RuleDispute is refused and
+// a RefereeTile of operator output roots rules (655 roots: 21 KB; 228 input-state roots: 7 KB).
+// Slow.
+TEST_F(TileChainTest, OnThe10mGptALieInTheStateOnlyIsRuledOnChainFromRoots) {
+  UseGpt();
+  const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kStepState}), true, false);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
+}
+
+TEST_F(TileChainTest, OnThe10mGptALieInTheStepsInputStateIsRuledOnChainFromRoots) {
+  UseGpt();
+  const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kInputState}), true, false);
   EXPECT_GT(bytes, 0u);
   EXPECT_LE(bytes, kMaxTileWitnessBytes);
 }

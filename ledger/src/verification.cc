@@ -12,7 +12,10 @@
 //   RefereeStep    the witness of the narrowed step: the ledger executes it itself (a task
 //                  with a data root, exact mode; referee_step.h)    -> DisputeGame::Rule
 //   RefereeTile    the witness of the narrowed tile (a dispute opened with the task bundle:
-//                  the tile phase): the ledger recomputes it (referee_tile.h) -> DisputeGame::Rule
+//                  the tile phase): the ledger recomputes it (referee_tile.h) -> DisputeGame::Rule;
+//                  or, for the whole steps of the tile phase ruled from roots (the chain end
+//                  agreed, an input-state operator), a witness of operator output roots
+//                  (RuleRoots) -> DisputeGame::Rule / RuleOperator
 //   ProveResult    the witness that a unit's result is not the delta of its committed final
 //                  state: the ledger computes it; fraud at once -> UnitCheck::OnResultDisproved
 //   ProveFraud     after the fact (a final round): the witness of one segment that does not
@@ -24,8 +27,9 @@
 //                  checkpoint, commit, received tensors, batch; stage_referee.h): the ledger
 //                  replays it itself -> DisputeGame::Rule
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
-//                  tolerance-mode segment, a whole step of a task without a data root, a stage
-//                  step whose state does not fit a witness -> DisputeGame::Rule
+//                  tolerance-mode segment, a whole step of a task without a data root (or a
+//                  token task's, played without the tile phase), a stage step whose state does
+//                  not fit a witness -> DisputeGame::Rule; refused for whatever the ledger rules
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
 //                  reputation; fraud rewinds the round, a forced error or an abandoned unit
 //                  re-runs that unit (DriveChecks)
@@ -794,14 +798,32 @@ Result<RefereeStage> DisputeAtReferee(const LedgerState& s, const Hash256& task_
 // Whether the ledger executes this dispute's ruling itself (RefereeStep) rather than taking the
 // genesis referee's word (RuleDispute): a whole step of a task with a data root over examples. A
 // token task's data root (over pages) proves the tokens of a tile (RefereeTile); its whole step
-// (a lie in the step's input state or in the state only) is not executed by the ledger yet (a
-// step witness of its state would not fit), so the genesis referee still rules it. A stage unit's
-// step is not a unit's step (its inputs are its neighbours' signed tensors): the genesis referee
-// is ruled from its own witness (RefereeStageStep, LedgerRulesStageStep), never by RefereeStep.
+// is not executed by the ledger (a step witness of its state would not fit): the two whole steps
+// its tile phase ends at (a lie in the step's input state or in the state only) are ruled from
+// roots (LedgerRulesFromRoots), any other by the genesis referee. A stage unit's step is not a
+// unit's step (its inputs are its neighbours' signed tensors): it is ruled from its own witness
+// (RefereeStageStep, LedgerRulesStageStep), never by RefereeStep.
 bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
   return !t.params.data_root.IsZero() && t.params.data_page_tokens == 0 &&
          !IsPipelineTask(t.params) && task.whole_step &&
          !task.segment;
+}
+
+// Whether the ledger rules this whole step from roots itself (RefereeTile with a roots witness,
+// referee_tile.h RuleRoots) so that the genesis referee's word is refused: the chain end agreed
+// (the state follows from the operator outputs); an operator without tiles of a task with a
+// data root the tile phase proves batches with (examples, or token pages), where every operator
+// without tiles is of the step's input state or (a classification task) executed by RefereeStep.
+// Without a data root an operator without tiles may be one whose tokens cannot be proven
+// (TokenOpsOpaque): the genesis referee may still rule it, and RefereeTile rules it when it is
+// of the input state. Both kinds only arise in a game with the tile phase, whose bundle the
+// ledger accepted (TileContextOf), so a RefereeTile can always carry it.
+bool LedgerRulesFromRoots(const TaskRecord& t, const protocol::RefereeTask& task) {
+  if (task.segment || !task.whole_step || task.tile || IsPipelineTask(t.params)) return false;
+  if (task.roots == protocol::RefereeRoots::kRootsChainEnd) return true;
+  return task.roots == protocol::RefereeRoots::kRootsOperator && !t.params.data_root.IsZero() &&
+         (t.params.data_page_tokens == 0 ||
+          t.params.data_page_tokens == static_cast<uint32_t>(engine::kTokenPageTokens));
 }
 
 Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
@@ -898,7 +920,8 @@ Status ExecuteRefereeTile(ExecContext& ctx, const RefereeTileTx& tx) {
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
   protocol::DisputeGame* game = r.check.mutable_dispute();
   const protocol::RefereeTask& task = game->referee_task();
-  if (!task.tile) {
+  const bool roots = task.roots != protocol::RefereeRoots::kRootsNone;
+  if (!task.tile && !roots) {
     return FailedPrecondition(
         "referee tile: the dispute on unit " + std::to_string(tx.index) +
         " waits for a whole step" +
@@ -922,9 +945,15 @@ Status ExecuteRefereeTile(ExecContext& ctx, const RefereeTileTx& tx) {
   ML_ASSIGN_OR_RETURN(TileRuleContext tc, TileContextOf(*t, *r.unit, tx.bundle.text, where));
   Result<TileWitness> w = DecodeTileWitness(tx.witness.bytes);
   if (!w.ok()) return w.status().WithPrefix("referee tile: witness");
-  Result<Hash256> output = RuleTile(tc, task, *w);
+  // A whole step of the tile phase ruled from roots: the state after it (the chain end agreed),
+  // or the correct C_j of an input-state operator (referee_tile.h, RuleRoots).
+  Result<Hash256> output = roots ? RuleRoots(tc, task, *w) : RuleTile(tc, task, *w);
   if (!output.ok()) return output.status().WithPrefix("referee tile");
-  ML_RETURN_IF_ERROR(game->Rule(*output));
+  if (roots && task.roots == protocol::RefereeRoots::kRootsOperator) {
+    ML_RETURN_IF_ERROR(game->RuleOperator(*output));
+  } else {
+    ML_RETURN_IF_ERROR(game->Rule(*output));
+  }
   SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
   return Status::Ok();
 }
@@ -1140,6 +1169,22 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               " is a pipeline stage whose step the ledger replays itself; send "
                               "RefereeStageStep with the stage step's witness");
   }
+  if (LedgerRulesFromRoots(*t, game->referee_task())) {
+    return FailedPrecondition(
+        "rule dispute: the dispute on unit " + std::to_string(tx.index) + " of task " +
+        tx.task_id.ShortHex() + " ended at " +
+        (game->referee_task().roots == protocol::RefereeRoots::kRootsChainEnd
+             ? std::string("a step whose operator outputs both parties agreed to")
+             : "operator " + std::to_string(game->referee_task().operator_index) +
+                   " of the step's input state") +
+        ", which the ledger rules itself from roots; send RefereeTile with the task's bundle "
+        "and a witness of the operator output roots (ledger::BuildTileWitness)" +
+        (game->referee_task().roots == protocol::RefereeRoots::kRootsOperator &&
+                 LedgerExecutes(*t, game->referee_task())
+             ? std::string(" for an operator of the input state, or RefereeStep with the "
+                           "step's witness for one without a footprint")
+             : std::string()));
+  }
   if (LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition("rule dispute: task " + tx.task_id.ShortHex() +
                               " has a data root, so the ledger executes the disputed step "
@@ -1218,7 +1263,14 @@ nlohmann::json UnitCheckToJson(const UnitCheck& c) {
                        {"reduction_blocks", r.reduction_blocks},
                        {"block", r.block},
                        {"state_input", r.state_input.ToHex()},
-                       {"partial_input", r.partial_input.ToHex()}};
+                       {"partial_input", r.partial_input.ToHex()},
+                       {"roots", static_cast<int>(r.roots)}};
+      if (r.roots != protocol::RefereeRoots::kRootsNone) {
+        dj["referee"]["chain_end"] = r.chain_end.ToHex();
+        dj["referee"]["operator_input"] = r.operator_input.ToHex();
+        dj["referee"]["defender_operator_output"] = r.defender_operator_output.ToHex();
+        dj["referee"]["challenger_operator_output"] = r.challenger_operator_output.ToHex();
+      }
     } else {
       dj["outcome"] = {{"defender_honest", d->outcome().defender_honest},
                        {"challenger_honest", d->outcome().challenger_honest},

@@ -235,7 +235,9 @@ Status ParseDispute(const RpcAnswer& d, DisputeView* v) {
     ML_ASSIGN_OR_RETURN(RpcAnswer r, f.Object("referee"));
     Fields rf(r, {"whole_step", "segment", "first_step", "step", "operator_index", "input",
                   "defender_output", "challenger_output", "tile", "tile_index", "tile_count",
-                  "reduction_blocks", "block", "state_input", "partial_input"});
+                  "reduction_blocks", "block", "state_input", "partial_input", "roots",
+                  "chain_end", "operator_input", "defender_operator_output",
+                  "challenger_operator_output"});
     protocol::RefereeTask& t = v->referee;
     rf.Read("whole_step", &t.whole_step).Read("segment", &t.segment);
     rf.Read("first_step", &t.first_step).Read("step", &t.step);
@@ -248,7 +250,19 @@ Status ParseDispute(const RpcAnswer& d, DisputeView* v) {
     rf.Read("tile", &t.tile).Read("tile_index", &t.tile_index).Read("tile_count", &t.tile_count);
     rf.Read("reduction_blocks", &t.reduction_blocks).Read("block", &t.block);
     rf.Read("state_input", &t.state_input).Read("partial_input", &t.partial_input);
+    // A whole step of the tile phase ruled from roots (protocol::RefereeRoots).
+    uint32_t roots = 0;
+    rf.Optional("roots").Optional("chain_end").Optional("operator_input");
+    rf.Optional("defender_operator_output").Optional("challenger_operator_output");
+    rf.Read("roots", &roots).Read("chain_end", &t.chain_end);
+    rf.Read("operator_input", &t.operator_input);
+    rf.Read("defender_operator_output", &t.defender_operator_output);
+    rf.Read("challenger_operator_output", &t.challenger_operator_output);
     ML_RETURN_IF_ERROR(rf.Done());
+    if (roots > static_cast<uint32_t>(protocol::RefereeRoots::kRootsOperator)) {
+      return InvalidArgument("dispute.referee.roots " + std::to_string(roots) + " is unknown");
+    }
+    t.roots = static_cast<protocol::RefereeRoots>(roots);
     v->has_referee = true;
   } else {
     ML_ASSIGN_OR_RETURN(RpcAnswer o, f.Object("outcome"));

@@ -22,6 +22,27 @@ namespace meshlearn::node {
 
 using nlohmann::json;
 
+namespace {
+
+// The chain's view of the disputed unit for the tile phase (ledger::TileContextOf), from the task
+// bundle this service loaded.
+Result<ledger::TileRuleContext> DisputeTileContext(const RefereeDispute& d,
+                                               const std::string& bundle_text,
+                                               const ledger::TaskParams& params) {
+  ledger::TaskRecord record;
+  record.id = d.task_id;
+  record.spec_hash = d.spec_hash;
+  record.params = params;
+  ledger::WorkUnit unit;
+  unit.task_id = d.task_id;
+  unit.index = d.index;
+  unit.round = d.round;
+  unit.shard = d.shard;
+  return ledger::TileContextOf(record, unit, bundle_text, "tile witness");
+}
+
+}  // namespace
+
 Result<Hash256> StateHashAfterStep(engine::Trainer* trainer, std::span<const float> global,
                                    const UnitWork& work, int64_t step) {
   const int64_t steps[] = {step};
@@ -254,6 +275,19 @@ Result<std::vector<RefereeDispute>> ParseRefereeWork(const json& j) {
       ML_ASSIGN_OR_RETURN(d.task.state_input, HashAt(r, "state_input", where));
       ML_ASSIGN_OR_RETURN(d.task.partial_input, HashAt(r, "partial_input", where));
     }
+    const int roots = r.value("roots", 0);
+    if (roots == static_cast<int>(protocol::RefereeRoots::kRootsChainEnd) ||
+        roots == static_cast<int>(protocol::RefereeRoots::kRootsOperator)) {
+      d.task.roots = static_cast<protocol::RefereeRoots>(roots);
+      ML_ASSIGN_OR_RETURN(d.task.chain_end, HashAt(r, "chain_end", where));
+      ML_ASSIGN_OR_RETURN(d.task.operator_input, HashAt(r, "operator_input", where));
+      ML_ASSIGN_OR_RETURN(d.task.defender_operator_output,
+                          HashAt(r, "defender_operator_output", where));
+      ML_ASSIGN_OR_RETURN(d.task.challenger_operator_output,
+                          HashAt(r, "challenger_operator_output", where));
+    } else if (roots != 0) {
+      return InvalidArgument(where + ": referee.roots " + std::to_string(roots) + " is unknown");
+    }
     ML_ASSIGN_OR_RETURN(d.task.input, HashAt(r, "input", where));
     ML_ASSIGN_OR_RETURN(d.task.defender_output, HashAt(r, "defender_output", where));
     ML_ASSIGN_OR_RETURN(d.task.challenger_output, HashAt(r, "challenger_output", where));
@@ -368,6 +402,14 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
     return Computed{.ruling = std::move(r), .tx = tx};
   }
   if (d.task.tile) return ComputeTileWitness(d, t, params, start.weights, work);
+  // A whole step of the tile phase the ledger rules from roots (the chain end agreed, an operator
+  // of the step's input state): a witness of operator output roots, whatever the model's size.
+  if (d.task.roots != protocol::RefereeRoots::kRootsNone) {
+    ML_ASSIGN_OR_RETURN(ledger::TileRuleContext ctx, DisputeTileContext(d, t->bundle_text, params));
+    if (ledger::RulesFromRoots(ctx.plan, d.task)) {
+      return ComputeTileWitness(d, t, params, start.weights, work);
+    }
+  }
   // A whole step of a task with a data root over examples (the ledger's record;
   // CheckBundleMatchesLedger made sure it is the data's): the ledger executes it from our witness.
   // A token task's root (over pages) serves its tiles only: its whole step is ruled here.
@@ -478,24 +520,18 @@ Result<RefereeService::Computed> RefereeService::ComputeStepWitness(const Refere
 Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
     const RefereeDispute& d, TaskTrainer* t, const ledger::TaskParams& params,
     std::span<const float> global, const UnitWork& work) {
-  ledger::TaskRecord record;
-  record.id = d.task_id;
-  record.spec_hash = d.spec_hash;
-  record.params = params;
-  ledger::WorkUnit unit;
-  unit.task_id = d.task_id;
-  unit.index = d.index;
-  unit.round = d.round;
-  unit.shard = d.shard;
-  ML_ASSIGN_OR_RETURN(ledger::TileRuleContext ctx,
-                      ledger::TileContextOf(record, unit, t->bundle_text, "tile witness"));
+  ML_ASSIGN_OR_RETURN(ledger::TileRuleContext ctx, DisputeTileContext(d, t->bundle_text, params));
   DisputeStart start{.first_step = static_cast<int64_t>(d.first_step), .agreed = d.agreed};
   if (CanFetchCheckpoints()) {
     start.checkpoint = [this, &d](int64_t step) { return LoadDefenderCheckpoint(d, step); };
   }
-  ML_ASSIGN_OR_RETURN(TracedStep traced, TraceDisputedStep(t->trainer.get(), global, work,
-                                                           static_cast<int64_t>(d.task.step),
-                                                           d.task.state_input, start));
+  // A tile task names the step's input state (C_0) as state_input; a whole step ruled from
+  // roots as its input.
+  const bool roots = !d.task.tile;
+  ML_ASSIGN_OR_RETURN(TracedStep traced,
+                      TraceDisputedStep(t->trainer.get(), global, work,
+                                        static_cast<int64_t>(d.task.step),
+                                        roots ? d.task.input : d.task.state_input, start));
   const engine::ClassificationData* train = nullptr;
   if (!t->trainer->data().tokens) {
     if (t->tree == nullptr) t->tree = std::make_unique<engine::DataTree>(t->trainer->data().train);
@@ -507,12 +543,16 @@ Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
                       ledger::BuildTileWitness(ctx, d.task, *traced.trace, traced.batch, train,
                                                t->tree.get(), t->pages.get()));
   // The output the ledger will compute from it (its own rule, on this copy of the task).
-  ML_ASSIGN_OR_RETURN(Hash256 output, ledger::RuleTile(ctx, d.task, w));
+  ML_ASSIGN_OR_RETURN(Hash256 output, roots ? ledger::RuleRoots(ctx, d.task, w)
+                                            : ledger::RuleTile(ctx, d.task, w));
   ledger::RefereeTileTx tx{.task_id = d.task_id, .index = d.index};
   tx.bundle.text = t->bundle_text;
   tx.witness.bytes = ledger::EncodeTileWitness(w);
   if (tx.witness.bytes.size() > ledger::kMaxTileWitnessBytes) {
-    return FailedPrecondition("the witness of tile " + std::to_string(d.task.tile_index) + " is " +
+    return FailedPrecondition("the witness of " +
+                              (roots ? std::string("roots")
+                                     : "tile " + std::to_string(d.task.tile_index)) +
+                              " is " +
                               std::to_string(tx.witness.bytes.size()) + " bytes, over " +
                               std::to_string(ledger::kMaxTileWitnessBytes));
   }
@@ -524,14 +564,36 @@ Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
   r.ledger_executes = true;
   r.tile = true;
   r.witness_bytes = tx.witness.bytes.size();
+  const bool by_operator = d.task.roots == protocol::RefereeRoots::kRootsOperator;
+  const Hash256& d_out = by_operator ? d.task.defender_operator_output : d.task.defender_output;
+  const Hash256& c_out =
+      by_operator ? d.task.challenger_operator_output : d.task.challenger_output;
+  const std::string side = output == d_out   ? "the defender's output"
+                           : output == c_out ? "the challenger's output"
+                                             : "neither output (both lose)";
+  if (by_operator) {
+    // The ruling in the referee task's own terms (RuleDisputeTx::output, a report's "for"): the
+    // state claim of the party whose C_j the roots give.
+    r.output = output == d_out   ? d.task.defender_output
+               : output == c_out ? d.task.challenger_output
+                                 : output;
+  }
+  if (roots) {
+    r.reason = std::string(by_operator ? "operator " + std::to_string(d.task.operator_index) +
+                                             " (" +
+                                             ctx.plan.ops.at(d.task.operator_index - 1).name +
+                                             ", the step's input state)"
+                                       : "the state after the agreed operator outputs") +
+               " of step " + std::to_string(d.task.step) +
+               " for the ledger to rule from roots (witness of " +
+               std::to_string(r.witness_bytes) + " bytes): " + side;
+    return Computed{.ruling = std::move(r), .tx = std::move(tx)};
+  }
   const std::string& op = ctx.plan.ops.at(d.task.operator_index - 1).name;
   r.reason = "tile " + std::to_string(d.task.tile_index) + " of " + op + " (block " +
              std::to_string(d.task.block) + ") of step " + std::to_string(d.task.step) +
              " for the ledger to recompute (witness of " + std::to_string(r.witness_bytes) +
-             " bytes): " +
-             (output == d.task.defender_output     ? "the defender's output"
-              : output == d.task.challenger_output ? "the challenger's output"
-                                                   : "neither output (both lose)");
+             " bytes): " + side;
   return Computed{.ruling = std::move(r), .tx = std::move(tx)};
 }
 

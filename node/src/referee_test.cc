@@ -19,11 +19,13 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/ledger/chain.h"
 #include "meshlearn/ledger/genesis.h"
+#include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/rpc.h"
 #include "meshlearn/ledger/sequencer.h"
 #include "meshlearn/ledger/shared_chain.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/step_witness.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
@@ -474,6 +476,7 @@ class RefereeChainFixture : public ::testing::Test {
     Send(verifier_, Register(verifier_, ledger::kRoleVerifier));
     Step();
     TaskBundle bundle = MakeBundle(&env_, "/task/task.toml", store_.get()).value();
+    bundle_id_ = bundle.id.hash;
     net::BlobId init = store_->Put(EncodeGlobalState(local_->initial)).value();
     ledger::TaskParams params = MakeTaskParams(local_->facts, local_->net, init.hash);
     params.tolerance_rel_l2_ppm = tolerance.max_rel_l2_ppm;
@@ -510,8 +513,10 @@ class RefereeChainFixture : public ::testing::Test {
 
   // The solver commits (`leaves`, `result_hash`); the (only) verifier commits and reveals a
   // mismatch in `segment` ending at `replayed_end`; steps until the unit is disputed.
+  // With `bundle` (the task bundle's text) the dispute plays the tile phase.
   void CommitAndDispute(const std::vector<Hash256>& leaves, const Hash256& result_hash,
-                        uint32_t segment, const Hash256& replayed_end) {
+                        uint32_t segment, const Hash256& replayed_end,
+                        const std::string& bundle = "") {
     Send(solver_, ledger::CommitUnitTx{.task_id = task_id_,
                                        .index = index_,
                                        .node_id = solver_.public_key(),
@@ -546,7 +551,8 @@ class RefereeChainFixture : public ::testing::Test {
                                   .start_proof = ProofField(leaves, segment),
                                   .solver_end = leaves[segment + 1],
                                   .end_proof = ProofField(leaves, segment + 1),
-                                  .replayed_end = replayed_end}});
+                                  .replayed_end = replayed_end},
+                        .bundle = {bundle}});
     Send(solver_, ledger::RevealSecretTx{.task_id = task_id_,
                                          .index = index_,
                                          .node_id = solver_.public_key(),
@@ -578,6 +584,7 @@ class RefereeChainFixture : public ::testing::Test {
   std::map<PublicKey, std::unique_ptr<TxSender>> senders_;
   std::unique_ptr<net::BlobStore> store_;
   Hash256 task_id_;
+  Hash256 bundle_id_;  // the task bundle's blob (its spec_hash)
   std::optional<UnitAssignment> assignment_;
   uint32_t index_ = 0;
 };
@@ -825,6 +832,124 @@ TEST_F(RefereeExactFixture, AWitnessNobodyCanBuildLeavesTheDisputeUndecided) {
   EXPECT_EQ(Node(solver_).reputation.slashes, 0u);
   EXPECT_EQ(Node(verifier_).reputation.slashes, 0u);
 }
+
+// The two whole steps the tile phase ends at that follow from roots, played on a real chain with
+// the task bundle: a solver that trained honestly but committed a wrong state after step k (a
+// state hash that does not follow from the operator outputs it shows: both post the same chain,
+// the chain ends agree), or one that shows a wrong root of an input-state operator of step k. The
+// service posts a RefereeTile with the step's operator output roots (not a step witness, whatever
+// the model's size; no key); the ledger rules from roots for the verifier.
+class RefereeRootsTest : public RefereeExactFixture, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(RefereeRootsTest, AWholeStepThatFollowsFromRootsIsRuledByARefereeTileOfRoots) {
+  const bool input_state_lie = GetParam();
+  constexpr size_t kLiedOperator = 3;  // an "in.<name>" operator (1-based)
+  ASSERT_NO_FATAL_FAILURE(Start());
+  engine::Trainer* tr = local_->trainer.get();
+  std::span<const float> global = local_->initial.weights;
+  const UnitWork work = local_->Work(assignment_->round, assignment_->shard);
+  const std::vector<Hash256> honest = EveryStep(tr, global, work, Adversary::kNone);
+  const Hash256 wrong = Hasher("a state that is not the step's").Finish();
+  const std::vector<Hash256> leaves = {honest[0], wrong, honest[kH]};
+  const std::string bundle(AsStringView(GetBlob(bundle_id_).value()));
+  ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, Blake2b("delta"), 0, honest[kK], bundle));
+  ASSERT_TRUE(Check().has_tile_phase());
+  auto posts = [&](bool solver, uint64_t s) { return solver && s == kK ? wrong : honest[s]; };
+  ledger::TaskRecord record =
+      shared_->With([&](ledger::Chain& c) { return c.GetTask(task_id_).value(); });
+  ledger::WorkUnit unit =
+      shared_->With([&](ledger::Chain& c) { return c.GetWorkUnit(task_id_, index_).value(); });
+  Result<ledger::TileRuleContext> ctx = ledger::TileContextOf(record, unit, bundle, "test");
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  ASSERT_EQ(ctx->plan.ops[kLiedOperator - 1].kind, engine::TileOpKind::kTileOpState);
+  std::optional<TracedStep> traced;
+  for (int turn = 0; turn < 20; ++turn) {
+    const protocol::DisputeGame g = *Check().dispute();
+    if (g.stage() == protocol::DisputeStage::kDisputeReferee) break;
+    ASSERT_TRUE(g.stage() == protocol::DisputeStage::kDisputeSteps ||
+                g.stage() == protocol::DisputeStage::kDisputeOperators)
+        << protocol::DisputeStageName(g.stage());
+    const protocol::DisputeQuery q = g.query();
+    for (bool solver : {true, false}) {
+      Hash256 h;
+      if (q.stage == protocol::DisputeStage::kDisputeSteps) {
+        h = posts(solver, q.position);
+      } else {
+        // Both answer the operator phase from the same (honest) trace of the step; the input-state
+        // liar with one "in.<name>" root changed.
+        if (!traced) {
+          Result<TracedStep> t = TraceDisputedStep(tr, global, work, static_cast<int64_t>(q.step),
+                                                   honest[q.step - 1]);
+          ASSERT_TRUE(t.ok()) << t.status().ToString();
+          traced = std::move(*t);
+        }
+        Result<ledger::DisputeMoveAnswer> a =
+            ledger::AnswerTileQuery(*ctx, q, honest[q.step - 1], *traced->trace, traced->batch);
+        ASSERT_TRUE(a.ok()) << a.status().ToString();
+        h = a->hash;
+        if (solver && input_state_lie && q.position >= kLiedOperator) {
+          h = honest[q.step - 1];
+          for (size_t j = 0; j < q.position; ++j) {
+            Hash256 out = traced->trace->hash(j);
+            if (j + 1 == kLiedOperator) out.bytes[0] ^= 1;
+            h = protocol::OperatorChainHash(h, out);
+          }
+        }
+      }
+      const KeyPair& key = solver ? solver_ : verifier_;
+      Send(key, ledger::DisputePostTx{.task_id = task_id_,
+                                      .index = index_,
+                                      .node_id = key.public_key(),
+                                      .position = q.position,
+                                      .hash = h});
+    }
+    Step();
+  }
+  const protocol::RefereeTask task = Check().dispute()->referee_task();
+  ASSERT_EQ(Check().dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  EXPECT_EQ(task.step, static_cast<uint64_t>(kK));
+  EXPECT_EQ(task.roots, input_state_lie ? protocol::RefereeRoots::kRootsOperator
+                                        : protocol::RefereeRoots::kRootsChainEnd);
+  if (input_state_lie) {
+    EXPECT_EQ(task.operator_index, kLiedOperator);
+  }
+  // The service: any funded key (no genesis key is involved).
+  std::vector<std::string> log;
+  RefereeService referee(client_.get(), senders_.at(anyone_.public_key()).get(),
+                         [&](const Hash256& id) { return GetBlob(id); },
+                         {.env = &env_,
+                          .work_dir = "/referee",
+                          .log = [&](const std::string& l) { log.push_back(l); }});
+  Result<std::vector<RefereeRecord>> sent = referee.Poll();
+  ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+  ASSERT_EQ(sent->size(), 1u) << ::testing::PrintToString(log);
+  const RefereeRecord& rec = (*sent)[0];
+  EXPECT_EQ(rec.tx_type, "RefereeTile") << rec.ruling.reason;
+  EXPECT_EQ(rec.dispute.task.roots, task.roots);
+  EXPECT_EQ(rec.dispute.task.chain_end, task.chain_end);
+  EXPECT_EQ(rec.dispute.task.operator_input, task.operator_input);
+  EXPECT_EQ(rec.dispute.task.defender_operator_output, task.defender_operator_output);
+  EXPECT_EQ(rec.dispute.task.challenger_operator_output, task.challenger_operator_output);
+  // The ruling in the task's own terms: the verifier's claim of the state after the step.
+  EXPECT_EQ(rec.ruling.output, honest[kK]) << rec.ruling.reason;
+  EXPECT_EQ(rec.ruling.output, task.challenger_output) << rec.ruling.reason;
+  EXPECT_TRUE(rec.ruling.ledger_executes);
+  EXPECT_GT(rec.ruling.witness_bytes, 0u);
+  EXPECT_LE(rec.ruling.witness_bytes, ledger::kMaxTileWitnessBytes);
+  EXPECT_NE(rec.ruling.reason.find("from roots"), std::string::npos) << rec.ruling.reason;
+  EXPECT_NE(rec.ruling.reason.find("the challenger's output"), std::string::npos)
+      << rec.ruling.reason;
+  std::printf("[ roots    ] %s\n", rec.ruling.reason.c_str());
+  Step();
+  EXPECT_TRUE(referee.Poll()->empty());  // the ruling landed: nothing more to send
+  ASSERT_EQ(referee.rulings().size(), 1u);
+  EXPECT_TRUE(referee.rulings()[0].ok) << referee.rulings()[0].error;
+  ASSERT_NO_FATAL_FAILURE(ExpectHonestSideWon(/*solver_lies=*/true));
+}
+
+INSTANTIATE_TEST_SUITE_P(EachCase, RefereeRootsTest, ::testing::Bool(), [](const auto& info) {
+  return info.param ? "InputStateOperator" : "ChainEndAgreed";
+});
 
 // A submitter whose declared data_root is not the root of the data in its bundle: the referee
 // service refuses the task (logs it once, naming the task and both roots) and never rules.

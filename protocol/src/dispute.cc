@@ -10,6 +10,7 @@ namespace {
 
 constexpr uint8_t kDisputeEncodingVersion = 1;       // no tile phase
 constexpr uint8_t kDisputeEncodingVersionTiles = 2;  // with the tile phase (operator_tiles)
+constexpr uint8_t kDisputeEncodingVersionRoots = 3;  // 2, its referee task ruled from roots
 constexpr uint32_t kMaxReasonLength = 256;
 constexpr uint32_t kMaxOperators = 1u << 20;
 
@@ -243,9 +244,14 @@ void DisputeGame::Advance() {
     if (stage_ == DisputeStage::kDisputeOperators && !chain_end_known_) {
       chain_end_known_ = true;
       if (d == c) {
-        // Same operator outputs, different states: the step's last part (the state update
-        // itself) is what differs; the referee runs the whole step.
+        // Same operator outputs, different states: the state hash a party posted does not follow
+        // from its operator outputs. The whole step decides; with the tile phase, the agreed
+        // C_n decides it from roots (the state is StateHashOfRoots of the last outputs).
         EnterReferee(true, step_, 0, step_input_, step_d_out_, step_c_out_, last_post_height_);
+        if (tiled()) {
+          referee_.roots = RefereeRoots::kRootsChainEnd;
+          referee_.chain_end = d;
+        }
         return;
       }
       lo_ = 0;
@@ -290,8 +296,14 @@ void DisputeGame::Advance() {
     op_ = static_cast<uint32_t>(hi_);
     op_input_ = lo_hash_;
     if (config_.operator_tiles[op_ - 1] == 0) {
-      // The step's input state (not computed by the step): the whole step decides.
+      // The step's input state (not computed by the step), or an operator without a footprint:
+      // the whole step decides; the input state's operator also from roots (RuleOperator).
       EnterReferee(true, step_, 0, step_input_, step_d_out_, step_c_out_, height);
+      referee_.roots = RefereeRoots::kRootsOperator;
+      referee_.operator_index = op_;
+      referee_.operator_input = op_input_;
+      referee_.defender_operator_output = d_hi_;
+      referee_.challenger_operator_output = c_hi_;
       return;
     }
     EnterTiles(height);
@@ -423,6 +435,28 @@ Status DisputeGame::Rule(const Hash256& correct_output) {
   return Status::Ok();
 }
 
+Status DisputeGame::RuleOperator(const Hash256& correct_operator_output) {
+  if (stage_ != DisputeStage::kDisputeReferee ||
+      referee_.roots != RefereeRoots::kRootsOperator) {
+    return FailedPrecondition(
+        "dispute: RuleOperator rules an operator without tiles at the referee stage only "
+        "(stage " + std::string(DisputeStageName(stage_)) + ")");
+  }
+  stage_ = DisputeStage::kDisputeResolved;
+  outcome_.defender_honest = referee_.defender_operator_output == correct_operator_output;
+  outcome_.challenger_honest = referee_.challenger_operator_output == correct_operator_output;
+  const std::string what = "operator " + std::to_string(referee_.operator_index) + " of step " +
+                           std::to_string(referee_.step) + " from the input state's roots";
+  if (outcome_.defender_honest) {
+    outcome_.reason = "referee ruled " + what + ": the challenger's output is wrong";
+  } else if (outcome_.challenger_honest) {
+    outcome_.reason = "referee ruled " + what + ": the defender's output is wrong";
+  } else {
+    outcome_.reason = "referee ruled " + what + ": both outputs are wrong";
+  }
+  return Status::Ok();
+}
+
 Status DisputeGame::RuleTolerance(bool defender_within_tolerance) {
   if (stage_ != DisputeStage::kDisputeReferee || !referee_.segment) {
     return FailedPrecondition("dispute: RuleTolerance rules a tolerance-mode segment at the "
@@ -440,7 +474,10 @@ Status DisputeGame::RuleTolerance(bool defender_within_tolerance) {
 Bytes DisputeGame::Encode() const {
   Encoder e;
   const bool v2 = tiled();
-  e.PutU8(v2 ? kDisputeEncodingVersionTiles : kDisputeEncodingVersion);
+  const bool v3 = v2 && referee_.roots != RefereeRoots::kRootsNone;
+  e.PutU8(v3   ? kDisputeEncodingVersionRoots
+          : v2 ? kDisputeEncodingVersionTiles
+               : kDisputeEncodingVersion);
   e.PutHash(config_.unit.task).PutU32(config_.unit.round).PutU32(config_.unit.shard);
   e.PutPublicKey(config_.defender).PutPublicKey(config_.challenger);
   e.PutU64(config_.first_step).PutU64(config_.last_step);
@@ -475,6 +512,11 @@ Bytes DisputeGame::Encode() const {
     e.PutU32(referee_.reduction_blocks).PutU32(referee_.block);
     e.PutHash(referee_.state_input).PutHash(referee_.partial_input);
   }
+  if (v3) {
+    e.PutU8(static_cast<uint8_t>(referee_.roots)).PutHash(referee_.chain_end);
+    e.PutHash(referee_.operator_input).PutHash(referee_.defender_operator_output);
+    e.PutHash(referee_.challenger_operator_output);
+  }
   return e.Take();
 }
 
@@ -482,10 +524,12 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
   Decoder d(bytes);
   uint8_t version = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&version, "dispute.version"));
-  if (version != kDisputeEncodingVersion && version != kDisputeEncodingVersionTiles) {
+  if (version != kDisputeEncodingVersion && version != kDisputeEncodingVersionTiles &&
+      version != kDisputeEncodingVersionRoots) {
     return InvalidArgument("dispute: unknown encoding version " + std::to_string(version));
   }
-  const bool v2 = version == kDisputeEncodingVersionTiles;
+  const bool v3 = version == kDisputeEncodingVersionRoots;
+  const bool v2 = version == kDisputeEncodingVersionTiles || v3;
   DisputeConfig c;
   ML_RETURN_IF_ERROR(d.GetHash(&c.unit.task, "dispute.unit.task"));
   ML_RETURN_IF_ERROR(d.GetU32(&c.unit.round, "dispute.unit.round"));
@@ -570,6 +614,31 @@ Result<DisputeGame> DisputeGame::Decode(ByteSpan bytes) {
     ML_RETURN_IF_ERROR(d.GetU32(&g.referee_.block, "dispute.referee.block"));
     ML_RETURN_IF_ERROR(d.GetHash(&g.referee_.state_input, "dispute.referee.state_input"));
     ML_RETURN_IF_ERROR(d.GetHash(&g.referee_.partial_input, "dispute.referee.partial_input"));
+  }
+  if (v3) {
+    uint8_t roots = 0;
+    ML_RETURN_IF_ERROR(d.GetU8(&roots, "dispute.referee.roots"));
+    if (roots != static_cast<uint8_t>(RefereeRoots::kRootsChainEnd) &&
+        roots != static_cast<uint8_t>(RefereeRoots::kRootsOperator)) {
+      return InvalidArgument("dispute: version 3 is a referee task ruled from roots; roots is " +
+                             std::to_string(roots));
+    }
+    g.referee_.roots = static_cast<RefereeRoots>(roots);
+    ML_RETURN_IF_ERROR(d.GetHash(&g.referee_.chain_end, "dispute.referee.chain_end"));
+    ML_RETURN_IF_ERROR(d.GetHash(&g.referee_.operator_input, "dispute.referee.operator_input"));
+    ML_RETURN_IF_ERROR(
+        d.GetHash(&g.referee_.defender_operator_output, "dispute.referee.defender_operator"));
+    ML_RETURN_IF_ERROR(
+        d.GetHash(&g.referee_.challenger_operator_output, "dispute.referee.challenger_operator"));
+    const bool op = g.referee_.roots == RefereeRoots::kRootsOperator;
+    if ((g.stage_ != DisputeStage::kDisputeReferee && g.stage_ != DisputeStage::kDisputeResolved) ||
+        !g.referee_.whole_step || g.referee_.tile || g.referee_.segment ||
+        (op && (g.referee_.operator_index == 0 || g.referee_.operator_index > c.num_operators ||
+                c.operator_tiles[g.referee_.operator_index - 1] != 0))) {
+      return InvalidArgument(
+          "dispute: a referee task ruled from roots is a whole step at the referee (an "
+          "operator's: one without tiles)");
+    }
   }
   ML_RETURN_IF_ERROR(d.Finish());
   if (g.stage_ == DisputeStage::kDisputeTiles || g.stage_ == DisputeStage::kDisputeReduction) {

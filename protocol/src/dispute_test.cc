@@ -418,7 +418,7 @@ TiledPlay PlayTiled(DisputeGame g, const TiledTrace& d, const TiledTrace& c) {
     EXPECT_TRUE(d.Move(g, DisputeParty::kDefender, height).ok());
     EXPECT_TRUE(c.Move(g, DisputeParty::kChallenger, height).ok());
     Bytes wire = g.Encode();
-    EXPECT_EQ(wire[0], 2);
+    EXPECT_EQ(wire[0], g.referee_task().roots == RefereeRoots::kRootsNone ? 2 : 3);
     auto back = DisputeGame::Decode(wire);
     EXPECT_TRUE(back.ok()) << back.status().ToString();
     if (!back.ok()) return {};
@@ -430,7 +430,11 @@ TiledPlay PlayTiled(DisputeGame g, const TiledTrace& d, const TiledTrace& c) {
   p.task = g.referee_task();
   const RefereeTask& t = p.task;
   Hash256 correct;
-  if (t.whole_step) {
+  if (t.whole_step && t.roots == RefereeRoots::kRootsOperator) {
+    // The input state's operator, ruled from roots: the true C_j (RuleOperator).
+    EXPECT_TRUE(g.RuleOperator(truth.Chain(t.step, t.operator_index)).ok());
+    return TiledPlay{t, g.outcome(), g.turns()};
+  } else if (t.whole_step) {
     correct = truth.State(t.step);
   } else if (t.reduction_blocks == 0 || t.block + 1 == t.reduction_blocks) {
     correct = MerkleLeafHash(truth.Tile(t.step, t.operator_index, t.tile_index));
@@ -493,15 +497,122 @@ TEST(DisputeTileTest, TheReductionPhaseFindsTheFirstWrongBlock) {
   }
 }
 
-TEST(DisputeTileTest, AnOperatorWithoutTilesGoesToTheWholeStep) {
-  TiledTrace liar{.lie_step = 3, .lie_op = 1, .tiles = 4};  // op 1: the input state
-  TiledTrace honest{.tiles = 4};
-  auto g = DisputeGame::Create(TiledConfig(liar, honest, 4, 0));
-  ASSERT_TRUE(g.ok());
-  TiledPlay p = PlayTiled(std::move(*g), liar, honest);
-  EXPECT_TRUE(p.task.whole_step);
-  EXPECT_FALSE(p.task.tile);
-  EXPECT_FALSE(p.outcome.defender_honest);
+// An operator without tiles (the step's input state, or one without a footprint) ends at the
+// whole step, which the referee task also carries as that operator's C_{j-1} and both C_j, so
+// the ledger can rule an input-state operator from roots (RuleOperator); a whole-step referee
+// still rules it by the state after the step (Rule).
+TEST(DisputeTileTest, AnOperatorWithoutTilesIsAWholeStepAlsoRuledByItsOperatorOutput) {
+  for (bool defender_lies : {true, false}) {
+    SCOPED_TRACE(defender_lies ? "defender lies" : "challenger lies");
+    TiledTrace liar{.lie_step = 3, .lie_op = 1, .tiles = 4};  // op 1: the input state
+    TiledTrace honest{.tiles = 4};
+    const TiledTrace& d = defender_lies ? liar : honest;
+    const TiledTrace& c = defender_lies ? honest : liar;
+    auto g = DisputeGame::Create(TiledConfig(d, c, 4, 0));
+    ASSERT_TRUE(g.ok());
+    DisputeGame whole = *g;
+    TiledPlay p = PlayTiled(std::move(*g), d, c);
+    EXPECT_TRUE(p.task.whole_step);
+    EXPECT_FALSE(p.task.tile);
+    EXPECT_EQ(p.task.roots, RefereeRoots::kRootsOperator);
+    EXPECT_EQ(p.task.step, 3u);
+    EXPECT_EQ(p.task.operator_index, 1u);
+    EXPECT_EQ(p.task.input, honest.State(2));
+    EXPECT_EQ(p.task.operator_input, honest.State(2));  // C_0
+    EXPECT_EQ(p.task.defender_operator_output, d.Chain(3, 1));
+    EXPECT_EQ(p.task.challenger_operator_output, c.Chain(3, 1));
+    EXPECT_EQ(p.outcome.defender_honest, !defender_lies) << p.outcome.reason;
+    EXPECT_EQ(p.outcome.challenger_honest, defender_lies) << p.outcome.reason;
+    EXPECT_NE(p.outcome.reason.find("operator 1 of step 3 from the input state's roots"),
+              std::string::npos)
+        << p.outcome.reason;
+    // The same game ruled by the whole step (RefereeStep, or the genesis referee where the ledger
+    // does not rule it) by the state after it; RuleOperator only at the referee stage.
+    EXPECT_EQ(whole.RuleOperator(Hash256{}).code(), StatusCode::kFailedPrecondition);
+    uint64_t height = 100;
+    while (whole.stage() != DisputeStage::kDisputeReferee) {
+      ++height;
+      ASSERT_TRUE(d.Move(whole, DisputeParty::kDefender, height).ok());
+      ASSERT_TRUE(c.Move(whole, DisputeParty::kChallenger, height).ok());
+    }
+    ASSERT_TRUE(whole.Rule(honest.State(3)).ok());
+    EXPECT_EQ(whole.outcome().defender_honest, !defender_lies);
+    EXPECT_EQ(whole.RuleOperator(honest.Chain(3, 1)).code(), StatusCode::kFailedPrecondition);
+  }
+}
+
+// Operator chains that agree at C_n while the states after the step differ: a whole step whose
+// referee task carries the agreed C_n (the state follows from the outputs it commits to).
+TEST(DisputeTileTest, AgreedChainEndsAreAWholeStepCarryingTheChainEnd) {
+  for (bool defender_lies : {true, false}) {
+    SCOPED_TRACE(defender_lies ? "defender lies" : "challenger lies");
+    TiledTrace liar{.lie_step = 4, .lie_op = kOps + 1, .tiles = 3};  // no operator of step 4
+    TiledTrace honest{.tiles = 3};
+    const TiledTrace& d = defender_lies ? liar : honest;
+    const TiledTrace& c = defender_lies ? honest : liar;
+    auto g = DisputeGame::Create(TiledConfig(d, c, 3, 0));
+    ASSERT_TRUE(g.ok());
+    TiledPlay p = PlayTiled(std::move(*g), d, c);
+    EXPECT_TRUE(p.task.whole_step);
+    EXPECT_EQ(p.task.roots, RefereeRoots::kRootsChainEnd);
+    EXPECT_EQ(p.task.step, 4u);
+    EXPECT_EQ(p.task.chain_end, honest.Chain(4, kOps));
+    EXPECT_EQ(p.task.input, honest.State(3));
+    EXPECT_EQ(p.outcome.defender_honest, !defender_lies) << p.outcome.reason;
+    EXPECT_EQ(p.outcome.challenger_honest, defender_lies) << p.outcome.reason;
+  }
+}
+
+// A game whose referee task is ruled from roots encodes as version 3 (version 2 and the roots
+// fields); it decodes to the same game, refuses truncation, an unknown roots kind, and a roots
+// operator that has tiles.
+TEST(DisputeTileTest, ARefereeTaskRuledFromRootsEncodesAsVersionThree) {
+  for (uint32_t lie_op : {1u, kOps + 1}) {
+    SCOPED_TRACE("lie at operator " + std::to_string(lie_op));
+    TiledTrace liar{.lie_step = 3, .lie_op = lie_op, .tiles = 4};
+    TiledTrace honest{.tiles = 4};
+    auto g = DisputeGame::Create(TiledConfig(liar, honest, 4, 0));
+    ASSERT_TRUE(g.ok());
+    uint64_t height = 100;
+    while (g->stage() != DisputeStage::kDisputeReferee) {
+      ++height;
+      EXPECT_EQ(g->Encode()[0], 2);
+      ASSERT_TRUE(liar.Move(*g, DisputeParty::kDefender, height).ok());
+      ASSERT_TRUE(honest.Move(*g, DisputeParty::kChallenger, height).ok());
+    }
+    const Bytes v3 = g->Encode();
+    ASSERT_EQ(v3[0], 3);
+    auto back = DisputeGame::Decode(v3);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->Encode(), v3);
+    EXPECT_EQ(back->referee_task().roots, g->referee_task().roots);
+    EXPECT_EQ(back->referee_task().chain_end, g->referee_task().chain_end);
+    EXPECT_EQ(back->referee_task().defender_operator_output,
+              g->referee_task().defender_operator_output);
+    for (size_t cut = 0; cut < v3.size(); cut += 7) {
+      EXPECT_FALSE(DisputeGame::Decode(ByteSpan(v3.data(), cut)).ok()) << cut;
+    }
+    // The roots fields: kind (1), chain end, C_{j-1}, both C_j (4 x 32).
+    const size_t kind = v3.size() - 4 * 32 - 1;
+    for (uint8_t bad : {0, 3, 255}) {
+      Bytes forged = v3;
+      forged[kind] = bad;
+      EXPECT_FALSE(DisputeGame::Decode(forged).ok()) << int{bad};
+    }
+    Bytes as_v2 = v3;
+    as_v2[0] = 2;
+    EXPECT_FALSE(DisputeGame::Decode(as_v2).ok()) << "trailing roots fields";
+    // Ruled, it stays version 3.
+    if (g->referee_task().roots == RefereeRoots::kRootsOperator) {
+      ASSERT_TRUE(g->RuleOperator(honest.Chain(3, 1)).ok());
+    } else {
+      ASSERT_TRUE(g->Rule(honest.State(3)).ok());
+    }
+    const Bytes ruled = g->Encode();
+    EXPECT_EQ(ruled[0], 3);
+    ASSERT_TRUE(DisputeGame::Decode(ruled).ok());
+    EXPECT_TRUE(DisputeGame::Decode(ruled)->outcome().challenger_honest);
+  }
 }
 
 TEST(DisputeTileTest, TileMovesThatDoNotHashToTheirClaimsAreRefused) {
@@ -617,6 +728,20 @@ TEST(DisputeTileTest, MutatedEncodingsDecodeToPlayableGamesOrAreRefused) {
     ASSERT_TRUE(honest.Move(*g, DisputeParty::kChallenger, height).ok());
     states.push_back(g->Encode());
   }
+  // And the referee stage of the two games ruled from roots (version 3).
+  for (uint32_t lie_op : {1u, kOps + 1}) {
+    TiledTrace roots_liar{.lie_step = 2, .lie_op = lie_op, .tiles = 4};
+    TiledTrace roots_honest{.tiles = 4};
+    auto r = DisputeGame::Create(TiledConfig(roots_liar, roots_honest, 4, 0));
+    ASSERT_TRUE(r.ok());
+    uint64_t at = r->config().start_height;
+    while (r->stage() != DisputeStage::kDisputeReferee) {
+      ++at;
+      ASSERT_TRUE(roots_liar.Move(*r, DisputeParty::kDefender, at).ok());
+      ASSERT_TRUE(roots_honest.Move(*r, DisputeParty::kChallenger, at).ok());
+    }
+    states.push_back(r->Encode());
+  }
   Rng rng(99);
   int decoded = 0;
   for (const Bytes& state : states) {
@@ -641,7 +766,9 @@ TEST(DisputeTileTest, MutatedEncodingsDecodeToPlayableGamesOrAreRefused) {
                           : d.Post(p, q.position, h, q.deadline_height));
       }
       (void)d.OnBlock(d.query().deadline_height + 1);
-      if (d.stage() == DisputeStage::kDisputeReferee) (void)d.Rule(Hash256{});
+      if (d.stage() == DisputeStage::kDisputeReferee) {
+        (void)(i % 2 == 0 ? d.Rule(Hash256{}) : d.RuleOperator(Hash256{}));
+      }
       EXPECT_TRUE(DisputeGame::Decode(d.Encode()).ok());
     }
   }

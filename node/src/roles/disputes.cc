@@ -338,8 +338,11 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
   if (outbox_->Done(action)) return Status::Ok();
   auto give_up = [&](const std::string& why) {
     if (!outbox_->Failed(action)) {
-      node_->Log(CheckName(c) + ": no witness for tile " + std::to_string(t.tile_index) +
-                 " of operator " + std::to_string(t.operator_index) + ": " + why);
+      node_->Log(CheckName(c) + ": no witness for " +
+                 (t.tile ? "tile " + std::to_string(t.tile_index) + " of operator " +
+                               std::to_string(t.operator_index)
+                         : "the roots of step " + std::to_string(t.step)) +
+                 ": " + why);
     }
     outbox_->GiveUp(action);
     return Status::Ok();
@@ -371,11 +374,17 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
                    std::to_string(ledger::kMaxTileWitnessBytes));
   }
   const size_t bytes = witness.size();
-  node_->Log(CheckName(c) + ": the dispute narrowed to tile " + std::to_string(t.tile_index) +
-             " of operator " + std::to_string(t.operator_index) + " (" +
-             e.ctx.plan.ops.at(t.operator_index - 1).name + ", block " + std::to_string(t.block) +
-             ") of step " + std::to_string(t.step) + "; posting its witness (RefereeTile, " +
-             std::to_string(bytes) + " bytes)");
+  if (!t.tile) {
+    node_->Log(CheckName(c) + ": the dispute ended at step " + std::to_string(t.step) +
+               ", which follows from roots; posting its witness (RefereeTile, " +
+               std::to_string(bytes) + " bytes of operator output roots)");
+  } else {
+    node_->Log(CheckName(c) + ": the dispute narrowed to tile " + std::to_string(t.tile_index) +
+               " of operator " + std::to_string(t.operator_index) + " (" +
+               e.ctx.plan.ops.at(t.operator_index - 1).name + ", block " +
+               std::to_string(t.block) + ") of step " + std::to_string(t.step) +
+               "; posting its witness (RefereeTile, " + std::to_string(bytes) + " bytes)");
+  }
   if (outbox_->Send(action, ledger::RefereeTileTx{.task_id = c.task_id,
                                                   .index = c.index,
                                                   .bundle = {e.bundle},
@@ -449,6 +458,17 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
 Status Disputes::RunStepWitness(const CheckAssignment& c) {
   const DisputeView& d = *c.dispute;
   if (d.has_referee && d.referee.tile) return RunTileWitness(c);
+  if (d.has_referee && d.referee.roots != protocol::RefereeRoots::kRootsNone) {
+    // A whole step the ledger rules from roots (the chain end agreed, an operator of the input
+    // state): a RefereeTile with the operator output roots of this node's trace of the step,
+    // whatever the model's size. An operator without a footprint goes on to the whole step.
+    const std::string key = TraceKey(c, d.referee.step);
+    if (!traces_.count(key)) ML_RETURN_IF_ERROR(RunTrace(c));
+    auto it = traces_.find(key);
+    if (it != traces_.end() && ledger::RulesFromRoots(it->second.ctx.plan, d.referee)) {
+      return RunTileWitness(c);
+    }
+  }
   const VerifyAction action{
       .dir = node_->VerifyDir(c), .kind = Kind::kWitness, .detail = {d.referee.step}};
   if (outbox_->Done(action)) return Status::Ok();

@@ -96,7 +96,9 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes);
 // the step's batch (for a reduction block's agreed partial sum); `train` and `tree` the task's
 // training data and its DataTree (the examples the footprint reads; may be null when it reads
 // none); `pages` a token task's page tree (the rows' tokens; may be null when it reads none).
-// FailedPrecondition when the task is not a tile of a covered operator of ctx.plan.
+// FailedPrecondition when the task is not a tile of a covered operator of ctx.plan. For a task
+// ruled from roots (RulesFromRoots) it builds RuleRoots' witness: the prefix of `trace`'s output
+// roots it reads (only those are read; batch, data and pages may be empty).
 Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol::RefereeTask& task,
                                      const engine::OpTrace& trace, const engine::Batch& batch,
                                      const engine::ClassificationData* train,
@@ -153,5 +155,30 @@ void SetTilePhase(const engine::TilePlan& plan, protocol::DisputeConfig* config)
 // that is not the agreed one. FailedPrecondition when the task is not a tile task of this plan.
 Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask& task,
                          const TileWitness& witness);
+
+// The whole steps of a tile-phase game that are ruled from roots (protocol::RefereeRoots), with
+// no step executed and no key: RefereeTile carries a TileWitness that holds only `outputs`, a
+// prefix of the step's operator output roots (at most 32 bytes an operator: 21 KB for the 10M
+// GPT's 655), and RuleRoots computes the correct output:
+//   kRootsChainEnd  outputs = out_1..out_n, which must chain from the step's agreed input state
+//                   hash (task.input) to the agreed C_n (task.chain_end); the correct state
+//                   after the step is StateHashOfRoots(step, seed, stream, the last k outputs)
+//                   (k: the plan's input-state operators; the step leaves the same tensors, in
+//                   the same order, as its last k operators): DisputeGame::Rule;
+//   kRootsOperator  outputs = out_1..out_k, the agreed input state's tensor roots, which must
+//                   give StateHashOfRoots(step - 1, seed, stream, outputs) == task.input; the
+//                   correct C_j of the disputed input-state operator j is
+//                   OperatorChainHash(task.operator_input, outputs[j - 1]):
+//                   DisputeGame::RuleOperator.
+// InvalidArgument (naming what) for a witness that does not check out: roots that do not chain
+// to the agreed C_n or do not hash to the agreed input state, a wrong count, input tiles,
+// examples, pages or a partial sum. FailedPrecondition for a task that is not ruled from roots:
+// not a roots task, or (kRootsOperator) an operator computed by the step without a footprint
+// (RulesFromRoots is false: the whole step decides).
+Result<Hash256> RuleRoots(const TileRuleContext& ctx, const protocol::RefereeTask& task,
+                          const TileWitness& witness);
+// Whether RuleRoots rules `task` on this plan: a kRootsChainEnd task, or a kRootsOperator task
+// whose operator is of the step's input state (engine::TileOpKind::kTileOpState).
+bool RulesFromRoots(const engine::TilePlan& plan, const protocol::RefereeTask& task);
 
 }  // namespace meshlearn::ledger

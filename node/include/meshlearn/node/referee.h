@@ -12,7 +12,11 @@
 // A dispute narrowed to one tile of one operator (the tile phase, docs/verification.md "Tiles")
 // is refereed by the ledger too: the service replays the step with its operator trace
 // (TraceDisputedStep) and posts RefereeTileTx{task, index, bundle, witness}
-// (ledger::BuildTileWitness: the tile's input tiles and examples with their proofs).
+// (ledger::BuildTileWitness: the tile's input tiles and examples with their proofs). So are the
+// two whole steps of the tile phase that follow from roots (protocol::RefereeRoots: both parties
+// agreed on the step's operator outputs, or the disputed operator is of the step's input state):
+// the service replays the step and posts RefereeTileTx with a witness of the operator output
+// roots (ledger::RuleRoots), whatever the model's size.
 //
 // Everything else -- tolerance-mode segments and whole steps of tasks without a data root -- is
 // ruled with RuleDisputeTx{task, index, output}, signed with the key genesis names as `referee`
@@ -98,7 +102,8 @@ Result<Hash256> StateHashAfterStep(engine::Trainer* trainer, std::span<const flo
 
 struct RefereeRuling {
   // RuleDisputeTx::output. A tolerance-mode segment: the replay's end state hash (informative:
-  // the ledger reads tolerance_verdict).
+  // the ledger reads tolerance_verdict). An input-state operator ruled from roots: the state
+  // claim of the party whose operator output the roots give (the ledger compares the C_j).
   Hash256 output;
   Hash256 true_input;       // A(step - 1); a segment: A(first_step)
   Hash256 true_output;      // A(step)
@@ -252,6 +257,8 @@ class RefereeService {
   Result<Computed> ComputeStepWitness(const RefereeDispute& d, TaskTrainer* t,
                                       std::span<const float> global, const UnitWork& work);
   // One tile (a dispute with the tile phase): the step traced, the tile's witness (RefereeTile).
+  // A tile task's witness, or (a whole step ruled from roots, ledger::RulesFromRoots) a witness
+  // of the step's operator output roots; both go in a RefereeTileTx.
   Result<Computed> ComputeTileWitness(const RefereeDispute& d, TaskTrainer* t,
                                       const ledger::TaskParams& params,
                                       std::span<const float> global, const UnitWork& work);

@@ -28,7 +28,10 @@
 //                        one operator, one operator, or one whole step when num_operators == 0,
 //                        the parties agree on C_n, or the operator has no tiles: the step's
 //                        input state) from inputs it checks against the agreed hashes, and
-//                        Rule()s with the correct output.
+//                        Rule()s with the correct output. In a tile-phase game the last two
+//                        whole steps are also ruled from roots (RefereeRoots): the correct
+//                        state hash from the agreed C_n, the input-state operator's correct C_j
+//                        (RuleOperator) from the agreed input state.
 //
 // A party whose claim equals the referee's output wins; a party that posts nothing by a turn's
 // deadline loses at once. Because an honest party only ever posts true hashes, every hash both
@@ -37,7 +40,8 @@
 //
 // Pure: heights come in with the calls. The state has one canonical encoding (Encode/Decode) so
 // the ledger keeps it in its state hash; a game without a tile phase encodes as it always did
-// (version 1), one with it as version 2.
+// (version 1), one with it as version 2, and one whose referee task is ruled from roots
+// (RefereeTask::roots) as version 3: version 2 followed by the roots fields.
 //
 //   Result<DisputeGame> g = DisputeGame::Create(config);
 //   DisputeQuery q = g->query();                           // stage, position, deadline
@@ -126,6 +130,23 @@ struct DisputeQuery {
   uint64_t tile = 0;            // phase 4: the disputed tile
 };
 
+// How a whole step that the operator phase of a tile-phase game ended at is ruled from roots
+// (protocol/dispute.h, the referee; ledger/referee_tile.h, RuleRoots): the state hash is
+// StateHashOfRoots of the state's tensors' tiled roots (engine/checkpoint.h), and those roots
+// are the step's first operator outputs (the input state, "in.<name>") and its last ones (the
+// state it leaves), so both cases are ruled from a witness of roots, whatever the model's size.
+enum class RefereeRoots : uint8_t {
+  kRootsNone = 0,
+  // Both parties agreed on the chain end C_n (`chain_end`) but not on the state after the step:
+  // the correct state hash is StateHashOfRoots of the step's last operator outputs.
+  kRootsChainEnd = 1,
+  // The disputed operator (`operator_index`) has no tiles: an operator of the step's input state
+  // (its correct output is that tensor's root in the agreed input state, so the correct C_j is
+  // OperatorChainHash(operator_input, root)), or one computed without a footprint yet (the
+  // roots do not rule it; the whole step does).
+  kRootsOperator = 2,
+};
+
 // The single transition the referee computes once the game has narrowed it.
 struct RefereeTask {
   bool whole_step = true;       // true: one training step; false: one operator of `step`
@@ -152,6 +173,15 @@ struct RefereeTask {
   uint32_t block = 0;
   Hash256 state_input;    // C_0: the state hash the step starts from
   Hash256 partial_input;  // TileHash(S_block); zero for block 0
+  // A whole step of a tile-phase game that the ledger also rules from roots (RefereeRoots; the
+  // task stays a whole step, so a whole-step referee rules it as before). kRootsChainEnd: the
+  // agreed C_n. kRootsOperator: operator_index is the disputed operator j, operator_input the
+  // agreed C_{j-1}, and the parties' C_j; RuleOperator rules on those.
+  RefereeRoots roots = RefereeRoots::kRootsNone;
+  Hash256 chain_end;
+  Hash256 operator_input;
+  Hash256 defender_operator_output;
+  Hash256 challenger_operator_output;
 };
 
 struct DisputeOutcome {
@@ -199,6 +229,10 @@ class DisputeGame {
   // The referee's computed output for referee_task(): the party whose output equals it is
   // honest; if neither does, both lied. Not for a tolerance-mode segment.
   Status Rule(const Hash256& correct_output);
+  // A kRootsOperator task (RefereeTask::roots): the correct C_j of the disputed operator,
+  // compared with the parties' C_j (a party that posted a wrong C_j lied; the other wins).
+  // FailedPrecondition for any other task.
+  Status RuleOperator(const Hash256& correct_operator_output);
   // Tolerance mode: whether the defender's committed end state is within tolerance of the
   // referee's replay of the segment (then the defender was honest, else the challenger).
   Status RuleTolerance(bool defender_within_tolerance);
