@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <set>
+#include <utility>
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/safetensors.h"
@@ -114,7 +115,7 @@ std::string CheckpointBytes(TrainState& st, const std::map<std::string, std::str
   w.SetMetadata("optimizer", st.optimizer->spec().ToJson());
   AddCommon(w, st, /*with_optimizer=*/true);
   for (const Optimizer::NamedState& s : st.optimizer->State()) w.AddF32(s.name, *s.tensor);
-  return w.Serialize();
+  return std::move(w).Serialize();
 }
 
 Status SaveModel(Env* env, const std::string& path, TrainState& st,

@@ -68,7 +68,7 @@ void SafetensorsWriter::AddI32(const std::string& name, const Shape& shape, cons
   entries_[name] = std::move(e);
 }
 
-std::string SafetensorsWriter::Serialize() const {
+std::string SafetensorsWriter::Header(uint64_t* data_bytes) const {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   uint64_t offset = 0;
@@ -84,8 +84,27 @@ std::string SafetensorsWriter::Serialize() const {
   uint64_t n = h.size();
   std::memcpy(out.data(), &n, 8);
   out += h;
-  out.reserve(out.size() + offset);
+  *data_bytes = offset;
+  return out;
+}
+
+std::string SafetensorsWriter::Serialize() const& {
+  uint64_t data_bytes = 0;
+  std::string out = Header(&data_bytes);
+  out.reserve(out.size() + data_bytes);
   for (const auto& [name, e] : entries_) out += e.bytes;
+  return out;
+}
+
+std::string SafetensorsWriter::Serialize() && {
+  uint64_t data_bytes = 0;
+  std::string out = Header(&data_bytes);
+  out.reserve(out.size() + data_bytes);  // reserved, not yet touched: resident as it is filled
+  for (auto& [name, e] : entries_) {
+    out += e.bytes;
+    std::string().swap(e.bytes);
+  }
+  entries_.clear();
   return out;
 }
 

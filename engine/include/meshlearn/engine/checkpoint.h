@@ -82,8 +82,8 @@ inline constexpr char kModelFormat[] = "meshlearn.model.v1";
 // vocabulary of a text task: hf_gpt2.h).
 Status SaveCheckpoint(Env* env, const std::string& path, TrainState& state,
                       const std::map<std::string, std::string>& extra = {});
-// The bytes SaveCheckpoint writes, without a file (a pipeline stage keeps one per step in memory
-// for its verifiers: one copy of the state beside the serialized bytes, not a file's copies).
+// The bytes SaveCheckpoint writes, without a file. Built with the state's tensors copied once
+// (SafetensorsWriter::Serialize &&): a stage's checkpoint per step for its verifiers is tens of MB.
 std::string CheckpointBytes(TrainState& state,
                             const std::map<std::string, std::string>& extra = {});
 // Writes parameters only (plus metadata), atomically. `extra` metadata entries are added.

@@ -52,11 +52,16 @@ class SafetensorsWriter {
   void SetMetadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
 
   // The canonical file bytes. REQUIRES: tensor names unique and not "__metadata__".
-  std::string Serialize() const;
+  std::string Serialize() const&;
+  // The same bytes, consuming the writer: each tensor's copy is freed once appended, so that the
+  // tensors are held once, not twice, while the bytes are built (a checkpoint of tens of MB).
+  std::string Serialize() &&;
   // Serialize() then Env::WriteFileAtomic (the file is either old or new after a crash).
   Status Write(Env* env, const std::string& path) const;
 
  private:
+  // The 8-byte length, the JSON header and its padding; `data_bytes`: the tensors' bytes after.
+  std::string Header(uint64_t* data_bytes) const;
   std::map<std::string, SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
 };
