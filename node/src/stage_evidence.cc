@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/base/env.h"
@@ -110,23 +111,68 @@ void StageEvidence::Register(net::Router* router) {
       kMethodStageSlice, [this](const net::Request& r) { return HandleSlice(r); }, 256);
 }
 
-void StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, Bytes> received,
-                            Bytes checkpoint) {
-  const StageStepRef ref = StageStepRefOf(commit);
-  Entry e{protocol::EncodeStageStepCommit(commit), std::move(received), std::move(checkpoint)};
+std::string StageEvidence::CheckpointPath(const StageStepRef& ref) const {
+  return JoinPath(dir_, ref.task.ToHex() + "-r" + std::to_string(ref.round) + "-p" +
+                            std::to_string(ref.replica) + "-s" + std::to_string(ref.stage) +
+                            "-t" + std::to_string(ref.step) + ".safetensors");
+}
+
+Status StageEvidence::SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state) {
+  const std::string path = CheckpointPath(ref);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cleared_) {
+      ML_RETURN_IF_ERROR(env_->CreateDirs(dir_).WithPrefix("stage evidence folder"));
+      // An earlier process's files: nothing serves them now.
+      ML_ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(dir_));
+      for (const std::string& n : names) (void)env_->DeleteFile(JoinPath(dir_, n));
+      cleared_ = true;
+    }
+    // An earlier try of the same step is no longer served (its commit may differ).
+    steps_.erase(ref);
+  }
+  // Serialized and written outside the lock (tens of MB), so that verifiers are served
+  // meanwhile; the serialized bytes live only as long as the write.
+  ML_RETURN_IF_ERROR(engine::SaveCheckpoint(env_, path, state)
+                         .WithPrefix("the checkpoint of " + ref.ToString()));
+  ML_ASSIGN_OR_RETURN(uint64_t size, env_->FileSize(path));
   std::lock_guard<std::mutex> lock(mu_);
-  steps_[ref] = std::move(e);
+  Entry& e = steps_[ref];
+  e = Entry();
+  e.checkpoint_bytes = size;
+  return Status::Ok();
+}
+
+Status StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, Bytes> received) {
+  const StageStepRef ref = StageStepRefOf(commit);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = steps_.find(ref);
+  if (it == steps_.end()) {
+    return FailedPrecondition("stage evidence of " + ref.ToString() +
+                              ": no checkpoint of the step's start was saved (SaveCheckpoint "
+                              "before the step)");
+  }
+  it->second.published = true;
+  it->second.commit = protocol::EncodeStageStepCommit(commit);
+  it->second.tensors = std::move(received);
+  return Status::Ok();
+}
+
+void StageEvidence::DeleteFile(const StageStepRef& ref) {
+  (void)env_->DeleteFile(CheckpointPath(ref));
 }
 
 void StageEvidence::Withdraw(const StageStepRef& ref) {
   std::lock_guard<std::mutex> lock(mu_);
-  steps_.erase(ref);
+  if (steps_.erase(ref) != 0) DeleteFile(ref);
 }
 
 size_t StageEvidence::WithdrawRoundsBefore(const protocol::TaskId& task, uint32_t round) {
   std::lock_guard<std::mutex> lock(mu_);
   return std::erase_if(steps_, [&](const auto& kv) {
-    return kv.first.task == task && kv.first.round < round;
+    if (kv.first.task != task || kv.first.round >= round) return false;
+    DeleteFile(kv.first);
+    return true;
   });
 }
 
@@ -134,9 +180,17 @@ uint64_t StageEvidence::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t total = 0;
   for (const auto& [ref, e] : steps_) {
-    total += e.commit.size() + e.checkpoint.size();
+    if (!e.published) continue;
+    total += e.commit.size() + e.checkpoint_bytes;
     for (const auto& [hash, t] : e.tensors) total += t.size();
   }
+  return total;
+}
+
+uint64_t StageEvidence::checkpoint_file_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const auto& [ref, e] : steps_) total += e.published ? e.checkpoint_bytes : 0;
   return total;
 }
 
@@ -147,33 +201,63 @@ Result<Bytes> StageEvidence::HandleStep(const net::Request& r) const {
   ML_RETURN_IF_ERROR(d.Finish());
   std::lock_guard<std::mutex> lock(mu_);
   auto it = steps_.find(ref);
-  if (it == steps_.end()) return NotFound("stage.step: this node serves no " + ref.ToString());
+  if (it == steps_.end() || !it->second.published) {
+    return NotFound("stage.step: this node serves no " + ref.ToString());
+  }
   Encoder e;
-  e.PutBytes(it->second.commit).PutU64(it->second.checkpoint.size());
+  e.PutBytes(it->second.commit).PutU64(it->second.checkpoint_bytes);
   return e.Take();
 }
 
+namespace {
+
+// Bytes [offset, offset + min(length, size - offset)) of a part of `size` bytes.
+Result<uint64_t> StageSliceLength(const StageSliceRequest& q, uint64_t size) {
+  if (q.offset >= size) {
+    return InvalidArgument("stage.slice: offset " + std::to_string(q.offset) + " is past the " +
+                           std::to_string(size) + " bytes");
+  }
+  return std::min<uint64_t>(q.length, size - q.offset);
+}
+
+}  // namespace
+
 Result<Bytes> StageEvidence::HandleSlice(const net::Request& r) const {
   ML_ASSIGN_OR_RETURN(StageSliceRequest q, DecodeStageSliceRequest(r.body));
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = steps_.find(q.ref);
-  if (it == steps_.end()) return NotFound("stage.slice: this node serves no " + q.ref.ToString());
-  const Bytes* part = &it->second.checkpoint;
+  if (it == steps_.end() || !it->second.published) {
+    return NotFound("stage.slice: this node serves no " + q.ref.ToString());
+  }
   if (q.part == StageSlicePart::kStageSliceTensor) {
     auto t = it->second.tensors.find(q.tensor);
     if (t == it->second.tensors.end()) {
       return NotFound("stage.slice: " + q.ref.ToString() + " received no tensor " +
                       q.tensor.ShortHex());
     }
-    part = &t->second;
+    ML_ASSIGN_OR_RETURN(uint64_t n, StageSliceLength(q, t->second.size()));
+    return Bytes(t->second.begin() + static_cast<std::ptrdiff_t>(q.offset),
+                 t->second.begin() + static_cast<std::ptrdiff_t>(q.offset + n));
   }
-  if (q.offset >= part->size()) {
-    return InvalidArgument("stage.slice: offset " + std::to_string(q.offset) + " is past the " +
-                           std::to_string(part->size()) + " bytes");
+  const uint64_t size = it->second.checkpoint_bytes;
+  lock.unlock();  // the file is read without the lock (a step withdrawn meanwhile: its file is
+                  // gone, and the read fails)
+  ML_ASSIGN_OR_RETURN(uint64_t n, StageSliceLength(q, size));
+  const std::string path = CheckpointPath(q.ref);
+  Result<std::unique_ptr<RandomRWFile>> file = env_->OpenRandomRW(path, /*create=*/false);
+  if (!file.ok()) {
+    return DataLoss("stage.slice: the checkpoint file of " + q.ref.ToString() + " (" + path +
+                    ") cannot be opened: " + file.status().message());
   }
-  const uint64_t n = std::min<uint64_t>(q.length, part->size() - q.offset);
-  return Bytes(part->begin() + static_cast<std::ptrdiff_t>(q.offset),
-               part->begin() + static_cast<std::ptrdiff_t>(q.offset + n));
+  Bytes out(n);
+  Result<size_t> got = (*file)->Read(q.offset, n, reinterpret_cast<char*>(out.data()));
+  if (!got.ok()) return got.status().WithPrefix("stage.slice: reading " + path);
+  if (*got != n) {
+    return DataLoss("stage.slice: the checkpoint file " + path + " ends at byte " +
+                    std::to_string(q.offset + *got) + ", before the " + std::to_string(size) +
+                    " bytes it was written with");
+  }
+  return out;
 }
 
 Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
