@@ -113,8 +113,8 @@ void StageEvidence::Register(net::Router* router) {
 
 std::string StageEvidence::CheckpointPath(const StageStepRef& ref) const {
   return JoinPath(dir_, ref.task.ToHex() + "-r" + std::to_string(ref.round) + "-p" +
-                            std::to_string(ref.replica) + "-s" + std::to_string(ref.stage) +
-                            "-t" + std::to_string(ref.step) + ".safetensors");
+                            std::to_string(ref.replica) + "-s" + std::to_string(ref.stage) + "-t" +
+                            std::to_string(ref.step) + ".safetensors");
 }
 
 Status StageEvidence::SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state) {
@@ -133,8 +133,8 @@ Status StageEvidence::SaveCheckpoint(const StageStepRef& ref, engine::TrainState
   }
   // Serialized and written outside the lock (tens of MB), so that verifiers are served
   // meanwhile; the serialized bytes live only as long as the write.
-  ML_RETURN_IF_ERROR(engine::SaveCheckpoint(env_, path, state)
-                         .WithPrefix("the checkpoint of " + ref.ToString()));
+  ML_RETURN_IF_ERROR(
+      engine::SaveCheckpoint(env_, path, state).WithPrefix("the checkpoint of " + ref.ToString()));
   ML_ASSIGN_OR_RETURN(uint64_t size, env_->FileSize(path));
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = steps_[ref];

@@ -1007,10 +1007,9 @@ TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdra
   for (int s = 0; s < 3; ++s) {
     ASSERT_TRUE(st[s].ok()) << st[s].ToString();
     // Not served before its commit is.
-    EXPECT_EQ(FetchStageStepEvidence(&verifier, nodes[s]->server->endpoint(), refs[s])
-                  .status()
-                  .code(),
-              StatusCode::kNotFound);
+    EXPECT_EQ(
+        FetchStageStepEvidence(&verifier, nodes[s]->server->endpoint(), refs[s]).status().code(),
+        StatusCode::kNotFound);
     EXPECT_EQ(nodes[s]->evidence.bytes(), 0u);
     ASSERT_TRUE(nodes[s]->evidence.Publish(out[s][0].commit, nodes[s]->plane->received()).ok());
     // The file holds the checkpoint, and the evidence counts it.
@@ -1072,8 +1071,9 @@ TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdra
   ASSERT_TRUE(restarted.SaveCheckpoint(refs[2], got[2]->state()).ok());
   Result<std::vector<std::string>> left = Env::Default()->ListDir(dir);
   ASSERT_TRUE(left.ok()) << left.status().ToString();
-  EXPECT_EQ(*left, std::vector<std::string>{
-                       std::filesystem::path(restarted.CheckpointPath(refs[2])).filename().string()});
+  EXPECT_EQ(*left,
+            std::vector<std::string>{
+                std::filesystem::path(restarted.CheckpointPath(refs[2])).filename().string()});
 }
 
 // The solver adversaries a stage node plays (SetStageAdversary's hooks), each on one stage of 3
@@ -1125,8 +1125,8 @@ TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleT
       StageRunHooks hooks;
       StageEvidence* ev = &nodes[s]->evidence;
       hooks.checkpoint = [ev, &ctx, s](uint64_t step, engine::TrainState& state) {
-        return ev->SaveCheckpoint({ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), step},
-                                  state);
+        return ev->SaveCheckpoint(
+            {ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), step}, state);
       };
       hooks.publish = [ev](const StageStepCommit& c, std::map<Hash256, Bytes> received) {
         return ev->Publish(c, std::move(received));

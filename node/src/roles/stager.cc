@@ -104,10 +104,8 @@ Status Stager::Start(const UnitAssignment& a) {
   // replays from it): its start's checkpoint is written to a file before the step.
   StageRunHooks hooks;
   StageEvidence* evidence = &evidence_;
-  const StageStepRef at{.task = a.task_id,
-                        .round = a.round,
-                        .replica = slot.replica,
-                        .stage = slot.stage};
+  const StageStepRef at{
+      .task = a.task_id, .round = a.round, .replica = slot.replica, .stage = slot.stage};
   hooks.checkpoint = [evidence, at](uint64_t step, engine::TrainState& state) {
     StageStepRef ref = at;
     ref.step = step;
