@@ -111,14 +111,8 @@ void StageEvidence::Register(net::Router* router) {
       kMethodStageSlice, [this](const net::Request& r) { return HandleSlice(r); }, 256);
 }
 
-std::string StageEvidence::CheckpointPath(const StageStepRef& ref) const {
-  return JoinPath(dir_, ref.task.ToHex() + "-r" + std::to_string(ref.round) + "-p" +
-                            std::to_string(ref.replica) + "-s" + std::to_string(ref.stage) + "-t" +
-                            std::to_string(ref.step) + ".safetensors");
-}
-
 Status StageEvidence::SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state) {
-  const std::string path = CheckpointPath(ref);
+  std::string path;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!cleared_) {
@@ -129,18 +123,46 @@ Status StageEvidence::SaveCheckpoint(const StageStepRef& ref, engine::TrainState
       cleared_ = true;
     }
     // An earlier try of the same step is no longer served (its commit may differ).
-    steps_.erase(ref);
+    if (auto it = steps_.find(ref); it != steps_.end()) {
+      (void)env_->DeleteFile(it->second.checkpoint);
+      steps_.erase(it);
+    }
+    path = JoinPath(dir_, ref.task.ToHex() + "-r" + std::to_string(ref.round) + "-p" +
+                              std::to_string(ref.replica) + "-s" + std::to_string(ref.stage) +
+                              "-t" + std::to_string(ref.step) + "-w" + std::to_string(++writes_) +
+                              ".safetensors");
   }
-  // Serialized and written outside the lock (tens of MB), so that verifiers are served
-  // meanwhile; the serialized bytes live only as long as the write.
-  ML_RETURN_IF_ERROR(
-      engine::SaveCheckpoint(env_, path, state).WithPrefix("the checkpoint of " + ref.ToString()));
-  ML_ASSIGN_OR_RETURN(uint64_t size, env_->FileSize(path));
+  // Written outside the lock (tens of MB), so that verifiers are served meanwhile, a tensor at a
+  // time from the state itself.
+  uint64_t size = 0;
+  Status written = [&]() -> Status {
+    ML_ASSIGN_OR_RETURN(std::unique_ptr<RandomRWFile> file,
+                        env_->OpenRandomRW(path, /*create=*/true));
+    ML_RETURN_IF_ERROR(file->Truncate(0));
+    return engine::WriteCheckpoint(state, [&](std::string_view piece) -> Status {
+      ML_RETURN_IF_ERROR(file->Write(size, piece));
+      size += piece.size();
+      return Status::Ok();
+    });
+  }();
+  if (!written.ok()) {
+    (void)env_->DeleteFile(path);
+    return written.WithPrefix("the checkpoint of " + ref.ToString() + " (" + path + ")");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = steps_[ref];
+  if (!e.checkpoint.empty()) (void)env_->DeleteFile(e.checkpoint);  // written meanwhile
   e = Entry();
+  e.checkpoint = path;
   e.checkpoint_bytes = size;
   return Status::Ok();
+}
+
+Result<std::string> StageEvidence::CheckpointFile(const StageStepRef& ref) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = steps_.find(ref);
+  if (it == steps_.end()) return NotFound("stage evidence: no checkpoint of " + ref.ToString());
+  return it->second.checkpoint;
 }
 
 Status StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, Bytes> received) {
@@ -158,20 +180,19 @@ Status StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, B
   return Status::Ok();
 }
 
-void StageEvidence::DeleteFile(const StageStepRef& ref) {
-  (void)env_->DeleteFile(CheckpointPath(ref));
-}
-
 void StageEvidence::Withdraw(const StageStepRef& ref) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (steps_.erase(ref) != 0) DeleteFile(ref);
+  auto it = steps_.find(ref);
+  if (it == steps_.end()) return;
+  (void)env_->DeleteFile(it->second.checkpoint);
+  steps_.erase(it);
 }
 
 size_t StageEvidence::WithdrawRoundsBefore(const protocol::TaskId& task, uint32_t round) {
   std::lock_guard<std::mutex> lock(mu_);
   return std::erase_if(steps_, [&](const auto& kv) {
     if (kv.first.task != task || kv.first.round >= round) return false;
-    DeleteFile(kv.first);
+    (void)env_->DeleteFile(kv.second.checkpoint);
     return true;
   });
 }
@@ -240,10 +261,10 @@ Result<Bytes> StageEvidence::HandleSlice(const net::Request& r) const {
                  t->second.begin() + static_cast<std::ptrdiff_t>(q.offset + n));
   }
   const uint64_t size = it->second.checkpoint_bytes;
+  const std::string path = it->second.checkpoint;
   lock.unlock();  // the file is read without the lock (a step withdrawn meanwhile: its file is
                   // gone, and the read fails)
   ML_ASSIGN_OR_RETURN(uint64_t n, StageSliceLength(q, size));
-  const std::string path = CheckpointPath(q.ref);
   Result<std::unique_ptr<RandomRWFile>> file = env_->OpenRandomRW(path, /*create=*/false);
   if (!file.ok()) {
     return DataLoss("stage.slice: the checkpoint file of " + q.ref.ToString() + " (" + path +

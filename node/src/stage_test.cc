@@ -1013,7 +1013,9 @@ TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdra
     EXPECT_EQ(nodes[s]->evidence.bytes(), 0u);
     ASSERT_TRUE(nodes[s]->evidence.Publish(out[s][0].commit, nodes[s]->plane->received()).ok());
     // The file holds the checkpoint, and the evidence counts it.
-    Result<std::string> file = Env::Default()->ReadFile(nodes[s]->evidence.CheckpointPath(refs[s]));
+    Result<std::string> path = nodes[s]->evidence.CheckpointFile(refs[s]);
+    ASSERT_TRUE(path.ok()) << path.status().ToString();
+    Result<std::string> file = Env::Default()->ReadFile(*path);
     ASSERT_TRUE(file.ok()) << file.status().ToString();
     EXPECT_EQ(*file, want[s]);
     EXPECT_EQ(nodes[s]->evidence.checkpoint_file_bytes(), want[s].size());
@@ -1035,14 +1037,14 @@ TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdra
 
   // Stage 1's file cut short and stage 2's deleted behind the evidence's back: the verifier gets
   // an error naming the file.
-  const std::string cut = nodes[1]->evidence.CheckpointPath(refs[1]);
+  const std::string cut = *nodes[1]->evidence.CheckpointFile(refs[1]);
   ASSERT_TRUE(Env::Default()->WriteFileAtomic(cut, want[1].substr(0, want[1].size() / 2)).ok());
   Result<StageStepEvidence> short_file =
       FetchStageStepEvidence(&verifier, nodes[1]->server->endpoint(), refs[1]);
   EXPECT_EQ(short_file.status().code(), StatusCode::kDataLoss) << short_file.status().ToString();
   EXPECT_NE(short_file.status().message().find(cut), std::string::npos)
       << short_file.status().ToString();
-  const std::string gone = nodes[2]->evidence.CheckpointPath(refs[2]);
+  const std::string gone = *nodes[2]->evidence.CheckpointFile(refs[2]);
   ASSERT_TRUE(Env::Default()->DeleteFile(gone).ok());
   Result<StageStepEvidence> no_file =
       FetchStageStepEvidence(&verifier, nodes[2]->server->endpoint(), refs[2]);
@@ -1051,8 +1053,10 @@ TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdra
       << no_file.status().ToString();
 
   // Withdrawn: no longer served, and the file is deleted.
+  const std::string withdrawn = *nodes[0]->evidence.CheckpointFile(refs[0]);
   nodes[0]->evidence.Withdraw(refs[0]);
-  EXPECT_FALSE(Env::Default()->FileExists(nodes[0]->evidence.CheckpointPath(refs[0])));
+  EXPECT_FALSE(Env::Default()->FileExists(withdrawn));
+  EXPECT_EQ(nodes[0]->evidence.CheckpointFile(refs[0]).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(nodes[0]->evidence.bytes(), 0u);
   EXPECT_EQ(
       FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(), refs[0]).status().code(),
@@ -1065,7 +1069,7 @@ TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdra
   // A restart: the first checkpoint of a new process's evidence in the same folder deletes what
   // the earlier one left.
   const std::string dir = std::filesystem::path(gone).parent_path().string();
-  const std::string stale = nodes[2]->evidence.CheckpointPath(refs[1]);
+  const std::string stale = JoinPath(dir, "left-by-an-earlier-process.safetensors");
   ASSERT_TRUE(Env::Default()->WriteFileAtomic(stale, "left by an earlier process").ok());
   StageEvidence restarted(Env::Default(), dir);
   ASSERT_TRUE(restarted.SaveCheckpoint(refs[2], got[2]->state()).ok());
@@ -1073,7 +1077,14 @@ TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdra
   ASSERT_TRUE(left.ok()) << left.status().ToString();
   EXPECT_EQ(*left,
             std::vector<std::string>{
-                std::filesystem::path(restarted.CheckpointPath(refs[2])).filename().string()});
+                std::filesystem::path(*restarted.CheckpointFile(refs[2])).filename().string()});
+  // Written again (a unit run again): the earlier file is deleted, the step has a new one.
+  const std::string first = *restarted.CheckpointFile(refs[2]);
+  ASSERT_TRUE(restarted.SaveCheckpoint(refs[2], got[2]->state()).ok());
+  const std::string second = *restarted.CheckpointFile(refs[2]);
+  EXPECT_NE(first, second);
+  EXPECT_FALSE(Env::Default()->FileExists(first));
+  EXPECT_TRUE(Env::Default()->FileExists(second));
 }
 
 // The solver adversaries a stage node plays (SetStageAdversary's hooks), each on one stage of 3

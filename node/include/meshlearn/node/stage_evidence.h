@@ -11,11 +11,15 @@
 //                     raw float32 bytes
 //
 // The checkpoints (a stage's weights and both AdamW moments, tens of MB a step) are files, one a
-// step, in the evidence's folder (a node's HomeLayout::StageEvidenceDir), written atomically and
-// read a slice at a time as verifiers ask: a node holds none of them in memory, only the commits
-// and the received tensors (activations and their gradients, small). A step's file is deleted
-// when it is withdrawn, and the first checkpoint a process writes deletes every file an earlier
-// process left (a restart serves nothing of what it trained before).
+// step, in the evidence's folder (a node's HomeLayout::StageEvidenceDir), written straight from
+// the stage's tensors (engine::WriteCheckpoint: no copy of them in memory) and read a slice at a
+// time as verifiers ask: a node holds none of them in memory, only the commits and the received
+// tensors (activations and their gradients, small). Each write has a file name of its own, never
+// written again, and a step is served only once its file is complete (Publish, after the step):
+// a reader sees a whole file or none, as with a rename. A step's file is deleted when it is
+// withdrawn or written again, and the first checkpoint a process writes deletes every file an
+// earlier process left (a restart serves nothing of what it trained before; a file cut short by
+// a crash goes with them).
 //
 // The verifier trusts nothing it fetches: the commit must decode and be the step it asked for,
 // its signatures are checked by the replay, a checkpoint must hash to state_before, a tensor must
@@ -81,9 +85,9 @@ class StageEvidence {
   // Registers "stage.step" and "stage.slice".
   void Register(net::Router* router);
   // Writes `state`, the stage's state at the start of step `ref`, as that step's checkpoint file
-  // (engine::SaveCheckpoint: atomically; replacing an earlier one of the same step, whose
-  // evidence is no longer served). The step is served once Publish gives its commit. The first
-  // call of a process first deletes every file in the folder (an earlier process's).
+  // (engine::WriteCheckpoint; replacing an earlier one of the same step, whose evidence is no
+  // longer served). The step is served once Publish gives its commit. The first call of a process
+  // first deletes every file in the folder (an earlier process's). Errors name the file.
   Status SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state);
   // Serves the step of `commit`, whose checkpoint SaveCheckpoint wrote: `received`, the tensors
   // the stage received that step by hash (StageTensorBytes; StagePlane::received()).
@@ -98,24 +102,25 @@ class StageEvidence {
   // files (on disk: checkpoint_file_bytes()).
   uint64_t bytes() const;
   uint64_t checkpoint_file_bytes() const;
-  // The checkpoint file of a step (whether or not it exists).
-  std::string CheckpointPath(const StageStepRef& ref) const;
+  // The checkpoint file of a step SaveCheckpoint wrote and nothing withdrew; NotFound otherwise.
+  Result<std::string> CheckpointFile(const StageStepRef& ref) const;
 
  private:
   struct Entry {
     bool published = false;  // Publish gave its commit (else only its checkpoint is written)
     Bytes commit;
     std::map<Hash256, Bytes> tensors;
+    std::string checkpoint;         // its file
     uint64_t checkpoint_bytes = 0;  // the file's size when written
   };
   Result<Bytes> HandleStep(const net::Request& r) const;
   Result<Bytes> HandleSlice(const net::Request& r) const;
-  void DeleteFile(const StageStepRef& ref);  // REQUIRES: mu_ held
 
   Env* const env_;
   const std::string dir_;
   mutable std::mutex mu_;
   bool cleared_ = false;  // the folder's leftovers are deleted (the first SaveCheckpoint)
+  uint64_t writes_ = 0;   // checkpoint files written: each a name of its own
   std::map<StageStepRef, Entry> steps_;
 };
 
