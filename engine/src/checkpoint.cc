@@ -109,7 +109,8 @@ Status SaveCheckpoint(Env* env, const std::string& path, TrainState& st,
 namespace {
 
 // A checkpoint's file: the tensors viewed where the state holds them (not copied).
-SafetensorsWriter CheckpointWriter(TrainState& st, const std::map<std::string, std::string>& extra) {
+SafetensorsWriter CheckpointWriter(TrainState& st,
+                                   const std::map<std::string, std::string>& extra) {
   CHECK(st.optimizer) << "SaveCheckpoint needs an optimizer";
   SafetensorsWriter w(SafetensorsWriter::Mode::kView);
   for (const auto& [k, v] : extra) w.SetMetadata(k, v);
