@@ -122,11 +122,6 @@ Status StageEvidence::SaveCheckpoint(const StageStepRef& ref, engine::TrainState
       for (const std::string& n : names) (void)env_->DeleteFile(JoinPath(dir_, n));
       cleared_ = true;
     }
-    // An earlier try of the same step is no longer served (its commit may differ).
-    if (auto it = steps_.find(ref); it != steps_.end()) {
-      (void)env_->DeleteFile(it->second.checkpoint);
-      steps_.erase(it);
-    }
     path = JoinPath(dir_, ref.task.ToHex() + "-r" + std::to_string(ref.round) + "-p" +
                               std::to_string(ref.replica) + "-s" + std::to_string(ref.stage) +
                               "-t" + std::to_string(ref.step) + "-w" + std::to_string(++writes_) +
@@ -149,34 +144,44 @@ Status StageEvidence::SaveCheckpoint(const StageStepRef& ref, engine::TrainState
     (void)env_->DeleteFile(path);
     return written.WithPrefix("the checkpoint of " + ref.ToString() + " (" + path + ")");
   }
+  // Pending until the step's Publish: what is served of the step until then (an earlier run's,
+  // the same when the stage is honest) stays served.
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = steps_[ref];
-  if (!e.checkpoint.empty()) (void)env_->DeleteFile(e.checkpoint);  // written meanwhile
-  e = Entry();
-  e.checkpoint = path;
-  e.checkpoint_bytes = size;
+  if (!e.pending.file.empty()) (void)env_->DeleteFile(e.pending.file);  // a run that failed
+  e.pending = {path, size};
   return Status::Ok();
 }
 
 Result<std::string> StageEvidence::CheckpointFile(const StageStepRef& ref) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = steps_.find(ref);
-  if (it == steps_.end()) return NotFound("stage evidence: no checkpoint of " + ref.ToString());
-  return it->second.checkpoint;
+  if (it != steps_.end() && it->second.published) return it->second.checkpoint.file;
+  if (it != steps_.end() && !it->second.pending.file.empty()) return it->second.pending.file;
+  return NotFound("stage evidence: no checkpoint of " + ref.ToString());
+}
+
+void StageEvidence::DeleteFiles(const Entry& e) const {
+  if (!e.checkpoint.file.empty()) (void)env_->DeleteFile(e.checkpoint.file);
+  if (!e.pending.file.empty()) (void)env_->DeleteFile(e.pending.file);
 }
 
 Status StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, Bytes> received) {
   const StageStepRef ref = StageStepRefOf(commit);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = steps_.find(ref);
-  if (it == steps_.end()) {
+  if (it == steps_.end() || it->second.pending.file.empty()) {
     return FailedPrecondition("stage evidence of " + ref.ToString() +
                               ": no checkpoint of the step's start was saved (SaveCheckpoint "
                               "before the step)");
   }
-  it->second.published = true;
-  it->second.commit = protocol::EncodeStageStepCommit(commit);
-  it->second.tensors = std::move(received);
+  Entry& e = it->second;
+  if (!e.checkpoint.file.empty()) (void)env_->DeleteFile(e.checkpoint.file);  // an earlier run's
+  e.published = true;
+  e.commit = protocol::EncodeStageStepCommit(commit);
+  e.tensors = std::move(received);
+  e.checkpoint = std::move(e.pending);
+  e.pending = {};
   return Status::Ok();
 }
 
@@ -184,7 +189,7 @@ void StageEvidence::Withdraw(const StageStepRef& ref) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = steps_.find(ref);
   if (it == steps_.end()) return;
-  (void)env_->DeleteFile(it->second.checkpoint);
+  DeleteFiles(it->second);
   steps_.erase(it);
 }
 
@@ -192,7 +197,7 @@ size_t StageEvidence::WithdrawRoundsBefore(const protocol::TaskId& task, uint32_
   std::lock_guard<std::mutex> lock(mu_);
   return std::erase_if(steps_, [&](const auto& kv) {
     if (kv.first.task != task || kv.first.round >= round) return false;
-    (void)env_->DeleteFile(kv.second.checkpoint);
+    DeleteFiles(kv.second);
     return true;
   });
 }
@@ -202,7 +207,7 @@ uint64_t StageEvidence::bytes() const {
   uint64_t total = 0;
   for (const auto& [ref, e] : steps_) {
     if (!e.published) continue;
-    total += e.commit.size() + e.checkpoint_bytes;
+    total += e.commit.size() + e.checkpoint.bytes;
     for (const auto& [hash, t] : e.tensors) total += t.size();
   }
   return total;
@@ -211,7 +216,7 @@ uint64_t StageEvidence::bytes() const {
 uint64_t StageEvidence::checkpoint_file_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t total = 0;
-  for (const auto& [ref, e] : steps_) total += e.published ? e.checkpoint_bytes : 0;
+  for (const auto& [ref, e] : steps_) total += e.published ? e.checkpoint.bytes : 0;
   return total;
 }
 
@@ -226,7 +231,7 @@ Result<Bytes> StageEvidence::HandleStep(const net::Request& r) const {
     return NotFound("stage.step: this node serves no " + ref.ToString());
   }
   Encoder e;
-  e.PutBytes(it->second.commit).PutU64(it->second.checkpoint_bytes);
+  e.PutBytes(it->second.commit).PutU64(it->second.checkpoint.bytes);
   return e.Take();
 }
 
@@ -260,8 +265,8 @@ Result<Bytes> StageEvidence::HandleSlice(const net::Request& r) const {
     return Bytes(t->second.begin() + static_cast<std::ptrdiff_t>(q.offset),
                  t->second.begin() + static_cast<std::ptrdiff_t>(q.offset + n));
   }
-  const uint64_t size = it->second.checkpoint_bytes;
-  const std::string path = it->second.checkpoint;
+  const uint64_t size = it->second.checkpoint.bytes;
+  const std::string path = it->second.checkpoint.file;
   lock.unlock();  // the file is read without the lock (a step withdrawn meanwhile: its file is
                   // gone, and the read fails)
   ML_ASSIGN_OR_RETURN(uint64_t n, StageSliceLength(q, size));

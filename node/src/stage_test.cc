@@ -987,8 +987,9 @@ TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
 // A stage's evidence checkpoints are files (one a step, in the evidence's folder): served from
 // there byte for byte as written, deleted when the step is withdrawn (one step, or the final
 // rounds), and a missing or cut file is a clear error to the verifier, not a crash. A step is
-// served only once its commit is published after its checkpoint, and the first checkpoint a
-// process writes removes what an earlier process left in the folder.
+// served only once its commit is published after its checkpoint; a step run again stays served
+// as it was until the new run publishes it; and the first checkpoint a process writes removes
+// what an earlier process left in the folder.
 TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdrawn) {
   const ModelSpec spec = StageParseModel(kStageMlp);
   std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
@@ -1078,13 +1079,35 @@ TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdra
   EXPECT_EQ(*left,
             std::vector<std::string>{
                 std::filesystem::path(*restarted.CheckpointFile(refs[2])).filename().string()});
-  // Written again (a unit run again): the earlier file is deleted, the step has a new one.
-  const std::string first = *restarted.CheckpointFile(refs[2]);
+  // Written again before a Publish (a run that failed): the earlier file is deleted.
+  const std::string failed = *restarted.CheckpointFile(refs[2]);
   ASSERT_TRUE(restarted.SaveCheckpoint(refs[2], got[2]->state()).ok());
-  const std::string second = *restarted.CheckpointFile(refs[2]);
-  EXPECT_NE(first, second);
-  EXPECT_FALSE(Env::Default()->FileExists(first));
-  EXPECT_TRUE(Env::Default()->FileExists(second));
+  EXPECT_NE(*restarted.CheckpointFile(refs[2]), failed);
+  EXPECT_FALSE(Env::Default()->FileExists(failed));
+
+  // A served step run again (its unit placed again): what was served stays served while the new
+  // run's checkpoint is written and the step trains, and is replaced (its file deleted) when the
+  // new run publishes the step.
+  ASSERT_TRUE(nodes[0]->evidence.SaveCheckpoint(refs[0], got[0]->state()).ok());
+  ASSERT_TRUE(nodes[0]->evidence.Publish(out[0][0].commit, {}).ok());
+  const std::string served = *nodes[0]->evidence.CheckpointFile(refs[0]);
+  const Bytes before = ToBytes(engine::CheckpointBytes(got[0]->state()));
+  got[0]->params()[0].value.data()[0] += 1.0f;  // the new run's start differs
+  const Bytes after = ToBytes(engine::CheckpointBytes(got[0]->state()));
+  ASSERT_TRUE(nodes[0]->evidence.SaveCheckpoint(refs[0], got[0]->state()).ok());
+  Result<StageStepEvidence> meanwhile =
+      FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(), refs[0]);
+  ASSERT_TRUE(meanwhile.ok()) << meanwhile.status().ToString();
+  EXPECT_EQ(meanwhile->checkpoint, before);
+  ASSERT_TRUE(nodes[0]->evidence.Publish(out[0][0].commit, {}).ok());
+  Result<StageStepEvidence> republished =
+      FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(), refs[0]);
+  ASSERT_TRUE(republished.ok()) << republished.status().ToString();
+  EXPECT_EQ(republished->checkpoint, after);
+  EXPECT_FALSE(Env::Default()->FileExists(served));
+  // Publishing again without a new checkpoint is refused (nothing to serve anew).
+  EXPECT_EQ(nodes[0]->evidence.Publish(out[0][0].commit, {}).code(),
+            StatusCode::kFailedPrecondition);
 }
 
 // The solver adversaries a stage node plays (SetStageAdversary's hooks), each on one stage of 3

@@ -320,19 +320,17 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
   if (stage.last() && !batches.empty()) {
     out.mean_loss = static_cast<float>(loss_sum / static_cast<double>(batches.size()));
   }
-  // The pseudo-gradient start - end (protocol::PseudoGradient's arithmetic), computed in place
-  // over the start's copy: the end weights are read where they are, never copied.
-  std::vector<float> delta = std::move(start);
-  size_t j = 0;
+  // The pseudo-gradient start - end, computed in place over the start's copy a tensor at a time:
+  // the end weights are read where they are, never copied.
+  out.delta = std::move(start);
+  size_t at = 0;
   for (const engine::Param& p : stage.params()) {
-    for (const float v : p.value.vec()) {
-      CHECK_LT(j, delta.size());
-      delta[j] = delta[j] - v;
-      ++j;
-    }
+    const std::vector<float>& end = p.value.vec();
+    CHECK_LE(at + end.size(), out.delta.size());
+    protocol::PseudoGradientInPlace(std::span<float>(out.delta).subspan(at, end.size()), end);
+    at += end.size();
   }
-  CHECK_EQ(j, delta.size());
-  out.delta = std::move(delta);
+  CHECK_EQ(at, out.delta.size());
   if (hooks.negate_result) {
     for (float& d : out.delta) d = -d;
   }

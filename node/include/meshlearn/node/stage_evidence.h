@@ -15,11 +15,11 @@
 // the stage's tensors (engine::WriteCheckpoint: no copy of them in memory) and read a slice at a
 // time as verifiers ask: a node holds none of them in memory, only the commits and the received
 // tensors (activations and their gradients, small). Each write has a file name of its own, never
-// written again, and a step is served only once its file is complete (Publish, after the step):
-// a reader sees a whole file or none, as with a rename. A step's file is deleted when it is
-// withdrawn or written again, and the first checkpoint a process writes deletes every file an
-// earlier process left (a restart serves nothing of what it trained before; a file cut short by
-// a crash goes with them).
+// written again, and is served only once complete (Publish, after the step; until then what was
+// served for the step, if anything, stays served): a reader sees a whole file or none, as with a
+// rename. A step's file is deleted when it is withdrawn or replaced, and the first checkpoint a
+// process writes deletes every file an earlier process left (a restart serves nothing of what it
+// trained before; a file cut short by a crash goes with them).
 //
 // The verifier trusts nothing it fetches: the commit must decode and be the step it asked for,
 // its signatures are checked by the replay, a checkpoint must hash to state_before, a tensor must
@@ -85,13 +85,15 @@ class StageEvidence {
   // Registers "stage.step" and "stage.slice".
   void Register(net::Router* router);
   // Writes `state`, the stage's state at the start of step `ref`, as that step's checkpoint file
-  // (engine::WriteCheckpoint; replacing an earlier one of the same step, whose evidence is no
-  // longer served). The step is served once Publish gives its commit. The first call of a process
-  // first deletes every file in the folder (an earlier process's). Errors name the file.
+  // (engine::WriteCheckpoint). It is served from Publish of the step's commit on, replacing what
+  // was served for the step (a run of the same unit before); until then that stays served. The
+  // first call of a process first deletes every file in the folder (an earlier process's).
+  // Errors name the file.
   Status SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state);
-  // Serves the step of `commit`, whose checkpoint SaveCheckpoint wrote: `received`, the tensors
-  // the stage received that step by hash (StageTensorBytes; StagePlane::received()).
-  // FailedPrecondition when no checkpoint of the step was saved.
+  // Serves the step of `commit`, whose checkpoint SaveCheckpoint wrote (replacing what was served
+  // for it, and deleting its file): `received`, the tensors the stage received that step by hash
+  // (StageTensorBytes; StagePlane::received()). FailedPrecondition when no checkpoint of the step
+  // was saved since its last Publish.
   Status Publish(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received);
   // Stops serving a step (its round is final) and deletes its file.
   void Withdraw(const StageStepRef& ref);
@@ -102,17 +104,26 @@ class StageEvidence {
   // files (on disk: checkpoint_file_bytes()).
   uint64_t bytes() const;
   uint64_t checkpoint_file_bytes() const;
-  // The checkpoint file of a step SaveCheckpoint wrote and nothing withdrew; NotFound otherwise.
+  // The checkpoint file served for a step, or else the one SaveCheckpoint wrote for its next
+  // Publish; NotFound when there is neither.
   Result<std::string> CheckpointFile(const StageStepRef& ref) const;
 
  private:
+  struct Checkpoint {
+    std::string file;  // empty: none
+    uint64_t bytes = 0;  // its size when written
+  };
   struct Entry {
-    bool published = false;  // Publish gave its commit (else only its checkpoint is written)
+    // What is served, once Publish gave the step's commit.
+    bool published = false;
     Bytes commit;
     std::map<Hash256, Bytes> tensors;
-    std::string checkpoint;         // its file
-    uint64_t checkpoint_bytes = 0;  // the file's size when written
+    Checkpoint checkpoint;
+    // Written for the step's next Publish (a run of the step under way); what is served stays
+    // served until then.
+    Checkpoint pending;
   };
+  void DeleteFiles(const Entry& e) const;
   Result<Bytes> HandleStep(const net::Request& r) const;
   Result<Bytes> HandleSlice(const net::Request& r) const;
 
