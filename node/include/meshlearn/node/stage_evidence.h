@@ -110,7 +110,7 @@ class StageEvidence {
 
  private:
   struct Checkpoint {
-    std::string file;  // empty: none
+    std::string file;    // empty: none
     uint64_t bytes = 0;  // its size when written
   };
   struct Entry {
