@@ -106,15 +106,30 @@ Status SaveCheckpoint(Env* env, const std::string& path, TrainState& st,
   return env->WriteFileAtomic(path, CheckpointBytes(st, extra));
 }
 
-std::string CheckpointBytes(TrainState& st, const std::map<std::string, std::string>& extra) {
+namespace {
+
+// A checkpoint's file: the tensors viewed where the state holds them (not copied).
+SafetensorsWriter CheckpointWriter(TrainState& st,
+                                   const std::map<std::string, std::string>& extra) {
   CHECK(st.optimizer) << "SaveCheckpoint needs an optimizer";
-  SafetensorsWriter w;
+  SafetensorsWriter w(SafetensorsWriter::Mode::kView);
   for (const auto& [k, v] : extra) w.SetMetadata(k, v);
   w.SetMetadata("format", kCheckpointFormat);
   w.SetMetadata("optimizer", st.optimizer->spec().ToJson());
   AddCommon(w, st, /*with_optimizer=*/true);
   for (const Optimizer::NamedState& s : st.optimizer->State()) w.AddF32(s.name, *s.tensor);
-  return w.Serialize();
+  return w;
+}
+
+}  // namespace
+
+std::string CheckpointBytes(TrainState& st, const std::map<std::string, std::string>& extra) {
+  return CheckpointWriter(st, extra).Serialize();
+}
+
+Status WriteCheckpoint(TrainState& st, const std::function<Status(std::string_view)>& sink,
+                       const std::map<std::string, std::string>& extra) {
+  return CheckpointWriter(st, extra).WriteTo(sink);
 }
 
 Status SaveModel(Env* env, const std::string& path, TrainState& st,

@@ -54,21 +54,31 @@ bool ParseDType(const std::string& s, DType* d) {
 
 }  // namespace
 
-void SafetensorsWriter::AddF32(const std::string& name, const Shape& shape, const float* data) {
+void SafetensorsWriter::Add(const std::string& name, DType dtype, const Shape& shape,
+                            const void* data) {
   CHECK(name != "__metadata__" && !entries_.count(name)) << name;
-  SafetensorsEntry e{name, DType::kF32, shape,
-                     std::string(reinterpret_cast<const char*>(data), NumElements(shape) * 4)};
-  entries_[name] = std::move(e);
+  Item& e = entries_[name];
+  e.dtype = dtype;
+  e.shape = shape;
+  const std::string_view bytes(static_cast<const char*>(data),
+                               static_cast<size_t>(NumElements(shape) * DTypeSize(dtype)));
+  if (mode_ == Mode::kCopy) {
+    e.owned.assign(bytes);
+    e.bytes = e.owned;  // a map node does not move
+  } else {
+    e.bytes = bytes;
+  }
+}
+
+void SafetensorsWriter::AddF32(const std::string& name, const Shape& shape, const float* data) {
+  Add(name, DType::kF32, shape, data);
 }
 
 void SafetensorsWriter::AddI32(const std::string& name, const Shape& shape, const int32_t* data) {
-  CHECK(name != "__metadata__" && !entries_.count(name)) << name;
-  SafetensorsEntry e{name, DType::kI32, shape,
-                     std::string(reinterpret_cast<const char*>(data), NumElements(shape) * 4)};
-  entries_[name] = std::move(e);
+  Add(name, DType::kI32, shape, data);
 }
 
-std::string SafetensorsWriter::Serialize() const {
+std::string SafetensorsWriter::Header(uint64_t* data_bytes) const {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   uint64_t offset = 0;
@@ -84,9 +94,23 @@ std::string SafetensorsWriter::Serialize() const {
   uint64_t n = h.size();
   std::memcpy(out.data(), &n, 8);
   out += h;
-  out.reserve(out.size() + offset);
+  *data_bytes = offset;
+  return out;
+}
+
+std::string SafetensorsWriter::Serialize() const {
+  uint64_t data_bytes = 0;
+  std::string out = Header(&data_bytes);
+  out.reserve(out.size() + data_bytes);
   for (const auto& [name, e] : entries_) out += e.bytes;
   return out;
+}
+
+Status SafetensorsWriter::WriteTo(const std::function<Status(std::string_view)>& sink) const {
+  uint64_t data_bytes = 0;
+  ML_RETURN_IF_ERROR(sink(Header(&data_bytes)));
+  for (const auto& [name, e] : entries_) ML_RETURN_IF_ERROR(sink(e.bytes));
+  return Status::Ok();
 }
 
 Status SafetensorsWriter::Write(Env* env, const std::string& path) const {

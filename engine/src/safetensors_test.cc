@@ -47,6 +47,38 @@ TEST(SafetensorsTest, RoundTripIsCanonical) {
   EXPECT_FALSE(f->GetF32("missing").ok());
 }
 
+// A writer that views the tensors (no copy) serializes the same bytes as one that copies them,
+// and WriteTo hands them out in pieces that concatenate to Serialize's bytes; a sink's error ends
+// it. A viewing writer reads the tensors when it serializes, not when they are added.
+TEST(SafetensorsTest, ViewedTensorsAndPiecewiseWritingGiveTheSameBytes) {
+  Tensor a({2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor b({4}, {-1, -2, -3, -4});
+  SafetensorsWriter copy;
+  SafetensorsWriter view(SafetensorsWriter::Mode::kView);
+  for (SafetensorsWriter* w : {&copy, &view}) {
+    w->AddF32("b", b);
+    w->AddF32("a", a);
+    w->SetMetadata("step", "7");
+  }
+  const std::string bytes = copy.Serialize();
+  EXPECT_EQ(view.Serialize(), bytes);
+  std::string pieces;
+  int n = 0;
+  ASSERT_TRUE(view.WriteTo([&](std::string_view p) {
+                    pieces.append(p);
+                    ++n;
+                    return Status::Ok();
+                  })
+                  .ok());
+  EXPECT_EQ(pieces, bytes);
+  EXPECT_EQ(n, 3);  // the header, then a and b
+  Status full = view.WriteTo([](std::string_view) { return ResourceExhausted("disk full"); });
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  a.data()[0] = 9;
+  EXPECT_EQ(copy.Serialize(), bytes);
+  EXPECT_NE(view.Serialize(), bytes);
+}
+
 TEST(SafetensorsTest, EmptyTensorAndNoMetadata) {
   SafetensorsWriter w;
   w.AddF32("e", Tensor({0, 4}));

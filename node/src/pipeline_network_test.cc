@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/test_dir.h"
 #include "meshlearn/node/state_blob.h"
 #include "testing/pipeline_task.h"
@@ -157,9 +158,9 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
       }
     }
   }
-  // The evidence of a final round's stage steps is no longer served and its memory (a stage
-  // checkpoint per step) is freed: once the task is final, every node has released every step it
-  // trained (one stage a round: rounds x inner_steps).
+  // The evidence of a final round's stage steps is no longer served and its checkpoint files are
+  // deleted: once the task is final, every node has released every step it trained (one stage a
+  // round: rounds x inner_steps), and its stages/ folder is empty.
   const uint64_t trained = uint64_t{o.net.rounds} * o.net.inner_steps;
   auto all_released = [&] {
     std::lock_guard<std::mutex> lock(mu);
@@ -174,6 +175,13 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(steps_released.size(), 6u);
   for (const auto& [node, steps] : steps_released) EXPECT_EQ(steps, trained) << "node " << node;
+  for (int i = 0; i < 6; ++i) {
+    const std::string stages =
+        HomeLayout(opt.root + "/nodes/n" + std::to_string(i)).StageEvidenceDir();
+    Result<std::vector<std::string>> left = Env::Default()->ListDir(stages);
+    ASSERT_TRUE(left.ok()) << stages << ": " << left.status().ToString();  // the node wrote there
+    EXPECT_TRUE(left->empty()) << stages << " keeps " << left->size() << " file(s)";
+  }
 }
 
 // A stage whose steps fail (here node 5's own, by a 1 ms step deadline; its neighbours then wait

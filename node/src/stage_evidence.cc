@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/base/env.h"
@@ -110,23 +111,94 @@ void StageEvidence::Register(net::Router* router) {
       kMethodStageSlice, [this](const net::Request& r) { return HandleSlice(r); }, 256);
 }
 
-void StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, Bytes> received,
-                            Bytes checkpoint) {
-  const StageStepRef ref = StageStepRefOf(commit);
-  Entry e{protocol::EncodeStageStepCommit(commit), std::move(received), std::move(checkpoint)};
+Status StageEvidence::SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state) {
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cleared_) {
+      ML_RETURN_IF_ERROR(env_->CreateDirs(dir_).WithPrefix("stage evidence folder"));
+      // An earlier process's files: nothing serves them now.
+      ML_ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(dir_));
+      for (const std::string& n : names) (void)env_->DeleteFile(JoinPath(dir_, n));
+      cleared_ = true;
+    }
+    path = JoinPath(dir_, ref.task.ToHex() + "-r" + std::to_string(ref.round) + "-p" +
+                              std::to_string(ref.replica) + "-s" + std::to_string(ref.stage) +
+                              "-t" + std::to_string(ref.step) + "-w" + std::to_string(++writes_) +
+                              ".safetensors");
+  }
+  // Written outside the lock (tens of MB), so that verifiers are served meanwhile, a tensor at a
+  // time from the state itself.
+  uint64_t size = 0;
+  Status written = [&]() -> Status {
+    ML_ASSIGN_OR_RETURN(std::unique_ptr<RandomRWFile> file,
+                        env_->OpenRandomRW(path, /*create=*/true));
+    ML_RETURN_IF_ERROR(file->Truncate(0));
+    return engine::WriteCheckpoint(state, [&](std::string_view piece) -> Status {
+      ML_RETURN_IF_ERROR(file->Write(size, piece));
+      size += piece.size();
+      return Status::Ok();
+    });
+  }();
+  if (!written.ok()) {
+    (void)env_->DeleteFile(path);
+    return written.WithPrefix("the checkpoint of " + ref.ToString() + " (" + path + ")");
+  }
+  // Pending until the step's Publish: what is served of the step until then (an earlier run's,
+  // the same when the stage is honest) stays served.
   std::lock_guard<std::mutex> lock(mu_);
-  steps_[ref] = std::move(e);
+  Entry& e = steps_[ref];
+  if (!e.pending.file.empty()) (void)env_->DeleteFile(e.pending.file);  // a run that failed
+  e.pending = {path, size};
+  return Status::Ok();
+}
+
+Result<std::string> StageEvidence::CheckpointFile(const StageStepRef& ref) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = steps_.find(ref);
+  if (it != steps_.end() && it->second.published) return it->second.checkpoint.file;
+  if (it != steps_.end() && !it->second.pending.file.empty()) return it->second.pending.file;
+  return NotFound("stage evidence: no checkpoint of " + ref.ToString());
+}
+
+void StageEvidence::DeleteFiles(const Entry& e) const {
+  if (!e.checkpoint.file.empty()) (void)env_->DeleteFile(e.checkpoint.file);
+  if (!e.pending.file.empty()) (void)env_->DeleteFile(e.pending.file);
+}
+
+Status StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, Bytes> received) {
+  const StageStepRef ref = StageStepRefOf(commit);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = steps_.find(ref);
+  if (it == steps_.end() || it->second.pending.file.empty()) {
+    return FailedPrecondition("stage evidence of " + ref.ToString() +
+                              ": no checkpoint of the step's start was saved (SaveCheckpoint "
+                              "before the step)");
+  }
+  Entry& e = it->second;
+  if (!e.checkpoint.file.empty()) (void)env_->DeleteFile(e.checkpoint.file);  // an earlier run's
+  e.published = true;
+  e.commit = protocol::EncodeStageStepCommit(commit);
+  e.tensors = std::move(received);
+  e.checkpoint = std::move(e.pending);
+  e.pending = {};
+  return Status::Ok();
 }
 
 void StageEvidence::Withdraw(const StageStepRef& ref) {
   std::lock_guard<std::mutex> lock(mu_);
-  steps_.erase(ref);
+  auto it = steps_.find(ref);
+  if (it == steps_.end()) return;
+  DeleteFiles(it->second);
+  steps_.erase(it);
 }
 
 size_t StageEvidence::WithdrawRoundsBefore(const protocol::TaskId& task, uint32_t round) {
   std::lock_guard<std::mutex> lock(mu_);
   return std::erase_if(steps_, [&](const auto& kv) {
-    return kv.first.task == task && kv.first.round < round;
+    if (kv.first.task != task || kv.first.round >= round) return false;
+    DeleteFiles(kv.second);
+    return true;
   });
 }
 
@@ -134,9 +206,17 @@ uint64_t StageEvidence::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t total = 0;
   for (const auto& [ref, e] : steps_) {
-    total += e.commit.size() + e.checkpoint.size();
+    if (!e.published) continue;
+    total += e.commit.size() + e.checkpoint.bytes;
     for (const auto& [hash, t] : e.tensors) total += t.size();
   }
+  return total;
+}
+
+uint64_t StageEvidence::checkpoint_file_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const auto& [ref, e] : steps_) total += e.published ? e.checkpoint.bytes : 0;
   return total;
 }
 
@@ -147,33 +227,63 @@ Result<Bytes> StageEvidence::HandleStep(const net::Request& r) const {
   ML_RETURN_IF_ERROR(d.Finish());
   std::lock_guard<std::mutex> lock(mu_);
   auto it = steps_.find(ref);
-  if (it == steps_.end()) return NotFound("stage.step: this node serves no " + ref.ToString());
+  if (it == steps_.end() || !it->second.published) {
+    return NotFound("stage.step: this node serves no " + ref.ToString());
+  }
   Encoder e;
-  e.PutBytes(it->second.commit).PutU64(it->second.checkpoint.size());
+  e.PutBytes(it->second.commit).PutU64(it->second.checkpoint.bytes);
   return e.Take();
 }
 
+namespace {
+
+// Bytes [offset, offset + min(length, size - offset)) of a part of `size` bytes.
+Result<uint64_t> StageSliceLength(const StageSliceRequest& q, uint64_t size) {
+  if (q.offset >= size) {
+    return InvalidArgument("stage.slice: offset " + std::to_string(q.offset) + " is past the " +
+                           std::to_string(size) + " bytes");
+  }
+  return std::min<uint64_t>(q.length, size - q.offset);
+}
+
+}  // namespace
+
 Result<Bytes> StageEvidence::HandleSlice(const net::Request& r) const {
   ML_ASSIGN_OR_RETURN(StageSliceRequest q, DecodeStageSliceRequest(r.body));
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = steps_.find(q.ref);
-  if (it == steps_.end()) return NotFound("stage.slice: this node serves no " + q.ref.ToString());
-  const Bytes* part = &it->second.checkpoint;
+  if (it == steps_.end() || !it->second.published) {
+    return NotFound("stage.slice: this node serves no " + q.ref.ToString());
+  }
   if (q.part == StageSlicePart::kStageSliceTensor) {
     auto t = it->second.tensors.find(q.tensor);
     if (t == it->second.tensors.end()) {
       return NotFound("stage.slice: " + q.ref.ToString() + " received no tensor " +
                       q.tensor.ShortHex());
     }
-    part = &t->second;
+    ML_ASSIGN_OR_RETURN(uint64_t n, StageSliceLength(q, t->second.size()));
+    return Bytes(t->second.begin() + static_cast<std::ptrdiff_t>(q.offset),
+                 t->second.begin() + static_cast<std::ptrdiff_t>(q.offset + n));
   }
-  if (q.offset >= part->size()) {
-    return InvalidArgument("stage.slice: offset " + std::to_string(q.offset) + " is past the " +
-                           std::to_string(part->size()) + " bytes");
+  const uint64_t size = it->second.checkpoint.bytes;
+  const std::string path = it->second.checkpoint.file;
+  lock.unlock();  // the file is read without the lock (a step withdrawn meanwhile: its file is
+                  // gone, and the read fails)
+  ML_ASSIGN_OR_RETURN(uint64_t n, StageSliceLength(q, size));
+  Result<std::unique_ptr<RandomRWFile>> file = env_->OpenRandomRW(path, /*create=*/false);
+  if (!file.ok()) {
+    return DataLoss("stage.slice: the checkpoint file of " + q.ref.ToString() + " (" + path +
+                    ") cannot be opened: " + file.status().message());
   }
-  const uint64_t n = std::min<uint64_t>(q.length, part->size() - q.offset);
-  return Bytes(part->begin() + static_cast<std::ptrdiff_t>(q.offset),
-               part->begin() + static_cast<std::ptrdiff_t>(q.offset + n));
+  Bytes out(n);
+  Result<size_t> got = (*file)->Read(q.offset, n, reinterpret_cast<char*>(out.data()));
+  if (!got.ok()) return got.status().WithPrefix("stage.slice: reading " + path);
+  if (*got != n) {
+    return DataLoss("stage.slice: the checkpoint file " + path + " ends at byte " +
+                    std::to_string(q.offset + *got) + ", before the " + std::to_string(size) +
+                    " bytes it was written with");
+  }
+  return out;
 }
 
 Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,

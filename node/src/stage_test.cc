@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -569,11 +570,11 @@ TEST(StageReplayTest, AWrongUpdateAStartElsewhereAndMissingRecordsAreCaught) {
 
 // ---- The data plane over loopback HTTP.
 
-// A stage node: its router, client, data plane and HTTP server (stopped first on destruction:
-// the handlers use the plane).
+// A stage node: its router, client, data plane, evidence (its checkpoint files in a folder of its
+// own) and HTTP server (stopped first on destruction: the handlers use the plane).
 struct StageNode {
   net::Router router;
-  StageEvidence evidence;
+  StageEvidence evidence{Env::Default(), TestDir("stage-evidence")};
   std::unique_ptr<net::HttpTransport> transport;
   std::unique_ptr<StagePlane> plane;
   std::unique_ptr<net::HttpServer> server;
@@ -937,13 +938,9 @@ TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
     std::vector<std::vector<StageStepOutcome>> out;
     std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, 1, &out);
     for (int s = 0; s < 3; ++s) ASSERT_TRUE(st[s].ok()) << st[s].ToString();
-    MemEnv env;
-    std::vector<Bytes> checkpoints;
     for (int s = 0; s < 3; ++s) {
-      ASSERT_TRUE(engine::SaveCheckpoint(&env, "c", got[s]->state()).ok());
-      Result<std::string> file = env.ReadFile("c");
-      ASSERT_TRUE(file.ok());
-      checkpoints.push_back(ToBytes(*file));
+      const StageStepRef ref{ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), 1};
+      ASSERT_TRUE(nodes[s]->evidence.SaveCheckpoint(ref, got[s]->state()).ok());
     }
     st = StageRunOverHttp(got, nodes, {0, 1, 2}, 1, 2, &out);
     for (int s = 0; s < 3; ++s) {
@@ -955,7 +952,7 @@ TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
         Bytes& b = received.at(out[s][0].commit.received[1].tensor);
         b[0] ^= 1;
       }
-      nodes[s]->evidence.Publish(out[s][0].commit, received, checkpoints[s]);
+      ASSERT_TRUE(nodes[s]->evidence.Publish(out[s][0].commit, received).ok());
     }
 
     const StageReplaySetup setup = StageSetup(spec, ctx.chain);
@@ -985,6 +982,132 @@ TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
               std::string::npos)
         << none.status().ToString();
   }
+}
+
+// A stage's evidence checkpoints are files (one a step, in the evidence's folder): served from
+// there byte for byte as written, deleted when the step is withdrawn (one step, or the final
+// rounds), and a missing or cut file is a clear error to the verifier, not a crash. A step is
+// served only once its commit is published after its checkpoint; a step run again stays served
+// as it was until the new run publishes it; and the first checkpoint a process writes removes
+// what an earlier process left in the folder.
+TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdrawn) {
+  const ModelSpec spec = StageParseModel(kStageMlp);
+  std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+  const StageContext ctx = StageCtx();
+  std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, {});
+  std::vector<StageStepRef> refs;
+  std::vector<std::string> want;  // each stage's checkpoint bytes of step 0's start
+  for (int s = 0; s < 3; ++s) {
+    refs.push_back({ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), 0});
+    want.push_back(engine::CheckpointBytes(got[s]->state()));
+    ASSERT_TRUE(nodes[s]->evidence.SaveCheckpoint(refs[s], got[s]->state()).ok());
+  }
+  std::vector<std::vector<StageStepOutcome>> out;
+  std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, 1, &out);
+  net::HttpTransport verifier;
+  for (int s = 0; s < 3; ++s) {
+    ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+    // Not served before its commit is.
+    EXPECT_EQ(
+        FetchStageStepEvidence(&verifier, nodes[s]->server->endpoint(), refs[s]).status().code(),
+        StatusCode::kNotFound);
+    EXPECT_EQ(nodes[s]->evidence.bytes(), 0u);
+    ASSERT_TRUE(nodes[s]->evidence.Publish(out[s][0].commit, nodes[s]->plane->received()).ok());
+    // The file holds the checkpoint, and the evidence counts it.
+    Result<std::string> path = nodes[s]->evidence.CheckpointFile(refs[s]);
+    ASSERT_TRUE(path.ok()) << path.status().ToString();
+    Result<std::string> file = Env::Default()->ReadFile(*path);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    EXPECT_EQ(*file, want[s]);
+    EXPECT_EQ(nodes[s]->evidence.checkpoint_file_bytes(), want[s].size());
+    EXPECT_GT(nodes[s]->evidence.bytes(), want[s].size());
+    Result<StageStepEvidence> ev =
+        FetchStageStepEvidence(&verifier, nodes[s]->server->endpoint(), refs[s]);
+    ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+    EXPECT_EQ(ev->checkpoint, ToBytes(want[s]));
+    EXPECT_EQ(ev->commit, out[s][0].commit);
+  }
+
+  // A commit published without its checkpoint is refused.
+  StageStepCommit later = out[0][0].commit;
+  later.step = 5;
+  Status no_checkpoint = nodes[0]->evidence.Publish(later, {});
+  EXPECT_EQ(no_checkpoint.code(), StatusCode::kFailedPrecondition) << no_checkpoint.ToString();
+  EXPECT_NE(no_checkpoint.message().find("no checkpoint"), std::string::npos)
+      << no_checkpoint.ToString();
+
+  // Stage 1's file cut short and stage 2's deleted behind the evidence's back: the verifier gets
+  // an error naming the file.
+  const std::string cut = *nodes[1]->evidence.CheckpointFile(refs[1]);
+  ASSERT_TRUE(Env::Default()->WriteFileAtomic(cut, want[1].substr(0, want[1].size() / 2)).ok());
+  Result<StageStepEvidence> short_file =
+      FetchStageStepEvidence(&verifier, nodes[1]->server->endpoint(), refs[1]);
+  EXPECT_EQ(short_file.status().code(), StatusCode::kDataLoss) << short_file.status().ToString();
+  EXPECT_NE(short_file.status().message().find(cut), std::string::npos)
+      << short_file.status().ToString();
+  const std::string gone = *nodes[2]->evidence.CheckpointFile(refs[2]);
+  ASSERT_TRUE(Env::Default()->DeleteFile(gone).ok());
+  Result<StageStepEvidence> no_file =
+      FetchStageStepEvidence(&verifier, nodes[2]->server->endpoint(), refs[2]);
+  EXPECT_EQ(no_file.status().code(), StatusCode::kDataLoss) << no_file.status().ToString();
+  EXPECT_NE(no_file.status().message().find(gone), std::string::npos)
+      << no_file.status().ToString();
+
+  // Withdrawn: no longer served, and the file is deleted.
+  const std::string withdrawn = *nodes[0]->evidence.CheckpointFile(refs[0]);
+  nodes[0]->evidence.Withdraw(refs[0]);
+  EXPECT_FALSE(Env::Default()->FileExists(withdrawn));
+  EXPECT_EQ(nodes[0]->evidence.CheckpointFile(refs[0]).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(nodes[0]->evidence.bytes(), 0u);
+  EXPECT_EQ(
+      FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(), refs[0]).status().code(),
+      StatusCode::kNotFound);
+  EXPECT_EQ(nodes[1]->evidence.WithdrawRoundsBefore(ctx.task, ctx.round), 0u);  // not final
+  EXPECT_EQ(nodes[1]->evidence.WithdrawRoundsBefore(ctx.task, ctx.round + 1), 1u);
+  EXPECT_FALSE(Env::Default()->FileExists(cut));
+  EXPECT_EQ(nodes[1]->evidence.bytes(), 0u);
+
+  // A restart: the first checkpoint of a new process's evidence in the same folder deletes what
+  // the earlier one left.
+  const std::string dir = std::filesystem::path(gone).parent_path().string();
+  const std::string stale = JoinPath(dir, "left-by-an-earlier-process.safetensors");
+  ASSERT_TRUE(Env::Default()->WriteFileAtomic(stale, "left by an earlier process").ok());
+  StageEvidence restarted(Env::Default(), dir);
+  ASSERT_TRUE(restarted.SaveCheckpoint(refs[2], got[2]->state()).ok());
+  Result<std::vector<std::string>> left = Env::Default()->ListDir(dir);
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  EXPECT_EQ(*left,
+            std::vector<std::string>{
+                std::filesystem::path(*restarted.CheckpointFile(refs[2])).filename().string()});
+  // Written again before a Publish (a run that failed): the earlier file is deleted.
+  const std::string failed = *restarted.CheckpointFile(refs[2]);
+  ASSERT_TRUE(restarted.SaveCheckpoint(refs[2], got[2]->state()).ok());
+  EXPECT_NE(*restarted.CheckpointFile(refs[2]), failed);
+  EXPECT_FALSE(Env::Default()->FileExists(failed));
+
+  // A served step run again (its unit placed again): what was served stays served while the new
+  // run's checkpoint is written and the step trains, and is replaced (its file deleted) when the
+  // new run publishes the step.
+  ASSERT_TRUE(nodes[0]->evidence.SaveCheckpoint(refs[0], got[0]->state()).ok());
+  ASSERT_TRUE(nodes[0]->evidence.Publish(out[0][0].commit, {}).ok());
+  const std::string served = *nodes[0]->evidence.CheckpointFile(refs[0]);
+  const Bytes before = ToBytes(engine::CheckpointBytes(got[0]->state()));
+  got[0]->params()[0].value.data()[0] += 1.0f;  // the new run's start differs
+  const Bytes after = ToBytes(engine::CheckpointBytes(got[0]->state()));
+  ASSERT_TRUE(nodes[0]->evidence.SaveCheckpoint(refs[0], got[0]->state()).ok());
+  Result<StageStepEvidence> meanwhile =
+      FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(), refs[0]);
+  ASSERT_TRUE(meanwhile.ok()) << meanwhile.status().ToString();
+  EXPECT_EQ(meanwhile->checkpoint, before);
+  ASSERT_TRUE(nodes[0]->evidence.Publish(out[0][0].commit, {}).ok());
+  Result<StageStepEvidence> republished =
+      FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(), refs[0]);
+  ASSERT_TRUE(republished.ok()) << republished.status().ToString();
+  EXPECT_EQ(republished->checkpoint, after);
+  EXPECT_FALSE(Env::Default()->FileExists(served));
+  // Publishing again without a new checkpoint is refused (nothing to serve anew).
+  EXPECT_EQ(nodes[0]->evidence.Publish(out[0][0].commit, {}).code(),
+            StatusCode::kFailedPrecondition);
 }
 
 // The solver adversaries a stage node plays (SetStageAdversary's hooks), each on one stage of 3
@@ -1035,9 +1158,12 @@ TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleT
     for (int s = 0; s < 3; ++s) {
       StageRunHooks hooks;
       StageEvidence* ev = &nodes[s]->evidence;
-      hooks.publish = [ev](const StageStepCommit& c, std::map<Hash256, Bytes> received,
-                           Bytes checkpoint) {
-        ev->Publish(c, std::move(received), std::move(checkpoint));
+      hooks.checkpoint = [ev, &ctx, s](uint64_t step, engine::TrainState& state) {
+        return ev->SaveCheckpoint(
+            {ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), step}, state);
+      };
+      hooks.publish = [ev](const StageStepCommit& c, std::map<Hash256, Bytes> received) {
+        return ev->Publish(c, std::move(received));
       };
       if (s == m.cheat) SetStageAdversary(m.adversary, work, &hooks);
       threads.emplace_back([&, s, hooks] {

@@ -21,7 +21,10 @@ void CopyWholeParams(const engine::Model& whole, engine::Stage& stage) {
 }
 
 std::vector<float> StageFlatParams(engine::Stage& stage) {
+  size_t n = 0;
+  for (const engine::Param& p : stage.params()) n += p.value.vec().size();
   std::vector<float> flat;
+  flat.reserve(n);
   for (const engine::Param& p : stage.params()) {
     flat.insert(flat.end(), p.value.vec().begin(), p.value.vec().end());
   }
@@ -273,13 +276,12 @@ void SetStageAdversary(Adversary adv, const UnitWork& work, StageRunHooks* hooks
 Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
                                       std::span<const engine::Batch> batches,
                                       uint64_t dropout_seed, const StageRunHooks& hooks) {
-  const std::vector<float> start = StageFlatParams(stage);
+  std::vector<float> start = StageFlatParams(stage);
   StageUnitOutcome out;
   double loss_sum = 0;
   for (size_t i = 0; i < batches.size(); ++i) {
-    Bytes checkpoint;
-    if (hooks.publish) {
-      ML_ASSIGN_OR_RETURN(checkpoint, StageCheckpointBytes(stage.state()));
+    if (hooks.checkpoint) {
+      ML_RETURN_IF_ERROR(hooks.checkpoint(static_cast<uint64_t>(i), stage.state()));
     }
     plane.BeginStep(static_cast<uint64_t>(i));
     const engine::Batch* batch = &batches[i];
@@ -310,7 +312,7 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
       PerturbParams(stage.params(), hooks.perturb_stream);
       step.commit.state_after = engine::StateHash(stage.state());
     }
-    if (hooks.publish) hooks.publish(step.commit, plane.received(), std::move(checkpoint));
+    if (hooks.publish) ML_RETURN_IF_ERROR(hooks.publish(step.commit, plane.received()));
     loss_sum += step.loss;
     out.leaves.push_back(protocol::StageStepLeaf(step.commit));
     out.commits.push_back(std::move(step.commit));
@@ -318,7 +320,17 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
   if (stage.last() && !batches.empty()) {
     out.mean_loss = static_cast<float>(loss_sum / static_cast<double>(batches.size()));
   }
-  out.delta = protocol::PseudoGradient(start, StageFlatParams(stage));
+  // The pseudo-gradient start - end, computed in place over the start's copy a tensor at a time:
+  // the end weights are read where they are, never copied.
+  out.delta = std::move(start);
+  size_t at = 0;
+  for (const engine::Param& p : stage.params()) {
+    const std::vector<float>& end = p.value.vec();
+    CHECK_LE(at + end.size(), out.delta.size());
+    protocol::PseudoGradientInPlace(std::span<float>(out.delta).subspan(at, end.size()), end);
+    at += end.size();
+  }
+  CHECK_EQ(at, out.delta.size());
   if (hooks.negate_result) {
     for (float& d : out.delta) d = -d;
   }

@@ -374,10 +374,14 @@ Result<AggregateResult> Aggregate(std::span<const Contribution> contributions,
 }
 
 std::vector<float> PseudoGradient(std::span<const float> global, std::span<const float> local) {
-  CHECK_EQ(global.size(), local.size());
-  std::vector<float> out(global.size());
-  for (size_t j = 0; j < global.size(); ++j) out[j] = global[j] - local[j];
+  std::vector<float> out(global.begin(), global.end());
+  PseudoGradientInPlace(out, local);
   return out;
+}
+
+void PseudoGradientInPlace(std::span<float> global_then_delta, std::span<const float> local) {
+  CHECK_EQ(global_then_delta.size(), local.size());
+  for (size_t j = 0; j < local.size(); ++j) global_then_delta[j] = global_then_delta[j] - local[j];
 }
 
 Status ValidateOuterOptimizerConfig(const OuterOptimizerConfig& config) {

@@ -353,6 +353,11 @@ TEST(AggregateTest, PseudoGradientAndOuterStepByHand) {
   const std::vector<float> local = {0.5f, -1.0f};
   const std::vector<float> g = PseudoGradient(global, local);
   EXPECT_EQ(g, (std::vector<float>{0.5f, -1.0f}));
+  // In place, a part at a time (a pipeline stage's tensors): the same floats.
+  std::vector<float> in_place = global;
+  PseudoGradientInPlace(std::span<float>(in_place).first(1), std::span(local).first(1));
+  PseudoGradientInPlace(std::span<float>(in_place).last(1), std::span(local).last(1));
+  EXPECT_EQ(in_place, g);
 
   std::vector<float> w = global;
   std::vector<float> m(2, 0.0f);

@@ -355,14 +355,13 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
   }
   const TraceEntry& e = traces_.at(key);
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
+  ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
   const engine::ClassificationData* train = nullptr;
-  if (!ctx->data->tokens) {
-    if (!ctx->data_tree) {
-      ctx->data_tree = std::make_unique<engine::DataTree>(ctx->data->train);
-    }
-    train = &ctx->data->train;
+  if (!data->tokens) {
+    if (!ctx->data_tree) ctx->data_tree = std::make_unique<engine::DataTree>(data->train);
+    train = &data->train;
   } else if (!ctx->token_pages) {
-    ctx->token_pages = std::make_unique<engine::TokenPageTree>(ctx->data->train_tokens.tokens);
+    ctx->token_pages = std::make_unique<engine::TokenPageTree>(data->train_tokens.tokens);
   }
   Result<ledger::TileWitness> w =
       ledger::BuildTileWitness(e.ctx, t, *e.step.trace, e.step.batch, train, ctx->data_tree.get(),
@@ -482,8 +481,9 @@ Status Disputes::RunStepWitness(const CheckAssignment& c) {
     return Status::Ok();
   }
   if (!ctx->data_tree) {
-    if (ctx->data->tokens) return Status::Ok();
-    ctx->data_tree = std::make_unique<engine::DataTree>(ctx->data->train);
+    ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
+    if (data->tokens) return Status::Ok();
+    ctx->data_tree = std::make_unique<engine::DataTree>(data->train);
   }
   ML_ASSIGN_OR_RETURN(Bytes bundle, node_->FetchBlob(ctx->info.spec_hash, {}, ""));
   ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));

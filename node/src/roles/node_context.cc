@@ -133,9 +133,23 @@ Result<GlobalWeightsReader> NodeContext::StartWeights(const TaskContext& ctx, co
   return BlobWeightsReader(deps_.store, net::BlobId{start_state}, ctx.facts.num_params);
 }
 
+Result<std::shared_ptr<const engine::TaskData>> TaskContext::Data() {
+  if (!data_) {
+    engine::TaskSpec spec = task;  // LoadTaskData completes a model; `task` already is
+    ML_ASSIGN_OR_RETURN(engine::TaskData data, engine::LoadTaskData(env, spec));
+    data_ = std::make_shared<const engine::TaskData>(std::move(data));
+  }
+  return data_;
+}
+
+void TaskContext::ReleaseData() {
+  if (!data_tree && !token_pages) data_.reset();
+}
+
 Result<engine::Trainer*> TaskContext::Trainer() {
   if (!trainer_) {
-    ML_ASSIGN_OR_RETURN(trainer_, engine::Trainer::Create(task, data));
+    ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, Data());
+    ML_ASSIGN_OR_RETURN(trainer_, engine::Trainer::Create(task, std::move(data)));
     if (builds) ++*builds;
     if (log) log("task " + id.ShortHex() + ": built the whole model's trainer" + MemoryNote());
   }
@@ -169,10 +183,15 @@ Result<TaskContext*> NodeContext::GetTask(const Hash256& task_id) {
   // that need it call ctx->Trainer()).
   ctx->task = ctx->bundle.task;
   ML_ASSIGN_OR_RETURN(engine::TaskData data, engine::LoadTaskData(deps_.env, ctx->task));
-  ctx->data = std::make_shared<const engine::TaskData>(std::move(data));
   ctx->builds = &stats_->whole_models_built;
   ctx->log = [this](const std::string& line) { Log(line); };
-  ML_ASSIGN_OR_RETURN(ctx->facts, ComputeTaskFacts(ctx->task, *ctx->data, ctx->bundle.net));
+  ctx->env = deps_.env;
+  ML_ASSIGN_OR_RETURN(ctx->facts, ComputeTaskFacts(ctx->task, data, ctx->bundle.net));
+  // A pipeline task's stage node reads the data again for each stage unit's batches and holds
+  // none between them (TaskContext::ReleaseData); any other task's roles keep it.
+  if (ctx->bundle.net.stages <= 1) {
+    ctx->data_ = std::make_shared<const engine::TaskData>(std::move(data));
+  }
   if (Status match = CheckBundleMatchesLedger(ctx->facts, ctx->bundle.net, ctx->info.params);
       !match.ok()) {
     Status refused = match.WithPrefix("task " + task_id.ShortHex());

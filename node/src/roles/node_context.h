@@ -40,10 +40,9 @@ struct TaskContext {
   TaskInfo info;
   LoadedBundle bundle;
   // The task as the engine runs it (the bundle's, its model completed from the data: a GPT's
-  // vocabulary) and its data. Every role reads these; a pipeline stage node needs nothing more
-  // (it draws its batches with engine::DataStream and builds only its stage: Stager).
+  // vocabulary). Every role reads it; a pipeline stage node needs nothing more than it and the
+  // data (it draws its batches with engine::DataStream and builds only its stage: Stager).
   engine::TaskSpec task;
-  std::shared_ptr<const engine::TaskData> data;
   TaskFacts facts;
   uint64_t memory_need = 0;
   // The tree over the training examples, built when a step witness is first needed.
@@ -59,12 +58,25 @@ struct TaskContext {
   Result<engine::Trainer*> Trainer();
   bool has_trainer() const { return trainer_ != nullptr; }
 
+  // The task's data (engine::LoadTaskData of `task`'s files: its examples, or a text corpus as
+  // tokens, training and validation), read on the first call and kept until ReleaseData. The same
+  // files give the same data: nothing computed from it depends on when it was read.
+  Result<std::shared_ptr<const engine::TaskData>> Data();
+  // Drops the data when nothing of this context reads it in place (data_tree and token_pages
+  // do): a pipeline task's stage node holds no data between its units (GetTask reads it for the
+  // facts, a stage unit for its batches: tens of MB for a text corpus that a middle stage never
+  // reads). The trainer keeps its own reference.
+  void ReleaseData();
+
   // Counts the trainers built (AgentStats::whole_models_built) and logs each; set by
-  // NodeContext::GetTask.
+  // NodeContext::GetTask. `env` reads the task's files (Data).
   uint64_t* builds = nullptr;
   std::function<void(const std::string&)> log;
+  Env* env = nullptr;
 
  private:
+  friend class NodeContext;  // GetTask keeps the data it read for the facts
+  std::shared_ptr<const engine::TaskData> data_;
   std::unique_ptr<engine::Trainer> trainer_;
 };
 

@@ -72,8 +72,14 @@ Status Stager::Start(const UnitAssignment& a) {
   // global weights, read from the state blob's chunks that hold them (neither the whole state nor
   // the outer momentum, which only an aggregator needs, is ever in memory). Everything is taken
   // here, on the tick thread, before the unit's thread starts.
-  engine::DataStream stream(task, *ctx->data, work.stream);
-  for (int64_t s = 0; s < work.inner_steps; ++s) run->batches.push_back(stream.BatchForStep(s));
+  {
+    // The data is read for the batches and not held while the stage trains (ReleaseData: a
+    // middle stage reads no token of it, the first and last only their few batches).
+    ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
+    engine::DataStream stream(task, *data, work.stream);
+    for (int64_t s = 0; s < work.inner_steps; ++s) run->batches.push_back(stream.BatchForStep(s));
+  }
+  ctx->ReleaseData();
   {
     ML_ASSIGN_OR_RETURN(GlobalWeightsReader start,
                         node_->StartWeights(*ctx, a.task_id, a.start_state));
@@ -95,12 +101,19 @@ Status Stager::Start(const UnitAssignment& a) {
   Run* r = run.get();
   run_ = std::move(run);
   // Every step's evidence is served as it ends (StageEvidence: a verifier of the stage unit
-  // replays from it).
+  // replays from it): its start's checkpoint is written to a file before the step.
   StageRunHooks hooks;
   StageEvidence* evidence = &evidence_;
+  const StageStepRef at{
+      .task = a.task_id, .round = a.round, .replica = slot.replica, .stage = slot.stage};
+  hooks.checkpoint = [evidence, at](uint64_t step, engine::TrainState& state) {
+    StageStepRef ref = at;
+    ref.step = step;
+    return evidence->SaveCheckpoint(ref, state);
+  };
   hooks.publish = [evidence](const protocol::StageStepCommit& commit,
-                             std::map<Hash256, Bytes> received, Bytes checkpoint) {
-    evidence->Publish(commit, std::move(received), std::move(checkpoint));
+                             std::map<Hash256, Bytes> received) {
+    return evidence->Publish(commit, std::move(received));
   };
   SetStageAdversary(node_->options().adversary, work, &hooks);
   r->thread = std::thread([r, hooks = std::move(hooks)] {
@@ -138,6 +151,12 @@ Status Stager::Collect(const NodeWork& work) {
   st.stage_wait_us += plane.wait_us;
   st.stage_run_us += run->run_us;
   st.stage_evidence_bytes = evidence_.bytes();
+  // The stage (weights, gradients, moments), its batches and its plane's tensors are done with
+  // (its steps' evidence is served from files): freed before the delta blob is built beside the
+  // delta.
+  run->plane.reset();
+  run->stage.reset();
+  run->batches = {};
   if (!run->out.ok()) {
     // Nothing of the unit is stored or committed: it runs again from its start while assigned.
     return run->out.status().WithPrefix(Name(run->a) + " failed (nothing committed)");

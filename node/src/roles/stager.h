@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshlearn/base/home_layout.h"
 #include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/node/stage_unit.h"
 #include "node_context.h"
@@ -39,7 +40,10 @@ namespace meshlearn::node {
 
 class Stager {
  public:
-  explicit Stager(NodeContext* node) : node_(node) {}
+  // Its steps' checkpoints are files in the node's HomeLayout::StageEvidenceDir.
+  explicit Stager(NodeContext* node)
+      : node_(node),
+        evidence_(node->env(), HomeLayout(node->options().data_dir).StageEvidenceDir()) {}
   ~Stager();  // waits for a running unit (its steps end by their deadlines)
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
@@ -66,7 +70,7 @@ class Stager {
   bool OnOutcome(const TxOutcome& o);
 
   // Rounds [0, finalized) of `task` are final (UINT32_MAX: the task is released): the evidence
-  // of their steps is no longer served, and its memory (a stage checkpoint per step) is freed.
+  // of their steps is no longer served, and its checkpoint files are deleted.
   void ReleaseEvidence(const Hash256& task, uint32_t finalized);
   const StageEvidence& evidence() const { return evidence_; }
 

@@ -12,7 +12,8 @@
 //       node.leave.txs              `meshlearn node leave`'s TxSender journal
 //   <home>/blobs/                   the content-addressed blob store
 //   <home>/audit/                   `task audit`'s work files
-//   node daemon only: pins.json, secret_chain.json, units/, tasks/, aggregates/, verify/
+//   node daemon only: pins.json, secret_chain.json, units/, tasks/, aggregates/, verify/,
+//                     stages/ (a stage unit's checkpoints for its verifiers: StageEvidence)
 //
 // A TxSender journal and a wallet entry never share a name: wallet entries end in ".tx", journals
 // in ".txs", and key names cannot contain '/'.
@@ -61,6 +62,7 @@ class HomeLayout {
   std::string TasksDir() const { return JoinPath(root_, "tasks"); }
   std::string AggregatesDir() const { return JoinPath(root_, "aggregates"); }
   std::string VerifyDir() const { return JoinPath(root_, "verify"); }
+  std::string StageEvidenceDir() const { return JoinPath(root_, "stages"); }
 
   // The files of the old layout (see the top of this file).
   std::string LegacyDaemonOutboxFile() const { return JoinPath(root_, "outbox"); }

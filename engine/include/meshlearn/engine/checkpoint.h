@@ -31,9 +31,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshlearn/base/env.h"
@@ -82,10 +84,15 @@ inline constexpr char kModelFormat[] = "meshlearn.model.v1";
 // vocabulary of a text task: hf_gpt2.h).
 Status SaveCheckpoint(Env* env, const std::string& path, TrainState& state,
                       const std::map<std::string, std::string>& extra = {});
-// The bytes SaveCheckpoint writes, without a file (a pipeline stage keeps one per step in memory
-// for its verifiers: one copy of the state beside the serialized bytes, not a file's copies).
+// The bytes SaveCheckpoint writes, without a file (built from the state's tensors directly).
 std::string CheckpointBytes(TrainState& state,
                             const std::map<std::string, std::string>& extra = {});
+// The same bytes handed to `sink` a piece at a time (the header, then each tensor's data straight
+// from the state): never a copy of the state in memory. A pipeline stage writes its checkpoint of
+// every step to a file this way for its verifiers (node/stage_evidence.h). `sink`'s first error
+// is returned.
+Status WriteCheckpoint(TrainState& state, const std::function<Status(std::string_view)>& sink,
+                       const std::map<std::string, std::string>& extra = {});
 // Writes parameters only (plus metadata), atomically. `extra` metadata entries are added.
 Status SaveModel(Env* env, const std::string& path, TrainState& state,
                  const std::map<std::string, std::string>& extra = {});

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -46,6 +47,17 @@ struct SafetensorsEntry {
 
 class SafetensorsWriter {
  public:
+  // kCopy: Add* copy the tensor's data. kView: they keep a pointer to it instead, which must stay
+  // alive and unchanged until the last Serialize or WriteTo (a checkpoint written straight from
+  // the training state's tensors, with no copy of them).
+  enum class Mode { kCopy, kView };
+  SafetensorsWriter() = default;
+  explicit SafetensorsWriter(Mode mode) : mode_(mode) {}
+  SafetensorsWriter(SafetensorsWriter&&) = default;  // an entry's view of its copy moves along
+  SafetensorsWriter& operator=(SafetensorsWriter&&) = default;
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
   void AddF32(const std::string& name, const Shape& shape, const float* data);
   void AddF32(const std::string& name, const Tensor& t) { AddF32(name, t.shape(), t.data()); }
   void AddI32(const std::string& name, const Shape& shape, const int32_t* data);
@@ -53,11 +65,24 @@ class SafetensorsWriter {
 
   // The canonical file bytes. REQUIRES: tensor names unique and not "__metadata__".
   std::string Serialize() const;
+  // The same bytes handed to `sink` in order, a piece at a time (the header, then each tensor's
+  // data): never the whole file in memory. The first error of `sink` is returned.
+  Status WriteTo(const std::function<Status(std::string_view)>& sink) const;
   // Serialize() then Env::WriteFileAtomic (the file is either old or new after a crash).
   Status Write(Env* env, const std::string& path) const;
 
  private:
-  std::map<std::string, SafetensorsEntry> entries_;
+  struct Item {
+    DType dtype = DType::kF32;
+    Shape shape;
+    std::string owned;       // kCopy: the data
+    std::string_view bytes;  // the data: `owned`, or the caller's (kView)
+  };
+  void Add(const std::string& name, DType dtype, const Shape& shape, const void* data);
+  // The 8-byte length, the JSON header and its padding; `data_bytes`: the tensors' bytes after.
+  std::string Header(uint64_t* data_bytes) const;
+  Mode mode_ = Mode::kCopy;
+  std::map<std::string, Item> entries_;  // by name: the file's (sorted) order
   std::map<std::string, std::string> metadata_;
 };
 

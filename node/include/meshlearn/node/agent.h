@@ -226,8 +226,8 @@ struct AgentStats {
   uint64_t stage_bytes_sent = 0;
   uint64_t stage_run_us = 0;
   uint64_t stage_wait_us = 0;
-  // What the node serves of its stage steps for their verifiers (checkpoints and received
-  // tensors) until their rounds are final; a gauge.
+  // What the node serves of its stage steps for their verifiers (checkpoint files on disk and
+  // received tensors in memory) until their rounds are final; a gauge.
   uint64_t stage_evidence_bytes = 0;
   // Whole-model trainers built (one per task a role trained, replayed or evaluated whole: the
   // whole model's weights, gradients and optimizer moments). A node that only ran stage units

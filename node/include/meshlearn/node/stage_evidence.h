@@ -10,14 +10,26 @@
 //                  -> bytes [offset, offset + length) of the checkpoint file or the tensor's
 //                     raw float32 bytes
 //
+// The checkpoints (a stage's weights and both AdamW moments, tens of MB a step) are files, one a
+// step, in the evidence's folder (a node's HomeLayout::StageEvidenceDir), written straight from
+// the stage's tensors (engine::WriteCheckpoint: no copy of them in memory) and read a slice at a
+// time as verifiers ask: a node holds none of them in memory, only the commits and the received
+// tensors (activations and their gradients, small). Each write has a file name of its own, never
+// written again, and is served only once complete (Publish, after the step; until then what was
+// served for the step, if anything, stays served): a reader sees a whole file or none, as with a
+// rename. A step's file is deleted when it is withdrawn or replaced, and the first checkpoint a
+// process writes deletes every file an earlier process left (a restart serves nothing of what it
+// trained before; a file cut short by a crash goes with them).
+//
 // The verifier trusts nothing it fetches: the commit must decode and be the step it asked for,
 // its signatures are checked by the replay, a checkpoint must hash to state_before, a tensor must
 // match its sender's signed record (ReplayStageStep: `start`, `input`); a tensor the stage does
 // not serve is left out, which the replay reports as `unserved`.
 //
-//   StageEvidence evidence;
+//   StageEvidence evidence(env, home.StageEvidenceDir());
 //   evidence.Register(&router);                                  // beside "stage.push"
-//   evidence.Publish(outcome.commit, plane.received(), checkpoint_bytes);   // after each step
+//   ML_RETURN_IF_ERROR(evidence.SaveCheckpoint(ref, stage.state()));   // before each step
+//   ML_RETURN_IF_ERROR(evidence.Publish(outcome.commit, plane.received()));   // after it
 //   ...
 //   ML_ASSIGN_OR_RETURN(StageStepEvidence ev, FetchStageStepEvidence(transport, endpoint, ref));
 //   ML_ASSIGN_OR_RETURN(engine::TrainState start, StageCheckpointState(ev.checkpoint));
@@ -33,8 +45,10 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "meshlearn/base/bytes.h"
+#include "meshlearn/base/env.h"
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/checkpoint.h"
@@ -63,31 +77,61 @@ StageStepRef StageStepRefOf(const protocol::StageStepCommit& commit);
 
 class StageEvidence {
  public:
+  // Checkpoint files live in `dir` (created on the first write), read and written through `env`,
+  // which the stage unit's thread and the HTTP handlers' threads use at once: Env::Default() (a
+  // MemEnv is thread-compatible only).
+  StageEvidence(Env* env, std::string dir) : env_(env), dir_(std::move(dir)) {}
+
   // Registers "stage.step" and "stage.slice".
   void Register(net::Router* router);
-  // Serves the step of `commit` (replacing what was served for it): `received`, the tensors the
-  // stage received that step by hash (StageTensorBytes; StagePlane::received()), and
-  // `checkpoint`, its checkpoint file of the step's start.
-  void Publish(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received,
-               Bytes checkpoint);
-  // Stops serving a step (its round is final).
+  // Writes `state`, the stage's state at the start of step `ref`, as that step's checkpoint file
+  // (engine::WriteCheckpoint). It is served from Publish of the step's commit on, replacing what
+  // was served for the step (a run of the same unit before); until then that stays served. The
+  // first call of a process first deletes every file in the folder (an earlier process's).
+  // Errors name the file.
+  Status SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state);
+  // Serves the step of `commit`, whose checkpoint SaveCheckpoint wrote (replacing what was served
+  // for it, and deleting its file): `received`, the tensors the stage received that step by hash
+  // (StageTensorBytes; StagePlane::received()). FailedPrecondition when no checkpoint of the step
+  // was saved since its last Publish.
+  Status Publish(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received);
+  // Stops serving a step (its round is final) and deletes its file.
   void Withdraw(const StageStepRef& ref);
   // Stops serving every step of `task` in a round before `round` (rounds [0, round) are final;
-  // UINT32_MAX: the whole task), and frees what they held. Returns the steps withdrawn.
+  // UINT32_MAX: the whole task), and deletes their files. Returns the steps withdrawn.
   size_t WithdrawRoundsBefore(const protocol::TaskId& task, uint32_t round);
-  // The bytes the steps served hold (commits, checkpoints and received tensors).
+  // The bytes of the steps served: commits and received tensors (in memory) and checkpoint
+  // files (on disk: checkpoint_file_bytes()).
   uint64_t bytes() const;
+  uint64_t checkpoint_file_bytes() const;
+  // The checkpoint file served for a step, or else the one SaveCheckpoint wrote for its next
+  // Publish; NotFound when there is neither.
+  Result<std::string> CheckpointFile(const StageStepRef& ref) const;
 
  private:
+  struct Checkpoint {
+    std::string file;    // empty: none
+    uint64_t bytes = 0;  // its size when written
+  };
   struct Entry {
+    // What is served, once Publish gave the step's commit.
+    bool published = false;
     Bytes commit;
     std::map<Hash256, Bytes> tensors;
-    Bytes checkpoint;
+    Checkpoint checkpoint;
+    // Written for the step's next Publish (a run of the step under way); what is served stays
+    // served until then.
+    Checkpoint pending;
   };
+  void DeleteFiles(const Entry& e) const;
   Result<Bytes> HandleStep(const net::Request& r) const;
   Result<Bytes> HandleSlice(const net::Request& r) const;
 
+  Env* const env_;
+  const std::string dir_;
   mutable std::mutex mu_;
+  bool cleared_ = false;  // the folder's leftovers are deleted (the first SaveCheckpoint)
+  uint64_t writes_ = 0;   // checkpoint files written: each a name of its own
   std::map<StageStepRef, Entry> steps_;
 };
 

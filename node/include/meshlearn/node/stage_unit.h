@@ -136,11 +136,14 @@ struct StageUnitOutcome {
 // first failed step's error (a silent neighbour: DeadlineExceeded naming it) ends the run; the
 // stage's weights then hold the steps before it.
 struct StageRunHooks {
+  // When set, called before every step with the step's index (0..H-1) and the stage's state at
+  // the step's start (StageEvidence::SaveCheckpoint writes it to a file a verifier replays
+  // from); an error ends the run.
+  std::function<Status(uint64_t step, engine::TrainState& state)> checkpoint;
   // When set, gets every step's evidence as the step ends (what StageEvidence::Publish serves
-  // verifiers): its commit, the tensors the stage received (StagePlane::received) and its
-  // checkpoint of the step's start.
-  std::function<void(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received,
-                     Bytes checkpoint)>
+  // verifiers beside the checkpoint): its commit and the tensors the stage received
+  // (StagePlane::received); an error ends the run.
+  std::function<Status(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received)>
       publish;
   // Testing only: the solver adversaries on a stage (SetStageAdversary fills these from the
   // node's mode; docs/verification.md "Pipeline stages", "Stage adversaries").

@@ -87,6 +87,10 @@ Result<AggregateResult> Aggregate(std::span<const Contribution> contributions,
 // delta = global - local: the pseudo-gradient a solver reports after its inner steps.
 // REQUIRES: global.size() == local.size().
 std::vector<float> PseudoGradient(std::span<const float> global, std::span<const float> local);
+// The same in place: `global_then_delta` holds global and becomes global - local, a part at a
+// time if the caller likes (a pipeline stage's parameters, one tensor after another, with no copy
+// of them). REQUIRES: global_then_delta.size() == local.size().
+void PseudoGradientInPlace(std::span<float> global_then_delta, std::span<const float> local);
 
 // DiLoCo's outer optimizer: SGD with Nesterov momentum (the PyTorch formulation, dampening 0):
 //   m <- momentum x m + g
