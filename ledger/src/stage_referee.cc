@@ -262,6 +262,30 @@ Result<StageStepWitness> BuildStageStepWitness(
   return w;
 }
 
+Result<std::vector<protocol::NodeId>> ReplicaRunChain(std::span<const StagePlacement> placed,
+                                                      uint32_t stage, const Hash256& beacon) {
+  if (stage >= placed.size()) {
+    return InvalidArgument("replica chain: stage " + std::to_string(stage) + " of a replica of " +
+                           std::to_string(placed.size()) + " stages");
+  }
+  std::vector<protocol::NodeId> chain;
+  for (uint32_t s = 0; s < placed.size(); ++s) {
+    if (placed[s].beacon != beacon || placed[s].node == protocol::NodeId{}) {
+      return FailedPrecondition(
+          "replica chain: stage " + std::to_string(s) + "'s unit " +
+          (placed[s].node == protocol::NodeId{}
+               ? std::string("has no node")
+               : "is on node " + placed[s].node.ShortHex() + ", placed with beacon " +
+                     placed[s].beacon.ShortHex()) +
+          ", not of the run of stage " + std::to_string(stage) + " placed with beacon " +
+          beacon.ShortHex() +
+          ": the replica was placed again since that run, whose records no chain judges now");
+    }
+    chain.push_back(placed[s].node);
+  }
+  return chain;
+}
+
 Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& t, const WorkUnit& unit,
                                             uint64_t step, const Hash256& committed_leaf,
                                             const std::vector<protocol::NodeId>& chain,

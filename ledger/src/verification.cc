@@ -863,17 +863,18 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
   return Status::Ok();
 }
 
-// The replica's nodes, stage by stage, of stage unit `index` (what signed its records).
-std::vector<protocol::NodeId> ReplicaChainOf(const LedgerState& s, const TaskRecord& t,
-                                             uint32_t index) {
+// The nodes that ran stage unit `index`'s run, stage by stage (what signed its records):
+// ReplicaRunChain over the replica's units as recorded now, with the unit's own placement beacon.
+Result<std::vector<protocol::NodeId>> ReplicaChainOf(const LedgerState& s, const TaskRecord& t,
+                                                     uint32_t index) {
   const StageSlot slot = StageSlotOf(t.params, index);
-  std::vector<protocol::NodeId> chain(t.params.stages);
+  std::vector<StagePlacement> placed(t.params.stages);
   for (uint32_t stage = 0; stage < t.params.stages; ++stage) {
     const WorkUnit* u =
         s.units.Find({t.id, StageUnitIndex(t.params, {slot.round, slot.replica, stage})});
-    if (u != nullptr) chain[stage] = u->assignee;
+    if (u != nullptr) placed[stage] = {u->assignee, u->assignment_beacon};
   }
-  return chain;
+  return ReplicaRunChain(placed, slot.stage, placed[slot.stage].beacon);
 }
 
 Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
@@ -904,9 +905,11 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
   Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
   if (!w.ok()) return w.status().WithPrefix("referee stage step");
   // Segment t of a stage unit's check is step t: the referee's (1-based) step t + 1.
+  Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
+  if (!chain.ok()) return chain.status().WithPrefix("referee stage step");
   ML_ASSIGN_OR_RETURN(StageStepCheck c,
                       RuleStageStepWitness(*t, *r.unit, task.step - 1, task.defender_output,
-                                           ReplicaChainOf(ctx.state, *t, tx.index), *w));
+                                           *chain, *w));
   ML_LOG_INFO("ledger: task {} unit {}: stage step ruled from a {}-byte witness: {}",
               tx.task_id.ShortHex(), tx.index, tx.witness.bytes.size(), c.message);
   ML_RETURN_IF_ERROR(game->Rule(c.leaf));

@@ -60,6 +60,8 @@ NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
   }
   aggregator_ = std::make_unique<Aggregator>(node_.get());
   stager_ = std::make_unique<Stager>(node_.get());
+  // Before anything is served or trained: an earlier process's stage evidence is nobody's now.
+  if (init_status_.ok()) init_status_ = stager_->DeleteEvidenceLeftovers();
   verifier_ = std::make_unique<Verifier>(node_.get(), outbox_.get());
   whistleblower_ = std::make_unique<Whistleblower>(node_.get(), outbox_.get());
   disputes_ = std::make_unique<Disputes>(node_.get(), outbox_.get());

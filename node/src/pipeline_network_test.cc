@@ -184,6 +184,23 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
   }
 }
 
+// Stage evidence files an earlier process left in a node's stages/ folder are deleted when the
+// node starts (its NodeAgent is built), not at its first stage step, which may never come.
+TEST(PipelineNetworkTest, ANodeDeletesTheStageEvidenceAnEarlierProcessLeftWhenItStarts) {
+  testing::SimOptions opt = PipelineSimOptions(23, "pipeline_evidence_leftovers");
+  opt.nodes = 1;
+  const std::string stages = HomeLayout(opt.root + "/nodes/n0").StageEvidenceDir();
+  const std::string stale = JoinPath(stages, "left-by-an-earlier-process.safetensors");
+  ASSERT_TRUE(Env::Default()->CreateDirs(stages).ok());
+  ASSERT_TRUE(Env::Default()->WriteFileAtomic(stale, "an earlier process's checkpoint").ok());
+  testing::SimHarness sim(opt);
+  ASSERT_TRUE(sim.Setup().ok());
+  EXPECT_FALSE(Env::Default()->FileExists(stale));
+  Result<std::vector<std::string>> left = Env::Default()->ListDir(stages);
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  EXPECT_TRUE(left->empty()) << stages << " keeps " << left->size() << " file(s)";
+}
+
 // A stage whose steps fail (here node 5's own, by a 1 ms step deadline; its neighbours then wait
 // for it past their 3 s deadlines: a silent neighbour) commits nothing: no CommitStage from any
 // stage of its replica, and the round is not aggregated. Every failed run is logged and the unit

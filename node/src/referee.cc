@@ -443,6 +443,10 @@ Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeD
     return NotFound("referee: the stage's node " + d.defender.ShortHex() + " is not registered");
   }
   const uint32_t replica = d.shard / stages;
+  // The chain of the disputed run, derived as the ledger rules it (the unit in dispute is its
+  // replica's current run).
+  Result<std::vector<protocol::NodeId>> chain = ReplicaRunChain(info.units, stages, d.index);
+  if (!chain.ok()) return chain.status().WithPrefix("referee");
   StageCheckInput in{.trainer = t->trainer.get(),
                      .net = &net,
                      .facts = &t->facts,
@@ -451,7 +455,7 @@ Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeD
                      .round = d.round,
                      .replica = replica,
                      .stage = d.shard % stages,
-                     .chain = ReplicaChain(info.units, stages, d.round, replica),
+                     .chain = std::move(*chain),
                      .transport = options_.transport,
                      .endpoint = node->endpoint};
   ML_ASSIGN_OR_RETURN(StageStepCheck c, CheckStageStep(in, d.task.step - 1, d.task.defender_output));

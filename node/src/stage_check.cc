@@ -94,13 +94,32 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
       .task_id = in.task_id, .index = index, .witness = {ledger::EncodeStageStepWitness(w)}};
 }
 
-std::vector<protocol::NodeId> ReplicaChain(const std::vector<UnitRecord>& units, uint32_t stages,
-                                           uint32_t round, uint32_t replica) {
-  std::vector<protocol::NodeId> chain(stages);
+Result<std::vector<protocol::NodeId>> ReplicaRunChain(const std::vector<UnitRecord>& units,
+                                                      uint32_t stages, uint32_t index,
+                                                      const Hash256& beacon) {
+  const UnitRecord* unit = nullptr;
   for (const UnitRecord& u : units) {
-    if (u.round == round && u.shard / stages == replica) chain[u.shard % stages] = u.assignee;
+    if (u.index == index) unit = &u;
   }
-  return chain;
+  if (unit == nullptr) {
+    return NotFound("replica chain: get_task lists no unit " + std::to_string(index));
+  }
+  const uint32_t replica = unit->shard / stages;
+  std::vector<ledger::StagePlacement> placed(stages);
+  for (const UnitRecord& u : units) {
+    if (u.round == unit->round && u.shard / stages == replica) {
+      placed[u.shard % stages] = {u.assignee, u.assignment_beacon};
+    }
+  }
+  return ledger::ReplicaRunChain(placed, unit->shard % stages, beacon);
+}
+
+Result<std::vector<protocol::NodeId>> ReplicaRunChain(const std::vector<UnitRecord>& units,
+                                                      uint32_t stages, uint32_t index) {
+  for (const UnitRecord& u : units) {
+    if (u.index == index) return ReplicaRunChain(units, stages, index, u.assignment_beacon);
+  }
+  return NotFound("replica chain: get_task lists no unit " + std::to_string(index));
 }
 
 }  // namespace meshlearn::node

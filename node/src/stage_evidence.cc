@@ -111,16 +111,29 @@ void StageEvidence::Register(net::Router* router) {
       kMethodStageSlice, [this](const net::Request& r) { return HandleSlice(r); }, 256);
 }
 
+Status StageEvidence::DeleteLeftovers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<std::vector<std::string>> names = env_->ListDir(dir_);
+  if (!names.ok() && names.status().code() == StatusCode::kNotFound) return Status::Ok();
+  if (!names.ok()) return names.status().WithPrefix("stage evidence folder " + dir_);
+  for (const std::string& n : *names) {
+    const std::string path = JoinPath(dir_, n);
+    Status deleted = env_->DeleteFile(path);
+    if (!deleted.ok()) {
+      return deleted.WithPrefix("stage evidence: an earlier process's file " + path +
+                                " (delete it by hand)");
+    }
+  }
+  return Status::Ok();
+}
+
 Status StageEvidence::SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state) {
   std::string path;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!cleared_) {
+    if (!created_) {
       ML_RETURN_IF_ERROR(env_->CreateDirs(dir_).WithPrefix("stage evidence folder"));
-      // An earlier process's files: nothing serves them now.
-      ML_ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(dir_));
-      for (const std::string& n : names) (void)env_->DeleteFile(JoinPath(dir_, n));
-      cleared_ = true;
+      created_ = true;
     }
     path = JoinPath(dir_, ref.task.ToHex() + "-r" + std::to_string(ref.round) + "-p" +
                               std::to_string(ref.replica) + "-s" + std::to_string(ref.stage) +

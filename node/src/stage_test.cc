@@ -37,6 +37,7 @@
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/network_round.h"
+#include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/node/stage_plane.h"
 #include "meshlearn/node/stage_replay.h"
@@ -539,6 +540,78 @@ TEST(StageReplayTest, AReceivedInputThatDoesNotMatchItsSignedRecordIsCaught) {
   EXPECT_EQ(r.micro_batch, 0);
 }
 
+// get_task's units of round 3 (StageCtx's) of a task of 2 replicas x 3 stages: replica 1's
+// stage units on `chain`, placed with `beacon`; replica 0's on other nodes.
+std::vector<UnitRecord> StageUnits(const std::vector<protocol::NodeId>& chain,
+                                   const Hash256& beacon) {
+  std::vector<UnitRecord> units;
+  for (uint32_t shard = 0; shard < 6; ++shard) {
+    UnitRecord u;
+    u.index = 3 * 6 + shard;
+    u.round = 3;
+    u.shard = shard;
+    u.status = ledger::WorkUnitStatus::kCommitted;
+    u.assignee = shard / 3 == 1 ? chain[shard % 3] : StageNodeKey(10 + shard).public_key();
+    u.assignment_beacon = shard / 3 == 1 ? beacon : Blake2b("replica 0's placement");
+    units.push_back(u);
+  }
+  return units;
+}
+
+// A stage's check drawn for one run of its replica, and the replica placed again (stage 0 on
+// another node) after a deadline before the check is judged: the devnet's false mismatch. The
+// verifier read the replica's chain from get_task when it judged, took the new stage 0 node for
+// the signer of the earlier run's tied-weight record, and found a "record" fault on an honest
+// stage. A run is judged against the nodes placed with it (ReplicaRunChain, the ledger's
+// derivation), and a run no longer its replica's is judged by no one.
+TEST(StageReplayTest, ARunIsJudgedAgainstItsOwnChainAndAReplicaPlacedAgainWithdrawsItsChecks) {
+  StageReplayRun run;
+  StageRunForReplay(kStageGpt, &run, nullptr);
+  const std::vector<protocol::NodeId> ran = StageCtx().chain;
+  const Hash256 first = Blake2b("the block that placed the replica");
+  const uint32_t index = 3 * 6 + 1 * 3 + 2;  // round 3, replica 1, stage 2
+  auto replay = [&](const std::vector<protocol::NodeId>& chain) {
+    Result<engine::TrainState> start = engine::LoadCheckpoint(&run.env, run.checkpoints[2]);
+    CHECK(start.ok()) << start.status().ToString();
+    Result<StageReplayResult> r =
+        ReplayStageStep(StageSetup(run.spec, chain), std::move(*start), run.commits[2],
+                        run.served[2], StageBatch(run.spec, 1), kStageDropoutSeed);
+    CHECK(r.ok()) << r.status().ToString();
+    return *r;
+  };
+
+  // While the run is the replica's: its chain, and stage 2's honest step replays clean.
+  std::vector<UnitRecord> units = StageUnits(ran, first);
+  Result<std::vector<protocol::NodeId>> chain = ReplicaRunChain(units, 3, index, first);
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  EXPECT_EQ(*chain, ran);
+  EXPECT_EQ(ReplicaRunChain(units, 3, index)->size(), 3u);  // a dispute's: the unit's own beacon
+  EXPECT_TRUE(replay(*chain).ok()) << replay(*chain).message;
+
+  // Stage 0 missed its deadline: the replica is placed again whole, stage 0 on another node.
+  std::vector<protocol::NodeId> again = ran;
+  again[0] = StageNodeKey(7).public_key();
+  units = StageUnits(again, Blake2b("the block that placed it again"));
+  // The replica's current nodes did not run the checked step: judged against them, the honest
+  // tied-weight record (stage 0 -> 2, signed by the node that ran stage 0) reads as forged.
+  const StageReplayResult wrong_chain = replay(again);
+  EXPECT_EQ(wrong_chain.fault, StageFault::kStageFaultRecord) << wrong_chain.message;
+  EXPECT_EQ(wrong_chain.key.kind, StageTensorKind::kStageTensorTiedWeight) << wrong_chain.message;
+  // The check drawn for the first run gets no chain: it is withdrawn, nothing is judged.
+  chain = ReplicaRunChain(units, 3, index, first);
+  ASSERT_FALSE(chain.ok());
+  EXPECT_EQ(chain.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(chain.status().message().find("the replica was placed again"), std::string::npos)
+      << chain.status().ToString();
+  // The new run's checks get the new chain; a unit get_task does not list gets none.
+  EXPECT_EQ(*ReplicaRunChain(units, 3, index), again);
+  EXPECT_EQ(ReplicaRunChain(units, 3, 99, first).status().code(), StatusCode::kNotFound);
+
+  // A replica whose stage has no node yet (being placed again): no chain either.
+  units[5].assignee = {};
+  EXPECT_EQ(ReplicaRunChain(units, 3, index).status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST(StageReplayTest, AWrongUpdateAStartElsewhereAndMissingRecordsAreCaught) {
   StageReplayRun run;
   StageRunForReplay(kStageGpt, &run, nullptr);
@@ -988,8 +1061,8 @@ TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
 // there byte for byte as written, deleted when the step is withdrawn (one step, or the final
 // rounds), and a missing or cut file is a clear error to the verifier, not a crash. A step is
 // served only once its commit is published after its checkpoint; a step run again stays served
-// as it was until the new run publishes it; and the first checkpoint a process writes removes
-// what an earlier process left in the folder.
+// as it was until the new run publishes it; and a process removes what an earlier process left in
+// the folder when it starts (DeleteLeftovers).
 TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdrawn) {
   const ModelSpec spec = StageParseModel(kStageMlp);
   std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
@@ -1067,12 +1140,15 @@ TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdra
   EXPECT_FALSE(Env::Default()->FileExists(cut));
   EXPECT_EQ(nodes[1]->evidence.bytes(), 0u);
 
-  // A restart: the first checkpoint of a new process's evidence in the same folder deletes what
-  // the earlier one left.
+  // A restart: the new process deletes what the earlier one left in the same folder when it
+  // starts (DeleteLeftovers, from the NodeAgent's constructor), before any step of its own.
   const std::string dir = std::filesystem::path(gone).parent_path().string();
   const std::string stale = JoinPath(dir, "left-by-an-earlier-process.safetensors");
   ASSERT_TRUE(Env::Default()->WriteFileAtomic(stale, "left by an earlier process").ok());
   StageEvidence restarted(Env::Default(), dir);
+  ASSERT_TRUE(restarted.DeleteLeftovers().ok());
+  EXPECT_FALSE(Env::Default()->FileExists(stale));
+  EXPECT_TRUE(StageEvidence(Env::Default(), JoinPath(dir, "never-made")).DeleteLeftovers().ok());
   ASSERT_TRUE(restarted.SaveCheckpoint(refs[2], got[2]->state()).ok());
   Result<std::vector<std::string>> left = Env::Default()->ListDir(dir);
   ASSERT_TRUE(left.ok()) << left.status().ToString();

@@ -424,6 +424,10 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
   ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));
   ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node_->chain(), c.task_id, /*units=*/true));
   const uint32_t replica = c.shard / stages;
+  // The chain of the disputed run (the check's placement), as the ledger rules it.
+  Result<std::vector<protocol::NodeId>> chain =
+      ReplicaRunChain(info.units, stages, c.index, c.assignment_beacon);
+  if (!chain.ok()) return chain.status().WithPrefix(CheckName(c));
   ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
   StageCheckInput in{.trainer = trainer,
                      .net = &ctx->bundle.net,
@@ -433,7 +437,7 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
                      .round = c.round,
                      .replica = replica,
                      .stage = c.shard % stages,
-                     .chain = ReplicaChain(info.units, stages, c.round, replica),
+                     .chain = std::move(*chain),
                      .transport = node_->deps().transport,
                      .endpoint = c.solver_endpoint};
   Result<ledger::RefereeStageStepTx> tx =

@@ -309,8 +309,23 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
                               "stage's commitment " + c.commitment.ShortHex());
   }
   f.leaves = c.leaves;
+  // The chain that ran the checked run: the replica's units placed with the check's beacon
+  // (ledger::ReplicaRunChain, as the ledger rules a stage dispute). The replica's current nodes
+  // are not it once the replica was placed again (a stage's deadline passed): then the check is
+  // withdrawn (the ledger cleared it with the units), and the run's records -- signed by nodes
+  // the replica no longer has -- are judged by no one: judged against the new chain they would
+  // look forged, a mismatch against an honest stage.
+  auto run_chain = [&]() -> Result<std::vector<protocol::NodeId>> {
+    ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node.chain(), c.task_id, /*units=*/true));
+    Result<std::vector<protocol::NodeId>> chain =
+        ReplicaRunChain(info.units, stages, c.index, c.assignment_beacon);
+    if (!chain.ok()) {
+      return FailedPrecondition(CheckName(c) + ": withdrawn, nothing judged: " + chain.status().message());
+    }
+    return chain;
+  };
+  ML_ASSIGN_OR_RETURN(std::vector<protocol::NodeId> chain, run_chain());
   ML_ASSIGN_OR_RETURN(GlobalState start, node.StartState(*ctx, c.task_id, c.start_state));
-  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node.chain(), c.task_id, /*units=*/true));
   ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
   StageCheckInput in{.trainer = trainer,
                      .net = &net,
@@ -320,7 +335,7 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
                      .round = c.round,
                      .replica = c.shard / stages,
                      .stage = c.shard % stages,
-                     .chain = ReplicaChain(info.units, stages, c.round, c.shard / stages),
+                     .chain = chain,
                      .transport = node.deps().transport,
                      .endpoint = c.solver_endpoint};
   // The stage's last step: where its committed result must come from.
@@ -338,6 +353,11 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
       ended |= t == last;
       continue;
     }
+    // The evidence was fetched after the chain was read: if the replica was placed again
+    // meanwhile, the node may serve its new run's step (another leaf, `unserved`), which says
+    // nothing of the checked run. The run is still the replica's now, after the fetch, or the
+    // finding is dropped with the withdrawn check.
+    ML_RETURN_IF_ERROR(run_chain().status());
     node.Log(CheckName(c) + ": " + r.message);
     f.mismatch = true;
     f.segment = t;
@@ -370,6 +390,7 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
     f.result = ResultCheck::kRight;
     return f;
   }
+  ML_RETURN_IF_ERROR(run_chain().status());  // as for a step's finding: not a withdrawn check's
   // Wrong: what ProveResult sends (the stage's last commit and its state after it), kept in the
   // check's directory so that a restart proves it too.
   const std::string dir = node.VerifyDir(c);

@@ -48,6 +48,10 @@ class Stager {
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
 
+  // Deletes the stage evidence files an earlier process left (StageEvidence::DeleteLeftovers):
+  // the node calls it when it starts.
+  Status DeleteEvidenceLeftovers() { return evidence_.DeleteLeftovers(); }
+
   // Registers the node's data plane ("stage.push") and what it serves verifiers of its stage
   // steps ("stage.step", "stage.slice": StageEvidence) on its router.
   void Register(net::Router* router) {

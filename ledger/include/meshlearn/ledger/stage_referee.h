@@ -116,6 +116,29 @@ Result<StageStepWitness> BuildStageStepWitness(
     const engine::TokenPageTree* pages, const engine::ClassificationData* train,
     const engine::DataTree* tree);
 
+// One stage unit of a replica as the ledger records it: its node and the beacon of the block that
+// placed it (WorkUnit::assignee and assignment_beacon; get_task's units carry both).
+struct StagePlacement {
+  protocol::NodeId node;
+  Hash256 beacon;
+};
+
+// The nodes that ran the run of stage `stage` of a replica placed with `beacon`, stage by stage:
+// the nodes whose signatures its step records carry. `placed[s]` is stage s's unit of the replica
+// as the ledger records it now. A replica is placed whole, in one block (each of its stage units
+// gets that block's assignment_beacon), and placed again whole (RerunPartialReplicas, a re-run
+// after a cheat), so the chain of a run is the replica's units that carry its beacon.
+// FailedPrecondition naming the stage whose unit is of another placement or has no node: the run
+// placed with `beacon` is no longer the replica's (it was placed again since; its units' checks
+// were cleared with them), and its records are judged against no chain -- never against the
+// replica's later nodes, which did not sign them.
+//
+// The one derivation of a stage run's chain: the ledger rules a stage dispute with it
+// (RefereeStageStepTx), a verifier judges a drawn step with it (with the beacon of the check it
+// was drawn for), the genesis referee and a dispute's parties build their witness with it.
+Result<std::vector<protocol::NodeId>> ReplicaRunChain(std::span<const StagePlacement> placed,
+                                                      uint32_t stage, const Hash256& beacon);
+
 // The ledger's ruling of the dispute on stage unit `unit` of `task_record`, from `witness`
 // (RefereeStageStepTx): the leaf to rule with (DisputeGame::Rule). `committed_leaf`: the stage's
 // committed leaf of step `step` (the dispute's defender output); `chain`: the replica's nodes.

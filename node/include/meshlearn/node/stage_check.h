@@ -83,9 +83,18 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                                                     std::unique_ptr<engine::TokenPageTree>* pages,
                                                     std::unique_ptr<engine::DataTree>* tree);
 
-// The nodes of `replica`'s stages in `round`, from get_task's units (a zero id where a stage has
-// no node). REQUIRES: net.stages > 1.
-std::vector<protocol::NodeId> ReplicaChain(const std::vector<UnitRecord>& units, uint32_t stages,
-                                           uint32_t round, uint32_t replica);
+// The nodes that ran the run of stage unit `index` placed with `beacon`, stage by stage, from
+// get_task's units: ledger::ReplicaRunChain, the derivation the ledger rules a stage dispute
+// with. A verifier passes the beacon of the check it was drawn for (CheckAssignment::
+// assignment_beacon), a dispute's parties the unit's own. FailedPrecondition when the replica was
+// placed again since that run (its check is withdrawn: nothing of it is judged). REQUIRES:
+// stages > 1.
+Result<std::vector<protocol::NodeId>> ReplicaRunChain(const std::vector<UnitRecord>& units,
+                                                      uint32_t stages, uint32_t index,
+                                                      const Hash256& beacon);
+// The same with the unit's own beacon as get_task lists it (a unit in dispute: its run is the
+// replica's current one).
+Result<std::vector<protocol::NodeId>> ReplicaRunChain(const std::vector<UnitRecord>& units,
+                                                      uint32_t stages, uint32_t index);
 
 }  // namespace meshlearn::node

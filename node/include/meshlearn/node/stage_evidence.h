@@ -17,9 +17,10 @@
 // tensors (activations and their gradients, small). Each write has a file name of its own, never
 // written again, and is served only once complete (Publish, after the step; until then what was
 // served for the step, if anything, stays served): a reader sees a whole file or none, as with a
-// rename. A step's file is deleted when it is withdrawn or replaced, and the first checkpoint a
-// process writes deletes every file an earlier process left (a restart serves nothing of what it
-// trained before; a file cut short by a crash goes with them).
+// rename. A step's file is deleted when it is withdrawn or replaced, and a node deletes every file
+// an earlier process left when it starts (DeleteLeftovers, from the NodeAgent's constructor: a
+// restart serves nothing of what it trained before; a file cut short by a crash goes with them),
+// not at its first stage step, which may never come.
 //
 // The verifier trusts nothing it fetches: the commit must decode and be the step it asked for,
 // its signatures are checked by the replay, a checkpoint must hash to state_before, a tensor must
@@ -84,11 +85,14 @@ class StageEvidence {
 
   // Registers "stage.step" and "stage.slice".
   void Register(net::Router* router);
+  // Deletes every file in the folder: what an earlier process left (nothing serves it now). A
+  // node calls it when it starts, before it serves or trains anything; a folder that does not
+  // exist yet is fine. Errors name the folder or the file.
+  Status DeleteLeftovers();
   // Writes `state`, the stage's state at the start of step `ref`, as that step's checkpoint file
   // (engine::WriteCheckpoint). It is served from Publish of the step's commit on, replacing what
   // was served for the step (a run of the same unit before); until then that stays served. The
-  // first call of a process first deletes every file in the folder (an earlier process's).
-  // Errors name the file.
+  // folder is created on the first call. Errors name the file.
   Status SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state);
   // Serves the step of `commit`, whose checkpoint SaveCheckpoint wrote (replacing what was served
   // for it, and deleting its file): `received`, the tensors the stage received that step by hash
@@ -130,7 +134,7 @@ class StageEvidence {
   Env* const env_;
   const std::string dir_;
   mutable std::mutex mu_;
-  bool cleared_ = false;  // the folder's leftovers are deleted (the first SaveCheckpoint)
+  bool created_ = false;  // the folder exists (the first SaveCheckpoint made it)
   uint64_t writes_ = 0;   // checkpoint files written: each a name of its own
   std::map<StageStepRef, Entry> steps_;
 };
