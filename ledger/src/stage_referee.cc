@@ -140,17 +140,29 @@ Result<StageResultWitness> DecodeStageResultWitness(ByteSpan bytes) {
 
 Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, std::span<const float> global,
                                   const engine::TrainState& final_state) {
+  return StageResultBlobId(
+      model, global.size(),
+      [global](uint64_t offset, std::span<float> out) {
+        std::copy_n(global.begin() + static_cast<std::ptrdiff_t>(offset), out.size(), out.begin());
+        return Status::Ok();
+      },
+      final_state);
+}
+
+Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, uint64_t global_size,
+                                  const GlobalSliceReader& read,
+                                  const engine::TrainState& final_state) {
   ML_ASSIGN_OR_RETURN(std::vector<engine::PlannedParam> planned, engine::PlanParams(model));
-  std::map<std::string, std::pair<size_t, size_t>> at;  // name -> (offset, size) in `global`
+  std::map<std::string, std::pair<size_t, size_t>> at;  // name -> (offset, size) in the weights
   size_t offset = 0;
   for (const engine::PlannedParam& p : planned) {
     const size_t n = static_cast<size_t>(engine::NumElements(p.shape));
     at[p.name] = {static_cast<size_t>(p.offset), n};
     offset = static_cast<size_t>(p.offset) + n;
   }
-  if (offset != global.size()) {
+  if (offset != global_size) {
     return InvalidArgument("stage result: the round's start state holds " +
-                           std::to_string(global.size()) + " weights, the model has " +
+                           std::to_string(global_size) + " weights, the model has " +
                            std::to_string(offset));
   }
   std::vector<float> start, params;
@@ -161,9 +173,11 @@ Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, std::span<cons
                              std::to_string(p.value.size()) +
                              " values) is not one of the task's model");
     }
-    start.insert(
-        start.end(), global.begin() + static_cast<std::ptrdiff_t>(it->second.first),
-        global.begin() + static_cast<std::ptrdiff_t>(it->second.first + it->second.second));
+    const size_t from = start.size();
+    start.resize(from + it->second.second);
+    ML_RETURN_IF_ERROR(
+        read(it->second.first, std::span<float>(start).subspan(from, it->second.second))
+            .WithPrefix("stage result: the round's start weights of '" + p.name + "'"));
     params.insert(params.end(), p.value.vec().begin(), p.value.vec().end());
   }
   return ResultBlobId(start, params);

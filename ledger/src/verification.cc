@@ -907,9 +907,8 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
   // Segment t of a stage unit's check is step t: the referee's (1-based) step t + 1.
   Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
   if (!chain.ok()) return chain.status().WithPrefix("referee stage step");
-  ML_ASSIGN_OR_RETURN(StageStepCheck c,
-                      RuleStageStepWitness(*t, *r.unit, task.step - 1, task.defender_output,
-                                           *chain, *w));
+  ML_ASSIGN_OR_RETURN(StageStepCheck c, RuleStageStepWitness(*t, *r.unit, task.step - 1,
+                                                             task.defender_output, *chain, *w));
   ML_LOG_INFO("ledger: task {} unit {}: stage step ruled from a {}-byte witness: {}",
               tx.task_id.ShortHex(), tx.index, tx.witness.bytes.size(), c.message);
   ML_RETURN_IF_ERROR(game->Rule(c.leaf));

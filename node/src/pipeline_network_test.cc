@@ -286,10 +286,13 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
   };
   std::mutex mu;
   std::vector<std::string> cheater_lines;
+  std::set<int> aggregated;  // nodes that ran an aggregation (ok or failed)
   opt.log_sink = [&](int node, const std::string& line) {
-    if (node != kCheater) return;
     std::lock_guard<std::mutex> lock(mu);
-    cheater_lines.push_back(line);
+    if (line.rfind("aggregate ", 0) == 0 || line.rfind("aggregation of task ", 0) == 0) {
+      aggregated.insert(node);
+    }
+    if (node == kCheater) cheater_lines.push_back(line);
   };
   testing::SimHarness sim(opt);
   Status setup = sim.Setup();
@@ -315,6 +318,20 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
     const json n = NodeRecordOf(sim, i);
     EXPECT_EQ(n["reputation"].value("slashes", uint64_t{1}), 0u) << "honest node " << i << ": "
                                                                  << n.dump();
+  }
+  // A node that trained and verified stage units (each check replays a stage from its step's
+  // checkpoint, with the step's batch from the data) never built the whole model; the round's
+  // aggregator evaluates it, so it builds one.
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    uint64_t stage_only_replays = 0;
+    for (int i = 0; i < 7; ++i) {
+      if (aggregated.count(i)) continue;
+      EXPECT_EQ(sim.agent(i)->stats().whole_models_built, 0u)
+          << "node " << i << " trained and verified stage units only";
+      stage_only_replays += sim.agent(i)->stats().replays;
+    }
+    EXPECT_GE(stage_only_replays, 1u) << "no node verified without aggregating: nothing shown";
   }
   // The ledger ruled the stage's step itself from a whole-step witness (RefereeStageStep; the
   // genesis key's RuleDispute is refused for a stage that fits one): the referee service sent

@@ -447,10 +447,10 @@ Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeD
   // replica's current run).
   Result<std::vector<protocol::NodeId>> chain = ReplicaRunChain(info.units, stages, d.index);
   if (!chain.ok()) return chain.status().WithPrefix("referee");
-  StageCheckInput in{.trainer = t->trainer.get(),
+  StageCheckInput in{.task = &t->trainer->task(),
+                     .data = &t->trainer->data(),
                      .net = &net,
                      .facts = &t->facts,
-                     .global = global,
                      .task_id = d.task_id,
                      .round = d.round,
                      .replica = replica,

@@ -31,14 +31,16 @@ Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
     return out;
   }
   // The replica's work as the Stager trains it: its batches, inner rate and dropout stream.
-  const engine::TaskSpec& task = in.trainer->task();
+  const engine::TaskSpec& task = *in.task;
   const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
   if (step >= static_cast<uint64_t>(work.inner_steps)) {
     return InvalidArgument(ref.ToString() + ": the step is outside the unit's " +
                            std::to_string(work.inner_steps) + " steps");
   }
-  ML_RETURN_IF_ERROR(in.trainer->StartUnit(work.stream, in.global, work.lr_scale));
-  const engine::Batch batch = in.trainer->BatchForStep(static_cast<int64_t>(step));
+  // Step `step`'s batch of the replica's stream: a pure function of (seed, stream, step) and the
+  // data, the batch the Stager trained the step on.
+  const engine::Batch batch =
+      engine::DataStream(task, *in.data, work.stream).BatchForStep(static_cast<int64_t>(step));
   ML_ASSIGN_OR_RETURN(ledger::StageReplaySetup setup,
                       ledger::StageReplaySetupOf(task, *in.net, work.lr_scale, in.chain));
   Bytes after;
@@ -76,7 +78,7 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                               ": the served commit is not the committed step leaf " +
                               committed_leaf.ShortHex() + "; no witness can be built");
   }
-  const engine::TaskData& data = in.trainer->data();
+  const engine::TaskData& data = *in.data;
   const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
   if (data.tokens) {
     if (*pages == nullptr) {
@@ -85,11 +87,10 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
   } else if (*tree == nullptr) {
     *tree = std::make_unique<engine::DataTree>(data.train);
   }
-  ML_ASSIGN_OR_RETURN(
-      ledger::StageStepWitness w,
-      ledger::BuildStageStepWitness(bundle, ev->commit, ev->checkpoint, ev->blobs,
-                                    in.trainer->task(), work.stream, pages->get(),
-                                    data.tokens ? nullptr : &data.train, tree->get()));
+  ML_ASSIGN_OR_RETURN(ledger::StageStepWitness w,
+                      ledger::BuildStageStepWitness(
+                          bundle, ev->commit, ev->checkpoint, ev->blobs, *in.task, work.stream,
+                          pages->get(), data.tokens ? nullptr : &data.train, tree->get()));
   return ledger::RefereeStageStepTx{
       .task_id = in.task_id, .index = index, .witness = {ledger::EncodeStageStepWitness(w)}};
 }

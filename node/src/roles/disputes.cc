@@ -421,18 +421,19 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
   }
   if (!d.has_referee || !d.referee.whole_step || d.referee.step == 0) return Status::Ok();
   ML_ASSIGN_OR_RETURN(Bytes bundle, node_->FetchBlob(ctx->info.spec_hash, {}, ""));
-  ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));
   ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node_->chain(), c.task_id, /*units=*/true));
   const uint32_t replica = c.shard / stages;
   // The chain of the disputed run (the check's placement), as the ledger rules it.
   Result<std::vector<protocol::NodeId>> chain =
       ReplicaRunChain(info.units, stages, c.index, c.assignment_beacon);
   if (!chain.ok()) return chain.status().WithPrefix(CheckName(c));
-  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
-  StageCheckInput in{.trainer = trainer,
+  // The step's batch and its proof come from the data (kept while the page tree or data tree
+  // built from it is); the whole model is never built.
+  ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
+  StageCheckInput in{.task = &ctx->task,
+                     .data = data.get(),
                      .net = &ctx->bundle.net,
                      .facts = &ctx->facts,
-                     .global = start.weights,
                      .task_id = c.task_id,
                      .round = c.round,
                      .replica = replica,

@@ -320,17 +320,25 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
     Result<std::vector<protocol::NodeId>> chain =
         ReplicaRunChain(info.units, stages, c.index, c.assignment_beacon);
     if (!chain.ok()) {
-      return FailedPrecondition(CheckName(c) + ": withdrawn, nothing judged: " + chain.status().message());
+      return FailedPrecondition(CheckName(c) +
+                                ": withdrawn, nothing judged: " + chain.status().message());
     }
     return chain;
   };
   ML_ASSIGN_OR_RETURN(std::vector<protocol::NodeId> chain, run_chain());
-  ML_ASSIGN_OR_RETURN(GlobalState start, node.StartState(*ctx, c.task_id, c.start_state));
-  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
-  StageCheckInput in{.trainer = trainer,
+  // Only the stage checked is built (from each step's checkpoint), never the whole model: the
+  // steps' batches come from the task's data (read now, dropped after the check, as a stage unit
+  // does), and the result check reads the stage's slices of the round's start weights from the
+  // state blob's chunks that hold them (never the whole state).
+  ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
+  struct DropData {
+    TaskContext* ctx;
+    ~DropData() { ctx->ReleaseData(); }
+  } drop_data{ctx};
+  StageCheckInput in{.task = &ctx->task,
+                     .data = data.get(),
                      .net = &net,
                      .facts = &ctx->facts,
-                     .global = start.weights,
                      .task_id = c.task_id,
                      .round = c.round,
                      .replica = c.shard / stages,
@@ -379,9 +387,11 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
   }
   if (!ended) return f;
   Result<engine::TrainState> final_state = StageCheckpointState(end.checkpoint);
-  Result<Hash256> result = final_state.ok() ? ledger::StageResultBlobId(ctx->task.model,
-                                                                        start.weights, *final_state)
-                                            : Result<Hash256>(final_state.status());
+  Result<GlobalWeightsReader> start = node.StartWeights(*ctx, c.task_id, c.start_state);
+  Result<Hash256> result = !final_state.ok() ? Result<Hash256>(final_state.status())
+                           : !start.ok()     ? Result<Hash256>(start.status())
+                                         : ledger::StageResultBlobId(ctx->task.model, start->size,
+                                                                     start->read, *final_state);
   if (!result.ok()) {
     node.Log(CheckName(c) + ": result not checked: " + result.status().message());
     return f;

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -164,6 +165,13 @@ Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& task_record, const
 // `model` (its params() order). InvalidArgument when `global` is not the model's size or a
 // parameter of the stage is not the model's.
 Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, std::span<const float> global,
+                                  const engine::TrainState& final_state);
+// The same, reading the stage's slices of the start weights (`global_size` floats) through `read`
+// (offset, out): a verifier of a stage unit reads them from the state blob's chunks without the
+// whole state in memory (node::GlobalWeightsReader). The overload above reads from memory.
+using GlobalSliceReader = std::function<Status(uint64_t offset, std::span<float> out)>;
+Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, uint64_t global_size,
+                                  const GlobalSliceReader& read,
                                   const engine::TrainState& final_state);
 
 // The witness that a stage unit's committed result is not the delta of its committed final

@@ -13,13 +13,17 @@
 // `unserved` (StageUnservedLeaf): a stage must show what it committed. Any other fetch error is
 // returned (retried later): a verifier never claims a mismatch for a network fault.
 //
-//   StageCheckInput in{.trainer = trainer, .task = task_spec, .net = &net, .facts = &facts,
-//                      .global = start.weights, .task_id = id, .round = r, .replica = rep,
-//                      .stage = s, .chain = chain, .transport = transport, .endpoint = url};
+// Only the stage is built (ReplayStageStep creates it from the step's checkpoint), never the
+// whole model: the step's batch is drawn from the task's data (engine::DataStream, as the Stager
+// draws it), and no weight of the round's start state is read.
+//
+//   StageCheckInput in{.task = &ctx->task, .data = data.get(), .net = &net, .facts = &facts,
+//                      .task_id = id, .round = r, .replica = rep, .stage = s, .chain = chain,
+//                      .transport = transport, .endpoint = url};
 //   ML_ASSIGN_OR_RETURN(StageStepCheck c, CheckStageStep(in, step, committed_leaf));
 //   if (c.leaf != committed_leaf) ...   // a mismatch: c.message says what
 //
-// Thread-compatible: uses `trainer` (StartUnit, BatchForStep).
+// Thread-compatible.
 #pragma once
 
 #include <cstdint>
@@ -42,10 +46,10 @@
 namespace meshlearn::node {
 
 struct StageCheckInput {
-  engine::Trainer* trainer = nullptr;  // the task's
+  const engine::TaskSpec* task = nullptr;  // the task's (TaskContext::task)
+  const engine::TaskData* data = nullptr;  // its data (TaskContext::Data): the step's batch
   const NetworkSpec* net = nullptr;
   const TaskFacts* facts = nullptr;
-  std::span<const float> global;  // the round's start weights
   protocol::TaskId task_id;
   uint32_t round = 0;
   uint32_t replica = 0;
@@ -74,7 +78,7 @@ Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
 // stage step `step` built from what the stage node at in.endpoint serves (its commit, which must
 // be `committed_leaf`'s, its checkpoint of the step's start, the tensors it received) and the
 // step's batch proven in the task's data: `pages` for a token task (built on first use), else
-// `tree` over the trainer's examples (built on first use). `bundle` is the task bundle's text.
+// `tree` over the task's examples (built on first use). `bundle` is the task bundle's text.
 // The size is the caller's to report (witness.bytes). FailedPrecondition when the node does not
 // serve the committed step (no witness can be built) or a tensor of it; fetch errors as they come.
 Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
