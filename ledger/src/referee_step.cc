@@ -227,6 +227,12 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& u
                         task.input, w, where);
 }
 
+bool DisputeNeedsBundle(const TaskParams& p) {
+  // (A task's terms refuse data_page_tokens without a data root: tasks.cc.)
+  return p.data_page_tokens != 0 && !p.data_root.IsZero() && !IsPipelineTask(p) &&
+         p.tolerance_rel_l2_ppm == 0 && p.tolerance_cosine_gap_ppb == 0;
+}
+
 Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
                                       const std::string& bundle, const std::string& where) {
   if (t.params.tolerance_rel_l2_ppm != 0 || t.params.tolerance_cosine_gap_ppb != 0) {

@@ -1338,7 +1338,7 @@ class TileChainTest : public testing::FollowedChainFixture {
     p.verification_window_blocks = 12;
     // A token task's data root is over its train stream's pages (its batches are not examples).
     p.data_root = Tree().root();
-    if (bundle_ == &ChainGptBundle()) {
+    if (g_setup == &ChainGptSetup()) {
       p.data_root = ChainGptSetup().pages->root();
       p.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
       p.num_examples = static_cast<uint64_t>(ChainGptSetup().pages->num_tokens());
@@ -1594,6 +1594,16 @@ class TileChainTest : public testing::FollowedChainFixture {
       bytes = encoded.size();
       EXPECT_LE(bytes, kMaxTileWitnessBytes);
       StepOk({RefereeTile(gina_, encoded)});
+      if (HasCheck() && Check().dispute().has_value() &&
+          Check().dispute()->stage() == DisputeStage::kDisputeResolved) {
+        // The reason says how it was ruled (from roots, not by recomputing the step).
+        const std::string& reason = Check().dispute()->outcome().reason;
+        EXPECT_NE(reason.find(task.roots == protocol::RefereeRoots::kRootsChainEnd
+                                  ? "from the roots of the agreed chain end"
+                                  : "from the input state's roots"),
+                  std::string::npos)
+            << reason;
+      }
       std::printf("[ on chain ] %s of step %llu: %2u turns, RefereeTile roots witness %6zu bytes\n",
                   task.roots == protocol::RefereeRoots::kRootsChainEnd
                       ? "chain end agreed"
@@ -1784,6 +1794,132 @@ TEST_F(TileChainTest, OnThe10mGptALazySolverIsRuledOnChainAtAClippedUpdateTile) 
   const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kSkippedUpdate}), true, true);
   EXPECT_GT(bytes, 0u);
   EXPECT_LE(bytes, kMaxTileWitnessBytes);
+}
+
+// A token task's mismatch must carry the task bundle (DisputeNeedsBundle): played over whole
+// steps, its dispute could only be ruled by the genesis key (the ledger does not execute a token
+// task's step). A reveal or a challenge without it is refused, naming the fix; with it the
+// dispute plays the operator and tile phases, and where it ends (here the chain end both agree
+// to, the states after the step differing) the genesis key is refused. Nothing is trained: the
+// parties' hashes stand in for runs (the ledger checks none before the referee).
+TEST_F(TileChainTest, OnThe10mGptAMismatchWithoutTheBundleIsRefused) {
+  UseGpt();
+  PartyRun solver, verifier;
+  for (uint64_t s = 0; s <= kSteps; ++s) {
+    solver.state.push_back(Blake2b("state " + std::to_string(s)));
+    verifier.state.push_back(s < kSteps ? solver.state.back() : Blake2b("other state"));
+  }
+  StepOk({N(wb_, Reg(wb_, kRoleWhistleblower))});
+  Submit();
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  ASSERT_TRUE(DisputeNeedsBundle(Task().params));
+  const std::string why = "bundle is empty, but unit 0 belongs to token task";
+  CommitAndDispute(solver, verifier, ChainGptBundle(), [&](const Hash256& salt) {
+    return std::vector<std::pair<Transaction, std::string>>{
+        {N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                      .index = 0,
+                                      .node_id = verifier_.public_key(),
+                                      .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
+                                      .salt = salt,
+                                      .claim = claim_,
+                                      .bundle = {""}}),
+         why},
+        {N(wb_,
+           ChallengeUnitTx{
+               .task_id = task_id_, .index = 0, .node_id = wb_.public_key(), .claim = claim_}),
+         why}};
+  });
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  ASSERT_TRUE(Check().has_tile_phase());
+  EXPECT_EQ(Check().dispute()->config().num_operators, Context().plan.ops.size());
+  // Steps 1..kSteps - 1 agreed, the last one disputed; its operator chain end agreed.
+  for (int turn = 0; turn < 10; ++turn) {
+    const protocol::DisputeGame g = *Check().dispute();
+    if (g.stage() == DisputeStage::kDisputeReferee) break;
+    const DisputeQuery q = g.query();
+    ASSERT_TRUE(q.stage == DisputeStage::kDisputeSteps ||
+                q.stage == DisputeStage::kDisputeOperators);
+    auto post = [&](const KeyPair& node, const PartyRun& run) {
+      const Hash256 h = q.stage == DisputeStage::kDisputeSteps ? run.state.at(q.position)
+                                                               : Blake2b("agreed chain end");
+      return N(node, DisputePostTx{.task_id = task_id_,
+                                   .index = 0,
+                                   .node_id = node.public_key(),
+                                   .position = q.position,
+                                   .hash = h});
+    };
+    StepOk({post(solver_, solver), post(verifier_, verifier)});
+  }
+  const RefereeTask task = RefereeTaskNow();
+  EXPECT_EQ(task.step, kSteps);
+  EXPECT_EQ(task.roots, protocol::RefereeRoots::kRootsChainEnd);
+  ExpectGenesisRefereeRefused(task, "RefereeTile");
+  std::vector<Receipt> r =
+      Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = 0, .witness = {Bytes{1}}})});
+  EXPECT_FALSE(r.at(0).ok);
+}
+
+// A token task whose plan the tile phase does not serve (trained in micro-batches: TileContextOf
+// refuses the task's own bundle) still needs the bundle with its mismatch; with it the dispute
+// opens over whole steps: the one exact-mode dispute of a task with a data root that the genesis
+// key still rules (the ledger does not execute a token task's step). Hashes only, as above.
+TEST_F(TileChainTest, OnAGptTrainedInMicroBatchesTheMismatchNeedsTheBundleAndPlaysWholeSteps) {
+  UseGpt();
+  static const std::string* micro = [] {
+    std::string b = ChainGptBundle();
+    const size_t at = b.find("batch_size = 1");
+    CHECK(at != std::string::npos);
+    b.replace(at, 14, "batch_size = 2\nmicro_batches = 2");
+    return new std::string(std::move(b));
+  }();
+  bundle_ = micro;
+  PartyRun solver, verifier;
+  for (uint64_t s = 0; s <= kSteps; ++s) {
+    solver.state.push_back(Blake2b("state " + std::to_string(s)));
+    verifier.state.push_back(s < kSteps ? solver.state.back() : Blake2b("other state"));
+  }
+  Submit();
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  ASSERT_TRUE(DisputeNeedsBundle(Task().params));
+  Result<TileRuleContext> plan = TileContextOf(Task(), Unit(), *micro, "test");
+  ASSERT_EQ(plan.status().code(), StatusCode::kFailedPrecondition) << plan.status().ToString();
+  CommitAndDispute(solver, verifier, *micro, [&](const Hash256& salt) {
+    return std::vector<std::pair<Transaction, std::string>>{
+        {N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                      .index = 0,
+                                      .node_id = verifier_.public_key(),
+                                      .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
+                                      .salt = salt,
+                                      .claim = claim_,
+                                      .bundle = {""}}),
+         "bundle is empty, but unit 0 belongs to token task"}};
+  });
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_FALSE(Check().has_tile_phase());
+  for (int turn = 0; turn < 10; ++turn) {
+    const protocol::DisputeGame g = *Check().dispute();
+    if (g.stage() == DisputeStage::kDisputeReferee) break;
+    const DisputeQuery q = g.query();
+    ASSERT_EQ(q.stage, DisputeStage::kDisputeSteps);
+    auto post = [&](const KeyPair& node, const PartyRun& run) {
+      return N(node, DisputePostTx{.task_id = task_id_,
+                                   .index = 0,
+                                   .node_id = node.public_key(),
+                                   .position = q.position,
+                                   .hash = run.state.at(q.position)});
+    };
+    StepOk({post(solver_, solver), post(verifier_, verifier)});
+  }
+  const RefereeTask task = RefereeTaskNow();
+  EXPECT_TRUE(task.whole_step);
+  EXPECT_EQ(task.roots, protocol::RefereeRoots::kRootsNone);
+  std::vector<Receipt> r = Step({RefereeTile(gina_, Bytes{1})});
+  EXPECT_NE(r.at(0).reason.find("waits for a whole step"), std::string::npos) << r.at(0).reason;
+  r = Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = 0, .witness = {Bytes{1}}})});
+  EXPECT_NE(r.at(0).reason.find("token task"), std::string::npos) << r.at(0).reason;
+  StepOk({Q(referee_,
+            RuleDisputeTx{.task_id = task_id_, .index = 0, .output = task.challenger_output})});
+  ExpectTheLiarSlashed(true);
 }
 
 // A GPT whose vocabulary is left to its data is planned with the vocabulary its task's weights

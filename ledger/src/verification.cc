@@ -629,18 +629,39 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
 // ---- Transactions.
 
 // A mismatch's `bundle` (RevealVerdict, ChallengeUnit): the step's tile plan from it, set on the
-// check so that the dispute it opens narrows to one tile. Nothing for an empty bundle.
+// check so that the dispute it opens narrows to one tile. Nothing for an empty bundle, except that
+// a token task's mismatch must carry it (DisputeNeedsBundle): without it only the genesis key
+// could rule the whole step its dispute would end at.
 Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleField& bundle,
                         UnitCheck& c, std::string_view what) {
-  if (bundle.text.empty()) return Status::Ok();
   const TaskRecord* t = s.tasks.Find(u.task_id);
+  const bool needed = DisputeNeedsBundle(t->params);
+  if (bundle.text.empty()) {
+    if (!needed) return Status::Ok();
+    return InvalidArgument(
+        std::string(what) + ": bundle is empty, but unit " + std::to_string(u.index) +
+        " belongs to token task " + u.task_id.ShortHex() +
+        " (a data root over its pages), whose whole steps only the tile phase rules without the "
+        "genesis key; send the task's bundle (the blob whose id is its spec_hash " +
+        t->spec_hash.ShortHex() + ") with the mismatch");
+  }
   if (IsPipelineTask(t->params)) {
     return InvalidArgument(std::string(what) + ": bundle must be empty for a stage unit of task " +
                            u.task_id.ShortHex() +
                            " (a stage step's dispute has no tile phase; the step is ruled whole)");
   }
-  ML_ASSIGN_OR_RETURN(TileRuleContext tc,
-                      TileContextOf(*t, u, bundle.text, std::string(what) + ": bundle"));
+  Result<TileRuleContext> context =
+      TileContextOf(*t, u, bundle.text, std::string(what) + ": bundle");
+  if (needed && context.status().code() == StatusCode::kFailedPrecondition) {
+    // The task's own bundle (its blob id checked: InvalidArgument otherwise), whose plan the tile
+    // phase does not serve (micro-batches): its dispute plays whole steps, as before.
+    ML_LOG_INFO(
+        "ledger: task {} unit {}: {} (a token task's mismatch carries its bundle all the "
+        "same); the dispute plays whole steps",
+        u.task_id.ShortHex(), u.index, context.status().message());
+    return Status::Ok();
+  }
+  ML_ASSIGN_OR_RETURN(TileRuleContext tc, std::move(context));
   protocol::DisputeConfig layout;
   SetTilePhase(tc.plan, &layout);
   Status st = c.SetTilePhase(static_cast<uint32_t>(tc.plan.ops.size()),
@@ -798,9 +819,11 @@ Result<RefereeStage> DisputeAtReferee(const LedgerState& s, const Hash256& task_
 // Whether the ledger executes this dispute's ruling itself (RefereeStep) rather than taking the
 // genesis referee's word (RuleDispute): a whole step of a task with a data root over examples. A
 // token task's data root (over pages) proves the tokens of a tile (RefereeTile); its whole step
-// is not executed by the ledger (a step witness of its state would not fit): the two whole steps
-// its tile phase ends at (a lie in the step's input state or in the state only) are ruled from
-// roots (LedgerRulesFromRoots), any other by the genesis referee. A stage unit's step is not a
+// is not executed by the ledger (a step witness of its state would not fit): its mismatch must
+// carry the bundle (DisputeNeedsBundle), so its dispute plays the tile phase, and the two whole
+// steps that phase ends at (a lie in the step's input state or in the state only) are ruled from
+// roots (LedgerRulesFromRoots); only a token task whose plan the tile phase does not serve
+// (micro-batches) plays whole steps, ruled by the genesis referee. A stage unit's step is not a
 // unit's step (its inputs are its neighbours' signed tensors): it is ruled from its own witness
 // (RefereeStageStep, LedgerRulesStageStep), never by RefereeStep.
 bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
@@ -951,8 +974,10 @@ Status ExecuteRefereeTile(ExecContext& ctx, const RefereeTileTx& tx) {
   // or the correct C_j of an input-state operator (referee_tile.h, RuleRoots).
   Result<Hash256> output = roots ? RuleRoots(tc, task, *w) : RuleTile(tc, task, *w);
   if (!output.ok()) return output.status().WithPrefix("referee tile");
-  if (roots && task.roots == protocol::RefereeRoots::kRootsOperator) {
+  if (task.roots == protocol::RefereeRoots::kRootsOperator) {
     ML_RETURN_IF_ERROR(game->RuleOperator(*output));
+  } else if (task.roots == protocol::RefereeRoots::kRootsChainEnd) {
+    ML_RETURN_IF_ERROR(game->RuleChainEnd(*output));
   } else {
     ML_RETURN_IF_ERROR(game->Rule(*output));
   }
@@ -1192,6 +1217,10 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               " has a data root, so the ledger executes the disputed step "
                               "itself; send RefereeStep with the step's witness");
   }
+  // Left to the genesis key: tolerance mode (a segment), a task without a data root, a stage over
+  // the stage witness bound, and a token task whose plan the tile phase does not serve (its
+  // mismatch carried the bundle, DisputeNeedsBundle, so a whole-step game of a token task with a
+  // data root means TileContextOf refused the task's own bundle: micro-batches).
   if (game->referee_task().segment) {
     if (tx.tolerance_verdict != 1 && tx.tolerance_verdict != 2) {
       return InvalidArgument("rule dispute: unit " + std::to_string(tx.index) +

@@ -411,9 +411,6 @@ Status DisputeGame::Rule(const Hash256& correct_output) {
   if (referee_.segment) {
     return InvalidArgument("dispute: a tolerance-mode segment is ruled with RuleTolerance");
   }
-  stage_ = DisputeStage::kDisputeResolved;
-  outcome_.defender_honest = referee_.defender_output == correct_output;
-  outcome_.challenger_honest = referee_.challenger_output == correct_output;
   std::string what = referee_.whole_step
                          ? "step " + std::to_string(referee_.step)
                          : "operator " + std::to_string(referee_.operator_index) + " of step " +
@@ -425,13 +422,21 @@ Status DisputeGame::Rule(const Hash256& correct_output) {
                 : std::string()) +
            " of " + what;
   }
-  if (outcome_.defender_honest) {
-    outcome_.reason = "referee recomputed " + what + ": the challenger's output is wrong";
-  } else if (outcome_.challenger_honest) {
-    outcome_.reason = "referee recomputed " + what + ": the defender's output is wrong";
-  } else {
-    outcome_.reason = "referee recomputed " + what + ": both outputs are wrong";
+  Resolve(referee_.defender_output == correct_output, referee_.challenger_output == correct_output,
+          "referee recomputed " + what);
+  return Status::Ok();
+}
+
+Status DisputeGame::RuleChainEnd(const Hash256& correct_state) {
+  if (stage_ != DisputeStage::kDisputeReferee || referee_.roots != RefereeRoots::kRootsChainEnd) {
+    return FailedPrecondition(
+        "dispute: RuleChainEnd rules a step whose chain end both parties agreed to, at the "
+        "referee stage only (stage " +
+        std::string(DisputeStageName(stage_)) + ")");
   }
+  Resolve(referee_.defender_output == correct_state, referee_.challenger_output == correct_state,
+          "referee ruled step " + std::to_string(referee_.step) +
+              " from the roots of the agreed chain end");
   return Status::Ok();
 }
 
@@ -442,19 +447,20 @@ Status DisputeGame::RuleOperator(const Hash256& correct_operator_output) {
         "dispute: RuleOperator rules an operator without tiles at the referee stage only "
         "(stage " + std::string(DisputeStageName(stage_)) + ")");
   }
-  stage_ = DisputeStage::kDisputeResolved;
-  outcome_.defender_honest = referee_.defender_operator_output == correct_operator_output;
-  outcome_.challenger_honest = referee_.challenger_operator_output == correct_operator_output;
-  const std::string what = "operator " + std::to_string(referee_.operator_index) + " of step " +
-                           std::to_string(referee_.step) + " from the input state's roots";
-  if (outcome_.defender_honest) {
-    outcome_.reason = "referee ruled " + what + ": the challenger's output is wrong";
-  } else if (outcome_.challenger_honest) {
-    outcome_.reason = "referee ruled " + what + ": the defender's output is wrong";
-  } else {
-    outcome_.reason = "referee ruled " + what + ": both outputs are wrong";
-  }
+  Resolve(referee_.defender_operator_output == correct_operator_output,
+          referee_.challenger_operator_output == correct_operator_output,
+          "referee ruled operator " + std::to_string(referee_.operator_index) + " of step " +
+              std::to_string(referee_.step) + " from the input state's roots");
   return Status::Ok();
+}
+
+void DisputeGame::Resolve(bool defender_honest, bool challenger_honest, const std::string& how) {
+  stage_ = DisputeStage::kDisputeResolved;
+  outcome_.defender_honest = defender_honest;
+  outcome_.challenger_honest = challenger_honest;
+  outcome_.reason = how + (defender_honest     ? ": the challenger's output is wrong"
+                           : challenger_honest ? ": the defender's output is wrong"
+                                               : ": both outputs are wrong");
 }
 
 Status DisputeGame::RuleTolerance(bool defender_within_tolerance) {

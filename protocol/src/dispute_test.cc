@@ -434,6 +434,10 @@ TiledPlay PlayTiled(DisputeGame g, const TiledTrace& d, const TiledTrace& c) {
     // The input state's operator, ruled from roots: the true C_j (RuleOperator).
     EXPECT_TRUE(g.RuleOperator(truth.Chain(t.step, t.operator_index)).ok());
     return TiledPlay{t, g.outcome(), g.turns()};
+  } else if (t.whole_step && t.roots == RefereeRoots::kRootsChainEnd) {
+    // The agreed chain end's roots give the state after the step (RuleChainEnd).
+    EXPECT_TRUE(g.RuleChainEnd(truth.State(t.step)).ok());
+    return TiledPlay{t, g.outcome(), g.turns()};
   } else if (t.whole_step) {
     correct = truth.State(t.step);
   } else if (t.reduction_blocks == 0 || t.block + 1 == t.reduction_blocks) {
@@ -552,6 +556,7 @@ TEST(DisputeTileTest, AgreedChainEndsAreAWholeStepCarryingTheChainEnd) {
     const TiledTrace& c = defender_lies ? honest : liar;
     auto g = DisputeGame::Create(TiledConfig(d, c, 3, 0));
     ASSERT_TRUE(g.ok());
+    DisputeGame whole = *g;
     TiledPlay p = PlayTiled(std::move(*g), d, c);
     EXPECT_TRUE(p.task.whole_step);
     EXPECT_EQ(p.task.roots, RefereeRoots::kRootsChainEnd);
@@ -560,6 +565,45 @@ TEST(DisputeTileTest, AgreedChainEndsAreAWholeStepCarryingTheChainEnd) {
     EXPECT_EQ(p.task.input, honest.State(3));
     EXPECT_EQ(p.outcome.defender_honest, !defender_lies) << p.outcome.reason;
     EXPECT_EQ(p.outcome.challenger_honest, defender_lies) << p.outcome.reason;
+    // Ruled from roots (RuleChainEnd), the reason says so: nobody recomputed the step.
+    EXPECT_NE(p.outcome.reason.find("referee ruled step 4 from the roots of the agreed chain end"),
+              std::string::npos)
+        << p.outcome.reason;
+    EXPECT_EQ(p.outcome.reason.find("recomputed"), std::string::npos) << p.outcome.reason;
+    // The same game ruled by an executed whole step (Rule) reads as recomputed; RuleChainEnd only
+    // at the referee stage, and only for a task with the chain end agreed.
+    EXPECT_EQ(whole.RuleChainEnd(honest.State(4)).code(), StatusCode::kFailedPrecondition);
+    uint64_t height = 100;
+    while (whole.stage() != DisputeStage::kDisputeReferee) {
+      ++height;
+      ASSERT_TRUE(d.Move(whole, DisputeParty::kDefender, height).ok());
+      ASSERT_TRUE(c.Move(whole, DisputeParty::kChallenger, height).ok());
+    }
+    ASSERT_TRUE(whole.Rule(honest.State(4)).ok());
+    EXPECT_EQ(whole.outcome().defender_honest, !defender_lies);
+    EXPECT_NE(whole.outcome().reason.find("referee recomputed step 4"), std::string::npos)
+        << whole.outcome().reason;
+    EXPECT_EQ(whole.RuleChainEnd(honest.State(4)).code(), StatusCode::kFailedPrecondition);
+  }
+}
+
+// RuleChainEnd rules nothing but a chain-end task: not an operator without tiles, not a tile.
+TEST(DisputeTileTest, RuleChainEndIsRefusedForAnyOtherTask) {
+  for (uint32_t lie_op : {1u, 5u}) {
+    SCOPED_TRACE("lie at operator " + std::to_string(lie_op));
+    TiledTrace liar{.lie_step = 3, .lie_op = lie_op, .lie_tile = 2, .tiles = 4};
+    TiledTrace honest{.tiles = 4};
+    auto g = DisputeGame::Create(TiledConfig(liar, honest, 4, 0));
+    ASSERT_TRUE(g.ok());
+    uint64_t height = 100;
+    while (g->stage() != DisputeStage::kDisputeReferee) {
+      ++height;
+      ASSERT_TRUE(liar.Move(*g, DisputeParty::kDefender, height).ok());
+      ASSERT_TRUE(honest.Move(*g, DisputeParty::kChallenger, height).ok());
+    }
+    EXPECT_NE(g->referee_task().roots, RefereeRoots::kRootsChainEnd);
+    EXPECT_EQ(g->RuleChainEnd(honest.State(3)).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(g->stage(), DisputeStage::kDisputeReferee) << "nothing ruled";
   }
 }
 

@@ -64,6 +64,26 @@ Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAss
   return ledger::TileContextOf(t, u, *bundle, CheckName(c) + ": tile phase");
 }
 
+Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c) {
+  Result<TaskContext*> loaded = node.GetTask(c.task_id);
+  // Not loaded: as before, no bundle (the ledger refuses the mismatch if it needs one).
+  if (!loaded.ok()) return std::string();
+  const TaskContext* ctx = *loaded;
+  if (ctx->bundle.net.stages > 1) return std::string();  // a stage step: ruled whole
+  std::string bundle;
+  if (!ledger::DisputeNeedsBundle(ctx->info.params)) {
+    return TileContextFor(node, c, &bundle, /*to_open=*/true).ok() ? bundle : std::string();
+  }
+  ML_ASSIGN_OR_RETURN(Bytes text, node.FetchBlob(ctx->info.spec_hash, {}, ""));
+  if (text.size() > ledger::kMaxBundleBytes) {
+    return FailedPrecondition("the task bundle is " + std::to_string(text.size()) +
+                              " bytes, over the " + std::to_string(ledger::kMaxBundleBytes) +
+                              " a transaction's bundle field holds, and the ledger requires it "
+                              "with a token task's mismatch");
+  }
+  return std::string(AsStringView(text));
+}
+
 std::string Disputes::JournalPath(const CheckAssignment& c) const {
   return JoinPath(node_->VerifyDir(c), "dispute-" + std::to_string(c.dispute->first_step) + "-" +
                                            std::to_string(c.dispute->last_step) + ".json");

@@ -94,4 +94,12 @@ class Disputes {
 Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAssignment& c,
                                                std::string* bundle, bool to_open);
 
+// The bundle field of a mismatch on check `c` (RevealVerdict, ChallengeUnit): the task bundle
+// whenever the ledger requires it (ledger::DisputeNeedsBundle: a token task with a data root over
+// its pages, whatever AgentOptions::tile_disputes says) or the tile phase serves the task
+// (TileContextFor, to_open); else "" (whole steps; a stage unit's step). An error only when the
+// ledger requires the bundle and this node cannot send it (not fetched, over the field's bound):
+// the mismatch would be refused without it.
+Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c);
+
 }  // namespace meshlearn::node

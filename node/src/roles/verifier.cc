@@ -160,14 +160,14 @@ void Verifier::RevealVerdict(const CheckAssignment& c) {
       return;
     }
     tx.claim = std::move(*claim);
-    // The task bundle, when the ledger can narrow the dispute to one tile (ruled by RefereeTile;
-    // never a stage unit's: its step is ruled whole).
-    std::string bundle;
-    Result<TaskContext*> ctx = node_->GetTask(c.task_id);
-    if (ctx.ok() && (*ctx)->bundle.net.stages < 2 &&
-        TileContextFor(*node_, c, &bundle, /*to_open=*/true).ok()) {
-      tx.bundle.text = std::move(bundle);
+    // The task bundle, when the ledger requires it or can narrow the dispute to one tile (ruled
+    // by RefereeTile; never a stage unit's: its step is ruled whole).
+    Result<std::string> bundle = MismatchBundle(*node_, c);
+    if (!bundle.ok()) {  // the reveal would be refused without it: try again next poll
+      node_->Log(CheckName(c) + ": cannot reveal the mismatch yet: " + bundle.status().message());
+      return;
     }
+    tx.bundle.text = std::move(*bundle);
   }
   if (outbox_->Send(action, std::move(tx))) ++node_->stats().verdicts_revealed;
 }

@@ -10,16 +10,6 @@
 
 namespace meshlearn::node {
 
-namespace {
-// The task bundle when the ledger can narrow a dispute on `c` to one tile, else "".
-std::string TileBundleOf(NodeContext& node, const CheckAssignment& c) {
-  std::string bundle;
-  Result<TaskContext*> ctx = node.GetTask(c.task_id);
-  if (!ctx.ok() || (*ctx)->bundle.net.stages > 1) return std::string();  // a stage step: whole
-  return TileContextFor(node, c, &bundle, /*to_open=*/true).ok() ? bundle : std::string();
-}
-}  // namespace
-
 Whistleblower::DrawState Whistleblower::StateOf(const CheckAssignment& c) const {
   const std::string dir = node_->VerifyDir(c);
   if (checked_.count(dir)) return DrawState::kChecked;
@@ -75,6 +65,9 @@ Status Whistleblower::Run(const CheckAssignment& c) {
   const journal::ChallengeRecord record{.finding = f.Record()};
   ML_RETURN_IF_ERROR(journal::WriteJournal(node_->env(), JoinPath(dir, "challenge.json"), record));
   ML_ASSIGN_OR_RETURN(ledger::MismatchClaimField claim, ClaimOf(record.finding));
+  // The task bundle, when the ledger requires it or can narrow the dispute to one tile.
+  Result<std::string> bundle = MismatchBundle(*node_, c);
+  if (!bundle.ok()) return bundle.status().WithPrefix(CheckName(c) + ": challenge");
   node_->Log(CheckName(c) + ": whistleblower: segment " + std::to_string(f.segment) +
              " of solver " + c.solver.ShortHex() + " replays to " + f.replayed_end.ShortHex() +
              ", committed " + f.solver_end.ShortHex() + "; challenging the " +
@@ -84,7 +77,7 @@ Status Whistleblower::Run(const CheckAssignment& c) {
                                             .index = c.index,
                                             .node_id = node_->id(),
                                             .claim = std::move(claim),
-                                            .bundle = {TileBundleOf(*node_, c)}})) {
+                                            .bundle = {std::move(*bundle)}})) {
     ++node_->stats().challenges;
   }
   return Status::Ok();

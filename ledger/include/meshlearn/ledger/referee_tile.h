@@ -119,6 +119,17 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
 Result<TileRuleContext> TileContextOf(const TaskRecord& task, const WorkUnit& unit,
                                       const std::string& bundle, const std::string& where);
 
+// Whether a mismatch (RevealVerdict) or a challenge (ChallengeUnit) that opens a dispute on a
+// unit of a task with these params must carry the task bundle: an exact-mode token task with a
+// data root over its pages (params.data_page_tokens), not trained in pipeline stages. The ledger
+// does not execute such a task's whole step (RefereeStep reads examples), so a dispute played
+// over whole steps could only be ruled by the genesis key; with the bundle it plays the operator
+// and tile phases and ends at a tile (RuleTile) or at a whole step ruled from roots (RuleRoots).
+// The ledger refuses the transaction without it; every node sends it (node/roles/disputes.h,
+// MismatchBundle). A bundle TileContextOf refuses with FailedPrecondition (a plan the tile phase
+// does not serve yet: micro-batches) still opens the dispute, over whole steps.
+bool DisputeNeedsBundle(const TaskParams& params);
+
 // A party's move in phases 2-4 of a dispute (protocol::DisputeQuery of stage operators, tiles or
 // reduction) from its own run of the disputed step: `state_input` is the state hash the step
 // starts from (C_0), `trace` that run's OpTrace of the step (keep_values; it follows ctx.plan),

@@ -204,7 +204,9 @@ struct AgentOptions {
   // A mismatch this node reveals (or a challenge it makes) carries the task bundle whenever the
   // ledger can narrow the dispute to one tile of one operator (ledger::TileContextOf accepts
   // it): the dispute plays the tile phase and is ruled by RefereeTile from a witness of at most
-  // 256 KiB (docs/verification.md, "Tiles"). False: whole steps, as before.
+  // 256 KiB (docs/verification.md, "Tiles"). False: whole steps, as before, except for a token
+  // task with a data root, whose mismatch the ledger refuses without the bundle
+  // (ledger::DisputeNeedsBundle): that one always carries it.
   bool tile_disputes = true;
   // Test hook: called after each checkpoint of a unit; an error aborts the Tick as a crash
   // would (nothing after the checkpoint is written).

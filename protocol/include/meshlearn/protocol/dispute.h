@@ -229,6 +229,11 @@ class DisputeGame {
   // The referee's computed output for referee_task(): the party whose output equals it is
   // honest; if neither does, both lied. Not for a tolerance-mode segment.
   Status Rule(const Hash256& correct_output);
+  // A kRootsChainEnd task (RefereeTask::roots): the correct state hash after the step, which the
+  // ledger derives from the roots of the agreed chain end. Rules as Rule does; only the outcome's
+  // reason differs (the step was ruled from roots, not recomputed). FailedPrecondition for any
+  // other task.
+  Status RuleChainEnd(const Hash256& correct_state);
   // A kRootsOperator task (RefereeTask::roots): the correct C_j of the disputed operator,
   // compared with the parties' C_j (a party that posted a wrong C_j lied; the other wins).
   // FailedPrecondition for any other task.
@@ -246,6 +251,8 @@ class DisputeGame {
   void EnterReferee(bool whole_step, uint64_t step, uint32_t op, const Hash256& input,
                     const Hash256& d_out, const Hash256& c_out, uint64_t height);
   void StartTurn(uint64_t height);
+  // Ends the game with the referee's ruling: `how` says what it ruled and how.
+  void Resolve(bool defender_honest, bool challenger_honest, const std::string& how);
   bool tiled() const { return !config_.operator_tiles.empty(); }
   Status CheckTurn(const std::string& who, uint64_t position, uint64_t height,
                    std::optional<Hash256>& slot) const;
