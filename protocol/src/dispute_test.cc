@@ -408,6 +408,16 @@ struct TiledPlay {
   uint32_t turns = 0;
 };
 
+// Both answer every query until the game waits for the referee (no encoding round trip).
+void MoveToReferee(DisputeGame& g, const TiledTrace& d, const TiledTrace& c) {
+  uint64_t height = g.config().start_height;
+  while (g.stage() != DisputeStage::kDisputeReferee) {
+    ++height;
+    ASSERT_TRUE(d.Move(g, DisputeParty::kDefender, height).ok());
+    ASSERT_TRUE(c.Move(g, DisputeParty::kChallenger, height).ok());
+  }
+}
+
 // Both answer every query (through the encoding, every turn); the referee computes the truth.
 TiledPlay PlayTiled(DisputeGame g, const TiledTrace& d, const TiledTrace& c) {
   const TiledTrace truth{.tiles = d.tiles};
@@ -533,12 +543,7 @@ TEST(DisputeTileTest, AnOperatorWithoutTilesIsAWholeStepAlsoRuledByItsOperatorOu
     // The same game ruled by the whole step (RefereeStep, or the genesis referee where the ledger
     // does not rule it) by the state after it; RuleOperator only at the referee stage.
     EXPECT_EQ(whole.RuleOperator(Hash256{}).code(), StatusCode::kFailedPrecondition);
-    uint64_t height = 100;
-    while (whole.stage() != DisputeStage::kDisputeReferee) {
-      ++height;
-      ASSERT_TRUE(d.Move(whole, DisputeParty::kDefender, height).ok());
-      ASSERT_TRUE(c.Move(whole, DisputeParty::kChallenger, height).ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(MoveToReferee(whole, d, c));
     ASSERT_TRUE(whole.Rule(honest.State(3)).ok());
     EXPECT_EQ(whole.outcome().defender_honest, !defender_lies);
     EXPECT_EQ(whole.RuleOperator(honest.Chain(3, 1)).code(), StatusCode::kFailedPrecondition);
@@ -573,12 +578,7 @@ TEST(DisputeTileTest, AgreedChainEndsAreAWholeStepCarryingTheChainEnd) {
     // The same game ruled by an executed whole step (Rule) reads as recomputed; RuleChainEnd only
     // at the referee stage, and only for a task with the chain end agreed.
     EXPECT_EQ(whole.RuleChainEnd(honest.State(4)).code(), StatusCode::kFailedPrecondition);
-    uint64_t height = 100;
-    while (whole.stage() != DisputeStage::kDisputeReferee) {
-      ++height;
-      ASSERT_TRUE(d.Move(whole, DisputeParty::kDefender, height).ok());
-      ASSERT_TRUE(c.Move(whole, DisputeParty::kChallenger, height).ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(MoveToReferee(whole, d, c));
     ASSERT_TRUE(whole.Rule(honest.State(4)).ok());
     EXPECT_EQ(whole.outcome().defender_honest, !defender_lies);
     EXPECT_NE(whole.outcome().reason.find("referee recomputed step 4"), std::string::npos)
@@ -595,12 +595,7 @@ TEST(DisputeTileTest, RuleChainEndIsRefusedForAnyOtherTask) {
     TiledTrace honest{.tiles = 4};
     auto g = DisputeGame::Create(TiledConfig(liar, honest, 4, 0));
     ASSERT_TRUE(g.ok());
-    uint64_t height = 100;
-    while (g->stage() != DisputeStage::kDisputeReferee) {
-      ++height;
-      ASSERT_TRUE(liar.Move(*g, DisputeParty::kDefender, height).ok());
-      ASSERT_TRUE(honest.Move(*g, DisputeParty::kChallenger, height).ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(MoveToReferee(*g, liar, honest));
     EXPECT_NE(g->referee_task().roots, RefereeRoots::kRootsChainEnd);
     EXPECT_EQ(g->RuleChainEnd(honest.State(3)).code(), StatusCode::kFailedPrecondition);
     EXPECT_EQ(g->stage(), DisputeStage::kDisputeReferee) << "nothing ruled";
@@ -778,12 +773,7 @@ TEST(DisputeTileTest, MutatedEncodingsDecodeToPlayableGamesOrAreRefused) {
     TiledTrace roots_honest{.tiles = 4};
     auto r = DisputeGame::Create(TiledConfig(roots_liar, roots_honest, 4, 0));
     ASSERT_TRUE(r.ok());
-    uint64_t at = r->config().start_height;
-    while (r->stage() != DisputeStage::kDisputeReferee) {
-      ++at;
-      ASSERT_TRUE(roots_liar.Move(*r, DisputeParty::kDefender, at).ok());
-      ASSERT_TRUE(roots_honest.Move(*r, DisputeParty::kChallenger, at).ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(MoveToReferee(*r, roots_liar, roots_honest));
     states.push_back(r->Encode());
   }
   Rng rng(99);
