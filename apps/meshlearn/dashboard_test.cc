@@ -61,6 +61,28 @@ std::string ChromiumCommand(const std::string& dir, const std::string& args,
          " --virtual-time-budget=3000 " + args + " '" + url + "' 2>" + dir + ".log";
 }
 
+// Runs ChromiumCommand under `timeout`. What chromium prints (--dump-dom's DOM) goes to DIR.out
+// and is read from there, not through a pipe: a helper process chromium leaves behind (its crash
+// handler) could hold a pipe open after chromium itself has ended, and the test would wait on it
+// until ctest's limit. A chromium that never ends fails the test with code 124 (`timeout`'s),
+// named in the assertion, instead of hanging it.
+constexpr int kChromiumSeconds = 180;
+CmdResult RunChromium(const std::string& dir, const std::string& args, const std::string& url) {
+  const std::string out = dir + ".out";
+  CmdResult r = Shell("timeout -k 10 " + std::to_string(kChromiumSeconds) + " " +
+                      ChromiumCommand(dir, args, url) + " >" + out);
+  r.out = ReadText(out);
+  return r;
+}
+
+// What a failed RunChromium says: its exit code (124: it did not end in kChromiumSeconds) and its
+// log.
+std::string ChromiumFailure(const CmdResult& r, const std::string& dir) {
+  return "chromium exited " + std::to_string(r.code) +
+         (r.code == 124 ? " (it did not end in " + std::to_string(kChromiumSeconds) + " s)" : "") +
+         "; its log:\n" + ReadText(dir + ".log");
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -185,8 +207,8 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
 
   // The page as chromium renders it, the lazy solver selected.
   const std::string page_url = url + "#task=" + task_id + "&node=" + lazy;
-  CmdResult dumped = Shell(ChromiumCommand(dir + "/chromium", "--dump-dom", page_url));
-  ASSERT_EQ(dumped.code, 0) << ReadText(dir + "/chromium.log");
+  CmdResult dumped = RunChromium(dir + "/chromium", "--dump-dom", page_url);
+  ASSERT_EQ(dumped.code, 0) << ChromiumFailure(dumped, dir + "/chromium");
   const std::string& dom = dumped.out;
   std::cout << "chromium --dump-dom done after " << SecondsSince(t0) << " s" << std::endl;
   ASSERT_NE(DomValue(dom, "task-id"), "") << dom.substr(0, 2000);
@@ -324,10 +346,10 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
   std::filesystem::create_directories(ArtifactDir());
   const std::string png = ArtifactDir() + "/dashboard.png";
   std::filesystem::remove(png);
-  CmdResult shot = Shell(ChromiumCommand(
-      dir + "/chromium-shot", "--hide-scrollbars --window-size=1600,3200 --screenshot=" + png,
-      page_url + "&updates=3"));
-  ASSERT_EQ(shot.code, 0) << ReadText(dir + "/chromium-shot.log");
+  CmdResult shot = RunChromium(dir + "/chromium-shot",
+                               "--hide-scrollbars --window-size=1600,3200 --screenshot=" + png,
+                               page_url + "&updates=3");
+  ASSERT_EQ(shot.code, 0) << ChromiumFailure(shot, dir + "/chromium-shot");
   const std::string bytes = ReadText(png);
   ASSERT_GT(bytes.size(), 20000u) << png;
   EXPECT_EQ(bytes.substr(0, 8), "\x89PNG\r\n\x1a\n");
@@ -363,9 +385,9 @@ TEST(Dashboard, ChromiumShowsALazyStagesDisputeDecidedByTheLedgersReplay) {
   ASSERT_EQ(slashed.size(), 1u) << report.dump(2);
   const std::string lazy = slashed[0]["node"];
   const std::string task_id = report["task_id"];
-  CmdResult dumped = Shell(ChromiumCommand(dir + "/chromium", "--dump-dom",
-                                           url + "#task=" + task_id + "&node=" + lazy));
-  ASSERT_EQ(dumped.code, 0) << ReadText(dir + "/chromium.log");
+  CmdResult dumped =
+      RunChromium(dir + "/chromium", "--dump-dom", url + "#task=" + task_id + "&node=" + lazy);
+  ASSERT_EQ(dumped.code, 0) << ChromiumFailure(dumped, dir + "/chromium");
   const std::string& dom = dumped.out;
   ASSERT_EQ(DomValue(dom, "task-id"), task_id) << dom.substr(0, 2000);
   EXPECT_EQ(DomValue(dom, "node-" + lazy + "-status"), "jailed");
