@@ -1596,8 +1596,9 @@ class TileChainTest : public testing::FollowedChainFixture {
       StepOk({RefereeTile(gina_, encoded)});
       if (HasCheck() && Check().dispute().has_value() &&
           Check().dispute()->stage() == DisputeStage::kDisputeResolved) {
-        // The reason says how it was ruled (from roots, not by recomputing the step).
-        const std::string& reason = Check().dispute()->outcome().reason;
+        // The reason says how it was ruled (from roots, not by recomputing the step). A copy:
+        // Check() returns a temporary.
+        const std::string reason = Check().dispute()->outcome().reason;
         EXPECT_NE(reason.find(task.roots == protocol::RefereeRoots::kRootsChainEnd
                                   ? "from the roots of the agreed chain end"
                                   : "from the input state's roots"),
