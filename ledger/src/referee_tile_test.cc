@@ -1860,6 +1860,49 @@ TEST_F(TileChainTest, OnThe10mGptAMismatchWithoutTheBundleIsRefused) {
   EXPECT_FALSE(r.at(0).ok);
 }
 
+// Only a mismatch carries the bundle: a clean verdict on a token task is revealed without one
+// (the 10M GPT devnet never ended when the ledger asked every reveal of a token task for it).
+TEST_F(TileChainTest, OnThe10mGptACleanVerdictIsRevealedWithoutTheBundle) {
+  UseGpt();
+  Submit();
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  ASSERT_TRUE(DisputeNeedsBundle(Task().params));
+  const std::vector<Hash256> leaves = {Blake2b("state 0"), Blake2b("state end")};
+  StepOk({N(solver_, CommitUnitTx{.task_id = task_id_,
+                                  .index = 0,
+                                  .node_id = solver_.public_key(),
+                                  .result_hash = Blake2b("delta"),
+                                  .commitment = MerkleRoot(leaves),
+                                  .loss_micros = 1,
+                                  .secret_index = Node(solver_).secrets_committed + 1,
+                                  .leaves = leaves})});
+  for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckCommitVerdicts; ++i) Step();
+  ASSERT_EQ(Check().stage(), CheckStage::kCheckCommitVerdicts);
+  const Hash256 salt = Blake2b("salt");
+  StepOk({N(verifier_, CommitVerdictTx{.task_id = task_id_,
+                                       .index = 0,
+                                       .node_id = verifier_.public_key(),
+                                       .commitment = protocol::VerdictCommitment(
+                                           Verdict::kVerdictClean, salt, verifier_.public_key(),
+                                           Check().config().unit)})});
+  for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckRevealVerdicts; ++i) Step();
+  ASSERT_EQ(Check().stage(), CheckStage::kCheckRevealVerdicts);
+  auto reveal = [&](const std::string& bundle) {
+    return N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                        .index = 0,
+                                        .node_id = verifier_.public_key(),
+                                        .verdict = static_cast<uint8_t>(Verdict::kVerdictClean),
+                                        .salt = salt,
+                                        .bundle = {bundle}});
+  };
+  std::vector<Receipt> r = Step({reveal(ChainGptBundle()), reveal("")});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_FALSE(r[0].ok) << "a clean verdict with a bundle";
+  EXPECT_NE(r[0].reason.find("leave it empty with a clean verdict"), std::string::npos)
+      << r[0].reason;
+  EXPECT_TRUE(r[1].ok) << r[1].reason;
+}
+
 // A token task whose plan the tile phase does not serve (trained in micro-batches: TileContextOf
 // refuses the task's own bundle) still needs the bundle with its mismatch; with it the dispute
 // opens over whole steps: the one exact-mode dispute of a task with a data root that the genesis

@@ -695,7 +695,9 @@ Status ExecuteRevealVerdict(ExecContext& ctx, const RevealVerdictTx& tx) {
         "reveal verdict: bundle is for a mismatch (the dispute's tile plan); "
         "leave it empty with a clean verdict");
   }
-  ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, c, kWhat));
+  if (verdict == protocol::Verdict::kVerdictMismatch) {  // only a mismatch opens a dispute
+    ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, c, kWhat));
+  }
   protocol::MismatchClaim claim = ClaimOf(tx.claim);
   ML_RETURN_IF_ERROR(c.OnVerdictRevealed(
       tx.node_id, verdict, tx.salt,
