@@ -1356,13 +1356,8 @@ class TileChainTest : public testing::FollowedChainFixture {
     ASSERT_EQ(Unit().assignee, solver_.public_key());
   }
 
-  // The solver commits `solver`'s states; the drawn verifier claims segment 0 ends at
-  // `verifier`'s state (revealed with `bundle`); the dispute opens.
-  void CommitAndDispute(
-      const PartyRun& solver, const PartyRun& verifier, const std::string& bundle,
-      std::function<std::vector<std::pair<Transaction, std::string>>(const Hash256& salt)>
-          refused_reveals = nullptr) {
-    const std::vector<Hash256> leaves = {solver.state[0], solver.state[kSteps]};
+  // The solver commits unit 0 with step leaves `leaves`; its check waits for verdicts.
+  void CommitUnit(const std::vector<Hash256>& leaves) {
     StepOk({N(solver_, CommitUnitTx{.task_id = task_id_,
                                     .index = 0,
                                     .node_id = solver_.public_key(),
@@ -1373,6 +1368,16 @@ class TileChainTest : public testing::FollowedChainFixture {
                                     .leaves = leaves})});
     for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckCommitVerdicts; ++i) Step();
     ASSERT_EQ(Check().stage(), CheckStage::kCheckCommitVerdicts);
+  }
+
+  // The solver commits `solver`'s states; the drawn verifier claims segment 0 ends at
+  // `verifier`'s state (revealed with `bundle`); the dispute opens.
+  void CommitAndDispute(
+      const PartyRun& solver, const PartyRun& verifier, const std::string& bundle,
+      std::function<std::vector<std::pair<Transaction, std::string>>(const Hash256& salt)>
+          refused_reveals = nullptr) {
+    const std::vector<Hash256> leaves = {solver.state[0], solver.state[kSteps]};
+    ASSERT_NO_FATAL_FAILURE(CommitUnit(leaves));
     ASSERT_EQ(Check().verifiers().at(0), verifier_.public_key());
     auto proof = [&](uint64_t i) {
       MerkleProof m = MerkleProve(leaves, i);
@@ -1867,17 +1872,7 @@ TEST_F(TileChainTest, OnThe10mGptACleanVerdictIsRevealedWithoutTheBundle) {
   Submit();
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   ASSERT_TRUE(DisputeNeedsBundle(Task().params));
-  const std::vector<Hash256> leaves = {Blake2b("state 0"), Blake2b("state end")};
-  StepOk({N(solver_, CommitUnitTx{.task_id = task_id_,
-                                  .index = 0,
-                                  .node_id = solver_.public_key(),
-                                  .result_hash = Blake2b("delta"),
-                                  .commitment = MerkleRoot(leaves),
-                                  .loss_micros = 1,
-                                  .secret_index = Node(solver_).secrets_committed + 1,
-                                  .leaves = leaves})});
-  for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckCommitVerdicts; ++i) Step();
-  ASSERT_EQ(Check().stage(), CheckStage::kCheckCommitVerdicts);
+  ASSERT_NO_FATAL_FAILURE(CommitUnit({Blake2b("state 0"), Blake2b("state end")}));
   const Hash256 salt = Blake2b("salt");
   StepOk({N(verifier_, CommitVerdictTx{.task_id = task_id_,
                                        .index = 0,
