@@ -383,6 +383,8 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
     refused_[d.task_id] = match.message();
     return match.WithPrefix("task " + d.task_id.ToHex());
   }
+  // A stage unit's step is replayed from what the stage node serves: no start state to fetch.
+  if (net.stages > 1) return ComputeStageStep(d, t);
   const ledger::TaskParams& params = info.params;
   Result<Bytes> state_bytes = get_(d.start_state);
   if (!state_bytes.ok()) {
@@ -390,7 +392,6 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
                                            d.start_state.ShortHex());
   }
   ML_ASSIGN_OR_RETURN(GlobalState start, DecodeGlobalState(*state_bytes, t->facts.num_params));
-  if (net.stages > 1) return ComputeStageStep(d, t, start.weights);
   // The unit's work exactly as the solver trained it.
   const UnitWork work = protocol::UnitWorkOf(net, t->facts, d.round, d.shard);
   if (d.task.segment) {
@@ -424,8 +425,7 @@ Result<RefereeService::Computed> RefereeService::Compute(const RefereeDispute& d
 }
 
 Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeDispute& d,
-                                                                  TaskTrainer* t,
-                                                                  std::span<const float> global) {
+                                                                  TaskTrainer* t) {
   const NetworkSpec& net = t->bundle.net;
   const uint32_t stages = net.stages;
   // A stage unit's check has one segment per step (protocol::StageCheckLeaves): the dispute is

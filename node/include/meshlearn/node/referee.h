@@ -248,8 +248,7 @@ class RefereeService {
   };
   Result<Computed> Compute(const RefereeDispute& d);
   // A stage unit's step (a pipeline task): CheckStageStep from what the stage node serves.
-  Result<Computed> ComputeStageStep(const RefereeDispute& d, TaskTrainer* t,
-                                    std::span<const float> global);
+  Result<Computed> ComputeStageStep(const RefereeDispute& d, TaskTrainer* t);
   Result<RefereeRuling> ComputeSegment(const RefereeDispute& d, TaskTrainer* t,
                                        const ledger::TaskParams& params,
                                        std::span<const float> global,
