@@ -16,7 +16,7 @@ void OpTrace::Record(std::string name, std::span<const float> values, int64_t ro
   CHECK_EQ(static_cast<int64_t>(values.size()), rows * cols) << name;
   const auto t0 = std::chrono::steady_clock::now();
   const TileGrid grid = TileGrid::For(rows, cols);
-  names_.push_back(std::move(name));
+  names_.push_back(name_prefix_.empty() ? std::move(name) : name_prefix_ + name);
   hashes_.push_back(TensorRoot(values, grid));
   record_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

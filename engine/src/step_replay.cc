@@ -59,7 +59,30 @@ void RecordStepOutputState(TrainState& state, OpTrace& trace) {
   for (const Optimizer::NamedState& s : state.optimizer->State()) record(s.name, *s.tensor);
 }
 
-// Steps 1-4 of pipeline.h for M > 1 micro-batches.
+// The step's input state comes first in its trace (op_trace.h).
+void RecordStepInputState(TrainState& state, OpTrace& trace) {
+  auto record = [&](const std::string& name, const Tensor& t) {
+    const TileGrid g = TileGrid::ForShape(t.shape());
+    trace.Record("in." + name, {t.data(), static_cast<size_t>(t.size())}, g.rows, g.cols);
+  };
+  for (const Param& p : state.model->params()) record(p.name, p.value);
+  for (const Optimizer::NamedState& s : state.optimizer->State()) record(s.name, *s.tensor);
+}
+
+// A clipped update's scale is a reduction over every gradient: it is committed as two operators,
+// every gradient's SumSquaresTree block partials and then the norm they combine to (tile_rule.h),
+// so one tile of the update, and the norm itself, can be ruled alone.
+void RecordGradNorm(TrainState& state, float norm) {
+  OpTrace* trace = state.model->op_trace();
+  if (trace == nullptr || !(state.optimizer->spec().grad_clip > 0)) return;
+  trace->Record("grad_norm.blocks", GradSquareBlockPartials(state.model->params()));
+  trace->Record("grad_norm", {&norm, 1});
+}
+
+// Steps 1-4 of pipeline.h for M > 1 micro-batches. Traced (op_trace.h): micro-batch m's
+// operators as "mb<m>.<name>", the parameter gradients as accumulated after it; a GPT's tied
+// head gradient of micro-batch m as "mb<m>.<wte>.head.grad", and "<wte>.grad" once the two are
+// added; the norm and the update as an unsplit step records them.
 float StepOnMicroBatches(TrainState& state, const Batch& batch, uint64_t dropout_seed,
                          float* grad_norm, int64_t micro_batches) {
   Result<std::vector<Batch>> parts = SplitBatch(batch, micro_batches);
@@ -74,20 +97,39 @@ float StepOnMicroBatches(TrainState& state, const Batch& batch, uint64_t dropout
     head_grad = Tensor(m.params()[0].value.shape());
     bopts.tied_head_grad = head_grad.data();
   }
+  OpTrace* trace = m.op_trace();
+  if (trace != nullptr) RecordStepInputState(state, *trace);
+  const TileGrid wte_grid = TileGrid::ForShape(m.params()[0].grad.shape());
   float loss = 0.0f;
   for (int64_t k = 0; k < micro_batches; ++k) {
     ForwardOptions opts{.train = true,
                         .dropout_seed = dropout_seed,
                         .step = static_cast<uint64_t>(step),
                         .micro_batch = static_cast<uint64_t>(k)};
+    if (trace != nullptr) trace->set_name_prefix("mb" + std::to_string(k) + ".");
     loss = loss + m.Forward((*parts)[static_cast<size_t>(k)], opts);
     m.Backward(bopts);
+    if (trace != nullptr && m.tied_head()) {
+      trace->Record(m.params()[0].name + ".head.grad",
+                    {head_grad.data(), static_cast<size_t>(head_grad.size())}, wte_grid.rows,
+                    wte_grid.cols);
+    }
+    if (trace != nullptr) trace->set_name_prefix("");
   }
   if (m.tied_head()) {
-    AddTiedHeadGrad(m.params()[0].grad, {head_grad.data(), static_cast<size_t>(head_grad.size())});
+    Tensor& wte_grad = m.params()[0].grad;
+    AddTiedHeadGrad(wte_grad, {head_grad.data(), static_cast<size_t>(head_grad.size())});
+    if (trace != nullptr) {
+      trace->Record(m.params()[0].name + ".grad",
+                    {wte_grad.data(), static_cast<size_t>(wte_grad.size())}, wte_grid.rows,
+                    wte_grid.cols);
+    }
   }
-  const float norm = state.optimizer->Step(m.params(), step);
-  if (OpTrace* trace = m.op_trace()) RecordStepOutputState(state, *trace);
+  // Optimizer::Step's norm and update, with the norm committed between them.
+  const float norm = GlobalGradNorm(m.params());
+  RecordGradNorm(state, norm);
+  state.optimizer->Update(m.params(), step, norm);
+  if (trace != nullptr) RecordStepOutputState(state, *trace);
   state.step = step + 1;
   if (grad_norm != nullptr) *grad_norm = norm;
   return loss / static_cast<float>(micro_batches);
@@ -103,27 +145,14 @@ float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed, 
   }
   const int64_t step = state.step;
   Model& m = *state.model;
-  if (OpTrace* trace = m.op_trace()) {  // the step's input state comes first (op_trace.h)
-    auto record = [&](const std::string& name, const Tensor& t) {
-      const TileGrid g = TileGrid::ForShape(t.shape());
-      trace->Record("in." + name, {t.data(), static_cast<size_t>(t.size())}, g.rows, g.cols);
-    };
-    for (const Param& p : m.params()) record(p.name, p.value);
-    for (const Optimizer::NamedState& s : state.optimizer->State()) record(s.name, *s.tensor);
-  }
+  if (OpTrace* trace = m.op_trace()) RecordStepInputState(state, *trace);
   m.ZeroGrad();
   ForwardOptions opts{
       .train = true, .dropout_seed = dropout_seed, .step = static_cast<uint64_t>(step)};
   const float loss = m.Forward(batch, opts);
   m.Backward();
   const float norm = GlobalGradNorm(m.params());
-  if (OpTrace* trace = m.op_trace(); trace != nullptr && state.optimizer->spec().grad_clip > 0) {
-    // A clipped update's scale is a reduction over every gradient: it is committed as two
-    // operators, every gradient's SumSquaresTree block partials and then the norm they combine
-    // to (tile_rule.h), so one tile of the update, and the norm itself, can be ruled alone.
-    trace->Record("grad_norm.blocks", GradSquareBlockPartials(m.params()));
-    trace->Record("grad_norm", {&norm, 1});
-  }
+  RecordGradNorm(state, norm);
   state.optimizer->Update(m.params(), step, norm);
   if (OpTrace* trace = m.op_trace()) RecordStepOutputState(state, *trace);
   state.step = step + 1;

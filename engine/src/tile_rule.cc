@@ -10,6 +10,7 @@
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/kernels.h"
 #include "meshlearn/engine/math.h"
+#include "meshlearn/engine/pipeline.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -34,6 +35,17 @@ std::pair<int64_t, int64_t> TileRuleBlockRows(int64_t B, int64_t block) {
   return {b0, std::min(B, b0 + kTileRows)};
 }
 
+// The rows of one micro-batch's activations (the step's batch when not micro-batched).
+int64_t TileRuleRows(const TilePlan& plan) { return plan.batch / plan.micro_batches; }
+
+// The accumulated gradient a parameter gradient of micro-batch m > 0 adds into at the end of its
+// chain (micro-batch m-1's; -1: a zeroed one). wte's gradient with the tied head's chain (M = 1)
+// uses v for ln_f.
+int64_t TileRuleAddedInto(const TileOp& o) {
+  if (o.kind == TileOpKind::kTileOpEmbeddingGrad) return o.b >= 0 ? -1 : o.v;
+  return TileRuleIsReduction(o.kind) ? o.v : -1;
+}
+
 // Appends the tiles of `op` covering [r0, r1) x [c0, c1) (rows and columns of its rows x cols
 // view), or the batch rows [r0, r1) when op is the batch.
 void TileRuleCover(const TilePlan& plan, int64_t op, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
@@ -56,11 +68,43 @@ int64_t TileRuleCols(const TilePlan& plan, int64_t op) {
   return op == kTileOperandBatch ? plan.input_size : plan.ops[static_cast<size_t>(op)].grid.cols;
 }
 
-// A linear forward tile reads 32 input rows and 32 weight rows of C floats: 256 C bytes. Up to
-// C = 1024 (256 KiB with the proofs ~ the bound) it is recomputed whole; above, its chain over c
-// is narrowed into blocks of kTileLinearBlock columns (64 KiB of inputs each).
-constexpr int64_t kTileLinearWholeMax = 1024;
+// A linear forward tile reads 32 input rows and 32 weight rows of C floats: 256 C bytes (dX the
+// same of OC). Up to C = 784 (Fashion-MNIST's input; 196 KiB of values, about 238 KiB with their
+// proofs at GPT-2 small's 768) it is recomputed whole; above (GPT-2 medium's C = 1024 would need
+// 256 KiB of values alone), its chain over c is narrowed into blocks of kTileLinearBlock columns
+// (64 KiB of inputs each).
+constexpr int64_t kTileLinearWholeMax = 784;
 constexpr int64_t kTileLinearBlock = 256;
+// A layernorm tile (forward, or input gradient) reads its rows' whole width C for their row
+// reductions: up to C = kTileLinearWholeMax it is recomputed whole; above, the reductions are
+// narrowed over nb blocks of kTileLinearBlock columns in kernels_ref.cc's order: blocks 0..nb-1
+// the rows' running sum (the mean's), nb..2nb-1 their running sum of squared deviations (the
+// partial: the R means, then the R sums); the input gradient then nb..3nb-1 its two sums dmean
+// and dnmean (the partial: R means, R rstds, R dmeans, R dnmeans); the last block the tile's own
+// columns. The number of column blocks nb, or 0 when whole.
+int64_t TileRuleLayerNormBlocks(const TilePlan& plan, const TileOp& o) {
+  if (o.kind != TileOpKind::kTileOpLayerNorm && o.kind != TileOpKind::kTileOpLayerNormInputGrad) {
+    return 0;
+  }
+  const int64_t C = TileRuleCols(plan, o.x);
+  return C > kTileLinearWholeMax ? (C + kTileLinearBlock - 1) / kTileLinearBlock : 0;
+}
+// A layernorm dweight tile's block of 32 rows reads those rows' whole input (their mean and
+// rstd): above C = kTileLinearWholeMax each row block is narrowed into `per` sub-blocks, 2 nb of
+// the rows' mean and variance sums (as the forward's; the partial: the tile's accumulators, then
+// the rows' sums, or means and sums of squares), then nq chunks of kTileLinearBlock of the tile's
+// columns continuing their fma chains over the block's rows. nb = 0 when whole.
+struct TileRuleLnWeight {
+  int64_t nb = 0, nq = 0;
+  int64_t per() const { return 2 * nb + nq; }
+};
+TileRuleLnWeight TileRuleLayerNormWeightBlocks(const TilePlan& plan, const TileOp& o) {
+  if (o.kind != TileOpKind::kTileOpLayerNormWeightGrad) return {};
+  const int64_t C = TileRuleCols(plan, o.w);
+  if (C <= kTileLinearWholeMax) return {};
+  return {(C + kTileLinearBlock - 1) / kTileLinearBlock,
+          (std::min(C, o.grid.tile_cols) + kTileLinearBlock - 1) / kTileLinearBlock};
+}
 // An `encoded` tile reads wte's column strip of its 32 columns over the whole vocabulary (the
 // footprint is fixed before the tokens are known): 128 V bytes. Up to V = 1024 rows it is
 // recomputed whole; above, it is narrowed into blocks of kTileEmbeddingBlock vocabulary rows
@@ -81,6 +125,29 @@ int64_t TileRuleSoftmaxBlocks(const TilePlan& plan) {
              ? (plan.classes + kTileSoftmaxBlock - 1) / kTileSoftmaxBlock
              : 0;
 }
+// An attention tile reads a whole sequence: att's row (b, h, t) the causal softmax over k of
+// rows 0..t (4 T hs bytes), atty's element (b, t, c) the chain over att's row and v's column c
+// (about 256 T bytes a tile). Up to T = kTileAttentionWholeMax (the 10M GPT's 256) they are
+// recomputed whole; above, over the sequence's positions in blocks of kTileAttentionBlock:
+// att in the reference kernel's order (kernels_ref.cc's AttentionForward), blocks 0..nb-1 the
+// running max of each row's pre-softmax (the partial: the tile's R rows' maxima), blocks
+// nb..2nb-1 the running sum of Exp(pre - max) (the partial: R maxima, then R sums), block 2nb
+// the tile's own columns (Exp(pre - max) * (1 / sum), 0 past the diagonal); atty its chain
+// over t2 from 0 in blocks of positions (the partial: the tile's accumulators).
+constexpr int64_t kTileAttentionWholeMax = 256;
+constexpr int64_t kTileAttentionBlock = kTileRows;
+// The blocks of positions of a narrowed attention operator's sequence, or 0 when whole.
+int64_t TileRuleAttentionBlocks(const TileOp& o) {
+  const int64_t T = o.conv[0];
+  return T > kTileAttentionWholeMax ? (T + kTileAttentionBlock - 1) / kTileAttentionBlock : 0;
+}
+
+// The attention backward above T = kTileAttentionWholeMax: each qkv.grad tile's chain is
+// preceded by the softmax backward's row sums s_t = the chain over t2 of att[t, t2] dA[t, t2]
+// (kernels_ref.cc's AttentionBackward), which a dq element needs for its own row and a dk element
+// for every query row. The groups (b * NH + h) whose sums a tile's q and k columns need, in the
+// order its rows and columns are walked; defined below, with the other sequence walkers.
+std::vector<int64_t> TileRuleBackwardSumGroups(const TileOp& o, const TileGrid::Rect& t);
 
 // The floats of the partial sum S_block a reduction tile `t` continues from: the tile's, but for
 // wte's gradient past the tied head's blocks, which carries the head's finished dW tile and the
@@ -89,13 +156,32 @@ int64_t TileRuleSoftmaxBlocks(const TilePlan& plan) {
 int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, const TileGrid::Rect& t,
                             int64_t block) {
   if (o.kind == TileOpKind::kTileOpEmbeddingGrad && o.b >= 0 &&
-      block >= TileRuleRowBlocks(plan.batch)) {
+      block >= TileRuleRowBlocks(TileRuleRows(plan))) {
     return 2 * t.numel();
   }
   if (o.kind == TileOpKind::kTileOpLoss || o.kind == TileOpKind::kTileOpLossGrad) {
     // The rows' maxima, then their maxima, sums and target logits.
     const int64_t R = t.r1 - t.r0;
     return block <= TileRuleSoftmaxBlocks(plan) ? R : 3 * R;
+  }
+  if (const int64_t nb = TileRuleLayerNormBlocks(plan, o); nb > 0) {
+    // The rows' sums, then means and sums of squares, then means, rstds, dmeans and dnmeans.
+    const int64_t R = t.r1 - t.r0;
+    return block <= nb ? R : block <= 2 * nb ? 2 * R : 4 * R;
+  }
+  if (const TileRuleLnWeight lw = TileRuleLayerNormWeightBlocks(plan, o); lw.nb > 0) {
+    // The accumulators, then the row block's sums (or means and sums of squares).
+    const int64_t sub = block % lw.per();
+    const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / lw.per());
+    return t.numel() + (sub == 0 ? 0 : sub <= lw.nb ? 1 : 2) * (b1 - b0);
+  }
+  if (o.kind == TileOpKind::kTileOpAttention) {  // the rows' maxima, then maxima and sums
+    const int64_t R = t.r1 - t.r0;
+    return block <= TileRuleAttentionBlocks(o) ? R : 2 * R;
+  }
+  if (o.kind == TileOpKind::kTileOpAttentionBackward && TileRuleAttentionBlocks(o) > 0) {
+    // The row sums of every group the tile needs (T each), then the tile's accumulators.
+    return static_cast<int64_t>(TileRuleBackwardSumGroups(o, t).size()) * o.conv[0] + t.numel();
   }
   return t.numel();
 }
@@ -180,6 +266,99 @@ void ForEachHeadSegment(int64_t c0, int64_t c1, int64_t C, int64_t hs, F&& fn) {
   }
 }
 
+std::vector<int64_t> TileRuleBackwardSumGroups(const TileOp& o, const TileGrid::Rect& t) {
+  const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+  std::vector<int64_t> groups;
+  ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t, int64_t) {
+    ForEachHeadSegment(t.c0, t.c1, C, hs, [&](int64_t part, int64_t h, int64_t, int64_t) {
+      const int64_t gr = b * NH + h;
+      if (part < 2 && std::find(groups.begin(), groups.end(), gr) == groups.end()) {
+        groups.push_back(gr);
+      }
+    });
+  });
+  return groups;
+}
+
+// The key positions [k0, k1) block `block` of a narrowed att tile reads (TileRuleAttentionBlocks):
+// a max or sum block's positions, or (the output block, 2 nb) the tile's own columns.
+std::pair<int64_t, int64_t> TileRuleAttentionKeys(const TileOp& o, const TileGrid::Rect& t,
+                                                  int64_t block) {
+  const int64_t nb = TileRuleAttentionBlocks(o);
+  if (block == 2 * nb) return {t.c0, t.c1};
+  const int64_t k0 = (block % nb) * kTileAttentionBlock;
+  return {k0, std::min(o.conv[0], k0 + kTileAttentionBlock)};
+}
+
+// Calls fn(gr, b, h, q0, t1, k0, kend) for each (b, h) group of a narrowed att tile's rows that
+// block `block` reads keys for: the rows q0..t1 that reach the block's keys k0.. (row t reads
+// keys t2 <= t), and the keys k0..kend below the group's last row. The footprint and the
+// recompute walk a block the same way.
+template <typename F>
+void ForEachAttentionBlockSpan(const TileOp& o, const TileGrid::Rect& t, int64_t block, F&& fn) {
+  const int64_t T = o.conv[0], NH = o.conv[1];
+  const auto [k0, k1] = TileRuleAttentionKeys(o, t, block);
+  ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t gr, int64_t t0, int64_t t1) {
+    const int64_t q0 = std::max(t0, k0);
+    if (q0 >= t1) return;  // every row's keys end before the block: it changes nothing
+    fn(gr, gr / NH, gr % NH, q0, t1, k0, std::min(k1, t1));
+  });
+}
+
+// Block `block` of a narrowed att tile `t`, continued from `in.partial` (TileRuleAttentionBlocks):
+// the reference kernel's row max (pre[0] first, then pre[t2] > m ? pre[t2] : m), then its sum
+// (sum + Exp(pre - m) from 0), then the tile's columns (Exp(pre - m) * (1 / sum); 0 past the
+// diagonal), with pre = (the fma chain over i of q[t, i] k[t2, i] from 0) * (1 / sqrt(hs)).
+std::vector<float> TileRuleAttentionBlock(const TilePlan& plan, const TileFootprint& fp,
+                                          const TileInputs& in, const TileOp& o,
+                                          const TileGrid::Rect& t, int64_t block) {
+  internal::FpEnvGuard fp_guard;
+  const int64_t T = o.conv[0], C = o.conv[2], hs = C / o.conv[1];
+  const int64_t nb = TileRuleAttentionBlocks(o), R = t.r1 - t.r0, K = t.c1 - t.c0;
+  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
+  const auto at = [](int64_t i) { return static_cast<size_t>(i); };
+  // The maxima (R), then the maxima and sums (2 R).
+  std::vector<float> acc(at(block < nb ? R : 2 * R), 0.0f);
+  std::copy(in.partial.begin(), in.partial.end(), acc.begin());
+  std::vector<float> out(at(block == 2 * nb ? R * K : 0), 0.0f);
+  ForEachAttentionBlockSpan(
+      o, t, block,
+      [&](int64_t gr, int64_t b, int64_t h, int64_t q0, int64_t t1, int64_t k0, int64_t kend) {
+        const std::vector<float> q =
+            TileRuleDense(plan, fp, in, o.x, b * T + q0, b * T + t1, h * hs, (h + 1) * hs);
+        const std::vector<float> k = TileRuleDense(plan, fp, in, o.x, b * T + k0, b * T + kend,
+                                                   C + h * hs, C + (h + 1) * hs);
+        const auto pre = [&](int64_t tt, int64_t t2) {
+          float dot = 0.0f;
+          for (int64_t i = 0; i < hs; ++i) {
+            dot = __builtin_fmaf(q[at((tt - q0) * hs + i)], k[at((t2 - k0) * hs + i)], dot);
+          }
+          return dot * scale;
+        };
+        for (int64_t tt = q0; tt < t1; ++tt) {
+          const int64_t r = gr * T + tt - t.r0, end = std::min(kend, tt + 1);
+          if (block < nb) {
+            float m = block == 0 ? pre(tt, 0) : acc[at(r)];
+            for (int64_t t2 = block == 0 ? 1 : k0; t2 < end; ++t2) {
+              const float p = pre(tt, t2);
+              m = p > m ? p : m;
+            }
+            acc[at(r)] = m;
+          } else if (block < 2 * nb) {
+            float sum = acc[at(R + r)];
+            for (int64_t t2 = k0; t2 < end; ++t2) sum = sum + Exp(pre(tt, t2) - acc[at(r)]);
+            acc[at(R + r)] = sum;
+          } else {
+            const float inv = 1.0f / acc[at(R + r)];
+            for (int64_t t2 = k0; t2 < end; ++t2) {
+              out[at(r * K + t2 - t.c0)] = Exp(pre(tt, t2) - acc[at(r)]) * inv;
+            }
+          }
+        }
+      });
+  return block < 2 * nb ? acc : out;
+}
+
 // One gradient's share of "grad_norm.blocks": its operator, the index of its first block partial
 // and how many it has (one per kSumBlock elements, the last cut short).
 struct TileRuleSquareRange {
@@ -219,7 +398,7 @@ bool TileRuleSquareBlockOf(const TilePlan& plan, const TileOp& o, int64_t e,
 }  // namespace
 
 Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
-                               int64_t batch, int64_t seq_len) {
+                               int64_t batch, int64_t seq_len, int64_t micro_batches) {
   if (model.kind != "sequential" && model.kind != "gpt") {
     return FailedPrecondition("tile rule: a '" + model.kind + "' model is not covered");
   }
@@ -228,6 +407,14 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   }
   if (batch < 1)
     return InvalidArgument("tile rule: batch must be >= 1, got " + std::to_string(batch));
+  if (micro_batches < 1 || batch % micro_batches != 0) {
+    return InvalidArgument("tile rule: micro_batches (" + std::to_string(micro_batches) +
+                           ") must be >= 1 and divide the batch size (" + std::to_string(batch) +
+                           "); fix train.micro_batches");
+  }
+  // A step in M micro-batches (pipeline.h): each micro-batch's forward and backward over its
+  // rows samples, named "mb<m>." (op_trace.h), then the norm and the update once.
+  const int64_t M = micro_batches, rows = batch / M;
   // From the spec's shapes alone: nothing is allocated, so the ledger plans a model of any size.
   Result<std::vector<PlannedParam>> shapes = PlanParams(model);
   if (!shapes.ok()) return InvalidArgument("tile rule: " + shapes.status().message());
@@ -236,18 +423,33 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   if (!outputs.ok()) return InvalidArgument("tile rule: " + outputs.status().message());
   TilePlan plan;
   plan.batch = batch;
+  plan.micro_batches = M;
   plan.input_size = model.kind == "gpt" ? 0 : NumElements(model.input);
   plan.classes = *outputs;
   plan.optimizer = optimizer;
-  std::map<std::string, int64_t> index;  // op name -> index
+  // Op name -> index. A micro-batch's operators are found by their unprefixed names: the
+  // current micro-batch's (the last one's after the loop: the gradients the update reads).
+  std::map<std::string, int64_t> index;
+  std::string prefix;        // "mb<m>." while planning micro-batch m of M > 1
+  int64_t batch_offset = 0;  // the micro-batch's first row of the step's batch (activation rows)
   auto add = [&](TileOp op) {
     index[op.name] = static_cast<int64_t>(plan.ops.size());
+    op.name = prefix + op.name;
+    op.batch_offset = batch_offset;
     plan.ops.push_back(std::move(op));
     return static_cast<int64_t>(plan.ops.size()) - 1;
   };
   auto state_op = [&](const std::string& name) {
     auto it = index.find("in." + name);
     return it == index.end() ? int64_t{-1} : it->second;
+  };
+  auto begin_micro_batch = [&](int64_t mb) {
+    prefix = M > 1 ? "mb" + std::to_string(mb) + "." : "";
+    batch_offset = mb * (plan.batch / M);
+  };
+  auto end_micro_batches = [&] {
+    prefix.clear();
+    batch_offset = 0;
   };
   // The input state, in StateHash order (step_replay.cc records it so).
   std::vector<std::string> param_names;
@@ -317,8 +519,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     // operator has a footprint (a parameter the plan does not know would stay opaque).
     const GptSpec& g = model.gpt;
     const int64_t T = seq_len > 0 ? seq_len : g.block_size;
-    const int64_t N = batch * T, C = g.n_embd, V = g.vocab_size;
-    plan.batch = N;
+    const int64_t N = rows * T, C = g.n_embd, V = g.vocab_size;
+    plan.batch = batch * T;
     plan.tokens = true;
     plan.seq_len = T;
     auto linear = [&](const std::string& name, int64_t x, int64_t out, int64_t param) {
@@ -347,171 +549,196 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       op.w = b;
       return add(std::move(op));
     };
-    // encoded = wte[token] + wpe[position] (EmbeddingForward twice, ResidualForward).
-    TileOp enc{"encoded", TileOpKind::kTileOpEmbedding, TileGrid::For(N, C), {N, C}};
-    enc.x = state_op(params[0].name);
-    enc.w = state_op(params[1].name);
-    enc.conv = {T};
-    int64_t resid = add(std::move(enc));
-    for (int64_t l = 0; l < g.n_layer; ++l) {
-      const std::string p = "h." + std::to_string(l) + ".";
-      const int64_t base = 2 + 12 * l;  // the layer's 12 parameters (model.cc's P(l, k))
-      const int64_t ln1 = layernorm(p + "ln1", resid, base);
-      const int64_t qkv = linear(p + "qkv", ln1, 3 * C, base + 2);
-      const int64_t NHT = batch * g.n_head * T;
-      TileOp att{p + "att", TileOpKind::kTileOpAttention, TileGrid::For(NHT, T), {NHT, T}};
-      att.x = qkv;
-      att.conv = {T, g.n_head, C};
-      TileOp y{p + "atty", TileOpKind::kTileOpAttentionOut, TileGrid::For(N, C), {N, C}};
-      y.x = add(std::move(att));
-      y.w = qkv;
-      y.conv = {T, g.n_head, C};
-      const int64_t atty = add(std::move(y));
-      const int64_t attproj = linear(p + "attproj", atty, C, base + 4);
-      const int64_t r2 = residual(p + "residual2", resid, attproj);
-      const int64_t ln2 = layernorm(p + "ln2", r2, base + 6);
-      const int64_t fch = linear(p + "fch", ln2, 4 * C, base + 8);
-      TileOp gelu{p + "fch_gelu", TileOpKind::kTileOpGelu, TileGrid::For(N, 4 * C), {N, 4 * C}};
-      gelu.x = fch;
-      const int64_t fcproj = linear(p + "fcproj", add(std::move(gelu)), C, base + 10);
-      resid = residual(p + "residual3", r2, fcproj);
-    }
-    const int64_t lnf = layernorm("ln_f", resid, static_cast<int64_t>(params.size()) - 2);
-    const int64_t logits = linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
-    // The token loss and its gradient: the logits rows and their target tokens (rows are
-    // independent, as a classifier's are).
-    TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(N, 1), {N, 1}};
-    loss.x = logits;
-    add(std::move(loss));
-    TileOp lgrad{"logits.grad", TileOpKind::kTileOpLossGrad, TileGrid::For(N, V), {N, V}};
-    lgrad.x = logits;
-    const int64_t dlogits = add(std::move(lgrad));
-    // The head's input gradient: dlogits @ wte (kernels.h's dinp chain over the V logits).
-    TileOp dlnf{"ln_f.grad", TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, C), {N, C}};
-    dlnf.x = dlogits;
-    dlnf.w = state_op(params[0].name);
-    const int64_t dlnf_op = add(std::move(dlnf));
-    // The residual gradient entering each layer (the top one's: ln_f's backward); each layer's
-    // traced gradients.
-    const size_t L = static_cast<size_t>(g.n_layer);
-    std::vector<int64_t> dres_in(L + 1, -1), dres2(L, -1), dfch(L, -1), dqkv(L, -1), dln1(L, -1),
-        dln2(L, -1);
-    // ln_f's backward on a zeroed gradient: the rows of ln_f.grad and of the last residual.
-    const int64_t lnf_w = static_cast<int64_t>(params.size()) - 2;
-    auto ln_input_grad = [&](const std::string& name, int64_t dout, int64_t ln, int64_t weight,
-                             int64_t into) {
-      TileOp op{name, TileOpKind::kTileOpLayerNormInputGrad, TileGrid::For(N, C), {N, C}};
-      op.x = dout;
-      op.w = plan.ops[static_cast<size_t>(ln)].x;  // the layernorm's input
-      op.b = state_op(params[static_cast<size_t>(weight)].name);
-      op.v = into;
-      return add(std::move(op));
-    };
-    auto input_grad = [&](const std::string& name, int64_t cols, int64_t dout, int64_t weight) {
-      TileOp op{name, TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, cols), {N, cols}};
-      op.x = dout;
-      op.w = state_op(params[static_cast<size_t>(weight)].name);
-      return add(std::move(op));
-    };
-    dres_in[L] = ln_input_grad("residual.grad", dlnf_op, lnf, lnf_w, -1);
-    // Each layer as BackwardPart runs it (kernels on zeroed buffers): the down projection's dX,
-    // the gelu's, the up projection's dX, ln2's backward added into the residual gradient
-    // (ResidualBackward's 0 + the gradient entering the layer), the attention projection's dX
-    // (from dattproj = 0 + residual3.grad), the attention backward, qkv's dX, and ln1's
-    // backward added into 0 + residual3.grad.
-    for (int64_t l = g.n_layer; l-- > 0;) {
-      const std::string p = "h." + std::to_string(l) + ".";
-      const size_t ls = static_cast<size_t>(l);
-      const int64_t base = 2 + 12 * l;
-      const int64_t dfch_gelu = input_grad(p + "fch_gelu.grad", 4 * C, dres_in[ls + 1], base + 10);
-      TileOp gelu{
-          p + "fch.grad", TileOpKind::kTileOpGeluInputGrad, TileGrid::For(N, 4 * C), {N, 4 * C}};
-      gelu.x = dfch_gelu;
-      gelu.w = index.at(p + "fch");
-      dfch[ls] = add(std::move(gelu));
-      dln2[ls] = input_grad(p + "ln2.grad", C, dfch[ls], base + 8);
-      dres2[ls] = ln_input_grad(p + "residual3.grad", dln2[ls], index.at(p + "ln2"), base + 6,
-                                dres_in[ls + 1]);
-      const int64_t datty = input_grad(p + "atty.grad", C, dres2[ls], base + 4);
-      TileOp attb{p + "qkv.grad",
-                  TileOpKind::kTileOpAttentionBackward,
-                  TileGrid::For(N, 3 * C),
-                  {N, 3 * C}};
-      attb.x = datty;
-      attb.w = index.at(p + "qkv");
-      attb.b = index.at(p + "att");
-      attb.conv = {T, g.n_head, C};
-      dqkv[ls] = add(std::move(attb));
-      dln1[ls] = input_grad(p + "ln1.grad", C, dqkv[ls], base + 2);
-      dres_in[ls] =
-          ln_input_grad(p + "residual.grad", dln1[ls], index.at(p + "ln1"), base, dres2[ls]);
-    }
-    // The parameter gradients. A block's four linears (model.cc's GptModel::BackwardPart):
-    // LinearBackward's dweight and dbias on zeroed gradients, from the traced gradient of the
-    // linear's output and its traced input. Their output gradients are traced as:
-    //   qkv      dqkv, "qkv.grad";
-    //   attproj  dattproj = 0 + dresidual2 (ResidualBackward on a zeroed buffer, after ln2's
-    //            backward has added into dresidual2), "residual3.grad";
-    //   fch      dfch, "fch.grad";
-    //   fcproj   dfcproj = 0 + the residual gradient entering the layer (the next layer's
-    //            "residual.grad", the top one's for the last layer).
-    // 0 + d differs from d only for d = -0, which no chain (from +0) can tell from +0.
-    auto fwd = [&](const std::string& name) {
-      auto it = index.find(name);
-      CHECK(it != index.end()) << name;
-      return it->second;
-    };
-    for (size_t pi = 0; pi < params.size(); ++pi) {
-      const PlannedParam& param = params[pi];
-      const TileGrid grid = TileGrid::ForShape(param.shape);
-      TileOp op{param.name + ".grad", TileOpKind::kTileOpOpaque, grid, param.shape};
-      op.opaque = kNoFootprint;
-      const int64_t k = static_cast<int64_t>(pi) - 2;
-      if (pi < 2) {
-        // wte (pi 0): the tied head's dW (LinearBackward on the zeroed gradient: its chain over
-        // the rows, then 0 + the sum), then EmbeddingBackward's row sums by token added to it;
-        // wpe (pi 1): EmbeddingBackward's row sums by position on its zeroed gradient. Both
-        // read the residual gradient entering the first layer.
-        op.kind = TileOpKind::kTileOpEmbeddingGrad;
-        op.x = dres_in[0];
-        op.conv = {T, pi == 0 ? 1 : 0};
-        if (pi == 0) {
-          op.b = dlogits;
-          op.v = lnf;
-        }
-        op.opaque.clear();
-      } else if (static_cast<int64_t>(pi) >=
-                 lnf_w) {  // ln_f's weight and bias: chains over the rows
-        op.kind = static_cast<int64_t>(pi) == lnf_w ? TileOpKind::kTileOpLayerNormWeightGrad
-                                                    : TileOpKind::kTileOpLayerNormBiasGrad;
-        op.x = dlnf_op;
-        op.w = static_cast<int64_t>(pi) == lnf_w ? resid : -1;
-        op.opaque.clear();
-      } else if (k >= 0 && k < 12 * g.n_layer) {
-        const int64_t l = k / 12, slot = k % 12;
-        const size_t ls = static_cast<size_t>(l);
+    for (int64_t mb = 0; mb < M; ++mb) {
+      begin_micro_batch(mb);
+      // encoded = wte[token] + wpe[position] (EmbeddingForward twice, ResidualForward).
+      TileOp enc{"encoded", TileOpKind::kTileOpEmbedding, TileGrid::For(N, C), {N, C}};
+      enc.x = state_op(params[0].name);
+      enc.w = state_op(params[1].name);
+      enc.conv = {T};
+      int64_t resid = add(std::move(enc));
+      for (int64_t l = 0; l < g.n_layer; ++l) {
         const std::string p = "h." + std::to_string(l) + ".";
-        int64_t dout = -1, in = -1;
-        if (slot == 0 || slot == 1)
-          dout = dln1[ls], in = plan.ops[static_cast<size_t>(fwd(p + "ln1"))].x;
-        if (slot == 6 || slot == 7) dout = dln2[ls], in = fwd(p + "residual2");
-        if (slot == 2 || slot == 3) dout = dqkv[ls], in = fwd(p + "ln1");
-        if (slot == 4 || slot == 5) dout = dres2[ls], in = fwd(p + "atty");
-        if (slot == 8 || slot == 9) dout = dfch[ls], in = fwd(p + "ln2");
-        if (slot == 10 || slot == 11) dout = dres_in[ls + 1], in = fwd(p + "fch_gelu");
-        if (dout >= 0) {
-          const bool weight = slot % 2 == 0;
-          const bool ln = slot == 0 || slot == 1 || slot == 6 || slot == 7;
-          op.kind = ln ? (weight ? TileOpKind::kTileOpLayerNormWeightGrad
-                                 : TileOpKind::kTileOpLayerNormBiasGrad)
-                       : (weight ? TileOpKind::kTileOpLinearWeightGrad
-                                 : TileOpKind::kTileOpLinearBiasGrad);
-          op.x = dout;
-          op.w = weight ? in : -1;
-          op.opaque.clear();
-        }
+        const int64_t base = 2 + 12 * l;  // the layer's 12 parameters (model.cc's P(l, k))
+        const int64_t ln1 = layernorm(p + "ln1", resid, base);
+        const int64_t qkv = linear(p + "qkv", ln1, 3 * C, base + 2);
+        const int64_t NHT = rows * g.n_head * T;
+        TileOp att{p + "att", TileOpKind::kTileOpAttention, TileGrid::For(NHT, T), {NHT, T}};
+        att.x = qkv;
+        att.conv = {T, g.n_head, C};
+        TileOp y{p + "atty", TileOpKind::kTileOpAttentionOut, TileGrid::For(N, C), {N, C}};
+        y.x = add(std::move(att));
+        y.w = qkv;
+        y.conv = {T, g.n_head, C};
+        const int64_t atty = add(std::move(y));
+        const int64_t attproj = linear(p + "attproj", atty, C, base + 4);
+        const int64_t r2 = residual(p + "residual2", resid, attproj);
+        const int64_t ln2 = layernorm(p + "ln2", r2, base + 6);
+        const int64_t fch = linear(p + "fch", ln2, 4 * C, base + 8);
+        TileOp gelu{p + "fch_gelu", TileOpKind::kTileOpGelu, TileGrid::For(N, 4 * C), {N, 4 * C}};
+        gelu.x = fch;
+        const int64_t fcproj = linear(p + "fcproj", add(std::move(gelu)), C, base + 10);
+        resid = residual(p + "residual3", r2, fcproj);
       }
-      add(std::move(op));
+      const int64_t lnf = layernorm("ln_f", resid, static_cast<int64_t>(params.size()) - 2);
+      const int64_t logits = linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
+      // The token loss and its gradient: the logits rows and their target tokens (rows are
+      // independent, as a classifier's are).
+      TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(N, 1), {N, 1}};
+      loss.x = logits;
+      add(std::move(loss));
+      TileOp lgrad{"logits.grad", TileOpKind::kTileOpLossGrad, TileGrid::For(N, V), {N, V}};
+      lgrad.x = logits;
+      const int64_t dlogits = add(std::move(lgrad));
+      // The head's input gradient: dlogits @ wte (kernels.h's dinp chain over the V logits).
+      TileOp dlnf{"ln_f.grad", TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, C), {N, C}};
+      dlnf.x = dlogits;
+      dlnf.w = state_op(params[0].name);
+      const int64_t dlnf_op = add(std::move(dlnf));
+      // The residual gradient entering each layer (the top one's: ln_f's backward); each layer's
+      // traced gradients.
+      const size_t L = static_cast<size_t>(g.n_layer);
+      std::vector<int64_t> dres_in(L + 1, -1), dres2(L, -1), dfch(L, -1), dqkv(L, -1), dln1(L, -1),
+          dln2(L, -1);
+      // ln_f's backward on a zeroed gradient: the rows of ln_f.grad and of the last residual.
+      const int64_t lnf_w = static_cast<int64_t>(params.size()) - 2;
+      auto ln_input_grad = [&](const std::string& name, int64_t dout, int64_t ln, int64_t weight,
+                               int64_t into) {
+        TileOp op{name, TileOpKind::kTileOpLayerNormInputGrad, TileGrid::For(N, C), {N, C}};
+        op.x = dout;
+        op.w = plan.ops[static_cast<size_t>(ln)].x;  // the layernorm's input
+        op.b = state_op(params[static_cast<size_t>(weight)].name);
+        op.v = into;
+        return add(std::move(op));
+      };
+      auto input_grad = [&](const std::string& name, int64_t cols, int64_t dout, int64_t weight) {
+        TileOp op{name, TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, cols), {N, cols}};
+        op.x = dout;
+        op.w = state_op(params[static_cast<size_t>(weight)].name);
+        return add(std::move(op));
+      };
+      dres_in[L] = ln_input_grad("residual.grad", dlnf_op, lnf, lnf_w, -1);
+      // Each layer as BackwardPart runs it (kernels on zeroed buffers): the down projection's dX,
+      // the gelu's, the up projection's dX, ln2's backward added into the residual gradient
+      // (ResidualBackward's 0 + the gradient entering the layer), the attention projection's dX
+      // (from dattproj = 0 + residual3.grad), the attention backward, qkv's dX, and ln1's
+      // backward added into 0 + residual3.grad.
+      for (int64_t l = g.n_layer; l-- > 0;) {
+        const std::string p = "h." + std::to_string(l) + ".";
+        const size_t ls = static_cast<size_t>(l);
+        const int64_t base = 2 + 12 * l;
+        const int64_t dfch_gelu =
+            input_grad(p + "fch_gelu.grad", 4 * C, dres_in[ls + 1], base + 10);
+        TileOp gelu{
+            p + "fch.grad", TileOpKind::kTileOpGeluInputGrad, TileGrid::For(N, 4 * C), {N, 4 * C}};
+        gelu.x = dfch_gelu;
+        gelu.w = index.at(p + "fch");
+        dfch[ls] = add(std::move(gelu));
+        dln2[ls] = input_grad(p + "ln2.grad", C, dfch[ls], base + 8);
+        dres2[ls] = ln_input_grad(p + "residual3.grad", dln2[ls], index.at(p + "ln2"), base + 6,
+                                  dres_in[ls + 1]);
+        const int64_t datty = input_grad(p + "atty.grad", C, dres2[ls], base + 4);
+        TileOp attb{p + "qkv.grad",
+                    TileOpKind::kTileOpAttentionBackward,
+                    TileGrid::For(N, 3 * C),
+                    {N, 3 * C}};
+        attb.x = datty;
+        attb.w = index.at(p + "qkv");
+        attb.b = index.at(p + "att");
+        attb.conv = {T, g.n_head, C};
+        dqkv[ls] = add(std::move(attb));
+        dln1[ls] = input_grad(p + "ln1.grad", C, dqkv[ls], base + 2);
+        dres_in[ls] =
+            ln_input_grad(p + "residual.grad", dln1[ls], index.at(p + "ln1"), base, dres2[ls]);
+      }
+      // The parameter gradients. A block's four linears (model.cc's GptModel::BackwardPart):
+      // LinearBackward's dweight and dbias on zeroed gradients, from the traced gradient of the
+      // linear's output and its traced input. Their output gradients are traced as:
+      //   qkv      dqkv, "qkv.grad";
+      //   attproj  dattproj = 0 + dresidual2 (ResidualBackward on a zeroed buffer, after ln2's
+      //            backward has added into dresidual2), "residual3.grad";
+      //   fch      dfch, "fch.grad";
+      //   fcproj   dfcproj = 0 + the residual gradient entering the layer (the next layer's
+      //            "residual.grad", the top one's for the last layer).
+      // 0 + d differs from d only for d = -0, which no chain (from +0) can tell from +0.
+      auto fwd = [&](const std::string& name) {
+        auto it = index.find(name);
+        CHECK(it != index.end()) << name;
+        return it->second;
+      };
+      for (size_t pi = 0; pi < params.size(); ++pi) {
+        const PlannedParam& param = params[pi];
+        const TileGrid grid = TileGrid::ForShape(param.shape);
+        TileOp op{param.name + ".grad", TileOpKind::kTileOpOpaque, grid, param.shape};
+        op.opaque = kNoFootprint;
+        const int64_t k = static_cast<int64_t>(pi) - 2;
+        if (pi < 2) {
+          // wte (pi 0): the tied head's dW (LinearBackward on the zeroed gradient: its chain over
+          // the rows, then 0 + the sum), then EmbeddingBackward's row sums by token added to it;
+          // wpe (pi 1): EmbeddingBackward's row sums by position on its zeroed gradient. Both
+          // read the residual gradient entering the first layer.
+          op.kind = TileOpKind::kTileOpEmbeddingGrad;
+          op.x = dres_in[0];
+          op.conv = {T, pi == 0 ? 1 : 0};
+          if (pi == 0 && M == 1) {
+            op.b = dlogits;
+            op.v = lnf;
+          }
+          op.opaque.clear();
+        } else if (static_cast<int64_t>(pi) >=
+                   lnf_w) {  // ln_f's weight and bias: chains over the rows
+          op.kind = static_cast<int64_t>(pi) == lnf_w ? TileOpKind::kTileOpLayerNormWeightGrad
+                                                      : TileOpKind::kTileOpLayerNormBiasGrad;
+          op.x = dlnf_op;
+          op.w = static_cast<int64_t>(pi) == lnf_w ? resid : -1;
+          op.opaque.clear();
+        } else if (k >= 0 && k < 12 * g.n_layer) {
+          const int64_t l = k / 12, slot = k % 12;
+          const size_t ls = static_cast<size_t>(l);
+          const std::string p = "h." + std::to_string(l) + ".";
+          int64_t dout = -1, in = -1;
+          if (slot == 0 || slot == 1)
+            dout = dln1[ls], in = plan.ops[static_cast<size_t>(fwd(p + "ln1"))].x;
+          if (slot == 6 || slot == 7) dout = dln2[ls], in = fwd(p + "residual2");
+          if (slot == 2 || slot == 3) dout = dqkv[ls], in = fwd(p + "ln1");
+          if (slot == 4 || slot == 5) dout = dres2[ls], in = fwd(p + "atty");
+          if (slot == 8 || slot == 9) dout = dfch[ls], in = fwd(p + "ln2");
+          if (slot == 10 || slot == 11) dout = dres_in[ls + 1], in = fwd(p + "fch_gelu");
+          if (dout >= 0) {
+            const bool weight = slot % 2 == 0;
+            const bool ln = slot == 0 || slot == 1 || slot == 6 || slot == 7;
+            op.kind = ln ? (weight ? TileOpKind::kTileOpLayerNormWeightGrad
+                                   : TileOpKind::kTileOpLayerNormBiasGrad)
+                         : (weight ? TileOpKind::kTileOpLinearWeightGrad
+                                   : TileOpKind::kTileOpLinearBiasGrad);
+            op.x = dout;
+            op.w = weight ? in : -1;
+            op.opaque.clear();
+          }
+        }
+        // Micro-batch m > 0 adds into micro-batch m-1's accumulated gradient.
+        if (mb > 0 && op.kind != TileOpKind::kTileOpOpaque) op.v = index.at(param.name + ".grad");
+        add(std::move(op));
+      }
+      if (M > 1) {
+        // The tied head's wte gradient, in its own buffer (pipeline.h, step 3): LinearBackward's
+        // dweight of the micro-batch added into the previous micro-batch's.
+        TileOp head{params[0].name + ".head.grad", TileOpKind::kTileOpLinearWeightGrad,
+                    TileGrid::ForShape(params[0].shape), params[0].shape};
+        head.x = dlogits;
+        head.w = lnf;
+        if (mb > 0) head.v = index.at(params[0].name + ".head.grad");
+        add(std::move(head));
+      }
+    }
+    end_micro_batches();
+    if (M > 1) {
+      // AddTiedHeadGrad: wte.grad[i] = wte.grad[i] + head_grad[i], elementwise.
+      TileOp sum{params[0].name + ".grad", TileOpKind::kTileOpResidual,
+                 TileGrid::ForShape(params[0].shape), params[0].shape};
+      sum.x = index.at(params[0].name + ".grad");
+      sum.w = index.at(params[0].name + ".head.grad");
+      add(std::move(sum));
     }
     add_updates();
     return plan;
@@ -523,115 +750,121 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     bool bias;
   };
   constexpr char kNoLayerFootprint[] = "no footprint yet for this layer kind";
-  std::vector<int64_t> in_op(model.layers.size());  // the activation each layer reads
-  std::vector<int64_t> in_features(model.layers.size());
-  std::map<size_t, Linear> linears;
-  int64_t act = kTileOperandBatch;
-  Shape cur = model.input;  // one sample's shape
-  for (size_t i = 0; i < model.layers.size(); ++i) {
-    const LayerSpec& l = model.layers[i];
-    const std::string name = "layers." + std::to_string(i);
-    const int64_t features = NumElements(cur);
-    in_op[i] = act;
-    in_features[i] = features;
-    if (l.kind == "flatten") {
-      cur = {features};
-      continue;
+  for (int64_t mb = 0; mb < M; ++mb) {
+    begin_micro_batch(mb);
+    std::vector<int64_t> in_op(model.layers.size());  // the activation each layer reads
+    std::vector<int64_t> in_features(model.layers.size());
+    std::map<size_t, Linear> linears;
+    int64_t act = kTileOperandBatch;
+    Shape cur = model.input;  // one sample's shape
+    for (size_t i = 0; i < model.layers.size(); ++i) {
+      const LayerSpec& l = model.layers[i];
+      const std::string name = "layers." + std::to_string(i);
+      const int64_t features = NumElements(cur);
+      in_op[i] = act;
+      in_features[i] = features;
+      if (l.kind == "flatten") {
+        cur = {features};
+        continue;
+      }
+      TileOp op{name + ".out", TileOpKind::kTileOpOpaque, {}, {}};
+      op.x = act;
+      if (l.kind == "linear") {
+        op.kind = TileOpKind::kTileOpLinear;
+        op.w = state_op(name + ".weight");
+        op.b = l.bias ? state_op(name + ".bias") : -1;
+        CHECK_GE(op.w, 0) << name;
+        linears[i] = Linear{act, -1, features, l.out, l.bias};
+        cur = {l.out};
+      } else if (l.kind == "relu") {
+        op.kind = TileOpKind::kTileOpRelu;
+      } else if (l.kind == "gelu") {
+        op.kind = TileOpKind::kTileOpGelu;
+      } else if (l.kind == "conv2d" && cur.size() == 3) {
+        const int64_t s = l.stride > 0 ? l.stride : 1;
+        op.kind = TileOpKind::kTileOpConv;
+        op.conv = {cur[0], cur[1], cur[2], l.out, l.kernel, l.kernel, s, l.pad};
+        op.w = state_op(name + ".weight");
+        op.b = l.bias ? state_op(name + ".bias") : -1;
+        CHECK_GE(op.w, 0) << name;
+        cur = {l.out, (cur[1] + 2 * l.pad - l.kernel) / s + 1,
+               (cur[2] + 2 * l.pad - l.kernel) / s + 1};
+      } else if (l.kind == "maxpool2d" && cur.size() == 3) {
+        const int64_t s = l.stride > 0 ? l.stride : l.kernel;
+        op.kind = TileOpKind::kTileOpMaxPool;
+        op.conv = {cur[0], cur[1], cur[2], cur[0], l.kernel, l.kernel, s, 0};
+        cur = {cur[0], (cur[1] - l.kernel) / s + 1, (cur[2] - l.kernel) / s + 1};
+      } else if (l.kind != "dropout" && l.kind != "layernorm") {
+        return FailedPrecondition("tile rule: model.layers[" + std::to_string(i) + "] is a '" +
+                                  l.kind + "' layer the tile plan does not know");
+      }
+      if (op.kind == TileOpKind::kTileOpOpaque) op.opaque = kNoLayerFootprint;
+      const int64_t out = NumElements(cur);
+      op.grid = TileGrid::For(rows, out);
+      op.shape = {rows, out};
+      act = add(std::move(op));
     }
-    TileOp op{name + ".out", TileOpKind::kTileOpOpaque, {}, {}};
-    op.x = act;
-    if (l.kind == "linear") {
-      op.kind = TileOpKind::kTileOpLinear;
-      op.w = state_op(name + ".weight");
-      op.b = l.bias ? state_op(name + ".bias") : -1;
-      CHECK_GE(op.w, 0) << name;
-      linears[i] = Linear{act, -1, features, l.out, l.bias};
-      cur = {l.out};
-    } else if (l.kind == "relu") {
-      op.kind = TileOpKind::kTileOpRelu;
-    } else if (l.kind == "gelu") {
-      op.kind = TileOpKind::kTileOpGelu;
-    } else if (l.kind == "conv2d" && cur.size() == 3) {
-      const int64_t s = l.stride > 0 ? l.stride : 1;
-      op.kind = TileOpKind::kTileOpConv;
-      op.conv = {cur[0], cur[1], cur[2], l.out, l.kernel, l.kernel, s, l.pad};
-      op.w = state_op(name + ".weight");
-      op.b = l.bias ? state_op(name + ".bias") : -1;
-      CHECK_GE(op.w, 0) << name;
-      cur = {l.out, (cur[1] + 2 * l.pad - l.kernel) / s + 1,
-             (cur[2] + 2 * l.pad - l.kernel) / s + 1};
-    } else if (l.kind == "maxpool2d" && cur.size() == 3) {
-      const int64_t s = l.stride > 0 ? l.stride : l.kernel;
-      op.kind = TileOpKind::kTileOpMaxPool;
-      op.conv = {cur[0], cur[1], cur[2], cur[0], l.kernel, l.kernel, s, 0};
-      cur = {cur[0], (cur[1] - l.kernel) / s + 1, (cur[2] - l.kernel) / s + 1};
-    } else if (l.kind != "dropout" && l.kind != "layernorm") {
-      return FailedPrecondition("tile rule: model.layers[" + std::to_string(i) + "] is a '" +
-                                l.kind + "' layer the tile plan does not know");
+    const int64_t logits = act;
+    if (logits == kTileOperandBatch) return InvalidArgument("tile rule: the model has no layers");
+    {
+      TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(rows, 1), {rows, 1}};
+      loss.x = logits;
+      add(std::move(loss));
+      TileOp grad{"logits.grad",
+                  TileOpKind::kTileOpLossGrad,
+                  TileGrid::For(rows, plan.classes),
+                  {rows, plan.classes}};
+      grad.x = logits;
+      add(std::move(grad));
     }
-    if (op.kind == TileOpKind::kTileOpOpaque) op.opaque = kNoLayerFootprint;
-    const int64_t out = NumElements(cur);
-    op.grid = TileGrid::For(batch, out);
-    op.shape = {batch, out};
-    act = add(std::move(op));
-  }
-  const int64_t logits = act;
-  if (logits == kTileOperandBatch) return InvalidArgument("tile rule: the model has no layers");
-  {
-    TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(batch, 1), {batch, 1}};
-    loss.x = logits;
-    add(std::move(loss));
-    TileOp grad{"logits.grad",
-                TileOpKind::kTileOpLossGrad,
-                TileGrid::For(batch, plan.classes),
-                {batch, plan.classes}};
-    grad.x = logits;
-    add(std::move(grad));
-  }
-  // Backward (model.cc's sequential Backward): a flatten, and a dropout that kept everything
-  // (p = 0), pass the gradient through unrecorded; the first layer has no input gradient.
-  int64_t dout = index["logits.grad"];
-  for (size_t ii = model.layers.size(); ii-- > 0;) {
-    const LayerSpec& l = model.layers[ii];
-    if (l.kind == "flatten" || (l.kind == "dropout" && !(l.p > 0))) continue;
-    if (l.kind == "linear") linears[ii].dout_op = dout;
-    if (ii == 0) continue;
-    const std::string layer = "layers." + std::to_string(ii);
-    TileOp op{layer + ".in.grad",
-              TileOpKind::kTileOpOpaque,
-              TileGrid::For(batch, in_features[ii]),
-              {batch, in_features[ii]}};
-    op.x = dout;
-    if (l.kind == "linear") {
-      op.kind = TileOpKind::kTileOpLinearInputGrad;
-      op.w = state_op(layer + ".weight");
-    } else if (l.kind == "relu" || l.kind == "gelu") {
-      op.kind =
-          l.kind == "relu" ? TileOpKind::kTileOpReluInputGrad : TileOpKind::kTileOpGeluInputGrad;
-      op.w = in_op[ii];
-    } else {
-      op.opaque = kNoLayerFootprint;
+    // Backward (model.cc's sequential Backward): a flatten, and a dropout that kept everything
+    // (p = 0), pass the gradient through unrecorded; the first layer has no input gradient.
+    int64_t dout = index["logits.grad"];
+    for (size_t ii = model.layers.size(); ii-- > 0;) {
+      const LayerSpec& l = model.layers[ii];
+      if (l.kind == "flatten" || (l.kind == "dropout" && !(l.p > 0))) continue;
+      if (l.kind == "linear") linears[ii].dout_op = dout;
+      if (ii == 0) continue;
+      const std::string layer = "layers." + std::to_string(ii);
+      TileOp op{layer + ".in.grad",
+                TileOpKind::kTileOpOpaque,
+                TileGrid::For(rows, in_features[ii]),
+                {rows, in_features[ii]}};
+      op.x = dout;
+      if (l.kind == "linear") {
+        op.kind = TileOpKind::kTileOpLinearInputGrad;
+        op.w = state_op(layer + ".weight");
+      } else if (l.kind == "relu" || l.kind == "gelu") {
+        op.kind =
+            l.kind == "relu" ? TileOpKind::kTileOpReluInputGrad : TileOpKind::kTileOpGeluInputGrad;
+        op.w = in_op[ii];
+      } else {
+        op.opaque = kNoLayerFootprint;
+      }
+      dout = add(std::move(op));
     }
-    dout = add(std::move(op));
-  }
-  // Parameter gradients, in parameter order (Model::TraceParamGrads).
-  for (const PlannedParam& p : params) {
-    // "layers.<i>.weight" / "layers.<i>.bias"
-    const size_t dot = p.name.find('.', 7);
-    const size_t layer = static_cast<size_t>(std::stoll(p.name.substr(7, dot - 7)));
-    const bool weight = p.name.ends_with(".weight");
-    const TileGrid grid = TileGrid::ForShape(p.shape);
-    TileOp g{p.name + ".grad", TileOpKind::kTileOpOpaque, grid, p.shape};
-    auto it = linears.find(layer);
-    if (it != linears.end()) {
-      g.kind = weight ? TileOpKind::kTileOpLinearWeightGrad : TileOpKind::kTileOpLinearBiasGrad;
-      g.x = it->second.dout_op;
-      g.w = weight ? it->second.in_op : -1;
-    } else {
-      g.opaque = kNoLayerFootprint;
+    // Parameter gradients, in parameter order (Model::TraceParamGrads).
+    for (const PlannedParam& p : params) {
+      // "layers.<i>.weight" / "layers.<i>.bias"
+      const size_t dot = p.name.find('.', 7);
+      const size_t layer = static_cast<size_t>(std::stoll(p.name.substr(7, dot - 7)));
+      const bool weight = p.name.ends_with(".weight");
+      const TileGrid grid = TileGrid::ForShape(p.shape);
+      TileOp g{p.name + ".grad", TileOpKind::kTileOpOpaque, grid, p.shape};
+      auto it = linears.find(layer);
+      if (it != linears.end()) {
+        g.kind = weight ? TileOpKind::kTileOpLinearWeightGrad : TileOpKind::kTileOpLinearBiasGrad;
+        g.x = it->second.dout_op;
+        g.w = weight ? it->second.in_op : -1;
+      } else {
+        g.opaque = kNoLayerFootprint;
+      }
+      // Micro-batch m > 0 adds into micro-batch m-1's accumulated gradient.
+      if (mb > 0 && g.kind != TileOpKind::kTileOpOpaque) g.v = index.at(p.name + ".grad");
+      add(std::move(g));
     }
-    add(std::move(g));
   }
+  end_micro_batches();
   add_updates();
   return plan;
 }
@@ -685,13 +918,38 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   // The embeddings' gradients chain over the rows in blocks of 32; wte's first runs the tied
   // head's dW chain (as many blocks again).
   if (o.kind == TileOpKind::kTileOpEmbeddingGrad) {
-    return (o.b >= 0 ? 2 : 1) * TileRuleRowBlocks(plan.batch);
+    return (o.b >= 0 ? 2 : 1) * TileRuleRowBlocks(TileRuleRows(plan));
   }
   // The attention backward: every element a chain over the sequence's T positions (keys for dq,
   // queries for dk and dv), in blocks of 32.
-  if (o.kind == TileOpKind::kTileOpAttentionBackward) return TileRuleRowBlocks(o.conv[0]);
+  // Above T = 256, first the row sums of the groups the tile needs (block qb * nb + kb: the
+  // query positions of block qb over the key positions of block kb), then the chain.
+  if (o.kind == TileOpKind::kTileOpAttentionBackward) {
+    const int64_t nb = TileRuleAttentionBlocks(o);
+    return nb == 0 ? TileRuleRowBlocks(o.conv[0]) : nb * nb + nb;
+  }
+  // The attention forward over a long sequence: att's max, sum and output blocks, atty's chain.
+  if (o.kind == TileOpKind::kTileOpAttention) {
+    const int64_t nb = TileRuleAttentionBlocks(o);
+    return nb == 0 ? 0 : 2 * nb + 1;
+  }
+  if (o.kind == TileOpKind::kTileOpAttentionOut) return TileRuleAttentionBlocks(o);
+  // A layernorm wider than kTileLinearWholeMax: its row reductions in column blocks, then the
+  // tile's columns.
+  if (const int64_t nb = TileRuleLayerNormBlocks(plan, o); nb > 0) {
+    return (o.kind == TileOpKind::kTileOpLayerNorm ? 2 : 3) * nb + 1;
+  }
   if (!TileRuleIsReduction(o.kind)) return 0;
-  return (plan.batch + kTileRows - 1) / kTileRows;
+  if (const TileRuleLnWeight lw = TileRuleLayerNormWeightBlocks(plan, o); lw.nb > 0) {
+    return lw.per() * TileRuleRowBlocks(TileRuleRows(plan));
+  }
+  return TileRuleRowBlocks(TileRuleRows(plan));
+}
+
+int64_t ReductionPartialFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block) {
+  if (block == 0 || ReductionBlocks(plan, op) == 0) return 0;
+  const TileOp& o = plan.ops[static_cast<size_t>(op)];
+  return TileRulePartialSize(plan, o, o.grid.TileRect(tile), block);
 }
 
 Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, int64_t block) {
@@ -740,8 +998,18 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     case TileOpKind::kTileOpAttention: {
       // Row (b, h, t) is the softmax over t2 <= t of q_t . k_t2 in head h: q of its rows, k of
-      // the sequence's rows 0..t (whatever the tile's columns).
+      // the sequence's rows 0..t (whatever the tile's columns). Narrowed: the block's keys, and
+      // q of the rows that reach them.
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      if (blocks > 0) {
+        ForEachAttentionBlockSpan(
+            o, t, block,
+            [&](int64_t, int64_t b, int64_t h, int64_t q0, int64_t t1, int64_t k0, int64_t kend) {
+              TileRuleCover(plan, o.x, b * T + q0, b * T + t1, h * hs, (h + 1) * hs, fp);
+              TileRuleCover(plan, o.x, b * T + k0, b * T + kend, C + h * hs, C + (h + 1) * hs, fp);
+            });
+        break;
+      }
       ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t gr, int64_t t0, int64_t t1) {
         const int64_t b = gr / NH, h = gr % NH;
         TileRuleCover(plan, o.x, b * T + t0, b * T + t1, h * hs, (h + 1) * hs, fp);
@@ -752,14 +1020,16 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     case TileOpKind::kTileOpAttentionOut: {
       // Row (b, t), column c (head h = c / hs) chains att[(b, h, t), t2] * v[(b, t2), c] over
       // every t2 < T (kernels.h; att is 0 past t): the att rows of the tile's heads, and the v
-      // columns of the tile over the whole sequence.
+      // columns of the tile over the whole sequence. Narrowed: the block's positions t2 of both.
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      const int64_t k0 = blocks > 0 ? block * kTileAttentionBlock : 0;
+      const int64_t k1 = blocks > 0 ? std::min(T, k0 + kTileAttentionBlock) : T;
       ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t t0, int64_t t1) {
         for (int64_t h = t.c0 / hs; h <= (t.c1 - 1) / hs; ++h) {
           const int64_t gr = b * NH + h;
-          TileRuleCover(plan, o.x, gr * T + t0, gr * T + t1, 0, T, fp);
+          TileRuleCover(plan, o.x, gr * T + t0, gr * T + t1, k0, k1, fp);
         }
-        TileRuleCover(plan, o.w, b * T, (b + 1) * T, 2 * C + t.c0, 2 * C + t.c1, fp);
+        TileRuleCover(plan, o.w, b * T + k0, b * T + k1, 2 * C + t.c0, 2 * C + t.c1, fp);
       });
       break;
     }
@@ -769,8 +1039,8 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // which rows the tokens pick: 4 x V x 32 bytes; narrowed: block `block`'s rows of it) and
       // wpe's rows of the positions.
       const int64_t v0 = blocks > 0 ? block * kTileEmbeddingBlock : 0;
-      const int64_t v1 = blocks > 0 ? std::min(plan.classes, v0 + kTileEmbeddingBlock)
-                                    : plan.classes;
+      const int64_t v1 =
+          blocks > 0 ? std::min(plan.classes, v0 + kTileEmbeddingBlock) : plan.classes;
       TileRuleCover(plan, kTileOperandBatch, t.r0, t.r1, 0, 0, fp);
       TileRuleCover(plan, o.x, v0, v1, t.c0, t.c1, fp);
       ForEachSequenceSpan(t.r0, t.r1, o.conv[0], [&](int64_t, int64_t t0, int64_t t1) {
@@ -779,18 +1049,18 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     }
     case TileOpKind::kTileOpEmbeddingGrad: {
-      const int64_t nb = TileRuleRowBlocks(plan.batch);
+      const int64_t nb = TileRuleRowBlocks(TileRuleRows(plan));
       if (o.b >= 0 && block < nb) {
         // wte's tied-head block: logits.grad's rows of the block in the tile's rows v (its
         // columns), ln_f's rows of the block in columns c.
-        const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+        const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block);
         TileRuleCover(plan, o.b, b0, b1, t.r0, t.r1, fp);
         TileRuleCover(plan, o.v, b0, b1, t.c0, t.c1, fp);
         break;
       }
       // An embedding block: the block's rows of the residual gradient in columns c, and (wte)
       // the rows' tokens, which pick the rows they add into.
-      const auto [b0, b1] = TileRuleBlockRows(plan.batch, o.b >= 0 ? block - nb : block);
+      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), o.b >= 0 ? block - nb : block);
       if (o.conv[1] == 1) TileRuleCover(plan, kTileOperandBatch, b0, b1, 0, 0, fp);
       TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
       break;
@@ -803,8 +1073,30 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // dout and att columns of the block's rows; q's whole att rows and dout rows of its own
       // positions, v of the whole sequence, k of the block's rows; k's the same for the block's
       // rows, and q of the block's rows.
+      //
+      // Above T = 256 (nb blocks of 32 positions), the row sums s_t come first, as agreed
+      // partials: block qb * nb + kb reads, for each group the tile needs, att of the query block
+      // qb's rows in the key block kb's columns, dout of those rows and v of the key block's rows
+      // (the head's hs columns). Then chain block k (block nb * nb + k): v's as above; q's att of
+      // its rows in the block's columns, dout of its rows, v and k of the block's rows; k's att of
+      // the block's rows in its columns, dout and q of the block's rows, v of its rows.
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
-      const int64_t k0 = block * kTileRows, k1 = std::min(T, k0 + kTileRows);
+      const int64_t nb = TileRuleAttentionBlocks(o);
+      if (nb > 0 && block < nb * nb) {
+        const int64_t q0 = (block / nb) * kTileAttentionBlock;
+        const int64_t q1 = std::min(T, q0 + kTileAttentionBlock);
+        const int64_t s0 = (block % nb) * kTileAttentionBlock;
+        const int64_t s1 = std::min(T, s0 + kTileAttentionBlock);
+        for (int64_t gr : TileRuleBackwardSumGroups(o, t)) {
+          const int64_t base = (gr / NH) * T, hc = (gr % NH) * hs;
+          TileRuleCover(plan, o.b, gr * T + q0, gr * T + q1, s0, s1, fp);
+          TileRuleCover(plan, o.x, base + q0, base + q1, hc, hc + hs, fp);
+          TileRuleCover(plan, o.w, base + s0, base + s1, 2 * C + hc, 2 * C + hc + hs, fp);
+        }
+        break;
+      }
+      const int64_t k0 = (nb > 0 ? block - nb * nb : block) * kTileRows;
+      const int64_t k1 = std::min(T, k0 + kTileRows);
       ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t p0, int64_t p1) {
         const int64_t base = b * T;
         ForEachHeadSegment(t.c0, t.c1, C, hs, [&](int64_t part, int64_t h, int64_t i0, int64_t i1) {
@@ -814,22 +1106,41 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
             TileRuleCover(plan, o.x, base + k0, base + k1, hc + i0, hc + i1, fp);
             return;
           }
+          const int64_t other = part == 0 ? C : 0;  // q reads k of the block, k reads q
+          if (nb > 0) {  // dP's query rows [r0, r1) and key positions [c0, c1)
+            const int64_t r0 = part == 0 ? p0 : k0, r1 = part == 0 ? p1 : k1;
+            const int64_t c0 = part == 0 ? k0 : p0, c1 = part == 0 ? k1 : p1;
+            TileRuleCover(plan, o.b, arow + r0, arow + r1, c0, c1, fp);
+            TileRuleCover(plan, o.x, base + r0, base + r1, hc, hc + hs, fp);
+            TileRuleCover(plan, o.w, base + c0, base + c1, 2 * C + hc, 2 * C + hc + hs, fp);
+            TileRuleCover(plan, o.w, base + k0, base + k1, other + hc + i0, other + hc + i1, fp);
+            return;
+          }
           const int64_t r0 = part == 0 ? p0 : k0, r1 = part == 0 ? p1 : k1;
           TileRuleCover(plan, o.b, arow + r0, arow + r1, 0, T, fp);
           TileRuleCover(plan, o.x, base + r0, base + r1, hc, hc + hs, fp);
           TileRuleCover(plan, o.w, base, base + T, 2 * C + hc, 2 * C + hc + hs, fp);
-          const int64_t other = part == 0 ? C : 0;  // q reads k of the block, k reads q
           TileRuleCover(plan, o.w, base + k0, base + k1, other + hc + i0, other + hc + i1, fp);
         });
       });
       break;
     }
-    case TileOpKind::kTileOpLayerNorm:
+    case TileOpKind::kTileOpLayerNorm: {
       // A row's mean and variance read the whole row; column c applies weight[c] and bias[c].
-      TileRuleCover(plan, o.x, t.r0, t.r1, 0, TileRuleCols(plan, o.x), fp);
+      // Narrowed: a sum block reads its columns of the rows; the last block the tile's.
+      const int64_t nb = TileRuleLayerNormBlocks(plan, o);
+      if (nb > 0 && block < 2 * nb) {
+        const int64_t k0 = (block % nb) * kTileLinearBlock;
+        TileRuleCover(plan, o.x, t.r0, t.r1, k0,
+                      std::min(TileRuleCols(plan, o.x), k0 + kTileLinearBlock), fp);
+        break;
+      }
+      TileRuleCover(plan, o.x, t.r0, t.r1, nb > 0 ? t.c0 : 0,
+                    nb > 0 ? t.c1 : TileRuleCols(plan, o.x), fp);
       TileRuleCover(plan, o.w, 0, 1, t.c0, t.c1, fp);
       TileRuleCover(plan, o.b, 0, 1, t.c0, t.c1, fp);
       break;
+    }
     case TileOpKind::kTileOpMaxPool: {
       // Channel c of the output reads channel c of the input, the rows its windows cover.
       const int64_t H = o.conv[1], W = o.conv[2];
@@ -887,31 +1198,59 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       TileRuleCover(plan, o.w, t.r0, t.r1, t.c0, t.c1, fp);
       break;
     case TileOpKind::kTileOpLinearWeightGrad: {
-      const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block);
       TileRuleCover(plan, o.x, b0, b1, t.r0, t.r1, fp);  // dout[:, o]
       TileRuleCover(plan, o.w, b0, b1, t.c0, t.c1, fp);  // inp[:, c]
       break;
     }
     case TileOpKind::kTileOpLinearBiasGrad: {
-      const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block);
       TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
       break;
     }
     case TileOpKind::kTileOpLayerNormInputGrad: {
       // A row's dinp reads the row's whole dout and input (its mean, variance and the two sums
       // over c) and the whole weight; the gradient it adds into, the tile's elements.
+      // Narrowed: a mean or variance block its columns of the input rows; a dmean / dnmean
+      // block its columns of dout, the input and the weight; the last block the tile's.
       const int64_t C = TileRuleCols(plan, o.x);
-      TileRuleCover(plan, o.x, t.r0, t.r1, 0, C, fp);
-      TileRuleCover(plan, o.w, t.r0, t.r1, 0, C, fp);
-      TileRuleCover(plan, o.b, 0, 1, 0, C, fp);
+      const int64_t nb = TileRuleLayerNormBlocks(plan, o);
+      if (nb > 0 && block < 3 * nb) {
+        const int64_t k0 = (block % nb) * kTileLinearBlock, k1 = std::min(C, k0 + kTileLinearBlock);
+        if (block >= 2 * nb) TileRuleCover(plan, o.x, t.r0, t.r1, k0, k1, fp);
+        TileRuleCover(plan, o.w, t.r0, t.r1, k0, k1, fp);
+        if (block >= 2 * nb) TileRuleCover(plan, o.b, 0, 1, k0, k1, fp);
+        break;
+      }
+      const int64_t c0 = nb > 0 ? t.c0 : 0, c1 = nb > 0 ? t.c1 : C;
+      TileRuleCover(plan, o.x, t.r0, t.r1, c0, c1, fp);
+      TileRuleCover(plan, o.w, t.r0, t.r1, c0, c1, fp);
+      TileRuleCover(plan, o.b, 0, 1, c0, c1, fp);
       if (o.v >= 0) TileRuleCover(plan, o.v, t.r0, t.r1, t.c0, t.c1, fp);
       break;
     }
     case TileOpKind::kTileOpLayerNormWeightGrad:
     case TileOpKind::kTileOpLayerNormBiasGrad: {
       // Block `block`'s rows of dout's columns c; dweight also the block's whole input rows
-      // (each row's mean and variance).
-      const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+      // (each row's mean and variance). Narrowed dweight: a sum sub-block its columns of the
+      // block's input rows; a chunk its 256 of the tile's columns of dout and the input.
+      if (const TileRuleLnWeight lw = TileRuleLayerNormWeightBlocks(plan, o); lw.nb > 0) {
+        const int64_t sub = block % lw.per(), C = TileRuleCols(plan, o.w);
+        const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / lw.per());
+        if (sub < 2 * lw.nb) {
+          const int64_t k0 = (sub % lw.nb) * kTileLinearBlock;
+          TileRuleCover(plan, o.w, b0, b1, k0, std::min(C, k0 + kTileLinearBlock), fp);
+        } else {
+          const int64_t c0 = t.c0 + (sub - 2 * lw.nb) * kTileLinearBlock;
+          const int64_t c1 = std::min(t.c1, c0 + kTileLinearBlock);
+          if (c0 < c1) {
+            TileRuleCover(plan, o.x, b0, b1, c0, c1, fp);
+            TileRuleCover(plan, o.w, b0, b1, c0, c1, fp);
+          }
+        }
+        break;
+      }
+      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block);
       TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
       if (o.kind == TileOpKind::kTileOpLayerNormWeightGrad) {
         TileRuleCover(plan, o.w, b0, b1, 0, TileRuleCols(plan, o.w), fp);
@@ -959,8 +1298,15 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       ++i;
     }
   }
+  // A micro-batch's parameter gradient ends by adding its chain into the previous micro-batch's
+  // accumulated gradient (pipeline.h): the last block also reads that tile.
+  if (const int64_t into = TileRuleAddedInto(o);
+      into >= 0 && block + 1 == std::max<int64_t>(blocks, 1)) {
+    TileRuleCover(plan, into, t.r0, t.r1, t.c0, t.c1, fp);
+  }
   std::sort(fp.batch_rows.begin(), fp.batch_rows.end());
   fp.batch_rows.erase(std::unique(fp.batch_rows.begin(), fp.batch_rows.end()), fp.batch_rows.end());
+  for (int64_t& row : fp.batch_rows) row += o.batch_offset;  // the step's batch positions
   return fp;
 }
 
@@ -979,7 +1325,8 @@ std::vector<float> SoftmaxBlock(const TilePlan& plan, const TileOp& o, const Til
   const int64_t nb = TileRuleSoftmaxBlocks(plan), R = t.r1 - t.r0;
   const auto at = [](int64_t i) { return static_cast<size_t>(i); };
   if (block < nb) {  // the running max: m = x[0], then m = x[v] > m ? x[v] : m for v = 1..V-1
-    const int64_t v0 = block * kTileSoftmaxBlock, v1 = std::min(plan.classes, v0 + kTileSoftmaxBlock);
+    const int64_t v0 = block * kTileSoftmaxBlock,
+                  v1 = std::min(plan.classes, v0 + kTileSoftmaxBlock);
     const std::vector<float> x = logits(v0, v1);
     const int64_t W = v1 - v0;
     std::vector<float> m(at(R));
@@ -1022,7 +1369,8 @@ std::vector<float> SoftmaxBlock(const TilePlan& plan, const TileOp& o, const Til
   // The gradient's block: dlogits = 0 + (Exp(x - m) / sum - [v == target]) * (1 / B).
   const int64_t K = t.c1 - t.c0;
   const std::vector<float> x = logits(t.c0, t.c1);
-  const float scale = 1.0f / static_cast<float>(plan.batch);
+  const float scale =
+      MicroBatchLossScale(plan.micro_batches) / static_cast<float>(TileRuleRows(plan));
   std::vector<float> out(at(R * K));
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t c = 0; c < K; ++c) {
@@ -1036,9 +1384,135 @@ std::vector<float> SoftmaxBlock(const TilePlan& plan, const TileOp& o, const Til
 
 }  // namespace
 
+namespace {
+
+// One block of a narrowed attention backward tile (T > kTileAttentionWholeMax; Footprint's
+// blocks), in kernels_ref.cc's AttentionBackward order. The partial: the row sums of the groups
+// TileRuleBackwardSumGroups names (T each: s_t, the chain over t2 from 0 of att[t, t2] dA[t, t2],
+// dA[t, t2] = the chain over i of dout[t, i] v[t2, i], 0 past the diagonal), then the tile's
+// accumulators. A sum block continues the sums of its query rows over its key positions; a chain
+// block continues dv[t2, i] (over t of att[t, t2] dout[t, i]), dq[t, i] (over t2 of dP[t, t2]
+// k[t2, i]) and dk[t2, i] (over t of dP[t, t2] q[t, i]), dP[t, t2] = att[t, t2] (dA[t, t2] -
+// s_t) (0 past the diagonal); the last applies the kernel's "dqkv += acc" (v) or "+= acc *
+// scale" (q, k) on a zeroed gradient.
+std::vector<float> TileRuleAttentionBackwardBlock(const TilePlan& plan, const TileFootprint& fp,
+                                                  const TileInputs& in, const TileOp& o,
+                                                  const TileGrid::Rect& t, int64_t block,
+                                                  float scale) {
+  const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH, K = t.c1 - t.c0;
+  const int64_t nb = TileRuleAttentionBlocks(o), n = t.numel();
+  const std::vector<int64_t> groups = TileRuleBackwardSumGroups(o, t);
+  const int64_t ns = static_cast<int64_t>(groups.size()) * T;
+  std::vector<float> st =
+      in.partial.empty() ? std::vector<float>(static_cast<size_t>(ns + n), 0.0f) : in.partial;
+  auto dense = [&](int64_t operand, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    return TileRuleDense(plan, fp, in, operand, r0, r1, c0, c1);
+  };
+  auto sum_of = [&](int64_t gr, int64_t tt) -> float& {
+    const int64_t g = std::find(groups.begin(), groups.end(), gr) - groups.begin();
+    return st[static_cast<size_t>(g * T + tt)];
+  };
+  // dA[tt, t2] from dout's row tt (g) and v's row t2 (v), both the head's hs columns.
+  auto da = [&](const float* g, const float* v, int64_t tt, int64_t t2) {
+    if (t2 > tt) return 0.0f;
+    float d = 0.0f;
+    for (int64_t i = 0; i < hs; ++i) d = __builtin_fmaf(g[i], v[i], d);
+    return d;
+  };
+  if (block < nb * nb) {
+    const int64_t q0 = (block / nb) * kTileAttentionBlock;
+    const int64_t q1 = std::min(T, q0 + kTileAttentionBlock);
+    const int64_t s0 = (block % nb) * kTileAttentionBlock;
+    const int64_t s1 = std::min(T, s0 + kTileAttentionBlock), ncol = s1 - s0;
+    for (int64_t gr : groups) {
+      const int64_t base = (gr / NH) * T, hc = (gr % NH) * hs;
+      const std::vector<float> a = dense(o.b, gr * T + q0, gr * T + q1, s0, s1);
+      const std::vector<float> g = dense(o.x, base + q0, base + q1, hc, hc + hs);
+      const std::vector<float> v = dense(o.w, base + s0, base + s1, 2 * C + hc, 2 * C + hc + hs);
+      for (int64_t tt = q0; tt < q1; ++tt) {
+        float& s = sum_of(gr, tt);
+        for (int64_t t2 = s0; t2 < s1; ++t2) {
+          s = __builtin_fmaf(a[static_cast<size_t>((tt - q0) * ncol + t2 - s0)],
+                             da(g.data() + (tt - q0) * hs, v.data() + (t2 - s0) * hs, tt, t2), s);
+        }
+      }
+    }
+    return st;
+  }
+  const int64_t k0 = (block - nb * nb) * kTileAttentionBlock;
+  const int64_t k1 = std::min(T, k0 + kTileAttentionBlock), nk = k1 - k0;
+  float* acc = st.data() + ns;
+  ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t p0, int64_t p1) {
+    const int64_t base = b * T, np = p1 - p0;
+    ForEachHeadSegment(t.c0, t.c1, C, hs, [&](int64_t part, int64_t h, int64_t i0, int64_t i1) {
+      const int64_t gr = b * NH + h, arow = gr * T, hc = h * hs, ni = i1 - i0;
+      auto at = [&](int64_t p, int64_t i) -> float& {
+        return acc[(base + p - t.r0) * K + part * C + hc + i - t.c0];
+      };
+      if (part == 2) {  // dv[p, i]: over the block's queries tt
+        const std::vector<float> a = dense(o.b, arow + k0, arow + k1, p0, p1);  // (nk, np)
+        const std::vector<float> g = dense(o.x, base + k0, base + k1, hc + i0, hc + i1);
+        for (int64_t p = p0; p < p1; ++p) {
+          for (int64_t i = i0; i < i1; ++i) {
+            float& x = at(p, i);
+            for (int64_t tt = 0; tt < nk; ++tt) {
+              x = __builtin_fmaf(a[static_cast<size_t>(tt * np + p - p0)],
+                                 g[static_cast<size_t>(tt * ni + i - i0)], x);
+            }
+          }
+        }
+        return;
+      }
+      // dP's query rows [r0, r1) and key positions [c0, c1): q's rows and the block's keys, or
+      // the block's queries and k's rows.
+      const int64_t r0 = part == 0 ? p0 : k0, r1 = part == 0 ? p1 : k1;
+      const int64_t c0 = part == 0 ? k0 : p0, c1 = part == 0 ? k1 : p1;
+      const int64_t nr = r1 - r0, nc = c1 - c0;
+      const std::vector<float> a = dense(o.b, arow + r0, arow + r1, c0, c1);  // (nr, nc)
+      const std::vector<float> g = dense(o.x, base + r0, base + r1, hc, hc + hs);
+      const std::vector<float> v = dense(o.w, base + c0, base + c1, 2 * C + hc, 2 * C + hc + hs);
+      const int64_t other = part == 0 ? C : 0;
+      const std::vector<float> kq =
+          dense(o.w, base + k0, base + k1, other + hc + i0, other + hc + i1);  // (nk, ni)
+      std::vector<float> dp(static_cast<size_t>(nr * nc));
+      for (int64_t tt = r0; tt < r1; ++tt) {
+        const float s = sum_of(gr, tt);
+        for (int64_t t2 = c0; t2 < c1; ++t2) {
+          const size_t e = static_cast<size_t>((tt - r0) * nc + t2 - c0);
+          dp[e] =
+              t2 <= tt
+                  ? a[e] * (da(g.data() + (tt - r0) * hs, v.data() + (t2 - c0) * hs, tt, t2) - s)
+                  : 0.0f;
+        }
+      }
+      for (int64_t p = p0; p < p1; ++p) {
+        for (int64_t i = i0; i < i1; ++i) {
+          float& x = at(p, i);
+          for (int64_t j = 0; j < nk; ++j) {  // dq: over the block's keys; dk: its queries
+            const float d = part == 0 ? dp[static_cast<size_t>((p - p0) * nc + j)]
+                                      : dp[static_cast<size_t>(j * nc + p - p0)];
+            x = __builtin_fmaf(d, kq[static_cast<size_t>(j * ni + i - i0)], x);
+          }
+        }
+      }
+    });
+  });
+  if (block + 1 < nb * nb + nb) return st;
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; ++e) {
+    const bool v_col = (t.c0 + e % K) / C == 2;
+    out[static_cast<size_t>(e)] = v_col ? 0.0f + acc[e] : 0.0f + acc[e] * scale;
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64_t tile,
                                          int64_t block, int64_t step, const TileInputs& in) {
   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, op, tile, block));
+  // The rows of the operator's micro-batch, from here on.
+  for (int64_t& row : fp.batch_rows) row -= plan.ops[static_cast<size_t>(op)].batch_offset;
   const std::string what =
       "tile rule: " + TileRuleOpName(plan, op) + " tile " + std::to_string(tile);
   // The inputs must be exactly the footprint's, each of its tile's size.
@@ -1115,7 +1589,52 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     }
     return y;
   };
+  // The end of a parameter gradient's chain: "grad += sum" on a zeroed gradient (0 + sum), or on
+  // the previous micro-batch's accumulated gradient.
+  const int64_t added_into = TileRuleAddedInto(o);
+  const std::vector<float> prior = added_into >= 0 && block + 1 == std::max<int64_t>(blocks, 1)
+                                       ? dense(added_into, t.r0, t.r1, t.c0, t.c1)
+                                       : std::vector<float>(static_cast<size_t>(t.numel()), 0.0f);
   std::vector<float> out(static_cast<size_t>(t.numel()), 0.0f);
+  // A narrowed layernorm's row reductions (TileRuleLayerNormBlocks), blocks 0..2nb-1 of input
+  // operand `xop`, in ref::LayerNormForward's order: m = m + x from 0, then m / C, then
+  // v = fma(x - m, x - m, v) from 0. Returns the partial after the block.
+  const int64_t ln_nb = TileRuleLayerNormBlocks(plan, o);
+  auto ln_stats_block = [&](int64_t xop) {
+    internal::FpEnvGuard fp_guard;
+    const int64_t C = TileRuleCols(plan, xop);
+    const int64_t k0 = (block % ln_nb) * kTileLinearBlock, k1 = std::min(C, k0 + kTileLinearBlock);
+    const int64_t W = k1 - k0;
+    const std::vector<float> x = dense(xop, t.r0, t.r1, k0, k1);
+    std::vector<float> st;
+    if (block < ln_nb) {
+      st = block == 0 ? std::vector<float>(static_cast<size_t>(R), 0.0f) : in.partial;
+      for (int64_t r = 0; r < R; ++r) {
+        float m = st[static_cast<size_t>(r)];
+        for (int64_t k = 0; k < W; ++k) m = m + x[static_cast<size_t>(r * W + k)];
+        st[static_cast<size_t>(r)] = m;
+      }
+      return st;
+    }
+    if (block == ln_nb) {
+      st.assign(static_cast<size_t>(2 * R), 0.0f);
+      for (int64_t r = 0; r < R; ++r) {
+        st[static_cast<size_t>(r)] = in.partial[static_cast<size_t>(r)] / static_cast<float>(C);
+      }
+    } else {
+      st = in.partial;
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const float m = st[static_cast<size_t>(r)];
+      float v = st[static_cast<size_t>(R + r)];
+      for (int64_t k = 0; k < W; ++k) {
+        const float xm = x[static_cast<size_t>(r * W + k)] - m;
+        v = __builtin_fmaf(xm, xm, v);
+      }
+      st[static_cast<size_t>(R + r)] = v;
+    }
+    return st;
+  };
   switch (o.kind) {
     case TileOpKind::kTileOpState:
     case TileOpKind::kTileOpOpaque:
@@ -1171,6 +1690,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       break;
     }
     case TileOpKind::kTileOpAttention: {
+      if (blocks > 0) return TileRuleAttentionBlock(plan, fp, in, o, t, block);
       // Per (b, h) group of the tile's rows t0..t1: the reference kernel on the sequence's first
       // t1 positions of head h alone (B = 1, NH = 1, C = hs: the same scale and order; a row
       // reads only q of its own position and k of positions <= it; v is not read for att).
@@ -1201,20 +1721,24 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     }
     case TileOpKind::kTileOpAttentionOut: {
       // kernels.h: out[b, t, h * hs + i] = chain over t2 < T of fma(att[(b, h, t), t2],
-      // v[(b, t2), h * hs + i], acc) from 0.
+      // v[(b, t2), h * hs + i], acc) from 0. Narrowed: the block's positions t2 in [k0, k1),
+      // continued from the agreed accumulators.
       internal::FpEnvGuard fp_guard;
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
+      const int64_t k0 = blocks > 0 ? block * kTileAttentionBlock : 0;
+      const int64_t k1 = blocks > 0 ? std::min(T, k0 + kTileAttentionBlock) : T, W = k1 - k0;
+      if (block > 0) out = in.partial;
       ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t t0, int64_t t1) {
-        const std::vector<float> v = dense(o.w, b * T, (b + 1) * T, 2 * C + t.c0, 2 * C + t.c1);
+        const std::vector<float> v = dense(o.w, b * T + k0, b * T + k1, 2 * C + t.c0, 2 * C + t.c1);
         for (int64_t h = t.c0 / hs; h <= (t.c1 - 1) / hs; ++h) {
           const int64_t gr = b * NH + h;
-          const std::vector<float> a = dense(o.x, gr * T + t0, gr * T + t1, 0, T);
+          const std::vector<float> a = dense(o.x, gr * T + t0, gr * T + t1, k0, k1);
           for (int64_t tt = t0; tt < t1; ++tt) {
             for (int64_t c = std::max(t.c0, h * hs); c < std::min(t.c1, (h + 1) * hs); ++c) {
-              float acc = 0.0f;
-              for (int64_t t2 = 0; t2 < T; ++t2) {
-                acc = __builtin_fmaf(a[static_cast<size_t>((tt - t0) * T + t2)],
-                                     v[static_cast<size_t>(t2 * K + (c - t.c0))], acc);
+              float acc = out[static_cast<size_t>((b * T + tt - t.r0) * K + (c - t.c0))];
+              for (int64_t t2 = k0; t2 < k1; ++t2) {
+                acc = __builtin_fmaf(a[static_cast<size_t>((tt - t0) * W + t2 - k0)],
+                                     v[static_cast<size_t>((t2 - k0) * K + (c - t.c0))], acc);
               }
               out[static_cast<size_t>((b * T + tt - t.r0) * K + (c - t.c0))] = acc;
             }
@@ -1224,6 +1748,30 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       break;
     }
     case TileOpKind::kTileOpLayerNorm: {
+      if (ln_nb > 0 && block < 2 * ln_nb) {
+        out = ln_stats_block(o.x);
+        break;
+      }
+      if (ln_nb > 0) {
+        // The last block: the rows' mean and variance from the agreed partial, then the
+        // kernel's fma((x - m) * s, weight, bias) over the tile's columns.
+        internal::FpEnvGuard fp_guard;
+        const int64_t C = TileRuleCols(plan, o.x);
+        const std::vector<float> x = dense(o.x, t.r0, t.r1, t.c0, t.c1);
+        const std::vector<float> w = dense(o.w, 0, 1, t.c0, t.c1);
+        const std::vector<float> b = dense(o.b, 0, 1, t.c0, t.c1);
+        for (int64_t r = 0; r < R; ++r) {
+          const float m = in.partial[static_cast<size_t>(r)];
+          const float v = in.partial[static_cast<size_t>(R + r)] / static_cast<float>(C);
+          const float s = 1.0f / __builtin_sqrtf(v + internal::kLayerNormEps);
+          for (int64_t c = 0; c < K; ++c) {
+            const size_t i = static_cast<size_t>(r * K + c);
+            out[i] = __builtin_fmaf((x[i] - m) * s, w[static_cast<size_t>(c)],
+                                    b[static_cast<size_t>(c)]);
+          }
+        }
+        break;
+      }
       // The reference kernel over the tile's whole rows (a row's result depends on that row
       // alone), with weight and bias zero outside the tile's columns (column c reads only its
       // own); the tile's columns are the recorded bits.
@@ -1322,9 +1870,10 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     case TileOpKind::kTileOpLossGrad: {
       const int64_t V = plan.classes;
       if (blocks > 0) {
-        out = SoftmaxBlock(plan, o, t, block, in.partial,
-                           [&](int64_t v0, int64_t v1) { return dense(o.x, t.r0, t.r1, v0, v1); },
-                           [&] { return targets(t.r0, t.r1); });
+        out = SoftmaxBlock(
+            plan, o, t, block, in.partial,
+            [&](int64_t v0, int64_t v1) { return dense(o.x, t.r0, t.r1, v0, v1); },
+            [&] { return targets(t.r0, t.r1); });
         break;
       }
       std::vector<float> logits = dense(o.x, t.r0, t.r1, 0, V);
@@ -1339,13 +1888,14 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       }
       // The gradient's scale is 1 / B of the whole batch: run the reference backward over a
       // batch of B rows, zero but for the tile's.
-      const int64_t B = plan.batch;
+      const int64_t B = TileRuleRows(plan);
       std::vector<float> all_probs(static_cast<size_t>(B * V), 0.0f);
       std::vector<int32_t> all_y(static_cast<size_t>(B), 0);
       std::vector<float> dlogits(static_cast<size_t>(B * V), 0.0f);
       std::copy(probs.begin(), probs.end(), all_probs.begin() + t.r0 * V);
       std::copy(y.begin(), y.end(), all_y.begin() + t.r0);
-      ref::SoftmaxCrossEntropyBackward(dlogits.data(), all_probs.data(), all_y.data(), 1.0f, B, V);
+      ref::SoftmaxCrossEntropyBackward(dlogits.data(), all_probs.data(), all_y.data(),
+                                       MicroBatchLossScale(plan.micro_batches), B, V);
       for (int64_t r = 0; r < R; ++r) {
         for (int64_t c = 0; c < K; ++c) out[r * K + c] = dlogits[(t.r0 + r) * V + t.c0 + c];
       }
@@ -1399,7 +1949,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // from the agreed partial; after the last block, the kernel's "grad += sum" on a zeroed
       // gradient.
       internal::FpEnvGuard fp_guard;
-      const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block);
       std::vector<float> acc = in.partial.empty() ? out : in.partial;
       const bool weight = o.kind == TileOpKind::kTileOpLinearWeightGrad;
       // dW tile rows are output features o (dout columns), columns are input features c.
@@ -1424,12 +1974,70 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         }
       }
       if (block + 1 == blocks) {
-        for (float& a : acc) a = 0.0f + a;  // dweight / dbias (zeroed) += acc
+        // dweight / dbias (zeroed, or the previous micro-batch's) += acc
+        for (size_t i = 0; i < acc.size(); ++i) acc[i] = prior[i] + acc[i];
       }
       out = std::move(acc);
       break;
     }
     case TileOpKind::kTileOpLayerNormInputGrad: {
+      if (ln_nb > 0 && block < 2 * ln_nb) {
+        out = ln_stats_block(o.w);
+        break;
+      }
+      if (ln_nb > 0) {
+        // ref::LayerNormBackward's order: rstd = 1 / sqrt(v / C + eps); over c from 0,
+        // dmean = dmean + dnorm and dnmean = fma(dnorm, norm, dnmean) (norm = (x - m) * rstd,
+        // dnorm = weight * dout), in blocks; the last block divides both by C and adds
+        // ((dnorm - dmean) - norm * dnmean) * rstd into the tile (0 + the residual gradient's).
+        internal::FpEnvGuard fp_guard;
+        const int64_t C = TileRuleCols(plan, o.x);
+        const bool last = block == 3 * ln_nb;
+        const int64_t k0 = last ? t.c0 : (block - 2 * ln_nb) * kTileLinearBlock;
+        const int64_t k1 = last ? t.c1 : std::min(C, k0 + kTileLinearBlock), W = k1 - k0;
+        const std::vector<float> d = dense(o.x, t.r0, t.r1, k0, k1);
+        const std::vector<float> x = dense(o.w, t.r0, t.r1, k0, k1);
+        const std::vector<float> w = dense(o.b, 0, 1, k0, k1);
+        std::vector<float> st = in.partial;
+        if (block == 2 * ln_nb) {
+          st.assign(static_cast<size_t>(4 * R), 0.0f);
+          for (int64_t r = 0; r < R; ++r) {
+            const float v = in.partial[static_cast<size_t>(R + r)] / static_cast<float>(C);
+            st[static_cast<size_t>(r)] = in.partial[static_cast<size_t>(r)];
+            st[static_cast<size_t>(R + r)] = 1.0f / __builtin_sqrtf(v + internal::kLayerNormEps);
+          }
+        }
+        std::vector<float> prior_g(static_cast<size_t>(R * W), 0.0f);
+        if (last && o.v >= 0) {
+          const std::vector<float> g = dense(o.v, t.r0, t.r1, t.c0, t.c1);
+          for (size_t i = 0; i < g.size(); ++i) prior_g[i] = 0.0f + g[i];
+        }
+        for (int64_t r = 0; r < R; ++r) {
+          const float m = st[static_cast<size_t>(r)], s = st[static_cast<size_t>(R + r)];
+          float dmean = st[static_cast<size_t>(2 * R + r)];
+          float dnmean = st[static_cast<size_t>(3 * R + r)];
+          if (last) {
+            dmean = dmean / static_cast<float>(C);
+            dnmean = dnmean / static_cast<float>(C);
+          }
+          for (int64_t k = 0; k < W; ++k) {
+            const size_t i = static_cast<size_t>(r * W + k);
+            const float norm = (x[i] - m) * s;
+            const float dnorm = w[static_cast<size_t>(k)] * d[i];
+            if (last) {
+              const float dval = ((dnorm - dmean) - norm * dnmean) * s;
+              out[i] = prior_g[i] + dval;
+            } else {
+              dmean = dmean + dnorm;
+              dnmean = __builtin_fmaf(dnorm, norm, dnmean);
+            }
+          }
+          st[static_cast<size_t>(2 * R + r)] = dmean;
+          st[static_cast<size_t>(3 * R + r)] = dnmean;
+        }
+        if (!last) out = std::move(st);
+        break;
+      }
       // The reference backward over the tile's whole rows (each row's result depends on that
       // row alone), its mean and rstd from the reference forward (the fast path's bits, by
       // kernels.h's contract), adding into the gradient's tile (zeros elsewhere, not read back).
@@ -1463,7 +2071,72 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // dout, from 0, norm = (x - mean) * rstd), continued from the agreed partial; after the
       // last block the kernel's "grad += sum" on a zeroed gradient.
       internal::FpEnvGuard fp_guard;
-      const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+      if (const TileRuleLnWeight lw = TileRuleLayerNormWeightBlocks(plan, o); lw.nb > 0) {
+        // Narrowed dweight (TileRuleLayerNormWeightBlocks): the partial is the K accumulators,
+        // then the row block's NB sums (or NB means and NB sums of squares).
+        const int64_t sub = block % lw.per(), C = TileRuleCols(plan, o.w);
+        const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / lw.per());
+        const int64_t NB = b1 - b0;
+        std::vector<float> st =
+            in.partial.empty() ? std::vector<float>(static_cast<size_t>(K), 0.0f) : in.partial;
+        if (sub < 2 * lw.nb) {
+          const int64_t k0 = (sub % lw.nb) * kTileLinearBlock;
+          const int64_t k1 = std::min(C, k0 + kTileLinearBlock), W = k1 - k0;
+          const std::vector<float> x = dense(o.w, b0, b1, k0, k1);
+          if (sub == 0) st.resize(static_cast<size_t>(K + NB), 0.0f);
+          if (sub < lw.nb) {
+            for (int64_t n = 0; n < NB; ++n) {
+              float m = st[static_cast<size_t>(K + n)];
+              for (int64_t k = 0; k < W; ++k) m = m + x[static_cast<size_t>(n * W + k)];
+              st[static_cast<size_t>(K + n)] = m;
+            }
+          } else {
+            if (sub == lw.nb) {
+              st.resize(static_cast<size_t>(K + 2 * NB), 0.0f);
+              for (int64_t n = 0; n < NB; ++n) {
+                st[static_cast<size_t>(K + n)] =
+                    st[static_cast<size_t>(K + n)] / static_cast<float>(C);
+              }
+            }
+            for (int64_t n = 0; n < NB; ++n) {
+              const float m = st[static_cast<size_t>(K + n)];
+              float v = st[static_cast<size_t>(K + NB + n)];
+              for (int64_t k = 0; k < W; ++k) {
+                const float xm = x[static_cast<size_t>(n * W + k)] - m;
+                v = __builtin_fmaf(xm, xm, v);
+              }
+              st[static_cast<size_t>(K + NB + n)] = v;
+            }
+          }
+        } else {
+          const int64_t c0 = (sub - 2 * lw.nb) * kTileLinearBlock;
+          const int64_t c1 = std::min(K, c0 + kTileLinearBlock), W = c1 - c0;
+          if (W > 0) {
+            const std::vector<float> d = dense(o.x, b0, b1, t.c0 + c0, t.c0 + c1);
+            const std::vector<float> x = dense(o.w, b0, b1, t.c0 + c0, t.c0 + c1);
+            for (int64_t c = 0; c < W; ++c) {
+              float a = st[static_cast<size_t>(c0 + c)];
+              for (int64_t n = 0; n < NB; ++n) {
+                const float m = st[static_cast<size_t>(K + n)];
+                const float v = st[static_cast<size_t>(K + NB + n)] / static_cast<float>(C);
+                const float s = 1.0f / __builtin_sqrtf(v + internal::kLayerNormEps);
+                const float norm = (x[static_cast<size_t>(n * W + c)] - m) * s;
+                a = __builtin_fmaf(norm, d[static_cast<size_t>(n * W + c)], a);
+              }
+              st[static_cast<size_t>(c0 + c)] = a;
+            }
+          }
+          if (sub + 1 == lw.per()) st.resize(static_cast<size_t>(K));  // the row block is done
+        }
+        if (block + 1 == blocks) {
+          for (int64_t i = 0; i < K; ++i) {
+            st[static_cast<size_t>(i)] = prior[static_cast<size_t>(i)] + st[static_cast<size_t>(i)];
+          }
+        }
+        out = std::move(st);
+        break;
+      }
+      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block);
       const int64_t NB = b1 - b0;
       std::vector<float> acc = in.partial.empty() ? out : in.partial;
       const std::vector<float> d = dense(o.x, b0, b1, t.c0, t.c1);  // (NB, K)
@@ -1491,7 +2164,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         }
       }
       if (block + 1 == blocks) {
-        for (float& a : acc) a = 0.0f + a;  // dweight / dbias (zeroed) += acc
+        // dweight / dbias (zeroed, or the previous micro-batch's) += acc
+        for (size_t i = 0; i < acc.size(); ++i) acc[i] = prior[i] + acc[i];
       }
       out = std::move(acc);
       break;
@@ -1503,6 +2177,10 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       internal::FpEnvGuard fp_guard;
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
       const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
+      if (TileRuleAttentionBlocks(o) > 0) {
+        out = TileRuleAttentionBackwardBlock(plan, fp, in, o, t, block, scale);
+        break;
+      }
       const int64_t k0 = block * kTileRows, k1 = std::min(T, k0 + kTileRows), nk = k1 - k0;
       std::vector<float> acc = in.partial.empty() ? out : in.partial;
       std::vector<int8_t> part_of(static_cast<size_t>(t.numel()), 0);
@@ -1595,8 +2273,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       internal::FpEnvGuard fp_guard;
       const int64_t T = o.conv[0];
       const int64_t v0 = blocks > 0 ? block * kTileEmbeddingBlock : 0;
-      const int64_t v1 = blocks > 0 ? std::min(plan.classes, v0 + kTileEmbeddingBlock)
-                                    : plan.classes;
+      const int64_t v1 =
+          blocks > 0 ? std::min(plan.classes, v0 + kTileEmbeddingBlock) : plan.classes;
       if (blocks > 0 && !in.partial.empty()) out = in.partial;
       const std::vector<float> wte = dense(o.x, v0, v1, t.c0, t.c1);  // (v1 - v0, K)
       const std::vector<float> wpe = dense(o.w, 0, T, t.c0, t.c1);    // (T, K)
@@ -1604,8 +2282,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         const int64_t tok = in.tokens[static_cast<size_t>(r)], pos = (t.r0 + r) % T;
         if (tok < v0 || tok >= v1) continue;
         for (int64_t c = 0; c < K; ++c) {
-          out[static_cast<size_t>(r * K + c)] = wte[static_cast<size_t>((tok - v0) * K + c)] +
-                                                wpe[static_cast<size_t>(pos * K + c)];
+          out[static_cast<size_t>(r * K + c)] =
+              wte[static_cast<size_t>((tok - v0) * K + c)] + wpe[static_cast<size_t>(pos * K + c)];
         }
       }
       break;
@@ -1614,14 +2292,15 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // wte: the tied head's dW chain (kernels.h: fma(dlogits[n, v], ln_f[n, c], acc) over n
       // from 0; then the zeroed gradient's 0 + acc), then EmbeddingBackward's: for each row v
       // some token hits, acc = the chain over n of acc + dres[n, c] for tokens[n] == v, from 0,
-      // and grad += acc. wpe: the same by position on a zeroed gradient. A row nothing hits
-      // keeps its value, which is what + 0 gives: neither the head's 0 + acc nor a chain from +0
-      // can be -0.
+      // and grad += acc. wpe: the same by position on a zeroed gradient. In micro-batches, wte
+      // has no head blocks and both add into the previous micro-batch's accumulated tile. A row
+      // nothing hits keeps its value, which is what + 0 gives: neither the head's 0 + acc nor a
+      // chain from +0 (nor a sum of such values) can be -0.
       internal::FpEnvGuard fp_guard;
-      const int64_t nb = TileRuleRowBlocks(plan.batch), n = t.numel();
+      const int64_t nb = TileRuleRowBlocks(TileRuleRows(plan)), n = t.numel();
       const bool head = o.b >= 0;
       if (head && block < nb) {
-        const auto [b0, b1] = TileRuleBlockRows(plan.batch, block);
+        const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block);
         std::vector<float> acc = in.partial.empty() ? out : in.partial;
         const std::vector<float> d = dense(o.b, b0, b1, t.r0, t.r1);  // (NB, R)
         const std::vector<float> x = dense(o.v, b0, b1, t.c0, t.c1);  // (NB, K)
@@ -1645,7 +2324,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         break;
       }
       const int64_t T = o.conv[0];
-      const auto [b0, b1] = TileRuleBlockRows(plan.batch, head ? block - nb : block);
+      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), head ? block - nb : block);
       std::vector<float> state = in.partial;
       if (state.empty()) state.assign(static_cast<size_t>(n), 0.0f);
       float* acc = state.data() + (head ? n : 0);
@@ -1663,7 +2342,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         break;
       }
       for (int64_t i = 0; i < n; ++i) {
-        out[static_cast<size_t>(i)] = (head ? state[static_cast<size_t>(i)] : 0.0f) + acc[i];
+        out[static_cast<size_t>(i)] =
+            (head ? state[static_cast<size_t>(i)] : prior[static_cast<size_t>(i)]) + acc[i];
       }
       break;
     }

@@ -3,6 +3,7 @@
 // kernels' order, equals the tile the whole step's fast kernels produced, bit for bit.
 #include "meshlearn/engine/tile_rule.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/base/rng.h"
+#include "meshlearn/base/test_dir.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/tile.h"
@@ -140,10 +142,11 @@ void ExpectEveryTileRecomputes(const std::string& toml) {
   OpTrace trace;
   trace.set_keep_values(true);
   st.model->set_op_trace(&trace);
-  StepOnBatch(st, batch, DropoutSeed(tr->task().seed, tr->task().stream));
+  const int64_t M = tr->task().micro_batches;
+  StepOnBatch(st, batch, DropoutSeed(tr->task().seed, tr->task().stream), nullptr, M);
   st.model->set_op_trace(nullptr);
 
-  Result<TilePlan> plan = PlanStepTiles(tr->task().model, st.optimizer->spec(), batch.size);
+  Result<TilePlan> plan = PlanStepTiles(tr->task().model, st.optimizer->spec(), batch.size, 0, M);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_EQ(plan->ops.size(), trace.size());
   for (size_t j = 0; j < trace.size(); ++j) {
@@ -178,6 +181,23 @@ void ExpectEveryTileRecomputes(const std::string& toml) {
   }
   EXPECT_GT(checked, 50);
   EXPECT_GT(reductions, 10);
+  if (M > 1) {
+    // Every micro-batch's operators, and the update reads the last one's accumulated gradients.
+    const std::string last = "mb" + std::to_string(M - 1) + ".";
+    int64_t updates = 0;
+    for (const TileOp& op : plan->ops) {
+      if (op.kind != TileOpKind::kTileOpAdamW && op.kind != TileOpKind::kTileOpSgd) continue;
+      EXPECT_TRUE(plan->ops[static_cast<size_t>(op.w)].name.starts_with(last)) << op.name;
+      ++updates;
+    }
+    EXPECT_GT(updates, 0);
+    for (int64_t m = 0; m < M; ++m) {
+      const std::string loss = "mb" + std::to_string(m) + ".loss";
+      EXPECT_TRUE(std::any_of(plan->ops.begin(), plan->ops.end(), [&](const TileOp& op) {
+        return op.name == loss;
+      })) << loss;
+    }
+  }
   // The state's tiled commitment is the Merkle root over the input-state operators' roots.
   size_t n_state = 0;
   while (plan->ops[n_state].kind == TileOpKind::kTileOpState) ++n_state;
@@ -209,6 +229,74 @@ TEST(TileRuleTest, EveryTileOfEveryOperatorRecomputesBitForBitSgdNesterov) {
   std::string sgd = kMlp;
   sgd.replace(sgd.find("kind = \"adamw\""), 14, "kind = \"sgd\"\nmomentum = 0.9\nnesterov = true");
   OnEveryFastPath(sgd);
+}
+
+// `toml` (kMlp's [train] batch_size = 40) at batch size `batch` in `micro_batches` micro-batches.
+std::string MicroBatched(std::string toml, int batch, int micro_batches) {
+  toml.replace(toml.find("batch_size = 40"), 15,
+               "batch_size = " + std::to_string(batch) +
+                   "\nmicro_batches = " + std::to_string(micro_batches));
+  return toml;
+}
+
+// A step in micro-batches (pipeline.h): every micro-batch's forward and backward, each
+// parameter gradient's chain over the micro-batch's rows added into the previous micro-batch's
+// accumulated gradient, then the (clipped) update; every tile recomputes to the traced bits. M = 2
+// at batch 80 (two row blocks a micro-batch, the second of 8 rows) and M = 4 at batch 40.
+TEST(TileRuleTest, AStepInMicroBatchesRecomputesEveryTileBitForBit) {
+  OnEveryFastPath(MicroBatched(kMlp, 80, 2));
+  OnEveryFastPath(MicroBatched(kMlp, 40, 4));
+  ExpectEveryTileRecomputes(Clipped(MicroBatched(kMlp, 80, 2), "0.5"));
+  std::string sgd = MicroBatched(kMlp, 40, 4);
+  sgd.replace(sgd.find("kind = \"adamw\""), 14, "kind = \"sgd\"\nmomentum = 0.9");
+  ExpectEveryTileRecomputes(sgd);
+}
+
+// The last block of a micro-batch's gradient tile reads the previous micro-batch's accumulated
+// tile (the chain is added into it), and the footprint's batch rows are the step's.
+TEST(TileRuleTest, AMicroBatchsGradientDependsOnThePreviousMicroBatchsTile) {
+  std::unique_ptr<Trainer> tr = MakeTrainer(MicroBatched(kMlp, 80, 2));
+  TrainState& st = tr->state();
+  const Batch batch = tr->BatchForStep(st.step);
+  OpTrace trace;
+  trace.set_keep_values(true);
+  st.model->set_op_trace(&trace);
+  StepOnBatch(st, batch, DropoutSeed(tr->task().seed, tr->task().stream), nullptr, 2);
+  st.model->set_op_trace(nullptr);
+  Result<TilePlan> plan = PlanStepTiles(tr->task().model, st.optimizer->spec(), 80, 0, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(PlanStepTiles(tr->task().model, st.optimizer->spec(), 80, 0, 3).status().code(),
+            StatusCode::kInvalidArgument);
+  int64_t j = -1, prev = -1;
+  for (size_t i = 0; i < plan->ops.size(); ++i) {
+    if (plan->ops[i].name == "mb1.layers.0.weight.grad") j = static_cast<int64_t>(i);
+    if (plan->ops[i].name == "mb0.layers.0.weight.grad") prev = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(j, 0);
+  ASSERT_GE(prev, 0);
+  const int64_t blocks = ReductionBlocks(*plan, j);
+  ASSERT_EQ(blocks, 2);
+  Result<TileFootprint> first = Footprint(*plan, j, 1, 0);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->batch_rows.front(), 40) << "micro-batch 1 starts at row 40 of the step";
+  for (const TileRef& r : first->tiles) EXPECT_NE(r.op, prev);
+  Result<std::vector<std::vector<float>>> chain = ReductionChain(*plan, j, 1, 0, trace, batch);
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  Result<TileFootprint> fp = Footprint(*plan, j, 1, blocks - 1);
+  ASSERT_TRUE(fp.ok());
+  ASSERT_EQ(fp->tiles.back(), (TileRef{prev, 1}));
+  EXPECT_EQ(fp->batch_rows.back(), 79);
+  TileInputs in = GatherTileInputs(*plan, *fp, trace, batch);
+  in.partial = (*chain)[static_cast<size_t>(blocks - 1)];
+  Result<std::vector<float>> got = RecomputeTile(*plan, j, 1, blocks - 1, 0, in);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(
+      SameBits(*got, ExtractTile(trace.values(static_cast<size_t>(j)), plan->ops[j].grid, 1)));
+  in.tiles.back()[3] += 0.5f;
+  got = RecomputeTile(*plan, j, 1, blocks - 1, 0, in);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_FALSE(
+      SameBits(*got, ExtractTile(trace.values(static_cast<size_t>(j)), plan->ops[j].grid, 1)));
 }
 
 // 64 examples of 1100 uniform inputs in [-0.5, 0.5), 5 classes: the data of the wide MLPs below.
@@ -610,13 +698,73 @@ void TraceStep(const std::string& toml, const std::string& dir, int warmup, Trac
   out->batch = out->trainer->BatchForStep(st.step);
   out->trace.set_keep_values(true);
   st.model->set_op_trace(&out->trace);
-  StepOnBatch(st, out->batch, DropoutSeed(spec->seed, spec->stream));
+  StepOnBatch(st, out->batch, DropoutSeed(spec->seed, spec->stream), nullptr, spec->micro_batches);
   st.model->set_op_trace(nullptr);
   Result<TilePlan> plan = PlanStepTiles(out->trainer->task().model, st.optimizer->spec(),
-                                        spec->batch_size, spec->seq_len);
+                                        spec->batch_size, spec->seq_len, spec->micro_batches);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_EQ(plan->ops.size(), out->trace.size());
   out->plan = std::move(*plan);
+}
+
+// A 1-layer GPT of 2 heads, `n_embd` wide, with sequences of T tokens, on token files of a
+// `vocab`-token vocabulary (train.bin and val.bin in a new TestDir, 4096 tokens each drawn
+// uniformly from Rng(data_seed)): one traced step after `warmup` plain steps (TraceStep).
+void TraceTokenGpt(const std::string& name, uint64_t task_seed, uint64_t data_seed, int64_t vocab,
+                   int64_t n_embd, int64_t T, int warmup, TracedStep* out) {
+  const std::string dir = TestDir("tile-" + name);
+  Rng rng(data_seed);
+  for (const char* file : {"train.bin", "val.bin"}) {
+    std::string bytes;
+    for (int i = 0; i < 4096; ++i) {
+      const uint16_t t = static_cast<uint16_t>(rng.Uniform(static_cast<uint64_t>(vocab)));
+      bytes.push_back(static_cast<char>(t & 0xff));
+      bytes.push_back(static_cast<char>(t >> 8));
+    }
+    ASSERT_TRUE(Env::Default()->WriteFileAtomic(dir + "/" + file, bytes).ok());
+  }
+  const std::string toml =
+      "[task]\nname = \"" + name + "\"\nseed = " + std::to_string(task_seed) +
+      "\n[data]\nformat = \"tokens\"\ntrain = \"train.bin\"\n"
+      "val = \"val.bin\"\nvocab_size = " +
+      std::to_string(vocab) +
+      "\n[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = " + std::to_string(n_embd) +
+      "\nblock_size = " + std::to_string(T) +
+      "\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n"
+      "[train]\nsteps = 2\nbatch_size = 2\n";
+  ASSERT_NO_FATAL_FAILURE(TraceStep(toml, dir, warmup, out));
+}
+
+// The index of the plan's operator `name`, or -1.
+int64_t OpNamed(const TilePlan& plan, const std::string& name) {
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    if (plan.ops[i].name == name) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// The floats a footprint reads: of every operand tile, or (only >= 0) of operand `only`'s.
+int64_t FootprintFloats(const TilePlan& plan, const TileFootprint& fp, int64_t only = -1) {
+  int64_t floats = 0;
+  for (const TileRef& r : fp.tiles) {
+    if (only < 0 || r.op == only) {
+      floats += plan.ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
+    }
+  }
+  return floats;
+}
+
+// Tile t of reduction operator j, chained block by block from the traced step (ReductionChain):
+// `blocks` partials, ending at the traced tile, bit for bit.
+void ExpectChainEndsAtTheTrace(const TracedStep& traced, int64_t j, int64_t t, int64_t blocks) {
+  const TileOp& op = traced.plan.ops[static_cast<size_t>(j)];
+  Result<std::vector<std::vector<float>>> chain = ReductionChain(
+      traced.plan, j, t, traced.trainer->state().step - 1, traced.trace, traced.batch);
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  ASSERT_EQ(static_cast<int64_t>(chain->size()), blocks + 1) << op.name;
+  EXPECT_TRUE(
+      SameBits(chain->back(), ExtractTile(traced.trace.values(static_cast<size_t>(j)), op.grid, t)))
+      << op.name << " tile " << t;
 }
 
 void ExpectEveryCoveredGptTileRecomputes() {
@@ -718,6 +866,79 @@ TEST(TileRuleTest, EverySmallGptCoveredTileRecomputesBitForBitOnEveryFastPath) {
   ASSERT_TRUE(SetKernelConfig(saved).ok());
 }
 
+// The small GPT at 4 sequences a step in M micro-batches (pipeline.h): each micro-batch's
+// forward and backward ("mb<m>."), every parameter gradient's chain over the micro-batch's rows
+// added into the previous micro-batch's, the tied head's wte gradient in its own chain
+// ("mb<m>.<wte>.head.grad") and added to the embedding's once ("<wte>.grad"), then the clipped
+// update: on every fast path, every tile of every operator recomputes to the traced bits, and
+// no operator is opaque.
+void ExpectEveryMicroBatchedGptTileRecomputes(int64_t M) {
+  std::string toml = kSmallGpt;
+  toml.replace(toml.find("batch_size = 2"), 14,
+               "batch_size = 4\nmicro_batches = " + std::to_string(M));
+  toml.replace(toml.find("[train]"), 7, "grad_clip = 1.0\n[train]");
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceStep(toml, ".", 1, &traced));
+  const TilePlan& plan = traced.plan;
+  ASSERT_EQ(plan.micro_batches, M);
+  std::map<TileOpKind, int64_t> kinds;
+  int64_t checked = 0;
+  for (size_t j = 0; j < traced.trace.size(); ++j) {
+    const TileOp& op = plan.ops[j];
+    ASSERT_EQ(op.name, traced.trace.name(j)) << j;
+    ASSERT_EQ(op.grid, traced.trace.grid(j)) << op.name;
+    if (op.kind == TileOpKind::kTileOpState) continue;
+    ASSERT_NE(op.kind, TileOpKind::kTileOpOpaque) << op.name;
+    ++kinds[op.kind];
+    const int64_t jj = static_cast<int64_t>(j);
+    const int64_t step = traced.trainer->state().step - 1;
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      const std::vector<float> want = ExtractTile(traced.trace.values(j), op.grid, t);
+      if (ReductionBlocks(plan, jj) > 0) {
+        Result<std::vector<std::vector<float>>> chain =
+            ReductionChain(plan, jj, t, step, traced.trace, traced.batch);
+        ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+        ASSERT_TRUE(SameBits(chain->back(), want)) << op.name << " tile " << t;
+      } else {
+        Result<TileFootprint> fp = Footprint(plan, jj, t, 0);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        Result<std::vector<float>> got = RecomputeTile(
+            plan, jj, t, 0, step, GatherTileInputs(plan, *fp, traced.trace, traced.batch));
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        ASSERT_TRUE(SameBits(*got, want)) << op.name << " tile " << t;
+      }
+      ++checked;
+    }
+  }
+  // Per micro-batch: 2 layers' 4 linears' dW plus the head's; wte's and wpe's embedding chains;
+  // one loss gradient. Once: wte's two gradients added (one residual add beside the layers' 2
+  // a micro-batch), the norm, 3 x 28 AdamW outputs.
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLinearWeightGrad], M * (2 * 4 + 1));
+  EXPECT_EQ(kinds[TileOpKind::kTileOpEmbeddingGrad], M * 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpLossGrad], M);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpAttentionBackward], M * 2);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpResidual], M * 2 * 2 + 1);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpGradNorm], 1);
+  EXPECT_EQ(kinds[TileOpKind::kTileOpAdamW], 3 * 28);
+  EXPECT_GT(checked, 200 * M);
+}
+
+TEST(TileRuleTest, ASmallGptInMicroBatchesRecomputesEveryTileBitForBitOnEveryFastPath) {
+  const KernelConfig saved = GetKernelConfig();
+  for (SimdPath simd : {SimdPath::kScalar, SimdPath::kAvx2, SimdPath::kAvx512}) {
+    if (!SimdPathSupported(simd)) continue;
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE(std::string(SimdPathName(simd)) + " x " + std::to_string(threads));
+      ASSERT_TRUE(SetKernelConfig({simd, threads}).ok());
+      for (int64_t M : {2, 4}) {
+        SCOPED_TRACE("M = " + std::to_string(M));
+        ExpectEveryMicroBatchedGptTileRecomputes(M);
+      }
+    }
+  }
+  ASSERT_TRUE(SetKernelConfig(saved).ok());
+}
+
 // A changed input in any tile of the footprint (for a layernorm, also the row's columns outside
 // the tile's, and its weight and bias; for a residual add, either operand; for ln_f's input
 // gradient, the rows of dout and of the input, and the weight, outside the tile's columns too)
@@ -784,9 +1005,9 @@ TEST(TileRuleTest, GptTokenTilesDependOnTheirTokens) {
     int64_t block;
     bool targets;  // the change is to a target (the loss), not a token
   };
-  for (const Case& c : {Case{"encoded", 0, false}, Case{"loss", 0, true},
-                        Case{"logits.grad", 0, true},
-                        Case{"transformer.wte.weight.grad", nb, false}}) {
+  for (const Case& c :
+       {Case{"encoded", 0, false}, Case{"loss", 0, true}, Case{"logits.grad", 0, true},
+        Case{"transformer.wte.weight.grad", nb, false}}) {
     const std::string name = c.op;
     int64_t j = -1;
     for (size_t i = 0; i < plan->ops.size(); ++i) {
@@ -844,47 +1065,9 @@ TEST(TileRuleTest, GptTokenTilesDependOnTheirTokens) {
 // softmax's order over the logits' columns (the max, then the sum, then the gradient's own tile).
 // Real training on token files whose tokens spread over all three blocks of a 2,500 vocabulary.
 TEST(TileRuleTest, AWideVocabularyIsNarrowedIntoBlocksOf1024BitForBit) {
-  char dir_template[] = "/tmp/meshlearn-tile-vocab-XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
-  constexpr int64_t kVocab = 2500;
-  Rng rng(23);
-  for (const char* name : {"train.bin", "val.bin"}) {
-    std::string bytes;
-    for (int i = 0; i < 4096; ++i) {
-      const uint16_t t = static_cast<uint16_t>(rng.Uniform(kVocab));
-      bytes.push_back(static_cast<char>(t & 0xff));
-      bytes.push_back(static_cast<char>(t >> 8));
-    }
-    ASSERT_TRUE(Env::Default()->WriteFileAtomic(dir + "/" + name, bytes).ok());
-  }
-  const std::string toml = R"(
-[task]
-name = "wide-vocab"
-seed = 3
-[data]
-format = "tokens"
-train = "train.bin"
-val = "val.bin"
-vocab_size = 2500
-[model]
-kind = "gpt"
-n_layer = 1
-n_head = 2
-n_embd = 40
-block_size = 24
-[optimizer]
-kind = "adamw"
-lr = 1e-3
-[train]
-steps = 2
-batch_size = 2
-)";
   TracedStep traced;
-  ASSERT_NO_FATAL_FAILURE(TraceStep(toml, dir, 0, &traced));
-  const TrainState& st = traced.trainer->state();
+  ASSERT_NO_FATAL_FAILURE(TraceTokenGpt("wide-vocab", 3, 23, 2500, 40, 24, 0, &traced));
   const Batch& batch = traced.batch;
-  const OpTrace& trace = traced.trace;
   const TilePlan* plan = &traced.plan;
   std::set<int64_t> blocks_hit;
   for (int32_t t : batch.tokens) blocks_hit.insert(t / 1024);
@@ -894,36 +1077,104 @@ batch_size = 2
   const std::map<std::string, int64_t> want_blocks = {
       {"encoded", 3}, {"loss", 6}, {"logits.grad", 7}};
   for (const auto& [name, want] : want_blocks) {
-    int64_t j = -1;
-    for (size_t i = 0; i < plan->ops.size(); ++i) {
-      if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
-    }
+    const int64_t j = OpNamed(*plan, name);
     ASSERT_GE(j, 0) << name;
     const TileOp& op = plan->ops[static_cast<size_t>(j)];
     ASSERT_EQ(ReductionBlocks(*plan, j), want) << name;
-    // The vocabulary-wide operand: wte for encoded, the logits for the loss.
-    const int64_t wide = op.x;
     for (int64_t t = 0; t < op.grid.count(); ++t) {
       for (int64_t k = 0; k < want; ++k) {
         Result<TileFootprint> fp = Footprint(*plan, j, t, k);
         ASSERT_TRUE(fp.ok()) << fp.status().ToString();
-        int64_t floats = 0;
-        for (const TileRef& r : fp->tiles) {
-          if (r.op == wide) floats += plan->ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
-        }
+        // Of the vocabulary-wide operand: wte for encoded, the logits for the loss.
+        const int64_t floats = FootprintFloats(*plan, *fp, op.x);
         EXPECT_GT(floats, 0) << name;
         EXPECT_LE(floats, 1024 * 32) << name << " tile " << t << " block " << k;
       }
-      Result<std::vector<std::vector<float>>> chain =
-          ReductionChain(*plan, j, t, st.step - 1, trace, batch);
-      ASSERT_TRUE(chain.ok()) << chain.status().ToString();
-      ASSERT_EQ(static_cast<int64_t>(chain->size()), want + 1) << name;
-      EXPECT_TRUE(
-          SameBits(chain->back(), ExtractTile(trace.values(static_cast<size_t>(j)), op.grid, t)))
-          << name << " tile " << t;
+      ASSERT_NO_FATAL_FAILURE(ExpectChainEndsAtTheTrace(traced, j, t, want));
     }
   }
-  std::filesystem::remove_all(dir);
+}
+
+// A sequence longer than 256 positions: the attention forward is narrowed into blocks of 32
+// positions, so a block's footprint reads at most four 32 x 32 tiles (q and k of 32 rows, or att
+// and v of 32 positions; here hs = 8, so a head's q and k share a tile) whatever T, and every
+// tile's chain ends at the traced bits: att in the reference kernel's order (9 blocks of the
+// running max, 9 of the running sum, then the tile's own columns), atty's chain over the
+// positions in 9 blocks. Real training of a 2-sequence batch of T = 288; at T = 256 (the 10M
+// GPT's) both are recomputed whole, as before.
+TEST(TileRuleTest, ALongSequenceIsNarrowedIntoBlocksOf32PositionsBitForBit) {
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceTokenGpt("long-sequence", 5, 29, 64, 16, 288, 1, &traced));
+  const TrainState& st = traced.trainer->state();
+  const TilePlan* plan = &traced.plan;
+  ASSERT_EQ(plan->seq_len, 288);
+  const std::map<std::string, int64_t> want_blocks = {{"h.0.att", 19}, {"h.0.atty", 9}};
+  for (const auto& [name, want] : want_blocks) {
+    const int64_t j = OpNamed(*plan, name);
+    ASSERT_GE(j, 0) << name;
+    const TileOp& op = plan->ops[static_cast<size_t>(j)];
+    ASSERT_EQ(ReductionBlocks(*plan, j), want) << name;
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      for (int64_t k = 0; k < want; ++k) {
+        Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        EXPECT_LE(FootprintFloats(*plan, *fp), 4 * 32 * 32)
+            << name << " tile " << t << " block " << k;
+      }
+      ASSERT_NO_FATAL_FAILURE(ExpectChainEndsAtTheTrace(traced, j, t, want));
+    }
+  }
+  // The same model at T = 256: recomputed whole (no blocks), as the 10M GPT's attention is.
+  Result<TilePlan> short_plan =
+      PlanStepTiles(traced.trainer->task().model, st.optimizer->spec(), 2, 256);
+  ASSERT_TRUE(short_plan.ok()) << short_plan.status().ToString();
+  for (size_t i = 0; i < short_plan->ops.size(); ++i) {
+    const TileOpKind k = short_plan->ops[i].kind;
+    if (k == TileOpKind::kTileOpAttention || k == TileOpKind::kTileOpAttentionOut) {
+      EXPECT_EQ(ReductionBlocks(*short_plan, static_cast<int64_t>(i)), 0)
+          << short_plan->ops[i].name;
+    }
+    if (k == TileOpKind::kTileOpAttentionBackward) {  // its chain's 8 blocks, no row sums
+      EXPECT_EQ(ReductionBlocks(*short_plan, static_cast<int64_t>(i)), 8)
+          << short_plan->ops[i].name;
+      EXPECT_EQ(ReductionPartialFloats(*short_plan, static_cast<int64_t>(i), 0, 1), 32 * 32);
+    }
+  }
+  // The attention backward (qkv.grad) above T = 256: 81 row-sum blocks (query block x key block)
+  // of the groups a tile's q and k columns need, then the chain's 9 blocks of 32 positions, each
+  // block reading a few tiles whatever T; every tile's chain ends at the traced bits.
+  const int64_t qkv_grad = OpNamed(*plan, "h.0.qkv.grad");
+  ASSERT_GE(qkv_grad, 0);
+  const TileOp& attb = plan->ops[static_cast<size_t>(qkv_grad)];
+  ASSERT_EQ(attb.kind, TileOpKind::kTileOpAttentionBackward);
+  ASSERT_EQ(ReductionBlocks(*plan, qkv_grad), 9 * 9 + 9);
+  for (int64_t t = 0; t < attb.grid.count(); ++t) {
+    for (int64_t k = 0; k < 90; ++k) {
+      Result<TileFootprint> fp = Footprint(*plan, qkv_grad, t, k);
+      ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+      // Two heads' att tiles (dq's and dk's), dout's, v's and q's or k's: at most 10 tiles.
+      EXPECT_LE(FootprintFloats(*plan, *fp), 10 * 32 * 32)
+          << "qkv.grad tile " << t << " block " << k;
+    }
+    ASSERT_NO_FATAL_FAILURE(ExpectChainEndsAtTheTrace(traced, qkv_grad, t, 90));
+  }
+}
+
+// The attention backward at T = 300 (not a multiple of 32): row tile 9 of qkv.grad holds the
+// last 12 positions of sequence 0 and the first 20 of sequence 1, so its row sums and chain
+// blocks span two sequences (ceil(300 / 32) = 10 blocks: 100 row-sum blocks, then 10 of the
+// chain, the last of 12 positions); every tile's chain ends at the traced bits.
+TEST(TileRuleTest, TheAttentionBackwardOfASequenceNotAMultipleOf32IsNarrowedBitForBit) {
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceTokenGpt("long-sequence-300", 6, 37, 64, 16, 300, 1, &traced));
+  const TilePlan& plan = traced.plan;
+  ASSERT_EQ(plan.seq_len, 300);
+  const int64_t j = OpNamed(plan, "h.0.qkv.grad");
+  ASSERT_GE(j, 0);
+  ASSERT_EQ(ReductionBlocks(plan, j), 10 * 10 + 10);
+  for (int64_t t = 0; t < plan.ops[static_cast<size_t>(j)].grid.count(); ++t) {
+    ASSERT_NO_FATAL_FAILURE(ExpectChainEndsAtTheTrace(traced, j, t, 10 * 10 + 10));
+  }
 }
 
 // The 10M GPT's shape (examples/code-gpt-10m.toml, one sequence of 256 tokens): the plan is the
@@ -931,6 +1182,87 @@ batch_size = 2
 // layer's qkv, attention projection, MLP up and down projections, the tied LM head; the first
 // layer's layernorms, attention, gelu and residual adds, and ln_f) recomputes from its footprint
 // to the traced bits, with a witness of at most 200 KiB of values.
+// A model wider than 784 (GPT-2 medium's C = 1024 and up): the linears whose chain runs over C
+// (the forward over its input's columns, dX over its output's) are narrowed into blocks of 256 of
+// it, so a block reads 32 x 256 floats of each operand whatever C. At n_embd = 800 (4 blocks, the
+// last short): qkv, attproj, fch and the tied head's forwards, and the input gradients of attproj
+// (atty.grad) and fcproj (fch_gelu.grad); so are the layernorms' forwards and input gradients,
+// their row reductions over C in blocks of 256 columns before the tile's own (9 and 13 blocks).
+// Every tile's chain ends at the traced bits. At n_embd = 768 (GPT-2 small) the same operators
+// are recomputed whole, as before.
+TEST(TileRuleTest, AWideModelsLinearsAndLayerNormsAreNarrowedIntoBlocksOf256BitForBit) {
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceTokenGpt("wide-embd", 7, 31, 64, 800, 40, 1, &traced));
+  const TilePlan* plan = &traced.plan;
+  const std::vector<std::string> names = {"h.0.qkv", "h.0.attproj",   "h.0.fch",
+                                          "logits",  "h.0.atty.grad", "h.0.fch_gelu.grad"};
+  for (const std::string& name : names) {
+    const int64_t j = OpNamed(*plan, name);
+    ASSERT_GE(j, 0) << name;
+    const TileOp& op = plan->ops[static_cast<size_t>(j)];
+    ASSERT_EQ(ReductionBlocks(*plan, j), 4) << name;
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      for (int64_t k = 0; k < 4; ++k) {
+        Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        EXPECT_LE(FootprintFloats(*plan, *fp), 2 * 32 * 256 + 1024)
+            << name << " tile " << t << " block " << k;
+      }
+      ASSERT_NO_FATAL_FAILURE(ExpectChainEndsAtTheTrace(traced, j, t, 4));
+    }
+  }
+  // The layernorms (ln1, ln2, ln_f) and their input gradients: the rows' mean and variance
+  // sums in 4 column blocks each, (the backward's dmean and dnmean sums in 4 more,) then the
+  // tile's columns; a block reads at most 3 x 32 x 256 floats and a weight vector tile.
+  int64_t layernorms = 0;
+  for (size_t i = 0; i < plan->ops.size(); ++i) {
+    const TileOp& op = plan->ops[i];
+    if (op.kind != TileOpKind::kTileOpLayerNorm &&
+        op.kind != TileOpKind::kTileOpLayerNormInputGrad &&
+        op.kind != TileOpKind::kTileOpLayerNormWeightGrad) {
+      continue;
+    }
+    ++layernorms;
+    const int64_t j = static_cast<int64_t>(i);
+    // dweight: per 32-row block (3, the last of 16 rows), 8 sum blocks and 4 column chunks.
+    const int64_t want = op.kind == TileOpKind::kTileOpLayerNorm            ? 9
+                         : op.kind == TileOpKind::kTileOpLayerNormInputGrad ? 13
+                                                                            : 3 * 12;
+    ASSERT_EQ(ReductionBlocks(*plan, j), want) << op.name;
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      for (int64_t k = 0; k < want; ++k) {
+        Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        EXPECT_LE(FootprintFloats(*plan, *fp), 3 * 32 * 256 + 1024)
+            << op.name << " tile " << t << " block " << k;
+      }
+      ASSERT_NO_FATAL_FAILURE(ExpectChainEndsAtTheTrace(traced, j, t, want));
+    }
+  }
+  EXPECT_EQ(layernorms, 9);
+  ModelSpec narrow = traced.trainer->task().model;
+  narrow.gpt.n_embd = 768;
+  Result<TilePlan> small_plan =
+      PlanStepTiles(narrow, traced.trainer->state().optimizer->spec(), 2, 40);
+  ASSERT_TRUE(small_plan.ok()) << small_plan.status().ToString();
+  for (const std::string& name : names) {
+    const int64_t j = OpNamed(*small_plan, name);
+    ASSERT_GE(j, 0) << name;
+    EXPECT_EQ(ReductionBlocks(*small_plan, j), 0) << name;
+  }
+  for (size_t i = 0; i < small_plan->ops.size(); ++i) {
+    const TileOpKind k = small_plan->ops[i].kind;
+    if (k == TileOpKind::kTileOpLayerNorm || k == TileOpKind::kTileOpLayerNormInputGrad) {
+      EXPECT_EQ(ReductionBlocks(*small_plan, static_cast<int64_t>(i)), 0)
+          << small_plan->ops[i].name;
+    }
+    if (k == TileOpKind::kTileOpLayerNormWeightGrad) {  // its 3 row blocks, whole rows
+      EXPECT_EQ(ReductionBlocks(*small_plan, static_cast<int64_t>(i)), 3)
+          << small_plan->ops[i].name;
+    }
+  }
+}
+
 TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
   Result<TaskSpec> spec = TaskSpec::Load(
       Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");

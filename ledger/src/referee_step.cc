@@ -252,16 +252,11 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
                               " has no data root, so the ledger cannot check the examples a "
                               "first layer's tile reads; send no bundle (whole steps)");
   }
-  if (r.spec.micro_batches != 1) {
-    return FailedPrecondition(where + ": the task trains in " +
-                              std::to_string(r.spec.micro_batches) +
-                              " micro-batches, whose gradient order the tile plan does not follow "
-                              "yet; send no bundle (whole steps)");
-  }
-  // From the spec's shapes alone (PlanStepTiles allocates nothing): a model of any size.
+  // From the spec's shapes alone (PlanStepTiles allocates nothing): a model of any size, trained
+  // in the task's micro-batches (the plan follows their gradient order, tile_rule.h).
   Result<engine::TilePlan> plan =
       engine::PlanStepTiles(r.spec.model, engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale),
-                            r.spec.batch_size, r.spec.seq_len);
+                            r.spec.batch_size, r.spec.seq_len, r.spec.micro_batches);
   if (!plan.ok()) return FailedPrecondition(where + ": " + plan.status().message());
   TileRuleContext ctx;
   ctx.plan = std::move(*plan);

@@ -11,10 +11,13 @@
 
 #include <bit>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -121,8 +124,9 @@ struct Setup {
 
 TileRuleContext ContextOf(Trainer& tr, uint64_t num_examples, const Hash256& data_root) {
   TileRuleContext c;
-  Result<TilePlan> plan = engine::PlanStepTiles(tr.task().model, tr.state().optimizer->spec(),
-                                                tr.task().batch_size, tr.task().seq_len);
+  Result<TilePlan> plan =
+      engine::PlanStepTiles(tr.task().model, tr.state().optimizer->spec(), tr.task().batch_size,
+                            tr.task().seq_len, tr.task().micro_batches);
   CHECK(plan.ok()) << plan.status().ToString();
   c.plan = std::move(*plan);
   c.seed = tr.task().seed;
@@ -151,27 +155,83 @@ const Setup& FashionSetup() {
   return *setup;
 }
 
+// The setup of a token task (a GPT): its trainers share the task's data, and its data root is over
+// the train stream's token pages.
+const Setup* TokenSetup(engine::TaskSpec spec, engine::TaskData data) {
+  auto* s = new Setup;
+  auto shared = std::make_shared<const std::pair<engine::TaskSpec, engine::TaskData>>(
+      std::move(spec), std::move(data));
+  s->make = [shared] {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(shared->first, shared->second);
+    CHECK(tr.ok()) << tr.status().ToString();
+    return std::move(*tr);
+  };
+  s->pages = new engine::TokenPageTree(shared->second.train_tokens.tokens);
+  s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(s->pages->num_tokens()), s->pages->root());
+  return s;
+}
+
 // examples/code-gpt-10m.toml (10.8M parameters, the code corpus) at one sequence of 256 tokens,
 // its data root over the train stream's token pages.
 const Setup& GptSetup() {
   static const Setup* setup = [] {
-    auto* s = new Setup;
     Result<engine::TaskSpec> spec = engine::TaskSpec::Load(
         Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
     CHECK(spec.ok()) << spec.status().ToString();
     Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), *spec);
     CHECK(data.ok()) << data.status().ToString();
     spec->batch_size = 1;
-    auto shared = std::make_shared<const std::pair<engine::TaskSpec, engine::TaskData>>(
-        std::move(*spec), std::move(*data));
-    s->make = [shared] {
-      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(shared->first, shared->second);
-      CHECK(tr.ok()) << tr.status().ToString();
-      return std::move(*tr);
-    };
-    s->pages = new engine::TokenPageTree(shared->second.train_tokens.tokens);
-    s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(s->pages->num_tokens()), s->pages->root());
-    return s;
+    return TokenSetup(std::move(*spec), std::move(*data));
+  }();
+  return *setup;
+}
+
+// A small GPT (1 layer, 2 heads of 8, vocabulary 64) over sequences of T = 288, above the 256
+// where the attention forward is narrowed into blocks of 32 positions; two sequences a step, on
+// synthetic token files, its data root over their token pages.
+const Setup& LongGptSetup() {
+  static const Setup* setup = [] {
+    char dir_template[] = "/tmp/meshlearn-tile-long-XXXXXX";
+    CHECK(mkdtemp(dir_template) != nullptr);
+    const std::string dir = dir_template;
+    Rng rng(31);
+    for (const char* name : {"train.bin", "val.bin"}) {
+      std::string bytes;
+      for (int i = 0; i < 4096; ++i) {
+        const uint16_t t = static_cast<uint16_t>(rng.Uniform(64));
+        bytes.push_back(static_cast<char>(t & 0xff));
+        bytes.push_back(static_cast<char>(t >> 8));
+      }
+      CHECK(Env::Default()->WriteFileAtomic(dir + "/" + name, bytes).ok());
+    }
+    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(R"(
+[task]
+name = "tile-long-sequence"
+seed = 7
+[data]
+format = "tokens"
+train = "train.bin"
+val = "val.bin"
+vocab_size = 64
+[model]
+kind = "gpt"
+n_layer = 1
+n_head = 2
+n_embd = 16
+block_size = 288
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[train]
+steps = 4
+batch_size = 2
+)",
+                                                            "tile-long.toml", dir);
+    CHECK(spec.ok()) << spec.status().ToString();
+    Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), *spec);
+    CHECK(data.ok()) << data.status().ToString();
+    std::filesystem::remove_all(dir);  // the data is in memory now
+    return TokenSetup(std::move(*spec), std::move(*data));
   }();
   return *setup;
 }
@@ -298,7 +358,7 @@ PartyRun Train(const Lie& lie) {
       right = std::exchange(st.optimizer, std::move(wrong));
     }
     st.model->set_op_trace(rec.trace.get());
-    engine::StepOnBatch(st, rec.batch, dropout);
+    engine::StepOnBatch(st, rec.batch, dropout, nullptr, tr->task().micro_batches);
     st.model->set_op_trace(nullptr);
     if (right) {
       std::vector<engine::Optimizer::NamedState> from = st.optimizer->State();
@@ -332,7 +392,8 @@ PartyRun Train(const Lie& lie) {
       const engine::TileGrid& g = rec.trace->grid(static_cast<size_t>(op));
       std::span<const float> v = rec.trace->values(static_cast<size_t>(op));
       std::vector<float> fake(v.begin(), v.end());
-      fake.at(static_cast<size_t>(lie.row * g.cols + lie.col)) += 0.25f;  // a lie off the grid throws
+      fake.at(static_cast<size_t>(lie.row * g.cols + lie.col)) +=
+          0.25f;  // a lie off the grid throws
       rec.roots[static_cast<size_t>(op)] = engine::TensorRoot(fake, g);
       rec.fake[op] = std::move(fake);
       // The liar carries on from a state of its own.
@@ -537,8 +598,8 @@ Played Play(const PartyRun& defender, const PartyRun& challenger, const PartyRun
       // roots (anyone's run of the step from the agreed state gives the same), and RuleRoots
       // gives the true state after the step, or the true C_j of the input-state operator.
       const StepRecord& r = honest.steps.at(p.task->step);
-      Result<TileWitness> w = BuildTileWitness(Context(), *p.task, *r.trace, r.batch, nullptr,
-                                               nullptr, nullptr);
+      Result<TileWitness> w =
+          BuildTileWitness(Context(), *p.task, *r.trace, r.batch, nullptr, nullptr, nullptr);
       EXPECT_TRUE(w.ok()) << w.status().ToString();
       if (!w.ok()) return p;
       const Bytes encoded = EncodeTileWitness(*w);
@@ -579,8 +640,9 @@ const PartyRun& Honest() {
 // Plays `lie` in both roles: the game must reach the lie's operator and tile (and block), and
 // the rule must make the honest side win. `want_roots`: a whole step ruled from roots, of that
 // kind.
-void ExpectTheHonestSideWins(const Lie& lie, bool want_whole_step,
-                             protocol::RefereeRoots want_roots = protocol::RefereeRoots::kRootsNone) {
+void ExpectTheHonestSideWins(
+    const Lie& lie, bool want_whole_step,
+    protocol::RefereeRoots want_roots = protocol::RefereeRoots::kRootsNone) {
   const PartyRun& honest = Honest();
   const PartyRun liar = Train(lie);
   for (uint64_t s = 0; s < kLieStep; ++s) ASSERT_EQ(honest.state[s], liar.state[s]) << s;
@@ -635,8 +697,8 @@ void ExpectTheHonestSideWinsAtEveryTile(const std::vector<Lie>& lies, const char
     SCOPED_TRACE(lie.op);
     ExpectTheHonestSideWins(lie, false);
   }
-  std::printf("[ tile     ] %s, largest witness: %zu bytes (bound %zu)\n", model,
-              g_largest_witness, kMaxTileWitnessBytes);
+  std::printf("[ tile     ] %s, largest witness: %zu bytes (bound %zu)\n", model, g_largest_witness,
+              kMaxTileWitnessBytes);
   EXPECT_LE(g_largest_witness, kMaxTileWitnessBytes);
 }
 
@@ -820,6 +882,42 @@ TEST(TileDisputeTest, OnThe10mGptALieAtACoveredTileLosesToTheTileRule) {
       {LieKind::kTile, "transformer.h.3.mlp.c_fc.weight", 1000, 300},
   };
   ExpectTheHonestSideWinsAtEveryTile(lies, "10M GPT");
+}
+
+// The attention forward over a sequence of T = 288 (narrowed: att's 9 max blocks, 9 sum blocks and
+// its output block; atty's 9 blocks of its chain), each side lying: the game narrows to the block
+// the lie starts at and the ledger rules it from the agreed partial (the rows' maxima, then maxima
+// and sums, then the tile's accumulators) for the honest side.
+TEST(TileDisputeTest, ALieInTheNarrowedAttentionOfALongSequenceLosesToTheTileRule) {
+  g_setup = &LongGptSetup();
+  const int64_t att = OpIndex("h.0.att");
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, att), 19);
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, OpIndex("h.0.atty")), 9);
+  // att row 384 is sequence 0, head 1, position 96 (tile row 384..415); element 5 of the tile
+  // (column 69) is also row 5's entry of the maxima and sums the partials carry.
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "h.0.att", 384, 69, 3},   // from a max block on
+      {LieKind::kTile, "h.0.att", 384, 69, 11},  // from a sum block on
+      {LieKind::kTile, "h.0.att", 384, 69, 18},  // the output block only
+      {LieKind::kTile, "h.0.atty", 300, 10, 5},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "GPT at T = 288");
+}
+
+// The attention backward over a sequence of T = 288 (narrowed: 81 blocks of the softmax
+// backward's row sums, query block x key block, then 9 blocks of its chain), each side lying:
+// a lie in a row sum (a q/k tile's partial starts with its two heads' 288 sums each), one in the
+// accumulators of a chain block, and one in a dv tile's last block; the ledger rules each from
+// the agreed partial for the honest side.
+TEST(TileDisputeTest, ALieInTheNarrowedAttentionBackwardOfALongSequenceLosesToTheTileRule) {
+  g_setup = &LongGptSetup();
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, OpIndex("h.0.qkv.grad")), 90);
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "h.0.qkv.grad", 100, 5, 30},   // dq's tile: a row-sum block
+      {LieKind::kTile, "h.0.qkv.grad", 127, 31, 85},  // dk of head 1: an accumulator, chain block 4
+      {LieKind::kTile, "h.0.qkv.grad", 300, 40, 89},  // dv: the last block
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "GPT at T = 288, attention backward");
 }
 
 // The 10M GPT (a token task) at the two whole steps that follow from roots, each side lying: a
@@ -1234,16 +1332,35 @@ const Setup& ChainSetup() {
   return *setup;
 }
 
-// The chain's GPT task declares its data root over its token pages (data_page_tokens).
+// The chain's GPT task of `bundle` declares its data root over its token pages
+// (data_page_tokens).
+const Setup* MakeChainGptSetup(const std::string& bundle) {
+  Setup* s =
+      MakeChainSetup(bundle, &ChainGpt().data, std::string(MESHLEARN_SOURCE_DIR) + "/examples");
+  s->pages = new engine::TokenPageTree(ChainGpt().data.train_tokens.tokens);
+  s->ctx.num_examples = static_cast<uint64_t>(s->pages->num_tokens());
+  s->ctx.data_root = s->pages->root();
+  return s;
+}
 const Setup& ChainGptSetup() {
-  static const Setup* setup = [] {
-    Setup* s = MakeChainSetup(ChainGptBundle(), &ChainGpt().data,
-                              std::string(MESHLEARN_SOURCE_DIR) + "/examples");
-    s->pages = new engine::TokenPageTree(ChainGpt().data.train_tokens.tokens);
-    s->ctx.num_examples = static_cast<uint64_t>(s->pages->num_tokens());
-    s->ctx.data_root = s->pages->root();
-    return s;
+  static const Setup* setup = MakeChainGptSetup(ChainGptBundle());
+  return *setup;
+}
+
+// The chain's GPT task at two sequences a step in two micro-batches (train.micro_batches = 2):
+// its plan follows the micro-batched step (PlanStepTiles), its data root over its token pages.
+const std::string& ChainGptMicroBundle() {
+  static const std::string* b = [] {
+    std::string bundle = ChainGptBundle();
+    const size_t at = bundle.find("batch_size = 1");
+    CHECK(at != std::string::npos);
+    bundle.replace(at, 14, "batch_size = 2\nmicro_batches = 2");
+    return new std::string(std::move(bundle));
   }();
+  return *b;
+}
+const Setup& ChainGptMicroSetup() {
+  static const Setup* setup = MakeChainGptSetup(ChainGptMicroBundle());
   return *setup;
 }
 
@@ -1296,6 +1413,11 @@ class TileChainTest : public testing::FollowedChainFixture {
   void UseGpt() {
     bundle_ = &ChainGptBundle();
     g_setup = &ChainGptSetup();
+  }
+  // The same in two micro-batches of one sequence a step.
+  void UseGptInMicroBatches() {
+    bundle_ = &ChainGptMicroBundle();
+    g_setup = &ChainGptMicroSetup();
   }
 
   Transaction N(const KeyPair& node, TxPayload p) { return Q(*owner_.at(node.public_key()), p); }
@@ -1722,9 +1844,9 @@ TEST_P(TileChainLieTest, OnTheFashionCnnANarrowedLinearBlockIsRuledOnChain) {
 // the step), so the ledger executes the step (RefereeStep), the genesis key refused.
 TEST_P(TileChainLieTest, OnTheFashionCnnAnOperatorWithoutAFootprintIsRuledOnChainByTheWholeStep) {
   UseCnn();
-  EXPECT_EQ(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.in.grad", 9, 700}), GetParam(),
-                           false),
-            0u);
+  EXPECT_EQ(
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.in.grad", 9, 700}), GetParam(), false),
+      0u);
 }
 
 // The 10M GPT (a token task, its data root over its token pages) through the same transactions:
@@ -1898,67 +2020,29 @@ TEST_F(TileChainTest, OnThe10mGptACleanVerdictIsRevealedWithoutTheBundle) {
   EXPECT_TRUE(r[1].ok) << r[1].reason;
 }
 
-// A token task whose plan the tile phase does not serve (trained in micro-batches: TileContextOf
-// refuses the task's own bundle) still needs the bundle with its mismatch; with it the dispute
-// opens over whole steps: the one exact-mode dispute of a task with a data root that the genesis
-// key still rules (the ledger does not execute a token task's step). Hashes only, as above.
-TEST_F(TileChainTest, OnAGptTrainedInMicroBatchesTheMismatchNeedsTheBundleAndPlaysWholeSteps) {
-  UseGpt();
-  static const std::string* micro = [] {
-    std::string b = ChainGptBundle();
-    const size_t at = b.find("batch_size = 1");
-    CHECK(at != std::string::npos);
-    b.replace(at, 14, "batch_size = 2\nmicro_batches = 2");
-    return new std::string(std::move(b));
-  }();
-  bundle_ = micro;
-  PartyRun solver, verifier;
-  for (uint64_t s = 0; s <= kSteps; ++s) {
-    solver.state.push_back(Blake2b("state " + std::to_string(s)));
-    verifier.state.push_back(s < kSteps ? solver.state.back() : Blake2b("other state"));
-  }
-  Submit();
-  ASSERT_FALSE(::testing::Test::HasFatalFailure());
-  ASSERT_TRUE(DisputeNeedsBundle(Task().params));
-  Result<TileRuleContext> plan = TileContextOf(Task(), Unit(), *micro, "test");
-  ASSERT_EQ(plan.status().code(), StatusCode::kFailedPrecondition) << plan.status().ToString();
-  CommitAndDispute(solver, verifier, *micro, [&](const Hash256& salt) {
-    return std::vector<std::pair<Transaction, std::string>>{
-        {N(verifier_, RevealVerdictTx{.task_id = task_id_,
-                                      .index = 0,
-                                      .node_id = verifier_.public_key(),
-                                      .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
-                                      .salt = salt,
-                                      .claim = claim_,
-                                      .bundle = {""}}),
-         "bundle is empty, but unit 0 belongs to token task"}};
-  });
-  ASSERT_FALSE(::testing::Test::HasFatalFailure());
-  EXPECT_FALSE(Check().has_tile_phase());
-  for (int turn = 0; turn < 10; ++turn) {
-    const protocol::DisputeGame g = *Check().dispute();
-    if (g.stage() == DisputeStage::kDisputeReferee) break;
-    const DisputeQuery q = g.query();
-    ASSERT_EQ(q.stage, DisputeStage::kDisputeSteps);
-    auto post = [&](const KeyPair& node, const PartyRun& run) {
-      return N(node, DisputePostTx{.task_id = task_id_,
-                                   .index = 0,
-                                   .node_id = node.public_key(),
-                                   .position = q.position,
-                                   .hash = run.state.at(q.position)});
-    };
-    StepOk({post(solver_, solver), post(verifier_, verifier)});
-  }
-  const RefereeTask task = RefereeTaskNow();
-  EXPECT_TRUE(task.whole_step);
-  EXPECT_EQ(task.roots, protocol::RefereeRoots::kRootsNone);
-  std::vector<Receipt> r = Step({RefereeTile(gina_, Bytes{1})});
-  EXPECT_NE(r.at(0).reason.find("waits for a whole step"), std::string::npos) << r.at(0).reason;
-  r = Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = 0, .witness = {Bytes{1}}})});
-  EXPECT_NE(r.at(0).reason.find("token task"), std::string::npos) << r.at(0).reason;
-  StepOk({Q(referee_,
-            RuleDisputeTx{.task_id = task_id_, .index = 0, .output = task.challenger_output})});
-  ExpectTheLiarSlashed(true);
+// The 10M GPT trained in two micro-batches (a token task with a data root over its pages): its
+// plan follows the micro-batched step, so the mismatch's bundle opens the tile phase, and a lie
+// at a tile of micro-batch 1 (its qkv; its accumulated gradient, whose chain ends by adding into
+// micro-batch 0's tile) is narrowed to that tile and ruled by RefereeTile for the honest side,
+// whichever side lies; the genesis key's RuleDispute is refused (PlayLieOnChain). Slow (traced
+// runs of 4 steps of 10.8M parameters at two sequences).
+TEST_P(TileChainLieTest, OnAGptTrainedInMicroBatchesALieIsRuledOnChainByRefereeTile) {
+  UseGptInMicroBatches();
+  const size_t bytes =
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "mb1.h.0.qkv", 100, 500}), GetParam(), true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
+}
+
+TEST_F(TileChainTest, OnAGptTrainedInMicroBatchesAnAccumulatedGradientBlockIsRuledOnChain) {
+  UseGptInMicroBatches();
+  const int64_t op = OpIndex("mb1.transformer.h.0.ln_1.weight.grad");
+  const int64_t last = engine::ReductionBlocks(Context().plan, op) - 1;
+  ASSERT_GT(last, 0);
+  const size_t bytes = PlayLieOnChain(
+      Train(Lie{LieKind::kTile, "mb1.transformer.h.0.ln_1.weight.grad", 0, 100, last}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, kMaxTileWitnessBytes);
 }
 
 // A GPT whose vocabulary is left to its data is planned with the vocabulary its task's weights
@@ -2037,7 +2121,8 @@ TEST(TileContextTest, AGptWithoutItsVocabularySizeTakesItFromTheTaskWeights) {
 
 // A bundle is the submitter's text, and the ledger plans a step from the spec's shapes alone: one
 // declaring a model of 2^20 x 2^20 weights (4 TiB) is planned like any other, tile grids and all,
-// without allocating it (this test would die of memory, not fail, if TileContextOf built the model).
+// without allocating it (this test would die of memory, not fail, if TileContextOf built the
+// model).
 TEST(TileContextTest, AModelOfAnySizeIsPlannedFromItsShapesAlone) {
   const std::string bundle = R"(
 [task]
@@ -2090,6 +2175,195 @@ inner_steps = 4
   EXPECT_EQ(big->kind, engine::TileOpKind::kTileOpAdamW);
   EXPECT_EQ(big->grid, engine::TileGrid::ForShape(big->shape));
   EXPECT_EQ(ctx->plan.classes, 10);
+}
+
+struct WitnessLargest {
+  size_t bytes = 0;
+  std::string op;
+  int64_t tile = 0, block = 0;
+};
+
+// The largest encoded witness of each operator kind of a GPT-2 shaped step (n_layer, n_head,
+// n_embd; T = 1024, V = 50257, one sequence, AdamW clipped at 1.0), from shapes alone: see the
+// test below. *ops: the plan's operator count. Empty (with a failure) if it cannot be planned.
+std::map<engine::TileOpKind, WitnessLargest> LargestGpt2Witnesses(int n_layer, int n_head,
+                                                                  int n_embd, size_t* ops) {
+  const std::string toml = R"(
+[task]
+name = "gpt2"
+seed = 1
+[data]
+format = "text"
+path = "unused"
+[model]
+kind = "gpt"
+n_layer = )" + std::to_string(n_layer) +
+                           "\nn_head = " + std::to_string(n_head) +
+                           "\nn_embd = " + std::to_string(n_embd) + R"(
+block_size = 1024
+[optimizer]
+kind = "adamw"
+lr = 6e-4
+grad_clip = 1.0
+[train]
+steps = 1
+batch_size = 1
+)";
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(toml, "gpt2.toml", ".");
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  if (!spec.ok()) return {};
+  spec->model.gpt.vocab_size = 50257;  // a plan only: no data to take it from
+  constexpr int64_t kT = 1024;
+  Result<TilePlan> plan = engine::PlanStepTiles(spec->model, spec->optimizer, 1, kT);
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  if (!plan.ok()) return {};
+  *ops = plan->ops.size();
+  constexpr int64_t kStreamTokens = 9'000'000'000;
+  const int64_t stream_pages =
+      (kStreamTokens + engine::kTokenPageTokens - 1) / engine::kTokenPageTokens;
+  // A proof of leaf `index` of `count` (MerkleProve's shape: no sibling where a node is promoted).
+  auto proof_of = [](uint64_t index, uint64_t count) {
+    MerkleProof p;
+    p.index = index;
+    p.leaf_count = count;
+    for (uint64_t w = count, pos = index; w > 1; w = (w + 1) / 2, pos /= 2) {
+      if ((pos ^ 1) < w) p.siblings.emplace_back();
+    }
+    return p;
+  };
+  auto middle_layer = [n_layer](const std::string& name) {
+    for (int l = 1; l + 1 < n_layer; ++l) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      if (name.starts_with(p) || name.find("." + p) != std::string::npos) return true;
+    }
+    return false;
+  };
+  std::map<engine::TileOpKind, WitnessLargest> largest;
+  for (size_t j = 0; j < plan->ops.size(); ++j) {
+    const engine::TileOp& o = plan->ops[j];
+    if (o.kind == engine::TileOpKind::kTileOpState || o.kind == engine::TileOpKind::kTileOpOpaque ||
+        middle_layer(o.name)) {
+      continue;
+    }
+    const int64_t op = static_cast<int64_t>(j), count = o.grid.count();
+    const int64_t nb = std::max<int64_t>(1, engine::ReductionBlocks(*plan, op));
+    std::vector<int64_t> blocks;
+    for (int64_t k = 0; k < nb; ++k) {
+      if (nb <= 160 || k < 2 || k == nb / 2 || k >= nb - 2) blocks.push_back(k);
+    }
+    for (int64_t tile : {int64_t{0}, count / 2, count - 1}) {
+      for (int64_t block : blocks) {
+        Result<engine::TileFootprint> fp = engine::Footprint(*plan, op, tile, block);
+        EXPECT_TRUE(fp.ok()) << o.name << ": " << fp.status().ToString();
+        if (!fp.ok()) return {};
+        TileWitness w;
+        w.outputs.assign(j, Hash256{});
+        for (const engine::TileRef& r : fp->tiles) {
+          const engine::TileGrid& g = plan->ops[static_cast<size_t>(r.op)].grid;
+          w.tiles.push_back(TileWitnessTile{
+              static_cast<uint32_t>(r.op + 1), static_cast<uint64_t>(r.tile),
+              std::vector<float>(static_cast<size_t>(g.TileRect(r.tile).numel())),
+              proof_of(static_cast<uint64_t>(r.tile), static_cast<uint64_t>(g.count()))});
+        }
+        if (!fp->batch_rows.empty()) {
+          for (int64_t p :
+               engine::TokenPagesOfRows(1, 0, 0, 1, kT, kStreamTokens, fp->batch_rows)) {
+            w.pages.push_back(TileWitnessPage{
+                static_cast<uint64_t>(p),
+                std::vector<int32_t>(static_cast<size_t>(engine::kTokenPageTokens)),
+                proof_of(static_cast<uint64_t>(p), static_cast<uint64_t>(stream_pages))});
+          }
+        }
+        w.partial.resize(
+            static_cast<size_t>(engine::ReductionPartialFloats(*plan, op, tile, block)));
+        const size_t bytes = EncodeTileWitness(w).size();
+        WitnessLargest& l = largest[o.kind];
+        if (bytes > l.bytes) l = WitnessLargest{bytes, o.name, tile, block};
+      }
+    }
+  }
+  return largest;
+}
+
+// Issue 16's bound from shapes alone (PlanStepTiles allocates nothing): GPT-2 small (n_layer 12,
+// n_head 12, n_embd 768, T = 1024, V = 50257; one sequence, AdamW clipped at 1.0). For every
+// covered operator, the encoded witness (EncodeTileWitness) of its first, middle and last tiles
+// at every reduction block (five of them past 160: the first two, the middle, the last two),
+// sized as BuildTileWitness would fill it: the output roots of the operators before it, the
+// footprint's tiles with Merkle proofs as deep as their operands' grids, the pages of a 9e9-token
+// stream (GPT-2's OpenWebText) holding its rows' tokens, and the partial sum. Layers 1..10 repeat
+// layer 0's and 11's footprints between their operator indices, so they are skipped. Each
+// operator kind's largest witness is printed; each must be within kMaxTileWitnessBytes, the
+// attention backward's too: above T = 256 its softmax backward's row sums s_t (the chain over t2
+// of att * datt, which a dk block needs for 32 other rows) are chained first in the tile's own
+// partial, so no block reads a whole row of att or v of the whole sequence.
+TEST(TileContextTest, Gpt2SmallWitnessesAreWithinTheBoundFromShapesAlone) {
+  size_t ops = 0;
+  std::map<engine::TileOpKind, WitnessLargest> largest = LargestGpt2Witnesses(12, 12, 768, &ops);
+  ASSERT_FALSE(largest.empty());
+  std::printf("gpt2-small: %zu operators\n", ops);
+  // Every kind a clipped AdamW GPT step has (not relu, SGD, conv, pool, opaque).
+  EXPECT_EQ(largest.size(), 21u);
+  for (const auto& [kind, l] : largest) {
+    std::printf("gpt2-small kind %d: largest witness %zu bytes (%s tile %lld block %lld)\n",
+                static_cast<int>(kind), l.bytes, l.op.c_str(), static_cast<long long>(l.tile),
+                static_cast<long long>(l.block));
+    EXPECT_LE(l.bytes, kMaxTileWitnessBytes) << l.op << " tile " << l.tile << " block " << l.block;
+  }
+  // The attention forward, narrowed above T = 256: a block of att reads q of 32 rows and k of 32
+  // positions, of atty att's 32 columns and v of 32 positions, whatever T.
+  EXPECT_LT(largest[engine::TileOpKind::kTileOpAttention].bytes, 64u << 10);
+  EXPECT_LT(largest[engine::TileOpKind::kTileOpAttentionOut].bytes, 64u << 10);
+  // The attention backward, narrowed above T = 256 (its row sums first): a block reads 32 x 32 of
+  // att and 32 positions of dout, v and q or k in one head, with the partial (the group's T row
+  // sums and the tile's accumulators), whatever T.
+  EXPECT_LT(largest[engine::TileOpKind::kTileOpAttentionBackward].bytes, 64u << 10);
+}
+
+// The same from shapes alone for the wider GPT-2s (issue 16): medium (24 layers, 16 heads,
+// n_embd 1024) and XL (48, 25, 1600). Every kind's largest witness is printed. The linears'
+// forwards and input gradients and the layernorms' forwards, input gradients and dweights,
+// narrowed above 784 columns into blocks of 256 (the layernorms' row sums first), are within
+// kMaxTileWitnessBytes on both, as is every kind but one.
+// KNOWN OVER, not narrowed yet (issue 16 left), so it must stay over until it is (then move it to
+// the bound): the global norm's one tile reads the block partials of the largest parameter
+// (wte's 50257 C elements, 4 bytes a 1024), on top of the roots of the operators before it,
+// which every witness carries (32 bytes each: 2509 operators on medium, 4981 on XL, 156 KiB).
+TEST(TileContextTest, Gpt2MediumAndXlWitnessesFromShapesAlone) {
+  using engine::TileOpKind;
+  struct Shape {
+    const char* name;
+    int n_layer, n_head, n_embd;
+    std::set<TileOpKind> over;
+  };
+  const std::set<TileOpKind> over = {TileOpKind::kTileOpGradNorm};
+  for (const Shape& sh :
+       {Shape{"gpt2-medium", 24, 16, 1024, over}, Shape{"gpt2-xl", 48, 25, 1600, over}}) {
+    size_t ops = 0;
+    std::map<TileOpKind, WitnessLargest> largest =
+        LargestGpt2Witnesses(sh.n_layer, sh.n_head, sh.n_embd, &ops);
+    ASSERT_FALSE(largest.empty()) << sh.name;
+    EXPECT_EQ(largest.size(), 21u) << sh.name;
+    std::printf("%s: %zu operators\n", sh.name, ops);
+    for (const auto& [kind, l] : largest) {
+      std::printf("%s kind %d: largest witness %zu bytes (%s tile %lld block %lld)%s\n", sh.name,
+                  static_cast<int>(kind), l.bytes, l.op.c_str(), static_cast<long long>(l.tile),
+                  static_cast<long long>(l.block), sh.over.contains(kind) ? " OVER" : "");
+      if (sh.over.contains(kind)) {
+        EXPECT_GT(l.bytes, kMaxTileWitnessBytes) << sh.name << " " << l.op << ": now within";
+      } else {
+        EXPECT_LE(l.bytes, kMaxTileWitnessBytes)
+            << sh.name << " " << l.op << " tile " << l.tile << " block " << l.block;
+      }
+    }
+    // The narrowed linears and layernorms: a block reads 32 x 256 floats of each operand (and a
+    // weight vector tile), whatever C.
+    for (TileOpKind k : {TileOpKind::kTileOpLinear, TileOpKind::kTileOpLinearInputGrad,
+                         TileOpKind::kTileOpLayerNorm, TileOpKind::kTileOpLayerNormInputGrad,
+                         TileOpKind::kTileOpLayerNormWeightGrad}) {
+      EXPECT_LT(largest[k].bytes, 200u << 10) << sh.name << " kind " << static_cast<int>(k);
+    }
+  }
 }
 
 // A party silent at one phase (param: phase x which party; the solver lies) loses at the missed
@@ -2203,15 +2477,7 @@ TEST_F(TileChainTest, AWhistleblowersChallengeWithTheBundlePlaysTheTilePhase) {
   StepOk({N(wb_, Reg(wb_, kRoleWhistleblower))});
   Submit();
   const std::vector<Hash256> leaves = {liar.state[0], liar.state[kSteps]};
-  StepOk({N(solver_, CommitUnitTx{.task_id = task_id_,
-                                  .index = 0,
-                                  .node_id = solver_.public_key(),
-                                  .result_hash = Blake2b("delta"),
-                                  .commitment = MerkleRoot(leaves),
-                                  .loss_micros = 1,
-                                  .secret_index = Node(solver_).secrets_committed + 1,
-                                  .leaves = leaves})});
-  for (int i = 0; i < 5 && Check().stage() != CheckStage::kCheckCommitVerdicts; ++i) Step();
+  ASSERT_NO_FATAL_FAILURE(CommitUnit(leaves));
   const Hash256 salt = Blake2b("salt");
   StepOk({N(verifier_, CommitVerdictTx{.task_id = task_id_,
                                        .index = 0,

@@ -9,10 +9,13 @@
 // norm as two operators ("grad_norm.blocks": every gradient's SumSquaresTree block partials;
 // "grad_norm": the norm), then every parameter after the optimizer update, and finally every
 // optimizer state tensor after it (Optimizer::State()'s names and order), so the step's output
-// state is operator outputs too. Two
-// honest runs of the same step record identical lists; the first index where two lists differ
-// names the first operator that computed something different, and the referee needs to recompute
-// only that one, and of it only one tile (tile.h, tile_rule.h).
+// state is operator outputs too. A step trained in M > 1 micro-batches (pipeline.h) records the
+// same input state, then micro-batch m's activations, gradients and accumulated parameter
+// gradients (each "mb<m>.<name>"; a GPT's also the tied head's separate wte gradient,
+// "mb<m>.<wte>.head.grad"), for m = 0..M-1, then a GPT's "<wte>.grad" (the two added), then the
+// norm and the output state as above. Two honest runs of the same step record identical lists; the
+// first index where two lists differ names the first operator that computed something different,
+// and the referee needs to recompute only that one, and of it only one tile (tile.h, tile_rule.h).
 //
 // An output's commitment is its tiled root (tile.h): the Merkle root over its tiles' hashes, in
 // the tile grid of its rows x cols view (recorded beside it), so one tile can be proven alone.
@@ -47,6 +50,7 @@ class OpTrace {
     grids_.clear();
     values_.clear();
     record_seconds_ = 0;
+    name_prefix_.clear();
   }
   // Appends the tiled root of `values` viewed as a vector (1 x n).
   void Record(std::string name, std::span<const float> values);
@@ -57,6 +61,10 @@ class OpTrace {
   // Wall-clock seconds spent recording (hashing tiles and building roots) since construction or
   // Clear(): the commitment's cost, for verify_bench --benchmarks=referee.
   double record_seconds() const { return record_seconds_; }
+
+  // Prepended to the name of every output recorded from now on: a step trained in M > 1
+  // micro-batches records micro-batch m's operators as "mb<m>.<name>" (step_replay.cc).
+  void set_name_prefix(std::string prefix) { name_prefix_ = std::move(prefix); }
 
   // Keep a copy of every recorded output (for opening tiles). Off by default.
   void set_keep_values(bool keep) { keep_values_ = keep; }
@@ -74,6 +82,7 @@ class OpTrace {
   std::vector<std::string> names_;
   std::vector<Hash256> hashes_;
   std::vector<TileGrid> grids_;
+  std::string name_prefix_;
   bool keep_values_ = false;
   std::vector<std::vector<float>> values_;
   double record_seconds_ = 0;

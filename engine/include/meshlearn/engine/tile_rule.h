@@ -12,14 +12,45 @@
 //
 // Footprints (32 x 32 tiles, tile.h):
 //   linear forward   out[r, o]      rows r of the input (a row block x all C) and rows o of the
-//                                   weight (a row block x all C), the bias elements o;
+//                                   weight (a row block x all C), the bias elements o; above
+//                                   C = 784 (the fashion MLP's input; GPT-2 small's 768 and
+//                                   every plan before are unchanged) its chain over c is
+//                                   narrowed into blocks of 256 columns, the first starting from
+//                                   the bias (the partial: the tile's accumulators), 64 KiB of
+//                                   inputs a block whatever C;
 //   relu, gelu (and their gradients) the same elements of its input (and of the incoming
 //                                   gradient);
 //   residual add                    the same elements of both its inputs;
 //   layernorm out[r, c]             the whole rows r of its input (all C), weight and bias c;
+//                                   above C = 784 (GPT-2 small's 768 and every plan before are
+//                                   unchanged) NARROWED like the loss's softmax, in
+//                                   kernels_ref.cc's LayerNormForward order: nb = ceil(C / 256)
+//                                   column blocks, blocks 0..nb-1 the rows' running sum m = m + x
+//                                   from 0 (its partial: the tile's R rows' sums), nb..2nb-1 the
+//                                   running v = fma(x - m, x - m, v) from 0 with m = sum / C (its
+//                                   partial: R means, then R sums), block 2nb the tile's columns
+//                                   (rstd = 1 / sqrt(v / C + eps)); a block reads 32 x 256
+//                                   floats of the input, the last the tile's and weight and bias;
 //   attention att[(b, h, t), t2]    q of rows t of sequence b, head h, and k of its rows 0..t;
 //   attention out atty[(b, t), c]   the att rows (b, h, t) of the heads h of columns c (all T),
 //                                   and v of columns c of every row of sequence b;
+//                                   above T = 256 (the 10M GPT's T; at or below it the plans are
+//                                   unchanged) both are NARROWED over the sequence's positions
+//                                   in blocks of 32 (nb = T / 32 blocks): att in the reference
+//                                   kernel's order, blocks 0..nb-1 the rows' running max of
+//                                   pre = q . k * (1 / sqrt(hs)) (its partial: the tile's rows'
+//                                   maxima), nb..2nb-1 their running sum of Exp(pre - max) (its
+//                                   partial: maxima, then sums), block 2nb the tile's own
+//                                   columns (Exp(pre - max) * (1 / sum)); a block reads q of the
+//                                   tile's rows that reach its keys and k of its 32 positions
+//                                   (the last block: of the tile's columns): about 256 hs bytes
+//                                   (the qkv tiles holding them; twice that where a tile's rows
+//                                   cross into a second sequence or head, T not a multiple of 32);
+//                                   atty its chain over t2 from 0, block k reading att's columns
+//                                   of its 32 positions in the tile's rows (each head of the
+//                                   tile's columns) and v of those positions in the tile's
+//                                   columns (the partial: the tile's accumulators), 8 KiB at
+//                                   hs >= 32, whatever T;
 //   loss, loss gradient             the logits rows of the tile, the examples of those rows (their
 //                                   targets; a GPT's: the rows' target tokens);
 //   encoded[r, c] (GPT)             the rows' tokens (batch rows: a token task proves them by the
@@ -43,17 +74,48 @@
 //                                   column, its whole att rows and atty.grad rows (dP's row sum),
 //                                   v of the whole sequence (dA) and k of the block's rows; of a
 //                                   dk column, the same for the block's rows and q of them. The
-//                                   backward's datt/dpreatt scratch is recomputed, not traced;
+//                                   backward's datt/dpreatt scratch is recomputed, not traced.
+//                                   Above T = 256 (at or below it the plans are unchanged) the
+//                                   softmax backward's row sums s_t (the chain over t2 of
+//                                   att[t, t2] * dA[t, t2]) are chained FIRST, in the tile's own
+//                                   partial: blocks qb * nb + kb (nb = ceil(T / 32)) continue the
+//                                   sums of query block qb over key block kb, for every (b, h)
+//                                   the tile's q and k columns need (all T rows each), reading
+//                                   att's 32 x 32 of the group, dout of the query rows and v of
+//                                   the key rows (the head's hs columns); then the nb chain
+//                                   blocks read only the block's 32 positions: dq att of its rows
+//                                   in the block's columns, dout of its rows, v and k of the
+//                                   block's rows; dk att of the block's rows in its columns,
+//                                   dout and q of the block's rows, v of its rows; each takes the
+//                                   agreed s_t from the partial (groups x T sums, then the
+//                                   tile's accumulators). No new traced operator: the sums are
+//                                   partials of the disputed tile, like att's max and sum;
 //   linear input gradient dX[r, c]  rows r of the output gradient (all OC) and columns c of the
-//                                   weight (all OC); above OC = 1024 its chain over o is narrowed
-//                                   into blocks of 256 (the GPT's ln2.grad, ln1.grad);
+//                                   weight (all OC); above OC = 784 its chain over o is narrowed
+//                                   into blocks of 256 (the GPT's ln2.grad, ln1.grad; above
+//                                   n_embd 784 also atty.grad, fch_gelu.grad);
 //   layernorm input gradient dX[r, c] (GPT) the whole rows r of the output gradient and of the
 //                                   layernorm's input (each row's mean, rstd and two sums over c),
 //                                   the whole weight, and the tile of the residual gradient it is
-//                                   added into (ResidualBackward's 0 + g; none for ln_f);
+//                                   added into (ResidualBackward's 0 + g; none for ln_f); above
+//                                   C = 784 NARROWED: blocks 0..2nb-1 the input rows' mean and
+//                                   variance sums as the forward's, 2nb..3nb-1 LayerNormBackward's
+//                                   dmean = dmean + dnorm and dnmean = fma(dnorm, norm, dnmean)
+//                                   over the block's columns (dout, input and weight of them; the
+//                                   partial: R means, R rstds, R dmeans, R dnmeans), block 3nb
+//                                   the tile's columns (and the residual gradient's tile);
+//   (not narrowed yet, issue 16: grad_norm's block of wte, over the 256 KiB bound at GPT-2
+//   medium's size with the operator roots);
 //   layernorm dweight[c], dbias[c]  a reduction over the rows: NARROWED like dW below, block k
 //                                   reading rows k of the output gradient (columns c) and, for
 //                                   dweight, the whole rows k of the input (their mean and rstd);
+//                                   above C = 784 dweight's row block k is itself 2 nb + nq
+//                                   blocks: the rows' mean and variance sums in nb column blocks
+//                                   of 256 each (as the forward's), then nq = ceil(min(C, 1024)
+//                                   / 256) chunks of 256 of the tile's columns continuing their
+//                                   fma chains over the block's rows (dout and input of them; a
+//                                   chunk past a short tile's columns reads nothing); the partial:
+//                                   the tile's accumulators, then the row block's sums;
 //   linear dW[o, c], db[o]          a reduction over the whole batch: NARROWED. The batch is cut
 //                                   into fixed blocks of kTileRows rows; the engine's sum is one
 //                                   sequential chain over the batch (kernels.h), so the partial
@@ -93,6 +155,22 @@
 // The input state tensors ("in.<name>") are operators of the plan but are not recomputed: they
 // are the step's input (RecomputeTile refuses them).
 //
+// Micro-batches (train.micro_batches = M > 1; pipeline.h's order). The plan follows the trace of
+// StepOnBatch with M micro-batches (op_trace.h): the input state; for m = 0..M-1, micro-batch m's
+// forward and backward operators over its B / M rows (TilePlan::batch stays the whole step's;
+// TileOp::batch_offset is where the micro-batch starts, and a footprint's batch_rows are the
+// step's batch positions), named "mb<m>.<name>", and its parameter gradients as accumulated
+// after it: the footprints above over the micro-batch's rows, NARROWED the same way, but the last
+// block's "grad += sum" adds S_K into micro-batch m-1's accumulated tile (the gradient operator's
+// operand v, read by the last block as one more footprint tile) instead of into zero; the loss
+// gradient is scaled by MicroBatchLossScale(M) / (B / M) as the kernels scale it. A GPT's tied
+// head gradient accumulates in its own buffer: "mb<m>.<wte>.head.grad" is the head's dW chained
+// the same way (a linear dW with v the previous micro-batch's), wte's own per-micro-batch
+// gradient is the embedding's alone (no head blocks), and after the last micro-batch
+// "<wte>.grad" = the two added elementwise (AddTiedHeadGrad, a kTileOpResidual). Then the norm
+// and the update as for M = 1, reading the last micro-batch's gradients and "<wte>.grad". M = 1
+// is the unsplit plan, unchanged.
+//
 // A conv2d output tile reads, for its samples, the input rows its output rows see, in every
 // channel: over 4 channels its chain (over (c, kh, kw), kernels.h) is narrowed into blocks of 4
 // channels.
@@ -116,7 +194,7 @@
 // without a data root over its pages (ledger/referee_tile.h, TokenOpsOpaque).
 // PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
 //
-//   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size));
+//   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size, seq_len, M));
 //   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, block));
 //   TileInputs in = GatherTileInputs(plan, fp, trace, batch);      // a party, from its own run
 //   in.partial = ...;                                              // reductions: S_block
@@ -144,8 +222,9 @@ enum class TileOpKind : uint8_t {
   kTileOpLossGrad,          // d loss / d logits x
   kTileOpLinearInputGrad,   // x = dout, w = weight
   kTileOpReluInputGrad,     // x = dout, w = the relu's input
-  kTileOpLinearWeightGrad,  // x = dout, w = the layer's input; reduction over the batch
-  kTileOpLinearBiasGrad,    // x = dout; reduction over the batch
+  kTileOpLinearWeightGrad,  // x = dout, w = the layer's input; reduction over the batch; v =
+                            // the previous micro-batch's accumulated gradient (-1: zeroed)
+  kTileOpLinearBiasGrad,    // x = dout; reduction over the batch; v as above
   kTileOpAdamW,             // x = parameter, w = gradient, b = m, v = v
   kTileOpSgd,               // x = parameter, w = gradient, b = momentum buffer (or none)
   kTileOpOpaque,            // computed by the step, but without a footprint yet
@@ -163,15 +242,18 @@ enum class TileOpKind : uint8_t {
                             // x's); a chain over the parameters
   kTileOpLayerNormInputGrad,   // x = dout, w = the layernorm's input, b = its weight; v = the
                                // gradient it adds into (-1: a zeroed one)
-  kTileOpLayerNormWeightGrad,  // x = dout, w = the layernorm's input; reduction over the rows
-  kTileOpLayerNormBiasGrad,    // x = dout; reduction over the rows
+  kTileOpLayerNormWeightGrad,  // x = dout, w = the layernorm's input; reduction over the rows;
+                               // v as a linear dW's
+  kTileOpLayerNormBiasGrad,    // x = dout; reduction over the rows; v as above
   kTileOpEmbedding,            // encoded = wte[token] + wpe[position]: x = wte, w = wpe (conv: T)
   kTileOpEmbeddingGrad,        // wte / wpe gradient: x = the residual gradient entering the first
                          // layer; conv: T, 1 (rows by token, wte) or 0 (rows by position, wpe);
                          // wte also b = logits.grad, v = ln_f (the tied head's dW, chained
-                         // first); a reduction over the rows
+                         // first); a reduction over the rows. Without the head (b = -1,
+                         // micro-batches), v as a linear dW's
   kTileOpAttentionBackward,  // qkv.grad: x = atty.grad, w = qkv, b = att (conv: T, NH, C); each
-                             // element a chain over the sequence's positions, narrowed
+                             // element a chain over the sequence's positions, narrowed (above
+                             // T = 256 after the softmax backward's row sums)
 };
 
 // What an update operator (kTileOpAdamW, kTileOpSgd) records: the updated parameter (named as
@@ -207,11 +289,15 @@ struct TileOp {
   // The update kinds: which of the update's outputs this operator records (one update computes
   // all of them from the same footprint): the parameter, or an optimizer moment after it.
   TileUpdateOutput update_output = TileUpdateOutput::kTileUpdateParam;
+  // An operator of micro-batch m of a step in M > 1 micro-batches: m * B / M, where its rows
+  // start in the step's batch (its footprints' batch_rows are the step's batch positions).
+  int64_t batch_offset = 0;
 };
 
 struct TilePlan {
   std::vector<TileOp> ops;
-  int64_t batch = 0;       // B (a GPT: B x T, the rows of its activations)
+  int64_t batch = 0;          // B (a GPT: B x T, the rows of its activations): the whole step's
+  int64_t micro_batches = 1;  // M: each operator of a micro-batch has batch / M rows
   int64_t input_size = 0;  // floats of one example (0 for a GPT: its rows read tokens)
   int64_t classes = 0;
   // A GPT: the batch operand's rows are tokens (TileInputs::tokens, y the targets), in sequences
@@ -234,17 +320,26 @@ int64_t UpdatedStateOperand(const TileOp& op);
 Hash256 StateTileRoot(TrainState& state);
 
 // The plan of one training step of `model` trained by `optimizer` at batch size `batch` (a GPT:
-// of `seq_len` tokens, 0 = block_size). FailedPrecondition (naming what) for a sequential layer
-// it cannot plan.
+// of `seq_len` tokens, 0 = block_size) in `micro_batches` micro-batches (train.micro_batches;
+// 1: the unsplit step). FailedPrecondition (naming what) for a sequential layer it cannot plan;
+// InvalidArgument when micro_batches does not divide batch.
 Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
-                               int64_t batch, int64_t seq_len = 0);
+                               int64_t batch, int64_t seq_len = 0, int64_t micro_batches = 1);
 
 // Number of fixed reduction blocks a tile of op j is narrowed into (dW, db: the batch in blocks of
-// kTileRows rows; a wide linear: its chain in blocks of 256; a conv: 4 channels a block; `encoded`
+// kTileRows rows; a wide linear: its chain in blocks of 256; a conv: 4 channels a block; att and
+// atty above T = 256: 2 nb + 1 and nb blocks of 32 positions (nb = T / 32, rounded up); `encoded`
 // of a vocabulary above 1024: wte's rows in blocks of 1024, each setting its tokens' rows;
 // grad_norm.blocks: kTileFlat, one partial a block, those past a short last tile's end changing
 // nothing; grad_norm: one parameter a block), or 0 when op j's tiles are recomputed whole.
 int64_t ReductionBlocks(const TilePlan& plan, int64_t op);
+
+// The floats of the partial sum S_block that block `block` of tile `tile` of a reduction op j
+// continues from (TileInputs::partial; what a witness carries): the tile's, but a narrowed
+// softmax's or attention's row statistics, and wte's gradient's two tiles past the tied head.
+// 0 for block 0 and for an operator whose tiles are recomputed whole. REQUIRES: the indices are
+// in range (Footprint accepts them).
+int64_t ReductionPartialFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block);
 
 struct TileRef {
   int64_t op = 0;

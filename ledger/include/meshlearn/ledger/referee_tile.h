@@ -107,15 +107,16 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
 
 // The chain's view of unit `unit` of task `task` for the tile phase, from the task's `bundle`
 // (its blob id must be the task's spec_hash): the step's plan (PlanStepTiles with the task's
-// model, the unit's inner optimizer and the batch size), the task's seed, the unit's stream and
+// model, the unit's inner optimizer, the batch size and its micro-batches), the task's seed, the
+// unit's stream and
 // the data root. What the ledger derives when a dispute opens with a bundle (the tile counts,
 // SetTilePhase) and when it rules a tile (RefereeTile); a node calls it to build what the ledger
 // will check. InvalidArgument for a bundle that is not the task's; FailedPrecondition (naming
 // why, `where` first) for a task the tile phase does not serve: tolerance mode, a classification
-// task without a data root, micro-batches, a layer PlanStepTiles cannot plan. The plan comes from
-// the spec's shapes alone, so a model of any size is planned without allocating it. A token task without a data root is served, but the operators that read
-// its batch's tokens (encoded, the loss, logits.grad, wte's gradient) are opaque in its plan
-// (TokenOpsOpaque): nothing proves the tokens.
+// task without a data root, a layer PlanStepTiles cannot plan. The plan comes from
+// the spec's shapes alone, so a model of any size is planned without allocating it. A token task
+// without a data root is served, but the operators that read its batch's tokens (encoded, the loss,
+// logits.grad, wte's gradient) are opaque in its plan (TokenOpsOpaque): nothing proves the tokens.
 Result<TileRuleContext> TileContextOf(const TaskRecord& task, const WorkUnit& unit,
                                       const std::string& bundle, const std::string& where);
 
@@ -127,7 +128,8 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& task, const WorkUnit& un
 // and tile phases and ends at a tile (RuleTile) or at a whole step ruled from roots (RuleRoots).
 // The ledger refuses the transaction without it; every node sends it (node/roles/disputes.h,
 // MismatchBundle). A bundle TileContextOf refuses with FailedPrecondition (a plan the tile phase
-// does not serve yet: micro-batches) still opens the dispute, over whole steps.
+// does not serve: none among today's models, micro-batched steps included) still opens the
+// dispute, over whole steps.
 bool DisputeNeedsBundle(const TaskParams& params);
 
 // A party's move in phases 2-4 of a dispute (protocol::DisputeQuery of stage operators, tiles or
