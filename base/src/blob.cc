@@ -1,5 +1,7 @@
 #include "meshlearn/base/blob.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <string>
 
 #include "meshlearn/base/encoding.h"
@@ -54,15 +56,43 @@ Status ValidateBlobSize(uint64_t size, uint32_t chunk_size) {
 Manifest BuildManifest(ByteSpan data, uint32_t chunk_size) {
   Status s = ValidateBlobSize(data.size(), chunk_size);
   CHECK(s.ok()) << s.ToString();
-  Manifest m;
-  m.total_size = data.size();
-  m.chunk_size = chunk_size;
-  m.chunks.reserve(ChunkCountFor(data.size(), chunk_size));
-  for (uint64_t off = 0; off < data.size(); off += chunk_size) {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_size, data.size() - off));
-    m.chunks.push_back(Blake2b(data.subspan(off, n)));
+  ManifestBuilder b(chunk_size);
+  b.Append(data);
+  return b.Finish();
+}
+
+ManifestBuilder::ManifestBuilder(uint32_t chunk_size) {
+  CHECK(chunk_size > 0 && chunk_size <= kMaxChunkSize) << "chunk size " << chunk_size;
+  m_.chunk_size = chunk_size;
+}
+
+void ManifestBuilder::Append(ByteSpan piece) {
+  m_.total_size += piece.size();
+  const size_t n = m_.chunk_size;
+  if (!chunk_.empty()) {  // fill the chunk under way first
+    const size_t take = std::min(n - chunk_.size(), piece.size());
+    chunk_.insert(chunk_.end(), piece.begin(), piece.begin() + static_cast<std::ptrdiff_t>(take));
+    piece = piece.subspan(take);
+    if (chunk_.size() < n) return;
+    m_.chunks.push_back(Blake2b(chunk_));
+    chunk_.clear();
   }
-  return m;
+  // Whole chunks straight from the piece; the rest waits for the next piece or Finish.
+  while (piece.size() >= n) {
+    m_.chunks.push_back(Blake2b(piece.subspan(0, n)));
+    piece = piece.subspan(n);
+  }
+  chunk_.assign(piece.begin(), piece.end());
+}
+
+Manifest ManifestBuilder::Finish() {
+  Status s = ValidateBlobSize(m_.total_size, m_.chunk_size);
+  CHECK(s.ok()) << s.ToString();
+  if (!chunk_.empty()) m_.chunks.push_back(Blake2b(chunk_));
+  chunk_.clear();
+  Manifest out = std::move(m_);
+  m_ = Manifest{.total_size = 0, .chunk_size = out.chunk_size, .chunks = {}};
+  return out;
 }
 
 Status ValidateManifest(const Manifest& m) {

@@ -1,5 +1,8 @@
 #include "meshlearn/base/blob.h"
 
+#include <algorithm>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "meshlearn/base/encoding.h"
@@ -31,6 +34,31 @@ TEST(BlobTest, ChunksAndRoundTrip) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, m);
   EXPECT_EQ(BlobId::FromHex(id.ToHex())->hash, id.hash);
+}
+
+// A blob given a piece at a time, cut anywhere (within a chunk, on a chunk's end, across several
+// chunks, empty pieces), has the manifest of its chunks: each chunk's Blake2b, whatever the cuts.
+TEST(BlobTest, ABuilderGivenPiecesCutAnywhereHashesTheSameChunks) {
+  const Bytes data = RandomBytes(10'000, 3);
+  std::vector<Hash256> want;
+  for (size_t off = 0; off < data.size(); off += 4096) {
+    want.push_back(Blake2b(ByteSpan(data).subspan(off, std::min<size_t>(4096, data.size() - off))));
+  }
+  for (const std::vector<size_t>& cuts : std::vector<std::vector<size_t>>{
+           {}, {1}, {4095}, {4096}, {4097}, {0, 0, 9000}, {100, 4000, 4096, 9999}, {8192, 8193}}) {
+    ManifestBuilder b(4096);
+    size_t from = 0;
+    for (size_t cut : cuts) {
+      cut = std::max(cut, from);
+      b.Append(ByteSpan(data).subspan(from, cut - from));
+      from = cut;
+    }
+    b.Append(ByteSpan(data).subspan(from));
+    const Manifest m = b.Finish();
+    EXPECT_EQ(m.total_size, data.size());
+    EXPECT_EQ(m.chunk_size, 4096u);
+    EXPECT_EQ(m.chunks, want) << "cut at " << (cuts.empty() ? 0 : cuts[0]);
+  }
 }
 
 TEST(BlobTest, DefaultChunkSizeIsOneMiB) {

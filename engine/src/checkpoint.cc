@@ -1,6 +1,8 @@
 #include "meshlearn/engine/checkpoint.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <set>
 
 #include "meshlearn/base/merkle.h"
@@ -143,7 +145,32 @@ Status SaveModel(Env* env, const std::string& path, TrainState& st,
 }
 
 Result<TrainState> LoadCheckpoint(Env* env, const std::string& path) {
-  ML_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Read(env, path));
+  ML_ASSIGN_OR_RETURN(std::string bytes, env->ReadFile(path));
+  return ReadCheckpoint(bytes, path);
+}
+
+Result<TrainState> ReadCheckpoint(std::string_view bytes, const std::string& name) {
+  return ReadCheckpoint(
+      bytes.size(),
+      [bytes](uint64_t offset, std::span<char> out) -> Status {
+        // ReadCheckpoint reads only within the size it was given.
+        CHECK_LE(offset + out.size(), bytes.size());
+        if (!out.empty()) std::memcpy(out.data(), bytes.data() + offset, out.size());
+        return Status::Ok();
+      },
+      name);
+}
+
+Result<TrainState> ReadCheckpoint(uint64_t size, const ReadAtFn& read, const std::string& path) {
+  // The header first (its length from the first 8 bytes), parsed with every check; then the
+  // state it names is built and each tensor read into place.
+  std::string first8(static_cast<size_t>(std::min<uint64_t>(8, size)), '\0');
+  ML_RETURN_IF_ERROR(read(0, first8));
+  ML_ASSIGN_OR_RETURN(uint64_t header_size, SafetensorsFile::HeaderSize(first8, size, path));
+  std::string head(static_cast<size_t>(header_size), '\0');
+  ML_RETURN_IF_ERROR(read(0, head));
+  ML_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::ParseHeader(head, size, path));
+  head = std::string();
   ML_ASSIGN_OR_RETURN(std::string format, f.Metadata("format"));
   if (format != kCheckpointFormat && format != kModelFormat) {
     return DataLoss(path + ": __metadata__.format is '" + format + "', expected '" +
@@ -176,8 +203,20 @@ Result<TrainState> LoadCheckpoint(Env* env, const std::string& path) {
   if (!model.ok()) return DataLoss(path + ": " + model.status().message());
   st.model = std::move(*model);
   std::set<std::string> expected;
+  // Each tensor of the state, of its shape, is read from the file into its own memory once every
+  // one was found, in the file's order (a source read front to back: node/stage_evidence.h).
+  std::vector<std::pair<const SafetensorsEntry*, Tensor*>> reads;
+  auto find = [&](const std::string& tensor, Tensor& into) -> Status {
+    ML_ASSIGN_OR_RETURN(const SafetensorsEntry* e, f.F32Entry(tensor, into.shape()));
+    if (e->shape != into.shape()) {  // a scalar's empty `expect` checks no shape
+      return DataLoss(path + ": tensor '" + tensor + "' has shape " + ShapeToString(e->shape) +
+                      ", expected " + ShapeToString(into.shape()));
+    }
+    reads.emplace_back(e, &into);
+    return Status::Ok();
+  };
   for (Param& p : st.model->params()) {
-    ML_ASSIGN_OR_RETURN(p.value, f.GetF32(p.name, p.value.shape()));
+    ML_RETURN_IF_ERROR(find(p.name, p.value));
     expected.insert(p.name);
   }
   if (format == kCheckpointFormat) {
@@ -186,7 +225,7 @@ Result<TrainState> LoadCheckpoint(Env* env, const std::string& path) {
     if (!ospec.ok()) return DataLoss(ospec.status().message());
     st.optimizer = std::make_unique<Optimizer>(*ospec, st.model->params());
     for (const Optimizer::NamedState& s : st.optimizer->State()) {
-      ML_ASSIGN_OR_RETURN(*s.tensor, f.GetF32(s.name, s.tensor->shape()));
+      ML_RETURN_IF_ERROR(find(s.name, *s.tensor));
       expected.insert(s.name);
     }
   }
@@ -196,6 +235,12 @@ Result<TrainState> LoadCheckpoint(Env* env, const std::string& path) {
           path + ": unexpected tensor '" + name + "' (not part of this model" +
           std::string(format == kModelFormat ? "; optimizer state in a model file?" : "") + ")");
     }
+  }
+  std::sort(reads.begin(), reads.end(),
+            [](const auto& a, const auto& b) { return a.first->offset < b.first->offset; });
+  for (const auto& [e, into] : reads) {
+    ML_RETURN_IF_ERROR(read(e->offset, std::span<char>(reinterpret_cast<char*>(into->data()),
+                                                       static_cast<size_t>(e->size()))));
   }
   // The stored hash must match what we loaded: catches edits that keep the file well-formed.
   Result<std::string> stored = f.Metadata("state_hash");

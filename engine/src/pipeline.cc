@@ -244,9 +244,43 @@ const char* TransferKindName(TransferKind kind) {
 
 // ---- Stage.
 
+namespace {
+
+// Restore's checks: `saved` holds the model part `part` of `model` and the optimizer `optimizer`
+// of stage `index`, else InvalidArgument naming what differs.
+Status CheckSavedStage(int index, const ModelSpec& model, ModelPart part,
+                       const OptimizerSpec& optimizer, const TrainState& saved) {
+  if (!saved.model || !saved.optimizer) {
+    return InvalidArgument("stage " + std::to_string(index) +
+                           ": the saved state has no model or no optimizer (a model file?)");
+  }
+  if (saved.model->spec().ToJson() != model.ToJson() || saved.model->part().begin != part.begin ||
+      saved.model->part().end != part.end) {
+    return InvalidArgument(
+        "stage " + std::to_string(index) + " holds layers [" + std::to_string(part.begin) + ", " +
+        std::to_string(part.end) + ") of " + model.ToJson() + "; the saved state holds [" +
+        std::to_string(saved.model->part().begin) + ", " + std::to_string(saved.model->part().end) +
+        ") of " + saved.model->spec().ToJson());
+  }
+  if (saved.optimizer->spec().ToJson() != optimizer.ToJson()) {
+    return InvalidArgument("stage " + std::to_string(index) + ": the saved optimizer " +
+                           saved.optimizer->spec().ToJson() + " differs from the stage's " +
+                           optimizer.ToJson());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Stage>> Stage::Create(const ModelSpec& model, const OptimizerSpec& optimizer,
                                              const PipelineCut& cut, int index,
                                              int64_t micro_batches) {
+  return Create(model, optimizer, cut, index, micro_batches, TrainState{});
+}
+
+Result<std::unique_ptr<Stage>> Stage::Create(const ModelSpec& model, const OptimizerSpec& optimizer,
+                                             const PipelineCut& cut, int index,
+                                             int64_t micro_batches, TrainState saved) {
   if (index < 0 || index >= cut.stages()) {
     return InvalidArgument("stage " + std::to_string(index) + " of a cut of " +
                            std::to_string(cut.stages()) + " stages");
@@ -257,8 +291,13 @@ Result<std::unique_ptr<Stage>> Stage::Create(const ModelSpec& model, const Optim
   std::unique_ptr<Stage> s(new Stage());
   s->index_ = index;
   s->micro_batches_ = micro_batches;
-  ML_ASSIGN_OR_RETURN(s->state_.model, Model::CreatePart(model, cut.part(index)));
-  s->state_.optimizer = std::make_unique<Optimizer>(optimizer, s->state_.model->params());
+  if (saved.model == nullptr && saved.optimizer == nullptr) {  // a fresh stage
+    ML_ASSIGN_OR_RETURN(s->state_.model, Model::CreatePart(model, cut.part(index)));
+    s->state_.optimizer = std::make_unique<Optimizer>(optimizer, s->state_.model->params());
+  } else {
+    ML_RETURN_IF_ERROR(CheckSavedStage(index, model, cut.part(index), optimizer, saved));
+    s->state_ = std::move(saved);
+  }
   const size_t M = static_cast<size_t>(micro_batches);
   for (size_t m = 0; m < M; ++m) s->tapes_.push_back(s->state_.model->NewTape());
   s->batches_.resize(M);
@@ -346,25 +385,8 @@ void Stage::Update(int64_t step, float grad_norm) {
 }
 
 Status Stage::Restore(TrainState saved) {
-  Model& mine = *state_.model;
-  if (!saved.model || !saved.optimizer) {
-    return InvalidArgument("stage " + std::to_string(index_) +
-                           ": the saved state has no model or no optimizer (a model file?)");
-  }
-  if (saved.model->spec().ToJson() != mine.spec().ToJson() ||
-      saved.model->part().begin != mine.part().begin ||
-      saved.model->part().end != mine.part().end) {
-    return InvalidArgument(
-        "stage " + std::to_string(index_) + " holds layers [" + std::to_string(mine.part().begin) +
-        ", " + std::to_string(mine.part().end) + ") of " + mine.spec().ToJson() +
-        "; the saved state holds [" + std::to_string(saved.model->part().begin) + ", " +
-        std::to_string(saved.model->part().end) + ") of " + saved.model->spec().ToJson());
-  }
-  if (saved.optimizer->spec().ToJson() != state_.optimizer->spec().ToJson()) {
-    return InvalidArgument("stage " + std::to_string(index_) + ": the saved optimizer " +
-                           saved.optimizer->spec().ToJson() + " differs from the stage's " +
-                           state_.optimizer->spec().ToJson());
-  }
+  ML_RETURN_IF_ERROR(CheckSavedStage(index_, state_.model->spec(), state_.model->part(),
+                                     state_.optimizer->spec(), saved));
   state_ = std::move(saved);
   for (std::unique_ptr<Tape>& t : tapes_) t = state_.model->NewTape();
   return Status::Ok();

@@ -117,33 +117,47 @@ Status SafetensorsWriter::Write(Env* env, const std::string& path) const {
   return env->WriteFileAtomic(path, Serialize());
 }
 
-Result<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const std::string& name) {
+Result<uint64_t> SafetensorsFile::HeaderSize(std::string_view first8, uint64_t file_size,
+                                             const std::string& name) {
   auto bad = [&](const std::string& what) {
     return DataLoss(name + ": not a valid safetensors file: " + what);
   };
-  if (bytes.size() < 8) {
-    return bad("file is " + std::to_string(bytes.size()) +
+  if (file_size < 8 || first8.size() < 8) {
+    return bad("file is " + std::to_string(file_size) +
                " bytes, shorter than the 8-byte header length (truncated?)");
   }
   uint64_t n;
-  std::memcpy(&n, bytes.data(), 8);
+  std::memcpy(&n, first8.data(), 8);
   if (n > kMaxHeaderBytes) {
     return bad("header length " + std::to_string(n) + " exceeds the limit of " +
                std::to_string(kMaxHeaderBytes) + " bytes");
   }
-  if (n > bytes.size() - 8) {
+  if (n > file_size - 8) {
     return bad("header length " + std::to_string(n) + " runs past the end of the file (" +
-               std::to_string(bytes.size()) + " bytes; truncated?)");
+               std::to_string(file_size) + " bytes; truncated?)");
   }
+  return 8 + n;
+}
+
+Result<SafetensorsFile> SafetensorsFile::ParseHeader(std::string_view head, uint64_t file_size,
+                                                     const std::string& name) {
+  auto bad = [&](const std::string& what) {
+    return DataLoss(name + ": not a valid safetensors file: " + what);
+  };
+  ML_ASSIGN_OR_RETURN(uint64_t header_size, HeaderSize(head, file_size, name));
+  if (head.size() != header_size) {
+    return bad("the header is " + std::to_string(header_size) + " bytes, " +
+               std::to_string(head.size()) + " were given");
+  }
+  const uint64_t n = header_size - 8;
   nlohmann::json header =
-      nlohmann::json::parse(bytes.substr(8, n), nullptr, /*allow_exceptions=*/false);
+      nlohmann::json::parse(head.substr(8, n), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return bad("header is not valid JSON");
   if (!header.is_object()) return bad("header JSON is not an object");
 
   SafetensorsFile f;
   f.name_ = name;
-  const uint64_t data_size = bytes.size() - 8 - n;
-  std::string_view data = bytes.substr(8 + n);
+  const uint64_t data_size = file_size - header_size;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   std::vector<std::string> range_names;
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -201,7 +215,7 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const std
                  std::string(DTypeName(e.dtype)) + " needs " +
                  std::to_string(count * DTypeSize(e.dtype)));
     }
-    e.bytes = std::string(data.substr(begin, end - begin));
+    e.offset = header_size + begin;
     ranges.push_back({begin, end});
     range_names.push_back(key);
     f.entries_[key] = std::move(e);
@@ -226,6 +240,16 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const std
   return f;
 }
 
+Result<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const std::string& name) {
+  ML_ASSIGN_OR_RETURN(uint64_t header_size, HeaderSize(bytes.substr(0, 8), bytes.size(), name));
+  ML_ASSIGN_OR_RETURN(SafetensorsFile f,
+                      ParseHeader(bytes.substr(0, header_size), bytes.size(), name));
+  for (auto& [key, e] : f.entries_) {
+    e.bytes = std::string(bytes.substr(e.offset, e.size()));
+  }
+  return f;
+}
+
 Result<SafetensorsFile> SafetensorsFile::Read(Env* env, const std::string& path) {
   Result<std::string> bytes = env->ReadFile(path);
   if (!bytes.ok()) return bytes.status();
@@ -238,7 +262,8 @@ Result<std::string> SafetensorsFile::Metadata(const std::string& key) const {
   return it->second;
 }
 
-Result<Tensor> SafetensorsFile::GetF32(const std::string& tensor, const Shape& expect) const {
+Result<const SafetensorsEntry*> SafetensorsFile::F32Entry(const std::string& tensor,
+                                                          const Shape& expect) const {
   auto it = entries_.find(tensor);
   if (it == entries_.end()) return DataLoss(name_ + ": missing tensor '" + tensor + "'");
   const SafetensorsEntry& e = it->second;
@@ -250,6 +275,12 @@ Result<Tensor> SafetensorsFile::GetF32(const std::string& tensor, const Shape& e
     return DataLoss(name_ + ": tensor '" + tensor + "' has shape " + ShapeToString(e.shape) +
                     ", expected " + ShapeToString(expect));
   }
+  return &e;
+}
+
+Result<Tensor> SafetensorsFile::GetF32(const std::string& tensor, const Shape& expect) const {
+  ML_ASSIGN_OR_RETURN(const SafetensorsEntry* entry, F32Entry(tensor, expect));
+  const SafetensorsEntry& e = *entry;
   Tensor t(e.shape);
   if (!e.bytes.empty()) std::memcpy(t.data(), e.bytes.data(), e.bytes.size());
   return t;

@@ -251,6 +251,66 @@ TEST(CheckpointTest, TamperedCheckpointIsRefused) {
   EXPECT_NE(s.message().find("no optimizer state"), std::string::npos) << s.ToString();
 }
 
+// A checkpoint read in pieces (ReadCheckpoint: the header, then each tensor straight into the
+// state) is the state saved, bit for bit, and reads no byte of the file twice but the header's
+// first 8; a file cut short or grown is refused naming the fault, and an error of the source is
+// returned as it is.
+TEST(CheckpointTest, ReadInPiecesIsTheSavedStateAndRefusesABadFile) {
+  TaskSpec t = LoadExample("tiny-gpt.toml");
+  t.batch_size = 2;
+  t.seq_len = 8;
+  Result<std::unique_ptr<Trainer>> a = Trainer::Create(Env::Default(), t);
+  ASSERT_TRUE(a.ok());
+  (*a)->Step();
+  const std::string bytes = CheckpointBytes((*a)->state());
+  uint64_t read_bytes = 0;
+  uint64_t last_end = 0;
+  bool in_order = true;
+  auto read = [&](uint64_t offset, std::span<char> out) -> Status {
+    EXPECT_LE(offset + out.size(), bytes.size());
+    in_order &= offset >= last_end || offset == 0;  // the header, then the data front to back
+    last_end = offset + out.size();
+    read_bytes += out.size();
+    std::memcpy(out.data(), bytes.data() + offset, out.size());
+    return Status::Ok();
+  };
+  Result<TrainState> st = ReadCheckpoint(bytes.size(), read, "c");
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(StateHash(*st), StateHash((*a)->state()));
+  EXPECT_EQ(CheckpointBytes(*st), bytes);
+  EXPECT_EQ(read_bytes, bytes.size() + 8);
+  EXPECT_TRUE(in_order);
+
+  for (size_t size : {bytes.size() - 1, bytes.size() / 2, size_t{7}}) {
+    Result<TrainState> cut = ReadCheckpoint(std::string_view(bytes).substr(0, size), "cut");
+    ASSERT_FALSE(cut.ok()) << size;
+    EXPECT_EQ(cut.status().code(), StatusCode::kDataLoss) << cut.status().ToString();
+    EXPECT_NE(cut.status().message().find("truncated"), std::string::npos)
+        << cut.status().ToString();
+  }
+  Result<TrainState> grown = ReadCheckpoint(bytes + "\x01\x02", "grown");
+  ASSERT_FALSE(grown.ok());
+  EXPECT_NE(grown.status().message().find("trailing bytes"), std::string::npos)
+      << grown.status().ToString();
+  std::string flipped = bytes;
+  flipped[flipped.size() - 3] ^= 0x40;
+  Result<TrainState> tampered = ReadCheckpoint(flipped, "tampered");
+  ASSERT_FALSE(tampered.ok());
+  EXPECT_NE(tampered.status().message().find("state hash mismatch"), std::string::npos)
+      << tampered.status().ToString();
+
+  int calls = 0;
+  Result<TrainState> failed = ReadCheckpoint(
+      bytes.size(),
+      [&](uint64_t offset, std::span<char> out) -> Status {
+        if (++calls > 2) return Unavailable("the source went away");
+        return read(offset, out);
+      },
+      "c");
+  EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable) << failed.status().ToString();
+  EXPECT_EQ(failed.status().message(), "the source went away");
+}
+
 void ExpectTaskError(const std::string& toml, const std::string& needle, bool names_task = true) {
   Result<TaskSpec> t = TaskSpec::Parse(toml, "bad.toml", "");
   Status s = t.status();

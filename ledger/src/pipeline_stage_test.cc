@@ -270,6 +270,30 @@ TEST(PipelineStageSlotTest, TermsRefuseBadStageFields) {
       << named.ToString();
 }
 
+// The aggregator builds the whole model and holds the round's state and deltas
+// (protocol::AggregatorMemoryBytes): a task whose stages fit the nodes but whose whole model none
+// holds waits for an aggregator that does, and only that node aggregates.
+TEST_F(PipelineStageTest, OnlyANodeThatHoldsTheWholeModelAggregates) {
+  TaskParams p = PipelineParams();
+  p.memory_bytes = 8 * kGiB;  // a whole unit: n1 and n2 (8 GiB) hold it, not the state as well
+  ASSERT_TRUE(Start(p).ok);
+  std::vector<Transaction> txs;
+  for (uint32_t rep = 0; rep < kReplicas; ++rep) {
+    for (uint32_t s = 0; s < kStages; ++s) txs.push_back(Q(alice_, Commit(0, rep, s)));
+  }
+  for (const Receipt& x : Step(txs)) EXPECT_TRUE(x.ok) << x.reason;
+  for (int i = 0; i < 3; ++i) Step();
+  ASSERT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
+  EXPECT_FALSE(Machine().aggregator().has_value())
+      << "node " << NodeIndex(Machine().aggregator()->node) << " cannot hold the round";
+  // A node that holds it: 8 GiB + (2 replicas' deltas + weights + momentum) x model_bytes.
+  nodes_.push_back(TestKey(40));
+  caps_.push_back({8 * kGiB + 4 * p.model_bytes, 1'000'000'000'000});
+  for (const Receipt& x : Step({Q(alice_, Reg(nodes_.size() - 1))})) EXPECT_TRUE(x.ok) << x.reason;
+  ASSERT_TRUE(Machine().aggregator().has_value());
+  EXPECT_EQ(NodeIndex(Machine().aggregator()->node), nodes_.size() - 1);
+}
+
 TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
   Receipt submit = Start(PipelineParams());
   ASSERT_TRUE(submit.ok) << submit.reason;
@@ -865,6 +889,17 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
   EXPECT_EQ(t.verification.clean, kStages);
   EXPECT_EQ(t.verification.slashed, 0u);
   EXPECT_GT(t.verification.verifiers_paid, 0u);
+  // Each check is paid for the steps it replays: the drawn ones and, when it was not drawn, the
+  // last, which binds the result (protocol::StageStepsReplayed).
+  Amount want_paid = 0;
+  for (uint32_t st = 0; st < kStages; ++st) {
+    const std::vector<uint32_t> drawn = Check(st).segments();
+    const uint32_t replayed = protocol::StageStepsReplayed(drawn, kSteps);
+    EXPECT_EQ(replayed, drawn.size() + (std::count(drawn.begin(), drawn.end(), kSteps - 1) ? 0 : 1))
+        << st;
+    want_paid += protocol::VerifierPay(kTestUnitCost, replayed, kSteps);
+  }
+  EXPECT_EQ(t.verification.verifiers_paid, want_paid);
   EXPECT_EQ(Node(verifier_.public_key()).earnings.checks_paid, kStages);
   for (uint32_t st = 0; st < kStages; ++st) {
     EXPECT_EQ(Check(st).result(), protocol::CheckResult::kCheckClean) << Check(st).reason();

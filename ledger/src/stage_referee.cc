@@ -6,10 +6,13 @@
 #include <string>
 #include <utility>
 
+#include "meshlearn/base/blob.h"
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/ledger/stage_step.h"
 #include "meshlearn/ledger/step_witness.h"
+#include "meshlearn/protocol/aggregate.h"
+#include "meshlearn/protocol/state_blob.h"
 #include "referee_step.h"
 #include "witness_codec.h"
 
@@ -29,14 +32,14 @@ Result<StageReplaySetup> StageReplaySetupOf(const engine::TaskSpec& task,
 }
 
 Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
-                                      const protocol::StageStepCommit& commit, ByteSpan checkpoint,
+                                      const protocol::StageStepCommit& commit,
+                                      Result<engine::TrainState> start,
                                       const std::map<Hash256, Bytes>& blobs,
                                       const engine::Batch& batch, uint64_t dropout_seed,
-                                      const Hash256& committed_leaf, Bytes* after) {
+                                      const Hash256& committed_leaf, engine::TrainState* after) {
   StageStepCheck out;
   const std::string name = "replica " + std::to_string(commit.replica) + ", stage " +
                            std::to_string(commit.stage) + ", step " + std::to_string(commit.step);
-  Result<engine::TrainState> start = StageCheckpointState(checkpoint);
   if (!start.ok()) {
     // A checkpoint that does not load cannot hash to state_before: the stage's `start` fault.
     out.replay.fault = StageFault::kStageFaultStart;
@@ -53,6 +56,15 @@ Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
   out.leaf = StageFindingLeaf(committed_leaf, out.replay);
   out.message = out.replay.ok() ? name + ": replays to its committed leaf" : out.replay.message;
   return out;
+}
+
+Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
+                                      const protocol::StageStepCommit& commit, ByteSpan checkpoint,
+                                      const std::map<Hash256, Bytes>& blobs,
+                                      const engine::Batch& batch, uint64_t dropout_seed,
+                                      const Hash256& committed_leaf, engine::TrainState* after) {
+  return JudgeStageStep(setup, commit, StageCheckpointState(checkpoint), blobs, batch, dropout_seed,
+                        committed_leaf, after);
 }
 
 // ---- The witness's encoding.
@@ -165,7 +177,9 @@ Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, uint64_t globa
                            std::to_string(global_size) + " weights, the model has " +
                            std::to_string(offset));
   }
-  std::vector<float> start, params;
+  // DeltaBlobId of the stage's delta (its start weights minus its parameters, in params()
+  // order), built a piece at a time: the delta blob's header, then each piece of the delta.
+  uint64_t total = 0;
   for (const engine::Param& p : final_state.model->params()) {
     const auto it = at.find(p.name);
     if (it == at.end() || it->second.second != static_cast<size_t>(p.value.size())) {
@@ -173,14 +187,26 @@ Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, uint64_t globa
                              std::to_string(p.value.size()) +
                              " values) is not one of the task's model");
     }
-    const size_t from = start.size();
-    start.resize(from + it->second.second);
-    ML_RETURN_IF_ERROR(
-        read(it->second.first, std::span<float>(start).subspan(from, it->second.second))
-            .WithPrefix("stage result: the round's start weights of '" + p.name + "'"));
-    params.insert(params.end(), p.value.vec().begin(), p.value.vec().end());
+    total += it->second.second;
   }
-  return ResultBlobId(start, params);
+  ManifestBuilder blob;
+  blob.Append(protocol::EncodeDeltaHeader(total));
+  constexpr size_t kPiece = kDefaultChunkSize / sizeof(float);
+  std::vector<float> delta;
+  for (const engine::Param& p : final_state.model->params()) {
+    const auto [begin, count] = at.at(p.name);
+    const std::span<const float> params = p.value.vec();
+    for (size_t from = 0; from < count; from += kPiece) {
+      const size_t n = std::min(kPiece, count - from);
+      delta.resize(n);
+      ML_RETURN_IF_ERROR(
+          read(begin + from, delta)
+              .WithPrefix("stage result: the round's start weights of '" + p.name + "'"));
+      protocol::PseudoGradientInPlace(delta, params.subspan(from, n));
+      blob.Append(protocol::DeltaFloatBytes(delta));
+    }
+  }
+  return blob.Finish().id().hash;
 }
 
 bool LedgerRulesStageStep(const TaskParams& p, uint32_t stage) {

@@ -160,7 +160,7 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
                                           const StageStepCommit& commit,
                                           const std::map<Hash256, Bytes>& blobs,
                                           const engine::Batch& batch, uint64_t dropout_seed,
-                                          Bytes* after) {
+                                          engine::TrainState* after) {
   StageReplayResult r;
   r.replica = commit.replica;
   r.stage = commit.stage;
@@ -187,10 +187,12 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
     }
   }
   // The stage at the step's start.
-  ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Stage> stage,
-                      engine::Stage::Create(setup.model, setup.optimizer, setup.cut,
-                                            static_cast<int>(commit.stage), setup.micro_batches));
-  ML_RETURN_IF_ERROR(stage->Restore(std::move(start)).WithPrefix("stage replay: the checkpoint"));
+  // Built around `start` itself (Restore's checks): the stage's tensors are never held twice.
+  Result<std::unique_ptr<engine::Stage>> created =
+      engine::Stage::Create(setup.model, setup.optimizer, setup.cut, static_cast<int>(commit.stage),
+                            setup.micro_batches, std::move(start));
+  if (!created.ok()) return created.status().WithPrefix("stage replay: the checkpoint");
+  std::unique_ptr<engine::Stage> stage = std::move(*created);
   const Hash256 before = engine::StateHash(stage->state());
   if (before != commit.state_before || static_cast<uint64_t>(stage->state().step) != commit.step) {
     r.claimed = commit.state_before;
@@ -231,18 +233,14 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
                     "the records are not listed in the schedule's order");
     return r;
   }
-  if (after != nullptr) {
-    ML_ASSIGN_OR_RETURN(*after, StageCheckpointBytes(stage->state()));
-  }
+  if (after != nullptr) *after = std::move(stage->state());
   return r;
 }
 
 Result<engine::TrainState> StageCheckpointState(ByteSpan checkpoint) {
-  MemEnv env;
-  ML_RETURN_IF_ERROR(env.WriteFileAtomic(
-      "stage.safetensors",
-      std::string_view(reinterpret_cast<const char*>(checkpoint.data()), checkpoint.size())));
-  return engine::LoadCheckpoint(&env, "stage.safetensors");
+  return engine::ReadCheckpoint(
+      std::string_view(reinterpret_cast<const char*>(checkpoint.data()), checkpoint.size()),
+      "stage.safetensors");
 }
 
 Result<Bytes> StageCheckpointBytes(engine::TrainState& state) {

@@ -9,6 +9,12 @@
 
 namespace meshlearn::node {
 
+engine::Batch StageStepBatch(const StageCheckInput& in, uint64_t step) {
+  const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
+  return engine::DataStream(*in.task, *in.data, work.stream)
+      .BatchForStep(static_cast<int64_t>(step));
+}
+
 Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
                                       const Hash256& committed_leaf, StageStepEnd* end) {
   const StageStepRef ref{.task = in.task_id,
@@ -16,19 +22,21 @@ Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
                          .replica = in.replica,
                          .stage = in.stage,
                          .step = step};
-  StageStepCheck out;
-  Result<StageStepEvidence> ev = FetchStageStepEvidence(in.transport, in.endpoint, ref);
+  auto unserved = [&](const std::string& why) {
+    StageStepCheck out;
+    out.leaf = StageUnservedLeaf(committed_leaf);
+    out.replay.fault = StageFault::kStageFaultUnserved;
+    out.message = ref.ToString() + ": unserved: " + why;
+    return out;
+  };
+  Result<StageStepEvidence> ev = FetchStageStepRecords(in.transport, in.endpoint, ref);
   if (!ev.ok() && ev.status().code() != StatusCode::kNotFound) {
     return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
   }
-  if (!ev.ok() || protocol::StageStepLeaf(ev->commit) != committed_leaf) {
-    out.leaf = StageUnservedLeaf(committed_leaf);
-    out.replay.fault = StageFault::kStageFaultUnserved;
-    out.message = ref.ToString() + ": unserved: " +
-                  (ev.ok() ? "the served commit is not the committed step leaf " +
-                                 committed_leaf.ShortHex()
-                           : ev.status().message());
-    return out;
+  if (!ev.ok()) return unserved(ev.status().message());
+  if (protocol::StageStepLeaf(ev->commit) != committed_leaf) {
+    return unserved("the served commit is not the committed step leaf " +
+                    committed_leaf.ShortHex());
   }
   // The replica's work as the Stager trains it: its batches, inner rate and dropout stream.
   const engine::TaskSpec& task = *in.task;
@@ -37,20 +45,35 @@ Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
     return InvalidArgument(ref.ToString() + ": the step is outside the unit's " +
                            std::to_string(work.inner_steps) + " steps");
   }
-  // Step `step`'s batch of the replica's stream: a pure function of (seed, stream, step) and the
-  // data, the batch the Stager trained the step on.
-  const engine::Batch batch =
-      engine::DataStream(task, *in.data, work.stream).BatchForStep(static_cast<int64_t>(step));
+  // Step `step`'s batch: drawn beforehand, or now from the data.
+  const engine::Batch* drawn = nullptr;
+  if (in.batches != nullptr) {
+    const auto it = in.batches->find(step);
+    if (it != in.batches->end()) drawn = &it->second;
+  }
+  if (drawn == nullptr && in.data == nullptr) {
+    return FailedPrecondition(ref.ToString() +
+                              ": its batch was not drawn and the task's data is "
+                              "not given (StageCheckInput::batches, data)");
+  }
+  const engine::Batch batch = drawn != nullptr ? *drawn : StageStepBatch(in, step);
   ML_ASSIGN_OR_RETURN(ledger::StageReplaySetup setup,
                       ledger::StageReplaySetupOf(task, *in.net, work.lr_scale, in.chain));
-  Bytes after;
+  // The stage's state at the step's start, loaded as it is fetched: one that does not load is
+  // the `start` finding (JudgeStageStep); a step the node stopped serving meanwhile is unserved.
+  Result<engine::TrainState> start = engine::TrainState{};
+  Status fetched =
+      FetchStageCheckpointState(in.transport, in.endpoint, ref, ev->checkpoint_bytes, &start);
+  if (fetched.code() == StatusCode::kNotFound) return unserved(fetched.message());
+  if (!fetched.ok()) return fetched.WithPrefix(ref.ToString() + ": fetching its checkpoint");
+  engine::TrainState after;
   Result<StageStepCheck> c = ledger::JudgeStageStep(
-      setup, ev->commit, ev->checkpoint, ev->blobs, batch,
+      setup, ev->commit, std::move(start), ev->blobs, batch,
       engine::DropoutSeed(task.seed, work.stream), committed_leaf, end ? &after : nullptr);
   if (!c.ok()) return c.status().WithPrefix(ref.ToString());
   if (end != nullptr && c->leaf == committed_leaf) {
     end->commit = std::move(ev->commit);
-    end->checkpoint = std::move(after);
+    end->state = std::move(after);
   }
   return c;
 }

@@ -1,6 +1,7 @@
 #include "meshlearn/node/stage_evidence.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -299,9 +300,9 @@ Result<Bytes> StageEvidence::HandleSlice(const net::Request& r) const {
   return out;
 }
 
-Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
-                                                 const std::string& endpoint,
-                                                 const StageStepRef& ref, int64_t timeout_ms) {
+Result<StageStepEvidence> FetchStageStepRecords(net::Transport* transport,
+                                                const std::string& endpoint,
+                                                const StageStepRef& ref, int64_t timeout_ms) {
   Encoder e;
   PutStageRef(e, ref);
   net::Request req{.method = kMethodStageStep,
@@ -329,10 +330,8 @@ Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
                            std::to_string(checkpoint_size) + " bytes (1 to " +
                            std::to_string(kMaxEncodedLength) + ")");
   }
-  StageSliceRequest q{.ref = ref};
-  ML_ASSIGN_OR_RETURN(ev.checkpoint,
-                      StageFetchPart(transport, endpoint, q, checkpoint_size, timeout_ms));
-  q.part = StageSlicePart::kStageSliceTensor;
+  ev.checkpoint_bytes = checkpoint_size;
+  StageSliceRequest q{.ref = ref, .part = StageSlicePart::kStageSliceTensor};
   for (const StageTransfer& t : ev.commit.received) {
     if (ev.blobs.count(t.tensor) > 0) continue;
     q.tensor = t.tensor;
@@ -342,6 +341,70 @@ Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
     ev.blobs[t.tensor] = std::move(*tensor);
   }
   return ev;
+}
+
+Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
+                                                 const std::string& endpoint,
+                                                 const StageStepRef& ref, int64_t timeout_ms) {
+  ML_ASSIGN_OR_RETURN(StageStepEvidence ev,
+                      FetchStageStepRecords(transport, endpoint, ref, timeout_ms));
+  const StageSliceRequest q{.ref = ref};
+  ML_ASSIGN_OR_RETURN(ev.checkpoint,
+                      StageFetchPart(transport, endpoint, q, ev.checkpoint_bytes, timeout_ms));
+  return ev;
+}
+
+Status FetchStageCheckpointState(net::Transport* transport, const std::string& endpoint,
+                                 const StageStepRef& ref, uint64_t size,
+                                 Result<engine::TrainState>* state, int64_t timeout_ms) {
+  // The last slice fetched: ReadCheckpoint reads the header, then the tensors in the file's
+  // order, so that each slice is fetched once.
+  uint64_t slice_at = 0;
+  Bytes slice;
+  Status fetch_error;  // a fetch that failed: the function's error, not the checkpoint's
+  StageSliceRequest q{.ref = ref};
+  auto read = [&](uint64_t offset, std::span<char> out) -> Status {
+    size_t done = 0;
+    while (done < out.size()) {
+      const uint64_t at = offset + done;
+      if (at < slice_at || at >= slice_at + slice.size()) {
+        q.offset = at;
+        q.length = std::min<uint64_t>(kMaxStageSlice, size - at);
+        net::Request req{.method = kMethodStageSlice,
+                         .body = EncodeStageSliceRequest(q),
+                         .timeout_ms = timeout_ms,
+                         .max_response_bytes = kMaxStageSlice + 64};
+        Result<Bytes> answer = transport->Send(endpoint, std::move(req));
+        // Past what the node has (its offset check, as StageFetchPart reads it): the file is
+        // shorter than the node declared, the checkpoint's fault.
+        if (!answer.ok() && answer.status().code() == StatusCode::kInvalidArgument && at > 0) {
+          return DataLoss("the checkpoint served by " + endpoint + " ends before byte " +
+                          std::to_string(at) + " of the " + std::to_string(size) +
+                          " it declared (" + answer.status().message() + ")");
+        }
+        if (!answer.ok()) {
+          fetch_error = answer.status();
+          return fetch_error;
+        }
+        if (answer->empty() || answer->size() > q.length) {
+          fetch_error =
+              DataLoss("stage.slice from " + endpoint + " has " + std::to_string(answer->size()) +
+                       " bytes, asked " + std::to_string(q.length));
+          return fetch_error;
+        }
+        slice_at = at;
+        slice = std::move(*answer);
+      }
+      const size_t from = static_cast<size_t>(at - slice_at);
+      const size_t n = std::min(out.size() - done, slice.size() - from);
+      std::memcpy(out.data() + done, slice.data() + from, n);
+      done += n;
+    }
+    return Status::Ok();
+  };
+  *state = engine::ReadCheckpoint(size, read,
+                                  "the checkpoint of " + ref.ToString() + " from " + endpoint);
+  return fetch_error;
 }
 
 }  // namespace meshlearn::node

@@ -165,6 +165,25 @@ Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
   return Status::Ok();
 }
 
+namespace {
+
+// A stage's need in whole bytes (its CutCosts estimate rounded up): stage_memory_bytes and
+// UnitMemoryBytes.
+uint64_t NeedBytes(const engine::StageCost& c) {
+  return static_cast<uint64_t>(std::ceil(c.total_bytes()));
+}
+
+}  // namespace
+
+Result<uint64_t> UnitMemoryBytes(const engine::TaskSpec& task) {
+  ML_ASSIGN_OR_RETURN(engine::PipelineCut whole,
+                      engine::MakeCut(task.model, {0, engine::CutLayerCount(task.model)}));
+  ML_ASSIGN_OR_RETURN(std::vector<engine::StageCost> costs,
+                      engine::CutCosts(task.model, task.optimizer, whole, task.batch_size,
+                                       task.seq_len, task.micro_batches));
+  return NeedBytes(costs.at(0));
+}
+
 Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
                         ledger::TaskParams* params) {
   if (net.stages <= 1) return Status::Ok();
@@ -176,7 +195,7 @@ Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
   params->stage_memory_bytes.clear();
   params->stage_flops.clear();
   for (const engine::StageCost& c : costs) {
-    params->stage_memory_bytes.push_back(static_cast<uint64_t>(std::ceil(c.total_bytes())));
+    params->stage_memory_bytes.push_back(NeedBytes(c));
     params->stage_flops.push_back(c.flops);
   }
   return Status::Ok();

@@ -93,8 +93,20 @@ Bytes EncodeDelta(std::span<const float> delta) {
   Bytes out;
   out.reserve(kBlobMagicSize + 8 + 4 * delta.size());
   PutHeader(out, kDeltaMagic, delta.size());
-  PutFloats(out, delta);
+  const ByteSpan floats = DeltaFloatBytes(delta);
+  out.insert(out.end(), floats.begin(), floats.end());
   return out;
+}
+
+Bytes EncodeDeltaHeader(uint64_t n) {
+  Bytes out;
+  PutHeader(out, kDeltaMagic, n);
+  return out;
+}
+
+ByteSpan DeltaFloatBytes(std::span<const float> floats) {
+  // Little-endian float32, the blobs' format (the static_assert above).
+  return ByteSpan(reinterpret_cast<const uint8_t*>(floats.data()), floats.size() * sizeof(float));
 }
 
 Result<std::vector<float>> DecodeDelta(ByteSpan blob, uint64_t expected_n) {

@@ -62,6 +62,27 @@ struct Manifest {
 // for untrusted sizes).
 Manifest BuildManifest(ByteSpan data, uint32_t chunk_size = kDefaultChunkSize);
 
+// BuildManifest of a blob given a piece at a time (its pieces in order): the blob is never whole
+// in memory, only the chunk under way (a verifier's hash of a result it never encodes whole:
+// ledger::StageResultBlobId). BuildManifest is this builder given the whole blob.
+//
+//   ManifestBuilder b;
+//   b.Append(header);
+//   for (...) b.Append(piece);
+//   BlobId id = b.Finish().id();
+class ManifestBuilder {
+ public:
+  // REQUIRES: 0 < chunk_size <= kMaxChunkSize.
+  explicit ManifestBuilder(uint32_t chunk_size = kDefaultChunkSize);
+  void Append(ByteSpan piece);
+  // The manifest of everything appended. REQUIRES: the size fits (BuildManifest's CHECK).
+  Manifest Finish();
+
+ private:
+  Manifest m_;
+  Bytes chunk_;  // the chunk under way, < chunk_size bytes
+};
+
 // OK iff a blob of `size` bytes with `chunk_size` chunks is allowed.
 Status ValidateBlobSize(uint64_t size, uint32_t chunk_size);
 

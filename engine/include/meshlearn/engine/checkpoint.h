@@ -98,6 +98,19 @@ Status SaveModel(Env* env, const std::string& path, TrainState& state,
                  const std::map<std::string, std::string>& extra = {});
 // Reads a checkpoint or a model file; the optimizer is restored when the file has one. Every
 // tensor must be present with the right shape and no unknown tensor may be present.
+// ReadCheckpoint of the file's bytes.
 Result<TrainState> LoadCheckpoint(Env* env, const std::string& path);
+
+// Bytes [offset, offset + out.size()) of a file into `out`; an error when they cannot be had.
+using ReadAtFn = std::function<Status(uint64_t offset, std::span<char> out)>;
+// LoadCheckpoint of a file of `size` bytes read in pieces through `read`: its header, then each
+// tensor's bytes straight into the state's tensor, never the file (nor any tensor twice) in
+// memory. A verifier loads a stage's checkpoint this way as it fetches it (node/stage_evidence.h).
+// `name` stands for the file in errors. A file that does not parse, names another model, lacks a
+// tensor or has one more, or whose tensors do not hash to its "state_hash" is DataLoss; the first
+// error of `read` is returned as it is (a caller tells a fault of the source from a bad file).
+Result<TrainState> ReadCheckpoint(uint64_t size, const ReadAtFn& read, const std::string& name);
+// `bytes` read in place (no copy of them): ReadCheckpoint(bytes.size(), a memcpy from them).
+Result<TrainState> ReadCheckpoint(std::string_view bytes, const std::string& name);
 
 }  // namespace meshlearn::engine

@@ -147,6 +147,13 @@ class Stage {
                                                const OptimizerSpec& optimizer,
                                                const PipelineCut& cut, int index,
                                                int64_t micro_batches);
+  // The same stage holding `saved` (LoadCheckpoint of the stage's SaveCheckpoint; Restore's
+  // checks) in place of a fresh state: no second copy of the stage's tensors is allocated (a
+  // verifier's replay, ledger/stage_replay.h), as Create then Restore would hold it.
+  static Result<std::unique_ptr<Stage>> Create(const ModelSpec& model,
+                                               const OptimizerSpec& optimizer,
+                                               const PipelineCut& cut, int index,
+                                               int64_t micro_batches, TrainState saved);
 
   int index() const { return index_; }
   bool first() const { return state_.model->has_input(); }

@@ -43,6 +43,8 @@ struct SafetensorsEntry {
   DType dtype = DType::kF32;
   Shape shape;
   std::string bytes;  // little-endian element data, NumElements(shape) * DTypeSize(dtype) bytes
+  uint64_t offset = 0;  // where that data begins in the file
+  uint64_t size() const { return static_cast<uint64_t>(NumElements(shape)) * DTypeSize(dtype); }
 };
 
 class SafetensorsWriter {
@@ -94,6 +96,15 @@ class SafetensorsFile {
   // `name` stands for the file in error messages.
   static Result<SafetensorsFile> Parse(std::string_view bytes, const std::string& name);
   static Result<SafetensorsFile> Read(Env* env, const std::string& path);
+  // A file read in pieces (engine::ReadCheckpoint): HeaderSize gives the bytes before the data
+  // section (8 + the header's length) from the file's first 8 bytes `first8` (fewer: the file is
+  // shorter) and its size; ParseHeader parses those bytes `head` with every check Parse makes,
+  // copying no data: each entry's `bytes` stays empty and its `offset` says where its data is.
+  // Parse is these two and a copy of each entry's data.
+  static Result<uint64_t> HeaderSize(std::string_view first8, uint64_t file_size,
+                                     const std::string& name);
+  static Result<SafetensorsFile> ParseHeader(std::string_view head, uint64_t file_size,
+                                             const std::string& name);
 
   const std::string& name() const { return name_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -105,6 +116,9 @@ class SafetensorsFile {
   // A float32 tensor; errors if absent, of another dtype, or (when `expect` is non-empty) of
   // another shape.
   Result<Tensor> GetF32(const std::string& tensor, const Shape& expect = {}) const;
+  // GetF32's checks alone: the entry itself (its data read elsewhere, from its offset).
+  Result<const SafetensorsEntry*> F32Entry(const std::string& tensor,
+                                           const Shape& expect = {}) const;
 
  private:
   std::string name_;

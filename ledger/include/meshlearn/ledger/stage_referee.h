@@ -61,18 +61,28 @@ struct StageStepCheck {
   std::string message;       // what was found, for logs and receipts
 };
 
-// What stage step `commit` replays to, from its `checkpoint` file (the stage's state at the
-// step's start; StageCheckpointState), the received tensors `blobs` (by their records' hashes),
-// the step's `batch` and `dropout_seed`: a checkpoint that does not load is the `start` finding,
-// else ReplayStageStep; the leaf is StageFindingLeaf(committed_leaf, finding). A Status error
-// only when the setup does not fit the commit. REQUIRES: StageStepLeaf(commit) == committed_leaf
-// (a commit that is not the committed leaf is the caller's `unserved`).
-// `after` (optional): on a clean replay, the stage's checkpoint file after the step.
+// What stage step `commit` replays to, from `start` (the stage's state at the step's start, as its
+// checkpoint file loads: StageCheckpointState, or engine::ReadCheckpoint as a verifier fetches
+// it), the received tensors `blobs` (by their records' hashes), the step's `batch` and
+// `dropout_seed`: a checkpoint that does not load (`start` an error) is the `start` finding, else
+// ReplayStageStep; the leaf is StageFindingLeaf(committed_leaf, finding). A Status error only
+// when the setup does not fit the commit. REQUIRES: StageStepLeaf(commit) == committed_leaf (a
+// commit that is not the committed leaf is the caller's `unserved`).
+// `after` (optional): on a clean replay, the stage's state after the step.
+Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
+                                      const protocol::StageStepCommit& commit,
+                                      Result<engine::TrainState> start,
+                                      const std::map<Hash256, Bytes>& blobs,
+                                      const engine::Batch& batch, uint64_t dropout_seed,
+                                      const Hash256& committed_leaf,
+                                      engine::TrainState* after = nullptr);
+// The same from the `checkpoint` file's bytes (a witness's): StageCheckpointState of them.
 Result<StageStepCheck> JudgeStageStep(const StageReplaySetup& setup,
                                       const protocol::StageStepCommit& commit, ByteSpan checkpoint,
                                       const std::map<Hash256, Bytes>& blobs,
                                       const engine::Batch& batch, uint64_t dropout_seed,
-                                      const Hash256& committed_leaf, Bytes* after = nullptr);
+                                      const Hash256& committed_leaf,
+                                      engine::TrainState* after = nullptr);
 
 // ---- The ledger's witness.
 
@@ -169,6 +179,9 @@ Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, std::span<cons
 // The same, reading the stage's slices of the start weights (`global_size` floats) through `read`
 // (offset, out): a verifier of a stage unit reads them from the state blob's chunks without the
 // whole state in memory (node::GlobalWeightsReader). The overload above reads from memory.
+// The delta is hashed as it is computed, a piece at a time (protocol::EncodeDeltaHeader,
+// DeltaFloatBytes, ManifestBuilder: DeltaBlobId's blob, never encoded whole), so that a check
+// holds no copy of the stage's parameters, of their start weights or of the delta.
 using GlobalSliceReader = std::function<Status(uint64_t offset, std::span<float> out)>;
 Result<Hash256> StageResultBlobId(const engine::ModelSpec& model, uint64_t global_size,
                                   const GlobalSliceReader& read,

@@ -87,13 +87,14 @@ struct StageReplaySetup {
 // A finding (the result's fault) for anything the stage got wrong; a Status error only when the
 // verifier's own inputs are unusable (a setup that does not fit the commit: a chain of another
 // length, `start` of another model part).
-// `after` (optional): on a clean replay, the stage's checkpoint file after the step
-// (StageCheckpointBytes): a stage unit's result check starts from its last step's.
+// `start` becomes the replay's stage (engine::Stage::Create with it: no second copy of the
+// stage's tensors). `after` (optional): on a clean replay, the stage's state after the step
+// (moved out of the replay): a stage unit's result check starts from its last step's.
 Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine::TrainState start,
                                           const protocol::StageStepCommit& commit,
                                           const std::map<Hash256, Bytes>& blobs,
                                           const engine::Batch& batch, uint64_t dropout_seed,
-                                          Bytes* after = nullptr);
+                                          engine::TrainState* after = nullptr);
 
 // Where a stage unit's check says a replayed step ended (what a verifier claims, a
 // MismatchClaim's replayed_end, and what a referee rules with): the committed step leaf
@@ -105,9 +106,9 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
 Hash256 StageFindingLeaf(const Hash256& committed_leaf, const StageReplayResult& r);
 Hash256 StageUnservedLeaf(const Hash256& committed_leaf);
 
-// The training state in a stage checkpoint file's bytes (engine::LoadCheckpoint of them, through
-// a MemEnv), and back (engine::SaveCheckpoint's file): what a stage node serves and a witness
-// carries as the step's start.
+// The training state in a stage checkpoint file's bytes (engine::ReadCheckpoint of them, read in
+// place: no copy of the file), and back (engine::SaveCheckpoint's file): what a stage node serves
+// and a witness carries as the step's start.
 Result<engine::TrainState> StageCheckpointState(ByteSpan checkpoint);
 Result<Bytes> StageCheckpointBytes(engine::TrainState& state);
 

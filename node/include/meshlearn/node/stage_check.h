@@ -15,7 +15,9 @@
 //
 // Only the stage is built (ReplayStageStep creates it from the step's checkpoint), never the
 // whole model: the step's batch is drawn from the task's data (engine::DataStream, as the Stager
-// draws it), and no weight of the round's start state is read.
+// draws it), and no weight of the round's start state is read. The checkpoint is loaded as it is
+// fetched (FetchStageCheckpointState): a check holds the stage's state once, never its file's
+// bytes beside it (docs/submitters.md, "A stage node's memory").
 //
 //   StageCheckInput in{.task = &ctx->task, .data = data.get(), .net = &net, .facts = &facts,
 //                      .task_id = id, .round = r, .replica = rep, .stage = s, .chain = chain,
@@ -27,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,17 +60,24 @@ struct StageCheckInput {
   std::vector<protocol::NodeId> chain;  // the replica's nodes, stage by stage
   net::Transport* transport = nullptr;
   std::string endpoint;  // the stage node's
+  // Steps' batches drawn beforehand (StageStepBatch), by step: a step found here is not drawn
+  // from `data`, which may then be null (a verifier drops the task's data before it replays).
+  const std::map<uint64_t, engine::Batch>* batches = nullptr;
 };
+
+// Step `step`'s batch of the replica's stream: a pure function of (seed, stream, step) and the
+// data, the batch the Stager trained the step on (engine::DataStream). REQUIRES: in.data.
+engine::Batch StageStepBatch(const StageCheckInput& in, uint64_t step);
 
 // The leaf, the replay's finding and a message (ledger/stage_referee.h: the ledger rules a stage
 // dispute with the same JudgeStageStep).
 using ledger::StageStepCheck;
 
-// Where a step that replayed clean ended: its commit as served and the stage's checkpoint file
-// after it (a stage unit's result check starts from its last step's: StageResultBlobId).
+// Where a step that replayed clean ended: its commit as served and the stage's state after it (a
+// stage unit's result check starts from its last step's: StageResultBlobId).
 struct StageStepEnd {
   protocol::StageStepCommit commit;
-  Bytes checkpoint;
+  engine::TrainState state;
 };
 
 // `end` (optional): set when the step replays to its committed leaf.

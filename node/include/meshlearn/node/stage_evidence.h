@@ -142,7 +142,8 @@ class StageEvidence {
 struct StageStepEvidence {
   protocol::StageStepCommit commit;
   std::map<Hash256, Bytes> blobs;  // the received tensors served, by the records' hashes
-  Bytes checkpoint;
+  Bytes checkpoint;                // empty from FetchStageStepRecords
+  uint64_t checkpoint_bytes = 0;   // the checkpoint's size, as the node declares it
 };
 
 // The evidence of `ref` from the stage node at `endpoint`: the commit (decoded and validated, and
@@ -153,6 +154,23 @@ Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
                                                  const std::string& endpoint,
                                                  const StageStepRef& ref,
                                                  int64_t timeout_ms = 30'000);
+// The same without the checkpoint's bytes (ev.checkpoint stays empty; ev.checkpoint_bytes is its
+// declared size): a verifier loads it with FetchStageCheckpointState instead, as it comes.
+Result<StageStepEvidence> FetchStageStepRecords(net::Transport* transport,
+                                                const std::string& endpoint,
+                                                const StageStepRef& ref,
+                                                int64_t timeout_ms = 30'000);
+
+// The stage's checkpoint of step `ref` (`size` bytes: StageStepEvidence::checkpoint_bytes)
+// loaded as it is fetched: engine::ReadCheckpoint over "stage.slice" reads, a slice (at most
+// kMaxStageSlice bytes) in memory at a time, each tensor's bytes copied straight into the state
+// (never the file, nor the state twice). `*state` is the state, or why the checkpoint does not
+// load (the stage's `start` fault: a file that does not parse, does not hash to its state_hash,
+// or is shorter than its node declared). The returned Status is a fetch that failed (NotFound:
+// the node no longer serves the step; transport errors as they come): nothing is judged then.
+Status FetchStageCheckpointState(net::Transport* transport, const std::string& endpoint,
+                                 const StageStepRef& ref, uint64_t size,
+                                 Result<engine::TrainState>* state, int64_t timeout_ms = 30'000);
 
 // The training state in a checkpoint file's bytes, and back (ledger/stage_replay.h: the ledger
 // loads a stage's checkpoint to rule its step).

@@ -16,7 +16,7 @@
 // pseudo-gradient (elementwise global - local) -- and calls ApplyRound (network_round.h). Either
 // way the round is ApplyRound's, the one derivation `meshlearn diloco` uses.
 //
-//   ledger::TaskParams p = MakeTaskParams(facts, net, initial, memory);
+//   ledger::TaskParams p = MakeTaskParams(facts, net, initial);
 //   ML_RETURN_IF_ERROR(AddPipelineTerms(trainer->task(), net, &p));      // stages, needs
 //   ...
 //   StageHost host;  host.Register(&router);                             // once per node
@@ -100,6 +100,15 @@ Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
 // (naming network.stages or network.cut).
 Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
                         ledger::TaskParams* params);
+
+// The memory a node needs to train one whole (unsplit) unit of `task`: the same formula as a
+// stage's (engine::CutCosts total bytes, rounded up) for the whole model as one stage, at the
+// task's batch size, seq_len and micro_batches -- weights and their gradients, optimizer moments
+// (2 per weight for AdamW, 1 for SGD with momentum) and the activations of a step. TaskFacts::
+// memory_bytes, hence TaskParams::memory_bytes (MakeTaskParams): the one number the scheduler
+// places whole units by and a node refuses them by. REQUIRES: the task's model is complete (a
+// GPT's vocabulary from its data). Errors: the model spec's own.
+Result<uint64_t> UnitMemoryBytes(const engine::TaskSpec& task);
 
 // ---- A stage unit.
 

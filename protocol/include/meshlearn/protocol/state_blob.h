@@ -55,6 +55,11 @@ inline constexpr size_t kGlobalStateHeaderSize = kBlobMagicSize + 8;
 Result<uint64_t> GlobalStateCount(ByteSpan head, uint64_t blob_size, uint64_t expected_n = 0);
 
 Bytes EncodeDelta(std::span<const float> delta);
+// A delta blob of n floats in pieces: EncodeDeltaHeader(n), then DeltaFloatBytes of the floats in
+// order (EncodeDelta is exactly these). A hash of a delta never encoded whole
+// (ledger::StageResultBlobId) is built from them.
+Bytes EncodeDeltaHeader(uint64_t n);
+ByteSpan DeltaFloatBytes(std::span<const float> floats);
 Result<std::vector<float>> DecodeDelta(ByteSpan blob, uint64_t expected_n = 0);
 
 }  // namespace meshlearn::protocol
