@@ -210,6 +210,26 @@ TEST(Cli, PipelineTasksRunInDilocoAndSubmitChecksTheirCut) {
   EXPECT_NE(submit.out.find("is valid (SubmitTask's checks, for default chain parameters"),
             std::string::npos)
       << submit.out;
+  EXPECT_NE(submit.out.find("memory a node needs: "), std::string::npos) << submit.out;
+  // The memory needs the ledger places by: a whole unit's (the engine's estimate, in the params
+  // SubmitTask carries), each stage's (all below it), and an aggregator's (the unit's, plus the
+  // round's 2 replica deltas, weights and outer momentum).
+  CmdResult dry =
+      Meshlearn("--json task submit " + task("stages = 3\n") + " --dry-run", cwd, false);
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  const json prepared = json::parse(dry.out, nullptr, false);
+  ASSERT_FALSE(prepared.is_discarded()) << dry.out;
+  const uint64_t unit = prepared["memory_bytes"].get<uint64_t>();
+  const uint64_t model = prepared["model_bytes"].get<uint64_t>();
+  EXPECT_EQ(prepared["params"]["memory_bytes"], unit);
+  EXPECT_GT(unit, 4 * model) << "weights, gradients and two AdamW moments, and activations";
+  ASSERT_EQ(prepared["stage_memory_bytes"].size(), 3u);
+  for (const json& s : prepared["stage_memory_bytes"]) EXPECT_LT(s.get<uint64_t>(), unit);
+  EXPECT_EQ(prepared["aggregator_memory_bytes"], unit + (2 + 2) * model);
+  EXPECT_NE(submit.out.find("memory a node needs: " + std::to_string(unit) +
+                            " bytes for a whole unit, stages "),
+            std::string::npos)
+      << submit.out;
   CmdResult bad_cut =
       Meshlearn("task submit " + task("stages = 3\ncut = [0, 2, 2, 3]\n") + " --dry-run", cwd);
   EXPECT_NE(bad_cut.out.find("network.cut bound 2 (2) must be greater than bound 1 (2)"),

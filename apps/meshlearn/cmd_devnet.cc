@@ -179,7 +179,8 @@ Result<uint64_t> ParseMemoryLimit(const std::string& text) {
 }
 
 // What one whole (unsplit) unit of the task needs: the ledger scheduler's RequiredMemoryBytes of
-// the fields it reads (TaskSpecViewOf).
+// the fields it reads (TaskSpecViewOf) -- params.memory_bytes, node::UnitMemoryBytes of the task
+// (PrepareTask's MakeTaskParams), the number the nodes refuse units by.
 uint64_t UnitMemoryBytes(const ledger::TaskParams& p) {
   protocol::TaskSpecView v;
   v.model_bytes = p.model_bytes;

@@ -1,10 +1,12 @@
 // meshlearn task submit|status|watch|fetch|cancel|quote: the submitter's commands (see
 // docs/submitters.md). The shared pieces (task_client.h) are also what `meshlearn devnet` uses.
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <iostream>
 #include <map>
+#include <numeric>
 #include <thread>
 #include <type_traits>
 
@@ -113,6 +115,7 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   t.view = node::MakeTaskView(*t.trainer, t.net);
   t.view.flops_per_sample = p.flops_per_sample;
   t.view.model_bytes = p.model_bytes;
+  t.view.memory_required_bytes = p.memory_bytes;  // node::UnitMemoryBytes (MakeTaskParams)
   Status v = protocol::ValidateTaskSpec(t.view);
   if (!v.ok()) return v.WithPrefix(path);
   t.total_units = uint64_t{t.net.rounds} * p.units_per_round;  // R x S for a pipeline task
@@ -523,6 +526,20 @@ json ParamsJson(const ledger::TaskParams& p) {
   return j;
 }
 
+namespace {
+
+// What the ledger's scheduler asks of an aggregator of the task: protocol::AggregatorMemoryBytes
+// of the view it builds from the params (ledger TaskSpecViewOf: a pipeline task's units are its
+// replicas' stages).
+uint64_t AggregatorMemory(const PreparedTask& t) {
+  protocol::TaskSpecView v = t.view;
+  v.units_per_round = t.params.units_per_round;
+  v.stages = std::max<uint32_t>(t.params.stages, 1);
+  return protocol::AggregatorMemoryBytes(v);
+}
+
+}  // namespace
+
 json PreparedJson(const PreparedTask& t) {
   return {{"file", t.path},
           {"rounds", t.net.rounds},
@@ -533,6 +550,11 @@ json PreparedJson(const PreparedTask& t) {
           {"parameters", t.facts.num_params},
           {"model_bytes", t.params.model_bytes},
           {"flops_per_sample", t.params.flops_per_sample},
+          // Memory a node needs (bytes): for a whole unit (params.memory_bytes, the engine's
+          // estimate: node::UnitMemoryBytes), for each pipeline stage, and to aggregate.
+          {"memory_bytes", protocol::RequiredMemoryBytes(t.view)},
+          {"stage_memory_bytes", t.params.stage_memory_bytes},
+          {"aggregator_memory_bytes", AggregatorMemory(t)},
           {"unit_gflops", static_cast<double>(t.unit_flops) / 1e9},
           {"units", t.total_units},
           {"budget", t.net.budget},
@@ -577,6 +599,12 @@ Status RunSubmit(GlobalOptions& g, const TaskArgs& a) {
                 << fmt::format("{:.1f}", static_cast<double>(t.unit_flops) / 1e9)
                 << " GFLOP; at most " << t.cost_at_cap << " tokens at the price cap (budget "
                 << t.net.budget << ")\n";
+      std::cout << "memory a node needs: " << protocol::RequiredMemoryBytes(t.view)
+                << " bytes for a whole unit";
+      for (size_t s = 0; s < t.params.stage_memory_bytes.size(); ++s) {
+        std::cout << (s == 0 ? ", stages " : " / ") << t.params.stage_memory_bytes[s];
+      }
+      std::cout << ", " << AggregatorMemory(t) << " to aggregate\n";
       if (t.net.tolerance_mode) {
         std::cout << fmt::format(
             "tolerance mode: relative L2 <= {} ppm, cosine gap <= {} ppb (two kernel "
@@ -902,9 +930,20 @@ TaskQuote QuoteTask(const PreparedTask& t, const ledger::Genesis& gen,
   const ledger::ChainParams& cp = gen.params;
   TaskQuote q;
   q.unit_cost = protocol::UnitCostTokens(t.view, price);
+  // A stage unit's segments are its steps (ledger verification.cc, CheckConfig), and its check
+  // replays the last one as well to bind the result (protocol::StageStepsReplayed).
+  const bool staged = t.params.stages > 1;
   const uint32_t segments =
-      protocol::SegmentCount(t.params.inner_steps, t.params.checkpoint_interval);
-  uint32_t replayed = std::min(cp.verify_segments_per_check, segments);  // most a check replays
+      staged ? t.params.inner_steps
+             : protocol::SegmentCount(t.params.inner_steps, t.params.checkpoint_interval);
+  // The most a check of `drawn` segments replays: for a stage, drawn steps that miss the last.
+  auto replays = [&](uint32_t drawn) {
+    if (!staged) return drawn;
+    std::vector<uint32_t> first(std::min(drawn, segments));
+    std::iota(first.begin(), first.end(), 0u);
+    return protocol::StageStepsReplayed(first, segments);
+  };
+  uint32_t replayed = replays(std::min(cp.verify_segments_per_check, segments));
   auto cut = [&](uint64_t amount) {
     // ledger BasisPoints: floor(amount x bps / 10000) of each payment.
     return static_cast<double>(amount / 10000 * cp.treasury_cut_bps +
@@ -923,8 +962,8 @@ TaskQuote QuoteTask(const PreparedTask& t, const ledger::Genesis& gen,
       const size_t i = u % nodes.size();
       const protocol::CheckPlan plan = protocol::PlanCheck(t.net.assurance, reps[i], segments, vp);
       const double p = plan.probability_permille / 1000.0;
-      const uint64_t pay = protocol::VerifierPay(q.unit_cost, plan.segments, segments);
-      replayed = std::max(replayed, plan.segments);
+      const uint64_t pay = protocol::VerifierPay(q.unit_cost, replays(plan.segments), segments);
+      replayed = std::max(replayed, replays(plan.segments));
       q.checks += p;
       q.to_verifiers += p * v * static_cast<double>(pay);
       q.treasury_cut += p * v * cut(pay);
@@ -1001,7 +1040,13 @@ Status RunQuote(GlobalOptions& g, const TaskArgs& a) {
       v.price_per_gflop = n.value("price", uint64_t{0});
       if (v.throughput_flops == 0 || v.bandwidth_bytes_per_s == 0) continue;
       if (v.price_per_gflop > t.net.price_cap) continue;
-      if (v.memory_bytes < protocol::RequiredMemoryBytes(t.view)) continue;
+      // The least a node must hold to take a unit: a whole unit's need, or the lightest stage's
+      // (the ledger's PlaceStages floor).
+      const uint64_t need = t.params.stages > 1
+                                ? *std::min_element(t.params.stage_memory_bytes.begin(),
+                                                    t.params.stage_memory_bytes.end())
+                                : protocol::RequiredMemoryBytes(t.view);
+      if (v.memory_bytes < need) continue;
       QuoteNode q{.price = v.price_per_gflop, .unit_ms = protocol::EstimatedUnitMs(v, t.view, sp)};
       const json rep = n.value("reputation", json::object());
       q.rep.completed = rep.value("units_completed", uint64_t{0});

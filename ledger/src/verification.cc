@@ -235,8 +235,12 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
   ML_RETURN_IF_ERROR(PayJackpotShares(s, winners, slash * winners.size(), &tally.jackpot_paid));
   const uint32_t segments =
       protocol::SegmentCount(c.config().inner_steps, c.config().checkpoint_interval);
-  const Amount verifier_pay = protocol::VerifierPay(
-      unit_cost, static_cast<uint32_t>(c.segments().size()), segments);
+  // A stage unit's check also replays the stage's last step to bind its result (its segments
+  // are its steps): paid for the steps it replays, not only the drawn ones.
+  const uint32_t replayed = IsPipelineTask(t->params)
+                                ? protocol::StageStepsReplayed(c.segments(), c.config().inner_steps)
+                                : static_cast<uint32_t>(c.segments().size());
+  const Amount verifier_pay = protocol::VerifierPay(unit_cost, replayed, segments);
   for (const protocol::NodeId& n : fx.pay_verifiers) {
     const NodeRecord* node = s.nodes.Find(n);
     Amount amount = std::min(verifier_pay, s.tasks.Find(task_id)->escrow);
@@ -654,7 +658,8 @@ Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleFie
       TileContextOf(*t, u, bundle.text, std::string(what) + ": bundle");
   if (needed && context.status().code() == StatusCode::kFailedPrecondition) {
     // The task's own bundle (its blob id checked: InvalidArgument otherwise), whose plan the tile
-    // phase does not serve (micro-batches): its dispute plays whole steps, as before.
+    // phase does not serve (none today: a GPT trained in micro-batches is planned too, since
+    // PlanStepTiles follows their gradient order): its dispute plays whole steps, as before.
     ML_LOG_INFO(
         "ledger: task {} unit {}: {} (a token task's mismatch carries its bundle all the "
         "same); the dispute plays whole steps",
@@ -825,7 +830,8 @@ Result<RefereeStage> DisputeAtReferee(const LedgerState& s, const Hash256& task_
 // carry the bundle (DisputeNeedsBundle), so its dispute plays the tile phase, and the two whole
 // steps that phase ends at (a lie in the step's input state or in the state only) are ruled from
 // roots (LedgerRulesFromRoots); only a token task whose plan the tile phase does not serve
-// (micro-batches) plays whole steps, ruled by the genesis referee. A stage unit's step is not a
+// (none today; micro-batched steps are planned too) plays whole steps, ruled by the genesis
+// referee. A stage unit's step is not a
 // unit's step (its inputs are its neighbours' signed tensors): it is ruled from its own witness
 // (RefereeStageStep, LedgerRulesStageStep), never by RefereeStep.
 bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
@@ -1222,7 +1228,8 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
   // Left to the genesis key: tolerance mode (a segment), a task without a data root, a stage over
   // the stage witness bound, and a token task whose plan the tile phase does not serve (its
   // mismatch carried the bundle, DisputeNeedsBundle, so a whole-step game of a token task with a
-  // data root means TileContextOf refused the task's own bundle: micro-batches).
+  // data root means TileContextOf refused the task's own bundle: no such plan today, since
+  // micro-batched steps are planned too).
   if (game->referee_task().segment) {
     if (tx.tolerance_verdict != 1 && tx.tolerance_verdict != 2) {
       return InvalidArgument("rule dispute: unit " + std::to_string(tx.index) +

@@ -325,6 +325,12 @@ void NodeAgent::RunStages(const NodeWork& work) {
   if (!collected.ok()) Log(collected.message());  // run again while it stays assigned
   if (stager_->running()) return;
   for (const UnitAssignment* u : stager_->Pending(work)) {
+    // A stage this node's memory cannot hold is refused as a whole unit is (Solver::FitsInMemory,
+    // by the stage's need the ledger placed it by): it expires and goes to another node.
+    if (Result<TaskContext*> ctx = node_->GetTask(u->task_id);
+        ctx.ok() && !solver_->FitsInMemory(*u, **ctx)) {
+      continue;
+    }
     Status started = stager_->Start(*u);
     if (!started.ok()) {
       Log("stage unit " + u->task_id.ShortHex() + "/" + std::to_string(u->index) +

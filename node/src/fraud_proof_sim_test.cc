@@ -103,14 +103,16 @@ std::function<json(const AuditUnit&, const BuiltSegmentWitness&)> ProveWithSubmi
 }
 
 TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
-  // Seed 2: the poisoner is never caught while the task runs (each of its units' one-segment
+  // Seed 1: the poisoner is never caught while the task runs (each of its units' one-segment
   // checks replayed a clean segment), so its work is in the final model and it was paid (of
-  // seeds 1..40, 2, 4, 9, 10, 12, 17, 18, 21, 25, 27, 29, 30 and 33-37 escape since the state
+  // seeds 1..40, 1, 4, 10, 12, 14, 16, 18, 20, 23-25, 28-30, 32, 37 and 40 escape since the task
+  // terms gained the engine's memory need, params.memory_bytes, which moved every beacon, and
+  // this test ran at seed 2; 2, 4, 9, 10, 12, 17, 18, 21, 25, 27, 29, 30 and 33-37 since the state
   // hash became StateHashOfRoots, issue 16, which moved every beacon; 3, 4, 8, 11, 15, 17, 19,
   // 21, 24, 29, 33, 34, 37 and 38 escaped when the task terms gained data_page_tokens, and this
   // test ran at seed 3; 5, 6, 7, 12-16, 21 and 22 of 1..22 before that; the others are caught
   // and tainted while the task runs).
-  constexpr uint64_t kSeed = 2;
+  constexpr uint64_t kSeed = 1;
   PoisonedRun run(kSeed);
   SimHarness& sim = *run.sim;
   ASSERT_EQ(sim.Task(false).value("status", std::string()), "finished");
@@ -183,10 +185,13 @@ TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
 // audit's later proofs find their units re-running (nothing left to prove). The network runs
 // the rounds again without the jailed poisoner and the task finishes with the honest
 // reference's weights, bit for bit: the final model holds none of its work, and it keeps no
-// pay for it. Over seeds whose poisoner escapes every check while the task runs (above): 2, 10,
-// 12 and 17 (were 3, 4, 8 and 11 before the state hash became StateHashOfRoots). Seeds 4 and 9
-// escape too but end with one of the four honest nodes not yet having seen the task finished when
-// RunUntilFinished stops (seen_closed() == 3), so they do not play this test's scenario.
+// pay for it. Over seeds whose poisoner escapes every check while the task runs (above): 1, 4,
+// 10 and 16 since the task terms gained the engine's memory need (params.memory_bytes: every
+// beacon moved, and 2 and 17 caught their poisoner); were 2, 10, 12 and 17, and 3, 4, 8 and 11
+// before the state hash became StateHashOfRoots. Seeds 12, 14 and 20 escape too (4 and 9 did
+// before) but end with one of the four honest nodes not yet having seen the task finished when
+// RunUntilFinished stops (seen_closed() == 3), so they do not play this test's scenario; 18
+// plays it as well.
 class ReopenSimTest : public ::testing::TestWithParam<uint64_t> {};
 
 TEST_P(ReopenSimTest, AProofWithinTheAuditWindowReopensTheTaskAndTheRedoIsTheReference) {
@@ -259,7 +264,7 @@ TEST_P(ReopenSimTest, AProofWithinTheAuditWindowReopensTheTaskAndTheRedoIsTheRef
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(2, 10, 12, 17));
+INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(1, 4, 10, 16));
 
 }  // namespace
 }  // namespace meshlearn::node

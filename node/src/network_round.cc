@@ -57,6 +57,7 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
   params.num_examples = p.value("num_examples", uint64_t{0});
   params.seed = p.value("seed", uint64_t{0});
   params.model_bytes = p.value("model_bytes", uint64_t{0});
+  params.memory_bytes = p.value("memory_bytes", uint64_t{0});
   params.data_page_tokens = p.value("data_page_tokens", uint32_t{0});
   if (p.contains("data_root") && p["data_root"].is_string()) {
     ML_ASSIGN_OR_RETURN(params.data_root, Hash256::FromHex(p["data_root"].get<std::string>(),
@@ -89,6 +90,17 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
                              std::to_string(got) +
                              "; the submitter published an inconsistent task, refusing it");
     }
+  }
+  // The memory a whole unit needs: the scheduler places units by it, so a node that computed
+  // another need from the bundle (UnitMemoryBytes) would refuse units the ledger thinks fit, or
+  // take ones it cannot hold. Zero: none declared (protocol::RequiredMemoryBytes' fallback).
+  if (p.memory_bytes != 0 && p.memory_bytes != bundle.memory_bytes) {
+    return InvalidArgument(
+        "the task bundle's model needs memory_bytes = " + std::to_string(bundle.memory_bytes) +
+        " for a unit (weights, gradients, optimizer moments, activations: "
+        "UnitMemoryBytes) but the ledger's params.memory_bytes = " +
+        std::to_string(p.memory_bytes) +
+        "; the submitter published an inconsistent task, refusing it");
   }
   // The data root: the ledger checks a disputed step's examples against it (RefereeStepTx), so
   // work on data that does not give it could never be refereed. Zero: none declared.

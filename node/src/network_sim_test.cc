@@ -395,6 +395,13 @@ TEST(NetworkSimTest, AgentRefusesUnitsOverItsRealMemoryAndTheyAreReassigned) {
   ASSERT_FALSE(refusals.empty());
   EXPECT_NE(refusals[0].find("this node can use 1024"), std::string::npos) << refusals[0];
   json task = sim.Task(true);
+  // The need named is the one the scheduler placed the unit by: the task's memory_bytes, the
+  // engine's estimate the submitter declared (UnitMemoryBytes).
+  const uint64_t need = task["params"].value("memory_bytes", uint64_t{0});
+  EXPECT_GT(need, 1024u) << task["params"].dump();
+  EXPECT_NE(refusals[0].find("needs " + std::to_string(need) + " bytes of memory"),
+            std::string::npos)
+      << refusals[0];
   ExpectEveryUnitPaid(task, 6);
   for (const json& u : task["units"]) {
     EXPECT_EQ(u.value("assignee", std::string()), sim.node_key(0).public_key().ToHex()) << u.dump();

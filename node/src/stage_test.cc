@@ -1057,6 +1057,108 @@ TEST(StagePlaneTest, AVerifierFetchesAStageStepFromItsNodeAndReplaysIt) {
   }
 }
 
+// A verifier loads a stage's checkpoint as it fetches it (FetchStageCheckpointState: a slice in
+// memory at a time, each tensor straight into the state): the same state, bit for bit, as the old
+// path (the whole file's bytes fetched, then decoded); a file of another size than it is, or
+// tampered with, does not load (the stage's `start` fault), with the reason; a step no longer
+// served is NotFound. The result hash, computed a piece at a time from that state, is the one
+// the delta's encoding gives (ResultBlobId of the start weights and the parameters).
+TEST(StagePlaneTest, AVerifierLoadsAStageCheckpointAsItFetchesIt) {
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+    const StageContext ctx = StageCtx();
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, {});
+    std::vector<StageStepRef> refs;
+    for (int s = 0; s < 3; ++s) {
+      refs.push_back({ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), 0});
+      ASSERT_TRUE(nodes[s]->evidence.SaveCheckpoint(refs[s], got[s]->state()).ok());
+    }
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, 1, &out);
+    net::HttpTransport verifier;
+    Result<std::vector<engine::PlannedParam>> planned = engine::PlanParams(spec);
+    ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+    std::vector<float> global;
+    for (const engine::PlannedParam& p : *planned) {
+      global.resize(static_cast<size_t>(p.offset + engine::NumElements(p.shape)));
+    }
+    for (size_t i = 0; i < global.size(); ++i) global[i] = 0.001f * static_cast<float>(i % 997);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+      ASSERT_TRUE(nodes[s]->evidence.Publish(out[s][0].commit, nodes[s]->plane->received()).ok());
+      const std::string endpoint = nodes[s]->server->endpoint();
+      Result<StageStepEvidence> old = FetchStageStepEvidence(&verifier, endpoint, refs[s]);
+      ASSERT_TRUE(old.ok()) << old.status().ToString();
+      Result<StageStepEvidence> ev = FetchStageStepRecords(&verifier, endpoint, refs[s]);
+      ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+      EXPECT_TRUE(ev->checkpoint.empty());
+      EXPECT_EQ(ev->checkpoint_bytes, old->checkpoint.size());
+      EXPECT_EQ(ev->commit, old->commit);
+      EXPECT_EQ(ev->blobs, old->blobs);
+      Result<engine::TrainState> want = StageCheckpointState(old->checkpoint);
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      Result<engine::TrainState> streamed = engine::TrainState{};
+      Status fetched =
+          FetchStageCheckpointState(&verifier, endpoint, refs[s], ev->checkpoint_bytes, &streamed);
+      ASSERT_TRUE(fetched.ok()) << fetched.ToString();
+      ASSERT_TRUE(streamed.ok()) << streamed.status().ToString();
+      EXPECT_EQ(engine::StateHash(*streamed), engine::StateHash(*want));
+      EXPECT_EQ(engine::StateHash(*streamed), ev->commit.state_before);
+      EXPECT_EQ(ToBytes(engine::CheckpointBytes(*streamed)), old->checkpoint);
+
+      // The result hash a piece at a time = the hash of the delta's encoding.
+      std::vector<float> start, params;
+      for (const engine::Param& p : streamed->model->params()) {
+        for (const engine::PlannedParam& q : *planned) {
+          if (q.name != p.name) continue;
+          const auto from = global.begin() + q.offset;
+          start.insert(start.end(), from, from + engine::NumElements(q.shape));
+        }
+        params.insert(params.end(), p.value.vec().begin(), p.value.vec().end());
+      }
+      ASSERT_EQ(start.size(), params.size());
+      Result<Hash256> id = ledger::StageResultBlobId(spec, global, *streamed);
+      ASSERT_TRUE(id.ok()) << id.status().ToString();
+      EXPECT_EQ(*id, ledger::ResultBlobId(start, params));  // the delta encoded whole
+
+      // Declared shorter or longer than the file: it does not load, and says why.
+      for (uint64_t size : {ev->checkpoint_bytes - 1, ev->checkpoint_bytes / 2}) {
+        Result<engine::TrainState> cut = engine::TrainState{};
+        ASSERT_TRUE(FetchStageCheckpointState(&verifier, endpoint, refs[s], size, &cut).ok());
+        EXPECT_EQ(cut.status().code(), StatusCode::kDataLoss) << cut.status().ToString();
+        EXPECT_NE(cut.status().message().find("truncated"), std::string::npos)
+            << cut.status().ToString();
+      }
+      Result<engine::TrainState> longer = engine::TrainState{};
+      ASSERT_TRUE(
+          FetchStageCheckpointState(&verifier, endpoint, refs[s], ev->checkpoint_bytes + 8, &longer)
+              .ok());
+      EXPECT_FALSE(longer.ok());
+      EXPECT_NE(longer.status().message().find("trailing bytes"), std::string::npos)
+          << longer.status().ToString();
+      // A bit of its last tensor flipped on the node's disk: it does not hash to its state_hash.
+      const std::string path = *nodes[s]->evidence.CheckpointFile(refs[s]);
+      Bytes flipped = old->checkpoint;
+      flipped[flipped.size() - 3] ^= 0x40;
+      ASSERT_TRUE(Env::Default()->WriteFileAtomic(path, AsStringView(flipped)).ok());
+      Result<engine::TrainState> tampered = engine::TrainState{};
+      ASSERT_TRUE(
+          FetchStageCheckpointState(&verifier, endpoint, refs[s], ev->checkpoint_bytes, &tampered)
+              .ok());
+      EXPECT_NE(tampered.status().message().find("state hash mismatch"), std::string::npos)
+          << tampered.status().ToString();
+      // No longer served: NotFound, nothing judged.
+      nodes[s]->evidence.Withdraw(refs[s]);
+      Result<engine::TrainState> gone = engine::TrainState{};
+      EXPECT_EQ(FetchStageCheckpointState(&verifier, endpoint, refs[s], ev->checkpoint_bytes, &gone)
+                    .code(),
+                StatusCode::kNotFound);
+    }
+  }
+}
+
 // A stage's evidence checkpoints are files (one a step, in the evidence's folder): served from
 // there byte for byte as written, deleted when the step is withdrawn (one step, or the final
 // rounds), and a missing or cut file is a clear error to the verifier, not a crash. A step is
@@ -1521,13 +1623,38 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
   GlobalState state = InitialState(*trainer);
   const uint64_t samples = UnitSamples(*trainer, net);
 
-  ledger::TaskParams params = MakeTaskParams(facts, net, StateBlobId(state), 0);
+  ledger::TaskParams params = MakeTaskParams(facts, net, StateBlobId(state));
   ASSERT_TRUE(AddPipelineTerms(t, net, &params).ok());
   ASSERT_EQ(params.stages, 3u);
   ASSERT_EQ(params.units_per_round, 6u);
   ASSERT_EQ(params.stage_memory_bytes.size(), 3u);
-  // A node checks the ledger's terms against the bundle it loaded, stages included.
+  // A whole unit's need is the stages' formula for the whole model as one stage
+  // (UnitMemoryBytes: engine::CutCosts), more than any stage's.
+  Result<uint64_t> whole = UnitMemoryBytes(t);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  Result<std::vector<engine::StageCost>> one_stage = engine::CutCosts(
+      t.model, t.optimizer, engine::PipelineCut{{0, engine::CutLayerCount(t.model)}}, t.batch_size,
+      t.seq_len, t.micro_batches);
+  ASSERT_TRUE(one_stage.ok()) << one_stage.status().ToString();
+  EXPECT_EQ(*whole, static_cast<uint64_t>(std::ceil((*one_stage)[0].total_bytes())));
+  EXPECT_EQ(params.memory_bytes, *whole);
+  EXPECT_EQ(facts.memory_bytes, *whole);
+  for (uint64_t need : params.stage_memory_bytes) EXPECT_LT(need, *whole);
+  // A node checks the ledger's terms against the bundle it loaded, stages and memory included.
   EXPECT_TRUE(CheckBundleMatchesLedger(facts, net, params).ok());
+  ledger::TaskParams other_need = params;
+  other_need.memory_bytes = *whole + 1;
+  Status wrong_need = CheckBundleMatchesLedger(facts, net, other_need);
+  EXPECT_NE(
+      wrong_need.message().find("needs memory_bytes = " + std::to_string(*whole) + " for a unit"),
+      std::string::npos)
+      << wrong_need.ToString();
+  EXPECT_NE(wrong_need.message().find("params.memory_bytes = " + std::to_string(*whole + 1)),
+            std::string::npos)
+      << wrong_need.ToString();
+  ledger::TaskParams undeclared = params;  // a task submitted without a need: the fallback's
+  undeclared.memory_bytes = 0;
+  EXPECT_TRUE(CheckBundleMatchesLedger(facts, net, undeclared).ok());
   ledger::TaskParams unstaged = params;
   unstaged.stages = 1;
   Status mismatch = CheckBundleMatchesLedger(facts, net, unstaged);

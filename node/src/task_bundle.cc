@@ -7,6 +7,7 @@
 
 #include "meshlearn/base/config.h"
 #include "meshlearn/node/local_diloco.h"
+#include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/step_witness.h"
 
 namespace meshlearn::node {
@@ -246,6 +247,7 @@ Result<TaskFacts> ComputeTaskFacts(const engine::TaskSpec& task, const engine::T
   f.num_params = static_cast<uint64_t>(num_params);
   f.model_bytes = 4 * f.num_params;
   f.flops_per_sample = EstimateFlopsPerSample(task, f.num_params);
+  ML_ASSIGN_OR_RETURN(f.memory_bytes, UnitMemoryBytes(task));
   f.num_examples = view.num_examples;
   f.batch_size = view.batch_size;
   f.seed = view.seed;
@@ -266,7 +268,7 @@ Result<TaskFacts> ComputeTaskFacts(const engine::TaskSpec& task, const engine::T
 }
 
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
-                                  const Hash256& initial_state, uint64_t memory_bytes) {
+                                  const Hash256& initial_state) {
   // A pipeline task's units are its replicas' stages (docs/protocol.md, "Pipeline stage units");
   // the per-stage needs come from its cut (AddPipelineTerms, stage_unit.h).
   const uint32_t stages = std::max<uint32_t>(net.stages, 1);
@@ -278,7 +280,7 @@ ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net
       .checkpoint_interval = net.checkpoint_interval,
       .flops_per_sample = facts.flops_per_sample,
       .model_bytes = facts.model_bytes,
-      .memory_bytes = memory_bytes,
+      .memory_bytes = facts.memory_bytes,
       .num_examples = facts.num_examples,
       .seed = facts.seed,
       .initial_state = initial_state,

@@ -72,6 +72,12 @@ uint64_t RequiredMemoryBytes(const TaskSpecView& task) {
   return Saturate(static_cast<U128>(task.model_bytes) * 5);
 }
 
+uint64_t AggregatorMemoryBytes(const TaskSpecView& task) {
+  const uint64_t deltas = task.units_per_round / std::max<uint32_t>(task.stages, 1);
+  const U128 held = (static_cast<U128>(deltas) + 2) * task.model_bytes;
+  return Saturate(static_cast<U128>(RequiredMemoryBytes(task)) + held);
+}
+
 uint32_t ReputationPermille(const Reputation& rep) {
   constexpr uint64_t kPrior = 4;
   const uint64_t completed = std::min<uint64_t>(rep.completed, uint64_t{1} << 40);
@@ -360,6 +366,9 @@ Result<AggregatorAssignment> AssignAggregator(const TaskSpecView& task,
   if (params.block_interval_ms == 0) {
     return InvalidArgument("scheduler: block_interval_ms must be > 0, got 0");
   }
+  // Eligible as a solver is, but holding what an aggregator holds.
+  TaskSpecView aggregating = task;
+  aggregating.memory_required_bytes = std::max<uint64_t>(AggregatorMemoryBytes(task), 1);
   if (round >= task.rounds) {
     return InvalidArgument("scheduler: round " + std::to_string(round) + " is outside the task's " +
                            std::to_string(task.rounds) + " rounds");
@@ -380,7 +389,7 @@ Result<AggregatorAssignment> AssignAggregator(const TaskSpecView& task,
       return InvalidArgument("scheduler: node " + n.id.ShortHex() +
                              " appears twice in the node list");
     }
-    if (CheckEligibility(n, task, height, params) != Eligibility::kEligibilityOk) continue;
+    if (CheckEligibility(n, aggregating, height, params) != Eligibility::kEligibilityOk) continue;
     if (std::find(exclude.begin(), exclude.end(), n.id) != exclude.end()) continue;
     const uint64_t rate =
         std::max<uint64_t>(1, kRateScale / EstimatedAggregationMs(n, task, params));

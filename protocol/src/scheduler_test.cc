@@ -424,6 +424,36 @@ TEST(SchedulerTest, AggregatorSelection) {
             StatusCode::kInvalidArgument);
 }
 
+// An aggregator builds the whole model (a whole unit's need) and holds the round's state and
+// deltas: a node that holds a unit, or a pipeline stage, but not that is never drawn.
+TEST(SchedulerTest, AnAggregatorNeedsTheWholeModelTheStateAndTheRoundsDeltas) {
+  TaskSpecView t = Task(8);  // unit need 1 MiB, model 1000 bytes
+  EXPECT_EQ(AggregatorMemoryBytes(t), (1u << 20) + (8 + 2) * 1000u);
+  TaskSpecView piped = t;  // 2 replicas x 4 stages: two whole deltas a round
+  piped.stages = 4;
+  EXPECT_EQ(AggregatorMemoryBytes(piped), (1u << 20) + (2 + 2) * 1000u);
+  TaskSpecView undeclared = t;  // the 5 x model_bytes fallback for the unit
+  undeclared.memory_required_bytes = 0;
+  EXPECT_EQ(AggregatorMemoryBytes(undeclared), 5000u + 10 * 1000u);
+
+  for (const TaskSpecView& task : {t, piped}) {
+    std::vector<NodeView> nodes;
+    for (uint32_t i = 0; i < 3; ++i) nodes.push_back(Node(i));
+    nodes[0].memory_bytes = AggregatorMemoryBytes(task);      // holds it exactly
+    nodes[1].memory_bytes = AggregatorMemoryBytes(task) - 1;  // a unit fits, aggregating not
+    nodes[2].memory_bytes = RequiredMemoryBytes(task);
+    ASSERT_EQ(CheckEligibility(nodes[1], task, kHeight, {}), Eligibility::kEligibilityOk);
+    for (uint64_t blk = 0; blk < 50; ++blk) {
+      auto a = AssignAggregator(task, nodes, 0, {}, BlockHash(blk), kHeight, {});
+      ASSERT_TRUE(a.ok()) << a.status().ToString();
+      EXPECT_EQ(a->node, nodes[0].id) << "block " << blk;
+    }
+    nodes[0].memory_bytes -= 1;
+    EXPECT_EQ(AssignAggregator(task, nodes, 0, {}, BlockHash(0), kHeight, {}).status().code(),
+              StatusCode::kUnavailable);
+  }
+}
+
 // Pins the assignment algorithm: followers replaying old blocks must deal the same units. If a
 // change to AssignUnits alters this, it is a consensus change (a new ledger version).
 TEST(SchedulerTest, GoldenAssignments) {

@@ -1,6 +1,7 @@
 #include "meshlearn/protocol/unit_check.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "meshlearn/base/encoding.h"
@@ -66,6 +67,16 @@ uint64_t VerifierPay(uint64_t unit_cost, uint32_t segments_replayed, uint32_t nu
   uint64_t whole = unit_cost / num_segments * segments_replayed;
   uint64_t part = unit_cost % num_segments * segments_replayed / num_segments;
   return std::max<uint64_t>(1, whole + part);
+}
+
+uint32_t StageStepsReplayed(std::span<const uint32_t> steps, uint32_t inner_steps) {
+  if (inner_steps == 0) return 0;
+  std::set<uint32_t> replayed;
+  for (uint32_t t : steps) {
+    if (t < inner_steps) replayed.insert(t);
+  }
+  replayed.insert(inner_steps - 1);  // the result binding's step
+  return static_cast<uint32_t>(replayed.size());
 }
 
 uint64_t SlashAmount(uint64_t unit_cost, uint32_t slash_multiple) {

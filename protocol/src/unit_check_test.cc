@@ -809,6 +809,25 @@ TEST(UnitCheckTest, PayAndSlashAmounts) {
   EXPECT_EQ(SlashAmount(UINT64_MAX / 2, 10), UINT64_MAX);
 }
 
+// A stage check replays its drawn steps and, to bind the result, the stage's last step: the
+// verifier is paid for that one too when it was not drawn, and never twice when it was.
+TEST(UnitCheckTest, AStageCheckIsPaidForTheLastStepItReplaysToBindTheResult) {
+  const uint32_t kSteps = 10;
+  const std::vector<uint32_t> early = {2, 5};      // the last step (9) not drawn
+  const std::vector<uint32_t> with_last = {2, 9};  // drawn
+  const std::vector<uint32_t> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_EQ(StageStepsReplayed(early, kSteps), 3u);
+  EXPECT_EQ(StageStepsReplayed(with_last, kSteps), 2u);
+  EXPECT_EQ(StageStepsReplayed(all, kSteps), kSteps);
+  EXPECT_EQ(StageStepsReplayed({}, kSteps), 1u);  // a result check alone still replays one step
+  EXPECT_EQ(StageStepsReplayed(std::vector<uint32_t>{9, 9}, kSteps), 1u);
+  EXPECT_EQ(StageStepsReplayed(early, 0), 0u);
+  // The pay of a unit of cost 1000: 3 of 10 steps, not the 2 drawn.
+  EXPECT_EQ(VerifierPay(1000, StageStepsReplayed(early, kSteps), kSteps), 300u);
+  EXPECT_EQ(VerifierPay(1000, StageStepsReplayed(with_last, kSteps), kSteps), 200u);
+  EXPECT_EQ(VerifierPay(1000, StageStepsReplayed(all, kSteps), kSteps), 1000u);  // never more
+}
+
 TEST(UnitCheckTest, ASolverThatIgnoresItsForcedErrorCannotGetHonestVerifiersSlashed) {
   // Drawn for a forced error, the solver commits its honest work instead: honest verifiers call
   // it clean. The revealed secret shows the commitment is not the forced one: the solver is the

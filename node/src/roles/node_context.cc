@@ -202,6 +202,9 @@ Result<TaskContext*> NodeContext::GetTask(const Hash256& task_id) {
   // A pipeline task's units are stage units (docs/protocol.md, "Pipeline stage units"): the
   // Stager runs them, the Aggregator applies their rounds stage by stage. The ledger places a
   // stage only on a node whose memory holds it (params.stage_memory_bytes).
+  // A whole unit's need: the scheduler's number (protocol::RequiredMemoryBytes of the ledger's
+  // params), which the bundle check above found equal to the bundle's own (UnitMemoryBytes) when
+  // the task declares one.
   protocol::TaskSpecView view;
   view.model_bytes = ctx->facts.model_bytes;
   view.memory_required_bytes = ctx->info.params.memory_bytes;

@@ -1,6 +1,7 @@
 #include "segment_checker.h"
 
 #include <algorithm>
+#include <map>
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
@@ -326,10 +327,10 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
     return chain;
   };
   ML_ASSIGN_OR_RETURN(std::vector<protocol::NodeId> chain, run_chain());
-  // Only the stage checked is built (from each step's checkpoint), never the whole model: the
-  // steps' batches come from the task's data (read now, dropped after the check, as a stage unit
-  // does), and the result check reads the stage's slices of the round's start weights from the
-  // state blob's chunks that hold them (never the whole state).
+  // Only the stage checked is built (from each step's checkpoint, loaded as it is fetched), never
+  // the whole model: the steps' batches come from the task's data (read now, dropped before the
+  // first replay, as a stage unit does), and the result check reads the stage's slices of the
+  // round's start weights from the state blob's chunks that hold them (never the whole state).
   ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
   struct DropData {
     TaskContext* ctx;
@@ -346,8 +347,20 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
                      .chain = chain,
                      .transport = node.deps().transport,
                      .endpoint = c.solver_endpoint};
-  // The stage's last step: where its committed result must come from.
+  // The stage's last step: where its committed result must come from. Replayed below when it was
+  // not drawn, and paid for (protocol::StageStepsReplayed: the ledger pays the steps replayed).
   const uint32_t last = static_cast<uint32_t>(f.leaves.size() - 2);
+  // The steps' batches (a few sequences) are drawn now and the task's data dropped before any
+  // replay: a check holds the stage's state and its activations, not the corpus beside them.
+  std::map<uint64_t, engine::Batch> batches;
+  for (uint32_t t : steps) {
+    if (t + 1ull < f.leaves.size()) batches.emplace(t, StageStepBatch(in, t));
+  }
+  batches.emplace(last, StageStepBatch(in, last));
+  in.batches = &batches;
+  in.data = nullptr;
+  data.reset();
+  ctx->ReleaseData();
   StageStepEnd end;
   bool ended = false;
   for (uint32_t t : steps) {
@@ -386,12 +399,11 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
     }
   }
   if (!ended) return f;
-  Result<engine::TrainState> final_state = StageCheckpointState(end.checkpoint);
+  // The replayed state itself (no bytes round trip), hashed as its delta is computed.
   Result<GlobalWeightsReader> start = node.StartWeights(*ctx, c.task_id, c.start_state);
-  Result<Hash256> result = !final_state.ok() ? Result<Hash256>(final_state.status())
-                           : !start.ok()     ? Result<Hash256>(start.status())
-                                         : ledger::StageResultBlobId(ctx->task.model, start->size,
-                                                                     start->read, *final_state);
+  Result<Hash256> result =
+      !start.ok() ? Result<Hash256>(start.status())
+                  : ledger::StageResultBlobId(ctx->task.model, start->size, start->read, end.state);
   if (!result.ok()) {
     node.Log(CheckName(c) + ": result not checked: " + result.status().message());
     return f;
@@ -408,8 +420,8 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
   ML_RETURN_IF_ERROR(
       node.env()->WriteFileAtomic(JoinPath(dir, kStageFinalCommitFile),
                                   AsStringView(protocol::EncodeStageStepCommit(end.commit))));
-  ML_RETURN_IF_ERROR(node.env()->WriteFileAtomic(JoinPath(dir, kStageFinalStateFile),
-                                                 AsStringView(end.checkpoint)));
+  ML_RETURN_IF_ERROR(
+      engine::SaveCheckpoint(node.env(), JoinPath(dir, kStageFinalStateFile), end.state));
   node.Log(CheckName(c) + ": its result " + c.result_hash.ShortHex() +
            " is not the delta of its state after its last step (" + result->ShortHex() + ")");
   f.result = ResultCheck::kWrong;

@@ -144,9 +144,14 @@ bool Solver::FitsInMemory(const UnitAssignment& a, const TaskContext& ctx) {
   const uint64_t memory = options.memory_limit_bytes > 0
                               ? std::min(options.memory_limit_bytes, registered_memory)
                               : registered_memory;
-  if (ctx.memory_need <= memory) return true;
+  // The number the ledger placed the unit by: a stage unit's is its stage's (PlaceStages).
+  const std::vector<uint64_t>& stage_needs = ctx.info.params.stage_memory_bytes;
+  const bool staged = a.stage.has_value() && a.stage->stage < stage_needs.size();
+  const uint64_t need = staged ? stage_needs[a.stage->stage] : ctx.memory_need;
+  if (need <= memory) return true;
   ++node_->stats().units_refused;
-  std::string why = Name(a) + ": refused: needs " + std::to_string(ctx.memory_need) +
+  std::string why = Name(a) + (staged ? " (stage " + std::to_string(a.stage->stage) + ")" : "") +
+                    ": refused: needs " + std::to_string(need) +
                     " bytes of memory, this node can use " + std::to_string(memory) +
                     "; it expires at its deadline (block " + std::to_string(a.deadline_height) +
                     ") and goes to another node";

@@ -64,6 +64,11 @@ class Solver {
   // (UpdateNode), 0 if none; Take... is true once per new value.
   uint64_t memory_reported() const { return memory_reported_; }
   bool TakeReregister() { return std::exchange(reregister_, false); }
+  // Memory policy: false (and logged once, naming the need and the limit) when unit `a` needs more
+  // memory than the node can give -- the scheduler's number: ctx.memory_need for a whole unit,
+  // the task's stage_memory_bytes[stage] for a stage unit (the agent asks before the Stager
+  // starts one); lowers the registered memory when the real limit is below it.
+  bool FitsInMemory(const UnitAssignment& a, const TaskContext& ctx);
 
   // The solver's side of a check: serve what it committed (again, after a restart), reveal the
   // secret in the reveal window.
@@ -79,9 +84,6 @@ class Solver {
 
  private:
   std::string Name(const UnitAssignment& a) const;
-  // Memory policy: false (and logged once) when the task's units need more memory than the node
-  // can give; lowers the registered memory when the real limit is below it.
-  bool FitsInMemory(const UnitAssignment& a, const TaskContext& ctx);
   std::optional<UnitResume> LoadProgress(const UnitAssignment& a, const UnitWork& work,
                                          const std::string& dir);
   Result<UnitOutcome> Train(const UnitAssignment& a, TaskContext* ctx, const GlobalState& start,

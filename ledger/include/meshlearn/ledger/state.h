@@ -169,7 +169,10 @@ struct TaskParams {
   uint32_t checkpoint_interval = 0;  // k: a checkpoint every k inner steps
   uint64_t flops_per_sample = 0;     // training FLOPs per sample (forward + backward)
   uint64_t model_bytes = 0;          // float32 weights (and one delta)
-  uint64_t memory_bytes = 0;         // a solver's need; 0 = protocol::RequiredMemoryBytes
+  // A whole unit's memory need (node::UnitMemoryBytes, set by `task submit`); the scheduler places
+  // units (and, with the round's state and deltas, aggregators) by protocol::RequiredMemoryBytes
+  // of it. 0: none declared, the 5 x model_bytes fallback.
+  uint64_t memory_bytes = 0;
   uint64_t num_examples = 0;         // dataset size
   uint64_t seed = 0;                 // task seed (data order, initialisation)
   Hash256 initial_state;             // blob id of the round-0 global state blob

@@ -22,12 +22,15 @@
 // round, shard}), lr_scale = NetworkSpec::InnerLrScale(round): exactly RunLocalDiloco's), save
 // a checkpoint every k steps under <data_dir>/units/, store the delta blob (pinned), send
 // CommitUnit. Killed mid-unit, the next agent on the same data dir resumes from the last
-// checkpoint and produces the same bits. A unit whose memory need (TaskParams::memory_bytes, or
-// protocol::RequiredMemoryBytes of the model the bundle really builds) exceeds the node's real
-// memory (memory_limit_bytes, else capabilities.memory_bytes) is refused, with the reason in the
-// log; it expires at its deadline and the ledger gives it to another node. When the real limit
-// is below the memory the node registered, the node also reports the lower value (UpdateNode)
-// so that the scheduler stops assigning it such units.
+// checkpoint and produces the same bits. A unit whose memory need exceeds the node's real memory
+// (memory_limit_bytes, else capabilities.memory_bytes) is refused, with the need and the limit in
+// the log. The need is the scheduler's number, protocol::RequiredMemoryBytes of the ledger's
+// params: TaskParams::memory_bytes, which the node checks equals UnitMemoryBytes of the bundle's
+// model (CheckBundleMatchesLedger), or, for a task that declares none, the 5 x model_bytes
+// fallback. A pipeline stage unit's need is params.stage_memory_bytes[stage], refused the same
+// way. The refused unit expires at its deadline and the ledger gives it to another node. When the
+// real limit is below the memory the node registered, the node also reports the lower value
+// (UpdateNode) so that the scheduler stops assigning it such units.
 //
 // An aggregation: fetch every committed delta blob (from its committer's endpoint first, then
 // from every registered node), decode it (a malformed delta blob is logged and left out, like a

@@ -110,9 +110,10 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
 // and the facts; initial_state = blob id of EncodeGlobalState(InitialState(trainer)); data_root =
 // facts.data_root (zero for a token task: the genesis referee rules its disputes);
 // checkpoint_interval = net.checkpoint_interval, whose default (inner_steps) NetworkSpec::
-// FromConfig decided. The tolerance thresholds are left 0: `task submit` profiles them.
+// FromConfig decided; memory_bytes = facts.memory_bytes (UnitMemoryBytes: what a whole unit
+// needs). The tolerance thresholds are left 0: `task submit` profiles them.
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
-                                  const Hash256& initial_state, uint64_t memory_bytes = 0);
+                                  const Hash256& initial_state);
 
 // The model a global state of `num_weights` floats belongs to, from a task's [model]: the spec
 // itself, or, for a GPT whose vocab_size comes from the data (0 in the file, hence in the

@@ -68,9 +68,22 @@ std::string_view EligibilityName(Eligibility e);
 Eligibility CheckEligibility(const NodeView& node, const TaskSpecView& task, uint64_t height,
                              const SchedulerParams& params);
 
-// Memory a solver needs: task.memory_required_bytes when set, else 5 x model_bytes (weights,
-// gradients, two Adam moments, and the round's global weights to form the delta). Saturating.
+// Memory a solver needs for a whole unit: task.memory_required_bytes when set -- what `task
+// submit` computes with the engine (node::UnitMemoryBytes: engine::CutCosts of the whole model as
+// one stage, the formula a pipeline stage's need comes from) and every node checks against the
+// bundle. Only a task that declares none (memory_required_bytes = 0: a task submitted without
+// it) falls back to 5 x model_bytes (weights, gradients, two Adam moments, and the round's global
+// weights to form the delta; activations not counted). Saturating.
 uint64_t RequiredMemoryBytes(const TaskSpecView& task);
+
+// Memory an aggregator needs (node/src/roles/aggregator.cc): it builds the whole model's trainer
+// to evaluate the new state -- a whole unit's need, RequiredMemoryBytes -- and holds the round's
+// global state (weights and outer momentum: 2 x model_bytes) and every delta of the round,
+// decoded: units_per_round / stages whole deltas (a pipeline replica's stage deltas add up to
+// one whole delta), x model_bytes. Saturating. So a pipeline task, whose stages fit nodes that
+// cannot hold the whole model, is aggregated only by a node that can: AssignAggregator draws
+// only among nodes whose memory_bytes holds this.
+uint64_t AggregatorMemoryBytes(const TaskSpecView& task);
 
 // Reputation as a multiplier in permille (1000 = neutral, new node):
 //   completion = 1000 x (completed + 4) / (completed + failures + 4)   (4 = prior of a new node)
@@ -123,10 +136,10 @@ inline constexpr uint64_t kAggregationFlopsPerValue = 64;  // generous: sorts, K
 uint64_t EstimatedAggregationMs(const NodeView& node, const TaskSpecView& task,
                                 const SchedulerParams& params);
 
-// Picks the aggregator of round `round`: one eligible node (same rules as for solvers) not in
-// `exclude`, drawn with weight (2^32 / EstimatedAggregationMs) x reputation from the block's
-// randomness; deadline as DeadlineHeight with queue position 0. Unavailable when no node
-// qualifies (retry at a later block).
+// Picks the aggregator of round `round`: one eligible node (same rules as for solvers, with
+// AggregatorMemoryBytes for the memory) not in `exclude`, drawn with weight (2^32 /
+// EstimatedAggregationMs) x reputation from the block's randomness; deadline as DeadlineHeight with
+// queue position 0. Unavailable when no node qualifies (retry at a later block).
 Result<AggregatorAssignment> AssignAggregator(const TaskSpecView& task,
                                               std::span<const NodeView> nodes, uint32_t round,
                                               std::span<const NodeId> exclude,

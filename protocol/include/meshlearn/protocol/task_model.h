@@ -109,6 +109,11 @@ struct NetworkSpec {
 struct TaskFacts {
   uint64_t num_params = 0;
   uint64_t model_bytes = 0;        // 4 x num_params
+  // What a node needs to train one whole (unsplit) unit: node::UnitMemoryBytes, engine::CutCosts
+  // of the whole model as one stage at the task's batch, seq_len and micro_batches (weights,
+  // gradients, optimizer moments, activations). TaskParams::memory_bytes, which the ledger's
+  // scheduler places units by (protocol::RequiredMemoryBytes) and the node refuses units by.
+  uint64_t memory_bytes = 0;
   uint64_t flops_per_sample = 0;   // node::EstimateFlopsPerSample
   uint64_t num_examples = 0;       // training examples (token windows: tokens)
   uint32_t batch_size = 0;

@@ -68,8 +68,14 @@ struct TaskSpecView {
   // Training FLOPs for one sample, forward + backward (about 6 x parameters for a dense net).
   uint64_t flops_per_sample = 0;
   uint64_t model_bytes = 0;  // size of the weights (and of a delta), float32
-  // Memory a solver needs. 0 = estimate from model_bytes (see RequiredMemoryBytes).
+  // Memory a solver needs for a whole unit: the submitter's engine estimate (node::
+  // UnitMemoryBytes, carried as TaskParams::memory_bytes). 0 = none declared: the
+  // 5 x model_bytes fallback (see RequiredMemoryBytes).
   uint64_t memory_required_bytes = 0;
+  // Pipeline stages per replica (units_per_round = replicas x stages); 1: every unit trains the
+  // whole model. Only AggregatorMemoryBytes reads it (a round's deltas add up to
+  // units_per_round / stages whole deltas).
+  uint32_t stages = 1;
   uint64_t price_cap_per_gflop = 0;  // highest price_per_gflop the submitter accepts
   uint64_t seed = 0;                 // task seed: data order, initialisation
   uint64_t num_examples = 0;         // dataset size (samples, or token windows)

@@ -272,6 +272,13 @@ class UnitCheck {
 //   a slash takes `slash_multiple` times the unit's cost (capped by the stake by the ledger), so
 //   a cheater loses more than the unit could ever pay.
 uint64_t VerifierPay(uint64_t unit_cost, uint32_t segments_replayed, uint32_t num_segments);
+// The steps a check of a pipeline stage unit replays (its segments are its `inner_steps` steps):
+// the drawn `steps`, and the stage's last step when it was not drawn, which the check replays
+// anyway to bind the stage's committed result to its state after that step (node
+// CheckStageSteps, docs/verification.md "Pipeline stages"). Distinct steps, each counted once;
+// at most inner_steps. What a stage check's verifier is paid for: VerifierPay(unit_cost,
+// StageStepsReplayed(drawn, H), H).
+uint32_t StageStepsReplayed(std::span<const uint32_t> steps, uint32_t inner_steps);
 uint64_t SlashAmount(uint64_t unit_cost, uint32_t slash_multiple);
 
 }  // namespace meshlearn::protocol
