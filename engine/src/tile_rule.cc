@@ -149,6 +149,12 @@ int64_t TileRuleAttentionBlocks(const TileOp& o) {
 // order its rows and columns are walked; defined below, with the other sequence walkers.
 std::vector<int64_t> TileRuleBackwardSumGroups(const TileOp& o, const TileGrid::Rect& t);
 
+// The global norm's block `block` (kTileOpGradNorm): which chunk of its parameter's block
+// partials it combines (0 but for a parameter above kTileNormChunk partials); its partial holds
+// the total before the parameter and the roots of the chunks before this one. Defined below,
+// with the other walkers of the gradients' block partials.
+int64_t TileRuleNormChunk(const TilePlan& plan, const TileOp& o, int64_t block);
+
 // The floats of the partial sum S_block a reduction tile `t` continues from: the tile's, but for
 // wte's gradient past the tied head's blocks, which carries the head's finished dW tile and the
 // embedding's own accumulator (EmbeddingBackward adds its sum to the gradient once, at the end),
@@ -183,6 +189,7 @@ int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, const TileGri
     // The row sums of every group the tile needs (T each), then the tile's accumulators.
     return static_cast<int64_t>(TileRuleBackwardSumGroups(o, t).size()) * o.conv[0] + t.numel();
   }
+  if (o.kind == TileOpKind::kTileOpGradNorm) return 1 + TileRuleNormChunk(plan, o, block);
   return t.numel();
 }
 
@@ -393,6 +400,43 @@ bool TileRuleSquareBlockOf(const TilePlan& plan, const TileOp& o, int64_t e,
     return true;
   }
   return false;
+}
+
+// The global norm (kTileOpGradNorm) adds each parameter's tree of block partials to the total in
+// turn (optim.cc's SumGradSquares), one parameter a block: the block reads all its partials, 4
+// bytes a kSumBlock gradient elements (196 KiB for GPT-2 medium's wte, 307 KiB for XL's). Above
+// kTileNormChunk partials a parameter spans one block per chunk of kTileNormChunk partials
+// instead (32 KiB, in at most 9 tiles of grad_norm.blocks). The split is exact because
+// CombinePartialsTree (kernels_internal.h) adds level by level in pairs from the left: node j
+// of level L is the tree of partials [j 2^L, (j + 1) 2^L) (the last one cut short, which is
+// that shorter run's own tree), so with a chunk of 2^L partials the parameter's tree is the tree
+// over its chunks' trees, bit for bit. A chunk block's partial carries the total before the
+// parameter and the roots of the chunks before it; the parameter's last chunk combines the roots
+// and adds them to the total. A parameter of up to kTileNormChunk partials (8M elements: every
+// parameter of the 10M GPT) is one block, as it always was.
+constexpr int64_t kTileNormChunk = 8192;
+static_assert((kTileNormChunk & (kTileNormChunk - 1)) == 0,
+              "a chunk must be a whole subtree of the pairwise tree: a power of two");
+
+// One block of the global norm's chain: partials [first, first + count) of grad_norm.blocks,
+// chunk `chunk` of its parameter's `chunks`.
+struct TileRuleNormBlock {
+  int64_t first = 0, count = 0, chunk = 0, chunks = 1;
+};
+std::vector<TileRuleNormBlock> TileRuleNormBlocks(const TilePlan& plan, const TileOp& o) {
+  std::vector<TileRuleNormBlock> blocks;
+  for (const TileRuleSquareRange& r : TileRuleSquareRanges(plan, o)) {
+    const int64_t chunks = std::max<int64_t>(1, (r.count + kTileNormChunk - 1) / kTileNormChunk);
+    for (int64_t k = 0; k < chunks; ++k) {
+      const int64_t p0 = k * kTileNormChunk, p1 = std::min(r.count, p0 + kTileNormChunk);
+      blocks.push_back({r.first + p0, p1 - p0, k, chunks});
+    }
+  }
+  return blocks;
+}
+
+int64_t TileRuleNormChunk(const TilePlan& plan, const TileOp& o, int64_t block) {
+  return TileRuleNormBlocks(plan, o).at(static_cast<size_t>(block)).chunk;
 }
 
 }  // namespace
@@ -913,8 +957,11 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   // the tile with its first k partials filled in (the rest 0).
   if (o.kind == TileOpKind::kTileOpGradSquareBlocks) return kTileFlat;
   // The norm chains over the parameters (optim.cc's SumGradSquares): S_{k+1} = S_k + the
-  // combination of parameter k's block partials.
-  if (o.kind == TileOpKind::kTileOpGradNorm) return static_cast<int64_t>(o.sources.size());
+  // combination of parameter k's block partials, a parameter above kTileNormChunk partials in
+  // one block per chunk of them.
+  if (o.kind == TileOpKind::kTileOpGradNorm) {
+    return static_cast<int64_t>(TileRuleNormBlocks(plan, o).size());
+  }
   // The embeddings' gradients chain over the rows in blocks of 32; wte's first runs the tied
   // head's dW chain (as many blocks again).
   if (o.kind == TileOpKind::kTileOpEmbeddingGrad) {
@@ -1277,9 +1324,9 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     }
     case TileOpKind::kTileOpGradNorm: {
-      // Block k: parameter k's block partials.
-      const TileRuleSquareRange r = TileRuleSquareRanges(plan, o)[static_cast<size_t>(block)];
-      TileRuleCover(plan, o.x, 0, 1, r.first, r.first + r.count, fp);
+      // Block k: parameter k's block partials (or one chunk of them).
+      const TileRuleNormBlock nb = TileRuleNormBlocks(plan, o)[static_cast<size_t>(block)];
+      TileRuleCover(plan, o.x, 0, 1, nb.first, nb.first + nb.count, fp);
       break;
     }
   }
@@ -2401,12 +2448,22 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     case TileOpKind::kTileOpGradNorm: {
       // optim.cc: total = 0; total += SumSquaresTree(grad) parameter by parameter; norm =
       // sqrt(total). Block k adds parameter k's tree of partials to the agreed S_k; the last
-      // block also takes the square root.
+      // block also takes the square root. A parameter in chunks (TileRuleNormBlocks) carries
+      // the roots of its chunks' trees in the partial, after the total, until its last chunk
+      // combines them.
       internal::FpEnvGuard fp_guard;
-      const TileRuleSquareRange r = TileRuleSquareRanges(plan, o)[static_cast<size_t>(block)];
-      const float tree = CombineBlockPartials(dense(o.x, 0, 1, r.first, r.first + r.count));
-      const float total = (block > 0 ? in.partial[0] : 0.0f) + tree;
-      out[0] = block + 1 == blocks ? std::sqrt(total) : total;
+      const TileRuleNormBlock nb = TileRuleNormBlocks(plan, o)[static_cast<size_t>(block)];
+      std::vector<float> roots;
+      if (nb.chunk > 0) roots.assign(in.partial.begin() + 1, in.partial.end());
+      roots.push_back(CombineBlockPartials(dense(o.x, 0, 1, nb.first, nb.first + nb.count)));
+      const float before = block > 0 ? in.partial[0] : 0.0f;
+      if (nb.chunk + 1 < nb.chunks) {
+        out.assign(1, before);
+        out.insert(out.end(), roots.begin(), roots.end());
+        break;
+      }
+      const float total = before + CombineBlockPartials(std::move(roots));
+      out.assign(1, block + 1 == blocks ? std::sqrt(total) : total);
       break;
     }
   }

@@ -4,6 +4,7 @@
 #include "meshlearn/engine/tile_rule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "meshlearn/base/rng.h"
 #include "meshlearn/base/test_dir.h"
 #include "meshlearn/engine/backend.h"
+#include "meshlearn/engine/optim.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/tile.h"
 #include "meshlearn/engine/train.h"
@@ -566,6 +569,78 @@ TEST(TileRuleTest, TheNormOperatorsDependOnTheirWholeFootprint) {
       }
     }
   }
+}
+
+// A parameter above 8192 block partials (8M gradient elements; GPT-2's wte, none of the 10M
+// GPT's) spans one grad_norm block per chunk of 8192 of them. A clipped MLP whose middle weight
+// has 215,000 x 40 = 8,600,000 elements (8,399 partials: chunks of 8,192 and 207) after two
+// small parameters: its chunk blocks' chain is, block by block, the engine's own sum (the total
+// before the parameter, then the first chunk's tree; the parameter's whole tree added once),
+// the last block the norm StepOnBatch clipped with, bit for bit.
+TEST(TileRuleTest, AParameterAbove8192PartialsIsNarrowedIntoChunksOfTheNormBitForBit) {
+  std::string big = Clipped(kMlp, "0.05");
+  big.replace(big.find("out = 36"), 8, "out = 215000");
+  Result<TaskSpec> spec = TaskSpec::Parse(big, "big-clipped.toml", ".");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  std::unique_ptr<Trainer> tr = Trainer::Create(*spec, SyntheticData()).value();
+  TrainState& st = tr->state();
+  const Batch batch = tr->BatchForStep(st.step);
+  OpTrace trace;
+  trace.set_keep_values(true);
+  st.model->set_op_trace(&trace);
+  float norm = 0;
+  StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream), &norm);
+  st.model->set_op_trace(nullptr);
+  Result<TilePlan> plan = PlanStepTiles(spec->model, st.optimizer->spec(), spec->batch_size);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->ops.size(), trace.size());
+  const int64_t norm_op = static_cast<int64_t>(plan->ops.size()) - 6 - 12 - 1;
+  const TileOp& n = plan->ops[static_cast<size_t>(norm_op)];
+  ASSERT_EQ(n.name, "grad_norm");
+  // Six parameters, the middle weight in two chunks.
+  ASSERT_EQ(n.sources.size(), 6u);
+  ASSERT_EQ(ReductionBlocks(*plan, norm_op), 7);
+  // The partials the engine traced, one run per parameter (2800, 40, 8.6M, 215,000, 1.075M, 5
+  // elements).
+  const std::span<const float> partials = trace.values(static_cast<size_t>(n.x));
+  const std::vector<int64_t> counts = {3, 1, 8399, 210, 1050, 1};
+  ASSERT_EQ(static_cast<int64_t>(partials.size()), 3 + 1 + 8399 + 210 + 1050 + 1);
+  auto tree = [&](int64_t first, int64_t count) {
+    return CombineBlockPartials(
+        std::vector<float>(partials.begin() + first, partials.begin() + first + count));
+  };
+  // The engine's chain (optim.cc's SumGradSquares: total += the parameter's whole tree), with
+  // the first chunk's tree where the chain stops inside the middle weight.
+  std::vector<std::vector<float>> want = {{}};
+  float total = 0;
+  int64_t first = 0;
+  for (size_t p = 0; p < counts.size(); ++p) {
+    if (p == 2) want.push_back({total, tree(first, 8192)});  // the weight's first chunk
+    total += tree(first, counts[p]);
+    first += counts[p];
+    want.push_back({p + 1 == counts.size() ? std::sqrt(total) : total});
+  }
+  EXPECT_EQ(want.back()[0], norm);
+  EXPECT_GT(norm, 0.05f) << "the clip must act";
+  Result<std::vector<std::vector<float>>> chain =
+      ReductionChain(*plan, norm_op, 0, 0, trace, batch);
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  ASSERT_EQ(chain->size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_TRUE(SameBits(want[k], (*chain)[k])) << "S_" << k;
+    if (k > 0 && k < want.size() - 1) {
+      EXPECT_EQ(ReductionPartialFloats(*plan, norm_op, 0, static_cast<int64_t>(k)),
+                static_cast<int64_t>(want[k].size()));
+    }
+  }
+  EXPECT_TRUE(SameBits(chain->back(), trace.values(static_cast<size_t>(norm_op))));
+  // The chunk blocks read 8,192 and 207 partials (9 and 1 tiles of grad_norm.blocks: the
+  // weight's partials start at 4); no block reads a whole parameter's run above the chunk.
+  Result<TileFootprint> c0 = Footprint(*plan, norm_op, 0, 2);
+  Result<TileFootprint> c1 = Footprint(*plan, norm_op, 0, 3);
+  ASSERT_TRUE(c0.ok() && c1.ok());
+  EXPECT_EQ(c0->tiles.size(), 9u);
+  EXPECT_EQ(c1->tiles.size(), 1u);
 }
 
 // examples/fashion-cnn.toml's model (conv, relu, pool, conv, relu, pool, flatten, linear 1568 ->
@@ -1263,6 +1338,36 @@ TEST(TileRuleTest, AWideModelsLinearsAndLayerNormsAreNarrowedIntoBlocksOf256BitF
   }
 }
 
+// Above C = 1024 a layernorm's weight gradient has two tiles (kTileFlat columns, then the short
+// rest): at n_embd 1100, per 32-row block (3, the last of 16 rows) 10 mean and variance sum
+// blocks of 256 columns and 4 chunks of 256 of the tile's columns, the short tile's 76 columns
+// all in its first chunk (its other three read nothing and pass the partial on). Every tile's
+// chain ends at the traced tile bit for bit, each block within 32 x 256 floats of two operands.
+TEST(TileRuleTest, ALayerNormWeightGradientAbove1024ColumnsIsNarrowedBitForBit) {
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceTokenGpt("wide-ln-weight", 7, 31, 64, 1100, 40, 1, &traced));
+  const TilePlan* plan = &traced.plan;
+  int64_t dweights = 0;
+  for (size_t i = 0; i < plan->ops.size(); ++i) {
+    const TileOp& op = plan->ops[i];
+    if (op.kind != TileOpKind::kTileOpLayerNormWeightGrad) continue;
+    ++dweights;
+    const int64_t j = static_cast<int64_t>(i);
+    ASSERT_EQ(op.grid.count(), 2) << op.name;
+    ASSERT_EQ(ReductionBlocks(*plan, j), 3 * (10 + 4)) << op.name;
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      for (int64_t k = 0; k < 3 * 14; ++k) {
+        Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        EXPECT_LE(FootprintFloats(*plan, *fp), 2 * 32 * 256 + 1024)
+            << op.name << " tile " << t << " block " << k;
+      }
+      ASSERT_NO_FATAL_FAILURE(ExpectChainEndsAtTheTrace(traced, j, t, 3 * 14));
+    }
+  }
+  EXPECT_EQ(dweights, 3);  // ln_1, ln_2, ln_f
+}
+
 TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
   Result<TaskSpec> spec = TaskSpec::Load(
       Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/code-gpt-10m.toml");
@@ -1339,6 +1444,11 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
     // The down projection reads 4C = 1536 floats a row: narrowed into blocks of its chain; so are
     // the norm's operators.
     const int64_t blocks = ReductionBlocks(*plan, j);
+    // No parameter of the 10M GPT is above 8192 block partials (its largest, 1536 x 384, has
+    // 576): its norm stays one block a parameter, the plan it had before the chunks.
+    if (name == "grad_norm") {
+      EXPECT_EQ(blocks, static_cast<int64_t>(op.sources.size()));
+    }
     EXPECT_EQ(blocks > 0, name.ends_with("fcproj") || name.starts_with("grad_norm") ||
                               name.ends_with("weight.grad") || name.ends_with("bias.grad") ||
                               name.ends_with("ln1.grad") || name.ends_with("ln2.grad") ||

@@ -104,8 +104,6 @@
 //                                   over the block's columns (dout, input and weight of them; the
 //                                   partial: R means, R rstds, R dmeans, R dnmeans), block 3nb
 //                                   the tile's columns (and the residual gradient's tile);
-//   (not narrowed yet, issue 16: grad_norm's block of wte, over the 256 KiB bound at GPT-2
-//   medium's size with the operator roots);
 //   layernorm dweight[c], dbias[c]  a reduction over the rows: NARROWED like dW below, block k
 //                                   reading rows k of the output gradient (columns c) and, for
 //                                   dweight, the whole rows k of the input (their mean and rstd);
@@ -148,10 +146,17 @@
 //                                   "total + the pairwise tree of that parameter's partials"
 //                                   (optim.cc's SumGradSquares). NARROWED: block k is parameter k;
 //                                   its footprint the tiles of grad_norm.blocks holding that
-//                                   parameter's ceil(n / 1024) partials (4 bytes a 1024 elements:
-//                                   a parameter of up to ~60M elements fits the 256 KiB bound;
-//                                   a larger one would narrow its tree as well, not done), and the
-//                                   last block also takes the square root.
+//                                   parameter's ceil(n / 1024) partials (4 bytes a 1024
+//                                   elements), and the last block also takes the square root.
+//                                   Above 8192 partials (8M elements; GPT-2's wte, every
+//                                   parameter of the 10M GPT is below) a parameter takes one
+//                                   block per chunk of 8192 partials (32 KiB in at most 9 tiles,
+//                                   whatever the parameter's size): the pairwise tree's node over
+//                                   an aligned run of 2^13 leaves is that run's own tree, so a
+//                                   chunk block computes its chunk's tree and the parameter's
+//                                   last chunk the tree over the chunks' roots, bit for bit the
+//                                   whole tree; the partial is the total before the parameter,
+//                                   then the roots of its chunks so far (1 + chunk floats);
 // The input state tensors ("in.<name>") are operators of the plan but are not recomputed: they
 // are the step's input (RecomputeTile refuses them).
 //
@@ -189,10 +194,11 @@
 // every parameter: all 275 of the 10M GPT's computed operators. Every other operator is in the
 // plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming why):
 // the conv2d and maxpool2d gradients, dropout and layernorm layers. The opaque gradients do not
-// keep the norm and the update from being ruled: both read gradients only as agreed inputs. A GPT plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens
-// and y, the targets); the ledger makes the operators reading them opaque for a token task
-// without a data root over its pages (ledger/referee_tile.h, TokenOpsOpaque).
-// PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
+// keep the norm and the update from being ruled: both read gradients only as agreed inputs. A GPT
+// plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens and y, the targets); the
+// ledger makes the operators reading them opaque for a token task without a data root over its
+// pages (ledger/referee_tile.h, TokenOpsOpaque). PlanStepTiles refuses a layer kind it does not
+// know (FailedPrecondition).
 //
 //   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size, seq_len, M));
 //   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, block));
@@ -298,7 +304,7 @@ struct TilePlan {
   std::vector<TileOp> ops;
   int64_t batch = 0;          // B (a GPT: B x T, the rows of its activations): the whole step's
   int64_t micro_batches = 1;  // M: each operator of a micro-batch has batch / M rows
-  int64_t input_size = 0;  // floats of one example (0 for a GPT: its rows read tokens)
+  int64_t input_size = 0;     // floats of one example (0 for a GPT: its rows read tokens)
   int64_t classes = 0;
   // A GPT: the batch operand's rows are tokens (TileInputs::tokens, y the targets), in sequences
   // of seq_len.
@@ -331,14 +337,15 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
 // atty above T = 256: 2 nb + 1 and nb blocks of 32 positions (nb = T / 32, rounded up); `encoded`
 // of a vocabulary above 1024: wte's rows in blocks of 1024, each setting its tokens' rows;
 // grad_norm.blocks: kTileFlat, one partial a block, those past a short last tile's end changing
-// nothing; grad_norm: one parameter a block), or 0 when op j's tiles are recomputed whole.
+// nothing; grad_norm: one parameter a block, or one chunk of 8192 of a parameter's partials), or
+// 0 when op j's tiles are recomputed whole.
 int64_t ReductionBlocks(const TilePlan& plan, int64_t op);
 
 // The floats of the partial sum S_block that block `block` of tile `tile` of a reduction op j
 // continues from (TileInputs::partial; what a witness carries): the tile's, but a narrowed
-// softmax's or attention's row statistics, and wte's gradient's two tiles past the tied head.
-// 0 for block 0 and for an operator whose tiles are recomputed whole. REQUIRES: the indices are
-// in range (Footprint accepts them).
+// softmax's or attention's row statistics, wte's gradient's two tiles past the tied head, and a
+// chunked parameter's roots so far after grad_norm's total. 0 for block 0 and for an operator whose
+// tiles are recomputed whole. REQUIRES: the indices are in range (Footprint accepts them).
 int64_t ReductionPartialFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block);
 
 struct TileRef {
