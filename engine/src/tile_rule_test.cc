@@ -99,6 +99,36 @@ std::string Clipped(std::string toml, const char* clip) {
   return toml;
 }
 
+// One traced training step of `trainer` (its task's micro-batches) after `warmup` plain steps:
+// the trainer, the step's number and batch, its trace (values kept), the gradient norm before
+// clipping (StepOnBatch's) and the step's tile plan, which must follow the trace operator for
+// operator.
+struct TracedStep {
+  std::unique_ptr<Trainer> trainer;
+  int64_t step = 0;
+  Batch batch;
+  OpTrace trace;
+  float norm = 0;
+  TilePlan plan;
+};
+void TraceTrainerStep(std::unique_ptr<Trainer> trainer, int warmup, TracedStep* out) {
+  out->trainer = std::move(trainer);
+  for (int i = 0; i < warmup; ++i) out->trainer->Step();
+  const TaskSpec& task = out->trainer->task();
+  TrainState& st = out->trainer->state();
+  out->step = st.step;
+  out->batch = out->trainer->BatchForStep(st.step);
+  out->trace.set_keep_values(true);
+  st.model->set_op_trace(&out->trace);
+  StepOnBatch(st, out->batch, DropoutSeed(task.seed, task.stream), &out->norm, task.micro_batches);
+  st.model->set_op_trace(nullptr);
+  Result<TilePlan> plan = PlanStepTiles(task.model, st.optimizer->spec(), task.batch_size,
+                                        task.seq_len, task.micro_batches);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->ops.size(), out->trace.size());
+  out->plan = std::move(*plan);
+}
+
 TEST(TileTest, GridsCutTensorsIntoTilesThatProveAlone) {
   TileGrid m = TileGrid::For(70, 40);
   EXPECT_EQ(m.row_tiles(), 3);
@@ -137,45 +167,37 @@ TEST(TileTest, GridsCutTensorsIntoTilesThatProveAlone) {
 // trace's list of operators and that every tile of every computed operator recomputes from its
 // footprint to the traced bits.
 void ExpectEveryTileRecomputes(const std::string& toml) {
-  std::unique_ptr<Trainer> tr = MakeTrainer(toml);
-  tr->Step();
-  TrainState& st = tr->state();
-  const int64_t step = st.step;
-  const Batch batch = tr->BatchForStep(step);
-  OpTrace trace;
-  trace.set_keep_values(true);
-  st.model->set_op_trace(&trace);
-  const int64_t M = tr->task().micro_batches;
-  StepOnBatch(st, batch, DropoutSeed(tr->task().seed, tr->task().stream), nullptr, M);
-  st.model->set_op_trace(nullptr);
-
-  Result<TilePlan> plan = PlanStepTiles(tr->task().model, st.optimizer->spec(), batch.size, 0, M);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  ASSERT_EQ(plan->ops.size(), trace.size());
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceTrainerStep(MakeTrainer(toml), 1, &traced));
+  const int64_t M = traced.trainer->task().micro_batches;
+  const int64_t step = traced.step;
+  const Batch& batch = traced.batch;
+  const OpTrace& trace = traced.trace;
+  const TilePlan& plan = traced.plan;
   for (size_t j = 0; j < trace.size(); ++j) {
-    EXPECT_EQ(plan->ops[j].name, trace.name(j)) << j;
-    EXPECT_EQ(plan->ops[j].grid, trace.grid(j)) << trace.name(j);
+    EXPECT_EQ(plan.ops[j].name, trace.name(j)) << j;
+    EXPECT_EQ(plan.ops[j].grid, trace.grid(j)) << trace.name(j);
   }
   int64_t checked = 0, reductions = 0;
   for (size_t j = 0; j < trace.size(); ++j) {
-    const TileOp& op = plan->ops[j];
+    const TileOp& op = plan.ops[j];
     if (op.kind == TileOpKind::kTileOpState) continue;
     const int64_t jj = static_cast<int64_t>(j);
     for (int64_t t = 0; t < op.grid.count(); ++t) {
       SCOPED_TRACE(op.name + " tile " + std::to_string(t));
       const std::vector<float> want = ExtractTile(trace.values(j), op.grid, t);
-      if (ReductionBlocks(*plan, jj) > 0) {
+      if (ReductionBlocks(plan, jj) > 0) {
         Result<std::vector<std::vector<float>>> chain =
-            ReductionChain(*plan, jj, t, step, trace, batch);
+            ReductionChain(plan, jj, t, step, trace, batch);
         ASSERT_TRUE(chain.ok()) << chain.status().ToString();
-        ASSERT_EQ(static_cast<int64_t>(chain->size()), ReductionBlocks(*plan, jj) + 1);
+        ASSERT_EQ(static_cast<int64_t>(chain->size()), ReductionBlocks(plan, jj) + 1);
         EXPECT_TRUE(SameBits(chain->back(), want));
         ++reductions;
       } else {
-        Result<TileFootprint> fp = Footprint(*plan, jj, t, 0);
+        Result<TileFootprint> fp = Footprint(plan, jj, t, 0);
         ASSERT_TRUE(fp.ok()) << fp.status().ToString();
         Result<std::vector<float>> got =
-            RecomputeTile(*plan, jj, t, 0, step, GatherTileInputs(*plan, *fp, trace, batch));
+            RecomputeTile(plan, jj, t, 0, step, GatherTileInputs(plan, *fp, trace, batch));
         ASSERT_TRUE(got.ok()) << got.status().ToString();
         EXPECT_TRUE(SameBits(*got, want));
       }
@@ -188,22 +210,22 @@ void ExpectEveryTileRecomputes(const std::string& toml) {
     // Every micro-batch's operators, and the update reads the last one's accumulated gradients.
     const std::string last = "mb" + std::to_string(M - 1) + ".";
     int64_t updates = 0;
-    for (const TileOp& op : plan->ops) {
+    for (const TileOp& op : plan.ops) {
       if (op.kind != TileOpKind::kTileOpAdamW && op.kind != TileOpKind::kTileOpSgd) continue;
-      EXPECT_TRUE(plan->ops[static_cast<size_t>(op.w)].name.starts_with(last)) << op.name;
+      EXPECT_TRUE(plan.ops[static_cast<size_t>(op.w)].name.starts_with(last)) << op.name;
       ++updates;
     }
     EXPECT_GT(updates, 0);
     for (int64_t m = 0; m < M; ++m) {
       const std::string loss = "mb" + std::to_string(m) + ".loss";
-      EXPECT_TRUE(std::any_of(plan->ops.begin(), plan->ops.end(), [&](const TileOp& op) {
+      EXPECT_TRUE(std::any_of(plan.ops.begin(), plan.ops.end(), [&](const TileOp& op) {
         return op.name == loss;
       })) << loss;
     }
   }
   // The state's tiled commitment is the Merkle root over the input-state operators' roots.
   size_t n_state = 0;
-  while (plan->ops[n_state].kind == TileOpKind::kTileOpState) ++n_state;
+  while (plan.ops[n_state].kind == TileOpKind::kTileOpState) ++n_state;
   std::unique_ptr<Trainer> again = MakeTrainer(toml);
   again->Step();
   EXPECT_EQ(StateTileRoot(again->state()),
@@ -258,48 +280,44 @@ TEST(TileRuleTest, AStepInMicroBatchesRecomputesEveryTileBitForBit) {
 // The last block of a micro-batch's gradient tile reads the previous micro-batch's accumulated
 // tile (the chain is added into it), and the footprint's batch rows are the step's.
 TEST(TileRuleTest, AMicroBatchsGradientDependsOnThePreviousMicroBatchsTile) {
-  std::unique_ptr<Trainer> tr = MakeTrainer(MicroBatched(kMlp, 80, 2));
-  TrainState& st = tr->state();
-  const Batch batch = tr->BatchForStep(st.step);
-  OpTrace trace;
-  trace.set_keep_values(true);
-  st.model->set_op_trace(&trace);
-  StepOnBatch(st, batch, DropoutSeed(tr->task().seed, tr->task().stream), nullptr, 2);
-  st.model->set_op_trace(nullptr);
-  Result<TilePlan> plan = PlanStepTiles(tr->task().model, st.optimizer->spec(), 80, 0, 2);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  EXPECT_EQ(PlanStepTiles(tr->task().model, st.optimizer->spec(), 80, 0, 3).status().code(),
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceTrainerStep(MakeTrainer(MicroBatched(kMlp, 80, 2)), 0, &traced));
+  const Batch& batch = traced.batch;
+  const OpTrace& trace = traced.trace;
+  const TilePlan& plan = traced.plan;
+  Trainer& tr = *traced.trainer;
+  EXPECT_EQ(PlanStepTiles(tr.task().model, tr.state().optimizer->spec(), 80, 0, 3).status().code(),
             StatusCode::kInvalidArgument);
   int64_t j = -1, prev = -1;
-  for (size_t i = 0; i < plan->ops.size(); ++i) {
-    if (plan->ops[i].name == "mb1.layers.0.weight.grad") j = static_cast<int64_t>(i);
-    if (plan->ops[i].name == "mb0.layers.0.weight.grad") prev = static_cast<int64_t>(i);
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    if (plan.ops[i].name == "mb1.layers.0.weight.grad") j = static_cast<int64_t>(i);
+    if (plan.ops[i].name == "mb0.layers.0.weight.grad") prev = static_cast<int64_t>(i);
   }
   ASSERT_GE(j, 0);
   ASSERT_GE(prev, 0);
-  const int64_t blocks = ReductionBlocks(*plan, j);
+  const int64_t blocks = ReductionBlocks(plan, j);
   ASSERT_EQ(blocks, 2);
-  Result<TileFootprint> first = Footprint(*plan, j, 1, 0);
+  Result<TileFootprint> first = Footprint(plan, j, 1, 0);
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(first->batch_rows.front(), 40) << "micro-batch 1 starts at row 40 of the step";
   for (const TileRef& r : first->tiles) EXPECT_NE(r.op, prev);
-  Result<std::vector<std::vector<float>>> chain = ReductionChain(*plan, j, 1, 0, trace, batch);
+  Result<std::vector<std::vector<float>>> chain = ReductionChain(plan, j, 1, 0, trace, batch);
   ASSERT_TRUE(chain.ok()) << chain.status().ToString();
-  Result<TileFootprint> fp = Footprint(*plan, j, 1, blocks - 1);
+  Result<TileFootprint> fp = Footprint(plan, j, 1, blocks - 1);
   ASSERT_TRUE(fp.ok());
   ASSERT_EQ(fp->tiles.back(), (TileRef{prev, 1}));
   EXPECT_EQ(fp->batch_rows.back(), 79);
-  TileInputs in = GatherTileInputs(*plan, *fp, trace, batch);
+  TileInputs in = GatherTileInputs(plan, *fp, trace, batch);
   in.partial = (*chain)[static_cast<size_t>(blocks - 1)];
-  Result<std::vector<float>> got = RecomputeTile(*plan, j, 1, blocks - 1, 0, in);
+  Result<std::vector<float>> got = RecomputeTile(plan, j, 1, blocks - 1, 0, in);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_TRUE(
-      SameBits(*got, ExtractTile(trace.values(static_cast<size_t>(j)), plan->ops[j].grid, 1)));
+      SameBits(*got, ExtractTile(trace.values(static_cast<size_t>(j)), plan.ops[j].grid, 1)));
   in.tiles.back()[3] += 0.5f;
-  got = RecomputeTile(*plan, j, 1, blocks - 1, 0, in);
+  got = RecomputeTile(plan, j, 1, blocks - 1, 0, in);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_FALSE(
-      SameBits(*got, ExtractTile(trace.values(static_cast<size_t>(j)), plan->ops[j].grid, 1)));
+      SameBits(*got, ExtractTile(trace.values(static_cast<size_t>(j)), plan.ops[j].grid, 1)));
 }
 
 // 64 examples of 1100 uniform inputs in [-0.5, 0.5), 5 classes: the data of the wide MLPs below.
@@ -331,26 +349,21 @@ TEST(TileRuleTest, WideLayersAreNarrowedIntoTheirChainsBitForBit) {
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, WideMlpData());
     ASSERT_TRUE(tr.ok()) << tr.status().ToString();
-    TrainState& st = (*tr)->state();
-    const Batch batch = (*tr)->BatchForStep(st.step);
-    OpTrace trace;
-    trace.set_keep_values(true);
-    st.model->set_op_trace(&trace);
-    StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream));
-    st.model->set_op_trace(nullptr);
-    Result<TilePlan> plan = PlanStepTiles(spec->model, st.optimizer->spec(), spec->batch_size);
-    ASSERT_TRUE(plan.ok());
+    TracedStep traced;
+    ASSERT_NO_FATAL_FAILURE(TraceTrainerStep(std::move(*tr), 0, &traced));
+    const Batch& batch = traced.batch;
+    const OpTrace& trace = traced.trace;
+    const TilePlan& plan = traced.plan;
     for (const char* name : {"layers.0.out", "layers.4.out", "layers.2.in.grad"}) {
       int64_t j = -1;
-      for (size_t i = 0; i < plan->ops.size(); ++i) {
-        if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
+      for (size_t i = 0; i < plan.ops.size(); ++i) {
+        if (plan.ops[i].name == name) j = static_cast<int64_t>(i);
       }
       ASSERT_GE(j, 0);
-      ASSERT_EQ(ReductionBlocks(*plan, j), 5) << name;
-      const TileGrid& g = plan->ops[static_cast<size_t>(j)].grid;
+      ASSERT_EQ(ReductionBlocks(plan, j), 5) << name;
+      const TileGrid& g = plan.ops[static_cast<size_t>(j)].grid;
       for (int64_t t = 0; t < g.count(); t += 3) {
-        Result<std::vector<std::vector<float>>> chain =
-            ReductionChain(*plan, j, t, 0, trace, batch);
+        Result<std::vector<std::vector<float>>> chain = ReductionChain(plan, j, t, 0, trace, batch);
         ASSERT_TRUE(chain.ok()) << chain.status().ToString();
         ASSERT_TRUE(
             SameBits(chain->back(), ExtractTile(trace.values(static_cast<size_t>(j)), g, t)))
@@ -381,46 +394,40 @@ TEST(TileRuleTest, TheNormOperatorsRecomputeOnEveryFastPathOverLargeGradients) {
       ASSERT_TRUE(spec.ok()) << spec.status().ToString();
       Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, WideMlpData());
       ASSERT_TRUE(tr.ok()) << tr.status().ToString();
-      (*tr)->Step();  // nonzero moments
-      TrainState& st = (*tr)->state();
-      const int64_t step = st.step;
-      const Batch batch = (*tr)->BatchForStep(step);
-      OpTrace trace;
-      trace.set_keep_values(true);
-      st.model->set_op_trace(&trace);
-      float norm = 0;
-      StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream), &norm);
-      st.model->set_op_trace(nullptr);
-      Result<TilePlan> plan = PlanStepTiles(spec->model, st.optimizer->spec(), spec->batch_size);
-      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-      ASSERT_EQ(plan->ops.size(), trace.size());
+      TracedStep traced;  // after a step: nonzero moments
+      ASSERT_NO_FATAL_FAILURE(TraceTrainerStep(std::move(*tr), 1, &traced));
+      const int64_t step = traced.step;
+      const Batch& batch = traced.batch;
+      const OpTrace& trace = traced.trace;
+      const TilePlan& plan = traced.plan;
+      const float norm = traced.norm;
       // The 6 updates and their 12 AdamW moments follow the norm's two operators.
-      const int64_t n = static_cast<int64_t>(plan->ops.size()) - 12;
+      const int64_t n = static_cast<int64_t>(plan.ops.size()) - 12;
       const int64_t blocks = n - 8, norm_op = n - 7;
-      ASSERT_EQ(plan->ops[static_cast<size_t>(norm_op)].name, "grad_norm");
+      ASSERT_EQ(plan.ops[static_cast<size_t>(norm_op)].name, "grad_norm");
       EXPECT_GT(norm, 0.05f) << "the clip must act";
       EXPECT_EQ(trace.values(static_cast<size_t>(norm_op))[0], norm);
       for (int64_t j : {blocks, norm_op}) {
-        const TileGrid& g = plan->ops[static_cast<size_t>(j)].grid;
+        const TileGrid& g = plan.ops[static_cast<size_t>(j)].grid;
         for (int64_t t = 0; t < g.count(); ++t) {
           Result<std::vector<std::vector<float>>> chain =
-              ReductionChain(*plan, j, t, step, trace, batch);
+              ReductionChain(plan, j, t, step, trace, batch);
           ASSERT_TRUE(chain.ok()) << chain.status().ToString();
           ASSERT_TRUE(
               SameBits(chain->back(), ExtractTile(trace.values(static_cast<size_t>(j)), g, t)))
-              << plan->ops[static_cast<size_t>(j)].name << " tile " << t;
+              << plan.ops[static_cast<size_t>(j)].name << " tile " << t;
         }
       }
       for (int64_t j = norm_op + 1; j < n; ++j) {  // every clipped update, every tile
-        const TileGrid& g = plan->ops[static_cast<size_t>(j)].grid;
+        const TileGrid& g = plan.ops[static_cast<size_t>(j)].grid;
         for (int64_t t = 0; t < g.count(); ++t) {
-          Result<TileFootprint> fp = Footprint(*plan, j, t, 0);
+          Result<TileFootprint> fp = Footprint(plan, j, t, 0);
           ASSERT_TRUE(fp.ok()) << fp.status().ToString();
           Result<std::vector<float>> got =
-              RecomputeTile(*plan, j, t, 0, step, GatherTileInputs(*plan, *fp, trace, batch));
+              RecomputeTile(plan, j, t, 0, step, GatherTileInputs(plan, *fp, trace, batch));
           ASSERT_TRUE(got.ok()) << got.status().ToString();
           ASSERT_TRUE(SameBits(*got, ExtractTile(trace.values(static_cast<size_t>(j)), g, t)))
-              << plan->ops[static_cast<size_t>(j)].name << " tile " << t;
+              << plan.ops[static_cast<size_t>(j)].name << " tile " << t;
         }
       }
     }
@@ -582,24 +589,19 @@ TEST(TileRuleTest, AParameterAbove8192PartialsIsNarrowedIntoChunksOfTheNormBitFo
   big.replace(big.find("out = 36"), 8, "out = 215000");
   Result<TaskSpec> spec = TaskSpec::Parse(big, "big-clipped.toml", ".");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
-  std::unique_ptr<Trainer> tr = Trainer::Create(*spec, SyntheticData()).value();
-  TrainState& st = tr->state();
-  const Batch batch = tr->BatchForStep(st.step);
-  OpTrace trace;
-  trace.set_keep_values(true);
-  st.model->set_op_trace(&trace);
-  float norm = 0;
-  StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream), &norm);
-  st.model->set_op_trace(nullptr);
-  Result<TilePlan> plan = PlanStepTiles(spec->model, st.optimizer->spec(), spec->batch_size);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  ASSERT_EQ(plan->ops.size(), trace.size());
-  const int64_t norm_op = static_cast<int64_t>(plan->ops.size()) - 6 - 12 - 1;
-  const TileOp& n = plan->ops[static_cast<size_t>(norm_op)];
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(
+      TraceTrainerStep(Trainer::Create(*spec, SyntheticData()).value(), 0, &traced));
+  const Batch& batch = traced.batch;
+  const OpTrace& trace = traced.trace;
+  const TilePlan& plan = traced.plan;
+  const float norm = traced.norm;
+  const int64_t norm_op = static_cast<int64_t>(plan.ops.size()) - 6 - 12 - 1;
+  const TileOp& n = plan.ops[static_cast<size_t>(norm_op)];
   ASSERT_EQ(n.name, "grad_norm");
   // Six parameters, the middle weight in two chunks.
   ASSERT_EQ(n.sources.size(), 6u);
-  ASSERT_EQ(ReductionBlocks(*plan, norm_op), 7);
+  ASSERT_EQ(ReductionBlocks(plan, norm_op), 7);
   // The partials the engine traced, one run per parameter (2800, 40, 8.6M, 215,000, 1.075M, 5
   // elements).
   const std::span<const float> partials = trace.values(static_cast<size_t>(n.x));
@@ -622,22 +624,21 @@ TEST(TileRuleTest, AParameterAbove8192PartialsIsNarrowedIntoChunksOfTheNormBitFo
   }
   EXPECT_EQ(want.back()[0], norm);
   EXPECT_GT(norm, 0.05f) << "the clip must act";
-  Result<std::vector<std::vector<float>>> chain =
-      ReductionChain(*plan, norm_op, 0, 0, trace, batch);
+  Result<std::vector<std::vector<float>>> chain = ReductionChain(plan, norm_op, 0, 0, trace, batch);
   ASSERT_TRUE(chain.ok()) << chain.status().ToString();
   ASSERT_EQ(chain->size(), want.size());
   for (size_t k = 0; k < want.size(); ++k) {
     EXPECT_TRUE(SameBits(want[k], (*chain)[k])) << "S_" << k;
     if (k > 0 && k < want.size() - 1) {
-      EXPECT_EQ(ReductionPartialFloats(*plan, norm_op, 0, static_cast<int64_t>(k)),
+      EXPECT_EQ(ReductionPartialFloats(plan, norm_op, 0, static_cast<int64_t>(k)),
                 static_cast<int64_t>(want[k].size()));
     }
   }
   EXPECT_TRUE(SameBits(chain->back(), trace.values(static_cast<size_t>(norm_op))));
   // The chunk blocks read 8,192 and 207 partials (9 and 1 tiles of grad_norm.blocks: the
   // weight's partials start at 4); no block reads a whole parameter's run above the chunk.
-  Result<TileFootprint> c0 = Footprint(*plan, norm_op, 0, 2);
-  Result<TileFootprint> c1 = Footprint(*plan, norm_op, 0, 3);
+  Result<TileFootprint> c0 = Footprint(plan, norm_op, 0, 2);
+  Result<TileFootprint> c1 = Footprint(plan, norm_op, 0, 3);
   ASSERT_TRUE(c0.ok() && c1.ok());
   EXPECT_EQ(c0->tiles.size(), 9u);
   EXPECT_EQ(c1->tiles.size(), 1u);
@@ -754,32 +755,13 @@ batch_size = 2
 )";
 
 // One traced training step of the task `toml` (data paths relative to `dir`) after `warmup` plain
-// steps: the trainer, the step's batch, its trace (values kept) and the step's tile plan, which
-// must follow the trace operator for operator.
-struct TracedStep {
-  std::unique_ptr<Trainer> trainer;
-  Batch batch;
-  OpTrace trace;
-  TilePlan plan;
-};
+// steps (TraceTrainerStep).
 void TraceStep(const std::string& toml, const std::string& dir, int warmup, TracedStep* out) {
   Result<TaskSpec> spec = TaskSpec::Parse(toml, "traced-step.toml", dir);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), *spec);
   ASSERT_TRUE(tr.ok()) << tr.status().ToString();
-  out->trainer = std::move(*tr);
-  for (int i = 0; i < warmup; ++i) out->trainer->Step();
-  TrainState& st = out->trainer->state();
-  out->batch = out->trainer->BatchForStep(st.step);
-  out->trace.set_keep_values(true);
-  st.model->set_op_trace(&out->trace);
-  StepOnBatch(st, out->batch, DropoutSeed(spec->seed, spec->stream), nullptr, spec->micro_batches);
-  st.model->set_op_trace(nullptr);
-  Result<TilePlan> plan = PlanStepTiles(out->trainer->task().model, st.optimizer->spec(),
-                                        spec->batch_size, spec->seq_len, spec->micro_batches);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  ASSERT_EQ(plan->ops.size(), out->trace.size());
-  out->plan = std::move(*plan);
+  ASSERT_NO_FATAL_FAILURE(TraceTrainerStep(std::move(*tr), warmup, out));
 }
 
 // A 1-layer GPT of 2 heads, `n_embd` wide, with sequences of T tokens, on token files of a
@@ -1377,19 +1359,14 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
   spec->batch_size = 1;
   Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, std::move(*data));
   ASSERT_TRUE(tr.ok()) << tr.status().ToString();
-  TrainState& st = (*tr)->state();
-  const Batch batch = (*tr)->BatchForStep(st.step);
-  OpTrace trace;
-  trace.set_keep_values(true);
-  st.model->set_op_trace(&trace);
-  StepOnBatch(st, batch, DropoutSeed(spec->seed, spec->stream));
-  st.model->set_op_trace(nullptr);
-  Result<TilePlan> plan = PlanStepTiles(spec->model, st.optimizer->spec(), 1, spec->seq_len);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  ASSERT_EQ(plan->ops.size(), trace.size());
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceTrainerStep(std::move(*tr), 0, &traced));
+  const Batch& batch = traced.batch;
+  const OpTrace& trace = traced.trace;
+  const TilePlan& plan = traced.plan;
   for (size_t j = 0; j < trace.size(); ++j) {
-    ASSERT_EQ(plan->ops[j].name, trace.name(j)) << j;
-    ASSERT_EQ(plan->ops[j].grid, trace.grid(j)) << trace.name(j);
+    ASSERT_EQ(plan.ops[j].name, trace.name(j)) << j;
+    ASSERT_EQ(plan.ops[j].grid, trace.grid(j)) << trace.name(j);
   }
   const int64_t L = spec->model.gpt.n_layer - 1;
   int64_t checked = 0;
@@ -1434,16 +1411,16 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
         // blocks of 32.
         std::string("h.0.qkv.grad"), "h." + std::to_string(L) + ".qkv.grad"}) {
     int64_t j = -1;
-    for (size_t i = 0; i < plan->ops.size(); ++i) {
-      if (plan->ops[i].name == name) j = static_cast<int64_t>(i);
+    for (size_t i = 0; i < plan.ops.size(); ++i) {
+      if (plan.ops[i].name == name) j = static_cast<int64_t>(i);
     }
     ASSERT_GE(j, 0) << name;
-    const TileOp& op = plan->ops[static_cast<size_t>(j)];
+    const TileOp& op = plan.ops[static_cast<size_t>(j)];
     ASSERT_NE(op.kind, TileOpKind::kTileOpOpaque) << name;
     int64_t footprint_floats = 0;
     // The down projection reads 4C = 1536 floats a row: narrowed into blocks of its chain; so are
     // the norm's operators.
-    const int64_t blocks = ReductionBlocks(*plan, j);
+    const int64_t blocks = ReductionBlocks(plan, j);
     // No parameter of the 10M GPT is above 8192 block partials (its largest, 1536 x 384, has
     // 576): its norm stays one block a parameter, the plan it had before the chunks.
     if (name == "grad_norm") {
@@ -1456,25 +1433,24 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
         << name;
     for (int64_t t = 0; t < op.grid.count(); ++t) {
       for (int64_t k = 0; k < std::max<int64_t>(blocks, 1); ++k) {
-        Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+        Result<TileFootprint> fp = Footprint(plan, j, t, k);
         ASSERT_TRUE(fp.ok()) << fp.status().ToString();
         int64_t floats = blocks > 0 ? op.grid.TileRect(t).numel() : 0;  // the partial sum
         for (const TileRef& r : fp->tiles) {
-          floats += plan->ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
+          floats += plan.ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
         }
         footprint_floats = std::max(footprint_floats, floats);
       }
       const std::vector<float> want = ExtractTile(trace.values(static_cast<size_t>(j)), op.grid, t);
       if (blocks > 0) {
-        Result<std::vector<std::vector<float>>> chain =
-            ReductionChain(*plan, j, t, 0, trace, batch);
+        Result<std::vector<std::vector<float>>> chain = ReductionChain(plan, j, t, 0, trace, batch);
         ASSERT_TRUE(chain.ok()) << chain.status().ToString();
         ASSERT_TRUE(SameBits(chain->back(), want)) << name << " tile " << t;
       } else {
-        Result<TileFootprint> fp = Footprint(*plan, j, t, 0);
+        Result<TileFootprint> fp = Footprint(plan, j, t, 0);
         ASSERT_TRUE(fp.ok()) << fp.status().ToString();
         Result<std::vector<float>> got =
-            RecomputeTile(*plan, j, t, 0, 0, GatherTileInputs(*plan, *fp, trace, batch));
+            RecomputeTile(plan, j, t, 0, 0, GatherTileInputs(plan, *fp, trace, batch));
         ASSERT_TRUE(got.ok()) << got.status().ToString();
         ASSERT_TRUE(SameBits(*got, want)) << name << " tile " << t;
       }
@@ -1492,7 +1468,7 @@ TEST(TileRuleTest, GptLinearTilesRecomputeOnThe10mShape) {
   // update of each of the 76 parameters and of its two AdamW moments; encoded, the loss,
   // logits.grad, wte's and wpe's gradients).
   int64_t computed = 0, covered = 0;
-  for (const TileOp& op : plan->ops) {
+  for (const TileOp& op : plan.ops) {
     if (op.kind == TileOpKind::kTileOpState) continue;
     ++computed;
     if (op.kind == TileOpKind::kTileOpOpaque) {
