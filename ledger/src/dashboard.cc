@@ -553,7 +553,7 @@ function renderPerNode() {
   const hist = (view.historyFor === id && view.history) || [];
   const counts = {};
   hist.forEach(x => { counts[x.type] = (counts[x.type] || 0) + 1; });
-  const backing = hist.filter(x => x.type !== 'Heartbeat' && x.type !== 'RevealSecret');
+  const backing = hist.filter(x => x.type !== 'Heartbeat' && x.type !== 'RevealSecret' && x.type !== 'ReportLinks');
   const byKind = {};
   for (const x of backing) if (x.receipt.ok && kindOf(x)) (byKind[kindOf(x)] = byKind[kindOf(x)] || []).push(x);
   const kindRows = kEarnings.map(([k, label]) => {

@@ -39,6 +39,10 @@ std::vector<std::pair<std::string, Bytes>> Seeds() {
                                    .capabilities = caps, .price = 3}},
       {"heartbeat", HeartbeatTx{.node_id = k}},
       {"leave_node", LeaveNodeTx{.node_id = k}},
+      {"report_links",
+       ReportLinksTx{
+           .node_id = k,
+           .links = {{.peer = a.public_key(), .latency_ms = 2, .bandwidth_bytes_per_s = 9}}}},
       {"submit_task", SubmitTaskTx{.spec_hash = Blake2b("s"), .budget = 10, .price_cap = 1,
                                    .params = testing::TestTaskParams()}},
       {"cancel_task", CancelTaskTx{.task_id = Blake2b("t")}},

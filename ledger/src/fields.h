@@ -65,6 +65,9 @@ struct NullVisitor {
 
 template <typename T>
 concept HasVisit = requires(T& t) { T::Visit(t, NullVisitor{}); };
+// A struct that may be a list field: it bounds the list's length.
+template <typename T>
+concept HasVisitList = HasVisit<T> && requires { T::kMaxListLength; };
 
 struct FieldEncoder {
   Encoder& e;
@@ -90,6 +93,11 @@ struct FieldEncoder {
   template <HasVisit T>
   void operator()(const char*, const T& v) {
     T::Visit(v, *this);
+  }
+  template <HasVisitList T>
+  void operator()(const char*, const std::vector<T>& v) {
+    e.PutU32(static_cast<uint32_t>(v.size()));
+    for (const T& x : v) T::Visit(x, *this);
   }
 };
 
@@ -138,6 +146,14 @@ struct FieldDecoder {
   void operator()(const char*, T& v) {
     T::Visit(v, *this);
   }
+  template <HasVisitList T>
+  void operator()(const char* n, std::vector<T>& v) {
+    uint32_t count = 0;
+    Do([&] { return d.GetCount(&count, n, T::kMaxListLength); });
+    if (!status.ok()) return;
+    v.resize(count);
+    for (T& x : v) T::Visit(x, *this);
+  }
 
  private:
   template <typename F>
@@ -169,6 +185,16 @@ struct FieldToJson {
     nlohmann::json sub = nlohmann::json::object();
     T::Visit(v, FieldToJson{sub});
     j[n] = std::move(sub);
+  }
+  template <HasVisitList T>
+  void operator()(const char* n, const std::vector<T>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const T& x : v) {
+      nlohmann::json sub = nlohmann::json::object();
+      T::Visit(x, FieldToJson{sub});
+      a.push_back(std::move(sub));
+    }
+    j[n] = std::move(a);
   }
 };
 
@@ -290,6 +316,25 @@ struct FieldFromJson {
     T::Visit(v, sub);
     if (sub.status.ok()) sub.CheckNoUnknownKeys();
     if (!sub.status.ok()) SetError(sub.status);
+  }
+  template <HasVisitList T>
+  void operator()(const char* n, std::vector<T>& v) {
+    const nlohmann::json* f = Field(n);
+    if (f == nullptr) return;
+    if (!f->is_array() || f->size() > T::kMaxListLength) {
+      return Fail(n,
+                  "must be an array of at most " + std::to_string(T::kMaxListLength) + " objects");
+    }
+    v.assign(f->size(), T{});
+    for (size_t i = 0; i < f->size(); ++i) {
+      const nlohmann::json& e = (*f)[i];
+      const std::string at = std::string(n) + "[" + std::to_string(i) + "]";
+      if (!e.is_object()) return Fail(n, "must hold objects, got " + e.dump());
+      FieldFromJson sub{e, where + "." + at};
+      T::Visit(v[i], sub);
+      if (sub.status.ok()) sub.CheckNoUnknownKeys();
+      if (!sub.status.ok()) return SetError(sub.status);
+    }
   }
 
   // Call after Visit: every key must have been a field. `also_allowed` keys are skipped.

@@ -136,7 +136,11 @@ std::vector<protocol::NodeView> NodeViews(const LedgerState& s, uint32_t role,
     auto it = inflight.find(id);
     uint64_t q = it == inflight.end() ? 0 : it->second;
     v.inflight_units = static_cast<uint32_t>(std::min<uint64_t>(q, UINT32_MAX));
-    out.push_back(v);
+    v.links.reserve(n.links.size());
+    for (const NodeLink& l : n.links) {
+      v.links.push_back({l.peer, l.latency_ms, l.bandwidth_bytes_per_s});
+    }
+    out.push_back(std::move(v));
   }
   return out;
 }

@@ -1,4 +1,8 @@
-// Nodes: registration, updates, heartbeats and leaving.
+// Nodes: registration, updates, heartbeats, link reports and leaving.
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "execute.h"
 
 namespace meshlearn::ledger {
@@ -87,6 +91,58 @@ Status ExecuteHeartbeat(ExecContext& ctx, const HeartbeatTx& tx) {
     return FailedPrecondition("heartbeat: node " + tx.node_id.ShortHex() + " has left");
   }
   n->last_heartbeat_height = ctx.height;
+  return Status::Ok();
+}
+
+Status ExecuteReportLinks(ExecContext& ctx, const ReportLinksTx& tx) {
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, "report links"));
+  if (tx.links.size() > protocol::kMaxNodeLinks) {
+    return InvalidArgument("report links: " + std::to_string(tx.links.size()) + " links, at most " +
+                           std::to_string(protocol::kMaxNodeLinks) +
+                           ": report the peers measured last");
+  }
+  NodeRecord* n = ctx.state.nodes.FindMutable(tx.node_id);
+  if (n->status == NodeStatus::kUnbonding) {
+    return FailedPrecondition("report links: node " + tx.node_id.ShortHex() + " has left");
+  }
+  std::vector<NodeLink> links = tx.links;
+  for (size_t i = 0; i < links.size(); ++i) {
+    const NodeLink& l = links[i];
+    const std::string at = "report links: links[" + std::to_string(i) + "]";
+    if (l.peer == tx.node_id) {
+      return InvalidArgument(at + " is to node " + l.peer.ShortHex() +
+                             " itself: report only links to other nodes");
+    }
+    if (ctx.state.nodes.Find(l.peer) == nullptr) {
+      return NotFound(at + ".peer " + l.peer.ToHex() +
+                      " is not a registered node: report only peers you exchanged stage data with");
+    }
+    if (l.bandwidth_bytes_per_s == 0) {
+      return InvalidArgument(at + ".bandwidth_bytes_per_s is 0: a measured link moved bytes; " +
+                             "leave out a peer you did not measure");
+    }
+    if (l.bandwidth_bytes_per_s > protocol::kMaxLinkBandwidthBytesPerS) {
+      return InvalidArgument(
+          at + ".bandwidth_bytes_per_s " + std::to_string(l.bandwidth_bytes_per_s) + " is above " +
+          std::to_string(protocol::kMaxLinkBandwidthBytesPerS) +
+          " (1 TB/s, faster than any network link): check its units (bytes " + "per second)");
+    }
+    if (l.latency_ms > protocol::kMaxLinkLatencyMs) {
+      return InvalidArgument(at + ".latency_ms " + std::to_string(l.latency_ms) + " is above " +
+                             std::to_string(protocol::kMaxLinkLatencyMs) +
+                             " (a minute: a broken link, not a slow one): check its units " +
+                             "(milliseconds) or leave the peer out");
+    }
+  }
+  std::sort(links.begin(), links.end(),
+            [](const NodeLink& a, const NodeLink& b) { return a.peer < b.peer; });
+  for (size_t i = 1; i < links.size(); ++i) {
+    if (links[i].peer == links[i - 1].peer) {
+      return InvalidArgument("report links: peer " + links[i].peer.ShortHex() +
+                             " appears more than once: report each peer once");
+    }
+  }
+  n->links = std::move(links);
   return Status::Ok();
 }
 

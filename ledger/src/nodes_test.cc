@@ -1,4 +1,4 @@
-// RegisterNode, UpdateNode, Heartbeat, LeaveNode.
+// RegisterNode, UpdateNode, Heartbeat, ReportLinks, LeaveNode.
 #include "test_util.h"
 
 namespace meshlearn::ledger {
@@ -149,6 +149,102 @@ TEST_F(NodesTest, LeaveUnbondsEverythingAndCanComeBack) {
   ASSERT_TRUE(r.ok) << r.reason;
   EXPECT_EQ(chain_->GetNode(node1_.public_key())->status, NodeStatus::kActive);
   EXPECT_EQ(chain_->GetNode(node1_.public_key())->reputation.joined_height, 1u);
+}
+
+NodeLink Link(const KeyPair& peer, uint32_t latency_ms, uint64_t bandwidth) {
+  return NodeLink{
+      .peer = peer.public_key(), .latency_ms = latency_ms, .bandwidth_bytes_per_s = bandwidth};
+}
+
+Bytes EncodedNode(const NodeRecord& n) {
+  Encoder e;
+  EncodeNode(e, n);
+  return e.Take();
+}
+
+TEST_F(NodesTest, ReportLinksIsStoredSortedReplacesTheLastReportAndSurvivesAReopen) {
+  KeyPair node3 = TestKey(52);
+  ASSERT_TRUE(Run(Tx(alice_, Reg(node1_))).ok);
+  ASSERT_TRUE(Run(Tx(alice_, Reg(node2_))).ok);
+  ASSERT_TRUE(Run(Tx(alice_, Reg(node3))).ok);
+  const Bytes before = EncodedNode(*chain_->GetNode(node1_.public_key()));
+  const std::vector<NodeLink> sent = {Link(node3, 7, 5'000'000), Link(node2_, 2, 125'000'000)};
+  Receipt r = Run(Tx(alice_, ReportLinksTx{.node_id = node1_.public_key(), .links = sent}));
+  ASSERT_TRUE(r.ok) << r.reason;
+  std::vector<NodeLink> sorted = sent;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const NodeLink& a, const NodeLink& b) { return a.peer < b.peer; });
+  EXPECT_EQ(chain_->GetNode(node1_.public_key())->links, sorted);
+  nlohmann::json j = NodeToJson(*chain_->GetNode(node1_.public_key()));
+  ASSERT_EQ(j["links"].size(), 2u);
+  EXPECT_EQ(j["links"][0]["peer"], sorted[0].peer.ToHex());
+  // The database holds them (the record's optional tail).
+  Reopen();
+  EXPECT_EQ(chain_->GetNode(node1_.public_key())->links, sorted);
+  // A report replaces the last one (the node itself may send it, as its owner may; its account
+  // must exist to hold its nonce).
+  ASSERT_TRUE(Run(Tx(alice_, TransferTx{.to = node1_.public_key(), .amount = 10})).ok);
+  r = Run(Tx(node1_,
+             ReportLinksTx{.node_id = node1_.public_key(), .links = {Link(node3, 1, 9'000'000)}}));
+  ASSERT_TRUE(r.ok) << r.reason;
+  EXPECT_EQ(chain_->GetNode(node1_.public_key())->links,
+            (std::vector<NodeLink>{Link(node3, 1, 9'000'000)}));
+  // An empty report withdraws them: the record encodes exactly as before it ever reported (a
+  // chain whose nodes never report keeps the state hash it had before links existed).
+  ASSERT_TRUE(Run(Tx(alice_, ReportLinksTx{.node_id = node1_.public_key()})).ok);
+  EXPECT_TRUE(chain_->GetNode(node1_.public_key())->links.empty());
+  EXPECT_EQ(EncodedNode(*chain_->GetNode(node1_.public_key())), before);
+  // The scheduler sees them (network.cc's NodeViews) only through the record: checked in
+  // pipeline_stage_test.cc.
+}
+
+TEST_F(NodesTest, ANodeRecordWithAnEmptyLinksTailIsRefused) {
+  ASSERT_TRUE(Run(Tx(alice_, Reg(node1_))).ok);
+  NodeRecord n = *chain_->GetNode(node1_.public_key());
+  Encoder e;
+  EncodeNode(e, n);
+  e.PutU32(0);  // a links tail with no links: a second encoding of the same record
+  Bytes bytes = e.Take();
+  Decoder d(bytes);
+  NodeRecord back;
+  Status s = DecodeNode(d, &back);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  // With links it round-trips.
+  n.links = {Link(node2_, 3, 10)};
+  Bytes with = EncodedNode(n);
+  Decoder d2(with);
+  NodeRecord back2;
+  ASSERT_TRUE(DecodeNode(d2, &back2).ok());
+  EXPECT_EQ(back2, n);
+}
+
+TEST_F(NodesTest, ReportLinksRefusesEachBadInputNamingIt) {
+  KeyPair stranger = TestKey(53);
+  ASSERT_TRUE(Run(Tx(alice_, Reg(node1_))).ok);
+  ASSERT_TRUE(Run(Tx(alice_, Reg(node2_))).ok);
+  auto refused = [&](const KeyPair& from, std::vector<NodeLink> links, const std::string& want) {
+    Receipt r = Run(Tx(from, ReportLinksTx{.node_id = node1_.public_key(), .links = links}));
+    EXPECT_FALSE(r.ok) << want;
+    EXPECT_NE(r.reason.find(want), std::string::npos) << r.reason;
+  };
+  refused(bob_, {Link(node2_, 1, 1)}, "the sender must be node");
+  refused(alice_, {Link(node2_, 1, 1), Link(node1_, 1, 1)},
+          "links[1] is to node " + node1_.public_key().ShortHex() + " itself");
+  refused(alice_, {Link(stranger, 1, 1)},
+          "links[0].peer " + stranger.public_key().ToHex() + " is not a registered node");
+  refused(alice_, {Link(node2_, 1, 0)}, "links[0].bandwidth_bytes_per_s is 0");
+  refused(alice_, {Link(node2_, 1, protocol::kMaxLinkBandwidthBytesPerS + 1)},
+          "links[0].bandwidth_bytes_per_s 1000000000001 is above 1000000000000");
+  refused(alice_, {Link(node2_, protocol::kMaxLinkLatencyMs + 1, 1)},
+          "links[0].latency_ms 60001 is above 60000");
+  refused(alice_, {Link(node2_, 1, 5), Link(node2_, 2, 6)},
+          "peer " + node2_.public_key().ShortHex() + " appears more than once");
+  std::vector<NodeLink> many(protocol::kMaxNodeLinks + 1, Link(node2_, 1, 1));
+  refused(alice_, many, "65 links, at most 64");
+  EXPECT_TRUE(chain_->GetNode(node1_.public_key())->links.empty());
+  // A node that left reports nothing.
+  ASSERT_TRUE(Run(Tx(alice_, LeaveNodeTx{.node_id = node1_.public_key()})).ok);
+  refused(alice_, {Link(node2_, 1, 1)}, "has left");
 }
 
 }  // namespace

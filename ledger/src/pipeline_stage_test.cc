@@ -130,9 +130,10 @@ class PipelineStageTest : public FollowedChainFixture {
                          .loss_micros = stage + 1 == kStages ? 2'000'000u + replica : 0u};
   }
 
-  // What PlaceStages gives for the round placed at `height` from the registered nodes: the chains
-  // the ledger must have recorded as the units' assignees.
-  std::vector<std::vector<protocol::NodeId>> WantChains(uint64_t height) {
+  // What PlaceStages gives for the round placed at `height` from the registered nodes (with the
+  // links they reported, unless `links` is false): the chains the ledger must have recorded as
+  // the units' assignees.
+  std::vector<std::vector<protocol::NodeId>> WantChains(uint64_t height, bool links = true) {
     std::vector<protocol::NodeView> views;
     for (const KeyPair& k : nodes_) {
       NodeRecord n = chain_->GetNode(k.public_key()).value();
@@ -143,6 +144,9 @@ class PipelineStageTest : public FollowedChainFixture {
                        .bandwidth_bytes_per_s = n.capabilities.bandwidth_bytes_per_s,
                        .price_per_gflop = n.price,
                        .last_heartbeat_height = n.last_heartbeat_height});
+      for (const NodeLink& l : n.links) {
+        if (links) views.back().links.push_back({l.peer, l.latency_ms, l.bandwidth_bytes_per_s});
+      }
     }
     const TaskRecord t = Task();
     std::vector<protocol::StageNeed> needs;
@@ -161,6 +165,45 @@ class PipelineStageTest : public FollowedChainFixture {
   std::vector<std::pair<uint64_t, uint64_t>> caps_;
   Hash256 task_id_;
 };
+
+// Reported links pair the stages: without them round 0's chains are n5 -> n3 -> n1 and
+// (n6 or n7) -> n4 -> n2 (memory and speed; 1-based names as above); n5 measured a fast link to
+// n4 and n4 one to n2, so the first replica runs n5 -> n4 -> n2 and the second takes n3 and n1.
+TEST_F(PipelineStageTest, ReportedLinksPairTheStagesOfEachReplica) {
+  std::vector<Transaction> regs;
+  for (size_t i = 0; i < nodes_.size(); ++i) regs.push_back(Q(alice_, Reg(i)));
+  for (const Receipt& r : Step(regs)) ASSERT_TRUE(r.ok) << r.reason;
+  auto fast = [&](size_t to) {
+    return NodeLink{
+        .peer = nodes_[to].public_key(), .latency_ms = 0, .bandwidth_bytes_per_s = 10'000'000'000};
+  };
+  for (const Receipt& r :
+       Step({Q(alice_, ReportLinksTx{.node_id = nodes_[4].public_key(), .links = {fast(3)}}),
+             Q(alice_, ReportLinksTx{.node_id = nodes_[3].public_key(), .links = {fast(1)}})})) {
+    ASSERT_TRUE(r.ok) << r.reason;
+  }
+  Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
+                                            .budget = kBudget,
+                                            .price_cap = 20,
+                                            .params = PipelineParams()});
+  task_id_ = TaskIdFor(bob_.public_key(), submit.nonce);
+  ASSERT_TRUE(Step({submit})[0].ok);
+  const uint64_t height = chain_->Height();
+  const std::vector<std::vector<protocol::NodeId>> without = WantChains(height, false);
+  ASSERT_EQ(without.size(), kReplicas);
+  ASSERT_EQ(without[0][0], nodes_[4].public_key());
+  ASSERT_EQ(without[0][1], nodes_[2].public_key());
+  ASSERT_EQ(without[1][1], nodes_[3].public_key());
+  const std::vector<protocol::NodeId> first = {nodes_[4].public_key(), nodes_[3].public_key(),
+                                               nodes_[1].public_key()};
+  const std::vector<protocol::NodeId> second = {without[1][0], nodes_[2].public_key(),
+                                                nodes_[0].public_key()};
+  for (uint32_t s = 0; s < kStages; ++s) {
+    EXPECT_EQ(Unit(0, 0, s).assignee, first[s]) << "stage " << s;
+    EXPECT_EQ(Unit(0, 1, s).assignee, second[s]) << "stage " << s;
+  }
+  EXPECT_EQ(WantChains(height), (std::vector<std::vector<protocol::NodeId>>{first, second}));
+}
 
 TEST(PipelineStageSlotTest, UnitIndexIsRoundReplicaStage) {
   TaskParams p = PipelineParams();
@@ -597,7 +640,6 @@ TEST_F(PipelineStageTest, AReplicasStagesShareItsSlowestNodesDeadline) {
   EXPECT_GT(deadlines.size(), 1u) << "the nodes' own deadlines must differ for this test to mean "
                                      "anything";
 }
-
 
 // ---- Stage units on a verifying chain (docs/verification.md, "Pipeline stages"): CommitStage
 // opens the unit's check with OpenUnitCheck over protocol::StageCheckLeaves (one segment per

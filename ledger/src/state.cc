@@ -184,6 +184,10 @@ void EncodeNode(Encoder& e, const NodeRecord& n) {
   e.PutU64(n.last_heartbeat_height);
   e.PutHash(n.secret_anchor).PutU64(n.secret_anchor_index).PutU64(n.secrets_committed);
   NodeEarnings::Visit(n.earnings, internal::FieldEncoder{e});
+  // Written only once the node reported links (ReportLinksTx): a node that never did encodes as
+  // before links existed, so databases written then still load and the state hash of a chain
+  // without reports is unchanged.
+  if (!n.links.empty()) internal::FieldEncoder{e}("links", n.links);
 }
 
 Status DecodeNode(Decoder& d, NodeRecord* n) {
@@ -210,7 +214,16 @@ Status DecodeNode(Decoder& d, NodeRecord* n) {
   ML_RETURN_IF_ERROR(d.GetU64(&n->secrets_committed, "secrets_committed"));
   internal::FieldDecoder ed{d, Status::Ok()};
   NodeEarnings::Visit(n->earnings, ed);
-  return ed.status;
+  ML_RETURN_IF_ERROR(ed.status);
+  // The record's optional tail (EncodeNode): present exactly when the node has links, so each
+  // record still has one encoding. A node record is the last thing its decoder holds.
+  if (d.remaining() > 0) {
+    internal::FieldDecoder ld{d, Status::Ok()};
+    ld("links", n->links);
+    ML_RETURN_IF_ERROR(ld.status);
+    if (n->links.empty()) return DataLoss("node: links are written only when there are some");
+  }
+  return Status::Ok();
 }
 
 void EncodeTask(Encoder& e, const TaskRecord& t) {
@@ -364,6 +377,8 @@ nlohmann::json NodeToJson(const NodeRecord& n) {
   NodeCapabilities::Visit(n.capabilities, internal::FieldToJson{caps});
   nlohmann::json earnings = nlohmann::json::object();
   NodeEarnings::Visit(n.earnings, internal::FieldToJson{earnings});
+  nlohmann::json links = nlohmann::json::object();
+  internal::FieldToJson{links}("links", n.links);
   const Reputation& r = n.reputation;
   return {{"id", n.id.ToHex()},
           {"owner", n.owner.ToHex()},
@@ -385,7 +400,8 @@ nlohmann::json NodeToJson(const NodeRecord& n) {
           {"secret_anchor", n.secret_anchor.ToHex()},
           {"secret_anchor_index", n.secret_anchor_index},
           {"secrets_committed", n.secrets_committed},
-          {"earnings", std::move(earnings)}};
+          {"earnings", std::move(earnings)},
+          {"links", std::move(links["links"])}};
 }
 
 uint64_t AuditWindowEnd(const TaskRecord& t, uint64_t audit_window_blocks) {

@@ -4,12 +4,12 @@
 // beside its neighbours (Stager), commits it (CommitStage), and the round's aggregator applies it
 // stage by stage (ApplyStageRound). The task ends on the ledger with `meshlearn diloco`'s weights,
 // bit for bit.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -143,6 +143,21 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
   EXPECT_EQ(HashFloats(final_state->weights), o.want.final_hash);
   // Every agent ran a stage (six stage units a round, one per node).
   EXPECT_EQ(stage_nodes_committed.size(), 6u);
+  // ... and reported the links its stage measured (ReportLinks): each to other nodes of the
+  // network, every one with a bandwidth (what the pushes moved); no speed is asserted.
+  std::set<std::string> node_ids;
+  for (int i = 0; i < 6; ++i) node_ids.insert(sim.node_key(i).public_key().ToHex());
+  for (int i = 0; i < 6; ++i) {
+    const std::string me = sim.node_key(i).public_key().ToHex();
+    json n = sim.Call("get_node", {{"id", me}});
+    ASSERT_TRUE(n.contains("links")) << n.dump();
+    EXPECT_FALSE(n["links"].empty()) << "node " << i << " reported no links";
+    for (const json& l : n["links"]) {
+      const std::string peer = l["peer"].get<std::string>();
+      EXPECT_TRUE(node_ids.count(peer) != 0 && peer != me) << "node " << i << ": " << l.dump();
+      EXPECT_GE(l["bandwidth_bytes_per_s"].get<uint64_t>(), 1u);
+    }
+  }
   // A node that only ran stage units held its stage, never the whole model: it built no
   // whole-model trainer (weights, gradients and optimizer moments of every layer). The round's
   // aggregator evaluates the whole model, so it builds one.

@@ -135,6 +135,27 @@ StagePlaneStats StagePlane::stats() const {
   return stats_;
 }
 
+std::vector<ledger::NodeLink> MeasuredLinks(const StagePlaneStats& stats,
+                                            std::span<const protocol::NodeId> chain) {
+  std::vector<ledger::NodeLink> out;
+  for (const auto& [stage, l] : stats.links) {
+    if (l.pushes == 0 || l.bytes == 0 || stage >= chain.size()) continue;
+    // In double: bytes x 10^6 overflows 64 bits past 18 TB, and a measurement needs no exact
+    // rounding (the ledger stores the integer it is given).
+    const double rate = static_cast<double>(l.bytes) * 1e6 /
+                        static_cast<double>(std::max<uint64_t>(l.push_us, 1));
+    out.push_back(
+        {.peer = chain[stage],
+         .latency_ms = static_cast<uint32_t>(
+             std::min<uint64_t>(l.min_push_us / 1000, protocol::kMaxLinkLatencyMs)),
+         .bandwidth_bytes_per_s = static_cast<uint64_t>(std::clamp(
+             rate, 1.0, static_cast<double>(protocol::kMaxLinkBandwidthBytesPerS)))});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const ledger::NodeLink& a, const ledger::NodeLink& b) { return a.peer < b.peer; });
+  return out;
+}
+
 std::string StagePlane::PeerName(uint32_t stage) const {
   return "stage " + std::to_string(stage) + " (node " + ctx_.chain[stage].ShortHex() + " at " +
          endpoints_[stage] + ")";

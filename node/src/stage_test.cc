@@ -764,6 +764,18 @@ TEST(StagePlaneTest, ThreeStageEndpointsTrainBitEqualToRunPipelineStep) {
     EXPECT_EQ(middle.links.at(0).bytes + middle.links.at(2).bytes, middle.bytes_sent);
     EXPECT_LE(middle.links.at(0).min_push_us * middle.links.at(0).pushes,
               middle.links.at(0).push_us);
+    // What the middle node reports of them (MeasuredLinks): its two neighbours' nodes, each
+    // with a bandwidth derived from that link's bytes (not asserting any speed).
+    const std::vector<ledger::NodeLink> reported = MeasuredLinks(middle, ctx.chain);
+    ASSERT_EQ(reported.size(), 2u);
+    std::set<PublicKey> peers = {reported[0].peer, reported[1].peer};
+    EXPECT_EQ(peers, (std::set<PublicKey>{ctx.chain[0], ctx.chain[2]}));
+    EXPECT_LT(reported[0].peer, reported[1].peer);
+    for (const ledger::NodeLink& l : reported) {
+      const StageLinkStats& m = middle.links.at(l.peer == ctx.chain[0] ? 0 : 2);
+      EXPECT_GE(l.bandwidth_bytes_per_s, 1u);
+      EXPECT_EQ(l.latency_ms, m.min_push_us / 1000);
+    }
     for (auto& n : nodes) {
       const StagePlaneStats ps = n->plane->stats();
       bytes += ps.bytes_sent;
@@ -779,6 +791,32 @@ TEST(StagePlaneTest, ThreeStageEndpointsTrainBitEqualToRunPipelineStep) {
         static_cast<unsigned long long>(retries), static_cast<unsigned long long>(peak));
     EXPECT_EQ(pushes, kSteps * (2 * 2 * kStageMicroBatches + 4 + (spec.kind == "gpt" ? 2 : 0)));
   }
+}
+
+TEST(StagePlaneTest, MeasuredLinksConvertTheStatsOfEveryPeerThatTookPushes) {
+  const StageContext ctx = StageCtx(4);
+  StagePlaneStats stats;
+  // 3 MB in pushes whose round trips sum to 1.5 s, the fastest 2.999 ms: 2 MB/s, 2 ms.
+  stats.links[3] = {.pushes = 4, .bytes = 3'000'000, .push_us = 1'500'000, .min_push_us = 2'999};
+  // Round trips under a microsecond in all, the fastest under a millisecond: no division by
+  // zero, 0 ms, and the bandwidth capped at the ledger's bound.
+  stats.links[0] = {.pushes = 1, .bytes = 2'000'000'000, .push_us = 0, .min_push_us = 0};
+  stats.links[1] = {.pushes = 0, .bytes = 0, .push_us = 0, .min_push_us = 0};     // none taken
+  stats.links[9] = {.pushes = 1, .bytes = 10, .push_us = 10, .min_push_us = 10};  // no such stage
+  // A push that took over a minute: capped at the ledger's bound.
+  stats.links[2] = {.pushes = 1, .bytes = 1, .push_us = 90'000'000, .min_push_us = 90'000'000};
+  std::vector<ledger::NodeLink> got = MeasuredLinks(stats, ctx.chain);
+  std::vector<ledger::NodeLink> want = {
+      {.peer = ctx.chain[3], .latency_ms = 2, .bandwidth_bytes_per_s = 2'000'000},
+      {.peer = ctx.chain[0],
+       .latency_ms = 0,
+       .bandwidth_bytes_per_s = protocol::kMaxLinkBandwidthBytesPerS},
+      {.peer = ctx.chain[2],
+       .latency_ms = protocol::kMaxLinkLatencyMs,
+       .bandwidth_bytes_per_s = 1}};
+  std::sort(want.begin(), want.end(),
+            [](const ledger::NodeLink& a, const ledger::NodeLink& b) { return a.peer < b.peer; });
+  EXPECT_EQ(got, want);
 }
 
 TEST(StagePlaneTest, AStageThatStopsAnsweringFailsTheStepByItsDeadline) {

@@ -1,6 +1,7 @@
 #include "meshlearn/protocol/stage_placement.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 namespace meshlearn::protocol {
@@ -25,7 +26,74 @@ bool PlaceFeasible(std::vector<uint64_t> needs, std::vector<uint64_t> memories) 
   return true;
 }
 
+// `node`'s reported link to `peer`, or null. node.links is sorted by peer.
+const PeerLink* ReportedLink(const NodeView& node, const NodeId& peer) {
+  auto it = std::lower_bound(node.links.begin(), node.links.end(), peer,
+                             [](const PeerLink& l, const NodeId& p) { return l.peer < p; });
+  return it != node.links.end() && it->peer == peer ? &*it : nullptr;
+}
+
+// Pairs the nodes of each stage s >= 1 with the replicas' stage s-1 nodes by link cost (see the
+// top of stage_placement.h). `by_id` holds every placed node.
+void PairStagesByLinks(const std::map<NodeId, const NodeView*>& by_id,
+                       std::vector<std::vector<NodeId>>& chains) {
+  const size_t replicas = chains.size();
+  for (size_t s = 1; s < chains[0].size(); ++s) {
+    bool reported = false;
+    for (size_t a = 0; a < replicas && !reported; ++a) {
+      for (size_t b = 0; b < replicas && !reported; ++b) {
+        const NodeView& from = *by_id.at(chains[a][s - 1]);
+        const NodeView& to = *by_id.at(chains[b][s]);
+        reported = ReportedLink(from, to.id) != nullptr || ReportedLink(to, from.id) != nullptr;
+      }
+    }
+    if (!reported) continue;  // nothing measured across this boundary: the order stays
+    struct Pair {
+      uint64_t cost;
+      size_t replica;  // whose stage s-1 node sends
+      size_t node;     // which of the stage's nodes (by its replica before pairing) receives
+    };
+    std::vector<Pair> pairs;
+    for (size_t r = 0; r < replicas; ++r) {
+      for (size_t j = 0; j < replicas; ++j) {
+        pairs.push_back(
+            {StageLinkCostUs(*by_id.at(chains[r][s - 1]), *by_id.at(chains[j][s])), r, j});
+      }
+    }
+    std::sort(pairs.begin(), pairs.end(), [&](const Pair& a, const Pair& b) {
+      if (a.cost != b.cost) return a.cost < b.cost;
+      if (a.replica != b.replica) return chains[a.replica][s - 1] < chains[b.replica][s - 1];
+      return chains[a.node][s] < chains[b.node][s];
+    });
+    std::vector<NodeId> paired(replicas);
+    std::vector<bool> sender_done(replicas, false), node_done(replicas, false);
+    for (const Pair& p : pairs) {
+      if (sender_done[p.replica] || node_done[p.node]) continue;
+      paired[p.replica] = chains[p.node][s];
+      sender_done[p.replica] = node_done[p.node] = true;
+    }
+    for (size_t r = 0; r < replicas; ++r) chains[r][s] = paired[r];
+  }
+}
+
 }  // namespace
+
+uint64_t StageLinkCostUs(const NodeView& from, const NodeView& to) {
+  uint64_t latency_ms = 0, bandwidth = 0;
+  if (const PeerLink* l = ReportedLink(from, to.id)) {
+    latency_ms = l->latency_ms;
+    bandwidth = l->bandwidth_bytes_per_s;
+  } else if (const PeerLink* back = ReportedLink(to, from.id)) {
+    latency_ms = back->latency_ms;
+    bandwidth = back->bandwidth_bytes_per_s;
+  } else {
+    latency_ms = uint64_t{from.latency_ms} + to.latency_ms;
+    bandwidth = std::min(from.bandwidth_bytes_per_s, to.bandwidth_bytes_per_s);
+  }
+  bandwidth = std::max<uint64_t>(bandwidth, 1);
+  // Neither term overflows: latency < 2^33 ms, and kStageLinkCostBytes x 10^6 < 2^41.
+  return latency_ms * 1000 + (kStageLinkCostBytes * 1'000'000 + bandwidth - 1) / bandwidth;
+}
 
 Result<std::vector<std::vector<NodeId>>> PlaceStages(
     const TaskSpecView& task, std::span<const StageNeed> stages, uint32_t replicas,
@@ -105,6 +173,8 @@ Result<std::vector<std::vector<NodeId>>> PlaceStages(
   }
 
   std::vector<std::vector<NodeId>> chains(replicas, std::vector<NodeId>(stages.size()));
+  std::map<NodeId, const NodeView*> by_id;
+  for (const NodeView* n : free) by_id[n->id] = n;
   for (size_t i = 0; i < slots.size(); ++i) {
     const std::vector<uint64_t> rest = needs_of(i + 1);
     bool placed = false;
@@ -120,6 +190,7 @@ Result<std::vector<std::vector<NodeId>>> PlaceStages(
     // Feasible before this slot, so some fitting node keeps the rest feasible.
     if (!placed) return Internal("stage placement: no node for a feasible slot");
   }
+  PairStagesByLinks(by_id, chains);
   return chains;
 }
 

@@ -167,5 +167,145 @@ TEST(StagePlacementTest, PlacesWheneverExhaustiveSearchCan) {
   EXPECT_LT(placed, 350);  // both outcomes are exercised
 }
 
+// Gives `from` a reported link to `to` (kept sorted by peer, as the ledger keeps them).
+void PlaceLink(NodeView& from, const NodeView& to, uint32_t latency_ms, uint64_t bandwidth) {
+  from.links.push_back({to.id, latency_ms, bandwidth});
+  std::sort(from.links.begin(), from.links.end(),
+            [](const PeerLink& a, const PeerLink& b) { return a.peer < b.peer; });
+}
+
+// The nodes of each stage, whatever replica they serve.
+std::vector<std::set<NodeId>> PlaceStageSets(const std::vector<std::vector<NodeId>>& chains) {
+  std::vector<std::set<NodeId>> sets(chains.empty() ? 0 : chains[0].size());
+  for (const std::vector<NodeId>& chain : chains) {
+    for (size_t s = 0; s < chain.size(); ++s) sets[s].insert(chain[s]);
+  }
+  return sets;
+}
+
+TEST(StagePlacementTest, ReportedLinksPairConsecutiveStages) {
+  // Two replicas of two equal stages on four equal nodes: without links replica 0 gets nodes 1
+  // (stage 0) and 3 (stage 1), replica 1 nodes 2 and 4 (the id order).
+  const std::vector<StageNeed> stages = {{100, 10}, {100, 10}};
+  std::vector<NodeView> nodes = {PlaceNode(1, 1000, 100), PlaceNode(2, 1000, 100),
+                                 PlaceNode(3, 1000, 100), PlaceNode(4, 1000, 100)};
+  for (NodeView& n : nodes) n.latency_ms = 10;  // an unreported link: 20 ms (both registered)
+  Result<std::vector<std::vector<NodeId>>> before = Place(stages, 2, nodes);
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  const std::vector<std::vector<NodeId>> today = {{nodes[0].id, nodes[2].id},
+                                                  {nodes[1].id, nodes[3].id}};
+  EXPECT_EQ(*before, today);
+  // Node 1 measured a fast link to node 4, and node 3 (a receiver) one to node 2: the chains
+  // follow them, 1 -> 4 and 2 -> 3.
+  PlaceLink(nodes[0], nodes[3], 1, 1'000'000'000);
+  PlaceLink(nodes[2], nodes[1], 2, 1'000'000'000);
+  Result<std::vector<std::vector<NodeId>>> after = Place(stages, 2, nodes);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  const std::vector<std::vector<NodeId>> linked = {{nodes[0].id, nodes[3].id},
+                                                   {nodes[1].id, nodes[2].id}};
+  EXPECT_EQ(*after, linked);
+  // The same answer whatever the order of the nodes.
+  std::vector<NodeView> reversed(nodes.rbegin(), nodes.rend());
+  Result<std::vector<std::vector<NodeId>>> again = Place(stages, 2, reversed);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *after);
+  // A slow reported link loses to the registered estimate of an unreported one (10 ms + 10 ms
+  // at 1 GB/s): node 1's link to node 4 now takes 50 ms, so node 1 pairs with node 3 again.
+  nodes[0].links.clear();
+  nodes[2].links.clear();
+  PlaceLink(nodes[0], nodes[3], 50, 1'000'000'000);
+  Result<std::vector<std::vector<NodeId>>> slow = Place(stages, 2, nodes);
+  ASSERT_TRUE(slow.ok());
+  EXPECT_EQ(*slow, today);
+}
+
+TEST(StagePlacementTest, LinkCostUsesTheReportThenTheReverseThenTheRegisteredFigures) {
+  NodeView a = PlaceNode(1, 1000, 100), b = PlaceNode(2, 1000, 100);
+  a.latency_ms = 3;
+  b.latency_ms = 4;
+  b.bandwidth_bytes_per_s = 1u << 20;  // the smaller: 1 MiB/s, so the transfer is 1 s
+  EXPECT_EQ(StageLinkCostUs(a, b), 7'000u + 1'000'000u);
+  PlaceLink(b, a, 2, 2u << 20);  // the reverse direction's report
+  EXPECT_EQ(StageLinkCostUs(a, b), 2'000u + 500'000u);
+  PlaceLink(a, b, 1, 4u << 20);  // the sender's own report wins
+  EXPECT_EQ(StageLinkCostUs(a, b), 1'000u + 250'000u);
+}
+
+TEST(StagePlacementTest, LinksOffTheChainsLeaveThePlacementAsItWas) {
+  // Links between nodes of the same stage, or to a node left out, pair nothing: the chains stay
+  // the placement without links.
+  const std::vector<StageNeed> stages = {{100, 30}, {100, 20}, {100, 10}};
+  std::vector<NodeView> nodes;
+  for (uint32_t i = 1; i <= 7; ++i) nodes.push_back(PlaceNode(i, 1000, 100 * i));
+  // Registered figures that would pair the stages otherwise were they used without a report:
+  // nodes 5 and 6 are far from the network, so the cheapest estimate is 7 -> 4.
+  nodes[4].latency_ms = 50;
+  nodes[5].latency_ms = 50;
+  Result<std::vector<std::vector<NodeId>>> plain = Place(stages, 2, nodes);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  // The slowest node (1) is left out; the fastest of each stage's two serves replica 0: 7 -> 5
+  // -> 3 and 6 -> 4 -> 2, as before links existed.
+  const std::vector<std::vector<NodeId>> today = {{nodes[6].id, nodes[4].id, nodes[2].id},
+                                                  {nodes[5].id, nodes[3].id, nodes[1].id}};
+  ASSERT_EQ(*plain, today);
+  PlaceLink(nodes[6], nodes[5], 1, 1'000'000'000);  // same stage
+  PlaceLink(nodes[1], nodes[0], 1, 1'000'000'000);  // to the node left out
+  PlaceLink(nodes[0], nodes[4], 1, 1'000'000'000);  // from it
+  Result<std::vector<std::vector<NodeId>>> linked = Place(stages, 2, nodes);
+  ASSERT_TRUE(linked.ok());
+  EXPECT_EQ(*linked, *plain);
+}
+
+TEST(StagePlacementTest, LinksKeepEveryStagesNodesAndPlaceWheneverExhaustiveSearchCan) {
+  Rng rng(1515);
+  int placed = 0, moved = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t S = 1 + rng.Uniform(3);
+    const uint32_t R = 1 + static_cast<uint32_t>(rng.Uniform(3));
+    const size_t N = rng.Uniform(10);
+    std::vector<StageNeed> stages;
+    for (size_t s = 0; s < S; ++s) stages.push_back({1 + rng.Uniform(10), rng.Uniform(5)});
+    std::vector<NodeView> nodes;
+    for (size_t i = 0; i < N; ++i) {
+      nodes.push_back(
+          PlaceNode(static_cast<uint32_t>(i + 1), 1 + rng.Uniform(10), 1 + rng.Uniform(4)));
+      nodes.back().latency_ms = static_cast<uint32_t>(rng.Uniform(20));
+    }
+    std::vector<NodeView> linked = nodes;
+    for (NodeView& from : linked) {
+      for (const NodeView& to : nodes) {
+        if (to.id != from.id && rng.Uniform(3) == 0) {
+          PlaceLink(from, to, static_cast<uint32_t>(rng.Uniform(40)), 1 + rng.Uniform(1u << 22));
+        }
+      }
+    }
+    std::vector<uint64_t> needs, memories;
+    for (uint32_t r = 0; r < R; ++r) {
+      for (const StageNeed& s : stages) needs.push_back(s.memory_bytes);
+    }
+    for (const NodeView& n : nodes) memories.push_back(n.memory_bytes);
+    std::vector<bool> used(N, false);
+    const bool possible = PlaceBruteForce(needs, memories, used, 0);
+    Result<std::vector<std::vector<NodeId>>> plain = Place(stages, R, nodes);
+    Result<std::vector<std::vector<NodeId>>> r = Place(stages, R, linked);
+    ASSERT_EQ(r.ok(), possible) << "trial " << trial << ": " << r.status().ToString();
+    ASSERT_EQ(plain.ok(), possible) << "trial " << trial;
+    if (!r.ok()) continue;
+    ++placed;
+    PlaceExpectValid(*r, stages, nodes);
+    // Links choose only which replica a stage's node serves, never which nodes serve the stage,
+    // and replica r's first stage stays where it was.
+    EXPECT_EQ(PlaceStageSets(*r), PlaceStageSets(*plain)) << "trial " << trial;
+    for (uint32_t k = 0; k < R; ++k) EXPECT_EQ((*r)[k][0], (*plain)[k][0]) << "trial " << trial;
+    moved += *r != *plain ? 1 : 0;
+    std::vector<NodeView> reversed(linked.rbegin(), linked.rend());
+    Result<std::vector<std::vector<NodeId>>> again = Place(stages, R, reversed);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, *r) << "trial " << trial;
+  }
+  EXPECT_GT(placed, 50);
+  EXPECT_GT(moved, 10);  // links did reorder chains in some trials
+}
+
 }  // namespace
 }  // namespace meshlearn::protocol

@@ -151,6 +151,8 @@ Status Stager::Collect(const NodeWork& work) {
   st.stage_wait_us += plane.wait_us;
   st.stage_run_us += run->run_us;
   st.stage_evidence_bytes = evidence_.bytes();
+  // A failed run's pushes measured the links as well as a committed one's.
+  ReportLinks(plane, run->a);
   // The stage (weights, gradients, moments), its batches and its plane's tensors are done with
   // (its steps' evidence is served from files): freed before the delta blob is built beside the
   // delta.
@@ -205,6 +207,27 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
   node_->Log(Name(a) + ": committed delta " + delta_id.hash.ShortHex() + " (CommitStage)" +
              MemoryNote());
   return Status::Ok();
+}
+
+void Stager::ReportLinks(const StagePlaneStats& plane, const UnitAssignment& a) {
+  const std::vector<ledger::NodeLink> measured = MeasuredLinks(plane, a.stage->chain);
+  if (!measured.empty()) ++link_runs_;
+  for (const ledger::NodeLink& l : measured) links_[l.peer] = {link_runs_, l};
+  while (links_.size() > protocol::kMaxNodeLinks) {
+    links_.erase(std::min_element(links_.begin(), links_.end(), [](const auto& x, const auto& y) {
+      return x.second.first != y.second.first ? x.second.first < y.second.first : x.first < y.first;
+    }));
+  }
+  if (measured.empty() || node_->tx().HasInFlight(ledger::TxType::kReportLinks)) return;
+  ledger::ReportLinksTx tx{.node_id = node_->id()};
+  for (const auto& [peer, l] : links_) tx.links.push_back(l.second);  // sorted by peer
+  const size_t count = tx.links.size();
+  Result<Hash256> sent = node_->tx().Send(std::move(tx));
+  if (!sent.ok()) {
+    node_->Log(Name(a) + ": links not reported: " + sent.status().message());  // next unit
+    return;
+  }
+  node_->Log(Name(a) + ": reported " + std::to_string(count) + " measured link(s) (ReportLinks)");
 }
 
 void Stager::ReleaseEvidence(const Hash256& task, uint32_t finalized) {

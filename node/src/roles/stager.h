@@ -97,6 +97,11 @@ class Stager {
   static Key KeyOf(const UnitAssignment& a);
   static std::string Name(const UnitAssignment& a);
   Status Commit(const Run& run, const NodeWork& work);
+  // Remembers the links `plane` measured (MeasuredLinks of the run's chain) and, when it measured
+  // any, reports every link remembered (ReportLinksTx replaces the node's earlier report): so a
+  // peer measured in an earlier unit stays reported. One report in flight at a time; a run that
+  // finds one in flight is reported with the next.
+  void ReportLinks(const StagePlaneStats& plane, const UnitAssignment& a);
 
   NodeContext* node_;
   StageHost host_;
@@ -114,6 +119,10 @@ class Stager {
   };
   std::map<Key, InFlight> commits_;
   std::set<Key> committed_;
+  // The last measured link to each peer and the run that measured it (the count of runs that
+  // measured any): beyond protocol::kMaxNodeLinks peers, the least recently measured are dropped.
+  std::map<PublicKey, std::pair<uint64_t, ledger::NodeLink>> links_;
+  uint64_t link_runs_ = 0;
 };
 
 }  // namespace meshlearn::node

@@ -19,6 +19,7 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/protocol/types.h"
 
 namespace meshlearn::protocol {
 class UnitCheck;
@@ -129,6 +130,23 @@ struct NodeEarnings {
 
 // A node is identified by its own ed25519 key (the key its daemon signs messages with), and
 // owned by the account that registered it. One account may own many nodes.
+// A link the node measured to a peer node and reported (ReportLinksTx); the scheduler reads it as
+// a protocol::PeerLink (docs/protocol.md, "Pipeline stage placement"). Bounds: the protocol's
+// kMaxNodeLinks, kMaxLinkLatencyMs, kMaxLinkBandwidthBytesPerS.
+struct NodeLink {
+  static constexpr uint32_t kMaxListLength = protocol::kMaxNodeLinks;  // a std::vector field
+  PublicKey peer;
+  uint32_t latency_ms = 0;             // round trip of the fastest push to the peer
+  uint64_t bandwidth_bytes_per_s = 0;  // bytes its pushes moved per second
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("peer", s.peer);
+    v("latency_ms", s.latency_ms);
+    v("bandwidth_bytes_per_s", s.bandwidth_bytes_per_s);
+  }
+  bool operator==(const NodeLink&) const = default;
+};
+
 struct NodeRecord {
   PublicKey id;
   PublicKey owner;
@@ -147,6 +165,9 @@ struct NodeRecord {
   uint64_t secret_anchor_index = 0;
   uint64_t secrets_committed = 0;
   NodeEarnings earnings;
+  // Its last ReportLinks, sorted by peer; empty until it reports (then the record encodes as it
+  // did before links existed: EncodeNode).
+  std::vector<NodeLink> links;
   bool operator==(const NodeRecord&) const = default;
 };
 

@@ -68,7 +68,8 @@ Result<TxType> TxTypeFromName(std::string_view name);
 // ---- Payloads. Each lists its fields once, in Visit, which drives encoding and JSON. Field
 // types understood by Visit: uint8/16/32/64_t, int64_t, bool, std::string (<=
 // kMaxStringFieldLength), PublicKey, Hash256, std::vector<Hash256> (<= kMaxHashListLength),
-// std::vector<uint64_t> (<= kMaxU64ListLength),
+// std::vector<uint64_t> (<= kMaxU64ListLength), std::vector of a struct with a Visit and a
+// kMaxListLength (NodeLink),
 // WitnessField, BundleField, and structs with a Visit (NodeCapabilities, TaskParams,
 // MerkleProofField, MismatchClaimField).
 
@@ -208,6 +209,23 @@ struct LeaveNodeTx {
     v("node_id", s.node_id);
   }
   bool operator==(const LeaveNodeTx&) const = default;
+};
+
+// The node's measured links to peers it exchanged stage data with (node::MeasuredLinks), for
+// placing consecutive pipeline stages on well-connected nodes (protocol::PlaceStages). Sent by
+// the node or its owner; replaces the node's earlier report (empty: withdraws it). Each peer a
+// registered node other than itself, at most once; at most protocol::kMaxNodeLinks links;
+// latency_ms <= protocol::kMaxLinkLatencyMs; bandwidth in [1, kMaxLinkBandwidthBytesPerS].
+struct ReportLinksTx {
+  static constexpr TxType kType = TxType::kReportLinks;
+  PublicKey node_id;
+  std::vector<NodeLink> links;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("node_id", s.node_id);
+    v("links", s.links);
+  }
+  bool operator==(const ReportLinksTx&) const = default;
 };
 
 // Posts a training task and escrows `budget` from the sender's balance. The task id is

@@ -23,6 +23,7 @@
   X(UpdateNode, 21, nodes)             \
   X(Heartbeat, 22, nodes)              \
   X(LeaveNode, 23, nodes)              \
+  X(ReportLinks, 24, nodes)            \
   X(SubmitTask, 30, tasks)             \
   X(CancelTask, 31, tasks)             \
   X(CommitUnit, 40, network)           \

@@ -45,10 +45,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "meshlearn/base/sign.h"
+#include "meshlearn/ledger/state.h"
 #include "meshlearn/net/transport.h"
 #include "meshlearn/node/stage_step.h"
 
@@ -69,9 +71,10 @@ struct StagePlaneOptions {
   std::function<bool(const protocol::StageTensorKey&)> corrupt_sent;
 };
 
-// What this stage measured of its link to one peer stage: the pushes that peer took. A first
-// measure of the link (bytes over the time its pushes took, the fastest push's round trip) for
-// placing consecutive stages on well-connected nodes; nothing reports it to the ledger yet.
+// What this stage measured of its link to one peer stage: the pushes that peer took. A measure
+// of the link (bytes over the time its pushes took, the fastest push's round trip) for placing
+// consecutive stages on well-connected nodes: the node reports it to the ledger (MeasuredLinks,
+// ReportLinksTx) and protocol::PlaceStages pairs stages by it.
 struct StageLinkStats {
   uint64_t pushes = 0;
   uint64_t bytes = 0;        // tensor bytes
@@ -92,6 +95,17 @@ struct StagePlaneStats {
   // any neighbour that is slow or starved of a core), in microseconds.
   uint64_t wait_us = 0;
 };
+
+// The links `stats` measured, as a node reports them (ledger ReportLinksTx), sorted by peer:
+// for every peer stage whose pushes moved bytes, its node chain[stage] with
+//   latency_ms            = min_push_us / 1000: the fastest push's round trip, in whole
+//                           milliseconds (a push carries a tensor, so this is an upper bound of
+//                           the link's latency), at most protocol::kMaxLinkLatencyMs;
+//   bandwidth_bytes_per_s = bytes x 10^6 / push_us: the bytes its pushes moved per second of
+//                           their round trips, in [1, protocol::kMaxLinkBandwidthBytesPerS].
+// A stage with no pushes taken (or none of any bytes), or not in `chain`, gives none.
+std::vector<ledger::NodeLink> MeasuredLinks(const StagePlaneStats& stats,
+                                            std::span<const protocol::NodeId> chain);
 
 class StagePlane {
  public:

@@ -14,15 +14,23 @@
 //     node left (throughput_flops; then the smaller memory, keeping larger nodes for the stages
 //     that need them; then the node id) among those whose choice still lets every remaining slot
 //     be filled -- so faster nodes get the heavier stages, and a placement is found whenever one
-//     exists (checked against exhaustive search in the tests).
+//     exists (checked against exhaustive search in the tests);
+//   * then links (issue 15: nodes report what they measured, NodeView::links): the R nodes of a
+//     stage are interchangeable (same need), so which replica each serves is free. Stage by
+//     stage from stage 1 on, each stage s node is matched to a replica's stage s-1 node by the
+//     cheapest link first (StageLinkCostUs; ties by the stage s-1 node's id, then the stage s
+//     node's), greedily: the best reported link of a boundary is always used, and each next
+//     cheapest among the nodes left. A boundary across which no node reported any link keeps
+//     the order above, so without reports the placement is exactly what it was before links
+//     existed. Which nodes serve each stage never changes, so the guarantees above hold.
 //
 //   std::vector<StageNeed> needs = ...;   // per stage, from CutCosts
 //   Result<std::vector<std::vector<NodeId>>> chains =
 //       PlaceStages(task, needs, /*replicas=*/2, nodes, height, params);
 //   // (*chains)[r][s]: the node of stage s of replica r
 //
-// Not yet: link latency and bandwidth between consecutive stages (nodes do not measure or
-// report their links yet), and placing more than one stage on a node.
+// Not yet: placing more than one stage on a node, and letting links choose WHICH nodes serve a
+// stage (links only pair the nodes the memory and speed rules chose).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +47,20 @@ struct StageNeed {
   uint64_t memory_bytes = 0;  // what a node must hold to run the stage
   uint64_t flops = 0;         // training FLOPs of one step of the stage
 };
+
+// What crosses a stage boundary in the link cost: 1 MiB stands for one micro-batch's
+// activations (forward) and their gradients (back). The task's real boundary bytes are not on
+// the chain; 1 MiB is their order for the models we cut (GPT-2 small: 4 x 256 x 768 floats =
+// 3 MiB; the small test models far less), and any fixed size ranks links by the same two
+// measures, latency first for small tensors and bandwidth for large.
+inline constexpr uint64_t kStageLinkCostBytes = 1u << 20;
+
+// Cost of the link that carries a stage's activations from `from` to `to`, in microseconds:
+//   latency_ms x 1000 + ceil(kStageLinkCostBytes x 10^6 / bandwidth_bytes_per_s)
+// with `from`'s reported link to `to`, else `to`'s reported link to `from` (a link is as fast
+// both ways), else an estimate from their registered figures: the sum of their latencies to
+// the network and the smaller of their bandwidths (at least 1 byte/s).
+uint64_t StageLinkCostUs(const NodeView& from, const NodeView& to);
 
 // The chains: result[r][s] is the node of stage s of replica r (see the top of the file).
 // InvalidArgument for no stages or no replicas; FailedPrecondition when no placement exists,

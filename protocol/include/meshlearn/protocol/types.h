@@ -42,6 +42,28 @@ enum class NodeStatus : uint8_t {
   kNodeStatusOffline,     // deregistered or marked offline by the ledger
 };
 
+// The most links one node reports (ledger ReportLinksTx; NodeView::links): a pipeline node
+// measures only the neighbours of the stage units it ran, two a unit, so 64 covers the last 32
+// units' worth of distinct neighbours while keeping a report a few KiB (the ledger's 16 KiB
+// transaction limit) and the node's ledger record small.
+inline constexpr uint32_t kMaxNodeLinks = 64;
+
+// The bounds of a reported link: a round trip over a minute is a broken link, not a slow one
+// (no stage step waits that long for a tensor), and 10^12 bytes/s (1 TB/s) is above any network
+// link a node could have (NVLink 4 is 0.9 TB/s); either is a measurement in the wrong units.
+inline constexpr uint32_t kMaxLinkLatencyMs = 60'000;
+inline constexpr uint64_t kMaxLinkBandwidthBytesPerS = 1'000'000'000'000;
+
+// One link a node measured to a peer and reported (docs/protocol.md, "Pipeline stage
+// placement"): the round trip of the fastest data-plane push to it, in whole milliseconds, and
+// the bytes per second its pushes moved (node::MeasuredLinks derives both).
+struct PeerLink {
+  NodeId peer;
+  uint32_t latency_ms = 0;             // <= kMaxLinkLatencyMs
+  uint64_t bandwidth_bytes_per_s = 0;  // in [1, kMaxLinkBandwidthBytesPerS]
+  bool operator==(const PeerLink&) const = default;
+};
+
 // What the scheduler knows about one solver.
 struct NodeView {
   NodeId id;
@@ -56,6 +78,9 @@ struct NodeView {
   // Units already assigned to this node and not yet committed or expired (from earlier
   // assignments). New units queue behind them, so their deadlines are later.
   uint32_t inflight_units = 0;
+  // The links it last reported, sorted by peer (at most kMaxNodeLinks); empty when it never
+  // reported any. Only PlaceStages reads them.
+  std::vector<PeerLink> links;
 };
 
 // The parts of a task the decomposition and the scheduler need.
