@@ -189,10 +189,11 @@
 // every parameter: all 275 of the 10M GPT's computed operators. Every other operator is in the
 // plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming why):
 // the conv2d and maxpool2d gradients, dropout and layernorm layers. The opaque gradients do not
-// keep the norm and the update from being ruled: both read gradients only as agreed inputs. A GPT plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens
-// and y, the targets); the ledger makes the operators reading them opaque for a token task
-// without a data root over its pages (ledger/referee_tile.h, TokenOpsOpaque).
-// PlanStepTiles refuses a layer kind it does not know (FailedPrecondition).
+// keep the norm and the update from being ruled: both read gradients only as agreed inputs. A GPT
+// plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens and y, the targets); the
+// ledger makes the operators reading them opaque for a token task without a data root over its
+// pages (ledger/referee_tile.h, TokenOpsOpaque). PlanStepTiles refuses a layer kind it does not
+// know (FailedPrecondition).
 //
 //   ML_ASSIGN_OR_RETURN(TilePlan plan, PlanStepTiles(model, optimizer, batch_size, seq_len, M));
 //   ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, block));
@@ -254,6 +255,14 @@ enum class TileOpKind : uint8_t {
   kTileOpAttentionBackward,  // qkv.grad: x = atty.grad, w = qkv, b = att (conv: T, NH, C); each
                              // element a chain over the sequence's positions, narrowed (above
                              // T = 256 after the softmax backward's row sums)
+  kTileOpConvInputGrad,      // x = dout, w = weight (conv: the forward's); each element a chain
+                             // over (oc, kh, kw), narrowed by output channels
+  kTileOpConvWeightGrad,     // x = dout, w = the layer's input (conv: the forward's); a
+                             // reduction over (b, oh, ow); v as a linear dW's
+  kTileOpConvBiasGrad,       // x = dout (conv: the forward's); a reduction over (b, oh, ow); v
+                             // as above
+  kTileOpMaxPoolInputGrad,   // x = dout, w = the pool's input (its windows' argmax; conv: the
+                             // forward's)
 };
 
 // What an update operator (kTileOpAdamW, kTileOpSgd) records: the updated parameter (named as
@@ -298,7 +307,7 @@ struct TilePlan {
   std::vector<TileOp> ops;
   int64_t batch = 0;          // B (a GPT: B x T, the rows of its activations): the whole step's
   int64_t micro_batches = 1;  // M: each operator of a micro-batch has batch / M rows
-  int64_t input_size = 0;  // floats of one example (0 for a GPT: its rows read tokens)
+  int64_t input_size = 0;     // floats of one example (0 for a GPT: its rows read tokens)
   int64_t classes = 0;
   // A GPT: the batch operand's rows are tokens (TileInputs::tokens, y the targets), in sequences
   // of seq_len.
