@@ -807,6 +807,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     std::map<size_t, Linear> linears;
     std::map<size_t, int64_t> windowed;   // a conv or pool layer's forward operator
     std::map<size_t, int64_t> conv_dout;  // a conv layer's output gradient
+    std::map<size_t, int64_t> norm_dout;  // a planned layernorm layer's output gradient
     int64_t act = kTileOperandBatch;
     Shape cur = model.input;  // one sample's shape
     for (size_t i = 0; i < model.layers.size(); ++i) {
@@ -841,6 +842,14 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         CHECK_GE(op.w, 0) << name;
         cur = {l.out, (cur[1] + 2 * l.pad - l.kernel) / s + 1,
                (cur[2] + 2 * l.pad - l.kernel) / s + 1};
+      } else if (l.kind == "layernorm" && cur.size() == 1) {
+        // Over the features of each sample (the GPT's layernorm on its rows); over the last
+        // dimension of an image (rows b, c, h) it would not follow the tile grid: opaque.
+        op.kind = TileOpKind::kTileOpLayerNorm;
+        op.w = state_op(name + ".weight");
+        op.b = state_op(name + ".bias");
+        CHECK_GE(op.w, 0) << name;
+        norm_dout[i] = -1;
       } else if (l.kind == "maxpool2d" && cur.size() == 3) {
         const int64_t s = l.stride > 0 ? l.stride : l.kernel;
         op.kind = TileOpKind::kTileOpMaxPool;
@@ -879,6 +888,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       if (l.kind == "flatten" || (l.kind == "dropout" && !(l.p > 0))) continue;
       if (l.kind == "linear") linears[ii].dout_op = dout;
       if (l.kind == "conv2d") conv_dout[ii] = dout;
+      if (norm_dout.contains(ii)) norm_dout[ii] = dout;
       if (ii == 0) continue;
       const std::string layer = "layers." + std::to_string(ii);
       TileOp op{layer + ".in.grad",
@@ -898,6 +908,11 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         op.kind = conv ? TileOpKind::kTileOpConvInputGrad : TileOpKind::kTileOpMaxPoolInputGrad;
         op.w = conv ? state_op(layer + ".weight") : in_op[ii];
         op.conv = plan.ops[static_cast<size_t>(windowed.at(ii))].conv;
+      } else if (norm_dout.contains(ii)) {
+        // LayerNormBackward on a zeroed gradient (v = -1).
+        op.kind = TileOpKind::kTileOpLayerNormInputGrad;
+        op.w = in_op[ii];
+        op.b = state_op(layer + ".weight");
       } else {
         op.opaque = kNoLayerFootprint;
       }
@@ -921,6 +936,11 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         g.x = c->second;
         g.w = weight ? in_op[layer] : -1;
         g.conv = plan.ops[static_cast<size_t>(windowed.at(layer))].conv;
+      } else if (auto n = norm_dout.find(layer); n != norm_dout.end()) {
+        g.kind =
+            weight ? TileOpKind::kTileOpLayerNormWeightGrad : TileOpKind::kTileOpLayerNormBiasGrad;
+        g.x = n->second;
+        g.w = weight ? in_op[layer] : -1;
       } else {
         g.opaque = kNoLayerFootprint;
       }
