@@ -30,6 +30,7 @@ set(ENGINE_MODEL_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/train_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/op_trace_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/tile_rule_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/tile_rule_conv_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/step_replay_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/pipeline_test.cc
 )

@@ -23,7 +23,8 @@ std::string TileRuleOpName(const TilePlan& plan, int64_t op) {
 
 bool TileRuleIsReduction(TileOpKind k) {
   return k == TileOpKind::kTileOpLinearWeightGrad || k == TileOpKind::kTileOpLinearBiasGrad ||
-         k == TileOpKind::kTileOpLayerNormWeightGrad || k == TileOpKind::kTileOpLayerNormBiasGrad;
+         k == TileOpKind::kTileOpLayerNormWeightGrad || k == TileOpKind::kTileOpLayerNormBiasGrad ||
+         k == TileOpKind::kTileOpConvWeightGrad || k == TileOpKind::kTileOpConvBiasGrad;
 }
 
 // The number of 32-row blocks of a batch of B rows.
@@ -203,22 +204,71 @@ constexpr int64_t kTileConvChannels = 4;
 struct TileRuleConvSpan {
   int64_t oc0, oc1, ih0, ih1;
 };
+// The planes [p0, p1) and rows [h0, h1) that columns [c0, c1) of a (B, planes*PH*PW) view cover
+// (all the rows when they span planes).
+struct TileRulePlaneSpan {
+  int64_t p0, p1, h0, h1;
+};
+// The rows [h0, h1) of plane p that columns [c0, c1) of a (B, planes*PH*PW) view cover.
+std::pair<int64_t, int64_t> TileRulePlaneRows(int64_t PH, int64_t PW, int64_t c0, int64_t c1,
+                                              int64_t p) {
+  const int64_t per = PH * PW;
+  const int64_t lo = std::max(c0, p * per) - p * per, hi = std::min(c1, (p + 1) * per) - p * per;
+  return {lo / PW, (hi - 1) / PW + 1};
+}
+TileRulePlaneSpan TileRulePlanesOf(int64_t planes, int64_t PH, int64_t PW, int64_t c0, int64_t c1) {
+  const int64_t per = PH * PW;
+  TileRulePlaneSpan r{c0 / per, std::min(planes, (c1 - 1) / per + 1), 0, PH};
+  if (r.p1 - r.p0 == 1) std::tie(r.h0, r.h1) = TileRulePlaneRows(PH, PW, c0, c1, r.p0);
+  return r;
+}
+// A windowed operator's (kTileOpConv's conv vector, a max-pool's with pad 0) output height and
+// width.
+int64_t TileRuleOutH(const TileOp& o) {
+  return (o.conv[1] + 2 * o.conv[7] - o.conv[4]) / o.conv[6] + 1;
+}
+int64_t TileRuleOutW(const TileOp& o) {
+  return (o.conv[2] + 2 * o.conv[7] - o.conv[5]) / o.conv[6] + 1;
+}
 TileRuleConvSpan TileRuleConvOf(const TileOp& o, int64_t c0, int64_t c1) {
   const int64_t H = o.conv[1], OC = o.conv[3], KH = o.conv[4], s = o.conv[6], pad = o.conv[7];
-  const int64_t OH = (H + 2 * pad - KH) / s + 1;
-  const int64_t OW = (o.conv[2] + 2 * pad - o.conv[5]) / s + 1;
-  const int64_t per = OH * OW;
-  TileRuleConvSpan r;
-  r.oc0 = c0 / per;
-  r.oc1 = std::min(OC, (c1 - 1) / per + 1);
-  int64_t oh0 = 0, oh1 = OH;
-  if (r.oc1 - r.oc0 == 1) {
-    oh0 = (c0 % per) / OW;
-    oh1 = ((c1 - 1) % per) / OW + 1;
-  }
-  r.ih0 = std::max<int64_t>(0, oh0 * s - pad);
-  r.ih1 = std::max(r.ih0, std::min(H, (oh1 - 1) * s - pad + KH));
+  const TileRulePlaneSpan ps = TileRulePlanesOf(OC, TileRuleOutH(o), TileRuleOutW(o), c0, c1);
+  TileRuleConvSpan r{ps.p0, ps.p1, 0, 0};
+  r.ih0 = std::max<int64_t>(0, ps.h0 * s - pad);
+  r.ih1 = std::max(r.ih0, std::min(H, (ps.h1 - 1) * s - pad + KH));
   return r;
+}
+// The gradients of a windowed operator: the output rows [oh0, oh1) whose windows (KH rows from
+// oh * s - pad) reach input rows [h0, h1), the only outputs whose gradient flows into them.
+std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int64_t h1) {
+  const int64_t KH = o.conv[4], s = o.conv[6], pad = o.conv[7];
+  const int64_t lo = h0 + pad - KH + 1;  // the first output row oh with oh * s - pad + KH > h0
+  const int64_t oh0 = lo <= 0 ? 0 : (lo + s - 1) / s;
+  const int64_t oh1 = std::min(TileRuleOutH(o), (h1 - 1 + pad) / s + 1);
+  return {oh0, std::max(oh0, oh1)};
+}
+// A conv's weight and bias gradient tiles chain every element over (b, oh, ow) (kernels.h):
+// block (k, g) continues, over the batch's row block k, the elements of the tile's output
+// channel group g, groups of as many output planes as fit kTileConvGradPositions positions (at
+// least one): its dout columns span a group's planes, whatever the tile's width.
+constexpr int64_t kTileConvGradPositions = 784;
+int64_t TileRuleConvGradGroup(const TileOp& o) {
+  return std::max<int64_t>(1, kTileConvGradPositions / (TileRuleOutH(o) * TileRuleOutW(o)));
+}
+// The groups of a tile (the widest tile's output channels: a weight tile's rows, a bias tile's
+// columns).
+int64_t TileRuleConvGradGroups(const TileOp& o) {
+  const int64_t oc = std::min(
+      o.conv[3], o.kind == TileOpKind::kTileOpConvWeightGrad ? o.grid.tile_rows : o.grid.tile_cols);
+  return (oc + TileRuleConvGradGroup(o) - 1) / TileRuleConvGradGroup(o);
+}
+// The output channels [oc0, oc1) of group g of tile `t` (empty past a short tile's end).
+std::pair<int64_t, int64_t> TileRuleConvGradChannels(const TileOp& o, const TileGrid::Rect& t,
+                                                     int64_t g) {
+  const bool weight = o.kind == TileOpKind::kTileOpConvWeightGrad;
+  const int64_t t0 = weight ? t.r0 : t.c0, t1 = weight ? t.r1 : t.c1;
+  const int64_t oc0 = std::min(t1, t0 + g * TileRuleConvGradGroup(o));
+  return {oc0, std::min(t1, oc0 + TileRuleConvGradGroup(o))};
 }
 
 // Dense values of `op`'s rectangle [r0, r1) x [c0, c1), from the footprint's tiles of `op` (or
@@ -799,6 +849,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     std::vector<int64_t> in_op(model.layers.size());  // the activation each layer reads
     std::vector<int64_t> in_features(model.layers.size());
     std::map<size_t, Linear> linears;
+    std::map<size_t, int64_t> windowed;   // a conv or pool layer's forward operator
+    std::map<size_t, int64_t> conv_dout;  // a conv layer's output gradient
+    std::map<size_t, int64_t> norm_dout;  // a planned layernorm layer's output gradient
     int64_t act = kTileOperandBatch;
     Shape cur = model.input;  // one sample's shape
     for (size_t i = 0; i < model.layers.size(); ++i) {
@@ -833,6 +886,14 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         CHECK_GE(op.w, 0) << name;
         cur = {l.out, (cur[1] + 2 * l.pad - l.kernel) / s + 1,
                (cur[2] + 2 * l.pad - l.kernel) / s + 1};
+      } else if (l.kind == "layernorm" && cur.size() == 1) {
+        // Over the features of each sample (the GPT's layernorm on its rows); over the last
+        // dimension of an image (rows b, c, h) it would not follow the tile grid: opaque.
+        op.kind = TileOpKind::kTileOpLayerNorm;
+        op.w = state_op(name + ".weight");
+        op.b = state_op(name + ".bias");
+        CHECK_GE(op.w, 0) << name;
+        norm_dout[i] = -1;
       } else if (l.kind == "maxpool2d" && cur.size() == 3) {
         const int64_t s = l.stride > 0 ? l.stride : l.kernel;
         op.kind = TileOpKind::kTileOpMaxPool;
@@ -846,7 +907,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       const int64_t out = NumElements(cur);
       op.grid = TileGrid::For(rows, out);
       op.shape = {rows, out};
+      const bool window = !op.conv.empty();
       act = add(std::move(op));
+      if (window) windowed[i] = act;
     }
     const int64_t logits = act;
     if (logits == kTileOperandBatch) return InvalidArgument("tile rule: the model has no layers");
@@ -868,6 +931,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       const LayerSpec& l = model.layers[ii];
       if (l.kind == "flatten" || (l.kind == "dropout" && !(l.p > 0))) continue;
       if (l.kind == "linear") linears[ii].dout_op = dout;
+      if (l.kind == "conv2d") conv_dout[ii] = dout;
+      if (norm_dout.contains(ii)) norm_dout[ii] = dout;
       if (ii == 0) continue;
       const std::string layer = "layers." + std::to_string(ii);
       TileOp op{layer + ".in.grad",
@@ -882,6 +947,16 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         op.kind =
             l.kind == "relu" ? TileOpKind::kTileOpReluInputGrad : TileOpKind::kTileOpGeluInputGrad;
         op.w = in_op[ii];
+      } else if (l.kind == "conv2d" || l.kind == "maxpool2d") {
+        const bool conv = l.kind == "conv2d";
+        op.kind = conv ? TileOpKind::kTileOpConvInputGrad : TileOpKind::kTileOpMaxPoolInputGrad;
+        op.w = conv ? state_op(layer + ".weight") : in_op[ii];
+        op.conv = plan.ops[static_cast<size_t>(windowed.at(ii))].conv;
+      } else if (norm_dout.contains(ii)) {
+        // LayerNormBackward on a zeroed gradient (v = -1).
+        op.kind = TileOpKind::kTileOpLayerNormInputGrad;
+        op.w = in_op[ii];
+        op.b = state_op(layer + ".weight");
       } else {
         op.opaque = kNoLayerFootprint;
       }
@@ -900,6 +975,16 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         g.kind = weight ? TileOpKind::kTileOpLinearWeightGrad : TileOpKind::kTileOpLinearBiasGrad;
         g.x = it->second.dout_op;
         g.w = weight ? it->second.in_op : -1;
+      } else if (auto c = conv_dout.find(layer); c != conv_dout.end()) {
+        g.kind = weight ? TileOpKind::kTileOpConvWeightGrad : TileOpKind::kTileOpConvBiasGrad;
+        g.x = c->second;
+        g.w = weight ? in_op[layer] : -1;
+        g.conv = plan.ops[static_cast<size_t>(windowed.at(layer))].conv;
+      } else if (auto n = norm_dout.find(layer); n != norm_dout.end()) {
+        g.kind =
+            weight ? TileOpKind::kTileOpLayerNormWeightGrad : TileOpKind::kTileOpLayerNormBiasGrad;
+        g.x = n->second;
+        g.w = weight ? in_op[layer] : -1;
       } else {
         g.opaque = kNoLayerFootprint;
       }
@@ -943,6 +1028,14 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   if (o.kind == TileOpKind::kTileOpConv) {
     const int64_t C = o.conv[0];
     return C > kTileConvChannels ? (C + kTileConvChannels - 1) / kTileConvChannels : 0;
+  }
+  // A conv's input gradient chains over (oc, kh, kw): narrowed the same way, by output channels.
+  if (o.kind == TileOpKind::kTileOpConvInputGrad) {
+    const int64_t OC = o.conv[3];
+    return OC > kTileConvChannels ? (OC + kTileConvChannels - 1) / kTileConvChannels : 0;
+  }
+  if (o.kind == TileOpKind::kTileOpConvWeightGrad || o.kind == TileOpKind::kTileOpConvBiasGrad) {
+    return TileRuleRowBlocks(TileRuleRows(plan)) * TileRuleConvGradGroups(o);
   }
   if (o.kind == TileOpKind::kTileOpEmbedding) {
     const int64_t V = plan.classes;
@@ -1211,6 +1304,58 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       }
       TileRuleCover(plan, o.w, cs.oc0, cs.oc1, cb0 * KK, cb1 * KK, fp);
       if (o.b >= 0 && block == 0) TileRuleCover(plan, o.b, 0, 1, cs.oc0, cs.oc1, fp);
+      break;
+    }
+    case TileOpKind::kTileOpConvInputGrad: {
+      // Input (c, ih, iw) chains dout[oc, oh, ow] w[oc, c, kh, kw] over (oc, kh, kw): the
+      // output rows whose windows reach the tile's input rows, in every output channel (of the
+      // block), and the weight's rows of those channels in the tile's input channels' columns.
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], OC = o.conv[3];
+      const int64_t KK = o.conv[4] * o.conv[5], OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
+      const auto [oh0, oh1] = TileRuleWindowRows(o, ps.h0, ps.h1);
+      const int64_t ob0 = blocks > 0 ? block * kTileConvChannels : 0;
+      const int64_t ob1 = blocks > 0 ? std::min(OC, ob0 + kTileConvChannels) : OC;
+      for (int64_t oc = ob0; oc < ob1; ++oc) {
+        TileRuleCover(plan, o.x, t.r0, t.r1, (oc * OH + oh0) * OW, (oc * OH + oh1) * OW, fp);
+      }
+      TileRuleCover(plan, o.w, ob0, ob1, ps.p0 * KK, ps.p1 * KK, fp);
+      break;
+    }
+    case TileOpKind::kTileOpMaxPoolInputGrad: {
+      // Input (c, ih, iw) receives dout of the windows whose argmax it is: per channel, the
+      // output rows whose windows reach the tile's rows of it, and the input rows of those
+      // windows (their argmax).
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
+      const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
+      for (int64_t c = ps.p0; c < ps.p1; ++c) {
+        const auto [h0, h1] = TileRulePlaneRows(H, W, t.c0, t.c1, c);
+        const auto [oh0, oh1] = TileRuleWindowRows(o, h0, h1);
+        if (oh0 == oh1) continue;
+        TileRuleCover(plan, o.x, t.r0, t.r1, (c * OH + oh0) * OW, (c * OH + oh1) * OW, fp);
+        TileRuleCover(plan, o.w, t.r0, t.r1, (c * H + oh0 * s) * W, (c * H + (oh1 - 1) * s + k) * W,
+                      fp);
+      }
+      break;
+    }
+    case TileOpKind::kTileOpConvWeightGrad:
+    case TileOpKind::kTileOpConvBiasGrad: {
+      // Block (k, g): row block k of dout in the group's output planes; dW also the row block of
+      // the layer's input in the tile's input channels (all their rows: every position).
+      const int64_t groups = TileRuleConvGradGroups(o), P = TileRuleOutH(o) * TileRuleOutW(o);
+      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / groups);
+      const auto [oc0, oc1] = TileRuleConvGradChannels(o, t, block % groups);
+      if (oc0 >= oc1) break;
+      TileRuleCover(plan, o.x, b0, b1, oc0 * P, oc1 * P, fp);
+      if (o.kind == TileOpKind::kTileOpConvWeightGrad) {
+        const int64_t HW = o.conv[1] * o.conv[2], KK = o.conv[4] * o.conv[5];
+        if (o.w == kTileOperandBatch) {
+          TileRuleCover(plan, o.w, b0, b1, 0, 0, fp);
+        } else {
+          TileRuleCover(plan, o.w, b0, b1, (t.c0 / KK) * HW, ((t.c1 - 1) / KK + 1) * HW, fp);
+        }
+      }
       break;
     }
     case TileOpKind::kTileOpLoss:
@@ -1911,6 +2056,174 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           out[e] = acc;
         }
       }
+      break;
+    }
+    case TileOpKind::kTileOpConvInputGrad: {
+      // kernels.h: dinp[b,c,ih,iw] += the chain over (oc, kh, kw) from 0 of fma(g, w[oc,c,kh,kw],
+      // acc), g = dout[b,oc,oh,ow] where ih = oh * s - pad + kh (and iw likewise) has a solution
+      // in range, else 0. Narrowed: output channels [ob0, ob1) of it, continued from the agreed
+      // partial; after the last, "dinp += acc" on a zeroed gradient.
+      internal::FpEnvGuard fp_guard;
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], OC = o.conv[3];
+      const int64_t KH = o.conv[4], KW = o.conv[5], s = o.conv[6], pad = o.conv[7];
+      const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o), KK = KH * KW;
+      const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
+      const auto [oh0, oh1] = TileRuleWindowRows(o, ps.h0, ps.h1);
+      const int64_t ob0 = blocks > 0 ? block * kTileConvChannels : 0;
+      const int64_t ob1 = blocks > 0 ? std::min(OC, ob0 + kTileConvChannels) : OC;
+      const int64_t NR = oh1 - oh0, WC = (ps.p1 - ps.p0) * KK;
+      std::vector<std::vector<float>> d;  // per output channel of the block: (R, NR, OW)
+      for (int64_t oc = ob0; oc < ob1; ++oc) {
+        d.push_back(dense(o.x, t.r0, t.r1, (oc * OH + oh0) * OW, (oc * OH + oh1) * OW));
+      }
+      const std::vector<float> w = dense(o.w, ob0, ob1, ps.p0 * KK, ps.p1 * KK);
+      if (block > 0) out = in.partial;
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t jj = 0; jj < K; ++jj) {
+          const int64_t j = t.c0 + jj, c = j / (H * W), ih = (j % (H * W)) / W, iw = j % W;
+          float acc = out[static_cast<size_t>(r * K + jj)];
+          for (int64_t oc = ob0; oc < ob1; ++oc) {
+            for (int64_t kh = 0; kh < KH; ++kh) {
+              for (int64_t kw = 0; kw < KW; ++kw) {
+                const int64_t th = ih + pad - kh, tw = iw + pad - kw;
+                float g = 0.0f;
+                if (th >= 0 && tw >= 0 && th % s == 0 && tw % s == 0 && th / s < OH &&
+                    tw / s < OW) {
+                  g = d[static_cast<size_t>(oc - ob0)]
+                       [static_cast<size_t>((r * NR + th / s - oh0) * OW + tw / s)];
+                }
+                acc = __builtin_fmaf(
+                    g, w[static_cast<size_t>((oc - ob0) * WC + (c - ps.p0) * KK + kh * KW + kw)],
+                    acc);
+              }
+            }
+          }
+          out[static_cast<size_t>(r * K + jj)] = acc;
+        }
+      }
+      if (block + 1 == std::max<int64_t>(blocks, 1)) {
+        for (float& a : out) a = 0.0f + a;
+      }
+      break;
+    }
+    case TileOpKind::kTileOpMaxPoolInputGrad: {
+      // kernels.h: dinp[argmax[i]] += dout[i] over the outputs i in increasing order, on a zeroed
+      // gradient, argmax[i] being the window's first element replaced by every later greater one
+      // (the forward's scan): input (c, ih, iw) adds, from 0, dout of the windows reaching it
+      // whose argmax it is, in increasing (oh, ow).
+      internal::FpEnvGuard fp_guard;
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
+      const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
+      struct Plane {
+        int64_t oh0 = 0, oh1 = 0, ih0 = 0, IH = 0;
+        std::vector<float> d, x;  // (R, oh1 - oh0, OW) and (R, IH, W)
+      };
+      std::vector<Plane> planes;  // per channel of the tile
+      for (int64_t c = ps.p0; c < ps.p1; ++c) {
+        const auto [h0, h1] = TileRulePlaneRows(H, W, t.c0, t.c1, c);
+        Plane pl;
+        std::tie(pl.oh0, pl.oh1) = TileRuleWindowRows(o, h0, h1);
+        if (pl.oh1 > pl.oh0) {
+          pl.ih0 = pl.oh0 * s;
+          pl.IH = (pl.oh1 - 1) * s + k - pl.ih0;
+          pl.d = dense(o.x, t.r0, t.r1, (c * OH + pl.oh0) * OW, (c * OH + pl.oh1) * OW);
+          pl.x = dense(o.w, t.r0, t.r1, (c * H + pl.ih0) * W, (c * H + pl.ih0 + pl.IH) * W);
+        }
+        planes.push_back(std::move(pl));
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t jj = 0; jj < K; ++jj) {
+          const int64_t j = t.c0 + jj, c = j / (H * W), ih = (j % (H * W)) / W, iw = j % W;
+          const Plane& pl = planes[static_cast<size_t>(c - ps.p0)];
+          const int64_t NR = pl.oh1 - pl.oh0;
+          auto at = [&](int64_t h, int64_t ww) {
+            return pl.x[static_cast<size_t>((r * pl.IH + h - pl.ih0) * W + ww)];
+          };
+          float acc = 0.0f;
+          for (int64_t oh = pl.oh0; oh < pl.oh1; ++oh) {
+            for (int64_t ow = 0; ow < OW; ++ow) {
+              if (ih < oh * s || ih >= oh * s + k || iw < ow * s || iw >= ow * s + k) continue;
+              int64_t bh = oh * s, bw = ow * s;
+              float best = at(bh, bw);
+              for (int64_t kh = 0; kh < k; ++kh) {
+                for (int64_t kw = 0; kw < k; ++kw) {
+                  if (at(oh * s + kh, ow * s + kw) > best) {
+                    best = at(oh * s + kh, ow * s + kw);
+                    bh = oh * s + kh;
+                    bw = ow * s + kw;
+                  }
+                }
+              }
+              if (bh == ih && bw == iw) {
+                acc = acc + pl.d[static_cast<size_t>((r * NR + oh - pl.oh0) * OW + ow)];
+              }
+            }
+          }
+          out[static_cast<size_t>(r * K + jj)] = acc;
+        }
+      }
+      break;
+    }
+    case TileOpKind::kTileOpConvWeightGrad:
+    case TileOpKind::kTileOpConvBiasGrad: {
+      // kernels.h: dweight[oc, c, kh, kw] chains fma(dout[b,oc,oh,ow], x, acc) over (b, oh, ow)
+      // from 0 (x = inp[b, c, oh * s - pad + kh, ow * s - pad + kw], or 0 in the padding); dbias
+      // chains acc + dout[b, oc, p] over (b, p). Block (k, g) continues the group's elements
+      // over row block k from the agreed partial; after the last block, "grad += acc" on a
+      // zeroed gradient (or the previous micro-batch's).
+      internal::FpEnvGuard fp_guard;
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KH = o.conv[4], KW = o.conv[5];
+      const int64_t s = o.conv[6], pad = o.conv[7], KK = KH * KW;
+      const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o), P = OH * OW;
+      const int64_t groups = TileRuleConvGradGroups(o);
+      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / groups);
+      const auto [oc0, oc1] = TileRuleConvGradChannels(o, t, block % groups);
+      std::vector<float> acc = in.partial.empty() ? out : in.partial;
+      const bool weight = o.kind == TileOpKind::kTileOpConvWeightGrad;
+      if (oc0 < oc1) {
+        const std::vector<float> d = dense(o.x, b0, b1, oc0 * P, oc1 * P);  // (NB, NO, P)
+        const int64_t NB = b1 - b0, NO = oc1 - oc0;
+        if (weight) {
+          // The input rows of the tile's channels [ci0, ci1): (NB, NC, H, W).
+          const int64_t ci0 = t.c0 / KK, ci1 = std::min(C, (t.c1 - 1) / KK + 1), NC = ci1 - ci0;
+          const std::vector<float> x = dense(o.w, b0, b1, ci0 * H * W, ci1 * H * W);
+          for (int64_t oc = oc0; oc < oc1; ++oc) {
+            for (int64_t jj = 0; jj < K; ++jj) {
+              const int64_t j = t.c0 + jj, c = j / KK, kh = (j % KK) / KW, kw = j % KW;
+              float a = acc[static_cast<size_t>((oc - t.r0) * K + jj)];
+              for (int64_t b = 0; b < NB; ++b) {
+                for (int64_t oh = 0; oh < OH; ++oh) {
+                  for (int64_t ow = 0; ow < OW; ++ow) {
+                    const int64_t ih = oh * s - pad + kh, iw = ow * s - pad + kw;
+                    const float xv =
+                        (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                            ? x[static_cast<size_t>(((b * NC + c - ci0) * H + ih) * W + iw)]
+                            : 0.0f;
+                    a = __builtin_fmaf(
+                        d[static_cast<size_t>((b * NO + oc - oc0) * P + oh * OW + ow)], xv, a);
+                  }
+                }
+              }
+              acc[static_cast<size_t>((oc - t.r0) * K + jj)] = a;
+            }
+          }
+        } else {
+          for (int64_t oc = oc0; oc < oc1; ++oc) {
+            float a = acc[static_cast<size_t>(oc - t.c0)];
+            for (int64_t b = 0; b < NB; ++b) {
+              for (int64_t p = 0; p < P; ++p) {
+                a = a + d[static_cast<size_t>((b * NO + oc - oc0) * P + p)];
+              }
+            }
+            acc[static_cast<size_t>(oc - t.c0)] = a;
+          }
+        }
+      }
+      if (block + 1 == blocks) {
+        for (size_t i = 0; i < acc.size(); ++i) acc[i] = prior[i] + acc[i];
+      }
+      out = std::move(acc);
       break;
     }
     case TileOpKind::kTileOpLoss:

@@ -1086,10 +1086,15 @@ TEST(TileDisputeTest, OnTheFashionCnnALieAtACoveredTileLosesToTheTileRule) {
       {LieKind::kTile, "layers.7.out", 40, 100, 3},           // linear over 1568 inputs: narrowed
       {LieKind::kTile, "layers.7.weight.grad", 50, 1000, 1},  // dW over the batch: narrowed
       {LieKind::kTile, "layers.4.in.grad", 100, 5000},        // relu backward
+      {LieKind::kTile, "layers.3.in.grad", 9, 700, 2},        // conv dX: 32 output channels,
+                                                              // narrowed into blocks of 4
+      {LieKind::kTile, "layers.5.in.grad", 30, 1000},         // max-pool backward (the argmax)
+      {LieKind::kTile, "layers.2.in.grad", 5, 3000},          // the first pool's
+      {LieKind::kTile, "layers.3.weight.grad", 20, 300, 5},   // conv dW: (row block, channels)
+      {LieKind::kTile, "layers.0.weight.grad", 3, 20, 19},    // the first conv's, on examples
+      {LieKind::kTile, "layers.0.bias.grad", 0, 7, 7},        // conv db
   };
   ExpectTheHonestSideWinsAtEveryTile(lies, "fashion CNN");
-  // A lie at a convolution's input gradient (no footprint yet): the whole step decides.
-  ExpectTheHonestSideWins(Lie{LieKind::kTile, "layers.3.in.grad", 9, 700}, true);
 }
 
 // Plays `lie` with the liar as defender up to the referee stage and returns the game there.
@@ -1364,8 +1369,9 @@ const Setup& ChainGptMicroSetup() {
   return *setup;
 }
 
-const Setup& ChainCnnSetup() {
-  static const Setup* setup = [] {
+// The synthetic examples as 1 x 28 x 28 images.
+const engine::TaskData* ChainCnnImages() {
+  static const engine::TaskData* images = [] {
     auto* data = new engine::TaskData;
     data->train.x = engine::Tensor(
         {kExamples, 1, 28, 28},
@@ -1373,8 +1379,32 @@ const Setup& ChainCnnSetup() {
     data->train.y = Data().train.y;
     data->train.num_classes = 10;
     data->test = data->train;
-    return MakeChainSetup(ChainCnnBundle(), data);
+    return data;
   }();
+  return images;
+}
+
+const Setup& ChainCnnSetup() {
+  static const Setup* setup = MakeChainSetup(ChainCnnBundle(), ChainCnnImages());
+  return *setup;
+}
+
+// The CNN with a dropout layer (p = 0.25) after its flatten: dropout has no footprint yet, so
+// its output and input gradient stay opaque (layers.7).
+const std::string& ChainCnnDropoutBundle() {
+  static const std::string* b = [] {
+    std::string bundle = ChainCnnBundle();
+    const std::string flatten = "kind = \"flatten\"\n";
+    const size_t at = bundle.find(flatten);
+    CHECK_NE(at, std::string::npos);
+    bundle.insert(at + flatten.size(), "[[model.layers]]\nkind = \"dropout\"\np = 0.25\n");
+    return new std::string(bundle);
+  }();
+  return *b;
+}
+
+const Setup& ChainCnnDropoutSetup() {
+  static const Setup* setup = MakeChainSetup(ChainCnnDropoutBundle(), ChainCnnImages());
   return *setup;
 }
 
@@ -1408,6 +1438,11 @@ class TileChainTest : public testing::FollowedChainFixture {
   void UseCnn() {
     bundle_ = &ChainCnnBundle();
     g_setup = &ChainCnnSetup();
+  }
+  // The same with a dropout layer (opaque; before Submit).
+  void UseCnnWithDropout() {
+    bundle_ = &ChainCnnDropoutBundle();
+    g_setup = &ChainCnnDropoutSetup();
   }
   // Plays the 10M GPT's task instead (a token task; before Submit).
   void UseGpt() {
@@ -1839,14 +1874,47 @@ TEST_P(TileChainLieTest, OnTheFashionCnnANarrowedLinearBlockIsRuledOnChain) {
   PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 40, 100, 3}), GetParam(), true);
 }
 
-// An operator without a footprint (the CNN's conv input gradient: no tiles) ends at the whole
-// step, which the game marks as an operator without tiles; roots do not rule it (it is computed by
-// the step), so the ledger executes the step (RefereeStep), the genesis key refused.
-TEST_P(TileChainLieTest, OnTheFashionCnnAnOperatorWithoutAFootprintIsRuledOnChainByTheWholeStep) {
+// An operator without a footprint (a dropout layer's output, in the CNN with one) ends at the
+// whole step, which the game marks as an operator without tiles; roots do not rule it (it is
+// computed by the step), so the ledger executes the step (RefereeStep), the genesis key refused.
+TEST_P(TileChainLieTest, OnACnnWithDropoutAnOperatorWithoutAFootprintIsRuledOnChainByTheWholeStep) {
+  UseCnnWithDropout();
+  EXPECT_EQ(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 9, 700}), GetParam(), false),
+            0u);
+}
+
+// The CNN's gradients through the same transactions: a block of the second conv's input
+// gradient (narrowed into blocks of 4 of its 32 output channels), a tile of the second max-pool's
+// (its windows' argmax recomputed from the forward's input), and a block of each conv's weight
+// gradient (a row block of the batch over a group of output channels), each ruled by RefereeTile.
+TEST_P(TileChainLieTest, OnTheFashionCnnAConvInputGradientBlockIsRuledOnChain) {
   UseCnn();
-  EXPECT_EQ(
-      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.in.grad", 9, 700}), GetParam(), false),
+  EXPECT_GT(
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.in.grad", 9, 700, 2}), GetParam(), true),
       0u);
+}
+
+TEST_P(TileChainLieTest, OnTheFashionCnnAMaxPoolGradientTileIsRuledOnChain) {
+  UseCnn();
+  EXPECT_GT(
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.5.in.grad", 30, 1000}), GetParam(), true),
+      0u);
+}
+
+TEST_P(TileChainLieTest, OnTheFashionCnnAConvWeightGradientBlockIsRuledOnChain) {
+  UseCnn();
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.weight.grad", 20, 300, 5}),
+                           GetParam(), true),
+            0u);
+}
+
+// The first conv's: its block reads 32 of the batch's examples, proven against the data root,
+// and one output plane of dout (the largest CNN witness).
+TEST_P(TileChainLieTest, OnTheFashionCnnAFirstConvWeightGradientBlockIsRuledOnChain) {
+  UseCnn();
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.weight.grad", 3, 20, 19}),
+                           GetParam(), true),
+            0u);
 }
 
 // The 10M GPT (a token task, its data root over its token pages) through the same transactions:

@@ -178,10 +178,41 @@
 //
 // A conv2d output tile reads, for its samples, the input rows its output rows see, in every
 // channel: over 4 channels its chain (over (c, kh, kw), kernels.h) is narrowed into blocks of 4
-// channels.
+// channels. Its gradients (kernels.h's Conv2dBackward, MaxPool2dBackward):
+//   conv input gradient dX[r, (c, ih, iw)]  each element a chain over (oc, kh, kw) from 0, then
+//                                   "dinp += acc": the output gradient's rows r, in the output
+//                                   rows whose windows reach the tile's input rows (all of them
+//                                   when the tile spans two input channels), of every output
+//                                   channel, and the weight's rows of those channels in the
+//                                   tile's input channels' columns; over 4 output channels
+//                                   NARROWED into blocks of 4 (the partial: the accumulators);
+//                                   4 x 32 x 4 x (rows reached) x OW bytes of dout a block,
+//                                   rounded up to whole tiles (the fashion CNN's second conv:
+//                                   at most 128 KiB);
+//   conv dW[oc, (c, kh, kw)], db[oc] each element a chain over (b, oh, ow) from 0 (dW: fma of
+//                                   dout and the input, 0 in the padding; db: adds), then
+//                                   "grad += acc": NARROWED into blocks (k, g) = k * G + g, row
+//                                   block k of 32 samples over output-channel group g of the
+//                                   tile (groups of max(1, 784 / (OH OW)) output planes, G of
+//                                   them for the widest tile; a group past a short tile's end
+//                                   reads nothing): dout's rows of block k in the group's
+//                                   planes, dW also the layer's input rows of block k in the
+//                                   tile's input channels (all H W positions; the first conv's:
+//                                   the 32 examples); 4 x 32 x (784 + channels x H W) bytes
+//                                   plus tile rounding (the fashion CNN: at most 204,480 bytes,
+//                                   the first conv's dW with its 32 examples); an input of more
+//                                   positions grows with H W (not narrowed further);
+//   max-pool input gradient dX[r, (c, ih, iw)]  "dinp[argmax] += dout" from 0 over the outputs in
+//                                   increasing order: per channel of the tile, the pooled
+//                                   gradient's rows whose windows reach the tile's rows, and the
+//                                   forward input's rows of those windows (the argmax, by the
+//                                   forward's first-then-strictly-greater scan); at most 36 KiB
+//                                   on the fashion CNN.
 //
-// Covered today: in sequential models, linear, relu, gelu, conv2d and maxpool2d layers' outputs
-// (all of the fashion MLP; the fashion CNN's linear head and relus), with AdamW or SGD, clipped
+// Covered today: in sequential models, linear, relu, gelu, conv2d and maxpool2d layers, and
+// layernorm layers over each sample's features (the GPT's layernorm operators on the batch's
+// rows), their outputs and gradients (all of the fashion MLP and of the fashion CNN), with AdamW
+// or SGD, clipped
 // or not (a clipped step commits its global gradient norm as the two operators above, between
 // the gradients and the update); in a GPT, the whole forward: the token embeddings (encoded), the
 // linear operators (qkv, attention projection, MLP up and down projections, the tied LM head),
@@ -193,7 +224,7 @@
 // bias gradient, wte's and wpe's, the attention backward (qkv.grad); and the (clipped) update of
 // every parameter: all 275 of the 10M GPT's computed operators. Every other operator is in the
 // plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming why):
-// the conv2d and maxpool2d gradients, dropout and layernorm layers. The opaque gradients do not
+// dropout layers, and layernorm layers over an image's last dimension. The opaque gradients do not
 // keep the norm and the update from being ruled: both read gradients only as agreed inputs. A GPT
 // plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens and y, the targets); the
 // ledger makes the operators reading them opaque for a token task without a data root over its
@@ -260,6 +291,14 @@ enum class TileOpKind : uint8_t {
   kTileOpAttentionBackward,  // qkv.grad: x = atty.grad, w = qkv, b = att (conv: T, NH, C); each
                              // element a chain over the sequence's positions, narrowed (above
                              // T = 256 after the softmax backward's row sums)
+  kTileOpConvInputGrad,      // x = dout, w = weight (conv: the forward's); each element a chain
+                             // over (oc, kh, kw), narrowed by output channels
+  kTileOpConvWeightGrad,     // x = dout, w = the layer's input (conv: the forward's); a
+                             // reduction over (b, oh, ow); v as a linear dW's
+  kTileOpConvBiasGrad,       // x = dout (conv: the forward's); a reduction over (b, oh, ow); v
+                             // as above
+  kTileOpMaxPoolInputGrad,   // x = dout, w = the pool's input (its windows' argmax; conv: the
+                             // forward's)
 };
 
 // What an update operator (kTileOpAdamW, kTileOpSgd) records: the updated parameter (named as
@@ -333,9 +372,11 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
                                int64_t batch, int64_t seq_len = 0, int64_t micro_batches = 1);
 
 // Number of fixed reduction blocks a tile of op j is narrowed into (dW, db: the batch in blocks of
-// kTileRows rows; a wide linear: its chain in blocks of 256; a conv: 4 channels a block; att and
-// atty above T = 256: 2 nb + 1 and nb blocks of 32 positions (nb = T / 32, rounded up); `encoded`
-// of a vocabulary above 1024: wte's rows in blocks of 1024, each setting its tokens' rows;
+// kTileRows rows; a wide linear: its chain in blocks of 256; a conv: 4 channels a block, its input
+// gradient 4 output channels a block, its dW and db a row block of kTileRows over an
+// output-channel group a block; att and atty above T = 256: 2 nb + 1 and nb blocks of 32
+// positions (nb = T / 32, rounded up); `encoded` of a vocabulary above 1024: wte's rows in blocks
+// of 1024, each setting its tokens' rows;
 // grad_norm.blocks: kTileFlat, one partial a block, those past a short last tile's end changing
 // nothing; grad_norm: one parameter a block, or one chunk of 8192 of a parameter's partials), or
 // 0 when op j's tiles are recomputed whole.

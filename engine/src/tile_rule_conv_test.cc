@@ -1,0 +1,261 @@
+// The tile rule (tile_rule.h) on the fashion CNN's gradients: every tile of the convolutions'
+// input, weight and bias gradients and of the max-pools' input gradients, recomputed from its
+// footprint alone (block by block where narrowed) with the reference kernels' order, equals the
+// tile the whole step's fast kernels produced, bit for bit; and every block's footprint stays
+// under the 256 KiB witness bound.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/tile.h"
+#include "meshlearn/engine/tile_rule.h"
+#include "meshlearn/engine/train.h"
+
+namespace meshlearn::engine {
+namespace tile_rule_conv_test {  // named: the tests build as unity translation units
+
+bool IsWindowGrad(TileOpKind k) {
+  return k == TileOpKind::kTileOpConvInputGrad || k == TileOpKind::kTileOpConvWeightGrad ||
+         k == TileOpKind::kTileOpConvBiasGrad || k == TileOpKind::kTileOpMaxPoolInputGrad;
+}
+
+// The bytes of values a footprint names (its tiles, its examples with their targets, the
+// partial sum): what a witness of the block carries besides proofs.
+int64_t FootprintBytes(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
+                       const TileFootprint& fp) {
+  int64_t floats = ReductionPartialFloats(plan, op, tile, block);
+  for (const TileRef& r : fp.tiles) {
+    floats += plan.ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
+  }
+  return 4 * floats + static_cast<int64_t>(fp.batch_rows.size()) * (4 * plan.input_size + 4);
+}
+
+// Takes one step of `spec` on `data` (nonzero Adam moments), traces the second, and checks that
+// nothing in its plan is opaque and that every tile of every operator `check` picks recomputes
+// (block by block where narrowed) to the traced bits. Returns, per operator checked, its largest
+// footprint's bytes; `checked` counts the operators.
+std::map<std::string, int64_t> ExpectEveryTileRecomputes(const TaskSpec& spec, const TaskData& data,
+                                                         bool (*check)(TileOpKind),
+                                                         int64_t* checked) {
+  std::map<std::string, int64_t> largest;  // operator -> its largest footprint's bytes
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(spec, data);
+  EXPECT_TRUE(tr.ok()) << tr.status().ToString();
+  if (!tr.ok()) return largest;
+  (*tr)->Step();
+  TrainState& st = (*tr)->state();
+  const int64_t step = st.step, M = spec.micro_batches;
+  const Batch batch = (*tr)->BatchForStep(step);
+  OpTrace trace;
+  trace.set_keep_values(true);
+  st.model->set_op_trace(&trace);
+  StepOnBatch(st, batch, DropoutSeed(spec.seed, spec.stream), nullptr, M);
+  st.model->set_op_trace(nullptr);
+  Result<TilePlan> plan = PlanStepTiles(spec.model, st.optimizer->spec(), batch.size, 0, M);
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  if (!plan.ok()) return largest;
+  EXPECT_EQ(plan->ops.size(), trace.size());
+  *checked = 0;
+  for (size_t j = 0; j < trace.size() && j < plan->ops.size(); ++j) {
+    const TileOp& op = plan->ops[j];
+    EXPECT_EQ(op.name, trace.name(j));
+    EXPECT_EQ(op.grid, trace.grid(j)) << op.name;
+    EXPECT_NE(op.kind, TileOpKind::kTileOpOpaque) << op.name << ": every operator is covered";
+    if (!check(op.kind)) continue;
+    ++*checked;
+    const int64_t jj = static_cast<int64_t>(j);
+    const int64_t blocks = ReductionBlocks(*plan, jj);
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      SCOPED_TRACE(op.name + " tile " + std::to_string(t));
+      for (int64_t k = 0; k < std::max<int64_t>(blocks, 1); ++k) {
+        Result<TileFootprint> fp = Footprint(*plan, jj, t, k);
+        EXPECT_TRUE(fp.ok()) << fp.status().ToString();
+        if (!fp.ok()) return largest;
+        int64_t& most = largest[op.name];
+        most = std::max(most, FootprintBytes(*plan, jj, t, k, *fp));
+      }
+      const std::vector<float> want = ExtractTile(trace.values(j), op.grid, t);
+      std::vector<float> got;
+      if (blocks > 0) {
+        Result<std::vector<std::vector<float>>> chain =
+            ReductionChain(*plan, jj, t, step, trace, batch);
+        EXPECT_TRUE(chain.ok()) << chain.status().ToString();
+        if (!chain.ok()) return largest;
+        got = chain->back();
+      } else {
+        Result<TileFootprint> fp = Footprint(*plan, jj, t, 0);
+        Result<std::vector<float>> one =
+            RecomputeTile(*plan, jj, t, 0, step, GatherTileInputs(*plan, *fp, trace, batch));
+        EXPECT_TRUE(one.ok()) << one.status().ToString();
+        if (!one.ok()) return largest;
+        got = *one;
+      }
+      EXPECT_TRUE(got.size() == want.size() &&
+                  std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+      if (::testing::Test::HasFailure()) return largest;  // one tile's failure says it
+    }
+  }
+  return largest;
+}
+
+// examples/fashion-cnn.toml's model and optimizer at batch 40 (two row blocks, the second of 8
+// rows), in `micro_batches` micro-batches, on random images: every tile of every conv and pool
+// gradient recomputes to the traced bits, each block's footprint under the bound.
+void ExpectConvGradientsRecompute(int64_t micro_batches) {
+  Result<TaskSpec> spec = TaskSpec::Load(
+      Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-cnn.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  spec->batch_size = 40;
+  spec->micro_batches = micro_batches;
+  TaskData d;
+  Rng rng(33);
+  std::vector<float> x(static_cast<size_t>(80 * 784));
+  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
+  d.train.x = Tensor({80, 1, 28, 28}, x);
+  d.train.y.resize(80);
+  for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(10));
+  d.train.num_classes = 10;
+  d.test = d.train;
+  int64_t ops = 0;
+  const std::map<std::string, int64_t> largest =
+      ExpectEveryTileRecomputes(*spec, d, IsWindowGrad, &ops);
+  // Per micro-batch: two pool and one conv input gradients, two convs' weight and bias.
+  EXPECT_EQ(ops, 7 * micro_batches);
+  for (const auto& [name, bytes] : largest) {
+    std::printf("[ conv grad] M=%lld %-24s largest footprint %lld bytes\n",
+                static_cast<long long>(micro_batches), name.c_str(), static_cast<long long>(bytes));
+    EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+  }
+}
+
+TEST(TileRuleConvTest, EveryConvAndPoolGradientTileRecomputesBitForBit) {
+  ExpectConvGradientsRecompute(1);
+}
+
+// Micro-batched: each micro-batch's conv weight and bias gradient ends by adding into the
+// previous micro-batch's accumulated one.
+TEST(TileRuleConvTest, EveryConvAndPoolGradientTileRecomputesInMicroBatches) {
+  ExpectConvGradientsRecompute(2);
+}
+
+// A pool gradient element takes the gradient of exactly the windows whose argmax it is: in the
+// footprint of a pool gradient tile, raising one input of the forward (making it its window's
+// maximum) moves that window's gradient onto it, and nothing else.
+TEST(TileRuleConvTest, APoolGradientFollowsItsWindowsArgmax) {
+  Result<TaskSpec> spec = TaskSpec::Load(
+      Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-cnn.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 40);
+  ASSERT_TRUE(plan.ok());
+  int64_t pool = -1;
+  for (size_t j = 0; j < plan->ops.size(); ++j) {
+    if (plan->ops[j].name == "layers.5.in.grad") pool = static_cast<int64_t>(j);
+  }
+  ASSERT_GE(pool, 0);
+  const TileOp& o = plan->ops[static_cast<size_t>(pool)];
+  ASSERT_EQ(o.kind, TileOpKind::kTileOpMaxPoolInputGrad);
+  // Tile 0: rows 0..31, columns 0..31 of channel 0 of the 14 x 14 input: input rows 0..2, the
+  // pooled rows 0..1 of dout and input rows 0..3 of the forward (the windows').
+  Result<TileFootprint> fp = Footprint(*plan, pool, 0, 0);
+  ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+  TileInputs in;
+  for (const TileRef& r : fp->tiles) {
+    const int64_t n = plan->ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
+    std::vector<float> v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = r.op == o.x ? 1.0f + static_cast<float>(i) : 0.0f;
+    in.tiles.push_back(v);
+  }
+  Result<std::vector<float>> base = RecomputeTile(*plan, pool, 0, 0, 0, in);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  // All-zero windows: the argmax is each window's first element (the strict '>' scan).
+  EXPECT_EQ((*base)[0], 1.0f);   // row 0, (0, 0): window (0, 0)'s dout
+  EXPECT_EQ((*base)[1], 0.0f);   // (0, 1)
+  EXPECT_EQ((*base)[15], 0.0f);  // (1, 1)
+  // Raise the forward's (1, 1) in row 0 (the pool input's tile, columns 0..31 hold (0..2, *)).
+  for (size_t i = 0; i < fp->tiles.size(); ++i) {
+    if (fp->tiles[i].op == o.w && fp->tiles[i].tile == 0) in.tiles[i][15] = 2.0f;
+  }
+  Result<std::vector<float>> moved = RecomputeTile(*plan, pool, 0, 0, 0, in);
+  ASSERT_TRUE(moved.ok());
+  EXPECT_EQ((*moved)[0], 0.0f);
+  EXPECT_EQ((*moved)[15], 1.0f);
+  for (size_t e = 0; e < moved->size(); ++e) {
+    if (e != 0 && e != 15) {
+      EXPECT_EQ((*moved)[e], (*base)[e]) << e;
+    }
+  }
+}
+
+bool IsLayerNormKind(TileOpKind k) {
+  return k == TileOpKind::kTileOpLayerNorm || k == TileOpKind::kTileOpLayerNormInputGrad ||
+         k == TileOpKind::kTileOpLayerNormWeightGrad || k == TileOpKind::kTileOpLayerNormBiasGrad;
+}
+
+// A sequential model's layernorm layers (over each sample's features) are the GPT's layernorm on
+// the batch's rows: the first on the examples (no input gradient; its weight gradient reads
+// them), one between a linear and a relu. Batch 40 (a short second row block), 70 inputs, 36
+// features; every tile of their forwards, input gradient and weight and bias gradients
+// recomputes to the traced bits, unsplit and in two micro-batches.
+TEST(TileRuleConvTest, SequentialLayerNormLayersRecomputeBitForBit) {
+  for (int64_t M : {1, 2}) {
+    SCOPED_TRACE("micro_batches " + std::to_string(M));
+    Result<TaskSpec> spec = TaskSpec::Parse(R"(
+[task]
+name = "tile-layernorm"
+seed = 5
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [70]
+[[model.layers]]
+kind = "layernorm"
+[[model.layers]]
+kind = "linear"
+out = 36
+[[model.layers]]
+kind = "layernorm"
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 5
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 10
+batch_size = 40
+)",
+                                            "tile-layernorm.toml", ".");
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    spec->micro_batches = M;
+    TaskData d;
+    Rng rng(8);
+    std::vector<float> x(static_cast<size_t>(200 * 70));
+    for (float& v : x) v = static_cast<float>(rng.UniformDouble()) * 2.0f - 1.0f;
+    d.train.x = Tensor({200, 70}, x);
+    d.train.y.resize(200);
+    for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(5));
+    d.train.num_classes = 5;
+    d.test = d.train;
+    int64_t ops = 0;
+    ExpectEveryTileRecomputes(*spec, d, IsLayerNormKind, &ops);
+    // Per micro-batch: two forwards, one input gradient, two weight and two bias gradients.
+    EXPECT_EQ(ops, 7 * M);
+  }
+}
+
+}  // namespace tile_rule_conv_test
+}  // namespace meshlearn::engine
