@@ -147,6 +147,11 @@ protocol::TaskSpecView TaskSpecViewOf(const Hash256& task_id, const TaskParams& 
 protocol::SchedulerParams SchedulerParamsOf(const Genesis& genesis);
 // Tokens one unit of `t` costs at `price_per_gflop` (protocol::UnitCostTokens).
 Amount UnitCost(const TaskRecord& t, Amount price_per_gflop);
+// What committed unit `u` of `t` is worth at its assignee's price (u.price): UnitCost, a stage
+// unit its stage's share of it (StageUnitCost). Its solver's pay, its verifiers' pay and the
+// slash of a cheater all come from it, so a stage's check is priced by the stage, not by the
+// whole unit.
+Amount AssignedUnitCost(const TaskRecord& t, const WorkUnit& u);
 // Settles committed unit `index` at its assignee's price when assigned, never above the escrow
 // left (SettleWorkUnit).
 Status SettleAtAssignedPrice(LedgerState& s, const ChainParams& p, const Hash256& task_id,

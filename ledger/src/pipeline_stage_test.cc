@@ -932,16 +932,22 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
   EXPECT_EQ(t.verification.slashed, 0u);
   EXPECT_GT(t.verification.verifiers_paid, 0u);
   // Each check is paid for the steps it replays: the drawn ones and, when it was not drawn, the
-  // last, which binds the result (protocol::StageStepsReplayed).
+  // last, which binds the result (protocol::StageStepsReplayed), out of the stage's share of the
+  // unit (StageUnitCost, 30:20:10 here), not the whole unit's cost. So a check never costs more
+  // than the task escrowed for it: one unit's cost at the cap per verifier (MaxTaskCost).
   Amount want_paid = 0;
   for (uint32_t st = 0; st < kStages; ++st) {
     const std::vector<uint32_t> drawn = Check(st).segments();
     const uint32_t replayed = protocol::StageStepsReplayed(drawn, kSteps);
     EXPECT_EQ(replayed, drawn.size() + (std::count(drawn.begin(), drawn.end(), kSteps - 1) ? 0 : 1))
         << st;
-    want_paid += protocol::VerifierPay(kTestUnitCost, replayed, kSteps);
+    const Amount pay =
+        protocol::VerifierPay(StageUnitCost(t.params, kTestUnitCost, st), replayed, kSteps);
+    EXPECT_LE(pay, UnitCost(t, t.price_cap)) << st;
+    want_paid += pay;
   }
   EXPECT_EQ(t.verification.verifiers_paid, want_paid);
+  EXPECT_EQ(Node(verifier_.public_key()).earnings.verification, want_paid);
   EXPECT_EQ(Node(verifier_.public_key()).earnings.checks_paid, kStages);
   for (uint32_t st = 0; st < kStages; ++st) {
     EXPECT_EQ(Check(st).result(), protocol::CheckResult::kCheckClean) << Check(st).reason();
@@ -1008,7 +1014,10 @@ TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaR
   EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
   const TaskRecord t = Task();
   EXPECT_EQ(t.verification.fraud, 1u);
-  EXPECT_EQ(t.verification.slashed, kSlashMultiple * kTestUnitCost);
+  // Slashed from the stage's share of the unit (StageUnitCost), as the stage is paid.
+  EXPECT_EQ(t.verification.slashed,
+            kSlashMultiple * StageUnitCost(t.params, kTestUnitCost, kCheat));
+  EXPECT_LT(t.verification.slashed, kSlashMultiple * kTestUnitCost);
   const NodeRecord n = Node(cheater);
   EXPECT_EQ(n.reputation.slashes, 1u);
   EXPECT_EQ(n.status, NodeStatus::kJailed);

@@ -2,9 +2,11 @@
 
 #include <set>
 
+#include "execute.h"
 #include "fields.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/unit_check.h"
 
 namespace meshlearn::ledger {
@@ -97,7 +99,8 @@ Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce) {
 }
 
 uint32_t PipelineReplicas(const TaskParams& p) {
-  return IsPipelineTask(p) ? p.units_per_round / p.stages : p.units_per_round;
+  // The protocol's count, so the ledger's replicas and the aggregator's estimates agree.
+  return protocol::RoundReplicas(TaskSpecViewOf(Hash256{}, p, 0));
 }
 
 Amount StageUnitCost(const TaskParams& p, Amount unit_cost, uint32_t stage) {

@@ -170,6 +170,10 @@ Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost
   return mul(round, params.rounds);
 }
 
+Amount AssignedUnitCost(const TaskRecord& t, const WorkUnit& u) {
+  return StageUnitCost(t.params, UnitCost(t, u.price), StageSlotOf(t.params, u.index).stage);
+}
+
 Status SettleAtAssignedPrice(LedgerState& s, const ChainParams& p, const Hash256& task_id,
                              uint32_t index) {
   const TaskRecord* t = s.tasks.Find(task_id);
@@ -178,9 +182,7 @@ Status SettleAtAssignedPrice(LedgerState& s, const ChainParams& p, const Hash256
     return NotFound("settle work unit: unit " + std::to_string(index) + " of task " +
                     task_id.ShortHex() + " not found");
   }
-  const Amount cost =
-      StageUnitCost(t->params, UnitCost(*t, u->price), StageSlotOf(t->params, index).stage);
-  return SettleWorkUnit(s, p, task_id, index, std::min(cost, t->escrow));
+  return SettleWorkUnit(s, p, task_id, index, std::min(AssignedUnitCost(*t, *u), t->escrow));
 }
 
 void ResetWorkUnit(WorkUnit* u) {

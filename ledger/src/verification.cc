@@ -212,7 +212,9 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
                     const UnitCheck& c, const CheckEffects& fx, Rerun* rerun) {
   const TaskRecord* t = s.tasks.Find(task_id);
   const WorkUnit* u = s.units.Find({task_id, index});
-  const Amount unit_cost = UnitCost(*t, u->price);
+  // A stage unit's check is priced by its stage: its verifiers are paid, and its cheater slashed,
+  // from the stage's share of the unit, as its solver is paid.
+  const Amount unit_cost = AssignedUnitCost(*t, *u);
   const Amount slash = protocol::SlashAmount(unit_cost, p.slash_multiple);
   const protocol::NodeId solver = c.config().solver;
   VerificationTally tally = t->verification;
@@ -354,7 +356,7 @@ Status PayHonestStageWork(LedgerState& s, const ChainParams& p, const Hash256& t
     const StageSlot slot = StageSlotOf(params, index);
     const auto fault = honest_steps.find(slot.replica);
     const uint64_t steps = fault == honest_steps.end() ? params.inner_steps : fault->second;
-    const Amount cost = StageUnitCost(params, UnitCost(*t, w->price), slot.stage);
+    const Amount cost = AssignedUnitCost(*t, *w);
     const uint64_t h = std::max<uint64_t>(params.inner_steps, 1);  // cost x steps / h, steps <= h
     const Amount amount =
         std::min(cost / h * steps + cost % h * steps / h, s.tasks.Find(task_id)->escrow);
@@ -1123,7 +1125,7 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                 .solver = solver,
                 .prover = ctx.tx.sender,
                 .height = ctx.height};
-  const Amount slash = protocol::SlashAmount(UnitCost(*t, u->price), p.slash_multiple);
+  const Amount slash = protocol::SlashAmount(AssignedUnitCost(*t, *u), p.slash_multiple);
   const bool reopen =
       t->status == TaskStatus::kFinished && ctx.height <= AuditWindowEnd(*t, p.audit_window_blocks);
   f.rewound = reopen || t->status == TaskStatus::kOpen;

@@ -72,8 +72,12 @@ uint64_t RequiredMemoryBytes(const TaskSpecView& task) {
   return Saturate(static_cast<U128>(task.model_bytes) * 5);
 }
 
+uint32_t RoundReplicas(const TaskSpecView& task) {
+  return task.units_per_round / std::max<uint32_t>(task.stages, 1);
+}
+
 uint64_t AggregatorMemoryBytes(const TaskSpecView& task) {
-  const uint64_t deltas = task.units_per_round / std::max<uint32_t>(task.stages, 1);
+  const uint64_t deltas = RoundReplicas(task);
   const U128 held = (static_cast<U128>(deltas) + 2) * task.model_bytes;
   return Saturate(static_cast<U128>(RequiredMemoryBytes(task)) + held);
 }
@@ -347,7 +351,7 @@ uint64_t EstimatedAggregationMs(const NodeView& node, const TaskSpecView& task,
                                 const SchedulerParams& params) {
   CHECK_GT(node.throughput_flops, 0u);
   CHECK_GT(node.bandwidth_bytes_per_s, 0u);
-  const uint64_t units = task.units_per_round;
+  const uint64_t units = RoundReplicas(task);  // whole deltas
   const uint64_t bytes = Saturate(static_cast<U128>(units + 1) * task.model_bytes);
   const uint64_t transfer_ms = MulDivCeil(bytes, 1000, node.bandwidth_bytes_per_s);
   const uint64_t latency_ms = static_cast<uint64_t>(params.round_trips_per_unit) * node.latency_ms;

@@ -424,6 +424,28 @@ TEST(SchedulerTest, AggregatorSelection) {
             StatusCode::kInvalidArgument);
 }
 
+// A pipeline round's R x S stage deltas are each their stage's slice of the model, R whole deltas
+// together: its aggregator downloads and combines what an unsplit round of R units gives, so its
+// estimate is that round's. A task without stages is estimated from its units as before.
+TEST(SchedulerTest, APipelineRoundIsEstimatedAsAnUnsplitRoundOfItsReplicas) {
+  NodeView n = Node(1, 1'000'000);  // 1e6 FLOP/s
+  n.bandwidth_bytes_per_s = 1'000'000;
+  const SchedulerParams p;
+  const TaskSpecView unsplit = Task(2);
+  TaskSpecView piped = Task(8);  // 2 replicas x 4 stages
+  piped.stages = 4;
+  EXPECT_EQ(RoundReplicas(unsplit), 2u);
+  EXPECT_EQ(RoundReplicas(piped), 2u);
+  EXPECT_EQ(RoundReplicas(Task(8)), 8u);
+  // (2 + 1) x 1000 bytes at 1e6 B/s -> 3 ms; 2 x 250 x 64 FLOP at 1e6 FLOP/s -> 32 ms.
+  EXPECT_EQ(EstimatedAggregationMs(n, unsplit, p), 35u);
+  EXPECT_EQ(EstimatedAggregationMs(n, piped, p), EstimatedAggregationMs(n, unsplit, p));
+  // Without stages, 8 units: 9 x 1000 bytes -> 9 ms; 8 x 250 x 64 FLOP -> 128 ms.
+  EXPECT_EQ(EstimatedAggregationMs(n, Task(8), p), 137u);
+  // The memory counts the same deltas: the pipeline task's is the unsplit one's.
+  EXPECT_EQ(AggregatorMemoryBytes(piped), AggregatorMemoryBytes(unsplit));
+}
+
 // An aggregator builds the whole model (a whole unit's need) and holds the round's state and
 // deltas: a node that holds a unit, or a pipeline stage, but not that is never drawn.
 TEST(SchedulerTest, AnAggregatorNeedsTheWholeModelTheStateAndTheRoundsDeltas) {

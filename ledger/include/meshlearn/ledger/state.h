@@ -260,7 +260,8 @@ inline constexpr uint64_t kMaxTaskUnits = 100000;  // rounds x units_per_round
 // ---- Pipeline tasks (TaskParams::stages > 1).
 inline bool IsPipelineTask(const TaskParams& p) { return p.stages > 1; }
 // The replicas of each round: units_per_round / stages (units_per_round for a task without
-// stages). REQUIRES: the params passed ValidateTaskTerms.
+// stages; protocol::RoundReplicas of the task's view). REQUIRES: the params passed
+// ValidateTaskTerms.
 uint32_t PipelineReplicas(const TaskParams& p);
 // Which (round, replica, stage) a unit index is, and back. For a task without stages, the replica
 // is the unit's shard and the stage 0. REQUIRES: the params passed ValidateTaskTerms.

@@ -76,13 +76,18 @@ Eligibility CheckEligibility(const NodeView& node, const TaskSpecView& task, uin
 // weights to form the delta; activations not counted). Saturating.
 uint64_t RequiredMemoryBytes(const TaskSpecView& task);
 
+// The replicas of a round of `task`: units_per_round / stages (units_per_round for a task without
+// stages). It is also how many whole-model deltas a round's units add up to, since a pipeline
+// replica's stage deltas are each its stage's slice of the model and together one whole delta.
+// ledger::PipelineReplicas is this for a task's params.
+uint32_t RoundReplicas(const TaskSpecView& task);
+
 // Memory an aggregator needs (node/src/roles/aggregator.cc): it builds the whole model's trainer
 // to evaluate the new state -- a whole unit's need, RequiredMemoryBytes -- and holds the round's
 // global state (weights and outer momentum: 2 x model_bytes) and every delta of the round,
-// decoded: units_per_round / stages whole deltas (a pipeline replica's stage deltas add up to
-// one whole delta), x model_bytes. Saturating. So a pipeline task, whose stages fit nodes that
-// cannot hold the whole model, is aggregated only by a node that can: AssignAggregator draws
-// only among nodes whose memory_bytes holds this.
+// decoded: RoundReplicas whole deltas, x model_bytes. Saturating. So a pipeline task, whose stages
+// fit nodes that cannot hold the whole model, is aggregated only by a node that can:
+// AssignAggregator draws only among nodes whose memory_bytes holds this.
 uint64_t AggregatorMemoryBytes(const TaskSpecView& task);
 
 // Reputation as a multiplier in permille (1000 = neutral, new node):
@@ -128,9 +133,11 @@ Result<ScheduleResult> AssignUnits(const TaskSpecView& task, std::span<const Nod
                                    uint64_t height, const SchedulerParams& params = {});
 
 // Estimated wall time for `node` to aggregate one round, in milliseconds (>= 1): download every
-// unit's delta, combine them, upload the new weights:
-//   ceil((units_per_round + 1) x model_bytes x 1000 / bandwidth) + round_trips x latency
-//   + ceil(units_per_round x (model_bytes / 4) x kAggregationFlopsPerValue x 1000 / throughput).
+// unit's delta, combine them, upload the new weights. With R = RoundReplicas(task) (a pipeline
+// round's R x S stage deltas are R whole deltas, so it costs what an unsplit round of R units
+// does):
+//   ceil((R + 1) x model_bytes x 1000 / bandwidth) + round_trips x latency
+//   + ceil(R x (model_bytes / 4) x kAggregationFlopsPerValue x 1000 / throughput).
 // REQUIRES: throughput_flops > 0 and bandwidth_bytes_per_s > 0.
 inline constexpr uint64_t kAggregationFlopsPerValue = 64;  // generous: sorts, Krum distances
 uint64_t EstimatedAggregationMs(const NodeView& node, const TaskSpecView& task,

@@ -98,7 +98,7 @@ struct TaskSpecView {
   // 5 x model_bytes fallback (see RequiredMemoryBytes).
   uint64_t memory_required_bytes = 0;
   // Pipeline stages per replica (units_per_round = replicas x stages); 1: every unit trains the
-  // whole model. Only AggregatorMemoryBytes reads it (a round's deltas add up to
+  // whole model. The aggregator's estimates read it (RoundReplicas: a round's deltas add up to
   // units_per_round / stages whole deltas).
   uint32_t stages = 1;
   uint64_t price_cap_per_gflop = 0;  // highest price_per_gflop the submitter accepts

@@ -277,7 +277,8 @@ uint64_t VerifierPay(uint64_t unit_cost, uint32_t segments_replayed, uint32_t nu
 // anyway to bind the stage's committed result to its state after that step (node
 // CheckStageSteps, docs/verification.md "Pipeline stages"). Distinct steps, each counted once;
 // at most inner_steps. What a stage check's verifier is paid for: VerifierPay(unit_cost,
-// StageStepsReplayed(drawn, H), H).
+// StageStepsReplayed(drawn, H), H), where the ledger passes the stage's cost (its
+// StageUnitCost) as unit_cost.
 uint32_t StageStepsReplayed(std::span<const uint32_t> steps, uint32_t inner_steps);
 uint64_t SlashAmount(uint64_t unit_cost, uint32_t slash_multiple);
 
