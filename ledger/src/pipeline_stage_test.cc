@@ -232,14 +232,15 @@ TEST(PipelineStageSlotTest, AStageIsPaidItsShareOfTheUnitAndTheTaskCostsAboutAnU
   EXPECT_EQ(StageUnitCost(p, UINT64_MAX, 1), UINT64_MAX / 3);  // 2^64 - 1 = 3 x 6148914691236517205
   EXPECT_EQ(StageUnitCost(TestTaskParams(), 600, 0), 600u) << "a task without stages";
   // The budget SubmitTask asks: every replica's stages (one unit's cost, rounded up per stage),
-  // each unit's verifications at a whole unit's cost, one aggregation, per round.
+  // each unit's verifications at that unit's cost (a stage check is paid at most its stage's
+  // share), one aggregation, per round.
   p = PipelineParams();
   Amount unit = 0;
   const Amount most = MaxTaskCost(p, 20, &unit, 1);
   ASSERT_EQ(unit, 640u);  // 32 GFLOP at 20 a GFLOP
   const Amount stages = StageUnitCost(p, unit, 0) + StageUnitCost(p, unit, 1) + StageUnitCost(p, unit, 2);
   EXPECT_EQ(stages, 320u + 214u + 107u);
-  EXPECT_EQ(most, p.rounds * (kReplicas * stages + kReplicas * kStages * unit + unit));
+  EXPECT_EQ(most, p.rounds * (kReplicas * stages * 2 + unit));
   TaskParams plain = TestTaskParams();
   EXPECT_EQ(MaxTaskCost(plain, 20, &unit, 1), plain.rounds * (plain.units_per_round * 2 + 1) * unit);
 }
@@ -934,7 +935,8 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
   // Each check is paid for the steps it replays: the drawn ones and, when it was not drawn, the
   // last, which binds the result (protocol::StageStepsReplayed), out of the stage's share of the
   // unit (StageUnitCost, 30:20:10 here), not the whole unit's cost. So a check never costs more
-  // than the task escrowed for it: one unit's cost at the cap per verifier (MaxTaskCost).
+  // than the task escrowed for it: its stage's share of a unit's cost at the cap per verifier
+  // (MaxTaskCost).
   Amount want_paid = 0;
   for (uint32_t st = 0; st < kStages; ++st) {
     const std::vector<uint32_t> drawn = Check(st).segments();
@@ -943,7 +945,7 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
         << st;
     const Amount pay =
         protocol::VerifierPay(StageUnitCost(t.params, kTestUnitCost, st), replayed, kSteps);
-    EXPECT_LE(pay, UnitCost(t, t.price_cap)) << st;
+    EXPECT_LE(pay, StageUnitCost(t.params, UnitCost(t, t.price_cap), st)) << st;
     want_paid += pay;
   }
   EXPECT_EQ(t.verification.verifiers_paid, want_paid);

@@ -165,8 +165,11 @@ Amount MaxTaskCost(const TaskParams& params, Amount price_cap, Amount* unit_cost
   for (uint32_t stage = 0; stage < std::max<uint32_t>(params.stages, 1); ++stage) {
     replica = add(replica, StageUnitCost(params, unit, stage));
   }
-  Amount round = add(unit, mul(replica, PipelineReplicas(params)));
-  round = add(round, mul(mul(unit, params.units_per_round), verifiers_per_unit));
+  // Every unit's work and, per verifier, its check (paid at most the unit's own cost: a stage
+  // check its stage's share, AssignedUnitCost).
+  const Amount work = mul(replica, PipelineReplicas(params));
+  Amount round = add(unit, work);
+  round = add(round, mul(work, verifiers_per_unit));
   return mul(round, params.rounds);
 }
 

@@ -397,8 +397,9 @@ Hash256 TaskIdFor(const PublicKey& submitter, uint64_t nonce);
 uint64_t AuditWindowEnd(const TaskRecord& t, uint64_t audit_window_blocks);
 
 // The most a task can cost at `price_cap` (tokens per GFLOP): every unit (a stage unit its
-// StageUnitCost), each of its `verifiers_per_unit` verifications (a verifier is paid at most one
-// unit's cost) and every round's aggregation paid one unit's cost at the cap, i.e. for a task
+// StageUnitCost), each of its `verifiers_per_unit` verifications (a verifier is paid at most that
+// unit's cost, a stage unit's check at most its StageUnitCost) and every round's aggregation paid
+// one unit's cost at the cap, i.e. for a task
 // without stages rounds x (units_per_round x (1 + verifiers_per_unit) + 1) x unit cost
 // (saturating). SubmitTask refuses a smaller budget (verifiers: the genesis verifiers_per_unit, 0
 // without verification); clients check the same before publishing. `unit_cost` (optional)
