@@ -214,6 +214,45 @@ Status RerunPartialReplicas(LedgerState& s, const Hash256& task_id, RoundStateMa
   return Status::Ok();
 }
 
+// A pipeline stage held by a node that the chain itself shows gone -- it left (LeaveNode), or its
+// last heartbeat is older than liveness_blocks -- cannot finish, and its replica's other stages
+// cannot finish without it. Its unit expires now (OnUnitExpired: the node is charged the missed
+// deadline, ApplyMissedDeadline, and barred from the unit) rather than at the replica's
+// deadline, where every stage of the replica would be charged. RerunPartialReplicas then makes
+// the replica pending whole, unpaid and uncharged, and `keep` gets each of its other stages'
+// unit with its node where that node is not gone, so PlaceStageUnits keeps them there (with a
+// fresh deadline, as any new assignment) and places only the gone stages on other nodes. A
+// replica that misses its deadline while every node of it is live (one that withholds its stage
+// while it heartbeats) is ruled as before: each of its stages is charged.
+Status ExpireGoneStages(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& task_id,
+                        RoundStateMachine& m, std::map<PublicKey, uint64_t>& inflight,
+                        std::map<uint32_t, protocol::NodeId>* keep) {
+  const uint32_t stages = s.tasks.Find(task_id)->params.stages;
+  const protocol::SchedulerParams sp = SchedulerParamsOf(g);
+  auto gone = [&](const PublicKey& id) {
+    const NodeRecord* n = s.nodes.Find(id);
+    return n == nullptr || n->status == NodeStatus::kUnbonding ||
+           !protocol::HeartbeatLive(n->last_heartbeat_height, height, sp);
+  };
+  std::set<uint32_t> replicas;
+  for (const protocol::Assignment& a : m.OpenAssignments()) {
+    if (!gone(a.node)) continue;
+    ML_RETURN_IF_ERROR(m.OnUnitExpired(a.unit).status());
+    const uint32_t index = UnitIndex(*s.tasks.Find(task_id), a.unit);
+    ML_RETURN_IF_ERROR(FailWorkUnit(s, task_id, index));
+    ResetWorkUnit(s.units.FindMutable({task_id, index}));
+    if (inflight[a.node] > 0) inflight[a.node]--;
+    replicas.insert(a.unit.shard / stages);
+  }
+  for (const protocol::Assignment& a : m.OpenAssignments()) {
+    if (replicas.count(a.unit.shard / stages) != 0) (*keep)[a.unit.shard] = a.node;
+  }
+  for (const protocol::CommittedUnit& c : m.CommittedUnits()) {
+    if (replicas.count(c.unit.shard / stages) != 0 && !gone(c.node)) (*keep)[c.unit.shard] = c.node;
+  }
+  return Status::Ok();
+}
+
 // A pipeline task's pending stage units of the current round, placed on `nodes` (eligible
 // solvers) with protocol::PlaceStages (docs/protocol.md, "Pipeline stage units"). A replica is
 // placed whole (RerunPartialReplicas keeps every pending replica whole): a round whose every
@@ -227,12 +266,17 @@ Status RerunPartialReplicas(LedgerState& s, const Hash256& task_id, RoundStateMa
 // pending, and the next block tries again; when only the units' exclusions stand in the way
 // (every node that could take them let one expire once), they are listed in `forgive`, to be
 // open to those nodes again from the next block, as a unit every eligible solver excluded is (a
-// cheater is jailed, so never eligible).
+// cheater is jailed, so never eligible). A replica placed alone whose units `keep` names (the
+// live stages of a replica that lost a node, ExpireGoneStages) keeps those stages on their nodes
+// while the nodes are free, and only its other stages are placed (PlaceStages over those stages);
+// failing that, it is placed as any other. While some stage is kept, every pending replica is
+// placed alone (a round of one replica too).
 Result<std::vector<protocol::Assignment>> PlaceStageUnits(
     const TaskParams& p, const protocol::TaskSpecView& view,
     const std::vector<protocol::NodeView>& nodes, std::span<const protocol::PendingUnit> pending,
     const RoundStateMachine& m, uint64_t height, const protocol::SchedulerParams& sp,
-    const std::map<PublicKey, uint64_t>& inflight, std::vector<protocol::UnitId>* forgive) {
+    const std::map<PublicKey, uint64_t>& inflight, const std::map<uint32_t, protocol::NodeId>& keep,
+    std::vector<protocol::UnitId>* forgive) {
   std::vector<protocol::StageNeed> needs(p.stages);
   for (uint32_t s = 0; s < p.stages; ++s) needs[s] = {p.stage_memory_bytes[s], p.stage_flops[s]};
   std::map<PublicKey, const protocol::NodeView*> by_id;
@@ -267,8 +311,8 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
       deadline = std::max(deadline, protocol::DeadlineHeight(height, unit_ms, queued[node], sp));
     }
     const uint64_t blocks = deadline - height;
-    deadline = blocks > (UINT64_MAX - height) >> backoffs ? UINT64_MAX
-                                                          : height + (blocks << backoffs);
+    deadline =
+        blocks > (UINT64_MAX - height) >> backoffs ? UINT64_MAX : height + (blocks << backoffs);
     for (uint32_t s = 0; s < p.stages; ++s) {
       out.push_back({.unit = units[s]->unit,
                      .node = chain[s],
@@ -283,7 +327,8 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
       if (!u->excluded.empty()) forgive->push_back(u->unit);
     }
   };
-  if (replicas.size() == PipelineReplicas(p)) {
+  // Kept stages (`keep`) are honoured replica by replica, below.
+  if (replicas.size() == PipelineReplicas(p) && keep.empty()) {
     std::vector<protocol::NodeView> free;
     for (const protocol::NodeView& v : nodes) {
       const bool excluded = std::ranges::any_of(
@@ -313,11 +358,50 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
       idle.push_back(v);
       if (!excluded_from(units, v.id)) free.push_back(v);
     }
+    // The stages `keep` names stay on their nodes (each must be free), the others go to the
+    // free nodes left.
+    std::vector<protocol::NodeId> chain(p.stages);
+    std::vector<uint32_t> open;
+    std::vector<protocol::StageNeed> open_needs;
+    bool kept = false;
+    bool keepable = true;
+    for (uint32_t st = 0; st < p.stages; ++st) {
+      auto k = keep.find(units[st]->unit.shard);
+      if (k == keep.end()) {
+        open.push_back(st);
+        open_needs.push_back(needs[st]);
+        continue;
+      }
+      kept = true;
+      keepable &=
+          std::ranges::any_of(free, [&](const protocol::NodeView& v) { return v.id == k->second; });
+      chain[st] = k->second;
+    }
+    if (kept && keepable) {
+      std::vector<protocol::NodeView> others;
+      for (const protocol::NodeView& v : free) {
+        if (std::find(chain.begin(), chain.end(), v.id) == chain.end()) others.push_back(v);
+      }
+      Result<std::vector<std::vector<protocol::NodeId>>> rest =
+          open.empty() ? Result<std::vector<std::vector<protocol::NodeId>>>(
+                             std::vector<std::vector<protocol::NodeId>>{{}})
+                       : protocol::PlaceStages(view, open_needs, 1, others, height, sp);
+      if (!rest.ok() && rest.status().code() != StatusCode::kFailedPrecondition) {
+        return rest.status();
+      }
+      if (rest.ok()) {
+        for (size_t i = 0; i < open.size(); ++i) chain[open[i]] = (*rest)[0][i];
+        place(r, chain);
+        for (const protocol::NodeId& node : chain) busy.insert(node);
+        continue;
+      }
+    }
     Result<std::vector<std::vector<protocol::NodeId>>> chains =
         protocol::PlaceStages(view, needs, 1, free, height, sp);
     if (!chains.ok()) {
       if (chains.status().code() != StatusCode::kFailedPrecondition) return chains.status();
-      if (free.size() < idle.size() && protocol::PlaceStages(view, needs, 1, idle, height, sp).ok()) {
+      if (free.size() < idle.size() &&
+          protocol::PlaceStages(view, needs, 1, idle, height, sp).ok()) {
         forgive_replica(units);
       }
       continue;  // not yet
@@ -337,7 +421,12 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
   if (g.params.verification) {
     ML_RETURN_IF_ERROR(DriveChecks(s, g, height, seed, task_id, m, awaiting));
   }
-  // 1. Expiry: the unit is pending again (and never paid); the node's failure is counted.
+  // 1. Expiry: the unit is pending again (and never paid); the node's failure is counted. A
+  // pipeline stage whose node is gone expires first (ExpireGoneStages), charged to that node alone.
+  std::map<uint32_t, protocol::NodeId> keep;  // pipeline stages kept on their nodes
+  if (IsPipelineTask(s.tasks.Find(task_id)->params)) {
+    ML_RETURN_IF_ERROR(ExpireGoneStages(s, g, height, task_id, m, inflight, &keep));
+  }
   ML_ASSIGN_OR_RETURN(protocol::RoundUpdate update, m.OnBlock(height));
   for (const protocol::Assignment& a : update.expired) {
     uint32_t index = UnitIndex(*s.tasks.Find(task_id), a.unit);
@@ -361,16 +450,15 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
       // risk less than it could gain (docs/verification.md, "Economics"): not eligible.
       std::erase_if(nodes, [&](const protocol::NodeView& v) {
         const NodeRecord* n = s.nodes.Find(v.id);
-        return n == nullptr ||
-               n->stake < protocol::SlashAmount(UnitCost(*t, v.price_per_gflop),
-                                                g.params.slash_multiple);
+        return n == nullptr || n->stake < protocol::SlashAmount(UnitCost(*t, v.price_per_gflop),
+                                                                g.params.slash_multiple);
       });
     }
     protocol::ScheduleResult r;
     if (IsPipelineTask(t->params)) {
       std::vector<protocol::UnitId> forgive;
-      ML_ASSIGN_OR_RETURN(r.assignments, PlaceStageUnits(t->params, view, nodes, pending, m,
-                                                         height, sp, inflight, &forgive));
+      ML_ASSIGN_OR_RETURN(r.assignments, PlaceStageUnits(t->params, view, nodes, pending, m, height,
+                                                         sp, inflight, keep, &forgive));
       for (const protocol::UnitId& u : forgive) ML_RETURN_IF_ERROR(m.ForgiveExcluded(u));
     } else {
       ML_ASSIGN_OR_RETURN(r, protocol::AssignUnits(view, nodes, pending, seed, height, sp));
@@ -444,10 +532,10 @@ Status ExecuteCommitUnit(ExecContext& ctx, const CommitUnitTx& tx) {
     return InvalidArgument("commit unit: result_hash is zero (store the delta blob first)");
   }
   if (IsPipelineTask(t->params)) {
-    return InvalidArgument("commit unit: task " + tx.task_id.ShortHex() +
-                           " is trained in pipeline stages (params.stages = " +
-                           std::to_string(t->params.stages) +
-                           "): commit each stage's result with CommitStage");
+    return InvalidArgument(
+        "commit unit: task " + tx.task_id.ShortHex() +
+        " is trained in pipeline stages (params.stages = " + std::to_string(t->params.stages) +
+        "): commit each stage's result with CommitStage");
   }
   ML_ASSIGN_OR_RETURN(RoundStateMachine m, LoadMachine(*t));
   const uint32_t per_round = t->params.units_per_round;
@@ -501,7 +589,8 @@ Status ExecuteCommitStage(ExecContext& ctx, const CommitStageTx& tx) {
                            " stages (0.." + std::to_string(p.stages - 1) + ")");
   }
   if (tx.result_hash.IsZero()) {
-    return InvalidArgument("commit stage: result_hash is zero (store the stage's delta blob first)");
+    return InvalidArgument(
+        "commit stage: result_hash is zero (store the stage's delta blob first)");
   }
   if (tx.commitment.IsZero()) {
     return InvalidArgument(
@@ -517,7 +606,8 @@ Status ExecuteCommitStage(ExecContext& ctx, const CommitStageTx& tx) {
                            std::to_string(tx.replica) + " in round " + std::to_string(tx.round) +
                            " of " + task;
   const WorkUnit* u = ctx.state.units.Find({tx.task_id, index});
-  if (u == nullptr) return Internal("commit stage: " + slot + " has no unit " + std::to_string(index));
+  if (u == nullptr)
+    return Internal("commit stage: " + slot + " has no unit " + std::to_string(index));
   if (u->status != WorkUnitStatus::kAssigned || u->assignee != tx.node_id) {
     return PermissionDenied(
         "commit stage: node " + tx.node_id.ShortHex() + " is not assigned " + slot + " (" +
@@ -540,15 +630,15 @@ Status ExecuteCommitStage(ExecContext& ctx, const CommitStageTx& tx) {
     // "Pipeline stages").
     if (tx.leaves.size() != p.inner_steps ||
         protocol::StageCommitment(tx.leaves) != tx.commitment) {
-      return InvalidArgument("commit stage: leaves must be the stage's " +
-                             std::to_string(p.inner_steps) +
-                             " step leaves (StageStepLeaf of steps 0.." +
-                             std::to_string(p.inner_steps - 1) +
-                             ") whose StageCommitment is the commitment (got " +
-                             std::to_string(tx.leaves.size()) + ")");
+      return InvalidArgument(
+          "commit stage: leaves must be the stage's " + std::to_string(p.inner_steps) +
+          " step leaves (StageStepLeaf of steps 0.." + std::to_string(p.inner_steps - 1) +
+          ") whose StageCommitment is the commitment (got " + std::to_string(tx.leaves.size()) +
+          ")");
     }
     mu->leaves = protocol::StageCheckLeaves(tx.leaves);
-    ML_RETURN_IF_ERROR(OpenUnitCheck(ctx, tx.task_id, index, tx.node_id, tx.secret_index, m, kWhat));
+    ML_RETURN_IF_ERROR(
+        OpenUnitCheck(ctx, tx.task_id, index, tx.node_id, tx.secret_index, m, kWhat));
   }
   SaveMachine(ctx.state, tx.task_id, m);
   return Status::Ok();

@@ -66,9 +66,8 @@ class PipelineStageTest : public FollowedChainFixture {
     // Seven nodes for six slots: (memory, throughput). Only n1 and n2 hold stage 2 (5 GiB); n3 is
     // the fastest but holds only stage 1.
     const std::vector<std::pair<uint64_t, uint64_t>> caps = {
-        {8 * kGiB, 4'000'000'000'000}, {8 * kGiB, 3'000'000'000'000},
-        {2 * kGiB, 5'000'000'000'000}, {2 * kGiB, 1'000'000'000'000},
-        {4 * kGiB, 2'000'000'000'000}, {4 * kGiB, 1'000'000'000'000},
+        {8 * kGiB, 4'000'000'000'000}, {8 * kGiB, 3'000'000'000'000}, {2 * kGiB, 5'000'000'000'000},
+        {2 * kGiB, 1'000'000'000'000}, {4 * kGiB, 2'000'000'000'000}, {4 * kGiB, 1'000'000'000'000},
         {4 * kGiB, 1'000'000'000'000}};
     for (size_t i = 0; i < caps.size(); ++i) {
       nodes_.push_back(TestKey(static_cast<uint8_t>(21 + i)));
@@ -118,8 +117,8 @@ class PipelineStageTest : public FollowedChainFixture {
   }
 
   CommitStageTx Commit(uint32_t round, uint32_t replica, uint32_t stage) {
-    const std::string name = std::to_string(round) + "/" + std::to_string(replica) + "/" +
-                             std::to_string(stage);
+    const std::string name =
+        std::to_string(round) + "/" + std::to_string(replica) + "/" + std::to_string(stage);
     return CommitStageTx{.task_id = task_id_,
                          .round = round,
                          .replica = replica,
@@ -228,7 +227,7 @@ TEST(PipelineStageSlotTest, AStageIsPaidItsShareOfTheUnitAndTheTaskCostsAboutAnU
   EXPECT_EQ(StageUnitCost(p, 600, 2), 100u);
   EXPECT_EQ(StageUnitCost(p, 1, 2), 1u) << "rounded up: a stage is never paid nothing";
   EXPECT_EQ(StageUnitCost(p, 0, 2), 0u);
-  p.stage_flops = {UINT64_MAX, UINT64_MAX, UINT64_MAX};  // no overflow in the share
+  p.stage_flops = {UINT64_MAX, UINT64_MAX, UINT64_MAX};        // no overflow in the share
   EXPECT_EQ(StageUnitCost(p, UINT64_MAX, 1), UINT64_MAX / 3);  // 2^64 - 1 = 3 x 6148914691236517205
   EXPECT_EQ(StageUnitCost(TestTaskParams(), 600, 0), 600u) << "a task without stages";
   // The budget SubmitTask asks: every replica's stages (one unit's cost, rounded up per stage),
@@ -238,17 +237,19 @@ TEST(PipelineStageSlotTest, AStageIsPaidItsShareOfTheUnitAndTheTaskCostsAboutAnU
   Amount unit = 0;
   const Amount most = MaxTaskCost(p, 20, &unit, 1);
   ASSERT_EQ(unit, 640u);  // 32 GFLOP at 20 a GFLOP
-  const Amount stages = StageUnitCost(p, unit, 0) + StageUnitCost(p, unit, 1) + StageUnitCost(p, unit, 2);
+  const Amount stages =
+      StageUnitCost(p, unit, 0) + StageUnitCost(p, unit, 1) + StageUnitCost(p, unit, 2);
   EXPECT_EQ(stages, 320u + 214u + 107u);
   EXPECT_EQ(most, p.rounds * (kReplicas * stages * 2 + unit));
   TaskParams plain = TestTaskParams();
-  EXPECT_EQ(MaxTaskCost(plain, 20, &unit, 1), plain.rounds * (plain.units_per_round * 2 + 1) * unit);
+  EXPECT_EQ(MaxTaskCost(plain, 20, &unit, 1),
+            plain.rounds * (plain.units_per_round * 2 + 1) * unit);
 }
 
 TEST(PipelineStageSlotTest, ThePipelineFieldsSurviveEveryEncoding) {
   const KeyPair k = TestKey(9);
-  SubmitTaskTx submit{.spec_hash = Blake2b("s"), .budget = 10, .price_cap = 1,
-                      .params = PipelineParams()};
+  SubmitTaskTx submit{
+      .spec_hash = Blake2b("s"), .budget = 10, .price_cap = 1, .params = PipelineParams()};
   Transaction tx = BuildSignedTx(k, "c", 0, submit);
   Result<Transaction> back = DecodeTx(EncodeTx(tx));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
@@ -298,8 +299,9 @@ TEST(PipelineStageSlotTest, TermsRefuseBadStageFields) {
   p = PipelineParams();
   p.inner_steps = 64;
   p.checkpoint_interval = 64;
-  refused(p, true, "params.inner_steps = 64 with params.stages = 3: a stage unit commits one "
-                   "leaf per step, and at most 63 fit in a CommitStage on a verifying chain");
+  refused(p, true,
+          "params.inner_steps = 64 with params.stages = 3: a stage unit commits one "
+          "leaf per step, and at most 63 fit in a CommitStage on a verifying chain");
   EXPECT_TRUE(ValidateTaskTerms(p, 1'000'000, 20, false, 0).ok());
   p = PipelineParams();
   p.tolerance_rel_l2_ppm = 10;
@@ -307,9 +309,8 @@ TEST(PipelineStageSlotTest, TermsRefuseBadStageFields) {
   // A client names the task file's keys.
   p = PipelineParams();
   p.units_per_round = 7;
-  Status named = ValidateTaskTerms(p, 1'000'000, 20, false, 0, [](std::string_view f) {
-    return "network." + std::string(f);
-  });
+  Status named = ValidateTaskTerms(p, 1'000'000, 20, false, 0,
+                                   [](std::string_view f) { return "network." + std::string(f); });
   EXPECT_NE(named.message().find("network.units_per_round = 7"), std::string::npos)
       << named.ToString();
 }
@@ -388,18 +389,19 @@ TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
                        .result_hash = Blake2b("d"),
                        .commitment = Blake2b("c")};
   std::vector<std::pair<Transaction, std::string>> refusals = {
-      {Q(alice_, bad_stage), "stage 3 is out of range; task " + task_id_.ShortHex() +
-                                 " has 3 stages (0..2)"},
-      {Q(alice_, bad_replica), "replica 2 is out of range; task " + task_id_.ShortHex() +
-                                   " has 2 replicas (0..1)"},
+      {Q(alice_, bad_stage),
+       "stage 3 is out of range; task " + task_id_.ShortHex() + " has 3 stages (0..2)"},
+      {Q(alice_, bad_replica),
+       "replica 2 is out of range; task " + task_id_.ShortHex() + " has 2 replicas (0..1)"},
       {Q(alice_, bad_round), "round 2 is out of range"},
       {Q(alice_, foreign), "is not assigned stage 1 of replica 0 in round 0"},
       {Q(alice_, loss_early), "only the last stage (2) computes the loss"},
       {Q(alice_, no_commitment), "commitment is zero"},
       {Q(alice_, no_result), "result_hash is zero"},
       {Q(alice_, future), "the unit is pending"},
-      {Q(alice_, as_unit), "is trained in pipeline stages (params.stages = 3): commit each "
-                           "stage's result with CommitStage"},
+      {Q(alice_, as_unit),
+       "is trained in pipeline stages (params.stages = 3): commit each "
+       "stage's result with CommitStage"},
       {Q(bob_, Commit(0, 0, 0)), "the sender must be node"},
   };
   std::vector<Transaction> txs;
@@ -451,8 +453,8 @@ TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
   const Amount round_cost = kReplicas * (160 + 107 + 54) + kTestUnitCost;
   EXPECT_EQ(t.spent, round_cost);
   const auto net = [&](Amount a) { return a - BasisPoints(a, genesis_.params.treasury_cut_bps); };
-  EXPECT_EQ(Balance(alice_), alice_before + kReplicas * (net(160) + net(107) + net(54)) +
-                                 net(kTestUnitCost));
+  EXPECT_EQ(Balance(alice_),
+            alice_before + kReplicas * (net(160) + net(107) + net(54)) + net(kTestUnitCost));
   EXPECT_EQ(Unit(0, 1, 2).status, WorkUnitStatus::kVerified);
 
   // ---- Round 1 placed from the new weights; the node of stage 1 of replica 1 goes silent while
@@ -629,8 +631,8 @@ TEST_F(PipelineStageTest, AReplicasStagesShareItsSlowestNodesDeadline) {
                            .throughput_flops = n.capabilities.throughput,
                            .latency_ms = n.capabilities.latency_ms,
                            .bandwidth_bytes_per_s = n.capabilities.bandwidth_bytes_per_s};
-      const uint64_t own = protocol::DeadlineHeight(
-          height, protocol::EstimatedUnitMs(v, view, sp), 0, sp);
+      const uint64_t own =
+          protocol::DeadlineHeight(height, protocol::EstimatedUnitMs(v, view, sp), 0, sp);
       deadlines.insert(own);
       slowest = std::max(slowest, own);
     }
@@ -640,6 +642,89 @@ TEST_F(PipelineStageTest, AReplicasStagesShareItsSlowestNodesDeadline) {
   }
   EXPECT_GT(deadlines.size(), 1u) << "the nodes' own deadlines must differ for this test to mean "
                                      "anything";
+}
+
+// Stage nodes that must heartbeat (liveness_blocks = 6) on a chain whose deadlines are far away:
+// a stage node the chain shows gone is replaced long before its replica's deadline.
+class PipelineLostStageTest : public PipelineStageTest {
+ protected:
+  PipelineLostStageTest() {
+    genesis_.params.liveness_blocks = 6;
+    genesis_.params.min_deadline_blocks = 1000;
+    // n8: the fastest of all, and it holds every stage.
+    nodes_.push_back(TestKey(28));
+    caps_.push_back({8 * kGiB, 10'000'000'000'000});
+  }
+
+  // One replica placed on the first five nodes, then n8 registered (free); returns the chain. A
+  // placement of the whole replica from then on would put its heaviest stage, stage 0, on n8:
+  // only a replica whose live stages are kept leaves stage 0 where it was.
+  std::vector<PublicKey> StartOneReplica() {
+    TaskParams p = PipelineParams();
+    p.units_per_round = kStages;
+    Receipt submit = Start(p, 5);
+    EXPECT_TRUE(submit.ok) << submit.reason;
+    for (const Receipt& r : Step({Q(alice_, Reg(7))})) EXPECT_TRUE(r.ok) << r.reason;
+    std::vector<PublicKey> chain;
+    for (uint32_t s = 0; s < kStages; ++s) chain.push_back(Unit(0, 0, s).assignee);
+    return chain;
+  }
+
+  // A block in which every registered node but `silent` heartbeats, with `txs`.
+  void StepHeartbeats(const PublicKey& silent, std::vector<Transaction> txs = {}) {
+    for (size_t i : {0, 1, 2, 3, 4, 7}) {
+      if (nodes_[i].public_key() == silent) continue;
+      txs.push_back(Q(alice_, HeartbeatTx{.node_id = nodes_[i].public_key()}));
+    }
+    for (const Receipt& r : Step(std::move(txs))) EXPECT_TRUE(r.ok) << r.reason;
+  }
+
+  // Steps until stage 1 has another node than `lost` (at most 20 blocks), then checks what the
+  // issue asks: stages 0 and 2 kept on their nodes with a fresh deadline, shared with the new
+  // stage 1 node; `lost` alone charged; the replica then commits and the round aggregates.
+  void ExpectReplaced(const std::vector<PublicKey>& chain) {
+    const PublicKey& lost = chain[1];
+    for (int b = 0; b < 20 && Unit(0, 0, 1).assignee == lost; ++b) StepHeartbeats(lost);
+    ASSERT_NE(Unit(0, 0, 1).assignee, lost);
+    const uint64_t deadline = Unit(0, 0, 1).deadline_height;
+    for (uint32_t s = 0; s < kStages; ++s) {
+      EXPECT_EQ(Unit(0, 0, s).status, WorkUnitStatus::kAssigned) << s;
+      EXPECT_EQ(Unit(0, 0, s).deadline_height, deadline) << s;
+      if (s != 1) {
+        EXPECT_EQ(Unit(0, 0, s).assignee, chain[s]) << "stage " << s << " was moved";
+      }
+    }
+    EXPECT_GE(deadline, chain_->Height() + genesis_.params.min_deadline_blocks);
+    EXPECT_EQ(Unit(0, 0, 1).assignee, nodes_[7].public_key());  // the fastest free node
+    for (size_t i : {0, 1, 2, 3, 4, 7}) {
+      EXPECT_EQ(chain_->GetNode(nodes_[i].public_key()).value().reputation.failures,
+                nodes_[i].public_key() == lost ? 1u : 0u)
+          << "node " << i;
+    }
+    StepHeartbeats(
+        lost, {Q(alice_, Commit(0, 0, 0)), Q(alice_, Commit(0, 0, 1)), Q(alice_, Commit(0, 0, 2))});
+    EXPECT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
+  }
+};
+
+// Its heartbeat older than liveness_blocks: the node is gone by the chain's own facts.
+TEST_F(PipelineLostStageTest, AStageWhoseNodeStopsHeartbeatingMovesAloneAndOnlyItIsCharged) {
+  const std::vector<PublicKey> chain = StartOneReplica();
+  const uint64_t heartbeat = chain_->GetNode(chain[1]).value().last_heartbeat_height;
+  for (int b = 0; b < 20 && Unit(0, 0, 1).assignee == chain[1]; ++b) StepHeartbeats(chain[1]);
+  // In the first block in which its heartbeat is older than liveness_blocks, not before.
+  EXPECT_EQ(chain_->Height(), heartbeat + genesis_.params.liveness_blocks + 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectReplaced(chain));
+}
+
+// A node that leaves (LeaveNode) is gone at once.
+TEST_F(PipelineLostStageTest, AStageWhoseNodeLeavesMovesAloneAndOnlyItIsCharged) {
+  const std::vector<PublicKey> chain = StartOneReplica();
+  const uint64_t placed = chain_->Height();
+  StepHeartbeats(chain[1], {Q(alice_, LeaveNodeTx{.node_id = chain[1]})});
+  EXPECT_EQ(chain_->Height(), placed + 1);
+  EXPECT_NE(Unit(0, 0, 1).assignee, chain[1]);  // replaced in the block that saw it leave
+  ASSERT_NO_FATAL_FAILURE(ExpectReplaced(chain));
 }
 
 // ---- Stage units on a verifying chain (docs/verification.md, "Pipeline stages"): CommitStage
@@ -736,7 +821,8 @@ class PipelineVerificationTest : public FollowedChainFixture {
     std::vector<Hash256> out;
     for (uint64_t t = 0; t < kSteps; ++t) {
       const bool bad = cheat && t >= from;
-      out.push_back(Hasher(bad ? "cheated step" : "true step").UpdateU64(stage).UpdateU64(t).Finish());
+      out.push_back(
+          Hasher(bad ? "cheated step" : "true step").UpdateU64(stage).UpdateU64(t).Finish());
     }
     return out;
   }
@@ -1007,8 +1093,9 @@ TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaR
   EXPECT_EQ(task.challenger_output, truth);
   // A stage step is not a unit's: the ledger does not take a unit's step witness, and a tile
   // bundle is refused; the genesis referee rules.
-  r = Step({Q(alice_, RefereeStepTx{.task_id = task_id_, .index = kCheat,
-                                    .witness = {EncodeStepWitness({})}})});
+  r = Step(
+      {Q(alice_,
+         RefereeStepTx{.task_id = task_id_, .index = kCheat, .witness = {EncodeStepWitness({})}})});
   EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
   EXPECT_NE(r[0].reason.find("the genesis referee rules it"), std::string::npos) << r[0].reason;
   StepOk({Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = truth})});
@@ -1071,9 +1158,8 @@ TEST_F(PipelineVerificationTest, AFraudRoundsHonestStageWorkIsPaidBeforeItReruns
   }
   ASSERT_NO_FATAL_FAILURE(VerdictsUntilReferee(
       kUnits, kCheat, Mismatch(kCheat, StepLeaves(kCheat, true, 1), 1, StepLeaves(kCheat)[1])));
-  StepOk({Q(referee_, RuleDisputeTx{.task_id = task_id_,
-                                     .index = kCheat,
-                                     .output = StepLeaves(kCheat)[1]})});
+  StepOk({Q(referee_,
+            RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = StepLeaves(kCheat)[1]})});
   for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
   ASSERT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
   const TaskRecord t = Task();
@@ -1096,9 +1182,10 @@ TEST_F(PipelineVerificationTest, ACommitStageWithoutItsStepLeavesOrSecretIsRefus
   CommitStageTx bad_secret = Commit(0, leaves);
   bad_secret.secret_index = 5;
   std::vector<std::pair<Transaction, std::string>> refusals = {
-      {Q(alice_, short_leaves), "commit stage: leaves must be the stage's 4 step leaves "
-                                "(StageStepLeaf of steps 0..3) whose StageCommitment is the "
-                                "commitment (got 3)"},
+      {Q(alice_, short_leaves),
+       "commit stage: leaves must be the stage's 4 step leaves "
+       "(StageStepLeaf of steps 0..3) whose StageCommitment is the "
+       "commitment (got 3)"},
       {Q(alice_, other_root), "commit stage: leaves must be the stage's 4 step leaves"},
       {Q(alice_, bad_secret), "commit stage: secret_index must be 1"},
   };

@@ -6,6 +6,7 @@
 // bit for bit.
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -268,6 +269,135 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
   EXPECT_NE(t.value("status", std::string()), "finished") << t.dump();
 }
 
+// Issue 15, "a stage node killed mid-step and one that leaves are replaced": seven agents, the
+// seventh the slowest, so the first placement leaves it free. The node of replica 0's middle stage
+// is held in round 0's step 1 (its first send of the step waits) until the test kills it (`kill`)
+// or it leaves (LeaveNode, confirmed before it goes on). The ledger sees it gone from its own
+// facts (a heartbeat older than liveness_blocks; a node that left), charges it alone the missed
+// deadline, keeps the replica's two other stages on their nodes (a fresh assignment each: their
+// runs stop and start again with the new chain) and places the lost stage on the free node. The
+// task ends with `meshlearn diloco`'s weights, bit for bit, and no other node counts a failure.
+void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
+  PipelineOracle o;
+  ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
+  testing::SimOptions opt = PipelineSimOptions(seed, dir);
+  opt.log = std::getenv("MESHLEARN_SIM_LOG") != nullptr;
+  opt.nodes = 7;
+  opt.node_options.resize(7);
+  opt.node_options[6].speed_factor = 0.25;
+  std::mutex mu;
+  std::condition_variable cv;
+  int victim = -1;  // the node held in replica 0's stage 1, round 0, step 1
+  bool released = false;
+  opt.agent_options = [&](int node, AgentOptions& a) {
+    // Rarely (about one run in six on a loaded machine) a replica of the test waits out a whole
+    // step deadline after the replacement before it runs again: bounded here so that the test
+    // stays short; its result does not depend on it.
+    a.stage_plane.step_deadline_ms = 10'000;
+    // The plane's send hook sees every tensor the node sends: the first one of replica 0's stage
+    // 1 in round 0's step 1 waits there until the test releases it (nothing is corrupted).
+    a.stage_plane.corrupt_sent = [&, node](const protocol::StageTensorKey& k) {
+      if (k.round != 0 || k.replica != 0 || k.from_stage != 1 || k.step != 1) return false;
+      std::unique_lock<std::mutex> lock(mu);
+      if (victim >= 0) return false;
+      victim = node;
+      cv.notify_all();
+      cv.wait(lock, [&] { return released; });
+      return false;
+    };
+  };
+  // Round 0, replica 0: each stage's node when it started training, and the node that committed it.
+  std::map<uint32_t, std::set<int>> trained, committed;
+  std::set<int> victim_commits;
+  opt.log_sink = [&](int node, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (uint32_t st = 0; st < 3; ++st) {
+      if (line.find(" r0 replica 0 stage " + std::to_string(st) + ":") == std::string::npos) {
+        continue;
+      }
+      if (line.find(": training") != std::string::npos) trained[st].insert(node);
+      if (line.find("(CommitStage)") != std::string::npos) committed[st].insert(node);
+    }
+    if (line.find("(CommitStage)") != std::string::npos && node == victim) {
+      victim_commits.insert(node);
+    }
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  auto held = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return victim;
+  };
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+    cv.notify_all();
+  };
+  // A held node is released whatever happens, before the agents are destroyed (they wait for
+  // their stage threads).
+  struct Releaser {
+    std::function<void()> release;
+    ~Releaser() { release(); }
+  } releaser{release};
+  for (int b = 0; b < 20'000 && held() < 0; ++b) {
+    Status stepped = sim.Step();
+    ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const int lost = held();
+  ASSERT_GE(lost, 0) << "no node reached replica 0's stage 1 in round 0";
+  ASSERT_NE(lost, 6);
+  std::map<uint32_t, std::set<int>> neighbours;  // replica 0's other stages before the loss
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    neighbours = trained;
+  }
+  ASSERT_EQ(neighbours[0].size(), 1u);
+  ASSERT_EQ(neighbours[2].size(), 1u);
+  if (kill) {
+    release();  // it cannot finish the step: it is killed before any neighbour answers it
+    sim.Kill(lost);
+  } else {
+    Result<Hash256> left = sim.agent(lost)->tx_sender().Send(
+        ledger::LeaveNodeTx{.node_id = sim.node_key(lost).public_key()});
+    ASSERT_TRUE(left.ok()) << left.status().ToString();
+    for (int b = 0; b < 20 && NodeRecordOf(sim, lost).value("status", std::string()) != "unbonding";
+         ++b) {
+      Status stepped = sim.Step();
+      ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+    }
+    release();
+    ASSERT_EQ(NodeRecordOf(sim, lost).value("status", std::string()), "unbonding");
+  }
+  ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 4000);
+  Result<GlobalState> final_state = sim.FinalState();
+  ASSERT_TRUE(final_state.ok()) << final_state.status().ToString();
+  EXPECT_EQ(HashFloats(final_state->weights), o.want.final_hash);
+  // The lost node alone is charged; the stage it held went to another node, and its neighbours
+  // committed their stages where they had started them.
+  EXPECT_GE(NodeRecordOf(sim, lost)["reputation"].value("failures", uint64_t{0}), 1u);
+  for (int i = 0; i < 7; ++i) {
+    if (i == lost) continue;
+    EXPECT_EQ(NodeRecordOf(sim, i)["reputation"].value("failures", uint64_t{1}), 0u)
+        << "honest node " << i;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(victim_commits.empty()) << "the lost node committed a stage";
+  ASSERT_EQ(committed[1].size(), 1u);
+  EXPECT_NE(*committed[1].begin(), lost);
+  EXPECT_EQ(committed[0], neighbours[0]);
+  EXPECT_EQ(committed[2], neighbours[2]);
+}
+
+TEST(PipelineNetworkTest, AStageNodeKilledMidStepIsReplacedAndTheTaskEndsBitEqual) {
+  LoseAStageNodeMidStep(/*kill=*/true, 18, "pipeline-network-kill");
+}
+
+TEST(PipelineNetworkTest, AStageNodeThatLeavesMidStepIsReplacedAndTheTaskEndsBitEqual) {
+  LoseAStageNodeMidStep(/*kill=*/false, 19, "pipeline-network-leave");
+}
+
 // A stage node that cheats on a verifying chain -- the adversary `lazy` (every step's commit claims
 // the state it started from), `noisy` (its stage's weights perturbed after step 1, the perturbed
 // state committed), `wrong_data` (step 1 trained on the wrong input: the first stage on step 2's
@@ -316,7 +446,8 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
   {
     std::lock_guard<std::mutex> lock(mu);
     bool committed = false;
-    for (const std::string& l : cheater_lines) committed |= l.find("(CommitStage)") != std::string::npos;
+    for (const std::string& l : cheater_lines)
+      committed |= l.find("(CommitStage)") != std::string::npos;
     ASSERT_TRUE(committed) << "the cheater was never placed on a stage: the test means nothing";
   }
   Result<GlobalState> final_state = sim.FinalState();
@@ -331,8 +462,8 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
   for (int i = 0; i < 7; ++i) {
     if (i == kCheater) continue;
     const json n = NodeRecordOf(sim, i);
-    EXPECT_EQ(n["reputation"].value("slashes", uint64_t{1}), 0u) << "honest node " << i << ": "
-                                                                 << n.dump();
+    EXPECT_EQ(n["reputation"].value("slashes", uint64_t{1}), 0u)
+        << "honest node " << i << ": " << n.dump();
   }
   // A node that trained and verified stage units (each check replays a stage from its step's
   // checkpoint, with the step's batch from the data) never built the whole model; the round's

@@ -202,6 +202,12 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
   if (!checked.ok()) return checked.WithPrefix(me);
 
   std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_) {
+    // The unit's run is stopped (a fresh assignment of it starts a new run with its own plane,
+    // from step 0): a push taken here would be lost to that run, or counted a duplicate of a
+    // step this run had passed. The sender retries until the new plane is attached.
+    return Unavailable(me + ": " + k.ToString() + ": this stage's run was stopped; retry");
+  }
   if (ctx_.chain[k.from_stage] != sender) {
     return Unavailable(me + ": " + k.ToString() + ": stage " + std::to_string(k.from_stage) +
                        "'s node was replaced while the push was checked; retry");
@@ -255,13 +261,12 @@ Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTran
   std::unique_lock<std::mutex> lock(mu_);
   awaited_ = key;
   const auto t0 = std::chrono::steady_clock::now();
-  const bool arrived =
-      !cancelled_ &&
-      cv_.wait_until(lock, deadline_, [&] { return cancelled_ || inbox_.count(key) > 0; }) &&
-      !cancelled_;
-  stats_.wait_us += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                              std::chrono::steady_clock::now() - t0)
-                                              .count());
+  const bool arrived = !cancelled_ && cv_.wait_until(lock, deadline_, [&] {
+    return cancelled_ || inbox_.count(key) > 0;
+  }) && !cancelled_;
+  stats_.wait_us += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
   awaited_ = protocol::StageTensorKey();
   if (cancelled_) return Cancelled(key);
   if (!arrived) {

@@ -93,6 +93,13 @@ uint32_t ReputationPermille(const Reputation& rep) {
   return static_cast<uint32_t>(score);
 }
 
+bool HeartbeatLive(uint64_t last_heartbeat_height, uint64_t height, const SchedulerParams& params) {
+  // A heartbeat "from the future" cannot be in ledger state; treat it as stale rather than
+  // trusting it.
+  return last_heartbeat_height <= height &&
+         height - last_heartbeat_height <= params.liveness_blocks;
+}
+
 namespace {
 
 // CheckEligibility with the node's reputation computed by the caller (it is needed again for the
@@ -101,10 +108,7 @@ Eligibility CheckEligibilityWithReputation(const NodeView& node, const TaskSpecV
                                            uint64_t height, const SchedulerParams& params,
                                            uint32_t reputation_permille) {
   if (node.status != NodeStatus::kNodeStatusActive) return Eligibility::kEligibilityNotActive;
-  if (node.last_heartbeat_height > height ||
-      height - node.last_heartbeat_height > params.liveness_blocks) {
-    // A heartbeat "from the future" cannot be in ledger state; treat it as stale rather than
-    // trusting it.
+  if (!HeartbeatLive(node.last_heartbeat_height, height, params)) {
     return Eligibility::kEligibilityStaleHeartbeat;
   }
   if (node.memory_bytes < RequiredMemoryBytes(task)) {

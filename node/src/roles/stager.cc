@@ -12,6 +12,9 @@
 namespace meshlearn::node {
 
 Stager::~Stager() {
+  // A node that stops (its daemon shuts down, or a test kills it) stops its stage at once rather
+  // than at the step's deadline: its neighbours see it gone either way.
+  if (run_ && run_->plane) run_->plane->Cancel();
   if (run_ && run_->thread.joinable()) run_->thread.join();
 }
 
@@ -144,7 +147,7 @@ Status Stager::Collect(const NodeWork& work) {
   if (!run_ || !run_->done.load(std::memory_order_acquire)) return Status::Ok();
   run_->thread.join();
   std::unique_ptr<Run> run = std::move(run_);
-  run->attached.reset();  // pushes for a later unit are not this one's
+  run->attached.reset();                              // pushes for a later unit are not this one's
   const StagePlaneStats plane = run->plane->stats();  // what the run did, committed or not
   AgentStats& st = node_->stats();
   st.stage_bytes_sent += plane.bytes_sent;

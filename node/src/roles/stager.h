@@ -44,7 +44,7 @@ class Stager {
   explicit Stager(NodeContext* node)
       : node_(node),
         evidence_(node->env(), HomeLayout(node->options().data_dir).StageEvidenceDir()) {}
-  ~Stager();  // waits for a running unit (its steps end by their deadlines)
+  ~Stager();  // stops a running unit (StagePlane::Cancel) and waits for its thread
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
 

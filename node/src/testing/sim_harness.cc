@@ -247,7 +247,8 @@ Status SimHarness::Setup() {
   ML_ASSIGN_OR_RETURN(auto trainer, engine::Trainer::Create(env_, spec));
   ML_ASSIGN_OR_RETURN(NetworkSpec net, NetworkSpec::Load(env_, task_file));
   TaskFacts facts = ComputeTaskFacts(*trainer, net);
-  ML_ASSIGN_OR_RETURN(net::BlobId init, submitter_store_->Put(EncodeGlobalState(InitialState(*trainer))));
+  ML_ASSIGN_OR_RETURN(net::BlobId init,
+                      submitter_store_->Put(EncodeGlobalState(InitialState(*trainer))));
   ML_RETURN_IF_ERROR(submitter_store_->Pin(init));
   std::vector<net::BlobId> blobs = {bundle_.id, init};
   for (const BundleDataFile& f : bundle_.files) blobs.push_back(f.id);
@@ -324,7 +325,8 @@ Status SimHarness::OpenLedger() {
       ledger_env_ = std::make_unique<MemEnv>();
       ML_RETURN_IF_ERROR(ledger_env_->CreateDirs("/ledger"));
     }
-    ML_ASSIGN_OR_RETURN(chain_, ledger::Chain::Open(ledger_env_.get(), "/ledger/chain.db", genesis_));
+    ML_ASSIGN_OR_RETURN(chain_,
+                        ledger::Chain::Open(ledger_env_.get(), "/ledger/chain.db", genesis_));
   } else {
     ML_ASSIGN_OR_RETURN(chain_, ledger::Chain::Open(chain_dir_ + "/chain.db", genesis_));
   }
@@ -348,6 +350,8 @@ Status SimHarness::RestartLedger(bool power_cut) {
 }
 
 void SimHarness::Kill(int i) {
+  // In http mode the node's server stops first: no request reaches an agent being destroyed.
+  if (i < static_cast<int>(servers_.size()) && servers_[i]) servers_[i]->Stop();
   agents_[i].reset();
   net_->Kill("n" + std::to_string(i));
 }

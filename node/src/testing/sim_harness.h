@@ -115,7 +115,8 @@ struct SimOptions {
   // The agents serve on loopback HTTP (net::HttpServer on 127.0.0.1, an HttpTransport each, the
   // server's address as endpoint) instead of the simulated network, for roles with threads of
   // their own (pipeline stage units), which the one-threaded SimNetwork cannot carry. Give a
-  // thread-safe `env` (Env::Default()). Kill and Restart are not for this mode.
+  // thread-safe `env` (Env::Default()). Kill stops the node's server with its agent; Restart is
+  // not for this mode (the node would serve on another port than the one it registered).
   bool http = false;
   // Prefix of the harness's paths in `env` (nodes, submitter, referee): with a real Env, a
   // TestDir.

@@ -134,9 +134,11 @@ class StagePlane {
   // same ones).
   void BeginStep(uint64_t step);
   // Ends the unit's run: every Receive and Send waiting now or later fails at once
-  // (FailedPrecondition),
-  // BeginStep included. For a unit no longer assigned (its round re-ran, or it expired), so that
-  // the node does not hold it up to a step deadline. Thread-safe.
+  // (FailedPrecondition), BeginStep included, and every push from then on is answered
+  // Unavailable (the sender retries: a fresh assignment of the unit runs on a new plane, which
+  // must get those tensors). For a unit no longer assigned (its round re-ran, it expired, or a
+  // stage of its replica was replaced), so that the node does not hold it up to a step deadline.
+  // Thread-safe.
   void Cancel();
   // The link RunStageStep uses for the current step.
   StageLink* link();

@@ -68,6 +68,12 @@ std::string_view EligibilityName(Eligibility e);
 Eligibility CheckEligibility(const NodeView& node, const TaskSpecView& task, uint64_t height,
                              const SchedulerParams& params);
 
+// Whether a node whose last heartbeat was at `last_heartbeat_height` is live at `height`: that
+// heartbeat is at most `liveness_blocks` old (one "from the future" cannot be in ledger state and
+// is not trusted). The eligibility rule's heartbeat test; the ledger also replaces a pipeline
+// stage held by a node that is no longer live (docs/protocol.md, "Pipeline stage units").
+bool HeartbeatLive(uint64_t last_heartbeat_height, uint64_t height, const SchedulerParams& params);
+
 // Memory a solver needs for a whole unit: task.memory_required_bytes when set -- what `task
 // submit` computes with the engine (node::UnitMemoryBytes: engine::CutCosts of the whole model as
 // one stage, the formula a pipeline stage's need comes from) and every node checks against the
