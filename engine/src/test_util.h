@@ -9,6 +9,7 @@
 
 #include "meshlearn/base/rng.h"
 #include "meshlearn/engine/backend.h"
+#include "meshlearn/engine/train.h"
 
 namespace meshlearn::engine::testing {
 
@@ -22,6 +23,28 @@ inline std::vector<float> RandomVec(int64_t n, uint64_t seed, float lo = -1.0f, 
   std::vector<float> v(static_cast<size_t>(n));
   for (auto& x : v) x = lo + (hi - lo) * static_cast<float>(rng.UniformDouble());
   return v;
+}
+
+// A classification task's data for tests: n examples of shape `example` (e.g. {70} or
+// {1, 28, 28}) drawn uniformly in [lo, hi) from Rng(seed), then their labels in [0, classes) from
+// the same generator; the test split is the train split.
+inline TaskData RandomTaskData(int64_t n, std::vector<int64_t> example, int classes, uint64_t seed,
+                               float lo, float hi) {
+  Rng rng(seed);
+  int64_t numel = n;
+  for (int64_t d : example) numel *= d;
+  std::vector<float> x(static_cast<size_t>(numel));
+  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) * (hi - lo) + lo;
+  std::vector<int64_t> shape = {n};
+  shape.insert(shape.end(), example.begin(), example.end());
+  TaskData d;
+  d.train.x = Tensor(shape, x);
+  d.train.y.resize(static_cast<size_t>(n));
+  for (int32_t& y : d.train.y)
+    y = static_cast<int32_t>(rng.Uniform(static_cast<uint64_t>(classes)));
+  d.train.num_classes = classes;
+  d.test = d.train;
+  return d;
 }
 
 inline bool BitEqual(const std::vector<float>& a, const std::vector<float>& b, std::string* why) {

@@ -19,6 +19,7 @@
 #include "meshlearn/engine/tile.h"
 #include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/engine/train.h"
+#include "test_util.h"
 
 namespace meshlearn::engine {
 namespace tile_rule_conv_test {  // named: the tests build as unity translation units
@@ -115,15 +116,7 @@ void ExpectConvGradientsRecompute(int64_t micro_batches) {
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   spec->batch_size = 40;
   spec->micro_batches = micro_batches;
-  TaskData d;
-  Rng rng(33);
-  std::vector<float> x(static_cast<size_t>(80 * 784));
-  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
-  d.train.x = Tensor({80, 1, 28, 28}, x);
-  d.train.y.resize(80);
-  for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(10));
-  d.train.num_classes = 10;
-  d.test = d.train;
+  const TaskData d = testing::RandomTaskData(80, {1, 28, 28}, 10, 33, -0.5f, 0.5f);
   int64_t ops = 0;
   const std::map<std::string, int64_t> largest =
       ExpectEveryTileRecomputes(*spec, d, IsWindowGrad, &ops);
@@ -241,15 +234,7 @@ batch_size = 40
                                             "tile-layernorm.toml", ".");
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     spec->micro_batches = M;
-    TaskData d;
-    Rng rng(8);
-    std::vector<float> x(static_cast<size_t>(200 * 70));
-    for (float& v : x) v = static_cast<float>(rng.UniformDouble()) * 2.0f - 1.0f;
-    d.train.x = Tensor({200, 70}, x);
-    d.train.y.resize(200);
-    for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(5));
-    d.train.num_classes = 5;
-    d.test = d.train;
+    const TaskData d = testing::RandomTaskData(200, {70}, 5, 8, -1.0f, 1.0f);
     int64_t ops = 0;
     ExpectEveryTileRecomputes(*spec, d, IsLayerNormKind, &ops);
     // Per micro-batch: two forwards, one input gradient, two weight and two bias gradients.

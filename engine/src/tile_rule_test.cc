@@ -27,6 +27,7 @@
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/tile.h"
 #include "meshlearn/engine/train.h"
+#include "test_util.h"
 
 namespace meshlearn::engine {
 namespace tile_rule_test {  // named: the tests build as unity translation units
@@ -67,19 +68,7 @@ steps = 10
 batch_size = 40
 )";
 
-TaskData SyntheticData() {
-  TaskData d;
-  Rng rng(4);
-  const int64_t n = 200;
-  std::vector<float> x(static_cast<size_t>(n * 70));
-  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) * 2.0f - 1.0f;
-  d.train.x = Tensor({n, 70}, x);
-  d.train.y.resize(n);
-  for (int64_t i = 0; i < n; ++i) d.train.y[i] = static_cast<int32_t>(rng.Uniform(5));
-  d.train.num_classes = 5;
-  d.test = d.train;
-  return d;
-}
+TaskData SyntheticData() { return testing::RandomTaskData(200, {70}, 5, 4, -1.0f, 1.0f); }
 
 std::unique_ptr<Trainer> MakeTrainer(const std::string& toml) {
   Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-mlp.toml", ".");
@@ -321,18 +310,7 @@ TEST(TileRuleTest, AMicroBatchsGradientDependsOnThePreviousMicroBatchsTile) {
 }
 
 // 64 examples of 1100 uniform inputs in [-0.5, 0.5), 5 classes: the data of the wide MLPs below.
-TaskData WideMlpData() {
-  TaskData d;
-  Rng rng(8);
-  std::vector<float> x(static_cast<size_t>(64 * 1100));
-  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
-  d.train.x = Tensor({64, 1100}, x);
-  d.train.y.resize(64);
-  for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(5));
-  d.train.num_classes = 5;
-  d.test = d.train;
-  return d;
-}
+TaskData WideMlpData() { return testing::RandomTaskData(64, {1100}, 5, 8, -0.5f, 0.5f); }
 
 TEST(TileRuleTest, WideLayersAreNarrowedIntoTheirChainsBitForBit) {
   // 1100 inputs and a 1030-wide hidden layer: the first and last forwards (C = 1100, 1030) and
@@ -662,15 +640,7 @@ TEST(TileRuleTest, TheCnnsCoveredOperatorsRecomputeAndTheRestIsOpaque) {
   spec.model = model;
   spec.optimizer = base->optimizer;
   spec.optimizer.grad_clip = 0;
-  TaskData d;
-  Rng rng(21);
-  std::vector<float> x(static_cast<size_t>(64 * 784));
-  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
-  d.train.x = Tensor({64, 1, 28, 28}, x);
-  d.train.y.resize(64);
-  for (int32_t& y : d.train.y) y = static_cast<int32_t>(rng.Uniform(10));
-  d.train.num_classes = 10;
-  d.test = d.train;
+  const TaskData d = testing::RandomTaskData(64, {1, 28, 28}, 10, 21, -0.5f, 0.5f);
   Result<std::unique_ptr<Trainer>> tr = Trainer::Create(spec, d);
   ASSERT_TRUE(tr.ok()) << tr.status().ToString();
   TrainState& st = (*tr)->state();
