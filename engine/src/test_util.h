@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,12 @@ inline TaskData RandomTaskData(int64_t n, std::vector<int64_t> example, int clas
   d.train.num_classes = classes;
   d.test = d.train;
   return d;
+}
+
+// Whether a and b hold the same floats, bit for bit (no memcmp on an empty vector's null data).
+inline bool SameBits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 inline bool BitEqual(const std::vector<float>& a, const std::vector<float>& b, std::string* why) {

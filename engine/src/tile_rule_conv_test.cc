@@ -99,8 +99,7 @@ std::map<std::string, int64_t> ExpectEveryTileRecomputes(const TaskSpec& spec, c
         if (!one.ok()) return largest;
         got = *one;
       }
-      EXPECT_TRUE(got.size() == want.size() &&
-                  std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+      EXPECT_TRUE(testing::SameBits(got, want));
       if (::testing::Test::HasFailure()) return largest;  // one tile's failure says it
     }
   }

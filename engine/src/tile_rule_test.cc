@@ -78,9 +78,7 @@ std::unique_ptr<Trainer> MakeTrainer(const std::string& toml) {
   return std::move(*tr);
 }
 
-bool SameBits(const std::vector<float>& a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using testing::SameBits;
 
 // `toml` with optimizer.grad_clip = `clip` (its [optimizer] table is the one before [train]).
 std::string Clipped(std::string toml, const char* clip) {
