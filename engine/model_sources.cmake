@@ -33,6 +33,7 @@ set(ENGINE_MODEL_TESTS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/tile_rule_conv_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/step_replay_test.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/pipeline_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/stage_tile_test.cc
 )
 
 # Tests that take more than ~20 s in a release build get the label "slow" (ctest -L slow / -LE

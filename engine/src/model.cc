@@ -1072,8 +1072,8 @@ Result<int64_t> ModelOutputs(const ModelSpec& spec) {
   return m->NumOutputs();
 }
 
-Result<std::vector<PlannedParam>> PlanParams(const ModelSpec& spec) {
-  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
+Result<std::vector<PlannedParam>> PlanParams(const ModelSpec& spec, ModelPart part) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, part));
   std::vector<PlannedParam> out;
   out.reserve(m->params().size());
   int64_t offset = 0;

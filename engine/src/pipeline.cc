@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 
+#include "meshlearn/engine/step_replay.h"
+
 namespace meshlearn::engine {
 
 Result<std::vector<Batch>> SplitBatch(const Batch& batch, int64_t micro_batches) {
@@ -315,7 +317,41 @@ void Stage::BeginStep() {
   state_.model->ZeroGrad();
   head_grad_.Zero();
   forwarded_.assign(forwarded_.size(), false);
+  if (trace_ == nullptr) return;
+  RecordStepInputState(state_, *trace_);
+  if (const Tensor* wte = state_.model->tied_weight()) {
+    const TileGrid g = TileGrid::ForShape(wte->shape());
+    trace_->Record("recv.tied_weight", {wte->data(), static_cast<size_t>(wte->size())}, g.rows,
+                   g.cols);
+  }
+  micro_traces_.assign(static_cast<size_t>(micro_batches_), OpTrace());
+  for (OpTrace& t : micro_traces_) {
+    t.set_keep_values(trace_->keep_values());
+    if (micro_batches_ > 1)
+      t.set_name_prefix("mb" + std::to_string(&t - micro_traces_.data()) + ".");
+  }
+  traces_joined_ = false;
 }
+
+void Stage::JoinMicroBatchTraces() {
+  if (trace_ == nullptr || traces_joined_) return;
+  for (OpTrace& t : micro_traces_) trace_->Append(std::move(t));
+  traces_joined_ = true;
+}
+
+bool Stage::Clipped() const { return state_.optimizer->spec().grad_clip > 0; }
+
+namespace {
+
+// A received tensor of a stage's micro-batch, viewed as its rows (a GPT's tokens, B x T; a
+// sequential model's samples) x the rest, as the tile plan grids it.
+void RecordReceived(OpTrace& trace, const std::string& name, std::span<const float> values,
+                    const Model& model, const Batch& batch) {
+  const int64_t rows = model.spec().kind == "gpt" ? batch.size * batch.seq_len : batch.size;
+  trace.Record(name, values, rows, static_cast<int64_t>(values.size()) / rows);
+}
+
+}  // namespace
 
 Result<std::span<const float>> Stage::Forward(int64_t m, const Batch& micro_batch,
                                               std::vector<float> input,
@@ -336,7 +372,13 @@ Result<std::span<const float>> Stage::Forward(int64_t m, const Batch& micro_batc
   const size_t k = static_cast<size_t>(m);
   batches_[k] = micro_batch;
   inputs_[k] = std::move(input);
+  OpTrace* trace = trace_ != nullptr ? &micro_traces_.at(k) : nullptr;
+  if (trace != nullptr && !first()) {
+    RecordReceived(*trace, "recv.activation", inputs_[k], model, batches_[k]);
+  }
+  model.set_op_trace(trace);
   losses_[k] = model.ForwardPart(*tapes_[k], batches_[k], inputs_[k], opts);
+  model.set_op_trace(nullptr);
   forwarded_[k] = true;
   if (last()) return std::span<const float>();
   return model.PartOutput(*tapes_[k]);
@@ -360,7 +402,17 @@ Result<std::span<const float>> Stage::Backward(int64_t m, std::vector<float> out
   BackwardOptions opts;
   opts.dloss = MicroBatchLossScale(micro_batches_);
   if (head_grad_.size() > 0) opts.tied_head_grad = head_grad_.data();
+  OpTrace* trace = trace_ != nullptr ? &micro_traces_.at(k) : nullptr;
+  if (trace != nullptr && !last()) {
+    RecordReceived(*trace, "recv.activation_grad", output_grads_[k], model, batches_[k]);
+  }
+  model.set_op_trace(trace);
   model.BackwardPart(*tapes_[k], output_grads_[k], opts);
+  model.set_op_trace(nullptr);
+  if (trace != nullptr && head_grad_.size() > 0) {
+    const TileGrid g = TileGrid::ForShape(head_grad_.shape());
+    trace->Record(std::string(kGptWteName) + ".head.grad", tied_head_grad(), g.rows, g.cols);
+  }
   forwarded_[k] = false;
   if (first()) return std::span<const float>();
   return model.PartInputGrad(*tapes_[k]);
@@ -372,16 +424,44 @@ std::span<const float> Stage::tied_head_grad() const {
 
 void Stage::AddTiedHeadGrad(std::span<const float> head_grad) {
   CHECK(first() && state_.model->tied_head());
-  engine::AddTiedHeadGrad(state_.model->params()[0].grad, head_grad);
+  JoinMicroBatchTraces();
+  Tensor& wte_grad = state_.model->params()[0].grad;
+  const TileGrid g = TileGrid::ForShape(wte_grad.shape());
+  if (trace_ != nullptr && !last())
+    trace_->Record("recv.tied_head_grad", head_grad, g.rows, g.cols);
+  engine::AddTiedHeadGrad(wte_grad, head_grad);
+  if (trace_ != nullptr) {
+    trace_->Record(std::string(kGptWteName) + ".grad",
+                   {wte_grad.data(), static_cast<size_t>(wte_grad.size())}, g.rows, g.cols);
+  }
 }
 
-float Stage::SumGradSquares(float running) const {
-  return engine::SumGradSquares(state_.model->params(), running);
+float Stage::SumGradSquares(float running) {
+  JoinMicroBatchTraces();
+  const float total = engine::SumGradSquares(state_.model->params(), running);
+  // A clipped step's norm is an operator chain across the stages (tile_rule.h): the running sum
+  // received, the stage's block partials, the sum it sends on.
+  if (trace_ != nullptr && Clipped()) {
+    if (!first()) trace_->Record("recv.grad_squares", {&running, 1});
+    trace_->Record("grad_norm.blocks", GradSquareBlockPartials(state_.model->params()));
+    trace_->Record("grad_squares", {&total, 1});
+  }
+  return total;
 }
 
 void Stage::Update(int64_t step, float grad_norm) {
+  JoinMicroBatchTraces();
   state_.optimizer->Update(state_.model->params(), step, grad_norm);
   state_.step = step + 1;
+  if (trace_ != nullptr) RecordStepOutputState(state_, *trace_);
+}
+
+float Stage::FinishStep(int64_t step, float total) {
+  JoinMicroBatchTraces();
+  if (trace_ != nullptr && Clipped() && !last()) trace_->Record("recv.grad_total", {&total, 1});
+  const float norm = std::sqrt(total);
+  Update(step, norm);
+  return norm;
 }
 
 Status Stage::Restore(TrainState saved) {
@@ -503,8 +583,7 @@ PipelineStepResult RunPipelineStep(std::span<const std::unique_ptr<Stage>> stage
     if (s > 0) record(TransferKind::kTransferGradSquares, s - 1, s, -1, {&squares, 1});
     squares = stages[s]->SumGradSquares(squares);
   }
-  r.grad_norm = std::sqrt(squares);
-  for (const std::unique_ptr<Stage>& s : stages) s->Update(step, r.grad_norm);
+  for (const std::unique_ptr<Stage>& s : stages) r.grad_norm = s->FinishStep(step, squares);
   // c. the head's copy of wte follows the update.
   PipeShareTiedWeightInto(stages, step, &r.transfers);
   return r;

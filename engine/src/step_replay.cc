@@ -45,8 +45,6 @@ uint64_t DropoutSeed(uint64_t task_seed, uint64_t stream) {
   return task_seed + stream * 0x9E3779B97F4A7C15ULL;
 }
 
-namespace {
-
 // The update is the step's last operator: every parameter after it, then every optimizer state
 // tensor after it (op_trace.h), each in its tile grid, so the state the step leaves behind is
 // operator outputs a dispute can narrow to a tile of (tile_rule.h's update operators).
@@ -68,6 +66,8 @@ void RecordStepInputState(TrainState& state, OpTrace& trace) {
   for (const Param& p : state.model->params()) record(p.name, p.value);
   for (const Optimizer::NamedState& s : state.optimizer->State()) record(s.name, *s.tensor);
 }
+
+namespace {
 
 // A clipped update's scale is a reduction over every gradient: it is committed as two operators,
 // every gradient's SumSquaresTree block partials and then the norm they combine to (tile_rule.h),

@@ -489,12 +489,17 @@ int64_t TileRuleNormChunk(const TilePlan& plan, const TileOp& o, int64_t block) 
   return TileRuleNormBlocks(plan, o).at(static_cast<size_t>(block)).chunk;
 }
 
-}  // namespace
-
-Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
-                               int64_t batch, int64_t seq_len, int64_t micro_batches) {
+// The plan of a whole step (stage == nullptr: PlanStepTiles) or of one pipeline stage's step
+// (PlanStageStepTiles: the GPT part `*stage`).
+Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optimizer, int64_t batch,
+                              int64_t seq_len, int64_t micro_batches, const ModelPart* stage) {
   if (model.kind != "sequential" && model.kind != "gpt") {
     return FailedPrecondition("tile rule: a '" + model.kind + "' model is not covered");
+  }
+  if (stage != nullptr && model.kind != "gpt") {
+    return FailedPrecondition(
+        "tile rule: a pipeline stage of a '" + model.kind +
+        "' model has no tile plan yet (only a GPT's stages do); its disputes go to the referee");
   }
   if (optimizer.kind != "adamw" && optimizer.kind != "sgd") {
     return InvalidArgument("tile rule: unknown optimizer kind '" + optimizer.kind + "'");
@@ -510,7 +515,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   // rows samples, named "mb<m>." (op_trace.h), then the norm and the update once.
   const int64_t M = micro_batches, rows = batch / M;
   // From the spec's shapes alone: nothing is allocated, so the ledger plans a model of any size.
-  Result<std::vector<PlannedParam>> shapes = PlanParams(model);
+  // A stage plans its own parameters (PlanParams of its part: what the stage holds, in its order).
+  Result<std::vector<PlannedParam>> shapes =
+      PlanParams(model, stage != nullptr ? *stage : ModelPart{});
   if (!shapes.ok()) return InvalidArgument("tile rule: " + shapes.status().message());
   const std::vector<PlannedParam>& params = *shapes;
   Result<int64_t> outputs = ModelOutputs(model);
@@ -555,12 +562,26 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     const Shape& shape = params[s.param].shape;
     add({"in." + s.name, TileOpKind::kTileOpState, TileGrid::ForShape(shape), shape});
   }
+  // A tensor a stage received from a neighbour (pipeline.h): an input of its step, like the
+  // state, named "recv.<what>" (Stage records it so).
+  auto received = [&](const std::string& what, Shape shape) {
+    TileOp op{"recv." + what, TileOpKind::kTileOpState, TileGrid::ForShape(shape), shape};
+    op.received = true;
+    return add(std::move(op));
+  };
+  const bool staged = stage != nullptr;
+  const bool first_stage = !staged || stage->begin == 0;
+  const bool last_stage = !staged || stage->end == CutLayerCount(model);
   // The update (StepOnBatch records every parameter after it), the same for every model; a
   // clipped one after the global norm's two operators (step_replay.cc records them so).
   const bool adam = optimizer.kind == "adamw";
   auto add_updates = [&] {
     int64_t norm = -1;
     if (optimizer.grad_clip > 0) {
+      // A stage chains the running sum of squares from the one stage s-1 sent (none for stage
+      // 0) and sends it on without the square root; every stage takes the norm from the total
+      // (the last stage's own sum, the one it sent the others).
+      const int64_t running = staged && !first_stage ? received("grad_squares", {1}) : -1;
       std::vector<int64_t> grads;
       int64_t partials = 0;
       for (const PlannedParam& p : params) {
@@ -572,10 +593,16 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
                     TileGrid::For(1, partials),
                     {partials}};
       blocks.sources = grads;
-      TileOp n{"grad_norm", TileOpKind::kTileOpGradNorm, TileGrid::For(1, 1), {1}};
+      TileOp n{staged ? "grad_squares" : "grad_norm",
+               TileOpKind::kTileOpGradNorm,
+               TileGrid::For(1, 1),
+               {1}};
       n.x = add(std::move(blocks));
+      n.v = running;
+      n.squares = staged;
       n.sources = std::move(grads);
       norm = add(std::move(n));
+      if (staged && !last_stage) norm = received("grad_total", {1});
     }
     std::map<std::string, TileOp> updates;  // parameter name -> its update
     for (const PlannedParam& p : params) {
@@ -586,6 +613,7 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
       up.b = state_op(adam ? "optim.m." + p.name : "optim.momentum." + p.name);
       up.v = adam ? state_op("optim.v." + p.name) : -1;
       up.clip_norm = norm;
+      up.squares = staged && norm >= 0;
       updates[p.name] = up;
       add(std::move(up));
     }
@@ -614,6 +642,17 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     const GptSpec& g = model.gpt;
     const int64_t T = seq_len > 0 ? seq_len : g.block_size;
     const int64_t N = rows * T, C = g.n_embd, V = g.vocab_size;
+    // A stage holds blocks [begin, end): the embeddings only with block 0, ln_f and the head only
+    // with the last block; the head of a later stage reads its received copy of wte.
+    const int64_t begin = staged ? stage->begin : 0, end = staged ? stage->end : g.n_layer;
+    const int64_t emb = first_stage ? 2 : 0;  // parameters before the first block's
+    const Shape wte_shape{V, C};
+    const std::string wte_name = "transformer.wte.weight";
+    const int64_t wte_op =
+        first_stage ? state_op(wte_name) : (last_stage ? received("tied_weight", wte_shape) : -1);
+    // The head's wte gradient accumulates in its own buffer in a step of micro-batches and in a
+    // pipeline's last stage (pipeline.h, step 3), and is added to wte's once, after them.
+    const bool head_buffer = M > 1 || staged;
     plan.batch = batch * T;
     plan.tokens = true;
     plan.seq_len = T;
@@ -646,14 +685,20 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
     for (int64_t mb = 0; mb < M; ++mb) {
       begin_micro_batch(mb);
       // encoded = wte[token] + wpe[position] (EmbeddingForward twice, ResidualForward).
-      TileOp enc{"encoded", TileOpKind::kTileOpEmbedding, TileGrid::For(N, C), {N, C}};
-      enc.x = state_op(params[0].name);
-      enc.w = state_op(params[1].name);
-      enc.conv = {T};
-      int64_t resid = add(std::move(enc));
-      for (int64_t l = 0; l < g.n_layer; ++l) {
+      // A later stage starts from the activations stage s-1 sent.
+      int64_t resid = -1;
+      if (first_stage) {
+        TileOp enc{"encoded", TileOpKind::kTileOpEmbedding, TileGrid::For(N, C), {N, C}};
+        enc.x = state_op(params[0].name);
+        enc.w = state_op(params[1].name);
+        enc.conv = {T};
+        resid = add(std::move(enc));
+      } else {
+        resid = received("activation", {N, C});
+      }
+      for (int64_t l = begin; l < end; ++l) {
         const std::string p = "h." + std::to_string(l) + ".";
-        const int64_t base = 2 + 12 * l;  // the layer's 12 parameters (model.cc's P(l, k))
+        const int64_t base = emb + 12 * (l - begin);  // the layer's 12 parameters (P(l, k))
         const int64_t ln1 = layernorm(p + "ln1", resid, base);
         const int64_t qkv = linear(p + "qkv", ln1, 3 * C, base + 2);
         const int64_t NHT = rows * g.n_head * T;
@@ -674,28 +719,34 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         const int64_t fcproj = linear(p + "fcproj", add(std::move(gelu)), C, base + 10);
         resid = residual(p + "residual3", r2, fcproj);
       }
-      const int64_t lnf = layernorm("ln_f", resid, static_cast<int64_t>(params.size()) - 2);
-      const int64_t logits = linear("logits", lnf, V, 0);  // the tied head: ln_f @ wte^T, no bias
-      // The token loss and its gradient: the logits rows and their target tokens (rows are
-      // independent, as a classifier's are).
-      TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(N, 1), {N, 1}};
-      loss.x = logits;
-      add(std::move(loss));
-      TileOp lgrad{"logits.grad", TileOpKind::kTileOpLossGrad, TileGrid::For(N, V), {N, V}};
-      lgrad.x = logits;
-      const int64_t dlogits = add(std::move(lgrad));
-      // The head's input gradient: dlogits @ wte (kernels.h's dinp chain over the V logits).
-      TileOp dlnf{"ln_f.grad", TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, C), {N, C}};
-      dlnf.x = dlogits;
-      dlnf.w = state_op(params[0].name);
-      const int64_t dlnf_op = add(std::move(dlnf));
-      // The residual gradient entering each layer (the top one's: ln_f's backward); each layer's
-      // traced gradients.
+      // The residual gradient entering each layer (the top one's: ln_f's backward, or what stage
+      // s+1 sent); each layer's traced gradients.
       const size_t L = static_cast<size_t>(g.n_layer);
       std::vector<int64_t> dres_in(L + 1, -1), dres2(L, -1), dfch(L, -1), dqkv(L, -1), dln1(L, -1),
           dln2(L, -1);
-      // ln_f's backward on a zeroed gradient: the rows of ln_f.grad and of the last residual.
-      const int64_t lnf_w = static_cast<int64_t>(params.size()) - 2;
+      int64_t lnf = -1, dlogits = -1, dlnf_op = -1;
+      // ln_f's weight: the part's last two parameters (none before the last stage).
+      const int64_t lnf_w = last_stage ? static_cast<int64_t>(params.size()) - 2 : -1;
+      if (last_stage) {
+        lnf = layernorm("ln_f", resid, lnf_w);
+        // The tied head: ln_f @ wte^T, no bias.
+        const int64_t logits = linear("logits", lnf, V, 0);
+        plan.ops[static_cast<size_t>(logits)].w = wte_op;
+        plan.ops[static_cast<size_t>(logits)].b = -1;
+        // The token loss and its gradient: the logits rows and their target tokens (rows are
+        // independent, as a classifier's are).
+        TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(N, 1), {N, 1}};
+        loss.x = logits;
+        add(std::move(loss));
+        TileOp lgrad{"logits.grad", TileOpKind::kTileOpLossGrad, TileGrid::For(N, V), {N, V}};
+        lgrad.x = logits;
+        dlogits = add(std::move(lgrad));
+        // The head's input gradient: dlogits @ wte (kernels.h's dinp chain over the V logits).
+        TileOp dlnf{"ln_f.grad", TileOpKind::kTileOpLinearInputGrad, TileGrid::For(N, C), {N, C}};
+        dlnf.x = dlogits;
+        dlnf.w = wte_op;
+        dlnf_op = add(std::move(dlnf));
+      }
       auto ln_input_grad = [&](const std::string& name, int64_t dout, int64_t ln, int64_t weight,
                                int64_t into) {
         TileOp op{name, TileOpKind::kTileOpLayerNormInputGrad, TileGrid::For(N, C), {N, C}};
@@ -711,16 +762,18 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         op.w = state_op(params[static_cast<size_t>(weight)].name);
         return add(std::move(op));
       };
-      dres_in[L] = ln_input_grad("residual.grad", dlnf_op, lnf, lnf_w, -1);
+      const size_t top = static_cast<size_t>(end);
+      dres_in[top] = last_stage ? ln_input_grad("residual.grad", dlnf_op, lnf, lnf_w, -1)
+                                : received("activation_grad", {N, C});
       // Each layer as BackwardPart runs it (kernels on zeroed buffers): the down projection's dX,
       // the gelu's, the up projection's dX, ln2's backward added into the residual gradient
       // (ResidualBackward's 0 + the gradient entering the layer), the attention projection's dX
       // (from dattproj = 0 + residual3.grad), the attention backward, qkv's dX, and ln1's
       // backward added into 0 + residual3.grad.
-      for (int64_t l = g.n_layer; l-- > 0;) {
+      for (int64_t l = end; l-- > begin;) {
         const std::string p = "h." + std::to_string(l) + ".";
         const size_t ls = static_cast<size_t>(l);
-        const int64_t base = 2 + 12 * l;
+        const int64_t base = emb + 12 * (l - begin);
         const int64_t dfch_gelu =
             input_grad(p + "fch_gelu.grad", 4 * C, dres_in[ls + 1], base + 10);
         TileOp gelu{
@@ -765,8 +818,8 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         const TileGrid grid = TileGrid::ForShape(param.shape);
         TileOp op{param.name + ".grad", TileOpKind::kTileOpOpaque, grid, param.shape};
         op.opaque = kNoFootprint;
-        const int64_t k = static_cast<int64_t>(pi) - 2;
-        if (pi < 2) {
+        const int64_t k = static_cast<int64_t>(pi) - emb;
+        if (first_stage && pi < 2) {
           // wte (pi 0): the tied head's dW (LinearBackward on the zeroed gradient: its chain over
           // the rows, then 0 + the sum), then EmbeddingBackward's row sums by token added to it;
           // wpe (pi 1): EmbeddingBackward's row sums by position on its zeroed gradient. Both
@@ -774,20 +827,20 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
           op.kind = TileOpKind::kTileOpEmbeddingGrad;
           op.x = dres_in[0];
           op.conv = {T, pi == 0 ? 1 : 0};
-          if (pi == 0 && M == 1) {
+          if (pi == 0 && !head_buffer) {
             op.b = dlogits;
             op.v = lnf;
           }
           op.opaque.clear();
-        } else if (static_cast<int64_t>(pi) >=
-                   lnf_w) {  // ln_f's weight and bias: chains over the rows
+        } else if (last_stage &&
+                   static_cast<int64_t>(pi) >= lnf_w) {  // ln_f's: chains over the rows
           op.kind = static_cast<int64_t>(pi) == lnf_w ? TileOpKind::kTileOpLayerNormWeightGrad
                                                       : TileOpKind::kTileOpLayerNormBiasGrad;
           op.x = dlnf_op;
           op.w = static_cast<int64_t>(pi) == lnf_w ? resid : -1;
           op.opaque.clear();
-        } else if (k >= 0 && k < 12 * g.n_layer) {
-          const int64_t l = k / 12, slot = k % 12;
+        } else if (k >= 0 && k < 12 * (end - begin)) {
+          const int64_t l = begin + k / 12, slot = k % 12;
           const size_t ls = static_cast<size_t>(l);
           const std::string p = "h." + std::to_string(l) + ".";
           int64_t dout = -1, in = -1;
@@ -814,24 +867,27 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
         if (mb > 0 && op.kind != TileOpKind::kTileOpOpaque) op.v = index.at(param.name + ".grad");
         add(std::move(op));
       }
-      if (M > 1) {
+      if (head_buffer && last_stage) {
         // The tied head's wte gradient, in its own buffer (pipeline.h, step 3): LinearBackward's
         // dweight of the micro-batch added into the previous micro-batch's.
-        TileOp head{params[0].name + ".head.grad", TileOpKind::kTileOpLinearWeightGrad,
-                    TileGrid::ForShape(params[0].shape), params[0].shape};
+        TileOp head{wte_name + ".head.grad", TileOpKind::kTileOpLinearWeightGrad,
+                    TileGrid::ForShape(wte_shape), wte_shape};
         head.x = dlogits;
         head.w = lnf;
-        if (mb > 0) head.v = index.at(params[0].name + ".head.grad");
+        if (mb > 0) head.v = index.at(wte_name + ".head.grad");
         add(std::move(head));
       }
     }
     end_micro_batches();
-    if (M > 1) {
-      // AddTiedHeadGrad: wte.grad[i] = wte.grad[i] + head_grad[i], elementwise.
-      TileOp sum{params[0].name + ".grad", TileOpKind::kTileOpResidual,
-                 TileGrid::ForShape(params[0].shape), params[0].shape};
-      sum.x = index.at(params[0].name + ".grad");
-      sum.w = index.at(params[0].name + ".head.grad");
+    if (head_buffer && first_stage) {
+      // AddTiedHeadGrad: wte.grad[i] = wte.grad[i] + head_grad[i], elementwise; the head's
+      // gradient as the last stage sent it (its own in a one-stage pipeline).
+      const int64_t head =
+          last_stage ? index.at(wte_name + ".head.grad") : received("tied_head_grad", wte_shape);
+      TileOp sum{wte_name + ".grad", TileOpKind::kTileOpResidual, TileGrid::ForShape(wte_shape),
+                 wte_shape};
+      sum.x = index.at(wte_name + ".grad");
+      sum.w = head;
       add(std::move(sum));
     }
     add_updates();
@@ -996,6 +1052,20 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
   end_micro_batches();
   add_updates();
   return plan;
+}
+
+}  // namespace
+
+Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
+                               int64_t batch, int64_t seq_len, int64_t micro_batches) {
+  return TileRulePlan(model, optimizer, batch, seq_len, micro_batches, nullptr);
+}
+
+Result<TilePlan> PlanStageStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
+                                    ModelPart part, int64_t batch, int64_t seq_len,
+                                    int64_t micro_batches) {
+  if (part.end < 0) part.end = CutLayerCount(model);
+  return TileRulePlan(model, optimizer, batch, seq_len, micro_batches, &part);
 }
 
 int64_t UpdatedStateOperand(const TileOp& op) {
@@ -1472,6 +1542,7 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // Block k: parameter k's block partials (or one chunk of them).
       const TileRuleNormBlock nb = TileRuleNormBlocks(plan, o)[static_cast<size_t>(block)];
       TileRuleCover(plan, o.x, 0, 1, nb.first, nb.first + nb.count, fp);
+      if (o.v >= 0 && block == 0) TileRuleCover(plan, o.v, 0, 1, 0, 1, fp);  // the chain's start
       break;
     }
   }
@@ -2715,9 +2786,13 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       if (o.b >= 0) m = dense(o.b, t.r0, t.r1, t.c0, t.c1);
       if (o.v >= 0) v = dense(o.v, t.r0, t.r1, t.c0, t.c1);
       // Clipped: the factor of the agreed global norm, as Optimizer::Update forms it.
-      const GradClip clip = o.clip_norm >= 0
-                                ? GradClipOf(plan.optimizer, dense(o.clip_norm, 0, 1, 0, 1)[0])
-                                : GradClip{};
+      // A stage's clip_norm holds the total sum of squares: the norm is its square root, as
+      // Stage::FinishStep takes it.
+      const float clip_value = o.clip_norm >= 0 ? dense(o.clip_norm, 0, 1, 0, 1)[0] : 0.0f;
+      const GradClip clip =
+          o.clip_norm >= 0
+              ? GradClipOf(plan.optimizer, o.squares ? std::sqrt(clip_value) : clip_value)
+              : GradClip{};
       if (o.kind == TileOpKind::kTileOpAdamW) {
         AdamWStep s = AdamWScalars(plan.optimizer, step, clip.scale, clip.clip);
         s.decay_weight = AdamWDecays(plan.optimizer, o.shape);
@@ -2769,14 +2844,16 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       std::vector<float> roots;
       if (nb.chunk > 0) roots.assign(in.partial.begin() + 1, in.partial.end());
       roots.push_back(CombineBlockPartials(dense(o.x, 0, 1, nb.first, nb.first + nb.count)));
-      const float before = block > 0 ? in.partial[0] : 0.0f;
+      // A stage's chain starts from the running sum stage s-1 sent (SumGradSquares(running)).
+      const float before =
+          block > 0 ? in.partial[0] : (o.v >= 0 ? dense(o.v, 0, 1, 0, 1)[0] : 0.0f);
       if (nb.chunk + 1 < nb.chunks) {
         out.assign(1, before);
         out.insert(out.end(), roots.begin(), roots.end());
         break;
       }
       const float total = before + CombineBlockPartials(std::move(roots));
-      out.assign(1, block + 1 == blocks ? std::sqrt(total) : total);
+      out.assign(1, block + 1 == blocks && !o.squares ? std::sqrt(total) : total);
       break;
     }
   }

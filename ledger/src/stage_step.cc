@@ -196,8 +196,8 @@ Result<StageStepOutcome> RunStageStep(engine::Stage& stage, const StageContext& 
     }
   }
   // 5. The update: the only change to the stage's weights.
-  out.grad_norm = std::sqrt(total);
-  stage.Update(step, out.grad_norm);
+  // (FinishStep: norm = sqrt(total), and a traced stage records the total it received.)
+  out.grad_norm = stage.FinishStep(step, total);
   c.state_after = engine::StateHash(stage.state());
   return out;
 }

@@ -170,8 +170,10 @@ struct PlannedParam {
   Shape shape;
   int64_t offset = 0;  // floats before it in the flat vector
 };
-// Errors: the spec's own (shapes).
-Result<std::vector<PlannedParam>> PlanParams(const ModelSpec& spec);
+// Errors: the spec's own (shapes). With a `part`: that part's parameters, as the stage holding it
+// (Model::CreatePart) has them, offsets within the part's own flat vector (a pipeline stage's
+// tile plan, tile_rule.h).
+Result<std::vector<PlannedParam>> PlanParams(const ModelSpec& spec, ModelPart part = {});
 // The whole model's parameter count, from its spec alone: what a created model's NumParameters()
 // and the length of its flat vector are (the one count: EstimateMemory's num_parameters too).
 Result<int64_t> CountParameters(const ModelSpec& spec);
@@ -214,7 +216,7 @@ class Model {
 
   const ModelSpec& spec() const { return spec_; }
   const ModelPart& part() const { return part_; }
-  bool has_input() const { return part_.begin == 0; }       // reads the batch's inputs/tokens
+  bool has_input() const { return part_.begin == 0; }         // reads the batch's inputs/tokens
   bool has_loss() const { return part_.end == cut_layers_; }  // computes the loss
   // GPT parts with the head but without wte: the copy of wte the head reads. Else nullptr.
   Tensor* tied_weight() { return tied_weight_.size() > 0 ? &tied_weight_ : nullptr; }
@@ -298,7 +300,7 @@ class Model {
   MemoryEstimate PlannedMemory(int64_t B, int64_t T) const;  // without the optimizer
   friend Result<MemoryEstimate> EstimateMemory(const ModelSpec&, int64_t, int64_t,
                                                const std::string&, bool);
-  friend Result<std::vector<PlannedParam>> PlanParams(const ModelSpec&);
+  friend Result<std::vector<PlannedParam>> PlanParams(const ModelSpec&, ModelPart);
   friend Result<int64_t> CountParameters(const ModelSpec&);
   std::vector<Shape> param_shapes_;  // parallel to params_
   // An operator output viewed as rows x cols (its tile grid, tile.h); rows = 1 for a vector.
@@ -316,15 +318,15 @@ class Model {
   }
 
   ModelSpec spec_;
-  ModelPart part_;           // resolved: 0 <= begin < end <= cut_layers_
-  int64_t cut_layers_ = 0;   // CutLayerCount(spec_)
+  ModelPart part_;          // resolved: 0 <= begin < end <= cut_layers_
+  int64_t cut_layers_ = 0;  // CutLayerCount(spec_)
   std::vector<Param> params_;
   std::vector<InitRule> init_;         // parallel to params_
   std::vector<uint64_t> param_index_;  // parallel to params_: index in the whole model
   uint64_t planned_params_ = 0;        // parameters of the whole model recorded so far
   InitRule scratch_rule_;
-  Shape tied_shape_;     // a GPT part with the head but not wte: wte's shape
-  Tensor tied_weight_;   // allocated with the parameters
+  Shape tied_shape_;            // a GPT part with the head but not wte: wte's shape
+  Tensor tied_weight_;          // allocated with the parameters
   std::unique_ptr<Tape> tape_;  // Forward()/Backward()'s
   OpTrace* trace_ = nullptr;
 };

@@ -68,6 +68,12 @@ class OpTrace {
 
   // Keep a copy of every recorded output (for opening tiles). Off by default.
   void set_keep_values(bool keep) { keep_values_ = keep; }
+  bool keep_values() const { return keep_values_; }
+
+  // Appends `other`'s outputs (names, roots, grids, and values where both keep them) after this
+  // trace's: a pipeline stage records each micro-batch's operators apart (its forward and
+  // backward passes interleave with other micro-batches') and joins them in the plan's order.
+  void Append(OpTrace&& other);
 
   size_t size() const { return hashes_.size(); }
   const std::string& name(size_t i) const { return names_[i]; }

@@ -54,6 +54,7 @@
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/model.h"
+#include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/optim.h"
 #include "meshlearn/engine/train.h"
 
@@ -139,6 +140,10 @@ struct Transfer {
 
 // ---- Stages.
 
+// The name of a GPT's tied embedding (its first parameter, model.cc): a later stage's head reads
+// a copy of it, and the head's gradient of it is traced as "<kGptWteName>.head.grad".
+inline constexpr char kGptWteName[] = "transformer.wte.weight";
+
 class Stage {
  public:
   // Stage `index` of `cut` with `micro_batches` micro-batches per step: the model part, its
@@ -164,6 +169,15 @@ class Stage {
   TrainState& state() { return state_; }
   std::vector<Param>& params() { return state_.model->params(); }
 
+  // The stage's step as operators (op_trace.h), for the tile rule (tile_rule.h's
+  // PlanStageStepTiles gives the order and the names): while set, BeginStep records the input
+  // state (and a later last stage's copy of wte, which the caller sets before BeginStep), Forward
+  // and Backward record what they received and micro-batch m's operators (joined in micro-batch
+  // order when the step's end begins, whatever order the passes ran in), AddTiedHeadGrad,
+  // SumGradSquares and FinishStep what they received and computed, and Update the output state.
+  // The caller owns `trace` (keep_values as it chooses) and gives a fresh one each step.
+  void set_op_trace(OpTrace* trace) { trace_ = trace; }
+
   // Zeroes the gradients (and the head's wte gradient) for a new step.
   void BeginStep();
   // Forward of micro-batch m; `input` (moved in, kept until Backward(m)) is the previous stage's
@@ -185,9 +199,12 @@ class Stage {
   // A GPT's first stage: adds the head's wte gradient (AddTiedHeadGrad).
   void AddTiedHeadGrad(std::span<const float> head_grad);
   // `running` + this stage's gradient squares (SumGradSquares, model order).
-  float SumGradSquares(float running) const;
+  float SumGradSquares(float running);
   // The optimizer update of 0-based step `step` with the global norm; then state().step = step+1.
   void Update(int64_t step, float grad_norm);
+  // The end of the step from the total sum of squares (the last stage's SumGradSquares): norm =
+  // sqrt(total), Update(step, norm); returns the norm.
+  float FinishStep(int64_t step, float total);
   // Replaces the stage's state by `saved` (LoadCheckpoint of this stage's SaveCheckpoint): the
   // same model part and optimizer, else InvalidArgument naming what differs. A GPT's last stage
   // then needs wte again (ShareTiedWeight).
@@ -209,6 +226,14 @@ class Stage {
   std::vector<float> losses_;
   std::vector<bool> forwarded_;  // micro-batch m ran Forward this step (Backward may run)
   Tensor head_grad_;             // GPT last stage: the head's wte gradient
+
+  // Tracing (set_op_trace): the step's trace, each micro-batch's operators until the end of the
+  // step joins them, and whether it has.
+  void JoinMicroBatchTraces();
+  bool Clipped() const;
+  OpTrace* trace_ = nullptr;
+  std::vector<OpTrace> micro_traces_;
+  bool traces_joined_ = true;
 };
 
 // Initialises every stage's parameters as Model::Init(seed) initialises the whole model, and

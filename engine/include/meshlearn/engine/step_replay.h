@@ -61,6 +61,13 @@ OptimizerSpec UnitOptimizerSpec(const OptimizerSpec& task_optimizer, double lr_s
 // The dropout seed of every step of stream `stream` (Trainer::Step's rule).
 uint64_t DropoutSeed(uint64_t task_seed, uint64_t stream);
 
+// What a traced step records first and last (op_trace.h): its input state ("in.<name>": every
+// parameter, then every optimizer state tensor), and its output state (the same tensors after the
+// update, under their own names), each in its tile grid. A pipeline stage's step records its own
+// the same way (pipeline.h's Stage).
+void RecordStepInputState(TrainState& state, OpTrace& trace);
+void RecordStepOutputState(TrainState& state, OpTrace& trace);
+
 // One optimizer step of `state` on `batch` at step state.step, then state.step += 1: exactly what
 // Trainer::Step does after drawing its batch (Trainer::Step calls this). Records into the model's
 // OpTrace when one is attached. Returns the batch loss; stores the gradient norm before clipping

@@ -337,6 +337,15 @@ struct TileOp {
   // An operator of micro-batch m of a step in M > 1 micro-batches: m * B / M, where its rows
   // start in the step's batch (its footprints' batch_rows are the step's batch positions).
   int64_t batch_offset = 0;
+  // A pipeline stage's plan (PlanStageStepTiles): a tensor the stage received from a neighbour
+  // ("recv.<what>", kTileOpState: an input of the step like its state, proven against the
+  // sender's signed tiled root instead of the state hash).
+  bool received = false;
+  // A pipeline stage's clipped norm: kTileOpGradNorm is the running sum of squares the stage
+  // sends on ("grad_squares": from v's one value, the sum stage s-1 sent, or 0 for stage 0; no
+  // square root), and an update's clip_norm holds the total sum of squares, whose square root
+  // is the norm.
+  bool squares = false;
 };
 
 struct TilePlan {
@@ -370,6 +379,26 @@ Hash256 StateTileRoot(TrainState& state);
 // InvalidArgument when micro_batches does not divide batch.
 Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
                                int64_t batch, int64_t seq_len = 0, int64_t micro_batches = 1);
+
+// The plan of one pipeline stage's step (pipeline.h): stage `part` of a GPT (FailedPrecondition for
+// another model: its stages are ruled whole), as Stage records it with an OpTrace attached
+// (Stage::set_op_trace): the stage's input state ("in.<name>": its parameters, then its optimizer
+// state); a later stage's copy of wte, "recv.tied_weight" (the last stage of S > 1); for m =
+// 0..M-1 (names prefixed "mb<m>." when M > 1): the activations received from stage s-1
+// ("recv.activation", stages s > 0), the stage's forward operators, the gradient received from
+// stage s+1 ("recv.activation_grad", stages s < S-1), its backward operators and accumulated
+// parameter gradients, and the last stage's head wte gradient ("<wte>.head.grad", accumulated in
+// its own buffer whatever M); stage 0 then adds the head's gradient ("recv.tied_head_grad" from
+// the last stage, S > 1) into "<wte>.grad"; a clipped step ("recv.grad_squares" from stage s-1,
+// s > 0) "grad_norm.blocks" and "grad_squares" (the running sum it sends on), then
+// "recv.grad_total" (s < S-1: the last stage's "grad_squares"); and the update as a whole step's.
+// Every tensor the stage sends is one of its operators (the last block's residual3, the first
+// block's residual.grad, the head gradient, grad_squares), so a dispute over what it sent narrows
+// to a tile like any other. Footprints and RecomputeTile apply unchanged; the received tensors are
+// inputs (the ledger proves their tiles against the sender's signed tiled roots).
+Result<TilePlan> PlanStageStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
+                                    ModelPart part, int64_t batch, int64_t seq_len = 0,
+                                    int64_t micro_batches = 1);
 
 // Number of fixed reduction blocks a tile of op j is narrowed into (dW, db: the batch in blocks of
 // kTileRows rows; a wide linear: its chain in blocks of 256; a conv: 4 channels a block, its input

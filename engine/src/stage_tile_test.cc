@@ -1,0 +1,294 @@
+// A pipeline stage's step as operators (Stage::set_op_trace, PlanStageStepTiles): the tile rule
+// of a unit's step applied to a stage's, whose inputs are its state and the tensors its
+// neighbours sent (docs/verification.md, "Pipeline stages").
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/config.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/model.h"
+#include "meshlearn/engine/op_trace.h"
+#include "meshlearn/engine/pipeline.h"
+#include "meshlearn/engine/tile.h"
+#include "meshlearn/engine/tile_rule.h"
+#include "test_util.h"
+
+namespace meshlearn::engine {
+namespace stage_tile_test {  // named: the tests build as unity translation units
+
+// A GPT whose tensors cut into several tiles with short edges (C = 40, V = 37, 48 rows a
+// micro-batch), 4 blocks cut into 3 stages (the first with the embeddings, the last with ln_f and
+// the tied head), each step in 2 micro-batches, clipped (the norm chains across the stages).
+constexpr char kStageGpt[] = R"(
+[model]
+kind = "gpt"
+n_layer = 4
+n_head = 2
+n_embd = 40
+block_size = 24
+vocab_size = 37
+)";
+constexpr int64_t kBatch = 4, kSeq = 24, kMicro = 2;
+
+ModelSpec StageGptSpec() {
+  Result<ConfigFile> cfg = ConfigFile::Parse(kStageGpt, "model.toml");
+  CHECK(cfg.ok()) << cfg.status().ToString();
+  Result<ConfigFile> table = cfg->GetTable("model");
+  CHECK(table.ok()) << table.status().ToString();
+  Result<ModelSpec> spec = ModelSpec::FromConfig(*table);
+  CHECK(spec.ok()) << spec.status().ToString();
+  return *spec;
+}
+
+OptimizerSpec StageOptimizer() {
+  OptimizerSpec o;
+  o.kind = "adamw";
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  o.grad_clip = 0.05;  // small: clipping happens, so the norm's chain across stages matters
+  return o;
+}
+
+Batch StageBatch(const Model& m, int64_t step) {
+  Batch b = m.EmptyBatch(kBatch, kSeq);
+  Rng rng(500 + static_cast<uint64_t>(step));
+  for (int32_t& t : b.tokens) t = static_cast<int32_t>(rng.Uniform(37));
+  for (int32_t& t : b.targets) t = static_cast<int32_t>(rng.Uniform(37));
+  return b;
+}
+
+struct StagePipeline {
+  PipelineCut cut;
+  std::vector<std::unique_ptr<Stage>> stages;
+};
+
+StagePipeline MakeStagePipeline() {
+  StagePipeline p;
+  Result<PipelineCut> cut = MakeCut(StageGptSpec(), {0, 1, 3, 4});
+  CHECK(cut.ok()) << cut.status().ToString();
+  p.cut = *cut;
+  for (int s = 0; s < p.cut.stages(); ++s) {
+    Result<std::unique_ptr<Stage>> st =
+        Stage::Create(StageGptSpec(), StageOptimizer(), p.cut, s, kMicro);
+    CHECK(st.ok()) << st.status().ToString();
+    p.stages.push_back(std::move(*st));
+  }
+  InitPipeline(p.stages, 3);
+  return p;
+}
+
+// Stage s's operator of `name`, or -1.
+int64_t OpNamed(const TilePlan& plan, const std::string& name) {
+  for (size_t j = 0; j < plan.ops.size(); ++j) {
+    if (plan.ops[j].name == name) return static_cast<int64_t>(j);
+  }
+  return -1;
+}
+
+// One traced pipeline step (the second: AdamW's moments nonzero) of the 3 stages; every stage's
+// plan follows its trace operator for operator, and every tile of every computed operator
+// recomputes from its footprint to the traced bits (the reference kernels' order against the
+// fast kernels'). What the stages received and sent are operators of the traces, the traced
+// output state is the state the stage ends with, and tracing changes nothing.
+TEST(StageTileTest, EveryTileOfEveryStageRecomputesBitForBit) {
+  StagePipeline traced = MakeStagePipeline();
+  StagePipeline plain = MakeStagePipeline();
+  const Batch warm = StageBatch(*traced.stages[0]->state().model, 0);
+  RunPipelineStep(traced.stages, warm, 11);
+  RunPipelineStep(plain.stages, warm, 11);
+  const Batch batch = StageBatch(*traced.stages[0]->state().model, 1);
+  const int64_t step = traced.stages[0]->state().step;
+  std::vector<OpTrace> traces(traced.stages.size());
+  for (size_t s = 0; s < traced.stages.size(); ++s) {
+    traces[s].set_keep_values(true);
+    traced.stages[s]->set_op_trace(&traces[s]);
+  }
+  const PipelineStepResult r = RunPipelineStep(traced.stages, batch, 11);
+  for (const std::unique_ptr<Stage>& s : traced.stages) s->set_op_trace(nullptr);
+  const PipelineStepResult untraced = RunPipelineStep(plain.stages, batch, 11);
+  EXPECT_EQ(r.grad_norm, untraced.grad_norm);
+  EXPECT_GT(r.grad_norm, 0.05f) << "the step must clip";
+
+  Result<TilePlan> whole = PlanStepTiles(StageGptSpec(), StageOptimizer(), kBatch, kSeq, kMicro);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  std::set<TileOpKind> whole_kinds, stage_kinds;
+  for (const TileOp& op : whole->ops) whole_kinds.insert(op.kind);
+  int64_t checked = 0;
+  for (size_t s = 0; s < traced.stages.size(); ++s) {
+    SCOPED_TRACE("stage " + std::to_string(s));
+    Stage& stage = *traced.stages[s];
+    const OpTrace& trace = traces[s];
+    EXPECT_EQ(StateHash(stage.state()), StateHash(plain.stages[s]->state()));
+    Result<TilePlan> plan =
+        PlanStageStepTiles(StageGptSpec(), StageOptimizer(), traced.cut.part(static_cast<int>(s)),
+                           kBatch, kSeq, kMicro);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    ASSERT_EQ(plan->ops.size(), trace.size());
+    for (size_t j = 0; j < trace.size(); ++j) {
+      ASSERT_EQ(plan->ops[j].name, trace.name(j)) << j;
+      ASSERT_EQ(plan->ops[j].grid, trace.grid(j)) << trace.name(j);
+    }
+    // The step's output state is its last operators: the stage's state after the step.
+    const std::vector<Param>& params = stage.params();
+    for (const Param& p : params) {
+      const int64_t j = OpNamed(*plan, p.name);
+      ASSERT_GE(j, 0) << p.name;
+      EXPECT_TRUE(testing::SameBits(trace.values(static_cast<size_t>(j)),
+                                    {p.value.data(), static_cast<size_t>(p.value.size())}))
+          << p.name;
+    }
+    // Every tensor the stage received is an input operator of its step ("recv.<what>", the
+    // values whose TensorHash the sender's transfer carries); every one it sent is a computed
+    // operator.
+    int64_t received = 0;
+    for (const Transfer& t : r.transfers) {
+      if (t.step != step) continue;
+      const std::string mb = t.micro_batch >= 0 ? "mb" + std::to_string(t.micro_batch) + "." : "";
+      std::string recv, sent;
+      switch (t.kind) {
+        case TransferKind::kTransferActivation:
+          recv = mb + "recv.activation";
+          sent = mb + "h." + std::to_string(traced.cut.bounds[s + 1] - 1) + ".residual3";
+          break;
+        case TransferKind::kTransferActivationGrad:
+          recv = mb + "recv.activation_grad";
+          sent = mb + "h." + std::to_string(traced.cut.bounds[s]) + ".residual.grad";
+          break;
+        case TransferKind::kTransferTiedHeadGrad:
+          recv = "recv.tied_head_grad";
+          sent = "mb" + std::to_string(kMicro - 1) + "." + kGptWteName + ".head.grad";
+          break;
+        case TransferKind::kTransferGradSquares:
+          recv = "recv.grad_squares";
+          sent = "grad_squares";
+          break;
+        case TransferKind::kTransferTiedWeight:
+          continue;  // the next step's copy (this step's is "recv.tied_weight", checked below)
+      }
+      const std::string& name = t.to == static_cast<int>(s) ? recv : sent;
+      if (t.to != static_cast<int>(s) && t.from != static_cast<int>(s)) continue;
+      const int64_t j = OpNamed(*plan, name);
+      ASSERT_GE(j, 0) << name;
+      EXPECT_EQ(plan->ops[static_cast<size_t>(j)].received, t.to == static_cast<int>(s)) << name;
+      EXPECT_EQ(TensorHash(trace.values(static_cast<size_t>(j))), t.hash) << name;
+      if (t.to == static_cast<int>(s)) ++received;
+    }
+    // Activations (s > 0) and gradients (s < S-1) of each micro-batch; the head's gradient (stage
+    // 0); the running sum of squares (s > 0).
+    const bool first = s == 0, last = s + 1 == traced.stages.size();
+    EXPECT_EQ(received, (first ? 0 : kMicro + 1) + (last ? 0 : kMicro) + (first ? 1 : 0));
+    if (s + 1 == traced.stages.size()) {
+      EXPECT_GE(OpNamed(*plan, "recv.tied_weight"), 0);
+    } else {
+      const int64_t total = OpNamed(*plan, "recv.grad_total");
+      ASSERT_GE(total, 0);
+      EXPECT_EQ(std::sqrt(trace.values(static_cast<size_t>(total))[0]), r.grad_norm);
+    }
+    // Every tile of every operator the stage computed.
+    for (size_t j = 0; j < trace.size(); ++j) {
+      const TileOp& op = plan->ops[j];
+      if (op.kind == TileOpKind::kTileOpState) continue;
+      ASSERT_NE(op.kind, TileOpKind::kTileOpOpaque) << op.name;
+      stage_kinds.insert(op.kind);
+      const int64_t jj = static_cast<int64_t>(j);
+      for (int64_t t = 0; t < op.grid.count(); ++t) {
+        const std::vector<float> want = ExtractTile(trace.values(j), op.grid, t);
+        if (ReductionBlocks(*plan, jj) > 0) {
+          Result<std::vector<std::vector<float>>> chain =
+              ReductionChain(*plan, jj, t, step, trace, batch);
+          ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+          ASSERT_TRUE(testing::SameBits(chain->back(), want)) << op.name << " tile " << t;
+        } else {
+          Result<TileFootprint> fp = Footprint(*plan, jj, t, 0);
+          ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+          Result<std::vector<float>> got =
+              RecomputeTile(*plan, jj, t, 0, step, GatherTileInputs(*plan, *fp, trace, batch));
+          ASSERT_TRUE(got.ok()) << got.status().ToString();
+          ASSERT_TRUE(testing::SameBits(*got, want)) << op.name << " tile " << t;
+        }
+        ++checked;
+      }
+    }
+  }
+  // The stages together compute every kind of operator the whole model's step does.
+  whole_kinds.erase(TileOpKind::kTileOpState);
+  EXPECT_EQ(stage_kinds, whole_kinds);
+  EXPECT_GT(checked, 1000);
+  RecordProperty("tiles_checked", static_cast<int>(checked));
+}
+
+// A stage's received tensors are inputs of its step: a changed tile of one changes the tiles
+// that read it, and the stage's norm chain starts from the running sum it received.
+TEST(StageTileTest, AStagesOperatorsDependOnWhatItReceived) {
+  StagePipeline p = MakeStagePipeline();
+  const Batch batch = StageBatch(*p.stages[0]->state().model, 0);
+  OpTrace trace;
+  trace.set_keep_values(true);
+  p.stages[1]->set_op_trace(&trace);
+  RunPipelineStep(p.stages, batch, 11);
+  p.stages[1]->set_op_trace(nullptr);
+  Result<TilePlan> plan =
+      PlanStageStepTiles(StageGptSpec(), StageOptimizer(), p.cut.part(1), kBatch, kSeq, kMicro);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->ops.size(), trace.size());
+  // The first block's ln1 reads the activation received from stage 0.
+  const int64_t ln1 = OpNamed(*plan, "mb1.h.1.ln1");
+  ASSERT_GE(ln1, 0);
+  const int64_t act = plan->ops[static_cast<size_t>(ln1)].x;
+  EXPECT_EQ(plan->ops[static_cast<size_t>(act)].name, "mb1.recv.activation");
+  EXPECT_TRUE(plan->ops[static_cast<size_t>(act)].received);
+  Result<TileFootprint> fp = Footprint(*plan, ln1, 0, 0);
+  ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+  TileInputs in = GatherTileInputs(*plan, *fp, trace, batch);
+  Result<std::vector<float>> honest = RecomputeTile(*plan, ln1, 0, 0, 0, in);
+  ASSERT_TRUE(honest.ok()) << honest.status().ToString();
+  for (size_t i = 0; i < fp->tiles.size(); ++i) {
+    if (fp->tiles[i].op == act) in.tiles[i][0] += 0.5f;
+  }
+  Result<std::vector<float>> changed = RecomputeTile(*plan, ln1, 0, 0, 0, in);
+  ASSERT_TRUE(changed.ok()) << changed.status().ToString();
+  EXPECT_FALSE(testing::SameBits(*honest, *changed));
+  // grad_squares = the received running sum + the stage's squares, without a square root.
+  const int64_t sq = OpNamed(*plan, "grad_squares");
+  ASSERT_GE(sq, 0);
+  const TileOp& op = plan->ops[static_cast<size_t>(sq)];
+  EXPECT_TRUE(op.squares);
+  EXPECT_EQ(plan->ops[static_cast<size_t>(op.v)].name, "recv.grad_squares");
+  Result<TileFootprint> first = Footprint(*plan, sq, 0, 0);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  TileInputs sin = GatherTileInputs(*plan, *first, trace, batch);
+  Result<std::vector<float>> s0 = RecomputeTile(*plan, sq, 0, 0, 0, sin);
+  ASSERT_TRUE(s0.ok()) << s0.status().ToString();
+  for (size_t i = 0; i < first->tiles.size(); ++i) {
+    if (first->tiles[i].op == op.v) sin.tiles[i][0] += 1.0f;
+  }
+  Result<std::vector<float>> s1 = RecomputeTile(*plan, sq, 0, 0, 0, sin);
+  ASSERT_TRUE(s1.ok()) << s1.status().ToString();
+  EXPECT_FALSE(testing::SameBits(*s0, *s1));
+}
+
+// A sequential model's stages have no tile plan yet: refused, naming why.
+TEST(StageTileTest, ASequentialModelsStageIsRefused) {
+  Result<ConfigFile> cfg = ConfigFile::Parse(
+      "[model]\ninput = [4]\n[[model.layers]]\nkind = \"linear\"\nout = 3\n", "m.toml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  Result<ConfigFile> table = cfg->GetTable("model");
+  ASSERT_TRUE(table.ok());
+  Result<ModelSpec> spec = ModelSpec::FromConfig(*table);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<TilePlan> plan = PlanStageStepTiles(*spec, StageOptimizer(), {0, 1}, 8);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("only a GPT's stages"), std::string::npos)
+      << plan.status().ToString();
+}
+
+}  // namespace stage_tile_test
+}  // namespace meshlearn::engine
