@@ -220,6 +220,11 @@ Result<PipelineCut> TaskPipelineCut(const TaskSpec& task, int stages,
   return chosen;
 }
 
+TileGrid StageTensorGrid(int64_t floats, int64_t cols) {
+  return cols > 0 && floats >= cols && floats % cols == 0 ? TileGrid::For(floats / cols, cols)
+                                                          : TileGrid::For(1, floats);
+}
+
 Hash256 TensorHash(std::span<const float> values) {
   Hasher h("meshlearn.pipeline.tensor.v1");
   h.UpdateU64(values.size());

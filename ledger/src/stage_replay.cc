@@ -100,7 +100,7 @@ class StageReplayLink final : public StageLink {
                        std::to_string(blob->second.size()) + " bytes, not whole float32s");
     }
     std::vector<float> values = StageTensorFromBytes(blob->second);
-    Status st = protocol::CheckReceivedTensor(*t, engine::TensorHash(values), blob->second.size());
+    Status st = CheckStageTensorValues(*t, values);
     if (!st.ok()) {
       result_->claimed = t->tensor;
       result_->replayed = engine::TensorHash(values);
@@ -121,7 +121,9 @@ class StageReplayLink final : public StageLink {
           "the commit lists no sent record of " + key.ToString() + ", which the step makes");
     }
     const Hash256 replayed = engine::TensorHash(values);
-    if (replayed != t->tensor || t->bytes != 4 * values.size()) {
+    // The tiled root too: a receiver's tile dispute proves its input tiles against it.
+    if (replayed != t->tensor || t->bytes != 4 * values.size() ||
+        !CheckStageTensorValues(*t, values).ok()) {
       result_->claimed = t->tensor;
       result_->replayed = replayed;
       return Fault(StageFault::kStageFaultOutput, key,
@@ -203,7 +205,8 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
                         commit.state_before.ShortHex());
     return r;
   }
-  StageContext ctx{commit.task, commit.round, commit.replica, setup.chain};
+  StageContext ctx{commit.task, commit.round, commit.replica, setup.chain,
+                   StageTileCols(setup.model)};
   StageReplayLink link(commit, blobs, &r);
   Result<StageStepOutcome> out = RunStageStep(*stage, ctx, batch, dropout_seed, link);
   if (!r.ok()) return r;  // the link's finding

@@ -44,9 +44,30 @@ std::vector<float> StageTensorFromBytes(ByteSpan bytes) {
   return out;
 }
 
+uint32_t StageTileCols(const engine::ModelSpec& model) {
+  return model.kind == "gpt" ? static_cast<uint32_t>(model.gpt.n_embd) : 0;
+}
+
+namespace {
+
+Hash256 StageTensorTiles(std::span<const float> values, uint32_t tile_cols) {
+  return engine::TensorRoot(
+      values, engine::StageTensorGrid(static_cast<int64_t>(values.size()), tile_cols));
+}
+
+}  // namespace
+
 StageTransfer SignStageTensor(const StageTensorKey& key, std::span<const float> values,
-                              const KeyPair& sender) {
-  return protocol::SignStageTransfer(key, engine::TensorHash(values), 4 * values.size(), sender);
+                              const KeyPair& sender, uint32_t tile_cols) {
+  return protocol::SignStageTransfer(key, engine::TensorHash(values),
+                                     StageTensorTiles(values, tile_cols), tile_cols,
+                                     4 * values.size(), sender);
+}
+
+Status CheckStageTensorValues(const StageTransfer& record, std::span<const float> values) {
+  ML_RETURN_IF_ERROR(
+      protocol::CheckReceivedTensor(record, engine::TensorHash(values), 4 * values.size()));
+  return protocol::CheckReceivedTiles(record, StageTensorTiles(values, record.tile_cols));
 }
 
 Status CheckStageTensor(const StageTransfer& record, std::span<const float> values,
@@ -56,7 +77,12 @@ Status CheckStageTensor(const StageTransfer& record, std::span<const float> valu
                            std::to_string(ctx.stages()) + " stages");
   }
   ML_RETURN_IF_ERROR(protocol::VerifyStageTransfer(record, ctx.chain[record.key.from_stage]));
-  return protocol::CheckReceivedTensor(record, engine::TensorHash(values), 4 * values.size());
+  if (record.tile_cols != ctx.tile_cols) {
+    return InvalidArgument(record.key.ToString() + ": tiled in rows of " +
+                           std::to_string(record.tile_cols) + " floats, the replica's tensors in " +
+                           std::to_string(ctx.tile_cols));
+  }
+  return CheckStageTensorValues(record, values);
 }
 
 namespace {

@@ -190,15 +190,12 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
   }
   std::vector<float> values = StageTensorFromBytes(tensor_bytes);
   // The signature and the hash, outside the lock (hashing a large tensor takes a while).
-  protocol::NodeId sender;
+  StageContext ctx;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    sender = ctx_.chain[k.from_stage];
+    ctx = ctx_;
   }
-  Status checked = protocol::VerifyStageTransfer(*rec, sender);
-  if (checked.ok()) {
-    checked = protocol::CheckReceivedTensor(*rec, engine::TensorHash(values), tensor_bytes.size());
-  }
+  Status checked = ledger::CheckStageTensor(*rec, values, ctx);
   if (!checked.ok()) return checked.WithPrefix(me);
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -208,7 +205,7 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
     // step this run had passed. The sender retries until the new plane is attached.
     return Unavailable(me + ": " + k.ToString() + ": this stage's run was stopped; retry");
   }
-  if (ctx_.chain[k.from_stage] != sender) {
+  if (ctx_.chain[k.from_stage] != ctx.chain[k.from_stage]) {
     return Unavailable(me + ": " + k.ToString() + ": stage " + std::to_string(k.from_stage) +
                        "'s node was replaced while the push was checked; retry");
   }
@@ -288,7 +285,7 @@ Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTran
 
 Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<const float> values) {
   CHECK_EQ(key.from_stage, stage_);
-  StageTransfer record = SignStageTensor(key, values, key_);
+  StageTransfer record = SignStageTensor(key, values, key_, ctx_.tile_cols);
   if (record.bytes > options_.max_tensor_bytes) {
     return ResourceExhausted(key.ToString() + ": " + std::to_string(record.bytes) +
                              " bytes, over the data plane's limit of " +

@@ -11,8 +11,9 @@
 namespace meshlearn::protocol {
 namespace {
 
-constexpr char kSigningDomain[] = "meshlearn.pipeline.transfer.v1";
-constexpr char kIdDomain[] = "meshlearn.pipeline.transfer_id.v1";
+// v2: the record carries the tensor's tiled root (tile_cols, tiles).
+constexpr char kSigningDomain[] = "meshlearn.pipeline.transfer.v2";
+constexpr char kIdDomain[] = "meshlearn.pipeline.transfer_id.v2";
 constexpr char kLeafDomain[] = "meshlearn.pipeline.stage_step.v1";
 
 // Visit-driven encoding: every field of StageTransfer is named once, in its Visit.
@@ -166,12 +167,20 @@ Bytes StageTransferSigningBytes(const StageTransfer& t) {
 
 StageTransfer SignStageTransfer(const StageTensorKey& key, const Hash256& tensor_hash,
                                 uint64_t bytes, const KeyPair& sender) {
+  return SignStageTransfer(key, tensor_hash, Hash256(), 0, bytes, sender);
+}
+
+StageTransfer SignStageTransfer(const StageTensorKey& key, const Hash256& tensor_hash,
+                                const Hash256& tiles, uint32_t tile_cols, uint64_t bytes,
+                                const KeyPair& sender) {
   CHECK(ValidateStageTensorKey(key).ok()) << ValidateStageTensorKey(key).ToString();
   CHECK_EQ(bytes % 4, 0u);
   StageTransfer t;
   t.key = key;
   t.tensor = tensor_hash;
   t.bytes = bytes;
+  t.tile_cols = tile_cols;
+  t.tiles = tiles;
   t.sender = sender.public_key();
   t.signature = sender.Sign(StageTransferSigningBytes(t));
   return t;
@@ -214,6 +223,15 @@ Status CheckReceivedTensor(const StageTransfer& t, const Hash256& got_hash, uint
   if (got_hash != t.tensor) {
     return InvalidArgument(t.key.ToString() + ": the tensor received hashes to " +
                            got_hash.ShortHex() + ", the signed record says " + t.tensor.ShortHex());
+  }
+  return Status::Ok();
+}
+
+Status CheckReceivedTiles(const StageTransfer& t, const Hash256& got_tiles) {
+  if (got_tiles != t.tiles) {
+    return InvalidArgument(t.key.ToString() + ": the tensor received has the tiled root " +
+                           got_tiles.ShortHex() + " (rows of " + std::to_string(t.tile_cols) +
+                           " floats), the signed record says " + t.tiles.ShortHex());
   }
   return Status::Ok();
 }

@@ -95,6 +95,7 @@ Status Stager::Start(const UnitAssignment& a) {
   sc.round = a.round;
   sc.replica = slot.replica;
   sc.chain = slot.chain;
+  sc.tile_cols = ledger::StageTileCols(task.model);
   run->plane = std::make_unique<StagePlane>(sc, static_cast<int>(slot.stage), node_->key(),
                                             node_->deps().transport, node_->options().stage_plane);
   run->plane->SetChain(slot.chain, slot.endpoints);

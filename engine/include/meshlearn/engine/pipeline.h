@@ -119,6 +119,11 @@ Result<PipelineCut> TaskPipelineCut(const TaskSpec& task, int stages,
 
 // BLAKE2b("meshlearn.pipeline.tensor.v1", element count, raw little-endian float32 bytes).
 Hash256 TensorHash(std::span<const float> values);
+// The tile grid (tile.h) a tensor of `floats` crossing a stage boundary is committed in beside its
+// TensorHash (its signed record's tiled root): rows of `cols` floats (a GPT's boundary tensors
+// are rows of n_embd: the grids PlanStageStepTiles gives the received tensors), or one row when
+// cols is 0 or does not divide `floats` (the one-float sums).
+TileGrid StageTensorGrid(int64_t floats, int64_t cols);
 
 enum class TransferKind {
   kTransferActivation = 0,  // stage s -> s+1: output activations of micro-batch m

@@ -54,6 +54,9 @@ struct StageContext {
   uint32_t round = 0;
   uint32_t replica = 0;
   std::vector<protocol::NodeId> chain;
+  // The row width the replica's stages tile what they send in (StageTileCols of the task's
+  // model): a record tiled otherwise is refused, as its tiles would not be the tile plan's.
+  uint32_t tile_cols = 0;
   uint32_t stages() const { return static_cast<uint32_t>(chain.size()); }
   // The key of a tensor of this replica.
   protocol::StageTensorKey Key(protocol::StageTensorKind kind, uint32_t from, uint32_t to,
@@ -87,16 +90,26 @@ Result<StageStepOutcome> RunStageStep(engine::Stage& stage, const StageContext& 
                                       const engine::Batch& batch, uint64_t dropout_seed,
                                       StageLink& link);
 
+// The row width of the tensors a task's stages exchange, as the stage's tile plan views them
+// (engine::PlanStageStepTiles): a GPT's n_embd; 0 (one row) for a model whose stages have no tile
+// plan.
+uint32_t StageTileCols(const engine::ModelSpec& model);
+
 // Raw little-endian float32 bytes: how a tensor travels and is stored as a blob (its address is
 // engine::TensorHash of the values).
 Bytes StageTensorBytes(std::span<const float> values);
 // REQUIRES: bytes.size() % 4 == 0.
 std::vector<float> StageTensorFromBytes(ByteSpan bytes);
 
-// A signed record of `values` under `key`.
+// A signed record of `values` under `key`: their TensorHash and their tiled root in rows of
+// `tile_cols` floats (engine::StageTensorGrid; the sender's StageContext::tile_cols).
 protocol::StageTransfer SignStageTensor(const protocol::StageTensorKey& key,
-                                        std::span<const float> values, const KeyPair& sender);
-// VerifyStageTransfer against chain[key.from_stage], then CheckReceivedTensor of `values`.
+                                        std::span<const float> values, const KeyPair& sender,
+                                        uint32_t tile_cols = 0);
+// CheckReceivedTensor and CheckReceivedTiles of `values` against `record` (both its hashes).
+Status CheckStageTensorValues(const protocol::StageTransfer& record, std::span<const float> values);
+// VerifyStageTransfer against chain[key.from_stage], the record tiled in rows of ctx.tile_cols,
+// then CheckStageTensorValues.
 Status CheckStageTensor(const protocol::StageTransfer& record, std::span<const float> values,
                         const StageContext& ctx);
 

@@ -9,13 +9,19 @@
 // something else (it must show the sender's signature over the hash of what it used), and a
 // sender cannot deny what it sent (its signature is on the hash of what it sent).
 //
+// The record also carries the tensor's tiled root (engine/tile.h: the Merkle root over its 32 x 32
+// tiles, viewed as rows of `tile_cols` floats: a GPT's boundary tensors are rows of n_embd), so one
+// tile of what a stage received can be proven alone against its sender's signature: the tile
+// phase of a stage dispute (engine/tile_rule.h, PlanStageStepTiles: the received tensors are
+// inputs of the stage's step) reads a received tensor's tiles, never the whole tensor.
+//
 // A stage's step commits, as a unit's steps do, the state hash chain (its StateHash before and
 // after the step) plus the transfer records it received and sent, in the schedule's order:
 //
 //   leaf(step) = BLAKE2b("meshlearn.pipeline.stage_step.v1", task, round, replica, stage, stages,
 //                        step, state_before, state_after,
 //                        MerkleRoot(ids of the received records), MerkleRoot(ids of the sent))
-//   id(record) = BLAKE2b("meshlearn.pipeline.transfer_id.v1", EncodeStageTransfer(record))
+//   id(record) = BLAKE2b("meshlearn.pipeline.transfer_id.v2", EncodeStageTransfer(record))
 //
 // and a stage's run of H steps commits MerkleRoot(leaf(0), ..., leaf(H-1)) like a unit's leaves.
 // A verifier replays one step from the stage's checkpoint of state_before and its received
@@ -91,8 +97,12 @@ Status ValidateStageTensorKey(const StageTensorKey& key);
 
 struct StageTransfer {
   StageTensorKey key;
-  Hash256 tensor;       // engine::TensorHash of the values sent
-  uint64_t bytes = 0;   // 4 x the number of floats
+  Hash256 tensor;      // engine::TensorHash of the values sent
+  uint64_t bytes = 0;  // 4 x the number of floats
+  // The tensor's tiled root (engine::TensorRoot) in the grid of its view as rows of tile_cols
+  // floats (engine::StageTensorGrid; 0, or a width that does not divide it: one row).
+  uint32_t tile_cols = 0;
+  Hash256 tiles;
   NodeId sender;        // the node of stage key.from_stage
   Signature signature;  // sender's, over StageTransferSigningBytes
 
@@ -111,6 +121,8 @@ struct StageTransfer {
     v("kind", s.key.kind);
     v("tensor", s.tensor);
     v("bytes", s.bytes);
+    v("tile_cols", s.tile_cols);
+    v("tiles", s.tiles);
     v("sender", s.sender);
     v("signature", s.signature);
   }
@@ -122,12 +134,19 @@ Bytes StageTransferSigningBytes(const StageTransfer& t);
 // REQUIRES: ValidateStageTensorKey(key) is ok, bytes % 4 == 0.
 StageTransfer SignStageTransfer(const StageTensorKey& key, const Hash256& tensor_hash,
                                 uint64_t bytes, const KeyPair& sender);
+// The same with the tensor's tiled root `tiles` in rows of `tile_cols` floats (what a stage signs:
+// ledger::SignStageTensor computes both hashes; the form above leaves tiles zero, for records
+// whose tensor no test opens by tile).
+StageTransfer SignStageTransfer(const StageTensorKey& key, const Hash256& tensor_hash,
+                                const Hash256& tiles, uint32_t tile_cols, uint64_t bytes,
+                                const KeyPair& sender);
 
 // The canonical encoding (base/encoding.h, fields in Visit order). Decode checks the key's shape
 // and the size (a multiple of 4, at most kMaxStageTensorBytes; 4 for the sums) too, not the
 // signature.
 Bytes EncodeStageTransfer(const StageTransfer& t);
-inline constexpr size_t kStageTransferWireBytes = 32 + 4 * 5 + 8 + 8 + 1 + 32 + 8 + 32 + 64;
+inline constexpr size_t kStageTransferWireBytes =
+    32 + 4 * 5 + 8 + 8 + 1 + 32 + 8 + 4 + 32 + 32 + 64;
 Result<StageTransfer> DecodeStageTransfer(ByteSpan wire);
 
 // The record's shape (as decode checks it), its sender is `expected_sender` (the node the
@@ -138,6 +157,9 @@ Status VerifyStageTransfer(const StageTransfer& t, const NodeId& expected_sender
 // What a receiver checks of the tensor it got against the (verified) record: the hash and the
 // byte size. InvalidArgument naming the key and both hashes (or sizes).
 Status CheckReceivedTensor(const StageTransfer& t, const Hash256& got_hash, uint64_t got_bytes);
+// And its tiled root (the received values' engine::TensorRoot in the record's tile_cols grid):
+// InvalidArgument naming the key and both roots.
+Status CheckReceivedTiles(const StageTransfer& t, const Hash256& got_tiles);
 
 // The content address of a record (its signature included).
 Hash256 StageTransferId(const StageTransfer& t);

@@ -1,0 +1,176 @@
+// What a stage signs for a tensor it sends is provable tile by tile: its record carries the
+// tensor's tiled root in the grid the receiver's stage tile plan gives it (engine/tile_rule.h,
+// PlanStageStepTiles), so one tile of a received tensor is proven alone against its sender's
+// signature (protocol/stage_transfer.h).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/config.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/merkle.h"
+#include "meshlearn/base/rng.h"
+#include "meshlearn/engine/op_trace.h"
+#include "meshlearn/engine/pipeline.h"
+#include "meshlearn/engine/tile.h"
+#include "meshlearn/engine/tile_rule.h"
+#include "meshlearn/ledger/stage_step.h"
+#include "meshlearn/protocol/stage_transfer.h"
+#include "test_util.h"
+
+namespace meshlearn::ledger {
+namespace stage_tile_test {  // named: the tests build as unity translation units
+
+using protocol::StageTensorKind;
+using protocol::StageTransfer;
+
+engine::ModelSpec StageGptSpec() {
+  Result<ConfigFile> cfg = ConfigFile::Parse(
+      "[model]\nkind = \"gpt\"\nn_layer = 4\nn_head = 2\nn_embd = 40\nblock_size = 24\n"
+      "vocab_size = 37\n",
+      "model.toml");
+  CHECK(cfg.ok()) << cfg.status().ToString();
+  Result<ConfigFile> table = cfg->GetTable("model");
+  CHECK(table.ok()) << table.status().ToString();
+  Result<engine::ModelSpec> spec = engine::ModelSpec::FromConfig(*table);
+  CHECK(spec.ok()) << spec.status().ToString();
+  return *spec;
+}
+
+engine::OptimizerSpec StageOptimizer() {
+  engine::OptimizerSpec o;
+  o.kind = "adamw";
+  o.lr = 1e-2;
+  o.grad_clip = 0.05;
+  return o;
+}
+
+int64_t OpNamed(const engine::TilePlan& plan, const std::string& name) {
+  for (size_t j = 0; j < plan.ops.size(); ++j) {
+    if (plan.ops[j].name == name) return static_cast<int64_t>(j);
+  }
+  return -1;
+}
+
+// A traced pipeline step of the GPT in 3 stages (2 micro-batches): stage 1's received tensors,
+// signed as their senders sign them (SignStageTensor in rows of StageTileCols), carry the tiled
+// roots stage 1's trace records for them; a tile of one is proven against the signed root, and a
+// wrong proof or a wrong tile is not. The record's tiled root is signed and encoded.
+TEST(StageTileCommitTest, AReceivedTileIsProvenAgainstItsSendersSignedTiledRoot) {
+  const engine::ModelSpec spec = StageGptSpec();
+  Result<engine::PipelineCut> cut = engine::MakeCut(spec, {0, 1, 3, 4});
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  std::vector<std::unique_ptr<engine::Stage>> stages;
+  for (int s = 0; s < cut->stages(); ++s) {
+    Result<std::unique_ptr<engine::Stage>> st =
+        engine::Stage::Create(spec, StageOptimizer(), *cut, s, 2);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    stages.push_back(std::move(*st));
+  }
+  engine::InitPipeline(stages, 3);
+  engine::Batch batch = stages[0]->state().model->EmptyBatch(4, 24);
+  Rng rng(8);
+  for (int32_t& t : batch.tokens) t = static_cast<int32_t>(rng.Uniform(37));
+  for (int32_t& t : batch.targets) t = static_cast<int32_t>(rng.Uniform(37));
+  engine::OpTrace trace;
+  trace.set_keep_values(true);
+  stages[1]->set_op_trace(&trace);
+  engine::RunPipelineStep(stages, batch, 5);
+  stages[1]->set_op_trace(nullptr);
+  Result<engine::TilePlan> plan =
+      engine::PlanStageStepTiles(spec, StageOptimizer(), cut->part(1), 4, 24, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->ops.size(), trace.size());
+
+  StageContext ctx{protocol::TaskId(Blake2b("stage tiles")), 0, 0, {}, StageTileCols(spec)};
+  EXPECT_EQ(ctx.tile_cols, 40u);
+  std::vector<KeyPair> keys;
+  for (uint8_t s = 0; s < 3; ++s) {
+    keys.push_back(testing::TestKey(static_cast<uint8_t>(40 + s)));
+    ctx.chain.push_back(keys.back().public_key());
+  }
+  struct Received {
+    const char* op;
+    StageTensorKind kind;
+    uint32_t from;
+    int64_t micro_batch;
+  };
+  int64_t proven = 0;
+  for (const Received& r :
+       {Received{"mb0.recv.activation", StageTensorKind::kStageTensorActivation, 0, 0},
+        Received{"mb1.recv.activation_grad", StageTensorKind::kStageTensorActivationGrad, 2, 1},
+        Received{"recv.grad_squares", StageTensorKind::kStageTensorGradSquares, 0, -1}}) {
+    SCOPED_TRACE(r.op);
+    const int64_t j = OpNamed(*plan, r.op);
+    ASSERT_GE(j, 0);
+    const engine::TileOp& op = plan->ops[static_cast<size_t>(j)];
+    ASSERT_TRUE(op.received);
+    std::span<const float> values = trace.values(static_cast<size_t>(j));
+    const StageTransfer record = SignStageTensor(ctx.Key(r.kind, r.from, 1, 0, r.micro_batch),
+                                                 values, keys[r.from], ctx.tile_cols);
+    ASSERT_TRUE(CheckStageTensor(record, values, ctx).ok());
+    // The signed tiled root is the root the receiver's trace commits the input to.
+    EXPECT_EQ(record.tiles, trace.hash(static_cast<size_t>(j)));
+    EXPECT_EQ(engine::StageTensorGrid(static_cast<int64_t>(values.size()), ctx.tile_cols), op.grid);
+    // Every tile of it is proven alone against the signed root; a tile proven at another index,
+    // or with a changed value, is not.
+    const std::vector<Hash256> hashes = engine::TileHashes(values, op.grid);
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      const std::vector<float> tile = engine::ExtractTile(values, op.grid, t);
+      const MerkleProof proof = MerkleProve(hashes, static_cast<uint64_t>(t));
+      EXPECT_TRUE(MerkleVerify(record.tiles, engine::TileHash(tile), proof)) << t;
+      if (op.grid.count() > 1) {
+        const MerkleProof other =
+            MerkleProve(hashes, static_cast<uint64_t>((t + 1) % op.grid.count()));
+        EXPECT_FALSE(MerkleVerify(record.tiles, engine::TileHash(tile), other)) << t;
+      }
+      std::vector<float> changed = tile;
+      changed[0] += 1.0f;
+      EXPECT_FALSE(MerkleVerify(record.tiles, engine::TileHash(changed), proof)) << t;
+      ++proven;
+    }
+    // The tiled root travels in the record and is signed.
+    Result<StageTransfer> decoded = protocol::DecodeStageTransfer(EncodeStageTransfer(record));
+    ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+    EXPECT_EQ(*decoded, record);
+    EXPECT_EQ(EncodeStageTransfer(record).size(), protocol::kStageTransferWireBytes);
+    StageTransfer altered = record;
+    altered.tiles = Blake2b("another root");
+    EXPECT_FALSE(protocol::VerifyStageTransfer(altered, ctx.chain[r.from]).ok());
+  }
+  EXPECT_EQ(proven, 2 * 2 * 2 + 1);  // 48 x 40: 2 x 2 tiles each; the sum's one
+}
+
+// A receiver refuses a record whose tiled root is not its tensor's, or that is tiled in rows of
+// another width than the replica's (its tiles would not be the stage tile plan's), naming why.
+TEST(StageTileCommitTest, ARecordWithAWrongTiledRootOrWidthIsRefused) {
+  StageContext ctx{protocol::TaskId(Blake2b("stage tiles")), 0, 0, {}, 40};
+  const KeyPair sender = testing::TestKey(50);
+  ctx.chain = {sender.public_key(), testing::TestKey(51).public_key()};
+  std::vector<float> values(2 * 40 * 40);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 97) * 0.25f;
+  const protocol::StageTensorKey key = ctx.Key(StageTensorKind::kStageTensorActivation, 0, 1, 0, 0);
+  const StageTransfer good = SignStageTensor(key, values, sender, 40);
+  ASSERT_TRUE(CheckStageTensor(good, values, ctx).ok());
+  // Signed with the tensor's hash but another tensor's tiled root.
+  std::vector<float> other = values;
+  other[5] = -1.0f;
+  const StageTransfer forged = protocol::SignStageTransfer(
+      key, engine::TensorHash(values), SignStageTensor(key, other, sender, 40).tiles, 40,
+      4 * values.size(), sender);
+  Status st = CheckStageTensor(forged, values, ctx);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("tiled root"), std::string::npos) << st.ToString();
+  // Tiled in rows of another width.
+  const StageTransfer wide = SignStageTensor(key, values, sender, 80);
+  EXPECT_TRUE(CheckStageTensorValues(wide, values).ok());
+  st = CheckStageTensor(wide, values, ctx);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("rows of 80"), std::string::npos) << st.ToString();
+}
+
+}  // namespace stage_tile_test
+}  // namespace meshlearn::ledger
