@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "meshlearn/base/blob.h"
@@ -423,6 +424,57 @@ Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& t, const WorkUnit&
                      engine::DropoutSeed(b.spec.seed, work.stream), committed_leaf);
   if (!out.ok()) return FailedPrecondition(where + ": " + out.status().message());
   return out;
+}
+
+const protocol::StageTransfer* StageInputRecord(const engine::TilePlan& plan, int64_t op,
+                                                const protocol::StageStepCommit& commit) {
+  if (op < 0 || op >= static_cast<int64_t>(plan.ops.size())) return nullptr;
+  const engine::TileOp& o = plan.ops[static_cast<size_t>(op)];
+  if (!o.received) return nullptr;
+  // "[mb<m>.]recv.<kind>": the micro-batch prefix only in a step of M > 1 micro-batches.
+  int64_t micro_batch = -1;
+  std::string_view name = o.name;
+  if (name.starts_with("mb")) {
+    const size_t dot = name.find('.');
+    micro_batch = std::stoll(std::string(name.substr(2, dot - 2)));
+    name.remove_prefix(dot + 1);
+  }
+  if (!name.starts_with("recv.")) return nullptr;
+  name.remove_prefix(5);
+  for (const protocol::StageTransfer& r : commit.received) {
+    if (r.key.to_stage != commit.stage || name != protocol::StageTensorKindName(r.key.kind)) {
+      continue;
+    }
+    // A one-micro-batch step names no micro-batch: its per-micro-batch records are of 0.
+    const int64_t want =
+        protocol::StageTensorPerMicroBatch(r.key.kind) && micro_batch < 0 ? 0 : micro_batch;
+    if (r.key.micro_batch == want) return &r;
+  }
+  return nullptr;
+}
+
+Status CheckStageInputRoots(const engine::TilePlan& plan, const protocol::StageStepCommit& commit,
+                            uint32_t tile_cols, std::span<const Hash256> outputs) {
+  for (size_t j = 0; j < outputs.size() && j < plan.ops.size(); ++j) {
+    const engine::TileOp& o = plan.ops[j];
+    if (!o.received) continue;
+    const protocol::StageTransfer* r = StageInputRecord(plan, static_cast<int64_t>(j), commit);
+    const std::string what = "operator " + std::to_string(j + 1) + " (" + o.name + ")";
+    if (r == nullptr) {
+      return InvalidArgument(what + ": the commit lists no received record of it");
+    }
+    if (r->tile_cols != tile_cols) {
+      return InvalidArgument(what + ": its record is tiled in rows of " +
+                             std::to_string(r->tile_cols) + " floats, the task's in " +
+                             std::to_string(tile_cols));
+    }
+    if (outputs[j] != r->tiles) {
+      return InvalidArgument(what + ": root " + outputs[j].ShortHex() +
+                             ", the sender signed the tiled root " + r->tiles.ShortHex() + " (" +
+                             r->key.ToString() + ")");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace meshlearn::ledger

@@ -20,6 +20,7 @@
 #include "meshlearn/engine/tile.h"
 #include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/ledger/referee_tile.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/stage_step.h"
 #include "meshlearn/protocol/dispute.h"
 #include "meshlearn/protocol/stage_transfer.h"
@@ -59,36 +60,54 @@ int64_t OpNamed(const engine::TilePlan& plan, const std::string& name) {
   return -1;
 }
 
+// One pipeline step (the first) of the GPT in 3 stages of 2 micro-batches, the middle stage traced
+// (values kept): its plan, trace, state hash before the step, and the step's batch.
+struct TracedStage {
+  engine::ModelSpec spec = StageGptSpec();
+  engine::PipelineCut cut;
+  engine::Batch batch;
+  Hash256 state_before;
+  engine::OpTrace trace;
+  engine::TilePlan plan;
+};
+void TraceMiddleStage(uint64_t batch_seed, TracedStage* out) {
+  Result<engine::PipelineCut> cut = engine::MakeCut(out->spec, {0, 1, 3, 4});
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  out->cut = *cut;
+  std::vector<std::unique_ptr<engine::Stage>> stages;
+  for (int s = 0; s < cut->stages(); ++s) {
+    Result<std::unique_ptr<engine::Stage>> st =
+        engine::Stage::Create(out->spec, StageOptimizer(), *cut, s, 2);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    stages.push_back(std::move(*st));
+  }
+  engine::InitPipeline(stages, 3);
+  out->batch = stages[0]->state().model->EmptyBatch(4, 24);
+  Rng rng(batch_seed);
+  for (int32_t& t : out->batch.tokens) t = static_cast<int32_t>(rng.Uniform(37));
+  for (int32_t& t : out->batch.targets) t = static_cast<int32_t>(rng.Uniform(37));
+  out->state_before = engine::StateHash(stages[1]->state());
+  out->trace.set_keep_values(true);
+  stages[1]->set_op_trace(&out->trace);
+  engine::RunPipelineStep(stages, out->batch, 5);
+  stages[1]->set_op_trace(nullptr);
+  Result<engine::TilePlan> plan =
+      engine::PlanStageStepTiles(out->spec, StageOptimizer(), cut->part(1), 4, 24, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->ops.size(), out->trace.size());
+  out->plan = std::move(*plan);
+}
+
 // A traced pipeline step of the GPT in 3 stages (2 micro-batches): stage 1's received tensors,
 // signed as their senders sign them (SignStageTensor in rows of StageTileCols), carry the tiled
 // roots stage 1's trace records for them; a tile of one is proven against the signed root, and a
 // wrong proof or a wrong tile is not. The record's tiled root is signed and encoded.
 TEST(StageTileCommitTest, AReceivedTileIsProvenAgainstItsSendersSignedTiledRoot) {
-  const engine::ModelSpec spec = StageGptSpec();
-  Result<engine::PipelineCut> cut = engine::MakeCut(spec, {0, 1, 3, 4});
-  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
-  std::vector<std::unique_ptr<engine::Stage>> stages;
-  for (int s = 0; s < cut->stages(); ++s) {
-    Result<std::unique_ptr<engine::Stage>> st =
-        engine::Stage::Create(spec, StageOptimizer(), *cut, s, 2);
-    ASSERT_TRUE(st.ok()) << st.status().ToString();
-    stages.push_back(std::move(*st));
-  }
-  engine::InitPipeline(stages, 3);
-  engine::Batch batch = stages[0]->state().model->EmptyBatch(4, 24);
-  Rng rng(8);
-  for (int32_t& t : batch.tokens) t = static_cast<int32_t>(rng.Uniform(37));
-  for (int32_t& t : batch.targets) t = static_cast<int32_t>(rng.Uniform(37));
-  engine::OpTrace trace;
-  trace.set_keep_values(true);
-  stages[1]->set_op_trace(&trace);
-  engine::RunPipelineStep(stages, batch, 5);
-  stages[1]->set_op_trace(nullptr);
-  Result<engine::TilePlan> plan =
-      engine::PlanStageStepTiles(spec, StageOptimizer(), cut->part(1), 4, 24, 2);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  ASSERT_EQ(plan->ops.size(), trace.size());
-
+  TracedStage traced;
+  ASSERT_NO_FATAL_FAILURE(TraceMiddleStage(8, &traced));
+  const engine::ModelSpec& spec = traced.spec;
+  const engine::OpTrace& trace = traced.trace;
+  const engine::TilePlan* plan = &traced.plan;
   StageContext ctx{protocol::TaskId(Blake2b("stage tiles")), 0, 0, {}, StageTileCols(spec)};
   EXPECT_EQ(ctx.tile_cols, 40u);
   std::vector<KeyPair> keys;
@@ -183,31 +202,12 @@ TEST(StageTileCommitTest, ARecordWithAWrongTiledRootOrWidthIsRefused) {
 // against the agreed operator outputs chained from the stage's state hash; a witness with a
 // wrong proof is refused. The on-chain wiring of a stage dispute's tile phase is not built yet.
 TEST(StageTileCommitTest, TheTileRuleRulesEveryOperatorOfAStageStep) {
-  const engine::ModelSpec spec = StageGptSpec();
-  Result<engine::PipelineCut> cut = engine::MakeCut(spec, {0, 1, 3, 4});
-  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
-  std::vector<std::unique_ptr<engine::Stage>> stages;
-  for (int s = 0; s < cut->stages(); ++s) {
-    Result<std::unique_ptr<engine::Stage>> st =
-        engine::Stage::Create(spec, StageOptimizer(), *cut, s, 2);
-    ASSERT_TRUE(st.ok()) << st.status().ToString();
-    stages.push_back(std::move(*st));
-  }
-  engine::InitPipeline(stages, 3);
-  engine::Batch batch = stages[0]->state().model->EmptyBatch(4, 24);
-  Rng rng(9);
-  for (int32_t& t : batch.tokens) t = static_cast<int32_t>(rng.Uniform(37));
-  for (int32_t& t : batch.targets) t = static_cast<int32_t>(rng.Uniform(37));
-  const Hash256 state_before = engine::StateHash(stages[1]->state());
-  engine::OpTrace trace;
-  trace.set_keep_values(true);
-  stages[1]->set_op_trace(&trace);
-  engine::RunPipelineStep(stages, batch, 5);
-  stages[1]->set_op_trace(nullptr);
-  Result<engine::TilePlan> plan =
-      engine::PlanStageStepTiles(spec, StageOptimizer(), cut->part(1), 4, 24, 2);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  ASSERT_EQ(plan->ops.size(), trace.size());
+  TracedStage traced;
+  ASSERT_NO_FATAL_FAILURE(TraceMiddleStage(9, &traced));
+  const engine::OpTrace& trace = traced.trace;
+  const engine::TilePlan* plan = &traced.plan;
+  const engine::Batch& batch = traced.batch;
+  const Hash256& state_before = traced.state_before;
   TileRuleContext ctx;
   ctx.plan = *plan;
   // C_j = OperatorChainHash(C_{j-1}, out_j) from the stage's state hash, as the game chains it.
@@ -262,6 +262,65 @@ TEST(StageTileCommitTest, TheTileRuleRulesEveryOperatorOfAStageStep) {
   EXPECT_GT(ruled, 100);
   EXPECT_LE(largest, kMaxTileWitnessBytes);
   RecordProperty("largest_witness_bytes", static_cast<int>(largest));
+}
+
+// A received operator's root is the tiled root its sender signed: the roots of stage 1's trace
+// check against its commit's received records; a record of other values, or of another width, or
+// a missing record, names the operator.
+TEST(StageTileCommitTest, AReceivedOperatorsRootIsItsSignedRecordsTiledRoot) {
+  TracedStage traced;
+  ASSERT_NO_FATAL_FAILURE(TraceMiddleStage(10, &traced));
+  const uint32_t cols = StageTileCols(traced.spec);
+  StageContext ctx{protocol::TaskId(Blake2b("stage tiles")), 0, 0, {}, cols};
+  std::vector<KeyPair> keys;
+  for (uint8_t s = 0; s < 3; ++s) {
+    keys.push_back(testing::TestKey(static_cast<uint8_t>(60 + s)));
+    ctx.chain.push_back(keys.back().public_key());
+  }
+  protocol::StageStepCommit commit;
+  commit.stage = 1;
+  commit.stages = 3;
+  int64_t inputs = 0;
+  for (size_t j = 0; j < traced.plan.ops.size(); ++j) {
+    const engine::TileOp& op = traced.plan.ops[j];
+    if (!op.received) continue;
+    // The record its sender signs for the values stage 1 used.
+    const std::string kind = op.name.substr(op.name.find("recv.") + 5);
+    const int64_t m = op.name.starts_with("mb") ? op.name[2] - '0' : -1;
+    StageTensorKind k = StageTensorKind::kStageTensorActivation;
+    uint32_t from = 0;
+    if (kind == "activation_grad") k = StageTensorKind::kStageTensorActivationGrad, from = 2;
+    if (kind == "grad_squares") k = StageTensorKind::kStageTensorGradSquares;
+    if (kind == "grad_total") k = StageTensorKind::kStageTensorGradTotal, from = 2;
+    commit.received.push_back(
+        SignStageTensor(ctx.Key(k, from, 1, 0, m), traced.trace.values(j), keys[from], cols));
+    const protocol::StageTransfer* r =
+        StageInputRecord(traced.plan, static_cast<int64_t>(j), commit);
+    ASSERT_NE(r, nullptr) << op.name;
+    EXPECT_EQ(r->key.kind, k) << op.name;
+    ++inputs;
+  }
+  EXPECT_EQ(inputs, 2 * 2 + 2);  // activations and gradients of 2 micro-batches; the two sums
+  EXPECT_TRUE(CheckStageInputRoots(traced.plan, commit, cols, traced.trace.hashes()).ok());
+  // A root that is not the signed one.
+  const int64_t act = OpNamed(traced.plan, "mb1.recv.activation");
+  ASSERT_GE(act, 0);
+  std::vector<Hash256> lie = traced.trace.hashes();
+  lie[static_cast<size_t>(act)] = Blake2b("other activations");
+  Status st = CheckStageInputRoots(traced.plan, commit, cols, lie);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("mb1.recv.activation"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("the sender signed"), std::string::npos) << st.ToString();
+  // Only the outputs given are checked (a prefix of the step's operators).
+  EXPECT_TRUE(CheckStageInputRoots(traced.plan, commit, cols,
+                                   std::span<const Hash256>(lie).first(static_cast<size_t>(act)))
+                  .ok());
+  // Another width; a missing record.
+  EXPECT_FALSE(CheckStageInputRoots(traced.plan, commit, 0, traced.trace.hashes()).ok());
+  commit.received.pop_back();
+  st = CheckStageInputRoots(traced.plan, commit, cols, traced.trace.hashes());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("no received record"), std::string::npos) << st.ToString();
 }
 
 }  // namespace stage_tile_test

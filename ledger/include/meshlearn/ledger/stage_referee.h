@@ -162,6 +162,27 @@ Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& task_record, const
                                             const std::vector<protocol::NodeId>& chain,
                                             const StageStepWitness& witness);
 
+// ---- A stage step's received inputs in its tile plan (engine::PlanStageStepTiles).
+//
+// A stage step's tile plan has an input operator for every tensor the stage received
+// ("[mb<m>.]recv.<kind>", <kind> the StageTensorKindName of its record). Its root is not the
+// stage's to choose: it is the tiled root the sender signed. So where the stage's output roots
+// out_1..out_k are agreed or claimed (a tile-phase game over a stage step), each received
+// operator's root must be its record's `tiles`, as an input-state operator's roots must hash to
+// the agreed state hash.
+
+// The received record of plan operator `op` in `commit.received`: the one of its kind and
+// micro-batch addressed to the commit's stage. nullptr when `op` is not a received operator or
+// the commit lists no such record.
+const protocol::StageTransfer* StageInputRecord(const engine::TilePlan& plan, int64_t op,
+                                                const protocol::StageStepCommit& commit);
+
+// Every received operator j < outputs.size() has outputs[j] == its record's tiles, tiled in rows
+// of `tile_cols` (the task's StageTileCols). InvalidArgument naming the first operator that is not
+// (no record, another width, another root).
+Status CheckStageInputRoots(const engine::TilePlan& plan, const protocol::StageStepCommit& commit,
+                            uint32_t tile_cols, std::span<const Hash256> outputs);
+
 // ---- A stage unit's result (ProveResultTx on a pipeline task).
 //
 // A stage unit's result_hash must be the delta of the state its last step leaf commits to: the
