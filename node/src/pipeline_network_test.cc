@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -290,9 +291,9 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
   int victim = -1;  // the node held in replica 0's stage 1, round 0, step 1
   bool released = false;
   opt.agent_options = [&](int node, AgentOptions& a) {
-    // Rarely (about one run in six on a loaded machine) a replica of the test waits out a whole
-    // step deadline after the replacement before it runs again: bounded here so that the test
-    // stays short; its result does not depend on it.
+    // The live stages wait for the lost node until the ledger replaces it or this deadline
+    // passes; their runs on the new chain take pushes of that chain only (StageChainDigest), so
+    // none of those waits out a deadline (`new_chain_failures`).
     a.stage_plane.step_deadline_ms = 10'000;
     // The plane's send hook sees every tensor the node sends: the first one of replica 0's stage
     // 1 in round 0's step 1 waits there until the test releases it (nothing is corrupted).
@@ -309,13 +310,19 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
   // Round 0, replica 0: each stage's node when it started training, and the node that committed it.
   std::map<uint32_t, std::set<int>> trained, committed;
   std::set<int> victim_commits;
+  // Every start and failure of a run of replica 0 in round 0, in order, by node and stage: told
+  // apart by chain once the run is over.
+  std::vector<std::tuple<int, uint32_t, std::string>> runs;
   opt.log_sink = [&](int node, const std::string& line) {
     std::lock_guard<std::mutex> lock(mu);
     for (uint32_t st = 0; st < 3; ++st) {
-      if (line.find(" r0 replica 0 stage " + std::to_string(st) + ":") == std::string::npos) {
-        continue;
+      const std::string name = " r0 replica 0 stage " + std::to_string(st);
+      if (line.find(name + " failed") != std::string::npos) runs.emplace_back(node, st, line);
+      if (line.find(name + ":") == std::string::npos) continue;
+      if (line.find(": training") != std::string::npos) {
+        trained[st].insert(node);
+        runs.emplace_back(node, st, line);
       }
-      if (line.find(": training") != std::string::npos) trained[st].insert(node);
       if (line.find("(CommitStage)") != std::string::npos) committed[st].insert(node);
     }
     if (line.find("(CommitStage)") != std::string::npos && node == victim) {
@@ -388,6 +395,26 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
   EXPECT_NE(*committed[1].begin(), lost);
   EXPECT_EQ(committed[0], neighbours[0]);
   EXPECT_EQ(committed[2], neighbours[2]);
+  // Every stage ran on the new chain (the lost node's replaced), from the round's start (the
+  // resume step: docs/protocol.md, "The resume step"), and none of those runs failed: one that
+  // did is the replacement race, where the replica waited out a step deadline before it ran
+  // again (StageChainDigest).
+  const std::string gone = sim.node_key(lost).public_key().ShortHex();
+  std::set<std::pair<int, uint32_t>> on_new_chain;
+  std::vector<std::string> new_chain_failures;
+  for (const auto& [node, st, line] : runs) {
+    if (line.find(": training") != std::string::npos) {
+      if (line.find("(chain ") != std::string::npos && line.find(gone) == std::string::npos) {
+        on_new_chain.insert({node, st});
+      } else {
+        on_new_chain.erase({node, st});
+      }
+    } else if (on_new_chain.count({node, st}) != 0) {
+      new_chain_failures.push_back("node " + std::to_string(node) + ": " + line);
+    }
+  }
+  EXPECT_EQ(on_new_chain.size(), 3u);
+  EXPECT_TRUE(new_chain_failures.empty()) << ::testing::PrintToString(new_chain_failures);
 }
 
 TEST(PipelineNetworkTest, AStageNodeKilledMidStepIsReplacedAndTheTaskEndsBitEqual) {

@@ -14,10 +14,19 @@ using protocol::StageTensorKey;
 using protocol::StageTransfer;
 using StagePlaneClock = std::chrono::steady_clock;
 
-Bytes EncodeStagePush(const StageTransfer& record, std::span<const float> values) {
+Hash256 StageChainDigest(std::span<const protocol::NodeId> chain) {
+  Hasher h("meshlearn.pipeline.stage_chain.v1");
+  h.UpdateU64(chain.size());
+  for (const protocol::NodeId& n : chain) h.Update(n.span());
+  return h.Finish();
+}
+
+Bytes EncodeStagePush(const StageTransfer& record, std::span<const float> values,
+                      const Hash256& chain) {
   Encoder e;
   e.PutBytes(protocol::EncodeStageTransfer(record));
   e.PutBytes(StageTensorBytes(values));
+  e.PutHash(chain);
   return e.Take();
 }
 
@@ -51,6 +60,7 @@ StagePlane::StagePlane(StageContext ctx, int stage, const KeyPair& key, net::Tra
       link_(std::make_unique<Link>(this)) {
   CHECK_LT(stage_, ctx_.stages());
   endpoints_.assign(ctx_.chain.size(), "");
+  chain_digest_ = StageChainDigest(ctx_.chain);
   CHECK(key_.public_key() == ctx_.chain[stage_]) << "stage " << stage << " signs with its node key";
   deadline_ = StagePlaneClock::now() + std::chrono::milliseconds(options_.step_deadline_ms);
 }
@@ -60,7 +70,7 @@ StagePlane::~StagePlane() = default;
 void StagePlane::Register(net::Router* router) {
   router->Register(
       kMethodStagePush, [this](const net::Request& r) { return HandlePush(r); },
-      options_.max_tensor_bytes + protocol::kStageTransferWireBytes + 16);
+      options_.max_tensor_bytes + protocol::kStageTransferWireBytes + 16 + Hash256::kSize);
 }
 
 void StagePlane::SetChain(std::vector<protocol::NodeId> chain, std::vector<std::string> endpoints) {
@@ -69,6 +79,7 @@ void StagePlane::SetChain(std::vector<protocol::NodeId> chain, std::vector<std::
   CHECK_EQ(endpoints.size(), ctx_.chain.size());
   CHECK(chain[stage_] == key_.public_key()) << "stage " << stage_ << " is this node";
   ctx_.chain = std::move(chain);
+  chain_digest_ = StageChainDigest(ctx_.chain);
   endpoints_ = std::move(endpoints);
   for (auto it = inbox_.begin(); it != inbox_.end();) {
     if (it->second.record.sender != ctx_.chain[it->first.from_stage]) {
@@ -142,14 +153,13 @@ std::vector<ledger::NodeLink> MeasuredLinks(const StagePlaneStats& stats,
     if (l.pushes == 0 || l.bytes == 0 || stage >= chain.size()) continue;
     // In double: bytes x 10^6 overflows 64 bits past 18 TB, and a measurement needs no exact
     // rounding (the ledger stores the integer it is given).
-    const double rate = static_cast<double>(l.bytes) * 1e6 /
-                        static_cast<double>(std::max<uint64_t>(l.push_us, 1));
-    out.push_back(
-        {.peer = chain[stage],
-         .latency_ms = static_cast<uint32_t>(
-             std::min<uint64_t>(l.min_push_us / 1000, protocol::kMaxLinkLatencyMs)),
-         .bandwidth_bytes_per_s = static_cast<uint64_t>(std::clamp(
-             rate, 1.0, static_cast<double>(protocol::kMaxLinkBandwidthBytesPerS)))});
+    const double rate =
+        static_cast<double>(l.bytes) * 1e6 / static_cast<double>(std::max<uint64_t>(l.push_us, 1));
+    out.push_back({.peer = chain[stage],
+                   .latency_ms = static_cast<uint32_t>(
+                       std::min<uint64_t>(l.min_push_us / 1000, protocol::kMaxLinkLatencyMs)),
+                   .bandwidth_bytes_per_s = static_cast<uint64_t>(std::clamp(
+                       rate, 1.0, static_cast<double>(protocol::kMaxLinkBandwidthBytesPerS)))});
   }
   std::sort(out.begin(), out.end(),
             [](const ledger::NodeLink& a, const ledger::NodeLink& b) { return a.peer < b.peer; });
@@ -171,6 +181,8 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
   ML_RETURN_IF_ERROR(d.GetBytes(
       &tensor_bytes, "tensor",
       static_cast<uint32_t>(std::min<uint64_t>(options_.max_tensor_bytes, kMaxEncodedLength))));
+  Hash256 chain;
+  ML_RETURN_IF_ERROR(d.GetHash(&chain, "chain"));
   ML_RETURN_IF_ERROR(d.Finish());
   Result<StageTransfer> rec = protocol::DecodeStageTransfer(record_bytes);
   if (!rec.ok()) return rec.status().WithPrefix(me);
@@ -188,11 +200,21 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
     return InvalidArgument(me + ": " + k.ToString() + ": the tensor has " +
                            std::to_string(tensor_bytes.size()) + " bytes, not whole float32s");
   }
+  // A sender on another chain than this plane's: one of the two runs is stale (a stage's node
+  // was replaced and its neighbours' runs restart on the new chain), so the tensor is neither
+  // judged against this chain's nodes nor taken; the sender retries until the receiving node runs
+  // the unit on its chain (or its own run is stopped).
+  auto other_chain = [&] {
+    return Unavailable(me + ": " + k.ToString() + ": the sender runs the replica on chain " +
+                       chain.ShortHex() + ", this stage on " + chain_digest_.ShortHex() +
+                       " (a stage's node was replaced); retry");
+  };
   std::vector<float> values = StageTensorFromBytes(tensor_bytes);
   // The signature and the hash, outside the lock (hashing a large tensor takes a while).
   StageContext ctx;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (chain != chain_digest_) return other_chain();
     ctx = ctx_;
   }
   Status checked = ledger::CheckStageTensor(*rec, values, ctx);
@@ -205,6 +227,7 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
     // step this run had passed. The sender retries until the new plane is attached.
     return Unavailable(me + ": " + k.ToString() + ": this stage's run was stopped; retry");
   }
+  if (chain != chain_digest_) return other_chain();
   if (ctx_.chain[k.from_stage] != ctx.chain[k.from_stage]) {
     return Unavailable(me + ": " + k.ToString() + ": stage " + std::to_string(k.from_stage) +
                        "'s node was replaced while the push was checked; retry");
@@ -270,8 +293,7 @@ Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTran
     return DeadlineExceeded("no " + key.ToString() + " from " + PeerName(key.from_stage) +
                             " within the step's deadline of " +
                             std::to_string(options_.step_deadline_ms) +
-                            " ms: the stage stopped answering (the replica resumes from the "
-                            "stages' checkpoints of this step)");
+                            " ms: the stage stopped answering");
   }
   auto it = inbox_.find(key);
   Held h = std::move(it->second);
@@ -292,11 +314,12 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
                              std::to_string(options_.max_tensor_bytes) +
                              " (use more micro-batches, or raise max_tensor_bytes on every stage)");
   }
-  const Bytes body = EncodeStagePush(record, values);
   StagePlaneClock::time_point deadline;
   std::string endpoint, peer;
+  Hash256 chain;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    chain = chain_digest_;
     deadline = deadline_;
     endpoint = endpoints_[key.to_stage];
     peer = PeerName(key.to_stage);
@@ -305,6 +328,7 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
     return FailedPrecondition(key.ToString() + ": no endpoint for stage " +
                               std::to_string(key.to_stage) + " (SetChain before the step)");
   }
+  const Bytes body = EncodeStagePush(record, values, chain);
   int64_t backoff = options_.retry_initial_ms;
   Status last = Status::Ok();
   for (bool first = true;; first = false) {

@@ -884,7 +884,8 @@ TEST(StagePlaneTest, ACancelledPlaneFailsItsWaitingReceiveAndEveryLaterStep) {
   EXPECT_NE(got.status().message().find("cancelled (no longer assigned)"), std::string::npos)
       << got.status().ToString();
   plane.BeginStep(1);
-  got = plane.link()->Receive(ctx.Key(StageTensorKind::kStageTensorActivation, 0, 1, 1, 0), &record);
+  got =
+      plane.link()->Receive(ctx.Key(StageTensorKind::kStageTensorActivation, 0, 1, 1, 0), &record);
   EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition) << got.status().ToString();
   Result<StageTransfer> sent = plane.link()->Send(
       ctx.Key(StageTensorKind::kStageTensorActivation, 1, 2, 1, 0), std::vector<float>{1, 2});
@@ -1542,7 +1543,10 @@ TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {
     return ctx.Key(StageTensorKind::kStageTensorActivation, 0, 1, step, m);
   };
   auto push = [&](const StageTransfer& rec, const std::vector<float>& values) {
-    return plane.HandlePush(net::Request{kMethodStagePush, EncodeStagePush(rec, values)}).status();
+    return plane
+        .HandlePush(net::Request{kMethodStagePush,
+                                 EncodeStagePush(rec, values, StageChainDigest(ctx.chain))})
+        .status();
   };
   const StageTransfer a0 = SignStageTensor(key(0), a, StageNodeKey(0));
   EXPECT_TRUE(push(a0, a).ok());
@@ -1593,14 +1597,14 @@ TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {
   st = push(SignStageTensor(key(0, 5), a, StageNodeKey(0)), a);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << "not yet: the sender retries";
   EXPECT_NE(st.message().find("ahead of this stage's step 0"), std::string::npos) << st.ToString();
-  Bytes truncated = EncodeStagePush(a0, a);
+  Bytes truncated = EncodeStagePush(a0, a, StageChainDigest(ctx.chain));
   truncated.pop_back();
   EXPECT_FALSE(plane.HandlePush(net::Request{kMethodStagePush, truncated}).ok());
 
   // Mutated push bodies (bytes changed, cut, added) never crash the handler and are never taken:
   // the record's signature binds every field, the hash the floats.
   Rng rng(15);
-  const Bytes body = EncodeStagePush(a0, a);
+  const Bytes body = EncodeStagePush(a0, a, StageChainDigest(ctx.chain));
   for (int i = 0; i < 2000; ++i) {
     Bytes m = body;
     for (uint64_t e = 1 + rng.Uniform(3); e > 0; --e) {
@@ -1624,6 +1628,58 @@ TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {
                                         " at 127.0.0.1:1)"),
             std::string::npos)
       << got.status().ToString();
+}
+
+// A stage's node is replaced while a live neighbour's run of the old chain has not stopped yet:
+// that stale run (here stage 2 of chain [0, 1, 2] at step 1) must neither take a push of the new
+// chain [0, 9, 2] -- stage 0's step-0 tied weight was answered ok as a retry of a step it had
+// passed, and lost to stage 2's next run -- nor refuse the replacement's (its signature is not
+// the old chain's node's): both are answered Unavailable, so the senders retry until the stage
+// runs on their chain, and nobody waits out a step deadline.
+TEST(StagePlaneTest, APushOfAnotherChainIsRetriedNeitherTakenNorRefused) {
+  const StageContext ctx = StageCtx();
+  net::HttpTransport transport;
+  StagePlane plane(ctx, 2, StageNodeKey(2), &transport, {.step_deadline_ms = 50});
+  const std::vector<std::string> endpoints = {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"};
+  plane.SetChain(ctx.chain, endpoints);
+  plane.BeginStep(1);
+  std::vector<protocol::NodeId> replaced = ctx.chain;
+  replaced[1] = StageNodeKey(9).public_key();
+  const std::vector<float> w = {1, 2, 3}, a = {4, 5, 6};
+  const StageTransfer tied = SignStageTensor(
+      ctx.Key(StageTensorKind::kStageTensorTiedWeight, 0, 2, 0, -1), w, StageNodeKey(0));
+  const StageTransfer act = SignStageTensor(
+      ctx.Key(StageTensorKind::kStageTensorActivation, 1, 2, 0, 0), a, StageNodeKey(9));
+  auto push = [&](const StageTransfer& rec, const std::vector<float>& values,
+                  std::span<const protocol::NodeId> chain) {
+    return plane
+        .HandlePush(
+            net::Request{kMethodStagePush, EncodeStagePush(rec, values, StageChainDigest(chain))})
+        .status();
+  };
+  Status st = push(tied, w, replaced);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("(a stage's node was replaced); retry"), std::string::npos)
+      << st.ToString();
+  st = push(act, a, replaced);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_EQ(plane.stats().duplicates, 0u);
+  EXPECT_EQ(plane.stats().pushes_taken, 0u);
+  // The stage's run on the new chain (here the same plane, as the plane-level resume does) takes
+  // both, and a push of the old chain is retried in turn.
+  plane.SetChain(replaced, endpoints);
+  plane.BeginStep(0);
+  EXPECT_TRUE(push(tied, w, replaced).ok());
+  EXPECT_TRUE(push(act, a, replaced).ok());
+  EXPECT_EQ(plane.stats().pushes_taken, 2u);
+  st = push(SignStageTensor(ctx.Key(StageTensorKind::kStageTensorActivation, 1, 2, 0, 1), a,
+                            StageNodeKey(1)),
+            a, ctx.chain);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  StageTransfer rec;
+  Result<std::vector<float>> got = plane.link()->Receive(tied.key, &rec);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, w);
 }
 
 // ---- The ledger places the stages (docs/protocol.md, "Pipeline stage units").
@@ -1702,11 +1758,12 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
       << mismatch.ToString();
 
   // The ledger, and six nodes owned by one account.
-  const KeyPair submitter = StageNodeKey(90), owner = StageNodeKey(91), sequencer = StageNodeKey(92);
+  const KeyPair submitter = StageNodeKey(90), owner = StageNodeKey(91),
+                sequencer = StageNodeKey(92);
   ledger::Genesis g = ledger::DevnetGenesis({submitter.public_key(), owner.public_key()},
                                             1'000'000'000, "stage-chain");
-  g.params.verification = false;      // stage units are not verified yet
-  g.params.liveness_blocks = 100'000;  // no heartbeats in this test
+  g.params.verification = false;           // stage units are not verified yet
+  g.params.liveness_blocks = 100'000;      // no heartbeats in this test
   g.params.min_deadline_blocks = 100'000;  // blocks are made by hand: no deadline passes
   Result<std::unique_ptr<ledger::Chain>> opened =
       ledger::Chain::Open(TestDir("stage-ledger") + "/ledger.db", g);
@@ -1749,11 +1806,12 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
     nodes.push_back(std::move(n));
   }
   block(std::move(regs));
-  ledger::SubmitTaskTx submit{
-      .spec_hash = Blake2b("pipeline bundle"), .budget = 100'000'000, .price_cap = 1,
-      .params = params};
-  const Hash256 task_id = ledger::TaskIdFor(submitter.public_key(),
-                                            chain.NextNonce(submitter.public_key()));
+  ledger::SubmitTaskTx submit{.spec_hash = Blake2b("pipeline bundle"),
+                              .budget = 100'000'000,
+                              .price_cap = 1,
+                              .params = params};
+  const Hash256 task_id =
+      ledger::TaskIdFor(submitter.public_key(), chain.NextNonce(submitter.public_key()));
   block({{&submitter, submit}});
 
   auto node_of = [&](const PublicKey& id) -> LedgerStageNode& {
@@ -1854,17 +1912,16 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
     for (Unit& u : units) {
       ASSERT_TRUE(u.out.ok()) << u.out.status().ToString();
       commits.push_back(
-          {&owner, ledger::CommitStageTx{
-                       .task_id = task_id,
-                       .round = r,
-                       .replica = u.replica,
-                       .stage = static_cast<uint32_t>(u.stage),
-                       .node_id = u.node->key.public_key(),
-                       .result_hash = u.out->result_hash,
-                       .commitment = u.out->commitment,
-                       .loss_micros = u.stage == 2
-                                          ? static_cast<uint64_t>(u.out->mean_loss * 1e6)
-                                          : 0u}});
+          {&owner,
+           ledger::CommitStageTx{
+               .task_id = task_id,
+               .round = r,
+               .replica = u.replica,
+               .stage = static_cast<uint32_t>(u.stage),
+               .node_id = u.node->key.public_key(),
+               .result_hash = u.out->result_hash,
+               .commitment = u.out->commitment,
+               .loss_micros = u.stage == 2 ? static_cast<uint64_t>(u.out->mean_loss * 1e6) : 0u}});
     }
     block(std::move(commits));
 
@@ -1877,7 +1934,7 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
     ASSERT_EQ(m->phase(), protocol::RoundPhase::kRoundPhaseAggregating);
     ASSERT_TRUE(m->aggregator().has_value());
     const std::vector<ledger::WorkUnit> committed = chain.ListWorkUnits(task_id);
-    std::vector<std::unique_ptr<Stage>> layout;              // replica 0's stages: the shapes
+    std::vector<std::unique_ptr<Stage>> layout;                    // replica 0's stages: the shapes
     std::vector<std::vector<std::vector<float>>> stage_deltas(2);  // [replica][stage]
     for (Unit& u : units) {
       const uint32_t index =
@@ -1902,14 +1959,14 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
       NetworkSpec krum = net;
       krum.aggregation.rule = protocol::AggregationRule::kAggregationRuleKrum;
       GlobalState untouched = state;
-      Status refused = ApplyStageRound(&untouched, whole_model, layout, shards, stage_deltas,
-                                       krum, view.id, r, samples);
+      Status refused = ApplyStageRound(&untouched, whole_model, layout, shards, stage_deltas, krum,
+                                       view.id, r, samples);
       EXPECT_NE(refused.message().find("rule krum takes norms or distances"), std::string::npos)
           << refused.ToString();
       EXPECT_EQ(untouched, state);
     }
-    Status staged = ApplyStageRound(&state, whole_model, layout, shards, stage_deltas, net,
-                                    view.id, r, samples);
+    Status staged = ApplyStageRound(&state, whole_model, layout, shards, stage_deltas, net, view.id,
+                                    r, samples);
     ASSERT_TRUE(staged.ok()) << staged.ToString();
     EXPECT_EQ(state, gathered) << "round " << r;
     EXPECT_EQ(HashFloats(state.weights), o.want.rounds[r].global_hash) << "round " << r;
@@ -1958,7 +2015,8 @@ TEST(StageLedgerTest, StageByStageAggregationEqualsTheWholeRoundForCoordinateWis
     deltas.push_back(std::move(*d));
   }
   std::vector<RoundDelta> round;
-  for (size_t i = 0; i < shards.size(); ++i) round.push_back({.shard = shards[i], .delta = deltas[i]});
+  for (size_t i = 0; i < shards.size(); ++i)
+    round.push_back({.shard = shards[i], .delta = deltas[i]});
   for (protocol::AggregationRule rule : {protocol::AggregationRule::kAggregationRuleWeightedMean,
                                          protocol::AggregationRule::kAggregationRuleTrimmedMean,
                                          protocol::AggregationRule::kAggregationRuleMedian}) {
@@ -1973,8 +2031,8 @@ TEST(StageLedgerTest, StageByStageAggregationEqualsTheWholeRoundForCoordinateWis
         ApplyRound(&gathered, round, net, Blake2b("task"), 1, 100);
     ASSERT_TRUE(agg.ok()) << agg.status().ToString();
     EXPECT_EQ(agg->rejected.size(), 1u);
-    Status s = ApplyStageRound(&staged, **whole, layout, shards, stage_deltas, net,
-                               Blake2b("task"), 1, 100);
+    Status s = ApplyStageRound(&staged, **whole, layout, shards, stage_deltas, net, Blake2b("task"),
+                               1, 100);
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(staged, gathered) << protocol::AggregationRuleName(rule);
     EXPECT_NE(staged, start);

@@ -100,8 +100,12 @@ Status Stager::Start(const UnitAssignment& a) {
                                             node_->deps().transport, node_->options().stage_plane);
   run->plane->SetChain(slot.chain, slot.endpoints);
   run->attached = host_.Attach(run->plane.get());
+  // The chain is named so that a run on a replaced node's new chain can be told from its stale
+  // one in the log.
+  std::string chain;
+  for (const protocol::NodeId& n : slot.chain) chain += (chain.empty() ? "" : " ") + n.ShortHex();
   node_->Log(Name(a) + ": training " + std::to_string(work.inner_steps) +
-             " steps with its neighbours" + MemoryNote());
+             " steps with its neighbours (chain " + chain + ")" + MemoryNote());
   Run* r = run.get();
   run_ = std::move(run);
   // Every step's evidence is served as it ends (StageEvidence: a verifier of the stage unit
@@ -123,6 +127,10 @@ Status Stager::Start(const UnitAssignment& a) {
   r->thread = std::thread([r, hooks = std::move(hooks)] {
     const auto t0 = std::chrono::steady_clock::now();
     r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed, hooks);
+    // A failed run's plane stays attached until the next tick collects it; until then it answers
+    // pushes Unavailable, so that its neighbours retry them into the unit's next run instead of
+    // having this one take them and drop them with it.
+    if (!r->out.ok()) r->plane->Cancel();
     r->run_us = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
             .count());

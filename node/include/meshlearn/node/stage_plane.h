@@ -4,9 +4,16 @@
 // Each stage node serves one method beside its blob and unit services, and pushes what it sends
 // straight to the receiving stage's node:
 //
-//   "stage.push"  {record: EncodeStageTransfer, tensor: raw float32 bytes} -> empty
+//   "stage.push"  {record: EncodeStageTransfer, tensor: raw float32 bytes,
+//                  chain: StageChainDigest of the sender's chain} -> empty
 //
-// The receiver checks everything before keeping a byte: the record's shape, that it belongs to
+// A push from a sender whose chain is not the receiver's is answered Unavailable and retried:
+// one of the two runs the replica on a chain that has since changed (a stage's node was
+// replaced), and a run of the new chain must get the tensor, not a stale one that will be
+// stopped. Without it a live stage's stale run took its neighbour's new run's step-0 tensor as a
+// retry of a step it had passed (or refused the replacement's signature), and the new chain
+// waited out a whole step deadline. The digest is unsigned: a wrong one only delays the push.
+// The receiver then checks everything before keeping a byte: the record's shape, that it belongs to
 // this replica (task, round, replica, chain length) and is addressed to this stage, the sender's
 // signature against the chain's node of the sending stage, the tensor's size and hash against the
 // record (content-addressed: the key's tensor is the one its hash names), and the step: the
@@ -163,7 +170,8 @@ class StagePlane {
   std::string PeerName(uint32_t stage) const;             // REQUIRES: mu_ held
   void StageUnhold(uint32_t from_stage, uint64_t bytes);  // REQUIRES: mu_ held
 
-  StageContext ctx_;  // its chain: guarded by mu_ (the rest never changes)
+  StageContext ctx_;      // its chain: guarded by mu_ (the rest never changes)
+  Hash256 chain_digest_;  // StageChainDigest(ctx_.chain): guarded by mu_
   const uint32_t stage_;
   const uint32_t stages_;  // the chain's length
   const KeyPair key_;
@@ -186,7 +194,11 @@ class StagePlane {
   StagePlaneStats stats_;
 };
 
-// The body of a push (what StagePlane sends; for tests of the handler).
-Bytes EncodeStagePush(const protocol::StageTransfer& record, std::span<const float> values);
+// The digest of a replica's chain (its stages' nodes in order) that a push carries.
+Hash256 StageChainDigest(std::span<const protocol::NodeId> chain);
+// The body of a push (what StagePlane sends; for tests of the handler): `chain` is the sender's
+// StageChainDigest.
+Bytes EncodeStagePush(const protocol::StageTransfer& record, std::span<const float> values,
+                      const Hash256& chain);
 
 }  // namespace meshlearn::node
