@@ -57,6 +57,28 @@ void RecordStepOutputState(TrainState& state, OpTrace& trace) {
   for (const Optimizer::NamedState& s : state.optimizer->State()) record(s.name, *s.tensor);
 }
 
+}  // namespace
+
+Hash256 StateHashOfTracedStep(TrainState& state, const OpTrace& trace) {
+  // RecordStepOutputState's layout: every parameter, then every optimizer state tensor, each in
+  // its shape's grid, as StateTensorRoots roots them.
+  const std::vector<Param>& params = state.model->params();
+  const std::vector<Optimizer::NamedState> moments = state.optimizer->State();
+  const size_t n = params.size() + moments.size();
+  CHECK_GE(trace.size(), n) << "StateHashOfTracedStep: the trace has " << trace.size()
+                            << " operators, the state " << n << " tensors";
+  const size_t first = trace.size() - n;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& name = i < params.size() ? params[i].name : moments[i - params.size()].name;
+    CHECK_EQ(trace.name(first + i), name) << "StateHashOfTracedStep: the trace does not end with "
+                                             "the step's output state";
+  }
+  return StateHashOfRoots(state.step, state.seed, state.stream,
+                          std::span<const Hash256>(trace.hashes()).subspan(first));
+}
+
+namespace {
+
 // The step's input state comes first in its trace (op_trace.h).
 void RecordStepInputState(TrainState& state, OpTrace& trace) {
   auto record = [&](const std::string& name, const Tensor& t) {

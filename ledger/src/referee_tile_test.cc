@@ -116,6 +116,9 @@ const engine::DataTree& Tree();
 // decodes from the task record).
 struct Setup {
   std::function<std::unique_ptr<Trainer>()> make;
+  // The trainer the setup built its context from, at its initial state: the first run (the
+  // honest one) takes it, so the model is initialised once per setup (MakeTrainer, Train).
+  mutable std::unique_ptr<Trainer> fresh;
   TileRuleContext ctx;
   const engine::ClassificationData* train = nullptr;  // the examples witnesses read (or none)
   const engine::DataTree* tree = nullptr;
@@ -147,7 +150,8 @@ const Setup& FashionSetup() {
       CHECK(tr.ok()) << tr.status().ToString();
       return std::move(*tr);
     };
-    s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(kExamples), Tree().root());
+    s->fresh = s->make();
+    s->ctx = ContextOf(*s->fresh, static_cast<uint64_t>(kExamples), Tree().root());
     s->train = &Data().train;
     s->tree = &Tree();
     return s;
@@ -159,15 +163,16 @@ const Setup& FashionSetup() {
 // the train stream's token pages.
 const Setup* TokenSetup(engine::TaskSpec spec, engine::TaskData data) {
   auto* s = new Setup;
-  auto shared = std::make_shared<const std::pair<engine::TaskSpec, engine::TaskData>>(
-      std::move(spec), std::move(data));
-  s->make = [shared] {
-    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(shared->first, shared->second);
+  auto shared_spec = std::make_shared<const engine::TaskSpec>(std::move(spec));
+  auto shared = std::make_shared<const engine::TaskData>(std::move(data));
+  s->make = [shared_spec, shared] {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared_spec, shared);
     CHECK(tr.ok()) << tr.status().ToString();
     return std::move(*tr);
   };
-  s->pages = new engine::TokenPageTree(shared->second.train_tokens.tokens);
-  s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(s->pages->num_tokens()), s->pages->root());
+  s->pages = new engine::TokenPageTree(shared->train_tokens.tokens);
+  s->fresh = s->make();
+  s->ctx = ContextOf(*s->fresh, static_cast<uint64_t>(s->pages->num_tokens()), s->pages->root());
   return s;
 }
 
@@ -262,7 +267,8 @@ const Setup& CnnSetup() {
     };
     s->tree = new engine::DataTree(data->train);
     s->train = &data->train;
-    s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(kExamples), s->tree->root());
+    s->fresh = s->make();
+    s->ctx = ContextOf(*s->fresh, static_cast<uint64_t>(kExamples), s->tree->root());
     return s;
   }();
   return *setup;
@@ -270,7 +276,9 @@ const Setup& CnnSetup() {
 
 const Setup* g_setup = nullptr;  // the model the current test plays
 
-std::unique_ptr<Trainer> MakeTrainer() { return g_setup->make(); }
+std::unique_ptr<Trainer> MakeTrainer() {
+  return g_setup->fresh ? std::move(g_setup->fresh) : g_setup->make();
+}
 const TileRuleContext& Context() { return g_setup->ctx; }
 
 const engine::DataTree& Tree() {
@@ -310,7 +318,7 @@ struct Lie {
 };
 
 struct StepRecord {
-  std::unique_ptr<OpTrace> trace;  // kept values
+  std::shared_ptr<const OpTrace> trace;  // kept values; a liar shares the honest run's steps
   engine::Batch batch;
   std::vector<Hash256> roots;                  // the output roots the party claims
   std::map<int64_t, std::vector<float>> fake;  // op -> the values it claims instead
@@ -319,8 +327,9 @@ struct StepRecord {
 struct PartyRun {
   Lie lie;
   std::vector<Hash256> state;  // state[s]: after step s
-  std::vector<float>
-      before_lie;  // engine::FlatState after step kLieStep - 1 (a whole step's input)
+  // The honest run's engine::FlatState after step kLieStep - 1 (a whole step's input) and after
+  // step kLieStep.
+  std::vector<float> before_lie, after_lie;
   std::vector<StepRecord> steps;  // steps[s] for s >= 1
 
   std::span<const float> Values(uint64_t s, int64_t op) const {
@@ -331,42 +340,108 @@ struct PartyRun {
   }
 };
 
+// Step st.step + 1 of `tr`'s run as `lie`'s party computes it; `traced`: with its operator trace
+// (its outputs kept at the step the game narrows to, the lie's), else no trace and no roots.
+StepRecord TrainStep(Trainer& tr, const Lie& lie, bool lying, uint64_t dropout, bool traced) {
+  engine::TrainState& st = tr.state();
+  StepRecord rec;
+  rec.batch = tr.BatchForStep(st.step);
+  auto trace = traced ? std::make_shared<OpTrace>() : nullptr;
+  if (trace) trace->set_keep_values(lying);  // the game narrows to the lie's step only
+  if (lying && lie.kind == LieKind::kInputState) st.model->params()[2].value.data()[5] += 1e-3f;
+  std::unique_ptr<engine::Optimizer> right;
+  if (lying && lie.kind == LieKind::kWrongUpdate) {
+    engine::OptimizerSpec fast = st.optimizer->spec();
+    fast.lr *= 2;
+    auto wrong = std::make_unique<engine::Optimizer>(fast, st.model->params());
+    std::vector<engine::Optimizer::NamedState> from = st.optimizer->State();
+    std::vector<engine::Optimizer::NamedState> to = wrong->State();
+    for (size_t i = 0; i < from.size(); ++i) *to[i].tensor = *from[i].tensor;
+    right = std::exchange(st.optimizer, std::move(wrong));
+  }
+  st.model->set_op_trace(trace.get());
+  engine::StepOnBatch(st, rec.batch, dropout, nullptr, tr.task().micro_batches);
+  st.model->set_op_trace(nullptr);
+  if (right) {
+    std::vector<engine::Optimizer::NamedState> from = st.optimizer->State();
+    std::vector<engine::Optimizer::NamedState> to = right->State();
+    for (size_t i = 0; i < from.size(); ++i) *to[i].tensor = *from[i].tensor;
+    st.optimizer = std::move(right);
+  }
+  if (trace) rec.roots = trace->hashes();
+  rec.trace = std::move(trace);
+  return rec;
+}
+
+const PartyRun& Honest();
+
+// Whether a liar of `kind` computes the step it lies at as the honest party does, and lies only
+// in what it claims or carries on from after it.
+bool LiesAfterTheStep(LieKind kind) {
+  return kind == LieKind::kStepState || kind == LieKind::kMoment || kind == LieKind::kTile ||
+         kind == LieKind::kSkippedUpdate;
+}
+
+// A trainer of the current model for a liar, kept from the run before (the honest run's first):
+// a liar starts from a state of the honest run (Load), so the model's initialisation (a normal
+// draw per parameter) is not paid again for every lie.
+std::unique_ptr<Trainer>& SpareTrainer() {
+  static std::map<const Setup*, std::unique_ptr<Trainer>> spares;
+  return spares[g_setup];
+}
+
+// Puts `tr` at `flat` (engine::FlatState's layout) after `step` steps of its own stream: the
+// state engine::StateFromFlat builds, with the trainer's model and optimizer.
+void Load(Trainer& tr, std::span<const float> flat, uint64_t step) {
+  engine::TrainState& st = tr.state();
+  Result<engine::TrainState> loaded = engine::StateFromFlat(
+      st.model->spec(), st.optimizer->spec(), flat, static_cast<int64_t>(step), st.seed, st.stream);
+  CHECK(loaded.ok()) << loaded.status().ToString();
+  st = std::move(*loaded);
+}
+
+// A party's run of steps 1..kSteps. The honest run (Lie{}) trains them all. A liar's run is the
+// honest one up to the step it lies at, so it shares the honest run's records and states of the
+// steps before. A liar that computes that step starts from the honest state after step
+// kLieStep - 1 (its hash computed anew: the callers check it against the honest run's); one that
+// lies after the step's computation (LiesAfterTheStep) shares the honest record of step kLieStep
+// too and carries on from the honest state after it, changed as it lies. The steps after the
+// lie's give only the liar's claim (the state after the last), and the game never narrows to
+// them: the liar does not trace them.
 PartyRun Train(const Lie& lie) {
-  std::unique_ptr<Trainer> tr = MakeTrainer();
+  const bool liar = lie.kind != LieKind::kNone;
+  const PartyRun* honest = liar ? &Honest() : nullptr;
+  std::unique_ptr<Trainer> tr = liar && SpareTrainer() ? std::move(SpareTrainer()) : MakeTrainer();
   engine::TrainState& st = tr->state();
   const uint64_t dropout = engine::DropoutSeed(tr->task().seed, tr->task().stream);
   PartyRun run;
   run.lie = lie;
-  run.state.push_back(engine::StateHash(st));
-  run.steps.emplace_back();
-  for (uint64_t s = 1; s <= kSteps; ++s) {
+  uint64_t first = 1;
+  if (!liar) {
+    run.state.push_back(engine::StateHash(st));
+    run.steps.emplace_back();
+  } else if (LiesAfterTheStep(lie.kind)) {
+    run.state.assign(honest->state.begin(), honest->state.begin() + kLieStep);
+    run.steps.assign(honest->steps.begin(), honest->steps.begin() + kLieStep);
+    first = kLieStep;
+  } else {
+    run.state.assign(honest->state.begin(), honest->state.begin() + (kLieStep - 1));
+    run.steps.assign(honest->steps.begin(), honest->steps.begin() + kLieStep);
+    Load(*tr, honest->before_lie, kLieStep - 1);
+    run.state.push_back(engine::StateHash(st));
+    first = kLieStep;
+  }
+  for (uint64_t s = first; s <= kSteps; ++s) {
     const bool lying = s == kLieStep;
-    if (lying) run.before_lie = engine::FlatState(st);
+    if (lying && !liar) run.before_lie = engine::FlatState(st);
     StepRecord rec;
-    rec.batch = tr->BatchForStep(st.step);
-    rec.trace = std::make_unique<OpTrace>();
-    rec.trace->set_keep_values(lying);  // the game narrows to the lie's step only
-    if (lying && lie.kind == LieKind::kInputState) st.model->params()[2].value.data()[5] += 1e-3f;
-    std::unique_ptr<engine::Optimizer> right;
-    if (lying && lie.kind == LieKind::kWrongUpdate) {
-      engine::OptimizerSpec fast = st.optimizer->spec();
-      fast.lr *= 2;
-      auto wrong = std::make_unique<engine::Optimizer>(fast, st.model->params());
-      std::vector<engine::Optimizer::NamedState> from = st.optimizer->State();
-      std::vector<engine::Optimizer::NamedState> to = wrong->State();
-      for (size_t i = 0; i < from.size(); ++i) *to[i].tensor = *from[i].tensor;
-      right = std::exchange(st.optimizer, std::move(wrong));
+    if (liar && lying && LiesAfterTheStep(lie.kind)) {
+      rec = honest->steps.at(kLieStep);
+      Load(*tr, honest->after_lie, kLieStep);
+    } else {
+      rec = TrainStep(*tr, lie, lying, dropout, !liar || lying);
+      if (lying && !liar) run.after_lie = engine::FlatState(st);
     }
-    st.model->set_op_trace(rec.trace.get());
-    engine::StepOnBatch(st, rec.batch, dropout, nullptr, tr->task().micro_batches);
-    st.model->set_op_trace(nullptr);
-    if (right) {
-      std::vector<engine::Optimizer::NamedState> from = st.optimizer->State();
-      std::vector<engine::Optimizer::NamedState> to = right->State();
-      for (size_t i = 0; i < from.size(); ++i) *to[i].tensor = *from[i].tensor;
-      st.optimizer = std::move(right);
-    }
-    rec.roots = rec.trace->hashes();
     if (lying && lie.kind == LieKind::kStepState)
       st.optimizer->State()[0].tensor->data()[0] += 1e-3f;
     if (lying && lie.kind == LieKind::kMoment) {
@@ -412,9 +487,14 @@ PartyRun Train(const Lie& lie) {
       }
       st.model->params()[0].value.data()[0] += 1e-3f;
     }
+    // The state after a step as its trace committed it (its output state's roots), unless the
+    // liar changed its state after the step's computation.
+    const bool as_traced = rec.trace && !(liar && lying);
     run.steps.push_back(std::move(rec));
-    run.state.push_back(engine::StateHash(st));
+    run.state.push_back(as_traced ? engine::StateHashOfTracedStep(st, *run.steps.back().trace)
+                                  : engine::StateHash(st));
   }
+  SpareTrainer() = std::move(tr);
   return run;
 }
 
@@ -475,6 +555,11 @@ struct Move {
 };
 
 Move Answer(const PartyRun& run, const DisputeQuery& q) {
+  if (q.stage != DisputeStage::kDisputeSteps && !run.steps.at(q.step).trace) {
+    ADD_FAILURE() << "the game narrowed to step " << q.step << ", not the lie's (" << kLieStep
+                  << "): the liar did not trace it";
+    return {};
+  }
   switch (q.stage) {
     case DisputeStage::kDisputeSteps:
       return {run.state.at(q.position), std::nullopt};
@@ -1283,14 +1368,17 @@ Setup* MakeChainSetup(const std::string& bundle, const engine::TaskData* data,
   const protocol::UnitWork work =
       protocol::UnitWorkOf(*net, spec->seed, engine::TaskContentId(*spec), 0, 0);
   auto shared = std::make_shared<const engine::TaskSpec>(std::move(*spec));
-  s->make = [shared, work, data] {
-    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, *data);
+  // The trainers read the data in place (it lives as long as the tests).
+  const std::shared_ptr<const engine::TaskData> in_place(std::shared_ptr<void>(), data);
+  s->make = [shared, work, in_place] {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, in_place);
     CHECK(tr.ok()) << tr.status().ToString();
     const std::vector<float> start = (*tr)->FlatParams();
     CHECK((*tr)->StartUnit(work.stream, start, work.lr_scale).ok());
     return std::move(*tr);
   };
-  s->ctx = ContextOf(*s->make(), static_cast<uint64_t>(kExamples), Tree().root());
+  s->fresh = s->make();
+  s->ctx = ContextOf(*s->fresh, static_cast<uint64_t>(kExamples), Tree().root());
   s->train = &Data().train;  // the same floats whatever the shape: the same leaves
   s->tree = &Tree();
   return s;
@@ -1614,7 +1702,8 @@ class TileChainTest : public testing::FollowedChainFixture {
                                                                           : verifier_;
         const PartyRun& run = party == DisputeParty::kDefender ? defender : challenger;
         const Move m = Answer(run, q);
-        if (q.stage != DisputeStage::kDisputeSteps && run.steps.at(q.step).fake.empty()) {
+        if (q.stage != DisputeStage::kDisputeSteps && run.steps.at(q.step).fake.empty() &&
+            run.steps.at(q.step).trace) {
           // What a node answers (ledger::AnswerTileQuery) is this test's honest answer.
           const StepRecord& rec = run.steps.at(q.step);
           Result<DisputeMoveAnswer> a =

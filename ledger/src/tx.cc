@@ -1,8 +1,10 @@
 #include "meshlearn/ledger/tx.h"
 
+#include <bit>
+
 #include "fields.h"
-#include "witness_codec.h"
 #include "meshlearn/base/encoding.h"
+#include "witness_codec.h"
 
 namespace meshlearn::ledger {
 
@@ -66,7 +68,8 @@ Result<TxType> TxTypeFromName(std::string_view name) {
   MESHLEARN_LEDGER_TX_TYPES(ML_TX_FROM_NAME_)
 #undef ML_TX_FROM_NAME_
   std::string known;
-#define ML_TX_LIST_NAME_(Name, tag, module) known += (known.empty() ? "" : ", ") + std::string(#Name);
+#define ML_TX_LIST_NAME_(Name, tag, module) \
+  known += (known.empty() ? "" : ", ") + std::string(#Name);
   MESHLEARN_LEDGER_TX_TYPES(ML_TX_LIST_NAME_)
 #undef ML_TX_LIST_NAME_
   return InvalidArgument("unknown transaction type '" + std::string(name) + "' (known: " + known +
@@ -111,7 +114,11 @@ Status ReadWitnessHeader(Decoder& d, size_t size, std::string_view magic, const 
 
 void PutWitnessFloats(Encoder& e, const std::vector<float>& v) {
   e.PutU32(static_cast<uint32_t>(v.size()));
-  for (float f : v) e.PutF32(f);
+  // Every float as PutF32 writes it (its IEEE-754 bits, little-endian), in one copy: on a
+  // little-endian machine those are its bytes in memory. A witness holds up to 64K floats.
+  static_assert(std::endian::native == std::endian::little,
+                "meshlearn encodes floats little-endian");
+  e.PutRaw(ByteSpan(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float)));
 }
 Status GetWitnessFloats(Decoder& d, std::vector<float>* v, std::string_view field) {
   uint32_t n = 0;
@@ -174,7 +181,8 @@ Status GetWitnessPages(Decoder& d, std::vector<TileWitnessPage>* pages) {
   for (TileWitnessPage& p : *pages) {
     ML_RETURN_IF_ERROR(d.GetU64(&p.page, "page.index"));
     uint32_t k = 0;
-    ML_RETURN_IF_ERROR(d.GetCount(&k, "page.tokens", static_cast<uint32_t>(kMaxWitnessBytes / 4), 4));
+    ML_RETURN_IF_ERROR(
+        d.GetCount(&k, "page.tokens", static_cast<uint32_t>(kMaxWitnessBytes / 4), 4));
     p.tokens.resize(k);
     for (int32_t& t : p.tokens) {
       uint32_t u = 0;
@@ -271,8 +279,7 @@ bool StartsAsLargeTx(ByteSpan wire) {
 }  // namespace
 
 Result<Transaction> DecodeTx(ByteSpan wire) {
-  if (wire.size() > kMaxTxBytes &&
-      (wire.size() > kMaxLargeTxBytes || !StartsAsLargeTx(wire))) {
+  if (wire.size() > kMaxTxBytes && (wire.size() > kMaxLargeTxBytes || !StartsAsLargeTx(wire))) {
     const size_t limit = wire.size() > kMaxLargeTxBytes ? kMaxLargeTxBytes : kMaxTxBytes;
     return ResourceExhausted(
         "transaction: " + std::to_string(wire.size()) + " bytes, over the limit of " +

@@ -201,7 +201,7 @@ Result<TracedStep> TraceDisputedStep(engine::Trainer* trainer, std::span<const f
   engine::StepOnBatch(st, out.batch, engine::DropoutSeed(trainer->task().seed, work.stream),
                       nullptr, trainer->task().micro_batches);
   st.model->set_op_trace(nullptr);
-  out.output = engine::StateHash(st);
+  out.output = engine::StateHashOfTracedStep(st, *out.trace);
   return out;
 }
 

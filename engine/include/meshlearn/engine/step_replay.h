@@ -77,6 +77,14 @@ void RecordStepOutputState(TrainState& state, OpTrace& trace);
 float StepOnBatch(TrainState& state, const Batch& batch, uint64_t dropout_seed,
                   float* grad_norm = nullptr, int64_t micro_batches = 1);
 
+// StateHash(state) of the state a traced step has just left in `state`, from the tiled roots of
+// its output state that the step's trace recorded last (op_trace.h), without hashing the state's
+// tensors again: a party that traces a step (a dispute's disputed step) pays one hash pass over
+// the state instead of two. CHECK-fails when the trace does not end with the state's tensors
+// (names and count). REQUIRES: `trace` recorded the step that left `state` (StepOnBatch with it
+// attached), and neither changed since.
+Hash256 StateHashOfTracedStep(TrainState& state, const OpTrace& trace);
+
 // How many floats FlatState holds for a model of `num_params` parameters trained with
 // `optimizer`: the parameters and the optimizer's state (adamw: m and v; sgd: a momentum buffer
 // when momentum > 0). What a witness of the state weighs, before any model is built.
