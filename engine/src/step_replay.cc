@@ -57,8 +57,6 @@ void RecordStepOutputState(TrainState& state, OpTrace& trace) {
   for (const Optimizer::NamedState& s : state.optimizer->State()) record(s.name, *s.tensor);
 }
 
-}  // namespace
-
 Hash256 StateHashOfTracedStep(TrainState& state, const OpTrace& trace) {
   // RecordStepOutputState's layout: every parameter, then every optimizer state tensor, each in
   // its shape's grid, as StateTensorRoots roots them.
@@ -76,8 +74,6 @@ Hash256 StateHashOfTracedStep(TrainState& state, const OpTrace& trace) {
   return StateHashOfRoots(state.step, state.seed, state.stream,
                           std::span<const Hash256>(trace.hashes()).subspan(first));
 }
-
-namespace {
 
 // The step's input state comes first in its trace (op_trace.h).
 void RecordStepInputState(TrainState& state, OpTrace& trace) {
