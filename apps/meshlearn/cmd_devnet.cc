@@ -85,6 +85,8 @@ constexpr int64_t kAuditWindowMs = 300000;  // a finished task's audit window, a
 // A pipeline task's verdict commit window and the referee's time to rule, at least (RunDevnet).
 constexpr int64_t kStageCommitWindowMs = 60000;
 constexpr int64_t kStageRefereeMs = 60000;
+// Under --memory-limit, every deadline of a pipeline task, at least (RunDevnet).
+constexpr int64_t kLimitedDeadlineMs = 30000;
 constexpr uint64_t kNodeStake = 100000;    // every devnet node's stake: covers a slash (node.toml)
 void OnStopSignal(int sig) { g_stop_signal.store(sig); }
 
@@ -937,8 +939,17 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
       // witness bound is ruled by the genesis referee, this process, which replays the whole
       // stage step (longer than the default 20 blocks, 4 s at 200 ms, under that load).
       p.verdict_commit_blocks = std::max(p.verdict_commit_blocks, blocks(kStageCommitWindowMs));
-      if (p.referee_blocks > 0)
+      if (p.referee_blocks > 0) {
         p.referee_blocks = std::max(p.referee_blocks, blocks(kStageRefereeMs));
+      }
+      if (memory_limit > 0) {
+        // One node aggregates (the only one that holds the whole model). Its first aggregation
+        // builds the model's trainer and evaluates it, seconds the scheduler's estimate (the
+        // deltas' transfer and sum: 2-3 s here) does not count, and an aggregator that let a
+        // round's aggregation expire may not take that round again: with no other, the round
+        // waited for good (two runs of the 10M GPT's pipeline under a lazy stage stalled so).
+        p.min_deadline_blocks = std::max(p.min_deadline_blocks, blocks(kLimitedDeadlineMs));
+      }
     }
     p.unbonding_delay_blocks = std::max(p.unbonding_delay_blocks, p.audit_window_blocks);
   }
