@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -57,6 +58,7 @@
 #include "meshlearn/base/prometheus.h"
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
+#include "meshlearn/engine/pipeline.h"
 #include "meshlearn/ledger/block.h"
 #include "meshlearn/ledger/etcd_local.h"
 #include "meshlearn/ledger/genesis.h"
@@ -80,6 +82,11 @@ std::atomic<int> g_stop_signal{0};
 constexpr int64_t kVerifyWindowMs = 4000;   // reveal and dispute windows, at least
 constexpr int64_t kCommitWindowMs = 10000;  // the verdict commit window, at least
 constexpr int64_t kAuditWindowMs = 300000;  // a finished task's audit window, at least
+// A pipeline task's verdict commit window and the referee's time to rule, at least (RunDevnet).
+constexpr int64_t kStageCommitWindowMs = 60000;
+constexpr int64_t kStageRefereeMs = 60000;
+// Under --memory-limit, every deadline of a pipeline task, at least (RunDevnet).
+constexpr int64_t kLimitedDeadlineMs = 30000;
 constexpr uint64_t kNodeStake = 100000;    // every devnet node's stake: covers a slash (node.toml)
 void OnStopSignal(int sig) { g_stop_signal.store(sig); }
 
@@ -186,6 +193,24 @@ uint64_t UnitMemoryBytes(const ledger::TaskParams& p) {
   v.model_bytes = p.model_bytes;
   v.memory_required_bytes = p.memory_bytes;
   return protocol::RequiredMemoryBytes(v);
+}
+
+// Per stage of a pipeline task, the activation bytes of a step (engine::CutCosts of the task's
+// cut: GPipe keeps the M micro-batches' activations in flight). A stage node's memory target
+// (issue 15) is the single node's peak over S plus these: what a stage holds beyond its share of
+// the whole model.
+Result<std::vector<uint64_t>> StageActivationBytes(const PreparedTask& task) {
+  const engine::TaskSpec& t = task.trainer ? task.trainer->task() : task.task;
+  ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
+                      engine::TaskPipelineCut(t, static_cast<int>(task.net.stages), task.net.cut));
+  ML_ASSIGN_OR_RETURN(
+      std::vector<engine::StageCost> costs,
+      engine::CutCosts(t.model, t.optimizer, cut, t.batch_size, t.seq_len, t.micro_batches));
+  std::vector<uint64_t> bytes;
+  for (const engine::StageCost& c : costs) {
+    bytes.push_back(static_cast<uint64_t>(std::ceil(c.activation_bytes)));
+  }
+  return bytes;
 }
 
 // --memory-limit against what the task needs: a node that holds less than a unit (or, pipelined,
@@ -906,6 +931,26 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     // audit of examples/fashion-mlp.toml re-executes its 48 units in about a minute); stake
     // stays bonded for at least as long (genesis requires it).
     p.audit_window_blocks = std::max(p.audit_window_blocks, blocks(kAuditWindowMs));
+    if (stages > 1) {
+      // A stage node replays a stage for its verdict only when that fits in its memory beside the
+      // stage unit it trains (NodeAgent::WaitsForStageUnit), so a verdict may wait for a unit to
+      // end (15-30 s for the 10M GPT's stages on 2 loaded cores; at 10 s the checks of the
+      // nodes that trained went abandoned, and their units re-ran). A stage over the stage
+      // witness bound is ruled by the genesis referee, this process, which replays the whole
+      // stage step (longer than the default 20 blocks, 4 s at 200 ms, under that load).
+      p.verdict_commit_blocks = std::max(p.verdict_commit_blocks, blocks(kStageCommitWindowMs));
+      if (p.referee_blocks > 0) {
+        p.referee_blocks = std::max(p.referee_blocks, blocks(kStageRefereeMs));
+      }
+      if (memory_limit > 0) {
+        // One node aggregates (the only one that holds the whole model). Its first aggregation
+        // builds the model's trainer and evaluates it, seconds the scheduler's estimate (the
+        // deltas' transfer and sum: 2-3 s here) does not count, and an aggregator that let a
+        // round's aggregation expire may not take that round again: with no other, the round
+        // waited for good (two runs of the 10M GPT's pipeline under a lazy stage stalled so).
+        p.min_deadline_blocks = std::max(p.min_deadline_blocks, blocks(kLimitedDeadlineMs));
+      }
+    }
     p.unbonding_delay_blocks = std::max(p.unbonding_delay_blocks, p.audit_window_blocks);
   }
   gen.genesis_time_ms = SystemClock::Default()->NowMillis();
@@ -1332,6 +1377,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
              {"round_results", final_task.value("round_results", json::array())},
              {"sequencer", sequencer_report}};
   if (stages > 1) {
+    ML_ASSIGN_OR_RETURN(const std::vector<uint64_t> stage_activations, StageActivationBytes(task));
     // The bubble measured: the share of the stage units' running time spent waiting for a
     // neighbour's tensor, over every stage node (on a shared machine, also for a neighbour that
     // waits for a core). GPipe's schedule alone would leave (S-1)/(M+S-1) of it idle.
@@ -1344,6 +1390,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         {"bubble_fraction", stage_running > 0 ? stage_waiting / stage_running : 0.0},
         {"bubble_fraction_schedule", (stages - 1) / (m + stages - 1)},
         {"stage_memory_bytes", task.params.stage_memory_bytes},
+        {"stage_activation_bytes", stage_activations},
         {"unpipelined_memory_bytes", UnitMemoryBytes(task.params)},
         {"memory_limit_bytes", memory_limit},
         // What a stage node's process held at its peak (VmHWM), over the nodes that ran stage
@@ -1468,6 +1515,11 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
       pl["single_node_peak_rss_bytes"] = single;
       pl["stage_node_peak_fraction"] =
           single > 0 ? static_cast<double>(stage_peak_max) / static_cast<double>(single) : 0.0;
+      // The issue's bound on a stage node's peak: 1/S of the single node's, plus the activations
+      // of the stage that holds the most of them (a node may train any stage).
+      const std::vector<uint64_t> acts = pl["stage_activation_bytes"].get<std::vector<uint64_t>>();
+      pl["stage_node_peak_target_bytes"] =
+          single / stages + *std::max_element(acts.begin(), acts.end());
     }
   }
   // In the file, "task" and "model" are relative to its folder (docs/paths.md).
@@ -1635,11 +1687,17 @@ void PrintReport(GlobalOptions& g, const json& report) {
                                    peak["min"].get<uint64_t>() / 1e6,
                                    peak["max"].get<uint64_t>() / 1e6);
           if (pl.contains("single_node_peak_rss_bytes")) {
+            const uint64_t single = pl["single_node_peak_rss_bytes"].get<uint64_t>();
+            const uint64_t max = peak["max"].get<uint64_t>();
+            const uint64_t target = pl["stage_node_peak_target_bytes"].get<uint64_t>();
             std::cout << fmt::format(
                 "; the whole model on one node (meshlearn diloco) {:.0f} MB: a stage node "
-                "holds at most {:.2f} of it (1/S = {:.2f})",
-                pl["single_node_peak_rss_bytes"].get<uint64_t>() / 1e6,
-                pl["stage_node_peak_fraction"].get<double>(), 1.0 / s);
+                "holds at most {:.2f} of it (1/S = {:.2f})\n  target (issue 15): 1/S of it plus "
+                "a stage's activations, {:.0f} + {:.0f} = {:.0f} MB; the heaviest stage node "
+                "{:.0f} MB: {}",
+                single / 1e6, pl["stage_node_peak_fraction"].get<double>(), 1.0 / s,
+                single / s / 1e6, (target - single / s) / 1e6, target / 1e6, max / 1e6,
+                max <= target ? "met" : "ABOVE it");
           }
         }
         std::cout << "\n";

@@ -264,7 +264,21 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
   const std::vector<const AggregationAssignment*> aggs = aggregator_->Pending(work);
   std::vector<const UnitAssignment*> units = solver_->Pending(work);
   std::erase_if(units, [](const UnitAssignment* u) { return u->stage.has_value(); });
-  if (!left_) RunStages(work);
+  // An urgent stage replay goes first: a stage unit that would not fit beside it starts on a
+  // later tick (seconds later: its neighbours wait that long), and one that already trains makes
+  // the replay wait for it. Only a replay that can run now holds a unit back (not one whose last
+  // run failed, waiting on a party that may never answer, nor one past its deadline).
+  uint64_t replay_need = 0;
+  for (const VerifyJob& j : urgent) {
+    if (j.deadline > work.height && !verify_job_failed_at_.count(VerifyJobKey(j))) {
+      replay_need = std::max(replay_need, StageReplayNeed(j));
+    }
+  }
+  if (!left_) RunStages(work, replay_need);
+  const size_t due = urgent.size();
+  std::erase_if(urgent, [&](const VerifyJob& j) { return WaitsForStageUnit(j); });
+  std::erase_if(later, [&](const VerifyJob& j) { return WaitsForStageUnit(j); });
+  if (urgent.size() < due) report->busy = true;  // a replay waits: look again soon
 
   if (!urgent.empty()) {
     const VerifyJob& job = urgent.front();
@@ -278,7 +292,8 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
       verify_job_failed_at_[VerifyJobKey(job)] = work.height;
     }
     ++report->verifications_run;
-    report->busy = urgent.size() > 1 || !later.empty() || !aggs.empty() || !units.empty();
+    report->busy = urgent.size() < due || urgent.size() > 1 || !later.empty() || !aggs.empty() ||
+                   !units.empty();
     return Status::Ok();
   }
   if (left_) return Status::Ok();
@@ -320,25 +335,63 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
 
 // A pipeline stage unit runs on a thread of its own, beside its neighbours' (Stager): each tick
 // commits the one that finished and starts the next, and goes on with the tick's one job.
-void NodeAgent::RunStages(const NodeWork& work) {
+void NodeAgent::RunStages(const NodeWork& work, uint64_t replay_need) {
   Status collected = stager_->Collect(work);
   if (!collected.ok()) Log(collected.message());  // run again while it stays assigned
   if (stager_->running()) return;
+  stage_unit_need_ = 0;
   for (const UnitAssignment* u : stager_->Pending(work)) {
     // A stage this node's memory cannot hold is refused as a whole unit is (Solver::FitsInMemory,
     // by the stage's need the ledger placed it by): it expires and goes to another node.
-    if (Result<TaskContext*> ctx = node_->GetTask(u->task_id);
-        ctx.ok() && !solver_->FitsInMemory(*u, **ctx)) {
-      continue;
-    }
+    Result<TaskContext*> ctx = node_->GetTask(u->task_id);
+    if (ctx.ok() && !solver_->FitsInMemory(*u, **ctx)) continue;
+    const uint64_t need = ctx.ok() ? Solver::NeedBytes(*u, **ctx) : 0;
+    if (replay_need > 0 && !FitsBeside(need, replay_need)) return;  // after the replay
     Status started = stager_->Start(*u);
     if (!started.ok()) {
       Log("stage unit " + u->task_id.ShortHex() + "/" + std::to_string(u->index) +
           " not started: " + started.message());
       continue;
     }
-    if (stager_->running()) return;
+    if (stager_->running()) {
+      stage_unit_need_ = need;
+      return;
+    }
   }
+}
+
+uint64_t NodeAgent::StageReplayNeed(const VerifyJob& job) {
+  if (job.kind != VerifyJob::Kind::kVerdict && job.kind != VerifyJob::Kind::kWhistle) return 0;
+  Result<TaskContext*> ctx = node_->GetTask(job.check->task_id);
+  if (!ctx.ok()) return 0;
+  const uint32_t stages = (*ctx)->bundle.net.stages;
+  const std::vector<uint64_t>& needs = (*ctx)->info.params.stage_memory_bytes;
+  if (stages < 2 || needs.size() != stages) return 0;
+  return needs[job.check->shard % stages];
+}
+
+bool NodeAgent::FitsBeside(uint64_t unit_need, uint64_t replay_need) const {
+  // A node that offers a limit (memory_limit_bytes) offers it to one stage at a time: the ledger
+  // placed its stage unit by that stage's need alone, and a replay holds, besides its stage, the
+  // task's data it reads for the steps' batches (a text corpus as tokens: tens of MB that no
+  // stage need counts). Measured on the 10M GPT's devnet (docs/submitters.md): a first stage's
+  // check beside a first stage's unit, 78 MB of stage needs under a 100 MiB limit, took the
+  // node's peak from 116 MB to 163-175 MB.
+  if (options_.memory_limit_bytes > 0) return false;
+  return unit_need + replay_need <= solver_->MemoryBytes();
+}
+
+bool NodeAgent::WaitsForStageUnit(const VerifyJob& job) {
+  if (!stager_->running()) return false;
+  const uint64_t need = StageReplayNeed(job);
+  if (need == 0 || FitsBeside(stage_unit_need_, need)) return false;
+  if (replay_wait_logged_.insert(VerifyJobKey(job)).second) {
+    Log(CheckName(*job.check) + ": its replay (" + std::to_string(need) +
+        " bytes of stage) waits for this node's stage unit (" + std::to_string(stage_unit_need_) +
+        " bytes) to end: the node offers " + std::to_string(solver_->MemoryBytes()) +
+        " bytes to one stage at a time");
+  }
+  return true;
 }
 
 // ---- Verification ----------------------------------------------------------------------------

@@ -138,16 +138,26 @@ Status Solver::Run(const UnitAssignment& a) {
   return Finish(a, ctx, *ran);
 }
 
-bool Solver::FitsInMemory(const UnitAssignment& a, const TaskContext& ctx) {
+uint64_t Solver::MemoryBytes() const {
   const AgentOptions& options = node_->options();
   const uint64_t registered_memory = options.capabilities.memory_bytes;
-  const uint64_t memory = options.memory_limit_bytes > 0
-                              ? std::min(options.memory_limit_bytes, registered_memory)
-                              : registered_memory;
+  return options.memory_limit_bytes > 0 ? std::min(options.memory_limit_bytes, registered_memory)
+                                        : registered_memory;
+}
+
+uint64_t Solver::NeedBytes(const UnitAssignment& a, const TaskContext& ctx) {
   // The number the ledger placed the unit by: a stage unit's is its stage's (PlaceStages).
   const std::vector<uint64_t>& stage_needs = ctx.info.params.stage_memory_bytes;
   const bool staged = a.stage.has_value() && a.stage->stage < stage_needs.size();
-  const uint64_t need = staged ? stage_needs[a.stage->stage] : ctx.memory_need;
+  return staged ? stage_needs[a.stage->stage] : ctx.memory_need;
+}
+
+bool Solver::FitsInMemory(const UnitAssignment& a, const TaskContext& ctx) {
+  const uint64_t registered_memory = node_->options().capabilities.memory_bytes;
+  const uint64_t memory = MemoryBytes();
+  const std::vector<uint64_t>& stage_needs = ctx.info.params.stage_memory_bytes;
+  const bool staged = a.stage.has_value() && a.stage->stage < stage_needs.size();
+  const uint64_t need = NeedBytes(a, ctx);
   if (need <= memory) return true;
   ++node_->stats().units_refused;
   std::string why = Name(a) + (staged ? " (stage " + std::to_string(a.stage->stage) + ")" : "") +

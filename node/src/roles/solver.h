@@ -69,6 +69,11 @@ class Solver {
   // the task's stage_memory_bytes[stage] for a stage unit (the agent asks before the Stager
   // starts one); lowers the registered memory when the real limit is below it.
   bool FitsInMemory(const UnitAssignment& a, const TaskContext& ctx);
+  // The memory the node can give to training: memory_limit_bytes when set (at most the
+  // registered capabilities.memory_bytes), else the registered memory.
+  uint64_t MemoryBytes() const;
+  // The scheduler's need of unit `a` (what FitsInMemory compares with MemoryBytes).
+  static uint64_t NeedBytes(const UnitAssignment& a, const TaskContext& ctx);
 
   // The solver's side of a check: serve what it committed (again, after a restart), reveal the
   // secret in the reveal window.

@@ -311,7 +311,20 @@ class NodeAgent {
   // the one job it runs.
   Result<std::optional<NodeWork>> Prepare(TickReport* report);
   Status RunOneJob(const NodeWork& work, TickReport* report);
-  void RunStages(const NodeWork& work);
+  // Commits a finished stage unit and, when `replay_need` (the memory an urgent check's replay
+  // will hold this tick: StageReplayNeed) leaves room for it, starts the next.
+  void RunStages(const NodeWork& work, uint64_t replay_need);
+  // The memory a verification job's replay holds when it replays a pipeline stage (a verdict or a
+  // whistleblower's re-check: the stage's stage_memory_bytes, as the scheduler placed it); 0 for
+  // any other job. Dispute moves and witnesses are not counted: their turns cannot wait.
+  uint64_t StageReplayNeed(const VerifyJob& job);
+  // A stage replay that does not fit in the node's memory beside the stage unit training on the
+  // Stager's thread waits for the unit to end (logged once per check): so a node that trains a
+  // stage and verifies another never holds more than it offers (docs/node.md, "Stage units").
+  bool WaitsForStageUnit(const VerifyJob& job);
+  // Whether a stage replay holding `replay_need` bytes may run beside a stage unit holding
+  // `unit_need`: never on a node with memory_limit_bytes, else when both fit in its memory.
+  bool FitsBeside(uint64_t unit_need, uint64_t replay_need) const;
   Status EnsureRegistered(uint64_t height);
   Status RegisterOrRejoin(const std::optional<NodeInfo>& me, const ledger::NodeCapabilities& caps);
   void Heartbeat(uint64_t height);
@@ -364,6 +377,9 @@ class NodeAgent {
   // Urgent verification jobs whose last run failed (VerifyJobKey -> the height it failed at):
   // PlayVerification runs them after the urgent jobs that have not failed (chaos seed 29).
   std::map<std::string, uint64_t> verify_job_failed_at_;
+  // The need of the stage unit the Stager runs (Solver::NeedBytes), while it runs.
+  uint64_t stage_unit_need_ = 0;
+  std::set<std::string> replay_wait_logged_;  // VerifyJobKey of the checks logged as waiting
 };
 
 }  // namespace meshlearn::node
