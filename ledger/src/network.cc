@@ -492,6 +492,18 @@ Status AdvanceTask(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     std::vector<protocol::NodeView> nodes = NodeViews(s, kRoleAggregator, inflight);
     Result<protocol::AggregatorAssignment> a = protocol::AssignAggregator(
         view, nodes, m.round(), m.AggregatorExcluded(), seed, height, sp);
+    if (!a.ok() && a.status().code() == StatusCode::kUnavailable &&
+        !m.AggregatorExcluded().empty()) {
+      // Nobody but nodes that let this round's aggregation expire can take it (a pipeline task's
+      // whole model often fits one node alone): they are forgiven, as a unit's solvers are above,
+      // and the expiry stays on their record (CountFailure). Otherwise the round waits forever.
+      Result<protocol::AggregatorAssignment> any =
+          protocol::AssignAggregator(view, nodes, m.round(), {}, seed, height, sp);
+      if (any.ok()) {
+        ML_RETURN_IF_ERROR(m.ForgiveAggregatorExcluded());
+        a = std::move(any);
+      }
+    }
     if (a.ok()) {
       ML_RETURN_IF_ERROR(m.OnAggregatorAssigned(*a));
       const NodeRecord* n = s.nodes.Find(a->node);

@@ -378,18 +378,18 @@ TEST_F(NetworkTest, AnUnavailableDeltaRerunsTheRoundWithoutItsSolver) {
   const WorkUnit round1 = Units().back();
   std::vector<Receipt> r = Step({
       // Only the assigned aggregator may report...
-      Q(*owner_.at(other_node), ReportUnavailableTx{.task_id = task_id_, .index = lost.index,
-                                                    .node_id = other_node}),
+      Q(*owner_.at(other_node),
+        ReportUnavailableTx{.task_id = task_id_, .index = lost.index, .node_id = other_node}),
       // ... and only a unit of the round it aggregates.
-      Q(*owner_.at(agg), ReportUnavailableTx{.task_id = task_id_, .index = round1.index,
-                                             .node_id = agg}),
+      Q(*owner_.at(agg),
+        ReportUnavailableTx{.task_id = task_id_, .index = round1.index, .node_id = agg}),
   });
   ASSERT_EQ(r.size(), 2u);
   EXPECT_FALSE(r[0].ok);
   EXPECT_NE(r[0].reason.find("not the assigned aggregator"), std::string::npos) << r[0].reason;
   EXPECT_FALSE(r[1].ok);
-  r = Step({Q(*owner_.at(agg), ReportUnavailableTx{.task_id = task_id_, .index = lost.index,
-                                                   .node_id = agg})});
+  r = Step({Q(*owner_.at(agg),
+              ReportUnavailableTx{.task_id = task_id_, .index = lost.index, .node_id = agg})});
   ASSERT_TRUE(r[0].ok) << r[0].reason;
   EXPECT_EQ(chain_->GetNode(solver).value().reputation.failures, failures + 1);
   // The round runs again from the same weights; the solver gets none of its units.
@@ -411,10 +411,11 @@ TEST_F(NetworkTest, AnUnavailableDeltaRerunsTheRoundWithoutItsSolver) {
     RoundStateMachine mm = Machine();
     if (mm.aggregator().has_value() && mm.phase() == RoundPhase::kRoundPhaseAggregating) {
       PublicKey a = mm.aggregator()->node;
-      more.push_back(Q(*owner_.at(a), CommitAggregateTx{.task_id = task_id_,
-                                                       .round = mm.round(),
-                                                       .node_id = a,
-                                                       .state_hash = Blake2b("s" + std::to_string(mm.round()))}));
+      more.push_back(Q(*owner_.at(a),
+                       CommitAggregateTx{.task_id = task_id_,
+                                         .round = mm.round(),
+                                         .node_id = a,
+                                         .state_hash = Blake2b("s" + std::to_string(mm.round()))}));
     }
     Step(more);
   }
@@ -487,6 +488,44 @@ TEST_F(NetworkTest, AUnitEverySolverLetExpireIsOfferedToThemAgain) {
     EXPECT_EQ(u.assignee, n1_.public_key()) << u.index;
     EXPECT_GT(u.deadline_height, first_deadline) << u.index;
   }
+}
+
+// The same for a round's aggregation: when the only node able to aggregate lets it expire, the
+// round used to wait forever in the aggregating phase (a devnet's 10M GPT pipeline task stalled
+// so: no stage node holds the whole model). It is offered the aggregation again, with the expiry
+// on its record, and the round finishes.
+TEST_F(NetworkTest, AnAggregationEveryAggregatorLetExpireIsOfferedToThemAgain) {
+  ASSERT_TRUE(Step({Q(alice_, Reg(n1_, 1'000'000'000'000))})[0].ok);
+  Transaction submit = Q(dave_, Submit(10'000));
+  task_id_ = TaskIdFor(dave_.public_key(), submit.nonce);
+  ASSERT_TRUE(Step({submit})[0].ok);
+  std::vector<Transaction> commits;
+  for (const WorkUnit& u : Units()) {
+    if (u.round == 0) commits.push_back(OwnerCommit(u));
+  }
+  for (const Receipt& x : Step(commits)) ASSERT_TRUE(x.ok) << x.reason;
+  ASSERT_TRUE(Machine().aggregator().has_value());
+  ASSERT_EQ(Machine().aggregator()->node, n1_.public_key());
+  const uint64_t first_deadline = Machine().aggregator()->deadline_height;
+  const uint32_t failures = Node(n1_).reputation.failures;
+  // n1 aggregates nothing: the aggregation expires, and n1 is the only aggregator there is.
+  while (chain_->Height() <= first_deadline + 2) Step();
+  EXPECT_EQ(Node(n1_).reputation.failures, failures + 1);
+  RoundStateMachine m = Machine();
+  EXPECT_EQ(m.phase(), RoundPhase::kRoundPhaseAggregating);
+  ASSERT_TRUE(m.aggregator().has_value()) << "the round waits for an aggregator forever";
+  EXPECT_EQ(m.aggregator()->node, n1_.public_key());
+  EXPECT_GT(m.aggregator()->deadline_height, first_deadline);
+  std::vector<Receipt> r =
+      Step({Q(*owner_.at(n1_.public_key()), CommitAggregateTx{.task_id = task_id_,
+                                                              .round = 0,
+                                                              .node_id = n1_.public_key(),
+                                                              .state_hash = Blake2b("s1")})});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  ASSERT_EQ(Task().round_results.size(), 1u);
+  EXPECT_EQ(Task().round_results[0].aggregator, n1_.public_key());
+  EXPECT_TRUE(chain_->CheckInvariants().ok());
+  EXPECT_TRUE(chain_->ReplayFromGenesis().ok());
 }
 
 TEST_F(NetworkTest, NoEligibleNodeLeavesUnitsPending) {

@@ -183,6 +183,15 @@ Status RoundStateMachine::ForgiveExcluded(const UnitId& unit) {
   return Status::Ok();
 }
 
+Status RoundStateMachine::ForgiveAggregatorExcluded() {
+  if (!NeedsAggregator()) {
+    return FailedPrecondition("task " + config_.task.ShortHex() + " round " +
+                              std::to_string(round_) + " needs no aggregator");
+  }
+  aggregator_excluded_.clear();
+  return Status::Ok();
+}
+
 Status RoundStateMachine::BackOff(const UnitId& unit) {
   ML_ASSIGN_OR_RETURN(Unit * u, FindUnit(unit));
   if (u->state != UnitState::kPending) {
@@ -462,7 +471,8 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
   Decoder d(bytes, "round state");
   uint8_t version = 0;
   ML_RETURN_IF_ERROR(d.GetU8(&version, "version"));
-  if (version != 1 && version != kRoundPhaseEncodingVersion && version != kRoundPhaseBackoffVersion) {
+  if (version != 1 && version != kRoundPhaseEncodingVersion &&
+      version != kRoundPhaseBackoffVersion) {
     return DataLoss("round state: unknown encoding version " + std::to_string(version));
   }
   RoundMachineConfig c;
@@ -529,7 +539,8 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
       any |= u.backoffs != 0;
     }
     if (!any) {
-      return DataLoss("round state: version 3 without a back-off (not canonical: that is version 2)");
+      return DataLoss(
+          "round state: version 3 without a back-off (not canonical: that is version 2)");
     }
   }
   ML_RETURN_IF_ERROR(d.Finish());
@@ -539,8 +550,10 @@ Result<RoundStateMachine> RoundStateMachine::Decode(ByteSpan bytes) {
   for (size_t i = 0; i < m.settling_.size(); ++i) {
     const Settling& r = m.settling_[i];
     if (final || r.round + (m.settling_.size() - i) != m.round_) {
-      return DataLoss("round state: settling rounds must be the ones just before the current "
-                      "round " + std::to_string(m.round_));
+      return DataLoss(
+          "round state: settling rounds must be the ones just before the current "
+          "round " +
+          std::to_string(m.round_));
     }
     if (r.units.size() != c.units_per_round) {
       return DataLoss("round state: settling round " + std::to_string(r.round) + " has " +

@@ -141,6 +141,11 @@ class RoundStateMachine {
   bool NeedsAggregator() const;
   // Nodes that let this round's aggregation expire; pass to AssignAggregator as `exclude`.
   const std::vector<NodeId>& AggregatorExcluded() const { return aggregator_excluded_; }
+  // When every node able to aggregate the round let its aggregation expire once, the round would
+  // wait forever (a pipeline task: often one node holds the whole model): the ledger forgives
+  // them, as it forgives a unit's solvers (ForgiveExcluded), and the expiries stay on their
+  // records. Only while an aggregator is needed.
+  Status ForgiveAggregatorExcluded();
   const std::optional<AggregatorAssignment>& aggregator() const { return aggregator_; }
 
   // --- events ---------------------------------------------------------------------------------
@@ -241,7 +246,7 @@ class RoundStateMachine {
   std::optional<AggregatorAssignment> aggregator_;
   std::vector<NodeId> aggregator_excluded_;
   std::vector<Hash256> weights_history_;
-  std::vector<Unit> units_;  // index = shard
+  std::vector<Unit> units_;         // index = shard
   std::vector<Settling> settling_;  // rounds [final_rounds(), round_), in order
 };
 
