@@ -945,9 +945,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
       if (memory_limit > 0) {
         // One node aggregates (the only one that holds the whole model). Its first aggregation
         // builds the model's trainer and evaluates it, seconds the scheduler's estimate (the
-        // deltas' transfer and sum: 2-3 s here) does not count, and an aggregator that let a
-        // round's aggregation expire may not take that round again: with no other, the round
-        // waited for good (two runs of the 10M GPT's pipeline under a lazy stage stalled so).
+        // deltas' transfer and sum: 2-3 s here) does not count, so a short deadline expires and
+        // the round waits a deadline more for the same node (ForgiveAggregatorExcluded; before
+        // it, the round waited for good).
         p.min_deadline_blocks = std::max(p.min_deadline_blocks, blocks(kLimitedDeadlineMs));
       }
     }
