@@ -126,6 +126,12 @@ std::string ModelSpec::ToJson() const {
   return j.dump();
 }
 
+Result<ModelSpec> ModelSpec::FromToml(std::string_view text, std::string what) {
+  ML_ASSIGN_OR_RETURN(ConfigFile cfg, ConfigFile::Parse(text, std::move(what)));
+  ML_ASSIGN_OR_RETURN(ConfigFile model, cfg.GetTable("model"));
+  return FromConfig(model);
+}
+
 Result<ModelSpec> ModelSpec::FromJson(const std::string& json, const std::string& what) {
   nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
   auto bad = [&](const std::string& m) { return InvalidArgument(what + ": bad model spec: " + m); };

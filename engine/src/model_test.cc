@@ -13,11 +13,7 @@ namespace meshlearn::engine {
 namespace {
 
 Result<ModelSpec> SpecFrom(const std::string& toml) {
-  Result<ConfigFile> c = ConfigFile::Parse(toml, "task.toml");
-  if (!c.ok()) return c.status();
-  Result<ConfigFile> m = c->GetTable("model");
-  if (!m.ok()) return m.status();
-  return ModelSpec::FromConfig(*m);
+  return ModelSpec::FromToml(toml, "task.toml");
 }
 
 std::unique_ptr<Model> MustCreate(const std::string& toml, uint64_t seed = 1) {

@@ -86,11 +86,7 @@ vocab_size = 11
 )";
 
 ModelSpec PipeParseModel(const char* toml) {
-  Result<ConfigFile> cfg = ConfigFile::Parse(std::string("[model]\n") + toml, "model.toml");
-  CHECK(cfg.ok()) << cfg.status().ToString();
-  Result<ConfigFile> table = cfg->GetTable("model");
-  CHECK(table.ok()) << table.status().ToString();
-  Result<ModelSpec> spec = ModelSpec::FromConfig(*table);
+  Result<ModelSpec> spec = ModelSpec::FromToml(std::string("[model]\n") + toml, "model.toml");
   CHECK(spec.ok()) << spec.status().ToString();
   return *spec;
 }

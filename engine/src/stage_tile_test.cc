@@ -39,11 +39,7 @@ vocab_size = 37
 constexpr int64_t kBatch = 4, kSeq = 24, kMicro = 2;
 
 ModelSpec StageGptSpec() {
-  Result<ConfigFile> cfg = ConfigFile::Parse(kStageGpt, "model.toml");
-  CHECK(cfg.ok()) << cfg.status().ToString();
-  Result<ConfigFile> table = cfg->GetTable("model");
-  CHECK(table.ok()) << table.status().ToString();
-  Result<ModelSpec> spec = ModelSpec::FromConfig(*table);
+  Result<ModelSpec> spec = ModelSpec::FromToml(kStageGpt, "model.toml");
   CHECK(spec.ok()) << spec.status().ToString();
   return *spec;
 }
@@ -277,12 +273,8 @@ TEST(StageTileTest, AStagesOperatorsDependOnWhatItReceived) {
 
 // A sequential model's stages have no tile plan yet: refused, naming why.
 TEST(StageTileTest, ASequentialModelsStageIsRefused) {
-  Result<ConfigFile> cfg = ConfigFile::Parse(
+  Result<ModelSpec> spec = ModelSpec::FromToml(
       "[model]\ninput = [4]\n[[model.layers]]\nkind = \"linear\"\nout = 3\n", "m.toml");
-  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  Result<ConfigFile> table = cfg->GetTable("model");
-  ASSERT_TRUE(table.ok());
-  Result<ModelSpec> spec = ModelSpec::FromConfig(*table);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   Result<TilePlan> plan = PlanStageStepTiles(*spec, StageOptimizer(), {0, 1}, 8);
   ASSERT_FALSE(plan.ok());

@@ -33,14 +33,10 @@ using protocol::StageTensorKind;
 using protocol::StageTransfer;
 
 engine::ModelSpec StageGptSpec() {
-  Result<ConfigFile> cfg = ConfigFile::Parse(
+  Result<engine::ModelSpec> spec = engine::ModelSpec::FromToml(
       "[model]\nkind = \"gpt\"\nn_layer = 4\nn_head = 2\nn_embd = 40\nblock_size = 24\n"
       "vocab_size = 37\n",
       "model.toml");
-  CHECK(cfg.ok()) << cfg.status().ToString();
-  Result<ConfigFile> table = cfg->GetTable("model");
-  CHECK(table.ok()) << table.status().ToString();
-  Result<engine::ModelSpec> spec = engine::ModelSpec::FromConfig(*table);
   CHECK(spec.ok()) << spec.status().ToString();
   return *spec;
 }

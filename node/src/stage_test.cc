@@ -100,11 +100,7 @@ constexpr int64_t kStageBatch = 4;
 constexpr int64_t kStageMicroBatches = 2;
 
 ModelSpec StageParseModel(const char* toml) {
-  Result<ConfigFile> cfg = ConfigFile::Parse(std::string("[model]\n") + toml, "model.toml");
-  CHECK(cfg.ok()) << cfg.status().ToString();
-  Result<ConfigFile> table = cfg->GetTable("model");
-  CHECK(table.ok()) << table.status().ToString();
-  Result<ModelSpec> spec = ModelSpec::FromConfig(*table);
+  Result<ModelSpec> spec = ModelSpec::FromToml(std::string("[model]\n") + toml, "model.toml");
   CHECK(spec.ok()) << spec.status().ToString();
   return *spec;
 }

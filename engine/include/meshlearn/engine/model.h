@@ -35,6 +35,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshlearn/base/config.h"
@@ -68,6 +69,8 @@ struct ModelSpec {
 
   // Parses and validates the [model] table (shapes are checked by Model::Create).
   static Result<ModelSpec> FromConfig(const ConfigFile& model);
+  // The [model] table of a TOML document (`what` names it in errors): a model written inline.
+  static Result<ModelSpec> FromToml(std::string_view text, std::string what);
   // Compact JSON (stored in safetensors __metadata__ so a model file describes itself).
   std::string ToJson() const;
   static Result<ModelSpec> FromJson(const std::string& json, const std::string& what);
