@@ -927,6 +927,12 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     p.dispute_response_blocks = std::max(
         p.dispute_response_blocks,
         blocks(a.dispute_window_ms > 0 ? a.dispute_window_ms : DisputeWindowMs(task.facts)));
+    // A node pauses the unit it trains for an urgent check's replay, which the scheduler's
+    // deadline (its estimate of the unit alone) does not count; the replay costs about what a
+    // dispute turn's does, so every deadline is at least that (the 10M GPT: 24 s; one
+    // DevnetLong run in three lost the lazy solver's unit so: its deadline passed while it
+    // replayed a check, another node trained the unit, and nobody was slashed).
+    p.min_deadline_blocks = std::max(p.min_deadline_blocks, blocks(DisputeWindowMs(task.facts)));
     // Time for `task audit --full --prove` against a --keep devnet to reopen the task (a full
     // audit of examples/fashion-mlp.toml re-executes its 48 units in about a minute); stake
     // stays bonded for at least as long (genesis requires it).
