@@ -4,6 +4,7 @@
 // signature (protocol/stage_transfer.h).
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "meshlearn/base/config.h"
+#include "meshlearn/base/env.h"
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/base/rng.h"
@@ -56,42 +58,121 @@ int64_t OpNamed(const engine::TilePlan& plan, const std::string& name) {
   return -1;
 }
 
-// One pipeline step (the first) of the GPT in 3 stages of 2 micro-batches, the middle stage traced
-// (values kept): its plan, trace, state hash before the step, and the step's batch.
+// One pipeline step (the first) of a GPT cut into stages, one stage traced (values kept): its plan,
+// trace, state hash before the step, and the step's batch (random tokens).
 struct TracedStage {
   engine::ModelSpec spec = StageGptSpec();
+  engine::OptimizerSpec optimizer = StageOptimizer();
   engine::PipelineCut cut;
   engine::Batch batch;
   Hash256 state_before;
   engine::OpTrace trace;
   engine::TilePlan plan;
 };
-void TraceMiddleStage(uint64_t batch_seed, TracedStage* out) {
-  Result<engine::PipelineCut> cut = engine::MakeCut(out->spec, {0, 1, 3, 4});
-  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
-  out->cut = *cut;
+void TraceStage(int stage, int64_t batch, int64_t seq_len, int64_t micro_batches,
+                uint64_t batch_seed, TracedStage* out) {
   std::vector<std::unique_ptr<engine::Stage>> stages;
-  for (int s = 0; s < cut->stages(); ++s) {
+  for (int s = 0; s < out->cut.stages(); ++s) {
     Result<std::unique_ptr<engine::Stage>> st =
-        engine::Stage::Create(out->spec, StageOptimizer(), *cut, s, 2);
+        engine::Stage::Create(out->spec, out->optimizer, out->cut, s, micro_batches);
     ASSERT_TRUE(st.ok()) << st.status().ToString();
     stages.push_back(std::move(*st));
   }
   engine::InitPipeline(stages, 3);
-  out->batch = stages[0]->state().model->EmptyBatch(4, 24);
+  out->batch = stages[0]->state().model->EmptyBatch(batch, seq_len);
   Rng rng(batch_seed);
-  for (int32_t& t : out->batch.tokens) t = static_cast<int32_t>(rng.Uniform(37));
-  for (int32_t& t : out->batch.targets) t = static_cast<int32_t>(rng.Uniform(37));
-  out->state_before = engine::StateHash(stages[1]->state());
+  const auto vocab = static_cast<uint64_t>(out->spec.gpt.vocab_size);
+  for (int32_t& t : out->batch.tokens) t = static_cast<int32_t>(rng.Uniform(vocab));
+  for (int32_t& t : out->batch.targets) t = static_cast<int32_t>(rng.Uniform(vocab));
+  out->state_before = engine::StateHash(stages[stage]->state());
   out->trace.set_keep_values(true);
-  stages[1]->set_op_trace(&out->trace);
+  stages[stage]->set_op_trace(&out->trace);
   engine::RunPipelineStep(stages, out->batch, 5);
-  stages[1]->set_op_trace(nullptr);
-  Result<engine::TilePlan> plan =
-      engine::PlanStageStepTiles(out->spec, StageOptimizer(), cut->part(1), 4, 24, 2);
+  stages[stage]->set_op_trace(nullptr);
+  Result<engine::TilePlan> plan = engine::PlanStageStepTiles(
+      out->spec, out->optimizer, out->cut.part(stage), batch, seq_len, micro_batches);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_EQ(plan->ops.size(), out->trace.size());
   out->plan = std::move(*plan);
+}
+
+// The small GPT in 3 stages of 2 micro-batches, the middle stage traced.
+void TraceMiddleStage(uint64_t batch_seed, TracedStage* out) {
+  Result<engine::PipelineCut> cut = engine::MakeCut(out->spec, {0, 1, 3, 4});
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  out->cut = *cut;
+  TraceStage(1, 4, 24, 2, batch_seed, out);
+}
+
+// Rules the last tile of every computed operator of a traced stage step (at its reduction's last
+// block, or its first: `first_block`) from BuildTileWitness's footprint witness: the ruling is the
+// honest tile, and a witness whose first input tile was changed is refused. Operators reading the
+// task's token pages (the loss and its gradient) are left out: they are proven against pages as
+// in a unit's step, and the witness here has none. Adds the operators ruled and the largest
+// encoded witness.
+void RuleEveryOperator(const TracedStage& traced, bool first_block, int64_t* ruled,
+                       size_t* largest) {
+  const engine::OpTrace& trace = traced.trace;
+  const engine::TilePlan* plan = &traced.plan;
+  const engine::Batch& batch = traced.batch;
+  const Hash256& state_before = traced.state_before;
+  TileRuleContext ctx;
+  ctx.plan = *plan;
+  // C_j = OperatorChainHash(C_{j-1}, out_j) from the stage's state hash, as the game chains it.
+  std::vector<Hash256> chain{state_before};
+  for (size_t j = 0; j < trace.size(); ++j) {
+    chain.push_back(protocol::OperatorChainHash(chain.back(), trace.hash(j)));
+  }
+  for (size_t j = 0; j < plan->ops.size(); ++j) {
+    const engine::TileOp& op = plan->ops[j];
+    if (op.kind == engine::TileOpKind::kTileOpState || op.kind == engine::TileOpKind::kTileOpLoss ||
+        op.kind == engine::TileOpKind::kTileOpLossGrad) {
+      continue;
+    }
+    SCOPED_TRACE(op.name);
+    const int64_t jj = static_cast<int64_t>(j);
+    const int64_t t = op.grid.count() - 1;  // the last tile: cut short at the edges
+    const int64_t blocks = engine::ReductionBlocks(*plan, jj);
+    const int64_t block = first_block ? 0 : std::max<int64_t>(blocks - 1, 0);
+    protocol::RefereeTask task;
+    task.whole_step = false;
+    task.step = 1;  // 1-based: the step from the state after step 0 (the pipeline's first)
+    task.operator_index = static_cast<uint32_t>(j + 1);
+    task.input = chain[j];
+    task.tile = true;
+    task.tile_index = static_cast<uint64_t>(t);
+    task.tile_count = static_cast<uint64_t>(op.grid.count());
+    task.reduction_blocks = static_cast<uint32_t>(blocks);
+    task.block = static_cast<uint32_t>(block);
+    task.state_input = state_before;
+    // The ruling is the tile itself (a leaf of its operator's root) after the last block, else
+    // the partial sum S_{block+1} the block ends on (RuleTile).
+    Hash256 honest =
+        MerkleLeafHash(engine::TileHash(engine::ExtractTile(trace.values(j), op.grid, t)));
+    if (blocks > 0) {
+      Result<std::vector<std::vector<float>>> partials =
+          engine::ReductionChain(*plan, jj, t, 0, trace, batch);
+      ASSERT_TRUE(partials.ok()) << partials.status().ToString();
+      task.partial_input = engine::TileHash((*partials)[static_cast<size_t>(block)]);
+      if (block + 1 < blocks) {
+        honest = engine::TileHash((*partials)[static_cast<size_t>(block + 1)]);
+      }
+    }
+    task.defender_output = honest;
+    task.challenger_output = Blake2b("a lie");
+    Result<TileWitness> w = BuildTileWitness(ctx, task, trace, batch, nullptr, nullptr, nullptr);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    *largest = std::max(*largest, EncodeTileWitness(*w).size());
+    Result<Hash256> ruling = RuleTile(ctx, task, *w);
+    ASSERT_TRUE(ruling.ok()) << ruling.status().ToString();
+    EXPECT_EQ(*ruling, honest);
+    if (!w->tiles.empty()) {
+      TileWitness bad = *w;
+      bad.tiles[0].values[0] += 1.0f;
+      EXPECT_FALSE(RuleTile(ctx, task, bad).ok());
+    }
+    ++*ruled;
+  }
 }
 
 // A traced pipeline step of the GPT in 3 stages (2 micro-batches): stage 1's received tensors,
@@ -200,63 +281,54 @@ TEST(StageTileCommitTest, ARecordWithAWrongTiledRootOrWidthIsRefused) {
 TEST(StageTileCommitTest, TheTileRuleRulesEveryOperatorOfAStageStep) {
   TracedStage traced;
   ASSERT_NO_FATAL_FAILURE(TraceMiddleStage(9, &traced));
-  const engine::OpTrace& trace = traced.trace;
-  const engine::TilePlan* plan = &traced.plan;
-  const engine::Batch& batch = traced.batch;
-  const Hash256& state_before = traced.state_before;
-  TileRuleContext ctx;
-  ctx.plan = *plan;
-  // C_j = OperatorChainHash(C_{j-1}, out_j) from the stage's state hash, as the game chains it.
-  std::vector<Hash256> chain{state_before};
-  for (size_t j = 0; j < trace.size(); ++j) {
-    chain.push_back(protocol::OperatorChainHash(chain.back(), trace.hash(j)));
-  }
   int64_t ruled = 0;
   size_t largest = 0;
-  for (size_t j = 0; j < plan->ops.size(); ++j) {
-    const engine::TileOp& op = plan->ops[j];
-    if (op.kind == engine::TileOpKind::kTileOpState) continue;
-    SCOPED_TRACE(op.name);
-    const int64_t jj = static_cast<int64_t>(j);
-    const int64_t t = op.grid.count() - 1;  // the last tile: cut short at the edges
-    const int64_t blocks = engine::ReductionBlocks(*plan, jj);
-    protocol::RefereeTask task;
-    task.whole_step = false;
-    task.step = 1;  // 1-based: the step from the state after step 0 (the pipeline's first)
-    task.operator_index = static_cast<uint32_t>(j + 1);
-    task.input = chain[j];
-    task.tile = true;
-    task.tile_index = static_cast<uint64_t>(t);
-    task.tile_count = static_cast<uint64_t>(op.grid.count());
-    task.reduction_blocks = static_cast<uint32_t>(blocks);
-    task.block = static_cast<uint32_t>(blocks > 0 ? blocks - 1 : 0);
-    task.state_input = state_before;
-    if (blocks > 0) {
-      Result<std::vector<std::vector<float>>> partials =
-          engine::ReductionChain(*plan, jj, t, 0, trace, batch);
-      ASSERT_TRUE(partials.ok()) << partials.status().ToString();
-      task.partial_input = engine::TileHash((*partials)[static_cast<size_t>(blocks - 1)]);
-    }
-    const Hash256 honest =
-        MerkleLeafHash(engine::TileHash(engine::ExtractTile(trace.values(j), op.grid, t)));
-    task.defender_output = honest;
-    task.challenger_output = Blake2b("a lie");
-    Result<TileWitness> w = BuildTileWitness(ctx, task, trace, batch, nullptr, nullptr, nullptr);
-    ASSERT_TRUE(w.ok()) << w.status().ToString();
-    largest = std::max(largest, EncodeTileWitness(*w).size());
-    Result<Hash256> ruling = RuleTile(ctx, task, *w);
-    ASSERT_TRUE(ruling.ok()) << ruling.status().ToString();
-    EXPECT_EQ(*ruling, honest);
-    // A witness whose first input tile was changed (its proof no longer holds) is refused.
-    if (!w->tiles.empty()) {
-      TileWitness bad = *w;
-      bad.tiles[0].values[0] += 1.0f;
-      EXPECT_FALSE(RuleTile(ctx, task, bad).ok());
-    }
-    ++ruled;
-  }
+  ASSERT_NO_FATAL_FAILURE(RuleEveryOperator(traced, false, &ruled, &largest));
   EXPECT_GT(ruled, 100);
   EXPECT_LE(largest, kMaxTileWitnessBytes);
+  RecordProperty("largest_witness_bytes", static_cast<int>(largest));
+}
+
+// The 10M GPT (examples/code-gpt-pipeline-devnet.toml: 6 blocks of 384, 172 tokens, 2 sequences of
+// 64 tokens a step in 2 micro-batches, clipped AdamW) in its 4 stages: stages 1-3 hold 21-43 MB of
+// weights and moments each, far over the whole-stage witness bound (kMaxStageWitnessMemory,
+// 4 MiB), yet every one of their operators is ruled at a tile from a witness within
+// kMaxTileWitnessBytes. The first reduction block of each tile, to keep the test short.
+TEST(StageTileCommitTest, OnThe10mGptEveryOperatorOfEveryLaterStageIsRuledWithinTheTileBound) {
+  const std::string dir = std::string(MESHLEARN_SOURCE_DIR) + "/examples";
+  Result<std::string> text = Env::Default()->ReadFile(dir + "/code-gpt-pipeline-devnet.toml");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  Result<engine::ModelSpec> spec = engine::ModelSpec::FromToml(*text, "code-gpt-pipeline-devnet");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  engine::OptimizerSpec optimizer;
+  optimizer.kind = "adamw";
+  optimizer.lr = 1e-3;
+  optimizer.beta2 = 0.99;
+  optimizer.weight_decay = 0.1;
+  optimizer.grad_clip = 1.0;
+  Result<engine::PipelineCut> cut = engine::ChooseCut(*spec, optimizer, 4, 2, 64, 2);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  Result<std::vector<engine::StageCost>> costs = engine::CutCosts(*spec, optimizer, *cut, 2, 64, 2);
+  ASSERT_TRUE(costs.ok()) << costs.status().ToString();
+  int64_t ruled = 0;
+  size_t largest = 0;
+  for (int stage = 1; stage < 4; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    EXPECT_GT((*costs)[static_cast<size_t>(stage)].param_bytes +
+                  (*costs)[static_cast<size_t>(stage)].optimizer_bytes,
+              static_cast<double>(kMaxStageWitnessMemory));
+    TracedStage traced;
+    traced.spec = *spec;
+    traced.optimizer = optimizer;
+    traced.cut = *cut;
+    ASSERT_NO_FATAL_FAILURE(TraceStage(stage, 2, 64, 2, 11, &traced));
+    ASSERT_NO_FATAL_FAILURE(RuleEveryOperator(traced, true, &ruled, &largest));
+  }
+  EXPECT_GT(ruled, 500);
+  EXPECT_LE(largest, kMaxTileWitnessBytes);
+  std::printf(
+      "[ stage    ] the 10M GPT's stages 1-3: %lld operators ruled, largest witness %zu bytes\n",
+      static_cast<long long>(ruled), largest);
   RecordProperty("largest_witness_bytes", static_cast<int>(largest));
 }
 
