@@ -91,15 +91,6 @@ ModelSpec PipeParseModel(const char* toml) {
   return *spec;
 }
 
-OptimizerSpec PipeOptimizer() {
-  OptimizerSpec o;
-  o.kind = "adamw";
-  o.lr = 1e-2;
-  o.weight_decay = 0.1;
-  o.grad_clip = 0.05;  // small: clipping happens, so the norm chain across stages matters
-  return o;
-}
-
 constexpr uint64_t kPipeSeed = 7;
 constexpr uint64_t kPipeDropoutSeed = 99;
 
@@ -123,7 +114,7 @@ TrainState PipeState(const ModelSpec& spec) {
   CHECK(m.ok()) << m.status().ToString();
   st.model = std::move(*m);
   st.model->Init(kPipeSeed);
-  st.optimizer = std::make_unique<Optimizer>(PipeOptimizer(), st.model->params());
+  st.optimizer = std::make_unique<Optimizer>(testing::ClippedAdamW(), st.model->params());
   st.seed = kPipeSeed;
   return st;
 }
@@ -234,7 +225,7 @@ std::vector<std::unique_ptr<Stage>> PipeStages(const ModelSpec& spec, std::vecto
   CHECK(cut.ok()) << cut.status().ToString();
   std::vector<std::unique_ptr<Stage>> stages;
   for (int s = 0; s < cut->stages(); ++s) {
-    Result<std::unique_ptr<Stage>> st = Stage::Create(spec, PipeOptimizer(), *cut, s, M);
+    Result<std::unique_ptr<Stage>> st = Stage::Create(spec, testing::ClippedAdamW(), *cut, s, M);
     CHECK(st.ok()) << st.status().ToString();
     stages.push_back(std::move(*st));
   }

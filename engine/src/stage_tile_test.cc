@@ -44,15 +44,6 @@ ModelSpec StageGptSpec() {
   return *spec;
 }
 
-OptimizerSpec StageOptimizer() {
-  OptimizerSpec o;
-  o.kind = "adamw";
-  o.lr = 1e-2;
-  o.weight_decay = 0.1;
-  o.grad_clip = 0.05;  // small: clipping happens, so the norm's chain across stages matters
-  return o;
-}
-
 Batch StageBatch(const Model& m, int64_t step) {
   Batch b = m.EmptyBatch(kBatch, kSeq);
   Rng rng(500 + static_cast<uint64_t>(step));
@@ -73,7 +64,7 @@ StagePipeline MakeStagePipeline() {
   p.cut = *cut;
   for (int s = 0; s < p.cut.stages(); ++s) {
     Result<std::unique_ptr<Stage>> st =
-        Stage::Create(StageGptSpec(), StageOptimizer(), p.cut, s, kMicro);
+        Stage::Create(StageGptSpec(), testing::ClippedAdamW(), p.cut, s, kMicro);
     CHECK(st.ok()) << st.status().ToString();
     p.stages.push_back(std::move(*st));
   }
@@ -113,7 +104,8 @@ TEST(StageTileTest, EveryTileOfEveryStageRecomputesBitForBit) {
   EXPECT_EQ(r.grad_norm, untraced.grad_norm);
   EXPECT_GT(r.grad_norm, 0.05f) << "the step must clip";
 
-  Result<TilePlan> whole = PlanStepTiles(StageGptSpec(), StageOptimizer(), kBatch, kSeq, kMicro);
+  Result<TilePlan> whole =
+      PlanStepTiles(StageGptSpec(), testing::ClippedAdamW(), kBatch, kSeq, kMicro);
   ASSERT_TRUE(whole.ok()) << whole.status().ToString();
   std::set<TileOpKind> whole_kinds, stage_kinds;
   for (const TileOp& op : whole->ops) whole_kinds.insert(op.kind);
@@ -124,8 +116,8 @@ TEST(StageTileTest, EveryTileOfEveryStageRecomputesBitForBit) {
     const OpTrace& trace = traces[s];
     EXPECT_EQ(StateHash(stage.state()), StateHash(plain.stages[s]->state()));
     Result<TilePlan> plan =
-        PlanStageStepTiles(StageGptSpec(), StageOptimizer(), traced.cut.part(static_cast<int>(s)),
-                           kBatch, kSeq, kMicro);
+        PlanStageStepTiles(StageGptSpec(), testing::ClippedAdamW(),
+                           traced.cut.part(static_cast<int>(s)), kBatch, kSeq, kMicro);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     ASSERT_EQ(plan->ops.size(), trace.size());
     for (size_t j = 0; j < trace.size(); ++j) {
@@ -231,8 +223,8 @@ TEST(StageTileTest, AStagesOperatorsDependOnWhatItReceived) {
   p.stages[1]->set_op_trace(&trace);
   RunPipelineStep(p.stages, batch, 11);
   p.stages[1]->set_op_trace(nullptr);
-  Result<TilePlan> plan =
-      PlanStageStepTiles(StageGptSpec(), StageOptimizer(), p.cut.part(1), kBatch, kSeq, kMicro);
+  Result<TilePlan> plan = PlanStageStepTiles(StageGptSpec(), testing::ClippedAdamW(), p.cut.part(1),
+                                             kBatch, kSeq, kMicro);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_EQ(plan->ops.size(), trace.size());
   // The first block's ln1 reads the activation received from stage 0.
@@ -276,7 +268,7 @@ TEST(StageTileTest, ASequentialModelsStageIsRefused) {
   Result<ModelSpec> spec = ModelSpec::FromToml(
       "[model]\ninput = [4]\n[[model.layers]]\nkind = \"linear\"\nout = 3\n", "m.toml");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
-  Result<TilePlan> plan = PlanStageStepTiles(*spec, StageOptimizer(), {0, 1}, 8);
+  Result<TilePlan> plan = PlanStageStepTiles(*spec, testing::ClippedAdamW(), {0, 1}, 8);
   ASSERT_FALSE(plan.ok());
   EXPECT_NE(plan.status().message().find("only a GPT's stages"), std::string::npos)
       << plan.status().ToString();

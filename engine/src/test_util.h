@@ -19,6 +19,17 @@ inline bool TorchAvailable() {
   return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
 }
 
+// The pipeline tests' optimizer: AdamW clipping at a small norm, so clipping happens and the
+// gradient norm's chain across a pipeline's stages matters.
+inline OptimizerSpec ClippedAdamW() {
+  OptimizerSpec o;
+  o.kind = "adamw";
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  o.grad_clip = 0.05;
+  return o;
+}
+
 inline std::vector<float> RandomVec(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
   Rng rng(seed);
   std::vector<float> v(static_cast<size_t>(n));
