@@ -11,6 +11,11 @@ void OpTrace::Record(std::string name, std::span<const float> values) {
   Record(std::move(name), values, 1, static_cast<int64_t>(values.size()));
 }
 
+void OpTrace::Record(std::string name, const Tensor& t) {
+  const TileGrid g = TileGrid::ForShape(t.shape());
+  Record(std::move(name), {t.data(), static_cast<size_t>(t.size())}, g.rows, g.cols);
+}
+
 void OpTrace::Record(std::string name, std::span<const float> values, int64_t rows, int64_t cols) {
   CHECK_EQ(static_cast<int64_t>(values.size()), rows * cols) << name;
   const auto t0 = std::chrono::steady_clock::now();

@@ -324,11 +324,7 @@ void Stage::BeginStep() {
   forwarded_.assign(forwarded_.size(), false);
   if (trace_ == nullptr) return;
   RecordStepInputState(state_, *trace_);
-  if (const Tensor* wte = state_.model->tied_weight()) {
-    const TileGrid g = TileGrid::ForShape(wte->shape());
-    trace_->Record("recv.tied_weight", {wte->data(), static_cast<size_t>(wte->size())}, g.rows,
-                   g.cols);
-  }
+  if (const Tensor* wte = state_.model->tied_weight()) trace_->Record("recv.tied_weight", *wte);
   micro_traces_.assign(static_cast<size_t>(micro_batches_), OpTrace());
   for (OpTrace& t : micro_traces_) {
     t.set_keep_values(trace_->keep_values());
@@ -435,10 +431,7 @@ void Stage::AddTiedHeadGrad(std::span<const float> head_grad) {
   if (trace_ != nullptr && !last())
     trace_->Record("recv.tied_head_grad", head_grad, g.rows, g.cols);
   engine::AddTiedHeadGrad(wte_grad, head_grad);
-  if (trace_ != nullptr) {
-    trace_->Record(std::string(kGptWteName) + ".grad",
-                   {wte_grad.data(), static_cast<size_t>(wte_grad.size())}, g.rows, g.cols);
-  }
+  if (trace_ != nullptr) trace_->Record(std::string(kGptWteName) + ".grad", wte_grad);
 }
 
 float Stage::SumGradSquares(float running) {

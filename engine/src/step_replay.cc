@@ -49,12 +49,8 @@ uint64_t DropoutSeed(uint64_t task_seed, uint64_t stream) {
 // tensor after it (op_trace.h), each in its tile grid, so the state the step leaves behind is
 // operator outputs a dispute can narrow to a tile of (tile_rule.h's update operators).
 void RecordStepOutputState(TrainState& state, OpTrace& trace) {
-  auto record = [&](const std::string& name, const Tensor& t) {
-    const TileGrid g = TileGrid::ForShape(t.shape());
-    trace.Record(name, {t.data(), static_cast<size_t>(t.size())}, g.rows, g.cols);
-  };
-  for (const Param& p : state.model->params()) record(p.name, p.value);
-  for (const Optimizer::NamedState& s : state.optimizer->State()) record(s.name, *s.tensor);
+  for (const Param& p : state.model->params()) trace.Record(p.name, p.value);
+  for (const Optimizer::NamedState& s : state.optimizer->State()) trace.Record(s.name, *s.tensor);
 }
 
 Hash256 StateHashOfTracedStep(TrainState& state, const OpTrace& trace) {
@@ -77,12 +73,10 @@ Hash256 StateHashOfTracedStep(TrainState& state, const OpTrace& trace) {
 
 // The step's input state comes first in its trace (op_trace.h).
 void RecordStepInputState(TrainState& state, OpTrace& trace) {
-  auto record = [&](const std::string& name, const Tensor& t) {
-    const TileGrid g = TileGrid::ForShape(t.shape());
-    trace.Record("in." + name, {t.data(), static_cast<size_t>(t.size())}, g.rows, g.cols);
-  };
-  for (const Param& p : state.model->params()) record(p.name, p.value);
-  for (const Optimizer::NamedState& s : state.optimizer->State()) record(s.name, *s.tensor);
+  for (const Param& p : state.model->params()) trace.Record("in." + p.name, p.value);
+  for (const Optimizer::NamedState& s : state.optimizer->State()) {
+    trace.Record("in." + s.name, *s.tensor);
+  }
 }
 
 namespace {

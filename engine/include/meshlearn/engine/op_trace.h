@@ -57,6 +57,8 @@ class OpTrace {
   // Appends the tiled root of `values` viewed as rows x cols. REQUIRES: values.size() ==
   // rows * cols.
   void Record(std::string name, std::span<const float> values, int64_t rows, int64_t cols);
+  // Appends the tiled root of `t` in the grid of its shape (TileGrid::ForShape).
+  void Record(std::string name, const Tensor& t);
 
   // Wall-clock seconds spent recording (hashing tiles and building roots) since construction or
   // Clear(): the commitment's cost, for verify_bench --benchmarks=referee.
