@@ -9,11 +9,13 @@
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/model.h"
+#include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/stage_replay.h"
+#include "meshlearn/ledger/stage_step.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/state_blob.h"
@@ -54,6 +56,7 @@ namespace {
 // The task and unit replay parameters a witness's bundle gives, checked against the chain.
 struct UnitReplay {
   engine::TaskSpec spec;
+  protocol::NetworkSpec net;
   uint64_t stream = 0;
   double lr_scale = 1.0;
 };
@@ -61,14 +64,28 @@ struct UnitReplay {
 Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
                                   const std::string& bundle, const std::string& where) {
   ML_ASSIGN_OR_RETURN(TaskBundleSpec b, ParseTaskBundle(t, bundle, where));
-  // The unit, exactly as a solver trains it.
+  // The unit, exactly as a solver trains it. A stage unit trains its replica's work: every stage
+  // of a replica draws the same batches (as the Stager and RuleStageStepWitness draw them).
   UnitReplay r;
   r.spec = std::move(b.spec);
-  const protocol::UnitWork work = protocol::UnitWorkOf(
-      b.net, r.spec.seed, engine::TaskContentId(r.spec), unit.round, unit.shard);
+  r.net = std::move(b.net);
+  const uint32_t shard =
+      IsPipelineTask(t.params) ? StageSlotOf(t.params, unit.index).replica : unit.shard;
+  const protocol::UnitWork work =
+      protocol::UnitWorkOf(r.net, r.spec.seed, engine::TaskContentId(r.spec), unit.round, shard);
   r.stream = work.stream;
   r.lr_scale = work.lr_scale;
   return r;
+}
+
+// The tile plan of stage `stage`'s step of the task `r` replays: PlanStageStepTiles of the task's
+// cut (FailedPrecondition for a cut that does not fit, or a model other than a GPT).
+Result<engine::TilePlan> StageStepPlan(const UnitReplay& r, const engine::OptimizerSpec& optimizer,
+                                       uint32_t stage) {
+  ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
+                      engine::TaskPipelineCut(r.spec, static_cast<int>(r.net.stages), r.net.cut));
+  return engine::PlanStageStepTiles(r.spec.model, optimizer, cut.part(static_cast<int>(stage)),
+                                    r.spec.batch_size, r.spec.seq_len, r.spec.micro_batches);
 }
 
 // The unit's training state after `step` from `flat` (FlatState's layout), checked to hash to
@@ -253,10 +270,15 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
                               "first layer's tile reads; send no bundle (whole steps)");
   }
   // From the spec's shapes alone (PlanStepTiles allocates nothing): a model of any size, trained
-  // in the task's micro-batches (the plan follows their gradient order, tile_rule.h).
+  // in the task's micro-batches (the plan follows their gradient order, tile_rule.h). A stage
+  // unit's step is its stage's (PlanStageStepTiles over the task's cut: a GPT's; a sequential
+  // model's stages have no plan and are ruled whole).
+  const engine::OptimizerSpec optimizer = engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale);
   Result<engine::TilePlan> plan =
-      engine::PlanStepTiles(r.spec.model, engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale),
-                            r.spec.batch_size, r.spec.seq_len, r.spec.micro_batches);
+      IsPipelineTask(t.params)
+          ? StageStepPlan(r, optimizer, StageSlotOf(t.params, unit.index).stage)
+          : engine::PlanStepTiles(r.spec.model, optimizer, r.spec.batch_size, r.spec.seq_len,
+                                  r.spec.micro_batches);
   if (!plan.ok()) return FailedPrecondition(where + ": " + plan.status().message());
   TileRuleContext ctx;
   ctx.plan = std::move(*plan);
@@ -264,6 +286,7 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
   ctx.stream = r.stream;
   ctx.num_examples = t.params.num_examples;
   ctx.data_root = t.params.data_root;
+  if (IsPipelineTask(t.params)) ctx.stage_tile_cols = StageTileCols(r.spec.model);
   if (tokens && t.params.data_page_tokens != engine::kTokenPageTokens) {
     // No root over the token pages: the operators that read the batch's tokens stay with the
     // whole step.

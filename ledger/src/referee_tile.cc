@@ -19,14 +19,6 @@ constexpr char kTileWitnessMagic[] = "meshlearn.tile_witness.v1";
 constexpr char kTileWitnessMagicPages[] = "meshlearn.tile_witness.v2";
 constexpr uint32_t kTileWitnessMaxItems = 1u << 20;
 
-// The step's input-state operators ("in.<name>"): the plan's first k, one per state tensor.
-size_t StateOperators(const engine::TilePlan& plan) {
-  size_t k = 0;
-  while (k < plan.ops.size() && plan.ops[k].kind == engine::TileOpKind::kTileOpState) ++k;
-  return k;
-}
-
-
 // RuleTile's step 3 for a token task: the witness's pages must be exactly those holding the
 // footprint's rows' tokens and targets (engine::TokenPagesOfRows), each of its full length and
 // proven against the data root; the rows' tokens and targets are read from them.
@@ -73,6 +65,15 @@ Status TileRuleTokens(const TileRuleContext& ctx, const protocol::RefereeTask& t
 }
 
 }  // namespace
+
+size_t StateOperators(const engine::TilePlan& plan) {
+  size_t k = 0;
+  while (k < plan.ops.size() && plan.ops[k].kind == engine::TileOpKind::kTileOpState &&
+         !plan.ops[k].received) {
+    ++k;
+  }
+  return k;
+}
 
 Status CheckWitnessPages(const std::vector<TileWitnessPage>& pages,
                          const std::vector<int64_t>& want, int64_t n, const Hash256& data_root,

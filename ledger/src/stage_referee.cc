@@ -9,6 +9,8 @@
 
 #include "meshlearn/base/blob.h"
 #include "meshlearn/base/encoding.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/ledger/stage_step.h"
 #include "meshlearn/ledger/step_witness.h"
@@ -475,6 +477,253 @@ Status CheckStageInputRoots(const engine::TilePlan& plan, const protocol::StageS
     }
   }
   return Status::Ok();
+}
+
+// ---- A stage step's tile phase on chain.
+
+namespace {
+
+constexpr std::string_view kStageRootsWitnessMagic = "meshlearn.stage_roots_witness.v1";
+// As a dispute's operators (protocol/unit_check.cc kMaxTileOperators).
+constexpr uint32_t kMaxStageRoots = 1u << 12;
+
+// The last operator of `plan` whose name `match`es: a micro-batch's last forward block, or its
+// first block's gradient (the backward runs from the top block down).
+template <typename Match>
+int64_t LastOpWhere(const engine::TilePlan& plan, Match match) {
+  for (size_t j = plan.ops.size(); j-- > 0;) {
+    if (match(plan.ops[j].name)) return static_cast<int64_t>(j);
+  }
+  return -1;
+}
+
+int64_t OpNamed(const engine::TilePlan& plan, const std::string& name) {
+  return LastOpWhere(plan, [&](const std::string& n) { return n == name; });
+}
+
+// "mb<m>." in a step of M > 1 micro-batches (OpTrace's name prefix), else nothing.
+std::string MicroBatchPrefix(const engine::TilePlan& plan, int64_t m) {
+  return plan.micro_batches > 1 ? "mb" + std::to_string(m) + "." : std::string();
+}
+
+size_t ReceivedOperators(const engine::TilePlan& plan) {
+  return static_cast<size_t>(std::count_if(plan.ops.begin(), plan.ops.end(),
+                                           [](const engine::TileOp& o) { return o.received; }));
+}
+
+}  // namespace
+
+int64_t StageSentOperator(const engine::TilePlan& plan, const protocol::StageTensorKey& key) {
+  using protocol::StageTensorKind;
+  const std::string wte = engine::kGptWteName;
+  switch (key.kind) {
+    case StageTensorKind::kStageTensorActivation:
+    case StageTensorKind::kStageTensorActivationGrad: {
+      const std::string prefix = MicroBatchPrefix(plan, key.micro_batch);
+      const std::string_view suffix =
+          key.kind == StageTensorKind::kStageTensorActivation ? ".residual3" : ".residual.grad";
+      return LastOpWhere(plan, [&](std::string_view n) {
+        return n.starts_with(prefix) && n.ends_with(suffix) && n.find("h.") != n.npos;
+      });
+    }
+    case StageTensorKind::kStageTensorTiedWeight:
+      return OpNamed(plan, "in." + wte);
+    case StageTensorKind::kStageTensorTiedHeadGrad:
+      return OpNamed(plan, MicroBatchPrefix(plan, plan.micro_batches - 1) + wte + ".head.grad");
+    case StageTensorKind::kStageTensorGradSquares:
+    case StageTensorKind::kStageTensorGradTotal:
+      return OpNamed(plan, "grad_squares");
+  }
+  return -1;
+}
+
+size_t StageSentRecordCount(const engine::TilePlan& plan, uint32_t stage, uint32_t stages) {
+  const bool first = stage == 0, last = stage + 1 == stages;
+  const bool clipped = plan.optimizer.grad_clip > 0;
+  const auto M = static_cast<size_t>(plan.micro_batches);
+  size_t n = 0;
+  if (!last) n += M + (clipped ? 1 : 0);  // the activations and the running sum, to s+1
+  if (!first) n += M;                     // the activations' gradients, to s-1
+  // A tied head: wte to the last stage, its gradient back to stage 0 (each plan receives the
+  // other's); the total sum of squares from the last stage to every other one.
+  if (first && !last && OpNamed(plan, "recv.tied_head_grad") >= 0) ++n;
+  if (last && !first && OpNamed(plan, "recv.tied_weight") >= 0) ++n;
+  if (last && !first && clipped) n += stages - 1;
+  return n;
+}
+
+Status StageCommitFollowsFromRoots(const TileRuleContext& ctx,
+                                   const protocol::StageStepCommit& commit, uint64_t seed,
+                                   uint64_t stream, std::span<const Hash256> outputs) {
+  const engine::TilePlan& plan = ctx.plan;
+  const size_t n = plan.ops.size(), k = StateOperators(plan);
+  if (outputs.size() != n || k == 0 || 2 * k > n) {
+    return InvalidArgument(std::to_string(outputs.size()) + " roots for a plan of " +
+                           std::to_string(n) + " operators, " + std::to_string(k) +
+                           " of its state");
+  }
+  const auto step = static_cast<int64_t>(commit.step);
+  if (engine::StateHashOfRoots(step, seed, stream, outputs.first(k)) != commit.state_before) {
+    return InvalidArgument("the state roots do not give the commit's state_before " +
+                           commit.state_before.ShortHex());
+  }
+  // The step leaves the tensors it started from, in the same order, as its last k operators.
+  for (size_t i = 0; i < k; ++i) {
+    if ("in." + plan.ops[n - k + i].name != plan.ops[i].name) {
+      return FailedPrecondition("operator " + std::to_string(n - k + i + 1) + " (" +
+                                plan.ops[n - k + i].name + ") is not the state tensor " +
+                                plan.ops[i].name + " after the step");
+    }
+  }
+  const Hash256 after = engine::StateHashOfRoots(step + 1, seed, stream, outputs.last(k));
+  if (after != commit.state_after) {
+    return InvalidArgument("the roots give the state after the step " + after.ShortHex() +
+                           ", the commit's state_after is " + commit.state_after.ShortHex());
+  }
+  ML_RETURN_IF_ERROR(CheckStageInputRoots(plan, commit, ctx.stage_tile_cols, outputs));
+  if (commit.received.size() != ReceivedOperators(plan)) {
+    return InvalidArgument("the commit lists " + std::to_string(commit.received.size()) +
+                           " received records, the step receives " +
+                           std::to_string(ReceivedOperators(plan)));
+  }
+  const size_t sends = StageSentRecordCount(plan, commit.stage, commit.stages);
+  if (commit.sent.size() != sends) {
+    return InvalidArgument("the commit lists " + std::to_string(commit.sent.size()) +
+                           " sent records, the step sends " + std::to_string(sends));
+  }
+  for (const protocol::StageTransfer& r : commit.sent) {
+    const int64_t op = StageSentOperator(plan, r.key);
+    if (op < 0) return InvalidArgument(r.key.ToString() + ": no operator of the step sends it");
+    const std::string what = r.key.ToString() + " (operator " + std::to_string(op + 1) + ", " +
+                             plan.ops[static_cast<size_t>(op)].name + ")";
+    if (r.tile_cols != ctx.stage_tile_cols) {
+      return InvalidArgument(what + ": tiled in rows of " + std::to_string(r.tile_cols) +
+                             " floats, the task's in " + std::to_string(ctx.stage_tile_cols));
+    }
+    if (r.tiles != outputs[static_cast<size_t>(op)]) {
+      return InvalidArgument(what + ": the stage signed the tiled root " + r.tiles.ShortHex() +
+                             ", the operator's root is " +
+                             outputs[static_cast<size_t>(op)].ShortHex());
+    }
+  }
+  return Status::Ok();
+}
+
+Bytes EncodeStageRootsWitness(const StageRootsWitness& w) {
+  Encoder e;
+  e.PutString(kStageRootsWitnessMagic).PutBytes(w.commit).PutU64(w.seed).PutU64(w.stream);
+  e.PutU32(static_cast<uint32_t>(w.outputs.size()));
+  for (const Hash256& h : w.outputs) e.PutHash(h);
+  return e.Take();
+}
+
+Result<StageRootsWitness> DecodeStageRootsWitness(ByteSpan bytes) {
+  Decoder d(bytes, "stage roots witness");
+  std::string magic;
+  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
+  if (magic != kStageRootsWitnessMagic) {
+    return InvalidArgument("stage roots witness: starts with '" + magic + "', expected '" +
+                           std::string(kStageRootsWitnessMagic) + "'");
+  }
+  StageRootsWitness w;
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.GetU64(&w.seed, "seed"));
+  ML_RETURN_IF_ERROR(d.GetU64(&w.stream, "stream"));
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "outputs", kMaxStageRoots, 32));
+  w.outputs.resize(n);
+  for (Hash256& h : w.outputs) ML_RETURN_IF_ERROR(d.GetHash(&h, "outputs"));
+  ML_RETURN_IF_ERROR(d.Finish());
+  return w;
+}
+
+Result<StageRootsWitness> BuildStageRootsWitness(const TileRuleContext& ctx,
+                                                 const protocol::RefereeTask& task,
+                                                 const engine::OpTrace& trace,
+                                                 const protocol::StageStepCommit& commit,
+                                                 uint64_t seed, uint64_t stream) {
+  const engine::TilePlan& plan = ctx.plan;
+  if (!RulesFromRoots(plan, task) || trace.size() != plan.ops.size()) {
+    return FailedPrecondition("stage roots witness: the task is not ruled from this step's roots");
+  }
+  StageRootsWitness w{EncodeStageStepCommit(commit), seed, stream, {}};
+  // A received operator is ruled from its record alone.
+  const bool received = task.roots == protocol::RefereeRoots::kRootsOperator &&
+                        plan.ops[task.operator_index - 1].received;
+  const size_t m = task.roots == protocol::RefereeRoots::kRootsChainEnd ? plan.ops.size()
+                   : received                                           ? 0
+                                                                        : StateOperators(plan);
+  w.outputs.assign(trace.hashes().begin(), trace.hashes().begin() + static_cast<ptrdiff_t>(m));
+  return w;
+}
+
+Result<Hash256> RuleStageRoots(const TileRuleContext& ctx, const protocol::RefereeTask& task,
+                               const Hash256& task_id, const StageSlot& slot, uint32_t stages,
+                               const std::vector<protocol::NodeId>& chain,
+                               const StageRootsWitness& w) {
+  const engine::TilePlan& plan = ctx.plan;
+  const std::string where = "stage roots rule (step " + std::to_string(task.step) + ")";
+  if (task.roots == protocol::RefereeRoots::kRootsNone || task.step == 0 ||
+      !RulesFromRoots(plan, task)) {
+    return FailedPrecondition(where + ": the referee task is not a stage step ruled from roots");
+  }
+  Result<protocol::StageStepCommit> commit = protocol::DecodeStageStepCommit(w.commit);
+  if (!commit.ok()) return InvalidArgument(where + ": commit: " + commit.status().message());
+  const Hash256 leaf = protocol::StageStepLeaf(*commit);
+  if (leaf != task.defender_output) {
+    return InvalidArgument(where + ": the witness's commit has leaf " + leaf.ShortHex() +
+                           ", the stage committed " + task.defender_output.ShortHex() +
+                           "; send the commit the stage node serves for the step");
+  }
+  const bool end = task.roots == protocol::RefereeRoots::kRootsChainEnd;
+  const size_t n = plan.ops.size(), k = StateOperators(plan);
+  const bool received = !end && plan.ops[task.operator_index - 1].received;
+  const size_t want = end ? n : received ? 0 : k;
+  if (w.outputs.size() != want) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(w.outputs.size()) +
+                           " roots; " +
+                           (end        ? "the agreed chain end needs all " + std::to_string(n)
+                            : received ? std::string("a received operator is ruled from its "
+                                                     "record alone: none")
+                                       : "the stage's state has " + std::to_string(k)));
+  }
+  if (end) {
+    Hash256 c = task.input;
+    for (const Hash256& out : w.outputs) c = protocol::OperatorChainHash(c, out);
+    if (c != task.chain_end) {
+      return InvalidArgument(where + ": the witness's roots chain to " + c.ShortHex() +
+                             ", not to the agreed C_" + std::to_string(n) + " " +
+                             task.chain_end.ShortHex());
+    }
+  }
+  // The stage's own faults rule against it, whatever the roots: a committed leaf of another
+  // step's commit (`unserved`), a record the replica's chain did not sign (`record`).
+  const Hash256& against = end ? task.challenger_output : task.challenger_operator_output;
+  if (commit->task != task_id || commit->round != slot.round || commit->replica != slot.replica ||
+      commit->stage != slot.stage || commit->stages != stages || commit->step != task.step - 1 ||
+      !protocol::VerifyStageStepSignatures(*commit, chain).ok()) {
+    return against;
+  }
+  if (received) {
+    const protocol::StageTransfer* r =
+        StageInputRecord(plan, static_cast<int64_t>(task.operator_index) - 1, *commit);
+    if (r == nullptr || r->tile_cols != ctx.stage_tile_cols) return against;  // `missing`
+    return protocol::OperatorChainHash(task.operator_input, r->tiles);
+  }
+  // The stage state's roots: they must give the commit's state_before (with the state's seed and
+  // stream), the start both parties traced from.
+  const std::span<const Hash256> state = std::span<const Hash256>(w.outputs).first(k);
+  if (engine::StateHashOfRoots(static_cast<int64_t>(commit->step), w.seed, w.stream, state) !=
+      commit->state_before) {
+    return InvalidArgument(where + ": the witness's " + std::to_string(k) + " state roots (seed " +
+                           std::to_string(w.seed) + ", stream " + std::to_string(w.stream) +
+                           ") do not give the commit's state_before " +
+                           commit->state_before.ShortHex());
+  }
+  if (!end) return protocol::OperatorChainHash(task.operator_input, state[task.operator_index - 1]);
+  Status follows = StageCommitFollowsFromRoots(ctx, *commit, w.seed, w.stream, w.outputs);
+  if (follows.code() == StatusCode::kFailedPrecondition) return follows;
+  return follows.ok() ? task.defender_output : against;
 }
 
 }  // namespace meshlearn::ledger

@@ -77,9 +77,12 @@ void StageReplayFind(StageReplayResult* r, const StageStepCommit& c, StageFault 
 // Feeds the committed inputs and checks every output against the committed record.
 class StageReplayLink final : public StageLink {
  public:
+  // `through_outputs`: a sent tensor that differs from its record is the finding (the first one
+  // kept), and the step goes on with the committed record, so that a traced replay records the
+  // whole step (a dispute's party answers every operator from it).
   StageReplayLink(const StageStepCommit& commit, const std::map<Hash256, Bytes>& blobs,
-                  StageReplayResult* result)
-      : commit_(commit), blobs_(blobs), result_(result) {}
+                  StageReplayResult* result, bool through_outputs)
+      : commit_(commit), blobs_(blobs), result_(result), through_outputs_(through_outputs) {}
 
   Result<std::vector<float>> Receive(const StageTensorKey& key, StageTransfer* record) override {
     const StageTransfer* t = Find(commit_.received, key);
@@ -123,9 +126,17 @@ class StageReplayLink final : public StageLink {
     // Its hash, size and tiled root (a receiver's tile dispute proves its input tiles against it);
     // the values are hashed again only to name what the replay computed.
     if (!CheckStageTensorValues(*t, values).ok()) {
+      if (through_outputs_ && !result_->ok()) return *t;  // a finding is kept already
       const Hash256 replayed = engine::TensorHash(values);
       result_->claimed = t->tensor;
       result_->replayed = replayed;
+      if (through_outputs_) {
+        StageReplayFind(result_, commit_, StageFault::kStageFaultOutput, &key,
+                        "the stage sent " + t->tensor.ShortHex() + " as " + key.ToString() +
+                            ", the replay computes " + replayed.ShortHex());
+        ++used_;
+        return *t;
+      }
       return Fault(StageFault::kStageFaultOutput, key,
                    "the stage sent " + t->tensor.ShortHex() + " (" + std::to_string(t->bytes) +
                        " bytes) as " + key.ToString() + ", the replay computes " +
@@ -153,6 +164,7 @@ class StageReplayLink final : public StageLink {
   const StageStepCommit& commit_;
   const std::map<Hash256, Bytes>& blobs_;
   StageReplayResult* result_;
+  bool through_outputs_ = false;
   size_t used_ = 0;
 };
 
@@ -162,7 +174,7 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
                                           const StageStepCommit& commit,
                                           const std::map<Hash256, Bytes>& blobs,
                                           const engine::Batch& batch, uint64_t dropout_seed,
-                                          engine::TrainState* after) {
+                                          engine::TrainState* after, engine::OpTrace* trace) {
   StageReplayResult r;
   r.replica = commit.replica;
   r.stage = commit.stage;
@@ -207,8 +219,10 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
   }
   StageContext ctx{commit.task, commit.round, commit.replica, setup.chain,
                    StageTileCols(setup.model)};
-  StageReplayLink link(commit, blobs, &r);
+  StageReplayLink link(commit, blobs, &r, trace != nullptr);
+  stage->set_op_trace(trace);
   Result<StageStepOutcome> out = RunStageStep(*stage, ctx, batch, dropout_seed, link);
+  stage->set_op_trace(nullptr);
   if (!r.ok()) return r;  // the link's finding
   if (!out.ok()) {
     // The stage refused what it was sent (a signed tensor of the wrong size): the commit shows a

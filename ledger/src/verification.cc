@@ -542,8 +542,11 @@ void AddAwaitingSecrets(const LedgerState& s, const Hash256& task_id,
 Status RuleUnpostedStageStep(const TaskRecord& t, uint32_t index, uint64_t height, UnitCheck& c) {
   if (!IsPipelineTask(t.params) || c.stage() != CheckStage::kCheckDisputed) return Status::Ok();
   protocol::DisputeGame* game = c.mutable_dispute();
+  // A game with the tile phase (the stage's plan) ends at a tile or at roots whose witness both
+  // parties hold (each traced the step): its unposted ruling ends undecided, as a unit's does.
   if (game == nullptr || game->stage() != protocol::DisputeStage::kDisputeReferee ||
       game->config().referee_blocks == 0 || height <= game->query().deadline_height ||
+      !game->config().operator_tiles.empty() ||
       !LedgerRulesStageStep(t.params, StageSlotOf(t.params, index).stage)) {
     return Status::Ok();
   }
@@ -651,11 +654,8 @@ Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleFie
         "genesis key; send the task's bundle (the blob whose id is its spec_hash " +
         t->spec_hash.ShortHex() + ") with the mismatch");
   }
-  if (IsPipelineTask(t->params)) {
-    return InvalidArgument(std::string(what) + ": bundle must be empty for a stage unit of task " +
-                           u.task_id.ShortHex() +
-                           " (a stage step's dispute has no tile phase; the step is ruled whole)");
-  }
+  // A stage unit's: its stage's plan (a GPT's; a sequential model's stages have none, so their
+  // mismatch is refused with a bundle and their disputes stay whole: RefereeStageStep).
   Result<TileRuleContext> context =
       TileContextOf(*t, u, bundle.text, std::string(what) + ": bundle");
   if (needed && context.status().code() == StatusCode::kFailedPrecondition) {
@@ -852,7 +852,7 @@ bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
 // of the input state. Both kinds only arise in a game with the tile phase, whose bundle the
 // ledger accepted (TileContextOf), so a RefereeTile can always carry it.
 bool LedgerRulesFromRoots(const TaskRecord& t, const protocol::RefereeTask& task) {
-  if (task.segment || !task.whole_step || task.tile || IsPipelineTask(t.params)) return false;
+  if (task.segment || !task.whole_step || task.tile) return false;
   if (task.roots == protocol::RefereeRoots::kRootsChainEnd) return true;
   return task.roots == protocol::RefereeRoots::kRootsOperator && !t.params.data_root.IsZero() &&
          (t.params.data_page_tokens == 0 ||
@@ -926,6 +926,14 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
                               std::to_string(tx.index) + " is not about one whole stage step");
   }
   const uint32_t stage = StageSlotOf(t->params, tx.index).stage;
+  if (!LedgerRulesStageStep(t->params, stage) && task.roots != protocol::RefereeRoots::kRootsNone) {
+    return FailedPrecondition(
+        "referee stage step: the dispute on unit " + std::to_string(tx.index) + " (stage " +
+        std::to_string(stage) +
+        ") is over the stage witness bound, and the dispute plays the tile phase; send "
+        "RefereeTile with a witness of the stage's commit and roots "
+        "(ledger::BuildStageRootsWitness)");
+  }
   if (!LedgerRulesStageStep(t->params, stage)) {
     return FailedPrecondition(
         "referee stage step: the dispute on unit " + std::to_string(tx.index) + " (stage " +
@@ -978,11 +986,22 @@ Status ExecuteRefereeTile(ExecContext& ctx, const RefereeTileTx& tx) {
   const std::string where =
       "referee tile (task " + tx.task_id.ShortHex() + ", unit " + std::to_string(tx.index) + ")";
   ML_ASSIGN_OR_RETURN(TileRuleContext tc, TileContextOf(*t, *r.unit, tx.bundle.text, where));
-  Result<TileWitness> w = DecodeTileWitness(tx.witness.bytes);
-  if (!w.ok()) return w.status().WithPrefix("referee tile: witness");
   // A whole step of the tile phase ruled from roots: the state after it (the chain end agreed),
-  // or the correct C_j of an input-state operator (referee_tile.h, RuleRoots).
-  Result<Hash256> output = roots ? RuleRoots(tc, task, *w) : RuleTile(tc, task, *w);
+  // or the correct C_j of an input-state operator (referee_tile.h, RuleRoots). A stage step's
+  // roots are ruled against the stage's committed commit (stage_referee.h, RuleStageRoots).
+  Result<Hash256> output = Hash256{};
+  if (roots && IsPipelineTask(t->params)) {
+    Result<StageRootsWitness> sw = DecodeStageRootsWitness(tx.witness.bytes);
+    if (!sw.ok()) return sw.status().WithPrefix("referee tile: witness");
+    Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
+    if (!chain.ok()) return chain.status().WithPrefix("referee tile");
+    output = RuleStageRoots(tc, task, tx.task_id, StageSlotOf(t->params, tx.index),
+                            t->params.stages, *chain, *sw);
+  } else {
+    Result<TileWitness> w = DecodeTileWitness(tx.witness.bytes);
+    if (!w.ok()) return w.status().WithPrefix("referee tile: witness");
+    output = roots ? RuleRoots(tc, task, *w) : RuleTile(tc, task, *w);
+  }
   if (!output.ok()) return output.status().WithPrefix("referee tile");
   if (task.roots == protocol::RefereeRoots::kRootsOperator) {
     ML_RETURN_IF_ERROR(game->RuleOperator(*output));
@@ -1199,13 +1218,6 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               "RefereeTile with the tile's witness");
   }
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
-  if (IsPipelineTask(t->params) &&
-      LedgerRulesStageStep(t->params, StageSlotOf(t->params, tx.index).stage)) {
-    return FailedPrecondition("rule dispute: unit " + std::to_string(tx.index) + " of task " +
-                              tx.task_id.ShortHex() +
-                              " is a pipeline stage whose step the ledger replays itself; send "
-                              "RefereeStageStep with the stage step's witness");
-  }
   if (LedgerRulesFromRoots(*t, game->referee_task())) {
     return FailedPrecondition(
         "rule dispute: the dispute on unit " + std::to_string(tx.index) + " of task " +
@@ -1215,12 +1227,22 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
              : "operator " + std::to_string(game->referee_task().operator_index) +
                    " of the step's input state") +
         ", which the ledger rules itself from roots; send RefereeTile with the task's bundle "
-        "and a witness of the operator output roots (ledger::BuildTileWitness)" +
+        "and a witness of the operator output roots (" +
+        (IsPipelineTask(t->params) ? "a pipeline stage's, with its commit: "
+                                     "ledger::BuildStageRootsWitness)"
+                                   : "ledger::BuildTileWitness)") +
         (game->referee_task().roots == protocol::RefereeRoots::kRootsOperator &&
                  LedgerExecutes(*t, game->referee_task())
              ? std::string(" for an operator of the input state, or RefereeStep with the "
                            "step's witness for one without a footprint")
              : std::string()));
+  }
+  if (IsPipelineTask(t->params) &&
+      LedgerRulesStageStep(t->params, StageSlotOf(t->params, tx.index).stage)) {
+    return FailedPrecondition("rule dispute: unit " + std::to_string(tx.index) + " of task " +
+                              tx.task_id.ShortHex() +
+                              " is a pipeline stage whose step the ledger replays itself; send "
+                              "RefereeStageStep with the stage step's witness");
   }
   if (LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition("rule dispute: task " + tx.task_id.ShortHex() +

@@ -39,6 +39,10 @@ struct TileRuleContext {
   // The Merkle root over the examples (engine::DataTree), or over a token task's pages
   // (engine::TokenPageTree; plan.tokens).
   Hash256 data_root;
+  // A pipeline stage's step (plan from engine::PlanStageStepTiles): the row width its sent and
+  // received tensors are tiled in (StageTileCols of the task's model), which their signed
+  // records carry. 0 for a unit's step.
+  uint32_t stage_tile_cols = 0;
 };
 
 // One page of a token task's train stream (engine::TokenPageTree), proven against the data root.
@@ -190,6 +194,10 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
 // (RulesFromRoots is false: the whole step decides).
 Result<Hash256> RuleRoots(const TileRuleContext& ctx, const protocol::RefereeTask& task,
                           const TileWitness& witness);
+// The step's input-state operators ("in.<name>"): the plan's first k, one per state tensor. A
+// pipeline stage's plan follows them with what it received ("recv.<kind>", also kTileOpState,
+// TileOp::received), which are not of its state: they are not counted.
+size_t StateOperators(const engine::TilePlan& plan);
 // Whether RuleRoots rules `task` on this plan: a kRootsChainEnd task, or a kRootsOperator task
 // whose operator is of the step's input state (engine::TileOpKind::kTileOpState).
 bool RulesFromRoots(const engine::TilePlan& plan, const protocol::RefereeTask& task);

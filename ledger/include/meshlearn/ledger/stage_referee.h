@@ -183,6 +183,81 @@ const protocol::StageTransfer* StageInputRecord(const engine::TilePlan& plan, in
 Status CheckStageInputRoots(const engine::TilePlan& plan, const protocol::StageStepCommit& commit,
                             uint32_t tile_cols, std::span<const Hash256> outputs);
 
+// ---- A stage step's tile phase on chain (issue 16; docs/verification.md "Pipeline stages", "The
+// dispute").
+//
+// A GPT stage's mismatch that carries the task bundle opens its (one-step) dispute with the tile
+// phase over the stage's plan (TileContextOf: PlanStageStepTiles of the task's cut). The game's
+// C_0 is its agreed start (the previous step's leaf); the operators' roots are tied to what the
+// stage committed by the roots rulings below, so a lie anywhere ends at a tile (RuleTile, the
+// unit's rule unchanged) or at one of them:
+//   kRootsChainEnd  both parties agreed on C_n: the witness carries the committed commit and the
+//                   n roots; the stage's commit is right exactly when it follows from them
+//                   (StageCommitFollowsFromRoots): the defender (the stage) wins, else the
+//                   challenger;
+//   kRootsOperator  an input operator: of the stage's state ("in.<name>"), whose correct root is
+//                   the tensor's in the commit's state_before (the k state roots must give it),
+//                   or a received one ("recv.<kind>"), whose correct root is the tiled root its
+//                   sender signed in the commit's record (CheckStageInputRoots' rule).
+// A stage whose commit is not of the disputed step or is not signed by the replica's chain loses
+// either ruling (it is the stage's own `unserved` or `record` fault).
+
+// The operator of stage plan `plan` whose output is the tensor of a sent record `key`: the
+// activations of micro-batch m (the part's last block's "residual3"), their gradient (the first
+// block's "residual.grad"), wte (its "in.<wte>" operator), the head's wte gradient (the last
+// micro-batch's accumulated "<wte>.head.grad") and the sums of squares ("grad_squares"). -1 when
+// the plan has none.
+int64_t StageSentOperator(const engine::TilePlan& plan, const protocol::StageTensorKey& key);
+
+// The records a stage's commit must list as sent, by the plan of stage `stage` of `stages`: the
+// count of each kind (one per micro-batch and neighbour, grad_total once per other stage).
+size_t StageSentRecordCount(const engine::TilePlan& plan, uint32_t stage, uint32_t stages);
+
+// Whether `commit` (of stage `stage`'s step) follows from `outputs`, all n operator roots of its
+// plan traced from its start: the first k give state_before (with the state's `seed` and
+// `stream`), the last k state_after, every received operator's root is its record's tiled root
+// and every sent record's is its operator's, both tiled in rows of ctx.stage_tile_cols, and the
+// commit lists every record the plan sends and receives. InvalidArgument naming the first that
+// does not.
+Status StageCommitFollowsFromRoots(const TileRuleContext& ctx,
+                                   const protocol::StageStepCommit& commit, uint64_t seed,
+                                   uint64_t stream, std::span<const Hash256> outputs);
+
+// The witness of a stage dispute's roots ruling (RefereeTile's witness on a pipeline task whose
+// referee task is ruled from roots).
+struct StageRootsWitness {
+  Bytes commit;         // protocol::EncodeStageStepCommit of the stage's committed step
+  uint64_t seed = 0;    // the stage state's seed and stream (its checkpoint holds them): the
+  uint64_t stream = 0;  // state hashes commit to them beside the tensors' roots
+  // kRootsChainEnd: out_1..out_n; kRootsOperator: the stage state's k roots out_1..out_k.
+  std::vector<Hash256> outputs;
+  bool operator==(const StageRootsWitness&) const = default;
+};
+Bytes EncodeStageRootsWitness(const StageRootsWitness& w);
+// Refuses truncated or trailing bytes and more roots than kMaxTileOperators.
+Result<StageRootsWitness> DecodeStageRootsWitness(ByteSpan bytes);
+
+// The witness for roots task `task` from a traced run of the stage's step from its start
+// (`trace`, following ctx.plan; only its roots are read), the stage's committed `commit` and its
+// state's seed and stream. FailedPrecondition when the task is not ruled from roots.
+Result<StageRootsWitness> BuildStageRootsWitness(const TileRuleContext& ctx,
+                                                 const protocol::RefereeTask& task,
+                                                 const engine::OpTrace& trace,
+                                                 const protocol::StageStepCommit& commit,
+                                                 uint64_t seed, uint64_t stream);
+
+// The ledger's ruling of a stage dispute's roots task (kRootsChainEnd: the output to give
+// DisputeGame::RuleChainEnd; kRootsOperator: DisputeGame::RuleOperator's), from `w`: `slot` and
+// `stages` the disputed unit's, `chain` the replica's nodes (ReplicaRunChain). The commit must be
+// the committed one (StageStepLeaf == task.defender_output) and the roots must chain to the
+// agreed hashes and give the commit's state_before, else InvalidArgument (the witness is refused,
+// nothing ruled). A commit of another step, or with a record not signed by the chain, rules
+// against the stage (the challenger's output).
+Result<Hash256> RuleStageRoots(const TileRuleContext& ctx, const protocol::RefereeTask& task,
+                               const Hash256& task_id, const StageSlot& slot, uint32_t stages,
+                               const std::vector<protocol::NodeId>& chain,
+                               const StageRootsWitness& w);
+
 // ---- A stage unit's result (ProveResultTx on a pipeline task).
 //
 // A stage unit's result_hash must be the delta of the state its last step leaf commits to: the

@@ -41,6 +41,7 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/protocol/stage_transfer.h"
 
@@ -90,11 +91,16 @@ struct StageReplaySetup {
 // `start` becomes the replay's stage (engine::Stage::Create with it: no second copy of the
 // stage's tensors). `after` (optional): on a clean replay, the stage's state after the step
 // (moved out of the replay): a stage unit's result check starts from its last step's.
+// `trace` (optional): the step's operator trace (engine::Stage::set_op_trace, following
+// engine::PlanStageStepTiles), what a party of a stage dispute's tile phase answers from; a sent
+// tensor that differs from its record is then the finding and the step runs on to its end, so
+// the trace holds every operator.
 Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine::TrainState start,
                                           const protocol::StageStepCommit& commit,
                                           const std::map<Hash256, Bytes>& blobs,
                                           const engine::Batch& batch, uint64_t dropout_seed,
-                                          engine::TrainState* after = nullptr);
+                                          engine::TrainState* after = nullptr,
+                                          engine::OpTrace* trace = nullptr);
 
 // Where a stage unit's check says a replayed step ended (what a verifier claims, a
 // MismatchClaim's replayed_end, and what a referee rules with): the committed step leaf

@@ -1,0 +1,514 @@
+// A pipeline stage's dispute played to a tile on chain (issue 16; docs/verification.md "Pipeline
+// stages", "The dispute"): a real replica of the tiny pipeline GPT (3 stages, 2 micro-batches,
+// clipped AdamW, a data root over its token pages) trains its steps with RunStageStep; the
+// verifier's mismatch on stage 1's step 1 carries the task bundle, so the dispute plays the
+// operator and tile phases over the stage's plan (TileContextOf: PlanStageStepTiles), every move
+// a transaction answered by both parties from their traced replay of the step (ReplayStageStep
+// with a trace; AnswerTileQuery), and the ledger rules it: a tile by RefereeTile (RuleTile), an
+// input operator or an agreed chain end from roots (RuleStageRoots, against the stage's
+// committed commit). The genesis key's RuleDispute is refused throughout, whatever the stage's
+// size.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshlearn/engine/op_trace.h"
+#include "meshlearn/engine/tile.h"
+#include "meshlearn/ledger/referee_tile.h"
+#include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/protocol/dispute.h"
+#include "pipeline_test_util.h"
+
+namespace meshlearn::ledger {
+namespace stage_tile_chain_test {  // named: the tests build as unity translation units
+
+using pipeline_testing::kRulingBundle;
+using pipeline_testing::kStages;
+using pipeline_testing::PipelineRulingTest;
+using pipeline_testing::TestStageEvidence;
+using protocol::CheckStage;
+using protocol::DisputeParty;
+using protocol::DisputeQuery;
+using protocol::DisputeStage;
+using protocol::RefereeRoots;
+using protocol::RefereeTask;
+
+// One party's view of the disputed step: its trace (values kept), which it answers every move
+// from. A liar's differs from the honest one at one operator.
+struct Party {
+  std::shared_ptr<const engine::OpTrace> trace;
+};
+
+// `honest` with operator `op`'s element `element` moved by `delta` (the liar's claim of that
+// operator; the other operators as the honest run's).
+std::shared_ptr<const engine::OpTrace> WithLie(const engine::OpTrace& honest, size_t op,
+                                               size_t element, float delta) {
+  auto out = std::make_shared<engine::OpTrace>();
+  out->set_keep_values(true);
+  for (size_t i = 0; i < honest.size(); ++i) {
+    std::span<const float> v = honest.values(i);
+    std::vector<float> values(v.begin(), v.end());
+    if (i == op) values.at(element) += delta;
+    out->Record(honest.name(i), values, honest.grid(i).rows, honest.grid(i).cols);
+  }
+  return out;
+}
+
+class StageTileChainTest : public PipelineRulingTest {
+ protected:
+  // The step's batch (every stage of the replica draws it: the unit's work stream).
+  engine::Batch BatchOf(uint64_t step) const {
+    return engine::MakeTokenBatch(
+        data_.train_tokens,
+        engine::WindowStarts(spec_.seed, work_.stream, static_cast<int64_t>(step), spec_.batch_size,
+                             static_cast<int64_t>(data_.train_tokens.tokens.size()), spec_.seq_len),
+        spec_.seq_len);
+  }
+
+  std::vector<protocol::NodeId> Chain() {
+    std::vector<protocol::NodeId> chain;
+    for (uint32_t st = 0; st < kStages; ++st) chain.push_back(Unit(st).assignee);
+    return chain;
+  }
+
+  // A party's traced replay of the served step `ev` (what a dispute's party runs: the stage node
+  // of its own checkpoint and received tensors, the verifier of the stage's served evidence).
+  Party Trace(const TestStageEvidence& ev, StageReplayResult* found = nullptr) {
+    Result<StageReplaySetup> setup = StageReplaySetupOf(spec_, net_, work_.lr_scale, Chain());
+    CHECK(setup.ok()) << setup.status().ToString();
+    auto trace = std::make_shared<engine::OpTrace>();
+    trace->set_keep_values(true);
+    Result<engine::TrainState> start = StageCheckpointState(ev.checkpoint);
+    CHECK(start.ok()) << start.status().ToString();
+    Result<StageReplayResult> r =
+        ReplayStageStep(*setup, std::move(*start), ev.commit, ev.blobs, BatchOf(ev.commit.step),
+                        engine::DropoutSeed(spec_.seed, work_.stream), nullptr, trace.get());
+    CHECK(r.ok()) << r.status().ToString();
+    if (found != nullptr) *found = *r;
+    return Party{std::move(trace)};
+  }
+
+  // The chain's view of the disputed stage unit, as the ledger derives it.
+  TileRuleContext Context() {
+    Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(kCheat), kRulingBundle, "test");
+    CHECK(ctx.ok()) << ctx.status().ToString();
+    return std::move(*ctx);
+  }
+
+  // The stages commit `leaves`, the round aggregates, and the verifier's mismatch on stage
+  // kCheat's step kLieStep (claiming `claim`) is revealed with the task bundle: the dispute opens
+  // with the tile phase.
+  void DisputeWithBundle(const std::vector<std::vector<Hash256>>& leaves, const Hash256& claim) {
+    std::vector<Transaction> txs;
+    for (uint32_t st = 0; st < kStages; ++st) txs.push_back(Q(alice_, Commit(st, leaves[st])));
+    StepOk(txs);
+    Aggregate();
+    std::vector<Sealed> verdicts;
+    txs.clear();
+    for (uint32_t i = 0; i < kStages; ++i) {
+      verdicts.push_back(i == kCheat ? Mismatch(kCheat, leaves[kCheat], kLieStep, claim)
+                                     : Clean(i));
+      txs.push_back(SealTx(i, verdicts.back()));
+    }
+    StepOk(txs);
+    StepUntil(0, CheckStage::kCheckRevealVerdicts);
+    txs.clear();
+    for (uint32_t i = 0; i < kStages; ++i) {
+      const Sealed& v = verdicts[i];
+      txs.push_back(Q(alice_, RevealVerdictTx{.task_id = task_id_,
+                                              .index = i,
+                                              .node_id = verifier_.public_key(),
+                                              .verdict = static_cast<uint8_t>(v.verdict),
+                                              .salt = v.salt,
+                                              .claim = v.claim,
+                                              .bundle = {i == kCheat ? kRulingBundle : ""}}));
+      txs.push_back(SecretTx(i));
+    }
+    StepOk(txs);
+    StepUntil(kCheat, CheckStage::kCheckDisputed);
+    const protocol::DisputeGame& g = *Check(kCheat).dispute();
+    ASSERT_FALSE(g.config().operator_tiles.empty()) << "the stage's dispute plays the tile phase";
+    ASSERT_EQ(g.config().num_operators, Context().plan.ops.size());
+  }
+
+  // Both parties answer every query from their traces (AnswerTileQuery, what a node answers), as
+  // transactions, until the game reaches the referee or resolves; `silent` posts nothing once
+  // the game is in `silent_at`.
+  void Play(const Party& defender, const Party& challenger,
+            std::optional<DisputeParty> silent = std::nullopt,
+            DisputeStage silent_at = DisputeStage::kDisputeTiles) {
+    const TileRuleContext ctx = Context();
+    const engine::Batch batch = BatchOf(kLieStep);
+    for (int turn = 0; turn < 80; ++turn) {
+      if (!HasCheck(kCheat) || Check(kCheat).stage() != CheckStage::kCheckDisputed) return;
+      const protocol::DisputeGame g = *Check(kCheat).dispute();
+      if (g.stage() == DisputeStage::kDisputeReferee ||
+          g.stage() == DisputeStage::kDisputeResolved) {
+        return;
+      }
+      const DisputeQuery q = g.query();
+      const bool quiet = silent.has_value() && q.stage == silent_at;
+      std::vector<Transaction> txs;
+      for (DisputeParty party : {DisputeParty::kDefender, DisputeParty::kChallenger}) {
+        if (quiet && *silent == party) continue;
+        const Party& run = party == DisputeParty::kDefender ? defender : challenger;
+        Result<DisputeMoveAnswer> a = AnswerTileQuery(ctx, q, g.config().agreed, *run.trace, batch);
+        ASSERT_TRUE(a.ok()) << a.status().ToString();
+        const protocol::NodeId node =
+            party == DisputeParty::kDefender ? g.config().defender : g.config().challenger;
+        if (a->children) {
+          txs.push_back(Q(alice_, DisputeChildrenTx{.task_id = task_id_,
+                                                    .index = kCheat,
+                                                    .node_id = node,
+                                                    .position = q.position,
+                                                    .left = a->left,
+                                                    .right = a->right}));
+        } else {
+          txs.push_back(Q(alice_, DisputePostTx{.task_id = task_id_,
+                                                .index = kCheat,
+                                                .node_id = node,
+                                                .position = q.position,
+                                                .hash = a->hash}));
+        }
+      }
+      StepOk(txs);
+      if (quiet) {
+        for (uint64_t i = 0; i <= genesis_.params.dispute_response_blocks + 1; ++i) Step();
+      }
+    }
+    ADD_FAILURE() << "the game did not end";
+  }
+
+  RefereeTask TaskNow() {
+    EXPECT_EQ(Check(kCheat).stage(), CheckStage::kCheckDisputed);
+    EXPECT_EQ(Check(kCheat).dispute()->stage(), DisputeStage::kDisputeReferee);
+    return Check(kCheat).dispute()->referee_task();
+  }
+
+  Transaction RefereeTile(const Bytes& witness) {
+    return Q(
+        bob_,
+        RefereeTileTx{
+            .task_id = task_id_, .index = kCheat, .bundle = {kRulingBundle}, .witness = {witness}});
+  }
+
+  // A tile task's witness, built from `run`'s trace (anyone's: every input is agreed).
+  Bytes TileWitnessOf(const Party& run, const RefereeTask& task) {
+    Result<TileWitness> w = BuildTileWitness(Context(), task, *run.trace, BatchOf(kLieStep),
+                                             nullptr, nullptr, pages_.get());
+    CHECK(w.ok()) << w.status().ToString();
+    return EncodeTileWitness(*w);
+  }
+
+  // A roots task's witness from `run`'s trace and the stage's committed `commit`.
+  StageRootsWitness RootsWitnessOf(const Party& run, const RefereeTask& task,
+                                   const protocol::StageStepCommit& commit) {
+    Result<engine::TrainState> st = StageCheckpointState(evidence_[kCheat][kLieStep].checkpoint);
+    CHECK(st.ok());
+    Result<StageRootsWitness> w =
+        BuildStageRootsWitness(Context(), task, *run.trace, commit, st->seed, st->stream);
+    CHECK(w.ok()) << w.status().ToString();
+    return std::move(*w);
+  }
+
+  // Every transaction in `refusals` is refused, naming why; nothing is ruled.
+  void ExpectRefused(const std::vector<std::pair<Transaction, std::string>>& refusals) {
+    for (const auto& [tx, why] : refusals) {
+      std::vector<Receipt> r = Step({tx});
+      EXPECT_FALSE(r[0].ok) << why;
+      EXPECT_NE(r[0].reason.find(why), std::string::npos) << r[0].reason;
+    }
+    ASSERT_TRUE(HasCheck(kCheat));
+    ASSERT_EQ(Check(kCheat).dispute()->stage(), DisputeStage::kDisputeReferee);
+  }
+
+  // The genesis key's word is refused, pointing at RefereeTile.
+  Transaction GenesisRuling(const RefereeTask& task) {
+    return Q(referee_,
+             RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = task.challenger_output});
+  }
+
+  // After the ruling: the stage slashed and its round re-run, or the verifier slashed and the
+  // round standing.
+  void ExpectLoser(bool stage_lies, const PublicKey& stage_node) {
+    for (int i = 0;
+         i < 6 && HasCheck(kCheat) && Check(kCheat).stage() == CheckStage::kCheckDisputed; ++i) {
+      Step();
+    }
+    for (int i = 0; i < 4; ++i) Step();
+    if (stage_lies) {
+      EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
+      EXPECT_EQ(Task().verification.fraud, 1u);
+      ExpectOnlyTheCheaterSlashed(stage_node);
+    } else {
+      ASSERT_TRUE(HasCheck(kCheat)) << "no fraud: the round stands";
+      EXPECT_EQ(Task().verification.fraud, 0u);
+      EXPECT_EQ(Node(stage_node).reputation.slashes, 0u);
+      EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 1u);
+    }
+  }
+
+  // Trains the replica and returns every stage's honest leaves.
+  std::vector<std::vector<Hash256>> TrainHonestly(
+      const std::function<void(TaskParams&)>& tweak = nullptr) {
+    StartRuled(Hash256{}, tweak);
+    Train();
+    std::vector<std::vector<Hash256>> leaves;
+    for (uint32_t st = 0; st < kStages; ++st) leaves.push_back(Leaves(st));
+    return leaves;
+  }
+};
+
+int64_t OpNamed(const engine::TilePlan& plan, const std::string& name) {
+  for (size_t j = 0; j < plan.ops.size(); ++j) {
+    if (plan.ops[j].name == name) return static_cast<int64_t>(j);
+  }
+  return -1;
+}
+
+// Each side lies at a tile of an operator the stage computes (micro-batch 1's MLP down projection
+// of its block, whose input is two tiles wide): the game narrows to that tile and the ledger rules
+// it from a footprint witness (RefereeTile), for the honest side; a witness with a wrong proof or
+// a changed input tile is refused, and so are the genesis key's RuleDispute and a whole stage
+// step's witness.
+class StageTileLieTest : public StageTileChainTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(StageTileLieTest, ALieAtATileOfAComputedOperatorIsRuledOnChainByRefereeTile) {
+  const bool stage_lies = GetParam();
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly();
+  const Party honest = Trace(evidence_[kCheat][kLieStep]);
+  const TileRuleContext ctx = Context();
+  const int64_t op = OpNamed(ctx.plan, "mb1.h.1.fcproj");
+  ASSERT_GE(op, 0);
+  const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 5, 0.5f)};
+  // The lying stage commits a state after the step other than the honest one (what it claims its
+  // wrong operator led to); the lying verifier claims a finding on the honest stage.
+  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  if (stage_lies) committed.commit.state_after = Blake2b("the liar's state after");
+  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  const PublicKey stage_node = Unit(kCheat).assignee;
+  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
+  ASSERT_NO_FATAL_FAILURE(Play(stage_lies ? liar : honest, stage_lies ? honest : liar));
+  const RefereeTask task = TaskNow();
+  ASSERT_TRUE(task.tile) << "narrowed to a tile";
+  EXPECT_EQ(task.operator_index, static_cast<uint32_t>(op + 1));
+  const Bytes good = TileWitnessOf(honest, task);
+  EXPECT_EQ(TileWitnessOf(liar, task), good) << "the liar's witness is the honest one's";
+  EXPECT_LE(good.size(), kMaxTileWitnessBytes);
+  std::printf("stage tile witness: %zu bytes, %u turns (%s at tile %llu of %s)\n", good.size(),
+              Check(kCheat).dispute()->turns(), stage_lies ? "stage lies" : "verifier lies",
+              static_cast<unsigned long long>(task.tile_index),
+              ctx.plan.ops[static_cast<size_t>(op)].name.c_str());
+  Result<TileWitness> w = DecodeTileWitness(good);
+  ASSERT_TRUE(w.ok());
+  ASSERT_FALSE(w->tiles.empty());
+  TileWitness bad_proof = *w;
+  auto proven = std::find_if(bad_proof.tiles.begin(), bad_proof.tiles.end(),
+                             [](const TileWitnessTile& t) { return !t.proof.siblings.empty(); });
+  ASSERT_NE(proven, bad_proof.tiles.end()) << "an input of several tiles";
+  proven->proof.siblings[0] = Blake2b("not a sibling");
+  TileWitness bad_values = *w;
+  bad_values.tiles[0].values[0] += 1.0f;
+  ExpectRefused({
+      {GenesisRuling(task), "narrowed to one tile, which the ledger recomputes itself"},
+      {RefereeTile(EncodeTileWitness(bad_proof)), "is not proven against its agreed output root"},
+      {RefereeTile(EncodeTileWitness(bad_values)), "is not proven against its agreed output root"},
+      {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {}}),
+       "is not about one whole stage step"},
+  });
+  StepOk({RefereeTile(good)});
+  ExpectLoser(stage_lies, stage_node);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachSideLies, StageTileLieTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("StageLies") : std::string("VerifierLies");
+                         });
+
+// A lazy stage (it commits, for step 1, the state it started from) that answers the game from its
+// honest trace of the step: the chain ends agree, so the ledger rules the step from the roots of
+// the agreed chain end against the stage's committed commit (its state_after does not follow),
+// and the stage loses. The same ruling for an honest stage and a verifier that answers honestly
+// but claimed a finding: the commit follows, the stage wins. A roots witness of another commit,
+// of roots that do not chain to the agreed end, or with another seed is refused; RuleDispute is.
+// The stages are declared over the stage witness bound (8 MiB): RefereeStageStep could not rule
+// them; the tile phase does, whatever the stage's size.
+class StageChainEndTest : public StageTileChainTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(StageChainEndTest, AStageWhoseCommitDoesNotFollowFromTheAgreedChainEndLoses) {
+  const bool stage_lies = GetParam();
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly([](TaskParams& p) {
+    p.stage_memory_bytes = {8u << 20, 8u << 20, 8u << 20};
+  });
+  ASSERT_FALSE(LedgerRulesStageStep(Task().params, kCheat));
+  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  if (stage_lies) committed.commit.state_after = committed.commit.state_before;  // lazy
+  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  StageReplayResult found;
+  const Party honest = Trace(committed, &found);
+  EXPECT_EQ(found.fault, stage_lies ? StageFault::kStageFaultState : StageFault::kStageFaultNone)
+      << found.message;
+  const PublicKey stage_node = Unit(kCheat).assignee;
+  ASSERT_NO_FATAL_FAILURE(
+      DisputeWithBundle(leaves, stage_lies ? StageFindingLeaf(leaves[kCheat][kLieStep], found)
+                                           : Blake2b("a false finding")));
+  ASSERT_NO_FATAL_FAILURE(Play(honest, honest));
+  const RefereeTask task = TaskNow();
+  ASSERT_EQ(task.roots, RefereeRoots::kRootsChainEnd);
+  const StageRootsWitness good = RootsWitnessOf(honest, task, committed.commit);
+  std::printf("stage chain-end roots witness: %zu bytes (%zu roots)\n",
+              EncodeStageRootsWitness(good).size(), good.outputs.size());
+  Result<StageRootsWitness> round_trip = DecodeStageRootsWitness(EncodeStageRootsWitness(good));
+  ASSERT_TRUE(round_trip.ok()) << round_trip.status().ToString();
+  EXPECT_EQ(*round_trip, good);
+  auto with = [&](const std::function<void(StageRootsWitness&)>& edit) {
+    StageRootsWitness w = good;
+    edit(w);
+    return RefereeTile(EncodeStageRootsWitness(w));
+  };
+  ExpectRefused({
+      {GenesisRuling(task), "which the ledger rules itself from roots"},
+      {with([&](StageRootsWitness& w) {
+         w.commit = protocol::EncodeStageStepCommit(evidence_[kCheat][0].commit);
+       }),
+       "send the commit the stage node serves for the step"},
+      {with([](StageRootsWitness& w) { w.outputs[3] = Blake2b("another root"); }),
+       "not to the agreed C_"},
+      {with([](StageRootsWitness& w) { w.outputs.pop_back(); }), "the agreed chain end needs all"},
+      {with([](StageRootsWitness& w) { w.seed += 1; }), "do not give the commit's state_before"},
+      {RefereeTile(EncodeTileWitness(TileWitness{.outputs = good.outputs})),
+       "stage roots witness: starts with"},
+      {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {}}),
+       "the dispute plays the tile phase; send RefereeTile"},
+  });
+  StepOk({RefereeTile(EncodeStageRootsWitness(good))});
+  ExpectLoser(stage_lies, stage_node);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachSideLies, StageChainEndTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("StageLies") : std::string("VerifierLies");
+                         });
+
+// Each side lies about a received operator's root (micro-batch 0's activations from stage 0):
+// the game ends at that input operator, and the ledger rules it from the tiled root its sender
+// signed in the stage's committed record (RuleStageRoots, kRootsOperator), for the honest side.
+// The same for an operator of the stage's state ("in.<name>"): its root from the k state roots,
+// which must give the commit's state_before.
+struct InputLie {
+  const char* op;
+  bool stage_lies;
+};
+class StageInputLieTest : public StageTileChainTest,
+                          public ::testing::WithParamInterface<InputLie> {};
+
+TEST_P(StageInputLieTest, ALieAtAnInputOperatorIsRuledFromTheCommittedRoots) {
+  const InputLie lie = GetParam();
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly();
+  const Party honest = Trace(evidence_[kCheat][kLieStep]);
+  const TileRuleContext ctx = Context();
+  const int64_t op = OpNamed(ctx.plan, lie.op);
+  ASSERT_GE(op, 0);
+  const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 0, 0.25f)};
+  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  if (lie.stage_lies) committed.commit.state_after = Blake2b("the liar's state after");
+  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  const PublicKey stage_node = Unit(kCheat).assignee;
+  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
+  ASSERT_NO_FATAL_FAILURE(Play(lie.stage_lies ? liar : honest, lie.stage_lies ? honest : liar));
+  const RefereeTask task = TaskNow();
+  ASSERT_EQ(task.roots, RefereeRoots::kRootsOperator);
+  EXPECT_EQ(task.operator_index, static_cast<uint32_t>(op + 1));
+  const StageRootsWitness good = RootsWitnessOf(honest, task, committed.commit);
+  const bool received = ctx.plan.ops[static_cast<size_t>(op)].received;
+  EXPECT_EQ(good.outputs.size(), received ? 0u : StateOperators(ctx.plan));
+  // The liar's own roots do not give the committed state_before (a state operator), and a
+  // received operator's witness carries no roots.
+  StageRootsWitness liars = RootsWitnessOf(liar, task, committed.commit);
+  std::vector<std::pair<Transaction, std::string>> refusals = {
+      {GenesisRuling(task), "which the ledger rules itself from roots"},
+  };
+  if (received) {
+    liars.outputs.push_back(Blake2b("a root"));
+    refusals.push_back({RefereeTile(EncodeStageRootsWitness(liars)), "from its record alone"});
+  } else {
+    refusals.push_back(
+        {RefereeTile(EncodeStageRootsWitness(liars)), "do not give the commit's state_before"});
+  }
+  ExpectRefused(refusals);
+  StepOk({RefereeTile(EncodeStageRootsWitness(good))});
+  ExpectLoser(lie.stage_lies, stage_node);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachInput, StageInputLieTest,
+                         ::testing::Values(InputLie{"mb0.recv.activation", true},
+                                           InputLie{"mb0.recv.activation", false},
+                                           InputLie{"in.transformer.h.1.ln_1.weight", true},
+                                           InputLie{"in.transformer.h.1.ln_1.weight", false}),
+                         [](const ::testing::TestParamInfo<InputLie>& p) {
+                           return std::string(p.param.op[0] == 'm' ? "Received" : "State") +
+                                  (p.param.stage_lies ? "StageLies" : "VerifierLies");
+                         });
+
+// A stage silent in the tile phase (it posts nothing once the game is at its wrong operator's
+// tiles) loses at the turn's deadline, as a unit's defender does.
+TEST_F(StageTileChainTest, AStageSilentInTheTilePhaseLoses) {
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly();
+  const Party honest = Trace(evidence_[kCheat][kLieStep]);
+  const int64_t op = OpNamed(Context().plan, "mb0.h.1.fch");
+  ASSERT_GE(op, 0);
+  const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 3, 0.5f)};
+  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  committed.commit.state_after = Blake2b("the liar's state after");
+  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  const PublicKey stage_node = Unit(kCheat).assignee;
+  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
+  ASSERT_NO_FATAL_FAILURE(Play(liar, honest, DisputeParty::kDefender));
+  ExpectLoser(true, stage_node);
+}
+
+// Every tensor a stage sends is the output of the operator StageSentOperator names, tiled as the
+// operator's output (its record's tiled root is that operator's root), and an honest step's
+// commit follows from its roots (StageCommitFollowsFromRoots) for every stage of the replica; a
+// commit with another state after the step, another sent root, or a sent record dropped does not.
+TEST_F(StageTileChainTest, AnHonestCommitFollowsFromItsRootsAndEveryLieInItDoesNot) {
+  TrainHonestly();
+  for (uint32_t st = 0; st < kStages; ++st) {
+    SCOPED_TRACE("stage " + std::to_string(st));
+    const TestStageEvidence& ev = evidence_[st][kLieStep];
+    const Party run = Trace(ev);
+    Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(st), kRulingBundle, "test");
+    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    ASSERT_EQ(run.trace->size(), ctx->plan.ops.size());
+    for (const protocol::StageTransfer& r : ev.commit.sent) {
+      const int64_t op = StageSentOperator(ctx->plan, r.key);
+      ASSERT_GE(op, 0) << r.key.ToString();
+      EXPECT_EQ(r.tiles, run.trace->hash(static_cast<size_t>(op)))
+          << r.key.ToString() << " as " << ctx->plan.ops[static_cast<size_t>(op)].name;
+    }
+    Result<engine::TrainState> start = StageCheckpointState(ev.checkpoint);
+    ASSERT_TRUE(start.ok());
+    const std::span<const Hash256> roots = run.trace->hashes();
+    Status st_ok = StageCommitFollowsFromRoots(*ctx, ev.commit, start->seed, start->stream, roots);
+    EXPECT_TRUE(st_ok.ok()) << st_ok.ToString();
+    protocol::StageStepCommit other = ev.commit;
+    other.state_after = ev.commit.state_before;
+    EXPECT_FALSE(StageCommitFollowsFromRoots(*ctx, other, start->seed, start->stream, roots).ok());
+    other = ev.commit;
+    other.sent.back().tiles = Blake2b("another root");
+    EXPECT_FALSE(StageCommitFollowsFromRoots(*ctx, other, start->seed, start->stream, roots).ok());
+    other = ev.commit;
+    other.sent.pop_back();
+    EXPECT_FALSE(StageCommitFollowsFromRoots(*ctx, other, start->seed, start->stream, roots).ok());
+    other = ev.commit;
+    other.received.pop_back();
+    EXPECT_FALSE(StageCommitFollowsFromRoots(*ctx, other, start->seed, start->stream, roots).ok());
+  }
+}
+
+}  // namespace stage_tile_chain_test
+}  // namespace meshlearn::ledger
