@@ -15,7 +15,8 @@
 //                  the tile phase): the ledger recomputes it (referee_tile.h) -> DisputeGame::Rule;
 //                  or, for the whole steps of the tile phase ruled from roots (the chain end
 //                  agreed, an input-state operator), a witness of operator output roots
-//                  (RuleRoots) -> DisputeGame::Rule / RuleOperator
+//                  (RuleRoots; a pipeline stage's: its committed commit and roots,
+//                  stage_referee.h RuleStageRoots) -> DisputeGame::Rule / RuleOperator
 //   ProveResult    the witness that a unit's result is not the delta of its committed final
 //                  state: the ledger computes it; fraud at once -> UnitCheck::OnResultDisproved
 //   ProveFraud     after the fact (a final round): the witness of one segment that does not
@@ -29,7 +30,8 @@
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
 //                  tolerance-mode segment, a whole step of a task without a data root (or a
 //                  token task's, played without the tile phase), a stage step whose state does
-//                  not fit a witness -> DisputeGame::Rule; refused for whatever the ledger rules
+//                  not fit a witness, disputed without the bundle (a GPT stage's with it plays
+//                  the tile phase) -> DisputeGame::Rule; refused for whatever the ledger rules
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
 //                  reputation; fraud rewinds the round, a forced error or an abandoned unit
 //                  re-runs that unit (DriveChecks)
