@@ -373,16 +373,21 @@ class PipelineRulingTest : public PipelineVerificationTest {
   static constexpr uint32_t kCheat = 1;
   static constexpr uint64_t kLieStep = 1;
 
+  // The task's bundle and the directory its data paths are relative to: the tiny pipeline GPT on
+  // the GPL text unless a test names another (set before SetUp runs: in the constructor).
+  std::string bundle_ = kRulingBundle;
+  std::string bundle_dir_ = "/";
+
   void SetUp() override {
     PipelineVerificationTest::SetUp();
-    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(kRulingBundle, "ruling.toml", "/");
+    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle_, "ruling.toml", bundle_dir_);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     spec_ = *spec;
     Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), spec_);
     ASSERT_TRUE(data.ok()) << data.status().ToString();
     data_ = std::move(*data);
     pages_ = std::make_unique<engine::TokenPageTree>(data_.train_tokens.tokens);
-    Result<ConfigFile> cfg = ConfigFile::Parse(kRulingBundle, "ruling.toml");
+    Result<ConfigFile> cfg = ConfigFile::Parse(bundle_, "ruling.toml");
     ASSERT_TRUE(cfg.ok());
     Result<protocol::NetworkSpec> net = protocol::NetworkSpec::FromConfig(*cfg);
     ASSERT_TRUE(net.ok()) << net.status().ToString();
@@ -429,7 +434,7 @@ class PipelineRulingTest : public PipelineVerificationTest {
   // `tweak` (optional) then edits the params (a stage's declared memory).
   void StartRuled(const Hash256& initial_state = Hash256{},
                   const std::function<void(TaskParams&)>& tweak = nullptr) {
-    const Hash256 spec_hash = BuildManifest(AsBytes(std::string(kRulingBundle))).id().hash;
+    const Hash256 spec_hash = BuildManifest(AsBytes(bundle_)).id().hash;
     const Hash256 root = pages_->root();
     const uint64_t tokens = static_cast<uint64_t>(pages_->num_tokens());
     Result<std::unique_ptr<engine::Model>> whole = engine::Model::Create(spec_.model);

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "meshlearn/base/env.h"
 #include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/tile.h"
 #include "meshlearn/ledger/referee_tile.h"
@@ -26,7 +27,6 @@
 namespace meshlearn::ledger {
 namespace stage_tile_chain_test {  // named: the tests build as unity translation units
 
-using pipeline_testing::kRulingBundle;
 using pipeline_testing::kStages;
 using pipeline_testing::PipelineRulingTest;
 using pipeline_testing::TestStageEvidence;
@@ -94,7 +94,7 @@ class StageTileChainTest : public PipelineRulingTest {
 
   // The chain's view of the disputed stage unit, as the ledger derives it.
   TileRuleContext Context() {
-    Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(kCheat), kRulingBundle, "test");
+    Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(kCheat), bundle_, "test");
     CHECK(ctx.ok()) << ctx.status().ToString();
     return std::move(*ctx);
   }
@@ -125,7 +125,7 @@ class StageTileChainTest : public PipelineRulingTest {
                                               .verdict = static_cast<uint8_t>(v.verdict),
                                               .salt = v.salt,
                                               .claim = v.claim,
-                                              .bundle = {i == kCheat ? kRulingBundle : ""}}));
+                                              .bundle = {i == kCheat ? bundle_ : std::string()}}));
       txs.push_back(SecretTx(i));
     }
     StepOk(txs);
@@ -190,10 +190,9 @@ class StageTileChainTest : public PipelineRulingTest {
   }
 
   Transaction RefereeTile(const Bytes& witness) {
-    return Q(
-        bob_,
-        RefereeTileTx{
-            .task_id = task_id_, .index = kCheat, .bundle = {kRulingBundle}, .witness = {witness}});
+    return Q(bob_,
+             RefereeTileTx{
+                 .task_id = task_id_, .index = kCheat, .bundle = {bundle_}, .witness = {witness}});
   }
 
   // A tile task's witness, built from `run`'s trace (anyone's: every input is agreed).
@@ -481,7 +480,7 @@ TEST_F(StageTileChainTest, AnHonestCommitFollowsFromItsRootsAndEveryLieInItDoesN
     SCOPED_TRACE("stage " + std::to_string(st));
     const TestStageEvidence& ev = evidence_[st][kLieStep];
     const Party run = Trace(ev);
-    Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(st), kRulingBundle, "test");
+    Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(st), bundle_, "test");
     ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
     ASSERT_EQ(run.trace->size(), ctx->plan.ops.size());
     for (const protocol::StageTransfer& r : ev.commit.sent) {
@@ -508,6 +507,92 @@ TEST_F(StageTileChainTest, AnHonestCommitFollowsFromItsRootsAndEveryLieInItDoesN
     other.received.pop_back();
     EXPECT_FALSE(StageCommitFollowsFromRoots(*ctx, other, start->seed, start->stream, roots).ok());
   }
+}
+
+// The 10M GPT (examples/code-gpt-pipeline-devnet.toml: 6 blocks of 384, 2 sequences of 64
+// tokens a step in 2 micro-batches, clipped AdamW, on the Python standard library corpus with a
+// data root over its token pages) cut in 3 stages, each holding tens of MB of weights and
+// moments, declared as such (far over the 4 MiB stage witness bound: no RefereeStageStep, and
+// before the tile phase the genesis key ruled them). A stage lying at a tile of its MLP's down
+// projection is ruled on chain by RefereeTile; a lazy stage answering from its honest trace by
+// the roots of the agreed chain end. Slow (the corpus and four steps of the model; CMake).
+class StageTileChain10mTest : public StageTileChainTest {
+ protected:
+  StageTileChain10mTest() {
+    bundle_dir_ = std::string(MESHLEARN_SOURCE_DIR) + "/examples";
+    Result<std::string> text =
+        Env::Default()->ReadFile(bundle_dir_ + "/code-gpt-pipeline-devnet.toml");
+    CHECK(text.ok()) << text.status().ToString();
+    // One replica of the fixture's 3 stages and 4 inner steps.
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {"rounds = 2", "rounds = 1"},
+             {"units_per_round = 2", "units_per_round = 1"},
+             {"inner_steps = 3", "inner_steps = 4"},
+             {"stages = 4", "stages = 3"}}) {
+      const size_t at = text->find(from);
+      CHECK(at != std::string::npos) << from;
+      text->replace(at, from.size(), to);
+    }
+    bundle_ = *text;
+  }
+  static void Over(TaskParams& p) { p.stage_memory_bytes = {64u << 20, 64u << 20, 64u << 20}; }
+};
+
+TEST_F(StageTileChain10mTest, AStageOverTheWitnessBoundIsRuledOnChainAtATile) {
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly(Over);
+  ASSERT_FALSE(LedgerRulesStageStep(Task().params, kCheat));
+  const TileRuleContext ctx = Context();
+  // A lie at tile 0 of micro-batch 1's down projection of the stage's first block.
+  int64_t op = -1;
+  for (size_t j = 0; j < ctx.plan.ops.size() && op < 0; ++j) {
+    const std::string& n = ctx.plan.ops[j].name;
+    if (n.starts_with("mb1.h.") && n.ends_with(".fcproj")) op = static_cast<int64_t>(j);
+  }
+  ASSERT_GE(op, 0);
+  const Party honest = Trace(evidence_[kCheat][kLieStep]);
+  const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 7, 0.5f)};
+  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  committed.commit.state_after = Blake2b("the liar's state after");
+  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  const PublicKey stage_node = Unit(kCheat).assignee;
+  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
+  ASSERT_NO_FATAL_FAILURE(Play(liar, honest));
+  const RefereeTask task = TaskNow();
+  ASSERT_TRUE(task.tile);
+  EXPECT_EQ(task.operator_index, static_cast<uint32_t>(op + 1));
+  const Bytes good = TileWitnessOf(honest, task);
+  EXPECT_LE(good.size(), kMaxTileWitnessBytes);
+  std::printf(
+      "10M GPT stage %u (%zu operators): a lie at %s ruled by a %zu-byte RefereeTile "
+      "after %u turns\n",
+      kCheat, ctx.plan.ops.size(), ctx.plan.ops[static_cast<size_t>(op)].name.c_str(), good.size(),
+      Check(kCheat).dispute()->turns());
+  ExpectRefused({{GenesisRuling(task), "narrowed to one tile"}});
+  StepOk({RefereeTile(good)});
+  ExpectLoser(true, stage_node);
+}
+
+TEST_F(StageTileChain10mTest, ALazyStageOverTheWitnessBoundLosesToTheRootsOfItsChainEnd) {
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly(Over);
+  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  committed.commit.state_after = committed.commit.state_before;  // lazy
+  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  StageReplayResult found;
+  const Party honest = Trace(committed, &found);
+  ASSERT_EQ(found.fault, StageFault::kStageFaultState) << found.message;
+  const PublicKey stage_node = Unit(kCheat).assignee;
+  ASSERT_NO_FATAL_FAILURE(
+      DisputeWithBundle(leaves, StageFindingLeaf(leaves[kCheat][kLieStep], found)));
+  ASSERT_NO_FATAL_FAILURE(Play(honest, honest));
+  const RefereeTask task = TaskNow();
+  ASSERT_EQ(task.roots, RefereeRoots::kRootsChainEnd);
+  const Bytes good = EncodeStageRootsWitness(RootsWitnessOf(honest, task, committed.commit));
+  EXPECT_LE(good.size(), kMaxTileWitnessBytes);
+  std::printf("10M GPT stage %u: the lazy stage ruled from a %zu-byte roots witness\n", kCheat,
+              good.size());
+  ExpectRefused({{GenesisRuling(task), "which the ledger rules itself from roots"}});
+  StepOk({RefereeTile(good)});
+  ExpectLoser(true, stage_node);
 }
 
 }  // namespace stage_tile_chain_test
