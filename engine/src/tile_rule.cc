@@ -82,7 +82,7 @@ constexpr int64_t kTileLinearBlock = 256;
 // columns fall in (at most 32 x (32 + 2 W - 2) floats an operand): up to W =
 // kTileImageNormWidthMax it is recomputed whole, wider the layer is opaque. Its weight and bias
 // gradients chain over the rows n from 0, in blocks of max(1, kTileImageNormBlock / W) rows (a
-// block's runs are contiguous in the tensor: at most 9 of its tiles an operand).
+// block's runs are contiguous in the tensor: at most 16 of its tiles an operand, 64 KiB).
 constexpr int64_t kTileImageNormWidthMax = 256;
 constexpr int64_t kTileImageNormBlock = 256;
 // W, or 0 for any other operator (a layernorm over the tensor's rows among them).

@@ -225,9 +225,9 @@
 //                                   is opaque: not narrowed);
 //     dweight[w], dbias[w]          a chain over the layernorm's rows n = (sample, run) from 0:
 //                                   NARROWED into blocks of max(1, 256 / W) rows (a run of the
-//                                   output gradient and, for dweight, of the input per row: 2 KiB
-//                                   of values an operand, at most 9 of its tiles at W = 256); the
-//                                   partial: the tile's accumulators.
+//                                   output gradient and, for dweight, of the input per row: about
+//                                   1 KiB of values an operand, contiguous in the tensor, in at
+//                                   most 16 of its tiles); the partial: the tile's accumulators.
 //
 // Covered today: in sequential models, linear, relu, gelu, conv2d, maxpool2d and dropout layers,
 // and layernorm layers over each sample's features (the GPT's layernorm operators on the batch's
