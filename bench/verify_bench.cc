@@ -271,6 +271,7 @@ json RefereeCase(const std::string& path, int steps, uint32_t checkpoint_interva
   ctx.plan = *plan;
   ctx.seed = spec->seed;
   ctx.stream = spec->stream;
+  ctx.plan.dropout_seed = engine::DropoutSeed(ctx.seed, ctx.stream);
   std::unique_ptr<engine::TokenPageTree> pages;  // a token task's data leaves
   if (classification) {
     ctx.num_examples = static_cast<uint64_t>(data->train.size());

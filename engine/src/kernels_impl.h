@@ -275,12 +275,12 @@ inline void SpinPause() {
 // The GEMM of at most one row block (M <= kMC), its packed A no larger than the L2 B block, split
 // over threads by columns, as work units in two UnitQueues (threadpool.h): first A's
 // micro-panels, packed once into one shared buffer, then groups of B micro-panels (columns), each
-// packing its own B and computing its tiles from the shared A once all of A is packed. Splitting by columns used to pack all of A again on every
-// thread (the batch's rows, in a training step); small units claimed from a queue balance the
-// threads when one starts late or runs slower, and each thread keeps the same columns from call
-// to call while they keep pace (their weights stay in its cache). Who computes a tile never
-// changes it (GemmBlock); the only wait is for A panels another thread has claimed and is
-// packing, so a thread that never arrives stalls nothing.
+// packing its own B and computing its tiles from the shared A once all of A is packed. Splitting by
+// columns used to pack all of A again on every thread (the batch's rows, in a training step); small
+// units claimed from a queue balance the threads when one starts late or runs slower, and each
+// thread keeps the same columns from call to call while they keep pace (their weights stay in its
+// cache). Who computes a tile never changes it (GemmBlock); the only wait is for A panels another
+// thread has claimed and is packing, so a thread that never arrives stalls nothing.
 template <typename PackA, typename PackB>
 void GemmSplitColumns(int64_t M, int64_t N, int64_t K, const PackA& pack_a, const PackB& pack_b,
                       const GemmOut& o, float* partial, int threads) {
@@ -1181,8 +1181,7 @@ void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float 
   const int threads = n >= (int64_t{1} << 14) ? internal::ActiveThreads() : 1;
   ParallelFor(n, threads, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const float u = internal::DropoutUniform(static_cast<uint64_t>(i), seed, stream);
-      mask[i] = u >= p ? keep_scale : 0.0f;
+      mask[i] = internal::DropoutMaskAt(static_cast<uint64_t>(i), p, keep_scale, seed, stream);
       out[i] = inp[i] * mask[i];
     }
   });

@@ -70,6 +70,12 @@ int ActiveThreads();
 // The dropout draw of element i: U32ToUnitFloat(Philox4x32({i_lo, i_hi, stream_lo, stream_hi},
 // {seed_lo, seed_hi})[0]). Out of line in a baseline TU so SIMD TUs need no STL or base inlines.
 float DropoutUniform(uint64_t i, uint64_t seed, uint64_t stream);
+// Element i's dropout mask (kernels.h's DropoutForward): keep_scale = 1 / (1 - p) where its draw
+// is >= p, else 0. Every dropout kernel and the tile rule's recompute of one tile (tile_rule.h)
+// draw it here, so a tile's mask is the whole tensor's, element by element.
+inline float DropoutMaskAt(uint64_t i, float p, float keep_scale, uint64_t seed, uint64_t stream) {
+  return DropoutUniform(i, seed, stream) >= p ? keep_scale : 0.0f;
+}
 
 // Puts the calling thread's floating-point environment in the state every kernel assumes (x86:
 // MXCSR round-to-nearest, no flush-to-zero, no denormals-are-zero) for the guard's lifetime and

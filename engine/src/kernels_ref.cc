@@ -449,8 +449,7 @@ void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float 
   internal::FpEnvGuard fp_guard;
   const float keep_scale = 1.0f / (1.0f - p);
   for (int64_t i = 0; i < n; ++i) {
-    mask[i] =
-        internal::DropoutUniform(static_cast<uint64_t>(i), seed, stream) >= p ? keep_scale : 0.0f;
+    mask[i] = internal::DropoutMaskAt(static_cast<uint64_t>(i), p, keep_scale, seed, stream);
     out[i] = inp[i] * mask[i];
   }
 }

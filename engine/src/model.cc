@@ -291,6 +291,10 @@ std::vector<int32_t> ArgmaxRows(const float* logits, int64_t rows, int64_t cols)
 // ---------------------------------------------------------------------------------------------
 // Sequential models.
 
+uint64_t DropoutStream(uint64_t step, uint64_t layer, uint64_t micro_batch) {
+  return (step << 16 | layer) + (micro_batch << 48);
+}
+
 namespace {
 
 class SequentialTape final : public Tape {
@@ -475,7 +479,7 @@ class SequentialModel final : public Model {
         if (opts.train && l.p > 0) {
           la.mask = tp.arena.Alloc({in_n}).data();
           DropoutForward(out, la.mask, in, in_n, static_cast<float>(l.p), opts.dropout_seed,
-                         (opts.step << 16 | i) + (opts.micro_batch << 48));
+                         DropoutStream(opts.step, i, opts.micro_batch));
         } else {
           tp.acts[i - begin + 1] = in;
           la.mask = nullptr;

@@ -76,6 +76,45 @@ int64_t TileRuleCols(const TilePlan& plan, int64_t op) {
 // (64 KiB of inputs each).
 constexpr int64_t kTileLinearWholeMax = 784;
 constexpr int64_t kTileLinearBlock = 256;
+// A sequential model's layernorm over an image's last dimension W (TileOp::conv = {W}) normalises
+// runs of W of each sample's columns: its rows n = (sample, run) of the (B, F) tensors it reads
+// and writes, in row-major order. A forward or input-gradient tile reads the whole runs its
+// columns fall in (at most 32 x (32 + 2 W - 2) floats an operand): up to W =
+// kTileImageNormWidthMax it is recomputed whole, wider the layer is opaque. Its weight and bias
+// gradients chain over the rows n from 0, in blocks of max(1, kTileImageNormBlock / W) rows (a
+// block's runs are contiguous in the tensor: at most 16 of its tiles an operand, 64 KiB).
+constexpr int64_t kTileImageNormWidthMax = 256;
+constexpr int64_t kTileImageNormBlock = 256;
+// W, or 0 for any other operator (a layernorm over the tensor's rows among them).
+int64_t TileRuleImageNormWidth(const TileOp& o) {
+  const bool norm = o.kind == TileOpKind::kTileOpLayerNorm ||
+                    o.kind == TileOpKind::kTileOpLayerNormInputGrad ||
+                    o.kind == TileOpKind::kTileOpLayerNormWeightGrad ||
+                    o.kind == TileOpKind::kTileOpLayerNormBiasGrad;
+  return norm && !o.conv.empty() ? o.conv[0] : 0;
+}
+// The columns [f0, f1) of the whole runs of W that columns [c0, c1) fall in.
+std::pair<int64_t, int64_t> TileRuleImageNormRuns(int64_t W, int64_t c0, int64_t c1) {
+  return {c0 / W * W, (c1 + W - 1) / W * W};
+}
+// An image layernorm gradient's chain: its rows (runs) and the rows of each of its blocks.
+struct TileRuleImageNormChain {
+  int64_t rows = 0, per = 1;
+  int64_t blocks() const { return (rows + per - 1) / per; }
+};
+TileRuleImageNormChain TileRuleImageNormChainOf(const TilePlan& plan, const TileOp& o) {
+  const int64_t W = TileRuleImageNormWidth(o);
+  return {TileRuleRows(plan) * (TileRuleCols(plan, o.x) / W),
+          std::max<int64_t>(1, kTileImageNormBlock / W)};
+}
+// The rows [n0, n1) of a layernorm weight or bias gradient's reduction block `block`: 32 rows of
+// the batch, or an image layernorm's block of runs.
+std::pair<int64_t, int64_t> TileRuleNormBlockRows(const TilePlan& plan, const TileOp& o,
+                                                  int64_t block) {
+  if (TileRuleImageNormWidth(o) == 0) return TileRuleBlockRows(TileRuleRows(plan), block);
+  const TileRuleImageNormChain ch = TileRuleImageNormChainOf(plan, o);
+  return {block * ch.per, std::min(ch.rows, (block + 1) * ch.per)};
+}
 // A layernorm tile (forward, or input gradient) reads its rows' whole width C for their row
 // reductions: up to C = kTileLinearWholeMax it is recomputed whole; above, the reductions are
 // narrowed over nb blocks of kTileLinearBlock columns in kernels_ref.cc's order: blocks 0..nb-1
@@ -87,6 +126,7 @@ int64_t TileRuleLayerNormBlocks(const TilePlan& plan, const TileOp& o) {
   if (o.kind != TileOpKind::kTileOpLayerNorm && o.kind != TileOpKind::kTileOpLayerNormInputGrad) {
     return 0;
   }
+  if (TileRuleImageNormWidth(o) > 0) return 0;
   const int64_t C = TileRuleCols(plan, o.x);
   return C > kTileLinearWholeMax ? (C + kTileLinearBlock - 1) / kTileLinearBlock : 0;
 }
@@ -100,7 +140,7 @@ struct TileRuleLnWeight {
   int64_t per() const { return 2 * nb + nq; }
 };
 TileRuleLnWeight TileRuleLayerNormWeightBlocks(const TilePlan& plan, const TileOp& o) {
-  if (o.kind != TileOpKind::kTileOpLayerNormWeightGrad) return {};
+  if (o.kind != TileOpKind::kTileOpLayerNormWeightGrad || TileRuleImageNormWidth(o) > 0) return {};
   const int64_t C = TileRuleCols(plan, o.w);
   if (C <= kTileLinearWholeMax) return {};
   return {(C + kTileLinearBlock - 1) / kTileLinearBlock,
@@ -309,6 +349,15 @@ void ForEachSequenceSpan(int64_t r0, int64_t r1, int64_t T, F&& fn) {
   for (int64_t g = r0 / T; g <= (r1 - 1) / T; ++g) {
     fn(g, std::max(r0, g * T) - g * T, std::min(r1, (g + 1) * T) - g * T);
   }
+}
+
+// An image layernorm's (TileRuleImageNormWidth) rows [n0, n1) of width W, in a (B, F) tensor:
+// fn(b, f0, f1) for each sample b they cover, columns [f0, f1) (whole runs, contiguous in
+// row-major order). The footprint and the recompute of a weight or bias gradient block walk them
+// the same way.
+template <typename F>
+void ForEachImageNormSpan(int64_t n0, int64_t n1, int64_t W, int64_t cols, F&& fn) {
+  ForEachSequenceSpan(n0 * W, n1 * W, cols, fn);
 }
 
 // The columns [c0, c1) of a qkv-shaped (3C wide) tensor cut by part (0 q, 1 k, 2 v) and head:
@@ -899,15 +948,17 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
     int64_t in_op, dout_op = -1, C, OC;
     bool bias;
   };
-  constexpr char kNoLayerFootprint[] = "no footprint yet for this layer kind";
+  constexpr char kWideImageNorm[] =
+      "a layernorm over an image's rows wider than 256 has no footprint yet (not narrowed)";
   for (int64_t mb = 0; mb < M; ++mb) {
     begin_micro_batch(mb);
     std::vector<int64_t> in_op(model.layers.size());  // the activation each layer reads
     std::vector<int64_t> in_features(model.layers.size());
     std::map<size_t, Linear> linears;
-    std::map<size_t, int64_t> windowed;   // a conv or pool layer's forward operator
-    std::map<size_t, int64_t> conv_dout;  // a conv layer's output gradient
-    std::map<size_t, int64_t> norm_dout;  // a planned layernorm layer's output gradient
+    std::map<size_t, int64_t> windowed;    // a conv or pool layer's forward operator
+    std::map<size_t, int64_t> conv_dout;   // a conv layer's output gradient
+    std::map<size_t, int64_t> norm_dout;   // a planned layernorm layer's output gradient
+    std::map<size_t, int64_t> norm_width;  // its rows' width W over an image (0: each sample's)
     int64_t act = kTileOperandBatch;
     Shape cur = model.input;  // one sample's shape
     for (size_t i = 0; i < model.layers.size(); ++i) {
@@ -942,28 +993,39 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         CHECK_GE(op.w, 0) << name;
         cur = {l.out, (cur[1] + 2 * l.pad - l.kernel) / s + 1,
                (cur[2] + 2 * l.pad - l.kernel) / s + 1};
-      } else if (l.kind == "layernorm" && cur.size() == 1) {
-        // Over the features of each sample (the GPT's layernorm on its rows); over the last
-        // dimension of an image (rows b, c, h) it would not follow the tile grid: opaque.
+      } else if (l.kind == "layernorm" &&
+                 (cur.size() == 1 || cur.back() <= kTileImageNormWidthMax)) {
+        // Over the features of each sample (the GPT's layernorm on its rows), or over the last
+        // dimension W of an image (its rows (c, h): runs of W of each sample's columns, conv =
+        // {W}); wider runs are not narrowed, so such a layer stays opaque.
         op.kind = TileOpKind::kTileOpLayerNorm;
         op.w = state_op(name + ".weight");
         op.b = state_op(name + ".bias");
         CHECK_GE(op.w, 0) << name;
+        if (cur.size() > 1) op.conv = {cur.back()};
         norm_dout[i] = -1;
+        norm_width[i] = cur.size() > 1 ? cur.back() : 0;
+      } else if (l.kind == "dropout") {
+        // Its mask is drawn per element from the step's dropout seed and the layer's stream
+        // (model.cc's forward); p = 0 passes its input through (the same bits).
+        op.kind = TileOpKind::kTileOpDropout;
+        op.conv = {static_cast<int64_t>(i), mb};
+        op.dropout_p = static_cast<float>(l.p);
       } else if (l.kind == "maxpool2d" && cur.size() == 3) {
         const int64_t s = l.stride > 0 ? l.stride : l.kernel;
         op.kind = TileOpKind::kTileOpMaxPool;
         op.conv = {cur[0], cur[1], cur[2], cur[0], l.kernel, l.kernel, s, 0};
         cur = {cur[0], (cur[1] - l.kernel) / s + 1, (cur[2] - l.kernel) / s + 1};
-      } else if (l.kind != "dropout" && l.kind != "layernorm") {
+      } else if (l.kind != "layernorm") {
         return FailedPrecondition("tile rule: model.layers[" + std::to_string(i) + "] is a '" +
                                   l.kind + "' layer the tile plan does not know");
       }
-      if (op.kind == TileOpKind::kTileOpOpaque) op.opaque = kNoLayerFootprint;
+      if (op.kind == TileOpKind::kTileOpOpaque) op.opaque = kWideImageNorm;
       const int64_t out = NumElements(cur);
       op.grid = TileGrid::For(rows, out);
       op.shape = {rows, out};
-      const bool window = !op.conv.empty();
+      const bool window =
+          op.kind == TileOpKind::kTileOpConv || op.kind == TileOpKind::kTileOpMaxPool;
       act = add(std::move(op));
       if (window) windowed[i] = act;
     }
@@ -1013,8 +1075,14 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         op.kind = TileOpKind::kTileOpLayerNormInputGrad;
         op.w = in_op[ii];
         op.b = state_op(layer + ".weight");
+        if (norm_width.at(ii) > 0) op.conv = {norm_width.at(ii)};
+      } else if (l.kind == "dropout") {
+        // DropoutBackward on a zeroed gradient: the forward's mask (p > 0 here).
+        op.kind = TileOpKind::kTileOpDropoutInputGrad;
+        op.conv = {static_cast<int64_t>(ii), mb};
+        op.dropout_p = static_cast<float>(l.p);
       } else {
-        op.opaque = kNoLayerFootprint;
+        op.opaque = kWideImageNorm;
       }
       dout = add(std::move(op));
     }
@@ -1041,8 +1109,9 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
             weight ? TileOpKind::kTileOpLayerNormWeightGrad : TileOpKind::kTileOpLayerNormBiasGrad;
         g.x = n->second;
         g.w = weight ? in_op[layer] : -1;
+        if (norm_width.at(layer) > 0) g.conv = {norm_width.at(layer)};
       } else {
-        g.opaque = kNoLayerFootprint;
+        g.opaque = kWideImageNorm;
       }
       // Micro-batch m > 0 adds into micro-batch m-1's accumulated gradient.
       if (mb > 0 && g.kind != TileOpKind::kTileOpOpaque) g.v = index.at(p.name + ".grad");
@@ -1153,6 +1222,7 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   if (const TileRuleLnWeight lw = TileRuleLayerNormWeightBlocks(plan, o); lw.nb > 0) {
     return lw.per() * TileRuleRowBlocks(TileRuleRows(plan));
   }
+  if (TileRuleImageNormWidth(o) > 0) return TileRuleImageNormChainOf(plan, o).blocks();
   return TileRuleRowBlocks(TileRuleRows(plan));
 }
 
@@ -1200,6 +1270,8 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     }
     case TileOpKind::kTileOpRelu:
     case TileOpKind::kTileOpGelu:
+    case TileOpKind::kTileOpDropout:  // the mask is drawn, not read
+    case TileOpKind::kTileOpDropoutInputGrad:
       TileRuleCover(plan, o.x, t.r0, t.r1, t.c0, t.c1, fp);
       break;
     case TileOpKind::kTileOpResidual:
@@ -1337,7 +1409,15 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     }
     case TileOpKind::kTileOpLayerNorm: {
       // A row's mean and variance read the whole row; column c applies weight[c] and bias[c].
-      // Narrowed: a sum block reads its columns of the rows; the last block the tile's.
+      // Narrowed: a sum block reads its columns of the rows; the last block the tile's. Over an
+      // image: the whole runs of the tile's columns, and the whole weight and bias (W).
+      if (const int64_t W = TileRuleImageNormWidth(o); W > 0) {
+        const auto [f0, f1] = TileRuleImageNormRuns(W, t.c0, t.c1);
+        TileRuleCover(plan, o.x, t.r0, t.r1, f0, f1, fp);
+        TileRuleCover(plan, o.w, 0, 1, 0, W, fp);
+        TileRuleCover(plan, o.b, 0, 1, 0, W, fp);
+        break;
+      }
       const int64_t nb = TileRuleLayerNormBlocks(plan, o);
       if (nb > 0 && block < 2 * nb) {
         const int64_t k0 = (block % nb) * kTileLinearBlock;
@@ -1477,6 +1557,13 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // block its columns of dout, the input and the weight; the last block the tile's.
       const int64_t C = TileRuleCols(plan, o.x);
       const int64_t nb = TileRuleLayerNormBlocks(plan, o);
+      if (const int64_t W = TileRuleImageNormWidth(o); W > 0) {  // the runs, as the forward's
+        const auto [f0, f1] = TileRuleImageNormRuns(W, t.c0, t.c1);
+        TileRuleCover(plan, o.x, t.r0, t.r1, f0, f1, fp);
+        TileRuleCover(plan, o.w, t.r0, t.r1, f0, f1, fp);
+        TileRuleCover(plan, o.b, 0, 1, 0, W, fp);
+        break;
+      }
       if (nb > 0 && block < 3 * nb) {
         const int64_t k0 = (block % nb) * kTileLinearBlock, k1 = std::min(C, k0 + kTileLinearBlock);
         if (block >= 2 * nb) TileRuleCover(plan, o.x, t.r0, t.r1, k0, k1, fp);
@@ -1512,11 +1599,29 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
         }
         break;
       }
-      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block);
-      TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
-      if (o.kind == TileOpKind::kTileOpLayerNormWeightGrad) {
-        TileRuleCover(plan, o.w, b0, b1, 0, TileRuleCols(plan, o.w), fp);
+      const auto [b0, b1] = TileRuleNormBlockRows(plan, o, block);
+      const bool dweight = o.kind == TileOpKind::kTileOpLayerNormWeightGrad;
+      if (const int64_t W = TileRuleImageNormWidth(o); W > 0) {
+        // The block's runs (the tile is the whole W): of dout, then of the input. Runs of
+        // consecutive samples can share a tile; each is named once.
+        for (int64_t operand : {o.x, dweight ? o.w : -1}) {
+          if (operand == -1) continue;
+          TileFootprint part;
+          ForEachImageNormSpan(b0, b1, W, TileRuleCols(plan, o.x),
+                               [&](int64_t b, int64_t f0, int64_t f1) {
+                                 TileRuleCover(plan, operand, b, b + 1, f0, f1, part);
+                               });
+          for (const TileRef& r : part.tiles) {
+            if (std::find(fp.tiles.begin(), fp.tiles.end(), r) == fp.tiles.end()) {
+              fp.tiles.push_back(r);
+            }
+          }
+          fp.batch_rows.insert(fp.batch_rows.end(), part.batch_rows.begin(), part.batch_rows.end());
+        }
+        break;
       }
+      TileRuleCover(plan, o.x, b0, b1, t.c0, t.c1, fp);
+      if (dweight) TileRuleCover(plan, o.w, b0, b1, 0, TileRuleCols(plan, o.w), fp);
       break;
     }
     case TileOpKind::kTileOpAdamW:
@@ -1946,6 +2051,32 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       ref::GeluForward(out.data(), x.data(), t.numel());
       break;
     }
+    case TileOpKind::kTileOpDropout:
+    case TileOpKind::kTileOpDropoutInputGrad: {
+      // kernels_ref.cc's DropoutForward (out = x * mask) and DropoutBackward on a zeroed
+      // gradient (0 + dout * mask), element i of the micro-batch's tensor drawing its mask from
+      // the step's seed and the layer's stream alone; p = 0 passes the input through.
+      internal::FpEnvGuard fp_guard;
+      const std::vector<float> x = dense(o.x, t.r0, t.r1, t.c0, t.c1);
+      const float p = o.dropout_p;
+      if (!(p > 0.0f)) {
+        out = x;
+        break;
+      }
+      const float keep_scale = 1.0f / (1.0f - p);
+      const uint64_t stream =
+          DropoutStream(static_cast<uint64_t>(step), static_cast<uint64_t>(o.conv[0]),
+                        static_cast<uint64_t>(o.conv[1]));
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t c = 0; c < K; ++c) {
+          const uint64_t i = static_cast<uint64_t>((t.r0 + r) * o.grid.cols + t.c0 + c);
+          const float mask = internal::DropoutMaskAt(i, p, keep_scale, plan.dropout_seed, stream);
+          const size_t e = static_cast<size_t>(r * K + c);
+          out[e] = o.kind == TileOpKind::kTileOpDropout ? x[e] * mask : 0.0f + x[e] * mask;
+        }
+      }
+      break;
+    }
     case TileOpKind::kTileOpResidual: {
       std::vector<float> a = dense(o.x, t.r0, t.r1, t.c0, t.c1);
       std::vector<float> b = dense(o.w, t.r0, t.r1, t.c0, t.c1);
@@ -2011,6 +2142,24 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       break;
     }
     case TileOpKind::kTileOpLayerNorm: {
+      if (const int64_t W = TileRuleImageNormWidth(o); W > 0) {
+        // The reference kernel over the whole runs of the tile's rows (a run's result depends on
+        // that run alone, and the whole weight and bias); the tile's columns are the recorded
+        // bits.
+        const auto [f0, f1] = TileRuleImageNormRuns(W, t.c0, t.c1);
+        const int64_t L = f1 - f0, N = R * (L / W);
+        const std::vector<float> x = dense(o.x, t.r0, t.r1, f0, f1);
+        const std::vector<float> w = dense(o.w, 0, 1, 0, W), b = dense(o.b, 0, 1, 0, W);
+        std::vector<float> y(static_cast<size_t>(R * L)), mean(static_cast<size_t>(N)),
+            rstd(static_cast<size_t>(N));
+        ref::LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                              W);
+        for (int64_t r = 0; r < R; ++r) {
+          std::copy(y.begin() + r * L + (t.c0 - f0), y.begin() + r * L + (t.c1 - f0),
+                    out.begin() + r * K);
+        }
+        break;
+      }
       if (ln_nb > 0 && block < 2 * ln_nb) {
         out = ln_stats_block(o.x);
         break;
@@ -2412,6 +2561,26 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       break;
     }
     case TileOpKind::kTileOpLayerNormInputGrad: {
+      if (const int64_t W = TileRuleImageNormWidth(o); W > 0) {
+        // The reference backward over the whole runs (a sequential model's: into a zeroed
+        // gradient), their mean and rstd from the reference forward, as the rows' below.
+        const auto [f0, f1] = TileRuleImageNormRuns(W, t.c0, t.c1);
+        const int64_t L = f1 - f0, N = R * (L / W);
+        const std::vector<float> d = dense(o.x, t.r0, t.r1, f0, f1);
+        const std::vector<float> x = dense(o.w, t.r0, t.r1, f0, f1);
+        const std::vector<float> w = dense(o.b, 0, 1, 0, W);
+        std::vector<float> dinp(static_cast<size_t>(R * L), 0.0f), y(static_cast<size_t>(R * L)),
+            mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+        ref::LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N,
+                              W);
+        ref::LayerNormBackward(dinp.data(), nullptr, nullptr, d.data(), x.data(), w.data(),
+                               mean.data(), rstd.data(), N, W);
+        for (int64_t r = 0; r < R; ++r) {
+          std::copy(dinp.begin() + r * L + (t.c0 - f0), dinp.begin() + r * L + (t.c1 - f0),
+                    out.begin() + r * K);
+        }
+        break;
+      }
       if (ln_nb > 0 && block < 2 * ln_nb) {
         out = ln_stats_block(o.w);
         break;
@@ -2567,13 +2736,26 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         out = std::move(st);
         break;
       }
-      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block);
+      const auto [b0, b1] = TileRuleNormBlockRows(plan, o, block);
       const int64_t NB = b1 - b0;
       std::vector<float> acc = in.partial.empty() ? out : in.partial;
-      const std::vector<float> d = dense(o.x, b0, b1, t.c0, t.c1);  // (NB, K)
+      // The block's rows [c0, c1) of `operand`: of the tensor, or an image's runs (the tile
+      // holds the whole W: c0 = 0, c1 = W).
+      const int64_t W = TileRuleImageNormWidth(o);
+      auto norm_rows = [&](int64_t operand, int64_t c0, int64_t c1) {
+        if (W == 0) return dense(operand, b0, b1, c0, c1);
+        std::vector<float> rows;
+        ForEachImageNormSpan(b0, b1, W, TileRuleCols(plan, o.x),
+                             [&](int64_t b, int64_t f0, int64_t f1) {
+                               const std::vector<float> v = dense(operand, b, b + 1, f0, f1);
+                               rows.insert(rows.end(), v.begin(), v.end());
+                             });
+        return rows;
+      };
+      const std::vector<float> d = norm_rows(o.x, t.c0, t.c1);  // (NB, K)
       if (o.kind == TileOpKind::kTileOpLayerNormWeightGrad) {
-        const int64_t C = TileRuleCols(plan, o.w);
-        const std::vector<float> x = dense(o.w, b0, b1, 0, C);
+        const int64_t C = W > 0 ? W : TileRuleCols(plan, o.w);
+        const std::vector<float> x = norm_rows(o.w, 0, C);
         const std::vector<float> ones(static_cast<size_t>(C), 1.0f);
         std::vector<float> y(static_cast<size_t>(NB * C)), mean(static_cast<size_t>(NB)),
             rstd(static_cast<size_t>(NB));

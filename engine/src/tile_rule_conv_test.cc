@@ -63,6 +63,7 @@ std::map<std::string, int64_t> ExpectEveryTileRecomputes(const TaskSpec& spec, c
   Result<TilePlan> plan = PlanStepTiles(spec.model, st.optimizer->spec(), batch.size, 0, M);
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   if (!plan.ok()) return largest;
+  plan->dropout_seed = DropoutSeed(spec.seed, spec.stream);
   EXPECT_EQ(plan->ops.size(), trace.size());
   *checked = 0;
   for (size_t j = 0; j < trace.size() && j < plan->ops.size(); ++j) {
@@ -239,6 +240,143 @@ batch_size = 40
     // Per micro-batch: two forwards, one input gradient, two weight and two bias gradients.
     EXPECT_EQ(ops, 7 * M);
   }
+}
+
+bool IsDropoutOrLayerNormKind(TileOpKind k) {
+  return k == TileOpKind::kTileOpDropout || k == TileOpKind::kTileOpDropoutInputGrad ||
+         IsLayerNormKind(k);
+}
+
+// A small CNN with dropout and layernorm layers over its images' last dimension, on 2 x 6 x 10
+// images (runs of W = 10 that 32-column tiles cut across), at batch 40 (a short second row
+// block), unsplit and in two micro-batches (each drawing its own masks): `leading` puts a dropout
+// first (on the examples; else the first layernorm reads them). Every tile of every dropout and
+// layernorm operator (forward, input gradient, and the weight and bias gradients' chains over
+// the runs, block by block) recomputes to the traced bits, its mask drawn from the plan's dropout
+// seed; nothing in the plan is opaque; every footprint is under the witness bound.
+TEST(TileRuleConvTest, DropoutAndImageLayerNormLayersRecomputeBitForBit) {
+  constexpr char kHead[] = R"(
+[task]
+name = "tile-dropout"
+seed = 11
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [2, 6, 10]
+)";
+  constexpr char kLayers[] = R"(
+[[model.layers]]
+kind = "layernorm"
+[[model.layers]]
+kind = "conv2d"
+out = 3
+kernel = 3
+pad = 1
+[[model.layers]]
+kind = "dropout"
+p = 0.3
+[[model.layers]]
+kind = "layernorm"
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "dropout"
+p = 0.0
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "dropout"
+p = 0.5
+[[model.layers]]
+kind = "linear"
+out = 5
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 10
+batch_size = 40
+)";
+  for (const bool leading : {false, true}) {
+    for (int64_t M : {1, 2}) {
+      SCOPED_TRACE(std::string(leading ? "a leading dropout" : "a leading layernorm") +
+                   ", micro_batches " + std::to_string(M));
+      const std::string toml = std::string(kHead) +
+                               (leading ? "[[model.layers]]\nkind = \"dropout\"\np = 0.2\n" : "") +
+                               kLayers;
+      Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-dropout.toml", ".");
+      ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+      spec->micro_batches = M;
+      const TaskData d = testing::RandomTaskData(200, {2, 6, 10}, 5, 13, -1.0f, 1.0f);
+      int64_t ops = 0;
+      const std::map<std::string, int64_t> largest =
+          ExpectEveryTileRecomputes(*spec, d, IsDropoutOrLayerNormKind, &ops);
+      // Per micro-batch: two layernorms (forward, input gradient but the first layer's, weight
+      // and bias gradients), the dropouts' forwards (the p = 0 one passing its input through)
+      // and the input gradients of those with p > 0 but the first layer.
+      EXPECT_EQ(ops, (leading ? 14 : 12) * M);
+      for (const auto& [name, bytes] : largest) {
+        if (M == 1 && !leading) {
+          std::printf("[ dropout  ] %-22s largest footprint %lld bytes\n", name.c_str(),
+                      static_cast<long long>(bytes));
+        }
+        EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+      }
+    }
+  }
+}
+
+// A layernorm over an image's rows wider than 256 is not narrowed: its operators stay opaque
+// (Footprint refuses them, naming why), the rest of the step is planned.
+TEST(TileRuleConvTest, ALayerNormOverImageRowsWiderThan256StaysOpaque) {
+  Result<TaskSpec> spec = TaskSpec::Parse(R"(
+[task]
+name = "tile-wide-norm"
+seed = 3
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [2, 300]
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "layernorm"
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 1
+batch_size = 8
+)",
+                                          "tile-wide-norm.toml", ".");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  int64_t opaque = 0;
+  for (size_t j = 0; j < plan->ops.size(); ++j) {
+    const TileOp& op = plan->ops[j];
+    if (op.kind != TileOpKind::kTileOpOpaque) continue;
+    ++opaque;
+    EXPECT_TRUE(op.name.starts_with("layers.1.")) << op.name;
+    Result<TileFootprint> fp = Footprint(*plan, static_cast<int64_t>(j), 0, 0);
+    ASSERT_FALSE(fp.ok()) << op.name;
+    EXPECT_NE(fp.status().message().find("wider than 256"), std::string::npos)
+        << fp.status().message();
+  }
+  EXPECT_EQ(opaque, 4);  // its output, input gradient, weight and bias gradients
 }
 
 }  // namespace tile_rule_conv_test

@@ -113,6 +113,7 @@ void TraceTrainerStep(std::unique_ptr<Trainer> trainer, int warmup, TracedStep* 
                                         task.seq_len, task.micro_batches);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_EQ(plan->ops.size(), out->trace.size());
+  plan->dropout_seed = DropoutSeed(task.seed, task.stream);
   out->plan = std::move(*plan);
 }
 

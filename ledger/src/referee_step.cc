@@ -91,12 +91,12 @@ Result<engine::TilePlan> StageStepPlan(const UnitReplay& r, const engine::Optimi
 // The unit's training state after `step` from `flat` (FlatState's layout), checked to hash to
 // `expected` (`what` names it in the error).
 Result<engine::TrainState> CheckedState(const engine::TaskSpec& spec, double lr_scale,
-                                        uint64_t stream, std::span<const float> flat,
-                                        int64_t step, const Hash256& expected,
-                                        const std::string& where, const std::string& what) {
-  Result<engine::TrainState> st = engine::StateFromFlat(
-      spec.model, engine::UnitOptimizerSpec(spec.optimizer, lr_scale), flat, step, spec.seed,
-      stream);
+                                        uint64_t stream, std::span<const float> flat, int64_t step,
+                                        const Hash256& expected, const std::string& where,
+                                        const std::string& what) {
+  Result<engine::TrainState> st =
+      engine::StateFromFlat(spec.model, engine::UnitOptimizerSpec(spec.optimizer, lr_scale), flat,
+                            step, spec.seed, stream);
   if (!st.ok()) return InvalidArgument(where + ": witness state: " + st.status().message());
   const Hash256 h = engine::StateHash(*st);
   if (h != expected) {
@@ -140,8 +140,8 @@ Result<engine::Batch> WitnessBatch(const engine::TaskSpec& spec, uint64_t stream
     return InvalidArgument(where + ": the witness has " + std::to_string(examples.size()) +
                            " examples, a batch of this task has " + std::to_string(batch));
   }
-  const std::vector<int64_t> indices = engine::BatchIndices(
-      spec.seed, stream, static_cast<int64_t>(num_examples), batch, before);
+  const std::vector<int64_t> indices =
+      engine::BatchIndices(spec.seed, stream, static_cast<int64_t>(num_examples), batch, before);
   engine::Shape shape = spec.model.input;
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
@@ -234,10 +234,10 @@ Result<Hash256> RunSegmentSteps(const engine::TaskSpec& spec, uint64_t stream,
 }
 
 Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& unit,
-                                          const protocol::RefereeTask& task,
-                                          const StepWitness& w) {
+                                          const protocol::RefereeTask& task, const StepWitness& w) {
   const std::string where = "referee step (task " + t.id.ShortHex() + ", unit " +
-                            std::to_string(unit.index) + ", step " + std::to_string(task.step) + ")";
+                            std::to_string(unit.index) + ", step " + std::to_string(task.step) +
+                            ")";
   const TaskParams& p = t.params;
   ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
   return RunStepWitness(r.spec, r.stream, r.lr_scale, p.num_examples, p.data_root, task.step,
@@ -284,6 +284,8 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
   ctx.plan = std::move(*plan);
   ctx.seed = r.spec.seed;
   ctx.stream = r.stream;
+  // A dropout tile's mask: the unit's seed as its trainer draws it, from the task and the unit.
+  ctx.plan.dropout_seed = engine::DropoutSeed(ctx.seed, ctx.stream);
   ctx.num_examples = t.params.num_examples;
   ctx.data_root = t.params.data_root;
   if (IsPipelineTask(t.params)) ctx.stage_tile_cols = StageTileCols(r.spec.model);
@@ -291,17 +293,18 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
     // No root over the token pages: the operators that read the batch's tokens stay with the
     // whole step.
     ctx.data_root = Hash256{};
-    TokenOpsOpaque(&ctx.plan, "the task has no data root over its token pages "
-                              "(params.data_page_tokens = 0), so the tokens a tile reads cannot "
-                              "be proven");
+    TokenOpsOpaque(&ctx.plan,
+                   "the task has no data root over its token pages "
+                   "(params.data_page_tokens = 0), so the tokens a tile reads cannot "
+                   "be proven");
   }
   return ctx;
 }
 
 Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
                                      const ResultWitness& w) {
-  const std::string where = "prove result (task " + t.id.ShortHex() + ", unit " +
-                            std::to_string(unit.index) + ")";
+  const std::string where =
+      "prove result (task " + t.id.ShortHex() + ", unit " + std::to_string(unit.index) + ")";
   if (unit.leaves.empty()) {
     return FailedPrecondition(where + ": the unit has no committed leaves");
   }
@@ -309,8 +312,8 @@ Result<Hash256> ExecuteResultWitness(const TaskRecord& t, const WorkUnit& unit,
   ML_ASSIGN_OR_RETURN(protocol::GlobalState start, RoundStart(t, unit.round, w.start_state, where));
   ML_ASSIGN_OR_RETURN(engine::TrainState st,
                       CheckedState(r.spec, r.lr_scale, r.stream, w.state,
-                                   static_cast<int64_t>(t.params.inner_steps),
-                                   unit.leaves.back(), where, "the unit's last committed leaf"));
+                                   static_cast<int64_t>(t.params.inner_steps), unit.leaves.back(),
+                                   where, "the unit's last committed leaf"));
   const size_t n = static_cast<size_t>(st.model->NumParameters());
   if (start.weights.size() != n) {
     return InvalidArgument(where + ": the start state holds " +
@@ -437,8 +440,9 @@ Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint6
   const int64_t per_token = at3 - at2;
   const int64_t n = static_cast<int64_t>(num_weights);
   if (per_token <= 0 || n < at2 || (n - at2) % per_token != 0) {
-    return InvalidArgument("model.vocab_size comes from the data, and no vocabulary gives a GPT of " +
-                           std::to_string(num_weights) + " parameters");
+    return InvalidArgument(
+        "model.vocab_size comes from the data, and no vocabulary gives a GPT of " +
+        std::to_string(num_weights) + " parameters");
   }
   engine::ModelSpec out = spec;
   out.gpt.vocab_size = 2 + (n - at2) / per_token;

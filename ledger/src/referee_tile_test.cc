@@ -134,6 +134,7 @@ TileRuleContext ContextOf(Trainer& tr, uint64_t num_examples, const Hash256& dat
   c.plan = std::move(*plan);
   c.seed = tr.task().seed;
   c.stream = tr.task().stream;
+  c.plan.dropout_seed = engine::DropoutSeed(c.seed, c.stream);
   c.num_examples = num_examples;
   c.data_root = data_root;
   return c;
@@ -1481,8 +1482,8 @@ const Setup& ChainCnnSetup() {
   return *setup;
 }
 
-// The CNN with a dropout layer (p = 0.25) after its flatten: dropout has no footprint yet, so
-// its output and input gradient stay opaque (layers.7).
+// The CNN with a dropout layer (p = 0.25) after its flatten (layers.7): its tiles' masks are
+// drawn from the unit's dropout seed, which the ledger derives from the task and the unit.
 const std::string& ChainCnnDropoutBundle() {
   static const std::string* b = [] {
     std::string bundle = ChainCnnBundle();
@@ -1497,6 +1498,57 @@ const std::string& ChainCnnDropoutBundle() {
 
 const Setup& ChainCnnDropoutSetup() {
   static const Setup* setup = MakeChainSetup(ChainCnnDropoutBundle(), ChainCnnImages());
+  return *setup;
+}
+
+// The CNN with a layernorm over its first pooled images' last dimension (16 x 14 x 14: runs of
+// W = 14; layers.3) and a dropout on those images (layers.4).
+const std::string& ChainCnnNormBundle() {
+  static const std::string* b = [] {
+    std::string bundle = ChainCnnBundle();
+    const std::string pool = "kernel = 2          # -> (16, 14, 14)\n";
+    const size_t at = bundle.find(pool);
+    CHECK_NE(at, std::string::npos);
+    bundle.insert(at + pool.size(),
+                  "[[model.layers]]\nkind = \"layernorm\"\n[[model.layers]]\nkind = "
+                  "\"dropout\"\np = 0.1\n");
+    return new std::string(bundle);
+  }();
+  return *b;
+}
+
+const Setup& ChainCnnNormSetup() {
+  static const Setup* setup = MakeChainSetup(ChainCnnNormBundle(), ChainCnnImages());
+  return *setup;
+}
+
+// A model whose layernorm normalises rows of 392 (the examples as 2 x 392): wider than the 256 a
+// tile of it is recomputed whole at, so its operators stay opaque and a dispute over them ends at
+// the whole step.
+const std::string& ChainWideNormBundle() {
+  static const std::string* b = [] {
+    std::string bundle = ChainBundle();
+    const size_t b0 = bundle.find("[model]"), b1 = bundle.find("[optimizer]");
+    bundle.replace(b0, b1 - b0,
+                   "[model]\ninput = [2, 392]\n[[model.layers]]\nkind = \"layernorm\"\n"
+                   "[[model.layers]]\nkind = \"flatten\"\n[[model.layers]]\nkind = \"linear\"\n"
+                   "out = 10\n\n");
+    return new std::string(bundle);
+  }();
+  return *b;
+}
+
+const Setup& ChainWideNormSetup() {
+  static const Setup* setup = [] {
+    auto* rows = new engine::TaskData;  // the synthetic examples as 2 x 392
+    rows->train.x = engine::Tensor(
+        {kExamples, 2, 392},
+        std::vector<float>(Data().train.x.data(), Data().train.x.data() + kExamples * 784));
+    rows->train.y = Data().train.y;
+    rows->train.num_classes = 10;
+    rows->test = rows->train;
+    return MakeChainSetup(ChainWideNormBundle(), rows);
+  }();
   return *setup;
 }
 
@@ -1531,10 +1583,20 @@ class TileChainTest : public testing::FollowedChainFixture {
     bundle_ = &ChainCnnBundle();
     g_setup = &ChainCnnSetup();
   }
-  // The same with a dropout layer (opaque; before Submit).
+  // The same with a dropout layer (before Submit).
   void UseCnnWithDropout() {
     bundle_ = &ChainCnnDropoutBundle();
     g_setup = &ChainCnnDropoutSetup();
+  }
+  // The same with a layernorm and a dropout on its images (before Submit).
+  void UseCnnWithImageLayerNorm() {
+    bundle_ = &ChainCnnNormBundle();
+    g_setup = &ChainCnnNormSetup();
+  }
+  // A model with a layernorm over rows of 392, which stays opaque (before Submit).
+  void UseWideImageLayerNorm() {
+    bundle_ = &ChainWideNormBundle();
+    g_setup = &ChainWideNormSetup();
   }
   // Plays the 10M GPT's task instead (a token task; before Submit).
   void UseGpt() {
@@ -1967,12 +2029,58 @@ TEST_P(TileChainLieTest, OnTheFashionCnnANarrowedLinearBlockIsRuledOnChain) {
   PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 40, 100, 3}), GetParam(), true);
 }
 
-// An operator without a footprint (a dropout layer's output, in the CNN with one) ends at the
-// whole step, which the game marks as an operator without tiles; roots do not rule it (it is
-// computed by the step), so the ledger executes the step (RefereeStep), the genesis key refused.
-TEST_P(TileChainLieTest, OnACnnWithDropoutAnOperatorWithoutAFootprintIsRuledOnChainByTheWholeStep) {
+// A dropout layer's tiles (in the CNN with one after its flatten): the ledger draws each
+// element's mask from the unit's dropout seed (the task's seed and the unit's stream), so a lie
+// at its output or at its input gradient is ruled by RefereeTile from the input tile alone.
+TEST_P(TileChainLieTest, OnACnnWithDropoutADropoutTileIsRuledOnChainByRefereeTile) {
   UseCnnWithDropout();
-  EXPECT_EQ(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 9, 700}), GetParam(), false),
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.out", 9, 700}), GetParam(), true),
+            0u);
+}
+
+TEST_P(TileChainLieTest, OnACnnWithDropoutADropoutGradientTileIsRuledOnChainByRefereeTile) {
+  UseCnnWithDropout();
+  EXPECT_GT(
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.7.in.grad", 20, 1000}), GetParam(), true),
+      0u);
+}
+
+// A layernorm over the CNN's images' last dimension (runs of 14): a lie at its output (the runs
+// of the tile's rows), at its input gradient, and at a block of its weight gradient's chain over
+// the runs, and a lie at the dropout on those images; each ruled by RefereeTile.
+TEST_P(TileChainLieTest, OnACnnWithAnImageLayerNormItsTileIsRuledOnChainByRefereeTile) {
+  UseCnnWithImageLayerNorm();
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.out", 9, 700}), GetParam(), true),
+            0u);
+}
+
+TEST_P(TileChainLieTest, OnACnnWithAnImageLayerNormItsGradientTileIsRuledOnChainByRefereeTile) {
+  UseCnnWithImageLayerNorm();
+  EXPECT_GT(
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.in.grad", 5, 2000}), GetParam(), true),
+      0u);
+}
+
+TEST_P(TileChainLieTest, OnACnnWithAnImageLayerNormAWeightGradientBlockIsRuledOnChain) {
+  UseCnnWithImageLayerNorm();
+  EXPECT_GT(
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.3.weight.grad", 0, 5, 7}), GetParam(), true),
+      0u);
+}
+
+TEST_P(TileChainLieTest, OnACnnWithAnImageLayerNormADropoutOnTheImagesIsRuledOnChain) {
+  UseCnnWithImageLayerNorm();
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.4.out", 30, 3000}), GetParam(), true),
+            0u);
+}
+
+// An operator still without a footprint (a layernorm over rows of 392, wider than a tile of it is
+// recomputed whole at) ends at the whole step, which the game marks as an operator without tiles;
+// roots do not rule it (it is computed by the step), so the ledger executes the step
+// (RefereeStep), the genesis key refused.
+TEST_P(TileChainLieTest, AnOperatorWithoutAFootprintIsRuledOnChainByTheWholeStep) {
+  UseWideImageLayerNorm();
+  EXPECT_EQ(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.out", 9, 700}), GetParam(), false),
             0u);
 }
 

@@ -102,6 +102,12 @@ struct ForwardOptions {
   uint64_t micro_batch = 0;
 };
 
+// The dropout stream of layer `layer` at step `step`, micro-batch `micro_batch`:
+// (step << 16 | layer) + (micro_batch << 48), the Philox counter's high half of every element of
+// the layer's mask (kernels.h's DropoutForward). The one formula the model's forward and the tile
+// rule's recompute of a dropout tile (tile_rule.h) draw from.
+uint64_t DropoutStream(uint64_t step, uint64_t layer, uint64_t micro_batch);
+
 struct BackwardOptions {
   // d(loss)/d(this batch's mean loss): the kernels scale the logits' gradient by dloss / B. A
   // step of M micro-batches passes MicroBatchLossScale(M) (pipeline.h), so the step's loss is the

@@ -207,12 +207,32 @@
 //                                   gradient's rows whose windows reach the tile's rows, and the
 //                                   forward input's rows of those windows (the argmax, by the
 //                                   forward's first-then-strictly-greater scan); at most 36 KiB
-//                                   on the fashion CNN.
+//                                   on the fashion CNN;
+//   dropout out[r, c], dX[r, c]     the same elements of its input (of the output gradient), and
+//                                   the mask, which is not an input: the recompute draws each
+//                                   element's mask from its position in the micro-batch's tensor
+//                                   (i = r * cols + c), the step's dropout seed (TilePlan::
+//                                   dropout_seed: the ledger's DropoutSeed(task seed, unit
+//                                   stream), never the witness's) and the layer's stream
+//                                   (model.h's DropoutStream(step, layer, micro-batch)), as the
+//                                   whole step's counter-based Philox draw does, element by
+//                                   element (kernels.h): 4 KiB;
+//   layernorm over an image's last dimension W (rows (c, h) of each sample, conv = {W}):
+//     out[r, f], dX[r, f]           the whole runs of W columns the tile's columns fall in, of the
+//                                   tile's rows (of the input; dX also of the output gradient),
+//                                   and the whole weight (and bias) of W: at most 32 x (32 + 2 W
+//                                   - 2) floats an operand, 68 KiB at W = 256 (above it the layer
+//                                   is opaque: not narrowed);
+//     dweight[w], dbias[w]          a chain over the layernorm's rows n = (sample, run) from 0:
+//                                   NARROWED into blocks of max(1, 256 / W) rows (a run of the
+//                                   output gradient and, for dweight, of the input per row: about
+//                                   1 KiB of values an operand, contiguous in the tensor, in at
+//                                   most 16 of its tiles); the partial: the tile's accumulators.
 //
-// Covered today: in sequential models, linear, relu, gelu, conv2d and maxpool2d layers, and
-// layernorm layers over each sample's features (the GPT's layernorm operators on the batch's
-// rows), their outputs and gradients (all of the fashion MLP and of the fashion CNN), with AdamW
-// or SGD, clipped
+// Covered today: in sequential models, linear, relu, gelu, conv2d, maxpool2d and dropout layers,
+// and layernorm layers over each sample's features (the GPT's layernorm operators on the batch's
+// rows) or over an image's last dimension of up to 256, their outputs and gradients (all of the
+// fashion MLP and of the fashion CNN), with AdamW or SGD, clipped
 // or not (a clipped step commits its global gradient norm as the two operators above, between
 // the gradients and the update); in a GPT, the whole forward: the token embeddings (encoded), the
 // linear operators (qkv, attention projection, MLP up and down projections, the tied LM head),
@@ -224,8 +244,9 @@
 // bias gradient, wte's and wpe's, the attention backward (qkv.grad); and the (clipped) update of
 // every parameter: all 275 of the 10M GPT's computed operators. Every other operator is in the
 // plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming why):
-// dropout layers, and layernorm layers over an image's last dimension. The opaque gradients do not
-// keep the norm and the update from being ruled: both read gradients only as agreed inputs. A GPT
+// today only a layernorm layer over an image's last dimension wider than 256 (its rows are not
+// narrowed). The opaque gradients do not keep the norm and the update from being ruled: both read
+// gradients only as agreed inputs. A GPT
 // plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens and y, the targets); the
 // ledger makes the operators reading them opaque for a token task without a data root over its
 // pages (ledger/referee_tile.h, TokenOpsOpaque). PlanStepTiles refuses a layer kind it does not
@@ -299,6 +320,8 @@ enum class TileOpKind : uint8_t {
                              // as above
   kTileOpMaxPoolInputGrad,   // x = dout, w = the pool's input (its windows' argmax; conv: the
                              // forward's)
+  kTileOpDropout,            // out = x * mask (conv: the layer's index, the micro-batch; p)
+  kTileOpDropoutInputGrad,   // dX = 0 + dout * mask: x = dout (conv and p: the forward's)
 };
 
 // What an update operator (kTileOpAdamW, kTileOpSgd) records: the updated parameter (named as
@@ -324,8 +347,14 @@ struct TileOp {
   int64_t x = -1, w = -1, b = -1, v = -1;
   std::string opaque;
   // kTileOpConv: C, H, W, OC, KH, KW, stride, pad (kernels.h's Conv2dForward); the attention
-  // kinds: T, NH, C.
+  // kinds: T, NH, C; the dropout kinds: the layer's index and the micro-batch (its mask's stream,
+  // model.h's DropoutStream); the layernorm kinds of a layer over an image's last dimension: W, the
+  // width of the rows it normalises (runs of W of each sample's columns; empty: the rows are the
+  // tensor's).
   std::vector<int64_t> conv;
+  // The dropout kinds: the layer's drop probability (its mask keeps a draw >= p, scaled by
+  // 1 / (1 - p)).
+  float dropout_p = 0.0f;
   // The global-norm operators: the gradient operators, in parameter order.
   std::vector<int64_t> sources;
   // A clipped update (kTileOpAdamW, kTileOpSgd with optimizer.grad_clip > 0): the step's
@@ -359,6 +388,11 @@ struct TilePlan {
   bool tokens = false;
   int64_t seq_len = 0;
   OptimizerSpec optimizer;
+  // The step's dropout seed (step_replay.h's DropoutSeed(task seed, unit stream)), which a dropout
+  // tile's mask is drawn from. PlanStepTiles leaves it 0: whoever rules or builds a witness sets
+  // it from the task and unit it knows (the ledger: ledger/referee_tile.h's TileContextOf), never
+  // from a witness.
+  uint64_t dropout_seed = 0;
 };
 
 // An update operator's (kTileOpAdamW, kTileOpSgd) operand that holds, in the step's input state,
