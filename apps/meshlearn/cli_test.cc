@@ -193,7 +193,7 @@ std::string PipeTask(const std::string& dir, const std::string& pipeline) {
 // a devnet measures a pipeline's stage nodes against. A devnet spawns it while holding hundreds
 // of MB itself, and wait4's ru_maxrss for the child counts those (the fork copies the parent's
 // pages into the child's count, and exec keeps that peak): the devnet read 758-795 MB there for
-// a child that peaked at 582-596 MB. This test's process plays the devnet.
+// a child that peaked at 610 MB. This test's process plays the devnet.
 TEST(Cli, DilocoReportsItsOwnPeakMemoryNotThatOfTheProcessThatSpawnedIt) {
   if (!std::ifstream("/usr/share/common-licenses/GPL-3").good()) {
     GTEST_SKIP() << "/usr/share/common-licenses/GPL-3 (base-files) not installed";

@@ -1497,7 +1497,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
       // it itself (its report's peak_rss_bytes). In this process the reference shares memory
       // with the devnet's own; and wait4's ru_maxrss for the child would be the larger of its
       // peak and this process's memory at the fork (exec keeps the forked copy's peak): 758-795
-      // MB there, the devnet's, where the child peaks at 582-596 MB.
+      // MB there, the devnet's, where the child peaks at 610 MB.
       say("measuring the whole model on one node (meshlearn diloco as its own process)...");
       const std::string ref_dir = JoinPath(dir, "reference");
       ML_ASSIGN_OR_RETURN(Child c, Spawn("reference", {"diloco", a.task, "--out", ref_dir},
