@@ -7,6 +7,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <set>
@@ -386,6 +387,14 @@ sigset_t BlockSignalsForSigwait(std::initializer_list<int> signals) {
   for (int s : signals) sigaddset(&set, s);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
+}
+
+uint64_t PeakRssBytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
 }
 
 }  // namespace meshlearn::cli

@@ -17,7 +17,9 @@
 #pragma once
 
 #include <signal.h>
+#include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -164,6 +166,12 @@ Result<std::string> ReadPassphrase(const std::string& passphrase_file, bool conf
 // them as a set: a long-running command (chain serve, node run) then waits for them with sigwait
 // in its main thread instead of a signal handler.
 sigset_t BlockSignalsForSigwait(std::initializer_list<int> signals);
+
+// The peak resident memory of live process `pid` (VmHWM of /proc/PID/status: its own address
+// space's peak since it last exec'd), or 0 when it cannot be read. A process measures itself
+// with getpid(): getrusage's ru_maxrss, and wait4's for a child, would also count the memory of
+// the process that forked it (exec keeps the forked address space's peak in ru_maxrss).
+uint64_t PeakRssBytes(pid_t pid);
 
 }  // namespace meshlearn::cli
 

@@ -1,5 +1,6 @@
 // Runs the real `meshlearn` binary and checks its output and exit codes.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -173,6 +174,60 @@ TEST(Cli, TrainReportNamesItsFilesRelativeToItself) {
                                                abs_report["model"].get<std::string>()));
 }
 
+// A small GPT's network task over the GPL's text, with `pipeline` appended to its [network]
+// table, written to DIR/pipe.toml; returns that path.
+std::string PipeTask(const std::string& dir, const std::string& pipeline) {
+  std::ofstream(dir + "/pipe.toml")
+      << "[task]\nname = \"pipe-lm\"\nseed = 3\n"
+         "[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n"
+         "[model]\nkind = \"gpt\"\nn_layer = 3\nn_head = 2\nn_embd = 16\nblock_size = 16\n"
+         "[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n"
+         "[train]\nsteps = 2\nbatch_size = 4\nmicro_batches = 2\neval_batches = 1\n"
+         "[network]\nrounds = 1\nunits_per_round = 2\ninner_steps = 2\nbudget = 100000\n"
+         "price_cap = 100\n"
+      << pipeline;
+  return dir + "/pipe.toml";
+}
+
+// `meshlearn diloco` reports its own peak resident memory (peak_rss_bytes): the single-node figure
+// a devnet measures a pipeline's stage nodes against. A devnet spawns it while holding hundreds
+// of MB itself, and wait4's ru_maxrss for the child counts those (the fork copies the parent's
+// pages into the child's count, and exec keeps that peak): the devnet read 758-795 MB there for
+// a child that peaked at 610 MB. This test's process plays the devnet.
+TEST(Cli, DilocoReportsItsOwnPeakMemoryNotThatOfTheProcessThatSpawnedIt) {
+  if (!std::ifstream("/usr/share/common-licenses/GPL-3").good()) {
+    GTEST_SKIP() << "/usr/share/common-licenses/GPL-3 (base-files) not installed";
+  }
+  const std::string cwd = TempHome();
+  const std::string task = PipeTask(cwd, "stages = 3\n");
+  const std::string out = cwd + "/out";
+  constexpr size_t kHeld = size_t{256} << 20;
+  const std::string held(kHeld, 'x');  // resident: every page written
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("MESHLEARN_HOME", cwd.c_str(), 1);
+    FILE* quiet = freopen("/dev/null", "w", stdout);
+    (void)quiet;
+    dup2(fileno(stdout), fileno(stderr));
+    execl(MESHLEARN_BIN, MESHLEARN_BIN, "diloco", task.c_str(), "--out", out.c_str(), nullptr);
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  ASSERT_EQ(wait4(pid, &status, 0, &ru), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  // What the devnet read before: this process's memory at the fork, not the child's.
+  EXPECT_GE(static_cast<uint64_t>(ru.ru_maxrss) * 1024, uint64_t{held.size()});
+  const json report = json::parse(ReadText(out + "/report.json"), nullptr, false);
+  ASSERT_TRUE(report.is_object()) << ReadText(out + "/report.json");
+  ASSERT_TRUE(report.contains("peak_rss_bytes")) << report.dump();
+  const uint64_t peak = report["peak_rss_bytes"].get<uint64_t>();
+  EXPECT_GT(peak, 0u);
+  // The small GPT's run holds a few tens of MB: far below what its parent held.
+  EXPECT_LT(peak, uint64_t{kHeld}) << report.dump();
+}
+
 // Issue 15: a pipeline task (network.stages > 1) is trained by `meshlearn diloco`, unsplit with
 // its micro-batches (bit-equal to its stages: engine PipelineTest.*, node PipelineDilocoTest.*),
 // which reports the cut; `task submit` checks the cut and takes the task for a chain that
@@ -182,18 +237,7 @@ TEST(Cli, PipelineTasksRunInDilocoAndSubmitChecksTheirCut) {
     GTEST_SKIP() << "/usr/share/common-licenses/GPL-3 (base-files) not installed";
   }
   const std::string cwd = TempHome();
-  auto task = [&](const std::string& pipeline) {
-    std::ofstream(cwd + "/pipe.toml")
-        << "[task]\nname = \"pipe-lm\"\nseed = 3\n"
-           "[data]\nformat = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\n"
-           "[model]\nkind = \"gpt\"\nn_layer = 3\nn_head = 2\nn_embd = 16\nblock_size = 16\n"
-           "[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n"
-           "[train]\nsteps = 2\nbatch_size = 4\nmicro_batches = 2\neval_batches = 1\n"
-           "[network]\nrounds = 1\nunits_per_round = 2\ninner_steps = 2\nbudget = 100000\n"
-           "price_cap = 100\n"
-        << pipeline;
-    return cwd + "/pipe.toml";
-  };
+  auto task = [&](const std::string& pipeline) { return PipeTask(cwd, pipeline); };
   CmdResult d = Meshlearn("--json diloco " + task("stages = 3\n"), cwd, false);
   ASSERT_EQ(d.code, 0) << d.out;
   const json report = json::parse(d.out, nullptr, false);

@@ -28,7 +28,6 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -125,15 +124,6 @@ struct DevnetArgs {
   // memory_bytes): "" for the machine's; bytes, or with a K, M or G suffix (KiB, MiB, GiB).
   std::string memory_limit;
 };
-
-// The peak resident memory (VmHWM) of a live process, or 0 when it cannot be read.
-uint64_t PeakRssBytes(pid_t pid) {
-  std::ifstream f(fmt::format("/proc/{}/status", pid));
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
-  }
-  return 0;
-}
 
 // What a node's pipeline stages did, from its GET /metrics (docs/operators.md, "Metrics").
 struct StageMetrics {
@@ -1503,20 +1493,30 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     (*report)["matches_reference"] = ref.final_hash == weights_hash;
     if (stages > 1) {
       // The single-node figure a stage node's memory is measured against: the same task trained
-      // whole by `meshlearn diloco` in a process of its own (its peak resident memory, from
-      // wait4). In this process the reference shares memory with the devnet's own.
+      // whole by `meshlearn diloco` in a process of its own, its peak resident memory as it reads
+      // it itself (its report's peak_rss_bytes). In this process the reference shares memory
+      // with the devnet's own; and wait4's ru_maxrss for the child would be the larger of its
+      // peak and this process's memory at the fork (exec keeps the forked copy's peak): 758-795
+      // MB there, the devnet's, where the child peaks at 610 MB.
       say("measuring the whole model on one node (meshlearn diloco as its own process)...");
-      ML_ASSIGN_OR_RETURN(
-          Child c, Spawn("reference", {"diloco", a.task, "--out", JoinPath(dir, "reference")},
-                         JoinPath(dir, "logs/reference.log"), home));
+      const std::string ref_dir = JoinPath(dir, "reference");
+      ML_ASSIGN_OR_RETURN(Child c, Spawn("reference", {"diloco", a.task, "--out", ref_dir},
+                                         JoinPath(dir, "logs/reference.log"), home));
       int wstatus = 0;
-      struct rusage ru {};
-      if (wait4(c.pid, &wstatus, 0, &ru) != c.pid || !WIFEXITED(wstatus) ||
+      if (waitpid(c.pid, &wstatus, 0) != c.pid || !WIFEXITED(wstatus) ||
           WEXITSTATUS(wstatus) != 0) {
         return Internal("meshlearn diloco " + a.task + " (the single-node memory figure) failed; " +
                         "see " + JoinPath(dir, "logs/reference.log"));
       }
-      const uint64_t single = static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // Linux: KiB
+      ML_ASSIGN_OR_RETURN(const std::string ref_text,
+                          env->ReadFile(JoinPath(ref_dir, "report.json")));
+      const json ref_report = json::parse(ref_text, nullptr, false);
+      if (!ref_report.is_object() || !ref_report.contains("peak_rss_bytes") ||
+          !ref_report["peak_rss_bytes"].is_number_unsigned()) {
+        return Internal(JoinPath(ref_dir, "report.json") +
+                        ": no peak_rss_bytes (the single-node memory figure)");
+      }
+      const uint64_t single = ref_report["peak_rss_bytes"].get<uint64_t>();
       json& pl = (*report)["pipeline"];
       pl["single_node_peak_rss_bytes"] = single;
       pl["stage_node_peak_fraction"] =

@@ -2,6 +2,8 @@
 // unit of every round in turn, the task's aggregation rule, the outer optimizer — exactly what the
 // network computes. It is the reference a devnet's final model must equal, the baseline for
 // network speed-ups, and a bench for aggregation rules against garbage-sending solvers.
+#include <unistd.h>
+
 #include <cmath>
 #include <iostream>
 
@@ -122,14 +124,21 @@ Status RunDiloco(GlobalOptions& g, const DilocoArgs& a, nlohmann::json* report) 
              {"seconds", seconds},
              {"per_round", rounds},
              {"pipeline", pipeline}};
+  std::string model;
   if (!a.out.empty()) {
     ML_RETURN_IF_ERROR(env->CreateDirs(a.out));
     ML_RETURN_IF_ERROR(trainer->SetFlatParams(r.final_weights));
-    std::string model = JoinPath(a.out, "model.safetensors");
+    model = JoinPath(a.out, "model.safetensors");
     ML_RETURN_IF_ERROR(engine::SaveModel(env, model, trainer->state(),
                                          {{"meshlearn.network", "diloco"},
                                           {"meshlearn.weights_hash", r.final_hash.ToHex()}}));
     (*report)["model"] = model;
+  }
+  // The whole model trained on one node: the figure a devnet measures a pipeline's stage nodes
+  // against (docs/submitters.md, "A stage node's memory"). Read here, by the process itself:
+  // the devnet that spawns it would read its own memory at the fork in wait4's ru_maxrss.
+  (*report)["peak_rss_bytes"] = PeakRssBytes(getpid());
+  if (!model.empty()) {
     ML_RETURN_IF_ERROR(WriteReportFile(JoinPath(a.out, "report.json"), *report, {"model"}));
   }
   return Status::Ok();

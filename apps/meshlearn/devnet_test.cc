@@ -199,6 +199,12 @@ TEST(Devnet, APipelineTaskTrainsOnStageNodesToTheReference) {
   EXPECT_DOUBLE_EQ(p["bubble_fraction_schedule"].get<double>(), 0.5) << "(S-1)/(M+S-1) = 2/4";
   EXPECT_GT(p["bubble_fraction"].get<double>(), 0.0);
   EXPECT_LT(p["bubble_fraction"].get<double>(), 1.0);
+  // The single node's figure is what `meshlearn diloco` read of itself (reference/report.json),
+  // not wait4's ru_maxrss of the child, which counted the devnet's memory at the fork.
+  const json ref = json::parse(ReadText(dir + "/reference/report.json"), nullptr, false);
+  ASSERT_TRUE(ref.is_object()) << ReadText(dir + "/reference/report.json");
+  EXPECT_GT(ref["peak_rss_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(p["single_node_peak_rss_bytes"], ref["peak_rss_bytes"]) << p.dump();
   ExpectNoOrphans(dir);
 }
 

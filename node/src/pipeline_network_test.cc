@@ -425,6 +425,136 @@ TEST(PipelineNetworkTest, AStageNodeThatLeavesMidStepIsReplacedAndTheTaskEndsBit
   LoseAStageNodeMidStep(/*kill=*/false, 19, "pipeline-network-leave");
 }
 
+// A node that offers a memory limit holds one stage at a time (NodeAgent::WaitsForStageUnit,
+// docs/node.md): a check's replay of a stage waits while the node's own stage unit trains, and
+// runs once that unit has ended. Seven verifying agents, each with a limit; replica 1's first
+// stage is held in round 0's step 1 (its first send of the step waits), so that replica's three
+// nodes train (their stages wait on each other) while replica 0's stage units commit and their
+// checks fall to verifiers, among them nodes of replica 1. The hold is released once such a
+// node has let a check wait, or has replayed one. In every node's log, no verdict is reached
+// while the node trains a stage unit, and every check that waited is replayed after the unit
+// ended; the task ends with `meshlearn diloco`'s weights.
+TEST(PipelineNetworkTest, UnderAMemoryLimitAStageCheckWaitsForTheNodesOwnStageUnitThenRuns) {
+  PipelineOracle o;
+  ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
+  testing::SimOptions opt = VerifyingPipelineSimOptions(21, "pipeline-network-one-stage");
+  // The seventh node is the slowest: the first placement leaves it out of both replicas.
+  opt.node_options[6].speed_factor = 0.25;
+  // Any limit: a node that offers one replays a stage only while it trains none (FitsBeside).
+  for (testing::SimNodeOptions& n : opt.node_options) n.memory_limit_bytes = 1ull << 30;
+  std::mutex mu;
+  std::condition_variable cv;
+  int holder = -1;  // the node of replica 1's stage 0, held in round 0's step 1
+  bool released = false;
+  opt.agent_options = [&](int node, AgentOptions& a) {
+    // The send hook sees every tensor a stage sends (nothing is corrupted).
+    a.stage_plane.corrupt_sent = [&, node](const protocol::StageTensorKey& k) {
+      if (k.round != 0 || k.replica != 1 || k.from_stage != 0 || k.step != 1) return false;
+      std::unique_lock<std::mutex> lock(mu);
+      holder = node;
+      cv.wait(lock, [&] { return released; });
+      return false;
+    };
+  };
+  // Each node's log, read in order (the agents log from the test's thread, a tick at a time).
+  struct NodeLog {
+    bool training = false;                   // between a stage unit's "training" line and its end
+    uint64_t units_ended = 0;                // stage units that ended (committed, or failed)
+    std::map<std::string, uint64_t> waited;  // check -> units_ended when its replay waited
+    std::vector<std::string> verdicts_while_training;
+    std::vector<std::string> replayed_before_the_unit_ended;
+    std::set<std::string> verdicts;  // checks this node reached a verdict on
+  };
+  std::map<int, NodeLog> logs;
+  opt.log_sink = [&](int node, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    NodeLog& l = logs[node];
+    if (line.find(" steps with its neighbours") != std::string::npos) l.training = true;
+    if (line.find("(CommitStage)") != std::string::npos ||
+        line.find(" failed (nothing committed)") != std::string::npos) {
+      l.training = false;
+      ++l.units_ended;
+    }
+    if (line.rfind("check ", 0) != 0) return;
+    const std::string check = line.substr(0, line.find(':'));
+    if (line.find("waits for this node's stage unit") != std::string::npos) {
+      l.waited.emplace(check, l.units_ended);
+    }
+    if (line.find(": verdict ") != std::string::npos) {
+      l.verdicts.insert(check);
+      if (l.training) l.verdicts_while_training.push_back(line);
+      const auto w = l.waited.find(check);
+      if (w != l.waited.end() && w->second == l.units_ended) {
+        l.replayed_before_the_unit_ended.push_back(line);
+      }
+    }
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+    cv.notify_all();
+  };
+  // The held node is released whatever happens, before the agents are destroyed (they wait for
+  // their stage threads).
+  struct Releaser {
+    std::function<void()> release;
+    ~Releaser() { release(); }
+  } releaser{release};
+  // Replica 1's nodes: those training while it is held (the holder's neighbours wait on it).
+  auto a_replica_1_node_met_a_check = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    if (holder < 0) return false;
+    for (const auto& [node, l] : logs) {
+      if (l.training && (!l.waited.empty() || !l.verdicts.empty())) return true;
+    }
+    return false;
+  };
+  for (int b = 0; b < 20'000 && !a_replica_1_node_met_a_check(); ++b) {
+    Status stepped = sim.Step();
+    ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(a_replica_1_node_met_a_check()) << "no check fell to a node of the held replica";
+  release();
+  // Every check that waited is replayed once its node's unit has ended (seconds): a check dropped
+  // instead would hold the task until its verdict window closes (a million blocks here).
+  auto waiting = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<std::string> left;
+    for (const auto& [node, l] : logs) {
+      for (const auto& [check, ended] : l.waited) {
+        if (l.verdicts.count(check) == 0) left.push_back(std::to_string(node) + ": " + check);
+      }
+    }
+    return left;
+  };
+  for (int b = 0; b < 1'000 && !waiting().empty(); ++b) {
+    Status stepped = sim.Step();
+    ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(waiting().empty()) << "waited for the node's stage unit and never ran: "
+                                 << ::testing::PrintToString(waiting());
+  ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 4000);
+  Result<GlobalState> final_state = sim.FinalState();
+  ASSERT_TRUE(final_state.ok()) << final_state.status().ToString();
+  EXPECT_EQ(HashFloats(final_state->weights), o.want.final_hash);
+  std::lock_guard<std::mutex> lock(mu);
+  size_t waited = 0;
+  for (const auto& [node, l] : logs) {
+    EXPECT_TRUE(l.verdicts_while_training.empty())
+        << "node " << node << " replayed a check while it trained a stage unit: "
+        << ::testing::PrintToString(l.verdicts_while_training);
+    EXPECT_TRUE(l.replayed_before_the_unit_ended.empty())
+        << "node " << node << ": " << ::testing::PrintToString(l.replayed_before_the_unit_ended);
+    waited += l.waited.size();
+  }
+  EXPECT_GE(waited, 1u) << "no check waited for a stage unit: nothing shown";
+}
+
 // A stage node that cheats on a verifying chain -- the adversary `lazy` (every step's commit claims
 // the state it started from), `noisy` (its stage's weights perturbed after step 1, the perturbed
 // state committed), `wrong_data` (step 1 trained on the wrong input: the first stage on step 2's
