@@ -359,7 +359,7 @@ TEST(Dashboard, ChromiumShowsTheDevnetsNumbersAndTheLazySolversSlash) {
 }
 
 // A pipeline task's dispute on the page: the lazy stage's unit (committed by CommitStage) in the
-// dispute timeline, decided by the ledger's own replay of the stage step (RefereeStageStep).
+// dispute timeline, decided by the ledger's own ruling of the stage step's roots (RefereeTile).
 TEST(Dashboard, ChromiumShowsALazyStagesDisputeDecidedByTheLedgersReplay) {
   if (Chromium().empty()) {
     GTEST_SKIP() << "chromium is not installed (scripts/setup.sh --test installs it)";
@@ -392,7 +392,7 @@ TEST(Dashboard, ChromiumShowsALazyStagesDisputeDecidedByTheLedgersReplay) {
   ASSERT_EQ(DomValue(dom, "task-id"), task_id) << dom.substr(0, 2000);
   EXPECT_EQ(DomValue(dom, "node-" + lazy + "-status"), "jailed");
   EXPECT_EQ(DomValue(dom, "dispute-0-solver"), lazy.substr(0, 10)) << dom;
-  EXPECT_NE(dom.find("replayed the disputed stage step itself (RefereeStageStep at block"),
+  EXPECT_NE(dom.find("ruled the whole step from its operator roots) itself (RefereeTile at block"),
             std::string::npos)
       << dom;
   const size_t timeline = dom.find("data-k=\"disputes\"");

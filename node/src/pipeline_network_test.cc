@@ -561,15 +561,16 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitAStageCheckWaitsForTheNodesOwnStageUn
 // batch, a later stage on micro-batches 0 and 1's activations swapped), `wrong_result` (honest
 // steps, the negated delta committed: the verifier's result check proves it, no dispute), or one
 // that computes its part honestly and sends corrupted activations of micro-batch 0 -- the verifier
-// drawn for its stage unit replays a step from what it serves and claims the mismatch, the referee
-// replays the same step and rules against it, the ledger slashes it alone (no honest stage node is
+// drawn for its stage unit replays a step from what it serves and claims the mismatch with the task
+// bundle, both parties play the game over the stage's plan from their traces of the step, the
+// ledger rules it by RefereeTile against the stage and slashes it alone (no honest stage node is
 // slashed; its neighbours, which used what it sent, replay clean), the round runs again without it,
 // and the task ends with `meshlearn diloco`'s weights, bit for bit, every unit's work paid to an
 // honest node.
 struct CheatingStage {
   const char* name;
   std::function<void(AgentOptions&)> cheat;
-  // Caught by a stage step's replay and a dispute the ledger rules (RefereeStageStep); else
+  // Caught by a stage step's replay and a dispute the ledger rules (RefereeTile); else
   // (wrong_result: every step replays clean) by the verifier's result check and a ProveResult.
   bool disputed = true;
 };
@@ -636,9 +637,11 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
     }
     EXPECT_GE(stage_only_replays, 1u) << "no node verified without aggregating: nothing shown";
   }
-  // The ledger ruled the stage's step itself from a whole-step witness (RefereeStageStep; the
-  // genesis key's RuleDispute is refused for a stage that fits one): the referee service sent
-  // that, never a RuleDispute.
+  // The verifier's mismatch carried the task bundle (a GPT stage), so the game narrowed the stage's
+  // step to a tile, an input operator or the agreed chain end of its plan, and the ledger ruled it
+  // itself by RefereeTile (a tile's footprint, or the committed commit's roots; the genesis key's
+  // RuleDispute and a whole step's RefereeStageStep are refused for it): the referee service sent
+  // that, never a RuleDispute, and a party posted it too.
   ASSERT_NE(sim.referee(), nullptr);
   const std::vector<RefereeRecord> rulings = sim.referee()->rulings();
   if (!GetParam().disputed) {
@@ -653,14 +656,18 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
     EXPECT_EQ(sim.agent(kCheater)->stats().results_proven, 0u);
   }
   ASSERT_GE(rulings.size(), GetParam().disputed ? 1u : 0u);
+  uint64_t party_witnesses = 0;
+  for (int i = 0; i < 7; ++i) party_witnesses += sim.agent(i)->stats().tile_witnesses;
+  EXPECT_GE(party_witnesses, GetParam().disputed ? 1u : 0u);
   for (const RefereeRecord& r : rulings) {
-    EXPECT_EQ(r.tx_type, "RefereeStageStep") << r.ruling.reason;
+    EXPECT_EQ(r.tx_type, "RefereeTile") << r.ruling.reason;
+    EXPECT_TRUE(r.ruling.tile) << r.ruling.reason;
     EXPECT_GT(r.ruling.witness_bytes, 0u);
-    EXPECT_LE(r.ruling.witness_bytes, ledger::kMaxWitnessBytes);
+    EXPECT_LE(r.ruling.witness_bytes, ledger::kMaxTileWitnessBytes);
     EXPECT_EQ(r.ruling.output == r.dispute.task.challenger_output, true) << r.ruling.reason;
-    std::printf("%s: ruling by %s, witness %llu bytes (%s)\n", GetParam().name, r.tx_type.c_str(),
-                static_cast<unsigned long long>(r.ruling.witness_bytes),
-                r.ok ? "executed" : ("refused: " + r.error).c_str());
+    std::printf("%s: ruling by %s, witness %llu bytes (%s): %s\n", GetParam().name,
+                r.tx_type.c_str(), static_cast<unsigned long long>(r.ruling.witness_bytes),
+                r.ok ? "executed" : ("refused: " + r.error).c_str(), r.ruling.reason.c_str());
   }
   const std::string cheater_id = sim.node_key(kCheater).public_key().ToHex();
   for (const json& u : task["units"]) {

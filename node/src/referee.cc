@@ -27,8 +27,8 @@ namespace {
 // The chain's view of the disputed unit for the tile phase (ledger::TileContextOf), from the task
 // bundle this service loaded.
 Result<ledger::TileRuleContext> DisputeTileContext(const RefereeDispute& d,
-                                               const std::string& bundle_text,
-                                               const ledger::TaskParams& params) {
+                                                   const std::string& bundle_text,
+                                                   const ledger::TaskParams& params) {
   ledger::TaskRecord record;
   record.id = d.task_id;
   record.spec_hash = d.spec_hash;
@@ -39,6 +39,26 @@ Result<ledger::TileRuleContext> DisputeTileContext(const RefereeDispute& d,
   unit.round = d.round;
   unit.shard = d.shard;
   return ledger::TileContextOf(record, unit, bundle_text, "tile witness");
+}
+
+// Whose output the ledger's `output` for tile or roots task `task` is ("the defender's output",
+// ...), and `*ruled` the ruling in the task's own terms (RuleDisputeTx::output, a report's "for"):
+// `output`, or for an operator of the input (kRootsOperator, whose output is a C_j) the state
+// claim of the party whose C_j the roots give.
+std::string TileRulingSide(const protocol::RefereeTask& task, const Hash256& output,
+                           Hash256* ruled) {
+  const bool by_operator = task.roots == protocol::RefereeRoots::kRootsOperator;
+  const Hash256& d_out = by_operator ? task.defender_operator_output : task.defender_output;
+  const Hash256& c_out = by_operator ? task.challenger_operator_output : task.challenger_output;
+  *ruled = output;
+  if (by_operator) {
+    *ruled = output == d_out   ? task.defender_output
+             : output == c_out ? task.challenger_output
+                               : output;
+  }
+  return output == d_out   ? "the defender's output"
+         : output == c_out ? "the challenger's output"
+                           : "neither output (both lose)";
 }
 
 }  // namespace
@@ -308,7 +328,7 @@ struct RefereeService::TaskTrainer {
   LoadedBundle bundle;
   std::unique_ptr<engine::Trainer> trainer;
   TaskFacts facts;
-  std::unique_ptr<engine::DataTree> tree;  // built for the first step witness
+  std::unique_ptr<engine::DataTree> tree;        // built for the first step witness
   std::unique_ptr<engine::TokenPageTree> pages;  // a token task's, for the first tile witness
   uint64_t last_use = 0;
 };
@@ -430,9 +450,9 @@ Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeD
   const uint32_t stages = net.stages;
   // A stage unit's check has one segment per step (protocol::StageCheckLeaves): the dispute is
   // about step task.step - 1 of the stage, whose committed leaf is the defender's output.
-  if (!d.task.whole_step || d.task.step == 0) {
+  if ((!d.task.whole_step && !d.task.tile) || d.task.step == 0) {
     return InvalidArgument("referee: the dispute on stage unit " + std::to_string(d.index) +
-                           " is not about one whole step");
+                           " is not about one whole step or a tile of one");
   }
   if (options_.transport == nullptr) {
     return FailedPrecondition("referee: no transport to fetch the stage's evidence from");
@@ -458,7 +478,11 @@ Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeD
                      .chain = std::move(*chain),
                      .transport = options_.transport,
                      .endpoint = node->endpoint};
-  ML_ASSIGN_OR_RETURN(StageStepCheck c, CheckStageStep(in, d.task.step - 1, d.task.defender_output));
+  if (d.task.tile || d.task.roots != protocol::RefereeRoots::kRootsNone) {
+    return ComputeStageTile(d, t, info, in);
+  }
+  ML_ASSIGN_OR_RETURN(StageStepCheck c,
+                      CheckStageStep(in, d.task.step - 1, d.task.defender_output));
   RefereeRuling r;
   r.output = c.leaf;
   r.true_output = c.leaf;
@@ -482,6 +506,51 @@ Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeD
   }
   ledger::RuleDisputeTx tx{.task_id = d.task_id, .index = d.index, .output = r.output};
   return Computed{.ruling = std::move(r), .tx = tx};
+}
+
+Result<RefereeService::Computed> RefereeService::ComputeStageTile(const RefereeDispute& d,
+                                                                  TaskTrainer* t,
+                                                                  const TaskInfo& info,
+                                                                  const StageCheckInput& in) {
+  // The game played the tile phase over the stage's plan (its mismatch carried the bundle): the
+  // ledger rules the tile, or the roots against the stage's committed commit, for any stage size.
+  ML_ASSIGN_OR_RETURN(ledger::TileRuleContext ctx,
+                      DisputeTileContext(d, t->bundle_text, info.params));
+  ML_ASSIGN_OR_RETURN(TracedStageStep traced, TraceStageStep(in, d.task.step - 1));
+  ML_ASSIGN_OR_RETURN(ledger::RefereeTileTx tx,
+                      BuildStageTileTx(ctx, d.task, traced, t->trainer->data(), d.task_id, d.index,
+                                       t->bundle_text, &t->pages, &t->tree));
+  // The output the ledger will compute from it (its own rules, on this copy of the task).
+  Result<Hash256> output = Hash256{};
+  if (d.task.tile) {
+    ML_ASSIGN_OR_RETURN(ledger::TileWitness w, ledger::DecodeTileWitness(tx.witness.bytes));
+    output = ledger::RuleTile(ctx, d.task, w);
+  } else {
+    ML_ASSIGN_OR_RETURN(ledger::StageRootsWitness w,
+                        ledger::DecodeStageRootsWitness(tx.witness.bytes));
+    output =
+        ledger::RuleStageRoots(ctx, d.task, d.task_id, ledger::StageSlotOf(info.params, d.index),
+                               info.params.stages, in.chain, w);
+  }
+  if (!output.ok()) return output.status().WithPrefix("referee: the stage's witness");
+  RefereeRuling r;
+  r.input_true = true;
+  r.ledger_executes = true;
+  r.tile = true;
+  r.witness_bytes = tx.witness.bytes.size();
+  const std::string side = TileRulingSide(d.task, *output, &r.output);
+  r.true_output = r.output;
+  r.reason = (d.task.tile ? "tile " + std::to_string(d.task.tile_index) + " of " +
+                                ctx.plan.ops.at(d.task.operator_index - 1).name + " (block " +
+                                std::to_string(d.task.block) + ")"
+              : d.task.roots == protocol::RefereeRoots::kRootsChainEnd
+                  ? std::string("the agreed chain end")
+                  : "input operator " + std::to_string(d.task.operator_index) + " (" +
+                        ctx.plan.ops.at(d.task.operator_index - 1).name + ")") +
+             " of stage step " + std::to_string(d.task.step - 1) + " for the ledger to rule (" +
+             (d.task.tile ? "a tile's witness" : "the committed commit and roots") + ", " +
+             std::to_string(r.witness_bytes) + " bytes): " + side;
+  return Computed{.ruling = std::move(r), .tx = std::move(tx)};
 }
 
 Result<RefereeService::Computed> RefereeService::ComputeStepWitness(const RefereeDispute& d,
@@ -532,10 +601,10 @@ Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
   // A tile task names the step's input state (C_0) as state_input; a whole step ruled from
   // roots as its input.
   const bool roots = !d.task.tile;
-  ML_ASSIGN_OR_RETURN(TracedStep traced,
-                      TraceDisputedStep(t->trainer.get(), global, work,
-                                        static_cast<int64_t>(d.task.step),
-                                        roots ? d.task.input : d.task.state_input, start));
+  ML_ASSIGN_OR_RETURN(
+      TracedStep traced,
+      TraceDisputedStep(t->trainer.get(), global, work, static_cast<int64_t>(d.task.step),
+                        roots ? d.task.input : d.task.state_input, start));
   const engine::ClassificationData* train = nullptr;
   if (!t->trainer->data().tokens) {
     if (t->tree == nullptr) t->tree = std::make_unique<engine::DataTree>(t->trainer->data().train);
@@ -547,18 +616,17 @@ Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
                       ledger::BuildTileWitness(ctx, d.task, *traced.trace, traced.batch, train,
                                                t->tree.get(), t->pages.get()));
   // The output the ledger will compute from it (its own rule, on this copy of the task).
-  ML_ASSIGN_OR_RETURN(Hash256 output, roots ? ledger::RuleRoots(ctx, d.task, w)
-                                            : ledger::RuleTile(ctx, d.task, w));
+  ML_ASSIGN_OR_RETURN(Hash256 output,
+                      roots ? ledger::RuleRoots(ctx, d.task, w) : ledger::RuleTile(ctx, d.task, w));
   ledger::RefereeTileTx tx{.task_id = d.task_id, .index = d.index};
   tx.bundle.text = t->bundle_text;
   tx.witness.bytes = ledger::EncodeTileWitness(w);
   if (tx.witness.bytes.size() > ledger::kMaxTileWitnessBytes) {
-    return FailedPrecondition("the witness of " +
-                              (roots ? std::string("roots")
-                                     : "tile " + std::to_string(d.task.tile_index)) +
-                              " is " +
-                              std::to_string(tx.witness.bytes.size()) + " bytes, over " +
-                              std::to_string(ledger::kMaxTileWitnessBytes));
+    return FailedPrecondition(
+        "the witness of " +
+        (roots ? std::string("roots") : "tile " + std::to_string(d.task.tile_index)) + " is " +
+        std::to_string(tx.witness.bytes.size()) + " bytes, over " +
+        std::to_string(ledger::kMaxTileWitnessBytes));
   }
   RefereeRuling r;
   r.output = output;
@@ -569,28 +637,16 @@ Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
   r.tile = true;
   r.witness_bytes = tx.witness.bytes.size();
   const bool by_operator = d.task.roots == protocol::RefereeRoots::kRootsOperator;
-  const Hash256& d_out = by_operator ? d.task.defender_operator_output : d.task.defender_output;
-  const Hash256& c_out =
-      by_operator ? d.task.challenger_operator_output : d.task.challenger_output;
-  const std::string side = output == d_out   ? "the defender's output"
-                           : output == c_out ? "the challenger's output"
-                                             : "neither output (both lose)";
-  if (by_operator) {
-    // The ruling in the referee task's own terms (RuleDisputeTx::output, a report's "for"): the
-    // state claim of the party whose C_j the roots give.
-    r.output = output == d_out   ? d.task.defender_output
-               : output == c_out ? d.task.challenger_output
-                                 : output;
-  }
+  const std::string side = TileRulingSide(d.task, output, &r.output);
   if (roots) {
-    r.reason = std::string(by_operator ? "operator " + std::to_string(d.task.operator_index) +
-                                             " (" +
-                                             ctx.plan.ops.at(d.task.operator_index - 1).name +
-                                             ", the step's input state)"
-                                       : "the state after the agreed operator outputs") +
-               " of step " + std::to_string(d.task.step) +
-               " for the ledger to rule from roots (witness of " +
-               std::to_string(r.witness_bytes) + " bytes): " + side;
+    r.reason =
+        std::string(by_operator ? "operator " + std::to_string(d.task.operator_index) + " (" +
+                                      ctx.plan.ops.at(d.task.operator_index - 1).name +
+                                      ", the step's input state)"
+                                : "the state after the agreed operator outputs") +
+        " of step " + std::to_string(d.task.step) +
+        " for the ledger to rule from roots (witness of " + std::to_string(r.witness_bytes) +
+        " bytes): " + side;
     return Computed{.ruling = std::move(r), .tx = std::move(tx)};
   }
   const std::string& op = ctx.plan.ops.at(d.task.operator_index - 1).name;
@@ -648,9 +704,8 @@ Result<RefereeRuling> RefereeService::ComputeSegment(const RefereeDispute& d, Ta
         "a tolerance-mode dispute needs the defender's checkpoints; this "
         "referee has no transport (RefereeOptions::transport)");
   }
-  const protocol::ToleranceParams tolerance{
-      .max_rel_l2_ppm = params.tolerance_rel_l2_ppm,
-      .max_cosine_gap_ppb = params.tolerance_cosine_gap_ppb};
+  const protocol::ToleranceParams tolerance{.max_rel_l2_ppm = params.tolerance_rel_l2_ppm,
+                                            .max_cosine_gap_ppb = params.tolerance_cosine_gap_ppb};
   const int64_t step = static_cast<int64_t>(d.task.step);
   // The defender's end state: its checkpoint at `step`, or at step H its committed delta.
   DefenderEndState shown;

@@ -15,13 +15,35 @@ engine::Batch StageStepBatch(const StageCheckInput& in, uint64_t step) {
       .BatchForStep(static_cast<int64_t>(step));
 }
 
+namespace {
+
+StageStepRef RefOf(const StageCheckInput& in, uint64_t step) {
+  return {.task = in.task_id,
+          .round = in.round,
+          .replica = in.replica,
+          .stage = in.stage,
+          .step = step};
+}
+
+// Step ref.step's batch: drawn beforehand (StageCheckInput::batches), or now from the data.
+Result<engine::Batch> BatchOfStep(const StageCheckInput& in, const StageStepRef& ref) {
+  if (in.batches != nullptr) {
+    const auto it = in.batches->find(ref.step);
+    if (it != in.batches->end()) return it->second;
+  }
+  if (in.data == nullptr) {
+    return FailedPrecondition(ref.ToString() +
+                              ": its batch was not drawn and the task's data is "
+                              "not given (StageCheckInput::batches, data)");
+  }
+  return StageStepBatch(in, ref.step);
+}
+
+}  // namespace
+
 Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
                                       const Hash256& committed_leaf, StageStepEnd* end) {
-  const StageStepRef ref{.task = in.task_id,
-                         .round = in.round,
-                         .replica = in.replica,
-                         .stage = in.stage,
-                         .step = step};
+  const StageStepRef ref = RefOf(in, step);
   auto unserved = [&](const std::string& why) {
     StageStepCheck out;
     out.leaf = StageUnservedLeaf(committed_leaf);
@@ -45,18 +67,7 @@ Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
     return InvalidArgument(ref.ToString() + ": the step is outside the unit's " +
                            std::to_string(work.inner_steps) + " steps");
   }
-  // Step `step`'s batch: drawn beforehand, or now from the data.
-  const engine::Batch* drawn = nullptr;
-  if (in.batches != nullptr) {
-    const auto it = in.batches->find(step);
-    if (it != in.batches->end()) drawn = &it->second;
-  }
-  if (drawn == nullptr && in.data == nullptr) {
-    return FailedPrecondition(ref.ToString() +
-                              ": its batch was not drawn and the task's data is "
-                              "not given (StageCheckInput::batches, data)");
-  }
-  const engine::Batch batch = drawn != nullptr ? *drawn : StageStepBatch(in, step);
+  ML_ASSIGN_OR_RETURN(const engine::Batch batch, BatchOfStep(in, ref));
   ML_ASSIGN_OR_RETURN(ledger::StageReplaySetup setup,
                       ledger::StageReplaySetupOf(task, *in.net, work.lr_scale, in.chain));
   // The stage's state at the step's start, loaded as it is fetched: one that does not load is
@@ -83,11 +94,7 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                                                     uint64_t step, const Hash256& committed_leaf,
                                                     std::unique_ptr<engine::TokenPageTree>* pages,
                                                     std::unique_ptr<engine::DataTree>* tree) {
-  const StageStepRef ref{.task = in.task_id,
-                         .round = in.round,
-                         .replica = in.replica,
-                         .stage = in.stage,
-                         .step = step};
+  const StageStepRef ref = RefOf(in, step);
   Result<StageStepEvidence> ev = FetchStageStepEvidence(in.transport, in.endpoint, ref);
   if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) {
     return FailedPrecondition(ref.ToString() +
@@ -116,6 +123,84 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                           pages->get(), data.tokens ? nullptr : &data.train, tree->get()));
   return ledger::RefereeStageStepTx{
       .task_id = in.task_id, .index = index, .witness = {ledger::EncodeStageStepWitness(w)}};
+}
+
+Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step) {
+  const StageStepRef ref = RefOf(in, step);
+  Result<StageStepEvidence> ev = FetchStageStepEvidence(in.transport, in.endpoint, ref);
+  if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) {
+    return FailedPrecondition(ref.ToString() +
+                              ": the stage node serves no evidence for the step; nothing to "
+                              "trace: " +
+                              ev.status().message());
+  }
+  if (!ev.ok()) return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
+  const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
+  ML_ASSIGN_OR_RETURN(engine::Batch batch, BatchOfStep(in, ref));
+  ML_ASSIGN_OR_RETURN(ledger::StageReplaySetup setup,
+                      ledger::StageReplaySetupOf(*in.task, *in.net, work.lr_scale, in.chain));
+  Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
+  if (!start.ok()) {
+    return FailedPrecondition(
+        ref.ToString() +
+        ": its checkpoint does not load; nothing to trace: " + start.status().message());
+  }
+  TracedStageStep out;
+  out.seed = start->seed;
+  out.stream = start->stream;
+  out.trace = std::make_shared<engine::OpTrace>();
+  out.trace->set_keep_values(true);  // a tile's witness reads its footprint's values
+  Result<ledger::StageReplayResult> r = ledger::ReplayStageStep(
+      setup, std::move(*start), ev->commit, ev->blobs, batch,
+      engine::DropoutSeed(in.task->seed, work.stream), nullptr, out.trace.get());
+  if (!r.ok()) return r.status().WithPrefix(ref.ToString() + ": tracing it");
+  out.commit = std::move(ev->commit);
+  out.batch = std::move(batch);
+  return out;
+}
+
+Result<ledger::RefereeTileTx> BuildStageTileTx(
+    const ledger::TileRuleContext& ctx, const protocol::RefereeTask& task,
+    const TracedStageStep& traced, const engine::TaskData& data, const protocol::TaskId& task_id,
+    uint32_t index, const std::string& bundle, std::unique_ptr<engine::TokenPageTree>* pages,
+    std::unique_ptr<engine::DataTree>* tree) {
+  Bytes witness;
+  if (task.tile) {
+    // The footprint's examples or token pages, proven against the task's data root.
+    const engine::ClassificationData* train = nullptr;
+    if (data.tokens) {
+      if (*pages == nullptr) {
+        *pages = std::make_unique<engine::TokenPageTree>(data.train_tokens.tokens);
+      }
+    } else {
+      if (*tree == nullptr) *tree = std::make_unique<engine::DataTree>(data.train);
+      train = &data.train;
+    }
+    ML_ASSIGN_OR_RETURN(ledger::TileWitness w,
+                        ledger::BuildTileWitness(ctx, task, *traced.trace, traced.batch, train,
+                                                 tree->get(), pages->get()));
+    witness = ledger::EncodeTileWitness(w);
+  } else {
+    // The roots are ruled against the stage's committed commit: the served one must be it.
+    if (protocol::StageStepLeaf(traced.commit) != task.defender_output) {
+      return FailedPrecondition("the served commit of step " + std::to_string(traced.commit.step) +
+                                " is not the committed step leaf " +
+                                task.defender_output.ShortHex() +
+                                "; the ledger would refuse its roots witness");
+    }
+    ML_ASSIGN_OR_RETURN(ledger::StageRootsWitness w,
+                        ledger::BuildStageRootsWitness(ctx, task, *traced.trace, traced.commit,
+                                                       traced.seed, traced.stream));
+    witness = ledger::EncodeStageRootsWitness(w);
+  }
+  if (witness.size() > ledger::kMaxTileWitnessBytes) {
+    return FailedPrecondition("the stage's " +
+                              std::string(task.tile ? "tile witness" : "roots witness") + " is " +
+                              std::to_string(witness.size()) + " bytes, over " +
+                              std::to_string(ledger::kMaxTileWitnessBytes));
+  }
+  return ledger::RefereeTileTx{
+      .task_id = task_id, .index = index, .bundle = {bundle}, .witness = {std::move(witness)}};
 }
 
 Result<std::vector<protocol::NodeId>> ReplicaRunChain(const std::vector<UnitRecord>& units,

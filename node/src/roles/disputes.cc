@@ -69,7 +69,9 @@ Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c) 
   // Not loaded: as before, no bundle (the ledger refuses the mismatch if it needs one).
   if (!loaded.ok()) return std::string();
   const TaskContext* ctx = *loaded;
-  if (ctx->bundle.net.stages > 1) return std::string();  // a stage step: ruled whole
+  // A GPT stage's step is played to a tile over its stage's plan (TileContextOf plans it); a
+  // sequential model's stage has no plan, so its mismatch carries none and its step is ruled
+  // whole (RefereeStageStep).
   std::string bundle;
   if (!ledger::DisputeNeedsBundle(ctx->info.params)) {
     return TileContextFor(node, c, &bundle, /*to_open=*/true).ok() ? bundle : std::string();
@@ -277,6 +279,19 @@ Status Disputes::RunTrace(const CheckAssignment& c) {
   Result<ledger::TileRuleContext> tc = TileContextFor(*node_, c, &entry.bundle, false);
   if (!tc.ok()) return give_up(tc.status().message());
   entry.ctx = std::move(*tc);
+  ML_ASSIGN_OR_RETURN(TaskContext * task, node_->GetTask(c.task_id));
+  if (task->bundle.net.stages > 1) {
+    // A pipeline stage's step: traced from what the stage node serves, no range replayed.
+    Status traced = TraceStage(c, task, step, &entry);
+    if (traced.code() == StatusCode::kFailedPrecondition) return give_up(traced.message());
+    ML_RETURN_IF_ERROR(traced);
+    traces_[key] = std::move(entry);
+    node_->Log(CheckName(c) + ": stage dispute at step " + std::to_string(step - 1) +
+               ": traced it from the stage's served evidence (" +
+               std::to_string(traces_[key].step.trace->size()) + " operators)");
+    PostTileMove(c);
+    return Status::Ok();
+  }
   // The state the step starts from, as this node holds it: its own replay of the range.
   if (StateOf(c) != RangeState::kReplayed) ML_RETURN_IF_ERROR(RunReplay(c));
   const std::vector<Hash256>& hashes = hashes_.at(JournalPath(c));
@@ -376,6 +391,7 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
   const TraceEntry& e = traces_.at(key);
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
   ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
+  if (e.stage.has_value()) return PostStageTile(c, e, *data, action);
   const engine::ClassificationData* train = nullptr;
   if (!data->tokens) {
     if (!ctx->data_tree) ctx->data_tree = std::make_unique<engine::DataTree>(data->train);
@@ -383,9 +399,8 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
   } else if (!ctx->token_pages) {
     ctx->token_pages = std::make_unique<engine::TokenPageTree>(data->train_tokens.tokens);
   }
-  Result<ledger::TileWitness> w =
-      ledger::BuildTileWitness(e.ctx, t, *e.step.trace, e.step.batch, train, ctx->data_tree.get(),
-                               ctx->token_pages.get());
+  Result<ledger::TileWitness> w = ledger::BuildTileWitness(
+      e.ctx, t, *e.step.trace, e.step.batch, train, ctx->data_tree.get(), ctx->token_pages.get());
   if (!w.ok()) return give_up(w.status().message());
   Bytes witness = ledger::EncodeTileWitness(*w);
   if (witness.size() > ledger::kMaxTileWitnessBytes) {
@@ -400,14 +415,48 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
   } else {
     node_->Log(CheckName(c) + ": the dispute narrowed to tile " + std::to_string(t.tile_index) +
                " of operator " + std::to_string(t.operator_index) + " (" +
-               e.ctx.plan.ops.at(t.operator_index - 1).name + ", block " +
-               std::to_string(t.block) + ") of step " + std::to_string(t.step) +
-               "; posting its witness (RefereeTile, " + std::to_string(bytes) + " bytes)");
+               e.ctx.plan.ops.at(t.operator_index - 1).name + ", block " + std::to_string(t.block) +
+               ") of step " + std::to_string(t.step) + "; posting its witness (RefereeTile, " +
+               std::to_string(bytes) + " bytes)");
   }
   if (outbox_->Send(action, ledger::RefereeTileTx{.task_id = c.task_id,
                                                   .index = c.index,
                                                   .bundle = {e.bundle},
                                                   .witness = {std::move(witness)}})) {
+    ++node_->stats().tile_witnesses;
+    node_->stats().tile_witness_bytes =
+        std::max<uint64_t>(node_->stats().tile_witness_bytes, bytes);
+  }
+  return Status::Ok();
+}
+
+Status Disputes::PostStageTile(const CheckAssignment& c, const TraceEntry& e,
+                               const engine::TaskData& data, const VerifyAction& action) {
+  const protocol::RefereeTask& t = c.dispute->referee;
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
+  Result<ledger::RefereeTileTx> tx = BuildStageTileTx(e.ctx, t, *e.stage, data, c.task_id, c.index,
+                                                      e.bundle, &ctx->token_pages, &ctx->data_tree);
+  if (!tx.ok()) {
+    if (!outbox_->Failed(action)) {
+      node_->Log(CheckName(c) + ": no witness for the stage's step " +
+                 std::to_string(e.stage->commit.step) + ": " + tx.status().message());
+    }
+    outbox_->GiveUp(action);
+    return Status::Ok();
+  }
+  const size_t bytes = tx->witness.bytes.size();
+  node_->Log(CheckName(c) + ": the stage dispute ended at " +
+             (t.tile ? "tile " + std::to_string(t.tile_index) + " of operator " +
+                           std::to_string(t.operator_index) + " (" +
+                           e.ctx.plan.ops.at(t.operator_index - 1).name + ", block " +
+                           std::to_string(t.block) + ")"
+                     : std::string(t.roots == protocol::RefereeRoots::kRootsChainEnd
+                                       ? "the agreed chain end"
+                                       : "input operator " + std::to_string(t.operator_index))) +
+             " of stage step " + std::to_string(e.stage->commit.step) +
+             "; posting its witness (RefereeTile, " + std::to_string(bytes) + " bytes" +
+             (t.tile ? "" : " of the committed commit and roots") + ")");
+  if (outbox_->Send(action, std::move(*tx))) {
     ++node_->stats().tile_witnesses;
     node_->stats().tile_witness_bytes =
         std::max<uint64_t>(node_->stats().tile_witness_bytes, bytes);
@@ -432,6 +481,48 @@ DisputeStart Disputes::StartOf(const CheckAssignment& c) const {
   return from;
 }
 
+Result<StageCheckInput> Disputes::StageInputOf(const CheckAssignment& c, TaskContext* ctx,
+                                               std::shared_ptr<const engine::TaskData>* data) {
+  const uint32_t stages = ctx->bundle.net.stages;
+  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node_->chain(), c.task_id, /*units=*/true));
+  // The chain of the disputed run (the check's placement), as the ledger rules it.
+  Result<std::vector<protocol::NodeId>> chain =
+      ReplicaRunChain(info.units, stages, c.index, c.assignment_beacon);
+  if (!chain.ok()) return chain.status().WithPrefix(CheckName(c));
+  // The step's batch and its proof come from the data (kept while the page tree or data tree
+  // built from it is); the whole model is never built.
+  ML_ASSIGN_OR_RETURN(*data, ctx->Data());
+  return StageCheckInput{.task = &ctx->task,
+                         .data = data->get(),
+                         .net = &ctx->bundle.net,
+                         .facts = &ctx->facts,
+                         .task_id = c.task_id,
+                         .round = c.round,
+                         .replica = c.shard / stages,
+                         .stage = c.shard % stages,
+                         .chain = std::move(*chain),
+                         .transport = node_->deps().transport,
+                         .endpoint = c.solver_endpoint};
+}
+
+Status Disputes::TraceStage(const CheckAssignment& c, TaskContext* ctx, uint64_t step,
+                            TraceEntry* entry) {
+  // A stage unit's check has one leaf per step after its start (protocol::StageCheckLeaves): the
+  // game's step s is the stage's step s - 1.
+  if (step == 0) return FailedPrecondition("the game's step 0 is the stage's start, not a step");
+  std::shared_ptr<const engine::TaskData> data;
+  ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
+  ML_ASSIGN_OR_RETURN(TracedStageStep traced, TraceStageStep(in, step - 1));
+  // Both parties answer from the stage's served step, whoever defends: a cheating stage's lie is
+  // in what it committed and served, which its own trace shows as the verifier's does.
+  entry->step = TracedStep{.step = static_cast<int64_t>(step),
+                           .input = c.dispute->agreed,
+                           .trace = traced.trace,
+                           .batch = traced.batch};
+  entry->stage = std::move(traced);
+  return Status::Ok();
+}
+
 Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
                                      const VerifyAction& action) {
   const DisputeView& d = *c.dispute;
@@ -441,26 +532,8 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
   }
   if (!d.has_referee || !d.referee.whole_step || d.referee.step == 0) return Status::Ok();
   ML_ASSIGN_OR_RETURN(Bytes bundle, node_->FetchBlob(ctx->info.spec_hash, {}, ""));
-  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node_->chain(), c.task_id, /*units=*/true));
-  const uint32_t replica = c.shard / stages;
-  // The chain of the disputed run (the check's placement), as the ledger rules it.
-  Result<std::vector<protocol::NodeId>> chain =
-      ReplicaRunChain(info.units, stages, c.index, c.assignment_beacon);
-  if (!chain.ok()) return chain.status().WithPrefix(CheckName(c));
-  // The step's batch and its proof come from the data (kept while the page tree or data tree
-  // built from it is); the whole model is never built.
-  ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
-  StageCheckInput in{.task = &ctx->task,
-                     .data = data.get(),
-                     .net = &ctx->bundle.net,
-                     .facts = &ctx->facts,
-                     .task_id = c.task_id,
-                     .round = c.round,
-                     .replica = replica,
-                     .stage = c.shard % stages,
-                     .chain = std::move(*chain),
-                     .transport = node_->deps().transport,
-                     .endpoint = c.solver_endpoint};
+  std::shared_ptr<const engine::TaskData> data;
+  ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
   Result<ledger::RefereeStageStepTx> tx =
       BuildStageStepTx(in, std::string(AsStringView(bundle)), c.index, d.referee.step - 1,
                        d.referee.defender_output, &ctx->token_pages, &ctx->data_tree);
@@ -489,7 +562,10 @@ Status Disputes::RunStepWitness(const CheckAssignment& c) {
     const std::string key = TraceKey(c, d.referee.step);
     if (!traces_.count(key)) ML_RETURN_IF_ERROR(RunTrace(c));
     auto it = traces_.find(key);
-    if (it != traces_.end() && ledger::RulesFromRoots(it->second.ctx.plan, d.referee)) {
+    // A stage step's roots task: its input operators (received or of the state) and its chain
+    // end are all ruled from the committed commit's roots (ledger::RuleStageRoots).
+    if (it != traces_.end() &&
+        (it->second.stage.has_value() || ledger::RulesFromRoots(it->second.ctx.plan, d.referee))) {
       return RunTileWitness(c);
     }
   }
@@ -529,9 +605,9 @@ Status Disputes::RunStepWitness(const CheckAssignment& c) {
   node_->Log(CheckName(c) + ": the dispute narrowed to step " + std::to_string(d.referee.step) +
              "; posting its witness (RefereeStep, " + std::to_string(witness.size()) +
              " bytes): the ledger computes " + w->output.ShortHex());
-  outbox_->Send(action, ledger::RefereeStepTx{.task_id = c.task_id,
-                                              .index = c.index,
-                                              .witness = {std::move(witness)}});
+  outbox_->Send(action,
+                ledger::RefereeStepTx{
+                    .task_id = c.task_id, .index = c.index, .witness = {std::move(witness)}});
   return Status::Ok();
 }
 

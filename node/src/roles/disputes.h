@@ -15,6 +15,12 @@
 //     again after a restart), each query answered from it (ledger::AnswerTileQuery) by
 //     DisputePost or DisputeChildren; at the referee, one tile: the party that is not cheating
 //     posts the tile's witness (RefereeTile, ledger::BuildTileWitness), once
+//   a pipeline stage's step (a GPT stage's mismatch with the bundle: one step, opened at the
+//     operator phase): the same moves, from the step traced from what the stage node serves
+//     (node/stage_check.h TraceStageStep: its commit, its checkpoint, the tensors it received),
+//     by the stage node and its verifier alike; at the referee, RefereeTile with a tile's witness
+//     or, for an input operator or the agreed chain end, a StageRootsWitness of the served
+//     commit (BuildStageTileTx)
 //
 // The replay starts from a state this node trusts at the range's start: its own checkpoint as
 // the defender, the solver's checkpoint its verdict or challenge started from as the challenger,
@@ -22,10 +28,13 @@
 #pragma once
 
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "meshlearn/ledger/referee_tile.h"
+#include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/step_witness.h"
 #include "node_context.h"
 #include "verify_job.h"
@@ -59,10 +68,32 @@ class Disputes {
   void Forget(const std::string& dir);
 
  private:
+  // The disputed step as this node claims it (a cheating defender: its own update),
+  // with the chain's view of the tile phase it was answered in.
+  struct TraceEntry {
+    TracedStep step;
+    ledger::TileRuleContext ctx;
+    std::string bundle;
+    // A pipeline stage's step: the trace and batch in `step` are these, and a roots task is
+    // ruled against this served commit (node/stage_check.h BuildStageTileTx).
+    std::optional<TracedStageStep> stage;
+  };
   // Phases 2-4: the move for the current query, from the traced step.
   void PostTileMove(const CheckAssignment& c);
   // The referee stage at one tile: the witness (RefereeTile).
   Status RunTileWitness(const CheckAssignment& c);
+  // A pipeline stage's disputed step (the tile phase over the stage's plan) traced from what the
+  // stage node serves, into `entry` (its trace, batch and served commit). FailedPrecondition when
+  // nothing can be traced (the caller gives up); fetch errors as they come (tried again).
+  Status TraceStage(const CheckAssignment& c, TaskContext* ctx, uint64_t step, TraceEntry* entry);
+  // The referee stage of a stage dispute: RefereeTile from the traced step `e` (a tile's
+  // witness, or the served commit's roots), sent once under `action`.
+  Status PostStageTile(const CheckAssignment& c, const TraceEntry& e, const engine::TaskData& data,
+                       const VerifyAction& action);
+  // What a stage unit's step is judged from (node/stage_check.h): the task, its data (kept alive
+  // in `*data`), the disputed run's chain and the stage node's endpoint.
+  Result<StageCheckInput> StageInputOf(const CheckAssignment& c, TaskContext* ctx,
+                                       std::shared_ptr<const engine::TaskData>* data);
   // The key of the disputed step's trace in traces_.
   std::string TraceKey(const CheckAssignment& c, uint64_t step) const;
   // Where the agreed state of the dispute can come from (node/step_witness.h).
@@ -76,13 +107,7 @@ class Disputes {
   VerifyOutbox* outbox_;
   // journal path -> state hashes after every step of the disputed range.
   std::map<std::string, std::vector<Hash256>> hashes_;
-  // TraceKey -> the disputed step as this node claims it (a cheating defender: its own update),
-  // with the chain's view of the tile phase it was answered in.
-  struct TraceEntry {
-    TracedStep step;
-    ledger::TileRuleContext ctx;
-    std::string bundle;
-  };
+  // TraceKey -> the traced step.
   std::map<std::string, TraceEntry> traces_;
 };
 
@@ -97,7 +122,8 @@ Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAss
 // The bundle field of a mismatch on check `c` (RevealVerdict, ChallengeUnit): the task bundle
 // whenever the ledger requires it (ledger::DisputeNeedsBundle: a token task with a data root over
 // its pages, whatever AgentOptions::tile_disputes says) or the tile phase serves the task
-// (TileContextFor, to_open); else "" (whole steps; a stage unit's step). An error only when the
+// (TileContextFor, to_open: a GPT stage unit's too, over its stage's plan); else "" (whole steps;
+// a sequential model's stage unit's step). An error only when the
 // ledger requires the bundle and this node cannot send it (not fetched, over the field's bound):
 // the mismatch would be refused without it.
 Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c);

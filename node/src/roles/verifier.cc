@@ -111,9 +111,8 @@ Status Verifier::RunVerdict(const CheckAssignment& c) {
       .finding = f.Record(),
       .verdict = static_cast<uint32_t>(verdict),
       .salt = salt,
-      .commitment = protocol::VerdictCommitment(verdict, salt, node_->id(),
-                                                protocol::UnitId{c.task_id, c.round, c.shard},
-                                                evidence)};
+      .commitment = protocol::VerdictCommitment(
+          verdict, salt, node_->id(), protocol::UnitId{c.task_id, c.round, c.shard}, evidence)};
   ML_RETURN_IF_ERROR(journal::WriteJournal(node_->env(), JournalPath(c), v));
   std::string segs;
   for (uint32_t s : c.segments) segs += (segs.empty() ? "" : ",") + std::to_string(s);
@@ -161,7 +160,7 @@ void Verifier::RevealVerdict(const CheckAssignment& c) {
     }
     tx.claim = std::move(*claim);
     // The task bundle, when the ledger requires it or can narrow the dispute to one tile (ruled
-    // by RefereeTile; never a stage unit's: its step is ruled whole).
+    // by RefereeTile; a GPT stage unit's too, over its stage's plan).
     Result<std::string> bundle = MismatchBundle(*node_, c);
     if (!bundle.ok()) {  // the reveal would be refused without it: try again next poll
       node_->Log(CheckName(c) + ": cannot reveal the mismatch yet: " + bundle.status().message());
@@ -212,8 +211,10 @@ void ProveResult(NodeContext& node, VerifyOutbox& outbox, const CheckAssignment&
                    std::to_string(ledger::kMaxWitnessBytes) + " a transaction may carry");
   }
   node.Log(CheckName(c) + ": result of unit " + std::to_string(c.index) + " (" +
-           c.result_hash.ShortHex() + ") is not the delta of its committed final state: proving "
-           "it (ProveResult, " + std::to_string(witness.size()) + "-byte witness)");
+           c.result_hash.ShortHex() +
+           ") is not the delta of its committed final state: proving "
+           "it (ProveResult, " +
+           std::to_string(witness.size()) + "-byte witness)");
   if (outbox.Send(action, ledger::ProveResultTx{.task_id = c.task_id,
                                                 .index = c.index,
                                                 .node_id = node.id(),

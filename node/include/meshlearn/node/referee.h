@@ -87,6 +87,7 @@
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/transport.h"
 #include "meshlearn/node/chain_client.h"
+#include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/dispute.h"
@@ -249,10 +250,14 @@ class RefereeService {
   Result<Computed> Compute(const RefereeDispute& d);
   // A stage unit's step (a pipeline task): CheckStageStep from what the stage node serves.
   Result<Computed> ComputeStageStep(const RefereeDispute& d, TaskTrainer* t);
+  // A stage dispute that played the tile phase (its mismatch carried the bundle), at a tile or a
+  // roots task: RefereeTile from the step traced from what the stage node serves
+  // (node/stage_check.h TraceStageStep, BuildStageTileTx), whatever the stage's size.
+  Result<Computed> ComputeStageTile(const RefereeDispute& d, TaskTrainer* t, const TaskInfo& info,
+                                    const StageCheckInput& in);
   Result<RefereeRuling> ComputeSegment(const RefereeDispute& d, TaskTrainer* t,
                                        const ledger::TaskParams& params,
-                                       std::span<const float> global,
-                                       const UnitWork& work);
+                                       std::span<const float> global, const UnitWork& work);
   Result<Computed> ComputeStepWitness(const RefereeDispute& d, TaskTrainer* t,
                                       std::span<const float> global, const UnitWork& work);
   // One tile (a dispute with the tile phase): the step traced, the tile's witness (RefereeTile).

@@ -37,8 +37,10 @@
 
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/transport.h"
@@ -96,6 +98,43 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                                                     uint64_t step, const Hash256& committed_leaf,
                                                     std::unique_ptr<engine::TokenPageTree>* pages,
                                                     std::unique_ptr<engine::DataTree>* tree);
+
+// ---- A stage dispute's tile phase (issue 16; ledger/stage_referee.h, "A stage step's tile phase
+// on chain").
+//
+// A GPT stage's mismatch that carries the task bundle plays the operator and tile phases over the
+// stage's plan (ledger::TileContextOf: PlanStageStepTiles). Every party -- the stage node
+// defending, the verifier challenging, a referee service -- answers from the same traced replay
+// of the disputed step, from what the stage node serves (its commit, its checkpoint of the step's
+// start, the tensors it received): the inputs CheckStageStep judges the step from.
+
+// The disputed stage step replayed with its operator trace (every operator of the stage's plan;
+// a sent tensor that differs from its record is a finding and the step runs on).
+struct TracedStageStep {
+  protocol::StageStepCommit commit;  // as the stage node serves it
+  std::shared_ptr<engine::OpTrace> trace;
+  engine::Batch batch;
+  uint64_t seed = 0;    // the stage state's seed and stream, as its checkpoint holds them (a roots
+  uint64_t stream = 0;  // witness carries them: the state hashes commit to them)
+};
+
+// Stage step `step` traced from what the stage node at in.endpoint serves. FailedPrecondition
+// when it serves no evidence for the step or its checkpoint does not load (nothing to trace);
+// fetch errors as they come.
+Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step);
+
+// The RefereeTile that rules referee task `task` of the dispute on stage unit `index` of task
+// `task_id`, from `traced`: a tile's footprint witness (ledger::BuildTileWitness; the batch's
+// token pages or examples proven in `data`, their tree built in `*pages` or `*tree` on first use),
+// or, for a roots task, a ledger::StageRootsWitness of the served commit, which must be the
+// committed one (task.defender_output; else FailedPrecondition: the ledger would refuse it).
+// `bundle` is the task bundle's text. FailedPrecondition also for a witness over
+// ledger::kMaxTileWitnessBytes.
+Result<ledger::RefereeTileTx> BuildStageTileTx(
+    const ledger::TileRuleContext& ctx, const protocol::RefereeTask& task,
+    const TracedStageStep& traced, const engine::TaskData& data, const protocol::TaskId& task_id,
+    uint32_t index, const std::string& bundle, std::unique_ptr<engine::TokenPageTree>* pages,
+    std::unique_ptr<engine::DataTree>* tree);
 
 // The nodes that ran the run of stage unit `index` placed with `beacon`, stage by stage, from
 // get_task's units: ledger::ReplicaRunChain, the derivation the ledger rules a stage dispute
