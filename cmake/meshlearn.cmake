@@ -11,7 +11,7 @@ endfunction()
 
 # meshlearn_test(NAME name SOURCES ... DEPS ... [LABELS label] [TIMEOUT s]
 #                [SLOW_TESTS pattern...] [LONG_TESTS pattern...] [SLOW_TIMEOUT s] [LONG_TIMEOUT s]
-#                [SERIAL] [COST s])
+#                [SERIAL] [COST s] [ONE_PROCESS pattern...])
 # A GoogleTest binary; each TEST becomes its own CTest entry, labelled LABELS (default "unit").
 # Tests run with the source tree as working directory so they can find fixtures by relative path.
 # SLOW_TESTS and LONG_TESTS name the binary's tests (gtest patterns: `Suite.Name`, `Suite.*`) that
@@ -25,9 +25,14 @@ endfunction()
 # COST: about how many seconds each of the binary's tests takes (process-level tests: devnets).
 # `ctest -j` starts the costliest tests first, so their waits overlap with the short tests instead
 # of trailing alone at the end of the run.
+# ONE_PROCESS: gtest patterns (`A*:B*` for several) whose tests run as one CTest entry, in one
+# process, named after the pattern, with the binary's label (its slow and long tests left out), or
+# with the label "slow" or "long" where SLOW_TESTS or LONG_TESTS name the same pattern. For tests
+# that build the same model and train the same honest run, which a process keeps for the next
+# test: as CTest entries of their own, every process paid for it again.
 function(meshlearn_test)
   cmake_parse_arguments(ARG "SERIAL" "NAME;TIMEOUT;SLOW_TIMEOUT;LONG_TIMEOUT;COST"
-                        "SOURCES;DEPS;LABELS;SLOW_TESTS;LONG_TESTS" ${ARGN})
+                        "SOURCES;DEPS;LABELS;SLOW_TESTS;LONG_TESTS;ONE_PROCESS" ${ARGN})
   if(NOT MESHLEARN_BUILD_TESTS)
     return()
   endif()
@@ -56,13 +61,13 @@ function(meshlearn_test)
   if(NOT labels)
     set(labels unit)
   endif()
-  # The slow and long tests are discovered on their own, with their label and timeout; the rest
-  # are discovered with them filtered out.
+  # The slow and long tests are registered on their own (discovered, or one entry for a
+  # ONE_PROCESS pattern), with their label and timeout; then the ONE_PROCESS entries of the
+  # binary's label; the rest are discovered with all of those filtered out.
   set(singled_out "")
   foreach(kind slow long)
     string(TOUPPER ${kind} KIND)
     if(ARG_${KIND}_TESTS)
-      list(JOIN ARG_${KIND}_TESTS ":" filter)
       set(timeout ${ARG_${KIND}_TIMEOUT})
       if(NOT timeout)
         set(timeout ${ARG_TIMEOUT})
@@ -71,8 +76,36 @@ function(meshlearn_test)
       if(kind STREQUAL "long")
         set(serial TRUE)
       endif()
-      _meshlearn_discover(${ARG_NAME} ${kind} ${timeout} "${filter}" ${serial} ${ARG_COST})
+      set(discovered "")
+      foreach(pattern ${ARG_${KIND}_TESTS})
+        if(pattern IN_LIST ARG_ONE_PROCESS)
+          _meshlearn_one_process(${ARG_NAME} "${pattern}" "" ${kind} ${timeout} ${serial}
+                                 ${ARG_COST})
+        else()
+          list(APPEND discovered ${pattern})
+        endif()
+      endforeach()
+      if(discovered)
+        list(JOIN discovered ":" filter)
+        _meshlearn_discover(${ARG_NAME} ${kind} ${timeout} "${filter}" ${serial} ${ARG_COST})
+      endif()
       list(APPEND singled_out ${ARG_${KIND}_TESTS})
+    endif()
+  endforeach()
+  set(not_here "")
+  if(singled_out)
+    list(JOIN singled_out ":" not_here)
+    set(not_here "-${not_here}")
+  endif()
+  set(serial FALSE)
+  if(ARG_SERIAL AND labels STREQUAL "slow")
+    set(serial TRUE)
+  endif()
+  foreach(pattern ${ARG_ONE_PROCESS})
+    if(NOT pattern IN_LIST ARG_SLOW_TESTS AND NOT pattern IN_LIST ARG_LONG_TESTS)
+      _meshlearn_one_process(${ARG_NAME} "${pattern}" "${not_here}" "${labels}" ${ARG_TIMEOUT}
+                             ${serial} ${ARG_COST})
+      list(APPEND singled_out ${pattern})
     endif()
   endforeach()
   set(rest "")
@@ -80,11 +113,16 @@ function(meshlearn_test)
     list(JOIN singled_out ":" rest)
     set(rest "-${rest}")
   endif()
-  set(serial FALSE)
-  if(ARG_SERIAL AND labels STREQUAL "slow")
-    set(serial TRUE)
-  endif()
   _meshlearn_discover(${ARG_NAME} "${labels}" ${ARG_TIMEOUT} "${rest}" ${serial} ${ARG_COST})
+endfunction()
+
+# Registers the tests of `target` that match the gtest `pattern` (less those `not_here` names: a
+# gtest negative filter) as one CTest entry, named `pattern`, that runs them in one process.
+function(_meshlearn_one_process target pattern not_here label timeout serial cost)
+  add_test(NAME "${pattern}" COMMAND ${target} "--gtest_filter=${pattern}${not_here}"
+           WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties("${pattern}" PROPERTIES LABELS "${label}" TIMEOUT ${timeout}
+                                               RUN_SERIAL ${serial} COST ${cost})
 endfunction()
 
 # Registers the tests of `target` that match the gtest `filter` (all when empty) with one label
