@@ -250,6 +250,17 @@ bool DisputeNeedsBundle(const TaskParams& p) {
          p.tolerance_rel_l2_ppm == 0 && p.tolerance_cosine_gap_ppb == 0;
 }
 
+bool UnservedStageClaim(const TaskParams& p, const MismatchClaimField& claim) {
+  return IsPipelineTask(p) && claim.replayed_end == StageUnservedLeaf(claim.solver_end);
+}
+
+bool MismatchNeedsBundle(const TaskParams& p, uint32_t index, const MismatchClaimField& claim) {
+  if (!IsPipelineTask(p)) return DisputeNeedsBundle(p);
+  return p.data_page_tokens != 0 && !p.data_root.IsZero() && p.tolerance_rel_l2_ppm == 0 &&
+         p.tolerance_cosine_gap_ppb == 0 && !LedgerRulesStageStep(p, StageSlotOf(p, index).stage) &&
+         !UnservedStageClaim(p, claim);
+}
+
 Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
                                       const std::string& bundle, const std::string& where) {
   if (t.params.tolerance_rel_l2_ppm != 0 || t.params.tolerance_cosine_gap_ppb != 0) {

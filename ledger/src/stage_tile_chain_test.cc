@@ -99,10 +99,11 @@ class StageTileChainTest : public PipelineRulingTest {
     return std::move(*ctx);
   }
 
-  // The stages commit `leaves`, the round aggregates, and the verifier's mismatch on stage
-  // kCheat's step kLieStep (claiming `claim`) is revealed with the task bundle: the dispute opens
-  // with the tile phase.
-  void DisputeWithBundle(const std::vector<std::vector<Hash256>>& leaves, const Hash256& claim) {
+  // The stages commit `leaves`, the round aggregates, and the verifier seals its verdicts: a
+  // mismatch on stage kCheat's step kLieStep (claiming `claim`), the other stages clean. Returns
+  // them at the reveal.
+  std::vector<Sealed> SealMismatch(const std::vector<std::vector<Hash256>>& leaves,
+                                   const Hash256& claim) {
     std::vector<Transaction> txs;
     for (uint32_t st = 0; st < kStages; ++st) txs.push_back(Q(alice_, Commit(st, leaves[st])));
     StepOk(txs);
@@ -116,20 +117,32 @@ class StageTileChainTest : public PipelineRulingTest {
     }
     StepOk(txs);
     StepUntil(0, CheckStage::kCheckRevealVerdicts);
-    txs.clear();
+    return verdicts;
+  }
+  Transaction RevealTx(uint32_t i, const Sealed& v, std::string bundle) {
+    return Q(alice_, RevealVerdictTx{.task_id = task_id_,
+                                     .index = i,
+                                     .node_id = verifier_.public_key(),
+                                     .verdict = static_cast<uint8_t>(v.verdict),
+                                     .salt = v.salt,
+                                     .claim = v.claim,
+                                     .bundle = {std::move(bundle)}});
+  }
+  // Every verdict revealed, the mismatch with `bundle`, and the stages' secrets.
+  void RevealAll(const std::vector<Sealed>& verdicts, const std::string& bundle) {
+    std::vector<Transaction> txs;
     for (uint32_t i = 0; i < kStages; ++i) {
-      const Sealed& v = verdicts[i];
-      txs.push_back(Q(alice_, RevealVerdictTx{.task_id = task_id_,
-                                              .index = i,
-                                              .node_id = verifier_.public_key(),
-                                              .verdict = static_cast<uint8_t>(v.verdict),
-                                              .salt = v.salt,
-                                              .claim = v.claim,
-                                              .bundle = {i == kCheat ? bundle_ : std::string()}}));
+      txs.push_back(RevealTx(i, verdicts[i], i == kCheat ? bundle : std::string()));
       txs.push_back(SecretTx(i));
     }
     StepOk(txs);
     StepUntil(kCheat, CheckStage::kCheckDisputed);
+  }
+
+  // The verifier's mismatch on stage kCheat's step kLieStep (claiming `claim`) is revealed with
+  // the task bundle: the dispute opens with the tile phase.
+  void DisputeWithBundle(const std::vector<std::vector<Hash256>>& leaves, const Hash256& claim) {
+    RevealAll(SealMismatch(leaves, claim), bundle_);
     const protocol::DisputeGame& g = *Check(kCheat).dispute();
     ASSERT_FALSE(g.config().operator_tiles.empty()) << "the stage's dispute plays the tile phase";
     ASSERT_EQ(g.config().num_operators, Context().plan.ops.size());
@@ -469,6 +482,37 @@ TEST_F(StageTileChainTest, AStageSilentInTheTilePhaseLoses) {
   ASSERT_NO_FATAL_FAILURE(Play(liar, honest, DisputeParty::kDefender));
   ExpectLoser(true, stage_node);
 }
+
+// Over the stage witness bound only the tile phase rules a GPT stage without the genesis key, so
+// a mismatch without the task bundle is refused (MismatchNeedsBundle), and one with it plays the
+// tile phase. A claim that the stage served nothing for the step is the exception: the verifier
+// has nothing to trace the step from, so that claim is refused with the bundle and opens a dispute
+// over the whole step without it (UnservedStageClaim).
+class StageBundleTest : public StageTileChainTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(StageBundleTest, OverTheStageBoundAMismatchCarriesTheBundleButAnUnservedClaimDoesNot) {
+  const bool unserved = GetParam();
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly([](TaskParams& p) {
+    p.stage_memory_bytes = {8u << 20, 8u << 20, 8u << 20};
+  });
+  ASSERT_FALSE(LedgerRulesStageStep(Task().params, kCheat));
+  const Hash256 claim =
+      unserved ? StageUnservedLeaf(leaves[kCheat][kLieStep]) : Blake2b("the verifier's finding");
+  const std::vector<Sealed> verdicts = SealMismatch(leaves, claim);
+  std::vector<Receipt> refused =
+      Step({RevealTx(kCheat, verdicts[kCheat], unserved ? bundle_ : std::string())});
+  EXPECT_FALSE(refused[0].ok);
+  EXPECT_NE(refused[0].reason.find(unserved ? "send no bundle" : "bundle is empty"),
+            std::string::npos)
+      << refused[0].reason;
+  ASSERT_NO_FATAL_FAILURE(RevealAll(verdicts, unserved ? std::string() : bundle_));
+  EXPECT_EQ(Check(kCheat).dispute()->config().operator_tiles.empty(), unserved);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachClaim, StageBundleTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("Unserved") : std::string("AFinding");
+                         });
 
 // Every tensor a stage sends is the output of the operator StageSentOperator names, tiled as the
 // operator's output (its record's tiled root is that operator's root), and an honest step's

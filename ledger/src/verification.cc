@@ -641,12 +641,13 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
 
 // A mismatch's `bundle` (RevealVerdict, ChallengeUnit): the step's tile plan from it, set on the
 // check so that the dispute it opens narrows to one tile. Nothing for an empty bundle, except that
-// a token task's mismatch must carry it (DisputeNeedsBundle): without it only the genesis key
-// could rule the whole step its dispute would end at.
+// a token task's mismatch must carry it (MismatchNeedsBundle): without it the genesis key could
+// rule the whole step its dispute would end at. A stage's claim that it served nothing must not:
+// the challenger could not trace the step to answer the tile phase (UnservedStageClaim).
 Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleField& bundle,
-                        UnitCheck& c, std::string_view what) {
+                        const MismatchClaimField& claim, UnitCheck& c, std::string_view what) {
   const TaskRecord* t = s.tasks.Find(u.task_id);
-  const bool needed = DisputeNeedsBundle(t->params);
+  const bool needed = MismatchNeedsBundle(t->params, u.index, claim);
   if (bundle.text.empty()) {
     if (!needed) return Status::Ok();
     return InvalidArgument(
@@ -655,6 +656,12 @@ Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleFie
         " (a data root over its pages), whose whole steps only the tile phase rules without the "
         "genesis key; send the task's bundle (the blob whose id is its spec_hash " +
         t->spec_hash.ShortHex() + ") with the mismatch");
+  }
+  if (UnservedStageClaim(t->params, claim)) {
+    return InvalidArgument(std::string(what) + ": unit " + std::to_string(u.index) +
+                           " is a stage the claim says served nothing for the step (its "
+                           "replayed_end is the unserved leaf of its solver_end): that dispute "
+                           "is played over the whole step; send no bundle");
   }
   // A stage unit's: its stage's plan (a GPT's; a sequential model's stages have none, so their
   // mismatch is refused with a bundle and their disputes stay whole: RefereeStageStep).
@@ -705,7 +712,7 @@ Status ExecuteRevealVerdict(ExecContext& ctx, const RevealVerdictTx& tx) {
         "leave it empty with a clean verdict");
   }
   if (verdict == protocol::Verdict::kVerdictMismatch) {  // only a mismatch opens a dispute
-    ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, c, kWhat));
+    ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, tx.claim, c, kWhat));
   }
   protocol::MismatchClaim claim = ClaimOf(tx.claim);
   ML_RETURN_IF_ERROR(c.OnVerdictRevealed(
@@ -799,7 +806,7 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
                               " is final; a challenge must come before its window closes");
   }
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
-  ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, c, kWhat));
+  ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, tx.claim, c, kWhat));
   ML_RETURN_IF_ERROR(c.OnChallenge(tx.node_id, ClaimOf(tx.claim), ctx.height));
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
   // DriveChecks keeps one hold per unsettled check.
@@ -1252,10 +1259,11 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               "itself; send RefereeStep with the step's witness");
   }
   // Left to the genesis key: tolerance mode (a segment), a task without a data root, a stage over
-  // the stage witness bound, and a token task whose plan the tile phase does not serve (its
-  // mismatch carried the bundle, DisputeNeedsBundle, so a whole-step game of a token task with a
-  // data root means TileContextOf refused the task's own bundle: no such plan today, since
-  // micro-batched steps are planned too).
+  // the stage witness bound played over whole steps (a sequential model's stage, or a GPT stage
+  // claimed to have served nothing: UnservedStageClaim), and a token task whose plan the tile
+  // phase does not serve (its mismatch carried the bundle, MismatchNeedsBundle, so a whole-step
+  // game of a token task with a data root means TileContextOf refused the task's own bundle: no
+  // such plan today, since micro-batched steps are planned too).
   if (game->referee_task().segment) {
     if (tx.tolerance_verdict != 1 && tx.tolerance_verdict != 2) {
       return InvalidArgument("rule dispute: unit " + std::to_string(tx.index) +

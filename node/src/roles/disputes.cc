@@ -64,16 +64,19 @@ Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAss
   return ledger::TileContextOf(t, u, *bundle, CheckName(c) + ": tile phase");
 }
 
-Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c) {
+Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c,
+                                   const ledger::MismatchClaimField& claim) {
   Result<TaskContext*> loaded = node.GetTask(c.task_id);
   // Not loaded: as before, no bundle (the ledger refuses the mismatch if it needs one).
   if (!loaded.ok()) return std::string();
   const TaskContext* ctx = *loaded;
+  // A stage that served nothing: this node could not trace the step to answer a tile phase.
+  if (ledger::UnservedStageClaim(ctx->info.params, claim)) return std::string();
   // A GPT stage's step is played to a tile over its stage's plan (TileContextOf plans it); a
   // sequential model's stage has no plan, so its mismatch carries none and its step is ruled
   // whole (RefereeStageStep).
   std::string bundle;
-  if (!ledger::DisputeNeedsBundle(ctx->info.params)) {
+  if (!ledger::MismatchNeedsBundle(ctx->info.params, c.index, claim)) {
     return TileContextFor(node, c, &bundle, /*to_open=*/true).ok() ? bundle : std::string();
   }
   ML_ASSIGN_OR_RETURN(Bytes text, node.FetchBlob(ctx->info.spec_hash, {}, ""));

@@ -119,13 +119,14 @@ class Disputes {
 Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAssignment& c,
                                                std::string* bundle, bool to_open);
 
-// The bundle field of a mismatch on check `c` (RevealVerdict, ChallengeUnit): the task bundle
-// whenever the ledger requires it (ledger::DisputeNeedsBundle: a token task with a data root over
-// its pages, whatever AgentOptions::tile_disputes says) or the tile phase serves the task
-// (TileContextFor, to_open: a GPT stage unit's too, over its stage's plan); else "" (whole steps;
-// a sequential model's stage unit's step). An error only when the
-// ledger requires the bundle and this node cannot send it (not fetched, over the field's bound):
-// the mismatch would be refused without it.
-Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c);
+// The bundle field of a mismatch `claim` on check `c` (RevealVerdict, ChallengeUnit): the task
+// bundle whenever the ledger requires it (ledger::MismatchNeedsBundle: a token task with a data
+// root over its pages, a GPT pipeline stage's included, whatever AgentOptions::tile_disputes says)
+// or the tile phase serves the task (TileContextFor, to_open); else "" (whole steps; a sequential
+// model's stage unit's step; a stage's claim that it served nothing, ledger::UnservedStageClaim).
+// An error only when the ledger requires the bundle and this node cannot send it (not fetched,
+// over the field's bound): the mismatch would be refused without it.
+Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c,
+                                   const ledger::MismatchClaimField& claim);
 
 }  // namespace meshlearn::node

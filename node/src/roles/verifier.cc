@@ -161,7 +161,7 @@ void Verifier::RevealVerdict(const CheckAssignment& c) {
     tx.claim = std::move(*claim);
     // The task bundle, when the ledger requires it or can narrow the dispute to one tile (ruled
     // by RefereeTile; a GPT stage unit's too, over its stage's plan).
-    Result<std::string> bundle = MismatchBundle(*node_, c);
+    Result<std::string> bundle = MismatchBundle(*node_, c, tx.claim);
     if (!bundle.ok()) {  // the reveal would be refused without it: try again next poll
       node_->Log(CheckName(c) + ": cannot reveal the mismatch yet: " + bundle.status().message());
       return;

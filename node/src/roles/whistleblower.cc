@@ -66,7 +66,7 @@ Status Whistleblower::Run(const CheckAssignment& c) {
   ML_RETURN_IF_ERROR(journal::WriteJournal(node_->env(), JoinPath(dir, "challenge.json"), record));
   ML_ASSIGN_OR_RETURN(ledger::MismatchClaimField claim, ClaimOf(record.finding));
   // The task bundle, when the ledger requires it or can narrow the dispute to one tile.
-  Result<std::string> bundle = MismatchBundle(*node_, c);
+  Result<std::string> bundle = MismatchBundle(*node_, c, claim);
   if (!bundle.ok()) return bundle.status().WithPrefix(CheckName(c) + ": challenge");
   node_->Log(CheckName(c) + ": whistleblower: segment " + std::to_string(f.segment) +
              " of solver " + c.solver.ShortHex() + " replays to " + f.replayed_end.ShortHex() +

@@ -33,8 +33,8 @@ namespace meshlearn::ledger {
 // model, the unit's inner optimizer, the batch size) and what draws and proves its batches.
 struct TileRuleContext {
   engine::TilePlan plan;
-  uint64_t seed = 0;    // the task's seed
-  uint64_t stream = 0;  // the unit's stream
+  uint64_t seed = 0;          // the task's seed
+  uint64_t stream = 0;        // the unit's stream
   uint64_t num_examples = 0;  // a token task: the train stream's tokens
   // The Merkle root over the examples (engine::DataTree), or over a token task's pages
   // (engine::TokenPageTree; plan.tokens).
@@ -126,15 +126,31 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& task, const WorkUnit& un
 
 // Whether a mismatch (RevealVerdict) or a challenge (ChallengeUnit) that opens a dispute on a
 // unit of a task with these params must carry the task bundle: an exact-mode token task with a
-// data root over its pages (params.data_page_tokens), not trained in pipeline stages. The ledger
-// does not execute such a task's whole step (RefereeStep reads examples), so a dispute played
-// over whole steps could only be ruled by the genesis key; with the bundle it plays the operator
-// and tile phases and ends at a tile (RuleTile) or at a whole step ruled from roots (RuleRoots).
-// The ledger refuses the transaction without it; every node sends it (node/roles/disputes.h,
-// MismatchBundle). A bundle TileContextOf refuses with FailedPrecondition (a plan the tile phase
-// does not serve: none among today's models, micro-batched steps included) still opens the
-// dispute, over whole steps.
+// data root over its pages (params.data_page_tokens), not trained in pipeline stages (their rule
+// is MismatchNeedsBundle's). The ledger does not execute such a task's whole step (RefereeStep
+// reads examples), so a dispute played over whole steps could only be ruled by the genesis key;
+// with the bundle it plays the operator and tile phases and ends at a tile (RuleTile) or at a
+// whole step ruled from roots (RuleRoots). The ledger refuses the transaction without it; every
+// node sends it (node/roles/disputes.h, MismatchBundle). A bundle TileContextOf refuses with
+// FailedPrecondition (a plan the tile phase does not serve: none among today's models,
+// micro-batched steps included) still opens the dispute, over whole steps.
 bool DisputeNeedsBundle(const TaskParams& params);
+
+// A stage unit's claim that the stage served nothing for the step (the `unserved` finding: the
+// claim's replayed_end is StageUnservedLeaf of its solver_end). Its dispute is played over the
+// whole step: the tile phase needs both parties to trace the step from the stage's served
+// evidence, and the challenger has none, so it could not answer. A stage that does serve its step
+// posts its whole-step witness (RefereeStageStep) and wins; one that does not loses by the
+// referee's deadline (RuleUnpostedStageStep), within kMaxStageWitnessMemory.
+bool UnservedStageClaim(const TaskParams& params, const MismatchClaimField& claim);
+
+// Whether the mismatch or challenge `claim` on unit `index` must carry the bundle. A unit of a
+// task that is not a pipeline's: DisputeNeedsBundle. A pipeline stage's: an exact-mode token task
+// (a GPT's stage) with a data root whose stage is over kMaxStageWitnessMemory
+// (!LedgerRulesStageStep), so that only its tile phase rules it without the genesis key, unless
+// the claim is an unserved one, which must not carry it (UnservedStageClaim). A stage within the
+// bound may be played either way: both are ruled by the ledger (RefereeTile, RefereeStageStep).
+bool MismatchNeedsBundle(const TaskParams& params, uint32_t index, const MismatchClaimField& claim);
 
 // A party's move in phases 2-4 of a dispute (protocol::DisputeQuery of stage operators, tiles or
 // reduction) from its own run of the disputed step: `state_input` is the state hash the step
