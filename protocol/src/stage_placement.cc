@@ -1,6 +1,7 @@
 #include "meshlearn/protocol/stage_placement.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -33,6 +34,112 @@ const PeerLink* ReportedLink(const NodeView& node, const NodeId& peer) {
   return it != node.links.end() && it->peer == peer ? &*it : nullptr;
 }
 
+// The minimum-total assignment of senders to receivers for the square `cost` matrix (cost[r][j]:
+// sender r to receiver j), the lexicographically smallest among equal totals: sender 0 takes the
+// smallest receiver index that still allows a minimum total, then sender 1, and so on. result[r]
+// is sender r's receiver. The Hungarian algorithm (O(R^3)) gives a minimum and its dual
+// potentials; the pairings of minimum total are exactly the perfect matchings of the edges the
+// potentials make tight (complementary slackness), and the smallest of those is found sender by
+// sender: a smaller tight receiver j replaces sender r's current one when an alternating path
+// through the unfixed senders hands r's receiver to j's sender (O(R^2) per try, O(R^4) at worst).
+std::vector<size_t> MinCostPairing(const std::vector<std::vector<uint64_t>>& cost) {
+  const size_t n = cost.size();
+  // Costs are below 2^43 (StageLinkCostUs: latency < 2^42 us, transfer < 2^41 us), so for n
+  // below 2^17 (far more replicas than a round has: units_per_round is at most 10^5) the
+  // potentials and sums of n costs stay far from kInf.
+  constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+  std::vector<int64_t> u(n + 1, 0), v(n + 1, 0), min_v(n + 1);
+  std::vector<size_t> owner(n + 1, 0), way(n + 1, 0);  // 1-based; owner[j]: receiver j's sender
+  auto c = [&](size_t i, size_t j) { return static_cast<int64_t>(cost[i - 1][j - 1]); };
+  for (size_t i = 1; i <= n; ++i) {
+    owner[0] = i;
+    size_t j0 = 0;
+    std::fill(min_v.begin(), min_v.end(), kInf);
+    std::vector<bool> used(n + 1, false);
+    do {
+      used[j0] = true;
+      const size_t i0 = owner[j0];
+      int64_t delta = kInf;
+      size_t j1 = 0;
+      for (size_t j = 1; j <= n; ++j) {
+        if (used[j]) continue;
+        const int64_t reduced = c(i0, j) - u[i0] - v[j];
+        if (reduced < min_v[j]) {
+          min_v[j] = reduced;
+          way[j] = j0;
+        }
+        if (min_v[j] < delta) {
+          delta = min_v[j];
+          j1 = j;
+        }
+      }
+      for (size_t j = 0; j <= n; ++j) {
+        if (used[j]) {
+          u[owner[j]] += delta;
+          v[j] -= delta;
+        } else {
+          min_v[j] -= delta;
+        }
+      }
+      j0 = j1;
+    } while (owner[j0] != 0);
+    do {
+      const size_t j1 = way[j0];
+      owner[j0] = owner[j1];
+      j0 = j1;
+    } while (j0 != 0);
+  }
+  // 0-based: the tight edges, the current matching both ways.
+  auto tight = [&](size_t r, size_t j) { return c(r + 1, j + 1) == u[r + 1] + v[j + 1]; };
+  std::vector<size_t> to(n), from(n);
+  for (size_t j = 1; j <= n; ++j) {
+    to[owner[j] - 1] = j - 1;
+    from[j - 1] = owner[j] - 1;
+  }
+  std::vector<bool> fixed(n, false);
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t j = 0; j < to[r]; ++j) {
+      if (!tight(r, j) || fixed[from[j]]) continue;
+      // An alternating path from j's sender to r's receiver, through unfixed senders other than
+      // r, each taking a tight receiver whose sender moves on.
+      const size_t start = from[j], goal = to[r];
+      std::vector<size_t> came(n, n);  // receiver -> the sender that takes it on the path
+      std::vector<size_t> queue = {start};
+      std::vector<bool> seen(n, false);
+      seen[start] = true;
+      bool found = false;
+      for (size_t q = 0; q < queue.size() && !found; ++q) {
+        const size_t x = queue[q];
+        for (size_t k = 0; k < n && !found; ++k) {
+          if (k == j || came[k] != n || !tight(x, k)) continue;
+          came[k] = x;
+          if (k == goal) {
+            found = true;
+          } else if (!fixed[from[k]] && from[k] != r && !seen[from[k]]) {
+            seen[from[k]] = true;
+            queue.push_back(from[k]);
+          }
+        }
+      }
+      if (!found) continue;
+      // Walk back from r's receiver: each sender on the path takes the receiver it reached.
+      for (size_t k = goal;;) {
+        const size_t x = came[k];
+        const size_t previous = to[x];
+        to[x] = k;
+        from[k] = x;
+        if (x == start) break;
+        k = previous;
+      }
+      to[r] = j;
+      from[j] = r;
+      break;
+    }
+    fixed[r] = true;
+  }
+  return to;
+}
+
 // Pairs the nodes of each stage s >= 1 with the replicas' stage s-1 nodes by link cost (see the
 // top of stage_placement.h). `by_id` holds every placed node.
 void PairStagesByLinks(const std::map<NodeId, const NodeView*>& by_id,
@@ -48,30 +155,16 @@ void PairStagesByLinks(const std::map<NodeId, const NodeView*>& by_id,
       }
     }
     if (!reported) continue;  // nothing measured across this boundary: the order stays
-    struct Pair {
-      uint64_t cost;
-      size_t replica;  // whose stage s-1 node sends
-      size_t node;     // which of the stage's nodes (by its replica before pairing) receives
-    };
-    std::vector<Pair> pairs;
+    // cost[r][j]: replica r's stage s-1 node to the stage's j-th node in the order placed.
+    std::vector<std::vector<uint64_t>> cost(replicas, std::vector<uint64_t>(replicas));
     for (size_t r = 0; r < replicas; ++r) {
       for (size_t j = 0; j < replicas; ++j) {
-        pairs.push_back(
-            {StageLinkCostUs(*by_id.at(chains[r][s - 1]), *by_id.at(chains[j][s])), r, j});
+        cost[r][j] = StageLinkCostUs(*by_id.at(chains[r][s - 1]), *by_id.at(chains[j][s]));
       }
     }
-    std::sort(pairs.begin(), pairs.end(), [&](const Pair& a, const Pair& b) {
-      if (a.cost != b.cost) return a.cost < b.cost;
-      if (a.replica != b.replica) return chains[a.replica][s - 1] < chains[b.replica][s - 1];
-      return chains[a.node][s] < chains[b.node][s];
-    });
+    const std::vector<size_t> pairing = MinCostPairing(cost);
     std::vector<NodeId> paired(replicas);
-    std::vector<bool> sender_done(replicas, false), node_done(replicas, false);
-    for (const Pair& p : pairs) {
-      if (sender_done[p.replica] || node_done[p.node]) continue;
-      paired[p.replica] = chains[p.node][s];
-      sender_done[p.replica] = node_done[p.node] = true;
-    }
+    for (size_t r = 0; r < replicas; ++r) paired[r] = chains[pairing[r]][s];
     for (size_t r = 0; r < replicas; ++r) chains[r][s] = paired[r];
   }
 }

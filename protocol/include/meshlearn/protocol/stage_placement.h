@@ -16,13 +16,18 @@
 //     be filled -- so faster nodes get the heavier stages, and a placement is found whenever one
 //     exists (checked against exhaustive search in the tests);
 //   * then links (issue 15: nodes report what they measured, NodeView::links): the R nodes of a
-//     stage are interchangeable (same need), so which replica each serves is free. Stage by
-//     stage from stage 1 on, each stage s node is matched to a replica's stage s-1 node by the
-//     cheapest link first (StageLinkCostUs; ties by the stage s-1 node's id, then the stage s
-//     node's), greedily: the best reported link of a boundary is always used, and each next
-//     cheapest among the nodes left. A boundary across which no node reported any link keeps
-//     the order above, so without reports the placement is exactly what it was before links
-//     existed. Which nodes serve each stage never changes, so the guarantees above hold.
+//     stage are interchangeable (same need), so which replica each serves is free. At every
+//     boundary s-1 -> s (s >= 1) the stage s nodes are matched to the replicas' stage s-1 nodes
+//     so that the boundary's total link cost (StageLinkCostUs summed over the R pairs) is the
+//     least possible: an exact assignment (Hungarian algorithm, O(R^3), plus a tie-break of at
+//     most O(R^4)), not the cheapest link first. Among pairings of equal total, replica 0 takes
+//     the first of the stage's nodes in the order the rules above placed them that still allows
+//     the least total, then replica 1, and so on, so equal links keep that order. Since the
+//     nodes of every stage are fixed, any choice of pairing at each boundary makes R chains and
+//     the whole chain's cost is the sum of its boundaries', so minimising boundary by boundary
+//     is the minimum over the whole chain. A boundary across which no node reported any link
+//     keeps the order above, so without reports the placement is exactly what it was before
+//     links existed. Which nodes serve each stage never changes, so the guarantees above hold.
 //
 //   std::vector<StageNeed> needs = ...;   // per stage, from CutCosts
 //   Result<std::vector<std::vector<NodeId>>> chains =
