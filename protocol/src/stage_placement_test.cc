@@ -186,6 +186,66 @@ std::vector<std::set<NodeId>> PlaceStageSets(const std::vector<std::vector<NodeI
   return sets;
 }
 
+// Each stage's (throughput, memory) pairs, sorted: what the memory and speed rules decide.
+std::vector<std::vector<std::pair<uint64_t, uint64_t>>> PlaceStageClasses(
+    const std::vector<std::vector<NodeId>>& chains, const std::vector<NodeView>& nodes) {
+  std::map<NodeId, const NodeView*> by_id;
+  for (const NodeView& n : nodes) by_id[n.id] = &n;
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> out(chains.empty() ? 0
+                                                                             : chains[0].size());
+  for (const std::vector<NodeId>& chain : chains) {
+    for (size_t s = 0; s < chain.size(); ++s) {
+      out[s].push_back({by_id.at(chain[s])->throughput_flops, by_id.at(chain[s])->memory_bytes});
+    }
+  }
+  for (auto& v : out) std::sort(v.begin(), v.end());
+  return out;
+}
+
+TEST(StagePlacementTest, LinksChooseAmongNodesTheRulesFindEqual) {
+  // One replica of two stages. Node 1 is the fastest (stage 0, the heavier); nodes 2 and 3 are
+  // equal, so without links stage 1 takes node 2 (the smaller id). Node 4 is slower and node 5
+  // as fast as 2 and 3 but with more memory: the rules rank both below them.
+  const std::vector<StageNeed> stages = {{100, 20}, {100, 10}};
+  std::vector<NodeView> nodes = {PlaceNode(1, 1000, 300), PlaceNode(2, 1000, 200),
+                                 PlaceNode(3, 1000, 200), PlaceNode(4, 1000, 100),
+                                 PlaceNode(5, 2000, 200)};
+  for (NodeView& n : nodes) n.latency_ms = 10;  // an unreported link: 20 ms (both registered)
+  Result<std::vector<std::vector<NodeId>>> plain = Place(stages, 1, nodes);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  ASSERT_EQ(*plain, (std::vector<std::vector<NodeId>>{{nodes[0].id, nodes[1].id}}));
+  // Node 1 measured fast links to 3, 4 and 5 and a slow one to 2: stage 1 goes to node 3, its
+  // equal; never to 4 (slower) or 5 (more memory), whatever their links.
+  PlaceLink(nodes[0], nodes[1], 90, 1'000'000'000);
+  PlaceLink(nodes[0], nodes[2], 5, 1'000'000'000);
+  PlaceLink(nodes[0], nodes[3], 1, 1'000'000'000);
+  PlaceLink(nodes[0], nodes[4], 1, 1'000'000'000);
+  Result<std::vector<std::vector<NodeId>>> linked = Place(stages, 1, nodes);
+  ASSERT_TRUE(linked.ok());
+  EXPECT_EQ(*linked, (std::vector<std::vector<NodeId>>{{nodes[0].id, nodes[2].id}}));
+  // Two replicas of three equal stages on six equal nodes: without links 1 -> 3 -> 5 and
+  // 2 -> 4 -> 6. Node 1 measured a fast link to node 6 (placed on stage 2) and node 2 one to
+  // node 5: stage 1 takes 6 and 5, and stage 2, whose nodes those were, takes 3 and 4.
+  std::vector<NodeView> six;
+  for (uint32_t i = 1; i <= 6; ++i) {
+    six.push_back(PlaceNode(i, 1000, 100));
+    six.back().latency_ms = 10;
+  }
+  const std::vector<StageNeed> three = {{100, 10}, {100, 10}, {100, 10}};
+  Result<std::vector<std::vector<NodeId>>> before = Place(three, 2, six);
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(*before, (std::vector<std::vector<NodeId>>{{six[0].id, six[2].id, six[4].id},
+                                                       {six[1].id, six[3].id, six[5].id}}));
+  PlaceLink(six[0], six[5], 1, 1'000'000'000);
+  PlaceLink(six[1], six[4], 1, 1'000'000'000);
+  Result<std::vector<std::vector<NodeId>>> after = Place(three, 2, six);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(*after, (std::vector<std::vector<NodeId>>{{six[0].id, six[5].id, six[2].id},
+                                                      {six[1].id, six[4].id, six[3].id}}));
+  std::vector<NodeView> reversed(six.rbegin(), six.rend());
+  EXPECT_EQ(*Place(three, 2, reversed), *after);
+}
+
 TEST(StagePlacementTest, ReportedLinksPairConsecutiveStages) {
   // Two replicas of two equal stages on four equal nodes: without links replica 0 gets nodes 1
   // (stage 0) and 3 (stage 1), replica 1 nodes 2 and 4 (the id order).
@@ -288,9 +348,9 @@ TEST(StagePlacementTest, LinksOffTheChainsLeaveThePlacementAsItWas) {
   EXPECT_EQ(*linked, *plain);
 }
 
-TEST(StagePlacementTest, LinksKeepEveryStagesNodesAndPlaceWheneverExhaustiveSearchCan) {
+TEST(StagePlacementTest, LinksKeepEveryStagesClassesAndPlaceWheneverExhaustiveSearchCan) {
   Rng rng(1515);
-  int placed = 0, moved = 0;
+  int placed = 0, moved = 0, chosen = 0;
   for (int trial = 0; trial < 400; ++trial) {
     const size_t S = 1 + rng.Uniform(3);
     const uint32_t R = 1 + static_cast<uint32_t>(rng.Uniform(3));
@@ -299,8 +359,9 @@ TEST(StagePlacementTest, LinksKeepEveryStagesNodesAndPlaceWheneverExhaustiveSear
     for (size_t s = 0; s < S; ++s) stages.push_back({1 + rng.Uniform(10), rng.Uniform(5)});
     std::vector<NodeView> nodes;
     for (size_t i = 0; i < N; ++i) {
+      // Few memories and speeds, so nodes the rules find equal are common.
       nodes.push_back(
-          PlaceNode(static_cast<uint32_t>(i + 1), 1 + rng.Uniform(10), 1 + rng.Uniform(4)));
+          PlaceNode(static_cast<uint32_t>(i + 1), 3 + 3 * rng.Uniform(3), 1 + rng.Uniform(2)));
       nodes.back().latency_ms = static_cast<uint32_t>(rng.Uniform(20));
     }
     std::vector<NodeView> linked = nodes;
@@ -325,11 +386,13 @@ TEST(StagePlacementTest, LinksKeepEveryStagesNodesAndPlaceWheneverExhaustiveSear
     if (!r.ok()) continue;
     ++placed;
     PlaceExpectValid(*r, stages, nodes);
-    // Links choose only which replica a stage's node serves, never which nodes serve the stage,
-    // and replica r's first stage stays where it was.
-    EXPECT_EQ(PlaceStageSets(*r), PlaceStageSets(*plain)) << "trial " << trial;
+    // Links choose which replica a stage's node serves, and which nodes serve it only among
+    // nodes the memory and speed rules find equal: every stage has the same throughputs and
+    // memories as without links. Replica r's first stage stays where it was.
+    EXPECT_EQ(PlaceStageClasses(*r, nodes), PlaceStageClasses(*plain, nodes)) << "trial " << trial;
     for (uint32_t k = 0; k < R; ++k) EXPECT_EQ((*r)[k][0], (*plain)[k][0]) << "trial " << trial;
     moved += *r != *plain ? 1 : 0;
+    chosen += PlaceStageSets(*r) != PlaceStageSets(*plain) ? 1 : 0;
     std::vector<NodeView> reversed(linked.rbegin(), linked.rend());
     Result<std::vector<std::vector<NodeId>>> again = Place(stages, R, reversed);
     ASSERT_TRUE(again.ok());
@@ -337,6 +400,7 @@ TEST(StagePlacementTest, LinksKeepEveryStagesNodesAndPlaceWheneverExhaustiveSear
   }
   EXPECT_GT(placed, 50);
   EXPECT_GT(moved, 10);  // links did reorder chains in some trials
+  EXPECT_GT(chosen, 4);  // and chose other (equal) nodes for a stage in some (8 of 400)
 }
 
 // Whether any link is reported between a node of stage s-1 and one of stage s.
@@ -372,6 +436,9 @@ TEST(StagePlacementTest, PairingIsTheSmallestMinimumOfExhaustiveSearchOverTheWho
     for (size_t i = 0; i < N; ++i) {
       nodes.push_back(
           PlaceNode(static_cast<uint32_t>(i + 1), 4 + rng.Uniform(3), 1 + rng.Uniform(3)));
+      // A throughput of its own, so no two nodes are equal for the memory and speed rules and
+      // links only pair (their choice among equal nodes: LinksChooseAmongNodesTheRulesFindEqual).
+      nodes.back().throughput_flops = nodes.back().throughput_flops * 100 + i;
       nodes.back().latency_ms = static_cast<uint32_t>(rng.Uniform(4));
       nodes.back().bandwidth_bytes_per_s = 1u << 20;
     }
