@@ -1,7 +1,9 @@
 #include "meshlearn/protocol/stage_placement.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <set>
 #include <string>
 
 namespace meshlearn::protocol {
@@ -33,46 +35,256 @@ const PeerLink* ReportedLink(const NodeView& node, const NodeId& peer) {
   return it != node.links.end() && it->peer == peer ? &*it : nullptr;
 }
 
-// Pairs the nodes of each stage s >= 1 with the replicas' stage s-1 nodes by link cost (see the
-// top of stage_placement.h). `by_id` holds every placed node.
-void PairStagesByLinks(const std::map<NodeId, const NodeView*>& by_id,
-                       std::vector<std::vector<NodeId>>& chains) {
+// The minimum-total assignment of senders to receivers for the square `cost` matrix (cost[r][j]:
+// sender r to receiver j), the lexicographically smallest among equal totals: sender 0 takes the
+// smallest receiver index that still allows a minimum total, then sender 1, and so on. result[r]
+// is sender r's receiver. The Hungarian algorithm (O(R^3)) gives a minimum and its dual
+// potentials; the pairings of minimum total are exactly the perfect matchings of the edges the
+// potentials make tight (complementary slackness), and the smallest of those is found sender by
+// sender: a smaller tight receiver j replaces sender r's current one when an alternating path
+// through the unfixed senders hands r's receiver to j's sender (O(R^2) per try, O(R^4) at worst).
+std::vector<size_t> MinCostPairing(const std::vector<std::vector<uint64_t>>& cost) {
+  const size_t n = cost.size();
+  // Costs are below 2^43 (StageLinkCostUs: latency < 2^42 us, transfer < 2^41 us), or 2^58 for
+  // a pair ChooseStagesByLinks forbids (never needed: every candidate stays reachable at a real
+  // cost), so for n below 2^14 (ChooseStagesByLinks: at most 3R) the potentials, at most n real
+  // costs, and every reduced cost stay below kInf.
+  constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+  std::vector<int64_t> u(n + 1, 0), v(n + 1, 0), min_v(n + 1);
+  std::vector<size_t> owner(n + 1, 0), way(n + 1, 0);  // 1-based; owner[j]: receiver j's sender
+  auto c = [&](size_t i, size_t j) { return static_cast<int64_t>(cost[i - 1][j - 1]); };
+  for (size_t i = 1; i <= n; ++i) {
+    owner[0] = i;
+    size_t j0 = 0;
+    std::fill(min_v.begin(), min_v.end(), kInf);
+    std::vector<bool> used(n + 1, false);
+    do {
+      used[j0] = true;
+      const size_t i0 = owner[j0];
+      int64_t delta = kInf;
+      size_t j1 = 0;
+      for (size_t j = 1; j <= n; ++j) {
+        if (used[j]) continue;
+        const int64_t reduced = c(i0, j) - u[i0] - v[j];
+        if (reduced < min_v[j]) {
+          min_v[j] = reduced;
+          way[j] = j0;
+        }
+        if (min_v[j] < delta) {
+          delta = min_v[j];
+          j1 = j;
+        }
+      }
+      for (size_t j = 0; j <= n; ++j) {
+        if (used[j]) {
+          u[owner[j]] += delta;
+          v[j] -= delta;
+        } else {
+          min_v[j] -= delta;
+        }
+      }
+      j0 = j1;
+    } while (owner[j0] != 0);
+    do {
+      const size_t j1 = way[j0];
+      owner[j0] = owner[j1];
+      j0 = j1;
+    } while (j0 != 0);
+  }
+  // 0-based: the tight edges, the current matching both ways.
+  auto tight = [&](size_t r, size_t j) { return c(r + 1, j + 1) == u[r + 1] + v[j + 1]; };
+  std::vector<size_t> to(n), from(n);
+  for (size_t j = 1; j <= n; ++j) {
+    to[owner[j] - 1] = j - 1;
+    from[j - 1] = owner[j] - 1;
+  }
+  std::vector<bool> fixed(n, false);
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t j = 0; j < to[r]; ++j) {
+      if (!tight(r, j) || fixed[from[j]]) continue;
+      // An alternating path from j's sender to r's receiver, through unfixed senders other than
+      // r, each taking a tight receiver whose sender moves on.
+      const size_t start = from[j], goal = to[r];
+      std::vector<size_t> came(n, n);  // receiver -> the sender that takes it on the path
+      std::vector<size_t> queue = {start};
+      std::vector<bool> seen(n, false);
+      seen[start] = true;
+      bool found = false;
+      for (size_t q = 0; q < queue.size() && !found; ++q) {
+        const size_t x = queue[q];
+        for (size_t k = 0; k < n && !found; ++k) {
+          if (k == j || came[k] != n || !tight(x, k)) continue;
+          came[k] = x;
+          if (k == goal) {
+            found = true;
+          } else if (!fixed[from[k]] && from[k] != r && !seen[from[k]]) {
+            seen[from[k]] = true;
+            queue.push_back(from[k]);
+          }
+        }
+      }
+      if (!found) continue;
+      // Walk back from r's receiver: each sender on the path takes the receiver it reached.
+      for (size_t k = goal;;) {
+        const size_t x = came[k];
+        const size_t previous = to[x];
+        to[x] = k;
+        from[k] = x;
+        if (x == start) break;
+        k = previous;
+      }
+      to[r] = j;
+      from[j] = r;
+      break;
+    }
+    fixed[r] = true;
+  }
+  return to;
+}
+
+// Whether the memory and speed rules see `a` and `b` as the same: equal throughput and memory
+// (only the id orders them).
+bool SameClass(const NodeView& a, const NodeView& b) {
+  return a.throughput_flops == b.throughput_flops && a.memory_bytes == b.memory_bytes;
+}
+
+// Chooses and pairs the nodes of each stage s >= 1 by link cost (see the top of
+// stage_placement.h). `order`: every eligible node in the placement order; `by_id`: the same.
+void ChooseStagesByLinks(const std::vector<const NodeView*>& order,
+                         const std::map<NodeId, const NodeView*>& by_id,
+                         std::vector<std::vector<NodeId>>& chains) {
   const size_t replicas = chains.size();
-  for (size_t s = 1; s < chains[0].size(); ++s) {
-    bool reported = false;
-    for (size_t a = 0; a < replicas && !reported; ++a) {
-      for (size_t b = 0; b < replicas && !reported; ++b) {
-        const NodeView& from = *by_id.at(chains[a][s - 1]);
-        const NodeView& to = *by_id.at(chains[b][s]);
-        reported = ReportedLink(from, to.id) != nullptr || ReportedLink(to, from.id) != nullptr;
-      }
-    }
-    if (!reported) continue;  // nothing measured across this boundary: the order stays
-    struct Pair {
-      uint64_t cost;
-      size_t replica;  // whose stage s-1 node sends
-      size_t node;     // which of the stage's nodes (by its replica before pairing) receives
+  const size_t stages = chains[0].size();
+  std::set<NodeId> taken, placed;  // taken: by the stages chosen so far
+  for (const std::vector<NodeId>& chain : chains) {
+    taken.insert(chain[0]);
+    placed.insert(chain.begin(), chain.end());
+  }
+  for (size_t s = 1; s < stages; ++s) {
+    auto linked = [&](const NodeView& n) {
+      return std::ranges::any_of(chains, [&](const std::vector<NodeId>& chain) {
+        const NodeView& from = *by_id.at(chain[s - 1]);
+        return ReportedLink(from, n.id) != nullptr || ReportedLink(n, from.id) != nullptr;
+      });
     };
-    std::vector<Pair> pairs;
-    for (size_t r = 0; r < replicas; ++r) {
-      for (size_t j = 0; j < replicas; ++j) {
-        pairs.push_back(
-            {StageLinkCostUs(*by_id.at(chains[r][s - 1]), *by_id.at(chains[j][s])), r, j});
+    // The stage's classes (one node each) and how many of its nodes each has.
+    std::vector<const NodeView*> classes;
+    std::vector<size_t> wanted;
+    auto class_of = [&](const NodeView& n) {
+      for (size_t c = 0; c < classes.size(); ++c) {
+        if (SameClass(*classes[c], n)) return c;
+      }
+      return classes.size();
+    };
+    for (const std::vector<NodeId>& chain : chains) {
+      const NodeView& n = *by_id.at(chain[s]);
+      const size_t c = class_of(n);
+      if (c == classes.size()) {
+        classes.push_back(&n);
+        wanted.push_back(0);
+      }
+      ++wanted[c];
+    }
+    // The candidates: the stage's placed nodes an earlier stage did not take (in replica order),
+    // then free nodes of the same classes, in the placement order: those that fill a class short
+    // of nodes (an earlier stage took some of its placed ones), nodes placed on no stage first,
+    // and the R with the cheapest reported link from a stage s-1 node (then the placement
+    // order), so at most 3R candidates. A node a later stage was placed on may be taken: that
+    // stage then fills its class the same way (there are enough: the stages before it took
+    // exactly their counts of each class).
+    std::vector<const NodeView*> candidates, more;
+    std::vector<size_t> have(classes.size(), 0);
+    std::set<NodeId> listed;
+    auto list = [&](const NodeView* n, std::vector<const NodeView*>& into) {
+      into.push_back(n);
+      listed.insert(n->id);
+      ++have[class_of(*n)];
+    };
+    for (const std::vector<NodeId>& chain : chains) {
+      if (taken.count(chain[s]) == 0) list(by_id.at(chain[s]), candidates);
+    }
+    for (const bool placed_elsewhere : {false, true}) {
+      for (const NodeView* n : order) {
+        const size_t c = class_of(*n);
+        if (c == classes.size() || taken.count(n->id) != 0 || listed.count(n->id) != 0) continue;
+        if ((placed.count(n->id) != 0) == placed_elsewhere && have[c] < wanted[c]) list(n, more);
       }
     }
-    std::sort(pairs.begin(), pairs.end(), [&](const Pair& a, const Pair& b) {
-      if (a.cost != b.cost) return a.cost < b.cost;
-      if (a.replica != b.replica) return chains[a.replica][s - 1] < chains[b.replica][s - 1];
-      return chains[a.node][s] < chains[b.node][s];
-    });
-    std::vector<NodeId> paired(replicas);
-    std::vector<bool> sender_done(replicas, false), node_done(replicas, false);
-    for (const Pair& p : pairs) {
-      if (sender_done[p.replica] || node_done[p.node]) continue;
-      paired[p.replica] = chains[p.node][s];
-      sender_done[p.replica] = node_done[p.node] = true;
+    struct Linked {
+      uint64_t cost;  // its cheapest reported link from a stage s-1 node
+      size_t rank;    // its place in the placement order
+      const NodeView* node;
+    };
+    std::vector<Linked> linked_nodes;
+    for (size_t i = 0; i < order.size(); ++i) {
+      const NodeView& n = *order[i];
+      if (class_of(n) == classes.size() || taken.count(n.id) != 0 || listed.count(n.id) != 0) {
+        continue;
+      }
+      uint64_t cost = UINT64_MAX;
+      for (const std::vector<NodeId>& chain : chains) {
+        const NodeView& from = *by_id.at(chain[s - 1]);
+        if (ReportedLink(from, n.id) != nullptr || ReportedLink(n, from.id) != nullptr) {
+          cost = std::min(cost, StageLinkCostUs(from, n));
+        }
+      }
+      if (cost != UINT64_MAX) linked_nodes.push_back({cost, i, &n});
     }
-    for (size_t r = 0; r < replicas; ++r) chains[r][s] = paired[r];
+    std::sort(linked_nodes.begin(), linked_nodes.end(), [](const Linked& a, const Linked& b) {
+      return a.cost != b.cost ? a.cost < b.cost : a.rank < b.rank;
+    });
+    linked_nodes.resize(std::min(linked_nodes.size(), replicas));
+    for (const Linked& l : linked_nodes) list(l.node, more);
+    std::map<NodeId, size_t> rank;
+    for (size_t i = 0; i < order.size(); ++i) rank[order[i]->id] = i;
+    std::sort(more.begin(), more.end(), [&](const NodeView* a, const NodeView* b) {
+      return rank.at(a->id) < rank.at(b->id);
+    });
+    candidates.insert(candidates.end(), more.begin(), more.end());
+    std::vector<NodeId> chosen(replicas);
+    if (!std::ranges::any_of(candidates, [&](const NodeView* n) { return linked(*n); })) {
+      // Nothing measured across this boundary: the order stays, a node an earlier stage took
+      // replaced by the first free candidate of its class.
+      std::set<NodeId> used;
+      for (size_t r = 0; r < replicas; ++r) {
+        if (taken.count(chains[r][s]) == 0) used.insert(chosen[r] = chains[r][s]);
+      }
+      for (size_t r = 0; r < replicas; ++r) {
+        if (taken.count(chains[r][s]) == 0) continue;
+        for (const NodeView* n : candidates) {
+          if (used.count(n->id) == 0 && SameClass(*n, *by_id.at(chains[r][s]))) {
+            used.insert(chosen[r] = n->id);
+            break;
+          }
+        }
+      }
+    } else {
+      // Rows: the replicas' stage s-1 nodes, then for each class one row per candidate beyond
+      // its wanted count, which takes only that class's candidates at no cost (the candidates
+      // left out). So the replicas take exactly `wanted` nodes of each class, at the least total.
+      // kForbidden exceeds any total of real costs (under 2^43 each, see MinCostPairing).
+      constexpr uint64_t kForbidden = uint64_t{1} << 58;
+      std::vector<std::vector<uint64_t>> cost;
+      for (size_t r = 0; r < replicas; ++r) {
+        const NodeView& from = *by_id.at(chains[r][s - 1]);
+        std::vector<uint64_t> row;
+        for (const NodeView* n : candidates) row.push_back(StageLinkCostUs(from, *n));
+        cost.push_back(std::move(row));
+      }
+      for (size_t c = 0; c < classes.size(); ++c) {
+        for (size_t k = wanted[c]; k < have[c]; ++k) {
+          std::vector<uint64_t> row;
+          for (const NodeView* n : candidates) row.push_back(class_of(*n) == c ? 0 : kForbidden);
+          cost.push_back(std::move(row));
+        }
+      }
+      const std::vector<size_t> pairing = MinCostPairing(cost);
+      for (size_t r = 0; r < replicas; ++r) chosen[r] = candidates[pairing[r]]->id;
+    }
+    for (size_t r = 0; r < replicas; ++r) {
+      chains[r][s] = chosen[r];
+      taken.insert(chosen[r]);
+    }
   }
 }
 
@@ -173,6 +385,7 @@ Result<std::vector<std::vector<NodeId>>> PlaceStages(
   }
 
   std::vector<std::vector<NodeId>> chains(replicas, std::vector<NodeId>(stages.size()));
+  const std::vector<const NodeView*> order = free;
   std::map<NodeId, const NodeView*> by_id;
   for (const NodeView* n : free) by_id[n->id] = n;
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -190,7 +403,7 @@ Result<std::vector<std::vector<NodeId>>> PlaceStages(
     // Feasible before this slot, so some fitting node keeps the rest feasible.
     if (!placed) return Internal("stage placement: no node for a feasible slot");
   }
-  PairStagesByLinks(by_id, chains);
+  ChooseStagesByLinks(order, by_id, chains);
   return chains;
 }
 

@@ -1,9 +1,12 @@
 // Placing pipeline stages by memory and speed (stage_placement.h): a stage only on a node that
 // holds it, heavier stages on faster nodes, a placement whenever one exists (against exhaustive
-// search), the same answer whatever the order of the nodes, and a clear error when none exists.
+// search), the same answer whatever the order of the nodes, and a clear error when none exists;
+// then reported links pair consecutive stages at the least total cost (against exhaustive search
+// of every chaining).
 #include "meshlearn/protocol/stage_placement.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -183,6 +186,66 @@ std::vector<std::set<NodeId>> PlaceStageSets(const std::vector<std::vector<NodeI
   return sets;
 }
 
+// Each stage's (throughput, memory) pairs, sorted: what the memory and speed rules decide.
+std::vector<std::vector<std::pair<uint64_t, uint64_t>>> PlaceStageClasses(
+    const std::vector<std::vector<NodeId>>& chains, const std::vector<NodeView>& nodes) {
+  std::map<NodeId, const NodeView*> by_id;
+  for (const NodeView& n : nodes) by_id[n.id] = &n;
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> out(chains.empty() ? 0
+                                                                             : chains[0].size());
+  for (const std::vector<NodeId>& chain : chains) {
+    for (size_t s = 0; s < chain.size(); ++s) {
+      out[s].push_back({by_id.at(chain[s])->throughput_flops, by_id.at(chain[s])->memory_bytes});
+    }
+  }
+  for (auto& v : out) std::sort(v.begin(), v.end());
+  return out;
+}
+
+TEST(StagePlacementTest, LinksChooseAmongNodesTheRulesFindEqual) {
+  // One replica of two stages. Node 1 is the fastest (stage 0, the heavier); nodes 2 and 3 are
+  // equal, so without links stage 1 takes node 2 (the smaller id). Node 4 is slower and node 5
+  // as fast as 2 and 3 but with more memory: the rules rank both below them.
+  const std::vector<StageNeed> stages = {{100, 20}, {100, 10}};
+  std::vector<NodeView> nodes = {PlaceNode(1, 1000, 300), PlaceNode(2, 1000, 200),
+                                 PlaceNode(3, 1000, 200), PlaceNode(4, 1000, 100),
+                                 PlaceNode(5, 2000, 200)};
+  for (NodeView& n : nodes) n.latency_ms = 10;  // an unreported link: 20 ms (both registered)
+  Result<std::vector<std::vector<NodeId>>> plain = Place(stages, 1, nodes);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  ASSERT_EQ(*plain, (std::vector<std::vector<NodeId>>{{nodes[0].id, nodes[1].id}}));
+  // Node 1 measured fast links to 3, 4 and 5 and a slow one to 2: stage 1 goes to node 3, its
+  // equal; never to 4 (slower) or 5 (more memory), whatever their links.
+  PlaceLink(nodes[0], nodes[1], 90, 1'000'000'000);
+  PlaceLink(nodes[0], nodes[2], 5, 1'000'000'000);
+  PlaceLink(nodes[0], nodes[3], 1, 1'000'000'000);
+  PlaceLink(nodes[0], nodes[4], 1, 1'000'000'000);
+  Result<std::vector<std::vector<NodeId>>> linked = Place(stages, 1, nodes);
+  ASSERT_TRUE(linked.ok());
+  EXPECT_EQ(*linked, (std::vector<std::vector<NodeId>>{{nodes[0].id, nodes[2].id}}));
+  // Two replicas of three equal stages on six equal nodes: without links 1 -> 3 -> 5 and
+  // 2 -> 4 -> 6. Node 1 measured a fast link to node 6 (placed on stage 2) and node 2 one to
+  // node 5: stage 1 takes 6 and 5, and stage 2, whose nodes those were, takes 3 and 4.
+  std::vector<NodeView> six;
+  for (uint32_t i = 1; i <= 6; ++i) {
+    six.push_back(PlaceNode(i, 1000, 100));
+    six.back().latency_ms = 10;
+  }
+  const std::vector<StageNeed> three = {{100, 10}, {100, 10}, {100, 10}};
+  Result<std::vector<std::vector<NodeId>>> before = Place(three, 2, six);
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(*before, (std::vector<std::vector<NodeId>>{{six[0].id, six[2].id, six[4].id},
+                                                       {six[1].id, six[3].id, six[5].id}}));
+  PlaceLink(six[0], six[5], 1, 1'000'000'000);
+  PlaceLink(six[1], six[4], 1, 1'000'000'000);
+  Result<std::vector<std::vector<NodeId>>> after = Place(three, 2, six);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(*after, (std::vector<std::vector<NodeId>>{{six[0].id, six[5].id, six[2].id},
+                                                      {six[1].id, six[4].id, six[3].id}}));
+  std::vector<NodeView> reversed(six.rbegin(), six.rend());
+  EXPECT_EQ(*Place(three, 2, reversed), *after);
+}
+
 TEST(StagePlacementTest, ReportedLinksPairConsecutiveStages) {
   // Two replicas of two equal stages on four equal nodes: without links replica 0 gets nodes 1
   // (stage 0) and 3 (stage 1), replica 1 nodes 2 and 4 (the id order).
@@ -217,6 +280,35 @@ TEST(StagePlacementTest, ReportedLinksPairConsecutiveStages) {
   Result<std::vector<std::vector<NodeId>>> slow = Place(stages, 2, nodes);
   ASSERT_TRUE(slow.ok());
   EXPECT_EQ(*slow, today);
+}
+
+TEST(StagePlacementTest, PairingMinimisesTheBoundarysTotalNotItsCheapestLink) {
+  // Two replicas of two equal stages on four equal nodes (replica 0: 1 -> 3, replica 1: 2 -> 4
+  // without links). The cheapest link, 1 -> 3 (1 ms), would leave 2 -> 4 (100 ms): 101 ms in
+  // all. Pairing 1 -> 4 and 2 -> 3 (2 ms each) costs 4 ms, so the boundary takes that, though
+  // its best link goes unused.
+  const std::vector<StageNeed> stages = {{100, 10}, {100, 10}};
+  std::vector<NodeView> nodes = {PlaceNode(1, 1000, 100), PlaceNode(2, 1000, 100),
+                                 PlaceNode(3, 1000, 100), PlaceNode(4, 1000, 100)};
+  PlaceLink(nodes[0], nodes[2], 1, 1'000'000'000);
+  PlaceLink(nodes[0], nodes[3], 2, 1'000'000'000);
+  PlaceLink(nodes[1], nodes[2], 2, 1'000'000'000);
+  PlaceLink(nodes[1], nodes[3], 100, 1'000'000'000);
+  Result<std::vector<std::vector<NodeId>>> r = Place(stages, 2, nodes);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::vector<std::vector<NodeId>> best = {{nodes[0].id, nodes[3].id},
+                                                 {nodes[1].id, nodes[2].id}};
+  EXPECT_EQ(*r, best);
+  // Equal totals keep the order placed: with every link 5 ms, replica 0 keeps node 3.
+  for (NodeView& n : nodes) n.links.clear();
+  for (size_t from = 0; from < 2; ++from) {
+    for (size_t to = 2; to < 4; ++to) PlaceLink(nodes[from], nodes[to], 5, 1'000'000'000);
+  }
+  Result<std::vector<std::vector<NodeId>>> tied = Place(stages, 2, nodes);
+  ASSERT_TRUE(tied.ok());
+  const std::vector<std::vector<NodeId>> placed = {{nodes[0].id, nodes[2].id},
+                                                   {nodes[1].id, nodes[3].id}};
+  EXPECT_EQ(*tied, placed);
 }
 
 TEST(StagePlacementTest, LinkCostUsesTheReportThenTheReverseThenTheRegisteredFigures) {
@@ -256,9 +348,9 @@ TEST(StagePlacementTest, LinksOffTheChainsLeaveThePlacementAsItWas) {
   EXPECT_EQ(*linked, *plain);
 }
 
-TEST(StagePlacementTest, LinksKeepEveryStagesNodesAndPlaceWheneverExhaustiveSearchCan) {
+TEST(StagePlacementTest, LinksKeepEveryStagesClassesAndPlaceWheneverExhaustiveSearchCan) {
   Rng rng(1515);
-  int placed = 0, moved = 0;
+  int placed = 0, moved = 0, chosen = 0;
   for (int trial = 0; trial < 400; ++trial) {
     const size_t S = 1 + rng.Uniform(3);
     const uint32_t R = 1 + static_cast<uint32_t>(rng.Uniform(3));
@@ -267,8 +359,9 @@ TEST(StagePlacementTest, LinksKeepEveryStagesNodesAndPlaceWheneverExhaustiveSear
     for (size_t s = 0; s < S; ++s) stages.push_back({1 + rng.Uniform(10), rng.Uniform(5)});
     std::vector<NodeView> nodes;
     for (size_t i = 0; i < N; ++i) {
+      // Few memories and speeds, so nodes the rules find equal are common.
       nodes.push_back(
-          PlaceNode(static_cast<uint32_t>(i + 1), 1 + rng.Uniform(10), 1 + rng.Uniform(4)));
+          PlaceNode(static_cast<uint32_t>(i + 1), 3 + 3 * rng.Uniform(3), 1 + rng.Uniform(2)));
       nodes.back().latency_ms = static_cast<uint32_t>(rng.Uniform(20));
     }
     std::vector<NodeView> linked = nodes;
@@ -293,11 +386,13 @@ TEST(StagePlacementTest, LinksKeepEveryStagesNodesAndPlaceWheneverExhaustiveSear
     if (!r.ok()) continue;
     ++placed;
     PlaceExpectValid(*r, stages, nodes);
-    // Links choose only which replica a stage's node serves, never which nodes serve the stage,
-    // and replica r's first stage stays where it was.
-    EXPECT_EQ(PlaceStageSets(*r), PlaceStageSets(*plain)) << "trial " << trial;
+    // Links choose which replica a stage's node serves, and which nodes serve it only among
+    // nodes the memory and speed rules find equal: every stage has the same throughputs and
+    // memories as without links. Replica r's first stage stays where it was.
+    EXPECT_EQ(PlaceStageClasses(*r, nodes), PlaceStageClasses(*plain, nodes)) << "trial " << trial;
     for (uint32_t k = 0; k < R; ++k) EXPECT_EQ((*r)[k][0], (*plain)[k][0]) << "trial " << trial;
     moved += *r != *plain ? 1 : 0;
+    chosen += PlaceStageSets(*r) != PlaceStageSets(*plain) ? 1 : 0;
     std::vector<NodeView> reversed(linked.rbegin(), linked.rend());
     Result<std::vector<std::vector<NodeId>>> again = Place(stages, R, reversed);
     ASSERT_TRUE(again.ok());
@@ -305,6 +400,107 @@ TEST(StagePlacementTest, LinksKeepEveryStagesNodesAndPlaceWheneverExhaustiveSear
   }
   EXPECT_GT(placed, 50);
   EXPECT_GT(moved, 10);  // links did reorder chains in some trials
+  EXPECT_GT(chosen, 4);  // and chose other (equal) nodes for a stage in some (8 of 400)
+}
+
+// Whether any link is reported between a node of stage s-1 and one of stage s.
+bool PlaceBoundaryReported(const std::map<NodeId, const NodeView*>& by_id,
+                           const std::vector<std::vector<NodeId>>& chains, size_t s) {
+  for (const std::vector<NodeId>& a : chains) {
+    for (const std::vector<NodeId>& b : chains) {
+      for (const auto& [x, y] : {std::pair{a[s - 1], b[s]}, std::pair{b[s], a[s - 1]}}) {
+        for (const PeerLink& l : by_id.at(x)->links) {
+          if (l.peer == y) return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+TEST(StagePlacementTest, PairingIsTheSmallestMinimumOfExhaustiveSearchOverTheWholeChain) {
+  // Every way to chain the stages' nodes (stage 0 stays with its replica; each later stage's R
+  // nodes in any order: (R!)^(S-1) chains), against the placement: its total link cost over the
+  // boundaries where a link is reported is the minimum, and among the minima it is the first in
+  // the order of the enumeration (each boundary's receivers listed by replica, the placed order
+  // first), i.e. the documented tie-break. A boundary without reports keeps the order placed.
+  Rng rng(63);
+  int checked = 0, moved = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t S = 2 + rng.Uniform(2);
+    const uint32_t R = 2 + static_cast<uint32_t>(rng.Uniform(3));
+    std::vector<StageNeed> stages;
+    for (size_t s = 0; s < S; ++s) stages.push_back({1 + rng.Uniform(4), rng.Uniform(3)});
+    std::vector<NodeView> nodes;
+    const size_t N = S * R + rng.Uniform(3);
+    for (size_t i = 0; i < N; ++i) {
+      nodes.push_back(
+          PlaceNode(static_cast<uint32_t>(i + 1), 4 + rng.Uniform(3), 1 + rng.Uniform(3)));
+      // A throughput of its own, so no two nodes are equal for the memory and speed rules and
+      // links only pair (their choice among equal nodes: LinksChooseAmongNodesTheRulesFindEqual).
+      nodes.back().throughput_flops = nodes.back().throughput_flops * 100 + i;
+      nodes.back().latency_ms = static_cast<uint32_t>(rng.Uniform(4));
+      nodes.back().bandwidth_bytes_per_s = 1u << 20;
+    }
+    const Result<std::vector<std::vector<NodeId>>> plain = Place(stages, R, nodes);
+    ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+    // Few distinct costs, so ties are common and the tie-break is exercised.
+    for (NodeView& from : nodes) {
+      for (const NodeView& to : nodes) {
+        if (to.id != from.id && rng.Uniform(3) == 0) {
+          PlaceLink(from, to, static_cast<uint32_t>(rng.Uniform(4)), (1 + rng.Uniform(2)) << 20);
+        }
+      }
+    }
+    const Result<std::vector<std::vector<NodeId>>> r = Place(stages, R, nodes);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    std::map<NodeId, const NodeView*> by_id;
+    for (const NodeView& n : nodes) by_id[n.id] = &n;
+    std::vector<bool> reported(S, false);
+    for (size_t s = 1; s < S; ++s) reported[s] = PlaceBoundaryReported(by_id, *plain, s);
+    auto total = [&](const std::vector<std::vector<NodeId>>& chains) {
+      uint64_t sum = 0;
+      for (size_t s = 1; s < S; ++s) {
+        if (!reported[s]) continue;
+        for (const std::vector<NodeId>& c : chains) {
+          sum += StageLinkCostUs(*by_id.at(c[s - 1]), *by_id.at(c[s]));
+        }
+      }
+      return sum;
+    };
+    // Enumerate the permutations of every reported boundary, the first boundary outermost.
+    std::vector<std::vector<size_t>> perm(S);
+    for (size_t s = 1; s < S; ++s) {
+      for (size_t j = 0; j < R; ++j) perm[s].push_back(j);
+    }
+    std::vector<std::vector<NodeId>> best;
+    uint64_t best_cost = 0;
+    std::function<void(size_t)> enumerate = [&](size_t s) {
+      if (s == S) {
+        std::vector<std::vector<NodeId>> chains = *plain;
+        for (size_t b = 1; b < S; ++b) {
+          for (size_t k = 0; k < R; ++k) chains[k][b] = (*plain)[perm[b][k]][b];
+        }
+        const uint64_t cost = total(chains);
+        if (best.empty() || cost < best_cost) {
+          best = chains;
+          best_cost = cost;
+        }
+        return;
+      }
+      std::sort(perm[s].begin(), perm[s].end());
+      do {
+        enumerate(s + 1);
+      } while (reported[s] && std::next_permutation(perm[s].begin(), perm[s].end()));
+    };
+    enumerate(1);
+    EXPECT_EQ(total(*r), best_cost) << "trial " << trial;
+    EXPECT_EQ(*r, best) << "trial " << trial;
+    ++checked;
+    moved += *r != *plain ? 1 : 0;
+  }
+  EXPECT_EQ(checked, 300);
+  EXPECT_GT(moved, 30);  // links did reorder chains
 }
 
 }  // namespace

@@ -16,21 +16,32 @@
 //     be filled -- so faster nodes get the heavier stages, and a placement is found whenever one
 //     exists (checked against exhaustive search in the tests);
 //   * then links (issue 15: nodes report what they measured, NodeView::links): the R nodes of a
-//     stage are interchangeable (same need), so which replica each serves is free. Stage by
-//     stage from stage 1 on, each stage s node is matched to a replica's stage s-1 node by the
-//     cheapest link first (StageLinkCostUs; ties by the stage s-1 node's id, then the stage s
-//     node's), greedily: the best reported link of a boundary is always used, and each next
-//     cheapest among the nodes left. A boundary across which no node reported any link keeps
-//     the order above, so without reports the placement is exactly what it was before links
-//     existed. Which nodes serve each stage never changes, so the guarantees above hold.
+//     stage are interchangeable (same need), so which replica each serves is free, and nodes
+//     with equal throughput_flops and memory_bytes are interchangeable for the rules above (only
+//     the id orders them), so which of them serve a stage is free too. At every boundary s-1 ->
+//     s (s >= 1), given the replicas' stage s-1 nodes, the stage s nodes (its placed ones, or
+//     free nodes equal to them: the R with the cheapest reported links from stage s-1 nodes;
+//     each class of equal nodes keeping its count) are chosen and matched to the replicas so
+//     that the boundary's total link cost (StageLinkCostUs summed over the R pairs) is the least
+//     possible: an exact assignment (Hungarian algorithm, O(n^3) in the n <= 3R candidates; a
+//     tie-break of at most O(n^4)), not the cheapest link first. Among choices of
+//     equal total, replica 0 takes the first candidate (the placed nodes in replica order, then
+//     the placement order) that still allows the least total, then replica 1, and so on, so
+//     equal links keep the placement. Were every stage's nodes fixed, any pairing at each
+//     boundary makes R chains and minimising boundary by boundary would be the minimum over the
+//     whole chain; choosing nodes too, it is stage s given stage s-1 (the whole chain would be a
+//     quadratic assignment). A boundary across which no node reported any link keeps the order
+//     above (a node an earlier stage took replaced by the first free node equal to it), so
+//     without reports the placement is exactly what it was before links existed. Every stage's
+//     throughputs and memories never change, so the guarantees above hold.
 //
 //   std::vector<StageNeed> needs = ...;   // per stage, from CutCosts
 //   Result<std::vector<std::vector<NodeId>>> chains =
 //       PlaceStages(task, needs, /*replicas=*/2, nodes, height, params);
 //   // (*chains)[r][s]: the node of stage s of replica r
 //
-// Not yet: placing more than one stage on a node, and letting links choose WHICH nodes serve a
-// stage (links only pair the nodes the memory and speed rules chose).
+// Not yet: placing more than one stage on a node, the task's real boundary bytes in the link cost
+// (kStageLinkCostBytes), and choosing nodes and pairs over the whole chain at once.
 #pragma once
 
 #include <cstdint>
