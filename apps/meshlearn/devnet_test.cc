@@ -689,7 +689,8 @@ TEST(DevnetLong, The10mGptWithALazySolverIsRuledByTheLedgerAtATile) {
 // one more for the re-run once the cheater is jailed), one of them a lazy stage node: every stage
 // fits (the heaviest needs 70.9 MB), one whole unit would not (216 MB), so the ledger can place it
 // only as stages. The lazy node is caught by a verifier replaying its stage's step, slashed and
-// jailed, no honest node is slashed, and the final weights are `meshlearn diloco`'s, bit for bit.
+// jailed by the ledger's own ruling (a RefereeTile: no key), no honest node is slashed, and
+// the final weights are `meshlearn diloco`'s, bit for bit.
 // Every stage node's peak resident memory meets issue 15's bound: 1/S of the whole model trained
 // on one node plus a stage's activations (a node that verifies a stage while it trains its own
 // stays within what it offers: NodeAgent::WaitsForStageUnit). Label "long".
@@ -718,8 +719,9 @@ TEST(DevnetLong, TheGptPipelineOnAVerifyingChainUnderAMemoryLimitSlashesALazySta
   ASSERT_EQ(v["slashed"].size(), 1u) << "the lazy node alone: " << v.dump(2);
   EXPECT_EQ(v["slashed"][0]["adversary"], "lazy");
   EXPECT_EQ(v["slashed"][0]["status"], "jailed");
-  // A 10M GPT stage is over the stage witness bound: some transaction ruled the stage's step for
-  // the challenger, and the report names which.
+  // A 10M GPT stage is over the stage witness bound, so its dispute plays the tile phase (the
+  // ledger requires the bundle: MismatchNeedsBundle) and the ledger rules it itself, by a
+  // RefereeTile within the 256 KiB witness bound; no key rules it.
   int for_challenger = 0;
   for (const json& d : v["disputes_ruled"]) {
     std::printf("[ devnet   ] ruling on unit %u step %llu by %s, witness %llu bytes, for the %s\n",
@@ -728,7 +730,8 @@ TEST(DevnetLong, TheGptPipelineOnAVerifyingChainUnderAMemoryLimitSlashesALazySta
                 d["tx"].get<std::string>().c_str(),
                 static_cast<unsigned long long>(d["witness_bytes"].get<uint64_t>()),
                 d["for"].get<std::string>().c_str());
-    EXPECT_FALSE(d["tx"].get<std::string>().empty()) << d.dump();
+    EXPECT_EQ(d["tx"], "RefereeTile") << d.dump();
+    EXPECT_LE(d["witness_bytes"].get<uint64_t>(), 256u * 1024) << d.dump();
     for_challenger += d["for"] == "challenger" && d["executed"].get<bool>();
   }
   EXPECT_GE(for_challenger, 1) << v.dump(2);
