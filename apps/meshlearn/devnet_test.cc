@@ -7,12 +7,12 @@
 
 #include <array>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -48,13 +48,15 @@ void ExpectNoOrphans(const std::string& dir) {
     std::ifstream in(e.path() / "cmdline");
     std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     for (char& c : cmdline) c = c == '\0' ? ' ' : c;
-    EXPECT_EQ(cmdline.find(dir + "/"), std::string::npos) << "still running: pid " << name << ": " << cmdline;
+    EXPECT_EQ(cmdline.find(dir + "/"), std::string::npos)
+        << "still running: pid " << name << ": " << cmdline;
     // A process started with relative paths names no `dir` on its command line: its working
     // directory does.
     std::error_code ec;
     const std::string cwd = std::filesystem::read_symlink(e.path() / "cwd", ec).string();
     if (!ec && !cmdline.empty()) {
-      EXPECT_NE(cwd.rfind(dir, 0), 0u) << "still running in " << cwd << ": pid " << name << ": " << cmdline;
+      EXPECT_NE(cwd.rfind(dir, 0), 0u)
+          << "still running in " << cwd << ": pid " << name << ": " << cmdline;
     }
   }
 }
@@ -115,7 +117,8 @@ void CheckCommon(const json& r, int rounds = 3) {
   EXPECT_TRUE(r["matches_reference"].get<bool>()) << r.dump(2);
   ASSERT_FALSE(r["token_invariant"].is_null()) << "chain_status has no totals";
   EXPECT_TRUE(r["token_invariant"].get<bool>()) << r.dump(2);
-  EXPECT_EQ(r["spent"].get<uint64_t>() + r["refunded"].get<uint64_t>(), r["budget"].get<uint64_t>());
+  EXPECT_EQ(r["spent"].get<uint64_t>() + r["refunded"].get<uint64_t>(),
+            r["budget"].get<uint64_t>());
   // One money vocabulary (docs/submitters.md): spent is what solvers, verifiers and aggregators
   // were paid; what the solvers were paid is what the nodes' units were paid.
   const json& m = r["money"];
@@ -140,8 +143,11 @@ TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   std::string dir = TempDir() + "/d";
   LogsOnFailure logs(dir);
-  CmdResult r = Meshlearn("--json devnet --solvers 4 --task tests/devnet-tiny.toml --block-interval-ms 200 "
-                          "--timeout 300 --out " + dir, dir + "-home");
+  CmdResult r = Meshlearn(
+      "--json devnet --solvers 4 --task tests/devnet-tiny.toml --block-interval-ms 200 "
+      "--timeout 300 --out " +
+          dir,
+      dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
   json rep = ReadReport(dir);
   CheckCommon(rep);
@@ -159,10 +165,12 @@ TEST(Devnet, TinyTaskFinishesPaysCommittedUnitsAndEqualsReference) {
 TEST(Devnet, APipelineTaskTrainsOnStageNodesToTheReference) {
   std::string dir = TempDir() + "/d";
   LogsOnFailure logs(dir);
-  CmdResult r = Meshlearn("--json devnet --solvers 6 --task tests/devnet-pipeline.toml "
-                          "--block-interval-ms 200 --no-verification --timeout 300 "
-                          "--memory-limit 400K --out " + dir,
-                          dir + "-home");
+  CmdResult r = Meshlearn(
+      "--json devnet --solvers 6 --task tests/devnet-pipeline.toml "
+      "--block-interval-ms 200 --no-verification --timeout 300 "
+      "--memory-limit 400K --out " +
+          dir,
+      dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
   json rep = ReadReport(dir);
   ASSERT_FALSE(rep.is_discarded());
@@ -216,9 +224,11 @@ TEST(Devnet, APipelineTaskTrainsOnStageNodesToTheReference) {
 TEST(Devnet, ALazyStageOnAVerifyingChainIsSlashedAndTheModelIsTheReference) {
   std::string dir = TempDir() + "/d";
   LogsOnFailure logs(dir);
-  CmdResult few = Meshlearn("devnet --solvers 6 --task tests/devnet-pipeline.toml "
-                            "--adversary solver:lazy --out " + dir,
-                            dir + "-home");
+  CmdResult few = Meshlearn(
+      "devnet --solvers 6 --task tests/devnet-pipeline.toml "
+      "--adversary solver:lazy --out " +
+          dir,
+      dir + "-home");
   EXPECT_NE(few.code, 0);
   EXPECT_NE(few.out.find("--solvers 6: the task's rounds are 2 replicas x 3 stages"),
             std::string::npos)
@@ -226,11 +236,13 @@ TEST(Devnet, ALazyStageOnAVerifyingChainIsSlashedAndTheModelIsTheReference) {
   EXPECT_NE(few.out.find("pass --solvers 7"), std::string::npos) << few.out;
   // 7 nodes for 6 stage units a round: one is left out of each round. The honest ones report 0.9x
   // the machine's throughput, so the lazy one (node6, the fastest) always takes a stage.
-  CmdResult r = Meshlearn("--json devnet --solvers 7 --task tests/devnet-pipeline.toml "
-                          "--block-interval-ms 200 --timeout 300 --adversary solver:lazy "
-                          "--speed 0=0.9 --speed 1=0.9 --speed 2=0.9 --speed 3=0.9 --speed 4=0.9 "
-                          "--speed 5=0.9 --out " + dir,
-                          dir + "-home");
+  CmdResult r = Meshlearn(
+      "--json devnet --solvers 7 --task tests/devnet-pipeline.toml "
+      "--block-interval-ms 200 --timeout 300 --adversary solver:lazy "
+      "--speed 0=0.9 --speed 1=0.9 --speed 2=0.9 --speed 3=0.9 --speed 4=0.9 "
+      "--speed 5=0.9 --out " +
+          dir,
+      dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
   json rep = ReadReport(dir);
   ASSERT_FALSE(rep.is_discarded());
@@ -267,8 +279,7 @@ TEST(Devnet, AMemoryLimitThatNothingFitsIsRefusedUpFront) {
   } cases[] = {
       {"--task tests/devnet-pipeline.toml --solvers 6 --no-verification --memory-limit 100K",
        "below the heaviest of the task's 3 stages (320768 bytes)"},
-      {"--task tests/devnet-tiny.toml --memory-limit 1K",
-       "below what one unit of the task needs"},
+      {"--task tests/devnet-tiny.toml --memory-limit 1K", "below what one unit of the task needs"},
       {"--task tests/devnet-tiny.toml --memory-limit 12X", "--memory-limit is '12X'"},
       {"--task tests/devnet-tiny.toml --memory-limit 0", "--memory-limit is '0'"},
       {"--task tests/devnet-tiny.toml --memory-limit 99999999999G", "--memory-limit is"},
@@ -410,10 +421,11 @@ TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   const std::string assurance = GetParam().assurance;
   std::string dir = TempDir() + "/d";
   LogsOnFailure logs(dir);
-  CmdResult r = Meshlearn("--json devnet --solvers 4 --task tests/devnet-tiny.toml --block-interval-ms 200 "
-                          "--timeout 300 --adversary solver:" + mode + " --out " + dir +
-                              (assurance.empty() ? "" : " --assurance " + assurance),
-                          dir + "-home");
+  CmdResult r = Meshlearn(
+      "--json devnet --solvers 4 --task tests/devnet-tiny.toml --block-interval-ms 200 "
+      "--timeout 300 --adversary solver:" +
+          mode + " --out " + dir + (assurance.empty() ? "" : " --assurance " + assurance),
+      dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
   json rep = ReadReport(dir);
   CheckCommon(rep);  // every committed unit paid; final weights = the in-process reference
@@ -423,7 +435,8 @@ TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   const int cheater = v["adversaries"][0]["solver"].get<int>();
   EXPECT_EQ(v["adversaries"][0]["mode"], mode);
   EXPECT_EQ(v["assurance"], assurance.empty() ? "economic" : assurance) << v.dump(2);
-  EXPECT_EQ(v["dispute_window_ms"].get<int64_t>(), 4000) << v.dump(2);  // a model under 1M parameters
+  EXPECT_EQ(v["dispute_window_ms"].get<int64_t>(), 4000)
+      << v.dump(2);  // a model under 1M parameters
   if (assurance == "full") {
     EXPECT_EQ(v["checks"]["unchecked"].get<int>(), 0) << v.dump(2);  // every unit replayed
   }
@@ -434,7 +447,8 @@ TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   for (const json& n : rep["nodes"]) {
     if (n["solver"].get<int>() == cheater) {
       EXPECT_EQ(n["status"], "jailed") << n.dump(2);
-      EXPECT_EQ(n["paid_for_units"].get<uint64_t>(), 0u) << n.dump(2);  // no unit of it was ever paid
+      EXPECT_EQ(n["paid_for_units"].get<uint64_t>(), 0u)
+          << n.dump(2);  // no unit of it was ever paid
       EXPECT_EQ(n["units"].get<int>(), 0) << n.dump(2);
     } else {
       EXPECT_EQ(n["slashed"].get<uint64_t>(), 0u) << n.dump(2);
@@ -468,9 +482,9 @@ TEST(Devnet, BadAssuranceOptionsAreRefusedBeforeAnythingStarts) {
       {"--dispute-window-ms -1", "--dispute-window-ms: '-1' is negative"},
       {"--dispute-window-ms 3600001", "--dispute-window-ms is 3600001; use 1 to 3600000, or 0"}};
   for (const auto& [flags, expect] : cases) {
-    CmdResult r = Meshlearn("devnet --solvers 2 --task tests/devnet-tiny.toml --out " + dir + " " +
-                                flags,
-                            dir + "-home");
+    CmdResult r =
+        Meshlearn("devnet --solvers 2 --task tests/devnet-tiny.toml --out " + dir + " " + flags,
+                  dir + "-home");
     EXPECT_NE(r.code, 0) << flags << "\n" << r.out;
     EXPECT_NE(r.out.find(expect), std::string::npos) << flags << "\n" << r.out;
     EXPECT_FALSE(std::filesystem::exists(dir)) << flags << " left " << dir;
@@ -612,8 +626,10 @@ TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
   text.replace(text.find("rounds = 3"), 10, "rounds = 8");
   const std::string task = dir + "-churn.toml";
   std::ofstream(task) << text;
-  CmdResult r = Meshlearn("--json devnet --solvers 5 --task " + task + " --block-interval-ms 200 "
-                          "--timeout 600 --kill 1@1 --late 4@1 --speed 2=0.5 --out " + dir,
+  CmdResult r = Meshlearn("--json devnet --solvers 5 --task " + task +
+                              " --block-interval-ms 200 "
+                              "--timeout 600 --kill 1@1 --late 4@1 --speed 2=0.5 --out " +
+                              dir,
                           dir + "-home");
   ASSERT_EQ(r.code, 0) << r.out;
   json rep = ReadReport(dir);
