@@ -143,7 +143,7 @@ class StageTileChainTest : public PipelineRulingTest {
   // the task bundle: the dispute opens with the tile phase.
   void DisputeWithBundle(const std::vector<std::vector<Hash256>>& leaves, const Hash256& claim) {
     RevealAll(SealMismatch(leaves, claim), bundle_);
-    const protocol::DisputeGame& g = *Check(kCheat).dispute();
+    const protocol::DisputeGame g = *Check(kCheat).dispute();  // a copy: Check() is a value
     ASSERT_FALSE(g.config().operator_tiles.empty()) << "the stage's dispute plays the tile phase";
     ASSERT_EQ(g.config().num_operators, Context().plan.ops.size());
   }
