@@ -643,8 +643,15 @@ Result<StageRootsWitness> BuildStageRootsWitness(const TileRuleContext& ctx,
                                                  const protocol::StageStepCommit& commit,
                                                  uint64_t seed, uint64_t stream) {
   const engine::TilePlan& plan = ctx.plan;
-  if (!RulesFromRoots(plan, task) || trace.size() != plan.ops.size()) {
-    return FailedPrecondition("stage roots witness: the task is not ruled from this step's roots");
+  if (!RulesFromRoots(plan, task)) {
+    return FailedPrecondition("stage roots witness: the referee task (step " +
+                              std::to_string(task.step) +
+                              ") is not a whole step ruled from this step's roots");
+  }
+  if (trace.size() != plan.ops.size()) {
+    return FailedPrecondition("stage roots witness: the trace of the step has " +
+                              std::to_string(trace.size()) + " operators, the stage's plan " +
+                              std::to_string(plan.ops.size()));
   }
   StageRootsWitness w{EncodeStageStepCommit(commit), seed, stream, {}};
   // A received operator is ruled from its record alone.

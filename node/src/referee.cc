@@ -516,7 +516,8 @@ Result<RefereeService::Computed> RefereeService::ComputeStageTile(const RefereeD
   // ledger rules the tile, or the roots against the stage's committed commit, for any stage size.
   ML_ASSIGN_OR_RETURN(ledger::TileRuleContext ctx,
                       DisputeTileContext(d, t->bundle_text, info.params));
-  ML_ASSIGN_OR_RETURN(TracedStageStep traced, TraceStageStep(in, d.task.step - 1));
+  ML_ASSIGN_OR_RETURN(TracedStageStep traced,
+                      TraceStageStep(in, d.task.step - 1, /*keep_values=*/d.task.tile));
   ML_ASSIGN_OR_RETURN(ledger::RefereeTileTx tx,
                       BuildStageTileTx(ctx, d.task, traced, t->trainer->data(), d.task_id, d.index,
                                        t->bundle_text, &t->pages, &t->tree));

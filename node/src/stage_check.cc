@@ -125,9 +125,9 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
       .task_id = in.task_id, .index = index, .witness = {ledger::EncodeStageStepWitness(w)}};
 }
 
-Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step) {
+Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step, bool keep_values) {
   const StageStepRef ref = RefOf(in, step);
-  Result<StageStepEvidence> ev = FetchStageStepEvidence(in.transport, in.endpoint, ref);
+  Result<StageStepEvidence> ev = FetchStageStepRecords(in.transport, in.endpoint, ref);
   if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) {
     return FailedPrecondition(ref.ToString() +
                               ": the stage node serves no evidence for the step; nothing to "
@@ -139,7 +139,18 @@ Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step)
   ML_ASSIGN_OR_RETURN(engine::Batch batch, BatchOfStep(in, ref));
   ML_ASSIGN_OR_RETURN(ledger::StageReplaySetup setup,
                       ledger::StageReplaySetupOf(*in.task, *in.net, work.lr_scale, in.chain));
-  Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
+  // The checkpoint loaded as it is fetched, as CheckStageStep does: its bytes are never held
+  // beside the state.
+  Result<engine::TrainState> start = engine::TrainState{};
+  Status fetched =
+      FetchStageCheckpointState(in.transport, in.endpoint, ref, ev->checkpoint_bytes, &start);
+  if (fetched.code() == StatusCode::kNotFound) {
+    return FailedPrecondition(ref.ToString() +
+                              ": the stage node no longer serves its checkpoint; "
+                              "nothing to trace: " +
+                              fetched.message());
+  }
+  if (!fetched.ok()) return fetched.WithPrefix(ref.ToString() + ": fetching its checkpoint");
   if (!start.ok()) {
     return FailedPrecondition(
         ref.ToString() +
@@ -149,11 +160,17 @@ Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step)
   out.seed = start->seed;
   out.stream = start->stream;
   out.trace = std::make_shared<engine::OpTrace>();
-  out.trace->set_keep_values(true);  // a tile's witness reads its footprint's values
+  out.trace->set_keep_values(keep_values);
   Result<ledger::StageReplayResult> r = ledger::ReplayStageStep(
       setup, std::move(*start), ev->commit, ev->blobs, batch,
       engine::DropoutSeed(in.task->seed, work.stream), nullptr, out.trace.get());
   if (!r.ok()) return r.status().WithPrefix(ref.ToString() + ": tracing it");
+  if (out.trace->size() == 0) {
+    // The replay stopped before the step ran (a record not signed by the chain, a checkpoint that
+    // is not the commit's start): there is no trace to answer or witness from.
+    return FailedPrecondition(ref.ToString() +
+                              ": the replay stopped before the step: " + r->message);
+  }
   out.commit = std::move(ev->commit);
   out.batch = std::move(batch);
   return out;

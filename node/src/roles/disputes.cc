@@ -285,7 +285,7 @@ Status Disputes::RunTrace(const CheckAssignment& c) {
   ML_ASSIGN_OR_RETURN(TaskContext * task, node_->GetTask(c.task_id));
   if (task->bundle.net.stages > 1) {
     // A pipeline stage's step: traced from what the stage node serves, no range replayed.
-    Status traced = TraceStage(c, task, step, &entry);
+    Status traced = TraceStage(c, task, step, &entry, /*keep_values=*/false);
     if (traced.code() == StatusCode::kFailedPrecondition) return give_up(traced.message());
     ML_RETURN_IF_ERROR(traced);
     traces_[key] = std::move(entry);
@@ -332,10 +332,17 @@ Status Disputes::RunTrace(const CheckAssignment& c) {
 void Disputes::PostTileMove(const CheckAssignment& c) {
   const DisputeView& d = *c.dispute;
   if (!d.has_query || d.stage == protocol::DisputeStage::kDisputeSteps) return;
-  auto it = traces_.find(TraceKey(c, d.query.step));
+  const std::string key = TraceKey(c, d.query.step);
+  auto it = traces_.find(key);
   if (it == traces_.end()) return;
-  const TraceEntry& e = it->second;
   const protocol::DisputeQuery& q = d.query;
+  if (q.stage != protocol::DisputeStage::kDisputeOperators) {
+    if (Status kept = KeepStageValues(c, key, q.step); !kept.ok()) {
+      node_->Log(CheckName(c) + ": no move for the dispute's query yet: " + kept.message());
+      return;
+    }
+  }
+  const TraceEntry& e = it->second;
   const VerifyAction action{
       .dir = node_->VerifyDir(c),
       .kind = Kind::kPost,
@@ -390,6 +397,11 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
     // After a restart (or a game that reached the referee at once): trace the step again.
     ML_RETURN_IF_ERROR(RunTrace(c));
     if (!traces_.count(key)) return give_up("the step could not be traced");
+  }
+  if (t.tile) {
+    Status kept = KeepStageValues(c, key, t.step);
+    if (kept.code() == StatusCode::kFailedPrecondition) return give_up(kept.message());
+    ML_RETURN_IF_ERROR(kept);
   }
   const TraceEntry& e = traces_.at(key);
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
@@ -509,13 +521,13 @@ Result<StageCheckInput> Disputes::StageInputOf(const CheckAssignment& c, TaskCon
 }
 
 Status Disputes::TraceStage(const CheckAssignment& c, TaskContext* ctx, uint64_t step,
-                            TraceEntry* entry) {
+                            TraceEntry* entry, bool keep_values) {
   // A stage unit's check has one leaf per step after its start (protocol::StageCheckLeaves): the
   // game's step s is the stage's step s - 1.
   if (step == 0) return FailedPrecondition("the game's step 0 is the stage's start, not a step");
   std::shared_ptr<const engine::TaskData> data;
   ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
-  ML_ASSIGN_OR_RETURN(TracedStageStep traced, TraceStageStep(in, step - 1));
+  ML_ASSIGN_OR_RETURN(TracedStageStep traced, TraceStageStep(in, step - 1, keep_values));
   // Both parties answer from the stage's served step, whoever defends: a cheating stage's lie is
   // in what it committed and served, which its own trace shows as the verifier's does.
   entry->step = TracedStep{.step = static_cast<int64_t>(step),
@@ -523,6 +535,16 @@ Status Disputes::TraceStage(const CheckAssignment& c, TaskContext* ctx, uint64_t
                            .trace = traced.trace,
                            .batch = traced.batch};
   entry->stage = std::move(traced);
+  return Status::Ok();
+}
+
+Status Disputes::KeepStageValues(const CheckAssignment& c, const std::string& key, uint64_t step) {
+  TraceEntry& e = traces_.at(key);
+  if (!e.stage.has_value() || e.step.trace->keep_values()) return Status::Ok();
+  ML_ASSIGN_OR_RETURN(TaskContext * task, node_->GetTask(c.task_id));
+  ML_RETURN_IF_ERROR(TraceStage(c, task, step, &e, /*keep_values=*/true));
+  node_->Log(CheckName(c) + ": stage dispute at step " + std::to_string(step - 1) +
+             ": traced it again, keeping its operators' values for the tile phase");
   return Status::Ok();
 }
 

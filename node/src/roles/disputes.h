@@ -85,7 +85,13 @@ class Disputes {
   // A pipeline stage's disputed step (the tile phase over the stage's plan) traced from what the
   // stage node serves, into `entry` (its trace, batch and served commit). FailedPrecondition when
   // nothing can be traced (the caller gives up); fetch errors as they come (tried again).
-  Status TraceStage(const CheckAssignment& c, TaskContext* ctx, uint64_t step, TraceEntry* entry);
+  // The values of its outputs are kept only with `keep_values` (TraceStageStep).
+  Status TraceStage(const CheckAssignment& c, TaskContext* ctx, uint64_t step, TraceEntry* entry,
+                    bool keep_values);
+  // A stage's step is traced first without values (the operator phase and a roots witness read
+  // only the roots); once the game needs a tile's (phases 3-4, a tile witness), the traced entry
+  // `key` of game step `step` is traced again, keeping them. Nothing for a unit's step.
+  Status KeepStageValues(const CheckAssignment& c, const std::string& key, uint64_t step);
   // The referee stage of a stage dispute: RefereeTile from the traced step `e` (a tile's
   // witness, or the served commit's roots), sent once under `action`.
   Status PostStageTile(const CheckAssignment& c, const TraceEntry& e, const engine::TaskData& data,

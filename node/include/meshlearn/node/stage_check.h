@@ -120,8 +120,12 @@ struct TracedStageStep {
 
 // Stage step `step` traced from what the stage node at in.endpoint serves. FailedPrecondition
 // when it serves no evidence for the step or its checkpoint does not load (nothing to trace);
-// fetch errors as they come.
-Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step);
+// fetch errors as they come. The trace keeps every operator's output values only with
+// `keep_values`: a tile's moves (phases 3-4) and witness read them, while the operator phase and
+// a roots witness read only the roots, and the values of a stage step hold its state several
+// times over (parameters, gradients and both moments before and after: a node offering 100 MB to
+// a 10M GPT stage peaked at 350-400 MB with them).
+Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step, bool keep_values);
 
 // The RefereeTile that rules referee task `task` of the dispute on stage unit `index` of task
 // `task_id`, from `traced`: a tile's footprint witness (ledger::BuildTileWitness; the batch's
