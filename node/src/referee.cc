@@ -606,13 +606,8 @@ Result<RefereeService::Computed> RefereeService::ComputeTileWitness(
       TracedStep traced,
       TraceDisputedStep(t->trainer.get(), global, work, static_cast<int64_t>(d.task.step),
                         roots ? d.task.input : d.task.state_input, start));
-  const engine::ClassificationData* train = nullptr;
-  if (!t->trainer->data().tokens) {
-    if (t->tree == nullptr) t->tree = std::make_unique<engine::DataTree>(t->trainer->data().train);
-    train = &t->trainer->data().train;
-  } else if (t->pages == nullptr) {
-    t->pages = std::make_unique<engine::TokenPageTree>(t->trainer->data().train_tokens.tokens);
-  }
+  const engine::ClassificationData* train =
+      EnsureDataProofs(t->trainer->data(), &t->pages, &t->tree);
   ML_ASSIGN_OR_RETURN(ledger::TileWitness w,
                       ledger::BuildTileWitness(ctx, d.task, *traced.trace, traced.batch, train,
                                                t->tree.get(), t->pages.get()));

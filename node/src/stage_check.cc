@@ -5,6 +5,7 @@
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/node/stage_evidence.h"
+#include "meshlearn/node/step_witness.h"
 #include "meshlearn/protocol/task_model.h"
 
 namespace meshlearn::node {
@@ -39,6 +40,51 @@ Result<engine::Batch> BatchOfStep(const StageCheckInput& in, const StageStepRef&
   return StageStepBatch(in, ref.step);
 }
 
+// What a replay of step ref.step starts from, from the stage node: its served commit and received
+// tensors, the replica's work as the Stager trains it (its batches, inner rate and dropout
+// stream), the step's batch, the replay's setup, and the checkpoint's state, loaded as it is
+// fetched (its bytes are never held beside the state; one that does not load is left in `start`).
+struct StageStepStart {
+  StageStepEvidence ev;
+  UnitWork work;
+  engine::Batch batch;
+  ledger::StageReplaySetup setup;
+  Result<engine::TrainState> start = engine::TrainState{};
+};
+
+// NotFound, unprefixed, when the node does not serve the step's records or its checkpoint, or
+// when its served commit is not `committed_leaf` (when given: checked before the checkpoint is
+// fetched); other fetch errors prefixed with what was fetched.
+Result<StageStepStart> FetchStageStepStart(const StageCheckInput& in, const StageStepRef& ref,
+                                           const Hash256* committed_leaf) {
+  StageStepStart out;
+  Result<StageStepEvidence> ev = FetchStageStepRecords(in.transport, in.endpoint, ref);
+  if (!ev.ok() && ev.status().code() != StatusCode::kNotFound) {
+    return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
+  }
+  if (!ev.ok()) return ev.status();
+  if (committed_leaf != nullptr && protocol::StageStepLeaf(ev->commit) != *committed_leaf) {
+    return NotFound("the served commit is not the committed step leaf " +
+                    committed_leaf->ShortHex());
+  }
+  out.ev = std::move(*ev);
+  out.work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
+  if (ref.step >= static_cast<uint64_t>(out.work.inner_steps)) {
+    return InvalidArgument(ref.ToString() + ": the step is outside the unit's " +
+                           std::to_string(out.work.inner_steps) + " steps");
+  }
+  ML_ASSIGN_OR_RETURN(out.batch, BatchOfStep(in, ref));
+  ML_ASSIGN_OR_RETURN(out.setup,
+                      ledger::StageReplaySetupOf(*in.task, *in.net, out.work.lr_scale, in.chain));
+  Status fetched = FetchStageCheckpointState(in.transport, in.endpoint, ref,
+                                             out.ev.checkpoint_bytes, &out.start);
+  if (!fetched.ok() && fetched.code() != StatusCode::kNotFound) {
+    return fetched.WithPrefix(ref.ToString() + ": fetching its checkpoint");
+  }
+  if (!fetched.ok()) return fetched;
+  return out;
+}
+
 }  // namespace
 
 Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
@@ -51,39 +97,21 @@ Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
     out.message = ref.ToString() + ": unserved: " + why;
     return out;
   };
-  Result<StageStepEvidence> ev = FetchStageStepRecords(in.transport, in.endpoint, ref);
-  if (!ev.ok() && ev.status().code() != StatusCode::kNotFound) {
-    return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
+  // A step the node does not serve, or no longer serves, is unserved; a checkpoint that does not
+  // load is the `start` finding (JudgeStageStep).
+  Result<StageStepStart> got = FetchStageStepStart(in, ref, &committed_leaf);
+  if (!got.ok() && got.status().code() == StatusCode::kNotFound) {
+    return unserved(got.status().message());
   }
-  if (!ev.ok()) return unserved(ev.status().message());
-  if (protocol::StageStepLeaf(ev->commit) != committed_leaf) {
-    return unserved("the served commit is not the committed step leaf " +
-                    committed_leaf.ShortHex());
-  }
-  // The replica's work as the Stager trains it: its batches, inner rate and dropout stream.
-  const engine::TaskSpec& task = *in.task;
-  const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
-  if (step >= static_cast<uint64_t>(work.inner_steps)) {
-    return InvalidArgument(ref.ToString() + ": the step is outside the unit's " +
-                           std::to_string(work.inner_steps) + " steps");
-  }
-  ML_ASSIGN_OR_RETURN(const engine::Batch batch, BatchOfStep(in, ref));
-  ML_ASSIGN_OR_RETURN(ledger::StageReplaySetup setup,
-                      ledger::StageReplaySetupOf(task, *in.net, work.lr_scale, in.chain));
-  // The stage's state at the step's start, loaded as it is fetched: one that does not load is
-  // the `start` finding (JudgeStageStep); a step the node stopped serving meanwhile is unserved.
-  Result<engine::TrainState> start = engine::TrainState{};
-  Status fetched =
-      FetchStageCheckpointState(in.transport, in.endpoint, ref, ev->checkpoint_bytes, &start);
-  if (fetched.code() == StatusCode::kNotFound) return unserved(fetched.message());
-  if (!fetched.ok()) return fetched.WithPrefix(ref.ToString() + ": fetching its checkpoint");
+  ML_RETURN_IF_ERROR(got.status());
+  StageStepStart& f = *got;
   engine::TrainState after;
   Result<StageStepCheck> c = ledger::JudgeStageStep(
-      setup, ev->commit, std::move(start), ev->blobs, batch,
-      engine::DropoutSeed(task.seed, work.stream), committed_leaf, end ? &after : nullptr);
+      f.setup, f.ev.commit, std::move(f.start), f.ev.blobs, f.batch,
+      engine::DropoutSeed(in.task->seed, f.work.stream), committed_leaf, end ? &after : nullptr);
   if (!c.ok()) return c.status().WithPrefix(ref.ToString());
   if (end != nullptr && c->leaf == committed_leaf) {
-    end->commit = std::move(ev->commit);
+    end->commit = std::move(f.ev.commit);
     end->state = std::move(after);
   }
   return c;
@@ -108,49 +136,28 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                               ": the served commit is not the committed step leaf " +
                               committed_leaf.ShortHex() + "; no witness can be built");
   }
-  const engine::TaskData& data = *in.data;
   const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
-  if (data.tokens) {
-    if (*pages == nullptr) {
-      *pages = std::make_unique<engine::TokenPageTree>(data.train_tokens.tokens);
-    }
-  } else if (*tree == nullptr) {
-    *tree = std::make_unique<engine::DataTree>(data.train);
-  }
-  ML_ASSIGN_OR_RETURN(ledger::StageStepWitness w,
-                      ledger::BuildStageStepWitness(
-                          bundle, ev->commit, ev->checkpoint, ev->blobs, *in.task, work.stream,
-                          pages->get(), data.tokens ? nullptr : &data.train, tree->get()));
+  const engine::ClassificationData* train = EnsureDataProofs(*in.data, pages, tree);
+  ML_ASSIGN_OR_RETURN(
+      ledger::StageStepWitness w,
+      ledger::BuildStageStepWitness(bundle, ev->commit, ev->checkpoint, ev->blobs, *in.task,
+                                    work.stream, pages->get(), train, tree->get()));
   return ledger::RefereeStageStepTx{
       .task_id = in.task_id, .index = index, .witness = {ledger::EncodeStageStepWitness(w)}};
 }
 
 Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step, bool keep_values) {
   const StageStepRef ref = RefOf(in, step);
-  Result<StageStepEvidence> ev = FetchStageStepRecords(in.transport, in.endpoint, ref);
-  if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) {
+  Result<StageStepStart> got = FetchStageStepStart(in, ref, nullptr);
+  if (!got.ok() && got.status().code() == StatusCode::kNotFound) {
     return FailedPrecondition(ref.ToString() +
-                              ": the stage node serves no evidence for the step; nothing to "
-                              "trace: " +
-                              ev.status().message());
-  }
-  if (!ev.ok()) return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
-  const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
-  ML_ASSIGN_OR_RETURN(engine::Batch batch, BatchOfStep(in, ref));
-  ML_ASSIGN_OR_RETURN(ledger::StageReplaySetup setup,
-                      ledger::StageReplaySetupOf(*in.task, *in.net, work.lr_scale, in.chain));
-  // The checkpoint loaded as it is fetched, as CheckStageStep does: its bytes are never held
-  // beside the state.
-  Result<engine::TrainState> start = engine::TrainState{};
-  Status fetched =
-      FetchStageCheckpointState(in.transport, in.endpoint, ref, ev->checkpoint_bytes, &start);
-  if (fetched.code() == StatusCode::kNotFound) {
-    return FailedPrecondition(ref.ToString() +
-                              ": the stage node no longer serves its checkpoint; "
+                              ": the stage node does not serve the step; "
                               "nothing to trace: " +
-                              fetched.message());
+                              got.status().message());
   }
-  if (!fetched.ok()) return fetched.WithPrefix(ref.ToString() + ": fetching its checkpoint");
+  ML_RETURN_IF_ERROR(got.status());
+  StageStepStart& f = *got;
+  Result<engine::TrainState>& start = f.start;
   if (!start.ok()) {
     return FailedPrecondition(
         ref.ToString() +
@@ -162,8 +169,8 @@ Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step,
   out.trace = std::make_shared<engine::OpTrace>();
   out.trace->set_keep_values(keep_values);
   Result<ledger::StageReplayResult> r = ledger::ReplayStageStep(
-      setup, std::move(*start), ev->commit, ev->blobs, batch,
-      engine::DropoutSeed(in.task->seed, work.stream), nullptr, out.trace.get());
+      f.setup, std::move(*start), f.ev.commit, f.ev.blobs, f.batch,
+      engine::DropoutSeed(in.task->seed, f.work.stream), nullptr, out.trace.get());
   if (!r.ok()) return r.status().WithPrefix(ref.ToString() + ": tracing it");
   if (out.trace->size() == 0) {
     // The replay stopped before the step ran (a record not signed by the chain, a checkpoint that
@@ -171,8 +178,8 @@ Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step,
     return FailedPrecondition(ref.ToString() +
                               ": the replay stopped before the step: " + r->message);
   }
-  out.commit = std::move(ev->commit);
-  out.batch = std::move(batch);
+  out.commit = std::move(f.ev.commit);
+  out.batch = std::move(f.batch);
   return out;
 }
 
@@ -184,15 +191,7 @@ Result<ledger::RefereeTileTx> BuildStageTileTx(
   Bytes witness;
   if (task.tile) {
     // The footprint's examples or token pages, proven against the task's data root.
-    const engine::ClassificationData* train = nullptr;
-    if (data.tokens) {
-      if (*pages == nullptr) {
-        *pages = std::make_unique<engine::TokenPageTree>(data.train_tokens.tokens);
-      }
-    } else {
-      if (*tree == nullptr) *tree = std::make_unique<engine::DataTree>(data.train);
-      train = &data.train;
-    }
+    const engine::ClassificationData* train = EnsureDataProofs(data, pages, tree);
     ML_ASSIGN_OR_RETURN(ledger::TileWitness w,
                         ledger::BuildTileWitness(ctx, task, *traced.trace, traced.batch, train,
                                                  tree->get(), pages->get()));

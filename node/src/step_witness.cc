@@ -179,6 +179,18 @@ Result<BuiltStepWitness> BuildStepWitness(engine::Trainer* trainer, std::span<co
   return out;
 }
 
+const engine::ClassificationData* EnsureDataProofs(const engine::TaskData& data,
+                                                   std::unique_ptr<engine::TokenPageTree>* pages,
+                                                   std::unique_ptr<engine::DataTree>* tree) {
+  if (data.tokens) {
+    if (*pages == nullptr)
+      *pages = std::make_unique<engine::TokenPageTree>(data.train_tokens.tokens);
+    return nullptr;
+  }
+  if (*tree == nullptr) *tree = std::make_unique<engine::DataTree>(data.train);
+  return &data.train;
+}
+
 Result<TracedStep> TraceDisputedStep(engine::Trainer* trainer, std::span<const float> global,
                                      const UnitWork& work, int64_t step, const Hash256& input,
                                      const DisputeStart& start) {

@@ -407,13 +407,8 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
   ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
   if (e.stage.has_value()) return PostStageTile(c, e, *data, action);
-  const engine::ClassificationData* train = nullptr;
-  if (!data->tokens) {
-    if (!ctx->data_tree) ctx->data_tree = std::make_unique<engine::DataTree>(data->train);
-    train = &data->train;
-  } else if (!ctx->token_pages) {
-    ctx->token_pages = std::make_unique<engine::TokenPageTree>(data->train_tokens.tokens);
-  }
+  const engine::ClassificationData* train =
+      EnsureDataProofs(*data, &ctx->token_pages, &ctx->data_tree);
   Result<ledger::TileWitness> w = ledger::BuildTileWitness(
       e.ctx, t, *e.step.trace, e.step.batch, train, ctx->data_tree.get(), ctx->token_pages.get());
   if (!w.ok()) return give_up(w.status().message());

@@ -85,6 +85,13 @@ Result<BuiltStepWitness> BuildStepWitness(engine::Trainer* trainer, std::span<co
                                           std::string_view bundle, const engine::DataTree& tree,
                                           const DisputeStart& start = {});
 
+// The trees a witness proves its batch with against the task's data root, built on first use:
+// a token task's pages into `*pages`, a classification task's examples into `*tree`. Returns the
+// examples (what ledger::BuildTileWitness reads them from), null for a token task.
+const engine::ClassificationData* EnsureDataProofs(const engine::TaskData& data,
+                                                   std::unique_ptr<engine::TokenPageTree>* pages,
+                                                   std::unique_ptr<engine::DataTree>* tree);
+
 // The disputed step replayed with an engine::OpTrace (values kept): what a party answers phases
 // 2-4 of a dispute with the tile phase from (ledger::AnswerTileQuery) and builds a tile witness
 // from (ledger::BuildTileWitness). The trainer is brought to the agreed state after step - 1
