@@ -427,10 +427,10 @@ TEST(PipelineNetworkTest, AStageNodeThatLeavesMidStepIsReplacedAndTheTaskEndsBit
 
 // A node that offers a memory limit holds one stage at a time (NodeAgent::WaitsForStageUnit,
 // docs/node.md): a check's replay of a stage waits while the node's own stage unit trains, and
-// runs once that unit has ended. Seven verifying agents, each with a limit; replica 1's first
-// stage is held in round 0's step 1 (its first send of the step waits), so that replica's three
-// nodes train (their stages wait on each other) while replica 0's stage units commit and their
-// checks fall to verifiers, among them nodes of replica 1. The hold is released once such a
+// runs once that unit has ended. Seven agents, each with a limit; replica 1's first stage is held
+// in round 0's step 1 (its first send of the step waits), so that replica's three nodes train
+// (their stages wait on each other) while replica 0's stage units commit and their checks fall to
+// the nodes of replica 1 (the seventh node does not verify). The hold is released once such a
 // node has let a check wait, or has replayed one. In every node's log, no verdict is reached
 // while the node trains a stage unit, and every check that waited is replayed after the unit
 // ended; the task ends with `meshlearn diloco`'s weights.
@@ -438,8 +438,12 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitAStageCheckWaitsForTheNodesOwnStageUn
   PipelineOracle o;
   ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
   testing::SimOptions opt = VerifyingPipelineSimOptions(21, "pipeline-network-one-stage");
-  // The seventh node is the slowest: the first placement leaves it out of both replicas.
+  // The seventh node is the slowest: the first placement leaves it out of both replicas. It does
+  // not verify: a stage unit's check is drawn among the nodes of no replica of its own
+  // (StageVerifierCandidates), so each of replica 0's checks falls to a node of replica 1 -- the
+  // three nodes the hold keeps training -- whatever the beacon draws.
   opt.node_options[6].speed_factor = 0.25;
+  opt.node_options[6].roles = ledger::kRoleSolver | ledger::kRoleAggregator;
   // Any limit: a node that offers one replays a stage only while it trains none (FitsBeside).
   for (testing::SimNodeOptions& n : opt.node_options) n.memory_limit_bytes = 1ull << 30;
   std::mutex mu;
