@@ -23,6 +23,8 @@
 
 #include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/test_dir.h"
+#include "meshlearn/engine/tile_rule.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/node/state_blob.h"
 #include "testing/pipeline_task.h"
 #include "testing/sim_harness.h"
@@ -577,8 +579,61 @@ struct CheatingStage {
   // Caught by a stage step's replay and a dispute the ledger rules (RefereeTile); else
   // (wrong_result: every step replays clean) by the verifier's result check and a ProveResult.
   bool disputed = true;
+  // A faulty kernel (AgentOptions::corrupt_sent_in_trace): the stage's own trace of the step
+  // shows its lie, so the parties' traces differ at the operator whose output it sent, and the
+  // game ends at a tile of that operator instead of the agreed chain end.
+  bool faulty_kernel = false;
 };
 class CheatingStageTest : public ::testing::TestWithParam<CheatingStage> {};
+
+// What the faulty kernel computes wrong: step 1's activations of micro-batch 0 (the stage's last
+// block's residual3), or, on the last stage, which sends none, their gradient (its first block's
+// residual.grad): one operator of one step, whichever stage the cheater is placed on.
+bool FaultyKernelSends(const protocol::StageTensorKey& k) {
+  if (k.step != 1 || k.micro_batch != 0) return false;
+  return k.kind == protocol::StageTensorKind::kStageTensorActivation ||
+         (k.kind == protocol::StageTensorKind::kStageTensorActivationGrad &&
+          k.from_stage + 1 == k.stages);
+}
+
+// The 1-based operator index, in the plan of stage `stage` of the oracle's task, of the tensor
+// FaultyKernelSends matches for that stage.
+int64_t FaultyKernelOperator(const PipelineOracle& o, uint32_t stage) {
+  Result<std::unique_ptr<engine::Trainer>> trainer = engine::Trainer::Create(o.task, o.data);
+  if (!trainer.ok()) {
+    ADD_FAILURE() << trainer.status().ToString();
+    return -1;
+  }
+  const engine::TaskSpec& t = (*trainer)->task();  // the model's vocabulary from the data
+  Result<engine::PipelineCut> cut =
+      engine::TaskPipelineCut(t, static_cast<int>(o.net.stages), o.net.cut);
+  if (!cut.ok()) {
+    ADD_FAILURE() << cut.status().ToString();
+    return -1;
+  }
+  Result<engine::TilePlan> plan =
+      engine::PlanStageStepTiles(t.model, t.optimizer, cut->part(static_cast<int>(stage)),
+                                 t.batch_size, t.seq_len, t.micro_batches);
+  if (!plan.ok()) {
+    ADD_FAILURE() << plan.status().ToString();
+    return -1;
+  }
+  const bool last = stage + 1 == o.net.stages;
+  protocol::StageTensorKey key{.stages = o.net.stages,
+                               .from_stage = stage,
+                               .to_stage = last ? stage - 1 : stage + 1,
+                               .step = 1,
+                               .micro_batch = 0,
+                               .kind = last ? protocol::StageTensorKind::kStageTensorActivationGrad
+                                            : protocol::StageTensorKind::kStageTensorActivation};
+  EXPECT_TRUE(FaultyKernelSends(key));
+  const int64_t op = ledger::StageSentOperator(*plan, key);
+  EXPECT_GE(op, 0) << key.ToString();
+  std::printf("faulty kernel on stage %u: operator %lld (%s) of %zu\n", stage,
+              static_cast<long long>(op + 1),
+              op >= 0 ? plan->ops[static_cast<size_t>(op)].name.c_str() : "none", plan->ops.size());
+  return op + 1;
+}
 
 TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco) {
   PipelineOracle o;
@@ -669,6 +724,16 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
     EXPECT_GT(r.ruling.witness_bytes, 0u);
     EXPECT_LE(r.ruling.witness_bytes, ledger::kMaxTileWitnessBytes);
     EXPECT_EQ(r.ruling.output == r.dispute.task.challenger_output, true) << r.ruling.reason;
+    if (GetParam().faulty_kernel) {
+      // Ruled at a tile of the faulty operator of step 1 (the game's step 2), not at the chain
+      // end or an input operator's roots.
+      const protocol::RefereeTask& t = r.dispute.task;
+      EXPECT_TRUE(t.tile) << "ruled from roots (" << static_cast<int>(t.roots) << ") at operator "
+                          << t.operator_index << ": " << r.ruling.reason;
+      EXPECT_EQ(t.step, 2u);
+      EXPECT_EQ(static_cast<int64_t>(t.operator_index),
+                FaultyKernelOperator(o, r.dispute.shard % o.net.stages));
+    }
     std::printf("%s: ruling by %s, witness %llu bytes (%s): %s\n", GetParam().name,
                 r.tx_type.c_str(), static_cast<unsigned long long>(r.ruling.witness_bytes),
                 r.ok ? "executed" : ("refused: " + r.error).c_str(), r.ruling.reason.c_str());
@@ -694,7 +759,13 @@ INSTANTIATE_TEST_SUITE_P(
                           return k.kind == protocol::StageTensorKind::kStageTensorActivation &&
                                  k.micro_batch == 0;
                         };
-                      }}),
+                      }},
+        CheatingStage{"faulty_kernel",
+                      [](AgentOptions& a) {
+                        a.stage_plane.corrupt_sent = FaultyKernelSends;
+                        a.corrupt_sent_in_trace = true;
+                      },
+                      true, true}),
     [](const ::testing::TestParamInfo<CheatingStage>& p) { return std::string(p.param.name); });
 
 }  // namespace

@@ -21,6 +21,12 @@ Hash256 StageChainDigest(std::span<const protocol::NodeId> chain) {
   return h.Finish();
 }
 
+std::vector<float> CorruptedStageTensor(std::span<const float> values) {
+  std::vector<float> out(values.begin(), values.end());
+  if (!out.empty()) out[0] = out[0] + 1e-3f;
+  return out;
+}
+
 Bytes EncodeStagePush(const StageTransfer& record, std::span<const float> values,
                       const Hash256& chain) {
   Encoder e;
@@ -37,10 +43,8 @@ class StagePlane::Link final : public StageLink {
     return plane_->Take(key, record);
   }
   Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
-    if (plane_->options_.corrupt_sent && plane_->options_.corrupt_sent(key) && !values.empty()) {
-      std::vector<float> bad(values.begin(), values.end());
-      bad[0] = bad[0] + 1e-3f;
-      return plane_->Push(key, bad);
+    if (plane_->options_.corrupt_sent && plane_->options_.corrupt_sent(key)) {
+      return plane_->Push(key, CorruptedStageTensor(values));
     }
     return plane_->Push(key, values);
   }

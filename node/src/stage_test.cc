@@ -26,6 +26,7 @@
 #include "meshlearn/engine/model.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
+#include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/ledger/chain.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/rpc.h"
@@ -197,11 +198,7 @@ class StageServingLink final : public StageLink {
     return v;
   }
   Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
-    if (corrupt && corrupt(key)) {
-      std::vector<float> bad(values.begin(), values.end());
-      bad[0] = bad[0] + 1e-3f;
-      return inner_->Send(key, bad);
-    }
+    if (corrupt && corrupt(key)) return inner_->Send(key, CorruptedStageTensor(values));
     return inner_->Send(key, values);
   }
   std::map<Hash256, Bytes> served;
@@ -421,6 +418,76 @@ TEST(StageReplayTest, AStageThatSendsCorruptedActivationsWhileComputingHonestlyI
   // gradients that came back: every honest stage of the replica passes, the cheat alone is named.
   EXPECT_TRUE(StageReplay(run, 2).ok()) << StageReplay(run, 2).message;
   EXPECT_TRUE(StageReplay(run, 0).ok()) << StageReplay(run, 0).message;
+}
+
+// A GPT stage with a faulty kernel: stage 1 computes micro-batch 0's activations (its last
+// block's residual3) wrong at step 1 and sends them. Its trace of the step as it computed it
+// (CorruptSentTrace) is the honest one but at that operator, whose values are the tensor it
+// signed; the tile game over the step then narrows to that operator. A sent tensor that a later
+// operator reads (stage 0's wte, the last stage's sum of squares) cannot be faked that way.
+TEST(StageReplayTest, AFaultyKernelsTraceDiffersFromTheHonestOneAtTheOperatorItSentAlone) {
+  const auto activation0 = [](const StageTensorKey& k) {
+    return k.kind == StageTensorKind::kStageTensorActivation && k.micro_batch == 0;
+  };
+  StageReplayRun run;
+  StageRunForReplay(kStageGpt, &run, [&](auto&, auto& links) { links[1]->corrupt = activation0; });
+  const StageReplaySetup setup = StageSetup(run.spec, StageCtx().chain);
+  auto trace = [&](int s, engine::OpTrace* out) {
+    out->set_keep_values(true);
+    Result<engine::TrainState> start = engine::LoadCheckpoint(&run.env, run.checkpoints[s]);
+    ASSERT_TRUE(start.ok()) << start.status().ToString();
+    Result<StageReplayResult> r =
+        ReplayStageStep(setup, std::move(*start), run.commits[s], run.served[s],
+                        StageBatch(run.spec, 1), kStageDropoutSeed, nullptr, out);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  };
+  auto plan_of = [&](int s) {
+    Result<engine::TilePlan> plan =
+        engine::PlanStageStepTiles(run.spec, StageOptimizer(), setup.cut.part(s), kStageBatch,
+                                   run.spec.gpt.block_size, kStageMicroBatches);
+    CHECK(plan.ok()) << plan.status().ToString();
+    return *plan;
+  };
+  engine::OpTrace honest;
+  ASSERT_NO_FATAL_FAILURE(trace(1, &honest));
+  const engine::TilePlan plan = plan_of(1);
+  ASSERT_EQ(honest.size(), plan.ops.size());
+  Result<engine::OpTrace> lie = CorruptSentTrace(plan, honest, run.commits[1], activation0);
+  ASSERT_TRUE(lie.ok()) << lie.status().ToString();
+  const StageTransfer* sent = nullptr;
+  for (const StageTransfer& t : run.commits[1].sent) {
+    if (activation0(t.key)) sent = &t;
+  }
+  ASSERT_NE(sent, nullptr);
+  const int64_t k = ledger::StageSentOperator(plan, sent->key);
+  ASSERT_GE(k, 0);
+  EXPECT_TRUE(plan.ops[static_cast<size_t>(k)].name.ends_with("residual3"))
+      << plan.ops[static_cast<size_t>(k)].name;
+  EXPECT_EQ(engine::FirstDifference(honest, *lie), k);
+  ASSERT_EQ(lie->size(), honest.size());
+  for (size_t i = 0; i < honest.size(); ++i) {
+    if (static_cast<int64_t>(i) == k) continue;
+    EXPECT_EQ(lie->hash(i), honest.hash(i)) << plan.ops[i].name;
+  }
+  // The faulty operator's output is what the stage signed and sent.
+  EXPECT_EQ(engine::TensorHash(lie->values(static_cast<size_t>(k))), sent->tensor);
+  EXPECT_NE(engine::TensorHash(honest.values(static_cast<size_t>(k))), sent->tensor);
+
+  // Stage 0's wte is an input of its step, the last stage's sum of squares sets its clipping.
+  engine::OpTrace first, last;
+  ASSERT_NO_FATAL_FAILURE(trace(0, &first));
+  ASSERT_NO_FATAL_FAILURE(trace(2, &last));
+  Result<engine::OpTrace> wte =
+      CorruptSentTrace(plan_of(0), first, run.commits[0], [](const StageTensorKey& key) {
+        return key.kind == StageTensorKind::kStageTensorTiedWeight;
+      });
+  EXPECT_EQ(wte.status().code(), StatusCode::kFailedPrecondition) << wte.status().ToString();
+  Result<engine::OpTrace> total = CorruptSentTrace(
+      plan_of(2), last, run.commits[2],
+      [](const StageTensorKey& key) { return key.kind == StageTensorKind::kStageTensorGradTotal; });
+  EXPECT_EQ(total.status().code(), StatusCode::kFailedPrecondition) << total.status().ToString();
+  EXPECT_TRUE(total.status().message().find("reads grad_squares") != std::string::npos)
+      << total.status().ToString();
 }
 
 // The solver adversary modes (node/adversary.h), each applied to one stage of the replica: the

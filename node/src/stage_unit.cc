@@ -1,12 +1,15 @@
 #include "meshlearn/node/stage_unit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "meshlearn/base/check.h"
 #include "meshlearn/engine/step_replay.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/protocol/aggregate.h"
@@ -222,10 +225,10 @@ Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& t
   }
   std::map<std::string, const engine::PlannedParam*> by_name;
   for (const engine::PlannedParam& p : planned) by_name[p.name] = &p;
-  ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Stage> st,
-                      engine::Stage::Create(task.model,
-                                            engine::UnitOptimizerSpec(task.optimizer, lr_scale),
-                                            cut, stage, task.micro_batches));
+  ML_ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::Stage> st,
+      engine::Stage::Create(task.model, engine::UnitOptimizerSpec(task.optimizer, lr_scale), cut,
+                            stage, task.micro_batches));
   for (engine::Param& p : st->params()) {
     const engine::PlannedParam& at = *by_name.at(p.name);  // a part's names are the model's
     CHECK(p.value.shape() == at.shape) << p.name;
@@ -293,8 +296,8 @@ void SetStageAdversary(Adversary adv, const UnitWork& work, StageRunHooks* hooks
 }
 
 Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
-                                      std::span<const engine::Batch> batches,
-                                      uint64_t dropout_seed, const StageRunHooks& hooks) {
+                                      std::span<const engine::Batch> batches, uint64_t dropout_seed,
+                                      const StageRunHooks& hooks) {
   std::vector<float> start = StageFlatParams(stage);
   StageUnitOutcome out;
   double loss_sum = 0;
@@ -355,6 +358,52 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
   }
   out.result_hash = ledger::DeltaBlobId(out.delta);
   out.commitment = protocol::StageCommitment(out.leaves);
+  return out;
+}
+
+namespace {
+
+// Whether `op` reads operator `k`'s output.
+bool ReadsOperator(const engine::TileOp& op, int64_t k) {
+  if (op.x == k || op.w == k || op.b == k || op.v == k || op.clip_norm == k) return true;
+  return std::find(op.sources.begin(), op.sources.end(), k) != op.sources.end();
+}
+
+}  // namespace
+
+Result<engine::OpTrace> CorruptSentTrace(
+    const engine::TilePlan& plan, const engine::OpTrace& honest,
+    const protocol::StageStepCommit& commit,
+    const std::function<bool(const protocol::StageTensorKey&)>& corrupt) {
+  std::set<int64_t> faulty;
+  for (const protocol::StageTransfer& t : commit.sent) {
+    if (!corrupt(t.key)) continue;
+    const int64_t k = ledger::StageSentOperator(plan, t.key);
+    if (k < 0 || static_cast<size_t>(k) >= honest.size()) {
+      return FailedPrecondition("a faulty kernel's trace: the plan has no operator for the sent " +
+                                t.key.ToString());
+    }
+    for (size_t j = static_cast<size_t>(k) + 1; j < plan.ops.size(); ++j) {
+      if (ReadsOperator(plan.ops[j], k)) {
+        return FailedPrecondition("a faulty kernel's trace: " + plan.ops[j].name + " reads " +
+                                  plan.ops[static_cast<size_t>(k)].name +
+                                  ", which the stage sent (" + t.key.ToString() +
+                                  "): the rest of the step would differ too");
+      }
+    }
+    faulty.insert(k);
+  }
+  engine::OpTrace out;
+  out.set_keep_values(true);
+  for (size_t i = 0; i < honest.size(); ++i) {
+    const std::span<const float> v = honest.values(i);
+    const engine::TileGrid& g = honest.grid(i);
+    if (faulty.count(static_cast<int64_t>(i))) {
+      out.Record(honest.name(i), CorruptedStageTensor(v), g.rows, g.cols);
+    } else {
+      out.Record(honest.name(i), v, g.rows, g.cols);
+    }
+  }
   return out;
 }
 

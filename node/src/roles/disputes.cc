@@ -9,6 +9,7 @@
 #include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/node/stage_check.h"
+#include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/step_witness.h"
 #include "meshlearn/protocol/task_model.h"
 #include "records.h"
@@ -522,9 +523,21 @@ Status Disputes::TraceStage(const CheckAssignment& c, TaskContext* ctx, uint64_t
   if (step == 0) return FailedPrecondition("the game's step 0 is the stage's start, not a step");
   std::shared_ptr<const engine::TaskData> data;
   ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
-  ML_ASSIGN_OR_RETURN(TracedStageStep traced, TraceStageStep(in, step - 1, keep_values));
+  // Testing only: a stage node with a faulty kernel defends its step as it computed it
+  // (AgentOptions::corrupt_sent_in_trace), which takes the values of the operators it sent.
+  const AgentOptions& options = node_->options();
+  const bool faulty = c.dispute->defender == node_->id() && options.corrupt_sent_in_trace &&
+                      options.stage_plane.corrupt_sent;
+  ML_ASSIGN_OR_RETURN(TracedStageStep traced, TraceStageStep(in, step - 1, keep_values || faulty));
+  if (faulty) {
+    ML_ASSIGN_OR_RETURN(engine::OpTrace lie,
+                        CorruptSentTrace(entry->ctx.plan, *traced.trace, traced.commit,
+                                         options.stage_plane.corrupt_sent));
+    traced.trace = std::make_shared<engine::OpTrace>(std::move(lie));
+  }
   // Both parties answer from the stage's served step, whoever defends: a cheating stage's lie is
-  // in what it committed and served, which its own trace shows as the verifier's does.
+  // in what it committed and served, which its own trace shows as the verifier's does (but for a
+  // faulty kernel's, above).
   entry->step = TracedStep{.step = static_cast<int64_t>(step),
                            .input = c.dispute->agreed,
                            .trace = traced.trace,

@@ -88,12 +88,12 @@
 // result binding (docs/verification.md "Result binding"): the state after step H (their own
 // replay when it ends there, else the solver's served checkpoint at H, else a replay of the last
 // segment) must hash to the last committed leaf and give the committed result; when it hashes
-// but gives another result they send ProveResult (the unit is fraud at once). The solver keeps and serves its
-// final state (ckpt-H) with its other checkpoints for that.
-// Dispute turns post the state hash after the asked step, replayed once per dispute over the
-// whole disputed segment. Tick order: cheap verification transactions (reveals, dispute moves
-// already computed) every tick, then ONE job: a replay for a verdict or a dispute (their windows
-// are short), else an aggregation, else a whistleblower re-check, else a unit.
+// but gives another result they send ProveResult (the unit is fraud at once). The solver keeps and
+// serves its final state (ckpt-H) with its other checkpoints for that. Dispute turns post the state
+// hash after the asked step, replayed once per dispute over the whole disputed segment. Tick order:
+// cheap verification transactions (reveals, dispute moves already computed) every tick, then ONE
+// job: a replay for a verdict or a dispute (their windows are short), else an aggregation, else a
+// whistleblower re-check, else a unit.
 //
 // Serving: RegisterServices() puts net::BlobService (download), BlobUploadService (upload,
 // blob_push.h) and UnitService (committed leaves and checkpoints, unit_service.h) on a router,
@@ -143,7 +143,7 @@ namespace meshlearn::node {
 
 struct AgentDeps {
   Env* env = nullptr;
-  const Clock* clock = nullptr;       // measures step times (speed factor) and log times
+  const Clock* clock = nullptr;  // measures step times (speed factor) and log times
   net::Transport* transport = nullptr;
   net::BlobStore* store = nullptr;
   ChainClient* chain = nullptr;
@@ -211,6 +211,13 @@ struct AgentOptions {
   // task with a data root, whose mismatch the ledger refuses without the bundle
   // (ledger::DisputeNeedsBundle): that one always carries it.
   bool tile_disputes = true;
+  // Testing only (docs/verification.md "Stage adversaries"): with stage_plane.corrupt_sent, a
+  // faulty kernel rather than a corrupted send. The node then also defends its stage's disputed
+  // step as the kernel computed it: its trace of the step has the tensors it sent corrupted as
+  // their operators' outputs (CorruptSentTrace, stage_unit.h), so the game narrows to a tile of
+  // such an operator. False: it answers from the honest trace of what it served, and the game
+  // ends at the agreed chain end, where its commit does not follow from the roots.
+  bool corrupt_sent_in_trace = false;
   // Test hook: called after each checkpoint of a unit; an error aborts the Tick as a crash
   // would (nothing after the checkpoint is written).
   std::function<Status(const Hash256& task, uint32_t index, int64_t step)> after_checkpoint;
@@ -221,11 +228,11 @@ struct TickReport {
   uint32_t units_run = 0;
   uint32_t aggregations_run = 0;
   uint32_t verifications_run = 0;  // verdict replays, dispute replays, whistleblower re-checks
-  bool busy = false;  // more work waits: tick again without waiting for a block
+  bool busy = false;               // more work waits: tick again without waiting for a block
 };
 
 struct AgentStats {
-  uint64_t units_completed = 0;   // delta computed and CommitUnit sent
+  uint64_t units_completed = 0;  // delta computed and CommitUnit sent
   // Pipeline stage units run (committed or failed): the tensor bytes this node's stages sent to
   // their neighbours, the time they ran, and the part of it they waited for a neighbour's tensor.
   uint64_t stage_bytes_sent = 0;
@@ -238,21 +245,21 @@ struct AgentStats {
   // whole model's weights, gradients and optimizer moments). A node that only ran stage units
   // builds none: it holds its stage, not the model.
   uint64_t whole_models_built = 0;
-  uint64_t units_resumed = 0;     // continued from a checkpoint
-  uint64_t units_paused = 0;      // paused at a checkpoint for a verification replay
-  uint64_t units_refused = 0;     // did not fit in memory (each Tick that refused one)
-  uint64_t commits_ok = 0;        // CommitUnit receipts ok
+  uint64_t units_resumed = 0;  // continued from a checkpoint
+  uint64_t units_paused = 0;   // paused at a checkpoint for a verification replay
+  uint64_t units_refused = 0;  // did not fit in memory (each Tick that refused one)
+  uint64_t commits_ok = 0;     // CommitUnit receipts ok
   uint64_t commits_failed = 0;
-  uint64_t aggregations = 0;      // CommitAggregate sent
+  uint64_t aggregations = 0;  // CommitAggregate sent
   uint64_t aggregations_ok = 0;
   // CommitAggregate that failed because another party's transaction (a fraud proof, a forced
   // error's reveal, a check settled abandoned) re-ran its round first: an expected race, not in
   // tx_failed (Aggregator::Overtaken).
   uint64_t aggregations_overtaken = 0;
-  uint64_t bad_deltas = 0;        // malformed delta blobs left out of an aggregation
+  uint64_t bad_deltas = 0;  // malformed delta blobs left out of an aggregation
   // Any transaction whose receipt failed or that was refused, but the overtaken aggregates.
   uint64_t tx_failed = 0;
-  uint64_t blobs_unpinned = 0;    // pins released (their last reason ended)
+  uint64_t blobs_unpinned = 0;     // pins released (their last reason ended)
   uint64_t unit_dirs_deleted = 0;  // unit checkpoint directories cleaned up
   // Verification.
   uint64_t forced_errors = 0;       // units committed as forced errors
@@ -372,7 +379,7 @@ class NodeAgent {
   bool secret_chain_checked_ = false;
   uint64_t last_heartbeat_sent_ = 0;
   int64_t last_verification_poll_us_ = 0;
-  std::atomic<uint64_t> seen_height_{0};  // the height, for the upload threads
+  std::atomic<uint64_t> seen_height_{0};              // the height, for the upload threads
   std::optional<std::set<std::string>> verify_dirs_;  // entries of <data_dir>/verify
   // Urgent verification jobs whose last run failed (VerifyJobKey -> the height it failed at):
   // PlayVerification runs them after the urgent jobs that have not failed (chaos seed 29).

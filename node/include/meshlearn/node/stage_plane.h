@@ -74,9 +74,14 @@ struct StagePlaneOptions {
   int64_t retry_max_ms = 100;
   // Testing only (an adversary that computes its part honestly and sends corrupted tensors;
   // docs/verification.md "Pipeline stages"): a tensor whose key this matches is sent, and
-  // signed, with its first value changed by 1e-3.
+  // signed, as CorruptedStageTensor of it.
   std::function<bool(const protocol::StageTensorKey&)> corrupt_sent;
 };
+
+// What StagePlaneOptions::corrupt_sent sends for `values`: the first value changed by 1e-3 (an
+// empty tensor as it is). A stage that claims the corrupted tensor as its operator's output in a
+// dispute (CorruptSentTrace, stage_unit.h) derives it here too.
+std::vector<float> CorruptedStageTensor(std::span<const float> values);
 
 // What this stage measured of its link to one peer stage: the pushes that peer took. A measure
 // of the link (bytes over the time its pushes took, the fastest push's round trip) for placing

@@ -39,7 +39,9 @@
 
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/pipeline.h"
+#include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/state.h"
 #include "meshlearn/net/transport.h"
@@ -131,11 +133,11 @@ Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& t
                                                        double lr_scale);
 
 struct StageUnitOutcome {
-  std::vector<float> delta;         // the stage's pseudo-gradient: start - end, params() order
-  Hash256 result_hash;              // ledger::DeltaBlobId(delta): CommitStage's result_hash
-  std::vector<Hash256> leaves;      // StageStepLeaf of every step
-  Hash256 commitment;               // protocol::StageCommitment(leaves)
-  float mean_loss = 0;              // the last stage: the mean of its steps' losses; else 0
+  std::vector<float> delta;     // the stage's pseudo-gradient: start - end, params() order
+  Hash256 result_hash;          // ledger::DeltaBlobId(delta): CommitStage's result_hash
+  std::vector<Hash256> leaves;  // StageStepLeaf of every step
+  Hash256 commitment;           // protocol::StageCommitment(leaves)
+  float mean_loss = 0;          // the last stage: the mean of its steps' losses; else 0
   std::vector<protocol::StageStepCommit> commits;  // every step's, for the stage's evidence
 };
 
@@ -176,8 +178,24 @@ struct StageRunHooks {
 // every other mode leaves them honest (a stage trains honestly).
 void SetStageAdversary(Adversary adv, const UnitWork& work, StageRunHooks* hooks);
 Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
-                                      std::span<const engine::Batch> batches,
-                                      uint64_t dropout_seed, const StageRunHooks& hooks = {});
+                                      std::span<const engine::Batch> batches, uint64_t dropout_seed,
+                                      const StageRunHooks& hooks = {});
+
+// Testing only: what a stage whose kernel computed a tensor it sent wrongly claims in the tile
+// dispute over its step (AgentOptions::corrupt_sent_in_trace; docs/verification.md "Stage
+// adversaries"). The stage sent CorruptedStageTensor of an operator's output for every record of
+// `commit.sent` that `corrupt` matches (StagePlaneOptions::corrupt_sent); its faulty kernel
+// computed that output, so its trace is `honest` (the step traced from what it served, following
+// `plan`, its values kept) with each such operator's output (ledger::StageSentOperator) replaced
+// by the tensor as sent. That is the whole of the faulty step's trace only when no later
+// operator reads the output (the activations a stage sends, its last block's residual3, and
+// their gradient, its first block's residual.grad, are read by none: the step's backward passes
+// the gradient through the residual): FailedPrecondition naming the operator otherwise, or when
+// the plan has no operator for a matched record.
+Result<engine::OpTrace> CorruptSentTrace(
+    const engine::TilePlan& plan, const engine::OpTrace& honest,
+    const protocol::StageStepCommit& commit,
+    const std::function<bool(const protocol::StageTensorKey&)>& corrupt);
 
 // One node's data-plane service: registers "stage.push" once on the node's router and hands each
 // push to the plane of the stage unit the node runs now (a node runs one stage unit at a time and
