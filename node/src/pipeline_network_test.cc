@@ -565,8 +565,10 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitAStageCheckWaitsForTheNodesOwnStageUn
 // the state it started from), `noisy` (its stage's weights perturbed after step 1, the perturbed
 // state committed), `wrong_data` (step 1 trained on the wrong input: the first stage on step 2's
 // batch, a later stage on micro-batches 0 and 1's activations swapped), `wrong_result` (honest
-// steps, the negated delta committed: the verifier's result check proves it, no dispute), or one
-// that computes its part honestly and sends corrupted activations of micro-batch 0 -- the verifier
+// steps, the negated delta committed: the verifier's result check proves it, no dispute), one
+// that computes its part honestly and sends corrupted activations of micro-batch 0, or a faulty
+// kernel (one operator of step 1 computed wrong, its output sent, the step defended as computed:
+// the game ends at a tile of that operator, the others' at the agreed chain end) -- the verifier
 // drawn for its stage unit replays a step from what it serves and claims the mismatch with the task
 // bundle, both parties play the game over the stage's plan from their traces of the step, the
 // ledger rules it by RefereeTile against the stage and slashes it alone (no honest stage node is
