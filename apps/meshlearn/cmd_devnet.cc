@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -50,6 +51,7 @@
 #include <httplib.h>
 
 #include "meshlearn/base/clock.h"
+#include "meshlearn/base/env.h"
 #include "meshlearn/base/hex.h"
 #include "meshlearn/base/home_layout.h"
 #include "meshlearn/base/keyfile.h"
@@ -59,6 +61,7 @@
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/ledger/block.h"
+#include "meshlearn/ledger/chain.h"
 #include "meshlearn/ledger/etcd_local.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/rpc_answer.h"
@@ -69,6 +72,7 @@
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/referee.h"
 #include "meshlearn/protocol/scheduler.h"
+#include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 #include "task_client.h"
 
@@ -104,6 +108,10 @@ struct DevnetArgs {
   std::vector<std::string> adversary;  // "ROLE:MODE"
   int verifiers = 0;                   // verifier-only nodes besides the solvers
   bool verification = true;
+  // Whether this process runs the referee service (the sequencer's key, DevnetReferee). Without
+  // it only the parties rule their disputes (RefereeStep, RefereeTile, RefereeStageStep: no key
+  // needed), and a dispute only the genesis key can rule (RuleDispute) ends undecided.
+  bool referee_service = true;
   int64_t forced_errors = -1;  // per million units; -1: the genesis default
   // Genesis rounds_in_flight. Here a unit trains in about a second and a round settles (checks,
   // then the 5-block verification window) over about three rounds' time, so 4 rounds in flight
@@ -685,6 +693,25 @@ Result<std::pair<size_t, uint64_t>> FindLeader(const std::vector<std::string>& u
                      std::to_string(timeout_ms / 1000) + " s; last: " + last_error + ")");
 }
 
+// Calls `fn` with every block on the chain, from block 1 up, as get_blocks serves them (decoded);
+// an error from `fn` stops the walk and is returned.
+Status ForEachBlock(ledger::RpcClient& rpc, const std::function<Status(ledger::Block)>& fn) {
+  for (uint64_t from = 1;;) {
+    ML_ASSIGN_OR_RETURN(json page, rpc.Call("get_blocks", {{"from", from}, {"limit", 100}}));
+    ledger::RpcAnswer answer("get_blocks", page);
+    ML_ASSIGN_OR_RETURN(uint64_t height, answer.U64("height"));
+    ML_ASSIGN_OR_RETURN(ledger::RpcAnswer blocks, answer.Array("blocks"));
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      ML_ASSIGN_OR_RETURN(std::string hex, blocks.At(i).Str());
+      ML_ASSIGN_OR_RETURN(Bytes wire, HexDecode(hex, "get_blocks: a block"));
+      ML_ASSIGN_OR_RETURN(ledger::Block b, ledger::DecodeBlock(wire));
+      ML_RETURN_IF_ERROR(fn(std::move(b)));
+    }
+    from += blocks.size();
+    if (blocks.size() == 0 || from > height) return Status::Ok();
+  }
+}
+
 // Every change of the block signer on the chain from block 1: the failovers, with how long the
 // chain went without a block (the time between the old leader's last block and the new one's
 // first, by the blocks' own times). `keys[i]` is candidate i's key; `killed_at` the height the
@@ -701,31 +728,195 @@ Result<json> Failovers(ledger::RpcClient& rpc, const std::vector<PublicKey>& key
   json out = json::array();
   std::optional<ledger::BlockHeader> prev;
   bool kill_seen = false;
-  for (uint64_t from = 1;;) {
-    ML_ASSIGN_OR_RETURN(json page, rpc.Call("get_blocks", {{"from", from}, {"limit", 100}}));
-    ledger::RpcAnswer answer("get_blocks", page);
-    ML_ASSIGN_OR_RETURN(uint64_t height, answer.U64("height"));
-    ML_ASSIGN_OR_RETURN(ledger::RpcAnswer blocks, answer.Array("blocks"));
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      ML_ASSIGN_OR_RETURN(std::string hex, blocks.At(i).Str());
-      ML_ASSIGN_OR_RETURN(Bytes wire, HexDecode(hex, "get_blocks: a block"));
-      ML_ASSIGN_OR_RETURN(ledger::Block b, ledger::DecodeBlock(wire));
-      if (prev && b.header.sequencer != prev->sequencer) {
-        const bool after_kill =
-            killed_at >= 0 && !kill_seen && prev->height >= static_cast<uint64_t>(killed_at);
-        kill_seen = kill_seen || after_kill;
-        out.push_back({{"height", b.header.height},
-                       {"from", candidate(prev->sequencer)},
-                       {"to", candidate(b.header.sequencer)},
-                       {"last_block_ms", prev->time_ms},
-                       {"next_block_ms", b.header.time_ms},
-                       {"gap_ms", b.header.time_ms - prev->time_ms},
-                       {"after_kill", after_kill}});
-      }
-      prev = b.header;
+  ML_RETURN_IF_ERROR(ForEachBlock(rpc, [&](ledger::Block b) {
+    if (prev && b.header.sequencer != prev->sequencer) {
+      const bool after_kill =
+          killed_at >= 0 && !kill_seen && prev->height >= static_cast<uint64_t>(killed_at);
+      kill_seen = kill_seen || after_kill;
+      out.push_back({{"height", b.header.height},
+                     {"from", candidate(prev->sequencer)},
+                     {"to", candidate(b.header.sequencer)},
+                     {"last_block_ms", prev->time_ms},
+                     {"next_block_ms", b.header.time_ms},
+                     {"gap_ms", b.header.time_ms - prev->time_ms},
+                     {"after_kill", after_kill}});
     }
-    from += blocks.size();
-    if (blocks.size() == 0 || from > height) break;
+    prev = b.header;
+    return Status::Ok();
+  }));
+  return out;
+}
+
+// The task and unit a ruling transaction rules on, and its witness's size (RuleDispute carries
+// none); nullopt for any other transaction.
+struct RulingTx {
+  Hash256 task_id;
+  uint32_t index = 0;
+  uint64_t witness_bytes = 0;
+};
+std::optional<RulingTx> RulingOf(const ledger::TxPayload& p) {
+  if (const auto* t = std::get_if<ledger::RefereeStepTx>(&p)) {
+    return RulingTx{t->task_id, t->index, t->witness.bytes.size()};
+  }
+  if (const auto* t = std::get_if<ledger::RefereeTileTx>(&p)) {
+    return RulingTx{t->task_id, t->index, t->witness.bytes.size()};
+  }
+  if (const auto* t = std::get_if<ledger::RefereeStageStepTx>(&p)) {
+    return RulingTx{t->task_id, t->index, t->witness.bytes.size()};
+  }
+  if (const auto* t = std::get_if<ledger::RuleDisputeTx>(&p)) return RulingTx{t->task_id, t->index};
+  return std::nullopt;
+}
+
+// The dispute on a unit as the ledger keeps it (its check's game), if the unit has one.
+std::optional<protocol::DisputeGame> DisputeOn(const ledger::Chain& chain, const RulingTx& r) {
+  Result<ledger::WorkUnit> u = chain.GetWorkUnit(r.task_id, r.index);
+  if (!u.ok() || u->check.empty()) return std::nullopt;
+  Result<protocol::UnitCheck> c = protocol::UnitCheck::Decode(u->check);
+  if (!c.ok() || !c->dispute().has_value()) return std::nullopt;
+  return *c->dispute();
+}
+
+uint64_t SlashesOf(const ledger::Chain& chain, const PublicKey& node) {
+  Result<ledger::NodeRecord> n = chain.GetNode(node);
+  return n.ok() ? n->reputation.slashes : 0;
+}
+
+// Every ruling the ledger executed (RefereeStep, RefereeTile, RefereeStageStep, RuleDispute with
+// a successful receipt), whoever sent it: a dispute's party, the referee service or anyone. The
+// blocks name the transaction, its sender and its witness; what it ruled is the ledger's own
+// state, which no RPC keeps once the round moves on (a ruling for the challenger re-runs the
+// round in the same block, taking the unit's check with it). So the chain is replayed here, in
+// memory, from genesis to the last ruling's block (Chain::ApplyBlock re-executes and checks every
+// block): before the ruling's block the unit's game names the parties and the step the game
+// narrowed to; after it, the game's outcome if the check is still there, else whom that block
+// slashed. `referee` is the referee service's key, `node_ids` the devnet's nodes.
+Result<json> RulingsOnChain(ledger::RpcClient& rpc, const ledger::Genesis& genesis,
+                            const PublicKey& referee, const std::vector<PublicKey>& node_ids) {
+  std::vector<ledger::Block> blocks;
+  uint64_t last_ruling = 0;
+  ML_RETURN_IF_ERROR(ForEachBlock(rpc, [&](ledger::Block b) {
+    for (size_t i = 0; i < b.txs.size(); ++i) {
+      if (b.receipts[i].ok && RulingOf(b.txs[i].payload)) last_ruling = b.header.height;
+    }
+    blocks.push_back(std::move(b));
+    return Status::Ok();
+  }));
+  json out = json::array();
+  if (last_ruling == 0) return out;
+  MemEnv mem;  // a scratch chain: nothing of it outlives the report
+  ML_RETURN_IF_ERROR(mem.CreateDirs("/replay"));
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<ledger::Chain> chain,
+                      ledger::Chain::Open(&mem, "/replay/ledger.db", genesis));
+  auto sender_is = [&](const PublicKey& k) -> std::string {
+    if (k == referee) return "the referee service";
+    for (size_t i = 0; i < node_ids.size(); ++i) {
+      if (node_ids[i] == k) return fmt::format("node{}", i);
+    }
+    return "an account outside the devnet";
+  };
+  for (const ledger::Block& b : blocks) {
+    if (b.header.height > last_ruling) break;
+    // The block's rulings, with the unit's game before the block.
+    struct Seen {
+      const ledger::Transaction* tx;
+      RulingTx ruling;
+      std::optional<protocol::DisputeGame> game;
+      uint64_t defender_slashes = 0, challenger_slashes = 0;
+    };
+    std::vector<Seen> seen;
+    for (size_t i = 0; i < b.txs.size(); ++i) {
+      std::optional<RulingTx> r = b.receipts[i].ok ? RulingOf(b.txs[i].payload) : std::nullopt;
+      if (!r) continue;
+      Seen s{&b.txs[i], *r, DisputeOn(*chain, *r)};
+      if (s.game) {
+        s.defender_slashes = SlashesOf(*chain, s.game->config().defender);
+        s.challenger_slashes = SlashesOf(*chain, s.game->config().challenger);
+      }
+      seen.push_back(std::move(s));
+    }
+    // A replicated chain's blocks may be signed by any candidate the genesis lists.
+    const PublicKey& signer = genesis.sequencers.empty() ? genesis.sequencer : b.header.sequencer;
+    Status applied = chain->ApplyBlock(b, signer);
+    if (!applied.ok()) {
+      return applied.WithPrefix(
+          fmt::format("replaying the chain for its rulings, block {}", b.header.height));
+    }
+    for (const Seen& s : seen) {
+      json ruling = {{"unit", s.ruling.index},
+                     {"tx", ledger::TxTypeName(ledger::PayloadType(s.tx->payload))},
+                     {"witness_bytes", s.ruling.witness_bytes},
+                     {"sender", s.tx->sender.ToHex()},
+                     {"sender_is", sender_is(s.tx->sender)},
+                     {"height", b.header.height},
+                     {"tx_hash", ledger::TxId(*s.tx).ToHex()},
+                     {"executed", true}};
+      if (!s.game) {
+        // The ledger executed it, so the unit had a dispute at the referee: one opened earlier in
+        // this same block, which the state before the block does not show.
+        ruling.update({{"step", 0},
+                       {"defender", ""},
+                       {"challenger", ""},
+                       {"for", "neither"},
+                       {"reason", "a dispute opened in the ruling's own block"}});
+        out.push_back(std::move(ruling));
+        continue;
+      }
+      const protocol::DisputeConfig& cfg = s.game->config();
+      std::string what;
+      if (s.game->stage() == protocol::DisputeStage::kDisputeReferee) {
+        const protocol::RefereeTask& t = s.game->referee_task();
+        ruling["step"] = t.step;
+        what = t.segment ? fmt::format("steps {}-{}", t.first_step, t.step)
+               : t.tile  ? fmt::format("step {}, tile {} of operator {}", t.step, t.tile_index,
+                                       t.operator_index)
+               : t.roots == protocol::RefereeRoots::kRootsChainEnd
+                   ? fmt::format("step {}, from the roots of the agreed chain end", t.step)
+               : t.roots == protocol::RefereeRoots::kRootsOperator
+                   ? fmt::format("step {}, operator {} from roots", t.step, t.operator_index)
+               : t.whole_step ? fmt::format("step {}", t.step)
+                              : fmt::format("step {}, operator {}", t.step, t.operator_index);
+      } else {
+        ruling["step"] = s.game->query().step;  // it reached the referee within this block
+        what = fmt::format("step {}", s.game->query().step);
+      }
+      ledger::TaskParams params;
+      if (Result<ledger::TaskRecord> t = chain->GetTask(s.ruling.task_id); t.ok()) {
+        params = t->params;
+      }
+      if (params.stages > 1) {
+        const ledger::StageSlot slot = ledger::StageSlotOf(params, s.ruling.index);
+        what = fmt::format("stage {} of replica {}, {}", slot.stage, slot.replica, what);
+      }
+      // The outcome: the game's own, while the unit's check still holds it; else whom this block
+      // slashed (a party proven dishonest is slashed as the check settles).
+      std::optional<protocol::DisputeGame> after = DisputeOn(*chain, s.ruling);
+      bool defender_lost = false, challenger_lost = false;
+      std::string outcome;
+      if (after && after->config().defender == cfg.defender &&
+          after->config().challenger == cfg.challenger &&
+          after->stage() == protocol::DisputeStage::kDisputeResolved) {
+        defender_lost = !after->outcome().defender_honest;
+        challenger_lost = !after->outcome().challenger_honest;
+        outcome = after->outcome().reason;
+      } else {
+        defender_lost = SlashesOf(*chain, cfg.defender) > s.defender_slashes;
+        challenger_lost = SlashesOf(*chain, cfg.challenger) > s.challenger_slashes;
+        outcome = defender_lost || challenger_lost
+                      ? fmt::format("the block slashed the {}", defender_lost && challenger_lost
+                                                                    ? "defender and the challenger"
+                                                                : defender_lost ? "defender"
+                                                                                : "challenger")
+                      : "the block slashed neither party";
+      }
+      ruling.update({{"defender", cfg.defender.ToHex()},
+                     {"challenger", cfg.challenger.ToHex()},
+                     {"for", defender_lost == challenger_lost ? "neither"
+                             : defender_lost                  ? "challenger"
+                                                              : "defender"},
+                     {"reason", what + ": " + outcome}});
+      out.push_back(std::move(ruling));
+    }
   }
   return out;
 }
@@ -1094,7 +1285,7 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                       SubmitPreparedTask(rpc, submitter, &task, store.get(), so));
   say(fmt::format("task {} submitted in block {}", sub.task_id.ToHex(), sub.height));
   std::unique_ptr<DevnetReferee> referee;
-  if (a.verification) {
+  if (a.verification && a.referee_service) {
     const std::string referee_dir = JoinPath(dir, "referee");
     ML_RETURN_IF_ERROR(env->CreateDirs(referee_dir));
     referee = std::make_unique<DevnetReferee>(env, rpc_url, seq, referee_dir,
@@ -1396,9 +1587,14 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         {"stage_node_peak_rss_bytes", {{"min", stage_peak_min}, {"max", stage_peak_max}}}};
   }
   if (a.verification) {
-    json rulings = json::array();
-    for (const node::RefereeRecord& r : referee->rulings()) {
-      rulings.push_back(
+    // What the ledger ruled, from the chain itself: a party may post a ruling before the referee
+    // service does (permissionless), and then the service's own attempt is refused.
+    ML_ASSIGN_OR_RETURN(json rulings, RulingsOnChain(rpc, gen, seq.public_key(), node_ids));
+    // The referee service's own attempts, refused ones included, so that none is hidden.
+    json attempts = json::array();
+    for (const node::RefereeRecord& r :
+         referee ? referee->rulings() : std::vector<node::RefereeRecord>{}) {
+      attempts.push_back(
           {{"unit", r.dispute.index},
            {"step", r.dispute.task.step},
            {"defender", r.dispute.defender.ToHex()},
@@ -1413,27 +1609,30 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
            // witness; RefereeStageStep: it replayed a pipeline stage's step from the whole stage
            // step's witness; RuleDispute: the genesis referee's ruling.
            {"tx", r.tx_type},
+           {"tx_hash", r.tx_id.ToHex()},
            {"witness_bytes", r.ruling.witness_bytes},
+           {"included", r.included},
            {"executed", r.ok},
            {"error", r.error}});
     }
     json checks = SettledChecks(final_task);
-    (*report)["verification"] = {{"enabled", true},
-                                 {"assurance", protocol::AssuranceName(task.net.assurance.kind)},
-                                 {"referee", seq.public_key().ToHex()},
-                                 {"forced_error_per_million", gen.params.forced_error_per_million},
-                                 {"verifiers_per_unit", gen.params.verifiers_per_unit},
-                                 {"adversaries", json::array()},
-                                 {"checks", checks["settled"]},
-                                 {"check_events", checks["events"]},
-                                 {"taint", checks["taint"]},
-                                 {"rounds_in_flight", gen.params.rounds_in_flight},
-                                 {"dispute_window_ms",
-                                  gen.params.dispute_response_blocks * a.block_interval_ms},
-                                 {"rounds_dropped", checks["rounds_dropped"]},
-                                 {"disputes_ruled", rulings},
-                                 {"slashed", slashed},
-                                 {"jackpot", totals.value("jackpot", uint64_t{0})}};
+    (*report)["verification"] = {
+        {"enabled", true},
+        {"assurance", protocol::AssuranceName(task.net.assurance.kind)},
+        {"referee", seq.public_key().ToHex()},
+        {"forced_error_per_million", gen.params.forced_error_per_million},
+        {"verifiers_per_unit", gen.params.verifiers_per_unit},
+        {"adversaries", json::array()},
+        {"checks", checks["settled"]},
+        {"check_events", checks["events"]},
+        {"taint", checks["taint"]},
+        {"rounds_in_flight", gen.params.rounds_in_flight},
+        {"dispute_window_ms", gen.params.dispute_response_blocks * a.block_interval_ms},
+        {"rounds_dropped", checks["rounds_dropped"]},
+        {"disputes_ruled", rulings},
+        {"referee_attempts", attempts},
+        {"slashed", slashed},
+        {"jackpot", totals.value("jackpot", uint64_t{0})}};
     for (const AdversaryPlan& p : adversaries) {
       (*report)["verification"]["adversaries"].push_back({{"solver", p.node},
                                                           {"node", node_ids[p.node].ToHex()},
@@ -1593,6 +1792,10 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       ->capture_default_str();
   cmd->add_flag("--verification,!--no-verification", a.verification,
                 "Check committed units, with disputes refereed by this process (default on)");
+  cmd->add_flag("--referee-service,!--no-referee-service", a.referee_service,
+                "Run the referee service with the sequencer's key (default on); without it the "
+                "dispute parties' own witnesses rule, and a dispute only the genesis key can "
+                "rule ends undecided");
   cmd->add_option("--assurance", a.assurance,
                   "economic | full | target: the task's [network] assurance for this run "
                   "(default: the task file's; docs/submitters.md, \"Assurance\")");
@@ -1713,7 +1916,7 @@ void PrintReport(GlobalOptions& g, const json& report) {
       const json& c = v["checks"];
       std::cout << fmt::format(
           "verification: checks settled: {} clean, {} unchecked, {} fraud, {} forced error, {} "
-          "abandoned; {} dispute(s) ruled by the referee\n",
+          "abandoned; {} ruling(s) executed by the ledger\n",
           c["clean"].get<int>(), c["unchecked"].get<int>(), c["fraud"].get<int>(),
           c["forced_error"].get<int>(), c["abandoned"].get<int>(), v["disputes_ruled"].size());
       const json taint = v.value("taint", json::object());
@@ -1729,13 +1932,21 @@ void PrintReport(GlobalOptions& g, const json& report) {
             v["rounds_dropped"].get<uint64_t>());
       }
       for (const json& r : v["disputes_ruled"]) {
-        // Which transaction ruled (RefereeTile, RefereeStep, RefereeStageStep, RuleDispute) and
-        // from how large a witness.
+        // Which transaction ruled (RefereeTile, RefereeStep, RefereeStageStep, RuleDispute), from
+        // how large a witness, and who sent it.
         std::cout << fmt::format(
-            "  ruling on unit {} step {} by {} (witness {} bytes): for the {} ({})\n",
-            r["unit"].get<uint32_t>(), r["step"].get<uint64_t>(), r.value("tx", std::string("?")),
-            r.value("witness_bytes", uint64_t{0}), r["for"].get<std::string>(),
+            "  ruling on unit {} step {} by {} (witness {} bytes) from {} in block {}: for the {} "
+            "({})\n",
+            r["unit"].get<uint32_t>(), r["step"].get<uint64_t>(), r["tx"].get<std::string>(),
+            r["witness_bytes"].get<uint64_t>(), r["sender_is"].get<std::string>(),
+            r["height"].get<uint64_t>(), r["for"].get<std::string>(),
             r["reason"].get<std::string>());
+      }
+      for (const json& r : v.value("referee_attempts", json::array())) {
+        if (r.value("executed", false)) continue;  // listed above, with the ledger's rulings
+        std::cout << fmt::format("  the referee service's {} on unit {} was not executed: {}\n",
+                                 r["tx"].get<std::string>(), r["unit"].get<uint32_t>(),
+                                 r.value("error", std::string("not included yet")));
       }
       for (const json& n : report["nodes"]) {
         const std::string adv = n.value("adversary", "");

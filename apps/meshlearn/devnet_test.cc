@@ -220,7 +220,9 @@ TEST(Devnet, APipelineTaskTrainsOnStageNodesToTheReference) {
 // round, and one more node for the re-run once the cheater is jailed): a verifier replays the lazy
 // stage's step, the dispute names the stage, the step and what differs, the lazy node alone is
 // slashed and jailed, and the final weights are the honest in-process run's. Too few solvers for
-// the re-run is refused up front.
+// the re-run is refused up front. The devnet runs no referee service: a party's own RefereeTile
+// rules the dispute, and the report lists that ruling, read from the chain (it once listed only
+// the referee service's transactions, and so showed none when a party ruled first).
 TEST(Devnet, ALazyStageOnAVerifyingChainIsSlashedAndTheModelIsTheReference) {
   std::string dir = TempDir() + "/d";
   LogsOnFailure logs(dir);
@@ -238,7 +240,7 @@ TEST(Devnet, ALazyStageOnAVerifyingChainIsSlashedAndTheModelIsTheReference) {
   // the machine's throughput, so the lazy one (node6, the fastest) always takes a stage.
   CmdResult r = Meshlearn(
       "--json devnet --solvers 7 --task tests/devnet-pipeline.toml "
-      "--block-interval-ms 200 --timeout 300 --adversary solver:lazy "
+      "--block-interval-ms 200 --timeout 300 --adversary solver:lazy --no-referee-service "
       "--speed 0=0.9 --speed 1=0.9 --speed 2=0.9 --speed 3=0.9 --speed 4=0.9 "
       "--speed 5=0.9 --out " +
           dir,
@@ -261,11 +263,20 @@ TEST(Devnet, ALazyStageOnAVerifyingChainIsSlashedAndTheModelIsTheReference) {
   // stage's plan and the ledger ruled it itself by RefereeTile (the agreed chain end's roots
   // against the committed commit, a few KiB): no RuleDispute was needed (the genesis key's is
   // refused for it).
+  // Each was sent by a node of the devnet (no referee service ran), executed, and is named by its
+  // block and transaction.
   for (const json& d : v["disputes_ruled"]) {
     EXPECT_EQ(d["tx"], "RefereeTile") << d.dump();
     EXPECT_GT(d["witness_bytes"].get<uint64_t>(), 0u) << d.dump();
     EXPECT_LE(d["witness_bytes"].get<uint64_t>(), 256u << 10) << d.dump();
+    EXPECT_EQ(d["sender_is"].get<std::string>().rfind("node", 0), 0u) << d.dump();
+    EXPECT_TRUE(d["executed"].get<bool>()) << d.dump();
+    EXPECT_GT(d["height"].get<uint64_t>(), 0u) << d.dump();
+    EXPECT_EQ(d["tx_hash"].get<std::string>().size(), 64u) << d.dump();
   }
+  // The ruling for the challenger names the lazy node as the defender.
+  EXPECT_EQ(ruling["defender"], v["slashed"][0]["node"]) << ruling.dump();
+  EXPECT_EQ(v["referee_attempts"].size(), 0u) << v.dump(2);
   ExpectNoOrphans(dir);
 }
 
@@ -444,6 +455,19 @@ TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
   ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
   EXPECT_EQ(v["slashed"][0]["solver"].get<int>(), cheater);
   EXPECT_GT(v["slashed"][0]["amount"].get<uint64_t>(), 0u);
+  // The rulings are the chain's: each of the referee service's transactions that the ledger
+  // executed is listed among them, as sent by the service (a party's may be listed too).
+  for (const json& attempt : v["referee_attempts"]) {
+    if (!attempt["executed"].get<bool>()) continue;
+    int listed = 0;
+    for (const json& d : v["disputes_ruled"]) {
+      if (d["tx_hash"] != attempt["tx_hash"]) continue;
+      ++listed;
+      EXPECT_EQ(d["sender_is"], "the referee service") << d.dump();
+      EXPECT_EQ(d["for"], attempt["for"]) << d.dump() << attempt.dump();
+    }
+    EXPECT_EQ(listed, 1) << attempt.dump() << v.dump(2);
+  }
   for (const json& n : rep["nodes"]) {
     if (n["solver"].get<int>() == cheater) {
       EXPECT_EQ(n["status"], "jailed") << n.dump(2);
@@ -740,12 +764,12 @@ TEST(DevnetLong, TheGptPipelineOnAVerifyingChainUnderAMemoryLimitSlashesALazySta
   // RefereeTile within the 256 KiB witness bound; no key rules it.
   int for_challenger = 0;
   for (const json& d : v["disputes_ruled"]) {
-    std::printf("[ devnet   ] ruling on unit %u step %llu by %s, witness %llu bytes, for the %s\n",
-                d["unit"].get<uint32_t>(),
-                static_cast<unsigned long long>(d["step"].get<uint64_t>()),
-                d["tx"].get<std::string>().c_str(),
-                static_cast<unsigned long long>(d["witness_bytes"].get<uint64_t>()),
-                d["for"].get<std::string>().c_str());
+    std::printf(
+        "[ devnet   ] ruling on unit %u step %llu by %s, witness %llu bytes, from %s, for the %s\n",
+        d["unit"].get<uint32_t>(), static_cast<unsigned long long>(d["step"].get<uint64_t>()),
+        d["tx"].get<std::string>().c_str(),
+        static_cast<unsigned long long>(d["witness_bytes"].get<uint64_t>()),
+        d["sender_is"].get<std::string>().c_str(), d["for"].get<std::string>().c_str());
     EXPECT_EQ(d["tx"], "RefereeTile") << d.dump();
     EXPECT_LE(d["witness_bytes"].get<uint64_t>(), 256u * 1024) << d.dump();
     for_challenger += d["for"] == "challenger" && d["executed"].get<bool>();
