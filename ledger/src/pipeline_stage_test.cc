@@ -146,9 +146,9 @@ class PipelineStageTest : public FollowedChainFixture {
     for (uint32_t s = 0; s < kStages; ++s) {
       needs.push_back({t.params.stage_memory_bytes[s], t.params.stage_flops[s]});
     }
-    Result<std::vector<std::vector<protocol::NodeId>>> chains =
-        protocol::PlaceStages(TaskSpecViewOf(task_id_, t.params, t.price_cap), needs, kReplicas,
-                              views, height, SchedulerParamsOf(genesis_));
+    Result<std::vector<std::vector<protocol::NodeId>>> chains = protocol::PlaceStages(
+        TaskSpecViewOf(task_id_, t.params, t.price_cap), needs, t.params.stage_boundary_bytes,
+        kReplicas, views, height, SchedulerParamsOf(genesis_));
     EXPECT_TRUE(chains.ok()) << chains.status().ToString();
     return chains.ok() ? *chains : std::vector<std::vector<protocol::NodeId>>{};
   }
@@ -250,6 +250,7 @@ TEST(PipelineStageSlotTest, ThePipelineFieldsSurviveEveryEncoding) {
   EXPECT_EQ(std::get<SubmitTaskTx>(back->payload).params, PipelineParams());
   nlohmann::json j = TxToJson(tx);
   EXPECT_EQ(j["payload"]["params"]["stage_memory_bytes"][2], 5 * kGiB);
+  EXPECT_EQ(j["payload"]["params"]["stage_boundary_bytes"][1], 1u << 20);
   Result<Transaction> from_json = TxFromJson(j);
   ASSERT_TRUE(from_json.ok()) << from_json.status().ToString();
   EXPECT_EQ(std::get<SubmitTaskTx>(from_json->payload).params, PipelineParams());
@@ -288,6 +289,26 @@ TEST(PipelineStageSlotTest, TermsRefuseBadStageFields) {
   p = TestTaskParams();
   p.stage_flops = {1};
   refused(p, false, "must be empty for a task without stages");
+  // One boundary byte count between each two consecutive stages, in [1, 1 TiB].
+  p = PipelineParams();
+  p.stage_boundary_bytes.pop_back();
+  refused(p, false,
+          "params.stage_boundary_bytes must hold one entry per boundary between consecutive "
+          "stages (params.stages - 1 = 2), got 1");
+  p.stage_boundary_bytes = {1, 2, 3};
+  refused(p, false, "(params.stages - 1 = 2), got 3");
+  p = PipelineParams();
+  p.stage_boundary_bytes[1] = 0;
+  refused(p, false,
+          "params.stage_boundary_bytes[1] = 0 must be in [1, 1099511627776]: the bytes a step "
+          "moves between stages 1 and 2");
+  p.stage_boundary_bytes[1] = protocol::kMaxStageBoundaryBytes + 1;
+  refused(p, false, "params.stage_boundary_bytes[1] = 1099511627777 must be in [1, ");
+  p.stage_boundary_bytes[1] = protocol::kMaxStageBoundaryBytes;
+  EXPECT_TRUE(ValidateTaskTerms(p, 1'000'000, 20, false, 0).ok());
+  p = TestTaskParams();
+  p.stage_boundary_bytes = {1};
+  refused(p, false, "params.stage_boundary_bytes must be empty for a task without stages");
   // A verifying chain checks every stage unit (one leaf per step in CommitStage, exact replays).
   EXPECT_TRUE(ValidateTaskTerms(PipelineParams(), 1'000'000, 20, true, 2).ok());
   p = PipelineParams();
