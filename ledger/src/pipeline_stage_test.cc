@@ -198,6 +198,44 @@ TEST_F(PipelineStageTest, ReportedLinksPairTheStagesOfEachReplica) {
   EXPECT_EQ(WantChains(height), (std::vector<std::vector<protocol::NodeId>>{first, second}));
 }
 
+// The ledger weighs each boundary's links by the task's own stage_boundary_bytes: n5 reported a
+// near but slow link to n4 (0 ms, 10 MB/s); every other pair is the registered estimate (1 ms +
+// 1 ms, 1 GB/s). At 1 MiB (PipelineParams) the slow link costs 105 ms against 3 ms, and the
+// first boundary keeps n5 -> n3; a task that moves 1 KiB there (0.1 ms against 2 ms) pairs n5
+// with n4. The second boundary has no reported link and keeps its order.
+TEST_F(PipelineStageTest, TheLedgerWeighsEachBoundarysLinksByTheTasksBytes) {
+  std::vector<Transaction> regs;
+  for (size_t i = 0; i < nodes_.size(); ++i) regs.push_back(Q(alice_, Reg(i)));
+  for (const Receipt& r : Step(regs)) ASSERT_TRUE(r.ok) << r.reason;
+  const NodeLink slow{
+      .peer = nodes_[3].public_key(), .latency_ms = 0, .bandwidth_bytes_per_s = 10'000'000};
+  ASSERT_TRUE(
+      Step({Q(alice_, ReportLinksTx{.node_id = nodes_[4].public_key(), .links = {slow}})})[0].ok);
+  TaskParams p = PipelineParams();
+  p.stage_boundary_bytes = {1u << 10, 1u << 20};
+  Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
+                                            .budget = kBudget,
+                                            .price_cap = 20,
+                                            .params = p});
+  task_id_ = TaskIdFor(bob_.public_key(), submit.nonce);
+  ASSERT_TRUE(Step({submit})[0].ok);
+  const uint64_t height = chain_->Height();
+  const std::vector<std::vector<protocol::NodeId>> without = WantChains(height, false);
+  ASSERT_EQ(without.size(), kReplicas);
+  ASSERT_EQ(without[0][0], nodes_[4].public_key());
+  ASSERT_EQ(without[0][1], nodes_[2].public_key());
+  ASSERT_EQ(without[1][1], nodes_[3].public_key());
+  const std::vector<protocol::NodeId> first = {nodes_[4].public_key(), nodes_[3].public_key(),
+                                               without[0][2]};
+  const std::vector<protocol::NodeId> second = {without[1][0], nodes_[2].public_key(),
+                                                without[1][2]};
+  for (uint32_t s = 0; s < kStages; ++s) {
+    EXPECT_EQ(Unit(0, 0, s).assignee, first[s]) << "stage " << s;
+    EXPECT_EQ(Unit(0, 1, s).assignee, second[s]) << "stage " << s;
+  }
+  EXPECT_EQ(WantChains(height), (std::vector<std::vector<protocol::NodeId>>{first, second}));
+}
+
 TEST(PipelineStageSlotTest, UnitIndexIsRoundReplicaStage) {
   TaskParams p = PipelineParams();
   EXPECT_EQ(PipelineReplicas(p), kReplicas);
