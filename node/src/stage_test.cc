@@ -267,6 +267,21 @@ TEST(StageStepTest, StagesTalkingThroughLinksEqualRunPipelineStep) {
       const size_t sends =
           out[0].commit.sent.size() + out[1].commit.sent.size() + out[2].commit.sent.size();
       EXPECT_EQ(sends, 2 * 2 * kStageMicroBatches + 4 + (spec.kind == "gpt" ? 2 : 0));
+      // The activations and gradients the stages signed and sent across each boundary are the
+      // bytes the ledger's placement weighs it by (engine::CutBoundaryBytes of the cut).
+      std::vector<uint64_t> crossed(2, 0);
+      for (const StageStepOutcome& o : out) {
+        for (const StageTransfer& t : o.commit.sent) {
+          if (t.key.kind == protocol::StageTensorKind::kStageTensorActivation ||
+              t.key.kind == protocol::StageTensorKind::kStageTensorActivationGrad) {
+            crossed[std::min(t.key.from_stage, t.key.to_stage)] += t.bytes;
+          }
+        }
+      }
+      Result<std::vector<uint64_t>> boundary = engine::CutBoundaryBytes(
+          spec, engine::PipelineCut{StageBounds(spec)}, kStageBatch, 0, kStageMicroBatches);
+      ASSERT_TRUE(boundary.ok()) << boundary.status().ToString();
+      EXPECT_EQ(crossed, *boundary);
     }
   }
 }
