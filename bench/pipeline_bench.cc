@@ -432,15 +432,22 @@ int main(int argc, char** argv) {
     j["within_bound"] = j["peak_rss_mb"].get<double>() <= whole_mb / o.stages + act_mb;
     std::printf("%s\n", j.dump().c_str());
   }
+  // Activations and their gradients at each boundary (engine::CutBoundaryBytes, the ledger's
+  // link cost of it), then the gradient-norm partial sums and the tied embedding's weight and
+  // gradient.
+  Result<std::vector<uint64_t>> boundary =
+      CutBoundaryBytes(t.model, *cut, t.batch_size, t.seq_len, t.micro_batches);
+  if (!boundary.ok()) return 1;
   const double C = static_cast<double>(t.model.gpt.n_embd), V = t.model.gpt.vocab_size;
-  const double acts = static_cast<double>(t.batch_size * t.seq_len) * C * 4.0;
-  const double bytes = (o.stages - 1) * (2.0 * acts + 4.0) + (o.stages > 1 ? 2.0 * V * C * 4.0 : 0);
+  double bytes = (o.stages - 1) * 4.0 + (o.stages > 1 ? 2.0 * V * C * 4.0 : 0);
+  for (uint64_t b : *boundary) bytes += static_cast<double>(b);
   nlohmann::json summary = {
       {"case", "summary"},
       {"stages", o.stages},
       {"micro_batches", o.micro_batches},
       {"cut", cut->bounds},
       {"bytes_between_stages_per_step", bytes},
+      {"stage_boundary_bytes", *boundary},
       {"bubble_fraction_gpipe",
        static_cast<double>(o.stages - 1) / static_cast<double>(o.micro_batches + o.stages - 1)}};
   std::printf("%s\n", summary.dump().c_str());

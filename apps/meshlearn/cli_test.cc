@@ -269,6 +269,9 @@ TEST(Cli, PipelineTasksRunInDilocoAndSubmitChecksTheirCut) {
   EXPECT_GT(unit, 4 * model) << "weights, gradients and two AdamW moments, and activations";
   ASSERT_EQ(prepared["stage_memory_bytes"].size(), 3u);
   for (const json& s : prepared["stage_memory_bytes"]) EXPECT_LT(s.get<uint64_t>(), unit);
+  // What a step moves across each of the 2 boundaries, the placement's link cost
+  // (engine::CutBoundaryBytes): (B, T, C) = (4, 16, 16) floats forward and as many back.
+  EXPECT_EQ(prepared["params"]["stage_boundary_bytes"], json::array({8192, 8192}));
   EXPECT_EQ(prepared["aggregator_memory_bytes"], unit + (2 + 2) * model);
   EXPECT_NE(submit.out.find("memory a node needs: " + std::to_string(unit) +
                             " bytes for a whole unit, stages "),

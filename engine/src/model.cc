@@ -1099,6 +1099,13 @@ Result<int64_t> CountParameters(const ModelSpec& spec) {
   return m->PlannedParameters();
 }
 
+Result<int64_t> PartInputFloats(const ModelSpec& spec, ModelPart part, int64_t samples,
+                                int64_t seq_len) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, part));
+  if (spec.kind == "gpt" && seq_len <= 0) seq_len = spec.gpt.block_size;
+  return m->PartInputSize(samples, seq_len);
+}
+
 Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
   ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
   MemoryEstimate e = m->PlannedMemory(1, 1);

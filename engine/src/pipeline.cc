@@ -129,6 +129,24 @@ Result<std::vector<StageCost>> CutCosts(const ModelSpec& spec, const OptimizerSp
   return out;
 }
 
+Result<std::vector<uint64_t>> CutBoundaryBytes(const ModelSpec& spec, const PipelineCut& cut,
+                                               int64_t batch, int64_t seq_len,
+                                               int64_t micro_batches) {
+  ML_ASSIGN_OR_RETURN(PipelineCut checked, MakeCut(spec, cut.bounds));
+  if (micro_batches < 1 || batch % micro_batches != 0) {
+    return InvalidArgument("micro_batches (" + std::to_string(micro_batches) +
+                           ") must be >= 1 and divide the batch size (" + std::to_string(batch) +
+                           ")");
+  }
+  std::vector<uint64_t> out;
+  for (int s = 1; s < checked.stages(); ++s) {
+    ML_ASSIGN_OR_RETURN(int64_t floats,
+                        PartInputFloats(spec, checked.part(s), batch / micro_batches, seq_len));
+    out.push_back(2 * 4 * static_cast<uint64_t>(micro_batches) * static_cast<uint64_t>(floats));
+  }
+  return out;
+}
+
 Result<PipelineCut> ChooseCut(const ModelSpec& spec, const OptimizerSpec& optimizer, int stages,
                               int64_t batch, int64_t seq_len, int64_t micro_batches) {
   const int64_t n = CutLayerCount(spec);

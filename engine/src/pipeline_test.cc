@@ -328,6 +328,44 @@ TEST(PipelineTest, OneMicroBatchIsTodaysStep) {
             "d0d9472ceab27000965b05d25daaa5e346549adad7b9845f1275f81c2ce3a69c");
 }
 
+// CutBoundaryBytes (the ledger's link cost of each boundary, from the spec alone) is what a
+// step's activations and their gradients really move across each boundary, for every model kind
+// and a GPT at seq_len 0 (block_size, as its batches run).
+TEST(PipelineTest, CutBoundaryBytesAreTheActivationsAndGradientsAStepSends) {
+  struct Case {
+    const char* toml;
+    std::vector<int64_t> bounds;
+    int64_t batch, M;
+  };
+  for (const Case& c : {Case{kPipeMlp, {0, 2, 5, 7}, 4, 2}, Case{kPipeCnn, {0, 2, 4, 5}, 6, 3},
+                        Case{kPipeGpt, {0, 1, 3, 4}, 4, 2}, Case{kPipeGpt, {0, 2, 4}, 4, 1}}) {
+    const ModelSpec spec = PipeParseModel(c.toml);
+    TrainState st = PipeState(spec);
+    std::vector<std::unique_ptr<Stage>> stages = PipeStages(spec, c.bounds, c.M);
+    PipelineStepResult r =
+        RunPipelineStep(stages, PipeBatch(*st.model, c.batch, 0), kPipeDropoutSeed);
+    std::vector<uint64_t> sent(c.bounds.size() - 2, 0);
+    for (const Transfer& t : r.transfers) {
+      if (t.kind == TransferKind::kTransferActivation ||
+          t.kind == TransferKind::kTransferActivationGrad) {
+        sent[static_cast<size_t>(std::min(t.from, t.to))] += 4 * static_cast<uint64_t>(t.floats);
+      }
+    }
+    Result<std::vector<uint64_t>> want =
+        CutBoundaryBytes(spec, PipelineCut{c.bounds}, c.batch, 0, c.M);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    EXPECT_EQ(*want, sent) << spec.kind << " cut of " << c.bounds.size() - 1 << " stages";
+  }
+  const ModelSpec gpt = PipeParseModel(kPipeGpt);
+  Result<std::vector<uint64_t>> gpt_bytes =
+      CutBoundaryBytes(gpt, PipelineCut{{0, 1, 3, 4}}, 4, 0, 2);
+  ASSERT_TRUE(gpt_bytes.ok());
+  // (B, T, C) = (4, 8, 16) floats each way: 2 x 4 x 512 bytes.
+  EXPECT_EQ(*gpt_bytes, (std::vector<uint64_t>{4096, 4096}));
+  EXPECT_FALSE(CutBoundaryBytes(gpt, PipelineCut{{0, 1, 3, 4}}, 4, 0, 3).ok());
+  EXPECT_FALSE(CutBoundaryBytes(gpt, PipelineCut{{0, 3, 1, 4}}, 4, 0, 2).ok());
+}
+
 TEST(PipelineTest, TransfersAreListedAndContentAddressed) {
   const ModelSpec spec = PipeParseModel(kPipeGpt);
   TrainState st = PipeState(spec);

@@ -268,7 +268,8 @@ Status ExpireGoneStages(LedgerState& s, const Genesis& g, uint64_t height, const
 // open to those nodes again from the next block, as a unit every eligible solver excluded is (a
 // cheater is jailed, so never eligible). A replica placed alone whose units `keep` names (the
 // live stages of a replica that lost a node, ExpireGoneStages) keeps those stages on their nodes
-// while the nodes are free, and only its other stages are placed (PlaceStages over those stages);
+// while the nodes are free, and only its other stages are placed (PlaceStages over those stages,
+// with their boundaries' stage_boundary_bytes, and 0 between two that a kept stage separates);
 // failing that, it is placed as any other. While some stage is kept, every pending replica is
 // placed alone (a round of one replica too).
 Result<std::vector<protocol::Assignment>> PlaceStageUnits(
@@ -279,6 +280,7 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
     std::vector<protocol::UnitId>* forgive) {
   std::vector<protocol::StageNeed> needs(p.stages);
   for (uint32_t s = 0; s < p.stages; ++s) needs[s] = {p.stage_memory_bytes[s], p.stage_flops[s]};
+  const std::span<const uint64_t> bytes = p.stage_boundary_bytes;
   std::map<PublicKey, const protocol::NodeView*> by_id;
   for (const protocol::NodeView& v : nodes) by_id[v.id] = &v;
   std::map<PublicKey, uint64_t> queued = inflight;
@@ -336,11 +338,11 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
       if (!excluded) free.push_back(v);
     }
     Result<std::vector<std::vector<protocol::NodeId>>> chains =
-        protocol::PlaceStages(view, needs, PipelineReplicas(p), free, height, sp);
+        protocol::PlaceStages(view, needs, bytes, PipelineReplicas(p), free, height, sp);
     if (!chains.ok()) {
       if (chains.status().code() != StatusCode::kFailedPrecondition) return chains.status();
       if (free.size() < nodes.size() &&
-          protocol::PlaceStages(view, needs, PipelineReplicas(p), nodes, height, sp).ok()) {
+          protocol::PlaceStages(view, needs, bytes, PipelineReplicas(p), nodes, height, sp).ok()) {
         for (const auto& [r, units] : replicas) forgive_replica(units);
       }
       return out;  // not yet
@@ -363,11 +365,15 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
     std::vector<protocol::NodeId> chain(p.stages);
     std::vector<uint32_t> open;
     std::vector<protocol::StageNeed> open_needs;
+    std::vector<uint64_t> open_bytes;  // between consecutive open stages
     bool kept = false;
     bool keepable = true;
     for (uint32_t st = 0; st < p.stages; ++st) {
       auto k = keep.find(units[st]->unit.shard);
       if (k == keep.end()) {
+        // Open stages on either side of a kept one are no neighbours: nothing crosses between
+        // them (0), so links do not pair them.
+        if (!open.empty()) open_bytes.push_back(open.back() + 1 == st ? bytes[st - 1] : 0);
         open.push_back(st);
         open_needs.push_back(needs[st]);
         continue;
@@ -385,7 +391,7 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
       Result<std::vector<std::vector<protocol::NodeId>>> rest =
           open.empty() ? Result<std::vector<std::vector<protocol::NodeId>>>(
                              std::vector<std::vector<protocol::NodeId>>{{}})
-                       : protocol::PlaceStages(view, open_needs, 1, others, height, sp);
+                       : protocol::PlaceStages(view, open_needs, open_bytes, 1, others, height, sp);
       if (!rest.ok() && rest.status().code() != StatusCode::kFailedPrecondition) {
         return rest.status();
       }
@@ -397,11 +403,11 @@ Result<std::vector<protocol::Assignment>> PlaceStageUnits(
       }
     }
     Result<std::vector<std::vector<protocol::NodeId>>> chains =
-        protocol::PlaceStages(view, needs, 1, free, height, sp);
+        protocol::PlaceStages(view, needs, bytes, 1, free, height, sp);
     if (!chains.ok()) {
       if (chains.status().code() != StatusCode::kFailedPrecondition) return chains.status();
       if (free.size() < idle.size() &&
-          protocol::PlaceStages(view, needs, 1, idle, height, sp).ok()) {
+          protocol::PlaceStages(view, needs, bytes, 1, idle, height, sp).ok()) {
         forgive_replica(units);
       }
       continue;  // not yet

@@ -146,9 +146,9 @@ class PipelineStageTest : public FollowedChainFixture {
     for (uint32_t s = 0; s < kStages; ++s) {
       needs.push_back({t.params.stage_memory_bytes[s], t.params.stage_flops[s]});
     }
-    Result<std::vector<std::vector<protocol::NodeId>>> chains =
-        protocol::PlaceStages(TaskSpecViewOf(task_id_, t.params, t.price_cap), needs, kReplicas,
-                              views, height, SchedulerParamsOf(genesis_));
+    Result<std::vector<std::vector<protocol::NodeId>>> chains = protocol::PlaceStages(
+        TaskSpecViewOf(task_id_, t.params, t.price_cap), needs, t.params.stage_boundary_bytes,
+        kReplicas, views, height, SchedulerParamsOf(genesis_));
     EXPECT_TRUE(chains.ok()) << chains.status().ToString();
     return chains.ok() ? *chains : std::vector<std::vector<protocol::NodeId>>{};
   }
@@ -191,6 +191,44 @@ TEST_F(PipelineStageTest, ReportedLinksPairTheStagesOfEachReplica) {
                                                nodes_[1].public_key()};
   const std::vector<protocol::NodeId> second = {without[1][0], nodes_[2].public_key(),
                                                 nodes_[0].public_key()};
+  for (uint32_t s = 0; s < kStages; ++s) {
+    EXPECT_EQ(Unit(0, 0, s).assignee, first[s]) << "stage " << s;
+    EXPECT_EQ(Unit(0, 1, s).assignee, second[s]) << "stage " << s;
+  }
+  EXPECT_EQ(WantChains(height), (std::vector<std::vector<protocol::NodeId>>{first, second}));
+}
+
+// The ledger weighs each boundary's links by the task's own stage_boundary_bytes: n5 reported a
+// near but slow link to n4 (0 ms, 10 MB/s); every other pair is the registered estimate (1 ms +
+// 1 ms, 1 GB/s). At 1 MiB (PipelineParams) the slow link costs 105 ms against 3 ms, and the
+// first boundary keeps n5 -> n3; a task that moves 1 KiB there (0.1 ms against 2 ms) pairs n5
+// with n4. The second boundary has no reported link and keeps its order.
+TEST_F(PipelineStageTest, TheLedgerWeighsEachBoundarysLinksByTheTasksBytes) {
+  std::vector<Transaction> regs;
+  for (size_t i = 0; i < nodes_.size(); ++i) regs.push_back(Q(alice_, Reg(i)));
+  for (const Receipt& r : Step(regs)) ASSERT_TRUE(r.ok) << r.reason;
+  const NodeLink slow{
+      .peer = nodes_[3].public_key(), .latency_ms = 0, .bandwidth_bytes_per_s = 10'000'000};
+  ASSERT_TRUE(
+      Step({Q(alice_, ReportLinksTx{.node_id = nodes_[4].public_key(), .links = {slow}})})[0].ok);
+  TaskParams p = PipelineParams();
+  p.stage_boundary_bytes = {1u << 10, 1u << 20};
+  Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
+                                            .budget = kBudget,
+                                            .price_cap = 20,
+                                            .params = p});
+  task_id_ = TaskIdFor(bob_.public_key(), submit.nonce);
+  ASSERT_TRUE(Step({submit})[0].ok);
+  const uint64_t height = chain_->Height();
+  const std::vector<std::vector<protocol::NodeId>> without = WantChains(height, false);
+  ASSERT_EQ(without.size(), kReplicas);
+  ASSERT_EQ(without[0][0], nodes_[4].public_key());
+  ASSERT_EQ(without[0][1], nodes_[2].public_key());
+  ASSERT_EQ(without[1][1], nodes_[3].public_key());
+  const std::vector<protocol::NodeId> first = {nodes_[4].public_key(), nodes_[3].public_key(),
+                                               without[0][2]};
+  const std::vector<protocol::NodeId> second = {without[1][0], nodes_[2].public_key(),
+                                                without[1][2]};
   for (uint32_t s = 0; s < kStages; ++s) {
     EXPECT_EQ(Unit(0, 0, s).assignee, first[s]) << "stage " << s;
     EXPECT_EQ(Unit(0, 1, s).assignee, second[s]) << "stage " << s;
@@ -250,6 +288,7 @@ TEST(PipelineStageSlotTest, ThePipelineFieldsSurviveEveryEncoding) {
   EXPECT_EQ(std::get<SubmitTaskTx>(back->payload).params, PipelineParams());
   nlohmann::json j = TxToJson(tx);
   EXPECT_EQ(j["payload"]["params"]["stage_memory_bytes"][2], 5 * kGiB);
+  EXPECT_EQ(j["payload"]["params"]["stage_boundary_bytes"][1], 1u << 20);
   Result<Transaction> from_json = TxFromJson(j);
   ASSERT_TRUE(from_json.ok()) << from_json.status().ToString();
   EXPECT_EQ(std::get<SubmitTaskTx>(from_json->payload).params, PipelineParams());
@@ -288,6 +327,26 @@ TEST(PipelineStageSlotTest, TermsRefuseBadStageFields) {
   p = TestTaskParams();
   p.stage_flops = {1};
   refused(p, false, "must be empty for a task without stages");
+  // One boundary byte count between each two consecutive stages, in [1, 1 TiB].
+  p = PipelineParams();
+  p.stage_boundary_bytes.pop_back();
+  refused(p, false,
+          "params.stage_boundary_bytes must hold one entry per boundary between consecutive "
+          "stages (params.stages - 1 = 2), got 1");
+  p.stage_boundary_bytes = {1, 2, 3};
+  refused(p, false, "(params.stages - 1 = 2), got 3");
+  p = PipelineParams();
+  p.stage_boundary_bytes[1] = 0;
+  refused(p, false,
+          "params.stage_boundary_bytes[1] = 0 must be in [1, 1099511627776]: the bytes a step "
+          "moves between stages 1 and 2");
+  p.stage_boundary_bytes[1] = protocol::kMaxStageBoundaryBytes + 1;
+  refused(p, false, "params.stage_boundary_bytes[1] = 1099511627777 must be in [1, ");
+  p.stage_boundary_bytes[1] = protocol::kMaxStageBoundaryBytes;
+  EXPECT_TRUE(ValidateTaskTerms(p, 1'000'000, 20, false, 0).ok());
+  p = TestTaskParams();
+  p.stage_boundary_bytes = {1};
+  refused(p, false, "params.stage_boundary_bytes must be empty for a task without stages");
   // A verifying chain checks every stage unit (one leaf per step in CommitStage, exact replays).
   EXPECT_TRUE(ValidateTaskTerms(PipelineParams(), 1'000'000, 20, true, 2).ok());
   p = PipelineParams();

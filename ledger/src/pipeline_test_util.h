@@ -52,6 +52,7 @@ inline TaskParams PipelineParams() {
   p.stages = kStages;
   p.stage_memory_bytes = {3 * kGiB, 1 * kGiB, 5 * kGiB};
   p.stage_flops = {30'000'000'000, 20'000'000'000, 10'000'000'000};
+  p.stage_boundary_bytes = {1u << 20, 1u << 20};
   return p;
 }
 

@@ -4,9 +4,10 @@
 
 #include "execute.h"
 #include "meshlearn/engine/step_replay.h"
-#include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/scheduler.h"
+#include "meshlearn/protocol/stage_placement.h"
 #include "meshlearn/protocol/task_model.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
@@ -218,6 +219,11 @@ Status ValidatePipelineTerms(const TaskParams& p, bool verification, const Namer
                              " must be empty for a task without stages (" + name("stages") +
                              " = 1); set " + name("stages") + " to their length");
     }
+    if (!p.stage_boundary_bytes.empty()) {
+      return InvalidArgument(name("stage_boundary_bytes") +
+                             " must be empty for a task without stages (" + name("stages") +
+                             " = 1): a task of S stages lists its S-1 boundaries");
+    }
     return Status::Ok();
   }
   if (p.units_per_round % p.stages != 0) {
@@ -236,6 +242,25 @@ Status ValidatePipelineTerms(const TaskParams& p, bool verification, const Namer
       return InvalidArgument(name("stage_memory_bytes") + "[" + std::to_string(s) + "] and " +
                              name("stage_flops") + "[" + std::to_string(s) +
                              "] must be > 0 (engine::CutCosts of the stage)");
+    }
+  }
+  // What each boundary moves is the link cost protocol::PlaceStages pairs its nodes by; its
+  // bound keeps that cost's arithmetic in 64 bits.
+  if (p.stage_boundary_bytes.size() + 1 != p.stages) {
+    return InvalidArgument(name("stage_boundary_bytes") + " must hold one entry per boundary " +
+                           "between consecutive stages (" + name("stages") +
+                           " - 1 = " + std::to_string(p.stages - 1) + "), got " +
+                           std::to_string(p.stage_boundary_bytes.size()) +
+                           ": the bytes a step moves across each (engine::CutBoundaryBytes)");
+  }
+  for (uint32_t b = 0; b + 1 < p.stages; ++b) {
+    const uint64_t bytes = p.stage_boundary_bytes[b];
+    if (bytes == 0 || bytes > protocol::kMaxStageBoundaryBytes) {
+      return InvalidArgument(
+          name("stage_boundary_bytes") + "[" + std::to_string(b) + "] = " + std::to_string(bytes) +
+          " must be in [1, " + std::to_string(protocol::kMaxStageBoundaryBytes) +
+          "]: the bytes a step moves between stages " + std::to_string(b) + " and " +
+          std::to_string(b + 1) + " (engine::CutBoundaryBytes of the task's cut)");
     }
   }
   if (verification) {

@@ -59,6 +59,15 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
   params.model_bytes = p.value("model_bytes", uint64_t{0});
   params.memory_bytes = p.value("memory_bytes", uint64_t{0});
   params.data_page_tokens = p.value("data_page_tokens", uint32_t{0});
+  if (p.contains("stage_boundary_bytes") && p["stage_boundary_bytes"].is_array()) {
+    for (const nlohmann::json& b : p["stage_boundary_bytes"]) {
+      if (!b.is_number_unsigned()) {
+        return InvalidArgument("the ledger's params.stage_boundary_bytes holds " + b.dump() +
+                               ", not a byte count");
+      }
+      params.stage_boundary_bytes.push_back(b.get<uint64_t>());
+    }
+  }
   if (p.contains("data_root") && p["data_root"].is_string()) {
     ML_ASSIGN_OR_RETURN(params.data_root, Hash256::FromHex(p["data_root"].get<std::string>(),
                                                            "params.data_root"));
@@ -100,6 +109,23 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
         " for a unit (weights, gradients, optimizer moments, activations: "
         "UnitMemoryBytes) but the ledger's params.memory_bytes = " +
         std::to_string(p.memory_bytes) +
+        "; the submitter published an inconsistent task, refusing it");
+  }
+  // What a pipeline's step moves across each stage boundary: the ledger pairs the stages' nodes
+  // by it, so a task that declared other bytes than its cut moves was placed by a wrong cost.
+  if (p.stage_boundary_bytes != bundle.stage_boundary_bytes) {
+    auto list = [](const std::vector<uint64_t>& v) {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) out += (i == 0 ? "" : ", ") + std::to_string(v[i]);
+      return out + "]";
+    };
+    return InvalidArgument(
+        "the task bundle's pipeline moves stage_boundary_bytes = " +
+        list(bundle.stage_boundary_bytes) +
+        " a step across its stage boundaries (engine::CutBoundaryBytes of its cut; none when "
+        "network.stages and network.cut do not cut its model) but the ledger's "
+        "params.stage_boundary_bytes = " +
+        list(p.stage_boundary_bytes) +
         "; the submitter published an inconsistent task, refusing it");
   }
   // The data root: the ledger checks a disputed step's examples against it (RefereeStepTx), so

@@ -264,6 +264,21 @@ TEST(StageStepTest, StagesTalkingThroughLinksEqualRunPipelineStep) {
       const size_t sends =
           out[0].commit.sent.size() + out[1].commit.sent.size() + out[2].commit.sent.size();
       EXPECT_EQ(sends, 2 * 2 * kStageMicroBatches + 4 + (spec.kind == "gpt" ? 2 : 0));
+      // The activations and gradients the stages signed and sent across each boundary are the
+      // bytes the ledger's placement weighs it by (engine::CutBoundaryBytes of the cut).
+      std::vector<uint64_t> crossed(2, 0);
+      for (const StageStepOutcome& o : out) {
+        for (const StageTransfer& t : o.commit.sent) {
+          if (t.key.kind == protocol::StageTensorKind::kStageTensorActivation ||
+              t.key.kind == protocol::StageTensorKind::kStageTensorActivationGrad) {
+            crossed[std::min(t.key.from_stage, t.key.to_stage)] += t.bytes;
+          }
+        }
+      }
+      Result<std::vector<uint64_t>> boundary = engine::CutBoundaryBytes(
+          spec, engine::PipelineCut{StageBounds(spec)}, kStageBatch, 0, kStageMicroBatches);
+      ASSERT_TRUE(boundary.ok()) << boundary.status().ToString();
+      EXPECT_EQ(crossed, *boundary);
     }
   }
 }
@@ -1785,6 +1800,20 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
   ASSERT_EQ(params.stages, 3u);
   ASSERT_EQ(params.units_per_round, 6u);
   ASSERT_EQ(params.stage_memory_bytes.size(), 3u);
+  // What a step moves across each boundary, as the ledger pairs the stages' nodes by it: the
+  // cut's engine::CutBoundaryBytes, here (B, T, C) floats each way per micro-batch.
+  Result<std::vector<uint64_t>> boundary =
+      engine::CutBoundaryBytes(t.model, *cut, t.batch_size, t.seq_len, t.micro_batches);
+  ASSERT_TRUE(boundary.ok()) << boundary.status().ToString();
+  ASSERT_EQ(boundary->size(), 2u);
+  const uint64_t one_way =
+      uint64_t{4} * static_cast<uint64_t>(t.batch_size) *
+      static_cast<uint64_t>(t.seq_len > 0 ? t.seq_len : t.model.gpt.block_size) *
+      static_cast<uint64_t>(t.model.gpt.n_embd);
+  EXPECT_EQ(*boundary, (std::vector<uint64_t>{2 * one_way, 2 * one_way}));
+  EXPECT_EQ(facts.stage_boundary_bytes, *boundary);
+  EXPECT_EQ(params.stage_boundary_bytes, *boundary);
+  EXPECT_TRUE(ledger::ValidateTaskTerms(params, 1'000'000, 20, false, 0).ok());
   // A whole unit's need is the stages' formula for the whole model as one stage
   // (UnitMemoryBytes: engine::CutCosts), more than any stage's.
   Result<uint64_t> whole = UnitMemoryBytes(t);
@@ -1812,6 +1841,14 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
   ledger::TaskParams undeclared = params;  // a task submitted without a need: the fallback's
   undeclared.memory_bytes = 0;
   EXPECT_TRUE(CheckBundleMatchesLedger(facts, net, undeclared).ok());
+  ledger::TaskParams other_bytes = params;  // placed by other boundary bytes than the cut moves
+  other_bytes.stage_boundary_bytes[1] += 4;
+  Status wrong_bytes = CheckBundleMatchesLedger(facts, net, other_bytes);
+  EXPECT_NE(wrong_bytes.message().find("the ledger's params.stage_boundary_bytes = [" +
+                                       std::to_string((*boundary)[0]) + ", " +
+                                       std::to_string((*boundary)[1] + 4) + "]"),
+            std::string::npos)
+      << wrong_bytes.ToString();
   ledger::TaskParams unstaged = params;
   unstaged.stages = 1;
   Status mismatch = CheckBundleMatchesLedger(facts, net, unstaged);

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "meshlearn/base/config.h"
+#include "meshlearn/engine/pipeline.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/step_witness.h"
@@ -264,13 +265,26 @@ Result<TaskFacts> ComputeTaskFacts(const engine::TaskSpec& task, const engine::T
   } else if (StepWitnessBound(task, f.num_params) <= ledger::kMaxWitnessBytes) {
     f.data_root = TaskDataRoot(data);
   }
+  if (net.stages > 1) {
+    // A cut that cannot be made leaves the list empty rather than failing here: the facts of
+    // such a bundle are still computed (a node logs and refuses the task by them, a trainer's
+    // caller must not crash on a submitter's bad table), and AddPipelineTerms names the fault.
+    Result<engine::PipelineCut> cut =
+        engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut);
+    if (cut.ok()) {
+      Result<std::vector<uint64_t>> bytes = engine::CutBoundaryBytes(
+          task.model, *cut, task.batch_size, task.seq_len, task.micro_batches);
+      if (bytes.ok()) f.stage_boundary_bytes = std::move(*bytes);
+    }
+  }
   return f;
 }
 
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
                                   const Hash256& initial_state) {
   // A pipeline task's units are its replicas' stages (docs/protocol.md, "Pipeline stage units");
-  // the per-stage needs come from its cut (AddPipelineTerms, stage_unit.h).
+  // the per-stage needs come from its cut (AddPipelineTerms, stage_unit.h), and what crosses its
+  // boundaries from the facts (a node compares them: CheckBundleMatchesLedger).
   const uint32_t stages = std::max<uint32_t>(net.stages, 1);
   return ledger::TaskParams{
       .rounds = net.rounds,
@@ -289,6 +303,7 @@ ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net
       .assurance = static_cast<uint8_t>(net.assurance.kind),
       .target_escape_ppm = net.assurance.target_escape_ppm,
       .stages = stages,
+      .stage_boundary_bytes = facts.stage_boundary_bytes,
       .data_page_tokens = facts.data_page_tokens};
 }
 

@@ -45,7 +45,8 @@ const PeerLink* ReportedLink(const NodeView& node, const NodeId& peer) {
 // through the unfixed senders hands r's receiver to j's sender (O(R^2) per try, O(R^4) at worst).
 std::vector<size_t> MinCostPairing(const std::vector<std::vector<uint64_t>>& cost) {
   const size_t n = cost.size();
-  // Costs are below 2^43 (StageLinkCostUs: latency < 2^42 us, transfer < 2^41 us), or 2^58 for
+  // Costs are below 2^44 (StageLinkCostUs: latency < 2^43 us, two registered 32-bit figures in ms
+  // summed; transfer at most kMaxStageTransferUs = 2^43 us), or 2^58 for
   // a pair ChooseStagesByLinks forbids (never needed: every candidate stays reachable at a real
   // cost), so for n below 2^14 (ChooseStagesByLinks: at most 3R) the potentials, at most n real
   // costs, and every reduced cost stay below kInf.
@@ -149,9 +150,11 @@ bool SameClass(const NodeView& a, const NodeView& b) {
 }
 
 // Chooses and pairs the nodes of each stage s >= 1 by link cost (see the top of
-// stage_placement.h). `order`: every eligible node in the placement order; `by_id`: the same.
+// stage_placement.h). `order`: every eligible node in the placement order; `by_id`: the same;
+// `boundary_bytes[s-1]`: what a step moves between stages s-1 and s.
 void ChooseStagesByLinks(const std::vector<const NodeView*>& order,
                          const std::map<NodeId, const NodeView*>& by_id,
+                         std::span<const uint64_t> boundary_bytes,
                          std::vector<std::vector<NodeId>>& chains) {
   const size_t replicas = chains.size();
   const size_t stages = chains[0].size();
@@ -161,6 +164,7 @@ void ChooseStagesByLinks(const std::vector<const NodeView*>& order,
     placed.insert(chain.begin(), chain.end());
   }
   for (size_t s = 1; s < stages; ++s) {
+    const uint64_t bytes = boundary_bytes[s - 1];
     auto linked = [&](const NodeView& n) {
       return std::ranges::any_of(chains, [&](const std::vector<NodeId>& chain) {
         const NodeView& from = *by_id.at(chain[s - 1]);
@@ -225,7 +229,7 @@ void ChooseStagesByLinks(const std::vector<const NodeView*>& order,
       for (const std::vector<NodeId>& chain : chains) {
         const NodeView& from = *by_id.at(chain[s - 1]);
         if (ReportedLink(from, n.id) != nullptr || ReportedLink(n, from.id) != nullptr) {
-          cost = std::min(cost, StageLinkCostUs(from, n));
+          cost = std::min(cost, StageLinkCostUs(from, n, bytes));
         }
       }
       if (cost != UINT64_MAX) linked_nodes.push_back({cost, i, &n});
@@ -242,9 +246,10 @@ void ChooseStagesByLinks(const std::vector<const NodeView*>& order,
     });
     candidates.insert(candidates.end(), more.begin(), more.end());
     std::vector<NodeId> chosen(replicas);
-    if (!std::ranges::any_of(candidates, [&](const NodeView* n) { return linked(*n); })) {
-      // Nothing measured across this boundary: the order stays, a node an earlier stage took
-      // replaced by the first free candidate of its class.
+    if (bytes == 0 ||
+        !std::ranges::any_of(candidates, [&](const NodeView* n) { return linked(*n); })) {
+      // Nothing measured (or nothing sent) across this boundary: the order stays, a node an
+      // earlier stage took replaced by the first free candidate of its class.
       std::set<NodeId> used;
       for (size_t r = 0; r < replicas; ++r) {
         if (taken.count(chains[r][s]) == 0) used.insert(chosen[r] = chains[r][s]);
@@ -262,13 +267,13 @@ void ChooseStagesByLinks(const std::vector<const NodeView*>& order,
       // Rows: the replicas' stage s-1 nodes, then for each class one row per candidate beyond
       // its wanted count, which takes only that class's candidates at no cost (the candidates
       // left out). So the replicas take exactly `wanted` nodes of each class, at the least total.
-      // kForbidden exceeds any total of real costs (under 2^43 each, see MinCostPairing).
+      // kForbidden exceeds any total of real costs (under 2^44 each, R < 2^13, see MinCostPairing).
       constexpr uint64_t kForbidden = uint64_t{1} << 58;
       std::vector<std::vector<uint64_t>> cost;
       for (size_t r = 0; r < replicas; ++r) {
         const NodeView& from = *by_id.at(chains[r][s - 1]);
         std::vector<uint64_t> row;
-        for (const NodeView* n : candidates) row.push_back(StageLinkCostUs(from, *n));
+        for (const NodeView* n : candidates) row.push_back(StageLinkCostUs(from, *n, bytes));
         cost.push_back(std::move(row));
       }
       for (size_t c = 0; c < classes.size(); ++c) {
@@ -290,7 +295,7 @@ void ChooseStagesByLinks(const std::vector<const NodeView*>& order,
 
 }  // namespace
 
-uint64_t StageLinkCostUs(const NodeView& from, const NodeView& to) {
+uint64_t StageLinkCostUs(const NodeView& from, const NodeView& to, uint64_t bytes) {
   uint64_t latency_ms = 0, bandwidth = 0;
   if (const PeerLink* l = ReportedLink(from, to.id)) {
     latency_ms = l->latency_ms;
@@ -303,16 +308,33 @@ uint64_t StageLinkCostUs(const NodeView& from, const NodeView& to) {
     bandwidth = std::min(from.bandwidth_bytes_per_s, to.bandwidth_bytes_per_s);
   }
   bandwidth = std::max<uint64_t>(bandwidth, 1);
-  // Neither term overflows: latency < 2^33 ms, and kStageLinkCostBytes x 10^6 < 2^41.
-  return latency_ms * 1000 + (kStageLinkCostBytes * 1'000'000 + bandwidth - 1) / bandwidth;
+  // Nothing overflows: latency < 2^33 ms, bytes x 10^6 < 2^60 (kMaxStageBoundaryBytes), and the
+  // rounding up adds the remainder's one rather than bandwidth - 1 (a registered bandwidth may be
+  // near 2^64).
+  const uint64_t scaled = bytes * 1'000'000;
+  const uint64_t transfer = scaled / bandwidth + (scaled % bandwidth != 0 ? 1 : 0);
+  return latency_ms * 1000 + std::min(transfer, kMaxStageTransferUs);
 }
 
 Result<std::vector<std::vector<NodeId>>> PlaceStages(
-    const TaskSpecView& task, std::span<const StageNeed> stages, uint32_t replicas,
-    std::span<const NodeView> nodes, uint64_t height, const SchedulerParams& params) {
+    const TaskSpecView& task, std::span<const StageNeed> stages,
+    std::span<const uint64_t> boundary_bytes, uint32_t replicas, std::span<const NodeView> nodes,
+    uint64_t height, const SchedulerParams& params) {
   if (stages.empty() || replicas == 0) {
     return InvalidArgument("stage placement: " + std::to_string(stages.size()) + " stages x " +
                            std::to_string(replicas) + " replicas: both must be at least 1");
+  }
+  if (boundary_bytes.size() + 1 != stages.size()) {
+    return InvalidArgument("stage placement: " + std::to_string(stages.size()) + " stages need " +
+                           std::to_string(stages.size() - 1) + " boundary byte counts, got " +
+                           std::to_string(boundary_bytes.size()));
+  }
+  for (size_t b = 0; b < boundary_bytes.size(); ++b) {
+    if (boundary_bytes[b] > kMaxStageBoundaryBytes) {
+      return InvalidArgument("stage placement: boundary " + std::to_string(b) + " moves " +
+                             std::to_string(boundary_bytes[b]) + " bytes a step, over " +
+                             std::to_string(kMaxStageBoundaryBytes));
+    }
   }
   // Eligibility as the scheduler's, with the smallest stage as the memory floor.
   TaskSpecView floor = task;
@@ -403,7 +425,7 @@ Result<std::vector<std::vector<NodeId>>> PlaceStages(
     // Feasible before this slot, so some fitting node keeps the rest feasible.
     if (!placed) return Internal("stage placement: no node for a feasible slot");
   }
-  ChooseStagesByLinks(order, by_id, chains);
+  ChooseStagesByLinks(order, by_id, boundary_bytes, chains);
   return chains;
 }
 

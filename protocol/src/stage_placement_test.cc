@@ -41,10 +41,17 @@ NodeView PlaceNode(uint32_t i, uint64_t memory, uint64_t flops) {
   return n;
 }
 
+// What each boundary moves when a test does not say: 1 MiB, the constant the link cost used
+// before the task's own bytes were on the chain.
+constexpr uint64_t kPlaceBoundaryBytes = 1u << 20;
+
+// `bytes`: per boundary; empty: kPlaceBoundaryBytes at each.
 Result<std::vector<std::vector<NodeId>>> Place(const std::vector<StageNeed>& stages,
                                                uint32_t replicas,
-                                               const std::vector<NodeView>& nodes) {
-  return PlaceStages(PlaceTask(), stages, replicas, nodes, kPlaceHeight, SchedulerParams{});
+                                               const std::vector<NodeView>& nodes,
+                                               std::vector<uint64_t> bytes = {}) {
+  if (bytes.empty() && !stages.empty()) bytes.assign(stages.size() - 1, kPlaceBoundaryBytes);
+  return PlaceStages(PlaceTask(), stages, bytes, replicas, nodes, kPlaceHeight, SchedulerParams{});
 }
 
 // Every slot filled by a distinct node whose memory holds its stage.
@@ -316,11 +323,78 @@ TEST(StagePlacementTest, LinkCostUsesTheReportThenTheReverseThenTheRegisteredFig
   a.latency_ms = 3;
   b.latency_ms = 4;
   b.bandwidth_bytes_per_s = 1u << 20;  // the smaller: 1 MiB/s, so the transfer is 1 s
-  EXPECT_EQ(StageLinkCostUs(a, b), 7'000u + 1'000'000u);
+  EXPECT_EQ(StageLinkCostUs(a, b, 1u << 20), 7'000u + 1'000'000u);
   PlaceLink(b, a, 2, 2u << 20);  // the reverse direction's report
-  EXPECT_EQ(StageLinkCostUs(a, b), 2'000u + 500'000u);
+  EXPECT_EQ(StageLinkCostUs(a, b, 1u << 20), 2'000u + 500'000u);
   PlaceLink(a, b, 1, 4u << 20);  // the sender's own report wins
-  EXPECT_EQ(StageLinkCostUs(a, b), 1'000u + 250'000u);
+  EXPECT_EQ(StageLinkCostUs(a, b, 1u << 20), 1'000u + 250'000u);
+  // The transfer is the boundary's bytes over the bandwidth, rounded up: 100 MiB take 25 s,
+  // 1 byte one microsecond, none nothing.
+  EXPECT_EQ(StageLinkCostUs(a, b, 100u << 20), 1'000u + 25'000'000u);
+  EXPECT_EQ(StageLinkCostUs(a, b, 1), 1'000u + 1u);
+  EXPECT_EQ(StageLinkCostUs(a, b, 0), 1'000u);
+  // The largest boundary over the slowest link stops at kMaxStageTransferUs, and the fastest
+  // registered bandwidth (near 2^64) does not overflow the rounding.
+  a.links.clear();
+  b.links.clear();
+  b.bandwidth_bytes_per_s = 1;
+  EXPECT_EQ(StageLinkCostUs(a, b, kMaxStageBoundaryBytes), 7'000u + kMaxStageTransferUs);
+  a.bandwidth_bytes_per_s = b.bandwidth_bytes_per_s = UINT64_MAX;
+  EXPECT_EQ(StageLinkCostUs(a, b, kMaxStageBoundaryBytes), 7'000u + 1u);
+}
+
+TEST(StagePlacementTest, EachBoundaryWeighsItsLinksByTheBytesItMoves) {
+  // Two replicas of three stages on six nodes of distinct speeds: without links replica 0 gets
+  // nodes 1 -> 3 -> 5, replica 1 nodes 2 -> 4 -> 6. At both boundaries the straight pairs (1-3,
+  // 2-4; 3-5, 4-6) are near but slow (1 ms, 10 MB/s), the crossed ones (1-4, 2-3; 3-6, 4-5) far
+  // but fast (50 ms, 1 GB/s).
+  const std::vector<StageNeed> stages = {{100, 30}, {100, 20}, {100, 10}};
+  std::vector<NodeView> nodes;
+  for (uint32_t i = 1; i <= 6; ++i) nodes.push_back(PlaceNode(i, 1000, (7 - i) * 100));
+  auto ids = [&](std::vector<size_t> chain) {
+    std::vector<NodeId> out;
+    for (size_t i : chain) out.push_back(nodes[i - 1].id);
+    return out;
+  };
+  Result<std::vector<std::vector<NodeId>>> plain = Place(stages, 2, nodes);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  ASSERT_EQ(*plain, (std::vector<std::vector<NodeId>>{ids({1, 3, 5}), ids({2, 4, 6})}));
+  for (auto [from, to] : {std::pair{1, 3}, {2, 4}, {3, 5}, {4, 6}}) {
+    PlaceLink(nodes[from - 1], nodes[to - 1], 1, 10'000'000);
+  }
+  for (auto [from, to] : {std::pair{1, 4}, {2, 3}, {3, 6}, {4, 5}}) {
+    PlaceLink(nodes[from - 1], nodes[to - 1], 50, 1'000'000'000);
+  }
+  // 1 MiB at both boundaries (the old constant): bandwidth rules both (a straight pair 1 ms +
+  // 104.9 ms, a crossed one 50 ms + 1 ms), so both cross: 1 -> 4 -> 5 and 2 -> 3 -> 6.
+  Result<std::vector<std::vector<NodeId>>> mib = Place(stages, 2, nodes);
+  ASSERT_TRUE(mib.ok());
+  EXPECT_EQ(*mib, (std::vector<std::vector<NodeId>>{ids({1, 4, 5}), ids({2, 3, 6})}));
+  // The task's own bytes: 1 KiB across the first boundary (latency rules: straight, 1.1 ms
+  // against 50 ms), 100 MiB across the second (bandwidth rules: crossed, 0.15 s against 10.5 s).
+  Result<std::vector<std::vector<NodeId>>> own = Place(stages, 2, nodes, {1u << 10, 100u << 20});
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(*own, (std::vector<std::vector<NodeId>>{ids({1, 3, 6}), ids({2, 4, 5})}));
+  // The other way round: crossed, then straight.
+  Result<std::vector<std::vector<NodeId>>> swapped =
+      Place(stages, 2, nodes, {100u << 20, 1u << 10});
+  ASSERT_TRUE(swapped.ok());
+  EXPECT_EQ(*swapped, (std::vector<std::vector<NodeId>>{ids({1, 4, 6}), ids({2, 3, 5})}));
+  // A boundary across which nothing is sent keeps the order of the memory and speed rules there.
+  Result<std::vector<std::vector<NodeId>>> none = Place(stages, 2, nodes, {0, 100u << 20});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, (std::vector<std::vector<NodeId>>{ids({1, 3, 6}), ids({2, 4, 5})}));
+  // One count per boundary, each at most kMaxStageBoundaryBytes.
+  Result<std::vector<std::vector<NodeId>>> short_list = Place(stages, 2, nodes, {1u << 10});
+  ASSERT_FALSE(short_list.ok());
+  EXPECT_NE(short_list.status().message().find("3 stages need 2 boundary byte counts, got 1"),
+            std::string::npos)
+      << short_list.status().ToString();
+  Result<std::vector<std::vector<NodeId>>> huge =
+      Place(stages, 2, nodes, {1, kMaxStageBoundaryBytes + 1});
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("boundary 1 moves"), std::string::npos)
+      << huge.status().ToString();
 }
 
 TEST(StagePlacementTest, LinksOffTheChainsLeaveThePlacementAsItWas) {
@@ -452,18 +526,27 @@ TEST(StagePlacementTest, PairingIsTheSmallestMinimumOfExhaustiveSearchOverTheWho
         }
       }
     }
-    const Result<std::vector<std::vector<NodeId>>> r = Place(stages, R, nodes);
+    // Each boundary moves its own bytes (none, 1 KiB, 1 MiB or 100 MiB), so latency rules some
+    // boundaries and bandwidth others.
+    std::vector<uint64_t> bytes;
+    for (size_t s = 1; s < S; ++s) {
+      const uint64_t sizes[] = {0, 1u << 10, 1u << 20, 100u << 20};
+      bytes.push_back(sizes[rng.Uniform(4)]);
+    }
+    const Result<std::vector<std::vector<NodeId>>> r = Place(stages, R, nodes, bytes);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     std::map<NodeId, const NodeView*> by_id;
     for (const NodeView& n : nodes) by_id[n.id] = &n;
     std::vector<bool> reported(S, false);
-    for (size_t s = 1; s < S; ++s) reported[s] = PlaceBoundaryReported(by_id, *plain, s);
+    for (size_t s = 1; s < S; ++s) {
+      reported[s] = bytes[s - 1] != 0 && PlaceBoundaryReported(by_id, *plain, s);
+    }
     auto total = [&](const std::vector<std::vector<NodeId>>& chains) {
       uint64_t sum = 0;
       for (size_t s = 1; s < S; ++s) {
         if (!reported[s]) continue;
         for (const std::vector<NodeId>& c : chains) {
-          sum += StageLinkCostUs(*by_id.at(c[s - 1]), *by_id.at(c[s]));
+          sum += StageLinkCostUs(*by_id.at(c[s - 1]), *by_id.at(c[s]), bytes[s - 1]);
         }
       }
       return sum;

@@ -183,6 +183,14 @@ struct PlannedParam {
 // (Model::CreatePart) has them, offsets within the part's own flat vector (a pipeline stage's
 // tile plan, tile_rule.h).
 Result<std::vector<PlannedParam>> PlanParams(const ModelSpec& spec, ModelPart part = {});
+// Floats of the input that part `part` of the model takes for `samples` samples of `seq_len`
+// tokens (GPT; 0 = block_size): the part's Model::PartInputSize, from its spec alone (nothing is
+// allocated). A pipeline stage holds what a peer sends it to that size (Stage::Forward; its
+// gradient, Stage::Backward, has the size of the previous part's output, the same), so it is what
+// crosses the boundary into the part (pipeline.h CutBoundaryBytes). Errors: the spec's own
+// (shapes), or a part that is not a non-empty range of the cut layers.
+Result<int64_t> PartInputFloats(const ModelSpec& spec, ModelPart part, int64_t samples,
+                                int64_t seq_len);
 // The whole model's parameter count, from its spec alone: what a created model's NumParameters()
 // and the length of its flat vector are (the one count: EstimateMemory's num_parameters too).
 Result<int64_t> CountParameters(const ModelSpec& spec);

@@ -100,6 +100,20 @@ Result<std::vector<StageCost>> CutCosts(const ModelSpec& spec, const OptimizerSp
                                         const PipelineCut& cut, int64_t batch, int64_t seq_len,
                                         int64_t micro_batches);
 
+// What one step moves across each boundary of `cut`, in bytes: entry s (s = 0..S-2) is the
+// boundary between stages s and s+1, the activations stage s sends forward and the gradients of
+// them stage s+1 sends back for each of the M micro-batches, 4 bytes a float:
+//   2 x 4 x M x PartInputFloats(stage s+1, batch / M samples, seq_len)
+// (RunPipelineStep's kTransferActivation and kTransferActivationGrad transfers, and the stage
+// plane's pushes of them: pipeline_test.cc checks the sum). The end-of-step values are left out:
+// the gradient sums are 4 bytes, and a GPT's tied weight and its gradient travel between stages 0
+// and S-1, whichever nodes hold the stages between. The ledger's link cost of a boundary
+// (TaskParams::stage_boundary_bytes, protocol::PlaceStages). `seq_len`: GPT tokens per sample (0
+// = block_size). Errors: the cut's (MakeCut), or micro_batches < 1 or not dividing batch.
+Result<std::vector<uint64_t>> CutBoundaryBytes(const ModelSpec& spec, const PipelineCut& cut,
+                                               int64_t batch, int64_t seq_len,
+                                               int64_t micro_batches);
+
 // The contiguous cut into `stages` stages minimising the largest stage's FLOPs; among those, the
 // largest stage's memory (CutCosts total_bytes); among those, the sum of the squared stage FLOPs
 // (the rest as even as the largest allows); among those, the lexicographically smallest bounds.

@@ -219,12 +219,16 @@ struct TaskParams {
   // 1 trains every replica of a round as a chain of S stage units on S nodes: units_per_round is
   // then replicas x S (PipelineReplicas), and unit index = round x units_per_round + replica x S +
   // stage (StageSlotOf, StageUnitIndex). stage_memory_bytes[s] and stage_flops[s] are what stage s
-  // needs (engine::CutCosts of the task's cut: total bytes, training FLOPs of one step); the
-  // ledger places the stages on nodes with protocol::PlaceStages. stages = 1 with both lists
-  // empty: no pipeline (every unit trains the whole model).
+  // needs (engine::CutCosts of the task's cut: total bytes, training FLOPs of one step);
+  // stage_boundary_bytes[s] (s = 0..S-2) is what one step moves between stages s and s+1, the
+  // activations forward and their gradients back (engine::CutBoundaryBytes of the cut), in
+  // (0, protocol::kMaxStageBoundaryBytes]. The ledger places the stages on nodes with
+  // protocol::PlaceStages, pairing each boundary's nodes by the cost of moving those bytes.
+  // stages = 1 with the three lists empty: no pipeline (every unit trains the whole model).
   uint32_t stages = 1;
   std::vector<uint64_t> stage_memory_bytes;
   std::vector<uint64_t> stage_flops;
+  std::vector<uint64_t> stage_boundary_bytes;
   // 0: data_root is over examples (or zero). engine::kTokenPageTokens: a token task whose
   // data_root is over pages of that many tokens.
   uint32_t data_page_tokens = 0;
@@ -251,6 +255,7 @@ struct TaskParams {
     v("stages", s.stages);
     v("stage_memory_bytes", s.stage_memory_bytes);
     v("stage_flops", s.stage_flops);
+    v("stage_boundary_bytes", s.stage_boundary_bytes);
     v("data_page_tokens", s.data_page_tokens);
   }
   bool operator==(const TaskParams&) const = default;

@@ -64,8 +64,9 @@ Hash256 StateBlobId(const GlobalState& state);
 // The bundle's side is MakeTaskParams of it, so the node compares exactly what a submitter of this
 // bundle would have sent. InvalidArgument naming the first field that differs (a nonzero
 // params.memory_bytes too: the need the scheduler placed by must be the one the node computes
-// from the bundle); a nonzero params.data_root that is not
-// facts.data_root (the DataTree of the data the node loaded) is refused with both roots: the
+// from the bundle; and params.stage_boundary_bytes, the bytes the ledger paired a pipeline's
+// stage nodes by, which must be what the bundle's cut moves); a nonzero params.data_root that is
+// not facts.data_root (the DataTree of the data the node loaded) is refused with both roots: the
 // ledger could never check a disputed step's examples against it.
 Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
                                 const nlohmann::json& task);

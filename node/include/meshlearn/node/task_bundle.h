@@ -111,7 +111,9 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
 // facts.data_root (zero for a token task: the genesis referee rules its disputes);
 // checkpoint_interval = net.checkpoint_interval, whose default (inner_steps) NetworkSpec::
 // FromConfig decided; memory_bytes = facts.memory_bytes (UnitMemoryBytes: what a whole unit
-// needs). The tolerance thresholds are left 0: `task submit` profiles them.
+// needs); stage_boundary_bytes = facts.stage_boundary_bytes (a pipeline's: engine::
+// CutBoundaryBytes; its per-stage needs are AddPipelineTerms'). The tolerance thresholds are
+// left 0: `task submit` profiles them.
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
                                   const Hash256& initial_state);
 

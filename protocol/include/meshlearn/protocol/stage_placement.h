@@ -22,7 +22,8 @@
 //     s (s >= 1), given the replicas' stage s-1 nodes, the stage s nodes (its placed ones, or
 //     free nodes equal to them: the R with the cheapest reported links from stage s-1 nodes;
 //     each class of equal nodes keeping its count) are chosen and matched to the replicas so
-//     that the boundary's total link cost (StageLinkCostUs summed over the R pairs) is the least
+//     that the boundary's total link cost (StageLinkCostUs of the bytes the task moves across
+//     that boundary, summed over the R pairs) is the least
 //     possible: an exact assignment (Hungarian algorithm, O(n^3) in the n <= 3R candidates; a
 //     tie-break of at most O(n^4)), not the cheapest link first. Among choices of
 //     equal total, replica 0 takes the first candidate (the placed nodes in replica order, then
@@ -30,18 +31,20 @@
 //     equal links keep the placement. Were every stage's nodes fixed, any pairing at each
 //     boundary makes R chains and minimising boundary by boundary would be the minimum over the
 //     whole chain; choosing nodes too, it is stage s given stage s-1 (the whole chain would be a
-//     quadratic assignment). A boundary across which no node reported any link keeps the order
+//     quadratic assignment). A boundary across which no node reported any link (or across which
+//     nothing is sent: boundary_bytes 0) keeps the order
 //     above (a node an earlier stage took replaced by the first free node equal to it), so
 //     without reports the placement is exactly what it was before links existed. Every stage's
 //     throughputs and memories never change, so the guarantees above hold.
 //
 //   std::vector<StageNeed> needs = ...;   // per stage, from CutCosts
+//   std::vector<uint64_t> bytes = ...;    // per boundary, from CutBoundaryBytes
 //   Result<std::vector<std::vector<NodeId>>> chains =
-//       PlaceStages(task, needs, /*replicas=*/2, nodes, height, params);
+//       PlaceStages(task, needs, bytes, /*replicas=*/2, nodes, height, params);
 //   // (*chains)[r][s]: the node of stage s of replica r
 //
-// Not yet: placing more than one stage on a node, the task's real boundary bytes in the link cost
-// (kStageLinkCostBytes), and choosing nodes and pairs over the whole chain at once.
+// Not yet: placing more than one stage on a node, and choosing nodes and pairs over the whole
+// chain at once.
 #pragma once
 
 #include <cstdint>
@@ -59,26 +62,37 @@ struct StageNeed {
   uint64_t flops = 0;         // training FLOPs of one step of the stage
 };
 
-// What crosses a stage boundary in the link cost: 1 MiB stands for one micro-batch's
-// activations (forward) and their gradients (back). The task's real boundary bytes are not on
-// the chain; 1 MiB is their order for the models we cut (GPT-2 small: 4 x 256 x 768 floats =
-// 3 MiB; the small test models far less), and any fixed size ranks links by the same two
-// measures, latency first for small tensors and bandwidth for large.
-inline constexpr uint64_t kStageLinkCostBytes = 1u << 20;
+// The most bytes a step may move across one stage boundary (TaskParams::stage_boundary_bytes;
+// PlaceStages refuses more): 1 TiB, far beyond any model's activations (GPT-3's, a batch of 512 x
+// 2048 tokens of 12288 floats each way, are 96 GiB), and small enough that bytes x 10^6 stays
+// below 2^60 in StageLinkCostUs.
+inline constexpr uint64_t kMaxStageBoundaryBytes = uint64_t{1} << 40;
+// The transfer term of StageLinkCostUs stops at 2^43 microseconds (about 100 days for one step's
+// tensors): links that slow are alike unusable, and the cost stays below 2^44 (MinCostPairing's
+// bound).
+inline constexpr uint64_t kMaxStageTransferUs = uint64_t{1} << 43;
 
-// Cost of the link that carries a stage's activations from `from` to `to`, in microseconds:
-//   latency_ms x 1000 + ceil(kStageLinkCostBytes x 10^6 / bandwidth_bytes_per_s)
+// Cost of the link that carries a step's `bytes` (TaskParams::stage_boundary_bytes of the
+// boundary: activations forward and their gradients back) from `from` to `to`, in microseconds:
+//   latency_ms x 1000 + min(ceil(bytes x 10^6 / bandwidth_bytes_per_s), kMaxStageTransferUs)
 // with `from`'s reported link to `to`, else `to`'s reported link to `from` (a link is as fast
 // both ways), else an estimate from their registered figures: the sum of their latencies to
-// the network and the smaller of their bandwidths (at least 1 byte/s).
-uint64_t StageLinkCostUs(const NodeView& from, const NodeView& to);
+// the network and the smaller of their bandwidths (at least 1 byte/s). So a boundary that moves
+// little is ranked by latency, one that moves much by bandwidth. REQUIRES: bytes <=
+// kMaxStageBoundaryBytes.
+uint64_t StageLinkCostUs(const NodeView& from, const NodeView& to, uint64_t bytes);
 
 // The chains: result[r][s] is the node of stage s of replica r (see the top of the file).
-// InvalidArgument for no stages or no replicas; FailedPrecondition when no placement exists,
-// naming the stage that cannot be placed, its memory, how many eligible nodes hold that much
-// against how many slots need it, and the fix.
+// `boundary_bytes[s]` (s = 0..S-2): what one step moves between stages s and s+1, the link cost's
+// bytes at that boundary (TaskParams::stage_boundary_bytes); 0: nothing crosses it (stages placed
+// around ones kept elsewhere, which are not neighbours in the task's chain), so links do not
+// choose there and the order of the memory and speed rules stays. InvalidArgument for no stages
+// or no replicas, or boundary_bytes not S-1 entries of at most kMaxStageBoundaryBytes;
+// FailedPrecondition when no placement exists, naming the stage that cannot be placed, its
+// memory, how many eligible nodes hold that much against how many slots need it, and the fix.
 Result<std::vector<std::vector<NodeId>>> PlaceStages(
-    const TaskSpecView& task, std::span<const StageNeed> stages, uint32_t replicas,
-    std::span<const NodeView> nodes, uint64_t height, const SchedulerParams& params);
+    const TaskSpecView& task, std::span<const StageNeed> stages,
+    std::span<const uint64_t> boundary_bytes, uint32_t replicas, std::span<const NodeView> nodes,
+    uint64_t height, const SchedulerParams& params);
 
 }  // namespace meshlearn::protocol

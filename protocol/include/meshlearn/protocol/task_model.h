@@ -132,6 +132,11 @@ struct TaskFacts {
   // data_page_tokens = engine::kTokenPageTokens. Computing it hashes the training set once.
   Hash256 data_root;
   uint32_t data_page_tokens = 0;  // TaskParams::data_page_tokens
+  // A pipeline task (stages > 1): the bytes a step moves across each boundary of its cut
+  // (engine::CutBoundaryBytes; TaskParams::stage_boundary_bytes, the link cost the ledger pairs
+  // the stages' nodes by). Empty for one stage, and for a cut the [network] table cannot make
+  // (node::AddPipelineTerms then names the fault to the submitter, and a node refuses the task).
+  std::vector<uint64_t> stage_boundary_bytes;
 };
 
 // The work of one unit: what the solver trains and every checking party replays.
