@@ -101,7 +101,8 @@ class PipelineVerificationTest : public FollowedChainFixture {
   }
 
   // One round of one replica of three stages, H = 4 steps. `tweak` edits the task's params
-  // (default: no data root, stages of 1 GiB: the genesis referee rules their disputes).
+  // (default: TestTaskParams' data root over no real examples, stages of 1 GiB: over the stage
+  // witness bound, so the genesis referee rules their disputes).
   void Start(const std::function<void(TaskParams&)>& tweak = nullptr,
              const Hash256& spec_hash = Blake2b("pipeline bundle")) {
     std::vector<Transaction> regs;

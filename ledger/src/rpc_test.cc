@@ -360,9 +360,11 @@ TEST(Rpc, NodeWorkAndTaskProgress) {
                                .stake = 100,
                                .secret_head = protocol::SecretChainElement(kSeed, 0)});
   Hash256 init = Blake2b("init");
+  // An exact-mode task on a verifying chain: it must declare a data root.
   TaskParams params{.rounds = 1, .units_per_round = 2, .inner_steps = 2, .batch_size = 4,
                     .checkpoint_interval = 1, .flops_per_sample = 1000, .model_bytes = 40,
-                    .num_examples = 10, .seed = 1, .initial_state = init};
+                    .num_examples = 10, .seed = 1, .initial_state = init,
+                    .data_root = Blake2b("examples")};
   uint64_t nonce = t.shared->With([&](Chain& c) { return c.NextNonce(t.bob.public_key()); });
   Hash256 task = TaskIdFor(t.bob.public_key(), nonce);
   send(t.bob, SubmitTaskTx{.spec_hash = Blake2b("bundle"), .budget = 1000, .price_cap = 5,

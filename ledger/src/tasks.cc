@@ -333,6 +333,18 @@ Status ValidateTaskTerms(const TaskParams& p, Amount budget, Amount price_cap, b
                            name("tolerance_cosine_gap_ppb") +
                            " <= 1000000000 (0 and 0: exact mode)");
   }
+  // The ledger rules an exact-mode dispute itself only from the batch it can prove against the
+  // task's data root (a tile's examples or token pages, a whole step's examples): a task
+  // without one would leave its disputes to the genesis key, so a verifying chain refuses it.
+  if (verification && p.tolerance_rel_l2_ppm == 0 && p.tolerance_cosine_gap_ppb == 0 &&
+      p.data_root.IsZero()) {
+    return InvalidArgument(
+        name("data_root") + " is zero: an exact-mode task (" + name("tolerance_rel_l2_ppm") +
+        " and " + name("tolerance_cosine_gap_ppb") +
+        " both 0) on a verifying chain has its disputes ruled by the ledger against its data "
+        "root; declare data_root, the Merkle root over the task's examples/token pages; "
+        "`meshlearn task submit` computes it from the bundle's data");
+  }
   ML_RETURN_IF_ERROR(protocol::ValidateAssurance(p.assurance, p.target_escape_ppm, name("assurance"),
                                                  name("target_escape_ppm")));
   if (!verification && p.assurance != 0) {

@@ -87,6 +87,34 @@ TEST_F(TasksTest, ValidateTaskTermsIsWhatSubmitTaskChecks) {
                   .ok());
 }
 
+// The ledger rules an exact-mode task's disputes from batches proven against its data root, so a
+// verifying chain refuses one without a root, naming the fields as the caller knows them (the
+// genesis key rules no exact-mode dispute for want of a root). A tolerance-mode task, and any task
+// on a chain that does not verify, may still come without one.
+TEST_F(TasksTest, AnExactModeTaskOnAVerifyingChainNeedsADataRoot) {
+  SubmitTaskTx s = Submit(5000);
+  s.params.data_root = Hash256{};
+  Receipt r = Run(Tx(alice_, s));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.reason,
+            "submit task: params.data_root is zero: an exact-mode task "
+            "(params.tolerance_rel_l2_ppm and params.tolerance_cosine_gap_ppb both 0) "
+            "on a verifying chain has its disputes ruled by the ledger against its data "
+            "root; declare data_root, the Merkle root over the task's examples/token "
+            "pages; `meshlearn task submit` computes it from the bundle's data");
+  auto file_key = [](std::string_view f) { return "network." + std::string(f); };
+  const Status named = ValidateTaskTerms(s.params, s.budget, s.price_cap, true, 1, file_key);
+  EXPECT_NE(named.message().find("network.data_root is zero: an exact-mode task "
+                                 "(network.tolerance_rel_l2_ppm and "
+                                 "network.tolerance_cosine_gap_ppb both 0)"),
+            std::string::npos)
+      << named.message();
+  EXPECT_TRUE(ValidateTaskTerms(s.params, s.budget, s.price_cap, false, 1).ok());
+  s.params.tolerance_rel_l2_ppm = 100;
+  EXPECT_TRUE(ValidateTaskTerms(s.params, s.budget, s.price_cap, true, 1).ok());
+  EXPECT_TRUE(Run(Tx(alice_, s)).ok);
+}
+
 // A data root is over examples (data_page_tokens 0) or over a token task's pages of 1024 tokens
 // (engine::TokenPageTree); any other page size, or pages without a root, is refused by name.
 TEST_F(TasksTest, DataPageTokensIsZeroOrTheEnginesPageWithARoot) {

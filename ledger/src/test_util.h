@@ -63,7 +63,9 @@ inline constexpr Amount kTestPrice = 10;
 inline constexpr Amount kTestUnitCost = 32 * kTestPrice;
 
 // Valid parameters of a small network task (2 rounds x 3 units; one unit is 4 x 8 samples of
-// 10^9 FLOPs = 32 GFLOP, so it costs 32 x the price per GFLOP).
+// 10^9 FLOPs = 32 GFLOP, so it costs 32 x the price per GFLOP). Its data root is over no real
+// examples (a verifying chain refuses an exact-mode task without one: ValidateTaskTerms); a test
+// that replays a batch sets the root of its data.
 inline TaskParams TestTaskParams() {
   return TaskParams{.rounds = 2,
                     .units_per_round = 3,
@@ -76,7 +78,8 @@ inline TaskParams TestTaskParams() {
                     .num_examples = 300,
                     .seed = 7,
                     .initial_state = Blake2b("initial state"),
-                    .verification_window_blocks = 0};
+                    .verification_window_blocks = 0,
+                    .data_root = Blake2b("examples")};
 }
 
 class ChainFixture : public ::testing::Test {

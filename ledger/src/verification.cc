@@ -28,10 +28,11 @@
 //                  checkpoint, commit, received tensors, batch; stage_referee.h): the ledger
 //                  replays it itself -> DisputeGame::Rule
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
-//                  tolerance-mode segment, a whole step of a task without a data root (or a
-//                  token task's, played without the tile phase), a stage step whose state does
-//                  not fit a witness, disputed without the bundle (a GPT stage's with it plays
-//                  the tile phase) -> DisputeGame::Rule; refused for whatever the ledger rules
+//                  tolerance-mode segment, a whole step of a token task played without the tile
+//                  phase, a stage step whose state does not fit a witness, disputed without the
+//                  bundle (a GPT stage's with it plays the tile phase) -> DisputeGame::Rule;
+//                  refused for whatever the ledger rules. (A verifying chain refuses an
+//                  exact-mode task without a data root at SubmitTask: ValidateTaskTerms.)
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
 //                  reputation; fraud rewinds the round, a forced error or an abandoned unit
 //                  re-runs that unit (DriveChecks)
@@ -856,10 +857,10 @@ bool LedgerExecutes(const TaskRecord& t, const protocol::RefereeTask& task) {
 // (the state follows from the operator outputs); an operator without tiles of a task with a
 // data root the tile phase proves batches with (examples, or token pages), where every operator
 // without tiles is of the step's input state or (a classification task) executed by RefereeStep.
-// Without a data root an operator without tiles may be one whose tokens cannot be proven
-// (TokenOpsOpaque): the genesis referee may still rule it, and RefereeTile rules it when it is
-// of the input state. Both kinds only arise in a game with the tile phase, whose bundle the
-// ledger accepted (TileContextOf), so a RefereeTile can always carry it.
+// Without a data root (only in tolerance mode, which plays no tile phase, since a verifying
+// chain refuses an exact-mode task without one) an operator without tiles may be one whose tokens
+// cannot be proven (TokenOpsOpaque). Both kinds only arise in a game with the tile phase, whose
+// bundle the ledger accepted (TileContextOf), so a RefereeTile can always carry it.
 bool LedgerRulesFromRoots(const TaskRecord& t, const protocol::RefereeTask& task) {
   if (task.segment || !task.whole_step || task.tile) return false;
   if (task.roots == protocol::RefereeRoots::kRootsChainEnd) return true;
@@ -884,16 +885,17 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
         " is on a pipeline stage's step, which is not a unit's step" +
         (LedgerRulesStageStep(t->params, stage)
              ? "; send RefereeStageStep with the stage step's witness"
-             : "; the genesis referee rules it (RuleDispute): the task has no data root or the "
-               "stage's state does not fit a witness"));
+             : "; the genesis referee rules it (RuleDispute): the stage's state does not fit a "
+               "witness"));
   }
   if (!LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition(
         "referee step: the dispute on unit " + std::to_string(tx.index) +
-        (t->params.data_root.IsZero()          ? " belongs to a task without a data root"
-         : t->params.data_page_tokens != 0     ? " belongs to a token task, whose whole steps the "
-                                                 "ledger does not execute yet"
-                                               : " is not about one whole step (tolerance mode)") +
+        (game->referee_task().segment      ? " is not about one whole step (tolerance mode)"
+         : t->params.data_root.IsZero()    ? " belongs to a task without a data root"
+         : t->params.data_page_tokens != 0 ? " belongs to a token task, whose whole steps the "
+                                             "ledger does not execute yet"
+                                           : " is not about one whole step") +
         "; the genesis referee rules it (RuleDispute)");
   }
   Result<StepWitness> w = DecodeStepWitness(tx.witness.bytes);
@@ -946,11 +948,11 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
   if (!LedgerRulesStageStep(t->params, stage)) {
     return FailedPrecondition(
         "referee stage step: the dispute on unit " + std::to_string(tx.index) + " (stage " +
-        std::to_string(stage) + ") is ruled by the genesis referee (RuleDispute): " +
-        (t->params.data_root.IsZero()
-             ? std::string("the task has no data root to prove the step's batch with")
-             : "the stage needs " + std::to_string(t->params.stage_memory_bytes[stage]) +
-                   " bytes, over the witness bound of " + std::to_string(kMaxStageWitnessMemory)));
+        std::to_string(stage) +
+        ") is ruled by the genesis referee (RuleDispute): the stage needs " +
+        std::to_string(t->params.stage_memory_bytes[stage]) + " bytes, over the witness bound of " +
+        std::to_string(kMaxStageWitnessMemory) +
+        " (a pipeline task is in exact mode, so it has a data root: ValidateTaskTerms)");
   }
   Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
   if (!w.ok()) return w.status().WithPrefix("referee stage step");
@@ -1258,12 +1260,13 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               " has a data root, so the ledger executes the disputed step "
                               "itself; send RefereeStep with the step's witness");
   }
-  // Left to the genesis key: tolerance mode (a segment), a task without a data root, a stage over
-  // the stage witness bound played over whole steps (a sequential model's stage, or a GPT stage
-  // claimed to have served nothing: UnservedStageClaim), and a token task whose plan the tile
-  // phase does not serve (its mismatch carried the bundle, MismatchNeedsBundle, so a whole-step
-  // game of a token task with a data root means TileContextOf refused the task's own bundle: no
-  // such plan today, since micro-batched steps are planned too).
+  // Left to the genesis key: tolerance mode (a segment), a stage over the stage witness bound
+  // played over whole steps (a sequential model's stage, or a GPT stage claimed to have served
+  // nothing: UnservedStageClaim), and a token task whose plan the tile phase does not serve (its
+  // mismatch carried the bundle, MismatchNeedsBundle, so a whole-step game of a token task with a
+  // data root means TileContextOf refused the task's own bundle: no such plan today, since
+  // micro-batched steps are planned too). No exact-mode task without a data root reaches here: a
+  // verifying chain refuses it at SubmitTask (ValidateTaskTerms).
   if (game->referee_task().segment) {
     if (tx.tolerance_verdict != 1 && tx.tolerance_verdict != 2) {
       return InvalidArgument("rule dispute: unit " + std::to_string(tx.index) +

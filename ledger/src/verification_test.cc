@@ -103,6 +103,11 @@ class VerificationTest : public FollowedChainFixture {
   // Registers the nodes (`verifiers` of v1, v2 with the verifier role) and submits a task of
   // one round of two units (H = 4, k = 2: 2 segments, 3 leaves).
   void Start(int verifiers = 1, uint32_t tolerance_ppm = 0, Amount s1_stake = kStake) {
+    RegisterNodes(verifiers, s1_stake);
+    StepOk({SubmitTask(tolerance_ppm)});
+  }
+
+  void RegisterNodes(int verifiers = 1, Amount s1_stake = kStake) {
     RegisterNodeTx s1 = Reg(s1_, kRoleSolver);
     s1.stake = s1_stake;
     std::vector<Transaction> txs = {N(s1_, s1), N(s2_, Reg(s2_, kRoleSolver)),
@@ -111,6 +116,10 @@ class VerificationTest : public FollowedChainFixture {
     if (verifiers >= 1) txs.push_back(N(v1_, Reg(v1_, kRoleVerifier)));
     if (verifiers >= 2) txs.push_back(N(v2_, Reg(v2_, kRoleVerifier)));
     StepOk(txs);
+  }
+
+  // Start's SubmitTask (its id in task_id_, its budget in budget_), to send.
+  Transaction SubmitTask(uint32_t tolerance_ppm = 0) {
     TaskParams p = TestTaskParams();
     p.rounds = rounds_;
     p.units_per_round = 2;
@@ -128,8 +137,8 @@ class VerificationTest : public FollowedChainFixture {
                                                .price_cap = 20,
                                                .params = p});
     task_id_ = TaskIdFor(gina_.public_key(), submit.nonce);
-    StepOk({submit});
     budget_ = budget;
+    return submit;
   }
 
   TaskRecord Task() { return chain_->GetTask(task_id_).value(); }
@@ -363,10 +372,11 @@ class VerificationTest : public FollowedChainFixture {
   Hash256 task_id_;
   Amount budget_ = 0;
   int salt_ = 0;
-  // The task Start() submits: a bundle that is not a real task and no data root (the genesis
-  // referee rules its disputes), unless a fixture sets them.
+  // The task Start() submits: a bundle that is not a real task and a data root over no real
+  // examples (no dispute over it reaches a ruling: the ledger would rule it from the bundle and
+  // the examples), unless a fixture sets them.
   Hash256 spec_hash_ = Blake2b("bundle");
-  Hash256 data_root_;
+  Hash256 data_root_ = testing::TestTaskParams().data_root;
   Hash256 initial_state_ = testing::TestTaskParams().initial_state;
   // The task's assurance (TaskParams::assurance), economic unless a test sets it before Start.
   uint8_t assurance_ = 0;
@@ -839,72 +849,34 @@ TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns)
   ExpectEarningsAddUpToTheTask();
 }
 
-// Both parties play the whole game; the referee computes the narrowed step and rules.
-class RefereeTest : public VerificationTest, public ::testing::WithParamInterface<bool> {};
-
-TEST_P(RefereeTest, TheRefereeRulesForTheHonestParty) {
-  const bool solver_lies = GetParam();
-  Start();
-  const int u = UnitOf(s1_), other = UnitOf(s2_);
-  CommitAll({{u, solver_lies}, {other, false}});
-  Step();
-  // The liar's states: a lazy solver's, or a verifier that invents a mismatch.
-  auto verifier_lie = [&](uint64_t s) { return Hasher("invented").UpdateU64(s).Finish(); };
-  // A lazy solver is wrong from step 1 on: segment 0 (agreed start: the true state after step
-  // 0). The lying verifier claims segment 1 (agreed start: the true state after step 2).
-  const uint32_t segment = solver_lies ? 0 : 1;
-  Sealed claim = Mismatch(u, segment, solver_lies,
-                          solver_lies ? TrueState(u, 2) : verifier_lie(4));
-  Sealed ok = Clean();
-  StepOk({SealTx(v1_, u, claim), SealTx(v1_, other, ok)});
-  StepUntil(u, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, u, claim), RevealTx(v1_, other, ok), SecretTx(u), SecretTx(other)});
-  StepUntil(u, CheckStage::kCheckDisputed);
-  auto solver_states = [&](uint64_t s) { return solver_lies ? LazyState(u, s) : TrueState(u, s); };
-  auto verifier_states = [&](uint64_t s) {
-    return solver_lies ? TrueState(u, s) : (s <= 2 ? TrueState(u, s) : verifier_lie(s));
-  };
-  PlayDispute(u, solver_states, verifier_states);
-  const UnitCheck c = Check(u);
-  ASSERT_EQ(c.dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
-  const protocol::RefereeTask task = c.dispute()->referee_task();
-  EXPECT_TRUE(task.whole_step);
-  // Only the referee rules.
-  RuleDisputeTx rule{.task_id = task_id_, .index = static_cast<uint32_t>(u),
-                     .output = TrueState(u, task.step)};
-  std::vector<Receipt> r = Step({Q(gina_, rule)});
-  EXPECT_EQ(r[0].code, StatusCode::kPermissionDenied) << r[0].reason;
-  // Without a data root the ledger cannot check a batch: no RefereeStep for this task.
-  r = Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = static_cast<uint32_t>(u),
-                                   .witness = {EncodeStepWitness({})}})});
-  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
-  EXPECT_NE(r[0].reason.find("without a data root"), std::string::npos) << r[0].reason;
-  // Not a pipeline stage's unit: no stage step witness either.
-  r = Step({Q(gina_, RefereeStageStepTx{.task_id = task_id_, .index = static_cast<uint32_t>(u),
-                                        .witness = {Bytes(8, 1)}})});
-  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
-  EXPECT_NE(r[0].reason.find("is not a pipeline stage's; send RefereeStep or RefereeTile"),
+// No exact-mode dispute is left to the genesis key for lack of a data root: a verifying chain
+// refuses an exact-mode task without one at SubmitTask (the ledger could prove none of its
+// batches, so the key would rule its whole steps), naming the field and how to get it; nothing
+// is escrowed and no task exists. A tolerance-mode task (the key rules its segments anyway)
+// still gets on chain without one.
+TEST_F(VerificationTest, AnExactModeTaskWithoutADataRootNeverGetsOnChain) {
+  RegisterNodes();
+  data_root_ = Hash256{};
+  const Amount funds = Balance(gina_);
+  std::vector<Receipt> r = Step({SubmitTask()});
+  EXPECT_EQ(r[0].code, StatusCode::kInvalidArgument) << r[0].reason;
+  EXPECT_NE(r[0].reason.find("submit task: params.data_root is zero: an exact-mode task "
+                             "(params.tolerance_rel_l2_ppm and params.tolerance_cosine_gap_ppb "
+                             "both 0) on a verifying chain"),
             std::string::npos)
       << r[0].reason;
-  StepOk({Q(referee_, rule)});
-  r = Step({Q(referee_, rule)});  // nothing left to rule
-  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
-  StepUntilDone(u, 3);
-  if (solver_lies) {
-    EXPECT_FALSE(HasCheck(u));  // fraud: the round re-runs
-    EXPECT_TRUE(Rerunning());
-    EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
-    EXPECT_EQ(Node(v1_).reputation.slashes, 0u);
-  } else {
-    EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();
-    EXPECT_EQ(Node(v1_).reputation.slashes, 1u);  // the lying verifier
-    EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
-    EXPECT_EQ(Node(s1_).reputation.units_verified_clean, 1u);
-  }
+  EXPECT_NE(r[0].reason.find("declare data_root, the Merkle root over the task's examples/token "
+                             "pages; `meshlearn task submit` computes it from the bundle's data"),
+            std::string::npos)
+      << r[0].reason;
+  EXPECT_FALSE(chain_->GetTask(task_id_).ok());
+  EXPECT_EQ(Balance(gina_), funds);
+  // The same task in tolerance mode gets on chain (the terms a client checks:
+  // TasksTest.AnExactModeTaskOnAVerifyingChainNeedsADataRoot).
+  StepOk({SubmitTask(/*tolerance_ppm=*/50)});
+  EXPECT_EQ(Task().params.tolerance_rel_l2_ppm, 50u);
+  EXPECT_TRUE(Task().params.data_root.IsZero());
 }
-
-INSTANTIATE_TEST_SUITE_P(EachSideLies, RefereeTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "SolverLies" : "VerifierLies"; });
 
 // The ledger as referee: a task with a data root. The parties' states come from real training
 // (a tiny MLP on synthetic data); the ledger executes the narrowed step from a witness anyone
@@ -1873,6 +1845,7 @@ TEST_F(VerificationTest, BadVerificationTransactionsAreRefused) {
 }
 
 TEST_F(VerificationTest, InToleranceModeTheRefereeJudgesTheWholeSegment) {
+  data_root_ = Hash256{};  // tolerance mode takes a task without one: the referee replays it
   Start(/*verifiers=*/1, /*tolerance_ppm=*/50);
   const int u = UnitOf(s1_), other = UnitOf(s2_);
   CommitAll({{u, false}, {other, false}});
@@ -1895,8 +1868,29 @@ TEST_F(VerificationTest, InToleranceModeTheRefereeJudgesTheWholeSegment) {
   std::vector<Receipt> r =
       Step({Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = ui, .output = Blake2b("o")})});
   EXPECT_EQ(r[0].code, StatusCode::kInvalidArgument) << r[0].reason;
+  // Only the referee rules.
+  const RuleDisputeTx rule{.task_id = task_id_, .index = ui, .tolerance_verdict = 1};
+  r = Step({Q(gina_, rule)});
+  EXPECT_EQ(r[0].code, StatusCode::kPermissionDenied) << r[0].reason;
+  // The ledger executes no segment: no RefereeStep (the task's mode named before its missing
+  // data root), and not a pipeline stage's unit: no stage step witness either.
+  r = Step({Q(
+      gina_, RefereeStepTx{.task_id = task_id_, .index = ui, .witness = {EncodeStepWitness({})}})});
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
+  EXPECT_NE(r[0].reason.find("is not about one whole step (tolerance mode); the genesis referee "
+                             "rules it (RuleDispute)"),
+            std::string::npos)
+      << r[0].reason;
+  r = Step(
+      {Q(gina_, RefereeStageStepTx{.task_id = task_id_, .index = ui, .witness = {Bytes(8, 1)}})});
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
+  EXPECT_NE(r[0].reason.find("is not a pipeline stage's; send RefereeStep or RefereeTile"),
+            std::string::npos)
+      << r[0].reason;
   // The referee's replay finds the solver's committed state within tolerance: the solver wins.
-  StepOk({Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = ui, .tolerance_verdict = 1})});
+  StepOk({Q(referee_, rule)});
+  r = Step({Q(referee_, rule)});  // nothing left to rule
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
   StepUntilDone(u, 3);
   EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();
   EXPECT_EQ(Node(v1_).reputation.slashes, 1u);

@@ -698,33 +698,27 @@ class RefereeExactFixture : public RefereeChainFixture {
   }
 };
 
-// Who referees: the ledger itself from a step witness (a task with a data root; the service's key
-// is an ordinary account) or the genesis referee's RuleDispute (a task without one).
-enum class Ruler { kLedgerExecutes, kGenesisReferee };
-
-class RefereeChainTest : public RefereeExactFixture,
-                         public ::testing::WithParamInterface<std::tuple<Liar, Ruler>> {};
+// The referee is the ledger itself, from a step witness (the task's data root proves the step's
+// examples; the service's key is an ordinary account). An exact-mode task without a data root,
+// whose whole steps the genesis referee would rule, never gets on chain
+// (AnExactModeTaskWithoutADataRootIsRefusedAtSubmission).
+class RefereeChainTest : public RefereeExactFixture, public ::testing::WithParamInterface<Liar> {};
 
 TEST_P(RefereeChainTest, TheHonestSideWins) {
-  const auto [liar, ruler] = GetParam();
+  const Liar liar = GetParam();
   const bool solver_lies = liar != Liar::kVerifier;
-  const bool ledger_executes = ruler == Ruler::kLedgerExecutes;
   ASSERT_NO_FATAL_FAILURE(Start({}, [&](ledger::TaskParams& p) {
-    if (ledger_executes) {
-      EXPECT_EQ(p.data_root, local_->facts.data_root);  // MakeTaskParams sets it
-      EXPECT_FALSE(p.data_root.IsZero());
-    } else {
-      p.data_root = Hash256{};  // submitted without one
-    }
+    EXPECT_EQ(p.data_root, local_->facts.data_root);  // MakeTaskParams sets it
+    EXPECT_FALSE(p.data_root.IsZero());
   }));
   PlayedDispute played;
   ASSERT_NO_FATAL_FAILURE(PlayToReferee(liar, &played));
   const std::vector<Hash256>& honest = played.honest;
   const protocol::RefereeTask& task = played.task;
 
-  // The referee: for a step witness any funded key, else the sequencer's (genesis.referee is
-  // zero); blobs from the submitter; the solver's checkpoint from its "unit service".
-  const KeyPair& referee_key = ledger_executes ? anyone_ : seq_;
+  // The referee: for a step witness any funded key, not genesis.referee (zero: the sequencer's);
+  // blobs from the submitter; the solver's checkpoint from its "unit service".
+  const KeyPair& referee_key = anyone_;
   std::vector<std::string> log;
   std::vector<int64_t> asked;
   RefereeService referee(client_.get(), senders_.at(referee_key.public_key()).get(),
@@ -747,19 +741,14 @@ TEST_P(RefereeChainTest, TheHonestSideWins) {
   } else {
     EXPECT_EQ(ruling.output, task.defender_output) << ruling.reason;
   }
-  EXPECT_EQ(ruling.ledger_executes, ledger_executes);
-  EXPECT_EQ((*sent)[0].tx_type, ledger_executes ? "RefereeStep" : "RuleDispute");
-  if (ledger_executes) {
-    EXPECT_GT(ruling.witness_bytes, 0u);
-    // Only a defender that cheated before the dispute is asked for its checkpoint (at the
-    // disputed segment's start), which then gives the agreed state.
-    EXPECT_EQ(ruling.from_checkpoint, liar == Liar::kSolverLaterSegment) << ruling.reason;
-    EXPECT_EQ(asked, liar == Liar::kSolverLaterSegment ? std::vector<int64_t>{kK}
-                                                       : std::vector<int64_t>{});
-  } else {
-    EXPECT_EQ(ruling.witness_bytes, 0u);
-    EXPECT_TRUE(asked.empty());
-  }
+  EXPECT_TRUE(ruling.ledger_executes);
+  EXPECT_EQ((*sent)[0].tx_type, "RefereeStep");
+  EXPECT_GT(ruling.witness_bytes, 0u);
+  // Only a defender that cheated before the dispute is asked for its checkpoint (at the
+  // disputed segment's start), which then gives the agreed state.
+  EXPECT_EQ(ruling.from_checkpoint, liar == Liar::kSolverLaterSegment) << ruling.reason;
+  EXPECT_EQ(asked,
+            liar == Liar::kSolverLaterSegment ? std::vector<int64_t>{kK} : std::vector<int64_t>{});
   // In flight: a second pass sends nothing more.
   EXPECT_TRUE(referee.Poll()->empty());
   Step();
@@ -769,26 +758,53 @@ TEST_P(RefereeChainTest, TheHonestSideWins) {
   ASSERT_NO_FATAL_FAILURE(ExpectHonestSideWon(solver_lies));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EachSideLies, RefereeChainTest,
-    ::testing::Combine(::testing::Values(Liar::kSolverSegment0, Liar::kSolverLaterSegment,
-                                         Liar::kVerifier),
-                       ::testing::Values(Ruler::kLedgerExecutes, Ruler::kGenesisReferee)),
-    [](const auto& info) {
-      std::string name;
-      switch (std::get<0>(info.param)) {
-        case Liar::kSolverSegment0:
-          name = "LazySolverSegment0";
-          break;
-        case Liar::kSolverLaterSegment:
-          name = "LazySolverFromItsCheckpoint";
-          break;
-        default:
-          name = "LyingVerifier";
-      }
-      return name + (std::get<1>(info.param) == Ruler::kLedgerExecutes ? "_LedgerExecutes"
-                                                                       : "_GenesisReferee");
-    });
+INSTANTIATE_TEST_SUITE_P(EachSideLies, RefereeChainTest,
+                         ::testing::Values(Liar::kSolverSegment0, Liar::kSolverLaterSegment,
+                                           Liar::kVerifier),
+                         [](const auto& info) -> std::string {
+                           switch (info.param) {
+                             case Liar::kSolverSegment0:
+                               return "LazySolverSegment0";
+                             case Liar::kSolverLaterSegment:
+                               return "LazySolverFromItsCheckpoint";
+                             default:
+                               return "LyingVerifier";
+                           }
+                         });
+
+// No exact-mode dispute is left to the genesis referee for lack of a data root: the node-made
+// params of the same task with their data root taken out (MakeTaskParams always sets it; a
+// hand-made SubmitTask need not) are refused at submission, and the submitter's sender hears
+// how to fix them. No task exists, so no dispute over one can reach the referee.
+TEST_F(RefereeExactFixture, AnExactModeTaskWithoutADataRootIsRefusedAtSubmission) {
+  TaskBundle bundle = MakeBundle(&env_, "/task/task.toml", store_.get()).value();
+  net::BlobId init = store_->Put(EncodeGlobalState(local_->initial)).value();
+  ledger::TaskParams params = MakeTaskParams(local_->facts, local_->net, init.hash);
+  ASSERT_FALSE(params.data_root.IsZero());
+  params.data_root = Hash256{};
+  TxSender& submitter = *senders_.at(submitter_.public_key());
+  task_id_ = ledger::TaskIdFor(submitter_.public_key(), submitter.next_nonce());
+  Send(submitter_, ledger::SubmitTaskTx{.spec_hash = bundle.id.hash,
+                                        .budget = local_->net.budget,
+                                        .price_cap = local_->net.price_cap,
+                                        .memo = "referee test",
+                                        .params = params});
+  clock_.AdvanceMillis(genesis_.block_interval_ms);
+  ASSERT_TRUE(sequencer_->ProduceOnce().ok());
+  ASSERT_TRUE(submitter.Poll().ok());
+  const std::vector<TxOutcome> outcomes = submitter.TakeOutcomes();
+  ASSERT_EQ(outcomes.size(), 1u);
+  EXPECT_EQ(outcomes[0].type, "SubmitTask");
+  EXPECT_TRUE(outcomes[0].included);
+  EXPECT_FALSE(outcomes[0].ok);
+  EXPECT_NE(outcomes[0].reason.find("params.data_root is zero: an exact-mode task"),
+            std::string::npos)
+      << outcomes[0].reason;
+  EXPECT_NE(outcomes[0].reason.find("`meshlearn task submit` computes it from the bundle's data"),
+            std::string::npos)
+      << outcomes[0].reason;
+  EXPECT_FALSE(shared_->With([&](ledger::Chain& c) { return c.GetTask(task_id_).ok(); }));
+}
 
 // The agreed state is the lazy solver's false checkpoint, and nobody can show it: no witness can
 // be built, the service gives up after state_fetch_passes passes and the dispute ends undecided

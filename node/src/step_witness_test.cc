@@ -385,9 +385,9 @@ TEST(StepWitnessSizeTest, FashionMlpSegmentWitnessFitsInATransaction) {
             StatusCode::kNotFound);
 }
 
-// A model whose witness could not be posted is submitted without a data root (the genesis
-// referee rules it), so its disputes cannot end undecided for want of a transaction.
-TEST(StepWitnessSizeTest, AModelTooLargeToWitnessGetsNoDataRoot) {
+// A model whose step witness could not be posted is still submitted with its data root: a
+// verifying chain refuses an exact-mode task without one (no genesis key rules its disputes).
+TEST(StepWitnessSizeTest, AModelTooLargeToWitnessStillDeclaresItsDataRoot) {
   for (const int64_t hidden : {int64_t{8}, int64_t{12000}}) {
     MemEnv env;
     Result<std::string> toml = testing::WriteSyntheticTask(&env, "/task", 7, 200, 40, 64, 3, 1, 1,
@@ -401,10 +401,8 @@ TEST(StepWitnessSizeTest, AModelTooLargeToWitnessGetsNoDataRoot) {
     const bool fits =
         StepWitnessBound(trainer->task(), facts.num_params) <= ledger::kMaxWitnessBytes;
     EXPECT_EQ(fits, hidden == 8) << facts.num_params << " parameters";
-    EXPECT_EQ(facts.data_root.IsZero(), !fits) << facts.num_params << " parameters";
-    if (fits) {
-      EXPECT_EQ(facts.data_root, TaskDataRoot(trainer->data()));
-    }
+    EXPECT_FALSE(facts.data_root.IsZero()) << facts.num_params << " parameters";
+    EXPECT_EQ(facts.data_root, TaskDataRoot(trainer->data()));
   }
 }
 

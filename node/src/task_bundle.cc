@@ -253,18 +253,15 @@ Result<TaskFacts> ComputeTaskFacts(const engine::TaskSpec& task, const engine::T
   f.batch_size = view.batch_size;
   f.seed = view.seed;
   f.content_id = view.id;
-  // Without a data root the genesis referee rules the task's disputes: a witness too large for
-  // a transaction could never be posted, and a dispute the ledger may not rule would end
-  // undecided.
-  // A token task's root over its pages proves the tokens of a disputed tile; the ledger leaves
-  // its whole steps to the genesis referee (ledger verification.cc's LedgerExecutes), so it is
-  // always declared.
-  if (data.tokens) {
-    f.data_root = TaskDataRoot(data);
-    f.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
-  } else if (StepWitnessBound(task, f.num_params) <= ledger::kMaxWitnessBytes) {
-    f.data_root = TaskDataRoot(data);
-  }
+  // Always declared: a verifying chain refuses an exact-mode task without one (ledger
+  // ValidateTaskTerms), since the ledger rules its disputes only from batches proven against it
+  // (a tile's examples or token pages, a whole step's examples). A model whose step witness
+  // would not fit a transaction (StepWitnessBound) gets one too: its disputes play the tile
+  // phase (its mismatches carry the bundle), and only a whole step the tile phase cannot narrow
+  // (an opaque operator) is left without a RefereeStep that fits, to end undecided at the
+  // referee's deadline rather than be ruled by the genesis key.
+  f.data_root = TaskDataRoot(data);
+  if (data.tokens) f.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
   if (net.stages > 1) {
     // A cut that cannot be made leaves the list empty rather than failing here: the facts of
     // such a bundle are still computed (a node logs and refuses the task by them, a trainer's

@@ -121,6 +121,8 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
 // the spec's shapes alone, so a model of any size is planned without allocating it. A token task
 // without a data root is served, but the operators that read its batch's tokens (encoded, the loss,
 // logits.grad, wte's gradient) are opaque in its plan (TokenOpsOpaque): nothing proves the tokens.
+// (No dispute reaches either case on chain: a verifying chain refuses an exact-mode task without a
+// data root, ValidateTaskTerms.)
 Result<TileRuleContext> TileContextOf(const TaskRecord& task, const WorkUnit& unit,
                                       const std::string& bundle, const std::string& where);
 

@@ -203,11 +203,12 @@ struct TaskParams {
   uint32_t tolerance_cosine_gap_ppb = 0;  // <= 1000000000
   // Merkle root over the training examples (engine::DataTree; num_examples leaves), set by the
   // submitter; every node checks it against the data it loads and refuses a task whose root is
-  // wrong. With it the ledger itself executes a disputed step (RefereeStepTx); zero (a task
-  // submitted without one): the genesis referee rules (RuleDisputeTx). A token task
-  // (data_page_tokens > 0): the root over its train stream's pages (engine::TokenPageTree;
-  // num_examples tokens), which proves the tokens a tile reads (RefereeTileTx); its whole steps
-  // are still the genesis referee's (docs/verification.md, "Who rules what").
+  // wrong. With it the ledger itself rules a disputed tile (RefereeTileTx) or step
+  // (RefereeStepTx). A token task (data_page_tokens > 0): the root over its train stream's pages
+  // (engine::TokenPageTree; num_examples tokens), which proves the tokens a tile reads. Zero only
+  // in tolerance mode or on a chain that does not verify: a verifying chain refuses an
+  // exact-mode task without one (ValidateTaskTerms), whose disputes the genesis referee would
+  // rule (docs/verification.md, "Who rules what").
   Hash256 data_root;
   // What the submitter bought (protocol::Assurance, protocol/verification.h PlanCheck): 0
   // economic, 1 full (every segment of every unit replayed), 2 target (target_escape_ppm: the

@@ -18,19 +18,20 @@
 // the service replays the step and posts RefereeTileTx with a witness of the operator output
 // roots (ledger::RuleRoots), whatever the model's size.
 //
-// Everything else -- tolerance-mode segments and whole steps of tasks without a data root -- is
-// ruled with RuleDisputeTx{task, index, output}, signed with the key genesis names as `referee`
-// (all zero: the sequencer's key). The ledger accepts that ruling from that key only; it does not
-// re-run it.
+// Everything else -- tolerance-mode segments, and whole steps the ledger neither executes nor
+// rules from roots (a pipeline stage's over the stage witness bound; a verifying chain refuses an
+// exact-mode task without a data root) -- is ruled with RuleDisputeTx{task, index, output}, signed
+// with the key genesis names as `referee` (all zero: the sequencer's key). The ledger accepts that
+// ruling from that key only; it does not re-run it.
 //
 // Everything the referee computes comes from public data: the task bundle and its data (blobs,
 // task_bundle.h), the round's start state (a blob) and the unit's stream (UnitSeed of the task
 // seed and UnitId{content id, round, shard}, as the solver trains it). So any follower can re-run
 // a ruling and check the referee.
 //
-// The ruling on a whole-step task {step, input, defender_output, challenger_output} of a task
-// without a data root (RuleDisputeTx; with a data root the ledger executes the step from the
-// agreed state, step_witness.h):
+// The ruling on a whole-step task {step, input, defender_output, challenger_output} the ledger
+// does not execute (RuleDisputeTx; with a data root over examples the ledger executes the step
+// from the agreed state, step_witness.h):
 //   A(s) = the unit's state hash after step s, replayed from the unit's start (StateHashAfterStep)
 //   input == A(step-1)   output = A(step): whoever posted the true transition wins;
 //   input != A(step-1)   output = challenger_output: the agreed state is not the unit's true

@@ -153,8 +153,8 @@ Hash256 TaskDataRoot(const engine::TaskData& data);
 
 // An upper bound on what a RefereeStep witness of this task weighs: the state after a step with
 // its optimizer moments, one batch of examples with their proofs, the bundle. A task whose
-// witness could exceed ledger::kMaxWitnessBytes cannot be refereed by the ledger: it is
-// submitted without a data root, and the genesis referee rules its disputes (task_bundle.h).
+// witness could exceed ledger::kMaxWitnessBytes cannot have a whole step refereed by the ledger
+// (its disputes play the tile phase; ComputeTaskFacts still declares its data root).
 // (A ProveResult witness is bounded separately: see docs/verification.md, "Result binding".)
 uint64_t StepWitnessBound(const engine::TaskSpec& task, uint64_t num_params);
 

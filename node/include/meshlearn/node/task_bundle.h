@@ -108,7 +108,7 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
 // The ledger's TaskParams of a task (what SubmitTaskTx carries), the one builder of them (the
 // submitter's CLI, devnet and the bundle check of every node call it): from the [network] table
 // and the facts; initial_state = blob id of EncodeGlobalState(InitialState(trainer)); data_root =
-// facts.data_root (zero for a token task: the genesis referee rules its disputes);
+// facts.data_root (always declared: a verifying chain refuses an exact-mode task without one);
 // checkpoint_interval = net.checkpoint_interval, whose default (inner_steps) NetworkSpec::
 // FromConfig decided; memory_bytes = facts.memory_bytes (UnitMemoryBytes: what a whole unit
 // needs); stage_boundary_bytes = facts.stage_boundary_bytes (a pipeline's: engine::
