@@ -539,16 +539,11 @@ int64_t TileRuleNormChunk(const TilePlan& plan, const TileOp& o, int64_t block) 
 }
 
 // The plan of a whole step (stage == nullptr: PlanStepTiles) or of one pipeline stage's step
-// (PlanStageStepTiles: the GPT part `*stage`).
+// (PlanStageStepTiles: the part `*stage` of a GPT or a sequential model).
 Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optimizer, int64_t batch,
                               int64_t seq_len, int64_t micro_batches, const ModelPart* stage) {
   if (model.kind != "sequential" && model.kind != "gpt") {
     return FailedPrecondition("tile rule: a '" + model.kind + "' model is not covered");
-  }
-  if (stage != nullptr && model.kind != "gpt") {
-    return FailedPrecondition(
-        "tile rule: a pipeline stage of a '" + model.kind +
-        "' model has no tile plan yet (only a GPT's stages do); its disputes go to the referee");
   }
   if (optimizer.kind != "adamw" && optimizer.kind != "sgd") {
     return InvalidArgument("tile rule: unknown optimizer kind '" + optimizer.kind + "'");
@@ -943,7 +938,13 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
     return plan;
   }
   // Forward (model.cc's sequential Forward). Layers without a footprint yet are opaque, with
-  // their output shapes (per sample) computed as Model::Create does.
+  // their output shapes (per sample) computed as Model::Create does. A stage plans its layers
+  // [begin, end) under the whole model's layer indices (its operators' names and dropout streams
+  // are the model's, model.cc's ForwardPart), walking the layers before it for their shapes: a
+  // later stage's first layer reads the activations stage s-1 sent, and an earlier stage's
+  // backward starts from the gradient stage s+1 sent (Stage records both so).
+  const size_t begin = staged ? static_cast<size_t>(stage->begin) : 0;
+  const size_t end = staged ? static_cast<size_t>(stage->end) : model.layers.size();
   struct Linear {
     int64_t in_op, dout_op = -1, C, OC;
     bool bias;
@@ -961,10 +962,12 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
     std::map<size_t, int64_t> norm_width;  // its rows' width W over an image (0: each sample's)
     int64_t act = kTileOperandBatch;
     Shape cur = model.input;  // one sample's shape
-    for (size_t i = 0; i < model.layers.size(); ++i) {
+    for (size_t i = 0; i < end; ++i) {
       const LayerSpec& l = model.layers[i];
       const std::string name = "layers." + std::to_string(i);
       const int64_t features = NumElements(cur);
+      const bool held = i >= begin;  // a layer of the stage (every layer of a whole step)
+      if (i == begin && !first_stage) act = received("activation", {rows, features});
       in_op[i] = act;
       in_features[i] = features;
       if (l.kind == "flatten") {
@@ -977,7 +980,7 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         op.kind = TileOpKind::kTileOpLinear;
         op.w = state_op(name + ".weight");
         op.b = l.bias ? state_op(name + ".bias") : -1;
-        CHECK_GE(op.w, 0) << name;
+        CHECK(!held || op.w >= 0) << name;
         linears[i] = Linear{act, -1, features, l.out, l.bias};
         cur = {l.out};
       } else if (l.kind == "relu") {
@@ -990,7 +993,7 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         op.conv = {cur[0], cur[1], cur[2], l.out, l.kernel, l.kernel, s, l.pad};
         op.w = state_op(name + ".weight");
         op.b = l.bias ? state_op(name + ".bias") : -1;
-        CHECK_GE(op.w, 0) << name;
+        CHECK(!held || op.w >= 0) << name;
         cur = {l.out, (cur[1] + 2 * l.pad - l.kernel) / s + 1,
                (cur[2] + 2 * l.pad - l.kernel) / s + 1};
       } else if (l.kind == "layernorm" &&
@@ -1001,7 +1004,7 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         op.kind = TileOpKind::kTileOpLayerNorm;
         op.w = state_op(name + ".weight");
         op.b = state_op(name + ".bias");
-        CHECK_GE(op.w, 0) << name;
+        CHECK(!held || op.w >= 0) << name;
         if (cur.size() > 1) op.conv = {cur.back()};
         norm_dout[i] = -1;
         norm_width[i] = cur.size() > 1 ? cur.back() : 0;
@@ -1024,14 +1027,15 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
       const int64_t out = NumElements(cur);
       op.grid = TileGrid::For(rows, out);
       op.shape = {rows, out};
+      if (!held) continue;  // before the stage: its shape only
       const bool window =
           op.kind == TileOpKind::kTileOpConv || op.kind == TileOpKind::kTileOpMaxPool;
       act = add(std::move(op));
       if (window) windowed[i] = act;
     }
     const int64_t logits = act;
-    if (logits == kTileOperandBatch) return InvalidArgument("tile rule: the model has no layers");
-    {
+    if (last_stage) {
+      if (logits == kTileOperandBatch) return InvalidArgument("tile rule: the model has no layers");
       TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(rows, 1), {rows, 1}};
       loss.x = logits;
       add(std::move(loss));
@@ -1043,9 +1047,11 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
       add(std::move(grad));
     }
     // Backward (model.cc's sequential Backward): a flatten, and a dropout that kept everything
-    // (p = 0), pass the gradient through unrecorded; the first layer has no input gradient.
-    int64_t dout = index["logits.grad"];
-    for (size_t ii = model.layers.size(); ii-- > 0;) {
+    // (p = 0), pass the gradient through unrecorded; the model's first layer has no input
+    // gradient (a later stage's first layer has: it is what the stage sends back).
+    int64_t dout =
+        last_stage ? index["logits.grad"] : received("activation_grad", {rows, NumElements(cur)});
+    for (size_t ii = end; ii-- > begin;) {
       const LayerSpec& l = model.layers[ii];
       if (l.kind == "flatten" || (l.kind == "dropout" && !(l.p > 0))) continue;
       if (l.kind == "linear") linears[ii].dout_op = dout;

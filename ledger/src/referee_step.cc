@@ -82,6 +82,14 @@ Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
 // cut (FailedPrecondition for a cut that does not fit, or a model other than a GPT).
 Result<engine::TilePlan> StageStepPlan(const UnitReplay& r, const engine::OptimizerSpec& optimizer,
                                        uint32_t stage) {
+  // The engine plans a sequential model's stage too, but its stages tile what they send in one
+  // row (StageTileCols), not in the rows of samples its plan reads the received tensors in, so
+  // their tiles could not be proven against the senders' records: ruled whole until they do.
+  if (r.spec.model.kind != "gpt") {
+    return FailedPrecondition("a pipeline stage of a '" + r.spec.model.kind +
+                              "' model is ruled whole: its stages tile what they send in one row, "
+                              "not in the rows its tile plan reads");
+  }
   ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
                       engine::TaskPipelineCut(r.spec, static_cast<int>(r.net.stages), r.net.cut));
   return engine::PlanStageStepTiles(r.spec.model, optimizer, cut.part(static_cast<int>(stage)),
@@ -283,7 +291,7 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
   // From the spec's shapes alone (PlanStepTiles allocates nothing): a model of any size, trained
   // in the task's micro-batches (the plan follows their gradient order, tile_rule.h). A stage
   // unit's step is its stage's (PlanStageStepTiles over the task's cut: a GPT's; a sequential
-  // model's stages have no plan and are ruled whole).
+  // model's stages are refused, StageStepPlan, and ruled whole).
   const engine::OptimizerSpec optimizer = engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale);
   Result<engine::TilePlan> plan =
       IsPipelineTask(t.params)

@@ -663,8 +663,8 @@ Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleFie
                            "replayed_end is the unserved leaf of its solver_end): that dispute "
                            "is played over the whole step; send no bundle");
   }
-  // A stage unit's: its stage's plan (a GPT's; a sequential model's stages have none, so their
-  // mismatch is refused with a bundle and their disputes stay whole: RefereeStageStep).
+  // A stage unit's: its stage's plan (a GPT's; TileContextOf refuses a sequential model's stages,
+  // so their mismatch is refused with a bundle and their disputes stay whole: RefereeStageStep).
   Result<TileRuleContext> context =
       TileContextOf(*t, u, bundle.text, std::string(what) + ": bundle");
   if (needed && context.status().code() == StatusCode::kFailedPrecondition) {
