@@ -192,8 +192,9 @@ std::vector<int64_t> TileRuleBackwardSumGroups(const TileOp& o, const TileGrid::
 
 // The global norm's block `block` (kTileOpGradNorm): which chunk of its parameter's block
 // partials it combines (0 but for a parameter above kTileNormChunk partials); its partial holds
-// the total before the parameter and the roots of the chunks before this one. Defined below,
-// with the other walkers of the gradients' block partials.
+// the total before the parameter and the roots of the chunks before this one; -1 for a stage
+// without parameters (no blocks). Defined below, with the other walkers of the gradients' block
+// partials.
 int64_t TileRuleNormChunk(const TilePlan& plan, const TileOp& o, int64_t block);
 
 // The floats of the partial sum S_block a reduction tile `t` continues from: the tile's, but for
@@ -230,6 +231,7 @@ int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, const TileGri
     // The row sums of every group the tile needs (T each), then the tile's accumulators.
     return static_cast<int64_t>(TileRuleBackwardSumGroups(o, t).size()) * o.conv[0] + t.numel();
   }
+  // (A stage without parameters has no block, chunk -1: its one value is recomputed whole.)
   if (o.kind == TileOpKind::kTileOpGradNorm) return 1 + TileRuleNormChunk(plan, o, block);
   return t.numel();
 }
@@ -535,7 +537,8 @@ std::vector<TileRuleNormBlock> TileRuleNormBlocks(const TilePlan& plan, const Ti
 }
 
 int64_t TileRuleNormChunk(const TilePlan& plan, const TileOp& o, int64_t block) {
-  return TileRuleNormBlocks(plan, o).at(static_cast<size_t>(block)).chunk;
+  const std::vector<TileRuleNormBlock> blocks = TileRuleNormBlocks(plan, o);
+  return blocks.empty() ? -1 : blocks.at(static_cast<size_t>(block)).chunk;
 }
 
 // The plan of a whole step (stage == nullptr: PlanStepTiles) or of one pipeline stage's step
@@ -1650,9 +1653,13 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     }
     case TileOpKind::kTileOpGradNorm: {
-      // Block k: parameter k's block partials (or one chunk of them).
-      const TileRuleNormBlock nb = TileRuleNormBlocks(plan, o)[static_cast<size_t>(block)];
-      TileRuleCover(plan, o.x, 0, 1, nb.first, nb.first + nb.count, fp);
+      // Block k: parameter k's block partials (or one chunk of them); none for a stage without
+      // parameters (a lone activation or pool), whose sum is the one it received.
+      const std::vector<TileRuleNormBlock> nbs = TileRuleNormBlocks(plan, o);
+      if (!nbs.empty()) {
+        const TileRuleNormBlock& nb = nbs[static_cast<size_t>(block)];
+        TileRuleCover(plan, o.x, 0, 1, nb.first, nb.first + nb.count, fp);
+      }
       if (o.v >= 0 && block == 0) TileRuleCover(plan, o.v, 0, 1, 0, 1, fp);  // the chain's start
       break;
     }
@@ -3028,7 +3035,15 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // the roots of its chunks' trees in the partial, after the total, until its last chunk
       // combines them.
       internal::FpEnvGuard fp_guard;
-      const TileRuleNormBlock nb = TileRuleNormBlocks(plan, o)[static_cast<size_t>(block)];
+      const std::vector<TileRuleNormBlock> nbs = TileRuleNormBlocks(plan, o);
+      if (nbs.empty()) {
+        // No parameters: SumGradSquares adds nothing to the running sum it received (0 for a
+        // first stage).
+        const float before = o.v >= 0 ? dense(o.v, 0, 1, 0, 1)[0] : 0.0f;
+        out.assign(1, o.squares ? before : std::sqrt(before));
+        break;
+      }
+      const TileRuleNormBlock nb = nbs[static_cast<size_t>(block)];
       std::vector<float> roots;
       if (nb.chunk > 0) roots.assign(in.partial.begin() + 1, in.partial.end());
       roots.push_back(CombineBlockPartials(dense(o.x, 0, 1, nb.first, nb.first + nb.count)));

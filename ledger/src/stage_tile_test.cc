@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/blob.h"
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/hash.h"
@@ -558,6 +559,44 @@ TEST(StageTileCommitTest, OverTheBoundASequentialStagesMismatchNeedsTheBundle) {
   TaskParams no_root = p;
   no_root.data_root = Hash256{};
   EXPECT_FALSE(MismatchNeedsBundle(no_root, 1, claim));
+}
+
+// The ledger plans a sequential model's stage unit from the task's bundle and cut (TileContextOf:
+// PlanStageStepTiles of the stage's part, rows of examples, not tokens), but refuses a stage
+// without parameters (here a lone relu), which has no state to rule a chain end from: its
+// disputes stay whole steps (SetTilePhaseFrom plays them so).
+TEST(StageTileCommitTest, TheLedgerPlansASequentialStageButNotOneWithoutParameters) {
+  Result<std::string> text =
+      Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  const std::string bundle = text->substr(0, text->find("[network]")) +
+                             "[network]\nrounds = 1\nunits_per_round = 3\ninner_steps = 4\n"
+                             "stages = 3\ncut = [0, 1, 2, 5]\naggregation = \"mean\"\n";
+  TaskRecord t;
+  t.id = Blake2b("mlp pipeline");
+  t.spec_hash = BuildManifest(AsBytes(bundle)).id().hash;
+  t.params = testing::TestTaskParams();
+  t.params.stages = 3;
+  t.params.units_per_round = 3;
+  t.params.data_root = Blake2b("the examples' root");
+  t.params.num_examples = 60000;
+  WorkUnit u;
+  u.task_id = t.id;
+  for (uint32_t stage : {0u, 2u}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    u.index = stage;
+    Result<TileRuleContext> ctx = TileContextOf(t, u, bundle, "reveal verdict: bundle");
+    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    EXPECT_FALSE(ctx->plan.tokens);
+    EXPECT_GT(StateOperators(ctx->plan), 0u);
+    EXPECT_GE(OpNamed(ctx->plan, stage == 0 ? "layers.0.out" : "layers.4.out"), 0);
+  }
+  u.index = 1;
+  Result<TileRuleContext> lone = TileContextOf(t, u, bundle, "reveal verdict: bundle");
+  ASSERT_FALSE(lone.ok());
+  EXPECT_EQ(lone.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(lone.status().message().find("holds no parameters"), std::string::npos)
+      << lone.status().ToString();
 }
 
 }  // namespace stage_tile_test

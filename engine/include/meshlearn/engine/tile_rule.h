@@ -429,7 +429,9 @@ Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& opti
 // "recv.grad_total" (s < S-1: the last stage's "grad_squares"); and the update as a whole step's.
 // A sequential stage's operators keep the whole model's layer indices ("layers.<i>.out": names,
 // and a dropout's mask stream), and its first layer has an input gradient unless it is the
-// model's first. Every tensor the stage sends is one of its operators (a GPT's last block's
+// model's first; a stage without parameters (a lone activation, pool or flatten) has an empty
+// "grad_norm.blocks" and a "grad_squares" that is the sum it received, recomputed whole. Every
+// tensor the stage sends is one of its operators (a GPT's last block's
 // residual3, first block's residual.grad, the head gradient; a sequential stage's last layer's
 // output and its first layer's input gradient, skipping a flatten, which records neither, and a
 // dropout of p = 0, which records no gradient; and grad_squares), so a dispute over what it sent
