@@ -263,15 +263,355 @@ TEST(StageTileTest, AStagesOperatorsDependOnWhatItReceived) {
   EXPECT_FALSE(testing::SameBits(*s0, *s1));
 }
 
-// A sequential model's stages have no tile plan yet: refused, naming why.
-TEST(StageTileTest, ASequentialModelsStageIsRefused) {
-  Result<ModelSpec> spec = ModelSpec::FromToml(
-      "[model]\ninput = [4]\n[[model.layers]]\nkind = \"linear\"\nout = 3\n", "m.toml");
-  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
-  Result<TilePlan> plan = PlanStageStepTiles(*spec, testing::ClippedAdamW(), {0, 1}, 8);
-  ASSERT_FALSE(plan.ok());
-  EXPECT_NE(plan.status().message().find("only a GPT's stages"), std::string::npos)
-      << plan.status().ToString();
+// ---- Sequential models' stages.
+
+// The fashion MLP's shapes (examples/fashion-mlp.toml: 784 -> 256 -> 128 -> 10).
+constexpr char kStageFashionMlp[] = R"(
+[model]
+input = [784]
+[[model.layers]]
+kind = "linear"
+out = 256
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 128
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 10
+)";
+
+// Every other layer kind an MLP stage holds: dropout (its mask drawn from the model's layer index
+// and the micro-batch), layernorm, gelu.
+constexpr char kStageMixedMlp[] = R"(
+[model]
+input = [40]
+[[model.layers]]
+kind = "linear"
+out = 48
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "dropout"
+p = 0.25
+[[model.layers]]
+kind = "layernorm"
+[[model.layers]]
+kind = "linear"
+out = 36
+[[model.layers]]
+kind = "gelu"
+[[model.layers]]
+kind = "linear"
+out = 5
+)";
+
+// The fashion CNN's shapes (examples/fashion-cnn.toml).
+constexpr char kStageFashionCnn[] = R"(
+[model]
+input = [1, 28, 28]
+[[model.layers]]
+kind = "conv2d"
+out = 16
+kernel = 5
+pad = 2
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 2
+[[model.layers]]
+kind = "conv2d"
+out = 32
+kernel = 5
+pad = 2
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 2
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 128
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 10
+)";
+
+constexpr uint64_t kSeqDropoutSeed = 23;
+
+ModelSpec SeqSpec(const char* toml) {
+  Result<ModelSpec> spec = ModelSpec::FromToml(toml, "model.toml");
+  CHECK(spec.ok()) << spec.status().ToString();
+  return *spec;
+}
+
+Batch SeqBatch(const Model& m, int64_t size, int64_t step) {
+  Batch b = m.EmptyBatch(size);
+  Rng rng(700 + static_cast<uint64_t>(step));
+  for (float& x : b.inputs.vec()) x = static_cast<float>(rng.UniformDouble() * 2.0 - 1.0);
+  for (int32_t& t : b.targets) {
+    t = static_cast<int32_t>(rng.Uniform(static_cast<uint64_t>(m.NumOutputs())));
+  }
+  return b;
+}
+
+StagePipeline MakeSeqPipeline(const ModelSpec& spec, const OptimizerSpec& optimizer,
+                              std::vector<int64_t> bounds, int64_t micro_batches) {
+  StagePipeline p;
+  Result<PipelineCut> cut = MakeCut(spec, std::move(bounds));
+  CHECK(cut.ok()) << cut.status().ToString();
+  p.cut = *cut;
+  for (int s = 0; s < p.cut.stages(); ++s) {
+    Result<std::unique_ptr<Stage>> st = Stage::Create(spec, optimizer, p.cut, s, micro_batches);
+    CHECK(st.ok()) << st.status().ToString();
+    p.stages.push_back(std::move(*st));
+  }
+  InitPipeline(p.stages, 5);
+  return p;
+}
+
+// What a sequential stage sends: the output of its last layer that is not a flatten (a flatten
+// passes its input on), and the input gradient of its first layer that records one (a flatten,
+// or a dropout that keeps everything, passes the gradient on unrecorded); a stage with no such
+// layer passes on what it received.
+std::string SeqSentActivation(const ModelSpec& spec, ModelPart part) {
+  for (int64_t i = part.end; i-- > part.begin;) {
+    if (spec.layers[static_cast<size_t>(i)].kind != "flatten")
+      return "layers." + std::to_string(i) + ".out";
+  }
+  return "recv.activation";
+}
+std::string SeqSentGrad(const ModelSpec& spec, ModelPart part) {
+  for (int64_t i = part.begin; i < part.end; ++i) {
+    const LayerSpec& l = spec.layers[static_cast<size_t>(i)];
+    if (l.kind != "flatten" && !(l.kind == "dropout" && !(l.p > 0)))
+      return "layers." + std::to_string(i) + ".in.grad";
+  }
+  return "recv.activation_grad";
+}
+
+// Tiles 0, the middle one and the last of an operator (none of an empty one: a stage without
+// parameters has no gradient partials).
+std::vector<int64_t> SampledTiles(const TileGrid& grid) {
+  if (grid.count() == 0) return {};
+  std::set<int64_t> t = {0, grid.count() / 2, grid.count() - 1};
+  return {t.begin(), t.end()};
+}
+
+// The contract of a sequential model's stage plan (PlanStageStepTiles), as the GPT's test above
+// checks it: one traced pipeline step (the second: the optimizer's state nonzero) of `bounds`;
+// every stage's plan follows its trace operator for operator (names and grids), its output state
+// is the state the stage ends with, what it received are input operators and what it sent
+// computed ones (by TensorHash), and the first, middle and last tiles of every computed operator
+// recompute from their footprints to the traced bits (the reference kernels' order against the
+// fast kernels'). Returns the tiles checked.
+int64_t ExpectSeqStagesRecompute(const ModelSpec& spec, const OptimizerSpec& optimizer,
+                                 const std::vector<int64_t>& bounds, int64_t batch_size,
+                                 int64_t micro_batches) {
+  StagePipeline traced = MakeSeqPipeline(spec, optimizer, bounds, micro_batches);
+  StagePipeline plain = MakeSeqPipeline(spec, optimizer, bounds, micro_batches);
+  const Model& model = *traced.stages[0]->state().model;
+  const Batch warm = SeqBatch(model, batch_size, 0);
+  RunPipelineStep(traced.stages, warm, kSeqDropoutSeed);
+  RunPipelineStep(plain.stages, warm, kSeqDropoutSeed);
+  const Batch batch = SeqBatch(model, batch_size, 1);
+  const int64_t step = traced.stages[0]->state().step;
+  std::vector<OpTrace> traces(traced.stages.size());
+  for (size_t s = 0; s < traced.stages.size(); ++s) {
+    traces[s].set_keep_values(true);
+    traced.stages[s]->set_op_trace(&traces[s]);
+  }
+  const PipelineStepResult r = RunPipelineStep(traced.stages, batch, kSeqDropoutSeed);
+  for (const std::unique_ptr<Stage>& s : traced.stages) s->set_op_trace(nullptr);
+  const PipelineStepResult untraced = RunPipelineStep(plain.stages, batch, kSeqDropoutSeed);
+  EXPECT_EQ(r.grad_norm, untraced.grad_norm);
+  const bool clipped = optimizer.grad_clip > 0;
+  if (clipped) {
+    EXPECT_GT(r.grad_norm, optimizer.grad_clip) << "the step must clip";
+  }
+
+  Result<TilePlan> whole = PlanStepTiles(spec, optimizer, batch_size, 0, micro_batches);
+  EXPECT_TRUE(whole.ok()) << whole.status().ToString();
+  if (!whole.ok()) return 0;
+  std::set<TileOpKind> whole_kinds, stage_kinds;
+  for (const TileOp& op : whole->ops) whole_kinds.insert(op.kind);
+  int64_t checked = 0;
+  for (size_t s = 0; s < traced.stages.size(); ++s) {
+    SCOPED_TRACE("stage " + std::to_string(s));
+    Stage& stage = *traced.stages[s];
+    const OpTrace& trace = traces[s];
+    const ModelPart part = traced.cut.part(static_cast<int>(s));
+    EXPECT_EQ(StateHash(stage.state()), StateHash(plain.stages[s]->state()));
+    Result<TilePlan> plan = PlanStageStepTiles(spec, optimizer, part, batch_size, 0, micro_batches);
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    if (!plan.ok()) return checked;
+    plan->dropout_seed = kSeqDropoutSeed;
+    EXPECT_EQ(plan->ops.size(), trace.size());
+    if (plan->ops.size() != trace.size()) return checked;
+    for (size_t j = 0; j < trace.size(); ++j) {
+      EXPECT_EQ(plan->ops[j].name, trace.name(j)) << j;
+      EXPECT_EQ(plan->ops[j].grid, trace.grid(j)) << trace.name(j);
+      if (plan->ops[j].name != trace.name(j) || !(plan->ops[j].grid == trace.grid(j)))
+        return checked;
+    }
+    for (const Param& p : stage.params()) {
+      const int64_t j = OpNamed(*plan, p.name);
+      EXPECT_GE(j, 0) << p.name;
+      if (j < 0) continue;
+      EXPECT_TRUE(testing::SameBits(trace.values(static_cast<size_t>(j)),
+                                    {p.value.data(), static_cast<size_t>(p.value.size())}))
+          << p.name;
+    }
+    int64_t received = 0;
+    for (const Transfer& t : r.transfers) {
+      if (t.step != step) continue;
+      if (t.to != static_cast<int>(s) && t.from != static_cast<int>(s)) continue;
+      const std::string mb =
+          t.micro_batch >= 0 && micro_batches > 1 ? "mb" + std::to_string(t.micro_batch) + "." : "";
+      std::string recv, sent;
+      switch (t.kind) {
+        case TransferKind::kTransferActivation:
+          recv = mb + "recv.activation";
+          sent = mb + SeqSentActivation(spec, part);
+          break;
+        case TransferKind::kTransferActivationGrad:
+          recv = mb + "recv.activation_grad";
+          sent = mb + SeqSentGrad(spec, part);
+          break;
+        case TransferKind::kTransferGradSquares:
+          if (!clipped) continue;  // an unclipped step's sum is not an operator: no norm
+          recv = "recv.grad_squares";
+          sent = "grad_squares";
+          break;
+        default:
+          ADD_FAILURE() << "a sequential pipeline sent " << TransferKindName(t.kind);
+          continue;
+      }
+      const bool to_here = t.to == static_cast<int>(s);
+      const std::string& name = to_here ? recv : sent;
+      const int64_t j = OpNamed(*plan, name);
+      EXPECT_GE(j, 0) << name;
+      if (j < 0) continue;
+      // A sent tensor is computed, but a stage with nothing to record passes on a received one.
+      EXPECT_EQ(plan->ops[static_cast<size_t>(j)].received,
+                to_here || name.find("recv.") != name.npos)
+          << name;
+      EXPECT_EQ(TensorHash(trace.values(static_cast<size_t>(j))), t.hash) << name;
+      if (to_here) ++received;
+    }
+    const bool first = s == 0, last = s + 1 == traced.stages.size();
+    EXPECT_EQ(received,
+              (first ? 0 : micro_batches + (clipped ? 1 : 0)) + (last ? 0 : micro_batches));
+    if (clipped && !last) {
+      const int64_t total = OpNamed(*plan, "recv.grad_total");
+      EXPECT_GE(total, 0);
+      if (total >= 0) {
+        EXPECT_EQ(std::sqrt(trace.values(static_cast<size_t>(total))[0]), r.grad_norm);
+      }
+    }
+    for (size_t j = 0; j < trace.size(); ++j) {
+      const TileOp& op = plan->ops[j];
+      if (op.kind == TileOpKind::kTileOpState) continue;
+      EXPECT_NE(op.kind, TileOpKind::kTileOpOpaque) << op.name;
+      stage_kinds.insert(op.kind);
+      const int64_t jj = static_cast<int64_t>(j);
+      for (int64_t t : SampledTiles(op.grid)) {
+        const std::vector<float> want = ExtractTile(trace.values(j), op.grid, t);
+        std::vector<float> got;
+        if (ReductionBlocks(*plan, jj) > 0) {
+          Result<std::vector<std::vector<float>>> chain =
+              ReductionChain(*plan, jj, t, step, trace, batch);
+          EXPECT_TRUE(chain.ok()) << op.name << ": " << chain.status().ToString();
+          if (chain.ok()) got = chain->back();
+        } else {
+          Result<TileFootprint> fp = Footprint(*plan, jj, t, 0);
+          EXPECT_TRUE(fp.ok()) << op.name << ": " << fp.status().ToString();
+          if (!fp.ok()) continue;
+          Result<std::vector<float>> one =
+              RecomputeTile(*plan, jj, t, 0, step, GatherTileInputs(*plan, *fp, trace, batch));
+          EXPECT_TRUE(one.ok()) << op.name << ": " << one.status().ToString();
+          if (one.ok()) got = *one;
+        }
+        EXPECT_TRUE(testing::SameBits(got, want)) << op.name << " tile " << t;
+        ++checked;
+      }
+    }
+  }
+  // The stages together compute every kind of operator the whole model's step does.
+  whole_kinds.erase(TileOpKind::kTileOpState);
+  EXPECT_EQ(stage_kinds, whole_kinds);
+  return checked;
+}
+
+// The fashion MLP in 3 stages, 2 micro-batches, clipped: a stage that starts with an activation
+// (its input gradient reads the activations it received) and one that ends with a linear.
+TEST(StageTileTest, FashionMlpStagesRecomputeBitForBit) {
+  const int64_t checked =
+      ExpectSeqStagesRecompute(SeqSpec(kStageFashionMlp), testing::ClippedAdamW(), {0, 2, 3, 5},
+                               /*batch_size=*/12, /*micro_batches=*/2);
+  EXPECT_GT(checked, 100);
+  RecordProperty("tiles_checked", static_cast<int>(checked));
+}
+
+// Dropout, layernorm and gelu in stages, unclipped SGD with momentum (no norm operators): a later
+// stage that starts with the dropout (its mask drawn from the model's layer index, not the
+// stage's) and sends back the dropout's input gradient.
+TEST(StageTileTest, MixedMlpStagesRecomputeBitForBit) {
+  OptimizerSpec sgd;
+  sgd.kind = "sgd";
+  sgd.lr = 0.05;
+  sgd.momentum = 0.9;
+  const int64_t checked = ExpectSeqStagesRecompute(SeqSpec(kStageMixedMlp), sgd, {0, 2, 5, 7},
+                                                   /*batch_size=*/8, /*micro_batches=*/2);
+  EXPECT_GT(checked, 50);
+}
+
+// A small CNN in 5 stages of one layer each but the first (conv relu | maxpool | flatten | linear
+// as [conv] [relu] [maxpool] [flatten] [linear]): stages without parameters (their norm chain adds
+// nothing; the relu's and the pool's input gradients are what they send back) and one of only the
+// flatten, which records no operator and sends on what it received.
+TEST(StageTileTest, OneLayerStagesWithoutParametersRecomputeBitForBit) {
+  constexpr char kSmallCnn[] = R"(
+[model]
+input = [1, 8, 8]
+[[model.layers]]
+kind = "conv2d"
+out = 4
+kernel = 3
+pad = 1
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 2
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 5
+)";
+  const int64_t checked =
+      ExpectSeqStagesRecompute(SeqSpec(kSmallCnn), testing::ClippedAdamW(), {0, 1, 2, 3, 4, 5},
+                               /*batch_size=*/40, /*micro_batches=*/2);
+  EXPECT_GT(checked, 50);
+}
+
+// The fashion CNN in 3 stages: a stage that starts with a convolution of the received pooled
+// activations, and one that starts with the flatten (what it sends back is its linear's input
+// gradient, viewed as the received activations' rows).
+TEST(StageTileTest, FashionCnnStagesRecomputeBitForBit) {
+  const int64_t checked =
+      ExpectSeqStagesRecompute(SeqSpec(kStageFashionCnn), testing::ClippedAdamW(), {0, 3, 6, 10},
+                               /*batch_size=*/4, /*micro_batches=*/1);
+  EXPECT_GT(checked, 100);
 }
 
 }  // namespace stage_tile_test

@@ -192,8 +192,9 @@ std::vector<int64_t> TileRuleBackwardSumGroups(const TileOp& o, const TileGrid::
 
 // The global norm's block `block` (kTileOpGradNorm): which chunk of its parameter's block
 // partials it combines (0 but for a parameter above kTileNormChunk partials); its partial holds
-// the total before the parameter and the roots of the chunks before this one. Defined below,
-// with the other walkers of the gradients' block partials.
+// the total before the parameter and the roots of the chunks before this one; -1 for a stage
+// without parameters (no blocks). Defined below, with the other walkers of the gradients' block
+// partials.
 int64_t TileRuleNormChunk(const TilePlan& plan, const TileOp& o, int64_t block);
 
 // The floats of the partial sum S_block a reduction tile `t` continues from: the tile's, but for
@@ -230,6 +231,7 @@ int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, const TileGri
     // The row sums of every group the tile needs (T each), then the tile's accumulators.
     return static_cast<int64_t>(TileRuleBackwardSumGroups(o, t).size()) * o.conv[0] + t.numel();
   }
+  // (A stage without parameters has no block, chunk -1: its one value is recomputed whole.)
   if (o.kind == TileOpKind::kTileOpGradNorm) return 1 + TileRuleNormChunk(plan, o, block);
   return t.numel();
 }
@@ -535,20 +537,16 @@ std::vector<TileRuleNormBlock> TileRuleNormBlocks(const TilePlan& plan, const Ti
 }
 
 int64_t TileRuleNormChunk(const TilePlan& plan, const TileOp& o, int64_t block) {
-  return TileRuleNormBlocks(plan, o).at(static_cast<size_t>(block)).chunk;
+  const std::vector<TileRuleNormBlock> blocks = TileRuleNormBlocks(plan, o);
+  return blocks.empty() ? -1 : blocks.at(static_cast<size_t>(block)).chunk;
 }
 
 // The plan of a whole step (stage == nullptr: PlanStepTiles) or of one pipeline stage's step
-// (PlanStageStepTiles: the GPT part `*stage`).
+// (PlanStageStepTiles: the part `*stage` of a GPT or a sequential model).
 Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optimizer, int64_t batch,
                               int64_t seq_len, int64_t micro_batches, const ModelPart* stage) {
   if (model.kind != "sequential" && model.kind != "gpt") {
     return FailedPrecondition("tile rule: a '" + model.kind + "' model is not covered");
-  }
-  if (stage != nullptr && model.kind != "gpt") {
-    return FailedPrecondition(
-        "tile rule: a pipeline stage of a '" + model.kind +
-        "' model has no tile plan yet (only a GPT's stages do); its disputes go to the referee");
   }
   if (optimizer.kind != "adamw" && optimizer.kind != "sgd") {
     return InvalidArgument("tile rule: unknown optimizer kind '" + optimizer.kind + "'");
@@ -943,7 +941,13 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
     return plan;
   }
   // Forward (model.cc's sequential Forward). Layers without a footprint yet are opaque, with
-  // their output shapes (per sample) computed as Model::Create does.
+  // their output shapes (per sample) computed as Model::Create does. A stage plans its layers
+  // [begin, end) under the whole model's layer indices (its operators' names and dropout streams
+  // are the model's, model.cc's ForwardPart), walking the layers before it for their shapes: a
+  // later stage's first layer reads the activations stage s-1 sent, and an earlier stage's
+  // backward starts from the gradient stage s+1 sent (Stage records both so).
+  const size_t begin = staged ? static_cast<size_t>(stage->begin) : 0;
+  const size_t end = staged ? static_cast<size_t>(stage->end) : model.layers.size();
   struct Linear {
     int64_t in_op, dout_op = -1, C, OC;
     bool bias;
@@ -961,10 +965,12 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
     std::map<size_t, int64_t> norm_width;  // its rows' width W over an image (0: each sample's)
     int64_t act = kTileOperandBatch;
     Shape cur = model.input;  // one sample's shape
-    for (size_t i = 0; i < model.layers.size(); ++i) {
+    for (size_t i = 0; i < end; ++i) {
       const LayerSpec& l = model.layers[i];
       const std::string name = "layers." + std::to_string(i);
       const int64_t features = NumElements(cur);
+      const bool held = i >= begin;  // a layer of the stage (every layer of a whole step)
+      if (i == begin && !first_stage) act = received("activation", {rows, features});
       in_op[i] = act;
       in_features[i] = features;
       if (l.kind == "flatten") {
@@ -977,7 +983,7 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         op.kind = TileOpKind::kTileOpLinear;
         op.w = state_op(name + ".weight");
         op.b = l.bias ? state_op(name + ".bias") : -1;
-        CHECK_GE(op.w, 0) << name;
+        CHECK(!held || op.w >= 0) << name;
         linears[i] = Linear{act, -1, features, l.out, l.bias};
         cur = {l.out};
       } else if (l.kind == "relu") {
@@ -990,7 +996,7 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         op.conv = {cur[0], cur[1], cur[2], l.out, l.kernel, l.kernel, s, l.pad};
         op.w = state_op(name + ".weight");
         op.b = l.bias ? state_op(name + ".bias") : -1;
-        CHECK_GE(op.w, 0) << name;
+        CHECK(!held || op.w >= 0) << name;
         cur = {l.out, (cur[1] + 2 * l.pad - l.kernel) / s + 1,
                (cur[2] + 2 * l.pad - l.kernel) / s + 1};
       } else if (l.kind == "layernorm" &&
@@ -1001,7 +1007,7 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         op.kind = TileOpKind::kTileOpLayerNorm;
         op.w = state_op(name + ".weight");
         op.b = state_op(name + ".bias");
-        CHECK_GE(op.w, 0) << name;
+        CHECK(!held || op.w >= 0) << name;
         if (cur.size() > 1) op.conv = {cur.back()};
         norm_dout[i] = -1;
         norm_width[i] = cur.size() > 1 ? cur.back() : 0;
@@ -1024,14 +1030,15 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
       const int64_t out = NumElements(cur);
       op.grid = TileGrid::For(rows, out);
       op.shape = {rows, out};
+      if (!held) continue;  // before the stage: its shape only
       const bool window =
           op.kind == TileOpKind::kTileOpConv || op.kind == TileOpKind::kTileOpMaxPool;
       act = add(std::move(op));
       if (window) windowed[i] = act;
     }
     const int64_t logits = act;
-    if (logits == kTileOperandBatch) return InvalidArgument("tile rule: the model has no layers");
-    {
+    if (last_stage) {
+      if (logits == kTileOperandBatch) return InvalidArgument("tile rule: the model has no layers");
       TileOp loss{"loss", TileOpKind::kTileOpLoss, TileGrid::For(rows, 1), {rows, 1}};
       loss.x = logits;
       add(std::move(loss));
@@ -1043,9 +1050,11 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
       add(std::move(grad));
     }
     // Backward (model.cc's sequential Backward): a flatten, and a dropout that kept everything
-    // (p = 0), pass the gradient through unrecorded; the first layer has no input gradient.
-    int64_t dout = index["logits.grad"];
-    for (size_t ii = model.layers.size(); ii-- > 0;) {
+    // (p = 0), pass the gradient through unrecorded; the model's first layer has no input
+    // gradient (a later stage's first layer has: it is what the stage sends back).
+    int64_t dout =
+        last_stage ? index["logits.grad"] : received("activation_grad", {rows, NumElements(cur)});
+    for (size_t ii = end; ii-- > begin;) {
       const LayerSpec& l = model.layers[ii];
       if (l.kind == "flatten" || (l.kind == "dropout" && !(l.p > 0))) continue;
       if (l.kind == "linear") linears[ii].dout_op = dout;
@@ -1644,9 +1653,13 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     }
     case TileOpKind::kTileOpGradNorm: {
-      // Block k: parameter k's block partials (or one chunk of them).
-      const TileRuleNormBlock nb = TileRuleNormBlocks(plan, o)[static_cast<size_t>(block)];
-      TileRuleCover(plan, o.x, 0, 1, nb.first, nb.first + nb.count, fp);
+      // Block k: parameter k's block partials (or one chunk of them); none for a stage without
+      // parameters (a lone activation or pool), whose sum is the one it received.
+      const std::vector<TileRuleNormBlock> nbs = TileRuleNormBlocks(plan, o);
+      if (!nbs.empty()) {
+        const TileRuleNormBlock& nb = nbs[static_cast<size_t>(block)];
+        TileRuleCover(plan, o.x, 0, 1, nb.first, nb.first + nb.count, fp);
+      }
       if (o.v >= 0 && block == 0) TileRuleCover(plan, o.v, 0, 1, 0, 1, fp);  // the chain's start
       break;
     }
@@ -3022,7 +3035,15 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // the roots of its chunks' trees in the partial, after the total, until its last chunk
       // combines them.
       internal::FpEnvGuard fp_guard;
-      const TileRuleNormBlock nb = TileRuleNormBlocks(plan, o)[static_cast<size_t>(block)];
+      const std::vector<TileRuleNormBlock> nbs = TileRuleNormBlocks(plan, o);
+      if (nbs.empty()) {
+        // No parameters: SumGradSquares adds nothing to the running sum it received (0 for a
+        // first stage).
+        const float before = o.v >= 0 ? dense(o.v, 0, 1, 0, 1)[0] : 0.0f;
+        out.assign(1, o.squares ? before : std::sqrt(before));
+        break;
+      }
+      const TileRuleNormBlock nb = nbs[static_cast<size_t>(block)];
       std::vector<float> roots;
       if (nb.chunk > 0) roots.assign(in.partial.begin() + 1, in.partial.end());
       roots.push_back(CombineBlockPartials(dense(o.x, 0, 1, nb.first, nb.first + nb.count)));

@@ -340,7 +340,7 @@ class TestStageNetwork {
     Result<protocol::StageTransfer> Send(const protocol::StageTensorKey& key,
                                          std::span<const float> values) override {
       protocol::StageTransfer r =
-          SignStageTensor(key, values, *net_->keys_[stage_], net_->ctx_.tile_cols);
+          SignStageTensor(key, values, *net_->keys_[stage_], net_->ctx_.TileColsOf(values.size()));
       {
         std::lock_guard<std::mutex> lock(net_->mu_);
         net_->boxes_[key] = {r, std::vector<float>(values.begin(), values.end())};
@@ -466,9 +466,14 @@ class PipelineRulingTest : public PipelineVerificationTest {
   // Trains the placed replica's kSteps steps with RunStageStep, as its Stagers would: every
   // stage's evidence of every step, [stage][step].
   void Train() {
-    // Tiled as a stage node tiles what it sends (StageTileCols): its records carry the roots the
-    // receivers' stage plans commit their inputs to.
-    StageContext ctx{task_id_, 0, 0, {}, StageTileCols(spec_.model)};
+    // Tiled as a stage node tiles what it sends (StageTileCols, StageTileRows): its records carry
+    // the roots the receivers' stage plans commit their inputs to.
+    StageContext ctx{task_id_,
+                     0,
+                     0,
+                     {},
+                     StageTileCols(spec_.model),
+                     StageTileRows(spec_.model, spec_.batch_size, spec_.micro_batches)};
     std::vector<const KeyPair*> keys;
     for (uint32_t st = 0; st < kStages; ++st) {
       ctx.chain.push_back(Unit(st).assignee);

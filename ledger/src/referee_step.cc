@@ -79,13 +79,24 @@ Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
 }
 
 // The tile plan of stage `stage`'s step of the task `r` replays: PlanStageStepTiles of the task's
-// cut (FailedPrecondition for a cut that does not fit, or a model other than a GPT).
+// cut (FailedPrecondition for a cut that does not fit, or a stage without parameters).
 Result<engine::TilePlan> StageStepPlan(const UnitReplay& r, const engine::OptimizerSpec& optimizer,
                                        uint32_t stage) {
   ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
                       engine::TaskPipelineCut(r.spec, static_cast<int>(r.net.stages), r.net.cut));
-  return engine::PlanStageStepTiles(r.spec.model, optimizer, cut.part(static_cast<int>(stage)),
-                                    r.spec.batch_size, r.spec.seq_len, r.spec.micro_batches);
+  ML_ASSIGN_OR_RETURN(
+      engine::TilePlan plan,
+      engine::PlanStageStepTiles(r.spec.model, optimizer, cut.part(static_cast<int>(stage)),
+                                 r.spec.batch_size, r.spec.seq_len, r.spec.micro_batches));
+  // A sequential stage without parameters (a lone activation, pool or flatten) has no state to
+  // rule its chain end from (StageCommitFollowsFromRoots starts from the state's roots), and its
+  // empty norm partials no tile: its disputes stay whole steps.
+  if (StateOperators(plan) == 0) {
+    return FailedPrecondition("stage " + std::to_string(stage) +
+                              " holds no parameters, so its step has no state to rule its tiles' "
+                              "chain from: its disputes are ruled whole");
+  }
+  return plan;
 }
 
 // The unit's training state after `step` from `flat` (FlatState's layout), checked to hash to
@@ -256,9 +267,8 @@ bool UnservedStageClaim(const TaskParams& p, const MismatchClaimField& claim) {
 
 bool MismatchNeedsBundle(const TaskParams& p, uint32_t index, const MismatchClaimField& claim) {
   if (!IsPipelineTask(p)) return DisputeNeedsBundle(p);
-  return p.data_page_tokens != 0 && !p.data_root.IsZero() && p.tolerance_rel_l2_ppm == 0 &&
-         p.tolerance_cosine_gap_ppb == 0 && !LedgerRulesStageStep(p, StageSlotOf(p, index).stage) &&
-         !UnservedStageClaim(p, claim);
+  return !p.data_root.IsZero() && p.tolerance_rel_l2_ppm == 0 && p.tolerance_cosine_gap_ppb == 0 &&
+         !LedgerRulesStageStep(p, StageSlotOf(p, index).stage) && !UnservedStageClaim(p, claim);
 }
 
 Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
@@ -282,8 +292,8 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
   }
   // From the spec's shapes alone (PlanStepTiles allocates nothing): a model of any size, trained
   // in the task's micro-batches (the plan follows their gradient order, tile_rule.h). A stage
-  // unit's step is its stage's (PlanStageStepTiles over the task's cut: a GPT's; a sequential
-  // model's stages have no plan and are ruled whole).
+  // unit's step is its stage's (PlanStageStepTiles over the task's cut: a GPT's or a sequential
+  // model's).
   const engine::OptimizerSpec optimizer = engine::UnitOptimizerSpec(r.spec.optimizer, r.lr_scale);
   Result<engine::TilePlan> plan =
       IsPipelineTask(t.params)
@@ -299,7 +309,6 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
   ctx.plan.dropout_seed = engine::DropoutSeed(ctx.seed, ctx.stream);
   ctx.num_examples = t.params.num_examples;
   ctx.data_root = t.params.data_root;
-  if (IsPipelineTask(t.params)) ctx.stage_tile_cols = StageTileCols(r.spec.model);
   if (tokens && t.params.data_page_tokens != engine::kTokenPageTokens) {
     // No root over the token pages: the operators that read the batch's tokens stay with the
     // whole step.

@@ -455,8 +455,13 @@ const protocol::StageTransfer* StageInputRecord(const engine::TilePlan& plan, in
   return nullptr;
 }
 
+bool TiledAsOperator(const protocol::StageTransfer& record, const engine::TileOp& op) {
+  return record.bytes % 4 == 0 && engine::StageTensorGrid(static_cast<int64_t>(record.bytes / 4),
+                                                          record.tile_cols) == op.grid;
+}
+
 Status CheckStageInputRoots(const engine::TilePlan& plan, const protocol::StageStepCommit& commit,
-                            uint32_t tile_cols, std::span<const Hash256> outputs) {
+                            std::span<const Hash256> outputs) {
   for (size_t j = 0; j < outputs.size() && j < plan.ops.size(); ++j) {
     const engine::TileOp& o = plan.ops[j];
     if (!o.received) continue;
@@ -465,10 +470,11 @@ Status CheckStageInputRoots(const engine::TilePlan& plan, const protocol::StageS
     if (r == nullptr) {
       return InvalidArgument(what + ": the commit lists no received record of it");
     }
-    if (r->tile_cols != tile_cols) {
-      return InvalidArgument(what + ": its record is tiled in rows of " +
-                             std::to_string(r->tile_cols) + " floats, the task's in " +
-                             std::to_string(tile_cols));
+    if (!TiledAsOperator(*r, o)) {
+      return InvalidArgument(what + ": its record of " + std::to_string(r->bytes) +
+                             " bytes is tiled in rows of " + std::to_string(r->tile_cols) +
+                             " floats, not in the operator's " + std::to_string(o.grid.rows) +
+                             " x " + std::to_string(o.grid.cols));
     }
     if (outputs[j] != r->tiles) {
       return InvalidArgument(what + ": root " + outputs[j].ShortHex() +
@@ -519,12 +525,20 @@ int64_t StageSentOperator(const engine::TilePlan& plan, const protocol::StageTen
   switch (key.kind) {
     case StageTensorKind::kStageTensorActivation:
     case StageTensorKind::kStageTensorActivationGrad: {
+      // A GPT's (token plan's) last block's residual3 and first block's residual.grad; a
+      // sequential model's last layer output and its first layer's input gradient (the backward
+      // runs down the layers: the micro-batch's last one). A sequential stage with no such
+      // operator (a lone flatten: what it records neither) passes on what it received.
+      const bool forward = key.kind == StageTensorKind::kStageTensorActivation;
       const std::string prefix = MicroBatchPrefix(plan, key.micro_batch);
-      const std::string_view suffix =
-          key.kind == StageTensorKind::kStageTensorActivation ? ".residual3" : ".residual.grad";
-      return LastOpWhere(plan, [&](std::string_view n) {
-        return n.starts_with(prefix) && n.ends_with(suffix) && n.find("h.") != n.npos;
+      const std::string_view suffix = plan.tokens ? (forward ? ".residual3" : ".residual.grad")
+                                                  : (forward ? ".out" : ".in.grad");
+      const std::string_view layer = plan.tokens ? "h." : "layers.";
+      const int64_t op = LastOpWhere(plan, [&](std::string_view n) {
+        return n.starts_with(prefix) && n.ends_with(suffix) && n.find(layer) != n.npos;
       });
+      if (op >= 0 || plan.tokens) return op;
+      return OpNamed(plan, prefix + (forward ? "recv.activation" : "recv.activation_grad"));
     }
     case StageTensorKind::kStageTensorTiedWeight:
       return OpNamed(plan, "in." + wte);
@@ -580,7 +594,7 @@ Status StageCommitFollowsFromRoots(const TileRuleContext& ctx,
     return InvalidArgument("the roots give the state after the step " + after.ShortHex() +
                            ", the commit's state_after is " + commit.state_after.ShortHex());
   }
-  ML_RETURN_IF_ERROR(CheckStageInputRoots(plan, commit, ctx.stage_tile_cols, outputs));
+  ML_RETURN_IF_ERROR(CheckStageInputRoots(plan, commit, outputs));
   if (commit.received.size() != ReceivedOperators(plan)) {
     return InvalidArgument("the commit lists " + std::to_string(commit.received.size()) +
                            " received records, the step receives " +
@@ -596,9 +610,11 @@ Status StageCommitFollowsFromRoots(const TileRuleContext& ctx,
     if (op < 0) return InvalidArgument(r.key.ToString() + ": no operator of the step sends it");
     const std::string what = r.key.ToString() + " (operator " + std::to_string(op + 1) + ", " +
                              plan.ops[static_cast<size_t>(op)].name + ")";
-    if (r.tile_cols != ctx.stage_tile_cols) {
-      return InvalidArgument(what + ": tiled in rows of " + std::to_string(r.tile_cols) +
-                             " floats, the task's in " + std::to_string(ctx.stage_tile_cols));
+    if (!TiledAsOperator(r, plan.ops[static_cast<size_t>(op)])) {
+      return InvalidArgument(what + ": " + std::to_string(r.bytes) + " bytes tiled in rows of " +
+                             std::to_string(r.tile_cols) + " floats, not in the operator's " +
+                             std::to_string(plan.ops[static_cast<size_t>(op)].grid.rows) + " x " +
+                             std::to_string(plan.ops[static_cast<size_t>(op)].grid.cols));
     }
     if (r.tiles != outputs[static_cast<size_t>(op)]) {
       return InvalidArgument(what + ": the stage signed the tiled root " + r.tiles.ShortHex() +
@@ -714,7 +730,9 @@ Result<Hash256> RuleStageRoots(const TileRuleContext& ctx, const protocol::Refer
   if (received) {
     const protocol::StageTransfer* r =
         StageInputRecord(plan, static_cast<int64_t>(task.operator_index) - 1, *commit);
-    if (r == nullptr || r->tile_cols != ctx.stage_tile_cols) return against;  // `missing`
+    if (r == nullptr || !TiledAsOperator(*r, plan.ops[task.operator_index - 1])) {
+      return against;  // `missing`
+    }
     return protocol::OperatorChainHash(task.operator_input, r->tiles);
   }
   // The stage state's roots: they must give the commit's state_before (with the state's seed and

@@ -217,8 +217,12 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
                         commit.state_before.ShortHex());
     return r;
   }
-  StageContext ctx{commit.task, commit.round, commit.replica, setup.chain,
-                   StageTileCols(setup.model)};
+  StageContext ctx{commit.task,
+                   commit.round,
+                   commit.replica,
+                   setup.chain,
+                   StageTileCols(setup.model),
+                   StageTileRows(setup.model, batch.size, setup.micro_batches)};
   StageReplayLink link(commit, blobs, &r, trace != nullptr);
   stage->set_op_trace(trace);
   Result<StageStepOutcome> out = RunStageStep(*stage, ctx, batch, dropout_seed, link);

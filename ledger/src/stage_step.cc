@@ -48,6 +48,16 @@ uint32_t StageTileCols(const engine::ModelSpec& model) {
   return model.kind == "gpt" ? static_cast<uint32_t>(model.gpt.n_embd) : 0;
 }
 
+int64_t StageTileRows(const engine::ModelSpec& model, int64_t batch_size, int64_t micro_batches) {
+  return model.kind == "gpt" || micro_batches < 1 ? 0 : batch_size / micro_batches;
+}
+
+uint32_t StageContext::TileColsOf(size_t floats) const {
+  if (tile_rows <= 0) return tile_cols;
+  const auto rows = static_cast<size_t>(tile_rows);
+  return floats % rows == 0 ? static_cast<uint32_t>(floats / rows) : 0;
+}
+
 namespace {
 
 Hash256 StageTensorTiles(std::span<const float> values, uint32_t tile_cols) {
@@ -77,10 +87,10 @@ Status CheckStageTensor(const StageTransfer& record, std::span<const float> valu
                            std::to_string(ctx.stages()) + " stages");
   }
   ML_RETURN_IF_ERROR(protocol::VerifyStageTransfer(record, ctx.chain[record.key.from_stage]));
-  if (record.tile_cols != ctx.tile_cols) {
+  if (record.tile_cols != ctx.TileColsOf(values.size())) {
     return InvalidArgument(record.key.ToString() + ": tiled in rows of " +
                            std::to_string(record.tile_cols) + " floats, the replica's tensors in " +
-                           std::to_string(ctx.tile_cols));
+                           std::to_string(ctx.TileColsOf(values.size())));
   }
   return CheckStageTensorValues(record, values);
 }

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/blob.h"
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/hash.h"
@@ -23,6 +24,7 @@
 #include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/stage_replay.h"
 #include "meshlearn/ledger/stage_step.h"
 #include "meshlearn/protocol/dispute.h"
 #include "meshlearn/protocol/stage_transfer.h"
@@ -81,9 +83,13 @@ void TraceStage(int stage, int64_t batch, int64_t seq_len, int64_t micro_batches
   engine::InitPipeline(stages, 3);
   out->batch = stages[0]->state().model->EmptyBatch(batch, seq_len);
   Rng rng(batch_seed);
-  const auto vocab = static_cast<uint64_t>(out->spec.gpt.vocab_size);
-  for (int32_t& t : out->batch.tokens) t = static_cast<int32_t>(rng.Uniform(vocab));
-  for (int32_t& t : out->batch.targets) t = static_cast<int32_t>(rng.Uniform(vocab));
+  // A GPT's tokens and targets of its vocabulary; a sequential model's examples and classes.
+  const auto classes =
+      static_cast<uint64_t>(out->spec.kind == "gpt" ? out->spec.gpt.vocab_size
+                                                    : stages.back()->state().model->NumOutputs());
+  for (int32_t& t : out->batch.tokens) t = static_cast<int32_t>(rng.Uniform(classes));
+  for (int32_t& t : out->batch.targets) t = static_cast<int32_t>(rng.Uniform(classes));
+  for (float& x : out->batch.inputs.vec()) x = static_cast<float>(rng.UniformDouble() * 2 - 1);
   out->state_before = engine::StateHash(stages[stage]->state());
   out->trace.set_keep_values(true);
   stages[stage]->set_op_trace(&out->trace);
@@ -369,26 +375,228 @@ TEST(StageTileCommitTest, AReceivedOperatorsRootIsItsSignedRecordsTiledRoot) {
     ++inputs;
   }
   EXPECT_EQ(inputs, 2 * 2 + 2);  // activations and gradients of 2 micro-batches; the two sums
-  EXPECT_TRUE(CheckStageInputRoots(traced.plan, commit, cols, traced.trace.hashes()).ok());
+  EXPECT_TRUE(CheckStageInputRoots(traced.plan, commit, traced.trace.hashes()).ok());
   // A root that is not the signed one.
   const int64_t act = OpNamed(traced.plan, "mb1.recv.activation");
   ASSERT_GE(act, 0);
   std::vector<Hash256> lie = traced.trace.hashes();
   lie[static_cast<size_t>(act)] = Blake2b("other activations");
-  Status st = CheckStageInputRoots(traced.plan, commit, cols, lie);
+  Status st = CheckStageInputRoots(traced.plan, commit, lie);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("mb1.recv.activation"), std::string::npos) << st.ToString();
   EXPECT_NE(st.message().find("the sender signed"), std::string::npos) << st.ToString();
   // Only the outputs given are checked (a prefix of the step's operators).
-  EXPECT_TRUE(CheckStageInputRoots(traced.plan, commit, cols,
+  EXPECT_TRUE(CheckStageInputRoots(traced.plan, commit,
                                    std::span<const Hash256>(lie).first(static_cast<size_t>(act)))
                   .ok());
-  // Another width; a missing record.
-  EXPECT_FALSE(CheckStageInputRoots(traced.plan, commit, 0, traced.trace.hashes()).ok());
+  // A record of the same values tiled in another width (one row: not the operator's grid); a
+  // missing record.
+  protocol::StageStepCommit one_row = commit;
+  const protocol::StageTransfer& first = commit.received.front();
+  const int64_t first_op = OpNamed(traced.plan, "mb0.recv.activation");
+  ASSERT_GE(first_op, 0);
+  one_row.received.front() =
+      SignStageTensor(first.key, traced.trace.values(static_cast<size_t>(first_op)), keys[0], 0);
+  st = CheckStageInputRoots(traced.plan, one_row, traced.trace.hashes());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("not in the operator's 48 x 40"), std::string::npos) << st.ToString();
   commit.received.pop_back();
-  st = CheckStageInputRoots(traced.plan, commit, cols, traced.trace.hashes());
+  st = CheckStageInputRoots(traced.plan, commit, traced.trace.hashes());
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("no received record"), std::string::npos) << st.ToString();
+}
+
+// ---- A sequential model's stages.
+
+// An MLP of the fashion MLP's kinds with dropout and layernorm (40 -> 48 -> 36 -> 5), cut into 3
+// stages: [linear relu] [dropout layernorm linear] [gelu linear].
+engine::ModelSpec StageMlpSpec() {
+  Result<engine::ModelSpec> spec = engine::ModelSpec::FromToml(
+      "[model]\ninput = [40]\n"
+      "[[model.layers]]\nkind = \"linear\"\nout = 48\n[[model.layers]]\nkind = \"relu\"\n"
+      "[[model.layers]]\nkind = \"dropout\"\np = 0.25\n[[model.layers]]\nkind = \"layernorm\"\n"
+      "[[model.layers]]\nkind = \"linear\"\nout = 36\n[[model.layers]]\nkind = \"gelu\"\n"
+      "[[model.layers]]\nkind = \"linear\"\nout = 5\n",
+      "model.toml");
+  CHECK(spec.ok()) << spec.status().ToString();
+  return *spec;
+}
+constexpr int64_t kMlpBatch = 40, kMlpMicro = 2;  // 20 samples a micro-batch: tiles cut short
+
+// Stage `stage` of the MLP's 3 stages traced (its step's dropout seed is TraceStage's, 5).
+void TraceMlpStage(int stage, uint64_t batch_seed, TracedStage* out) {
+  out->spec = StageMlpSpec();
+  Result<engine::PipelineCut> cut = engine::MakeCut(out->spec, {0, 2, 5, 7});
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  out->cut = *cut;
+  ASSERT_NO_FATAL_FAILURE(TraceStage(stage, kMlpBatch, 0, kMlpMicro, batch_seed, out));
+  out->plan.dropout_seed = 5;
+}
+
+// A sequential model's stages tile what they send in the rows of the micro-batch's samples
+// (StageTileRows; a width per boundary): every tensor the middle stage received, signed as its
+// sender signs it, is tiled as its operator (the root its trace commits it to, provable tile by
+// tile), and so is every tensor it sent, whose operator StageSentOperator names. One row, the
+// width a sequential stage signed in before, is not the operator's grid.
+TEST(StageTileCommitTest, ASequentialStagesTensorsAreTiledInTheRowsOfItsSamples) {
+  TracedStage traced;
+  ASSERT_NO_FATAL_FAILURE(TraceMlpStage(1, 12, &traced));
+  const engine::ModelSpec& spec = traced.spec;
+  const engine::TilePlan& plan = traced.plan;
+  StageContext ctx{protocol::TaskId(Blake2b("mlp stage tiles")), 0, 0, {}, StageTileCols(spec),
+                   StageTileRows(spec, kMlpBatch, kMlpMicro)};
+  EXPECT_EQ(ctx.tile_cols, 0u);
+  EXPECT_EQ(ctx.tile_rows, kMlpBatch / kMlpMicro);
+  std::vector<KeyPair> keys;
+  for (uint8_t s = 0; s < 3; ++s) {
+    keys.push_back(testing::TestKey(static_cast<uint8_t>(70 + s)));
+    ctx.chain.push_back(keys.back().public_key());
+  }
+  protocol::StageStepCommit commit;
+  commit.stage = 1;
+  commit.stages = 3;
+  for (size_t j = 0; j < plan.ops.size(); ++j) {
+    const engine::TileOp& op = plan.ops[j];
+    if (!op.received) continue;
+    SCOPED_TRACE(op.name);
+    const std::string kind = op.name.substr(op.name.find("recv.") + 5);
+    const int64_t m = op.name.starts_with("mb") ? op.name[2] - '0' : -1;
+    StageTensorKind k = StageTensorKind::kStageTensorActivation;
+    uint32_t from = 0;
+    if (kind == "activation_grad") k = StageTensorKind::kStageTensorActivationGrad, from = 2;
+    if (kind == "grad_squares") k = StageTensorKind::kStageTensorGradSquares;
+    if (kind == "grad_total") k = StageTensorKind::kStageTensorGradTotal, from = 2;
+    std::span<const float> values = traced.trace.values(j);
+    const StageTransfer record = SignStageTensor(ctx.Key(k, from, 1, 0, m), values, keys[from],
+                                                 ctx.TileColsOf(values.size()));
+    EXPECT_TRUE(CheckStageTensor(record, values, ctx).ok());
+    EXPECT_TRUE(TiledAsOperator(record, op));
+    EXPECT_EQ(record.tiles, traced.trace.hash(j));
+    // Layer 2's input is 48 features wide, layer 4's output 36.
+    if (kind == "activation") {
+      EXPECT_EQ(record.tile_cols, 48u);
+    } else if (kind == "activation_grad") {
+      EXPECT_EQ(record.tile_cols, 36u);
+    }
+    // Tiled in one row, as before: not the operator's grid, and refused by a receiver.
+    const StageTransfer one_row = SignStageTensor(ctx.Key(k, from, 1, 0, m), values, keys[from], 0);
+    if (op.grid.rows > 1) {
+      EXPECT_FALSE(TiledAsOperator(one_row, op));
+      EXPECT_FALSE(CheckStageTensor(one_row, values, ctx).ok());
+    }
+    commit.received.push_back(record);
+  }
+  EXPECT_EQ(commit.received.size(), 2u * 2u + 2u);
+  EXPECT_TRUE(CheckStageInputRoots(plan, commit, traced.trace.hashes()).ok());
+  // What it sent: its last layer's output and its first layer's (the dropout's) input gradient,
+  // per micro-batch, and the running sum of squares.
+  struct Sent {
+    StageTensorKind kind;
+    uint32_t to;
+    int64_t micro_batch;
+    const char* op;
+  };
+  for (const Sent& sent :
+       {Sent{StageTensorKind::kStageTensorActivation, 2, 0, "mb0.layers.4.out"},
+        Sent{StageTensorKind::kStageTensorActivation, 2, 1, "mb1.layers.4.out"},
+        Sent{StageTensorKind::kStageTensorActivationGrad, 0, 1, "mb1.layers.2.in.grad"},
+        Sent{StageTensorKind::kStageTensorGradSquares, 2, -1, "grad_squares"}}) {
+    SCOPED_TRACE(sent.op);
+    const protocol::StageTensorKey key = ctx.Key(sent.kind, 1, sent.to, 0, sent.micro_batch);
+    const int64_t j = StageSentOperator(plan, key);
+    ASSERT_GE(j, 0);
+    EXPECT_EQ(plan.ops[static_cast<size_t>(j)].name, sent.op);
+    std::span<const float> values = traced.trace.values(static_cast<size_t>(j));
+    const StageTransfer record =
+        SignStageTensor(key, values, keys[1], ctx.TileColsOf(values.size()));
+    EXPECT_TRUE(TiledAsOperator(record, plan.ops[static_cast<size_t>(j)]));
+    EXPECT_EQ(record.tiles, traced.trace.hash(static_cast<size_t>(j)));
+  }
+}
+
+// A sequential stage's step is ruled by tile like a GPT stage's: every operator the middle and
+// last stages of the MLP compute (but the last stage's loss and its gradient, which read the
+// batch's targets) is ruled at its last tile for the honest output from a footprint witness
+// proven against the operator chain from the stage's state hash, and a witness with a changed
+// input tile is refused.
+TEST(StageTileCommitTest, TheTileRuleRulesEveryOperatorOfASequentialStageStep) {
+  int64_t ruled = 0;
+  size_t largest = 0;
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TracedStage traced;
+    ASSERT_NO_FATAL_FAILURE(TraceMlpStage(stage, 13, &traced));
+    ASSERT_NO_FATAL_FAILURE(RuleEveryOperator(traced, false, &ruled, &largest));
+    ASSERT_NO_FATAL_FAILURE(RuleEveryOperator(traced, true, &ruled, &largest));
+  }
+  EXPECT_GT(ruled, 60);
+  EXPECT_LE(largest, kMaxTileWitnessBytes);
+}
+
+// Over the stage witness bound, an exact-mode pipeline task with a data root needs the bundle
+// with a mismatch whatever its model: a sequential model's stage (a data root over examples, no
+// token pages) as a GPT's, so its dispute is ruled by tile and never by the genesis key. Within
+// the bound, without a data root, in tolerance mode, or for an unserved claim, it does not.
+TEST(StageTileCommitTest, OverTheBoundASequentialStagesMismatchNeedsTheBundle) {
+  TaskParams p = testing::TestTaskParams();
+  p.stages = 3;
+  p.units_per_round = 3;
+  p.data_root = Blake2b("examples");
+  p.data_page_tokens = 0;
+  p.stage_memory_bytes = {kMaxStageWitnessMemory, kMaxStageWitnessMemory + 1,
+                          kMaxStageWitnessMemory};
+  MismatchClaimField claim;
+  claim.solver_end = Blake2b("solver end");
+  claim.replayed_end = Blake2b("replayed end");
+  EXPECT_TRUE(MismatchNeedsBundle(p, 1, claim));
+  EXPECT_FALSE(MismatchNeedsBundle(p, 0, claim));  // within the bound: RefereeStageStep
+  MismatchClaimField unserved = claim;
+  unserved.replayed_end = StageUnservedLeaf(claim.solver_end);
+  EXPECT_FALSE(MismatchNeedsBundle(p, 1, unserved));
+  TaskParams tolerance = p;
+  tolerance.tolerance_rel_l2_ppm = 1000;
+  EXPECT_FALSE(MismatchNeedsBundle(tolerance, 1, claim));
+  TaskParams no_root = p;
+  no_root.data_root = Hash256{};
+  EXPECT_FALSE(MismatchNeedsBundle(no_root, 1, claim));
+}
+
+// The ledger plans a sequential model's stage unit from the task's bundle and cut (TileContextOf:
+// PlanStageStepTiles of the stage's part, rows of examples, not tokens), but refuses a stage
+// without parameters (here a lone relu), which has no state to rule a chain end from: its
+// disputes stay whole steps (SetTilePhaseFrom plays them so).
+TEST(StageTileCommitTest, TheLedgerPlansASequentialStageButNotOneWithoutParameters) {
+  Result<std::string> text =
+      Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  const std::string bundle = text->substr(0, text->find("[network]")) +
+                             "[network]\nrounds = 1\nunits_per_round = 3\ninner_steps = 4\n"
+                             "stages = 3\ncut = [0, 1, 2, 5]\naggregation = \"mean\"\n";
+  TaskRecord t;
+  t.id = Blake2b("mlp pipeline");
+  t.spec_hash = BuildManifest(AsBytes(bundle)).id().hash;
+  t.params = testing::TestTaskParams();
+  t.params.stages = 3;
+  t.params.units_per_round = 3;
+  t.params.data_root = Blake2b("the examples' root");
+  t.params.num_examples = 60000;
+  WorkUnit u;
+  u.task_id = t.id;
+  for (uint32_t stage : {0u, 2u}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    u.index = stage;
+    Result<TileRuleContext> ctx = TileContextOf(t, u, bundle, "reveal verdict: bundle");
+    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    EXPECT_FALSE(ctx->plan.tokens);
+    EXPECT_GT(StateOperators(ctx->plan), 0u);
+    EXPECT_GE(OpNamed(ctx->plan, stage == 0 ? "layers.0.out" : "layers.4.out"), 0);
+  }
+  u.index = 1;
+  Result<TileRuleContext> lone = TileContextOf(t, u, bundle, "reveal verdict: bundle");
+  ASSERT_FALSE(lone.ok());
+  EXPECT_EQ(lone.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(lone.status().message().find("holds no parameters"), std::string::npos)
+      << lone.status().ToString();
 }
 
 }  // namespace stage_tile_test

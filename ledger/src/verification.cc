@@ -664,8 +664,7 @@ Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleFie
                            "replayed_end is the unserved leaf of its solver_end): that dispute "
                            "is played over the whole step; send no bundle");
   }
-  // A stage unit's: its stage's plan (a GPT's; a sequential model's stages have none, so their
-  // mismatch is refused with a bundle and their disputes stay whole: RefereeStageStep).
+  // A stage unit's: its stage's plan (a GPT's or a sequential model's, TileContextOf).
   Result<TileRuleContext> context =
       TileContextOf(*t, u, bundle.text, std::string(what) + ": bundle");
   if (needed && context.status().code() == StatusCode::kFailedPrecondition) {
@@ -1261,12 +1260,12 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               "itself; send RefereeStep with the step's witness");
   }
   // Left to the genesis key: tolerance mode (a segment), a stage over the stage witness bound
-  // played over whole steps (a sequential model's stage, or a GPT stage claimed to have served
-  // nothing: UnservedStageClaim), and a token task whose plan the tile phase does not serve (its
-  // mismatch carried the bundle, MismatchNeedsBundle, so a whole-step game of a token task with a
-  // data root means TileContextOf refused the task's own bundle: no such plan today, since
-  // micro-batched steps are planned too). No exact-mode task without a data root reaches here: a
-  // verifying chain refuses it at SubmitTask (ValidateTaskTerms).
+  // played over whole steps (a stage claimed to have served nothing: UnservedStageClaim; any other
+  // carried the bundle), and a token task whose plan the tile phase does not serve (its mismatch
+  // carried the bundle, MismatchNeedsBundle, so a whole-step game of a token task with a data root
+  // means TileContextOf refused the task's own bundle: no such plan today, since micro-batched
+  // steps are planned too). No exact-mode task without a data root reaches here: a verifying
+  // chain refuses it at SubmitTask (ValidateTaskTerms).
   if (game->referee_task().segment) {
     if (tx.tolerance_verdict != 1 && tx.tolerance_verdict != 2) {
       return InvalidArgument("rule dispute: unit " + std::to_string(tx.index) +

@@ -311,7 +311,7 @@ Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTran
 
 Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<const float> values) {
   CHECK_EQ(key.from_stage, stage_);
-  StageTransfer record = SignStageTensor(key, values, key_, ctx_.tile_cols);
+  StageTransfer record = SignStageTensor(key, values, key_, ctx_.TileColsOf(values.size()));
   if (record.bytes > options_.max_tensor_bytes) {
     return ResourceExhausted(key.ToString() + ": " + std::to_string(record.bytes) +
                              " bytes, over the data plane's limit of " +

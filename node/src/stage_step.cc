@@ -30,7 +30,7 @@ class MemoryStageNetwork::Link final : public StageLink {
   Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
     CHECK_EQ(key.from_stage, static_cast<uint32_t>(stage_));
     StageTransfer record = SignStageTensor(key, values, net_->keys_[static_cast<size_t>(stage_)],
-                                           net_->ctx_.tile_cols);
+                                           net_->ctx_.TileColsOf(values.size()));
     {
       std::lock_guard<std::mutex> lock(net_->mu_);
       net_->sent_.push_back(record);

@@ -73,9 +73,8 @@ Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c,
   const TaskContext* ctx = *loaded;
   // A stage that served nothing: this node could not trace the step to answer a tile phase.
   if (ledger::UnservedStageClaim(ctx->info.params, claim)) return std::string();
-  // A GPT stage's step is played to a tile over its stage's plan (TileContextOf plans it); a
-  // sequential model's stage has no plan, so its mismatch carries none and its step is ruled
-  // whole (RefereeStageStep).
+  // A stage's step (a GPT's or a sequential model's) is played to a tile over its stage's plan
+  // (TileContextOf plans it).
   std::string bundle;
   if (!ledger::MismatchNeedsBundle(ctx->info.params, c.index, claim)) {
     return TileContextFor(node, c, &bundle, /*to_open=*/true).ok() ? bundle : std::string();

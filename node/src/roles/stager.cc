@@ -96,6 +96,7 @@ Status Stager::Start(const UnitAssignment& a) {
   sc.replica = slot.replica;
   sc.chain = slot.chain;
   sc.tile_cols = ledger::StageTileCols(task.model);
+  sc.tile_rows = ledger::StageTileRows(task.model, task.batch_size, task.micro_batches);
   run->plane = std::make_unique<StagePlane>(sc, static_cast<int>(slot.stage), node_->key(),
                                             node_->deps().transport, node_->options().stage_plane);
   run->plane->SetChain(slot.chain, slot.endpoints);

@@ -414,22 +414,30 @@ Hash256 StateTileRoot(TrainState& state);
 Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
                                int64_t batch, int64_t seq_len = 0, int64_t micro_batches = 1);
 
-// The plan of one pipeline stage's step (pipeline.h): stage `part` of a GPT (FailedPrecondition for
-// another model: its stages are ruled whole), as Stage records it with an OpTrace attached
-// (Stage::set_op_trace): the stage's input state ("in.<name>": its parameters, then its optimizer
-// state); a later stage's copy of wte, "recv.tied_weight" (the last stage of S > 1); for m =
-// 0..M-1 (names prefixed "mb<m>." when M > 1): the activations received from stage s-1
-// ("recv.activation", stages s > 0), the stage's forward operators, the gradient received from
-// stage s+1 ("recv.activation_grad", stages s < S-1), its backward operators and accumulated
-// parameter gradients, and the last stage's head wte gradient ("<wte>.head.grad", accumulated in
-// its own buffer whatever M); stage 0 then adds the head's gradient ("recv.tied_head_grad" from
+// The plan of one pipeline stage's step (pipeline.h): stage `part` of a GPT or of a sequential
+// model, as Stage records it with an OpTrace attached (Stage::set_op_trace): the stage's input
+// state ("in.<name>": its parameters, then its optimizer state); a GPT's later stage's copy of
+// wte, "recv.tied_weight" (the last stage of S > 1); for m = 0..M-1 (names prefixed "mb<m>." when
+// M > 1): the activations received from stage s-1 ("recv.activation", stages s > 0; rows of n_embd
+// floats for a GPT, a sequential model's micro-batch rows x the features its first layer reads),
+// the stage's forward operators, the gradient received from stage s+1 ("recv.activation_grad",
+// stages s < S-1, rows as its output's), its backward operators and accumulated parameter
+// gradients, and a GPT's last stage's head wte gradient ("<wte>.head.grad", accumulated in its own
+// buffer whatever M); a GPT's stage 0 then adds the head's gradient ("recv.tied_head_grad" from
 // the last stage, S > 1) into "<wte>.grad"; a clipped step ("recv.grad_squares" from stage s-1,
 // s > 0) "grad_norm.blocks" and "grad_squares" (the running sum it sends on), then
 // "recv.grad_total" (s < S-1: the last stage's "grad_squares"); and the update as a whole step's.
-// Every tensor the stage sends is one of its operators (the last block's residual3, the first
-// block's residual.grad, the head gradient, grad_squares), so a dispute over what it sent narrows
-// to a tile like any other. Footprints and RecomputeTile apply unchanged; the received tensors are
-// inputs (the ledger proves their tiles against the sender's signed tiled roots).
+// A sequential stage's operators keep the whole model's layer indices ("layers.<i>.out": names,
+// and a dropout's mask stream), and its first layer has an input gradient unless it is the
+// model's first; a stage without parameters (a lone activation, pool or flatten) has an empty
+// "grad_norm.blocks" and a "grad_squares" that is the sum it received, recomputed whole. Every
+// tensor the stage sends is one of its operators (a GPT's last block's
+// residual3, first block's residual.grad, the head gradient; a sequential stage's last layer's
+// output and its first layer's input gradient, skipping a flatten, which records neither, and a
+// dropout of p = 0, which records no gradient; and grad_squares), so a dispute over what it sent
+// narrows to a tile like any other (a stage of nothing but such layers passes on what it
+// received). Footprints and RecomputeTile apply unchanged; the received tensors are inputs (the
+// ledger proves their tiles against the sender's signed tiled roots).
 Result<TilePlan> PlanStageStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
                                     ModelPart part, int64_t batch, int64_t seq_len = 0,
                                     int64_t micro_batches = 1);

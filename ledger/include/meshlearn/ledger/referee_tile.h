@@ -39,10 +39,6 @@ struct TileRuleContext {
   // The Merkle root over the examples (engine::DataTree), or over a token task's pages
   // (engine::TokenPageTree; plan.tokens).
   Hash256 data_root;
-  // A pipeline stage's step (plan from engine::PlanStageStepTiles): the row width its sent and
-  // received tensors are tiled in (StageTileCols of the task's model), which their signed
-  // records carry. 0 for a unit's step.
-  uint32_t stage_tile_cols = 0;
 };
 
 // One page of a token task's train stream (engine::TokenPageTree), proven against the data root.
@@ -147,8 +143,8 @@ bool DisputeNeedsBundle(const TaskParams& params);
 bool UnservedStageClaim(const TaskParams& params, const MismatchClaimField& claim);
 
 // Whether the mismatch or challenge `claim` on unit `index` must carry the bundle. A unit of a
-// task that is not a pipeline's: DisputeNeedsBundle. A pipeline stage's: an exact-mode token task
-// (a GPT's stage) with a data root whose stage is over kMaxStageWitnessMemory
+// task that is not a pipeline's: DisputeNeedsBundle. A pipeline stage's: an exact-mode task (a
+// GPT's or a sequential model's stage) with a data root whose stage is over kMaxStageWitnessMemory
 // (!LedgerRulesStageStep), so that only its tile phase rules it without the genesis key, unless
 // the claim is an unserved one, which must not carry it (UnservedStageClaim). A stage within the
 // bound may be played either way: both are ruled by the ledger (RefereeTile, RefereeStageStep).

@@ -177,11 +177,16 @@ Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& task_record, const
 const protocol::StageTransfer* StageInputRecord(const engine::TilePlan& plan, int64_t op,
                                                 const protocol::StageStepCommit& commit);
 
-// Every received operator j < outputs.size() has outputs[j] == its record's tiles, tiled in rows
-// of `tile_cols` (the task's StageTileCols). InvalidArgument naming the first operator that is not
-// (no record, another width, another root).
+// Whether `record`'s tiled root is of its tensor in `op`'s grid (engine::StageTensorGrid of its
+// size and tile_cols): the tiles the stage plan reads it in, whatever the model (a GPT's rows of
+// n_embd, a sequential model's samples).
+bool TiledAsOperator(const protocol::StageTransfer& record, const engine::TileOp& op);
+
+// Every received operator j < outputs.size() has outputs[j] == its record's tiles, tiled as the
+// operator (TiledAsOperator). InvalidArgument naming the first operator that is not (no record,
+// another grid, another root).
 Status CheckStageInputRoots(const engine::TilePlan& plan, const protocol::StageStepCommit& commit,
-                            uint32_t tile_cols, std::span<const Hash256> outputs);
+                            std::span<const Hash256> outputs);
 
 // ---- A stage step's tile phase on chain (issue 16; docs/verification.md "Pipeline stages", "The
 // dispute").
@@ -203,10 +208,11 @@ Status CheckStageInputRoots(const engine::TilePlan& plan, const protocol::StageS
 // either ruling (it is the stage's own `unserved` or `record` fault).
 
 // The operator of stage plan `plan` whose output is the tensor of a sent record `key`: the
-// activations of micro-batch m (the part's last block's "residual3"), their gradient (the first
-// block's "residual.grad"), wte (its "in.<wte>" operator), the head's wte gradient (the last
-// micro-batch's accumulated "<wte>.head.grad") and the sums of squares ("grad_squares"). -1 when
-// the plan has none.
+// activations of micro-batch m (a GPT part's last block's "residual3"; a sequential part's last
+// "layers.<i>.out"), their gradient (the first block's "residual.grad"; the first layer's
+// "layers.<i>.in.grad"; a sequential part that records neither: the received tensor it passes
+// on), wte (its "in.<wte>" operator), the head's wte gradient (the last micro-batch's accumulated
+// "<wte>.head.grad") and the sums of squares ("grad_squares"). -1 when the plan has none.
 int64_t StageSentOperator(const engine::TilePlan& plan, const protocol::StageTensorKey& key);
 
 // The records a stage's commit must list as sent, by the plan of stage `stage` of `stages`: the
@@ -216,8 +222,8 @@ size_t StageSentRecordCount(const engine::TilePlan& plan, uint32_t stage, uint32
 // Whether `commit` (of stage `stage`'s step) follows from `outputs`, all n operator roots of its
 // plan traced from its start: the first k give state_before (with the state's `seed` and
 // `stream`), the last k state_after, every received operator's root is its record's tiled root
-// and every sent record's is its operator's, both tiled in rows of ctx.stage_tile_cols, and the
-// commit lists every record the plan sends and receives. InvalidArgument naming the first that
+// and every sent record's is its operator's, both tiled as their operators (TiledAsOperator), and
+// the commit lists every record the plan sends and receives. InvalidArgument naming the first that
 // does not.
 Status StageCommitFollowsFromRoots(const TileRuleContext& ctx,
                                    const protocol::StageStepCommit& commit, uint64_t seed,

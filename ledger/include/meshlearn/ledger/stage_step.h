@@ -54,10 +54,16 @@ struct StageContext {
   uint32_t round = 0;
   uint32_t replica = 0;
   std::vector<protocol::NodeId> chain;
-  // The row width the replica's stages tile what they send in (StageTileCols of the task's
-  // model): a record tiled otherwise is refused, as its tiles would not be the tile plan's.
+  // How the replica's stages tile what they send (TileColsOf): in rows of tile_cols floats (a
+  // GPT's n_embd: StageTileCols), or, when tile_rows > 0 (a sequential model's micro-batch
+  // samples: StageTileRows), in tile_rows rows, whatever a boundary's width. A record tiled
+  // otherwise is refused, as its tiles would not be the stage tile plan's.
   uint32_t tile_cols = 0;
+  int64_t tile_rows = 0;
   uint32_t stages() const { return static_cast<uint32_t>(chain.size()); }
+  // The row width a tensor of `floats` is tiled in: floats / tile_rows when tile_rows > 0 (0, one
+  // row, for a size it does not divide: the one-float sums), else tile_cols.
+  uint32_t TileColsOf(size_t floats) const;
   // The key of a tensor of this replica.
   protocol::StageTensorKey Key(protocol::StageTensorKind kind, uint32_t from, uint32_t to,
                                uint64_t step, int64_t micro_batch = -1) const;
@@ -90,10 +96,12 @@ Result<StageStepOutcome> RunStageStep(engine::Stage& stage, const StageContext& 
                                       const engine::Batch& batch, uint64_t dropout_seed,
                                       StageLink& link);
 
-// The row width of the tensors a task's stages exchange, as the stage's tile plan views them
-// (engine::PlanStageStepTiles): a GPT's n_embd; 0 (one row) for a model whose stages have no tile
-// plan.
+// How a task's stages tile the tensors they exchange, as the stage's tile plan views them
+// (engine::PlanStageStepTiles; StageContext's two fields). A GPT's are rows of n_embd (its tied
+// tensors too); a sequential model's are the micro-batch's samples (batch_size / micro_batches
+// rows), a width per boundary: StageTileCols 0 and StageTileRows the rows.
 uint32_t StageTileCols(const engine::ModelSpec& model);
+int64_t StageTileRows(const engine::ModelSpec& model, int64_t batch_size, int64_t micro_batches);
 
 // Raw little-endian float32 bytes: how a tensor travels and is stored as a blob (its address is
 // engine::TensorHash of the values).
@@ -102,13 +110,13 @@ Bytes StageTensorBytes(std::span<const float> values);
 std::vector<float> StageTensorFromBytes(ByteSpan bytes);
 
 // A signed record of `values` under `key`: their TensorHash and their tiled root in rows of
-// `tile_cols` floats (engine::StageTensorGrid; the sender's StageContext::tile_cols).
+// `tile_cols` floats (engine::StageTensorGrid; the sender's StageContext::TileColsOf).
 protocol::StageTransfer SignStageTensor(const protocol::StageTensorKey& key,
                                         std::span<const float> values, const KeyPair& sender,
                                         uint32_t tile_cols = 0);
 // CheckReceivedTensor and CheckReceivedTiles of `values` against `record` (both its hashes).
 Status CheckStageTensorValues(const protocol::StageTransfer& record, std::span<const float> values);
-// VerifyStageTransfer against chain[key.from_stage], the record tiled in rows of ctx.tile_cols,
+// VerifyStageTransfer against chain[key.from_stage], the record tiled as ctx.TileColsOf its size,
 // then CheckStageTensorValues.
 Status CheckStageTensor(const protocol::StageTransfer& record, std::span<const float> values,
                         const StageContext& ctx);
