@@ -1,5 +1,10 @@
 #include "meshlearn/node/secret_chain.h"
 
+#include <algorithm>
+#include <deque>
+#include <mutex>
+#include <utility>
+
 #include "meshlearn/base/check.h"
 #include "meshlearn/protocol/verification.h"
 
@@ -23,6 +28,27 @@ SecretChain::SecretChain(const Hash256& seed) {
     x = protocol::SecretCommitment(x);
     if ((i - 1) % kStride == 0) marks_[(i - 1) / kStride] = x;
   }
+}
+
+std::shared_ptr<const SecretChain> SecretChain::Shared(const Hash256& seed) {
+  static std::mutex mu;
+  static std::deque<std::pair<Hash256, std::shared_ptr<const SecretChain>>> shared;  // oldest first
+  auto find = [&]() {
+    return std::find_if(shared.begin(), shared.end(),
+                        [&](const auto& e) { return e.first == seed; });
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = find(); it != shared.end()) return it->second;
+  }
+  // Built outside the lock: another thread may build the same chain meanwhile, and the first
+  // one kept is the one shared.
+  auto chain = std::make_shared<const SecretChain>(seed);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = find(); it != shared.end()) return it->second;
+  if (shared.size() == kShared) shared.pop_front();
+  shared.emplace_back(seed, chain);
+  return chain;
 }
 
 Hash256 SecretChain::Element(uint64_t index) const {

@@ -40,6 +40,26 @@ TEST(SecretChainTest, ElementsAreTheProtocolsChain) {
   EXPECT_TRUE(protocol::CheckSecretInChain(chain.Element(3), chain.head(), 3).ok());
 }
 
+// A shared chain is its seed's chain, the same object each time the seed is asked for while it
+// is among the last kShared seeds, and built again after.
+TEST(SecretChainTest, ASharedChainIsItsSeedsChain) {
+  const Hash256 a = SecretChainSeed(KeySeed{}, 3);
+  const Hash256 b = SecretChainSeed(KeySeed{}, 4);
+  std::shared_ptr<const SecretChain> chain_a = SecretChain::Shared(a);
+  std::shared_ptr<const SecretChain> chain_b = SecretChain::Shared(b);
+  EXPECT_EQ(chain_a->head(), protocol::SecretChainElement(a, 0));
+  EXPECT_EQ(chain_b->head(), protocol::SecretChainElement(b, 0));
+  EXPECT_EQ(chain_a->Element(300), protocol::SecretChainElement(a, 300));
+  EXPECT_EQ(SecretChain::Shared(a), chain_a);
+  EXPECT_EQ(SecretChain::Shared(b), chain_b);
+  for (uint64_t epoch = 100; epoch < 100 + SecretChain::kShared; ++epoch) {
+    SecretChain::Shared(SecretChainSeed(KeySeed{}, epoch));
+  }
+  std::shared_ptr<const SecretChain> again = SecretChain::Shared(a);
+  EXPECT_NE(again, chain_a);
+  EXPECT_EQ(again->head(), chain_a->head());
+}
+
 TEST(UnitServiceTest, ServesTheManifestAndCheckpointSlices) {
   MemEnv env;
   std::string big(kMaxCheckpointSlice + 1000, '\0');
@@ -57,7 +77,9 @@ TEST(UnitServiceTest, ServesTheManifestAndCheckpointSlices) {
   const Hash256 task = Blake2b(AsBytes("task"));
   EXPECT_EQ(FetchUnitManifest(t, "solver", task, 3).status().code(), StatusCode::kNotFound);
 
-  UnitManifest m{.task_id = task, .index = 3, .leaves = {Blake2b(AsBytes("a")), Blake2b(AsBytes("b"))},
+  UnitManifest m{.task_id = task,
+                 .index = 3,
+                 .leaves = {Blake2b(AsBytes("a")), Blake2b(AsBytes("b"))},
                  .checkpoints = {{.step = 2, .size = big.size()}}};
   service.Publish(m, {"/u/ckpt-2.safetensors"});
   Result<UnitManifest> got = FetchUnitManifest(t, "solver", task, 3);
@@ -275,13 +297,15 @@ TEST_P(CheatingSolverTest, IsCaughtSlashedAndNeverPaid) {
   EXPECT_GE(sim.agent(0)->stats().units_completed, 2u);
   if (adv == Adversary::kCopy) {
     bool copied = false;
-    for (const std::string& l : logs) copied |= l.find("copying another solver") != std::string::npos;
+    for (const std::string& l : logs)
+      copied |= l.find("copying another solver") != std::string::npos;
     EXPECT_TRUE(copied);
   }
   ExpectNeverSlashed(sim, {1, 2, 3});
   Result<GlobalState> st = sim.FinalState();
   ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml))) << AdversaryName(adv);
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&f.env, f.toml)))
+      << AdversaryName(adv);
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 

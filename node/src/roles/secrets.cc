@@ -1,7 +1,7 @@
 #include "secrets.h"
 
-#include "meshlearn/protocol/verification.h"
 #include "journal.h"
+#include "meshlearn/protocol/verification.h"
 #include "records.h"
 
 namespace meshlearn::node {
@@ -27,11 +27,12 @@ Status SolverSecrets::Load() {
   if (chain_) return Status::Ok();
   const std::string path = JoinPath(node_->options().data_dir, "secret_chain.json");
   if (!node_->env()->FileExists(path)) {
-    return NotFound(path + " does not exist: this node has no secret chain (it registered from "
+    return NotFound(path +
+                    " does not exist: this node has no secret chain (it registered from "
                     "another data dir?); leave and rejoin (`meshlearn node run --rejoin`)");
   }
   ML_ASSIGN_OR_RETURN(uint64_t epoch, ReadEpoch(node_->env(), path));
-  chain_ = std::make_unique<SecretChain>(SecretChainSeed(node_->key().seed(), epoch));
+  chain_ = SecretChain::Shared(SecretChainSeed(node_->key().seed(), epoch));
   return Status::Ok();
 }
 
@@ -45,7 +46,7 @@ Result<Hash256> SolverSecrets::NewEpoch() {
   ++e.epoch;
   ML_RETURN_IF_ERROR(env->CreateDirs(node_->options().data_dir, 0700));
   ML_RETURN_IF_ERROR(env->WriteFileAtomic(path, journal::EncodeJournal(e), 0600));
-  chain_ = std::make_unique<SecretChain>(SecretChainSeed(node_->key().seed(), e.epoch));
+  chain_ = SecretChain::Shared(SecretChainSeed(node_->key().seed(), e.epoch));
   return chain_->head();
 }
 

@@ -28,7 +28,7 @@ class SolverSecrets {
 
  private:
   NodeContext* node_;
-  std::unique_ptr<SecretChain> chain_;
+  std::shared_ptr<const SecretChain> chain_;  // SecretChain::Shared
 };
 
 }  // namespace meshlearn::node

@@ -14,10 +14,11 @@
 //
 // Element(i) equals protocol::SecretChainElement(seed, i), which costs kSecretChainLength - i
 // hashes; the chain keeps every kStride-th element, so an element costs at most kStride - 1.
-// Thread-compatible.
+// Thread-compatible; Shared is thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "meshlearn/base/hash.h"
@@ -33,6 +34,13 @@ class SecretChain {
   static constexpr uint64_t kStride = 256;
 
   explicit SecretChain(const Hash256& seed);
+
+  // The chain of `seed`, built once per process and shared (thread-safe): a node restarted in
+  // the same process (the simulations: chaos_test.cc restarts nodes hundreds of times) loads its
+  // chain again at each restart, and its kSecretChainLength hashes were most of such a restart's
+  // CPU time. Keeps the kShared chains last asked for (8 KiB each).
+  static constexpr size_t kShared = 64;
+  static std::shared_ptr<const SecretChain> Shared(const Hash256& seed);
 
   const Hash256& head() const { return marks_.front(); }
   // x_index. REQUIRES: index <= protocol::kSecretChainLength.
