@@ -12,11 +12,13 @@
 //
 // Verification (docs/verification.md) is on: every solver node is also a verifier (a node never
 // verifies its own units) and --verifiers N adds verifier-only nodes; the devnet process runs
-// the referee (node/referee.h) with the sequencer's key, which genesis names as the referee.
+// the referee (node/referee.h) with the sequencer's key, which genesis names as the referee
+// (--no-referee-service: none runs, and the dispute parties' own witnesses rule).
 // --adversary ROLE:MODE makes a node cheat (node.toml `adversary`): solver modes go to the last
 // solver nodes (the first flag to the last solver), verifier modes to the last verifier-only
 // nodes, then to the last honest solvers. The report says what verification did: checks settled
-// per result, disputes ruled, who was slashed and how much, what every node earned.
+// per result, the rulings the ledger executed (read from the chain, whoever sent them), who was
+// slashed and how much, what every node earned.
 //
 // --sequencers N (N >= 2) runs a replicated sequencer (docs/operators.md, "Running a replicated
 // chain") instead of one `chain serve`: a 3-member etcd on loopback (ledger/etcd_local.h) and N
@@ -1024,9 +1026,12 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
                   a.task, task.net.rounds, task.net.units_per_round, task.net.inner_steps,
                   pipeline_text, a.solvers,
                   a.verifiers > 0 ? fmt::format(" + {} verifiers", a.verifiers) : "",
-                  a.verification ? "on (the ledger rules disputes from witnesses; the devnet's "
-                                   "sequencer key referees those it cannot)"
-                                 : "off"));
+                  !a.verification ? "off"
+                  : a.referee_service
+                      ? "on (the ledger rules disputes from witnesses; the devnet's sequencer key "
+                        "referees those it cannot)"
+                      : "on (the ledger rules disputes from the parties' witnesses; no referee "
+                        "service: --no-referee-service)"));
   if (memory_limit > 0) {
     say(fmt::format("memory: the solvers{} offer {} bytes each to training (--memory-limit); "
                     "node{} (no limit) aggregates",
@@ -1587,10 +1592,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         {"stage_node_peak_rss_bytes", {{"min", stage_peak_min}, {"max", stage_peak_max}}}};
   }
   if (a.verification) {
-    // What the ledger ruled, from the chain itself: a party may post a ruling before the referee
-    // service does (permissionless), and then the service's own attempt is refused.
-    ML_ASSIGN_OR_RETURN(json rulings, RulingsOnChain(rpc, gen, seq.public_key(), node_ids));
-    // The referee service's own attempts, refused ones included, so that none is hidden.
+    // The referee service's own attempts, refused ones included, so that none is hidden. Read
+    // before the chain's rulings below: the service still runs, and an attempt it has seen
+    // executed is then in a block that the later read of the chain holds.
     json attempts = json::array();
     for (const node::RefereeRecord& r :
          referee ? referee->rulings() : std::vector<node::RefereeRecord>{}) {
@@ -1615,6 +1619,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
            {"executed", r.ok},
            {"error", r.error}});
     }
+    // What the ledger ruled, from the chain itself: a party may post a ruling before the referee
+    // service does (permissionless), and then the service's own attempt is refused.
+    ML_ASSIGN_OR_RETURN(json rulings, RulingsOnChain(rpc, gen, seq.public_key(), node_ids));
     json checks = SettledChecks(final_task);
     (*report)["verification"] = {
         {"enabled", true},
@@ -1791,7 +1798,8 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
                   "Verifier-only nodes to add (every solver node verifies too)")
       ->capture_default_str();
   cmd->add_flag("--verification,!--no-verification", a.verification,
-                "Check committed units, with disputes refereed by this process (default on)");
+                "Check committed units, their disputes ruled from witnesses and by this "
+                "process's referee service (default on)");
   cmd->add_flag("--referee-service,!--no-referee-service", a.referee_service,
                 "Run the referee service with the sequencer's key (default on); without it the "
                 "dispute parties' own witnesses rule, and a dispute only the genesis key can "
@@ -1944,9 +1952,11 @@ void PrintReport(GlobalOptions& g, const json& report) {
       }
       for (const json& r : v.value("referee_attempts", json::array())) {
         if (r.value("executed", false)) continue;  // listed above, with the ledger's rulings
+        // `error` is the ledger's refusal of an included attempt; one not yet included has none.
         std::cout << fmt::format("  the referee service's {} on unit {} was not executed: {}\n",
                                  r["tx"].get<std::string>(), r["unit"].get<uint32_t>(),
-                                 r.value("error", std::string("not included yet")));
+                                 r.value("included", false) ? r.value("error", std::string())
+                                                            : std::string("not included yet"));
       }
       for (const json& n : report["nodes"]) {
         const std::string adv = n.value("adversary", "");

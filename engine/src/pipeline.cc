@@ -10,12 +10,24 @@
 
 namespace meshlearn::engine {
 
+namespace {
+
+// A step of `batch` samples runs as `micro_batches` micro-batches of batch / M samples each: the
+// one check of M that every function here taking it makes.
+Status CheckMicroBatches(int64_t batch, int64_t micro_batches) {
+  if (micro_batches < 1 || batch % micro_batches != 0) {
+    return InvalidArgument("micro_batches (" + std::to_string(micro_batches) +
+                           ") must be >= 1 and divide the batch size (" + std::to_string(batch) +
+                           ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::vector<Batch>> SplitBatch(const Batch& batch, int64_t micro_batches) {
   const int64_t B = batch.size;
-  if (micro_batches < 1 || B % micro_batches != 0) {
-    return InvalidArgument("micro_batches (" + std::to_string(micro_batches) +
-                           ") must be >= 1 and divide the batch size (" + std::to_string(B) + ")");
-  }
+  ML_RETURN_IF_ERROR(CheckMicroBatches(B, micro_batches));
   const int64_t b = B / micro_batches;
   std::vector<Batch> out;
   out.reserve(static_cast<size_t>(micro_batches));
@@ -116,11 +128,7 @@ Result<std::vector<StageCost>> CutCosts(const ModelSpec& spec, const OptimizerSp
                                         int64_t micro_batches) {
   ML_ASSIGN_OR_RETURN(std::vector<LayerCost> layers, LayerCosts(spec, seq_len));
   ML_ASSIGN_OR_RETURN(PipelineCut checked, MakeCut(spec, cut.bounds));
-  if (micro_batches < 1 || batch % micro_batches != 0) {
-    return InvalidArgument("micro_batches (" + std::to_string(micro_batches) +
-                           ") must be >= 1 and divide the batch size (" + std::to_string(batch) +
-                           ")");
-  }
+  ML_RETURN_IF_ERROR(CheckMicroBatches(batch, micro_batches));
   std::vector<StageCost> out;
   for (int s = 0; s < checked.stages(); ++s) {
     out.push_back(PipeStageCost(spec, optimizer, layers, checked.bounds[s], checked.bounds[s + 1],
@@ -133,11 +141,7 @@ Result<std::vector<uint64_t>> CutBoundaryBytes(const ModelSpec& spec, const Pipe
                                                int64_t batch, int64_t seq_len,
                                                int64_t micro_batches) {
   ML_ASSIGN_OR_RETURN(PipelineCut checked, MakeCut(spec, cut.bounds));
-  if (micro_batches < 1 || batch % micro_batches != 0) {
-    return InvalidArgument("micro_batches (" + std::to_string(micro_batches) +
-                           ") must be >= 1 and divide the batch size (" + std::to_string(batch) +
-                           ")");
-  }
+  ML_RETURN_IF_ERROR(CheckMicroBatches(batch, micro_batches));
   std::vector<uint64_t> out;
   for (int s = 1; s < checked.stages(); ++s) {
     ML_ASSIGN_OR_RETURN(int64_t floats,
@@ -157,11 +161,7 @@ Result<PipelineCut> ChooseCut(const ModelSpec& spec, const OptimizerSpec& optimi
                            " of the model: every stage holds at least one; use fewer stages or "
                            "a deeper model");
   }
-  if (micro_batches < 1 || batch % micro_batches != 0) {
-    return InvalidArgument("micro_batches (" + std::to_string(micro_batches) +
-                           ") must be >= 1 and divide the batch size (" + std::to_string(batch) +
-                           ")");
-  }
+  ML_RETURN_IF_ERROR(CheckMicroBatches(batch, micro_batches));
   ML_ASSIGN_OR_RETURN(std::vector<LayerCost> layers, LayerCosts(spec, seq_len));
   // Integer keys: FLOPs, then bytes (rounded up; the byte estimates are integers anyway).
   auto flops = [&](int64_t a, int64_t b) {
