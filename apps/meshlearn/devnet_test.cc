@@ -468,6 +468,13 @@ TEST_P(DevnetCheater, IsSlashedUnpaidAndTheModelIsTheHonestOne) {
     }
     EXPECT_EQ(listed, 1) << attempt.dump() << v.dump(2);
   }
+  // Whoever sent it, every ruling the chain executed was on the cheater's work and for the
+  // challenger (an honest verifier): no honest node is ever ruled against.
+  const std::string cheater_id = v["adversaries"][0]["node"].get<std::string>();
+  for (const json& d : v["disputes_ruled"]) {
+    EXPECT_EQ(d["defender"], cheater_id) << d.dump();
+    EXPECT_EQ(d["for"], "challenger") << d.dump();
+  }
   for (const json& n : rep["nodes"]) {
     if (n["solver"].get<int>() == cheater) {
       EXPECT_EQ(n["status"], "jailed") << n.dump(2);

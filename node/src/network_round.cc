@@ -49,8 +49,8 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
                             {"batch_size", &params.batch_size}}) {
     const uint64_t v = p.value(key, uint64_t{field == &params.stages ? 1u : 0u});
     if (v > UINT32_MAX) {
-      return InvalidArgument(std::string("the ledger's params.") + key + " = " +
-                             std::to_string(v) + " does not fit 32 bits");
+      return InvalidArgument(std::string("the ledger's params.") + key + " = " + std::to_string(v) +
+                             " does not fit 32 bits");
     }
     *field = static_cast<uint32_t>(v);
   }
@@ -69,8 +69,8 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
     }
   }
   if (p.contains("data_root") && p["data_root"].is_string()) {
-    ML_ASSIGN_OR_RETURN(params.data_root, Hash256::FromHex(p["data_root"].get<std::string>(),
-                                                           "params.data_root"));
+    ML_ASSIGN_OR_RETURN(params.data_root,
+                        Hash256::FromHex(p["data_root"].get<std::string>(), "params.data_root"));
   }
   return CheckBundleMatchesLedger(facts, net, params);
 }
@@ -83,15 +83,16 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
     uint64_t want;  // the bundle's
     uint64_t got;   // the ledger's
   };
-  const Field fields[] = {{"stages", bundle.stages, p.stages},
-                          {"rounds", bundle.rounds, p.rounds},
-                          {"units_per_round", bundle.units_per_round, p.units_per_round},
-                          {"inner_steps", bundle.inner_steps, p.inner_steps},
-                          {"checkpoint_interval", bundle.checkpoint_interval, p.checkpoint_interval},
-                          {"batch_size", bundle.batch_size, p.batch_size},
-                          {"num_examples", bundle.num_examples, p.num_examples},
-                          {"seed", bundle.seed, p.seed},
-                          {"model_bytes", bundle.model_bytes, p.model_bytes}};
+  const Field fields[] = {
+      {"stages", bundle.stages, p.stages},
+      {"rounds", bundle.rounds, p.rounds},
+      {"units_per_round", bundle.units_per_round, p.units_per_round},
+      {"inner_steps", bundle.inner_steps, p.inner_steps},
+      {"checkpoint_interval", bundle.checkpoint_interval, p.checkpoint_interval},
+      {"batch_size", bundle.batch_size, p.batch_size},
+      {"num_examples", bundle.num_examples, p.num_examples},
+      {"seed", bundle.seed, p.seed},
+      {"model_bytes", bundle.model_bytes, p.model_bytes}};
   for (const auto& [key, want, got] : fields) {
     if (got != want) {
       return InvalidArgument(std::string("the task bundle says ") + key + " = " +
@@ -111,22 +112,38 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
         std::to_string(p.memory_bytes) +
         "; the submitter published an inconsistent task, refusing it");
   }
-  // What a pipeline's step moves across each stage boundary: the ledger pairs the stages' nodes
-  // by it, so a task that declared other bytes than its cut moves was placed by a wrong cost.
-  if (p.stage_boundary_bytes != bundle.stage_boundary_bytes) {
-    auto list = [](const std::vector<uint64_t>& v) {
-      std::string out = "[";
-      for (size_t i = 0; i < v.size(); ++i) out += (i == 0 ? "" : ", ") + std::to_string(v[i]);
-      return out + "]";
-    };
-    return InvalidArgument(
-        "the task bundle's pipeline moves stage_boundary_bytes = " +
-        list(bundle.stage_boundary_bytes) +
-        " a step across its stage boundaries (engine::CutBoundaryBytes of its cut; none when "
-        "network.stages and network.cut do not cut its model) but the ledger's "
-        "params.stage_boundary_bytes = " +
-        list(p.stage_boundary_bytes) +
-        "; the submitter published an inconsistent task, refusing it");
+  // A pipeline's terms from its cut (StageTermsOf): the ledger places the stages by their memory
+  // and FLOPs and pairs their nodes by the bytes a step moves across each boundary, so a task
+  // that declared other terms than its cut gives was placed by needs no node of it computes (a
+  // stage on a node too small for it, or links weighed by a wrong cost).
+  auto list = [](const std::vector<uint64_t>& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i == 0 ? "" : ", ") + std::to_string(v[i]);
+    return out + "]";
+  };
+  struct ListField {
+    const char* key;
+    const char* what;
+    const std::vector<uint64_t>& want;  // the bundle's
+    const std::vector<uint64_t>& got;   // the ledger's
+  };
+  const ListField lists[] = {
+      {"stage_memory_bytes", "needs per stage (engine::CutCosts of its cut)",
+       bundle.stage_memory_bytes, p.stage_memory_bytes},
+      {"stage_flops", "trains per stage a step (engine::CutCosts of its cut)", bundle.stage_flops,
+       p.stage_flops},
+      {"stage_boundary_bytes",
+       "moves a step across its stage boundaries (engine::CutBoundaryBytes of its cut)",
+       bundle.stage_boundary_bytes, p.stage_boundary_bytes}};
+  for (const ListField& f : lists) {
+    if (f.got != f.want) {
+      return InvalidArgument(std::string("the task bundle's pipeline ") + f.what + ": " + f.key +
+                             " = " + list(f.want) +
+                             " (none when network.stages and network.cut do not cut its model) "
+                             "but the ledger's params." +
+                             f.key + " = " + list(f.got) +
+                             "; the submitter published an inconsistent task, refusing it");
+    }
   }
   // The data root: the ledger checks a disputed step's examples against it (RefereeStepTx), so
   // work on data that does not give it could never be refereed. Zero: none declared.
@@ -142,11 +159,10 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
         "; refusing it");
   }
   if (!p.data_root.IsZero() && p.data_page_tokens != facts.data_page_tokens) {
-    return InvalidArgument("the ledger's params.data_page_tokens = " +
-                           std::to_string(p.data_page_tokens) + " but the bundle's data gives " +
-                           std::to_string(facts.data_page_tokens) +
-                           (facts.data_page_tokens != 0 ? " (a token task)" : " (examples)") +
-                           "; refusing it");
+    return InvalidArgument(
+        "the ledger's params.data_page_tokens = " + std::to_string(p.data_page_tokens) +
+        " but the bundle's data gives " + std::to_string(facts.data_page_tokens) +
+        (facts.data_page_tokens != 0 ? " (a token task)" : " (examples)") + "; refusing it");
   }
   return Status::Ok();
 }

@@ -1796,7 +1796,13 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
   const uint64_t samples = UnitSamples(*trainer, net);
 
   ledger::TaskParams params = MakeTaskParams(facts, net, StateBlobId(state));
+  // The facts carry the cut's terms (StageTermsOf), so MakeTaskParams alone gives them, and
+  // AddPipelineTerms (which names a cut that cannot be made) gives the same.
+  const ledger::TaskParams from_facts = params;
   ASSERT_TRUE(AddPipelineTerms(t, net, &params).ok());
+  EXPECT_EQ(from_facts.stage_memory_bytes, params.stage_memory_bytes);
+  EXPECT_EQ(from_facts.stage_flops, params.stage_flops);
+  EXPECT_EQ(from_facts.stage_boundary_bytes, params.stage_boundary_bytes);
   ASSERT_EQ(params.stages, 3u);
   ASSERT_EQ(params.units_per_round, 6u);
   ASSERT_EQ(params.stage_memory_bytes.size(), 3u);
@@ -1849,6 +1855,23 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
                                        std::to_string((*boundary)[1] + 4) + "]"),
             std::string::npos)
       << wrong_bytes.ToString();
+  // Placed by other per-stage needs than the cut's: a stage on a node too small for it.
+  ledger::TaskParams other_memory = params;
+  other_memory.stage_memory_bytes[2] /= 2;
+  Status wrong_memory = CheckBundleMatchesLedger(facts, net, other_memory);
+  EXPECT_NE(wrong_memory.message().find("the ledger's params.stage_memory_bytes = [" +
+                                        std::to_string(params.stage_memory_bytes[0]) + ", " +
+                                        std::to_string(params.stage_memory_bytes[1]) + ", " +
+                                        std::to_string(params.stage_memory_bytes[2] / 2) + "]"),
+            std::string::npos)
+      << wrong_memory.ToString();
+  ledger::TaskParams other_flops = params;
+  other_flops.stage_flops[0] += 1;
+  Status wrong_flops = CheckBundleMatchesLedger(facts, net, other_flops);
+  EXPECT_NE(wrong_flops.message().find("params.stage_flops = [" +
+                                       std::to_string(params.stage_flops[0] + 1) + ", "),
+            std::string::npos)
+      << wrong_flops.ToString();
   ledger::TaskParams unstaged = params;
   unstaged.stages = 1;
   Status mismatch = CheckBundleMatchesLedger(facts, net, unstaged);

@@ -187,20 +187,31 @@ Result<uint64_t> UnitMemoryBytes(const engine::TaskSpec& task) {
   return NeedBytes(costs.at(0));
 }
 
-Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
-                        ledger::TaskParams* params) {
-  if (net.stages <= 1) return Status::Ok();
+Result<StageTerms> StageTermsOf(const engine::TaskSpec& task, const NetworkSpec& net) {
+  StageTerms terms;
+  if (net.stages <= 1) return terms;
   ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
                       engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut));
   ML_ASSIGN_OR_RETURN(std::vector<engine::StageCost> costs,
                       engine::CutCosts(task.model, task.optimizer, cut, task.batch_size,
                                        task.seq_len, task.micro_batches));
-  params->stage_memory_bytes.clear();
-  params->stage_flops.clear();
   for (const engine::StageCost& c : costs) {
-    params->stage_memory_bytes.push_back(NeedBytes(c));
-    params->stage_flops.push_back(c.flops);
+    terms.memory_bytes.push_back(NeedBytes(c));
+    terms.flops.push_back(c.flops);
   }
+  ML_ASSIGN_OR_RETURN(
+      terms.boundary_bytes,
+      engine::CutBoundaryBytes(task.model, cut, task.batch_size, task.seq_len, task.micro_batches));
+  return terms;
+}
+
+Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
+                        ledger::TaskParams* params) {
+  if (net.stages <= 1) return Status::Ok();
+  ML_ASSIGN_OR_RETURN(StageTerms terms, StageTermsOf(task, net));
+  params->stage_memory_bytes = std::move(terms.memory_bytes);
+  params->stage_flops = std::move(terms.flops);
+  params->stage_boundary_bytes = std::move(terms.boundary_bytes);
   return Status::Ok();
 }
 

@@ -16,7 +16,8 @@ namespace {
 
 std::string_view Trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -118,8 +119,8 @@ Result<std::string> RewriteDataPaths(
   ML_RETURN_IF_ERROR(twice);
   for (size_t i = 0; i < replacements.size(); ++i) {
     if (!done[i]) {
-      return InvalidArgument("could not find data." + replacements[i].first +
-                             " as a line `" + replacements[i].first +
+      return InvalidArgument("could not find data." + replacements[i].first + " as a line `" +
+                             replacements[i].first +
                              " = \"...\"` inside the [data] table; write it that way");
     }
   }
@@ -203,8 +204,9 @@ Result<std::vector<std::pair<std::string, net::BlobId>>> BundleDataBlobs(std::st
     std::string* path = DataField(spec.data, key);
     std::string_view v = path ? std::string_view(*path) : std::string_view();
     if (!v.starts_with(kBlobPathPrefix)) {
-      return InvalidArgument("task bundle: data." + key + " is \"" + std::string(v.substr(0, 80)) +
-                             "\", expected \"blob:<64 hex digits>\" (bundles name data by blob id)");
+      return InvalidArgument(
+          "task bundle: data." + key + " is \"" + std::string(v.substr(0, 80)) +
+          "\", expected \"blob:<64 hex digits>\" (bundles name data by blob id)");
     }
     Result<net::BlobId> id = net::BlobId::FromHex(v.substr(std::strlen(kBlobPathPrefix)));
     if (!id.ok()) return id.status().WithPrefix("task bundle: data." + key);
@@ -262,17 +264,13 @@ Result<TaskFacts> ComputeTaskFacts(const engine::TaskSpec& task, const engine::T
   // referee's deadline rather than be ruled by the genesis key.
   f.data_root = TaskDataRoot(data);
   if (data.tokens) f.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
-  if (net.stages > 1) {
-    // A cut that cannot be made leaves the list empty rather than failing here: the facts of
-    // such a bundle are still computed (a node logs and refuses the task by them, a trainer's
-    // caller must not crash on a submitter's bad table), and AddPipelineTerms names the fault.
-    Result<engine::PipelineCut> cut =
-        engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut);
-    if (cut.ok()) {
-      Result<std::vector<uint64_t>> bytes = engine::CutBoundaryBytes(
-          task.model, *cut, task.batch_size, task.seq_len, task.micro_batches);
-      if (bytes.ok()) f.stage_boundary_bytes = std::move(*bytes);
-    }
+  // A cut that cannot be made leaves the lists empty rather than failing here: the facts of such
+  // a bundle are still computed (a node logs and refuses the task by them, a trainer's caller
+  // must not crash on a submitter's bad table), and AddPipelineTerms names the fault.
+  if (Result<StageTerms> terms = StageTermsOf(task, net); terms.ok()) {
+    f.stage_memory_bytes = std::move(terms->memory_bytes);
+    f.stage_flops = std::move(terms->flops);
+    f.stage_boundary_bytes = std::move(terms->boundary_bytes);
   }
   return f;
 }
@@ -280,28 +278,29 @@ Result<TaskFacts> ComputeTaskFacts(const engine::TaskSpec& task, const engine::T
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
                                   const Hash256& initial_state) {
   // A pipeline task's units are its replicas' stages (docs/protocol.md, "Pipeline stage units");
-  // the per-stage needs come from its cut (AddPipelineTerms, stage_unit.h), and what crosses its
-  // boundaries from the facts (a node compares them: CheckBundleMatchesLedger).
+  // the per-stage needs and what crosses its boundaries come from its cut, in the facts
+  // (StageTermsOf, stage_unit.h; a node compares them: CheckBundleMatchesLedger).
   const uint32_t stages = std::max<uint32_t>(net.stages, 1);
-  return ledger::TaskParams{
-      .rounds = net.rounds,
-      .units_per_round = net.units_per_round * stages,
-      .inner_steps = net.inner_steps,
-      .batch_size = facts.batch_size,
-      .checkpoint_interval = net.checkpoint_interval,
-      .flops_per_sample = facts.flops_per_sample,
-      .model_bytes = facts.model_bytes,
-      .memory_bytes = facts.memory_bytes,
-      .num_examples = facts.num_examples,
-      .seed = facts.seed,
-      .initial_state = initial_state,
-      .verification_window_blocks = net.verification_window_blocks,
-      .data_root = facts.data_root,
-      .assurance = static_cast<uint8_t>(net.assurance.kind),
-      .target_escape_ppm = net.assurance.target_escape_ppm,
-      .stages = stages,
-      .stage_boundary_bytes = facts.stage_boundary_bytes,
-      .data_page_tokens = facts.data_page_tokens};
+  return ledger::TaskParams{.rounds = net.rounds,
+                            .units_per_round = net.units_per_round * stages,
+                            .inner_steps = net.inner_steps,
+                            .batch_size = facts.batch_size,
+                            .checkpoint_interval = net.checkpoint_interval,
+                            .flops_per_sample = facts.flops_per_sample,
+                            .model_bytes = facts.model_bytes,
+                            .memory_bytes = facts.memory_bytes,
+                            .num_examples = facts.num_examples,
+                            .seed = facts.seed,
+                            .initial_state = initial_state,
+                            .verification_window_blocks = net.verification_window_blocks,
+                            .data_root = facts.data_root,
+                            .assurance = static_cast<uint8_t>(net.assurance.kind),
+                            .target_escape_ppm = net.assurance.target_escape_ppm,
+                            .stages = stages,
+                            .stage_memory_bytes = facts.stage_memory_bytes,
+                            .stage_flops = facts.stage_flops,
+                            .stage_boundary_bytes = facts.stage_boundary_bytes,
+                            .data_page_tokens = facts.data_page_tokens};
 }
 
 }  // namespace meshlearn::node

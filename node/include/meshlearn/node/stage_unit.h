@@ -95,11 +95,24 @@ Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
 
 // ---- The ledger's terms of a pipeline task.
 
-// For net.stages > 1: per stage its memory (engine::CutCosts total bytes, rounded up) and
-// training FLOPs of one step, for the cut engine::TaskPipelineCut chooses or checks, into
-// params' stage_memory_bytes and stage_flops (MakeTaskParams already set stages and
-// units_per_round = replicas x stages). Nothing changes for S = 1. Errors are TaskPipelineCut's
-// (naming network.stages or network.cut).
+// A pipeline task's terms, for the cut engine::TaskPipelineCut chooses or checks: per stage its
+// memory (engine::CutCosts total bytes, rounded up) and training FLOPs of one step, and per
+// boundary the bytes a step moves across it (engine::CutBoundaryBytes). The one derivation of
+// TaskFacts' (ComputeTaskFacts) and so of the ledger's (MakeTaskParams) and of what a node
+// compares them with (CheckBundleMatchesLedger).
+struct StageTerms {
+  std::vector<uint64_t> memory_bytes;    // per stage
+  std::vector<uint64_t> flops;           // per stage
+  std::vector<uint64_t> boundary_bytes;  // per boundary s|s+1
+};
+// For net.stages > 1; empty lists for one stage. Errors are TaskPipelineCut's (naming
+// network.stages or network.cut) and the cut's costs'.
+Result<StageTerms> StageTermsOf(const engine::TaskSpec& task, const NetworkSpec& net);
+
+// StageTermsOf into params' stage_memory_bytes, stage_flops and stage_boundary_bytes
+// (MakeTaskParams already set stages and units_per_round = replicas x stages, and the lists when
+// the cut could be made): what `task submit` calls so that a cut that cannot be made is named to
+// the submitter. Nothing changes for S = 1.
 Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
                         ledger::TaskParams* params);
 

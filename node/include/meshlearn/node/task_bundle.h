@@ -73,8 +73,8 @@ Result<TaskBundle> MakeBundle(Env* env, const std::string& task_path, net::BlobS
 
 // Replaces the values of `replacements` (key -> new string value) inside the [data] table of
 // `toml`. Errors if a key is not found there. Pure (tests use it directly).
-Result<std::string> RewriteDataPaths(std::string_view toml,
-                                     const std::vector<std::pair<std::string, std::string>>& replacements);
+Result<std::string> RewriteDataPaths(
+    std::string_view toml, const std::vector<std::pair<std::string, std::string>>& replacements);
 
 // A corpus task's [data] (root, files, data_root: engine/corpus.h) as a one-file text task whose
 // path is `path`: the `files` line becomes `path = "<path>"`, the root and data_root lines go.
@@ -111,8 +111,8 @@ TaskFacts ComputeTaskFacts(const engine::Trainer& trainer, const NetworkSpec& ne
 // facts.data_root (always declared: a verifying chain refuses an exact-mode task without one);
 // checkpoint_interval = net.checkpoint_interval, whose default (inner_steps) NetworkSpec::
 // FromConfig decided; memory_bytes = facts.memory_bytes (UnitMemoryBytes: what a whole unit
-// needs); stage_boundary_bytes = facts.stage_boundary_bytes (a pipeline's: engine::
-// CutBoundaryBytes; its per-stage needs are AddPipelineTerms'). The tolerance thresholds are
+// needs); a pipeline's stage_memory_bytes, stage_flops and stage_boundary_bytes from the facts'
+// (StageTermsOf of its cut). The tolerance thresholds are
 // left 0: `task submit` profiles them.
 ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net,
                                   const Hash256& initial_state);

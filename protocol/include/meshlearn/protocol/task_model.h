@@ -108,14 +108,14 @@ struct NetworkSpec {
 // table (node::ComputeTaskFacts computes them from a trainer; the ledger's TaskParams carry them).
 struct TaskFacts {
   uint64_t num_params = 0;
-  uint64_t model_bytes = 0;        // 4 x num_params
+  uint64_t model_bytes = 0;  // 4 x num_params
   // What a node needs to train one whole (unsplit) unit: node::UnitMemoryBytes, engine::CutCosts
   // of the whole model as one stage at the task's batch, seq_len and micro_batches (weights,
   // gradients, optimizer moments, activations). TaskParams::memory_bytes, which the ledger's
   // scheduler places units by (protocol::RequiredMemoryBytes) and the node refuses units by.
   uint64_t memory_bytes = 0;
-  uint64_t flops_per_sample = 0;   // node::EstimateFlopsPerSample
-  uint64_t num_examples = 0;       // training examples (token windows: tokens)
+  uint64_t flops_per_sample = 0;  // node::EstimateFlopsPerSample
+  uint64_t num_examples = 0;      // training examples (token windows: tokens)
   uint32_t batch_size = 0;
   uint64_t seed = 0;
   // The id the unit streams are derived from: engine::TaskContentId of the task, a hash of its
@@ -125,17 +125,20 @@ struct TaskFacts {
   Hash256 content_id;
   // The Merkle root over the training examples (engine::DataTree, node/step_witness.h
   // TaskDataRoot): TaskParams::data_root, which lets the ledger execute a disputed step itself.
-  // Zero for a classification model whose witnesses would not fit a transaction
-  // (StepWitnessBound > ledger::kMaxWitnessBytes: about 650,000 parameters with AdamW); the
-  // genesis referee rules those. A token task: the root over its train stream's pages
+  // Declared for every task, whatever its model's size (a verifying chain refuses an exact-mode
+  // task without one). A token task: the root over its train stream's pages
   // (engine::TokenPageTree), which proves the tokens a disputed tile reads, with
   // data_page_tokens = engine::kTokenPageTokens. Computing it hashes the training set once.
   Hash256 data_root;
   uint32_t data_page_tokens = 0;  // TaskParams::data_page_tokens
-  // A pipeline task (stages > 1): the bytes a step moves across each boundary of its cut
-  // (engine::CutBoundaryBytes; TaskParams::stage_boundary_bytes, the link cost the ledger pairs
+  // A pipeline task (stages > 1), from its cut (node::StageTermsOf): per stage, the memory a
+  // node needs to run it and its training FLOPs of one step (TaskParams::stage_memory_bytes and
+  // stage_flops, which the ledger places stages by), and the bytes a step moves across each
+  // boundary (engine::CutBoundaryBytes; TaskParams::stage_boundary_bytes, the link cost it pairs
   // the stages' nodes by). Empty for one stage, and for a cut the [network] table cannot make
   // (node::AddPipelineTerms then names the fault to the submitter, and a node refuses the task).
+  std::vector<uint64_t> stage_memory_bytes;
+  std::vector<uint64_t> stage_flops;
   std::vector<uint64_t> stage_boundary_bytes;
 };
 
