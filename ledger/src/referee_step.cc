@@ -267,8 +267,9 @@ bool UnservedStageClaim(const TaskParams& p, const MismatchClaimField& claim) {
 
 bool MismatchNeedsBundle(const TaskParams& p, uint32_t index, const MismatchClaimField& claim) {
   if (!IsPipelineTask(p)) return DisputeNeedsBundle(p);
-  return !p.data_root.IsZero() && p.tolerance_rel_l2_ppm == 0 && p.tolerance_cosine_gap_ppb == 0 &&
-         !LedgerRulesStageStep(p, StageSlotOf(p, index).stage) && !UnservedStageClaim(p, claim);
+  return p.data_page_tokens != 0 && !p.data_root.IsZero() && p.tolerance_rel_l2_ppm == 0 &&
+         p.tolerance_cosine_gap_ppb == 0 && !LedgerRulesStageStep(p, StageSlotOf(p, index).stage) &&
+         !UnservedStageClaim(p, claim);
 }
 
 Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,

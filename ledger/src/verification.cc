@@ -1260,8 +1260,9 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               "itself; send RefereeStep with the step's witness");
   }
   // Left to the genesis key: tolerance mode (a segment), a stage over the stage witness bound
-  // played over whole steps (a stage claimed to have served nothing: UnservedStageClaim; any other
-  // carried the bundle), and a token task whose plan the tile phase does not serve (its mismatch
+  // played over whole steps (a sequential model's stage whose mismatch came without the bundle, or
+  // a stage claimed to have served nothing: UnservedStageClaim; a GPT stage's other mismatches
+  // carried it), and a token task whose plan the tile phase does not serve (its mismatch
   // carried the bundle, MismatchNeedsBundle, so a whole-step game of a token task with a data root
   // means TileContextOf refused the task's own bundle: no such plan today, since micro-batched
   // steps are planned too). No exact-mode task without a data root reaches here: a verifying

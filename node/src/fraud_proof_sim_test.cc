@@ -186,8 +186,10 @@ TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
 // the rounds again without the jailed poisoner and the task finishes with the honest
 // reference's weights, bit for bit: the final model holds none of its work, and it keeps no
 // pay for it. Over seeds whose poisoner escapes every check while the task runs (above): 1, 4,
-// 10 and 16 since the task terms gained the engine's memory need (params.memory_bytes: every
-// beacon moved, and 2 and 17 caught their poisoner); were 2, 10, 12 and 17, and 3, 4, 8 and 11
+// 12 and 16 since the task terms gained the stages' boundary bytes (params.stage_boundary_bytes:
+// every beacon moved; 10 now catches its poisoner, and 2, 14, 17, 18 and 20 do not play the
+// scenario); were 1, 4, 10 and 16 since they gained the engine's memory need (params.memory_bytes:
+// every beacon moved, and 2 and 17 caught their poisoner); were 2, 10, 12 and 17, and 3, 4, 8 and 11
 // before the state hash became StateHashOfRoots. Seeds 12, 14 and 20 escape too (4 and 9 did
 // before) but end with one of the four honest nodes not yet having seen the task finished when
 // RunUntilFinished stops (seen_closed() == 3), so they do not play this test's scenario; 18
@@ -264,7 +266,7 @@ TEST_P(ReopenSimTest, AProofWithinTheAuditWindowReopensTheTaskAndTheRedoIsTheRef
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(1, 4, 10, 16));
+INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(1, 4, 12, 16));
 
 }  // namespace
 }  // namespace meshlearn::node

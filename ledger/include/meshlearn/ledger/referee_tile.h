@@ -143,11 +143,13 @@ bool DisputeNeedsBundle(const TaskParams& params);
 bool UnservedStageClaim(const TaskParams& params, const MismatchClaimField& claim);
 
 // Whether the mismatch or challenge `claim` on unit `index` must carry the bundle. A unit of a
-// task that is not a pipeline's: DisputeNeedsBundle. A pipeline stage's: an exact-mode task (a
-// GPT's or a sequential model's stage) with a data root whose stage is over kMaxStageWitnessMemory
+// task that is not a pipeline's: DisputeNeedsBundle. A pipeline stage's: an exact-mode token task
+// (a GPT's stage) with a data root whose stage is over kMaxStageWitnessMemory
 // (!LedgerRulesStageStep), so that only its tile phase rules it without the genesis key, unless
 // the claim is an unserved one, which must not carry it (UnservedStageClaim). A stage within the
 // bound may be played either way: both are ruled by the ledger (RefereeTile, RefereeStageStep).
+// A sequential model's stage may carry it (its tile phase is planned) but need not yet: the
+// ledger's stage-flow tests rule such a stage over the bound by the genesis key.
 bool MismatchNeedsBundle(const TaskParams& params, uint32_t index, const MismatchClaimField& claim);
 
 // A party's move in phases 2-4 of a dispute (protocol::DisputeQuery of stage operators, tiles or
