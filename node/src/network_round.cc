@@ -59,13 +59,18 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
   params.model_bytes = p.value("model_bytes", uint64_t{0});
   params.memory_bytes = p.value("memory_bytes", uint64_t{0});
   params.data_page_tokens = p.value("data_page_tokens", uint32_t{0});
-  if (p.contains("stage_boundary_bytes") && p["stage_boundary_bytes"].is_array()) {
-    for (const nlohmann::json& b : p["stage_boundary_bytes"]) {
+  // A pipeline's per-stage and per-boundary lists, all compared below.
+  for (const auto& [key, list] :
+       {std::pair{"stage_memory_bytes", &params.stage_memory_bytes},
+        std::pair{"stage_flops", &params.stage_flops},
+        std::pair{"stage_boundary_bytes", &params.stage_boundary_bytes}}) {
+    if (!p.contains(key) || !p[key].is_array()) continue;
+    for (const nlohmann::json& b : p[key]) {
       if (!b.is_number_unsigned()) {
-        return InvalidArgument("the ledger's params.stage_boundary_bytes holds " + b.dump() +
-                               ", not a byte count");
+        return InvalidArgument(std::string("the ledger's params.") + key + " holds " + b.dump() +
+                               ", not a count");
       }
-      params.stage_boundary_bytes.push_back(b.get<uint64_t>());
+      list->push_back(b.get<uint64_t>());
     }
   }
   if (p.contains("data_root") && p["data_root"].is_string()) {

@@ -1872,6 +1872,15 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
                                        std::to_string(params.stage_flops[0] + 1) + ", "),
             std::string::npos)
       << wrong_flops.ToString();
+  // The same from the task record as get_task answers it (a node's audit reads that): its lists
+  // are parsed and compared as well.
+  ledger::TaskRecord record;
+  record.params = params;
+  EXPECT_TRUE(CheckBundleMatchesLedger(facts, net, ledger::TaskToJson(record)).ok());
+  record.params = other_memory;
+  Status wrong_record = CheckBundleMatchesLedger(facts, net, ledger::TaskToJson(record));
+  EXPECT_NE(wrong_record.message().find("params.stage_memory_bytes"), std::string::npos)
+      << wrong_record.ToString();
   ledger::TaskParams unstaged = params;
   unstaged.stages = 1;
   Status mismatch = CheckBundleMatchesLedger(facts, net, unstaged);
