@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "meshlearn/base/config.h"
+#include "meshlearn/base/env.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/model.h"
@@ -19,6 +20,7 @@
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/tile.h"
 #include "meshlearn/engine/tile_rule.h"
+#include "meshlearn/engine/train.h"
 #include "test_util.h"
 
 namespace meshlearn::engine {
@@ -57,19 +59,25 @@ struct StagePipeline {
   std::vector<std::unique_ptr<Stage>> stages;
 };
 
-StagePipeline MakeStagePipeline() {
+// The stages of `spec` cut at `bounds`, each initialised from the pipeline's `seed`.
+StagePipeline MakeStagePipeline(const ModelSpec& spec, const OptimizerSpec& optimizer,
+                                std::vector<int64_t> bounds, int64_t micro_batches, uint64_t seed) {
   StagePipeline p;
-  Result<PipelineCut> cut = MakeCut(StageGptSpec(), {0, 1, 3, 4});
+  Result<PipelineCut> cut = MakeCut(spec, std::move(bounds));
   CHECK(cut.ok()) << cut.status().ToString();
   p.cut = *cut;
   for (int s = 0; s < p.cut.stages(); ++s) {
-    Result<std::unique_ptr<Stage>> st =
-        Stage::Create(StageGptSpec(), testing::ClippedAdamW(), p.cut, s, kMicro);
+    Result<std::unique_ptr<Stage>> st = Stage::Create(spec, optimizer, p.cut, s, micro_batches);
     CHECK(st.ok()) << st.status().ToString();
     p.stages.push_back(std::move(*st));
   }
-  InitPipeline(p.stages, 3);
+  InitPipeline(p.stages, seed);
   return p;
+}
+
+// The GPT's: three stages of its 4 cut layers.
+StagePipeline MakeStagePipeline() {
+  return MakeStagePipeline(StageGptSpec(), testing::ClippedAdamW(), {0, 1, 3, 4}, kMicro, 3);
 }
 
 // Stage s's operator of `name`, or -1.
@@ -265,25 +273,6 @@ TEST(StageTileTest, AStagesOperatorsDependOnWhatItReceived) {
 
 // ---- Sequential models' stages.
 
-// The fashion MLP's shapes (examples/fashion-mlp.toml: 784 -> 256 -> 128 -> 10).
-constexpr char kStageFashionMlp[] = R"(
-[model]
-input = [784]
-[[model.layers]]
-kind = "linear"
-out = 256
-[[model.layers]]
-kind = "relu"
-[[model.layers]]
-kind = "linear"
-out = 128
-[[model.layers]]
-kind = "relu"
-[[model.layers]]
-kind = "linear"
-out = 10
-)";
-
 // Every other layer kind an MLP stage holds: dropout (its mask drawn from the model's layer index
 // and the micro-batch), layernorm, gelu.
 constexpr char kStageMixedMlp[] = R"(
@@ -309,48 +298,20 @@ kind = "linear"
 out = 5
 )";
 
-// The fashion CNN's shapes (examples/fashion-cnn.toml).
-constexpr char kStageFashionCnn[] = R"(
-[model]
-input = [1, 28, 28]
-[[model.layers]]
-kind = "conv2d"
-out = 16
-kernel = 5
-pad = 2
-[[model.layers]]
-kind = "relu"
-[[model.layers]]
-kind = "maxpool2d"
-kernel = 2
-[[model.layers]]
-kind = "conv2d"
-out = 32
-kernel = 5
-pad = 2
-[[model.layers]]
-kind = "relu"
-[[model.layers]]
-kind = "maxpool2d"
-kernel = 2
-[[model.layers]]
-kind = "flatten"
-[[model.layers]]
-kind = "linear"
-out = 128
-[[model.layers]]
-kind = "relu"
-[[model.layers]]
-kind = "linear"
-out = 10
-)";
-
 constexpr uint64_t kSeqDropoutSeed = 23;
 
 ModelSpec SeqSpec(const char* toml) {
   Result<ModelSpec> spec = ModelSpec::FromToml(toml, "model.toml");
   CHECK(spec.ok()) << spec.status().ToString();
   return *spec;
+}
+
+// The model of an example task file (examples/NAME): the fashion MLP and CNN as users train them.
+ModelSpec ExampleSpec(const std::string& name) {
+  Result<TaskSpec> task =
+      TaskSpec::Load(Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/" + name);
+  CHECK(task.ok()) << task.status().ToString();
+  return task->model;
 }
 
 Batch SeqBatch(const Model& m, int64_t size, int64_t step) {
@@ -361,21 +322,6 @@ Batch SeqBatch(const Model& m, int64_t size, int64_t step) {
     t = static_cast<int32_t>(rng.Uniform(static_cast<uint64_t>(m.NumOutputs())));
   }
   return b;
-}
-
-StagePipeline MakeSeqPipeline(const ModelSpec& spec, const OptimizerSpec& optimizer,
-                              std::vector<int64_t> bounds, int64_t micro_batches) {
-  StagePipeline p;
-  Result<PipelineCut> cut = MakeCut(spec, std::move(bounds));
-  CHECK(cut.ok()) << cut.status().ToString();
-  p.cut = *cut;
-  for (int s = 0; s < p.cut.stages(); ++s) {
-    Result<std::unique_ptr<Stage>> st = Stage::Create(spec, optimizer, p.cut, s, micro_batches);
-    CHECK(st.ok()) << st.status().ToString();
-    p.stages.push_back(std::move(*st));
-  }
-  InitPipeline(p.stages, 5);
-  return p;
 }
 
 // What a sequential stage sends: the output of its last layer that is not a flatten (a flatten
@@ -416,8 +362,8 @@ std::vector<int64_t> SampledTiles(const TileGrid& grid) {
 int64_t ExpectSeqStagesRecompute(const ModelSpec& spec, const OptimizerSpec& optimizer,
                                  const std::vector<int64_t>& bounds, int64_t batch_size,
                                  int64_t micro_batches) {
-  StagePipeline traced = MakeSeqPipeline(spec, optimizer, bounds, micro_batches);
-  StagePipeline plain = MakeSeqPipeline(spec, optimizer, bounds, micro_batches);
+  StagePipeline traced = MakeStagePipeline(spec, optimizer, bounds, micro_batches, 5);
+  StagePipeline plain = MakeStagePipeline(spec, optimizer, bounds, micro_batches, 5);
   const Model& model = *traced.stages[0]->state().model;
   const Batch warm = SeqBatch(model, batch_size, 0);
   RunPipelineStep(traced.stages, warm, kSeqDropoutSeed);
@@ -554,9 +500,9 @@ int64_t ExpectSeqStagesRecompute(const ModelSpec& spec, const OptimizerSpec& opt
 // The fashion MLP in 3 stages, 2 micro-batches, clipped: a stage that starts with an activation
 // (its input gradient reads the activations it received) and one that ends with a linear.
 TEST(StageTileTest, FashionMlpStagesRecomputeBitForBit) {
-  const int64_t checked =
-      ExpectSeqStagesRecompute(SeqSpec(kStageFashionMlp), testing::ClippedAdamW(), {0, 2, 3, 5},
-                               /*batch_size=*/12, /*micro_batches=*/2);
+  const int64_t checked = ExpectSeqStagesRecompute(ExampleSpec("fashion-mlp.toml"),
+                                                   testing::ClippedAdamW(), {0, 2, 3, 5},
+                                                   /*batch_size=*/12, /*micro_batches=*/2);
   EXPECT_GT(checked, 100);
   RecordProperty("tiles_checked", static_cast<int>(checked));
 }
@@ -608,9 +554,9 @@ out = 5
 // activations, and one that starts with the flatten (what it sends back is its linear's input
 // gradient, viewed as the received activations' rows).
 TEST(StageTileTest, FashionCnnStagesRecomputeBitForBit) {
-  const int64_t checked =
-      ExpectSeqStagesRecompute(SeqSpec(kStageFashionCnn), testing::ClippedAdamW(), {0, 3, 6, 10},
-                               /*batch_size=*/4, /*micro_batches=*/1);
+  const int64_t checked = ExpectSeqStagesRecompute(ExampleSpec("fashion-cnn.toml"),
+                                                   testing::ClippedAdamW(), {0, 3, 6, 10},
+                                                   /*batch_size=*/4, /*micro_batches=*/1);
   EXPECT_GT(checked, 100);
 }
 
