@@ -88,6 +88,11 @@ class PipelineStageTest : public FollowedChainFixture {
     std::vector<Transaction> regs;
     for (size_t i = 0; i < count; ++i) regs.push_back(Q(alice_, Reg(i)));
     for (const Receipt& r : Step(regs)) EXPECT_TRUE(r.ok) << r.reason;
+    return Submit(p, budget);
+  }
+
+  // Submits `p` from bob (the task becomes task_id_); the submit's receipt.
+  Receipt Submit(const TaskParams& p, Amount budget = kBudget) {
     Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
                                               .budget = budget,
                                               .price_cap = 20,
@@ -175,12 +180,7 @@ TEST_F(PipelineStageTest, ReportedLinksPairTheStagesOfEachReplica) {
              Q(alice_, ReportLinksTx{.node_id = nodes_[3].public_key(), .links = {fast(1)}})})) {
     ASSERT_TRUE(r.ok) << r.reason;
   }
-  Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
-                                            .budget = kBudget,
-                                            .price_cap = 20,
-                                            .params = PipelineParams()});
-  task_id_ = TaskIdFor(bob_.public_key(), submit.nonce);
-  ASSERT_TRUE(Step({submit})[0].ok);
+  ASSERT_TRUE(Submit(PipelineParams()).ok);
   const uint64_t height = chain_->Height();
   const std::vector<std::vector<protocol::NodeId>> without = WantChains(height, false);
   ASSERT_EQ(without.size(), kReplicas);
@@ -213,12 +213,7 @@ TEST_F(PipelineStageTest, TheLedgerWeighsEachBoundarysLinksByTheTasksBytes) {
       Step({Q(alice_, ReportLinksTx{.node_id = nodes_[4].public_key(), .links = {slow}})})[0].ok);
   TaskParams p = PipelineParams();
   p.stage_boundary_bytes = {1u << 10, 1u << 20};
-  Transaction submit = Q(bob_, SubmitTaskTx{.spec_hash = Blake2b("pipeline bundle"),
-                                            .budget = kBudget,
-                                            .price_cap = 20,
-                                            .params = p});
-  task_id_ = TaskIdFor(bob_.public_key(), submit.nonce);
-  ASSERT_TRUE(Step({submit})[0].ok);
+  ASSERT_TRUE(Submit(p).ok);
   const uint64_t height = chain_->Height();
   const std::vector<std::vector<protocol::NodeId>> without = WantChains(height, false);
   ASSERT_EQ(without.size(), kReplicas);
