@@ -696,7 +696,7 @@ class GptModel final : public Model {
   // with the last). Doubled for the backward pass's buffers.
   std::vector<LayerCost> Costs(int64_t T) const override {
     const GptSpec& g = spec_.gpt;
-    if (T <= 0) T = g.block_size;
+    T = SeqLenOrBlockSize(spec_, T);
     const double t = static_cast<double>(T);
     const uint64_t ut = static_cast<uint64_t>(T), C = static_cast<uint64_t>(g.n_embd),
                    V = static_cast<uint64_t>(g.vocab_size);
@@ -1102,8 +1102,11 @@ Result<int64_t> CountParameters(const ModelSpec& spec) {
 Result<int64_t> PartInputFloats(const ModelSpec& spec, ModelPart part, int64_t samples,
                                 int64_t seq_len) {
   ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, part));
-  if (spec.kind == "gpt" && seq_len <= 0) seq_len = spec.gpt.block_size;
-  return m->PartInputSize(samples, seq_len);
+  return m->PartInputSize(samples, SeqLenOrBlockSize(spec, seq_len));
+}
+
+int64_t SeqLenOrBlockSize(const ModelSpec& spec, int64_t seq_len) {
+  return spec.kind == "gpt" && seq_len <= 0 ? spec.gpt.block_size : seq_len;
 }
 
 Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {

@@ -687,7 +687,7 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
     // model.cc's GptModel: Forward, Backward, then the gradients, in its trace order. Every
     // operator has a footprint (a parameter the plan does not know would stay opaque).
     const GptSpec& g = model.gpt;
-    const int64_t T = seq_len > 0 ? seq_len : g.block_size;
+    const int64_t T = SeqLenOrBlockSize(model, seq_len);
     const int64_t N = rows * T, C = g.n_embd, V = g.vocab_size;
     // A stage holds blocks [begin, end): the embeddings only with block 0, ln_f and the head only
     // with the last block; the head of a later stage reads its received copy of wte.

@@ -325,15 +325,20 @@ Result<std::vector<std::vector<NodeId>>> PlaceStages(
                            std::to_string(replicas) + " replicas: both must be at least 1");
   }
   if (boundary_bytes.size() + 1 != stages.size()) {
-    return InvalidArgument("stage placement: " + std::to_string(stages.size()) + " stages need " +
-                           std::to_string(stages.size() - 1) + " boundary byte counts, got " +
-                           std::to_string(boundary_bytes.size()));
+    return InvalidArgument(
+        "stage placement: " + std::to_string(stages.size()) + " stages need " +
+        std::to_string(stages.size() - 1) + " boundary byte counts, got " +
+        std::to_string(boundary_bytes.size()) +
+        ": give one per cut between consecutive stages (engine::CutBoundaryBytes "
+        "of the task's cut)");
   }
   for (size_t b = 0; b < boundary_bytes.size(); ++b) {
     if (boundary_bytes[b] > kMaxStageBoundaryBytes) {
       return InvalidArgument("stage placement: boundary " + std::to_string(b) + " moves " +
                              std::to_string(boundary_bytes[b]) + " bytes a step, over " +
-                             std::to_string(kMaxStageBoundaryBytes));
+                             std::to_string(kMaxStageBoundaryBytes) +
+                             ": cut the model at other layers (network.cut), or train a smaller "
+                             "batch or shorter sequences (train.batch_size, train.seq_len)");
     }
   }
   // Eligibility as the scheduler's, with the smallest stage as the memory floor.

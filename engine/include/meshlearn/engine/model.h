@@ -183,6 +183,10 @@ struct PlannedParam {
 // (Model::CreatePart) has them, offsets within the part's own flat vector (a pipeline stage's
 // tile plan, tile_rule.h).
 Result<std::vector<PlannedParam>> PlanParams(const ModelSpec& spec, ModelPart part = {});
+// The tokens of one sample of a GPT step with `seq_len` (every "0 = block_size" of this header and
+// tile_rule.h means this): `seq_len`, or the model's block_size where `seq_len` <= 0. Models
+// without tokens: `seq_len` unchanged (unused).
+int64_t SeqLenOrBlockSize(const ModelSpec& spec, int64_t seq_len);
 // Floats of the input that part `part` of the model takes for `samples` samples of `seq_len`
 // tokens (GPT; 0 = block_size): the part's Model::PartInputSize, from its spec alone (nothing is
 // allocated). A pipeline stage holds what a peer sends it to that size (Stage::Forward; its
