@@ -186,13 +186,10 @@ Result<uint64_t> ParseMemoryLimit(const std::string& text) {
 }
 
 // What one whole (unsplit) unit of the task needs: the ledger scheduler's RequiredMemoryBytes of
-// the fields it reads (TaskSpecViewOf) -- params.memory_bytes, node::UnitMemoryBytes of the task
-// (PrepareTask's MakeTaskParams), the number the nodes refuse units by.
+// the task's view -- params.memory_bytes, node::UnitMemoryBytes of the task (PrepareTask's
+// MakeTaskParams), the number the nodes refuse units by.
 uint64_t UnitMemoryBytes(const ledger::TaskParams& p) {
-  protocol::TaskSpecView v;
-  v.model_bytes = p.model_bytes;
-  v.memory_required_bytes = p.memory_bytes;
-  return protocol::RequiredMemoryBytes(v);
+  return protocol::RequiredMemoryBytes(ledger::TaskSpecViewOf(Hash256{}, p, 0));
 }
 
 // Per stage of a pipeline task, the activation bytes of a step (engine::CutCosts of the task's
@@ -1447,8 +1444,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   json slashed = json::array();
   uint64_t stage_bytes = 0;  // a pipeline task's: summed over the nodes' /metrics
   double stage_running = 0, stage_waiting = 0;
-  // The peak resident memory of the nodes that ran stage units and never built the whole model.
-  uint64_t stage_peak_min = 0, stage_peak_max = 0;
+  // The peak resident memory of the nodes that ran stage units and never built the whole model,
+  // and of the nodes that only aggregate.
+  uint64_t stage_peak_min = 0, stage_peak_max = 0, aggregator_peak = 0;
   for (int i = 0; i < total_nodes; ++i) {
     const std::string id = node_ids[i].ToHex();
     json n = per_node.count(id) ? per_node[id] : json{{"units", 0}, {"paid_for_units", 0}};
@@ -1463,6 +1461,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     const size_t ci = node_child[i];
     const pid_t pid = ci < fleet.children.size() ? fleet.children[ci].pid : -1;
     n["peak_rss_bytes"] = pid > 0 ? PeakRssBytes(pid) : 0;
+    if (n["roles"] == "aggregator") {
+      aggregator_peak = std::max(aggregator_peak, n["peak_rss_bytes"].get<uint64_t>());
+    }
     if (stages > 1 && pid > 0) {
       Result<StageMetrics> sm = ScrapeStageMetrics(node_addr[i]);
       if (!sm.ok()) return sm.status().WithPrefix(fmt::format("node{}'s stage metrics", i));
@@ -1589,7 +1590,13 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
         // units only (they never build the whole model); 0 when none did. With the reference
         // check, single_node_peak_rss_bytes is that of `meshlearn diloco` on the same task, run
         // as its own process: the whole model trained on one node.
-        {"stage_node_peak_rss_bytes", {{"min", stage_peak_min}, {"max", stage_peak_max}}}};
+        {"stage_node_peak_rss_bytes", {{"min", stage_peak_min}, {"max", stage_peak_max}}},
+        // What the scheduler asks of a round's aggregator (it builds the whole model to evaluate
+        // and holds the round's deltas), against what the nodes that only aggregate held at
+        // their peak (0 when there are none): the formula measured.
+        {"aggregator_memory_bytes",
+         protocol::AggregatorMemoryBytes(ledger::TaskSpecViewOf(Hash256{}, task.params, 0))},
+        {"aggregator_peak_rss_bytes", aggregator_peak}};
   }
   if (a.verification) {
     // The referee service's own attempts, refused ones included, so that none is hidden. Read

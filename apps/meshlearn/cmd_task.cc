@@ -532,10 +532,7 @@ namespace {
 // of the view it builds from the params (ledger TaskSpecViewOf: a pipeline task's units are its
 // replicas' stages).
 uint64_t AggregatorMemory(const PreparedTask& t) {
-  protocol::TaskSpecView v = t.view;
-  v.units_per_round = t.params.units_per_round;
-  v.stages = std::max<uint32_t>(t.params.stages, 1);
-  return protocol::AggregatorMemoryBytes(v);
+  return protocol::AggregatorMemoryBytes(ledger::TaskSpecViewOf(Hash256{}, t.params, 0));
 }
 
 }  // namespace

@@ -141,9 +141,6 @@ Status FailWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t index);
 
 // ---- Network training (network.cc): the ledger drives protocol::RoundStateMachine and the
 // scheduler. See docs/ledger.md, "Network training".
-// The protocol's view of a task: its params, id and price cap.
-protocol::TaskSpecView TaskSpecViewOf(const Hash256& task_id, const TaskParams& params,
-                                      Amount price_cap);
 protocol::SchedulerParams SchedulerParamsOf(const Genesis& genesis);
 // Tokens one unit of `t` costs at `price_per_gflop` (protocol::UnitCostTokens).
 Amount UnitCost(const TaskRecord& t, Amount price_per_gflop);

@@ -269,6 +269,11 @@ inline bool IsPipelineTask(const TaskParams& p) { return p.stages > 1; }
 // stages; protocol::RoundReplicas of the task's view). REQUIRES: the params passed
 // ValidateTaskTerms.
 uint32_t PipelineReplicas(const TaskParams& p);
+// The protocol's view of a task (the scheduler's and pricing's input): its params, id and price
+// cap. Every figure derived from a task's params through protocol/ (a unit's memory, an
+// aggregator's, a unit's cost) reads this view, on the ledger and in a report alike.
+protocol::TaskSpecView TaskSpecViewOf(const Hash256& task_id, const TaskParams& params,
+                                      Amount price_cap);
 // Which (round, replica, stage) a unit index is, and back. For a task without stages, the replica
 // is the unit's shard and the stage 0. REQUIRES: the params passed ValidateTaskTerms.
 struct StageSlot {
