@@ -1029,8 +1029,7 @@ TEST_F(PipelineVerificationTest, ACommitStageWithoutItsStepLeavesOrSecretIsRefus
   EXPECT_EQ(Unit(0).status, WorkUnitStatus::kAssigned);
   StepOk({Q(alice_, Commit(0, leaves))});
   // A mismatch on a stage unit carries the task's own bundle or none (a GPT stage's opens the
-  // tile phase over its stage's plan: stage_tile_chain_test.cc), and a stage unit has no
-  // after-the-fact fraud proof.
+  // tile phase over its stage's plan: stage_tile_chain_test.cc).
   RevealVerdictTx with_bundle{.task_id = task_id_,
                               .index = 0,
                               .node_id = verifier_.public_key(),
@@ -1325,6 +1324,218 @@ TEST_F(PipelineRulingTest, ACommittedRecordOfAnotherNodeIsRuledAgainstTheStage) 
   EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
   EXPECT_EQ(Task().verification.fraud, 1u);
   EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
+}
+
+// ---- Fraud proofs after the fact on a stage unit (ProveFraudTx; docs/verification.md, "Fraud
+// proofs after the fact"). The lazy stage's step 1 claims the state it started from; its
+// verifier calls every stage clean without replaying (a rubber stamp), so the round is final,
+// the task finishes and the lazy stage is paid. Anyone then proves step 1 with the witness a
+// RefereeStageStep carries: the ledger replays it (RuleStageStepWitness) and the finding leaf is
+// not the committed one.
+class PipelineFraudProofTest : public PipelineRulingTest {
+ protected:
+  // Trains and commits the replica with kCheat's step kLieStep lazy, and settles it clean until
+  // the task finishes with every stage paid. good_ is the lazy step's witness.
+  void RunLazyTask() {
+    ASSERT_NO_FATAL_FAILURE(Train());
+    lie_ = evidence_[kCheat][kLieStep];
+    lie_.commit.state_after = lie_.commit.state_before;
+    for (uint32_t st = 0; st < kStages; ++st) leaves_.push_back(Leaves(st));
+    leaves_[kCheat][kLieStep] = protocol::StageStepLeaf(lie_.commit);
+    std::vector<Transaction> txs;
+    for (uint32_t st = 0; st < kStages; ++st) txs.push_back(Q(alice_, Commit(st, leaves_[st])));
+    StepOk(txs);
+    Result<StageStepWitness> w =
+        BuildStageStepWitness(kRulingBundle, lie_.commit, lie_.checkpoint, lie_.blobs, spec_,
+                              work_.stream, pages_.get(), nullptr, nullptr);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    good_ = *w;
+    // While the round is open its check rules the stage (verdicts, a dispute, ChallengeUnit).
+    const Receipt early = Step({Prove(good_)})[0];
+    EXPECT_FALSE(early.ok);
+    EXPECT_NE(early.reason.find("is not final yet"), std::string::npos) << early.reason;
+    Aggregate();
+    std::vector<Sealed> clean;
+    txs.clear();
+    for (uint32_t st = 0; st < kStages; ++st) {
+      clean.push_back(Clean(st));
+      txs.push_back(SealTx(st, clean.back()));
+    }
+    StepOk(txs);
+    StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
+    txs.clear();
+    for (uint32_t st = 0; st < kStages; ++st) {
+      txs.push_back(RevealTx(st, clean[st]));
+      txs.push_back(SecretTx(st));
+    }
+    StepOk(txs);
+    for (int i = 0; i < 20 && Task().status != TaskStatus::kFinished; ++i) Step();
+    ASSERT_EQ(Task().status, TaskStatus::kFinished);
+    for (uint32_t st = 0; st < kStages; ++st) {
+      ASSERT_EQ(Unit(st).status, WorkUnitStatus::kVerified) << st;
+      ASSERT_GT(Unit(st).paid, 0u) << st;
+    }
+  }
+
+  Transaction Prove(const StageStepWitness& w, uint32_t index = kCheat, uint32_t step = kLieStep) {
+    return Prove(EncodeStageStepWitness(w), index, step);
+  }
+  // Any account proves (here the genesis referee's, which holds funds: it proves as anyone).
+  Transaction Prove(const Bytes& witness, uint32_t index, uint32_t step) {
+    return Q(
+        referee_,
+        ProveFraudTx{.task_id = task_id_, .index = index, .segment = step, .witness = {witness}});
+  }
+
+  TestStageEvidence lie_;
+  std::vector<std::vector<Hash256>> leaves_;
+  StageStepWitness good_;
+};
+
+// Within the audit window: every bad witness is refused by name and changes nothing (an honest
+// stage's true step "nothing to prove"); the good one slashes and jails the lazy stage, claws back
+// its pay into the escrow, reopens the task and rewinds it to round 0, which is placed again
+// without the lazy stage. The honest stages keep what they were paid, as under taint.
+TEST_F(PipelineFraudProofTest, ALazyStagesStepIsProvenAfterTheFactAndReopensTheTask) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(RunLazyTask());
+  const PublicKey cheater = Unit(kCheat).assignee;
+  const Amount paid = Unit(kCheat).paid;
+  const Amount slash = protocol::SlashAmount(
+      StageUnitCost(Task().params, UnitCost(Task(), Unit(kCheat).price), kCheat), kSlashMultiple);
+  std::vector<PublicKey> chain;
+  std::vector<Amount> earned;
+  for (uint32_t st = 0; st < kStages; ++st) {
+    chain.push_back(Unit(st).assignee);
+    earned.push_back(Node(chain.back()).earnings.units);
+  }
+  auto with = [&](const std::function<void(StageStepWitness&)>& edit) {
+    StageStepWitness w = good_;
+    edit(w);
+    return Prove(w);
+  };
+  const TestStageEvidence& honest = evidence_[0][kLieStep];
+  Result<StageStepWitness> honest_witness =
+      BuildStageStepWitness(kRulingBundle, honest.commit, honest.checkpoint, honest.blobs, spec_,
+                            work_.stream, pages_.get(), nullptr, nullptr);
+  ASSERT_TRUE(honest_witness.ok()) << honest_witness.status().ToString();
+  const std::vector<std::pair<Transaction, std::string>> refusals = {
+      // An honest stage's step replays to its leaf.
+      {Prove(*honest_witness, 0),
+       "step 1 of unit 0 of task " + task_id_.ShortHex() + " replays to its committed leaf"},
+      // The lazy stage's step as it trained it is not what it committed.
+      {with([&](StageStepWitness& w) {
+         w.commit = protocol::EncodeStageStepCommit(evidence_[kCheat][kLieStep].commit);
+       }),
+       "prove fraud (task " + task_id_.ShortHex() +
+           ", unit 1: replica 0, stage 1, step 1): " + "the witness's commit has leaf"},
+      {with([&](StageStepWitness& w) { w.checkpoint = evidence_[kCheat][0].checkpoint; }),
+       "the checkpoint (step 0) hashes to"},
+      {with([&](StageStepWitness& w) { w.received[0][0] ^= 1; }),
+       "does not match its signed record"},
+      {with([&](StageStepWitness& w) { w.pages[0].tokens[0] ^= 1; }),
+       "is not proven against the task's data root"},
+      {with([&](StageStepWitness& w) { w.bundle += "\n"; }), "send the task's own bundle text"},
+      // The witness of step 1 offered as step 2's: step 2's committed leaf is another commit's.
+      {Prove(good_, kCheat, kLieStep + 1), "the witness's commit has leaf"},
+      {Prove(good_, kCheat, kSteps), "a stage unit's segment is its step, and unit 1 of task " +
+                                         task_id_.ShortHex() + " has 4 steps"},
+      {Prove(EncodeSegmentWitness({}), kCheat, kLieStep),
+       "a pipeline stage's proof carries a stage step witness"},
+  };
+  // All in one block: the audit window (10 blocks on a devnet genesis) must stay open.
+  const TaskRecord before = Task();
+  std::vector<Transaction> bad;
+  for (const auto& [tx, why] : refusals) bad.push_back(tx);
+  const std::vector<Receipt> refused = Step(bad);
+  ASSERT_EQ(refused.size(), refusals.size());
+  for (size_t i = 0; i < refusals.size(); ++i) {
+    EXPECT_FALSE(refused[i].ok) << refusals[i].second;
+    EXPECT_NE(refused[i].reason.find(refusals[i].second), std::string::npos) << refused[i].reason;
+  }
+  EXPECT_EQ(Task(), before);
+  EXPECT_EQ(Node(cheater).reputation.slashes, 0u);
+
+  const Amount prover_before = Balance(referee_);
+  ASSERT_LE(chain_->Height() + 1, AuditWindowEnd(before, genesis_.params.audit_window_blocks));
+  const std::vector<Receipt> r = Step({Prove(good_)});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+  const ProvenFraud& f = t.verification.proven_frauds[0];
+  EXPECT_EQ(f.index, kCheat);
+  EXPECT_EQ(f.segment, kLieStep);
+  EXPECT_EQ(f.solver, cheater);
+  EXPECT_EQ(f.prover, referee_.public_key());
+  EXPECT_TRUE(f.rewound);
+  EXPECT_EQ(f.rewound_to, 0u);
+  EXPECT_EQ(f.clawed_back, paid);
+  EXPECT_EQ(f.slashed, slash);
+  EXPECT_GT(f.bounty, 0u);
+  EXPECT_EQ(Balance(referee_), prover_before + f.bounty);
+  EXPECT_EQ(t.status, TaskStatus::kOpen);
+  EXPECT_EQ(t.verification.reopened, 1u);
+  EXPECT_EQ(t.verification.rounds_rewound, 1u);
+  EXPECT_TRUE(t.final_state.IsZero());
+  EXPECT_EQ(t.escrow, paid + t.verification.redo_escrow);
+  EXPECT_EQ(t.budget, t.escrow + t.spent + t.refunded);
+  ExpectOnlyTheCheaterSlashed(cheater);
+  EXPECT_EQ(Node(cheater).earnings.clawed_back, paid);
+  for (uint32_t st = 0; st < kStages; ++st) {
+    if (st == kCheat) continue;
+    EXPECT_EQ(Node(chain[st]).earnings.units, earned[st]) << "stage " << st;
+  }
+  // The proven unit runs again: a second proof finds it unfinal.
+  const Receipt again = Step({Prove(good_)})[0];
+  EXPECT_FALSE(again.ok);
+  EXPECT_NE(again.reason.find("is not final yet"), std::string::npos) << again.reason;
+  // Round 0 is placed again, whole, on the three stage nodes left.
+  for (int i = 0; i < 10 && Unit(kCheat).assignee == PublicKey{}; ++i) Step();
+  for (uint32_t st = 0; st < kStages; ++st) {
+    EXPECT_NE(Unit(st).assignee, PublicKey{}) << st;
+    EXPECT_NE(Unit(st).assignee, cheater) << st;
+  }
+}
+
+// After the audit window the model stands: the proof slashes and jails the lazy stage and claws
+// its pay back to the submitter; the task stays finished. A stage over the stage witness bound
+// cannot be proven: the ledger does not replay its step.
+TEST_F(PipelineFraudProofTest, AfterTheAuditWindowAStageProofLeavesTheModel) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(RunLazyTask());
+  const TaskRecord finished = Task();
+  while (chain_->Height() + 1 <= AuditWindowEnd(finished, genesis_.params.audit_window_blocks)) {
+    Step();
+  }
+  const PublicKey cheater = Unit(kCheat).assignee;
+  const Amount paid = Unit(kCheat).paid;
+  const Amount submitter_before = Balance(bob_);
+  StepOk({Prove(good_)});
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+  const ProvenFraud& f = t.verification.proven_frauds[0];
+  EXPECT_FALSE(f.rewound);
+  EXPECT_EQ(f.clawed_back, paid);
+  EXPECT_EQ(Balance(bob_), submitter_before + paid);
+  EXPECT_EQ(t.status, TaskStatus::kFinished);
+  EXPECT_EQ(t.final_state, finished.final_state);
+  EXPECT_EQ(t.round_results, finished.round_results);
+  ExpectOnlyTheCheaterSlashed(cheater);
+  const Receipt again = Step({Prove(good_)})[0];
+  EXPECT_FALSE(again.ok);
+  EXPECT_NE(again.reason.find("already"), std::string::npos) << again.reason;
+}
+
+TEST_F(PipelineFraudProofTest, AStageOverTheWitnessBoundIsNotProvenOnChain) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled(Hash256{}, [](TaskParams& p) {
+    p.stage_memory_bytes = {8u << 20, 8u << 20, 8u << 20};
+  }));
+  ASSERT_NO_FATAL_FAILURE(RunLazyTask());
+  const TaskRecord before = Task();
+  const Receipt r = Step({Prove(good_)})[0];
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("over the stage witness bound"), std::string::npos) << r.reason;
+  EXPECT_EQ(Task(), before);
 }
 
 // A stage that serves nothing for its disputed step (the verifier's finding is `unserved`) and

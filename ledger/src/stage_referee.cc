@@ -332,9 +332,9 @@ Result<std::vector<protocol::NodeId>> ReplicaRunChain(std::span<const StagePlace
 Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& t, const WorkUnit& unit,
                                             uint64_t step, const Hash256& committed_leaf,
                                             const std::vector<protocol::NodeId>& chain,
-                                            const StageStepWitness& w) {
+                                            const StageStepWitness& w, std::string_view what) {
   const StageSlot slot = StageSlotOf(t.params, unit.index);
-  const std::string where = "referee stage step (task " + t.id.ShortHex() + ", unit " +
+  const std::string where = std::string(what) + " (task " + t.id.ShortHex() + ", unit " +
                             std::to_string(unit.index) + ": replica " +
                             std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) +
                             ", step " + std::to_string(step) + ")";

@@ -20,7 +20,8 @@
 //   ProveResult    the witness that a unit's result is not the delta of its committed final
 //                  state: the ledger computes it; fraud at once -> UnitCheck::OnResultDisproved
 //   ProveFraud     after the fact (a final round): the witness of one segment that does not
-//                  replay to its committed end; the ledger replays it; the solver slashed,
+//                  replay to its committed end (a pipeline stage's: of one step, as
+//                  RefereeStageStep's); the ledger replays it; the solver slashed,
 //                  its pay for the unit clawed back, the prover's bounty, the round marked;
 //                  while the task is open or within its audit window after it finished, the
 //                  task is reopened and rewound as taint does (ApplyRerun)
@@ -1102,12 +1103,20 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                               " is verified in tolerance mode, where replays need not match "
                               "hashes bit for bit; only exact-mode units can be proven");
   }
-  if (IsPipelineTask(t->params)) {
-    return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
-                              " is trained in pipeline stages; a stage unit's segment witness "
-                              "is not built (its checks and disputes rule it while it is open)");
-  }
-  if (t->params.data_root.IsZero() || t->params.data_page_tokens != 0) {
+  // A stage unit's segment t is its step t (OpenUnitCheck): the proof is the witness of that
+  // whole stage step, which the ledger replays as it rules a stage dispute (RefereeStageStep), so
+  // only where it rules those (a data root, the stage within kMaxStageWitnessMemory).
+  const bool stage = IsPipelineTask(t->params);
+  if (stage) {
+    const uint32_t s = StageSlotOf(t->params, tx.index).stage;
+    if (!LedgerRulesStageStep(t->params, s)) {
+      return FailedPrecondition(
+          "prove fraud: " + unit + " is stage " + std::to_string(s) +
+          " of a pipeline task, which needs " + std::to_string(t->params.stage_memory_bytes[s]) +
+          " bytes, over the stage witness bound of " + std::to_string(kMaxStageWitnessMemory) +
+          ": the ledger cannot replay its step from a witness");
+    }
+  } else if (t->params.data_root.IsZero() || t->params.data_page_tokens != 0) {
     return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
                               (t->params.data_root.IsZero()
                                    ? " has no data root, so the ledger cannot check a replay's "
@@ -1131,14 +1140,46 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
         "proof must come within the unbonding delay (params.unbonding_delay_blocks, at least "
         "params.audit_window_blocks) after the solver unstakes");
   }
-  Result<SegmentWitness> w = DecodeSegmentWitness(tx.witness.bytes);
-  if (!w.ok()) return w.status().WithPrefix("prove fraud");
-  ML_ASSIGN_OR_RETURN(Hash256 end, ExecuteSegmentWitness(*t, *u, tx.segment, *w));
-  const Hash256 committed = u->leaves[tx.segment + 1];
+  Hash256 end, committed;
+  if (stage) {
+    // Step t's leaf commits the step's start and end states and every tensor it received and
+    // sent: the replay's finding leaf (StageFindingLeaf) differs from it exactly when the step
+    // does not replay. Its records are judged against the chain of nodes that ran the run. The
+    // unit's leaves are its check's (StageCheckLeaves: the commitment, then the step leaves), so
+    // step t's leaf is leaves[t + 1], where a unit's segment t ends.
+    const uint64_t steps = u->leaves.size() - 1;
+    if (tx.segment >= steps) {
+      return InvalidArgument("prove fraud: segment " + std::to_string(tx.segment) +
+                             " is out of range: a stage unit's segment is its step, and " + unit +
+                             " has " + std::to_string(steps) + " steps");
+    }
+    Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
+    if (!w.ok()) {
+      return w.status().WithPrefix(
+          "prove fraud: a pipeline stage's proof carries a stage step witness "
+          "(ledger::BuildStageStepWitness)");
+    }
+    Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
+    if (!chain.ok()) return chain.status().WithPrefix("prove fraud");
+    committed = u->leaves[tx.segment + 1];
+    ML_ASSIGN_OR_RETURN(StageStepCheck c, RuleStageStepWitness(*t, *u, tx.segment, committed,
+                                                               *chain, *w, "prove fraud"));
+    end = c.leaf;
+    if (end != committed) {
+      ML_LOG_INFO("ledger: task {} unit {}: stage step {} proven from a {}-byte witness: {}",
+                  tx.task_id.ShortHex(), tx.index, tx.segment, tx.witness.bytes.size(), c.message);
+    }
+  } else {
+    Result<SegmentWitness> w = DecodeSegmentWitness(tx.witness.bytes);
+    if (!w.ok()) return w.status().WithPrefix("prove fraud");
+    ML_ASSIGN_OR_RETURN(end, ExecuteSegmentWitness(*t, *u, tx.segment, *w));
+    committed = u->leaves[tx.segment + 1];
+  }
   if (end == committed) {
-    return FailedPrecondition("prove fraud: segment " + std::to_string(tx.segment) + " of " + unit +
-                              " replays to its committed end " + committed.ShortHex() +
-                              "; nothing to prove");
+    return FailedPrecondition("prove fraud: " + std::string(stage ? "step " : "segment ") +
+                              std::to_string(tx.segment) + " of " + unit +
+                              " replays to its committed " + (stage ? "leaf " : "end ") +
+                              committed.ShortHex() + "; nothing to prove");
   }
   // Proven. While the task is open, or within its audit window after it finished, the proof
   // does what fraud found during the task does (taint, ApplyRerun): a finished task is reopened,

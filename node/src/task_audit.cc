@@ -99,6 +99,16 @@ class Auditor {
     r_.rounds = p.value("rounds", 0u);
     r_.units_per_round = p.value("units_per_round", 0u);
     r_.inner_steps = p.value("inner_steps", 0u);
+    if (const uint32_t stages = p.value("stages", 1u); stages > 1) {
+      // A stage unit's commitment is the root of its step leaves, each over the signed tensors
+      // its neighbours sent: re-executing it as a whole-model unit fails every unit falsely,
+      // and re-running the replica gives no commit its nodes signed (docs/verification.md,
+      // "Pipeline stages", "Not built yet").
+      return FailedPrecondition(
+          where + " is trained in pipeline stages (params.stages = " + std::to_string(stages) +
+          "): the audit does not re-execute stage units yet; a stage's false step is proven "
+          "with ProveFraud from its step's evidence (ledger::BuildStageStepWitness)");
+    }
     ML_ASSIGN_OR_RETURN(initial_recorded_, HashField(p, "initial_state", where + " params"));
     ML_ASSIGN_OR_RETURN(spec_hash_, HashField(task_, "spec_hash", where));
     const json results = task_.value("round_results", json::array());

@@ -150,6 +150,19 @@ TEST_F(TaskAuditTest, AnOpenTaskIsRefused) {
   EXPECT_NE(r.status().message().find("still open"), std::string::npos) << r.status().ToString();
 }
 
+// A pipeline task's stage units are not re-executed as whole-model units (every one would fail
+// falsely, and --prove would send proofs the ledger refuses): the audit refuses the task.
+TEST_F(TaskAuditTest, APipelineTaskIsRefused) {
+  json t = honest_->task;
+  t["params"]["stages"] = 3;
+  Result<AuditReport> r = honest_->Audit(t, {.full = true});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("is trained in pipeline stages (params.stages = 3)"),
+            std::string::npos)
+      << r.status().ToString();
+}
+
 TEST_F(TaskAuditTest, ASampleIsReproducibleAndRebuildsStatesNobodyServes) {
   Result<AuditReport> a = honest_->Audit(honest_->task, {.sample = 2, .seed = 5});
   Result<AuditReport> b = honest_->Audit(honest_->task, {.sample = 2, .seed = 5});

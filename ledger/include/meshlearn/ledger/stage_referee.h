@@ -28,6 +28,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshlearn/base/bytes.h"
@@ -156,11 +157,14 @@ Result<std::vector<protocol::NodeId>> ReplicaRunChain(std::span<const StagePlace
 // InvalidArgument naming the input that does not check out (a bundle that is not the task's, a
 // commit that is not the committed leaf, a checkpoint that does not hash to state_before, a
 // received tensor that does not match its signed record or is missing, a page or example not of
-// the batch or not proven); the finding of the replay otherwise.
+// the batch or not proven); the finding of the replay otherwise. A fraud proof after the fact
+// (ProveFraudTx on a stage unit) judges step `step` of a final round with the same function, the
+// committed leaf being the unit's recorded one; `what` names the transaction in its messages.
 Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& task_record, const WorkUnit& unit,
                                             uint64_t step, const Hash256& committed_leaf,
                                             const std::vector<protocol::NodeId>& chain,
-                                            const StageStepWitness& witness);
+                                            const StageStepWitness& witness,
+                                            std::string_view what = "referee stage step");
 
 // ---- A stage step's received inputs in its tile plan (engine::PlanStageStepTiles).
 //

@@ -732,6 +732,10 @@ Result<SegmentWitness> DecodeSegmentWitness(ByteSpan bytes);
 // the jackpot, and the task's record marks the unit's round (VerificationTally::proven_frauds).
 // Refused, changing nothing, when the witness does not check out or the segment replays to its
 // committed end. May be longer than kMaxTxBytes (kMaxLargeTxBytes).
+// A pipeline stage's unit: `segment` is the step (as in its check), and `witness` is the
+// StageStepWitness of that step (stage_referee.h, what RefereeStageStep carries); the ledger
+// replays it (RuleStageStepWitness) and compares the finding leaf with the committed step leaf.
+// Only for a stage the ledger rules from a witness (LedgerRulesStageStep).
 struct ProveFraudTx {
   static constexpr TxType kType = TxType::kProveFraud;
   Hash256 task_id;
