@@ -7,6 +7,7 @@
 
 #include "meshlearn/base/check.h"
 #include "meshlearn/base/encoding.h"
+#include "meshlearn/ledger/stage_replay.h"
 
 namespace meshlearn::node {
 
@@ -75,6 +76,8 @@ void StagePlane::Register(net::Router* router) {
   router->Register(
       kMethodStagePush, [this](const net::Request& r) { return HandlePush(r); },
       options_.max_tensor_bytes + protocol::kStageTransferWireBytes + 16 + Hash256::kSize);
+  router->Register(
+      kMethodStageKeep, [this](const net::Request& r) { return HandleKeep(r); }, kMaxEncodedLength);
 }
 
 void StagePlane::SetChain(std::vector<protocol::NodeId> chain, std::vector<std::string> endpoints) {
@@ -102,9 +105,8 @@ StageContext StagePlane::context() const {
 }
 
 namespace {
-Status Cancelled(const StageTensorKey& key) {
-  return FailedPrecondition(key.ToString() +
-                            ": the stage unit's run was cancelled (no longer assigned)");
+Status Cancelled(const std::string& what) {
+  return FailedPrecondition(what + ": the stage unit's run was cancelled (no longer assigned)");
 }
 }  // namespace
 
@@ -292,7 +294,7 @@ Result<std::vector<float>> StagePlane::Take(const StageTensorKey& key, StageTran
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
           .count());
   awaited_ = protocol::StageTensorKey();
-  if (cancelled_) return Cancelled(key);
+  if (cancelled_) return Cancelled(key.ToString());
   if (!arrived) {
     return DeadlineExceeded("no " + key.ToString() + " from " + PeerName(key.from_stage) +
                             " within the step's deadline of " +
@@ -318,21 +320,38 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
                              std::to_string(options_.max_tensor_bytes) +
                              " (use more micro-batches, or raise max_tensor_bytes on every stage)");
   }
-  StagePlaneClock::time_point deadline;
-  std::string endpoint, peer;
   Hash256 chain;
   {
     std::lock_guard<std::mutex> lock(mu_);
     chain = chain_digest_;
-    deadline = deadline_;
-    endpoint = endpoints_[key.to_stage];
-    peer = PeerName(key.to_stage);
-  }
-  if (endpoint.empty()) {
-    return FailedPrecondition(key.ToString() + ": no endpoint for stage " +
-                              std::to_string(key.to_stage) + " (SetChain before the step)");
   }
   const Bytes body = EncodeStagePush(record, values, chain);
+  ML_ASSIGN_OR_RETURN(uint64_t us, Deliver(kMethodStagePush, body, key.to_stage, key.ToString()));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.pushes_sent;
+  stats_.bytes_sent += record.bytes;
+  StageLinkStats& link = stats_.links[key.to_stage];
+  link.min_push_us = link.pushes == 0 ? us : std::min(link.min_push_us, us);
+  ++link.pushes;
+  link.bytes += record.bytes;
+  link.push_us += us;
+  return record;
+}
+
+Result<uint64_t> StagePlane::Deliver(const char* method, const Bytes& body, uint32_t to,
+                                     const std::string& what) {
+  StagePlaneClock::time_point deadline;
+  std::string endpoint, peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    deadline = deadline_;
+    endpoint = endpoints_[to];
+    peer = PeerName(to);
+  }
+  if (endpoint.empty()) {
+    return FailedPrecondition(what + ": no endpoint for stage " + std::to_string(to) +
+                              " (SetChain before the step)");
+  }
   int64_t backoff = options_.retry_initial_ms;
   Status last = Status::Ok();
   for (bool first = true;; first = false) {
@@ -341,11 +360,10 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
             .count();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (cancelled_) return Cancelled(key);
+      if (cancelled_) return Cancelled(what);
     }
     if (left <= 0) {
-      return DeadlineExceeded(peer + " did not take " + key.ToString() +
-                              " within the step's deadline of " +
+      return DeadlineExceeded(peer + " did not take " + what + " within the step's deadline of " +
                               std::to_string(options_.step_deadline_ms) + " ms" +
                               (last.ok() ? "" : " (last answer: " + last.ToString() + ")"));
     }
@@ -354,34 +372,135 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
       ++stats_.push_retries;
     }
     net::Request req;
-    req.method = kMethodStagePush;
+    req.method = method;
     req.body = body;
     req.timeout_ms = std::min(left, options_.request_timeout_ms);
     const StagePlaneClock::time_point sent_at = StagePlaneClock::now();
     Result<Bytes> r = transport_->Send(endpoint, std::move(req));
     if (r.ok()) {
-      const uint64_t us = static_cast<uint64_t>(
+      return static_cast<uint64_t>(
           std::chrono::duration_cast<std::chrono::microseconds>(StagePlaneClock::now() - sent_at)
               .count());
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.pushes_sent;
-      stats_.bytes_sent += record.bytes;
-      StageLinkStats& link = stats_.links[key.to_stage];
-      link.min_push_us = link.pushes == 0 ? us : std::min(link.min_push_us, us);
-      ++link.pushes;
-      link.bytes += record.bytes;
-      link.push_us += us;
-      return record;
     }
     last = r.status();
     const StatusCode code = last.code();
     if (code != StatusCode::kResourceExhausted && code != StatusCode::kUnavailable &&
         code != StatusCode::kDeadlineExceeded) {
-      return last.WithPrefix(peer + " refused " + key.ToString());
+      return last.WithPrefix(peer + " refused " + what);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff, left)));
     backoff = std::min(backoff * 2, options_.retry_max_ms);
   }
+}
+
+namespace {
+
+Bytes EncodeStageKeep(const protocol::StageStateClaim& claim, ByteSpan checkpoint,
+                      const Hash256& chain) {
+  Encoder e;
+  e.PutBytes(protocol::EncodeStageStateClaim(claim));
+  e.PutBytes(checkpoint);
+  e.PutHash(chain);
+  return e.Take();
+}
+
+}  // namespace
+
+Status StagePlane::KeepCheckpoint(uint64_t step, engine::TrainState& state) {
+  if (stages_ < 2 || options_.checkpoint_every == 0 || step == 0 ||
+      step % options_.checkpoint_every != 0) {
+    return Status::Ok();
+  }
+  ML_ASSIGN_OR_RETURN(Bytes checkpoint, ledger::StageCheckpointBytes(state));
+  if (checkpoint.size() > options_.max_checkpoint_bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.checkpoints_skipped;
+    return Status::Ok();
+  }
+  const uint32_t keeper = protocol::StageCheckpointKeeper(stage_, stages_);
+  Hash256 chain;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    chain = chain_digest_;
+  }
+  const protocol::StageStateClaim claim =
+      protocol::SignStageStateClaim({.task = ctx_.task,
+                                     .round = ctx_.round,
+                                     .replica = ctx_.replica,
+                                     .stages = stages_,
+                                     .stage = stage_,
+                                     .step = step},
+                                    engine::StateHash(state), key_);
+  const std::string what = "the checkpoint of " + protocol::StageStateClaimName(claim);
+  ML_RETURN_IF_ERROR(
+      Deliver(kMethodStageKeep, EncodeStageKeep(claim, checkpoint, chain), keeper, what).status());
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.checkpoints_sent;
+  stats_.checkpoint_bytes_sent += checkpoint.size();
+  return Status::Ok();
+}
+
+Status CheckKeptCheckpoint(const KeptCheckpoint& k, const protocol::NodeId& signer) {
+  ML_RETURN_IF_ERROR(protocol::VerifyStageStateClaim(k.claim, signer));
+  const std::string name = protocol::StageStateClaimName(k.claim);
+  Result<engine::TrainState> state = ledger::StageCheckpointState(k.checkpoint);
+  if (!state.ok()) return state.status().WithPrefix("the checkpoint of " + name);
+  const Hash256 got = engine::StateHash(*state);
+  if (got != k.claim.state) {
+    return InvalidArgument("the checkpoint of " + name + " hashes to " + got.ShortHex() +
+                           ", its signed claim says " + k.claim.state.ShortHex());
+  }
+  return Status::Ok();
+}
+
+std::map<uint32_t, KeptCheckpoint> StagePlane::kept() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kept_;
+}
+
+Result<Bytes> StagePlane::HandleKeep(const net::Request& request) {
+  const std::string me = "stage.keep to stage " + std::to_string(stage_) + " of replica " +
+                         std::to_string(ctx_.replica);
+  Decoder d(request.body, "stage.keep");
+  Bytes claim_bytes, checkpoint;
+  ML_RETURN_IF_ERROR(d.GetBytes(&claim_bytes, "claim", 4096));
+  ML_RETURN_IF_ERROR(d.GetBytes(&checkpoint, "checkpoint"));
+  Hash256 chain;
+  ML_RETURN_IF_ERROR(d.GetHash(&chain, "chain"));
+  ML_RETURN_IF_ERROR(d.Finish());
+  Result<protocol::StageStateClaim> claim = protocol::DecodeStageStateClaim(claim_bytes);
+  if (!claim.ok()) return claim.status().WithPrefix(me);
+  const std::string name = protocol::StageStateClaimName(*claim);
+  if (claim->task != ctx_.task || claim->round != ctx_.round || claim->replica != ctx_.replica ||
+      claim->stages != stages_ ||
+      protocol::StageCheckpointKeeper(claim->stage, stages_) != stage_) {
+    return InvalidArgument(me + ": the checkpoint of " + name + " (task " + claim->task.ShortHex() +
+                           ", " + std::to_string(claim->stages) +
+                           " stages) is not one this stage keeps");
+  }
+  protocol::NodeId sender;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_ || chain != chain_digest_) {
+      // As a push of another chain or to a stopped run: the sender retries into the run of its
+      // chain, which keeps it.
+      return Unavailable(me + ": the checkpoint of " + name +
+                         " comes from another chain or a stopped run; retry");
+    }
+    sender = ctx_.chain[claim->stage];
+  }
+  // The checkpoint must be the state its node signed: its keeper holds nothing else, so the node
+  // that restores it restores what the stage's own run reached.
+  KeptCheckpoint k{*claim, std::move(checkpoint)};
+  Status checked = CheckKeptCheckpoint(k, sender);
+  if (!checked.ok()) return checked.WithPrefix(me);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = kept_.find(k.claim.stage);
+  if (it == kept_.end() || it->second.claim.step <= k.claim.step) {
+    kept_[k.claim.stage] = std::move(k);
+  }
+  ++stats_.checkpoints_kept;
+  return Bytes();
 }
 
 }  // namespace meshlearn::node

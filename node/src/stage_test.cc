@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "meshlearn/base/config.h"
+#include "meshlearn/base/encoding.h"
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/base/test_dir.h"
@@ -32,6 +33,7 @@
 #include "meshlearn/ledger/rpc.h"
 #include "meshlearn/ledger/shared_chain.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/stage_replay.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/http_transport.h"
@@ -48,6 +50,7 @@
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/stage_state_claim.h"
 #include "meshlearn/protocol/stage_transfer.h"
 #include "testing/pipeline_task.h"
 
@@ -781,6 +784,13 @@ std::vector<Status> StageRunOverHttp(std::vector<std::unique_ptr<Stage>>& stages
     threads.emplace_back([&, s] {
       for (int64_t step = first; step < last; ++step) {
         nodes[s]->plane->BeginStep(static_cast<uint64_t>(step));
+        // As RunStageUnit: the step's start to its keeper, before the step's first tensor.
+        Status kept =
+            nodes[s]->plane->KeepCheckpoint(static_cast<uint64_t>(step), stages[s]->state());
+        if (!kept.ok()) {
+          status[s] = kept;
+          return;
+        }
         Result<StageStepOutcome> r =
             RunStageStep(*stages[s], nodes[s]->plane->context(), batches[step], kStageDropoutSeed,
                          *nodes[s]->plane->link());
@@ -1038,7 +1048,7 @@ TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloc
   const protocol::TaskSpecView view = MakeTaskView(*trainer, net);
   GlobalState state = InitialState(*trainer);
   const uint64_t samples = UnitSamples(*trainer, net);
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, checkpoint_bytes = 0, checkpoints = 0, steps = 0;
   for (uint32_t r = 0; r < net.rounds; ++r) {
     // Each replica: 3 stage nodes of its own, from the round's weights, on its unit's batches.
     struct Replica {
@@ -1083,6 +1093,12 @@ TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloc
           const uint64_t seed = engine::DropoutSeed(t.seed, rep.work.stream);
           for (int64_t step = 0; step < rep.work.inner_steps; ++step) {
             rep.nodes[s]->plane->BeginStep(static_cast<uint64_t>(step));
+            Status kept = rep.nodes[s]->plane->KeepCheckpoint(static_cast<uint64_t>(step),
+                                                              rep.stages[s]->state());
+            if (!kept.ok()) {
+              status[3 * i + s] = kept;
+              return;
+            }
             Result<StageStepOutcome> o =
                 RunStageStep(*rep.stages[s], rep.nodes[s]->plane->context(), rep.batches[step],
                              seed, *rep.nodes[s]->plane->link());
@@ -1099,7 +1115,19 @@ TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloc
     for (uint32_t i = 0; i < net.units_per_round; ++i) {
       for (int s = 0; s < 3; ++s) {
         ASSERT_TRUE(status[3 * i + s].ok()) << status[3 * i + s].ToString();
-        bytes += replicas[i].nodes[s]->plane->stats().bytes_sent;
+        const StagePlaneStats ps = replicas[i].nodes[s]->plane->stats();
+        bytes += ps.bytes_sent;
+        // Every step but the first (the round's start) replicated to the stage's keeper, which
+        // holds the newest: the last step's start, as its node signed it.
+        const int64_t h = replicas[i].work.inner_steps;
+        EXPECT_EQ(ps.checkpoints_sent, static_cast<uint64_t>(h - 1));
+        checkpoint_bytes += ps.checkpoint_bytes_sent;
+        checkpoints += ps.checkpoints_sent;
+        steps += static_cast<uint64_t>(h);
+        const uint32_t keeper = protocol::StageCheckpointKeeper(static_cast<uint32_t>(s), 3);
+        const std::map<uint32_t, KeptCheckpoint> kept = replicas[i].nodes[keeper]->plane->kept();
+        ASSERT_EQ(kept.count(static_cast<uint32_t>(s)), 1u);
+        EXPECT_EQ(kept.at(static_cast<uint32_t>(s)).claim.step, static_cast<uint64_t>(h - 1));
       }
       deltas.push_back(protocol::PseudoGradient(
           state.weights, GatherStageParams(*trainer->state().model, replicas[i].stages)));
@@ -1112,8 +1140,14 @@ TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloc
     EXPECT_EQ(HashFloats(state.weights), want.rounds[r].global_hash) << "round " << r;
   }
   EXPECT_EQ(HashFloats(state.weights), want.final_hash);
-  std::printf("2 rounds x 2 replicas x 3 stages over HTTP: %llu tensor bytes between stages\n",
-              static_cast<unsigned long long>(bytes));
+  std::printf(
+      "2 rounds x 2 replicas x 3 stages over HTTP: %llu tensor bytes between stages (%llu a stage "
+      "step), %llu checkpoints to keepers of %llu bytes (%llu each)\n",
+      static_cast<unsigned long long>(bytes),
+      static_cast<unsigned long long>(bytes / std::max<uint64_t>(steps, 1)),
+      static_cast<unsigned long long>(checkpoints),
+      static_cast<unsigned long long>(checkpoint_bytes),
+      static_cast<unsigned long long>(checkpoint_bytes / std::max<uint64_t>(checkpoints, 1)));
 }
 
 // A verifier fetches a stage step's evidence from the stage's node over HTTP (the commit, the
@@ -1561,6 +1595,8 @@ TEST(StagePlaneTest, AStageNodeKilledMidStepIsReplacedAndTheReplicaEndsBitEqual)
     Status died;
     std::thread dying([&] {
       nodes[2]->plane->BeginStep(2);
+      died = nodes[2]->plane->KeepCheckpoint(2, got[2]->state());
+      if (!died.ok()) return;
       StageDyingLink link(nodes[2]->plane->link());
       Result<StageStepOutcome> r =
           RunStageStep(*got[2], ctx, StageBatch(spec, 2), kStageDropoutSeed, link);
@@ -1576,9 +1612,15 @@ TEST(StagePlaneTest, AStageNodeKilledMidStepIsReplacedAndTheReplicaEndsBitEqual)
 
     // The scheduler replaces stage 2's node by another (another key, another endpoint); every
     // stage of the replica resumes from its checkpoint of step 2's start, the new node from
-    // stage 2's; and the replica trains on, bit-equal to the pipeline in one process. (The new
-    // node's plane starts at step 0: its peers' step-2 pushes that arrive before its BeginStep(2)
-    // are answered "not yet" and retried.)
+    // stage 2's as its keeper (stage 1's node) holds it -- the dead node's own file is not read --
+    // after checking it is the state the dead node signed; and the replica trains on, bit-equal
+    // to the pipeline in one process. (The new node's plane starts at step 0: its peers' step-2
+    // pushes that arrive before its BeginStep(2) are answered "not yet" and retried.)
+    const std::map<uint32_t, KeptCheckpoint> kept = nodes[1]->plane->kept();
+    ASSERT_EQ(kept.count(2u), 1u);
+    const KeptCheckpoint& lost = kept.at(2);
+    EXPECT_EQ(lost.claim.step, 2u);
+    EXPECT_TRUE(protocol::VerifyStageStateClaim(lost.claim, ctx.chain[2]).ok());
     StageContext replaced = ctx;
     replaced.chain[2] = StageNodeKey(5).public_key();
     nodes[2] = StageStartNode(replaced, 2, StageNodeKey(5), opt);
@@ -1589,11 +1631,16 @@ TEST(StagePlaneTest, AStageNodeKilledMidStepIsReplacedAndTheReplicaEndsBitEqual)
         Stage::Create(spec, StageOptimizer(), *cut, 2, kStageMicroBatches);
     ASSERT_TRUE(fresh.ok());
     got[2] = std::move(*fresh);
-    for (int s = 0; s < 3; ++s) {
+    for (int s = 0; s < 2; ++s) {
       Result<engine::TrainState> saved = engine::LoadCheckpoint(&env, "s" + std::to_string(s));
       ASSERT_TRUE(saved.ok()) << saved.status().ToString();
       ASSERT_TRUE(got[s]->Restore(std::move(*saved)).ok());
     }
+    Result<engine::TrainState> from_keeper = ledger::StageCheckpointState(lost.checkpoint);
+    ASSERT_TRUE(from_keeper.ok()) << from_keeper.status().ToString();
+    EXPECT_EQ(engine::StateHash(*from_keeper), lost.claim.state);
+    ASSERT_TRUE(got[2]->Restore(std::move(*from_keeper)).ok());
+    EXPECT_EQ(engine::StateHash(got[2]->state()), lost.claim.state);
     st = StageRunOverHttp(got, nodes, {0, 1, 2}, 2, 4, &out);
     for (int s = 0; s < 3; ++s) {
       ASSERT_TRUE(st[s].ok()) << st[s].ToString();
@@ -1758,6 +1805,161 @@ TEST(StagePlaneTest, APushOfAnotherChainIsRetriedNeitherTakenNorRefused) {
   Result<std::vector<float>> got = plane.link()->Receive(tied.key, &rec);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(*got, w);
+}
+
+// A stage's keeper (docs/networking.md "Checkpoint replication") keeps a checkpoint only as the
+// state the chain's node of the stage signed, for a stage it keeps, of its replica and chain; it
+// keeps the newest of each stage, and keeps it when the chain changes (the stage's node was
+// replaced: the point of keeping it).
+TEST(StagePlaneTest, AKeeperKeepsOnlyTheCheckpointItsStagesNodeSigned) {
+  const ModelSpec spec = StageParseModel(kStageGpt);
+  std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+  engine::RunPipelineStep(stages, StageBatch(spec, 0), kStageDropoutSeed);
+  const StageContext ctx = StageCtx();
+  ASSERT_EQ(protocol::StageCheckpointKeeper(0, 3), 1u);
+  ASSERT_EQ(protocol::StageCheckpointKeeper(1, 3), 2u);
+  ASSERT_EQ(protocol::StageCheckpointKeeper(2, 3), 1u);
+  net::HttpTransport transport;
+  StagePlane plane(ctx, 1, StageNodeKey(1), &transport, {.step_deadline_ms = 50});
+  const std::vector<std::string> endpoints = {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"};
+  plane.SetChain(ctx.chain, endpoints);
+  plane.BeginStep(1);
+  auto claim_of = [&](uint32_t stage, uint64_t step, engine::TrainState& state,
+                      const KeyPair& key) {
+    return protocol::SignStageStateClaim({.task = ctx.task,
+                                          .round = ctx.round,
+                                          .replica = ctx.replica,
+                                          .stages = 3,
+                                          .stage = stage,
+                                          .step = step},
+                                         engine::StateHash(state), key);
+  };
+  auto bytes_of = [](engine::TrainState& state) {
+    Result<Bytes> b = ledger::StageCheckpointBytes(state);
+    CHECK(b.ok());
+    return *b;
+  };
+  auto keep = [&](const protocol::StageStateClaim& c, const Bytes& checkpoint,
+                  std::span<const protocol::NodeId> chain) {
+    Encoder e;
+    e.PutBytes(protocol::EncodeStageStateClaim(c));
+    e.PutBytes(checkpoint);
+    e.PutHash(StageChainDigest(chain));
+    return plane.HandleKeep(net::Request{kMethodStageKeep, e.Take()}).status();
+  };
+  const Bytes s0 = bytes_of(stages[0]->state());
+  const protocol::StageStateClaim c0 = claim_of(0, 1, stages[0]->state(), StageNodeKey(0));
+
+  // The claim encodes and decodes as signed; a field changed after signing does not verify.
+  Result<protocol::StageStateClaim> round_trip =
+      protocol::DecodeStageStateClaim(protocol::EncodeStageStateClaim(c0));
+  ASSERT_TRUE(round_trip.ok()) << round_trip.status().ToString();
+  EXPECT_EQ(*round_trip, c0);
+  protocol::StageStateClaim altered = c0;
+  altered.step = 0;
+  EXPECT_EQ(protocol::VerifyStageStateClaim(altered, ctx.chain[0]).code(),
+            StatusCode::kPermissionDenied);
+
+  // Refused: another node's signature, a checkpoint that is not the signed state, a stage this
+  // one does not keep, another replica. Retried: another chain's.
+  Status st = keep(claim_of(0, 1, stages[0]->state(), StageNodeKey(2)), s0, ctx.chain);
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+  st = keep(c0, bytes_of(stages[2]->state()), ctx.chain);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("its signed claim says"), std::string::npos) << st.ToString();
+  st = keep(claim_of(1, 1, stages[1]->state(), StageNodeKey(1)), bytes_of(stages[1]->state()),
+            ctx.chain);
+  EXPECT_NE(st.message().find("is not one this stage keeps"), std::string::npos) << st.ToString();
+  protocol::StageStateClaim other_replica = c0;
+  other_replica.replica = 0;
+  other_replica = protocol::SignStageStateClaim(other_replica, c0.state, StageNodeKey(0));
+  st = keep(other_replica, s0, ctx.chain);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  std::vector<protocol::NodeId> replaced = ctx.chain;
+  replaced[0] = StageNodeKey(9).public_key();
+  st = keep(c0, s0, replaced);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_TRUE(plane.kept().empty());
+  EXPECT_EQ(plane.stats().checkpoints_kept, 0u);
+
+  // Kept: stage 0's and the last stage's, each its newest; an older one leaves it.
+  ASSERT_TRUE(keep(c0, s0, ctx.chain).ok());
+  const protocol::StageStateClaim c2 = claim_of(2, 3, stages[2]->state(), StageNodeKey(2));
+  ASSERT_TRUE(keep(c2, bytes_of(stages[2]->state()), ctx.chain).ok());
+  ASSERT_TRUE(keep(claim_of(2, 2, stages[2]->state(), StageNodeKey(2)),
+                   bytes_of(stages[2]->state()), ctx.chain)
+                  .ok());
+  std::map<uint32_t, KeptCheckpoint> kept = plane.kept();
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept.at(0).claim, c0);
+  EXPECT_EQ(kept.at(0).checkpoint, s0);
+  EXPECT_EQ(kept.at(2).claim, c2);
+  EXPECT_EQ(plane.stats().checkpoints_kept, 3u);
+  // Stage 0's node is replaced: what its lost node signed stays kept, and the new node's claims
+  // are checked against the new chain.
+  plane.SetChain(replaced, endpoints);
+  EXPECT_EQ(plane.kept().at(0).claim, c0);
+  st = keep(claim_of(0, 2, stages[0]->state(), StageNodeKey(0)), s0, replaced);
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+  const protocol::StageStateClaim c9 = claim_of(0, 2, stages[0]->state(), StageNodeKey(9));
+  ASSERT_TRUE(keep(c9, s0, replaced).ok());
+  EXPECT_EQ(plane.kept().at(0).claim, c9);
+}
+
+// A node keeps its neighbours' checkpoints past the run whose plane took them, and serves them
+// ("stage.kept") to the node that replaces a lost stage, which checks each against the key of
+// the node that signed it; a stage sends only the steps its checkpoint_every makes due.
+TEST(StagePlaneTest, ANodeServesTheCheckpointsItKeepsPastTheRunThatTookThem) {
+  const ModelSpec spec = StageParseModel(kStageGpt);
+  std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+  const StageContext ctx = StageCtx();
+  net::Router router;
+  StageHost host;
+  host.Register(&router);
+  net::HttpServer server(&router, net::HttpServerOptions{});
+  ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
+  const std::vector<std::string> endpoints = {"127.0.0.1:1", server.endpoint(), "127.0.0.1:3"};
+  net::HttpTransport transport;
+  // Stage 1's node runs the replica's unit (its plane attached); stage 0 keeps its checkpoints
+  // there, every second step.
+  auto run = std::make_unique<StagePlane>(ctx, 1, StageNodeKey(1), &transport,
+                                          StagePlaneOptions{.step_deadline_ms = 5000});
+  std::unique_ptr<StageHost::Attachment> attached = host.Attach(run.get());
+  run->SetChain(ctx.chain, endpoints);
+  StagePlane sender(ctx, 0, StageNodeKey(0), &transport,
+                    {.step_deadline_ms = 5000, .checkpoint_every = 2});
+  sender.SetChain(ctx.chain, endpoints);
+  for (uint64_t step = 0; step < 4; ++step) {
+    sender.BeginStep(step);
+    ASSERT_TRUE(sender.KeepCheckpoint(step, stages[0]->state()).ok());
+  }
+  EXPECT_EQ(sender.stats().checkpoints_sent, 1u)
+      << "step 2 only: 0 is the round's, 1 and 3 not due";
+  const Hash256 state0 = engine::StateHash(stages[0]->state());
+  auto fetch = [&](uint32_t stage, const protocol::NodeId& signer) {
+    return FetchKeptCheckpoint(&transport, server.endpoint(), ctx.task, ctx.round, ctx.replica, 3,
+                               stage, signer);
+  };
+  Result<KeptCheckpoint> got = fetch(0, ctx.chain[0]);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->claim.step, 2u);
+  EXPECT_EQ(got->claim.state, state0);
+  EXPECT_EQ(sender.stats().checkpoint_bytes_sent, got->checkpoint.size());
+
+  // The run ends (its plane goes with it): the node still serves what it kept.
+  attached.reset();
+  run.reset();
+  got = fetch(0, ctx.chain[0]);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->claim.step, 2u);
+  EXPECT_EQ(host.kept_bytes(), got->checkpoint.size());
+  // The fetcher checks it against the node it expects to have signed it; none of stage 2 is kept.
+  EXPECT_EQ(fetch(0, ctx.chain[2]).status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(fetch(2, ctx.chain[2]).status().code(), StatusCode::kNotFound);
+  // Once its round is final, it is dropped.
+  EXPECT_EQ(host.WithdrawKeptBefore(ctx.task, ctx.round), 0u);
+  EXPECT_EQ(host.WithdrawKeptBefore(ctx.task, ctx.round + 1), 1u);
+  EXPECT_EQ(fetch(0, ctx.chain[0]).status().code(), StatusCode::kNotFound);
 }
 
 // ---- The ledger places the stages (docs/protocol.md, "Pipeline stage units").

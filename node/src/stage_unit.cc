@@ -8,6 +8,7 @@
 #include <string>
 
 #include "meshlearn/base/check.h"
+#include "meshlearn/base/encoding.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/step_witness.h"
@@ -317,6 +318,9 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
       ML_RETURN_IF_ERROR(hooks.checkpoint(static_cast<uint64_t>(i), stage.state()));
     }
     plane.BeginStep(static_cast<uint64_t>(i));
+    // The step's start outlives this node at its keeper, sent before the step's first tensor
+    // (docs/networking.md "Checkpoint replication").
+    ML_RETURN_IF_ERROR(plane.KeepCheckpoint(static_cast<uint64_t>(i), stage.state()));
     const engine::Batch* batch = &batches[i];
     ledger::StageLink* link = plane.link();
     std::optional<SwappedActivationsLink> swapped;
@@ -422,6 +426,10 @@ void StageHost::Register(net::Router* router, uint64_t max_push_bytes) {
   router->Register(
       kMethodStagePush, [this](const net::Request& r) { return HandlePush(r); },
       static_cast<size_t>(max_push_bytes));
+  router->Register(
+      kMethodStageKeep, [this](const net::Request& r) { return HandleKeep(r); }, kMaxEncodedLength);
+  router->Register(
+      kMethodStageKept, [this](const net::Request& r) { return HandleKept(r); }, 256);
 }
 
 std::unique_ptr<StageHost::Attachment> StageHost::Attach(StagePlane* plane) {
@@ -433,7 +441,110 @@ std::unique_ptr<StageHost::Attachment> StageHost::Attach(StagePlane* plane) {
 
 StageHost::Attachment::~Attachment() {
   std::lock_guard<std::mutex> lock(host_->mu_);
+  // The run's plane goes with its run; what it keeps for its neighbours stays with the node.
+  for (auto& [stage, k] : host_->plane_->kept()) host_->KeepLocked(std::move(k));
   host_->plane_ = nullptr;
+}
+
+void StageHost::KeepLocked(KeptCheckpoint k) {
+  const protocol::StageStateClaim& c = k.claim;
+  const KeptKey key{c.task, c.round, c.replica, c.stage};
+  auto it = kept_.find(key);
+  if (it == kept_.end() || it->second.claim.step <= c.step) kept_[key] = std::move(k);
+}
+
+std::optional<KeptCheckpoint> StageHost::Kept(const Hash256& task, uint32_t round, uint32_t replica,
+                                              uint32_t stage) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<KeptCheckpoint> out;
+  auto it = kept_.find({task, round, replica, stage});
+  if (it != kept_.end()) out = it->second;
+  if (plane_ != nullptr) {
+    const StageContext ctx = plane_->context();
+    if (ctx.task == task && ctx.round == round && ctx.replica == replica) {
+      std::map<uint32_t, KeptCheckpoint> now = plane_->kept();
+      auto p = now.find(stage);
+      if (p != now.end() && (!out || out->claim.step <= p->second.claim.step)) {
+        out = std::move(p->second);
+      }
+    }
+  }
+  return out;
+}
+
+size_t StageHost::WithdrawKeptBefore(const Hash256& task, uint32_t round) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::erase_if(kept_, [&](const auto& kv) {
+    return std::get<0>(kv.first) == task && std::get<1>(kv.first) < round;
+  });
+}
+
+uint64_t StageHost::kept_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = 0;
+  for (const auto& [key, k] : kept_) n += k.checkpoint.size();
+  return n;
+}
+
+namespace {
+
+Bytes EncodeKeptRequest(const Hash256& task, uint32_t round, uint32_t replica, uint32_t stage) {
+  Encoder e;
+  e.PutHash(task).PutU32(round).PutU32(replica).PutU32(stage);
+  return e.Take();
+}
+
+}  // namespace
+
+Result<Bytes> StageHost::HandleKept(const net::Request& request) const {
+  Decoder d(request.body, "stage.kept request");
+  Hash256 task;
+  uint32_t round = 0, replica = 0, stage = 0;
+  ML_RETURN_IF_ERROR(d.GetHash(&task, "task"));
+  ML_RETURN_IF_ERROR(d.GetU32(&round, "round"));
+  ML_RETURN_IF_ERROR(d.GetU32(&replica, "replica"));
+  ML_RETURN_IF_ERROR(d.GetU32(&stage, "stage"));
+  ML_RETURN_IF_ERROR(d.Finish());
+  std::optional<KeptCheckpoint> k = Kept(task, round, replica, stage);
+  if (!k) {
+    return NotFound("stage.kept: this node keeps no checkpoint of stage " + std::to_string(stage) +
+                    " of replica " + std::to_string(replica) + ", round " + std::to_string(round) +
+                    " of task " + task.ShortHex());
+  }
+  Encoder e;
+  e.PutBytes(protocol::EncodeStageStateClaim(k->claim));
+  e.PutBytes(k->checkpoint);
+  return e.Take();
+}
+
+Result<KeptCheckpoint> FetchKeptCheckpoint(net::Transport* transport, const std::string& endpoint,
+                                           const Hash256& task, uint32_t round, uint32_t replica,
+                                           uint32_t stages, uint32_t stage,
+                                           const protocol::NodeId& signer) {
+  net::Request req;
+  req.method = kMethodStageKept;
+  req.body = EncodeKeptRequest(task, round, replica, stage);
+  ML_ASSIGN_OR_RETURN(Bytes answer, transport->Send(endpoint, std::move(req)));
+  const std::string from = "stage.kept from " + endpoint;
+  Decoder d(answer, from);
+  Bytes claim_bytes;
+  KeptCheckpoint k;
+  ML_RETURN_IF_ERROR(d.GetBytes(&claim_bytes, "claim", 4096));
+  ML_RETURN_IF_ERROR(d.GetBytes(&k.checkpoint, "checkpoint"));
+  ML_RETURN_IF_ERROR(d.Finish());
+  Result<protocol::StageStateClaim> claim = protocol::DecodeStageStateClaim(claim_bytes);
+  if (!claim.ok()) return claim.status().WithPrefix(from);
+  k.claim = std::move(*claim);
+  const protocol::StageStateClaim& c = k.claim;
+  if (c.task != task || c.round != round || c.replica != replica || c.stages != stages ||
+      c.stage != stage) {
+    return InvalidArgument(from + ": a claim of " + protocol::StageStateClaimName(c) + " (task " +
+                           c.task.ShortHex() + ", " + std::to_string(c.stages) +
+                           " stages), not of the stage asked for");
+  }
+  Status checked = CheckKeptCheckpoint(k, signer);
+  if (!checked.ok()) return checked.WithPrefix(from);
+  return k;
 }
 
 Result<Bytes> StageHost::HandlePush(const net::Request& request) {
@@ -442,6 +553,14 @@ Result<Bytes> StageHost::HandlePush(const net::Request& request) {
     return Unavailable("stage.push: this node runs no stage unit yet (retry)");
   }
   return plane_->HandlePush(request);
+}
+
+Result<Bytes> StageHost::HandleKeep(const net::Request& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (plane_ == nullptr) {
+    return Unavailable("stage.keep: this node runs no stage unit yet (retry)");
+  }
+  return plane_->HandleKeep(request);
 }
 
 }  // namespace meshlearn::node

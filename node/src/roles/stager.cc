@@ -97,8 +97,13 @@ Status Stager::Start(const UnitAssignment& a) {
   sc.chain = slot.chain;
   sc.tile_cols = ledger::StageTileCols(task.model);
   sc.tile_rows = ledger::StageTileRows(task.model, task.batch_size, task.micro_batches);
+  // A task that sets checkpoint_interval replicates its stages' checkpoints at that interval
+  // rather than every step (a 10M GPT's stage checkpoint is tens of MB, several times a step's
+  // tensors): the submitter trades the steps a replica may rerun for the bytes.
+  StagePlaneOptions plane_options = node_->options().stage_plane;
+  if (net.checkpoint_interval > 0) plane_options.checkpoint_every = net.checkpoint_interval;
   run->plane = std::make_unique<StagePlane>(sc, static_cast<int>(slot.stage), node_->key(),
-                                            node_->deps().transport, node_->options().stage_plane);
+                                            node_->deps().transport, plane_options);
   run->plane->SetChain(slot.chain, slot.endpoints);
   run->attached = host_.Attach(run->plane.get());
   // The chain is named so that a run on a replaced node's new chain can be told from its stale
@@ -245,6 +250,8 @@ void Stager::ReportLinks(const StagePlaneStats& plane, const UnitAssignment& a) 
 
 void Stager::ReleaseEvidence(const Hash256& task, uint32_t finalized) {
   const size_t freed = evidence_.WithdrawRoundsBefore(task, finalized);
+  // Its neighbours' checkpoints of those rounds too: no replica of a final round resumes.
+  host_.WithdrawKeptBefore(task, finalized);
   node_->stats().stage_evidence_bytes = evidence_.bytes();
   if (freed != 0) {
     node_->Log("task " + task.ShortHex() + ": no longer serving " + std::to_string(freed) +

@@ -74,7 +74,8 @@ class Stager {
   bool OnOutcome(const TxOutcome& o);
 
   // Rounds [0, finalized) of `task` are final (UINT32_MAX: the task is released): the evidence
-  // of their steps is no longer served, and its checkpoint files are deleted.
+  // of their steps is no longer served, and its checkpoint files are deleted; nor are the
+  // neighbours' checkpoints the node keeps of them (StageHost::WithdrawKeptBefore).
   void ReleaseEvidence(const Hash256& task, uint32_t finalized);
   const StageEvidence& evidence() const { return evidence_; }
 

@@ -41,8 +41,22 @@
 //   plane.BeginStep(step);                       // the deadline starts now
 //   Result<StageStepOutcome> r = RunStageStep(*stage_obj, ctx, batch, seed, *plane.link());
 //
-// Thread-safety: the handler runs on the server's threads; link() is used by one thread (the
-// stage's); BeginStep from that thread; stats() from any.
+// Checkpoint replication (docs/networking.md "Checkpoint replication"): at the start of every
+// `checkpoint_every`-th step, before the step's first tensor, a stage sends its checkpoint of the
+// step's start (ledger::StageCheckpointBytes) and its signed state claim
+// (protocol/stage_state_claim.h) to its keeper stage's node (protocol::StageCheckpointKeeper):
+//
+//   "stage.keep"  {claim: EncodeStageStateClaim, checkpoint: the checkpoint file's bytes,
+//                  chain: StageChainDigest of the sender's chain} -> empty
+//
+// The keeper checks the claim's replica and signature against its chain (another chain:
+// Unavailable, retried, as a push) and that the checkpoint hashes to the claimed state, and keeps
+// the newest of each stage it keeps (kept()), across SetChain: the point is that a stage's
+// checkpoint outlives its node. So the node that replaces a lost stage restores a state that its
+// lost node signed, and the replica resumes from that step rather than from the round's start.
+//
+// Thread-safety: the handlers run on the server's threads; link() and KeepCheckpoint are used by
+// one thread (the stage's); BeginStep from that thread; stats() and kept() from any.
 #pragma once
 
 #include <chrono>
@@ -56,14 +70,18 @@
 #include <string>
 #include <vector>
 
+#include "meshlearn/base/encoding.h"  // kMaxEncodedLength
 #include "meshlearn/base/sign.h"
+#include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/ledger/state.h"
 #include "meshlearn/net/transport.h"
 #include "meshlearn/node/stage_step.h"
+#include "meshlearn/protocol/stage_state_claim.h"
 
 namespace meshlearn::node {
 
 inline constexpr char kMethodStagePush[] = "stage.push";
+inline constexpr char kMethodStageKeep[] = "stage.keep";
 
 struct StagePlaneOptions {
   uint64_t inbox_bytes = 256ull << 20;      // held from one sending stage, not yet taken
@@ -72,6 +90,15 @@ struct StagePlaneOptions {
   int64_t request_timeout_ms = 10'000;      // one push
   int64_t retry_initial_ms = 2;             // backoff after a refused or failed push, doubling
   int64_t retry_max_ms = 100;
+  // A stage replicates its checkpoint of every `checkpoint_every`-th step's start to its keeper
+  // (0: none; step 0's start is the round's, which every node reads from the chain). The default
+  // is every step: the newest step start of a lost stage then outlives it, for one checkpoint's
+  // bytes per step and stage (a stage's parameters and optimizer moments; measured in
+  // StagePlaneStats::checkpoint_bytes_sent). The Stager sets the task's checkpoint_interval
+  // when the task has one. A checkpoint over max_checkpoint_bytes is not sent
+  // (checkpoints_skipped): the replica then resumes from an earlier one, or the round's start.
+  uint64_t checkpoint_every = 1;
+  uint64_t max_checkpoint_bytes = kMaxEncodedLength - 4096;
   // Testing only (an adversary that computes its part honestly and sends corrupted tensors;
   // docs/verification.md "Pipeline stages"): a tensor whose key this matches is sent, and
   // signed, as CorruptedStageTensor of it.
@@ -103,6 +130,10 @@ struct StagePlaneStats {
   uint64_t refused_busy = 0;                 // pushes this stage refused: inbox full
   uint64_t duplicates = 0;  // pushes of a key held or of an earlier step, answered ok
   uint64_t peak_inbox_bytes = 0;
+  uint64_t checkpoints_sent = 0;       // KeepCheckpoint's, taken by the keeper
+  uint64_t checkpoint_bytes_sent = 0;  // their checkpoint bytes
+  uint64_t checkpoints_skipped = 0;    // over max_checkpoint_bytes: not sent
+  uint64_t checkpoints_kept = 0;       // "stage.keep" pushes this stage took
   // Time Take waited for a neighbour's tensor: the stage's share of the pipeline's bubble (and of
   // any neighbour that is slow or starved of a core), in microseconds.
   uint64_t wait_us = 0;
@@ -119,6 +150,17 @@ struct StagePlaneStats {
 std::vector<ledger::NodeLink> MeasuredLinks(const StagePlaneStats& stats,
                                             std::span<const protocol::NodeId> chain);
 
+// A stage's checkpoint as its keeper holds it: the state claim its node signed and the
+// checkpoint's bytes (ledger::StageCheckpointState loads them; their StateHash is claim.state).
+struct KeptCheckpoint {
+  protocol::StageStateClaim claim;
+  Bytes checkpoint;
+};
+// What a keeper checks before it keeps a checkpoint, and a node before it restores one: the claim
+// verifies as `signer`'s (the chain's node of the claimed stage), and the checkpoint loads and
+// hashes to the claimed state. PermissionDenied or InvalidArgument naming the claim.
+Status CheckKeptCheckpoint(const KeptCheckpoint& k, const protocol::NodeId& signer);
+
 class StagePlane {
  public:
   // Stage `stage` of ctx's replica, signing with `key` (ctx.chain[stage] must be its public key).
@@ -129,7 +171,7 @@ class StagePlane {
   StagePlane(const StagePlane&) = delete;
   StagePlane& operator=(const StagePlane&) = delete;
 
-  // Registers "stage.push" (bodies up to max_tensor_bytes and the record).
+  // Registers "stage.push" (bodies up to max_tensor_bytes and the record) and "stage.keep".
   void Register(net::Router* router);
   // The replica's nodes and where they serve: chain[s] and endpoints[s] for stage s (this
   // stage's own endpoint is unused). Set before a step that sends anything -- a node serves first
@@ -154,13 +196,23 @@ class StagePlane {
   void Cancel();
   // The link RunStageStep uses for the current step.
   StageLink* link();
+  // After BeginStep(step), before the step's first tensor: when the step is due (a multiple of
+  // checkpoint_every, not 0) and the chain has a keeper, sends `state` (the stage's state at the
+  // step's start) and its signed claim to the keeper, retried as a push until the step's
+  // deadline. Ok and nothing sent when not due, or over max_checkpoint_bytes (counted skipped).
+  // Errors: a push's (the keeper did not take it).
+  Status KeepCheckpoint(uint64_t step, engine::TrainState& state);
+  // The newest checkpoint this stage keeps of each stage (by stage), whatever chain sent it.
+  std::map<uint32_t, KeptCheckpoint> kept() const;
   // The tensors the stage took this step, by hash (StageTensorBytes): what it serves verifiers
   // (stage_evidence.h). A copy of each is kept until the next BeginStep.
   std::map<Hash256, Bytes> received() const;
   StagePlaneStats stats() const;
 
-  // The handler of "stage.push" (public for tests that drive it without HTTP).
+  // The handlers of "stage.push" and "stage.keep" (public for tests that drive them without
+  // HTTP).
   Result<Bytes> HandlePush(const net::Request& request);
+  Result<Bytes> HandleKeep(const net::Request& request);
 
  private:
   class Link;
@@ -172,6 +224,11 @@ class StagePlane {
                                   protocol::StageTransfer* record);
   Result<protocol::StageTransfer> Push(const protocol::StageTensorKey& key,
                                        std::span<const float> values);
+  // Sends `body` as `method` to stage `to`'s node, retrying a busy, unavailable or timed-out
+  // answer with the doubling backoff until the step's deadline; `what` names it in errors. The
+  // round trip of the push taken, in microseconds.
+  Result<uint64_t> Deliver(const char* method, const Bytes& body, uint32_t to,
+                           const std::string& what);
   std::string PeerName(uint32_t stage) const;             // REQUIRES: mu_ held
   void StageUnhold(uint32_t from_stage, uint64_t bytes);  // REQUIRES: mu_ held
 
@@ -197,6 +254,7 @@ class StagePlane {
   std::map<uint32_t, uint64_t> held_from_;  // by sending stage
   protocol::StageTensorKey awaited_;        // what Take waits for (default: nothing)
   StagePlaneStats stats_;
+  std::map<uint32_t, KeptCheckpoint> kept_;  // by the stage kept
 };
 
 // The digest of a replica's chain (its stages' nodes in order) that a push carries.

@@ -34,7 +34,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "meshlearn/base/hash.h"
@@ -214,6 +216,15 @@ Result<engine::OpTrace> CorruptSentTrace(
 // push to the plane of the stage unit the node runs now (a node runs one stage unit at a time and
 // a new plane for each). With no plane attached a push is answered Unavailable, which the
 // sender's plane retries until its step's deadline (a neighbour that starts its stage first).
+//
+// It also keeps its neighbours' checkpoints past the run whose plane took them (checkpoint
+// replication, stage_plane.h: the plane's kept() when its attachment ends), newest step per
+// (task, round, replica, stage), and serves them to the node that replaces a lost stage:
+//
+//   "stage.kept"  {task, round, replica, stage} -> {claim: EncodeStageStateClaim, checkpoint}
+//
+// (the attached plane's, else the host's; NotFound when it keeps none). FetchKeptCheckpoint checks
+// what comes back.
 class StageHost {
  public:
   StageHost() = default;
@@ -221,7 +232,8 @@ class StageHost {
   StageHost& operator=(const StageHost&) = delete;
 
   // Registers "stage.push" (bodies up to `max_push_bytes`: StagePlaneOptions::max_tensor_bytes
-  // plus the record). `router` must outlive the server that serves it.
+  // plus the record) and "stage.keep" (a stage checkpoint: up to kMaxEncodedLength). `router`
+  // must outlive the server that serves it.
   void Register(net::Router* router, uint64_t max_push_bytes = (64ull << 20) + 4096);
 
   // Pushes go to `plane` until the attachment is destroyed. REQUIRES: none attached now.
@@ -237,11 +249,38 @@ class StageHost {
   };
   std::unique_ptr<Attachment> Attach(StagePlane* plane);
 
- private:
-  Result<Bytes> HandlePush(const net::Request& request);
+  // The newest checkpoint of (task, round, replica, stage) this node keeps: the attached plane's,
+  // else one a finished run's plane took. nullopt when none.
+  std::optional<KeptCheckpoint> Kept(const Hash256& task, uint32_t round, uint32_t replica,
+                                     uint32_t stage) const;
+  // Drops what is kept of `task`'s rounds before `round` (their rounds are final); the count.
+  size_t WithdrawKeptBefore(const Hash256& task, uint32_t round);
+  // The bytes of the checkpoints kept past their runs.
+  uint64_t kept_bytes() const;
 
-  std::mutex mu_;
-  StagePlane* plane_ = nullptr;  // guarded by mu_; the handler runs under it
+ private:
+  using KeptKey = std::tuple<Hash256, uint32_t, uint32_t, uint32_t>;  // task, round, replica, stage
+  Result<Bytes> HandlePush(const net::Request& request);
+  Result<Bytes> HandleKeep(const net::Request& request);
+  Result<Bytes> HandleKept(const net::Request& request) const;
+  // Keeps `k` unless a checkpoint of a later step of its stage is kept. REQUIRES: mu_ held.
+  void KeepLocked(KeptCheckpoint k);
+
+  mutable std::mutex mu_;
+  StagePlane* plane_ = nullptr;             // guarded by mu_; the handler runs under it
+  std::map<KeptKey, KeptCheckpoint> kept_;  // guarded by mu_
 };
+
+inline constexpr char kMethodStageKept[] = "stage.kept";
+
+// The checkpoint of stage `stage` of (task, round, replica) in a chain of `stages` that the node
+// at `endpoint` keeps (its "stage.kept"), checked: the claim is of that stage, signed by
+// `signer` (the stage's node in the chain that ran it), and the checkpoint loads and hashes to
+// the claimed state. NotFound when the node keeps none; PermissionDenied or InvalidArgument for
+// one that does not check out; the transport's errors.
+Result<KeptCheckpoint> FetchKeptCheckpoint(net::Transport* transport, const std::string& endpoint,
+                                           const Hash256& task, uint32_t round, uint32_t replica,
+                                           uint32_t stages, uint32_t stage,
+                                           const protocol::NodeId& signer);
 
 }  // namespace meshlearn::node
