@@ -97,11 +97,14 @@ Status Stager::Start(const UnitAssignment& a) {
   sc.chain = slot.chain;
   sc.tile_cols = ledger::StageTileCols(task.model);
   sc.tile_rows = ledger::StageTileRows(task.model, task.batch_size, task.micro_batches);
-  // A task that sets checkpoint_interval replicates its stages' checkpoints at that interval
-  // rather than every step (a 10M GPT's stage checkpoint is tens of MB, several times a step's
-  // tensors): the submitter trades the steps a replica may rerun for the bytes.
+  // No checkpoint replication on the network yet: nothing reads a kept checkpoint until the
+  // replica's resume from a step after the round's start is built (docs/protocol.md, "The resume
+  // step"), and a keeper holds its neighbour's checkpoint in memory beside its own stage (tens of
+  // MB for a 10M GPT stage), which the ledger's placement by stage_memory_bytes does not count.
+  // Once the resume reads them: the task's checkpoint_interval when it sets one, the bytes traded
+  // for the steps a replica may rerun.
   StagePlaneOptions plane_options = node_->options().stage_plane;
-  if (net.checkpoint_interval > 0) plane_options.checkpoint_every = net.checkpoint_interval;
+  plane_options.checkpoint_every = 0;
   run->plane = std::make_unique<StagePlane>(sc, static_cast<int>(slot.stage), node_->key(),
                                             node_->deps().transport, plane_options);
   run->plane->SetChain(slot.chain, slot.endpoints);
