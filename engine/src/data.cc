@@ -380,13 +380,14 @@ std::vector<int64_t> WindowStarts(uint64_t seed, uint64_t stream, int64_t step, 
   return out;
 }
 
-Batch MakeClassificationBatch(const ClassificationData& d, const std::vector<int64_t>& indices) {
+Batch MakeClassificationBatch(const ClassificationData& d, const std::vector<int64_t>& indices,
+                              Tensor reuse) {
   Batch b;
   b.size = static_cast<int64_t>(indices.size());
   Shape s = d.x.shape();
   const int64_t per = d.x.size() / s[0];
   s[0] = b.size;
-  b.inputs = Tensor(s);
+  b.inputs = reuse.size() == NumElements(s) ? Tensor(s, std::move(reuse.vec())) : Tensor(s);
   b.targets.resize(b.size);
   for (int64_t j = 0; j < b.size; ++j) b.targets[j] = d.y[indices[j]];
   // A serial part of every step otherwise (the batch's rows are scattered over the data set).

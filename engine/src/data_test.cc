@@ -215,6 +215,30 @@ TEST(DataTest, BatchIndicesArePureFunctionsOfStep) {
   EXPECT_EQ(seen.size(), 96u);
 }
 
+// A training loop hands the previous step's inputs back (DataStream::Recycle): the batch made in
+// that storage has exactly the rows a fresh one has, whatever the storage held.
+TEST(DataTest, ClassificationBatchInReusedStorageEqualsAFreshOne) {
+  ClassificationData d;
+  d.x = Tensor({5, 2, 3});
+  for (int64_t i = 0; i < d.x.size(); ++i) d.x.data()[i] = static_cast<float>(i) + 0.5f;
+  d.y = {0, 1, 2, 3, 4};
+  d.num_classes = 5;
+  const std::vector<int64_t> idx = {4, 0, 3};
+  const Batch fresh = MakeClassificationBatch(d, idx);
+  Tensor stale({18});
+  std::fill(stale.data(), stale.data() + stale.size(), -7.0f);
+  const float* storage = stale.data();
+  const Batch reused = MakeClassificationBatch(d, idx, std::move(stale));
+  EXPECT_EQ(reused.inputs.data(), storage);  // the storage was taken
+  EXPECT_EQ(reused.inputs.shape(), fresh.inputs.shape());
+  EXPECT_EQ(reused.inputs.vec(), fresh.inputs.vec());
+  EXPECT_EQ(reused.targets, fresh.targets);
+  // Storage of another size is left alone.
+  const Batch other = MakeClassificationBatch(d, idx, Tensor({7}));
+  EXPECT_EQ(other.inputs.shape(), fresh.inputs.shape());
+  EXPECT_EQ(other.inputs.vec(), fresh.inputs.vec());
+}
+
 TEST(DataTest, WindowStartsInRangeAndDeterministic) {
   std::vector<int64_t> w = WindowStarts(1, 2, 3, 64, 100, 10);
   for (int64_t s : w) {

@@ -287,8 +287,12 @@ void GemmSplitColumns(int64_t M, int64_t N, int64_t K, const PackA& pack_a, cons
   const int64_t mpanels = CeilDiv(M, kMR), npanels = CeilDiv(N, kNR);
   float* pa = ScratchBuffer(3, (K == 0 ? 1 : K) * mpanels * kMR);  // the caller's; shared
   const int parts = static_cast<int>(MinI(threads, UnitQueue::kMaxParts));
-  // About two column units per thread, each of whole micro-panels.
-  const int64_t group = MaxI(1, npanels / (2 * parts));
+  // About eight column units per thread, each of whole micro-panels: with two per thread a thread
+  // that started a few microseconds late or was slowed down held the other at the join for most of
+  // a unit (gemm_bench on 2 threads, EPYC: 256 x 784 x 64 from 123-132 to 149-165 GFLOP/s, 64 x 256
+  // x 784 from 126-131 to 139-142; four per thread gained less on the first, one panel per unit
+  // the same). Each unit re-reads the shared A from L2, which the bound on A below keeps cheap.
+  const int64_t group = MaxI(1, npanels / (8 * parts));
   UnitQueue a_units(mpanels, parts), col_units(CeilDiv(npanels, group), parts);
   int64_t packed = 0;  // A panels done (GCC atomics: SIMD TUs use no STL)
   ParallelFor(parts, threads, [&](int64_t t0, int64_t t1) {
@@ -1121,17 +1125,29 @@ void ForEachVec(int64_t n, const Body& body, int64_t min_parallel = int64_t{1} <
   });
 }
 
+// A ReLU reads what the GEMM before it wrote, and a GEMM split over threads by columns leaves about
+// half of it in the other core's cache: on one thread the Fashion MLP's two ReLUs (64 x 256 and
+// 64 x 128) took ~25 us of a ~800 us 2-thread step, mostly pulling those lines across, while the
+// other thread waited. Threaded from 2^13 elements, each thread pulls half.
+constexpr int64_t kReluMinParallel = int64_t{1} << 13;
+
 void ReluForward(float* out, const float* inp, int64_t n) {
-  ForEachVec(n, [&](int64_t i, int nv) {
-    const Vf x = LoadPartial(inp + i, nv);
-    StorePartial(out + i, Select(Gt(x, Zero()), x, Zero()), nv);
-  });
+  ForEachVec(
+      n,
+      [&](int64_t i, int nv) {
+        const Vf x = LoadPartial(inp + i, nv);
+        StorePartial(out + i, Select(Gt(x, Zero()), x, Zero()), nv);
+      },
+      kReluMinParallel);
 }
 void ReluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
-  ForEachVec(n, [&](int64_t i, int nv) {
-    const Vf x = LoadPartial(inp + i, nv), g = LoadPartial(dout + i, nv);
-    StorePartial(dinp + i, LoadPartial(dinp + i, nv) + Select(Gt(x, Zero()), g, Zero()), nv);
-  });
+  ForEachVec(
+      n,
+      [&](int64_t i, int nv) {
+        const Vf x = LoadPartial(inp + i, nv), g = LoadPartial(dout + i, nv);
+        StorePartial(dinp + i, LoadPartial(dinp + i, nv) + Select(Gt(x, Zero()), g, Zero()), nv);
+      },
+      kReluMinParallel);
 }
 
 void GeluForward(float* out, const float* inp, int64_t n) {

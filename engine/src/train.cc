@@ -5,6 +5,7 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "config_ranges.h"
 #include "meshlearn/base/config.h"
@@ -558,7 +559,10 @@ DataStream::DataStream(const TaskSpec& task, const TaskData& data, uint64_t stre
 }
 
 Batch DataStream::BatchForStep(int64_t step) {
-  if (!data_->tokens) return MakeClassificationBatch(data_->train, sampler_->Indices(step));
+  if (!data_->tokens) {
+    return MakeClassificationBatch(data_->train, sampler_->Indices(step),
+                                   std::exchange(spare_inputs_, Tensor()));
+  }
   std::vector<int64_t> starts =
       WindowStarts(seed_, stream_, step, batch_size_,
                    static_cast<int64_t>(data_->train_tokens.tokens.size()), seq_len_);
@@ -569,8 +573,10 @@ Batch Trainer::BatchForStep(int64_t step) { return stream_->BatchForStep(step); 
 
 float Trainer::Step() {
   Batch b = BatchForStep(state_.step);
-  return StepOnBatch(state_, b, DropoutSeed(task_.seed, task_.stream), &last_grad_norm_,
-                     task_.micro_batches);
+  const float loss = StepOnBatch(state_, b, DropoutSeed(task_.seed, task_.stream), &last_grad_norm_,
+                                 task_.micro_batches);
+  stream_->Recycle(std::move(b));
+  return loss;
 }
 
 std::vector<float> Trainer::FlatParams() const {

@@ -149,12 +149,16 @@ class DataStream {
  public:
   DataStream(const TaskSpec& task, const TaskData& data, uint64_t stream);
   Batch BatchForStep(int64_t step);
+  // Hands a used batch back: the next classification batch fills its inputs' storage instead of
+  // a new zero-filled tensor (MakeClassificationBatch).
+  void Recycle(Batch batch) { spare_inputs_ = std::move(batch.inputs); }
 
  private:
   const TaskData* data_;
   uint64_t seed_, stream_;
   int64_t batch_size_, seq_len_;
   std::unique_ptr<BatchSampler> sampler_;  // classification data only
+  Tensor spare_inputs_;                    // from Recycle, until the next batch takes it
 };
 
 class Trainer {
