@@ -63,7 +63,6 @@
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/ledger/block.h"
-#include "meshlearn/ledger/chain.h"
 #include "meshlearn/ledger/etcd_local.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/rpc_answer.h"
@@ -74,7 +73,6 @@
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/referee.h"
 #include "meshlearn/protocol/scheduler.h"
-#include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 #include "task_client.h"
 
@@ -746,176 +744,22 @@ Result<json> Failovers(ledger::RpcClient& rpc, const std::vector<PublicKey>& key
   return out;
 }
 
-// The task and unit a ruling transaction rules on, and its witness's size (RuleDispute carries
-// none); nullopt for any other transaction.
-struct RulingTx {
-  Hash256 task_id;
-  uint32_t index = 0;
-  uint64_t witness_bytes = 0;
-};
-std::optional<RulingTx> RulingOf(const ledger::TxPayload& p) {
-  if (const auto* t = std::get_if<ledger::RefereeStepTx>(&p)) {
-    return RulingTx{t->task_id, t->index, t->witness.bytes.size()};
-  }
-  if (const auto* t = std::get_if<ledger::RefereeTileTx>(&p)) {
-    return RulingTx{t->task_id, t->index, t->witness.bytes.size()};
-  }
-  if (const auto* t = std::get_if<ledger::RefereeStageStepTx>(&p)) {
-    return RulingTx{t->task_id, t->index, t->witness.bytes.size()};
-  }
-  if (const auto* t = std::get_if<ledger::RuleDisputeTx>(&p)) return RulingTx{t->task_id, t->index};
-  return std::nullopt;
-}
-
-// The dispute on a unit as the ledger keeps it (its check's game), if the unit has one.
-std::optional<protocol::DisputeGame> DisputeOn(const ledger::Chain& chain, const RulingTx& r) {
-  Result<ledger::WorkUnit> u = chain.GetWorkUnit(r.task_id, r.index);
-  if (!u.ok() || u->check.empty()) return std::nullopt;
-  Result<protocol::UnitCheck> c = protocol::UnitCheck::Decode(u->check);
-  if (!c.ok() || !c->dispute().has_value()) return std::nullopt;
-  return *c->dispute();
-}
-
-uint64_t SlashesOf(const ledger::Chain& chain, const PublicKey& node) {
-  Result<ledger::NodeRecord> n = chain.GetNode(node);
-  return n.ok() ? n->reputation.slashes : 0;
-}
-
-// Every ruling the ledger executed (RefereeStep, RefereeTile, RefereeStageStep, RuleDispute with
-// a successful receipt), whoever sent it: a dispute's party, the referee service or anyone. The
-// blocks name the transaction, its sender and its witness; what it ruled is the ledger's own
-// state, which no RPC keeps once the round moves on (a ruling for the challenger re-runs the
-// round in the same block, taking the unit's check with it). So the chain is replayed here, in
-// memory, from genesis to the last ruling's block (Chain::ApplyBlock re-executes and checks every
-// block): before the ruling's block the unit's game names the parties and the step the game
-// narrowed to; after it, the game's outcome if the check is still there, else whom that block
-// slashed. `referee` is the referee service's key, `node_ids` the devnet's nodes.
-Result<json> RulingsOnChain(ledger::RpcClient& rpc, const ledger::Genesis& genesis,
-                            const PublicKey& referee, const std::vector<PublicKey>& node_ids) {
-  std::vector<ledger::Block> blocks;
-  uint64_t last_ruling = 0;
-  ML_RETURN_IF_ERROR(ForEachBlock(rpc, [&](ledger::Block b) {
-    for (size_t i = 0; i < b.txs.size(); ++i) {
-      if (b.receipts[i].ok && RulingOf(b.txs[i].payload)) last_ruling = b.header.height;
-    }
-    blocks.push_back(std::move(b));
-    return Status::Ok();
-  }));
+// Every ruling the ledger executed on the task (RefereeStep, RefereeTile, RefereeStageStep,
+// RuleDispute), whoever sent it: a dispute's party, the referee service or anyone. The ledger
+// keeps each in the task's record (verification.rulings: who ruled, the unit and step, the
+// parties, the witness's size, the sender, for whom); the report adds whom the sender is in the
+// devnet. `referee` is the referee service's key, `node_ids` the devnet's nodes.
+json RulingsOf(const json& task, const PublicKey& referee, const std::vector<PublicKey>& node_ids) {
   json out = json::array();
-  if (last_ruling == 0) return out;
-  MemEnv mem;  // a scratch chain: nothing of it outlives the report
-  ML_RETURN_IF_ERROR(mem.CreateDirs("/replay"));
-  ML_ASSIGN_OR_RETURN(std::unique_ptr<ledger::Chain> chain,
-                      ledger::Chain::Open(&mem, "/replay/ledger.db", genesis));
-  auto sender_is = [&](const PublicKey& k) -> std::string {
-    if (k == referee) return "the referee service";
+  for (json r : task["verification"].value("rulings", json::array())) {
+    const std::string sender = r.value("sender", std::string());
+    std::string sender_is = "an account outside the devnet";
+    if (sender == referee.ToHex()) sender_is = "the referee service";
     for (size_t i = 0; i < node_ids.size(); ++i) {
-      if (node_ids[i] == k) return fmt::format("node{}", i);
+      if (node_ids[i].ToHex() == sender) sender_is = fmt::format("node{}", i);
     }
-    return "an account outside the devnet";
-  };
-  for (const ledger::Block& b : blocks) {
-    if (b.header.height > last_ruling) break;
-    // The block's rulings, with the unit's game before the block.
-    struct Seen {
-      const ledger::Transaction* tx;
-      RulingTx ruling;
-      std::optional<protocol::DisputeGame> game;
-      uint64_t defender_slashes = 0, challenger_slashes = 0;
-    };
-    std::vector<Seen> seen;
-    for (size_t i = 0; i < b.txs.size(); ++i) {
-      std::optional<RulingTx> r = b.receipts[i].ok ? RulingOf(b.txs[i].payload) : std::nullopt;
-      if (!r) continue;
-      Seen s{&b.txs[i], *r, DisputeOn(*chain, *r)};
-      if (s.game) {
-        s.defender_slashes = SlashesOf(*chain, s.game->config().defender);
-        s.challenger_slashes = SlashesOf(*chain, s.game->config().challenger);
-      }
-      seen.push_back(std::move(s));
-    }
-    // A replicated chain's blocks may be signed by any candidate the genesis lists.
-    const PublicKey& signer = genesis.sequencers.empty() ? genesis.sequencer : b.header.sequencer;
-    Status applied = chain->ApplyBlock(b, signer);
-    if (!applied.ok()) {
-      return applied.WithPrefix(
-          fmt::format("replaying the chain for its rulings, block {}", b.header.height));
-    }
-    for (const Seen& s : seen) {
-      json ruling = {{"unit", s.ruling.index},
-                     {"tx", ledger::TxTypeName(ledger::PayloadType(s.tx->payload))},
-                     {"witness_bytes", s.ruling.witness_bytes},
-                     {"sender", s.tx->sender.ToHex()},
-                     {"sender_is", sender_is(s.tx->sender)},
-                     {"height", b.header.height},
-                     {"tx_hash", ledger::TxId(*s.tx).ToHex()},
-                     {"executed", true}};
-      if (!s.game) {
-        // The ledger executed it, so the unit had a dispute at the referee: one opened earlier in
-        // this same block, which the state before the block does not show.
-        ruling.update({{"step", 0},
-                       {"defender", ""},
-                       {"challenger", ""},
-                       {"for", "neither"},
-                       {"reason", "a dispute opened in the ruling's own block"}});
-        out.push_back(std::move(ruling));
-        continue;
-      }
-      const protocol::DisputeConfig& cfg = s.game->config();
-      std::string what;
-      if (s.game->stage() == protocol::DisputeStage::kDisputeReferee) {
-        const protocol::RefereeTask& t = s.game->referee_task();
-        ruling["step"] = t.step;
-        what = t.segment ? fmt::format("steps {}-{}", t.first_step, t.step)
-               : t.tile  ? fmt::format("step {}, tile {} of operator {}", t.step, t.tile_index,
-                                       t.operator_index)
-               : t.roots == protocol::RefereeRoots::kRootsChainEnd
-                   ? fmt::format("step {}, from the roots of the agreed chain end", t.step)
-               : t.roots == protocol::RefereeRoots::kRootsOperator
-                   ? fmt::format("step {}, operator {} from roots", t.step, t.operator_index)
-               : t.whole_step ? fmt::format("step {}", t.step)
-                              : fmt::format("step {}, operator {}", t.step, t.operator_index);
-      } else {
-        ruling["step"] = s.game->query().step;  // it reached the referee within this block
-        what = fmt::format("step {}", s.game->query().step);
-      }
-      ledger::TaskParams params;
-      if (Result<ledger::TaskRecord> t = chain->GetTask(s.ruling.task_id); t.ok()) {
-        params = t->params;
-      }
-      if (params.stages > 1) {
-        const ledger::StageSlot slot = ledger::StageSlotOf(params, s.ruling.index);
-        what = fmt::format("stage {} of replica {}, {}", slot.stage, slot.replica, what);
-      }
-      // The outcome: the game's own, while the unit's check still holds it; else whom this block
-      // slashed (a party proven dishonest is slashed as the check settles).
-      std::optional<protocol::DisputeGame> after = DisputeOn(*chain, s.ruling);
-      bool defender_lost = false, challenger_lost = false;
-      std::string outcome;
-      if (after && after->config().defender == cfg.defender &&
-          after->config().challenger == cfg.challenger &&
-          after->stage() == protocol::DisputeStage::kDisputeResolved) {
-        defender_lost = !after->outcome().defender_honest;
-        challenger_lost = !after->outcome().challenger_honest;
-        outcome = after->outcome().reason;
-      } else {
-        defender_lost = SlashesOf(*chain, cfg.defender) > s.defender_slashes;
-        challenger_lost = SlashesOf(*chain, cfg.challenger) > s.challenger_slashes;
-        outcome = defender_lost || challenger_lost
-                      ? fmt::format("the block slashed the {}", defender_lost && challenger_lost
-                                                                    ? "defender and the challenger"
-                                                                : defender_lost ? "defender"
-                                                                                : "challenger")
-                      : "the block slashed neither party";
-      }
-      ruling.update({{"defender", cfg.defender.ToHex()},
-                     {"challenger", cfg.challenger.ToHex()},
-                     {"for", defender_lost == challenger_lost ? "neither"
-                             : defender_lost                  ? "challenger"
-                                                              : "defender"},
-                     {"reason", what + ": " + outcome}});
-      out.push_back(std::move(ruling));
-    }
+    r["sender_is"] = sender_is;
+    out.push_back(std::move(r));
   }
   return out;
 }
@@ -1600,8 +1444,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   }
   if (a.verification) {
     // The referee service's own attempts, refused ones included, so that none is hidden. Read
-    // before the chain's rulings below: the service still runs, and an attempt it has seen
-    // executed is then in a block that the later read of the chain holds.
+    // before the task's rulings below: the service still runs, and an attempt it has seen
+    // executed is then in the task's record that the later read returns.
     json attempts = json::array();
     for (const node::RefereeRecord& r :
          referee ? referee->rulings() : std::vector<node::RefereeRecord>{}) {
@@ -1626,9 +1470,11 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
            {"executed", r.ok},
            {"error", r.error}});
     }
-    // What the ledger ruled, from the chain itself: a party may post a ruling before the referee
-    // service does (permissionless), and then the service's own attempt is refused.
-    ML_ASSIGN_OR_RETURN(json rulings, RulingsOnChain(rpc, gen, seq.public_key(), node_ids));
+    // What the ledger ruled, from the task's record as it is now: a party may post a ruling
+    // before the referee service does (permissionless), and then the service's own attempt is
+    // refused.
+    ML_ASSIGN_OR_RETURN(json ruled_task, GetTask(rpc, sub.task_id, /*units=*/false));
+    const json rulings = RulingsOf(ruled_task, seq.public_key(), node_ids);
     json checks = SettledChecks(final_task);
     (*report)["verification"] = {
         {"enabled", true},
@@ -1952,7 +1798,7 @@ void PrintReport(GlobalOptions& g, const json& report) {
         std::cout << fmt::format(
             "  ruling on unit {} step {} by {} (witness {} bytes) from {} in block {}: for the {} "
             "({})\n",
-            r["unit"].get<uint32_t>(), r["step"].get<uint64_t>(), r["tx"].get<std::string>(),
+            r["index"].get<uint32_t>(), r["step"].get<uint64_t>(), r["tx"].get<std::string>(),
             r["witness_bytes"].get<uint64_t>(), r["sender_is"].get<std::string>(),
             r["height"].get<uint64_t>(), r["for"].get<std::string>(),
             r["reason"].get<std::string>());

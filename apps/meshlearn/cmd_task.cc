@@ -693,6 +693,16 @@ Status RunStatus(GlobalOptions& g, const TaskArgs& a) {
       std::cout << "reopened " << reopened << "x by a fraud proof after it finished (last back to"
                 << " round " << to << "): the rounds ran again without the cheater\n";
     }
+    // The disputes the ledger ruled, as its record keeps them (the units' checks may be gone).
+    for (const json& r : v.value("rulings", json::array())) {
+      std::cout << fmt::format(
+          "ruling on unit {} step {} by {} (witness {} bytes) from {} in block "
+          "{}: for the {} ({})\n",
+          r.value("index", 0u), r.value("step", uint64_t{0}), r.value("tx", std::string()),
+          r.value("witness_bytes", uint64_t{0}), r.value("sender", std::string()).substr(0, 12),
+          r.value("height", uint64_t{0}), r.value("for", std::string()),
+          r.value("reason", std::string()));
+    }
     PrintRounds(j, p);
   });
   return Status::Ok();

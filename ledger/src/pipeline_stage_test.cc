@@ -44,9 +44,11 @@ using pipeline_testing::PipelineVerificationTest;
 using pipeline_testing::TestStageEvidence;
 using protocol::RoundPhase;
 using protocol::RoundStateMachine;
+using testing::ExpectRulings;
 using testing::FollowedChainFixture;
 using testing::kTestPrice;
 using testing::kTestUnitCost;
+using testing::RulingBy;
 using testing::TestKey;
 using testing::TestTaskParams;
 
@@ -930,11 +932,27 @@ TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaR
          RefereeStepTx{.task_id = task_id_, .index = kCheat, .witness = {EncodeStepWitness({})}})});
   EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
   EXPECT_NE(r[0].reason.find("the genesis referee rules it"), std::string::npos) << r[0].reason;
-  StepOk({Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = truth})});
+  const Transaction ruling =
+      Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = truth});
+  const uint32_t round = Unit(kCheat).round;
+  StepOk({ruling});
+  const uint64_t ruled_at = chain_->Height();
   for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
   EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
   const TaskRecord t = Task();
   EXPECT_EQ(t.verification.fraud, 1u);
+  // The task keeps the genesis key's ruling, though the unit's check went with its round.
+  DisputeRuling want = RulingBy(ruling, ruled_at);
+  want.index = kCheat;
+  want.round = round;
+  want.step = task.step;
+  want.defender = cheater;
+  want.challenger = verifier_.public_key();
+  want.challenger_honest = true;
+  want.reason =
+      "referee recomputed step " + std::to_string(task.step) + ": the defender's output is wrong";
+  ExpectRulings(t, {want});
+  EXPECT_EQ(TaskToJson(t)["verification"]["rulings"][0]["stage"], kCheat);
   // Slashed from the stage's share of the unit (StageUnitCost), as the stage is paid.
   EXPECT_EQ(t.verification.slashed,
             kSlashMultiple * StageUnitCost(t.params, kTestUnitCost, kCheat));
@@ -1248,14 +1266,31 @@ TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitn
   // Anyone posts the good witness (here bob, no party of the dispute): the ledger replays the
   // step and rules with the finding leaf, so the verifier wins and the lazy stage is slashed.
   const PublicKey cheater = Unit(kCheat).assignee;
-  std::vector<Receipt> r = Step(
-      {Q(bob_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {good_bytes}})});
+  const uint32_t round = Unit(kCheat).round;
+  const uint64_t step = Check(kCheat).dispute()->referee_task().step;
+  const Transaction ruling =
+      Q(bob_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {good_bytes}});
+  std::vector<Receipt> r = Step({ruling});
   ASSERT_TRUE(r[0].ok) << r[0].reason;
+  const uint64_t ruled_at = chain_->Height();
   for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
   EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
   const TaskRecord t = Task();
   EXPECT_EQ(t.verification.fraud, 1u);
   ExpectOnlyTheCheaterSlashed(cheater);
+  // The task keeps the ruling (the refused witnesses left none), sent by bob, with its witness's
+  // size.
+  DisputeRuling want = RulingBy(ruling, ruled_at);
+  want.index = kCheat;
+  want.round = round;
+  want.step = step;
+  want.defender = cheater;
+  want.challenger = verifier_.public_key();
+  want.witness_bytes = good_bytes.size();
+  want.challenger_honest = true;
+  want.reason =
+      "referee recomputed step " + std::to_string(step) + ": the defender's output is wrong";
+  ExpectRulings(t, {want});
 }
 
 // The same ruling for an honest stage and a false claim: the ledger's replay gives the committed
@@ -1271,15 +1306,30 @@ TEST_F(PipelineRulingTest, AFalseClaimOnAnHonestStageLosesToTheLedgersReplay) {
       BuildStageStepWitness(kRulingBundle, ev.commit, ev.checkpoint, ev.blobs, spec_, work_.stream,
                             pages_.get(), nullptr, nullptr);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
-  StepOk({Q(bob_,
-            RefereeStageStepTx{
-                .task_id = task_id_, .index = kCheat, .witness = {EncodeStageStepWitness(*w)}})});
+  const uint64_t step = Check(kCheat).dispute()->referee_task().step;
+  const Transaction ruling =
+      Q(bob_, RefereeStageStepTx{
+                  .task_id = task_id_, .index = kCheat, .witness = {EncodeStageStepWitness(*w)}});
+  StepOk({ruling});
+  const uint64_t ruled_at = chain_->Height();
   for (int i = 0; i < 5; ++i) Step();
   ASSERT_TRUE(HasCheck(kCheat)) << "no fraud: the round stands";
   EXPECT_NE(Check(kCheat).stage(), protocol::CheckStage::kCheckDisputed);
   EXPECT_EQ(Task().verification.fraud, 0u);
   EXPECT_EQ(Node(Unit(kCheat).assignee).reputation.slashes, 0u);
   EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 1u);
+  DisputeRuling want = RulingBy(ruling, ruled_at);
+  want.index = kCheat;
+  want.round = Unit(kCheat).round;
+  want.step = step;
+  want.defender = Unit(kCheat).assignee;
+  want.challenger = verifier_.public_key();
+  want.witness_bytes = EncodeStageStepWitness(*w).size();
+  want.defender_honest = true;
+  want.reason =
+      "referee recomputed step " + std::to_string(step) + ": the challenger's output is wrong";
+  ExpectRulings(Task(), {want});
+  EXPECT_EQ(TaskToJson(Task())["verification"]["rulings"][0]["for"], "defender");
 }
 
 // A stage whose committed commit lists a received record signed by a node that is not its

@@ -1555,6 +1555,8 @@ const Setup& ChainWideNormSetup() {
 using protocol::CheckStage;
 using protocol::UnitCheck;
 using protocol::Verdict;
+using testing::ExpectRulings;
+using testing::RulingBy;
 
 class TileChainTest : public testing::FollowedChainFixture {
  protected:
@@ -1866,6 +1868,9 @@ class TileChainTest : public testing::FollowedChainFixture {
     EXPECT_EQ(task.step, kLieStep);
     EXPECT_EQ(task.tile, want_tile);
     size_t bytes = 0;
+    // The ruling transaction that executes, kept in the task's record (checked at the end).
+    Transaction ruling;
+    const uint32_t round = Unit().round;
     if (task.tile) {
       ExpectGenesisRefereeRefused(task, "RefereeTile");
       // A RefereeStep does not rule a tile.
@@ -1883,7 +1888,8 @@ class TileChainTest : public testing::FollowedChainFixture {
       const Bytes encoded = EncodeTileWitness(*w);
       bytes = encoded.size();
       EXPECT_LE(bytes, kMaxTileWitnessBytes);
-      StepOk({RefereeTile(gina_, encoded)});
+      ruling = RefereeTile(gina_, encoded);
+      StepOk({ruling});
       std::printf(
           "[ on chain ] %-22s tile %4llu block %u: %2u turns, RefereeTile witness %6zu "
           "bytes\n",
@@ -1910,7 +1916,8 @@ class TileChainTest : public testing::FollowedChainFixture {
       const Bytes encoded = EncodeTileWitness(*w);
       bytes = encoded.size();
       EXPECT_LE(bytes, kMaxTileWitnessBytes);
-      StepOk({RefereeTile(gina_, encoded)});
+      ruling = RefereeTile(gina_, encoded);
+      StepOk({ruling});
       if (HasCheck() && Check().dispute().has_value() &&
           Check().dispute()->stage() == DisputeStage::kDisputeResolved) {
         // The reason says how it was ruled (from roots, not by recomputing the step). A copy:
@@ -1954,14 +1961,39 @@ class TileChainTest : public testing::FollowedChainFixture {
         e.x.assign(Data().train.x.data() + i * 784, Data().train.x.data() + (i + 1) * 784);
         w.examples.push_back(std::move(e));
       }
-      StepOk({Q(gina_, RefereeStepTx{
-                           .task_id = task_id_, .index = 0, .witness = {EncodeStepWitness(w)}})});
+      ruling = Q(gina_,
+                 RefereeStepTx{.task_id = task_id_, .index = 0, .witness = {EncodeStepWitness(w)}});
+      StepOk({ruling});
     }
+    const uint64_t ruled_at = chain_->Height();
     // Ruled: the check settles (a cheating solver's round re-runs, dropping it).
     if (HasCheck()) {
       EXPECT_EQ(Check().dispute()->stage(), DisputeStage::kDisputeResolved);
     }
     ExpectTheLiarSlashed(solver_lies);
+    // The task keeps the ruling, whichever transaction made it and whatever became of the check:
+    // the refused transactions before it left none. The reason is the game's (how it was ruled),
+    // ending with whose output was wrong.
+    DisputeRuling want = RulingBy(ruling, ruled_at);
+    want.index = 0;
+    want.round = round;
+    want.step = task.step;
+    want.defender = solver_.public_key();
+    want.challenger = verifier_.public_key();
+    want.witness_bytes = std::get_if<RefereeStepTx>(&ruling.payload)
+                             ? std::get<RefereeStepTx>(ruling.payload).witness.bytes.size()
+                             : bytes;
+    want.defender_honest = !solver_lies;
+    want.challenger_honest = solver_lies;
+    const TaskRecord t = Task();
+    if (!t.verification.rulings.empty()) {
+      const std::string& reason = t.verification.rulings.back().reason;
+      const std::string suffix =
+          solver_lies ? ": the defender's output is wrong" : ": the challenger's output is wrong";
+      EXPECT_TRUE(reason.rfind("referee ", 0) == 0 && reason.ends_with(suffix)) << reason;
+      want.reason = reason;
+    }
+    ExpectRulings(t, {want});
     return bytes;
   }
 

@@ -251,10 +251,15 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
   e.PutU64(v.rounds_rewound).PutU64(v.clawed_back).PutU64(v.rounds_dropped);
   e.PutU32(static_cast<uint32_t>(v.proven_frauds.size()));
   for (const ProvenFraud& f : v.proven_frauds) ProvenFraud::Visit(f, internal::FieldEncoder{e});
-  // Written only once set (the task closed, or a proof reopened it): a task that never closed
-  // encodes as before they existed, so databases written then still load and a running task's
-  // record (hence the state hash, the block hashes and the beacons drawn from them) is unchanged.
-  if (t.closed_height != 0 || v.reopened != 0) e.PutU64(t.closed_height).PutU64(v.reopened);
+  // Written only once set (the task closed, a proof reopened it, a dispute was ruled): a task
+  // without any encodes as before they existed, so databases written then still load and such a
+  // task's record (hence the state hash, the block hashes and the beacons drawn from them) is
+  // unchanged. The rulings come last, after a tail that is then written even if both are 0.
+  if (t.closed_height == 0 && v.reopened == 0 && v.rulings.empty()) return;
+  e.PutU64(t.closed_height).PutU64(v.reopened);
+  if (v.rulings.empty()) return;
+  e.PutU32(static_cast<uint32_t>(v.rulings.size()));
+  for (const DisputeRuling& r : v.rulings) DisputeRuling::Visit(r, internal::FieldEncoder{e});
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -318,12 +323,27 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
   }
   // The record's optional tail (EncodeTask): present exactly when one of them is set, so each
   // record still has one encoding. A task record is the last thing its decoder holds.
+  if (d.remaining() == 0) return Status::Ok();
+  ML_RETURN_IF_ERROR(d.GetU64(&t->closed_height, "closed_height"));
+  ML_RETURN_IF_ERROR(d.GetU64(&v.reopened, "verification.reopened"));
   if (d.remaining() > 0) {
-    ML_RETURN_IF_ERROR(d.GetU64(&t->closed_height, "closed_height"));
-    ML_RETURN_IF_ERROR(d.GetU64(&v.reopened, "verification.reopened"));
-    if (t->closed_height == 0 && v.reopened == 0) {
-      return DataLoss("task: closed_height and verification.reopened are written only when set");
+    uint32_t rulings = 0;
+    // The least a ruling takes: its fixed fields and an empty reason's length.
+    ML_RETURN_IF_ERROR(
+        d.GetCount(&rulings, "verification.rulings", 1u << 24, 2 + 32 * 4 + 8 * 3 + 4 * 2 + 2 + 4));
+    if (rulings == 0) return DataLoss("task: verification.rulings is written only when it has one");
+    v.rulings.resize(rulings);
+    for (DisputeRuling& r : v.rulings) {
+      internal::FieldDecoder fd{d, Status::Ok()};
+      DisputeRuling::Visit(r, fd);
+      ML_RETURN_IF_ERROR(fd.status);
+      if (!IsRulingTx(static_cast<TxType>(r.tx))) {
+        return DataLoss("task: verification.rulings: tx type " + std::to_string(r.tx) +
+                        " is no ruling transaction");
+      }
     }
+  } else if (t->closed_height == 0 && v.reopened == 0) {
+    return DataLoss("task: closed_height and verification.reopened are written only when set");
   }
   return Status::Ok();
 }
@@ -438,6 +458,23 @@ nlohmann::json TaskToJson(const TaskRecord& t, std::optional<uint64_t> audit_win
     marked.insert(f.round);
   }
   nlohmann::json fraud_rounds(std::vector<uint32_t>(marked.begin(), marked.end()));
+  // Rulings, with what follows from their fields: the transaction's name, whom the ruling was
+  // for, and a stage unit's place in its round.
+  nlohmann::json rulings = nlohmann::json::array();
+  for (const DisputeRuling& r : t.verification.rulings) {
+    nlohmann::json j = nlohmann::json::object();
+    DisputeRuling::Visit(r, internal::FieldToJson{j});
+    j["tx"] = std::string(TxTypeName(static_cast<TxType>(r.tx)));
+    j["for"] = r.defender_honest == r.challenger_honest ? "neither"
+               : r.defender_honest                      ? "defender"
+                                                        : "challenger";
+    if (IsPipelineTask(t.params)) {
+      const StageSlot slot = StageSlotOf(t.params, r.index);
+      j["stage"] = slot.stage;
+      j["replica"] = slot.replica;
+    }
+    rulings.push_back(std::move(j));
+  }
   nlohmann::json phase = nullptr, round = nullptr, aggregator = nullptr;
   nlohmann::json history = nlohmann::json::array();
   if (!t.runtime.empty()) {
@@ -491,7 +528,8 @@ nlohmann::json TaskToJson(const TaskRecord& t, std::optional<uint64_t> audit_win
                         {"rounds_dropped", t.verification.rounds_dropped},
                         {"reopened", t.verification.reopened},
                         {"proven_frauds", std::move(frauds)},
-                        {"fraud_rounds", std::move(fraud_rounds)}}}};
+                        {"fraud_rounds", std::move(fraud_rounds)},
+                        {"rulings", std::move(rulings)}}}};
   if (audit_window_blocks) j["audit_window_end"] = AuditWindowEnd(t, *audit_window_blocks);
   return j;
 }

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "fields.h"
 #include "meshlearn/ledger/chain.h"
 
 namespace meshlearn::ledger::testing {
@@ -172,5 +173,30 @@ class FollowedChainFixture : public ChainFixture {
   TempDir follower_dir_;
   std::unique_ptr<Chain> follower_;
 };
+
+// The ruling record (state.h DisputeRuling) that ruling transaction `tx`, executed in block
+// `height`, leaves with the fields the transaction and its block decide; the caller fills in the
+// unit, the parties and the outcome.
+inline DisputeRuling RulingBy(const Transaction& tx, uint64_t height) {
+  return DisputeRuling{.tx = static_cast<uint16_t>(PayloadType(tx.payload)),
+                       .tx_id = TxId(tx),
+                       .sender = tx.sender,
+                       .height = height};
+}
+
+// Expects the task's record to keep exactly the rulings `want`, compared as JSON so that a
+// failure shows every field of both.
+inline void ExpectRulings(const TaskRecord& task, const std::vector<DisputeRuling>& want) {
+  auto as_json = [](const std::vector<DisputeRuling>& rs) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const DisputeRuling& r : rs) {
+      nlohmann::json j = nlohmann::json::object();
+      DisputeRuling::Visit(r, internal::FieldToJson{j});
+      a.push_back(std::move(j));
+    }
+    return a;
+  };
+  EXPECT_EQ(as_json(task.verification.rulings).dump(1), as_json(want).dump(1));
+}
 
 }  // namespace meshlearn::ledger::testing

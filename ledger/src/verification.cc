@@ -835,6 +835,27 @@ Result<RefereeStage> DisputeAtReferee(const LedgerState& s, const Hash256& task_
   return RefereeStage{u, std::move(c)};
 }
 
+// Keeps the ruling the transaction being executed made on unit `index` in the task's record
+// (DisputeRuling), so that what it decided outlives the unit's check; `game` is the unit's game,
+// which the ruling has just resolved.
+void RecordRuling(ExecContext& ctx, const Hash256& task_id, uint32_t index,
+                  const protocol::DisputeGame& game, uint64_t witness_bytes) {
+  ctx.state.tasks.FindMutable(task_id)->verification.rulings.push_back(
+      DisputeRuling{.tx = static_cast<uint16_t>(PayloadType(ctx.tx.payload)),
+                    .tx_id = ctx.tx_id,
+                    .sender = ctx.tx.sender,
+                    .height = ctx.height,
+                    .index = index,
+                    .round = ctx.state.units.Find({task_id, index})->round,
+                    .step = game.referee_task().step,
+                    .defender = game.config().defender,
+                    .challenger = game.config().challenger,
+                    .witness_bytes = witness_bytes,
+                    .defender_honest = game.outcome().defender_honest,
+                    .challenger_honest = game.outcome().challenger_honest,
+                    .reason = game.outcome().reason});
+}
+
 // Whether the ledger executes this dispute's ruling itself (RefereeStep) rather than taking the
 // genesis referee's word (RuleDispute): a whole step of a task with a data root over examples. A
 // token task's data root (over pages) proves the tokens of a tile (RefereeTile); its whole step
@@ -904,6 +925,7 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
                       ExecuteRefereeStepWitness(*t, *r.unit, game->referee_task(), *w));
   ML_RETURN_IF_ERROR(game->Rule(output));
   SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
+  RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
   return Status::Ok();
 }
 
@@ -965,6 +987,7 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
               tx.task_id.ShortHex(), tx.index, tx.witness.bytes.size(), c.message);
   ML_RETURN_IF_ERROR(game->Rule(c.leaf));
   SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
+  RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
   return Status::Ok();
 }
 
@@ -1022,6 +1045,7 @@ Status ExecuteRefereeTile(ExecContext& ctx, const RefereeTileTx& tx) {
     ML_RETURN_IF_ERROR(game->Rule(*output));
   }
   SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
+  RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
   return Status::Ok();
 }
 
@@ -1324,6 +1348,7 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
     ML_RETURN_IF_ERROR(game->Rule(tx.output));
   }
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
+  RecordRuling(ctx, tx.task_id, tx.index, *game, /*witness_bytes=*/0);
   return Status::Ok();
 }
 

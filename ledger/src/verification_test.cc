@@ -30,7 +30,9 @@ using protocol::CheckStage;
 using protocol::RoundPhase;
 using protocol::UnitCheck;
 using protocol::Verdict;
+using testing::ExpectRulings;
 using testing::FollowedChainFixture;
+using testing::RulingBy;
 using testing::TestKey;
 using testing::TestTaskParams;
 
@@ -1072,10 +1074,30 @@ TEST_P(LedgerRefereeTest, TheLedgerExecutesTheDisputedStepAndRulesForTheHonestPa
   ASSERT_EQ(Check(u).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
 
   // Anyone may post the right witness (here the submitter); the ledger computes the step itself.
-  StepOk({RefereeStep(gina_, u, good)});
+  const Transaction ruling = RefereeStep(gina_, u, good);
+  const uint32_t round = Unit(u).round;
+  StepOk({ruling});
+  const uint64_t ruled_at = chain_->Height();
   r = Step({RefereeStep(gina_, u, good)});  // nothing left to rule
   EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
   StepUntilDone(u, 3);
+  // The task keeps the ruling, whatever became of the unit's check (fraud re-runs the round): the
+  // refused witnesses left none.
+  DisputeRuling want = RulingBy(ruling, ruled_at);
+  want.index = static_cast<uint32_t>(u);
+  want.round = round;
+  want.step = task.step;
+  want.defender = s1_.public_key();
+  want.challenger = v1_.public_key();
+  want.witness_bytes = EncodeStepWitness(good).size();
+  want.defender_honest = !solver_lies;
+  want.challenger_honest = solver_lies;
+  want.reason =
+      "referee recomputed step " + std::to_string(task.step) +
+      (solver_lies ? ": the defender's output is wrong" : ": the challenger's output is wrong");
+  ExpectRulings(Task(), {want});
+  EXPECT_EQ(TaskToJson(Task())["verification"]["rulings"][0]["for"],
+            solver_lies ? "challenger" : "defender");
   if (solver_lies) {
     EXPECT_FALSE(HasCheck(u));  // fraud: the round re-runs
     EXPECT_TRUE(Rerunning());
@@ -1568,6 +1590,70 @@ TEST(ProvenFraudTest, TheTaskRecordKeepsItsProofsThroughItsEncoding) {
   EXPECT_EQ(AuditWindowEnd(closed, 10), 87u);
   closed.status = TaskStatus::kCancelled;
   EXPECT_EQ(AuditWindowEnd(closed, 10), 0u);
+}
+
+// The task record keeps its rulings through its encoding: after the tail (written with zeros for
+// a task that never closed), so a task that never had a ruling encodes as it did before rulings
+// were kept. A ruling whose transaction rules nothing, or an empty list written, is refused.
+TEST(DisputeRulingTest, TheTaskRecordKeepsItsRulingsThroughItsEncoding) {
+  TaskRecord t;
+  t.id = Blake2b("task");
+  Encoder e;
+  EncodeTask(e, t);
+  const Bytes plain = e.Take();
+  for (const TxType tx : {TxType::kRefereeStep, TxType::kRuleDispute}) {
+    t.verification.rulings.push_back(DisputeRuling{.tx = static_cast<uint16_t>(tx),
+                                                   .tx_id = Blake2b("tx"),
+                                                   .sender = TestKey(1).public_key(),
+                                                   .height = 12,
+                                                   .index = 3,
+                                                   .round = 1,
+                                                   .step = 2,
+                                                   .defender = TestKey(2).public_key(),
+                                                   .challenger = TestKey(3).public_key(),
+                                                   .witness_bytes = 900,
+                                                   .defender_honest = false,
+                                                   .challenger_honest = true,
+                                                   .reason = "referee recomputed step 2"});
+  }
+  for (const uint64_t closed_height : {uint64_t{0}, uint64_t{40}}) {
+    TaskRecord r = t;
+    r.closed_height = closed_height;
+    Encoder re;
+    EncodeTask(re, r);
+    const Bytes enc = re.Take();
+    EXPECT_GT(enc.size(), plain.size() + 16);
+    Decoder d(enc, "task");
+    TaskRecord back;
+    ASSERT_TRUE(DecodeTask(d, &back).ok());
+    ASSERT_TRUE(d.Finish().ok());
+    EXPECT_EQ(back, r);
+    for (size_t cut : {enc.size() - 1, plain.size() + 16 + 2}) {
+      Decoder short_d(ByteSpan(enc).first(cut), "task");
+      TaskRecord partial;
+      EXPECT_FALSE(DecodeTask(short_d, &partial).ok() && short_d.Finish().ok()) << cut;
+    }
+  }
+  Bytes empty_list = plain;  // a zero tail followed by a count of no rulings
+  empty_list.resize(plain.size() + 16 + 4, 0);
+  Decoder ed(empty_list, "task");
+  TaskRecord eback;
+  EXPECT_EQ(DecodeTask(ed, &eback).code(), StatusCode::kDataLoss);
+  TaskRecord not_ruling = t;
+  not_ruling.verification.rulings[0].tx = static_cast<uint16_t>(TxType::kDisputePost);
+  Encoder ne;
+  EncodeTask(ne, not_ruling);
+  const Bytes nenc = ne.Take();
+  Decoder nd(nenc, "task");
+  TaskRecord nback;
+  EXPECT_EQ(DecodeTask(nd, &nback).code(), StatusCode::kDataLoss);
+  const nlohmann::json j = TaskToJson(t)["verification"]["rulings"];
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["tx"], "RefereeStep");
+  EXPECT_EQ(j[1]["tx"], "RuleDispute");
+  EXPECT_EQ(j[0]["for"], "challenger");
+  EXPECT_EQ(j[0]["sender"], TestKey(1).public_key().ToHex());
+  EXPECT_FALSE(j[0].contains("stage")) << "a task without stages";
 }
 
 // A witness encoding decodes back to `w` and refuses damage: cut short, trailing bytes, more

@@ -338,6 +338,45 @@ struct ProvenFraud {
   bool operator==(const ProvenFraud&) const = default;
 };
 
+// A dispute the ledger ruled (docs/verification.md, "The referee"): one per executed RefereeStep,
+// RefereeTile, RefereeStageStep or RuleDispute, recorded as it executes. Kept on the task because
+// what a ruling decided is gone from the unit soon after: a ruling for the challenger re-runs the
+// round in the same block, and the unit's check goes with it. Every ruling resolves its game, so
+// the outcome is the game's.
+struct DisputeRuling {
+  uint16_t tx = 0;      // the ruling transaction's TxType: which referee ruled (RuleDispute
+                        // is the genesis key's word; the others the ledger's own execution)
+  Hash256 tx_id;        // the ruling transaction
+  PublicKey sender;     // who sent it: a party, the referee service, anyone
+  uint64_t height = 0;  // the block that executed it
+  uint32_t index = 0;   // the disputed unit
+  uint32_t round = 0;   // the unit's round
+  uint64_t step = 0;    // the disputed step (1-based; the last of a tolerance segment)
+  PublicKey defender;   // the unit's solver, or the verifier a whistleblower challenged
+  PublicKey challenger;
+  uint64_t witness_bytes = 0;  // 0 for RuleDispute, which carries none
+  bool defender_honest = false;
+  bool challenger_honest = false;
+  std::string reason;  // the game's outcome: what the referee ruled, and whose output was wrong
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("tx", s.tx);
+    v("tx_id", s.tx_id);
+    v("sender", s.sender);
+    v("height", s.height);
+    v("index", s.index);
+    v("round", s.round);
+    v("step", s.step);
+    v("defender", s.defender);
+    v("challenger", s.challenger);
+    v("witness_bytes", s.witness_bytes);
+    v("defender_honest", s.defender_honest);
+    v("challenger_honest", s.challenger_honest);
+    v("reason", s.reason);
+  }
+  bool operator==(const DisputeRuling&) const = default;
+};
+
 // What verification did on a task (ledger/src/verification.cc): settled checks by result, and
 // the tokens it moved. Kept on the task because a check that ends in a re-run is dropped with its
 // round.
@@ -366,6 +405,9 @@ struct VerificationTally {
   // Times a fraud proof within the audit window reopened the finished task (its status open
   // again, its final state forgotten until it finishes again).
   uint64_t reopened = 0;
+  // Every dispute the ledger ruled on the task, in execution order (one unit may have several:
+  // its round re-ran, or a whistleblower disputed it again).
+  std::vector<DisputeRuling> rulings;
   bool operator==(const VerificationTally&) const = default;
 };
 

@@ -64,6 +64,12 @@ enum class TxType : uint16_t {
 // "Transfer", "RegisterNode", ...; "Unknown" for a value not in the list.
 std::string_view TxTypeName(TxType t);
 Result<TxType> TxTypeFromName(std::string_view name);
+// The transactions that rule a dispute at the referee stage, each kept as a DisputeRuling
+// (state.h) once executed: the ledger's own executions and the genesis key's word.
+inline bool IsRulingTx(TxType t) {
+  return t == TxType::kRefereeStep || t == TxType::kRefereeTile || t == TxType::kRefereeStageStep ||
+         t == TxType::kRuleDispute;
+}
 
 // ---- Payloads. Each lists its fields once, in Visit, which drives encoding and JSON. Field
 // types understood by Visit: uint8/16/32/64_t, int64_t, bool, std::string (<=
