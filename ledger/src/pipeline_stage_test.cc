@@ -944,7 +944,7 @@ TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaR
   Result<TileRuleContext> plan = TileContextOf(Task(), Unit(kCheat), bundle_, "test");
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_EQ(c.dispute()->config().num_operators, plan->plan.ops.size());
-  EXPECT_EQ(c.dispute()->stage(), protocol::DisputeStage::kDisputeOperators);
+  ASSERT_EQ(c.dispute()->stage(), protocol::DisputeStage::kDisputeOperators);
   r = Step({Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = truth})});
   EXPECT_FALSE(r[0].ok);
   EXPECT_NE(r[0].reason.find("has no dispute waiting for the referee"), std::string::npos)

@@ -278,6 +278,7 @@ class PipelineVerificationTest : public FollowedChainFixture {
   // ruling, so a stand-in for its run's), and the stage, which cannot defend its step, posts
   // nothing: it loses at the turn's deadline, as a unit's defender does.
   void StageSilentInTheTilePhase(uint32_t stage) {
+    ASSERT_TRUE(HasCheck(stage) && Check(stage).dispute().has_value()) << "no dispute to play";
     const protocol::DisputeGame g = *Check(stage).dispute();  // a copy: Check() is a value
     ASSERT_FALSE(g.config().operator_tiles.empty()) << "the stage's dispute plays the tile phase";
     const protocol::DisputeQuery q = g.query();
