@@ -19,6 +19,7 @@
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/stage_step.h"
 #include "meshlearn/ledger/step_witness.h"
@@ -822,8 +823,9 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
   }
   StepOk(txs);
   StepUntil(0, protocol::CheckStage::kCheckSettled);
-  // A whistleblower's challenge names the stage unit and one of its steps: a unit or a step out
-  // of range is refused (the round is not final yet).
+  // A whistleblower's challenge names the stage unit and one of its steps (with the bundle, which
+  // a challenge over the stage witness bound carries): a unit or a step out of range is refused
+  // (the round is not final yet).
   ASSERT_TRUE(Machine().Unfinal(0));
   Sealed past_end = Mismatch(0, StepLeaves(0), kSteps - 1, Blake2b("x"));
   past_end.claim.segment = kSteps;
@@ -836,7 +838,8 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
       {Q(alice_, ChallengeUnitTx{.task_id = task_id_,
                                  .index = 0,
                                  .node_id = verifier_.public_key(),
-                                 .claim = past_end.claim}),
+                                 .claim = past_end.claim,
+                                 .bundle = {bundle_}}),
        "the claim's states are not the solver's committed states of segment 4"},
   };
   txs.clear();
@@ -884,7 +887,11 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
 // verifier claims step 1, the stage does not win the ruling, and it alone is slashed; its
 // replica's round runs again without it (the spare node takes its stage), no honest stage is
 // slashed, and each is paid for step 0 alone, the one step of its stage no false tensor reached
-// (1 of H = 4 steps of its StageUnitCost; the cheater nothing).
+// (1 of H = 4 steps of its StageUnitCost; the cheater nothing). The stages (the fashion MLP's, of
+// 1 GiB declared) are over the stage witness bound, so the mismatch must carry the task bundle
+// (MismatchNeedsBundle: refused by name without it) and the dispute plays the tile phase over the
+// stage's plan; the stage, which cannot defend its step, posts nothing there and loses at the
+// turn's deadline. Nobody's word is taken: the genesis key's RuleDispute is refused.
 TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaRerunsWithoutIt) {
   Start();
   constexpr uint32_t kCheat = 1;
@@ -895,6 +902,7 @@ TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaR
   Aggregate();
   const std::vector<Hash256> lied = StepLeaves(kCheat, true, 1);
   const Hash256 truth = StepLeaves(kCheat)[1];
+  ASSERT_FALSE(LedgerRulesStageStep(Task().params, kCheat));
   std::vector<Sealed> verdicts;
   std::vector<Transaction> txs;
   for (uint32_t st = 0; st < kStages; ++st) {
@@ -904,55 +912,53 @@ TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaR
   StepOk(txs);
   StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
   // A claim that opens the sealed verdict (same step, same replayed leaf) but proves leaves that
-  // are not the stage's committed ones is refused.
+  // are not the stage's committed ones is refused; so is the true claim without the bundle.
   Sealed forged = Mismatch(kCheat, StepLeaves(kCheat), 1, truth);
   forged.salt = verdicts[kCheat].salt;
-  std::vector<Receipt> r = Step({RevealTx(kCheat, forged)});
-  EXPECT_FALSE(r[0].ok);
-  EXPECT_NE(r[0].reason.find("not the solver's committed states of segment 1"), std::string::npos)
-      << r[0].reason;
+  std::vector<std::pair<Transaction, std::string>> refusals = {
+      {RevealTx(kCheat, forged, bundle_), "not the solver's committed states of segment 1"},
+      {RevealTx(kCheat, verdicts[kCheat]),
+       "reveal verdict: bundle is empty, but unit 1 belongs to a stage of task " +
+           task_id_.ShortHex() +
+           " declared at 1073741824 bytes (params.stage_memory_bytes[1]), over the 4194304 a "
+           "stage step's witness holds"}};
+  // In the reveals' block, before them: the reveal window is short.
   txs.clear();
+  for (const auto& [tx, why] : refusals) txs.push_back(tx);
   for (uint32_t st = 0; st < kStages; ++st) {
-    txs.push_back(RevealTx(st, verdicts[st]));
+    txs.push_back(RevealTx(st, verdicts[st], st == kCheat ? bundle_ : std::string()));
     txs.push_back(SecretTx(st));
   }
-  StepOk(txs);
+  std::vector<Receipt> r = Step(txs);
+  ASSERT_EQ(r.size(), txs.size());
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (i < refusals.size()) {
+      EXPECT_FALSE(r[i].ok) << refusals[i].second;
+      EXPECT_NE(r[i].reason.find(refusals[i].second), std::string::npos) << r[i].reason;
+    } else {
+      EXPECT_TRUE(r[i].ok) << r[i].reason;
+    }
+  }
   StepUntil(kCheat, protocol::CheckStage::kCheckDisputed);
-  // One step is one segment: the dispute is at the referee at once, for the whole step.
+  // The bundle opens the tile phase over the stage's plan (the fashion MLP's second linear layer
+  // and its relu), not a whole step at the referee; the genesis key has nothing to rule.
   const protocol::UnitCheck c = Check(kCheat);
-  ASSERT_EQ(c.dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
-  const protocol::RefereeTask task = c.dispute()->referee_task();
-  EXPECT_TRUE(task.whole_step);
-  EXPECT_EQ(task.defender_output, lied[1]);
-  EXPECT_EQ(task.challenger_output, truth);
-  // A stage step is not a unit's: the ledger does not take a unit's step witness, and a tile
-  // bundle is refused; the genesis referee rules.
-  r = Step(
-      {Q(alice_,
-         RefereeStepTx{.task_id = task_id_, .index = kCheat, .witness = {EncodeStepWitness({})}})});
-  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
-  EXPECT_NE(r[0].reason.find("the genesis referee rules it"), std::string::npos) << r[0].reason;
-  const Transaction ruling =
-      Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = truth});
-  const uint32_t round = Unit(kCheat).round;
-  StepOk({ruling});
-  const uint64_t ruled_at = chain_->Height();
+  Result<TileRuleContext> plan = TileContextOf(Task(), Unit(kCheat), bundle_, "test");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(c.dispute()->config().num_operators, plan->plan.ops.size());
+  ASSERT_EQ(c.dispute()->stage(), protocol::DisputeStage::kDisputeOperators);
+  r = Step({Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = truth})});
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("has no dispute waiting for the referee"), std::string::npos)
+      << r[0].reason;
+  ASSERT_NO_FATAL_FAILURE(StageSilentInTheTilePhase(kCheat));
   for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
   EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
   const TaskRecord t = Task();
   EXPECT_EQ(t.verification.fraud, 1u);
-  // The task keeps the genesis key's ruling, though the unit's check went with its round.
-  DisputeRuling want = RulingBy(ruling, ruled_at);
-  want.index = kCheat;
-  want.round = round;
-  want.step = task.step;
-  want.defender = cheater;
-  want.challenger = verifier_.public_key();
-  want.challenger_honest = true;
-  want.reason =
-      "referee recomputed step " + std::to_string(task.step) + ": the defender's output is wrong";
-  ExpectRulings(t, {want});
-  EXPECT_EQ(TaskToJson(t)["verification"]["rulings"][0]["stage"], kCheat);
+  // The stage's missed turn decided the game, not a ruling transaction: the task records none
+  // (a ruling's record: PipelineRulingTest, and TileChainTest for a tile).
+  EXPECT_TRUE(t.verification.rulings.empty()) << TaskToJson(t)["verification"].dump();
   // Slashed from the stage's share of the unit (StageUnitCost), as the stage is paid.
   EXPECT_EQ(t.verification.slashed,
             kSlashMultiple * StageUnitCost(t.params, kTestUnitCost, kCheat));
@@ -984,10 +990,10 @@ TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaR
   }
 }
 
-// Two replicas; stage 1 of replica 0 lies from step 1 on (of 4). Before the round re-runs, the
-// work no false tensor reached is paid: replica 1's stages their whole StageUnitCost (trained from
-// the round's honest start), replica 0's honest stages step 0's quarter of theirs, the cheater
-// nothing.
+// Two replicas; stage 1 of replica 0 lies from step 1 on (of 4) and, disputed over its tile plan,
+// does not defend it. Before the round re-runs, the work no false tensor reached is paid: replica
+// 1's stages their whole StageUnitCost (trained from the round's honest start), replica 0's honest
+// stages step 0's quarter of theirs, the cheater nothing.
 TEST_F(PipelineVerificationTest, AFraudRoundsHonestStageWorkIsPaidBeforeItReruns) {
   for (uint8_t i = 4; i < 7; ++i) stagers_.push_back(TestKey(static_cast<uint8_t>(30 + i)));
   Start([](TaskParams& p) { p.units_per_round = 2 * kStages; });
@@ -1006,10 +1012,10 @@ TEST_F(PipelineVerificationTest, AFraudRoundsHonestStageWorkIsPaidBeforeItReruns
   for (uint32_t i = 0; i < kUnits; ++i) {
     ASSERT_EQ(Check(i).stage(), protocol::CheckStage::kCheckCommitVerdicts) << i;
   }
-  ASSERT_NO_FATAL_FAILURE(VerdictsUntilReferee(
-      kUnits, kCheat, Mismatch(kCheat, StepLeaves(kCheat, true, 1), 1, StepLeaves(kCheat)[1])));
-  StepOk({Q(referee_,
-            RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = StepLeaves(kCheat)[1]})});
+  ASSERT_NO_FATAL_FAILURE(VerdictsUntilDisputed(
+      kUnits, kCheat, Mismatch(kCheat, StepLeaves(kCheat, true, 1), 1, StepLeaves(kCheat)[1]),
+      bundle_));
+  ASSERT_NO_FATAL_FAILURE(StageSilentInTheTilePhase(kCheat));
   for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
   ASSERT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
   const TaskRecord t = Task();
@@ -1046,8 +1052,9 @@ TEST_F(PipelineVerificationTest, ACommitStageWithoutItsStepLeavesOrSecretIsRefus
   }
   EXPECT_EQ(Unit(0).status, WorkUnitStatus::kAssigned);
   StepOk({Q(alice_, Commit(0, leaves))});
-  // A mismatch on a stage unit carries the task's own bundle or none (a GPT stage's opens the
-  // tile phase over its stage's plan: stage_tile_chain_test.cc).
+  // A mismatch on a stage unit carries the task's own bundle (over the stage witness bound it must:
+  // above; it opens the tile phase over the stage's plan), and a stage unit has no after-the-fact
+  // fraud proof.
   RevealVerdictTx with_bundle{.task_id = task_id_,
                               .index = 0,
                               .node_id = verifier_.public_key(),

@@ -1,7 +1,8 @@
 // The pipeline fixtures ledger_test's stage tests share (pipeline_stage_test.cc,
-// stage_tile_chain_test.cc): a task of one replica of three stage units on a verifying chain
-// (PipelineVerificationTest), and a real replica of the tiny pipeline GPT trained with
-// RunStageStep whose evidence a dispute is ruled from (PipelineRulingTest).
+// stage_tile_chain_test.cc, stage_tile_test.cc): a task of one replica of three stage units of the
+// fashion MLP on a verifying chain (PipelineVerificationTest), and a real replica of the tiny
+// pipeline GPT trained with RunStageStep whose evidence a dispute is ruled from
+// (PipelineRulingTest).
 #pragma once
 
 #include <algorithm>
@@ -56,6 +57,19 @@ inline TaskParams PipelineParams() {
   return p;
 }
 
+// A real sequential model's pipeline task bundle: examples/fashion-mlp.toml's model (784-256-128-
+// 10: linear, relu, linear, relu, linear) cut at `cut` (its [network] table's list, kStages + 1
+// layer indices) into kStages stages, one round of kStages units of 4 steps. The ledger plans a
+// stage of it from the bundle (TileContextOf), unless the stage holds no parameters.
+inline std::string FashionMlpPipelineBundle(const std::string& cut) {
+  Result<std::string> text =
+      Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml");
+  CHECK(text.ok()) << text.status().ToString();
+  return text->substr(0, text->find("[network]")) +
+         "[network]\nrounds = 1\nunits_per_round = 3\ninner_steps = 4\nstages = 3\ncut = " + cut +
+         "\naggregation = \"mean\"\n";
+}
+
 // ---- Stage units on a verifying chain (docs/verification.md, "Pipeline stages"): CommitStage
 // opens the unit's check with OpenUnitCheck over protocol::StageCheckLeaves (one segment per
 // step), and the check runs as a unit's: the beacon draws the steps and a verifier (never a node
@@ -100,11 +114,12 @@ class PipelineVerificationTest : public FollowedChainFixture {
     for (const Receipt& r : Step(std::move(txs))) EXPECT_TRUE(r.ok) << r.reason;
   }
 
-  // One round of one replica of three stages, H = 4 steps. `tweak` edits the task's params
-  // (default: TestTaskParams' data root over no real examples, stages of 1 GiB: over the stage
-  // witness bound, so the genesis referee rules their disputes).
-  void Start(const std::function<void(TaskParams&)>& tweak = nullptr,
-             const Hash256& spec_hash = Blake2b("pipeline bundle")) {
+  // One round of one replica of three stages, H = 4 steps, of the task bundle_. `tweak` edits the
+  // task's params (default: TestTaskParams' data root over no real examples, stages of 1 GiB: over
+  // the stage witness bound, so a mismatch must carry the bundle and the dispute plays the tile
+  // phase, MismatchNeedsBundle).
+  void Start(const std::function<void(TaskParams&)>& tweak = nullptr) {
+    const Hash256 spec_hash = BuildManifest(AsBytes(bundle_)).id().hash;
     std::vector<Transaction> regs;
     for (const KeyPair& k : stagers_) regs.push_back(Q(alice_, Reg(k, kRoleSolver, 4 * kGiB)));
     // The verifier node has the solver role only while no stage fits its memory.
@@ -209,13 +224,15 @@ class PipelineVerificationTest : public FollowedChainFixture {
                                          v.verdict, v.salt, verifier_.public_key(),
                                          Check(stage).config().unit, evidence)});
   }
-  Transaction RevealTx(uint32_t stage, const Sealed& v) {
+  // The verifier's reveal of `v` (a mismatch's with `bundle`).
+  Transaction RevealTx(uint32_t stage, const Sealed& v, const std::string& bundle = "") {
     return Q(alice_, RevealVerdictTx{.task_id = task_id_,
                                      .index = stage,
                                      .node_id = verifier_.public_key(),
                                      .verdict = static_cast<uint8_t>(v.verdict),
                                      .salt = v.salt,
-                                     .claim = v.claim});
+                                     .claim = v.claim,
+                                     .bundle = {bundle}});
   }
   Transaction SecretTx(uint32_t stage) {
     const WorkUnit u = Unit(stage);
@@ -230,9 +247,10 @@ class PipelineVerificationTest : public FollowedChainFixture {
     ASSERT_EQ(Check(stage).stage(), want) << protocol::CheckStageName(Check(stage).stage());
   }
   // The verifier's verdicts on units [0, units) of the round: clean, but `mismatch` on unit
-  // `cheat`; sealed, then revealed with the stages' secrets, until `cheat`'s dispute is at the
-  // referee (one step is one segment: at once).
-  void VerdictsUntilReferee(uint32_t units, uint32_t cheat, const Sealed& mismatch) {
+  // `cheat` (revealed with `bundle`); sealed, then revealed with the stages' secrets, until
+  // `cheat`'s dispute opens.
+  void VerdictsUntilDisputed(uint32_t units, uint32_t cheat, const Sealed& mismatch,
+                             const std::string& bundle = "") {
     std::vector<Sealed> verdicts;
     std::vector<Transaction> txs;
     for (uint32_t i = 0; i < units; ++i) {
@@ -243,12 +261,38 @@ class PipelineVerificationTest : public FollowedChainFixture {
     StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
     txs.clear();
     for (uint32_t i = 0; i < units; ++i) {
-      txs.push_back(RevealTx(i, verdicts[i]));
+      txs.push_back(RevealTx(i, verdicts[i], i == cheat ? bundle : std::string()));
       txs.push_back(SecretTx(i));
     }
     StepOk(txs);
     StepUntil(cheat, protocol::CheckStage::kCheckDisputed);
+  }
+  // The same, the mismatch without the bundle, until the dispute is at the referee (one step is
+  // one segment: at once), for the whole step.
+  void VerdictsUntilReferee(uint32_t units, uint32_t cheat, const Sealed& mismatch) {
+    ASSERT_NO_FATAL_FAILURE(VerdictsUntilDisputed(units, cheat, mismatch));
     ASSERT_EQ(Check(cheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  }
+  // In stage `stage`'s dispute, played over its tile plan: the verifier answers the operator
+  // phase's opening query (the step's chain end C_n; the ledger checks no posted hash before a
+  // ruling, so a stand-in for its run's), and the stage, which cannot defend its step, posts
+  // nothing: it loses at the turn's deadline, as a unit's defender does.
+  void StageSilentInTheTilePhase(uint32_t stage) {
+    ASSERT_TRUE(HasCheck(stage) && Check(stage).dispute().has_value()) << "no dispute to play";
+    const protocol::DisputeGame g = *Check(stage).dispute();  // a copy: Check() is a value
+    ASSERT_FALSE(g.config().operator_tiles.empty()) << "the stage's dispute plays the tile phase";
+    const protocol::DisputeQuery q = g.query();
+    ASSERT_EQ(q.stage, protocol::DisputeStage::kDisputeOperators);
+    StepOk({Q(alice_, DisputePostTx{.task_id = task_id_,
+                                    .index = stage,
+                                    .node_id = verifier_.public_key(),
+                                    .position = q.position,
+                                    .hash = Blake2b("the verifier's chain end")})});
+    for (uint64_t i = 0; i <= genesis_.params.dispute_response_blocks + 1 && HasCheck(stage) &&
+                         Check(stage).stage() == protocol::CheckStage::kCheckDisputed;
+         ++i) {
+      Step();
+    }
   }
   void Aggregate() {
     for (int i = 0; i < 10 && !Machine().aggregator(); ++i) Step();
@@ -271,6 +315,9 @@ class PipelineVerificationTest : public FollowedChainFixture {
   KeyPair referee_, verifier_, agg_;
   std::vector<KeyPair> stagers_;
   Hash256 task_id_;
+  // The task's bundle: the fashion MLP cut into a linear layer a stage, each with parameters
+  // (a stage fixture sets another in its constructor).
+  std::string bundle_ = FashionMlpPipelineBundle("[0, 2, 4, 5]");
 };
 
 // ---- The ledger rules a stage dispute itself (RefereeStageStep; ledger/stage_referee.h): a
@@ -375,9 +422,10 @@ class PipelineRulingTest : public PipelineVerificationTest {
   static constexpr uint32_t kCheat = 1;
   static constexpr uint64_t kLieStep = 1;
 
-  // The task's bundle and the directory its data paths are relative to: the tiny pipeline GPT on
-  // the GPL text unless a test names another (set before SetUp runs: in the constructor).
-  std::string bundle_ = kRulingBundle;
+  // The task's bundle (bundle_) is the tiny pipeline GPT on the GPL text unless a test names
+  // another, and bundle_dir_ the directory its data paths are relative to (set before SetUp runs:
+  // in the constructor).
+  PipelineRulingTest() { bundle_ = kRulingBundle; }
   std::string bundle_dir_ = "/";
 
   void SetUp() override {
@@ -436,24 +484,21 @@ class PipelineRulingTest : public PipelineVerificationTest {
   // `tweak` (optional) then edits the params (a stage's declared memory).
   void StartRuled(const Hash256& initial_state = Hash256{},
                   const std::function<void(TaskParams&)>& tweak = nullptr) {
-    const Hash256 spec_hash = BuildManifest(AsBytes(bundle_)).id().hash;
     const Hash256 root = pages_->root();
     const uint64_t tokens = static_cast<uint64_t>(pages_->num_tokens());
     Result<std::unique_ptr<engine::Model>> whole = engine::Model::Create(spec_.model);
     ASSERT_TRUE(whole.ok());
     const uint64_t model_bytes = 4 * static_cast<uint64_t>((*whole)->NumParameters());
-    Start(
-        [&](TaskParams& p) {
-          p.data_root = root;
-          p.num_examples = tokens;
-          p.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
-          p.batch_size = 4;
-          p.model_bytes = model_bytes;  // the vocabulary the bundle leaves to the data
-          p.stage_memory_bytes = {1u << 20, 1u << 20, 1u << 20};
-          if (!initial_state.IsZero()) p.initial_state = initial_state;
-          if (tweak) tweak(p);
-        },
-        spec_hash);
+    Start([&](TaskParams& p) {
+      p.data_root = root;
+      p.num_examples = tokens;
+      p.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
+      p.batch_size = 4;
+      p.model_bytes = model_bytes;  // the vocabulary the bundle leaves to the data
+      p.stage_memory_bytes = {1u << 20, 1u << 20, 1u << 20};
+      if (!initial_state.IsZero()) p.initial_state = initial_state;
+      if (tweak) tweak(p);
+    });
   }
 
   const KeyPair* KeyOf(const PublicKey& id) {

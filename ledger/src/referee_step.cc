@@ -255,10 +255,19 @@ Result<Hash256> ExecuteRefereeStepWitness(const TaskRecord& t, const WorkUnit& u
                         task.input, w, where);
 }
 
+uint64_t MaxUnitStateBytes(const TaskParams& p) {
+  // The weights and at most two moments (AdamW's), each of model_bytes.
+  constexpr uint64_t kCopies = 3;
+  return p.model_bytes > UINT64_MAX / kCopies ? UINT64_MAX : kCopies * p.model_bytes;
+}
+
 bool DisputeNeedsBundle(const TaskParams& p) {
   // (A task's terms refuse data_page_tokens without a data root: tasks.cc.)
-  return p.data_page_tokens != 0 && !p.data_root.IsZero() && !IsPipelineTask(p) &&
-         p.tolerance_rel_l2_ppm == 0 && p.tolerance_cosine_gap_ppb == 0;
+  if (p.data_root.IsZero() || IsPipelineTask(p) || p.tolerance_rel_l2_ppm != 0 ||
+      p.tolerance_cosine_gap_ppb != 0) {
+    return false;
+  }
+  return p.data_page_tokens != 0 || MaxUnitStateBytes(p) > kMaxStepWitnessState;
 }
 
 bool UnservedStageClaim(const TaskParams& p, const MismatchClaimField& claim) {
@@ -267,9 +276,8 @@ bool UnservedStageClaim(const TaskParams& p, const MismatchClaimField& claim) {
 
 bool MismatchNeedsBundle(const TaskParams& p, uint32_t index, const MismatchClaimField& claim) {
   if (!IsPipelineTask(p)) return DisputeNeedsBundle(p);
-  return p.data_page_tokens != 0 && !p.data_root.IsZero() && p.tolerance_rel_l2_ppm == 0 &&
-         p.tolerance_cosine_gap_ppb == 0 && !LedgerRulesStageStep(p, StageSlotOf(p, index).stage) &&
-         !UnservedStageClaim(p, claim);
+  return !p.data_root.IsZero() && p.tolerance_rel_l2_ppm == 0 && p.tolerance_cosine_gap_ppb == 0 &&
+         !LedgerRulesStageStep(p, StageSlotOf(p, index).stage) && !UnservedStageClaim(p, claim);
 }
 
 Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,

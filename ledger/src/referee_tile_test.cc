@@ -1340,6 +1340,17 @@ const std::string& ChainBundle() {
   return *b;
 }
 
+// The same task with a wider MLP (784-512-128-10: 468,874 parameters, so up to 5,626,488 bytes of
+// state with AdamW's moments, over kMaxStepWitnessState).
+const std::string& ChainWideMlpBundle() {
+  static const std::string* b = [] {
+    std::string bundle = ChainBundle();
+    bundle.replace(bundle.find("out = 256"), 9, "out = 512");
+    return new std::string(bundle);
+  }();
+  return *b;
+}
+
 // The same task with examples/fashion-cnn.toml's model (the same examples as 1 x 28 x 28 images).
 const std::string& ChainCnnBundle() {
   static const std::string* b = [] {
@@ -1638,7 +1649,8 @@ class TileChainTest : public testing::FollowedChainFixture {
   NodeRecord Node(const KeyPair& k) { return chain_->GetNode(k.public_key()).value(); }
 
   // Registers the solver and the verifier and submits the one-unit task; the unit is assigned.
-  void Submit() {
+  // `tweak` (optional) then edits the params.
+  void Submit(const std::function<void(TaskParams&)>& tweak = nullptr) {
     StepOk({N(solver_, Reg(solver_, kRoleSolver)), N(verifier_, Reg(verifier_, kRoleVerifier))});
     ASSERT_FALSE(::testing::Test::HasFailure());
     TaskParams p = testing::TestTaskParams();
@@ -1656,6 +1668,7 @@ class TileChainTest : public testing::FollowedChainFixture {
       p.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
       p.num_examples = static_cast<uint64_t>(ChainGptSetup().pages->num_tokens());
     }
+    if (tweak) tweak(p);
     const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
     Transaction submit =
         Q(gina_, SubmitTaskTx{.spec_hash = BuildManifest(AsBytes(*bundle_)).id().hash,
@@ -2286,6 +2299,73 @@ TEST_F(TileChainTest, OnThe10mGptAMismatchWithoutTheBundleIsRefused) {
   std::vector<Receipt> r =
       Step({Q(gina_, RefereeStepTx{.task_id = task_id_, .index = 0, .witness = {Bytes{1}}})});
   EXPECT_FALSE(r.at(0).ok);
+}
+
+// A classification task's whole step is ruled from a witness that carries the unit's state
+// (RefereeStep), which the ledger sizes from the task record alone: params.model_bytes (which every
+// node checks against the bundle) with two optimizer moments (MaxUnitStateBytes). Over
+// kMaxStepWitnessState the mismatch must carry the bundle (DisputeNeedsBundle): played over whole
+// steps, its dispute could end undecided with no witness that fits. The wider MLP's reveal or
+// challenge without it is refused by name; with it the dispute plays the tile phase. The fashion
+// MLP's state (235,146 parameters) is within the bound: its mismatch needs none. Nothing is
+// trained: the parties' hashes stand in for runs.
+TEST_F(TileChainTest, AClassificationModelOverTheStepWitnessBoundNeedsTheBundle) {
+  auto params_of = [](const std::string& bundle) {
+    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle, "tile-chain.toml", "");
+    CHECK(spec.ok()) << spec.status().ToString();
+    Result<int64_t> n = engine::CountParameters(spec->model);
+    CHECK(n.ok()) << n.status().ToString();
+    return static_cast<uint64_t>(*n);
+  };
+  TaskParams small = testing::TestTaskParams();
+  small.units_per_round = 1;
+  small.model_bytes = 4 * params_of(ChainBundle());
+  EXPECT_EQ(small.model_bytes, 4u * 235'146);
+  EXPECT_FALSE(DisputeNeedsBundle(small));
+  // The bound itself: a state of at most kMaxStepWitnessState needs none, one float more does.
+  small.model_bytes = kMaxStepWitnessState / 3 / 4 * 4;
+  EXPECT_FALSE(DisputeNeedsBundle(small));
+  small.model_bytes += 4;
+  EXPECT_TRUE(DisputeNeedsBundle(small));
+  small.tolerance_rel_l2_ppm = 1000;  // tolerance mode: segments, no tile phase
+  EXPECT_FALSE(DisputeNeedsBundle(small));
+
+  bundle_ = &ChainWideMlpBundle();
+  const uint64_t wide = 4 * params_of(*bundle_);
+  EXPECT_EQ(wide, 4u * 468'874);
+  PartyRun solver, verifier;
+  for (uint64_t s = 0; s <= kSteps; ++s) {
+    solver.state.push_back(Blake2b("state " + std::to_string(s)));
+    verifier.state.push_back(s < kSteps ? solver.state.back() : Blake2b("other state"));
+  }
+  StepOk({N(wb_, Reg(wb_, kRoleWhistleblower))});
+  Submit([&](TaskParams& p) { p.model_bytes = wide; });
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_EQ(MaxUnitStateBytes(Task().params), 3 * wide);
+  ASSERT_TRUE(DisputeNeedsBundle(Task().params));
+  const std::string why = "bundle is empty, but unit 0 belongs to task " + task_id_.ShortHex() +
+                          ", whose training state may hold 5626488 bytes (params.model_bytes and "
+                          "two optimizer moments), over the 4194304 a whole step's witness holds";
+  CommitAndDispute(solver, verifier, *bundle_, [&](const Hash256& salt) {
+    return std::vector<std::pair<Transaction, std::string>>{
+        {N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                      .index = 0,
+                                      .node_id = verifier_.public_key(),
+                                      .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
+                                      .salt = salt,
+                                      .claim = claim_,
+                                      .bundle = {""}}),
+         why},
+        {N(wb_,
+           ChallengeUnitTx{
+               .task_id = task_id_, .index = 0, .node_id = wb_.public_key(), .claim = claim_}),
+         why}};
+  });
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  ASSERT_TRUE(Check().has_tile_phase());
+  Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), *bundle_, "test");
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  EXPECT_EQ(Check().dispute()->config().num_operators, ctx->plan.ops.size());
 }
 
 // Only a mismatch carries the bundle: a clean verdict on a token task is revealed without one

@@ -119,15 +119,6 @@ class StageTileChainTest : public PipelineRulingTest {
     StepUntil(0, CheckStage::kCheckRevealVerdicts);
     return verdicts;
   }
-  Transaction RevealTx(uint32_t i, const Sealed& v, std::string bundle) {
-    return Q(alice_, RevealVerdictTx{.task_id = task_id_,
-                                     .index = i,
-                                     .node_id = verifier_.public_key(),
-                                     .verdict = static_cast<uint8_t>(v.verdict),
-                                     .salt = v.salt,
-                                     .claim = v.claim,
-                                     .bundle = {std::move(bundle)}});
-  }
   // Every verdict revealed, the mismatch with `bundle`, and the stages' secrets.
   void RevealAll(const std::vector<Sealed>& verdicts, const std::string& bundle) {
     std::vector<Transaction> txs;
@@ -483,7 +474,7 @@ TEST_F(StageTileChainTest, AStageSilentInTheTilePhaseLoses) {
   ExpectLoser(true, stage_node);
 }
 
-// Over the stage witness bound only the tile phase rules a GPT stage without the genesis key, so
+// Over the stage witness bound only the tile phase rules a stage without the genesis key, so
 // a mismatch without the task bundle is refused (MismatchNeedsBundle), and one with it plays the
 // tile phase. A claim that the stage served nothing for the step is the exception: the verifier
 // has nothing to trace the step from, so that claim is refused with the bundle and opens a dispute

@@ -29,6 +29,7 @@
 #include "meshlearn/ledger/stage_step.h"
 #include "meshlearn/protocol/dispute.h"
 #include "meshlearn/protocol/stage_transfer.h"
+#include "pipeline_test_util.h"
 #include "test_util.h"
 
 namespace meshlearn::ledger {
@@ -535,17 +536,11 @@ TEST(StageTileCommitTest, TheTileRuleRulesEveryOperatorOfASequentialStageStep) {
 }
 
 // Over the stage witness bound, an exact-mode pipeline task with a data root needs the bundle
-// with a mismatch whatever its model: a sequential model's stage (a data root over examples, no
-// token pages) as a GPT's, so its dispute is ruled by tile and never by the genesis key. Within
-// the bound, without a data root, in tolerance mode, or for an unserved claim, it does not.
-// Over the stage bound a GPT stage's mismatch must carry the bundle (MismatchNeedsBundle), unless
-// it is an unserved claim; within the bound, in tolerance mode or without a data root it need not.
-// A sequential stage's need not yet: the ledger accepts its bundle and plays the tile phase
-// (TheLedgerPlansASequentialStage... below), but a mismatch sent without it still plays whole
-// steps, ruled by the genesis key over the bound (the ledger's stage-flow tests,
-// PipelineVerificationTest, rule such a stage so; requiring it waits for a fixture with a real
-// sequential bundle).
-TEST(StageTileCommitTest, OverTheBoundAGptStagesMismatchNeedsTheBundle) {
+// with a mismatch whatever its model (MismatchNeedsBundle): a sequential model's stage (a data root
+// over examples, no token pages) as a GPT's, so its dispute is played to a tile and never taken to
+// the genesis key. Within the bound, without a data root, in tolerance mode, or for an unserved
+// claim, it does not.
+TEST(StageTileCommitTest, OverTheBoundAStagesMismatchNeedsTheBundleWhateverItsModel) {
   TaskParams p = testing::TestTaskParams();
   p.stages = 3;
   p.units_per_round = 3;
@@ -564,10 +559,16 @@ TEST(StageTileCommitTest, OverTheBoundAGptStagesMismatchNeedsTheBundle) {
   TaskParams tolerance = p;
   tolerance.tolerance_rel_l2_ppm = 1000;
   EXPECT_FALSE(MismatchNeedsBundle(tolerance, 1, claim));
+  TaskParams no_root = p;
+  no_root.data_root = Hash256{};
+  no_root.data_page_tokens = 0;
+  EXPECT_FALSE(MismatchNeedsBundle(no_root, 1, claim));
   TaskParams sequential = p;
   sequential.data_root = Blake2b("examples");
   sequential.data_page_tokens = 0;
-  EXPECT_FALSE(MismatchNeedsBundle(sequential, 1, claim));
+  EXPECT_TRUE(MismatchNeedsBundle(sequential, 1, claim));
+  EXPECT_FALSE(MismatchNeedsBundle(sequential, 0, claim));
+  EXPECT_FALSE(MismatchNeedsBundle(sequential, 1, unserved));
 }
 
 // The ledger plans a sequential model's stage unit from the task's bundle and cut (TileContextOf:
@@ -575,12 +576,7 @@ TEST(StageTileCommitTest, OverTheBoundAGptStagesMismatchNeedsTheBundle) {
 // without parameters (here a lone relu), which has no state to rule a chain end from: its
 // disputes stay whole steps (SetTilePhaseFrom plays them so).
 TEST(StageTileCommitTest, TheLedgerPlansASequentialStageButNotOneWithoutParameters) {
-  Result<std::string> text =
-      Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml");
-  ASSERT_TRUE(text.ok()) << text.status().ToString();
-  const std::string bundle = text->substr(0, text->find("[network]")) +
-                             "[network]\nrounds = 1\nunits_per_round = 3\ninner_steps = 4\n"
-                             "stages = 3\ncut = [0, 1, 2, 5]\naggregation = \"mean\"\n";
+  const std::string bundle = pipeline_testing::FashionMlpPipelineBundle("[0, 1, 2, 5]");
   TaskRecord t;
   t.id = Blake2b("mlp pipeline");
   t.spec_hash = BuildManifest(AsBytes(bundle)).id().hash;

@@ -296,11 +296,12 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
     if (c.result() == protocol::CheckResult::kCheckFraud) {
       rerun->cheaters.push_back(solver);
       if (IsPipelineTask(t->params)) {
-        // Check segment t of a stage unit is its step t, the referee's (1-based) step t + 1:
-        // steps 0..t-1 came before the false one. Fraud not narrowed to a step: none did.
+        // Check segment t of a stage unit is its step t, the game's (1-based) step t + 1:
+        // steps 0..t-1 came before the false one, whether the referee ruled the step or the
+        // stage fell silent in its operator or tile phase. Fraud not narrowed to a step: none did.
         const bool at_step = c.dispute() && c.dispute()->stage() ==
                                                 protocol::DisputeStage::kDisputeResolved;
-        const uint64_t step = at_step ? c.dispute()->referee_task().step : 0;
+        const uint64_t step = at_step ? c.dispute()->step() : 0;
         rerun->stage_faults.emplace_back(index, step > 0 ? step - 1 : 0);
       }
     }
@@ -643,21 +644,39 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
 
 // A mismatch's `bundle` (RevealVerdict, ChallengeUnit): the step's tile plan from it, set on the
 // check so that the dispute it opens narrows to one tile. Nothing for an empty bundle, except that
-// a token task's mismatch must carry it (MismatchNeedsBundle): without it the genesis key could
-// rule the whole step its dispute would end at. A stage's claim that it served nothing must not:
-// the challenger could not trace the step to answer the tile phase (UnservedStageClaim).
+// a mismatch whose whole step the ledger could not rule from a witness must carry it
+// (MismatchNeedsBundle: a token task's, a classification task's whose state may be over
+// kMaxStepWitnessState, a stage's over kMaxStageWitnessMemory): without it the genesis key would
+// rule the whole step its dispute would end at, or nobody would. A stage's claim that it served
+// nothing must not: the challenger could not trace the step to answer the tile phase
+// (UnservedStageClaim).
 Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleField& bundle,
                         const MismatchClaimField& claim, UnitCheck& c, std::string_view what) {
   const TaskRecord* t = s.tasks.Find(u.task_id);
-  const bool needed = MismatchNeedsBundle(t->params, u.index, claim);
+  const TaskParams& p = t->params;
+  const bool needed = MismatchNeedsBundle(p, u.index, claim);
   if (bundle.text.empty()) {
     if (!needed) return Status::Ok();
-    return InvalidArgument(
-        std::string(what) + ": bundle is empty, but unit " + std::to_string(u.index) +
-        " belongs to token task " + u.task_id.ShortHex() +
-        " (a data root over its pages), whose whole steps only the tile phase rules without the "
-        "genesis key; send the task's bundle (the blob whose id is its spec_hash " +
-        t->spec_hash.ShortHex() + ") with the mismatch");
+    std::string why;
+    if (IsPipelineTask(p)) {
+      const uint32_t stage = StageSlotOf(p, u.index).stage;
+      why = "a stage of task " + u.task_id.ShortHex() + " declared at " +
+            std::to_string(p.stage_memory_bytes[stage]) + " bytes (params.stage_memory_bytes[" +
+            std::to_string(stage) + "]), over the " + std::to_string(kMaxStageWitnessMemory) +
+            " a stage step's witness holds";
+    } else if (p.data_page_tokens != 0) {
+      why = "token task " + u.task_id.ShortHex() + " (a data root over its pages)";
+    } else {
+      why = "task " + u.task_id.ShortHex() + ", whose training state may hold " +
+            std::to_string(MaxUnitStateBytes(p)) +
+            " bytes (params.model_bytes and two optimizer moments), over the " +
+            std::to_string(kMaxStepWitnessState) + " a whole step's witness holds";
+    }
+    return InvalidArgument(std::string(what) + ": bundle is empty, but unit " +
+                           std::to_string(u.index) + " belongs to " + why +
+                           ", whose whole steps only the tile phase rules without the genesis "
+                           "key; send the task's bundle (the blob whose id is its spec_hash " +
+                           t->spec_hash.ShortHex() + ") with the mismatch");
   }
   if (UnservedStageClaim(t->params, claim)) {
     return InvalidArgument(std::string(what) + ": unit " + std::to_string(u.index) +
@@ -670,11 +689,12 @@ Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleFie
       TileContextOf(*t, u, bundle.text, std::string(what) + ": bundle");
   if (needed && context.status().code() == StatusCode::kFailedPrecondition) {
     // The task's own bundle (its blob id checked: InvalidArgument otherwise), whose plan the tile
-    // phase does not serve (none today: a GPT trained in micro-batches is planned too, since
-    // PlanStepTiles follows their gradient order): its dispute plays whole steps, as before.
+    // phase does not serve (a sequential stage without parameters, StageStepPlan; no token task
+    // today: a GPT trained in micro-batches is planned too, since PlanStepTiles follows their
+    // gradient order): its dispute plays whole steps, as before.
     ML_LOG_INFO(
-        "ledger: task {} unit {}: {} (a token task's mismatch carries its bundle all the "
-        "same); the dispute plays whole steps",
+        "ledger: task {} unit {}: {} (a mismatch the ledger requires the bundle with carries it "
+        "all the same); the dispute plays whole steps",
         u.task_id.ShortHex(), u.index, context.status().message());
     return Status::Ok();
   }
@@ -1325,13 +1345,14 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               "itself; send RefereeStep with the step's witness");
   }
   // Left to the genesis key: tolerance mode (a segment), a stage over the stage witness bound
-  // played over whole steps (a sequential model's stage whose mismatch came without the bundle, or
-  // a stage claimed to have served nothing: UnservedStageClaim; a GPT stage's other mismatches
-  // carried it), and a token task whose plan the tile phase does not serve (its mismatch
-  // carried the bundle, MismatchNeedsBundle, so a whole-step game of a token task with a data root
-  // means TileContextOf refused the task's own bundle: no such plan today, since micro-batched
-  // steps are planned too). No exact-mode task without a data root reaches here: a verifying
-  // chain refuses it at SubmitTask (ValidateTaskTerms).
+  // played over whole steps (a stage claimed to have served nothing, UnservedStageClaim, or a
+  // sequential stage without parameters, whose plan TileContextOf refuses; every other mismatch
+  // on such a stage carried the bundle, MismatchNeedsBundle, and played the tile phase), and a
+  // token task whose plan the tile phase does not serve (its mismatch carried the bundle, so a
+  // whole-step game of a token task with a data root means TileContextOf refused the task's own
+  // bundle: no such plan today, since micro-batched steps are planned too). No exact-mode task
+  // without a data root reaches here: a verifying chain refuses it at SubmitTask
+  // (ValidateTaskTerms).
   if (game->referee_task().segment) {
     if (tx.tolerance_verdict != 1 && tx.tolerance_verdict != 2) {
       return InvalidArgument("rule dispute: unit " + std::to_string(tx.index) +

@@ -1974,13 +1974,30 @@ TEST_F(VerificationTest, InToleranceModeTheRefereeJudgesTheWholeSegment) {
             std::string::npos)
       << r[0].reason;
   // The referee's replay finds the solver's committed state within tolerance: the solver wins.
-  StepOk({Q(referee_, rule)});
+  const Transaction ruling = Q(referee_, rule);
+  const uint32_t round = Unit(u).round;
+  StepOk({ruling});
+  const uint64_t ruled_at = chain_->Height();
   r = Step({Q(referee_, rule)});  // nothing left to rule
   EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].reason;
   StepUntilDone(u, 3);
   EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();
   EXPECT_EQ(Node(v1_).reputation.slashes, 1u);
   EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
+  // The task keeps the genesis key's ruling: no witness, the segment's last step, the defender
+  // honest (the refused rulings above left none).
+  const std::vector<DisputeRuling>& kept = Task().verification.rulings;
+  ASSERT_EQ(kept.size(), 1u);
+  DisputeRuling want = RulingBy(ruling, ruled_at);
+  want.index = ui;
+  want.round = round;
+  want.step = 4;
+  want.defender = s1_.public_key();
+  want.challenger = v1_.public_key();
+  want.defender_honest = true;
+  want.reason = kept[0].reason;  // the game's own text, checked by the protocol's tests
+  ExpectRulings(Task(), {want});
+  EXPECT_EQ(TaskToJson(Task())["verification"]["rulings"][0]["for"], "defender");
 }
 
 TEST_F(VerificationTest, ASolverWhoseStakeCannotCoverTheSlashGetsNoUnits) {

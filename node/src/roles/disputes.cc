@@ -84,7 +84,7 @@ Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c,
     return FailedPrecondition("the task bundle is " + std::to_string(text.size()) +
                               " bytes, over the " + std::to_string(ledger::kMaxBundleBytes) +
                               " a transaction's bundle field holds, and the ledger requires it "
-                              "with a token task's mismatch");
+                              "with this mismatch (ledger::MismatchNeedsBundle)");
   }
   return std::string(AsStringView(text));
 }

@@ -127,9 +127,10 @@ Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAss
 
 // The bundle field of a mismatch `claim` on check `c` (RevealVerdict, ChallengeUnit): the task
 // bundle whenever the ledger requires it (ledger::MismatchNeedsBundle: a token task with a data
-// root over its pages, a GPT pipeline stage's included, whatever AgentOptions::tile_disputes says)
-// or the tile phase serves the task (TileContextFor, to_open); else "" (whole steps; a sequential
-// model's stage unit's step; a stage's claim that it served nothing, ledger::UnservedStageClaim).
+// root over its pages, a classification task whose state may be over the whole step's witness
+// bound, a pipeline stage over the stage witness bound, a GPT's or a sequential model's; whatever
+// AgentOptions::tile_disputes says) or the tile phase serves the task (TileContextFor, to_open);
+// else "" (whole steps; a stage's claim that it served nothing, ledger::UnservedStageClaim).
 // An error only when the ledger requires the bundle and this node cannot send it (not fetched,
 // over the field's bound): the mismatch would be refused without it.
 Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c,

@@ -122,16 +122,31 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
 Result<TileRuleContext> TileContextOf(const TaskRecord& task, const WorkUnit& unit,
                                       const std::string& bundle, const std::string& where);
 
+// The most bytes of training state a unit of a task with these params holds, from what its
+// record pins: params.model_bytes (its weights, 4 x the bundle's parameter count, which every node
+// checks against the bundle: node::CheckBundleMatchesLedger) and up to two optimizer moments of
+// their size (AdamW's m and v; SGD keeps one momentum buffer or none). Without the bundle the
+// ledger does not know the optimizer, so it counts the most any keeps. Saturating.
+uint64_t MaxUnitStateBytes(const TaskParams& params);
+
+// The largest unit state (MaxUnitStateBytes) whose whole step the ledger rules from a witness
+// without the bundle (RefereeStep: the witness carries the state): half of kMaxWitnessBytes, the
+// other half for the step's examples and the bundle, as for a stage (kMaxStageWitnessMemory).
+// A model of up to about 350k parameters.
+inline constexpr uint64_t kMaxStepWitnessState = kMaxWitnessBytes / 2;
+
 // Whether a mismatch (RevealVerdict) or a challenge (ChallengeUnit) that opens a dispute on a
-// unit of a task with these params must carry the task bundle: an exact-mode token task with a
-// data root over its pages (params.data_page_tokens), not trained in pipeline stages (their rule
-// is MismatchNeedsBundle's). The ledger does not execute such a task's whole step (RefereeStep
-// reads examples), so a dispute played over whole steps could only be ruled by the genesis key;
-// with the bundle it plays the operator and tile phases and ends at a tile (RuleTile) or at a
-// whole step ruled from roots (RuleRoots). The ledger refuses the transaction without it; every
-// node sends it (node/roles/disputes.h, MismatchBundle). A bundle TileContextOf refuses with
-// FailedPrecondition (a plan the tile phase does not serve: none among today's models,
-// micro-batched steps included) still opens the dispute, over whole steps.
+// unit of a task with these params must carry the task bundle: an exact-mode task with a data
+// root, not trained in pipeline stages (their rule is MismatchNeedsBundle's), that is either a
+// token task (a data root over its pages, params.data_page_tokens) or a classification task
+// whose state may be over kMaxStepWitnessState. The ledger does not execute a token task's whole
+// step (RefereeStep reads examples), and a whole step of a larger classification model may have
+// no witness that fits, so a dispute played over whole steps could only be ruled by the genesis
+// key or end undecided; with the bundle it plays the operator and tile phases and ends at a tile
+// (RuleTile) or at a whole step ruled from roots (RuleRoots). The ledger refuses the transaction
+// without it; every node sends it (node/roles/disputes.h, MismatchBundle). A bundle TileContextOf
+// refuses with FailedPrecondition (a plan the tile phase does not serve) still opens the dispute,
+// over whole steps.
 bool DisputeNeedsBundle(const TaskParams& params);
 
 // A stage unit's claim that the stage served nothing for the step (the `unserved` finding: the
@@ -143,13 +158,12 @@ bool DisputeNeedsBundle(const TaskParams& params);
 bool UnservedStageClaim(const TaskParams& params, const MismatchClaimField& claim);
 
 // Whether the mismatch or challenge `claim` on unit `index` must carry the bundle. A unit of a
-// task that is not a pipeline's: DisputeNeedsBundle. A pipeline stage's: an exact-mode token task
-// (a GPT's stage) with a data root whose stage is over kMaxStageWitnessMemory
-// (!LedgerRulesStageStep), so that only its tile phase rules it without the genesis key, unless
-// the claim is an unserved one, which must not carry it (UnservedStageClaim). A stage within the
-// bound may be played either way: both are ruled by the ledger (RefereeTile, RefereeStageStep).
-// A sequential model's stage may carry it (its tile phase is planned) but need not yet: the
-// ledger's stage-flow tests rule such a stage over the bound by the genesis key.
+// task that is not a pipeline's: DisputeNeedsBundle. A pipeline stage's: an exact-mode task with a
+// data root whose stage is over kMaxStageWitnessMemory (!LedgerRulesStageStep), whatever its
+// model (a GPT's stage or a sequential model's: the tile phase plans both), so that only its tile
+// phase rules it and never the genesis key, unless the claim is an unserved one, which must not
+// carry it (UnservedStageClaim). A stage within the bound may be played either way: both are
+// ruled by the ledger (RefereeTile, RefereeStageStep).
 bool MismatchNeedsBundle(const TaskParams& params, uint32_t index, const MismatchClaimField& claim);
 
 // A party's move in phases 2-4 of a dispute (protocol::DisputeQuery of stage operators, tiles or

@@ -207,9 +207,10 @@ struct AgentOptions {
   // A mismatch this node reveals (or a challenge it makes) carries the task bundle whenever the
   // ledger can narrow the dispute to one tile of one operator (ledger::TileContextOf accepts
   // it): the dispute plays the tile phase and is ruled by RefereeTile from a witness of at most
-  // 256 KiB (docs/verification.md, "Tiles"). False: whole steps, as before, except for a token
-  // task with a data root, whose mismatch the ledger refuses without the bundle
-  // (ledger::DisputeNeedsBundle): that one always carries it.
+  // 256 KiB (docs/verification.md, "Tiles"). False: whole steps, as before, except where the
+  // ledger refuses a mismatch without the bundle (ledger::MismatchNeedsBundle: a token task with a
+  // data root, a larger classification model, a stage over the stage witness bound): that one
+  // always carries it.
   bool tile_disputes = true;
   // Testing only (docs/verification.md "Stage adversaries"): with stage_plane.corrupt_sent, a
   // faulty kernel rather than a corrupted send. The node then also defends its stage's disputed

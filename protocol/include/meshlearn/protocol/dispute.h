@@ -208,6 +208,11 @@ class DisputeGame {
   const RefereeTask& referee_task() const { return referee_; }
   // Valid once resolved.
   const DisputeOutcome& outcome() const { return outcome_; }
+  // The (1-based) step the steps stage narrowed to, the referee task's step for an exact-mode
+  // game: kept once the game moves on to the step's operators, its tiles, the referee or a
+  // resolution (a party silent in a later stage loses at that step). 0 while the steps are
+  // bisected, for a game resolved before it narrowed to one, and in tolerance mode.
+  uint64_t step() const { return step_; }
   // Turns played so far (both parties posted): at most ceil(log2(steps)) + 1 + ceil(log2(ops)).
   uint32_t turns() const { return turns_; }
 
