@@ -1334,12 +1334,17 @@ TEST_F(PipelineRulingTest, ACommittedRecordOfAnotherNodeIsRuledAgainstTheStage) 
 // not the committed one.
 class PipelineFraudProofTest : public PipelineRulingTest {
  protected:
-  // Trains and commits the replica with kCheat's step kLieStep lazy, and settles it clean until
-  // the task finishes with every stage paid. good_ is the lazy step's witness.
-  void RunLazyTask() {
+  // Trains and commits the replica with kCheat's step kLieStep lazy (or as `lie` edits its
+  // commit), and settles it clean until the task finishes with every stage paid. good_ is the
+  // lazy step's witness.
+  void RunLazyTask(const std::function<void(protocol::StageStepCommit&)>& lie = nullptr) {
     ASSERT_NO_FATAL_FAILURE(Train());
     lie_ = evidence_[kCheat][kLieStep];
     lie_.commit.state_after = lie_.commit.state_before;
+    if (lie) {
+      lie_.commit = evidence_[kCheat][kLieStep].commit;
+      lie(lie_.commit);
+    }
     for (uint32_t st = 0; st < kStages; ++st) leaves_.push_back(Leaves(st));
     leaves_[kCheat][kLieStep] = protocol::StageStepLeaf(lie_.commit);
     std::vector<Transaction> txs;
@@ -1495,6 +1500,31 @@ TEST_F(PipelineFraudProofTest, ALazyStagesStepIsProvenAfterTheFactAndReopensTheT
     EXPECT_NE(Unit(st).assignee, PublicKey{}) << st;
     EXPECT_NE(Unit(st).assignee, cheater) << st;
   }
+}
+// A paid stage that moved its state between steps 0 and 1 (drift: step 1 replays clean) is
+// proven after the fact from its two committed commits, the witness its continuity claim's
+// dispute is ruled with; an honest stage's continuity witness is refused.
+TEST_F(PipelineFraudProofTest, ADriftedStageIsProvenFromItsTwoCommitsAfterTheFact) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(RunLazyTask([](protocol::StageStepCommit& c) {
+    c.state_before = Blake2b("the state moved between the steps");
+  }));
+  const PublicKey cheater = Unit(kCheat).assignee;
+  auto continuity = [&](uint32_t stage, const protocol::StageStepCommit& commit) {
+    return EncodeStageContinuityWitness(
+        {.commit = protocol::EncodeStageStepCommit(commit),
+         .previous = protocol::EncodeStageStepCommit(evidence_[stage][kLieStep - 1].commit)});
+  };
+  const Receipt honest =
+      Step({Prove(continuity(0, evidence_[0][kLieStep].commit), 0, kLieStep)})[0];
+  EXPECT_FALSE(honest.ok);
+  EXPECT_NE(honest.reason.find("nothing to rule"), std::string::npos) << honest.reason;
+  EXPECT_EQ(Node(cheater).reputation.slashes, 0u);
+  const Receipt r = Step({Prove(continuity(kCheat, lie_.commit), kCheat, kLieStep)})[0];
+  ASSERT_TRUE(r.ok) << r.reason;
+  ASSERT_EQ(Task().verification.proven_frauds.size(), 1u);
+  EXPECT_EQ(Task().verification.proven_frauds[0].index, kCheat);
+  EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
 }
 
 // After the audit window the model stands: the proof slashes and jails the lazy stage and claws
@@ -1675,7 +1705,9 @@ TEST_F(PipelineRulingTest, AContinuityClaimOnAnHonestStageIsRefusedAndLosesByThe
     ASSERT_TRUE(HasCheck(kCheat));
     ASSERT_EQ(Check(kCheat).stage(), protocol::CheckStage::kCheckDisputed) << "ruled early";
   }
-  for (int i = 0; i < 5 && Check(kCheat).stage() == protocol::CheckStage::kCheckDisputed; ++i) {
+  for (int i = 0;
+       i < 5 && HasCheck(kCheat) && Check(kCheat).stage() == protocol::CheckStage::kCheckDisputed;
+       ++i) {
     Step();
   }
   ASSERT_TRUE(HasCheck(kCheat)) << "no fraud: the round stands";
