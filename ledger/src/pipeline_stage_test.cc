@@ -1391,12 +1391,17 @@ TEST_F(PipelineRulingTest, ACommittedRecordOfAnotherNodeIsRuledAgainstTheStage) 
 // not the committed one.
 class PipelineFraudProofTest : public PipelineRulingTest {
  protected:
-  // Trains and commits the replica with kCheat's step kLieStep lazy, and settles it clean until
-  // the task finishes with every stage paid. good_ is the lazy step's witness.
-  void RunLazyTask() {
+  // Trains and commits the replica with kCheat's step kLieStep lazy (or as `lie` edits its
+  // commit), and settles it clean until the task finishes with every stage paid. good_ is the
+  // lazy step's witness.
+  void RunLazyTask(const std::function<void(protocol::StageStepCommit&)>& lie = nullptr) {
     ASSERT_NO_FATAL_FAILURE(Train());
     lie_ = evidence_[kCheat][kLieStep];
     lie_.commit.state_after = lie_.commit.state_before;
+    if (lie) {
+      lie_.commit = evidence_[kCheat][kLieStep].commit;
+      lie(lie_.commit);
+    }
     for (uint32_t st = 0; st < kStages; ++st) leaves_.push_back(Leaves(st));
     leaves_[kCheat][kLieStep] = protocol::StageStepLeaf(lie_.commit);
     std::vector<Transaction> txs;
@@ -1553,6 +1558,31 @@ TEST_F(PipelineFraudProofTest, ALazyStagesStepIsProvenAfterTheFactAndReopensTheT
     EXPECT_NE(Unit(st).assignee, cheater) << st;
   }
 }
+// A paid stage that moved its state between steps 0 and 1 (drift: step 1 replays clean) is
+// proven after the fact from its two committed commits, the witness its continuity claim's
+// dispute is ruled with; an honest stage's continuity witness is refused.
+TEST_F(PipelineFraudProofTest, ADriftedStageIsProvenFromItsTwoCommitsAfterTheFact) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(RunLazyTask([](protocol::StageStepCommit& c) {
+    c.state_before = Blake2b("the state moved between the steps");
+  }));
+  const PublicKey cheater = Unit(kCheat).assignee;
+  auto continuity = [&](uint32_t stage, const protocol::StageStepCommit& commit) {
+    return EncodeStageContinuityWitness(
+        {.commit = protocol::EncodeStageStepCommit(commit),
+         .previous = protocol::EncodeStageStepCommit(evidence_[stage][kLieStep - 1].commit)});
+  };
+  const Receipt honest =
+      Step({Prove(continuity(0, evidence_[0][kLieStep].commit), 0, kLieStep)})[0];
+  EXPECT_FALSE(honest.ok);
+  EXPECT_NE(honest.reason.find("nothing to rule"), std::string::npos) << honest.reason;
+  EXPECT_EQ(Node(cheater).reputation.slashes, 0u);
+  const Receipt r = Step({Prove(continuity(kCheat, lie_.commit), kCheat, kLieStep)})[0];
+  ASSERT_TRUE(r.ok) << r.reason;
+  ASSERT_EQ(Task().verification.proven_frauds.size(), 1u);
+  EXPECT_EQ(Task().verification.proven_frauds[0].index, kCheat);
+  EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
+}
 
 // After the audit window the model stands: the proof slashes and jails the lazy stage and claws
 // its pay back to the submitter; the task stays finished. A stage over the stage witness bound
@@ -1619,6 +1649,195 @@ TEST_F(PipelineRulingTest, AStageThatPostsNoWitnessByTheRefereesDeadlineLoses) {
   EXPECT_EQ(Task().verification.fraud, 1u);
   EXPECT_EQ(Node(stage).reputation.slashes, 1u);
   EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
+}
+
+// A stage that moves its state between steps 0 and 1 and commits step 1 as it then trained it
+// (adversary drift): step 1 replays clean from its checkpoint, but its state_before is not step
+// 0's state_after. The verifier's continuity claim (StageContinuityLeaf, no bundle) is ruled by
+// the ledger from the two committed commits, no replay: every bad witness is refused by name, and
+// anyone's good one rules against the stage.
+TEST_F(PipelineRulingTest, AStageThatMovesItsStateBetweenStepsLosesToItsTwoCommits) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(Train());
+  protocol::StageStepCommit drifted = evidence_[kCheat][kLieStep].commit;
+  drifted.state_before = Blake2b("the state moved between the steps");
+  std::vector<std::vector<Hash256>> leaves;
+  for (uint32_t st = 0; st < kStages; ++st) leaves.push_back(Leaves(st));
+  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(drifted);
+  const Hash256 claim = StageContinuityLeaf(leaves[kCheat][kLieStep]);
+  ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, claim));
+  ASSERT_EQ(Check(kCheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  EXPECT_TRUE(Check(kCheat).dispute()->config().operator_tiles.empty())
+      << "no tile phase: the claim carries no bundle";
+
+  const StageContinuityWitness good{
+      .commit = protocol::EncodeStageStepCommit(drifted),
+      .previous = protocol::EncodeStageStepCommit(evidence_[kCheat][kLieStep - 1].commit)};
+  const Bytes good_bytes = EncodeStageContinuityWitness(good);
+  std::printf("stage continuity witness of step %llu: %zu bytes\n",
+              static_cast<unsigned long long>(kLieStep), good_bytes.size());
+  EXPECT_LE(good_bytes.size(), kMaxWitnessBytes);
+  Result<StageContinuityWitness> round_trip = DecodeStageContinuityWitness(good_bytes);
+  ASSERT_TRUE(round_trip.ok()) << round_trip.status().ToString();
+  EXPECT_EQ(*round_trip, good);
+  EXPECT_TRUE(IsStageContinuityWitness(good_bytes));
+  EXPECT_FALSE(IsStageContinuityWitness(EncodeStageStepWitness({})));
+
+  auto post = [&](const Bytes& w) {
+    return Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {w}});
+  };
+  auto with = [&](const std::function<void(StageContinuityWitness&)>& edit) {
+    StageContinuityWitness w = good;
+    edit(w);
+    return post(EncodeStageContinuityWitness(w));
+  };
+  // Step 0's commit as the stage would need it to be: ending where step 1 starts. Not committed.
+  protocol::StageStepCommit moved_previous = evidence_[kCheat][kLieStep - 1].commit;
+  moved_previous.state_after = drifted.state_before;
+  Bytes truncated = good_bytes;
+  truncated.resize(truncated.size() - 1);
+  std::vector<std::pair<Transaction, std::string>> refusals = {
+      {with([&](StageContinuityWitness& w) {
+         w.previous = protocol::EncodeStageStepCommit(moved_previous);
+       }),
+       "previous (leaf " + protocol::StageStepLeaf(moved_previous).ShortHex()},
+      {with([&](StageContinuityWitness& w) {
+         w.commit = protocol::EncodeStageStepCommit(evidence_[kCheat][kLieStep].commit);
+       }),
+       "commit (leaf "},
+      {with([&](StageContinuityWitness& w) {
+         w.commit = protocol::EncodeStageStepCommit(evidence_[0][kLieStep].commit);
+       }),
+       "is not the stage's committed step 1"},
+      {with([&](StageContinuityWitness& w) { w.previous = w.commit; }),
+       "is not the stage's committed step 0"},
+      {with([&](StageContinuityWitness& w) { w.bundle = kRulingBundle; }),
+       "carries a bundle or a start state"},
+      {with([&](StageContinuityWitness& w) { w.commit.resize(3); }), "commit: "},
+      {post(truncated), "stage continuity witness"},
+      // The claim is about the states between the steps: the step's own replay does not rule it.
+      {post(EncodeStageStepWitness({})), "is a continuity claim"},
+      {Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = claim}),
+       "send RefereeStageStep"},
+  };
+  for (const auto& [tx, why] : refusals) {
+    std::vector<Receipt> r = Step({tx});
+    EXPECT_FALSE(r[0].ok) << why;
+    EXPECT_NE(r[0].reason.find(why), std::string::npos) << r[0].reason;
+  }
+  ASSERT_TRUE(HasCheck(kCheat));
+  ASSERT_EQ(Check(kCheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  const PublicKey cheater = Unit(kCheat).assignee;
+  std::vector<Receipt> r = Step(
+      {Q(bob_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {good_bytes}})});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  for (int i = 0; i < 5 && HasCheck(kCheat); ++i) Step();
+  EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
+  EXPECT_EQ(Task().verification.fraud, 1u);
+  ExpectOnlyTheCheaterSlashed(cheater);
+}
+
+// A continuity claim on an honest stage: its commits show step 1 starting where step 0 ended, so
+// the ledger refuses the witness (nothing to rule), the stage cannot be made to lose, and by the
+// referee's deadline the claim, unproven, loses.
+TEST_F(PipelineRulingTest, AContinuityClaimOnAnHonestStageIsRefusedAndLosesByTheDeadline) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(Train());
+  std::vector<std::vector<Hash256>> leaves;
+  for (uint32_t st = 0; st < kStages; ++st) leaves.push_back(Leaves(st));
+  ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, StageContinuityLeaf(leaves[kCheat][kLieStep])));
+  const StageContinuityWitness honest{
+      .commit = protocol::EncodeStageStepCommit(evidence_[kCheat][kLieStep].commit),
+      .previous = protocol::EncodeStageStepCommit(evidence_[kCheat][kLieStep - 1].commit)};
+  std::vector<Receipt> r =
+      Step({Q(bob_, RefereeStageStepTx{.task_id = task_id_,
+                                       .index = kCheat,
+                                       .witness = {EncodeStageContinuityWitness(honest)}})});
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("nothing to rule"), std::string::npos) << r[0].reason;
+  const PublicKey stage = Unit(kCheat).assignee;
+  const uint64_t deadline = Check(kCheat).dispute()->query().deadline_height;
+  while (chain_->Height() < deadline) {
+    Step();
+    ASSERT_TRUE(HasCheck(kCheat));
+    ASSERT_EQ(Check(kCheat).stage(), protocol::CheckStage::kCheckDisputed) << "ruled early";
+  }
+  for (int i = 0;
+       i < 5 && HasCheck(kCheat) && Check(kCheat).stage() == protocol::CheckStage::kCheckDisputed;
+       ++i) {
+    Step();
+  }
+  ASSERT_TRUE(HasCheck(kCheat)) << "no fraud: the round stands";
+  EXPECT_NE(Check(kCheat).stage(), protocol::CheckStage::kCheckDisputed);
+  EXPECT_EQ(Task().verification.fraud, 0u);
+  EXPECT_EQ(Node(stage).reputation.slashes, 0u);
+  EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 1u);
+}
+
+// Step 0 must start from the stage's slice of the round's start state with fresh moments, as a
+// Stager builds it: the ledger derives it from the witness's start state (the round's, by blob
+// id) and bundle (StageFromGlobal) and compares it with the commit's state_before.
+TEST_F(PipelineRulingTest, StepZeroMustStartFromTheStagesSliceOfTheRoundsStartState) {
+  const std::vector<float> start = WholeStart();
+  const Bytes start_blob =
+      protocol::EncodeGlobalState(start, std::vector<float>(start.size(), 0.0f));
+  ASSERT_NO_FATAL_FAILURE(StartRuled(BuildManifest(start_blob).id().hash));
+  ASSERT_NO_FATAL_FAILURE(Train());
+  // The honest start: the stage as the replica's InitPipeline made it (the same weights, sliced
+  // independently of the ledger), with a fresh state's seed, as StageFromGlobal builds it.
+  Result<engine::TrainState> st0 = StageCheckpointState(evidence_[kCheat][0].checkpoint);
+  ASSERT_TRUE(st0.ok()) << st0.status().ToString();
+  st0->seed = engine::TrainState{}.seed;
+  protocol::StageStepCommit honest = evidence_[kCheat][0].commit;
+  honest.state_before = engine::StateHash(*st0);
+  protocol::StageStepCommit moved = honest;
+  moved.state_before = Blake2b("a stage that did not start from the round's state");
+  auto rule = [&](const protocol::StageStepCommit& commit, const StageContinuityWitness& w) {
+    WorkUnit u = Unit(kCheat);
+    std::vector<Hash256> leaves = Leaves(kCheat);
+    leaves[0] = protocol::StageStepLeaf(commit);
+    u.leaves = protocol::StageCheckLeaves(leaves);
+    return RuleStageContinuity(Task(), u, 0, leaves[0], w, "test");
+  };
+  const StageContinuityWitness good{.commit = protocol::EncodeStageStepCommit(moved),
+                                    .bundle = kRulingBundle,
+                                    .start_state = start_blob};
+  std::printf("stage continuity witness of step 0: %zu bytes (start state %zu)\n",
+              EncodeStageContinuityWitness(good).size(), start_blob.size());
+  EXPECT_LE(EncodeStageContinuityWitness(good).size(), kMaxWitnessBytes);
+  Result<StageStepCheck> found = rule(moved, good);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->leaf, StageContinuityLeaf(protocol::StageStepLeaf(moved)));
+  EXPECT_EQ(found->replay.fault, StageFault::kStageFaultContinuity);
+  EXPECT_EQ(found->replay.replayed, honest.state_before);
+  EXPECT_EQ(found->replay.claimed, moved.state_before);
+
+  StageContinuityWitness w = good;
+  w.commit = protocol::EncodeStageStepCommit(honest);
+  Result<StageStepCheck> agreed = rule(honest, w);
+  EXPECT_EQ(agreed.status().code(), StatusCode::kFailedPrecondition) << agreed.status().ToString();
+  EXPECT_NE(agreed.status().message().find("nothing to rule"), std::string::npos)
+      << agreed.status().ToString();
+
+  const std::vector<std::pair<std::function<void(StageContinuityWitness&)>, std::string>> bad = {
+      {[&](StageContinuityWitness& w) {
+         w.start_state = protocol::EncodeGlobalState(std::vector<float>(start.size(), 0.0f),
+                                                     std::vector<float>(start.size(), 0.0f));
+       },
+       "the witness's start state has blob id"},
+      {[](StageContinuityWitness& w) { w.bundle += "\n"; }, "send the task's own bundle text"},
+      {[&](StageContinuityWitness& w) {
+         w.previous = protocol::EncodeStageStepCommit(evidence_[kCheat][0].commit);
+       },
+       "step 0 has none"},
+  };
+  for (const auto& [edit, why] : bad) {
+    StageContinuityWitness b = good;
+    edit(b);
+    Result<StageStepCheck> r = rule(moved, b);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << why;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "referee_step.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -274,10 +275,15 @@ bool UnservedStageClaim(const TaskParams& p, const MismatchClaimField& claim) {
   return IsPipelineTask(p) && claim.replayed_end == StageUnservedLeaf(claim.solver_end);
 }
 
+bool ContinuityStageClaim(const TaskParams& p, const MismatchClaimField& claim) {
+  return IsPipelineTask(p) && claim.replayed_end == StageContinuityLeaf(claim.solver_end);
+}
+
 bool MismatchNeedsBundle(const TaskParams& p, uint32_t index, const MismatchClaimField& claim) {
   if (!IsPipelineTask(p)) return DisputeNeedsBundle(p);
   return !p.data_root.IsZero() && p.tolerance_rel_l2_ppm == 0 && p.tolerance_cosine_gap_ppb == 0 &&
-         !LedgerRulesStageStep(p, StageSlotOf(p, index).stage) && !UnservedStageClaim(p, claim);
+         !LedgerRulesStageStep(p, StageSlotOf(p, index).stage) && !UnservedStageClaim(p, claim) &&
+         !ContinuityStageClaim(p, claim);
 }
 
 Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
@@ -475,6 +481,96 @@ Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint6
   }
   engine::ModelSpec out = spec;
   out.gpt.vocab_size = 2 + (n - at2) / per_token;
+  return out;
+}
+
+Result<StageStepCheck> RuleStageContinuity(const TaskRecord& t, const WorkUnit& unit, uint64_t step,
+                                           const Hash256& committed_leaf,
+                                           const StageContinuityWitness& w, std::string_view what) {
+  const StageSlot slot = StageSlotOf(t.params, unit.index);
+  const std::string where = std::string(what) + " (task " + t.id.ShortHex() + ", unit " +
+                            std::to_string(unit.index) + ": replica " +
+                            std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) +
+                            ", step " + std::to_string(step) + ": continuity)";
+  if (step + 1 >= unit.leaves.size() || unit.leaves[step + 1] != committed_leaf) {
+    return InvalidArgument(where + ": the stage did not commit leaf " + committed_leaf.ShortHex() +
+                           " for the step");
+  }
+  // One committed step's commit: its leaf the committed one, of this stage unit's step `at`.
+  auto committed = [&](const Bytes& bytes, uint64_t at,
+                       std::string_view field) -> Result<protocol::StageStepCommit> {
+    Result<protocol::StageStepCommit> c = protocol::DecodeStageStepCommit(bytes);
+    if (!c.ok()) {
+      return InvalidArgument(where + ": " + std::string(field) + ": " + c.status().message());
+    }
+    const Hash256 leaf = protocol::StageStepLeaf(*c);
+    if (leaf != unit.leaves[at + 1] || c->task != t.id || c->round != slot.round ||
+        c->replica != slot.replica || c->stage != slot.stage || c->stages != t.params.stages ||
+        c->step != at) {
+      return InvalidArgument(where + ": " + std::string(field) + " (leaf " + leaf.ShortHex() +
+                             ", step " + std::to_string(c->step) +
+                             ") is not the stage's committed step " + std::to_string(at) +
+                             " (leaf " + unit.leaves[at + 1].ShortHex() +
+                             "); send the commit the stage node serves for it");
+    }
+    return c;
+  };
+  ML_ASSIGN_OR_RETURN(protocol::StageStepCommit commit, committed(w.commit, step, "commit"));
+  Hash256 expected;
+  std::string from;
+  if (step > 0) {
+    if (!w.bundle.empty() || !w.start_state.empty()) {
+      return InvalidArgument(where +
+                             ": the witness carries a bundle or a start state; a later "
+                             "step's continuity is ruled from the previous step's commit alone");
+    }
+    ML_ASSIGN_OR_RETURN(protocol::StageStepCommit previous,
+                        committed(w.previous, step - 1, "previous"));
+    expected = previous.state_after;
+    from = "step " + std::to_string(step - 1) + "'s state_after";
+  } else {
+    if (!w.previous.empty()) {
+      return InvalidArgument(where +
+                             ": the witness carries a previous commit; step 0 has none "
+                             "(send the bundle and the round's start state)");
+    }
+    ML_ASSIGN_OR_RETURN(TaskBundleSpec b, ParseTaskBundle(t, w.bundle, where));
+    ML_ASSIGN_OR_RETURN(protocol::GlobalState start,
+                        RoundStart(t, unit.round, w.start_state, where));
+    ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
+                        engine::TaskPipelineCut(b.spec, static_cast<int>(b.net.stages), b.net.cut));
+    const protocol::UnitWork work = protocol::UnitWorkOf(
+        b.net, b.spec.seed, engine::TaskContentId(b.spec), slot.round, slot.replica);
+    const std::span<const float> weights = start.weights;
+    Result<std::unique_ptr<engine::Stage>> stage = StageFromGlobal(
+        b.spec, cut, static_cast<int>(slot.stage), weights.size(),
+        [weights](uint64_t offset, std::span<float> out) {
+          std::copy_n(weights.begin() + static_cast<std::ptrdiff_t>(offset), out.size(),
+                      out.begin());
+          return Status::Ok();
+        },
+        work.lr_scale);
+    if (!stage.ok()) return InvalidArgument(where + ": " + stage.status().message());
+    expected = engine::StateHash((*stage)->state());
+    from = "the stage's slice of the round's start state";
+  }
+  if (commit.state_before == expected) {
+    return FailedPrecondition(where + ": the step starts from " + expected.ShortHex() + ", " +
+                              from +
+                              "; nothing to rule (a wrong step is ruled from its replay's "
+                              "witness, StageStepWitness)");
+  }
+  StageStepCheck out;
+  out.replay.fault = StageFault::kStageFaultContinuity;
+  out.replay.replica = slot.replica;
+  out.replay.stage = slot.stage;
+  out.replay.step = step;
+  out.replay.claimed = commit.state_before;
+  out.replay.replayed = expected;
+  out.leaf = StageContinuityLeaf(committed_leaf);
+  out.message = where + ": the step starts from " + commit.state_before.ShortHex() + ", not " +
+                from + " " + expected.ShortHex();
+  out.replay.message = out.message;
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "meshlearn/base/blob.h"
+#include "meshlearn/base/check.h"
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/op_trace.h"
@@ -749,6 +750,77 @@ Result<Hash256> RuleStageRoots(const TileRuleContext& ctx, const protocol::Refer
   Status follows = StageCommitFollowsFromRoots(ctx, *commit, w.seed, w.stream, w.outputs);
   if (follows.code() == StatusCode::kFailedPrecondition) return follows;
   return follows.ok() ? task.defender_output : against;
+}
+
+Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& task,
+                                                       const engine::PipelineCut& cut, int stage,
+                                                       uint64_t global_size,
+                                                       const GlobalSliceReader& read,
+                                                       double lr_scale) {
+  ML_ASSIGN_OR_RETURN(std::vector<engine::PlannedParam> planned, engine::PlanParams(task.model));
+  const int64_t count =
+      planned.empty() ? 0 : planned.back().offset + engine::NumElements(planned.back().shape);
+  if (static_cast<int64_t>(global_size) != count) {
+    return InvalidArgument("stage " + std::to_string(stage) +
+                           " from the global weights: " + std::to_string(global_size) +
+                           " values for a model of " + std::to_string(count) + " parameters");
+  }
+  std::map<std::string, const engine::PlannedParam*> by_name;
+  for (const engine::PlannedParam& p : planned) by_name[p.name] = &p;
+  ML_ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::Stage> st,
+      engine::Stage::Create(task.model, engine::UnitOptimizerSpec(task.optimizer, lr_scale), cut,
+                            stage, task.micro_batches));
+  for (engine::Param& p : st->params()) {
+    const engine::PlannedParam& at = *by_name.at(p.name);  // a part's names are the model's
+    CHECK(p.value.shape() == at.shape) << p.name;
+    ML_RETURN_IF_ERROR(read(static_cast<uint64_t>(at.offset),
+                            std::span<float>(p.value.data(), static_cast<size_t>(p.value.size()))));
+  }
+  return st;
+}
+
+namespace {
+
+constexpr std::string_view kStageContinuityWitnessMagic = "meshlearn.stage_continuity_witness.v1";
+
+}  // namespace
+
+Bytes EncodeStageContinuityWitness(const StageContinuityWitness& w) {
+  Encoder e;
+  e.PutString(kStageContinuityWitnessMagic)
+      .PutBytes(w.commit)
+      .PutBytes(w.previous)
+      .PutString(w.bundle)
+      .PutBytes(w.start_state);
+  return e.Take();
+}
+
+bool IsStageContinuityWitness(ByteSpan bytes) {
+  Decoder d(bytes, "stage continuity witness");
+  std::string magic;
+  return d.GetString(&magic, "magic", 64).ok() && magic == kStageContinuityWitnessMagic;
+}
+
+Result<StageContinuityWitness> DecodeStageContinuityWitness(ByteSpan bytes) {
+  if (bytes.size() > kMaxWitnessBytes) {
+    return InvalidArgument("stage continuity witness: " + std::to_string(bytes.size()) +
+                           " bytes, over the limit of " + std::to_string(kMaxWitnessBytes));
+  }
+  Decoder d(bytes, "stage continuity witness");
+  std::string magic;
+  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
+  if (magic != kStageContinuityWitnessMagic) {
+    return InvalidArgument("stage continuity witness: starts with '" + magic + "', expected '" +
+                           std::string(kStageContinuityWitnessMagic) + "'");
+  }
+  StageContinuityWitness w;
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.previous, "previous", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.Finish());
+  return w;
 }
 
 }  // namespace meshlearn::ledger

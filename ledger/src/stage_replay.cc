@@ -33,6 +33,12 @@ Hash256 StageUnservedLeaf(const Hash256& committed_leaf) {
   return StageFindingLeaf(committed_leaf, r);
 }
 
+Hash256 StageContinuityLeaf(const Hash256& committed_leaf) {
+  StageReplayResult r;
+  r.fault = StageFault::kStageFaultContinuity;
+  return StageFindingLeaf(committed_leaf, r);
+}
+
 const char* StageFaultName(StageFault fault) {
   switch (fault) {
     case StageFault::kStageFaultNone:
@@ -51,6 +57,8 @@ const char* StageFaultName(StageFault fault) {
       return "output";
     case StageFault::kStageFaultState:
       return "state";
+    case StageFault::kStageFaultContinuity:
+      return "continuity";
   }
   return "unknown";
 }

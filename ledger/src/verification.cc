@@ -547,6 +547,18 @@ void AddAwaitingSecrets(const LedgerState& s, const Hash256& task_id,
 Status RuleUnpostedStageStep(const TaskRecord& t, uint32_t index, uint64_t height, UnitCheck& c) {
   if (!IsPipelineTask(t.params) || c.stage() != CheckStage::kCheckDisputed) return Status::Ok();
   protocol::DisputeGame* game = c.mutable_dispute();
+  // A continuity claim is the claimant's to prove (it holds both commits, and a stage cannot
+  // disprove it: ContinuityStageClaim): unposted by the deadline, it loses, whatever the bound.
+  if (game != nullptr && game->stage() == protocol::DisputeStage::kDisputeReferee &&
+      game->config().referee_blocks != 0 && height > game->query().deadline_height &&
+      game->referee_task().challenger_output ==
+          StageContinuityLeaf(game->referee_task().defender_output)) {
+    ML_LOG_INFO(
+        "ledger: task {} unit {}: no continuity witness by the referee's deadline {}: "
+        "ruled for the stage",
+        t.id.ShortHex(), index, game->query().deadline_height);
+    return game->Rule(game->referee_task().defender_output);
+  }
   // A game with the tile phase (the stage's plan) ends at a tile or at roots whose witness both
   // parties hold (each traced the step): its unposted ruling ends undecided, as a unit's does.
   if (game == nullptr || game->stage() != protocol::DisputeStage::kDisputeReferee ||
@@ -683,6 +695,13 @@ Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleFie
                            " is a stage the claim says served nothing for the step (its "
                            "replayed_end is the unserved leaf of its solver_end): that dispute "
                            "is played over the whole step; send no bundle");
+  }
+  if (ContinuityStageClaim(t->params, claim)) {
+    return InvalidArgument(std::string(what) + ": unit " + std::to_string(u.index) +
+                           " is a stage the claim says does not start the step where its "
+                           "previous step ended (its replayed_end is the continuity leaf of its "
+                           "solver_end): that dispute is played over the whole step; send no "
+                           "bundle");
   }
   // A stage unit's: its stage's plan (a GPT's or a sequential model's, TileContextOf).
   Result<TileRuleContext> context =
@@ -978,6 +997,30 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
     return FailedPrecondition("referee stage step: the dispute on unit " +
                               std::to_string(tx.index) + " is not about one whole stage step");
   }
+  // A continuity claim is ruled from the two commits (or step 0's commit and the round's start
+  // state), whatever the stage's size; every other claim from the step's replay.
+  const bool continuity = task.challenger_output == StageContinuityLeaf(task.defender_output);
+  if (continuity != IsStageContinuityWitness(tx.witness.bytes)) {
+    return InvalidArgument(
+        continuity ? "referee stage step: the dispute on unit " + std::to_string(tx.index) +
+                         " is a continuity claim (its step does not start where the previous "
+                         "ended); send a StageContinuityWitness of the two commits"
+                   : "referee stage step: the witness is a StageContinuityWitness, but the "
+                     "dispute on unit " +
+                         std::to_string(tx.index) +
+                         " is not a continuity claim; send the stage step's witness");
+  }
+  if (continuity) {
+    Result<StageContinuityWitness> w = DecodeStageContinuityWitness(tx.witness.bytes);
+    if (!w.ok()) return w.status().WithPrefix("referee stage step");
+    ML_ASSIGN_OR_RETURN(StageStepCheck c,
+                        RuleStageContinuity(*t, *r.unit, task.step - 1, task.defender_output, *w));
+    ML_LOG_INFO("ledger: task {} unit {}: stage continuity ruled from a {}-byte witness: {}",
+                tx.task_id.ShortHex(), tx.index, tx.witness.bytes.size(), c.message);
+    ML_RETURN_IF_ERROR(game->Rule(c.leaf));
+    SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
+    return Status::Ok();
+  }
   const uint32_t stage = StageSlotOf(t->params, tx.index).stage;
   if (!LedgerRulesStageStep(t->params, stage) && task.roots != protocol::RefereeRoots::kRootsNone) {
     return FailedPrecondition(
@@ -1197,17 +1240,26 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                              " is out of range: a stage unit's segment is its step, and " + unit +
                              " has " + std::to_string(steps) + " steps");
     }
-    Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
-    if (!w.ok()) {
-      return w.status().WithPrefix(
-          "prove fraud: a pipeline stage's proof carries a stage step witness "
-          "(ledger::BuildStageStepWitness)");
-    }
-    Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
-    if (!chain.ok()) return chain.status().WithPrefix("prove fraud");
     committed = u->leaves[tx.segment + 1];
-    ML_ASSIGN_OR_RETURN(StageStepCheck c, RuleStageStepWitness(*t, *u, tx.segment, committed,
-                                                               *chain, *w, "prove fraud"));
+    StageStepCheck c;
+    if (IsStageContinuityWitness(tx.witness.bytes)) {
+      // The step does not start where the previous one ended: the two commits prove it.
+      Result<StageContinuityWitness> w = DecodeStageContinuityWitness(tx.witness.bytes);
+      if (!w.ok()) return w.status().WithPrefix("prove fraud");
+      ML_ASSIGN_OR_RETURN(c, RuleStageContinuity(*t, *u, tx.segment, committed, *w, "prove fraud"));
+    } else {
+      Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
+      if (!w.ok()) {
+        return w.status().WithPrefix(
+            "prove fraud: a pipeline stage's proof carries a stage step witness "
+            "(ledger::BuildStageStepWitness) or a continuity witness "
+            "(ledger::StageContinuityWitness)");
+      }
+      Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
+      if (!chain.ok()) return chain.status().WithPrefix("prove fraud");
+      ML_ASSIGN_OR_RETURN(
+          c, RuleStageStepWitness(*t, *u, tx.segment, committed, *chain, *w, "prove fraud"));
+    }
     end = c.leaf;
     if (end != committed) {
       ML_LOG_INFO("ledger: task {} unit {}: stage step {} proven from a {}-byte witness: {}",

@@ -12,9 +12,9 @@ namespace meshlearn::node {
 
 namespace {
 
-constexpr std::string_view kNames[] = {"none",         "lazy",         "noisy",      "wrong_data",
-                                        "copy",         "stale",        "rubber_stamp",
-                                        "wrong_result", "noisy_last",   "targeted"};
+constexpr std::string_view kNames[] = {"none",       "lazy",     "noisy",        "wrong_data",
+                                       "copy",       "stale",    "rubber_stamp", "wrong_result",
+                                       "noisy_last", "targeted", "drift"};
 
 uint64_t SplitMix64(uint64_t& x) {
   uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
@@ -159,6 +159,7 @@ Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
       }
       [[fallthrough]];
     case Adversary::kNoisy:
+    case Adversary::kDrift:  // a whole unit's states are consecutive: drift is noisy there
       return CheatRun(trainer, global, work, options, false, PoisonAfterSteps(work.inner_steps),
                       work.stream);
     case Adversary::kTargeted:

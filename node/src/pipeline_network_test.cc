@@ -563,18 +563,19 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitAStageCheckWaitsForTheNodesOwnStageUn
 
 // A stage node that cheats on a verifying chain -- the adversary `lazy` (every step's commit claims
 // the state it started from), `noisy` (its stage's weights perturbed after step 1, the perturbed
-// state committed), `wrong_data` (step 1 trained on the wrong input: the first stage on step 2's
-// batch, a later stage on micro-batches 0 and 1's activations swapped), `wrong_result` (honest
-// steps, the negated delta committed: the verifier's result check proves it, no dispute), one
-// that computes its part honestly and sends corrupted activations of micro-batch 0, or a faulty
-// kernel (one operator of step 1 computed wrong, its output sent, the step defended as computed:
-// the game ends at a tile of that operator, the others' at the agreed chain end) -- the verifier
-// drawn for its stage unit replays a step from what it serves and claims the mismatch with the task
-// bundle, both parties play the game over the stage's plan from their traces of the step, the
-// ledger rules it by RefereeTile against the stage and slashes it alone (no honest stage node is
-// slashed; its neighbours, which used what it sent, replay clean), the round runs again without it,
-// and the task ends with `meshlearn diloco`'s weights, bit for bit, every unit's work paid to an
-// honest node.
+// state committed), `drift` (the same perturbation, not committed: step 2 starts from a state no
+// step ended at; the verifier's continuity check finds it and the ledger rules the two commits),
+// `wrong_data` (step 1 trained on the wrong input: the first stage on step 2's batch, a later stage
+// on micro-batches 0 and 1's activations swapped), `wrong_result` (honest steps, the negated delta
+// committed: the verifier's result check proves it, no dispute), one that computes its part
+// honestly and sends corrupted activations of micro-batch 0, or a faulty kernel (one operator of
+// step 1 computed wrong, its output sent, the step defended as computed: the game ends at a tile of
+// that operator, the others' at the agreed chain end) -- the verifier drawn for its stage unit
+// replays a step from what it serves and claims the mismatch with the task bundle, both parties
+// play the game over the stage's plan from their traces of the step, the ledger rules it by
+// RefereeTile against the stage and slashes it alone (no honest stage node is slashed; its
+// neighbours, which used what it sent, replay clean), the round runs again without it, and the task
+// ends with `meshlearn diloco`'s weights, bit for bit, every unit's work paid to an honest node.
 struct CheatingStage {
   const char* name;
   std::function<void(AgentOptions&)> cheat;
@@ -585,6 +586,10 @@ struct CheatingStage {
   // shows its lie, so the parties' traces differ at the operator whose output it sent, and the
   // game ends at a tile of that operator instead of the agreed chain end.
   bool faulty_kernel = false;
+  // drift: every step replays clean; the verifier's continuity check finds the step that does
+  // not start where the previous one ended, and a party's continuity witness (RefereeStageStep)
+  // rules the whole-step game: no tile phase, and the referee service has nothing to replay.
+  bool continuity = false;
 };
 class CheatingStageTest : public ::testing::TestWithParam<CheatingStage> {};
 
@@ -716,10 +721,16 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
     EXPECT_GE(proven, 1u);
     EXPECT_EQ(sim.agent(kCheater)->stats().results_proven, 0u);
   }
-  ASSERT_GE(rulings.size(), GetParam().disputed ? 1u : 0u);
+  if (GetParam().continuity) {
+    EXPECT_GE(task["verification"].value("disputes", uint64_t{0}), 1u)
+        << task["verification"].dump();
+    EXPECT_TRUE(rulings.empty());
+  }
+  const bool tiled = GetParam().disputed && !GetParam().continuity;
+  ASSERT_GE(rulings.size(), tiled ? 1u : 0u);
   uint64_t party_witnesses = 0;
   for (int i = 0; i < 7; ++i) party_witnesses += sim.agent(i)->stats().tile_witnesses;
-  EXPECT_GE(party_witnesses, GetParam().disputed ? 1u : 0u);
+  EXPECT_GE(party_witnesses, tiled ? 1u : 0u);
   for (const RefereeRecord& r : rulings) {
     EXPECT_EQ(r.tx_type, "RefereeTile") << r.ruling.reason;
     EXPECT_TRUE(r.ruling.tile) << r.ruling.reason;
@@ -755,6 +766,8 @@ INSTANTIATE_TEST_SUITE_P(
         CheatingStage{"wrong_data", [](AgentOptions& a) { a.adversary = Adversary::kWrongData; }},
         CheatingStage{"wrong_result",
                       [](AgentOptions& a) { a.adversary = Adversary::kWrongResult; }, false},
+        CheatingStage{"drift", [](AgentOptions& a) { a.adversary = Adversary::kDrift; }, true,
+                      false, true},
         CheatingStage{"corrupt_activations",
                       [](AgentOptions& a) {
                         a.stage_plane.corrupt_sent = [](const protocol::StageTensorKey& k) {

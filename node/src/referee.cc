@@ -454,6 +454,13 @@ Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeD
     return InvalidArgument("referee: the dispute on stage unit " + std::to_string(d.index) +
                            " is not about one whole step or a tile of one");
   }
+  if (d.task.challenger_output == ledger::StageContinuityLeaf(d.task.defender_output)) {
+    // Nothing to replay: the claim is proven from the stage's commits by whoever holds them
+    // (the parties' RunStageContinuityWitness), or it loses by the deadline.
+    return FailedPrecondition(
+        "referee: a continuity claim (the step does not start where the previous one ended) is "
+        "the claimant's to prove with a StageContinuityWitness; nothing to rule");
+  }
   if (options_.transport == nullptr) {
     return FailedPrecondition("referee: no transport to fetch the stage's evidence from");
   }

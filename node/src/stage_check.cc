@@ -5,6 +5,7 @@
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/node/stage_evidence.h"
+#include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/step_witness.h"
 #include "meshlearn/protocol/task_model.h"
 
@@ -144,6 +145,123 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                                     work.stream, pages->get(), train, tree->get()));
   return ledger::RefereeStageStepTx{
       .task_id = in.task_id, .index = index, .witness = {ledger::EncodeStageStepWitness(w)}};
+}
+
+Result<Hash256> StageStartSliceHash(const StageCheckInput& in, const GlobalWeightsReader& global) {
+  ML_ASSIGN_OR_RETURN(
+      engine::PipelineCut cut,
+      engine::TaskPipelineCut(*in.task, static_cast<int>(in.net->stages), in.net->cut));
+  const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
+  ML_ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::Stage> stage,
+      StageFromGlobal(*in.task, cut, static_cast<int>(in.stage), global, work.lr_scale));
+  return engine::StateHash(stage->state());
+}
+
+namespace {
+
+// The commit the stage node serves for `step`, when it is `committed_leaf`'s; NotFound (its
+// message saying why) when it serves none or another.
+Result<protocol::StageStepCommit> ServedCommit(const StageCheckInput& in, uint64_t step,
+                                               const Hash256& committed_leaf) {
+  const StageStepRef ref = RefOf(in, step);
+  Result<StageStepEvidence> ev = FetchStageStepRecords(in.transport, in.endpoint, ref);
+  if (!ev.ok() && ev.status().code() != StatusCode::kNotFound) {
+    return ev.status().WithPrefix(ref.ToString() + ": fetching its commit");
+  }
+  if (!ev.ok()) return ev.status();
+  if (protocol::StageStepLeaf(ev->commit) != committed_leaf) {
+    return NotFound(ref.ToString() + ": the served commit is not the committed step leaf " +
+                    committed_leaf.ShortHex());
+  }
+  return std::move(ev->commit);
+}
+
+}  // namespace
+
+Result<StageStepCheck> CheckStageContinuity(const StageCheckInput& in, uint64_t step,
+                                            std::span<const Hash256> leaves,
+                                            const Hash256& start_slice) {
+  const StageStepRef ref = RefOf(in, step);
+  if (step + 1 >= leaves.size()) {
+    return InvalidArgument(ref.ToString() + ": the check has no leaf for the step");
+  }
+  const Hash256& committed = leaves[step + 1];
+  StageStepCheck out;
+  out.leaf = committed;
+  Result<protocol::StageStepCommit> commit = ServedCommit(in, step, committed);
+  if (!commit.ok() && commit.status().code() == StatusCode::kNotFound) {
+    out.leaf = StageUnservedLeaf(committed);
+    out.replay.fault = StageFault::kStageFaultUnserved;
+    out.message = ref.ToString() + ": unserved: " + commit.status().message();
+    return out;
+  }
+  ML_RETURN_IF_ERROR(commit.status());
+  Hash256 expected = start_slice;
+  std::string from = "its slice of the round's start state";
+  if (step > 0) {
+    Result<protocol::StageStepCommit> previous = ServedCommit(in, step - 1, leaves[step]);
+    if (!previous.ok() && previous.status().code() == StatusCode::kNotFound) {
+      out.message = ref.ToString() + ": continuity not checked: " + previous.status().message();
+      return out;
+    }
+    ML_RETURN_IF_ERROR(previous.status());
+    expected = previous->state_after;
+    from = "step " + std::to_string(step - 1) + "'s state_after";
+  }
+  if (commit->state_before == expected) return out;
+  out.leaf = ledger::StageContinuityLeaf(committed);
+  out.replay.fault = StageFault::kStageFaultContinuity;
+  out.replay.replica = in.replica;
+  out.replay.stage = in.stage;
+  out.replay.step = step;
+  out.replay.claimed = commit->state_before;
+  out.replay.replayed = expected;
+  out.message = ref.ToString() + ": continuity: the step starts from " +
+                commit->state_before.ShortHex() + ", not " + from + " " + expected.ShortHex();
+  out.replay.message = out.message;
+  return out;
+}
+
+Result<ledger::StageContinuityWitness> BuildStageContinuityWitness(
+    const StageCheckInput& in, uint64_t step, const Hash256& committed_leaf,
+    const std::string& bundle, const Bytes& start_state, const GlobalWeightsReader* global) {
+  const StageStepRef ref = RefOf(in, step);
+  auto unserved = [&](const Status& s) {
+    return FailedPrecondition(ref.ToString() +
+                              ": no continuity witness can be built: " + s.message());
+  };
+  Result<protocol::StageStepCommit> commit = ServedCommit(in, step, committed_leaf);
+  if (!commit.ok() && commit.status().code() == StatusCode::kNotFound) {
+    return unserved(commit.status());
+  }
+  ML_RETURN_IF_ERROR(commit.status());
+  ledger::StageContinuityWitness w;
+  w.commit = protocol::EncodeStageStepCommit(*commit);
+  Hash256 expected;
+  if (step > 0) {
+    // The ledger checks it against the committed leaf of step - 1.
+    Result<StageStepEvidence> ev =
+        FetchStageStepRecords(in.transport, in.endpoint, RefOf(in, step - 1));
+    if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) return unserved(ev.status());
+    ML_RETURN_IF_ERROR(ev.status());
+    expected = ev->commit.state_after;
+    w.previous = protocol::EncodeStageStepCommit(ev->commit);
+  } else {
+    if (global == nullptr) {
+      return FailedPrecondition(ref.ToString() +
+                                ": step 0's witness needs the round's start "
+                                "weights");
+    }
+    ML_ASSIGN_OR_RETURN(expected, StageStartSliceHash(in, *global));
+    w.bundle = bundle;
+    w.start_state = start_state;
+  }
+  if (commit->state_before == expected) {
+    return FailedPrecondition(ref.ToString() + ": the step starts where it should (" +
+                              expected.ShortHex() + "); no continuity witness");
+  }
+  return w;
 }
 
 Result<TracedStageStep> TraceStageStep(const StageCheckInput& in, uint64_t step, bool keep_values) {

@@ -227,28 +227,7 @@ Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& t
                                                        const engine::PipelineCut& cut, int stage,
                                                        const GlobalWeightsReader& global,
                                                        double lr_scale) {
-  ML_ASSIGN_OR_RETURN(std::vector<engine::PlannedParam> planned, engine::PlanParams(task.model));
-  const int64_t count =
-      planned.empty() ? 0 : planned.back().offset + engine::NumElements(planned.back().shape);
-  if (static_cast<int64_t>(global.size) != count) {
-    return InvalidArgument("stage " + std::to_string(stage) +
-                           " from the global weights: " + std::to_string(global.size) +
-                           " values for a model of " + std::to_string(count) + " parameters");
-  }
-  std::map<std::string, const engine::PlannedParam*> by_name;
-  for (const engine::PlannedParam& p : planned) by_name[p.name] = &p;
-  ML_ASSIGN_OR_RETURN(
-      std::unique_ptr<engine::Stage> st,
-      engine::Stage::Create(task.model, engine::UnitOptimizerSpec(task.optimizer, lr_scale), cut,
-                            stage, task.micro_batches));
-  for (engine::Param& p : st->params()) {
-    const engine::PlannedParam& at = *by_name.at(p.name);  // a part's names are the model's
-    CHECK(p.value.shape() == at.shape) << p.name;
-    ML_RETURN_IF_ERROR(
-        global.read(static_cast<uint64_t>(at.offset),
-                    std::span<float>(p.value.data(), static_cast<size_t>(p.value.size()))));
-  }
-  return st;
+  return ledger::StageFromGlobal(task, cut, stage, global.size, global.read, lr_scale);
 }
 
 namespace {
@@ -295,6 +274,11 @@ void SetStageAdversary(Adversary adv, const UnitWork& work, StageRunHooks* hooks
     case Adversary::kNoisy:
       hooks->perturb_after = PoisonAfterSteps(work.inner_steps);
       hooks->perturb_stream = work.stream;
+      break;
+    case Adversary::kDrift:
+      hooks->perturb_after = PoisonAfterSteps(work.inner_steps);
+      hooks->perturb_stream = work.stream;
+      hooks->perturb_uncommitted = true;
       break;
     case Adversary::kWrongData:
       hooks->wrong_data_step = PoisonAfterSteps(work.inner_steps) - 1;
@@ -347,7 +331,7 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
     if (hooks.lazy_commit) step.commit.state_after = step.commit.state_before;
     if (hooks.perturb_after > 0 && static_cast<int64_t>(i) + 1 == hooks.perturb_after) {
       PerturbParams(stage.params(), hooks.perturb_stream);
-      step.commit.state_after = engine::StateHash(stage.state());
+      if (!hooks.perturb_uncommitted) step.commit.state_after = engine::StateHash(stage.state());
     }
     if (hooks.publish) ML_RETURN_IF_ERROR(hooks.publish(step.commit, plane.received()));
     loss_sum += step.loss;

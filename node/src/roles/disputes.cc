@@ -73,6 +73,9 @@ Result<std::string> MismatchBundle(NodeContext& node, const CheckAssignment& c,
   const TaskContext* ctx = *loaded;
   // A stage that served nothing: this node could not trace the step to answer a tile phase.
   if (ledger::UnservedStageClaim(ctx->info.params, claim)) return std::string();
+  // A claim that the step does not start where the previous one ended: ruled from the two
+  // commits, over the whole step (the tile phase's traces would all agree).
+  if (ledger::ContinuityStageClaim(ctx->info.params, claim)) return std::string();
   // A stage's step (a GPT's or a sequential model's) is played to a tile over its stage's plan
   // (TileContextOf plans it).
   std::string bundle;
@@ -559,6 +562,10 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
                                      const VerifyAction& action) {
   const DisputeView& d = *c.dispute;
   const uint32_t stages = ctx->bundle.net.stages;
+  if (d.has_referee && d.referee.whole_step && d.referee.step > 0 &&
+      d.referee.challenger_output == ledger::StageContinuityLeaf(d.referee.defender_output)) {
+    return RunStageContinuityWitness(c, ctx, action);
+  }
   if (!ledger::LedgerRulesStageStep(ctx->info.params, c.shard % stages)) {
     return Status::Ok();  // the genesis referee rules it (node/referee.h)
   }
@@ -581,6 +588,44 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
              "; posting its witness (RefereeStageStep, " +
              std::to_string(tx->witness.bytes.size()) + " bytes)");
   outbox_->Send(action, std::move(*tx));
+  return Status::Ok();
+}
+
+Status Disputes::RunStageContinuityWitness(const CheckAssignment& c, TaskContext* ctx,
+                                           const VerifyAction& action) {
+  const DisputeView& d = *c.dispute;
+  const uint64_t step = d.referee.step - 1;
+  std::shared_ptr<const engine::TaskData> data;
+  ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
+  std::string bundle;
+  Bytes start_state;
+  std::optional<GlobalWeightsReader> global;
+  if (step == 0) {
+    // Step 0 starts from the stage's slice of the round's start state: the witness carries that
+    // state and the bundle, for the ledger to derive the slice.
+    ML_ASSIGN_OR_RETURN(Bytes text, node_->FetchBlob(ctx->info.spec_hash, {}, ""));
+    bundle = std::string(AsStringView(text));
+    ML_ASSIGN_OR_RETURN(start_state, node_->FetchBlob(c.start_state, {}, StateReason(c.task_id)));
+    ML_ASSIGN_OR_RETURN(global, node_->StartWeights(*ctx, c.task_id, c.start_state));
+  }
+  Result<ledger::StageContinuityWitness> w = BuildStageContinuityWitness(
+      in, step, d.referee.defender_output, bundle, start_state, global ? &*global : nullptr);
+  if (!w.ok()) {
+    // An honest stage's steps agree: nothing to post (the claimant loses by the deadline).
+    if (!outbox_->Failed(action)) {
+      node_->Log(CheckName(c) + ": no continuity witness for stage step " + std::to_string(step) +
+                 ": " + w.status().message());
+    }
+    outbox_->GiveUp(action);
+    return Status::Ok();
+  }
+  ledger::RefereeStageStepTx tx{.task_id = c.task_id,
+                                .index = c.index,
+                                .witness = {ledger::EncodeStageContinuityWitness(*w)}};
+  node_->Log(CheckName(c) + ": the dispute is on where stage step " + std::to_string(step) +
+             " starts; posting its continuity witness (RefereeStageStep, " +
+             std::to_string(tx.witness.bytes.size()) + " bytes)");
+  outbox_->Send(action, std::move(tx));
   return Status::Ok();
 }
 

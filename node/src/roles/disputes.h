@@ -62,6 +62,10 @@ class Disputes {
   // rules the stage (ledger::LedgerRulesStageStep).
   Status RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
                              const VerifyAction& action);
+  // A continuity claim's witness (the two commits; step 0: the bundle and the round's start
+  // state), posted as RefereeStageStep by either party when the stage's served commits show it.
+  Status RunStageContinuityWitness(const CheckAssignment& c, TaskContext* ctx,
+                                   const VerifyAction& action);
   // The disputed step of a tile dispute replayed with its trace; then the query's move.
   Status RunTrace(const CheckAssignment& c);
   // The check of `dir` is over.

@@ -361,6 +361,14 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
   in.data = nullptr;
   data.reset();
   ctx->ReleaseData();
+  // Step 0 must start from the stage's slice of the round's start state (CheckStageContinuity):
+  // its hash, when step 0 is drawn.
+  Hash256 start_slice;
+  if (std::find(steps.begin(), steps.end(), 0u) != steps.end()) {
+    ML_ASSIGN_OR_RETURN(GlobalWeightsReader global,
+                        node.StartWeights(*ctx, c.task_id, c.start_state));
+    ML_ASSIGN_OR_RETURN(start_slice, StageStartSliceHash(in, global));
+  }
   StageStepEnd end;
   bool ended = false;
   for (uint32_t t : steps) {
@@ -368,8 +376,11 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
       return InvalidArgument(CheckName(c) + ": step " + std::to_string(t) + " is out of range");
     }
     const Hash256 committed = f.leaves[t + 1];
-    ML_ASSIGN_OR_RETURN(StageStepCheck r,
-                        CheckStageStep(in, t, committed, t == last ? &end : nullptr));
+    // First where the step starts (its replay cannot see that), then the step itself.
+    ML_ASSIGN_OR_RETURN(StageStepCheck r, CheckStageContinuity(in, t, f.leaves, start_slice));
+    if (r.leaf == committed) {
+      ML_ASSIGN_OR_RETURN(r, CheckStageStep(in, t, committed, t == last ? &end : nullptr));
+    }
     if (r.leaf == committed) {
       ended |= t == last;
       continue;

@@ -161,8 +161,9 @@ bool UnservedStageClaim(const TaskParams& params, const MismatchClaimField& clai
 // task that is not a pipeline's: DisputeNeedsBundle. A pipeline stage's: an exact-mode task with a
 // data root whose stage is over kMaxStageWitnessMemory (!LedgerRulesStageStep), whatever its
 // model (a GPT's stage or a sequential model's: the tile phase plans both), so that only its tile
-// phase rules it and never the genesis key, unless the claim is an unserved one, which must not
-// carry it (UnservedStageClaim). A stage within the bound may be played either way: both are
+// phase rules it and never the genesis key, unless the claim is an unserved or a continuity one,
+// which must not carry it (UnservedStageClaim, ContinuityStageClaim: both are played over the
+// whole step and ruled from their own witnesses). A stage within the bound may be played either way: both are
 // ruled by the ledger (RefereeTile, RefereeStageStep).
 bool MismatchNeedsBundle(const TaskParams& params, uint32_t index, const MismatchClaimField& claim);
 

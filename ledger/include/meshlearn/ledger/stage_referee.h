@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -309,5 +310,70 @@ Bytes EncodeStageResultWitness(const StageResultWitness& w);
 // Refuses truncated or trailing bytes and sizes over kMaxWitnessBytes (InvalidArgument, naming
 // the field).
 Result<StageResultWitness> DecodeStageResultWitness(ByteSpan bytes);
+
+// ---- The states between a stage's steps (the `continuity` finding).
+//
+// A step's replay starts from the stage's checkpoint of the step, which must hash to the commit's
+// state_before; the replay cannot see where that state came from. So step t's state_before must
+// also be step t-1's state_after (both committed: leaves t-1 and t of the stage's check), and step
+// 0's the stage's slice of the round's start state with fresh moments (StageFromGlobal): else
+// the stage moved its state between two steps and committed each step as it then trained it,
+// which every step's replay passes. A verifier drawn for step t compares them (node/stage_check.h
+// CheckStageContinuity); its claim is StageContinuityLeaf of the step's leaf, and the ledger
+// rules it from the two commits alone (no replay), or for step 0 from the commit and the round's
+// start state.
+
+// The stage `stage` of `cut` built from the round's start weights (`global_size` floats of the
+// whole model, in its PlanParams order, read through `read`), with fresh optimizer moments and
+// the unit's inner rate (`lr_scale`): the stage's state at its step 0, what a Stager trains from
+// and the ledger rules step 0's continuity with. InvalidArgument when `global_size` is not the
+// model's parameter count.
+Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& task,
+                                                       const engine::PipelineCut& cut, int stage,
+                                                       uint64_t global_size,
+                                                       const GlobalSliceReader& read,
+                                                       double lr_scale);
+
+// The witness of a continuity claim on step t of a stage unit (RefereeStageStep's and
+// ProveFraud's witness for such a claim; told from a StageStepWitness by its magic).
+struct StageContinuityWitness {
+  Bytes commit;  // protocol::EncodeStageStepCommit of the stage's step t (its committed leaf t)
+  // t > 0: step t-1's commit (its committed leaf t-1); bundle and start_state empty.
+  Bytes previous;
+  // t == 0: the task bundle (blob id == spec_hash) and the round's start state blob; previous
+  // empty.
+  std::string bundle;
+  Bytes start_state;
+  bool operator==(const StageContinuityWitness&) const = default;
+};
+Bytes EncodeStageContinuityWitness(const StageContinuityWitness& w);
+// Refuses another magic, truncated or trailing bytes and sizes over kMaxWitnessBytes
+// (InvalidArgument, naming the field).
+Result<StageContinuityWitness> DecodeStageContinuityWitness(ByteSpan bytes);
+// Whether `bytes` are a StageContinuityWitness (start with its magic): how the ledger tells one
+// from a StageStepWitness.
+bool IsStageContinuityWitness(ByteSpan bytes);
+
+// A stage unit's claim that step `claim.segment` does not start where the stage's previous step
+// ended (its replayed_end is StageContinuityLeaf of its solver_end). As an unserved claim, its
+// dispute is played over the whole step without the tile phase (whose traces all start from the
+// committed state_before and agree: the roots would rule for the stage), and the claimant, who
+// holds both commits, posts the witness (a stage cannot disprove it: an honest stage's commits
+// make the ledger refuse the witness), so by the referee's deadline the claim unposted loses.
+bool ContinuityStageClaim(const TaskParams& params, const MismatchClaimField& claim);
+
+// The ledger's ruling of a continuity claim on step `step` of stage unit `unit` (a dispute's,
+// whose defender output is `committed_leaf`, or ProveFraud's) from `w`: the commit must be the
+// committed leaf of the step (unit.leaves[step + 1] and `committed_leaf`), of this task, round,
+// replica, stage and step; for step > 0 `previous` the committed leaf of step - 1
+// (unit.leaves[step]) and of step - 1; for step 0 the bundle the task's and the start state the
+// round's. InvalidArgument naming the input that does not check out; FailedPrecondition when the
+// states agree (nothing to rule: the claim is refused). Otherwise the finding: leaf
+// StageContinuityLeaf(committed_leaf), its claimed the commit's state_before and replayed the state
+// it had to start from.
+Result<StageStepCheck> RuleStageContinuity(const TaskRecord& task_record, const WorkUnit& unit,
+                                           uint64_t step, const Hash256& committed_leaf,
+                                           const StageContinuityWitness& w,
+                                           std::string_view what = "referee stage step");
 
 }  // namespace meshlearn::ledger

@@ -20,6 +20,8 @@
 //   output   a tensor the stage sent differs from the replay's (it computed wrong, or computed
 //            right and sent something else: corrupted activations)
 //   state    its state after the step differs from the replay's (a wrong update)
+//   continuity  (not found by a replay) its state_before is not its previous step's state_after,
+//            or at step 0 not its slice of the round's start state (RuleStageContinuity)
 //
 // A stage's replay needs nothing but its own commit, inputs and checkpoint: every stage of a
 // replica can be checked alone, and an input proven wrong is the sender's fault (its own replay
@@ -56,6 +58,9 @@ enum class StageFault : uint8_t {
   kStageFaultInput,
   kStageFaultOutput,
   kStageFaultState,
+  // Not a replay's: the step's state_before is not where the stage's previous step ended (step 0:
+  // its slice of the round's start state). stage_referee.h, RuleStageContinuity.
+  kStageFaultContinuity,
 };
 const char* StageFaultName(StageFault fault);
 
@@ -111,6 +116,11 @@ Result<StageReplayResult> ReplayStageStep(const StageReplaySetup& setup, engine:
 // finding `unserved` with `replayed` zero (StageUnservedLeaf).
 Hash256 StageFindingLeaf(const Hash256& committed_leaf, const StageReplayResult& r);
 Hash256 StageUnservedLeaf(const Hash256& committed_leaf);
+// The finding `continuity` (the step does not start where the stage's previous step ended), with
+// `claimed` and `replayed` zero: like `unserved`, a claim names it from its solver_end alone
+// (ContinuityStageClaim), so that its dispute is played over the whole step and ruled from the
+// two commits (RuleStageContinuity), never from the step's replay, which runs clean.
+Hash256 StageContinuityLeaf(const Hash256& committed_leaf);
 
 // The training state in a stage checkpoint file's bytes (engine::ReadCheckpoint of them, read in
 // place: no copy of the file), and back (engine::SaveCheckpoint's file): what a stage node serves

@@ -75,6 +75,10 @@ enum class Adversary : uint8_t {
   kWrongResult,
   kNoisyLast,
   kTargeted,
+  // A stage node's: noisy's perturbation between two steps, each step committed as trained (the
+  // perturbed state is the next step's state_before, not the previous step's state_after), so
+  // every step replays clean and only the continuity check sees it. A whole unit: noisy.
+  kDrift,
 };
 
 // What `targeted` adds to each weight of output class 0.
@@ -93,7 +97,7 @@ bool CheatsAsSolver(Adversary a);
 bool CheatsAsVerifier(Adversary a);
 
 // "none", "lazy", "noisy", "wrong_data", "copy", "stale", "rubber_stamp", "wrong_result",
-// "noisy_last", "targeted".
+// "noisy_last", "targeted", "drift".
 std::string_view AdversaryName(Adversary a);
 // "" and "none" -> kNone; an unknown name -> InvalidArgument naming the allowed values.
 Result<Adversary> ParseAdversary(std::string_view name);
@@ -118,8 +122,9 @@ struct AdversaryInputs {
 // the adversary's own states, labelled with work.stream and the hashed step); options.resume is
 // ignored (an adversary restarts the unit: same bits). kNone and kRubberStamp (an honest solver)
 // run the honest UnitExecutor, and so do kWrongResult (resume honoured) before negating the
-// delta and kNoisyLast outside the last round. In every mode the trainer's state afterwards is the one the last state hash is of (what
-// a node saves as its checkpoint at H), except stale re-committing an earlier outcome.
+// delta and kNoisyLast outside the last round. In every mode the trainer's state afterwards is the
+// one the last state hash is of (what a node saves as its checkpoint at H), except stale
+// re-committing an earlier outcome.
 Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
                                      std::span<const float> global, const UnitWork& work,
                                      const UnitRunOptions& options, const AdversaryInputs& in);

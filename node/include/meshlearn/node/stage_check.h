@@ -46,6 +46,7 @@
 #include "meshlearn/net/transport.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/stage_replay.h"
+#include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/task_bundle.h"
 
 namespace meshlearn::node {
@@ -98,6 +99,39 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                                                     uint64_t step, const Hash256& committed_leaf,
                                                     std::unique_ptr<engine::TokenPageTree>* pages,
                                                     std::unique_ptr<engine::DataTree>* tree);
+
+// ---- The states between a stage's steps (ledger/stage_referee.h, RuleStageContinuity).
+//
+// A step's replay starts from its checkpoint, which must hash to the commit's state_before; where
+// that state came from is checked here: step t > 0 must start from step t-1's committed
+// state_after (its served commit, beside step t's), step 0 from the stage's slice of the round's
+// start state with fresh moments (StageStartSliceHash). A difference is the finding `continuity`
+// (ledger::StageContinuityLeaf): a stage that moves its weights between two steps and commits
+// each step as it then trains it replays clean at every step.
+
+// StateHash of the stage's state at step 0, as the Stager builds it (StageFromGlobal of the round's
+// start weights read through `global`, with the unit's inner rate) and the ledger derives it.
+Result<Hash256> StageStartSliceHash(const StageCheckInput& in, const GlobalWeightsReader& global);
+
+// Whether step `step` starts where the stage's previous step ended. `leaves`: the check's
+// (protocol::StageCheckLeaves: the commitment, then one leaf per step), against which both served
+// commits are checked; `start_slice`: StageStartSliceHash (read only for step 0). The leaf is
+// leaves[step + 1] when the states agree (or the previous step's commit is not served, or is not
+// its committed leaf: that step's own check finds it `unserved`), StageContinuityLeaf of it when
+// they differ, StageUnservedLeaf of it when the step's own commit is not served or not its leaf.
+// Fetch errors other than NotFound are returned (retried later).
+Result<StageStepCheck> CheckStageContinuity(const StageCheckInput& in, uint64_t step,
+                                            std::span<const Hash256> leaves,
+                                            const Hash256& start_slice);
+
+// The witness of a continuity claim on step `step`, whose committed leaf is `committed_leaf`,
+// from what the stage node serves: its commit of the step and (step > 0) of the step before, or
+// (step 0) `bundle` and the round's start state blob `start_state` (read through `global`, for
+// StageStartSliceHash). FailedPrecondition when the node does not serve a commit, the served
+// commit is not the committed leaf, or the states agree (the ledger would refuse the witness).
+Result<ledger::StageContinuityWitness> BuildStageContinuityWitness(
+    const StageCheckInput& in, uint64_t step, const Hash256& committed_leaf,
+    const std::string& bundle, const Bytes& start_state, const GlobalWeightsReader* global);
 
 // ---- A stage dispute's tile phase (issue 16; ledger/stage_referee.h, "A stage step's tile phase
 // on chain").

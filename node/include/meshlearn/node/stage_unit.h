@@ -180,6 +180,9 @@ struct StageRunHooks {
   // `perturb_stream`; that step's commit and every later one hash the perturbed state.
   int64_t perturb_after = 0;
   uint64_t perturb_stream = 0;
+  // drift: the perturbation is not committed (that step's state_after is the state it trained
+  // to): the next step starts from a state no step ended at (the continuity check's finding).
+  bool perturb_uncommitted = false;
   // wrong_data: step `wrong_data_step` (-1: none) trains on the wrong input, committing the
   // records of the right one: the first stage on the batch of the next step (step + 1 mod H;
   // InvalidArgument for H = 1), a later stage on micro-batch 1's received activations for
@@ -189,7 +192,8 @@ struct StageRunHooks {
   bool negate_result = false;
 };
 // The hooks with which a stage node plays adversary `adv` on a stage unit of `work`: lazy, noisy
-// (after PoisonAfterSteps(H) steps), wrong_data (step PoisonAfterSteps(H) - 1) and wrong_result;
+// and drift (after PoisonAfterSteps(H) steps), wrong_data (step PoisonAfterSteps(H) - 1) and
+// wrong_result;
 // every other mode leaves them honest (a stage trains honestly).
 void SetStageAdversary(Adversary adv, const UnitWork& work, StageRunHooks* hooks);
 Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
