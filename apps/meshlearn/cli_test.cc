@@ -272,7 +272,8 @@ TEST(Cli, PipelineTasksRunInDilocoAndSubmitChecksTheirCut) {
   // What a step moves across each of the 2 boundaries, the placement's link cost
   // (engine::CutBoundaryBytes): (B, T, C) = (4, 16, 16) floats forward and as many back.
   EXPECT_EQ(prepared["params"]["stage_boundary_bytes"], json::array({8192, 8192}));
-  EXPECT_EQ(prepared["aggregator_memory_bytes"], unit + (2 + 2) * model);
+  // protocol::AggregatorMemoryBytes: 2 replicas' deltas, the state and 3 for the largest transient.
+  EXPECT_EQ(prepared["aggregator_memory_bytes"], unit + (2 + 5) * model);
   EXPECT_NE(submit.out.find("memory a node needs: " + std::to_string(unit) +
                             " bytes for a whole unit, stages "),
             std::string::npos)

@@ -382,9 +382,10 @@ TEST_F(PipelineStageTest, OnlyANodeThatHoldsTheWholeModelAggregates) {
   ASSERT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
   EXPECT_FALSE(Machine().aggregator().has_value())
       << "node " << NodeIndex(Machine().aggregator()->node) << " cannot hold the round";
-  // A node that holds it: 8 GiB + (2 replicas' deltas + weights + momentum) x model_bytes.
+  // A node that holds it: 8 GiB + (2 replicas' deltas + weights and momentum + 3 for the largest
+  // transient) x model_bytes.
   nodes_.push_back(TestKey(40));
-  caps_.push_back({8 * kGiB + 4 * p.model_bytes, 1'000'000'000'000});
+  caps_.push_back({8 * kGiB + 7 * p.model_bytes, 1'000'000'000'000});
   for (const Receipt& x : Step({Q(alice_, Reg(nodes_.size() - 1))})) EXPECT_TRUE(x.ok) << x.reason;
   ASSERT_TRUE(Machine().aggregator().has_value());
   EXPECT_EQ(NodeIndex(Machine().aggregator()->node), nodes_.size() - 1);

@@ -50,6 +50,7 @@
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/round_phase.h"
+#include "meshlearn/protocol/scheduler.h"
 #include "meshlearn/protocol/stage_state_claim.h"
 #include "meshlearn/protocol/stage_transfer.h"
 #include "testing/pipeline_task.h"
@@ -1129,8 +1130,8 @@ TEST(StagePlaneTest, TwoReplicasOfThreeStageEndpointsEndBitEqualToMeshlearnDiloc
         ASSERT_EQ(kept.count(static_cast<uint32_t>(s)), 1u);
         EXPECT_EQ(kept.at(static_cast<uint32_t>(s)).claim.step, static_cast<uint64_t>(h - 1));
       }
-      deltas.push_back(protocol::PseudoGradient(
-          state.weights, GatherStageParams(*trainer->state().model, replicas[i].stages)));
+      deltas.push_back(
+          protocol::PseudoGradient(state.weights, GatherStageParams(replicas[i].stages)));
     }
     std::vector<RoundDelta> round;
     for (uint32_t i = 0; i < net.units_per_round; ++i) {
@@ -1479,9 +1480,7 @@ TEST(StagePlaneTest, EveryStageAdversaryHookIsCaughtOnItsStepAloneOrIsInvisibleT
     std::vector<std::vector<float>> start;
     for (auto& st : stages) start.push_back(StageFlatParams(*st));
     // The round's start weights of the whole model (what a verifier and the ledger slice).
-    Result<std::unique_ptr<engine::Model>> whole = engine::Model::Create(spec);
-    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
-    const std::vector<float> global = GatherStageParams(**whole, stages);
+    const std::vector<float> global = GatherStageParams(stages);
     std::vector<Result<StageUnitOutcome>> out(3, Internal("not run"));
     std::vector<std::thread> threads;
     for (int s = 0; s < 3; ++s) {
@@ -2277,11 +2276,12 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
       stage_deltas[u.replica].push_back(u.out->delta);
       if (u.replica == 0) layout.push_back(std::move(u.stage_obj));
     }
-    const engine::Model& whole_model = *trainer->state().model;
+    Result<StageLayout> shapes = StageLayoutOf(layout);
+    ASSERT_TRUE(shapes.ok()) << shapes.status().ToString();
     GlobalState gathered = state;
     std::vector<std::vector<float>> deltas;  // RoundDelta holds a span: they must outlive it
     for (uint32_t i = 0; i < 2; ++i) {
-      Result<std::vector<float>> whole = GatherStageFlats(whole_model, layout, stage_deltas[i]);
+      Result<std::vector<float>> whole = GatherStageFlats(*shapes, stage_deltas[i]);
       ASSERT_TRUE(whole.ok()) << whole.status().ToString();
       deltas.push_back(std::move(*whole));
     }
@@ -2293,14 +2293,14 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
       NetworkSpec krum = net;
       krum.aggregation.rule = protocol::AggregationRule::kAggregationRuleKrum;
       GlobalState untouched = state;
-      Status refused = ApplyStageRound(&untouched, whole_model, layout, shards, stage_deltas, krum,
-                                       view.id, r, samples);
+      Status refused =
+          ApplyStageRound(&untouched, *shapes, shards, stage_deltas, krum, view.id, r, samples);
       EXPECT_NE(refused.message().find("rule krum takes norms or distances"), std::string::npos)
           << refused.ToString();
       EXPECT_EQ(untouched, state);
     }
-    Status staged = ApplyStageRound(&state, whole_model, layout, shards, stage_deltas, net, view.id,
-                                    r, samples);
+    Status staged =
+        ApplyStageRound(&state, *shapes, shards, stage_deltas, net, view.id, r, samples);
     ASSERT_TRUE(staged.ok()) << staged.ToString();
     EXPECT_EQ(state, gathered) << "round " << r;
     EXPECT_EQ(HashFloats(state.weights), o.want.rounds[r].global_hash) << "round " << r;
@@ -2320,31 +2320,29 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
 
 // ApplyStageRound against ApplyRound over the gathered whole deltas, for every coordinate-wise
 // rule, on a GPT's three stages with four replicas, one of them non-finite in one stage only (it
-// is left out of every stage, as the whole round leaves it out).
+// is left out of every stage, as the whole round leaves it out), in its chunks and in finer ones.
 TEST(StageLedgerTest, StageByStageAggregationEqualsTheWholeRoundForCoordinateWiseRules) {
   const ModelSpec spec = StageParseModel(kStageGpt);
-  Result<std::unique_ptr<engine::Model>> whole = engine::Model::Create(spec);
-  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
-  std::vector<std::unique_ptr<Stage>> layout = StageStages(spec);
+  std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+  Result<StageLayout> layout = StageLayoutOf(stages);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
   Rng rng(5);
   auto random = [&](size_t n) {
     std::vector<float> v(n);
     for (float& x : v) x = static_cast<float>(rng.UniformDouble() * 2.0 - 1.0);
     return v;
   };
-  const size_t size = GatherStageParams(**whole, layout).size();
+  const size_t size = layout->whole_size;
   GlobalState start{.weights = random(size), .momentum = random(size)};
   const std::vector<uint32_t> shards = {0, 1, 2, 3};
   std::vector<std::vector<std::vector<float>>> stage_deltas(shards.size());
   for (auto& replica : stage_deltas) {
-    for (const std::unique_ptr<Stage>& st : layout) {
-      replica.push_back(random(StageFlatParams(*st).size()));
-    }
+    for (size_t s = 0; s < stages.size(); ++s) replica.push_back(random(layout->StageSize(s)));
   }
   stage_deltas[2][1][3] = std::nanf("");
   std::vector<std::vector<float>> deltas;
   for (const auto& replica : stage_deltas) {
-    Result<std::vector<float>> d = GatherStageFlats(**whole, layout, replica);
+    Result<std::vector<float>> d = GatherStageFlats(*layout, replica);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     deltas.push_back(std::move(*d));
   }
@@ -2365,12 +2363,179 @@ TEST(StageLedgerTest, StageByStageAggregationEqualsTheWholeRoundForCoordinateWis
         ApplyRound(&gathered, round, net, Blake2b("task"), 1, 100);
     ASSERT_TRUE(agg.ok()) << agg.status().ToString();
     EXPECT_EQ(agg->rejected.size(), 1u);
-    Status s = ApplyStageRound(&staged, **whole, layout, shards, stage_deltas, net, Blake2b("task"),
-                               1, 100);
+    Status s =
+        ApplyStageRound(&staged, *layout, shards, stage_deltas, net, Blake2b("task"), 1, 100);
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(staged, gathered) << protocol::AggregationRuleName(rule);
     EXPECT_NE(staged, start);
+    // In chunks of 7 values (the parameters here are smaller than kStageRoundChunk): a round
+    // applied to any cut of the coordinates is the same.
+    GlobalState chunked = start;
+    s = ApplyStageRound(&chunked, *layout, shards, stage_deltas, net, Blake2b("task"), 1, 100, 7);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(chunked, gathered) << protocol::AggregationRuleName(rule);
   }
+}
+
+// ---- The aggregator's memory (protocol::AggregatorMemoryBytes).
+
+// A GPT of 3.2M parameters (13 MB of weights) on the GPL text, 2 replicas of 4 stages: big enough
+// that its round, not the rest of the test process, is what the peak measures.
+constexpr char kAggregatorMemoryTask[] = R"(
+[task]
+name = "aggregator-memory"
+seed = 5
+[data]
+format = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[model]
+kind = "gpt"
+n_layer = 4
+n_head = 4
+n_embd = 256
+block_size = 32
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[train]
+steps = 1
+batch_size = 4
+micro_batches = 2
+seq_len = 32
+eval_batches = 2
+[network]
+rounds = 1
+units_per_round = 2
+inner_steps = 1
+stages = 4
+aggregation = "mean"
+)";
+
+// `key`'s bytes in /proc/self/status ("VmRSS", "VmHWM"); 0 when it cannot be read.
+uint64_t ProcStatusBytes(const std::string& key) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  uint64_t kb = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::string(line).rfind(key + ":", 0) == 0) {
+      kb = std::strtoull(line + key.size() + 1, nullptr, 10);
+    }
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
+
+// Sets this process's peak resident memory (VmHWM) to its resident memory now (Linux 4.0+).
+bool ResetPeakRss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
+// The aggregator of a pipeline round, as Aggregator::Compute runs it (node/src/roles/
+// aggregator.cc: the start state decoded from its blob, the whole model's trainer, every stage
+// blob fetched and decoded, ApplyStageRound, the new state evaluated and encoded), peaks within
+// protocol::AggregatorMemoryBytes above the process it started in. The blobs the other nodes
+// serve are made before the measurement starts, as they are not the aggregator's. Not under ASan,
+// whose allocator keeps what is freed (its quarantine), so that the peak is not the round's.
+TEST(StageLedgerTest, TheAggregatorsPeakIsWithinTheBound) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan keeps freed memory in its quarantine: the peak is not the round's";
+#endif
+  Result<ConfigFile> cfg = ConfigFile::Parse(kAggregatorMemoryTask, "aggregator.toml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  Result<NetworkSpec> net = NetworkSpec::FromConfig(*cfg);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  Result<engine::TaskSpec> task =
+      engine::TaskSpec::Parse(kAggregatorMemoryTask, "aggregator.toml", "/");
+  ASSERT_TRUE(task.ok()) << task.status().ToString();
+  Result<engine::TaskData> loaded = engine::LoadTaskData(Env::Default(), *task);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  auto data = std::make_shared<const engine::TaskData>(std::move(*loaded));
+  Result<TaskFacts> facts = ComputeTaskFacts(*task, *data, *net);
+  ASSERT_TRUE(facts.ok()) << facts.status().ToString();
+  const ledger::TaskParams params = MakeTaskParams(*facts, *net, Hash256{});
+  const uint64_t bound =
+      protocol::AggregatorMemoryBytes(ledger::TaskSpecViewOf(Hash256{}, params, 0));
+  Result<engine::PipelineCut> cut =
+      engine::TaskPipelineCut(*task, static_cast<int>(net->stages), net->cut);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  Result<StageLayout> layout = StageLayoutOf(task->model, *cut);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  ASSERT_EQ(layout->whole_size, facts->num_params);
+  const uint32_t replicas = ledger::PipelineReplicas(params);
+  ASSERT_EQ(replicas, 2u);
+
+  // What the other nodes serve: the round's start state and every replica's stage deltas.
+  Rng rng(11);
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = static_cast<float>(rng.UniformDouble() * 0.02 - 0.01);
+    return v;
+  };
+  const Bytes start_blob = [&] {
+    GlobalState start{.weights = random(layout->whole_size),
+                      .momentum = random(layout->whole_size)};
+    return EncodeGlobalState(start);
+  }();
+  std::vector<std::vector<Bytes>> stage_blobs(replicas);
+  for (std::vector<Bytes>& replica : stage_blobs) {
+    for (size_t s = 0; s < layout->stages.size(); ++s) {
+      replica.push_back(EncodeDelta(random(layout->StageSize(s))));
+    }
+  }
+
+  ASSERT_TRUE(ResetPeakRss()) << "/proc/self/clear_refs: cannot measure the peak";
+  const uint64_t idle = ProcStatusBytes("VmRSS");
+  std::vector<std::pair<std::string, uint64_t>> phases;  // the peak above `idle` after each
+  auto phase = [&](const std::string& name) {
+    const uint64_t hwm = ProcStatusBytes("VmHWM");
+    phases.push_back({name, hwm > idle ? hwm - idle : 0});
+  };
+  {
+    Result<GlobalState> state = DecodeGlobalState(Bytes(start_blob), facts->num_params);
+    ASSERT_TRUE(state.ok()) << state.status().ToString();
+    phase("start state decoded");
+    Result<std::unique_ptr<engine::Trainer>> trainer = engine::Trainer::Create(*task, data);
+    ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+    phase("trainer built");
+    {
+      std::vector<std::vector<std::vector<float>>> deltas(replicas);  // [replica][stage]
+      for (uint32_t r = 0; r < replicas; ++r) {
+        for (size_t s = 0; s < layout->stages.size(); ++s) {
+          const Bytes fetched = stage_blobs[r][s];
+          Result<std::vector<float>> d = DecodeDelta(fetched, layout->StageSize(s));
+          ASSERT_TRUE(d.ok()) << d.status().ToString();
+          deltas[r].push_back(std::move(*d));
+        }
+      }
+      phase("stage deltas decoded");
+      const std::vector<uint32_t> shards = {0, 1};
+      Status applied = ApplyStageRound(&*state, *layout, shards, deltas, *net, facts->content_id, 0,
+                                       UnitSamples(**trainer, *net));
+      ASSERT_TRUE(applied.ok()) << applied.ToString();
+      phase("round applied");
+    }
+    ASSERT_TRUE((*trainer)->SetFlatParams(state->weights).ok());
+    const engine::EvalResult eval = (*trainer)->Evaluate();
+    EXPECT_TRUE(std::isfinite(eval.loss));
+    phase("evaluated");
+    const Bytes out = EncodeGlobalState(*state);
+    EXPECT_EQ(out.size(), start_blob.size());
+    phase("new state encoded");
+  }
+  const uint64_t peak = phases.back().second;
+  std::string report = "idle " + std::to_string(idle >> 20) + " MiB; peak above it:";
+  for (const auto& [name, bytes] : phases) {
+    report += " " + name + " " + std::to_string(bytes >> 20) + " MiB,";
+  }
+  report += " bound " + std::to_string(bound >> 20) + " MiB (unit need " +
+            std::to_string(params.memory_bytes >> 20) + " MiB, model " +
+            std::to_string(params.model_bytes >> 20) + " MiB)";
+  std::printf("%s\n", report.c_str());
+  EXPECT_LE(peak, bound) << report;
 }
 
 }  // namespace

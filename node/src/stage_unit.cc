@@ -35,85 +35,103 @@ std::vector<float> StageFlatParams(engine::Stage& stage) {
   return flat;
 }
 
-Result<std::vector<float>> GatherStageFlats(const engine::Model& whole,
-                                            std::span<const std::unique_ptr<engine::Stage>> layout,
-                                            std::span<const std::vector<float>> flats) {
-  if (layout.size() != flats.size()) {
-    return InvalidArgument("gather stage deltas: " + std::to_string(flats.size()) +
-                           " stage vectors for " + std::to_string(layout.size()) + " stages");
+size_t StageLayout::StageSize(size_t s) const {
+  size_t n = 0;
+  for (const Range& r : stages.at(s)) n += r.size;
+  return n;
+}
+
+namespace {
+
+Result<StageLayout> LayoutOfParts(const engine::ModelSpec& spec,
+                                  std::span<const engine::ModelPart> parts) {
+  ML_ASSIGN_OR_RETURN(std::vector<engine::PlannedParam> whole, engine::PlanParams(spec));
+  std::map<std::string, StageLayout::Range> by_name;
+  StageLayout layout;
+  for (const engine::PlannedParam& p : whole) {
+    const size_t n = static_cast<size_t>(engine::NumElements(p.shape));
+    by_name[p.name] = {.offset = static_cast<size_t>(p.offset), .size = n};
+    layout.whole_size += n;
   }
-  // Where each parameter's values sit in its stage's flat vector.
-  std::map<std::string, std::span<const float>> by_name;
-  for (size_t s = 0; s < layout.size(); ++s) {
-    size_t at = 0;
-    for (const engine::Param& p : layout[s]->params()) {
-      const size_t n = p.value.vec().size();
-      if (at + n > flats[s].size()) break;
-      by_name[p.name] = std::span<const float>(flats[s]).subspan(at, n);
-      at += n;
+  std::set<std::string> placed;
+  for (size_t s = 0; s < parts.size(); ++s) {
+    ML_ASSIGN_OR_RETURN(std::vector<engine::PlannedParam> own, engine::PlanParams(spec, parts[s]));
+    std::vector<StageLayout::Range>& ranges = layout.stages.emplace_back();
+    for (const engine::PlannedParam& p : own) {
+      auto it = by_name.find(p.name);
+      if (it == by_name.end() || !placed.insert(p.name).second) {
+        return InvalidArgument(
+            "stage layout: stage " + std::to_string(s) + "'s parameter " + p.name +
+            (it == by_name.end() ? " is not in the model" : " is in an earlier stage too"));
+      }
+      ranges.push_back(it->second);
     }
-    if (at != flats[s].size()) {
+  }
+  for (const engine::PlannedParam& p : whole) {
+    if (!placed.count(p.name)) {
+      return InvalidArgument("stage layout: parameter " + p.name + " is in no stage");
+    }
+  }
+  return layout;
+}
+
+}  // namespace
+
+Result<StageLayout> StageLayoutOf(const engine::ModelSpec& spec, const engine::PipelineCut& cut) {
+  std::vector<engine::ModelPart> parts;
+  for (int s = 0; s < cut.stages(); ++s) parts.push_back(cut.part(s));
+  return LayoutOfParts(spec, parts);
+}
+
+Result<StageLayout> StageLayoutOf(std::span<const std::unique_ptr<engine::Stage>> stages) {
+  if (stages.empty()) return InvalidArgument("stage layout: no stages");
+  std::vector<engine::ModelPart> parts;
+  for (const std::unique_ptr<engine::Stage>& st : stages)
+    parts.push_back(st->state().model->part());
+  return LayoutOfParts(stages.front()->state().model->spec(), parts);
+}
+
+Result<std::vector<float>> GatherStageFlats(const StageLayout& layout,
+                                            std::span<const std::vector<float>> flats) {
+  if (layout.stages.size() != flats.size()) {
+    return InvalidArgument("gather stage deltas: " + std::to_string(flats.size()) +
+                           " stage vectors for " + std::to_string(layout.stages.size()) +
+                           " stages");
+  }
+  std::vector<float> out(layout.whole_size);
+  for (size_t s = 0; s < flats.size(); ++s) {
+    if (flats[s].size() != layout.StageSize(s)) {
       return InvalidArgument("gather stage deltas: stage " + std::to_string(s) + " holds " +
-                             std::to_string(at) + " parameters, its vector " +
+                             std::to_string(layout.StageSize(s)) + " parameters, its vector " +
                              std::to_string(flats[s].size()));
     }
-  }
-  std::vector<float> out;
-  for (const engine::Param& p : whole.params()) {
-    auto it = by_name.find(p.name);
-    if (it == by_name.end()) {
-      return InvalidArgument("gather stage deltas: parameter " + p.name + " is in no stage");
+    size_t at = 0;
+    for (const StageLayout::Range& r : layout.stages[s]) {
+      std::copy_n(flats[s].begin() + static_cast<std::ptrdiff_t>(at), r.size,
+                  out.begin() + static_cast<std::ptrdiff_t>(r.offset));
+      at += r.size;
     }
-    out.insert(out.end(), it->second.begin(), it->second.end());
   }
   return out;
 }
 
-std::vector<float> GatherStageParams(const engine::Model& whole,
-                                     std::span<const std::unique_ptr<engine::Stage>> stages) {
+std::vector<float> GatherStageParams(std::span<const std::unique_ptr<engine::Stage>> stages) {
+  Result<StageLayout> layout = StageLayoutOf(stages);
+  CHECK(layout.ok()) << layout.status().ToString();
   std::vector<std::vector<float>> flats;
   for (const std::unique_ptr<engine::Stage>& st : stages) flats.push_back(StageFlatParams(*st));
-  Result<std::vector<float>> out = GatherStageFlats(whole, stages, flats);
+  Result<std::vector<float>> out = GatherStageFlats(*layout, flats);
   CHECK(out.ok()) << out.status().ToString();
   return std::move(*out);
 }
 
-Result<std::vector<std::vector<float>>> ScatterToStages(
-    const engine::Model& whole, std::span<const std::unique_ptr<engine::Stage>> layout,
-    std::span<const float> flat) {
-  std::map<std::string, std::span<const float>> by_name;
-  size_t at = 0;
-  for (const engine::Param& p : whole.params()) {
-    const size_t n = p.value.vec().size();
-    if (at + n > flat.size()) break;
-    by_name[p.name] = flat.subspan(at, n);
-    at += n;
-  }
-  if (at != flat.size() || by_name.size() != whole.params().size()) {
-    return InvalidArgument("scatter to stages: " + std::to_string(flat.size()) +
-                           " values for a model of " + std::to_string(at) + " or more");
-  }
-  std::vector<std::vector<float>> out(layout.size());
-  for (size_t s = 0; s < layout.size(); ++s) {
-    for (const engine::Param& p : layout[s]->params()) {
-      auto it = by_name.find(p.name);
-      if (it == by_name.end()) {
-        return InvalidArgument("scatter to stages: stage " + std::to_string(s) + "'s parameter " +
-                               p.name + " is not in the model");
-      }
-      out[s].insert(out[s].end(), it->second.begin(), it->second.end());
-    }
-  }
-  return out;
-}
-
-Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
-                       std::span<const std::unique_ptr<engine::Stage>> layout,
+Status ApplyStageRound(GlobalState* state, const StageLayout& layout,
                        std::span<const uint32_t> shards,
                        std::span<const std::vector<std::vector<float>>> deltas,
                        const NetworkSpec& net, const Hash256& content_id, uint32_t round,
-                       uint64_t samples_per_unit) {
+                       uint64_t samples_per_unit, size_t chunk_values) {
   const protocol::AggregationRule rule = net.aggregation.rule;
+  if (chunk_values == 0) return InvalidArgument("stage-by-stage aggregation: chunks of 0 values");
   if (rule == protocol::AggregationRule::kAggregationRuleCenteredClip ||
       rule == protocol::AggregationRule::kAggregationRuleKrum) {
     return InvalidArgument("stage-by-stage aggregation: rule " +
@@ -125,16 +143,29 @@ Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
     return InvalidArgument("stage-by-stage aggregation: " + std::to_string(deltas.size()) +
                            " replicas' deltas for " + std::to_string(shards.size()) + " shards");
   }
+  if (state->weights.size() != layout.whole_size || state->momentum.size() != layout.whole_size) {
+    return InvalidArgument("stage-by-stage aggregation: a state of " +
+                           std::to_string(state->weights.size()) + " weights and " +
+                           std::to_string(state->momentum.size()) + " momenta for a model of " +
+                           std::to_string(layout.whole_size));
+  }
+  const size_t stages = layout.stages.size();
   std::vector<size_t> kept;  // replicas whose every stage delta is finite
   for (size_t i = 0; i < deltas.size(); ++i) {
-    if (deltas[i].size() != layout.size()) {
+    if (deltas[i].size() != stages) {
       return InvalidArgument("stage-by-stage aggregation: replica " + std::to_string(shards[i]) +
                              " has " + std::to_string(deltas[i].size()) + " stage deltas for " +
-                             std::to_string(layout.size()) + " stages");
+                             std::to_string(stages) + " stages");
     }
     bool finite = true;
-    for (const std::vector<float>& d : deltas[i]) {
-      for (float v : d) finite = finite && std::isfinite(v);
+    for (size_t s = 0; s < stages; ++s) {
+      if (deltas[i][s].size() != layout.StageSize(s)) {
+        return InvalidArgument("stage-by-stage aggregation: replica " + std::to_string(shards[i]) +
+                               "'s stage " + std::to_string(s) + " delta has " +
+                               std::to_string(deltas[i][s].size()) + " values, the stage " +
+                               std::to_string(layout.StageSize(s)));
+      }
+      for (float v : deltas[i][s]) finite = finite && std::isfinite(v);
     }
     if (finite) kept.push_back(i);
   }
@@ -142,30 +173,37 @@ Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
     return FailedPrecondition("stage-by-stage aggregation: all " + std::to_string(deltas.size()) +
                               " replicas have NaN or Inf values");
   }
-  ML_ASSIGN_OR_RETURN(std::vector<std::vector<float>> weights,
-                      ScatterToStages(whole, layout, state->weights));
-  ML_ASSIGN_OR_RETURN(std::vector<std::vector<float>> momentum,
-                      ScatterToStages(whole, layout, state->momentum));
-  for (size_t s = 0; s < layout.size(); ++s) {
-    GlobalState slice{.weights = std::move(weights[s]), .momentum = std::move(momentum[s])};
-    std::vector<RoundDelta> round_deltas;
-    for (size_t i : kept) {
-      if (deltas[i][s].size() != slice.weights.size()) {
-        return InvalidArgument("stage-by-stage aggregation: replica " + std::to_string(shards[i]) +
-                               "'s stage " + std::to_string(s) + " delta has " +
-                               std::to_string(deltas[i][s].size()) + " values, the stage " +
-                               std::to_string(slice.weights.size()));
+  // Every check is made: from here `state` changes a chunk of a parameter at a time. The rules
+  // here are coordinate-wise (each value of the result is a function of that coordinate's values
+  // alone) and the outer step elementwise, so applying the round to any cut of the coordinates
+  // gives the same bits as to the whole; a chunk bounds what the rule allocates (its accumulator
+  // and result, a few times the chunk) and what is copied out of `state`, whatever the model.
+  for (size_t s = 0; s < stages; ++s) {
+    size_t at = 0;  // where the range starts in the stage's delta
+    for (const StageLayout::Range& r : layout.stages[s]) {
+      for (size_t c = 0; c < r.size; c += chunk_values) {
+        const size_t n = std::min(chunk_values, r.size - c);
+        const auto begin = static_cast<std::ptrdiff_t>(r.offset + c);
+        const auto end = begin + static_cast<std::ptrdiff_t>(n);
+        GlobalState chunk{.weights = std::vector<float>(state->weights.begin() + begin,
+                                                        state->weights.begin() + end),
+                          .momentum = std::vector<float>(state->momentum.begin() + begin,
+                                                         state->momentum.begin() + end)};
+        std::vector<RoundDelta> round_deltas;
+        for (size_t i : kept) {
+          round_deltas.push_back(
+              {.shard = shards[i],
+               .delta = std::span<const float>(deltas[i][s]).subspan(at + c, n)});
+        }
+        Result<protocol::AggregateResult> agg =
+            ApplyRound(&chunk, round_deltas, net, content_id, round, samples_per_unit);
+        if (!agg.ok()) return agg.status().WithPrefix("stage " + std::to_string(s));
+        std::copy(chunk.weights.begin(), chunk.weights.end(), state->weights.begin() + begin);
+        std::copy(chunk.momentum.begin(), chunk.momentum.end(), state->momentum.begin() + begin);
       }
-      round_deltas.push_back({.shard = shards[i], .delta = deltas[i][s]});
+      at += r.size;
     }
-    Result<protocol::AggregateResult> agg =
-        ApplyRound(&slice, round_deltas, net, content_id, round, samples_per_unit);
-    if (!agg.ok()) return agg.status().WithPrefix("stage " + std::to_string(s));
-    weights[s] = std::move(slice.weights);
-    momentum[s] = std::move(slice.momentum);
   }
-  ML_ASSIGN_OR_RETURN(state->weights, GatherStageFlats(whole, layout, weights));
-  ML_ASSIGN_OR_RETURN(state->momentum, GatherStageFlats(whole, layout, momentum));
   return Status::Ok();
 }
 

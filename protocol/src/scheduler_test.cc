@@ -446,17 +446,18 @@ TEST(SchedulerTest, APipelineRoundIsEstimatedAsAnUnsplitRoundOfItsReplicas) {
   EXPECT_EQ(AggregatorMemoryBytes(piped), AggregatorMemoryBytes(unsplit));
 }
 
-// An aggregator builds the whole model (a whole unit's need) and holds the round's state and
-// deltas: a node that holds a unit, or a pipeline stage, but not that is never drawn.
+// An aggregator builds the whole model (a whole unit's need) and holds the round's state, its
+// deltas and at most 3 x model_bytes more at a time: a node that holds a unit, or a pipeline
+// stage, but not that is never drawn.
 TEST(SchedulerTest, AnAggregatorNeedsTheWholeModelTheStateAndTheRoundsDeltas) {
   TaskSpecView t = Task(8);  // unit need 1 MiB, model 1000 bytes
-  EXPECT_EQ(AggregatorMemoryBytes(t), (1u << 20) + (8 + 2) * 1000u);
+  EXPECT_EQ(AggregatorMemoryBytes(t), (1u << 20) + (8 + 5) * 1000u);
   TaskSpecView piped = t;  // 2 replicas x 4 stages: two whole deltas a round
   piped.stages = 4;
-  EXPECT_EQ(AggregatorMemoryBytes(piped), (1u << 20) + (2 + 2) * 1000u);
+  EXPECT_EQ(AggregatorMemoryBytes(piped), (1u << 20) + (2 + 5) * 1000u);
   TaskSpecView undeclared = t;  // the 5 x model_bytes fallback for the unit
   undeclared.memory_required_bytes = 0;
-  EXPECT_EQ(AggregatorMemoryBytes(undeclared), 5000u + 10 * 1000u);
+  EXPECT_EQ(AggregatorMemoryBytes(undeclared), 5000u + 13 * 1000u);
 
   for (const TaskSpecView& task : {t, piped}) {
     std::vector<NodeView> nodes;

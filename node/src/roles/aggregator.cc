@@ -145,21 +145,14 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
                                size_t* replicas) {
   const NetworkSpec& net = ctx->bundle.net;
   const ledger::TaskParams& params = ctx->info.params;
-  // The whole model: its layout gathers and scatters the stages, and Finish evaluates it.
+  // The whole model's trainer: Finish evaluates the new state with it.
   ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
   const engine::TaskSpec& task = ctx->task;
   ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
                       engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut));
-  // The stages' shapes (their parameters' names and sizes; the weights do not matter here).
-  const engine::Model& whole = *trainer->state().model;
-  std::vector<std::unique_ptr<engine::Stage>> layout;
-  std::vector<uint64_t> sizes;
-  for (int s = 0; s < static_cast<int>(net.stages); ++s) {
-    ML_ASSIGN_OR_RETURN(std::unique_ptr<engine::Stage> st,
-                        StageFromGlobal(task, cut, s, state->weights, /*lr_scale=*/1.0));
-    sizes.push_back(StageFlatParams(*st).size());
-    layout.push_back(std::move(st));
-  }
+  // Where the stages' parameters sit in the model's flat vector: from the spec alone, since
+  // building the stages would hold a second whole model (their weights and optimizer moments).
+  ML_ASSIGN_OR_RETURN(StageLayout layout, StageLayoutOf(task.model, cut));
   ML_RETURN_IF_ERROR(node_->Providers(true).status());
   std::map<PublicKey, std::string> endpoint_of;
   for (const NodeInfo& ni : node_->nodes()) endpoint_of[ni.id] = ni.endpoint;
@@ -171,10 +164,11 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
       return InvalidArgument(Name(a) + ": input unit " + std::to_string(in.index) +
                              " is not a stage unit of round " + std::to_string(a.round));
     }
+    // The blob lives until the end of this iteration: one at a time beside the decoded deltas.
     ML_ASSIGN_OR_RETURN(Bytes fetched, FetchInput(a, in, endpoint_of));
     auto& stages = by_replica[slot.replica];
     stages.resize(net.stages);
-    Result<std::vector<float>> d = DecodeDelta(fetched, sizes[slot.stage]);
+    Result<std::vector<float>> d = DecodeDelta(fetched, layout.StageSize(slot.stage));
     if (!d.ok()) {
       ++node_->stats().bad_deltas;
       node_->Log(Name(a) + ": leaving out replica " + std::to_string(slot.replica) + " (stage " +
@@ -201,15 +195,17 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
   if (rule != protocol::AggregationRule::kAggregationRuleCenteredClip &&
       rule != protocol::AggregationRule::kAggregationRuleKrum) {
     // Stage by stage, ApplyRound's round: the one derivation `meshlearn diloco` uses.
-    return ApplyStageRound(state, whole, layout, shards, deltas, net, ctx->facts.content_id,
-                           a.round, samples);
+    return ApplyStageRound(state, layout, shards, deltas, net, ctx->facts.content_id, a.round,
+                           samples);
   }
   // The rules over whole deltas (norms, distances): each replica's stage deltas gathered in model
-  // order are its unsplit unit's delta, bit for bit.
+  // order are its unsplit unit's delta, bit for bit. Each replica's stage deltas are freed once
+  // gathered, so that the round's deltas are held once, not twice.
   std::vector<std::vector<float>> wholes;  // RoundDelta holds a span: they must outlive it
-  for (const std::vector<std::vector<float>>& stages : deltas) {
-    ML_ASSIGN_OR_RETURN(std::vector<float> w, GatherStageFlats(whole, layout, stages));
+  for (std::vector<std::vector<float>>& stages : deltas) {
+    ML_ASSIGN_OR_RETURN(std::vector<float> w, GatherStageFlats(layout, stages));
     wholes.push_back(std::move(w));
+    std::vector<std::vector<float>>().swap(stages);
   }
   std::vector<RoundDelta> round;
   for (size_t i = 0; i < wholes.size(); ++i)
@@ -228,23 +224,29 @@ Result<Aggregator::Aggregate> Aggregator::Compute(const AggregationAssignment& a
         a, ctx, state,
         std::to_string(replicas) + " replicas of " + std::to_string(net.stages) + " stages");
   }
-  std::vector<std::vector<float>> deltas;
-  std::vector<protocol::UnitId> ids;
-  ML_RETURN_IF_ERROR(FetchDeltas(a, ctx, &deltas, &ids));
-  std::vector<protocol::Contribution> contributions;
-  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
-  const uint64_t samples = UnitSamples(*trainer, net);
-  for (size_t i = 0; i < deltas.size(); ++i) {
-    contributions.push_back({.unit = ids[i], .samples = samples, .delta = deltas[i]});
+  // The round's deltas and the rule's result are freed before Finish encodes the new state
+  // (protocol::AggregatorMemoryBytes counts them or the state's blob, not both).
+  size_t applied = 0;
+  {
+    std::vector<std::vector<float>> deltas;
+    std::vector<protocol::UnitId> ids;
+    ML_RETURN_IF_ERROR(FetchDeltas(a, ctx, &deltas, &ids));
+    std::vector<protocol::Contribution> contributions;
+    ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+    const uint64_t samples = UnitSamples(*trainer, net);
+    for (size_t i = 0; i < deltas.size(); ++i) {
+      contributions.push_back({.unit = ids[i], .samples = samples, .delta = deltas[i]});
+    }
+    ML_ASSIGN_OR_RETURN(protocol::AggregateResult result,
+                        protocol::Aggregate(contributions, net.aggregation));
+    if (!result.rejected.empty()) {
+      node_->Log(Name(a) + ": the rule rejected " + std::to_string(result.rejected.size()) +
+                 " contributions with NaN/Inf");
+    }
+    protocol::OuterStep(state.weights, state.momentum, result.delta, net.outer);
+    applied = contributions.size();
   }
-  ML_ASSIGN_OR_RETURN(protocol::AggregateResult result,
-                      protocol::Aggregate(contributions, net.aggregation));
-  if (!result.rejected.empty()) {
-    node_->Log(Name(a) + ": the rule rejected " + std::to_string(result.rejected.size()) +
-               " contributions with NaN/Inf");
-  }
-  protocol::OuterStep(state.weights, state.momentum, result.delta, net.outer);
-  return Finish(a, ctx, state, std::to_string(contributions.size()) + " deltas");
+  return Finish(a, ctx, state, std::to_string(applied) + " deltas");
 }
 
 Result<Aggregator::Aggregate> Aggregator::Finish(const AggregationAssignment& a, TaskContext* ctx,
@@ -296,14 +298,15 @@ void Aggregator::ReportIfUnavailable(const Hash256& task_id, uint32_t index, con
   Result<Hash256> txid = node_->tx().Send(
       ledger::ReportUnavailableTx{.task_id = task_id, .index = index, .node_id = node_->id()});
   if (!txid.ok()) {
-    node_->Log("reporting unit " + std::to_string(index) + " unavailable failed: " +
-               txid.status().message());
+    node_->Log("reporting unit " + std::to_string(index) +
+               " unavailable failed: " + txid.status().message());
     return;
   }
   reported_.insert(key);
   node_->Log("task " + task_id.ShortHex() + " unit " + std::to_string(index) +
              ": its delta could not be fetched from anyone after " + std::to_string(tries) +
-             " tries (" + why.message() + "); reported unavailable, the round re-runs without "
+             " tries (" + why.message() +
+             "); reported unavailable, the round re-runs without "
              "its solver");
 }
 

@@ -62,38 +62,54 @@ namespace meshlearn::node {
 void CopyWholeParams(const engine::Model& whole, engine::Stage& stage);
 // The stage's parameters, flat, in its params() order.
 std::vector<float> StageFlatParams(engine::Stage& stage);
+// Where each stage's parameters sit in the whole model's flat vector (its params() order: the
+// layout of weights and deltas on the wire), from the spec alone: engine::PlanParams of the model
+// and of each stage's part, so nothing is allocated. An aggregator needs only this of the stages
+// (building them would hold their weights and optimizer moments: a second whole model).
+struct StageLayout {
+  struct Range {
+    size_t offset = 0;  // floats before the parameter in the whole flat vector
+    size_t size = 0;
+  };
+  std::vector<std::vector<Range>> stages;  // stage s's parameters, in its params() order
+  size_t whole_size = 0;                   // the model's parameter count
+  // The floats of stage s's flat vector (its delta's size).
+  size_t StageSize(size_t s) const;
+};
+// The layout of `cut`'s stages of the model `spec`. InvalidArgument when a parameter of the model
+// is in no stage or in two. Errors: PlanParams'.
+Result<StageLayout> StageLayoutOf(const engine::ModelSpec& spec, const engine::PipelineCut& cut);
+// The same for built stages: `stages[s]` is stage s, each a part of one model's spec.
+Result<StageLayout> StageLayoutOf(std::span<const std::unique_ptr<engine::Stage>> stages);
+
 // The whole model's flat vector (its params() order) from per-stage flat vectors, `flats[s]` laid
-// out as `layout[s]`'s params(). InvalidArgument when the sizes do not match the layout or a
-// parameter of the whole model is in no stage.
-Result<std::vector<float>> GatherStageFlats(const engine::Model& whole,
-                                            std::span<const std::unique_ptr<engine::Stage>> layout,
+// out as `layout`'s stage s. InvalidArgument when the sizes do not match the layout.
+Result<std::vector<float>> GatherStageFlats(const StageLayout& layout,
                                             std::span<const std::vector<float>> flats);
 // The stages' own parameters gathered in whole's order. REQUIRES: they cover the whole model.
-std::vector<float> GatherStageParams(const engine::Model& whole,
-                                     std::span<const std::unique_ptr<engine::Stage>> stages);
-// The inverse of GatherStageFlats: `flat` (whole's params() order) cut into one vector per stage,
-// laid out as layout[s]'s params(). InvalidArgument when `flat` is not whole's size.
-Result<std::vector<std::vector<float>>> ScatterToStages(
-    const engine::Model& whole, std::span<const std::unique_ptr<engine::Stage>> layout,
-    std::span<const float> flat);
+std::vector<float> GatherStageParams(std::span<const std::unique_ptr<engine::Stage>> stages);
 
 // ---- Aggregation, stage by stage.
 
-// Round `round`'s aggregation stage by stage: stage s's slice of `state` (its parameters' weights
-// and outer momentum) takes ApplyRound (network_round.h) over the replicas' stage-s deltas,
-// `deltas[i][s]` the stage-s delta of the replica with shard `shards[i]`, laid out as layout[s]'s
-// params(); so an aggregator needs one stage's replicas at a time. A replica with a non-finite
-// value in any stage is left out of every stage, as ApplyRound leaves out a non-finite whole
-// delta. For a coordinate-wise rule (mean, trimmed_mean, median) this is ApplyRound over the
-// replicas' gathered whole deltas, bit for bit, and so `meshlearn diloco`'s round. The rules with
-// norms or distances over the whole delta (centered_clip, krum) are refused (InvalidArgument
-// naming the rule): gather the whole deltas (GatherStageFlats) and call ApplyRound for those.
-Status ApplyStageRound(GlobalState* state, const engine::Model& whole,
-                       std::span<const std::unique_ptr<engine::Stage>> layout,
+// Round `round`'s aggregation stage by stage: stage s's values of `state` (its parameters'
+// weights and outer momentum) take ApplyRound (network_round.h) over the replicas' stage-s deltas,
+// `deltas[i][s]` the stage-s delta of the replica with shard `shards[i]`, laid out as `layout`'s
+// stage s. A replica with a non-finite value in any stage is left out of every stage, as
+// ApplyRound leaves out a non-finite whole delta. For a coordinate-wise rule (mean, trimmed_mean,
+// median) this is ApplyRound over the replicas' gathered whole deltas, bit for bit, and so
+// `meshlearn diloco`'s round; so it is applied `chunk_values` values of a parameter at a time
+// (kStageRoundChunk; tests cut finer), and beyond `state` and the deltas the aggregator holds a
+// few chunks, not copies of the model (the rule's accumulator is in doubles). The rules with norms
+// or distances over the whole delta (centered_clip, krum) are refused (InvalidArgument naming the
+// rule): gather the whole deltas (GatherStageFlats) and call ApplyRound for those. Every argument
+// is checked before `state` changes; an error of ApplyRound itself (after the checks) leaves
+// `state` with the earlier chunks applied.
+inline constexpr size_t kStageRoundChunk = size_t{1} << 16;
+Status ApplyStageRound(GlobalState* state, const StageLayout& layout,
                        std::span<const uint32_t> shards,
                        std::span<const std::vector<std::vector<float>>> deltas,
                        const NetworkSpec& net, const Hash256& content_id, uint32_t round,
-                       uint64_t samples_per_unit);
+                       uint64_t samples_per_unit, size_t chunk_values = kStageRoundChunk);
 
 // ---- The ledger's terms of a pipeline task.
 

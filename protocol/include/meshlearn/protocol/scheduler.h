@@ -88,12 +88,24 @@ uint64_t RequiredMemoryBytes(const TaskSpecView& task);
 // ledger::PipelineReplicas is this for a task's params.
 uint32_t RoundReplicas(const TaskSpecView& task);
 
-// Memory an aggregator needs (node/src/roles/aggregator.cc): it builds the whole model's trainer
-// to evaluate the new state -- a whole unit's need, RequiredMemoryBytes -- and holds the round's
-// global state (weights and outer momentum: 2 x model_bytes) and every delta of the round,
-// decoded: RoundReplicas whole deltas, x model_bytes. Saturating. So a pipeline task, whose stages
-// fit nodes that cannot hold the whole model, is aggregated only by a node that can:
-// AssignAggregator draws only among nodes whose memory_bytes holds this.
+// Memory an aggregator needs beyond its idle process (node/src/roles/aggregator.cc), an upper
+// bound of what a round holds at once, term by term (M = model_bytes, R = RoundReplicas):
+//   RequiredMemoryBytes  the whole model's trainer it evaluates the new state with, a whole unit's
+//                        need (kept between rounds);
+//   2 M                  the round's global state, weights and outer momentum;
+//   R M                  the round's deltas, decoded (a pipeline replica's stage deltas are one
+//                        whole delta together);
+//   3 M                  the largest of what is held for a while beside those: for a task without
+//                        stages the rule's working set over the whole model (protocol::Aggregate
+//                        accumulates in doubles, 2 M, and returns a float delta, M); the state's
+//                        blob (2 M), fetched and decoded at the start of the round and encoded at
+//                        its end (the deltas are freed by then); a pipeline task's stage blob
+//                        being decoded (under M) and the few chunks node::ApplyStageRound applies
+//                        at a time.
+// So RequiredMemoryBytes + (R + 5) M. Saturating. A pipeline task, whose stages fit nodes that
+// cannot hold the whole model, is aggregated only by a node that can: AssignAggregator draws only
+// among nodes whose memory_bytes holds this. StageLedgerTest.TheAggregatorsPeakIsWithinTheBound
+// (node/src/stage_test.cc) measures the peak of a pipeline round in process against it.
 uint64_t AggregatorMemoryBytes(const TaskSpecView& task);
 
 // Reputation as a multiplier in permille (1000 = neutral, new node):
