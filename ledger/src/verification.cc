@@ -1019,6 +1019,7 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
                 tx.task_id.ShortHex(), tx.index, tx.witness.bytes.size(), c.message);
     ML_RETURN_IF_ERROR(game->Rule(c.leaf));
     SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
+    RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
     return Status::Ok();
   }
   const uint32_t stage = StageSlotOf(t->params, tx.index).stage;
