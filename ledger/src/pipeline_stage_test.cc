@@ -1418,20 +1418,7 @@ class PipelineFraudProofTest : public PipelineRulingTest {
     EXPECT_FALSE(early.ok);
     EXPECT_NE(early.reason.find("is not final yet"), std::string::npos) << early.reason;
     Aggregate();
-    std::vector<Sealed> clean;
-    txs.clear();
-    for (uint32_t st = 0; st < kStages; ++st) {
-      clean.push_back(Clean(st));
-      txs.push_back(SealTx(st, clean.back()));
-    }
-    StepOk(txs);
-    StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
-    txs.clear();
-    for (uint32_t st = 0; st < kStages; ++st) {
-      txs.push_back(RevealTx(st, clean[st]));
-      txs.push_back(SecretTx(st));
-    }
-    StepOk(txs);
+    EveryStageVerifiedClean();
     for (int i = 0; i < 20 && Task().status != TaskStatus::kFinished; ++i) Step();
     ASSERT_EQ(Task().status, TaskStatus::kFinished);
     for (uint32_t st = 0; st < kStages; ++st) {

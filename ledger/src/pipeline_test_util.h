@@ -246,6 +246,24 @@ class PipelineVerificationTest : public FollowedChainFixture {
     ASSERT_TRUE(HasCheck(stage)) << "the round re-ran";
     ASSERT_EQ(Check(stage).stage(), want) << protocol::CheckStageName(Check(stage).stage());
   }
+  // The verifier's clean verdicts on the round's first replica (units [0, kStages)), sealed, then
+  // revealed with the stages' secrets.
+  void EveryStageVerifiedClean() {
+    std::vector<Sealed> clean;
+    std::vector<Transaction> txs;
+    for (uint32_t st = 0; st < kStages; ++st) {
+      clean.push_back(Clean(st));
+      txs.push_back(SealTx(st, clean.back()));
+    }
+    StepOk(txs);
+    StepUntil(0, protocol::CheckStage::kCheckRevealVerdicts);
+    txs.clear();
+    for (uint32_t st = 0; st < kStages; ++st) {
+      txs.push_back(RevealTx(st, clean[st]));
+      txs.push_back(SecretTx(st));
+    }
+    StepOk(txs);
+  }
   // The verifier's verdicts on units [0, units) of the round: clean, but `mismatch` on unit
   // `cheat` (revealed with `bundle`); sealed, then revealed with the stages' secrets, until
   // `cheat`'s dispute opens.

@@ -1696,6 +1696,28 @@ class TileChainTest : public testing::FollowedChainFixture {
     ASSERT_EQ(Check().stage(), CheckStage::kCheckCommitVerdicts);
   }
 
+  // For CommitAndDispute's refused_reveals: the two ways to open the dispute without the task
+  // bundle, the verifier's mismatch and a whistleblower's challenge, each refused for `why`.
+  std::function<std::vector<std::pair<Transaction, std::string>>(const Hash256& salt)>
+  WithoutTheBundle(const std::string& why) {
+    return [this, why](const Hash256& salt) {
+      return std::vector<std::pair<Transaction, std::string>>{
+          {N(verifier_, RevealVerdictTx{.task_id = task_id_,
+                                        .index = 0,
+                                        .node_id = verifier_.public_key(),
+                                        .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
+                                        .salt = salt,
+                                        .claim = claim_,
+                                        .bundle = {""}}),
+           why},
+          {N(wb_, ChallengeUnitTx{.task_id = task_id_,
+                                  .index = 0,
+                                  .node_id = wb_.public_key(),
+                                  .claim = claim_}),
+           why}};
+    };
+  }
+
   // The solver commits `solver`'s states; the drawn verifier claims segment 0 ends at
   // `verifier`'s state (revealed with `bundle`); the dispute opens.
   void CommitAndDispute(
@@ -2256,21 +2278,7 @@ TEST_F(TileChainTest, OnThe10mGptAMismatchWithoutTheBundleIsRefused) {
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   ASSERT_TRUE(DisputeNeedsBundle(Task().params));
   const std::string why = "bundle is empty, but unit 0 belongs to token task";
-  CommitAndDispute(solver, verifier, ChainGptBundle(), [&](const Hash256& salt) {
-    return std::vector<std::pair<Transaction, std::string>>{
-        {N(verifier_, RevealVerdictTx{.task_id = task_id_,
-                                      .index = 0,
-                                      .node_id = verifier_.public_key(),
-                                      .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
-                                      .salt = salt,
-                                      .claim = claim_,
-                                      .bundle = {""}}),
-         why},
-        {N(wb_,
-           ChallengeUnitTx{
-               .task_id = task_id_, .index = 0, .node_id = wb_.public_key(), .claim = claim_}),
-         why}};
-  });
+  CommitAndDispute(solver, verifier, ChainGptBundle(), WithoutTheBundle(why));
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   ASSERT_TRUE(Check().has_tile_phase());
   EXPECT_EQ(Check().dispute()->config().num_operators, Context().plan.ops.size());
@@ -2346,21 +2354,7 @@ TEST_F(TileChainTest, AClassificationModelOverTheStepWitnessBoundNeedsTheBundle)
   const std::string why = "bundle is empty, but unit 0 belongs to task " + task_id_.ShortHex() +
                           ", whose training state may hold 5626488 bytes (params.model_bytes and "
                           "two optimizer moments), over the 4194304 a whole step's witness holds";
-  CommitAndDispute(solver, verifier, *bundle_, [&](const Hash256& salt) {
-    return std::vector<std::pair<Transaction, std::string>>{
-        {N(verifier_, RevealVerdictTx{.task_id = task_id_,
-                                      .index = 0,
-                                      .node_id = verifier_.public_key(),
-                                      .verdict = static_cast<uint8_t>(Verdict::kVerdictMismatch),
-                                      .salt = salt,
-                                      .claim = claim_,
-                                      .bundle = {""}}),
-         why},
-        {N(wb_,
-           ChallengeUnitTx{
-               .task_id = task_id_, .index = 0, .node_id = wb_.public_key(), .claim = claim_}),
-         why}};
-  });
+  CommitAndDispute(solver, verifier, *bundle_, WithoutTheBundle(why));
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   ASSERT_TRUE(Check().has_tile_phase());
   Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(), *bundle_, "test");
