@@ -322,14 +322,18 @@ class NodeAgent {
   // Commits a finished stage unit and, when `replay_need` (the memory an urgent check's replay
   // will hold this tick: StageReplayNeed) leaves room for it, starts the next.
   void RunStages(const NodeWork& work, uint64_t replay_need);
-  // The memory a verification job's replay holds when it replays a pipeline stage (a verdict or a
-  // whistleblower's re-check: the stage's stage_memory_bytes, as the scheduler placed it); 0 for
-  // any other job. Dispute moves and witnesses are not counted: their turns cannot wait.
+  // The memory a verification job holds when it replays or traces a pipeline stage (a verdict, a
+  // whistleblower's re-check, or a dispute's trace of the disputed step: the stage's
+  // stage_memory_bytes, as the scheduler placed it); 0 for any other job (dispute posts and
+  // witnesses hold no stage).
   uint64_t StageReplayNeed(const VerifyJob& job);
   // A stage replay that does not fit in the node's memory beside the stage unit training on the
   // Stager's thread waits for the unit to end (logged once per check): so a node that trains a
-  // stage and verifies another never holds more than it offers (docs/node.md, "Stage units").
-  bool WaitsForStageUnit(const VerifyJob& job);
+  // stage and verifies another never holds more than it offers (docs/node.md, "Stage units"). A
+  // dispute's trace answers a turn with a deadline: it waits through the first half of the blocks
+  // its turn had left when this node first saw it wait (`height` now), then runs beside the unit,
+  // over the offer, rather than lose the turn.
+  bool WaitsForStageUnit(const VerifyJob& job, uint64_t height);
   // Whether a stage replay holding `replay_need` bytes may run beside a stage unit holding
   // `unit_need`: never on a node with memory_limit_bytes, else when both fit in its memory.
   bool FitsBeside(uint64_t unit_need, uint64_t replay_need) const;
@@ -388,6 +392,8 @@ class NodeAgent {
   // The need of the stage unit the Stager runs (Solver::NeedBytes), while it runs.
   uint64_t stage_unit_need_ = 0;
   std::set<std::string> replay_wait_logged_;  // VerifyJobKey of the checks logged as waiting
+  // VerifyJobKey of a dispute trace that waits for the stage unit -> the height it first waited.
+  std::map<std::string, uint64_t> trace_wait_from_;
 };
 
 }  // namespace meshlearn::node
