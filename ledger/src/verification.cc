@@ -1010,45 +1010,43 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
                          std::to_string(tx.index) +
                          " is not a continuity claim; send the stage step's witness");
   }
+  StageStepCheck c;
   if (continuity) {
     Result<StageContinuityWitness> w = DecodeStageContinuityWitness(tx.witness.bytes);
     if (!w.ok()) return w.status().WithPrefix("referee stage step");
-    ML_ASSIGN_OR_RETURN(StageStepCheck c,
+    ML_ASSIGN_OR_RETURN(c,
                         RuleStageContinuity(*t, *r.unit, task.step - 1, task.defender_output, *w));
-    ML_LOG_INFO("ledger: task {} unit {}: stage continuity ruled from a {}-byte witness: {}",
-                tx.task_id.ShortHex(), tx.index, tx.witness.bytes.size(), c.message);
-    ML_RETURN_IF_ERROR(game->Rule(c.leaf));
-    SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
-    RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
-    return Status::Ok();
+  } else {
+    const uint32_t stage = StageSlotOf(t->params, tx.index).stage;
+    if (!LedgerRulesStageStep(t->params, stage) &&
+        task.roots != protocol::RefereeRoots::kRootsNone) {
+      return FailedPrecondition(
+          "referee stage step: the dispute on unit " + std::to_string(tx.index) + " (stage " +
+          std::to_string(stage) +
+          ") is over the stage witness bound, and the dispute plays the tile phase; send "
+          "RefereeTile with a witness of the stage's commit and roots "
+          "(ledger::BuildStageRootsWitness)");
+    }
+    if (!LedgerRulesStageStep(t->params, stage)) {
+      return FailedPrecondition(
+          "referee stage step: the dispute on unit " + std::to_string(tx.index) + " (stage " +
+          std::to_string(stage) +
+          ") is ruled by the genesis referee (RuleDispute): the stage needs " +
+          std::to_string(t->params.stage_memory_bytes[stage]) +
+          " bytes, over the witness bound of " + std::to_string(kMaxStageWitnessMemory) +
+          " (a pipeline task is in exact mode, so it has a data root: ValidateTaskTerms)");
+    }
+    Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
+    if (!w.ok()) return w.status().WithPrefix("referee stage step");
+    // Segment t of a stage unit's check is step t: the referee's (1-based) step t + 1.
+    Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
+    if (!chain.ok()) return chain.status().WithPrefix("referee stage step");
+    ML_ASSIGN_OR_RETURN(c, RuleStageStepWitness(*t, *r.unit, task.step - 1, task.defender_output,
+                                                *chain, *w));
   }
-  const uint32_t stage = StageSlotOf(t->params, tx.index).stage;
-  if (!LedgerRulesStageStep(t->params, stage) && task.roots != protocol::RefereeRoots::kRootsNone) {
-    return FailedPrecondition(
-        "referee stage step: the dispute on unit " + std::to_string(tx.index) + " (stage " +
-        std::to_string(stage) +
-        ") is over the stage witness bound, and the dispute plays the tile phase; send "
-        "RefereeTile with a witness of the stage's commit and roots "
-        "(ledger::BuildStageRootsWitness)");
-  }
-  if (!LedgerRulesStageStep(t->params, stage)) {
-    return FailedPrecondition(
-        "referee stage step: the dispute on unit " + std::to_string(tx.index) + " (stage " +
-        std::to_string(stage) +
-        ") is ruled by the genesis referee (RuleDispute): the stage needs " +
-        std::to_string(t->params.stage_memory_bytes[stage]) + " bytes, over the witness bound of " +
-        std::to_string(kMaxStageWitnessMemory) +
-        " (a pipeline task is in exact mode, so it has a data root: ValidateTaskTerms)");
-  }
-  Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
-  if (!w.ok()) return w.status().WithPrefix("referee stage step");
-  // Segment t of a stage unit's check is step t: the referee's (1-based) step t + 1.
-  Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
-  if (!chain.ok()) return chain.status().WithPrefix("referee stage step");
-  ML_ASSIGN_OR_RETURN(StageStepCheck c, RuleStageStepWitness(*t, *r.unit, task.step - 1,
-                                                             task.defender_output, *chain, *w));
-  ML_LOG_INFO("ledger: task {} unit {}: stage step ruled from a {}-byte witness: {}",
-              tx.task_id.ShortHex(), tx.index, tx.witness.bytes.size(), c.message);
+  ML_LOG_INFO("ledger: task {} unit {}: stage {} ruled from a {}-byte witness: {}",
+              tx.task_id.ShortHex(), tx.index, continuity ? "continuity" : "step",
+              tx.witness.bytes.size(), c.message);
   ML_RETURN_IF_ERROR(game->Rule(c.leaf));
   SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
   RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
