@@ -488,10 +488,7 @@ Result<StageStepCheck> RuleStageContinuity(const TaskRecord& t, const WorkUnit& 
                                            const Hash256& committed_leaf,
                                            const StageContinuityWitness& w, std::string_view what) {
   const StageSlot slot = StageSlotOf(t.params, unit.index);
-  const std::string where = std::string(what) + " (task " + t.id.ShortHex() + ", unit " +
-                            std::to_string(unit.index) + ": replica " +
-                            std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) +
-                            ", step " + std::to_string(step) + ": continuity)";
+  const std::string where = StageStepWhere(what, t, unit, step, "continuity");
   if (step + 1 >= unit.leaves.size() || unit.leaves[step + 1] != committed_leaf) {
     return InvalidArgument(where + ": the stage did not commit leaf " + committed_leaf.ShortHex() +
                            " for the step");

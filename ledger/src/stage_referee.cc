@@ -330,15 +330,20 @@ Result<std::vector<protocol::NodeId>> ReplicaRunChain(std::span<const StagePlace
   return chain;
 }
 
+std::string StageStepWhere(std::string_view what, const TaskRecord& t, const WorkUnit& unit,
+                           uint64_t step, std::string_view claim) {
+  const StageSlot slot = StageSlotOf(t.params, unit.index);
+  return std::string(what) + " (task " + t.id.ShortHex() + ", unit " + std::to_string(unit.index) +
+         ": replica " + std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) +
+         ", step " + std::to_string(step) + (claim.empty() ? "" : ": " + std::string(claim)) + ")";
+}
+
 Result<StageStepCheck> RuleStageStepWitness(const TaskRecord& t, const WorkUnit& unit,
                                             uint64_t step, const Hash256& committed_leaf,
                                             const std::vector<protocol::NodeId>& chain,
                                             const StageStepWitness& w, std::string_view what) {
   const StageSlot slot = StageSlotOf(t.params, unit.index);
-  const std::string where = std::string(what) + " (task " + t.id.ShortHex() + ", unit " +
-                            std::to_string(unit.index) + ": replica " +
-                            std::to_string(slot.replica) + ", stage " + std::to_string(slot.stage) +
-                            ", step " + std::to_string(step) + ")";
+  const std::string where = StageStepWhere(what, t, unit, step);
   ML_ASSIGN_OR_RETURN(TaskBundleSpec b, ParseTaskBundle(t, w.bundle, where));
   // The commit: the one the stage committed for this step.
   Result<protocol::StageStepCommit> commit = protocol::DecodeStageStepCommit(w.commit);

@@ -152,6 +152,11 @@ struct StagePlacement {
 Result<std::vector<protocol::NodeId>> ReplicaRunChain(std::span<const StagePlacement> placed,
                                                       uint32_t stage, const Hash256& beacon);
 
+// How a stage ruling's messages name what it judges: "`what` (task T, unit U: replica R, stage S,
+// step N)", or "...step N: `claim`)" for a named kind of claim.
+std::string StageStepWhere(std::string_view what, const TaskRecord& task_record,
+                           const WorkUnit& unit, uint64_t step, std::string_view claim = {});
+
 // The ledger's ruling of the dispute on stage unit `unit` of `task_record`, from `witness`
 // (RefereeStageStepTx): the leaf to rule with (DisputeGame::Rule). `committed_leaf`: the stage's
 // committed leaf of step `step` (the dispute's defender output); `chain`: the replica's nodes.
