@@ -1046,11 +1046,7 @@ TEST_F(PipelineVerificationTest, ACommitStageWithoutItsStepLeavesOrSecretIsRefus
       {Q(alice_, other_root), "commit stage: leaves must be the stage's 4 step leaves"},
       {Q(alice_, bad_secret), "commit stage: secret_index must be 1"},
   };
-  for (const auto& [tx, why] : refusals) {
-    std::vector<Receipt> r = Step({tx});
-    EXPECT_FALSE(r[0].ok) << why;
-    EXPECT_NE(r[0].reason.find(why), std::string::npos) << r[0].reason;
-  }
+  ExpectEachRefused(refusals);
   EXPECT_EQ(Unit(0).status, WorkUnitStatus::kAssigned);
   StepOk({Q(alice_, Commit(0, leaves))});
   // A mismatch on a stage unit carries the task's own bundle (over the stage witness bound it must:
@@ -1264,11 +1260,7 @@ TEST_F(PipelineRulingTest, TheLedgerReplaysALazyStagesStepAndRefusesEveryBadWitn
          RefereeStepTx{.task_id = task_id_, .index = kCheat, .witness = {EncodeStepWitness({})}}),
        "send RefereeStageStep with the stage step's witness"},
   };
-  for (const auto& [tx, why] : refusals) {
-    std::vector<Receipt> r = Step({tx});
-    EXPECT_FALSE(r[0].ok) << why;
-    EXPECT_NE(r[0].reason.find(why), std::string::npos) << r[0].reason;
-  }
+  ExpectEachRefused(refusals);
   ASSERT_TRUE(HasCheck(kCheat));
   ASSERT_EQ(Check(kCheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
   // Anyone posts the good witness (here bob, no party of the dispute): the ledger replays the
@@ -1708,11 +1700,7 @@ TEST_F(PipelineRulingTest, AStageThatMovesItsStateBetweenStepsLosesToItsTwoCommi
       {Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = claim}),
        "send RefereeStageStep"},
   };
-  for (const auto& [tx, why] : refusals) {
-    std::vector<Receipt> r = Step({tx});
-    EXPECT_FALSE(r[0].ok) << why;
-    EXPECT_NE(r[0].reason.find(why), std::string::npos) << r[0].reason;
-  }
+  ExpectEachRefused(refusals);
   ASSERT_TRUE(HasCheck(kCheat));
   ASSERT_EQ(Check(kCheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
   const PublicKey cheater = Unit(kCheat).assignee;

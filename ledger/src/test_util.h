@@ -169,6 +169,16 @@ class FollowedChainFixture : public ChainFixture {
     return b.receipts;
   }
 
+  // Sends each of `refusals` in a block of its own and expects it refused, its reason containing
+  // the paired text: the bad inputs a test lists, each turned away alone.
+  void ExpectEachRefused(const std::vector<std::pair<Transaction, std::string>>& refusals) {
+    for (const auto& [tx, why] : refusals) {
+      std::vector<Receipt> r = Step({tx});
+      EXPECT_FALSE(r[0].ok) << why;
+      EXPECT_NE(r[0].reason.find(why), std::string::npos) << r[0].reason;
+    }
+  }
+
   std::map<PublicKey, uint64_t> queued_;
   TempDir follower_dir_;
   std::unique_ptr<Chain> follower_;
