@@ -80,9 +80,14 @@ constexpr int64_t kTileLinearBlock = 256;
 // runs of W of each sample's columns: its rows n = (sample, run) of the (B, F) tensors it reads
 // and writes, in row-major order. A forward or input-gradient tile reads the whole runs its
 // columns fall in (at most 32 x (32 + 2 W - 2) floats an operand): up to W =
-// kTileImageNormWidthMax it is recomputed whole, wider the layer is opaque. Its weight and bias
-// gradients chain over the rows n from 0, in blocks of max(1, kTileImageNormBlock / W) rows (a
-// block's runs are contiguous in the tensor: at most 16 of its tiles an operand, 64 KiB).
+// kTileImageNormWidthMax it is recomputed whole; wider, the runs' reductions are narrowed over
+// blocks of kTileLinearBlock of each run's columns as a wide layernorm's rows are
+// (TileRuleLayerNormBlocks: a tile's columns fall in one or two runs, whose statistics its
+// partial carries). Its weight and bias gradients chain over the rows n from 0, in blocks of
+// max(1, kTileImageNormBlock / W) rows (a block's runs are contiguous in the tensor: at most 16
+// of its tiles an operand, 64 KiB); wider than kTileImageNormWidthMax a block is one run, the
+// weight gradient's narrowed as a wide layernorm's row block is (TileRuleLayerNormWeightBlocks)
+// and the bias gradient's reading the tile's columns of the run.
 constexpr int64_t kTileImageNormWidthMax = 256;
 constexpr int64_t kTileImageNormBlock = 256;
 // W, or 0 for any other operator (a layernorm over the tensor's rows among them).
@@ -96,6 +101,34 @@ int64_t TileRuleImageNormWidth(const TileOp& o) {
 // The columns [f0, f1) of the whole runs of W that columns [c0, c1) fall in.
 std::pair<int64_t, int64_t> TileRuleImageNormRuns(int64_t W, int64_t c0, int64_t c1) {
   return {c0 / W * W, (c1 + W - 1) / W * W};
+}
+// The width a layernorm normalises: an image's W, or the tensor's columns.
+int64_t TileRuleNormWidth(const TilePlan& plan, const TileOp& o) {
+  const int64_t W = TileRuleImageNormWidth(o);
+  return W > 0 ? W : TileRuleCols(plan, o.x);
+}
+// The widest a layernorm's rows are recomputed whole at (kTileImageNormWidthMax over an image:
+// its tiles read two runs, and 32 rows of them).
+int64_t TileRuleNormWholeMax(const TileOp& o) {
+  return TileRuleImageNormWidth(o) > 0 ? kTileImageNormWidthMax : kTileLinearWholeMax;
+}
+// The rows a layernorm forward or input-gradient tile normalises: runs [j0, j0 + nj) of width C
+// of each of the tile's R tensor rows (a layernorm over the tensor's rows: the one run j0 = 0 of
+// C = its columns; over an image: the one or two runs of W the tile's columns fall in). A
+// narrowed tile's statistic s = jj R + r is that of run j0 + jj of its row r.
+struct TileRuleNormRuns {
+  int64_t C = 0, j0 = 0, nj = 1;
+  // The run-relative columns [w0, w1) of run j0 + jj that tensor columns [c0, c1) cover.
+  std::pair<int64_t, int64_t> Cols(int64_t jj, int64_t c0, int64_t c1) const {
+    const int64_t f = (j0 + jj) * C;
+    return {std::max(c0, f) - f, std::min(c1, f + C) - f};
+  }
+};
+TileRuleNormRuns TileRuleNormRunsOf(const TilePlan& plan, const TileOp& o,
+                                    const TileGrid::Rect& t) {
+  const int64_t W = TileRuleImageNormWidth(o);
+  if (W == 0) return {TileRuleCols(plan, o.x), 0, 1};
+  return {W, t.c0 / W, (t.c1 - 1) / W - t.c0 / W + 1};
 }
 // An image layernorm gradient's chain: its rows (runs) and the rows of each of its blocks.
 struct TileRuleImageNormChain {
@@ -116,33 +149,34 @@ std::pair<int64_t, int64_t> TileRuleNormBlockRows(const TilePlan& plan, const Ti
   return {block * ch.per, std::min(ch.rows, (block + 1) * ch.per)};
 }
 // A layernorm tile (forward, or input gradient) reads its rows' whole width C for their row
-// reductions: up to C = kTileLinearWholeMax it is recomputed whole; above, the reductions are
-// narrowed over nb blocks of kTileLinearBlock columns in kernels_ref.cc's order: blocks 0..nb-1
-// the rows' running sum (the mean's), nb..2nb-1 their running sum of squared deviations (the
-// partial: the R means, then the R sums); the input gradient then nb..3nb-1 its two sums dmean
-// and dnmean (the partial: R means, R rstds, R dmeans, R dnmeans); the last block the tile's own
-// columns. The number of column blocks nb, or 0 when whole.
+// reductions: up to C = TileRuleNormWholeMax it is recomputed whole; above, the reductions are
+// narrowed over nb blocks of kTileLinearBlock columns (of each of its runs: TileRuleNormRuns) in
+// kernels_ref.cc's order: blocks 0..nb-1 the rows' running sum (the mean's), nb..2nb-1 their
+// running sum of squared deviations (the partial: the RN = R nj means, then the RN sums); the
+// input gradient then nb..3nb-1 its two sums dmean and dnmean (the partial: RN means, RN rstds,
+// RN dmeans, RN dnmeans); the last block the tile's own columns. The number of column blocks nb,
+// or 0 when whole.
 int64_t TileRuleLayerNormBlocks(const TilePlan& plan, const TileOp& o) {
   if (o.kind != TileOpKind::kTileOpLayerNorm && o.kind != TileOpKind::kTileOpLayerNormInputGrad) {
     return 0;
   }
-  if (TileRuleImageNormWidth(o) > 0) return 0;
-  const int64_t C = TileRuleCols(plan, o.x);
-  return C > kTileLinearWholeMax ? (C + kTileLinearBlock - 1) / kTileLinearBlock : 0;
+  const int64_t C = TileRuleNormWidth(plan, o);
+  return C > TileRuleNormWholeMax(o) ? (C + kTileLinearBlock - 1) / kTileLinearBlock : 0;
 }
-// A layernorm dweight tile's block of 32 rows reads those rows' whole input (their mean and
-// rstd): above C = kTileLinearWholeMax each row block is narrowed into `per` sub-blocks, 2 nb of
-// the rows' mean and variance sums (as the forward's; the partial: the tile's accumulators, then
-// the rows' sums, or means and sums of squares), then nq chunks of kTileLinearBlock of the tile's
-// columns continuing their fma chains over the block's rows. nb = 0 when whole.
+// A layernorm dweight tile's row block (32 rows; over an image, its block of runs) reads those
+// rows' whole input (their mean and rstd): above C = TileRuleNormWholeMax each row block is
+// narrowed into `per` sub-blocks, 2 nb of the rows' mean and variance sums (as the forward's;
+// the partial: the tile's accumulators, then the rows' sums, or means and sums of squares), then
+// nq chunks of kTileLinearBlock of the tile's columns continuing their fma chains over the
+// block's rows. nb = 0 when whole.
 struct TileRuleLnWeight {
   int64_t nb = 0, nq = 0;
   int64_t per() const { return 2 * nb + nq; }
 };
 TileRuleLnWeight TileRuleLayerNormWeightBlocks(const TilePlan& plan, const TileOp& o) {
-  if (o.kind != TileOpKind::kTileOpLayerNormWeightGrad || TileRuleImageNormWidth(o) > 0) return {};
-  const int64_t C = TileRuleCols(plan, o.w);
-  if (C <= kTileLinearWholeMax) return {};
+  if (o.kind != TileOpKind::kTileOpLayerNormWeightGrad) return {};
+  const int64_t C = TileRuleNormWidth(plan, o);
+  if (C <= TileRuleNormWholeMax(o)) return {};
   return {(C + kTileLinearBlock - 1) / kTileLinearBlock,
           (std::min(C, o.grid.tile_cols) + kTileLinearBlock - 1) / kTileLinearBlock};
 }
@@ -214,13 +248,13 @@ int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, const TileGri
   }
   if (const int64_t nb = TileRuleLayerNormBlocks(plan, o); nb > 0) {
     // The rows' sums, then means and sums of squares, then means, rstds, dmeans and dnmeans.
-    const int64_t R = t.r1 - t.r0;
+    const int64_t R = (t.r1 - t.r0) * TileRuleNormRunsOf(plan, o, t).nj;
     return block <= nb ? R : block <= 2 * nb ? 2 * R : 4 * R;
   }
   if (const TileRuleLnWeight lw = TileRuleLayerNormWeightBlocks(plan, o); lw.nb > 0) {
     // The accumulators, then the row block's sums (or means and sums of squares).
     const int64_t sub = block % lw.per();
-    const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / lw.per());
+    const auto [b0, b1] = TileRuleNormBlockRows(plan, o, block / lw.per());
     return t.numel() + (sub == 0 ? 0 : sub <= lw.nb ? 1 : 2) * (b1 - b0);
   }
   if (o.kind == TileOpKind::kTileOpAttention) {  // the rows' maxima, then maxima and sums
@@ -360,6 +394,38 @@ void ForEachSequenceSpan(int64_t r0, int64_t r1, int64_t T, F&& fn) {
 template <typename F>
 void ForEachImageNormSpan(int64_t n0, int64_t n1, int64_t W, int64_t cols, F&& fn) {
   ForEachSequenceSpan(n0 * W, n1 * W, cols, fn);
+}
+
+// TileRuleCover, naming each tile (each example) once: a narrowed image layernorm's runs can
+// share a tile, and every run of a row reads the same example. (A footprint's covers of the
+// batch name rows in increasing order, so the examples stay in order.)
+void TileRuleCoverOnce(const TilePlan& plan, int64_t op, int64_t r0, int64_t r1, int64_t c0,
+                       int64_t c1, TileFootprint& fp) {
+  TileFootprint part;
+  TileRuleCover(plan, op, r0, r1, c0, c1, part);
+  for (const TileRef& r : part.tiles) {
+    if (std::find(fp.tiles.begin(), fp.tiles.end(), r) == fp.tiles.end()) fp.tiles.push_back(r);
+  }
+  for (int64_t r : part.batch_rows) {
+    if (std::find(fp.batch_rows.begin(), fp.batch_rows.end(), r) == fp.batch_rows.end()) {
+      fp.batch_rows.push_back(r);
+    }
+  }
+}
+
+// A layernorm's rows [n0, n1) (the tensor's rows, or an image's runs n = (sample, run) of W):
+// fn(row, f) for each, its tensor row and the tensor column its run starts at. The footprint and
+// the recompute of a narrowed weight or bias gradient block walk them the same way.
+template <typename F>
+void ForEachNormRow(const TilePlan& plan, const TileOp& o, int64_t n0, int64_t n1, F&& fn) {
+  const int64_t W = TileRuleImageNormWidth(o), cols = TileRuleCols(plan, o.x);
+  for (int64_t n = n0; n < n1; ++n) {
+    if (W == 0) {
+      fn(n, int64_t{0});
+    } else {
+      fn(n * W / cols, n * W % cols);
+    }
+  }
 }
 
 // The columns [c0, c1) of a qkv-shaped (3C wide) tensor cut by part (0 q, 1 k, 2 v) and head:
@@ -940,20 +1006,18 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
     add_updates();
     return plan;
   }
-  // Forward (model.cc's sequential Forward). Layers without a footprint yet are opaque, with
-  // their output shapes (per sample) computed as Model::Create does. A stage plans its layers
-  // [begin, end) under the whole model's layer indices (its operators' names and dropout streams
-  // are the model's, model.cc's ForwardPart), walking the layers before it for their shapes: a
-  // later stage's first layer reads the activations stage s-1 sent, and an earlier stage's
-  // backward starts from the gradient stage s+1 sent (Stage records both so).
+  // Forward (model.cc's sequential Forward), with the layers' output shapes (per sample) computed
+  // as Model::Create does; every layer kind the engine builds has a footprint. A stage plans its
+  // layers [begin, end) under the whole model's layer indices (its operators' names and dropout
+  // streams are the model's, model.cc's ForwardPart), walking the layers before it for their
+  // shapes: a later stage's first layer reads the activations stage s-1 sent, and an earlier
+  // stage's backward starts from the gradient stage s+1 sent (Stage records both so).
   const size_t begin = staged ? static_cast<size_t>(stage->begin) : 0;
   const size_t end = staged ? static_cast<size_t>(stage->end) : model.layers.size();
   struct Linear {
     int64_t in_op, dout_op = -1, C, OC;
     bool bias;
   };
-  constexpr char kWideImageNorm[] =
-      "a layernorm over an image's rows wider than 256 has no footprint yet (not narrowed)";
   for (int64_t mb = 0; mb < M; ++mb) {
     begin_micro_batch(mb);
     std::vector<int64_t> in_op(model.layers.size());  // the activation each layer reads
@@ -999,11 +1063,10 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         CHECK(!held || op.w >= 0) << name;
         cur = {l.out, (cur[1] + 2 * l.pad - l.kernel) / s + 1,
                (cur[2] + 2 * l.pad - l.kernel) / s + 1};
-      } else if (l.kind == "layernorm" &&
-                 (cur.size() == 1 || cur.back() <= kTileImageNormWidthMax)) {
+      } else if (l.kind == "layernorm") {
         // Over the features of each sample (the GPT's layernorm on its rows), or over the last
         // dimension W of an image (its rows (c, h): runs of W of each sample's columns, conv =
-        // {W}); wider runs are not narrowed, so such a layer stays opaque.
+        // {W}; wider than kTileImageNormWidthMax narrowed over blocks of each run).
         op.kind = TileOpKind::kTileOpLayerNorm;
         op.w = state_op(name + ".weight");
         op.b = state_op(name + ".bias");
@@ -1022,11 +1085,10 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         op.kind = TileOpKind::kTileOpMaxPool;
         op.conv = {cur[0], cur[1], cur[2], cur[0], l.kernel, l.kernel, s, 0};
         cur = {cur[0], (cur[1] - l.kernel) / s + 1, (cur[2] - l.kernel) / s + 1};
-      } else if (l.kind != "layernorm") {
+      } else {
         return FailedPrecondition("tile rule: model.layers[" + std::to_string(i) + "] is a '" +
                                   l.kind + "' layer the tile plan does not know");
       }
-      if (op.kind == TileOpKind::kTileOpOpaque) op.opaque = kWideImageNorm;
       const int64_t out = NumElements(cur);
       op.grid = TileGrid::For(rows, out);
       op.shape = {rows, out};
@@ -1090,8 +1152,9 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         op.kind = TileOpKind::kTileOpDropoutInputGrad;
         op.conv = {static_cast<int64_t>(ii), mb};
         op.dropout_p = static_cast<float>(l.p);
-      } else {
-        op.opaque = kWideImageNorm;
+      } else {  // every layer the forward planned has an input gradient above
+        return FailedPrecondition("tile rule: model.layers[" + std::to_string(ii) + "] is a '" +
+                                  l.kind + "' layer without an input gradient in the tile plan");
       }
       dout = add(std::move(op));
     }
@@ -1119,11 +1182,12 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         g.x = n->second;
         g.w = weight ? in_op[layer] : -1;
         if (norm_width.at(layer) > 0) g.conv = {norm_width.at(layer)};
-      } else {
-        g.opaque = kWideImageNorm;
+      } else {  // only linear, conv2d and layernorm layers have parameters
+        return FailedPrecondition("tile rule: " + p.name + " is a parameter of no layer the tile " +
+                                  "plan knows");
       }
       // Micro-batch m > 0 adds into micro-batch m-1's accumulated gradient.
-      if (mb > 0 && g.kind != TileOpKind::kTileOpOpaque) g.v = index.at(p.name + ".grad");
+      g.v = mb > 0 ? index.at(p.name + ".grad") : -1;
       add(std::move(g));
     }
   }
@@ -1228,11 +1292,13 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     return (o.kind == TileOpKind::kTileOpLayerNorm ? 2 : 3) * nb + 1;
   }
   if (!TileRuleIsReduction(o.kind)) return 0;
+  const int64_t row_blocks = TileRuleImageNormWidth(o) > 0
+                                 ? TileRuleImageNormChainOf(plan, o).blocks()
+                                 : TileRuleRowBlocks(TileRuleRows(plan));
   if (const TileRuleLnWeight lw = TileRuleLayerNormWeightBlocks(plan, o); lw.nb > 0) {
-    return lw.per() * TileRuleRowBlocks(TileRuleRows(plan));
+    return lw.per() * row_blocks;
   }
-  if (TileRuleImageNormWidth(o) > 0) return TileRuleImageNormChainOf(plan, o).blocks();
-  return TileRuleRowBlocks(TileRuleRows(plan));
+  return row_blocks;
 }
 
 int64_t ReductionPartialFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block) {
@@ -1420,24 +1486,34 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // A row's mean and variance read the whole row; column c applies weight[c] and bias[c].
       // Narrowed: a sum block reads its columns of the rows; the last block the tile's. Over an
       // image: the whole runs of the tile's columns, and the whole weight and bias (W).
-      if (const int64_t W = TileRuleImageNormWidth(o); W > 0) {
+      // Narrowed over an image: a sum block its columns of each of the tile's runs; the last
+      // block the weight and bias columns of each run's part of the tile.
+      const int64_t nb = TileRuleLayerNormBlocks(plan, o);
+      if (const int64_t W = TileRuleImageNormWidth(o); W > 0 && nb == 0) {
         const auto [f0, f1] = TileRuleImageNormRuns(W, t.c0, t.c1);
         TileRuleCover(plan, o.x, t.r0, t.r1, f0, f1, fp);
         TileRuleCover(plan, o.w, 0, 1, 0, W, fp);
         TileRuleCover(plan, o.b, 0, 1, 0, W, fp);
         break;
       }
-      const int64_t nb = TileRuleLayerNormBlocks(plan, o);
+      const TileRuleNormRuns ru = TileRuleNormRunsOf(plan, o, t);
       if (nb > 0 && block < 2 * nb) {
-        const int64_t k0 = (block % nb) * kTileLinearBlock;
-        TileRuleCover(plan, o.x, t.r0, t.r1, k0,
-                      std::min(TileRuleCols(plan, o.x), k0 + kTileLinearBlock), fp);
+        const int64_t k0 = (block % nb) * kTileLinearBlock,
+                      k1 = std::min(ru.C, k0 + kTileLinearBlock);
+        for (int64_t jj = 0; jj < ru.nj; ++jj) {
+          const int64_t f = (ru.j0 + jj) * ru.C;
+          TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + k0, f + k1, fp);
+        }
         break;
       }
       TileRuleCover(plan, o.x, t.r0, t.r1, nb > 0 ? t.c0 : 0,
                     nb > 0 ? t.c1 : TileRuleCols(plan, o.x), fp);
-      TileRuleCover(plan, o.w, 0, 1, t.c0, t.c1, fp);
-      TileRuleCover(plan, o.b, 0, 1, t.c0, t.c1, fp);
+      for (int64_t operand : {o.w, o.b}) {
+        for (int64_t jj = 0; jj < ru.nj; ++jj) {
+          const auto [w0, w1] = ru.Cols(jj, t.c0, t.c1);
+          TileRuleCoverOnce(plan, operand, 0, 1, w0, w1, fp);
+        }
+      }
       break;
     }
     case TileOpKind::kTileOpMaxPool: {
@@ -1564,26 +1640,35 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // over c) and the whole weight; the gradient it adds into, the tile's elements.
       // Narrowed: a mean or variance block its columns of the input rows; a dmean / dnmean
       // block its columns of dout, the input and the weight; the last block the tile's.
+      // Over an image, as the forward's: each of the tile's runs (whole, or a block of each).
       const int64_t C = TileRuleCols(plan, o.x);
       const int64_t nb = TileRuleLayerNormBlocks(plan, o);
-      if (const int64_t W = TileRuleImageNormWidth(o); W > 0) {  // the runs, as the forward's
+      if (const int64_t W = TileRuleImageNormWidth(o); W > 0 && nb == 0) {
         const auto [f0, f1] = TileRuleImageNormRuns(W, t.c0, t.c1);
         TileRuleCover(plan, o.x, t.r0, t.r1, f0, f1, fp);
         TileRuleCover(plan, o.w, t.r0, t.r1, f0, f1, fp);
         TileRuleCover(plan, o.b, 0, 1, 0, W, fp);
         break;
       }
+      const TileRuleNormRuns ru = TileRuleNormRunsOf(plan, o, t);
       if (nb > 0 && block < 3 * nb) {
-        const int64_t k0 = (block % nb) * kTileLinearBlock, k1 = std::min(C, k0 + kTileLinearBlock);
-        if (block >= 2 * nb) TileRuleCover(plan, o.x, t.r0, t.r1, k0, k1, fp);
-        TileRuleCover(plan, o.w, t.r0, t.r1, k0, k1, fp);
+        const int64_t k0 = (block % nb) * kTileLinearBlock,
+                      k1 = std::min(ru.C, k0 + kTileLinearBlock);
+        for (int64_t jj = 0; jj < ru.nj; ++jj) {
+          const int64_t f = (ru.j0 + jj) * ru.C;
+          if (block >= 2 * nb) TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + k0, f + k1, fp);
+          TileRuleCoverOnce(plan, o.w, t.r0, t.r1, f + k0, f + k1, fp);
+        }
         if (block >= 2 * nb) TileRuleCover(plan, o.b, 0, 1, k0, k1, fp);
         break;
       }
       const int64_t c0 = nb > 0 ? t.c0 : 0, c1 = nb > 0 ? t.c1 : C;
       TileRuleCover(plan, o.x, t.r0, t.r1, c0, c1, fp);
       TileRuleCover(plan, o.w, t.r0, t.r1, c0, c1, fp);
-      TileRuleCover(plan, o.b, 0, 1, c0, c1, fp);
+      for (int64_t jj = 0; jj < ru.nj; ++jj) {
+        const auto [w0, w1] = ru.Cols(jj, c0, c1);
+        TileRuleCoverOnce(plan, o.b, 0, 1, w0, w1, fp);
+      }
       if (o.v >= 0) TileRuleCover(plan, o.v, t.r0, t.r1, t.c0, t.c1, fp);
       break;
     }
@@ -1592,24 +1677,37 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // Block `block`'s rows of dout's columns c; dweight also the block's whole input rows
       // (each row's mean and variance). Narrowed dweight: a sum sub-block its columns of the
       // block's input rows; a chunk its 256 of the tile's columns of dout and the input.
+      // Over an image wider than kTileImageNormWidthMax, a block is one run: narrowed dweight
+      // its sum sub-blocks and chunks of that run's columns, dbias the tile's columns of it.
+      // Run-relative columns [k0, k1) of the layernorm's rows [n0, n1) of `operand`.
+      auto cover_rows = [&](int64_t operand, int64_t n0, int64_t n1, int64_t k0, int64_t k1) {
+        if (TileRuleImageNormWidth(o) == 0) return TileRuleCover(plan, operand, n0, n1, k0, k1, fp);
+        ForEachNormRow(plan, o, n0, n1, [&](int64_t row, int64_t f) {
+          TileRuleCoverOnce(plan, operand, row, row + 1, f + k0, f + k1, fp);
+        });
+      };
       if (const TileRuleLnWeight lw = TileRuleLayerNormWeightBlocks(plan, o); lw.nb > 0) {
-        const int64_t sub = block % lw.per(), C = TileRuleCols(plan, o.w);
-        const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / lw.per());
+        const int64_t sub = block % lw.per(), C = TileRuleNormWidth(plan, o);
+        const auto [b0, b1] = TileRuleNormBlockRows(plan, o, block / lw.per());
         if (sub < 2 * lw.nb) {
           const int64_t k0 = (sub % lw.nb) * kTileLinearBlock;
-          TileRuleCover(plan, o.w, b0, b1, k0, std::min(C, k0 + kTileLinearBlock), fp);
+          cover_rows(o.w, b0, b1, k0, std::min(C, k0 + kTileLinearBlock));
         } else {
           const int64_t c0 = t.c0 + (sub - 2 * lw.nb) * kTileLinearBlock;
           const int64_t c1 = std::min(t.c1, c0 + kTileLinearBlock);
           if (c0 < c1) {
-            TileRuleCover(plan, o.x, b0, b1, c0, c1, fp);
-            TileRuleCover(plan, o.w, b0, b1, c0, c1, fp);
+            cover_rows(o.x, b0, b1, c0, c1);
+            cover_rows(o.w, b0, b1, c0, c1);
           }
         }
         break;
       }
       const auto [b0, b1] = TileRuleNormBlockRows(plan, o, block);
       const bool dweight = o.kind == TileOpKind::kTileOpLayerNormWeightGrad;
+      if (TileRuleImageNormWidth(o) > kTileImageNormWidthMax) {  // dbias: one run
+        cover_rows(o.x, b0, b1, t.c0, t.c1);
+        break;
+      }
       if (const int64_t W = TileRuleImageNormWidth(o); W > 0) {
         // The block's runs (the tile is the whole W): of dout, then of the input. Runs of
         // consecutive samples can share a tile; each is named once.
@@ -1979,14 +2077,21 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
   std::vector<float> out(static_cast<size_t>(t.numel()), 0.0f);
   // A narrowed layernorm's row reductions (TileRuleLayerNormBlocks), blocks 0..2nb-1 of input
   // operand `xop`, in ref::LayerNormForward's order: m = m + x from 0, then m / C, then
-  // v = fma(x - m, x - m, v) from 0. Returns the partial after the block.
+  // v = fma(x - m, x - m, v) from 0, for each of the RN rows the tile normalises (its R rows'
+  // runs: TileRuleNormRuns). Returns the partial after the block.
   const int64_t ln_nb = TileRuleLayerNormBlocks(plan, o);
   auto ln_stats_block = [&](int64_t xop) {
     internal::FpEnvGuard fp_guard;
-    const int64_t C = TileRuleCols(plan, xop);
+    const TileRuleNormRuns ru = TileRuleNormRunsOf(plan, o, t);
+    const int64_t C = ru.C, R = (t.r1 - t.r0) * ru.nj;  // R: the RN rows, run by run
     const int64_t k0 = (block % ln_nb) * kTileLinearBlock, k1 = std::min(C, k0 + kTileLinearBlock);
     const int64_t W = k1 - k0;
-    const std::vector<float> x = dense(xop, t.r0, t.r1, k0, k1);
+    std::vector<float> x;
+    for (int64_t jj = 0; jj < ru.nj; ++jj) {
+      const int64_t f = (ru.j0 + jj) * C;
+      const std::vector<float> run = dense(xop, t.r0, t.r1, f + k0, f + k1);
+      x.insert(x.end(), run.begin(), run.end());
+    }
     std::vector<float> st;
     if (block < ln_nb) {
       st = block == 0 ? std::vector<float>(static_cast<size_t>(R), 0.0f) : in.partial;
@@ -2155,7 +2260,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       break;
     }
     case TileOpKind::kTileOpLayerNorm: {
-      if (const int64_t W = TileRuleImageNormWidth(o); W > 0) {
+      if (const int64_t W = TileRuleImageNormWidth(o); W > 0 && ln_nb == 0) {
         // The reference kernel over the whole runs of the tile's rows (a run's result depends on
         // that run alone, and the whole weight and bias); the tile's columns are the recorded
         // bits.
@@ -2179,17 +2284,25 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       }
       if (ln_nb > 0) {
         // The last block: the rows' mean and variance from the agreed partial, then the
-        // kernel's fma((x - m) * s, weight, bias) over the tile's columns.
+        // kernel's fma((x - m) * s, weight, bias) over the tile's columns (column c of run j
+        // reads weight and bias c - j C).
         internal::FpEnvGuard fp_guard;
-        const int64_t C = TileRuleCols(plan, o.x);
+        const TileRuleNormRuns ru = TileRuleNormRunsOf(plan, o, t);
+        const int64_t C = ru.C, RN = R * ru.nj;
         const std::vector<float> x = dense(o.x, t.r0, t.r1, t.c0, t.c1);
-        const std::vector<float> w = dense(o.w, 0, 1, t.c0, t.c1);
-        const std::vector<float> b = dense(o.b, 0, 1, t.c0, t.c1);
+        std::vector<float> w, b;  // the K columns' weights and biases
+        for (int64_t jj = 0; jj < ru.nj; ++jj) {
+          const auto [w0, w1] = ru.Cols(jj, t.c0, t.c1);
+          const std::vector<float> wj = dense(o.w, 0, 1, w0, w1), bj = dense(o.b, 0, 1, w0, w1);
+          w.insert(w.end(), wj.begin(), wj.end());
+          b.insert(b.end(), bj.begin(), bj.end());
+        }
         for (int64_t r = 0; r < R; ++r) {
-          const float m = in.partial[static_cast<size_t>(r)];
-          const float v = in.partial[static_cast<size_t>(R + r)] / static_cast<float>(C);
-          const float s = 1.0f / __builtin_sqrtf(v + internal::kLayerNormEps);
           for (int64_t c = 0; c < K; ++c) {
+            const int64_t sr = ((t.c0 + c) / C - ru.j0) * R + r;  // its row's statistic
+            const float m = in.partial[static_cast<size_t>(sr)];
+            const float v = in.partial[static_cast<size_t>(RN + sr)] / static_cast<float>(C);
+            const float s = 1.0f / __builtin_sqrtf(v + internal::kLayerNormEps);
             const size_t i = static_cast<size_t>(r * K + c);
             out[i] = __builtin_fmaf((x[i] - m) * s, w[static_cast<size_t>(c)],
                                     b[static_cast<size_t>(c)]);
@@ -2574,7 +2687,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       break;
     }
     case TileOpKind::kTileOpLayerNormInputGrad: {
-      if (const int64_t W = TileRuleImageNormWidth(o); W > 0) {
+      if (const int64_t W = TileRuleImageNormWidth(o); W > 0 && ln_nb == 0) {
         // The reference backward over the whole runs (a sequential model's: into a zeroed
         // gradient), their mean and rstd from the reference forward, as the rows' below.
         const auto [f0, f1] = TileRuleImageNormRuns(W, t.c0, t.c1);
@@ -2603,52 +2716,73 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         // dmean = dmean + dnorm and dnmean = fma(dnorm, norm, dnmean) (norm = (x - m) * rstd,
         // dnorm = weight * dout), in blocks; the last block divides both by C and adds
         // ((dnorm - dmean) - norm * dnmean) * rstd into the tile (0 + the residual gradient's).
+        // Over an image, each of the RN rows (runs) the tile normalises, as the forward's.
         internal::FpEnvGuard fp_guard;
-        const int64_t C = TileRuleCols(plan, o.x);
-        const bool last = block == 3 * ln_nb;
-        const int64_t k0 = last ? t.c0 : (block - 2 * ln_nb) * kTileLinearBlock;
-        const int64_t k1 = last ? t.c1 : std::min(C, k0 + kTileLinearBlock), W = k1 - k0;
-        const std::vector<float> d = dense(o.x, t.r0, t.r1, k0, k1);
-        const std::vector<float> x = dense(o.w, t.r0, t.r1, k0, k1);
-        const std::vector<float> w = dense(o.b, 0, 1, k0, k1);
+        const TileRuleNormRuns ru = TileRuleNormRunsOf(plan, o, t);
+        const int64_t C = ru.C, RN = R * ru.nj;
         std::vector<float> st = in.partial;
         if (block == 2 * ln_nb) {
-          st.assign(static_cast<size_t>(4 * R), 0.0f);
-          for (int64_t r = 0; r < R; ++r) {
-            const float v = in.partial[static_cast<size_t>(R + r)] / static_cast<float>(C);
+          st.assign(static_cast<size_t>(4 * RN), 0.0f);
+          for (int64_t r = 0; r < RN; ++r) {
+            const float v = in.partial[static_cast<size_t>(RN + r)] / static_cast<float>(C);
             st[static_cast<size_t>(r)] = in.partial[static_cast<size_t>(r)];
-            st[static_cast<size_t>(R + r)] = 1.0f / __builtin_sqrtf(v + internal::kLayerNormEps);
+            st[static_cast<size_t>(RN + r)] = 1.0f / __builtin_sqrtf(v + internal::kLayerNormEps);
           }
         }
-        std::vector<float> prior_g(static_cast<size_t>(R * W), 0.0f);
-        if (last && o.v >= 0) {
+        if (block < 3 * ln_nb) {  // a block of dmean and dnmean's sums, run by run
+          const int64_t k0 = (block - 2 * ln_nb) * kTileLinearBlock;
+          const int64_t k1 = std::min(C, k0 + kTileLinearBlock), W = k1 - k0;
+          const std::vector<float> w = dense(o.b, 0, 1, k0, k1);
+          for (int64_t jj = 0; jj < ru.nj; ++jj) {
+            const int64_t f = (ru.j0 + jj) * C;
+            const std::vector<float> d = dense(o.x, t.r0, t.r1, f + k0, f + k1);
+            const std::vector<float> x = dense(o.w, t.r0, t.r1, f + k0, f + k1);
+            for (int64_t r = 0; r < R; ++r) {
+              const int64_t sr = jj * R + r;
+              const float m = st[static_cast<size_t>(sr)], s = st[static_cast<size_t>(RN + sr)];
+              float dmean = st[static_cast<size_t>(2 * RN + sr)];
+              float dnmean = st[static_cast<size_t>(3 * RN + sr)];
+              for (int64_t k = 0; k < W; ++k) {
+                const size_t i = static_cast<size_t>(r * W + k);
+                const float norm = (x[i] - m) * s;
+                const float dnorm = w[static_cast<size_t>(k)] * d[i];
+                dmean = dmean + dnorm;
+                dnmean = __builtin_fmaf(dnorm, norm, dnmean);
+              }
+              st[static_cast<size_t>(2 * RN + sr)] = dmean;
+              st[static_cast<size_t>(3 * RN + sr)] = dnmean;
+            }
+          }
+          out = std::move(st);
+          break;
+        }
+        // The last block: the tile's columns (column c of run j reads weight c - j C).
+        const std::vector<float> d = dense(o.x, t.r0, t.r1, t.c0, t.c1);
+        const std::vector<float> x = dense(o.w, t.r0, t.r1, t.c0, t.c1);
+        std::vector<float> w;
+        for (int64_t jj = 0; jj < ru.nj; ++jj) {
+          const auto [w0, w1] = ru.Cols(jj, t.c0, t.c1);
+          const std::vector<float> wj = dense(o.b, 0, 1, w0, w1);
+          w.insert(w.end(), wj.begin(), wj.end());
+        }
+        std::vector<float> prior_g(static_cast<size_t>(R * K), 0.0f);
+        if (o.v >= 0) {
           const std::vector<float> g = dense(o.v, t.r0, t.r1, t.c0, t.c1);
           for (size_t i = 0; i < g.size(); ++i) prior_g[i] = 0.0f + g[i];
         }
         for (int64_t r = 0; r < R; ++r) {
-          const float m = st[static_cast<size_t>(r)], s = st[static_cast<size_t>(R + r)];
-          float dmean = st[static_cast<size_t>(2 * R + r)];
-          float dnmean = st[static_cast<size_t>(3 * R + r)];
-          if (last) {
-            dmean = dmean / static_cast<float>(C);
-            dnmean = dnmean / static_cast<float>(C);
-          }
-          for (int64_t k = 0; k < W; ++k) {
-            const size_t i = static_cast<size_t>(r * W + k);
+          for (int64_t c = 0; c < K; ++c) {
+            const int64_t sr = ((t.c0 + c) / C - ru.j0) * R + r;  // its row's statistic
+            const float m = st[static_cast<size_t>(sr)], s = st[static_cast<size_t>(RN + sr)];
+            const float dmean = st[static_cast<size_t>(2 * RN + sr)] / static_cast<float>(C);
+            const float dnmean = st[static_cast<size_t>(3 * RN + sr)] / static_cast<float>(C);
+            const size_t i = static_cast<size_t>(r * K + c);
             const float norm = (x[i] - m) * s;
-            const float dnorm = w[static_cast<size_t>(k)] * d[i];
-            if (last) {
-              const float dval = ((dnorm - dmean) - norm * dnmean) * s;
-              out[i] = prior_g[i] + dval;
-            } else {
-              dmean = dmean + dnorm;
-              dnmean = __builtin_fmaf(dnorm, norm, dnmean);
-            }
+            const float dnorm = w[static_cast<size_t>(c)] * d[i];
+            const float dval = ((dnorm - dmean) - norm * dnmean) * s;
+            out[i] = prior_g[i] + dval;
           }
-          st[static_cast<size_t>(2 * R + r)] = dmean;
-          st[static_cast<size_t>(3 * R + r)] = dnmean;
         }
-        if (!last) out = std::move(st);
         break;
       }
       // The reference backward over the tile's whole rows (each row's result depends on that
@@ -2684,18 +2818,30 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // dout, from 0, norm = (x - mean) * rstd), continued from the agreed partial; after the
       // last block the kernel's "grad += sum" on a zeroed gradient.
       internal::FpEnvGuard fp_guard;
+      // Run-relative columns [c0, c1) of the layernorm's rows [n0, n1) of `operand` (NB rows of
+      // c1 - c0): of the tensor, or an image's runs (TileRuleNormBlockRows).
+      const int64_t image_w = TileRuleImageNormWidth(o);
+      auto norm_rows = [&](int64_t operand, int64_t n0, int64_t n1, int64_t c0, int64_t c1) {
+        if (image_w == 0) return dense(operand, n0, n1, c0, c1);
+        std::vector<float> rows;
+        ForEachNormRow(plan, o, n0, n1, [&](int64_t row, int64_t f) {
+          const std::vector<float> v = dense(operand, row, row + 1, f + c0, f + c1);
+          rows.insert(rows.end(), v.begin(), v.end());
+        });
+        return rows;
+      };
       if (const TileRuleLnWeight lw = TileRuleLayerNormWeightBlocks(plan, o); lw.nb > 0) {
         // Narrowed dweight (TileRuleLayerNormWeightBlocks): the partial is the K accumulators,
         // then the row block's NB sums (or NB means and NB sums of squares).
-        const int64_t sub = block % lw.per(), C = TileRuleCols(plan, o.w);
-        const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / lw.per());
+        const int64_t sub = block % lw.per(), C = TileRuleNormWidth(plan, o);
+        const auto [b0, b1] = TileRuleNormBlockRows(plan, o, block / lw.per());
         const int64_t NB = b1 - b0;
         std::vector<float> st =
             in.partial.empty() ? std::vector<float>(static_cast<size_t>(K), 0.0f) : in.partial;
         if (sub < 2 * lw.nb) {
           const int64_t k0 = (sub % lw.nb) * kTileLinearBlock;
           const int64_t k1 = std::min(C, k0 + kTileLinearBlock), W = k1 - k0;
-          const std::vector<float> x = dense(o.w, b0, b1, k0, k1);
+          const std::vector<float> x = norm_rows(o.w, b0, b1, k0, k1);
           if (sub == 0) st.resize(static_cast<size_t>(K + NB), 0.0f);
           if (sub < lw.nb) {
             for (int64_t n = 0; n < NB; ++n) {
@@ -2725,8 +2871,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           const int64_t c0 = (sub - 2 * lw.nb) * kTileLinearBlock;
           const int64_t c1 = std::min(K, c0 + kTileLinearBlock), W = c1 - c0;
           if (W > 0) {
-            const std::vector<float> d = dense(o.x, b0, b1, t.c0 + c0, t.c0 + c1);
-            const std::vector<float> x = dense(o.w, b0, b1, t.c0 + c0, t.c0 + c1);
+            const std::vector<float> d = norm_rows(o.x, b0, b1, t.c0 + c0, t.c0 + c1);
+            const std::vector<float> x = norm_rows(o.w, b0, b1, t.c0 + c0, t.c0 + c1);
             for (int64_t c = 0; c < W; ++c) {
               float a = st[static_cast<size_t>(c0 + c)];
               for (int64_t n = 0; n < NB; ++n) {
@@ -2752,23 +2898,12 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       const auto [b0, b1] = TileRuleNormBlockRows(plan, o, block);
       const int64_t NB = b1 - b0;
       std::vector<float> acc = in.partial.empty() ? out : in.partial;
-      // The block's rows [c0, c1) of `operand`: of the tensor, or an image's runs (the tile
-      // holds the whole W: c0 = 0, c1 = W).
-      const int64_t W = TileRuleImageNormWidth(o);
-      auto norm_rows = [&](int64_t operand, int64_t c0, int64_t c1) {
-        if (W == 0) return dense(operand, b0, b1, c0, c1);
-        std::vector<float> rows;
-        ForEachImageNormSpan(b0, b1, W, TileRuleCols(plan, o.x),
-                             [&](int64_t b, int64_t f0, int64_t f1) {
-                               const std::vector<float> v = dense(operand, b, b + 1, f0, f1);
-                               rows.insert(rows.end(), v.begin(), v.end());
-                             });
-        return rows;
-      };
-      const std::vector<float> d = norm_rows(o.x, t.c0, t.c1);  // (NB, K)
+      // The block's rows (an image's runs: up to W = kTileImageNormWidthMax the tile holds the
+      // whole W; wider, a block is one run, of which dbias reads the tile's columns).
+      const std::vector<float> d = norm_rows(o.x, b0, b1, t.c0, t.c1);  // (NB, K)
       if (o.kind == TileOpKind::kTileOpLayerNormWeightGrad) {
-        const int64_t C = W > 0 ? W : TileRuleCols(plan, o.w);
-        const std::vector<float> x = norm_rows(o.w, 0, C);
+        const int64_t C = TileRuleNormWidth(plan, o);
+        const std::vector<float> x = norm_rows(o.w, b0, b1, 0, C);
         const std::vector<float> ones(static_cast<size_t>(C), 1.0f);
         std::vector<float> y(static_cast<size_t>(NB * C)), mean(static_cast<size_t>(NB)),
             rstd(static_cast<size_t>(NB));

@@ -221,18 +221,27 @@
 //     out[r, f], dX[r, f]           the whole runs of W columns the tile's columns fall in, of the
 //                                   tile's rows (of the input; dX also of the output gradient),
 //                                   and the whole weight (and bias) of W: at most 32 x (32 + 2 W
-//                                   - 2) floats an operand, 68 KiB at W = 256 (above it the layer
-//                                   is opaque: not narrowed);
+//                                   - 2) floats an operand, 68 KiB at W = 256; above W = 256
+//                                   NARROWED as a wide layernorm over rows (below) over blocks of
+//                                   256 of each of the one or two runs the tile's columns fall in
+//                                   (the partial: each of the tile's rows' runs' statistics, run
+//                                   by run), the last block the tile's own columns and the weight
+//                                   (and bias) columns they read: at most 2 x 32 x 288 floats an
+//                                   operand a block, whatever W;
 //     dweight[w], dbias[w]          a chain over the layernorm's rows n = (sample, run) from 0:
 //                                   NARROWED into blocks of max(1, 256 / W) rows (a run of the
 //                                   output gradient and, for dweight, of the input per row: about
 //                                   1 KiB of values an operand, contiguous in the tensor, in at
 //                                   most 16 of its tiles); the partial: the tile's accumulators.
+//                                   Above W = 256 a block is one run: dbias reads the tile's
+//                                   columns of it (at most 33 tiles), dweight is narrowed as a
+//                                   wide layernorm's row block (2 nb sum sub-blocks of 256 of the
+//                                   run's input, then chunks of 256 of the tile's columns).
 //
 // Covered today: in sequential models, linear, relu, gelu, conv2d, maxpool2d and dropout layers,
 // and layernorm layers over each sample's features (the GPT's layernorm operators on the batch's
-// rows) or over an image's last dimension of up to 256, their outputs and gradients (all of the
-// fashion MLP and of the fashion CNN), with AdamW or SGD, clipped
+// rows) or over an image's last dimension, their outputs and gradients (all of the fashion MLP
+// and of the fashion CNN), with AdamW or SGD, clipped
 // or not (a clipped step commits its global gradient norm as the two operators above, between
 // the gradients and the update); in a GPT, the whole forward: the token embeddings (encoded), the
 // linear operators (qkv, attention projection, MLP up and down projections, the tied LM head),
@@ -242,11 +251,11 @@
 // atty.grad, ln1.grad), the gelu's (fch.grad), the layernorms' input gradients added into the
 // residual gradient (residual.grad, residual3.grad), every linear's and layernorm's weight and
 // bias gradient, wte's and wpe's, the attention backward (qkv.grad); and the (clipped) update of
-// every parameter: all 275 of the 10M GPT's computed operators. Every other operator is in the
-// plan with its name and grid but is opaque (kTileOpOpaque: Footprint refuses it, naming why):
-// today only a layernorm layer over an image's last dimension wider than 256 (its rows are not
-// narrowed). The opaque gradients do not keep the norm and the update from being ruled: both read
-// gradients only as agreed inputs. A GPT
+// every parameter: all 275 of the 10M GPT's computed operators. Every operator of a plan the
+// engine builds has a footprint; an operator without one would be in the plan with its name and
+// grid but opaque (kTileOpOpaque: Footprint refuses it, naming why), and an opaque gradient
+// would not keep the norm and the update from being ruled: both read gradients only as agreed
+// inputs. A GPT
 // plan's batch rows are tokens (TilePlan::tokens; TileInputs::tokens and y, the targets); the
 // ledger makes the operators reading them opaque for a token task without a data root over its
 // pages (ledger/referee_tile.h, TokenOpsOpaque). PlanStepTiles refuses a layer kind it does not
