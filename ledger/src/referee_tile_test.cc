@@ -1534,8 +1534,8 @@ const Setup& ChainCnnNormSetup() {
 }
 
 // A model whose layernorm normalises rows of 392 (the examples as 2 x 392): wider than the 256 a
-// tile of it is recomputed whole at, so its operators stay opaque and a dispute over them ends at
-// the whole step.
+// tile of it is recomputed whole at, so its operators are narrowed over blocks of 256 of each
+// run's columns.
 const std::string& ChainWideNormBundle() {
   static const std::string* b = [] {
     std::string bundle = ChainBundle();
@@ -1606,7 +1606,7 @@ class TileChainTest : public testing::FollowedChainFixture {
     bundle_ = &ChainCnnNormBundle();
     g_setup = &ChainCnnNormSetup();
   }
-  // A model with a layernorm over rows of 392, which stays opaque (before Submit).
+  // A model with a layernorm over rows of 392, narrowed (before Submit).
   void UseWideImageLayerNorm() {
     bundle_ = &ChainWideNormBundle();
     g_setup = &ChainWideNormSetup();
@@ -2141,14 +2141,23 @@ TEST_P(TileChainLieTest, OnACnnWithAnImageLayerNormADropoutOnTheImagesIsRuledOnC
             0u);
 }
 
-// An operator still without a footprint (a layernorm over rows of 392, wider than a tile of it is
-// recomputed whole at) ends at the whole step, which the game marks as an operator without tiles;
-// roots do not rule it (it is computed by the step), so the ledger executes the step
-// (RefereeStep), the genesis key refused.
-TEST_P(TileChainLieTest, AnOperatorWithoutAFootprintIsRuledOnChainByTheWholeStep) {
+// A layernorm over rows of 392 (wider than the 256 an image layernorm's tile is recomputed whole
+// at), which was the last operator of a sequential model without a footprint: a lie at its
+// output (in a tile across its two runs, the liar's sums honest) narrows to the tile's last
+// block (its own columns, from both runs' agreed statistics), and one at a block of its weight gradient's chain (one run a block, narrowed into sum
+// sub-blocks and column chunks), each ruled by RefereeTile within the bound, not by the whole
+// step (whose 8 MiB witness would not fit over a larger model).
+TEST_P(TileChainLieTest, OnAWideImageLayerNormItsTileIsRuledOnChainByRefereeTile) {
   UseWideImageLayerNorm();
-  EXPECT_EQ(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.out", 9, 700}), GetParam(), false),
-            0u);
+  EXPECT_GT(
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.out", 9, 400, 4}), GetParam(), true), 0u);
+}
+
+TEST_P(TileChainLieTest, OnAWideImageLayerNormAWeightGradientBlockIsRuledOnChain) {
+  UseWideImageLayerNorm();
+  EXPECT_GT(
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.weight.grad", 0, 5, 10}), GetParam(), true),
+      0u);
 }
 
 // The CNN's gradients through the same transactions: a block of the second conv's input
