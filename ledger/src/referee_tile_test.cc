@@ -2144,9 +2144,10 @@ TEST_P(TileChainLieTest, OnACnnWithAnImageLayerNormADropoutOnTheImagesIsRuledOnC
 // A layernorm over rows of 392 (wider than the 256 an image layernorm's tile is recomputed whole
 // at), which was the last operator of a sequential model without a footprint: a lie at its
 // output (in a tile across its two runs, the liar's sums honest) narrows to the tile's last
-// block (its own columns, from both runs' agreed statistics), and one at a block of its weight gradient's chain (one run a block, narrowed into sum
-// sub-blocks and column chunks), each ruled by RefereeTile within the bound, not by the whole
-// step (whose 8 MiB witness would not fit over a larger model).
+// block (its own columns, from both runs' agreed statistics), and one at a block of its weight
+// gradient's chain (one run a block, narrowed into sum sub-blocks and column chunks), each ruled
+// by RefereeTile within the bound, not by the whole step (whose 8 MiB witness would not fit over
+// a larger model).
 TEST_P(TileChainLieTest, OnAWideImageLayerNormItsTileIsRuledOnChainByRefereeTile) {
   UseWideImageLayerNorm();
   EXPECT_GT(
@@ -2155,9 +2156,9 @@ TEST_P(TileChainLieTest, OnAWideImageLayerNormItsTileIsRuledOnChainByRefereeTile
 
 TEST_P(TileChainLieTest, OnAWideImageLayerNormAWeightGradientBlockIsRuledOnChain) {
   UseWideImageLayerNorm();
-  EXPECT_GT(
-      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.weight.grad", 0, 5, 10}), GetParam(), true),
-      0u);
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.weight.grad", 0, 5, 10}),
+                           GetParam(), true),
+            0u);
 }
 
 // The CNN's gradients through the same transactions: a block of the second conv's input
