@@ -37,6 +37,17 @@ void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().linear_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
 }
+void LinearReluForward(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t B, int64_t C, int64_t OC) {
+  internal::FpEnvGuard fp_guard;
+  ActiveKernelTable().linear_relu_forward(out, inp, weight, bias, B, C, OC);
+}
+void LinearReluBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
+  internal::FpEnvGuard fp_guard;
+  CHECK(dinp != nullptr) << "LinearReluBackward: dinp is written, it may not be null";
+  ActiveKernelTable().linear_relu_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
+}
 void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
                    int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {

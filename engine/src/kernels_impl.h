@@ -60,6 +60,13 @@ struct GemmOut {
   float alpha = 1.0f;               // result = chain * alpha, when use_alpha
   bool use_alpha = false;
   bool accumulate = false;  // c = c + result
+  // The ReLU fused into the epilogue, applied to the value about to be stored (after alpha and
+  // accumulate), so each thread applies it to the tiles it wrote while they are in its cache:
+  // relu: c = v > 0 ? v : 0 (ReluForward's select).
+  bool relu = false;
+  // relu_mask (M x N, row stride ldc): c = relu_mask > 0 ? 0 + v : 0, ReluBackward's select
+  // into a zeroed buffer (0 + v is v except that -0 becomes +0, as adding it to zero did).
+  const float* relu_mask = nullptr;
 };
 
 // acc[r][j] += A[:, r] * B[:, j-th vector] over kc steps, for the first R rows of the panel
@@ -124,6 +131,7 @@ inline void TileImpl(int64_t kc, const float* pa, const float* pb, int mr, int n
   }
   if (final_out) {
     float* c = o.c + m0 * o.ldc + n0;
+    const float* mask = o.relu_mask != nullptr ? o.relu_mask + m0 * o.ldc + n0 : nullptr;
     const Vf alpha = Set1(o.alpha);
 #pragma GCC unroll 16
     for (int r = 0; r < kMR; ++r) {
@@ -137,9 +145,17 @@ inline void TileImpl(int64_t kc, const float* pa, const float* pb, int mr, int n
         float* p = c + r * o.ldc + j * kW;
         if (kFull || nv >= kW) {
           if (o.accumulate) v = Load(p) + v;
+          if (o.relu) v = Select(Gt(v, Zero()), v, Zero());
+          if (mask != nullptr) {
+            v = Select(Gt(Load(mask + r * o.ldc + j * kW), Zero()), Zero() + v, Zero());
+          }
           Store(p, v);
         } else {
           if (o.accumulate) v = LoadPartial(p, nv) + v;
+          if (o.relu) v = Select(Gt(v, Zero()), v, Zero());
+          if (mask != nullptr) {
+            v = Select(Gt(LoadPartial(mask + r * o.ldc + j * kW, nv), Zero()), Zero() + v, Zero());
+          }
           StorePartial(p, v, nv);
         }
       }
@@ -491,25 +507,41 @@ struct StridedB {
 
 // ---- Linear ----------------------------------------------------------------------------------
 
-void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
-                   int64_t C, int64_t OC) {
+// LinearForward, and with relu LinearReluForward.
+void LinearForwardImpl(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t B, int64_t C, int64_t OC, bool relu) {
   // out[b,o] = chain over c of fma(inp[b,c], weight[o,c]) from bias[o]: A = inp, B = weight^T.
   GemmOut o;
   o.c = out;
   o.ldc = OC;
   o.bias_col = bias;
+  o.relu = relu;
   Gemm(B, OC, C, StridedA{inp, C, 1}, StridedB{weight, 1, C}, o, internal::ActiveThreads());
 }
 
-void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                    const float* weight, int64_t B, int64_t C, int64_t OC) {
+void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                   int64_t C, int64_t OC) {
+  LinearForwardImpl(out, inp, weight, bias, B, C, OC, /*relu=*/false);
+}
+
+void LinearReluForward(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t B, int64_t C, int64_t OC) {
+  LinearForwardImpl(out, inp, weight, bias, B, C, OC, /*relu=*/true);
+}
+
+// LinearBackward, and with relu_input LinearReluBackward (dinp written through inp's ReLU mask).
+void LinearBackwardImpl(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC,
+                        bool relu_input) {
   const int threads = internal::ActiveThreads();
-  // dinp[b,c] += chain over o of fma(dout[b,o], weight[o,c]).
+  // dinp[b,c] += chain over o of fma(dout[b,o], weight[o,c]); through the ReLU, written as
+  // inp[b,c] > 0 ? 0 + chain : 0.
   auto dinp_gemm = [&](int t) {
     GemmOut o;
     o.c = dinp;
     o.ldc = C;
-    o.accumulate = true;
+    o.accumulate = !relu_input;
+    o.relu_mask = relu_input ? inp : nullptr;
     Gemm(B, C, OC, StridedA{dout, OC, 1}, StridedB{weight, C, 1}, o, t);
   };
   // dweight[o,c] += chain over b of fma(dout[b,o], inp[b,c]).
@@ -568,6 +600,16 @@ void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout
                   }
                 });
   }
+}
+
+void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int64_t B, int64_t C, int64_t OC) {
+  LinearBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, OC, /*relu_input=*/false);
+}
+
+void LinearReluBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
+  LinearBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, OC, /*relu_input=*/true);
 }
 
 // ---- Conv2d (implicit GEMM) --------------------------------------------------------------------
@@ -1721,6 +1763,8 @@ inline internal::KernelTable MakeTable() {
   internal::KernelTable t;
   t.linear_forward = &LinearForward;
   t.linear_backward = &LinearBackward;
+  t.linear_relu_forward = &LinearReluForward;
+  t.linear_relu_backward = &LinearReluBackward;
   t.conv2d_forward = &Conv2dForward;
   t.conv2d_backward = &Conv2dBackward;
   t.maxpool2d_forward = &MaxPool2dForward;

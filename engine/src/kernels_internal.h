@@ -19,6 +19,10 @@ struct KernelTable {
                          int64_t);
   void (*linear_backward)(float*, float*, float*, const float*, const float*, const float*, int64_t,
                           int64_t, int64_t);
+  void (*linear_relu_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
+                              int64_t);
+  void (*linear_relu_backward)(float*, float*, float*, const float*, const float*, const float*,
+                               int64_t, int64_t, int64_t);
   void (*conv2d_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
   void (*conv2d_backward)(float*, float*, float*, const float*, const float*, const float*, int64_t,

@@ -95,6 +95,22 @@ void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout
   }
 }
 
+// The fused kernels are specified as the two ops they fuse, in the buffers the model used to give
+// them (the linear layer's output, or its input gradient in a zeroed buffer, then the ReLU's).
+void LinearReluForward(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t B, int64_t C, int64_t OC) {
+  LinearForward(out, inp, weight, bias, B, C, OC);
+  ReluForward(out, out, B * OC);
+}
+
+void LinearReluBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
+  std::vector<float> linear_dinp(static_cast<size_t>(B * C), 0.0f);
+  LinearBackward(linear_dinp.data(), dweight, dbias, dout, inp, weight, B, C, OC);
+  std::fill(dinp, dinp + B * C, 0.0f);
+  ReluBackward(dinp, linear_dinp.data(), inp, B * C);
+}
+
 void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
                    int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {

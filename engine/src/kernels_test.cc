@@ -71,6 +71,47 @@ TEST(KernelsTest, LinearForwardBackward) {
   }
 }
 
+// The linear layer with the ReLU fused in (after it, and before it in the backward pass) against
+// the reference, which is the two ops in separate (zeroed) buffers. The input holds exact zeros
+// (the mask's edge); the input gradient's buffer starts with garbage, since the kernel writes it.
+TEST(KernelsTest, LinearReluFused) {
+  for (LinearShape s : {LinearShape{1, 1, 1}, LinearShape{3, 5, 7}, LinearShape{13, 37, 29},
+                        LinearShape{33, 300, 65}, LinearShape{70, 19, 130},
+                        LinearShape{130, 257, 300}, LinearShape{64, 256, 128}}) {
+    for (bool with_bias : {true, false}) {
+      auto inp = RandomVec(s.B * s.C, 41), w = RandomVec(s.OC * s.C, 42), b = RandomVec(s.OC, 43);
+      auto dout = RandomVec(s.B * s.OC, 44);
+      for (size_t i = 0; i < inp.size(); i += 5) inp[i] = 0.0f;
+      ExpectFastEqualsRef("LinearReluForward", [&](bool fast) {
+        std::vector<float> out(s.B * s.OC, -7.0f);
+        KERNEL(fast, LinearReluForward)
+        (out.data(), inp.data(), w.data(), with_bias ? b.data() : nullptr, s.B, s.C, s.OC);
+        return Outputs{out};
+      });
+      ExpectFastEqualsRef("LinearReluBackward", [&](bool fast) {
+        auto dinp = RandomVec(s.B * s.C, 45), dw = RandomVec(s.OC * s.C, 46),
+             db = RandomVec(s.OC, 47);
+        KERNEL(fast, LinearReluBackward)
+        (dinp.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(), inp.data(), w.data(),
+         s.B, s.C, s.OC);
+        return Outputs{dinp, dw, db};
+      });
+    }
+  }
+  // Products that round to -0 (below the smallest subnormal): the chain is -0, and the ReLU's
+  // input gradient, formed by adding it to zero, is +0.
+  const int64_t B = 5, C = 20, OC = 300;
+  auto inp = RandomVec(B * C, 48, 0.5f, 1.0f);
+  const std::vector<float> w(OC * C, 1e-20f), dout(B * OC, -1e-30f);
+  ExpectFastEqualsRef("LinearReluBackward, -0 chains", [&](bool fast) {
+    auto dinp = RandomVec(B * C, 49);
+    KERNEL(fast, LinearReluBackward)
+    (dinp.data(), nullptr, nullptr, dout.data(), inp.data(), w.data(), B, C, OC);
+    for (float x : dinp) EXPECT_TRUE(x == 0.0f && !std::signbit(x)) << x;
+    return Outputs{dinp};
+  });
+}
+
 struct ConvShape {
   int64_t B, C, H, W, OC, KH, KW, stride, pad;
 };

@@ -462,6 +462,16 @@ class SequentialModel final : public Model {
       }
       float* out = tp.arena.Alloc({out_n}).data();
       tp.acts[i - begin + 1] = out;
+      if (l.kind == "linear" && FuseRelu(i, i + 1)) {
+        // The ReLU is applied where the GEMM stores each tile; the linear layer's output is not
+        // kept. The ReLU's backward masks with its output in its place: relu(x) > 0 exactly
+        // when x > 0.
+        LinearReluForward(out, in, params_[L.weight].value.data(), Bias(L), B, L.in_shape[0],
+                          l.out);
+        tp.acts[i - begin + 2] = out;
+        ++i;
+        continue;
+      }
       if (l.kind == "linear") {
         LinearForward(out, in, params_[L.weight].value.data(), Bias(L), B, L.in_shape[0], l.out);
       } else if (l.kind == "conv2d") {
@@ -554,6 +564,16 @@ class SequentialModel final : public Model {
       const bool need_dinp = ii > 0;  // no gradient for the data
       // flatten, and dropout without a mask: dout passes through.
       if (l.kind == "flatten" || (l.kind == "dropout" && !la.mask)) continue;
+      if (l.kind == "linear" && ii >= 2 && FuseRelu(ii, ii - 1)) {
+        // The ReLU before this layer (whose output is `in`) is folded into the input gradient's
+        // GEMM, which writes the ReLU's input gradient whole: no zeroed buffer, no second pass.
+        float* dinp = tp.arena.Alloc({in_n}).data();
+        LinearReluBackward(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
+                           params_[L.weight].value.data(), B, L.in_shape[0], l.out);
+        dout = dinp;
+        --ii;  // the ReLU is done
+        continue;
+      }
       float* dinp = need_dinp ? tp.arena.AllocZeroed({in_n}).data() : nullptr;
       if (l.kind == "linear") {
         LinearBackward(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
@@ -602,6 +622,16 @@ class SequentialModel final : public Model {
   };
 
   bool InPart(int64_t layer) const { return layer >= part_.begin && layer < part_.end; }
+
+  // Whether the linear layer `linear` and the ReLU `relu` next to it (after it in the forward
+  // pass, before it in the backward) run as one fused kernel: both in this part, and no op trace
+  // (it records each layer's output and input gradient on its own). The fused kernels give the
+  // same bits as the two ops.
+  bool FuseRelu(size_t linear, size_t relu) const {
+    return trace_ == nullptr && InPart(static_cast<int64_t>(linear)) &&
+           InPart(static_cast<int64_t>(relu)) && layers_[linear].spec.kind == "linear" &&
+           layers_[relu].spec.kind == "relu";
+  }
 
   int AddLinearLike(const std::string& prefix, Shape wshape, const LayerSpec& l, int64_t fan_in,
                     int64_t fan_out, bool keep) {

@@ -21,7 +21,8 @@ TEST(ThreadPoolTest, ZeroFloatsZeroesExactlyTheRange) {
   const KernelConfig saved = GetKernelConfig();
   for (int threads : {1, 2, 3}) {
     ASSERT_TRUE(SetKernelConfig({saved.simd, threads}).ok());
-    for (int64_t n : std::vector<int64_t>{0, 1, 1000, (1 << 19) - 1, (1 << 19) + 7, 3000001}) {
+    for (int64_t n : std::vector<int64_t>{0, 1, 1000, (1 << 17) - 1, (1 << 17) + 7, (1 << 19) - 1,
+                                          (1 << 19) + 7, 3000001}) {
       std::vector<float> v(static_cast<size_t>(n + 2), -1.5f);
       ZeroFloats(v.data() + 1, n);
       EXPECT_EQ(v[0], -1.5f);

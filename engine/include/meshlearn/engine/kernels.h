@@ -63,6 +63,18 @@ struct AdamWStep {
      dbias(OC) += chain over b of dout[b,o] (plain adds) from 0. dinp/dweight/dbias may be null. */ \
   void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,              \
                       const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC);   \
+  /* A linear layer and the ReLU after it (out = ReluForward of LinearForward's result), the      \
+     ReLU applied where the GEMM writes each tile instead of in a second pass over out. */        \
+  void LinearReluForward(float* out, const float* inp, const float* weight, const float* bias,    \
+                         int64_t B, int64_t C, int64_t OC);                                       \
+  /* LinearBackward of a linear layer whose input inp is a ReLU's output, with that ReLU's        \
+     backward folded in: dinp(B,C) = inp > 0 ? 0 + chain : 0 (the chain as LinearBackward's) is   \
+     *written*, not added: the bits LinearBackward and then ReluBackward (whose mask is the same: \
+     relu(x) > 0 exactly when x > 0) leave in two zeroed buffers, so dinp needs no zeroing.       \
+     dweight and dbias accumulate as in LinearBackward; either may be null, dinp may not. */      \
+  void LinearReluBackward(float* dinp, float* dweight, float* dbias, const float* dout,           \
+                          const float* inp, const float* weight, int64_t B, int64_t C,            \
+                          int64_t OC);                                                            \
                                                                                                   \
   /* inp(B,C,H,W), weight(OC,C,KH,KW), bias(OC) -> out(B,OC,OH,OW); zero padding `pad`, stride.   \
      OH = (H + 2*pad - KH)/stride + 1. out = chain over (c,kh,kw) in that nesting order, from bias \
