@@ -708,6 +708,11 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThr
   {
     std::lock_guard<std::mutex> lock(mu);
     ASSERT_GE(trace_waited, 0) << "the trace never waited for the stage unit: " << lines();
+    std::printf(
+        "the challenger's trace waited for its stage unit at block %lld and ran beside it "
+        "at block %lld (a turn of %llu blocks)\n",
+        static_cast<long long>(trace_waited), static_cast<long long>(traced),
+        static_cast<unsigned long long>(kTurn));
     EXPECT_TRUE(traced_while_training) << lines();
     // Half of what was left of the turn when it first waited, give or take the blocks the
     // dispute took to reach this node's tick.
