@@ -561,6 +561,185 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitAStageCheckWaitsForTheNodesOwnStageUn
   EXPECT_GE(waited, 1u) << "no check waited for a stage unit: nothing shown";
 }
 
+// A dispute's trace of a stage step is a stage replay too (NodeAgent::WaitsForStageUnit): under a
+// memory limit it waits while the node's own stage unit trains, but only through the first half of
+// the blocks its turn had left; then it runs beside the unit rather than lose the turn. Seven
+// agents with a limit, the seventh the slowest and no verifier, so that a stage unit's check falls
+// to a node of the other replica; node 0 is lazy, and neither aggregates nor verifies. Its round 0
+// check is a mismatch, disputed over the stage's plan, where both parties trace the step. Its
+// verifier (the challenger) replays it before its round 1 stage unit starts (no stage unit starts
+// while a replay is due); the lazy node then sits its ticks out, so its secret stays unrevealed and
+// the dispute unopened, until the challenger's round 1 unit trains, held in its first send (or
+// waiting on a held neighbour) for as long as the test likes. Then the dispute opens: the
+// challenger's trace waits for its unit, then, half its turn gone, runs beside it while the unit is
+// still held; the challenger answers in time, the lazy node is slashed and no honest node is. Every
+// step is counted in blocks the test makes, not in time.
+TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThroughHalfItsTurn) {
+  constexpr int kCheater = 0;
+  constexpr uint64_t kTurn = 60;  // dispute_response_blocks: each dispute turn
+  testing::SimOptions opt = VerifyingPipelineSimOptions(22, "pipeline-network-trace-wait");
+  opt.node_options[6].speed_factor = 0.25;
+  opt.node_options[6].roles = ledger::kRoleSolver | ledger::kRoleAggregator;
+  // Neither an aggregator nor a verifier: the rounds go on while it sits out its ticks.
+  opt.node_options[kCheater].roles = ledger::kRoleSolver;
+  for (testing::SimNodeOptions& n : opt.node_options) n.memory_limit_bytes = 1ull << 30;
+  opt.tweak_genesis = [verifying = opt.tweak_genesis](ledger::Genesis& g) {
+    verifying(g);
+    g.params.dispute_response_blocks = kTurn;
+    // The lazy node sits out its ticks (and heartbeats) for as many blocks as round 1's placement
+    // takes: it stays live, so that nothing is placed again meanwhile.
+    g.params.liveness_blocks = 1'000'000;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  int challenger = -1;  // the verifier of the lazy node's round 0 unit
+  bool released = false;
+  bool paused = false;  // the lazy node sits out its ticks
+  opt.skip_tick = [&](int node) {
+    std::lock_guard<std::mutex> lock(mu);
+    return paused && node == kCheater;
+  };
+  opt.agent_options = [&](int node, AgentOptions& a) {
+    if (node == kCheater) a.adversary = Adversary::kLazy;
+    // The send hook sees every tensor a stage sends: the challenger's from round 1 on wait there
+    // until the test releases them (nothing is corrupted).
+    a.stage_plane.corrupt_sent = [&, node](const protocol::StageTensorKey& k) {
+      std::unique_lock<std::mutex> lock(mu);
+      if (node == challenger && k.round >= 1) cv.wait(lock, [&] { return released; });
+      return false;
+    };
+  };
+  // The challenger's log, read in order, with the test's block count at each line.
+  uint64_t block = 0;
+  std::string check;          // "check T/I r0 sS": the lazy node's round 0 check
+  bool training = false;      // the challenger's round 1 stage unit started, not ended
+  int64_t trace_waited = -1;  // block of its trace's wait for the unit
+  int64_t traced = -1;        // block its trace ran
+  bool traced_while_training = false;
+  std::vector<std::string> challenger_lines;
+  opt.log_sink = [&](int node, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (challenger < 0 && line.rfind("check ", 0) == 0 && line.find(" r0 s") != std::string::npos &&
+        line.find(": verdict mismatch") != std::string::npos) {
+      // Only the lazy node cheats: the one round 0 mismatch is on its unit. Its verifier has just
+      // replayed it (and sent the sealed verdict): the lazy node reveals nothing from now on.
+      challenger = node;
+      check = line.substr(0, line.find(':'));
+      paused = true;
+      return;
+    }
+    if (node != challenger) return;
+    challenger_lines.push_back(std::to_string(block) + ": " + line);
+    if (line.find(" r1 replica ") != std::string::npos &&
+        line.find(" steps with its neighbours") != std::string::npos) {
+      training = true;
+    }
+    if (line.find(" r1 replica ") != std::string::npos &&
+        (line.find("(CommitStage)") != std::string::npos ||
+         line.find(" failed (nothing committed)") != std::string::npos)) {
+      training = false;
+    }
+    if (line.rfind(check + ": ", 0) != 0) return;
+    // After the verdict, the check's only replay that waits for a stage unit is the trace
+    // (StageReplayNeed: a dispute's range replay and a witness do not).
+    if (line.find("waits for this node's stage unit") != std::string::npos && trace_waited < 0) {
+      trace_waited = static_cast<int64_t>(block);
+    }
+    if (line.find(": traced it from the stage's served evidence") != std::string::npos &&
+        traced < 0) {
+      traced = static_cast<int64_t>(block);
+      traced_while_training = training;
+    }
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+    paused = false;
+    cv.notify_all();
+  };
+  // The challenger is released whatever happens, before the agents are destroyed (they wait for
+  // their stage threads).
+  struct Releaser {
+    std::function<void()> release;
+    ~Releaser() { release(); }
+  } releaser{release};
+  auto step_until = [&](int max_blocks, const std::function<bool()>& done) {
+    for (int b = 0; b < max_blocks; ++b) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (done()) return true;
+        ++block;
+      }
+      Status stepped = sim.Step();
+      if (!stepped.ok()) {
+        ADD_FAILURE() << stepped.ToString();
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    return done();
+  };
+  auto lines = [&] { return ::testing::PrintToString(challenger_lines); };  // REQUIRES: mu
+  auto dump = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return lines();
+  };
+  ASSERT_TRUE(step_until(20'000, [&] { return challenger >= 0; }))
+      << "no verifier found the lazy node's round 0 unit wrong";
+  ASSERT_NE(challenger, kCheater);
+  // The lazy node sits out while round 0 is aggregated and round 1 placed, until the challenger's
+  // round 1 unit has started (its replay of the check ran first: a unit does not start while one
+  // is due).
+  ASSERT_TRUE(step_until(20'000, [&] { return training; }))
+      << "the challenger's round 1 stage unit never started: " << dump();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_LT(trace_waited, 0) << "the dispute opened before the lazy node revealed its secret";
+    paused = false;
+  }
+  // The dispute opens: the challenger's trace waits for its unit, which the hold keeps training,
+  // then runs beside it once half the turn is gone, before the turn's deadline.
+  ASSERT_TRUE(step_until(static_cast<int>(4 * kTurn), [&] { return traced >= 0; }))
+      << "the challenger never traced the disputed step while its unit was held: " << dump();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_GE(trace_waited, 0) << "the trace never waited for the stage unit: " << lines();
+    std::printf(
+        "the challenger's trace waited for its stage unit at block %lld and ran beside it "
+        "at block %lld (a turn of %llu blocks)\n",
+        static_cast<long long>(trace_waited), static_cast<long long>(traced),
+        static_cast<unsigned long long>(kTurn));
+    EXPECT_TRUE(traced_while_training) << lines();
+    // Half of what was left of the turn when it first waited, give or take the blocks the
+    // dispute took to reach this node's tick.
+    EXPECT_GE(traced - trace_waited, static_cast<int64_t>(kTurn / 2) - 5) << lines();
+    EXPECT_LT(traced - trace_waited, static_cast<int64_t>(kTurn)) << lines();
+  }
+  release();
+  // The dispute goes on to its ruling: the lazy node is slashed, the challenger (which answered
+  // in time) and every other node are not.
+  auto slashes = [&](int i) {
+    return NodeRecordOf(sim, i)["reputation"].value("slashes", uint64_t{0});
+  };
+  bool slashed = false;
+  for (int b = 0; b < 5'000 && !slashed; ++b) {
+    slashed = slashes(kCheater) >= 1;
+    if (slashed) break;
+    Status stepped = sim.Step();
+    ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(slashed) << sim.Task(true)["verification"].dump() << "\n" << dump();
+  for (int i = 0; i < 7; ++i) {
+    if (i == kCheater) continue;
+    EXPECT_EQ(slashes(i), 0u) << "honest node " << i << ": " << NodeRecordOf(sim, i).dump();
+  }
+}
+
 // A stage node that cheats on a verifying chain -- the adversary `lazy` (every step's commit claims
 // the state it started from), `noisy` (its stage's weights perturbed after step 1, the perturbed
 // state committed), `drift` (the same perturbation, not committed: step 2 starts from a state no

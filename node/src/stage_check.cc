@@ -193,16 +193,31 @@ Result<StageStepCheck> CheckStageContinuity(const StageCheckInput& in, uint64_t 
   if (!commit.ok() && commit.status().code() == StatusCode::kNotFound) {
     out.leaf = StageUnservedLeaf(committed);
     out.replay.fault = StageFault::kStageFaultUnserved;
+    out.replay.replica = in.replica;
+    out.replay.stage = in.stage;
+    out.replay.step = step;
     out.message = ref.ToString() + ": unserved: " + commit.status().message();
+    out.replay.message = out.message;
     return out;
   }
   ML_RETURN_IF_ERROR(commit.status());
   Hash256 expected = start_slice;
   std::string from = "its slice of the round's start state";
   if (step > 0) {
+    // Step t-1's commit is the one thing this check reads beside step t's: a stage that served
+    // step t but withheld that commit would escape the check. So not serving it is the finding
+    // `unserved` on step t-1, which the ledger rules as any unserved step (UnservedStageClaim):
+    // an honest stage serves both, or shows the commit in the witness it posts.
     Result<protocol::StageStepCommit> previous = ServedCommit(in, step - 1, leaves[step]);
     if (!previous.ok() && previous.status().code() == StatusCode::kNotFound) {
-      out.message = ref.ToString() + ": continuity not checked: " + previous.status().message();
+      out.leaf = StageUnservedLeaf(leaves[step]);
+      out.replay.fault = StageFault::kStageFaultUnserved;
+      out.replay.replica = in.replica;
+      out.replay.stage = in.stage;
+      out.replay.step = step - 1;
+      out.message = RefOf(in, step - 1).ToString() + ": unserved (read to check step " +
+                    std::to_string(step) + "'s continuity): " + previous.status().message();
+      out.replay.message = out.message;
       return out;
     }
     ML_RETURN_IF_ERROR(previous.status());

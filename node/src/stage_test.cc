@@ -1311,6 +1311,83 @@ TEST(StagePlaneTest, AVerifierLoadsAStageCheckpointAsItFetchesIt) {
   }
 }
 
+// The continuity check of step t (CheckStageContinuity) reads step t-1's commit beside step t's.
+// A stage that serves step t but withholds step t-1's commit is the finding `unserved` on step
+// t-1 (its claim one the ledger rules as any unserved step: UnservedStageClaim, whole steps, and
+// a stage that posts no witness by the referee's deadline loses, `ledger_test`
+// `PipelineRulingTest.AStageThatPostsNoWitnessByTheRefereesDeadlineLoses`); before, the check was
+// skipped ("continuity not checked") and a drifted step t passed. An honest stage, serving both,
+// is never accused, at either step.
+TEST(StagePlaneTest, AStageThatWithholdsThePreviousStepsCommitIsUnservedThereAndNoHonestOneIs) {
+  const ModelSpec spec = StageParseModel(kStageMlp);
+  std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+  const StageContext ctx = StageCtx();
+  std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, {});
+  // Steps 0 and 1 of the three stages, each step's start kept and its commit published as the
+  // Stager does.
+  std::vector<std::vector<protocol::StageStepCommit>> commits(3);
+  for (int64_t step = 0; step < 2; ++step) {
+    for (int s = 0; s < 3; ++s) {
+      const StageStepRef ref{ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s),
+                             static_cast<uint64_t>(step)};
+      ASSERT_TRUE(nodes[s]->evidence.SaveCheckpoint(ref, got[s]->state()).ok());
+    }
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, step, step + 1, &out);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+      ASSERT_TRUE(nodes[s]->evidence.Publish(out[s][0].commit, nodes[s]->plane->received()).ok());
+      commits[s].push_back(out[s][0].commit);
+    }
+  }
+  net::HttpTransport verifier;
+  ledger::TaskParams params;
+  params.stages = 3;
+  for (uint32_t s = 0; s < 3; ++s) {
+    SCOPED_TRACE("stage " + std::to_string(s));
+    const std::vector<Hash256> step_leaves = {protocol::StageStepLeaf(commits[s][0]),
+                                              protocol::StageStepLeaf(commits[s][1])};
+    const std::vector<Hash256> leaves = {protocol::StageCommitment(step_leaves), step_leaves[0],
+                                         step_leaves[1]};
+    const StageCheckInput in{.task_id = ctx.task,
+                             .round = ctx.round,
+                             .replica = ctx.replica,
+                             .stage = s,
+                             .transport = &verifier,
+                             .endpoint = nodes[s]->server->endpoint()};
+    // Honest: each step starts where it should (step 0 from the state it was trained from).
+    for (uint64_t step = 0; step < 2; ++step) {
+      Result<StageStepCheck> r = CheckStageContinuity(in, step, leaves, commits[s][0].state_before);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->leaf, leaves[step + 1]) << "step " << step << ": " << r->message;
+      EXPECT_TRUE(r->replay.ok()) << r->message;
+    }
+    // Step 0's commit withheld while step 1 is served: step 1's check finds step 0 unserved, and
+    // the verifier's claim on step 0 is an unserved claim.
+    nodes[s]->evidence.Withdraw({ctx.task, ctx.round, ctx.replica, s, 0});
+    Result<StageStepCheck> r = CheckStageContinuity(in, 1, leaves, Hash256{});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->leaf, StageUnservedLeaf(leaves[1])) << r->message;
+    EXPECT_EQ(r->replay.fault, StageFault::kStageFaultUnserved) << r->message;
+    EXPECT_EQ(r->replay.step, 0u) << r->message;
+    EXPECT_NE(r->message.find("step 0: unserved (read to check step 1's continuity)"),
+              std::string::npos)
+        << r->message;
+    ledger::MismatchClaimField claim;
+    claim.segment = static_cast<uint32_t>(r->replay.step);
+    claim.start = leaves[r->replay.step];
+    claim.solver_end = leaves[r->replay.step + 1];
+    claim.replayed_end = r->leaf;
+    EXPECT_TRUE(ledger::UnservedStageClaim(params, claim));
+    // Step 1's own commit withheld too: unserved on step 1, as before.
+    nodes[s]->evidence.Withdraw({ctx.task, ctx.round, ctx.replica, s, 1});
+    r = CheckStageContinuity(in, 1, leaves, Hash256{});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->leaf, StageUnservedLeaf(leaves[2])) << r->message;
+    EXPECT_EQ(r->replay.step, 1u) << r->message;
+  }
+}
+
 // A stage's evidence checkpoints are files (one a step, in the evidence's folder): served from
 // there byte for byte as written, deleted when the step is withdrawn (one step, or the final
 // rounds), and a missing or cut file is a clear error to the verifier, not a crash. A step is

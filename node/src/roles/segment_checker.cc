@@ -376,10 +376,15 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
       return InvalidArgument(CheckName(c) + ": step " + std::to_string(t) + " is out of range");
     }
     const Hash256 committed = f.leaves[t + 1];
-    // First where the step starts (its replay cannot see that), then the step itself.
+    // First where the step starts (its replay cannot see that), then the step itself. The
+    // continuity check's finding may be on the step before (its commit not served): the claim is
+    // on the step the finding names.
     ML_ASSIGN_OR_RETURN(StageStepCheck r, CheckStageContinuity(in, t, f.leaves, start_slice));
+    uint64_t at = t;
     if (r.leaf == committed) {
       ML_ASSIGN_OR_RETURN(r, CheckStageStep(in, t, committed, t == last ? &end : nullptr));
+    } else {
+      at = r.replay.step;
     }
     if (r.leaf == committed) {
       ended |= t == last;
@@ -392,9 +397,9 @@ Result<SegmentFinding> CheckStageSteps(NodeContext& node, const CheckAssignment&
     ML_RETURN_IF_ERROR(run_chain().status());
     node.Log(CheckName(c) + ": " + r.message);
     f.mismatch = true;
-    f.segment = t;
-    f.start = f.leaves[t];
-    f.solver_end = committed;
+    f.segment = static_cast<uint32_t>(at);
+    f.start = f.leaves[at];
+    f.solver_end = f.leaves[at + 1];
     f.replayed_end = r.leaf;
     break;
   }

@@ -53,8 +53,10 @@ inline constexpr char kStageFinalStateFile[] = "stage_final.safetensors";
 
 // A stage unit's check (a pipeline task; docs/verification.md "Pipeline stages"): each drawn
 // step (a "segment" of the check, protocol::StageCheckLeaves) replayed with CheckStageStep from
-// what the stage node serves; the first step whose StageFindingLeaf is not the committed step
-// leaf is the mismatch, its replayed_end that finding leaf. `leaves` are the check's
+// what the stage node serves, after CheckStageContinuity; the first step whose StageFindingLeaf is
+// not the committed step leaf is the mismatch, its replayed_end that finding leaf (a drawn step's
+// previous step when that step's commit, read for the continuity check, is not served: its
+// `unserved` claim, on a step that may not have been drawn). `leaves` are the check's
 // (c.leaves: the stage's commitment, then its step leaves), checked against c.commitment. When
 // no step mismatches, the result too: the stage's state after its last step (from that step's
 // replay, run now when it was not drawn) gives StageResultBlobId; not c.result_hash is

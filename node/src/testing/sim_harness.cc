@@ -294,6 +294,7 @@ Status SimHarness::Step() {
   for (size_t i = 0; i < agents_.size(); ++i) {
     NodeAgent* a = agents_[i].get();
     if (!a) continue;
+    if (options_.skip_tick && options_.skip_tick(static_cast<int>(i))) continue;
     Result<TickReport> r = a->Tick();
     if (!r.ok() && options_.kill_on_crash &&
         r.status().message().find("simulated crash") != std::string::npos) {

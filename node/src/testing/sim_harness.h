@@ -94,6 +94,10 @@ struct SimOptions {
   Env* env = nullptr;
   // Called after every block with its height (tests inject faults here).
   std::function<void(uint64_t height)> on_block;
+  // Whether node `node` sits out this Step: its agent is not ticked (its servers and stage
+  // threads go on), as a process that stalls for a while; it sends nothing meanwhile, e.g. a
+  // reveal a test holds back. Null: every live agent ticks.
+  std::function<bool(int node)> skip_tick;
   // Changes the submitted params (tests of a submitter whose bundle and params disagree).
   std::function<void(ledger::TaskParams& params)> tweak_params;
   // Changes the genesis before the chain is created (verification parameters, ...).

@@ -115,10 +115,12 @@ Result<Hash256> StageStartSliceHash(const StageCheckInput& in, const GlobalWeigh
 
 // Whether step `step` starts where the stage's previous step ended. `leaves`: the check's
 // (protocol::StageCheckLeaves: the commitment, then one leaf per step), against which both served
-// commits are checked; `start_slice`: StageStartSliceHash (read only for step 0). The leaf is
-// leaves[step + 1] when the states agree (or the previous step's commit is not served, or is not
-// its committed leaf: that step's own check finds it `unserved`), StageContinuityLeaf of it when
-// they differ, StageUnservedLeaf of it when the step's own commit is not served or not its leaf.
+// commits are checked; `start_slice`: StageStartSliceHash (read only for step 0). The finding is
+// on step `replay.step`: `step`, with the leaf leaves[step + 1] when the states agree,
+// StageContinuityLeaf of it when they differ, StageUnservedLeaf of it when the step's own commit
+// is not served or not its leaf; or `step` - 1, with StageUnservedLeaf(leaves[step]), when the
+// previous step's commit is not served or not its leaf (a stage that withholds it would escape
+// the check otherwise: the claim is on that step, which the ledger rules as any unserved step).
 // Fetch errors other than NotFound are returned (retried later).
 Result<StageStepCheck> CheckStageContinuity(const StageCheckInput& in, uint64_t step,
                                             std::span<const Hash256> leaves,
