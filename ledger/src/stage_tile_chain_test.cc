@@ -494,6 +494,13 @@ TEST_P(StageBundleTest, OverTheStageBoundAMismatchCarriesTheBundleButAnUnservedC
       << refused[0].reason;
   ASSERT_NO_FATAL_FAILURE(RevealAll(verdicts, unserved ? std::string() : bundle_));
   EXPECT_EQ(Check(cheat_).dispute()->config().operator_tiles.empty(), unserved);
+  if (unserved) {
+    // The one stage claim the genesis key still rules over the bound (docs/verification.md,
+    // "What still uses the genesis key"): the dispute is at the referee at once.
+    const RefereeTask task = TaskNow();
+    EXPECT_EQ(task.challenger_output, StageUnservedLeaf(task.defender_output));
+    StepOk({GenesisRuling(task)});
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(EachClaim, StageBundleTest, ::testing::Bool(),
@@ -628,10 +635,10 @@ TEST_F(StageTileChain10mTest, ALazyStageOverTheWitnessBoundLosesToTheRootsOfItsC
 
 // ---- A sequential model's stages (issue 15's stage disputes, issue 16's tile phase): an MLP of
 // the fashion MLP's layers (12 -> 16 -> 8 -> 4: linear, relu, linear, relu, linear) cut into a
-// stage per linear layer ([0, 2, 4, 5]), 2 micro-batches, clipped AdamW, on 64 synthetic examples
-// with a data root over them (engine::DataTree), trained by the replica's stages with
-// RunStageStep. Its stages are declared over the stage witness bound, so RefereeStageStep could not
-// rule them and only the tile phase does.
+// stage per linear layer ([0, 2, 4, 5]), or a small CNN (CnnStageBundle), 2 micro-batches, clipped
+// AdamW, on 64 synthetic examples with a data root over them (engine::DataTree), trained by the
+// replica's stages with RunStageStep. Its stages are declared over the stage witness bound, so
+// RefereeStageStep could not rule them and only the tile phase does.
 
 constexpr char kSeqStageBundle[] = R"([task]
 name = "ledger-stage-mlp"
@@ -674,16 +681,40 @@ cut = [0, 2, 4, 5]
 aggregation = "mean"
 )";
 
+// The same task with a small CNN of the fashion CNN's kinds (1 x 8 x 8 images: conv relu maxpool,
+// conv relu maxpool, flatten linear), cut into a stage per convolution or linear layer.
+std::string CnnStageBundle() {
+  std::string b = kSeqStageBundle;
+  const size_t from = b.find("[model]"), to = b.find("[optimizer]");
+  b.replace(from, to - from,
+            "[model]\ninput = [1, 8, 8]\n"
+            "[[model.layers]]\nkind = \"conv2d\"\nout = 2\nkernel = 3\npad = 1\n"
+            "[[model.layers]]\nkind = \"relu\"\n[[model.layers]]\nkind = \"maxpool2d\"\n"
+            "kernel = 2\n"
+            "[[model.layers]]\nkind = \"conv2d\"\nout = 2\nkernel = 3\npad = 1\n"
+            "[[model.layers]]\nkind = \"relu\"\n[[model.layers]]\nkind = \"maxpool2d\"\n"
+            "kernel = 2\n"
+            "[[model.layers]]\nkind = \"flatten\"\n[[model.layers]]\nkind = \"linear\"\n"
+            "out = 4\n");
+  const std::string cut = "cut = [0, 2, 4, 5]";
+  b.replace(b.find(cut), cut.size(), "cut = [0, 3, 6, 8]");
+  return b;
+}
+
 class SeqStageTileChainTest : public StageTileChainTest {
  protected:
   static constexpr int64_t kExamples = 64;
-  SeqStageTileChainTest() {
-    bundle_ = kSeqStageBundle;
-    // The examples, given (no files): SetUp loads none and builds their tree.
+  SeqStageTileChainTest() { UseModel(false); }
+  // The MLP (12 features) or the CNN (1 x 8 x 8 images), and its examples, given (no files):
+  // SetUp loads none and builds their tree. REQUIRES: before SetUp.
+  void UseModel(bool cnn) {
+    bundle_ = cnn ? CnnStageBundle() : std::string(kSeqStageBundle);
+    const int64_t features = cnn ? 64 : 12;
     Rng rng(23);
-    std::vector<float> x(static_cast<size_t>(kExamples * 12));
+    std::vector<float> x(static_cast<size_t>(kExamples * features));
     for (float& v : x) v = static_cast<float>(rng.UniformDouble()) * 2.0f - 1.0f;
-    data_.train.x = engine::Tensor({kExamples, 12}, x);
+    data_.train.x =
+        cnn ? engine::Tensor({kExamples, 1, 8, 8}, x) : engine::Tensor({kExamples, features}, x);
     data_.train.y.resize(kExamples);
     for (int32_t& y : data_.train.y) y = static_cast<int32_t>(rng.Uniform(4));
     data_.train.num_classes = 4;
@@ -707,13 +738,22 @@ struct SeqLie {
   uint32_t stage;
   const char* op;
   bool stage_lies;
+  bool cnn = false;
 };
 class SeqStageTileLieTest : public SeqStageTileChainTest,
-                            public ::testing::WithParamInterface<SeqLie> {};
+                            public ::testing::WithParamInterface<SeqLie> {
+ protected:
+  void SetUp() override {
+    UseModel(GetParam().cnn);
+    SeqStageTileChainTest::SetUp();
+  }
+};
 
 // The game narrows to the lie's tile and the ledger recomputes it (RefereeTile: RuleTile) for the
-// honest side, whichever side lied. The first stage's linear reads the step's examples: its
-// witness carries them, each proven against the task's data root (a changed example is refused).
+// honest side, whichever side lied, at each stage of the MLP and of the CNN (a convolution of the
+// pooled activations it received, and a linear layer after the flatten). The first stage's first
+// layer reads the step's examples: its witness carries them, each proven against the task's data
+// root (a changed example is refused).
 TEST_P(SeqStageTileLieTest, ALieAtATileOfASequentialStageIsRuledOnChainByRefereeTile) {
   const SeqLie lie = GetParam();
   cheat_ = lie.stage;
@@ -767,9 +807,13 @@ INSTANTIATE_TEST_SUITE_P(
     EachStageAndSide, SeqStageTileLieTest,
     ::testing::Values(SeqLie{0, "layers.0.out", true}, SeqLie{0, "layers.0.out", false},
                       SeqLie{1, "layers.2.out", true}, SeqLie{1, "layers.2.out", false},
-                      SeqLie{2, "layers.4.out", true}, SeqLie{2, "layers.4.out", false}),
+                      SeqLie{2, "layers.4.out", true}, SeqLie{2, "layers.4.out", false},
+                      SeqLie{0, "layers.0.out", true, true}, SeqLie{0, "layers.0.out", false, true},
+                      SeqLie{1, "layers.3.out", true, true}, SeqLie{1, "layers.3.out", false, true},
+                      SeqLie{2, "layers.7.out", true, true},
+                      SeqLie{2, "layers.7.out", false, true}),
     [](const ::testing::TestParamInfo<SeqLie>& p) {
-      return "Stage" + std::to_string(p.param.stage) +
+      return std::string(p.param.cnn ? "Cnn" : "Mlp") + "Stage" + std::to_string(p.param.stage) +
              (p.param.stage_lies ? "StageLies" : "VerifierLies");
     });
 
