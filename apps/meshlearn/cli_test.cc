@@ -305,6 +305,56 @@ void WriteNpy(const std::string& path, const std::string& descr, const std::stri
   std::ofstream(path, std::ios::binary) << out << h << data;
 }
 
+// A sequential model's cut as a task file gives it: a stage of only a relu holds no parameters,
+// trains nothing, and its disputes could only go to a trusted key, so `task submit` refuses it,
+// naming the stage, its layers and a cut that works; the cut chosen when network.cut is left out
+// holds parameters in every stage, and more stages than the model has layers with parameters are
+// refused (docs/submitters.md, "Micro-batches and pipeline stages").
+TEST(Cli, TaskSubmitRefusesACutWithAStageWithoutParameters) {
+  const std::string base = TempHome();
+  const std::string zeros(16 * 4 * 4, '\0');
+  WriteNpy(base + "/train_x.npy", "<f4", "(16, 4)", zeros);
+  WriteNpy(base + "/train_y.npy", "|u1", "(16,)", std::string(16, '\0'));
+  WriteNpy(base + "/test_x.npy", "<f4", "(16, 4)", zeros);
+  WriteNpy(base + "/test_y.npy", "|u1", "(16,)", std::string(16, '\1'));
+  auto task = [&](const std::string& pipeline) {
+    std::ofstream(base + "/mlp.toml")
+        << "[task]\nname = \"mlp-cut\"\nseed = 5\n"
+           "[data]\nformat = \"npy\"\ntrain_x = \"train_x.npy\"\ntrain_y = \"train_y.npy\"\n"
+           "test_x = \"test_x.npy\"\ntest_y = \"test_y.npy\"\n"
+           "[model]\ninput = [4]\n"
+           "[[model.layers]]\nkind = \"linear\"\nout = 8\n[[model.layers]]\nkind = \"relu\"\n"
+           "[[model.layers]]\nkind = \"linear\"\nout = 8\n[[model.layers]]\nkind = \"relu\"\n"
+           "[[model.layers]]\nkind = \"linear\"\nout = 3\n"
+           "[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n"
+           "[train]\nsteps = 2\nbatch_size = 4\neval_batch_size = 16\neval_batches = 1\n"
+           "[network]\nrounds = 1\nunits_per_round = 2\ninner_steps = 2\nbudget = 100000\n"
+           "price_cap = 100\n"
+        << pipeline;
+    return base + "/mlp.toml";
+  };
+  CmdResult lone =
+      Meshlearn("task submit " + task("stages = 3\ncut = [0, 1, 2, 5]\n") + " --dry-run", base);
+  EXPECT_NE(lone.code, 0);
+  EXPECT_NE(lone.out.find("mlp.toml: network.cut: stage 1 holds layers [1, 2) (model.layers[1] "
+                          "(relu)), none with parameters"),
+            std::string::npos)
+      << lone.out;
+  EXPECT_NE(lone.out.find("move a bound so that stage 1 holds a layer with parameters"),
+            std::string::npos)
+      << lone.out;
+  EXPECT_EQ(lone.out.find("mlp.toml: " + base + "/mlp.toml"), std::string::npos)
+      << "the file named once: " << lone.out;
+  CmdResult chosen = Meshlearn("task submit " + task("stages = 3\n") + " --dry-run", base);
+  EXPECT_EQ(chosen.code, 0) << chosen.out;
+  CmdResult four = Meshlearn("task submit " + task("stages = 4\n") + " --dry-run", base);
+  EXPECT_NE(four.code, 0);
+  EXPECT_NE(four.out.find("mlp.toml: network.stages: stages (4) must be at most the 3 layers "
+                          "with parameters of the model"),
+            std::string::npos)
+      << four.out;
+}
+
 // Regression (issue 12 item 8): the metric a command shows is decided by the task's kind (its
 // spec, from the bundle), not guessed from the numbers. Before, "no round reported accuracy" meant
 // "a language model": a classifier whose test accuracy is exactly 0 was shown with a perplexity

@@ -106,10 +106,11 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   // ledger executes a disputed step (RefereeStepTx) or tile (RefereeTileTx) against it.
   t.params = node::MakeTaskParams(t.facts, t.net, Hash256{});
   ledger::TaskParams& p = t.params;
-  // A pipeline task (issue 15): its stages' needs for the ledger's placement; errors name
-  // network.stages or network.cut.
+  // A pipeline task (issue 15): its stages' needs for the ledger's placement; errors name the
+  // task file and network.stages or network.cut (engine::TaskPipelineCut), so no prefix here: it
+  // read "task.toml: task.toml: network.cut: ...".
   if (t.net.stages > 1) {
-    ML_RETURN_IF_ERROR(node::AddPipelineTerms(t.trainer->task(), t.net, &p).WithPrefix(path));
+    ML_RETURN_IF_ERROR(node::AddPipelineTerms(t.trainer->task(), t.net, &p));
   }
   if (t.net.tolerance_mode) ML_RETURN_IF_ERROR(SetTolerance(env, path, &t));
   t.view = node::MakeTaskView(*t.trainer, t.net);

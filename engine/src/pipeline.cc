@@ -163,6 +163,16 @@ Result<PipelineCut> ChooseCut(const ModelSpec& spec, const OptimizerSpec& optimi
   }
   ML_RETURN_IF_ERROR(CheckMicroBatches(batch, micro_batches));
   ML_ASSIGN_OR_RETURN(std::vector<LayerCost> layers, LayerCosts(spec, seq_len));
+  // Every stage holds a layer with parameters (TaskPipelineCut refuses a stage without), so no
+  // cut exists into more stages than the model has such layers.
+  const int64_t with_parameters = std::count_if(
+      layers.begin(), layers.end(), [](const LayerCost& l) { return l.parameters > 0; });
+  if (stages > with_parameters) {
+    return InvalidArgument("stages (" + std::to_string(stages) + ") must be at most the " +
+                           std::to_string(with_parameters) + " " + unit +
+                           " with parameters of the model: every stage holds at least one "
+                           "(a stage without parameters trains nothing); use fewer stages");
+  }
   // Integer keys: FLOPs, then bytes (rounded up; the byte estimates are integers anyway).
   auto flops = [&](int64_t a, int64_t b) {
     return PipeStageCost(spec, optimizer, layers, a, b, batch, micro_batches).flops;
@@ -170,6 +180,9 @@ Result<PipelineCut> ChooseCut(const ModelSpec& spec, const OptimizerSpec& optimi
   auto bytes = [&](int64_t a, int64_t b) {
     return static_cast<uint64_t>(std::ceil(
         PipeStageCost(spec, optimizer, layers, a, b, batch, micro_batches).total_bytes()));
+  };
+  auto holds_parameters = [&](int64_t a, int64_t b) {
+    return PipeStageCost(spec, optimizer, layers, a, b, batch, micro_batches).parameters > 0;
   };
   const size_t N = static_cast<size_t>(n), S = static_cast<size_t>(stages);
   // best[k][i]: the optimum over cuts of layers [i, N) into k stages whose every stage has
@@ -187,6 +200,7 @@ Result<PipelineCut> ChooseCut(const ModelSpec& spec, const OptimizerSpec& optimi
         for (size_t j = i + 1; j + (k - 1) <= N; ++j) {
           if (best[k - 1][j] == kInf) continue;
           const int64_t a = static_cast<int64_t>(i), b = static_cast<int64_t>(j);
+          if (!holds_parameters(a, b)) continue;
           if (flops(a, b) > flops_cap || bytes(a, b) > bytes_cap) continue;
           const PipeU128 here = key(a, b);
           const PipeU128 v = sum ? here + best[k - 1][j] : std::max(here, best[k - 1][j]);
@@ -222,6 +236,53 @@ Result<PipelineCut> ChooseCut(const ModelSpec& spec, const OptimizerSpec& optimi
   return MakeCut(spec, std::move(bounds), "ChooseCut");
 }
 
+namespace {
+
+// A stage without parameters (a lone activation, pool, dropout or flatten) trains nothing, so no
+// node is paid to run one; nor could the ledger rule its step's chain end without a key, as it has
+// no state to rule it from (docs/verification.md, "Who rules what"). InvalidArgument naming the
+// stage, its layers and the fix.
+Status CheckStagesHoldParameters(const TaskSpec& task, const PipelineCut& cut) {
+  // A GPT's cut layers are its blocks, each with parameters.
+  if (task.model.kind == "gpt") return Status::Ok();
+  ML_ASSIGN_OR_RETURN(std::vector<LayerCost> layers, LayerCosts(task.model, task.seq_len));
+  for (int s = 0; s < cut.stages(); ++s) {
+    int64_t parameters = 0;
+    std::string names;
+    for (int64_t i = cut.bounds[s]; i < cut.bounds[s + 1]; ++i) {
+      const LayerCost& l = layers[static_cast<size_t>(i)];
+      parameters += l.parameters;
+      names += (names.empty() ? "" : ", ") + l.name;
+    }
+    if (parameters > 0) continue;
+    // The fix, concretely: the cut ChooseCut makes of as many stages, or fewer stages where the
+    // model has too few layers with parameters for that many.
+    Result<PipelineCut> best = ChooseCut(task.model, task.optimizer, cut.stages(), task.batch_size,
+                                         task.seq_len, task.micro_batches);
+    std::string fix;
+    if (best.ok()) {
+      fix = "move a bound so that stage " + std::to_string(s) +
+            " holds a layer with parameters (a linear, conv2d or layernorm), e.g. network.cut = [";
+      for (size_t i = 0; i < best->bounds.size(); ++i) {
+        fix += (i == 0 ? "" : ", ") + std::to_string(best->bounds[i]);
+      }
+      fix += "] (the cut chosen when network.cut is left out)";
+    } else {
+      fix = "use fewer stages (" + best.status().message() + ")";
+    }
+    return InvalidArgument(task.path + ": network.cut: stage " + std::to_string(s) +
+                           " holds layers [" + std::to_string(cut.bounds[s]) + ", " +
+                           std::to_string(cut.bounds[s + 1]) + ") (" + names +
+                           "), none with parameters: a stage that trains nothing is refused "
+                           "(nobody is paid to run it, and the ledger could not rule its "
+                           "disputes); " +
+                           fix);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<PipelineCut> TaskPipelineCut(const TaskSpec& task, int stages,
                                     const std::vector<int64_t>& cut) {
   if (!cut.empty()) {
@@ -230,7 +291,9 @@ Result<PipelineCut> TaskPipelineCut(const TaskSpec& task, int stages,
                              " bounds but network.stages = " + std::to_string(stages) + " needs " +
                              std::to_string(stages + 1));
     }
-    return MakeCut(task.model, cut, task.path + ": network.cut");
+    ML_ASSIGN_OR_RETURN(PipelineCut given, MakeCut(task.model, cut, task.path + ": network.cut"));
+    ML_RETURN_IF_ERROR(CheckStagesHoldParameters(task, given));
+    return given;
   }
   Result<PipelineCut> chosen = ChooseCut(task.model, task.optimizer, stages, task.batch_size,
                                          task.seq_len, task.micro_batches);

@@ -645,7 +645,8 @@ TEST(CutTest, ChooseCutBalancesTheTenMillionGptInFourStages) {
 }
 
 // ChooseCut against every cut of every stage count, enumerated: the smallest (largest FLOPs,
-// largest bytes, sum of squared FLOPs, bounds) in that order.
+// largest bytes, sum of squared FLOPs, bounds) in that order, of the cuts whose every stage holds
+// parameters; none, and ChooseCut's error, for more stages than the model has layers with them.
 void ExpectChooseCutIsTheBestOfAll(const ModelSpec& spec, int64_t batch, int64_t seq_len,
                                    int64_t M) {
   OptimizerSpec adamw;
@@ -664,6 +665,7 @@ void ExpectChooseCutIsTheBestOfAll(const ModelSpec& spec, int64_t batch, int64_t
         uint64_t f = 0, b = 0;
         long double sq = 0;
         for (const StageCost& st : *c) {
+          if (st.parameters == 0) return;
           f = std::max(f, st.flops);
           b = std::max(b, static_cast<uint64_t>(std::ceil(st.total_bytes())));
           sq += static_cast<long double>(st.flops) * static_cast<long double>(st.flops);
@@ -679,6 +681,12 @@ void ExpectChooseCutIsTheBestOfAll(const ModelSpec& spec, int64_t batch, int64_t
     };
     walk(1, 1);
     Result<PipelineCut> cut = ChooseCut(spec, adamw, S, batch, seq_len, M);
+    if (!best) {
+      ASSERT_FALSE(cut.ok()) << spec.kind << " S=" << S;
+      EXPECT_NE(cut.status().message().find("with parameters of the model"), std::string::npos)
+          << cut.status().message();
+      continue;
+    }
     ASSERT_TRUE(cut.ok()) << cut.status().ToString();
     EXPECT_EQ(cut->bounds, std::get<3>(*best)) << spec.kind << " S=" << S;
   }
@@ -718,6 +726,57 @@ TEST(CutTest, TaskPipelineCutNamesTheTaskFileAndTheKey) {
                                          "start at 0 and end at 6"),
             std::string::npos)
       << past.status().message();
+}
+
+// A stage without parameters trains nothing and its disputes could only go to a key
+// (docs/verification.md, "Who rules what"): a task file's cut that makes one is refused, naming the
+// stage, its layers and a cut that works; a chosen cut never makes one, and more stages than the
+// model has layers with parameters are refused.
+TEST(CutTest, TaskPipelineCutRefusesAStageWithoutParameters) {
+  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml";
+  Result<TaskSpec> task = TaskSpec::Load(Env::Default(), path);
+  ASSERT_TRUE(task.ok()) << task.status().ToString();
+  // [linear] [relu] [linear relu linear]: stage 1 is the lone relu.
+  Result<PipelineCut> lone = TaskPipelineCut(*task, 3, {0, 1, 2, 5});
+  ASSERT_FALSE(lone.ok());
+  EXPECT_EQ(lone.status().code(), StatusCode::kInvalidArgument);
+  Result<PipelineCut> chosen = TaskPipelineCut(*task, 3, {});
+  ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+  std::string bounds;
+  for (int64_t b : chosen->bounds) bounds += (bounds.empty() ? "" : ", ") + std::to_string(b);
+  EXPECT_NE(lone.status().message().find(
+                "fashion-mlp.toml: network.cut: stage 1 holds layers [1, 2) (model.layers[1] "
+                "(relu)), none with parameters"),
+            std::string::npos)
+      << lone.status().message();
+  EXPECT_NE(lone.status().message().find("move a bound so that stage 1 holds a layer with "
+                                         "parameters (a linear, conv2d or layernorm), e.g. "
+                                         "network.cut = [" +
+                                         bounds + "]"),
+            std::string::npos)
+      << lone.status().message();
+  EXPECT_TRUE(TaskPipelineCut(*task, 3, chosen->bounds).ok());
+  Result<std::vector<StageCost>> costs =
+      CutCosts(task->model, task->optimizer, *chosen, task->batch_size, 0, task->micro_batches);
+  ASSERT_TRUE(costs.ok());
+  for (const StageCost& c : *costs) EXPECT_GT(c.parameters, 0);
+  // Four stages of a model with three layers with parameters: no cut works, so the fix is fewer
+  // stages.
+  Result<PipelineCut> four = TaskPipelineCut(*task, 4, {0, 1, 2, 4, 5});
+  ASSERT_FALSE(four.ok());
+  EXPECT_NE(four.status().message().find("stage 1 holds layers [1, 2)"), std::string::npos)
+      << four.status().message();
+  EXPECT_NE(four.status().message().find("use fewer stages (stages (4) must be at most the 3 "
+                                         "layers with parameters of the model"),
+            std::string::npos)
+      << four.status().message();
+  Result<PipelineCut> auto_four = TaskPipelineCut(*task, 4, {});
+  ASSERT_FALSE(auto_four.ok());
+  EXPECT_NE(auto_four.status().message().find(
+                "fashion-mlp.toml: network.stages: stages (4) must be at most the 3 layers with "
+                "parameters of the model"),
+            std::string::npos)
+      << auto_four.status().message();
 }
 
 // What `meshlearn diloco` computes for one unit of a task with micro-batches (Trainer::StartUnit,

@@ -991,6 +991,50 @@ TEST_F(PipelineVerificationTest, AStageThatLiesAboutAStepIsSlashedAndItsReplicaR
   }
 }
 
+// A cut with a stage without parameters (here stage 1, the fashion MLP's lone relu) trains nothing
+// there, and no state could rule that stage's chain end: `task submit` refuses it
+// (engine::TaskPipelineCut). A task whose bundle has one anyway (sent around `task submit`) gets
+// no tile plan for any stage (TileContextOf), so the mismatch, which must carry the bundle over
+// the stage witness bound, plays whole steps. Before, the genesis key ruled them; now no key does:
+// RuleDispute is refused, and the dispute ends undecided at the referee's deadline, the stage's
+// replica re-run and nobody slashed.
+TEST_F(PipelineVerificationTest, AStageWithoutParametersIsRuledByNoKey) {
+  bundle_ = pipeline_testing::FashionMlpPipelineBundle("[0, 1, 2, 5]");
+  Start();
+  constexpr uint32_t kCheat = 1;
+  CommitStages(kCheat);
+  Aggregate();
+  ASSERT_FALSE(LedgerRulesStageStep(Task().params, kCheat));
+  const Hash256 truth = StepLeaves(kCheat)[1];
+  ASSERT_NO_FATAL_FAILURE(VerdictsUntilDisputed(
+      kStages, kCheat, Mismatch(kCheat, StepLeaves(kCheat, true, 1), 1, truth), bundle_));
+  ASSERT_EQ(Check(kCheat).dispute()->stage(), protocol::DisputeStage::kDisputeReferee);
+  EXPECT_TRUE(Check(kCheat).dispute()->config().operator_tiles.empty()) << "no tile phase";
+  const PublicKey stage_node = Unit(kCheat).assignee;
+  ExpectEachRefused(
+      {{Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = truth}),
+        "is a pipeline stage, whose disputes the ledger rules itself (RefereeTile, "
+        "RefereeStageStep) unless the claim is that the stage served nothing; the genesis key "
+        "rules no other"},
+       {Q(alice_,
+          RefereeStageStepTx{
+              .task_id = task_id_, .index = kCheat, .witness = {EncodeStageStepWitness({})}}),
+        "is not ruled from the step's replay"}});
+  for (uint64_t i = 0; i <= genesis_.params.referee_blocks + 1 && HasCheck(kCheat) &&
+                       Check(kCheat).stage() == protocol::CheckStage::kCheckDisputed;
+       ++i) {
+    Step();
+  }
+  ASSERT_TRUE(!HasCheck(kCheat) || Check(kCheat).stage() != protocol::CheckStage::kCheckDisputed)
+      << "the referee's deadline ends the dispute";
+  const TaskRecord t = Task();
+  EXPECT_EQ(t.verification.fraud, 0u);
+  EXPECT_EQ(t.verification.slashed, 0u);
+  EXPECT_TRUE(t.verification.rulings.empty()) << TaskToJson(t)["verification"].dump();
+  EXPECT_EQ(Node(stage_node).reputation.slashes, 0u);
+  EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
+}
+
 // Two replicas; stage 1 of replica 0 lies from step 1 on (of 4) and, disputed over its tile plan,
 // does not defend it. Before the round re-runs, the work no false tensor reached is paid: replica
 // 1's stages their whole StageUnitCost (trained from the round's honest start), replica 0's honest

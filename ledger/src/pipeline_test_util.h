@@ -60,7 +60,8 @@ inline TaskParams PipelineParams() {
 // A real sequential model's pipeline task bundle: examples/fashion-mlp.toml's model (784-256-128-
 // 10: linear, relu, linear, relu, linear) cut at `cut` (its [network] table's list, kStages + 1
 // layer indices) into kStages stages, one round of kStages units of 4 steps. The ledger plans a
-// stage of it from the bundle (TileContextOf), unless the stage holds no parameters.
+// stage of it from the bundle (TileContextOf), unless the cut makes a stage without parameters,
+// which the engine refuses (engine::TaskPipelineCut).
 inline std::string FashionMlpPipelineBundle(const std::string& cut) {
   Result<std::string> text =
       Env::Default()->ReadFile(std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-mlp.toml");
@@ -451,16 +452,43 @@ class PipelineRulingTest : public PipelineVerificationTest {
     Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle_, "ruling.toml", bundle_dir_);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     spec_ = *spec;
-    Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), spec_);
-    ASSERT_TRUE(data.ok()) << data.status().ToString();
-    data_ = std::move(*data);
-    pages_ = std::make_unique<engine::TokenPageTree>(data_.train_tokens.tokens);
+    // A test that gives its own examples (a classification task, data_.train, set in its
+    // constructor) loads no files.
+    if (data_.train.size() == 0) {
+      Result<engine::TaskData> data = engine::LoadTaskData(Env::Default(), spec_);
+      ASSERT_TRUE(data.ok()) << data.status().ToString();
+      data_ = std::move(*data);
+    }
+    // The data root: a token task's over its pages, a classification task's over its examples.
+    if (tokens()) {
+      pages_ = std::make_unique<engine::TokenPageTree>(data_.train_tokens.tokens);
+    } else {
+      tree_ = std::make_unique<engine::DataTree>(data_.train);
+    }
     Result<ConfigFile> cfg = ConfigFile::Parse(bundle_, "ruling.toml");
     ASSERT_TRUE(cfg.ok());
     Result<protocol::NetworkSpec> net = protocol::NetworkSpec::FromConfig(*cfg);
     ASSERT_TRUE(net.ok()) << net.status().ToString();
     net_ = *net;
     work_ = protocol::UnitWorkOf(net_, spec_.seed, engine::TaskContentId(spec_), 0, 0);
+  }
+
+  bool tokens() const { return spec_.data.format != "idx" && spec_.data.format != "npy"; }
+
+  // The batch of step `step` (every stage of the replica draws it: the unit's work stream), a
+  // token task's windows or a classification task's examples.
+  engine::Batch StepBatch(uint64_t step) const {
+    if (tokens()) {
+      return engine::MakeTokenBatch(
+          data_.train_tokens,
+          engine::WindowStarts(
+              spec_.seed, work_.stream, static_cast<int64_t>(step), spec_.batch_size,
+              static_cast<int64_t>(data_.train_tokens.tokens.size()), spec_.seq_len),
+          spec_.seq_len);
+    }
+    return engine::MakeClassificationBatch(
+        data_.train, engine::BatchIndices(spec_.seed, work_.stream, data_.train.size(),
+                                          spec_.batch_size, static_cast<int64_t>(step)));
   }
 
   // The replica's stages as a round starts them: every stage of `setup`, initialised as one model
@@ -502,16 +530,18 @@ class PipelineRulingTest : public PipelineVerificationTest {
   // `tweak` (optional) then edits the params (a stage's declared memory).
   void StartRuled(const Hash256& initial_state = Hash256{},
                   const std::function<void(TaskParams&)>& tweak = nullptr) {
-    const Hash256 root = pages_->root();
-    const uint64_t tokens = static_cast<uint64_t>(pages_->num_tokens());
+    const Hash256 root = tokens() ? pages_->root() : tree_->root();
+    const uint64_t examples =
+        static_cast<uint64_t>(tokens() ? pages_->num_tokens() : tree_->size());
     Result<std::unique_ptr<engine::Model>> whole = engine::Model::Create(spec_.model);
     ASSERT_TRUE(whole.ok());
     const uint64_t model_bytes = 4 * static_cast<uint64_t>((*whole)->NumParameters());
     Start([&](TaskParams& p) {
       p.data_root = root;
-      p.num_examples = tokens;
-      p.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
-      p.batch_size = 4;
+      p.num_examples = examples;
+      p.data_page_tokens = tokens() ? static_cast<uint32_t>(engine::kTokenPageTokens) : 0;
+      // A classification task's batch as its bundle's (the GPT fixtures keep the 4 they had).
+      p.batch_size = tokens() ? 4 : static_cast<uint32_t>(spec_.batch_size);
       p.model_bytes = model_bytes;  // the vocabulary the bundle leaves to the data
       p.stage_memory_bytes = {1u << 20, 1u << 20, 1u << 20};
       if (!initial_state.IsZero()) p.initial_state = initial_state;
@@ -549,12 +579,7 @@ class PipelineRulingTest : public PipelineVerificationTest {
     TestStageNetwork net(ctx, keys);
     evidence_.assign(kStages, std::vector<TestStageEvidence>(kSteps));
     for (uint64_t t = 0; t < kSteps; ++t) {
-      const engine::Batch batch = engine::MakeTokenBatch(
-          data_.train_tokens,
-          engine::WindowStarts(spec_.seed, work_.stream, static_cast<int64_t>(t), spec_.batch_size,
-                               static_cast<int64_t>(data_.train_tokens.tokens.size()),
-                               spec_.seq_len),
-          spec_.seq_len);
+      const engine::Batch batch = StepBatch(t);
       std::vector<Result<StageStepOutcome>> out(kStages, InvalidArgument("not run"));
       std::vector<std::thread> threads;
       for (uint32_t st = 0; st < kStages; ++st) {
@@ -610,7 +635,8 @@ class PipelineRulingTest : public PipelineVerificationTest {
 
   engine::TaskSpec spec_;
   engine::TaskData data_;
-  std::unique_ptr<engine::TokenPageTree> pages_;
+  std::unique_ptr<engine::TokenPageTree> pages_;  // a token task's
+  std::unique_ptr<engine::DataTree> tree_;        // a classification task's
   protocol::NetworkSpec net_;
   protocol::UnitWork work_;
   std::vector<std::vector<TestStageEvidence>> evidence_;

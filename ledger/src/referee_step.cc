@@ -80,24 +80,14 @@ Result<UnitReplay> LoadUnitReplay(const TaskRecord& t, const WorkUnit& unit,
 }
 
 // The tile plan of stage `stage`'s step of the task `r` replays: PlanStageStepTiles of the task's
-// cut (FailedPrecondition for a cut that does not fit, or a stage without parameters).
+// cut (an error for a cut that does not fit, or that makes a stage without parameters: the
+// engine refuses it, TaskPipelineCut, so every stage has state to rule its chain end from).
 Result<engine::TilePlan> StageStepPlan(const UnitReplay& r, const engine::OptimizerSpec& optimizer,
                                        uint32_t stage) {
   ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
                       engine::TaskPipelineCut(r.spec, static_cast<int>(r.net.stages), r.net.cut));
-  ML_ASSIGN_OR_RETURN(
-      engine::TilePlan plan,
-      engine::PlanStageStepTiles(r.spec.model, optimizer, cut.part(static_cast<int>(stage)),
-                                 r.spec.batch_size, r.spec.seq_len, r.spec.micro_batches));
-  // A sequential stage without parameters (a lone activation, pool or flatten) has no state to
-  // rule its chain end from (StageCommitFollowsFromRoots starts from the state's roots), and its
-  // empty norm partials no tile: its disputes stay whole steps.
-  if (StateOperators(plan) == 0) {
-    return FailedPrecondition("stage " + std::to_string(stage) +
-                              " holds no parameters, so its step has no state to rule its tiles' "
-                              "chain from: its disputes are ruled whole");
-  }
-  return plan;
+  return engine::PlanStageStepTiles(r.spec.model, optimizer, cut.part(static_cast<int>(stage)),
+                                    r.spec.batch_size, r.spec.seq_len, r.spec.micro_batches);
 }
 
 // The unit's training state after `step` from `flat` (FlatState's layout), checked to hash to

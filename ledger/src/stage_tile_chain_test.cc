@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "meshlearn/base/env.h"
+#include "meshlearn/base/rng.h"
 #include "meshlearn/engine/op_trace.h"
 #include "meshlearn/engine/tile.h"
 #include "meshlearn/ledger/referee_tile.h"
@@ -60,14 +61,12 @@ std::shared_ptr<const engine::OpTrace> WithLie(const engine::OpTrace& honest, si
 
 class StageTileChainTest : public PipelineRulingTest {
  protected:
+  // The disputed stage (PipelineRulingTest's kCheat unless a test names another before its
+  // dispute opens).
+  uint32_t cheat_ = kCheat;
+
   // The step's batch (every stage of the replica draws it: the unit's work stream).
-  engine::Batch BatchOf(uint64_t step) const {
-    return engine::MakeTokenBatch(
-        data_.train_tokens,
-        engine::WindowStarts(spec_.seed, work_.stream, static_cast<int64_t>(step), spec_.batch_size,
-                             static_cast<int64_t>(data_.train_tokens.tokens.size()), spec_.seq_len),
-        spec_.seq_len);
-  }
+  engine::Batch BatchOf(uint64_t step) const { return StepBatch(step); }
 
   std::vector<protocol::NodeId> Chain() {
     std::vector<protocol::NodeId> chain;
@@ -94,13 +93,13 @@ class StageTileChainTest : public PipelineRulingTest {
 
   // The chain's view of the disputed stage unit, as the ledger derives it.
   TileRuleContext Context() {
-    Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(kCheat), bundle_, "test");
+    Result<TileRuleContext> ctx = TileContextOf(Task(), Unit(cheat_), bundle_, "test");
     CHECK(ctx.ok()) << ctx.status().ToString();
     return std::move(*ctx);
   }
 
   // The stages commit `leaves`, the round aggregates, and the verifier seals its verdicts: a
-  // mismatch on stage kCheat's step kLieStep (claiming `claim`), the other stages clean. Returns
+  // mismatch on stage cheat_'s step kLieStep (claiming `claim`), the other stages clean. Returns
   // them at the reveal.
   std::vector<Sealed> SealMismatch(const std::vector<std::vector<Hash256>>& leaves,
                                    const Hash256& claim) {
@@ -111,7 +110,7 @@ class StageTileChainTest : public PipelineRulingTest {
     std::vector<Sealed> verdicts;
     txs.clear();
     for (uint32_t i = 0; i < kStages; ++i) {
-      verdicts.push_back(i == kCheat ? Mismatch(kCheat, leaves[kCheat], kLieStep, claim)
+      verdicts.push_back(i == cheat_ ? Mismatch(cheat_, leaves[cheat_], kLieStep, claim)
                                      : Clean(i));
       txs.push_back(SealTx(i, verdicts.back()));
     }
@@ -123,18 +122,18 @@ class StageTileChainTest : public PipelineRulingTest {
   void RevealAll(const std::vector<Sealed>& verdicts, const std::string& bundle) {
     std::vector<Transaction> txs;
     for (uint32_t i = 0; i < kStages; ++i) {
-      txs.push_back(RevealTx(i, verdicts[i], i == kCheat ? bundle : std::string()));
+      txs.push_back(RevealTx(i, verdicts[i], i == cheat_ ? bundle : std::string()));
       txs.push_back(SecretTx(i));
     }
     StepOk(txs);
-    StepUntil(kCheat, CheckStage::kCheckDisputed);
+    StepUntil(cheat_, CheckStage::kCheckDisputed);
   }
 
-  // The verifier's mismatch on stage kCheat's step kLieStep (claiming `claim`) is revealed with
+  // The verifier's mismatch on stage cheat_'s step kLieStep (claiming `claim`) is revealed with
   // the task bundle: the dispute opens with the tile phase.
   void DisputeWithBundle(const std::vector<std::vector<Hash256>>& leaves, const Hash256& claim) {
     RevealAll(SealMismatch(leaves, claim), bundle_);
-    const protocol::DisputeGame g = *Check(kCheat).dispute();  // a copy: Check() is a value
+    const protocol::DisputeGame g = *Check(cheat_).dispute();  // a copy: Check() is a value
     ASSERT_FALSE(g.config().operator_tiles.empty()) << "the stage's dispute plays the tile phase";
     ASSERT_EQ(g.config().num_operators, Context().plan.ops.size());
   }
@@ -148,8 +147,8 @@ class StageTileChainTest : public PipelineRulingTest {
     const TileRuleContext ctx = Context();
     const engine::Batch batch = BatchOf(kLieStep);
     for (int turn = 0; turn < 80; ++turn) {
-      if (!HasCheck(kCheat) || Check(kCheat).stage() != CheckStage::kCheckDisputed) return;
-      const protocol::DisputeGame g = *Check(kCheat).dispute();
+      if (!HasCheck(cheat_) || Check(cheat_).stage() != CheckStage::kCheckDisputed) return;
+      const protocol::DisputeGame g = *Check(cheat_).dispute();
       if (g.stage() == DisputeStage::kDisputeReferee ||
           g.stage() == DisputeStage::kDisputeResolved) {
         return;
@@ -166,14 +165,14 @@ class StageTileChainTest : public PipelineRulingTest {
             party == DisputeParty::kDefender ? g.config().defender : g.config().challenger;
         if (a->children) {
           txs.push_back(Q(alice_, DisputeChildrenTx{.task_id = task_id_,
-                                                    .index = kCheat,
+                                                    .index = cheat_,
                                                     .node_id = node,
                                                     .position = q.position,
                                                     .left = a->left,
                                                     .right = a->right}));
         } else {
           txs.push_back(Q(alice_, DisputePostTx{.task_id = task_id_,
-                                                .index = kCheat,
+                                                .index = cheat_,
                                                 .node_id = node,
                                                 .position = q.position,
                                                 .hash = a->hash}));
@@ -188,21 +187,22 @@ class StageTileChainTest : public PipelineRulingTest {
   }
 
   RefereeTask TaskNow() {
-    EXPECT_EQ(Check(kCheat).stage(), CheckStage::kCheckDisputed);
-    EXPECT_EQ(Check(kCheat).dispute()->stage(), DisputeStage::kDisputeReferee);
-    return Check(kCheat).dispute()->referee_task();
+    EXPECT_EQ(Check(cheat_).stage(), CheckStage::kCheckDisputed);
+    EXPECT_EQ(Check(cheat_).dispute()->stage(), DisputeStage::kDisputeReferee);
+    return Check(cheat_).dispute()->referee_task();
   }
 
   Transaction RefereeTile(const Bytes& witness) {
     return Q(bob_,
              RefereeTileTx{
-                 .task_id = task_id_, .index = kCheat, .bundle = {bundle_}, .witness = {witness}});
+                 .task_id = task_id_, .index = cheat_, .bundle = {bundle_}, .witness = {witness}});
   }
 
   // A tile task's witness, built from `run`'s trace (anyone's: every input is agreed).
   Bytes TileWitnessOf(const Party& run, const RefereeTask& task) {
-    Result<TileWitness> w = BuildTileWitness(Context(), task, *run.trace, BatchOf(kLieStep),
-                                             nullptr, nullptr, pages_.get());
+    Result<TileWitness> w =
+        BuildTileWitness(Context(), task, *run.trace, BatchOf(kLieStep),
+                         tokens() ? nullptr : &data_.train, tree_.get(), pages_.get());
     CHECK(w.ok()) << w.status().ToString();
     return EncodeTileWitness(*w);
   }
@@ -210,7 +210,7 @@ class StageTileChainTest : public PipelineRulingTest {
   // A roots task's witness from `run`'s trace and the stage's committed `commit`.
   StageRootsWitness RootsWitnessOf(const Party& run, const RefereeTask& task,
                                    const protocol::StageStepCommit& commit) {
-    Result<engine::TrainState> st = StageCheckpointState(evidence_[kCheat][kLieStep].checkpoint);
+    Result<engine::TrainState> st = StageCheckpointState(evidence_[cheat_][kLieStep].checkpoint);
     CHECK(st.ok());
     Result<StageRootsWitness> w =
         BuildStageRootsWitness(Context(), task, *run.trace, commit, st->seed, st->stream);
@@ -221,30 +221,30 @@ class StageTileChainTest : public PipelineRulingTest {
   // Every transaction in `refusals` is refused, naming why; nothing is ruled.
   void ExpectRefused(const std::vector<std::pair<Transaction, std::string>>& refusals) {
     ExpectEachRefused(refusals);
-    ASSERT_TRUE(HasCheck(kCheat));
-    ASSERT_EQ(Check(kCheat).dispute()->stage(), DisputeStage::kDisputeReferee);
+    ASSERT_TRUE(HasCheck(cheat_));
+    ASSERT_EQ(Check(cheat_).dispute()->stage(), DisputeStage::kDisputeReferee);
   }
 
   // The genesis key's word is refused, pointing at RefereeTile.
   Transaction GenesisRuling(const RefereeTask& task) {
     return Q(referee_,
-             RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = task.challenger_output});
+             RuleDisputeTx{.task_id = task_id_, .index = cheat_, .output = task.challenger_output});
   }
 
   // After the ruling: the stage slashed and its round re-run, or the verifier slashed and the
   // round standing.
   void ExpectLoser(bool stage_lies, const PublicKey& stage_node) {
     for (int i = 0;
-         i < 6 && HasCheck(kCheat) && Check(kCheat).stage() == CheckStage::kCheckDisputed; ++i) {
+         i < 6 && HasCheck(cheat_) && Check(cheat_).stage() == CheckStage::kCheckDisputed; ++i) {
       Step();
     }
     for (int i = 0; i < 4; ++i) Step();
     if (stage_lies) {
-      EXPECT_FALSE(HasCheck(kCheat)) << "fraud: the round re-runs";
+      EXPECT_FALSE(HasCheck(cheat_)) << "fraud: the round re-runs";
       EXPECT_EQ(Task().verification.fraud, 1u);
       ExpectOnlyTheCheaterSlashed(stage_node);
     } else {
-      ASSERT_TRUE(HasCheck(kCheat)) << "no fraud: the round stands";
+      ASSERT_TRUE(HasCheck(cheat_)) << "no fraud: the round stands";
       EXPECT_EQ(Task().verification.fraud, 0u);
       EXPECT_EQ(Node(stage_node).reputation.slashes, 0u);
       EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 1u);
@@ -279,17 +279,17 @@ class StageTileLieTest : public StageTileChainTest, public ::testing::WithParamI
 TEST_P(StageTileLieTest, ALieAtATileOfAComputedOperatorIsRuledOnChainByRefereeTile) {
   const bool stage_lies = GetParam();
   std::vector<std::vector<Hash256>> leaves = TrainHonestly();
-  const Party honest = Trace(evidence_[kCheat][kLieStep]);
+  const Party honest = Trace(evidence_[cheat_][kLieStep]);
   const TileRuleContext ctx = Context();
   const int64_t op = OpNamed(ctx.plan, "mb1.h.1.fcproj");
   ASSERT_GE(op, 0);
   const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 5, 0.5f)};
   // The lying stage commits a state after the step other than the honest one (what it claims its
   // wrong operator led to); the lying verifier claims a finding on the honest stage.
-  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  TestStageEvidence committed = evidence_[cheat_][kLieStep];
   if (stage_lies) committed.commit.state_after = Blake2b("the liar's state after");
-  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
-  const PublicKey stage_node = Unit(kCheat).assignee;
+  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  const PublicKey stage_node = Unit(cheat_).assignee;
   ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
   ASSERT_NO_FATAL_FAILURE(Play(stage_lies ? liar : honest, stage_lies ? honest : liar));
   const RefereeTask task = TaskNow();
@@ -299,7 +299,7 @@ TEST_P(StageTileLieTest, ALieAtATileOfAComputedOperatorIsRuledOnChainByRefereeTi
   EXPECT_EQ(TileWitnessOf(liar, task), good) << "the liar's witness is the honest one's";
   EXPECT_LE(good.size(), kMaxTileWitnessBytes);
   std::printf("stage tile witness: %zu bytes, %u turns (%s at tile %llu of %s)\n", good.size(),
-              Check(kCheat).dispute()->turns(), stage_lies ? "stage lies" : "verifier lies",
+              Check(cheat_).dispute()->turns(), stage_lies ? "stage lies" : "verifier lies",
               static_cast<unsigned long long>(task.tile_index),
               ctx.plan.ops[static_cast<size_t>(op)].name.c_str());
   Result<TileWitness> w = DecodeTileWitness(good);
@@ -316,7 +316,7 @@ TEST_P(StageTileLieTest, ALieAtATileOfAComputedOperatorIsRuledOnChainByRefereeTi
       {GenesisRuling(task), "narrowed to one tile, which the ledger recomputes itself"},
       {RefereeTile(EncodeTileWitness(bad_proof)), "is not proven against its agreed output root"},
       {RefereeTile(EncodeTileWitness(bad_values)), "is not proven against its agreed output root"},
-      {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {}}),
+      {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = cheat_, .witness = {}}),
        "is not about one whole stage step"},
   });
   StepOk({RefereeTile(good)});
@@ -343,17 +343,17 @@ TEST_P(StageChainEndTest, AStageWhoseCommitDoesNotFollowFromTheAgreedChainEndLos
   std::vector<std::vector<Hash256>> leaves = TrainHonestly([](TaskParams& p) {
     p.stage_memory_bytes = {8u << 20, 8u << 20, 8u << 20};
   });
-  ASSERT_FALSE(LedgerRulesStageStep(Task().params, kCheat));
-  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  ASSERT_FALSE(LedgerRulesStageStep(Task().params, cheat_));
+  TestStageEvidence committed = evidence_[cheat_][kLieStep];
   if (stage_lies) committed.commit.state_after = committed.commit.state_before;  // lazy
-  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
   StageReplayResult found;
   const Party honest = Trace(committed, &found);
   EXPECT_EQ(found.fault, stage_lies ? StageFault::kStageFaultState : StageFault::kStageFaultNone)
       << found.message;
-  const PublicKey stage_node = Unit(kCheat).assignee;
+  const PublicKey stage_node = Unit(cheat_).assignee;
   ASSERT_NO_FATAL_FAILURE(
-      DisputeWithBundle(leaves, stage_lies ? StageFindingLeaf(leaves[kCheat][kLieStep], found)
+      DisputeWithBundle(leaves, stage_lies ? StageFindingLeaf(leaves[cheat_][kLieStep], found)
                                            : Blake2b("a false finding")));
   ASSERT_NO_FATAL_FAILURE(Play(honest, honest));
   const RefereeTask task = TaskNow();
@@ -372,7 +372,7 @@ TEST_P(StageChainEndTest, AStageWhoseCommitDoesNotFollowFromTheAgreedChainEndLos
   ExpectRefused({
       {GenesisRuling(task), "which the ledger rules itself from roots"},
       {with([&](StageRootsWitness& w) {
-         w.commit = protocol::EncodeStageStepCommit(evidence_[kCheat][0].commit);
+         w.commit = protocol::EncodeStageStepCommit(evidence_[cheat_][0].commit);
        }),
        "send the commit the stage node serves for the step"},
       {with([](StageRootsWitness& w) { w.outputs[3] = Blake2b("another root"); }),
@@ -381,7 +381,7 @@ TEST_P(StageChainEndTest, AStageWhoseCommitDoesNotFollowFromTheAgreedChainEndLos
       {with([](StageRootsWitness& w) { w.seed += 1; }), "do not give the commit's state_before"},
       {RefereeTile(EncodeTileWitness(TileWitness{.outputs = good.outputs})),
        "stage roots witness: starts with"},
-      {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = kCheat, .witness = {}}),
+      {Q(alice_, RefereeStageStepTx{.task_id = task_id_, .index = cheat_, .witness = {}}),
        "the dispute plays the tile phase; send RefereeTile"},
   });
   StepOk({RefereeTile(EncodeStageRootsWitness(good))});
@@ -408,15 +408,15 @@ class StageInputLieTest : public StageTileChainTest,
 TEST_P(StageInputLieTest, ALieAtAnInputOperatorIsRuledFromTheCommittedRoots) {
   const InputLie lie = GetParam();
   std::vector<std::vector<Hash256>> leaves = TrainHonestly();
-  const Party honest = Trace(evidence_[kCheat][kLieStep]);
+  const Party honest = Trace(evidence_[cheat_][kLieStep]);
   const TileRuleContext ctx = Context();
   const int64_t op = OpNamed(ctx.plan, lie.op);
   ASSERT_GE(op, 0);
   const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 0, 0.25f)};
-  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  TestStageEvidence committed = evidence_[cheat_][kLieStep];
   if (lie.stage_lies) committed.commit.state_after = Blake2b("the liar's state after");
-  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
-  const PublicKey stage_node = Unit(kCheat).assignee;
+  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  const PublicKey stage_node = Unit(cheat_).assignee;
   ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
   ASSERT_NO_FATAL_FAILURE(Play(lie.stage_lies ? liar : honest, lie.stage_lies ? honest : liar));
   const RefereeTask task = TaskNow();
@@ -457,14 +457,14 @@ INSTANTIATE_TEST_SUITE_P(EachInput, StageInputLieTest,
 // tiles) loses at the turn's deadline, as a unit's defender does.
 TEST_F(StageTileChainTest, AStageSilentInTheTilePhaseLoses) {
   std::vector<std::vector<Hash256>> leaves = TrainHonestly();
-  const Party honest = Trace(evidence_[kCheat][kLieStep]);
+  const Party honest = Trace(evidence_[cheat_][kLieStep]);
   const int64_t op = OpNamed(Context().plan, "mb0.h.1.fch");
   ASSERT_GE(op, 0);
   const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 3, 0.5f)};
-  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  TestStageEvidence committed = evidence_[cheat_][kLieStep];
   committed.commit.state_after = Blake2b("the liar's state after");
-  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
-  const PublicKey stage_node = Unit(kCheat).assignee;
+  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  const PublicKey stage_node = Unit(cheat_).assignee;
   ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
   ASSERT_NO_FATAL_FAILURE(Play(liar, honest, DisputeParty::kDefender));
   ExpectLoser(true, stage_node);
@@ -482,18 +482,25 @@ TEST_P(StageBundleTest, OverTheStageBoundAMismatchCarriesTheBundleButAnUnservedC
   std::vector<std::vector<Hash256>> leaves = TrainHonestly([](TaskParams& p) {
     p.stage_memory_bytes = {8u << 20, 8u << 20, 8u << 20};
   });
-  ASSERT_FALSE(LedgerRulesStageStep(Task().params, kCheat));
+  ASSERT_FALSE(LedgerRulesStageStep(Task().params, cheat_));
   const Hash256 claim =
-      unserved ? StageUnservedLeaf(leaves[kCheat][kLieStep]) : Blake2b("the verifier's finding");
+      unserved ? StageUnservedLeaf(leaves[cheat_][kLieStep]) : Blake2b("the verifier's finding");
   const std::vector<Sealed> verdicts = SealMismatch(leaves, claim);
   std::vector<Receipt> refused =
-      Step({RevealTx(kCheat, verdicts[kCheat], unserved ? bundle_ : std::string())});
+      Step({RevealTx(cheat_, verdicts[cheat_], unserved ? bundle_ : std::string())});
   EXPECT_FALSE(refused[0].ok);
   EXPECT_NE(refused[0].reason.find(unserved ? "send no bundle" : "bundle is empty"),
             std::string::npos)
       << refused[0].reason;
   ASSERT_NO_FATAL_FAILURE(RevealAll(verdicts, unserved ? std::string() : bundle_));
-  EXPECT_EQ(Check(kCheat).dispute()->config().operator_tiles.empty(), unserved);
+  EXPECT_EQ(Check(cheat_).dispute()->config().operator_tiles.empty(), unserved);
+  if (unserved) {
+    // The one stage claim the genesis key still rules over the bound (docs/verification.md,
+    // "What still uses the genesis key"): the dispute is at the referee at once.
+    const RefereeTask task = TaskNow();
+    EXPECT_EQ(task.challenger_output, StageUnservedLeaf(task.defender_output));
+    StepOk({GenesisRuling(task)});
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(EachClaim, StageBundleTest, ::testing::Bool(),
@@ -571,7 +578,7 @@ class StageTileChain10mTest : public StageTileChainTest {
 
 TEST_F(StageTileChain10mTest, AStageOverTheWitnessBoundIsRuledOnChainAtATile) {
   std::vector<std::vector<Hash256>> leaves = TrainHonestly(Over);
-  ASSERT_FALSE(LedgerRulesStageStep(Task().params, kCheat));
+  ASSERT_FALSE(LedgerRulesStageStep(Task().params, cheat_));
   const TileRuleContext ctx = Context();
   // A lie at tile 0 of micro-batch 1's down projection of the stage's first block.
   int64_t op = -1;
@@ -580,12 +587,12 @@ TEST_F(StageTileChain10mTest, AStageOverTheWitnessBoundIsRuledOnChainAtATile) {
     if (n.starts_with("mb1.h.") && n.ends_with(".fcproj")) op = static_cast<int64_t>(j);
   }
   ASSERT_GE(op, 0);
-  const Party honest = Trace(evidence_[kCheat][kLieStep]);
+  const Party honest = Trace(evidence_[cheat_][kLieStep]);
   const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 7, 0.5f)};
-  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  TestStageEvidence committed = evidence_[cheat_][kLieStep];
   committed.commit.state_after = Blake2b("the liar's state after");
-  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
-  const PublicKey stage_node = Unit(kCheat).assignee;
+  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  const PublicKey stage_node = Unit(cheat_).assignee;
   ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
   ASSERT_NO_FATAL_FAILURE(Play(liar, honest));
   const RefereeTask task = TaskNow();
@@ -596,8 +603,8 @@ TEST_F(StageTileChain10mTest, AStageOverTheWitnessBoundIsRuledOnChainAtATile) {
   std::printf(
       "10M GPT stage %u (%zu operators): a lie at %s ruled by a %zu-byte RefereeTile "
       "after %u turns\n",
-      kCheat, ctx.plan.ops.size(), ctx.plan.ops[static_cast<size_t>(op)].name.c_str(), good.size(),
-      Check(kCheat).dispute()->turns());
+      cheat_, ctx.plan.ops.size(), ctx.plan.ops[static_cast<size_t>(op)].name.c_str(), good.size(),
+      Check(cheat_).dispute()->turns());
   ExpectRefused({{GenesisRuling(task), "narrowed to one tile"}});
   StepOk({RefereeTile(good)});
   ExpectLoser(true, stage_node);
@@ -605,26 +612,268 @@ TEST_F(StageTileChain10mTest, AStageOverTheWitnessBoundIsRuledOnChainAtATile) {
 
 TEST_F(StageTileChain10mTest, ALazyStageOverTheWitnessBoundLosesToTheRootsOfItsChainEnd) {
   std::vector<std::vector<Hash256>> leaves = TrainHonestly(Over);
-  TestStageEvidence committed = evidence_[kCheat][kLieStep];
+  TestStageEvidence committed = evidence_[cheat_][kLieStep];
   committed.commit.state_after = committed.commit.state_before;  // lazy
-  leaves[kCheat][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
   StageReplayResult found;
   const Party honest = Trace(committed, &found);
   ASSERT_EQ(found.fault, StageFault::kStageFaultState) << found.message;
-  const PublicKey stage_node = Unit(kCheat).assignee;
+  const PublicKey stage_node = Unit(cheat_).assignee;
   ASSERT_NO_FATAL_FAILURE(
-      DisputeWithBundle(leaves, StageFindingLeaf(leaves[kCheat][kLieStep], found)));
+      DisputeWithBundle(leaves, StageFindingLeaf(leaves[cheat_][kLieStep], found)));
   ASSERT_NO_FATAL_FAILURE(Play(honest, honest));
   const RefereeTask task = TaskNow();
   ASSERT_EQ(task.roots, RefereeRoots::kRootsChainEnd);
   const Bytes good = EncodeStageRootsWitness(RootsWitnessOf(honest, task, committed.commit));
   EXPECT_LE(good.size(), kMaxTileWitnessBytes);
-  std::printf("10M GPT stage %u: the lazy stage ruled from a %zu-byte roots witness\n", kCheat,
+  std::printf("10M GPT stage %u: the lazy stage ruled from a %zu-byte roots witness\n", cheat_,
               good.size());
   ExpectRefused({{GenesisRuling(task), "which the ledger rules itself from roots"}});
   StepOk({RefereeTile(good)});
   ExpectLoser(true, stage_node);
 }
+
+// ---- A sequential model's stages (issue 15's stage disputes, issue 16's tile phase): an MLP of
+// the fashion MLP's layers (12 -> 16 -> 8 -> 4: linear, relu, linear, relu, linear) cut into a
+// stage per linear layer ([0, 2, 4, 5]), or a small CNN (CnnStageBundle), 2 micro-batches, clipped
+// AdamW, on 64 synthetic examples with a data root over them (engine::DataTree), trained by the
+// replica's stages with RunStageStep. Its stages are declared over the stage witness bound, so
+// RefereeStageStep could not rule them and only the tile phase does.
+
+constexpr char kSeqStageBundle[] = R"([task]
+name = "ledger-stage-mlp"
+seed = 5
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [12]
+[[model.layers]]
+kind = "linear"
+out = 16
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 8
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "linear"
+out = 4
+[optimizer]
+kind = "adamw"
+lr = 3e-3
+grad_clip = 0.5
+[train]
+steps = 10
+batch_size = 8
+micro_batches = 2
+[network]
+rounds = 1
+units_per_round = 1
+inner_steps = 4
+stages = 3
+cut = [0, 2, 4, 5]
+aggregation = "mean"
+)";
+
+// The same task with a small CNN of the fashion CNN's kinds (1 x 8 x 8 images: conv relu maxpool,
+// conv relu maxpool, flatten linear), cut into a stage per convolution or linear layer.
+std::string CnnStageBundle() {
+  std::string b = kSeqStageBundle;
+  const size_t from = b.find("[model]"), to = b.find("[optimizer]");
+  b.replace(from, to - from,
+            "[model]\ninput = [1, 8, 8]\n"
+            "[[model.layers]]\nkind = \"conv2d\"\nout = 2\nkernel = 3\npad = 1\n"
+            "[[model.layers]]\nkind = \"relu\"\n[[model.layers]]\nkind = \"maxpool2d\"\n"
+            "kernel = 2\n"
+            "[[model.layers]]\nkind = \"conv2d\"\nout = 2\nkernel = 3\npad = 1\n"
+            "[[model.layers]]\nkind = \"relu\"\n[[model.layers]]\nkind = \"maxpool2d\"\n"
+            "kernel = 2\n"
+            "[[model.layers]]\nkind = \"flatten\"\n[[model.layers]]\nkind = \"linear\"\n"
+            "out = 4\n");
+  const std::string cut = "cut = [0, 2, 4, 5]";
+  b.replace(b.find(cut), cut.size(), "cut = [0, 3, 6, 8]");
+  return b;
+}
+
+class SeqStageTileChainTest : public StageTileChainTest {
+ protected:
+  static constexpr int64_t kExamples = 64;
+  SeqStageTileChainTest() { UseModel(false); }
+  // The MLP (12 features) or the CNN (1 x 8 x 8 images), and its examples, given (no files):
+  // SetUp loads none and builds their tree. REQUIRES: before SetUp.
+  void UseModel(bool cnn) {
+    bundle_ = cnn ? CnnStageBundle() : std::string(kSeqStageBundle);
+    const int64_t features = cnn ? 64 : 12;
+    Rng rng(23);
+    std::vector<float> x(static_cast<size_t>(kExamples * features));
+    for (float& v : x) v = static_cast<float>(rng.UniformDouble()) * 2.0f - 1.0f;
+    data_.train.x =
+        cnn ? engine::Tensor({kExamples, 1, 8, 8}, x) : engine::Tensor({kExamples, features}, x);
+    data_.train.y.resize(kExamples);
+    for (int32_t& y : data_.train.y) y = static_cast<int32_t>(rng.Uniform(4));
+    data_.train.num_classes = 4;
+    data_.test = data_.train;
+  }
+  static void Over(TaskParams& p) { p.stage_memory_bytes = {8u << 20, 8u << 20, 8u << 20}; }
+};
+
+// Micro-batch 0's operator of the plan whose name ends with `suffix`; -1 if none.
+int64_t OpEndingWith(const engine::TilePlan& plan, const std::string& suffix) {
+  for (size_t j = 0; j < plan.ops.size(); ++j) {
+    if (plan.ops[j].name.ends_with(suffix)) return static_cast<int64_t>(j);
+  }
+  return -1;
+}
+
+// Stage `stage` (or its verifier) lies at one element of operator `op` (the first whose name ends
+// so): its answers differ from the honest trace at that operator's root in the operator phase and
+// at that tile in the tile phase; the other party answers every move from its honest trace.
+struct SeqLie {
+  uint32_t stage;
+  const char* op;
+  bool stage_lies;
+  bool cnn = false;
+};
+class SeqStageTileLieTest : public SeqStageTileChainTest,
+                            public ::testing::WithParamInterface<SeqLie> {
+ protected:
+  void SetUp() override {
+    UseModel(GetParam().cnn);
+    SeqStageTileChainTest::SetUp();
+  }
+};
+
+// The game narrows to the lie's tile and the ledger recomputes it (RefereeTile: RuleTile) for the
+// honest side, whichever side lied, at each stage of the MLP and of the CNN (a convolution of the
+// pooled activations it received, and a linear layer after the flatten). The first stage's first
+// layer reads the step's examples: its witness carries them, each proven against the task's data
+// root (a changed example is refused).
+TEST_P(SeqStageTileLieTest, ALieAtATileOfASequentialStageIsRuledOnChainByRefereeTile) {
+  const SeqLie lie = GetParam();
+  cheat_ = lie.stage;
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly(Over);
+  ASSERT_FALSE(LedgerRulesStageStep(Task().params, cheat_));
+  const TileRuleContext ctx = Context();
+  EXPECT_FALSE(ctx.plan.tokens);
+  const int64_t op = OpEndingWith(ctx.plan, lie.op);
+  ASSERT_GE(op, 0) << lie.op;
+  const Party honest = Trace(evidence_[cheat_][kLieStep]);
+  const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 3, 0.5f)};
+  TestStageEvidence committed = evidence_[cheat_][kLieStep];
+  if (lie.stage_lies) committed.commit.state_after = Blake2b("the liar's state after");
+  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  const PublicKey stage_node = Unit(cheat_).assignee;
+  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
+  ASSERT_NO_FATAL_FAILURE(Play(lie.stage_lies ? liar : honest, lie.stage_lies ? honest : liar));
+  const RefereeTask task = TaskNow();
+  ASSERT_TRUE(task.tile) << "narrowed to a tile";
+  EXPECT_EQ(task.operator_index, static_cast<uint32_t>(op + 1));
+  const Bytes good = TileWitnessOf(honest, task);
+  EXPECT_EQ(TileWitnessOf(liar, task), good) << "the liar's witness is the honest one's";
+  EXPECT_LE(good.size(), kMaxTileWitnessBytes);
+  std::printf(
+      "sequential stage %u: a lie at %s (%s) ruled at tile %llu by a %zu-byte witness "
+      "after %u turns\n",
+      cheat_, ctx.plan.ops[static_cast<size_t>(op)].name.c_str(),
+      lie.stage_lies ? "stage lies" : "verifier lies",
+      static_cast<unsigned long long>(task.tile_index), good.size(),
+      Check(cheat_).dispute()->turns());
+  Result<TileWitness> w = DecodeTileWitness(good);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  std::vector<std::pair<Transaction, std::string>> refusals = {
+      {GenesisRuling(task), "narrowed to one tile, which the ledger recomputes itself"},
+  };
+  if (cheat_ == 0) {
+    ASSERT_FALSE(w->examples.empty()) << "the first linear's tile reads the step's examples";
+    TileWitness changed = *w;
+    changed.examples[0].x[0] += 1.0f;
+    refusals.push_back(
+        {RefereeTile(EncodeTileWitness(changed)), "is not proven against the data root"});
+  } else {
+    EXPECT_TRUE(w->examples.empty()) << "a later stage reads no examples";
+  }
+  ExpectRefused(refusals);
+  StepOk({RefereeTile(good)});
+  ExpectLoser(lie.stage_lies, stage_node);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EachStageAndSide, SeqStageTileLieTest,
+    ::testing::Values(SeqLie{0, "layers.0.out", true}, SeqLie{0, "layers.0.out", false},
+                      SeqLie{1, "layers.2.out", true}, SeqLie{1, "layers.2.out", false},
+                      SeqLie{2, "layers.4.out", true}, SeqLie{2, "layers.4.out", false},
+                      SeqLie{0, "layers.0.out", true, true}, SeqLie{0, "layers.0.out", false, true},
+                      SeqLie{1, "layers.3.out", true, true}, SeqLie{1, "layers.3.out", false, true},
+                      SeqLie{2, "layers.7.out", true, true},
+                      SeqLie{2, "layers.7.out", false, true}),
+    [](const ::testing::TestParamInfo<SeqLie>& p) {
+      return std::string(p.param.cnn ? "Cnn" : "Mlp") + "Stage" + std::to_string(p.param.stage) +
+             (p.param.stage_lies ? "StageLies" : "VerifierLies");
+    });
+
+// The two whole steps the tile phase ends at from roots, on a sequential stage, each side lying: a
+// lie at a received operator (the activations stage 0 sent) is ruled from the tiled root its
+// sender signed in the stage's committed record; a lazy stage (its commit claims the state it
+// started from) that answers the game from its honest trace agrees on every root, and its commit
+// does not follow from the agreed chain end (RuleStageRoots). An honest stage against a verifier
+// that answers honestly but claimed a finding wins by the same rule.
+class SeqStageRootsTest : public SeqStageTileChainTest,
+                          public ::testing::WithParamInterface<SeqLie> {};
+
+TEST_P(SeqStageRootsTest, ASequentialStageIsRuledOnChainFromRoots) {
+  const SeqLie lie = GetParam();
+  const bool lazy = std::string(lie.op).empty();
+  cheat_ = lie.stage;
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly(Over);
+  TestStageEvidence committed = evidence_[cheat_][kLieStep];
+  if (lie.stage_lies) {
+    committed.commit.state_after =
+        lazy ? committed.commit.state_before : Blake2b("the liar's state after");
+  }
+  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  StageReplayResult found;
+  const Party honest = Trace(committed, &found);
+  const TileRuleContext ctx = Context();
+  const int64_t op = lazy ? -1 : OpEndingWith(ctx.plan, lie.op);
+  ASSERT_TRUE(lazy || op >= 0) << lie.op;
+  const Party liar =
+      lazy ? honest : Party{WithLie(*honest.trace, static_cast<size_t>(op), 0, 0.25f)};
+  const PublicKey stage_node = Unit(cheat_).assignee;
+  const Hash256 claim = lazy && lie.stage_lies ? StageFindingLeaf(leaves[cheat_][kLieStep], found)
+                                               : Blake2b("the verifier's finding");
+  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, claim));
+  ASSERT_NO_FATAL_FAILURE(Play(lie.stage_lies ? liar : honest, lie.stage_lies ? honest : liar));
+  const RefereeTask task = TaskNow();
+  ASSERT_EQ(task.roots, lazy ? RefereeRoots::kRootsChainEnd : RefereeRoots::kRootsOperator);
+  if (!lazy) {
+    EXPECT_EQ(task.operator_index, static_cast<uint32_t>(op + 1));
+  }
+  const StageRootsWitness good = RootsWitnessOf(honest, task, committed.commit);
+  std::printf("sequential stage %u: %s (%s) ruled from a %zu-byte roots witness\n", cheat_,
+              lazy ? "a lazy commit" : ctx.plan.ops[static_cast<size_t>(op)].name.c_str(),
+              lie.stage_lies ? "stage lies" : "verifier lies",
+              EncodeStageRootsWitness(good).size());
+  ExpectRefused({{GenesisRuling(task), "which the ledger rules itself from roots"}});
+  StepOk({RefereeTile(EncodeStageRootsWitness(good))});
+  ExpectLoser(lie.stage_lies, stage_node);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachEndAndSide, SeqStageRootsTest,
+                         ::testing::Values(SeqLie{2, "", true}, SeqLie{2, "", false},
+                                           SeqLie{1, "recv.activation", true},
+                                           SeqLie{1, "recv.activation", false}),
+                         [](const ::testing::TestParamInfo<SeqLie>& p) {
+                           return std::string(std::string(p.param.op).empty() ? "LazyStage"
+                                                                              : "Received") +
+                                  std::to_string(p.param.stage) +
+                                  (p.param.stage_lies ? "StageLies" : "VerifierLies");
+                         });
 
 }  // namespace stage_tile_chain_test
 }  // namespace meshlearn::ledger

@@ -572,36 +572,45 @@ TEST(StageTileCommitTest, OverTheBoundAStagesMismatchNeedsTheBundleWhateverItsMo
 }
 
 // The ledger plans a sequential model's stage unit from the task's bundle and cut (TileContextOf:
-// PlanStageStepTiles of the stage's part, rows of examples, not tokens), but refuses a stage
-// without parameters (here a lone relu), which has no state to rule a chain end from: its
-// disputes stay whole steps (SetTilePhaseFrom plays them so).
-TEST(StageTileCommitTest, TheLedgerPlansASequentialStageButNotOneWithoutParameters) {
-  const std::string bundle = pipeline_testing::FashionMlpPipelineBundle("[0, 1, 2, 5]");
+// PlanStageStepTiles of the stage's part, rows of examples, not tokens), every stage with state to
+// rule its chain end from. A cut with a stage without parameters (here a lone relu) is the
+// engine's to refuse (engine::TaskPipelineCut, naming the stage): `task submit` never sends one,
+// and the ledger plans no stage of it, so its disputes play whole steps that no key rules
+// (PipelineVerificationTest.AStageWithoutParametersIsRuledByNoKey).
+TEST(StageTileCommitTest, TheLedgerPlansEverySequentialStageButNoCutWithAStageWithoutParameters) {
   TaskRecord t;
-  t.id = Blake2b("mlp pipeline");
-  t.spec_hash = BuildManifest(AsBytes(bundle)).id().hash;
   t.params = testing::TestTaskParams();
   t.params.stages = 3;
   t.params.units_per_round = 3;
   t.params.data_root = Blake2b("the examples' root");
   t.params.num_examples = 60000;
   WorkUnit u;
-  u.task_id = t.id;
-  for (uint32_t stage : {0u, 2u}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
+  auto context = [&](const std::string& cut, uint32_t stage) {
+    const std::string bundle = pipeline_testing::FashionMlpPipelineBundle(cut);
+    t.id = Blake2b("mlp pipeline " + cut);
+    t.spec_hash = BuildManifest(AsBytes(bundle)).id().hash;
+    u.task_id = t.id;
     u.index = stage;
-    Result<TileRuleContext> ctx = TileContextOf(t, u, bundle, "reveal verdict: bundle");
+    return TileContextOf(t, u, bundle, "reveal verdict: bundle");
+  };
+  for (uint32_t stage : {0u, 1u, 2u}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    Result<TileRuleContext> ctx = context("[0, 2, 4, 5]", stage);
     ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
     EXPECT_FALSE(ctx->plan.tokens);
     EXPECT_GT(StateOperators(ctx->plan), 0u);
-    EXPECT_GE(OpNamed(ctx->plan, stage == 0 ? "layers.0.out" : "layers.4.out"), 0);
+    EXPECT_GE(OpNamed(ctx->plan, "layers." + std::to_string(2 * stage) + ".out"), 0);
   }
-  u.index = 1;
-  Result<TileRuleContext> lone = TileContextOf(t, u, bundle, "reveal verdict: bundle");
-  ASSERT_FALSE(lone.ok());
-  EXPECT_EQ(lone.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(lone.status().message().find("holds no parameters"), std::string::npos)
-      << lone.status().ToString();
+  for (uint32_t stage : {0u, 1u, 2u}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    Result<TileRuleContext> lone = context("[0, 1, 2, 5]", stage);
+    ASSERT_FALSE(lone.ok());
+    EXPECT_EQ(lone.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(lone.status().message().find("network.cut: stage 1 holds layers [1, 2) "
+                                           "(model.layers[1] (relu)), none with parameters"),
+              std::string::npos)
+        << lone.status().ToString();
+  }
 }
 
 }  // namespace stage_tile_test

@@ -708,9 +708,11 @@ Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleFie
       TileContextOf(*t, u, bundle.text, std::string(what) + ": bundle");
   if (needed && context.status().code() == StatusCode::kFailedPrecondition) {
     // The task's own bundle (its blob id checked: InvalidArgument otherwise), whose plan the tile
-    // phase does not serve (a sequential stage without parameters, StageStepPlan; no token task
-    // today: a GPT trained in micro-batches is planned too, since PlanStepTiles follows their
-    // gradient order): its dispute plays whole steps, as before.
+    // phase does not serve: no token task today (a GPT trained in micro-batches is planned too,
+    // since PlanStepTiles follows their gradient order), and for a stage only a cut the engine
+    // refuses (engine::TaskPipelineCut: a stage without parameters, say), which `task submit`
+    // never sends and no honest node trains. Its dispute plays whole steps, as before; a stage's
+    // is ruled by no key (ExecuteRuleDispute), so over the stage witness bound it ends undecided.
     ML_LOG_INFO(
         "ledger: task {} unit {}: {} (a mismatch the ledger requires the bundle with carries it "
         "all the same); the dispute plays whole steps",
@@ -1031,10 +1033,12 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
       return FailedPrecondition(
           "referee stage step: the dispute on unit " + std::to_string(tx.index) + " (stage " +
           std::to_string(stage) +
-          ") is ruled by the genesis referee (RuleDispute): the stage needs " +
+          ") is not ruled from the step's replay: the stage needs " +
           std::to_string(t->params.stage_memory_bytes[stage]) +
           " bytes, over the witness bound of " + std::to_string(kMaxStageWitnessMemory) +
-          " (a pipeline task is in exact mode, so it has a data root: ValidateTaskTerms)");
+          " (a pipeline task is in exact mode, so it has a data root: ValidateTaskTerms); there "
+          "only a claim that the stage served nothing is ruled whole, by the genesis referee "
+          "(RuleDispute)");
     }
     Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
     if (!w.ok()) return w.status().WithPrefix("referee stage step");
@@ -1390,15 +1394,28 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               " is a pipeline stage whose step the ledger replays itself; send "
                               "RefereeStageStep with the stage step's witness");
   }
+  // Over the stage witness bound the key rules only a claim that the stage served nothing. Every
+  // other stage mismatch there carried the bundle and played the tile phase (MismatchNeedsBundle),
+  // a continuity claim is ruled from its commits (RefereeStageStep, any size), and a stage
+  // without parameters, whose chain end no state could rule, is refused with its cut
+  // (engine::TaskPipelineCut): a whole-step game of any other stage claim has a bundle whose cut
+  // the engine refuses, which no key should rule either.
+  if (IsPipelineTask(t->params) &&
+      game->referee_task().challenger_output !=
+          StageUnservedLeaf(game->referee_task().defender_output)) {
+    return FailedPrecondition("rule dispute: unit " + std::to_string(tx.index) + " of task " +
+                              tx.task_id.ShortHex() +
+                              " is a pipeline stage, whose disputes the ledger rules itself "
+                              "(RefereeTile, RefereeStageStep) unless the claim is that the "
+                              "stage served nothing; the genesis key rules no other");
+  }
   if (LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition("rule dispute: task " + tx.task_id.ShortHex() +
                               " has a data root, so the ledger executes the disputed step "
                               "itself; send RefereeStep with the step's witness");
   }
   // Left to the genesis key: tolerance mode (a segment), a stage over the stage witness bound
-  // played over whole steps (a stage claimed to have served nothing, UnservedStageClaim, or a
-  // sequential stage without parameters, whose plan TileContextOf refuses; every other mismatch
-  // on such a stage carried the bundle, MismatchNeedsBundle, and played the tile phase), and a
+  // claimed to have served nothing (UnservedStageClaim, played over whole steps), and a
   // token task whose plan the tile phase does not serve (its mismatch carried the bundle, so a
   // whole-step game of a token task with a data root means TileContextOf refused the task's own
   // bundle: no such plan today, since micro-batched steps are planned too). No exact-mode task

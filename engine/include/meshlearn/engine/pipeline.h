@@ -117,15 +117,20 @@ Result<std::vector<uint64_t>> CutBoundaryBytes(const ModelSpec& spec, const Pipe
 // The contiguous cut into `stages` stages minimising the largest stage's FLOPs; among those, the
 // largest stage's memory (CutCosts total_bytes); among those, the sum of the squared stage FLOPs
 // (the rest as even as the largest allows); among those, the lexicographically smallest bounds.
-// Deterministic (integer FLOPs and byte counts; dynamic programming over suffixes). An
-// InvalidArgument when stages < 1 or stages > CutLayerCount (naming both and the fix).
+// Only cuts whose every stage holds a layer with parameters are considered (a stage without one
+// trains nothing: TaskPipelineCut refuses it). Deterministic (integer FLOPs and byte counts;
+// dynamic programming over suffixes). An InvalidArgument when stages < 1, stages >
+// CutLayerCount, or stages > the layers with parameters (naming both and the fix).
 Result<PipelineCut> ChooseCut(const ModelSpec& spec, const OptimizerSpec& optimizer, int stages,
                               int64_t batch, int64_t seq_len, int64_t micro_batches);
 
-// The cut of a task's pipeline of `stages` stages: `cut` when given (MakeCut), else ChooseCut at
-// the task's batch size, seq_len and micro_batches. Errors name "<task file>: network.cut" or
-// "network.stages", and the fix. REQUIRES: the task's model is complete (a GPT's vocabulary
-// filled in from its data: use the trainer's task).
+// The cut of a task's pipeline of `stages` stages: `cut` when given (MakeCut, and every stage
+// must hold a layer with parameters: a lone relu, pool, dropout or flatten stage trains nothing,
+// and the ledger could not rule its disputes), else ChooseCut at the task's batch size, seq_len
+// and micro_batches. Errors name "<task file>: network.cut" or "network.stages", and the fix (for
+// a stage without parameters: the stage, its layers and ChooseCut's cut of as many stages).
+// REQUIRES: the task's model is complete (a GPT's vocabulary filled in from its data: use the
+// trainer's task).
 Result<PipelineCut> TaskPipelineCut(const TaskSpec& task, int stages,
                                     const std::vector<int64_t>& cut);
 
