@@ -251,15 +251,20 @@ void PrintReport(const node::AuditReport& r, double seconds) {
     std::cout << "FAIL: " << r.first_mismatch << "\n";
   } else if (r.full) {
     std::cout << fmt::format(
-        "PASS: {} units re-executed; every commitment, delta and state from "
+        "PASS: {} units re-executed{}; every commitment, delta and state from "
         "the initial weights to the {} reproduced bit for bit\n",
-        r.units_executed, r.status == "finished" ? "final model" : "last round");
+        r.units_executed,
+        r.stages > 1 ? fmt::format(" ({} stage steps compared)", r.stage_steps_compared) : "",
+        r.status == "finished" ? "final model" : "last round");
   } else {
+    // A pipeline sample re-runs each drawn unit's whole replica: more units than drawn.
     std::cout << fmt::format(
-        "PASS (sample): the {} sampled units reproduce their commitments and "
+        "PASS (sample): the {} sampled units{} reproduce their commitments and "
         "deltas{}; states marked · or - were not recomputed (--full checks "
         "everything)\n",
-        r.sample, r.units_executed > r.sample ? ", and so do the rounds rebuilt for them" : "");
+        r.sample, r.stages > 1 ? " and the other stages of their replicas" : "",
+        r.units_executed > r.sample && r.stages == 1 ? ", and so do the rounds rebuilt for them"
+                                                     : "");
   }
 }
 
