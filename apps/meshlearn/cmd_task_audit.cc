@@ -93,23 +93,11 @@ std::string ProofLine(const node::AuditUnit& u) {
       p.value("clawed_back", uint64_t{0}), p.value("bounty", uint64_t{0}), rounds);
 }
 
-// Sends the ProveFraud of unit `u` and waits for its block: the answer AuditUnit::proof keeps.
-json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
-                    const Hash256& task_id, const node::AuditUnit& u,
-                    const node::BuiltSegmentWitness& w) {
-  json out = {{"segment", w.segment},
-              {"committed_end", w.committed_end.ToHex()},
-              {"replayed_end", w.replayed_end.ToHex()},
-              {"sent", false}};
-  Bytes witness = ledger::EncodeSegmentWitness(w.witness);
-  out["witness_bytes"] = witness.size();
-  if (witness.size() > ledger::kMaxWitnessBytes) {
-    out["error"] = fmt::format(
-        "the witness of segment {} is {} bytes, over the ledger's limit of {} (the model's state "
-        "and {} batches); this unit cannot be proven on chain",
-        w.segment, witness.size(), ledger::kMaxWitnessBytes, w.witness.examples.size());
-    return out;
-  }
+// Sends the ProveFraud of segment `segment` of unit `u` with `witness` and waits for its block;
+// `out` (what the witness is) gains what became of it: the answer AuditUnit::proof keeps.
+json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
+                    const Hash256& task_id, const node::AuditUnit& u, uint32_t segment,
+                    Bytes witness, json out) {
   Result<uint64_t> nonce = ledger::FetchNextNonce(rpc, key.public_key());
   if (!nonce.ok()) {
     out["error"] = nonce.status().message();
@@ -119,7 +107,7 @@ json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
       ledger::BuildSignedTx(key, chain_id, *nonce,
                             ledger::ProveFraudTx{.task_id = task_id,
                                                  .index = u.index,
-                                                 .segment = w.segment,
+                                                 .segment = segment,
                                                  .witness = {std::move(witness)}});
   out["tx"] = ledger::TxId(tx).ToHex();
   Result<json> done = ledger::SendTxAndWait(rpc, tx, 120000);
@@ -151,6 +139,46 @@ json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
   return out;
 }
 
+// Sends the ProveFraud of unit `u`'s segment witness `w`.
+json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
+                    const Hash256& task_id, const node::AuditUnit& u,
+                    const node::BuiltSegmentWitness& w) {
+  json out = {{"segment", w.segment},
+              {"committed_end", w.committed_end.ToHex()},
+              {"replayed_end", w.replayed_end.ToHex()},
+              {"sent", false}};
+  Bytes witness = ledger::EncodeSegmentWitness(w.witness);
+  out["witness_bytes"] = witness.size();
+  if (witness.size() > ledger::kMaxWitnessBytes) {
+    out["error"] = fmt::format(
+        "the witness of segment {} is {} bytes, over the ledger's limit of {} (the model's state "
+        "and {} batches); this unit cannot be proven on chain",
+        w.segment, witness.size(), ledger::kMaxWitnessBytes, w.witness.examples.size());
+    return out;
+  }
+  return SendProveFraud(rpc, key, chain_id, task_id, u, w.segment, std::move(witness),
+                        std::move(out));
+}
+
+// Sends the ProveFraud of stage unit `u`'s step u.fraud_segment with its step witness `w`.
+json SendStageFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
+                         const Hash256& task_id, const node::AuditUnit& u,
+                         const ledger::StageStepWitness& w) {
+  const uint32_t step = static_cast<uint32_t>(u.fraud_segment);
+  json out = {{"segment", step}, {"sent", false}};
+  Bytes witness = ledger::EncodeStageStepWitness(w);
+  out["witness_bytes"] = witness.size();
+  if (witness.size() > ledger::kMaxWitnessBytes) {
+    out["error"] = fmt::format(
+        "the witness of step {} is {} bytes, over the ledger's limit of {} (the stage's "
+        "checkpoint, its received tensors and the step's batch); this stage cannot be proven on "
+        "chain",
+        step, witness.size(), ledger::kMaxWitnessBytes);
+    return out;
+  }
+  return SendProveFraud(rpc, key, chain_id, task_id, u, step, std::move(witness), std::move(out));
+}
+
 void PrintReport(const node::AuditReport& r, double seconds) {
   std::cout << fmt::format("audit of task {}\n  {}: {} rounds x {} units x {} steps, {}",
                            r.task_id.ToHex(), r.task_name, r.rounds, r.units_per_round,
@@ -166,6 +194,12 @@ void PrintReport(const node::AuditReport& r, double seconds) {
         "re-executed in {}\n\n",
         r.sample, r.seed, r.seed, r.units_executed, ProgressBar::FormatDuration(seconds));
   }
+  if (r.stages > 1) {
+    std::cout << fmt::format(
+        "  pipeline of {} stages: each replica re-run whole; {} stage steps compared with their "
+        "commits\n\n",
+        r.stages, r.stage_steps_compared);
+  }
   if (r.chain.empty()) {  // nothing could be re-executed (the bundle disagrees with the ledger)
     std::cout << "FAIL: " << r.first_mismatch << "\n";
     return;
@@ -178,20 +212,33 @@ void PrintReport(const node::AuditReport& r, double seconds) {
   for (uint32_t round = 0; round < r.rounds_audited; ++round) {
     std::vector<const node::AuditUnit*> ran;
     for (const node::AuditUnit& u : r.units) {
-      if (u.round == round && !u.replayed_commitment.IsZero()) ran.push_back(&u);
+      if (u.round == round && !u.replayed_result.IsZero()) ran.push_back(&u);
     }
     size_t quiet = 0;
     for (const node::AuditUnit* u : ran) {
-      const bool c_ok = u->replayed_commitment == u->commitment;
+      // A stage unit's commitment is over records its nodes signed: its steps are compared one by
+      // one with its committed step commits instead.
+      const bool stage = u->stage >= 0;
+      const bool c_ok = stage ? u->fraud_segment < 0 && u->steps_compared == r.inner_steps
+                              : u->replayed_commitment == u->commitment;
       const bool d_ok = u->replayed_result == u->result;
       if (ran.size() > kMaxUnitLinesPerRound && c_ok && d_ok) {
         ++quiet;
         continue;
       }
-      std::cout << fmt::format(
-          "      unit {:<4} shard {:<3} node {}  commitment {} {}  delta {} {}{}\n", u->index,
-          u->shard, u->assignee.substr(0, 12), Hex16(u->commitment), c_ok ? "✓" : "✗",
-          Hex16(u->result), d_ok ? "✓" : "✗", u->sampled && !r.full ? "  (sampled)" : "");
+      if (stage) {
+        std::cout << fmt::format(
+            "      unit {:<4} replica {:<3} stage {:<2} node {}  {} of {} steps {}  delta {} "
+            "{}{}\n",
+            u->index, u->replica, u->stage, u->assignee.substr(0, 12), u->steps_compared,
+            r.inner_steps, c_ok ? "✓" : "✗", Hex16(u->result), d_ok ? "✓" : "✗",
+            u->sampled && !r.full ? "  (sampled)" : "");
+      } else {
+        std::cout << fmt::format(
+            "      unit {:<4} shard {:<3} node {}  commitment {} {}  delta {} {}{}\n", u->index,
+            u->shard, u->assignee.substr(0, 12), Hex16(u->commitment), c_ok ? "✓" : "✗",
+            Hex16(u->result), d_ok ? "✓" : "✗", u->sampled && !r.full ? "  (sampled)" : "");
+      }
       if (!c_ok || !d_ok) std::cout << "        " << u->note << "\n";
       if (!u->proof.is_null()) std::cout << "        fraud proof: " << ProofLine(*u) << "\n";
     }
@@ -204,15 +251,20 @@ void PrintReport(const node::AuditReport& r, double seconds) {
     std::cout << "FAIL: " << r.first_mismatch << "\n";
   } else if (r.full) {
     std::cout << fmt::format(
-        "PASS: {} units re-executed; every commitment, delta and state from "
+        "PASS: {} units re-executed{}; every commitment, delta and state from "
         "the initial weights to the {} reproduced bit for bit\n",
-        r.units_executed, r.status == "finished" ? "final model" : "last round");
+        r.units_executed,
+        r.stages > 1 ? fmt::format(" ({} stage steps compared)", r.stage_steps_compared) : "",
+        r.status == "finished" ? "final model" : "last round");
   } else {
+    // A pipeline sample re-runs each drawn unit's whole replica: more units than drawn.
     std::cout << fmt::format(
-        "PASS (sample): the {} sampled units reproduce their commitments and "
+        "PASS (sample): the {} sampled units{} reproduce their commitments and "
         "deltas{}; states marked · or - were not recomputed (--full checks "
         "everything)\n",
-        r.sample, r.units_executed > r.sample ? ", and so do the rounds rebuilt for them" : "");
+        r.sample, r.stages > 1 ? " and the other stages of their replicas" : "",
+        r.units_executed > r.sample && r.stages == 1 ? ", and so do the rounds rebuilt for them"
+                                                     : "");
   }
 }
 
@@ -281,6 +333,9 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
   if (key) {
     o.on_fraud = [&](const node::AuditUnit& u, const node::BuiltSegmentWitness& w) {
       return SendFraudProof(chain.rpc(), *key, chain_id, id, u, w);
+    };
+    o.on_stage_fraud = [&](const node::AuditUnit& u, const ledger::StageStepWitness& w) {
+      return SendStageFraudProof(chain.rpc(), *key, chain_id, id, u, w);
     };
   }
   auto get = [&](const Hash256& h) { return FetchBlob(chain.rpc(), store.get(), net::BlobId{h}); };
@@ -360,9 +415,13 @@ void AddTaskAudit(CLI::App& root, GlobalOptions& g) {
       "A sampled unit needs its round's start state: fetched from the nodes, else rebuilt by\n"
       "re-executing the rounds before it (at most --max-rebuild-units units). See\n"
       "docs/submitters.md \"Audit a task\".\n"
+      "A pipeline task (network.stages > 1): each replica is re-run whole and every step of\n"
+      "every stage compared with the step commits its CommitStage kept public.\n"
       "--prove: for each unit that fails, the first segment whose replay misses its committed\n"
-      "leaf is sent as ProveFraud (a few MB of witness); accepted for a final round while the\n"
-      "solver's stake is bonded (params.unbonding_delay_blocks >= params.audit_window_blocks).");
+      "leaf is sent as ProveFraud (a few MB of witness; a stage: its first step that differs by\n"
+      "its own fault, with the re-run's checkpoint and tensors); accepted for a final round\n"
+      "while the solver's stake is bonded (params.unbonding_delay_blocks >=\n"
+      "params.audit_window_blocks).");
   c->callback([&g] { g.Exit(RunAudit(g, a)); });
 }
 

@@ -643,6 +643,7 @@ Status ExecuteCommitStage(ExecContext& ctx, const CommitStageTx& tx) {
   WorkUnit* mu = ctx.state.units.FindMutable({tx.task_id, index});
   mu->commitment = tx.commitment;
   mu->loss_micros = tx.loss_micros;
+  mu->stage_commits = tx.commits;
   if (ctx.params().verification) {
     // One step leaf per inner step; the check runs over StageCheckLeaves (docs/verification.md,
     // "Pipeline stages").

@@ -128,7 +128,8 @@ class PipelineStageTest : public FollowedChainFixture {
                          .node_id = Unit(round, replica, stage).assignee,
                          .result_hash = Blake2b("stage delta " + name),
                          .commitment = Blake2b("stage commitment " + name),
-                         .loss_micros = stage + 1 == kStages ? 2'000'000u + replica : 0u};
+                         .loss_micros = stage + 1 == kStages ? 2'000'000u + replica : 0u,
+                         .commits = Blake2b("stage commits " + name)};
   }
 
   // What PlaceStages gives for the round placed at `height` from the registered nodes (with the
@@ -479,6 +480,25 @@ TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
   EXPECT_EQ(last.status, WorkUnitStatus::kCommitted);
   EXPECT_EQ(last.commitment, Blake2b("stage commitment 0/1/2"));
   EXPECT_EQ(last.loss_micros, 2'000'001u);
+  // The blob of its step commits is recorded (an audit compares them), as an optional tail of
+  // the unit's encoding: a unit without it encodes as before the field, 32 bytes shorter.
+  EXPECT_EQ(last.stage_commits, Blake2b("stage commits 0/1/2"));
+  EXPECT_EQ(WorkUnitToJson(last)["stage_commits"], Blake2b("stage commits 0/1/2").ToHex());
+  {
+    Encoder e;
+    EncodeWorkUnit(e, last);
+    const Bytes with = e.Take();
+    WorkUnit back;
+    Decoder d(with);
+    ASSERT_TRUE(DecodeWorkUnit(d, &back).ok());
+    ASSERT_TRUE(d.Finish().ok());
+    EXPECT_EQ(back, last);
+    WorkUnit plain = last;
+    plain.stage_commits = Hash256{};
+    Encoder p;
+    EncodeWorkUnit(p, plain);
+    EXPECT_EQ(p.Take().size() + 32, with.size());
+  }
   // A stage committed twice is refused.
   r = Step({Q(alice_, Commit(0, 0, 1))});
   EXPECT_FALSE(r[0].ok);
@@ -545,6 +565,7 @@ TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
     EXPECT_NE(u.assignee, silent.assignee) << s;
     EXPECT_GE(caps_[NodeIndex(u.assignee)].first, t.params.stage_memory_bytes[s]) << s;
     EXPECT_EQ(u.deadline_height, replaced_at) << s;
+    EXPECT_TRUE(u.stage_commits.IsZero()) << s << ": a stage placed again forgets its commits";
     again.insert(u.assignee);
     EXPECT_EQ(chain_->GetNode(u.assignee).value().reputation.failures, 0u) << s;
   }

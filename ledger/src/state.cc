@@ -355,6 +355,9 @@ void EncodeWorkUnit(Encoder& e, const WorkUnit& u) {
   e.PutHash(u.assignment_beacon).PutU64(u.secret_index).PutBytes(u.check);
   e.PutU32(static_cast<uint32_t>(u.leaves.size()));
   for (const Hash256& h : u.leaves) e.PutHash(h);
+  // Only a committed stage unit that named its commits has the tail: every other unit's bytes,
+  // hence the state hash, are what they were before the field.
+  if (!u.stage_commits.IsZero()) e.PutHash(u.stage_commits);
 }
 
 Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
@@ -377,6 +380,12 @@ Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
   ML_RETURN_IF_ERROR(d.GetCount(&leaves, "leaves", kMaxHashListLength, 32));
   u->leaves.resize(leaves);
   for (Hash256& h : u->leaves) ML_RETURN_IF_ERROR(d.GetHash(&h, "leaves"));
+  if (d.remaining() > 0) {
+    ML_RETURN_IF_ERROR(d.GetHash(&u->stage_commits, "stage_commits"));
+    if (u->stage_commits.IsZero()) {
+      return DataLoss("work unit: stage_commits is written only when set");
+    }
+  }
   return Status::Ok();
 }
 
@@ -559,6 +568,8 @@ nlohmann::json WorkUnitToJson(const WorkUnit& u) {
              for (const Hash256& h : u.leaves) a.push_back(h.ToHex());
              return a;
            }()},
+          {"stage_commits", u.stage_commits.IsZero() ? nlohmann::json(nullptr)
+                                                     : nlohmann::json(u.stage_commits.ToHex())},
           {"check", std::move(check)}};
 }
 

@@ -201,6 +201,7 @@ void ResetWorkUnit(WorkUnit* u) {
   u->secret_index = 0;
   u->check.clear();
   u->leaves.clear();
+  u->stage_commits = Hash256{};
 }
 
 namespace {

@@ -168,7 +168,9 @@ Result<NodeInfo> ParseNode(const RpcAnswer& j) {
 const std::vector<std::string_view> kUnitFields = {
     "task_id",     "index", "round", "shard",        "status", "assignee",
     "deadline_height", "result_hash", "commitment", "loss_micros", "price",  "paid",
-    "assignment_beacon", "secret_index", "leaves", "check"};
+    "assignment_beacon", "secret_index", "leaves", "check",
+    // A stage unit's step commits blob (null otherwise): an audit reads it, a node does not.
+    "stage_commits"};
 
 std::vector<std::string_view> Plus(std::vector<std::string_view> a,
                                    std::initializer_list<std::string_view> b) {

@@ -5,13 +5,20 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "meshlearn/base/rng.h"
+#include "meshlearn/engine/pipeline.h"
+#include "meshlearn/engine/step_replay.h"
+#include "meshlearn/ledger/stage_replay.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/node/network_round.h"
+#include "meshlearn/node/stage_step.h"
+#include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/task_bundle.h"
 #include "meshlearn/node/unit_executor.h"
+#include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/task_model.h"
 
 namespace meshlearn::node {
@@ -46,9 +53,99 @@ Result<Hash256> HashField(const json& j, const char* key, const std::string& whe
 std::string Short(const Hash256& h) { return h.ShortHex(); }
 
 std::string UnitName(const AuditUnit& u) {
+  if (u.stage >= 0) {
+    return "round " + std::to_string(u.round) + " replica " + std::to_string(u.replica) +
+           " stage " + std::to_string(u.stage) + " (unit " + std::to_string(u.index) + ", node " +
+           u.assignee.substr(0, 16) + ")";
+  }
   return "round " + std::to_string(u.round) + " unit " + std::to_string(u.index) + " (shard " +
          std::to_string(u.shard) + ", node " + u.assignee.substr(0, 16) + ")";
 }
+
+// A record as the re-run can reproduce it: everything but who signed it.
+std::string RecordDiff(const protocol::StageTransfer& got, const protocol::StageTransfer& want) {
+  if (got.key != want.key)
+    return "is " + got.key.ToString() + ", the re-run's " + want.key.ToString();
+  if (got.tensor != want.tensor || got.bytes != want.bytes) {
+    return "holds tensor " + got.tensor.ShortHex() + " (" + std::to_string(got.bytes) +
+           " bytes), the re-run's " + want.tensor.ShortHex() + " (" + std::to_string(want.bytes) +
+           " bytes)";
+  }
+  if (got.tile_cols != want.tile_cols || got.tiles != want.tiles) {
+    return "holds tiled root " + got.tiles.ShortHex() + " in rows of " +
+           std::to_string(got.tile_cols) + ", the re-run's " + want.tiles.ShortHex() +
+           " in rows of " + std::to_string(want.tile_cols);
+  }
+  return "";
+}
+
+// Where a stage's committed step differs from the re-run's. kReceived: a record it received
+// (its sender's step is at fault, or the record is not what was sent); kStart: its state before
+// the step (it starts where its previous step did not end: the continuity check's finding, ruled
+// from two commits, or a false start); kOwn: what it sent or its state after the step, from what
+// the re-run agrees it started from and received: a step witness proves it.
+struct StepDiff {
+  enum Kind { kNone, kReceived, kStart, kOwn } kind = kNone;
+  std::string what;
+};
+
+StepDiff CompareStageStep(const protocol::StageStepCommit& got,
+                          const protocol::StageStepCommit& want) {
+  if (got.task != want.task || got.round != want.round || got.replica != want.replica ||
+      got.stage != want.stage || got.stages != want.stages || got.step != want.step) {
+    return {StepDiff::kStart, "the commit is of another task, round, replica, stage or step"};
+  }
+  if (got.received.size() != want.received.size()) {
+    return {StepDiff::kReceived, "it received " + std::to_string(got.received.size()) +
+                                     " records, the re-run " +
+                                     std::to_string(want.received.size())};
+  }
+  for (size_t i = 0; i < got.received.size(); ++i) {
+    std::string d = RecordDiff(got.received[i], want.received[i]);
+    if (!d.empty()) {
+      return {StepDiff::kReceived, "received record " + std::to_string(i) + " " + d +
+                                       " (what its sender's step sent differs)"};
+    }
+  }
+  if (got.state_before != want.state_before) {
+    return {StepDiff::kStart, "state_before " + got.state_before.ShortHex() + ", the re-run's " +
+                                  want.state_before.ShortHex()};
+  }
+  if (got.sent.size() != want.sent.size()) {
+    return {StepDiff::kOwn, "it sent " + std::to_string(got.sent.size()) + " records, the re-run " +
+                                std::to_string(want.sent.size())};
+  }
+  for (size_t i = 0; i < got.sent.size(); ++i) {
+    std::string d = RecordDiff(got.sent[i], want.sent[i]);
+    if (!d.empty()) return {StepDiff::kOwn, "sent record " + std::to_string(i) + " " + d};
+  }
+  if (got.state_after != want.state_after) {
+    return {StepDiff::kOwn, "state_after " + got.state_after.ShortHex() + ", the re-run's " +
+                                want.state_after.ShortHex()};
+  }
+  return {};
+}
+
+// A stage's link in the audit's re-run that keeps the tensors the stage received in the step,
+// by their hashes (a step witness's received tensors).
+class KeepingLink final : public StageLink {
+ public:
+  explicit KeepingLink(StageLink* inner) : inner_(inner) {}
+  Result<std::vector<float>> Receive(const protocol::StageTensorKey& key,
+                                     protocol::StageTransfer* record) override {
+    Result<std::vector<float>> v = inner_->Receive(key, record);
+    if (v.ok()) received[record->tensor] = StageTensorBytes(*v);
+    return v;
+  }
+  Result<protocol::StageTransfer> Send(const protocol::StageTensorKey& key,
+                                       std::span<const float> values) override {
+    return inner_->Send(key, values);
+  }
+  std::map<Hash256, Bytes> received;  // this step's
+
+ private:
+  StageLink* inner_;
+};
 
 bool Contributes(const AuditUnit& u) { return u.status == "committed" || u.status == "verified"; }
 
@@ -99,16 +196,7 @@ class Auditor {
     r_.rounds = p.value("rounds", 0u);
     r_.units_per_round = p.value("units_per_round", 0u);
     r_.inner_steps = p.value("inner_steps", 0u);
-    if (const uint32_t stages = p.value("stages", 1u); stages > 1) {
-      // A stage unit's commitment is the root of its step leaves, each over the signed tensors
-      // its neighbours sent: re-executing it as a whole-model unit fails every unit falsely,
-      // and re-running the replica gives no commit its nodes signed (docs/verification.md,
-      // "Pipeline stages", "Not built yet").
-      return FailedPrecondition(
-          where + " is trained in pipeline stages (params.stages = " + std::to_string(stages) +
-          "): the audit does not re-execute stage units yet; a stage's false step is proven "
-          "with ProveFraud from its step's evidence (ledger::BuildStageStepWitness)");
-    }
+    r_.stages = std::max(p.value("stages", 1u), 1u);
     ML_ASSIGN_OR_RETURN(initial_recorded_, HashField(p, "initial_state", where + " params"));
     ML_ASSIGN_OR_RETURN(spec_hash_, HashField(task_, "spec_hash", where));
     const json results = task_.value("round_results", json::array());
@@ -145,6 +233,10 @@ class Auditor {
       if (u.round >= r_.rounds_audited) continue;  // a cancelled task's unfinished round
       u.assignee = ju.value("assignee", std::string());
       u.status = ju.value("status", std::string());
+      if (r_.stages > 1) {
+        u.replica = static_cast<int32_t>(u.shard / r_.stages);
+        u.stage = static_cast<int32_t>(u.shard % r_.stages);
+      }
       if (Contributes(u)) {
         ML_ASSIGN_OR_RETURN(u.commitment, HashField(ju, "commitment", where + " unit"));
         ML_ASSIGN_OR_RETURN(u.result, HashField(ju, "result_hash", where + " unit"));
@@ -152,6 +244,10 @@ class Auditor {
           if (!h.is_string()) return DataLoss(where + " unit: leaves holds a non-string");
           ML_ASSIGN_OR_RETURN(Hash256 leaf, Hash256::FromHex(h.get<std::string>(), "leaves"));
           u.leaves.push_back(leaf);
+        }
+        if (const auto c = ju.find("stage_commits"); c != ju.end() && c->is_string()) {
+          ML_ASSIGN_OR_RETURN(u.stage_commits,
+                              Hash256::FromHex(c->get<std::string>(), "stage_commits"));
         }
       } else {
         u.note = "status " + u.status + ": not part of its round's aggregate";
@@ -188,6 +284,14 @@ class Auditor {
     facts_ = ComputeTaskFacts(*trainer_, net_);
     if (Status s = CheckBundleMatchesLedger(facts_, net_, task_); !s.ok()) {
       bundle_mismatch_ = "task bundle: " + s.message();
+      return Status::Ok();
+    }
+    if (r_.stages > 1) {
+      ML_ASSIGN_OR_RETURN(
+          engine::PipelineCut cut,
+          engine::TaskPipelineCut(trainer_->task(), static_cast<int>(net_.stages), net_.cut));
+      cut_ = std::make_unique<engine::PipelineCut>(std::move(cut));
+      ML_ASSIGN_OR_RETURN(layout_, StageLayoutOf(trainer_->task().model, *cut_));
     }
     return Status::Ok();
   }
@@ -259,6 +363,16 @@ class Auditor {
       candidates[i]->sampled = true;
     }
     r_.sample = static_cast<uint32_t>(k);
+    if (r_.stages > 1) {
+      // A stage is re-run with its whole replica: every stage of a sampled one's replica is
+      // compared too.
+      std::set<std::pair<uint32_t, int32_t>> replicas;
+      for (size_t i = 0; i < k; ++i)
+        replicas.insert({candidates[i]->round, candidates[i]->replica});
+      for (AuditUnit& u : r_.units) {
+        if (Contributes(u) && replicas.count({u.round, u.replica})) u.sampled = true;
+      }
+    }
     std::set<uint32_t> rounds;
     for (size_t i = 0; i < k; ++i) rounds.insert(candidates[i]->round);
     // Each sampled round needs its recorded start state: fetched, or rebuilt from an earlier one.
@@ -367,47 +481,23 @@ class Auditor {
   // Round r from `start`: its units (all of them, or the sampled ones), then, for a recomputed
   // round, its aggregate. Returns the state round r+1 starts from, when the audit has it.
   Result<std::optional<StartState>> RunRound(uint32_t r, std::optional<StartState> start) {
-    std::vector<AuditUnit*> units = Contributors(r);
     const bool whole = whole_[r];
     AuditState link{.name = "round " + std::to_string(r),
                     .round = static_cast<int32_t>(r),
                     .recorded = round_states_[r]};
-    std::vector<std::vector<float>> deltas(units.size());
-    for (size_t i = 0; i < units.size(); ++i) {
-      AuditUnit& u = *units[i];
-      if (!whole && !u.sampled) {
-        u.note = "not sampled";
-        continue;
-      }
-      if (!start) {
-        u.note = "its round's start state " + RecordedStart(r).ToHex() +
-                 " could not be had (no node serves it and it could not be recomputed)";
-        continue;
-      }
-      ML_RETURN_IF_ERROR(RunUnit(u, start->state, whole ? &deltas[i] : nullptr));
+    // What the round's aggregate is recomputed from (RoundDelta points into `deltas`), or why it
+    // cannot be.
+    std::vector<std::vector<float>> deltas;
+    std::vector<RoundDelta> in;
+    std::string missing;
+    if (r_.stages > 1) {
+      ML_RETURN_IF_ERROR(RunReplicas(r, start, whole, &deltas, &in, &missing));
+    } else {
+      ML_RETURN_IF_ERROR(RunUnits(r, start, whole, &deltas, &in, &missing));
     }
     std::optional<StartState> next;
     if (whole && !start) link.note = "not recomputed: its start state could not be had";
     if (whole && start) {
-      // The network aggregated what the solvers committed: a unit that did not replay contributed
-      // its recorded delta, so use that blob if anyone still serves it.
-      std::string missing;
-      std::vector<RoundDelta> in;
-      for (size_t i = 0; i < units.size(); ++i) {
-        AuditUnit& u = *units[i];
-        if (u.check != AuditCheck::kAuditCheckPass) {
-          Result<Bytes> blob = get_(u.result);
-          if (!blob.ok()) {
-            missing = "unit " + std::to_string(u.index) + "'s committed delta " + Short(u.result) +
-                      " is not what its work gives and no node serves it";
-            break;
-          }
-          Result<std::vector<float>> d = DecodeDelta(*blob, facts_.num_params);
-          if (!d.ok()) continue;  // the aggregator leaves an undecodable delta out
-          deltas[i] = std::move(*d);
-        }
-        in.push_back({.shard = u.shard, .delta = deltas[i]});
-      }
       if (!missing.empty()) {
         link.note = "not recomputed: " + missing;
       } else {
@@ -431,6 +521,296 @@ class Auditor {
         }
       }
     }
+    return FinishRound(r, whole, std::move(link), std::move(next));
+  }
+
+  // A round's units (not stages): each re-executed when it is run, then, for a recomputed round,
+  // the deltas it aggregates (`in`, pointing into `deltas`) or why there are none (`missing`).
+  Status RunUnits(uint32_t r, const std::optional<StartState>& start, bool whole,
+                  std::vector<std::vector<float>>* deltas_out, std::vector<RoundDelta>* in_out,
+                  std::string* missing_out) {
+    std::vector<AuditUnit*> units = Contributors(r);
+    std::vector<std::vector<float>>& deltas = *deltas_out;
+    deltas.assign(units.size(), {});
+    for (size_t i = 0; i < units.size(); ++i) {
+      AuditUnit& u = *units[i];
+      if (!whole && !u.sampled) {
+        u.note = "not sampled";
+        continue;
+      }
+      if (!start) {
+        u.note = "its round's start state " + RecordedStart(r).ToHex() +
+                 " could not be had (no node serves it and it could not be recomputed)";
+        continue;
+      }
+      ML_RETURN_IF_ERROR(RunUnit(u, start->state, whole ? &deltas[i] : nullptr));
+    }
+    if (whole && start) {
+      // The network aggregated what the solvers committed: a unit that did not replay contributed
+      // its recorded delta, so use that blob if anyone still serves it.
+      std::string& missing = *missing_out;
+      std::vector<RoundDelta>& in = *in_out;
+      for (size_t i = 0; i < units.size(); ++i) {
+        AuditUnit& u = *units[i];
+        if (u.check != AuditCheck::kAuditCheckPass) {
+          Result<Bytes> blob = get_(u.result);
+          if (!blob.ok()) {
+            missing = "unit " + std::to_string(u.index) + "'s committed delta " + Short(u.result) +
+                      " is not what its work gives and no node serves it";
+            break;
+          }
+          Result<std::vector<float>> d = DecodeDelta(*blob, facts_.num_params);
+          if (!d.ok()) continue;  // the aggregator leaves an undecodable delta out
+          deltas[i] = std::move(*d);
+        }
+        in.push_back({.shard = u.shard, .delta = deltas[i]});
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The stage units of a pipeline round: each replica with a unit to run is re-run whole
+  // (RunReplica), then, for a recomputed round, each replica's delta in model order (its stages'
+  // re-run deltas, or the recorded blob of a stage whose delta differs) or why there are none.
+  Status RunReplicas(uint32_t r, const std::optional<StartState>& start, bool whole,
+                     std::vector<std::vector<float>>* deltas, std::vector<RoundDelta>* in,
+                     std::string* missing) {
+    std::map<int32_t, std::vector<AuditUnit*>> replicas;  // replica -> its units by stage
+    for (AuditUnit* u : Contributors(r)) replicas[u->replica].push_back(u);
+    deltas->reserve(replicas.size());  // `in` points into it
+    for (auto& [p, units] : replicas) {
+      std::sort(units.begin(), units.end(),
+                [](const AuditUnit* a, const AuditUnit* b) { return a->stage < b->stage; });
+      const bool run = whole || std::any_of(units.begin(), units.end(),
+                                            [](const AuditUnit* u) { return u->sampled; });
+      std::string skip;
+      if (!run) {
+        skip = "not sampled";
+      } else if (!start) {
+        skip = "its round's start state " + RecordedStart(r).ToHex() +
+               " could not be had (no node serves it and it could not be recomputed)";
+      } else if (units.size() != r_.stages) {
+        skip = "only " + std::to_string(units.size()) + " of the replica's " +
+               std::to_string(r_.stages) + " stages are committed: it is not re-run";
+      }
+      if (!skip.empty()) {
+        for (AuditUnit* u : units) u->note = skip;
+        if (whole && missing->empty()) *missing = "replica " + std::to_string(p) + ": " + skip;
+        continue;
+      }
+      ML_ASSIGN_OR_RETURN(std::vector<std::vector<float>> stage_deltas,
+                          RunReplica(r, static_cast<uint32_t>(p), units, start->state));
+      if (!whole || !missing->empty()) continue;
+      // The network aggregated what the stages committed: a stage whose delta is not the re-run's
+      // contributed its recorded one.
+      for (AuditUnit* u : units) {
+        if (u->replayed_result == u->result) continue;
+        const size_t s = static_cast<size_t>(u->stage);
+        Result<Bytes> blob = get_(u->result);
+        if (!blob.ok()) {
+          *missing = UnitName(*u) + "'s committed delta " + Short(u->result) +
+                     " is not what its work gives and no node serves it";
+          break;
+        }
+        Result<std::vector<float>> d = DecodeDelta(*blob, layout_.StageSize(s));
+        if (!d.ok()) {
+          *missing = UnitName(*u) + "'s committed delta does not decode: " + d.status().message();
+          break;
+        }
+        stage_deltas[s] = std::move(*d);
+      }
+      if (!missing->empty()) continue;
+      ML_ASSIGN_OR_RETURN(std::vector<float> whole_delta, GatherStageFlats(layout_, stage_deltas));
+      deltas->push_back(std::move(whole_delta));
+      in->push_back({.shard = static_cast<uint32_t>(p), .delta = deltas->back()});
+    }
+    return Status::Ok();
+  }
+
+  // The committed step commits of stage unit `u` (the blob its CommitStage named), checked
+  // against its record: one per inner step, each of its task, round, replica and stage, and their
+  // leaves' StageCommitment the unit's commitment. Errors name what is missing or wrong.
+  Result<std::vector<protocol::StageStepCommit>> CommittedSteps(const AuditUnit& u) {
+    if (u.stage_commits.IsZero()) {
+      return NotFound(
+          "its CommitStage named no step commits (stage_commits is null): there is "
+          "nothing to compare its steps with");
+    }
+    Result<Bytes> blob = get_(u.stage_commits);
+    if (!blob.ok()) {
+      return NotFound("its step commits blob " + u.stage_commits.ToHex() +
+                      " is not served by any node: " + blob.status().message());
+    }
+    Result<std::vector<protocol::StageStepCommit>> c = protocol::DecodeStageRunCommits(*blob);
+    if (!c.ok()) {
+      return DataLoss("its step commits blob " + u.stage_commits.ToHex() +
+                      " does not decode: " + c.status().message());
+    }
+    if (c->size() != net_.inner_steps) {
+      return DataLoss("its step commits blob " + u.stage_commits.ToHex() + " holds " +
+                      std::to_string(c->size()) + " step commits; the task has " +
+                      std::to_string(net_.inner_steps) + " inner steps");
+    }
+    std::vector<Hash256> leaves;
+    for (const protocol::StageStepCommit& s : *c) {
+      if (s.task != r_.task_id || s.round != u.round ||
+          s.replica != static_cast<uint32_t>(u.replica) ||
+          s.stage != static_cast<uint32_t>(u.stage) || s.stages != r_.stages) {
+        return DataLoss("its step commits blob " + u.stage_commits.ToHex() + ": step " +
+                        std::to_string(s.step) + "'s commit is of round " +
+                        std::to_string(s.round) + " replica " + std::to_string(s.replica) +
+                        " stage " + std::to_string(s.stage) + " of " + std::to_string(s.stages) +
+                        " (or another task)");
+      }
+      leaves.push_back(protocol::StageStepLeaf(s));
+    }
+    if (protocol::StageCommitment(leaves) != u.commitment) {
+      return DataLoss("its step commits blob " + u.stage_commits.ToHex() +
+                      " is not what it committed: their StageCommitment is " +
+                      protocol::StageCommitment(leaves).ToHex() + ", its commitment " +
+                      u.commitment.ToHex());
+    }
+    return std::move(*c);
+  }
+
+  // Replica `p` of round `r` from `start`, its stages in one process (one thread each, linked in
+  // memory; the records are signed with keys of the audit's own, since only what they hash is
+  // compared), every step of each stage compared with its committed commit. Returns each stage's
+  // delta (start - end, its params() order), and sets each unit's replayed result and check.
+  Result<std::vector<std::vector<float>>> RunReplica(uint32_t r, uint32_t p,
+                                                     const std::vector<AuditUnit*>& units,
+                                                     const GlobalState& start) {
+    const engine::TaskSpec& task = trainer_->task();
+    const uint32_t S = r_.stages;
+    const UnitWork work = protocol::UnitWorkOf(net_, facts_, r, p);
+    const std::string label = "round " + std::to_string(r) + " replica " + std::to_string(p);
+    std::vector<std::unique_ptr<engine::Stage>> stages;
+    std::vector<std::vector<float>> begin;
+    for (uint32_t s = 0; s < S; ++s) {
+      ML_ASSIGN_OR_RETURN(
+          std::unique_ptr<engine::Stage> st,
+          StageFromGlobal(task, *cut_, static_cast<int>(s), start.weights, work.lr_scale));
+      begin.push_back(StageFlatParams(*st));
+      stages.push_back(std::move(st));
+    }
+    std::vector<std::optional<std::vector<protocol::StageStepCommit>>> committed(S);
+    std::vector<std::string> notes(S);
+    for (uint32_t s = 0; s < S; ++s) {
+      Result<std::vector<protocol::StageStepCommit>> c = CommittedSteps(*units[s]);
+      if (c.ok()) {
+        committed[s] = std::move(*c);
+      } else {
+        notes[s] = c.status().message();
+      }
+    }
+    StageContext ctx;
+    ctx.task = r_.task_id;
+    ctx.round = r;
+    ctx.replica = p;
+    ctx.tile_cols = ledger::StageTileCols(task.model);
+    ctx.tile_rows = ledger::StageTileRows(task.model, task.batch_size, task.micro_batches);
+    std::vector<KeyPair> keys;
+    for (uint32_t s = 0; s < S; ++s) {
+      keys.push_back(KeyPair::Generate());
+      ctx.chain.push_back(keys.back().public_key());
+    }
+    MemoryStageNetwork links(ctx, std::move(keys));
+    std::vector<std::unique_ptr<KeepingLink>> keeping;
+    for (uint32_t s = 0; s < S; ++s) {
+      keeping.push_back(std::make_unique<KeepingLink>(links.link(static_cast<int>(s))));
+    }
+    engine::DataStream stream(task, trainer_->data(), work.stream);
+    const uint64_t dropout_seed = engine::DropoutSeed(task.seed, work.stream);
+    std::vector<int64_t> first_diff(S, -1);
+    const bool proving = static_cast<bool>(o_.on_stage_fraud);
+    Progress(0, label);
+    for (uint64_t t = 0; t < net_.inner_steps; ++t) {
+      const engine::Batch batch = stream.BatchForStep(static_cast<int64_t>(t));
+      // The step's start, kept only where it may become a witness this step.
+      std::vector<Bytes> checkpoint(S);
+      for (uint32_t s = 0; s < S; ++s) {
+        keeping[s]->received.clear();
+        if (proving && committed[s] && first_diff[s] < 0) {
+          ML_ASSIGN_OR_RETURN(checkpoint[s], ledger::StageCheckpointBytes(stages[s]->state()));
+        }
+      }
+      std::vector<Result<StageStepOutcome>> out(S, Internal("not run"));
+      std::vector<std::thread> threads;
+      for (uint32_t s = 0; s < S; ++s) {
+        threads.emplace_back(
+            [&, s] { out[s] = RunStageStep(*stages[s], ctx, batch, dropout_seed, *keeping[s]); });
+      }
+      for (std::thread& th : threads) th.join();
+      for (uint32_t s = 0; s < S; ++s) {
+        if (!out[s].ok()) {
+          return out[s].status().WithPrefix(label + " stage " + std::to_string(s) + " step " +
+                                            std::to_string(t) + " (the audit's re-run)");
+        }
+        AuditUnit& u = *units[s];
+        if (!committed[s]) continue;
+        ++u.steps_compared;
+        ++r_.stage_steps_compared;
+        if (first_diff[s] >= 0) continue;
+        const protocol::StageStepCommit& c = (*committed[s])[t];
+        const StepDiff d = CompareStageStep(c, out[s]->commit);
+        if (d.kind == StepDiff::kNone) continue;
+        first_diff[s] = static_cast<int64_t>(t);
+        u.fraud_segment = static_cast<int32_t>(t);
+        notes[s] = "step " + std::to_string(t) + ": " + d.what;
+        if (d.kind != StepDiff::kOwn) {
+          if (proving) {
+            u.proof = {{"sent", false},
+                       {"error", d.kind == StepDiff::kReceived
+                                     ? "it received what the re-run did not send: no witness of "
+                                       "its step can be built from the re-run"
+                                     : "its step does not start where the re-run's does: a "
+                                       "continuity claim (two commits) rules it, not a step "
+                                       "witness"}};
+          }
+          continue;
+        }
+        if (proving) ProveStage(u, c, checkpoint[s], keeping[s]->received, work);
+      }
+      Progress((t + 1) * S, label);
+    }
+    std::vector<std::vector<float>> deltas(S);
+    for (uint32_t s = 0; s < S; ++s) {
+      AuditUnit& u = *units[s];
+      deltas[s] = protocol::PseudoGradient(begin[s], StageFlatParams(*stages[s]));
+      u.replayed_result = ledger::DeltaBlobId(deltas[s]);
+      const bool d_ok = u.replayed_result == u.result;
+      u.check = d_ok && committed[s] && first_diff[s] < 0 ? AuditCheck::kAuditCheckPass
+                                                          : AuditCheck::kAuditCheckFail;
+      u.note = notes[s];
+      if (!d_ok) {
+        u.note += std::string(u.note.empty() ? "" : "; ") + "delta recorded " + u.result.ToHex() +
+                  ", re-executed " + u.replayed_result.ToHex();
+      }
+      ++units_done_;
+      ++r_.units_executed;
+    }
+    return deltas;
+  }
+
+  // The ProveFraud witness of stage unit `u`'s step `commit`, the first that differs from the
+  // re-run by its own fault: the re-run's checkpoint of the step's start and the tensors it
+  // received are what the commit must start from and have received.
+  void ProveStage(AuditUnit& u, const protocol::StageStepCommit& commit, const Bytes& checkpoint,
+                  const std::map<Hash256, Bytes>& received, const UnitWork& work) {
+    const engine::ClassificationData* train = EnsureDataProofs(trainer_->data(), &pages_, &tree_);
+    Result<ledger::StageStepWitness> w =
+        ledger::BuildStageStepWitness(bundle_text_, commit, checkpoint, received, trainer_->task(),
+                                      work.stream, pages_.get(), train, tree_.get());
+    if (!w.ok()) {
+      u.proof = {{"sent", false}, {"error", w.status().message()}};
+      return;
+    }
+    u.proof = o_.on_stage_fraud(u, *w);
+  }
+
+  // The chain link of round r, and the state round r + 1 starts from when the audit has it.
+  Result<std::optional<StartState>> FinishRound(uint32_t r, bool whole, AuditState link,
+                                                std::optional<StartState> next) {
     if (!next && r + 1 < r_.rounds_audited) {
       // Go on from the recorded state if a node still has it (checks later rounds on their own).
       auto f = fetched_.find(r + 1);
@@ -528,7 +908,10 @@ class Auditor {
   NetworkSpec net_;
   TaskFacts facts_;
   std::unique_ptr<engine::Trainer> trainer_;
-  std::unique_ptr<engine::DataTree> tree_;  // built for the first fraud proof
+  std::unique_ptr<engine::DataTree> tree_;        // built for the first fraud proof
+  std::unique_ptr<engine::TokenPageTree> pages_;  // a token task's, for the first stage proof
+  std::unique_ptr<engine::PipelineCut> cut_;      // a pipeline task's
+  StageLayout layout_;
   std::string bundle_text_;
   GlobalState initial_;
   std::string bundle_mismatch_, ledger_mismatch_;
@@ -591,6 +974,12 @@ json AuditReportToJson(const AuditReport& r) {
                      {"note", u.note},
                      {"fraud_segment", u.fraud_segment < 0 ? json(nullptr) : json(u.fraud_segment)},
                      {"proof", u.proof}});
+    if (u.stage >= 0) {
+      units.back()["replica"] = u.replica;
+      units.back()["stage"] = u.stage;
+      units.back()["stage_commits"] = HashOrNull(u.stage_commits);
+      units.back()["steps_compared"] = u.steps_compared;
+    }
   }
   return {{"task_id", r.task_id.ToHex()},
           {"task", r.task_name},
@@ -599,6 +988,8 @@ json AuditReportToJson(const AuditReport& r) {
           {"rounds_audited", r.rounds_audited},
           {"units_per_round", r.units_per_round},
           {"inner_steps", r.inner_steps},
+          {"stages", r.stages},
+          {"stage_steps_compared", r.stage_steps_compared},
           {"mode", r.full ? "full" : "sample"},
           {"seed", r.full ? json(nullptr) : json(r.seed)},
           {"sample", r.full ? json(nullptr) : json(r.sample)},

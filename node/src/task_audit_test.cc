@@ -150,17 +150,17 @@ TEST_F(TaskAuditTest, AnOpenTaskIsRefused) {
   EXPECT_NE(r.status().message().find("still open"), std::string::npos) << r.status().ToString();
 }
 
-// A pipeline task's stage units are not re-executed as whole-model units (every one would fail
-// falsely, and --prove would send proofs the ledger refuses): the audit refuses the task.
-TEST_F(TaskAuditTest, APipelineTaskIsRefused) {
+// A record that claims pipeline stages its bundle does not cut is not re-run as stages (nor its
+// units as whole-model units): it fails at the bundle. A pipeline task's audit is
+// PipelineAuditTest (stage_test).
+TEST_F(TaskAuditTest, ARecordWithStagesItsBundleDoesNotCutFailsAtTheBundle) {
   json t = honest_->task;
   t["params"]["stages"] = 3;
   Result<AuditReport> r = honest_->Audit(t, {.full = true});
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("is trained in pipeline stages (params.stages = 3)"),
-            std::string::npos)
-      << r.status().ToString();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->pass);
+  EXPECT_EQ(r->first_mismatch.rfind("task bundle: ", 0), 0u) << r->first_mismatch;
+  EXPECT_EQ(r->units_executed, 0u);
 }
 
 TEST_F(TaskAuditTest, ASampleIsReproducibleAndRebuildsStatesNobodyServes) {

@@ -196,6 +196,13 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
                     " is not the outcome's result " + out.result_hash.ShortHex());
   }
   ML_RETURN_IF_ERROR(node_->book().Add(delta_id.hash, DeltaReason(a.task_id, a.round)));
+  // The steps' commits stay public past the round for an audit of the task (docs/verification.md,
+  // "An audit of a pipeline task"): kept with the task's global states, until the task is
+  // released after its audit window, not with the round's delta, which goes when the round is
+  // final.
+  ML_ASSIGN_OR_RETURN(net::BlobId commits_id,
+                      node_->deps().store->Put(protocol::EncodeStageRunCommits(out.commits)));
+  ML_RETURN_IF_ERROR(node_->book().Add(commits_id.hash, StateReason(a.task_id)));
   const bool last = a.stage->stage + 1 == a.stage->chain.size();
   const uint64_t loss_micros =
       last && std::isfinite(out.mean_loss) && out.mean_loss > 0
@@ -208,7 +215,8 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
                            .node_id = node_->id(),
                            .result_hash = delta_id.hash,
                            .commitment = out.commitment,
-                           .loss_micros = loss_micros};
+                           .loss_micros = loss_micros,
+                           .commits = commits_id.hash};
   if (node_->VerificationOn()) {
     // The ledger opens the stage unit's check over its step leaves (docs/verification.md,
     // "Pipeline stages"); the secret is revealed by the Solver's PlayCheck, as a unit's.

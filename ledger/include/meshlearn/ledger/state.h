@@ -504,6 +504,9 @@ struct WorkUnit {
   uint64_t secret_index = 0;  // the solver's secret chain element for this commit
   std::vector<Hash256> leaves;  // the committed state hashes (MerkleRoot(leaves) == commitment)
   Bytes check;                // protocol::UnitCheck::Encode() while checked; empty otherwise
+  // A stage unit's CommitStageTx::commits: the blob id of its step commits (zero: none named).
+  // Encoded as an optional tail, so a unit without it encodes as before.
+  Hash256 stage_commits;
   bool operator==(const WorkUnit&) const = default;
 };
 

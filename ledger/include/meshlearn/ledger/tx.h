@@ -357,6 +357,11 @@ struct ReportUnavailableTx {
 // leaves, the stage's H step leaves themselves (StageStepLeaf of steps 0..H-1;
 // StageCommitment(leaves) == commitment), over which the ledger opens the stage unit's check
 // (protocol::StageCheckLeaves: one check "segment" per step). Both ignored without verification.
+// commits: the blob id of the stage's step commits (protocol::EncodeStageRunCommits of its H
+// StageStepCommits: the signed records and two state hashes a step, no tensors), which the nodes
+// that keep the round's deltas keep as long as those, so that the run's commits stay public past
+// the round (docs/verification.md, "An audit of a pipeline task"); zero: not kept. The ledger
+// records it on the unit (WorkUnit::stage_commits) and does not fetch it.
 struct CommitStageTx {
   static constexpr TxType kType = TxType::kCommitStage;
   Hash256 task_id;
@@ -369,6 +374,7 @@ struct CommitStageTx {
   uint64_t loss_micros = 0;
   uint64_t secret_index = 0;
   std::vector<Hash256> leaves;
+  Hash256 commits;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("task_id", s.task_id);
@@ -381,6 +387,7 @@ struct CommitStageTx {
     v("loss_micros", s.loss_micros);
     v("secret_index", s.secret_index);
     v("leaves", s.leaves);
+    v("commits", s.commits);
   }
   bool operator==(const CommitStageTx&) const = default;
 };

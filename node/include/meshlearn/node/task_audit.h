@@ -25,6 +25,18 @@
 // sampled PASS says that the sampled units (and the rebuilt rounds) reproduce; the aggregates of
 // the other rounds are not recomputed (their states show as "fetched" or "skipped").
 //
+// A pipeline task (params.stages > 1; docs/verification.md, "An audit of a pipeline task") is
+// audited replica by replica: each replica of a round is re-run in this process, its stages
+// talking through in-memory links (the same RunStageStep its nodes ran), from the round's start
+// state, and every step of every stage is compared with the stage's committed step commit (the
+// blob its CommitStage named, WorkUnit::stage_commits): the state hashes and every received and
+// sent record's tensor (the signatures are the nodes' and not re-made). A unit is a stage unit
+// here: its delta is compared with its result_hash, and its round's state is recomputed from the
+// replicas' deltas gathered in model order. At a stage's first step that differs, the re-run's
+// checkpoint and received tensors are what the committed commit had to start from and receive
+// (every earlier step agreed), so with on_stage_fraud the audit builds the step's ProveFraud
+// witness itself. A sampled audit re-runs the whole replica of each sampled stage unit.
+//
 // After a mismatch the audit goes on where it can: a later round whose recorded start state can
 // still be fetched is checked from that state, so one report names every bad unit it can reach.
 //
@@ -47,6 +59,7 @@
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
+#include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/step_witness.h"
 
@@ -79,6 +92,14 @@ struct AuditUnit {
   // found or not asked) and on_fraud's answer (what became of the proof; null when not asked).
   int32_t fraud_segment = -1;
   nlohmann::json proof;
+  // A pipeline task's stage unit (-1 otherwise): its replica and stage, the blob of its step
+  // commits (CommitStageTx::commits; zero when none was named), and how many of its steps were
+  // compared with the re-run. For a stage unit fraud_segment is the first step whose commit
+  // differs from the re-run's, found whether or not proofs were asked.
+  int32_t replica = -1;
+  int32_t stage = -1;
+  Hash256 stage_commits;
+  uint64_t steps_compared = 0;
 };
 
 // One link of the chain initial -> round 0 -> ... -> final.
@@ -99,6 +120,8 @@ struct AuditReport {
   uint32_t rounds_audited = 0;  // rounds with a recorded result
   uint32_t units_per_round = 0;
   uint32_t inner_steps = 0;
+  uint32_t stages = 1;                // params.stages (1: no pipeline)
+  uint64_t stage_steps_compared = 0;  // stage steps compared with their commits, all units
   bool full = false;
   uint64_t seed = 0;    // sampled audit
   uint32_t sample = 0;  // units drawn
@@ -136,6 +159,11 @@ struct AuditOptions {
   // leaf (BuildSegmentWitness, from the unit's true start) and calls this with it; whatever it
   // returns is kept as AuditUnit::proof. Null: no witness is built.
   std::function<nlohmann::json(const AuditUnit&, const BuiltSegmentWitness&)> on_fraud;
+  // The same for a pipeline task: for every stage unit whose step fraud_segment is its own fault
+  // (it received what the re-run sent it, and its state after the step or what it sent differs),
+  // the audit builds that step's witness (ledger::BuildStageStepWitness from the re-run's
+  // checkpoint and tensors and the committed commit) and calls this with it. Null: none built.
+  std::function<nlohmann::json(const AuditUnit&, const ledger::StageStepWitness&)> on_stage_fraud;
 };
 
 // Returns the bytes of blob `id` (content-verified), or an error when no one serves it.

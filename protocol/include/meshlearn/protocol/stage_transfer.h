@@ -204,6 +204,15 @@ Hash256 StageCheckCommitment(const std::vector<Hash256>& step_leaves);
 Bytes EncodeStageStepCommit(const StageStepCommit& c);
 Result<StageStepCommit> DecodeStageStepCommit(ByteSpan wire);
 
+// A stage run's step commits, kept public past its round (CommitStageTx::commits names the blob;
+// docs/verification.md, "An audit of a pipeline task"): what `meshlearn task audit` compares
+// with its re-run of the replica, and the commit a ProveFraud's witness carries. The count, then
+// each step's EncodeStageStepCommit, length-prefixed, in step order. Decode checks each commit
+// as DecodeStageStepCommit does and that commit i is of step i; InvalidArgument naming the step.
+inline constexpr uint32_t kMaxStageRunCommits = 1u << 16;
+Bytes EncodeStageRunCommits(const std::vector<StageStepCommit>& commits);
+Result<std::vector<StageStepCommit>> DecodeStageRunCommits(ByteSpan wire);
+
 // The commit's structure: every record belongs to (task, round, replica, stages, step) -- the
 // tied weight's records to the step too -- every received record is addressed to `stage` and
 // every sent one comes from it, no key twice. InvalidArgument naming the record at fault.

@@ -1,0 +1,316 @@
+// The audit of a pipeline task (task_audit.h; docs/verification.md, "An audit of a pipeline task")
+// against stage nodes in one process (testing/sim_harness.h: agents on loopback HTTP training
+// kPipelineGptTask, 2 rounds x 2 replicas x 3 stages x 3 steps): an honest task audits clean with
+// every step of every stage compared with its committed commit; a record whose stage commits are
+// missing, not served or another stage's fails naming them; a lazy stage whose checks every
+// verifier rubber-stamped (so the task paid it and finished) is found at its step, and the
+// witness the audit builds is accepted by the ledger, which slashes the stage's node.
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "meshlearn/base/test_dir.h"
+#include "meshlearn/node/adversary.h"
+#include "meshlearn/node/task_audit.h"
+#include "testing/pipeline_task.h"
+#include "testing/sim_harness.h"
+
+// A namespace of its own: stage_test is a unity build, and pipeline_network_test.cc has helpers of
+// the same names.
+namespace meshlearn::node::pipeline_audit {
+namespace {
+
+using nlohmann::json;
+
+// Blobs as the nodes hold them, except `refused`, which nobody serves.
+BlobGetter NodeBlobs(testing::SimHarness* sim, int nodes, std::set<std::string> refused = {}) {
+  return [sim, nodes, refused](const Hash256& id) -> Result<Bytes> {
+    if (refused.count(id.ToHex())) return NotFound("no node serves " + id.ShortHex());
+    for (int i = 0; i < nodes; ++i) {
+      if (sim->store(i)->HasBlob(net::BlobId{id})) return sim->store(i)->Get(net::BlobId{id});
+    }
+    return NotFound("no node has blob " + id.ShortHex());
+  };
+}
+
+// The pipeline network tests' chain (pipeline_network_test.cc: six agents, kPipelineGptTask, no
+// unit expires while stages train in real time), with verification when `verifying`: seven
+// agents, each a solver, aggregator and verifier, every step of a checked stage unit replayed, no
+// forced errors and no window that closes before every party acted.
+testing::SimOptions AuditedPipelineOptions(uint64_t seed, const std::string& dir, bool verifying) {
+  testing::SimOptions opt;
+  opt.seed = seed;
+  opt.nodes = verifying ? 7 : 6;
+  opt.env = Env::Default();
+  opt.root = TestDir(dir);
+  opt.http = true;
+  opt.task_toml = std::string(kPipelineGptTask) + "budget = 100000000000\nprice_cap = 1000\n";
+  if (verifying) {
+    opt.node_options.resize(7);
+    for (testing::SimNodeOptions& n : opt.node_options) {
+      n.roles = ledger::kRoleSolver | ledger::kRoleAggregator | ledger::kRoleVerifier;
+    }
+  }
+  opt.tweak_genesis = [verifying](ledger::Genesis& g) {
+    g.params.verification = verifying;
+    g.params.min_deadline_blocks = 1'000'000;
+    if (verifying) {
+      g.params.verify_segments_per_check = 64;
+      g.params.forced_error_per_million = 0;
+      g.params.verifiers_per_unit = 1;
+      g.params.verdict_commit_blocks = 1'000'000;
+      g.params.verdict_reveal_blocks = 1'000'000;
+      g.params.dispute_response_blocks = 1'000'000;
+    }
+  };
+  return opt;
+}
+
+// Steps blocks until the task finishes (or `max_blocks`); false when it did not.
+bool RunToTheEnd(testing::SimHarness& sim, int max_blocks) {
+  for (int b = 0; b < max_blocks; ++b) {
+    json t = sim.Task(false);
+    if (t.contains("error")) {
+      ADD_FAILURE() << t.dump();
+      return false;
+    }
+    if (t.value("status", std::string()) == "finished") return true;
+    Status stepped = sim.Step();
+    if (!stepped.ok()) {
+      ADD_FAILURE() << stepped.ToString();
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+json& Unit(json& task, uint32_t index) {
+  for (json& u : task["units"]) {
+    if (u["index"] == index) return u;
+  }
+  ADD_FAILURE() << "no unit " << index;
+  return task;
+}
+
+// Rounds x replicas x stages x inner steps of kPipelineGptTask.
+constexpr uint64_t kStageSteps = 2 * 2 * 3 * 3;
+
+struct HonestPipeline {
+  std::unique_ptr<testing::SimHarness> sim;
+  json task;
+  std::string dir;
+  HonestPipeline() {
+    testing::SimOptions opt = AuditedPipelineOptions(15, "pipeline-audit", false);
+    dir = opt.root;
+    sim = std::make_unique<testing::SimHarness>(opt);
+    Status s = sim->Setup();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(RunToTheEnd(*sim, 20'000)) << sim->Task(true).dump().substr(0, 3000);
+    task = sim->Task(true);
+  }
+  Result<AuditReport> Audit(const json& record, AuditOptions o,
+                            std::set<std::string> refused = {}) {
+    o.work_dir = dir + "/audit";
+    return AuditTaskRecord(Env::Default(), record, NodeBlobs(sim.get(), 6, std::move(refused)), o);
+  }
+};
+
+class PipelineAuditTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { honest_ = new HonestPipeline(); }
+  static void TearDownTestSuite() {
+    delete honest_;
+    honest_ = nullptr;
+  }
+  static HonestPipeline* honest_;
+};
+HonestPipeline* PipelineAuditTest::honest_ = nullptr;
+
+TEST_F(PipelineAuditTest, AnHonestTaskAuditsCleanWithEveryStageStepCompared) {
+  ASSERT_EQ(honest_->task.value("status", std::string()), "finished");
+  Result<AuditReport> r = honest_->Audit(honest_->task, {.full = true});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->pass) << r->first_mismatch;
+  EXPECT_EQ(r->stages, 3u);
+  EXPECT_EQ(r->units_executed, 12u);
+  EXPECT_EQ(r->stage_steps_compared, kStageSteps);
+  for (const AuditUnit& u : r->units) {
+    EXPECT_EQ(u.check, AuditCheck::kAuditCheckPass) << u.index << ": " << u.note;
+    EXPECT_EQ(u.steps_compared, 3u) << u.index;
+    EXPECT_EQ(u.fraud_segment, -1) << u.index;
+    EXPECT_FALSE(u.stage_commits.IsZero()) << u.index;
+    EXPECT_EQ(static_cast<uint32_t>(u.replica * 3 + u.stage), u.shard) << u.index;
+  }
+  ASSERT_EQ(r->chain.size(), 4u);  // initial, rounds 0 and 1, final
+  for (const AuditState& s : r->chain) {
+    EXPECT_EQ(s.check, AuditCheck::kAuditCheckPass) << s.name << ": " << s.note;
+  }
+  EXPECT_EQ(r->chain.back().recorded.ToHex(), honest_->task["final_state"].get<std::string>());
+  const json j = AuditReportToJson(*r);
+  EXPECT_EQ(j["verdict"], "PASS");
+  EXPECT_EQ(j["stages"], 3);
+  EXPECT_EQ(j["stage_steps_compared"], kStageSteps);
+  ASSERT_EQ(j["units"].size(), 12u);
+  EXPECT_EQ(j["units"][4]["replica"], 1);
+  EXPECT_EQ(j["units"][4]["stage"], 1);
+  EXPECT_EQ(j["units"][4]["steps_compared"], 3);
+  EXPECT_TRUE(j["units"][4]["stage_commits"].is_string());
+  // What keeping the commits public costs: one blob per stage unit (printed for the docs).
+  BlobGetter get = NodeBlobs(honest_->sim.get(), 6);
+  for (const AuditUnit& u : r->units) {
+    if (u.round != 0 || u.replica != 0) continue;
+    Result<Bytes> blob = get(u.stage_commits);
+    ASSERT_TRUE(blob.ok()) << blob.status().ToString();
+    std::printf("stage %d's step commits: %zu bytes for %u steps\n", u.stage, blob->size(),
+                r->inner_steps);
+  }
+
+  // A sample re-runs the replica of each unit it draws, whole.
+  Result<AuditReport> s = honest_->Audit(honest_->task, {.sample = 1, .seed = 3});
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE(s->pass) << s->first_mismatch;
+  EXPECT_EQ(s->units_executed, 3u);
+  EXPECT_EQ(s->stage_steps_compared, 9u);
+}
+
+// Unit 0 is stage 0 of replica 0 in round 0; unit 1 its stage 1.
+TEST_F(PipelineAuditTest, MissingOrMalformedStepCommitsFailNamingWhatIsMissing) {
+  const std::string first = "round 0 replica 0 stage 0 (unit 0, node ";
+  auto expect_fails = [&](const json& record, std::set<std::string> refused,
+                          const std::string& why) {
+    Result<AuditReport> r = honest_->Audit(record, {.full = true}, std::move(refused));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_FALSE(r->pass);
+    EXPECT_EQ(r->first_mismatch.rfind(first, 0), 0u) << r->first_mismatch;
+    EXPECT_NE(r->first_mismatch.find(why), std::string::npos) << r->first_mismatch;
+    for (const AuditUnit& u : r->units) {
+      EXPECT_EQ(u.check, u.index == 0 ? AuditCheck::kAuditCheckFail : AuditCheck::kAuditCheckPass)
+          << u.index << ": " << u.note;
+    }
+    // Its steps are not compared; every other stage's are, and the rounds still recompute (its
+    // delta is the re-run's).
+    EXPECT_EQ(r->stage_steps_compared, kStageSteps - 3);
+    for (const AuditState& s : r->chain) {
+      EXPECT_EQ(s.check, AuditCheck::kAuditCheckPass) << s.name << ": " << s.note;
+    }
+  };
+  json none = honest_->task;
+  Unit(none, 0)["stage_commits"] = nullptr;
+  expect_fails(none, {}, "its CommitStage named no step commits (stage_commits is null)");
+  const std::string blob = Unit(none, 1)["stage_commits"].get<std::string>();
+  expect_fails(honest_->task, {Unit(honest_->task, 0)["stage_commits"].get<std::string>()},
+               " is not served by any node");
+  json other = honest_->task;
+  Unit(other, 0)["stage_commits"] = blob;
+  expect_fails(other, {}, "step 0's commit is of round 0 replica 0 stage 1 of 3");
+}
+
+// A lazy stage (every step's commit claims the state it started from) on a verifying chain whose
+// other nodes rubber-stamp every check: it is paid and the task finishes. The audit finds each of
+// its stage units at step 0 (its state_after) and proves the first with the witness it builds;
+// the ledger replays it and slashes the node. The later units of the same node are refused once
+// the first proof has rewound the task (they run again).
+TEST(PipelineAuditProofTest, AnUncaughtLazyStageIsFoundAtItsStepAndProvenOnChain) {
+  constexpr int kCheater = 5;
+  testing::SimOptions opt = AuditedPipelineOptions(17, "pipeline-audit-lazy", true);
+  // The seventh node is the slowest: the first placement leaves it out, so the cheater has a stage.
+  opt.node_options[6].speed_factor = 0.25;
+  opt.agent_options = [](int node, AgentOptions& a) {
+    a.adversary = node == kCheater ? Adversary::kLazy : Adversary::kRubberStamp;
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 4000);
+  const std::string cheat = sim.node_key(kCheater).public_key().ToHex();
+  json cheater = sim.Call("get_node", {{"id", cheat}});
+  ASSERT_EQ(cheater["reputation"].value("slashes", uint64_t{1}), 0u)
+      << "the cheater was caught while the task ran: the audit has nothing to find";
+  const json record = sim.Task(true);
+  std::set<uint32_t> lazy;
+  for (const json& u : record["units"]) {
+    if (u.value("assignee", std::string()) == cheat) {
+      lazy.insert(u.value("index", 0u));
+      EXPECT_EQ(u.value("status", std::string()), "verified") << u.dump();
+    }
+  }
+  ASSERT_FALSE(lazy.empty()) << "the cheater was never placed on a stage: the test means nothing";
+
+  int sent = 0;
+  AuditOptions o{.full = true, .work_dir = opt.root + "/audit"};
+  o.on_stage_fraud = [&](const AuditUnit& u, const ledger::StageStepWitness& w) -> json {
+    ++sent;
+    std::printf("unit %u step %d: a ProveFraud witness of %zu bytes\n", u.index, u.fraud_segment,
+                ledger::EncodeStageStepWitness(w).size());
+    Result<Hash256> id = sim.submitter_tx().Send(
+        ledger::ProveFraudTx{.task_id = sim.task_id(),
+                             .index = u.index,
+                             .segment = static_cast<uint32_t>(u.fraud_segment),
+                             .witness = {ledger::EncodeStageStepWitness(w)}});
+    if (!id.ok()) return {{"ok", false}, {"error", id.status().message()}};
+    for (int i = 0; i < 5 && sim.submitter_tx().IsInFlight(*id); ++i) {
+      EXPECT_TRUE(sim.Step().ok());
+      EXPECT_TRUE(sim.submitter_tx().Poll().ok());
+    }
+    for (const TxOutcome& out : sim.submitter_tx().TakeOutcomes()) {
+      if (out.id == *id) return {{"ok", out.ok}, {"error", out.reason}};
+    }
+    return {{"ok", false}, {"error", "not included"}};
+  };
+  Result<AuditReport> r = AuditTaskRecord(Env::Default(), record, NodeBlobs(&sim, 7), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->pass);
+  EXPECT_EQ(r->stage_steps_compared, kStageSteps);
+  const AuditUnit* first = nullptr;
+  for (const AuditUnit& u : r->units) {
+    if (!lazy.count(u.index)) {
+      EXPECT_EQ(u.check, AuditCheck::kAuditCheckPass) << u.index << ": " << u.note;
+      EXPECT_TRUE(u.proof.is_null()) << u.index;
+      continue;
+    }
+    EXPECT_EQ(u.check, AuditCheck::kAuditCheckFail) << u.index;
+    EXPECT_EQ(u.fraud_segment, 0) << u.index << ": " << u.note;
+    EXPECT_EQ(u.note.rfind("step 0: state_after ", 0), 0u) << u.note;
+    if (first == nullptr) {
+      first = &u;
+    } else {
+      // The first proof reopened the task and rewound it to its round: this one runs again.
+      EXPECT_FALSE(u.proof.value("ok", true)) << u.proof.dump();
+      EXPECT_NE(u.proof.value("error", std::string()).find("is not final"), std::string::npos)
+          << u.proof.dump();
+    }
+  }
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(
+      r->first_mismatch.rfind(
+          "round " + std::to_string(first->round) + " replica " + std::to_string(first->replica) +
+              " stage " + std::to_string(first->stage) + " (unit " + std::to_string(first->index) +
+              ", node " + cheat.substr(0, 16) + "): step 0: state_after ",
+          0),
+      0u)
+      << r->first_mismatch;
+  // Its lazy commits hash what the stage started from; its delta and what it sent are honest,
+  // so every round recomputes.
+  for (const AuditState& s : r->chain) {
+    EXPECT_EQ(s.check, AuditCheck::kAuditCheckPass) << s.name << ": " << s.note;
+  }
+  EXPECT_EQ(sent, static_cast<int>(lazy.size()));
+  EXPECT_TRUE(first->proof.value("ok", false)) << first->proof.dump();
+  cheater = sim.Call("get_node", {{"id", cheat}});
+  EXPECT_GE(cheater["reputation"].value("slashes", uint64_t{0}), 1u) << cheater.dump();
+  EXPECT_EQ(cheater.value("status", std::string()), "jailed") << cheater.dump();
+  const json after = sim.Task(false);
+  bool proven = false;
+  for (const json& f : after["verification"]["proven_frauds"]) {
+    proven |= f.value("index", 0u) == first->index && f.value("segment", 1u) == 0u;
+  }
+  EXPECT_TRUE(proven) << after["verification"].dump();
+}
+
+}  // namespace
+}  // namespace meshlearn::node::pipeline_audit
