@@ -314,6 +314,59 @@ TileRuleConvSpan TileRuleConvOf(const TileOp& o, int64_t c0, int64_t c1) {
   r.ih1 = std::max(r.ih0, std::min(H, (ps.h1 - 1) * s - pad + KH));
   return r;
 }
+// A windowed operator over images wider than kTileConvWholeWidth (and not reading the examples,
+// which a footprint carries whole) reads only the columns its tile's windows reach, not whole
+// image rows (a 3 x 3 conv's block over whole rows of W = 512 read 768 KiB): a max-pool tile the
+// windows of its own outputs (its input gradient the windows reaching its inputs), a conv2d tile
+// the window columns of a block of kTileConvWideRows consecutive pairs of its chain, (c, kh) for
+// the forward, (oc, kh) for the input gradient, in the reference kernels' order (kernels.h: the
+// chain runs over (c, kh, kw), or (oc, kh, kw)). A pair reads one input (or output gradient) row
+// per row of the tile: at most 4 x 32 x 2 x (31 s + KW + 64) bytes a pair. Up to W = 32 (the
+// fashion CNN's 28 and 14) the footprints read whole rows, as they always did.
+constexpr int64_t kTileConvWholeWidth = 32;
+constexpr int64_t kTileConvWideRows = 4;
+bool TileRuleWindowWide(const TileOp& o) {
+  return o.conv[2] > kTileConvWholeWidth && o.x != kTileOperandBatch;
+}
+// The pairs [q0, q1) of the chain over (c or oc, kh) that block `block` of a conv2d forward or
+// input-gradient tile runs (q = channel * KH + kh): all of them when whole (blocks == 0), a block
+// of kTileConvChannels channels, or (wide) a block of kTileConvWideRows pairs.
+std::pair<int64_t, int64_t> TileRuleConvPairs(const TileOp& o, int64_t blocks, int64_t block) {
+  const int64_t n = o.kind == TileOpKind::kTileOpConv ? o.conv[0] : o.conv[3], KH = o.conv[4];
+  if (blocks == 0) return {0, n * KH};
+  if (TileRuleWindowWide(o)) {
+    const int64_t q0 = block * kTileConvWideRows;
+    return {q0, std::min(n * KH, q0 + kTileConvWideRows)};
+  }
+  return {block * kTileConvChannels * KH, std::min(n, (block + 1) * kTileConvChannels) * KH};
+}
+// Calls fn(p, h, w0, w1) for each run of columns [c0, c1) of a (B, planes*PH*PW) view inside one
+// row: plane p, row h, its columns [w0, w1).
+template <typename F>
+void ForEachPlaneRun(int64_t PH, int64_t PW, int64_t c0, int64_t c1, F&& fn) {
+  for (int64_t c = c0; c < c1;) {
+    const int64_t p = c / (PH * PW), h = (c % (PH * PW)) / PW, w0 = c % PW;
+    const int64_t w1 = std::min(PW, w0 + (c1 - c));
+    fn(p, h, w0, w1);
+    c += w1 - w0;
+  }
+}
+// The outputs [ow0, ow1) of a windowed operator's row whose windows (KW columns from ow * s -
+// pad) reach input columns [w0, w1).
+std::pair<int64_t, int64_t> TileRuleWindowCols(const TileOp& o, int64_t w0, int64_t w1) {
+  const int64_t KW = o.conv[5], s = o.conv[6], pad = o.conv[7];
+  const int64_t lo = w0 + pad - KW + 1;
+  const int64_t ow0 = lo <= 0 ? 0 : (lo + s - 1) / s;
+  const int64_t ow1 = std::min(TileRuleOutW(o), (w1 - 1 + pad) / s + 1);
+  return {ow0, std::max(ow0, ow1)};
+}
+// The input columns [iw0, iw1) the windows of outputs [ow0, ow1) of a row read (inside the image).
+std::pair<int64_t, int64_t> TileRuleWindowInputCols(const TileOp& o, int64_t ow0, int64_t ow1) {
+  const int64_t W = o.conv[2], KW = o.conv[5], s = o.conv[6], pad = o.conv[7];
+  const int64_t iw0 = std::max<int64_t>(0, ow0 * s - pad);
+  return {iw0, std::max(iw0, std::min(W, (ow1 - 1) * s - pad + KW))};
+}
+
 // The gradients of a windowed operator: the output rows [oh0, oh1) whose windows (KH rows from
 // oh * s - pad) reach input rows [h0, h1), the only outputs whose gradient flows into them.
 std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int64_t h1) {
@@ -1237,14 +1290,14 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     const int64_t C = TileRuleCols(plan, o.x);
     return C > kTileLinearWholeMax ? (C + kTileLinearBlock - 1) / kTileLinearBlock : 0;
   }
-  if (o.kind == TileOpKind::kTileOpConv) {
-    const int64_t C = o.conv[0];
-    return C > kTileConvChannels ? (C + kTileConvChannels - 1) / kTileConvChannels : 0;
-  }
   // A conv's input gradient chains over (oc, kh, kw): narrowed the same way, by output channels.
-  if (o.kind == TileOpKind::kTileOpConvInputGrad) {
-    const int64_t OC = o.conv[3];
-    return OC > kTileConvChannels ? (OC + kTileConvChannels - 1) / kTileConvChannels : 0;
+  // Over wide images both are narrowed into blocks of kTileConvWideRows (channel, kh) pairs.
+  if (o.kind == TileOpKind::kTileOpConv || o.kind == TileOpKind::kTileOpConvInputGrad) {
+    const int64_t n = o.kind == TileOpKind::kTileOpConv ? o.conv[0] : o.conv[3];
+    if (const int64_t pairs = n * o.conv[4]; TileRuleWindowWide(o)) {
+      return pairs > kTileConvWideRows ? (pairs + kTileConvWideRows - 1) / kTileConvWideRows : 0;
+    }
+    return n > kTileConvChannels ? (n + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
   if (o.kind == TileOpKind::kTileOpConvWeightGrad || o.kind == TileOpKind::kTileOpConvBiasGrad) {
     return TileRuleRowBlocks(TileRuleRows(plan)) * TileRuleConvGradGroups(o);
@@ -1519,6 +1572,20 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     case TileOpKind::kTileOpMaxPool: {
       // Channel c of the output reads channel c of the input, the rows its windows cover.
       const int64_t H = o.conv[1], W = o.conv[2];
+      if (TileRuleWindowWide(o)) {
+        // Over a wide image: each output row's run of the tile, its windows' columns of their
+        // rows (TileRuleWindowWide).
+        const int64_t k = o.conv[4], s = o.conv[6];
+        ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), t.c0, t.c1,
+                        [&](int64_t c, int64_t oh, int64_t ow0, int64_t ow1) {
+                          const auto [iw0, iw1] = TileRuleWindowInputCols(o, ow0, ow1);
+                          for (int64_t ih = oh * s; ih < oh * s + k; ++ih) {
+                            const int64_t f = (c * H + ih) * W;
+                            TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + iw0, f + iw1, fp);
+                          }
+                        });
+        break;
+      }
       const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
       for (int64_t c = cs.oc0; c < cs.oc1; ++c) {
         TileRuleCover(plan, o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W, fp);
@@ -1526,12 +1593,26 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     }
     case TileOpKind::kTileOpConv: {
-      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KK = o.conv[4] * o.conv[5];
+      const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4], KK = KH * o.conv[5];
       const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
-      const int64_t cb0 = blocks > 0 ? block * kTileConvChannels : 0;
-      const int64_t cb1 = blocks > 0 ? std::min(C, cb0 + kTileConvChannels) : C;
+      const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
+      const int64_t cb0 = q0 / KH, cb1 = (q1 - 1) / KH + 1;
       if (o.x == kTileOperandBatch) {
         TileRuleCover(plan, o.x, t.r0, t.r1, 0, 0, fp);
+      } else if (TileRuleWindowWide(o)) {
+        // Each output row's run of the tile: the columns its windows read, in the input row each
+        // of the block's pairs (c, kh) puts under it.
+        const int64_t s = o.conv[6], pad = o.conv[7];
+        ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), t.c0, t.c1,
+                        [&](int64_t, int64_t oh, int64_t ow0, int64_t ow1) {
+                          const auto [iw0, iw1] = TileRuleWindowInputCols(o, ow0, ow1);
+                          for (int64_t q = q0; q < q1; ++q) {
+                            const int64_t ih = oh * s - pad + q % KH;
+                            if (ih < 0 || ih >= H || iw0 == iw1) continue;
+                            const int64_t f = (q / KH * H + ih) * W;
+                            TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + iw0, f + iw1, fp);
+                          }
+                        });
       } else {
         for (int64_t c = cb0; c < cb1; ++c) {
           TileRuleCover(plan, o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W, fp);
@@ -1545,14 +1626,29 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // Input (c, ih, iw) chains dout[oc, oh, ow] w[oc, c, kh, kw] over (oc, kh, kw): the
       // output rows whose windows reach the tile's input rows, in every output channel (of the
       // block), and the weight's rows of those channels in the tile's input channels' columns.
-      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], OC = o.conv[3];
-      const int64_t KK = o.conv[4] * o.conv[5], OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KH = o.conv[4];
+      const int64_t KK = KH * o.conv[5], OH = TileRuleOutH(o), OW = TileRuleOutW(o);
       const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
       const auto [oh0, oh1] = TileRuleWindowRows(o, ps.h0, ps.h1);
-      const int64_t ob0 = blocks > 0 ? block * kTileConvChannels : 0;
-      const int64_t ob1 = blocks > 0 ? std::min(OC, ob0 + kTileConvChannels) : OC;
-      for (int64_t oc = ob0; oc < ob1; ++oc) {
-        TileRuleCover(plan, o.x, t.r0, t.r1, (oc * OH + oh0) * OW, (oc * OH + oh1) * OW, fp);
+      const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
+      const int64_t ob0 = q0 / KH, ob1 = (q1 - 1) / KH + 1;
+      if (TileRuleWindowWide(o)) {
+        // Each input row's run of the tile: the outputs whose windows reach it, in the output
+        // row each of the block's pairs (oc, kh) puts over it (oh s - pad + kh = ih).
+        const int64_t s = o.conv[6], pad = o.conv[7];
+        ForEachPlaneRun(H, W, t.c0, t.c1, [&](int64_t, int64_t ih, int64_t iw0, int64_t iw1) {
+          const auto [ow0, ow1] = TileRuleWindowCols(o, iw0, iw1);
+          for (int64_t q = q0; q < q1; ++q) {
+            const int64_t th = ih + pad - q % KH;
+            if (th < 0 || th % s != 0 || th / s >= OH || ow0 == ow1) continue;
+            const int64_t f = (q / KH * OH + th / s) * OW;
+            TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + ow0, f + ow1, fp);
+          }
+        });
+      } else {
+        for (int64_t oc = ob0; oc < ob1; ++oc) {
+          TileRuleCover(plan, o.x, t.r0, t.r1, (oc * OH + oh0) * OW, (oc * OH + oh1) * OW, fp);
+        }
       }
       TileRuleCover(plan, o.w, ob0, ob1, ps.p0 * KK, ps.p1 * KK, fp);
       break;
@@ -1563,6 +1659,25 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // windows (their argmax).
       const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      if (TileRuleWindowWide(o)) {
+        // Over a wide image: each input row's run of the tile, the outputs whose windows reach
+        // it and those windows' columns of their rows (TileRuleWindowWide).
+        ForEachPlaneRun(H, W, t.c0, t.c1, [&](int64_t c, int64_t ih, int64_t iw0, int64_t iw1) {
+          const auto [oh0, oh1] = TileRuleWindowRows(o, ih, ih + 1);
+          const auto [ow0, ow1] = TileRuleWindowCols(o, iw0, iw1);
+          if (ow0 == ow1) return;
+          const auto [xw0, xw1] = TileRuleWindowInputCols(o, ow0, ow1);
+          for (int64_t oh = oh0; oh < oh1; ++oh) {
+            const int64_t f = (c * OH + oh) * OW;
+            TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + ow0, f + ow1, fp);
+            for (int64_t h = oh * s; h < oh * s + k; ++h) {
+              TileRuleCoverOnce(plan, o.w, t.r0, t.r1, (c * H + h) * W + xw0, (c * H + h) * W + xw1,
+                                fp);
+            }
+          }
+        });
+        break;
+      }
       const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
       for (int64_t c = ps.p0; c < ps.p1; ++c) {
         const auto [h0, h1] = TileRulePlaneRows(H, W, t.c0, t.c1, c);
@@ -2358,15 +2473,15 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     }
     case TileOpKind::kTileOpConv: {
       // kernels.h: out[b,oc,oh,ow] = chain over (c, kh, kw) of fma(x, or 0 in the padding,
-      // w[oc,c,kh,kw], acc) from bias[oc] (or 0); narrowed: channels [cb0, cb1) of it, continued
-      // from the agreed partial.
+      // w[oc,c,kh,kw], acc) from bias[oc] (or 0); narrowed: its pairs (c, kh) [q0, q1)
+      // (TileRuleConvPairs), continued from the agreed partial.
       internal::FpEnvGuard fp_guard;
-      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KH = o.conv[4], KW = o.conv[5];
+      const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4], KW = o.conv[5];
       const int64_t s = o.conv[6], pad = o.conv[7];
       const int64_t OH = (H + 2 * pad - KH) / s + 1, OW = (W + 2 * pad - KW) / s + 1;
       const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
-      const int64_t cb0 = blocks > 0 ? block * kTileConvChannels : 0;
-      const int64_t cb1 = blocks > 0 ? std::min(C, cb0 + kTileConvChannels) : C;
+      const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
+      const int64_t cb0 = q0 / KH, cb1 = (q1 - 1) / KH + 1;
       const int64_t NC = cb1 - cb0, IH = cs.ih1 - cs.ih0;
       // The input rows [r0, r1) over input rows [ih0, ih1) of channels [cb0, cb1): (R, NC, IH, W).
       std::vector<float> x(static_cast<size_t>(R * NC * IH * W), 0.0f);
@@ -2387,16 +2502,15 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           const int64_t j = t.c0 + jj, oc = j / (OH * OW), oh = (j % (OH * OW)) / OW, ow = j % OW;
           const size_t e = static_cast<size_t>(r * K + jj);
           float acc = block > 0 ? in.partial[e] : (b.empty() ? 0.0f : b[oc - cs.oc0]);
-          for (int64_t c = cb0; c < cb1; ++c) {
-            for (int64_t kh = 0; kh < KH; ++kh) {
-              for (int64_t kw = 0; kw < KW; ++kw) {
-                const int64_t ih = oh * s - pad + kh, iw = ow * s - pad + kw;
-                const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
-                const float xv =
-                    inside ? x[((r * NC + (c - cb0)) * IH + (ih - cs.ih0)) * W + iw] : 0.0f;
-                const float wv = w[(oc - cs.oc0) * WC + (c - cb0) * KK + kh * KW + kw];
-                acc = __builtin_fmaf(xv, wv, acc);
-              }
+          for (int64_t q = q0; q < q1; ++q) {
+            const int64_t c = q / KH, kh = q % KH;
+            for (int64_t kw = 0; kw < KW; ++kw) {
+              const int64_t ih = oh * s - pad + kh, iw = ow * s - pad + kw;
+              const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+              const float xv =
+                  inside ? x[((r * NC + (c - cb0)) * IH + (ih - cs.ih0)) * W + iw] : 0.0f;
+              const float wv = w[(oc - cs.oc0) * WC + (c - cb0) * KK + kh * KW + kw];
+              acc = __builtin_fmaf(xv, wv, acc);
             }
           }
           out[e] = acc;
@@ -2407,16 +2521,16 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     case TileOpKind::kTileOpConvInputGrad: {
       // kernels.h: dinp[b,c,ih,iw] += the chain over (oc, kh, kw) from 0 of fma(g, w[oc,c,kh,kw],
       // acc), g = dout[b,oc,oh,ow] where ih = oh * s - pad + kh (and iw likewise) has a solution
-      // in range, else 0. Narrowed: output channels [ob0, ob1) of it, continued from the agreed
-      // partial; after the last, "dinp += acc" on a zeroed gradient.
+      // in range, else 0. Narrowed: its pairs (oc, kh) [q0, q1) (TileRuleConvPairs), continued
+      // from the agreed partial; after the last, "dinp += acc" on a zeroed gradient.
       internal::FpEnvGuard fp_guard;
-      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], OC = o.conv[3];
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2];
       const int64_t KH = o.conv[4], KW = o.conv[5], s = o.conv[6], pad = o.conv[7];
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o), KK = KH * KW;
       const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
       const auto [oh0, oh1] = TileRuleWindowRows(o, ps.h0, ps.h1);
-      const int64_t ob0 = blocks > 0 ? block * kTileConvChannels : 0;
-      const int64_t ob1 = blocks > 0 ? std::min(OC, ob0 + kTileConvChannels) : OC;
+      const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
+      const int64_t ob0 = q0 / KH, ob1 = (q1 - 1) / KH + 1;
       const int64_t NR = oh1 - oh0, WC = (ps.p1 - ps.p0) * KK;
       std::vector<std::vector<float>> d;  // per output channel of the block: (R, NR, OW)
       for (int64_t oc = ob0; oc < ob1; ++oc) {
@@ -2428,20 +2542,18 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         for (int64_t jj = 0; jj < K; ++jj) {
           const int64_t j = t.c0 + jj, c = j / (H * W), ih = (j % (H * W)) / W, iw = j % W;
           float acc = out[static_cast<size_t>(r * K + jj)];
-          for (int64_t oc = ob0; oc < ob1; ++oc) {
-            for (int64_t kh = 0; kh < KH; ++kh) {
-              for (int64_t kw = 0; kw < KW; ++kw) {
-                const int64_t th = ih + pad - kh, tw = iw + pad - kw;
-                float g = 0.0f;
-                if (th >= 0 && tw >= 0 && th % s == 0 && tw % s == 0 && th / s < OH &&
-                    tw / s < OW) {
-                  g = d[static_cast<size_t>(oc - ob0)]
-                       [static_cast<size_t>((r * NR + th / s - oh0) * OW + tw / s)];
-                }
-                acc = __builtin_fmaf(
-                    g, w[static_cast<size_t>((oc - ob0) * WC + (c - ps.p0) * KK + kh * KW + kw)],
-                    acc);
+          for (int64_t q = q0; q < q1; ++q) {
+            const int64_t oc = q / KH, kh = q % KH;
+            for (int64_t kw = 0; kw < KW; ++kw) {
+              const int64_t th = ih + pad - kh, tw = iw + pad - kw;
+              float g = 0.0f;
+              if (th >= 0 && tw >= 0 && th % s == 0 && tw % s == 0 && th / s < OH && tw / s < OW) {
+                g = d[static_cast<size_t>(oc - ob0)]
+                     [static_cast<size_t>((r * NR + th / s - oh0) * OW + tw / s)];
               }
+              acc = __builtin_fmaf(
+                  g, w[static_cast<size_t>((oc - ob0) * WC + (c - ps.p0) * KK + kh * KW + kw)],
+                  acc);
             }
           }
           out[static_cast<size_t>(r * K + jj)] = acc;

@@ -406,5 +406,90 @@ batch_size = 40
   }
 }
 
+bool IsWindowedKind(TileOpKind k) {
+  return k == TileOpKind::kTileOpConv || k == TileOpKind::kTileOpConvInputGrad ||
+         k == TileOpKind::kTileOpMaxPool || k == TileOpKind::kTileOpMaxPoolInputGrad;
+}
+
+// A conv2d and a max-pool over images wider than 32 read only the columns their tiles' windows
+// reach (a block of 4 (channel, kh) pairs of a conv's chain, in the reference order), not whole
+// image rows: a 3 x 3 conv at W = 512 (each tile inside one output row; before, a block read
+// 768 KiB of whole rows), and a 5 x 5 conv of stride 2 at W = 500 whose 250-wide output rows put
+// tiles across two rows, and whose pool's 125-wide single-row planes put them across two
+// channels. Every tile of the conv, its input gradient, the pool and its input gradient
+// recomputes block by block to the fast kernels' traced bits, each footprint under the bound.
+TEST(TileRuleConvTest, AConvAndPoolOverWideImagesReadTheirWindowsColumnsBitForBit) {
+  struct Case {
+    int64_t W, kernel, stride, pad;
+  };
+  for (const Case& c : {Case{512, 3, 1, 1}, Case{500, 5, 2, 2}}) {
+    SCOPED_TRACE("W " + std::to_string(c.W) + ", kernel " + std::to_string(c.kernel));
+    const std::string toml = R"(
+[task]
+name = "tile-wide-conv"
+seed = 5
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [2, 4, )" + std::to_string(c.W) +
+                             R"(]
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "conv2d"
+out = 3
+kernel = )" + std::to_string(c.kernel) +
+                             R"(
+stride = )" + std::to_string(c.stride) +
+                             R"(
+pad = )" + std::to_string(c.pad) +
+                             R"(
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 2
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 10
+batch_size = 40
+)";
+    Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-wide-conv.toml", ".");
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    const TaskData d = testing::RandomTaskData(80, {2, 4, c.W}, 3, 29, -1.0f, 1.0f);
+    int64_t ops = 0;
+    const std::map<std::string, int64_t> largest =
+        ExpectEveryTileRecomputes(*spec, d, IsWindowedKind, &ops);
+    EXPECT_EQ(ops, 4);  // the conv, the pool, and their input gradients
+    for (const auto& [name, bytes] : largest) {
+      std::printf("[ wide conv] W %-4lld %-18s largest footprint %lld bytes\n",
+                  static_cast<long long>(c.W), name.c_str(), static_cast<long long>(bytes));
+      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+    }
+    // The conv and its input gradient chain in blocks of pairs (2 x 3 and 3 x KH of them).
+    Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 40);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (size_t j = 0; j < plan->ops.size(); ++j) {
+      const TileOp& op = plan->ops[j];
+      if (op.kind != TileOpKind::kTileOpConv && op.kind != TileOpKind::kTileOpConvInputGrad) {
+        continue;
+      }
+      const int64_t pairs = (op.kind == TileOpKind::kTileOpConv ? 2 : 3) * c.kernel;
+      EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), (pairs + 3) / 4) << op.name;
+    }
+  }
+}
+
 }  // namespace tile_rule_conv_test
 }  // namespace meshlearn::engine
