@@ -381,7 +381,27 @@ std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int6
 // channel group g, groups of as many output planes as fit kTileConvGradPositions positions (at
 // least one): its dout columns span a group's planes, whatever the tile's width.
 constexpr int64_t kTileConvGradPositions = 784;
+// A row block reads, a sample, up to max(OH OW, kTileConvGradPositions) floats of dout and (dW)
+// the whole planes of the input channels its tile's columns span (or the examples). Where that
+// passes 2 kTileConvGradPositions floats (the fashion CNN's first conv: 784 + its 784-float
+// examples; its second: 784 + 3 x 196) the block would grow with the planes (two 512 x 512
+// planes: 64 MiB), so each element's chain over (b, oh, ow) is cut, in the same order, into
+// blocks of one sample's run of up to kTileCols outputs of one output row, a group being one
+// output channel: block ((b OH + oh) nq + j) groups + g, nq = ceil(OW / kTileCols). A block
+// reads 32 x 32 of dout (the sample's tile rows) in at most two tiles, and dW, for each (c, kh)
+// pair of its tile's columns, one input row's window columns (TileRuleWindowInputCols).
+bool TileRuleConvGradWide(const TileOp& o) {
+  const int64_t C = o.conv[0], HW = o.conv[1] * o.conv[2], KK = o.conv[4] * o.conv[5];
+  int64_t floats = std::max(TileRuleOutH(o) * TileRuleOutW(o), kTileConvGradPositions);
+  if (o.kind == TileOpKind::kTileOpConvWeightGrad) {
+    // The channels a tile's columns of (c, kh, kw) can span.
+    floats +=
+        (o.w == kTileOperandBatch ? C : std::min(C, (o.grid.tile_cols + KK - 2) / KK + 1)) * HW;
+  }
+  return floats > 2 * kTileConvGradPositions;
+}
 int64_t TileRuleConvGradGroup(const TileOp& o) {
+  if (TileRuleConvGradWide(o)) return 1;
   return std::max<int64_t>(1, kTileConvGradPositions / (TileRuleOutH(o) * TileRuleOutW(o)));
 }
 // The groups of a tile (the widest tile's output channels: a weight tile's rows, a bias tile's
@@ -398,6 +418,22 @@ std::pair<int64_t, int64_t> TileRuleConvGradChannels(const TileOp& o, const Tile
   const int64_t t0 = weight ? t.r0 : t.c0, t1 = weight ? t.r1 : t.c1;
   const int64_t oc0 = std::min(t1, t0 + g * TileRuleConvGradGroup(o));
   return {oc0, std::min(t1, oc0 + TileRuleConvGradGroup(o))};
+}
+// The (b, oh, ow) positions of a weight or bias gradient's block: samples [b0, b1), output rows
+// [oh0, oh1), columns [ow0, ow1) (a row block's whole planes; wide, one sample's run of a row).
+struct TileRuleConvGradSpan {
+  int64_t b0, b1, oh0, oh1, ow0, ow1;
+};
+TileRuleConvGradSpan TileRuleConvGradSpanOf(const TilePlan& plan, const TileOp& o, int64_t block) {
+  const int64_t rest = block / TileRuleConvGradGroups(o), OH = TileRuleOutH(o);
+  const int64_t OW = TileRuleOutW(o);
+  if (!TileRuleConvGradWide(o)) {
+    const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), rest);
+    return {b0, b1, 0, OH, 0, OW};
+  }
+  const int64_t nq = (OW + kTileCols - 1) / kTileCols, j = rest % nq, oh = rest / nq % OH;
+  const int64_t b = rest / nq / OH, ow0 = j * kTileCols;
+  return {b, b + 1, oh, oh + 1, ow0, std::min(OW, ow0 + kTileCols)};
 }
 
 // Dense values of `op`'s rectangle [r0, r1) x [c0, c1), from the footprint's tiles of `op` (or
@@ -1300,7 +1336,11 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     return n > kTileConvChannels ? (n + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
   if (o.kind == TileOpKind::kTileOpConvWeightGrad || o.kind == TileOpKind::kTileOpConvBiasGrad) {
-    return TileRuleRowBlocks(TileRuleRows(plan)) * TileRuleConvGradGroups(o);
+    const int64_t OW = TileRuleOutW(o), groups = TileRuleConvGradGroups(o);
+    if (TileRuleConvGradWide(o)) {
+      return TileRuleRows(plan) * TileRuleOutH(o) * ((OW + kTileCols - 1) / kTileCols) * groups;
+    }
+    return TileRuleRowBlocks(TileRuleRows(plan)) * groups;
   }
   if (o.kind == TileOpKind::kTileOpEmbedding) {
     const int64_t V = plan.classes;
@@ -1694,9 +1734,32 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // Block (k, g): row block k of dout in the group's output planes; dW also the row block of
       // the layer's input in the tile's input channels (all their rows: every position).
       const int64_t groups = TileRuleConvGradGroups(o), P = TileRuleOutH(o) * TileRuleOutW(o);
-      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / groups);
+      const TileRuleConvGradSpan sp = TileRuleConvGradSpanOf(plan, o, block);
+      const int64_t b0 = sp.b0, b1 = sp.b1;
       const auto [oc0, oc1] = TileRuleConvGradChannels(o, t, block % groups);
       if (oc0 >= oc1) break;
+      if (TileRuleConvGradWide(o)) {
+        // One sample's run of one output row (TileRuleConvGradWide).
+        const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4], KW = o.conv[5];
+        const int64_t OW = TileRuleOutW(o), oh = sp.oh0;
+        for (int64_t oc = oc0; oc < oc1; ++oc) {
+          const int64_t f = oc * P + oh * OW;
+          TileRuleCover(plan, o.x, b0, b1, f + sp.ow0, f + sp.ow1, fp);
+        }
+        if (o.kind != TileOpKind::kTileOpConvWeightGrad) break;
+        if (o.w == kTileOperandBatch) {
+          TileRuleCover(plan, o.w, b0, b1, 0, 0, fp);
+          break;
+        }
+        const auto [iw0, iw1] = TileRuleWindowInputCols(o, sp.ow0, sp.ow1);
+        for (int64_t q = t.c0 / KW; q <= (t.c1 - 1) / KW; ++q) {  // the tile's (c, kh) pairs
+          const int64_t ih = oh * o.conv[6] - o.conv[7] + q % KH;
+          if (ih < 0 || ih >= H || iw0 == iw1) continue;
+          const int64_t f = (q / KH * H + ih) * W;
+          TileRuleCoverOnce(plan, o.w, b0, b1, f + iw0, f + iw1, fp);
+        }
+        break;
+      }
       TileRuleCover(plan, o.x, b0, b1, oc0 * P, oc1 * P, fp);
       if (o.kind == TileOpKind::kTileOpConvWeightGrad) {
         const int64_t HW = o.conv[1] * o.conv[2], KK = o.conv[4] * o.conv[5];
@@ -2629,13 +2692,15 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // from 0 (x = inp[b, c, oh * s - pad + kh, ow * s - pad + kw], or 0 in the padding); dbias
       // chains acc + dout[b, oc, p] over (b, p). Block (k, g) continues the group's elements
       // over row block k from the agreed partial; after the last block, "grad += acc" on a
-      // zeroed gradient (or the previous micro-batch's).
+      // zeroed gradient (or the previous micro-batch's). Over wide planes a block is one
+      // sample's run of one output row (TileRuleConvGradWide), in the same order.
       internal::FpEnvGuard fp_guard;
       const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KH = o.conv[4], KW = o.conv[5];
       const int64_t s = o.conv[6], pad = o.conv[7], KK = KH * KW;
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o), P = OH * OW;
       const int64_t groups = TileRuleConvGradGroups(o);
-      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / groups);
+      const TileRuleConvGradSpan sp = TileRuleConvGradSpanOf(plan, o, block);
+      const int64_t b0 = sp.b0, b1 = sp.b1;
       const auto [oc0, oc1] = TileRuleConvGradChannels(o, t, block % groups);
       std::vector<float> acc = in.partial.empty() ? out : in.partial;
       const bool weight = o.kind == TileOpKind::kTileOpConvWeightGrad;
@@ -2651,8 +2716,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
               const int64_t j = t.c0 + jj, c = j / KK, kh = (j % KK) / KW, kw = j % KW;
               float a = acc[static_cast<size_t>((oc - t.r0) * K + jj)];
               for (int64_t b = 0; b < NB; ++b) {
-                for (int64_t oh = 0; oh < OH; ++oh) {
-                  for (int64_t ow = 0; ow < OW; ++ow) {
+                for (int64_t oh = sp.oh0; oh < sp.oh1; ++oh) {
+                  for (int64_t ow = sp.ow0; ow < sp.ow1; ++ow) {
                     const int64_t ih = oh * s - pad + kh, iw = ow * s - pad + kw;
                     const float xv =
                         (ih >= 0 && ih < H && iw >= 0 && iw < W)
@@ -2670,8 +2735,10 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           for (int64_t oc = oc0; oc < oc1; ++oc) {
             float a = acc[static_cast<size_t>(oc - t.c0)];
             for (int64_t b = 0; b < NB; ++b) {
-              for (int64_t p = 0; p < P; ++p) {
-                a = a + d[static_cast<size_t>((b * NO + oc - oc0) * P + p)];
+              for (int64_t oh = sp.oh0; oh < sp.oh1; ++oh) {
+                for (int64_t ow = sp.ow0; ow < sp.ow1; ++ow) {
+                  a = a + d[static_cast<size_t>((b * NO + oc - oc0) * P + oh * OW + ow)];
+                }
               }
             }
             acc[static_cast<size_t>(oc - t.c0)] = a;

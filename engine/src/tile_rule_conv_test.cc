@@ -407,17 +407,19 @@ batch_size = 40
 }
 
 bool IsWindowedKind(TileOpKind k) {
-  return k == TileOpKind::kTileOpConv || k == TileOpKind::kTileOpConvInputGrad ||
-         k == TileOpKind::kTileOpMaxPool || k == TileOpKind::kTileOpMaxPoolInputGrad;
+  return k == TileOpKind::kTileOpConv || k == TileOpKind::kTileOpMaxPool || IsWindowGrad(k);
 }
 
 // A conv2d and a max-pool over images wider than 32 read only the columns their tiles' windows
 // reach (a block of 4 (channel, kh) pairs of a conv's chain, in the reference order), not whole
-// image rows: a 3 x 3 conv at W = 512 (each tile inside one output row; before, a block read
-// 768 KiB of whole rows), and a 5 x 5 conv of stride 2 at W = 500 whose 250-wide output rows put
-// tiles across two rows, and whose pool's 125-wide single-row planes put them across two
-// channels. Every tile of the conv, its input gradient, the pool and its input gradient
-// recomputes block by block to the fast kernels' traced bits, each footprint under the bound.
+// image rows: a 3 x 3 conv at W = 512 (each tile inside one output row; before, a tile read its
+// 2 channels' 3 whole rows, 384 KiB), and a 5 x 5 conv of stride 2 at W = 500 whose 250-wide output
+// rows put tiles across two rows, and whose pool's 125-wide single-row planes put them across two
+// channels. The conv's weight and bias gradients, whose row blocks would read more than 2 x 784
+// floats a sample (the outputs' 4 x 512; dW's two 4 x 500 input planes), chain one sample's run
+// of 32 outputs of a row a block. Every tile of the conv, its input, weight and bias gradients, the
+// pool and its input gradient recomputes block by block to the fast kernels' traced bits, each
+// footprint under the bound.
 TEST(TileRuleConvTest, AConvAndPoolOverWideImagesReadTheirWindowsColumnsBitForBit) {
   struct Case {
     int64_t W, kernel, stride, pad;
@@ -471,7 +473,7 @@ batch_size = 40
     int64_t ops = 0;
     const std::map<std::string, int64_t> largest =
         ExpectEveryTileRecomputes(*spec, d, IsWindowedKind, &ops);
-    EXPECT_EQ(ops, 4);  // the conv, the pool, and their input gradients
+    EXPECT_EQ(ops, 6);  // the conv, the pool, their input gradients, the conv's dW and db
     for (const auto& [name, bytes] : largest) {
       std::printf("[ wide conv] W %-4lld %-18s largest footprint %lld bytes\n",
                   static_cast<long long>(c.W), name.c_str(), static_cast<long long>(bytes));
@@ -482,6 +484,17 @@ batch_size = 40
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     for (size_t j = 0; j < plan->ops.size(); ++j) {
       const TileOp& op = plan->ops[j];
+      if (op.kind == TileOpKind::kTileOpConvWeightGrad ||
+          op.kind == TileOpKind::kTileOpConvBiasGrad) {
+        // 40 samples x the output rows x their runs of 32 x one output channel a group (a dW
+        // tile's 3 rows, a db tile's 3 columns); but at W = 500 db's 500 positions a sample fit
+        // a row block (2 of them, one 500-position plane a group).
+        const int64_t OH = c.W == 512 ? 4 : 2, OW = c.W == 512 ? 512 : 250;
+        const bool row_blocks = c.W == 500 && op.kind == TileOpKind::kTileOpConvBiasGrad;
+        EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)),
+                  row_blocks ? 2 * 3 : 40 * OH * ((OW + 31) / 32) * 3)
+            << op.name;
+      }
       if (op.kind != TileOpKind::kTileOpConv && op.kind != TileOpKind::kTileOpConvInputGrad) {
         continue;
       }
