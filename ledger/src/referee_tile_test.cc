@@ -1563,6 +1563,38 @@ const Setup& ChainWideNormSetup() {
   return *setup;
 }
 
+// A conv2d over images 196 wide (the examples as 2 x 2 x 196, after a relu so that the conv
+// reads an activation): wider than the 32 its tiles read whole image rows up to, so its forward
+// and input gradient read only their windows' columns, in blocks of 4 (channel, kh) pairs of
+// their chains.
+const std::string& ChainWideConvBundle() {
+  static const std::string* b = [] {
+    std::string bundle = ChainBundle();
+    const size_t b0 = bundle.find("[model]"), b1 = bundle.find("[optimizer]");
+    bundle.replace(b0, b1 - b0,
+                   "[model]\ninput = [2, 2, 196]\n[[model.layers]]\nkind = \"relu\"\n"
+                   "[[model.layers]]\nkind = \"conv2d\"\nout = 2\nkernel = 3\npad = 1\n"
+                   "[[model.layers]]\nkind = \"flatten\"\n[[model.layers]]\nkind = \"linear\"\n"
+                   "out = 10\n\n");
+    return new std::string(bundle);
+  }();
+  return *b;
+}
+
+const Setup& ChainWideConvSetup() {
+  static const Setup* setup = [] {
+    auto* images = new engine::TaskData;  // the synthetic examples as 2 x 2 x 196
+    images->train.x = engine::Tensor(
+        {kExamples, 2, 2, 196},
+        std::vector<float>(Data().train.x.data(), Data().train.x.data() + kExamples * 784));
+    images->train.y = Data().train.y;
+    images->train.num_classes = 10;
+    images->test = images->train;
+    return MakeChainSetup(ChainWideConvBundle(), images);
+  }();
+  return *setup;
+}
+
 using protocol::CheckStage;
 using protocol::UnitCheck;
 using protocol::Verdict;
@@ -1610,6 +1642,12 @@ class TileChainTest : public testing::FollowedChainFixture {
   void UseWideImageLayerNorm() {
     bundle_ = &ChainWideNormBundle();
     g_setup = &ChainWideNormSetup();
+  }
+  // A model with a conv2d over images 196 wide, narrowed to its windows' columns (before
+  // Submit).
+  void UseWideConv() {
+    bundle_ = &ChainWideConvBundle();
+    g_setup = &ChainWideConvSetup();
   }
   // Plays the 10M GPT's task instead (a token task; before Submit).
   void UseGpt() {
@@ -2157,6 +2195,23 @@ TEST_P(TileChainLieTest, OnAWideImageLayerNormItsTileIsRuledOnChainByRefereeTile
 TEST_P(TileChainLieTest, OnAWideImageLayerNormAWeightGradientBlockIsRuledOnChain) {
   UseWideImageLayerNorm();
   EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.weight.grad", 0, 5, 10}),
+                           GetParam(), true),
+            0u);
+}
+
+// A conv2d over images 196 wide, whose block over whole image rows would grow with the width: a
+// lie at its output's second block (pairs (1, 1), (1, 2) of its chain over (c, kh), reading the
+// window columns of two input rows) and one at its input gradient's second block, each ruled by
+// RefereeTile.
+TEST_P(TileChainLieTest, OnAWideConvABlockOfItsOutputIsRuledOnChainByRefereeTile) {
+  UseWideConv();
+  EXPECT_GT(
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.1.out", 9, 500, 1}), GetParam(), true), 0u);
+}
+
+TEST_P(TileChainLieTest, OnAWideConvABlockOfItsInputGradientIsRuledOnChain) {
+  UseWideConv();
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.1.in.grad", 30, 300, 1}),
                            GetParam(), true),
             0u);
 }
