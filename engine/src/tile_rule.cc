@@ -404,20 +404,44 @@ int64_t TileRuleConvGradGroup(const TileOp& o) {
   if (TileRuleConvGradWide(o)) return 1;
   return std::max<int64_t>(1, kTileConvGradPositions / (TileRuleOutH(o) * TileRuleOutW(o)));
 }
+// A wide dW block reads an input row for each (c, kh) pair of its tile's columns: 32 of them at a
+// 1 x 1 kernel, 2 to 3 tiles each, so a wide dW tile's columns are cut into chunks of this many
+// pairs (its elements' chains are independent: a chunk is a group as an output channel is).
+constexpr int64_t kTileConvGradPairs = 8;
+// The pair chunks of a wide dW tile (the widest tile's, at most (tile_cols - 2) / KW + 2 pairs),
+// or 1.
+int64_t TileRuleConvGradPairChunks(const TileOp& o) {
+  if (o.kind != TileOpKind::kTileOpConvWeightGrad || !TileRuleConvGradWide(o)) return 1;
+  const int64_t KW = o.conv[5];
+  const int64_t pairs = std::min(o.conv[0] * o.conv[4], (o.grid.tile_cols - 2) / KW + 2);
+  return (pairs + kTileConvGradPairs - 1) / kTileConvGradPairs;
+}
 // The groups of a tile (the widest tile's output channels: a weight tile's rows, a bias tile's
-// columns).
+// columns; a wide dW's times its pair chunks).
 int64_t TileRuleConvGradGroups(const TileOp& o) {
   const int64_t oc = std::min(
       o.conv[3], o.kind == TileOpKind::kTileOpConvWeightGrad ? o.grid.tile_rows : o.grid.tile_cols);
-  return (oc + TileRuleConvGradGroup(o) - 1) / TileRuleConvGradGroup(o);
+  return (oc + TileRuleConvGradGroup(o) - 1) / TileRuleConvGradGroup(o) *
+         TileRuleConvGradPairChunks(o);
 }
 // The output channels [oc0, oc1) of group g of tile `t` (empty past a short tile's end).
 std::pair<int64_t, int64_t> TileRuleConvGradChannels(const TileOp& o, const TileGrid::Rect& t,
                                                      int64_t g) {
   const bool weight = o.kind == TileOpKind::kTileOpConvWeightGrad;
   const int64_t t0 = weight ? t.r0 : t.c0, t1 = weight ? t.r1 : t.c1;
-  const int64_t oc0 = std::min(t1, t0 + g * TileRuleConvGradGroup(o));
+  const int64_t oc0 =
+      std::min(t1, t0 + g / TileRuleConvGradPairChunks(o) * TileRuleConvGradGroup(o));
   return {oc0, std::min(t1, oc0 + TileRuleConvGradGroup(o))};
+}
+// The (c, kh) pairs [q0, q1) (q = j / KW of a dW column j) of group g of dW tile `t`: all of the
+// tile's, or a wide dW's chunk of them (empty past the tile's last pair).
+std::pair<int64_t, int64_t> TileRuleConvGradPairs(const TileOp& o, const TileGrid::Rect& t,
+                                                  int64_t g) {
+  const int64_t KW = o.conv[5], first = t.c0 / KW, last = (t.c1 - 1) / KW + 1;
+  const int64_t chunks = TileRuleConvGradPairChunks(o);
+  if (chunks == 1) return {first, last};
+  const int64_t q0 = std::min(last, first + g % chunks * kTileConvGradPairs);
+  return {q0, std::min(last, q0 + kTileConvGradPairs)};
 }
 // The (b, oh, ow) positions of a weight or bias gradient's block: samples [b0, b1), output rows
 // [oh0, oh1), columns [ow0, ow1) (a row block's whole planes; wide, one sample's run of a row).
@@ -1739,9 +1763,12 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       const auto [oc0, oc1] = TileRuleConvGradChannels(o, t, block % groups);
       if (oc0 >= oc1) break;
       if (TileRuleConvGradWide(o)) {
-        // One sample's run of one output row (TileRuleConvGradWide).
-        const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4], KW = o.conv[5];
+        // One sample's run of one output row (TileRuleConvGradWide), for dW in a chunk of the
+        // tile's pairs (none past its last).
+        const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4];
         const int64_t OW = TileRuleOutW(o), oh = sp.oh0;
+        const auto [q0, q1] = TileRuleConvGradPairs(o, t, block % groups);
+        if (q0 >= q1) break;
         for (int64_t oc = oc0; oc < oc1; ++oc) {
           const int64_t f = oc * P + oh * OW;
           TileRuleCover(plan, o.x, b0, b1, f + sp.ow0, f + sp.ow1, fp);
@@ -1752,7 +1779,7 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
           break;
         }
         const auto [iw0, iw1] = TileRuleWindowInputCols(o, sp.ow0, sp.ow1);
-        for (int64_t q = t.c0 / KW; q <= (t.c1 - 1) / KW; ++q) {  // the tile's (c, kh) pairs
+        for (int64_t q = q0; q < q1; ++q) {  // the group's (c, kh) pairs of the tile
           const int64_t ih = oh * o.conv[6] - o.conv[7] + q % KH;
           if (ih < 0 || ih >= H || iw0 == iw1) continue;
           const int64_t f = (q / KH * H + ih) * W;
@@ -2704,7 +2731,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       const auto [oc0, oc1] = TileRuleConvGradChannels(o, t, block % groups);
       std::vector<float> acc = in.partial.empty() ? out : in.partial;
       const bool weight = o.kind == TileOpKind::kTileOpConvWeightGrad;
-      if (oc0 < oc1) {
+      const auto [q0, q1] = TileRuleConvGradPairs(o, t, block % groups);
+      if (oc0 < oc1 && q0 < q1) {
         const std::vector<float> d = dense(o.x, b0, b1, oc0 * P, oc1 * P);  // (NB, NO, P)
         const int64_t NB = b1 - b0, NO = oc1 - oc0;
         if (weight) {
@@ -2714,6 +2742,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           for (int64_t oc = oc0; oc < oc1; ++oc) {
             for (int64_t jj = 0; jj < K; ++jj) {
               const int64_t j = t.c0 + jj, c = j / KK, kh = (j % KK) / KW, kw = j % KW;
+              if (j / KW < q0 || j / KW >= q1) continue;  // another group's pair
               float a = acc[static_cast<size_t>((oc - t.r0) * K + jj)];
               for (int64_t b = 0; b < NB; ++b) {
                 for (int64_t oh = sp.oh0; oh < sp.oh1; ++oh) {

@@ -423,10 +423,16 @@ bool IsWindowedKind(TileOpKind k) {
 TEST(TileRuleConvTest, AConvAndPoolOverWideImagesReadTheirWindowsColumnsBitForBit) {
   struct Case {
     int64_t W, kernel, stride, pad, M;
+    int64_t mid = 0;  // > 0: a 3 x 3 conv to this many channels (and a relu) before the conv
   };
-  for (const Case& c : {Case{512, 3, 1, 1, 1}, Case{500, 5, 2, 2, 1}, Case{512, 3, 1, 1, 2}}) {
+  for (const Case& c : {Case{512, 3, 1, 1, 1}, Case{500, 5, 2, 2, 1}, Case{512, 3, 1, 1, 2},
+                        Case{512, 1, 1, 0, 1, 12}}) {
     SCOPED_TRACE("W " + std::to_string(c.W) + ", kernel " + std::to_string(c.kernel) +
-                 ", micro_batches " + std::to_string(c.M));
+                 ", micro_batches " + std::to_string(c.M) + ", mid " + std::to_string(c.mid));
+    const std::string mid =
+        c.mid == 0 ? ""
+                   : "[[model.layers]]\nkind = \"conv2d\"\nout = " + std::to_string(c.mid) +
+                         "\nkernel = 3\npad = 1\n[[model.layers]]\nkind = \"relu\"\n";
     const std::string toml = R"(
 [task]
 name = "tile-wide-conv"
@@ -442,6 +448,7 @@ input = [2, 4, )" + std::to_string(c.W) +
                              R"(]
 [[model.layers]]
 kind = "relu"
+)" + mid + R"(
 [[model.layers]]
 kind = "conv2d"
 out = 3
@@ -477,9 +484,9 @@ batch_size = 40
         ExpectEveryTileRecomputes(*spec, d, IsWindowedKind, &ops);
     // The conv, the pool, their input gradients, the conv's dW and db, per micro-batch (each
     // micro-batch's dW and db end by adding into the previous one's).
-    EXPECT_EQ(ops, 6 * c.M);
+    EXPECT_EQ(ops, 6 * c.M + (c.mid > 0 ? 4 : 0));  // the mid conv has no pool
     for (const auto& [name, bytes] : largest) {
-      if (c.M > 1) {
+      if (c.M > 1 || c.mid > 0) {
         EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
         continue;
       }
@@ -491,6 +498,17 @@ batch_size = 40
     if (c.M > 1) continue;
     Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 40);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    if (c.mid > 0) {
+      // The 1 x 1 conv's dW tile spans its 12 pairs (c, 0): two chunks of 8, so 40 samples x 4
+      // rows x 16 runs x 3 output channels x 2.
+      for (size_t j = 0; j < plan->ops.size(); ++j) {
+        if (plan->ops[j].name != "layers.3.weight.grad") continue;
+        EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), 40 * 4 * 16 * 3 * 2);
+        std::printf("[ wide conv] 1 x 1 dW over 12 channels largest footprint %lld bytes\n",
+                    static_cast<long long>(largest.at("layers.3.weight.grad")));
+      }
+      continue;
+    }
     for (size_t j = 0; j < plan->ops.size(); ++j) {
       const TileOp& op = plan->ops[j];
       if (op.kind == TileOpKind::kTileOpConvWeightGrad ||
