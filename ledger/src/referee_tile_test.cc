@@ -1595,6 +1595,38 @@ const Setup& ChainWideConvSetup() {
   return *setup;
 }
 
+// A conv2d over the examples as one row of 784 (after a relu), padded by 2 so that its output
+// planes are 3 x 786: its weight gradient's row blocks would read more than 2 x 784 floats a
+// sample, so each element's chain runs one sample's run of 32 outputs of a row a block (128
+// samples x 3 rows x 25 runs x 2 output channels).
+const std::string& ChainWideConvGradBundle() {
+  static const std::string* b = [] {
+    std::string bundle = ChainBundle();
+    const size_t b0 = bundle.find("[model]"), b1 = bundle.find("[optimizer]");
+    bundle.replace(b0, b1 - b0,
+                   "[model]\ninput = [1, 1, 784]\n[[model.layers]]\nkind = \"relu\"\n"
+                   "[[model.layers]]\nkind = \"conv2d\"\nout = 2\nkernel = 3\npad = 2\n"
+                   "[[model.layers]]\nkind = \"flatten\"\n[[model.layers]]\nkind = \"linear\"\n"
+                   "out = 10\n\n");
+    return new std::string(bundle);
+  }();
+  return *b;
+}
+
+const Setup& ChainWideConvGradSetup() {
+  static const Setup* setup = [] {
+    auto* images = new engine::TaskData;  // the synthetic examples as 1 x 1 x 784
+    images->train.x = engine::Tensor(
+        {kExamples, 1, 1, 784},
+        std::vector<float>(Data().train.x.data(), Data().train.x.data() + kExamples * 784));
+    images->train.y = Data().train.y;
+    images->train.num_classes = 10;
+    images->test = images->train;
+    return MakeChainSetup(ChainWideConvGradBundle(), images);
+  }();
+  return *setup;
+}
+
 using protocol::CheckStage;
 using protocol::UnitCheck;
 using protocol::Verdict;
@@ -1648,6 +1680,12 @@ class TileChainTest : public testing::FollowedChainFixture {
   void UseWideConv() {
     bundle_ = &ChainWideConvBundle();
     g_setup = &ChainWideConvSetup();
+  }
+  // A model whose conv2d weight gradient chains a sample's run of a row a block (before
+  // Submit).
+  void UseWideConvGrad() {
+    bundle_ = &ChainWideConvGradBundle();
+    g_setup = &ChainWideConvGradSetup();
   }
   // Plays the 10M GPT's task instead (a token task; before Submit).
   void UseGpt() {
@@ -2212,6 +2250,16 @@ TEST_P(TileChainLieTest, OnAWideConvABlockOfItsOutputIsRuledOnChainByRefereeTile
 TEST_P(TileChainLieTest, OnAWideConvABlockOfItsInputGradientIsRuledOnChain) {
   UseWideConv();
   EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.1.in.grad", 30, 300, 1}),
+                           GetParam(), true),
+            0u);
+}
+
+// A lie at a block of a conv2d weight gradient narrowed to one sample's run of 32 outputs of a
+// row (block 5001 of 19,200: sample 33's, output channel 1), ruled by RefereeTile for the honest
+// side.
+TEST_P(TileChainLieTest, OnAWideConvAWeightGradientRunBlockIsRuledOnChain) {
+  UseWideConvGrad();
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.1.weight.grad", 1, 4, 5001}),
                            GetParam(), true),
             0u);
 }
