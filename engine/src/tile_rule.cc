@@ -314,6 +314,59 @@ TileRuleConvSpan TileRuleConvOf(const TileOp& o, int64_t c0, int64_t c1) {
   r.ih1 = std::max(r.ih0, std::min(H, (ps.h1 - 1) * s - pad + KH));
   return r;
 }
+// A windowed operator over images wider than kTileConvWholeWidth (and not reading the examples,
+// which a footprint carries whole) reads only the columns its tile's windows reach, not whole
+// image rows (a 3 x 3 conv's block over whole rows of W = 512 read 768 KiB): a max-pool tile the
+// windows of its own outputs (its input gradient the windows reaching its inputs), a conv2d tile
+// the window columns of a block of kTileConvWideRows consecutive pairs of its chain, (c, kh) for
+// the forward, (oc, kh) for the input gradient, in the reference kernels' order (kernels.h: the
+// chain runs over (c, kh, kw), or (oc, kh, kw)). A pair reads one input (or output gradient) row
+// per row of the tile: at most 4 x 32 x 2 x (31 s + KW + 64) bytes a pair. Up to W = 32 (the
+// fashion CNN's 28 and 14) the footprints read whole rows, as they always did.
+constexpr int64_t kTileConvWholeWidth = 32;
+constexpr int64_t kTileConvWideRows = 4;
+bool TileRuleWindowWide(const TileOp& o) {
+  return o.conv[2] > kTileConvWholeWidth && o.x != kTileOperandBatch;
+}
+// The pairs [q0, q1) of the chain over (c or oc, kh) that block `block` of a conv2d forward or
+// input-gradient tile runs (q = channel * KH + kh): all of them when whole (blocks == 0), a block
+// of kTileConvChannels channels, or (wide) a block of kTileConvWideRows pairs.
+std::pair<int64_t, int64_t> TileRuleConvPairs(const TileOp& o, int64_t blocks, int64_t block) {
+  const int64_t n = o.kind == TileOpKind::kTileOpConv ? o.conv[0] : o.conv[3], KH = o.conv[4];
+  if (blocks == 0) return {0, n * KH};
+  if (TileRuleWindowWide(o)) {
+    const int64_t q0 = block * kTileConvWideRows;
+    return {q0, std::min(n * KH, q0 + kTileConvWideRows)};
+  }
+  return {block * kTileConvChannels * KH, std::min(n, (block + 1) * kTileConvChannels) * KH};
+}
+// Calls fn(p, h, w0, w1) for each run of columns [c0, c1) of a (B, planes*PH*PW) view inside one
+// row: plane p, row h, its columns [w0, w1).
+template <typename F>
+void ForEachPlaneRun(int64_t PH, int64_t PW, int64_t c0, int64_t c1, F&& fn) {
+  for (int64_t c = c0; c < c1;) {
+    const int64_t p = c / (PH * PW), h = (c % (PH * PW)) / PW, w0 = c % PW;
+    const int64_t w1 = std::min(PW, w0 + (c1 - c));
+    fn(p, h, w0, w1);
+    c += w1 - w0;
+  }
+}
+// The outputs [ow0, ow1) of a windowed operator's row whose windows (KW columns from ow * s -
+// pad) reach input columns [w0, w1).
+std::pair<int64_t, int64_t> TileRuleWindowCols(const TileOp& o, int64_t w0, int64_t w1) {
+  const int64_t KW = o.conv[5], s = o.conv[6], pad = o.conv[7];
+  const int64_t lo = w0 + pad - KW + 1;
+  const int64_t ow0 = lo <= 0 ? 0 : (lo + s - 1) / s;
+  const int64_t ow1 = std::min(TileRuleOutW(o), (w1 - 1 + pad) / s + 1);
+  return {ow0, std::max(ow0, ow1)};
+}
+// The input columns [iw0, iw1) the windows of outputs [ow0, ow1) of a row read (inside the image).
+std::pair<int64_t, int64_t> TileRuleWindowInputCols(const TileOp& o, int64_t ow0, int64_t ow1) {
+  const int64_t W = o.conv[2], KW = o.conv[5], s = o.conv[6], pad = o.conv[7];
+  const int64_t iw0 = std::max<int64_t>(0, ow0 * s - pad);
+  return {iw0, std::max(iw0, std::min(W, (ow1 - 1) * s - pad + KW))};
+}
+
 // The gradients of a windowed operator: the output rows [oh0, oh1) whose windows (KH rows from
 // oh * s - pad) reach input rows [h0, h1), the only outputs whose gradient flows into them.
 std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int64_t h1) {
@@ -328,23 +381,83 @@ std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int6
 // channel group g, groups of as many output planes as fit kTileConvGradPositions positions (at
 // least one): its dout columns span a group's planes, whatever the tile's width.
 constexpr int64_t kTileConvGradPositions = 784;
+// A row block reads, a sample, up to max(OH OW, kTileConvGradPositions) floats of dout and (dW)
+// the whole planes of the input channels its tile's columns span (or the examples). Where that
+// passes 2 kTileConvGradPositions floats (the fashion CNN's first conv: 784 + its 784-float
+// examples; its second: 784 + 3 x 196) the block would grow with the planes (two 512 x 512
+// planes: 64 MiB), so each element's chain over (b, oh, ow) is cut, in the same order, into
+// blocks of one sample's run of up to kTileCols outputs of one output row, a group being one
+// output channel: block ((b OH + oh) nq + j) groups + g, nq = ceil(OW / kTileCols). A block
+// reads 32 x 32 of dout (the sample's tile rows) in at most two tiles, and dW, for each (c, kh)
+// pair of its tile's columns, one input row's window columns (TileRuleWindowInputCols).
+bool TileRuleConvGradWide(const TileOp& o) {
+  const int64_t C = o.conv[0], HW = o.conv[1] * o.conv[2], KK = o.conv[4] * o.conv[5];
+  int64_t floats = std::max(TileRuleOutH(o) * TileRuleOutW(o), kTileConvGradPositions);
+  if (o.kind == TileOpKind::kTileOpConvWeightGrad) {
+    // The channels a tile's columns of (c, kh, kw) can span.
+    floats +=
+        (o.w == kTileOperandBatch ? C : std::min(C, (o.grid.tile_cols + KK - 2) / KK + 1)) * HW;
+  }
+  return floats > 2 * kTileConvGradPositions;
+}
 int64_t TileRuleConvGradGroup(const TileOp& o) {
+  if (TileRuleConvGradWide(o)) return 1;
   return std::max<int64_t>(1, kTileConvGradPositions / (TileRuleOutH(o) * TileRuleOutW(o)));
 }
+// A wide dW block reads an input row for each (c, kh) pair of its tile's columns: 32 of them at a
+// 1 x 1 kernel, 2 to 3 tiles each, so a wide dW tile's columns are cut into chunks of this many
+// pairs (its elements' chains are independent: a chunk is a group as an output channel is).
+constexpr int64_t kTileConvGradPairs = 8;
+// The pair chunks of a wide dW tile (the widest tile's, at most (tile_cols - 2) / KW + 2 pairs),
+// or 1.
+int64_t TileRuleConvGradPairChunks(const TileOp& o) {
+  if (o.kind != TileOpKind::kTileOpConvWeightGrad || !TileRuleConvGradWide(o)) return 1;
+  const int64_t KW = o.conv[5];
+  const int64_t pairs = std::min(o.conv[0] * o.conv[4], (o.grid.tile_cols - 2) / KW + 2);
+  return (pairs + kTileConvGradPairs - 1) / kTileConvGradPairs;
+}
 // The groups of a tile (the widest tile's output channels: a weight tile's rows, a bias tile's
-// columns).
+// columns; a wide dW's times its pair chunks).
 int64_t TileRuleConvGradGroups(const TileOp& o) {
   const int64_t oc = std::min(
       o.conv[3], o.kind == TileOpKind::kTileOpConvWeightGrad ? o.grid.tile_rows : o.grid.tile_cols);
-  return (oc + TileRuleConvGradGroup(o) - 1) / TileRuleConvGradGroup(o);
+  return (oc + TileRuleConvGradGroup(o) - 1) / TileRuleConvGradGroup(o) *
+         TileRuleConvGradPairChunks(o);
 }
 // The output channels [oc0, oc1) of group g of tile `t` (empty past a short tile's end).
 std::pair<int64_t, int64_t> TileRuleConvGradChannels(const TileOp& o, const TileGrid::Rect& t,
                                                      int64_t g) {
   const bool weight = o.kind == TileOpKind::kTileOpConvWeightGrad;
   const int64_t t0 = weight ? t.r0 : t.c0, t1 = weight ? t.r1 : t.c1;
-  const int64_t oc0 = std::min(t1, t0 + g * TileRuleConvGradGroup(o));
+  const int64_t oc0 =
+      std::min(t1, t0 + g / TileRuleConvGradPairChunks(o) * TileRuleConvGradGroup(o));
   return {oc0, std::min(t1, oc0 + TileRuleConvGradGroup(o))};
+}
+// The (c, kh) pairs [q0, q1) (q = j / KW of a dW column j) of group g of dW tile `t`: all of the
+// tile's, or a wide dW's chunk of them (empty past the tile's last pair).
+std::pair<int64_t, int64_t> TileRuleConvGradPairs(const TileOp& o, const TileGrid::Rect& t,
+                                                  int64_t g) {
+  const int64_t KW = o.conv[5], first = t.c0 / KW, last = (t.c1 - 1) / KW + 1;
+  const int64_t chunks = TileRuleConvGradPairChunks(o);
+  if (chunks == 1) return {first, last};
+  const int64_t q0 = std::min(last, first + g % chunks * kTileConvGradPairs);
+  return {q0, std::min(last, q0 + kTileConvGradPairs)};
+}
+// The (b, oh, ow) positions of a weight or bias gradient's block: samples [b0, b1), output rows
+// [oh0, oh1), columns [ow0, ow1) (a row block's whole planes; wide, one sample's run of a row).
+struct TileRuleConvGradSpan {
+  int64_t b0, b1, oh0, oh1, ow0, ow1;
+};
+TileRuleConvGradSpan TileRuleConvGradSpanOf(const TilePlan& plan, const TileOp& o, int64_t block) {
+  const int64_t rest = block / TileRuleConvGradGroups(o), OH = TileRuleOutH(o);
+  const int64_t OW = TileRuleOutW(o);
+  if (!TileRuleConvGradWide(o)) {
+    const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), rest);
+    return {b0, b1, 0, OH, 0, OW};
+  }
+  const int64_t nq = (OW + kTileCols - 1) / kTileCols, j = rest % nq, oh = rest / nq % OH;
+  const int64_t b = rest / nq / OH, ow0 = j * kTileCols;
+  return {b, b + 1, oh, oh + 1, ow0, std::min(OW, ow0 + kTileCols)};
 }
 
 // Dense values of `op`'s rectangle [r0, r1) x [c0, c1), from the footprint's tiles of `op` (or
@@ -1237,17 +1350,21 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     const int64_t C = TileRuleCols(plan, o.x);
     return C > kTileLinearWholeMax ? (C + kTileLinearBlock - 1) / kTileLinearBlock : 0;
   }
-  if (o.kind == TileOpKind::kTileOpConv) {
-    const int64_t C = o.conv[0];
-    return C > kTileConvChannels ? (C + kTileConvChannels - 1) / kTileConvChannels : 0;
-  }
   // A conv's input gradient chains over (oc, kh, kw): narrowed the same way, by output channels.
-  if (o.kind == TileOpKind::kTileOpConvInputGrad) {
-    const int64_t OC = o.conv[3];
-    return OC > kTileConvChannels ? (OC + kTileConvChannels - 1) / kTileConvChannels : 0;
+  // Over wide images both are narrowed into blocks of kTileConvWideRows (channel, kh) pairs.
+  if (o.kind == TileOpKind::kTileOpConv || o.kind == TileOpKind::kTileOpConvInputGrad) {
+    const int64_t n = o.kind == TileOpKind::kTileOpConv ? o.conv[0] : o.conv[3];
+    if (const int64_t pairs = n * o.conv[4]; TileRuleWindowWide(o)) {
+      return pairs > kTileConvWideRows ? (pairs + kTileConvWideRows - 1) / kTileConvWideRows : 0;
+    }
+    return n > kTileConvChannels ? (n + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
   if (o.kind == TileOpKind::kTileOpConvWeightGrad || o.kind == TileOpKind::kTileOpConvBiasGrad) {
-    return TileRuleRowBlocks(TileRuleRows(plan)) * TileRuleConvGradGroups(o);
+    const int64_t OW = TileRuleOutW(o), groups = TileRuleConvGradGroups(o);
+    if (TileRuleConvGradWide(o)) {
+      return TileRuleRows(plan) * TileRuleOutH(o) * ((OW + kTileCols - 1) / kTileCols) * groups;
+    }
+    return TileRuleRowBlocks(TileRuleRows(plan)) * groups;
   }
   if (o.kind == TileOpKind::kTileOpEmbedding) {
     const int64_t V = plan.classes;
@@ -1519,6 +1636,20 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     case TileOpKind::kTileOpMaxPool: {
       // Channel c of the output reads channel c of the input, the rows its windows cover.
       const int64_t H = o.conv[1], W = o.conv[2];
+      if (TileRuleWindowWide(o)) {
+        // Over a wide image: each output row's run of the tile, its windows' columns of their
+        // rows (TileRuleWindowWide).
+        const int64_t k = o.conv[4], s = o.conv[6];
+        ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), t.c0, t.c1,
+                        [&](int64_t c, int64_t oh, int64_t ow0, int64_t ow1) {
+                          const auto [iw0, iw1] = TileRuleWindowInputCols(o, ow0, ow1);
+                          for (int64_t ih = oh * s; ih < oh * s + k; ++ih) {
+                            const int64_t f = (c * H + ih) * W;
+                            TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + iw0, f + iw1, fp);
+                          }
+                        });
+        break;
+      }
       const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
       for (int64_t c = cs.oc0; c < cs.oc1; ++c) {
         TileRuleCover(plan, o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W, fp);
@@ -1526,12 +1657,26 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       break;
     }
     case TileOpKind::kTileOpConv: {
-      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KK = o.conv[4] * o.conv[5];
+      const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4], KK = KH * o.conv[5];
       const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
-      const int64_t cb0 = blocks > 0 ? block * kTileConvChannels : 0;
-      const int64_t cb1 = blocks > 0 ? std::min(C, cb0 + kTileConvChannels) : C;
+      const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
+      const int64_t cb0 = q0 / KH, cb1 = (q1 - 1) / KH + 1;
       if (o.x == kTileOperandBatch) {
         TileRuleCover(plan, o.x, t.r0, t.r1, 0, 0, fp);
+      } else if (TileRuleWindowWide(o)) {
+        // Each output row's run of the tile: the columns its windows read, in the input row each
+        // of the block's pairs (c, kh) puts under it.
+        const int64_t s = o.conv[6], pad = o.conv[7];
+        ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), t.c0, t.c1,
+                        [&](int64_t, int64_t oh, int64_t ow0, int64_t ow1) {
+                          const auto [iw0, iw1] = TileRuleWindowInputCols(o, ow0, ow1);
+                          for (int64_t q = q0; q < q1; ++q) {
+                            const int64_t ih = oh * s - pad + q % KH;
+                            if (ih < 0 || ih >= H || iw0 == iw1) continue;
+                            const int64_t f = (q / KH * H + ih) * W;
+                            TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + iw0, f + iw1, fp);
+                          }
+                        });
       } else {
         for (int64_t c = cb0; c < cb1; ++c) {
           TileRuleCover(plan, o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W, fp);
@@ -1545,14 +1690,29 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // Input (c, ih, iw) chains dout[oc, oh, ow] w[oc, c, kh, kw] over (oc, kh, kw): the
       // output rows whose windows reach the tile's input rows, in every output channel (of the
       // block), and the weight's rows of those channels in the tile's input channels' columns.
-      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], OC = o.conv[3];
-      const int64_t KK = o.conv[4] * o.conv[5], OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KH = o.conv[4];
+      const int64_t KK = KH * o.conv[5], OH = TileRuleOutH(o), OW = TileRuleOutW(o);
       const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
       const auto [oh0, oh1] = TileRuleWindowRows(o, ps.h0, ps.h1);
-      const int64_t ob0 = blocks > 0 ? block * kTileConvChannels : 0;
-      const int64_t ob1 = blocks > 0 ? std::min(OC, ob0 + kTileConvChannels) : OC;
-      for (int64_t oc = ob0; oc < ob1; ++oc) {
-        TileRuleCover(plan, o.x, t.r0, t.r1, (oc * OH + oh0) * OW, (oc * OH + oh1) * OW, fp);
+      const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
+      const int64_t ob0 = q0 / KH, ob1 = (q1 - 1) / KH + 1;
+      if (TileRuleWindowWide(o)) {
+        // Each input row's run of the tile: the outputs whose windows reach it, in the output
+        // row each of the block's pairs (oc, kh) puts over it (oh s - pad + kh = ih).
+        const int64_t s = o.conv[6], pad = o.conv[7];
+        ForEachPlaneRun(H, W, t.c0, t.c1, [&](int64_t, int64_t ih, int64_t iw0, int64_t iw1) {
+          const auto [ow0, ow1] = TileRuleWindowCols(o, iw0, iw1);
+          for (int64_t q = q0; q < q1; ++q) {
+            const int64_t th = ih + pad - q % KH;
+            if (th < 0 || th % s != 0 || th / s >= OH || ow0 == ow1) continue;
+            const int64_t f = (q / KH * OH + th / s) * OW;
+            TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + ow0, f + ow1, fp);
+          }
+        });
+      } else {
+        for (int64_t oc = ob0; oc < ob1; ++oc) {
+          TileRuleCover(plan, o.x, t.r0, t.r1, (oc * OH + oh0) * OW, (oc * OH + oh1) * OW, fp);
+        }
       }
       TileRuleCover(plan, o.w, ob0, ob1, ps.p0 * KK, ps.p1 * KK, fp);
       break;
@@ -1563,6 +1723,25 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // windows (their argmax).
       const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      if (TileRuleWindowWide(o)) {
+        // Over a wide image: each input row's run of the tile, the outputs whose windows reach
+        // it and those windows' columns of their rows (TileRuleWindowWide).
+        ForEachPlaneRun(H, W, t.c0, t.c1, [&](int64_t c, int64_t ih, int64_t iw0, int64_t iw1) {
+          const auto [oh0, oh1] = TileRuleWindowRows(o, ih, ih + 1);
+          const auto [ow0, ow1] = TileRuleWindowCols(o, iw0, iw1);
+          if (ow0 == ow1) return;
+          const auto [xw0, xw1] = TileRuleWindowInputCols(o, ow0, ow1);
+          for (int64_t oh = oh0; oh < oh1; ++oh) {
+            const int64_t f = (c * OH + oh) * OW;
+            TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + ow0, f + ow1, fp);
+            for (int64_t h = oh * s; h < oh * s + k; ++h) {
+              TileRuleCoverOnce(plan, o.w, t.r0, t.r1, (c * H + h) * W + xw0, (c * H + h) * W + xw1,
+                                fp);
+            }
+          }
+        });
+        break;
+      }
       const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
       for (int64_t c = ps.p0; c < ps.p1; ++c) {
         const auto [h0, h1] = TileRulePlaneRows(H, W, t.c0, t.c1, c);
@@ -1579,9 +1758,35 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // Block (k, g): row block k of dout in the group's output planes; dW also the row block of
       // the layer's input in the tile's input channels (all their rows: every position).
       const int64_t groups = TileRuleConvGradGroups(o), P = TileRuleOutH(o) * TileRuleOutW(o);
-      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / groups);
+      const TileRuleConvGradSpan sp = TileRuleConvGradSpanOf(plan, o, block);
+      const int64_t b0 = sp.b0, b1 = sp.b1;
       const auto [oc0, oc1] = TileRuleConvGradChannels(o, t, block % groups);
       if (oc0 >= oc1) break;
+      if (TileRuleConvGradWide(o)) {
+        // One sample's run of one output row (TileRuleConvGradWide), for dW in a chunk of the
+        // tile's pairs (none past its last).
+        const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4];
+        const int64_t OW = TileRuleOutW(o), oh = sp.oh0;
+        const auto [q0, q1] = TileRuleConvGradPairs(o, t, block % groups);
+        if (q0 >= q1) break;
+        for (int64_t oc = oc0; oc < oc1; ++oc) {
+          const int64_t f = oc * P + oh * OW;
+          TileRuleCover(plan, o.x, b0, b1, f + sp.ow0, f + sp.ow1, fp);
+        }
+        if (o.kind != TileOpKind::kTileOpConvWeightGrad) break;
+        if (o.w == kTileOperandBatch) {
+          TileRuleCover(plan, o.w, b0, b1, 0, 0, fp);
+          break;
+        }
+        const auto [iw0, iw1] = TileRuleWindowInputCols(o, sp.ow0, sp.ow1);
+        for (int64_t q = q0; q < q1; ++q) {  // the group's (c, kh) pairs of the tile
+          const int64_t ih = oh * o.conv[6] - o.conv[7] + q % KH;
+          if (ih < 0 || ih >= H || iw0 == iw1) continue;
+          const int64_t f = (q / KH * H + ih) * W;
+          TileRuleCoverOnce(plan, o.w, b0, b1, f + iw0, f + iw1, fp);
+        }
+        break;
+      }
       TileRuleCover(plan, o.x, b0, b1, oc0 * P, oc1 * P, fp);
       if (o.kind == TileOpKind::kTileOpConvWeightGrad) {
         const int64_t HW = o.conv[1] * o.conv[2], KK = o.conv[4] * o.conv[5];
@@ -2358,15 +2563,15 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     }
     case TileOpKind::kTileOpConv: {
       // kernels.h: out[b,oc,oh,ow] = chain over (c, kh, kw) of fma(x, or 0 in the padding,
-      // w[oc,c,kh,kw], acc) from bias[oc] (or 0); narrowed: channels [cb0, cb1) of it, continued
-      // from the agreed partial.
+      // w[oc,c,kh,kw], acc) from bias[oc] (or 0); narrowed: its pairs (c, kh) [q0, q1)
+      // (TileRuleConvPairs), continued from the agreed partial.
       internal::FpEnvGuard fp_guard;
-      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KH = o.conv[4], KW = o.conv[5];
+      const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4], KW = o.conv[5];
       const int64_t s = o.conv[6], pad = o.conv[7];
       const int64_t OH = (H + 2 * pad - KH) / s + 1, OW = (W + 2 * pad - KW) / s + 1;
       const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
-      const int64_t cb0 = blocks > 0 ? block * kTileConvChannels : 0;
-      const int64_t cb1 = blocks > 0 ? std::min(C, cb0 + kTileConvChannels) : C;
+      const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
+      const int64_t cb0 = q0 / KH, cb1 = (q1 - 1) / KH + 1;
       const int64_t NC = cb1 - cb0, IH = cs.ih1 - cs.ih0;
       // The input rows [r0, r1) over input rows [ih0, ih1) of channels [cb0, cb1): (R, NC, IH, W).
       std::vector<float> x(static_cast<size_t>(R * NC * IH * W), 0.0f);
@@ -2387,16 +2592,15 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           const int64_t j = t.c0 + jj, oc = j / (OH * OW), oh = (j % (OH * OW)) / OW, ow = j % OW;
           const size_t e = static_cast<size_t>(r * K + jj);
           float acc = block > 0 ? in.partial[e] : (b.empty() ? 0.0f : b[oc - cs.oc0]);
-          for (int64_t c = cb0; c < cb1; ++c) {
-            for (int64_t kh = 0; kh < KH; ++kh) {
-              for (int64_t kw = 0; kw < KW; ++kw) {
-                const int64_t ih = oh * s - pad + kh, iw = ow * s - pad + kw;
-                const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
-                const float xv =
-                    inside ? x[((r * NC + (c - cb0)) * IH + (ih - cs.ih0)) * W + iw] : 0.0f;
-                const float wv = w[(oc - cs.oc0) * WC + (c - cb0) * KK + kh * KW + kw];
-                acc = __builtin_fmaf(xv, wv, acc);
-              }
+          for (int64_t q = q0; q < q1; ++q) {
+            const int64_t c = q / KH, kh = q % KH;
+            for (int64_t kw = 0; kw < KW; ++kw) {
+              const int64_t ih = oh * s - pad + kh, iw = ow * s - pad + kw;
+              const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+              const float xv =
+                  inside ? x[((r * NC + (c - cb0)) * IH + (ih - cs.ih0)) * W + iw] : 0.0f;
+              const float wv = w[(oc - cs.oc0) * WC + (c - cb0) * KK + kh * KW + kw];
+              acc = __builtin_fmaf(xv, wv, acc);
             }
           }
           out[e] = acc;
@@ -2407,16 +2611,16 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
     case TileOpKind::kTileOpConvInputGrad: {
       // kernels.h: dinp[b,c,ih,iw] += the chain over (oc, kh, kw) from 0 of fma(g, w[oc,c,kh,kw],
       // acc), g = dout[b,oc,oh,ow] where ih = oh * s - pad + kh (and iw likewise) has a solution
-      // in range, else 0. Narrowed: output channels [ob0, ob1) of it, continued from the agreed
-      // partial; after the last, "dinp += acc" on a zeroed gradient.
+      // in range, else 0. Narrowed: its pairs (oc, kh) [q0, q1) (TileRuleConvPairs), continued
+      // from the agreed partial; after the last, "dinp += acc" on a zeroed gradient.
       internal::FpEnvGuard fp_guard;
-      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], OC = o.conv[3];
+      const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2];
       const int64_t KH = o.conv[4], KW = o.conv[5], s = o.conv[6], pad = o.conv[7];
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o), KK = KH * KW;
       const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
       const auto [oh0, oh1] = TileRuleWindowRows(o, ps.h0, ps.h1);
-      const int64_t ob0 = blocks > 0 ? block * kTileConvChannels : 0;
-      const int64_t ob1 = blocks > 0 ? std::min(OC, ob0 + kTileConvChannels) : OC;
+      const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
+      const int64_t ob0 = q0 / KH, ob1 = (q1 - 1) / KH + 1;
       const int64_t NR = oh1 - oh0, WC = (ps.p1 - ps.p0) * KK;
       std::vector<std::vector<float>> d;  // per output channel of the block: (R, NR, OW)
       for (int64_t oc = ob0; oc < ob1; ++oc) {
@@ -2428,20 +2632,18 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         for (int64_t jj = 0; jj < K; ++jj) {
           const int64_t j = t.c0 + jj, c = j / (H * W), ih = (j % (H * W)) / W, iw = j % W;
           float acc = out[static_cast<size_t>(r * K + jj)];
-          for (int64_t oc = ob0; oc < ob1; ++oc) {
-            for (int64_t kh = 0; kh < KH; ++kh) {
-              for (int64_t kw = 0; kw < KW; ++kw) {
-                const int64_t th = ih + pad - kh, tw = iw + pad - kw;
-                float g = 0.0f;
-                if (th >= 0 && tw >= 0 && th % s == 0 && tw % s == 0 && th / s < OH &&
-                    tw / s < OW) {
-                  g = d[static_cast<size_t>(oc - ob0)]
-                       [static_cast<size_t>((r * NR + th / s - oh0) * OW + tw / s)];
-                }
-                acc = __builtin_fmaf(
-                    g, w[static_cast<size_t>((oc - ob0) * WC + (c - ps.p0) * KK + kh * KW + kw)],
-                    acc);
+          for (int64_t q = q0; q < q1; ++q) {
+            const int64_t oc = q / KH, kh = q % KH;
+            for (int64_t kw = 0; kw < KW; ++kw) {
+              const int64_t th = ih + pad - kh, tw = iw + pad - kw;
+              float g = 0.0f;
+              if (th >= 0 && tw >= 0 && th % s == 0 && tw % s == 0 && th / s < OH && tw / s < OW) {
+                g = d[static_cast<size_t>(oc - ob0)]
+                     [static_cast<size_t>((r * NR + th / s - oh0) * OW + tw / s)];
               }
+              acc = __builtin_fmaf(
+                  g, w[static_cast<size_t>((oc - ob0) * WC + (c - ps.p0) * KK + kh * KW + kw)],
+                  acc);
             }
           }
           out[static_cast<size_t>(r * K + jj)] = acc;
@@ -2517,17 +2719,20 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // from 0 (x = inp[b, c, oh * s - pad + kh, ow * s - pad + kw], or 0 in the padding); dbias
       // chains acc + dout[b, oc, p] over (b, p). Block (k, g) continues the group's elements
       // over row block k from the agreed partial; after the last block, "grad += acc" on a
-      // zeroed gradient (or the previous micro-batch's).
+      // zeroed gradient (or the previous micro-batch's). Over wide planes a block is one
+      // sample's run of one output row (TileRuleConvGradWide), in the same order.
       internal::FpEnvGuard fp_guard;
       const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], KH = o.conv[4], KW = o.conv[5];
       const int64_t s = o.conv[6], pad = o.conv[7], KK = KH * KW;
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o), P = OH * OW;
       const int64_t groups = TileRuleConvGradGroups(o);
-      const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), block / groups);
+      const TileRuleConvGradSpan sp = TileRuleConvGradSpanOf(plan, o, block);
+      const int64_t b0 = sp.b0, b1 = sp.b1;
       const auto [oc0, oc1] = TileRuleConvGradChannels(o, t, block % groups);
       std::vector<float> acc = in.partial.empty() ? out : in.partial;
       const bool weight = o.kind == TileOpKind::kTileOpConvWeightGrad;
-      if (oc0 < oc1) {
+      const auto [q0, q1] = TileRuleConvGradPairs(o, t, block % groups);
+      if (oc0 < oc1 && q0 < q1) {
         const std::vector<float> d = dense(o.x, b0, b1, oc0 * P, oc1 * P);  // (NB, NO, P)
         const int64_t NB = b1 - b0, NO = oc1 - oc0;
         if (weight) {
@@ -2537,10 +2742,11 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           for (int64_t oc = oc0; oc < oc1; ++oc) {
             for (int64_t jj = 0; jj < K; ++jj) {
               const int64_t j = t.c0 + jj, c = j / KK, kh = (j % KK) / KW, kw = j % KW;
+              if (j / KW < q0 || j / KW >= q1) continue;  // another group's pair
               float a = acc[static_cast<size_t>((oc - t.r0) * K + jj)];
               for (int64_t b = 0; b < NB; ++b) {
-                for (int64_t oh = 0; oh < OH; ++oh) {
-                  for (int64_t ow = 0; ow < OW; ++ow) {
+                for (int64_t oh = sp.oh0; oh < sp.oh1; ++oh) {
+                  for (int64_t ow = sp.ow0; ow < sp.ow1; ++ow) {
                     const int64_t ih = oh * s - pad + kh, iw = ow * s - pad + kw;
                     const float xv =
                         (ih >= 0 && ih < H && iw >= 0 && iw < W)
@@ -2558,8 +2764,10 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           for (int64_t oc = oc0; oc < oc1; ++oc) {
             float a = acc[static_cast<size_t>(oc - t.c0)];
             for (int64_t b = 0; b < NB; ++b) {
-              for (int64_t p = 0; p < P; ++p) {
-                a = a + d[static_cast<size_t>((b * NO + oc - oc0) * P + p)];
+              for (int64_t oh = sp.oh0; oh < sp.oh1; ++oh) {
+                for (int64_t ow = sp.ow0; ow < sp.ow1; ++ow) {
+                  a = a + d[static_cast<size_t>((b * NO + oc - oc0) * P + oh * OW + ow)];
+                }
               }
             }
             acc[static_cast<size_t>(oc - t.c0)] = a;

@@ -406,5 +406,130 @@ batch_size = 40
   }
 }
 
+bool IsWindowedKind(TileOpKind k) {
+  return k == TileOpKind::kTileOpConv || k == TileOpKind::kTileOpMaxPool || IsWindowGrad(k);
+}
+
+// A conv2d and a max-pool over images wider than 32 read only the columns their tiles' windows
+// reach (a block of 4 (channel, kh) pairs of a conv's chain, in the reference order), not whole
+// image rows: a 3 x 3 conv at W = 512 (each tile inside one output row; before, a tile read its
+// 2 channels' 3 whole rows, 384 KiB), and a 5 x 5 conv of stride 2 at W = 500 whose 250-wide output
+// rows put tiles across two rows, and whose pool's 125-wide single-row planes put them across two
+// channels. The conv's weight and bias gradients, whose row blocks would read more than 2 x 784
+// floats a sample (the outputs' 4 x 512; dW's two 4 x 500 input planes), chain one sample's run
+// of 32 outputs of a row a block. Every tile of the conv, its input, weight and bias gradients, the
+// pool and its input gradient recomputes block by block to the fast kernels' traced bits (also in
+// two micro-batches), each footprint under the bound.
+TEST(TileRuleConvTest, AConvAndPoolOverWideImagesReadTheirWindowsColumnsBitForBit) {
+  struct Case {
+    int64_t W, kernel, stride, pad, M;
+    int64_t mid = 0;  // > 0: a 3 x 3 conv to this many channels (and a relu) before the conv
+  };
+  for (const Case& c : {Case{512, 3, 1, 1, 1}, Case{500, 5, 2, 2, 1}, Case{512, 3, 1, 1, 2},
+                        Case{512, 1, 1, 0, 1, 12}}) {
+    SCOPED_TRACE("W " + std::to_string(c.W) + ", kernel " + std::to_string(c.kernel) +
+                 ", micro_batches " + std::to_string(c.M) + ", mid " + std::to_string(c.mid));
+    const std::string mid =
+        c.mid == 0 ? ""
+                   : "[[model.layers]]\nkind = \"conv2d\"\nout = " + std::to_string(c.mid) +
+                         "\nkernel = 3\npad = 1\n[[model.layers]]\nkind = \"relu\"\n";
+    const std::string toml = R"(
+[task]
+name = "tile-wide-conv"
+seed = 5
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [2, 4, )" + std::to_string(c.W) +
+                             R"(]
+[[model.layers]]
+kind = "relu"
+)" + mid + R"(
+[[model.layers]]
+kind = "conv2d"
+out = 3
+kernel = )" + std::to_string(c.kernel) +
+                             R"(
+stride = )" + std::to_string(c.stride) +
+                             R"(
+pad = )" + std::to_string(c.pad) +
+                             R"(
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 2
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 10
+batch_size = 40
+)";
+    Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-wide-conv.toml", ".");
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    spec->micro_batches = c.M;
+    const TaskData d = testing::RandomTaskData(80, {2, 4, c.W}, 3, 29, -1.0f, 1.0f);
+    int64_t ops = 0;
+    const std::map<std::string, int64_t> largest =
+        ExpectEveryTileRecomputes(*spec, d, IsWindowedKind, &ops);
+    // The conv, the pool, their input gradients, the conv's dW and db, per micro-batch (each
+    // micro-batch's dW and db end by adding into the previous one's).
+    EXPECT_EQ(ops, 6 * c.M + (c.mid > 0 ? 4 : 0));  // the mid conv has no pool
+    for (const auto& [name, bytes] : largest) {
+      if (c.M > 1 || c.mid > 0) {
+        EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+        continue;
+      }
+      std::printf("[ wide conv] W %-4lld %-18s largest footprint %lld bytes\n",
+                  static_cast<long long>(c.W), name.c_str(), static_cast<long long>(bytes));
+      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+    }
+    // The conv and its input gradient chain in blocks of pairs (2 x 3 and 3 x KH of them).
+    if (c.M > 1) continue;
+    Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 40);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    if (c.mid > 0) {
+      // The 1 x 1 conv's dW tile spans its 12 pairs (c, 0): two chunks of 8, so 40 samples x 4
+      // rows x 16 runs x 3 output channels x 2.
+      for (size_t j = 0; j < plan->ops.size(); ++j) {
+        if (plan->ops[j].name != "layers.3.weight.grad") continue;
+        EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), 40 * 4 * 16 * 3 * 2);
+        std::printf("[ wide conv] 1 x 1 dW over 12 channels largest footprint %lld bytes\n",
+                    static_cast<long long>(largest.at("layers.3.weight.grad")));
+      }
+      continue;
+    }
+    for (size_t j = 0; j < plan->ops.size(); ++j) {
+      const TileOp& op = plan->ops[j];
+      if (op.kind == TileOpKind::kTileOpConvWeightGrad ||
+          op.kind == TileOpKind::kTileOpConvBiasGrad) {
+        // 40 samples x the output rows x their runs of 32 x one output channel a group (a dW
+        // tile's 3 rows, a db tile's 3 columns); but at W = 500 db's 500 positions a sample fit
+        // a row block (2 of them, one 500-position plane a group).
+        const int64_t OH = c.W == 512 ? 4 : 2, OW = c.W == 512 ? 512 : 250;
+        const bool row_blocks = c.W == 500 && op.kind == TileOpKind::kTileOpConvBiasGrad;
+        EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)),
+                  row_blocks ? 2 * 3 : 40 * OH * ((OW + 31) / 32) * 3)
+            << op.name;
+      }
+      if (op.kind != TileOpKind::kTileOpConv && op.kind != TileOpKind::kTileOpConvInputGrad) {
+        continue;
+      }
+      const int64_t pairs = (op.kind == TileOpKind::kTileOpConv ? 2 : 3) * c.kernel;
+      EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), (pairs + 3) / 4) << op.name;
+    }
+  }
+}
+
 }  // namespace tile_rule_conv_test
 }  // namespace meshlearn::engine

@@ -1563,6 +1563,70 @@ const Setup& ChainWideNormSetup() {
   return *setup;
 }
 
+// A conv2d over images 196 wide (the examples as 2 x 2 x 196, after a relu so that the conv
+// reads an activation): wider than the 32 its tiles read whole image rows up to, so its forward
+// and input gradient read only their windows' columns, in blocks of 4 (channel, kh) pairs of
+// their chains.
+const std::string& ChainWideConvBundle() {
+  static const std::string* b = [] {
+    std::string bundle = ChainBundle();
+    const size_t b0 = bundle.find("[model]"), b1 = bundle.find("[optimizer]");
+    bundle.replace(b0, b1 - b0,
+                   "[model]\ninput = [2, 2, 196]\n[[model.layers]]\nkind = \"relu\"\n"
+                   "[[model.layers]]\nkind = \"conv2d\"\nout = 2\nkernel = 3\npad = 1\n"
+                   "[[model.layers]]\nkind = \"flatten\"\n[[model.layers]]\nkind = \"linear\"\n"
+                   "out = 10\n\n");
+    return new std::string(bundle);
+  }();
+  return *b;
+}
+
+const Setup& ChainWideConvSetup() {
+  static const Setup* setup = [] {
+    auto* images = new engine::TaskData;  // the synthetic examples as 2 x 2 x 196
+    images->train.x = engine::Tensor(
+        {kExamples, 2, 2, 196},
+        std::vector<float>(Data().train.x.data(), Data().train.x.data() + kExamples * 784));
+    images->train.y = Data().train.y;
+    images->train.num_classes = 10;
+    images->test = images->train;
+    return MakeChainSetup(ChainWideConvBundle(), images);
+  }();
+  return *setup;
+}
+
+// A conv2d over the examples as one row of 784 (after a relu), padded by 2 so that its output
+// planes are 3 x 786: its weight gradient's row blocks would read more than 2 x 784 floats a
+// sample, so each element's chain runs one sample's run of 32 outputs of a row a block (128
+// samples x 3 rows x 25 runs x 2 output channels).
+const std::string& ChainWideConvGradBundle() {
+  static const std::string* b = [] {
+    std::string bundle = ChainBundle();
+    const size_t b0 = bundle.find("[model]"), b1 = bundle.find("[optimizer]");
+    bundle.replace(b0, b1 - b0,
+                   "[model]\ninput = [1, 1, 784]\n[[model.layers]]\nkind = \"relu\"\n"
+                   "[[model.layers]]\nkind = \"conv2d\"\nout = 2\nkernel = 3\npad = 2\n"
+                   "[[model.layers]]\nkind = \"flatten\"\n[[model.layers]]\nkind = \"linear\"\n"
+                   "out = 10\n\n");
+    return new std::string(bundle);
+  }();
+  return *b;
+}
+
+const Setup& ChainWideConvGradSetup() {
+  static const Setup* setup = [] {
+    auto* images = new engine::TaskData;  // the synthetic examples as 1 x 1 x 784
+    images->train.x = engine::Tensor(
+        {kExamples, 1, 1, 784},
+        std::vector<float>(Data().train.x.data(), Data().train.x.data() + kExamples * 784));
+    images->train.y = Data().train.y;
+    images->train.num_classes = 10;
+    images->test = images->train;
+    return MakeChainSetup(ChainWideConvGradBundle(), images);
+  }();
+  return *setup;
+}
+
 using protocol::CheckStage;
 using protocol::UnitCheck;
 using protocol::Verdict;
@@ -1610,6 +1674,18 @@ class TileChainTest : public testing::FollowedChainFixture {
   void UseWideImageLayerNorm() {
     bundle_ = &ChainWideNormBundle();
     g_setup = &ChainWideNormSetup();
+  }
+  // A model with a conv2d over images 196 wide, narrowed to its windows' columns (before
+  // Submit).
+  void UseWideConv() {
+    bundle_ = &ChainWideConvBundle();
+    g_setup = &ChainWideConvSetup();
+  }
+  // A model whose conv2d weight gradient chains a sample's run of a row a block (before
+  // Submit).
+  void UseWideConvGrad() {
+    bundle_ = &ChainWideConvGradBundle();
+    g_setup = &ChainWideConvGradSetup();
   }
   // Plays the 10M GPT's task instead (a token task; before Submit).
   void UseGpt() {
@@ -2157,6 +2233,33 @@ TEST_P(TileChainLieTest, OnAWideImageLayerNormItsTileIsRuledOnChainByRefereeTile
 TEST_P(TileChainLieTest, OnAWideImageLayerNormAWeightGradientBlockIsRuledOnChain) {
   UseWideImageLayerNorm();
   EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.0.weight.grad", 0, 5, 10}),
+                           GetParam(), true),
+            0u);
+}
+
+// A conv2d over images 196 wide, whose block over whole image rows would grow with the width: a
+// lie at its output's second block (pairs (1, 1), (1, 2) of its chain over (c, kh), reading the
+// window columns of two input rows) and one at its input gradient's second block, each ruled by
+// RefereeTile.
+TEST_P(TileChainLieTest, OnAWideConvABlockOfItsOutputIsRuledOnChainByRefereeTile) {
+  UseWideConv();
+  EXPECT_GT(
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.1.out", 9, 500, 1}), GetParam(), true), 0u);
+}
+
+TEST_P(TileChainLieTest, OnAWideConvABlockOfItsInputGradientIsRuledOnChain) {
+  UseWideConv();
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.1.in.grad", 30, 300, 1}),
+                           GetParam(), true),
+            0u);
+}
+
+// A lie at a block of a conv2d weight gradient narrowed to one sample's run of 32 outputs of a
+// row (block 5001 of 19,200: sample 33's, output channel 1), ruled by RefereeTile for the honest
+// side.
+TEST_P(TileChainLieTest, OnAWideConvAWeightGradientRunBlockIsRuledOnChain) {
+  UseWideConvGrad();
+  EXPECT_GT(PlayLieOnChain(Train(Lie{LieKind::kTile, "layers.1.weight.grad", 1, 4, 5001}),
                            GetParam(), true),
             0u);
 }
