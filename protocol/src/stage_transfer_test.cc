@@ -265,7 +265,9 @@ TEST(StageStepCommitTest, ADrawnStagesForcedFormKeepsItsRecordsAndForcesItsState
     EXPECT_EQ(forced[j].received, commits[j].received);
     EXPECT_EQ(forced[j].sent, commits[j].sent);
     EXPECT_EQ(forced[j].state_after, ForcedLeaf(secret, unit, j + 1));
-    if (j > 0) EXPECT_EQ(forced[j].state_before, forced[j - 1].state_after);
+    if (j > 0) {
+      EXPECT_EQ(forced[j].state_before, forced[j - 1].state_after);
+    }
   }
   auto refused = [&](auto edit, const std::string& message) {
     std::vector<StageStepCommit> x = forced;
