@@ -180,7 +180,7 @@ uint32_t UnitIndex(const TaskRecord& t, const protocol::UnitId& u);
 // CommitUnit (and CommitStage: `what` names the transaction in errors) on a chain with
 // verification: binds the solver's next secret to the unit, opens the unit's check
 // (WorkUnit::check) and holds the round's finality until it settles. A stage unit's check runs
-// over its WorkUnit::leaves (protocol::StageCheckLeaves): one segment per step, no forced errors.
+// over its WorkUnit::leaves (protocol::StageCheckLeaves): one segment per step.
 Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
                      const PublicKey& solver, uint64_t secret_index,
                      protocol::RoundStateMachine& m, std::string_view what = "commit unit");

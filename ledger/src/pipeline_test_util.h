@@ -214,22 +214,25 @@ class PipelineVerificationTest : public FollowedChainFixture {
   Sealed Clean(uint32_t stage) {
     return Sealed{protocol::Verdict::kVerdictClean, Blake2b("salt " + std::to_string(stage)), {}};
   }
-  Transaction SealTx(uint32_t stage, const Sealed& v) {
+  // `by`: the verifier node that seals (default verifier_).
+  Transaction SealTx(uint32_t stage, const Sealed& v, const KeyPair* by = nullptr) {
+    const PublicKey verifier = (by == nullptr ? verifier_ : *by).public_key();
     const Hash256 evidence = v.verdict == protocol::Verdict::kVerdictMismatch
                                  ? protocol::MismatchEvidence(v.claim.segment, v.claim.replayed_end)
                                  : Hash256{};
-    return Q(alice_, CommitVerdictTx{.task_id = task_id_,
-                                     .index = stage,
-                                     .node_id = verifier_.public_key(),
-                                     .commitment = protocol::VerdictCommitment(
-                                         v.verdict, v.salt, verifier_.public_key(),
-                                         Check(stage).config().unit, evidence)});
+    return Q(alice_, CommitVerdictTx{
+                         .task_id = task_id_,
+                         .index = stage,
+                         .node_id = verifier,
+                         .commitment = protocol::VerdictCommitment(
+                             v.verdict, v.salt, verifier, Check(stage).config().unit, evidence)});
   }
-  // The verifier's reveal of `v` (a mismatch's with `bundle`).
-  Transaction RevealTx(uint32_t stage, const Sealed& v, const std::string& bundle = "") {
+  // The verifier's reveal of `v` (a mismatch's with `bundle`; `by` as SealTx's).
+  Transaction RevealTx(uint32_t stage, const Sealed& v, const std::string& bundle = "",
+                       const KeyPair* by = nullptr) {
     return Q(alice_, RevealVerdictTx{.task_id = task_id_,
                                      .index = stage,
-                                     .node_id = verifier_.public_key(),
+                                     .node_id = (by == nullptr ? verifier_ : *by).public_key(),
                                      .verdict = static_cast<uint8_t>(v.verdict),
                                      .salt = v.salt,
                                      .claim = v.claim,

@@ -209,6 +209,9 @@ struct Rerun {
   // Pipeline tasks: each stage unit proven fraudulent (by index) with the steps of it that came
   // before the proven false one (its replica's stages did those honestly).
   std::vector<std::pair<uint32_t, uint64_t>> stage_faults;
+  // Pipeline tasks: each stage unit (by index) settled as a forced error. Its replica re-runs
+  // whole, and its other stages are paid their whole cost (PayHonestStageWork).
+  std::vector<uint32_t> forced_stages;
 };
 
 // Applies one event's effects for unit `index`, noting in *rerun what must run again.
@@ -282,8 +285,20 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
   if (fx.rerun_unit) {
     if (u->round < rerun->round) rerun->shards.clear();  // an earlier round re-runs whole
     rerun->round = std::min(rerun->round, u->round);
+    const bool forced_stage = IsPipelineTask(t->params) &&
+                              c.result() == protocol::CheckResult::kCheckForcedError;
+    if (forced_stage) rerun->forced_stages.push_back(index);
     if (c.result() == protocol::CheckResult::kCheckFraud) {
       rerun->whole_round = true;
+    } else if (forced_stage && u->round == rerun->round) {
+      // A forced stage's real leaves were never checked, so its delta is not usable, and a stage
+      // cannot train again alone (RerunPartialReplicas): its whole replica re-runs, now, so that
+      // its other stages are paid once (PayHonestStageWork) and reset together.
+      const StageSlot slot = StageSlotOf(t->params, index);
+      for (uint32_t stage = 0; stage < t->params.stages; ++stage) {
+        rerun->shards.push_back(StageUnitIndex(t->params, {slot.round, slot.replica, stage}) -
+                                slot.round * t->params.units_per_round);
+      }
     } else if (u->round == rerun->round) {
       rerun->shards.push_back(u->shard);
     }
@@ -335,31 +350,45 @@ uint32_t FirstTaintedRound(const LedgerState& s, const Hash256& task_id,
 // k, every stage's steps from k on used (or fed) that step's tensors, so each of its honest stages
 // gets k / H of its cost. The cheaters get nothing, and the redo is paid as any unit is. Rounds
 // trained on top of the fraud round's aggregate are built on false input: not paid.
+//
+// A replica of the re-run round with a stage settled as a forced error re-runs too (a round
+// without fraud re-runs only those replicas): nothing false was sent, so its other stages get
+// their whole cost; the drawn stage, as a forced unit, is paid for its re-run only.
 Status PayHonestStageWork(LedgerState& s, const ChainParams& p, const Hash256& task_id,
                           const Rerun& rerun) {
   const TaskRecord* t = s.tasks.Find(task_id);
-  if (!rerun.whole_round || rerun.stage_faults.empty() || !IsPipelineTask(t->params)) {
+  const bool fraud = rerun.whole_round && !rerun.stage_faults.empty();
+  if (!IsPipelineTask(t->params) || (!fraud && rerun.forced_stages.empty())) {
     return Status::Ok();
   }
   const TaskParams& params = t->params;
-  // The earliest false step of each faulty replica of the round that re-runs.
+  // The steps paid to each replica of the round that re-runs: the earliest false step of a
+  // faulty one, all of a forced one's.
   std::map<uint32_t, uint64_t> honest_steps;
-  for (const auto& [index, steps] : rerun.stage_faults) {
+  for (const auto& [index, steps] : fraud ? rerun.stage_faults
+                                          : std::vector<std::pair<uint32_t, uint64_t>>{}) {
     const StageSlot slot = StageSlotOf(params, index);
     if (slot.round != rerun.round) continue;
     auto [it, fresh] = honest_steps.emplace(slot.replica, steps);
     if (!fresh) it->second = std::min(it->second, steps);
+  }
+  for (uint32_t index : rerun.forced_stages) {
+    const StageSlot slot = StageSlotOf(params, index);
+    if (slot.round == rerun.round) honest_steps.emplace(slot.replica, params.inner_steps);
   }
   for (uint32_t shard = 0; shard < params.units_per_round; ++shard) {
     const uint32_t index = rerun.round * params.units_per_round + shard;
     const WorkUnit* w = s.units.Find({task_id, index});
     if (w == nullptr || w->status != WorkUnitStatus::kCommitted ||
         std::find(rerun.cheaters.begin(), rerun.cheaters.end(), w->assignee) !=
-            rerun.cheaters.end()) {
+            rerun.cheaters.end() ||
+        std::find(rerun.forced_stages.begin(), rerun.forced_stages.end(), index) !=
+            rerun.forced_stages.end()) {
       continue;
     }
     const StageSlot slot = StageSlotOf(params, index);
     const auto fault = honest_steps.find(slot.replica);
+    if (fault == honest_steps.end() && !fraud) continue;  // a replica that keeps its work
     const uint64_t steps = fault == honest_steps.end() ? params.inner_steps : fault->second;
     const Amount cost = AssignedUnitCost(*t, *w);
     const uint64_t h = std::max<uint64_t>(params.inner_steps, 1);  // cost x steps / h, steps <= h
@@ -494,11 +523,10 @@ Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
   cfg.forced_error_per_million = p.forced_error_per_million;
   if (IsPipelineTask(t->params)) {
     // A stage unit: segment t is step t, its end step t's leaf (protocol::StageCheckLeaves).
-    // A stage commits no state chain a forced error could replace, so it is never drawn for one
-    // (docs/verification.md, "Pipeline stages": forced errors for stages are not built).
+    // It is drawn for forced errors at the chain's rate, as a unit is; the ledger checks a drawn
+    // stage's forced form from the step commits its RevealSecret carries (ForcedStageForm).
     cfg.commitment = MerkleRoot(u->leaves);
     cfg.checkpoint_interval = 1;
-    cfg.forced_error_per_million = 0;
   }
   // Whole steps until a mismatch brings the task bundle: then UnitCheck::SetTilePhase sets the
   // step's plan (docs/verification.md, "Tiles").
@@ -764,6 +792,54 @@ Status ExecuteRevealVerdict(ExecContext& ctx, const RevealVerdictTx& tx) {
   return Status::Ok();
 }
 
+// A stage unit's RevealSecret (docs/verification.md, "Forced errors for stage units"): whether
+// the H step commits it carries have the forced form, given whether its secret draws the unit
+// (`drawn`). The reveal is refused, naming the fix, when the field does not show what the stage
+// committed: commits sent for a unit not drawn, none or another number than H for a drawn one,
+// bytes that do not decode, a commit whose StageStepLeaf is not the step's committed leaf. Commits
+// that are the committed ones but not in the forced form (protocol::CheckForcedStageForm: not
+// naming the unit and step, or other states) are what the stage committed while drawn: false,
+// and the check settles as a forced unit's that did not commit ForcedCommitment (fraud).
+Result<bool> ForcedStageForm(const TaskRecord& t, const WorkUnit& u, const UnitCheck& c,
+                             const RevealSecretTx& tx, bool drawn) {
+  const std::string unit = "unit " + std::to_string(tx.index) + " of task " + t.id.ShortHex();
+  if (!drawn) {
+    if (tx.forced_commits.bytes.empty()) return false;
+    return InvalidArgument("reveal secret: " + unit +
+                           " is not drawn for a forced error by this secret; forced_commits "
+                           "must be empty");
+  }
+  const uint32_t h = t.params.inner_steps;
+  if (tx.forced_commits.bytes.empty()) {
+    return InvalidArgument("reveal secret: " + unit +
+                           " is a stage drawn for a forced error by this secret; forced_commits "
+                           "must carry its " + std::to_string(h) +
+                           " step commits (protocol::EncodeStageStepCommits)");
+  }
+  Result<std::vector<protocol::StageStepCommit>> commits =
+      protocol::DecodeStageStepCommits(tx.forced_commits.bytes, h);
+  if (!commits.ok()) return commits.status().WithPrefix("reveal secret: forced_commits");
+  if (commits->size() != h || u.leaves.size() != size_t{h} + 1) {
+    return InvalidArgument("reveal secret: forced_commits holds " +
+                           std::to_string(commits->size()) + " step commits; " + unit +
+                           " has " + std::to_string(h) + " steps");
+  }
+  for (uint32_t j = 0; j < h; ++j) {
+    if (protocol::StageStepLeaf((*commits)[j]) != u.leaves[j + 1]) {
+      return InvalidArgument("reveal secret: forced_commits: the commit of step " +
+                             std::to_string(j) + " is not the step's committed leaf " +
+                             u.leaves[j + 1].ShortHex() + " (send the commits the stage "
+                             "committed, in step order)");
+    }
+  }
+  Status form = protocol::CheckForcedStageForm(tx.secret, c.config().unit, *commits);
+  if (!form.ok()) {
+    ML_LOG_INFO("ledger: task {} unit {}: drawn for a forced error, and committed another form: {}",
+                t.id.ShortHex(), tx.index, form.message());
+  }
+  return form.ok();
+}
+
 Status ExecuteRevealSecret(ExecContext& ctx, const RevealSecretTx& tx) {
   constexpr std::string_view kWhat = "reveal secret";
   ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
@@ -773,7 +849,19 @@ Status ExecuteRevealSecret(ExecContext& ctx, const RevealSecretTx& tx) {
     return PermissionDenied("reveal secret: node " + tx.node_id.ShortHex() +
                             " is not the solver of unit " + std::to_string(tx.index));
   }
-  ML_RETURN_IF_ERROR(c.OnSecretRevealed(tx.secret, tx.start_leaf, ctx.height));
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  if (IsPipelineTask(t->params)) {
+    ML_RETURN_IF_ERROR(c.OnStageSecretRevealed(
+        tx.secret, [&](bool drawn) { return ForcedStageForm(*t, *u, c, tx, drawn); },
+        ctx.height));
+  } else {
+    if (!tx.forced_commits.bytes.empty()) {
+      return InvalidArgument("reveal secret: forced_commits is for a pipeline stage unit drawn "
+                             "for a forced error; unit " + std::to_string(tx.index) +
+                             " of task " + tx.task_id.ShortHex() + " is a unit: leave it empty");
+    }
+    ML_RETURN_IF_ERROR(c.OnSecretRevealed(tx.secret, tx.start_leaf, ctx.height));
+  }
   const uint64_t secret_index = u->secret_index;
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
   // The deepest known element of the chain moves down: later units' secrets are checked

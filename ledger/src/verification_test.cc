@@ -735,7 +735,21 @@ TEST_F(VerificationTest, HonestWorkIsCheckedCleanAndEveryonePaid) {
   Sealed a = Clean(), b = Clean();
   StepOk({SealTx(v1_, u1, a), SealTx(v1_, u2, b)});
   StepUntil(u1, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
+  // forced_commits is only for a pipeline stage unit its secret draws: a unit's reveal carrying
+  // it is refused (in the reveals' block: the window is short).
+  const RevealSecretTx with_commits{.task_id = task_id_, .index = static_cast<uint32_t>(u1),
+                                    .node_id = s1_.public_key(),
+                                    .secret = Secret(s1_, Unit(u1).secret_index),
+                                    .start_leaf = TrueState(u1, 0),
+                                    .forced_commits = {.bytes = {1, 2, 3}}};
+  std::vector<Receipt> refused = Step({N(s1_, with_commits), RevealTx(v1_, u1, a),
+                                       RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
+  ASSERT_EQ(refused.size(), 5u);
+  EXPECT_FALSE(refused[0].ok);
+  EXPECT_NE(refused[0].reason.find("reveal secret: forced_commits is for a pipeline stage unit "
+                                   "drawn for a forced error; unit " + std::to_string(u1)),
+            std::string::npos) << refused[0].reason;
+  for (size_t i = 1; i < refused.size(); ++i) EXPECT_TRUE(refused[i].ok) << refused[i].reason;
   EXPECT_EQ(Node(s1_).secret_anchor, Secret(s1_, 1));  // the anchor moved down the chain
   StepUntilDone(u1);
   for (int u : {u1, u2}) EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << Check(u).reason();

@@ -962,12 +962,14 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 // to seed 80 when rounds in flight and the task record's proven frauds moved them again; to seed
 // 41, then to seed 20 when the task terms gained pipeline stages (every state hash, so every beacon,
 // moved); to seed 3 when they gained the stages' boundary bytes (the 50-seed sweep: seed 3 reads
-// leaver_aggregated=1).
-TEST(ChaosTest, Seed3ANodeThatLeftStillServesTheAggregateItCommitted) {
-  ChaosResult r = RunChaos(3);
+// leaver_aggregated=1); to seed 80 when RevealSecret gained forced_commits (a forced stage's
+// commits, 2026-12-05: every RevealSecret's bytes, so every later beacon, moved; of seeds 1..300
+// seeds 80, 110, 206 and 226 read leaver_aggregated=1).
+TEST(ChaosTest, Seed80ANodeThatLeftStillServesTheAggregateItCommitted) {
+  ChaosResult r = RunChaos(80);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_TRUE(r.scenario.leaver_aggregated)
-      << "seed 3 no longer has a leaver that committed an aggregate, so this test checks "
+      << "seed 80 no longer has a leaver that committed an aggregate, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_aggregated=1 (docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
@@ -1058,7 +1060,7 @@ TEST(ChaosTest, Seed236ANodeThatLeftStillRevealsAndDefends) {
   if (r.outcome == "failed") Report(r);
 }
 
-// Seed 9, then 55, 75, 23, 103, 220, 29, 36, now 4 (docs/chaos.md "Found"): unit 4 of a new solver was selected for verification, its only
+// Seed 9, then 55, 75, 23, 103, 220, 29, 36, 4, now 111 (docs/chaos.md "Found"): unit 4 of a new solver was selected for verification, its only
 // verifier's CommitVerdict came after the commit window closed, and the check settled "unchecked
 // (no verifier revealed a verdict)": the unit was paid and entered the model although nobody
 // replayed it. A cheater whose verifiers stay silent is paid the same way. Fixed: such a unit
@@ -1073,11 +1075,12 @@ TEST(ChaosTest, Seed236ANodeThatLeftStillRevealsAndDefends) {
 // again. Then to 36 when the task terms gained the engine's memory need, params.memory_bytes:
 // every beacon moved, seed 29 settles none; seeds 36, 150, 282 and 320 of 1..385 do. Then to 4
 // when they gained the stages' boundary bytes, params.stage_boundary_bytes: seed 36 settles none;
-// seed 4 of 1..50 does.)
-TEST(ChaosTest, Seed4ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
-  ChaosResult r = RunChaos(4, /*strict_unchecked=*/true);
+// seed 4 of 1..50 does. Then to 111 when RevealSecret gained forced_commits, 2026-12-05: every
+// beacon moved, seed 4 settles none; seeds 111, 137, 150, 239, 279 and 283 of 1..300 do.)
+TEST(ChaosTest, Seed111ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
+  ChaosResult r = RunChaos(111, /*strict_unchecked=*/true);
   EXPECT_GE(r.scenario.abandoned, 1u)
-      << "seed 4 no longer settles a check abandoned: re-pin the test to a seed that does "
+      << "seed 111 no longer settles a check abandoned: re-pin the test to a seed that does "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }

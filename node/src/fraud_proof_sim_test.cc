@@ -185,7 +185,10 @@ TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
 // audit's later proofs find their units re-running (nothing left to prove). The network runs
 // the rounds again without the jailed poisoner and the task finishes with the honest
 // reference's weights, bit for bit: the final model holds none of its work, and it keeps no
-// pay for it. Over seeds whose poisoner escapes every check while the task runs (above): 1, 4,
+// pay for it. Over seeds whose poisoner escapes every check while the task runs (above): 1, 2, 4
+// and 12 since RevealSecret gained forced_commits (2026-12-05: every RevealSecret's bytes, so
+// every later beacon, moved; of seeds 1..22, 1, 2, 4, 6, 8, 9, 12-15, 18, 20 and 21 play this
+// scenario, 16 no longer does); 1, 4,
 // 12 and 16 since the task terms gained the stages' boundary bytes (params.stage_boundary_bytes:
 // every beacon moved; 10 now catches its poisoner, and 2, 14, 17, 18 and 20 do not play the
 // scenario); were 1, 4, 10 and 16 since they gained the engine's memory need (params.memory_bytes:
@@ -266,7 +269,7 @@ TEST_P(ReopenSimTest, AProofWithinTheAuditWindowReopensTheTaskAndTheRedoIsTheRef
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(1, 4, 12, 16));
+INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(1, 2, 4, 12));
 
 }  // namespace
 }  // namespace meshlearn::node

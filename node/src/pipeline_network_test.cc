@@ -962,5 +962,106 @@ INSTANTIATE_TEST_SUITE_P(
                       true, true}),
     [](const ::testing::TestParamInfo<CheatingStage>& p) { return std::string(p.param.name); });
 
+// Forced errors for stage units (docs/verification.md, "Forced errors for stage units"): every
+// stage unit is drawn (the rate is one in one). Six stage nodes, and two verifier nodes outside
+// every replica, so both check every stage unit: one honest, one a rubber stamp (approves without
+// replaying). Each drawn stage trains and sends honestly, commits and serves its steps with the
+// forced states beside its real checkpoints, and reveals them with its secret; the honest verifier
+// finds it (its replay of step 0 ends elsewhere, a later step's checkpoint does not hash to its
+// forced start), the rubber stamp approves it and is slashed, the forced stage settles as a forced
+// error (no dispute, no fraud, nothing abandoned) and its replica runs again. No stage node and
+// not the honest verifier is slashed. (Every re-run is drawn again, so the task never ends: the
+// test ends once the rubber stamp is slashed.)
+TEST(PipelineNetworkTest, ADrawnStageIsCaughtByAnHonestVerifierAndARubberStampIsSlashed) {
+  testing::SimOptions opt = VerifyingPipelineSimOptions(23, "pipeline-network-forced");
+  constexpr int kHonest = 6, kStamp = 7;
+  opt.nodes = 8;
+  opt.node_options.resize(8);
+  for (int i = 0; i < 6; ++i) {
+    opt.node_options[i].roles = ledger::kRoleSolver | ledger::kRoleAggregator;
+  }
+  opt.node_options[kHonest].roles = ledger::kRoleVerifier;
+  opt.node_options[kStamp].roles = ledger::kRoleVerifier;
+  opt.tweak_genesis = [verifying = opt.tweak_genesis](ledger::Genesis& g) {
+    verifying(g);
+    g.params.forced_error_per_million = 1'000'000;
+    g.params.verifiers_per_unit = 2;
+  };
+  opt.agent_options = [](int node, AgentOptions& a) {
+    if (node == kStamp) a.adversary = Adversary::kRubberStamp;
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  auto slashes = [&](int i) {
+    return NodeRecordOf(sim, i)["reputation"].value("slashes", uint64_t{0});
+  };
+  for (int b = 0; b < 20'000 && slashes(kStamp) == 0; ++b) {
+    Status stepped = sim.Step();
+    ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(slashes(kStamp), 0u) << "the rubber stamp approved no forced stage";
+  const json verification = sim.Task(false)["verification"];
+  EXPECT_GE(verification.value("forced_error", uint64_t{0}), 1u) << verification.dump();
+  EXPECT_EQ(verification.value("fraud", uint64_t{1}), 0u) << verification.dump();
+  EXPECT_EQ(verification.value("abandoned", uint64_t{1}), 0u) << verification.dump();
+  EXPECT_EQ(verification.value("disputes", uint64_t{1}), 0u) << verification.dump();
+  uint64_t forced = 0;
+  for (int i = 0; i < 6; ++i) forced += sim.agent(i)->stats().forced_errors;
+  EXPECT_GE(forced, 1u);
+  EXPECT_GE(sim.agent(kHonest)->stats().mismatches, 1u);
+  EXPECT_EQ(sim.agent(kStamp)->stats().replays, 0u) << "it never replayed anything";
+  for (int i = 0; i < kStamp; ++i) {
+    EXPECT_EQ(slashes(i), 0u) << "honest node " << i << ": " << NodeRecordOf(sim, i).dump();
+  }
+  // The honest verifier shares the jackpot the rubber stamp's stake fed.
+  EXPECT_GE(NodeRecordOf(sim, kHonest)["earnings"].value("jackpot_wins", uint64_t{0}), 1u);
+}
+
+// Forced errors now and then on a pipeline task: one stage unit in five is drawn; each drawn
+// stage is caught by the honest verifiers, its replica runs again, nobody is slashed, and the task
+// ends with `meshlearn diloco`'s weights, bit for bit. Which stages are drawn depends on the
+// blocks, so a seed may draw none (each of the task's four replica runs draws none with
+// probability 0.8^3): the first seed that draws one counts. Returns the forced errors settled.
+uint64_t RunPipelineWithForcedErrors(const PipelineOracle& o, uint64_t seed) {
+  testing::SimOptions opt =
+      VerifyingPipelineSimOptions(seed, "pipeline-network-forced-" + std::to_string(seed));
+  opt.tweak_genesis = [verifying = opt.tweak_genesis](ledger::Genesis& g) {
+    verifying(g);
+    g.params.forced_error_per_million = 200'000;
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  EXPECT_TRUE(setup.ok()) << setup.ToString();
+  if (!setup.ok() || !RunToTheEnd(sim, 40'000)) {
+    ADD_FAILURE() << "seed " << seed << ": the task did not finish";
+    return 0;
+  }
+  const json verification = sim.Task(false)["verification"];
+  EXPECT_EQ(verification.value("fraud", uint64_t{1}), 0u) << verification.dump();
+  EXPECT_EQ(verification.value("abandoned", uint64_t{1}), 0u) << verification.dump();
+  for (int i = 0; i < opt.nodes; ++i) {
+    EXPECT_EQ(NodeRecordOf(sim, i)["reputation"].value("slashes", uint64_t{1}), 0u)
+        << "honest node " << i;
+  }
+  Result<GlobalState> final_state = sim.FinalState();
+  EXPECT_TRUE(final_state.ok()) << final_state.status().ToString();
+  if (final_state.ok()) {
+    EXPECT_EQ(HashFloats(final_state->weights), o.want.final_hash);
+  }
+  return verification.value("forced_error", uint64_t{0});
+}
+
+TEST(PipelineNetworkTest, ForcedStagesAreCaughtAndRerunAndTheTaskIsBitEqualToMeshlearnDiloco) {
+  PipelineOracle o;
+  ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
+  uint64_t forced = 0;
+  for (uint64_t seed = 31; seed < 35 && forced == 0 && !HasFailure(); ++seed) {
+    forced = RunPipelineWithForcedErrors(o, seed);
+  }
+  EXPECT_GT(forced, 0u) << "no seed drew a forced stage";
+}
+
 }  // namespace
 }  // namespace meshlearn::node

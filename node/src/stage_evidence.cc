@@ -199,6 +199,18 @@ Status StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, B
   return Status::Ok();
 }
 
+Status StageEvidence::ServeCommit(const StageStepCommit& commit) {
+  const StageStepRef ref = StageStepRefOf(commit);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = steps_.find(ref);
+  if (it == steps_.end() || !it->second.published) {
+    return FailedPrecondition("stage evidence of " + ref.ToString() +
+                              ": the step is not published; nothing to serve the commit beside");
+  }
+  it->second.commit = protocol::EncodeStageStepCommit(commit);
+  return Status::Ok();
+}
+
 void StageEvidence::Withdraw(const StageStepRef& ref) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = steps_.find(ref);

@@ -7,6 +7,7 @@
 #include "meshlearn/base/check.h"
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/base/merkle.h"
+#include "meshlearn/protocol/verification.h"
 
 namespace meshlearn::protocol {
 namespace {
@@ -394,6 +395,62 @@ Status VerifyStageStepSignatures(const StageStepCommit& c, const std::vector<Nod
     }
   }
   return Status::Ok();
+}
+
+void ForceStageStepStates(const Hash256& secret, const UnitId& unit,
+                          std::vector<StageStepCommit>& commits) {
+  for (size_t j = 0; j < commits.size(); ++j) {
+    if (j > 0) commits[j].state_before = ForcedLeaf(secret, unit, j);
+    commits[j].state_after = ForcedLeaf(secret, unit, j + 1);
+  }
+}
+
+Status CheckForcedStageForm(const Hash256& secret, const UnitId& unit,
+                            const std::vector<StageStepCommit>& commits) {
+  for (size_t j = 0; j < commits.size(); ++j) {
+    const StageStepCommit& c = commits[j];
+    const std::string at = "forced stage commit of step " + std::to_string(j) + ": ";
+    if (c.task != unit.task || c.round != unit.round ||
+        uint64_t{c.replica} * c.stages + c.stage != unit.shard || c.step != j) {
+      return InvalidArgument(at + "names " + StageCommitName(c) + ", not unit " + unit.ToString() +
+                             " step " + std::to_string(j));
+    }
+    if (j > 0 && c.state_before != ForcedLeaf(secret, unit, j)) {
+      return InvalidArgument(at + "state_before " + c.state_before.ShortHex() +
+                             " is not the forced state ForcedLeaf(secret, unit, " +
+                             std::to_string(j) + ")");
+    }
+    if (c.state_after != ForcedLeaf(secret, unit, j + 1)) {
+      return InvalidArgument(at + "state_after " + c.state_after.ShortHex() +
+                             " is not the forced state ForcedLeaf(secret, unit, " +
+                             std::to_string(j + 1) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+Bytes EncodeStageStepCommits(const std::vector<StageStepCommit>& commits) {
+  Encoder e;
+  e.PutU32(static_cast<uint32_t>(commits.size()));
+  for (const StageStepCommit& c : commits) e.PutBytes(EncodeStageStepCommit(c));
+  return e.Take();
+}
+
+Result<std::vector<StageStepCommit>> DecodeStageStepCommits(ByteSpan wire, uint32_t max_count) {
+  Decoder d(wire, "stage step commits");
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "commits", max_count, 4));
+  std::vector<StageStepCommit> commits;
+  commits.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    Bytes one;
+    ML_RETURN_IF_ERROR(d.GetBytes(&one, "commit " + std::to_string(i)));
+    Result<StageStepCommit> c = DecodeStageStepCommit(one);
+    if (!c.ok()) return c.status().WithPrefix("stage step commits: commit " + std::to_string(i));
+    commits.push_back(std::move(*c));
+  }
+  ML_RETURN_IF_ERROR(d.Finish());
+  return commits;
 }
 
 }  // namespace meshlearn::protocol

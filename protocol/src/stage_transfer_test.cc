@@ -234,6 +234,74 @@ TEST(StageStepCommitTest, RoundTripsAndItsLeafBindsEveryRecord) {
   EXPECT_FALSE(VerifyStageStepSignatures(c, {nodes[0], nodes[1]}).ok());
 }
 
+// A drawn stage's forced form (docs/verification.md, "Forced errors for stage units"): the
+// records stay, step 0 starts at the true start, every later state is the unit's ForcedLeaf, so
+// the chain of states runs on from step to step; every departure is named, and the H commits
+// round-trip as RevealSecret carries them.
+TEST(StageStepCommitTest, ADrawnStagesForcedFormKeepsItsRecordsAndForcesItsStates) {
+  const std::vector<KeyPair> chain = {StageKey(1), StageKey(2), StageKey(3)};
+  const StageStepCommit real = MiddleStageCommit(chain);
+  const Hash256 secret = Blake2b("secret");
+  // Replica 1, stage 1 of 3 in round 2: shard 4.
+  const UnitId unit{real.task, real.round, 1 * 3 + 1};
+  std::vector<StageStepCommit> commits;
+  for (uint64_t j = 0; j < 3; ++j) {
+    StageStepCommit c = real;
+    c.step = j;
+    for (std::vector<StageTransfer>* list : {&c.received, &c.sent}) {
+      for (StageTransfer& t : *list) t.key.step = j;
+    }
+    c.state_before = Blake2b("state " + std::to_string(j));
+    c.state_after = Blake2b("state " + std::to_string(j + 1));
+    commits.push_back(c);
+  }
+  EXPECT_FALSE(CheckForcedStageForm(secret, unit, commits).ok()) << "the real states";
+  std::vector<StageStepCommit> forced = commits;
+  ForceStageStepStates(secret, unit, forced);
+  ASSERT_TRUE(CheckForcedStageForm(secret, unit, forced).ok())
+      << CheckForcedStageForm(secret, unit, forced).ToString();
+  EXPECT_EQ(forced[0].state_before, commits[0].state_before);
+  for (size_t j = 0; j < forced.size(); ++j) {
+    EXPECT_EQ(forced[j].received, commits[j].received);
+    EXPECT_EQ(forced[j].sent, commits[j].sent);
+    EXPECT_EQ(forced[j].state_after, ForcedLeaf(secret, unit, j + 1));
+    if (j > 0) {
+      EXPECT_EQ(forced[j].state_before, forced[j - 1].state_after);
+    }
+  }
+  auto refused = [&](auto edit, const std::string& message) {
+    std::vector<StageStepCommit> x = forced;
+    edit(x);
+    Status st = CheckForcedStageForm(secret, unit, x);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << message;
+    EXPECT_TRUE(Has(st, message)) << st.ToString();
+  };
+  refused([](auto& x) { x[1].state_before = Blake2b("x"); },
+          "forced stage commit of step 1: state_before");
+  refused([](auto& x) { x[2].state_after = Blake2b("x"); },
+          "forced stage commit of step 2: state_after");
+  refused([](auto& x) { std::swap(x[0], x[1]); },
+          "forced stage commit of step 0: names replica "
+          "1, stage 1, step 1, not unit");
+  refused([](auto& x) { x[0].replica = 0; }, "forced stage commit of step 0: names");
+  refused([](auto& x) { x[0].task = Blake2b("other"); }, "forced stage commit of step 0: names");
+  // Another secret or another unit forces other states.
+  EXPECT_FALSE(CheckForcedStageForm(Blake2b("other"), unit, forced).ok());
+
+  Result<std::vector<StageStepCommit>> back =
+      DecodeStageStepCommits(EncodeStageStepCommits(forced), 3);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, forced);
+  EXPECT_TRUE(DecodeStageStepCommits(EncodeStageStepCommits({}), 3)->empty());
+  EXPECT_FALSE(DecodeStageStepCommits(EncodeStageStepCommits(forced), 2).ok()) << "over the max";
+  Bytes wire = EncodeStageStepCommits(forced);
+  wire.push_back(0);
+  EXPECT_FALSE(DecodeStageStepCommits(wire, 3).ok()) << "trailing bytes";
+  wire.resize(wire.size() - 10);
+  Status st = DecodeStageStepCommits(wire, 3).status();
+  EXPECT_TRUE(Has(st, "stage step commits")) << st.ToString();
+}
+
 TEST(StageStepCommitTest, StructureIsValidated) {
   const std::vector<KeyPair> chain = {StageKey(1), StageKey(2), StageKey(3)};
   const StageStepCommit c = MiddleStageCommit(chain);

@@ -251,8 +251,7 @@ Status UnitCheck::OnVerdictRevealed(const NodeId& verifier, Verdict verdict, con
   return Status::Ok();
 }
 
-Status UnitCheck::OnSecretRevealed(const Hash256& secret, const Hash256& start_leaf,
-                                   uint64_t height) {
+Status UnitCheck::CheckSecretReveal(const Hash256& secret, uint64_t height) const {
   const bool late = stage_ == CheckStage::kCheckDisputed && !whistleblower_;
   if (stage_ != CheckStage::kCheckRevealVerdicts && !late) {
     return FailedPrecondition("secret reveal for " + config_.unit.ToString() +
@@ -264,13 +263,34 @@ Status UnitCheck::OnSecretRevealed(const Hash256& secret, const Hash256& start_l
     return DeadlineExceeded("secret reveal: the reveal window closed");
   }
   if (secret_) return AlreadyExists("secret reveal: already revealed");
-  ML_RETURN_IF_ERROR(CheckSecretInChain(secret, config_.secret_anchor, config_.secret_distance));
+  return CheckSecretInChain(secret, config_.secret_anchor, config_.secret_distance);
+}
+
+bool UnitCheck::DrawsForcedError(const Hash256& secret) const {
+  return IsForcedError(secret, config_.assignment_beacon, config_.unit,
+                       static_cast<uint32_t>(config_.forced_error_per_million));
+}
+
+Status UnitCheck::OnSecretRevealed(const Hash256& secret, const Hash256& start_leaf,
+                                   uint64_t height) {
+  ML_RETURN_IF_ERROR(CheckSecretReveal(secret, height));
   secret_ = secret;
-  forced_ = IsForcedError(secret, config_.assignment_beacon, config_.unit,
-                          static_cast<uint32_t>(config_.forced_error_per_million));
+  forced_ = DrawsForcedError(secret);
   const uint64_t leaves = SegmentCount(config_.inner_steps, config_.checkpoint_interval) + 1ull;
   forced_form_ok_ =
       forced_ && ForcedCommitment(secret, config_.unit, start_leaf, leaves) == config_.commitment;
+  return Status::Ok();
+}
+
+Status UnitCheck::OnStageSecretRevealed(
+    const Hash256& secret, const std::function<Result<bool>(bool drawn)>& forced_form,
+    uint64_t height) {
+  ML_RETURN_IF_ERROR(CheckSecretReveal(secret, height));
+  const bool drawn = DrawsForcedError(secret);
+  ML_ASSIGN_OR_RETURN(const bool form_ok, forced_form(drawn));
+  secret_ = secret;
+  forced_ = drawn;
+  forced_form_ok_ = drawn && form_ok;
   return Status::Ok();
 }
 

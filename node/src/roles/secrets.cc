@@ -69,4 +69,9 @@ void SolverSecrets::Check(const NodeInfo& record) {
 
 Hash256 SolverSecrets::Element(uint64_t index) const { return chain_->Element(index); }
 
+std::string ForcedStageCommitsPath(const NodeContext& node, const Hash256& task, uint32_t index,
+                                   uint64_t secret_index) {
+  return JoinPath(node.UnitDir(task, index), "forced-" + std::to_string(secret_index) + ".commits");
+}
+
 }  // namespace meshlearn::node

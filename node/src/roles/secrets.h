@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "meshlearn/node/secret_chain.h"
 #include "node_context.h"
@@ -30,5 +31,12 @@ class SolverSecrets {
   NodeContext* node_;
   std::shared_ptr<const SecretChain> chain_;  // SecretChain::Shared
 };
+
+// Where the Stager keeps the forced step commits of a stage unit it committed with secret
+// `secret_index` drawn for a forced error (protocol::EncodeStageStepCommits), for the Solver's
+// RevealSecret of that secret (RevealSecretTx::forced_commits). By secret, so that a unit re-run
+// and not drawn again reveals none.
+std::string ForcedStageCommitsPath(const NodeContext& node, const Hash256& task, uint32_t index,
+                                   uint64_t secret_index);
 
 }  // namespace meshlearn::node

@@ -458,11 +458,30 @@ void Solver::RevealSecret(const CheckAssignment& c, bool late) {
              done.ok() && !done->leaves.empty()) {
     start_leaf = done->leaves.front();
   }
-  if (outbox_->Send(action, ledger::RevealSecretTx{.task_id = c.task_id,
-                                                   .index = c.index,
-                                                   .node_id = node_->id(),
-                                                   .secret = secrets_.Element(c.secret_index),
-                                                   .start_leaf = start_leaf})) {
+  ledger::RevealSecretTx tx{.task_id = c.task_id,
+                            .index = c.index,
+                            .node_id = node_->id(),
+                            .secret = secrets_.Element(c.secret_index),
+                            .start_leaf = start_leaf};
+  // A stage unit drawn for a forced error reveals the forced step commits it committed, which the
+  // ledger checks (the Stager kept them: docs/verification.md, "Forced errors for stage units").
+  // Only when drawn: the ledger refuses them with any other secret.
+  const std::string forced = ForcedStageCommitsPath(*node_, c.task_id, c.index, c.secret_index);
+  const bool drawn = protocol::IsForcedError(tx.secret, c.assignment_beacon,
+                                             protocol::UnitId{c.task_id, c.round, c.shard},
+                                             node_->chain_params().forced_error_per_million);
+  if (drawn && node_->env()->FileExists(forced)) {
+    Result<std::string> bytes = node_->env()->ReadFile(forced);
+    if (!bytes.ok()) {
+      if (!outbox_->Failed(action)) {
+        node_->Log(CheckName(c) + ": cannot reveal the secret: " + bytes.status().message());
+      }
+      outbox_->GiveUp(action);
+      return;
+    }
+    tx.forced_commits.bytes.assign(bytes->begin(), bytes->end());
+  }
+  if (outbox_->Send(action, std::move(tx))) {
     ++node_->stats().secrets_revealed;
   }
 }

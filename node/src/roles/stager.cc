@@ -8,6 +8,8 @@
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/protocol/task_model.h"
+#include "meshlearn/protocol/verification.h"
+#include "secrets.h"
 
 namespace meshlearn::node {
 
@@ -228,6 +230,7 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
     tx.secret_index =
         std::max(work.next_secret_index, confirmed_secret_index_ + 1) + commits_.size();
     tx.leaves = out.leaves;
+    ML_RETURN_IF_ERROR(ForceIfDrawn(a, out, tx));
   }
   const uint64_t secret_index = tx.secret_index;
   ML_ASSIGN_OR_RETURN(Hash256 txid, node_->tx().Send(std::move(tx)));
@@ -235,6 +238,49 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
   ++node_->stats().units_completed;
   node_->Log(Name(a) + ": committed delta " + delta_id.hash.ShortHex() + " (CommitStage)" +
              MemoryNote());
+  return Status::Ok();
+}
+
+Status Stager::ForceIfDrawn(const UnitAssignment& a, const StageUnitOutcome& out,
+                            ledger::CommitStageTx& tx) {
+  if (tx.secret_index > protocol::kSecretChainLength) {
+    return FailedPrecondition("this node used all " + std::to_string(protocol::kSecretChainLength) +
+                              " secrets of its chain; leave and rejoin to register a new one");
+  }
+  // The chain of the node's current epoch, read again each time (the Solver's may have started a
+  // new one since).
+  SolverSecrets secrets(node_);
+  ML_RETURN_IF_ERROR(secrets.Load());
+  const Hash256 secret = secrets.Element(tx.secret_index);
+  const protocol::UnitId uid{a.task_id, a.round, a.shard};
+  const std::string path = ForcedStageCommitsPath(*node_, a.task_id, a.index, tx.secret_index);
+  if (!protocol::IsForcedError(secret, a.assignment_beacon, uid,
+                               node_->chain_params().forced_error_per_million)) {
+    // What an earlier commit of the unit with this secret left (a CommitStage refused, then the
+    // unit placed again) is not this commit's.
+    if (node_->env()->FileExists(path)) (void)node_->env()->DeleteFile(path);
+    return Status::Ok();
+  }
+  if (out.commits.size() != out.leaves.size()) {
+    return Internal(Name(a) + ": " + std::to_string(out.commits.size()) + " step commits for " +
+                    std::to_string(out.leaves.size()) + " leaves");
+  }
+  // The tensors it sent stay honest (its neighbours' steps are signed over them): only the states
+  // its commits claim are forced.
+  std::vector<protocol::StageStepCommit> forced = out.commits;
+  protocol::ForceStageStepStates(secret, uid, forced);
+  ML_RETURN_IF_ERROR(node_->env()->CreateDirs(node_->UnitDir(a.task_id, a.index), 0700));
+  const Bytes encoded = protocol::EncodeStageStepCommits(forced);
+  ML_RETURN_IF_ERROR(node_->env()->WriteFileAtomic(path, AsStringView(encoded), 0600));
+  tx.leaves.clear();
+  for (const protocol::StageStepCommit& c : forced) {
+    ML_RETURN_IF_ERROR(evidence_.ServeCommit(c));
+    tx.leaves.push_back(protocol::StageStepLeaf(c));
+  }
+  tx.commitment = protocol::StageCommitment(tx.leaves);
+  ++node_->stats().forced_errors;
+  node_->Log(Name(a) + ": drawn for a forced error (secret " + std::to_string(tx.secret_index) +
+             "); committing and serving its steps with the forced states");
   return Status::Ok();
 }
 

@@ -98,6 +98,13 @@ class Stager {
   static Key KeyOf(const UnitAssignment& a);
   static std::string Name(const UnitAssignment& a);
   Status Commit(const Run& run, const NodeWork& work);
+  // On a verifying chain, before CommitStage: when the secret `tx` binds draws the unit for a
+  // forced error (docs/verification.md, "Forced errors for stage units"), rewrites `tx`'s leaves
+  // and commitment to the forced form of `out`'s commits (protocol::ForceStageStepStates),
+  // serves those commits in place of the real ones (its real checkpoints stay) and keeps them
+  // for the Solver's RevealSecret (ForcedStageCommitsPath). Nothing otherwise.
+  Status ForceIfDrawn(const UnitAssignment& a, const StageUnitOutcome& out,
+                      ledger::CommitStageTx& tx);
   // Remembers the links `plane` measured (MeasuredLinks of the run's chain) and, when it measured
   // any, reports every link remembered (ReportLinksTx replaces the node's earlier report): so a
   // peer measured in an earlier unit stays reported. One report in flight at a time; a run that

@@ -478,9 +478,21 @@ struct RevealVerdictTx {
   bool operator==(const RevealVerdictTx&) const = default;
 };
 
+// Bytes of at most kMaxWitnessBytes, hex in JSON: a RefereeStepTx's witness (EncodeStepWitness),
+// and the other witnesses and encoded lists that may be longer than kMaxTxBytes.
+struct WitnessField {
+  Bytes bytes;
+  bool operator==(const WitnessField&) const = default;
+};
+
 // The solver reveals the secret chain element of this unit (WorkUnit::secret_index) in the
 // reveal window; start_leaf: its committed state hash after step 0 (checked only when the secret
-// says the unit was a forced error).
+// says the unit was a forced error). forced_commits: empty, except for a pipeline stage unit the
+// secret draws for a forced error, which carries the stage's H step commits
+// (protocol::EncodeStageStepCommits), each in the forced form (protocol::ForceStageStepStates),
+// so that the ledger can check the form it cannot derive from chain data (docs/verification.md,
+// "Forced errors for stage units"). May be longer than kMaxTxBytes (kMaxLargeTxBytes): a step
+// commit holds the step's signed records, 240 bytes each.
 struct RevealSecretTx {
   static constexpr TxType kType = TxType::kRevealSecret;
   Hash256 task_id;
@@ -488,6 +500,7 @@ struct RevealSecretTx {
   PublicKey node_id;
   Hash256 secret;
   Hash256 start_leaf;
+  WitnessField forced_commits;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("task_id", s.task_id);
@@ -495,6 +508,7 @@ struct RevealSecretTx {
     v("node_id", s.node_id);
     v("secret", s.secret);
     v("start_leaf", s.start_leaf);
+    v("forced_commits", s.forced_commits);
   }
   bool operator==(const RevealSecretTx&) const = default;
 };
@@ -605,12 +619,6 @@ struct StepWitness {
 Bytes EncodeStepWitness(const StepWitness& w);
 // Refuses truncated or trailing bytes and sizes over kMaxWitnessBytes (InvalidArgument).
 Result<StepWitness> DecodeStepWitness(ByteSpan bytes);
-
-// The witness bytes of a RefereeStepTx (EncodeStepWitness; at most kMaxWitnessBytes; hex in JSON).
-struct WitnessField {
-  Bytes bytes;
-  bool operator==(const WitnessField&) const = default;
-};
 
 // The ledger rules a dispute in the referee stage whose task is one whole training step (exact
 // mode, a task with a data_root): `witness` (EncodeStepWitness) is checked against the chain (the
@@ -780,8 +788,8 @@ using TxPayload =
 
 TxType PayloadType(const TxPayload& p);
 // The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for the four that
-// carry a whole-state witness (RefereeStep, RefereeStageStep, ProveResult, ProveFraud),
-// kMaxTileTxBytes for
+// carry a whole-state witness (RefereeStep, RefereeStageStep, ProveResult, ProveFraud) and for
+// RevealSecret (a drawn stage's forced step commits), kMaxTileTxBytes for
 // RefereeTile.
 size_t MaxTxBytes(TxType t);
 

@@ -265,7 +265,7 @@ struct AgentStats {
   uint64_t blobs_unpinned = 0;     // pins released (their last reason ended)
   uint64_t unit_dirs_deleted = 0;  // unit checkpoint directories cleaned up
   // Verification.
-  uint64_t forced_errors = 0;       // units committed as forced errors
+  uint64_t forced_errors = 0;       // units and stage units committed as forced errors
   uint64_t secrets_revealed = 0;    // RevealSecret sent
   uint64_t replays = 0;             // segment checks run (verifier and whistleblower)
   uint64_t verdicts_committed = 0;  // CommitVerdict sent

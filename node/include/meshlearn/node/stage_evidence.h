@@ -99,6 +99,12 @@ class StageEvidence {
   // (StageTensorBytes; StagePlane::received()). FailedPrecondition when no checkpoint of the step
   // was saved since its last Publish.
   Status Publish(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received);
+  // Serves `commit` in place of the commit published for its step, keeping the step's checkpoint
+  // and received tensors: a stage drawn for a forced error serves its forced commits
+  // (protocol::ForceStageStepStates: the same records, forced states) beside its real
+  // checkpoints, which cannot hash to a forced state (docs/verification.md, "Forced errors for
+  // stage units"). FailedPrecondition when the step is not published.
+  Status ServeCommit(const protocol::StageStepCommit& commit);
   // Stops serving a step (its round is final) and deletes its file.
   void Withdraw(const StageStepRef& ref);
   // Stops serving every step of `task` in a round before `round` (rounds [0, round) are final;

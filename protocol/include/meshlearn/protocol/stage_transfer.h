@@ -223,4 +223,30 @@ Status ValidateStageStepCommit(const StageStepCommit& c);
 // naming its key.
 Status VerifyStageStepSignatures(const StageStepCommit& c, const std::vector<NodeId>& chain);
 
+// ---- Forced errors for stage units (docs/verification.md, "Forced errors for stage units").
+
+// A stage unit drawn for a forced error (IsForcedError with the secret its CommitStage binds)
+// trains and sends honestly: its neighbours' steps are signed over what it sent, so the forced
+// error must not touch a tensor. Only its state hashes are forced, in place: each step keeps its
+// signed records, step 0's state_before stays the true start, and every later state k (step
+// k-1's state_after, step k's state_before) becomes ForcedLeaf(secret, unit, k). No state hashes
+// to a forced one, so a verifier that fetches a step's checkpoint and hashes it (step 0: replays
+// it) finds the forced error, exactly a forced unit's property. `commits` are steps 0..H-1, in
+// step order; `unit` is the stage unit (its shard replica * stages + stage).
+void ForceStageStepStates(const Hash256& secret, const UnitId& unit,
+                          std::vector<StageStepCommit>& commits);
+
+// Whether a drawn stage's commits have that form: commit j names the unit (task, round, replica
+// and stage, unit.shard == replica * stages + stage) and step j, and carries the forced states
+// above. InvalidArgument naming the first step and field that does not.
+Status CheckForcedStageForm(const Hash256& secret, const UnitId& unit,
+                            const std::vector<StageStepCommit>& commits);
+
+// The H commits a drawn stage reveals with its secret (ledger RevealSecretTx::forced_commits): a
+// count, then each EncodeStageStepCommit length-prefixed. Decode refuses more than `max_count`
+// commits, truncated or trailing bytes, and a commit DecodeStageStepCommit refuses, naming its
+// position.
+Bytes EncodeStageStepCommits(const std::vector<StageStepCommit>& commits);
+Result<std::vector<StageStepCommit>> DecodeStageStepCommits(ByteSpan wire, uint32_t max_count);
+
 }  // namespace meshlearn::protocol

@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -175,6 +176,17 @@ class UnitCheck {
   // its reveal window is not slashed for its forced commitment; any other secret leaves the
   // dispute to decide.
   Status OnSecretRevealed(const Hash256& secret, const Hash256& start_leaf, uint64_t height);
+  // A pipeline stage unit's secret: its check runs over its step leaves, not a state chain, so
+  // the ledger checks the forced form itself, from the H step commits the stage reveals with the
+  // secret (docs/verification.md, "Forced errors for stage units"). Once the secret checks out
+  // as above, `forced_form(drawn)` is called with whether it draws the unit for a forced error
+  // and says whether the stage committed the forced form (read only when drawn); its error
+  // refuses the reveal, changing nothing.
+  Status OnStageSecretRevealed(const Hash256& secret,
+                               const std::function<Result<bool>(bool drawn)>& forced_form,
+                               uint64_t height);
+  // The revealed secret drew the unit for a forced error (whatever it then committed).
+  bool forced() const { return forced_; }
   // Every block: closes windows (effects of missed deadlines and the resolution). A window
   // also closes early, at the block where nothing more can happen in it, so a check costs the
   // time its parties take, not the windows' length:
@@ -221,6 +233,11 @@ class UnitCheck {
  private:
   explicit UnitCheck(const UnitCheckConfig& config) : config_(config) {}
   int VerifierIndex(const NodeId& n) const;
+  // OnSecretRevealed's checks (the window, a first reveal, the secret in the solver's chain).
+  Status CheckSecretReveal(const Hash256& secret, uint64_t height) const;
+  // Whether `secret` draws this unit for a forced error (IsForcedError with the unit's
+  // assignment beacon and rate).
+  bool DrawsForcedError(const Hash256& secret) const;
   // The dispute of `challenger` against the solver over segment `segment`.
   DisputeConfig DisputeOver(const NodeId& challenger, uint32_t segment, const Hash256& start,
                             const Hash256& solver_end, const Hash256& replayed_end,
