@@ -198,13 +198,6 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
                     " is not the outcome's result " + out.result_hash.ShortHex());
   }
   ML_RETURN_IF_ERROR(node_->book().Add(delta_id.hash, DeltaReason(a.task_id, a.round)));
-  // The steps' commits stay public past the round for an audit of the task (docs/verification.md,
-  // "An audit of a pipeline task"): kept with the task's global states, until the task is
-  // released after its audit window, not with the round's delta, which goes when the round is
-  // final.
-  ML_ASSIGN_OR_RETURN(net::BlobId commits_id,
-                      node_->deps().store->Put(protocol::EncodeStageRunCommits(out.commits)));
-  ML_RETURN_IF_ERROR(node_->book().Add(commits_id.hash, StateReason(a.task_id)));
   const bool last = a.stage->stage + 1 == a.stage->chain.size();
   const uint64_t loss_micros =
       last && std::isfinite(out.mean_loss) && out.mean_loss > 0
@@ -217,8 +210,9 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
                            .node_id = node_->id(),
                            .result_hash = delta_id.hash,
                            .commitment = out.commitment,
-                           .loss_micros = loss_micros,
-                           .commits = commits_id.hash};
+                           .loss_micros = loss_micros};
+  // The step commits it commits to: its real ones, or their forced form (ForceIfDrawn).
+  std::vector<protocol::StageStepCommit> commits = out.commits;
   if (node_->VerificationOn()) {
     // The ledger opens the stage unit's check over its step leaves (docs/verification.md,
     // "Pipeline stages"); the secret is revealed by the Solver's PlayCheck, as a unit's.
@@ -230,8 +224,16 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
     tx.secret_index =
         std::max(work.next_secret_index, confirmed_secret_index_ + 1) + commits_.size();
     tx.leaves = out.leaves;
-    ML_RETURN_IF_ERROR(ForceIfDrawn(a, out, tx));
+    ML_RETURN_IF_ERROR(ForceIfDrawn(a, commits, tx));
   }
+  // The steps' commits stay public past the round for an audit of the task (docs/verification.md,
+  // "An audit of a pipeline task"): kept with the task's global states, until the task is
+  // released after its audit window, not with the round's delta, which goes when the round is
+  // final.
+  ML_ASSIGN_OR_RETURN(net::BlobId commits_id,
+                      node_->deps().store->Put(protocol::EncodeStageRunCommits(commits)));
+  ML_RETURN_IF_ERROR(node_->book().Add(commits_id.hash, StateReason(a.task_id)));
+  tx.commits = commits_id.hash;
   const uint64_t secret_index = tx.secret_index;
   ML_ASSIGN_OR_RETURN(Hash256 txid, node_->tx().Send(std::move(tx)));
   commits_[KeyOf(a)] = InFlight{.txid = txid, .secret_index = secret_index};
@@ -241,7 +243,8 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
   return Status::Ok();
 }
 
-Status Stager::ForceIfDrawn(const UnitAssignment& a, const StageUnitOutcome& out,
+Status Stager::ForceIfDrawn(const UnitAssignment& a,
+                            std::vector<protocol::StageStepCommit>& commits,
                             ledger::CommitStageTx& tx) {
   if (tx.secret_index > protocol::kSecretChainLength) {
     return FailedPrecondition("this node used all " + std::to_string(protocol::kSecretChainLength) +
@@ -261,19 +264,18 @@ Status Stager::ForceIfDrawn(const UnitAssignment& a, const StageUnitOutcome& out
     if (node_->env()->FileExists(path)) (void)node_->env()->DeleteFile(path);
     return Status::Ok();
   }
-  if (out.commits.size() != out.leaves.size()) {
-    return Internal(Name(a) + ": " + std::to_string(out.commits.size()) + " step commits for " +
-                    std::to_string(out.leaves.size()) + " leaves");
+  if (commits.size() != tx.leaves.size()) {
+    return Internal(Name(a) + ": " + std::to_string(commits.size()) + " step commits for " +
+                    std::to_string(tx.leaves.size()) + " leaves");
   }
   // The tensors it sent stay honest (its neighbours' steps are signed over them): only the states
   // its commits claim are forced.
-  std::vector<protocol::StageStepCommit> forced = out.commits;
-  protocol::ForceStageStepStates(secret, uid, forced);
+  protocol::ForceStageStepStates(secret, uid, commits);
   ML_RETURN_IF_ERROR(node_->env()->CreateDirs(node_->UnitDir(a.task_id, a.index), 0700));
-  const Bytes encoded = protocol::EncodeStageStepCommits(forced);
+  const Bytes encoded = protocol::EncodeStageStepCommits(commits);
   ML_RETURN_IF_ERROR(node_->env()->WriteFileAtomic(path, AsStringView(encoded), 0600));
   tx.leaves.clear();
-  for (const protocol::StageStepCommit& c : forced) {
+  for (const protocol::StageStepCommit& c : commits) {
     ML_RETURN_IF_ERROR(evidence_.ServeCommit(c));
     tx.leaves.push_back(protocol::StageStepLeaf(c));
   }

@@ -99,11 +99,12 @@ class Stager {
   static std::string Name(const UnitAssignment& a);
   Status Commit(const Run& run, const NodeWork& work);
   // On a verifying chain, before CommitStage: when the secret `tx` binds draws the unit for a
-  // forced error (docs/verification.md, "Forced errors for stage units"), rewrites `tx`'s leaves
-  // and commitment to the forced form of `out`'s commits (protocol::ForceStageStepStates),
-  // serves those commits in place of the real ones (its real checkpoints stay) and keeps them
-  // for the Solver's RevealSecret (ForcedStageCommitsPath). Nothing otherwise.
-  Status ForceIfDrawn(const UnitAssignment& a, const StageUnitOutcome& out,
+  // forced error (docs/verification.md, "Forced errors for stage units"), rewrites `commits` (the
+  // unit's real step commits) and `tx`'s leaves and commitment to their forced form
+  // (protocol::ForceStageStepStates), serves those commits in place of the real ones (its real
+  // checkpoints stay) and keeps them for the Solver's RevealSecret (ForcedStageCommitsPath).
+  // Nothing otherwise.
+  Status ForceIfDrawn(const UnitAssignment& a, std::vector<protocol::StageStepCommit>& commits,
                       ledger::CommitStageTx& tx);
   // Remembers the links `plane` measured (MeasuredLinks of the run's chain) and, when it measured
   // any, reports every link remembered (ReportLinksTx replaces the node's earlier report): so a
