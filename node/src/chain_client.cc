@@ -64,6 +64,12 @@ class Fields {
     return *this;
   }
 
+  // A hash that may be null (then `out` is left as it is).
+  Fields& ReadHashOrNull(std::string_view key, Hash256* out) {
+    if (Present(key) && !a_.raw().at(std::string(key)).is_null()) Read(key, out);
+    return *this;
+  }
+
   // A field holding one of an enum's names (name(E(0)) .. name(E(count - 1))).
   template <typename E>
   Fields& ReadEnum(std::string_view key, E* out, std::string_view (*name)(E), int count) {
@@ -169,7 +175,8 @@ const std::vector<std::string_view> kUnitFields = {
     "task_id",     "index", "round", "shard",        "status", "assignee",
     "deadline_height", "result_hash", "commitment", "loss_micros", "price",  "paid",
     "assignment_beacon", "secret_index", "leaves", "check",
-    // A stage unit's step commits blob (null otherwise): an audit reads it, a node does not.
+    // A stage unit's step commits blob (null otherwise): an audit reads it, and the round's
+    // aggregator keeps it with the task's states.
     "stage_commits"};
 
 std::vector<std::string_view> Plus(std::vector<std::string_view> a,
@@ -186,7 +193,7 @@ Status ReadUnitFields(Fields& f, UnitRecord* u) {
   f.Read("result_hash", &u->result_hash).Read("commitment", &u->commitment);
   f.Read("loss_micros", &u->loss_micros).Read("price", &u->price).Read("paid", &u->paid);
   f.Read("assignment_beacon", &u->assignment_beacon).Read("secret_index", &u->secret_index);
-  f.Read("leaves", &u->leaves);
+  f.Read("leaves", &u->leaves).ReadHashOrNull("stage_commits", &u->stage_commits);
   return f.status();
 }
 

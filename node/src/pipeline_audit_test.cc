@@ -2,10 +2,13 @@
 // against stage nodes in one process (testing/sim_harness.h: agents on loopback HTTP training
 // kPipelineGptTask, 2 rounds x 2 replicas x 3 stages x 3 steps): an honest task audits clean with
 // every step of every stage compared with its committed commit; a record whose stage commits are
-// missing, not served or another stage's fails naming them; a lazy stage whose checks every
-// verifier rubber-stamped (so the task paid it and finished) is found at its step, and the
-// witness the audit builds is accepted by the ledger, which slashes the stage's node.
+// missing, not served or another stage's fails naming them; each unit's stage commits are kept
+// and served by its round's aggregator, so that the audit compares every step with the stage
+// nodes' copies gone; a lazy stage whose checks every verifier rubber-stamped (so the task paid it
+// and finished) is found at its step, and the witness the audit builds is accepted by the
+// ledger, which slashes the stage's node.
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -208,6 +211,48 @@ TEST_F(PipelineAuditTest, MissingOrMalformedStepCommitsFailNamingWhatIsMissing) 
   json other = honest_->task;
   Unit(other, 0)["stage_commits"] = blob;
   expect_fails(other, {}, "step 0's commit is of round 0 replica 0 stage 1 of 3");
+}
+
+// The round's aggregator checks each stage unit's step commits blob and keeps it with the task's
+// states (aggregator.h): an audit that gets each blob from its round's aggregator alone, as when
+// every stage node deleted its copy or left, still compares every stage step.
+TEST_F(PipelineAuditTest, TheRoundsAggregatorServesTheStepCommitsOfItsStageUnits) {
+  HonestPipeline& h = *honest_;
+  ASSERT_EQ(h.task.value("status", std::string()), "finished");
+  const std::string state_reason = "state:" + h.sim->task_id().ToHex();
+  std::map<std::string, int> aggregator_of;  // step commits blob -> its round's aggregator
+  int elsewhere = 0;  // stage units whose stage node is not their round's aggregator
+  for (const json& u : h.task["units"]) {
+    const uint32_t round = u.value("round", 0u);
+    const std::string agg = h.task["round_results"].at(round).value("aggregator", std::string());
+    int node = -1;
+    for (int i = 0; i < 6; ++i) {
+      if (h.sim->node_key(i).public_key().ToHex() == agg) node = i;
+    }
+    ASSERT_GE(node, 0) << "round " << round << "'s aggregator " << agg << " is no node";
+    const std::string blob = u.value("stage_commits", std::string());
+    ASSERT_FALSE(blob.empty()) << u.dump();
+    Result<Hash256> id = Hash256::FromHex(blob, "stage_commits");
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    EXPECT_EQ(h.sim->agent(node)->pin_book()->Reasons(*id).count(state_reason), 1u)
+        << "unit " << u.value("index", 0u) << "'s step commits are not pinned by aggregator "
+        << node;
+    aggregator_of[blob] = node;
+    elsewhere += u.value("assignee", std::string()) != agg;
+  }
+  ASSERT_EQ(aggregator_of.size(), 12u);
+  EXPECT_GT(elsewhere, 0) << "every stage unit's node aggregated its round: the test means nothing";
+  BlobGetter all = NodeBlobs(h.sim.get(), 6);
+  BlobGetter get = [&](const Hash256& id) -> Result<Bytes> {
+    const auto agg = aggregator_of.find(id.ToHex());
+    if (agg == aggregator_of.end()) return all(id);
+    return h.sim->store(agg->second)->Get(net::BlobId{id});
+  };
+  AuditOptions o{.full = true, .work_dir = h.dir + "/audit"};
+  Result<AuditReport> r = AuditTaskRecord(Env::Default(), h.task, get, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->pass) << r->first_mismatch;
+  EXPECT_EQ(r->stage_steps_compared, kStageSteps);
 }
 
 // A lazy stage (every step's commit claims the state it started from) on a verifying chain whose

@@ -398,6 +398,32 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
   return out;
 }
 
+Result<std::vector<protocol::StageStepCommit>> CheckStageCommits(ByteSpan blob,
+                                                                 const StageCommitsOf& unit) {
+  Result<std::vector<protocol::StageStepCommit>> c = protocol::DecodeStageRunCommits(blob);
+  if (!c.ok()) return DataLoss("does not decode: " + c.status().message());
+  if (c->size() != unit.inner_steps) {
+    return DataLoss("holds " + std::to_string(c->size()) + " step commits; the task has " +
+                    std::to_string(unit.inner_steps) + " inner steps");
+  }
+  std::vector<Hash256> leaves;
+  for (const protocol::StageStepCommit& s : *c) {
+    if (s.task != unit.task_id || s.round != unit.round || s.replica != unit.replica ||
+        s.stage != unit.stage || s.stages != unit.stages) {
+      return DataLoss("step " + std::to_string(s.step) + "'s commit is of round " +
+                      std::to_string(s.round) + " replica " + std::to_string(s.replica) +
+                      " stage " + std::to_string(s.stage) + " of " + std::to_string(s.stages) +
+                      " (or another task)");
+    }
+    leaves.push_back(protocol::StageStepLeaf(s));
+  }
+  if (const Hash256 root = protocol::StageCommitment(leaves); root != unit.commitment) {
+    return DataLoss("is not what it committed: their StageCommitment is " + root.ToHex() +
+                    ", its commitment " + unit.commitment.ToHex());
+  }
+  return std::move(*c);
+}
+
 namespace {
 
 // Whether `op` reads operator `k`'s output.

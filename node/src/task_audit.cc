@@ -628,8 +628,8 @@ class Auditor {
   }
 
   // The committed step commits of stage unit `u` (the blob its CommitStage named), checked
-  // against its record: one per inner step, each of its task, round, replica and stage, and their
-  // leaves' StageCommitment the unit's commitment. Errors name what is missing or wrong.
+  // against its record (CheckStageCommits, the check the round's aggregator made before keeping
+  // the blob). Errors name what is missing or wrong.
   Result<std::vector<protocol::StageStepCommit>> CommittedSteps(const AuditUnit& u) {
     if (u.stage_commits.IsZero()) {
       return NotFound(
@@ -641,36 +641,16 @@ class Auditor {
       return NotFound("its step commits blob " + u.stage_commits.ToHex() +
                       " is not served by any node: " + blob.status().message());
     }
-    Result<std::vector<protocol::StageStepCommit>> c = protocol::DecodeStageRunCommits(*blob);
-    if (!c.ok()) {
-      return DataLoss("its step commits blob " + u.stage_commits.ToHex() +
-                      " does not decode: " + c.status().message());
-    }
-    if (c->size() != net_.inner_steps) {
-      return DataLoss("its step commits blob " + u.stage_commits.ToHex() + " holds " +
-                      std::to_string(c->size()) + " step commits; the task has " +
-                      std::to_string(net_.inner_steps) + " inner steps");
-    }
-    std::vector<Hash256> leaves;
-    for (const protocol::StageStepCommit& s : *c) {
-      if (s.task != r_.task_id || s.round != u.round ||
-          s.replica != static_cast<uint32_t>(u.replica) ||
-          s.stage != static_cast<uint32_t>(u.stage) || s.stages != r_.stages) {
-        return DataLoss("its step commits blob " + u.stage_commits.ToHex() + ": step " +
-                        std::to_string(s.step) + "'s commit is of round " +
-                        std::to_string(s.round) + " replica " + std::to_string(s.replica) +
-                        " stage " + std::to_string(s.stage) + " of " + std::to_string(s.stages) +
-                        " (or another task)");
-      }
-      leaves.push_back(protocol::StageStepLeaf(s));
-    }
-    if (protocol::StageCommitment(leaves) != u.commitment) {
-      return DataLoss("its step commits blob " + u.stage_commits.ToHex() +
-                      " is not what it committed: their StageCommitment is " +
-                      protocol::StageCommitment(leaves).ToHex() + ", its commitment " +
-                      u.commitment.ToHex());
-    }
-    return std::move(*c);
+    Result<std::vector<protocol::StageStepCommit>> c =
+        CheckStageCommits(*blob, {.task_id = r_.task_id,
+                                  .round = u.round,
+                                  .replica = static_cast<uint32_t>(u.replica),
+                                  .stage = static_cast<uint32_t>(u.stage),
+                                  .stages = r_.stages,
+                                  .inner_steps = net_.inner_steps,
+                                  .commitment = u.commitment});
+    if (!c.ok()) return c.status().WithPrefix("its step commits blob " + u.stage_commits.ToHex());
+    return c;
   }
 
   // Replica `p` of round `r` from `start`, its stages in one process (one thread each, linked in

@@ -127,7 +127,7 @@ Status Aggregator::FetchDeltas(const AggregationAssignment& a, TaskContext* ctx,
   for (const NodeInfo& ni : node_->nodes()) endpoint_of[ni.id] = ni.endpoint;
   deltas->reserve(a.units.size());
   for (const AggregationInput& in : a.units) {
-    ML_ASSIGN_OR_RETURN(Bytes fetched, FetchInput(a, in, endpoint_of));
+    ML_ASSIGN_OR_RETURN(Bytes fetched, FetchInput(a, in, in.result_hash, endpoint_of));
     Result<std::vector<float>> d = DecodeDelta(fetched, ctx->facts.num_params);
     if (!d.ok()) {
       ++node_->stats().bad_deltas;
@@ -156,7 +156,12 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
   ML_RETURN_IF_ERROR(node_->Providers(true).status());
   std::map<PublicKey, std::string> endpoint_of;
   for (const NodeInfo& ni : node_->nodes()) endpoint_of[ni.id] = ni.endpoint;
-  // replica -> its stages' deltas; a replica with a stage missing (a malformed blob) is left out.
+  // The units' records: each stage unit's commitment and step commits blob.
+  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node_->chain(), a.task_id, /*units=*/true));
+  std::map<uint32_t, const UnitRecord*> record_of;
+  for (const UnitRecord& u : info.units) record_of[u.index] = &u;
+  // replica -> its stages' deltas; a replica with a stage missing (a malformed delta or step
+  // commits blob) is left out.
   std::map<uint32_t, std::vector<std::optional<std::vector<float>>>> by_replica;
   for (const AggregationInput& in : a.units) {
     const ledger::StageSlot slot = ledger::StageSlotOf(params, in.index);
@@ -165,7 +170,7 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
                              " is not a stage unit of round " + std::to_string(a.round));
     }
     // The blob lives until the end of this iteration: one at a time beside the decoded deltas.
-    ML_ASSIGN_OR_RETURN(Bytes fetched, FetchInput(a, in, endpoint_of));
+    ML_ASSIGN_OR_RETURN(Bytes fetched, FetchInput(a, in, in.result_hash, endpoint_of));
     auto& stages = by_replica[slot.replica];
     stages.resize(net.stages);
     Result<std::vector<float>> d = DecodeDelta(fetched, layout.StageSize(slot.stage));
@@ -176,6 +181,15 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
                  "): " + d.status().message());
       continue;
     }
+    const auto record = record_of.find(in.index);
+    if (record == record_of.end() || record->second->result_hash != in.result_hash) {
+      // node_work was read before the round re-ran: node_work will say what to aggregate.
+      return FailedPrecondition(Name(a) + ": unit " + std::to_string(in.index) +
+                                " is no longer the committed input of the round");
+    }
+    ML_ASSIGN_OR_RETURN(bool kept,
+                        KeepStageCommits(a, in, *record->second, slot, net, endpoint_of));
+    if (!kept) continue;
     stages[slot.stage] = std::move(*d);
   }
   std::vector<uint32_t> shards;
@@ -280,12 +294,42 @@ Result<Aggregator::Aggregate> Aggregator::Finish(const AggregationAssignment& a,
 }
 
 Result<Bytes> Aggregator::FetchInput(const AggregationAssignment& a, const AggregationInput& in,
+                                     const Hash256& blob,
                                      const std::map<PublicKey, std::string>& endpoint_of) {
   std::vector<std::string> preferred;
   if (auto it = endpoint_of.find(in.node); it != endpoint_of.end()) preferred.push_back(it->second);
-  Result<Bytes> fetched = node_->FetchBlob(in.result_hash, preferred, /*reason=*/"");
+  Result<Bytes> fetched = node_->FetchBlob(blob, preferred, /*reason=*/"");
   if (!fetched.ok()) ReportIfUnavailable(a.task_id, in.index, fetched.status());
   return fetched;
+}
+
+Result<bool> Aggregator::KeepStageCommits(const AggregationAssignment& a,
+                                          const AggregationInput& in, const UnitRecord& record,
+                                          const ledger::StageSlot& slot, const NetworkSpec& net,
+                                          const std::map<PublicKey, std::string>& endpoint_of) {
+  const Hash256& commits = record.stage_commits;
+  Status checked = DataLoss("its CommitStage named no step commits");
+  if (!commits.IsZero()) {
+    ML_ASSIGN_OR_RETURN(Bytes blob, FetchInput(a, in, commits, endpoint_of));
+    checked = CheckStageCommits(blob, {.task_id = a.task_id,
+                                       .round = a.round,
+                                       .replica = slot.replica,
+                                       .stage = slot.stage,
+                                       .stages = net.stages,
+                                       .inner_steps = net.inner_steps,
+                                       .commitment = record.commitment})
+                  .status()
+                  .WithPrefix("its step commits blob " + commits.ShortHex());
+  }
+  if (!checked.ok()) {
+    ++node_->stats().bad_deltas;
+    node_->Log(Name(a) + ": leaving out replica " + std::to_string(slot.replica) + " (stage " +
+               std::to_string(slot.stage) + " of node " + in.node.ShortHex() +
+               "): " + checked.message());
+    return false;
+  }
+  ML_RETURN_IF_ERROR(node_->book().Add(commits, StateReason(a.task_id)));
+  return true;
 }
 
 void Aggregator::ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why) {

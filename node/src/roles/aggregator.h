@@ -6,9 +6,9 @@
 //
 //   kNew ──fetch deltas, aggregate, store──▶ kAggregated ──CommitAggregate──▶ kCommitting
 //                                             (journal)                        ──ok──▶ kCommitted
-//   a delta nobody can serve: ReportUnavailable after report_unavailable_after tries (the round
-//   re-runs without its solver); a re-run round has other inputs, so its journal does not match
-//   and it is kNew again.
+//   a delta nobody can serve (or a stage unit's step commits): ReportUnavailable after
+//   report_unavailable_after tries (the round re-runs without its solver); a re-run round has
+//   other inputs, so its journal does not match and it is kNew again.
 //
 // A restart commits a kAggregated round again without recomputing it (the state blob is pinned).
 #pragma once
@@ -63,10 +63,23 @@ class Aggregator {
   Status FetchDeltas(const AggregationAssignment& a, TaskContext* ctx,
                      std::vector<std::vector<float>>* deltas, std::vector<protocol::UnitId>* ids);
   void ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why);
-  // The result blob of input `in`, asked first of the node that committed it (`endpoint_of`:
-  // node -> endpoint); a blob no node serves is reported (ReportIfUnavailable).
+  // Blob `blob` of input `in` (its result, or a stage unit's step commits), asked first of the
+  // node that committed it (`endpoint_of`: node -> endpoint); a blob no node serves is reported
+  // (ReportIfUnavailable).
   Result<Bytes> FetchInput(const AggregationAssignment& a, const AggregationInput& in,
+                           const Hash256& blob,
                            const std::map<PublicKey, std::string>& endpoint_of);
+  // Stage unit `in`'s step commits blob (`record`: its get_task record, `slot` its place),
+  // fetched as its delta is, checked against the unit (CheckStageCommits) and pinned with the
+  // task's states, as
+  // its stage node pins it: served while a fraud proof can reopen the task, after the stage node
+  // deleted it (docs/verification.md, "An audit of a pipeline task"). False when it does not
+  // check (logged; its replica is left out as for a malformed delta); an error when nobody
+  // serves it (reported as an unserved delta is).
+  Result<bool> KeepStageCommits(const AggregationAssignment& a, const AggregationInput& in,
+                                const UnitRecord& record, const ledger::StageSlot& slot,
+                                const NetworkSpec& net,
+                                const std::map<PublicKey, std::string>& endpoint_of);
 
   NodeContext* node_;
   // (task, round) -> the CommitAggregate in flight, and the units it aggregated.
@@ -76,7 +89,7 @@ class Aggregator {
   };
   std::map<std::pair<Hash256, uint32_t>, InFlight> commits_;
   std::set<std::pair<Hash256, uint32_t>> committed_;
-  // (task, unit index) -> failed fetches of its delta; reported once.
+  // (task, unit index) -> failed fetches of its delta or step commits; reported once.
   std::map<std::pair<Hash256, uint32_t>, uint32_t> fetch_failures_;
   std::set<std::pair<Hash256, uint32_t>> reported_;
 };

@@ -46,8 +46,9 @@
 //   "state:<T>"       a global state of T (a round's start state, or one the node aggregated):
 //                     with "task:<T>" (below): a fraud proof while T is open or within its audit
 //                     window may rewind T to any round, which trains again from its start state;
-//                     and the step commits of each stage unit the node committed (an audit of
-//                     T compares every stage step with them and proves from them);
+//                     and the step commits of each stage unit the node committed or whose
+//                     round it aggregated (an audit of T compares every stage step with them
+//                     and proves from them);
 //   "delta:<T>:<r>"   the node's delta for round r of T: once round r is final;
 //   "upload:<h>"      pushed to the node at height h (blob.put_manifest): replaced by "task:<T>"
 //                     / "state:<T>" when an open task T uses it as bundle, data or initial

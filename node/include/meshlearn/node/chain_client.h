@@ -258,6 +258,8 @@ struct UnitRecord {
   uint64_t secret_index = 0;
   std::vector<Hash256> leaves;
   bool has_check = false;
+  // A stage unit's step commits blob (zero on every other unit): the round's aggregator keeps it.
+  Hash256 stage_commits;
 };
 
 // get_task (ledger::TaskToJson): the parts a node reads, typed. The other fields of the record

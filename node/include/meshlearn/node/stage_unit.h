@@ -172,6 +172,25 @@ struct StageUnitOutcome {
   std::vector<protocol::StageStepCommit> commits;  // every step's, for the stage's evidence
 };
 
+// The stage unit a step commits blob is checked against: what its CommitStage and the task say.
+struct StageCommitsOf {
+  Hash256 task_id;
+  uint32_t round = 0;
+  uint32_t replica = 0;
+  uint32_t stage = 0;
+  uint32_t stages = 0;       // the task's stages
+  uint64_t inner_steps = 0;  // the task's H
+  Hash256 commitment;        // the unit's committed StageCommitment
+};
+// A stage unit's step commits blob (CommitStage's `commits`: protocol::EncodeStageRunCommits of
+// its steps' commits), decoded and checked against `unit`: one commit per inner step, each of
+// its task, round, replica and stage, and their leaves' StageCommitment its commitment. DataLoss
+// naming what is wrong otherwise (the caller names the blob). The audit compares its replayed
+// steps with them (task_audit.h); the round's aggregator checks the blob before it keeps it
+// with the task's states, so that it is served after the stage node deleted it.
+Result<std::vector<protocol::StageStepCommit>> CheckStageCommits(ByteSpan blob,
+                                                                 const StageCommitsOf& unit);
+
 // The unit's steps 0..batches.size()-1 of `stage` over `plane` (BeginStep, then RunStageStep
 // with plane.context()): batches[i] is step i's whole batch (the unit's BatchForStep), and
 // `dropout_seed` the unit's (engine::DropoutSeed of the task seed and the unit's stream). The
