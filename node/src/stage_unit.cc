@@ -400,7 +400,8 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
 
 Result<std::vector<protocol::StageStepCommit>> CheckStageCommits(ByteSpan blob,
                                                                  const StageCommitsOf& unit) {
-  Result<std::vector<protocol::StageStepCommit>> c = protocol::DecodeStageRunCommits(blob);
+  Result<std::vector<protocol::StageStepCommit>> c = protocol::DecodeStageStepCommits(
+      blob, static_cast<uint32_t>(std::min<uint64_t>(unit.inner_steps, UINT32_MAX)));
   if (!c.ok()) return DataLoss("does not decode: " + c.status().message());
   if (c->size() != unit.inner_steps) {
     return DataLoss("holds " + std::to_string(c->size()) + " step commits; the task has " +
@@ -408,6 +409,10 @@ Result<std::vector<protocol::StageStepCommit>> CheckStageCommits(ByteSpan blob,
   }
   std::vector<Hash256> leaves;
   for (const protocol::StageStepCommit& s : *c) {
+    if (s.step != leaves.size()) {
+      return DataLoss("commit " + std::to_string(leaves.size()) + " is of step " +
+                      std::to_string(s.step));
+    }
     if (s.task != unit.task_id || s.round != unit.round || s.replica != unit.replica ||
         s.stage != unit.stage || s.stages != unit.stages) {
       return DataLoss("step " + std::to_string(s.step) + "'s commit is of round " +

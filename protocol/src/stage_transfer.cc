@@ -324,34 +324,6 @@ Result<StageStepCommit> DecodeStageStepCommit(ByteSpan wire) {
   return c;
 }
 
-Bytes EncodeStageRunCommits(const std::vector<StageStepCommit>& commits) {
-  Encoder e;
-  e.PutU32(static_cast<uint32_t>(commits.size()));
-  for (const StageStepCommit& c : commits) e.PutBytes(EncodeStageStepCommit(c));
-  return e.Take();
-}
-
-Result<std::vector<StageStepCommit>> DecodeStageRunCommits(ByteSpan wire) {
-  Decoder d(wire, "stage run commits");
-  uint32_t n = 0;
-  ML_RETURN_IF_ERROR(d.GetCount(&n, "commits", kMaxStageRunCommits, 4));
-  std::vector<StageStepCommit> out;
-  out.reserve(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    Bytes one;
-    ML_RETURN_IF_ERROR(d.GetBytes(&one, "commit"));
-    Result<StageStepCommit> c = DecodeStageStepCommit(one);
-    if (!c.ok()) return c.status().WithPrefix("stage run commits: step " + std::to_string(i));
-    if (c->step != i) {
-      return InvalidArgument("stage run commits: commit " + std::to_string(i) + " is of step " +
-                             std::to_string(c->step));
-    }
-    out.push_back(std::move(*c));
-  }
-  ML_RETURN_IF_ERROR(d.Finish());
-  return out;
-}
-
 Status ValidateStageStepCommit(const StageStepCommit& c) {
   const std::string name = StageCommitName(c);
   if (c.stages < 1 || c.stages > kMaxPipelineStages || c.stage >= c.stages) {

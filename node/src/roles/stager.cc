@@ -231,7 +231,7 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
   // released after its audit window, not with the round's delta, which goes when the round is
   // final.
   ML_ASSIGN_OR_RETURN(net::BlobId commits_id,
-                      node_->deps().store->Put(protocol::EncodeStageRunCommits(commits)));
+                      node_->deps().store->Put(protocol::EncodeStageStepCommits(commits)));
   ML_RETURN_IF_ERROR(node_->book().Add(commits_id.hash, StateReason(a.task_id)));
   tx.commits = commits_id.hash;
   const uint64_t secret_index = tx.secret_index;

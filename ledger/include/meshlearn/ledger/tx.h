@@ -357,7 +357,7 @@ struct ReportUnavailableTx {
 // leaves, the stage's H step leaves themselves (StageStepLeaf of steps 0..H-1;
 // StageCommitment(leaves) == commitment), over which the ledger opens the stage unit's check
 // (protocol::StageCheckLeaves: one check "segment" per step). Both ignored without verification.
-// commits: the blob id of the stage's step commits (protocol::EncodeStageRunCommits of its H
+// commits: the blob id of the stage's step commits (protocol::EncodeStageStepCommits of its H
 // StageStepCommits: the signed records and two state hashes a step, no tensors), which the nodes
 // that keep the round's deltas keep as long as those, so that the run's commits stay public past
 // the round (docs/verification.md, "An audit of a pipeline task"); zero: not kept. The ledger

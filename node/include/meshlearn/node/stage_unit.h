@@ -182,7 +182,7 @@ struct StageCommitsOf {
   uint64_t inner_steps = 0;  // the task's H
   Hash256 commitment;        // the unit's committed StageCommitment
 };
-// A stage unit's step commits blob (CommitStage's `commits`: protocol::EncodeStageRunCommits of
+// A stage unit's step commits blob (CommitStage's `commits`: protocol::EncodeStageStepCommits of
 // its steps' commits), decoded and checked against `unit`: one commit per inner step, each of
 // its task, round, replica and stage, and their leaves' StageCommitment its commitment. DataLoss
 // naming what is wrong otherwise (the caller names the blob). The audit compares its replayed

@@ -204,15 +204,6 @@ Hash256 StageCheckCommitment(const std::vector<Hash256>& step_leaves);
 Bytes EncodeStageStepCommit(const StageStepCommit& c);
 Result<StageStepCommit> DecodeStageStepCommit(ByteSpan wire);
 
-// A stage run's step commits, kept public past its round (CommitStageTx::commits names the blob;
-// docs/verification.md, "An audit of a pipeline task"): what `meshlearn task audit` compares
-// with its re-run of the replica, and the commit a ProveFraud's witness carries. The count, then
-// each step's EncodeStageStepCommit, length-prefixed, in step order. Decode checks each commit
-// as DecodeStageStepCommit does and that commit i is of step i; InvalidArgument naming the step.
-inline constexpr uint32_t kMaxStageRunCommits = 1u << 16;
-Bytes EncodeStageRunCommits(const std::vector<StageStepCommit>& commits);
-Result<std::vector<StageStepCommit>> DecodeStageRunCommits(ByteSpan wire);
-
 // The commit's structure: every record belongs to (task, round, replica, stages, step) -- the
 // tied weight's records to the step too -- every received record is addressed to `stage` and
 // every sent one comes from it, no key twice. InvalidArgument naming the record at fault.
@@ -242,10 +233,13 @@ void ForceStageStepStates(const Hash256& secret, const UnitId& unit,
 Status CheckForcedStageForm(const Hash256& secret, const UnitId& unit,
                             const std::vector<StageStepCommit>& commits);
 
-// The H commits a drawn stage reveals with its secret (ledger RevealSecretTx::forced_commits): a
-// count, then each EncodeStageStepCommit length-prefixed. Decode refuses more than `max_count`
-// commits, truncated or trailing bytes, and a commit DecodeStageStepCommit refuses, naming its
-// position.
+// A stage run's H step commits, in step order: a count, then each EncodeStageStepCommit
+// length-prefixed. Two uses: the blob a CommitStage names (CommitStageTx::commits), kept public
+// past the round for an audit of the task (docs/verification.md, "An audit of a pipeline task"),
+// and the forced commits a drawn stage reveals with its secret (RevealSecretTx::forced_commits).
+// Decode refuses more than `max_count` commits, truncated or trailing bytes, and a commit
+// DecodeStageStepCommit refuses, naming its position; what the commits must name (task, round,
+// step...) is each caller's check.
 Bytes EncodeStageStepCommits(const std::vector<StageStepCommit>& commits);
 Result<std::vector<StageStepCommit>> DecodeStageStepCommits(ByteSpan wire, uint32_t max_count);
 
