@@ -86,23 +86,12 @@ json NodeRecordOf(testing::SimHarness& sim, int i) {
   return sim.Call("get_node", {{"id", sim.node_key(i).public_key().ToHex()}});
 }
 
-// Steps blocks until the task finishes (or `max_blocks`); false when it did not.
+// Steps blocks until the task finishes (or `max_blocks`), 5 ms apart for the stage threads; false
+// when it did not, with the reason as a test failure.
 bool RunToTheEnd(testing::SimHarness& sim, int max_blocks) {
-  for (int b = 0; b < max_blocks; ++b) {
-    json t = sim.Task(false);
-    if (t.contains("error")) {
-      ADD_FAILURE() << t.dump();
-      return false;
-    }
-    if (t.value("status", std::string()) == "finished") return true;
-    Status stepped = sim.Step();
-    if (!stepped.ok()) {
-      ADD_FAILURE() << stepped.ToString();
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
+  Status run = sim.RunUntilFinished(max_blocks, std::chrono::milliseconds(5));
+  if (!run.ok()) ADD_FAILURE() << run.ToString();
+  return run.ok();
 }
 
 TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshlearnDiloco) {

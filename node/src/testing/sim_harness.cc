@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <iostream>
+#include <thread>
 
 #include "meshlearn/base/check.h"
 #include "meshlearn/base/hash.h"
@@ -309,12 +310,13 @@ Status SimHarness::Step() {
   return Status::Ok();
 }
 
-Status SimHarness::RunUntilFinished(uint64_t max_blocks) {
+Status SimHarness::RunUntilFinished(uint64_t max_blocks, std::chrono::milliseconds pause) {
   for (uint64_t b = 0; b < max_blocks; ++b) {
     json t = Task(false);
     if (t.value("status", std::string()) == "finished") return Status::Ok();
     if (t.contains("error")) return Internal("sim: get_task: " + t["error"].dump());
     ML_RETURN_IF_ERROR(Step());
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
   }
   return DeadlineExceeded("sim: the task did not finish in " + std::to_string(max_blocks) +
                           " blocks: " + Task(false).dump().substr(0, 2000));

@@ -22,6 +22,7 @@
 // is lost, every acknowledged block stays), and every RPC answer seen by an observer.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -139,8 +140,11 @@ class SimHarness {
   // Chain, network, agents; ticks until every node is registered; bundles the task, pushes its
   // blobs to two nodes and submits it.
   Status Setup();
-  // Produces blocks until the task is finished (or max_blocks more blocks).
-  Status RunUntilFinished(uint64_t max_blocks);
+  // Produces blocks until the task is finished (or max_blocks more blocks), waiting `pause`
+  // after each: a pipeline task's stage units train on the agents' own threads, which need
+  // wall-clock time between blocks to reach their next step.
+  Status RunUntilFinished(uint64_t max_blocks,
+                          std::chrono::milliseconds pause = std::chrono::milliseconds(0));
   // One block and one Tick of every live agent.
   Status Step();
 
