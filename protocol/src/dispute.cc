@@ -393,6 +393,7 @@ Status DisputeGame::OnBlock(uint64_t height) {
   outcome_.defender_honest = d_post_.has_value();
   outcome_.challenger_honest = c_post_.has_value();
   outcome_.challenger_silent = d_post_.has_value() && !c_post_.has_value();
+  outcome_.defender_silent = !d_post_.has_value();
   if (!d_post_ && !c_post_) {
     outcome_.reason = "both parties missed their turn";
   } else {

@@ -474,14 +474,18 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
   }
   if (whistleblower_) {
     // The verifiers' verdicts were paid (or slashed) when the check first settled; a challenge
-    // only adds what it proves.
+    // only adds what it proves. A solver that missed its turn loses, but its silence shows
+    // nothing about its work, so the verifiers that called it clean keep their stake: else any
+    // whistleblower, with a solver that crashes or colludes, could slash honest verifiers with a
+    // made-up claim (chaos seed 561).
     const NodeId wb = *whistleblower_;
     fx.settled = true;
     stage_ = CheckStage::kCheckSettled;
     reason_ = "whistleblower dispute: " + o.reason;
     if (!o.defender_honest) {
       Append(fx.slash, config_.solver);
-      for (size_t i = 0; i < slots_.size(); ++i) {  // they approved something wrong
+      for (size_t i = 0; i < slots_.size() && !o.defender_silent; ++i) {
+        // Shown wrong by a ruling: they approved something wrong.
         if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.slash, verifiers_[i]);
       }
       Append(o.challenger_honest ? fx.rewarded : fx.slash, wb);

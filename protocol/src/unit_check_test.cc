@@ -543,16 +543,45 @@ TEST(UnitCheckTest, WhistleblowerChallengesACleanVerdict) {
   ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
   DisputeGame* g = c.mutable_dispute();
   EXPECT_EQ(g->config().challenger, kWhistle);
-  DisputeQuery q = g->query();
-  ASSERT_TRUE(g->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), 111).ok());
-  CheckEffects fx;
-  for (uint64_t h = 111; c.stage() == CheckStage::kCheckDisputed; ++h) fx = *c.OnBlock(h, false);
+  // Both play to the referee, which rules the solver's step wrong.
+  uint64_t h = 111;
+  while (g->stage() == DisputeStage::kDisputeSteps || g->stage() == DisputeStage::kDisputeOperators) {
+    DisputeQuery q = g->query();
+    Hash256 truth = Hasher("t").UpdateU64(q.stage == DisputeStage::kDisputeSteps).UpdateU64(q.position).Finish();
+    ASSERT_TRUE(g->Post(DisputeParty::kDefender, q.position,
+                        q.position == 0 ? truth : Blake2b("lazy"), h).ok());
+    ASSERT_TRUE(g->Post(DisputeParty::kChallenger, q.position, truth, h).ok());
+    ++h;
+  }
+  ASSERT_EQ(g->stage(), DisputeStage::kDisputeReferee);
+  ASSERT_TRUE(g->Rule(g->referee_task().challenger_output).ok());
+  Result<CheckEffects> fx = c.OnDisputeResolved(h);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
   EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
-  EXPECT_TRUE(Has(fx.slash, kSolver));
-  EXPECT_TRUE(Has(fx.slash, a));
-  EXPECT_TRUE(Has(fx.slash, b));
-  EXPECT_TRUE(Has(fx.rewarded, kWhistle));
-  EXPECT_FALSE(Has(fx.slash, kWhistle));
+  EXPECT_TRUE(Has(fx->slash, kSolver));
+  EXPECT_TRUE(Has(fx->slash, a));
+  EXPECT_TRUE(Has(fx->slash, b));
+  EXPECT_TRUE(Has(fx->rewarded, kWhistle));
+  EXPECT_FALSE(Has(fx->slash, kWhistle));
+}
+
+// Chaos seed 561: a lying whistleblower challenged honest work settled clean and the solver,
+// killed mid-dispute, missed its turn. The solver loses by its silence, but nothing was ruled
+// about its work, so the verifier that called it clean is not slashed.
+TEST(UnitCheckTest, ASolverSilentInAWhistleblowerDisputeCostsItsVerifiersNothing) {
+  UnitCheck c = Selected(CheckTestConfig(false));
+  const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
+  RunWindows(c, false, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_EQ(c.result(), CheckResult::kCheckClean);
+  Hash256 fake = Blake2b("a replay that never happened");
+  ASSERT_TRUE(c.OnChallenge(kWhistle, ClaimFor(false, 2, &fake), 110).ok());
+  const CheckEffects fx = DefenderFallsSilent(c, 111);
+  ASSERT_EQ(c.stage(), CheckStage::kCheckSettled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
+  EXPECT_TRUE(Has(fx.slash, kSolver));  // it lost by the rules
+  EXPECT_FALSE(Has(fx.slash, a));
+  EXPECT_FALSE(Has(fx.slash, b));
+  EXPECT_TRUE(fx.rerun_unit);
 }
 
 TEST(UnitCheckTest, AFailedWhistleblowerChallengePaysAndSlashesNoVerifierAgain) {

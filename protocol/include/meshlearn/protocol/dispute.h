@@ -192,6 +192,10 @@ struct DisputeOutcome {
   // turn, so nothing was ruled about the claim. Set when the game resolves at the missed
   // deadline and not encoded: UnitCheck::OnBlock reads it in the call that resolved the game.
   bool challenger_silent = false;
+  // Decided by the defender's silence: it missed its turn (the challenger posted or was silent
+  // too), so nothing was ruled about the defender's work either. Set and read as
+  // challenger_silent is (not encoded).
+  bool defender_silent = false;
   std::string reason;  // "referee: defender's output differs", "challenger missed its turn", ...
 };
 
