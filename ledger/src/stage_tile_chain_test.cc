@@ -131,6 +131,18 @@ class StageTileChainTest : public PipelineRulingTest {
 
   // The verifier's mismatch on stage cheat_'s step kLieStep (claiming `claim`) is revealed with
   // the task bundle: the dispute opens with the tile phase.
+  // The stage's step kLieStep as it commits it into `leaves`, and its dispute opened with the
+  // bundle: a lying stage commits a state after the step other than the honest one (what it claims
+  // its wrong operator led to); the verifier's claim is a finding of its own either way (a lying
+  // verifier claims one on the honest stage).
+  void CommitAndDispute(std::vector<std::vector<Hash256>>& leaves, bool stage_lies,
+                        TestStageEvidence* committed) {
+    *committed = evidence_[cheat_][kLieStep];
+    if (stage_lies) committed->commit.state_after = Blake2b("the liar's state after");
+    leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed->commit);
+    DisputeWithBundle(leaves, Blake2b("the verifier's finding"));
+  }
+
   void DisputeWithBundle(const std::vector<std::vector<Hash256>>& leaves, const Hash256& claim) {
     RevealAll(SealMismatch(leaves, claim), bundle_);
     const protocol::DisputeGame g = *Check(cheat_).dispute();  // a copy: Check() is a value
@@ -284,13 +296,9 @@ TEST_P(StageTileLieTest, ALieAtATileOfAComputedOperatorIsRuledOnChainByRefereeTi
   const int64_t op = OpNamed(ctx.plan, "mb1.h.1.fcproj");
   ASSERT_GE(op, 0);
   const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 5, 0.5f)};
-  // The lying stage commits a state after the step other than the honest one (what it claims its
-  // wrong operator led to); the lying verifier claims a finding on the honest stage.
-  TestStageEvidence committed = evidence_[cheat_][kLieStep];
-  if (stage_lies) committed.commit.state_after = Blake2b("the liar's state after");
-  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
   const PublicKey stage_node = Unit(cheat_).assignee;
-  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
+  TestStageEvidence committed;
+  ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, stage_lies, &committed));
   ASSERT_NO_FATAL_FAILURE(Play(stage_lies ? liar : honest, stage_lies ? honest : liar));
   const RefereeTask task = TaskNow();
   ASSERT_TRUE(task.tile) << "narrowed to a tile";
@@ -413,11 +421,9 @@ TEST_P(StageInputLieTest, ALieAtAnInputOperatorIsRuledFromTheCommittedRoots) {
   const int64_t op = OpNamed(ctx.plan, lie.op);
   ASSERT_GE(op, 0);
   const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 0, 0.25f)};
-  TestStageEvidence committed = evidence_[cheat_][kLieStep];
-  if (lie.stage_lies) committed.commit.state_after = Blake2b("the liar's state after");
-  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
   const PublicKey stage_node = Unit(cheat_).assignee;
-  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
+  TestStageEvidence committed;
+  ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, lie.stage_lies, &committed));
   ASSERT_NO_FATAL_FAILURE(Play(lie.stage_lies ? liar : honest, lie.stage_lies ? honest : liar));
   const RefereeTask task = TaskNow();
   ASSERT_EQ(task.roots, RefereeRoots::kRootsOperator);
@@ -461,11 +467,9 @@ TEST_F(StageTileChainTest, AStageSilentInTheTilePhaseLoses) {
   const int64_t op = OpNamed(Context().plan, "mb0.h.1.fch");
   ASSERT_GE(op, 0);
   const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 3, 0.5f)};
-  TestStageEvidence committed = evidence_[cheat_][kLieStep];
-  committed.commit.state_after = Blake2b("the liar's state after");
-  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
   const PublicKey stage_node = Unit(cheat_).assignee;
-  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
+  TestStageEvidence committed;
+  ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, true, &committed));
   ASSERT_NO_FATAL_FAILURE(Play(liar, honest, DisputeParty::kDefender));
   ExpectLoser(true, stage_node);
 }
@@ -589,11 +593,9 @@ TEST_F(StageTileChain10mTest, AStageOverTheWitnessBoundIsRuledOnChainAtATile) {
   ASSERT_GE(op, 0);
   const Party honest = Trace(evidence_[cheat_][kLieStep]);
   const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 7, 0.5f)};
-  TestStageEvidence committed = evidence_[cheat_][kLieStep];
-  committed.commit.state_after = Blake2b("the liar's state after");
-  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
   const PublicKey stage_node = Unit(cheat_).assignee;
-  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
+  TestStageEvidence committed;
+  ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, true, &committed));
   ASSERT_NO_FATAL_FAILURE(Play(liar, honest));
   const RefereeTask task = TaskNow();
   ASSERT_TRUE(task.tile);
@@ -765,11 +767,9 @@ TEST_P(SeqStageTileLieTest, ALieAtATileOfASequentialStageIsRuledOnChainByReferee
   ASSERT_GE(op, 0) << lie.op;
   const Party honest = Trace(evidence_[cheat_][kLieStep]);
   const Party liar{WithLie(*honest.trace, static_cast<size_t>(op), 3, 0.5f)};
-  TestStageEvidence committed = evidence_[cheat_][kLieStep];
-  if (lie.stage_lies) committed.commit.state_after = Blake2b("the liar's state after");
-  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
   const PublicKey stage_node = Unit(cheat_).assignee;
-  ASSERT_NO_FATAL_FAILURE(DisputeWithBundle(leaves, Blake2b("the verifier's finding")));
+  TestStageEvidence committed;
+  ASSERT_NO_FATAL_FAILURE(CommitAndDispute(leaves, lie.stage_lies, &committed));
   ASSERT_NO_FATAL_FAILURE(Play(lie.stage_lies ? liar : honest, lie.stage_lies ? honest : liar));
   const RefereeTask task = TaskNow();
   ASSERT_TRUE(task.tile) << "narrowed to a tile";
