@@ -189,16 +189,21 @@ Result<StageStepCheck> CheckStageContinuity(const StageCheckInput& in, uint64_t 
   const Hash256& committed = leaves[step + 1];
   StageStepCheck out;
   out.leaf = committed;
-  Result<protocol::StageStepCommit> commit = ServedCommit(in, step, committed);
-  if (!commit.ok() && commit.status().code() == StatusCode::kNotFound) {
-    out.leaf = StageUnservedLeaf(committed);
-    out.replay.fault = StageFault::kStageFaultUnserved;
+  // A finding: `leaf` the claim's replayed end, on step `at` of the stage.
+  auto finding = [&](const Hash256& leaf, StageFault fault, uint64_t at, std::string message) {
+    out.leaf = leaf;
+    out.replay.fault = fault;
     out.replay.replica = in.replica;
     out.replay.stage = in.stage;
-    out.replay.step = step;
-    out.message = ref.ToString() + ": unserved: " + commit.status().message();
+    out.replay.step = at;
+    out.message = std::move(message);
     out.replay.message = out.message;
     return out;
+  };
+  Result<protocol::StageStepCommit> commit = ServedCommit(in, step, committed);
+  if (!commit.ok() && commit.status().code() == StatusCode::kNotFound) {
+    return finding(StageUnservedLeaf(committed), StageFault::kStageFaultUnserved, step,
+                   ref.ToString() + ": unserved: " + commit.status().message());
   }
   ML_RETURN_IF_ERROR(commit.status());
   Hash256 expected = start_slice;
@@ -210,32 +215,20 @@ Result<StageStepCheck> CheckStageContinuity(const StageCheckInput& in, uint64_t 
     // an honest stage serves both, or shows the commit in the witness it posts.
     Result<protocol::StageStepCommit> previous = ServedCommit(in, step - 1, leaves[step]);
     if (!previous.ok() && previous.status().code() == StatusCode::kNotFound) {
-      out.leaf = StageUnservedLeaf(leaves[step]);
-      out.replay.fault = StageFault::kStageFaultUnserved;
-      out.replay.replica = in.replica;
-      out.replay.stage = in.stage;
-      out.replay.step = step - 1;
-      out.message = RefOf(in, step - 1).ToString() + ": unserved (read to check step " +
-                    std::to_string(step) + "'s continuity): " + previous.status().message();
-      out.replay.message = out.message;
-      return out;
+      return finding(StageUnservedLeaf(leaves[step]), StageFault::kStageFaultUnserved, step - 1,
+                     RefOf(in, step - 1).ToString() + ": unserved (read to check step " +
+                         std::to_string(step) + "'s continuity): " + previous.status().message());
     }
     ML_RETURN_IF_ERROR(previous.status());
     expected = previous->state_after;
     from = "step " + std::to_string(step - 1) + "'s state_after";
   }
   if (commit->state_before == expected) return out;
-  out.leaf = ledger::StageContinuityLeaf(committed);
-  out.replay.fault = StageFault::kStageFaultContinuity;
-  out.replay.replica = in.replica;
-  out.replay.stage = in.stage;
-  out.replay.step = step;
   out.replay.claimed = commit->state_before;
   out.replay.replayed = expected;
-  out.message = ref.ToString() + ": continuity: the step starts from " +
-                commit->state_before.ShortHex() + ", not " + from + " " + expected.ShortHex();
-  out.replay.message = out.message;
-  return out;
+  return finding(ledger::StageContinuityLeaf(committed), StageFault::kStageFaultContinuity, step,
+                 ref.ToString() + ": continuity: the step starts from " +
+                     commit->state_before.ShortHex() + ", not " + from + " " + expected.ShortHex());
 }
 
 Result<ledger::StageContinuityWitness> BuildStageContinuityWitness(
