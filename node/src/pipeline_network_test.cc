@@ -1008,11 +1008,29 @@ TEST(PipelineNetworkTest, ADrawnStageIsCaughtByAnHonestVerifierAndARubberStampIs
   EXPECT_GE(NodeRecordOf(sim, kHonest)["earnings"].value("jackpot_wins", uint64_t{0}), 1u);
 }
 
+// The forced step commits (forced-N.commits) node `i` keeps in its unit directories.
+std::vector<std::string> ForcedCommitsFiles(const testing::SimOptions& opt, int i) {
+  std::vector<std::string> found;
+  const std::string units = opt.root + "/nodes/n" + std::to_string(i) + "/units";
+  Result<std::vector<std::string>> dirs = Env::Default()->ListDir(units);
+  if (!dirs.ok()) return found;  // the node never wrote a unit file
+  for (const std::string& d : *dirs) {
+    Result<std::vector<std::string>> names = Env::Default()->ListDir(units + "/" + d);
+    if (!names.ok()) continue;
+    for (const std::string& n : *names) {
+      if (n.starts_with("forced-")) found.push_back(d + "/" + n);
+    }
+  }
+  return found;
+}
+
 // Forced errors now and then on a pipeline task: one stage unit in five is drawn; each drawn
 // stage is caught by the honest verifiers, its replica runs again, nobody is slashed, and the task
 // ends with `meshlearn diloco`'s weights, bit for bit. Which stages are drawn depends on the
 // blocks, so a seed may draw none (each of the task's four replica runs draws none with
-// probability 0.8^3): the first seed that draws one counts. Returns the forced errors settled.
+// probability 0.8^3): the first seed that draws one counts. Once every round is final, the
+// forced commits a drawn stage kept for its reveal are deleted with its unit directory (the pin
+// review's, as a unit's checkpoints are). Returns the forced errors settled.
 uint64_t RunPipelineWithForcedErrors(const PipelineOracle& o, uint64_t seed) {
   testing::SimOptions opt =
       VerifyingPipelineSimOptions(seed, "pipeline-network-forced-" + std::to_string(seed));
@@ -1038,6 +1056,19 @@ uint64_t RunPipelineWithForcedErrors(const PipelineOracle& o, uint64_t seed) {
   EXPECT_TRUE(final_state.ok()) << final_state.status().ToString();
   if (final_state.ok()) {
     EXPECT_EQ(HashFloats(final_state->weights), o.want.final_hash);
+  }
+  // Every round is final with the task: each node's next pin review deletes its units' files.
+  auto units_left = [&] {
+    size_t n = 0;
+    for (int i = 0; i < opt.nodes; ++i) n += sim.agent(i)->pin_book()->Units().size();
+    return n;
+  };
+  for (int b = 0; b < 100 && units_left() > 0; ++b) EXPECT_TRUE(sim.Step().ok());
+  EXPECT_EQ(units_left(), 0u);
+  for (int i = 0; i < opt.nodes; ++i) {
+    const std::vector<std::string> left = ForcedCommitsFiles(opt, i);
+    EXPECT_TRUE(left.empty()) << "node " << i << " keeps " << left.size()
+                              << " forced commits file(s), e.g. " << left.front();
   }
   return verification.value("forced_error", uint64_t{0});
 }

@@ -35,7 +35,8 @@ class SolverSecrets {
 // Where the Stager keeps the forced step commits of a stage unit it committed with secret
 // `secret_index` drawn for a forced error (protocol::EncodeStageStepCommits), for the Solver's
 // RevealSecret of that secret (RevealSecretTx::forced_commits). By secret, so that a unit re-run
-// and not drawn again reveals none.
+// and not drawn again reveals none. The file goes with the unit's directory (PinKeeper: once the
+// unit's round is final, or the task released).
 std::string ForcedStageCommitsPath(const NodeContext& node, const Hash256& task, uint32_t index,
                                    uint64_t secret_index);
 

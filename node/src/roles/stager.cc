@@ -271,6 +271,10 @@ Status Stager::ForceIfDrawn(const UnitAssignment& a,
   // The tensors it sent stay honest (its neighbours' steps are signed over them): only the states
   // its commits claim are forced.
   protocol::ForceStageStepStates(secret, uid, commits);
+  // The unit's directory is recorded before its first file, as the Solver records its units: the
+  // pin review deletes it once the unit's round is final (its check, and so the reveal that reads
+  // the file, settled before), or when the task is released.
+  ML_RETURN_IF_ERROR(node_->book().AddUnit(a.task_id, a.index, a.round));
   ML_RETURN_IF_ERROR(node_->env()->CreateDirs(node_->UnitDir(a.task_id, a.index), 0700));
   const Bytes encoded = protocol::EncodeStageStepCommits(commits);
   ML_RETURN_IF_ERROR(node_->env()->WriteFileAtomic(path, AsStringView(encoded), 0600));
