@@ -534,10 +534,21 @@ json RpcService::Dispatch(const std::string& method, const json& params,
             m->phase() == protocol::RoundPhase::kRoundPhaseAggregating) {
           json committed = json::array();
           for (const protocol::CommittedUnit& u : m->CommittedUnits()) {
-            committed.push_back({{"index", u.unit.round * per_round + u.unit.shard},
-                                 {"shard", u.unit.shard},
-                                 {"node", u.node.ToHex()},
-                                 {"result_hash", u.result.ToHex()}});
+            const uint32_t index = u.unit.round * per_round + u.unit.shard;
+            json in = {{"index", index},
+                       {"shard", u.unit.shard},
+                       {"node", u.node.ToHex()},
+                       {"result_hash", u.result.ToHex()}};
+            if (IsPipelineTask(t.params)) {
+              // What the aggregator checks a stage unit's step commits blob against, and the
+              // blob it keeps, with the input they belong to: no get_task to learn them (as
+              // `stage` on a unit, only a pipeline task's inputs have them).
+              Result<WorkUnit> wu = c.GetWorkUnit(t.id, index);
+              const bool has = wu.ok() && !wu->stage_commits.IsZero();
+              in["commitment"] = wu.ok() ? wu->commitment.ToHex() : Hash256{}.ToHex();
+              in["stage_commits"] = has ? json(wu->stage_commits.ToHex()) : json(nullptr);
+            }
+            committed.push_back(std::move(in));
           }
           aggregations.push_back({{"task_id", t.id.ToHex()},
                                   {"round", agg->round},

@@ -597,9 +597,12 @@ Result<NodeWork> ParseNodeWork(const json& j) {
     ML_ASSIGN_OR_RETURN(RpcAnswer inputs, gf.Array("units"));
     for (size_t k = 0; k < inputs.size(); ++k) {
       AggregationInput in;
-      Fields inf(inputs.At(k), {"index", "shard", "node", "result_hash"});
+      Fields inf(inputs.At(k),
+                 {"index", "shard", "node", "result_hash", "commitment", "stage_commits"});
+      inf.Optional("commitment").Optional("stage_commits");  // a pipeline task's inputs only
       inf.Read("index", &in.index).Read("shard", &in.shard).Read("node", &in.node);
-      inf.Read("result_hash", &in.result_hash);
+      inf.Read("result_hash", &in.result_hash).Read("commitment", &in.commitment);
+      inf.ReadHashOrNull("stage_commits", &in.stage_commits);
       ML_RETURN_IF_ERROR(inf.Done());
       x.units.push_back(in);
     }

@@ -5,6 +5,7 @@
 // stage by stage (ApplyStageRound). The task ends on the ledger with `meshlearn diloco`'s weights,
 // bit for bit.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -116,6 +117,13 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
       steps_released[node] += std::strtoull(line.c_str() + at + 18, nullptr, 10);
     }
   };
+  // The units' records (get_task with units): no role of this chain reads them but an
+  // aggregator whose CommitAggregate failed (Aggregator::Overtaken). node_work gives the round's
+  // aggregator each stage unit's commitment and step commits blob with its input.
+  std::atomic<uint64_t> unit_listings{0};
+  opt.on_rpc = [&](const std::string& method, const json& params, const Result<json>&) {
+    if (method == "get_task" && params.value("units", false)) ++unit_listings;
+  };
   testing::SimHarness sim(opt);
   Status setup = sim.Setup();
   ASSERT_TRUE(setup.ok()) << setup.ToString();
@@ -180,6 +188,15 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
     ASSERT_TRUE(sim.Step().ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  // Every CommitAggregate's outcome is in by now (the blocks above): an ok one a round at least.
+  uint64_t aggregates_ok = 0, aggregates_failed = 0;
+  for (int i = 0; i < 6; ++i) {
+    const AgentStats& st = sim.agent(i)->stats();
+    aggregates_ok += st.aggregations_ok;
+    aggregates_failed += st.aggregations - st.aggregations_ok;
+  }
+  EXPECT_GE(aggregates_ok, o.net.rounds);
+  EXPECT_LE(unit_listings.load(), aggregates_failed);
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(steps_released.size(), 6u);
   for (const auto& [node, steps] : steps_released) EXPECT_EQ(steps, trained) << "node " << node;

@@ -156,10 +156,6 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
   ML_RETURN_IF_ERROR(node_->Providers(true).status());
   std::map<PublicKey, std::string> endpoint_of;
   for (const NodeInfo& ni : node_->nodes()) endpoint_of[ni.id] = ni.endpoint;
-  // The units' records: each stage unit's commitment and step commits blob.
-  ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(node_->chain(), a.task_id, /*units=*/true));
-  std::map<uint32_t, const UnitRecord*> record_of;
-  for (const UnitRecord& u : info.units) record_of[u.index] = &u;
   // replica -> its stages' deltas; a replica with a stage missing (a malformed delta or step
   // commits blob) is left out.
   std::map<uint32_t, std::vector<std::optional<std::vector<float>>>> by_replica;
@@ -181,14 +177,7 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
                  "): " + d.status().message());
       continue;
     }
-    const auto record = record_of.find(in.index);
-    if (record == record_of.end() || record->second->result_hash != in.result_hash) {
-      // node_work was read before the round re-ran: node_work will say what to aggregate.
-      return FailedPrecondition(Name(a) + ": unit " + std::to_string(in.index) +
-                                " is no longer the committed input of the round");
-    }
-    ML_ASSIGN_OR_RETURN(bool kept,
-                        KeepStageCommits(a, in, *record->second, slot, net, endpoint_of));
+    ML_ASSIGN_OR_RETURN(bool kept, KeepStageCommits(a, in, slot, net, endpoint_of));
     if (!kept) continue;
     stages[slot.stage] = std::move(*d);
   }
@@ -304,10 +293,10 @@ Result<Bytes> Aggregator::FetchInput(const AggregationAssignment& a, const Aggre
 }
 
 Result<bool> Aggregator::KeepStageCommits(const AggregationAssignment& a,
-                                          const AggregationInput& in, const UnitRecord& record,
-                                          const ledger::StageSlot& slot, const NetworkSpec& net,
+                                          const AggregationInput& in, const ledger::StageSlot& slot,
+                                          const NetworkSpec& net,
                                           const std::map<PublicKey, std::string>& endpoint_of) {
-  const Hash256& commits = record.stage_commits;
+  const Hash256& commits = in.stage_commits;
   Status checked = DataLoss("its CommitStage named no step commits");
   if (!commits.IsZero()) {
     ML_ASSIGN_OR_RETURN(Bytes blob, FetchInput(a, in, commits, endpoint_of));
@@ -317,7 +306,7 @@ Result<bool> Aggregator::KeepStageCommits(const AggregationAssignment& a,
                                        .stage = slot.stage,
                                        .stages = net.stages,
                                        .inner_steps = net.inner_steps,
-                                       .commitment = record.commitment})
+                                       .commitment = in.commitment})
                   .status()
                   .WithPrefix("its step commits blob " + commits.ShortHex());
   }

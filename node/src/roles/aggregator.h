@@ -69,16 +69,14 @@ class Aggregator {
   Result<Bytes> FetchInput(const AggregationAssignment& a, const AggregationInput& in,
                            const Hash256& blob,
                            const std::map<PublicKey, std::string>& endpoint_of);
-  // Stage unit `in`'s step commits blob (`record`: its get_task record, `slot` its place),
-  // fetched as its delta is, checked against the unit (CheckStageCommits) and pinned with the
-  // task's states, as
-  // its stage node pins it: served while a fraud proof can reopen the task, after the stage node
-  // deleted it (docs/verification.md, "An audit of a pipeline task"). False when it does not
-  // check (logged; its replica is left out as for a malformed delta); an error when nobody
-  // serves it (reported as an unserved delta is).
+  // Stage unit `in`'s step commits blob (in.stage_commits, which node_work names with the input;
+  // `slot` its place), fetched as its delta is, checked against the unit's commitment
+  // (CheckStageCommits) and pinned with the task's states, as its stage node pins it: served
+  // while a fraud proof can reopen the task, after the stage node deleted it (docs/verification.md,
+  // "An audit of a pipeline task"). False when it does not check (logged; its replica is left out
+  // as for a malformed delta); an error when nobody serves it (reported as an unserved delta is).
   Result<bool> KeepStageCommits(const AggregationAssignment& a, const AggregationInput& in,
-                                const UnitRecord& record, const ledger::StageSlot& slot,
-                                const NetworkSpec& net,
+                                const ledger::StageSlot& slot, const NetworkSpec& net,
                                 const std::map<PublicKey, std::string>& endpoint_of);
 
   NodeContext* node_;

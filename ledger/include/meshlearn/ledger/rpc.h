@@ -52,7 +52,8 @@
 //                       deadline_height, start_state, spec_hash, assignment_beacon, stage?:
 //                       {replica, stage, chain: [{node, endpoint}]}}],
 //                       aggregations: [{task_id, round, deadline_height, start_state, spec_hash,
-//                       units: [{index, shard, node, result_hash}]}],
+//                       units: [{index, shard, node, result_hash, commitment?,
+//                       stage_commits?}]}],
 //                       checks: [a unit JSON (as in get_task, with "check") plus roles
 //                       (solver | verifier | challenger | whistleblower), start_state,
 //                       spec_hash, solver_endpoint]}; start_state: blob id of the global state
@@ -63,7 +64,9 @@
 //                     with its own round's start_state (docs/verification.md). A pipeline
 //                     task's unit has `stage`: its replica and stage, and the replica's chain
 //                     as placed (per stage its node and endpoint; a zero node and "" while a
-//                     stage waits for a node; docs/protocol.md "Pipeline stage units").
+//                     stage waits for a node; docs/protocol.md "Pipeline stage units"). A
+//                     pipeline task's aggregation inputs have `commitment` and
+//                     `stage_commits` (HEX or null), as get_task's unit records.
 //   referee_work      {}                                -> {height, disputes: [unit JSON with
 //                       "check".dispute.referee, start_state, spec_hash]}: disputes waiting
 //                     for the referee's RuleDispute

@@ -165,6 +165,10 @@ struct AggregationInput {
   uint32_t shard = 0;
   PublicKey node;       // the committer (its endpoint serves the delta)
   Hash256 result_hash;  // blob id of the delta blob
+  // A pipeline task's stage unit (zero otherwise): its commitment, and the blob id of its step
+  // commits (zero: its CommitStage named none), as its unit record has them.
+  Hash256 commitment;
+  Hash256 stage_commits;
 };
 struct AggregationAssignment {
   Hash256 task_id;
