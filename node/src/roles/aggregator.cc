@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "journal.h"
+#include "meshlearn/engine/optim.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/state_blob.h"
@@ -36,6 +37,16 @@ Result<journal::AggregateDone> Journaled(const NodeContext& node, const Aggregat
   }
   if (!same) return NotFound("the journal is of other inputs");
   return d;
+}
+
+// The bytes of `state`'s optimizer state tensors (AdamW's m and v).
+uint64_t MomentBytes(engine::TrainState& state) {
+  uint64_t bytes = 0;
+  if (state.optimizer == nullptr) return bytes;
+  for (const engine::Optimizer::NamedState& s : state.optimizer->State()) {
+    bytes += static_cast<uint64_t>(s.tensor->size()) * sizeof(float);
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -258,6 +269,15 @@ Result<Aggregator::Aggregate> Aggregator::Finish(const AggregationAssignment& a,
   ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
   ML_RETURN_IF_ERROR(trainer->SetFlatParams(state.weights));
   engine::EvalResult eval = trainer->Evaluate();
+  if (ledger::IsPipelineTask(ctx->info.params)) {
+    // The trainer stays with the task for its later rounds, but not its optimizer moments (twice
+    // the weights, zeroed when it was built): on a pipeline task nothing of this node reads them
+    // (an evaluation reads the weights alone; its stage units and their replays build their
+    // stages), and the node is placed by its stage's need, not the whole model's. A role that
+    // trains the whole model starts with Trainer::StartUnit, which makes fresh ones.
+    trainer->state().optimizer.reset();
+  }
+  node_->stats().whole_model_moments_bytes = MomentBytes(trainer->state());
   Aggregate agg;
   agg.accuracy_ppm =
       eval.accuracy >= 0 ? static_cast<uint32_t>(std::llround(eval.accuracy * 1e6)) : 0;

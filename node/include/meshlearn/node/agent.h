@@ -249,6 +249,9 @@ struct AgentStats {
   // whole model's weights, gradients and optimizer moments). A node that only ran stage units
   // builds none: it holds its stage, not the model.
   uint64_t whole_models_built = 0;
+  // What the whole-model trainer of the node's last aggregation holds of optimizer moments after
+  // it, a gauge: 0 on a pipeline task (Aggregator::Finish drops them; an evaluation reads none).
+  uint64_t whole_model_moments_bytes = 0;
   uint64_t units_resumed = 0;  // continued from a checkpoint
   uint64_t units_paused = 0;   // paused at a checkpoint for a verification replay
   uint64_t units_refused = 0;  // did not fit in memory (each Tick that refused one)
