@@ -303,5 +303,44 @@ TEST(ChainClientRecords, CheckWithAMissingOrUnknownFieldIsRefusedNamingIt) {
   EXPECT_EQ(w->checks[0].dispute->position, 2u);
 }
 
+// A pipeline task's aggregation inputs carry each stage unit's commitment and step commits blob
+// (null: none named); a unit task's have neither, and decode with both zero.
+TEST(ChainClientRecords, AggregationInputsCarryAStageUnitsCommitmentAndStepCommits) {
+  const std::string a(64, 'a'), b(64, 'b'), c(64, 'c');
+  const json stage_input = {{"index", 3},       {"shard", 3},      {"node", a},
+                            {"result_hash", b}, {"commitment", c}, {"stage_commits", a}};
+  json plain_input = {{"index", 1}, {"shard", 1}, {"node", a}, {"result_hash", b}};
+  json unnamed = stage_input;
+  unnamed["stage_commits"] = nullptr;
+  auto work = [&](json inputs) {
+    return json{{"height", 1},
+                {"units", json::array()},
+                {"aggregations",
+                 {{{"task_id", a},
+                   {"round", 0},
+                   {"deadline_height", 9},
+                   {"start_state", b},
+                   {"spec_hash", c},
+                   {"units", std::move(inputs)}}}},
+                {"checks", json::array()},
+                {"next_secret_index", 1}};
+  };
+  Result<NodeWork> w = ParseNodeWork(work({stage_input, plain_input, unnamed}));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_EQ(w->aggregations.size(), 1u);
+  const std::vector<AggregationInput>& in = w->aggregations[0].units;
+  ASSERT_EQ(in.size(), 3u);
+  EXPECT_EQ(in[0].commitment.ToHex(), c);
+  EXPECT_EQ(in[0].stage_commits.ToHex(), a);
+  EXPECT_TRUE(in[1].commitment.IsZero());
+  EXPECT_TRUE(in[1].stage_commits.IsZero());
+  EXPECT_EQ(in[2].commitment.ToHex(), c);
+  EXPECT_TRUE(in[2].stage_commits.IsZero());
+  // Strict as every record: a field the node does not know is refused, naming it.
+  plain_input["stage_commitz"] = a;
+  ExpectNamed(ParseNodeWork(work({plain_input})).status(), "node_work",
+              "result.aggregations[0].units[0].stage_commitz");
+}
+
 }  // namespace
 }  // namespace meshlearn::node
