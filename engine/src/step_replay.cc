@@ -239,17 +239,78 @@ std::vector<int64_t> BatchIndices(uint64_t seed, uint64_t stream, int64_t n, int
   return BatchSampler(seed, stream, n, batch).Indices(step);
 }
 
-Hash256 ExampleLeaf(uint64_t index, std::span<const float> x, int32_t y) {
-  // The float bytes are hashed as they lie in memory, like StateHash's tensors.
-  static_assert(std::endian::native == std::endian::little,
-                "meshlearn hashes little-endian floats");
-  Hasher h("meshlearn.example");
-  h.UpdateU64(index);
+namespace {
+
+// The label's 4 bytes, little-endian, as both example leaves hash it.
+void UpdateLabel(Hasher& h, int32_t y) {
   const uint32_t uy = static_cast<uint32_t>(y);
   const uint8_t yb[4] = {static_cast<uint8_t>(uy), static_cast<uint8_t>(uy >> 8),
                          static_cast<uint8_t>(uy >> 16), static_cast<uint8_t>(uy >> 24)};
   h.Update(ByteSpan(yb, 4));
+}
+
+// The float bytes are hashed as they lie in memory, like StateHash's tensors.
+void UpdateFloats(Hasher& h, std::span<const float> x) {
+  static_assert(std::endian::native == std::endian::little,
+                "meshlearn hashes little-endian floats");
   h.Update(ByteSpan(reinterpret_cast<const uint8_t*>(x.data()), x.size() * sizeof(float)));
+}
+
+std::vector<Hash256> ExampleChunkLeaves(std::span<const float> x) {
+  const int64_t n = ExampleChunks(static_cast<int64_t>(x.size()));
+  CHECK_GT(n, 0) << "an example of " << x.size() << " floats is not chunked";
+  std::vector<Hash256> leaves;
+  leaves.reserve(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) {
+    leaves.push_back(ExampleChunkLeaf(static_cast<uint64_t>(c), ExampleChunk(x, c)));
+  }
+  return leaves;
+}
+
+}  // namespace
+
+Hash256 ExampleLeaf(uint64_t index, std::span<const float> x, int32_t y) {
+  if (ExampleChunks(static_cast<int64_t>(x.size())) > 0) {
+    return ChunkedExampleLeaf(index, y, x.size(), ExampleChunkRoot(x));
+  }
+  Hasher h("meshlearn.example");
+  h.UpdateU64(index);
+  UpdateLabel(h, y);
+  UpdateFloats(h, x);
+  return h.Finish();
+}
+
+int64_t ExampleChunks(int64_t floats) {
+  return floats <= kExampleChunkFloats ? 0
+                                       : (floats + kExampleChunkFloats - 1) / kExampleChunkFloats;
+}
+
+Hash256 ExampleChunkLeaf(uint64_t chunk, std::span<const float> floats) {
+  Hasher h("meshlearn.example_chunk");
+  h.UpdateU64(chunk);
+  UpdateFloats(h, floats);
+  return h.Finish();
+}
+
+std::span<const float> ExampleChunk(std::span<const float> x, int64_t chunk) {
+  CHECK_GE(chunk, 0);
+  CHECK_LT(chunk, ExampleChunks(static_cast<int64_t>(x.size())));
+  const size_t c0 = static_cast<size_t>(chunk * kExampleChunkFloats);
+  return x.subspan(c0, std::min(x.size() - c0, static_cast<size_t>(kExampleChunkFloats)));
+}
+
+Hash256 ExampleChunkRoot(std::span<const float> x) { return MerkleRoot(ExampleChunkLeaves(x)); }
+
+MerkleProof ProveExampleChunk(std::span<const float> x, int64_t chunk) {
+  return MerkleProve(ExampleChunkLeaves(x), static_cast<uint64_t>(chunk));
+}
+
+Hash256 ChunkedExampleLeaf(uint64_t index, int32_t y, uint64_t floats, const Hash256& chunk_root) {
+  Hasher h("meshlearn.example_chunked");
+  h.UpdateU64(index);
+  UpdateLabel(h, y);
+  h.UpdateU64(floats);
+  h.Update(chunk_root.span());
   return h.Finish();
 }
 

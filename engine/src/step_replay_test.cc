@@ -346,6 +346,47 @@ TEST(ExampleLeafTest, ChangesWithIndexLabelAndEveryFloat) {
   EXPECT_NE(ExampleLeaf(42, std::span<const float>(x).first(4), 3), base);
 }
 
+// floats(n)[i] = (i % 7) / 2 - 1, exact in float32.
+std::vector<float> SevenStep(int64_t n) {
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i % 7) * 0.5f - 1;
+  return x;
+}
+
+TEST(ExampleLeafTest, AnExampleOfAtMost1024FloatsKeepsItsWholeLeafALargerOneItsChunkTree) {
+  // Computed with Python's hashlib.blake2b(digest_size=32): BLAKE2b of u64le(17)
+  // "meshlearn.example" u64le(7) i32le(-3) and the 1024 floats, the format of every example up to
+  // 1024 floats (Fashion-MNIST's data root stays).
+  EXPECT_EQ(ExampleChunks(1024), 0);
+  EXPECT_EQ(ExampleLeaf(7, SevenStep(1024), -3).ToHex(),
+            "ba5b49d3d941972b635697c9e080bcff7766cf92fa6afc45553cc5e37bcaf038");
+  // 2100 floats: chunks of 1024, 1024 and 52, each BLAKE2b of u64le(23)
+  // "meshlearn.example_chunk" u64le(chunk) and its floats; the base/merkle.h root over them; the
+  // leaf BLAKE2b of u64le(25) "meshlearn.example_chunked" u64le(7) i32le(-3) u64le(2100) root.
+  const std::vector<float> x = SevenStep(2100);
+  ASSERT_EQ(ExampleChunks(2100), 3);
+  EXPECT_EQ(ExampleLeaf(7, x, -3).ToHex(),
+            "a6ebb06302526435fd26d5d265ec027f928803bdd998dde81ea9432b35749a85");
+  EXPECT_EQ(ExampleChunk(x, 2).size(), 52u);
+  const Hash256 root = ExampleChunkRoot(x);
+  EXPECT_EQ(ExampleLeaf(7, x, -3), ChunkedExampleLeaf(7, -3, 2100, root));
+  for (int64_t c = 0; c < 3; ++c) {
+    const MerkleProof p = ProveExampleChunk(x, c);
+    EXPECT_TRUE(
+        MerkleVerify(root, ExampleChunkLeaf(static_cast<uint64_t>(c), ExampleChunk(x, c)), p));
+    // A chunk proves only its own floats at its own place.
+    EXPECT_FALSE(MerkleVerify(
+        root, ExampleChunkLeaf(static_cast<uint64_t>(c + 1) % 3, ExampleChunk(x, c)), p));
+    std::vector<float> y = x;
+    y[static_cast<size_t>(c * 1024)] = std::nextafter(y[static_cast<size_t>(c * 1024)], 100.0f);
+    EXPECT_FALSE(
+        MerkleVerify(root, ExampleChunkLeaf(static_cast<uint64_t>(c), ExampleChunk(y, c)), p));
+    EXPECT_NE(ExampleLeaf(7, y, -3), ExampleLeaf(7, x, -3)) << c;
+  }
+  EXPECT_NE(ExampleLeaf(7, x, 4), ExampleLeaf(7, x, -3));
+  EXPECT_NE(ExampleLeaf(8, x, -3), ExampleLeaf(7, x, -3));
+}
+
 std::vector<Hash256> Leaves(const ClassificationData& d) {
   const int64_t per = d.size() == 0 ? 0 : d.x.size() / d.size();
   std::vector<Hash256> leaves;

@@ -11,6 +11,7 @@
 #include "meshlearn/engine/kernels.h"
 #include "meshlearn/engine/math.h"
 #include "meshlearn/engine/pipeline.h"
+#include "meshlearn/engine/step_replay.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -48,11 +49,17 @@ int64_t TileRuleAddedInto(const TileOp& o) {
 }
 
 // Appends the tiles of `op` covering [r0, r1) x [c0, c1) (rows and columns of its rows x cols
-// view), or the batch rows [r0, r1) when op is the batch.
+// view), or the batch rows [r0, r1) when op is the batch, and of chunked examples the chunks
+// holding columns [c0, c1) (none for an empty range: the rows' labels only).
 void TileRuleCover(const TilePlan& plan, int64_t op, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                    TileFootprint& fp) {
   if (op == kTileOperandBatch) {
     for (int64_t r = r0; r < r1; ++r) fp.batch_rows.push_back(r);
+    if (ExampleChunks(plan.input_size) > 0 && r1 > r0 && c1 > c0) {
+      for (int64_t k = c0 / kExampleChunkFloats; k <= (c1 - 1) / kExampleChunkFloats; ++k) {
+        fp.batch_chunks.push_back(k);
+      }
+    }
     return;
   }
   const TileGrid& g = plan.ops[static_cast<size_t>(op)].grid;
@@ -524,6 +531,7 @@ void TileRuleCoverOnce(const TilePlan& plan, int64_t op, int64_t r0, int64_t r1,
       fp.batch_rows.push_back(r);
     }
   }
+  fp.batch_chunks.insert(fp.batch_chunks.end(), part.batch_chunks.begin(), part.batch_chunks.end());
 }
 
 // A layernorm's rows [n0, n1) (the tensor's rows, or an image's runs n = (sample, run) of W):
@@ -1662,7 +1670,7 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
       const int64_t cb0 = q0 / KH, cb1 = (q1 - 1) / KH + 1;
       if (o.x == kTileOperandBatch) {
-        TileRuleCover(plan, o.x, t.r0, t.r1, 0, 0, fp);
+        TileRuleCover(plan, o.x, t.r0, t.r1, 0, TileRuleCols(plan, o.x), fp);
       } else if (TileRuleWindowWide(o)) {
         // Each output row's run of the tile: the columns its windows read, in the input row each
         // of the block's pairs (c, kh) puts under it.
@@ -1775,7 +1783,7 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
         }
         if (o.kind != TileOpKind::kTileOpConvWeightGrad) break;
         if (o.w == kTileOperandBatch) {
-          TileRuleCover(plan, o.w, b0, b1, 0, 0, fp);
+          TileRuleCover(plan, o.w, b0, b1, 0, TileRuleCols(plan, o.w), fp);
           break;
         }
         const auto [iw0, iw1] = TileRuleWindowInputCols(o, sp.ow0, sp.ow1);
@@ -1791,7 +1799,7 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       if (o.kind == TileOpKind::kTileOpConvWeightGrad) {
         const int64_t HW = o.conv[1] * o.conv[2], KK = o.conv[4] * o.conv[5];
         if (o.w == kTileOperandBatch) {
-          TileRuleCover(plan, o.w, b0, b1, 0, 0, fp);
+          TileRuleCover(plan, o.w, b0, b1, 0, TileRuleCols(plan, o.w), fp);
         } else {
           TileRuleCover(plan, o.w, b0, b1, (t.c0 / KK) * HW, ((t.c1 - 1) / KK + 1) * HW, fp);
         }
@@ -1929,6 +1937,8 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
             }
           }
           fp.batch_rows.insert(fp.batch_rows.end(), part.batch_rows.begin(), part.batch_rows.end());
+          fp.batch_chunks.insert(fp.batch_chunks.end(), part.batch_chunks.begin(),
+                                 part.batch_chunks.end());
         }
         break;
       }
@@ -1990,6 +2000,9 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
   }
   std::sort(fp.batch_rows.begin(), fp.batch_rows.end());
   fp.batch_rows.erase(std::unique(fp.batch_rows.begin(), fp.batch_rows.end()), fp.batch_rows.end());
+  std::sort(fp.batch_chunks.begin(), fp.batch_chunks.end());
+  fp.batch_chunks.erase(std::unique(fp.batch_chunks.begin(), fp.batch_chunks.end()),
+                        fp.batch_chunks.end());
   for (int64_t& row : fp.batch_rows) row += o.batch_offset;  // the step's batch positions
   return fp;
 }
@@ -3420,7 +3433,17 @@ TileInputs GatherTileInputs(const TilePlan& plan, const TileFootprint& fp, const
       continue;
     }
     const float* x = batch.inputs.data() + row * plan.input_size;
-    in.x.emplace_back(x, x + plan.input_size);
+    if (ExampleChunks(plan.input_size) > 0) {
+      // Only the footprint's chunks, as a witness carries them (TileInputs::x).
+      std::vector<float>& xi = in.x.emplace_back(static_cast<size_t>(plan.input_size), 0.0f);
+      for (int64_t k : fp.batch_chunks) {
+        const int64_t c0 = k * kExampleChunkFloats;
+        const int64_t c1 = std::min(plan.input_size, c0 + kExampleChunkFloats);
+        std::copy(x + c0, x + c1, xi.begin() + c0);
+      }
+    } else {
+      in.x.emplace_back(x, x + plan.input_size);
+    }
     in.y.push_back(batch.targets[static_cast<size_t>(row)]);
   }
   return in;

@@ -351,6 +351,63 @@ TEST(TileRuleTest, WideLayersAreNarrowedIntoTheirChainsBitForBit) {
   ASSERT_TRUE(SetKernelConfig(saved).ok());
 }
 
+// Examples of 3 x 64 x 64 = 12,288 floats are committed in 12 chunks of 1024 (step_replay.h): a
+// first layer's tiles read only the chunks holding their columns (a forward block of 256 inputs,
+// a weight gradient tile's 32), the loss its rows' labels only, and each tile recomputes to the
+// traced bits from inputs holding those chunks alone (GatherTileInputs zeroes the rest, as the
+// ledger does with a witness's chunks).
+TEST(TileRuleTest, AFirstLayerOverLargeExamplesReadsOnlyTheChunksOfItsColumnsBitForBit) {
+  std::string wide = kMlp;
+  wide.replace(wide.find("input = [70]"), 12, "input = [12288]");
+  Result<TaskSpec> spec = TaskSpec::Parse(wide, "chunked.toml", ".");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<std::unique_ptr<Trainer>> tr =
+      Trainer::Create(*spec, testing::RandomTaskData(64, {12288}, 5, 12, -0.5f, 0.5f));
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceTrainerStep(std::move(*tr), 1, &traced));
+  const TilePlan& plan = traced.plan;
+  ASSERT_EQ(ExampleChunks(plan.input_size), 12);
+  int64_t first_layer = 0;
+  for (size_t j = 0; j < plan.ops.size(); ++j) {
+    const TileOp& op = plan.ops[j];
+    if (op.kind == TileOpKind::kTileOpState) continue;
+    const int64_t jj = static_cast<int64_t>(j), blocks = ReductionBlocks(plan, jj);
+    for (int64_t t = 0; t < op.grid.count(); t += 5) {
+      SCOPED_TRACE(op.name + " tile " + std::to_string(t));
+      for (int64_t b = 0; b < std::max<int64_t>(blocks, 1); ++b) {
+        Result<TileFootprint> fp = Footprint(plan, jj, t, b);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        if (fp->batch_rows.empty()) {
+          EXPECT_TRUE(fp->batch_chunks.empty());
+          continue;
+        }
+        if (op.name == "loss" || op.name == "logits.grad") {
+          EXPECT_TRUE(fp->batch_chunks.empty()) << "the loss reads its rows' labels only";
+        } else {
+          EXPECT_EQ(fp->batch_chunks.size(), 1u) << "one chunk of 1024 holds the tile's columns";
+          ++first_layer;
+        }
+      }
+      const std::vector<float> want = ExtractTile(traced.trace.values(j), op.grid, t);
+      if (blocks > 0) {
+        Result<std::vector<std::vector<float>>> chain =
+            ReductionChain(plan, jj, t, traced.step, traced.trace, traced.batch);
+        ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+        EXPECT_TRUE(SameBits(chain->back(), want));
+      } else {
+        Result<TileFootprint> fp = Footprint(plan, jj, t, 0);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        Result<std::vector<float>> got = RecomputeTile(
+            plan, jj, t, 0, traced.step, GatherTileInputs(plan, *fp, traced.trace, traced.batch));
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        EXPECT_TRUE(SameBits(*got, want));
+      }
+    }
+  }
+  EXPECT_GT(first_layer, 100);
+}
+
 // The fast SumSquaresTree sums 8 blocks at a time and splits a gradient of 2^16 elements or more
 // over threads; the norm's operators recompute it block by block in the reference order. A clipped
 // MLP whose first weight has 64 x 1100 = 70,400 elements takes both fast paths: on every SIMD

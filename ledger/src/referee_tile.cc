@@ -17,7 +17,92 @@ namespace {
 constexpr char kTileWitnessMagic[] = "meshlearn.tile_witness.v1";
 // A witness with token pages (after the partial sum); one without keeps the v1 bytes.
 constexpr char kTileWitnessMagicPages[] = "meshlearn.tile_witness.v2";
+// A witness with chunked examples (after the pages, which may be none).
+constexpr char kTileWitnessMagicChunks[] = "meshlearn.tile_witness.v3";
 constexpr uint32_t kTileWitnessMaxItems = 1u << 20;
+
+void PutChunkedExamples(Encoder& e, const std::vector<TileWitnessChunkedExample>& examples) {
+  e.PutU32(static_cast<uint32_t>(examples.size()));
+  for (const TileWitnessChunkedExample& x : examples) {
+    e.PutU64(x.index).PutU32(static_cast<uint32_t>(x.y)).PutHash(x.chunk_root);
+    PutMerkleProof(e, x.proof);
+    e.PutU32(static_cast<uint32_t>(x.chunks.size()));
+    for (const TileWitnessChunk& c : x.chunks) {
+      PutWitnessFloats(e, c.values);
+      PutMerkleProof(e, c.proof);
+    }
+  }
+}
+
+Status GetChunkedExamples(Decoder& d, std::vector<TileWitnessChunkedExample>* examples) {
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "chunked examples", kMaxWitnessItems, 64));
+  examples->resize(n);
+  for (TileWitnessChunkedExample& x : *examples) {
+    ML_RETURN_IF_ERROR(d.GetU64(&x.index, "example.index"));
+    uint32_t y = 0;
+    ML_RETURN_IF_ERROR(d.GetU32(&y, "example.y"));
+    x.y = static_cast<int32_t>(y);
+    ML_RETURN_IF_ERROR(d.GetHash(&x.chunk_root, "example.chunk_root"));
+    ML_RETURN_IF_ERROR(GetMerkleProof(d, &x.proof, "example.proof"));
+    uint32_t k = 0;
+    ML_RETURN_IF_ERROR(d.GetCount(&k, "example.chunks", kMaxWitnessItems, 24));
+    x.chunks.resize(k);
+    for (TileWitnessChunk& c : x.chunks) {
+      ML_RETURN_IF_ERROR(GetWitnessFloats(d, &c.values, "chunk.values"));
+      ML_RETURN_IF_ERROR(GetMerkleProof(d, &c.proof, "chunk.proof"));
+    }
+  }
+  return Status::Ok();
+}
+
+// RuleTile's step 3 for example `i` of a task whose examples are chunked: its chunks must be the
+// footprint's, each of its length and proven against the example's chunk root, and its leaf over
+// that root proven against the data root (its index was checked against the batch). The tile
+// reads the example as those chunks, zeros elsewhere (engine::TileInputs::x).
+Status TileRuleChunkedExample(const TileRuleContext& ctx, const engine::TileFootprint& fp,
+                              const TileWitnessChunkedExample& e, size_t i,
+                              const std::string& where, engine::TileInputs* in) {
+  const int64_t n = ctx.plan.input_size;
+  const std::string what =
+      where + ": example " + std::to_string(i) + " (index " + std::to_string(e.index) + ")";
+  if (e.proof.index != e.index || e.proof.leaf_count != ctx.num_examples ||
+      !MerkleVerify(
+          ctx.data_root,
+          engine::ChunkedExampleLeaf(e.index, e.y, static_cast<uint64_t>(n), e.chunk_root),
+          e.proof)) {
+    return InvalidArgument(what + " is not proven against the data root " +
+                           ctx.data_root.ShortHex());
+  }
+  if (e.chunks.size() != fp.batch_chunks.size()) {
+    return InvalidArgument(what + " carries " + std::to_string(e.chunks.size()) +
+                           " chunks; the footprint reads " +
+                           std::to_string(fp.batch_chunks.size()));
+  }
+  std::vector<float> x(static_cast<size_t>(n), 0.0f);
+  for (size_t k = 0; k < e.chunks.size(); ++k) {
+    const TileWitnessChunk& c = e.chunks[k];
+    const int64_t chunk = fp.batch_chunks[k], c0 = chunk * engine::kExampleChunkFloats;
+    const size_t len = static_cast<size_t>(std::min(n - c0, engine::kExampleChunkFloats));
+    if (c.proof.index != static_cast<uint64_t>(chunk) || c.values.size() != len) {
+      return InvalidArgument(
+          what + ": chunk " + std::to_string(k) + " is chunk " + std::to_string(c.proof.index) +
+          " of " + std::to_string(c.values.size()) + " floats; the footprint reads chunk " +
+          std::to_string(chunk) + " there, of " + std::to_string(len));
+    }
+    if (c.proof.leaf_count != static_cast<uint64_t>(engine::ExampleChunks(n)) ||
+        !MerkleVerify(e.chunk_root,
+                      engine::ExampleChunkLeaf(static_cast<uint64_t>(chunk), c.values), c.proof)) {
+      return InvalidArgument(what + ": chunk " + std::to_string(chunk) +
+                             " is not proven against the example's chunk root " +
+                             e.chunk_root.ShortHex());
+    }
+    std::copy(c.values.begin(), c.values.end(), x.begin() + c0);
+  }
+  in->x.push_back(std::move(x));
+  in->y.push_back(e.y);
+  return Status::Ok();
+}
 
 // RuleTile's step 3 for a token task: the witness's pages must be exactly those holding the
 // footprint's rows' tokens and targets (engine::TokenPagesOfRows), each of its full length and
@@ -105,7 +190,9 @@ Status CheckWitnessPages(const std::vector<TileWitnessPage>& pages,
 
 Bytes EncodeTileWitness(const TileWitness& w) {
   Encoder e;
-  e.PutString(w.pages.empty() ? kTileWitnessMagic : kTileWitnessMagicPages);
+  e.PutString(!w.chunked.empty() ? kTileWitnessMagicChunks
+              : w.pages.empty()  ? kTileWitnessMagic
+                                 : kTileWitnessMagicPages);
   e.PutU32(static_cast<uint32_t>(w.outputs.size()));
   for (const Hash256& h : w.outputs) e.PutHash(h);
   e.PutU32(static_cast<uint32_t>(w.tiles.size()));
@@ -116,7 +203,8 @@ Bytes EncodeTileWitness(const TileWitness& w) {
   }
   PutWitnessExamples(e, w.examples);
   PutWitnessFloats(e, w.partial);
-  if (!w.pages.empty()) PutWitnessPages(e, w.pages);
+  if (!w.pages.empty() || !w.chunked.empty()) PutWitnessPages(e, w.pages);
+  if (!w.chunked.empty()) PutChunkedExamples(e, w.chunked);
   return e.Take();
 }
 
@@ -125,9 +213,11 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes) {
   std::string magic;
   ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
   const bool pages = magic == kTileWitnessMagicPages;
-  if (magic != kTileWitnessMagic && !pages) {
+  const bool chunks = magic == kTileWitnessMagicChunks;
+  if (magic != kTileWitnessMagic && !pages && !chunks) {
     return InvalidArgument("tile witness: magic '" + magic + "', expected '" + kTileWitnessMagic +
-                           "' (or '" + kTileWitnessMagicPages + "' with token pages)");
+                           "' (or '" + kTileWitnessMagicPages + "' with token pages, '" +
+                           kTileWitnessMagicChunks + "' with chunked examples)");
   }
   TileWitness w;
   uint32_t n = 0;
@@ -144,11 +234,16 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes) {
   }
   ML_RETURN_IF_ERROR(GetWitnessExamples(d, &w.examples));
   ML_RETURN_IF_ERROR(GetWitnessFloats(d, &w.partial, "partial"));
-  if (pages) {
-    ML_RETURN_IF_ERROR(GetWitnessPages(d, &w.pages));
-    if (w.pages.empty()) {
-      return InvalidArgument(std::string("tile witness: a '") + kTileWitnessMagicPages +
-                             "' witness holds at least one token page");
+  if (pages || chunks) ML_RETURN_IF_ERROR(GetWitnessPages(d, &w.pages));
+  if (pages && w.pages.empty()) {
+    return InvalidArgument(std::string("tile witness: a '") + kTileWitnessMagicPages +
+                           "' witness holds at least one token page");
+  }
+  if (chunks) {
+    ML_RETURN_IF_ERROR(GetChunkedExamples(d, &w.chunked));
+    if (w.chunked.empty()) {
+      return InvalidArgument(std::string("tile witness: a '") + kTileWitnessMagicChunks +
+                             "' witness holds at least one chunked example");
     }
   }
   ML_RETURN_IF_ERROR(d.Finish());
@@ -214,6 +309,21 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
     for (int64_t row : fp.batch_rows) {
       const int64_t idx = indices[static_cast<size_t>(row)];
       const float* x = train->x.data() + idx * n;
+      if (engine::ExampleChunks(n) > 0) {
+        const std::span<const float> xs(x, static_cast<size_t>(n));
+        TileWitnessChunkedExample& e =
+            w.chunked.emplace_back(TileWitnessChunkedExample{static_cast<uint64_t>(idx),
+                                                             train->y[static_cast<size_t>(idx)],
+                                                             engine::ExampleChunkRoot(xs),
+                                                             tree->Prove(idx),
+                                                             {}});
+        for (int64_t k : fp.batch_chunks) {
+          const std::span<const float> c = engine::ExampleChunk(xs, k);
+          e.chunks.push_back(TileWitnessChunk{std::vector<float>(c.begin(), c.end()),
+                                              engine::ProveExampleChunk(xs, k)});
+        }
+        continue;
+      }
       w.examples.push_back(
           StepWitnessExample{static_cast<uint64_t>(idx), std::vector<float>(x, x + n),
                              train->y[static_cast<size_t>(idx)], tree->Prove(idx)});
@@ -409,9 +519,20 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
   }
   // 3. The examples: the batch's, at the footprint's rows, proven against the data root; a token
   // task's tokens and targets: from the pages holding them, each proven against the data root.
+  // A task whose examples are chunked carries them in `chunked`, any other in `examples`.
+  const bool chunked = !plan.tokens && engine::ExampleChunks(plan.input_size) > 0;
+  if (!chunked && !w.chunked.empty()) {
+    return InvalidArgument(where + ": the witness has chunked examples; the task's examples (" +
+                           std::to_string(plan.input_size) + " floats) are read whole");
+  }
   if (plan.tokens) {
     ML_RETURN_IF_ERROR(TileRuleTokens(ctx, task, fp, w, where, &in));
-  } else if (w.examples.size() != fp.batch_rows.size()) {
+  } else if (chunked && (!w.examples.empty() || w.chunked.size() != fp.batch_rows.size())) {
+    return InvalidArgument(where + ": the witness has " + std::to_string(w.chunked.size()) +
+                           " chunked examples and " + std::to_string(w.examples.size()) +
+                           " whole ones; the footprint reads batch rows " +
+                           std::to_string(fp.batch_rows.size()) + ", chunked");
+  } else if (!chunked && w.examples.size() != fp.batch_rows.size()) {
     return InvalidArgument(where + ": the witness has " + std::to_string(w.examples.size()) +
                            " examples; the footprint reads batch rows " +
                            std::to_string(fp.batch_rows.size()));
@@ -424,14 +545,19 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
         engine::BatchIndices(ctx.seed, ctx.stream, static_cast<int64_t>(ctx.num_examples),
                              plan.batch, static_cast<int64_t>(task.step) - 1);
     for (size_t i = 0; i < fp.batch_rows.size(); ++i) {
-      const StepWitnessExample& e = w.examples[i];
       const int64_t row = fp.batch_rows[i];
       const uint64_t want = static_cast<uint64_t>(indices[static_cast<size_t>(row)]);
-      if (e.index != want) {
+      const uint64_t index = chunked ? w.chunked[i].index : w.examples[i].index;
+      if (index != want) {
         return InvalidArgument(where + ": example " + std::to_string(i) + " is dataset index " +
-                               std::to_string(e.index) + "; batch row " + std::to_string(row) +
+                               std::to_string(index) + "; batch row " + std::to_string(row) +
                                " draws index " + std::to_string(want));
       }
+      if (chunked) {
+        ML_RETURN_IF_ERROR(TileRuleChunkedExample(ctx, fp, w.chunked[i], i, where, &in));
+        continue;
+      }
+      const StepWitnessExample& e = w.examples[i];
       if (e.proof.index != e.index || e.proof.leaf_count != ctx.num_examples ||
           !MerkleVerify(ctx.data_root, engine::ExampleLeaf(e.index, e.x, e.y), e.proof)) {
         return InvalidArgument(where + ": example " + std::to_string(i) + " (index " +
@@ -496,10 +622,11 @@ Result<Hash256> RuleRoots(const TileRuleContext& ctx, const protocol::RefereeTas
         "; the whole step decides (RefereeStep for a task with a data root over examples, else "
         "the genesis referee's RuleDispute)");
   }
-  if (!w.tiles.empty() || !w.examples.empty() || !w.pages.empty() || !w.partial.empty()) {
+  if (!w.tiles.empty() || !w.examples.empty() || !w.chunked.empty() || !w.pages.empty() ||
+      !w.partial.empty()) {
     return InvalidArgument(where + ": a roots witness holds operator output roots only; it has " +
                            std::to_string(w.tiles.size()) + " tiles, " +
-                           std::to_string(w.examples.size()) + " examples, " +
+                           std::to_string(w.examples.size() + w.chunked.size()) + " examples, " +
                            std::to_string(w.pages.size()) + " token pages and a partial sum of " +
                            std::to_string(w.partial.size()));
   }

@@ -275,6 +275,43 @@ const Setup& CnnSetup() {
   return *setup;
 }
 
+// The fashion MLP's layers, 32 wide first, on 256 synthetic examples of 3 x 64 x 64 = 12,288 floats
+// at batch 64: each example's leaf is the root of its 12 chunks of 1024 floats
+// (engine::ExampleLeaf), so a first-layer tile's witness carries only the chunks it reads.
+const Setup& ChunkedSetup() {
+  static const Setup* setup = [] {
+    auto* s = new Setup;
+    std::string toml = kFashionMlp;
+    toml.replace(toml.find("input = [784]"), 13, "input = [12288]");
+    toml.replace(toml.find("out = 256"), 9, "out = 32");
+    toml.replace(toml.find("batch_size = 128"), 16, "batch_size = 64");
+    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(toml, "tile-chunked.toml", ".");
+    CHECK(spec.ok()) << spec.status().ToString();
+    constexpr int64_t kChunkedExamples = 256, kFloats = 3 * 64 * 64;
+    auto* data = new engine::TaskData;
+    Rng rng(23);
+    std::vector<float> x(static_cast<size_t>(kChunkedExamples * kFloats));
+    for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
+    data->train.x = engine::Tensor({kChunkedExamples, kFloats}, x);
+    data->train.y.resize(kChunkedExamples);
+    for (int32_t& y : data->train.y) y = static_cast<int32_t>(rng.Uniform(10));
+    data->train.num_classes = 10;
+    data->test = data->train;
+    auto shared = std::make_shared<const engine::TaskSpec>(std::move(*spec));
+    s->make = [shared, data] {
+      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, *data);
+      CHECK(tr.ok()) << tr.status().ToString();
+      return std::move(*tr);
+    };
+    s->tree = new engine::DataTree(data->train);
+    s->train = &data->train;
+    s->fresh = s->make();
+    s->ctx = ContextOf(*s->fresh, static_cast<uint64_t>(kChunkedExamples), s->tree->root());
+    return s;
+  }();
+  return *setup;
+}
+
 const Setup* g_setup = nullptr;  // the model the current test plays
 
 std::unique_ptr<Trainer> MakeTrainer() {
@@ -1181,6 +1218,110 @@ TEST(TileDisputeTest, OnTheFashionCnnALieAtACoveredTileLosesToTheTileRule) {
       {LieKind::kTile, "layers.0.bias.grad", 0, 7, 7},        // conv db
   };
   ExpectTheHonestSideWinsAtEveryTile(lies, "fashion CNN");
+}
+
+// A first layer over examples of 12,288 floats (3 x 64 x 64): the forward's 256-wide blocks and
+// the weight gradient's tiles each read one chunk of 1024 floats of their 32 examples, the loss
+// their labels only, so every witness is within the bound (a block of the forward carried 32
+// whole examples before, about 1.5 MiB); the ledger rules each lie for the honest side.
+TEST(TileDisputeTest, OnLargeExamplesAFirstLayerLieLosesWithOnlyTheChunksItReads) {
+  g_setup = &ChunkedSetup();
+  ASSERT_EQ(engine::ExampleChunks(Context().plan.input_size), 12);
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.0.out", 40, 20, 30},           // block 30 of 48: inputs 7680..
+      {LieKind::kTile, "layers.0.weight.grad", 20, 9000, 1},  // dW over the batch: block 1 of 2
+      {LieKind::kTile, "loss", 50, 0},                        // the labels only
+      {LieKind::kTile, "layers.2.out", 10, 100},              // not on the examples
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "linear over 3 x 64 x 64");
+  // The forward block's witness as it was before the examples were chunked: its 32 examples
+  // whole, each proven by its whole-example leaf.
+  const PartyRun liar = Train(lies[0]);
+  DisputeGame g = GameAtReferee(liar);
+  const RefereeTask task = g.referee_task();
+  ASSERT_TRUE(task.tile);
+  const TileWitness w = BuildWitness(Honest(), task);
+  ASSERT_EQ(w.chunked.size(), 32u);
+  TileWitness whole = w;
+  whole.chunked.clear();
+  for (const TileWitnessChunkedExample& e : w.chunked) {
+    const float* x = g_setup->train->x.data() + e.index * 12288;
+    whole.examples.push_back({e.index, std::vector<float>(x, x + 12288), e.y, e.proof});
+  }
+  const size_t before = EncodeTileWitness(whole).size(), after = EncodeTileWitness(w).size();
+  std::printf(
+      "[ chunks   ] layers.0.out block %u: witness %zu bytes with whole examples, %zu "
+      "with their chunks\n",
+      task.block, before, after);
+  EXPECT_GT(before, kMaxTileWitnessBytes);
+  EXPECT_LE(after, kMaxTileWitnessBytes);
+}
+
+// A chunked example's chunk must be the footprint's and proven against the example's chunk root,
+// and the example's leaf over that root proven against the data root; a witness that carries the
+// example whole (the format of smaller examples) is refused too.
+TEST(TileDisputeTest, OnLargeExamplesAChangedOrUnprovenChunkIsRefused) {
+  g_setup = &ChunkedSetup();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.0.weight.grad", 20, 9000, 1});
+  DisputeGame g = GameAtReferee(liar);
+  const RefereeTask task = g.referee_task();
+  ASSERT_TRUE(task.tile);
+  const TileWitness good = BuildWitness(Honest(), task);
+  ASSERT_FALSE(good.chunked.empty());
+  ASSERT_EQ(good.chunked[0].chunks.size(), 1u);
+  Result<Hash256> ok = RuleTile(Context(), task, good);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(*ok, task.challenger_output);  // the honest side's
+  {
+    Result<TileWitness> decoded = DecodeTileWitness(EncodeTileWitness(good));
+    ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+    EXPECT_EQ(decoded->chunked, good.chunked);
+  }
+  {
+    TileWitness w = good;
+    w.chunked[3].chunks[0].values[100] += 0.5f;  // a changed chunk
+    ExpectRefused(task, w, "a changed chunk");
+  }
+  {
+    TileWitness w = good;
+    w.chunked[3].chunks[0].proof.siblings[0].bytes[0] ^= 1;  // a chunk proof that does not verify
+    ExpectRefused(task, w, "a chunk proof that does not verify");
+  }
+  {
+    // Another chunk of the same example, validly proven against its chunk root: not the one the
+    // tile reads.
+    TileWitness w = good;
+    const TileWitnessChunkedExample& e = w.chunked[3];
+    const std::span<const float> x(g_setup->train->x.data() + e.index * 12288, 12288);
+    const int64_t other = static_cast<int64_t>(e.chunks[0].proof.index + 1) % 12;
+    const std::span<const float> c = engine::ExampleChunk(x, other);
+    w.chunked[3].chunks[0] = TileWitnessChunk{std::vector<float>(c.begin(), c.end()),
+                                              engine::ProveExampleChunk(x, other)};
+    ExpectRefused(task, w, "another chunk of the example");
+  }
+  {
+    TileWitness w = good;
+    w.chunked[3].chunk_root.bytes[0] ^= 1;  // chunks of another example's tree
+    ExpectRefused(task, w, "a chunk root not under the data root");
+  }
+  {
+    TileWitness w = good;
+    w.chunked[3].chunks.clear();
+    ExpectRefused(task, w, "a missing chunk");
+  }
+  {
+    TileWitness w = good;
+    std::swap(w.chunked[2], w.chunked[3]);  // proven examples, at the wrong rows
+    ExpectRefused(task, w, "examples out of the batch's order");
+  }
+  {
+    TileWitness w = good;
+    const TileWitnessChunkedExample e = w.chunked.back();
+    w.chunked.pop_back();
+    const float* x = g_setup->train->x.data() + e.index * 12288;
+    w.examples.push_back({e.index, std::vector<float>(x, x + 12288), e.y, e.proof});
+    ExpectRefused(task, w, "a whole example instead of its chunks");
+  }
 }
 
 // Plays `lie` with the liar as defender up to the referee stage and returns the game there.

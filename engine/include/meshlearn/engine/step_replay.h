@@ -106,9 +106,39 @@ Result<TrainState> StateFromFlat(const ModelSpec& model, const OptimizerSpec& op
 std::vector<int64_t> BatchIndices(uint64_t seed, uint64_t stream, int64_t n, int64_t batch,
                                   int64_t step);
 
-// The leaf of training example `index`: BLAKE2b("meshlearn.example", index, y, x as little-endian
-// float32) over the example as the engine trains on it (after normalisation).
+// The leaf of training example `index` over the example as the engine trains on it (after
+// normalisation). An example of at most kExampleChunkFloats floats: BLAKE2b("meshlearn.example",
+// index, y, x as little-endian float32). A larger one: ChunkedExampleLeaf over the root of its
+// chunk tree (ExampleChunkRoot), so that a tile reading a few of its columns is proven by those
+// chunks alone (docs/verification.md, "The witness bound, and how it depends on the shapes").
 Hash256 ExampleLeaf(uint64_t index, std::span<const float> x, int32_t y);
+
+// Examples of more than kExampleChunkFloats floats (a 3 x 32 x 32 image and larger) are committed
+// in chunks of that many consecutive floats, the last one short: 32 examples' whole floats would
+// not fit a tile's witness past about 1,800 floats an example, and 1024 keeps every example of at
+// most 1024 floats (Fashion-MNIST's 784) under its unchunked leaf, so those data roots stay.
+inline constexpr int64_t kExampleChunkFloats = 1024;
+
+// The number of chunks of an example of `floats` floats: 0 when it is not chunked (at most
+// kExampleChunkFloats floats), else floats / kExampleChunkFloats rounded up.
+int64_t ExampleChunks(int64_t floats);
+
+// The leaf of chunk `chunk` of an example: BLAKE2b("meshlearn.example_chunk", chunk, its floats
+// as little-endian float32).
+Hash256 ExampleChunkLeaf(uint64_t chunk, std::span<const float> floats);
+
+// The floats of chunk `chunk` of `x`. REQUIRES: 0 <= chunk < ExampleChunks(x.size()).
+std::span<const float> ExampleChunk(std::span<const float> x, int64_t chunk);
+
+// The Merkle root (base/merkle.h) over ExampleChunkLeaf of each chunk of `x`, in order, and the
+// proof of one chunk against it. REQUIRES: ExampleChunks(x.size()) > 0; 0 <= chunk < that.
+Hash256 ExampleChunkRoot(std::span<const float> x);
+MerkleProof ProveExampleChunk(std::span<const float> x, int64_t chunk);
+
+// The leaf of a chunked example `index` of `floats` floats and class `y` from the root of its
+// chunk tree: BLAKE2b("meshlearn.example_chunked", index, y, floats, chunk_root). What the ledger
+// checks a chunked example's proof with, from chunks it verified against `chunk_root`.
+Hash256 ChunkedExampleLeaf(uint64_t index, int32_t y, uint64_t floats, const Hash256& chunk_root);
 
 // The Merkle tree (base/merkle.h) over ExampleLeaf of every training example, in dataset order:
 // its root is the task's data root (ledger TaskParams::data_root). Building hashes the whole

@@ -478,6 +478,10 @@ struct TileRef {
 struct TileFootprint {
   std::vector<TileRef> tiles;       // operand tiles, in a fixed order
   std::vector<int64_t> batch_rows;  // batch positions whose examples are read, increasing
+  // Examples of more than kExampleChunkFloats floats (step_replay.h): the chunks of each example
+  // of batch_rows the tile reads, increasing (none when it reads their labels only). Empty for
+  // smaller examples, which are read whole.
+  std::vector<int64_t> batch_chunks;
 };
 
 // The operand tiles output tile `tile` of op `op` depends on; for a reduction op, those of fixed
@@ -488,7 +492,9 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
 // The values a footprint names.
 struct TileInputs {
   std::vector<std::vector<float>> tiles;  // tiles[i]: footprint.tiles[i]'s values (ExtractTile)
-  std::vector<std::vector<float>> x;      // x[i], y[i]: the example at footprint.batch_rows[i]
+  // x[i], y[i]: the example at footprint.batch_rows[i], of the model's input size; a chunked
+  // example's floats outside footprint.batch_chunks are zeros (the tile does not read them).
+  std::vector<std::vector<float>> x;
   std::vector<int32_t> y;
   // A token plan (TilePlan::tokens): the input token of each footprint.batch_rows[i] (x is
   // empty; y holds the targets).

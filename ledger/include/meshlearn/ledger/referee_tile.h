@@ -65,6 +65,27 @@ struct TileWitnessTile {
   MerkleProof proof;
 };
 
+// One chunk of a chunked example (engine::ExampleChunk): its floats and its Merkle proof against
+// the example's chunk root (proof.index is the chunk).
+struct TileWitnessChunk {
+  std::vector<float> values;
+  MerkleProof proof;
+  bool operator==(const TileWitnessChunk&) const = default;
+};
+
+// An example of more than engine::kExampleChunkFloats floats, carried as the chunks a tile reads:
+// its leaf engine::ChunkedExampleLeaf(index, y, floats, chunk_root), proven against the task's
+// data root, and the footprint's chunks (engine::TileFootprint::batch_chunks, in order), each
+// proven against chunk_root.
+struct TileWitnessChunkedExample {
+  uint64_t index = 0;  // dataset index (must be the batch's index at its position)
+  int32_t y = 0;       // class id
+  Hash256 chunk_root;  // engine::ExampleChunkRoot of the example
+  MerkleProof proof;   // of its leaf against the task's data root
+  std::vector<TileWitnessChunk> chunks;
+  bool operator==(const TileWitnessChunkedExample&) const = default;
+};
+
 struct TileWitness {
   // out_1 .. out_{j-1}: the output roots of the operators before the disputed one j, which
   // chain from the step's agreed state hash C_0 to the agreed C_{j-1}.
@@ -72,8 +93,12 @@ struct TileWitness {
   // The footprint's tiles (engine::Footprint), in its order.
   std::vector<TileWitnessTile> tiles;
   // The footprint's batch rows, in order: each the example the unit's sampler draws at that
-  // position of the step's batch, proven against the task's data root.
+  // position of the step's batch, proven against the task's data root. Examples of more than
+  // engine::kExampleChunkFloats floats are in `chunked` instead, this one empty.
   std::vector<StepWitnessExample> examples;
+  // The footprint's batch rows of a task whose examples are chunked, in order: each with the
+  // chunks the footprint reads only.
+  std::vector<TileWitnessChunkedExample> chunked;
   // A token task: the pages holding the footprint's batch rows' tokens and targets
   // (engine::TokenPagesOfRows), in increasing order, each proven against the data root.
   std::vector<TileWitnessPage> pages;
@@ -84,7 +109,8 @@ struct TileWitness {
 
 // The encoded witness (what a transaction would carry) and its inverse. Decode refuses
 // truncated or trailing bytes. A witness with token pages encodes as version 2 (the pages after
-// the partial sum); one without, exactly as before (version 1).
+// the partial sum); one with chunked examples as version 3 (version 2's layout, then the chunked
+// examples); one with neither, exactly as before (version 1).
 Bytes EncodeTileWitness(const TileWitness& w);
 Result<TileWitness> DecodeTileWitness(ByteSpan bytes);
 
