@@ -218,11 +218,45 @@ int64_t TileRuleSoftmaxBlocks(const TilePlan& plan) {
 // over t2 from 0 in blocks of positions (the partial: the tile's accumulators).
 constexpr int64_t kTileAttentionWholeMax = 256;
 constexpr int64_t kTileAttentionBlock = kTileRows;
-// The blocks of positions of a narrowed attention operator's sequence, or 0 when whole.
+// A wide head narrows att and the attention backward the same way at any T: recomputed whole, a
+// tile reads its rows' q and k of up to T + 32 positions in the head's hs columns (the backward v
+// and dout as many), (T + 32) hs floats, which at hs = 512 and T = 256 would be 576 KiB. Up to
+// kTileAttentionWholeFloats (the 10M GPT's 288 x 64; at T = 256, hs up to 128) they are recomputed
+// whole, as they always were. Narrowed, att's dot products q_t . k_t2 (fma chains over the head's
+// columns from 0) are cut into blocks of kTileAttentionHeadBlock columns, so its blocks read at
+// most 4 x 64 x kTileAttentionHeadBlock bytes (64 KiB) whatever hs: each of its 2 nb + 1 blocks of
+// positions is nh = ceil(hs / kTileAttentionHeadBlock) blocks, the first nh - 1 continuing the
+// dots of the tile's rows and the block's keys (the partial: the block's statistics, then the R x
+// keys dots), the last finishing them and applying the block's max, sum or output. A head of up
+// to 256 columns is one block (nh = 1): a long sequence's plan is the one it always was.
+constexpr int64_t kTileAttentionWholeFloats = (kTileAttentionWholeMax + kTileRows) * 128;
+constexpr int64_t kTileAttentionHeadBlock = 256;
+// The blocks of positions of a narrowed attention operator's sequence, or 0 when whole (atty's
+// chain reads att and v of the tile's own columns, whatever hs: only a long sequence narrows it).
 int64_t TileRuleAttentionBlocks(const TileOp& o) {
-  const int64_t T = o.conv[0];
-  return T > kTileAttentionWholeMax ? (T + kTileAttentionBlock - 1) / kTileAttentionBlock : 0;
+  const int64_t T = o.conv[0], hs = o.conv[2] / o.conv[1];
+  const bool wide_head =
+      o.kind != TileOpKind::kTileOpAttentionOut && (T + kTileRows) * hs > kTileAttentionWholeFloats;
+  return T > kTileAttentionWholeMax || wide_head
+             ? (T + kTileAttentionBlock - 1) / kTileAttentionBlock
+             : 0;
 }
+// The blocks of a narrowed att tile's dot products over the head's columns (1 but for a head
+// wider than kTileAttentionHeadBlock), and the columns [i0, i1) of sub-block ib.
+int64_t TileRuleAttentionHeadBlocks(const TileOp& o) {
+  const int64_t hs = o.conv[2] / o.conv[1];
+  return o.kind == TileOpKind::kTileOpAttention && TileRuleAttentionBlocks(o) > 0
+             ? (hs + kTileAttentionHeadBlock - 1) / kTileAttentionHeadBlock
+             : 1;
+}
+std::pair<int64_t, int64_t> TileRuleAttentionHeadCols(const TileOp& o, int64_t ib) {
+  const int64_t hs = o.conv[2] / o.conv[1], i0 = ib * kTileAttentionHeadBlock;
+  return {i0, std::min(hs, i0 + kTileAttentionHeadBlock)};
+}
+// The key positions [k0, k1) of block `block` of a narrowed att tile; defined below, with the other
+// sequence walkers.
+std::pair<int64_t, int64_t> TileRuleAttentionKeys(const TileOp& o, const TileGrid::Rect& t,
+                                                  int64_t block);
 
 // The attention backward above T = kTileAttentionWholeMax: each qkv.grad tile's chain is
 // preceded by the softmax backward's row sums s_t = the chain over t2 of att[t, t2] dA[t, t2]
@@ -230,6 +264,25 @@ int64_t TileRuleAttentionBlocks(const TileOp& o) {
 // for every query row. The groups (b * NH + h) whose sums a tile's q and k columns need, in the
 // order its rows and columns are walked; defined below, with the other sequence walkers.
 std::vector<int64_t> TileRuleBackwardSumGroups(const TileOp& o, const TileGrid::Rect& t);
+// A narrowed backward's dA = dout . v dots (fma chains over the head's hs columns from 0), which
+// its sum blocks and its q and k chain blocks recompute, read 32 rows of dout and of v in the
+// head's columns for each group or segment (up to four a tile: 4 x 4 x 64 x hs bytes). Above
+// kTileAttentionBackwardHeadBlock columns each block (its index ob in the unnarrowed order) is cut
+// into nh = ceil(hs / kTileAttentionBackwardHeadBlock) blocks ob * nh + ib of the head's columns:
+// the first nh - 1 continue the block's dots (the partial: the block's, then the dots), the last
+// finishes them and applies the block (at most 4 x 4 x 64 x 128 bytes of dout and v, 128 KiB,
+// whatever hs). A head of up to 128 columns is one block, as it always was.
+constexpr int64_t kTileAttentionBackwardHeadBlock = 128;
+int64_t TileRuleBackwardHeadBlocks(const TileOp& o) {
+  const int64_t hs = o.conv[2] / o.conv[1];
+  return TileRuleAttentionBlocks(o) > 0
+             ? (hs + kTileAttentionBackwardHeadBlock - 1) / kTileAttentionBackwardHeadBlock
+             : 1;
+}
+// The dots block ob of a narrowed backward tile carries between its column blocks: a sum block's
+// for each of its groups' query rows and key positions, a chain block's dP rows and keys of each
+// of the tile's q and k segments; defined below, with the other sequence walkers.
+int64_t TileRuleBackwardDots(const TileOp& o, const TileGrid::Rect& t, int64_t ob);
 
 // The global norm's block `block` (kTileOpGradNorm): which chunk of its parameter's block
 // partials it combines (0 but for a parameter above kTileNormChunk partials); its partial holds
@@ -264,13 +317,21 @@ int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, const TileGri
     const auto [b0, b1] = TileRuleNormBlockRows(plan, o, block / lw.per());
     return t.numel() + (sub == 0 ? 0 : sub <= lw.nb ? 1 : 2) * (b1 - b0);
   }
-  if (o.kind == TileOpKind::kTileOpAttention) {  // the rows' maxima, then maxima and sums
-    const int64_t R = t.r1 - t.r0;
-    return block <= TileRuleAttentionBlocks(o) ? R : 2 * R;
+  if (o.kind == TileOpKind::kTileOpAttention) {
+    // The rows' maxima, then maxima and sums; inside a block of positions pb (a wide head's), the
+    // statistics it continues and the dots of its rows and keys so far.
+    const int64_t R = t.r1 - t.r0, nb = TileRuleAttentionBlocks(o);
+    const int64_t nh = TileRuleAttentionHeadBlocks(o), pb = block / nh;
+    if (block % nh == 0) return pb <= nb ? R : 2 * R;
+    const auto [k0, k1] = TileRuleAttentionKeys(o, t, pb);
+    return (pb < nb ? R : 2 * R) + R * (k1 - k0);
   }
   if (o.kind == TileOpKind::kTileOpAttentionBackward && TileRuleAttentionBlocks(o) > 0) {
-    // The row sums of every group the tile needs (T each), then the tile's accumulators.
-    return static_cast<int64_t>(TileRuleBackwardSumGroups(o, t).size()) * o.conv[0] + t.numel();
+    // The row sums of every group the tile needs (T each), then the tile's accumulators; inside
+    // a wide head's block, then its dots so far.
+    const int64_t nh = TileRuleBackwardHeadBlocks(o);
+    return static_cast<int64_t>(TileRuleBackwardSumGroups(o, t).size()) * o.conv[0] + t.numel() +
+           (block % nh == 0 ? 0 : TileRuleBackwardDots(o, t, block / nh));
   }
   // (A stage without parameters has no block, chunk -1: its one value is recomputed whole.)
   if (o.kind == TileOpKind::kTileOpGradNorm) return 1 + TileRuleNormChunk(plan, o, block);
@@ -329,21 +390,64 @@ TileRuleConvSpan TileRuleConvOf(const TileOp& o, int64_t c0, int64_t c1) {
 // the forward, (oc, kh) for the input gradient, in the reference kernels' order (kernels.h: the
 // chain runs over (c, kh, kw), or (oc, kh, kw)). A pair reads one input (or output gradient) row
 // per row of the tile: at most 4 x 32 x 2 x (31 s + KW + 64) bytes a pair. Up to W = 32 (the
-// fashion CNN's 28 and 14) the footprints read whole rows, as they always did.
+// fashion CNN's 28 and 14) the footprints read whole rows, as they always did, but for a conv2d
+// whose rows would pass the bound (below).
 constexpr int64_t kTileConvWholeWidth = 32;
 constexpr int64_t kTileConvWideRows = 4;
+// A conv2d forward or input gradient over narrower images reads, for each of its block's
+// kTileConvChannels channels, whole rows: those its tile's outputs' windows reach (the input
+// gradient: the output rows whose windows reach its inputs), every row of the plane where a tile
+// spans two planes. A large kernel or stride reaches many rows (a 7 x 7 kernel over 4 channels of
+// 30 x 30: 4 x 32 x 4 x 30 x 30 bytes, 450 KiB; an 11 x 11 of stride 4 over 32 x 32, 31 of its
+// rows: 496 KiB); past kTileConvRowsFloats
+// (160 KiB of values; the fashion CNN's second conv reads 98 KiB) such a conv reads its windows'
+// columns as over a wide image.
+constexpr int64_t kTileConvRowsFloats = 40 * kTileRows * kTileCols;
+bool TileRuleConvRowsOver(const TileOp& o) {
+  if (o.kind != TileOpKind::kTileOpConv && o.kind != TileOpKind::kTileOpConvInputGrad) return false;
+  const bool forward = o.kind == TileOpKind::kTileOpConv;
+  // The rows a tile of the (B, planes x PH x PW) view it computes touches: one plane's rows a
+  // run of kTileCols columns crosses, or (a tile across two planes) all of them.
+  const auto rows = [](int64_t PH, int64_t PW) {
+    if ((PH * PW) % kTileCols != 0) return PH;
+    return std::min(PH, (kTileCols - 1 + PW - 1) / PW + 1);
+  };
+  const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4], s = o.conv[6];
+  const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+  const int64_t n = std::min(kTileConvChannels, forward ? o.conv[0] : o.conv[3]);
+  const int64_t read = forward ? std::min(H, (rows(OH, OW) - 1) * s + KH) * W
+                               : std::min(OH, (rows(H, W) + KH - 2) / s + 1) * OW;
+  return n * kTileRows * read > kTileConvRowsFloats;
+}
 bool TileRuleWindowWide(const TileOp& o) {
-  return o.conv[2] > kTileConvWholeWidth && o.x != kTileOperandBatch;
+  return (o.conv[2] > kTileConvWholeWidth || TileRuleConvRowsOver(o)) && o.x != kTileOperandBatch;
+}
+// A wide conv2d block's pairs each read, per output (or input) row run of its tile, one row's
+// window columns: kTileConvWideRows pairs a block, fewer where they would read more than
+// kTileConvRowsFloats (a large kernel and stride over narrow images, whose tile crosses many short
+// rows), at least one. Over the wide images every model and test used before (3 x 3 at stride 1,
+// 5 x 5 at stride 2) it is kTileConvWideRows.
+int64_t TileRuleConvWidePairs(const TileOp& o) {
+  const bool forward = o.kind == TileOpKind::kTileOpConv;
+  const int64_t W = o.conv[2], KW = o.conv[5], s = o.conv[6], OW = TileRuleOutW(o);
+  const int64_t PW = forward ? OW : W;  // the tile's row runs
+  const int64_t runs = std::min(kTileCols, (kTileCols - 1 + PW - 1) / PW + 1);
+  const int64_t width = std::min(PW, kTileCols);
+  const int64_t cols =
+      forward ? std::min(W, (width - 1) * s + KW) : std::min(OW, (width + KW - 2) / s + 1);
+  const int64_t tiles = runs * ((cols - 1 + kTileCols - 1) / kTileCols + 1);
+  return std::clamp<int64_t>(kTileConvRowsFloats / (kTileRows * kTileCols) / tiles, 1,
+                             kTileConvWideRows);
 }
 // The pairs [q0, q1) of the chain over (c or oc, kh) that block `block` of a conv2d forward or
 // input-gradient tile runs (q = channel * KH + kh): all of them when whole (blocks == 0), a block
-// of kTileConvChannels channels, or (wide) a block of kTileConvWideRows pairs.
+// of kTileConvChannels channels, or (wide) a block of TileRuleConvWidePairs pairs.
 std::pair<int64_t, int64_t> TileRuleConvPairs(const TileOp& o, int64_t blocks, int64_t block) {
   const int64_t n = o.kind == TileOpKind::kTileOpConv ? o.conv[0] : o.conv[3], KH = o.conv[4];
   if (blocks == 0) return {0, n * KH};
   if (TileRuleWindowWide(o)) {
-    const int64_t q0 = block * kTileConvWideRows;
-    return {q0, std::min(n * KH, q0 + kTileConvWideRows)};
+    const int64_t per = TileRuleConvWidePairs(o), q0 = block * per;
+    return {q0, std::min(n * KH, q0 + per)};
   }
   return {block * kTileConvChannels * KH, std::min(n, (block + 1) * kTileConvChannels) * KH};
 }
@@ -413,15 +517,28 @@ int64_t TileRuleConvGradGroup(const TileOp& o) {
 }
 // A wide dW block reads an input row for each (c, kh) pair of its tile's columns: 32 of them at a
 // 1 x 1 kernel, 2 to 3 tiles each, so a wide dW tile's columns are cut into chunks of this many
-// pairs (its elements' chains are independent: a chunk is a group as an output channel is).
+// pairs (its elements' chains are independent: a chunk is a group as an output channel is). A
+// pair reads its input row's window columns of the block's run of kTileCols outputs, 31 s + KW
+// floats in up to ceil((31 s + KW - 1) / 32) + 1 tiles: 5 at a 3 x 3 kernel of stride 4, but 8 at
+// stride 7, where 8 pairs would read 256 KiB. So a chunk holds fewer pairs where its pairs would
+// read more than kTileConvGradPairTiles tiles (160 KiB), at least one (at a 3 x 3 kernel, 5 pairs
+// at stride 7, one from stride 20; one pair alone stays under 240 KiB up to stride 58). Up to
+// stride 4 at kernels up to 5 wide (every shape a model or test used before this rule) a chunk is
+// kTileConvGradPairs pairs, as it always was.
 constexpr int64_t kTileConvGradPairs = 8;
+constexpr int64_t kTileConvGradPairTiles = 40;
+int64_t TileRuleConvGradChunkPairs(const TileOp& o) {
+  const int64_t span = (kTileCols - 1) * o.conv[6] + o.conv[5];
+  const int64_t tiles = (span - 1 + kTileCols - 1) / kTileCols + 1;
+  return std::clamp<int64_t>(kTileConvGradPairTiles / tiles, 1, kTileConvGradPairs);
+}
 // The pair chunks of a wide dW tile (the widest tile's, at most (tile_cols - 2) / KW + 2 pairs),
 // or 1.
 int64_t TileRuleConvGradPairChunks(const TileOp& o) {
   if (o.kind != TileOpKind::kTileOpConvWeightGrad || !TileRuleConvGradWide(o)) return 1;
-  const int64_t KW = o.conv[5];
+  const int64_t KW = o.conv[5], per = TileRuleConvGradChunkPairs(o);
   const int64_t pairs = std::min(o.conv[0] * o.conv[4], (o.grid.tile_cols - 2) / KW + 2);
-  return (pairs + kTileConvGradPairs - 1) / kTileConvGradPairs;
+  return (pairs + per - 1) / per;
 }
 // The groups of a tile (the widest tile's output channels: a weight tile's rows, a bias tile's
 // columns; a wide dW's times its pair chunks).
@@ -447,8 +564,9 @@ std::pair<int64_t, int64_t> TileRuleConvGradPairs(const TileOp& o, const TileGri
   const int64_t KW = o.conv[5], first = t.c0 / KW, last = (t.c1 - 1) / KW + 1;
   const int64_t chunks = TileRuleConvGradPairChunks(o);
   if (chunks == 1) return {first, last};
-  const int64_t q0 = std::min(last, first + g % chunks * kTileConvGradPairs);
-  return {q0, std::min(last, q0 + kTileConvGradPairs)};
+  const int64_t per = TileRuleConvGradChunkPairs(o);
+  const int64_t q0 = std::min(last, first + g % chunks * per);
+  return {q0, std::min(last, q0 + per)};
 }
 // The (b, oh, ow) positions of a weight or bias gradient's block: samples [b0, b1), output rows
 // [oh0, oh1), columns [ow0, ow1) (a row block's whole planes; wide, one sample's run of a row).
@@ -575,6 +693,26 @@ std::vector<int64_t> TileRuleBackwardSumGroups(const TileOp& o, const TileGrid::
   return groups;
 }
 
+int64_t TileRuleBackwardDots(const TileOp& o, const TileGrid::Rect& t, int64_t ob) {
+  const int64_t T = o.conv[0], C = o.conv[2], hs = C / o.conv[1], nb = TileRuleAttentionBlocks(o);
+  const auto span = [&](int64_t blk) {
+    const int64_t p0 = blk * kTileAttentionBlock;
+    return std::min(T, p0 + kTileAttentionBlock) - p0;
+  };
+  if (ob < nb * nb) {
+    return static_cast<int64_t>(TileRuleBackwardSumGroups(o, t).size()) * span(ob / nb) *
+           span(ob % nb);
+  }
+  const int64_t nk = span(ob - nb * nb);
+  int64_t dots = 0;
+  ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t, int64_t p0, int64_t p1) {
+    ForEachHeadSegment(t.c0, t.c1, C, hs, [&](int64_t part, int64_t, int64_t, int64_t) {
+      if (part < 2) dots += (p1 - p0) * nk;  // q's rows x the block's keys, or k's transposed
+    });
+  });
+  return dots;
+}
+
 // The key positions [k0, k1) block `block` of a narrowed att tile reads (TileRuleAttentionBlocks):
 // a max or sum block's positions, or (the output block, 2 nb) the tile's own columns.
 std::pair<int64_t, int64_t> TileRuleAttentionKeys(const TileOp& o, const TileGrid::Rect& t,
@@ -603,55 +741,75 @@ void ForEachAttentionBlockSpan(const TileOp& o, const TileGrid::Rect& t, int64_t
 // Block `block` of a narrowed att tile `t`, continued from `in.partial` (TileRuleAttentionBlocks):
 // the reference kernel's row max (pre[0] first, then pre[t2] > m ? pre[t2] : m), then its sum
 // (sum + Exp(pre - m) from 0), then the tile's columns (Exp(pre - m) * (1 / sum); 0 past the
-// diagonal), with pre = (the fma chain over i of q[t, i] k[t2, i] from 0) * (1 / sqrt(hs)).
+// diagonal), with pre = (the fma chain over i of q[t, i] k[t2, i] from 0) * (1 / sqrt(hs)). A
+// wide head's block of positions pb is nh blocks of the head's columns: the dots continue over
+// each (the partial after all but the last: the statistics, then the R x keys dots), and the last
+// applies the block's step.
 std::vector<float> TileRuleAttentionBlock(const TilePlan& plan, const TileFootprint& fp,
                                           const TileInputs& in, const TileOp& o,
                                           const TileGrid::Rect& t, int64_t block) {
   internal::FpEnvGuard fp_guard;
   const int64_t T = o.conv[0], C = o.conv[2], hs = C / o.conv[1];
   const int64_t nb = TileRuleAttentionBlocks(o), R = t.r1 - t.r0, K = t.c1 - t.c0;
+  const int64_t nh = TileRuleAttentionHeadBlocks(o), pb = block / nh, ib = block % nh;
+  const auto [i0, i1] = TileRuleAttentionHeadCols(o, ib);
+  const auto [b0, b1] = TileRuleAttentionKeys(o, t, pb);
+  const int64_t nk = b1 - b0, ns = pb < nb ? R : 2 * R;
+  const bool last = ib + 1 == nh;
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
   const auto at = [](int64_t i) { return static_cast<size_t>(i); };
-  // The maxima (R), then the maxima and sums (2 R).
-  std::vector<float> acc(at(block < nb ? R : 2 * R), 0.0f);
-  std::copy(in.partial.begin(), in.partial.end(), acc.begin());
-  std::vector<float> out(at(block == 2 * nb ? R * K : 0), 0.0f);
+  // The maxima (R), then the maxima and sums (2 R); a wide head's dots of the rows and keys.
+  std::vector<float> acc(at(ns), 0.0f), dots(at(R * nk), 0.0f);
+  const size_t stats = std::min(at(ns), in.partial.size());
+  std::copy(in.partial.begin(), in.partial.begin() + static_cast<std::ptrdiff_t>(stats),
+            acc.begin());
+  if (ib > 0) {
+    std::copy(in.partial.begin() + static_cast<std::ptrdiff_t>(stats), in.partial.end(),
+              dots.begin());
+  }
+  std::vector<float> out(at(pb == 2 * nb && last ? R * K : 0), 0.0f);
   ForEachAttentionBlockSpan(
-      o, t, block,
+      o, t, pb,
       [&](int64_t gr, int64_t b, int64_t h, int64_t q0, int64_t t1, int64_t k0, int64_t kend) {
+        const int64_t ni = i1 - i0;
         const std::vector<float> q =
-            TileRuleDense(plan, fp, in, o.x, b * T + q0, b * T + t1, h * hs, (h + 1) * hs);
+            TileRuleDense(plan, fp, in, o.x, b * T + q0, b * T + t1, h * hs + i0, h * hs + i1);
         const std::vector<float> k = TileRuleDense(plan, fp, in, o.x, b * T + k0, b * T + kend,
-                                                   C + h * hs, C + (h + 1) * hs);
-        const auto pre = [&](int64_t tt, int64_t t2) {
-          float dot = 0.0f;
-          for (int64_t i = 0; i < hs; ++i) {
-            dot = __builtin_fmaf(q[at((tt - q0) * hs + i)], k[at((t2 - k0) * hs + i)], dot);
-          }
-          return dot * scale;
-        };
+                                                   C + h * hs + i0, C + h * hs + i1);
         for (int64_t tt = q0; tt < t1; ++tt) {
           const int64_t r = gr * T + tt - t.r0, end = std::min(kend, tt + 1);
-          if (block < nb) {
-            float m = block == 0 ? pre(tt, 0) : acc[at(r)];
-            for (int64_t t2 = block == 0 ? 1 : k0; t2 < end; ++t2) {
-              const float p = pre(tt, t2);
+          for (int64_t t2 = k0; t2 < end; ++t2) {
+            float& dot = dots[at(r * nk + t2 - b0)];
+            for (int64_t i = 0; i < ni; ++i) {
+              dot = __builtin_fmaf(q[at((tt - q0) * ni + i)], k[at((t2 - k0) * ni + i)], dot);
+            }
+          }
+          if (!last) continue;
+          const auto pre = [&](int64_t t2) { return dots[at(r * nk + t2 - b0)] * scale; };
+          if (pb < nb) {
+            float m = pb == 0 ? pre(0) : acc[at(r)];
+            for (int64_t t2 = pb == 0 ? 1 : k0; t2 < end; ++t2) {
+              const float p = pre(t2);
               m = p > m ? p : m;
             }
             acc[at(r)] = m;
-          } else if (block < 2 * nb) {
+          } else if (pb < 2 * nb) {
             float sum = acc[at(R + r)];
-            for (int64_t t2 = k0; t2 < end; ++t2) sum = sum + Exp(pre(tt, t2) - acc[at(r)]);
+            for (int64_t t2 = k0; t2 < end; ++t2) sum = sum + Exp(pre(t2) - acc[at(r)]);
             acc[at(R + r)] = sum;
           } else {
             const float inv = 1.0f / acc[at(R + r)];
             for (int64_t t2 = k0; t2 < end; ++t2) {
-              out[at(r * K + t2 - t.c0)] = Exp(pre(tt, t2) - acc[at(r)]) * inv;
+              out[at(r * K + t2 - t.c0)] = Exp(pre(t2) - acc[at(r)]) * inv;
             }
           }
         }
       });
-  return block < 2 * nb ? acc : out;
+  if (!last) {
+    acc.insert(acc.end(), dots.begin(), dots.end());
+    return acc;
+  }
+  return pb < 2 * nb ? acc : out;
 }
 
 // One gradient's share of "grad_norm.blocks": its operator, the index of its first block partial
@@ -1363,7 +1521,8 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   if (o.kind == TileOpKind::kTileOpConv || o.kind == TileOpKind::kTileOpConvInputGrad) {
     const int64_t n = o.kind == TileOpKind::kTileOpConv ? o.conv[0] : o.conv[3];
     if (const int64_t pairs = n * o.conv[4]; TileRuleWindowWide(o)) {
-      return pairs > kTileConvWideRows ? (pairs + kTileConvWideRows - 1) / kTileConvWideRows : 0;
+      const int64_t per = TileRuleConvWidePairs(o);
+      return pairs > per ? (pairs + per - 1) / per : 0;
     }
     return n > kTileConvChannels ? (n + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
@@ -1399,16 +1558,17 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   }
   // The attention backward: every element a chain over the sequence's T positions (keys for dq,
   // queries for dk and dv), in blocks of 32.
-  // Above T = 256, first the row sums of the groups the tile needs (block qb * nb + kb: the
-  // query positions of block qb over the key positions of block kb), then the chain.
+  // Above T = 256 (or a wide head: TileRuleAttentionBlocks), first the row sums of the groups
+  // the tile needs (block qb * nb + kb: the query positions of block qb over the key positions of
+  // block kb), then the chain; a head wider than 128, each block over its columns' blocks.
   if (o.kind == TileOpKind::kTileOpAttentionBackward) {
     const int64_t nb = TileRuleAttentionBlocks(o);
-    return nb == 0 ? TileRuleRowBlocks(o.conv[0]) : nb * nb + nb;
+    return nb == 0 ? TileRuleRowBlocks(o.conv[0]) : (nb * nb + nb) * TileRuleBackwardHeadBlocks(o);
   }
   // The attention forward over a long sequence: att's max, sum and output blocks, atty's chain.
   if (o.kind == TileOpKind::kTileOpAttention) {
     const int64_t nb = TileRuleAttentionBlocks(o);
-    return nb == 0 ? 0 : 2 * nb + 1;
+    return nb == 0 ? 0 : (2 * nb + 1) * TileRuleAttentionHeadBlocks(o);
   }
   if (o.kind == TileOpKind::kTileOpAttentionOut) return TileRuleAttentionBlocks(o);
   // A layernorm wider than kTileLinearWholeMax: its row reductions in column blocks, then the
@@ -1482,13 +1642,17 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // Row (b, h, t) is the softmax over t2 <= t of q_t . k_t2 in head h: q of its rows, k of
       // the sequence's rows 0..t (whatever the tile's columns). Narrowed: the block's keys, and
       // q of the rows that reach them.
+      // A wide head's block: the columns of its sub-block of the head.
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
       if (blocks > 0) {
+        const int64_t nh = TileRuleAttentionHeadBlocks(o);
+        const auto [i0, i1] = TileRuleAttentionHeadCols(o, block % nh);
         ForEachAttentionBlockSpan(
-            o, t, block,
+            o, t, block / nh,
             [&](int64_t, int64_t b, int64_t h, int64_t q0, int64_t t1, int64_t k0, int64_t kend) {
-              TileRuleCover(plan, o.x, b * T + q0, b * T + t1, h * hs, (h + 1) * hs, fp);
-              TileRuleCover(plan, o.x, b * T + k0, b * T + kend, C + h * hs, C + (h + 1) * hs, fp);
+              TileRuleCover(plan, o.x, b * T + q0, b * T + t1, h * hs + i0, h * hs + i1, fp);
+              TileRuleCover(plan, o.x, b * T + k0, b * T + kend, C + h * hs + i0, C + h * hs + i1,
+                            fp);
             });
         break;
       }
@@ -1556,34 +1720,42 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // positions, v of the whole sequence, k of the block's rows; k's the same for the block's
       // rows, and q of the block's rows.
       //
-      // Above T = 256 (nb blocks of 32 positions), the row sums s_t come first, as agreed
-      // partials: block qb * nb + kb reads, for each group the tile needs, att of the query block
-      // qb's rows in the key block kb's columns, dout of those rows and v of the key block's rows
-      // (the head's hs columns). Then chain block k (block nb * nb + k): v's as above; q's att of
-      // its rows in the block's columns, dout of its rows, v and k of the block's rows; k's att of
-      // the block's rows in its columns, dout and q of the block's rows, v of its rows.
+      // Above T = 256 or at a wide head (nb blocks of 32 positions), the row sums s_t come first,
+      // as agreed partials: block qb * nb + kb reads, for each group the tile needs, att of the
+      // query block qb's rows in the key block kb's columns, dout of those rows and v of the key
+      // block's rows (the head's hs columns). Then chain block k (block nb * nb + k): v's as above;
+      // q's att of its rows in the block's columns, dout of its rows, v and k of the block's rows;
+      // k's att of the block's rows in its columns, dout and q of the block's rows, v of its rows.
+      //
+      // A wide head's block ob * nh + ib (TileRuleBackwardHeadBlocks): dout and v in its columns
+      // [d0, d1) of the head for the dots, and the rest (att, the tile's own columns) with the
+      // last, which applies the block.
       const int64_t T = o.conv[0], NH = o.conv[1], C = o.conv[2], hs = C / NH;
-      const int64_t nb = TileRuleAttentionBlocks(o);
-      if (nb > 0 && block < nb * nb) {
-        const int64_t q0 = (block / nb) * kTileAttentionBlock;
+      const int64_t nb = TileRuleAttentionBlocks(o), nh = TileRuleBackwardHeadBlocks(o);
+      const int64_t ob = block / nh, d0 = block % nh * kTileAttentionBackwardHeadBlock;
+      const int64_t d1 = nb > 0 ? std::min(hs, d0 + kTileAttentionBackwardHeadBlock) : hs;
+      const bool last = block % nh + 1 == nh;
+      if (nb > 0 && ob < nb * nb) {
+        const int64_t q0 = (ob / nb) * kTileAttentionBlock;
         const int64_t q1 = std::min(T, q0 + kTileAttentionBlock);
-        const int64_t s0 = (block % nb) * kTileAttentionBlock;
+        const int64_t s0 = (ob % nb) * kTileAttentionBlock;
         const int64_t s1 = std::min(T, s0 + kTileAttentionBlock);
         for (int64_t gr : TileRuleBackwardSumGroups(o, t)) {
           const int64_t base = (gr / NH) * T, hc = (gr % NH) * hs;
-          TileRuleCover(plan, o.b, gr * T + q0, gr * T + q1, s0, s1, fp);
-          TileRuleCover(plan, o.x, base + q0, base + q1, hc, hc + hs, fp);
-          TileRuleCover(plan, o.w, base + s0, base + s1, 2 * C + hc, 2 * C + hc + hs, fp);
+          if (last) TileRuleCover(plan, o.b, gr * T + q0, gr * T + q1, s0, s1, fp);
+          TileRuleCover(plan, o.x, base + q0, base + q1, hc + d0, hc + d1, fp);
+          TileRuleCover(plan, o.w, base + s0, base + s1, 2 * C + hc + d0, 2 * C + hc + d1, fp);
         }
         break;
       }
-      const int64_t k0 = (nb > 0 ? block - nb * nb : block) * kTileRows;
+      const int64_t k0 = (nb > 0 ? ob - nb * nb : block) * kTileRows;
       const int64_t k1 = std::min(T, k0 + kTileRows);
       ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t p0, int64_t p1) {
         const int64_t base = b * T;
         ForEachHeadSegment(t.c0, t.c1, C, hs, [&](int64_t part, int64_t h, int64_t i0, int64_t i1) {
           const int64_t arow = (b * NH + h) * T, hc = h * hs;
           if (part == 2) {
+            if (!last) return;
             TileRuleCover(plan, o.b, arow + k0, arow + k1, p0, p1, fp);
             TileRuleCover(plan, o.x, base + k0, base + k1, hc + i0, hc + i1, fp);
             return;
@@ -1592,9 +1764,10 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
           if (nb > 0) {  // dP's query rows [r0, r1) and key positions [c0, c1)
             const int64_t r0 = part == 0 ? p0 : k0, r1 = part == 0 ? p1 : k1;
             const int64_t c0 = part == 0 ? k0 : p0, c1 = part == 0 ? k1 : p1;
-            TileRuleCover(plan, o.b, arow + r0, arow + r1, c0, c1, fp);
-            TileRuleCover(plan, o.x, base + r0, base + r1, hc, hc + hs, fp);
-            TileRuleCover(plan, o.w, base + c0, base + c1, 2 * C + hc, 2 * C + hc + hs, fp);
+            if (last) TileRuleCover(plan, o.b, arow + r0, arow + r1, c0, c1, fp);
+            TileRuleCover(plan, o.x, base + r0, base + r1, hc + d0, hc + d1, fp);
+            TileRuleCover(plan, o.w, base + c0, base + c1, 2 * C + hc + d0, 2 * C + hc + d1, fp);
+            if (!last) return;
             TileRuleCover(plan, o.w, base + k0, base + k1, other + hc + i0, other + hc + i1, fp);
             return;
           }
@@ -2083,7 +2256,7 @@ std::vector<float> SoftmaxBlock(const TilePlan& plan, const TileOp& o, const Til
 
 namespace {
 
-// One block of a narrowed attention backward tile (T > kTileAttentionWholeMax; Footprint's
+// One block of a narrowed attention backward tile (TileRuleAttentionBlocks; Footprint's
 // blocks), in kernels_ref.cc's AttentionBackward order. The partial: the row sums of the groups
 // TileRuleBackwardSumGroups names (T each: s_t, the chain over t2 from 0 of att[t, t2] dA[t, t2],
 // dA[t, t2] = the chain over i of dout[t, i] v[t2, i], 0 past the diagonal), then the tile's
@@ -2091,7 +2264,8 @@ namespace {
 // block continues dv[t2, i] (over t of att[t, t2] dout[t, i]), dq[t, i] (over t2 of dP[t, t2]
 // k[t2, i]) and dk[t2, i] (over t of dP[t, t2] q[t, i]), dP[t, t2] = att[t, t2] (dA[t, t2] -
 // s_t) (0 past the diagonal); the last applies the kernel's "dqkv += acc" (v) or "+= acc *
-// scale" (q, k) on a zeroed gradient.
+// scale" (q, k) on a zeroed gradient. A wide head's block is cut over the head's columns
+// (TileRuleBackwardHeadBlocks): all but the last of its column blocks continue its dA dots alone.
 std::vector<float> TileRuleAttentionBackwardBlock(const TilePlan& plan, const TileFootprint& fp,
                                                   const TileInputs& in, const TileOp& o,
                                                   const TileGrid::Rect& t, int64_t block,
@@ -2100,8 +2274,18 @@ std::vector<float> TileRuleAttentionBackwardBlock(const TilePlan& plan, const Ti
   const int64_t nb = TileRuleAttentionBlocks(o), n = t.numel();
   const std::vector<int64_t> groups = TileRuleBackwardSumGroups(o, t);
   const int64_t ns = static_cast<int64_t>(groups.size()) * T;
-  std::vector<float> st =
-      in.partial.empty() ? std::vector<float>(static_cast<size_t>(ns + n), 0.0f) : in.partial;
+  // A wide head's column block [d0, d1) of block ob (TileRuleBackwardHeadBlocks): the dots so far
+  // follow the block's partial.
+  const int64_t nh = TileRuleBackwardHeadBlocks(o), ob = block / nh;
+  const int64_t d0 = block % nh * kTileAttentionBackwardHeadBlock;
+  const int64_t d1 = std::min(hs, d0 + kTileAttentionBackwardHeadBlock), nd = d1 - d0;
+  const bool last = block % nh + 1 == nh;
+  std::vector<float> st(static_cast<size_t>(ns + n), 0.0f);
+  std::vector<float> dots(static_cast<size_t>(TileRuleBackwardDots(o, t, ob)), 0.0f);
+  if (!in.partial.empty()) {
+    std::copy(in.partial.begin(), in.partial.begin() + ns + n, st.begin());
+    if (block % nh > 0) std::copy(in.partial.begin() + ns + n, in.partial.end(), dots.begin());
+  }
   auto dense = [&](int64_t operand, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     return TileRuleDense(plan, fp, in, operand, r0, r1, c0, c1);
   };
@@ -2109,34 +2293,48 @@ std::vector<float> TileRuleAttentionBackwardBlock(const TilePlan& plan, const Ti
     const int64_t g = std::find(groups.begin(), groups.end(), gr) - groups.begin();
     return st[static_cast<size_t>(g * T + tt)];
   };
-  // dA[tt, t2] from dout's row tt (g) and v's row t2 (v), both the head's hs columns.
-  auto da = [&](const float* g, const float* v, int64_t tt, int64_t t2) {
-    if (t2 > tt) return 0.0f;
-    float d = 0.0f;
-    for (int64_t i = 0; i < hs; ++i) d = __builtin_fmaf(g[i], v[i], d);
-    return d;
-  };
-  if (block < nb * nb) {
-    const int64_t q0 = (block / nb) * kTileAttentionBlock;
-    const int64_t q1 = std::min(T, q0 + kTileAttentionBlock);
-    const int64_t s0 = (block % nb) * kTileAttentionBlock;
-    const int64_t s1 = std::min(T, s0 + kTileAttentionBlock), ncol = s1 - s0;
-    for (int64_t gr : groups) {
-      const int64_t base = (gr / NH) * T, hc = (gr % NH) * hs;
-      const std::vector<float> a = dense(o.b, gr * T + q0, gr * T + q1, s0, s1);
-      const std::vector<float> g = dense(o.x, base + q0, base + q1, hc, hc + hs);
-      const std::vector<float> v = dense(o.w, base + s0, base + s1, 2 * C + hc, 2 * C + hc + hs);
-      for (int64_t tt = q0; tt < q1; ++tt) {
-        float& s = sum_of(gr, tt);
-        for (int64_t t2 = s0; t2 < s1; ++t2) {
-          s = __builtin_fmaf(a[static_cast<size_t>((tt - q0) * ncol + t2 - s0)],
-                             da(g.data() + (tt - q0) * hs, v.data() + (t2 - s0) * hs, tt, t2), s);
+  // Continues the dots dA[tt, t2] (0 past the diagonal) of rows [r0, r1) and keys [c0, c1) at
+  // `d` from dout's rows (g) and v's rows (v) in the block's nd columns (finished by the last).
+  auto continue_dots = [&](const std::vector<float>& g, const std::vector<float>& v, int64_t r0,
+                           int64_t r1, int64_t c0, int64_t c1, float* d) {
+    for (int64_t tt = r0; tt < r1; ++tt) {
+      for (int64_t t2 = c0; t2 < std::min(c1, tt + 1); ++t2) {
+        float& x = d[(tt - r0) * (c1 - c0) + t2 - c0];
+        for (int64_t i = 0; i < nd; ++i) {
+          x = __builtin_fmaf(g[static_cast<size_t>((tt - r0) * nd + i)],
+                             v[static_cast<size_t>((t2 - c0) * nd + i)], x);
         }
       }
     }
+  };
+  int64_t off = 0;  // the next group's or segment's dots
+  if (ob < nb * nb) {
+    const int64_t q0 = (ob / nb) * kTileAttentionBlock;
+    const int64_t q1 = std::min(T, q0 + kTileAttentionBlock);
+    const int64_t s0 = (ob % nb) * kTileAttentionBlock;
+    const int64_t s1 = std::min(T, s0 + kTileAttentionBlock), ncol = s1 - s0;
+    for (int64_t gr : groups) {
+      const int64_t base = (gr / NH) * T, hc = (gr % NH) * hs;
+      const std::vector<float> g = dense(o.x, base + q0, base + q1, hc + d0, hc + d1);
+      const std::vector<float> v =
+          dense(o.w, base + s0, base + s1, 2 * C + hc + d0, 2 * C + hc + d1);
+      float* d = dots.data() + off;
+      off += (q1 - q0) * ncol;
+      continue_dots(g, v, q0, q1, s0, s1, d);
+      if (!last) continue;
+      const std::vector<float> a = dense(o.b, gr * T + q0, gr * T + q1, s0, s1);
+      for (int64_t tt = q0; tt < q1; ++tt) {
+        float& s = sum_of(gr, tt);
+        for (int64_t t2 = s0; t2 < s1; ++t2) {
+          const size_t e = static_cast<size_t>((tt - q0) * ncol + t2 - s0);
+          s = __builtin_fmaf(a[e], t2 > tt ? 0.0f : d[e], s);
+        }
+      }
+    }
+    if (!last) st.insert(st.end(), dots.begin(), dots.end());
     return st;
   }
-  const int64_t k0 = (block - nb * nb) * kTileAttentionBlock;
+  const int64_t k0 = (ob - nb * nb) * kTileAttentionBlock;
   const int64_t k1 = std::min(T, k0 + kTileAttentionBlock), nk = k1 - k0;
   float* acc = st.data() + ns;
   ForEachSequenceSpan(t.r0, t.r1, T, [&](int64_t b, int64_t p0, int64_t p1) {
@@ -2147,6 +2345,7 @@ std::vector<float> TileRuleAttentionBackwardBlock(const TilePlan& plan, const Ti
         return acc[(base + p - t.r0) * K + part * C + hc + i - t.c0];
       };
       if (part == 2) {  // dv[p, i]: over the block's queries tt
+        if (!last) return;
         const std::vector<float> a = dense(o.b, arow + k0, arow + k1, p0, p1);  // (nk, np)
         const std::vector<float> g = dense(o.x, base + k0, base + k1, hc + i0, hc + i1);
         for (int64_t p = p0; p < p1; ++p) {
@@ -2165,9 +2364,14 @@ std::vector<float> TileRuleAttentionBackwardBlock(const TilePlan& plan, const Ti
       const int64_t r0 = part == 0 ? p0 : k0, r1 = part == 0 ? p1 : k1;
       const int64_t c0 = part == 0 ? k0 : p0, c1 = part == 0 ? k1 : p1;
       const int64_t nr = r1 - r0, nc = c1 - c0;
+      const std::vector<float> g = dense(o.x, base + r0, base + r1, hc + d0, hc + d1);
+      const std::vector<float> v =
+          dense(o.w, base + c0, base + c1, 2 * C + hc + d0, 2 * C + hc + d1);
+      float* d = dots.data() + off;
+      off += nr * nc;
+      continue_dots(g, v, r0, r1, c0, c1, d);
+      if (!last) return;
       const std::vector<float> a = dense(o.b, arow + r0, arow + r1, c0, c1);  // (nr, nc)
-      const std::vector<float> g = dense(o.x, base + r0, base + r1, hc, hc + hs);
-      const std::vector<float> v = dense(o.w, base + c0, base + c1, 2 * C + hc, 2 * C + hc + hs);
       const int64_t other = part == 0 ? C : 0;
       const std::vector<float> kq =
           dense(o.w, base + k0, base + k1, other + hc + i0, other + hc + i1);  // (nk, ni)
@@ -2176,25 +2380,26 @@ std::vector<float> TileRuleAttentionBackwardBlock(const TilePlan& plan, const Ti
         const float s = sum_of(gr, tt);
         for (int64_t t2 = c0; t2 < c1; ++t2) {
           const size_t e = static_cast<size_t>((tt - r0) * nc + t2 - c0);
-          dp[e] =
-              t2 <= tt
-                  ? a[e] * (da(g.data() + (tt - r0) * hs, v.data() + (t2 - c0) * hs, tt, t2) - s)
-                  : 0.0f;
+          dp[e] = t2 <= tt ? a[e] * (d[e] - s) : 0.0f;
         }
       }
       for (int64_t p = p0; p < p1; ++p) {
         for (int64_t i = i0; i < i1; ++i) {
           float& x = at(p, i);
           for (int64_t j = 0; j < nk; ++j) {  // dq: over the block's keys; dk: its queries
-            const float d = part == 0 ? dp[static_cast<size_t>((p - p0) * nc + j)]
-                                      : dp[static_cast<size_t>(j * nc + p - p0)];
-            x = __builtin_fmaf(d, kq[static_cast<size_t>(j * ni + i - i0)], x);
+            const float dd = part == 0 ? dp[static_cast<size_t>((p - p0) * nc + j)]
+                                       : dp[static_cast<size_t>(j * nc + p - p0)];
+            x = __builtin_fmaf(dd, kq[static_cast<size_t>(j * ni + i - i0)], x);
           }
         }
       }
     });
   });
-  if (block + 1 < nb * nb + nb) return st;
+  if (!last) {
+    st.insert(st.end(), dots.begin(), dots.end());
+    return st;
+  }
+  if (ob + 1 < nb * nb + nb) return st;
   std::vector<float> out(static_cast<size_t>(n));
   for (int64_t e = 0; e < n; ++e) {
     const bool v_col = (t.c0 + e % K) / C == 2;

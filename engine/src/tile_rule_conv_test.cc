@@ -531,5 +531,140 @@ batch_size = 40
   }
 }
 
+bool IsConvWeightGrad(TileOpKind k) { return k == TileOpKind::kTileOpConvWeightGrad; }
+
+// A 3 x 3 conv of stride 7 over 3 channels of 3 x 250 images (after a relu: the conv reads an
+// activation, not the examples): its weight gradient's block, one sample's run of 32 outputs of a
+// row, reads for each (c, kh) pair of its chunk one input row's window columns, 31 x 7 + 3 = 220
+// floats in up to 8 tiles (rows of 250 start inside a tile); a chunk of 8 pairs (of a dW tile's
+// 9) read 62 tiles and dout's 2, 256 KiB. The chunks hold 5 pairs at this stride instead (two
+// chunks a tile still), so every block stays under the bound, and every dW tile chains to the
+// traced bits.
+TEST(TileRuleConvTest, AConvWeightGradientAtALargeStrideReadsFewerPairsABlockBitForBit) {
+  const std::string toml = R"(
+[task]
+name = "tile-stride-conv"
+seed = 6
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [3, 3, 250]
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "conv2d"
+out = 2
+kernel = 3
+stride = 7
+pad = 0
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 10
+batch_size = 32
+)";
+  Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-stride-conv.toml", ".");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const TaskData d = testing::RandomTaskData(64, {3, 3, 250}, 3, 31, -1.0f, 1.0f);
+  int64_t ops = 0;
+  const std::map<std::string, int64_t> largest =
+      ExpectEveryTileRecomputes(*spec, d, IsConvWeightGrad, &ops);
+  EXPECT_EQ(ops, 1);
+  for (const auto& [name, bytes] : largest) {
+    std::printf("[ stride 7 ] %-18s largest footprint %lld bytes\n", name.c_str(),
+                static_cast<long long>(bytes));
+    EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+  }
+  // 32 samples x 1 output row x 2 runs (OW = 36) x one output channel a group (2) x 2 chunks.
+  Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (size_t j = 0; j < plan->ops.size(); ++j) {
+    if (plan->ops[j].kind != TileOpKind::kTileOpConvWeightGrad) continue;
+    EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), 32 * 1 * 2 * 2 * 2);
+  }
+}
+
+bool IsConvOrInputGrad(TileOpKind k) {
+  return k == TileOpKind::kTileOpConv || k == TileOpKind::kTileOpConvInputGrad;
+}
+
+// A conv2d over 4 channels of images no wider than 32 with a large kernel: a 7 x 7 kernel at
+// stride 1 over 30 x 30 (its 900-float planes put tiles across two planes, so a block of 4
+// channels read every row of each: 4 x 32 x 4 x 900 bytes, 450 KiB, and its input gradient as
+// much of dout), and an 11 x 11 kernel at stride 4 over 32 x 32 (6 x 6 outputs reaching 31 of
+// its 32 rows: 496 KiB). Both read their windows' columns in blocks of (channel, kh) pairs instead,
+// as over wide images (a block's pairs fewer where its tile crosses many short rows), each
+// footprint under the bound, and every tile of the conv and its input gradient chains to the traced
+// bits.
+TEST(TileRuleConvTest, AConvWithALargeKernelOverNarrowImagesReadsItsWindowsColumnsBitForBit) {
+  struct Case {
+    int64_t W, kernel, stride, pad;
+  };
+  for (const Case& c : {Case{30, 7, 1, 3}, Case{32, 11, 4, 0}}) {
+    SCOPED_TRACE("W " + std::to_string(c.W) + ", kernel " + std::to_string(c.kernel));
+    const std::string w = std::to_string(c.W);
+    const std::string toml = R"(
+[task]
+name = "tile-large-kernel"
+seed = 7
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [4, )" + w + ", " + w +
+                             R"(]
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "conv2d"
+out = 4
+kernel = )" + std::to_string(c.kernel) +
+                             "\nstride = " + std::to_string(c.stride) +
+                             "\npad = " + std::to_string(c.pad) + R"(
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 10
+batch_size = 32
+)";
+    Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-large-kernel.toml", ".");
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    const TaskData d = testing::RandomTaskData(64, {4, c.W, c.W}, 3, 37, -1.0f, 1.0f);
+    int64_t ops = 0;
+    const std::map<std::string, int64_t> largest =
+        ExpectEveryTileRecomputes(*spec, d, IsConvOrInputGrad, &ops);
+    EXPECT_EQ(ops, 2);
+    for (const auto& [name, bytes] : largest) {
+      std::printf("[ large kernel] %lld x %lld %-18s largest footprint %lld bytes\n",
+                  static_cast<long long>(c.kernel), static_cast<long long>(c.stride), name.c_str(),
+                  static_cast<long long>(bytes));
+      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+    }
+  }
+}
+
 }  // namespace tile_rule_conv_test
 }  // namespace meshlearn::engine

@@ -794,7 +794,7 @@ void TraceStep(const std::string& toml, const std::string& dir, int warmup, Trac
 // `vocab`-token vocabulary (train.bin and val.bin in a new TestDir, 4096 tokens each drawn
 // uniformly from Rng(data_seed)): one traced step after `warmup` plain steps (TraceStep).
 void TraceTokenGpt(const std::string& name, uint64_t task_seed, uint64_t data_seed, int64_t vocab,
-                   int64_t n_embd, int64_t T, int warmup, TracedStep* out) {
+                   int64_t n_embd, int64_t T, int warmup, TracedStep* out, int64_t n_head = 2) {
   const std::string dir = TestDir("tile-" + name);
   Rng rng(data_seed);
   for (const char* file : {"train.bin", "val.bin"}) {
@@ -811,8 +811,8 @@ void TraceTokenGpt(const std::string& name, uint64_t task_seed, uint64_t data_se
       "\n[data]\nformat = \"tokens\"\ntrain = \"train.bin\"\n"
       "val = \"val.bin\"\nvocab_size = " +
       std::to_string(vocab) +
-      "\n[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = " + std::to_string(n_embd) +
-      "\nblock_size = " + std::to_string(T) +
+      "\n[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = " + std::to_string(n_head) +
+      "\nn_embd = " + std::to_string(n_embd) + "\nblock_size = " + std::to_string(T) +
       "\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n"
       "[train]\nsteps = 2\nbatch_size = 2\n";
   ASSERT_NO_FATAL_FAILURE(TraceStep(toml, dir, warmup, out));
@@ -1257,6 +1257,44 @@ TEST(TileRuleTest, TheAttentionBackwardOfASequenceNotAMultipleOf32IsNarrowedBitF
   ASSERT_EQ(ReductionBlocks(plan, j), 10 * 10 + 10);
   for (int64_t t = 0; t < plan.ops[static_cast<size_t>(j)].grid.count(); ++t) {
     ASSERT_NO_FATAL_FAILURE(ExpectChainEndsAtTheTrace(traced, j, t, 10 * 10 + 10));
+  }
+}
+
+// A wide head (n_head 1, hs = 512, at T = 128): recomputed whole, an att tile would read k of the
+// sequence in its head and q of its rows (4 x 160 x 512 bytes, 320 KiB) and a qkv.grad block v
+// of the sequence as well, both past the witness bound. Both are narrowed over the positions as a
+// long sequence is (4 blocks of 32), and their dot products over the head's columns too: att's
+// into two blocks of 256 (18 blocks: 4 of the max, 4 of the sum and the output, each twice),
+// qkv.grad's dA = dout . v into four of 128 (80 blocks: 16 of the row sums and 4 of the chain,
+// each four times). Every footprint reads at most 16 tiles (64 KiB) whatever hs; every att tile's
+// chain, and those of qkv.grad's tiles in a column of q, of k and of v, end at the traced bits.
+TEST(TileRuleTest, AWideHeadIsNarrowedOverItsColumnsBitForBit) {
+  TracedStep traced;
+  ASSERT_NO_FATAL_FAILURE(TraceTokenGpt("wide-head", 8, 41, 64, 512, 128, 1, &traced, 1));
+  const TilePlan& plan = traced.plan;
+  const int64_t att = OpNamed(plan, "h.0.att"), qkv_grad = OpNamed(plan, "h.0.qkv.grad");
+  ASSERT_GE(att, 0);
+  ASSERT_GE(qkv_grad, 0);
+  ASSERT_EQ(ReductionBlocks(plan, att), (2 * 4 + 1) * 2);
+  ASSERT_EQ(ReductionBlocks(plan, qkv_grad), (4 * 4 + 4) * 4);
+  ASSERT_EQ(ReductionBlocks(plan, OpNamed(plan, "h.0.atty")), 0);  // att and v of its columns
+  for (const int64_t j : {att, qkv_grad}) {
+    const TileOp& op = plan.ops[static_cast<size_t>(j)];
+    const int64_t blocks = ReductionBlocks(plan, j);
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      for (int64_t k = 0; k < blocks; ++k) {
+        Result<TileFootprint> fp = Footprint(plan, j, t, k);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        // att: q of 32 rows and k of 32 positions in 256 columns; qkv.grad: dout and v of 32
+        // positions in 128, and att's and k's or q's tile.
+        EXPECT_LE(FootprintFloats(plan, *fp), 16 * 32 * 32) << op.name << " " << t << " " << k;
+      }
+      // Column tiles 3 (q), 20 (k) and 41 (v) of qkv.grad's 48 (C = 512: 16 tiles a part).
+      const int64_t col = t % op.grid.col_tiles();
+      if (j == att || col == 3 || col == 20 || col == 41) {
+        ASSERT_NO_FATAL_FAILURE(ExpectChainEndsAtTheTrace(traced, j, t, blocks));
+      }
+    }
   }
 }
 

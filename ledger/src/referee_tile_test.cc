@@ -1588,12 +1588,11 @@ const Setup* MakeChainGptSetup(const std::string& bundle) {
   s->ctx.data_root = s->pages->root();
   return s;
 }
-// The chain's GPT setup once built, else null: Submit asks whether a test plays it without
-// building it (initialising the 10M GPT was most of every other chain test's time: 1 s of 1.6 s in
-// release, 9.5 s of 11 s under ASan).
-const Setup* g_chain_gpt_setup = nullptr;
+// The chain's GPT setup. Submit reads a token task's pages from the setup a test plays, never
+// building this one for another test (initialising the 10M GPT was most of every other chain
+// test's time: 1 s of 1.6 s in release, 9.5 s of 11 s under ASan).
 const Setup& ChainGptSetup() {
-  static const Setup* setup = g_chain_gpt_setup = MakeChainGptSetup(ChainGptBundle());
+  static const Setup* setup = MakeChainGptSetup(ChainGptBundle());
   return *setup;
 }
 
@@ -1611,6 +1610,31 @@ const std::string& ChainGptMicroBundle() {
 }
 const Setup& ChainGptMicroSetup() {
   static const Setup* setup = MakeChainGptSetup(ChainGptMicroBundle());
+  return *setup;
+}
+
+// The chain's GPT task with one head of 512 columns over sequences of 128 (one layer): its
+// attention and attention backward are narrowed over the positions and over the head's columns.
+const std::string& ChainWideHeadGptBundle() {
+  static const std::string* b = [] {
+    std::string bundle = ChainGptBundle();
+    const std::vector<std::pair<std::string, std::string>> edits = {
+        {"n_layer = 6", "n_layer = 1"},
+        {"n_head = 6", "n_head = 1"},
+        {"n_embd = 384", "n_embd = 512"},
+        {"block_size = 256", "block_size = 128"},
+        {"seq_len = 256", "seq_len = 128"}};
+    for (const auto& [from, to] : edits) {
+      const size_t at = bundle.find(from);
+      CHECK(at != std::string::npos) << from;
+      bundle.replace(at, from.size(), to);
+    }
+    return new std::string(std::move(bundle));
+  }();
+  return *b;
+}
+const Setup& ChainWideHeadGptSetup() {
+  static const Setup* setup = MakeChainGptSetup(ChainWideHeadGptBundle());
   return *setup;
 }
 
@@ -1838,6 +1862,11 @@ class TileChainTest : public testing::FollowedChainFixture {
     bundle_ = &ChainGptMicroBundle();
     g_setup = &ChainGptMicroSetup();
   }
+  // A one-layer GPT with one head of 512 columns (before Submit).
+  void UseWideHeadGpt() {
+    bundle_ = &ChainWideHeadGptBundle();
+    g_setup = &ChainWideHeadGptSetup();
+  }
 
   Transaction N(const KeyPair& node, TxPayload p) { return Q(*owner_.at(node.public_key()), p); }
   void StepOk(std::vector<Transaction> txs) {
@@ -1880,10 +1909,10 @@ class TileChainTest : public testing::FollowedChainFixture {
     p.verification_window_blocks = 12;
     // A token task's data root is over its train stream's pages (its batches are not examples).
     p.data_root = Tree().root();
-    if (g_setup != nullptr && g_setup == g_chain_gpt_setup) {
-      p.data_root = ChainGptSetup().pages->root();
+    if (g_setup != nullptr && g_setup->pages != nullptr) {
+      p.data_root = g_setup->pages->root();
       p.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
-      p.num_examples = static_cast<uint64_t>(ChainGptSetup().pages->num_tokens());
+      p.num_examples = static_cast<uint64_t>(g_setup->pages->num_tokens());
     }
     if (tweak) tweak(p);
     const Amount budget = MaxTaskCost(p, 20, nullptr, genesis_.params.verifiers_per_unit);
@@ -2446,6 +2475,30 @@ TEST_F(TileChainTest, OnThe10mGptALinearTileIsRuledOnChain) {
   UseGpt();
   const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "h.0.qkv", 100, 500}), true, true);
   EXPECT_GT(bytes, 0u);
+}
+
+// A one-layer GPT with one head of 512 columns at T = 128, whose att tile recomputed whole would
+// read 320 KiB of q and k: att is narrowed over its positions and over the head's columns in two
+// blocks of 256 (18 blocks), its backward's dA dots in four of 128 (80 blocks). A lie from att's
+// second column block of its first max block (the agreed partial carries the dots of the first
+// 256 columns; the solver lies) and one from the third column block of a row-sum block of a k
+// tile of qkv.grad (the verifier lies), each ruled by RefereeTile from a witness under 256 KiB.
+TEST_F(TileChainTest, OnAWideHeadGptAnAttentionColumnBlockIsRuledOnChain) {
+  UseWideHeadGpt();
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, OpIndex("h.0.att")), 18);
+  // Element 20 of tile (1, 0) is also row 20's entry of the statistics every partial starts with.
+  const size_t bytes = PlayLieOnChain(Train(Lie{LieKind::kTile, "h.0.att", 32, 20, 1}), true, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, 256u * 1024);
+}
+
+TEST_F(TileChainTest, OnAWideHeadGptAnAttentionBackwardColumnBlockIsRuledOnChain) {
+  UseWideHeadGpt();
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, OpIndex("h.0.qkv.grad")), 80);
+  const size_t bytes =
+      PlayLieOnChain(Train(Lie{LieKind::kTile, "h.0.qkv.grad", 40, 600, 22}), false, true);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, 256u * 1024);
 }
 
 // A lie at the 10M GPT's token embeddings: the witness carries the pages of the train stream
