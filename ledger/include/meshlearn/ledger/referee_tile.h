@@ -63,6 +63,7 @@ struct TileWitnessTile {
   uint64_t tile = 0;
   std::vector<float> values;
   MerkleProof proof;
+  bool operator==(const TileWitnessTile&) const = default;
 };
 
 struct TileWitness {
