@@ -566,9 +566,9 @@ TEST_F(StageServeTest, AStageOverTheBoundThatServesEveryPieceWinsAgainstAnUnserv
   ASSERT_EQ(pieces.size(), n);
   ASSERT_GE(n, 2u) << "piece 0 (the roots) and at least one of tiles";
   EXPECT_TRUE(pieces[0].tiles.empty());
-  // The window: ServeWindowBlocks of the declared stage after the referee's deadline.
   const RefereeTask task = TaskNow();
-  ExpectRefused({{GenesisRuling(task), "served nothing for the step is answered by its evidence"}});
+  ASSERT_NO_FATAL_FAILURE(ExpectRefused(
+      {{GenesisRuling(task), "served nothing for the step is answered by its evidence"}}));
   for (uint32_t p = 0; p + 1 < n; ++p) {
     StepOk({Serve(p, pieces[p])});
     ASSERT_EQ(Check(cheat_).dispute()->stage(), DisputeStage::kDisputeReferee) << "piece " << p;
