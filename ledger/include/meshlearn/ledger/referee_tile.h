@@ -155,7 +155,9 @@ bool DisputeNeedsBundle(const TaskParams& params);
 // whole step: the tile phase needs both parties to trace the step from the stage's served
 // evidence, and the challenger has none, so it could not answer. A stage that does serve its step
 // posts its whole-step witness (RefereeStageStep) and wins; one that does not loses by the
-// referee's deadline (RuleUnpostedStageStep), within kMaxStageWitnessMemory.
+// referee's deadline (RuleUnpostedStageStep), within kMaxStageWitnessMemory. Over it the stage
+// posts its evidence in pieces (stage_serve.h, ServeStageEvidenceTx) by the end of a serving
+// window, or loses then.
 bool UnservedStageClaim(const TaskParams& params, const MismatchClaimField& claim);
 
 // Whether the mismatch or challenge `claim` on unit `index` must carry the bundle. A unit of a
