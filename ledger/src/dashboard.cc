@@ -424,10 +424,11 @@ function taskView(t) {
 // went (DisputePost and DisputeChildren by each side), how it was decided (RuleDispute: the
 // referee's ruling; RefereeStep: the ledger executed the disputed step from a witness;
 // RefereeTile: it recomputed one tile of one operator, or ruled a whole step from operator roots;
-// RefereeStageStep: it replayed one stage's step) and what became of the solver; a game still
+// RefereeStageStep: it replayed one stage's step; ServeStageEvidence: a stage over the witness
+// bound posted a piece of its step's evidence) and what became of the solver; a game still
 // being played adds its stage from the unit's check.
 const kGameTxs = ['RevealVerdict', 'ChallengeUnit', 'DisputePost', 'DisputeChildren', 'RuleDispute',
-                  'RefereeStep', 'RefereeTile', 'RefereeStageStep', 'ProveResult'];
+                  'RefereeStep', 'RefereeTile', 'RefereeStageStep', 'ServeStageEvidence', 'ProveResult'];
 function disputeTimeline(t) {
   const perRound = Math.max(1, Number(t.params.units_per_round));
   const attempts = [], latest = {};
@@ -480,7 +481,12 @@ function disputeTimeline(t) {
       lines.push(h('br'), `decided by the ledger, which replayed the disputed stage step itself (RefereeStageStep at block ${r.height}, sent by `,
                  nodeLink(r.node || r.sender), ')');
     }
-    if (posts.length && !['RuleDispute', 'RefereeStep', 'RefereeTile', 'RefereeStageStep'].some(x => of(x).length)) {
+    const pieces = of('ServeStageEvidence');
+    if (pieces.length) {
+      lines.push(h('br'), `the stage posted ${pieces.length} piece(s) of its step's evidence (ServeStageEvidence, blocks `,
+                 `${pieces[0].height}..${pieces[pieces.length - 1].height}) against a claim that it served nothing: every piece in rules the claim out`);
+    }
+    if (posts.length && !['RuleDispute', 'RefereeStep', 'RefereeTile', 'RefereeStageStep', 'ServeStageEvidence'].some(x => of(x).length)) {
       lines.push(h('br'), 'no ruling transaction: the game ended at a deadline (a side missed its turn)');
     }
     const unit = t.units.find(u => Number(u.index) === a.index);

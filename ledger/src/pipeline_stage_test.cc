@@ -1034,9 +1034,8 @@ TEST_F(PipelineVerificationTest, AStageWithoutParametersIsRuledByNoKey) {
   const PublicKey stage_node = Unit(kCheat).assignee;
   ExpectEachRefused(
       {{Q(referee_, RuleDisputeTx{.task_id = task_id_, .index = kCheat, .output = truth}),
-        "is a pipeline stage, whose disputes the ledger rules itself (RefereeTile, "
-        "RefereeStageStep) unless the claim is that the stage served nothing; the genesis key "
-        "rules no other"},
+        "is a pipeline stage, whose disputes the ledger rules itself; the genesis key rules none "
+        "(RefereeTile, RefereeStageStep)"},
        {Q(alice_,
           RefereeStageStepTx{
               .task_id = task_id_, .index = kCheat, .witness = {EncodeStageStepWitness({})}}),

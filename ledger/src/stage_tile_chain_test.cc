@@ -22,12 +22,14 @@
 #include "meshlearn/engine/tile.h"
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/stage_serve.h"
 #include "meshlearn/protocol/dispute.h"
 #include "pipeline_test_util.h"
 
 namespace meshlearn::ledger {
 namespace stage_tile_chain_test {  // named: the tests build as unity translation units
 
+using pipeline_testing::kGiB;
 using pipeline_testing::kStages;
 using pipeline_testing::PipelineRulingTest;
 using pipeline_testing::TestStageEvidence;
@@ -499,11 +501,11 @@ TEST_P(StageBundleTest, OverTheStageBoundAMismatchCarriesTheBundleButAnUnservedC
   ASSERT_NO_FATAL_FAILURE(RevealAll(verdicts, unserved ? std::string() : bundle_));
   EXPECT_EQ(Check(cheat_).dispute()->config().operator_tiles.empty(), unserved);
   if (unserved) {
-    // The one stage claim the genesis key still rules over the bound (docs/verification.md,
-    // "What still uses the genesis key"): the dispute is at the referee at once.
+    // The dispute is at the referee at once, waiting for the stage's evidence in pieces
+    // (StageServeTest below); the genesis key rules no stage claim.
     const RefereeTask task = TaskNow();
     EXPECT_EQ(task.challenger_output, StageUnservedLeaf(task.defender_output));
-    StepOk({GenesisRuling(task)});
+    ExpectRefused({{GenesisRuling(task), "the genesis key rules none"}});
   }
 }
 
@@ -511,6 +513,148 @@ INSTANTIATE_TEST_SUITE_P(EachClaim, StageBundleTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) {
                            return p.param ? std::string("Unserved") : std::string("AFinding");
                          });
+
+// A claim that a stage over the witness bound served nothing for its step, answered on chain by
+// the stage's evidence in pieces (stage_serve.h, ServeStageEvidenceTx): piece 0 its committed
+// commit and state roots, then every tile of its checkpoint and of the tensors it received, each
+// proven against its root. No key rules it.
+class StageServeTest : public StageTileChainTest {
+ protected:
+  // The replica trains honestly with stages of `stage_bytes` (over the witness bound) and the
+  // verifier claims that stage cheat_ served nothing for step kLieStep: the dispute is at the
+  // referee, waiting for the stage's pieces.
+  void DisputeUnserved(uint64_t stage_bytes) {
+    std::vector<std::vector<Hash256>> leaves = TrainHonestly([&](TaskParams& p) {
+      p.stage_memory_bytes = {stage_bytes, stage_bytes, stage_bytes};
+    });
+    ASSERT_FALSE(LedgerRulesStageStep(Task().params, cheat_));
+    ASSERT_EQ(leaves[cheat_][kLieStep], protocol::StageStepLeaf(Evidence().commit));
+    RevealAll(SealMismatch(leaves, StageUnservedLeaf(leaves[cheat_][kLieStep])), std::string());
+    const RefereeTask task = TaskNow();
+    ASSERT_EQ(task.challenger_output, StageUnservedLeaf(task.defender_output));
+    stage_node_ = Unit(cheat_).assignee;
+  }
+
+  const TestStageEvidence& Evidence() const { return evidence_[cheat_][kLieStep]; }
+
+  // Every piece of the stage's evidence, as its node builds them from what it holds.
+  std::vector<StageServePiece> Pieces() {
+    Result<std::vector<StageServePiece>> p = BuildStageServePieces(
+        Context(), Evidence().commit, Evidence().checkpoint, Evidence().blobs);
+    CHECK(p.ok()) << p.status().ToString();
+    return std::move(*p);
+  }
+
+  Transaction Serve(uint32_t piece, const StageServePiece& p) {
+    return Q(alice_, ServeStageEvidenceTx{.task_id = task_id_,
+                                          .index = cheat_,
+                                          .piece = piece,
+                                          .bundle = {bundle_},
+                                          .witness = {EncodeStageServePiece(p)}});
+  }
+
+  PublicKey stage_node_;
+};
+
+// The honest stage posts every piece within its window: each is recorded, the claim stays open
+// until the last one, which rules it against the claimant (the verifier slashed, the round
+// standing). The genesis key's word is refused throughout.
+TEST_F(StageServeTest, AStageOverTheBoundThatServesEveryPieceWinsAgainstAnUnservedClaim) {
+  ASSERT_NO_FATAL_FAILURE(DisputeUnserved(kGiB));
+  const std::vector<StageServePiece> pieces = Pieces();
+  const uint32_t n = StageServePieceCount(Context().plan);
+  ASSERT_EQ(pieces.size(), n);
+  ASSERT_GE(n, 2u) << "piece 0 (the roots) and at least one of tiles";
+  EXPECT_TRUE(pieces[0].tiles.empty());
+  const RefereeTask task = TaskNow();
+  ASSERT_NO_FATAL_FAILURE(ExpectRefused(
+      {{GenesisRuling(task), "served nothing for the step is answered by its evidence"}}));
+  for (uint32_t p = 0; p + 1 < n; ++p) {
+    StepOk({Serve(p, pieces[p])});
+    ASSERT_EQ(Check(cheat_).dispute()->stage(), DisputeStage::kDisputeReferee) << "piece " << p;
+    const StageServeRecord rec = Unit(cheat_).serve;
+    EXPECT_EQ(rec.pieces, n);
+    EXPECT_EQ(rec.step, task.step);
+    EXPECT_NE((rec.served[p / 8] >> (p % 8)) & 1, 0) << "piece " << p;
+  }
+  EXPECT_EQ(Check(cheat_).dispute()->query().deadline_height, Unit(cheat_).serve.window_end);
+  ExpectRefused({{Serve(0, pieces[0]), "the piece is served already"}});
+  StepOk({Serve(n - 1, pieces[n - 1])});
+  ASSERT_TRUE(HasCheck(cheat_));
+  EXPECT_FALSE(Unit(cheat_).serve.open()) << "the record goes with the ruling";
+  ASSERT_FALSE(Task().verification.rulings.empty());
+  EXPECT_EQ(Task().verification.rulings.back().tx,
+            static_cast<uint16_t>(TxType::kServeStageEvidence));
+  EXPECT_TRUE(Task().verification.rulings.back().defender_honest);
+  EXPECT_FALSE(Task().verification.rulings.back().challenger_honest);
+  ExpectLoser(false, stage_node_);
+}
+
+// A stage that withholds one piece: nothing is ruled while its serving window is open (the
+// referee's deadline, extended by ServeWindowBlocks of the declared stage), and at the window's
+// end it loses as a silent party: slashed, its round re-run; the verifier is not slashed.
+TEST_F(StageServeTest, AStageOverTheBoundThatWithholdsAPieceLosesAtTheWindowsEnd) {
+  // 64 MiB declared: 17 pieces' room, 6 blocks after the referee's deadline (1 GiB: 86).
+  constexpr uint64_t kStageBytes = 64u << 20;
+  ASSERT_EQ(ServeWindowBlocks(kStageBytes), 6u);
+  ASSERT_EQ(ServeWindowBlocks(kGiB), 86u);
+  ASSERT_NO_FATAL_FAILURE(DisputeUnserved(kStageBytes));
+  const std::vector<StageServePiece> pieces = Pieces();
+  std::vector<Transaction> txs;
+  for (uint32_t p = 0; p + 1 < pieces.size(); ++p) txs.push_back(Serve(p, pieces[p]));
+  StepOk(txs);
+  const StageServeRecord rec = Unit(cheat_).serve;
+  ASSERT_TRUE(rec.open());
+  EXPECT_EQ(Check(cheat_).dispute()->query().deadline_height, rec.window_end)
+      << "the referee waits for the pieces";
+  // The referee's own deadline (window_end - 6) passes without the game ending undecided.
+  while (chain_->Height() < rec.window_end) {
+    Step();
+    ASSERT_TRUE(HasCheck(cheat_));
+    ASSERT_EQ(Check(cheat_).stage(), CheckStage::kCheckDisputed) << "ruled early";
+  }
+  for (int i = 0; i < 5 && HasCheck(cheat_); ++i) Step();
+  EXPECT_FALSE(HasCheck(cheat_)) << "fraud: the round re-runs";
+  EXPECT_EQ(Task().verification.fraud, 1u);
+  ExpectOnlyTheCheaterSlashed(stage_node_);
+}
+
+// Every piece that does not check out is refused, naming what is wrong, and records nothing: a
+// tile whose values are not its proof's, a tile in the wrong place, a commit that is not the
+// committed one, roots that do not give its state_before, a piece past the last, one piece's
+// tiles in another's place.
+TEST_F(StageServeTest, APieceThatDoesNotCheckOutIsRefusedAndChangesNothing) {
+  ASSERT_NO_FATAL_FAILURE(DisputeUnserved(kGiB));
+  const std::vector<StageServePiece> pieces = Pieces();
+  const uint32_t n = static_cast<uint32_t>(pieces.size());
+  ASSERT_GE(pieces[1].tiles.size(), 2u);
+  StageServePiece wrong_value = pieces[1];
+  wrong_value.tiles[1].values.at(0) += 1.0f;
+  StageServePiece wrong_tile = pieces[1];
+  std::swap(wrong_tile.tiles[0], wrong_tile.tiles[1]);
+  StageServePiece other_commit = pieces[0];
+  protocol::StageStepCommit lie = Evidence().commit;
+  lie.state_after = Blake2b("not the committed state after");
+  other_commit.roots.commit = protocol::EncodeStageStepCommit(lie);
+  StageServePiece wrong_root = pieces[0];
+  wrong_root.roots.outputs.at(0) = Blake2b("not the weights' root");
+  Step();  // the serving window is open
+  const WorkUnit before = Unit(cheat_);
+  ASSERT_TRUE(before.serve.open());
+  ExpectRefused({
+      {Serve(1, wrong_value), "is not proven against its root"},
+      {Serve(1, wrong_tile), "the piece's tile 0 is tile 0 of operator"},
+      {Serve(0, other_commit), "not the stage's committed leaf"},
+      {Serve(0, wrong_root), "do not give the commit's state_before"},
+      {Serve(n, pieces[0]), "the stage step's evidence has " + std::to_string(n) + " pieces"},
+      {Serve(0, pieces[1]), "tiles; the piece is 0 tiles"},
+  });
+  const WorkUnit after = Unit(cheat_);
+  EXPECT_EQ(after.check, before.check) << "nothing recorded";
+  EXPECT_EQ(after.serve, before.serve);
+  // The good pieces are still taken.
+  StepOk({Serve(0, pieces[0]), Serve(1, pieces[1])});
+}
 
 // Every tensor a stage sends is the output of the operator StageSentOperator names, tiled as the
 // operator's output (its record's tiled root is that operator's root), and an honest step's

@@ -356,8 +356,13 @@ void EncodeWorkUnit(Encoder& e, const WorkUnit& u) {
   e.PutU32(static_cast<uint32_t>(u.leaves.size()));
   for (const Hash256& h : u.leaves) e.PutHash(h);
   // Only a committed stage unit that named its commits has the tail: every other unit's bytes,
-  // hence the state hash, are what they were before the field.
-  if (!u.stage_commits.IsZero()) e.PutHash(u.stage_commits);
+  // hence the state hash, are what they were before the field. A stage serving its evidence has a
+  // second one (stage_commits first, zero when unset), only while its window is open.
+  if (!u.stage_commits.IsZero() || u.serve.open()) e.PutHash(u.stage_commits);
+  if (u.serve.open()) {
+    e.PutU64(u.serve.step).PutU64(u.serve.window_end).PutU32(u.serve.pieces);
+    e.PutBytes(u.serve.served);
+  }
 }
 
 Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
@@ -382,7 +387,15 @@ Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
   for (Hash256& h : u->leaves) ML_RETURN_IF_ERROR(d.GetHash(&h, "leaves"));
   if (d.remaining() > 0) {
     ML_RETURN_IF_ERROR(d.GetHash(&u->stage_commits, "stage_commits"));
-    if (u->stage_commits.IsZero()) {
+    if (d.remaining() > 0) {
+      ML_RETURN_IF_ERROR(d.GetU64(&u->serve.step, "serve.step"));
+      ML_RETURN_IF_ERROR(d.GetU64(&u->serve.window_end, "serve.window_end"));
+      ML_RETURN_IF_ERROR(d.GetU32(&u->serve.pieces, "serve.pieces"));
+      ML_RETURN_IF_ERROR(d.GetBytes(&u->serve.served, "serve.served", 1u << 20));
+      if (!u->serve.open() || u->serve.served.size() != (u->serve.pieces + 7) / 8) {
+        return DataLoss("work unit: serve is written only while open, with a bit per piece");
+      }
+    } else if (u->stage_commits.IsZero()) {
       return DataLoss("work unit: stage_commits is written only when set");
     }
   }
@@ -549,28 +562,42 @@ nlohmann::json WorkUnitToJson(const WorkUnit& u) {
     Result<protocol::UnitCheck> c = protocol::UnitCheck::Decode(u.check);
     check = c.ok() ? UnitCheckToJson(*c) : nlohmann::json{{"error", c.status().message()}};
   }
-  return {{"task_id", u.task_id.ToHex()},
-          {"index", u.index},
-          {"round", u.round},
-          {"shard", u.shard},
-          {"status", std::string(WorkUnitStatusName(u.status))},
-          {"assignee", u.assignee.ToHex()},
-          {"deadline_height", u.deadline_height},
-          {"result_hash", u.result_hash.ToHex()},
-          {"commitment", u.commitment.ToHex()},
-          {"loss_micros", u.loss_micros},
-          {"price", u.price},
-          {"paid", u.paid},
-          {"assignment_beacon", u.assignment_beacon.ToHex()},
-          {"secret_index", u.secret_index},
-          {"leaves", [&] {
-             nlohmann::json a = nlohmann::json::array();
-             for (const Hash256& h : u.leaves) a.push_back(h.ToHex());
-             return a;
-           }()},
-          {"stage_commits", u.stage_commits.IsZero() ? nlohmann::json(nullptr)
-                                                     : nlohmann::json(u.stage_commits.ToHex())},
-          {"check", std::move(check)}};
+  nlohmann::json j = {{"task_id", u.task_id.ToHex()},
+                       {"index", u.index},
+                       {"round", u.round},
+                       {"shard", u.shard},
+                       {"status", std::string(WorkUnitStatusName(u.status))},
+                       {"assignee", u.assignee.ToHex()},
+                       {"deadline_height", u.deadline_height},
+                       {"result_hash", u.result_hash.ToHex()},
+                       {"commitment", u.commitment.ToHex()},
+                       {"loss_micros", u.loss_micros},
+                       {"price", u.price},
+                       {"paid", u.paid},
+                       {"assignment_beacon", u.assignment_beacon.ToHex()},
+                       {"secret_index", u.secret_index},
+                       {"leaves", [&] {
+                          nlohmann::json a = nlohmann::json::array();
+                          for (const Hash256& h : u.leaves) a.push_back(h.ToHex());
+                          return a;
+                        }()},
+                       {"stage_commits", u.stage_commits.IsZero()
+                                             ? nlohmann::json(nullptr)
+                                             : nlohmann::json(u.stage_commits.ToHex())},
+                       {"check", std::move(check)}};
+  // A stage serving its evidence (StageServeRecord): only while open, so that every other unit's
+  // view is as before.
+  if (u.serve.open()) {
+    nlohmann::json served = nlohmann::json::array();
+    for (uint32_t p = 0; p < u.serve.pieces; ++p) {
+      if ((u.serve.served[p / 8] >> (p % 8)) & 1) served.push_back(p);
+    }
+    j["serve"] = {{"step", u.serve.step},
+                  {"window_end", u.serve.window_end},
+                  {"pieces", u.serve.pieces},
+                  {"served", std::move(served)}};
+  }
+  return j;
 }
 
 nlohmann::json TotalsToJson(const Totals& t) {

@@ -202,6 +202,7 @@ void ResetWorkUnit(WorkUnit* u) {
   u->check.clear();
   u->leaves.clear();
   u->stage_commits = Hash256{};
+  u->serve = StageServeRecord{};
 }
 
 namespace {

@@ -4,6 +4,7 @@
 
 #include "meshlearn/base/rng.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/stage_serve.h"
 #include "test_util.h"
 
 namespace meshlearn::ledger {
@@ -118,6 +119,14 @@ std::vector<TxPayload> SamplePayloads() {
                               .checkpoint = Bytes(5, 2),
                               .received = {Bytes(8, 3)},
                               .pages = {{.page = 2, .tokens = {1, 2}, .proof = {}}}})}},
+      ServeStageEvidenceTx{
+          .task_id = Blake2b("task"),
+          .index = 4,
+          .piece = 1,
+          .bundle = {"[task]"},
+          .witness = {EncodeStageServePiece(
+              {.roots = {.commit = Bytes(3, 1), .seed = 5, .stream = 6, .outputs = {Blake2b("r")}},
+               .tiles = {{.op = 1, .tile = 0, .values = {1, 2}, .proof = {}}}})}},
       RefereeStepTx{
           .task_id = Blake2b("task"),
           .index = 2,
@@ -172,6 +181,36 @@ TEST(TxTest, ABundleFieldIsBoundedAndUtf8) {
       RefereeStageStepTx{.task_id = Blake2b("task"), .witness = {Bytes(1 << 20, 1)}}));
   EXPECT_LE(stage.size(), MaxTxBytes(TxType::kRefereeStageStep));
   EXPECT_TRUE(DecodeTx(stage).ok());
+  // And a ServeStageEvidence (a piece of a stage's evidence: up to kMaxWitnessBytes).
+  Bytes piece = EncodeTx(BuildSignedTx(
+      a, "test", 1,
+      ServeStageEvidenceTx{.task_id = Blake2b("task"), .witness = {Bytes(1 << 20, 1)}}));
+  EXPECT_GT(piece.size(), kMaxTxBytes);
+  EXPECT_LE(piece.size(), MaxTxBytes(TxType::kServeStageEvidence));
+  EXPECT_TRUE(DecodeTx(piece).ok());
+}
+
+// A piece of a stage's evidence decodes to what was encoded; truncated or trailing bytes and
+// another magic are refused.
+TEST(TxTest, AStageEvidencePieceRoundTripsAndRefusesBadBytes) {
+  const StageServePiece p{
+      .roots = {.commit = Bytes(7, 1),
+                .seed = 3,
+                .stream = 4,
+                .outputs = {Blake2b("a"), Blake2b("b")}},
+      .tiles = {{.op = 2,
+                 .tile = 5,
+                 .values = {1.5f, -2.0f},
+                 .proof = {.index = 5, .leaf_count = 9, .siblings = {Blake2b("s")}}}}};
+  const Bytes bytes = EncodeStageServePiece(p);
+  Result<StageServePiece> back = DecodeStageServePiece(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, p);
+  EXPECT_FALSE(DecodeStageServePiece(ByteSpan(bytes.data(), bytes.size() - 1)).ok());
+  Bytes longer = bytes;
+  longer.push_back(0);
+  EXPECT_FALSE(DecodeStageServePiece(longer).ok());
+  EXPECT_FALSE(DecodeStageServePiece(EncodeStageRootsWitness(p.roots)).ok());
 }
 
 TEST(TxTest, EveryTypeRoundTripsThroughBytesAndJson) {

@@ -28,11 +28,15 @@
 //   RefereeStageStep  the witness of a pipeline stage's disputed step (the whole stage step:
 //                  checkpoint, commit, received tensors, batch; stage_referee.h): the ledger
 //                  replays it itself -> DisputeGame::Rule
+//   ServeStageEvidence  one piece of a stage's step evidence (stage_serve.h), answering a claim
+//                  that a stage over the witness bound served nothing for the step: checked
+//                  alone, recorded in the unit's StageServeRecord; the last piece rules the claim
+//                  against its claimant -> DisputeGame::Rule; a piece missing at the serving
+//                  window's end rules against the stage (EndBlock)
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
 //                  tolerance-mode segment, a whole step of a token task played without the tile
-//                  phase, a stage step whose state does not fit a witness, disputed without the
-//                  bundle (a GPT stage's with it plays the tile phase) -> DisputeGame::Rule;
-//                  refused for whatever the ledger rules. (A verifying chain refuses an
+//                  phase -> DisputeGame::Rule; refused for whatever the ledger rules, every
+//                  pipeline stage's claim included. (A verifying chain refuses an
 //                  exact-mode task without a data root at SubmitTask: ValidateTaskTerms.)
 //   EndBlock       beacons, closed windows, deadlines -> effects: slash, pay verifiers, jackpot,
 //                  reputation; fraud rewinds the round, a forced error or an abandoned unit
@@ -48,6 +52,7 @@
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/stage_serve.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 #include "referee_step.h"
@@ -601,6 +606,50 @@ Status RuleUnpostedStageStep(const TaskRecord& t, uint32_t index, uint64_t heigh
   return game->Rule(game->referee_task().challenger_output);
 }
 
+// The serving window of a stage over the witness bound claimed to have served nothing
+// (stage_serve.h): from the block its dispute is at the referee, the ledger takes the stage's
+// evidence in pieces (ServeStageEvidenceTx) until ServeWindowBlocks after the referee's deadline,
+// which the game's deadline is extended to. Opens `u`'s record for the dispute's step (once) and
+// returns whether the game waits for pieces. A record of another dispute is dropped.
+Result<bool> OpenServeWindow(const TaskParams& p, WorkUnit& u, protocol::DisputeGame& game) {
+  if (!ServesStageEvidence(p, u.index, game)) {
+    u.serve = StageServeRecord{};
+    return false;
+  }
+  const uint64_t step = game.referee_task().step;
+  if (u.serve.open() && u.serve.step == step) return true;
+  // referee_blocks 0: the referee has no deadline, nor does the window.
+  const uint64_t end =
+      game.config().referee_blocks == 0
+          ? UINT64_MAX
+          : game.query().deadline_height +
+                ServeWindowBlocks(p.stage_memory_bytes[StageSlotOf(p, u.index).stage]);
+  u.serve = StageServeRecord{.step = step, .window_end = end, .pieces = 0, .served = {}};
+  if (game.config().referee_blocks != 0) ML_RETURN_IF_ERROR(game.ExtendRefereeDeadline(end));
+  return true;
+}
+
+// At the end of its serving window a stage that has not posted every piece of its evidence loses,
+// as a party that misses its turn does: the claim that it served nothing stands. (The piece that
+// completes the evidence rules the claim at once: ExecuteServeStageEvidence.)
+Status DriveServeWindow(LedgerState& s, const TaskRecord& t, uint32_t index, uint64_t height,
+                        UnitCheck& c) {
+  protocol::DisputeGame* game = c.mutable_dispute();
+  const WorkUnit* u = s.units.Find({t.id, index});
+  if (!IsPipelineTask(t.params) || c.stage() != CheckStage::kCheckDisputed || game == nullptr ||
+      (!u->serve.open() && !ServesStageEvidence(t.params, index, *game))) {
+    return Status::Ok();
+  }
+  WorkUnit* mu = s.units.FindMutable({t.id, index});
+  ML_ASSIGN_OR_RETURN(const bool serving, OpenServeWindow(t.params, *mu, *game));
+  if (!serving || height <= mu->serve.window_end) return Status::Ok();
+  ML_LOG_INFO("ledger: task {} unit {}: the stage's evidence incomplete at the end of its serving "
+              "window {}: ruled against the stage",
+              t.id.ShortHex(), index, mu->serve.window_end);
+  mu->serve = StageServeRecord{};
+  return game->Rule(game->referee_task().challenger_output);
+}
+
 Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
                    const Hash256& task_id, protocol::RoundStateMachine& m,
                    const AwaitingSecrets& awaiting) {
@@ -651,6 +700,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
                                          StageVerifierCandidates(s, task_id, index, candidates),
                                          unit_vp, height, wait));
     } else {
+      ML_RETURN_IF_ERROR(DriveServeWindow(s, *s.tasks.Find(task_id), index, height, c));
       ML_RETURN_IF_ERROR(RuleUnpostedStageStep(*s.tasks.Find(task_id), index, height, c));
       const auto floor = awaiting.find(c.config().solver);
       const bool earlier_awaits = floor != awaiting.end() && floor->second < u->secret_index;
@@ -1035,8 +1085,9 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
         " is on a pipeline stage's step, which is not a unit's step" +
         (LedgerRulesStageStep(t->params, stage)
              ? "; send RefereeStageStep with the stage step's witness"
-             : "; the genesis referee rules it (RuleDispute): the stage's state does not fit a "
-               "witness"));
+             : "; the stage's state does not fit a witness: its dispute plays the tile phase, or "
+               "a claim that it served nothing is answered by its evidence in pieces "
+               "(ServeStageEvidence)"));
   }
   if (!LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition(
@@ -1125,8 +1176,8 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
           std::to_string(t->params.stage_memory_bytes[stage]) +
           " bytes, over the witness bound of " + std::to_string(kMaxStageWitnessMemory) +
           " (a pipeline task is in exact mode, so it has a data root: ValidateTaskTerms); there "
-          "only a claim that the stage served nothing is ruled whole, by the genesis referee "
-          "(RuleDispute)");
+          "only a claim that the stage served nothing is played whole, and answered by the "
+          "stage's evidence in pieces (ServeStageEvidence)");
     }
     Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
     if (!w.ok()) return w.status().WithPrefix("referee stage step");
@@ -1142,6 +1193,68 @@ Status ExecuteRefereeStageStep(ExecContext& ctx, const RefereeStageStepTx& tx) {
   ML_RETURN_IF_ERROR(game->Rule(c.leaf));
   SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
   RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
+  return Status::Ok();
+}
+
+Status ExecuteServeStageEvidence(ExecContext& ctx, const ServeStageEvidenceTx& tx) {
+  constexpr std::string_view kWhat = "serve stage evidence";
+  ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(ctx.state, tx.task_id, tx.index, kWhat));
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  protocol::DisputeGame* game = r.check.mutable_dispute();
+  if (!ServesStageEvidence(t->params, tx.index, *game)) {
+    return FailedPrecondition(
+        "serve stage evidence: the dispute on unit " + std::to_string(tx.index) + " of task " +
+        tx.task_id.ShortHex() +
+        " is not a claim that a pipeline stage over the stage witness bound served nothing for a "
+        "whole step; only that claim is answered by the stage's evidence in pieces");
+  }
+  const std::string where = "serve stage evidence (task " + tx.task_id.ShortHex() + ", unit " +
+                            std::to_string(tx.index) + ", piece " + std::to_string(tx.piece) + ")";
+  WorkUnit* mu = ctx.state.units.FindMutable({tx.task_id, tx.index});
+  ML_RETURN_IF_ERROR(OpenServeWindow(t->params, *mu, *game).status());
+  if (ctx.height > mu->serve.window_end) {
+    return FailedPrecondition(where + ": the serving window ended at height " +
+                              std::to_string(mu->serve.window_end));
+  }
+  if (tx.bundle.text.empty()) {
+    return InvalidArgument(where +
+                           ": bundle is empty; send the task's bundle (its blob id is the "
+                           "task's spec_hash " +
+                           t->spec_hash.ShortHex() + ")");
+  }
+  ML_ASSIGN_OR_RETURN(TileRuleContext tc, TileContextOf(*t, *mu, tx.bundle.text, where));
+  Result<StageServePiece> piece = DecodeStageServePiece(tx.witness.bytes);
+  if (!piece.ok()) return piece.status().WithPrefix(where);
+  Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
+  if (!chain.ok()) return chain.status().WithPrefix(where);
+  ML_RETURN_IF_ERROR(CheckStageServePiece(tc, game->referee_task(), tx.task_id,
+                                          StageSlotOf(t->params, tx.index), t->params.stages,
+                                          *chain, tx.piece, *piece)
+                         .WithPrefix(where));
+  StageServeRecord& rec = mu->serve;
+  if (rec.pieces == 0) {
+    rec.pieces = StageServePieceCount(tc.plan);
+    rec.served.assign((rec.pieces + 7) / 8, 0);
+  }
+  uint8_t& byte = rec.served[tx.piece / 8];
+  const uint8_t bit = static_cast<uint8_t>(1u << (tx.piece % 8));
+  if ((byte & bit) != 0) return FailedPrecondition(where + ": the piece is served already");
+  byte |= bit;
+  uint32_t served = 0;
+  for (uint32_t p = 0; p < rec.pieces; ++p) served += (rec.served[p / 8] >> (p % 8)) & 1;
+  ML_LOG_INFO("ledger: task {} unit {}: stage evidence piece {} served ({} of {})",
+              tx.task_id.ShortHex(), tx.index, tx.piece, served, rec.pieces);
+  if (served == rec.pieces) {
+    // The evidence is on chain, every piece checked: the claim that the stage served nothing is
+    // false, so it is ruled against its claimant. (The design's next step, a verification of the
+    // step from the evidence on chain, is not built: docs/verification.md.)
+    ML_RETURN_IF_ERROR(game->Rule(game->referee_task().defender_output));
+    rec = StageServeRecord{};
+    SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
+    RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
+    return Status::Ok();
+  }
+  SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
   return Status::Ok();
 }
 
@@ -1482,33 +1595,34 @@ Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {
                               " is a pipeline stage whose step the ledger replays itself; send "
                               "RefereeStageStep with the stage step's witness");
   }
-  // Over the stage witness bound the key rules only a claim that the stage served nothing. Every
-  // other stage mismatch there carried the bundle and played the tile phase (MismatchNeedsBundle),
-  // a continuity claim is ruled from its commits (RefereeStageStep, any size), and a stage
-  // without parameters, whose chain end no state could rule, is refused with its cut
+  // Over the stage witness bound the key rules no stage claim either. Every stage mismatch there
+  // carried the bundle and played the tile phase (MismatchNeedsBundle), a continuity claim is
+  // ruled from its commits (RefereeStageStep, any size), a claim that the stage served nothing is
+  // answered by its evidence in pieces (ServeStageEvidence) or lost at its serving window's end,
+  // and a stage without parameters, whose chain end no state could rule, is refused with its cut
   // (engine::TaskPipelineCut): a whole-step game of any other stage claim has a bundle whose cut
   // the engine refuses, which no key should rule either.
-  if (IsPipelineTask(t->params) &&
-      game->referee_task().challenger_output !=
-          StageUnservedLeaf(game->referee_task().defender_output)) {
-    return FailedPrecondition("rule dispute: unit " + std::to_string(tx.index) + " of task " +
-                              tx.task_id.ShortHex() +
-                              " is a pipeline stage, whose disputes the ledger rules itself "
-                              "(RefereeTile, RefereeStageStep) unless the claim is that the "
-                              "stage served nothing; the genesis key rules no other");
+  if (IsPipelineTask(t->params)) {
+    const bool unserved = ServesStageEvidence(t->params, tx.index, *game);
+    return FailedPrecondition(
+        "rule dispute: unit " + std::to_string(tx.index) + " of task " + tx.task_id.ShortHex() +
+        " is a pipeline stage, whose disputes the ledger rules itself; the genesis key rules "
+        "none" +
+        (unserved ? std::string(": the claim that the stage served nothing for the step is "
+                                "answered by its evidence in pieces (ServeStageEvidence) by the "
+                                "end of its serving window, or ruled against the stage then")
+                  : std::string(" (RefereeTile, RefereeStageStep)")));
   }
   if (LedgerExecutes(*t, game->referee_task())) {
     return FailedPrecondition("rule dispute: task " + tx.task_id.ShortHex() +
                               " has a data root, so the ledger executes the disputed step "
                               "itself; send RefereeStep with the step's witness");
   }
-  // Left to the genesis key: tolerance mode (a segment), a stage over the stage witness bound
-  // claimed to have served nothing (UnservedStageClaim, played over whole steps), and a
-  // token task whose plan the tile phase does not serve (its mismatch carried the bundle, so a
-  // whole-step game of a token task with a data root means TileContextOf refused the task's own
-  // bundle: no such plan today, since micro-batched steps are planned too). No exact-mode task
-  // without a data root reaches here: a verifying chain refuses it at SubmitTask
-  // (ValidateTaskTerms).
+  // Left to the genesis key: tolerance mode (a segment) and a token task whose plan the tile
+  // phase does not serve (its mismatch carried the bundle, so a whole-step game of a token task
+  // with a data root means TileContextOf refused the task's own bundle: no such plan today, since
+  // micro-batched steps are planned too). No exact-mode task without a data root reaches here: a
+  // verifying chain refuses it at SubmitTask (ValidateTaskTerms).
   if (game->referee_task().segment) {
     if (tx.tolerance_verdict != 1 && tx.tolerance_verdict != 2) {
       return InvalidArgument("rule dispute: unit " + std::to_string(tx.index) +

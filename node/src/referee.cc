@@ -465,6 +465,16 @@ Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeD
     return FailedPrecondition("referee: no transport to fetch the stage's evidence from");
   }
   ML_ASSIGN_OR_RETURN(TaskInfo info, GetTask(*chain_, d.task_id, /*units=*/true));
+  if (!d.task.tile && d.task.roots == protocol::RefereeRoots::kRootsNone &&
+      !ledger::LedgerRulesStageStep(info.params, d.shard % stages)) {
+    // Over the witness bound a whole stage step is a claim that the stage served nothing: the
+    // stage's evidence in pieces answers it (ServeStageEvidence, which the parties post), or the
+    // stage loses at its serving window's end. The genesis key rules no stage claim.
+    return FailedPrecondition(
+        "referee: a whole step of a stage over the witness bound is a claim that the stage "
+        "served nothing, answered by the stage's evidence in pieces (ServeStageEvidence); the "
+        "genesis key rules no stage claim");
+  }
   ML_ASSIGN_OR_RETURN(std::optional<NodeInfo> node, GetNode(*chain_, d.defender));
   if (!node.has_value()) {
     return NotFound("referee: the stage's node " + d.defender.ShortHex() + " is not registered");
@@ -497,22 +507,18 @@ Result<RefereeService::Computed> RefereeService::ComputeStageStep(const RefereeD
   r.reason = c.leaf == d.task.defender_output
                  ? "the stage's step replays to its committed leaf: " + c.message
                  : "the stage's step does not replay to its committed leaf: " + c.message;
-  if (ledger::LedgerRulesStageStep(info.params, in.stage)) {
-    // The ledger replays the step itself from the witness (RefereeStageStep): the same
-    // JudgeStageStep as CheckStageStep above, so it rules with r.output; the genesis key is
-    // refused for it.
-    ML_ASSIGN_OR_RETURN(ledger::RefereeStageStepTx tx,
-                        BuildStageStepTx(in, t->bundle_text, d.index, d.task.step - 1,
-                                         d.task.defender_output, &t->pages, &t->tree));
-    r.ledger_executes = true;
-    r.witness_bytes = tx.witness.bytes.size();
-    r.reason = "stage step " + std::to_string(d.task.step - 1) +
-               " for the ledger to replay (witness of " + std::to_string(r.witness_bytes) +
-               " bytes): " + r.reason;
-    return Computed{.ruling = std::move(r), .tx = std::move(tx)};
-  }
-  ledger::RuleDisputeTx tx{.task_id = d.task_id, .index = d.index, .output = r.output};
-  return Computed{.ruling = std::move(r), .tx = tx};
+  // Within the witness bound (over it, returned above): the ledger replays the step itself from
+  // the witness (RefereeStageStep), the same JudgeStageStep as CheckStageStep above, so it rules
+  // with r.output; the genesis key is refused for it.
+  ML_ASSIGN_OR_RETURN(ledger::RefereeStageStepTx tx,
+                      BuildStageStepTx(in, t->bundle_text, d.index, d.task.step - 1,
+                                       d.task.defender_output, &t->pages, &t->tree));
+  r.ledger_executes = true;
+  r.witness_bytes = tx.witness.bytes.size();
+  r.reason = "stage step " + std::to_string(d.task.step - 1) +
+             " for the ledger to replay (witness of " + std::to_string(r.witness_bytes) +
+             " bytes): " + r.reason;
+  return Computed{.ruling = std::move(r), .tx = std::move(tx)};
 }
 
 Result<RefereeService::Computed> RefereeService::ComputeStageTile(const RefereeDispute& d,

@@ -147,6 +147,37 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
       .task_id = in.task_id, .index = index, .witness = {ledger::EncodeStageStepWitness(w)}};
 }
 
+Result<std::vector<ledger::ServeStageEvidenceTx>> BuildStageServeTxs(
+    const StageCheckInput& in, const ledger::TileRuleContext& ctx, const std::string& bundle,
+    uint32_t index, uint64_t step, const Hash256& committed_leaf) {
+  const StageStepRef ref = RefOf(in, step);
+  Result<StageStepEvidence> ev = FetchStageStepEvidence(in.transport, in.endpoint, ref);
+  if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) {
+    return FailedPrecondition(ref.ToString() +
+                              ": the stage node serves no evidence for the step; no piece can be "
+                              "built: " +
+                              ev.status().message());
+  }
+  if (!ev.ok()) return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
+  if (protocol::StageStepLeaf(ev->commit) != committed_leaf) {
+    return FailedPrecondition(ref.ToString() +
+                              ": the served commit is not the committed step leaf " +
+                              committed_leaf.ShortHex() + "; no piece can be built");
+  }
+  ML_ASSIGN_OR_RETURN(std::vector<ledger::StageServePiece> pieces,
+                      ledger::BuildStageServePieces(ctx, ev->commit, ev->checkpoint, ev->blobs));
+  std::vector<ledger::ServeStageEvidenceTx> txs;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    txs.push_back(
+        ledger::ServeStageEvidenceTx{.task_id = in.task_id,
+                                     .index = index,
+                                     .piece = static_cast<uint32_t>(p),
+                                     .bundle = {bundle},
+                                     .witness = {ledger::EncodeStageServePiece(pieces[p])}});
+  }
+  return txs;
+}
+
 Result<Hash256> StageStartSliceHash(const StageCheckInput& in, const GlobalWeightsReader& global) {
   ML_ASSIGN_OR_RETURN(
       engine::PipelineCut cut,

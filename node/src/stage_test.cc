@@ -1388,6 +1388,75 @@ TEST(StagePlaneTest, AStageThatWithholdsThePreviousStepsCommitIsUnservedThereAnd
   }
 }
 
+// A claim that a stage over the witness bound served nothing is answered by the stage's evidence
+// in pieces (ledger/stage_serve.h): a party of the dispute builds every piece from what the stage
+// node serves over HTTP (BuildStageServeTxs, what Disputes::RunStageServeEvidence posts), and the
+// ledger's check of a ServeStageEvidence piece takes each one, for every stage of a GPT replica
+// (its received tensors in rows of n_embd, as a task's stages tile them). A step the node no
+// longer serves gives no piece.
+TEST(StagePlaneTest, AStageNodesServedStepGivesEveryPieceOfItsEvidenceAndTheLedgerTakesEach) {
+  const ModelSpec spec = StageParseModel(kStageGpt);
+  std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
+  StageContext ctx = StageCtx();
+  ctx.tile_cols = ledger::StageTileCols(spec);
+  std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, {});
+  for (int s = 0; s < 3; ++s) {
+    const StageStepRef ref{ctx.task, ctx.round, ctx.replica, static_cast<uint32_t>(s), 0};
+    ASSERT_TRUE(nodes[s]->evidence.SaveCheckpoint(ref, got[s]->state()).ok());
+  }
+  std::vector<std::vector<StageStepOutcome>> out;
+  std::vector<Status> st = StageRunOverHttp(got, nodes, {0, 1, 2}, 0, 1, &out);
+  for (int s = 0; s < 3; ++s) {
+    ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+    ASSERT_TRUE(nodes[s]->evidence.Publish(out[s][0].commit, nodes[s]->plane->received()).ok());
+  }
+  Result<engine::PipelineCut> cut = engine::MakeCut(spec, StageBounds(spec));
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  net::HttpTransport party;
+  for (uint32_t s = 0; s < 3; ++s) {
+    SCOPED_TRACE("stage " + std::to_string(s));
+    ledger::TileRuleContext tc;
+    Result<engine::TilePlan> plan =
+        engine::PlanStageStepTiles(spec, StageOptimizer(), cut->part(static_cast<int>(s)),
+                                   kStageBatch, spec.gpt.block_size, kStageMicroBatches);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    tc.plan = std::move(*plan);
+    const StageCheckInput in{.task_id = ctx.task,
+                             .round = ctx.round,
+                             .replica = ctx.replica,
+                             .stage = s,
+                             .transport = &party,
+                             .endpoint = nodes[s]->server->endpoint()};
+    const Hash256 leaf = protocol::StageStepLeaf(out[s][0].commit);
+    Result<std::vector<ledger::ServeStageEvidenceTx>> txs =
+        BuildStageServeTxs(in, tc, "[task]", /*index=*/7, /*step=*/0, leaf);
+    ASSERT_TRUE(txs.ok()) << txs.status().ToString();
+    ASSERT_EQ(txs->size(), ledger::StageServePieceCount(tc.plan));
+    protocol::RefereeTask task;
+    task.whole_step = true;
+    task.step = 1;
+    task.defender_output = leaf;
+    task.challenger_output = StageUnservedLeaf(leaf);
+    for (const ledger::ServeStageEvidenceTx& tx : *txs) {
+      EXPECT_EQ(tx.task_id, ctx.task);
+      EXPECT_EQ(tx.index, 7u);
+      EXPECT_EQ(tx.bundle.text, "[task]");
+      Result<ledger::StageServePiece> piece = ledger::DecodeStageServePiece(tx.witness.bytes);
+      ASSERT_TRUE(piece.ok()) << piece.status().ToString();
+      const Status taken = ledger::CheckStageServePiece(
+          tc, task, ctx.task, ledger::StageSlot{ctx.round, ctx.replica, s}, 3, ctx.chain, tx.piece,
+          *piece);
+      EXPECT_TRUE(taken.ok()) << "piece " << tx.piece << ": " << taken.ToString();
+    }
+    // A commit other than the committed leaf's, or a step no longer served: no piece.
+    EXPECT_EQ(BuildStageServeTxs(in, tc, "[task]", 7, 0, Blake2b("another leaf")).status().code(),
+              StatusCode::kFailedPrecondition);
+    nodes[s]->evidence.Withdraw({ctx.task, ctx.round, ctx.replica, s, 0});
+    EXPECT_EQ(BuildStageServeTxs(in, tc, "[task]", 7, 0, leaf).status().code(),
+              StatusCode::kFailedPrecondition);
+  }
+}
+
 // A stage's evidence checkpoints are files (one a step, in the evidence's folder): served from
 // there byte for byte as written, deleted when the step is withdrawn (one step, or the final
 // rounds), and a missing or cut file is a clear error to the verifier, not a crash. A step is

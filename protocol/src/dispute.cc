@@ -1,5 +1,6 @@
 #include "meshlearn/protocol/dispute.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "meshlearn/base/encoding.h"
@@ -375,6 +376,15 @@ Status DisputeGame::PostChildren(DisputeParty party, uint64_t position, const Ha
   (defender ? d_right_ : c_right_) = right;
   last_post_height_ = height;
   if (d_post_ && c_post_) Advance();
+  return Status::Ok();
+}
+
+Status DisputeGame::ExtendRefereeDeadline(uint64_t height) {
+  if (stage_ != DisputeStage::kDisputeReferee) {
+    return FailedPrecondition("dispute: only the referee stage's deadline is extended, not " +
+                              std::string(DisputeStageName(stage_)) + "'s");
+  }
+  deadline_ = std::max(deadline_, height);
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/stage_serve.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/stage_unit.h"
@@ -567,7 +568,13 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
     return RunStageContinuityWitness(c, ctx, action);
   }
   if (!ledger::LedgerRulesStageStep(ctx->info.params, c.shard % stages)) {
-    return Status::Ok();  // the genesis referee rules it (node/referee.h)
+    // Over the witness bound the one whole stage step played is a claim that the stage served
+    // nothing: its evidence goes on chain in pieces. Any other ends undecided (no key rules it).
+    if (d.has_referee && d.referee.whole_step && d.referee.step > 0 &&
+        d.referee.challenger_output == ledger::StageUnservedLeaf(d.referee.defender_output)) {
+      return RunStageServeEvidence(c, ctx);
+    }
+    return Status::Ok();
   }
   if (!d.has_referee || !d.referee.whole_step || d.referee.step == 0) return Status::Ok();
   ML_ASSIGN_OR_RETURN(Bytes bundle, node_->FetchBlob(ctx->info.spec_hash, {}, ""));
@@ -588,6 +595,52 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
              "; posting its witness (RefereeStageStep, " +
              std::to_string(tx->witness.bytes.size()) + " bytes)");
   outbox_->Send(action, std::move(*tx));
+  return Status::Ok();
+}
+
+Status Disputes::RunStageServeEvidence(const CheckAssignment& c, TaskContext* ctx) {
+  const DisputeView& d = *c.dispute;
+  const uint64_t step = d.referee.step - 1;
+  std::string bundle;
+  ML_ASSIGN_OR_RETURN(ledger::TileRuleContext tc, TileContextFor(*node_, c, &bundle, false));
+  // One action a piece (the step, then the piece + 1), each sent once: the evidence is built
+  // again only while a piece still waits.
+  const uint32_t pieces = ledger::StageServePieceCount(tc.plan);
+  auto action_of = [&](uint32_t piece) {
+    return VerifyAction{.dir = node_->VerifyDir(c),
+                        .kind = Kind::kWitness,
+                        .detail = {d.referee.step, uint64_t{piece} + 1}};
+  };
+  bool waiting = false;
+  for (uint32_t p = 0; p < pieces && !waiting; ++p) waiting = !outbox_->Done(action_of(p));
+  if (!waiting) return Status::Ok();
+  std::shared_ptr<const engine::TaskData> data;
+  ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
+  Result<std::vector<ledger::ServeStageEvidenceTx>> txs =
+      BuildStageServeTxs(in, tc, bundle, c.index, step, d.referee.defender_output);
+  if (!txs.ok()) {
+    // The claimant cannot fetch what the stage does not serve: an honest claim, which the
+    // stage loses at its window's end.
+    if (!outbox_->Failed(action_of(0))) {
+      node_->Log(CheckName(c) + ": no evidence pieces for stage step " + std::to_string(step) +
+                 ": " + txs.status().message());
+    }
+    for (uint32_t p = 0; p < pieces; ++p) outbox_->GiveUp(action_of(p));
+    return Status::Ok();
+  }
+  uint64_t bytes = 0;
+  uint32_t sent = 0;
+  for (ledger::ServeStageEvidenceTx& tx : *txs) {
+    const uint32_t p = tx.piece;
+    bytes += tx.witness.bytes.size();
+    if (outbox_->Send(action_of(p), std::move(tx))) ++sent;
+  }
+  if (sent > 0) {
+    node_->Log(CheckName(c) + ": the claim is that stage step " + std::to_string(step) +
+               " served nothing; posting its evidence (ServeStageEvidence, " +
+               std::to_string(sent) + " of " + std::to_string(pieces) + " pieces, " +
+               std::to_string(bytes) + " bytes in all)");
+  }
   return Status::Ok();
 }
 

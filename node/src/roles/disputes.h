@@ -62,6 +62,11 @@ class Disputes {
   // rules the stage (ledger::LedgerRulesStageStep).
   Status RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
                              const VerifyAction& action);
+  // A claim that a stage over the witness bound served nothing for the step: every piece of the
+  // step's evidence (node/stage_check.h BuildStageServeTxs), posted as ServeStageEvidence by
+  // either party that can fetch it (the stage's node always can), each piece once, within the
+  // ledger's serving window.
+  Status RunStageServeEvidence(const CheckAssignment& c, TaskContext* ctx);
   // A continuity claim's witness (the two commits; step 0: the bundle and the round's start
   // state), posted as RefereeStageStep by either party when the stage's served commits show it.
   Status RunStageContinuityWitness(const CheckAssignment& c, TaskContext* ctx,

@@ -63,6 +63,7 @@ struct TileWitnessTile {
   uint64_t tile = 0;
   std::vector<float> values;
   MerkleProof proof;
+  bool operator==(const TileWitnessTile&) const = default;
 };
 
 // One chunk of a chunked example (engine::ExampleChunk): its floats and its Merkle proof against
@@ -180,7 +181,9 @@ bool DisputeNeedsBundle(const TaskParams& params);
 // whole step: the tile phase needs both parties to trace the step from the stage's served
 // evidence, and the challenger has none, so it could not answer. A stage that does serve its step
 // posts its whole-step witness (RefereeStageStep) and wins; one that does not loses by the
-// referee's deadline (RuleUnpostedStageStep), within kMaxStageWitnessMemory.
+// referee's deadline (RuleUnpostedStageStep), within kMaxStageWitnessMemory. Over it the stage
+// posts its evidence in pieces (stage_serve.h, ServeStageEvidenceTx) by the end of a serving
+// window, or loses then.
 bool UnservedStageClaim(const TaskParams& params, const MismatchClaimField& claim);
 
 // Whether the mismatch or challenge `claim` on unit `index` must carry the bundle. A unit of a

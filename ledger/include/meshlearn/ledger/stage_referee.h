@@ -109,8 +109,9 @@ Result<StageStepWitness> DecodeStageStepWitness(ByteSpan bytes);
 
 // The largest stage (TaskParams::stage_memory_bytes: its weights, optimizer moments and
 // activations) whose step the ledger rules from a witness: half of kMaxWitnessBytes, the other
-// half for the step's pages or examples and the bundle. A larger stage's dispute is ruled by the
-// genesis referee (RuleDispute).
+// half for the step's pages or examples and the bundle. A larger stage's dispute plays the tile
+// phase, and a claim that it served nothing is answered by its evidence in pieces (stage_serve.h,
+// ServeStageEvidenceTx).
 inline constexpr uint64_t kMaxStageWitnessMemory = kMaxWitnessBytes / 2;
 
 // Whether the ledger rules a dispute on stage `stage` of `p` from a witness (RefereeStageStep)

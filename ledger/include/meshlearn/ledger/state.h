@@ -486,6 +486,19 @@ enum class WorkUnitStatus : uint8_t {
 std::string_view WorkUnitStatusName(WorkUnitStatus s);
 
 // Work unit index = round * units_per_round + shard.
+// A stage's evidence served in pieces while a claim that it served nothing for a step waits at
+// the referee, the stage being over the witness bound (stage_serve.h, ServeStageEvidenceTx): the
+// ledger keeps which pieces it has seen, not their bytes (they are in the blocks). Open from the
+// block the dispute reaches the referee until it is ruled; window_end 0 otherwise.
+struct StageServeRecord {
+  uint64_t step = 0;        // the referee task's (1-based) step
+  uint64_t window_end = 0;  // the last height a piece is taken (the referee's deadline, extended)
+  uint32_t pieces = 0;      // the evidence's pieces (StageServePieceCount); 0 before the first
+  Bytes served;             // bit p (byte p / 8, bit p % 8) set once piece p is taken
+  bool open() const { return window_end != 0; }
+  bool operator==(const StageServeRecord&) const = default;
+};
+
 struct WorkUnit {
   Hash256 task_id;
   uint32_t index = 0;
@@ -507,6 +520,9 @@ struct WorkUnit {
   // A stage unit's CommitStageTx::commits: the blob id of its step commits (zero: none named).
   // Encoded as an optional tail, so a unit without it encodes as before.
   Hash256 stage_commits;
+  // Open while a stage over the witness bound serves its evidence (StageServeRecord). Encoded as a
+  // second optional tail (after stage_commits, written zero when unset), only while open.
+  StageServeRecord serve;
   bool operator==(const WorkUnit&) const = default;
 };
 

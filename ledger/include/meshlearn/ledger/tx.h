@@ -68,7 +68,7 @@ Result<TxType> TxTypeFromName(std::string_view name);
 // (state.h) once executed: the ledger's own executions and the genesis key's word.
 inline bool IsRulingTx(TxType t) {
   return t == TxType::kRefereeStep || t == TxType::kRefereeTile || t == TxType::kRefereeStageStep ||
-         t == TxType::kRuleDispute;
+         t == TxType::kRuleDispute || t == TxType::kServeStageEvidence;
 }
 
 // ---- Payloads. Each lists its fields once, in Visit, which drives encoding and JSON. Field
@@ -684,6 +684,35 @@ struct RefereeStageStepTx {
   bool operator==(const RefereeStageStepTx&) const = default;
 };
 
+// One piece of a pipeline stage's step evidence (issue 16; ledger/stage_serve.h), posted while a
+// claim that the stage served nothing for the step waits at the referee, on a stage over the
+// stage witness bound (ServesStageEvidence): piece 0 the committed commit and the stage state's
+// roots, piece p > 0 kServeTilesPerPiece tiles of its checkpoint's and received tensors, each
+// proven against its root. `bundle` is the task's (the ledger derives the stage's plan from it,
+// as for RefereeTile). The ledger checks the piece alone (CheckStageServePiece) and records it
+// in the unit's StageServeRecord; the piece that completes the evidence rules the claim against
+// the claimant (the stage served its step). A piece missing when the serving window ends
+// (ServeWindowBlocks after the referee's deadline) rules against the stage. Sender: anyone
+// (the stage's node in practice; the sender pays its fee). May be longer than kMaxTxBytes
+// (kMaxLargeTxBytes).
+struct ServeStageEvidenceTx {
+  static constexpr TxType kType = TxType::kServeStageEvidence;
+  Hash256 task_id;
+  uint32_t index = 0;
+  uint32_t piece = 0;
+  BundleField bundle;
+  WitnessField witness;  // EncodeStageServePiece
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("piece", s.piece);
+    v("bundle", s.bundle);
+    v("witness", s.witness);
+  }
+  bool operator==(const ServeStageEvidenceTx&) const = default;
+};
+
 // The witness that a unit's committed result is not what its own committed final state gives:
 // the task bundle (blob id == spec_hash), the round's start state blob (blob id == the round's
 // start state on chain) and the solver's final training state (engine::FlatState after step H,
@@ -788,9 +817,9 @@ using TxPayload =
 
 TxType PayloadType(const TxPayload& p);
 // The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for the four that
-// carry a whole-state witness (RefereeStep, RefereeStageStep, ProveResult, ProveFraud) and for
-// RevealSecret (a drawn stage's forced step commits), kMaxTileTxBytes for
-// RefereeTile.
+// carry a whole-state witness (RefereeStep, RefereeStageStep, ProveResult, ProveFraud), for
+// ServeStageEvidence (a piece of a stage's evidence) and for RevealSecret (a drawn stage's forced
+// step commits), kMaxTileTxBytes for RefereeTile.
 size_t MaxTxBytes(TxType t);
 
 struct Transaction {

@@ -18,11 +18,16 @@
 // the service replays the step and posts RefereeTileTx with a witness of the operator output
 // roots (ledger::RuleRoots), whatever the model's size.
 //
+// A pipeline stage's whole step over the stage witness bound (a claim that the stage served
+// nothing) is not the service's to rule: the stage's evidence in pieces answers it
+// (ledger/stage_serve.h, ServeStageEvidenceTx, which the dispute's parties post), or the stage
+// loses at the serving window's end; the ledger refuses RuleDispute for every stage claim.
+//
 // Everything else -- tolerance-mode segments, and whole steps the ledger neither executes nor
-// rules from roots (a pipeline stage's over the stage witness bound; a verifying chain refuses an
-// exact-mode task without a data root) -- is ruled with RuleDisputeTx{task, index, output}, signed
-// with the key genesis names as `referee` (all zero: the sequencer's key). The ledger accepts that
-// ruling from that key only; it does not re-run it.
+// rules from roots (a verifying chain refuses an exact-mode task without a data root) -- is
+// ruled with RuleDisputeTx{task, index, output}, signed with the key genesis names as `referee`
+// (all zero: the sequencer's key). The ledger accepts that ruling from that key only; it does not
+// re-run it.
 //
 // Everything the referee computes comes from public data: the task bundle and its data (blobs,
 // task_bundle.h), the round's start state (a blob) and the unit's stream (UnitSeed of the task

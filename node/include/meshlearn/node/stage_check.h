@@ -42,6 +42,7 @@
 #include "meshlearn/engine/train.h"
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/stage_serve.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/transport.h"
 #include "meshlearn/node/chain_client.h"
@@ -99,6 +100,16 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                                                     uint64_t step, const Hash256& committed_leaf,
                                                     std::unique_ptr<engine::TokenPageTree>* pages,
                                                     std::unique_ptr<engine::DataTree>* tree);
+
+// The answer to a claim that a stage over the witness bound served nothing for step `step`
+// (ledger/stage_serve.h): every piece of the step's evidence, as ServeStageEvidence transactions,
+// built from what the stage node at in.endpoint serves (its commit, which must be
+// `committed_leaf`'s, its checkpoint of the step's start, the tensors it received). `ctx` is the
+// stage's plan (ledger::TileContextOf of `bundle`, the task bundle's text). FailedPrecondition
+// when the node does not serve the committed step or a tensor of it; fetch errors as they come.
+Result<std::vector<ledger::ServeStageEvidenceTx>> BuildStageServeTxs(
+    const StageCheckInput& in, const ledger::TileRuleContext& ctx, const std::string& bundle,
+    uint32_t index, uint64_t step, const Hash256& committed_leaf);
 
 // ---- The states between a stage's steps (ledger/stage_referee.h, RuleStageContinuity).
 //

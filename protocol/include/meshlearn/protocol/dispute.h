@@ -234,6 +234,11 @@ class DisputeGame {
   // A new block. After a turn's deadline, a party that has not posted loses (both: both lose).
   // In the referee stage, after referee_blocks the game ends undecided. Heights never decrease.
   Status OnBlock(uint64_t height);
+  // The referee stage waits until `height` (query().deadline_height) if that is later than its
+  // deadline now: the ledger's serving window of a stage claimed to have served nothing, over the
+  // stage witness bound, whose evidence takes more blocks to post than referee_blocks
+  // (ledger/stage_referee.h, ServeWindowBlocks). FailedPrecondition outside the referee stage.
+  Status ExtendRefereeDeadline(uint64_t height);
 
   // The referee's computed output for referee_task(): the party whose output equals it is
   // honest; if neither does, both lied. Not for a tolerance-mode segment.
