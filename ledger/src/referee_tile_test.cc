@@ -339,6 +339,10 @@ struct PartyRun {
   // once trained, so its chain of a tile is too.
   mutable std::optional<std::tuple<uint64_t, int64_t, uint64_t>> chain_of;
   mutable std::vector<std::vector<float>> chain;
+  // TileLevels' last levels, of (step, operator), for the same reason (the tile phase asks for
+  // the children of one operator's tree at every turn).
+  mutable std::optional<std::pair<uint64_t, int64_t>> levels_of;
+  mutable std::vector<std::vector<Hash256>> levels;
 
   std::span<const float> Values(uint64_t s, int64_t op) const {
     const StepRecord& r = steps.at(s);
@@ -516,7 +520,8 @@ Hash256 ChainHash(const PartyRun& run, uint64_t s, uint64_t j) {
 }
 
 // The Merkle levels over op `op`'s tiles as the party claims them: levels[0] the leaf nodes.
-std::vector<std::vector<Hash256>> TileLevels(const PartyRun& run, uint64_t s, int64_t op) {
+const std::vector<std::vector<Hash256>>& TileLevels(const PartyRun& run, uint64_t s, int64_t op) {
+  if (run.levels_of == std::make_pair(s, op)) return run.levels;
   const engine::TileGrid& g = Context().plan.ops[static_cast<size_t>(op)].grid;
   std::vector<Hash256> hashes = engine::TileHashes(run.Values(s, op), g);
   std::vector<std::vector<Hash256>> levels(1);
@@ -529,7 +534,9 @@ std::vector<std::vector<Hash256>> TileLevels(const PartyRun& run, uint64_t s, in
     levels.push_back(std::move(next));
   }
   EXPECT_EQ(levels.back()[0], run.steps.at(s).roots.at(static_cast<size_t>(op)));
-  return levels;
+  run.levels_of = std::make_pair(s, op);
+  run.levels = std::move(levels);
+  return run.levels;
 }
 
 // The party's partial sums S_0..S_K of a reduction tile (S_K: the tile it claims).
@@ -580,7 +587,7 @@ Move Answer(const PartyRun& run, const DisputeQuery& q) {
       const int64_t op = static_cast<int64_t>(q.operator_index) - 1;
       if (!q.children)
         return {run.steps.at(q.step).roots.at(static_cast<size_t>(op)), std::nullopt};
-      std::vector<std::vector<Hash256>> levels = TileLevels(run, q.step, op);
+      const std::vector<std::vector<Hash256>>& levels = TileLevels(run, q.step, op);
       const std::vector<Hash256>& below = levels.at(q.level - 1);
       return {Hash256{}, std::make_pair(below.at(2 * q.position), below.at(2 * q.position + 1))};
     }
