@@ -850,11 +850,12 @@ inline void DirectConvTile(const float* __restrict pa, const float* __restrict i
 }
 
 // One output row segment [ow0, ow0 + nr) for all OC rows of pa_all (panels of kMR). accumulate:
-// out += chain (input gradient), else out = chain from bias.
+// out += chain (input gradient), else out = chain from bias; relu: the stored value is
+// v > 0 ? v : 0 (ReluForward's select, as GemmOut::relu).
 template <int NV, bool kFlip>
 void DirectConvRow(const float* pa_all, const float* img, const float* bias, float* out_row,
                    int64_t out_plane, int64_t OC, int64_t K, int64_t C, int64_t KH, int64_t KW,
-                   int64_t pw, int64_t pplane, int64_t ow0, int nr, bool accumulate) {
+                   int64_t pw, int64_t pplane, int64_t ow0, int nr, bool accumulate, bool relu) {
   for (int64_t m0 = 0; m0 < OC; m0 += kMR) {
     const int mr = static_cast<int>(MinI(kMR, OC - m0));
     Vf acc[kMR][kNRV];
@@ -878,16 +879,18 @@ void DirectConvRow(const float* pa_all, const float* img, const float* bias, flo
       for (int j = 0; j < NV; ++j) {
         const int nv = nr - j * kW;
         if (nv <= 0) break;
-        const Vf v = accumulate ? LoadPartial(o + j * kW, nv) + acc[r][j] : acc[r][j];
+        Vf v = accumulate ? LoadPartial(o + j * kW, nv) + acc[r][j] : acc[r][j];
+        if (relu) v = Select(Gt(v, Zero()), v, Zero());
         StorePartial(o + j * kW, v, nv);
       }
     }
   }
 }
 
-void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
-                   int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
-                   int64_t stride, int64_t pad) {
+// Conv2dForward, and with relu Conv2dReluForward (the ReLU applied where each tile is stored).
+void Conv2dForwardImpl(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,
+                       int64_t KW, int64_t stride, int64_t pad, bool relu) {
   const ConvGeom g = MakeGeom(C, H, W, OC, KH, KW, stride, pad);
   const int64_t P = g.OH * g.OW, K = C * KH * KW;
   const int threads = internal::ActiveThreads();
@@ -927,10 +930,10 @@ void Conv2dForward(float* out, const float* inp, const float* weight, const floa
           const int nr = static_cast<int>(MinI(tile_w, g.OW - ow0));
           if (nv_row == 2) {
             DirectConvRow<2, false>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0,
-                                    nr, false);
+                                    nr, false, relu);
           } else {
             DirectConvRow<1, false>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0,
-                                    nr, false);
+                                    nr, false, relu);
           }
         }
       }
@@ -943,6 +946,7 @@ void Conv2dForward(float* out, const float* inp, const float* weight, const floa
     o.c = out + b * OC * P;
     o.ldc = P;
     o.bias_row = bias;
+    o.relu = relu;
     Gemm(OC, P, K, StridedA{weight, K, 1}, ConvImageB{inp + b * C * H * W, &g}, o, th);
   };
   if (B >= threads) {
@@ -952,6 +956,18 @@ void Conv2dForward(float* out, const float* inp, const float* weight, const floa
   } else {
     for (int64_t b = 0; b < B; ++b) image(b, threads);
   }
+}
+
+void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                   int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
+                   int64_t stride, int64_t pad) {
+  Conv2dForwardImpl(out, inp, weight, bias, B, C, H, W, OC, KH, KW, stride, pad, /*relu=*/false);
+}
+
+void Conv2dReluForward(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,
+                       int64_t KW, int64_t stride, int64_t pad) {
+  Conv2dForwardImpl(out, inp, weight, bias, B, C, H, W, OC, KH, KW, stride, pad, /*relu=*/true);
 }
 
 void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -1043,10 +1059,10 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
           const int nr = static_cast<int>(MinI(tile_w, W - iw0));
           if (nv_row == 2) {
             DirectConvRow<2, true>(pa, img, nullptr, out_row, H * W, C, KD, OC, KH, KW, qw, qplane,
-                                   iw0, nr, true);
+                                   iw0, nr, true, false);
           } else {
             DirectConvRow<1, true>(pa, img, nullptr, out_row, H * W, C, KD, OC, KH, KW, qw, qplane,
-                                   iw0, nr, true);
+                                   iw0, nr, true, false);
           }
         }
       }
@@ -1148,6 +1164,28 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
   const int64_t P = OH * OW;
   ParallelFor(B * C, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
     for (int64_t i = p0 * P; i < p1 * P; ++i) dinp[argmax[i]] += dout[i];
+  });
+}
+
+// Per (b,c) plane, in that plane of dinp: zeroed, then each output of the plane in increasing order
+// adds its gradient at its argmax through the ReLU's mask (inp > 0 ? dinp + dout : 0). Where the
+// mask is set this is MaxPool2dBackward's sum g, and 0 + g = g (g starts as 0 + dout, which is
+// never -0, and a sum is -0 only when both terms are); elsewhere +0, as the two ops give. The
+// plane (a few KB) stays in the cache between zeroing and scatter, so no separate pass over dinp
+// zeroes it.
+void MaxPool2dReluBackward(float* dinp, const float* dout, const int32_t* argmax, const float* inp,
+                           int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH, int64_t OW) {
+  const int64_t P = OH * OW, plane = H * W;
+  ParallelFor(B * C, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* d = dinp + p * plane;
+      for (int64_t i = 0; i < plane; i += kW)
+        StorePartial(d + i, Zero(), static_cast<int>(MinI(kW, plane - i)));
+      for (int64_t i = p * P; i < (p + 1) * P; ++i) {
+        const int64_t j = argmax[i];
+        dinp[j] = inp[j] > 0.0f ? dinp[j] + dout[i] : 0.0f;
+      }
+    }
   });
 }
 
@@ -1767,8 +1805,10 @@ inline internal::KernelTable MakeTable() {
   t.linear_relu_backward = &LinearReluBackward;
   t.conv2d_forward = &Conv2dForward;
   t.conv2d_backward = &Conv2dBackward;
+  t.conv2d_relu_forward = &Conv2dReluForward;
   t.maxpool2d_forward = &MaxPool2dForward;
   t.maxpool2d_backward = &MaxPool2dBackward;
+  t.maxpool2d_relu_backward = &MaxPool2dReluBackward;
   t.relu_forward = &ReluForward;
   t.relu_backward = &ReluBackward;
   t.gelu_forward = &GeluForward;
