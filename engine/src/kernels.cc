@@ -86,11 +86,12 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().maxpool2d_backward(dinp, dout, argmax, B, C, OH, OW);
 }
-void MaxPool2dReluBackward(float* dinp, const float* dout, const int32_t* argmax, const float* inp,
-                           int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH, int64_t OW) {
+void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
+                           const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
+                           int64_t OW) {
   internal::FpEnvGuard fp_guard;
   CHECK(dinp != nullptr) << "MaxPool2dReluBackward: dinp is written, it may not be null";
-  ActiveKernelTable().maxpool2d_relu_backward(dinp, dout, argmax, inp, B, C, H, W, OH, OW);
+  ActiveKernelTable().maxpool2d_relu_backward(dinp, dbias, dout, argmax, inp, B, C, H, W, OH, OW);
 }
 void ReluForward(float* out, const float* inp, int64_t n) {
   internal::FpEnvGuard fp_guard;

@@ -887,6 +887,15 @@ void DirectConvRow(const float* pa_all, const float* img, const float* bias, flo
   }
 }
 
+// A convolution's bias gradient chains over (b, p) for each output channel, kBiasGroup channels
+// side by side (independent chains, interleaved for ILP). One image's step: acc[i] = acc[i] +
+// planes[i * P + p] for p in increasing order, over cnt <= kBiasGroup planes P apart.
+inline constexpr int64_t kBiasGroup = 8;
+inline void AddPlaneChains(float (&acc)[kBiasGroup], const float* planes, int64_t cnt, int64_t P) {
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t i = 0; i < cnt; ++i) acc[i] = acc[i] + planes[i * P + p];
+}
+
 // Conv2dForward, and with relu Conv2dReluForward (the ReLU applied where each tile is stored).
 void Conv2dForwardImpl(float* out, const float* inp, const float* weight, const float* bias,
                        int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,
@@ -1095,13 +1104,11 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
   }
   if (dbias != nullptr) {
     // dbias[oc] += chain over (b, p) of adds. Independent chains per oc, 8 at a time for ILP.
-    ParallelFor(CeilDiv(OC, 8), threads, [&](int64_t g0, int64_t g1) {
+    ParallelFor(CeilDiv(OC, kBiasGroup), threads, [&](int64_t g0, int64_t g1) {
       for (int64_t grp = g0; grp < g1; ++grp) {
-        const int64_t oc0 = grp * 8, cnt = MinI(8, OC - oc0);
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t p = 0; p < P; ++p)
-            for (int64_t i = 0; i < cnt; ++i) acc[i] = acc[i] + dout[(b * OC + oc0 + i) * P + p];
+        const int64_t oc0 = grp * kBiasGroup, cnt = MinI(kBiasGroup, OC - oc0);
+        float acc[kBiasGroup] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t b = 0; b < B; ++b) AddPlaneChains(acc, dout + (b * OC + oc0) * P, cnt, P);
         for (int64_t i = 0; i < cnt; ++i) dbias[oc0 + i] += acc[i];
       }
     });
@@ -1172,19 +1179,38 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
 // mask is set this is MaxPool2dBackward's sum g, and 0 + g = g (g starts as 0 + dout, which is
 // never -0, and a sum is -0 only when both terms are); elsewhere +0, as the two ops give. The
 // plane (a few KB) stays in the cache between zeroing and scatter, so no separate pass over dinp
-// zeroes it.
-void MaxPool2dReluBackward(float* dinp, const float* dout, const int32_t* argmax, const float* inp,
-                           int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH, int64_t OW) {
-  const int64_t P = OH * OW, plane = H * W;
-  ParallelFor(B * C, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      float* d = dinp + p * plane;
-      for (int64_t i = 0; i < plane; i += kW)
-        StorePartial(d + i, Zero(), static_cast<int>(MinI(kW, plane - i)));
-      for (int64_t i = p * P; i < (p + 1) * P; ++i) {
-        const int64_t j = argmax[i];
-        dinp[j] = inp[j] > 0.0f ? dinp[j] + dout[i] : 0.0f;
+// zeroes it. With dbias, threads take groups of kBiasGroup channels and run their images in
+// order, adding each image's planes to the bias chains (as Conv2dBackward's) while they are in
+// the cache: the convolution's backward then need not read its output gradient for it.
+void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
+                           const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
+                           int64_t OW) {
+  const int64_t P = OH * OW, HW = H * W;
+  auto plane = [&](int64_t p) {
+    float* d = dinp + p * HW;
+    for (int64_t i = 0; i < HW; i += kW)
+      StorePartial(d + i, Zero(), static_cast<int>(MinI(kW, HW - i)));
+    for (int64_t i = p * P; i < (p + 1) * P; ++i) {
+      const int64_t j = argmax[i];
+      dinp[j] = inp[j] > 0.0f ? dinp[j] + dout[i] : 0.0f;
+    }
+  };
+  const int threads = internal::ActiveThreads();
+  if (dbias == nullptr) {
+    ParallelFor(B * C, threads, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) plane(p);
+    });
+    return;
+  }
+  ParallelFor(CeilDiv(C, kBiasGroup), threads, [&](int64_t g0, int64_t g1) {
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const int64_t c0 = grp * kBiasGroup, cnt = MinI(kBiasGroup, C - c0);
+      float acc[kBiasGroup] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t i = 0; i < cnt; ++i) plane(b * C + c0 + i);
+        AddPlaneChains(acc, dinp + (b * C + c0) * HW, cnt, HW);
       }
+      for (int64_t i = 0; i < cnt; ++i) dbias[c0 + i] += acc[i];
     }
   });
 }

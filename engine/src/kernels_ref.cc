@@ -229,13 +229,17 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
 }
 
 // As LinearReluBackward: the max pool's backward into a zeroed buffer, then the ReLU's into dinp
-// zeroed.
-void MaxPool2dReluBackward(float* dinp, const float* dout, const int32_t* argmax, const float* inp,
-                           int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH, int64_t OW) {
+// zeroed; dbias is the bias gradient of a 1x1 convolution whose output gradient is dinp.
+void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
+                           const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
+                           int64_t OW) {
   std::vector<float> pool_dinp(static_cast<size_t>(B * C * H * W), 0.0f);
   MaxPool2dBackward(pool_dinp.data(), dout, argmax, B, C, OH, OW);
   std::fill(dinp, dinp + B * C * H * W, 0.0f);
   ReluBackward(dinp, pool_dinp.data(), inp, B * C * H * W);
+  if (dbias != nullptr) {
+    Conv2dBackward(nullptr, nullptr, dbias, dinp, nullptr, nullptr, B, 1, H, W, C, 1, 1, 1, 0);
+  }
 }
 
 void ReluForward(float* out, const float* inp, int64_t n) {

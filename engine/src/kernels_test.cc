@@ -195,17 +195,20 @@ TEST(KernelsTest, MaxPool) {
 }
 
 // The max pool's backward with the ReLU before it folded in, against the reference (the two ops in
-// zeroed buffers), overlapping windows included. The input is a ReLU's output (exact zeros,
-// ties at 0 among them) on half the cases and any sign on the others; some gradients are -0,
-// which the two ops turn into +0; dinp starts with garbage, since the kernel writes it.
+// zeroed buffers, and the bias gradient of a convolution whose output gradient that is),
+// overlapping windows included, channel counts below, at and past the bias groups of 8. The
+// input is a ReLU's output (exact zeros, ties at 0 among them) on half the cases and any sign on
+// the others; some gradients are -0, which the two ops turn into +0; dinp starts with garbage,
+// since the kernel writes it.
 TEST(KernelsTest, MaxPoolReluFused) {
   struct Case {
-    int64_t k, st, H, W;
+    int64_t k, st, H, W, C;
   };
-  for (auto [k, st, H, W] : {Case{2, 2, 11, 9}, Case{3, 2, 11, 9}, Case{3, 1, 11, 9},
-                             Case{2, 2, 28, 28}, Case{2, 2, 14, 14}, Case{3, 1, 7, 37}}) {
+  for (auto [k, st, H, W, C] :
+       {Case{2, 2, 11, 9, 5}, Case{3, 2, 11, 9, 5}, Case{3, 1, 11, 9, 5}, Case{2, 2, 28, 28, 16},
+        Case{2, 2, 14, 14, 19}, Case{3, 1, 7, 37, 3}}) {
     for (bool relu_input : {true, false}) {
-      const int64_t B = 3, C = 5, OH = (H - k) / st + 1, OW = (W - k) / st + 1;
+      const int64_t B = 3, OH = (H - k) / st + 1, OW = (W - k) / st + 1;
       auto inp = RandomVec(B * C * H * W, 61);
       if (relu_input) {
         for (float& x : inp) x = x > 0.0f ? x : 0.0f;
@@ -215,13 +218,16 @@ TEST(KernelsTest, MaxPoolReluFused) {
       std::vector<float> pooled(B * C * OH * OW);
       std::vector<int32_t> am(pooled.size());
       ref::MaxPool2dForward(pooled.data(), am.data(), inp.data(), B, C, H, W, k, st);
-      ExpectFastEqualsRef("MaxPool2dReluBackward", [&](bool fast) {
-        auto dinp = RandomVec(inp.size(), 63);
-        KERNEL(fast, MaxPool2dReluBackward)
-        (dinp.data(), dout.data(), am.data(), inp.data(), B, C, H, W, OH, OW);
-        for (float x : dinp) EXPECT_FALSE(x == 0.0f && std::signbit(x));
-        return Outputs{dinp};
-      });
+      for (bool with_bias : {true, false}) {
+        ExpectFastEqualsRef("MaxPool2dReluBackward", [&](bool fast) {
+          auto dinp = RandomVec(inp.size(), 63), db = RandomVec(C, 64);
+          KERNEL(fast, MaxPool2dReluBackward)
+          (dinp.data(), with_bias ? db.data() : nullptr, dout.data(), am.data(), inp.data(), B, C,
+           H, W, OH, OW);
+          for (float x : dinp) EXPECT_FALSE(x == 0.0f && std::signbit(x));
+          return Outputs{dinp, db};
+        });
+      }
     }
   }
 }

@@ -561,6 +561,8 @@ class SequentialModel final : public Model {
           << "output gradient of layer " << end - 1;
       dout = output_grad.data();
     }
+    // A convolution whose bias gradient a fused max pool's backward has added (none: end).
+    size_t conv_bias_done = end;
     for (size_t ii = end; ii-- > begin;) {
       Layer& L = layers_[ii];
       const LayerSpec& l = L.spec;
@@ -582,10 +584,18 @@ class SequentialModel final : public Model {
       }
       if (l.kind == "maxpool2d" && ii >= 2 && FuseRelu(ii, ii - 1)) {
         // The ReLU before this max pool (whose output is `in`) is folded into the pool's
-        // backward, which writes the ReLU's input gradient whole, plane by plane.
+        // backward, which writes the ReLU's input gradient whole, plane by plane. When that
+        // gradient is a convolution's output gradient (in this part), the pool's backward also
+        // adds the convolution's bias gradient from each plane it writes, and the convolution's
+        // backward skips it.
         float* dinp = tp.arena.Alloc({in_n}).data();
-        MaxPool2dReluBackward(dinp, dout, la.argmax, in, B, L.in_shape[0], L.in_shape[1],
-                              L.in_shape[2], L.out_shape[1], L.out_shape[2]);
+        float* conv_dbias = nullptr;
+        if (InPart(static_cast<int64_t>(ii) - 2) && layers_[ii - 2].spec.kind == "conv2d") {
+          conv_dbias = BiasGrad(layers_[ii - 2]);
+          conv_bias_done = ii - 2;
+        }
+        MaxPool2dReluBackward(dinp, conv_dbias, dout, la.argmax, in, B, L.in_shape[0],
+                              L.in_shape[1], L.in_shape[2], L.out_shape[1], L.out_shape[2]);
         dout = dinp;
         --ii;  // the ReLU is done
         continue;
@@ -595,7 +605,8 @@ class SequentialModel final : public Model {
         LinearBackward(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
                        params_[L.weight].value.data(), B, L.in_shape[0], l.out);
       } else if (l.kind == "conv2d") {
-        Conv2dBackward(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
+        Conv2dBackward(dinp, params_[L.weight].grad.data(),
+                       ii == conv_bias_done ? nullptr : BiasGrad(L), dout, in,
                        params_[L.weight].value.data(), B, L.in_shape[0], L.in_shape[1],
                        L.in_shape[2], l.out, l.kernel, l.kernel, l.stride, l.pad);
       } else if (!need_dinp) {

@@ -108,10 +108,13 @@ struct AdamWStep {
      ReLU's backward folded in: dinp(B,C,H,W) = inp > 0 ? 0 + g : 0, g being what                 \
      MaxPool2dBackward adds into a zeroed buffer, is *written*, not added: the bits               \
      MaxPool2dBackward and then ReluBackward (whose mask is the same: relu(x) > 0 exactly when    \
-     x > 0) leave in two zeroed buffers, so dinp needs no zeroing. */                             \
-  void MaxPool2dReluBackward(float* dinp, const float* dout, const int32_t* argmax,               \
-                             const float* inp, int64_t B, int64_t C, int64_t H, int64_t W,        \
-                             int64_t OH, int64_t OW);                                             \
+     x > 0) leave in two zeroed buffers, so dinp needs no zeroing. dbias(C), unless null, +=      \
+     chain over (b,h,w) of the dinp written (plain adds from 0): Conv2dBackward's dbias of the    \
+     convolution before that ReLU, whose output gradient dinp is (the convolution's backward      \
+     then need not read dinp for it). */                                                          \
+  void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout,                        \
+                             const int32_t* argmax, const float* inp, int64_t B, int64_t C,       \
+                             int64_t H, int64_t W, int64_t OH, int64_t OW);                       \
                                                                                                   \
   void ReluForward(float* out, const float* inp, int64_t n);                                      \
   void ReluBackward(float* dinp, const float* dout, const float* inp, int64_t n);                 \
