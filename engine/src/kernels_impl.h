@@ -915,6 +915,20 @@ inline void AddPlaneChains(float (&acc)[kBiasGroup], const float* planes, int64_
     for (int64_t i = 0; i < cnt; ++i) acc[i] = acc[i] + planes[i * P + p];
 }
 
+// dbias[oc] += chain over (b, p) of dout[b, oc, p] (adds), threads over groups of kBiasGroup
+// channels.
+inline void ConvBiasGrad(float* dbias, const float* dout, int64_t B, int64_t OC, int64_t P,
+                         int threads) {
+  ParallelFor(CeilDiv(OC, kBiasGroup), threads, [&](int64_t g0, int64_t g1) {
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const int64_t oc0 = grp * kBiasGroup, cnt = MinI(kBiasGroup, OC - oc0);
+      float acc[kBiasGroup] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t b = 0; b < B; ++b) AddPlaneChains(acc, dout + (b * OC + oc0) * P, cnt, P);
+      for (int64_t i = 0; i < cnt; ++i) dbias[oc0 + i] += acc[i];
+    }
+  });
+}
+
 // Conv2dForward, and with relu Conv2dReluForward (the ReLU applied where each tile is stored).
 void Conv2dForwardImpl(float* out, const float* inp, const float* weight, const float* bias,
                        int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,
@@ -1121,17 +1135,7 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
     o.accumulate = true;
     Gemm(OC, K, B * P, ConvDoutA{dout, &g}, ConvImageBT{inp, &g}, o, threads);
   }
-  if (dbias != nullptr) {
-    // dbias[oc] += chain over (b, p) of adds. Independent chains per oc, 8 at a time for ILP.
-    ParallelFor(CeilDiv(OC, kBiasGroup), threads, [&](int64_t g0, int64_t g1) {
-      for (int64_t grp = g0; grp < g1; ++grp) {
-        const int64_t oc0 = grp * kBiasGroup, cnt = MinI(kBiasGroup, OC - oc0);
-        float acc[kBiasGroup] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t b = 0; b < B; ++b) AddPlaneChains(acc, dout + (b * OC + oc0) * P, cnt, P);
-        for (int64_t i = 0; i < cnt; ++i) dbias[oc0 + i] += acc[i];
-      }
-    });
-  }
+  if (dbias != nullptr) ConvBiasGrad(dbias, dout, B, OC, P, threads);
 }
 
 // ---- Pooling ------------------------------------------------------------------------------
@@ -1200,7 +1204,8 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
 // plane (a few KB) stays in the cache between zeroing and scatter, so no separate pass over dinp
 // zeroes it. With dbias, threads take groups of kBiasGroup channels and run their images in
 // order, adding each image's planes to the bias chains (as Conv2dBackward's) while they are in
-// the cache: the convolution's backward then need not read its output gradient for it.
+// the cache: the convolution's backward then need not read its output gradient for it (when
+// there are at least as many groups as threads).
 void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
                            const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
                            int64_t OW) {
@@ -1221,10 +1226,13 @@ void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const i
     }
   };
   const int threads = internal::ActiveThreads();
-  if (dbias == nullptr) {
+  if (dbias == nullptr || CeilDiv(C, kBiasGroup) < threads) {
+    // Fewer channel groups than threads would leave threads idle: planes in parallel, then the
+    // bias chains as their own pass.
     ParallelFor(B * C, threads, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) plane(p);
     });
+    if (dbias != nullptr) ConvBiasGrad(dbias, dinp, B, C, HW, threads);
     return;
   }
   ParallelFor(CeilDiv(C, kBiasGroup), threads, [&](int64_t g0, int64_t g1) {
