@@ -1202,10 +1202,9 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
 // mask is set this is MaxPool2dBackward's sum g, and 0 + g = g (g starts as 0 + dout, which is
 // never -0, and a sum is -0 only when both terms are); elsewhere +0, as the two ops give. The
 // plane (a few KB) stays in the cache between zeroing and scatter, so no separate pass over dinp
-// zeroes it. With dbias, threads take groups of kBiasGroup channels and run their images in
-// order, adding each image's planes to the bias chains (as Conv2dBackward's) while they are in
-// the cache: the convolution's backward then need not read its output gradient for it (when
-// there are at least as many groups as threads).
+// zeroes it. With dbias on one thread, channels go in groups of kBiasGroup and images in order,
+// each image's planes added to the bias chains (as Conv2dBackward's) while they are in the cache,
+// so the bias gradient needs no pass of its own over dinp.
 void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
                            const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
                            int64_t OW) {
@@ -1226,9 +1225,11 @@ void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const i
     }
   };
   const int threads = internal::ActiveThreads();
-  if (dbias == nullptr || CeilDiv(C, kBiasGroup) < threads) {
-    // Fewer channel groups than threads would leave threads idle: planes in parallel, then the
-    // bias chains as their own pass.
+  if (dbias == nullptr || threads > 1) {
+    // On several threads the planes split by image, as the convolution's backward that wrote
+    // dout and read inp did, and the bias chains run as their own pass: split by channel
+    // groups, each thread read half its planes' inputs from the other core's cache, and on two
+    // threads the CNN step was slower than with the separate pass (7 of 8 interleaved rounds).
     ParallelFor(B * C, threads, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) plane(p);
     });
