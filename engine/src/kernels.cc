@@ -66,6 +66,15 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
   ActiveKernelTable().conv2d_backward(dinp, dweight, dbias, dout, inp, weight, B, C, H, W, OC, KH,
                                       KW, stride, pad);
 }
+void Conv2dReluForward(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,
+                       int64_t KW, int64_t stride, int64_t pad) {
+  internal::FpEnvGuard fp_guard;
+  CHECK(stride >= 1 && pad >= 0 && H + 2 * pad >= KH && W + 2 * pad >= KW)
+      << "conv2d: bad geometry";
+  ActiveKernelTable().conv2d_relu_forward(out, inp, weight, bias, B, C, H, W, OC, KH, KW, stride,
+                                          pad);
+}
 void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C,
                       int64_t H, int64_t W, int64_t k, int64_t s) {
   internal::FpEnvGuard fp_guard;
@@ -76,6 +85,13 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
                        int64_t OH, int64_t OW) {
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().maxpool2d_backward(dinp, dout, argmax, B, C, OH, OW);
+}
+void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
+                           const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
+                           int64_t OW) {
+  internal::FpEnvGuard fp_guard;
+  CHECK(dinp != nullptr) << "MaxPool2dReluBackward: dinp is written, it may not be null";
+  ActiveKernelTable().maxpool2d_relu_backward(dinp, dbias, dout, argmax, inp, B, C, H, W, OH, OW);
 }
 void ReluForward(float* out, const float* inp, int64_t n) {
   internal::FpEnvGuard fp_guard;

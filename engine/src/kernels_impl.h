@@ -850,11 +850,12 @@ inline void DirectConvTile(const float* __restrict pa, const float* __restrict i
 }
 
 // One output row segment [ow0, ow0 + nr) for all OC rows of pa_all (panels of kMR). accumulate:
-// out += chain (input gradient), else out = chain from bias.
+// out += chain (input gradient), else out = chain from bias; relu: the stored value is
+// v > 0 ? v : 0 (ReluForward's select, as GemmOut::relu).
 template <int NV, bool kFlip>
 void DirectConvRow(const float* pa_all, const float* img, const float* bias, float* out_row,
                    int64_t out_plane, int64_t OC, int64_t K, int64_t C, int64_t KH, int64_t KW,
-                   int64_t pw, int64_t pplane, int64_t ow0, int nr, bool accumulate) {
+                   int64_t pw, int64_t pplane, int64_t ow0, int nr, bool accumulate, bool relu) {
   for (int64_t m0 = 0; m0 < OC; m0 += kMR) {
     const int mr = static_cast<int>(MinI(kMR, OC - m0));
     Vf acc[kMR][kNRV];
@@ -878,16 +879,60 @@ void DirectConvRow(const float* pa_all, const float* img, const float* bias, flo
       for (int j = 0; j < NV; ++j) {
         const int nv = nr - j * kW;
         if (nv <= 0) break;
-        const Vf v = accumulate ? LoadPartial(o + j * kW, nv) + acc[r][j] : acc[r][j];
+        Vf v = accumulate ? LoadPartial(o + j * kW, nv) + acc[r][j] : acc[r][j];
+        if (relu) v = Select(Gt(v, Zero()), v, Zero());
         StorePartial(o + j * kW, v, nv);
       }
     }
   }
 }
 
-void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
-                   int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
-                   int64_t stride, int64_t pad) {
+// A convolution's bias gradient chains over (b, p) for each output channel, kBiasGroup channels
+// side by side (independent chains, interleaved for ILP). One image's step: acc[i] = acc[i] +
+// planes[i * P + p] for p in increasing order, over cnt <= kBiasGroup planes P apart. A full
+// group keeps its chains in registers (a runtime count kept them in memory, each add waiting on
+// the store of the one before: about half the speed).
+inline constexpr int64_t kBiasGroup = 8;
+inline void AddPlaneChains(float (&acc)[kBiasGroup], const float* planes, int64_t cnt, int64_t P) {
+  if (cnt == kBiasGroup) {
+    float a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+    float a4 = acc[4], a5 = acc[5], a6 = acc[6], a7 = acc[7];
+    for (int64_t p = 0; p < P; ++p) {
+      a0 = a0 + planes[p];
+      a1 = a1 + planes[P + p];
+      a2 = a2 + planes[2 * P + p];
+      a3 = a3 + planes[3 * P + p];
+      a4 = a4 + planes[4 * P + p];
+      a5 = a5 + planes[5 * P + p];
+      a6 = a6 + planes[6 * P + p];
+      a7 = a7 + planes[7 * P + p];
+    }
+    acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+    acc[4] = a4, acc[5] = a5, acc[6] = a6, acc[7] = a7;
+    return;
+  }
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t i = 0; i < cnt; ++i) acc[i] = acc[i] + planes[i * P + p];
+}
+
+// dbias[oc] += chain over (b, p) of dout[b, oc, p] (adds), threads over groups of kBiasGroup
+// channels.
+inline void ConvBiasGrad(float* dbias, const float* dout, int64_t B, int64_t OC, int64_t P,
+                         int threads) {
+  ParallelFor(CeilDiv(OC, kBiasGroup), threads, [&](int64_t g0, int64_t g1) {
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const int64_t oc0 = grp * kBiasGroup, cnt = MinI(kBiasGroup, OC - oc0);
+      float acc[kBiasGroup] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t b = 0; b < B; ++b) AddPlaneChains(acc, dout + (b * OC + oc0) * P, cnt, P);
+      for (int64_t i = 0; i < cnt; ++i) dbias[oc0 + i] += acc[i];
+    }
+  });
+}
+
+// Conv2dForward, and with relu Conv2dReluForward (the ReLU applied where each tile is stored).
+void Conv2dForwardImpl(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,
+                       int64_t KW, int64_t stride, int64_t pad, bool relu) {
   const ConvGeom g = MakeGeom(C, H, W, OC, KH, KW, stride, pad);
   const int64_t P = g.OH * g.OW, K = C * KH * KW;
   const int threads = internal::ActiveThreads();
@@ -927,10 +972,10 @@ void Conv2dForward(float* out, const float* inp, const float* weight, const floa
           const int nr = static_cast<int>(MinI(tile_w, g.OW - ow0));
           if (nv_row == 2) {
             DirectConvRow<2, false>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0,
-                                    nr, false);
+                                    nr, false, relu);
           } else {
             DirectConvRow<1, false>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0,
-                                    nr, false);
+                                    nr, false, relu);
           }
         }
       }
@@ -943,6 +988,7 @@ void Conv2dForward(float* out, const float* inp, const float* weight, const floa
     o.c = out + b * OC * P;
     o.ldc = P;
     o.bias_row = bias;
+    o.relu = relu;
     Gemm(OC, P, K, StridedA{weight, K, 1}, ConvImageB{inp + b * C * H * W, &g}, o, th);
   };
   if (B >= threads) {
@@ -952,6 +998,18 @@ void Conv2dForward(float* out, const float* inp, const float* weight, const floa
   } else {
     for (int64_t b = 0; b < B; ++b) image(b, threads);
   }
+}
+
+void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                   int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
+                   int64_t stride, int64_t pad) {
+  Conv2dForwardImpl(out, inp, weight, bias, B, C, H, W, OC, KH, KW, stride, pad, /*relu=*/false);
+}
+
+void Conv2dReluForward(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,
+                       int64_t KW, int64_t stride, int64_t pad) {
+  Conv2dForwardImpl(out, inp, weight, bias, B, C, H, W, OC, KH, KW, stride, pad, /*relu=*/true);
 }
 
 void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -1043,10 +1101,10 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
           const int nr = static_cast<int>(MinI(tile_w, W - iw0));
           if (nv_row == 2) {
             DirectConvRow<2, true>(pa, img, nullptr, out_row, H * W, C, KD, OC, KH, KW, qw, qplane,
-                                   iw0, nr, true);
+                                   iw0, nr, true, false);
           } else {
             DirectConvRow<1, true>(pa, img, nullptr, out_row, H * W, C, KD, OC, KH, KW, qw, qplane,
-                                   iw0, nr, true);
+                                   iw0, nr, true, false);
           }
         }
       }
@@ -1077,19 +1135,7 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
     o.accumulate = true;
     Gemm(OC, K, B * P, ConvDoutA{dout, &g}, ConvImageBT{inp, &g}, o, threads);
   }
-  if (dbias != nullptr) {
-    // dbias[oc] += chain over (b, p) of adds. Independent chains per oc, 8 at a time for ILP.
-    ParallelFor(CeilDiv(OC, 8), threads, [&](int64_t g0, int64_t g1) {
-      for (int64_t grp = g0; grp < g1; ++grp) {
-        const int64_t oc0 = grp * 8, cnt = MinI(8, OC - oc0);
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t p = 0; p < P; ++p)
-            for (int64_t i = 0; i < cnt; ++i) acc[i] = acc[i] + dout[(b * OC + oc0 + i) * P + p];
-        for (int64_t i = 0; i < cnt; ++i) dbias[oc0 + i] += acc[i];
-      }
-    });
-  }
+  if (dbias != nullptr) ConvBiasGrad(dbias, dout, B, OC, P, threads);
 }
 
 // ---- Pooling ------------------------------------------------------------------------------
@@ -1148,6 +1194,58 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
   const int64_t P = OH * OW;
   ParallelFor(B * C, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
     for (int64_t i = p0 * P; i < p1 * P; ++i) dinp[argmax[i]] += dout[i];
+  });
+}
+
+// Per (b,c) plane, in that plane of dinp: zeroed, then each output of the plane in increasing order
+// adds its gradient at its argmax through the ReLU's mask (inp > 0 ? dinp + dout : 0). Where the
+// mask is set this is MaxPool2dBackward's sum g, and 0 + g = g (g starts as 0 + dout, which is
+// never -0, and a sum is -0 only when both terms are); elsewhere +0, as the two ops give. The
+// plane (a few KB) stays in the cache between zeroing and scatter, so no separate pass over dinp
+// zeroes it. With dbias on one thread, channels go in groups of kBiasGroup and images in order,
+// each image's planes added to the bias chains (as Conv2dBackward's) while they are in the cache,
+// so the bias gradient needs no pass of its own over dinp.
+void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
+                           const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
+                           int64_t OW) {
+  const int64_t P = OH * OW, HW = H * W;
+  auto plane = [&](int64_t p) {
+    // Plain local pointers into the plane, so the compiler need not reload them through the
+    // lambda's captures after each store.
+    float* __restrict d = dinp + p * HW;
+    const float* __restrict x = inp + p * HW;
+    const float* __restrict g = dout + p * P;
+    const int32_t* __restrict am = argmax + p * P;
+    const int64_t base = p * HW;
+    for (int64_t i = 0; i < HW; i += kW)
+      StorePartial(d + i, Zero(), static_cast<int>(MinI(kW, HW - i)));
+    for (int64_t i = 0; i < P; ++i) {
+      const int64_t j = am[i] - base;
+      d[j] = x[j] > 0.0f ? d[j] + g[i] : 0.0f;
+    }
+  };
+  const int threads = internal::ActiveThreads();
+  if (dbias == nullptr || threads > 1) {
+    // On several threads the planes split by image, as the convolution's backward that wrote
+    // dout and read inp did, and the bias chains run as their own pass: split by channel
+    // groups, each thread read half its planes' inputs from the other core's cache, and on two
+    // threads the CNN step was slower than with the separate pass (7 of 8 interleaved rounds).
+    ParallelFor(B * C, threads, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) plane(p);
+    });
+    if (dbias != nullptr) ConvBiasGrad(dbias, dinp, B, C, HW, threads);
+    return;
+  }
+  ParallelFor(CeilDiv(C, kBiasGroup), threads, [&](int64_t g0, int64_t g1) {
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const int64_t c0 = grp * kBiasGroup, cnt = MinI(kBiasGroup, C - c0);
+      float acc[kBiasGroup] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t i = 0; i < cnt; ++i) plane(b * C + c0 + i);
+        AddPlaneChains(acc, dinp + (b * C + c0) * HW, cnt, HW);
+      }
+      for (int64_t i = 0; i < cnt; ++i) dbias[c0 + i] += acc[i];
+    }
   });
 }
 
@@ -1767,8 +1865,10 @@ inline internal::KernelTable MakeTable() {
   t.linear_relu_backward = &LinearReluBackward;
   t.conv2d_forward = &Conv2dForward;
   t.conv2d_backward = &Conv2dBackward;
+  t.conv2d_relu_forward = &Conv2dReluForward;
   t.maxpool2d_forward = &MaxPool2dForward;
   t.maxpool2d_backward = &MaxPool2dBackward;
+  t.maxpool2d_relu_backward = &MaxPool2dReluBackward;
   t.relu_forward = &ReluForward;
   t.relu_backward = &ReluBackward;
   t.gelu_forward = &GeluForward;

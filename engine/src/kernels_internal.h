@@ -27,10 +27,14 @@ struct KernelTable {
                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
   void (*conv2d_backward)(float*, float*, float*, const float*, const float*, const float*, int64_t,
                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+  void (*conv2d_relu_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
+                              int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
   void (*maxpool2d_forward)(float*, int32_t*, const float*, int64_t, int64_t, int64_t, int64_t,
                             int64_t, int64_t);
   void (*maxpool2d_backward)(float*, const float*, const int32_t*, int64_t, int64_t, int64_t,
                              int64_t);
+  void (*maxpool2d_relu_backward)(float*, float*, const float*, const int32_t*, const float*,
+                                  int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
   void (*relu_forward)(float*, const float*, int64_t);
   void (*relu_backward)(float*, const float*, const float*, int64_t);
   void (*gelu_forward)(float*, const float*, int64_t);

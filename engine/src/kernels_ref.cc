@@ -190,6 +190,15 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
   }
 }
 
+// As LinearReluForward: the convolution, then the ReLU in place.
+void Conv2dReluForward(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,
+                       int64_t KW, int64_t stride, int64_t pad) {
+  Conv2dForward(out, inp, weight, bias, B, C, H, W, OC, KH, KW, stride, pad);
+  const int64_t OH = (H + 2 * pad - KH) / stride + 1, OW = (W + 2 * pad - KW) / stride + 1;
+  ReluForward(out, out, B * OC * OH * OW);
+}
+
 void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C,
                       int64_t H, int64_t W, int64_t k, int64_t s) {
   internal::FpEnvGuard fp_guard;
@@ -217,6 +226,20 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
   internal::FpEnvGuard fp_guard;
   // Overlapping windows add into dinp one output at a time, in increasing output index.
   for (int64_t i = 0; i < B * C * OH * OW; ++i) dinp[argmax[i]] += dout[i];
+}
+
+// As LinearReluBackward: the max pool's backward into a zeroed buffer, then the ReLU's into dinp
+// zeroed; dbias is the bias gradient of a 1x1 convolution whose output gradient is dinp.
+void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
+                           const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
+                           int64_t OW) {
+  std::vector<float> pool_dinp(static_cast<size_t>(B * C * H * W), 0.0f);
+  MaxPool2dBackward(pool_dinp.data(), dout, argmax, B, C, OH, OW);
+  std::fill(dinp, dinp + B * C * H * W, 0.0f);
+  ReluBackward(dinp, pool_dinp.data(), inp, B * C * H * W);
+  if (dbias != nullptr) {
+    Conv2dBackward(nullptr, nullptr, dbias, dinp, nullptr, nullptr, B, 1, H, W, C, 1, 1, 1, 0);
+  }
 }
 
 void ReluForward(float* out, const float* inp, int64_t n) {

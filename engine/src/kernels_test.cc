@@ -143,6 +143,35 @@ TEST(KernelsTest, Conv2dForwardBackward) {
   }
 }
 
+// The convolution with the ReLU after it fused into its epilogue, against the reference (the two
+// ops), on the direct (stride 1) and the GEMM paths. One output channel has zero weights and bias
+// -0, so its outputs are +0 and -0 (the ReLU's edge; both become +0).
+TEST(KernelsTest, Conv2dReluFused) {
+  for (ConvShape s :
+       {ConvShape{1, 1, 5, 5, 1, 3, 3, 1, 0}, ConvShape{2, 3, 7, 9, 5, 3, 3, 1, 1},
+        ConvShape{3, 4, 11, 10, 17, 5, 5, 2, 2}, ConvShape{1, 6, 13, 13, 33, 3, 2, 3, 1},
+        ConvShape{3, 1, 28, 28, 16, 5, 5, 1, 2}, ConvShape{2, 16, 14, 14, 32, 5, 5, 1, 2}}) {
+    const int64_t OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
+    const int64_t OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
+    const int64_t K = s.C * s.KH * s.KW;
+    auto inp = RandomVec(s.B * s.C * s.H * s.W, 51), w = RandomVec(s.OC * K, 52);
+    auto bias = RandomVec(s.OC, 53);
+    const int64_t zero_oc = s.OC / 2;
+    for (int64_t k = 0; k < K; ++k) w[zero_oc * K + k] = 0.0f;
+    bias[zero_oc] = -0.0f;
+    for (bool with_bias : {true, false}) {
+      ExpectFastEqualsRef("Conv2dReluForward", [&](bool fast) {
+        std::vector<float> out(s.B * s.OC * OH * OW, -7.0f);
+        KERNEL(fast, Conv2dReluForward)
+        (out.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, s.B, s.C, s.H, s.W,
+         s.OC, s.KH, s.KW, s.stride, s.pad);
+        for (float x : out) EXPECT_TRUE(x > 0.0f || (x == 0.0f && !std::signbit(x))) << x;
+        return Outputs{out};
+      });
+    }
+  }
+}
+
 TEST(KernelsTest, MaxPool) {
   struct Case {
     int64_t k, st, H, W;
@@ -162,6 +191,44 @@ TEST(KernelsTest, MaxPool) {
       std::vector<float> amf(am.begin(), am.end());
       return Outputs{out, amf, dinp};
     });
+  }
+}
+
+// The max pool's backward with the ReLU before it folded in, against the reference (the two ops in
+// zeroed buffers, and the bias gradient of a convolution whose output gradient that is),
+// overlapping windows included, channel counts below, at and past the bias groups of 8. The
+// input is a ReLU's output (exact zeros, ties at 0 among them) on half the cases and any sign on
+// the others; some gradients are -0, which the two ops turn into +0; dinp starts with garbage,
+// since the kernel writes it.
+TEST(KernelsTest, MaxPoolReluFused) {
+  struct Case {
+    int64_t k, st, H, W, C;
+  };
+  for (auto [k, st, H, W, C] :
+       {Case{2, 2, 11, 9, 5}, Case{3, 2, 11, 9, 5}, Case{3, 1, 11, 9, 5}, Case{2, 2, 28, 28, 16},
+        Case{2, 2, 14, 14, 19}, Case{3, 1, 7, 37, 3}}) {
+    for (bool relu_input : {true, false}) {
+      const int64_t B = 3, OH = (H - k) / st + 1, OW = (W - k) / st + 1;
+      auto inp = RandomVec(B * C * H * W, 61);
+      if (relu_input) {
+        for (float& x : inp) x = x > 0.0f ? x : 0.0f;
+      }
+      auto dout = RandomVec(B * C * OH * OW, 62);
+      for (size_t i = 0; i < dout.size(); i += 5) dout[i] = -0.0f;
+      std::vector<float> pooled(B * C * OH * OW);
+      std::vector<int32_t> am(pooled.size());
+      ref::MaxPool2dForward(pooled.data(), am.data(), inp.data(), B, C, H, W, k, st);
+      for (bool with_bias : {true, false}) {
+        ExpectFastEqualsRef("MaxPool2dReluBackward", [&](bool fast) {
+          auto dinp = RandomVec(inp.size(), 63), db = RandomVec(C, 64);
+          KERNEL(fast, MaxPool2dReluBackward)
+          (dinp.data(), with_bias ? db.data() : nullptr, dout.data(), am.data(), inp.data(), B, C,
+           H, W, OH, OW);
+          for (float x : dinp) EXPECT_FALSE(x == 0.0f && std::signbit(x));
+          return Outputs{dinp, db};
+        });
+      }
+    }
   }
 }
 

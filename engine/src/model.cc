@@ -462,12 +462,18 @@ class SequentialModel final : public Model {
       }
       float* out = tp.arena.Alloc({out_n}).data();
       tp.acts[i - begin + 1] = out;
-      if (l.kind == "linear" && FuseRelu(i, i + 1)) {
-        // The ReLU is applied where the GEMM stores each tile; the linear layer's output is not
-        // kept. The ReLU's backward masks with its output in its place: relu(x) > 0 exactly
-        // when x > 0.
-        LinearReluForward(out, in, params_[L.weight].value.data(), Bias(L), B, L.in_shape[0],
-                          l.out);
+      if ((l.kind == "linear" || l.kind == "conv2d") && FuseRelu(i, i + 1)) {
+        // The ReLU is applied where the GEMM (or direct convolution) stores each tile; the
+        // layer's output is not kept. The ReLU's backward masks with its output in its place:
+        // relu(x) > 0 exactly when x > 0.
+        if (l.kind == "linear") {
+          LinearReluForward(out, in, params_[L.weight].value.data(), Bias(L), B, L.in_shape[0],
+                            l.out);
+        } else {
+          Conv2dReluForward(out, in, params_[L.weight].value.data(), Bias(L), B, L.in_shape[0],
+                            L.in_shape[1], L.in_shape[2], l.out, l.kernel, l.kernel, l.stride,
+                            l.pad);
+        }
         tp.acts[i - begin + 2] = out;
         ++i;
         continue;
@@ -555,6 +561,8 @@ class SequentialModel final : public Model {
           << "output gradient of layer " << end - 1;
       dout = output_grad.data();
     }
+    // A convolution whose bias gradient a fused max pool's backward has added (none: end).
+    size_t conv_bias_done = end;
     for (size_t ii = end; ii-- > begin;) {
       Layer& L = layers_[ii];
       const LayerSpec& l = L.spec;
@@ -574,12 +582,31 @@ class SequentialModel final : public Model {
         --ii;  // the ReLU is done
         continue;
       }
+      if (l.kind == "maxpool2d" && ii >= 2 && FuseRelu(ii, ii - 1)) {
+        // The ReLU before this max pool (whose output is `in`) is folded into the pool's
+        // backward, which writes the ReLU's input gradient whole, plane by plane. When that
+        // gradient is a convolution's output gradient (in this part), the pool's backward also
+        // adds the convolution's bias gradient from each plane it writes, and the convolution's
+        // backward skips it.
+        float* dinp = tp.arena.Alloc({in_n}).data();
+        float* conv_dbias = nullptr;
+        if (InPart(static_cast<int64_t>(ii) - 2) && layers_[ii - 2].spec.kind == "conv2d") {
+          conv_dbias = BiasGrad(layers_[ii - 2]);
+          conv_bias_done = ii - 2;
+        }
+        MaxPool2dReluBackward(dinp, conv_dbias, dout, la.argmax, in, B, L.in_shape[0],
+                              L.in_shape[1], L.in_shape[2], L.out_shape[1], L.out_shape[2]);
+        dout = dinp;
+        --ii;  // the ReLU is done
+        continue;
+      }
       float* dinp = need_dinp ? tp.arena.AllocZeroed({in_n}).data() : nullptr;
       if (l.kind == "linear") {
         LinearBackward(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
                        params_[L.weight].value.data(), B, L.in_shape[0], l.out);
       } else if (l.kind == "conv2d") {
-        Conv2dBackward(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
+        Conv2dBackward(dinp, params_[L.weight].grad.data(),
+                       ii == conv_bias_done ? nullptr : BiasGrad(L), dout, in,
                        params_[L.weight].value.data(), B, L.in_shape[0], L.in_shape[1],
                        L.in_shape[2], l.out, l.kernel, l.kernel, l.stride, l.pad);
       } else if (!need_dinp) {
@@ -623,13 +650,16 @@ class SequentialModel final : public Model {
 
   bool InPart(int64_t layer) const { return layer >= part_.begin && layer < part_.end; }
 
-  // Whether the linear layer `linear` and the ReLU `relu` next to it (after it in the forward
-  // pass, before it in the backward) run as one fused kernel: both in this part, and no op trace
-  // (it records each layer's output and input gradient on its own). The fused kernels give the
-  // same bits as the two ops.
-  bool FuseRelu(size_t linear, size_t relu) const {
-    return trace_ == nullptr && InPart(static_cast<int64_t>(linear)) &&
-           InPart(static_cast<int64_t>(relu)) && layers_[linear].spec.kind == "linear" &&
+  // Whether layer `layer` and the ReLU `relu` next to it run as one fused kernel: both in this
+  // part, and no op trace (it records each layer's output and input gradient on its own). The
+  // pairs: a linear layer with the ReLU after it (forward) or before it (backward), a convolution
+  // with the ReLU after it (forward), a max pool with the ReLU before it (backward). The fused
+  // kernels give the same bits as the two ops.
+  bool FuseRelu(size_t layer, size_t relu) const {
+    const std::string& kind = layers_[layer].spec.kind;
+    return trace_ == nullptr && InPart(static_cast<int64_t>(layer)) &&
+           InPart(static_cast<int64_t>(relu)) &&
+           (kind == "linear" || kind == "conv2d" || kind == "maxpool2d") &&
            layers_[relu].spec.kind == "relu";
   }
 

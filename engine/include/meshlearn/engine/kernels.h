@@ -90,6 +90,11 @@ struct AdamWStep {
   void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout,               \
                       const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,     \
                       int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride, int64_t pad); \
+  /* A convolution and the ReLU after it (out = ReluForward of Conv2dForward's result), the ReLU  \
+     applied where the convolution writes each tile instead of in a second pass over out. */      \
+  void Conv2dReluForward(float* out, const float* inp, const float* weight, const float* bias,    \
+                         int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,      \
+                         int64_t KW, int64_t stride, int64_t pad);                                \
                                                                                                   \
   /* Max pool, window k, stride s, no padding: inp(B,C,H,W) -> out(B,C,OH,OW), argmax(B,C,OH,OW)  \
      holds the flat index into inp of the first maximum (ties: lowest index; a NaN is skipped     \
@@ -99,6 +104,17 @@ struct AdamWStep {
                         int64_t H, int64_t W, int64_t k, int64_t s);                              \
   void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, int64_t B,        \
                          int64_t C, int64_t OH, int64_t OW);                                      \
+  /* MaxPool2dBackward of a max pool whose input inp(B,C,H,W) is a ReLU's output, with that       \
+     ReLU's backward folded in: dinp(B,C,H,W) = inp > 0 ? 0 + g : 0, g being what                 \
+     MaxPool2dBackward adds into a zeroed buffer, is *written*, not added: the bits               \
+     MaxPool2dBackward and then ReluBackward (whose mask is the same: relu(x) > 0 exactly when    \
+     x > 0) leave in two zeroed buffers, so dinp needs no zeroing. dbias(C), unless null, +=      \
+     chain over (b,h,w) of the dinp written (plain adds from 0): Conv2dBackward's dbias of the    \
+     convolution before that ReLU, whose output gradient dinp is (the convolution's backward      \
+     then need not read dinp for it). */                                                          \
+  void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout,                        \
+                             const int32_t* argmax, const float* inp, int64_t B, int64_t C,       \
+                             int64_t H, int64_t W, int64_t OH, int64_t OW);                       \
                                                                                                   \
   void ReluForward(float* out, const float* inp, int64_t n);                                      \
   void ReluBackward(float* dinp, const float* dout, const float* inp, int64_t n);                 \
