@@ -29,15 +29,23 @@ bool IsWindowGrad(TileOpKind k) {
          k == TileOpKind::kTileOpConvBiasGrad || k == TileOpKind::kTileOpMaxPoolInputGrad;
 }
 
-// The bytes of values a footprint names (its tiles, its examples with their targets, the
-// partial sum): what a witness of the block carries besides proofs.
+// The bytes of values a footprint names (its tiles, its examples with their targets, chunked
+// examples by the chunks it reads, the partial sum): what a witness of the block carries besides
+// proofs.
 int64_t FootprintBytes(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
                        const TileFootprint& fp) {
   int64_t floats = ReductionPartialFloats(plan, op, tile, block);
   for (const TileRef& r : fp.tiles) {
     floats += plan.ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
   }
-  return 4 * floats + static_cast<int64_t>(fp.batch_rows.size()) * (4 * plan.input_size + 4);
+  int64_t example = plan.input_size;
+  if (ExampleChunks(plan.input_size) > 0) {
+    example = 0;
+    for (int64_t k : fp.batch_chunks) {
+      example += std::min(plan.input_size, (k + 1) * kExampleChunkFloats) - k * kExampleChunkFloats;
+    }
+  }
+  return 4 * floats + static_cast<int64_t>(fp.batch_rows.size()) * (4 * example + 4);
 }
 
 // Takes one step of `spec` on `data` (nonzero Adam moments), traces the second, and checks that
@@ -663,6 +671,67 @@ batch_size = 32
                   static_cast<long long>(bytes));
       EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
     }
+  }
+}
+
+bool IsConvOverExamples(TileOpKind k) {
+  return k == TileOpKind::kTileOpConv || k == TileOpKind::kTileOpConvWeightGrad ||
+         k == TileOpKind::kTileOpConvBiasGrad;
+}
+
+// A first layer's conv2d over 3 x 32 x 32 images: its examples of 3,072 floats are committed in
+// 3 chunks of 1024, one a channel (step_replay.h). Recomputed whole, a forward tile read every
+// chunk of its 32 examples (32 x 3 x 4 KiB, 384 KiB of values); narrowed, one (c, kh) pair a
+// block, it reads one chunk of each, the weight gradient's blocks one sample's chunks of their
+// pairs' rows, every footprint under the bound, and every tile of the conv and its weight and
+// bias gradients chains to the traced bits.
+TEST(TileRuleConvTest, AFirstLayerConvOverChunkedExamplesReadsOnlyItsWindowsChunksBitForBit) {
+  ASSERT_EQ(ExampleChunks(3 * 32 * 32), 3) << "the examples must be chunked";
+  const std::string toml = R"(
+[task]
+name = "tile-conv-over-chunks"
+seed = 9
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [3, 32, 32]
+[[model.layers]]
+kind = "conv2d"
+out = 4
+kernel = 3
+pad = 1
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 4
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 10
+batch_size = 32
+)";
+  Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-conv-over-chunks.toml", ".");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const TaskData d = testing::RandomTaskData(64, {3, 32, 32}, 3, 41, -1.0f, 1.0f);
+  int64_t ops = 0;
+  const std::map<std::string, int64_t> largest =
+      ExpectEveryTileRecomputes(*spec, d, IsConvOverExamples, &ops);
+  EXPECT_EQ(ops, 3);
+  for (const auto& [name, bytes] : largest) {
+    std::printf("[ conv over chunks] %-22s largest footprint %lld bytes\n", name.c_str(),
+                static_cast<long long>(bytes));
+    EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
   }
 }
 
