@@ -679,15 +679,22 @@ bool IsConvOverExamples(TileOpKind k) {
          k == TileOpKind::kTileOpConvBiasGrad;
 }
 
-// A first layer's conv2d over 3 x 32 x 32 images: its examples of 3,072 floats are committed in
-// 3 chunks of 1024, one a channel (step_replay.h). Recomputed whole, a forward tile read every
-// chunk of its 32 examples (32 x 3 x 4 KiB, 384 KiB of values); narrowed, one (c, kh) pair a
-// block, it reads one chunk of each, the weight gradient's blocks one sample's chunks of their
-// pairs' rows, every footprint under the bound, and every tile of the conv and its weight and
-// bias gradients chains to the traced bits.
+// A first layer's conv2d over chunked examples (step_replay.h): over 3 x 32 x 32 images, 3 chunks
+// of 1024 floats, one a channel, a forward tile recomputed whole read every chunk of its 32
+// examples (32 x 3 x 4 KiB, 384 KiB of values); narrowed, one (c, kh) pair a block, it reads one
+// chunk of each. Over 1 x 64 x 64 (4 chunks of 16 rows) likewise, and a weight gradient block (one
+// sample's run of an output row) reads the chunks of its pairs' rows, one or two, not all four.
+// Every footprint is under the bound and every tile of the conv and its weight and bias gradients
+// chains to the traced bits.
 TEST(TileRuleConvTest, AFirstLayerConvOverChunkedExamplesReadsOnlyItsWindowsChunksBitForBit) {
-  ASSERT_EQ(ExampleChunks(3 * 32 * 32), 3) << "the examples must be chunked";
-  const std::string toml = R"(
+  struct Case {
+    int64_t C, H;
+    size_t dw_chunks;  // the most a weight gradient block reads
+  };
+  for (const Case& c : {Case{3, 32, 3}, Case{1, 64, 2}}) {
+    SCOPED_TRACE(std::to_string(c.C) + " x " + std::to_string(c.H) + " x " + std::to_string(c.H));
+    ASSERT_GT(ExampleChunks(c.C * c.H * c.H), 0) << "the examples must be chunked";
+    const std::string toml = R"(
 [task]
 name = "tile-conv-over-chunks"
 seed = 9
@@ -698,7 +705,8 @@ train_y = "unused"
 test_x = "unused"
 test_y = "unused"
 [model]
-input = [3, 32, 32]
+input = [)" + std::to_string(c.C) +
+                             ", " + std::to_string(c.H) + ", " + std::to_string(c.H) + R"(]
 [[model.layers]]
 kind = "conv2d"
 out = 4
@@ -721,17 +729,41 @@ lr = 1e-2
 steps = 10
 batch_size = 32
 )";
-  Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-conv-over-chunks.toml", ".");
-  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
-  const TaskData d = testing::RandomTaskData(64, {3, 32, 32}, 3, 41, -1.0f, 1.0f);
-  int64_t ops = 0;
-  const std::map<std::string, int64_t> largest =
-      ExpectEveryTileRecomputes(*spec, d, IsConvOverExamples, &ops);
-  EXPECT_EQ(ops, 3);
-  for (const auto& [name, bytes] : largest) {
-    std::printf("[ conv over chunks] %-22s largest footprint %lld bytes\n", name.c_str(),
-                static_cast<long long>(bytes));
-    EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+    Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-conv-over-chunks.toml", ".");
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    const TaskData d = testing::RandomTaskData(64, {c.C, c.H, c.H}, 3, 41, -1.0f, 1.0f);
+    int64_t ops = 0;
+    const std::map<std::string, int64_t> largest =
+        ExpectEveryTileRecomputes(*spec, d, IsConvOverExamples, &ops);
+    EXPECT_EQ(ops, 3);
+    for (const auto& [name, bytes] : largest) {
+      std::printf("[ conv over chunks] %lld x %lld x %lld %-20s largest footprint %lld bytes\n",
+                  static_cast<long long>(c.C), static_cast<long long>(c.H),
+                  static_cast<long long>(c.H), name.c_str(), static_cast<long long>(bytes));
+      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+    }
+    // Each forward block reads the one chunk of its pair's rows, each weight gradient block the
+    // chunks of its pairs' rows.
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, d);
+    ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+    Result<TilePlan> plan =
+        PlanStepTiles(spec->model, (*tr)->state().optimizer->spec(), spec->batch_size, 0, 1);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (int64_t j = 0; j < static_cast<int64_t>(plan->ops.size()); ++j) {
+      const TileOp& op = plan->ops[static_cast<size_t>(j)];
+      if (op.kind != TileOpKind::kTileOpConv && op.kind != TileOpKind::kTileOpConvWeightGrad) {
+        continue;
+      }
+      for (int64_t t = 0; t < op.grid.count(); ++t) {
+        for (int64_t k = 0; k < std::max<int64_t>(ReductionBlocks(*plan, j), 1); ++k) {
+          Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+          ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+          if (fp->batch_rows.empty()) continue;  // the padding only
+          ASSERT_LE(fp->batch_chunks.size(), op.kind == TileOpKind::kTileOpConv ? 1u : c.dw_chunks)
+              << op.name << " tile " << t << " block " << k;
+        }
+      }
+    }
   }
 }
 
