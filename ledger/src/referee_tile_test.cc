@@ -1299,7 +1299,7 @@ TEST(TileDisputeTest, OnLargeExamplesAFirstLayerLieLosesWithOnlyTheChunksItReads
 
 // A first-layer conv2d over 3 x 32 x 32 images: its forward, narrowed to one (c, kh) pair a block,
 // reads one chunk (one channel) of each of its tile's 32 examples, where recomputed whole it read
-// all three (about 410 KiB of witness); its weight gradient's blocks one sample's chunks of their
+// all three (a witness of 411,965 bytes); its weight gradient's blocks one sample's chunks of their
 // pairs' rows. The ledger rules each lie for the honest side, every witness within the bound.
 TEST(TileDisputeTest, OnLargeExamplesAFirstLayerConvLieLosesWithOnlyTheChunksItReads) {
   g_setup = &ChunkedCnnSetup();
