@@ -391,7 +391,8 @@ TileRuleConvSpan TileRuleConvOf(const TileOp& o, int64_t c0, int64_t c1) {
 // chain runs over (c, kh, kw), or (oc, kh, kw)). A pair reads one input (or output gradient) row
 // per row of the tile: at most 4 x 32 x 2 x (31 s + KW + 64) bytes a pair. Up to W = 32 (the
 // fashion CNN's 28 and 14) the footprints read whole rows, as they always did, but for a conv2d
-// whose rows would pass the bound (below).
+// whose rows would pass the bound (below). A conv2d over chunked examples is narrowed so too
+// (TileRuleConvOverChunks).
 constexpr int64_t kTileConvWholeWidth = 32;
 constexpr int64_t kTileConvWideRows = 4;
 // A conv2d forward or input gradient over narrower images reads, for each of its block's
@@ -419,8 +420,22 @@ bool TileRuleConvRowsOver(const TileOp& o) {
                                : std::min(OH, (rows(H, W) + KH - 2) / s + 1) * OW;
   return n * kTileRows * read > kTileConvRowsFloats;
 }
+// A first layer's conv2d over chunked examples (more than kExampleChunkFloats floats: a 3 x 32 x 32
+// image and larger, step_replay.h) would read every chunk of its tile's 32 examples when recomputed
+// whole (3 x 32 x 32: 384 KiB of values). It reads its windows' columns as over a wide image
+// instead, one (c, kh) pair a block (TileRuleConvWidePairs): a pair reads, per output row run of
+// its tile, one input row of channel c, in the chunks holding it. 32 examples' chunk is 128 KiB of
+// values, so a block has no room for a second chunk: over 32 x 32 images a channel's plane is one
+// chunk, so every block reads one, whatever the kernel; over larger planes a tile whose runs' rows
+// straddle a chunk boundary (outputs not a multiple of 32 wide) reads two. Unchunked examples (the
+// fashion CNN's 784 floats) are still read whole, as they always were.
+bool TileRuleConvOverChunks(const TileOp& o) {
+  return o.kind == TileOpKind::kTileOpConv && o.x == kTileOperandBatch &&
+         ExampleChunks(o.conv[0] * o.conv[1] * o.conv[2]) > 0;
+}
 bool TileRuleWindowWide(const TileOp& o) {
-  return (o.conv[2] > kTileConvWholeWidth || TileRuleConvRowsOver(o)) && o.x != kTileOperandBatch;
+  if (o.x == kTileOperandBatch) return TileRuleConvOverChunks(o);
+  return o.conv[2] > kTileConvWholeWidth || TileRuleConvRowsOver(o);
 }
 // A wide conv2d block's pairs each read, per output (or input) row run of its tile, one row's
 // window columns: kTileConvWideRows pairs a block, fewer where they would read more than
@@ -428,6 +443,7 @@ bool TileRuleWindowWide(const TileOp& o) {
 // rows), at least one. Over the wide images every model and test used before (3 x 3 at stride 1,
 // 5 x 5 at stride 2) it is kTileConvWideRows.
 int64_t TileRuleConvWidePairs(const TileOp& o) {
+  if (TileRuleConvOverChunks(o)) return 1;
   const bool forward = o.kind == TileOpKind::kTileOpConv;
   const int64_t W = o.conv[2], KW = o.conv[5], s = o.conv[6], OW = TileRuleOutW(o);
   const int64_t PW = forward ? OW : W;  // the tile's row runs
@@ -1842,11 +1858,10 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
       const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
       const int64_t cb0 = q0 / KH, cb1 = (q1 - 1) / KH + 1;
-      if (o.x == kTileOperandBatch) {
-        TileRuleCover(plan, o.x, t.r0, t.r1, 0, TileRuleCols(plan, o.x), fp);
-      } else if (TileRuleWindowWide(o)) {
+      if (TileRuleWindowWide(o)) {
         // Each output row's run of the tile: the columns its windows read, in the input row each
-        // of the block's pairs (c, kh) puts under it.
+        // of the block's pairs (c, kh) puts under it (over chunked examples, the chunks holding
+        // them: TileRuleConvOverChunks).
         const int64_t s = o.conv[6], pad = o.conv[7];
         ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), t.c0, t.c1,
                         [&](int64_t, int64_t oh, int64_t ow0, int64_t ow1) {
@@ -1858,6 +1873,8 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
                             TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + iw0, f + iw1, fp);
                           }
                         });
+      } else if (o.x == kTileOperandBatch) {
+        TileRuleCover(plan, o.x, t.r0, t.r1, 0, TileRuleCols(plan, o.x), fp);
       } else {
         for (int64_t c = cb0; c < cb1; ++c) {
           TileRuleCover(plan, o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W, fp);
@@ -1955,7 +1972,10 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
           TileRuleCover(plan, o.x, b0, b1, f + sp.ow0, f + sp.ow1, fp);
         }
         if (o.kind != TileOpKind::kTileOpConvWeightGrad) break;
-        if (o.w == kTileOperandBatch) {
+        // Unchunked examples are read whole (one sample's: at most 4 KiB); chunked ones (a
+        // first layer over 3 x 32 x 32 images and larger) by the chunks holding the pairs' rows,
+        // so a block stays under the bound at any image size.
+        if (o.w == kTileOperandBatch && ExampleChunks(plan.input_size) == 0) {
           TileRuleCover(plan, o.w, b0, b1, 0, TileRuleCols(plan, o.w), fp);
           break;
         }

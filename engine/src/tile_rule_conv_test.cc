@@ -29,15 +29,23 @@ bool IsWindowGrad(TileOpKind k) {
          k == TileOpKind::kTileOpConvBiasGrad || k == TileOpKind::kTileOpMaxPoolInputGrad;
 }
 
-// The bytes of values a footprint names (its tiles, its examples with their targets, the
-// partial sum): what a witness of the block carries besides proofs.
+// The bytes of values a footprint names (its tiles, its examples with their targets, chunked
+// examples by the chunks it reads, the partial sum): what a witness of the block carries besides
+// proofs.
 int64_t FootprintBytes(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
                        const TileFootprint& fp) {
   int64_t floats = ReductionPartialFloats(plan, op, tile, block);
   for (const TileRef& r : fp.tiles) {
     floats += plan.ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
   }
-  return 4 * floats + static_cast<int64_t>(fp.batch_rows.size()) * (4 * plan.input_size + 4);
+  int64_t example = plan.input_size;
+  if (ExampleChunks(plan.input_size) > 0) {
+    example = 0;
+    for (int64_t k : fp.batch_chunks) {
+      example += std::min(plan.input_size, (k + 1) * kExampleChunkFloats) - k * kExampleChunkFloats;
+    }
+  }
+  return 4 * floats + static_cast<int64_t>(fp.batch_rows.size()) * (4 * example + 4);
 }
 
 // Takes one step of `spec` on `data` (nonzero Adam moments), traces the second, and checks that
@@ -665,6 +673,99 @@ batch_size = 32
                   static_cast<long long>(c.kernel), static_cast<long long>(c.stride), name.c_str(),
                   static_cast<long long>(bytes));
       EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+    }
+  }
+}
+
+bool IsConvOverExamples(TileOpKind k) {
+  return k == TileOpKind::kTileOpConv || k == TileOpKind::kTileOpConvWeightGrad ||
+         k == TileOpKind::kTileOpConvBiasGrad;
+}
+
+// A first layer's conv2d over chunked examples (step_replay.h): over 3 x 32 x 32 images, 3 chunks
+// of 1024 floats, one a channel, a forward tile recomputed whole read every chunk of its 32
+// examples (32 x 3 x 4 KiB, 384 KiB of values); narrowed, one (c, kh) pair a block, it reads one
+// chunk of each. Over 1 x 64 x 64 (4 chunks of 16 rows) likewise, and a weight gradient block (one
+// sample's run of an output row) reads the chunks of its pairs' rows, one or two, not all four.
+// Every footprint is under the bound and every tile of the conv and its weight and bias gradients
+// chains to the traced bits.
+TEST(TileRuleConvTest, AFirstLayerConvOverChunkedExamplesReadsOnlyItsWindowsChunksBitForBit) {
+  struct Case {
+    int64_t C, H;
+    size_t dw_chunks;  // the most a weight gradient block reads
+  };
+  for (const Case& c : {Case{3, 32, 3}, Case{1, 64, 2}}) {
+    SCOPED_TRACE(std::to_string(c.C) + " x " + std::to_string(c.H) + " x " + std::to_string(c.H));
+    ASSERT_GT(ExampleChunks(c.C * c.H * c.H), 0) << "the examples must be chunked";
+    const std::string toml = R"(
+[task]
+name = "tile-conv-over-chunks"
+seed = 9
+[data]
+format = "npy"
+train_x = "unused"
+train_y = "unused"
+test_x = "unused"
+test_y = "unused"
+[model]
+input = [)" + std::to_string(c.C) +
+                             ", " + std::to_string(c.H) + ", " + std::to_string(c.H) + R"(]
+[[model.layers]]
+kind = "conv2d"
+out = 4
+kernel = 3
+pad = 1
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 4
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[train]
+steps = 10
+batch_size = 32
+)";
+    Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-conv-over-chunks.toml", ".");
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    const TaskData d = testing::RandomTaskData(64, {c.C, c.H, c.H}, 3, 41, -1.0f, 1.0f);
+    int64_t ops = 0;
+    const std::map<std::string, int64_t> largest =
+        ExpectEveryTileRecomputes(*spec, d, IsConvOverExamples, &ops);
+    EXPECT_EQ(ops, 3);
+    for (const auto& [name, bytes] : largest) {
+      std::printf("[ conv over chunks] %lld x %lld x %lld %-20s largest footprint %lld bytes\n",
+                  static_cast<long long>(c.C), static_cast<long long>(c.H),
+                  static_cast<long long>(c.H), name.c_str(), static_cast<long long>(bytes));
+      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+    }
+    // Each forward block reads the one chunk of its pair's rows, each weight gradient block the
+    // chunks of its pairs' rows.
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, d);
+    ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+    Result<TilePlan> plan =
+        PlanStepTiles(spec->model, (*tr)->state().optimizer->spec(), spec->batch_size, 0, 1);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (int64_t j = 0; j < static_cast<int64_t>(plan->ops.size()); ++j) {
+      const TileOp& op = plan->ops[static_cast<size_t>(j)];
+      if (op.kind != TileOpKind::kTileOpConv && op.kind != TileOpKind::kTileOpConvWeightGrad) {
+        continue;
+      }
+      for (int64_t t = 0; t < op.grid.count(); ++t) {
+        for (int64_t k = 0; k < std::max<int64_t>(ReductionBlocks(*plan, j), 1); ++k) {
+          Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+          ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+          if (fp->batch_rows.empty()) continue;  // the padding only
+          ASSERT_LE(fp->batch_chunks.size(), op.kind == TileOpKind::kTileOpConv ? 1u : c.dw_chunks)
+              << op.name << " tile " << t << " block " << k;
+        }
+      }
     }
   }
 }

@@ -276,39 +276,79 @@ const Setup& CnnSetup() {
   return *setup;
 }
 
-// The fashion MLP's layers, 32 wide first, on 256 synthetic examples of 3 x 64 x 64 = 12,288 floats
-// at batch 64: each example's leaf is the root of its 12 chunks of 1024 floats
-// (engine::ExampleLeaf), so a first-layer tile's witness carries only the chunks it reads.
+// `toml`'s model on 256 synthetic examples of `shape` (more than 1024 floats: each example's leaf
+// is the root of its chunks of 1024 floats, engine::ExampleLeaf), so a first-layer tile's witness
+// carries only the chunks it reads.
+const Setup* ChunkedSetupOf(const std::string& toml, const std::vector<int64_t>& shape) {
+  auto* s = new Setup;
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(toml, "tile-chunked.toml", ".");
+  CHECK(spec.ok()) << spec.status().ToString();
+  constexpr int64_t kChunkedExamples = 256;
+  int64_t floats = 1;
+  for (int64_t d : shape) floats *= d;
+  auto* data = new engine::TaskData;
+  Rng rng(23);
+  std::vector<float> x(static_cast<size_t>(kChunkedExamples * floats));
+  for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
+  engine::Shape dims = {kChunkedExamples};
+  dims.insert(dims.end(), shape.begin(), shape.end());
+  data->train.x = engine::Tensor(dims, x);
+  data->train.y.resize(kChunkedExamples);
+  for (int32_t& y : data->train.y) y = static_cast<int32_t>(rng.Uniform(10));
+  data->train.num_classes = 10;
+  data->test = data->train;
+  auto shared = std::make_shared<const engine::TaskSpec>(std::move(*spec));
+  s->make = [shared, data] {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, *data);
+    CHECK(tr.ok()) << tr.status().ToString();
+    return std::move(*tr);
+  };
+  s->tree = new engine::DataTree(data->train);
+  s->train = &data->train;
+  s->fresh = s->make();
+  s->ctx = ContextOf(*s->fresh, static_cast<uint64_t>(kChunkedExamples), s->tree->root());
+  return s;
+}
+
+// The fashion MLP's layers, 32 wide first, on examples of 3 x 64 x 64 = 12,288 floats (12 chunks)
+// at batch 64.
 const Setup& ChunkedSetup() {
   static const Setup* setup = [] {
-    auto* s = new Setup;
     std::string toml = kFashionMlp;
     toml.replace(toml.find("input = [784]"), 13, "input = [12288]");
     toml.replace(toml.find("out = 256"), 9, "out = 32");
     toml.replace(toml.find("batch_size = 128"), 16, "batch_size = 64");
-    Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(toml, "tile-chunked.toml", ".");
-    CHECK(spec.ok()) << spec.status().ToString();
-    constexpr int64_t kChunkedExamples = 256, kFloats = 3 * 64 * 64;
-    auto* data = new engine::TaskData;
-    Rng rng(23);
-    std::vector<float> x(static_cast<size_t>(kChunkedExamples * kFloats));
-    for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
-    data->train.x = engine::Tensor({kChunkedExamples, kFloats}, x);
-    data->train.y.resize(kChunkedExamples);
-    for (int32_t& y : data->train.y) y = static_cast<int32_t>(rng.Uniform(10));
-    data->train.num_classes = 10;
-    data->test = data->train;
-    auto shared = std::make_shared<const engine::TaskSpec>(std::move(*spec));
-    s->make = [shared, data] {
-      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, *data);
-      CHECK(tr.ok()) << tr.status().ToString();
-      return std::move(*tr);
-    };
-    s->tree = new engine::DataTree(data->train);
-    s->train = &data->train;
-    s->fresh = s->make();
-    s->ctx = ContextOf(*s->fresh, static_cast<uint64_t>(kChunkedExamples), s->tree->root());
-    return s;
+    return ChunkedSetupOf(toml, {3 * 64 * 64});
+  }();
+  return *setup;
+}
+
+// A first-layer conv2d (4 channels, 3 x 3, pad 1) over 3 x 32 x 32 images (3 chunks, one a
+// channel), a relu, a 4 x 4 max-pool and the fashion MLP's last layer, at batch 32.
+const Setup& ChunkedCnnSetup() {
+  static const Setup* setup = [] {
+    std::string toml = kFashionMlp;
+    const size_t from = toml.find("input = [784]"), to = toml.find("[optimizer]");
+    toml.replace(from, to - from, R"(input = [3, 32, 32]
+[[model.layers]]
+kind = "conv2d"
+out = 4
+kernel = 3
+pad = 1
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 4
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 10
+init = "xavier"
+)");
+    toml.replace(toml.find("batch_size = 128"), 16, "batch_size = 32");
+    return ChunkedSetupOf(toml, {3, 32, 32});
   }();
   return *setup;
 }
@@ -1272,6 +1312,20 @@ TEST(TileDisputeTest, OnLargeExamplesAFirstLayerLieLosesWithOnlyTheChunksItReads
       task.block, before, after);
   EXPECT_GT(before, kMaxTileWitnessBytes);
   EXPECT_LE(after, kMaxTileWitnessBytes);
+}
+
+// A first-layer conv2d over 3 x 32 x 32 images: its forward, narrowed to one (c, kh) pair a block,
+// reads one chunk (one channel) of each of its tile's 32 examples, where recomputed whole it read
+// all three (a witness of 411,965 bytes); its weight gradient's blocks one sample's chunks of their
+// pairs' rows. The ledger rules each lie for the honest side, every witness within the bound.
+TEST(TileDisputeTest, OnLargeExamplesAFirstLayerConvLieLosesWithOnlyTheChunksItReads) {
+  g_setup = &ChunkedCnnSetup();
+  ASSERT_EQ(engine::ExampleChunks(Context().plan.input_size), 3);
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.0.out", 20, 2100, 4},          // block 4 of 9: channel 1, kh 1
+      {LieKind::kTile, "layers.0.weight.grad", 2, 20, 3000},  // a sample's run, its pairs' chunks
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "conv over 3 x 32 x 32");
 }
 
 // A chunked example's chunk must be the footprint's and proven against the example's chunk root,
