@@ -251,12 +251,13 @@ Result<std::optional<NodeWork>> NodeAgent::Prepare(TickReport* report) {
   return std::optional<NodeWork>(std::move(work));
 }
 
-// One job per tick: a replay for a verdict or a dispute (their windows are short), else an
-// aggregation (a round waits for it), else a whistleblower re-check, else a unit. Verification
-// transactions that need no computation went out before. A node that left takes no new work but
-// still plays the checks it is party to (reveals its secrets and verdicts, defends its units,
-// finishes a verdict it was drawn for) until they settle: an honest node must not lose its stake
-// for leaving (chaos seed 188). Whistleblower re-checks are not obligations: it drops them.
+// One job per tick: a replay for a dispute move or a verdict (their windows are short; a move
+// first, OrderUrgentJobs), else an aggregation (a round waits for it), else a whistleblower
+// re-check, else a unit. Verification transactions that need no computation went out before. A
+// node that left takes no new work but still plays the checks it is party to (reveals its secrets
+// and verdicts, defends its units, finishes a verdict it was drawn for) until they settle: an
+// honest node must not lose its stake for leaving (chaos seed 188). Whistleblower re-checks are
+// not obligations: it drops them.
 Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
   std::vector<VerifyJob> urgent, later;
   PlayVerification(work, &urgent, &later);

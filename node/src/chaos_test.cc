@@ -660,13 +660,8 @@ void ChaosRun::Faults(uint64_t height) {
     if (sim.alive(i)) units_completed_[i] = sim.agent(i)->stats().units_completed;
   }
 
-  // Mid-dispute: a party (defender or challenger) of a running dispute. A party that is down or
-  // came back less than kCoolDown blocks ago keeps the ledger from restarting (below): its own
-  // kill, the reload after it and a lost mempool together outlast a turn (seed 561: the defender,
-  // killed for 2 blocks, posted in its second tick back, the ledger lost power that block, and the
-  // resent move landed a block after the deadline).
+  // Mid-dispute: a party (defender or challenger) of a running dispute.
   json task = sim.Task(true);
-  bool party_recovering = false;
   if (task.contains("units")) {
     for (const json& u : task["units"]) {
       const json& c = u["check"];
@@ -681,9 +676,6 @@ void ChaosRun::Faults(uint64_t height) {
             ++r_.counts.kills_mid_dispute;
             KillNode(i, height, 1 + rng_.Uniform(kMaxDown), std::string("mid-dispute ") + side);
           }
-          auto up = up_since_.find(i);
-          party_recovering |=
-              down_.count(i) > 0 || (up != up_since_.end() && height < up->second + kCoolDown);
         }
       }
     }
@@ -731,8 +723,7 @@ void ChaosRun::Faults(uint64_t height) {
                       std::to_string(p.jitter_us) + "us loss " + std::to_string(p.loss) +
                       " duplicate " + std::to_string(p.duplicate) + " until h" +
                       std::to_string(links_good_at_));
-  } else if (roll < 25 && !party_recovering &&
-             (!ledger_restarted_at_ || height >= *ledger_restarted_at_ + kCoolDown)) {
+  } else if (roll < 25 && (!ledger_restarted_at_ || height >= *ledger_restarted_at_ + kCoolDown)) {
     ledger_restarted_at_ = height;
     const bool power_cut = rng_.Uniform(2) == 0;
     Status s = sim.RestartLedger(power_cut);

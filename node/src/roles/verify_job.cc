@@ -6,6 +6,11 @@
 
 namespace meshlearn::node {
 
+bool IsDisputeMove(VerifyJob::Kind kind) {
+  return kind == VerifyJob::Kind::kDispute || kind == VerifyJob::Kind::kTrace ||
+         kind == VerifyJob::Kind::kWitness;
+}
+
 std::string VerifyJobKey(const VerifyJob& job) {
   const CheckAssignment& c = *job.check;
   return c.task_id.ToHex() + "/" + std::to_string(c.index) + "/" +
@@ -21,6 +26,7 @@ void OrderUrgentJobs(uint64_t height, std::vector<VerifyJob>* urgent,
   struct Rank {
     bool late;           // a transaction sent now lands after its deadline
     uint64_t failed_at;  // 0: it has not failed since it last ran well; else 1 + that height
+    bool not_a_move;     // not this node's turn in a dispute (a verdict, a re-check)
     uint64_t deadline;
     auto operator<=>(const Rank&) const = default;
   };
@@ -28,6 +34,7 @@ void OrderUrgentJobs(uint64_t height, std::vector<VerifyJob>* urgent,
     auto f = failed_at->find(VerifyJobKey(j));
     return Rank{.late = j.deadline <= height,
                 .failed_at = f == failed_at->end() ? 0 : f->second + 1,
+                .not_a_move = !IsDisputeMove(j.kind),
                 .deadline = j.deadline};
   };
   std::stable_sort(urgent->begin(), urgent->end(),

@@ -1,6 +1,6 @@
 // A replay a verification role needs (not a public header): the agent's tick runs one job per
-// tick, the most urgent first (verdicts, dispute moves and witnesses, by their deadline, see
-// OrderUrgentJobs; a whistleblower's re-check when nothing else waits).
+// tick, the most urgent first (this node's dispute moves and witnesses, then verdicts, each by
+// deadline, see OrderUrgentJobs; a whistleblower's re-check when nothing else waits).
 #pragma once
 
 #include <cstdint>
@@ -23,14 +23,25 @@ struct VerifyJob {
 // The job's check and kind, as a key that lasts across ticks (`check` does not).
 std::string VerifyJobKey(const VerifyJob& job);
 
-// Orders a tick's urgent jobs, the one to run first at the front: earliest deadline first, except
-// that a job whose last run failed (`failed_at`: VerifyJobKey -> the height it failed at) comes
-// after every job that has not failed, the one that failed longest ago first, and a job that can
-// no longer make its deadline (deadline <= height: what it sends lands in a later block) comes
-// last. One job runs per tick, so a job that keeps failing (a verdict whose start state's only
-// provider is partitioned away) would otherwise take every tick and starve a dispute move due a
-// block later: the honest challenger missed its turn and was slashed (chaos seed 29). Forgets
-// the failures of jobs no longer in `urgent`.
+// Whether a job is this node's move in a dispute it is party to (a replay for a step-range post,
+// a step's trace, the referee's witness): a party that misses its turn loses the dispute and its
+// stake, where a verdict that misses its window counts its verifier one failure.
+bool IsDisputeMove(VerifyJob::Kind kind);
+
+// Orders a tick's urgent jobs, the one to run first at the front: this node's dispute moves before
+// its other jobs, each earliest deadline first, except that a job whose last run failed
+// (`failed_at`: VerifyJobKey -> the height it failed at) comes after every job that has not
+// failed, the one that failed longest ago first, and a job that can no longer make its deadline
+// (deadline <= height: what it sends lands in a later block) comes last. One job runs per tick,
+// so a job that keeps failing (a verdict whose start state's only provider is partitioned away)
+// would otherwise take every tick and starve a dispute move due a block later: the honest
+// challenger missed its turn and was slashed (chaos seed 29). A dispute move goes before an
+// earlier verdict because a move left for a later tick has no block to spare: chaos seed 561's
+// defender, back from a kill with two ticks of its turn left, replayed a verdict due no later
+// first, posted its move in the turn's last tick, the ledger lost power that block (its mempool
+// with it) and the resent move landed a block late: the honest defender was slashed. A verdict it
+// delays may miss its window, which costs its verifier a failure and the unit a check of its own
+// (abandoned), never a stake. Forgets the failures of jobs no longer in `urgent`.
 void OrderUrgentJobs(uint64_t height, std::vector<VerifyJob>* urgent,
                      std::map<std::string, uint64_t>* failed_at);
 

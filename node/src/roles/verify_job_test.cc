@@ -1,5 +1,6 @@
-// The order of a tick's urgent verification jobs (roles/verify_job.h OrderUrgentJobs): earliest
-// deadline first, a job that failed after the ones that did not, a job past its deadline last.
+// The order of a tick's urgent verification jobs (roles/verify_job.h OrderUrgentJobs): dispute
+// moves first, earliest deadline first, a job that failed after the ones that did not, a job past
+// its deadline last.
 #include "verify_job.h"
 
 #include <gtest/gtest.h>
@@ -25,33 +26,66 @@ std::vector<uint32_t> Order(const std::vector<VerifyJob>& jobs) {
 
 TEST(OrderUrgentJobsTest, EarliestDeadlineFirstWhenNothingFailed) {
   const CheckAssignment a = Check(1), b = Check(2), c = Check(3);
-  std::vector<VerifyJob> jobs = {{VerifyJob::Kind::kTrace, &a, 33},
+  std::vector<VerifyJob> jobs = {{VerifyJob::Kind::kVerdict, &a, 33},
                                  {VerifyJob::Kind::kVerdict, &b, 30},
-                                 {VerifyJob::Kind::kDispute, &c, 31}};
+                                 {VerifyJob::Kind::kVerdict, &c, 31}};
   std::map<std::string, uint64_t> failed;
   OrderUrgentJobs(28, &jobs, &failed);
   EXPECT_EQ(Order(jobs), (std::vector<uint32_t>{2, 3, 1}));
+  std::vector<VerifyJob> moves = {{VerifyJob::Kind::kTrace, &a, 33},
+                                  {VerifyJob::Kind::kWitness, &b, 30},
+                                  {VerifyJob::Kind::kDispute, &c, 31}};
+  OrderUrgentJobs(28, &moves, &failed);
+  EXPECT_EQ(Order(moves), (std::vector<uint32_t>{2, 3, 1}));
+}
+
+// Chaos seed 561: the defender of a dispute, back from a kill with its turn due at 13, owed a
+// verdict due no later; the verdict's replay took its first tick back, the move went out in the
+// turn's last tick, the ledger lost that block's mempool and the move landed late. A party's
+// dispute move goes before any verdict, whatever their deadlines.
+TEST(OrderUrgentJobsTest, ADisputeMoveGoesBeforeAnEarlierVerdict) {
+  const CheckAssignment verdict = Check(5), dispute = Check(1), trace = Check(2),
+                        witness = Check(3);
+  std::map<std::string, uint64_t> failed;
+  for (VerifyJob::Kind kind :
+       {VerifyJob::Kind::kDispute, VerifyJob::Kind::kTrace, VerifyJob::Kind::kWitness}) {
+    const CheckAssignment* c = kind == VerifyJob::Kind::kDispute ? &dispute
+                               : kind == VerifyJob::Kind::kTrace ? &trace
+                                                                 : &witness;
+    std::vector<VerifyJob> jobs = {{VerifyJob::Kind::kVerdict, &verdict, 12}, {kind, c, 13}};
+    OrderUrgentJobs(11, &jobs, &failed);
+    EXPECT_EQ(Order(jobs), (std::vector<uint32_t>{c->index, 5}));
+  }
 }
 
 // Chaos seed 29: a verdict (deadline 30) whose start state's only provider was partitioned away
 // failed every tick and, first by its deadline, took every tick from the challenger's dispute
-// move (deadline 31), which then landed late and the honest challenger was slashed.
+// move (deadline 31), which then landed late and the honest challenger was slashed. Dispute moves
+// now go first anyway; a failing job still yields to one that has not failed, of either kind.
 TEST(OrderUrgentJobsTest, AJobThatFailedYieldsToOneThatDidNot) {
-  const CheckAssignment verdict = Check(4), dispute = Check(1);
+  const CheckAssignment verdict = Check(4), other = Check(2), dispute = Check(1);
   std::vector<VerifyJob> jobs = {{VerifyJob::Kind::kVerdict, &verdict, 30},
-                                 {VerifyJob::Kind::kTrace, &dispute, 31}};
+                                 {VerifyJob::Kind::kVerdict, &other, 31}};
   std::map<std::string, uint64_t> failed;
   OrderUrgentJobs(28, &jobs, &failed);
   ASSERT_EQ(jobs.front().check, &verdict);
   failed[VerifyJobKey(jobs.front())] = 28;  // its fetch failed this tick
 
   std::vector<VerifyJob> next = {{VerifyJob::Kind::kVerdict, &verdict, 30},
-                                 {VerifyJob::Kind::kTrace, &dispute, 31}};
+                                 {VerifyJob::Kind::kVerdict, &other, 31}};
   OrderUrgentJobs(29, &next, &failed);
-  EXPECT_EQ(Order(next), (std::vector<uint32_t>{1, 4}));
+  EXPECT_EQ(Order(next), (std::vector<uint32_t>{2, 4}));
   EXPECT_EQ(failed.size(), 1u);
 
-  // The dispute move went out; the verdict is the only urgent job: it runs again.
+  // A dispute move that failed yields to a verdict that has not.
+  std::vector<VerifyJob> mixed = {{VerifyJob::Kind::kTrace, &dispute, 31},
+                                  {VerifyJob::Kind::kVerdict, &other, 31}};
+  failed[VerifyJobKey(mixed.front())] = 29;
+  OrderUrgentJobs(29, &mixed, &failed);
+  EXPECT_EQ(Order(mixed), (std::vector<uint32_t>{2, 1}));
+  EXPECT_EQ(failed.size(), 1u) << "the verdict no longer urgent: its failure is forgotten";
+
+  // The verdict is the only urgent job: it runs again.
   std::vector<VerifyJob> alone = {{VerifyJob::Kind::kVerdict, &verdict, 30}};
   OrderUrgentJobs(29, &alone, &failed);
   EXPECT_EQ(Order(alone), (std::vector<uint32_t>{4}));
