@@ -525,6 +525,17 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
     return InvalidArgument(where + ": the witness has chunked examples; the task's examples (" +
                            std::to_string(plan.input_size) + " floats) are read whole");
   }
+  // Each chunked example becomes a row of input_size floats below, which the witness does not
+  // bound: the rows are refused before they are built when they would pass kMaxTileExampleBytes.
+  if (chunked && !fp.batch_rows.empty() &&
+      static_cast<uint64_t>(plan.input_size) >
+          kMaxTileExampleBytes / sizeof(float) / fp.batch_rows.size()) {
+    return InvalidArgument(where + ": the tile reads " + std::to_string(fp.batch_rows.size()) +
+                           " examples of " + std::to_string(plan.input_size) +
+                           " floats, more than the kMaxTileExampleBytes (" +
+                           std::to_string(kMaxTileExampleBytes) +
+                           ") of examples the ledger builds for one tile");
+  }
   if (plan.tokens) {
     ML_RETURN_IF_ERROR(TileRuleTokens(ctx, task, fp, w, where, &in));
   } else if (chunked && (!w.examples.empty() || w.chunked.size() != fp.batch_rows.size())) {

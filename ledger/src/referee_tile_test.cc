@@ -1395,6 +1395,29 @@ TEST(TileDisputeTest, OnLargeExamplesAChangedOrUnprovenChunkIsRefused) {
   }
 }
 
+// A chunked example is read as a row of the task's input_size floats (zeros but for its chunks),
+// and the task's bundle sets input_size to any value (its plan allocates nothing): a witness
+// whose rows would cost more than kMaxTileExampleBytes of the ledger's memory is refused before
+// any row is built, whatever the witness carries (a data root over fabricated leaves proves any).
+TEST(TileDisputeTest, OnExamplesTooLargeToHoldAChunkedWitnessIsRefusedBeforeItsRowsAreBuilt) {
+  g_setup = &ChunkedSetup();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.0.weight.grad", 20, 9000, 1});
+  DisputeGame g = GameAtReferee(liar);
+  const RefereeTask task = g.referee_task();
+  ASSERT_TRUE(task.tile);
+  const TileWitness good = BuildWitness(Honest(), task);
+  ASSERT_EQ(good.chunked.size(), 32u);
+  TileRuleContext huge = Context();
+  huge.plan.input_size = int64_t{1} << 40;  // 4 TiB a row
+  Result<Hash256> r = RuleTile(huge, task, good);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("kMaxTileExampleBytes"), std::string::npos)
+      << r.status().message();
+  // The task's own size is within it: 32 rows of 12,288 floats, 1.5 MiB.
+  EXPECT_LE(good.chunked.size() * 12288 * sizeof(float), kMaxTileExampleBytes);
+}
+
 // Plays `lie` with the liar as defender up to the referee stage and returns the game there.
 DisputeGame GameAtReferee(const PartyRun& liar) {
   const PartyRun& honest = Honest();

@@ -96,13 +96,23 @@ uint64_t StageServeTileCount(const engine::TilePlan& plan) {
 }
 
 uint32_t StageServePieceCount(const engine::TilePlan& plan) {
+  // Saturated, not truncated: a plan of more pieces than a uint32 counts (a model's shapes may
+  // be any size) keeps a count over StageServeRecord::kMaxPieces, which CheckStageServePiece
+  // refuses.
   const uint64_t tiles = StageServeTileCount(plan);
-  return static_cast<uint32_t>(1 + (tiles + kServeTilesPerPiece - 1) / kServeTilesPerPiece);
+  const uint64_t pieces =
+      1 + tiles / kServeTilesPerPiece + (tiles % kServeTilesPerPiece != 0 ? 1 : 0);
+  return static_cast<uint32_t>(std::min<uint64_t>(pieces, UINT32_MAX));
 }
 
 uint64_t ServeWindowBlocks(uint64_t declared) {
-  const uint64_t pieces = 1 + 2 * ((declared + kMaxWitnessBytes - 1) / kMaxWitnessBytes);
-  return (pieces + kServePiecesPerBlock - 1) / kServePiecesPerBlock;
+  // Rounded up without adding to `declared`, which the task's submitter sets to any value (a
+  // declaration near UINT64_MAX must not wrap to a one-block window), and no longer than the
+  // most pieces a record keeps take (a larger evidence is refused: CheckStageServePiece).
+  const uint64_t witnesses =
+      declared / kMaxWitnessBytes + (declared % kMaxWitnessBytes != 0 ? 1 : 0);
+  const uint64_t pieces = std::min<uint64_t>(1 + 2 * witnesses, StageServeRecord::kMaxPieces);
+  return pieces / kServePiecesPerBlock + (pieces % kServePiecesPerBlock != 0 ? 1 : 0);
 }
 
 Status CheckStageServePiece(const TileRuleContext& ctx, const protocol::RefereeTask& task,
@@ -112,6 +122,12 @@ Status CheckStageServePiece(const TileRuleContext& ctx, const protocol::RefereeT
   const engine::TilePlan& plan = ctx.plan;
   const std::string where = "stage evidence piece " + std::to_string(piece);
   const uint32_t pieces = StageServePieceCount(plan);
+  if (pieces > StageServeRecord::kMaxPieces) {
+    return InvalidArgument(where + ": the stage step's evidence has " + std::to_string(pieces) +
+                           " pieces, over the most a unit's record keeps (" +
+                           std::to_string(StageServeRecord::kMaxPieces) +
+                           "); no serving window could take them");
+  }
   if (piece >= pieces) {
     return InvalidArgument(where + ": the stage step's evidence has " + std::to_string(pieces) +
                            " pieces (" + std::to_string(StageServeTileCount(plan)) + " tiles, " +

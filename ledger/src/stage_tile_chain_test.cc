@@ -14,8 +14,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "meshlearn/base/encoding.h"
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/engine/op_trace.h"
@@ -654,6 +656,81 @@ TEST_F(StageServeTest, APieceThatDoesNotCheckOutIsRefusedAndChangesNothing) {
   EXPECT_EQ(after.serve, before.serve);
   // The good pieces are still taken.
   StepOk({Serve(0, pieces[0]), Serve(1, pieces[1])});
+}
+
+// The serving window grows with the declared stage up to the largest declaration: the submitter
+// sets stage_memory_bytes to any value, and one near UINT64_MAX once wrapped to a one-block
+// window. It stops at the pieces a unit's record keeps (StageServeRecord::kMaxPieces).
+TEST(StageServeWindowTest, GrowsWithTheDeclaredStageUpToTheMostPiecesARecordKeeps) {
+  const uint64_t most =
+      (StageServeRecord::kMaxPieces + kServePiecesPerBlock - 1) / kServePiecesPerBlock;
+  EXPECT_EQ(ServeWindowBlocks(UINT64_MAX), most);
+  EXPECT_EQ(ServeWindowBlocks(UINT64_MAX - kMaxWitnessBytes), most);
+  EXPECT_GT(ServeWindowBlocks(UINT64_MAX), ServeWindowBlocks(kGiB));
+  EXPECT_EQ(ServeWindowBlocks(kMaxWitnessBytes), 1u) << "3 pieces: one block";
+  EXPECT_EQ(ServeWindowBlocks(kMaxWitnessBytes + 1), 2u) << "5 pieces: two blocks";
+}
+
+// A model's shapes may be any size (the plan allocates nothing), so a stage's evidence may have
+// more pieces than a unit's record keeps a bit for: every piece of it is refused, before the
+// ledger would keep a bitmap of up to 512 MiB that no work unit decodes.
+TEST(StageServeWindowTest, AnEvidenceOfMorePiecesThanARecordKeepsIsRefused) {
+  TileRuleContext ctx;
+  engine::TileOp weights;
+  weights.name = "in.w";
+  weights.kind = engine::TileOpKind::kTileOpState;
+  weights.grid = engine::TileGrid::For(int64_t{1} << 22, int64_t{1} << 22);  // 2^34 tiles
+  ctx.plan.ops.push_back(weights);
+  ASSERT_GT(StageServePieceCount(ctx.plan), StageServeRecord::kMaxPieces);
+  RefereeTask task;
+  task.step = 1;
+  for (const uint32_t piece : {0u, 1u}) {
+    const Status st =
+        CheckStageServePiece(ctx, task, Hash256{}, StageSlot{}, 2, {}, piece, StageServePiece{});
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << piece;
+    EXPECT_NE(st.message().find("over the most a unit's record keeps"), std::string::npos)
+        << st.message();
+  }
+  // Past a uint32's count it saturates rather than wrapping to a small one.
+  engine::TileOp huge = weights;
+  huge.grid = engine::TileGrid::For(int64_t{1} << 30, int64_t{1} << 30);  // 2^50 tiles
+  ctx.plan.ops = {huge};
+  EXPECT_EQ(StageServePieceCount(ctx.plan), UINT32_MAX);
+}
+
+// A work unit's serving record decodes only with a bit per piece and no more pieces than a record
+// keeps: a count near UINT32_MAX once wrapped the bitmap's size to nothing.
+TEST(StageServeWindowTest, AWorkUnitsServingRecordDecodesOnlyWithABitPerPiece) {
+  WorkUnit u;
+  u.serve = StageServeRecord{.step = 2, .window_end = 40, .pieces = 3, .served = {0x05}};
+  Encoder e;
+  EncodeWorkUnit(e, u);
+  const Bytes good = e.Take();
+  WorkUnit back;
+  Decoder d(good, "unit");
+  ASSERT_TRUE(DecodeWorkUnit(d, &back).ok());
+  EXPECT_EQ(back, u);
+  EXPECT_TRUE(back.serve.Has(0));
+  EXPECT_FALSE(back.serve.Has(1));
+  EXPECT_TRUE(back.serve.Has(2));
+  // (pieces, bitmap bytes): a count whose old 32-bit (pieces + 7) / 8 wrapped to an empty bitmap,
+  // and one more piece than a record keeps, with its full bitmap.
+  const std::vector<std::pair<uint32_t, size_t>> bad = {
+      {UINT32_MAX, 0},
+      {UINT32_MAX - 6, 0},
+      {StageServeRecord::kMaxPieces + 1,
+       StageServeRecord::BitmapBytes(StageServeRecord::kMaxPieces + 1)}};
+  for (const auto& [pieces, bytes] : bad) {
+    WorkUnit w = u;
+    w.serve.pieces = pieces;
+    w.serve.served.assign(bytes, 0);
+    Encoder we;
+    EncodeWorkUnit(we, w);
+    const Bytes wire = we.Take();
+    WorkUnit out;
+    Decoder wd(wire, "unit");
+    EXPECT_FALSE(DecodeWorkUnit(wd, &out).ok()) << pieces;
+  }
 }
 
 // Every tensor a stage sends is the output of the operator StageSentOperator names, tiled as the

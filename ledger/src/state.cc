@@ -391,8 +391,10 @@ Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
       ML_RETURN_IF_ERROR(d.GetU64(&u->serve.step, "serve.step"));
       ML_RETURN_IF_ERROR(d.GetU64(&u->serve.window_end, "serve.window_end"));
       ML_RETURN_IF_ERROR(d.GetU32(&u->serve.pieces, "serve.pieces"));
-      ML_RETURN_IF_ERROR(d.GetBytes(&u->serve.served, "serve.served", 1u << 20));
-      if (!u->serve.open() || u->serve.served.size() != (u->serve.pieces + 7) / 8) {
+      ML_RETURN_IF_ERROR(d.GetBytes(&u->serve.served, "serve.served",
+                                    StageServeRecord::BitmapBytes(StageServeRecord::kMaxPieces)));
+      if (!u->serve.open() || u->serve.pieces > StageServeRecord::kMaxPieces ||
+          u->serve.served.size() != StageServeRecord::BitmapBytes(u->serve.pieces)) {
         return DataLoss("work unit: serve is written only while open, with a bit per piece");
       }
     } else if (u->stage_commits.IsZero()) {
@@ -590,7 +592,7 @@ nlohmann::json WorkUnitToJson(const WorkUnit& u) {
   if (u.serve.open()) {
     nlohmann::json served = nlohmann::json::array();
     for (uint32_t p = 0; p < u.serve.pieces; ++p) {
-      if ((u.serve.served[p / 8] >> (p % 8)) & 1) served.push_back(p);
+      if (u.serve.Has(p)) served.push_back(p);
     }
     j["serve"] = {{"step", u.serve.step},
                   {"window_end", u.serve.window_end},

@@ -1234,14 +1234,14 @@ Status ExecuteServeStageEvidence(ExecContext& ctx, const ServeStageEvidenceTx& t
   StageServeRecord& rec = mu->serve;
   if (rec.pieces == 0) {
     rec.pieces = StageServePieceCount(tc.plan);
-    rec.served.assign((rec.pieces + 7) / 8, 0);
+    rec.served.assign(StageServeRecord::BitmapBytes(rec.pieces), 0);
   }
   uint8_t& byte = rec.served[tx.piece / 8];
   const uint8_t bit = static_cast<uint8_t>(1u << (tx.piece % 8));
   if ((byte & bit) != 0) return FailedPrecondition(where + ": the piece is served already");
   byte |= bit;
   uint32_t served = 0;
-  for (uint32_t p = 0; p < rec.pieces; ++p) served += (rec.served[p / 8] >> (p % 8)) & 1;
+  for (uint32_t p = 0; p < rec.pieces; ++p) served += rec.Has(p) ? 1 : 0;
   ML_LOG_INFO("ledger: task {} unit {}: stage evidence piece {} served ({} of {})",
               tx.task_id.ShortHex(), tx.index, tx.piece, served, rec.pieces);
   if (served == rec.pieces) {

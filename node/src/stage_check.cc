@@ -86,6 +86,28 @@ Result<StageStepStart> FetchStageStepStart(const StageCheckInput& in, const Stag
   return out;
 }
 
+// The stage's served evidence of step `step`, whose commit must be the committed leaf: what a
+// ledger transaction over the step (`what`: its witness, its pieces) is built from.
+// FailedPrecondition when the stage serves none or another commit.
+Result<StageStepEvidence> FetchCommittedEvidence(const StageCheckInput& in, uint64_t step,
+                                                 const Hash256& committed_leaf,
+                                                 const std::string& what) {
+  const StageStepRef ref = RefOf(in, step);
+  Result<StageStepEvidence> ev = FetchStageStepEvidence(in.transport, in.endpoint, ref);
+  if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) {
+    return FailedPrecondition(ref.ToString() +
+                              ": the stage node serves no evidence for the step; " + what +
+                              " can be built: " + ev.status().message());
+  }
+  if (!ev.ok()) return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
+  if (protocol::StageStepLeaf(ev->commit) != committed_leaf) {
+    return FailedPrecondition(ref.ToString() +
+                              ": the served commit is not the committed step leaf " +
+                              committed_leaf.ShortHex() + "; " + what + " can be built");
+  }
+  return ev;
+}
+
 }  // namespace
 
 Result<StageStepCheck> CheckStageStep(const StageCheckInput& in, uint64_t step,
@@ -123,25 +145,13 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
                                                     uint64_t step, const Hash256& committed_leaf,
                                                     std::unique_ptr<engine::TokenPageTree>* pages,
                                                     std::unique_ptr<engine::DataTree>* tree) {
-  const StageStepRef ref = RefOf(in, step);
-  Result<StageStepEvidence> ev = FetchStageStepEvidence(in.transport, in.endpoint, ref);
-  if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) {
-    return FailedPrecondition(ref.ToString() +
-                              ": the stage node serves no evidence for the step; "
-                              "no witness can be built: " +
-                              ev.status().message());
-  }
-  if (!ev.ok()) return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
-  if (protocol::StageStepLeaf(ev->commit) != committed_leaf) {
-    return FailedPrecondition(ref.ToString() +
-                              ": the served commit is not the committed step leaf " +
-                              committed_leaf.ShortHex() + "; no witness can be built");
-  }
+  ML_ASSIGN_OR_RETURN(StageStepEvidence ev,
+                      FetchCommittedEvidence(in, step, committed_leaf, "no witness"));
   const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
   const engine::ClassificationData* train = EnsureDataProofs(*in.data, pages, tree);
   ML_ASSIGN_OR_RETURN(
       ledger::StageStepWitness w,
-      ledger::BuildStageStepWitness(bundle, ev->commit, ev->checkpoint, ev->blobs, *in.task,
+      ledger::BuildStageStepWitness(bundle, ev.commit, ev.checkpoint, ev.blobs, *in.task,
                                     work.stream, pages->get(), train, tree->get()));
   return ledger::RefereeStageStepTx{
       .task_id = in.task_id, .index = index, .witness = {ledger::EncodeStageStepWitness(w)}};
@@ -150,22 +160,10 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
 Result<std::vector<ledger::ServeStageEvidenceTx>> BuildStageServeTxs(
     const StageCheckInput& in, const ledger::TileRuleContext& ctx, const std::string& bundle,
     uint32_t index, uint64_t step, const Hash256& committed_leaf) {
-  const StageStepRef ref = RefOf(in, step);
-  Result<StageStepEvidence> ev = FetchStageStepEvidence(in.transport, in.endpoint, ref);
-  if (!ev.ok() && ev.status().code() == StatusCode::kNotFound) {
-    return FailedPrecondition(ref.ToString() +
-                              ": the stage node serves no evidence for the step; no piece can be "
-                              "built: " +
-                              ev.status().message());
-  }
-  if (!ev.ok()) return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
-  if (protocol::StageStepLeaf(ev->commit) != committed_leaf) {
-    return FailedPrecondition(ref.ToString() +
-                              ": the served commit is not the committed step leaf " +
-                              committed_leaf.ShortHex() + "; no piece can be built");
-  }
+  ML_ASSIGN_OR_RETURN(StageStepEvidence ev,
+                      FetchCommittedEvidence(in, step, committed_leaf, "no piece"));
   ML_ASSIGN_OR_RETURN(std::vector<ledger::StageServePiece> pieces,
-                      ledger::BuildStageServePieces(ctx, ev->commit, ev->checkpoint, ev->blobs));
+                      ledger::BuildStageServePieces(ctx, ev.commit, ev.checkpoint, ev.blobs));
   std::vector<ledger::ServeStageEvidenceTx> txs;
   for (size_t p = 0; p < pieces.size(); ++p) {
     txs.push_back(

@@ -87,6 +87,13 @@ struct TileWitnessChunkedExample {
   bool operator==(const TileWitnessChunkedExample&) const = default;
 };
 
+// The most bytes of chunked examples RuleTile builds for one tile: their rows, each of the task's
+// input_size floats (engine::TileInputs::x reads a row whole, zeros but for the chunks the tile
+// reads). The witness no longer bounds them (it carries the chunks only) and the task's bundle
+// sets input_size to any value, so a witness whose rows would cost more is refused. 64 MiB holds
+// 32 rows of a 3 x 224 x 224 image (18.4 MiB).
+inline constexpr uint64_t kMaxTileExampleBytes = 64u << 20;
+
 struct TileWitness {
   // out_1 .. out_{j-1}: the output roots of the operators before the disputed one j, which
   // chain from the step's agreed state hash C_0 to the agreed C_{j-1}.

@@ -77,8 +77,9 @@ uint32_t StageServePieceCount(const engine::TilePlan& plan);
 // (TaskParams::stage_memory_bytes: its weights, moments and activations, which bound its
 // checkpoint and the tensors it received) has to post its evidence: its pieces,
 // 1 + 2 * ceil(declared / kMaxWitnessBytes) (a piece carries at most half of kMaxWitnessBytes of
-// values, and tiles cut short at a tensor's edges fill it less), at kServePiecesPerBlock a block.
-// Set by the evidence's size and the chain's capacity, never by a node's speed.
+// values, and tiles cut short at a tensor's edges fill it less), at most
+// StageServeRecord::kMaxPieces, at kServePiecesPerBlock a block. Set by the evidence's size and
+// the chain's capacity, never by a node's speed.
 uint64_t ServeWindowBlocks(uint64_t declared);
 
 // Whether piece `piece` of `p` is the stage's evidence for the unserved claim `task` (the referee
@@ -87,7 +88,8 @@ uint64_t ServeWindowBlocks(uint64_t declared);
 // replica, stage and step, signed by `chain` (the replica's nodes, ReplicaRunChain); its roots
 // give the commit's state_before; and for p > 0 its tiles are exactly the piece's, each proven
 // against its root. InvalidArgument naming what does not check out (the piece is refused,
-// nothing recorded).
+// nothing recorded), and for every piece of an evidence of more than StageServeRecord::kMaxPieces
+// pieces (its bitmap would not fit a unit's record).
 Status CheckStageServePiece(const TileRuleContext& ctx, const protocol::RefereeTask& task,
                             const Hash256& task_id, const StageSlot& slot, uint32_t stages,
                             const std::vector<protocol::NodeId>& chain, uint32_t piece,

@@ -495,6 +495,14 @@ struct StageServeRecord {
   uint64_t window_end = 0;  // the last height a piece is taken (the referee's deadline, extended)
   uint32_t pieces = 0;      // the evidence's pieces (StageServePieceCount); 0 before the first
   Bytes served;             // bit p (byte p / 8, bit p % 8) set once piece p is taken
+  // The most pieces a record keeps: its bitmap stays within a megabyte, which DecodeWorkUnit
+  // takes. An evidence of more (over 32 TiB of tiles) could not be posted in any serving window,
+  // so CheckStageServePiece refuses its pieces rather than the ledger keeping such a bitmap.
+  static constexpr uint32_t kMaxPieces = 8u << 20;
+  // The bitmap's bytes for `pieces`, counted in 64 bits so that no count near UINT32_MAX wraps.
+  static size_t BitmapBytes(uint32_t pieces) { return (size_t{pieces} + 7) / 8; }
+  // Whether piece p is taken. REQUIRES: p < pieces.
+  bool Has(uint32_t p) const { return ((served[p / 8] >> (p % 8)) & 1) != 0; }
   bool open() const { return window_end != 0; }
   bool operator==(const StageServeRecord&) const = default;
 };

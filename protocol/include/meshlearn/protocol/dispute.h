@@ -237,7 +237,7 @@ class DisputeGame {
   // The referee stage waits until `height` (query().deadline_height) if that is later than its
   // deadline now: the ledger's serving window of a stage claimed to have served nothing, over the
   // stage witness bound, whose evidence takes more blocks to post than referee_blocks
-  // (ledger/stage_referee.h, ServeWindowBlocks). FailedPrecondition outside the referee stage.
+  // (ledger/stage_serve.h, ServeWindowBlocks). FailedPrecondition outside the referee stage.
   Status ExtendRefereeDeadline(uint64_t height);
 
   // The referee's computed output for referee_task(): the party whose output equals it is
