@@ -1,6 +1,8 @@
 #include "disputes.h"
 
 #include <algorithm>
+#include <cstring>
+#include <initializer_list>
 #include <optional>
 
 #include "journal.h"
@@ -40,6 +42,17 @@ VerifyAction TraceAction(const std::string& dir, uint64_t step) {
 }
 
 }  // namespace
+
+VerifyAction WitnessAction(const std::string& dir, const DisputeView& d,
+                           std::initializer_list<uint64_t> what) {
+  VerifyAction a{.dir = dir, .kind = Kind::kWitness, .detail = what};
+  for (size_t i = 0; i < PublicKey::kSize; i += sizeof(uint64_t)) {
+    uint64_t word = 0;
+    std::memcpy(&word, d.challenger.bytes.data() + i, sizeof(word));
+    a.detail.push_back(word);
+  }
+  return a;
+}
 
 Result<ledger::TileRuleContext> TileContextFor(NodeContext& node, const CheckAssignment& c,
                                                std::string* bundle, bool to_open) {
@@ -132,9 +145,8 @@ void Disputes::Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
       (c.dispute->challenger == me ||
        (c.dispute->defender == me && !CheatsAsSolver(node_->options().adversary)))) {
     const protocol::RefereeTask& t = c.dispute->referee;
-    if (!outbox_->Done({.dir = node_->VerifyDir(c),
-                        .kind = Kind::kWitness,
-                        .detail = {t.step, t.operator_index, t.tile_index, t.block}})) {
+    if (!outbox_->Done(WitnessAction(node_->VerifyDir(c), *c.dispute,
+                                     {t.step, t.operator_index, t.tile_index, t.block}))) {
       urgent->push_back({VerifyJob::Kind::kWitness, &c, c.deadline_height});
     }
   }
@@ -144,9 +156,7 @@ void Disputes::Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
       (c.dispute->challenger == me ||
        (c.dispute->defender == me && !CheatsAsSolver(node_->options().adversary))) &&
       // Not again once sent or given up: building a witness replays the unit to the step.
-      !outbox_->Done({.dir = node_->VerifyDir(c),
-                      .kind = Kind::kWitness,
-                      .detail = {c.dispute->referee.step}})) {
+      !outbox_->Done(WitnessAction(node_->VerifyDir(c), *c.dispute, {c.dispute->referee.step}))) {
     urgent->push_back({VerifyJob::Kind::kWitness, &c, c.deadline_height});
   }
 }
@@ -381,9 +391,8 @@ void Disputes::PostTileMove(const CheckAssignment& c) {
 Status Disputes::RunTileWitness(const CheckAssignment& c) {
   const DisputeView& d = *c.dispute;
   const protocol::RefereeTask& t = d.referee;
-  const VerifyAction action{.dir = node_->VerifyDir(c),
-                            .kind = Kind::kWitness,
-                            .detail = {t.step, t.operator_index, t.tile_index, t.block}};
+  const VerifyAction action =
+      WitnessAction(node_->VerifyDir(c), d, {t.step, t.operator_index, t.tile_index, t.block});
   if (outbox_->Done(action)) return Status::Ok();
   auto give_up = [&](const std::string& why) {
     if (!outbox_->Failed(action)) {
@@ -607,9 +616,7 @@ Status Disputes::RunStageServeEvidence(const CheckAssignment& c, TaskContext* ct
   // again only while a piece still waits.
   const uint32_t pieces = ledger::StageServePieceCount(tc.plan);
   auto action_of = [&](uint32_t piece) {
-    return VerifyAction{.dir = node_->VerifyDir(c),
-                        .kind = Kind::kWitness,
-                        .detail = {d.referee.step, uint64_t{piece} + 1}};
+    return WitnessAction(node_->VerifyDir(c), d, {d.referee.step, uint64_t{piece} + 1});
   };
   bool waiting = false;
   for (uint32_t p = 0; p < pieces && !waiting; ++p) waiting = !outbox_->Done(action_of(p));
@@ -619,6 +626,13 @@ Status Disputes::RunStageServeEvidence(const CheckAssignment& c, TaskContext* ct
   Result<std::vector<ledger::ServeStageEvidenceTx>> txs =
       BuildStageServeTxs(in, tc, bundle, c.index, step, d.referee.defender_output);
   if (!txs.ok()) {
+    // The stage's own node holds its evidence: a failure here is passing (a blob store busy, a
+    // restart mid-write), and giving up would lose the claim at the window's end. It tries again
+    // on a later tick while the window lasts.
+    if (d.defender == node_->id()) {
+      return txs.status().WithPrefix(CheckName(c) + ": evidence pieces for stage step " +
+                                     std::to_string(step));
+    }
     // The claimant cannot fetch what the stage does not serve: an honest claim, which the
     // stage loses at its window's end.
     if (!outbox_->Failed(action_of(0))) {
@@ -699,8 +713,7 @@ Status Disputes::RunStepWitness(const CheckAssignment& c) {
       return RunTileWitness(c);
     }
   }
-  const VerifyAction action{
-      .dir = node_->VerifyDir(c), .kind = Kind::kWitness, .detail = {d.referee.step}};
+  const VerifyAction action = WitnessAction(node_->VerifyDir(c), d, {d.referee.step});
   if (outbox_->Done(action)) return Status::Ok();
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
   // A pipeline stage's step: the ledger replays it from the whole stage step's witness

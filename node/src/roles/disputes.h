@@ -27,6 +27,7 @@
 // else the unit's start. A restart reads the range's hashes back from the journal.
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,6 +42,14 @@
 #include "verify_outbox.h"
 
 namespace meshlearn::node {
+
+// The outbox action of a referee witness that posts `what` (a step; a tile; a piece of a stage's
+// evidence) for the dispute `d` of the check whose folder is `dir`. A check can be disputed again
+// after a dispute settles (a whistleblower's challenge of a settled unit), at the same step and
+// tile; that dispute's witness or evidence must go out again, so the challenger, which names the
+// dispute, is part of the action.
+VerifyAction WitnessAction(const std::string& dir, const DisputeView& d,
+                           std::initializer_list<uint64_t> what);
 
 class Disputes {
  public:

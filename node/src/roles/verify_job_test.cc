@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "disputes.h"
 #include "meshlearn/base/hash.h"
 
 namespace meshlearn::node {
@@ -117,6 +118,21 @@ TEST(OrderUrgentJobsTest, AJobPastItsDeadlineGoesLastAndForgottenFailuresAreDrop
   // The same check's verdict and dispute jobs are kept apart.
   EXPECT_NE(VerifyJobKey({VerifyJob::Kind::kVerdict, &a, 30}),
             VerifyJobKey({VerifyJob::Kind::kTrace, &a, 30}));
+}
+
+// A referee witness is sent once per dispute, not once per check: a whistleblower's dispute of a
+// settled unit at the step an earlier dispute already served is another action, so the stage's
+// node posts that step's evidence again instead of finding it sent and losing the claim.
+TEST(WitnessActionTest, ASecondDisputeOfACheckAtTheSameStepIsAnotherAction) {
+  DisputeView first, second;
+  first.challenger.bytes.fill(1);
+  second.challenger = first.challenger;
+  second.challenger.bytes[31] = 2;  // differs only in the key's last word
+  const VerifyAction a = WitnessAction("verify/t-1-10", first, {3, 1});
+  EXPECT_EQ(a, WitnessAction("verify/t-1-10", first, {3, 1}));
+  EXPECT_NE(a, WitnessAction("verify/t-1-10", second, {3, 1}));
+  EXPECT_NE(a, WitnessAction("verify/t-1-10", first, {3, 2}));
+  EXPECT_EQ(a.kind, VerifyAction::Kind::kWitness);
 }
 
 }  // namespace
