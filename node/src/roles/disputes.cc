@@ -156,7 +156,8 @@ void Disputes::Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
       (c.dispute->challenger == me ||
        (c.dispute->defender == me && !CheatsAsSolver(node_->options().adversary))) &&
       // Not again once sent or given up: building a witness replays the unit to the step.
-      !outbox_->Done(WitnessAction(node_->VerifyDir(c), *c.dispute, {c.dispute->referee.step}))) {
+      !outbox_->Done(WitnessAction(node_->VerifyDir(c), *c.dispute, {c.dispute->referee.step})) &&
+      !EvidenceServed(c)) {
     urgent->push_back({VerifyJob::Kind::kWitness, &c, c.deadline_height});
   }
 }
@@ -168,10 +169,30 @@ void Disputes::Forget(const std::string& dir) {
   for (auto t = traces_.begin(); t != traces_.end();) {
     t = t->first.starts_with(dir + "/") ? traces_.erase(t) : std::next(t);
   }
+  for (auto p = serve_pieces_.begin(); p != serve_pieces_.end();) {
+    p = p->first.starts_with(dir + "/") ? serve_pieces_.erase(p) : std::next(p);
+  }
 }
 
 std::string Disputes::TraceKey(const CheckAssignment& c, uint64_t step) const {
   return JoinPath(node_->VerifyDir(c), "trace-" + std::to_string(step));
+}
+
+std::string Disputes::ServeKey(const CheckAssignment& c) const {
+  return JoinPath(node_->VerifyDir(c), "serve-" + std::to_string(c.dispute->referee.step) + "-" +
+                                           c.dispute->challenger.ToHex());
+}
+
+bool Disputes::EvidenceServed(const CheckAssignment& c) const {
+  const auto it = serve_pieces_.find(ServeKey(c));
+  if (it == serve_pieces_.end()) return false;
+  for (uint32_t p = 0; p < it->second; ++p) {
+    if (!outbox_->Done(WitnessAction(node_->VerifyDir(c), *c.dispute,
+                                     {c.dispute->referee.step, uint64_t{p} + 1}))) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string Disputes::TrustedCheckpoint(const CheckAssignment& c) const {
@@ -615,6 +636,7 @@ Status Disputes::RunStageServeEvidence(const CheckAssignment& c, TaskContext* ct
   // One action a piece (the step, then the piece + 1), each sent once: the evidence is built
   // again only while a piece still waits.
   const uint32_t pieces = ledger::StageServePieceCount(tc.plan);
+  serve_pieces_[ServeKey(c)] = pieces;
   auto action_of = [&](uint32_t piece) {
     return WitnessAction(node_->VerifyDir(c), d, {d.referee.step, uint64_t{piece} + 1});
   };

@@ -120,6 +120,12 @@ class Disputes {
                                        std::shared_ptr<const engine::TaskData>* data);
   // The key of the disputed step's trace in traces_.
   std::string TraceKey(const CheckAssignment& c, uint64_t step) const;
+  // The key of a serving claim's evidence in serve_pieces_ (its check, step and challenger).
+  std::string ServeKey(const CheckAssignment& c) const;
+  // Every piece of the serving claim's evidence sent or given up: its witness job would take the
+  // tick's one job and do nothing, for as long as the window lasts (tens of blocks), so it is not
+  // queued. A piece the chain refuses is not done any more, and the job comes back.
+  bool EvidenceServed(const CheckAssignment& c) const;
   // Where the agreed state of the dispute can come from (node/step_witness.h).
   DisputeStart StartOf(const CheckAssignment& c) const;
   std::string JournalPath(const CheckAssignment& c) const;
@@ -133,6 +139,8 @@ class Disputes {
   std::map<std::string, std::vector<Hash256>> hashes_;
   // TraceKey -> the traced step.
   std::map<std::string, TraceEntry> traces_;
+  // ServeKey -> the number of pieces of that claim's evidence, known once built.
+  std::map<std::string, uint32_t> serve_pieces_;
 };
 
 // The chain's view of the tile phase for check `c` (ledger::TileContextOf on this node's copy of
