@@ -243,35 +243,42 @@ batch_size = 2
   return *setup;
 }
 
+// The setup of a task over examples: its trainers share the task's data, and its data root is the
+// tree over its training examples (engine::DataTree).
+const Setup* ExampleSetup(engine::TaskSpec spec, engine::TaskData data) {
+  auto* s = new Setup;
+  auto shared_spec = std::make_shared<const engine::TaskSpec>(std::move(spec));
+  auto shared = std::make_shared<const engine::TaskData>(std::move(data));
+  s->make = [shared_spec, shared] {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared_spec, *shared);
+    CHECK(tr.ok()) << tr.status().ToString();
+    return std::move(*tr);
+  };
+  s->tree = new engine::DataTree(shared->train);
+  s->train = &shared->train;  // kept alive by `make`
+  s->fresh = s->make();
+  s->ctx = ContextOf(*s->fresh, static_cast<uint64_t>(s->tree->size()), s->tree->root());
+  return s;
+}
+
 // examples/fashion-cnn.toml's model on the same synthetic examples as 1 x 28 x 28 images, AdamW
 // at batch 128.
 const Setup& CnnSetup() {
   static const Setup* setup = [] {
-    auto* s = new Setup;
     Result<engine::TaskSpec> cnn = engine::TaskSpec::Load(
         Env::Default(), std::string(MESHLEARN_SOURCE_DIR) + "/examples/fashion-cnn.toml");
     CHECK(cnn.ok()) << cnn.status().ToString();
     Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(kFashionMlp, "tile-cnn.toml", ".");
     CHECK(spec.ok()) << spec.status().ToString();
     spec->model = cnn->model;
-    auto* data = new engine::TaskData;
-    data->train.x = engine::Tensor(
+    engine::TaskData data;
+    data.train.x = engine::Tensor(
         {kExamples, 1, 28, 28},
         std::vector<float>(Data().train.x.data(), Data().train.x.data() + kExamples * 784));
-    data->train.y = Data().train.y;
-    data->train.num_classes = 10;
-    data->test = data->train;
-    auto shared = std::make_shared<const engine::TaskSpec>(std::move(*spec));
-    s->make = [shared, data] {
-      Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, *data);
-      CHECK(tr.ok()) << tr.status().ToString();
-      return std::move(*tr);
-    };
-    s->tree = new engine::DataTree(data->train);
-    s->train = &data->train;
-    s->fresh = s->make();
-    s->ctx = ContextOf(*s->fresh, static_cast<uint64_t>(kExamples), s->tree->root());
-    return s;
+    data.train.y = Data().train.y;
+    data.train.num_classes = 10;
+    data.test = data.train;
+    return ExampleSetup(std::move(*spec), std::move(data));
   }();
   return *setup;
 }
@@ -280,34 +287,23 @@ const Setup& CnnSetup() {
 // is the root of its chunks of 1024 floats, engine::ExampleLeaf), so a first-layer tile's witness
 // carries only the chunks it reads.
 const Setup* ChunkedSetupOf(const std::string& toml, const std::vector<int64_t>& shape) {
-  auto* s = new Setup;
   Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(toml, "tile-chunked.toml", ".");
   CHECK(spec.ok()) << spec.status().ToString();
   constexpr int64_t kChunkedExamples = 256;
   int64_t floats = 1;
   for (int64_t d : shape) floats *= d;
-  auto* data = new engine::TaskData;
+  engine::TaskData data;
   Rng rng(23);
   std::vector<float> x(static_cast<size_t>(kChunkedExamples * floats));
   for (float& v : x) v = static_cast<float>(rng.UniformDouble()) - 0.5f;
   engine::Shape dims = {kChunkedExamples};
   dims.insert(dims.end(), shape.begin(), shape.end());
-  data->train.x = engine::Tensor(dims, x);
-  data->train.y.resize(kChunkedExamples);
-  for (int32_t& y : data->train.y) y = static_cast<int32_t>(rng.Uniform(10));
-  data->train.num_classes = 10;
-  data->test = data->train;
-  auto shared = std::make_shared<const engine::TaskSpec>(std::move(*spec));
-  s->make = [shared, data] {
-    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*shared, *data);
-    CHECK(tr.ok()) << tr.status().ToString();
-    return std::move(*tr);
-  };
-  s->tree = new engine::DataTree(data->train);
-  s->train = &data->train;
-  s->fresh = s->make();
-  s->ctx = ContextOf(*s->fresh, static_cast<uint64_t>(kChunkedExamples), s->tree->root());
-  return s;
+  data.train.x = engine::Tensor(dims, x);
+  data.train.y.resize(kChunkedExamples);
+  for (int32_t& y : data.train.y) y = static_cast<int32_t>(rng.Uniform(10));
+  data.train.num_classes = 10;
+  data.test = data.train;
+  return ExampleSetup(std::move(*spec), std::move(data));
 }
 
 // The fashion MLP's layers, 32 wide first, on examples of 3 x 64 x 64 = 12,288 floats (12 chunks)
