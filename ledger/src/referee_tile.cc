@@ -195,12 +195,7 @@ Bytes EncodeTileWitness(const TileWitness& w) {
                                  : kTileWitnessMagicPages);
   e.PutU32(static_cast<uint32_t>(w.outputs.size()));
   for (const Hash256& h : w.outputs) e.PutHash(h);
-  e.PutU32(static_cast<uint32_t>(w.tiles.size()));
-  for (const TileWitnessTile& t : w.tiles) {
-    e.PutU32(t.op).PutU64(t.tile);
-    PutWitnessFloats(e, t.values);
-    PutMerkleProof(e, t.proof);
-  }
+  PutWitnessTiles(e, w.tiles);
   PutWitnessExamples(e, w.examples);
   PutWitnessFloats(e, w.partial);
   if (!w.pages.empty() || !w.chunked.empty()) PutWitnessPages(e, w.pages);
@@ -224,14 +219,7 @@ Result<TileWitness> DecodeTileWitness(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetCount(&n, "outputs", kTileWitnessMaxItems, 32));
   w.outputs.resize(n);
   for (Hash256& h : w.outputs) ML_RETURN_IF_ERROR(d.GetHash(&h, "outputs"));
-  ML_RETURN_IF_ERROR(d.GetCount(&n, "tiles", kTileWitnessMaxItems, 28));
-  w.tiles.resize(n);
-  for (TileWitnessTile& t : w.tiles) {
-    ML_RETURN_IF_ERROR(d.GetU32(&t.op, "tile.op"));
-    ML_RETURN_IF_ERROR(d.GetU64(&t.tile, "tile.index"));
-    ML_RETURN_IF_ERROR(GetWitnessFloats(d, &t.values, "tile.values"));
-    ML_RETURN_IF_ERROR(GetMerkleProof(d, &t.proof, "tile.proof"));
-  }
+  ML_RETURN_IF_ERROR(GetWitnessTiles(d, &w.tiles, kTileWitnessMaxItems, 28));
   ML_RETURN_IF_ERROR(GetWitnessExamples(d, &w.examples));
   ML_RETURN_IF_ERROR(GetWitnessFloats(d, &w.partial, "partial"));
   if (pages || chunks) ML_RETURN_IF_ERROR(GetWitnessPages(d, &w.pages));

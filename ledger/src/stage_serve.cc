@@ -53,12 +53,7 @@ std::pair<uint64_t, uint64_t> PieceTiles(uint64_t tiles, uint32_t piece) {
 Bytes EncodeStageServePiece(const StageServePiece& p) {
   Encoder e;
   e.PutString(kStageServePieceMagic).PutBytes(EncodeStageRootsWitness(p.roots));
-  e.PutU32(static_cast<uint32_t>(p.tiles.size()));
-  for (const TileWitnessTile& t : p.tiles) {
-    e.PutU32(t.op).PutU64(t.tile);
-    PutWitnessFloats(e, t.values);
-    PutMerkleProof(e, t.proof);
-  }
+  PutWitnessTiles(e, p.tiles);
   return e.Take();
 }
 
@@ -76,15 +71,7 @@ Result<StageServePiece> DecodeStageServePiece(ByteSpan bytes) {
   Result<StageRootsWitness> w = DecodeStageRootsWitness(roots);
   if (!w.ok()) return w.status().WithPrefix("stage evidence piece: roots");
   p.roots = std::move(*w);
-  uint32_t n = 0;
-  ML_RETURN_IF_ERROR(d.GetCount(&n, "tiles", static_cast<uint32_t>(kServeTilesPerPiece), 12));
-  p.tiles.resize(n);
-  for (TileWitnessTile& t : p.tiles) {
-    ML_RETURN_IF_ERROR(d.GetU32(&t.op, "tile.op"));
-    ML_RETURN_IF_ERROR(d.GetU64(&t.tile, "tile.tile"));
-    ML_RETURN_IF_ERROR(GetWitnessFloats(d, &t.values, "tile.values"));
-    ML_RETURN_IF_ERROR(GetMerkleProof(d, &t.proof, "tile.proof"));
-  }
+  ML_RETURN_IF_ERROR(GetWitnessTiles(d, &p.tiles, static_cast<uint32_t>(kServeTilesPerPiece), 12));
   ML_RETURN_IF_ERROR(d.Finish());
   return p;
 }

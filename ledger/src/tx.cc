@@ -195,6 +195,28 @@ Status GetWitnessPages(Decoder& d, std::vector<TileWitnessPage>* pages) {
   return Status::Ok();
 }
 
+void PutWitnessTiles(Encoder& e, const std::vector<TileWitnessTile>& tiles) {
+  e.PutU32(static_cast<uint32_t>(tiles.size()));
+  for (const TileWitnessTile& t : tiles) {
+    e.PutU32(t.op).PutU64(t.tile);
+    PutWitnessFloats(e, t.values);
+    PutMerkleProof(e, t.proof);
+  }
+}
+Status GetWitnessTiles(Decoder& d, std::vector<TileWitnessTile>* tiles, uint32_t max,
+                       uint32_t min_bytes) {
+  uint32_t n = 0;
+  ML_RETURN_IF_ERROR(d.GetCount(&n, "tiles", max, min_bytes));
+  tiles->resize(n);
+  for (TileWitnessTile& t : *tiles) {
+    ML_RETURN_IF_ERROR(d.GetU32(&t.op, "tile.op"));
+    ML_RETURN_IF_ERROR(d.GetU64(&t.tile, "tile.index"));
+    ML_RETURN_IF_ERROR(GetWitnessFloats(d, &t.values, "tile.values"));
+    ML_RETURN_IF_ERROR(GetMerkleProof(d, &t.proof, "tile.proof"));
+  }
+  return Status::Ok();
+}
+
 Bytes EncodeStepWitness(const StepWitness& w) {
   Encoder e;
   e.PutString(kWitnessMagic).PutString(w.bundle);

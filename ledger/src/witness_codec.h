@@ -27,5 +27,10 @@ void PutWitnessExamples(Encoder& e, const std::vector<StepWitnessExample>& examp
 Status GetWitnessExamples(Decoder& d, std::vector<StepWitnessExample>* examples);
 void PutWitnessPages(Encoder& e, const std::vector<TileWitnessPage>& pages);
 Status GetWitnessPages(Decoder& d, std::vector<TileWitnessPage>* pages);
+// Tiles with their proofs (a TileWitness's, a stage evidence piece's): at most `max` of them, each
+// at least `min_bytes` on the wire.
+void PutWitnessTiles(Encoder& e, const std::vector<TileWitnessTile>& tiles);
+Status GetWitnessTiles(Decoder& d, std::vector<TileWitnessTile>* tiles, uint32_t max,
+                       uint32_t min_bytes);
 
 }  // namespace meshlearn::ledger
