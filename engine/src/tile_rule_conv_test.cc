@@ -542,6 +542,22 @@ batch_size = 40
   }
 }
 
+// The task of a synthetic tile test: `name` and `seed`, a model over `input` (its dimensions as
+// TOML, "3, 32, 32") with `layers` (its [[model.layers]] tables), AdamW at lr 1e-2, 10 steps of
+// `batch`. The data files are never read: the tests make their own data.
+Result<TaskSpec> SyntheticTask(const std::string& name, int seed, const std::string& input,
+                               const std::string& layers, int batch) {
+  const std::string toml =
+      "[task]\nname = \"" + name + "\"\nseed = " + std::to_string(seed) +
+      "\n[data]\nformat = \"npy\"\ntrain_x = \"unused\"\ntrain_y = "
+      "\"unused\"\ntest_x = \"unused\"\ntest_y = \"unused\"\n[model]\ninput = [" +
+      input + "]\n" + layers +
+      "[optimizer]\nkind = \"adamw\"\nlr = 1e-2\n[train]\nsteps = 10\n"
+      "batch_size = " +
+      std::to_string(batch) + "\n";
+  return TaskSpec::Parse(toml, name + ".toml", ".");
+}
+
 bool IsConvWeightGrad(TileOpKind k) { return k == TileOpKind::kTileOpConvWeightGrad; }
 
 // A 3 x 3 conv of stride 7 over 3 channels of 3 x 250 images (after a relu: the conv reads an
@@ -552,19 +568,7 @@ bool IsConvWeightGrad(TileOpKind k) { return k == TileOpKind::kTileOpConvWeightG
 // chunks a tile still), so every block stays under the bound, and every dW tile chains to the
 // traced bits.
 TEST(TileRuleConvTest, AConvWeightGradientAtALargeStrideReadsFewerPairsABlockBitForBit) {
-  const std::string toml = R"(
-[task]
-name = "tile-stride-conv"
-seed = 6
-[data]
-format = "npy"
-train_x = "unused"
-train_y = "unused"
-test_x = "unused"
-test_y = "unused"
-[model]
-input = [3, 3, 250]
-[[model.layers]]
+  Result<TaskSpec> spec = SyntheticTask("tile-stride-conv", 6, "3, 3, 250", R"([[model.layers]]
 kind = "relu"
 [[model.layers]]
 kind = "conv2d"
@@ -579,14 +583,8 @@ kind = "flatten"
 [[model.layers]]
 kind = "linear"
 out = 3
-[optimizer]
-kind = "adamw"
-lr = 1e-2
-[train]
-steps = 10
-batch_size = 32
-)";
-  Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-stride-conv.toml", ".");
+)",
+                                        32);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   const TaskData d = testing::RandomTaskData(64, {3, 3, 250}, 3, 31, -1.0f, 1.0f);
   int64_t ops = 0;
@@ -626,27 +624,12 @@ TEST(TileRuleConvTest, AConvWithALargeKernelOverNarrowImagesReadsItsWindowsColum
   for (const Case& c : {Case{30, 7, 1, 3}, Case{32, 11, 4, 0}}) {
     SCOPED_TRACE("W " + std::to_string(c.W) + ", kernel " + std::to_string(c.kernel));
     const std::string w = std::to_string(c.W);
-    const std::string toml = R"(
-[task]
-name = "tile-large-kernel"
-seed = 7
-[data]
-format = "npy"
-train_x = "unused"
-train_y = "unused"
-test_x = "unused"
-test_y = "unused"
-[model]
-input = [4, )" + w + ", " + w +
-                             R"(]
-[[model.layers]]
-kind = "relu"
-[[model.layers]]
-kind = "conv2d"
-out = 4
-kernel = )" + std::to_string(c.kernel) +
-                             "\nstride = " + std::to_string(c.stride) +
-                             "\npad = " + std::to_string(c.pad) + R"(
+    Result<TaskSpec> spec =
+        SyntheticTask("tile-large-kernel", 7, "4, " + w + ", " + w,
+                      "[[model.layers]]\nkind = \"relu\"\n[[model.layers]]\nkind = \"conv2d\"\nout "
+                      "= 4\nkernel = " +
+                          std::to_string(c.kernel) + "\nstride = " + std::to_string(c.stride) +
+                          "\npad = " + std::to_string(c.pad) + R"(
 [[model.layers]]
 kind = "relu"
 [[model.layers]]
@@ -654,14 +637,8 @@ kind = "flatten"
 [[model.layers]]
 kind = "linear"
 out = 3
-[optimizer]
-kind = "adamw"
-lr = 1e-2
-[train]
-steps = 10
-batch_size = 32
-)";
-    Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-large-kernel.toml", ".");
+)",
+                      32);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     const TaskData d = testing::RandomTaskData(64, {4, c.W, c.W}, 3, 37, -1.0f, 1.0f);
     int64_t ops = 0;
@@ -697,20 +674,10 @@ TEST(TileRuleConvTest, AFirstLayerConvOverChunkedExamplesReadsOnlyItsWindowsChun
   for (const Case& c : {Case{3, 32, 3}, Case{1, 64, 2}}) {
     SCOPED_TRACE(std::to_string(c.C) + " x " + std::to_string(c.H) + " x " + std::to_string(c.H));
     ASSERT_GT(ExampleChunks(c.C * c.H * c.H), 0) << "the examples must be chunked";
-    const std::string toml = R"(
-[task]
-name = "tile-conv-over-chunks"
-seed = 9
-[data]
-format = "npy"
-train_x = "unused"
-train_y = "unused"
-test_x = "unused"
-test_y = "unused"
-[model]
-input = [)" + std::to_string(c.C) +
-                             ", " + std::to_string(c.H) + ", " + std::to_string(c.H) + R"(]
-[[model.layers]]
+    Result<TaskSpec> spec =
+        SyntheticTask("tile-conv-over-chunks", 9,
+                      std::to_string(c.C) + ", " + std::to_string(c.H) + ", " + std::to_string(c.H),
+                      R"([[model.layers]]
 kind = "conv2d"
 out = 4
 kernel = 3
@@ -725,14 +692,8 @@ kind = "flatten"
 [[model.layers]]
 kind = "linear"
 out = 3
-[optimizer]
-kind = "adamw"
-lr = 1e-2
-[train]
-steps = 10
-batch_size = 32
-)";
-    Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-conv-over-chunks.toml", ".");
+)",
+                      32);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     const TaskData d = testing::RandomTaskData(64, {c.C, c.H, c.H}, 3, 41, -1.0f, 1.0f);
     int64_t ops = 0;
