@@ -455,18 +455,6 @@ int64_t TileRuleConvWidePairs(const TileOp& o) {
   return std::clamp<int64_t>(kTileConvRowsFloats / (kTileRows * kTileCols) / tiles, 1,
                              kTileConvWideRows);
 }
-// The pairs [q0, q1) of the chain over (c or oc, kh) that block `block` of a conv2d forward or
-// input-gradient tile runs (q = channel * KH + kh): all of them when whole (blocks == 0), a block
-// of kTileConvChannels channels, or (wide) a block of TileRuleConvWidePairs pairs.
-std::pair<int64_t, int64_t> TileRuleConvPairs(const TileOp& o, int64_t blocks, int64_t block) {
-  const int64_t n = o.kind == TileOpKind::kTileOpConv ? o.conv[0] : o.conv[3], KH = o.conv[4];
-  if (blocks == 0) return {0, n * KH};
-  if (TileRuleWindowWide(o)) {
-    const int64_t per = TileRuleConvWidePairs(o), q0 = block * per;
-    return {q0, std::min(n * KH, q0 + per)};
-  }
-  return {block * kTileConvChannels * KH, std::min(n, (block + 1) * kTileConvChannels) * KH};
-}
 // Calls fn(p, h, w0, w1) for each run of columns [c0, c1) of a (B, planes*PH*PW) view inside one
 // row: plane p, row h, its columns [w0, w1).
 template <typename F>
@@ -477,6 +465,98 @@ void ForEachPlaneRun(int64_t PH, int64_t PW, int64_t c0, int64_t c1, F&& fn) {
     fn(p, h, w0, w1);
     c += w1 - w0;
   }
+}
+// The blocks of TileRuleConvWidePairs pairs a wide conv2d forward or input gradient's chain runs
+// in.
+int64_t TileRuleConvPairBlocks(const TileOp& o) {
+  const int64_t n = o.kind == TileOpKind::kTileOpConv ? o.conv[0] : o.conv[3];
+  const int64_t per = TileRuleConvWidePairs(o);
+  return (n * o.conv[4] + per - 1) / per;
+}
+// Even one pair a block can read too much of a wide conv2d forward: per output row run of its tile
+// one input row, and a tile crosses up to 32 short rows. So its tile's outputs are cut into pieces,
+// each running its whole chain (every pair block, from the bias) before the next piece starts
+// (the elements' chains are independent; a piece's block leaves the others as the partial has
+// them): pieces of `runs` consecutive output row runs of the tile (ForEachPlaneRun's order), and,
+// over chunked examples whose rows straddle a chunk, of half its rows. Where a tile of the widest
+// kind reads little enough (every shape a model or test used before), one piece: the whole tile.
+//   - Over activations (narrow images with a kernel nearly as wide: OW of 1 or 2): a pair reads
+//     each run's window columns in up to `tiles` tiles; past kTileConvRowsFloats for one pair,
+//     a piece is as many runs as fit it (at OW 1, 32 runs of 2 tiles each read 256 KiB before).
+//   - Over chunked examples (a first layer over planes larger than a chunk,
+//   TileRuleConvOverChunks):
+//     a tile's runs at different output rows read different input rows, in different chunks where
+//     the rows straddle a chunk boundary (reading two chunks of 32 examples: 256 KiB), unless a
+//     chunk holds whole planes; so a piece is one run (one input row: one chunk, as the block of a
+//     32 x 32 plane reads). Where an image row itself can straddle a chunk (W not dividing
+//     kExampleChunkFloats), a run's window columns can read two chunks: a piece is then 16 of the
+//     tile's examples.
+struct TileRuleConvPieces {
+  int64_t runs = kTileCols;  // of a piece; kTileCols: every run of the tile
+  int64_t run_groups = 1;    // the pieces over a tile's runs
+  int64_t row_parts = 1;     // the pieces over its rows (1 or 2)
+  int64_t count() const { return run_groups * row_parts; }
+};
+TileRuleConvPieces TileRuleConvPiecesOf(const TileOp& o) {
+  TileRuleConvPieces p;
+  if (o.kind != TileOpKind::kTileOpConv || !TileRuleWindowWide(o)) return p;
+  const int64_t H = o.conv[1], W = o.conv[2], KW = o.conv[5], s = o.conv[6];
+  const int64_t OW = TileRuleOutW(o);
+  // The most runs a tile's 32 columns make (one where rows are whole tiles), and the most tiles
+  // one run's window columns of a row lie in.
+  const int64_t runs = OW % kTileCols == 0 ? 1 : std::min(kTileCols, (kTileCols - 2) / OW + 2);
+  const int64_t cols = std::min(W, (std::min(OW, kTileCols) - 1) * s + KW);
+  const int64_t tiles = (cols - 1 + kTileCols - 1) / kTileCols + 1;
+  int64_t per = runs;
+  if (TileRuleConvOverChunks(o)) {
+    if (kExampleChunkFloats % (H * W) != 0) per = 1;
+    if (kExampleChunkFloats % W != 0) p.row_parts = 2;
+  } else if (runs * tiles > kTileConvRowsFloats / (kTileRows * kTileCols)) {
+    per = std::max<int64_t>(1, kTileConvRowsFloats / (kTileRows * kTileCols) / tiles);
+  }
+  p.runs = per;
+  p.run_groups = (runs + per - 1) / per;
+  return p;
+}
+// The outputs of tile `t` that block `block` of a conv2d forward computes (rows [r0, r1), columns
+// [c0, c1): a piece, or the whole tile; empty past a short tile's runs or rows), and the block of
+// pairs it runs for them (TileRuleConvPairs).
+struct TileRuleConvPiece {
+  int64_t r0, r1, c0, c1, pair_block;
+};
+TileRuleConvPiece TileRuleConvPieceOf(const TileOp& o, const TileGrid::Rect& t, int64_t blocks,
+                                      int64_t block) {
+  const TileRuleConvPieces p = TileRuleConvPiecesOf(o);
+  if (blocks == 0 || p.count() == 1) return {t.r0, t.r1, t.c0, t.c1, block};
+  const int64_t nb = TileRuleConvPairBlocks(o), piece = block / nb;
+  const int64_t group = piece / p.row_parts, part = piece % p.row_parts;
+  const int64_t rows = kTileRows / p.row_parts;
+  TileRuleConvPiece r{std::min(t.r1, t.r0 + part * rows), std::min(t.r1, t.r0 + (part + 1) * rows),
+                      t.c1, t.c1, block % nb};
+  int64_t run = 0, c = t.c0;
+  ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), t.c0, t.c1,
+                  [&](int64_t, int64_t, int64_t w0, int64_t w1) {
+                    if (run / p.runs == group) {
+                      if (r.c0 == t.c1) r.c0 = c;
+                      r.c1 = c + (w1 - w0);
+                    }
+                    c += w1 - w0;
+                    ++run;
+                  });
+  return r;
+}
+// The pairs [q0, q1) of the chain over (c or oc, kh) that block `block` of a conv2d forward or
+// input-gradient tile runs (q = channel * KH + kh): all of them when whole (blocks == 0), a block
+// of kTileConvChannels channels, or (wide) a block of TileRuleConvWidePairs pairs (of a forward
+// cut into pieces, its piece's: TileRuleConvPieceOf).
+std::pair<int64_t, int64_t> TileRuleConvPairs(const TileOp& o, int64_t blocks, int64_t block) {
+  const int64_t n = o.kind == TileOpKind::kTileOpConv ? o.conv[0] : o.conv[3], KH = o.conv[4];
+  if (blocks == 0) return {0, n * KH};
+  if (TileRuleWindowWide(o)) {
+    const int64_t per = TileRuleConvWidePairs(o), q0 = block % TileRuleConvPairBlocks(o) * per;
+    return {q0, std::min(n * KH, q0 + per)};
+  }
+  return {block * kTileConvChannels * KH, std::min(n, (block + 1) * kTileConvChannels) * KH};
 }
 // The outputs [ow0, ow1) of a windowed operator's row whose windows (KW columns from ow * s -
 // pad) reach input columns [w0, w1).
@@ -541,10 +621,21 @@ int64_t TileRuleConvGradGroup(const TileOp& o) {
 // at stride 7, one from stride 20; one pair alone stays under 240 KiB up to stride 58). Up to
 // stride 4 at kernels up to 5 wide (every shape a model or test used before this rule) a chunk is
 // kTileConvGradPairs pairs, as it always was.
-constexpr int64_t kTileConvGradPairs = 8;
 constexpr int64_t kTileConvGradPairTiles = 40;
+// Past stride ~40 (at a 3 x 3 kernel) one pair's row alone, 31 s + KW floats, lies in more than
+// kTileConvGradPairTiles tiles (at stride 64, 63 tiles: 252 KiB), so a wide dW's run of outputs is
+// narrower there: as many outputs as one pair's window columns fit in kTileConvGradPairTiles tiles
+// ((n - 1) s + KW floats; 20 at stride 64), at least one. Otherwise, and for db, kTileCols.
+int64_t TileRuleConvGradRunWidth(const TileOp& o) {
+  if (o.kind != TileOpKind::kTileOpConvWeightGrad) return kTileCols;
+  const int64_t s = o.conv[6], KW = o.conv[5];
+  // tiles(n) = ((n - 1) s + KW - 1 + kTileCols - 1) / kTileCols + 1 <= kTileConvGradPairTiles.
+  const int64_t most = (kTileConvGradPairTiles - 1) * kTileCols + 1 - KW;
+  return std::clamp<int64_t>(most < 0 ? 1 : most / s + 1, 1, kTileCols);
+}
+constexpr int64_t kTileConvGradPairs = 8;
 int64_t TileRuleConvGradChunkPairs(const TileOp& o) {
-  const int64_t span = (kTileCols - 1) * o.conv[6] + o.conv[5];
+  const int64_t span = (TileRuleConvGradRunWidth(o) - 1) * o.conv[6] + o.conv[5];
   const int64_t tiles = (span - 1 + kTileCols - 1) / kTileCols + 1;
   return std::clamp<int64_t>(kTileConvGradPairTiles / tiles, 1, kTileConvGradPairs);
 }
@@ -596,9 +687,10 @@ TileRuleConvGradSpan TileRuleConvGradSpanOf(const TilePlan& plan, const TileOp& 
     const auto [b0, b1] = TileRuleBlockRows(TileRuleRows(plan), rest);
     return {b0, b1, 0, OH, 0, OW};
   }
-  const int64_t nq = (OW + kTileCols - 1) / kTileCols, j = rest % nq, oh = rest / nq % OH;
-  const int64_t b = rest / nq / OH, ow0 = j * kTileCols;
-  return {b, b + 1, oh, oh + 1, ow0, std::min(OW, ow0 + kTileCols)};
+  const int64_t rw = TileRuleConvGradRunWidth(o);
+  const int64_t nq = (OW + rw - 1) / rw, j = rest % nq, oh = rest / nq % OH;
+  const int64_t b = rest / nq / OH, ow0 = j * rw;
+  return {b, b + 1, oh, oh + 1, ow0, std::min(OW, ow0 + rw)};
 }
 
 // Dense values of `op`'s rectangle [r0, r1) x [c0, c1), from the footprint's tiles of `op` (or
@@ -1537,15 +1629,18 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
   if (o.kind == TileOpKind::kTileOpConv || o.kind == TileOpKind::kTileOpConvInputGrad) {
     const int64_t n = o.kind == TileOpKind::kTileOpConv ? o.conv[0] : o.conv[3];
     if (const int64_t pairs = n * o.conv[4]; TileRuleWindowWide(o)) {
-      const int64_t per = TileRuleConvWidePairs(o);
-      return pairs > per ? (pairs + per - 1) / per : 0;
+      // A forward whose tile is cut into pieces runs every pair block for each piece.
+      const int64_t pieces = TileRuleConvPiecesOf(o).count();
+      if (pieces > 1) return pieces * TileRuleConvPairBlocks(o);
+      return pairs > TileRuleConvWidePairs(o) ? TileRuleConvPairBlocks(o) : 0;
     }
     return n > kTileConvChannels ? (n + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
   if (o.kind == TileOpKind::kTileOpConvWeightGrad || o.kind == TileOpKind::kTileOpConvBiasGrad) {
     const int64_t OW = TileRuleOutW(o), groups = TileRuleConvGradGroups(o);
     if (TileRuleConvGradWide(o)) {
-      return TileRuleRows(plan) * TileRuleOutH(o) * ((OW + kTileCols - 1) / kTileCols) * groups;
+      const int64_t rw = TileRuleConvGradRunWidth(o);
+      return TileRuleRows(plan) * TileRuleOutH(o) * ((OW + rw - 1) / rw) * groups;
     }
     return TileRuleRowBlocks(TileRuleRows(plan)) * groups;
   }
@@ -1855,22 +1950,25 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
     }
     case TileOpKind::kTileOpConv: {
       const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4], KK = KH * o.conv[5];
-      const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
+      // The block's piece of the tile (TileRuleConvPieceOf: the whole tile but where it is cut).
+      const TileRuleConvPiece pc = TileRuleConvPieceOf(o, t, blocks, block);
+      if (pc.r0 >= pc.r1 || pc.c0 >= pc.c1) break;  // past a short tile's rows or runs
+      const TileRuleConvSpan cs = TileRuleConvOf(o, pc.c0, pc.c1);
       const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
       const int64_t cb0 = q0 / KH, cb1 = (q1 - 1) / KH + 1;
       if (TileRuleWindowWide(o)) {
-        // Each output row's run of the tile: the columns its windows read, in the input row each
+        // Each output row's run of the piece: the columns its windows read, in the input row each
         // of the block's pairs (c, kh) puts under it (over chunked examples, the chunks holding
         // them: TileRuleConvOverChunks).
         const int64_t s = o.conv[6], pad = o.conv[7];
-        ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), t.c0, t.c1,
+        ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), pc.c0, pc.c1,
                         [&](int64_t, int64_t oh, int64_t ow0, int64_t ow1) {
                           const auto [iw0, iw1] = TileRuleWindowInputCols(o, ow0, ow1);
                           for (int64_t q = q0; q < q1; ++q) {
                             const int64_t ih = oh * s - pad + q % KH;
                             if (ih < 0 || ih >= H || iw0 == iw1) continue;
                             const int64_t f = (q / KH * H + ih) * W;
-                            TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + iw0, f + iw1, fp);
+                            TileRuleCoverOnce(plan, o.x, pc.r0, pc.r1, f + iw0, f + iw1, fp);
                           }
                         });
       } else if (o.x == kTileOperandBatch) {
@@ -1881,7 +1979,7 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
         }
       }
       TileRuleCover(plan, o.w, cs.oc0, cs.oc1, cb0 * KK, cb1 * KK, fp);
-      if (o.b >= 0 && block == 0) TileRuleCover(plan, o.b, 0, 1, cs.oc0, cs.oc1, fp);
+      if (o.b >= 0 && pc.pair_block == 0) TileRuleCover(plan, o.b, 0, 1, cs.oc0, cs.oc1, fp);
       break;
     }
     case TileOpKind::kTileOpConvInputGrad: {
@@ -2809,6 +2907,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       const int64_t OH = (H + 2 * pad - KH) / s + 1, OW = (W + 2 * pad - KW) / s + 1;
       const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
       const auto [q0, q1] = TileRuleConvPairs(o, blocks, block);
+      // Only the block's piece's outputs move (TileRuleConvPieceOf); the others keep the partial.
+      const TileRuleConvPiece pc = TileRuleConvPieceOf(o, t, blocks, block);
       const int64_t cb0 = q0 / KH, cb1 = (q1 - 1) / KH + 1;
       const int64_t NC = cb1 - cb0, IH = cs.ih1 - cs.ih0;
       // The input rows [r0, r1) over input rows [ih0, ih1) of channels [cb0, cb1): (R, NC, IH, W).
@@ -2824,12 +2924,16 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       const int64_t KK = KH * KW, WC = NC * KK;
       std::vector<float> w = dense(o.w, cs.oc0, cs.oc1, cb0 * KK, cb1 * KK);
       std::vector<float> b;
-      if (o.b >= 0 && block == 0) b = dense(o.b, 0, 1, cs.oc0, cs.oc1);
+      if (o.b >= 0 && pc.pair_block == 0) b = dense(o.b, 0, 1, cs.oc0, cs.oc1);
       for (int64_t r = 0; r < R; ++r) {
         for (int64_t jj = 0; jj < K; ++jj) {
           const int64_t j = t.c0 + jj, oc = j / (OH * OW), oh = (j % (OH * OW)) / OW, ow = j % OW;
           const size_t e = static_cast<size_t>(r * K + jj);
-          float acc = block > 0 ? in.partial[e] : (b.empty() ? 0.0f : b[oc - cs.oc0]);
+          if (t.r0 + r < pc.r0 || t.r0 + r >= pc.r1 || j < pc.c0 || j >= pc.c1) {
+            out[e] = block > 0 ? in.partial[e] : 0.0f;
+            continue;
+          }
+          float acc = pc.pair_block > 0 ? in.partial[e] : (b.empty() ? 0.0f : b[oc - cs.oc0]);
           for (int64_t q = q0; q < q1; ++q) {
             const int64_t c = q / KH, kh = q % KH;
             for (int64_t kw = 0; kw < KW; ++kw) {

@@ -731,5 +731,162 @@ out = 3
   }
 }
 
+bool IsConv(TileOpKind k) { return k == TileOpKind::kTileOpConv; }
+
+// A first layer's conv2d over chunked planes larger than a chunk, its outputs not a multiple of 32
+// wide (pad 0): a tile's 32 outputs are runs of two output rows, whose pair's input rows can lie
+// in two chunks (over 1 x 64 x 64, rows 15 and 16 of a plane: chunks 0 and 1), so one pair's
+// block read two chunks of each of its 32 examples (256 KiB of values). The tile is cut into
+// pieces of one run each, every block reading one chunk; over 1 x 48 x 48, whose 48-float rows
+// straddle chunks themselves, pieces of 16 examples too (two chunks of 16). Every forward tile
+// chains to the traced bits.
+TEST(TileRuleConvTest, AFirstLayerConvWhoseRunsStraddleChunksReadsOneRunABlockBitForBit) {
+  struct Case {
+    int64_t H;
+    size_t chunks;   // the most a forward block reads
+    size_t rows;     // of examples
+    int64_t pieces;  // of a tile
+  };
+  for (const Case& c : {Case{64, 1, 32, 2}, Case{48, 2, 16, 4}}) {
+    SCOPED_TRACE("1 x " + std::to_string(c.H) + " x " + std::to_string(c.H));
+    ASSERT_GT(ExampleChunks(c.H * c.H), 0) << "the examples must be chunked";
+    Result<TaskSpec> spec = SyntheticTask("tile-conv-straddling-chunks", 10,
+                                          "1, " + std::to_string(c.H) + ", " + std::to_string(c.H),
+                                          R"([[model.layers]]
+kind = "conv2d"
+out = 4
+kernel = 3
+pad = 0
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 2
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+)",
+                                          32);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    const TaskData d = testing::RandomTaskData(64, {1, c.H, c.H}, 3, 43, -1.0f, 1.0f);
+    int64_t ops = 0;
+    const std::map<std::string, int64_t> largest =
+        ExpectEveryTileRecomputes(*spec, d, IsConv, &ops);
+    EXPECT_EQ(ops, 1);
+    for (const auto& [name, bytes] : largest) {
+      std::printf("[ straddling chunks] 1 x %lld x %lld %-12s largest footprint %lld bytes\n",
+                  static_cast<long long>(c.H), static_cast<long long>(c.H), name.c_str(),
+                  static_cast<long long>(bytes));
+      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+    }
+    Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (int64_t j = 0; j < static_cast<int64_t>(plan->ops.size()); ++j) {
+      const TileOp& op = plan->ops[static_cast<size_t>(j)];
+      if (op.kind != TileOpKind::kTileOpConv) continue;
+      // The 3 pairs (0, kh) a piece, one a block.
+      ASSERT_EQ(ReductionBlocks(*plan, j), 3 * c.pieces);
+      for (int64_t t = 0; t < op.grid.count(); ++t) {
+        for (int64_t k = 0; k < ReductionBlocks(*plan, j); ++k) {
+          Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+          ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+          ASSERT_LE(fp->batch_chunks.size(), c.chunks) << "tile " << t << " block " << k;
+          ASSERT_LE(fp->batch_rows.size(), c.rows) << "tile " << t << " block " << k;
+        }
+      }
+    }
+  }
+}
+
+// A conv2d over images whose outputs are one column wide (a 33-wide kernel of stride 8 over 40
+// columns; 281 rows give 32 output rows): a tile is 32 runs of one output each, at 32 input rows
+// 320 floats apart, so even a block of one (c, kh) pair read 32 rows' window columns in 2 tiles
+// each, 64 tiles (256 KiB). The tile is cut into pieces of 20 runs (the second of 12; 2 tiles a
+// run, 40 tiles a piece: 160 KiB), every block under the bound, and every tile of the conv and of
+// its input gradient chains to the traced bits.
+TEST(TileRuleConvTest, AConvWithOneColumnOfOutputsReadsAPieceOfItsTileABlockBitForBit) {
+  Result<TaskSpec> spec =
+      SyntheticTask("tile-one-column-conv", 11, "1, 281, 40", R"([[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "conv2d"
+out = 4
+kernel = 33
+stride = 8
+pad = 0
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+)",
+                    32);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const TaskData d = testing::RandomTaskData(64, {1, 281, 40}, 3, 47, -1.0f, 1.0f);
+  int64_t ops = 0;
+  const std::map<std::string, int64_t> largest =
+      ExpectEveryTileRecomputes(*spec, d, IsConvOrInputGrad, &ops);
+  EXPECT_EQ(ops, 2);
+  for (const auto& [name, bytes] : largest) {
+    std::printf("[ one column] %-18s largest footprint %lld bytes\n", name.c_str(),
+                static_cast<long long>(bytes));
+    EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+  }
+  // 33 pairs (0, kh), one a block, for each of a tile's 2 pieces (32 runs, up to 20 a piece).
+  Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (size_t j = 0; j < plan->ops.size(); ++j) {
+    if (plan->ops[j].kind != TileOpKind::kTileOpConv) continue;
+    EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), 33 * 2);
+  }
+}
+
+// A 3 x 3 conv of stride 64 over 2 channels of 3 x 2563 images (41 outputs a row): one pair's
+// window columns of a run of 32 outputs, 31 x 64 + 3 = 1,987 floats, lie in 63 tiles, so a weight
+// gradient block of one pair read 252 KiB of them. Its runs are 20 outputs instead (1,219 floats,
+// at most 40 tiles), every block under the bound, and every dW tile chains to the traced bits.
+TEST(TileRuleConvTest, AConvWeightGradientPastStride40CutsAPairsRowIntoRunsBitForBit) {
+  Result<TaskSpec> spec = SyntheticTask("tile-stride-64-conv", 12, "2, 3, 2563", R"([[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "conv2d"
+out = 2
+kernel = 3
+stride = 64
+pad = 0
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+)",
+                                        32);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const TaskData d = testing::RandomTaskData(64, {2, 3, 2563}, 3, 53, -1.0f, 1.0f);
+  int64_t ops = 0;
+  const std::map<std::string, int64_t> largest =
+      ExpectEveryTileRecomputes(*spec, d, IsConvWeightGrad, &ops);
+  EXPECT_EQ(ops, 1);
+  for (const auto& [name, bytes] : largest) {
+    std::printf("[ stride 64] %-18s largest footprint %lld bytes\n", name.c_str(),
+                static_cast<long long>(bytes));
+    EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+  }
+  // 32 samples x 1 output row x 3 runs of 20 (OW = 41) x one output channel a group (2) x 6
+  // chunks of one pair.
+  Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (size_t j = 0; j < plan->ops.size(); ++j) {
+    if (plan->ops[j].kind != TileOpKind::kTileOpConvWeightGrad) continue;
+    EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), 32 * 1 * 3 * 2 * 6);
+  }
+}
+
 }  // namespace tile_rule_conv_test
 }  // namespace meshlearn::engine
