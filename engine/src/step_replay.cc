@@ -256,6 +256,8 @@ void UpdateFloats(Hasher& h, std::span<const float> x) {
   h.Update(ByteSpan(reinterpret_cast<const uint8_t*>(x.data()), x.size() * sizeof(float)));
 }
 
+}  // namespace
+
 std::vector<Hash256> ExampleChunkLeaves(std::span<const float> x) {
   const int64_t n = ExampleChunks(static_cast<int64_t>(x.size()));
   CHECK_GT(n, 0) << "an example of " << x.size() << " floats is not chunked";
@@ -266,8 +268,6 @@ std::vector<Hash256> ExampleChunkLeaves(std::span<const float> x) {
   }
   return leaves;
 }
-
-}  // namespace
 
 Hash256 ExampleLeaf(uint64_t index, std::span<const float> x, int32_t y) {
   if (ExampleChunks(static_cast<int64_t>(x.size())) > 0) {
@@ -299,10 +299,20 @@ std::span<const float> ExampleChunk(std::span<const float> x, int64_t chunk) {
   return x.subspan(c0, std::min(x.size() - c0, static_cast<size_t>(kExampleChunkFloats)));
 }
 
-Hash256 ExampleChunkRoot(std::span<const float> x) { return MerkleRoot(ExampleChunkLeaves(x)); }
+Hash256 ExampleChunkRoot(std::span<const float> x) {
+  return ExampleChunkRoot(ExampleChunkLeaves(x));
+}
 
 MerkleProof ProveExampleChunk(std::span<const float> x, int64_t chunk) {
-  return MerkleProve(ExampleChunkLeaves(x), static_cast<uint64_t>(chunk));
+  return ProveExampleChunk(ExampleChunkLeaves(x), chunk);
+}
+
+Hash256 ExampleChunkRoot(const std::vector<Hash256>& leaves) { return MerkleRoot(leaves); }
+
+MerkleProof ProveExampleChunk(const std::vector<Hash256>& leaves, int64_t chunk) {
+  CHECK(chunk >= 0 && chunk < static_cast<int64_t>(leaves.size()))
+      << "chunk " << chunk << " of " << leaves.size();
+  return MerkleProve(leaves, static_cast<uint64_t>(chunk));
 }
 
 Hash256 ChunkedExampleLeaf(uint64_t index, int32_t y, uint64_t floats, const Hash256& chunk_root) {

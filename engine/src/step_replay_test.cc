@@ -370,6 +370,19 @@ TEST(ExampleLeafTest, AnExampleOfAtMost1024FloatsKeepsItsWholeLeafALargerOneItsC
   EXPECT_EQ(ExampleChunk(x, 2).size(), 52u);
   const Hash256 root = ExampleChunkRoot(x);
   EXPECT_EQ(ExampleLeaf(7, x, -3), ChunkedExampleLeaf(7, -3, 2100, root));
+  // The leaves hashed once give the same root and the same proof bytes as each chunk's leaves
+  // written out here.
+  std::vector<Hash256> each;
+  for (int64_t c = 0; c < 3; ++c) {
+    each.push_back(ExampleChunkLeaf(static_cast<uint64_t>(c), ExampleChunk(x, c)));
+  }
+  const std::vector<Hash256> leaves = ExampleChunkLeaves(x);
+  EXPECT_EQ(leaves, each);
+  EXPECT_EQ(ExampleChunkRoot(leaves), root);
+  for (int64_t c = 0; c < 3; ++c) {
+    EXPECT_EQ(ProveExampleChunk(leaves, c), MerkleProve(each, static_cast<uint64_t>(c)));
+    EXPECT_EQ(ProveExampleChunk(x, c), ProveExampleChunk(leaves, c));
+  }
   for (int64_t c = 0; c < 3; ++c) {
     const MerkleProof p = ProveExampleChunk(x, c);
     EXPECT_TRUE(

@@ -473,43 +473,61 @@ int64_t TileRuleConvPairBlocks(const TileOp& o) {
   const int64_t per = TileRuleConvWidePairs(o);
   return (n * o.conv[4] + per - 1) / per;
 }
-// Even one pair a block can read too much of a wide conv2d forward: per output row run of its tile
-// one input row, and a tile crosses up to 32 short rows. So its tile's outputs are cut into pieces,
-// each running its whole chain (every pair block, from the bias) before the next piece starts
-// (the elements' chains are independent; a piece's block leaves the others as the partial has
-// them): pieces of `runs` consecutive output row runs of the tile (ForEachPlaneRun's order), and,
-// over chunked examples whose rows straddle a chunk, of half its rows. Where a tile of the widest
-// kind reads little enough (every shape a model or test used before), one piece: the whole tile.
+// The most outputs of a row whose windows' columns of one input row, (n - 1) s + KW floats, lie
+// in 40 tiles (160 KiB: kTileConvRowsFloats, and kTileConvGradPairTiles), at least one:
+// kTileCols up to stride 40 at a 3 x 3 kernel, 20 at stride 64.
+int64_t TileRuleWindowRunWidth(int64_t s, int64_t KW) {
+  // tiles(n) = ((n - 1) s + KW - 1 + kTileCols - 1) / kTileCols + 1 <= 40.
+  const int64_t most = (kTileConvRowsFloats / (kTileRows * kTileCols) - 1) * kTileCols + 1 - KW;
+  return std::clamp<int64_t>(most < 0 ? 1 : most / s + 1, 1, kTileCols);
+}
+// Even one pair a block can read too much of a wide conv2d forward: per output row run of its
+// tile one input row's window columns, and a tile crosses up to 32 short rows. So its tile's
+// outputs are cut into pieces, each running its whole chain (every pair block, from the bias)
+// before the next piece starts (the elements' chains are independent; a piece's block leaves the
+// others as the partial has them): pieces of `runs` consecutive segments of the tile (its output
+// row runs in ForEachPlaneRun's order, each cut at multiples of `width` outputs), and, over
+// chunked examples whose rows straddle a chunk, of half its rows. Where a tile reads little
+// enough (every shape a model or test used before), one piece: the whole tile.
+//   - Past stride 40 (at a 3 x 3 kernel) one pair's window columns of a run of 32 outputs lie in
+//     more than 40 tiles (63 at stride 64: 252 KiB): segments are `width` outputs at most
+//     (TileRuleWindowRunWidth).
 //   - Over activations (narrow images with a kernel nearly as wide: OW of 1 or 2): a pair reads
-//     each run's window columns in up to `tiles` tiles; past kTileConvRowsFloats for one pair,
-//     a piece is as many runs as fit it (at OW 1, 32 runs of 2 tiles each read 256 KiB before).
+//     each segment's window columns in up to `tiles` tiles; past 40 tiles for one pair, a piece is
+//     as many segments as fit them (at OW 1, 32 runs of 2 tiles each read 256 KiB before).
 //   - Over chunked examples (a first layer over planes larger than a chunk,
-//   TileRuleConvOverChunks):
-//     a tile's runs at different output rows read different input rows, in different chunks where
-//     the rows straddle a chunk boundary (reading two chunks of 32 examples: 256 KiB), unless a
-//     chunk holds whole planes; so a piece is one run (one input row: one chunk, as the block of a
-//     32 x 32 plane reads). Where an image row itself can straddle a chunk (W not dividing
-//     kExampleChunkFloats), a run's window columns can read two chunks: a piece is then 16 of the
-//     tile's examples.
+//     TileRuleConvOverChunks): a tile's runs at different output rows read different input rows,
+//     in different chunks where the rows straddle a chunk boundary (two chunks of 32 examples:
+//     256 KiB), unless a chunk holds whole planes; so a piece is one segment (one input row: one
+//     chunk, as a block over a 32 x 32 plane reads). Where an image row itself can straddle a
+//     chunk (W not dividing kExampleChunkFloats), a segment's window columns can read two or three
+//     chunks: a piece is then 16 of the tile's examples.
 struct TileRuleConvPieces {
-  int64_t runs = kTileCols;  // of a piece; kTileCols: every run of the tile
-  int64_t run_groups = 1;    // the pieces over a tile's runs
-  int64_t row_parts = 1;     // the pieces over its rows (1 or 2)
+  int64_t runs = kTileCols;   // segments a piece; kTileCols: every segment of the tile
+  int64_t run_groups = 1;     // the pieces over a tile's segments
+  int64_t row_parts = 1;      // the pieces over its rows (1 or 2)
+  int64_t width = kTileCols;  // the most outputs of a segment (at least OW: whole runs)
   int64_t count() const { return run_groups * row_parts; }
 };
 TileRuleConvPieces TileRuleConvPiecesOf(const TileOp& o) {
   TileRuleConvPieces p;
   if (o.kind != TileOpKind::kTileOpConv || !TileRuleWindowWide(o)) return p;
   const int64_t H = o.conv[1], W = o.conv[2], KW = o.conv[5], s = o.conv[6];
-  const int64_t OW = TileRuleOutW(o);
-  // The most runs a tile's 32 columns make (one where rows are whole tiles), and the most tiles
-  // one run's window columns of a row lie in.
-  const int64_t runs = OW % kTileCols == 0 ? 1 : std::min(kTileCols, (kTileCols - 2) / OW + 2);
-  const int64_t cols = std::min(W, (std::min(OW, kTileCols) - 1) * s + KW);
+  const int64_t OW = TileRuleOutW(o), width = TileRuleWindowRunWidth(s, KW);
+  // The most segments a tile's 32 columns make (its row runs: one where rows are whole tiles;
+  // and each cut at multiples of width), and the most tiles one segment's window columns of a row
+  // lie in.
+  int64_t runs = OW % kTileCols == 0 ? 1 : std::min(kTileCols, (kTileCols - 2) / OW + 2);
+  p.width = OW;
+  if (width < std::min(OW, kTileCols)) {
+    p.width = width;
+    runs = std::min(kTileCols, runs + (kTileCols - 1) / width + 1);
+  }
+  const int64_t cols = std::min(W, (std::min({OW, kTileCols, p.width}) - 1) * s + KW);
   const int64_t tiles = (cols - 1 + kTileCols - 1) / kTileCols + 1;
   int64_t per = runs;
   if (TileRuleConvOverChunks(o)) {
-    if (kExampleChunkFloats % (H * W) != 0) per = 1;
+    if (kExampleChunkFloats % (H * W) != 0 || p.width < OW) per = 1;
     if (kExampleChunkFloats % W != 0) p.row_parts = 2;
   } else if (runs * tiles > kTileConvRowsFloats / (kTileRows * kTileCols)) {
     per = std::max<int64_t>(1, kTileConvRowsFloats / (kTileRows * kTileCols) / tiles);
@@ -519,8 +537,8 @@ TileRuleConvPieces TileRuleConvPiecesOf(const TileOp& o) {
   return p;
 }
 // The outputs of tile `t` that block `block` of a conv2d forward computes (rows [r0, r1), columns
-// [c0, c1): a piece, or the whole tile; empty past a short tile's runs or rows), and the block of
-// pairs it runs for them (TileRuleConvPairs).
+// [c0, c1): a piece, or the whole tile; empty past a short tile's segments or rows), and the block
+// of pairs it runs for them (TileRuleConvPairs).
 struct TileRuleConvPiece {
   int64_t r0, r1, c0, c1, pair_block;
 };
@@ -536,12 +554,16 @@ TileRuleConvPiece TileRuleConvPieceOf(const TileOp& o, const TileGrid::Rect& t, 
   int64_t run = 0, c = t.c0;
   ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), t.c0, t.c1,
                   [&](int64_t, int64_t, int64_t w0, int64_t w1) {
-                    if (run / p.runs == group) {
-                      if (r.c0 == t.c1) r.c0 = c;
-                      r.c1 = c + (w1 - w0);
+                    for (int64_t a = w0; a < w1;) {  // the run's segments
+                      const int64_t b = std::min(w1, (a / p.width + 1) * p.width);
+                      if (run / p.runs == group) {
+                        if (r.c0 == t.c1) r.c0 = c;
+                        r.c1 = c + (b - a);
+                      }
+                      c += b - a;
+                      ++run;
+                      a = b;
                     }
-                    c += w1 - w0;
-                    ++run;
                   });
   return r;
 }
@@ -628,10 +650,8 @@ constexpr int64_t kTileConvGradPairTiles = 40;
 // ((n - 1) s + KW floats; 20 at stride 64), at least one. Otherwise, and for db, kTileCols.
 int64_t TileRuleConvGradRunWidth(const TileOp& o) {
   if (o.kind != TileOpKind::kTileOpConvWeightGrad) return kTileCols;
-  const int64_t s = o.conv[6], KW = o.conv[5];
-  // tiles(n) = ((n - 1) s + KW - 1 + kTileCols - 1) / kTileCols + 1 <= kTileConvGradPairTiles.
-  const int64_t most = (kTileConvGradPairTiles - 1) * kTileCols + 1 - KW;
-  return std::clamp<int64_t>(most < 0 ? 1 : most / s + 1, 1, kTileCols);
+  static_assert(kTileConvGradPairTiles == kTileConvRowsFloats / (kTileRows * kTileCols));
+  return TileRuleWindowRunWidth(o.conv[6], o.conv[5]);
 }
 constexpr int64_t kTileConvGradPairs = 8;
 int64_t TileRuleConvGradChunkPairs(const TileOp& o) {

@@ -845,11 +845,18 @@ out = 3
   }
 }
 
+bool IsConvOrWeightGrad(TileOpKind k) {
+  return k == TileOpKind::kTileOpConv || k == TileOpKind::kTileOpConvWeightGrad;
+}
+
 // A 3 x 3 conv of stride 64 over 2 channels of 3 x 2563 images (41 outputs a row): one pair's
 // window columns of a run of 32 outputs, 31 x 64 + 3 = 1,987 floats, lie in 63 tiles, so a weight
-// gradient block of one pair read 252 KiB of them. Its runs are 20 outputs instead (1,219 floats,
-// at most 40 tiles), every block under the bound, and every dW tile chains to the traced bits.
-TEST(TileRuleConvTest, AConvWeightGradientPastStride40CutsAPairsRowIntoRunsBitForBit) {
+// gradient block of one pair read 252 KiB of them, and so did a forward block of one pair. Both
+// take runs of 20 outputs instead (1,219 floats, at most 40 tiles): the weight gradient's blocks
+// are one sample's run of 20, the forward's tile is cut into pieces of one 20-output segment.
+// Every block is under the bound, and every tile of the conv and of its dW chains to the traced
+// bits.
+TEST(TileRuleConvTest, AConvPastStride40CutsAPairsRowIntoRunsOf20OutputsBitForBit) {
   Result<TaskSpec> spec = SyntheticTask("tile-stride-64-conv", 12, "2, 3, 2563", R"([[model.layers]]
 kind = "relu"
 [[model.layers]]
@@ -871,20 +878,25 @@ out = 3
   const TaskData d = testing::RandomTaskData(64, {2, 3, 2563}, 3, 53, -1.0f, 1.0f);
   int64_t ops = 0;
   const std::map<std::string, int64_t> largest =
-      ExpectEveryTileRecomputes(*spec, d, IsConvWeightGrad, &ops);
-  EXPECT_EQ(ops, 1);
+      ExpectEveryTileRecomputes(*spec, d, IsConvOrWeightGrad, &ops);
+  EXPECT_EQ(ops, 2);
   for (const auto& [name, bytes] : largest) {
     std::printf("[ stride 64] %-18s largest footprint %lld bytes\n", name.c_str(),
                 static_cast<long long>(bytes));
     EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
   }
-  // 32 samples x 1 output row x 3 runs of 20 (OW = 41) x one output channel a group (2) x 6
-  // chunks of one pair.
+  // dW: 32 samples x 1 output row x 3 runs of 20 (OW = 41) x one output channel a group (2) x 6
+  // chunks of one pair. The forward: its 6 pairs (c, kh), one a block, for each of a tile's 4
+  // segments (two output rows' runs, each cut at multiples of 20 outputs).
   Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   for (size_t j = 0; j < plan->ops.size(); ++j) {
-    if (plan->ops[j].kind != TileOpKind::kTileOpConvWeightGrad) continue;
-    EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), 32 * 1 * 3 * 2 * 6);
+    if (plan->ops[j].kind == TileOpKind::kTileOpConvWeightGrad) {
+      EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), 32 * 1 * 3 * 2 * 6);
+    }
+    if (plan->ops[j].kind == TileOpKind::kTileOpConv) {
+      EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), 6 * 4);
+    }
   }
 }
 

@@ -108,7 +108,7 @@ Result<TaskSpec> TaskSpec::Parse(std::string_view toml, const std::string& name,
   ML_RETURN_IF_ERROR(train.CheckKnownKeys(
       {"steps", "batch_size", "micro_batches", "seq_len", "eval_batch_size", "eval_batches"}));
   ML_ASSIGN_OR_RETURN(t.steps, train.GetInt("steps", IRange(0, int64_t{1} << 40)));
-  ML_ASSIGN_OR_RETURN(t.batch_size, train.GetInt("batch_size", IRange(1, 1 << 20)));
+  ML_ASSIGN_OR_RETURN(t.batch_size, train.GetInt("batch_size", IRange(1, kMaxBatchSize)));
   ML_ASSIGN_OR_RETURN(t.micro_batches, train.GetInt("micro_batches", 1, IRange(1, 1 << 20)));
   if (t.batch_size % t.micro_batches != 0) {
     std::string divisors;

@@ -299,16 +299,18 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
       const float* x = train->x.data() + idx * n;
       if (engine::ExampleChunks(n) > 0) {
         const std::span<const float> xs(x, static_cast<size_t>(n));
+        // The example's chunks are hashed once, for its root and every chunk's proof.
+        const std::vector<Hash256> leaves = engine::ExampleChunkLeaves(xs);
         TileWitnessChunkedExample& e =
             w.chunked.emplace_back(TileWitnessChunkedExample{static_cast<uint64_t>(idx),
                                                              train->y[static_cast<size_t>(idx)],
-                                                             engine::ExampleChunkRoot(xs),
+                                                             engine::ExampleChunkRoot(leaves),
                                                              tree->Prove(idx),
                                                              {}});
         for (int64_t k : fp.batch_chunks) {
           const std::span<const float> c = engine::ExampleChunk(xs, k);
           e.chunks.push_back(TileWitnessChunk{std::vector<float>(c.begin(), c.end()),
-                                              engine::ProveExampleChunk(xs, k)});
+                                              engine::ProveExampleChunk(leaves, k)});
         }
         continue;
       }
@@ -504,6 +506,15 @@ Result<Hash256> RuleTile(const TileRuleContext& ctx, const protocol::RefereeTask
                              w.outputs[static_cast<size_t>(want.op)].ShortHex());
     }
     in.tiles.push_back(t.values);
+  }
+  // The batch's draws (BatchIndices, a token task's WindowStarts) allocate a row of the task's
+  // batch size, which the plan carries: a batch larger than any a task trains on is refused before
+  // any is drawn.
+  if (!fp.batch_rows.empty() && (plan.batch < 1 || plan.batch > engine::kMaxBatchSize)) {
+    return FailedPrecondition(where + ": the task's batch of " + std::to_string(plan.batch) +
+                              " rows is outside 1.." + std::to_string(engine::kMaxBatchSize) +
+                              " (engine::kMaxBatchSize, train.batch_size's range); the ledger "
+                              "draws no batch of it");
   }
   // 3. The examples: the batch's, at the footprint's rows, proven against the data root; a token
   // task's tokens and targets: from the pages holding them, each proven against the data root.

@@ -321,12 +321,19 @@ const Setup& ChunkedSetup() {
 
 // A first-layer conv2d (4 channels, 3 x 3, pad 1) over 3 x 32 x 32 images (3 chunks, one a
 // channel), a relu, a 4 x 4 max-pool and the fashion MLP's last layer, at batch 32.
+// The fashion MLP's task with the model `layers` (its [[model.layers]] tables) over images of
+// `shape` (chunked), at batch 32.
+const Setup* ChunkedLayersSetup(const std::vector<int64_t>& shape, const std::string& layers) {
+  std::string toml = kFashionMlp, input;
+  for (int64_t d : shape) input += (input.empty() ? "" : ", ") + std::to_string(d);
+  const size_t from = toml.find("input = [784]"), to = toml.find("[optimizer]");
+  toml.replace(from, to - from, "input = [" + input + "]\n" + layers);
+  toml.replace(toml.find("batch_size = 128"), 16, "batch_size = 32");
+  return ChunkedSetupOf(toml, shape);
+}
+
 const Setup& ChunkedCnnSetup() {
-  static const Setup* setup = [] {
-    std::string toml = kFashionMlp;
-    const size_t from = toml.find("input = [784]"), to = toml.find("[optimizer]");
-    toml.replace(from, to - from, R"(input = [3, 32, 32]
-[[model.layers]]
+  static const Setup* setup = ChunkedLayersSetup({3, 32, 32}, R"([[model.layers]]
 kind = "conv2d"
 out = 4
 kernel = 3
@@ -343,10 +350,44 @@ kind = "linear"
 out = 10
 init = "xavier"
 )");
-    toml.replace(toml.find("batch_size = 128"), 16, "batch_size = 32");
-    return ChunkedSetupOf(toml, {3, 32, 32});
-  }();
   return *setup;
+}
+
+// A first-layer conv2d (4 channels, 3 x 3, pad 0: 62 outputs a row) over 1 x 64 x 64 images (4
+// chunks of 16 rows), a relu, a 2 x 2 max-pool and a linear to the 10 classes, at batch 32.
+const Setup& StraddlingCnnSetup() {
+  static const Setup* setup = ChunkedLayersSetup({1, 64, 64}, R"([[model.layers]]
+kind = "conv2d"
+out = 4
+kernel = 3
+pad = 0
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 2
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 10
+init = "xavier"
+)");
+  return *setup;
+}
+
+// A relu, then `conv` (a conv2d table) over `shape`, a relu and a linear to the 10 classes.
+const Setup* ConvAfterReluSetup(const std::vector<int64_t>& shape, const std::string& conv) {
+  return ChunkedLayersSetup(shape,
+                            "[[model.layers]]\nkind = \"relu\"\n" + conv + R"([[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 10
+init = "xavier"
+)");
 }
 
 const Setup* g_setup = nullptr;  // the model the current test plays
@@ -1324,6 +1365,61 @@ TEST(TileDisputeTest, OnLargeExamplesAFirstLayerConvLieLosesWithOnlyTheChunksItR
   ExpectTheHonestSideWinsAtEveryTile(lies, "conv over 3 x 32 x 32");
 }
 
+// A first-layer conv2d over 1 x 64 x 64 images with 62 outputs a row: tile 29's runs are output
+// rows 14 (2 outputs) and 15, whose pair (0, 1) reads input rows 15 and 16, in chunks 0 and 1, so
+// its block read two chunks of each of 32 examples. The tile is cut into pieces of one run each
+// (engine TileRuleConvPieceOf): a lie at block 4 (the second piece's pair (0, 1): row 16 only) is
+// ruled from one chunk of each example.
+TEST(TileDisputeTest, OnLargeExamplesAConvWhoseRunsStraddleChunksIsRuledFromOneChunkAnExample) {
+  g_setup = &StraddlingCnnSetup();
+  ASSERT_EQ(engine::ExampleChunks(Context().plan.input_size), 4);
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.0.out", 5, 938, 4},  // tile 29, output row 15, column 8
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "conv over 1 x 64 x 64, runs across chunks");
+}
+
+// A conv2d whose outputs are one column wide (a 33-wide kernel of stride 8 over 1 x 281 x 40): a
+// tile's 32 runs each read one input row's window columns, so one pair's block read 64 tiles
+// (256 KiB). Its tile is cut into pieces of up to 20 runs: a lie at the second piece's sixth pair
+// block (block 33 + 5) is ruled from a witness of 20 runs' tiles at most.
+TEST(TileDisputeTest, AConvWithOneColumnOfOutputsIsRuledFromAPieceOfItsTile) {
+  static const auto* setup = ConvAfterReluSetup({1, 281, 40}, R"([[model.layers]]
+kind = "conv2d"
+out = 4
+kernel = 33
+stride = 8
+pad = 0
+)");
+  g_setup = setup;
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.1.out", 3, 25, 33 + 5},  // tile 0, output row 25: the second piece
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "one-column conv over 1 x 281 x 40");
+}
+
+// A 3 x 3 conv of stride 64 over 2 x 3 x 2563 (41 outputs a row): a forward or weight gradient
+// block's pair read 31 x 64 + 3 window columns of its row in 63 tiles; both take runs of 20 outputs
+// instead. A lie at the forward's tile 1 (output channel 0's outputs 32..40, channel 1's 0..22:
+// segments of 8, 1, 20 and 3 outputs), block 2 x 6 + 3 (the third segment's pair (1, 0)), and one
+// at the weight gradient's block ((3 OH + 0) 3 + 1) 12 + 1 (sample 3, the run of outputs 20..39,
+// output channel 0's pair chunk 1), each ruled from at most 40 tiles of the input.
+TEST(TileDisputeTest, AConvPastStride40IsRuledFromRunsOf20Outputs) {
+  static const auto* setup = ConvAfterReluSetup({2, 3, 2563}, R"([[model.layers]]
+kind = "conv2d"
+out = 2
+kernel = 3
+stride = 64
+pad = 0
+)");
+  g_setup = setup;
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.1.out", 7, 32 + 9 + 5, 2 * 6 + 3},
+      {LieKind::kTile, "layers.1.weight.grad", 0, 4, (3 * 3 + 1) * 12 + 1},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "stride-64 conv over 2 x 3 x 2563");
+}
+
 // A chunked example's chunk must be the footprint's and proven against the example's chunk root,
 // and the example's leaf over that root proven against the data root; a witness that carries the
 // example whole (the format of smaller examples) is refused too.
@@ -1336,6 +1432,15 @@ TEST(TileDisputeTest, OnLargeExamplesAChangedOrUnprovenChunkIsRefused) {
   const TileWitness good = BuildWitness(Honest(), task);
   ASSERT_FALSE(good.chunked.empty());
   ASSERT_EQ(good.chunked[0].chunks.size(), 1u);
+  // The builder hashes an example's chunks once (engine::ExampleChunkLeaves) for its root and
+  // proofs: the same bytes as each chunk proven from the example's floats.
+  for (const TileWitnessChunkedExample& e : good.chunked) {
+    const std::span<const float> x(g_setup->train->x.data() + e.index * 12288, 12288);
+    EXPECT_EQ(e.chunk_root, engine::ExampleChunkRoot(x));
+    for (const TileWitnessChunk& c : e.chunks) {
+      EXPECT_EQ(c.proof, engine::ProveExampleChunk(x, static_cast<int64_t>(c.proof.index)));
+    }
+  }
   Result<Hash256> ok = RuleTile(Context(), task, good);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(*ok, task.challenger_output);  // the honest side's
@@ -1389,6 +1494,27 @@ TEST(TileDisputeTest, OnLargeExamplesAChangedOrUnprovenChunkIsRefused) {
     w.examples.push_back({e.index, std::vector<float>(x, x + 12288), e.y, e.proof});
     ExpectRefused(task, w, "a whole example instead of its chunks");
   }
+}
+
+// The batch's draws allocate a row of the plan's batch size (engine::BatchIndices): a context whose
+// plan says a batch larger than any task trains on is refused, by name, before any is drawn.
+TEST(TileDisputeTest, APlanWithABatchPastTheEnginesLimitIsRefusedBeforeItsBatchIsDrawn) {
+  g_setup = &ChunkedSetup();
+  const PartyRun liar = Train(Lie{LieKind::kTile, "layers.0.out", 20, 10, 1});
+  DisputeGame g = GameAtReferee(liar);
+  const RefereeTask task = g.referee_task();
+  ASSERT_TRUE(task.tile);
+  const TileWitness good = BuildWitness(Honest(), task);
+  ASSERT_FALSE(good.chunked.empty());
+  ASSERT_TRUE(RuleTile(Context(), task, good).ok());
+  TileRuleContext ctx = Context();
+  ctx.plan.batch = int64_t{1} << 40;  // 8 TiB of indices
+  Result<Hash256> r = RuleTile(ctx, task, good);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("batch of 1099511627776 rows"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_NE(r.status().message().find("kMaxBatchSize"), std::string::npos);
 }
 
 // A chunked example is read as a row of the task's input_size floats (zeros but for its chunks),

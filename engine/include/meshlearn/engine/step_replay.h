@@ -106,6 +106,11 @@ Result<TrainState> StateFromFlat(const ModelSpec& model, const OptimizerSpec& op
 std::vector<int64_t> BatchIndices(uint64_t seed, uint64_t stream, int64_t n, int64_t batch,
                                   int64_t step);
 
+// The most rows a task's batch has (train.batch_size's range in a task file). BatchIndices and
+// WindowStarts allocate one entry a row, so whoever draws a batch of a size it was given (the
+// ledger's tile rule, from a task's bundle) refuses a larger one first.
+inline constexpr int64_t kMaxBatchSize = int64_t{1} << 20;
+
 // The leaf of training example `index` over the example as the engine trains on it (after
 // normalisation). An example of at most kExampleChunkFloats floats: BLAKE2b("meshlearn.example",
 // index, y, x as little-endian float32). A larger one: ChunkedExampleLeaf over the root of its
@@ -132,8 +137,13 @@ std::span<const float> ExampleChunk(std::span<const float> x, int64_t chunk);
 
 // The Merkle root (base/merkle.h) over ExampleChunkLeaf of each chunk of `x`, in order, and the
 // proof of one chunk against it. REQUIRES: ExampleChunks(x.size()) > 0; 0 <= chunk < that.
+// Each hashes every chunk of `x`; to prove several chunks of one example, hash them once
+// (ExampleChunkLeaves) and take the root and the proofs from the leaves, the same bytes.
 Hash256 ExampleChunkRoot(std::span<const float> x);
 MerkleProof ProveExampleChunk(std::span<const float> x, int64_t chunk);
+std::vector<Hash256> ExampleChunkLeaves(std::span<const float> x);
+Hash256 ExampleChunkRoot(const std::vector<Hash256>& leaves);
+MerkleProof ProveExampleChunk(const std::vector<Hash256>& leaves, int64_t chunk);
 
 // The leaf of a chunked example `index` of `floats` floats and class `y` from the root of its
 // chunk tree: BLAKE2b("meshlearn.example_chunked", index, y, floats, chunk_root). What the ledger
