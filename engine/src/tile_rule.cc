@@ -640,7 +640,7 @@ int64_t TileRuleConvGradGroup(const TileOp& o) {
 // floats in up to ceil((31 s + KW - 1) / 32) + 1 tiles: 5 at a 3 x 3 kernel of stride 4, but 8 at
 // stride 7, where 8 pairs would read 256 KiB. So a chunk holds fewer pairs where its pairs would
 // read more than kTileConvGradPairTiles tiles (160 KiB), at least one (at a 3 x 3 kernel, 5 pairs
-// at stride 7, one from stride 20; one pair alone stays under 240 KiB up to stride 58). Up to
+// at stride 7, one from stride 20; past stride 40 the run is narrower, below). Up to
 // stride 4 at kernels up to 5 wide (every shape a model or test used before this rule) a chunk is
 // kTileConvGradPairs pairs, as it always was.
 constexpr int64_t kTileConvGradPairTiles = 40;
