@@ -42,4 +42,5 @@
   X(DisputeChildren, 59, verification)  \
   X(RefereeTile, 60, verification)      \
   X(RefereeStageStep, 61, verification) \
-  X(ServeStageEvidence, 62, verification)
+  X(ServeStageEvidence, 62, verification) \
+  X(ProveMerits, 63, verification)
