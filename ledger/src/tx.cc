@@ -84,8 +84,7 @@ size_t MaxTxBytes(TxType t) {
   if (t == TxType::kRefereeTile) return kMaxTileTxBytes;
   return t == TxType::kRefereeStep || t == TxType::kRefereeStageStep || t == TxType::kProveResult ||
                  t == TxType::kProveFraud || t == TxType::kProveMerits ||
-                 t == TxType::kRevealSecret ||
-                 t == TxType::kServeStageEvidence
+                 t == TxType::kRevealSecret || t == TxType::kServeStageEvidence
              ? kMaxLargeTxBytes
              : kMaxTxBytes;
 }

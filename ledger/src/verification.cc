@@ -257,9 +257,8 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
     // a solver and a whistleblower in league never gain (a solver whose stake an earlier slash
     // emptied would otherwise fund a whole slash's bounty from the jackpot for each challenged
     // unit); by the solver's silence alone, only what that slash put into the jackpot.
-    const Amount bounty = fx.bounty_by_silence
-                              ? BasisPoints(solver_slashed, p.slash_jackpot_bps)
-                              : solver_slashed;
+    const Amount bounty =
+        fx.bounty_by_silence ? BasisPoints(solver_slashed, p.slash_jackpot_bps) : solver_slashed;
     ML_RETURN_IF_ERROR(PayJackpotShares(s, {*fx.bounty}, bounty, &tally.jackpot_paid));
   }
   const uint32_t segments =
@@ -1023,9 +1022,9 @@ Status ExecuteProveMerits(ExecContext& ctx, const ProveMeritsTx& tx) {
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
   // Where ProveFraud replays a segment witness (ExecuteSegmentWitness) and nowhere else.
   const TaskParams& tp = t->params;
-  const char* no_replay = IsPipelineTask(tp)           ? "a pipeline task"
-                          : tp.data_root.IsZero()      ? "a task without a data root"
-                          : tp.data_page_tokens != 0   ? "a token task"
+  const char* no_replay = IsPipelineTask(tp)         ? "a pipeline task"
+                          : tp.data_root.IsZero()    ? "a task without a data root"
+                          : tp.data_page_tokens != 0 ? "a token task"
                           : tp.tolerance_rel_l2_ppm != 0 || tp.tolerance_cosine_gap_ppb != 0
                               ? "verified in tolerance mode"
                               : nullptr;

@@ -1568,7 +1568,9 @@ TEST_F(FraudProofTest, ALazySolverFallingSilentInAWhistleblowersDisputeLosesItsS
   // Before any dispute there are no merits to show.
   Receipt early = Step({merits(wb_, 1, SegmentProof(1))})[0];
   EXPECT_EQ(early.code, StatusCode::kFailedPrecondition) << early.reason;
-  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_, .index = ui, .node_id = wb_.public_key(),
+  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = ui,
+                                 .node_id = wb_.public_key(),
                                  .claim = ClaimOf(poisoned_, 1, states_[4])})});
   PlayDispute(ui, nullptr, [&](uint64_t s) { return states_.at(s); });
   ASSERT_TRUE(HasCheck(ui));
@@ -1939,7 +1941,8 @@ TEST_F(VerificationTest, AWinBySilenceAlonePaysOnlyWhatTheSolversSlashPutInTheJa
   StepUntil(a, CheckStage::kCheckRevealVerdicts);
   StepOk({RevealTx(v1_, a, ok), RevealTx(v1_, b, lie), SecretTx(a), SecretTx(b)});
   StepUntil(b, CheckStage::kCheckDisputed);
-  PlayDispute(b, [&](uint64_t s) { return TrueState(b, s); }, nullptr);
+  PlayDispute(
+      b, [&](uint64_t s) { return TrueState(b, s); }, nullptr);
   StepUntilDone(b);
   ASSERT_EQ(Node(v1_).reputation.slashes, 1u);
   ASSERT_EQ(Check(a).result(), CheckResult::kCheckClean);
@@ -1947,8 +1950,10 @@ TEST_F(VerificationTest, AWinBySilenceAlonePaysOnlyWhatTheSolversSlashPutInTheJa
   // answers, and nobody can show the merits of the claim.
   const Amount erin_before = Balance(erin_);
   MismatchClaimField made_up = ClaimOf(Leaves(a, false), 1, Blake2b("a replay that never was"));
-  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_, .index = static_cast<uint32_t>(a),
-                                 .node_id = wb_.public_key(), .claim = made_up})});
+  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = static_cast<uint32_t>(a),
+                                 .node_id = wb_.public_key(),
+                                 .claim = made_up})});
   PlayDispute(a, nullptr, [&](uint64_t s) { return Hasher("wb").UpdateU64(s).Finish(); });
   ASSERT_TRUE(HasCheck(a));
   ASSERT_TRUE(Check(a).awaits_merits()) << Check(a).reason();

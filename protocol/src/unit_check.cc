@@ -898,9 +898,8 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
       (!u.dispute_ || (u.challenger_ < 0 && !u.whistleblower_))) {
     return InvalidArgument("unit check: disputed without a dispute");
   }
-  if (u.merits_deadline_ &&
-      (u.stage_ != CheckStage::kCheckDisputed || !u.whistleblower_ ||
-       u.dispute_->stage() != DisputeStage::kDisputeResolved)) {
+  if (u.merits_deadline_ && (u.stage_ != CheckStage::kCheckDisputed || !u.whistleblower_ ||
+                             u.dispute_->stage() != DisputeStage::kDisputeResolved)) {
     return InvalidArgument(
         "unit check: a merits window without a resolved whistleblower's dispute");
   }

@@ -678,8 +678,7 @@ TEST(UnitCheckTest, TheMeritsWindowClosesIntoALossBySilenceAlone) {
   CheckEffects fx = *c.OnBlock(last, false);
   EXPECT_FALSE(fx.settled);
   ASSERT_TRUE(c.awaits_merits());
-  EXPECT_EQ(c.OnMeritsShown(kWhistle, 0, last + 1).status().code(),
-            StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(c.OnMeritsShown(kWhistle, 0, last + 1).status().code(), StatusCode::kDeadlineExceeded);
   fx = *c.OnBlock(last + 1, false);
   EXPECT_TRUE(fx.settled);
   EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
