@@ -420,7 +420,8 @@ function taskView(t) {
 // other solvers, so the unit records keep only the last attempt): for every committed unit that
 // a mismatch verdict, a challenge, a proof or a dispute move named: who committed it (CommitUnit,
 // or CommitStage for a pipeline stage),
-// who challenged it (RevealVerdict with a mismatch, ChallengeUnit, ProveResult), how far the game
+// who challenged it (RevealVerdict with a mismatch, ChallengeUnit, ProveResult, ProveMerits: the
+// merits of a challenge its solver fell silent in), how far the game
 // went (DisputePost and DisputeChildren by each side), how it was decided (RuleDispute: the
 // referee's ruling; RefereeStep: the ledger executed the disputed step from a witness;
 // RefereeTile: it recomputed one tile of one operator, or ruled a whole step from operator roots;
@@ -428,7 +429,8 @@ function taskView(t) {
 // bound posted a piece of its step's evidence) and what became of the solver; a game still
 // being played adds its stage from the unit's check.
 const kGameTxs = ['RevealVerdict', 'ChallengeUnit', 'DisputePost', 'DisputeChildren', 'RuleDispute',
-                  'RefereeStep', 'RefereeTile', 'RefereeStageStep', 'ServeStageEvidence', 'ProveResult'];
+                  'RefereeStep', 'RefereeTile', 'RefereeStageStep', 'ServeStageEvidence', 'ProveResult',
+                  'ProveMerits'];
 function disputeTimeline(t) {
   const perRound = Math.max(1, Number(t.params.units_per_round));
   const attempts = [], latest = {};
@@ -456,7 +458,7 @@ function disputeTimeline(t) {
     const of = type => a.events.filter(e => e.type === type);
     const posts = of('DisputePost').concat(of('DisputeChildren')).sort((x, y) => x.height - y.height);
     const mine = posts.filter(e => e.node === a.solver);
-    const challengers = [...new Set(of('RevealVerdict').concat(of('ChallengeUnit'), of('ProveResult'),
+    const challengers = [...new Set(of('RevealVerdict').concat(of('ChallengeUnit'), of('ProveResult'), of('ProveMerits'),
                                                                 posts.filter(e => e.node !== a.solver)).map(e => e.node))];
     const first = a.events[0];
     const lines = [h('b', {}, `unit ${a.index} (round ${Math.floor(a.index / perRound)})`), ': committed by ',
@@ -520,7 +522,7 @@ function kindOf(x) {
   if (x.type === 'CommitAggregate') return 'aggregation';
   if (x.type === 'RevealVerdict' && Number(pl.verdict) === 2) return 'jackpot';
   if (x.type === 'CommitVerdict' || x.type === 'RevealVerdict') return 'verification';
-  if (x.type === 'ChallengeUnit' || x.type === 'ProveResult') return 'jackpot';
+  if (x.type === 'ChallengeUnit' || x.type === 'ProveResult' || x.type === 'ProveMerits') return 'jackpot';
   return null;
 }
 

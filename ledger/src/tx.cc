@@ -83,8 +83,8 @@ TxType PayloadType(const TxPayload& p) {
 size_t MaxTxBytes(TxType t) {
   if (t == TxType::kRefereeTile) return kMaxTileTxBytes;
   return t == TxType::kRefereeStep || t == TxType::kRefereeStageStep || t == TxType::kProveResult ||
-                 t == TxType::kProveFraud || t == TxType::kRevealSecret ||
-                 t == TxType::kServeStageEvidence
+                 t == TxType::kProveFraud || t == TxType::kProveMerits ||
+                 t == TxType::kRevealSecret || t == TxType::kServeStageEvidence
              ? kMaxLargeTxBytes
              : kMaxTxBytes;
 }
@@ -308,6 +308,7 @@ Result<Transaction> DecodeTx(ByteSpan wire) {
         "transaction: " + std::to_string(wire.size()) + " bytes, over the limit of " +
         std::to_string(limit) +
         " (only RefereeStep, RefereeStageStep, ServeStageEvidence, ProveResult, ProveFraud, "
+        "ProveMerits, "
         "RevealSecret and RefereeTile may be "
         "longer than " +
         std::to_string(kMaxTxBytes) + ")");

@@ -141,6 +141,12 @@ std::vector<TxPayload> SamplePayloads() {
                    .segment = 1,
                    .witness = {EncodeSegmentWitness(
                        {.bundle = "[task]", .start_state = {}, .state = {3}, .examples = {}})}},
+      ProveMeritsTx{.task_id = Blake2b("task"),
+                    .index = 2,
+                    .node_id = k,
+                    .segment = 1,
+                    .witness = {EncodeSegmentWitness(
+                        {.bundle = "[task]", .start_state = {}, .state = {3}, .examples = {}})}},
   };
   return out;
 }

@@ -9,6 +9,9 @@
 //   DisputePost    a party's move in the bisection game         -> DisputeGame::Post
 //   DisputeChildren  phase 3's move: the two children of a tile node -> DisputeGame::PostChildren
 //   ChallengeUnit  a whistleblower disputes a settled unit      -> UnitCheck::OnChallenge
+//   ProveMerits    after the solver lost a whistleblower's dispute by its silence alone: the
+//                  witness of the disputed segment, replayed as ProveFraud's (ExecuteSegment-
+//                  Witness); it does not reach the committed end -> UnitCheck::OnMeritsShown
 //   RefereeStep    the witness of the narrowed step: the ledger executes it itself (a task
 //                  with a data root, exact mode; referee_step.h)    -> DisputeGame::Rule
 //   RefereeTile    the witness of the narrowed tile (a dispute opened with the task bundle:
@@ -230,10 +233,12 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
   const Amount slash = protocol::SlashAmount(unit_cost, p.slash_multiple);
   const protocol::NodeId solver = c.config().solver;
   VerificationTally tally = t->verification;
+  Amount solver_slashed = 0;  // what this event's slash of the solver took
   for (const protocol::NodeId& n : fx.slash) {
     Amount slashed = 0, to_escrow = 0;
     if (n == solver) {
       ML_RETURN_IF_ERROR(SlashSolverIntoEscrow(s, p, task_id, n, slash, &slashed, &to_escrow));
+      solver_slashed = slashed;
     } else {
       ML_RETURN_IF_ERROR(SlashAndRecord(s, p, n, slash, &slashed));
     }
@@ -247,6 +252,15 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
     if (std::find(winners.begin(), winners.end(), n) == winners.end()) winners.push_back(n);
   }
   ML_RETURN_IF_ERROR(PayJackpotShares(s, winners, slash * winners.size(), &tally.jackpot_paid));
+  if (fx.bounty) {
+    // A whistleblower's win: never more than the solver's slash took (as ProveFraud's bounty), so
+    // a solver and a whistleblower in league never gain (a solver whose stake an earlier slash
+    // emptied would otherwise fund a whole slash's bounty from the jackpot for each challenged
+    // unit); by the solver's silence alone, only what that slash put into the jackpot.
+    const Amount bounty =
+        fx.bounty_by_silence ? BasisPoints(solver_slashed, p.slash_jackpot_bps) : solver_slashed;
+    ML_RETURN_IF_ERROR(PayJackpotShares(s, {*fx.bounty}, bounty, &tally.jackpot_paid));
+  }
   const uint32_t segments =
       protocol::SegmentCount(c.config().inner_steps, c.config().checkpoint_interval);
   // A stage unit's check also replays the stage's last step to bind its result (its segments
@@ -992,6 +1006,55 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
   // DriveChecks keeps one hold per unsettled check.
   ML_ASSIGN_OR_RETURN(uint32_t holds, m.HoldsOf(u->round));
   ML_RETURN_IF_ERROR(m.SetHolds(u->round, holds + 1).status());
+  SaveMachine(ctx.state, tx.task_id, m);
+  return Status::Ok();
+}
+
+Status ExecuteProveMerits(ExecContext& ctx, const ProveMeritsTx& tx) {
+  constexpr std::string_view kWhat = "prove merits";
+  ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  const NodeRecord* prover = ctx.state.nodes.Find(tx.node_id);
+  if ((prover->roles & kRoleWhistleblower) == 0 || prover->status != NodeStatus::kActive) {
+    return PermissionDenied("prove merits: node " + tx.node_id.ShortHex() +
+                            " is not an active whistleblower");
+  }
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  // Where ProveFraud replays a segment witness (ExecuteSegmentWitness) and nowhere else.
+  const TaskParams& tp = t->params;
+  const char* no_replay = IsPipelineTask(tp)         ? "a pipeline task"
+                          : tp.data_root.IsZero()    ? "a task without a data root"
+                          : tp.data_page_tokens != 0 ? "a token task"
+                          : tp.tolerance_rel_l2_ppm != 0 || tp.tolerance_cosine_gap_ppb != 0
+                              ? "verified in tolerance mode"
+                              : nullptr;
+  if (no_replay != nullptr) {
+    return FailedPrecondition("prove merits: task " + tx.task_id.ShortHex() + " is " + no_replay +
+                              ", whose segments the ledger does not replay from a segment "
+                              "witness; the merits window closes into a loss by the solver's "
+                              "silence alone");
+  }
+  // The window, the segment and the prover first (cheap; the check is saved only if shown).
+  ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  Result<CheckEffects> fx = c.OnMeritsShown(tx.node_id, tx.segment, ctx.height);
+  if (!fx.ok()) return fx.status().WithPrefix("prove merits");
+  Result<SegmentWitness> w = DecodeSegmentWitness(tx.witness.bytes);
+  if (!w.ok()) return w.status().WithPrefix("prove merits");
+  Result<Hash256> end = ExecuteSegmentWitness(*t, *u, tx.segment, *w);
+  if (!end.ok()) return end.status().WithPrefix("prove merits");
+  if (*end == u->leaves[tx.segment + 1]) {
+    return FailedPrecondition("prove merits: segment " + std::to_string(tx.segment) + " of unit " +
+                              std::to_string(tx.index) + " replays to its committed end " +
+                              end->ShortHex() + "; the whistleblower's claim is not shown");
+  }
+  SaveCheck(ctx.state, tx.task_id, tx.index, c);
+  ML_ASSIGN_OR_RETURN(protocol::RoundStateMachine m, LoadMachine(*t));
+  Rerun rerun;
+  ML_RETURN_IF_ERROR(ApplyEffects(ctx.state, ctx.params(), tx.task_id, tx.index, c, *fx, &rerun));
+  ML_LOG_INFO("ledger: task {} unit {}: {} ({})", tx.task_id.ShortHex(), tx.index,
+              protocol::CheckResultName(c.result()), c.reason());
+  ML_RETURN_IF_ERROR(ApplyRerun(ctx.state, tx.task_id, m, rerun));
+  // The next block's DriveChecks sets the round's holds from the checks left open.
   SaveMachine(ctx.state, tx.task_id, m);
   return Status::Ok();
 }

@@ -1540,6 +1540,68 @@ TEST_F(FraudProofTest, AProofAfterTheSolverWithdrewEverythingIsRefused) {
 }
 
 // The task record keeps its proofs through the encoding the state hash and the database use.
+// A lazy solver caught by a whistleblower falls silent on purpose, so that the verifier that
+// approved its unit without replaying keeps its stake. In the merits window the whistleblower
+// sends the disputed segment's witness (what ProveFraud carries); the ledger replays it, and the
+// rubber stamp is slashed with the solver. The bounty is what the solver's slash took.
+TEST_F(FraudProofTest, ALazySolverFallingSilentInAWhistleblowersDisputeLosesItsStampOnTheMerits) {
+  Start();
+  u_ = UnitOf(s1_);
+  other_ = UnitOf(s2_);
+  ASSERT_GE(u_, 0);
+  ASSERT_GE(other_, 0);
+  const uint32_t ui = static_cast<uint32_t>(u_);
+  PoisonUnit(ui);
+  StepOk({CommitTx(u_, poisoned_, Blake2b("poisoned delta")),
+          CommitTx(other_, Leaves(other_, false))});
+  pending_secrets_.clear();
+  Aggregate();
+  SettleClean({u_, other_});
+  ASSERT_EQ(Check(ui).result(), CheckResult::kCheckClean) << Check(ui).reason();
+  auto merits = [&](const KeyPair& node, uint32_t segment, const SegmentWitness& w) {
+    return N(node, ProveMeritsTx{.task_id = task_id_,
+                                 .index = ui,
+                                 .node_id = node.public_key(),
+                                 .segment = segment,
+                                 .witness = {EncodeSegmentWitness(w)}});
+  };
+  // Before any dispute there are no merits to show.
+  Receipt early = Step({merits(wb_, 1, SegmentProof(1))})[0];
+  EXPECT_EQ(early.code, StatusCode::kFailedPrecondition) << early.reason;
+  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = ui,
+                                 .node_id = wb_.public_key(),
+                                 .claim = ClaimOf(poisoned_, 1, states_[4])})});
+  PlayDispute(ui, nullptr, [&](uint64_t s) { return states_.at(s); });
+  ASSERT_TRUE(HasCheck(ui));
+  ASSERT_TRUE(Check(ui).awaits_merits()) << Check(ui).reason();
+  EXPECT_EQ(Node(s1_).reputation.slashes, 0u);  // nothing settled yet
+  EXPECT_EQ(Node(v1_).reputation.slashes, 0u);
+  SegmentWitness damaged = SegmentProof(1);
+  damaged.state[0] += 1e-3f;
+  const Amount erin_before = Balance(erin_);
+  // In one block (the window is dispute_response_blocks long): refusals, each changing nothing,
+  // then the merits.
+  std::vector<Receipt> r = Step({merits(v1_, 1, SegmentProof(1)),  // not a whistleblower
+                                 merits(wb_, 0, SegmentProof(0)),  // not the disputed segment
+                                 merits(wb_, 1, damaged),          // does not check out
+                                 merits(wb_, 1, SegmentProof(1))});
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(r[0].code, StatusCode::kPermissionDenied) << r[0].reason;
+  EXPECT_NE(r[1].reason.find("not the disputed one"), std::string::npos) << r[1].reason;
+  EXPECT_NE(r[2].reason.find("the unit's committed leaf 1"), std::string::npos) << r[2].reason;
+  ASSERT_TRUE(r[3].ok) << r[3].reason;
+  EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(v1_).reputation.slashes, 1u);  // the rubber stamp
+  EXPECT_EQ(Node(wb_).reputation.slashes, 0u);
+  const Amount slashed = Node(s1_).earnings.slashed;
+  EXPECT_GT(slashed, 0u);
+  EXPECT_EQ(Node(wb_).earnings.jackpot, slashed);  // the whole bounty: shown on the merits
+  EXPECT_EQ(Balance(erin_) - erin_before, slashed);
+  ExpectEarningsAddUpToTheTask();
+  EXPECT_TRUE(Rerunning());
+}
+
 TEST(ProvenFraudTest, TheTaskRecordKeepsItsProofsThroughItsEncoding) {
   TaskRecord t;
   t.id = Blake2b("task");
@@ -1820,7 +1882,13 @@ TEST_F(VerificationTest, AWhistleblowerCatchesALazySolverThatStaysSilent) {
   // nothing about its work, so the rubber stamp is slashed only when a ruling shows the work
   // wrong (UnitCheckTest.WhistleblowerChallengesACleanVerdict; here the ledger would rule from a
   // step witness, which this fixture's made-up states have none of).
+  // Nobody can show the merits of that claim (FraudProofTest's
+  // ALazySolverFallingSilentInAWhistleblowersDisputeLosesItsStampOnTheMerits can): the merits
+  // window closes into a loss by silence alone.
   PlayDispute(lazy, nullptr, [&](uint64_t s) { return TrueState(lazy, s); });
+  ASSERT_TRUE(HasCheck(lazy));
+  ASSERT_TRUE(Check(lazy).awaits_merits()) << Check(lazy).reason();
+  StepUntilDone(lazy);
   EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
   EXPECT_EQ(Node(v1_).reputation.slashes, 0u);
   EXPECT_EQ(Node(wb_).reputation.slashes, 0u);
@@ -1853,6 +1921,52 @@ TEST_F(VerificationTest, ASolverSilentInAWhistleblowersDisputeCostsItsVerifierNo
   EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
   EXPECT_EQ(Node(v1_).reputation.slashes, 0u);
   EXPECT_EQ(Node(v1_).earnings.slashed, 0u);
+  ExpectEarningsAddUpToTheTask();
+}
+
+// A whistleblower that wins by the solver's silence alone is paid only what the solver's slash
+// put into the jackpot, not a whole slash from a pool other slashes filled: else a solver and a
+// whistleblower in league would move jackpot money to the whistleblower at the cost of the
+// solver's slash (docs/verification.md, "Whistleblowers' incentives").
+TEST_F(VerificationTest, AWinBySilenceAlonePaysOnlyWhatTheSolversSlashPutInTheJackpot) {
+  Start();
+  const int a = UnitOf(s1_), b = UnitOf(s2_);
+  CommitAll({{a, false}, {b, false}});
+  Aggregate();
+  // v1 approves a and claims a made-up mismatch in b, then abandons that dispute: its slash
+  // fills the jackpot.
+  Sealed ok = Clean();
+  Sealed lie = Mismatch(b, 0, /*solver_lazy=*/false, Blake2b("made up"));
+  StepOk({SealTx(v1_, a, ok), SealTx(v1_, b, lie)});
+  StepUntil(a, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, a, ok), RevealTx(v1_, b, lie), SecretTx(a), SecretTx(b)});
+  StepUntil(b, CheckStage::kCheckDisputed);
+  PlayDispute(
+      b, [&](uint64_t s) { return TrueState(b, s); }, nullptr);
+  StepUntilDone(b);
+  ASSERT_EQ(Node(v1_).reputation.slashes, 1u);
+  ASSERT_EQ(Check(a).result(), CheckResult::kCheckClean);
+  // A whistleblower (in league with s1, say) challenges a with a made-up replay; s1 never
+  // answers, and nobody can show the merits of the claim.
+  const Amount erin_before = Balance(erin_);
+  MismatchClaimField made_up = ClaimOf(Leaves(a, false), 1, Blake2b("a replay that never was"));
+  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = static_cast<uint32_t>(a),
+                                 .node_id = wb_.public_key(),
+                                 .claim = made_up})});
+  PlayDispute(a, nullptr, [&](uint64_t s) { return Hasher("wb").UpdateU64(s).Finish(); });
+  ASSERT_TRUE(HasCheck(a));
+  ASSERT_TRUE(Check(a).awaits_merits()) << Check(a).reason();
+  StepUntilDone(a);
+  EXPECT_TRUE(Rerunning());  // fraud: the round runs again
+  EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+  const Amount slashed = Node(s1_).earnings.slashed;
+  ASSERT_GT(slashed, 0u);
+  EXPECT_EQ(Node(v1_).reputation.slashes, 1u);  // not again: nothing was shown about a
+  const Amount share = BasisPoints(slashed, genesis_.params.slash_jackpot_bps);
+  EXPECT_LT(share, slashed);
+  EXPECT_EQ(Node(wb_).earnings.jackpot, share);
+  EXPECT_EQ(Balance(erin_) - erin_before, share);
   ExpectEarningsAddUpToTheTask();
 }
 

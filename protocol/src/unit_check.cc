@@ -444,6 +444,15 @@ Result<CheckEffects> UnitCheck::OnBlock(uint64_t height, bool earlier_verdicts_i
     reason_ += " (the secret came late, during the dispute)";
     return fx;
   }
+  if (stage_ == CheckStage::kCheckDisputed && merits_deadline_) {
+    if (height > *merits_deadline_) {
+      // Nobody showed the merits: the solver lost by its silence alone (OnDisputeResolved).
+      fx = SettleWhistleblowerWin(/*on_merits=*/false, *whistleblower_);
+      reason_ = "whistleblower dispute: the solver fell silent; no merits shown by height " +
+                std::to_string(height - 1);
+    }
+    return fx;
+  }
   if (stage_ == CheckStage::kCheckDisputed) {
     ML_RETURN_IF_ERROR(dispute_->OnBlock(height));
     if (dispute_->stage() == DisputeStage::kDisputeResolved) return OnDisputeResolved(height);
@@ -475,27 +484,25 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
   if (whistleblower_) {
     // The verifiers' verdicts were paid (or slashed) when the check first settled; a challenge
     // only adds what it proves. A solver that missed its turn loses, but its silence shows
-    // nothing about its work, so the verifiers that called it clean keep their stake: else any
-    // whistleblower, with a solver that crashes or colludes, could slash honest verifiers with a
-    // made-up claim (chaos seed 561).
+    // nothing about its work: settling now would either slash the verifiers that called it clean
+    // on a made-up claim against a solver that crashed or colludes (chaos seed 561), or let a
+    // lazy solver spare its rubber stamps by falling silent on purpose. So the merits window
+    // opens: the claim may still be shown on the merits (OnMeritsShown), else only the solver
+    // pays (OnBlock at the window's end).
+    if (!o.defender_honest && o.defender_silent) {
+      merits_deadline_ = height + config_.dispute_response_blocks;
+      reason_ = "whistleblower dispute: " + o.reason + "; its merits may be shown until height " +
+                std::to_string(*merits_deadline_);
+      return fx;
+    }
     const NodeId wb = *whistleblower_;
+    reason_ = "whistleblower dispute: " + o.reason;
+    if (!o.defender_honest) return SettleWhistleblowerWin(/*on_merits=*/true, wb);
+    // The solver's streak was credited (or not) when the check first settled; not again.
     fx.settled = true;
     stage_ = CheckStage::kCheckSettled;
-    reason_ = "whistleblower dispute: " + o.reason;
-    if (!o.defender_honest) {
-      Append(fx.slash, config_.solver);
-      for (size_t i = 0; i < slots_.size() && !o.defender_silent; ++i) {
-        // Shown wrong by a ruling: they approved something wrong.
-        if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.slash, verifiers_[i]);
-      }
-      Append(o.challenger_honest ? fx.rewarded : fx.slash, wb);
-      fx.rerun_unit = true;
-      result_ = CheckResult::kCheckFraud;
-    } else {
-      // The solver's streak was credited (or not) when the check first settled; not again.
-      Append(fx.slash, wb);
-      result_ = CheckResult::kCheckClean;
-    }
+    Append(fx.slash, wb);
+    result_ = CheckResult::kCheckClean;
     return fx;
   }
   const size_t ci = static_cast<size_t>(challenger_);
@@ -559,6 +566,58 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
   return fx;
 }
 
+CheckEffects UnitCheck::SettleWhistleblowerWin(bool on_merits, const NodeId& payee) {
+  const DisputeOutcome& o = dispute_->outcome();
+  CheckEffects fx;
+  Append(fx.slash, config_.solver);
+  for (size_t i = 0; i < slots_.size() && on_merits; ++i) {
+    // Shown wrong on the merits (a ruling, or the disputed segment replayed): they approved
+    // something wrong.
+    if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.slash, verifiers_[i]);
+  }
+  if (!o.challenger_honest) Append(fx.slash, *whistleblower_);  // it missed its turn, or lied
+  if (std::find(fx.slash.begin(), fx.slash.end(), payee) == fx.slash.end()) {
+    fx.bounty = payee;
+    fx.bounty_by_silence = !on_merits;
+  }
+  fx.rerun_unit = true;
+  fx.settled = true;
+  stage_ = CheckStage::kCheckSettled;
+  result_ = CheckResult::kCheckFraud;
+  merits_deadline_.reset();
+  return fx;
+}
+
+Result<CheckEffects> UnitCheck::OnMeritsShown(const NodeId& prover, uint32_t segment,
+                                              uint64_t height) {
+  if (stage_ != CheckStage::kCheckDisputed || !merits_deadline_) {
+    return FailedPrecondition("merits of " + config_.unit.ToString() +
+                              ": no whistleblower's dispute awaits its merits (stage " +
+                              std::string(CheckStageName(stage_)) +
+                              "); they are shown only after the solver lost it by its silence");
+  }
+  if (height > *merits_deadline_) {
+    return DeadlineExceeded("merits of " + config_.unit.ToString() +
+                            ": the window closed at height " + std::to_string(*merits_deadline_));
+  }
+  if (prover == config_.solver) {
+    return InvalidArgument("merits: a solver cannot show its own unit false");
+  }
+  const SegmentSteps steps =
+      SegmentStepsOf(config_.inner_steps, config_.checkpoint_interval, segment);
+  const DisputeConfig& dc = dispute_->config();
+  if (steps.first_step != dc.first_step || steps.last_step != dc.last_step) {
+    return InvalidArgument("merits of " + config_.unit.ToString() + ": segment " +
+                           std::to_string(segment) + " is not the disputed one (steps " +
+                           std::to_string(dc.first_step) + ".." + std::to_string(dc.last_step) +
+                           "); show the segment the whistleblower claimed");
+  }
+  CheckEffects fx = SettleWhistleblowerWin(/*on_merits=*/true, prover);
+  reason_ = "whistleblower dispute: the solver fell silent; segment " + std::to_string(segment) +
+            " shown false by " + prover.ShortHex() + " at height " + std::to_string(height);
+  return fx;
+}
+
 Status UnitCheck::OnChallenge(const NodeId& whistleblower, const MismatchClaim& claim,
                               uint64_t height) {
   if (stage_ != CheckStage::kCheckSettled ||
@@ -609,6 +668,7 @@ Result<CheckEffects> UnitCheck::OnResultDisproved(const NodeId& prover, uint64_t
   fx.settled = true;
   dispute_.reset();
   whistleblower_.reset();
+  merits_deadline_.reset();
   challenger_ = -1;
   stage_ = CheckStage::kCheckSettled;
   result_ = CheckResult::kCheckFraud;
@@ -685,16 +745,18 @@ Bytes UnitCheck::Encode() const {
   e.PutI64(challenger_);
   e.PutBool(whistleblower_.has_value());
   if (whistleblower_) e.PutPublicKey(*whistleblower_);
-  // The challengers that lost by silence, only when there are any: a check without them encodes
-  // exactly as before (state hashes unchanged).
+  // The challengers that lost by silence, only when there are any or the merits window follows
+  // (then the list may be empty); then the merits window's deadline, only while it is open. A
+  // check with neither encodes exactly as before (state hashes unchanged).
   std::vector<uint32_t> silent;
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].lost_by_silence) silent.push_back(static_cast<uint32_t>(i));
   }
-  if (!silent.empty()) {
+  if (!silent.empty() || merits_deadline_) {
     e.PutU32(static_cast<uint32_t>(silent.size()));
     for (uint32_t i : silent) e.PutU32(i);
   }
+  if (merits_deadline_) e.PutU64(*merits_deadline_);
   return e.Take();
 }
 
@@ -810,10 +872,9 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
     ML_RETURN_IF_ERROR(d.GetPublicKey(&k, "check.whistleblower"));
     u.whistleblower_ = k;
   }
-  if (d.remaining() > 0) {  // the challengers that lost by silence (Encode)
+  if (d.remaining() > 0) {  // the challengers that lost by silence, the merits window (Encode)
     uint32_t n = 0;
     ML_RETURN_IF_ERROR(d.GetCount(&n, "check.lost_by_silence", nv, 4));
-    if (n == 0) return InvalidArgument("unit check: an empty lost_by_silence list is not encoded");
     for (uint32_t k = 0; k < n; ++k) {
       uint32_t i = 0;
       ML_RETURN_IF_ERROR(d.GetU32(&i, "check.lost_by_silence"));
@@ -823,11 +884,24 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
       }
       u.slots_[i].lost_by_silence = true;
     }
+    if (d.remaining() > 0) {
+      uint64_t deadline = 0;
+      ML_RETURN_IF_ERROR(d.GetU64(&deadline, "check.merits_deadline"));
+      u.merits_deadline_ = deadline;
+    }
+    if (n == 0 && !u.merits_deadline_) {
+      return InvalidArgument("unit check: an empty lost_by_silence list is not encoded");
+    }
   }
   ML_RETURN_IF_ERROR(d.Finish());
   if (u.stage_ == CheckStage::kCheckDisputed &&
       (!u.dispute_ || (u.challenger_ < 0 && !u.whistleblower_))) {
     return InvalidArgument("unit check: disputed without a dispute");
+  }
+  if (u.merits_deadline_ && (u.stage_ != CheckStage::kCheckDisputed || !u.whistleblower_ ||
+                             u.dispute_->stage() != DisputeStage::kDisputeResolved)) {
+    return InvalidArgument(
+        "unit check: a merits window without a resolved whistleblower's dispute");
   }
   return u;
 }

@@ -561,7 +561,8 @@ TEST(UnitCheckTest, WhistleblowerChallengesACleanVerdict) {
   EXPECT_TRUE(Has(fx->slash, kSolver));
   EXPECT_TRUE(Has(fx->slash, a));
   EXPECT_TRUE(Has(fx->slash, b));
-  EXPECT_TRUE(Has(fx->rewarded, kWhistle));
+  EXPECT_EQ(fx->bounty, kWhistle);  // won by a ruling: the whole bounty
+  EXPECT_FALSE(fx->bounty_by_silence);
   EXPECT_FALSE(Has(fx->slash, kWhistle));
 }
 
@@ -582,6 +583,133 @@ TEST(UnitCheckTest, ASolverSilentInAWhistleblowerDisputeCostsItsVerifiersNothing
   EXPECT_FALSE(Has(fx.slash, a));
   EXPECT_FALSE(Has(fx.slash, b));
   EXPECT_TRUE(fx.rerun_unit);
+  // A win by silence alone is paid only what the solver's slash put into the jackpot (the
+  // ledger's share), so a whistleblower and a solver in league gain nothing by it.
+  EXPECT_EQ(fx.bounty, kWhistle);
+  EXPECT_TRUE(fx.bounty_by_silence);
+  EXPECT_TRUE(fx.rewarded.empty());
+}
+
+// The check's whistleblower dispute at block h: the whistleblower posts its first answer and the
+// solver never does. Plays blocks until the solver's silent loss opens the merits window; returns
+// the next block.
+uint64_t SolverFallsSilentUntilMerits(UnitCheck& c, uint64_t h) {
+  const DisputeQuery q = c.mutable_dispute()->query();
+  EXPECT_TRUE(
+      c.mutable_dispute()->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), h).ok());
+  for (const uint64_t end = h + 10; !c.awaits_merits() && h <= end; ++h) {
+    const CheckEffects fx = *c.OnBlock(h, false);
+    EXPECT_FALSE(fx.settled);
+    EXPECT_TRUE(fx.slash.empty());
+  }
+  return h;
+}
+
+// A lazy solver caught by a whistleblower falls silent on purpose to spare the verifiers that
+// approved its unit without replaying. Its silence no longer settles the check: in the merits
+// window the whistleblower shows the disputed segment false (the ledger's replay of its
+// witness), and the rubber stamps are slashed with the solver; the whistleblower gets the bounty.
+TEST(UnitCheckTest, ALazySolverFallingSilentCannotSpareItsRubberStampsOnceTheMeritsAreShown) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
+  RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_EQ(c.result(), CheckResult::kCheckClean);
+  ASSERT_TRUE(c.OnChallenge(kWhistle, ClaimFor(true, 2), 110).ok());
+  const uint64_t h = SolverFallsSilentUntilMerits(c, 111);
+  ASSERT_TRUE(c.awaits_merits());
+  EXPECT_EQ(c.stage(), CheckStage::kCheckDisputed);  // the round stays held
+  EXPECT_EQ(c.merits_deadline(), h - 1 + c.config().dispute_response_blocks);
+  // The window is kept between blocks.
+  Result<UnitCheck> stored = UnitCheck::Decode(c.Encode());
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  EXPECT_EQ(stored->Encode(), c.Encode());
+  EXPECT_EQ(stored->merits_deadline(), c.merits_deadline());
+  c = std::move(*stored);
+  // Another segment, or the solver itself, is refused, changing nothing.
+  EXPECT_EQ(c.OnMeritsShown(kWhistle, 1, h).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.OnMeritsShown(kSolver, 2, h).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(c.awaits_merits());
+  Result<CheckEffects> fx = c.OnMeritsShown(kWhistle, 2, h);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  EXPECT_TRUE(fx->settled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
+  EXPECT_FALSE(c.awaits_merits());
+  EXPECT_TRUE(Has(fx->slash, kSolver));
+  EXPECT_TRUE(Has(fx->slash, a));
+  EXPECT_TRUE(Has(fx->slash, b));
+  EXPECT_FALSE(Has(fx->slash, kWhistle));
+  EXPECT_EQ(fx->bounty, kWhistle);
+  EXPECT_FALSE(fx->bounty_by_silence);
+  EXPECT_TRUE(fx->rerun_unit);
+  EXPECT_EQ(c.OnMeritsShown(kWhistle, 2, h).status().code(), StatusCode::kFailedPrecondition);
+}
+
+// A whistleblower in league with a lazy solver challenges its unit first and lets it fall
+// silent, so that the rubber stamps keep their stake and an honest whistleblower can no longer
+// challenge the unit. Any other node may show the merits in the window: the stamps are slashed
+// and the bounty is the prover's, not the accomplice's.
+TEST(UnitCheckTest, AnAccompliceWhistleblowerCannotShieldTheRubberStampsOfItsSolver) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
+  const NodeId honest = NodeOfByte(10);
+  RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_TRUE(c.OnChallenge(kWhistle, ClaimFor(true, 1), 110).ok());
+  SolverFallsSilentUntilMerits(c, 111);
+  ASSERT_TRUE(c.awaits_merits());
+  Result<CheckEffects> fx = c.OnMeritsShown(honest, 1, c.merits_deadline());  // its last block
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  EXPECT_TRUE(Has(fx->slash, kSolver));
+  EXPECT_TRUE(Has(fx->slash, a));
+  EXPECT_TRUE(Has(fx->slash, b));
+  EXPECT_EQ(fx->bounty, honest);
+  EXPECT_FALSE(fx->bounty_by_silence);
+  EXPECT_FALSE(Has(fx->slash, kWhistle));  // its claim was true
+}
+
+// The merits window closes: the check settles at the next block as a loss by silence alone (the
+// seed-561 case), and a late showing is refused.
+TEST(UnitCheckTest, TheMeritsWindowClosesIntoALossBySilenceAlone) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  const NodeId a = c.verifiers()[0];
+  RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_TRUE(c.OnChallenge(kWhistle, ClaimFor(true, 0), 110).ok());
+  SolverFallsSilentUntilMerits(c, 111);
+  const uint64_t last = c.merits_deadline();
+  CheckEffects fx = *c.OnBlock(last, false);
+  EXPECT_FALSE(fx.settled);
+  ASSERT_TRUE(c.awaits_merits());
+  EXPECT_EQ(c.OnMeritsShown(kWhistle, 0, last + 1).status().code(), StatusCode::kDeadlineExceeded);
+  fx = *c.OnBlock(last + 1, false);
+  EXPECT_TRUE(fx.settled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
+  EXPECT_EQ(fx.slash, std::vector<NodeId>{kSolver});
+  EXPECT_FALSE(Has(fx.slash, a));
+  EXPECT_EQ(fx.bounty, kWhistle);
+  EXPECT_TRUE(fx.bounty_by_silence);
+  EXPECT_FALSE(c.awaits_merits());
+  // Settled checks encode without the window's trailer.
+  Result<UnitCheck> back = UnitCheck::Decode(c.Encode());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Encode(), c.Encode());
+  EXPECT_FALSE(back->awaits_merits());
+}
+
+// A merits deadline on a check without a whistleblower's resolved dispute is refused; an empty
+// silent-loss list with nothing after it too.
+TEST(UnitCheckTest, AMeritsWindowIsEncodedOnlyOnAWhistleblowersResolvedDispute) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_EQ(c.stage(), CheckStage::kCheckSettled);
+  const Bytes plain = c.Encode();
+  for (bool with_deadline : {true, false}) {
+    Encoder e;
+    e.PutU32(0);
+    if (with_deadline) e.PutU64(120);
+    Bytes tampered = plain;
+    const Bytes tail = e.Take();
+    tampered.insert(tampered.end(), tail.begin(), tail.end());
+    EXPECT_FALSE(UnitCheck::Decode(tampered).ok()) << with_deadline;
+  }
 }
 
 TEST(UnitCheckTest, AFailedWhistleblowerChallengePaysAndSlashesNoVerifierAgain) {

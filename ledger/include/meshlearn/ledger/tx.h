@@ -578,6 +578,36 @@ struct ChallengeUnitTx {
   bool operator==(const ChallengeUnitTx&) const = default;
 };
 
+// A whistleblower's dispute the solver lost only by missing its turn shows nothing about its
+// work, so the check waits `dispute_response_blocks` more blocks for its merits
+// (protocol::UnitCheck::awaits_merits): in that window a whistleblower node `node_id` (any but
+// the solver, not only the one that challenged) sends the SegmentWitness of the disputed segment
+// `segment` (what ProveFraudTx carries; the ledger replays it with ExecuteSegmentWitness). If
+// the segment does not replay to the solver's committed end, the check settles as fraud on the
+// merits: the solver and the verifiers that called the unit clean are slashed, and `node_id`
+// gets the bounty. Refused, changing nothing, outside the window, for another segment, or when
+// the segment replays to its committed end. For a unit whose segments the ledger replays from a
+// witness (exact mode, a data root, not a token task nor a pipeline stage); for the others the
+// window closes into a loss by silence alone (docs/verification.md, "Whistleblowers'
+// incentives"). May be longer than kMaxTxBytes (kMaxLargeTxBytes).
+struct ProveMeritsTx {
+  static constexpr TxType kType = TxType::kProveMerits;
+  Hash256 task_id;
+  uint32_t index = 0;
+  PublicKey node_id;
+  uint32_t segment = 0;
+  WitnessField witness;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("node_id", s.node_id);
+    v("segment", s.segment);
+    v("witness", s.witness);
+  }
+  bool operator==(const ProveMeritsTx&) const = default;
+};
+
 // The referee's result for a dispute in the referee stage: the correct output hash of the single
 // step or operator the game narrowed to (protocol::RefereeTask), or, for a task in tolerance
 // mode (a whole segment), `tolerance_verdict` 1 = the defender's committed end state is within
@@ -817,7 +847,8 @@ using TxPayload =
 
 TxType PayloadType(const TxPayload& p);
 // The longest encoded transaction of type `t`: kMaxTxBytes, kMaxLargeTxBytes for the four that
-// carry a whole-state witness (RefereeStep, RefereeStageStep, ProveResult, ProveFraud), for
+// carry a whole-state witness (RefereeStep, RefereeStageStep, ProveResult, ProveFraud,
+// ProveMerits), for
 // ServeStageEvidence (a piece of a stage's evidence) and for RevealSecret (a drawn stage's forced
 // step commits), kMaxTileTxBytes for RefereeTile.
 size_t MaxTxBytes(TxType t);

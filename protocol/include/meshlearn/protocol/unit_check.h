@@ -32,7 +32,13 @@
 // is treated as having cheated (its unit fails).
 // A whistleblower may challenge a unit settled clean through the same dispute game until the
 // task's round is final; if the solver loses, the verifiers that approved it are slashed too;
-// if the whistleblower loses, only it is slashed (the verifiers were settled already).
+// if the whistleblower loses, only it is slashed (the verifiers were settled already). A solver
+// that loses only by missing its turn showed nothing about its work: the merits window opens
+// (awaits_merits()), in which a whistleblower may show the disputed segment false on the merits
+// (OnMeritsShown: the ledger replays its witness); then the approving verifiers are slashed and
+// the prover is paid the bounty. At the window's end without it, only the solver is slashed,
+// the approving verifiers keep their stake and the whistleblower's bounty is only what the
+// solver's slash put into the jackpot (CheckEffects::bounty_by_silence).
 //
 // Everything is decided here; the ledger applies the returned CheckEffects (slash, pay, fail).
 #pragma once
@@ -128,6 +134,12 @@ struct CheckEffects {
   std::vector<NodeId> failures;        // missed a deadline: reputation failure, not paid
   std::vector<NodeId> pay_verifiers;   // replayed and revealed honestly: paid for the replay
   std::vector<NodeId> rewarded;        // won a dispute: rewarded from the slashed stake
+  // A whistleblower's dispute won against the solver: `bounty` is paid from the jackpot, never
+  // more than what this event's slash of the solver took (a solver and a whistleblower in league
+  // gain nothing by it); won by the solver's silence alone (`bounty_by_silence`), only the part of
+  // that slash that went into the jackpot (docs/verification.md, "Whistleblowers' incentives").
+  std::optional<NodeId> bounty;
+  bool bounty_by_silence = false;
   bool solver_clean = false;           // credit the solver's clean streak
   bool rerun_unit = false;             // forced error or fraud: the unit must be run again
   bool settled = false;                // this event settled the check
@@ -207,8 +219,24 @@ class UnitCheck {
   Result<CheckEffects> OnDisputeResolved(uint64_t height);
   // A whistleblower challenges a unit settled clean or unchecked (the ledger allows it until
   // the unit's round is final): a dispute between the solver and the whistleblower. If the
-  // solver loses, every verifier that revealed "clean" is slashed with it.
+  // solver loses by a ruling, every verifier that revealed "clean" is slashed with it. If it
+  // loses only by missing its turn, the check stays disputed through the merits window
+  // (`dispute_response_blocks` more blocks, awaits_merits()) and settles as fraud by
+  // OnMeritsShown or at the window's end (OnBlock: the solver slashed, nobody else).
   Status OnChallenge(const NodeId& whistleblower, const MismatchClaim& claim, uint64_t height);
+  // Whether a whistleblower's dispute was lost by the solver's silence and the merits window is
+  // open (until merits_deadline(), inclusive).
+  bool awaits_merits() const { return merits_deadline_.has_value(); }
+  uint64_t merits_deadline() const { return merits_deadline_.value_or(0); }
+  // The ledger replayed segment `segment` from `prover`'s witness (ProveMeritsTx) and it does not
+  // reach the solver's committed end: the whistleblower's claim is shown on the merits. The
+  // segment must be the disputed one; any node but the solver may show it (a whistleblower in
+  // league with a lazy solver cannot shield the solver's rubber stamps by letting it fall
+  // silent). Settles as fraud: the solver and every verifier that revealed "clean" slashed,
+  // `prover` paid the bounty (a whistleblower that itself missed its turn is slashed, unpaid).
+  // FailedPrecondition outside the window, DeadlineExceeded after it, InvalidArgument for
+  // another segment or the solver itself.
+  Result<CheckEffects> OnMeritsShown(const NodeId& prover, uint32_t segment, uint64_t height);
   // The step's tile plan (DisputeConfig's num_operators, operator_tiles, operator_blocks), for
   // the disputes this check opens from now on (a dispute already running keeps its own). Set
   // once: a second call must give the same plan (AlreadyExists otherwise). InvalidArgument for
@@ -254,6 +282,10 @@ class UnitCheck {
   // did not lose its dispute by silence alone: in slot order, every such segment has already been
   // refuted by a dispute the solver won on the merits.
   bool RefutedBefore(size_t slot, size_t upto) const;
+  // Settles a whistleblower's dispute the solver lost: the solver slashed, the verifiers that
+  // called the unit clean too when the loss was shown `on_merits`, the whistleblower when it
+  // missed its turn; `payee` gets the bounty unless it is slashed here.
+  CheckEffects SettleWhistleblowerWin(bool on_merits, const NodeId& payee);
 
   struct VerdictSlot {
     std::optional<Hash256> commitment;
@@ -280,6 +312,9 @@ class UnitCheck {
   std::optional<DisputeGame> dispute_;
   int challenger_ = -1;  // slot index of the verifier in the dispute; -1: a whistleblower's
   std::optional<NodeId> whistleblower_;
+  // Set while a whistleblower's dispute lost by the solver's silence awaits its merits: the last
+  // height at which OnMeritsShown is accepted. Encoded as a trailer only when set.
+  std::optional<uint64_t> merits_deadline_;
 };
 
 // The verifiers' pay and slash amounts, in tokens, for a unit whose training costs
