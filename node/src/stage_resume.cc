@@ -3,6 +3,8 @@
 #include <string>
 #include <utility>
 
+#include "meshlearn/node/stage_evidence.h"
+
 namespace meshlearn::node {
 
 namespace {
@@ -96,6 +98,33 @@ class ResumeLink final : public StageLink {
 };
 
 }  // namespace
+
+Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std::string& endpoint,
+                                           const StageContext& ctx, uint32_t stage, uint32_t lost,
+                                           uint64_t k) {
+  KeptStageSteps out;
+  for (uint64_t j = 0; j < k; ++j) {
+    const StageStepRef ref{
+        .task = ctx.task, .round = ctx.round, .replica = ctx.replica, .stage = stage, .step = j};
+    Result<StageStepEvidence> ev = FetchStageStepSent(transport, endpoint, ref, lost);
+    if (ev.status().code() == StatusCode::kNotFound) {
+      return FailedPrecondition(Resume(k) + "stage " + std::to_string(stage) + "'s node at " +
+                                endpoint + " serves no commit of " + ref.ToString() +
+                                "; re-run from the round's start");
+    }
+    if (!ev.ok()) return ev.status().WithPrefix(Resume(k) + "fetching " + ref.ToString());
+    for (const StageTransfer& t : ev->commit.sent) {
+      if (t.key.to_stage == lost && ev->blobs.count(t.tensor) == 0) {
+        return FailedPrecondition(Resume(k) + "stage " + std::to_string(stage) + "'s node at " +
+                                  endpoint + " no longer holds the tensor of " + t.key.ToString() +
+                                  "; re-run from the round's start");
+      }
+    }
+    out.sent.merge(ev->blobs);
+    out.commits.push_back(std::move(ev->commit));
+  }
+  return out;
+}
 
 Result<std::vector<StageStepCommit>> RecomputeLostStage(
     engine::Stage& stage, const StageContext& ctx, uint32_t lost, const KeyPair& key,

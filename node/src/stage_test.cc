@@ -2010,6 +2010,125 @@ TEST(StageResumeTest, ALostStageIsRecomputedFromItsNeighboursTensorsAndTheReplic
   }
 }
 
+// The same over HTTP, with what stage nodes serve: the kept stages' planes keep what they send
+// (keep_sent) and their evidence serves it; the new node fetches it (FetchKeptStageSteps),
+// re-runs the lost stage and serves its steps; each kept node fetches the new node's commits,
+// swaps the records and serves its swapped commits (StageEvidence::ServeCommit); a verifier that
+// fetches a step before k of any stage replays it against the new chain; and the replica trains
+// on from step k over the same kept planes, bit-equal.
+TEST(StageResumeTest, OverHttpTheNewNodeFetchesTheKeptStagesTensorsAndTheyServeTheSwappedSteps) {
+  constexpr uint64_t k = 2;
+  constexpr uint32_t lost = 1;
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+    for (int64_t step = 0; step < 4; ++step) {
+      engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+    }
+    const StageContext ctx = StageCtx();
+    StagePlaneOptions opt;
+    opt.keep_sent = true;
+    opt.checkpoint_every = 0;
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+    std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+    const std::vector<Batch> batches = StageBatches(spec, 4);
+    auto hooks_of = [&](StageEvidence* evidence, uint32_t s) {
+      StageRunHooks hooks;
+      hooks.checkpoint = [evidence, &ctx, s](uint64_t step, engine::TrainState& state) {
+        return evidence->SaveCheckpoint({ctx.task, ctx.round, ctx.replica, s, step}, state);
+      };
+      hooks.publish = [evidence](const StageStepCommit& c, std::map<Hash256, Bytes> tensors) {
+        return evidence->Publish(c, std::move(tensors));
+      };
+      return hooks;
+    };
+    // Steps 0..k-1, each stage node as a Stager runs it; then stage 1's node is gone.
+    std::vector<Result<StageUnitOutcome>> first(3, Internal("not run"));
+    {
+      std::vector<std::thread> threads;
+      for (uint32_t s = 0; s < 3; ++s) {
+        threads.emplace_back([&, s] {
+          first[s] =
+              RunStageUnit(*stages[s], *nodes[s]->plane, std::span<const Batch>(batches).first(k),
+                           kStageDropoutSeed, hooks_of(&nodes[s]->evidence, s));
+        });
+      }
+      for (std::thread& t : threads) t.join();
+    }
+    for (uint32_t s = 0; s < 3; ++s) ASSERT_TRUE(first[s].ok()) << first[s].status().ToString();
+    nodes[lost]->server->Stop();
+
+    StageContext replaced = ctx;
+    const KeyPair new_key = StageNodeKey(5);
+    replaced.chain[lost] = new_key.public_key();
+    std::unique_ptr<StageNode> fresh =
+        StageStartNode(replaced, static_cast<int>(lost), new_key, opt);
+    const std::string fresh_at = fresh->server->endpoint();
+    std::map<uint32_t, KeptStageSteps> kept;
+    for (uint32_t s : {0u, 2u}) {
+      Result<KeptStageSteps> got = FetchKeptStageSteps(
+          fresh->transport.get(), nodes[s]->server->endpoint(), replaced, s, lost, k);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      kept[s] = std::move(*got);
+    }
+    // A node that serves no such step: the resume cannot be made.
+    Result<KeptStageSteps> none =
+        FetchKeptStageSteps(fresh->transport.get(), fresh_at, replaced, 0, lost, k);
+    EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition) << none.status().ToString();
+    std::unique_ptr<Stage> redo = StageAtRoundStart(spec, static_cast<int>(lost));
+    Result<std::vector<StageStepCommit>> redone =
+        RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k, kept,
+                           hooks_of(&fresh->evidence, lost));
+    ASSERT_TRUE(redone.ok()) << redone.status().ToString();
+    EXPECT_EQ(engine::StateHash(redo->state()), engine::StateHash(stages[lost]->state()));
+
+    // Each kept node fetches the new node's commits of steps 0..k-1, swaps, and serves the
+    // swapped ones.
+    for (uint32_t s : {0u, 2u}) {
+      std::vector<StageStepCommit> theirs;
+      for (uint64_t j = 0; j < k; ++j) {
+        Result<StageStepEvidence> ev = FetchStageStepRecords(
+            nodes[s]->transport.get(), fresh_at, {ctx.task, ctx.round, ctx.replica, lost, j});
+        ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+        theirs.push_back(ev->commit);
+      }
+      std::vector<StageStepCommit> mine = first[s]->commits;
+      ASSERT_TRUE(SwapLostStageRecords(mine, lost, theirs, replaced).ok());
+      for (const StageStepCommit& c : mine) {
+        ASSERT_TRUE(nodes[s]->evidence.ServeCommit(c).ok());
+      }
+    }
+    nodes[lost] = std::move(fresh);
+    // A verifier of any stage's step k-1, against the new chain.
+    net::HttpTransport verifier;
+    for (uint32_t s = 0; s < 3; ++s) {
+      Result<StageStepEvidence> ev = FetchStageStepEvidence(
+          &verifier, nodes[s]->server->endpoint(), {ctx.task, ctx.round, ctx.replica, s, k - 1});
+      ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+      Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
+      ASSERT_TRUE(start.ok()) << start.status().ToString();
+      Result<StageReplayResult> r =
+          ReplayStageStep(StageSetup(spec, replaced.chain), std::move(*start), ev->commit,
+                          ev->blobs, batches[k - 1], kStageDropoutSeed);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->ok()) << "stage " << s << ": " << r->message;
+    }
+
+    // Steps k..3 on the new chain, the kept nodes on their planes of steps 0..k-1.
+    stages[lost] = std::move(redo);
+    StageConnect(nodes, replaced.chain);
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st =
+        StageRunOverHttp(stages, nodes, {0, 1, 2}, static_cast<int64_t>(k), 4, &out);
+    for (uint32_t s = 0; s < 3; ++s) {
+      ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+      EXPECT_EQ(engine::StateHash(stages[s]->state()), engine::StateHash(want[s]->state()))
+          << "stage " << s;
+    }
+  }
+}
+
 // When the resume at k cannot be made -- a kept stage's node no longer holds a tensor the lost
 // stage needs, a recomputed tensor differs from what the lost node signed, or a swap is offered a
 // record that is not the new node's or not the same tensor -- it fails naming the tensor, and the

@@ -41,6 +41,7 @@
 #include "meshlearn/base/sign.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/pipeline.h"
+#include "meshlearn/net/transport.h"
 #include "meshlearn/node/stage_step.h"
 #include "meshlearn/node/stage_unit.h"
 #include "meshlearn/protocol/stage_transfer.h"
@@ -54,6 +55,15 @@ struct KeptStageSteps {
   std::vector<protocol::StageStepCommit> commits;
   std::map<Hash256, Bytes> sent;
 };
+
+// What kept stage `stage` of ctx's replica serves of its steps 0..k-1 (its StageEvidence at
+// `endpoint`): each step's commit (checked to be that step's) and the tensors it sent stage `lost`
+// (FetchStageStepSent; served when its plane keeps what it sends, keep_sent). FailedPrecondition
+// naming the step when the node serves no commit of it (NotFound), or a tensor of its commit
+// addressed to `lost` it does not serve; the transport's errors as they come.
+Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std::string& endpoint,
+                                           const StageContext& ctx, uint32_t stage, uint32_t lost,
+                                           uint64_t k);
 
 // Steps 0..k-1 of stage `lost` of ctx's replica, re-run on `stage` (stage `lost` at the round's
 // start: StageFromGlobal; its state's step must be 0) and signed with `key` (ctx.chain[lost] must
