@@ -1,6 +1,8 @@
 // What a stage node serves so that a verifier can replay one of its steps (issue 15;
 // docs/verification.md "Pipeline stages"): the step's commit, the stage's checkpoint of the step's
-// start, and every tensor it received that step, by its content address (engine::TensorHash).
+// start, and every tensor it received that step, by its content address (engine::TensorHash) --
+// and, when its plane keeps them (StagePlaneOptions::keep_sent), every tensor it sent, which the
+// node that replaces a lost neighbour re-runs that neighbour's steps from (stage_resume.h).
 //
 // Methods (bodies in the canonical encoding, every field checked on decode):
 //   "stage.step"   {task, round, replica, stage, step}
