@@ -126,10 +126,12 @@ Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std:
   return out;
 }
 
-Result<std::vector<StageStepCommit>> RecomputeLostStage(
-    engine::Stage& stage, const StageContext& ctx, uint32_t lost, const KeyPair& key,
-    std::span<const engine::Batch> batches, uint64_t dropout_seed, uint64_t k,
-    const std::map<uint32_t, KeptStageSteps>& kept, const StageRunHooks& hooks) {
+Result<RecomputedStage> RecomputeLostStage(engine::Stage& stage, const StageContext& ctx,
+                                           uint32_t lost, const KeyPair& key,
+                                           std::span<const engine::Batch> batches,
+                                           uint64_t dropout_seed, uint64_t k,
+                                           const std::map<uint32_t, KeptStageSteps>& kept,
+                                           const StageRunHooks& hooks) {
   const uint32_t stages = ctx.stages();
   if (lost >= stages || static_cast<uint32_t>(stage.index()) != lost) {
     return InvalidArgument(Resume(k) + "stage " + std::to_string(stage.index()) +
@@ -169,14 +171,15 @@ Result<std::vector<StageStepCommit>> RecomputeLostStage(
     }
   }
   ResumeLink link(ctx, k, key, kept);
-  std::vector<StageStepCommit> out;
+  RecomputedStage out;
   for (uint64_t j = 0; j < k; ++j) {
     if (hooks.checkpoint) ML_RETURN_IF_ERROR(hooks.checkpoint(j, stage.state()));
     ML_ASSIGN_OR_RETURN(StageStepOutcome step,
                         RunStageStep(stage, ctx, batches[j], dropout_seed, link));
     std::map<Hash256, Bytes> received = link.TakeReceived();
     if (hooks.publish) ML_RETURN_IF_ERROR(hooks.publish(step.commit, std::move(received)));
-    out.push_back(std::move(step.commit));
+    out.losses.push_back(step.loss);
+    out.commits.push_back(std::move(step.commit));
   }
   return out;
 }

@@ -1829,6 +1829,7 @@ struct StageResumeRun {
   ModelSpec spec;
   std::vector<std::unique_ptr<Stage>> stages;  // at step k's start (the lost one: what it was)
   std::vector<std::vector<StageStepCommit>> commits;  // [stage][step]
+  std::vector<std::vector<float>> losses;             // [stage][step]
   std::vector<std::unique_ptr<StageRecordingLink>> links;
   MemEnv env;  // "s<stage>.<step>": every stage's checkpoint of each step's start
 };
@@ -1844,6 +1845,7 @@ void StageRunUntilLost(const char* toml, uint64_t k, StageResumeRun* run) {
     links.push_back(run->links.back().get());
   }
   run->commits.resize(3);
+  run->losses.resize(3);
   for (uint64_t step = 0; step < k; ++step) {
     for (int s = 0; s < 3; ++s) {
       CHECK(engine::SaveCheckpoint(&run->env, "s" + std::to_string(s) + "." + std::to_string(step),
@@ -1852,7 +1854,10 @@ void StageRunUntilLost(const char* toml, uint64_t k, StageResumeRun* run) {
     }
     std::vector<StageStepOutcome> out =
         StageRunStep(run->stages, ctx, links, static_cast<int64_t>(step));
-    for (int s = 0; s < 3; ++s) run->commits[s].push_back(out[s].commit);
+    for (int s = 0; s < 3; ++s) {
+      run->commits[s].push_back(out[s].commit);
+      run->losses[s].push_back(out[s].loss);
+    }
   }
 }
 
@@ -1906,11 +1911,13 @@ TEST(StageResumeTest, ALostStageIsRecomputedFromItsNeighboursTensorsAndTheReplic
         return Status::Ok();
       };
       const std::vector<Batch> batches = StageBatches(spec, 4);
-      Result<std::vector<StageStepCommit>> redone =
+      Result<RecomputedStage> redone =
           RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k,
                              StageKeptSteps(run, lost), hooks);
       ASSERT_TRUE(redone.ok()) << redone.status().ToString();
-      ASSERT_EQ(redone->size(), k);
+      ASSERT_EQ(redone->commits.size(), k);
+      // Its losses too (the last stage's CommitStage counts them).
+      EXPECT_EQ(redone->losses, run.losses[lost]);
       // The lost node's state at step k, bit for bit, with no checkpoint of it copied.
       EXPECT_EQ(engine::StateHash(redo->state()), engine::StateHash(run.stages[lost]->state()));
       // What the kept stages hold for it: the tensors they sent, beside those they received (and
@@ -1934,14 +1941,14 @@ TEST(StageResumeTest, ALostStageIsRecomputedFromItsNeighboursTensorsAndTheReplic
       // verifies against the new chain, as the ledger checks a run (ReplicaChainOf); before the
       // swap, a neighbour's did not.
       std::vector<std::vector<StageStepCommit>> commits = run.commits;
-      commits[lost] = *redone;
+      commits[lost] = redone->commits;
       for (uint32_t s = 0; s < 3; ++s) {
         if (s == lost) continue;
         const uint32_t neighbour = lost == 0 ? 1 : lost - 1;
         if (s == neighbour) {
           EXPECT_FALSE(protocol::VerifyStageStepSignatures(commits[s][k - 1], replaced.chain).ok());
         }
-        ASSERT_TRUE(SwapLostStageRecords(commits[s], lost, *redone, replaced).ok());
+        ASSERT_TRUE(SwapLostStageRecords(commits[s], lost, redone->commits, replaced).ok());
         for (uint64_t j = 0; j < k; ++j) {
           EXPECT_EQ(commits[s][j].state_before, run.commits[s][j].state_before);
           EXPECT_EQ(commits[s][j].state_after, run.commits[s][j].state_after);
@@ -2077,7 +2084,7 @@ TEST(StageResumeTest, OverHttpTheNewNodeFetchesTheKeptStagesTensorsAndTheyServeT
         FetchKeptStageSteps(fresh->transport.get(), fresh_at, replaced, 0, lost, k);
     EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition) << none.status().ToString();
     std::unique_ptr<Stage> redo = StageAtRoundStart(spec, static_cast<int>(lost));
-    Result<std::vector<StageStepCommit>> redone =
+    Result<RecomputedStage> redone =
         RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k, kept,
                            hooks_of(&fresh->evidence, lost));
     ASSERT_TRUE(redone.ok()) << redone.status().ToString();
@@ -2159,7 +2166,7 @@ TEST(StageResumeTest, AResumeThatCannotBeMadeFailsAndTheReplicaRerunsFromTheRoun
       }
       ASSERT_NE(act, nullptr);
       kept[0].sent.erase(act->tensor);
-      Result<std::vector<StageStepCommit>> r = recompute(kept);
+      Result<RecomputedStage> r = recompute(kept);
       EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
       EXPECT_NE(r.status().message().find("no longer holds"), std::string::npos);
     }
@@ -2173,16 +2180,16 @@ TEST(StageResumeTest, AResumeThatCannotBeMadeFailsAndTheReplicaRerunsFromTheRoun
                               StageNodeKey(lost), replaced.TileColsOf(r.bytes / 4));
         }
       }
-      Result<std::vector<StageStepCommit>> r = recompute(kept);
+      Result<RecomputedStage> r = recompute(kept);
       EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
       EXPECT_NE(r.status().message().find("the lost node sent"), std::string::npos);
     }
     // A swap offered records another key signed, or of another tensor, leaves the commits as
     // they were.
     {
-      Result<std::vector<StageStepCommit>> redone = recompute(StageKeptSteps(run, lost));
+      Result<RecomputedStage> redone = recompute(StageKeptSteps(run, lost));
       ASSERT_TRUE(redone.ok()) << redone.status().ToString();
-      std::vector<StageStepCommit> forged = *redone;
+      std::vector<StageStepCommit> forged = redone->commits;
       for (StageTransfer& r : forged[0].sent) {
         r = SignStageTensor(r.key, std::vector<float>(r.bytes / 4, 0.0f), new_key,
                             replaced.TileColsOf(r.bytes / 4));
@@ -2193,7 +2200,7 @@ TEST(StageResumeTest, AResumeThatCannotBeMadeFailsAndTheReplicaRerunsFromTheRoun
       EXPECT_EQ(mine, run.commits[2]);
       StageContext other = replaced;
       other.chain[lost] = StageNodeKey(6).public_key();
-      swapped = SwapLostStageRecords(mine, lost, *redone, other);
+      swapped = SwapLostStageRecords(mine, lost, redone->commits, other);
       EXPECT_EQ(swapped.code(), StatusCode::kPermissionDenied) << swapped.ToString();
       EXPECT_EQ(mine, run.commits[2]);
     }

@@ -23,10 +23,10 @@
 // re-runs from the round's start on the new chain, as it did before this existed (bit-equal too).
 //
 //   // On the new node of stage L, given each kept stage's KeptStageSteps of steps 0..k-1:
-//   ML_ASSIGN_OR_RETURN(std::vector<StageStepCommit> redone,
+//   ML_ASSIGN_OR_RETURN(RecomputedStage redone,
 //                       RecomputeLostStage(*stage, new_ctx, L, key, batches, seed, k, kept));
 //   // On each kept stage, its commits of steps 0..k-1:
-//   ML_RETURN_IF_ERROR(SwapLostStageRecords(my_commits, L, redone, new_ctx));
+//   ML_RETURN_IF_ERROR(SwapLostStageRecords(my_commits, L, redone.commits, new_ctx));
 //
 // Thread-compatible: pure functions of their arguments (the stage is changed in place).
 #pragma once
@@ -65,6 +65,14 @@ Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std:
                                            const StageContext& ctx, uint32_t stage, uint32_t lost,
                                            uint64_t k);
 
+// What RecomputeLostStage re-ran: the lost stage's commits of steps 0..k-1, signed by the new
+// node, and their losses (StageStepOutcome::loss: the last stage's mean micro-batch loss, which
+// its CommitStage's loss counts; 0 on the others).
+struct RecomputedStage {
+  std::vector<protocol::StageStepCommit> commits;
+  std::vector<float> losses;
+};
+
 // Steps 0..k-1 of stage `lost` of ctx's replica, re-run on `stage` (stage `lost` at the round's
 // start: StageFromGlobal; its state's step must be 0) and signed with `key` (ctx.chain[lost] must
 // be its public key): batches[j] and `dropout_seed` as for RunStageUnit; `kept` by stage, every
@@ -73,16 +81,19 @@ Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std:
 // record the lost node signed for it, which the receiving kept stage's commit holds. `hooks`'
 // checkpoint and publish are called for every step as RunStageUnit calls them (the new node
 // serves these steps' evidence to verifiers); its adversary fields are not read.
-// Returns the lost stage's commits of steps 0..k-1, signed by `key`; `stage` is then at step k.
+// Returns the lost stage's commits and losses of steps 0..k-1, signed by `key`; `stage` is then
+// at step k.
 // Errors (the resume at k cannot be made; `stage` is then part way and must be built again):
 // FailedPrecondition naming the tensor a kept stage no longer holds, or the record it lacks;
 // DataLoss naming the tensor recomputed otherwise than the lost node sent it; InvalidArgument for
 // arguments that do not fit (a `kept` without k commits of each stage, a stage not at step 0);
 // a kept stage's tensor that does not match its record: CheckStageTensor's error.
-Result<std::vector<protocol::StageStepCommit>> RecomputeLostStage(
-    engine::Stage& stage, const StageContext& ctx, uint32_t lost, const KeyPair& key,
-    std::span<const engine::Batch> batches, uint64_t dropout_seed, uint64_t k,
-    const std::map<uint32_t, KeptStageSteps>& kept, const StageRunHooks& hooks = {});
+Result<RecomputedStage> RecomputeLostStage(engine::Stage& stage, const StageContext& ctx,
+                                           uint32_t lost, const KeyPair& key,
+                                           std::span<const engine::Batch> batches,
+                                           uint64_t dropout_seed, uint64_t k,
+                                           const std::map<uint32_t, KeptStageSteps>& kept,
+                                           const StageRunHooks& hooks = {});
 
 // A kept stage's commits of steps 0..k-1 (`commits`, in step order) with every record it received
 // from stage `lost` replaced by the record of the same key among `recomputed`'s sent records (the
