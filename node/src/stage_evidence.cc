@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -312,9 +313,13 @@ Result<Bytes> StageEvidence::HandleSlice(const net::Request& r) const {
   return out;
 }
 
-Result<StageStepEvidence> FetchStageStepRecords(net::Transport* transport,
-                                                const std::string& endpoint,
-                                                const StageStepRef& ref, int64_t timeout_ms) {
+namespace {
+
+// The commit of `ref` and the tensors of its records that `wanted` picks (received or sent).
+Result<StageStepEvidence> FetchStageStepWith(
+    net::Transport* transport, const std::string& endpoint, const StageStepRef& ref,
+    const std::function<std::vector<StageTransfer>(const StageStepCommit&)>& wanted,
+    int64_t timeout_ms) {
   Encoder e;
   PutStageRef(e, ref);
   net::Request req{.method = kMethodStageStep,
@@ -344,7 +349,7 @@ Result<StageStepEvidence> FetchStageStepRecords(net::Transport* transport,
   }
   ev.checkpoint_bytes = checkpoint_size;
   StageSliceRequest q{.ref = ref, .part = StageSlicePart::kStageSliceTensor};
-  for (const StageTransfer& t : ev.commit.received) {
+  for (const StageTransfer& t : wanted(ev.commit)) {
     if (ev.blobs.count(t.tensor) > 0) continue;
     q.tensor = t.tensor;
     Result<Bytes> tensor = StageFetchPart(transport, endpoint, q, t.bytes, timeout_ms);
@@ -353,6 +358,30 @@ Result<StageStepEvidence> FetchStageStepRecords(net::Transport* transport,
     ev.blobs[t.tensor] = std::move(*tensor);
   }
   return ev;
+}
+
+}  // namespace
+
+Result<StageStepEvidence> FetchStageStepRecords(net::Transport* transport,
+                                                const std::string& endpoint,
+                                                const StageStepRef& ref, int64_t timeout_ms) {
+  return FetchStageStepWith(
+      transport, endpoint, ref, [](const StageStepCommit& c) { return c.received; }, timeout_ms);
+}
+
+Result<StageStepEvidence> FetchStageStepSent(net::Transport* transport, const std::string& endpoint,
+                                             const StageStepRef& ref, uint32_t to_stage,
+                                             int64_t timeout_ms) {
+  return FetchStageStepWith(
+      transport, endpoint, ref,
+      [to_stage](const StageStepCommit& c) {
+        std::vector<StageTransfer> out;
+        for (const StageTransfer& t : c.sent) {
+          if (t.key.to_stage == to_stage) out.push_back(t);
+        }
+        return out;
+      },
+      timeout_ms);
 }
 
 Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,

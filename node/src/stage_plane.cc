@@ -124,6 +124,7 @@ void StagePlane::BeginStep(uint64_t step) {
   if (!cancelled_) deadline_ += std::chrono::milliseconds(options_.step_deadline_ms);
   taken_.clear();
   received_.clear();
+  sent_.clear();
   for (auto it = inbox_.begin(); it != inbox_.end();) {
     if (it->first.step < step) {
       StageUnhold(it->first.from_stage, it->second.record.bytes);
@@ -145,6 +146,11 @@ void StagePlane::StageUnhold(uint32_t from_stage, uint64_t bytes) {
 std::map<Hash256, Bytes> StagePlane::received() const {
   std::lock_guard<std::mutex> lock(mu_);
   return received_;
+}
+
+std::map<Hash256, Bytes> StagePlane::sent() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sent_;
 }
 
 StagePlaneStats StagePlane::stats() const {
@@ -335,6 +341,7 @@ Result<StageTransfer> StagePlane::Push(const StageTensorKey& key, std::span<cons
   ++link.pushes;
   link.bytes += record.bytes;
   link.push_us += us;
+  if (options_.keep_sent) sent_[record.tensor] = StageTensorBytes(values);
   return record;
 }
 

@@ -44,6 +44,7 @@
 #include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/node/stage_plane.h"
 #include "meshlearn/node/stage_replay.h"
+#include "meshlearn/node/stage_resume.h"
 #include "meshlearn/node/stage_step.h"
 #include "meshlearn/node/stage_unit.h"
 #include "meshlearn/node/state_blob.h"
@@ -1795,6 +1796,427 @@ TEST(StagePlaneTest, AStageNodeKilledMidStepIsReplacedAndTheReplicaEndsBitEqual)
       for (const StageStepOutcome& o : out[s]) {
         EXPECT_TRUE(protocol::VerifyStageStepSignatures(o.commit, replaced.chain).ok());
       }
+    }
+  }
+}
+
+// What a kept stage's node holds for its steps (docs/protocol.md "The resume step"): every tensor
+// it sent, by hash, beside what it received (StageServingLink's `served`).
+class StageRecordingLink final : public StageLink {
+ public:
+  explicit StageRecordingLink(StageLink* inner) : inner_(inner) {}
+  Result<std::vector<float>> Receive(const StageTensorKey& key, StageTransfer* record) override {
+    Result<std::vector<float>> v = inner_->Receive(key, record);
+    if (v.ok()) received[key.step][record->tensor] = StageTensorBytes(*v);
+    return v;
+  }
+  Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
+    Result<StageTransfer> r = inner_->Send(key, values);
+    if (r.ok()) sent[r->tensor] = StageTensorBytes(values);
+    return r;
+  }
+  std::map<uint64_t, std::map<Hash256, Bytes>> received;  // by step
+  std::map<Hash256, Bytes> sent;
+
+ private:
+  StageLink* inner_;
+};
+
+// A replica of 3 stages ran steps 0..k-1 on the first chain (StageCtx) and lost stage `lost`'s
+// node in step k: what every stage holds then. The lost stage's node, its state and its commits
+// are gone; `lost_state` is kept only for the test to compare the recomputed state with.
+struct StageResumeRun {
+  ModelSpec spec;
+  std::vector<std::unique_ptr<Stage>> stages;  // at step k's start (the lost one: what it was)
+  std::vector<std::vector<StageStepCommit>> commits;  // [stage][step]
+  std::vector<std::vector<float>> losses;             // [stage][step]
+  std::vector<std::unique_ptr<StageRecordingLink>> links;
+  MemEnv env;  // "s<stage>.<step>": every stage's checkpoint of each step's start
+};
+
+void StageRunUntilLost(const char* toml, uint64_t k, StageResumeRun* run) {
+  run->spec = StageParseModel(toml);
+  run->stages = StageStages(run->spec);
+  const StageContext ctx = StageCtx();
+  MemoryStageNetwork net(ctx, StageKeys());
+  std::vector<StageLink*> links;
+  for (int s = 0; s < 3; ++s) {
+    run->links.push_back(std::make_unique<StageRecordingLink>(net.link(s)));
+    links.push_back(run->links.back().get());
+  }
+  run->commits.resize(3);
+  run->losses.resize(3);
+  for (uint64_t step = 0; step < k; ++step) {
+    for (int s = 0; s < 3; ++s) {
+      CHECK(engine::SaveCheckpoint(&run->env, "s" + std::to_string(s) + "." + std::to_string(step),
+                                   run->stages[s]->state())
+                .ok());
+    }
+    std::vector<StageStepOutcome> out =
+        StageRunStep(run->stages, ctx, links, static_cast<int64_t>(step));
+    for (int s = 0; s < 3; ++s) {
+      run->commits[s].push_back(out[s].commit);
+      run->losses[s].push_back(out[s].loss);
+    }
+  }
+}
+
+// What the kept stages give the new node: their commits and sent tensors.
+std::map<uint32_t, KeptStageSteps> StageKeptSteps(const StageResumeRun& run, uint32_t lost) {
+  std::map<uint32_t, KeptStageSteps> kept;
+  for (uint32_t s = 0; s < 3; ++s) {
+    if (s != lost) kept[s] = {.commits = run.commits[s], .sent = run.links[s]->sent};
+  }
+  return kept;
+}
+
+std::vector<Batch> StageBatches(const ModelSpec& spec, int64_t n) {
+  std::vector<Batch> batches;
+  for (int64_t step = 0; step < n; ++step) batches.push_back(StageBatch(spec, step));
+  return batches;
+}
+
+std::unique_ptr<Stage> StageAtRoundStart(const ModelSpec& spec, int stage) {
+  return std::move(StageStages(spec)[stage]);
+}
+
+TEST(StageResumeTest, ALostStageIsRecomputedFromItsNeighboursTensorsAndTheReplicaResumesAtItsStep) {
+  constexpr uint64_t k = 2;
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    for (uint32_t lost = 0; lost < 3; ++lost) {
+      StageResumeRun run;
+      StageRunUntilLost(toml, k, &run);
+      const ModelSpec& spec = run.spec;
+      SCOPED_TRACE(spec.kind + " lost stage " + std::to_string(lost));
+      std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+      for (int64_t step = 0; step < 4; ++step) {
+        engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+      }
+      const StageContext ctx = StageCtx();
+      StageContext replaced = ctx;
+      const KeyPair new_key = StageNodeKey(5);
+      replaced.chain[lost] = new_key.public_key();
+
+      // The new node rebuilds the lost stage from the round's start and re-runs its steps 0..k-1
+      // from its neighbours' tensors, serving each step's evidence as a stage node does.
+      std::unique_ptr<Stage> redo = StageAtRoundStart(spec, static_cast<int>(lost));
+      MemEnv evidence;
+      std::map<uint64_t, std::map<Hash256, Bytes>> redo_received;
+      StageRunHooks hooks;
+      hooks.checkpoint = [&](uint64_t step, engine::TrainState& state) {
+        return engine::SaveCheckpoint(&evidence, "redo." + std::to_string(step), state);
+      };
+      hooks.publish = [&](const StageStepCommit& c, std::map<Hash256, Bytes> received) {
+        redo_received[c.step] = std::move(received);
+        return Status::Ok();
+      };
+      const std::vector<Batch> batches = StageBatches(spec, 4);
+      Result<RecomputedStage> redone =
+          RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k,
+                             StageKeptSteps(run, lost), hooks);
+      ASSERT_TRUE(redone.ok()) << redone.status().ToString();
+      ASSERT_EQ(redone->commits.size(), k);
+      // Its losses too (the last stage's CommitStage counts them).
+      EXPECT_EQ(redone->losses, run.losses[lost]);
+      // The lost node's state at step k, bit for bit, with no checkpoint of it copied.
+      EXPECT_EQ(engine::StateHash(redo->state()), engine::StateHash(run.stages[lost]->state()));
+      // What the kept stages hold for it: the tensors they sent, beside those they received (and
+      // hold for their verifiers anyway).
+      uint64_t sent_bytes = 0, received_bytes = 0;
+      for (uint32_t s = 0; s < 3; ++s) {
+        if (s == lost) continue;
+        for (const auto& [hash, t] : run.links[s]->sent) sent_bytes += t.size();
+        for (const auto& [step, tensors] : run.links[s]->received) {
+          for (const auto& [hash, t] : tensors) received_bytes += t.size();
+        }
+      }
+      std::printf(
+          "%s, stage %u lost at step %llu: the kept stages held %llu bytes they sent, "
+          "beside %llu they received\n",
+          spec.kind.c_str(), lost, static_cast<unsigned long long>(k),
+          static_cast<unsigned long long>(sent_bytes),
+          static_cast<unsigned long long>(received_bytes));
+
+      // The kept stages swap the lost node's records for the new node's: then every step before k
+      // verifies against the new chain, as the ledger checks a run (ReplicaChainOf); before the
+      // swap, a neighbour's did not.
+      std::vector<std::vector<StageStepCommit>> commits = run.commits;
+      commits[lost] = redone->commits;
+      for (uint32_t s = 0; s < 3; ++s) {
+        if (s == lost) continue;
+        const uint32_t neighbour = lost == 0 ? 1 : lost - 1;
+        if (s == neighbour) {
+          EXPECT_FALSE(protocol::VerifyStageStepSignatures(commits[s][k - 1], replaced.chain).ok());
+        }
+        ASSERT_TRUE(SwapLostStageRecords(commits[s], lost, redone->commits, replaced).ok());
+        for (uint64_t j = 0; j < k; ++j) {
+          EXPECT_EQ(commits[s][j].state_before, run.commits[s][j].state_before);
+          EXPECT_EQ(commits[s][j].state_after, run.commits[s][j].state_after);
+          EXPECT_EQ(commits[s][j].sent, run.commits[s][j].sent);
+        }
+      }
+      for (uint32_t s = 0; s < 3; ++s) {
+        for (uint64_t j = 0; j < k; ++j) {
+          Status v = protocol::VerifyStageStepSignatures(commits[s][j], replaced.chain);
+          EXPECT_TRUE(v.ok()) << "stage " << s << " step " << j << ": " << v.ToString();
+        }
+      }
+      // A verifier's replay of a step before k, of the replaced stage and of a kept neighbour,
+      // against the new chain, passes.
+      const StageReplaySetup setup = StageSetup(spec, replaced.chain);
+      {
+        Result<engine::TrainState> start =
+            engine::LoadCheckpoint(&evidence, "redo." + std::to_string(k - 1));
+        ASSERT_TRUE(start.ok()) << start.status().ToString();
+        Result<StageReplayResult> r =
+            ReplayStageStep(setup, std::move(*start), commits[lost][k - 1], redo_received[k - 1],
+                            StageBatch(spec, static_cast<int64_t>(k) - 1), kStageDropoutSeed);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        EXPECT_TRUE(r->ok()) << r->message;
+      }
+      for (uint32_t s = 0; s < 3; ++s) {
+        if (s == lost) continue;
+        Result<engine::TrainState> start =
+            engine::LoadCheckpoint(&run.env, "s" + std::to_string(s) + "." + std::to_string(k - 1));
+        ASSERT_TRUE(start.ok()) << start.status().ToString();
+        Result<StageReplayResult> r = ReplayStageStep(
+            setup, std::move(*start), commits[s][k - 1], run.links[s]->received[k - 1],
+            StageBatch(spec, static_cast<int64_t>(k) - 1), kStageDropoutSeed);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        EXPECT_TRUE(r->ok()) << "stage " << s << ": " << r->message;
+      }
+
+      // Every stage runs steps k..3 on the new chain, over the HTTP data plane, each node
+      // beginning at step k: the kept ones from where they are (they run no step before k
+      // again), the new node from its recomputed state. Bit-equal to the pipeline in one
+      // process, and every commit is the new chain's.
+      run.stages[lost] = std::move(redo);
+      for (uint32_t s = 0; s < 3; ++s) ASSERT_EQ(run.stages[s]->state().step, k);
+      std::vector<std::unique_ptr<StageNode>> nodes;
+      for (uint32_t s = 0; s < 3; ++s) {
+        nodes.push_back(StageStartNode(replaced, static_cast<int>(s),
+                                       s == lost ? new_key : StageNodeKey(static_cast<int>(s)),
+                                       StagePlaneOptions{}));
+      }
+      StageConnect(nodes, replaced.chain);
+      std::vector<std::vector<StageStepOutcome>> out;
+      std::vector<Status> st =
+          StageRunOverHttp(run.stages, nodes, {0, 1, 2}, static_cast<int64_t>(k), 4, &out);
+      for (uint32_t s = 0; s < 3; ++s) {
+        ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+        ASSERT_EQ(out[s].size(), 4 - k);
+        for (const StageStepOutcome& o : out[s]) {
+          EXPECT_TRUE(protocol::VerifyStageStepSignatures(o.commit, replaced.chain).ok());
+        }
+      }
+      for (uint32_t s = 0; s < 3; ++s) {
+        EXPECT_EQ(engine::StateHash(run.stages[s]->state()), engine::StateHash(want[s]->state()))
+            << "stage " << s;
+      }
+    }
+  }
+}
+
+// The same over HTTP, with what stage nodes serve: the kept stages' planes keep what they send
+// (keep_sent) and their evidence serves it; the new node fetches it (FetchKeptStageSteps),
+// re-runs the lost stage and serves its steps; each kept node fetches the new node's commits,
+// swaps the records and serves its swapped commits (StageEvidence::ServeCommit); a verifier that
+// fetches a step before k of any stage replays it against the new chain; and the replica trains
+// on from step k over the same kept planes, bit-equal.
+TEST(StageResumeTest, OverHttpTheNewNodeFetchesTheKeptStagesTensorsAndTheyServeTheSwappedSteps) {
+  constexpr uint64_t k = 2;
+  constexpr uint32_t lost = 1;
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+    for (int64_t step = 0; step < 4; ++step) {
+      engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+    }
+    const StageContext ctx = StageCtx();
+    StagePlaneOptions opt;
+    opt.keep_sent = true;
+    opt.checkpoint_every = 0;
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+    std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+    const std::vector<Batch> batches = StageBatches(spec, 4);
+    auto hooks_of = [&](StageEvidence* evidence, uint32_t s) {
+      StageRunHooks hooks;
+      hooks.checkpoint = [evidence, &ctx, s](uint64_t step, engine::TrainState& state) {
+        return evidence->SaveCheckpoint({ctx.task, ctx.round, ctx.replica, s, step}, state);
+      };
+      hooks.publish = [evidence](const StageStepCommit& c, std::map<Hash256, Bytes> tensors) {
+        return evidence->Publish(c, std::move(tensors));
+      };
+      return hooks;
+    };
+    // Steps 0..k-1, each stage node as a Stager runs it; then stage 1's node is gone.
+    std::vector<Result<StageUnitOutcome>> first(3, Internal("not run"));
+    {
+      std::vector<std::thread> threads;
+      for (uint32_t s = 0; s < 3; ++s) {
+        threads.emplace_back([&, s] {
+          first[s] =
+              RunStageUnit(*stages[s], *nodes[s]->plane, std::span<const Batch>(batches).first(k),
+                           kStageDropoutSeed, hooks_of(&nodes[s]->evidence, s));
+        });
+      }
+      for (std::thread& t : threads) t.join();
+    }
+    for (uint32_t s = 0; s < 3; ++s) ASSERT_TRUE(first[s].ok()) << first[s].status().ToString();
+    nodes[lost]->server->Stop();
+
+    StageContext replaced = ctx;
+    const KeyPair new_key = StageNodeKey(5);
+    replaced.chain[lost] = new_key.public_key();
+    std::unique_ptr<StageNode> fresh =
+        StageStartNode(replaced, static_cast<int>(lost), new_key, opt);
+    const std::string fresh_at = fresh->server->endpoint();
+    std::map<uint32_t, KeptStageSteps> kept;
+    for (uint32_t s : {0u, 2u}) {
+      Result<KeptStageSteps> got = FetchKeptStageSteps(
+          fresh->transport.get(), nodes[s]->server->endpoint(), replaced, s, lost, k);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      kept[s] = std::move(*got);
+    }
+    // A node that serves no such step: the resume cannot be made.
+    Result<KeptStageSteps> none =
+        FetchKeptStageSteps(fresh->transport.get(), fresh_at, replaced, 0, lost, k);
+    EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition) << none.status().ToString();
+    std::unique_ptr<Stage> redo = StageAtRoundStart(spec, static_cast<int>(lost));
+    Result<RecomputedStage> redone =
+        RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k, kept,
+                           hooks_of(&fresh->evidence, lost));
+    ASSERT_TRUE(redone.ok()) << redone.status().ToString();
+    EXPECT_EQ(engine::StateHash(redo->state()), engine::StateHash(stages[lost]->state()));
+
+    // Each kept node fetches the new node's commits of steps 0..k-1, swaps, and serves the
+    // swapped ones.
+    for (uint32_t s : {0u, 2u}) {
+      std::vector<StageStepCommit> theirs;
+      for (uint64_t j = 0; j < k; ++j) {
+        Result<StageStepEvidence> ev = FetchStageStepRecords(
+            nodes[s]->transport.get(), fresh_at, {ctx.task, ctx.round, ctx.replica, lost, j});
+        ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+        theirs.push_back(ev->commit);
+      }
+      std::vector<StageStepCommit> mine = first[s]->commits;
+      ASSERT_TRUE(SwapLostStageRecords(mine, lost, theirs, replaced).ok());
+      for (const StageStepCommit& c : mine) {
+        ASSERT_TRUE(nodes[s]->evidence.ServeCommit(c).ok());
+      }
+    }
+    nodes[lost] = std::move(fresh);
+    // A verifier of any stage's step k-1, against the new chain.
+    net::HttpTransport verifier;
+    for (uint32_t s = 0; s < 3; ++s) {
+      Result<StageStepEvidence> ev = FetchStageStepEvidence(
+          &verifier, nodes[s]->server->endpoint(), {ctx.task, ctx.round, ctx.replica, s, k - 1});
+      ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+      Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
+      ASSERT_TRUE(start.ok()) << start.status().ToString();
+      Result<StageReplayResult> r =
+          ReplayStageStep(StageSetup(spec, replaced.chain), std::move(*start), ev->commit,
+                          ev->blobs, batches[k - 1], kStageDropoutSeed);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->ok()) << "stage " << s << ": " << r->message;
+    }
+
+    // Steps k..3 on the new chain, the kept nodes on their planes of steps 0..k-1.
+    stages[lost] = std::move(redo);
+    StageConnect(nodes, replaced.chain);
+    std::vector<std::vector<StageStepOutcome>> out;
+    std::vector<Status> st =
+        StageRunOverHttp(stages, nodes, {0, 1, 2}, static_cast<int64_t>(k), 4, &out);
+    for (uint32_t s = 0; s < 3; ++s) {
+      ASSERT_TRUE(st[s].ok()) << st[s].ToString();
+      EXPECT_EQ(engine::StateHash(stages[s]->state()), engine::StateHash(want[s]->state()))
+          << "stage " << s;
+    }
+  }
+}
+
+// When the resume at k cannot be made -- a kept stage's node no longer holds a tensor the lost
+// stage needs, a recomputed tensor differs from what the lost node signed, or a swap is offered a
+// record that is not the new node's or not the same tensor -- it fails naming the tensor, and the
+// replica re-runs from the round's start on the new chain, bit-equal too.
+TEST(StageResumeTest, AResumeThatCannotBeMadeFailsAndTheReplicaRerunsFromTheRoundsStart) {
+  constexpr uint64_t k = 2;
+  constexpr uint32_t lost = 1;
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    StageResumeRun run;
+    StageRunUntilLost(toml, k, &run);
+    const ModelSpec& spec = run.spec;
+    SCOPED_TRACE(spec.kind);
+    StageContext replaced = StageCtx();
+    const KeyPair new_key = StageNodeKey(5);
+    replaced.chain[lost] = new_key.public_key();
+    const std::vector<Batch> batches = StageBatches(spec, 4);
+    auto recompute = [&](const std::map<uint32_t, KeptStageSteps>& kept) {
+      std::unique_ptr<Stage> redo = StageAtRoundStart(spec, static_cast<int>(lost));
+      return RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k,
+                                kept);
+    };
+    // Stage 0's node dropped the activation it sent in step 1.
+    {
+      std::map<uint32_t, KeptStageSteps> kept = StageKeptSteps(run, lost);
+      const StageTransfer* act = nullptr;
+      for (const StageTransfer& r : kept[0].commits[1].sent) {
+        if (r.key.to_stage == lost) act = &r;
+      }
+      ASSERT_NE(act, nullptr);
+      kept[0].sent.erase(act->tensor);
+      Result<RecomputedStage> r = recompute(kept);
+      EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+      EXPECT_NE(r.status().message().find("no longer holds"), std::string::npos);
+    }
+    // The lost node had sent stage 2 another tensor in step 1 than its inputs give (it signed
+    // it): the recomputed one differs.
+    {
+      std::map<uint32_t, KeptStageSteps> kept = StageKeptSteps(run, lost);
+      for (StageTransfer& r : kept[2].commits[1].received) {
+        if (r.key.from_stage == lost) {
+          r = SignStageTensor(r.key, CorruptedStageTensor(std::vector<float>(r.bytes / 4, 0.5f)),
+                              StageNodeKey(lost), replaced.TileColsOf(r.bytes / 4));
+        }
+      }
+      Result<RecomputedStage> r = recompute(kept);
+      EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+      EXPECT_NE(r.status().message().find("the lost node sent"), std::string::npos);
+    }
+    // A swap offered records another key signed, or of another tensor, leaves the commits as
+    // they were.
+    {
+      Result<RecomputedStage> redone = recompute(StageKeptSteps(run, lost));
+      ASSERT_TRUE(redone.ok()) << redone.status().ToString();
+      std::vector<StageStepCommit> forged = redone->commits;
+      for (StageTransfer& r : forged[0].sent) {
+        r = SignStageTensor(r.key, std::vector<float>(r.bytes / 4, 0.0f), new_key,
+                            replaced.TileColsOf(r.bytes / 4));
+      }
+      std::vector<StageStepCommit> mine = run.commits[2];
+      Status swapped = SwapLostStageRecords(mine, lost, forged, replaced);
+      EXPECT_EQ(swapped.code(), StatusCode::kDataLoss) << swapped.ToString();
+      EXPECT_EQ(mine, run.commits[2]);
+      StageContext other = replaced;
+      other.chain[lost] = StageNodeKey(6).public_key();
+      swapped = SwapLostStageRecords(mine, lost, redone->commits, other);
+      EXPECT_EQ(swapped.code(), StatusCode::kPermissionDenied) << swapped.ToString();
+      EXPECT_EQ(mine, run.commits[2]);
+    }
+    // The fallback: every stage from the round's start on the new chain, bit-equal.
+    std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+    std::vector<std::unique_ptr<Stage>> again = StageStages(spec);
+    std::vector<KeyPair> keys = StageKeys();
+    keys[lost] = new_key;
+    MemoryStageNetwork net(replaced, keys);
+    std::vector<StageLink*> links{net.link(0), net.link(1), net.link(2)};
+    for (int64_t step = 0; step < 4; ++step) {
+      engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+      StageRunStep(again, replaced, links, step);
+    }
+    for (uint32_t s = 0; s < 3; ++s) {
+      EXPECT_EQ(engine::StateHash(again[s]->state()), engine::StateHash(want[s]->state()));
     }
   }
 }

@@ -371,7 +371,13 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
       PerturbParams(stage.params(), hooks.perturb_stream);
       if (!hooks.perturb_uncommitted) step.commit.state_after = engine::StateHash(stage.state());
     }
-    if (hooks.publish) ML_RETURN_IF_ERROR(hooks.publish(step.commit, plane.received()));
+    if (hooks.publish) {
+      // The tensors it sent too, with keep_sent (else none): what the node that replaces a lost
+      // neighbour re-runs that neighbour's steps from (stage_resume.h).
+      std::map<Hash256, Bytes> served = plane.received();
+      served.merge(plane.sent());
+      ML_RETURN_IF_ERROR(hooks.publish(step.commit, std::move(served)));
+    }
     loss_sum += step.loss;
     out.leaves.push_back(protocol::StageStepLeaf(step.commit));
     out.commits.push_back(std::move(step.commit));

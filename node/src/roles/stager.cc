@@ -99,12 +99,11 @@ Status Stager::Start(const UnitAssignment& a) {
   sc.chain = slot.chain;
   sc.tile_cols = ledger::StageTileCols(task.model);
   sc.tile_rows = ledger::StageTileRows(task.model, task.batch_size, task.micro_batches);
-  // No checkpoint replication on the network yet: nothing reads a kept checkpoint until the
-  // replica's resume from a step after the round's start is built (docs/protocol.md, "The resume
-  // step"), and a keeper holds its neighbour's checkpoint in memory beside its own stage (tens of
-  // MB for a 10M GPT stage), which the ledger's placement by stage_memory_bytes does not count.
-  // Once the resume reads them: the task's checkpoint_interval when it sets one, the bytes traded
-  // for the steps a replica may rerun.
+  // No checkpoint replication on the network: the replica's resume at the step where it lost a
+  // node recomputes the lost stage from its neighbours' tensors and reads no kept checkpoint
+  // (docs/protocol.md, "The resume step", says why), and a keeper holds its neighbour's
+  // checkpoint in memory beside its own stage (tens of MB for a 10M GPT stage), which the
+  // ledger's placement by stage_memory_bytes does not count.
   StagePlaneOptions plane_options = node_->options().stage_plane;
   plane_options.checkpoint_every = 0;
   run->plane = std::make_unique<StagePlane>(sc, static_cast<int>(slot.stage), node_->key(),

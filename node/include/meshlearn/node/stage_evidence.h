@@ -1,6 +1,8 @@
 // What a stage node serves so that a verifier can replay one of its steps (issue 15;
 // docs/verification.md "Pipeline stages"): the step's commit, the stage's checkpoint of the step's
-// start, and every tensor it received that step, by its content address (engine::TensorHash).
+// start, and every tensor it received that step, by its content address (engine::TensorHash) --
+// and, when its plane keeps them (StagePlaneOptions::keep_sent), every tensor it sent, which the
+// node that replaces a lost neighbour re-runs that neighbour's steps from (stage_resume.h).
 //
 // Methods (bodies in the canonical encoding, every field checked on decode):
 //   "stage.step"   {task, round, replica, stage, step}
@@ -96,8 +98,8 @@ class StageEvidence {
   Status SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state);
   // Serves the step of `commit`, whose checkpoint SaveCheckpoint wrote (replacing what was served
   // for it, and deleting its file): `received`, the tensors the stage received that step by hash
-  // (StageTensorBytes; StagePlane::received()). FailedPrecondition when no checkpoint of the step
-  // was saved since its last Publish.
+  // (StageTensorBytes; StagePlane::received()), and any it sent (StagePlane::sent()).
+  // FailedPrecondition when no checkpoint of the step was saved since its last Publish.
   Status Publish(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received);
   // Serves `commit` in place of the commit published for its step, keeping the step's checkpoint
   // and received tensors: a stage drawn for a forced error serves its forced commits
@@ -160,6 +162,13 @@ Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
                                                  const std::string& endpoint,
                                                  const StageStepRef& ref,
                                                  int64_t timeout_ms = 30'000);
+// The same with, in place of the received tensors, the tensors of the commit's sent records
+// addressed to stage `to_stage`, which a stage serves when it published them (a plane with
+// StagePlaneOptions::keep_sent): what the node that replaces a lost stage `to_stage` re-runs its
+// steps from (stage_resume.h). One the node does not serve is left out; no checkpoint.
+Result<StageStepEvidence> FetchStageStepSent(net::Transport* transport, const std::string& endpoint,
+                                             const StageStepRef& ref, uint32_t to_stage,
+                                             int64_t timeout_ms = 30'000);
 // The same without the checkpoint's bytes (ev.checkpoint stays empty; ev.checkpoint_bytes is its
 // declared size): a verifier loads it with FetchStageCheckpointState instead, as it comes.
 Result<StageStepEvidence> FetchStageStepRecords(net::Transport* transport,

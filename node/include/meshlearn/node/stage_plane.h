@@ -99,6 +99,11 @@ struct StagePlaneOptions {
   // (checkpoints_skipped): the replica then resumes from an earlier one, or the round's start.
   uint64_t checkpoint_every = 1;
   uint64_t max_checkpoint_bytes = kMaxEncodedLength - 4096;
+  // Keeps a copy of every tensor the stage sends in a step (sent()), as it keeps what it
+  // received: what a kept stage serves the node that replaces a lost neighbour, which re-runs the
+  // lost stage's earlier steps from them (stage_resume.h). Off by default: the same order of bytes
+  // as the received tensors, and the node's Stager does not resume at a step yet.
+  bool keep_sent = false;
   // Testing only (an adversary that computes its part honestly and sends corrupted tensors;
   // docs/verification.md "Pipeline stages"): a tensor whose key this matches is sent, and
   // signed, as CorruptedStageTensor of it.
@@ -207,6 +212,8 @@ class StagePlane {
   // The tensors the stage took this step, by hash (StageTensorBytes): what it serves verifiers
   // (stage_evidence.h). A copy of each is kept until the next BeginStep.
   std::map<Hash256, Bytes> received() const;
+  // With keep_sent, the tensors the stage sent this step, by hash (as received()); else empty.
+  std::map<Hash256, Bytes> sent() const;
   StagePlaneStats stats() const;
 
   // The handlers of "stage.push" and "stage.keep" (public for tests that drive them without
@@ -250,6 +257,7 @@ class StagePlane {
   std::map<protocol::StageTensorKey, Held> inbox_;
   std::map<protocol::StageTensorKey, Hash256> taken_;  // this step's, by key
   std::map<Hash256, Bytes> received_;                  // this step's, by hash
+  std::map<Hash256, Bytes> sent_;                      // this step's, by hash (keep_sent)
   uint64_t held_bytes_ = 0;
   std::map<uint32_t, uint64_t> held_from_;  // by sending stage
   protocol::StageTensorKey awaited_;        // what Take waits for (default: nothing)

@@ -203,7 +203,8 @@ struct StageRunHooks {
   std::function<Status(uint64_t step, engine::TrainState& state)> checkpoint;
   // When set, gets every step's evidence as the step ends (what StageEvidence::Publish serves
   // verifiers beside the checkpoint): its commit and the tensors the stage received
-  // (StagePlane::received); an error ends the run.
+  // (StagePlane::received), and, with StagePlaneOptions::keep_sent, those it sent
+  // (StagePlane::sent); an error ends the run.
   std::function<Status(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received)>
       publish;
   // Testing only: the solver adversaries on a stage (SetStageAdversary fills these from the

@@ -1,0 +1,109 @@
+// Resuming a pipeline replica at the step where it lost a stage's node, with every record of the
+// run on the new chain (issue 15; docs/protocol.md "The resume step").
+//
+// When stage L's node is lost in step k, the replica's kept stages hold their state at step k's
+// start (a failed step changes no weights: ledger/stage_step.h), and for every step j < k what
+// they exchanged with L: the records L signed and sent them (in their step commits' `received`)
+// and the tensors they sent L with their own signed records (their commits' `sent`). The node
+// that takes stage L over rebuilds L's state at step k without any checkpoint of L: it builds L
+// from the round's start (StageFromGlobal, what every node reads from the chain) and re-runs L's
+// steps 0..k-1 alone (RecomputeLostStage), its inputs the kept stages' tensors, each checked
+// against its sender's signed record. A step is exact (tensors are a pure function of the step's
+// inputs), so every tensor it sends is byte-equal to the one L's lost node sent: it checks each
+// against that node's record (hash, size, tiled root) and signs its own. The kept stages then swap
+// L's lost node's records in their commits of steps 0..k-1 for the new node's
+// (SwapLostStageRecords: the same tensors, checked again), so that every record of the run is
+// signed by the run's one chain (ledger ReplicaChainOf) and verifies there; their own records
+// carry no chain (protocol::StageTransferSigningBytes), so they are not signed again. Then every
+// stage runs steps k..H-1 on the new chain: the kept stages do not re-run steps 0..k-1.
+//
+// Either function failing -- a kept stage no longer holds a tensor L needs, or a recomputed
+// tensor differs from what L's lost node signed (that node sent something its inputs do not give:
+// it cheated, or its inputs were not these) -- means the resume at k cannot be made: the replica
+// re-runs from the round's start on the new chain, as it did before this existed (bit-equal too).
+//
+//   // On the new node of stage L, given each kept stage's KeptStageSteps of steps 0..k-1:
+//   ML_ASSIGN_OR_RETURN(RecomputedStage redone,
+//                       RecomputeLostStage(*stage, new_ctx, L, key, batches, seed, k, kept));
+//   // On each kept stage, its commits of steps 0..k-1:
+//   ML_RETURN_IF_ERROR(SwapLostStageRecords(my_commits, L, redone.commits, new_ctx));
+//
+// Thread-compatible: pure functions of their arguments (the stage is changed in place).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "meshlearn/base/bytes.h"
+#include "meshlearn/base/hash.h"
+#include "meshlearn/base/sign.h"
+#include "meshlearn/base/status.h"
+#include "meshlearn/engine/pipeline.h"
+#include "meshlearn/net/transport.h"
+#include "meshlearn/node/stage_step.h"
+#include "meshlearn/node/stage_unit.h"
+#include "meshlearn/protocol/stage_transfer.h"
+
+namespace meshlearn::node {
+
+// What one kept stage holds of the replica's steps 0..k-1: its step commits, in step order (the
+// records it received and sent), and the tensors it sent, by their hash (StageTensorBytes). Only
+// those it sent the lost stage are read.
+struct KeptStageSteps {
+  std::vector<protocol::StageStepCommit> commits;
+  std::map<Hash256, Bytes> sent;
+};
+
+// What kept stage `stage` of ctx's replica serves of its steps 0..k-1 (its StageEvidence at
+// `endpoint`): each step's commit (checked to be that step's) and the tensors it sent stage `lost`
+// (FetchStageStepSent; served when its plane keeps what it sends, keep_sent). FailedPrecondition
+// naming the step when the node serves no commit of it (NotFound), or a tensor of its commit
+// addressed to `lost` it does not serve; the transport's errors as they come.
+Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std::string& endpoint,
+                                           const StageContext& ctx, uint32_t stage, uint32_t lost,
+                                           uint64_t k);
+
+// What RecomputeLostStage re-ran: the lost stage's commits of steps 0..k-1, signed by the new
+// node, and their losses (StageStepOutcome::loss: the last stage's mean micro-batch loss, which
+// its CommitStage's loss counts; 0 on the others).
+struct RecomputedStage {
+  std::vector<protocol::StageStepCommit> commits;
+  std::vector<float> losses;
+};
+
+// Steps 0..k-1 of stage `lost` of ctx's replica, re-run on `stage` (stage `lost` at the round's
+// start: StageFromGlobal; its state's step must be 0) and signed with `key` (ctx.chain[lost] must
+// be its public key): batches[j] and `dropout_seed` as for RunStageUnit; `kept` by stage, every
+// stage of the chain but `lost`. Every input is the tensor a kept stage sent, checked against its
+// record (CheckStageTensor: signed by ctx.chain[sender]); every output is checked against the
+// record the lost node signed for it, which the receiving kept stage's commit holds. `hooks`'
+// checkpoint and publish are called for every step as RunStageUnit calls them (the new node
+// serves these steps' evidence to verifiers); its adversary fields are not read.
+// Returns the lost stage's commits and losses of steps 0..k-1, signed by `key`; `stage` is then
+// at step k.
+// Errors (the resume at k cannot be made; `stage` is then part way and must be built again):
+// FailedPrecondition naming the tensor a kept stage no longer holds, or the record it lacks;
+// DataLoss naming the tensor recomputed otherwise than the lost node sent it; InvalidArgument for
+// arguments that do not fit (a `kept` without k commits of each stage, a stage not at step 0);
+// a kept stage's tensor that does not match its record: CheckStageTensor's error.
+Result<RecomputedStage> RecomputeLostStage(engine::Stage& stage, const StageContext& ctx,
+                                           uint32_t lost, const KeyPair& key,
+                                           std::span<const engine::Batch> batches,
+                                           uint64_t dropout_seed, uint64_t k,
+                                           const std::map<uint32_t, KeptStageSteps>& kept,
+                                           const StageRunHooks& hooks = {});
+
+// A kept stage's commits of steps 0..k-1 (`commits`, in step order) with every record it received
+// from stage `lost` replaced by the record of the same key among `recomputed`'s sent records (the
+// new node's commits of those steps: RecomputeLostStage's), after checking that the new record is
+// signed by ctx.chain[lost] and names the same tensor (hash, size, tiled root) as the one it
+// replaces. Nothing else of a commit changes (the stage's own records and state hashes), and
+// `commits` is unchanged on error: FailedPrecondition naming a record `recomputed` lacks, DataLoss
+// naming one whose tensor differs, PermissionDenied for a record not signed by the new node.
+Status SwapLostStageRecords(std::vector<protocol::StageStepCommit>& commits, uint32_t lost,
+                            std::span<const protocol::StageStepCommit> recomputed,
+                            const StageContext& ctx);
+
+}  // namespace meshlearn::node
