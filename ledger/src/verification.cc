@@ -1407,13 +1407,9 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
           " bytes, over the stage witness bound of " + std::to_string(kMaxStageWitnessMemory) +
           ": the ledger cannot replay its step from a witness");
     }
-  } else if (t->params.data_root.IsZero() || t->params.data_page_tokens != 0) {
+  } else if (t->params.data_root.IsZero()) {
     return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
-                              (t->params.data_root.IsZero()
-                                   ? " has no data root, so the ledger cannot check a replay's "
-                                     "batches"
-                                   : " is a token task, whose segments the ledger does not replay "
-                                     "yet"));
+                              " has no data root, so the ledger cannot check a replay's batches");
   }
   for (const ProvenFraud& f : t->verification.proven_frauds) {
     // (A rewind re-ran the unit by another solver: that work is the new solver's to answer for.)
