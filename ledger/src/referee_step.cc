@@ -578,6 +578,46 @@ Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint6
   return out;
 }
 
+namespace {
+
+// Stage unit `unit`'s commit of step `at` as a witness gives it (`bytes`; `field` names it): it
+// must decode and be the unit's committed step (its StageStepLeaf the committed leaf at + 1, of
+// this task, round, replica, stage and step). InvalidArgument prefixed by `where` otherwise.
+Result<protocol::StageStepCommit> CommittedStageStep(const TaskRecord& t, const WorkUnit& unit,
+                                                     uint64_t at, const Bytes& bytes,
+                                                     std::string_view field,
+                                                     const std::string& where) {
+  const StageSlot slot = StageSlotOf(t.params, unit.index);
+  Result<protocol::StageStepCommit> c = protocol::DecodeStageStepCommit(bytes);
+  if (!c.ok()) {
+    return InvalidArgument(where + ": " + std::string(field) + ": " + c.status().message());
+  }
+  if (at + 1 >= unit.leaves.size()) {
+    return InvalidArgument(where + ": " + std::string(field) + ": unit " +
+                           std::to_string(unit.index) + " committed no leaf for step " +
+                           std::to_string(at));
+  }
+  const Hash256 leaf = protocol::StageStepLeaf(*c);
+  if (leaf != unit.leaves[at + 1] || c->task != t.id || c->round != slot.round ||
+      c->replica != slot.replica || c->stage != slot.stage || c->stages != t.params.stages ||
+      c->step != at) {
+    return InvalidArgument(where + ": " + std::string(field) + " (leaf " + leaf.ShortHex() +
+                           ", step " + std::to_string(c->step) +
+                           ") is not the stage's committed step " + std::to_string(at) + " (leaf " +
+                           unit.leaves[at + 1].ShortHex() +
+                           "); send the commit the stage node serves for it");
+  }
+  return c;
+}
+
+// Whether two records name the same tensor the same way (everything but the signature).
+bool SameRecord(const protocol::StageTransfer& a, const protocol::StageTransfer& b) {
+  return a.key == b.key && a.tensor == b.tensor && a.bytes == b.bytes &&
+         a.tile_cols == b.tile_cols && a.tiles == b.tiles && a.sender == b.sender;
+}
+
+}  // namespace
+
 Result<StageStepCheck> RuleStageContinuity(const TaskRecord& t, const WorkUnit& unit, uint64_t step,
                                            const Hash256& committed_leaf,
                                            const StageContinuityWitness& w, std::string_view what) {
@@ -587,26 +627,8 @@ Result<StageStepCheck> RuleStageContinuity(const TaskRecord& t, const WorkUnit& 
     return InvalidArgument(where + ": the stage did not commit leaf " + committed_leaf.ShortHex() +
                            " for the step");
   }
-  // One committed step's commit: its leaf the committed one, of this stage unit's step `at`.
-  auto committed = [&](const Bytes& bytes, uint64_t at,
-                       std::string_view field) -> Result<protocol::StageStepCommit> {
-    Result<protocol::StageStepCommit> c = protocol::DecodeStageStepCommit(bytes);
-    if (!c.ok()) {
-      return InvalidArgument(where + ": " + std::string(field) + ": " + c.status().message());
-    }
-    const Hash256 leaf = protocol::StageStepLeaf(*c);
-    if (leaf != unit.leaves[at + 1] || c->task != t.id || c->round != slot.round ||
-        c->replica != slot.replica || c->stage != slot.stage || c->stages != t.params.stages ||
-        c->step != at) {
-      return InvalidArgument(where + ": " + std::string(field) + " (leaf " + leaf.ShortHex() +
-                             ", step " + std::to_string(c->step) +
-                             ") is not the stage's committed step " + std::to_string(at) +
-                             " (leaf " + unit.leaves[at + 1].ShortHex() +
-                             "); send the commit the stage node serves for it");
-    }
-    return c;
-  };
-  ML_ASSIGN_OR_RETURN(protocol::StageStepCommit commit, committed(w.commit, step, "commit"));
+  ML_ASSIGN_OR_RETURN(protocol::StageStepCommit commit,
+                      CommittedStageStep(t, unit, step, w.commit, "commit", where));
   Hash256 expected;
   std::string from;
   if (step > 0) {
@@ -616,7 +638,7 @@ Result<StageStepCheck> RuleStageContinuity(const TaskRecord& t, const WorkUnit& 
                              "step's continuity is ruled from the previous step's commit alone");
     }
     ML_ASSIGN_OR_RETURN(protocol::StageStepCommit previous,
-                        committed(w.previous, step - 1, "previous"));
+                        CommittedStageStep(t, unit, step - 1, w.previous, "previous", where));
     expected = previous.state_after;
     from = "step " + std::to_string(step - 1) + "'s state_after";
   } else {
@@ -662,6 +684,92 @@ Result<StageStepCheck> RuleStageContinuity(const TaskRecord& t, const WorkUnit& 
   out.message = where + ": the step starts from " + commit.state_before.ShortHex() + ", not " +
                 from + " " + expected.ShortHex();
   out.replay.message = out.message;
+  return out;
+}
+
+Result<StageStepCheck> RuleStageRecord(const TaskRecord& t, const WorkUnit& unit, uint64_t step,
+                                       std::span<const WorkUnit* const> replica,
+                                       const std::vector<protocol::NodeId>& chain,
+                                       const StageRecordWitness& w, std::string_view what) {
+  const StageSlot slot = StageSlotOf(t.params, unit.index);
+  const std::string where = StageStepWhere(what, t, unit, step, "record");
+  if (replica.size() != t.params.stages || chain.size() != t.params.stages) {
+    return FailedPrecondition(where + ": the replica's units or chain are not one a stage");
+  }
+  ML_ASSIGN_OR_RETURN(protocol::StageStepCommit commit,
+                      CommittedStageStep(t, unit, step, w.commit, "commit", where));
+  StageStepCheck out;
+  out.replay.fault = StageFault::kStageFaultRecord;
+  out.replay.replica = slot.replica;
+  out.replay.stage = slot.stage;
+  out.replay.step = step;
+  if (w.other.empty()) {
+    // The proven stage is the receiver: its record must be its sender's signature.
+    if (w.record >= commit.received.size()) {
+      return InvalidArgument(where + ": record " + std::to_string(w.record) +
+                             " is out of range; the commit lists " +
+                             std::to_string(commit.received.size()) + " received records");
+    }
+    const protocol::StageTransfer& r = commit.received[w.record];
+    if (r.key.to_stage != slot.stage || r.key.from_stage >= chain.size()) {
+      return InvalidArgument(where + ": received record " + std::to_string(w.record) + " (" +
+                             r.key.ToString() + ") is not one sent to this stage");
+    }
+    const Status signed_by = protocol::VerifyStageTransfer(r, chain[r.key.from_stage]);
+    if (signed_by.ok()) {
+      return FailedPrecondition(where + ": received record " + std::to_string(w.record) + " (" +
+                                r.key.ToString() + ") is signed by its sender " +
+                                chain[r.key.from_stage].ShortHex() +
+                                "; nothing to prove (a record its sender signed and did not "
+                                "commit is the sender's: send the receiver's commit as other)");
+    }
+    out.replay.key = r.key;
+    out.replay.claimed = r.tensor;
+    out.message = where + ": received record " + std::to_string(w.record) + " (" +
+                  r.key.ToString() + ") is not its sender's: " + signed_by.message();
+  } else {
+    // The proven stage is the sender: the receiver's record carries its signature, and its own
+    // commit must list it among what it sent.
+    Result<protocol::StageStepCommit> other = protocol::DecodeStageStepCommit(w.other);
+    if (!other.ok()) return InvalidArgument(where + ": other: " + other.status().message());
+    const uint32_t to = other->stage;
+    if (to >= t.params.stages || to == slot.stage || replica[to] == nullptr) {
+      return InvalidArgument(where + ": other is the commit of stage " + std::to_string(to) +
+                             ", not another stage of the replica");
+    }
+    ML_ASSIGN_OR_RETURN(*other, CommittedStageStep(t, *replica[to], step, w.other, "other", where));
+    if (w.record >= other->received.size()) {
+      return InvalidArgument(where + ": record " + std::to_string(w.record) +
+                             " is out of range; other lists " +
+                             std::to_string(other->received.size()) + " received records");
+    }
+    const protocol::StageTransfer& r = other->received[w.record];
+    if (r.key.from_stage != slot.stage || r.key.to_stage != to) {
+      return InvalidArgument(where + ": other's received record " + std::to_string(w.record) +
+                             " (" + r.key.ToString() + ") is not one this stage sent it");
+    }
+    const Status signed_by = protocol::VerifyStageTransfer(r, chain[slot.stage]);
+    if (!signed_by.ok()) {
+      return FailedPrecondition(where + ": other's received record " + std::to_string(w.record) +
+                                " is not this stage's signature (" + signed_by.message() +
+                                "); nothing to prove against it (the receiver made it up: "
+                                "prove the receiver's unit with other empty)");
+    }
+    for (const protocol::StageTransfer& s : commit.sent) {
+      if (SameRecord(s, r)) {
+        return FailedPrecondition(where + ": the stage's commit lists record " + r.key.ToString() +
+                                  " among what it sent; nothing to prove (a wrong tensor is "
+                                  "its step's: send its StageStepWitness)");
+      }
+    }
+    out.replay.key = r.key;
+    out.replay.claimed = r.tensor;
+    out.message = where + ": the stage signed record " + r.key.ToString() + " (tensor " +
+                  r.tensor.ShortHex() + "), which stage " + std::to_string(to) +
+                  " received, and its commit does not list it among what it sent";
+  }
+  out.replay.message = out.message;
+  out.leaf = StageFindingLeaf(unit.leaves[step + 1], out.replay);
   return out;
 }
 

@@ -738,6 +738,7 @@ Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& t
 namespace {
 
 constexpr std::string_view kStageContinuityWitnessMagic = "meshlearn.stage_continuity_witness.v1";
+constexpr std::string_view kStageRecordWitnessMagic = "meshlearn.stage_record_witness.v1";
 
 }  // namespace
 
@@ -774,6 +775,38 @@ Result<StageContinuityWitness> DecodeStageContinuityWitness(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetBytes(&w.previous, "previous", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
   ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.Finish());
+  return w;
+}
+
+Bytes EncodeStageRecordWitness(const StageRecordWitness& w) {
+  Encoder e;
+  e.PutString(kStageRecordWitnessMagic).PutBytes(w.commit).PutU32(w.record).PutBytes(w.other);
+  return e.Take();
+}
+
+bool IsStageRecordWitness(ByteSpan bytes) {
+  Decoder d(bytes, "stage record witness");
+  std::string magic;
+  return d.GetString(&magic, "magic", 64).ok() && magic == kStageRecordWitnessMagic;
+}
+
+Result<StageRecordWitness> DecodeStageRecordWitness(ByteSpan bytes) {
+  if (bytes.size() > kMaxWitnessBytes) {
+    return InvalidArgument("stage record witness: " + std::to_string(bytes.size()) +
+                           " bytes, over the limit of " + std::to_string(kMaxWitnessBytes));
+  }
+  Decoder d(bytes, "stage record witness");
+  std::string magic;
+  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
+  if (magic != kStageRecordWitnessMagic) {
+    return InvalidArgument("stage record witness: starts with '" + magic + "', expected '" +
+                           std::string(kStageRecordWitnessMagic) + "'");
+  }
+  StageRecordWitness w;
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.GetU32(&w.record, "record"));
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.other, "other", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(d.Finish());
   return w;
 }

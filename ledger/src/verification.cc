@@ -1447,13 +1447,26 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
       Result<StageContinuityWitness> w = DecodeStageContinuityWitness(tx.witness.bytes);
       if (!w.ok()) return w.status().WithPrefix("prove fraud");
       ML_ASSIGN_OR_RETURN(c, RuleStageContinuity(*t, *u, tx.segment, committed, *w, "prove fraud"));
+    } else if (IsStageRecordWitness(tx.witness.bytes)) {
+      // A received record that was never sent as committed: the commits of the step prove it.
+      Result<StageRecordWitness> w = DecodeStageRecordWitness(tx.witness.bytes);
+      if (!w.ok()) return w.status().WithPrefix("prove fraud");
+      Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
+      if (!chain.ok()) return chain.status().WithPrefix("prove fraud");
+      const StageSlot slot = StageSlotOf(t->params, tx.index);
+      std::vector<const WorkUnit*> replica(t->params.stages);
+      for (uint32_t s = 0; s < t->params.stages; ++s) {
+        replica[s] = ctx.state.units.Find(
+            {tx.task_id, StageUnitIndex(t->params, {slot.round, slot.replica, s})});
+      }
+      ML_ASSIGN_OR_RETURN(c, RuleStageRecord(*t, *u, tx.segment, replica, *chain, *w));
     } else {
       Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
       if (!w.ok()) {
         return w.status().WithPrefix(
             "prove fraud: a pipeline stage's proof carries a stage step witness "
-            "(ledger::BuildStageStepWitness) or a continuity witness "
-            "(ledger::StageContinuityWitness)");
+            "(ledger::BuildStageStepWitness), a continuity witness "
+            "(ledger::StageContinuityWitness) or a record witness (ledger::StageRecordWitness)");
       }
       Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
       if (!chain.ok()) return chain.status().WithPrefix("prove fraud");
