@@ -160,23 +160,27 @@ json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
                         std::move(out));
 }
 
-// Sends the ProveFraud of stage unit `u`'s step u.fraud_segment with its step witness `w`.
+// Sends the ProveFraud of stage unit `u`'s step u.fraud_segment with the witness `w` the audit
+// built (a step witness, or a continuity witness of its commits).
 json SendStageFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
                          const Hash256& task_id, const node::AuditUnit& u,
-                         const ledger::StageStepWitness& w) {
+                         const node::StageFraudProof& w) {
   const uint32_t step = static_cast<uint32_t>(u.fraud_segment);
-  json out = {{"segment", step}, {"sent", false}};
-  Bytes witness = ledger::EncodeStageStepWitness(w);
-  out["witness_bytes"] = witness.size();
-  if (witness.size() > ledger::kMaxWitnessBytes) {
+  json out = {{"segment", step}, {"kind", node::StageFraudProofName(w.kind)}, {"sent", false}};
+  out["witness_bytes"] = w.witness.size();
+  if (w.witness.size() > ledger::kMaxWitnessBytes) {
     out["error"] = fmt::format(
-        "the witness of step {} is {} bytes, over the ledger's limit of {} (the stage's "
-        "checkpoint, its received tensors and the step's batch); this stage cannot be proven on "
-        "chain",
-        step, witness.size(), ledger::kMaxWitnessBytes);
+        "the witness of step {} is {} bytes, over the ledger's limit of {} ({}); this stage "
+        "cannot be proven on chain",
+        step, w.witness.size(), ledger::kMaxWitnessBytes,
+        w.kind == node::StageFraudProof::kStep
+            ? "the stage's checkpoint, its received tensors and the step's batch"
+        : w.kind == node::StageFraudProof::kContinuity
+            ? "the step's commit, the bundle and the round's start state"
+            : "the step's commits");
     return out;
   }
-  return SendProveFraud(rpc, key, chain_id, task_id, u, step, std::move(witness), std::move(out));
+  return SendProveFraud(rpc, key, chain_id, task_id, u, step, w.witness, std::move(out));
 }
 
 void PrintReport(const node::AuditReport& r, double seconds) {
@@ -334,7 +338,7 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
     o.on_fraud = [&](const node::AuditUnit& u, const node::BuiltSegmentWitness& w) {
       return SendFraudProof(chain.rpc(), *key, chain_id, id, u, w);
     };
-    o.on_stage_fraud = [&](const node::AuditUnit& u, const ledger::StageStepWitness& w) {
+    o.on_stage_fraud = [&](const node::AuditUnit& u, const node::StageFraudProof& w) {
       return SendStageFraudProof(chain.rpc(), *key, chain_id, id, u, w);
     };
   }

@@ -1458,6 +1458,10 @@ class PipelineFraudProofTest : public PipelineRulingTest {
     if (lie) {
       lie_.commit = evidence_[kCheat][kLieStep].commit;
       lie(lie_.commit);
+      // A made-up received record comes with bytes of its own (nobody sent its tensor).
+      for (const protocol::StageTransfer& r : lie_.commit.received) {
+        lie_.blobs.try_emplace(r.tensor, Bytes(static_cast<size_t>(r.bytes), 0));
+      }
     }
     for (uint32_t st = 0; st < kStages; ++st) leaves_.push_back(Leaves(st));
     leaves_[kCheat][kLieStep] = protocol::StageStepLeaf(lie_.commit);
@@ -1622,6 +1626,92 @@ TEST_F(PipelineFraudProofTest, ADriftedStageIsProvenFromItsTwoCommitsAfterTheFac
   EXPECT_NE(honest.reason.find("nothing to rule"), std::string::npos) << honest.reason;
   EXPECT_EQ(Node(cheater).reputation.slashes, 0u);
   const Receipt r = Step({Prove(continuity(kCheat, lie_.commit), kCheat, kLieStep)})[0];
+  ASSERT_TRUE(r.ok) << r.reason;
+  ASSERT_EQ(Task().verification.proven_frauds.size(), 1u);
+  EXPECT_EQ(Task().verification.proven_frauds[0].index, kCheat);
+  EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
+}
+
+// A paid stage whose step 1 commit holds a received record its sender never signed (a tensor
+// nobody sent) is proven after the fact from that commit alone (StageRecordWitness, other
+// empty); an honest stage's received record, signed by its sender, is "nothing to prove".
+TEST_F(PipelineFraudProofTest, AMadeUpReceivedRecordIsProvenFromTheStagesCommitAlone) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(RunLazyTask([](protocol::StageStepCommit& c) {
+    ASSERT_FALSE(c.received.empty());
+    c.received[0].tensor = Blake2b("a tensor nobody sent");
+  }));
+  const PublicKey cheater = Unit(kCheat).assignee;
+  auto record = [](const protocol::StageStepCommit& c, uint32_t i) {
+    return EncodeStageRecordWitness({.commit = protocol::EncodeStageStepCommit(c), .record = i});
+  };
+  auto refused = [&](const Bytes& w, uint32_t index, const std::string& why) {
+    const TaskRecord before = Task();
+    const Receipt r = Step({Prove(w, index, kLieStep)})[0];
+    EXPECT_FALSE(r.ok) << why;
+    EXPECT_NE(r.reason.find(why), std::string::npos) << r.reason;
+    EXPECT_EQ(Task().verification.proven_frauds, before.verification.proven_frauds);
+  };
+  refused(record(evidence_[0][kLieStep].commit, 0), 0, "nothing to prove");
+  refused(record(lie_.commit, 99), kCheat, "is out of range");
+  refused(record(evidence_[kCheat][kLieStep].commit, 0), kCheat,
+          "is not the stage's committed step");
+  Bytes garbage = record(lie_.commit, 0);
+  garbage.push_back(0);
+  refused(garbage, kCheat, "stage record witness");
+  EXPECT_EQ(Node(cheater).reputation.slashes, 0u);
+  const Receipt r = Step({Prove(record(lie_.commit, 0), kCheat, kLieStep)})[0];
+  ASSERT_TRUE(r.ok) << r.reason;
+  ASSERT_EQ(Task().verification.proven_frauds.size(), 1u);
+  EXPECT_EQ(Task().verification.proven_frauds[0].index, kCheat);
+  EXPECT_EQ(Task().verification.proven_frauds[0].segment, kLieStep);
+  EXPECT_EQ(Node(cheater).reputation.slashes, 1u);
+  EXPECT_EQ(Node(cheater).status, NodeStatus::kJailed);
+}
+
+// A paid stage that signed one tensor to its neighbour and committed another among what it sent
+// is proven after the fact from the receiver's commit (whose record carries its signature) and
+// its own (StageRecordWitness with other); the receiver, whose record is signed, and an honest
+// sender, whose commit lists what it sent, are "nothing to prove".
+TEST_F(PipelineFraudProofTest, ASentRecordItsCommitDoesNotListIsProvenFromBothCommits) {
+  ASSERT_NO_FATAL_FAILURE(StartRuled());
+  ASSERT_NO_FATAL_FAILURE(RunLazyTask([](protocol::StageStepCommit& c) {
+    ASSERT_FALSE(c.sent.empty());
+    c.sent[0].tensor = Blake2b("not what was sent");
+  }));
+  const PublicKey cheater = Unit(kCheat).assignee;
+  const protocol::StageTransfer sent = evidence_[kCheat][kLieStep].commit.sent[0];
+  const uint32_t to = sent.key.to_stage;
+  const protocol::StageStepCommit& receiver = evidence_[to][kLieStep].commit;
+  uint32_t at = 0;
+  while (at < receiver.received.size() && receiver.received[at].key != sent.key) ++at;
+  ASSERT_LT(at, receiver.received.size());
+  auto record = [](const protocol::StageStepCommit& c, uint32_t i, Bytes other) {
+    return EncodeStageRecordWitness(
+        {.commit = protocol::EncodeStageStepCommit(c), .record = i, .other = std::move(other)});
+  };
+  auto refused = [&](const Bytes& w, uint32_t index, const std::string& why) {
+    const Receipt r = Step({Prove(w, index, kLieStep)})[0];
+    EXPECT_FALSE(r.ok) << why;
+    EXPECT_NE(r.reason.find(why), std::string::npos) << r.reason;
+  };
+  refused(record(receiver, at, {}), to, "is signed by its sender");
+  // The honest stage 0 sent stage 1 (the cheater) a record its commit lists.
+  uint32_t from0 = 0;
+  while (from0 < lie_.commit.received.size() && lie_.commit.received[from0].key.from_stage != 0) {
+    ++from0;
+  }
+  ASSERT_LT(from0, lie_.commit.received.size());
+  refused(
+      record(evidence_[0][kLieStep].commit, from0, protocol::EncodeStageStepCommit(lie_.commit)), 0,
+      "among what it sent; nothing to prove");
+  refused(record(lie_.commit, at, protocol::EncodeStageStepCommit(lie_.commit)), kCheat,
+          "not another stage of the replica");
+  refused(record(lie_.commit, at + 99, protocol::EncodeStageStepCommit(receiver)), kCheat,
+          "is out of range");
+  EXPECT_EQ(Node(cheater).reputation.slashes, 0u);
+  const Receipt r = Step({Prove(record(lie_.commit, at, protocol::EncodeStageStepCommit(receiver)),
+                                kCheat, kLieStep)})[0];
   ASSERT_TRUE(r.ok) << r.reason;
   ASSERT_EQ(Task().verification.proven_frauds.size(), 1u);
   EXPECT_EQ(Task().verification.proven_frauds[0].index, kCheat);

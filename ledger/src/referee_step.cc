@@ -182,7 +182,7 @@ Result<engine::Batch> WitnessBatch(const engine::TaskSpec& spec, uint64_t stream
 namespace {
 
 Status CheckClassification(const engine::TaskSpec& spec, const std::string& where) {
-  if (spec.data.format != "idx" && spec.data.format != "npy") {
+  if (IsTokenTask(spec)) {
     return FailedPrecondition(where + ": a '" + spec.data.format +
                               "' task; only classification tasks are refereed on chain");
   }
@@ -210,12 +210,104 @@ Result<Hash256> RunStepWitness(const engine::TaskSpec& spec, uint64_t stream, do
   return engine::StateHash(state);
 }
 
+bool IsTokenTask(const engine::TaskSpec& spec) {
+  return spec.data.format != "idx" && spec.data.format != "npy";
+}
+
+std::vector<int64_t> StepBatchPages(const engine::TaskSpec& spec, uint64_t stream, int64_t before,
+                                    int64_t num_tokens) {
+  // Every row of the batch: B sequences of T tokens.
+  const int64_t rows = spec.batch_size * spec.seq_len;
+  std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(rows, 0)));
+  for (int64_t i = 0; i < rows; ++i) all[static_cast<size_t>(i)] = i;
+  return engine::TokenPagesOfRows(spec.seed, stream, before, spec.batch_size, spec.seq_len,
+                                  num_tokens, all);
+}
+
+std::vector<TileWitnessPage> ProvenPages(const engine::TokenPageTree& tree,
+                                         std::span<const int64_t> want) {
+  std::vector<TileWitnessPage> out;
+  out.reserve(want.size());
+  for (int64_t p : want) {
+    const std::span<const int32_t> tokens = tree.Page(p);
+    out.push_back({.page = static_cast<uint64_t>(p),
+                   .tokens = std::vector<int32_t>(tokens.begin(), tokens.end()),
+                   .proof = tree.Prove(p)});
+  }
+  return out;
+}
+
+Result<engine::Batch> WitnessTokenBatch(const engine::TaskSpec& spec, uint64_t stream,
+                                        uint64_t num_tokens, const Hash256& data_root,
+                                        int64_t before, std::span<const TileWitnessPage> pages,
+                                        const std::string& where) {
+  const int64_t T = spec.seq_len, n = static_cast<int64_t>(num_tokens);
+  if (T < 1 || n < T + 1) {
+    return InvalidArgument(where + ": the task's token stream has " + std::to_string(n) +
+                           " tokens, fewer than a window of " + std::to_string(T + 1));
+  }
+  const std::vector<int64_t> want = StepBatchPages(spec, stream, before, n);
+  ML_RETURN_IF_ERROR(CheckWitnessPages(pages, want, n, data_root, where, "the step's batch"));
+  // The pages a window reads are consecutive, so laid end to end (all full but the stream's
+  // last) they give each window's tokens at its start's offset within them.
+  engine::TokenData compact;
+  for (const TileWitnessPage& p : pages) {
+    compact.tokens.insert(compact.tokens.end(), p.tokens.begin(), p.tokens.end());
+  }
+  std::vector<int64_t> starts =
+      engine::WindowStarts(spec.seed, stream, before, spec.batch_size, n, T);
+  for (int64_t& s : starts) {
+    const int64_t page = s / engine::kTokenPageTokens;
+    const int64_t i = std::lower_bound(want.begin(), want.end(), page) - want.begin();
+    s = i * engine::kTokenPageTokens + s % engine::kTokenPageTokens;
+  }
+  return engine::MakeTokenBatch(compact, starts, T);
+}
+
 Result<Hash256> RunSegmentSteps(const engine::TaskSpec& spec, uint64_t stream,
                                 uint64_t num_examples, const Hash256& data_root,
                                 engine::TrainState& state, uint64_t steps,
                                 std::span<const StepWitnessExample> examples,
-                                const std::string& where) {
-  ML_RETURN_IF_ERROR(CheckClassification(spec, where));
+                                std::span<const TileWitnessPage> pages, const std::string& where) {
+  if (IsTokenTask(spec)) {
+    if (!examples.empty()) {
+      return InvalidArgument(where +
+                             ": the witness has examples; a token task's batches are proven by "
+                             "their token pages");
+    }
+    const int64_t n = static_cast<int64_t>(num_examples);
+    if (spec.seq_len < 1 || n < spec.seq_len + 1) {
+      return InvalidArgument(where + ": the task's token stream has " + std::to_string(n) +
+                             " tokens, fewer than a window of " + std::to_string(spec.seq_len + 1));
+    }
+    // Each step's pages, step after step: their count first, so a witness of the wrong length
+    // is refused before any step runs.
+    std::vector<size_t> first(steps + 1, 0);
+    for (uint64_t i = 0; i < steps; ++i) {
+      first[i + 1] =
+          first[i] + StepBatchPages(spec, stream, state.step + static_cast<int64_t>(i), n).size();
+    }
+    if (pages.size() != first[steps]) {
+      return InvalidArgument(where + ": the witness has " + std::to_string(pages.size()) +
+                             " token pages; the batches of the segment's " + std::to_string(steps) +
+                             " steps read " + std::to_string(first[steps]));
+    }
+    for (uint64_t i = 0; i < steps; ++i) {
+      const int64_t before = state.step;
+      ML_ASSIGN_OR_RETURN(engine::Batch b,
+                          WitnessTokenBatch(spec, stream, num_examples, data_root, before,
+                                            pages.subspan(first[i], first[i + 1] - first[i]),
+                                            where + ": step " + std::to_string(before + 1)));
+      engine::StepOnBatch(state, b, engine::DropoutSeed(spec.seed, stream), nullptr,
+                          spec.micro_batches);
+    }
+    return engine::StateHash(state);
+  }
+  if (!pages.empty()) {
+    return InvalidArgument(where +
+                           ": the witness has token pages; a classification task's batches are "
+                           "proven by their examples");
+  }
   const size_t batch = static_cast<size_t>(spec.batch_size);
   if (examples.size() != steps * batch) {
     return InvalidArgument(where + ": the witness has " + std::to_string(examples.size()) +
@@ -284,7 +376,7 @@ Result<TileRuleContext> TileContextOf(const TaskRecord& t, const WorkUnit& unit,
                               "there is no tile phase; send no bundle");
   }
   ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, bundle, where));
-  const bool tokens = r.spec.data.format != "idx" && r.spec.data.format != "npy";
+  const bool tokens = IsTokenTask(r.spec);
   if (!tokens && t.params.data_page_tokens != 0) {
     return FailedPrecondition(where + ": task " + t.id.ShortHex() +
                               " reads examples, but its data root is declared over token pages "
@@ -405,6 +497,18 @@ Result<Hash256> ExecuteSegmentWitness(const TaskRecord& t, const WorkUnit& unit,
                               " committed leaves, not " + std::to_string(segments + 1));
   }
   ML_ASSIGN_OR_RETURN(UnitReplay r, LoadUnitReplay(t, unit, w.bundle, where));
+  // A token task's batches are proven by pages of its train stream: only where its data root is
+  // over them (TaskParams::data_page_tokens), and a classification task's only where it is not.
+  if (IsTokenTask(r.spec) !=
+      (p.data_page_tokens == static_cast<uint32_t>(engine::kTokenPageTokens))) {
+    return FailedPrecondition(
+        where + ": the task " + (IsTokenTask(r.spec) ? "trains on tokens" : "reads examples") +
+        ", but its data root is " +
+        (p.data_page_tokens == 0
+             ? "over examples"
+             : "over token pages of " + std::to_string(p.data_page_tokens) + " tokens") +
+        " (params.data_page_tokens); its batches cannot be proven");
+  }
   const protocol::SegmentSteps steps =
       protocol::SegmentStepsOf(p.inner_steps, p.checkpoint_interval, segment);
   engine::TrainState state;
@@ -441,7 +545,7 @@ Result<Hash256> ExecuteSegmentWitness(const TaskRecord& t, const WorkUnit& unit,
                             "the unit's committed leaf " + std::to_string(segment)));
   }
   return RunSegmentSteps(r.spec, r.stream, p.num_examples, p.data_root, state,
-                         steps.last_step - steps.first_step, w.examples, where);
+                         steps.last_step - steps.first_step, w.examples, w.pages, where);
 }
 
 Hash256 DeltaBlobId(std::span<const float> delta) {
@@ -474,6 +578,46 @@ Result<engine::ModelSpec> ModelSpecForState(const engine::ModelSpec& spec, uint6
   return out;
 }
 
+namespace {
+
+// Stage unit `unit`'s commit of step `at` as a witness gives it (`bytes`; `field` names it): it
+// must decode and be the unit's committed step (its StageStepLeaf the committed leaf at + 1, of
+// this task, round, replica, stage and step). InvalidArgument prefixed by `where` otherwise.
+Result<protocol::StageStepCommit> CommittedStageStep(const TaskRecord& t, const WorkUnit& unit,
+                                                     uint64_t at, const Bytes& bytes,
+                                                     std::string_view field,
+                                                     const std::string& where) {
+  const StageSlot slot = StageSlotOf(t.params, unit.index);
+  Result<protocol::StageStepCommit> c = protocol::DecodeStageStepCommit(bytes);
+  if (!c.ok()) {
+    return InvalidArgument(where + ": " + std::string(field) + ": " + c.status().message());
+  }
+  if (at + 1 >= unit.leaves.size()) {
+    return InvalidArgument(where + ": " + std::string(field) + ": unit " +
+                           std::to_string(unit.index) + " committed no leaf for step " +
+                           std::to_string(at));
+  }
+  const Hash256 leaf = protocol::StageStepLeaf(*c);
+  if (leaf != unit.leaves[at + 1] || c->task != t.id || c->round != slot.round ||
+      c->replica != slot.replica || c->stage != slot.stage || c->stages != t.params.stages ||
+      c->step != at) {
+    return InvalidArgument(where + ": " + std::string(field) + " (leaf " + leaf.ShortHex() +
+                           ", step " + std::to_string(c->step) +
+                           ") is not the stage's committed step " + std::to_string(at) + " (leaf " +
+                           unit.leaves[at + 1].ShortHex() +
+                           "); send the commit the stage node serves for it");
+  }
+  return c;
+}
+
+// Whether two records name the same tensor the same way (everything but the signature).
+bool SameRecord(const protocol::StageTransfer& a, const protocol::StageTransfer& b) {
+  return a.key == b.key && a.tensor == b.tensor && a.bytes == b.bytes &&
+         a.tile_cols == b.tile_cols && a.tiles == b.tiles && a.sender == b.sender;
+}
+
+}  // namespace
+
 Result<StageStepCheck> RuleStageContinuity(const TaskRecord& t, const WorkUnit& unit, uint64_t step,
                                            const Hash256& committed_leaf,
                                            const StageContinuityWitness& w, std::string_view what) {
@@ -483,26 +627,8 @@ Result<StageStepCheck> RuleStageContinuity(const TaskRecord& t, const WorkUnit& 
     return InvalidArgument(where + ": the stage did not commit leaf " + committed_leaf.ShortHex() +
                            " for the step");
   }
-  // One committed step's commit: its leaf the committed one, of this stage unit's step `at`.
-  auto committed = [&](const Bytes& bytes, uint64_t at,
-                       std::string_view field) -> Result<protocol::StageStepCommit> {
-    Result<protocol::StageStepCommit> c = protocol::DecodeStageStepCommit(bytes);
-    if (!c.ok()) {
-      return InvalidArgument(where + ": " + std::string(field) + ": " + c.status().message());
-    }
-    const Hash256 leaf = protocol::StageStepLeaf(*c);
-    if (leaf != unit.leaves[at + 1] || c->task != t.id || c->round != slot.round ||
-        c->replica != slot.replica || c->stage != slot.stage || c->stages != t.params.stages ||
-        c->step != at) {
-      return InvalidArgument(where + ": " + std::string(field) + " (leaf " + leaf.ShortHex() +
-                             ", step " + std::to_string(c->step) +
-                             ") is not the stage's committed step " + std::to_string(at) +
-                             " (leaf " + unit.leaves[at + 1].ShortHex() +
-                             "); send the commit the stage node serves for it");
-    }
-    return c;
-  };
-  ML_ASSIGN_OR_RETURN(protocol::StageStepCommit commit, committed(w.commit, step, "commit"));
+  ML_ASSIGN_OR_RETURN(protocol::StageStepCommit commit,
+                      CommittedStageStep(t, unit, step, w.commit, "commit", where));
   Hash256 expected;
   std::string from;
   if (step > 0) {
@@ -512,7 +638,7 @@ Result<StageStepCheck> RuleStageContinuity(const TaskRecord& t, const WorkUnit& 
                              "step's continuity is ruled from the previous step's commit alone");
     }
     ML_ASSIGN_OR_RETURN(protocol::StageStepCommit previous,
-                        committed(w.previous, step - 1, "previous"));
+                        CommittedStageStep(t, unit, step - 1, w.previous, "previous", where));
     expected = previous.state_after;
     from = "step " + std::to_string(step - 1) + "'s state_after";
   } else {
@@ -558,6 +684,92 @@ Result<StageStepCheck> RuleStageContinuity(const TaskRecord& t, const WorkUnit& 
   out.message = where + ": the step starts from " + commit.state_before.ShortHex() + ", not " +
                 from + " " + expected.ShortHex();
   out.replay.message = out.message;
+  return out;
+}
+
+Result<StageStepCheck> RuleStageRecord(const TaskRecord& t, const WorkUnit& unit, uint64_t step,
+                                       std::span<const WorkUnit* const> replica,
+                                       const std::vector<protocol::NodeId>& chain,
+                                       const StageRecordWitness& w, std::string_view what) {
+  const StageSlot slot = StageSlotOf(t.params, unit.index);
+  const std::string where = StageStepWhere(what, t, unit, step, "record");
+  if (replica.size() != t.params.stages || chain.size() != t.params.stages) {
+    return FailedPrecondition(where + ": the replica's units or chain are not one a stage");
+  }
+  ML_ASSIGN_OR_RETURN(protocol::StageStepCommit commit,
+                      CommittedStageStep(t, unit, step, w.commit, "commit", where));
+  StageStepCheck out;
+  out.replay.fault = StageFault::kStageFaultRecord;
+  out.replay.replica = slot.replica;
+  out.replay.stage = slot.stage;
+  out.replay.step = step;
+  if (w.other.empty()) {
+    // The proven stage is the receiver: its record must be its sender's signature.
+    if (w.record >= commit.received.size()) {
+      return InvalidArgument(where + ": record " + std::to_string(w.record) +
+                             " is out of range; the commit lists " +
+                             std::to_string(commit.received.size()) + " received records");
+    }
+    const protocol::StageTransfer& r = commit.received[w.record];
+    if (r.key.to_stage != slot.stage || r.key.from_stage >= chain.size()) {
+      return InvalidArgument(where + ": received record " + std::to_string(w.record) + " (" +
+                             r.key.ToString() + ") is not one sent to this stage");
+    }
+    const Status signed_by = protocol::VerifyStageTransfer(r, chain[r.key.from_stage]);
+    if (signed_by.ok()) {
+      return FailedPrecondition(where + ": received record " + std::to_string(w.record) + " (" +
+                                r.key.ToString() + ") is signed by its sender " +
+                                chain[r.key.from_stage].ShortHex() +
+                                "; nothing to prove (a record its sender signed and did not "
+                                "commit is the sender's: send the receiver's commit as other)");
+    }
+    out.replay.key = r.key;
+    out.replay.claimed = r.tensor;
+    out.message = where + ": received record " + std::to_string(w.record) + " (" +
+                  r.key.ToString() + ") is not its sender's: " + signed_by.message();
+  } else {
+    // The proven stage is the sender: the receiver's record carries its signature, and its own
+    // commit must list it among what it sent.
+    Result<protocol::StageStepCommit> other = protocol::DecodeStageStepCommit(w.other);
+    if (!other.ok()) return InvalidArgument(where + ": other: " + other.status().message());
+    const uint32_t to = other->stage;
+    if (to >= t.params.stages || to == slot.stage || replica[to] == nullptr) {
+      return InvalidArgument(where + ": other is the commit of stage " + std::to_string(to) +
+                             ", not another stage of the replica");
+    }
+    ML_ASSIGN_OR_RETURN(*other, CommittedStageStep(t, *replica[to], step, w.other, "other", where));
+    if (w.record >= other->received.size()) {
+      return InvalidArgument(where + ": record " + std::to_string(w.record) +
+                             " is out of range; other lists " +
+                             std::to_string(other->received.size()) + " received records");
+    }
+    const protocol::StageTransfer& r = other->received[w.record];
+    if (r.key.from_stage != slot.stage || r.key.to_stage != to) {
+      return InvalidArgument(where + ": other's received record " + std::to_string(w.record) +
+                             " (" + r.key.ToString() + ") is not one this stage sent it");
+    }
+    const Status signed_by = protocol::VerifyStageTransfer(r, chain[slot.stage]);
+    if (!signed_by.ok()) {
+      return FailedPrecondition(where + ": other's received record " + std::to_string(w.record) +
+                                " is not this stage's signature (" + signed_by.message() +
+                                "); nothing to prove against it (the receiver made it up: "
+                                "prove the receiver's unit with other empty)");
+    }
+    for (const protocol::StageTransfer& s : commit.sent) {
+      if (SameRecord(s, r)) {
+        return FailedPrecondition(where + ": the stage's commit lists record " + r.key.ToString() +
+                                  " among what it sent; nothing to prove (a wrong tensor is "
+                                  "its step's: send its StageStepWitness)");
+      }
+    }
+    out.replay.key = r.key;
+    out.replay.claimed = r.tensor;
+    out.message = where + ": the stage signed record " + r.key.ToString() + " (tensor " +
+                  r.tensor.ShortHex() + "), which stage " + std::to_string(to) +
+                  " received, and its commit does not list it among what it sent";
+  }
+  out.replay.message = out.message;
+  out.leaf = StageFindingLeaf(unit.leaves[step + 1], out.replay);
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/tile.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "witness_codec.h"
 
 namespace meshlearn::ledger {
@@ -160,9 +161,9 @@ size_t StateOperators(const engine::TilePlan& plan) {
   return k;
 }
 
-Status CheckWitnessPages(const std::vector<TileWitnessPage>& pages,
-                         const std::vector<int64_t>& want, int64_t n, const Hash256& data_root,
-                         const std::string& where, const std::string& reader) {
+Status CheckWitnessPages(std::span<const TileWitnessPage> pages, const std::vector<int64_t>& want,
+                         int64_t n, const Hash256& data_root, const std::string& where,
+                         const std::string& reader) {
   if (pages.size() != want.size()) {
     return InvalidArgument(where + ": the witness has " + std::to_string(pages.size()) +
                            " token pages; " + reader + " read " + std::to_string(want.size()));
@@ -279,14 +280,9 @@ Result<TileWitness> BuildTileWitness(const TileRuleContext& ctx, const protocol:
           "token pages");
     }
     const int64_t T = plan.seq_len;
-    for (int64_t p :
-         engine::TokenPagesOfRows(ctx.seed, ctx.stream, static_cast<int64_t>(task.step) - 1,
-                                  plan.batch / T, T, pages->num_tokens(), fp.batch_rows)) {
-      const std::span<const int32_t> tokens = pages->Page(p);
-      w.pages.push_back(TileWitnessPage{static_cast<uint64_t>(p),
-                                        std::vector<int32_t>(tokens.begin(), tokens.end()),
-                                        pages->Prove(p)});
-    }
+    w.pages = ProvenPages(
+        *pages, engine::TokenPagesOfRows(ctx.seed, ctx.stream, static_cast<int64_t>(task.step) - 1,
+                                         plan.batch / T, T, pages->num_tokens(), fp.batch_rows));
   } else if (!fp.batch_rows.empty()) {
     if (train == nullptr || tree == nullptr) {
       return FailedPrecondition("tile witness: the footprint reads examples; give the data");

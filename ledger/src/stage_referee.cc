@@ -218,48 +218,6 @@ bool LedgerRulesStageStep(const TaskParams& p, uint32_t stage) {
          p.stage_memory_bytes[stage] <= kMaxStageWitnessMemory;
 }
 
-// ---- The batch.
-
-namespace {
-
-// Every row of a batch of B sequences of T tokens.
-std::vector<int64_t> AllRows(int64_t B, int64_t T) {
-  std::vector<int64_t> rows(static_cast<size_t>(B * T));
-  for (int64_t i = 0; i < B * T; ++i) rows[static_cast<size_t>(i)] = i;
-  return rows;
-}
-
-// The token batch of step `step` of a unit with stream `stream` from `pages`: exactly the pages
-// its rows read (engine::TokenPagesOfRows), each of full length and proven against `data_root`.
-Result<engine::Batch> WitnessTokenBatch(const engine::TaskSpec& spec, uint64_t stream,
-                                        uint64_t num_tokens, const Hash256& data_root, int64_t step,
-                                        const std::vector<StageWitnessPage>& pages,
-                                        const std::string& where) {
-  const int64_t B = spec.batch_size, T = spec.seq_len, n = static_cast<int64_t>(num_tokens);
-  if (T < 1 || n < T + 1) {
-    return InvalidArgument(where + ": the task's token stream has " + std::to_string(n) +
-                           " tokens, fewer than a window of " + std::to_string(T + 1));
-  }
-  const std::vector<int64_t> want =
-      engine::TokenPagesOfRows(spec.seed, stream, step, B, T, n, AllRows(B, T));
-  ML_RETURN_IF_ERROR(CheckWitnessPages(pages, want, n, data_root, where, "the step's batch"));
-  // The pages a window reads are consecutive, so laid end to end (all full but the stream's
-  // last) they give each window's tokens at its start's offset within them.
-  engine::TokenData compact;
-  for (const StageWitnessPage& p : pages) {
-    compact.tokens.insert(compact.tokens.end(), p.tokens.begin(), p.tokens.end());
-  }
-  std::vector<int64_t> starts = engine::WindowStarts(spec.seed, stream, step, B, n, T);
-  for (int64_t& s : starts) {
-    const int64_t page = s / engine::kTokenPageTokens;
-    const int64_t i = std::lower_bound(want.begin(), want.end(), page) - want.begin();
-    s = i * engine::kTokenPageTokens + s % engine::kTokenPageTokens;
-  }
-  return engine::MakeTokenBatch(compact, starts, T);
-}
-
-}  // namespace
-
 Result<StageStepWitness> BuildStageStepWitness(
     const std::string& bundle, const protocol::StageStepCommit& commit, const Bytes& checkpoint,
     const std::map<Hash256, Bytes>& blobs, const engine::TaskSpec& task, uint64_t stream,
@@ -279,15 +237,7 @@ Result<StageStepWitness> BuildStageStepWitness(
   }
   const int64_t step = static_cast<int64_t>(commit.step);
   if (pages != nullptr) {
-    const std::vector<int64_t> want =
-        engine::TokenPagesOfRows(task.seed, stream, step, task.batch_size, task.seq_len,
-                                 pages->num_tokens(), AllRows(task.batch_size, task.seq_len));
-    for (int64_t p : want) {
-      std::span<const int32_t> tokens = pages->Page(p);
-      w.pages.push_back({.page = static_cast<uint64_t>(p),
-                         .tokens = std::vector<int32_t>(tokens.begin(), tokens.end()),
-                         .proof = pages->Prove(p)});
-    }
+    w.pages = ProvenPages(*pages, StepBatchPages(task, stream, step, pages->num_tokens()));
   } else if (train != nullptr && tree != nullptr) {
     const int64_t per = train->size() == 0 ? 0 : train->x.size() / train->size();
     for (int64_t i :
@@ -788,6 +738,7 @@ Result<std::unique_ptr<engine::Stage>> StageFromGlobal(const engine::TaskSpec& t
 namespace {
 
 constexpr std::string_view kStageContinuityWitnessMagic = "meshlearn.stage_continuity_witness.v1";
+constexpr std::string_view kStageRecordWitnessMagic = "meshlearn.stage_record_witness.v1";
 
 }  // namespace
 
@@ -824,6 +775,38 @@ Result<StageContinuityWitness> DecodeStageContinuityWitness(ByteSpan bytes) {
   ML_RETURN_IF_ERROR(d.GetBytes(&w.previous, "previous", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
   ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.Finish());
+  return w;
+}
+
+Bytes EncodeStageRecordWitness(const StageRecordWitness& w) {
+  Encoder e;
+  e.PutString(kStageRecordWitnessMagic).PutBytes(w.commit).PutU32(w.record).PutBytes(w.other);
+  return e.Take();
+}
+
+bool IsStageRecordWitness(ByteSpan bytes) {
+  Decoder d(bytes, "stage record witness");
+  std::string magic;
+  return d.GetString(&magic, "magic", 64).ok() && magic == kStageRecordWitnessMagic;
+}
+
+Result<StageRecordWitness> DecodeStageRecordWitness(ByteSpan bytes) {
+  if (bytes.size() > kMaxWitnessBytes) {
+    return InvalidArgument("stage record witness: " + std::to_string(bytes.size()) +
+                           " bytes, over the limit of " + std::to_string(kMaxWitnessBytes));
+  }
+  Decoder d(bytes, "stage record witness");
+  std::string magic;
+  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
+  if (magic != kStageRecordWitnessMagic) {
+    return InvalidArgument("stage record witness: starts with '" + magic + "', expected '" +
+                           std::string(kStageRecordWitnessMagic) + "'");
+  }
+  StageRecordWitness w;
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
+  ML_RETURN_IF_ERROR(d.GetU32(&w.record, "record"));
+  ML_RETURN_IF_ERROR(d.GetBytes(&w.other, "other", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(d.Finish());
   return w;
 }

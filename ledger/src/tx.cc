@@ -94,9 +94,14 @@ namespace {
 constexpr std::string_view kWitnessMagic = "meshlearn.step_witness.v1";
 constexpr std::string_view kResultWitnessMagic = "meshlearn.result_witness.v1";
 constexpr std::string_view kSegmentWitnessMagic = "meshlearn.segment_witness.v1";
+// A token task's segment witness: v1's fields, then its steps' token pages.
+constexpr std::string_view kSegmentWitnessMagicPages = "meshlearn.segment_witness.v2";
 // A witness's size (at most kMaxWitnessBytes: only small models are refereed on chain) and its
 // leading magic string.
-Status ReadWitnessHeader(Decoder& d, size_t size, std::string_view magic, const char* what) {
+// `alt`, when given, is a second magic the witness may start with (a later version); *got_alt
+// says which it was.
+Status ReadWitnessHeader(Decoder& d, size_t size, std::string_view magic, const char* what,
+                         std::string_view alt = {}, bool* got_alt = nullptr) {
   if (size > kMaxWitnessBytes) {
     return InvalidArgument(std::string(what) + ": " + std::to_string(size) +
                            " bytes, over the limit of " + std::to_string(kMaxWitnessBytes) +
@@ -104,9 +109,11 @@ Status ReadWitnessHeader(Decoder& d, size_t size, std::string_view magic, const 
   }
   std::string got;
   ML_RETURN_IF_ERROR(d.GetString(&got, "magic", 64));
-  if (got != magic) {
+  if (got_alt != nullptr) *got_alt = !alt.empty() && got == alt;
+  if (got != magic && (alt.empty() || got != alt)) {
     return InvalidArgument(std::string(what) + ": starts with '" + got + "', expected '" +
-                           std::string(magic) + "'");
+                           std::string(magic) + "'" +
+                           (alt.empty() ? "" : " or '" + std::string(alt) + "'"));
   }
   return Status::Ok();
 }
@@ -238,20 +245,31 @@ Result<StepWitness> DecodeStepWitness(ByteSpan bytes) {
 
 Bytes EncodeSegmentWitness(const SegmentWitness& w) {
   Encoder e;
-  e.PutString(kSegmentWitnessMagic).PutString(w.bundle).PutBytes(w.start_state);
+  e.PutString(w.pages.empty() ? kSegmentWitnessMagic : kSegmentWitnessMagicPages)
+      .PutString(w.bundle)
+      .PutBytes(w.start_state);
   PutWitnessFloats(e, w.state);
   PutWitnessExamples(e, w.examples);
+  if (!w.pages.empty()) PutWitnessPages(e, w.pages);
   return e.Take();
 }
 
 Result<SegmentWitness> DecodeSegmentWitness(ByteSpan bytes) {
   Decoder d(bytes, "segment witness");
-  ML_RETURN_IF_ERROR(ReadWitnessHeader(d, bytes.size(), kSegmentWitnessMagic, "segment witness"));
+  bool pages = false;
+  ML_RETURN_IF_ERROR(ReadWitnessHeader(d, bytes.size(), kSegmentWitnessMagic, "segment witness",
+                                       kSegmentWitnessMagicPages, &pages));
   SegmentWitness w;
   ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
   ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(GetWitnessFloats(d, &w.state, "state"));
   ML_RETURN_IF_ERROR(GetWitnessExamples(d, &w.examples));
+  if (pages) {
+    ML_RETURN_IF_ERROR(GetWitnessPages(d, &w.pages));
+    if (w.pages.empty()) {
+      return InvalidArgument("segment witness: a v2 witness carries token pages; it has none");
+    }
+  }
   ML_RETURN_IF_ERROR(d.Finish());
   return w;
 }

@@ -1470,13 +1470,9 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
           " bytes, over the stage witness bound of " + std::to_string(kMaxStageWitnessMemory) +
           ": the ledger cannot replay its step from a witness");
     }
-  } else if (t->params.data_root.IsZero() || t->params.data_page_tokens != 0) {
+  } else if (t->params.data_root.IsZero()) {
     return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
-                              (t->params.data_root.IsZero()
-                                   ? " has no data root, so the ledger cannot check a replay's "
-                                     "batches"
-                                   : " is a token task, whose segments the ledger does not replay "
-                                     "yet"));
+                              " has no data root, so the ledger cannot check a replay's batches");
   }
   for (const ProvenFraud& f : t->verification.proven_frauds) {
     // (A rewind re-ran the unit by another solver: that work is the new solver's to answer for.)
@@ -1514,13 +1510,26 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
       Result<StageContinuityWitness> w = DecodeStageContinuityWitness(tx.witness.bytes);
       if (!w.ok()) return w.status().WithPrefix("prove fraud");
       ML_ASSIGN_OR_RETURN(c, RuleStageContinuity(*t, *u, tx.segment, committed, *w, "prove fraud"));
+    } else if (IsStageRecordWitness(tx.witness.bytes)) {
+      // A received record that was never sent as committed: the commits of the step prove it.
+      Result<StageRecordWitness> w = DecodeStageRecordWitness(tx.witness.bytes);
+      if (!w.ok()) return w.status().WithPrefix("prove fraud");
+      Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
+      if (!chain.ok()) return chain.status().WithPrefix("prove fraud");
+      const StageSlot slot = StageSlotOf(t->params, tx.index);
+      std::vector<const WorkUnit*> replica(t->params.stages);
+      for (uint32_t s = 0; s < t->params.stages; ++s) {
+        replica[s] = ctx.state.units.Find(
+            {tx.task_id, StageUnitIndex(t->params, {slot.round, slot.replica, s})});
+      }
+      ML_ASSIGN_OR_RETURN(c, RuleStageRecord(*t, *u, tx.segment, replica, *chain, *w));
     } else {
       Result<StageStepWitness> w = DecodeStageStepWitness(tx.witness.bytes);
       if (!w.ok()) {
         return w.status().WithPrefix(
             "prove fraud: a pipeline stage's proof carries a stage step witness "
-            "(ledger::BuildStageStepWitness) or a continuity witness "
-            "(ledger::StageContinuityWitness)");
+            "(ledger::BuildStageStepWitness), a continuity witness "
+            "(ledger::StageContinuityWitness) or a record witness (ledger::StageRecordWitness)");
       }
       Result<std::vector<protocol::NodeId>> chain = ReplicaChainOf(ctx.state, *t, tx.index);
       if (!chain.ok()) return chain.status().WithPrefix("prove fraud");

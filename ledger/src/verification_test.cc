@@ -10,10 +10,13 @@
 
 #include "execute.h"
 #include "meshlearn/base/blob.h"
+#include "meshlearn/base/encoding.h"
+#include "meshlearn/base/env.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/round_phase.h"
@@ -125,7 +128,9 @@ class VerificationTest : public FollowedChainFixture {
     TaskParams p = TestTaskParams();
     p.rounds = rounds_;
     p.units_per_round = 2;
-    p.num_examples = 200;
+    p.num_examples = num_examples_;
+    p.data_page_tokens = data_page_tokens_;
+    if (model_bytes_ != 0) p.model_bytes = model_bytes_;
     p.verification_window_blocks = 12;
     p.tolerance_rel_l2_ppm = tolerance_ppm;
     p.assurance = assurance_;
@@ -384,6 +389,11 @@ class VerificationTest : public FollowedChainFixture {
   uint8_t assurance_ = 0;
   uint32_t target_escape_ppm_ = 0;
   uint32_t rounds_ = 1;  // of the task Start submits
+  // Its data: 200 examples, unless a fixture sets a token stream (its tokens, a data root over
+  // its pages, and the model's size, which gives a GPT its vocabulary).
+  uint64_t num_examples_ = 200;
+  uint32_t data_page_tokens_ = 0;
+  uint64_t model_bytes_ = 0;  // 0: TestTaskParams'
 
   // Unit `lazy` is committed lazy and `honest` honestly; v1 claims a mismatch in the lazy one's
   // segment 0 and calls the other clean; both solvers reveal their secrets; the lazy unit's
@@ -934,6 +944,36 @@ checkpoint_interval = 2
 inner_lr_final = 0.5
 )";
 
+// A tiny GPT on the GPL text (/usr/share/common-licenses/GPL-3, which Debian's base-files installs;
+// its vocabulary from the data), trained as kTinyBundle's MLP is: a token task.
+constexpr char kTinyGptBundle[] = R"(
+[task]
+name = "referee-gpt"
+seed = 5
+[data]
+format = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[model]
+kind = "gpt"
+n_layer = 1
+n_head = 2
+n_embd = 16
+block_size = 16
+[optimizer]
+kind = "adamw"
+lr = 3e-3
+grad_clip = 1.0
+[train]
+steps = 100
+batch_size = 4
+[network]
+rounds = 2
+units_per_round = 2
+inner_steps = 4
+checkpoint_interval = 2
+inner_lr_final = 0.5
+)";
+
 class RealTrainingTest : public VerificationTest {
  protected:
   RealTrainingTest() {
@@ -949,10 +989,27 @@ class RealTrainingTest : public VerificationTest {
     train_ = d.train;
     spec_ = engine::TaskSpec::Parse(kTinyBundle, "referee-mlp.toml", "").value();
     trainer_ = engine::Trainer::Create(spec_, std::move(d)).value();
-    global_ = trainer_->FlatParams();
     tree_ = std::make_unique<engine::DataTree>(train_);
-    spec_hash_ = BuildManifest(AsBytes(std::string_view(kTinyBundle))).id().hash;
     data_root_ = tree_->root();
+    SetStart();
+  }
+  // A token task: the bundle `bundle` (a GPT on a text file), its data loaded from the file, a
+  // data root over its token pages.
+  explicit RealTrainingTest(std::string bundle) : bundle_(std::move(bundle)) {
+    spec_ = engine::TaskSpec::Parse(bundle_, "referee-gpt.toml", "/").value();
+    engine::TaskData d = engine::LoadTaskData(Env::Default(), spec_).value();
+    trainer_ = engine::Trainer::Create(spec_, std::move(d)).value();
+    spec_ = trainer_->task();  // with the vocabulary the data gives
+    pages_ = std::make_unique<engine::TokenPageTree>(trainer_->data().train_tokens.tokens);
+    data_root_ = pages_->root();
+    num_examples_ = static_cast<uint64_t>(pages_->num_tokens());
+    data_page_tokens_ = static_cast<uint32_t>(engine::kTokenPageTokens);
+    model_bytes_ = 4 * static_cast<uint64_t>(trainer_->state().model->NumParameters());
+    SetStart();
+  }
+  void SetStart() {
+    global_ = trainer_->FlatParams();
+    spec_hash_ = BuildManifest(AsBytes(std::string_view(bundle_))).id().hash;
     start_blob_ = protocol::EncodeGlobalState(global_, std::vector<float>(global_.size(), 0.0f));
     initial_state_ = BuildManifest(start_blob_).id().hash;
   }
@@ -1002,10 +1059,12 @@ class RealTrainingTest : public VerificationTest {
                                    .witness = {EncodeStepWitness(w)}});
   }
 
+  std::string bundle_ = kTinyBundle;
   engine::TaskSpec spec_;
   engine::ClassificationData train_;
   std::unique_ptr<engine::Trainer> trainer_;
-  std::unique_ptr<engine::DataTree> tree_;
+  std::unique_ptr<engine::DataTree> tree_;        // a classification task's
+  std::unique_ptr<engine::TokenPageTree> pages_;  // a token task's
   std::vector<float> global_;
   uint64_t stream_ = 0;
   std::vector<Hash256> states_;
@@ -1188,6 +1247,7 @@ TEST_F(RealTrainingTest, AResultThatIsNotTheDeltaOfTheFinalStateIsProvenFraud) {
 // the task finishes and s1 is paid. Then anyone re-executes segment 1 on chain.
 class FraudProofTest : public RealTrainingTest {
  protected:
+  using RealTrainingTest::RealTrainingTest;
   // Runs the task to its end with s1's poisoned unit paid.
   void RunPoisonedTask() {
     Start();
@@ -1230,14 +1290,22 @@ class FraudProofTest : public RealTrainingTest {
   // The witness of segment `segment` (H = 4, k = 2): the true start (segment 0: the round's
   // start blob; segment 1: the state after step 2, which s1's leaf 1 commits to) and the batches
   // of its two steps.
+  // A token task's: each step's token pages in place of its examples.
   SegmentWitness SegmentProof(uint32_t segment) const {
-    SegmentWitness w{.bundle = kTinyBundle, .start_state = {}, .state = {}, .examples = {}};
+    SegmentWitness w{.bundle = bundle_};
     if (segment == 0) {
       w.start_state = start_blob_;
     } else {
       w.state = flats_.at(2 * segment);
     }
     for (uint64_t step = 2 * segment + 1; step <= 2 * segment + 2; ++step) {
+      if (pages_) {
+        for (TileWitnessPage& p :
+             ProvenPages(*pages_, StepBatchPages(spec_, stream_, step - 1, pages_->num_tokens()))) {
+          w.pages.push_back(std::move(p));
+        }
+        continue;
+      }
       for (StepWitnessExample& e : Witness(step).examples) w.examples.push_back(std::move(e));
     }
     return w;
@@ -1351,6 +1419,70 @@ TEST_F(FraudProofTest, ASegmentThatDoesNotReplayToItsLeafIsProvenAfterTheFact) {
   EXPECT_EQ(j["verification"]["proven_frauds"][0]["segment"], 1);
   // A unit is proven once.
   Refused(Prove(erin_, 1, SegmentProof(1)), "already");
+}
+
+// A token task (a GPT on text, its data root over its token pages) is proven as a classification
+// task is, each step's batch by the pages it reads (StepBatchPages), each proven against the data
+// root as a RefereeStageStep's batch is.
+class TokenFraudProofTest : public FraudProofTest {
+ protected:
+  TokenFraudProofTest() : FraudProofTest(kTinyGptBundle) {}
+};
+
+TEST_F(TokenFraudProofTest, AGptUnitIsProvenFromItsStepsTokenPagesAfterTheFact) {
+  ASSERT_TRUE(trainer_->data().tokens);
+  RunPoisonedTask();
+  const TaskRecord finished = Task();
+  ASSERT_EQ(finished.params.data_page_tokens, engine::kTokenPageTokens);
+  const uint64_t window_end = AuditWindowEnd(finished, genesis_.params.audit_window_blocks);
+  while (chain_->Height() + 1 <= window_end) Step();  // the model stays (FraudProofTest's case)
+  const Amount paid = Unit(u_).paid;
+  const Amount stake_before = Node(s1_).stake;
+
+  // The honest segment 0 replays to its committed leaf: nothing to prove.
+  Refused(Prove(dave_, 0, SegmentProof(0)), "replays to its committed end");
+  // Witnesses whose batches do not check out, each refused naming what is wrong.
+  const SegmentWitness good = SegmentProof(1);
+  ASSERT_TRUE(good.examples.empty());
+  ASSERT_GE(good.pages.size(), 2u);
+  SegmentWitness w = good;
+  w.pages[1].tokens[0] ^= 1;  // not the task's data
+  Refused(Prove(dave_, 1, w), "is not proven against the task's data root");
+  w = good;
+  w.pages.pop_back();
+  Refused(Prove(dave_, 1, w), "the batches of the segment's 2 steps read");
+  w = good;
+  std::reverse(w.pages.begin(), w.pages.end());  // steps 3 and 4 out of order
+  Refused(Prove(dave_, 1, w), "the step's batch read page");
+  w = good;
+  w.examples.push_back(StepWitnessExample{.index = 0, .x = {1.0f}, .y = 0, .proof = {}});
+  Refused(Prove(dave_, 1, w), "a token task's batches are proven by their token pages");
+  w = good;
+  w.state[0] += 1e-3f;
+  Refused(Prove(dave_, 1, w), "the unit's committed leaf 1");
+  EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
+
+  // The true witness: the ledger replays steps 3 and 4 on the proven pages to states_[4].
+  const Bytes wire = EncodeSegmentWitness(good);
+  std::printf("tiny GPT segment witness (2 steps): %zu bytes, %zu token pages\n", wire.size(),
+              good.pages.size());
+  StepOk({Prove(dave_, 1, good)});
+  const NodeRecord s1 = Node(s1_);
+  EXPECT_EQ(s1.status, NodeStatus::kJailed);
+  EXPECT_EQ(s1.reputation.slashes, 1u);
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+  const ProvenFraud& f = t.verification.proven_frauds[0];
+  EXPECT_EQ(f.index, static_cast<uint32_t>(u_));
+  EXPECT_EQ(f.segment, 1u);
+  EXPECT_EQ(f.solver, s1_.public_key());
+  EXPECT_EQ(f.clawed_back, paid);
+  EXPECT_EQ(f.slashed, protocol::SlashAmount(UnitCost(t, Unit(u_).price), kSlashMultiple));
+  EXPECT_EQ(s1.stake, stake_before - paid - f.slashed);
+  EXPECT_EQ(t.status, TaskStatus::kFinished);
+  EXPECT_EQ(t.final_state, finished.final_state);
+  ExpectEarningsAddUpToTheTask();
+  Refused(Prove(erin_, 1, good), "already");
 }
 
 // Fraud proofs that take the task back (docs/verification.md, "Fraud proofs after the fact"): a
@@ -1770,6 +1902,27 @@ TEST(SegmentWitnessTest, EncodingRoundTripsAndRefusesDamage) {
       .y = 2,
       .proof = MerkleProof{.index = 7, .leaf_count = 9, .siblings = {Blake2b("a")}}});
   ExpectWitnessRoundTripsAndRefusesDamage(w, EncodeSegmentWitness(w), DecodeSegmentWitness);
+  // A token task's: its pages after the examples (v2); a witness without pages keeps v1's bytes.
+  SegmentWitness tokens = w;
+  tokens.examples.clear();
+  tokens.pages.push_back(TileWitnessPage{
+      .page = 3,
+      .tokens = {5, 6, 7},
+      .proof = MerkleProof{.index = 3, .leaf_count = 4, .siblings = {Blake2b("p")}}});
+  ExpectWitnessRoundTripsAndRefusesDamage(tokens, EncodeSegmentWitness(tokens),
+                                          DecodeSegmentWitness);
+  Bytes v2 = EncodeSegmentWitness(tokens);
+  EXPECT_NE(std::string(v2.begin(), v2.end()).find("meshlearn.segment_witness.v2"),
+            std::string::npos);
+  Bytes v1 = EncodeSegmentWitness(w);
+  EXPECT_NE(std::string(v1.begin(), v1.end()).find("meshlearn.segment_witness.v1"),
+            std::string::npos);
+  // A v2 witness with no pages is not canonical: refused.
+  Encoder e;
+  e.PutString("meshlearn.segment_witness.v2").PutString(w.bundle).PutBytes(w.start_state);
+  e.PutU32(0).PutU32(0).PutU32(0);  // state, examples, pages: none
+  Result<SegmentWitness> empty = DecodeSegmentWitness(e.Take());
+  EXPECT_FALSE(empty.ok());
   // A step witness is not a segment witness.
   Result<SegmentWitness> other = DecodeSegmentWitness(EncodeStepWitness({}));
   EXPECT_FALSE(other.ok());

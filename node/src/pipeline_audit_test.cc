@@ -16,9 +16,11 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/blob.h"
 #include "meshlearn/base/test_dir.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/node/task_audit.h"
+#include "meshlearn/protocol/stage_transfer.h"
 #include "testing/pipeline_task.h"
 #include "testing/sim_harness.h"
 
@@ -202,6 +204,60 @@ TEST_F(PipelineAuditTest, MissingOrMalformedStepCommitsFailNamingWhatIsMissing) 
   expect_fails(other, {}, "step 0's commit is of round 0 replica 0 stage 1 of 3");
 }
 
+// A stage unit's step commits whose step 1 holds a received record its sender never signed (the
+// record and its blob rewritten here, the unit's commitment with them: the honest nodes made no
+// such commit): the audit names the unit at that step and, since the sender's commit does not
+// list the record and its signature does not verify, builds the StageRecordWitness of the commit
+// alone (the ledger's rule of it: PipelineFraudProofTest.AMadeUpReceivedRecordIsProven...).
+TEST_F(PipelineAuditTest, AMadeUpReceivedRecordIsProvenFromTheStagesCommitAlone) {
+  json record = honest_->task;
+  json& unit = Unit(record, 1);  // round 0, replica 0, stage 1
+  BlobGetter all = NodeBlobs(honest_->sim.get(), 6);
+  const Hash256 id = Hash256::FromHex(unit["stage_commits"].get<std::string>()).value();
+  Result<Bytes> blob = all(id);
+  ASSERT_TRUE(blob.ok()) << blob.status().ToString();
+  std::vector<protocol::StageStepCommit> commits =
+      protocol::DecodeStageStepCommits(*blob, 64).value();
+  ASSERT_EQ(commits.size(), 3u);
+  ASSERT_FALSE(commits[1].received.empty());
+  commits[1].received[0].tensor = Blake2b("a tensor nobody sent");
+  const Bytes made_up = protocol::EncodeStageStepCommits(commits);
+  const Hash256 made_up_id = BuildManifest(made_up).id().hash;
+  std::vector<Hash256> leaves;
+  for (const protocol::StageStepCommit& c : commits) leaves.push_back(protocol::StageStepLeaf(c));
+  unit["stage_commits"] = made_up_id.ToHex();
+  unit["commitment"] = protocol::StageCommitment(leaves).ToHex();
+  BlobGetter get = [&](const Hash256& h) -> Result<Bytes> {
+    if (h == made_up_id) return made_up;
+    return all(h);
+  };
+  std::vector<StageFraudProof> proofs;
+  AuditOptions o{.full = true, .work_dir = honest_->dir + "/audit"};
+  o.on_stage_fraud = [&](const AuditUnit&, const StageFraudProof& w) -> json {
+    proofs.push_back(w);
+    return {{"sent", false}, {"error", "not sent (test)"}};
+  };
+  Result<AuditReport> r = AuditTaskRecord(Env::Default(), record, get, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->pass);
+  for (const AuditUnit& u : r->units) {
+    if (u.index != 1) {
+      EXPECT_EQ(u.check, AuditCheck::kAuditCheckPass) << u.index << ": " << u.note;
+      continue;
+    }
+    EXPECT_EQ(u.check, AuditCheck::kAuditCheckFail);
+    EXPECT_EQ(u.fraud_segment, 1) << u.note;
+    EXPECT_EQ(u.note.rfind("step 1: received record 0 ", 0), 0u) << u.note;
+  }
+  ASSERT_EQ(proofs.size(), 1u);
+  EXPECT_EQ(proofs[0].kind, StageFraudProof::kRecord);
+  Result<ledger::StageRecordWitness> w = ledger::DecodeStageRecordWitness(proofs[0].witness);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->record, 0u);
+  EXPECT_TRUE(w->other.empty());
+  EXPECT_EQ(protocol::DecodeStageStepCommit(w->commit).value(), commits[1]);
+}
+
 // The round's aggregator checks each stage unit's step commits blob and keeps it with the task's
 // states (aggregator.h): an audit that gets each blob from its round's aggregator alone, as when
 // every stage node deleted its copy or left, still compares every stage step.
@@ -244,58 +300,107 @@ TEST_F(PipelineAuditTest, TheRoundsAggregatorServesTheStepCommitsOfItsStageUnits
   EXPECT_EQ(r->stage_steps_compared, kStageSteps);
 }
 
-// A lazy stage (every step's commit claims the state it started from) on a verifying chain whose
-// other nodes rubber-stamp every check: it is paid and the task finishes. The audit finds each of
-// its stage units at step 0 (its state_after) and proves the first with the witness it builds;
-// the ledger replays it and slashes the node. The later units of the same node are refused once
-// the first proof has rewound the task (they run again).
-TEST(PipelineAuditProofTest, AnUncaughtLazyStageIsFoundAtItsStepAndProvenOnChain) {
-  constexpr int kCheater = 5;
-  testing::SimOptions opt = AuditedPipelineOptions(17, "pipeline-audit-lazy", true);
-  // The seventh node is the slowest: the first placement leaves it out, so the cheater has a stage.
-  opt.node_options[6].speed_factor = 0.25;
-  opt.agent_options = [](int node, AgentOptions& a) {
-    a.adversary = node == kCheater ? Adversary::kLazy : Adversary::kRubberStamp;
-  };
-  testing::SimHarness sim(opt);
-  Status setup = sim.Setup();
-  ASSERT_TRUE(setup.ok()) << setup.ToString();
-  ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 4000);
-  const std::string cheat = sim.node_key(kCheater).public_key().ToHex();
-  json cheater = sim.Call("get_node", {{"id", cheat}});
-  ASSERT_EQ(cheater["reputation"].value("slashes", uint64_t{1}), 0u)
-      << "the cheater was caught while the task ran: the audit has nothing to find";
-  const json record = sim.Task(true);
-  std::set<uint32_t> lazy;
-  for (const json& u : record["units"]) {
-    if (u.value("assignee", std::string()) == cheat) {
-      lazy.insert(u.value("index", 0u));
-      EXPECT_EQ(u.value("status", std::string()), "verified") << u.dump();
+// A cheating stage node on a verifying chain whose other nodes rubber-stamp every check: it is paid
+// and the task finishes. `sim` runs it; `cheat` is its node id, `units` its stage units, `record`
+// the finished task (get_task with units).
+constexpr int kCheater = 5;
+struct UncaughtStage {
+  testing::SimOptions opt;
+  std::unique_ptr<testing::SimHarness> sim;
+  std::string cheat;
+  json record;
+  std::set<uint32_t> units;
+  // Runs the task to its end with node kCheater playing `adversary`; false (with the reason as a
+  // test failure) when the run means nothing: it did not finish, the cheater was caught while it
+  // ran, or it was never placed on a stage.
+  bool Run(Adversary adversary, uint64_t seed, const std::string& dir) {
+    opt = AuditedPipelineOptions(seed, dir, true);
+    // The seventh node is the slowest: the first placement leaves it out, so the cheater has a
+    // stage.
+    opt.node_options[6].speed_factor = 0.25;
+    opt.agent_options = [adversary](int node, AgentOptions& a) {
+      a.adversary = node == kCheater ? adversary : Adversary::kRubberStamp;
+    };
+    sim = std::make_unique<testing::SimHarness>(opt);
+    Status setup = sim->Setup();
+    if (!setup.ok()) {
+      ADD_FAILURE() << setup.ToString();
+      return false;
     }
+    if (!RunToTheEnd(*sim, 40'000)) {
+      ADD_FAILURE() << sim->Task(true).dump().substr(0, 4000);
+      return false;
+    }
+    cheat = sim->node_key(kCheater).public_key().ToHex();
+    const json cheater = sim->Call("get_node", {{"id", cheat}});
+    if (cheater["reputation"].value("slashes", uint64_t{1}) != 0u) {
+      ADD_FAILURE() << "the cheater was caught while the task ran: the audit has nothing to find";
+      return false;
+    }
+    record = sim->Task(true);
+    for (const json& u : record["units"]) {
+      if (u.value("assignee", std::string()) == cheat) {
+        units.insert(u.value("index", 0u));
+        EXPECT_EQ(u.value("status", std::string()), "verified") << u.dump();
+      }
+    }
+    if (units.empty()) ADD_FAILURE() << "the cheater was never placed on a stage: meaningless";
+    return !units.empty();
   }
-  ASSERT_FALSE(lazy.empty()) << "the cheater was never placed on a stage: the test means nothing";
+  // The audit's on_stage_fraud: sends each witness as the submitter's ProveFraud and answers with
+  // its receipt ({"ok", "error"}), counting them in `sent` by kind.
+  std::function<json(const AuditUnit&, const StageFraudProof&)> ProveOnChain(
+      std::map<std::string, int>* sent) {
+    return [this, sent](const AuditUnit& u, const StageFraudProof& w) -> json {
+      ++(*sent)[std::string(StageFraudProofName(w.kind))];
+      std::printf("unit %u step %d: a ProveFraud %s witness of %zu bytes\n", u.index,
+                  u.fraud_segment, std::string(StageFraudProofName(w.kind)).c_str(),
+                  w.witness.size());
+      Result<Hash256> id = sim->submitter_tx().Send(
+          ledger::ProveFraudTx{.task_id = sim->task_id(),
+                               .index = u.index,
+                               .segment = static_cast<uint32_t>(u.fraud_segment),
+                               .witness = {w.witness}});
+      if (!id.ok()) return {{"ok", false}, {"error", id.status().message()}};
+      for (int i = 0; i < 5 && sim->submitter_tx().IsInFlight(*id); ++i) {
+        EXPECT_TRUE(sim->Step().ok());
+        EXPECT_TRUE(sim->submitter_tx().Poll().ok());
+      }
+      for (const TxOutcome& out : sim->submitter_tx().TakeOutcomes()) {
+        if (out.id == *id) return {{"ok", out.ok}, {"error", out.reason}};
+      }
+      return {{"ok", false}, {"error", "not included"}};
+    };
+  }
+  // Whether the ledger recorded a proven fraud of unit `index` at step `step`, and the cheater is
+  // slashed and jailed.
+  void ExpectProven(uint32_t index, uint32_t step) {
+    const json cheater = sim->Call("get_node", {{"id", cheat}});
+    EXPECT_GE(cheater["reputation"].value("slashes", uint64_t{0}), 1u) << cheater.dump();
+    EXPECT_EQ(cheater.value("status", std::string()), "jailed") << cheater.dump();
+    const json after = sim->Task(false);
+    bool proven = false;
+    for (const json& f : after["verification"]["proven_frauds"]) {
+      proven |= f.value("index", 0u) == index && f.value("segment", step + 1) == step;
+    }
+    EXPECT_TRUE(proven) << after["verification"].dump();
+  }
+};
 
-  int sent = 0;
-  AuditOptions o{.full = true, .work_dir = opt.root + "/audit"};
-  o.on_stage_fraud = [&](const AuditUnit& u, const ledger::StageStepWitness& w) -> json {
-    ++sent;
-    std::printf("unit %u step %d: a ProveFraud witness of %zu bytes\n", u.index, u.fraud_segment,
-                ledger::EncodeStageStepWitness(w).size());
-    Result<Hash256> id = sim.submitter_tx().Send(
-        ledger::ProveFraudTx{.task_id = sim.task_id(),
-                             .index = u.index,
-                             .segment = static_cast<uint32_t>(u.fraud_segment),
-                             .witness = {ledger::EncodeStageStepWitness(w)}});
-    if (!id.ok()) return {{"ok", false}, {"error", id.status().message()}};
-    for (int i = 0; i < 5 && sim.submitter_tx().IsInFlight(*id); ++i) {
-      EXPECT_TRUE(sim.Step().ok());
-      EXPECT_TRUE(sim.submitter_tx().Poll().ok());
-    }
-    for (const TxOutcome& out : sim.submitter_tx().TakeOutcomes()) {
-      if (out.id == *id) return {{"ok", out.ok}, {"error", out.reason}};
-    }
-    return {{"ok", false}, {"error", "not included"}};
-  };
+// A lazy stage (every step's commit claims the state it started from): the audit finds each of
+// its stage units at step 0 (its state_after) and proves the first with the step witness it
+// builds; the ledger replays it and slashes the node. The later units of the same node are refused
+// once the first proof has rewound the task (they run again).
+TEST(PipelineAuditProofTest, AnUncaughtLazyStageIsFoundAtItsStepAndProvenOnChain) {
+  UncaughtStage run;
+  if (!run.Run(Adversary::kLazy, 17, "pipeline-audit-lazy")) return;
+  const std::set<uint32_t>& lazy = run.units;
+  const std::string& cheat = run.cheat;
+  std::map<std::string, int> sent;
+  AuditOptions o{.full = true, .work_dir = run.opt.root + "/audit"};
+  o.on_stage_fraud = run.ProveOnChain(&sent);
+  testing::SimHarness& sim = *run.sim;
+  const json& record = run.record;
   Result<AuditReport> r = AuditTaskRecord(Env::Default(), record, NodeBlobs(&sim, 7), o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE(r->pass);
@@ -333,17 +438,47 @@ TEST(PipelineAuditProofTest, AnUncaughtLazyStageIsFoundAtItsStepAndProvenOnChain
   for (const AuditState& s : r->chain) {
     EXPECT_EQ(s.check, AuditCheck::kAuditCheckPass) << s.name << ": " << s.note;
   }
-  EXPECT_EQ(sent, static_cast<int>(lazy.size()));
+  EXPECT_EQ(sent, (std::map<std::string, int>{{"step", static_cast<int>(lazy.size())}}));
   EXPECT_TRUE(first->proof.value("ok", false)) << first->proof.dump();
-  cheater = sim.Call("get_node", {{"id", cheat}});
-  EXPECT_GE(cheater["reputation"].value("slashes", uint64_t{0}), 1u) << cheater.dump();
-  EXPECT_EQ(cheater.value("status", std::string()), "jailed") << cheater.dump();
-  const json after = sim.Task(false);
-  bool proven = false;
-  for (const json& f : after["verification"]["proven_frauds"]) {
-    proven |= f.value("index", 0u) == first->index && f.value("segment", 1u) == 0u;
+  run.ExpectProven(first->index, 0);
+}
+
+// A drifting stage (noisy's perturbation between two steps, each step committed as trained): every
+// step replays clean from its own state_before, so only continuity sees it. The audit finds each of
+// its stage units at step PoisonAfterSteps(3) = 1, whose state_before is not step 0's state_after,
+// whatever the step received, and proves the first from the two commits alone
+// (StageContinuityWitness); the ledger rules it as it rules a continuity claim and slashes the
+// node. Its neighbours, which received what its drifted state sent, are named with it as the
+// sender and are not proven.
+TEST(PipelineAuditProofTest, AnUncaughtDriftingStageIsProvenFromItsTwoCommitsOnChain) {
+  UncaughtStage run;
+  if (!run.Run(Adversary::kDrift, 17, "pipeline-audit-drift")) return;
+  std::map<std::string, int> sent;
+  AuditOptions o{.full = true, .work_dir = run.opt.root + "/audit"};
+  o.on_stage_fraud = run.ProveOnChain(&sent);
+  Result<AuditReport> r =
+      AuditTaskRecord(Env::Default(), run.record, NodeBlobs(run.sim.get(), 7), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->pass);
+  const AuditUnit* first = nullptr;
+  for (const AuditUnit& u : r->units) {
+    if (!run.units.count(u.index)) {
+      // An honest stage proven by nothing: at most named as receiving what the drift sent.
+      if (u.check == AuditCheck::kAuditCheckFail && u.fraud_segment >= 0) {
+        EXPECT_NE(u.note.find("received"), std::string::npos) << u.index << ": " << u.note;
+        EXPECT_FALSE(u.proof.value("sent", true)) << u.proof.dump();
+      }
+      continue;
+    }
+    EXPECT_EQ(u.check, AuditCheck::kAuditCheckFail) << u.index;
+    EXPECT_EQ(u.fraud_segment, 1) << u.index << ": " << u.note;
+    EXPECT_EQ(u.note.rfind("step 1: state_before ", 0), 0u) << u.note;
+    if (first == nullptr) first = &u;
   }
-  EXPECT_TRUE(proven) << after["verification"].dump();
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(sent, (std::map<std::string, int>{{"continuity", static_cast<int>(run.units.size())}}));
+  EXPECT_TRUE(first->proof.value("ok", false)) << first->proof.dump();
+  run.ExpectProven(first->index, 1);
 }
 
 }  // namespace

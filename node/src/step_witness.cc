@@ -1,5 +1,7 @@
 #include "meshlearn/node/step_witness.h"
 
+#include <algorithm>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -222,7 +224,21 @@ uint64_t SegmentWitnessBound(const engine::Trainer& trainer, uint64_t num_params
   const uint64_t one = StepWitnessBound(trainer.task(), num_params);
   const uint64_t state = 4 * static_cast<uint64_t>(engine::FlatStateSize(
                                  static_cast<int64_t>(num_params), trainer.task().optimizer));
-  const uint64_t batch = one - state - (64 << 10);
+  const uint64_t margin = 64 << 10;
+  if (trainer.data().tokens) {
+    // A token task's batch is the pages its windows read: a window of T + 1 tokens touches at
+    // most ceil(T / P) + 1 pages of P tokens, and no step reads more pages than the stream has.
+    // A page: its index, its tokens and its proof (<= 64 levels).
+    const engine::TaskSpec& t = trainer.task();
+    const uint64_t P = static_cast<uint64_t>(engine::kTokenPageTokens);
+    const uint64_t n = trainer.data().train_tokens.tokens.size();
+    const uint64_t per_window = (static_cast<uint64_t>(t.seq_len) + P - 1) / P + 1;
+    const uint64_t pages =
+        std::min(static_cast<uint64_t>(t.batch_size) * per_window, (n + P - 1) / P);
+    const uint64_t page = 8 + 4 + 4 * P + 8 + 8 + 4 + 32 * 64;
+    return state + steps * pages * page + margin;
+  }
+  const uint64_t batch = one - state - margin;
   return one + (steps > 0 ? steps - 1 : 0) * batch;
 }
 
@@ -230,9 +246,13 @@ Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSp
                                                 const UnitWork& work,
                                                 std::span<const Hash256> leaves,
                                                 std::string_view bundle,
-                                                const engine::DataTree& tree) {
-  if (trainer->data().tokens) {
-    return InvalidArgument("segment witness: a token task has no per-example data root");
+                                                const engine::TokenPageTree* pages,
+                                                const engine::DataTree* tree) {
+  if (trainer->data().tokens ? pages == nullptr : tree == nullptr) {
+    return InvalidArgument(
+        std::string("segment witness: give the proofs of the task's batches (") +
+        (trainer->data().tokens ? "a token task: its TokenPageTree" : "its examples' DataTree") +
+        ")");
   }
   const uint32_t segments = protocol::SegmentCount(static_cast<uint64_t>(work.inner_steps),
                                                    static_cast<uint64_t>(work.checkpoint_interval));
@@ -265,8 +285,16 @@ Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSp
       out.witness.state = std::move(flat);
     }
     for (uint64_t s = seg.first_step; s < seg.last_step; ++s) {
+      if (pages != nullptr) {
+        for (ledger::TileWitnessPage& p : ledger::ProvenPages(
+                 *pages, ledger::StepBatchPages(trainer->task(), work.stream,
+                                                static_cast<int64_t>(s), pages->num_tokens()))) {
+          out.witness.pages.push_back(std::move(p));
+        }
+        continue;
+      }
       for (ledger::StepWitnessExample& e :
-           BatchExamples(*trainer, work, tree, static_cast<int64_t>(s))) {
+           BatchExamples(*trainer, work, *tree, static_cast<int64_t>(s))) {
         out.witness.examples.push_back(std::move(e));
       }
     }

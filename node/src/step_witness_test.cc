@@ -8,8 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/config.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/state_blob.h"
@@ -364,8 +366,8 @@ TEST(StepWitnessSizeTest, FashionMlpSegmentWitnessFitsInATransaction) {
   const Hash256 true_end = leaves[2];
   leaves[2] = Blake2b("a perturbed trajectory");
   const std::string bundle = env->ReadFile(path).value();
-  Result<BuiltSegmentWitness> w =
-      BuildSegmentWitness(trainer.get(), EncodeGlobalState(start), work, leaves, bundle, tree);
+  Result<BuiltSegmentWitness> w = BuildSegmentWitness(trainer.get(), EncodeGlobalState(start), work,
+                                                      leaves, bundle, nullptr, &tree);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->segment, 1u);
   EXPECT_EQ(w->replayed_end, true_end);
@@ -379,7 +381,85 @@ TEST(StepWitnessSizeTest, FashionMlpSegmentWitnessFitsInATransaction) {
   EXPECT_GE(bound, wire.size());
   // An honest unit has nothing to prove.
   leaves[2] = true_end;
-  EXPECT_EQ(BuildSegmentWitness(trainer.get(), EncodeGlobalState(start), work, leaves, bundle, tree)
+  EXPECT_EQ(BuildSegmentWitness(trainer.get(), EncodeGlobalState(start), work, leaves, bundle,
+                                nullptr, &tree)
+                .status()
+                .code(),
+            StatusCode::kNotFound);
+}
+
+// The fraud proof of a token task: examples/tiny-gpt.toml (a GPT on the GPL text) as a network task
+// of 20 inner steps in segments of 10. Its segment witness holds the state and, step after step,
+// the token pages each batch reads, proven against the data root over the stream's pages; the
+// ledger's own replay of it (ledger::RunSegmentSteps, what ProveFraud runs) ends where the node's
+// replay does, and it fits one ProveFraud within SegmentWitnessBound.
+TEST(StepWitnessSizeTest, TinyGptSegmentWitnessProvesItsBatchesByTheirPages) {
+  Env* env = Env::Default();
+  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/tiny-gpt.toml";
+  Result<std::string> text = env->ReadFile(path);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  const std::string bundle = *text +
+                             "\n[network]\nrounds = 2\nunits_per_round = 2\ninner_steps = 20\n"
+                             "checkpoint_interval = 10\n";
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle, "tiny-gpt.toml", "/");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<ConfigFile> cfg = ConfigFile::Parse(bundle, "tiny-gpt.toml");
+  ASSERT_TRUE(cfg.ok());
+  const protocol::NetworkSpec net = protocol::NetworkSpec::FromConfig(*cfg).value();
+  std::unique_ptr<engine::Trainer> trainer = engine::Trainer::Create(env, *spec).value();
+  ASSERT_TRUE(trainer->data().tokens);
+  const TaskFacts facts = ComputeTaskFacts(*trainer, net);
+  const GlobalState start = InitialState(*trainer);
+  const UnitWork work = protocol::UnitWorkOf(net, facts, 0, 1);
+  const std::vector<int64_t> at = protocol::HashedSteps(work.inner_steps, work.checkpoint_interval);
+  std::vector<Hash256> leaves =
+      ReplayToSteps(trainer.get(), start.weights, work, 0, nullptr, at).value();
+  ASSERT_EQ(leaves.size(), 3u);
+  const Hash256 true_end = leaves[2];
+  leaves[2] = Blake2b("a perturbed trajectory");
+  std::unique_ptr<engine::TokenPageTree> pages;
+  std::unique_ptr<engine::DataTree> tree;
+  EXPECT_EQ(EnsureDataProofs(trainer->data(), &pages, &tree), nullptr);
+  ASSERT_NE(pages, nullptr);
+  EXPECT_EQ(pages->root(), TaskDataRoot(trainer->data()));
+  // Without the pages' tree there is nothing to prove the batches with.
+  EXPECT_EQ(BuildSegmentWitness(trainer.get(), EncodeGlobalState(start), work, leaves, bundle,
+                                nullptr, nullptr)
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  Result<BuiltSegmentWitness> w = BuildSegmentWitness(trainer.get(), EncodeGlobalState(start), work,
+                                                      leaves, bundle, pages.get(), nullptr);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->segment, 1u);
+  EXPECT_EQ(w->replayed_end, true_end);
+  EXPECT_TRUE(w->witness.examples.empty());
+  size_t want = 0;
+  for (int64_t s = 10; s < 20; ++s) {
+    want += ledger::StepBatchPages(trainer->task(), work.stream, s, pages->num_tokens()).size();
+  }
+  EXPECT_EQ(w->witness.pages.size(), want);
+  // The ledger's replay of the witness, from the committed state after step 10.
+  engine::TrainState st =
+      engine::StateFromFlat(trainer->task().model,
+                            engine::UnitOptimizerSpec(trainer->task().optimizer, work.lr_scale),
+                            w->witness.state, 10, trainer->task().seed, work.stream)
+          .value();
+  EXPECT_EQ(engine::StateHash(st), leaves[1]);
+  Result<Hash256> end = ledger::RunSegmentSteps(
+      trainer->task(), work.stream, static_cast<uint64_t>(pages->num_tokens()), pages->root(), st,
+      10, w->witness.examples, w->witness.pages, "segment");
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_EQ(*end, true_end);
+  const Bytes wire = ledger::EncodeSegmentWitness(w->witness);
+  std::printf("tiny-gpt segment witness (10 steps): %zu bytes (state %zu bytes, %zu pages)\n",
+              wire.size(), 4 * w->witness.state.size(), w->witness.pages.size());
+  EXPECT_LT(wire.size(), ledger::kMaxWitnessBytes);
+  EXPECT_GE(SegmentWitnessBound(*trainer, facts.num_params, 10), wire.size());
+  // An honest unit has nothing to prove.
+  leaves[2] = true_end;
+  EXPECT_EQ(BuildSegmentWitness(trainer.get(), EncodeGlobalState(start), work, leaves, bundle,
+                                pages.get(), nullptr)
                 .status()
                 .code(),
             StatusCode::kNotFound);

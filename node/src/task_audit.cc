@@ -39,6 +39,18 @@ std::string_view AuditCheckName(AuditCheck check) {
   return "?";
 }
 
+std::string_view StageFraudProofName(StageFraudProof::Kind kind) {
+  switch (kind) {
+    case StageFraudProof::kStep:
+      return "step";
+    case StageFraudProof::kContinuity:
+      return "continuity";
+    case StageFraudProof::kRecord:
+      return "record";
+  }
+  return "?";
+}
+
 namespace {
 
 Result<Hash256> HashField(const json& j, const char* key, const std::string& where) {
@@ -79,13 +91,15 @@ std::string RecordDiff(const protocol::StageTransfer& got, const protocol::Stage
   return "";
 }
 
-// Where a stage's committed step differs from the re-run's. kReceived: a record it received
-// (its sender's step is at fault, or the record is not what was sent); kStart: its state before
-// the step (it starts where its previous step did not end: the continuity check's finding, ruled
-// from two commits, or a false start); kOwn: what it sent or its state after the step, from what
-// the re-run agrees it started from and received: a step witness proves it.
+// Where a stage's committed step differs from the re-run's. kForeign: the commit is of another
+// step; kStart: its state before the step, compared first (every earlier step agreed with the
+// re-run, so the step does not start where its previous step ended, or step 0 where the round's
+// start state does: the continuity finding, proven from the commits alone, whatever the step
+// received); kReceived: a record it received (its sender's step is at fault, or the record is not
+// what was sent); kOwn: what it sent or its state after the step, from what the re-run agrees it
+// started from and received: a step witness proves it.
 struct StepDiff {
-  enum Kind { kNone, kReceived, kStart, kOwn } kind = kNone;
+  enum Kind { kNone, kForeign, kReceived, kStart, kOwn } kind = kNone;
   std::string what;
 };
 
@@ -93,7 +107,12 @@ StepDiff CompareStageStep(const protocol::StageStepCommit& got,
                           const protocol::StageStepCommit& want) {
   if (got.task != want.task || got.round != want.round || got.replica != want.replica ||
       got.stage != want.stage || got.stages != want.stages || got.step != want.step) {
-    return {StepDiff::kStart, "the commit is of another task, round, replica, stage or step"};
+    return {StepDiff::kForeign, "the commit is of another task, round, replica, stage or step"};
+  }
+  if (got.state_before != want.state_before) {
+    return {StepDiff::kStart, "state_before " + got.state_before.ShortHex() + ", the re-run's " +
+                                  want.state_before.ShortHex() +
+                                  " (it does not start where its previous step ended)"};
   }
   if (got.received.size() != want.received.size()) {
     return {StepDiff::kReceived, "it received " + std::to_string(got.received.size()) +
@@ -106,10 +125,6 @@ StepDiff CompareStageStep(const protocol::StageStepCommit& got,
       return {StepDiff::kReceived, "received record " + std::to_string(i) + " " + d +
                                        " (what its sender's step sent differs)"};
     }
-  }
-  if (got.state_before != want.state_before) {
-    return {StepDiff::kStart, "state_before " + got.state_before.ShortHex() + ", the re-run's " +
-                                  want.state_before.ShortHex()};
   }
   if (got.sent.size() != want.sent.size()) {
     return {StepDiff::kOwn, "it sent " + std::to_string(got.sent.size()) + " records, the re-run " +
@@ -458,15 +473,10 @@ class Auditor {
 
   // The fraud proof of unit `u`, whose commitment did not replay from `start`.
   Status Prove(AuditUnit& u, const GlobalState& start, const UnitWork& work) {
-    if (trainer_->data().tokens) {
-      u.proof = {{"sent", false},
-                 {"error", "a token task's segments are not replayed by the ledger yet (its data "
-                           "root proves the tokens of a disputed tile, not a segment)"}};
-      return Status::Ok();
-    }
-    if (!tree_) tree_ = std::make_unique<engine::DataTree>(trainer_->data().train);
-    Result<BuiltSegmentWitness> w = BuildSegmentWitness(trainer_.get(), EncodeGlobalState(start),
-                                                        work, u.leaves, bundle_text_, *tree_);
+    EnsureDataProofs(trainer_->data(), &pages_, &tree_);
+    Result<BuiltSegmentWitness> w =
+        BuildSegmentWitness(trainer_.get(), EncodeGlobalState(start), work, u.leaves, bundle_text_,
+                            pages_.get(), tree_.get());
     if (!w.ok()) {
       // Leaves that agree with the replay under a commitment that does not (the record is
       // inconsistent) or none recorded: nothing the ledger could re-execute.
@@ -737,19 +747,18 @@ class Auditor {
         first_diff[s] = static_cast<int64_t>(t);
         u.fraud_segment = static_cast<int32_t>(t);
         notes[s] = "step " + std::to_string(t) + ": " + d.what;
-        if (d.kind != StepDiff::kOwn) {
-          if (proving) {
-            u.proof = {{"sent", false},
-                       {"error", d.kind == StepDiff::kReceived
-                                     ? "it received what the re-run did not send: no witness of "
-                                       "its step can be built from the re-run"
-                                     : "its step does not start where the re-run's does: a "
-                                       "continuity claim (two commits) rules it, not a step "
-                                       "witness"}};
-          }
-          continue;
+        if (!proving) continue;
+        if (d.kind == StepDiff::kStart) {
+          ProveContinuity(u, *committed[s], t, start);
+        } else if (d.kind == StepDiff::kOwn) {
+          ProveStage(u, c, checkpoint[s], keeping[s]->received, work);
+        } else if (d.kind == StepDiff::kReceived) {
+          ProveRecord(u, units, committed, c, out[s]->commit);
+        } else {
+          u.proof = {
+              {"sent", false},
+              {"error", "its commit is of another step: nothing the ledger can rule it against"}};
         }
-        if (proving) ProveStage(u, c, checkpoint[s], keeping[s]->received, work);
       }
       Progress((t + 1) * S, label);
     }
@@ -785,7 +794,70 @@ class Auditor {
       u.proof = {{"sent", false}, {"error", w.status().message()}};
       return;
     }
-    u.proof = o_.on_stage_fraud(u, *w);
+    u.proof = o_.on_stage_fraud(
+        u, {.kind = StageFraudProof::kStep, .witness = ledger::EncodeStageStepWitness(*w)});
+  }
+
+  // Stage unit `u`'s committed step `c` received a record the re-run (`rerun`) did not send. A
+  // record its sender's committed commit of the step lists as sent is the sender's fault (its own
+  // step differs, found there); a record its sender (its stage's node, units[from]->assignee)
+  // signed but did not commit is the sender's to answer for, not this stage's; one its sender did
+  // not sign the stage made up, proven from its commit alone (ledger::StageRecordWitness).
+  void ProveRecord(
+      AuditUnit& u, const std::vector<AuditUnit*>& units,
+      const std::vector<std::optional<std::vector<protocol::StageStepCommit>>>& committed,
+      const protocol::StageStepCommit& c, const protocol::StageStepCommit& rerun) {
+    for (size_t i = 0; i < c.received.size(); ++i) {
+      const protocol::StageTransfer& r = c.received[i];
+      if (i < rerun.received.size() && RecordDiff(r, rerun.received[i]).empty()) continue;
+      const std::string name =
+          "received record " + std::to_string(i) + " (" + r.key.ToString() + ")";
+      const uint32_t from = r.key.from_stage;
+      if (from >= units.size()) {
+        u.proof = {{"sent", false}, {"error", name + " names no stage of the replica"}};
+        return;
+      }
+      if (committed[from] && c.step < committed[from]->size()) {
+        for (const protocol::StageTransfer& s : (*committed[from])[c.step].sent) {
+          if (RecordDiff(s, r).empty() && s.sender == r.sender) {
+            u.proof = {{"sent", false},
+                       {"error", name + " is what its sender's commit lists as sent: the "
+                                        "sender's step is at fault, not this stage"}};
+            return;
+          }
+        }
+      }
+      Result<PublicKey> sender = PublicKey::FromHex(units[from]->assignee, "assignee");
+      if (sender.ok() && protocol::VerifyStageTransfer(r, *sender).ok()) {
+        u.proof = {{"sent", false},
+                   {"error", name + " is signed by its sender, whose commit does not list it: "
+                                    "the sender's fault (a StageRecordWitness of the sender's "
+                                    "commit with this one as other proves its unit)"}};
+        return;
+      }
+      ledger::StageRecordWitness w{.commit = protocol::EncodeStageStepCommit(c),
+                                   .record = static_cast<uint32_t>(i)};
+      u.proof = o_.on_stage_fraud(
+          u, {.kind = StageFraudProof::kRecord, .witness = ledger::EncodeStageRecordWitness(w)});
+      return;
+    }
+    u.proof = {{"sent", false}, {"error", "no received record differs from the re-run's"}};
+  }
+
+  // The ProveFraud witness of stage unit `u`'s step `t`, which does not start where its previous
+  // step ended: its committed commits alone (`commits`), or for step 0 its commit, the bundle and
+  // the round's start state `start` (the ledger derives the stage's slice of it).
+  void ProveContinuity(AuditUnit& u, const std::vector<protocol::StageStepCommit>& commits,
+                       uint64_t t, const GlobalState& start) {
+    ledger::StageContinuityWitness w{.commit = protocol::EncodeStageStepCommit(commits[t])};
+    if (t > 0) {
+      w.previous = protocol::EncodeStageStepCommit(commits[t - 1]);
+    } else {
+      w.bundle = bundle_text_;
+      w.start_state = EncodeGlobalState(start);
+    }
+    u.proof = o_.on_stage_fraud(u, {.kind = StageFraudProof::kContinuity,
+                                    .witness = ledger::EncodeStageContinuityWitness(w)});
   }
 
   // The chain link of round r, and the state round r + 1 starts from when the audit has it.
@@ -888,8 +960,9 @@ class Auditor {
   NetworkSpec net_;
   TaskFacts facts_;
   std::unique_ptr<engine::Trainer> trainer_;
-  std::unique_ptr<engine::DataTree> tree_;        // built for the first fraud proof
-  std::unique_ptr<engine::TokenPageTree> pages_;  // a token task's, for the first stage proof
+  // Built for the first fraud proof: a classification task's examples, a token task's pages.
+  std::unique_ptr<engine::DataTree> tree_;
+  std::unique_ptr<engine::TokenPageTree> pages_;
   std::unique_ptr<engine::PipelineCut> cut_;      // a pipeline task's
   StageLayout layout_;
   std::string bundle_text_;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,20 +42,14 @@ struct TileRuleContext {
   Hash256 data_root;
 };
 
-// One page of a token task's train stream (engine::TokenPageTree), proven against the data root.
-struct TileWitnessPage {
-  uint64_t page = 0;
-  std::vector<int32_t> tokens;
-  MerkleProof proof;
-  bool operator==(const TileWitnessPage&) const = default;
-};
+// TileWitnessPage (tx.h): one page of a token task's train stream, proven against the data root.
 // Whether a witness's `pages` are exactly the pages `want` of a token stream of `n` tokens (what
 // engine::TokenPagesOfRows lists for the rows `reader` names: "the footprint's rows", "the step's
 // batch"), each of its full length and proven against the task's `data_root`; errors start with
 // `where`. The one check of RefereeTile's and RefereeStageStep's token pages.
-Status CheckWitnessPages(const std::vector<TileWitnessPage>& pages,
-                         const std::vector<int64_t>& want, int64_t n, const Hash256& data_root,
-                         const std::string& where, const std::string& reader);
+Status CheckWitnessPages(std::span<const TileWitnessPage> pages, const std::vector<int64_t>& want,
+                         int64_t n, const Hash256& data_root, const std::string& where,
+                         const std::string& reader);
 
 // One input tile: tile `tile` of operator `op` (1-based, as the game counts), its values, and
 // its Merkle proof against that operator's agreed output root.

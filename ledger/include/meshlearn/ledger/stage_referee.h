@@ -382,4 +382,39 @@ Result<StageStepCheck> RuleStageContinuity(const TaskRecord& task_record, const 
                                            const StageContinuityWitness& w,
                                            std::string_view what = "referee stage step");
 
+// The witness that a stage's step t holds a received record that was never sent as committed
+// (ProveFraud on a stage unit; told from the other stage witnesses by its magic), from the public
+// step commits alone (docs/verification.md, "An audit of a pipeline task"):
+//   - `commit`: the proven stage's commit of step t (its committed leaf t);
+//   - `other` empty: the proven stage received `commit.received[record]`, and that record is not
+//     signed by its sender (the replica's node of key.from_stage): the stage made it up;
+//   - `other` given: the receiving stage's commit of step t (its committed leaf t), whose
+//     `received[record]` the proven stage signed as its sender, while its own commit's sent
+//     records do not list it: the stage sent what it did not commit.
+struct StageRecordWitness {
+  Bytes commit;
+  uint32_t record = 0;
+  Bytes other;
+  bool operator==(const StageRecordWitness&) const = default;
+};
+Bytes EncodeStageRecordWitness(const StageRecordWitness& w);
+// Refuses another magic, truncated or trailing bytes and sizes over kMaxWitnessBytes
+// (InvalidArgument, naming the field).
+Result<StageRecordWitness> DecodeStageRecordWitness(ByteSpan bytes);
+bool IsStageRecordWitness(ByteSpan bytes);
+
+// The ledger's ruling of a StageRecordWitness on step `step` of stage unit `unit` (ProveFraud):
+// `replica` the replica's stage units by stage (null where none), `chain` its nodes
+// (ReplicaRunChain). Each commit must be its stage's committed leaf of the step (of this task,
+// round, replica, stage and step), else InvalidArgument; a record index out of range, or one not
+// sent to (or by) the proven stage, InvalidArgument. FailedPrecondition ("nothing to prove") when
+// the record is signed by its sender and (with `other`) listed among the proven stage's sent
+// records. Otherwise the finding: a `record` fault of the proven stage, its leaf StageFindingLeaf
+// of the committed leaf.
+Result<StageStepCheck> RuleStageRecord(const TaskRecord& task_record, const WorkUnit& unit,
+                                       uint64_t step, std::span<const WorkUnit* const> replica,
+                                       const std::vector<protocol::NodeId>& chain,
+                                       const StageRecordWitness& w,
+                                       std::string_view what = "prove fraud");
+
 }  // namespace meshlearn::ledger

@@ -640,6 +640,15 @@ struct StepWitnessExample {
   MerkleProof proof;      // of engine::ExampleLeaf(index, x, y) against the task's data_root
   bool operator==(const StepWitnessExample&) const = default;
 };
+// One page of a token task's train stream (engine::TokenPageTree), proven against the data root:
+// how a witness proves the tokens a step reads (RefereeTile's tile, RefereeStageStep's and
+// ProveFraud's batches).
+struct TileWitnessPage {
+  uint64_t page = 0;
+  std::vector<int32_t> tokens;
+  MerkleProof proof;
+  bool operator==(const TileWitnessPage&) const = default;
+};
 struct StepWitness {
   std::string bundle;                        // the task bundle text (blob id == spec_hash)
   std::vector<float> state;                  // engine::FlatState of the agreed state (step - 1)
@@ -791,11 +800,17 @@ struct ProveResultTx {
 //   - examples: the batches of the segment's steps, step after step, each batch in batch order
 //     (engine::BatchIndices), each example proven against the task's data_root. Batches are a
 //     pure function of (task seed, unit stream, step), so no intermediate state is needed.
+//   - pages, in place of examples for a token task (a data root over its token pages,
+//     params.data_page_tokens): step after step, the pages that step's batch reads
+//     (StepBatchPages: engine::TokenPagesOfRows of every row, increasing), each proven against
+//     the data root, as a RefereeStageStep's batch is.
+// Encoded with magic v1 without pages (every classification witness's bytes as before), v2 with.
 struct SegmentWitness {
   std::string bundle;
   Bytes start_state;
   std::vector<float> state;
   std::vector<StepWitnessExample> examples;
+  std::vector<TileWitnessPage> pages;
   bool operator==(const SegmentWitness&) const = default;
 };
 Bytes EncodeSegmentWitness(const SegmentWitness& w);

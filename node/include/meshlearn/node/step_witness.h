@@ -132,18 +132,22 @@ struct BuiltSegmentWitness {
 
 // The witness of the first segment of unit `work` (trained from the round's start state
 // `start_blob`, a global state blob) that does not replay to its committed leaf (`leaves`:
-// SegmentCount + 1 of them). `bundle` is the task bundle text, `tree` the DataTree of the
-// trainer's training data. NotFound when every segment replays to its leaf (nothing to prove);
-// InvalidArgument for a token task, a start blob that does not decode, or leaves of the wrong
+// SegmentCount + 1 of them). `bundle` is the task bundle text; the batches are proven by `tree`,
+// the DataTree of a classification task's training data (each step's examples), or by `pages`, a
+// token task's TokenPageTree (each step's pages, ledger::StepBatchPages): EnsureDataProofs gives
+// the one the task needs. NotFound when every segment replays to its leaf (nothing to prove);
+// InvalidArgument for a missing tree, a start blob that does not decode, or leaves of the wrong
 // count. Moves the trainer.
 Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSpan start_blob,
                                                 const UnitWork& work,
                                                 std::span<const Hash256> leaves,
                                                 std::string_view bundle,
-                                                const engine::DataTree& tree);
+                                                const engine::TokenPageTree* pages,
+                                                const engine::DataTree* tree);
 
-// The size of a segment witness of `steps` steps (the start state, steps x one batch of examples
-// with proofs, the bundle), bounded as StepWitnessBound bounds a step's.
+// The size of a segment witness of `steps` steps (the start state, steps x one batch with its
+// proofs: examples, or a token task's pages, the bundle), bounded as StepWitnessBound bounds a
+// step's.
 uint64_t SegmentWitnessBound(const engine::Trainer& trainer, uint64_t num_params, uint64_t steps);
 
 // The data root a task's training data gives: what TaskParams::data_root must be. The DataTree

@@ -35,7 +35,14 @@
 // replicas' deltas gathered in model order. At a stage's first step that differs, the re-run's
 // checkpoint and received tensors are what the committed commit had to start from and receive
 // (every earlier step agreed), so with on_stage_fraud the audit builds the step's ProveFraud
-// witness itself. A sampled audit re-runs the whole replica of each sampled stage unit.
+// witness itself. A step that does not start where the stage's previous step ended (its committed
+// state_before is not step t-1's committed state_after, or step 0's not the stage's slice of the
+// round's start state) is proven from the commits alone (ledger::StageContinuityWitness: the two
+// commits, or step 0's with the bundle and the round's start state), whatever it received. A step
+// that received a record the re-run did not send is its sender's fault when the sender's commit
+// lists that record (found at the sender's own step); one that its sender did not sign is the
+// stage's own, proven from its commit alone (ledger::StageRecordWitness). A sampled audit re-runs
+// the whole replica of each sampled stage unit.
 //
 // After a mismatch the audit goes on where it can: a later round whose recorded start state can
 // still be fetched is checked from that state, so one report names every bad unit it can reach.
@@ -144,6 +151,26 @@ struct AuditProgress {
   std::string status;  // "round 1 unit 5"
 };
 
+// The ProveFraud witness the audit built for a stage unit's step AuditUnit::fraud_segment.
+struct StageFraudProof {
+  enum Kind {
+    // The step starts where the re-run's does and received what the re-run sent, but its state
+    // after the step or what it sent differs: a ledger::StageStepWitness, built from the re-run's
+    // checkpoint and tensors and the committed commit (ledger::BuildStageStepWitness).
+    kStep,
+    // The step does not start where the stage's previous step ended: a
+    // ledger::StageContinuityWitness of its committed commits (step 0: its commit, the bundle and
+    // the round's start state).
+    kContinuity,
+    // It received a record its sender did not sign (the sender's commit does not list it): a
+    // ledger::StageRecordWitness of its committed commit alone.
+    kRecord,
+  } kind = kStep;
+  Bytes witness;  // the encoded witness ProveFraudTx carries
+};
+// "step", "continuity", "record".
+std::string_view StageFraudProofName(StageFraudProof::Kind kind);
+
 struct AuditOptions {
   bool full = false;
   uint32_t sample = 3;
@@ -159,11 +186,9 @@ struct AuditOptions {
   // leaf (BuildSegmentWitness, from the unit's true start) and calls this with it; whatever it
   // returns is kept as AuditUnit::proof. Null: no witness is built.
   std::function<nlohmann::json(const AuditUnit&, const BuiltSegmentWitness&)> on_fraud;
-  // The same for a pipeline task: for every stage unit whose step fraud_segment is its own fault
-  // (it received what the re-run sent it, and its state after the step or what it sent differs),
-  // the audit builds that step's witness (ledger::BuildStageStepWitness from the re-run's
-  // checkpoint and tensors and the committed commit) and calls this with it. Null: none built.
-  std::function<nlohmann::json(const AuditUnit&, const ledger::StageStepWitness&)> on_stage_fraud;
+  // The same for a pipeline task: for every stage unit whose step fraud_segment is its own fault,
+  // the audit builds that step's witness and calls this with it. Null: none built.
+  std::function<nlohmann::json(const AuditUnit&, const StageFraudProof&)> on_stage_fraud;
 };
 
 // Returns the bytes of blob `id` (content-verified), or an error when no one serves it.
