@@ -1010,6 +1010,20 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
   return Status::Ok();
 }
 
+// Why the ledger cannot replay a unit's segment from a SegmentWitness (ExecuteSegmentWitness), or
+// nullptr where it can: an exact-mode task with a data root, over examples or token pages.
+// ProveFraud and ProveMerits both replay one (a pipeline stage's step is another witness).
+static const char* SegmentReplayRefusal(const TaskParams& p) {
+  if (p.tolerance_rel_l2_ppm != 0 || p.tolerance_cosine_gap_ppb != 0) {
+    return "verified in tolerance mode, where replays need not match hashes bit for bit; only "
+           "exact-mode units can be proven";
+  }
+  if (p.data_root.IsZero()) {
+    return "without a data root, so the ledger cannot check a replay's batches";
+  }
+  return nullptr;
+}
+
 Status ExecuteProveMerits(ExecContext& ctx, const ProveMeritsTx& tx) {
   constexpr std::string_view kWhat = "prove merits";
   ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
@@ -1022,17 +1036,14 @@ Status ExecuteProveMerits(ExecContext& ctx, const ProveMeritsTx& tx) {
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
   // Where ProveFraud replays a segment witness (ExecuteSegmentWitness) and nowhere else.
   const TaskParams& tp = t->params;
-  const char* no_replay = IsPipelineTask(tp)         ? "a pipeline task"
-                          : tp.data_root.IsZero()    ? "a task without a data root"
-                          : tp.data_page_tokens != 0 ? "a token task"
-                          : tp.tolerance_rel_l2_ppm != 0 || tp.tolerance_cosine_gap_ppb != 0
-                              ? "verified in tolerance mode"
-                              : nullptr;
+  const char* no_replay = IsPipelineTask(tp)
+                              ? "a pipeline task, whose segments (stage steps) the ledger does not "
+                                "replay from a segment witness"
+                              : SegmentReplayRefusal(tp);
   if (no_replay != nullptr) {
     return FailedPrecondition("prove merits: task " + tx.task_id.ShortHex() + " is " + no_replay +
-                              ", whose segments the ledger does not replay from a segment "
-                              "witness; the merits window closes into a loss by the solver's "
-                              "silence alone");
+                              "; the merits window closes into a loss by the solver's silence "
+                              "alone");
   }
   // The window, the segment and the prover first (cheap; the check is saved only if shown).
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
@@ -1452,11 +1463,6 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                               (u->leaves.empty() ? " and has no committed leaves" : "") +
                               "; only a paid unit of a final round with its leaves can be proven");
   }
-  if (t->params.tolerance_rel_l2_ppm != 0 || t->params.tolerance_cosine_gap_ppb != 0) {
-    return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
-                              " is verified in tolerance mode, where replays need not match "
-                              "hashes bit for bit; only exact-mode units can be proven");
-  }
   // A stage unit's segment t is its step t (OpenUnitCheck): the proof is the witness of that
   // whole stage step, which the ledger replays as it rules a stage dispute (RefereeStageStep), so
   // only where it rules those (a data root, the stage within kMaxStageWitnessMemory).
@@ -1470,9 +1476,8 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
           " bytes, over the stage witness bound of " + std::to_string(kMaxStageWitnessMemory) +
           ": the ledger cannot replay its step from a witness");
     }
-  } else if (t->params.data_root.IsZero()) {
-    return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() +
-                              " has no data root, so the ledger cannot check a replay's batches");
+  } else if (const char* why = SegmentReplayRefusal(t->params); why != nullptr) {
+    return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() + " is " + why);
   }
   for (const ProvenFraud& f : t->verification.proven_frauds) {
     // (A rewind re-ran the unit by another solver: that work is the new solver's to answer for.)
