@@ -1293,13 +1293,14 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
 
 // Per (b,c) plane, in that plane of dinp: zeroed, then each output of the plane in increasing order
 // adds its gradient at its argmax through the ReLU's mask (out > 0 ? dinp + dout : 0; the output
-// is the input at its argmax, so this is inp's mask there, read from a plane 1/(k*k) the size of
-// inp's and in order). Where the mask is set this is MaxPool2dBackward's sum g, and 0 + g = g (g
-// starts as 0 + dout, which is never -0, and a sum is -0 only when both terms are); elsewhere +0,
-// as the two ops give. The plane (a few KB) stays in the cache between zeroing and scatter, so no
-// separate pass over dinp zeroes it. With dbias on one thread, channels go in groups of kBiasGroup
-// and images in order, each image's planes added to the bias chains (as Conv2dBackward's) while
-// they are in the cache, so the bias gradient needs no pass of its own over dinp.
+// is the input at its argmax, so this is inp's mask there, read in order from a plane about
+// 1/(s*s) the size of inp's). Where the mask is set this is MaxPool2dBackward's sum g, and 0 + g =
+// g (g starts as 0 + dout, which is never -0, and a sum is -0 only when both terms are); elsewhere
+// +0, as the two ops give. The plane (a few KB) stays in the cache between zeroing and scatter, so
+// no separate pass over dinp zeroes it. With dbias on one thread, channels go in groups of
+// kBiasGroup and images in order, each image's planes added to the bias chains (as
+// Conv2dBackward's) while they are in the cache, so the bias gradient needs no pass of its own over
+// dinp.
 void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
                            const float* out, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
                            int64_t OW) {
