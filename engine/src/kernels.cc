@@ -48,6 +48,13 @@ void LinearReluBackward(float* dinp, float* dweight, float* dbias, const float* 
   CHECK(dinp != nullptr) << "LinearReluBackward: dinp is written, it may not be null";
   ActiveKernelTable().linear_relu_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
 }
+void LinearBackwardOverwrite(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, int64_t B, int64_t C,
+                             int64_t OC) {
+  internal::FpEnvGuard fp_guard;
+  CHECK(dinp != nullptr) << "LinearBackwardOverwrite: dinp is written, it may not be null";
+  ActiveKernelTable().linear_backward_overwrite(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
+}
 void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
                    int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {
@@ -65,6 +72,18 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
   CHECK(C * H * W < (int64_t{1} << 31)) << "conv2d: one image must have < 2^31 elements";
   ActiveKernelTable().conv2d_backward(dinp, dweight, dbias, dout, inp, weight, B, C, H, W, OC, KH,
                                       KW, stride, pad);
+}
+void Conv2dBackwardOverwrite(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,
+                             int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride,
+                             int64_t pad) {
+  internal::FpEnvGuard fp_guard;
+  CHECK(dinp != nullptr) << "Conv2dBackwardOverwrite: dinp is written, it may not be null";
+  CHECK(stride >= 1 && pad >= 0 && H + 2 * pad >= KH && W + 2 * pad >= KW)
+      << "conv2d: bad geometry";
+  CHECK(C * H * W < (int64_t{1} << 31)) << "conv2d: one image must have < 2^31 elements";
+  ActiveKernelTable().conv2d_backward_overwrite(dinp, dweight, dbias, dout, inp, weight, B, C, H, W,
+                                                OC, KH, KW, stride, pad);
 }
 void Conv2dReluForward(float* out, const float* inp, const float* weight, const float* bias,
                        int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH,
@@ -87,11 +106,11 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
   ActiveKernelTable().maxpool2d_backward(dinp, dout, argmax, B, C, OH, OW);
 }
 void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
-                           const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
+                           const float* out, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
                            int64_t OW) {
   internal::FpEnvGuard fp_guard;
   CHECK(dinp != nullptr) << "MaxPool2dReluBackward: dinp is written, it may not be null";
-  ActiveKernelTable().maxpool2d_relu_backward(dinp, dbias, dout, argmax, inp, B, C, H, W, OH, OW);
+  ActiveKernelTable().maxpool2d_relu_backward(dinp, dbias, dout, argmax, out, B, C, H, W, OH, OW);
 }
 void ReluForward(float* out, const float* inp, int64_t n) {
   internal::FpEnvGuard fp_guard;

@@ -60,6 +60,8 @@ struct GemmOut {
   float alpha = 1.0f;               // result = chain * alpha, when use_alpha
   bool use_alpha = false;
   bool accumulate = false;  // c = c + result
+  // c = 0 + result (what accumulating into a zeroed c gives: -0 becomes +0), without reading c.
+  bool plus_zero = false;
   // The ReLU fused into the epilogue, applied to the value about to be stored (after alpha and
   // accumulate), so each thread applies it to the tiles it wrote while they are in its cache:
   // relu: c = v > 0 ? v : 0 (ReluForward's select).
@@ -145,6 +147,7 @@ inline void TileImpl(int64_t kc, const float* pa, const float* pb, int mr, int n
         float* p = c + r * o.ldc + j * kW;
         if (kFull || nv >= kW) {
           if (o.accumulate) v = Load(p) + v;
+          if (o.plus_zero) v = Zero() + v;
           if (o.relu) v = Select(Gt(v, Zero()), v, Zero());
           if (mask != nullptr) {
             v = Select(Gt(Load(mask + r * o.ldc + j * kW), Zero()), Zero() + v, Zero());
@@ -152,6 +155,7 @@ inline void TileImpl(int64_t kc, const float* pa, const float* pb, int mr, int n
           Store(p, v);
         } else {
           if (o.accumulate) v = LoadPartial(p, nv) + v;
+          if (o.plus_zero) v = Zero() + v;
           if (o.relu) v = Select(Gt(v, Zero()), v, Zero());
           if (mask != nullptr) {
             v = Select(Gt(LoadPartial(mask + r * o.ldc + j * kW, nv), Zero()), Zero() + v, Zero());
@@ -529,19 +533,25 @@ void LinearReluForward(float* out, const float* inp, const float* weight, const 
   LinearForwardImpl(out, inp, weight, bias, B, C, OC, /*relu=*/true);
 }
 
-// LinearBackward, and with relu_input LinearReluBackward (dinp written through inp's ReLU mask).
+// How a backward kernel stores its input gradient: added to dinp (the accumulating kernels),
+// written as 0 + chain (the ...Overwrite kernels), or written through the ReLU mask of the layer's
+// input (LinearReluBackward).
+enum class DinpStore { kAdd, kWrite, kWriteRelu };
+
+// LinearBackward, LinearBackwardOverwrite and LinearReluBackward, by how dinp is stored.
 void LinearBackwardImpl(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC,
-                        bool relu_input) {
+                        DinpStore store) {
   const int threads = internal::ActiveThreads();
-  // dinp[b,c] += chain over o of fma(dout[b,o], weight[o,c]); through the ReLU, written as
-  // inp[b,c] > 0 ? 0 + chain : 0.
+  // dinp[b,c] += chain over o of fma(dout[b,o], weight[o,c]); written as 0 + chain, or through
+  // the ReLU as inp[b,c] > 0 ? 0 + chain : 0.
   auto dinp_gemm = [&](int t) {
     GemmOut o;
     o.c = dinp;
     o.ldc = C;
-    o.accumulate = !relu_input;
-    o.relu_mask = relu_input ? inp : nullptr;
+    o.accumulate = store == DinpStore::kAdd;
+    o.plus_zero = store == DinpStore::kWrite;
+    o.relu_mask = store == DinpStore::kWriteRelu ? inp : nullptr;
     Gemm(B, C, OC, StridedA{dout, OC, 1}, StridedB{weight, C, 1}, o, t);
   };
   // dweight[o,c] += chain over b of fma(dout[b,o], inp[b,c]).
@@ -604,12 +614,18 @@ void LinearBackwardImpl(float* dinp, float* dweight, float* dbias, const float* 
 
 void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int64_t B, int64_t C, int64_t OC) {
-  LinearBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, OC, /*relu_input=*/false);
+  LinearBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, OC, DinpStore::kAdd);
+}
+
+void LinearBackwardOverwrite(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, int64_t B, int64_t C,
+                             int64_t OC) {
+  LinearBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, OC, DinpStore::kWrite);
 }
 
 void LinearReluBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
-  LinearBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, OC, /*relu_input=*/true);
+  LinearBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, OC, DinpStore::kWriteRelu);
 }
 
 // ---- Conv2d (implicit GEMM) --------------------------------------------------------------------
@@ -850,12 +866,14 @@ inline void DirectConvTile(const float* __restrict pa, const float* __restrict i
 }
 
 // One output row segment [ow0, ow0 + nr) for all OC rows of pa_all (panels of kMR). accumulate:
-// out += chain (input gradient), else out = chain from bias; relu: the stored value is
-// v > 0 ? v : 0 (ReluForward's select, as GemmOut::relu).
+// out += chain (input gradient), plus_zero: out = 0 + chain (the same into a zeroed out), else
+// out = chain from bias; relu: the stored value is v > 0 ? v : 0 (ReluForward's select, as
+// GemmOut::relu).
 template <int NV, bool kFlip>
 void DirectConvRow(const float* pa_all, const float* img, const float* bias, float* out_row,
                    int64_t out_plane, int64_t OC, int64_t K, int64_t C, int64_t KH, int64_t KW,
-                   int64_t pw, int64_t pplane, int64_t ow0, int nr, bool accumulate, bool relu) {
+                   int64_t pw, int64_t pplane, int64_t ow0, int nr, bool accumulate, bool plus_zero,
+                   bool relu) {
   for (int64_t m0 = 0; m0 < OC; m0 += kMR) {
     const int mr = static_cast<int>(MinI(kMR, OC - m0));
     Vf acc[kMR][kNRV];
@@ -880,6 +898,7 @@ void DirectConvRow(const float* pa_all, const float* img, const float* bias, flo
         const int nv = nr - j * kW;
         if (nv <= 0) break;
         Vf v = accumulate ? LoadPartial(o + j * kW, nv) + acc[r][j] : acc[r][j];
+        if (plus_zero) v = Zero() + v;
         if (relu) v = Select(Gt(v, Zero()), v, Zero());
         StorePartial(o + j * kW, v, nv);
       }
@@ -972,10 +991,10 @@ void Conv2dForwardImpl(float* out, const float* inp, const float* weight, const 
           const int nr = static_cast<int>(MinI(tile_w, g.OW - ow0));
           if (nv_row == 2) {
             DirectConvRow<2, false>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0,
-                                    nr, false, relu);
+                                    nr, false, false, relu);
           } else {
             DirectConvRow<1, false>(pa, img, bias, out_row, P, OC, K, C, KH, KW, pw, pplane, ow0,
-                                    nr, false, relu);
+                                    nr, false, false, relu);
           }
         }
       }
@@ -1012,9 +1031,11 @@ void Conv2dReluForward(float* out, const float* inp, const float* weight, const 
   Conv2dForwardImpl(out, inp, weight, bias, B, C, H, W, OC, KH, KW, stride, pad, /*relu=*/true);
 }
 
-void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                    const float* weight, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC,
-                    int64_t KH, int64_t KW, int64_t stride, int64_t pad) {
+// Conv2dBackward, and with overwrite Conv2dBackwardOverwrite (dinp written as 0 + chain).
+void Conv2dBackwardImpl(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,
+                        int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride, int64_t pad,
+                        bool overwrite) {
   const ConvGeom g = MakeGeom(C, H, W, OC, KH, KW, stride, pad);
   const int64_t P = g.OH * g.OW, K = C * KH * KW;
   const int threads = internal::ActiveThreads();
@@ -1057,7 +1078,7 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
           }
           for (int r = 0; r < nrows; ++r) {
             float* d = dinp + (bc * H + ih0 + r) * W + iw0;
-            StorePartial(d, LoadPartial(d, nv) + acc[r], nv);
+            StorePartial(d, (overwrite ? Zero() : LoadPartial(d, nv)) + acc[r], nv);
           }
         }
       }
@@ -1101,10 +1122,10 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
           const int nr = static_cast<int>(MinI(tile_w, W - iw0));
           if (nv_row == 2) {
             DirectConvRow<2, true>(pa, img, nullptr, out_row, H * W, C, KD, OC, KH, KW, qw, qplane,
-                                   iw0, nr, true, false);
+                                   iw0, nr, !overwrite, overwrite, false);
           } else {
             DirectConvRow<1, true>(pa, img, nullptr, out_row, H * W, C, KD, OC, KH, KW, qw, qplane,
-                                   iw0, nr, true, false);
+                                   iw0, nr, !overwrite, overwrite, false);
           }
         }
       }
@@ -1115,7 +1136,8 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
       GemmOut o;
       o.c = dinp + b * C * H * W;
       o.ldc = H * W;
-      o.accumulate = true;
+      o.accumulate = !overwrite;
+      o.plus_zero = overwrite;
       Gemm(C, H * W, OC * KH * KW, ConvWeightTA{weight, &g}, ConvDoutB{dout + b * OC * P, &g}, o,
            th);
     };
@@ -1138,10 +1160,82 @@ void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout
   if (dbias != nullptr) ConvBiasGrad(dbias, dout, B, OC, P, threads);
 }
 
+void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OC,
+                    int64_t KH, int64_t KW, int64_t stride, int64_t pad) {
+  Conv2dBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, H, W, OC, KH, KW, stride, pad,
+                     /*overwrite=*/false);
+}
+
+void Conv2dBackwardOverwrite(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,
+                             int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride,
+                             int64_t pad) {
+  Conv2dBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, H, W, OC, KH, KW, stride, pad,
+                     /*overwrite=*/true);
+}
+
 // ---- Pooling ------------------------------------------------------------------------------
+
+// 2x2 windows at stride 2 (the common pool): lanes hold kW outputs of one output row, read as
+// 2*kW contiguous floats of each of the two input rows and split into their even and odd
+// columns (no gathers; the row's last outputs take partial loads, not a scalar loop). The window
+// is scanned in the reference's order (0,0), (0,1), (1,0), (1,1) with the same strict '>' from
+// its first element, so the winner and its index are the reference's. The winner's offset from
+// the window rows' start (below 3 * W, exact as a float) is selected along with it.
+void MaxPool2x2Forward(float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C,
+                       int64_t H, int64_t W) {
+  const int64_t OH = H / 2, OW = W / 2;
+  const Vf two_iota = Iota() + Iota(), one = Set1(1.0f), w = Set1(static_cast<float>(W));
+  ParallelFor(B * C, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
+    for (int64_t bc = p0; bc < p1; ++bc)
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        const int64_t row0 = (bc * H + 2 * oh) * W;  // flat index of the window rows' start
+        const float* r0 = inp + row0;
+        const float* r1 = r0 + W;
+        float* o = out + (bc * OH + oh) * OW;
+        int32_t* am = argmax + (bc * OH + oh) * OW;
+        for (int64_t ow = 0; ow < OW; ow += kW) {
+          const int nv = static_cast<int>(MinI(kW, OW - ow));
+          const int n_lo = static_cast<int>(MinI(kW, 2 * nv)), n_hi = 2 * nv - n_lo;
+          Vf x00, x01, x10, x11;
+          Deinterleave(LoadPartial(r0 + 2 * ow, n_lo), LoadPartial(r0 + 2 * ow + kW, n_hi), &x00,
+                       &x01);
+          Deinterleave(LoadPartial(r1 + 2 * ow, n_lo), LoadPartial(r1 + 2 * ow + kW, n_hi), &x10,
+                       &x11);
+          // Offsets of the four window positions of each lane's output from r0.
+          const Vf o00 = Set1(static_cast<float>(2 * ow)) + two_iota, o10 = o00 + w;
+          Vf best = x00, off = o00;
+          Mask m = Gt(x01, best);
+          best = Select(m, x01, best);
+          off = Select(m, o00 + one, off);
+          m = Gt(x10, best);
+          best = Select(m, x10, best);
+          off = Select(m, o10, off);
+          m = Gt(x11, best);
+          best = Select(m, x11, best);
+          off = Select(m, o10 + one, off);
+          float bests[kW], offs[kW];
+          Store(offs, off);
+          if (nv == kW) {
+            Store(o + ow, best);
+          } else {  // scalar stores: masked stores are microcoded on AMD Zen
+            Store(bests, best);
+            for (int i = 0; i < nv; ++i) o[ow + i] = bests[i];
+          }
+          for (int i = 0; i < nv; ++i)
+            am[ow + i] = static_cast<int32_t>(row0 + static_cast<int64_t>(offs[i]));
+        }
+      }
+  });
+}
 
 void MaxPool2dForward(float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C,
                       int64_t H, int64_t W, int64_t k, int64_t s) {
+  if (k == 2 && s == 2 && 3 * W < (int64_t{1} << 24)) {
+    MaxPool2x2Forward(out, argmax, inp, B, C, H, W);
+    return;
+  }
   const int64_t OH = (H - k) / s + 1, OW = (W - k) / s + 1;
   ParallelFor(B * C, internal::ActiveThreads(), [&](int64_t p0, int64_t p1) {
     for (int64_t bc = p0; bc < p1; ++bc)
@@ -1198,22 +1292,24 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
 }
 
 // Per (b,c) plane, in that plane of dinp: zeroed, then each output of the plane in increasing order
-// adds its gradient at its argmax through the ReLU's mask (inp > 0 ? dinp + dout : 0). Where the
-// mask is set this is MaxPool2dBackward's sum g, and 0 + g = g (g starts as 0 + dout, which is
-// never -0, and a sum is -0 only when both terms are); elsewhere +0, as the two ops give. The
-// plane (a few KB) stays in the cache between zeroing and scatter, so no separate pass over dinp
-// zeroes it. With dbias on one thread, channels go in groups of kBiasGroup and images in order,
-// each image's planes added to the bias chains (as Conv2dBackward's) while they are in the cache,
-// so the bias gradient needs no pass of its own over dinp.
+// adds its gradient at its argmax through the ReLU's mask (out > 0 ? dinp + dout : 0; the output
+// is the input at its argmax, so this is inp's mask there, read in order from a plane about
+// 1/(s*s) the size of inp's). Where the mask is set this is MaxPool2dBackward's sum g, and 0 + g =
+// g (g starts as 0 + dout, which is never -0, and a sum is -0 only when both terms are); elsewhere
+// +0, as the two ops give. The plane (a few KB) stays in the cache between zeroing and scatter, so
+// no separate pass over dinp zeroes it. With dbias on one thread, channels go in groups of
+// kBiasGroup and images in order, each image's planes added to the bias chains (as
+// Conv2dBackward's) while they are in the cache, so the bias gradient needs no pass of its own over
+// dinp.
 void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
-                           const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
+                           const float* out, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
                            int64_t OW) {
   const int64_t P = OH * OW, HW = H * W;
   auto plane = [&](int64_t p) {
     // Plain local pointers into the plane, so the compiler need not reload them through the
     // lambda's captures after each store.
     float* __restrict d = dinp + p * HW;
-    const float* __restrict x = inp + p * HW;
+    const float* __restrict x = out + p * P;
     const float* __restrict g = dout + p * P;
     const int32_t* __restrict am = argmax + p * P;
     const int64_t base = p * HW;
@@ -1221,7 +1317,7 @@ void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const i
       StorePartial(d + i, Zero(), static_cast<int>(MinI(kW, HW - i)));
     for (int64_t i = 0; i < P; ++i) {
       const int64_t j = am[i] - base;
-      d[j] = x[j] > 0.0f ? d[j] + g[i] : 0.0f;
+      d[j] = x[i] > 0.0f ? d[j] + g[i] : 0.0f;
     }
   };
   const int threads = internal::ActiveThreads();
@@ -1863,8 +1959,10 @@ inline internal::KernelTable MakeTable() {
   t.linear_backward = &LinearBackward;
   t.linear_relu_forward = &LinearReluForward;
   t.linear_relu_backward = &LinearReluBackward;
+  t.linear_backward_overwrite = &LinearBackwardOverwrite;
   t.conv2d_forward = &Conv2dForward;
   t.conv2d_backward = &Conv2dBackward;
+  t.conv2d_backward_overwrite = &Conv2dBackwardOverwrite;
   t.conv2d_relu_forward = &Conv2dReluForward;
   t.maxpool2d_forward = &MaxPool2dForward;
   t.maxpool2d_backward = &MaxPool2dBackward;

@@ -23,10 +23,15 @@ struct KernelTable {
                               int64_t);
   void (*linear_relu_backward)(float*, float*, float*, const float*, const float*, const float*,
                                int64_t, int64_t, int64_t);
+  void (*linear_backward_overwrite)(float*, float*, float*, const float*, const float*,
+                                    const float*, int64_t, int64_t, int64_t);
   void (*conv2d_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
   void (*conv2d_backward)(float*, float*, float*, const float*, const float*, const float*, int64_t,
                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+  void (*conv2d_backward_overwrite)(float*, float*, float*, const float*, const float*,
+                                    const float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                    int64_t, int64_t, int64_t, int64_t);
   void (*conv2d_relu_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
                               int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
   void (*maxpool2d_forward)(float*, int32_t*, const float*, int64_t, int64_t, int64_t, int64_t,

@@ -111,6 +111,23 @@ void LinearReluBackward(float* dinp, float* dweight, float* dbias, const float* 
   ReluBackward(dinp, linear_dinp.data(), inp, B * C);
 }
 
+// The kernels that write an input gradient are specified as the accumulating kernel into a zeroed
+// buffer.
+void LinearBackwardOverwrite(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, int64_t B, int64_t C,
+                             int64_t OC) {
+  std::fill(dinp, dinp + B * C, 0.0f);
+  LinearBackward(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
+}
+
+void Conv2dBackwardOverwrite(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,
+                             int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride,
+                             int64_t pad) {
+  std::fill(dinp, dinp + B * C * H * W, 0.0f);
+  Conv2dBackward(dinp, dweight, dbias, dout, inp, weight, B, C, H, W, OC, KH, KW, stride, pad);
+}
+
 void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
                    int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {
@@ -229,14 +246,18 @@ void MaxPool2dBackward(float* dinp, const float* dout, const int32_t* argmax, in
 }
 
 // As LinearReluBackward: the max pool's backward into a zeroed buffer, then the ReLU's into dinp
-// zeroed; dbias is the bias gradient of a 1x1 convolution whose output gradient is dinp.
+// zeroed; dbias is the bias gradient of a 1x1 convolution whose output gradient is dinp. The
+// ReLU's mask is the pool's output placed at its argmax, 0 elsewhere (where the pool's gradient
+// is 0 and any mask gives +0).
 void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout, const int32_t* argmax,
-                           const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
+                           const float* out, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH,
                            int64_t OW) {
   std::vector<float> pool_dinp(static_cast<size_t>(B * C * H * W), 0.0f);
   MaxPool2dBackward(pool_dinp.data(), dout, argmax, B, C, OH, OW);
+  std::vector<float> mask(static_cast<size_t>(B * C * H * W), 0.0f);
+  for (int64_t i = 0; i < B * C * OH * OW; ++i) mask[static_cast<size_t>(argmax[i])] = out[i];
   std::fill(dinp, dinp + B * C * H * W, 0.0f);
-  ReluBackward(dinp, pool_dinp.data(), inp, B * C * H * W);
+  ReluBackward(dinp, pool_dinp.data(), mask.data(), B * C * H * W);
   if (dbias != nullptr) {
     Conv2dBackward(nullptr, nullptr, dbias, dinp, nullptr, nullptr, B, 1, H, W, C, 1, 1, 1, 0);
   }

@@ -143,6 +143,76 @@ TEST(KernelsTest, Conv2dForwardBackward) {
   }
 }
 
+// The backward kernels that write their input gradient (0 + chain) instead of adding it, against
+// the reference (the accumulating kernel into a zeroed buffer): dinp starts with garbage, the
+// weight and bias gradients still accumulate. Linear shapes with K = OC past the GEMM's k block
+// (partials kept in dinp between blocks) and below it; convolutions on the few-channel, direct
+// and GEMM (stride > 1) input-gradient paths. Then chains that round to -0, which the reference
+// turns into +0.
+TEST(KernelsTest, BackwardOverwrite) {
+  for (LinearShape s : {LinearShape{1, 1, 1}, LinearShape{13, 37, 29}, LinearShape{70, 19, 130},
+                        LinearShape{130, 257, 300}, LinearShape{64, 1568, 128}}) {
+    auto inp = RandomVec(s.B * s.C, 71), w = RandomVec(s.OC * s.C, 72);
+    auto dout = RandomVec(s.B * s.OC, 73);
+    for (bool with_params : {true, false}) {
+      ExpectFastEqualsRef("LinearBackwardOverwrite", [&](bool fast) {
+        auto dinp = RandomVec(s.B * s.C, 74), dw = RandomVec(s.OC * s.C, 75),
+             db = RandomVec(s.OC, 76);
+        KERNEL(fast, LinearBackwardOverwrite)
+        (dinp.data(), with_params ? dw.data() : nullptr, with_params ? db.data() : nullptr,
+         dout.data(), inp.data(), w.data(), s.B, s.C, s.OC);
+        return Outputs{dinp, dw, db};
+      });
+    }
+  }
+  for (ConvShape s :
+       {ConvShape{1, 1, 5, 5, 1, 3, 3, 1, 0}, ConvShape{2, 2, 9, 11, 5, 3, 3, 1, 1},
+        ConvShape{3, 4, 11, 10, 17, 5, 5, 2, 2}, ConvShape{4, 13, 9, 9, 7, 3, 3, 1, 1},
+        ConvShape{2, 16, 14, 14, 32, 5, 5, 1, 2}, ConvShape{1, 6, 13, 13, 33, 3, 2, 3, 1}}) {
+    const int64_t OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
+    const int64_t OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
+    auto inp = RandomVec(s.B * s.C * s.H * s.W, 77), w = RandomVec(s.OC * s.C * s.KH * s.KW, 78);
+    auto dout = RandomVec(s.B * s.OC * OH * OW, 79);
+    for (bool with_params : {true, false}) {
+      ExpectFastEqualsRef("Conv2dBackwardOverwrite", [&](bool fast) {
+        auto dinp = RandomVec(inp.size(), 80), dw = RandomVec(w.size(), 81),
+             db = RandomVec(s.OC, 82);
+        KERNEL(fast, Conv2dBackwardOverwrite)
+        (dinp.data(), with_params ? dw.data() : nullptr, with_params ? db.data() : nullptr,
+         dout.data(), inp.data(), w.data(), s.B, s.C, s.H, s.W, s.OC, s.KH, s.KW, s.stride, s.pad);
+        return Outputs{dinp, dw, db};
+      });
+    }
+  }
+  // Products below the smallest subnormal round to -0, so every chain is -0 (1x1 kernels without
+  // padding: no fma(0, w, acc) term turns it into +0); written as 0 + chain, +0.
+  {
+    const int64_t B = 5, C = 20, OC = 300;
+    auto inp = RandomVec(B * C, 83);
+    const std::vector<float> w(OC * C, 1e-20f), dout(B * OC, -1e-30f);
+    ExpectFastEqualsRef("LinearBackwardOverwrite, -0 chains", [&](bool fast) {
+      auto dinp = RandomVec(B * C, 84);
+      KERNEL(fast, LinearBackwardOverwrite)
+      (dinp.data(), nullptr, nullptr, dout.data(), inp.data(), w.data(), B, C, OC);
+      for (float x : dinp) EXPECT_TRUE(x == 0.0f && !std::signbit(x)) << x;
+      return Outputs{dinp};
+    });
+  }
+  for (int64_t C : {1, 2, 16}) {
+    const int64_t B = 2, H = 5, W = 9, OC = 7;
+    auto inp = RandomVec(B * C * H * W, 85);
+    const std::vector<float> w(OC * C, 1e-20f), dout(B * OC * H * W, -1e-30f);
+    ExpectFastEqualsRef("Conv2dBackwardOverwrite, -0 chains", [&](bool fast) {
+      auto dinp = RandomVec(inp.size(), 86);
+      KERNEL(fast, Conv2dBackwardOverwrite)
+      (dinp.data(), nullptr, nullptr, dout.data(), inp.data(), w.data(), B, C, H, W, OC, 1, 1, 1,
+       0);
+      for (float x : dinp) EXPECT_TRUE(x == 0.0f && !std::signbit(x)) << x;
+      return Outputs{dinp};
+    });
+  }
+}
+
 // The convolution with the ReLU after it fused into its epilogue, against the reference (the two
 // ops), on the direct (stride 1) and the GEMM paths. One output channel has zero weights and bias
 // -0, so its outputs are +0 and -0 (the ReLU's edge; both become +0).
@@ -176,11 +246,15 @@ TEST(KernelsTest, MaxPool) {
   struct Case {
     int64_t k, st, H, W;
   };
-  for (auto [k, st, H, W] : {Case{2, 2, 11, 9}, Case{3, 2, 11, 9}, Case{3, 1, 11, 9},
-                             Case{2, 2, 28, 28}, Case{2, 2, 9, 70}, Case{3, 1, 7, 37}}) {
+  // 2x2 at stride 2 has its own path: rows of 4, 7 (one partial vector), 14, 35 outputs.
+  for (auto [k, st, H, W] :
+       {Case{2, 2, 11, 9}, Case{3, 2, 11, 9}, Case{3, 1, 11, 9}, Case{2, 2, 28, 28},
+        Case{2, 2, 14, 14}, Case{2, 2, 9, 70}, Case{3, 1, 7, 37}, Case{2, 2, 2, 3}}) {
     const int64_t B = 3, C = 5, OH = (H - k) / st + 1, OW = (W - k) / st + 1;
     auto inp = RandomVec(B * C * H * W, 21);
     for (size_t i = 0; i < inp.size(); i += 7) inp[i] = 0.5f;  // ties
+    // NaNs: skipped unless first in their window.
+    for (size_t i = 3; i < inp.size(); i += 29) inp[i] = std::nanf("");
     auto dout = RandomVec(B * C * OH * OW, 22);
     ExpectFastEqualsRef("MaxPool2d", [&](bool fast) {
       std::vector<float> out(B * C * OH * OW);
@@ -218,12 +292,25 @@ TEST(KernelsTest, MaxPoolReluFused) {
       std::vector<float> pooled(B * C * OH * OW);
       std::vector<int32_t> am(pooled.size());
       ref::MaxPool2dForward(pooled.data(), am.data(), inp.data(), B, C, H, W, k, st);
+      // The mask comes from the pool's output: the reference with it equals the two ops masking
+      // with the pool's input.
+      {
+        std::vector<float> two_ops(inp.size(), 0.0f), pool_dinp(inp.size(), 0.0f);
+        ref::MaxPool2dBackward(pool_dinp.data(), dout.data(), am.data(), B, C, OH, OW);
+        ref::ReluBackward(two_ops.data(), pool_dinp.data(), inp.data(), B * C * H * W);
+        auto fused = RandomVec(inp.size(), 63);
+        ref::MaxPool2dReluBackward(fused.data(), nullptr, dout.data(), am.data(), pooled.data(), B,
+                                   C, H, W, OH, OW);
+        std::string why;
+        EXPECT_TRUE(BitEqual(two_ops, fused, &why))
+            << "k=" << k << " st=" << st << " relu_input=" << relu_input << ": " << why;
+      }
       for (bool with_bias : {true, false}) {
         ExpectFastEqualsRef("MaxPool2dReluBackward", [&](bool fast) {
           auto dinp = RandomVec(inp.size(), 63), db = RandomVec(C, 64);
           KERNEL(fast, MaxPool2dReluBackward)
-          (dinp.data(), with_bias ? db.data() : nullptr, dout.data(), am.data(), inp.data(), B, C,
-           H, W, OH, OW);
+          (dinp.data(), with_bias ? db.data() : nullptr, dout.data(), am.data(), pooled.data(), B,
+           C, H, W, OH, OW);
           for (float x : dinp) EXPECT_FALSE(x == 0.0f && std::signbit(x));
           return Outputs{dinp, db};
         });

@@ -587,28 +587,46 @@ class SequentialModel final : public Model {
         // backward, which writes the ReLU's input gradient whole, plane by plane. When that
         // gradient is a convolution's output gradient (in this part), the pool's backward also
         // adds the convolution's bias gradient from each plane it writes, and the convolution's
-        // backward skips it.
+        // backward skips it. The ReLU's mask is read from the pool's output (the ReLU's output
+        // at each argmax), a quarter of `in` for 2x2 windows.
         float* dinp = tp.arena.Alloc({in_n}).data();
         float* conv_dbias = nullptr;
         if (InPart(static_cast<int64_t>(ii) - 2) && layers_[ii - 2].spec.kind == "conv2d") {
           conv_dbias = BiasGrad(layers_[ii - 2]);
           conv_bias_done = ii - 2;
         }
-        MaxPool2dReluBackward(dinp, conv_dbias, dout, la.argmax, in, B, L.in_shape[0],
-                              L.in_shape[1], L.in_shape[2], L.out_shape[1], L.out_shape[2]);
+        MaxPool2dReluBackward(dinp, conv_dbias, dout, la.argmax, tp.acts[ii - begin + 1], B,
+                              L.in_shape[0], L.in_shape[1], L.in_shape[2], L.out_shape[1],
+                              L.out_shape[2]);
         dout = dinp;
         --ii;  // the ReLU is done
         continue;
       }
-      float* dinp = need_dinp ? tp.arena.AllocZeroed({in_n}).data() : nullptr;
+      // A linear layer's or convolution's backward writes its input gradient whole (0 + chain,
+      // the bits it would add into a zeroed buffer), so only the other layers' is zeroed.
+      const bool writes_dinp = l.kind == "linear" || l.kind == "conv2d";
+      float* dinp = !need_dinp    ? nullptr
+                    : writes_dinp ? tp.arena.Alloc({in_n}).data()
+                                  : tp.arena.AllocZeroed({in_n}).data();
       if (l.kind == "linear") {
-        LinearBackward(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
-                       params_[L.weight].value.data(), B, L.in_shape[0], l.out);
+        if (dinp != nullptr) {
+          LinearBackwardOverwrite(dinp, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
+                                  params_[L.weight].value.data(), B, L.in_shape[0], l.out);
+        } else {
+          LinearBackward(nullptr, params_[L.weight].grad.data(), BiasGrad(L), dout, in,
+                         params_[L.weight].value.data(), B, L.in_shape[0], l.out);
+        }
       } else if (l.kind == "conv2d") {
-        Conv2dBackward(dinp, params_[L.weight].grad.data(),
-                       ii == conv_bias_done ? nullptr : BiasGrad(L), dout, in,
-                       params_[L.weight].value.data(), B, L.in_shape[0], L.in_shape[1],
-                       L.in_shape[2], l.out, l.kernel, l.kernel, l.stride, l.pad);
+        float* dbias = ii == conv_bias_done ? nullptr : BiasGrad(L);
+        if (dinp != nullptr) {
+          Conv2dBackwardOverwrite(dinp, params_[L.weight].grad.data(), dbias, dout, in,
+                                  params_[L.weight].value.data(), B, L.in_shape[0], L.in_shape[1],
+                                  L.in_shape[2], l.out, l.kernel, l.kernel, l.stride, l.pad);
+        } else {
+          Conv2dBackward(nullptr, params_[L.weight].grad.data(), dbias, dout, in,
+                         params_[L.weight].value.data(), B, L.in_shape[0], L.in_shape[1],
+                         L.in_shape[2], l.out, l.kernel, l.kernel, l.stride, l.pad);
+        }
       } else if (!need_dinp) {
         // Elementwise / pooling layers first in the stack have nothing to accumulate.
       } else if (l.kind == "maxpool2d") {

@@ -50,6 +50,12 @@ inline Vf Set1(float x) { return {x}; }
 inline float First(Vf a) { return a.v; }
 // Lanes p[0], p[stride], p[2*stride], ...; REQUIRES: stride * (kWidth - 1) fits in int32.
 inline Vf GatherStrided(const float* p, int64_t stride) { return {p[0]}; }
+// The 2*kWidth floats of a then b, split into the even-indexed and the odd-indexed ones:
+// *even = (x0, x2, x4, ...), *odd = (x1, x3, x5, ...) where x = (a0, a1, ..., b0, b1, ...).
+inline void Deinterleave(Vf a, Vf b, Vf* even, Vf* odd) {
+  *even = a;
+  *odd = b;
+}
 inline Vf Zero() { return {0.0f}; }
 inline Vf operator+(Vf a, Vf b) { return {a.v + b.v}; }
 inline Vf operator-(Vf a, Vf b) { return {a.v - b.v}; }
@@ -134,6 +140,14 @@ inline Vf GatherStrided(const float* p, int64_t stride) {
                                          _mm256_set1_epi32(static_cast<int>(stride)));
   return {_mm256_i32gather_ps(p, idx, 4)};
 }
+inline void Deinterleave(Vf a, Vf b, Vf* even, Vf* odd) {
+  // shuffle_ps works within 128-bit halves: (a0 a2 b0 b2 | a4 a6 b4 b6); the 64-bit pairs then
+  // go in the order 0, 2, 1, 3.
+  const __m256 e = _mm256_shuffle_ps(a.v, b.v, _MM_SHUFFLE(2, 0, 2, 0));
+  const __m256 o = _mm256_shuffle_ps(a.v, b.v, _MM_SHUFFLE(3, 1, 3, 1));
+  *even = {_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)))};
+  *odd = {_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)))};
+}
 inline Vf Zero() { return {_mm256_setzero_ps()}; }
 inline Vf operator+(Vf a, Vf b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline Vf operator-(Vf a, Vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
@@ -202,6 +216,13 @@ inline Vf GatherStrided(const float* p, int64_t stride) {
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                          _mm512_set1_epi32(static_cast<int>(stride)));
   return {_mm512_i32gather_ps(idx, p, 4)};
+}
+inline void Deinterleave(Vf a, Vf b, Vf* even, Vf* odd) {
+  // Index i < 16 selects a[i], 16 + i selects b[i].
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+  *even = {_mm512_permutex2var_ps(a.v, ie, b.v)};
+  *odd = {_mm512_permutex2var_ps(a.v, io, b.v)};
 }
 inline Vf Zero() { return {_mm512_setzero_ps()}; }
 inline Vf operator+(Vf a, Vf b) { return {_mm512_add_ps(a.v, b.v)}; }

@@ -52,6 +52,11 @@ class ThreadPool {
     for (auto& t : workers_) t.join();
   }
 
+  // Each thread takes mu_ twice per region when it runs one chunk: the caller to publish the job
+  // and claim chunk 0, a worker to wake and claim a chunk, and each to finish its chunk and claim
+  // the next (or, a worker, leave the job) in one critical section. A region is a few
+  // microseconds of work in a training step, and every lock moves mu_'s cache line between the
+  // cores; five locks a thread was the old count.
   void Run(int64_t n, int threads, ParallelFn fn, void* ctx) {
     std::lock_guard<std::mutex> run_lock(run_mu_);  // concurrent callers take turns
     EnsureWorkers(threads - 1);
@@ -62,23 +67,26 @@ class ThreadPool {
       job_ctx_ = ctx;
       job_n_ = n;
       job_chunks_ = chunks;
-      next_chunk_ = 0;
+      next_chunk_ = 1;  // chunk 0 is the caller's
       done_chunks_ = 0;
       ++generation_;
     }
     if (sleepers_.load(std::memory_order_acquire) > 0) cv_.notify_all();
     t_in_parallel = true;
-    RunChunks();
+    RunChunks(0, /*worker=*/false);
     t_in_parallel = false;
-    SpinUntil([&] {
-      return done_chunks_.load(std::memory_order_acquire) == chunks &&
-             active_.load(std::memory_order_acquire) == 0;
-    });
+    // Every chunk done and no worker inside the job: a worker that wakes later finds no chunk to
+    // claim, and the next Run may replace the job.
+    if (SpinUntil([&] {
+          return done_chunks_.load(std::memory_order_acquire) == chunks &&
+                 active_.load(std::memory_order_acquire) == 0;
+        })) {
+      return;
+    }
     std::unique_lock<std::mutex> lock(mu_);
     caller_sleeping_ = true;
     done_cv_.wait(lock, [&] { return done_chunks_ == job_chunks_ && active_ == 0; });
     caller_sleeping_ = false;
-    job_fn_ = nullptr;
   }
 
  private:
@@ -88,27 +96,25 @@ class ThreadPool {
     }
   }
 
-  // Claims and runs chunks of the current job until none are left.
-  void RunChunks() {
-    for (;;) {
-      int64_t i;
-      ParallelFn fn;
-      void* ctx;
-      int64_t n, chunks;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (job_fn_ == nullptr || next_chunk_ >= job_chunks_) return;
-        i = next_chunk_++;
-        fn = job_fn_;
-        ctx = job_ctx_;
-        n = job_n_;
-        chunks = job_chunks_;
-      }
+  // Runs chunk i of the current job, which this thread has claimed, then claims and runs chunks
+  // until none are left; a worker leaves the job (active_) when it finds none. The job's fields
+  // do not change while a chunk is unfinished or a worker is active, so they are read unlocked
+  // after the claim.
+  void RunChunks(int64_t i, bool worker) {
+    const ParallelFn fn = job_fn_;
+    void* const ctx = job_ctx_;
+    const int64_t n = job_n_, chunks = job_chunks_;
+    while (i >= 0) {
       fn(ctx, n * i / chunks, n * (i + 1) / chunks);
       bool notify;
       {
         std::lock_guard<std::mutex> lock(mu_);
         notify = ++done_chunks_ == job_chunks_ && caller_sleeping_;
+        i = next_chunk_ < job_chunks_ ? next_chunk_++ : -1;
+        if (i < 0 && worker) {
+          --active_;
+          notify = caller_sleeping_;
+        }
       }
       if (notify) done_cv_.notify_all();
     }
@@ -119,6 +125,7 @@ class ThreadPool {
     uint64_t seen = 0;
     for (;;) {
       SpinUntil([&] { return generation_.load(std::memory_order_acquire) != seen; });
+      int64_t i = -1;
       {
         std::unique_lock<std::mutex> lock(mu_);
         ++sleepers_;
@@ -126,17 +133,14 @@ class ThreadPool {
         --sleepers_;
         if (stop_) return;
         seen = generation_;
-        ++active_;
+        if (next_chunk_ < job_chunks_) {  // else the caller (or another worker) ran them all
+          i = next_chunk_++;
+          ++active_;
+        }
       }
+      if (i < 0) continue;
       internal::SetCanonicalFpEnv();  // workers only ever run kernel chunks
-      RunChunks();
-      bool notify;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        --active_;
-        notify = caller_sleeping_;
-      }
-      if (notify) done_cv_.notify_all();
+      RunChunks(i, /*worker=*/true);
     }
   }
 

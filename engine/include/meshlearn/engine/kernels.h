@@ -75,6 +75,12 @@ struct AdamWStep {
   void LinearReluBackward(float* dinp, float* dweight, float* dbias, const float* dout,           \
                           const float* inp, const float* weight, int64_t B, int64_t C,            \
                           int64_t OC);                                                            \
+  /* LinearBackward with dinp *written* as 0 + chain (the bits LinearBackward leaves in a zeroed  \
+     buffer: -0 becomes +0), so dinp needs no zeroing; dweight and dbias accumulate as in         \
+     LinearBackward; either may be null, dinp may not. */                                         \
+  void LinearBackwardOverwrite(float* dinp, float* dweight, float* dbias, const float* dout,      \
+                               const float* inp, const float* weight, int64_t B, int64_t C,       \
+                               int64_t OC);                                                       \
                                                                                                   \
   /* inp(B,C,H,W), weight(OC,C,KH,KW), bias(OC) -> out(B,OC,OH,OW); zero padding `pad`, stride.   \
      OH = (H + 2*pad - KH)/stride + 1. out = chain over (c,kh,kw) in that nesting order, from bias \
@@ -90,6 +96,13 @@ struct AdamWStep {
   void Conv2dBackward(float* dinp, float* dweight, float* dbias, const float* dout,               \
                       const float* inp, const float* weight, int64_t B, int64_t C, int64_t H,     \
                       int64_t W, int64_t OC, int64_t KH, int64_t KW, int64_t stride, int64_t pad); \
+  /* Conv2dBackward with dinp *written* as 0 + chain (the bits Conv2dBackward leaves in a zeroed  \
+     buffer), so dinp needs no zeroing; dweight and dbias accumulate (either may be null, dinp    \
+     may not). */                                                                                 \
+  void Conv2dBackwardOverwrite(float* dinp, float* dweight, float* dbias, const float* dout,      \
+                               const float* inp, const float* weight, int64_t B, int64_t C,       \
+                               int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,          \
+                               int64_t stride, int64_t pad);                                      \
   /* A convolution and the ReLU after it (out = ReluForward of Conv2dForward's result), the ReLU  \
      applied where the convolution writes each tile instead of in a second pass over out. */      \
   void Conv2dReluForward(float* out, const float* inp, const float* weight, const float* bias,    \
@@ -108,12 +121,15 @@ struct AdamWStep {
      ReLU's backward folded in: dinp(B,C,H,W) = inp > 0 ? 0 + g : 0, g being what                 \
      MaxPool2dBackward adds into a zeroed buffer, is *written*, not added: the bits               \
      MaxPool2dBackward and then ReluBackward (whose mask is the same: relu(x) > 0 exactly when    \
-     x > 0) leave in two zeroed buffers, so dinp needs no zeroing. dbias(C), unless null, +=      \
-     chain over (b,h,w) of the dinp written (plain adds from 0): Conv2dBackward's dbias of the    \
-     convolution before that ReLU, whose output gradient dinp is (the convolution's backward      \
-     then need not read dinp for it). */                                                          \
+     x > 0) leave in two zeroed buffers, so dinp needs no zeroing. The mask is read from the      \
+     pool's output out(B,C,OH,OW) (MaxPool2dForward's, with this argmax), not from inp (4x its   \
+     size for 2x2 windows): inp at an output's argmax is that output, and elsewhere g is 0, which \
+     either mask writes as +0.                                                                    \
+     dbias(C), unless null, += chain over (b,h,w) of the dinp written (plain adds from 0):        \
+     Conv2dBackward's dbias of the convolution before that ReLU, whose output gradient dinp is    \
+     (the convolution's backward then need not read dinp for it). */                              \
   void MaxPool2dReluBackward(float* dinp, float* dbias, const float* dout,                        \
-                             const int32_t* argmax, const float* inp, int64_t B, int64_t C,       \
+                             const int32_t* argmax, const float* out, int64_t B, int64_t C,       \
                              int64_t H, int64_t W, int64_t OH, int64_t OW);                       \
                                                                                                   \
   void ReluForward(float* out, const float* inp, int64_t n);                                      \
