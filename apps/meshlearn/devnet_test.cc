@@ -688,15 +688,16 @@ TEST(DevnetSlow, ChurnKillJoinAndHalfSpeed) {
 }
 
 // The 10M GPT (examples/code-gpt-10m-devnet.toml: 10.8M parameters, AdamW clipping at 1.0, one
-// sequence of 64 tokens a step, 2 rounds of 3 units of 4 inner steps, every segment replayed)
-// with a lazy solver among 3: its unit is disputed with the tile phase, the game narrows to a
-// clipped AdamW tile of the step it skipped, and the ledger rules it by RefereeTile from a
-// witness of at most 256 KiB (no key involved); the lazy node is slashed and the final model is
-// the honest in-process reference's. Label "long" (minutes on 2 cores: MESHLEARN_SLOW_TESTS=1).
-// Three units a round among three nodes of equal weight (one throughput measurement for all,
-// fresh reputations) deal each node exactly one unit of round 0 (the scheduler deals floor or
-// ceil of m x weight / total: here 1), so the lazy node always trains one; with two units a
-// round it sat out both rounds about one run in nine, and nothing was disputed.
+// sequence of 64 tokens a step, 2 rounds of 2 units of 4 inner steps, every segment replayed)
+// with a lazy solver, an honest one and a verifier-only node: the lazy unit is disputed with the
+// tile phase, the game narrows to a clipped AdamW tile of the step it skipped, and the ledger
+// rules it by RefereeTile from a witness of at most 256 KiB (no key involved); the lazy node is
+// slashed and the final model is the honest in-process reference's. Label "long" (minutes on 2
+// cores: MESHLEARN_SLOW_TESTS=1). Two solvers of equal weight (one throughput measurement for
+// both, fresh reputations) are dealt exactly one unit each of round 0's two (the scheduler deals
+// floor or ceil of m x weight / total: here 1), so the lazy node always trains one; among three
+// solvers it sat out both rounds about one run in nine, and nothing was disputed. The
+// verifier-only node verifies the honest solver's re-run units once the lazy one is jailed.
 TEST(DevnetLong, The10mGptWithALazySolverIsRuledByTheLedgerAtATile) {
   if (!std::ifstream("/usr/lib/python3.11/os.py").good()) {
     GTEST_SKIP() << "the code corpus (/usr/lib/python3.11) is not installed";
@@ -704,7 +705,8 @@ TEST(DevnetLong, The10mGptWithALazySolverIsRuledByTheLedgerAtATile) {
   std::string dir = TempDir() + "/d";
   LogsOnFailure logs(dir);
   const std::string args =
-      "--json devnet --solvers 3 --task examples/code-gpt-10m-devnet.toml --block-interval-ms 200 "
+      "--json devnet --solvers 2 --verifiers 1 --task examples/code-gpt-10m-devnet.toml "
+      "--block-interval-ms 200 "
       "--timeout 1800 --adversary solver:lazy --out " +
       dir;
   CmdResult r = Meshlearn(args, dir + "-home");
