@@ -133,13 +133,17 @@ struct DevnetArgs {
   std::string memory_limit;
 };
 
-// What a node's pipeline stages did, from its GET /metrics (docs/operators.md, "Metrics").
-struct StageMetrics {
+// What a node did, from its GET /metrics (docs/operators.md, "Metrics"): the units it trained and
+// committed (a unit whose round was later re-run without it included: the task's record no longer
+// names it), and what its pipeline stages did.
+struct ScrapedNodeMetrics {
+  uint64_t units_trained = 0;
   uint64_t bytes_sent = 0;
   double seconds_running = 0, seconds_waiting = 0;
   uint64_t whole_models_built = 0;  // 0: the node held only its stages, never the whole model
+  uint64_t whole_model_moments_bytes = 0;  // after its last aggregation: 0 on a pipeline task
 };
-Result<StageMetrics> ScrapeStageMetrics(const std::string& host_port) {
+Result<ScrapedNodeMetrics> ScrapeNodeMetrics(const std::string& host_port) {
   httplib::Client client("http://" + host_port);
   client.set_connection_timeout(5);
   client.set_read_timeout(10);
@@ -149,7 +153,9 @@ Result<StageMetrics> ScrapeStageMetrics(const std::string& host_port) {
                        (r ? "status " + std::to_string(r->status) : httplib::to_string(r.error())) +
                        ")");
   }
-  StageMetrics m;
+  ScrapedNodeMetrics m;
+  m.units_trained = static_cast<uint64_t>(
+      PrometheusSample(r->body, "meshlearn_node_work_total{kind=\"units_completed\"}").value_or(0));
   m.bytes_sent = static_cast<uint64_t>(
       PrometheusSample(r->body, "meshlearn_node_stage_bytes_sent_total").value_or(0));
   m.seconds_running =
@@ -159,6 +165,8 @@ Result<StageMetrics> ScrapeStageMetrics(const std::string& host_port) {
   m.whole_models_built = static_cast<uint64_t>(
       PrometheusSample(r->body, "meshlearn_node_work_total{kind=\"whole_models_built\"}")
           .value_or(0));
+  m.whole_model_moments_bytes = static_cast<uint64_t>(
+      PrometheusSample(r->body, "meshlearn_node_whole_model_moments_bytes").value_or(0));
   return m;
 }
 
@@ -1308,21 +1316,27 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     if (n["roles"] == "aggregator") {
       aggregator_peak = std::max(aggregator_peak, n["peak_rss_bytes"].get<uint64_t>());
     }
+    ScrapedNodeMetrics sm;
+    if (pid > 0) {
+      Result<ScrapedNodeMetrics> scraped = ScrapeNodeMetrics(node_addr[i]);
+      if (!scraped.ok()) return scraped.status().WithPrefix(fmt::format("node{}'s metrics", i));
+      sm = *scraped;
+      n["units_trained"] = sm.units_trained;
+    }
     if (stages > 1 && pid > 0) {
-      Result<StageMetrics> sm = ScrapeStageMetrics(node_addr[i]);
-      if (!sm.ok()) return sm.status().WithPrefix(fmt::format("node{}'s stage metrics", i));
-      n["stage_bytes_sent"] = sm->bytes_sent;
-      n["stage_seconds_running"] = sm->seconds_running;
-      n["stage_seconds_waiting"] = sm->seconds_waiting;
-      n["whole_models_built"] = sm->whole_models_built;
+      n["stage_bytes_sent"] = sm.bytes_sent;
+      n["stage_seconds_running"] = sm.seconds_running;
+      n["stage_seconds_waiting"] = sm.seconds_waiting;
+      n["whole_models_built"] = sm.whole_models_built;
+      n["whole_model_moments_bytes"] = sm.whole_model_moments_bytes;
       const uint64_t peak = n["peak_rss_bytes"].get<uint64_t>();
-      if (n["units"].get<int>() > 0 && sm->whole_models_built == 0 && peak > 0) {
+      if (n["units"].get<int>() > 0 && sm.whole_models_built == 0 && peak > 0) {
         stage_peak_min = stage_peak_min == 0 ? peak : std::min(stage_peak_min, peak);
         stage_peak_max = std::max(stage_peak_max, peak);
       }
-      stage_bytes += sm->bytes_sent;
-      stage_running += sm->seconds_running;
-      stage_waiting += sm->seconds_waiting;
+      stage_bytes += sm.bytes_sent;
+      stage_running += sm.seconds_running;
+      stage_waiting += sm.seconds_waiting;
     }
     Result<json> nr = rpc.Call("get_node", {{"id", id}});
     if (nr.ok()) {

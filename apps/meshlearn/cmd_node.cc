@@ -285,6 +285,10 @@ class NodeMetrics {
                "Bytes this node serves of its pipeline stage steps for their verifiers (a "
                "checkpoint file and the received tensors a step), until their rounds are final.")
         .Sample("meshlearn_node_stage_evidence_bytes", {}, st.stage_evidence_bytes);
+    out.Family("meshlearn_node_whole_model_moments_bytes", "gauge",
+               "Optimizer moment bytes the whole-model trainer of this node's last aggregation "
+               "holds after it (0 on a pipeline task: the aggregator drops them).")
+        .Sample("meshlearn_node_whole_model_moments_bytes", {}, st.whole_model_moments_bytes);
     out.Family("meshlearn_node_work_seconds", "histogram",
                "Time of the agent tick that ran a unit, an aggregation or a verification.");
     unit_seconds_.Write(out, "meshlearn_node_work_seconds", {{"kind", "unit"}});

@@ -79,6 +79,9 @@ TEST(Metrics, ChainServeAndNodeRunServePrometheusText) {
             Value(node_first, "meshlearn_node_ticks_total{outcome=\"ok\"}"));
   EXPECT_EQ(Value(node_second, "meshlearn_node_work_total{kind=\"units_completed\"}"), 0);
   EXPECT_GT(Value(node_second, "meshlearn_node_blob_store_bytes{kind=\"quota\"}"), 0);
+  // The agent's gauges are on the page before the node has done any work (0, not absent: -1).
+  EXPECT_EQ(Value(node_second, "meshlearn_node_stage_evidence_bytes"), 0) << node_second;
+  EXPECT_EQ(Value(node_second, "meshlearn_node_whole_model_moments_bytes"), 0) << node_second;
 
   // The ledger's page: the node registered (active), the supply is where genesis put it.
   std::string chain_page;

@@ -115,6 +115,22 @@ std::map<std::string, int64_t> ExpectEveryTileRecomputes(const TaskSpec& spec, c
   return largest;
 }
 
+// The task of a synthetic tile test: `name` and `seed`, a model over `input` (its dimensions as
+// TOML, "3, 32, 32") with `layers` (its [[model.layers]] tables), AdamW at lr 1e-2, 10 steps of
+// `batch`. The data files are never read: the tests make their own data.
+Result<TaskSpec> SyntheticTask(const std::string& name, int seed, const std::string& input,
+                               const std::string& layers, int batch) {
+  const std::string toml =
+      "[task]\nname = \"" + name + "\"\nseed = " + std::to_string(seed) +
+      "\n[data]\nformat = \"npy\"\ntrain_x = \"unused\"\ntrain_y = "
+      "\"unused\"\ntest_x = \"unused\"\ntest_y = \"unused\"\n[model]\ninput = [" +
+      input + "]\n" + layers +
+      "[optimizer]\nkind = \"adamw\"\nlr = 1e-2\n[train]\nsteps = 10\n"
+      "batch_size = " +
+      std::to_string(batch) + "\n";
+  return TaskSpec::Parse(toml, name + ".toml", ".");
+}
+
 // examples/fashion-cnn.toml's model and optimizer at batch 40 (two row blocks, the second of 8
 // rows), in `micro_batches` micro-batches, on random images: every tile of every conv and pool
 // gradient recomputes to the traced bits, each block's footprint under the bound.
@@ -208,19 +224,7 @@ bool IsLayerNormKind(TileOpKind k) {
 TEST(TileRuleConvTest, SequentialLayerNormLayersRecomputeBitForBit) {
   for (int64_t M : {1, 2}) {
     SCOPED_TRACE("micro_batches " + std::to_string(M));
-    Result<TaskSpec> spec = TaskSpec::Parse(R"(
-[task]
-name = "tile-layernorm"
-seed = 5
-[data]
-format = "npy"
-train_x = "unused"
-train_y = "unused"
-test_x = "unused"
-test_y = "unused"
-[model]
-input = [70]
-[[model.layers]]
+    Result<TaskSpec> spec = SyntheticTask("tile-layernorm", 5, "70", R"([[model.layers]]
 kind = "layernorm"
 [[model.layers]]
 kind = "linear"
@@ -232,14 +236,8 @@ kind = "relu"
 [[model.layers]]
 kind = "linear"
 out = 5
-[optimizer]
-kind = "adamw"
-lr = 1e-2
-[train]
-steps = 10
-batch_size = 40
 )",
-                                            "tile-layernorm.toml", ".");
+                                          40);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     spec->micro_batches = M;
     const TaskData d = testing::RandomTaskData(200, {70}, 5, 8, -1.0f, 1.0f);
@@ -263,19 +261,6 @@ bool IsDropoutOrLayerNormKind(TileOpKind k) {
 // the runs, block by block) recomputes to the traced bits, its mask drawn from the plan's dropout
 // seed; nothing in the plan is opaque; every footprint is under the witness bound.
 TEST(TileRuleConvTest, DropoutAndImageLayerNormLayersRecomputeBitForBit) {
-  constexpr char kHead[] = R"(
-[task]
-name = "tile-dropout"
-seed = 11
-[data]
-format = "npy"
-train_x = "unused"
-train_y = "unused"
-test_x = "unused"
-test_y = "unused"
-[model]
-input = [2, 6, 10]
-)";
   constexpr char kLayers[] = R"(
 [[model.layers]]
 kind = "layernorm"
@@ -302,21 +287,15 @@ p = 0.5
 [[model.layers]]
 kind = "linear"
 out = 5
-[optimizer]
-kind = "adamw"
-lr = 1e-2
-[train]
-steps = 10
-batch_size = 40
 )";
   for (const bool leading : {false, true}) {
     for (int64_t M : {1, 2}) {
       SCOPED_TRACE(std::string(leading ? "a leading dropout" : "a leading layernorm") +
                    ", micro_batches " + std::to_string(M));
-      const std::string toml = std::string(kHead) +
-                               (leading ? "[[model.layers]]\nkind = \"dropout\"\np = 0.2\n" : "") +
-                               kLayers;
-      Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-dropout.toml", ".");
+      Result<TaskSpec> spec = SyntheticTask(
+          "tile-dropout", 11, "2, 6, 10",
+          std::string(leading ? "[[model.layers]]\nkind = \"dropout\"\np = 0.2\n" : "") + kLayers,
+          40);
       ASSERT_TRUE(spec.ok()) << spec.status().ToString();
       spec->micro_batches = M;
       const TaskData d = testing::RandomTaskData(200, {2, 6, 10}, 5, 13, -1.0f, 1.0f);
@@ -359,21 +338,9 @@ TEST(TileRuleConvTest, ALayerNormOverImageRowsWiderThan256IsNarrowedBitForBit) {
     {
       SCOPED_TRACE("W " + std::to_string(W) + ", micro_batches " + std::to_string(M) +
                    (c.leading ? ", leading" : ""));
-      const std::string toml = R"(
-[task]
-name = "tile-wide-norm"
-seed = 3
-[data]
-format = "npy"
-train_x = "unused"
-train_y = "unused"
-test_x = "unused"
-test_y = "unused"
-[model]
-input = [2, )" + std::to_string(W) +
-                               R"(]
-)" + (c.leading ? "" : "[[model.layers]]\nkind = \"relu\"\n") +
-                               R"(
+      Result<TaskSpec> spec =
+          SyntheticTask("tile-wide-norm", 3, "2, " + std::to_string(W),
+                        std::string(c.leading ? "" : "[[model.layers]]\nkind = \"relu\"\n") + R"(
 [[model.layers]]
 kind = "layernorm"
 [[model.layers]]
@@ -381,14 +348,8 @@ kind = "flatten"
 [[model.layers]]
 kind = "linear"
 out = 3
-[optimizer]
-kind = "adamw"
-lr = 1e-2
-[train]
-steps = 10
-batch_size = 40
-)";
-      Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-wide-norm.toml", ".");
+)",
+                        40);
       ASSERT_TRUE(spec.ok()) << spec.status().ToString();
       spec->micro_batches = M;
       const TaskData d = testing::RandomTaskData(120, {2, W}, 3, 17, -1.0f, 1.0f);
@@ -444,31 +405,18 @@ TEST(TileRuleConvTest, AConvAndPoolOverWideImagesReadTheirWindowsColumnsBitForBi
         c.mid == 0 ? ""
                    : "[[model.layers]]\nkind = \"conv2d\"\nout = " + std::to_string(c.mid) +
                          "\nkernel = 3\npad = 1\n[[model.layers]]\nkind = \"relu\"\n";
-    const std::string toml = R"(
-[task]
-name = "tile-wide-conv"
-seed = 5
-[data]
-format = "npy"
-train_x = "unused"
-train_y = "unused"
-test_x = "unused"
-test_y = "unused"
-[model]
-input = [2, 4, )" + std::to_string(c.W) +
-                             R"(]
-[[model.layers]]
+    const std::string layers = R"([[model.layers]]
 kind = "relu"
 )" + mid + R"(
 [[model.layers]]
 kind = "conv2d"
 out = 3
 kernel = )" + std::to_string(c.kernel) +
-                             R"(
+                               R"(
 stride = )" + std::to_string(c.stride) +
-                             R"(
+                               R"(
 pad = )" + std::to_string(c.pad) +
-                             R"(
+                               R"(
 [[model.layers]]
 kind = "relu"
 [[model.layers]]
@@ -479,14 +427,9 @@ kind = "flatten"
 [[model.layers]]
 kind = "linear"
 out = 3
-[optimizer]
-kind = "adamw"
-lr = 1e-2
-[train]
-steps = 10
-batch_size = 40
 )";
-    Result<TaskSpec> spec = TaskSpec::Parse(toml, "tile-wide-conv.toml", ".");
+    Result<TaskSpec> spec =
+        SyntheticTask("tile-wide-conv", 5, "2, 4, " + std::to_string(c.W), layers, 40);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     spec->micro_batches = c.M;
     const TaskData d = testing::RandomTaskData(80, {2, 4, c.W}, 3, 29, -1.0f, 1.0f);
@@ -540,22 +483,6 @@ batch_size = 40
       EXPECT_EQ(ReductionBlocks(*plan, static_cast<int64_t>(j)), (pairs + 3) / 4) << op.name;
     }
   }
-}
-
-// The task of a synthetic tile test: `name` and `seed`, a model over `input` (its dimensions as
-// TOML, "3, 32, 32") with `layers` (its [[model.layers]] tables), AdamW at lr 1e-2, 10 steps of
-// `batch`. The data files are never read: the tests make their own data.
-Result<TaskSpec> SyntheticTask(const std::string& name, int seed, const std::string& input,
-                               const std::string& layers, int batch) {
-  const std::string toml =
-      "[task]\nname = \"" + name + "\"\nseed = " + std::to_string(seed) +
-      "\n[data]\nformat = \"npy\"\ntrain_x = \"unused\"\ntrain_y = "
-      "\"unused\"\ntest_x = \"unused\"\ntest_y = \"unused\"\n[model]\ninput = [" +
-      input + "]\n" + layers +
-      "[optimizer]\nkind = \"adamw\"\nlr = 1e-2\n[train]\nsteps = 10\n"
-      "batch_size = " +
-      std::to_string(batch) + "\n";
-  return TaskSpec::Parse(toml, name + ".toml", ".");
 }
 
 bool IsConvWeightGrad(TileOpKind k) { return k == TileOpKind::kTileOpConvWeightGrad; }
