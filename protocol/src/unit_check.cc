@@ -663,7 +663,10 @@ Result<CheckEffects> UnitCheck::OnResultDisproved(const NodeId& prover, uint64_t
   }
   CheckEffects fx;
   Append(fx.slash, config_.solver);
-  Append(fx.rewarded, prover);
+  // A bounty, capped by what the solver's slash took (ApplyEffects): a solver whose stake an
+  // earlier slash emptied, with a second node of its own disproving a result it made wrong on
+  // purpose, would otherwise be paid a whole slash from the jackpot per unit.
+  fx.bounty = prover;
   fx.rerun_unit = true;
   fx.settled = true;
   dispute_.reset();

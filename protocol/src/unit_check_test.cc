@@ -373,7 +373,10 @@ TEST(UnitCheckTest, AResultShownWrongIsFraudAtAnyStageUntilTheUnitReruns) {
   EXPECT_EQ(c.stage(), CheckStage::kCheckSettled);
   EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
   EXPECT_EQ(fx->slash, std::vector<NodeId>{kSolver});  // the verifiers approved their segment only
-  EXPECT_EQ(fx->rewarded, std::vector<NodeId>{kWhistle});
+  // A bounty (capped by what the solver's slash took), not a nominal slash's reward.
+  EXPECT_TRUE(fx->rewarded.empty());
+  EXPECT_EQ(fx->bounty, kWhistle);
+  EXPECT_FALSE(fx->bounty_by_silence);
   EXPECT_TRUE(fx->rerun_unit && fx->settled);
   EXPECT_FALSE(fx->solver_clean);
   // Once the unit re-runs there is nothing left to disprove.
