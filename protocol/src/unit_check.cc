@@ -612,7 +612,13 @@ Result<CheckEffects> UnitCheck::OnMeritsShown(const NodeId& prover, uint32_t seg
                            std::to_string(dc.first_step) + ".." + std::to_string(dc.last_step) +
                            "); show the segment the whistleblower claimed");
   }
+  const NodeId whistleblower = *whistleblower_;
   CheckEffects fx = SettleWhistleblowerWin(/*on_merits=*/true, prover);
+  // Shown by another node than the whistleblower that challenged: only the jackpot's share of
+  // the solver's slash, as for a win by silence. Else the solver, silent on purpose, would show
+  // its own merits from a second node (under another owner key if need be) and get back all its
+  // slash took: its fraud would cost it nothing, and the whistleblower's bounty would be its.
+  if (fx.bounty && prover != whistleblower) fx.bounty_by_silence = true;
   reason_ = "whistleblower dispute: the solver fell silent; segment " + std::to_string(segment) +
             " shown false by " + prover.ShortHex() + " at height " + std::to_string(height);
   return fx;

@@ -650,7 +650,8 @@ TEST(UnitCheckTest, ALazySolverFallingSilentCannotSpareItsRubberStampsOnceTheMer
 // A whistleblower in league with a lazy solver challenges its unit first and lets it fall
 // silent, so that the rubber stamps keep their stake and an honest whistleblower can no longer
 // challenge the unit. Any other node may show the merits in the window: the stamps are slashed
-// and the bounty is the prover's, not the accomplice's.
+// and the bounty is the prover's, not the accomplice's (the jackpot's share of the solver's slash:
+// the whole of it only to the whistleblower that challenged).
 TEST(UnitCheckTest, AnAccompliceWhistleblowerCannotShieldTheRubberStampsOfItsSolver) {
   UnitCheck c = Selected(CheckTestConfig(true));
   const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
@@ -665,8 +666,32 @@ TEST(UnitCheckTest, AnAccompliceWhistleblowerCannotShieldTheRubberStampsOfItsSol
   EXPECT_TRUE(Has(fx->slash, a));
   EXPECT_TRUE(Has(fx->slash, b));
   EXPECT_EQ(fx->bounty, honest);
-  EXPECT_FALSE(fx->bounty_by_silence);
+  EXPECT_TRUE(fx->bounty_by_silence);
   EXPECT_FALSE(Has(fx->slash, kWhistle));  // its claim was true
+}
+
+// A lazy solver caught by an honest whistleblower falls silent on purpose and shows its own
+// merits from a second node (its own, under another owner key): with the whole bounty it would
+// get back all its slash took, its fraud free and the whistleblower's bounty its own. Only the
+// whistleblower that challenged gets the whole bounty; any other prover the jackpot's share.
+TEST(UnitCheckTest, ASilentSolverShowingItsOwnMeritsFromASecondNodeGetsOnlyTheJackpotsShare) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  const NodeId second = NodeOfByte(11);
+  RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_TRUE(c.OnChallenge(kWhistle, ClaimFor(true, 1), 110).ok());
+  const uint64_t h = SolverFallsSilentUntilMerits(c, 111);
+  ASSERT_TRUE(c.awaits_merits());
+  UnitCheck by_whistleblower = c;
+  Result<CheckEffects> fx = c.OnMeritsShown(second, 1, h);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  EXPECT_TRUE(Has(fx->slash, kSolver));
+  EXPECT_EQ(fx->bounty, second);
+  EXPECT_TRUE(fx->bounty_by_silence);
+  // The same merits shown by the whistleblower that challenged: the whole bounty.
+  fx = by_whistleblower.OnMeritsShown(kWhistle, 1, h);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  EXPECT_EQ(fx->bounty, kWhistle);
+  EXPECT_FALSE(fx->bounty_by_silence);
 }
 
 // The merits window closes: the check settles at the next block as a loss by silence alone (the

@@ -249,9 +249,9 @@ class UnitCheck {
   // state gives (result != the delta of the state that hashes to the last leaf: ProveResult).
   // No game is needed: it is one computation over committed data. At any stage until the round
   // is final (the ledger checks that), unless the unit is already being re-run: the check
-  // settles as fraud (the solver slashed, `prover` paid the bounty, never more than the slash
-  // took; the unit re-run). Verdicts still open are void (verifiers replay segments; the result
-  // is everyone's to check), a running dispute is dropped. A forced-error unit cannot be disproved this way: its last leaf is a
+  // settles as fraud (the solver slashed, `prover` rewarded, the unit re-run). Verdicts still
+  // open are void (verifiers replay segments; the result is everyone's to check), a running
+  // dispute is dropped. A forced-error unit cannot be disproved this way: its last leaf is a
   // ForcedLeaf, which no state hashes to.
   Result<CheckEffects> OnResultDisproved(const NodeId& prover, uint64_t height);
 
