@@ -912,6 +912,10 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
     return InvalidArgument(
         "unit check: a merits window without a resolved whistleblower's dispute");
   }
+  if (u.merits_deadline_ && u.dispute_->outcome().defender_honest) {
+    // OnMeritsShown would slash the verifiers of a unit whose solver won its dispute.
+    return InvalidArgument("unit check: a merits window on a dispute the solver won");
+  }
   return u;
 }
 

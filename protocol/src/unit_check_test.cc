@@ -740,6 +740,44 @@ TEST(UnitCheckTest, AMeritsWindowIsEncodedOnlyOnAWhistleblowersResolvedDispute) 
   }
 }
 
+// A stored merits window whose dispute the solver won (a hostile or damaged state: the game's
+// bytes swapped for those of a game the whistleblower lost by its silence) is refused: showing
+// the merits would slash the verifiers of a unit its solver defended.
+TEST(UnitCheckTest, AMeritsWindowOnADisputeTheSolverWonIsRefused) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_TRUE(c.OnChallenge(kWhistle, ClaimFor(true, 1), 110).ok());
+  UnitCheck won = c;  // the solver posts, the whistleblower never does: the solver wins
+  const DisputeQuery q = won.mutable_dispute()->query();
+  ASSERT_TRUE(
+      won.mutable_dispute()->Post(DisputeParty::kDefender, q.position, Blake2b("s"), 111).ok());
+  SolverFallsSilentUntilMerits(c, 111);
+  ASSERT_TRUE(c.awaits_merits());
+  for (uint64_t h = 111; won.stage() != CheckStage::kCheckSettled && h < 140; ++h) {
+    ASSERT_TRUE(won.OnBlock(h, false).ok());
+  }
+  ASSERT_EQ(won.result(), CheckResult::kCheckClean);
+  ASSERT_TRUE(won.dispute().has_value());
+  ASSERT_TRUE(won.dispute()->outcome().defender_honest);
+  auto field = [](const Bytes& game) {
+    Encoder e;
+    e.PutBytes(game);
+    return e.Take();
+  };
+  const Bytes lost = field(c.dispute()->Encode()), kept = field(won.dispute()->Encode());
+  Bytes bytes = c.Encode();
+  auto at = std::search(bytes.begin(), bytes.end(), lost.begin(), lost.end());
+  ASSERT_NE(at, bytes.end());
+  at = bytes.erase(at, at + static_cast<std::ptrdiff_t>(lost.size()));
+  bytes.insert(at, kept.begin(), kept.end());
+  Result<UnitCheck> back = UnitCheck::Decode(bytes);
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("a dispute the solver won"), std::string::npos)
+      << back.status().ToString();
+  // The untouched window decodes.
+  EXPECT_TRUE(UnitCheck::Decode(c.Encode()).ok());
+}
+
 TEST(UnitCheckTest, AFailedWhistleblowerChallengePaysAndSlashesNoVerifierAgain) {
   // Honest work settled clean (both verifiers paid, the solver's streak credited); a
   // whistleblower's challenge fails. Only the whistleblower loses: the verifiers are not paid a
