@@ -1734,6 +1734,48 @@ TEST_F(FraudProofTest, ALazySolverFallingSilentInAWhistleblowersDisputeLosesItsS
   EXPECT_TRUE(Rerunning());
 }
 
+// The same lazy solver, silent on purpose, shows its own merits first from a second
+// whistleblower node of its owner's: paid only the jackpot's share of its slash, so the fraud
+// still costs its owner the rest (with the whole bounty it got back all its slash took).
+TEST_F(FraudProofTest, ASilentSolverShowingItsOwnMeritsGetsOnlyTheJackpotsShareOfItsSlash) {
+  const KeyPair second = TestKey(27);
+  owner_[second.public_key()] = &alice_;  // s1's owner
+  Start();
+  StepOk({N(second, Reg(second, kRoleWhistleblower))});
+  u_ = UnitOf(s1_);
+  other_ = UnitOf(s2_);
+  ASSERT_GE(u_, 0);
+  ASSERT_GE(other_, 0);
+  const uint32_t ui = static_cast<uint32_t>(u_);
+  PoisonUnit(ui);
+  StepOk({CommitTx(u_, poisoned_, Blake2b("poisoned delta")),
+          CommitTx(other_, Leaves(other_, false))});
+  pending_secrets_.clear();
+  Aggregate();
+  SettleClean({u_, other_});
+  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = ui,
+                                 .node_id = wb_.public_key(),
+                                 .claim = ClaimOf(poisoned_, 1, states_[4])})});
+  PlayDispute(ui, nullptr, [&](uint64_t s) { return states_.at(s); });
+  ASSERT_TRUE(Check(ui).awaits_merits()) << Check(ui).reason();
+  const Amount alice_before = Balance(alice_), erin_before = Balance(erin_);
+  StepOk({N(second, ProveMeritsTx{.task_id = task_id_,
+                                  .index = ui,
+                                  .node_id = second.public_key(),
+                                  .segment = 1,
+                                  .witness = {EncodeSegmentWitness(SegmentProof(1))}})});
+  EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(v1_).reputation.slashes, 1u);  // the rubber stamp, as on the whistleblower's proof
+  const Amount slashed = Node(s1_).earnings.slashed;
+  const Amount share = BasisPoints(slashed, genesis_.params.slash_jackpot_bps);
+  ASSERT_LT(share, slashed);
+  EXPECT_EQ(Node(second).earnings.jackpot, share);
+  EXPECT_EQ(Balance(alice_) - alice_before, share);
+  EXPECT_EQ(Balance(erin_), erin_before);  // front-run: the whistleblower that challenged, unpaid
+  ExpectEarningsAddUpToTheTask();
+}
+
 TEST(ProvenFraudTest, TheTaskRecordKeepsItsProofsThroughItsEncoding) {
   TaskRecord t;
   t.id = Blake2b("task");

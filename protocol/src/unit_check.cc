@@ -612,7 +612,13 @@ Result<CheckEffects> UnitCheck::OnMeritsShown(const NodeId& prover, uint32_t seg
                            std::to_string(dc.first_step) + ".." + std::to_string(dc.last_step) +
                            "); show the segment the whistleblower claimed");
   }
+  const NodeId whistleblower = *whistleblower_;
   CheckEffects fx = SettleWhistleblowerWin(/*on_merits=*/true, prover);
+  // Shown by another node than the whistleblower that challenged: only the jackpot's share of
+  // the solver's slash, as for a win by silence. Else the solver, silent on purpose, would show
+  // its own merits from a second node (under another owner key if need be) and get back all its
+  // slash took: its fraud would cost it nothing, and the whistleblower's bounty would be its.
+  if (fx.bounty && prover != whistleblower) fx.bounty_by_silence = true;
   reason_ = "whistleblower dispute: the solver fell silent; segment " + std::to_string(segment) +
             " shown false by " + prover.ShortHex() + " at height " + std::to_string(height);
   return fx;
@@ -663,7 +669,10 @@ Result<CheckEffects> UnitCheck::OnResultDisproved(const NodeId& prover, uint64_t
   }
   CheckEffects fx;
   Append(fx.slash, config_.solver);
-  Append(fx.rewarded, prover);
+  // A bounty, capped by what the solver's slash took (ApplyEffects): a solver whose stake an
+  // earlier slash emptied, with a second node of its own disproving a result it made wrong on
+  // purpose, would otherwise be paid a whole slash from the jackpot per unit.
+  fx.bounty = prover;
   fx.rerun_unit = true;
   fx.settled = true;
   dispute_.reset();
@@ -902,6 +911,10 @@ Result<UnitCheck> UnitCheck::Decode(ByteSpan bytes) {
                              u.dispute_->stage() != DisputeStage::kDisputeResolved)) {
     return InvalidArgument(
         "unit check: a merits window without a resolved whistleblower's dispute");
+  }
+  if (u.merits_deadline_ && u.dispute_->outcome().defender_honest) {
+    // OnMeritsShown would slash the verifiers of a unit whose solver won its dispute.
+    return InvalidArgument("unit check: a merits window on a dispute the solver won");
   }
   return u;
 }

@@ -373,7 +373,10 @@ TEST(UnitCheckTest, AResultShownWrongIsFraudAtAnyStageUntilTheUnitReruns) {
   EXPECT_EQ(c.stage(), CheckStage::kCheckSettled);
   EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
   EXPECT_EQ(fx->slash, std::vector<NodeId>{kSolver});  // the verifiers approved their segment only
-  EXPECT_EQ(fx->rewarded, std::vector<NodeId>{kWhistle});
+  // A bounty (capped by what the solver's slash took), not a nominal slash's reward.
+  EXPECT_TRUE(fx->rewarded.empty());
+  EXPECT_EQ(fx->bounty, kWhistle);
+  EXPECT_FALSE(fx->bounty_by_silence);
   EXPECT_TRUE(fx->rerun_unit && fx->settled);
   EXPECT_FALSE(fx->solver_clean);
   // Once the unit re-runs there is nothing left to disprove.
@@ -647,7 +650,8 @@ TEST(UnitCheckTest, ALazySolverFallingSilentCannotSpareItsRubberStampsOnceTheMer
 // A whistleblower in league with a lazy solver challenges its unit first and lets it fall
 // silent, so that the rubber stamps keep their stake and an honest whistleblower can no longer
 // challenge the unit. Any other node may show the merits in the window: the stamps are slashed
-// and the bounty is the prover's, not the accomplice's.
+// and the bounty is the prover's, not the accomplice's (the jackpot's share of the solver's slash:
+// the whole of it only to the whistleblower that challenged).
 TEST(UnitCheckTest, AnAccompliceWhistleblowerCannotShieldTheRubberStampsOfItsSolver) {
   UnitCheck c = Selected(CheckTestConfig(true));
   const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
@@ -662,8 +666,32 @@ TEST(UnitCheckTest, AnAccompliceWhistleblowerCannotShieldTheRubberStampsOfItsSol
   EXPECT_TRUE(Has(fx->slash, a));
   EXPECT_TRUE(Has(fx->slash, b));
   EXPECT_EQ(fx->bounty, honest);
-  EXPECT_FALSE(fx->bounty_by_silence);
+  EXPECT_TRUE(fx->bounty_by_silence);
   EXPECT_FALSE(Has(fx->slash, kWhistle));  // its claim was true
+}
+
+// A lazy solver caught by an honest whistleblower falls silent on purpose and shows its own
+// merits from a second node (its own, under another owner key): with the whole bounty it would
+// get back all its slash took, its fraud free and the whistleblower's bounty its own. Only the
+// whistleblower that challenged gets the whole bounty; any other prover the jackpot's share.
+TEST(UnitCheckTest, ASilentSolverShowingItsOwnMeritsFromASecondNodeGetsOnlyTheJackpotsShare) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  const NodeId second = NodeOfByte(11);
+  RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_TRUE(c.OnChallenge(kWhistle, ClaimFor(true, 1), 110).ok());
+  const uint64_t h = SolverFallsSilentUntilMerits(c, 111);
+  ASSERT_TRUE(c.awaits_merits());
+  UnitCheck by_whistleblower = c;
+  Result<CheckEffects> fx = c.OnMeritsShown(second, 1, h);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  EXPECT_TRUE(Has(fx->slash, kSolver));
+  EXPECT_EQ(fx->bounty, second);
+  EXPECT_TRUE(fx->bounty_by_silence);
+  // The same merits shown by the whistleblower that challenged: the whole bounty.
+  fx = by_whistleblower.OnMeritsShown(kWhistle, 1, h);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  EXPECT_EQ(fx->bounty, kWhistle);
+  EXPECT_FALSE(fx->bounty_by_silence);
 }
 
 // The merits window closes: the check settles at the next block as a loss by silence alone (the
@@ -710,6 +738,44 @@ TEST(UnitCheckTest, AMeritsWindowIsEncodedOnlyOnAWhistleblowersResolvedDispute) 
     tampered.insert(tampered.end(), tail.begin(), tail.end());
     EXPECT_FALSE(UnitCheck::Decode(tampered).ok()) << with_deadline;
   }
+}
+
+// A stored merits window whose dispute the solver won (a hostile or damaged state: the game's
+// bytes swapped for those of a game the whistleblower lost by its silence) is refused: showing
+// the merits would slash the verifiers of a unit its solver defended.
+TEST(UnitCheckTest, AMeritsWindowOnADisputeTheSolverWonIsRefused) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_TRUE(c.OnChallenge(kWhistle, ClaimFor(true, 1), 110).ok());
+  UnitCheck won = c;  // the solver posts, the whistleblower never does: the solver wins
+  const DisputeQuery q = won.mutable_dispute()->query();
+  ASSERT_TRUE(
+      won.mutable_dispute()->Post(DisputeParty::kDefender, q.position, Blake2b("s"), 111).ok());
+  SolverFallsSilentUntilMerits(c, 111);
+  ASSERT_TRUE(c.awaits_merits());
+  for (uint64_t h = 111; won.stage() != CheckStage::kCheckSettled && h < 140; ++h) {
+    ASSERT_TRUE(won.OnBlock(h, false).ok());
+  }
+  ASSERT_EQ(won.result(), CheckResult::kCheckClean);
+  ASSERT_TRUE(won.dispute().has_value());
+  ASSERT_TRUE(won.dispute()->outcome().defender_honest);
+  auto field = [](const Bytes& game) {
+    Encoder e;
+    e.PutBytes(game);
+    return e.Take();
+  };
+  const Bytes lost = field(c.dispute()->Encode()), kept = field(won.dispute()->Encode());
+  Bytes bytes = c.Encode();
+  auto at = std::search(bytes.begin(), bytes.end(), lost.begin(), lost.end());
+  ASSERT_NE(at, bytes.end());
+  at = bytes.erase(at, at + static_cast<std::ptrdiff_t>(lost.size()));
+  bytes.insert(at, kept.begin(), kept.end());
+  Result<UnitCheck> back = UnitCheck::Decode(bytes);
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("a dispute the solver won"), std::string::npos)
+      << back.status().ToString();
+  // The untouched window decodes.
+  EXPECT_TRUE(UnitCheck::Decode(c.Encode()).ok());
 }
 
 TEST(UnitCheckTest, AFailedWhistleblowerChallengePaysAndSlashesNoVerifierAgain) {

@@ -585,7 +585,8 @@ struct ChallengeUnitTx {
 // `segment` (what ProveFraudTx carries; the ledger replays it with ExecuteSegmentWitness). If
 // the segment does not replay to the solver's committed end, the check settles as fraud on the
 // merits: the solver and the verifiers that called the unit clean are slashed, and `node_id`
-// gets the bounty. Refused, changing nothing, outside the window, for another segment, or when
+// gets the bounty (the whole of it only when it is the whistleblower that challenged). Refused,
+// changing nothing, outside the window, for another segment, or when
 // the segment replays to its committed end. For a unit whose segments the ledger replays from a
 // witness (exact mode, a data root, not a token task nor a pipeline stage); for the others the
 // window closes into a loss by silence alone (docs/verification.md, "Whistleblowers'

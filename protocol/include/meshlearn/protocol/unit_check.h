@@ -137,7 +137,9 @@ struct CheckEffects {
   // A whistleblower's dispute won against the solver: `bounty` is paid from the jackpot, never
   // more than what this event's slash of the solver took (a solver and a whistleblower in league
   // gain nothing by it); won by the solver's silence alone (`bounty_by_silence`), only the part of
-  // that slash that went into the jackpot (docs/verification.md, "Whistleblowers' incentives").
+  // that slash that went into the jackpot (docs/verification.md, "Whistleblowers' incentives");
+  // so too when the merits were shown by another node than the whistleblower that challenged
+  // (OnMeritsShown).
   std::optional<NodeId> bounty;
   bool bounty_by_silence = false;
   bool solver_clean = false;           // credit the solver's clean streak
@@ -233,7 +235,10 @@ class UnitCheck {
   // segment must be the disputed one; any node but the solver may show it (a whistleblower in
   // league with a lazy solver cannot shield the solver's rubber stamps by letting it fall
   // silent). Settles as fraud: the solver and every verifier that revealed "clean" slashed,
-  // `prover` paid the bounty (a whistleblower that itself missed its turn is slashed, unpaid).
+  // `prover` paid the bounty (a whistleblower that itself missed its turn is slashed, unpaid):
+  // the whole bounty only to the whistleblower that challenged, to any other prover only the
+  // jackpot's share of the solver's slash (bounty_by_silence), so that a silent solver showing
+  // its own merits from a second node does not get its slash back.
   // FailedPrecondition outside the window, DeadlineExceeded after it, InvalidArgument for
   // another segment or the solver itself.
   Result<CheckEffects> OnMeritsShown(const NodeId& prover, uint32_t segment, uint64_t height);
@@ -249,9 +254,10 @@ class UnitCheck {
   // state gives (result != the delta of the state that hashes to the last leaf: ProveResult).
   // No game is needed: it is one computation over committed data. At any stage until the round
   // is final (the ledger checks that), unless the unit is already being re-run: the check
-  // settles as fraud (the solver slashed, `prover` rewarded, the unit re-run). Verdicts still
-  // open are void (verifiers replay segments; the result is everyone's to check), a running
-  // dispute is dropped. A forced-error unit cannot be disproved this way: its last leaf is a
+  // settles as fraud (the solver slashed, `prover` paid the bounty, never more than the slash
+  // took; the unit re-run). Verdicts still open are void (verifiers replay segments; the result
+  // is everyone's to check), a running dispute is dropped. A forced-error unit cannot be
+  // disproved this way: its last leaf is a
   // ForcedLeaf, which no state hashes to.
   Result<CheckEffects> OnResultDisproved(const NodeId& prover, uint64_t height);
 
