@@ -508,7 +508,8 @@ int64_t TileRuleWindowRunWidth(int64_t s, int64_t KW, int64_t tiles = kTileWindo
 // but its segment reads the window's k input rows, not one: segments are as many outputs as fit
 // 40 / k tiles a row, and a piece as many segments as fit 40 tiles (an 8 x 8 window of stride 8
 // over 600-wide rows: 16-output segments, one a piece, where the whole tile read 76 tiles). Up to
-// a 4 x 4 window (every shape a model or test used before) a tile is one piece. Past k = 20 even
+// a 4 x 4 window of stride 4 (every shape a model or test used before) a tile is one piece (at
+// most 40 tiles: 2 runs of 4 rows of 5 tiles, or narrower runs of 2). Past k = 20 even
 // one output's window (two tiles a row) passes 40 tiles: such a window is not cut further.
 struct TileRuleConvPieces {
   int64_t runs = kTileCols;   // segments a piece; kTileCols: every segment of the tile
