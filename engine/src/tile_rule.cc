@@ -473,12 +473,14 @@ int64_t TileRuleConvPairBlocks(const TileOp& o) {
   const int64_t per = TileRuleConvWidePairs(o);
   return (n * o.conv[4] + per - 1) / per;
 }
+// The tiles of values a block of a windowed operator reads at most: kTileConvRowsFloats (160 KiB).
+constexpr int64_t kTileWindowTiles = kTileConvRowsFloats / (kTileRows * kTileCols);
 // The most outputs of a row whose windows' columns of one input row, (n - 1) s + KW floats, lie
-// in 40 tiles (160 KiB: kTileConvRowsFloats, and kTileConvGradPairTiles), at least one:
-// kTileCols up to stride 40 at a 3 x 3 kernel, 20 at stride 64.
-int64_t TileRuleWindowRunWidth(int64_t s, int64_t KW) {
-  // tiles(n) = ((n - 1) s + KW - 1 + kTileCols - 1) / kTileCols + 1 <= 40.
-  const int64_t most = (kTileConvRowsFloats / (kTileRows * kTileCols) - 1) * kTileCols + 1 - KW;
+// in `tiles` tiles (by default 40: 160 KiB, kTileConvRowsFloats, and kTileConvGradPairTiles), at
+// least one: kTileCols up to stride 40 at a 3 x 3 kernel, 20 at stride 64.
+int64_t TileRuleWindowRunWidth(int64_t s, int64_t KW, int64_t tiles = kTileWindowTiles) {
+  // tiles(n) = ((n - 1) s + KW - 1 + kTileCols - 1) / kTileCols + 1 <= tiles.
+  const int64_t most = (tiles - 1) * kTileCols + 1 - KW;
   return std::clamp<int64_t>(most < 0 ? 1 : most / s + 1, 1, kTileCols);
 }
 // Even one pair a block can read too much of a wide conv2d forward: per output row run of its
@@ -502,6 +504,13 @@ int64_t TileRuleWindowRunWidth(int64_t s, int64_t KW) {
 //     chunk, as a block over a 32 x 32 plane reads). Where an image row itself can straddle a
 //     chunk (W not dividing kExampleChunkFloats), a segment's window columns can read two or three
 //     chunks: a piece is then 16 of the tile's examples.
+// A max-pool forward over wide images is cut the same way (it has no pairs: a piece is one block),
+// but its segment reads the window's k input rows, not one: segments are as many outputs as fit
+// 40 / k tiles a row, and a piece as many segments as fit 40 tiles (an 8 x 8 window of stride 8
+// over 600-wide rows: 16-output segments, one a piece, where the whole tile read 76 tiles). Up to
+// a 4 x 4 window of stride 4 (every shape a model or test used before) a tile is one piece (at
+// most 40 tiles: 2 runs of 4 rows of 5 tiles, or narrower runs of 2). Past k = 20 even
+// one output's window (two tiles a row) passes 40 tiles: such a window is not cut further.
 struct TileRuleConvPieces {
   int64_t runs = kTileCols;   // segments a piece; kTileCols: every segment of the tile
   int64_t run_groups = 1;     // the pieces over a tile's segments
@@ -511,9 +520,14 @@ struct TileRuleConvPieces {
 };
 TileRuleConvPieces TileRuleConvPiecesOf(const TileOp& o) {
   TileRuleConvPieces p;
-  if (o.kind != TileOpKind::kTileOpConv || !TileRuleWindowWide(o)) return p;
+  const bool pool = o.kind == TileOpKind::kTileOpMaxPool;
+  if ((o.kind != TileOpKind::kTileOpConv && !pool) || !TileRuleWindowWide(o)) return p;
   const int64_t H = o.conv[1], W = o.conv[2], KW = o.conv[5], s = o.conv[6];
-  const int64_t OW = TileRuleOutW(o), width = TileRuleWindowRunWidth(s, KW);
+  // The input rows a segment's windows read a block: a pair's one, or a max-pool window's k.
+  const int64_t rows = pool ? o.conv[4] : 1;
+  const int64_t OW = TileRuleOutW(o);
+  const int64_t width =
+      TileRuleWindowRunWidth(s, KW, std::max<int64_t>(1, kTileWindowTiles / rows));
   // The most segments a tile's 32 columns make (its row runs: one where rows are whole tiles;
   // and each cut at multiples of width), and the most tiles one segment's window columns of a row
   // lie in.
@@ -529,8 +543,8 @@ TileRuleConvPieces TileRuleConvPiecesOf(const TileOp& o) {
   if (TileRuleConvOverChunks(o)) {
     if (kExampleChunkFloats % (H * W) != 0 || p.width < OW) per = 1;
     if (kExampleChunkFloats % W != 0) p.row_parts = 2;
-  } else if (runs * tiles > kTileConvRowsFloats / (kTileRows * kTileCols)) {
-    per = std::max<int64_t>(1, kTileConvRowsFloats / (kTileRows * kTileCols) / tiles);
+  } else if (runs * rows * tiles > kTileWindowTiles) {
+    per = std::max<int64_t>(1, kTileWindowTiles / (rows * tiles));
   }
   p.runs = per;
   p.run_groups = (runs + per - 1) / per;
@@ -546,7 +560,9 @@ TileRuleConvPiece TileRuleConvPieceOf(const TileOp& o, const TileGrid::Rect& t, 
                                       int64_t block) {
   const TileRuleConvPieces p = TileRuleConvPiecesOf(o);
   if (blocks == 0 || p.count() == 1) return {t.r0, t.r1, t.c0, t.c1, block};
-  const int64_t nb = TileRuleConvPairBlocks(o), piece = block / nb;
+  // A max-pool's piece is one block (no chain of pairs).
+  const int64_t nb = o.kind == TileOpKind::kTileOpMaxPool ? 1 : TileRuleConvPairBlocks(o);
+  const int64_t piece = block / nb;
   const int64_t group = piece / p.row_parts, part = piece % p.row_parts;
   const int64_t rows = kTileRows / p.row_parts;
   TileRuleConvPiece r{std::min(t.r1, t.r0 + part * rows), std::min(t.r1, t.r0 + (part + 1) * rows),
@@ -1656,6 +1672,11 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     }
     return n > kTileConvChannels ? (n + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
+  // A max-pool forward whose tile is cut into pieces (TileRuleConvPiecesOf): a piece a block.
+  if (o.kind == TileOpKind::kTileOpMaxPool) {
+    const int64_t pieces = TileRuleConvPiecesOf(o).count();
+    return pieces > 1 ? pieces : 0;
+  }
   if (o.kind == TileOpKind::kTileOpConvWeightGrad || o.kind == TileOpKind::kTileOpConvBiasGrad) {
     const int64_t OW = TileRuleOutW(o), groups = TileRuleConvGradGroups(o);
     if (TileRuleConvGradWide(o)) {
@@ -1949,15 +1970,18 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // Channel c of the output reads channel c of the input, the rows its windows cover.
       const int64_t H = o.conv[1], W = o.conv[2];
       if (TileRuleWindowWide(o)) {
-        // Over a wide image: each output row's run of the tile, its windows' columns of their
-        // rows (TileRuleWindowWide).
+        // Over a wide image: each output row's run of the tile (of the block's piece of it, where
+        // a large window cut it: TileRuleConvPieceOf), its windows' columns of their rows
+        // (TileRuleWindowWide).
         const int64_t k = o.conv[4], s = o.conv[6];
-        ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), t.c0, t.c1,
+        const TileRuleConvPiece pc = TileRuleConvPieceOf(o, t, blocks, block);
+        if (pc.r0 >= pc.r1 || pc.c0 >= pc.c1) break;  // past a short tile's segments
+        ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), pc.c0, pc.c1,
                         [&](int64_t c, int64_t oh, int64_t ow0, int64_t ow1) {
                           const auto [iw0, iw1] = TileRuleWindowInputCols(o, ow0, ow1);
                           for (int64_t ih = oh * s; ih < oh * s + k; ++ih) {
                             const int64_t f = (c * H + ih) * W;
-                            TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + iw0, f + iw1, fp);
+                            TileRuleCoverOnce(plan, o.x, pc.r0, pc.r1, f + iw0, f + iw1, fp);
                           }
                         });
         break;
@@ -2896,6 +2920,9 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       const int64_t OH = (H - k) / s + 1, OW = (W - k) / s + 1;
       const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
       const int64_t IH = cs.ih1 - cs.ih0;
+      // Only the block's piece's outputs are computed (TileRuleConvPieceOf); the others keep the
+      // partial (0 before the first piece).
+      const TileRuleConvPiece pc = TileRuleConvPieceOf(o, t, blocks, block);
       std::vector<std::vector<float>> chan;  // per channel: (R, IH, W)
       for (int64_t c = cs.oc0; c < cs.oc1; ++c) {
         chan.push_back(dense(o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W));
@@ -2903,6 +2930,11 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       for (int64_t r = 0; r < R; ++r) {
         for (int64_t jj = 0; jj < K; ++jj) {
           const int64_t j = t.c0 + jj, c = j / (OH * OW), oh = (j % (OH * OW)) / OW, ow = j % OW;
+          if (t.r0 + r < pc.r0 || t.r0 + r >= pc.r1 || j < pc.c0 || j >= pc.c1) {
+            const size_t e = static_cast<size_t>(r * K + jj);
+            out[e] = block > 0 ? in.partial[e] : 0.0f;
+            continue;
+          }
           const std::vector<float>& x = chan[static_cast<size_t>(c - cs.oc0)];
           auto at = [&](int64_t ih, int64_t iw) { return x[(r * IH + ih - cs.ih0) * W + iw]; };
           float best = at(oh * s, ow * s);

@@ -827,5 +827,78 @@ out = 3
   }
 }
 
+bool IsPool(TileOpKind k) {
+  return k == TileOpKind::kTileOpMaxPool || k == TileOpKind::kTileOpMaxPoolInputGrad;
+}
+
+// An 8 x 8 max-pool of stride 8 over 2 channels of 16 x 600 images (75 outputs a row, after a
+// relu: it reads an activation), and a 6 x 6 one over 12 x 600 (100 a row): a forward tile read,
+// per output row run (two a tile), the window's k input rows of its outputs' window columns,
+// 32 s + k floats in up to 10 tiles a row: 76 tiles (311,296 bytes of values) and 46 (188,416),
+// whole. Its tile is cut into pieces of one segment of at most 16 (26) outputs, whose k rows of
+// window columns lie in at most 40 tiles: every block is under the bound, and every tile of the
+// pool and of its input gradient (which reads only the windows reaching its 32 inputs) recomputes
+// to the traced bits. Prints each forward's largest whole tile (before) and block (after).
+TEST(TileRuleConvTest, AMaxPoolWithALargeWindowOverWideImagesReadsAPieceOfItsTileBitForBit) {
+  for (const int64_t k : {8, 6}) {
+    SCOPED_TRACE("window " + std::to_string(k));
+    const int64_t H = 2 * k;
+    Result<TaskSpec> spec = SyntheticTask("tile-large-pool", 13,
+                                          "2, " + std::to_string(H) + ", 600", R"([[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = )" + std::to_string(k) + R"(
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 3
+)",
+                                          32);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    const TaskData d = testing::RandomTaskData(64, {2, H, 600}, 3, 59, -1.0f, 1.0f);
+    int64_t ops = 0;
+    const std::map<std::string, int64_t> largest =
+        ExpectEveryTileRecomputes(*spec, d, IsPool, &ops);
+    EXPECT_EQ(ops, 2);
+    for (const auto& [name, bytes] : largest) {
+      std::printf("[ pool %lldx%lld] %-18s largest block %lld bytes\n", static_cast<long long>(k),
+                  static_cast<long long>(k), name.c_str(), static_cast<long long>(bytes));
+      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
+    }
+    // The forward: a tile's pieces, one a block (up to 4 segments: two runs cut at multiples of
+    // 16, or 26, outputs); its whole tile (every piece's tiles, as read before) past the bound.
+    Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (size_t j = 0; j < plan->ops.size(); ++j) {
+      const TileOp& op = plan->ops[j];
+      if (op.kind != TileOpKind::kTileOpMaxPool) continue;
+      const int64_t jj = static_cast<int64_t>(j), blocks = ReductionBlocks(*plan, jj);
+      EXPECT_EQ(blocks, 4);
+      int64_t whole = 0;
+      for (int64_t t = 0; t < op.grid.count(); ++t) {
+        std::vector<std::pair<int64_t, int64_t>> tiles;
+        for (int64_t b = 0; b < blocks; ++b) {
+          Result<TileFootprint> fp = Footprint(*plan, jj, t, b);
+          ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+          for (const TileRef& r : fp->tiles) tiles.emplace_back(r.op, r.tile);
+        }
+        std::sort(tiles.begin(), tiles.end());
+        tiles.erase(std::unique(tiles.begin(), tiles.end()), tiles.end());
+        int64_t floats = 0;
+        for (const auto& [o, tt] : tiles) {
+          floats += plan->ops[static_cast<size_t>(o)].grid.TileRect(tt).numel();
+        }
+        whole = std::max(whole, 4 * floats);
+      }
+      std::printf("[ pool %lldx%lld] %-18s largest whole tile (before) %lld bytes\n",
+                  static_cast<long long>(k), static_cast<long long>(k), op.name.c_str(),
+                  static_cast<long long>(whole));
+      EXPECT_GT(whole, 160 * 1024) << "the window reads more than a block may, whole";
+    }
+  }
+}
+
 }  // namespace tile_rule_conv_test
 }  // namespace meshlearn::engine

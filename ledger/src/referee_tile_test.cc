@@ -1420,6 +1420,23 @@ pad = 0
   ExpectTheHonestSideWinsAtEveryTile(lies, "stride-64 conv over 2 x 3 x 2563");
 }
 
+// An 8 x 8 max-pool of stride 8 over 2 x 16 x 600 (75 outputs a row): a forward tile recomputed
+// whole read its outputs' windows, 8 input rows of up to 10 tiles each for each of its two row
+// runs (311,296 bytes of values). Its tile is cut into pieces of one segment of at most 16
+// outputs (engine TileRuleConvPiecesOf): a lie at tile 1 (channel 0's outputs 32..63: segments
+// 32..47 and 48..63), block 1 (the second segment), is ruled from at most 40 tiles of the input.
+TEST(TileDisputeTest, AMaxPoolWithALargeWindowIsRuledFromAPieceOfItsTile) {
+  static const auto* setup = ConvAfterReluSetup({2, 16, 600}, R"([[model.layers]]
+kind = "maxpool2d"
+kernel = 8
+)");
+  g_setup = setup;
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.1.out", 7, 50, 1},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "8 x 8 max-pool over 2 x 16 x 600");
+}
+
 // A chunked example's chunk must be the footprint's and proven against the example's chunk root,
 // and the example's leaf over that root proven against the data root; a witness that carries the
 // example whole (the format of smaller examples) is refused too.

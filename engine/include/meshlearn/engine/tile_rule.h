@@ -454,9 +454,10 @@ Result<TilePlan> PlanStageStepTiles(const ModelSpec& model, const OptimizerSpec&
 // Number of fixed reduction blocks a tile of op j is narrowed into (dW, db: the batch in blocks of
 // kTileRows rows; a wide linear: its chain in blocks of 256; a conv: 4 channels a block, its input
 // gradient 4 output channels a block, its dW and db a row block of kTileRows over an
-// output-channel group a block; att and atty above T = 256: 2 nb + 1 and nb blocks of 32
-// positions (nb = T / 32, rounded up); `encoded` of a vocabulary above 1024: wte's rows in blocks
-// of 1024, each setting its tokens' rows;
+// output-channel group a block; a conv2d forward or max-pool over wide images whose tile reads
+// too much: its tile in pieces of output segments (a max-pool's piece one block); att and atty
+// above T = 256: 2 nb + 1 and nb blocks of 32 positions (nb = T / 32, rounded up); `encoded` of
+// a vocabulary above 1024: wte's rows in blocks of 1024, each setting its tokens' rows;
 // grad_norm.blocks: kTileFlat, one partial a block, those past a short last tile's end changing
 // nothing; grad_norm: one parameter a block, or one chunk of 8192 of a parameter's partials), or
 // 0 when op j's tiles are recomputed whole.
