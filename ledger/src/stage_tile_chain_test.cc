@@ -769,7 +769,7 @@ TEST_F(StageServeNoRefereeDeadlineTest, AStageThatWithholdsAPieceStillLosesAtIts
   StepOk(txs);
   const StageServeRecord rec = Unit(cheat_).serve;
   ASSERT_TRUE(rec.open());
-  EXPECT_LE(rec.window_end, chain_->Height() + ServeWindowBlocks(kStageBytes) +
+  ASSERT_LE(rec.window_end, chain_->Height() + ServeWindowBlocks(kStageBytes) +
                                 genesis_.params.dispute_response_blocks + 1);
   while (chain_->Height() < rec.window_end) {
     Step();
