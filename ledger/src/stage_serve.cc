@@ -98,8 +98,16 @@ uint64_t ServeWindowBlocks(uint64_t declared) {
   // most pieces a record keeps take (a larger evidence is refused: CheckStageServePiece).
   const uint64_t witnesses =
       declared / kMaxWitnessBytes + (declared % kMaxWitnessBytes != 0 ? 1 : 0);
-  const uint64_t pieces = std::min<uint64_t>(1 + 2 * witnesses, StageServeRecord::kMaxPieces);
+  return ServePieceBlocks(std::min<uint64_t>(1 + 2 * witnesses, StageServeRecord::kMaxPieces));
+}
+
+uint64_t ServePieceBlocks(uint64_t pieces) {
+  pieces = std::min<uint64_t>(pieces, StageServeRecord::kMaxPieces);
   return pieces / kServePiecesPerBlock + (pieces % kServePiecesPerBlock != 0 ? 1 : 0);
+}
+
+uint64_t ServeWindowEnd(uint64_t referee_deadline, uint64_t declared, uint32_t pieces) {
+  return referee_deadline + std::max(ServeWindowBlocks(declared), ServePieceBlocks(pieces));
 }
 
 Status CheckStageServePiece(const TileRuleContext& ctx, const protocol::RefereeTask& task,
@@ -267,6 +275,94 @@ Result<std::vector<StageServePiece>> BuildStageServePieces(const TileRuleContext
     }
   }
   return pieces;
+}
+
+Result<StageServedEvidence> AssembleStageServeEvidence(const TileRuleContext& ctx,
+                                                       std::span<const StageServePiece> pieces,
+                                                       engine::TrainState& state) {
+  const engine::TilePlan& plan = ctx.plan;
+  const uint32_t count = StageServePieceCount(plan);
+  if (pieces.size() != count) {
+    return InvalidArgument("stage evidence: " + std::to_string(pieces.size()) +
+                           " pieces; the stage step's evidence has " + std::to_string(count));
+  }
+  Result<protocol::StageStepCommit> commit =
+      protocol::DecodeStageStepCommit(pieces[0].roots.commit);
+  if (!commit.ok()) return InvalidArgument("stage evidence: commit: " + commit.status().message());
+  // Every tile into its tensor, at its place in the operator's grid (ExtractTile's inverse).
+  const std::vector<size_t> ops = EvidenceOperators(plan);
+  std::map<size_t, std::vector<float>> tensors;
+  for (size_t j : ops) tensors[j].assign(static_cast<size_t>(plan.ops[j].grid.size()), 0.0f);
+  const uint64_t tiles = StageServeTileCount(plan);
+  for (uint32_t p = 1; p < count; ++p) {
+    const auto [first, n] = PieceTiles(tiles, p);
+    if (pieces[p].tiles.size() != n) {
+      return InvalidArgument("stage evidence: piece " + std::to_string(p) + " has " +
+                             std::to_string(pieces[p].tiles.size()) + " tiles, not " +
+                             std::to_string(n));
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      const TileWitnessTile& t = pieces[p].tiles[i];
+      const auto [j, tile] = EvidenceTile(plan, ops, first + i);
+      const engine::TileGrid& g = plan.ops[j].grid;
+      const engine::TileGrid::Rect r = g.TileRect(static_cast<int64_t>(tile));
+      if (t.op != j + 1 || t.tile != tile || static_cast<int64_t>(t.values.size()) != r.numel()) {
+        return InvalidArgument("stage evidence: piece " + std::to_string(p) + "'s tile " +
+                               std::to_string(i) + " is not tile " + std::to_string(tile) +
+                               " of operator " + std::to_string(j + 1) + " (" + plan.ops[j].name +
+                               ")");
+      }
+      std::vector<float>& out = tensors[j];
+      const float* v = t.values.data();
+      for (int64_t row = r.r0; row < r.r1; ++row, v += r.c1 - r.c0) {
+        std::copy(v, v + (r.c1 - r.c0), out.begin() + row * g.cols + r.c0);
+      }
+    }
+  }
+  // The state's tensors, in StateTensorRoots order: every parameter, then every optimizer state.
+  if (!state.optimizer) return InvalidArgument("stage evidence: the state has no optimizer");
+  std::vector<std::span<float>> slots;
+  for (engine::Param& prm : state.model->params()) {
+    slots.emplace_back(prm.value.data(), static_cast<size_t>(prm.value.size()));
+  }
+  for (const engine::Optimizer::NamedState& st : state.optimizer->State()) {
+    slots.emplace_back(st.tensor->data(), static_cast<size_t>(st.tensor->size()));
+  }
+  const size_t k = StateOperators(plan);
+  if (slots.size() != k) {
+    return InvalidArgument("stage evidence: the state has " + std::to_string(slots.size()) +
+                           " tensors; the stage plan's state has " + std::to_string(k));
+  }
+  for (size_t j = 0; j < k; ++j) {
+    const std::vector<float>& v = tensors[j];
+    if (slots[j].size() != v.size()) {
+      return InvalidArgument("stage evidence: the state's tensor " + std::to_string(j) + " has " +
+                             std::to_string(slots[j].size()) + " values; operator " +
+                             std::to_string(j + 1) + " (" + plan.ops[j].name + ") " +
+                             std::to_string(v.size()));
+    }
+    std::copy(v.begin(), v.end(), slots[j].begin());
+  }
+  state.step = static_cast<int64_t>(commit->step);
+  state.seed = pieces[0].roots.seed;
+  state.stream = pieces[0].roots.stream;
+  if (engine::StateHash(state) != commit->state_before) {
+    return InvalidArgument(
+        "stage evidence: the pieces' state does not hash to the commit's "
+        "state_before " +
+        commit->state_before.ShortHex());
+  }
+  StageServedEvidence ev{.commit = *commit, .blobs = {}};
+  for (size_t j : ops) {
+    if (j < k) continue;
+    const protocol::StageTransfer* r = StageInputRecord(plan, static_cast<int64_t>(j), *commit);
+    if (r == nullptr) {
+      return InvalidArgument("stage evidence: the commit has no received record for operator " +
+                             std::to_string(j + 1) + " (" + plan.ops[j].name + ")");
+    }
+    ev.blobs[r->tensor] = StageTensorBytes(tensors[j]);
+  }
+  return ev;
 }
 
 bool ServesStageEvidence(const TaskParams& params, uint32_t index,

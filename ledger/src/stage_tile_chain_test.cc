@@ -81,14 +81,19 @@ class StageTileChainTest : public PipelineRulingTest {
   // A party's traced replay of the served step `ev` (what a dispute's party runs: the stage node
   // of its own checkpoint and received tensors, the verifier of the stage's served evidence).
   Party Trace(const TestStageEvidence& ev, StageReplayResult* found = nullptr) {
+    Result<engine::TrainState> start = StageCheckpointState(ev.checkpoint);
+    CHECK(start.ok()) << start.status().ToString();
+    return TraceFrom(std::move(*start), ev.commit, ev.blobs, found);
+  }
+  // The same from the step's start state `start` and its received tensors `blobs`.
+  Party TraceFrom(engine::TrainState start, const protocol::StageStepCommit& commit,
+                  const std::map<Hash256, Bytes>& blobs, StageReplayResult* found = nullptr) {
     Result<StageReplaySetup> setup = StageReplaySetupOf(spec_, net_, work_.lr_scale, Chain());
     CHECK(setup.ok()) << setup.status().ToString();
     auto trace = std::make_shared<engine::OpTrace>();
     trace->set_keep_values(true);
-    Result<engine::TrainState> start = StageCheckpointState(ev.checkpoint);
-    CHECK(start.ok()) << start.status().ToString();
     Result<StageReplayResult> r =
-        ReplayStageStep(*setup, std::move(*start), ev.commit, ev.blobs, BatchOf(ev.commit.step),
+        ReplayStageStep(*setup, std::move(start), commit, blobs, BatchOf(commit.step),
                         engine::DropoutSeed(spec_.seed, work_.stream), nullptr, trace.get());
     CHECK(r.ok()) << r.status().ToString();
     if (found != nullptr) *found = *r;
@@ -539,12 +544,49 @@ class StageServeTest : public StageTileChainTest {
 
   const TestStageEvidence& Evidence() const { return evidence_[cheat_][kLieStep]; }
 
-  // Every piece of the stage's evidence, as its node builds them from what it holds.
-  std::vector<StageServePiece> Pieces() {
-    Result<std::vector<StageServePiece>> p = BuildStageServePieces(
-        Context(), Evidence().commit, Evidence().checkpoint, Evidence().blobs);
+  // Every piece of the stage's evidence, as its node builds them from what it holds (`ev`: what
+  // it committed for step kLieStep, its honest evidence unless a test names another).
+  std::vector<StageServePiece> Pieces(const TestStageEvidence* ev = nullptr) {
+    const TestStageEvidence& e = ev == nullptr ? Evidence() : *ev;
+    Result<std::vector<StageServePiece>> p =
+        BuildStageServePieces(Context(), e.commit, e.checkpoint, e.blobs);
     CHECK(p.ok()) << p.status().ToString();
     return std::move(*p);
+  }
+
+  // A challenge of stage cheat_'s step kLieStep by the verifier (a whistleblower too), claiming
+  // `claim`, with the bundle or without.
+  Transaction Challenge(const std::vector<Hash256>& leaves, const Hash256& claim,
+                        bool with_bundle) {
+    return Q(alice_, ChallengeUnitTx{.task_id = task_id_,
+                                     .index = cheat_,
+                                     .node_id = verifier_.public_key(),
+                                     .claim = Mismatch(cheat_, leaves, kLieStep, claim).claim,
+                                     .bundle = {with_bundle ? bundle_ : std::string()}});
+  }
+
+  // The served ruling: the claim is answered, nobody slashed, the claimant counts a failure.
+  void ExpectServedRuling(uint64_t verifier_failures_before) {
+    ASSERT_FALSE(Task().verification.rulings.empty());
+    const DisputeRuling r = Task().verification.rulings.back();
+    EXPECT_EQ(r.tx, static_cast<uint16_t>(TxType::kServeStageEvidence));
+    EXPECT_TRUE(r.defender_honest);
+    EXPECT_TRUE(r.challenger_honest) << "a claim of availability answered shows nobody lied";
+    EXPECT_NE(r.reason.find("the stage served step " + std::to_string(kLieStep + 1) +
+                            "'s evidence on chain"),
+              std::string::npos)
+        << r.reason;
+    for (int i = 0; i < 3 && HasCheck(cheat_) && Check(cheat_).stage() != CheckStage::kCheckSettled;
+         ++i) {
+      Step();
+    }
+    ASSERT_TRUE(HasCheck(cheat_));
+    EXPECT_EQ(Check(cheat_).stage(), CheckStage::kCheckSettled);
+    EXPECT_EQ(Check(cheat_).result(), protocol::CheckResult::kCheckClean) << Check(cheat_).reason();
+    EXPECT_EQ(Task().verification.fraud, 0u);
+    EXPECT_EQ(Node(stage_node_).reputation.slashes, 0u);
+    EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);
+    EXPECT_EQ(Node(verifier_.public_key()).reputation.failures, verifier_failures_before + 1);
   }
 
   Transaction Serve(uint32_t piece, const StageServePiece& p) {
@@ -559,9 +601,11 @@ class StageServeTest : public StageTileChainTest {
 };
 
 // The honest stage posts every piece within its window: each is recorded, the claim stays open
-// until the last one, which rules it against the claimant (the verifier slashed, the round
-// standing). The genesis key's word is refused throughout.
-TEST_F(StageServeTest, AStageOverTheBoundThatServesEveryPieceWinsAgainstAnUnservedClaim) {
+// until the last one, which answers it ("served": the stage is not slashed, nor is the claimant,
+// which counts a failure; the check settles clean, the round standing). A second claim that the
+// stage served nothing for that step is refused: its evidence is on chain. The genesis key's word
+// is refused throughout.
+TEST_F(StageServeTest, AStageOverTheBoundThatServesEveryPieceAnswersAnUnservedClaim) {
   ASSERT_NO_FATAL_FAILURE(DisputeUnserved(kGiB));
   const std::vector<StageServePiece> pieces = Pieces();
   const uint32_t n = StageServePieceCount(Context().plan);
@@ -581,15 +625,161 @@ TEST_F(StageServeTest, AStageOverTheBoundThatServesEveryPieceWinsAgainstAnUnserv
   }
   EXPECT_EQ(Check(cheat_).dispute()->query().deadline_height, Unit(cheat_).serve.window_end);
   ExpectRefused({{Serve(0, pieces[0]), "the piece is served already"}});
+  const uint64_t failures = Node(verifier_.public_key()).reputation.failures;
   StepOk({Serve(n - 1, pieces[n - 1])});
   ASSERT_TRUE(HasCheck(cheat_));
   EXPECT_FALSE(Unit(cheat_).serve.open()) << "the record goes with the ruling";
-  ASSERT_FALSE(Task().verification.rulings.empty());
-  EXPECT_EQ(Task().verification.rulings.back().tx,
-            static_cast<uint16_t>(TxType::kServeStageEvidence));
-  EXPECT_TRUE(Task().verification.rulings.back().defender_honest);
-  EXPECT_FALSE(Task().verification.rulings.back().challenger_honest);
-  ExpectLoser(false, stage_node_);
+  ASSERT_NO_FATAL_FAILURE(ExpectServedRuling(failures));
+  ASSERT_TRUE(Machine().Unfinal(Unit(cheat_).round));
+  ExpectEachRefused({{Challenge(Leaves(cheat_), StageUnservedLeaf(Leaves(cheat_)[kLieStep]), false),
+                      "served step " + std::to_string(kLieStep + 1) + "'s evidence on chain"}});
+}
+
+// A stage that serves the evidence of a step it computed wrongly (lazy: it committed the state
+// before the step as the state after it) answers the claim that it served nothing, but does not
+// escape the step's check: the verifier puts the step's start state and received tensors back
+// together from the pieces on chain (AssembleStageServeEvidence, into a state of the stage's
+// shapes: its checkpoint of another step), replays the step, finds the fault and challenges it
+// with the bundle; the tile phase narrows it to the commit's chain end, the ledger rules it from
+// roots (RefereeTile), and the stage is slashed.
+TEST_F(StageServeTest, AStageThatServesAStepItComputedWronglyIsStillCheckedFromThatEvidence) {
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly([](TaskParams& p) {
+    p.stage_memory_bytes = {8u << 20, 8u << 20, 8u << 20};
+  });
+  ASSERT_FALSE(LedgerRulesStageStep(Task().params, cheat_));
+  TestStageEvidence committed = Evidence();
+  committed.commit.state_after = committed.commit.state_before;  // lazy
+  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
+  RevealAll(SealMismatch(leaves, StageUnservedLeaf(leaves[cheat_][kLieStep])), std::string());
+  stage_node_ = Unit(cheat_).assignee;
+  const std::vector<StageServePiece> pieces = Pieces(&committed);
+  const uint64_t failures = Node(verifier_.public_key()).reputation.failures;
+  for (uint32_t p = 0; p < pieces.size(); ++p) StepOk({Serve(p, pieces[p])});
+  ASSERT_NO_FATAL_FAILURE(ExpectServedRuling(failures));
+
+  // The verifier's replay from the pieces alone.
+  Result<engine::TrainState> shapes = StageCheckpointState(evidence_[cheat_][0].checkpoint);
+  ASSERT_TRUE(shapes.ok()) << shapes.status().ToString();
+  ASSERT_NE(engine::StateHash(*shapes), committed.commit.state_before);
+  Result<StageServedEvidence> ev = AssembleStageServeEvidence(Context(), pieces, *shapes);
+  ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+  EXPECT_EQ(ev->commit, committed.commit);
+  EXPECT_FALSE(ev->blobs.empty()) << "stage 1 receives stage 0's activations";
+  for (const auto& [hash, bytes] : ev->blobs) {
+    ASSERT_EQ(committed.blobs.count(hash), 1u) << "a received tensor the stage did not hold";
+    EXPECT_TRUE(bytes == committed.blobs.at(hash)) << "a received tensor, as the stage held it";
+  }
+  EXPECT_EQ(engine::StateHash(*shapes), committed.commit.state_before);
+  StageReplayResult found;
+  const Party honest = TraceFrom(std::move(*shapes), ev->commit, ev->blobs, &found);
+  ASSERT_EQ(found.fault, StageFault::kStageFaultState) << found.message;
+  // Served once, not again: only a finding with the bundle checks the step (one block: the
+  // round's window is short).
+  ASSERT_TRUE(Machine().Unfinal(Unit(cheat_).round));
+  const std::vector<Receipt> r =
+      Step({Challenge(leaves[cheat_], StageUnservedLeaf(leaves[cheat_][kLieStep]), false),
+            Challenge(leaves[cheat_], StageFindingLeaf(leaves[cheat_][kLieStep], found), true)});
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("replay the step from those pieces"), std::string::npos)
+      << r[0].reason;
+  ASSERT_TRUE(r[1].ok) << r[1].reason;
+  ASSERT_EQ(Check(cheat_).stage(), CheckStage::kCheckDisputed);
+  ASSERT_FALSE(Check(cheat_).dispute()->config().operator_tiles.empty()) << "the tile phase";
+  ASSERT_NO_FATAL_FAILURE(Play(honest, honest));
+  const RefereeTask task = TaskNow();
+  ASSERT_EQ(task.roots, RefereeRoots::kRootsChainEnd);
+  StepOk({RefereeTile(EncodeStageRootsWitness(RootsWitnessOf(honest, task, committed.commit)))});
+  for (int i = 0; i < 6 && HasCheck(cheat_); ++i) Step();
+  EXPECT_FALSE(HasCheck(cheat_)) << "fraud: the round re-runs";
+  EXPECT_EQ(Task().verification.fraud, 1u);
+  ExpectOnlyTheCheaterSlashed(stage_node_);
+}
+
+// Pieces that are not the whole evidence, or a state of other shapes, are not put together.
+TEST_F(StageServeTest, AssemblingTheEvidenceRefusesMissingPiecesAndAStateOfOtherShapes) {
+  ASSERT_NO_FATAL_FAILURE(DisputeUnserved(kGiB));
+  std::vector<StageServePiece> pieces = Pieces();
+  Result<engine::TrainState> shapes = StageCheckpointState(Evidence().checkpoint);
+  ASSERT_TRUE(shapes.ok());
+  std::vector<StageServePiece> short_of_one(pieces.begin(), pieces.end() - 1);
+  Result<StageServedEvidence> a = AssembleStageServeEvidence(Context(), short_of_one, *shapes);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("pieces; the stage step's evidence has"), std::string::npos)
+      << a.status().ToString();
+  std::vector<StageServePiece> moved = pieces;
+  moved[1].tiles.at(0).values.at(0) += 1.0f;  // not what the commit's state_before commits to
+  a = AssembleStageServeEvidence(Context(), moved, *shapes);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("does not hash to the commit's state_before"),
+            std::string::npos)
+      << a.status().ToString();
+  Result<engine::TrainState> other = StageCheckpointState(evidence_[0][kLieStep].checkpoint);
+  ASSERT_TRUE(other.ok());
+  a = AssembleStageServeEvidence(Context(), pieces, *other);
+  EXPECT_FALSE(a.ok()) << "stage 0's state is not stage " << cheat_ << "'s shapes";
+}
+
+// The window is set from the declared stage memory, the submitter's number; the first piece brings
+// the bundle, so the plan's real piece count, and the window grows to the blocks those pieces need
+// after the referee's deadline where the declaration gave fewer (a stage declared just over the
+// bound has 3 pieces' room, one block), and never shrinks (1 GiB declared keeps its 86 blocks
+// for an evidence of 2 pieces). The tiny GPT's evidence fits any declaration over the bound, so
+// the ledger keeps its declared window here; the growth is ServeWindowEnd's, below.
+TEST_F(StageServeTest, TheFirstPieceSetsTheWindowFromTheEvidencesPiecesNeverShorter) {
+  ASSERT_NO_FATAL_FAILURE(DisputeUnserved(kGiB));
+  const std::vector<StageServePiece> pieces = Pieces();
+  const uint32_t n = static_cast<uint32_t>(pieces.size());
+  ASSERT_LT(ServePieceBlocks(n), ServeWindowBlocks(kGiB));
+  Step();  // the serving window is open
+  const uint64_t declared_end = Unit(cheat_).serve.window_end;
+  const uint64_t deadline = declared_end - ServeWindowBlocks(kGiB);
+  EXPECT_EQ(ServeWindowEnd(deadline, kGiB, 0), declared_end);
+  StepOk({Serve(0, pieces[0])});
+  EXPECT_EQ(Unit(cheat_).serve.pieces, n);
+  EXPECT_EQ(Unit(cheat_).serve.window_end, declared_end) << "never shortened";
+  EXPECT_EQ(Check(cheat_).dispute()->query().deadline_height, declared_end);
+}
+
+TEST(StageServeWindowTest, AnEvidenceLargerThanItsDeclarationGetsTheBlocksItsPiecesNeed) {
+  constexpr uint64_t kJustOver = kMaxStageWitnessMemory + 1;
+  ASSERT_EQ(ServeWindowBlocks(kJustOver), 1u) << "3 pieces' room";
+  EXPECT_EQ(ServeWindowEnd(100, kJustOver, 0), 101u) << "before the first piece: the declaration";
+  EXPECT_EQ(ServeWindowEnd(100, kJustOver, 3), 101u);
+  EXPECT_EQ(ServeWindowEnd(100, kJustOver, 4), 102u) << "a fourth piece needs a second block";
+  EXPECT_EQ(ServeWindowEnd(100, kJustOver, 40), 114u);
+  EXPECT_EQ(ServeWindowEnd(100, kGiB, 2), 186u) << "never shorter than the declaration";
+  EXPECT_EQ(ServeWindowEnd(100, kJustOver, UINT32_MAX), 100 + ServeWindowBlocks(UINT64_MAX))
+      << "no more than the most pieces a record keeps";
+}
+
+// A genesis with referee_blocks = 0 gives the referee no deadline; the serving window keeps its
+// own bound (ServeWindowBlocks from the height the game reached the referee), so a stage that
+// withholds a piece still loses at its end instead of holding its claim, and its round, forever.
+class StageServeNoRefereeDeadlineTest : public StageServeTest {
+ protected:
+  StageServeNoRefereeDeadlineTest() { genesis_.params.referee_blocks = 0; }
+};
+
+TEST_F(StageServeNoRefereeDeadlineTest, AStageThatWithholdsAPieceStillLosesAtItsWindowsEnd) {
+  constexpr uint64_t kStageBytes = 64u << 20;
+  ASSERT_NO_FATAL_FAILURE(DisputeUnserved(kStageBytes));
+  const std::vector<StageServePiece> pieces = Pieces();
+  std::vector<Transaction> txs;
+  for (uint32_t p = 0; p + 1 < pieces.size(); ++p) txs.push_back(Serve(p, pieces[p]));
+  StepOk(txs);
+  const StageServeRecord rec = Unit(cheat_).serve;
+  ASSERT_TRUE(rec.open());
+  ASSERT_LE(rec.window_end, chain_->Height() + ServeWindowBlocks(kStageBytes) +
+                                genesis_.params.dispute_response_blocks + 1);
+  while (chain_->Height() < rec.window_end) {
+    Step();
+    ASSERT_TRUE(HasCheck(cheat_));
+    ASSERT_EQ(Check(cheat_).stage(), CheckStage::kCheckDisputed) << "ruled early";
+  }
+  for (int i = 0; i < 5 && HasCheck(cheat_); ++i) Step();
+  EXPECT_FALSE(HasCheck(cheat_)) << "fraud: the round re-runs";
+  EXPECT_EQ(Task().verification.fraud, 1u);
+  ExpectOnlyTheCheaterSlashed(stage_node_);
 }
 
 // A stage that withholds one piece: nothing is ruled while its serving window is open (the

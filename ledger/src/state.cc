@@ -489,9 +489,12 @@ nlohmann::json TaskToJson(const TaskRecord& t, std::optional<uint64_t> audit_win
     nlohmann::json j = nlohmann::json::object();
     DisputeRuling::Visit(r, internal::FieldToJson{j});
     j["tx"] = std::string(TxTypeName(static_cast<TxType>(r.tx)));
-    j["for"] = r.defender_honest == r.challenger_honest ? "neither"
-               : r.defender_honest                      ? "defender"
-                                                        : "challenger";
+    // Both honest: a claim of availability answered (a stage served its evidence on chain:
+    // ServeStageEvidence), which shows neither party wrong.
+    j["for"] = r.defender_honest && r.challenger_honest   ? "both"
+               : r.defender_honest == r.challenger_honest ? "neither"
+               : r.defender_honest                        ? "defender"
+                                                          : "challenger";
     if (IsPipelineTask(t.params)) {
       const StageSlot slot = StageSlotOf(t.params, r.index);
       j["stage"] = slot.stage;

@@ -34,8 +34,9 @@
 //   ServeStageEvidence  one piece of a stage's step evidence (stage_serve.h), answering a claim
 //                  that a stage over the witness bound served nothing for the step: checked
 //                  alone, recorded in the unit's StageServeRecord; the last piece rules the claim
-//                  against its claimant -> DisputeGame::Rule; a piece missing at the serving
-//                  window's end rules against the stage (EndBlock)
+//                  served -> DisputeGame::RuleServed(true) (nobody slashed; the step is then
+//                  checked by a ChallengeUnit from the evidence on chain); a piece missing at the
+//                  serving window's end rules against the stage -> RuleServed(false) (EndBlock)
 //   RuleDispute    the genesis referee's ruling, for what the ledger cannot execute: a
 //                  tolerance-mode segment, a whole step of a token task played without the tile
 //                  phase -> DisputeGame::Rule; refused for whatever the ledger rules, every
@@ -622,9 +623,12 @@ Status RuleUnpostedStageStep(const TaskRecord& t, uint32_t index, uint64_t heigh
 
 // The serving window of a stage over the witness bound claimed to have served nothing
 // (stage_serve.h): from the block its dispute is at the referee, the ledger takes the stage's
-// evidence in pieces (ServeStageEvidenceTx) until ServeWindowBlocks after the referee's deadline,
-// which the game's deadline is extended to. Opens `u`'s record for the dispute's step (once) and
-// returns whether the game waits for pieces. A record of another dispute is dropped.
+// evidence in pieces (ServeStageEvidenceTx) until ServeWindowBlocks of the declared stage after
+// the referee's deadline, which the game's deadline is extended to. With referee_blocks 0 (no
+// referee deadline) the window has the same bound, from the height the game reached the referee:
+// a stage that posts nothing must not hold its claim, and its round, forever. Opens `u`'s record
+// for the dispute's step (once) and returns whether the game waits for pieces. A record of another
+// dispute is dropped.
 Result<bool> OpenServeWindow(const TaskParams& p, WorkUnit& u, protocol::DisputeGame& game) {
   if (!ServesStageEvidence(p, u.index, game)) {
     u.serve = StageServeRecord{};
@@ -632,14 +636,10 @@ Result<bool> OpenServeWindow(const TaskParams& p, WorkUnit& u, protocol::Dispute
   }
   const uint64_t step = game.referee_task().step;
   if (u.serve.open() && u.serve.step == step) return true;
-  // referee_blocks 0: the referee has no deadline, nor does the window.
-  const uint64_t end =
-      game.config().referee_blocks == 0
-          ? UINT64_MAX
-          : game.query().deadline_height +
-                ServeWindowBlocks(p.stage_memory_bytes[StageSlotOf(p, u.index).stage]);
+  const uint64_t end = ServeWindowEnd(game.query().deadline_height,
+                                      p.stage_memory_bytes[StageSlotOf(p, u.index).stage], 0);
   u.serve = StageServeRecord{.step = step, .window_end = end, .pieces = 0, .served = {}};
-  if (game.config().referee_blocks != 0) ML_RETURN_IF_ERROR(game.ExtendRefereeDeadline(end));
+  ML_RETURN_IF_ERROR(game.ExtendRefereeDeadline(end));
   return true;
 }
 
@@ -660,8 +660,9 @@ Status DriveServeWindow(LedgerState& s, const TaskRecord& t, uint32_t index, uin
   ML_LOG_INFO("ledger: task {} unit {}: the stage's evidence incomplete at the end of its serving "
               "window {}: ruled against the stage",
               t.id.ShortHex(), index, mu->serve.window_end);
+  const uint64_t end = mu->serve.window_end;
   mu->serve = StageServeRecord{};
-  return game->Rule(game->referee_task().challenger_output);
+  return game->RuleServed(false, end);
 }
 
 Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
@@ -1000,6 +1001,22 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
                               " is final; a challenge must come before its window closes");
   }
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
+  if (UnservedStageClaim(t->params, tx.claim)) {
+    // A step whose evidence the stage served on chain (a ServeStageEvidence ruling on this unit):
+    // the claim that it served nothing is answered there for good; the step is checked from that
+    // evidence, with a finding and the bundle (the tile phase), not served again.
+    for (const DisputeRuling& r : t->verification.rulings) {
+      if (r.index == tx.index && r.round == u->round &&
+          r.tx == static_cast<uint16_t>(TxType::kServeStageEvidence) &&
+          r.step == tx.claim.segment + 1ull) {
+        return FailedPrecondition(
+            "challenge unit: stage unit " + std::to_string(tx.index) + " served step " +
+            std::to_string(r.step) + "'s evidence on chain at height " + std::to_string(r.height) +
+            " (ServeStageEvidence); replay the step from those pieces "
+            "(ledger::AssembleStageServeEvidence) and send a finding with the task's bundle");
+      }
+    }
+  }
   ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, tx.claim, c, kWhat));
   ML_RETURN_IF_ERROR(c.OnChallenge(tx.node_id, ClaimOf(tx.claim), ctx.height));
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
@@ -1307,8 +1324,22 @@ Status ExecuteServeStageEvidence(ExecContext& ctx, const ServeStageEvidenceTx& t
                          .WithPrefix(where));
   StageServeRecord& rec = mu->serve;
   if (rec.pieces == 0) {
+    // The first piece brings the bundle, so the plan's real piece count: the window, set from the
+    // declared stage memory (the submitter's number), grows to what that count needs (never
+    // shrinks), so that a stage declared smaller than its evidence is not cut off.
     rec.pieces = StageServePieceCount(tc.plan);
     rec.served.assign(StageServeRecord::BitmapBytes(rec.pieces), 0);
+    const uint64_t declared = t->params.stage_memory_bytes[StageSlotOf(t->params, tx.index).stage];
+    const uint64_t needed =
+        ServeWindowEnd(rec.window_end - ServeWindowBlocks(declared), declared, rec.pieces);
+    if (needed > rec.window_end) {
+      ML_LOG_INFO(
+          "ledger: task {} unit {}: the stage's evidence has {} pieces; its serving window "
+          "grows from height {} to {}",
+          tx.task_id.ShortHex(), tx.index, rec.pieces, rec.window_end, needed);
+      rec.window_end = needed;
+      ML_RETURN_IF_ERROR(game->ExtendRefereeDeadline(needed));
+    }
   }
   uint8_t& byte = rec.served[tx.piece / 8];
   const uint8_t bit = static_cast<uint8_t>(1u << (tx.piece % 8));
@@ -1320,9 +1351,10 @@ Status ExecuteServeStageEvidence(ExecContext& ctx, const ServeStageEvidenceTx& t
               tx.task_id.ShortHex(), tx.index, tx.piece, served, rec.pieces);
   if (served == rec.pieces) {
     // The evidence is on chain, every piece checked: the claim that the stage served nothing is
-    // false, so it is ruled against its claimant. (The design's next step, a verification of the
-    // step from the evidence on chain, is not built: docs/verification.md.)
-    ML_RETURN_IF_ERROR(game->Rule(game->referee_task().defender_output));
+    // answered. It shows nobody's computation wrong (RuleServed: the claimant is not slashed);
+    // the step is then checked from that evidence (a challenge with the bundle plays the tile
+    // phase: docs/verification.md, "A stage claimed to have served nothing").
+    ML_RETURN_IF_ERROR(game->RuleServed(true, rec.window_end));
     rec = StageServeRecord{};
     SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
     RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());

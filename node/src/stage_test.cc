@@ -34,6 +34,7 @@
 #include "meshlearn/ledger/shared_chain.h"
 #include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/stage_replay.h"
+#include "meshlearn/ledger/stage_serve.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/http_transport.h"
@@ -1394,7 +1395,8 @@ TEST(StagePlaneTest, AStageThatWithholdsThePreviousStepsCommitIsUnservedThereAnd
 // node serves over HTTP (BuildStageServeTxs, what Disputes::RunStageServeEvidence posts), and the
 // ledger's check of a ServeStageEvidence piece takes each one, for every stage of a GPT replica
 // (its received tensors in rows of n_embd, as a task's stages tile them). A step the node no
-// longer serves gives no piece.
+// longer serves gives no piece. Put back together (AssembleStageServeEvidence), the pieces give the
+// step's start state and received tensors, what a verifier replays the step from.
 TEST(StagePlaneTest, AStageNodesServedStepGivesEveryPieceOfItsEvidenceAndTheLedgerTakesEach) {
   const ModelSpec spec = StageParseModel(kStageGpt);
   std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
@@ -1438,6 +1440,7 @@ TEST(StagePlaneTest, AStageNodesServedStepGivesEveryPieceOfItsEvidenceAndTheLedg
     task.step = 1;
     task.defender_output = leaf;
     task.challenger_output = StageUnservedLeaf(leaf);
+    std::vector<ledger::StageServePiece> pieces;
     for (const ledger::ServeStageEvidenceTx& tx : *txs) {
       EXPECT_EQ(tx.task_id, ctx.task);
       EXPECT_EQ(tx.index, 7u);
@@ -1448,6 +1451,23 @@ TEST(StagePlaneTest, AStageNodesServedStepGivesEveryPieceOfItsEvidenceAndTheLedg
           tc, task, ctx.task, ledger::StageSlot{ctx.round, ctx.replica, s}, 3, ctx.chain, tx.piece,
           *piece);
       EXPECT_TRUE(taken.ok()) << "piece " << tx.piece << ": " << taken.ToString();
+      pieces.push_back(std::move(*piece));
+    }
+    // The verifier's side once every piece is on chain: put back together into a stage of the
+    // same shapes (a fresh one), they give the step's start state and every tensor the stage
+    // received, as its node holds them, which the verifier replays the step from.
+    std::vector<std::unique_ptr<Stage>> fresh = StageStages(spec);
+    Result<ledger::StageServedEvidence> ev =
+        ledger::AssembleStageServeEvidence(tc, pieces, fresh[s]->state());
+    ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+    EXPECT_EQ(ev->commit, out[s][0].commit);
+    EXPECT_EQ(engine::StateHash(fresh[s]->state()), out[s][0].commit.state_before);
+    const std::map<Hash256, Bytes> held = nodes[s]->plane->received();
+    EXPECT_EQ(ev->blobs.size(), out[s][0].commit.received.size());
+    for (const protocol::StageTransfer& r : out[s][0].commit.received) {
+      ASSERT_EQ(ev->blobs.count(r.tensor), 1u);
+      ASSERT_EQ(held.count(r.tensor), 1u);
+      EXPECT_TRUE(ev->blobs.at(r.tensor) == held.at(r.tensor)) << "a received tensor";
     }
     // A commit other than the committed leaf's, or a step no longer served: no piece.
     EXPECT_EQ(BuildStageServeTxs(in, tc, "[task]", 7, 0, Blake2b("another leaf")).status().code(),

@@ -438,6 +438,25 @@ Status DisputeGame::Rule(const Hash256& correct_output) {
   return Status::Ok();
 }
 
+Status DisputeGame::RuleServed(bool served, uint64_t window_end) {
+  if (stage_ != DisputeStage::kDisputeReferee || referee_.segment || !referee_.whole_step) {
+    return FailedPrecondition(
+        "dispute: RuleServed rules a whole step's claim at the referee stage");
+  }
+  stage_ = DisputeStage::kDisputeResolved;
+  outcome_.defender_honest = served;
+  outcome_.challenger_honest = true;
+  const std::string step = std::to_string(referee_.step);
+  outcome_.reason =
+      served ? "the stage served step " + step +
+                   "'s evidence on chain: the claim that it served nothing is answered (the step "
+                   "is checked from that evidence)"
+             : "the stage did not serve step " + step +
+                   "'s evidence by its serving window's end (height " + std::to_string(window_end) +
+                   ")";
+  return Status::Ok();
+}
+
 Status DisputeGame::RuleChainEnd(const Hash256& correct_state) {
   if (stage_ != DisputeStage::kDisputeReferee || referee_.roots != RefereeRoots::kRootsChainEnd) {
     return FailedPrecondition(

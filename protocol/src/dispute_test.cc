@@ -282,6 +282,39 @@ TEST(DisputeTest, ToleranceModeGoesStraightToTheRefereeOverTheSegment) {
   EXPECT_EQ(exact->RuleTolerance(true).code(), StatusCode::kFailedPrecondition);
 }
 
+// A claim that the defender served nothing for a step (a pipeline stage over the witness bound,
+// ledger/stage_serve.h) is ruled by whether its evidence came on chain, and the outcome says so:
+// served, nobody lied (both honest, not undecided: the claimant is not slashed); not served by the
+// window's end, the defender loses. Each survives the encoding the ledger keeps.
+TEST(DisputeTest, AServedClaimIsRuledByWhetherTheEvidenceCameOnChain) {
+  for (const bool served : {true, false}) {
+    Trace liar{.lie_step = 31};
+    DisputeConfig c = DisputeTestConfig(liar, kTruth, 30, 31, /*ops=*/0);
+    c.referee_blocks = 4;
+    auto g = DisputeGame::Create(c);
+    ASSERT_EQ(g->stage(), DisputeStage::kDisputeReferee);
+    ASSERT_TRUE(g->ExtendRefereeDeadline(140).ok());
+    ASSERT_TRUE(g->OnBlock(120).ok());
+    ASSERT_EQ(g->stage(), DisputeStage::kDisputeReferee) << "the window extends the deadline";
+    ASSERT_TRUE(g->RuleServed(served, 140).ok());
+    ASSERT_EQ(g->stage(), DisputeStage::kDisputeResolved);
+    const DisputeOutcome& o = g->outcome();
+    EXPECT_FALSE(o.undecided);
+    EXPECT_EQ(o.defender_honest, served);
+    EXPECT_TRUE(o.challenger_honest);
+    EXPECT_EQ(o.reason, served ? "the stage served step 31's evidence on chain: the claim that it "
+                                 "served nothing is answered (the step is checked from that "
+                                 "evidence)"
+                               : "the stage did not serve step 31's evidence by its serving "
+                                 "window's end (height 140)");
+    EXPECT_EQ(g->RuleServed(served, 140).code(), StatusCode::kFailedPrecondition) << "ruled once";
+    auto back = DisputeGame::Decode(g->Encode());
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(back->outcome().reason, o.reason);
+    EXPECT_EQ(back->outcome().defender_honest, served);
+  }
+}
+
 TEST(DisputeTest, AnAbsentRefereeLeavesTheGameUndecided) {
   Trace liar{.lie_step = 31};
   DisputeConfig c = DisputeTestConfig(liar, kTruth, 30, 31, /*ops=*/0);

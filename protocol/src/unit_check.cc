@@ -501,8 +501,15 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
     // The solver's streak was credited (or not) when the check first settled; not again.
     fx.settled = true;
     stage_ = CheckStage::kCheckSettled;
-    Append(fx.slash, wb);
     result_ = CheckResult::kCheckClean;
+    if (o.challenger_honest) {
+      // Served (DisputeGame::RuleServed): the claim of availability is answered and shows
+      // nobody's work wrong; the whistleblower counts a failure, not a slash (its stake is not the
+      // price of a bad link). The step is checked from the evidence on chain by a new challenge.
+      Append(fx.failures, wb);
+      return fx;
+    }
+    Append(fx.slash, wb);
     return fx;
   }
   const size_t ci = static_cast<size_t>(challenger_);
@@ -538,7 +545,17 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
   // slashed, and the next claim in the segment gets its own dispute (chaos seed 57: an honest
   // verifier was slashed because an adversary that claimed the same mismatch went silent).
   const std::string reason = "dispute: " + o.reason;
-  if (o.challenger_silent) {
+  // A claim that the solver served nothing, answered by its evidence on chain
+  // (DisputeGame::RuleServed: both honest), refutes nothing about the segment either: the
+  // claimant counts a failure, not a slash (an honest verifier behind a bad link must not lose
+  // its stake for what the stage then published), and every other claim in the segment gets its
+  // own dispute. The step itself is checked from the evidence on chain afterwards (a challenge
+  // with the task bundle: docs/verification.md), so the solver's streak is not credited.
+  const bool served = o.challenger_honest;
+  if (served) {
+    slots_[ci].lost_by_silence = true;
+    Append(fx.failures, challenger);
+  } else if (o.challenger_silent) {
     slots_[ci].lost_by_silence = true;
     Append(fx.slash, challenger);
   } else {
@@ -558,7 +575,7 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.pay_verifiers, verifiers_[i]);
   }
-  fx.solver_clean = true;
+  fx.solver_clean = !served;
   fx.settled = true;
   stage_ = CheckStage::kCheckSettled;
   result_ = CheckResult::kCheckClean;

@@ -907,6 +907,61 @@ TEST(UnitCheckTest, AChallengersSilenceRefutesNoOtherClaimInItsSegment) {
   EXPECT_TRUE(second.rerun_unit);
 }
 
+// Both parties post a different hash every turn from block *h until the check's dispute is at the
+// referee (a game without operator hashes ends at one whole step); *h is then the next block.
+void PlayToTheReferee(UnitCheck& c, uint64_t* h) {
+  for (int turn = 0; turn < 20 && c.dispute()->stage() != DisputeStage::kDisputeReferee; ++turn) {
+    const uint64_t p = c.mutable_dispute()->query().position;
+    const std::string at = std::to_string(p);
+    ASSERT_TRUE(c.mutable_dispute()->Post(DisputeParty::kDefender, p, Blake2b("d" + at), *h).ok());
+    ASSERT_TRUE(
+        c.mutable_dispute()->Post(DisputeParty::kChallenger, p, Blake2b("c" + at), *h).ok());
+    ++*h;
+  }
+  ASSERT_EQ(c.dispute()->stage(), DisputeStage::kDisputeReferee);
+}
+
+// A claim that the solver served nothing for a step, answered by its evidence on chain
+// (DisputeGame::RuleServed: a pipeline stage over the witness bound), shows nobody wrong: the
+// claimant counts a failure, is neither slashed nor paid, and its claim refutes nothing, so the
+// other verifier's claim in the segment gets its own dispute; the solver is not slashed, and the
+// check that settles clean on served claims alone does not credit its streak (the step is checked
+// from the evidence afterwards). The stored check keeps the served claimant's slot.
+TEST(UnitCheckTest, AServedClaimSlashesNobodyAndRefutesNoOtherClaimInItsSegment) {
+  UnitCheckConfig cfg = CheckTestConfig(true);
+  cfg.num_operators = 0;
+  UnitCheck c = Selected(cfg);
+  RunWindows(c, true, {Verdict::kVerdictMismatch, Verdict::kVerdictMismatch});
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed) << c.reason();
+  const NodeId first = c.verifiers()[0], second = c.verifiers()[1];
+  ASSERT_EQ(c.dispute()->config().challenger, first);
+  const uint64_t first_step = c.dispute()->config().first_step;
+  uint64_t h = 107;
+  ASSERT_NO_FATAL_FAILURE(PlayToTheReferee(c, &h));
+  ASSERT_TRUE(c.mutable_dispute()->RuleServed(true, h).ok());
+  const CheckEffects one = *c.OnBlock(h++, false);
+  EXPECT_TRUE(Has(one.failures, first));
+  EXPECT_TRUE(one.slash.empty());
+  EXPECT_FALSE(one.settled);
+  ASSERT_EQ(c.stage(), CheckStage::kCheckDisputed);
+  EXPECT_EQ(c.dispute()->config().challenger, second);
+  EXPECT_EQ(c.dispute()->config().first_step, first_step);  // the same segment
+  Result<UnitCheck> stored = UnitCheck::Decode(c.Encode());
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  c = std::move(*stored);
+  ASSERT_NO_FATAL_FAILURE(PlayToTheReferee(c, &h));
+  ASSERT_TRUE(c.mutable_dispute()->RuleServed(true, h).ok());
+  const CheckEffects two = *c.OnBlock(h, false);
+  EXPECT_TRUE(two.settled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckClean) << c.reason();
+  EXPECT_NE(c.reason().find("served step"), std::string::npos) << c.reason();
+  EXPECT_TRUE(Has(two.failures, second));
+  EXPECT_TRUE(two.slash.empty());
+  EXPECT_TRUE(two.pay_verifiers.empty());
+  EXPECT_FALSE(two.solver_clean);
+  EXPECT_FALSE(two.rerun_unit);
+}
+
 // A check that never had a silent challenger encodes exactly as before the silent-loss list
 // existed (no trailer), and a trailer naming a slot out of range or twice is refused.
 TEST(UnitCheckTest, TheSilentLossListIsEncodedOnlyWhenThereIsOne) {

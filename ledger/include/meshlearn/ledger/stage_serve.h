@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "meshlearn/base/bytes.h"
@@ -81,6 +82,16 @@ uint32_t StageServePieceCount(const engine::TilePlan& plan);
 // StageServeRecord::kMaxPieces, at kServePiecesPerBlock a block. Set by the evidence's size and
 // the chain's capacity, never by a node's speed.
 uint64_t ServeWindowBlocks(uint64_t declared);
+// The blocks `pieces` pieces take at kServePiecesPerBlock a block (at most
+// StageServeRecord::kMaxPieces of them).
+uint64_t ServePieceBlocks(uint64_t pieces);
+// The serving window's last height: `referee_deadline` (the height the game's referee deadline was
+// when the window opened; with referee_blocks 0, the height the game reached the referee) plus
+// ServeWindowBlocks(declared), or, once the first piece brought the bundle and so the evidence's
+// real piece count `pieces` (StageServePieceCount of the plan; 0 before), ServePieceBlocks(pieces)
+// where that is more: a stage declared smaller than its evidence is not cut off, and the window
+// never shrinks.
+uint64_t ServeWindowEnd(uint64_t referee_deadline, uint64_t declared, uint32_t pieces);
 
 // Whether piece `piece` of `p` is the stage's evidence for the unserved claim `task` (the referee
 // task of a dispute on stage `slot` of a replica of `stages`; defender_output the committed leaf
@@ -104,6 +115,25 @@ Result<std::vector<StageServePiece>> BuildStageServePieces(const TileRuleContext
                                                            const protocol::StageStepCommit& commit,
                                                            const Bytes& checkpoint,
                                                            const std::map<Hash256, Bytes>& blobs);
+
+// The stage step's evidence put back together from its pieces on chain: what a verifier replays
+// the step from (ReplayStageStep) once the stage has served it, since the served claim rules
+// nothing about the step's computation (docs/verification.md, "A stage claimed to have served
+// nothing, over the witness bound").
+struct StageServedEvidence {
+  protocol::StageStepCommit commit;  // the committed commit (piece 0's)
+  std::map<Hash256, Bytes> blobs;    // the received tensors by their records' hashes
+                                     // (StageTensorBytes), as a stage node serves them
+};
+// From every piece of the evidence (pieces[p] is piece p, each one CheckStageServePiece took: they
+// are in the blocks that executed them) in `ctx`'s plan. `state` is a training state of the
+// stage's shapes with an optimizer (any of its states: the round's start state cut to the stage,
+// an earlier checkpoint); its values, seed, stream and step become the step's start state, which
+// must hash to the commit's state_before. InvalidArgument naming what does not fit (a piece count
+// that is not the plan's, a tile out of place or of the wrong size, a state of other shapes).
+Result<StageServedEvidence> AssembleStageServeEvidence(const TileRuleContext& ctx,
+                                                       std::span<const StageServePiece> pieces,
+                                                       engine::TrainState& state);
 
 // Whether the ledger waits for a stage's pieces on this dispute (it is at the referee): an
 // unserved claim (the challenger's output StageUnservedLeaf of the defender's) on a whole step of

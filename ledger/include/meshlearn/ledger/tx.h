@@ -730,9 +730,10 @@ struct RefereeStageStepTx {
 // roots, piece p > 0 kServeTilesPerPiece tiles of its checkpoint's and received tensors, each
 // proven against its root. `bundle` is the task's (the ledger derives the stage's plan from it,
 // as for RefereeTile). The ledger checks the piece alone (CheckStageServePiece) and records it
-// in the unit's StageServeRecord; the piece that completes the evidence rules the claim against
-// the claimant (the stage served its step). A piece missing when the serving window ends
-// (ServeWindowBlocks after the referee's deadline) rules against the stage. Sender: anyone
+// in the unit's StageServeRecord; the piece that completes the evidence rules the claim served
+// (DisputeGame::RuleServed: nobody slashed; the step is then checked from the evidence on chain).
+// A piece missing when the serving window ends (ServeWindowBlocks after the referee's deadline,
+// grown to the evidence's real piece count by its first piece) rules against the stage. Sender: anyone
 // (the stage's node in practice; the sender pays its fee). May be longer than kMaxTxBytes
 // (kMaxLargeTxBytes).
 struct ServeStageEvidenceTx {

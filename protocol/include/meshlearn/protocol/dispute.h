@@ -196,6 +196,9 @@ struct DisputeOutcome {
   // too), so nothing was ruled about the defender's work either. Set and read as
   // challenger_silent is (not encoded).
   bool defender_silent = false;
+  // defender_honest and challenger_honest both true with undecided false: a claim of availability
+  // answered (RuleServed: the stage served its step's evidence on chain), which shows neither
+  // party's work wrong; the step itself is checked from that evidence afterwards.
   std::string reason;  // "referee: defender's output differs", "challenger missed its turn", ...
 };
 
@@ -252,6 +255,15 @@ class DisputeGame {
   // compared with the parties' C_j (a party that posted a wrong C_j lied; the other wins).
   // FailedPrecondition for any other task.
   Status RuleOperator(const Hash256& correct_operator_output);
+  // A whole step whose claim is that the defender served nothing for it (a pipeline stage over
+  // the stage witness bound, ledger/stage_serve.h), ruled by whether its evidence came on chain:
+  // `served` (every piece in by the serving window's end): the claim is answered and neither
+  // party is shown to lie (both honest, not undecided: the claimant could not fetch what the
+  // stage then published; the step's computation is checked from that evidence afterwards);
+  // not served (`window_end` passed with a piece missing): the defender loses, as a silent party.
+  // The outcome's reason says which. FailedPrecondition outside the referee stage or for a
+  // tolerance-mode segment.
+  Status RuleServed(bool served, uint64_t window_end);
   // Tolerance mode: whether the defender's committed end state is within tolerance of the
   // referee's replay of the segment (then the defender was honest, else the challenger).
   Status RuleTolerance(bool defender_within_tolerance);

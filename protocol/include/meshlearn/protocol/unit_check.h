@@ -300,7 +300,9 @@ class UnitCheck {
     uint32_t segment = 0;
     Hash256 start, solver_end, replayed_end;
     // This verifier was the challenger and lost by missing its turn: slashed for that, but its
-    // silence refutes no other verifier's claim in the segment, which gets its own dispute.
+    // silence refutes no other verifier's claim in the segment, which gets its own dispute. Also
+    // set, without the slash, for a claim that the solver served nothing which the solver
+    // answered by serving its evidence on chain (DisputeGame::RuleServed): it refutes nothing.
     bool lost_by_silence = false;
   };
 
