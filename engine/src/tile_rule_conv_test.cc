@@ -48,6 +48,19 @@ int64_t FootprintBytes(const TilePlan& plan, int64_t op, int64_t tile, int64_t b
   return 4 * floats + static_cast<int64_t>(fp.batch_rows.size()) * (4 * example + 4);
 }
 
+// Asserts that each operator's largest footprint in `largest` (ExpectEveryTileRecomputes) leaves
+// room for the proofs under the 256 KiB witness bound, and prints it after `label` where `print`.
+void ExpectUnderTheBound(const std::string& label, const std::map<std::string, int64_t>& largest,
+                         bool print = true) {
+  for (const auto& [name, bytes] : largest) {
+    if (print) {
+      std::printf("[ %s] %-22s largest footprint %lld bytes\n", label.c_str(), name.c_str(),
+                  static_cast<long long>(bytes));
+    }
+    EXPECT_LE(bytes, 240 * 1024) << label << " " << name << ": room for the proofs under 256 KiB";
+  }
+}
+
 // Takes one step of `spec` on `data` (nonzero Adam moments), traces the second, and checks that
 // nothing in its plan is opaque and that every tile of every operator `check` picks recomputes
 // (block by block where narrowed) to the traced bits. Returns, per operator checked, its largest
@@ -146,11 +159,7 @@ void ExpectConvGradientsRecompute(int64_t micro_batches) {
       ExpectEveryTileRecomputes(*spec, d, IsWindowGrad, &ops);
   // Per micro-batch: two pool and one conv input gradients, two convs' weight and bias.
   EXPECT_EQ(ops, 7 * micro_batches);
-  for (const auto& [name, bytes] : largest) {
-    std::printf("[ conv grad] M=%lld %-24s largest footprint %lld bytes\n",
-                static_cast<long long>(micro_batches), name.c_str(), static_cast<long long>(bytes));
-    EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-  }
+  ExpectUnderTheBound("conv grad M=" + std::to_string(micro_batches), largest);
 }
 
 TEST(TileRuleConvTest, EveryConvAndPoolGradientTileRecomputesBitForBit) {
@@ -306,13 +315,7 @@ out = 5
       // and bias gradients), the dropouts' forwards (the p = 0 one passing its input through)
       // and the input gradients of those with p > 0 but the first layer.
       EXPECT_EQ(ops, (leading ? 14 : 12) * M);
-      for (const auto& [name, bytes] : largest) {
-        if (M == 1 && !leading) {
-          std::printf("[ dropout  ] %-22s largest footprint %lld bytes\n", name.c_str(),
-                      static_cast<long long>(bytes));
-        }
-        EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-      }
+      ExpectUnderTheBound("dropout", largest, /*print=*/M == 1 && !leading);
     }
   }
 }
@@ -358,13 +361,8 @@ out = 3
           ExpectEveryTileRecomputes(*spec, d, IsLayerNormKind, &ops);
       // Its output, input gradient (not the first layer's), weight and bias gradients.
       EXPECT_EQ(ops, (c.leading ? 3 : 4) * M);
-      for (const auto& [name, bytes] : largest) {
-        if (M == 1 && !c.leading) {
-          std::printf("[ wide norm] W %-5lld %-22s largest footprint %lld bytes\n",
-                      static_cast<long long>(W), name.c_str(), static_cast<long long>(bytes));
-        }
-        EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-      }
+      ExpectUnderTheBound("wide norm W " + std::to_string(W), largest,
+                          /*print=*/M == 1 && !c.leading);
       Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 40, 0, M);
       ASSERT_TRUE(plan.ok()) << plan.status().ToString();
       for (size_t j = 0; j < plan->ops.size(); ++j) {
@@ -439,15 +437,8 @@ out = 3
     // The conv, the pool, their input gradients, the conv's dW and db, per micro-batch (each
     // micro-batch's dW and db end by adding into the previous one's).
     EXPECT_EQ(ops, 6 * c.M + (c.mid > 0 ? 4 : 0));  // the mid conv has no pool
-    for (const auto& [name, bytes] : largest) {
-      if (c.M > 1 || c.mid > 0) {
-        EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-        continue;
-      }
-      std::printf("[ wide conv] W %-4lld %-18s largest footprint %lld bytes\n",
-                  static_cast<long long>(c.W), name.c_str(), static_cast<long long>(bytes));
-      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-    }
+    ExpectUnderTheBound("wide conv W " + std::to_string(c.W), largest,
+                        /*print=*/c.M == 1 && c.mid == 0);
     // The conv and its input gradient chain in blocks of pairs (2 x 3 and 3 x KH of them).
     if (c.M > 1) continue;
     Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 40);
@@ -518,11 +509,7 @@ out = 3
   const std::map<std::string, int64_t> largest =
       ExpectEveryTileRecomputes(*spec, d, IsConvWeightGrad, &ops);
   EXPECT_EQ(ops, 1);
-  for (const auto& [name, bytes] : largest) {
-    std::printf("[ stride 7 ] %-18s largest footprint %lld bytes\n", name.c_str(),
-                static_cast<long long>(bytes));
-    EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-  }
+  ExpectUnderTheBound("stride 7", largest);
   // 32 samples x 1 output row x 2 runs (OW = 36) x one output channel a group (2) x 2 chunks.
   Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
@@ -572,12 +559,9 @@ out = 3
     const std::map<std::string, int64_t> largest =
         ExpectEveryTileRecomputes(*spec, d, IsConvOrInputGrad, &ops);
     EXPECT_EQ(ops, 2);
-    for (const auto& [name, bytes] : largest) {
-      std::printf("[ large kernel] %lld x %lld %-18s largest footprint %lld bytes\n",
-                  static_cast<long long>(c.kernel), static_cast<long long>(c.stride), name.c_str(),
-                  static_cast<long long>(bytes));
-      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-    }
+    ExpectUnderTheBound(
+        "large kernel " + std::to_string(c.kernel) + " stride " + std::to_string(c.stride),
+        largest);
   }
 }
 
@@ -627,12 +611,9 @@ out = 3
     const std::map<std::string, int64_t> largest =
         ExpectEveryTileRecomputes(*spec, d, IsConvOverExamples, &ops);
     EXPECT_EQ(ops, 3);
-    for (const auto& [name, bytes] : largest) {
-      std::printf("[ conv over chunks] %lld x %lld x %lld %-20s largest footprint %lld bytes\n",
-                  static_cast<long long>(c.C), static_cast<long long>(c.H),
-                  static_cast<long long>(c.H), name.c_str(), static_cast<long long>(bytes));
-      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-    }
+    ExpectUnderTheBound("conv over chunks " + std::to_string(c.C) + " x " + std::to_string(c.H) +
+                            " x " + std::to_string(c.H),
+                        largest);
     // Each forward block reads the one chunk of its pair's rows, each weight gradient block the
     // chunks of its pairs' rows.
     Result<std::unique_ptr<Trainer>> tr = Trainer::Create(*spec, d);
@@ -702,12 +683,8 @@ out = 3
     const std::map<std::string, int64_t> largest =
         ExpectEveryTileRecomputes(*spec, d, IsConv, &ops);
     EXPECT_EQ(ops, 1);
-    for (const auto& [name, bytes] : largest) {
-      std::printf("[ straddling chunks] 1 x %lld x %lld %-12s largest footprint %lld bytes\n",
-                  static_cast<long long>(c.H), static_cast<long long>(c.H), name.c_str(),
-                  static_cast<long long>(bytes));
-      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-    }
+    ExpectUnderTheBound(
+        "straddling chunks 1 x " + std::to_string(c.H) + " x " + std::to_string(c.H), largest);
     Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     for (int64_t j = 0; j < static_cast<int64_t>(plan->ops.size()); ++j) {
@@ -758,11 +735,7 @@ out = 3
   const std::map<std::string, int64_t> largest =
       ExpectEveryTileRecomputes(*spec, d, IsConvOrInputGrad, &ops);
   EXPECT_EQ(ops, 2);
-  for (const auto& [name, bytes] : largest) {
-    std::printf("[ one column] %-18s largest footprint %lld bytes\n", name.c_str(),
-                static_cast<long long>(bytes));
-    EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-  }
+  ExpectUnderTheBound("one column", largest);
   // 33 pairs (0, kh), one a block, for each of a tile's 2 pieces (32 runs, up to 20 a piece).
   Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
@@ -807,11 +780,7 @@ out = 3
   const std::map<std::string, int64_t> largest =
       ExpectEveryTileRecomputes(*spec, d, IsConvOrWeightGrad, &ops);
   EXPECT_EQ(ops, 2);
-  for (const auto& [name, bytes] : largest) {
-    std::printf("[ stride 64] %-18s largest footprint %lld bytes\n", name.c_str(),
-                static_cast<long long>(bytes));
-    EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-  }
+  ExpectUnderTheBound("stride 64", largest);
   // dW: 32 samples x 1 output row x 3 runs of 20 (OW = 41) x one output channel a group (2) x 6
   // chunks of one pair. The forward: its 6 pairs (c, kh), one a block, for each of a tile's 4
   // segments (two output rows' runs, each cut at multiples of 20 outputs).
@@ -862,11 +831,7 @@ out = 3
     const std::map<std::string, int64_t> largest =
         ExpectEveryTileRecomputes(*spec, d, IsPool, &ops);
     EXPECT_EQ(ops, 2);
-    for (const auto& [name, bytes] : largest) {
-      std::printf("[ pool %lldx%lld] %-18s largest block %lld bytes\n", static_cast<long long>(k),
-                  static_cast<long long>(k), name.c_str(), static_cast<long long>(bytes));
-      EXPECT_LE(bytes, 240 * 1024) << name << ": room for the proofs under 256 KiB";
-    }
+    ExpectUnderTheBound("pool " + std::to_string(k) + "x" + std::to_string(k), largest);
     // The forward: a tile's pieces, one a block (up to 4 segments: two runs cut at multiples of
     // 16, or 26, outputs); its whole tile (every piece's tiles, as read before) past the bound.
     Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
