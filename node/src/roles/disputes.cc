@@ -534,10 +534,14 @@ Result<StageCheckInput> Disputes::StageInputOf(const CheckAssignment& c, TaskCon
       ReplicaRunChain(info.units, stages, c.index, c.assignment_beacon);
   if (!chain.ok()) return chain.status().WithPrefix(CheckName(c));
   // The step's batch and its proof come from the data (kept while the page tree or data tree
-  // built from it is); the whole model is never built.
-  ML_ASSIGN_OR_RETURN(*data, ctx->Data());
+  // built from it is); the whole model is never built. Without `data` none is read: a stage node
+  // holds none between its units (TaskContext::ReleaseData), and reading a text corpus again
+  // beside a stage it trains took a middle stage's node past the memory it offers.
+  if (data != nullptr) {
+    ML_ASSIGN_OR_RETURN(*data, ctx->Data());
+  }
   return StageCheckInput{.task = &ctx->task,
-                         .data = data->get(),
+                         .data = data != nullptr ? data->get() : nullptr,
                          .net = &ctx->bundle.net,
                          .facts = &ctx->facts,
                          .task_id = c.task_id,
@@ -684,8 +688,8 @@ Status Disputes::RunStageContinuityWitness(const CheckAssignment& c, TaskContext
                                            const VerifyAction& action) {
   const DisputeView& d = *c.dispute;
   const uint64_t step = d.referee.step - 1;
-  std::shared_ptr<const engine::TaskData> data;
-  ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
+  // The witness is two commits (or a commit and the round's start): no batch, so no data.
+  ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, /*data=*/nullptr));
   std::string bundle;
   Bytes start_state;
   std::optional<GlobalWeightsReader> global;

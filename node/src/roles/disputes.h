@@ -115,7 +115,8 @@ class Disputes {
   Status PostStageTile(const CheckAssignment& c, const TraceEntry& e, const engine::TaskData& data,
                        const VerifyAction& action);
   // What a stage unit's step is judged from (node/stage_check.h): the task, its data (kept alive
-  // in `*data`), the disputed run's chain and the stage node's endpoint.
+  // in `*data`; none read when `data` is null), the disputed run's chain and the stage node's
+  // endpoint.
   Result<StageCheckInput> StageInputOf(const CheckAssignment& c, TaskContext* ctx,
                                        std::shared_ptr<const engine::TaskData>* data);
   // The key of the disputed step's trace in traces_.
