@@ -1248,9 +1248,9 @@ TEST_F(RealTrainingTest, AResultThatIsNotTheDeltaOfTheFinalStateIsProvenFraud) {
 class FraudProofTest : public RealTrainingTest {
  protected:
   using RealTrainingTest::RealTrainingTest;
-  // Runs the task to its end with s1's poisoned unit paid.
-  void RunPoisonedTask() {
-    Start();
+  // s1 commits its unit poisoned (PoisonUnit), s2 its own honestly; the round is aggregated and
+  // both units settle clean (u_ and other_ name them).
+  void SettlePoisonedUnitClean() {
     u_ = UnitOf(s1_);
     other_ = UnitOf(s2_);
     ASSERT_GE(u_, 0);
@@ -1262,6 +1262,12 @@ class FraudProofTest : public RealTrainingTest {
     Aggregate();
     SettleClean({u_, other_});
     ASSERT_EQ(Check(u_).result(), CheckResult::kCheckClean) << Check(u_).reason();
+  }
+
+  // Runs the task to its end with s1's poisoned unit paid.
+  void RunPoisonedTask() {
+    Start();
+    ASSERT_NO_FATAL_FAILURE(SettlePoisonedUnitClean());
     // While the round is open, the dispute path applies.
     Receipt early = Step({Prove(dave_, 1, SegmentProof(1))})[0];
     EXPECT_EQ(early.code, StatusCode::kFailedPrecondition) << early.reason;
@@ -1678,18 +1684,8 @@ TEST_F(FraudProofTest, AProofAfterTheSolverWithdrewEverythingIsRefused) {
 // rubber stamp is slashed with the solver. The bounty is what the solver's slash took.
 TEST_F(FraudProofTest, ALazySolverFallingSilentInAWhistleblowersDisputeLosesItsStampOnTheMerits) {
   Start();
-  u_ = UnitOf(s1_);
-  other_ = UnitOf(s2_);
-  ASSERT_GE(u_, 0);
-  ASSERT_GE(other_, 0);
+  ASSERT_NO_FATAL_FAILURE(SettlePoisonedUnitClean());
   const uint32_t ui = static_cast<uint32_t>(u_);
-  PoisonUnit(ui);
-  StepOk({CommitTx(u_, poisoned_, Blake2b("poisoned delta")),
-          CommitTx(other_, Leaves(other_, false))});
-  pending_secrets_.clear();
-  Aggregate();
-  SettleClean({u_, other_});
-  ASSERT_EQ(Check(ui).result(), CheckResult::kCheckClean) << Check(ui).reason();
   auto merits = [&](const KeyPair& node, uint32_t segment, const SegmentWitness& w) {
     return N(node, ProveMeritsTx{.task_id = task_id_,
                                  .index = ui,
@@ -1742,17 +1738,8 @@ TEST_F(FraudProofTest, ASilentSolverShowingItsOwnMeritsGetsOnlyTheJackpotsShareO
   owner_[second.public_key()] = &alice_;  // s1's owner
   Start();
   StepOk({N(second, Reg(second, kRoleWhistleblower))});
-  u_ = UnitOf(s1_);
-  other_ = UnitOf(s2_);
-  ASSERT_GE(u_, 0);
-  ASSERT_GE(other_, 0);
+  ASSERT_NO_FATAL_FAILURE(SettlePoisonedUnitClean());
   const uint32_t ui = static_cast<uint32_t>(u_);
-  PoisonUnit(ui);
-  StepOk({CommitTx(u_, poisoned_, Blake2b("poisoned delta")),
-          CommitTx(other_, Leaves(other_, false))});
-  pending_secrets_.clear();
-  Aggregate();
-  SettleClean({u_, other_});
   StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
                                  .index = ui,
                                  .node_id = wb_.public_key(),
