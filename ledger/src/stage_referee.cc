@@ -96,12 +96,7 @@ Result<StageStepWitness> DecodeStageStepWitness(ByteSpan bytes) {
                            " (a stage whose state does not fit is ruled by the genesis referee)");
   }
   Decoder d(bytes, "stage step witness");
-  std::string magic;
-  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
-  if (magic != kStageWitnessMagic) {
-    return InvalidArgument("stage step witness: starts with '" + magic + "', expected '" +
-                           std::string(kStageWitnessMagic) + "'");
-  }
+  ML_RETURN_IF_ERROR(GetWitnessMagic(d, "stage step witness", kStageWitnessMagic));
   StageStepWitness w;
   ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));  // as a step witness's
   ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
@@ -138,13 +133,9 @@ Result<StageResultWitness> DecodeStageResultWitness(ByteSpan bytes) {
                            " bytes, over the limit of " + std::to_string(kMaxWitnessBytes));
   }
   Decoder d(bytes, "stage result witness");
-  std::string magic;
-  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
-  if (magic != kStageResultWitnessMagic) {
-    return InvalidArgument("stage result witness: starts with '" + magic + "', expected '" +
-                           std::string(kStageResultWitnessMagic) +
-                           "' (a pipeline task's ProveResult carries a StageResultWitness)");
-  }
+  ML_RETURN_IF_ERROR(
+      GetWitnessMagic(d, "stage result witness", kStageResultWitnessMagic,
+                      " (a pipeline task's ProveResult carries a StageResultWitness)"));
   StageResultWitness w;
   ML_RETURN_IF_ERROR(d.GetString(&w.bundle, "bundle", 1u << 20));
   ML_RETURN_IF_ERROR(d.GetBytes(&w.start_state, "start_state", kMaxWitnessBytes));
@@ -591,12 +582,7 @@ Bytes EncodeStageRootsWitness(const StageRootsWitness& w) {
 
 Result<StageRootsWitness> DecodeStageRootsWitness(ByteSpan bytes) {
   Decoder d(bytes, "stage roots witness");
-  std::string magic;
-  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
-  if (magic != kStageRootsWitnessMagic) {
-    return InvalidArgument("stage roots witness: starts with '" + magic + "', expected '" +
-                           std::string(kStageRootsWitnessMagic) + "'");
-  }
+  ML_RETURN_IF_ERROR(GetWitnessMagic(d, "stage roots witness", kStageRootsWitnessMagic));
   StageRootsWitness w;
   ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(d.GetU64(&w.seed, "seed"));
@@ -753,9 +739,7 @@ Bytes EncodeStageContinuityWitness(const StageContinuityWitness& w) {
 }
 
 bool IsStageContinuityWitness(ByteSpan bytes) {
-  Decoder d(bytes, "stage continuity witness");
-  std::string magic;
-  return d.GetString(&magic, "magic", 64).ok() && magic == kStageContinuityWitnessMagic;
+  return HasWitnessMagic(bytes, kStageContinuityWitnessMagic);
 }
 
 Result<StageContinuityWitness> DecodeStageContinuityWitness(ByteSpan bytes) {
@@ -764,12 +748,7 @@ Result<StageContinuityWitness> DecodeStageContinuityWitness(ByteSpan bytes) {
                            " bytes, over the limit of " + std::to_string(kMaxWitnessBytes));
   }
   Decoder d(bytes, "stage continuity witness");
-  std::string magic;
-  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
-  if (magic != kStageContinuityWitnessMagic) {
-    return InvalidArgument("stage continuity witness: starts with '" + magic + "', expected '" +
-                           std::string(kStageContinuityWitnessMagic) + "'");
-  }
+  ML_RETURN_IF_ERROR(GetWitnessMagic(d, "stage continuity witness", kStageContinuityWitnessMagic));
   StageContinuityWitness w;
   ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(d.GetBytes(&w.previous, "previous", kMaxWitnessBytes));
@@ -786,9 +765,7 @@ Bytes EncodeStageRecordWitness(const StageRecordWitness& w) {
 }
 
 bool IsStageRecordWitness(ByteSpan bytes) {
-  Decoder d(bytes, "stage record witness");
-  std::string magic;
-  return d.GetString(&magic, "magic", 64).ok() && magic == kStageRecordWitnessMagic;
+  return HasWitnessMagic(bytes, kStageRecordWitnessMagic);
 }
 
 Result<StageRecordWitness> DecodeStageRecordWitness(ByteSpan bytes) {
@@ -797,12 +774,7 @@ Result<StageRecordWitness> DecodeStageRecordWitness(ByteSpan bytes) {
                            " bytes, over the limit of " + std::to_string(kMaxWitnessBytes));
   }
   Decoder d(bytes, "stage record witness");
-  std::string magic;
-  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
-  if (magic != kStageRecordWitnessMagic) {
-    return InvalidArgument("stage record witness: starts with '" + magic + "', expected '" +
-                           std::string(kStageRecordWitnessMagic) + "'");
-  }
+  ML_RETURN_IF_ERROR(GetWitnessMagic(d, "stage record witness", kStageRecordWitnessMagic));
   StageRecordWitness w;
   ML_RETURN_IF_ERROR(d.GetBytes(&w.commit, "commit", kMaxWitnessBytes));
   ML_RETURN_IF_ERROR(d.GetU32(&w.record, "record"));

@@ -59,12 +59,7 @@ Bytes EncodeStageServePiece(const StageServePiece& p) {
 
 Result<StageServePiece> DecodeStageServePiece(ByteSpan bytes) {
   Decoder d(bytes, "stage evidence piece");
-  std::string magic;
-  ML_RETURN_IF_ERROR(d.GetString(&magic, "magic", 64));
-  if (magic != kStageServePieceMagic) {
-    return InvalidArgument("stage evidence piece: starts with '" + magic + "', expected '" +
-                           std::string(kStageServePieceMagic) + "'");
-  }
+  ML_RETURN_IF_ERROR(GetWitnessMagic(d, "stage evidence piece", kStageServePieceMagic));
   StageServePiece p;
   Bytes roots;
   ML_RETURN_IF_ERROR(d.GetBytes(&roots, "roots", kMaxWitnessBytes));

@@ -120,6 +120,23 @@ Status ReadWitnessHeader(Decoder& d, size_t size, std::string_view magic, const 
 
 }  // namespace
 
+Status GetWitnessMagic(Decoder& d, std::string_view what, std::string_view magic,
+                       std::string_view hint) {
+  std::string got;
+  ML_RETURN_IF_ERROR(d.GetString(&got, "magic", 64));
+  if (got != magic) {
+    return InvalidArgument(std::string(what) + ": starts with '" + got + "', expected '" +
+                           std::string(magic) + "'" + std::string(hint));
+  }
+  return Status::Ok();
+}
+
+bool HasWitnessMagic(ByteSpan bytes, std::string_view magic) {
+  Decoder d(bytes, "witness");
+  std::string got;
+  return d.GetString(&got, "magic", 64).ok() && got == magic;
+}
+
 void PutWitnessFloats(Encoder& e, const std::vector<float>& v) {
   e.PutU32(static_cast<uint32_t>(v.size()));
   // Every float as PutF32 writes it (its IEEE-754 bits, little-endian), in one copy: on a

@@ -32,5 +32,11 @@ Status GetWitnessPages(Decoder& d, std::vector<TileWitnessPage>* pages);
 void PutWitnessTiles(Encoder& e, const std::vector<TileWitnessTile>& tiles);
 Status GetWitnessTiles(Decoder& d, std::vector<TileWitnessTile>* tiles, uint32_t max,
                        uint32_t min_bytes);
+// A witness's leading magic string: InvalidArgument naming `what` when it is another (`hint`, if
+// any, appended to the message).
+Status GetWitnessMagic(Decoder& d, std::string_view what, std::string_view magic,
+                       std::string_view hint = {});
+// Whether `bytes` start with `magic` (which kind of witness a transaction carries).
+bool HasWitnessMagic(ByteSpan bytes, std::string_view magic);
 
 }  // namespace meshlearn::ledger
