@@ -425,7 +425,8 @@ function taskView(t) {
 // went (DisputePost and DisputeChildren by each side), how it was decided (RuleDispute: the
 // referee's ruling; RefereeStep: the ledger executed the disputed step from a witness;
 // RefereeTile: it recomputed one tile of one operator, or ruled a whole step from operator roots;
-// RefereeStageStep: it replayed one stage's step; ServeStageEvidence: a stage over the witness
+// RefereeStageStep: it replayed one stage's step, or ruled from two commits that a step does not
+// start where the stage's previous one ended; ServeStageEvidence: a stage over the witness
 // bound posted a piece of its step's evidence) and what became of the solver; a game still
 // being played adds its stage from the unit's check.
 const kGameTxs = ['RevealVerdict', 'ChallengeUnit', 'DisputePost', 'DisputeChildren', 'RuleDispute',
@@ -480,7 +481,7 @@ function disputeTimeline(t) {
                  nodeLink(r.node || r.sender), ')');
     }
     for (const r of of('RefereeStageStep')) {
-      lines.push(h('br'), `decided by the ledger, which replayed the disputed stage step itself (RefereeStageStep at block ${r.height}, sent by `,
+      lines.push(h('br'), `decided by the ledger, which replayed the disputed stage step (or ruled from its commits that it does not start where the stage's previous step ended) itself (RefereeStageStep at block ${r.height}, sent by `,
                  nodeLink(r.node || r.sender), ')');
     }
     const pieces = of('ServeStageEvidence');
