@@ -14,17 +14,38 @@ vocab 172), AdamW (lr 1e-3, betas 0.9/0.99, weight decay 0.1 on matrices and emb
 meshlearn decays every tensor of rank >= 2), gradient clipping at 1.0, on windows drawn from a
 random token stream (throughput does not depend on the tokens).
 Prints one JSON line: {"model": ..., "threads": N, "batch": B, "steps": S, "samples_per_sec": X,
-"tokens_per_sec": X*T (gpt), "peak_rss_mb": the process's peak resident set, "torch": version}.
+"tokens_per_sec": X*T (gpt), "cpus_used": process CPU seconds over wall seconds of the timed
+steps (how many cores it kept busy), "peak_rss_mb": the process's peak resident set,
+"torch": version}.
 """
 import argparse
 import json
 import math
+import os
 import resource
+import sys
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+def thread_count(argv):
+    """The --threads value of argv (1 when absent or malformed; argparse reports the latter)."""
+    for i, arg in enumerate(argv):
+        value = arg[len("--threads="):] if arg.startswith("--threads=") else (
+            argv[i + 1] if arg == "--threads" and i + 1 < len(argv) else None)
+        if value is not None:
+            return value if value.isdigit() and int(value) > 0 else "1"
+    return "1"
+
+
+# Debian's PyTorch runs its matrix products on the system OpenBLAS, whose pthread build keeps its
+# own pool of one thread per core: torch.set_num_threads (OpenMP) does not bound it, so "1 thread"
+# ran every GEMM on both cores of a 2-core machine. OpenBLAS reads this when it is loaded, so it is
+# set before torch is imported.
+os.environ["OPENBLAS_NUM_THREADS"] = thread_count(sys.argv[1:])
+
+import torch  # noqa: E402  (after OPENBLAS_NUM_THREADS, see above)
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 class Block(nn.Module):
@@ -110,12 +131,13 @@ def main():
 
     for _ in range(a.warmup):
         step()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(a.steps):
         step()
-    secs = time.perf_counter() - t0
+    secs, cpu_secs = time.perf_counter() - t0, time.process_time() - cpu0
     print(json.dumps({"model": a.model, "threads": a.threads, "batch": a.batch, "steps": a.steps,
-                      "samples_per_sec": a.steps * a.batch / secs, "peak_rss_mb": peak_rss_mb(),
+                      "samples_per_sec": a.steps * a.batch / secs,
+                      "cpus_used": cpu_secs / secs, "peak_rss_mb": peak_rss_mb(),
                       "torch": torch.__version__}))
 
 
@@ -147,16 +169,17 @@ def run_gpt(a):
 
     for _ in range(a.warmup):
         step()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(a.steps):
         step()
-    secs = time.perf_counter() - t0
+    secs, cpu_secs = time.perf_counter() - t0, time.process_time() - cpu0
     params = sum(p.numel() for p in model.parameters())
     print(json.dumps({"model": "gpt", "threads": a.threads, "batch": a.batch, "seq_len": t,
                       "steps": a.steps, "params": params,
                       "samples_per_sec": a.steps * a.batch / secs,
                       "tokens_per_sec": a.steps * a.batch * t / secs,
-                      "peak_rss_mb": peak_rss_mb(), "torch": torch.__version__}))
+                      "cpus_used": cpu_secs / secs, "peak_rss_mb": peak_rss_mb(),
+                      "torch": torch.__version__}))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 #include "meshlearn/engine/threadpool.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -23,6 +25,12 @@ thread_local bool t_in_parallel = false;
 // apart; a futex sleep and wake-up between each (tens of microseconds on a VM) made a second thread
 // no faster than one on the Fashion MLP. Polling stops after this long, so an idle pool sleeps.
 constexpr std::chrono::microseconds kSpin{200};
+// For the first kSpinAlone of it a thread only polls; after that it yields its CPU between polls
+// (sched_yield returns at once when nothing else is runnable there). On a machine with more
+// runnable threads than CPUs, a worker polling through the caller's serial part of a step (the
+// loss, the batch, a small GEMM) took CPU time from the caller, and the caller polling at a join
+// took it from a worker that had been preempted in the middle of its chunk.
+constexpr std::chrono::microseconds kSpinAlone{20};
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -37,7 +45,11 @@ bool SpinUntil(const Pred& pred) {
   for (int i = 1;; ++i) {
     if (pred()) return true;
     CpuRelax();
-    if (i % 64 == 0 && std::chrono::steady_clock::now() - t0 > kSpin) return pred();
+    if (i % 64 == 0) {
+      const auto spent = std::chrono::steady_clock::now() - t0;
+      if (spent > kSpin) return pred();
+      if (spent > kSpinAlone) sched_yield();
+    }
   }
 }
 
