@@ -938,9 +938,21 @@ TEST_F(PipelineVerificationTest, AStageSilentInAWhistleblowersDisputeLosesWithou
   EXPECT_FALSE(merits.ok);
   EXPECT_NE(merits.reason.find("is a pipeline task"), std::string::npos) << merits.reason;
   const Amount jackpot_before = Node(verifier_.public_key()).earnings.jackpot;
-  // StageSilentInTheTilePhase steps until the stage's turn has ended and one block more: a merits
-  // window would keep the check disputed dispute_response_blocks blocks longer.
-  ASSERT_NO_FATAL_FAILURE(StageSilentInTheTilePhase(kCheat));
+  // The verifier answers the operator phase's opening query; the stage posts nothing. The game
+  // resolves at the block after the turn's deadline, and so does the check: no merits window.
+  const protocol::DisputeQuery q = Check(kCheat).dispute()->query();
+  ASSERT_EQ(q.stage, protocol::DisputeStage::kDisputeOperators);
+  StepOk({Q(alice_, DisputePostTx{.task_id = task_id_,
+                                  .index = kCheat,
+                                  .node_id = verifier_.public_key(),
+                                  .position = q.position,
+                                  .hash = Blake2b("the verifier's chain end")})});
+  while (HasCheck(kCheat) && Check(kCheat).stage() == protocol::CheckStage::kCheckDisputed &&
+         chain_->Height() <= q.deadline_height) {
+    EXPECT_FALSE(Check(kCheat).awaits_merits());
+    Step();
+  }
+  ASSERT_EQ(chain_->Height(), q.deadline_height + 1);
   EXPECT_FALSE(HasCheck(kCheat)) << "fraud at once: the round re-runs";
   EXPECT_EQ(Task().verification.fraud, 1u);
   EXPECT_EQ(Node(stage).reputation.slashes, 1u);
