@@ -1748,11 +1748,12 @@ TEST_F(FraudProofTest, AnHonestSegmentsMeritsAreNotShownAndItsVerifierKeepsItsSt
   PlayDispute(ui, nullptr, [&](uint64_t s) { return states_.at(s); });
   ASSERT_TRUE(HasCheck(ui));
   ASSERT_TRUE(Check(ui).awaits_merits()) << Check(ui).reason();
-  const Receipt r = Step({N(wb_, ProveMeritsTx{.task_id = task_id_,
-                                               .index = ui,
-                                               .node_id = wb_.public_key(),
-                                               .segment = 0,
-                                               .witness = {EncodeSegmentWitness(SegmentProof(0))}})})[0];
+  const ProveMeritsTx clean{.task_id = task_id_,
+                            .index = ui,
+                            .node_id = wb_.public_key(),
+                            .segment = 0,
+                            .witness = {EncodeSegmentWitness(SegmentProof(0))}};
+  const Receipt r = Step({N(wb_, clean)})[0];
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.reason.find("replays to its committed end"), std::string::npos) << r.reason;
   for (int i = 0; i < 20 && HasCheck(ui) && Check(ui).stage() != CheckStage::kCheckSettled; ++i) {
