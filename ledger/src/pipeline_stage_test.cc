@@ -905,6 +905,61 @@ TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenCle
   EXPECT_GT(Balance(alice_), alice_before);
 }
 
+// A stage settled clean, challenged by a whistleblower (the verifier, with a made-up finding and
+// the bundle: the tile phase), falls silent in the operator phase. The ledger cannot rule a stage
+// unit on its merits (ProveMerits carries a segment witness, not a stage step's:
+// ProveMeritsRefusal), so no merits window opens to hold the round for nothing: the check settles
+// at the block the stage's turn ends, a loss by silence alone (the stage slashed, its round re-run;
+// the verifier that called it clean keeps its stake, its bounty the jackpot's share), and a
+// ProveMerits is refused by the same rule.
+TEST_F(PipelineVerificationTest, AStageSilentInAWhistleblowersDisputeLosesWithoutAMeritsWindow) {
+  Start([](TaskParams& p) { p.verification_window_blocks = 40; });
+  constexpr uint32_t kCheat = 1;
+  const PublicKey stage = Unit(kCheat).assignee;
+  ASSERT_NE(ProveMeritsRefusal(Task().params), nullptr);
+  CommitStages();
+  Aggregate();
+  ASSERT_NO_FATAL_FAILURE(EveryStageVerifiedClean());
+  ASSERT_NO_FATAL_FAILURE(StepUntil(kCheat, protocol::CheckStage::kCheckSettled));
+  ASSERT_EQ(Check(kCheat).result(), protocol::CheckResult::kCheckClean);
+  ASSERT_TRUE(Machine().Unfinal(Unit(kCheat).round));
+  const std::vector<Hash256> leaves = StepLeaves(kCheat);
+  StepOk({Q(alice_, ChallengeUnitTx{.task_id = task_id_,
+                                    .index = kCheat,
+                                    .node_id = verifier_.public_key(),
+                                    .claim = Mismatch(kCheat, leaves, 1, Blake2b("made up")).claim,
+                                    .bundle = {bundle_}})});
+  ASSERT_EQ(Check(kCheat).stage(), protocol::CheckStage::kCheckDisputed);
+  const Receipt merits = Step({Q(alice_, ProveMeritsTx{.task_id = task_id_,
+                                                       .index = kCheat,
+                                                       .node_id = verifier_.public_key(),
+                                                       .segment = 1,
+                                                       .witness = {Bytes{1, 2, 3}}})})[0];
+  EXPECT_FALSE(merits.ok);
+  EXPECT_NE(merits.reason.find("is a pipeline task"), std::string::npos) << merits.reason;
+  const Amount jackpot_before = Node(verifier_.public_key()).earnings.jackpot;
+  // The verifier answers the operator phase's opening query; the stage posts nothing. The game
+  // resolves at the block after the turn's deadline, and so does the check: no merits window.
+  const protocol::DisputeQuery q = Check(kCheat).dispute()->query();
+  ASSERT_EQ(q.stage, protocol::DisputeStage::kDisputeOperators);
+  StepOk({Q(alice_, DisputePostTx{.task_id = task_id_,
+                                  .index = kCheat,
+                                  .node_id = verifier_.public_key(),
+                                  .position = q.position,
+                                  .hash = Blake2b("the verifier's chain end")})});
+  while (HasCheck(kCheat) && Check(kCheat).stage() == protocol::CheckStage::kCheckDisputed &&
+         chain_->Height() <= q.deadline_height) {
+    EXPECT_FALSE(Check(kCheat).awaits_merits());
+    Step();
+  }
+  ASSERT_EQ(chain_->Height(), q.deadline_height + 1);
+  EXPECT_FALSE(HasCheck(kCheat)) << "fraud at once: the round re-runs";
+  EXPECT_EQ(Task().verification.fraud, 1u);
+  EXPECT_EQ(Node(stage).reputation.slashes, 1u);
+  EXPECT_EQ(Node(verifier_.public_key()).reputation.slashes, 0u);  // its clean verdict stands
+  EXPECT_GT(Node(verifier_.public_key()).earnings.jackpot, jackpot_before);
+}
+
 // A stage whose step 1 is wrong (its leaf from step 1 on is not what the replay gives): the
 // verifier claims step 1, the stage does not win the ruling, and it alone is slashed; its
 // replica's round runs again without it (the spare node takes its stage), no honest stage is

@@ -353,6 +353,31 @@ bool DisputeNeedsBundle(const TaskParams& p) {
   return p.data_page_tokens != 0 || MaxUnitStateBytes(p) > kMaxStepWitnessState;
 }
 
+const char* SegmentReplayRefusal(const TaskParams& p) {
+  if (p.tolerance_rel_l2_ppm != 0 || p.tolerance_cosine_gap_ppb != 0) {
+    return "verified in tolerance mode, where replays need not match hashes bit for bit; only "
+           "exact-mode units can be proven";
+  }
+  if (p.data_root.IsZero()) {
+    return "without a data root, so the ledger cannot check a replay's batches";
+  }
+  return nullptr;
+}
+
+const char* ProveMeritsRefusal(const TaskParams& p) {
+  if (IsPipelineTask(p)) {
+    return "a pipeline task, whose segments (stage steps) the ledger does not replay from a "
+           "segment witness";
+  }
+  if (const char* why = SegmentReplayRefusal(p); why != nullptr) return why;
+  if (MaxUnitStateBytes(p) > kMaxStepWitnessState) {
+    return "a task whose unit state (weights and optimizer moments) may be over the half of a "
+           "witness a segment's start state has (kMaxStepWitnessState), so its segment witness "
+           "may not fit a transaction";
+  }
+  return nullptr;
+}
+
 bool UnservedStageClaim(const TaskParams& p, const MismatchClaimField& claim) {
   return IsPipelineTask(p) && claim.replayed_end == StageUnservedLeaf(claim.solver_end);
 }

@@ -719,7 +719,11 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
       ML_RETURN_IF_ERROR(RuleUnpostedStageStep(*s.tasks.Find(task_id), index, height, c));
       const auto floor = awaiting.find(c.config().solver);
       const bool earlier_awaits = floor != awaiting.end() && floor->second < u->secret_index;
-      ML_ASSIGN_OR_RETURN(fx, c.OnBlock(height, /*earlier_verdicts_in=*/!earlier_awaits));
+      // The merits window opens only where ProveMerits can rule (the same rule refuses it).
+      const protocol::Merits merits = ProveMeritsRefusal(s.tasks.Find(task_id)->params) == nullptr
+                                          ? protocol::Merits::kMeritsShowable
+                                          : protocol::Merits::kMeritsNotShowable;
+      ML_ASSIGN_OR_RETURN(fx, c.OnBlock(height, /*earlier_verdicts_in=*/!earlier_awaits, merits));
     }
     SaveCheck(s, task_id, index, c);
     if (c.stage() != CheckStage::kCheckSettled) ++open[round - from];
@@ -1027,20 +1031,6 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
   return Status::Ok();
 }
 
-// Why the ledger cannot replay a unit's segment from a SegmentWitness (ExecuteSegmentWitness), or
-// nullptr where it can: an exact-mode task with a data root, over examples or token pages.
-// ProveFraud and ProveMerits both replay one (a pipeline stage's step is another witness).
-static const char* SegmentReplayRefusal(const TaskParams& p) {
-  if (p.tolerance_rel_l2_ppm != 0 || p.tolerance_cosine_gap_ppb != 0) {
-    return "verified in tolerance mode, where replays need not match hashes bit for bit; only "
-           "exact-mode units can be proven";
-  }
-  if (p.data_root.IsZero()) {
-    return "without a data root, so the ledger cannot check a replay's batches";
-  }
-  return nullptr;
-}
-
 Status ExecuteProveMerits(ExecContext& ctx, const ProveMeritsTx& tx) {
   constexpr std::string_view kWhat = "prove merits";
   ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
@@ -1051,16 +1041,12 @@ Status ExecuteProveMerits(ExecContext& ctx, const ProveMeritsTx& tx) {
   }
   ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
-  // Where ProveFraud replays a segment witness (ExecuteSegmentWitness) and nowhere else.
-  const TaskParams& tp = t->params;
-  const char* no_replay = IsPipelineTask(tp)
-                              ? "a pipeline task, whose segments (stage steps) the ledger does not "
-                                "replay from a segment witness"
-                              : SegmentReplayRefusal(tp);
-  if (no_replay != nullptr) {
-    return FailedPrecondition("prove merits: task " + tx.task_id.ShortHex() + " is " + no_replay +
-                              "; the merits window closes into a loss by the solver's silence "
-                              "alone");
+  // The rule that opens the merits window (DriveChecks) and nothing else: a window opened before
+  // that rule (stored state) closes into a loss by silence, as it always did.
+  if (const char* why = ProveMeritsRefusal(t->params); why != nullptr) {
+    return FailedPrecondition("prove merits: task " + tx.task_id.ShortHex() + " is " + why +
+                              "; a solver's silence in a whistleblower's dispute settles at once "
+                              "as a loss by silence alone");
   }
   // The window, the segment and the prover first (cheap; the check is saved only if shown).
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
@@ -1766,6 +1752,9 @@ nlohmann::json UnitCheckToJson(const UnitCheck& c) {
                       {"num_segments", protocol::SegmentCount(c.config().inner_steps,
                                                               c.config().checkpoint_interval)},
                       {"dispute", nullptr}};
+  // A whistleblower's dispute lost by the solver's silence: the last height its merits may be
+  // shown at (ProveMerits), only while the window is open.
+  if (c.awaits_merits()) j["merits_deadline"] = c.merits_deadline();
   if (const auto& d = c.dispute()) {
     nlohmann::json dj = {{"stage", std::string(protocol::DisputeStageName(d->stage()))},
                          {"defender", d->config().defender.ToHex()},

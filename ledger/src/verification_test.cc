@@ -16,6 +16,7 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/engine/train.h"
+#include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/decompose.h"
@@ -1728,6 +1729,81 @@ TEST_F(FraudProofTest, ALazySolverFallingSilentInAWhistleblowersDisputeLosesItsS
   EXPECT_EQ(Balance(erin_) - erin_before, slashed);
   ExpectEarningsAddUpToTheTask();
   EXPECT_TRUE(Rerunning());
+}
+
+// The merits say clean: a whistleblower challenges a segment the solver computed honestly (s1's
+// segment 0) with a made-up replay, and the solver falls silent. Its segment's witness replays to
+// the committed end, so ProveMerits is refused (a whistleblower's node sends none: node/
+// step_witness.h BuildSegmentWitnessOf finds nothing to show); the window closes into the loss by
+// silence alone, as documented for an honest solver that crashed: it is slashed, the verifier
+// that called the unit clean keeps its stake, the whistleblower gets the jackpot's share.
+TEST_F(FraudProofTest, AnHonestSegmentsMeritsAreNotShownAndItsVerifierKeepsItsStake) {
+  Start();
+  ASSERT_NO_FATAL_FAILURE(SettlePoisonedUnitClean());
+  const uint32_t ui = static_cast<uint32_t>(u_);
+  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = ui,
+                                 .node_id = wb_.public_key(),
+                                 .claim = ClaimOf(poisoned_, 0, Blake2b("a made-up replay"))})});
+  PlayDispute(ui, nullptr, [&](uint64_t s) { return states_.at(s); });
+  ASSERT_TRUE(HasCheck(ui));
+  ASSERT_TRUE(Check(ui).awaits_merits()) << Check(ui).reason();
+  const ProveMeritsTx clean{.task_id = task_id_,
+                            .index = ui,
+                            .node_id = wb_.public_key(),
+                            .segment = 0,
+                            .witness = {EncodeSegmentWitness(SegmentProof(0))}};
+  const Receipt r = Step({N(wb_, clean)})[0];
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("replays to its committed end"), std::string::npos) << r.reason;
+  for (int i = 0; i < 20 && HasCheck(ui) && Check(ui).stage() != CheckStage::kCheckSettled; ++i) {
+    Step();
+  }
+  EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(v1_).reputation.slashes, 0u);
+  EXPECT_EQ(Node(wb_).reputation.slashes, 0u);
+  const Amount slashed = Node(s1_).earnings.slashed;
+  EXPECT_EQ(Node(wb_).earnings.jackpot, BasisPoints(slashed, genesis_.params.slash_jackpot_bps));
+  ExpectEarningsAddUpToTheTask();
+}
+
+// One rule says where a unit's merits can be shown (ProveMerits) and so where the merits window
+// opens: an exact-mode task with a data root (over examples or token pages) whose unit state fits
+// a segment witness; not a pipeline task, a tolerance-mode one, one without a data root, or one
+// whose state may be over kMaxStepWitnessState (AStageSilentInAWhistleblowersDisputeLosesWithout-
+// AMeritsWindow shows a pipeline task's silent stage settling at once; UnitCheckTest.ASilent-
+// SolverWhoseMeritsCannotBeShownLosesAtOnce the check's side).
+TEST(ProveMeritsRefusalTest, TheMeritsAreShownOnlyWhereTheLedgerReplaysASegmentWitness) {
+  const TaskParams ok = TestTaskParams();
+  EXPECT_EQ(ProveMeritsRefusal(ok), nullptr);
+  TaskParams tokens = ok;
+  tokens.data_page_tokens = static_cast<uint32_t>(engine::kTokenPageTokens);
+  EXPECT_EQ(ProveMeritsRefusal(tokens), nullptr);
+  auto refused = [](const TaskParams& p, const std::string& why) {
+    const char* got = ProveMeritsRefusal(p);
+    ASSERT_NE(got, nullptr) << why;
+    EXPECT_NE(std::string(got).find(why), std::string::npos) << got;
+  };
+  TaskParams tolerance = ok;
+  tolerance.tolerance_rel_l2_ppm = 50;
+  refused(tolerance, "tolerance mode");
+  TaskParams cosine = ok;
+  cosine.tolerance_cosine_gap_ppb = 50;
+  refused(cosine, "tolerance mode");
+  TaskParams no_root = ok;
+  no_root.data_root = Hash256{};
+  refused(no_root, "without a data root");
+  TaskParams pipeline = ok;
+  pipeline.stages = 3;
+  refused(pipeline, "a pipeline task");
+  TaskParams large = ok;
+  large.model_bytes = kMaxStepWitnessState / 3 + 4;
+  refused(large, "may not fit a transaction");
+  large.model_bytes = kMaxStepWitnessState / 3;
+  EXPECT_EQ(ProveMeritsRefusal(large), nullptr);
+  // ProveFraud's own rule stays what it was: a large model is still proven where its witness fits.
+  large.model_bytes = kMaxStepWitnessState;
+  EXPECT_EQ(SegmentReplayRefusal(large), nullptr);
 }
 
 // The same lazy solver, silent on purpose, shows its own merits first from a second

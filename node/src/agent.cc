@@ -420,6 +420,7 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
         c.stage == protocol::CheckStage::kCheckSettled) {
       whistleblower_->Play(c, later);
     }
+    whistleblower_->PlayMerits(c, urgent);
     disputes_->Play(c, urgent);
   }
   OrderUrgentJobs(work.height, urgent, &verify_job_failed_at_);
@@ -457,6 +458,8 @@ Status NodeAgent::RunVerifyJob(const VerifyJob& job) {
       return disputes_->RunStepWitness(*job.check);
     case VerifyJob::Kind::kTrace:
       return disputes_->RunTrace(*job.check);
+    case VerifyJob::Kind::kMerits:
+      return whistleblower_->RunMerits(*job.check);
   }
   return Internal("unknown verification job");
 }

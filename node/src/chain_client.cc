@@ -293,7 +293,8 @@ Result<CheckAssignment> ParseCheck(const RpcAnswer& u) {
   // The check first: it is what the node acts on.
   ML_ASSIGN_OR_RETURN(RpcAnswer c, f.Object("check"));
   Fields cf(c, {"stage", "result", "reason", "solver", "commit_height", "deadline_height",
-                "verifiers", "segments", "num_segments", "dispute"});
+                "verifiers", "segments", "num_segments", "merits_deadline", "dispute"});
+  cf.Optional("merits_deadline").Read("merits_deadline", &a.merits_deadline);
   cf.ReadEnum("stage", &a.stage, &protocol::CheckStageName, 5);
   cf.ReadEnum("result", &a.result, &protocol::CheckResultName, 6);
   cf.Read("reason", &a.reason).Read("solver", &a.solver);

@@ -1,6 +1,7 @@
 #include "meshlearn/node/step_witness.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -242,18 +243,19 @@ uint64_t SegmentWitnessBound(const engine::Trainer& trainer, uint64_t num_params
   return one + (steps > 0 ? steps - 1 : 0) * batch;
 }
 
-Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSpan start_blob,
-                                                const UnitWork& work,
-                                                std::span<const Hash256> leaves,
-                                                std::string_view bundle,
-                                                const engine::TokenPageTree* pages,
-                                                const engine::DataTree* tree) {
-  if (trainer->data().tokens ? pages == nullptr : tree == nullptr) {
-    return InvalidArgument(
-        std::string("segment witness: give the proofs of the task's batches (") +
-        (trainer->data().tokens ? "a token task: its TokenPageTree" : "its examples' DataTree") +
-        ")");
-  }
+namespace {
+
+// The proofs a segment witness needs: a token task's pages, a classification task's examples.
+Status CheckSegmentProofs(const engine::Trainer& trainer, const engine::TokenPageTree* pages,
+                          const engine::DataTree* tree) {
+  if (trainer.data().tokens ? pages != nullptr : tree != nullptr) return Status::Ok();
+  return InvalidArgument(
+      std::string("segment witness: give the proofs of the task's batches (") +
+      (trainer.data().tokens ? "a token task: its TokenPageTree" : "its examples' DataTree") + ")");
+}
+
+// The unit's segment count, checked against its `leaves`.
+Result<uint32_t> SegmentsOf(const UnitWork& work, std::span<const Hash256> leaves) {
   const uint32_t segments = protocol::SegmentCount(static_cast<uint64_t>(work.inner_steps),
                                                    static_cast<uint64_t>(work.checkpoint_interval));
   if (leaves.size() != segments + 1ull) {
@@ -261,6 +263,60 @@ Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSp
                            " committed leaves; its " + std::to_string(segments) +
                            " segments need " + std::to_string(segments + 1));
   }
+  return segments;
+}
+
+// Segment j of `work` run from the state `trainer` holds at its start (which hashes to leaves[j]):
+// its witness when it does not end on leaves[j + 1], else nullopt. Steps the trainer through the
+// segment either way.
+std::optional<BuiltSegmentWitness> RunSegmentForWitness(engine::Trainer* trainer,
+                                                        ByteSpan start_blob, const UnitWork& work,
+                                                        std::span<const Hash256> leaves, uint32_t j,
+                                                        std::string_view bundle,
+                                                        const engine::TokenPageTree* pages,
+                                                        const engine::DataTree* tree) {
+  const protocol::SegmentSteps seg = protocol::SegmentStepsOf(
+      static_cast<uint64_t>(work.inner_steps), static_cast<uint64_t>(work.checkpoint_interval), j);
+  std::vector<float> flat;
+  if (j > 0) flat = engine::FlatState(trainer->state());
+  for (uint64_t s = seg.first_step; s < seg.last_step; ++s) trainer->Step();
+  const Hash256 end = engine::StateHash(trainer->state());
+  if (end == leaves[j + 1]) return std::nullopt;
+  BuiltSegmentWitness out{
+      .segment = j, .witness = {}, .committed_end = leaves[j + 1], .replayed_end = end};
+  out.witness.bundle = std::string(bundle);
+  if (j == 0) {
+    out.witness.start_state.assign(start_blob.begin(), start_blob.end());
+  } else {
+    out.witness.state = std::move(flat);
+  }
+  for (uint64_t s = seg.first_step; s < seg.last_step; ++s) {
+    if (pages != nullptr) {
+      for (ledger::TileWitnessPage& p : ledger::ProvenPages(
+               *pages, ledger::StepBatchPages(trainer->task(), work.stream, static_cast<int64_t>(s),
+                                              pages->num_tokens()))) {
+        out.witness.pages.push_back(std::move(p));
+      }
+      continue;
+    }
+    for (ledger::StepWitnessExample& e :
+         BatchExamples(*trainer, work, *tree, static_cast<int64_t>(s))) {
+      out.witness.examples.push_back(std::move(e));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSpan start_blob,
+                                                const UnitWork& work,
+                                                std::span<const Hash256> leaves,
+                                                std::string_view bundle,
+                                                const engine::TokenPageTree* pages,
+                                                const engine::DataTree* tree) {
+  ML_RETURN_IF_ERROR(CheckSegmentProofs(*trainer, pages, tree));
+  ML_ASSIGN_OR_RETURN(const uint32_t segments, SegmentsOf(work, leaves));
   Result<protocol::GlobalState> start = protocol::DecodeGlobalState(start_blob);
   if (!start.ok()) return start.status().WithPrefix("segment witness: the round's start state");
   // The replay from the unit's true start, one segment at a time (ReplayToSteps: the hashes
@@ -268,41 +324,54 @@ Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSp
   const int64_t zero[] = {0};
   ML_RETURN_IF_ERROR(ReplayToSteps(trainer, start->weights, work, 0, nullptr, zero).status());
   for (uint32_t j = 0; j < segments; ++j) {
-    const protocol::SegmentSteps seg =
-        protocol::SegmentStepsOf(static_cast<uint64_t>(work.inner_steps),
-                                 static_cast<uint64_t>(work.checkpoint_interval), j);
-    std::vector<float> flat;
-    if (j > 0) flat = engine::FlatState(trainer->state());
-    for (uint64_t s = seg.first_step; s < seg.last_step; ++s) trainer->Step();
-    const Hash256 end = engine::StateHash(trainer->state());
-    if (end == leaves[j + 1]) continue;
-    BuiltSegmentWitness out{
-        .segment = j, .witness = {}, .committed_end = leaves[j + 1], .replayed_end = end};
-    out.witness.bundle = std::string(bundle);
-    if (j == 0) {
-      out.witness.start_state.assign(start_blob.begin(), start_blob.end());
-    } else {
-      out.witness.state = std::move(flat);
-    }
-    for (uint64_t s = seg.first_step; s < seg.last_step; ++s) {
-      if (pages != nullptr) {
-        for (ledger::TileWitnessPage& p : ledger::ProvenPages(
-                 *pages, ledger::StepBatchPages(trainer->task(), work.stream,
-                                                static_cast<int64_t>(s), pages->num_tokens()))) {
-          out.witness.pages.push_back(std::move(p));
-        }
-        continue;
-      }
-      for (ledger::StepWitnessExample& e :
-           BatchExamples(*trainer, work, *tree, static_cast<int64_t>(s))) {
-        out.witness.examples.push_back(std::move(e));
-      }
-    }
-    return out;
+    std::optional<BuiltSegmentWitness> w =
+        RunSegmentForWitness(trainer, start_blob, work, leaves, j, bundle, pages, tree);
+    if (w) return std::move(*w);
   }
   return NotFound(
       "segment witness: every segment of the unit replays to its committed leaf; "
       "there is no fraud to prove");
+}
+
+Result<BuiltSegmentWitness> BuildSegmentWitnessOf(
+    engine::Trainer* trainer, ByteSpan start_blob, const UnitWork& work,
+    std::span<const Hash256> leaves, uint32_t segment, engine::TrainState* at_start,
+    std::string_view bundle, const engine::TokenPageTree* pages, const engine::DataTree* tree) {
+  ML_RETURN_IF_ERROR(CheckSegmentProofs(*trainer, pages, tree));
+  ML_ASSIGN_OR_RETURN(const uint32_t segments, SegmentsOf(work, leaves));
+  if (segment >= segments) {
+    return InvalidArgument("segment witness: segment " + std::to_string(segment) +
+                           " is out of range: the unit has " + std::to_string(segments));
+  }
+  Result<protocol::GlobalState> start = protocol::DecodeGlobalState(start_blob);
+  if (!start.ok()) return start.status().WithPrefix("segment witness: the round's start state");
+  const int64_t first = static_cast<int64_t>(
+      protocol::SegmentStepsOf(static_cast<uint64_t>(work.inner_steps),
+                               static_cast<uint64_t>(work.checkpoint_interval), segment)
+          .first_step);
+  // Segment 0 starts from the round's state (fresh moments), whatever `at_start` says.
+  const bool from_state = segment > 0 && at_start != nullptr;
+  const int64_t at[] = {first};
+  ML_ASSIGN_OR_RETURN(std::vector<Hash256> h,
+                      ReplayToSteps(trainer, start->weights, work, from_state ? first : 0,
+                                    from_state ? at_start : nullptr, at));
+  if (h[0] != leaves[segment]) {
+    return FailedPrecondition(
+        "segment witness: the state after step " + std::to_string(first) + " (" +
+        std::string(from_state ? "the given state"
+                               : "replayed from "
+                                 "the unit's start") +
+        ") hashes to " + h[0].ShortHex() + ", not the committed leaf " + std::to_string(segment) +
+        " " + leaves[segment].ShortHex() + " the ledger starts the segment from");
+  }
+  std::optional<BuiltSegmentWitness> w =
+      RunSegmentForWitness(trainer, start_blob, work, leaves, segment, bundle, pages, tree);
+  if (!w) {
+    return NotFound("segment witness: segment " + std::to_string(segment) +
+                    " replays to its committed leaf " + leaves[segment + 1].ShortHex() +
+                    "; there is nothing to show");
+  }
+  return std::move(*w);
 }
 
 }  // namespace meshlearn::node

@@ -465,6 +465,91 @@ TEST(StepWitnessSizeTest, TinyGptSegmentWitnessProvesItsBatchesByTheirPages) {
             StatusCode::kNotFound);
 }
 
+// The merits of a whistleblower's dispute (ProveMerits): the witness of the disputed segment, not
+// the first that differs. A solver whose state after step 10 is not the true one (leaf 1 moved)
+// and whose segment 1 does not follow from it either: BuildSegmentWitness proves segment 0;
+// BuildSegmentWitnessOf proves segment 1 from the solver's own state at its start (what the
+// whistleblower replayed it from), and the ledger's replay of it starts from the committed leaf 1
+// and ends elsewhere than leaf 2. Without that state, or for a segment that follows from it,
+// there is nothing to show.
+TEST(StepWitnessSizeTest, TheMeritsWitnessOfTheDisputedSegmentStartsFromTheSolversState) {
+  Env* env = Env::Default();
+  const std::string path = std::string(MESHLEARN_SOURCE_DIR) + "/examples/tiny-gpt.toml";
+  Result<std::string> text = env->ReadFile(path);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  const std::string bundle = *text +
+                             "\n[network]\nrounds = 2\nunits_per_round = 2\ninner_steps = 20\n"
+                             "checkpoint_interval = 10\n";
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Parse(bundle, "tiny-gpt.toml", "/");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<ConfigFile> cfg = ConfigFile::Parse(bundle, "tiny-gpt.toml");
+  ASSERT_TRUE(cfg.ok());
+  const protocol::NetworkSpec net = protocol::NetworkSpec::FromConfig(*cfg).value();
+  std::unique_ptr<engine::Trainer> trainer = engine::Trainer::Create(env, *spec).value();
+  const TaskFacts facts = ComputeTaskFacts(*trainer, net);
+  const GlobalState start = InitialState(*trainer);
+  const Bytes start_blob = EncodeGlobalState(start);
+  const UnitWork work = protocol::UnitWorkOf(net, facts, 0, 1);
+  std::unique_ptr<engine::TokenPageTree> pages;
+  std::unique_ptr<engine::DataTree> tree;
+  EnsureDataProofs(trainer->data(), &pages, &tree);
+  ASSERT_NE(pages, nullptr);
+  // The solver's state after step 10: the true one, one weight moved.
+  const int64_t ten[] = {10};
+  ASSERT_TRUE(ReplayToSteps(trainer.get(), start.weights, work, 0, nullptr, ten).ok());
+  std::vector<float> flat = engine::FlatState(trainer->state());
+  flat[0] += 0.25f;
+  auto solver_state = [&] {
+    return engine::StateFromFlat(
+               trainer->task().model,
+               engine::UnitOptimizerSpec(trainer->task().optimizer, work.lr_scale), flat, 10,
+               trainer->task().seed, work.stream)
+        .value();
+  };
+  engine::TrainState moved = solver_state();
+  const std::vector<Hash256> true_leaves =
+      ReplayToSteps(trainer.get(), start.weights, work, 0, nullptr,
+                    protocol::HashedSteps(work.inner_steps, work.checkpoint_interval))
+          .value();
+  const std::vector<Hash256> leaves = {true_leaves[0], engine::StateHash(moved),
+                                       Blake2b("a made-up end")};
+  ASSERT_NE(leaves[1], true_leaves[1]);
+  Result<BuiltSegmentWitness> first =
+      BuildSegmentWitness(trainer.get(), start_blob, work, leaves, bundle, pages.get(), nullptr);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->segment, 0u);
+  Result<BuiltSegmentWitness> w = BuildSegmentWitnessOf(trainer.get(), start_blob, work, leaves, 1,
+                                                        &moved, bundle, pages.get(), nullptr);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->segment, 1u);
+  EXPECT_EQ(w->committed_end, leaves[2]);
+  EXPECT_EQ(w->witness.state, flat);
+  // The ledger's replay of it (what ProveMerits runs), from the committed leaf 1.
+  engine::TrainState st = solver_state();
+  EXPECT_EQ(engine::StateHash(st), leaves[1]);
+  Result<Hash256> end = ledger::RunSegmentSteps(
+      trainer->task(), work.stream, static_cast<uint64_t>(pages->num_tokens()), pages->root(), st,
+      10, w->witness.examples, w->witness.pages, "segment");
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_EQ(*end, w->replayed_end);
+  EXPECT_NE(*end, leaves[2]);
+  // Replayed from the unit's start, the segment does not start at the committed leaf 1.
+  EXPECT_EQ(BuildSegmentWitnessOf(trainer.get(), start_blob, work, leaves, 1, nullptr, bundle,
+                                  pages.get(), nullptr)
+                .status()
+                .code(),
+            StatusCode::kFailedPrecondition);
+  // A segment that follows from its start has no merits to show.
+  std::vector<Hash256> followed = leaves;
+  followed[2] = *end;
+  engine::TrainState again = solver_state();
+  EXPECT_EQ(BuildSegmentWitnessOf(trainer.get(), start_blob, work, followed, 1, &again, bundle,
+                                  pages.get(), nullptr)
+                .status()
+                .code(),
+            StatusCode::kNotFound);
+}
+
 // A model whose step witness could not be posted is still submitted with its data root: a
 // verifying chain refuses an exact-mode task without one (no genesis key rules its disputes).
 TEST(StepWitnessSizeTest, AModelTooLargeToWitnessStillDeclaresItsDataRoot) {

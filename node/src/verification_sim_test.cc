@@ -633,5 +633,52 @@ TEST(VerificationSimTest, WhistleblowerCatchesWhatARubberStampApproved) {
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
+// A solver that trains on another unit's data (wrong_data) answers the whistleblower's dispute
+// over steps with its own states but has no step to show in the tile phase, so it falls silent
+// there, on purpose: its silence alone would spare the verifier that approved its unit unread. In
+// the merits window that follows, the whistleblower's node shows the disputed segment on its
+// merits (ProveMerits: the segment's witness from the solver's checkpoint it replayed from), the
+// ledger replays it, and the rubber stamp is slashed with the cheat. The final model is honest.
+TEST(VerificationSimTest, AWhistleblowerShowsTheMeritsOfADisputeItsSolverFellSilentIn) {
+  VerifyFixture f(71, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/2);
+  SimHarness* simp = nullptr;
+  bool window_seen = false;
+  SimOptions o{.seed = 71, .nodes = 4, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = ledger::kRoleVerifier},
+                    {.roles = ledger::kRoleWhistleblower}};
+  o.tweak_genesis = VerifyingChain();
+  o.tweak_params = [](ledger::TaskParams& p) { p.verification_window_blocks = 30; };
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) a.adversary = Adversary::kWrongData;
+    if (i == 2) a.adversary = Adversary::kRubberStamp;
+    if (i == 3) a.whistleblower_sample = 1.0;
+  };
+  o.on_block = [&](uint64_t) {
+    const json t = simp->Task(true);
+    for (const json& u : t.value("units", json::array())) {
+      if (u.contains("check") && u["check"].is_object() && u["check"].contains("merits_deadline")) {
+        window_seen = true;
+      }
+    }
+  };
+  SimHarness sim(o);
+  simp = &sim;
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(600);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  EXPECT_GT(sim.agent(3)->stats().challenges, 0u);
+  EXPECT_TRUE(window_seen) << "the solver never fell silent in a whistleblower's dispute";
+  EXPECT_GT(sim.agent(3)->stats().merits_shown, 0u);
+  EXPECT_GE(Tally(sim, "fraud"), 1u);
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  EXPECT_GT(Slashes(sim, 2), 0u) << "the rubber stamp, slashed only on the merits";
+  ExpectNeverSlashed(sim, {1, 3});
+  ExpectFinalModelIsHonest(sim, f);
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
 }  // namespace
 }  // namespace meshlearn::node

@@ -409,7 +409,7 @@ bool UnitCheck::AwaitsVerdicts() const {
          !std::ranges::all_of(slots_, [](const VerdictSlot& v) { return v.commitment.has_value(); });
 }
 
-Result<CheckEffects> UnitCheck::OnBlock(uint64_t height, bool earlier_verdicts_in) {
+Result<CheckEffects> UnitCheck::OnBlock(uint64_t height, bool earlier_verdicts_in, Merits merits) {
   CheckEffects fx;
   if (stage_ == CheckStage::kCheckCommitVerdicts && height > deadline_) {
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -455,12 +455,14 @@ Result<CheckEffects> UnitCheck::OnBlock(uint64_t height, bool earlier_verdicts_i
   }
   if (stage_ == CheckStage::kCheckDisputed) {
     ML_RETURN_IF_ERROR(dispute_->OnBlock(height));
-    if (dispute_->stage() == DisputeStage::kDisputeResolved) return OnDisputeResolved(height);
+    if (dispute_->stage() == DisputeStage::kDisputeResolved) {
+      return OnDisputeResolved(height, merits);
+    }
   }
   return fx;
 }
 
-Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
+Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height, Merits merits) {
   if (stage_ != CheckStage::kCheckDisputed || !dispute_ ||
       dispute_->stage() != DisputeStage::kDisputeResolved) {
     return FailedPrecondition("unit check: no resolved dispute for " + config_.unit.ToString());
@@ -489,6 +491,14 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height) {
     // lazy solver spare its rubber stamps by falling silent on purpose. So the merits window
     // opens: the claim may still be shown on the merits (OnMeritsShown), else only the solver
     // pays (OnBlock at the window's end).
+    if (!o.defender_honest && o.defender_silent && merits == Merits::kMeritsNotShowable) {
+      // Nobody can show this unit's merits on chain (the ledger replays none of its segments):
+      // a window would hold the round for nothing. It settles as the window's end would.
+      fx = SettleWhistleblowerWin(/*on_merits=*/false, *whistleblower_);
+      reason_ = "whistleblower dispute: " + o.reason +
+                "; the solver lost by its silence alone (its merits cannot be shown on chain)";
+      return fx;
+    }
     if (!o.defender_honest && o.defender_silent) {
       merits_deadline_ = height + config_.dispute_response_blocks;
       reason_ = "whistleblower dispute: " + o.reason + "; its merits may be shown until height " +

@@ -722,6 +722,40 @@ TEST(UnitCheckTest, TheMeritsWindowClosesIntoALossBySilenceAlone) {
   EXPECT_FALSE(back->awaits_merits());
 }
 
+// Where the ledger cannot rule the unit on its merits (a pipeline stage, tolerance mode, no data
+// root, a state over the witness bound: ledger::ProveMeritsRefusal), a solver's silence in a
+// whistleblower's dispute opens no merits window, which would hold the round for nothing: the
+// check settles at the block the solver's turn ends, as the window's end would (the solver
+// slashed alone, the whistleblower paid the jackpot's share of its slash).
+TEST(UnitCheckTest, ASilentSolverWhoseMeritsCannotBeShownLosesAtOnce) {
+  UnitCheck c = Selected(CheckTestConfig(true));
+  const NodeId a = c.verifiers()[0], b = c.verifiers()[1];
+  RunWindows(c, true, {Verdict::kVerdictClean, Verdict::kVerdictClean});
+  ASSERT_TRUE(c.OnChallenge(kWhistle, ClaimFor(true, 1), 110).ok());
+  const DisputeQuery q = c.mutable_dispute()->query();
+  ASSERT_TRUE(
+      c.mutable_dispute()->Post(DisputeParty::kChallenger, q.position, Blake2b("t"), 111).ok());
+  CheckEffects fx;
+  uint64_t h = 111;
+  for (; !fx.settled && h <= q.deadline_height + 1; ++h) {
+    fx = *c.OnBlock(h, false, Merits::kMeritsNotShowable);
+    EXPECT_FALSE(c.awaits_merits()) << "height " << h;
+  }
+  ASSERT_TRUE(fx.settled) << c.reason();
+  EXPECT_EQ(h - 1, q.deadline_height + 1);  // the first block after the solver's turn
+  EXPECT_EQ(c.stage(), CheckStage::kCheckSettled);
+  EXPECT_EQ(c.result(), CheckResult::kCheckFraud);
+  EXPECT_EQ(fx.slash, std::vector<NodeId>{kSolver});
+  EXPECT_FALSE(Has(fx.slash, a));
+  EXPECT_FALSE(Has(fx.slash, b));
+  EXPECT_EQ(fx.bounty, kWhistle);
+  EXPECT_TRUE(fx.bounty_by_silence);
+  EXPECT_TRUE(fx.rerun_unit);
+  EXPECT_NE(c.reason().find("its merits cannot be shown on chain"), std::string::npos)
+      << c.reason();
+  EXPECT_EQ(c.OnMeritsShown(kWhistle, 1, h).status().code(), StatusCode::kFailedPrecondition);
+}
+
 // A merits deadline on a check without a whistleblower's resolved dispute is refused; an empty
 // silent-loss list with nothing after it too.
 TEST(UnitCheckTest, AMeritsWindowIsEncodedOnlyOnAWhistleblowersResolvedDispute) {

@@ -14,7 +14,9 @@ namespace meshlearn::node {
 
 struct VerifyJob {
   // kTrace: the disputed step replayed with its operator trace (phases 2-4 of a tile dispute).
-  enum class Kind { kVerdict, kDispute, kWhistle, kWitness, kTrace };
+  // kMerits: a whistleblower's witness of its dispute's segment, in the merits window its silent
+  // solver left (ProveMerits).
+  enum class Kind { kVerdict, kDispute, kWhistle, kWitness, kTrace, kMerits };
   Kind kind = Kind::kVerdict;
   const CheckAssignment* check = nullptr;  // in this tick's NodeWork
   uint64_t deadline = 0;  // the last height a transaction it sends may land in

@@ -26,6 +26,7 @@ std::string_view VerifyActionKindName(VerifyAction::Kind k) {
     case Kind::kWitness: return "witness";
     case Kind::kProve: return "prove";
     case Kind::kPost: return "post";
+    case Kind::kMerits: return "merits";
   }
   return "unknown";
 }

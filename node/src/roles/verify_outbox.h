@@ -1,6 +1,6 @@
 // The verification transactions of a node's roles, each sent at most once per check (not a
 // public header): a secret reveal, a verdict's commitment and reveal, a challenge, a dispute
-// post, a step witness, a result proof.
+// post, a step witness, a result proof, a dispute's merits.
 //
 // An action is sent once; a failed receipt lets it be sent again, up to kMaxVerifyAttempts
 // attempts in all, then it is given up (as is one whose witness could not be built). A sent
@@ -27,7 +27,16 @@ inline constexpr int kMaxVerifyAttempts = 3;
 // tells two of a kind apart (the secret's index, the witnessed step, a dispute post's first
 // step, last step, position and deadline).
 struct VerifyAction {
-  enum class Kind : uint8_t { kSecret, kCommit, kReveal, kChallenge, kWitness, kProve, kPost };
+  enum class Kind : uint8_t {
+    kSecret,
+    kCommit,
+    kReveal,
+    kChallenge,
+    kWitness,
+    kProve,
+    kPost,
+    kMerits,  // ProveMerits
+  };
   std::string dir;
   Kind kind = Kind::kSecret;
   std::vector<uint64_t> detail;

@@ -2,8 +2,14 @@
 
 #include "disputes.h"
 #include "journal.h"
+#include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/ledger/referee_tile.h"
+#include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/node/adversary.h"
+#include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/step_witness.h"
 #include "meshlearn/protocol/draw.h"
+#include "meshlearn/protocol/task_model.h"
 #include "records.h"
 #include "segment_checker.h"
 #include "verifier.h"
@@ -79,6 +85,82 @@ Status Whistleblower::Run(const CheckAssignment& c) {
                                             .claim = std::move(claim),
                                             .bundle = {std::move(*bundle)}})) {
     ++node_->stats().challenges;
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The ProveMerits of the dispute of check `c` (one per check: a dispute that ends in a merits
+// window settles the check).
+VerifyAction MeritsAction(const std::string& dir, const DisputeView& d) {
+  return {.dir = dir, .kind = VerifyAction::Kind::kMerits, .detail = {d.first_step, d.last_step}};
+}
+
+}  // namespace
+
+void Whistleblower::PlayMerits(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
+  if (c.merits_deadline == 0 || !c.dispute || c.dispute->challenger != node_->id()) return;
+  const std::string dir = node_->VerifyDir(c);
+  if (outbox_->Done(MeritsAction(dir, *c.dispute))) return;
+  Result<TaskContext*> ctx = node_->GetTask(c.task_id);
+  if (!ctx.ok() || ledger::ProveMeritsRefusal((*ctx)->info.params) != nullptr) return;
+  if (!node_->env()->FileExists(JoinPath(dir, "challenge.json"))) return;  // not our finding
+  urgent->push_back({VerifyJob::Kind::kMerits, &c, c.merits_deadline});
+}
+
+Status Whistleblower::RunMerits(const CheckAssignment& c) {
+  const DisputeView& d = *c.dispute;
+  const std::string dir = node_->VerifyDir(c);
+  const VerifyAction action = MeritsAction(dir, d);
+  if (outbox_->Done(action)) return Status::Ok();
+  auto give_up = [&](const std::string& why) {
+    node_->Log(CheckName(c) + ": no merits to show for the solver's silence: " + why);
+    outbox_->GiveUp(action);
+    return Status::Ok();
+  };
+  Result<journal::ChallengeRecord> record =
+      journal::ReadJournal<journal::ChallengeRecord>(node_->env(), JoinPath(dir, "challenge.json"));
+  if (!record.ok()) return give_up(record.status().message());
+  const journal::Finding& f = record->finding;
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
+  const UnitWork work = protocol::UnitWorkOf(ctx->bundle.net, ctx->facts, c.round, c.shard);
+  const protocol::SegmentSteps steps =
+      protocol::SegmentStepsOf(static_cast<uint64_t>(work.inner_steps),
+                               static_cast<uint64_t>(work.checkpoint_interval), f.segment);
+  if (!f.mismatch || steps.first_step != d.first_step || steps.last_step != d.last_step) {
+    return give_up("the challenge journaled here is not this dispute's (segment " +
+                   std::to_string(f.segment) + ")");
+  }
+  // The segment starts from the state the challenge replayed it from: the solver's checkpoint
+  // (it hashes to the committed leaf), else the unit replayed from the round's start.
+  std::optional<engine::TrainState> at_start;
+  if (!f.checkpoint.empty() && node_->env()->FileExists(f.checkpoint)) {
+    Result<engine::TrainState> st = engine::LoadCheckpoint(node_->env(), f.checkpoint);
+    if (st.ok() && st->step == static_cast<int64_t>(steps.first_step)) at_start = std::move(*st);
+  }
+  ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));
+  ML_ASSIGN_OR_RETURN(Bytes bundle, node_->FetchBlob(ctx->info.spec_hash, {}, ""));
+  ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
+  EnsureDataProofs(*data, &ctx->token_pages, &ctx->data_tree);
+  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+  Result<BuiltSegmentWitness> w = BuildSegmentWitnessOf(
+      trainer, EncodeGlobalState(start), work, c.leaves, f.segment, at_start ? &*at_start : nullptr,
+      AsStringView(bundle), ctx->token_pages.get(), ctx->data_tree.get());
+  if (!w.ok()) return give_up(w.status().message());
+  Bytes witness = ledger::EncodeSegmentWitness(w->witness);
+  const std::string shown = "segment " + std::to_string(f.segment) + " replays to " +
+                            w->replayed_end.ShortHex() + ", committed " +
+                            w->committed_end.ShortHex();
+  node_->Log(CheckName(c) +
+             ": the solver fell silent in this node's dispute; showing its merits: " + shown +
+             " (ProveMerits, " + std::to_string(witness.size()) + " bytes)");
+  if (outbox_->Send(action, ledger::ProveMeritsTx{.task_id = c.task_id,
+                                                  .index = c.index,
+                                                  .node_id = node_->id(),
+                                                  .segment = f.segment,
+                                                  .witness = {std::move(witness)}})) {
+    ++node_->stats().merits_shown;
   }
   return Status::Ok();
 }

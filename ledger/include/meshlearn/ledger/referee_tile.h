@@ -178,6 +178,24 @@ inline constexpr uint64_t kMaxStepWitnessState = kMaxWitnessBytes / 2;
 // over whole steps.
 bool DisputeNeedsBundle(const TaskParams& params);
 
+// Why the ledger cannot replay a unit's segment from a SegmentWitness (ExecuteSegmentWitness:
+// ProveFraud, ProveMerits) of a task with these params, or nullptr where it can: an exact-mode
+// task with a data root (over examples or token pages). A pipeline stage's step is another
+// witness (ProveFraud's own rule).
+const char* SegmentReplayRefusal(const TaskParams& params);
+
+// Why a whistleblower's dispute on a unit of a task with these params cannot be ruled on its
+// merits (ProveMeritsTx), or nullptr where it can: SegmentReplayRefusal's tasks, a pipeline task
+// (ProveMerits carries a segment witness, not a stage step's), and a task whose unit state
+// (MaxUnitStateBytes) may be over kMaxStepWitnessState, whose segment witness (the start state,
+// then the segment's batches) may not fit a transaction. The one rule for both ends: the ledger
+// refuses ProveMerits on such a task, and a solver's silence in a whistleblower's dispute there
+// opens no merits window (protocol::Merits::kMeritsNotShowable): it settles at once as a loss by
+// silence alone, not holding its round `dispute_response_blocks` more blocks for nothing
+// (docs/verification.md, "A solver silent in a whistleblower's dispute"). A node sends
+// ProveMerits only where this is nullptr.
+const char* ProveMeritsRefusal(const TaskParams& params);
+
 // A stage unit's claim that the stage served nothing for the step (the `unserved` finding: the
 // claim's replayed_end is StageUnservedLeaf of its solver_end). Its dispute is played over the
 // whole step: the tile phase needs both parties to trace the step from the stage's served

@@ -43,7 +43,9 @@
 //                       assignee, deadline_height, result_hash, commitment, loss_micros, price,
 //                       paid, assignment_beacon, secret_index, check}] (check: null, or
 //                       {stage, result, reason, solver, commit_height, deadline_height,
-//                       verifiers, segments, num_segments, dispute: null | {stage, defender,
+//                       verifiers, segments, num_segments, merits_deadline? (only while a
+//                       whistleblower's dispute its solver lost by silence awaits ProveMerits),
+//                       dispute: null | {stage, defender,
 //                       challenger, first_step, last_step, agreed, turns, query | referee |
 //                       outcome}}) (status: pending | assigned | committed | verified | failed |
 //                       cancelled; index = round * units_per_round + shard)

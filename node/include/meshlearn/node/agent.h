@@ -276,6 +276,7 @@ struct AgentStats {
   uint64_t mismatches = 0;          // ... of which "mismatch"
   uint64_t verdicts_revealed = 0;   // RevealVerdict sent
   uint64_t challenges = 0;          // ChallengeUnit sent
+  uint64_t merits_shown = 0;        // ProveMerits sent (a silent solver's dispute, on its merits)
   uint64_t dispute_posts = 0;       // DisputePost and DisputeChildren sent
   uint64_t tile_witnesses = 0;      // RefereeTile sent
   uint64_t tile_witness_bytes = 0;  // ... the largest witness among them

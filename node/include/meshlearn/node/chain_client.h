@@ -228,6 +228,9 @@ struct CheckAssignment {
   std::vector<uint32_t> segments;  // drawn k-step segments to replay
   uint32_t num_segments = 0;
   std::optional<DisputeView> dispute;
+  // While a whistleblower's dispute the solver lost by its silence awaits its merits
+  // (protocol::UnitCheck::awaits_merits): the last height a ProveMerits may land in; else 0.
+  uint64_t merits_deadline = 0;
 
   bool HasRole(CheckRole role) const;
 };

@@ -145,6 +145,19 @@ Result<BuiltSegmentWitness> BuildSegmentWitness(engine::Trainer* trainer, ByteSp
                                                 const engine::TokenPageTree* pages,
                                                 const engine::DataTree* tree);
 
+// The witness of segment `segment` of unit `work` (what ProveMerits carries: the segment a
+// whistleblower's dispute was about, not necessarily the first that differs). The segment starts
+// from the state `at_start` (a checkpoint at its first step, e.g. the solver's one the
+// whistleblower replayed from; moved into the trainer) or, when null, from the unit replayed from
+// the round's start `start_blob`; segment 0 always from the round's start. That state must hash
+// to the committed leaf `segment` (the ledger checks it): FailedPrecondition otherwise. NotFound
+// when the segment replays to its committed end (nothing to show); InvalidArgument as
+// BuildSegmentWitness, and for a segment out of range. Moves the trainer.
+Result<BuiltSegmentWitness> BuildSegmentWitnessOf(
+    engine::Trainer* trainer, ByteSpan start_blob, const UnitWork& work,
+    std::span<const Hash256> leaves, uint32_t segment, engine::TrainState* at_start,
+    std::string_view bundle, const engine::TokenPageTree* pages, const engine::DataTree* tree);
+
 // The size of a segment witness of `steps` steps (the start state, steps x one batch with its
 // proofs: examples, or a token task's pages, the bundle), bounded as StepWitnessBound bounds a
 // step's.

@@ -147,6 +147,16 @@ struct CheckEffects {
   bool settled = false;                // this event settled the check
 };
 
+// Whether the ledger can rule the disputed segment of a check's unit on its merits
+// (ProveMerits: it replays the segment from a witness). The ledger decides it from the task
+// (ledger::ProveMeritsRefusal) and tells OnBlock: a whistleblower's dispute its solver lost by
+// silence waits in the merits window only where the merits can be shown; elsewhere the window
+// would hold the round for nothing, and the loss by silence alone settles at once.
+enum class Merits : uint8_t {
+  kMeritsShowable = 0,
+  kMeritsNotShowable,
+};
+
 class UnitCheck {
  public:
   static Result<UnitCheck> Create(const UnitCheckConfig& config);
@@ -210,7 +220,10 @@ class UnitCheck {
   //   forward from it), so reveal windows must open in secret order, as the fixed windows make
   //   them;
   //   the reveal window, once the secret and every committed verdict are revealed.
-  Result<CheckEffects> OnBlock(uint64_t height, bool earlier_verdicts_in);
+  // `merits`: whether a whistleblower's dispute the solver loses by silence at this block opens
+  // the merits window (OnDisputeResolved).
+  Result<CheckEffects> OnBlock(uint64_t height, bool earlier_verdicts_in,
+                               Merits merits = Merits::kMeritsShowable);
   // Whether verdicts are still to be committed (before the beacon, or a drawn verifier has not
   // committed): the solver's secret, and every later one, must stay unrevealed.
   bool AwaitsVerdicts() const;
@@ -218,13 +231,16 @@ class UnitCheck {
   // `height`. A solver that wins refutes the mismatches claimed in that segment only: a mismatch
   // another verifier claimed in a different segment opens the next dispute (at `height`), so a
   // colluding verifier cannot shield a cheat by losing a dispute on a segment that was honest.
-  Result<CheckEffects> OnDisputeResolved(uint64_t height);
+  // A whistleblower's dispute lost by the solver's silence opens the merits window only with
+  // kMeritsShowable; with kMeritsNotShowable it settles at once, as the window's end would.
+  Result<CheckEffects> OnDisputeResolved(uint64_t height, Merits merits = Merits::kMeritsShowable);
   // A whistleblower challenges a unit settled clean or unchecked (the ledger allows it until
   // the unit's round is final): a dispute between the solver and the whistleblower. If the
   // solver loses by a ruling, every verifier that revealed "clean" is slashed with it. If it
   // loses only by missing its turn, the check stays disputed through the merits window
   // (`dispute_response_blocks` more blocks, awaits_merits()) and settles as fraud by
-  // OnMeritsShown or at the window's end (OnBlock: the solver slashed, nobody else).
+  // OnMeritsShown or at the window's end (OnBlock: the solver slashed, nobody else); where the
+  // merits cannot be shown (Merits::kMeritsNotShowable), at once as at the window's end.
   Status OnChallenge(const NodeId& whistleblower, const MismatchClaim& claim, uint64_t height);
   // Whether a whistleblower's dispute was lost by the solver's silence and the merits window is
   // open (until merits_deadline(), inclusive).
