@@ -140,7 +140,8 @@ struct ScrapedNodeMetrics {
   uint64_t units_trained = 0;
   uint64_t bytes_sent = 0;
   double seconds_running = 0, seconds_waiting = 0;
-  uint64_t whole_models_built = 0;  // 0: the node held only its stages, never the whole model
+  uint64_t whole_models_built = 0;  // 0: no whole-model trainer (a pipeline task's aggregator
+                                    // evaluates with the weights alone)
   uint64_t whole_model_moments_bytes = 0;  // after its last aggregation: 0 on a pipeline task
 };
 Result<ScrapedNodeMetrics> ScrapeNodeMetrics(const std::string& host_port) {

@@ -286,9 +286,13 @@ class NodeMetrics {
                "checkpoint file and the received tensors a step), until their rounds are final.")
         .Sample("meshlearn_node_stage_evidence_bytes", {}, st.stage_evidence_bytes);
     out.Family("meshlearn_node_whole_model_moments_bytes", "gauge",
-               "Optimizer moment bytes the whole-model trainer of this node's last aggregation "
-               "holds after it (0 on a pipeline task: the aggregator drops them).")
+               "Optimizer moment bytes this node's whole-model trainer holds after its last "
+               "aggregation (0 on a pipeline task: its aggregator builds no trainer).")
         .Sample("meshlearn_node_whole_model_moments_bytes", {}, st.whole_model_moments_bytes);
+    out.Family("meshlearn_node_whole_model_gradient_bytes", "gauge",
+               "Gradient bytes this node's whole-model trainer holds after its last aggregation "
+               "(0 on a pipeline task: its aggregator evaluates with the weights alone).")
+        .Sample("meshlearn_node_whole_model_gradient_bytes", {}, st.whole_model_gradient_bytes);
     out.Family("meshlearn_node_work_seconds", "histogram",
                "Time of the agent tick that ran a unit, an aggregation or a verification.");
     unit_seconds_.Write(out, "meshlearn_node_work_seconds", {{"kind", "unit"}});

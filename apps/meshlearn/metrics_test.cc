@@ -82,6 +82,7 @@ TEST(Metrics, ChainServeAndNodeRunServePrometheusText) {
   // The agent's gauges are on the page before the node has done any work (0, not absent: -1).
   EXPECT_EQ(Value(node_second, "meshlearn_node_stage_evidence_bytes"), 0) << node_second;
   EXPECT_EQ(Value(node_second, "meshlearn_node_whole_model_moments_bytes"), 0) << node_second;
+  EXPECT_EQ(Value(node_second, "meshlearn_node_whole_model_gradient_bytes"), 0) << node_second;
 
   // The ledger's page: the node registered (active), the supply is where genesis put it.
   std::string chain_page;

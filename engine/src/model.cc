@@ -1097,10 +1097,10 @@ Model::InitRule& Model::AddParam(std::string name, Shape shape, bool keep) {
   return init_.back();
 }
 
-void Model::AllocateParams() {
+void Model::AllocateParams(bool gradients) {
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].value = Tensor(param_shapes_[i]);
-    params_[i].grad = Tensor(param_shapes_[i]);
+    if (gradients) params_[i].grad = Tensor(param_shapes_[i]);
   }
   if (!tied_shape_.empty()) tied_weight_ = Tensor(tied_shape_);
   tape_ = MakeTape();
@@ -1200,6 +1200,22 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
                              "); make the model smaller");
   }
   m->AllocateParams();
+  return m;
+}
+
+Result<std::unique_ptr<Model>> Model::CreateForEvaluation(const ModelSpec& spec) {
+  ML_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Plan(spec, {}));
+  MemoryEstimate e = m->PlannedMemory(1, 1);
+  std::string source;
+  const uint64_t available = AvailableMemoryBytes(&source);
+  if (e.parameters > static_cast<double>(available)) {
+    return ResourceExhausted(e.largest + ": the model has " + std::to_string(e.num_parameters) +
+                             " parameters; its weights need " + FormatBytes(e.parameters) +
+                             " but this machine has " +
+                             FormatBytes(static_cast<double>(available)) + " available (" + source +
+                             "); make the model smaller");
+  }
+  m->AllocateParams(/*gradients=*/false);
   return m;
 }
 

@@ -545,7 +545,9 @@ Status Trainer::Resume(TrainState st) {
   return Status::Ok();
 }
 
-int64_t Trainer::samples_per_step() const { return task_.batch_size; }
+int64_t SamplesPerStep(const TaskSpec& task) { return task.batch_size; }
+
+int64_t Trainer::samples_per_step() const { return SamplesPerStep(task_); }
 
 DataStream::DataStream(const TaskSpec& task, const TaskData& data, uint64_t stream)
     : data_(&data),
@@ -588,19 +590,31 @@ std::vector<float> Trainer::FlatParams() const {
   return flat;
 }
 
-Status Trainer::SetFlatParams(std::span<const float> params) {
-  const int64_t n = state_.model->NumParameters();
+Status SetFlatParams(Model& model, std::span<const float> params) {
+  const int64_t n = model.NumParameters();
   if (static_cast<int64_t>(params.size()) != n) {
     return InvalidArgument("weights have " + std::to_string(params.size()) +
                            " values but the model has " + std::to_string(n) + " parameters");
   }
   size_t off = 0;
-  for (Param& p : state_.model->params()) {
+  for (Param& p : model.params()) {
     std::copy(params.begin() + static_cast<std::ptrdiff_t>(off),
               params.begin() + static_cast<std::ptrdiff_t>(off + p.value.size()), p.value.data());
     off += static_cast<size_t>(p.value.size());
   }
   return Status::Ok();
+}
+
+Status Trainer::SetFlatParams(std::span<const float> params) {
+  return engine::SetFlatParams(*state_.model, params);
+}
+
+Result<std::unique_ptr<Evaluator>> Evaluator::Create(TaskSpec task,
+                                                     std::shared_ptr<const TaskData> data) {
+  CHECK(data != nullptr);
+  std::unique_ptr<Evaluator> e(new Evaluator(std::move(task), std::move(data)));
+  ML_ASSIGN_OR_RETURN(e->model_, Model::CreateForEvaluation(e->task_.model));
+  return e;
 }
 
 Status Trainer::StartUnit(uint64_t stream, std::span<const float> params, double lr_scale) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -175,6 +176,55 @@ TEST(DeterminismTest, TinyGptStateHashSameForAllThreadsAndSimd) {
   TaskSpec t = LoadExample("tiny-gpt.toml");
   t.batch_size = 4;
   ExpectSameHashEverywhere(t, 3);
+}
+
+// An Evaluator holds the whole model's weights and nothing training needs (no gradient, no
+// optimizer), and evaluates a state bit for bit as a Trainer does at the same weights (a
+// pipeline task's aggregator evaluates with one: node/roles/aggregator.cc).
+TEST(EvaluatorTest, HoldsOnlyTheWeightsAndEvaluatesAsTheTrainer) {
+  TaskSpec t = LoadExample("tiny-gpt.toml");
+  t.batch_size = 4;
+  t.eval_batches = 2;
+  Result<TaskData> loaded = LoadTaskData(Env::Default(), t);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  auto data = std::make_shared<const TaskData>(std::move(*loaded));
+  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(t, data);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  for (int s = 0; s < 2; ++s) (*tr)->Step();
+  const std::vector<float> weights = (*tr)->FlatParams();
+  Result<std::unique_ptr<Evaluator>> ev = Evaluator::Create(t, data);
+  ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+  uint64_t values = 0, grads = 0, trainer_grads = 0;
+  for (const Param& p : (*ev)->model().params()) {
+    values += static_cast<uint64_t>(p.value.size());
+    grads += static_cast<uint64_t>(p.grad.size());
+  }
+  for (const Param& p : (*tr)->state().model->params()) {
+    trainer_grads += static_cast<uint64_t>(p.grad.size());
+  }
+  EXPECT_EQ(values, weights.size());
+  EXPECT_EQ(grads, 0u);
+  EXPECT_EQ(trainer_grads, weights.size());  // what the Evaluator does not hold
+  uint64_t moments = 0;
+  for (const Optimizer::NamedState& m : (*tr)->state().optimizer->State()) {
+    moments += static_cast<uint64_t>(m.tensor->size());
+  }
+  std::printf(
+      "tiny-gpt, %zu weights: a trainer holds %llu weight, %llu gradient and %llu moment "
+      "bytes; the evaluator %llu weight bytes\n",
+      weights.size(), static_cast<unsigned long long>(weights.size() * 4),
+      static_cast<unsigned long long>(trainer_grads * 4),
+      static_cast<unsigned long long>(moments * 4), static_cast<unsigned long long>(values * 4));
+  ASSERT_TRUE((*ev)->SetFlatParams(weights).ok());
+  const EvalResult want = (*tr)->Evaluate();
+  const EvalResult got = (*ev)->Evaluate();
+  EXPECT_EQ(std::memcmp(&got.loss, &want.loss, sizeof(double)), 0) << got.loss << " " << want.loss;
+  EXPECT_EQ(got.samples, want.samples);
+  EXPECT_GT(got.samples, 0);
+  std::vector<float> short_weights(weights.begin(), weights.end() - 1);
+  Status wrong = (*ev)->SetFlatParams(short_weights);
+  EXPECT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.message().find("parameters"), std::string::npos) << wrong.message();
 }
 
 // Both code-gpt sizes (issue 14) on the Python corpus, at small batches: every op of the GPT at

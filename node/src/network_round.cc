@@ -9,8 +9,13 @@
 
 namespace meshlearn::node {
 
+uint64_t UnitSamples(const engine::TaskSpec& task, const NetworkSpec& net) {
+  return static_cast<uint64_t>(net.inner_steps) *
+         static_cast<uint64_t>(engine::SamplesPerStep(task));
+}
+
 uint64_t UnitSamples(const engine::Trainer& trainer, const NetworkSpec& net) {
-  return static_cast<uint64_t>(net.inner_steps) * static_cast<uint64_t>(trainer.samples_per_step());
+  return UnitSamples(trainer.task(), net);
 }
 
 Result<protocol::AggregateResult> ApplyRound(GlobalState* state, std::span<const RoundDelta> deltas,

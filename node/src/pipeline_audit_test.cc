@@ -8,6 +8,7 @@
 // and finished) is found at its step, and the witness the audit builds is accepted by the
 // ledger, which slashes the stage's node.
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -19,6 +20,7 @@
 #include "meshlearn/base/blob.h"
 #include "meshlearn/base/test_dir.h"
 #include "meshlearn/node/adversary.h"
+#include "meshlearn/node/state_blob.h"
 #include "meshlearn/node/task_audit.h"
 #include "meshlearn/protocol/stage_transfer.h"
 #include "testing/pipeline_task.h"
@@ -258,6 +260,48 @@ TEST_F(PipelineAuditTest, AMadeUpReceivedRecordIsProvenFromTheStagesCommitAlone)
   EXPECT_EQ(protocol::DecodeStageStepCommit(w->commit).value(), commits[1]);
 }
 
+// A final round holding a stage unit whose committed delta does not decode (the record's
+// result_hash rewritten here to a blob of too few floats, served): the audit names the unit, the
+// stage's fault, and says why its round is not recomputed (its aggregator reports such a unit:
+// Aggregator::ApplyStages); it goes on from the round's recorded state, so round 1 is still
+// recomputed and every other unit passes.
+TEST_F(PipelineAuditTest, AStageDeltaThatDoesNotDecodeIsNamedAsTheStagesFault) {
+  json record = honest_->task;
+  const Bytes garbage = EncodeDelta(std::vector<float>{1.0f, 2.0f, 3.0f});
+  const Hash256 garbage_id = BuildManifest(garbage).id().hash;
+  Unit(record, 1)["result_hash"] = garbage_id.ToHex();  // round 0, replica 0, stage 1
+  BlobGetter all = NodeBlobs(honest_->sim.get(), 6);
+  BlobGetter get = [&](const Hash256& h) -> Result<Bytes> {
+    if (h == garbage_id) return garbage;
+    return all(h);
+  };
+  AuditOptions o{.full = true, .work_dir = honest_->dir + "/audit"};
+  Result<AuditReport> r = AuditTaskRecord(Env::Default(), record, get, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->pass);
+  for (const AuditUnit& u : r->units) {
+    if (u.index != 1) {
+      EXPECT_EQ(u.check, AuditCheck::kAuditCheckPass) << u.index << ": " << u.note;
+      continue;
+    }
+    EXPECT_EQ(u.check, AuditCheck::kAuditCheckFail);
+    EXPECT_EQ(u.fraud_segment, -1) << u.note;  // every step agrees: only its result is wrong
+    EXPECT_NE(u.note.find("its committed delta " + garbage_id.ShortHex() + " does not decode ("),
+              std::string::npos)
+        << u.note;
+    EXPECT_NE(u.note.find("the stage's fault, which its round's aggregator reports"),
+              std::string::npos)
+        << u.note;
+  }
+  ASSERT_EQ(r->chain.size(), 4u);  // initial, rounds 0 and 1, final
+  EXPECT_NE(r->chain[1].check, AuditCheck::kAuditCheckPass);
+  EXPECT_EQ(r->chain[1].note.rfind("not recomputed: round 0 replica 0 stage 1 (unit 1, node ", 0),
+            0u)
+      << r->chain[1].note;
+  EXPECT_NE(r->chain[1].note.find("does not decode"), std::string::npos) << r->chain[1].note;
+  EXPECT_EQ(r->chain[2].check, AuditCheck::kAuditCheckPass) << r->chain[2].note;
+}
+
 // The round's aggregator checks each stage unit's step commits blob and keeps it with the task's
 // states (aggregator.h): an audit that gets each blob from its round's aggregator alone, as when
 // every stage node deleted its copy or left, still compares every stage step.
@@ -313,13 +357,16 @@ struct UncaughtStage {
   // Runs the task to its end with node kCheater playing `adversary`; false (with the reason as a
   // test failure) when the run means nothing: it did not finish, the cheater was caught while it
   // ran, or it was never placed on a stage.
-  bool Run(Adversary adversary, uint64_t seed, const std::string& dir) {
+  // `cheat_options`, when given, sets the cheater's other options (its data plane's).
+  bool Run(Adversary adversary, uint64_t seed, const std::string& dir,
+           std::function<void(AgentOptions&)> cheat_options = {}) {
     opt = AuditedPipelineOptions(seed, dir, true);
     // The seventh node is the slowest: the first placement leaves it out, so the cheater has a
     // stage.
     opt.node_options[6].speed_factor = 0.25;
-    opt.agent_options = [adversary](int node, AgentOptions& a) {
+    opt.agent_options = [adversary, cheat_options](int node, AgentOptions& a) {
       a.adversary = node == kCheater ? adversary : Adversary::kRubberStamp;
+      if (node == kCheater && cheat_options) cheat_options(a);
     };
     sim = std::make_unique<testing::SimHarness>(opt);
     Status setup = sim->Setup();
@@ -479,6 +526,91 @@ TEST(PipelineAuditProofTest, AnUncaughtDriftingStageIsProvenFromItsTwoCommitsOnC
   EXPECT_EQ(sent, (std::map<std::string, int>{{"continuity", static_cast<int>(run.units.size())}}));
   EXPECT_TRUE(first->proof.value("ok", false)) << first->proof.dump();
   run.ExpectProven(first->index, 1);
+}
+
+// A stage that computes its part honestly and commits what it computed, but sends (and signs) its
+// neighbours a corrupted tensor at step 1 (StagePlaneOptions::corrupt_sent with
+// commit_uncorrupted): its own commit agrees with the re-run everywhere; its receivers, whose
+// records carry its signature, differ at step 1. The audit names it at step 1 and proves its unit
+// from the two commits (StageRecordWitness: its commit, the record, the receiver's commit as
+// other; the ledger's rule of it: PipelineFraudProofTest.ASentRecordItsCommitDoesNotList...); the
+// ledger slashes and jails its node. The receivers are named as having received it, not proven.
+// Before, the audit named the sender's fault in the receiver's note and sent nothing.
+TEST(PipelineAuditProofTest, AStageThatSignsWhatItsCommitDoesNotListIsProvenOnChain) {
+  UncaughtStage run;
+  auto hide = [](AgentOptions& a) {
+    a.stage_plane.corrupt_sent = [](const protocol::StageTensorKey& k) {
+      return k.step == 1 && k.micro_batch == 0;
+    };
+    a.stage_plane.commit_uncorrupted = true;
+  };
+  if (!run.Run(Adversary::kRubberStamp, 17, "pipeline-audit-hidden-send", hide)) return;
+  std::map<std::string, int> sent;
+  AuditOptions o{.full = true, .work_dir = run.opt.root + "/audit"};
+  o.on_stage_fraud = run.ProveOnChain(&sent);
+  Result<AuditReport> r =
+      AuditTaskRecord(Env::Default(), run.record, NodeBlobs(run.sim.get(), 7), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->pass);
+  const AuditUnit* first = nullptr;
+  for (const AuditUnit& u : r->units) {
+    if (!run.units.count(u.index)) {
+      // An honest stage: at most named as receiving what the cheater sent (or what it computed
+      // from that), never proven.
+      if (u.check == AuditCheck::kAuditCheckFail) {
+        EXPECT_NE(u.note.find("received"), std::string::npos) << u.index << ": " << u.note;
+      }
+      // (A proof sent answers with its receipt, {"ok", "error"}; one not sent says so.)
+      EXPECT_FALSE(u.proof.is_object() && u.proof.contains("ok"))
+          << u.index << ": " << u.proof.dump();
+      continue;
+    }
+    EXPECT_EQ(u.check, AuditCheck::kAuditCheckFail) << u.index;
+    EXPECT_EQ(u.fraud_segment, 1) << u.index << ": " << u.note;
+    EXPECT_EQ(u.note.rfind("step 1: it signed received record ", 0), 0u) << u.note;
+    EXPECT_NE(u.note.find("which its commit does not list among what it sent"), std::string::npos)
+        << u.note;
+    if (first == nullptr) first = &u;
+  }
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(sent, (std::map<std::string, int>{{"record", static_cast<int>(run.units.size())}}));
+  EXPECT_TRUE(first->proof.value("ok", false)) << first->proof.dump();
+  run.ExpectProven(first->index, 1);
+}
+
+// A stage node whose every stage unit commits a delta that does not decode (its delta less its
+// last value: AgentOptions::malformed_stage_result), on a chain without verification (nobody checks
+// its result before the round's aggregator fetches it). The aggregator reports the unit
+// (ReportUnavailableTx) instead of leaving its replica out: the round re-runs without the node,
+// whose units the task's record no longer holds, and the task ends with the honest run's final
+// state, bit for bit. Before, the aggregator left the replica out (logged, bad_deltas): the round
+// aggregated one replica, every stage of the other was paid for a replica the model never got,
+// the bad one's commits blob was pinned by nobody but its node, and the final state was another.
+TEST_F(PipelineAuditTest, AStageWhoseDeltaDoesNotDecodeIsReportedAndItsRoundRerunsWithoutIt) {
+  testing::SimOptions opt = AuditedPipelineOptions(15, "pipeline-audit-malformed", false);
+  opt.nodes = 7;
+  opt.node_options.resize(7);
+  // The seventh node is the slowest: the first placement leaves it out, so node kCheater has a
+  // stage.
+  opt.node_options[6].speed_factor = 0.25;
+  opt.agent_options = [](int node, AgentOptions& a) {
+    a.malformed_stage_result = node == kCheater;
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 3000);
+  uint64_t bad = 0;
+  for (int i = 0; i < 7; ++i) bad += sim.agent(i)->stats().bad_deltas;
+  ASSERT_GT(bad, 0u) << "no aggregator fetched the malformed delta: the test means nothing";
+  const json task = sim.Task(true);
+  const std::string cheat = sim.node_key(kCheater).public_key().ToHex();
+  for (const json& u : task["units"]) {
+    EXPECT_NE(u.value("assignee", std::string()), cheat) << u.dump();
+  }
+  EXPECT_EQ(task.value("final_state", std::string()),
+            honest_->task.value("final_state", std::string()));
+  std::printf("%llu malformed stage deltas reported\n", static_cast<unsigned long long>(bad));
 }
 
 }  // namespace

@@ -159,22 +159,19 @@ TEST(PipelineNetworkTest, SixAgentsTrainTwoReplicasOfThreeStagesBitEqualToMeshle
       EXPECT_GE(l["bandwidth_bytes_per_s"].get<uint64_t>(), 1u);
     }
   }
-  // A node that only ran stage units held its stage, never the whole model: it built no
-  // whole-model trainer (weights, gradients and optimizer moments of every layer). The round's
-  // aggregator evaluates the whole model, so it builds one.
+  // No node built the whole model's trainer (weights, gradients and optimizer moments of every
+  // layer): a stage node holds its stage, and the round's aggregator, which evaluates the whole
+  // model and trains none of it, holds its weights alone (TaskContext::Evaluator): no gradient
+  // and no optimizer moment of the whole model after its aggregations.
   {
     std::lock_guard<std::mutex> lock(mu);
     ASSERT_LT(aggregated.size(), 6u) << "no node ran stage units only";
+    ASSERT_FALSE(aggregated.empty());
     for (int i = 0; i < 6; ++i) {
-      const uint64_t built = sim.agent(i)->stats().whole_models_built;
-      if (aggregated.count(i)) {
-        EXPECT_LE(built, 1u) << "aggregator node " << i << " builds the whole model once";
-        // ... and keeps it for the task's later rounds without its optimizer moments, which an
-        // evaluation does not read.
-        EXPECT_EQ(sim.agent(i)->stats().whole_model_moments_bytes, 0u) << "node " << i;
-      } else {
-        EXPECT_EQ(built, 0u) << "node " << i << " ran only stage units";
-      }
+      const AgentStats& st = sim.agent(i)->stats();
+      EXPECT_EQ(st.whole_models_built, 0u) << "node " << i;
+      EXPECT_EQ(st.whole_model_gradient_bytes, 0u) << "node " << i;
+      EXPECT_EQ(st.whole_model_moments_bytes, 0u) << "node " << i;
     }
   }
   // The evidence of a final round's stage steps is no longer served and its checkpoint files are

@@ -45,7 +45,9 @@ class StagePlane::Link final : public StageLink {
   }
   Result<StageTransfer> Send(const StageTensorKey& key, std::span<const float> values) override {
     if (plane_->options_.corrupt_sent && plane_->options_.corrupt_sent(key)) {
-      return plane_->Push(key, CorruptedStageTensor(values));
+      Result<StageTransfer> sent = plane_->Push(key, CorruptedStageTensor(values));
+      if (!sent.ok() || !plane_->options_.commit_uncorrupted) return sent;
+      return SignStageTensor(key, values, plane_->key_, plane_->ctx_.TileColsOf(values.size()));
     }
     return plane_->Push(key, values);
   }

@@ -3023,7 +3023,8 @@ bool ResetPeakRss() {
 }
 
 // The aggregator of a pipeline round, as Aggregator::Compute runs it (node/src/roles/
-// aggregator.cc: the start state decoded from its blob, the whole model's trainer, every stage
+// aggregator.cc: the start state decoded from its blob, the whole model's weights to evaluate
+// with (engine::Evaluator: no gradients or moments; a trainer until 2026-12-06), every stage
 // blob fetched and decoded, ApplyStageRound, the new state evaluated and encoded), peaks within
 // protocol::AggregatorMemoryBytes above the process it started in. The blobs the other nodes
 // serve are made before the measurement starts, as they are not the aggregator's. Not under ASan,
@@ -3086,9 +3087,10 @@ TEST(StageLedgerTest, TheAggregatorsPeakIsWithinTheBound) {
     Result<GlobalState> state = DecodeGlobalState(Bytes(start_blob), facts->num_params);
     ASSERT_TRUE(state.ok()) << state.status().ToString();
     phase("start state decoded");
-    Result<std::unique_ptr<engine::Trainer>> trainer = engine::Trainer::Create(*task, data);
-    ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
-    phase("trainer built");
+    // What Aggregator::Finish evaluates a pipeline round's state with: the weights alone.
+    Result<std::unique_ptr<engine::Evaluator>> evaluator = engine::Evaluator::Create(*task, data);
+    ASSERT_TRUE(evaluator.ok()) << evaluator.status().ToString();
+    phase("evaluator built");
     {
       std::vector<std::vector<std::vector<float>>> deltas(replicas);  // [replica][stage]
       for (uint32_t r = 0; r < replicas; ++r) {
@@ -3102,12 +3104,12 @@ TEST(StageLedgerTest, TheAggregatorsPeakIsWithinTheBound) {
       phase("stage deltas decoded");
       const std::vector<uint32_t> shards = {0, 1};
       Status applied = ApplyStageRound(&*state, *layout, shards, deltas, *net, facts->content_id, 0,
-                                       UnitSamples(**trainer, *net));
+                                       UnitSamples(*task, *net));
       ASSERT_TRUE(applied.ok()) << applied.ToString();
       phase("round applied");
     }
-    ASSERT_TRUE((*trainer)->SetFlatParams(state->weights).ok());
-    const engine::EvalResult eval = (*trainer)->Evaluate();
+    ASSERT_TRUE((*evaluator)->SetFlatParams(state->weights).ok());
+    const engine::EvalResult eval = (*evaluator)->Evaluate();
     EXPECT_TRUE(std::isfinite(eval.loss));
     phase("evaluated");
     const Bytes out = EncodeGlobalState(*state);

@@ -399,6 +399,7 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
   if (hooks.negate_result) {
     for (float& d : out.delta) d = -d;
   }
+  if (hooks.malformed_result && !out.delta.empty()) out.delta.pop_back();
   out.result_hash = ledger::DeltaBlobId(out.delta);
   out.commitment = protocol::StageCommitment(out.leaves);
   return out;

@@ -624,7 +624,14 @@ class Auditor {
         }
         Result<std::vector<float>> d = DecodeDelta(*blob, layout_.StageSize(s));
         if (!d.ok()) {
-          *missing = UnitName(*u) + "'s committed delta does not decode: " + d.status().message();
+          // No honest stage commits such a result, and the round's aggregator reports it (the
+          // round re-runs without the stage's node, Aggregator::ApplyStages): a final round that
+          // holds it was aggregated from something else than its stages' deltas.
+          const std::string why = "its committed delta " + Short(u->result) + " does not decode (" +
+                                  d.status().message() +
+                                  "): the stage's fault, which its round's aggregator reports";
+          u->note += std::string(u->note.empty() ? "" : "; ") + why;
+          *missing = UnitName(*u) + ": " + why;
           break;
         }
         stage_deltas[s] = std::move(*d);
@@ -753,7 +760,7 @@ class Auditor {
         } else if (d.kind == StepDiff::kOwn) {
           ProveStage(u, c, checkpoint[s], keeping[s]->received, work);
         } else if (d.kind == StepDiff::kReceived) {
-          ProveRecord(u, units, committed, c, out[s]->commit);
+          ProveRecord(u, units, committed, c, out[s]->commit, first_diff, notes);
         } else {
           u.proof = {
               {"sent", false},
@@ -794,19 +801,26 @@ class Auditor {
       u.proof = {{"sent", false}, {"error", w.status().message()}};
       return;
     }
+    stage_proofs_.insert(u.index);
     u.proof = o_.on_stage_fraud(
         u, {.kind = StageFraudProof::kStep, .witness = ledger::EncodeStageStepWitness(*w)});
   }
 
   // Stage unit `u`'s committed step `c` received a record the re-run (`rerun`) did not send. A
   // record its sender's committed commit of the step lists as sent is the sender's fault (its own
-  // step differs, found there); a record its sender (its stage's node, units[from]->assignee)
-  // signed but did not commit is the sender's to answer for, not this stage's; one its sender did
-  // not sign the stage made up, proven from its commit alone (ledger::StageRecordWitness).
+  // step differs, found there); one its sender (its stage's node, units[from]->assignee) signed
+  // but did not commit is the sender's too, proven against the sender's unit from the two commits
+  // (ledger::StageRecordWitness with `other` this commit), the sender's unit named at this step
+  // (`first_diff`, `notes`) since its own commit may agree with the re-run everywhere; one its
+  // sender did not sign the stage made up, proven from its commit alone (StageRecordWitness).
   void ProveRecord(
       AuditUnit& u, const std::vector<AuditUnit*>& units,
       const std::vector<std::optional<std::vector<protocol::StageStepCommit>>>& committed,
-      const protocol::StageStepCommit& c, const protocol::StageStepCommit& rerun) {
+      const protocol::StageStepCommit& c, const protocol::StageStepCommit& rerun,
+      std::vector<int64_t>& first_diff, std::vector<std::string>& notes) {
+    // Every differing record is looked at: one its sender's commit lists points at the sender's
+    // own step, and another may still be a fault of the record itself.
+    json named;
     for (size_t i = 0; i < c.received.size(); ++i) {
       const protocol::StageTransfer& r = c.received[i];
       if (i < rerun.received.size() && RecordDiff(r, rerun.received[i]).empty()) continue;
@@ -817,31 +831,80 @@ class Auditor {
         u.proof = {{"sent", false}, {"error", name + " names no stage of the replica"}};
         return;
       }
+      bool listed = false;
       if (committed[from] && c.step < committed[from]->size()) {
         for (const protocol::StageTransfer& s : (*committed[from])[c.step].sent) {
-          if (RecordDiff(s, r).empty() && s.sender == r.sender) {
-            u.proof = {{"sent", false},
-                       {"error", name + " is what its sender's commit lists as sent: the "
-                                        "sender's step is at fault, not this stage"}};
-            return;
-          }
+          listed = listed || (RecordDiff(s, r).empty() && s.sender == r.sender);
         }
+      }
+      if (listed) {
+        if (named.is_null()) {
+          named = {{"sent", false},
+                   {"error", name + " is what its sender's commit lists as sent: the sender's "
+                                    "step is at fault, not this stage"}};
+        }
+        continue;
       }
       Result<PublicKey> sender = PublicKey::FromHex(units[from]->assignee, "assignee");
       if (sender.ok() && protocol::VerifyStageTransfer(r, *sender).ok()) {
-        u.proof = {{"sent", false},
-                   {"error", name + " is signed by its sender, whose commit does not list it: "
-                                    "the sender's fault (a StageRecordWitness of the sender's "
-                                    "commit with this one as other proves its unit)"}};
+        ProveSentRecord(u, *units[from], committed[from], c, static_cast<uint32_t>(i), name,
+                        first_diff[from], notes[from]);
         return;
       }
       ledger::StageRecordWitness w{.commit = protocol::EncodeStageStepCommit(c),
                                    .record = static_cast<uint32_t>(i)};
+      stage_proofs_.insert(u.index);
       u.proof = o_.on_stage_fraud(
           u, {.kind = StageFraudProof::kRecord, .witness = ledger::EncodeStageRecordWitness(w)});
       return;
     }
-    u.proof = {{"sent", false}, {"error", "no received record differs from the re-run's"}};
+    u.proof = !named.is_null() ? named
+                               : json{{"sent", false},
+                                      {"error", "no received record differs from the re-run's"}};
+  }
+
+  // Received record `i` of stage unit `receiver`'s committed step `c` is signed by its sender's
+  // node, whose committed commit of the step does not list it among what it sent: the sender
+  // (`sender`, with its committed commits `sender_commits`, its first differing step and note
+  // `first_diff` and `note`) signed a tensor it did not commit. It is named at this step and,
+  // once per unit, proven (ledger::StageRecordWitness: its commit, the record, the receiver's
+  // commit as other); the receiver is named as having received it, not proven.
+  void ProveSentRecord(AuditUnit& receiver, AuditUnit& sender,
+                       const std::optional<std::vector<protocol::StageStepCommit>>& sender_commits,
+                       const protocol::StageStepCommit& c, uint32_t i, const std::string& name,
+                       int64_t& first_diff, std::string& note) {
+    const std::string what = "it signed " + name + " of stage " + std::to_string(c.stage) +
+                             " (tensor " + c.received[i].tensor.ToHex() +
+                             "), which its commit does not list among what it sent";
+    const int64_t t = static_cast<int64_t>(c.step);
+    if (first_diff < 0 || first_diff == t) {
+      first_diff = t;
+      note = "step " + std::to_string(t) + ": " + what;
+    } else {
+      note += "; step " + std::to_string(t) + ": " + what;
+    }
+    const std::string fault = name + " is signed by its sender (unit " +
+                              std::to_string(sender.index) +
+                              "), whose commit does not list it: the sender's fault";
+    if (!sender_commits || c.step >= sender_commits->size()) {
+      receiver.proof = {{"sent", false},
+                        {"error", fault + "; its step commits could not be had, so it is "
+                                          "not proven"}};
+      return;
+    }
+    if (!stage_proofs_.insert(sender.index).second) {
+      receiver.proof = {{"sent", false},
+                        {"error", fault + ", whose unit a proof was built for already"}};
+      return;
+    }
+    receiver.proof = {{"sent", false}, {"error", fault + ", proven against the sender's unit"}};
+    sender.fraud_segment = static_cast<int32_t>(t);
+    ledger::StageRecordWitness w{
+        .commit = protocol::EncodeStageStepCommit((*sender_commits)[c.step]),
+        .record = i,
+        .other = protocol::EncodeStageStepCommit(c)};
+    sender.proof = o_.on_stage_fraud(
+        sender, {.kind = StageFraudProof::kRecord, .witness = ledger::EncodeStageRecordWitness(w)});
   }
 
   // The ProveFraud witness of stage unit `u`'s step `t`, which does not start where its previous
@@ -856,6 +919,7 @@ class Auditor {
       w.bundle = bundle_text_;
       w.start_state = EncodeGlobalState(start);
     }
+    stage_proofs_.insert(u.index);
     u.proof = o_.on_stage_fraud(u, {.kind = StageFraudProof::kContinuity,
                                     .witness = ledger::EncodeStageContinuityWitness(w)});
   }
@@ -970,6 +1034,7 @@ class Auditor {
   std::string bundle_mismatch_, ledger_mismatch_;
   std::vector<bool> whole_;                  // rounds re-executed completely
   std::map<uint32_t, GlobalState> fetched_;  // round -> its recorded start state, fetched
+  std::set<uint32_t> stage_proofs_;          // stage units a proof was built for: one each
   uint64_t units_total_ = 0, units_done_ = 0;
   bool final_mismatch_ = false;
 };

@@ -49,6 +49,16 @@ uint64_t MomentBytes(engine::TrainState& state) {
   return bytes;
 }
 
+// The bytes of `state`'s model's gradients.
+uint64_t GradientBytes(const engine::TrainState& state) {
+  uint64_t bytes = 0;
+  if (state.model == nullptr) return bytes;
+  for (const engine::Param& p : state.model->params()) {
+    bytes += static_cast<uint64_t>(p.grad.size()) * sizeof(float);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 std::vector<const AggregationAssignment*> Aggregator::Pending(const NodeWork& work) {
@@ -156,8 +166,6 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
                                size_t* replicas) {
   const NetworkSpec& net = ctx->bundle.net;
   const ledger::TaskParams& params = ctx->info.params;
-  // The whole model's trainer: Finish evaluates the new state with it.
-  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
   const engine::TaskSpec& task = ctx->task;
   ML_ASSIGN_OR_RETURN(engine::PipelineCut cut,
                       engine::TaskPipelineCut(task, static_cast<int>(net.stages), net.cut));
@@ -167,8 +175,7 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
   ML_RETURN_IF_ERROR(node_->Providers(true).status());
   std::map<PublicKey, std::string> endpoint_of;
   for (const NodeInfo& ni : node_->nodes()) endpoint_of[ni.id] = ni.endpoint;
-  // replica -> its stages' deltas; a replica with a stage missing (a malformed delta or step
-  // commits blob) is left out.
+  // replica -> its stages' deltas; a replica with a stage not among the inputs is left out.
   std::map<uint32_t, std::vector<std::optional<std::vector<float>>>> by_replica;
   for (const AggregationInput& in : a.units) {
     const ledger::StageSlot slot = ledger::StageSlotOf(params, in.index);
@@ -181,15 +188,23 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
     auto& stages = by_replica[slot.replica];
     stages.resize(net.stages);
     Result<std::vector<float>> d = DecodeDelta(fetched, layout.StageSize(slot.stage));
-    if (!d.ok()) {
-      ++node_->stats().bad_deltas;
-      node_->Log(Name(a) + ": leaving out replica " + std::to_string(slot.replica) + " (stage " +
-                 std::to_string(slot.stage) + " of node " + in.node.ShortHex() +
-                 "): " + d.status().message());
-      continue;
+    Status malformed = d.status().WithPrefix("its delta " + in.result_hash.ShortHex());
+    if (malformed.ok()) {
+      ML_RETURN_IF_ERROR(KeepStageCommits(a, in, slot, net, endpoint_of, &malformed));
     }
-    ML_ASSIGN_OR_RETURN(bool kept, KeepStageCommits(a, in, slot, net, endpoint_of));
-    if (!kept) continue;
+    if (!malformed.ok()) {
+      // An honest stage's result is its delta and its commits check: this one is the stage's
+      // node's fault. Leaving its replica out would pay the round's every stage for a replica
+      // the model never got (and a round whose every replica had one would never aggregate):
+      // the round re-runs without the node instead.
+      ++node_->stats().bad_deltas;
+      ReportMalformed(a, in, slot, malformed);
+      return FailedPrecondition(Name(a) + ": replica " + std::to_string(slot.replica) + " stage " +
+                                std::to_string(slot.stage) + " (unit " + std::to_string(in.index) +
+                                ", node " + in.node.ShortHex() + "): " + malformed.message() +
+                                "; reported, no aggregate committed: the round re-runs without "
+                                "the node");
+    }
     stages[slot.stage] = std::move(*d);
   }
   std::vector<uint32_t> shards;
@@ -204,7 +219,7 @@ Status Aggregator::ApplyStages(const AggregationAssignment& a, TaskContext* ctx,
     deltas.push_back(std::move(flat));
   }
   *replicas = shards.size();
-  const uint64_t samples = UnitSamples(*trainer, net);
+  const uint64_t samples = UnitSamples(task, net);
   const protocol::AggregationRule rule = net.aggregation.rule;
   if (rule != protocol::AggregationRule::kAggregationRuleCenteredClip &&
       rule != protocol::AggregationRule::kAggregationRuleKrum) {
@@ -266,18 +281,26 @@ Result<Aggregator::Aggregate> Aggregator::Compute(const AggregationAssignment& a
 Result<Aggregator::Aggregate> Aggregator::Finish(const AggregationAssignment& a, TaskContext* ctx,
                                                  const GlobalState& state,
                                                  const std::string& inputs) {
-  ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
-  ML_RETURN_IF_ERROR(trainer->SetFlatParams(state.weights));
-  engine::EvalResult eval = trainer->Evaluate();
+  engine::EvalResult eval;
   if (ledger::IsPipelineTask(ctx->info.params)) {
-    // The trainer stays with the task for its later rounds, but not its optimizer moments (twice
-    // the weights, zeroed when it was built): on a pipeline task nothing of this node reads them
-    // (an evaluation reads the weights alone; its stage units and their replays build their
-    // stages), and the node is placed by its stage's need, not the whole model's. A role that
-    // trains the whole model starts with Trainer::StartUnit, which makes fresh ones.
-    trainer->state().optimizer.reset();
+    // A pipeline task's aggregator trains nothing of the whole model (its stage units and their
+    // replays build their stages): it evaluates with the weights alone, never the whole model's
+    // trainer (its gradients and optimizer moments, three times the weights with AdamW), so the
+    // node is placed by its stage's need, not the whole model's training state.
+    ML_ASSIGN_OR_RETURN(engine::Evaluator * evaluator, ctx->Evaluator());
+    ML_RETURN_IF_ERROR(evaluator->SetFlatParams(state.weights));
+    eval = evaluator->Evaluate();
+  } else {
+    ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
+    ML_RETURN_IF_ERROR(trainer->SetFlatParams(state.weights));
+    eval = trainer->Evaluate();
   }
-  node_->stats().whole_model_moments_bytes = MomentBytes(trainer->state());
+  // What the node holds of the whole model's training state after aggregating: its trainer's,
+  // if any role built one (none on a pipeline task's aggregator).
+  engine::TrainState* held = nullptr;
+  if (ctx->has_trainer()) held = &(*ctx->Trainer())->state();
+  node_->stats().whole_model_moments_bytes = held ? MomentBytes(*held) : 0;
+  node_->stats().whole_model_gradient_bytes = held ? GradientBytes(*held) : 0;
   Aggregate agg;
   agg.accuracy_ppm =
       eval.accuracy >= 0 ? static_cast<uint32_t>(std::llround(eval.accuracy * 1e6)) : 0;
@@ -308,46 +331,44 @@ Result<Bytes> Aggregator::FetchInput(const AggregationAssignment& a, const Aggre
   std::vector<std::string> preferred;
   if (auto it = endpoint_of.find(in.node); it != endpoint_of.end()) preferred.push_back(it->second);
   Result<Bytes> fetched = node_->FetchBlob(blob, preferred, /*reason=*/"");
-  if (!fetched.ok()) ReportIfUnavailable(a.task_id, in.index, fetched.status());
+  if (!fetched.ok()) ReportIfUnavailable(a.task_id, in.index, in.result_hash, fetched.status());
   return fetched;
 }
 
-Result<bool> Aggregator::KeepStageCommits(const AggregationAssignment& a,
-                                          const AggregationInput& in, const ledger::StageSlot& slot,
-                                          const NetworkSpec& net,
-                                          const std::map<PublicKey, std::string>& endpoint_of) {
+Status Aggregator::KeepStageCommits(const AggregationAssignment& a, const AggregationInput& in,
+                                    const ledger::StageSlot& slot, const NetworkSpec& net,
+                                    const std::map<PublicKey, std::string>& endpoint_of,
+                                    Status* malformed) {
   const Hash256& commits = in.stage_commits;
-  Status checked = DataLoss("its CommitStage named no step commits");
-  if (!commits.IsZero()) {
-    ML_ASSIGN_OR_RETURN(Bytes blob, FetchInput(a, in, commits, endpoint_of));
-    checked = CheckStageCommits(blob, {.task_id = a.task_id,
-                                       .round = a.round,
-                                       .replica = slot.replica,
-                                       .stage = slot.stage,
-                                       .stages = net.stages,
-                                       .inner_steps = net.inner_steps,
-                                       .commitment = in.commitment})
-                  .status()
-                  .WithPrefix("its step commits blob " + commits.ShortHex());
+  if (commits.IsZero()) {
+    *malformed = DataLoss("its CommitStage named no step commits");
+    return Status::Ok();
   }
-  if (!checked.ok()) {
-    ++node_->stats().bad_deltas;
-    node_->Log(Name(a) + ": leaving out replica " + std::to_string(slot.replica) + " (stage " +
-               std::to_string(slot.stage) + " of node " + in.node.ShortHex() +
-               "): " + checked.message());
-    return false;
-  }
-  ML_RETURN_IF_ERROR(node_->book().Add(commits, StateReason(a.task_id)));
-  return true;
+  ML_ASSIGN_OR_RETURN(Bytes blob, FetchInput(a, in, commits, endpoint_of));
+  *malformed = CheckStageCommits(blob, {.task_id = a.task_id,
+                                        .round = a.round,
+                                        .replica = slot.replica,
+                                        .stage = slot.stage,
+                                        .stages = net.stages,
+                                        .inner_steps = net.inner_steps,
+                                        .commitment = in.commitment})
+                   .status()
+                   .WithPrefix("its step commits blob " + commits.ShortHex());
+  if (!malformed->ok()) return Status::Ok();
+  return node_->book().Add(commits, StateReason(a.task_id));
 }
 
-void Aggregator::ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why) {
-  const auto key = std::make_pair(task_id, index);
-  const uint32_t tries = ++fetch_failures_[key];
-  if (tries < std::max<uint32_t>(node_->options().report_unavailable_after, 1) ||
-      reported_.count(key)) {
-    return;
-  }
+void Aggregator::ReportMalformed(const AggregationAssignment& a, const AggregationInput& in,
+                                 const ledger::StageSlot& slot, const Status& why) {
+  Report(a.task_id, in.index, in.result_hash,
+         "replica " + std::to_string(slot.replica) + " stage " + std::to_string(slot.stage) +
+             " of node " + in.node.ShortHex() + ": " + why.message());
+}
+
+void Aggregator::Report(const Hash256& task_id, uint32_t index, const Hash256& result,
+                        const std::string& why) {
+  const auto key = std::make_tuple(task_id, index, result);
+  if (reported_.count(key)) return;
   Result<Hash256> txid = node_->tx().Send(
       ledger::ReportUnavailableTx{.task_id = task_id, .index = index, .node_id = node_->id()});
   if (!txid.ok()) {
@@ -356,11 +377,17 @@ void Aggregator::ReportIfUnavailable(const Hash256& task_id, uint32_t index, con
     return;
   }
   reported_.insert(key);
-  node_->Log("task " + task_id.ShortHex() + " unit " + std::to_string(index) +
-             ": its delta could not be fetched from anyone after " + std::to_string(tries) +
-             " tries (" + why.message() +
-             "); reported unavailable, the round re-runs without "
-             "its solver");
+  node_->Log("task " + task_id.ShortHex() + " unit " + std::to_string(index) + ": " + why +
+             "; reported unavailable, the round re-runs without its solver");
+}
+
+void Aggregator::ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Hash256& result,
+                                     const Status& why) {
+  const uint32_t tries = ++fetch_failures_[std::make_pair(task_id, index)];
+  if (tries < std::max<uint32_t>(node_->options().report_unavailable_after, 1)) return;
+  Report(task_id, index, result,
+         "its delta could not be fetched from anyone after " + std::to_string(tries) + " tries (" +
+             why.message() + ")");
 }
 
 }  // namespace meshlearn::node

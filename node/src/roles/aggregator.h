@@ -17,6 +17,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -53,7 +54,9 @@ class Aggregator {
   };
   Result<Aggregate> Compute(const AggregationAssignment& a, TaskContext* ctx);
   // A pipeline task's round: the replicas' stage deltas applied stage by stage (ApplyStageRound)
-  // to `state`; `replicas`: how many replicas had every stage's delta well-formed.
+  // to `state`; `replicas`: how many replicas it applied. A stage unit whose delta does not
+  // decode or whose step commits do not check is reported (ReportMalformed) and no aggregate is
+  // made (FailedPrecondition naming it): the round re-runs without its node.
   Status ApplyStages(const AggregationAssignment& a, TaskContext* ctx, GlobalState* state,
                      size_t* replicas);
   // Evaluates the round's new state, stores and pins it, journals the round.
@@ -62,7 +65,18 @@ class Aggregator {
   // The deltas of the round's committed units; a malformed one is logged and left out.
   Status FetchDeltas(const AggregationAssignment& a, TaskContext* ctx,
                      std::vector<std::vector<float>>* deltas, std::vector<protocol::UnitId>* ids);
-  void ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Status& why);
+  // Counts a failed fetch of unit `index`'s blobs (its result `result`); reports the unit
+  // unavailable after report_unavailable_after of them.
+  void ReportIfUnavailable(const Hash256& task_id, uint32_t index, const Hash256& result,
+                           const Status& why);
+  // Reports stage unit `in` (at `slot`) at once: its delta does not decode or its step commits do
+  // not check (`why`), which no retry changes (the blobs are content-addressed).
+  void ReportMalformed(const AggregationAssignment& a, const AggregationInput& in,
+                       const ledger::StageSlot& slot, const Status& why);
+  // Sends ReportUnavailableTx for unit `index` (the ledger re-runs its round without its solver),
+  // once per unit and result; logs `why`.
+  void Report(const Hash256& task_id, uint32_t index, const Hash256& result,
+              const std::string& why);
   // Blob `blob` of input `in` (its result, or a stage unit's step commits), asked first of the
   // node that committed it (`endpoint_of`: node -> endpoint); a blob no node serves is reported
   // (ReportIfUnavailable).
@@ -73,11 +87,12 @@ class Aggregator {
   // `slot` its place), fetched as its delta is, checked against the unit's commitment
   // (CheckStageCommits) and pinned with the task's states, as its stage node pins it: served
   // while a fraud proof can reopen the task, after the stage node deleted it (docs/verification.md,
-  // "An audit of a pipeline task"). False when it does not check (logged; its replica is left out
-  // as for a malformed delta); an error when nobody serves it (reported as an unserved delta is).
-  Result<bool> KeepStageCommits(const AggregationAssignment& a, const AggregationInput& in,
-                                const ledger::StageSlot& slot, const NetworkSpec& net,
-                                const std::map<PublicKey, std::string>& endpoint_of);
+  // "An audit of a pipeline task"). `malformed`: Ok when kept, else why it does not check (none
+  // named, does not decode, another unit's, not the commitment). An error when nobody serves it
+  // (reported as an unserved delta is).
+  Status KeepStageCommits(const AggregationAssignment& a, const AggregationInput& in,
+                          const ledger::StageSlot& slot, const NetworkSpec& net,
+                          const std::map<PublicKey, std::string>& endpoint_of, Status* malformed);
 
   NodeContext* node_;
   // (task, round) -> the CommitAggregate in flight, and the units it aggregated.
@@ -87,9 +102,10 @@ class Aggregator {
   };
   std::map<std::pair<Hash256, uint32_t>, InFlight> commits_;
   std::set<std::pair<Hash256, uint32_t>> committed_;
-  // (task, unit index) -> failed fetches of its delta or step commits; reported once.
+  // (task, unit index) -> failed fetches of its delta or step commits.
   std::map<std::pair<Hash256, uint32_t>, uint32_t> fetch_failures_;
-  std::set<std::pair<Hash256, uint32_t>> reported_;
+  // (task, unit index, its result) reported: once each (a re-run of the unit is another result).
+  std::set<std::tuple<Hash256, uint32_t, Hash256>> reported_;
 };
 
 }  // namespace meshlearn::node

@@ -156,6 +156,19 @@ Result<engine::Trainer*> TaskContext::Trainer() {
   return trainer_.get();
 }
 
+Result<engine::Evaluator*> TaskContext::Evaluator() {
+  if (!evaluator_) {
+    ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, Data());
+    ML_ASSIGN_OR_RETURN(evaluator_, engine::Evaluator::Create(task, std::move(data)));
+    if (log) {
+      log("task " + id.ShortHex() + ": built the whole model's evaluator (its " +
+          std::to_string(facts.num_params) + " weights, no gradients or optimizer moments)" +
+          MemoryNote());
+    }
+  }
+  return evaluator_.get();
+}
+
 Result<TaskContext*> NodeContext::GetTask(const Hash256& task_id) {
   auto it = tasks_.find(task_id);
   if (it != tasks_.end()) return it->second.get();

@@ -57,6 +57,11 @@ struct TaskContext {
   // model that does not fit in memory).
   Result<engine::Trainer*> Trainer();
   bool has_trainer() const { return trainer_ != nullptr; }
+  // The whole model to evaluate states with (engine::Evaluator: its weights alone, no gradient
+  // and no optimizer moment), built from `task` and `data` on the first call and kept: for a
+  // pipeline task's aggregator, which evaluates each round's state and trains nothing (a
+  // trainer would hold three times the weights with AdamW). Not counted in `builds`.
+  Result<engine::Evaluator*> Evaluator();
 
   // The task's data (engine::LoadTaskData of `task`'s files: its examples, or a text corpus as
   // tokens, training and validation), read on the first call and kept until ReleaseData. The same
@@ -78,6 +83,7 @@ struct TaskContext {
   friend class NodeContext;  // GetTask keeps the data it read for the facts
   std::shared_ptr<const engine::TaskData> data_;
   std::unique_ptr<engine::Trainer> trainer_;
+  std::unique_ptr<engine::Evaluator> evaluator_;
 };
 
 // PinBook reasons (agent.h, "Blobs the node keeps").

@@ -134,6 +134,7 @@ Status Stager::Start(const UnitAssignment& a) {
     return evidence->Publish(commit, std::move(received));
   };
   SetStageAdversary(node_->options().adversary, work, &hooks);
+  hooks.malformed_result = node_->options().malformed_stage_result;
   r->thread = std::thread([r, hooks = std::move(hooks)] {
     const auto t0 = std::chrono::steady_clock::now();
     r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed, hooks);

@@ -228,6 +228,9 @@ class Model {
   // (the ledger executing a witness): the caller bounds the model's size itself, before
   // calling (StateFromFlat compares the planned parameter count with the floats it was given).
   static Result<std::unique_ptr<Model>> CreateUnchecked(const ModelSpec& spec);
+  // A whole model to evaluate: its parameters' values alone, no gradients (every Param::grad is
+  // empty; Backward is not for it). Refuses, as Create does, weights that do not fit.
+  static Result<std::unique_ptr<Model>> CreateForEvaluation(const ModelSpec& spec);
   // A part of the model (a pipeline stage's layers): only the part's parameters are allocated,
   // under their full-model names and initialised as the full model initialises them. A GPT part
   // with the head but not the embeddings also holds a copy of wte (tied_weight()), which its
@@ -305,7 +308,7 @@ class Model {
   // the parameter's, else a scratch one. Memory is allocated by AllocateParams(), after Create
   // has checked that it fits.
   InitRule& AddParam(std::string name, Shape shape, bool keep = true);
-  void AllocateParams();
+  void AllocateParams(bool gradients = true);
   virtual TensorView TapeLogits(const Tape& tape) const = 0;
   virtual std::unique_ptr<Tape> MakeTape() const = 0;
   // The whole model's LayerCosts at T tokens (0 = block_size), from the shapes Build() recorded.

@@ -142,6 +142,13 @@ struct EvalResult {
 // Evaluates `model` on the task's test / validation split, deterministically.
 EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data);
 
+// Sets every parameter of `model` from `params`, concatenated in model order (the layout of
+// weights and deltas on the wire). InvalidArgument when the size is not the model's.
+Status SetFlatParams(Model& model, std::span<const float> params);
+
+// The samples one optimizer step of the task trains on.
+int64_t SamplesPerStep(const TaskSpec& task);
+
 // The batches of one data stream of a task: step s's batch is a pure function of (task.seed,
 // `stream`, s) and the data. Trainer::BatchForStep draws through one; a pipeline stage node draws
 // its unit's batches with one without building the whole model. `data` must outlive it.
@@ -208,6 +215,34 @@ class Trainer {
   TrainState state_;
   std::unique_ptr<DataStream> stream_;  // task_.stream's batches
   float last_grad_norm_ = 0;
+};
+
+// The whole model of a task to evaluate states with, and nothing training needs: its parameters'
+// values (Model::CreateForEvaluation: no gradients) and no optimizer. A Trainer holds both, three
+// times the weights with AdamW; a pipeline task's aggregator, which trains nothing (its stages'
+// nodes do), evaluates each round's new state with one of these.
+//
+//   ML_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, Evaluator::Create(task, data));
+//   ML_RETURN_IF_ERROR(ev->SetFlatParams(state.weights));
+//   EvalResult r = ev->Evaluate();  // bit for bit a Trainer's Evaluate at the same weights
+class Evaluator {
+ public:
+  static Result<std::unique_ptr<Evaluator>> Create(TaskSpec task,
+                                                   std::shared_ptr<const TaskData> data);
+  Status SetFlatParams(std::span<const float> params) {
+    return engine::SetFlatParams(*model_, params);
+  }
+  EvalResult Evaluate() { return engine::Evaluate(*model_, task_, *data_); }
+  const Model& model() const { return *model_; }
+  const TaskSpec& task() const { return task_; }
+
+ private:
+  Evaluator(TaskSpec task, std::shared_ptr<const TaskData> data)
+      : task_(std::move(task)), data_(std::move(data)) {}
+
+  TaskSpec task_;
+  std::shared_ptr<const TaskData> data_;  // never null
+  std::unique_ptr<Model> model_;
 };
 
 }  // namespace meshlearn::engine

@@ -222,6 +222,9 @@ struct AgentOptions {
   // such an operator. False: it answers from the honest trace of what it served, and the game
   // ends at the agreed chain end, where its commit does not follow from the roots.
   bool corrupt_sent_in_trace = false;
+  // Testing only: the node's stage units commit a delta that does not decode (StageRunHooks::
+  // malformed_result), which the round's aggregator reports (docs/verification.md).
+  bool malformed_stage_result = false;
   // Test hook: called after each checkpoint of a unit; an error aborts the Tick as a crash
   // would (nothing after the checkpoint is written).
   std::function<Status(const Hash256& task, uint32_t index, int64_t step)> after_checkpoint;
@@ -249,9 +252,11 @@ struct AgentStats {
   // whole model's weights, gradients and optimizer moments). A node that only ran stage units
   // builds none: it holds its stage, not the model.
   uint64_t whole_models_built = 0;
-  // What the whole-model trainer of the node's last aggregation holds of optimizer moments after
-  // it, a gauge: 0 on a pipeline task (Aggregator::Finish drops them; an evaluation reads none).
+  // What the node's whole-model trainer holds of optimizer moments and of gradients after its
+  // last aggregation, gauges: 0 and 0 on a pipeline task, whose aggregator builds no trainer (it
+  // evaluates with the weights alone: TaskContext::Evaluator).
   uint64_t whole_model_moments_bytes = 0;
+  uint64_t whole_model_gradient_bytes = 0;
   uint64_t units_resumed = 0;  // continued from a checkpoint
   uint64_t units_paused = 0;   // paused at a checkpoint for a verification replay
   uint64_t units_refused = 0;  // did not fit in memory (each Tick that refused one)

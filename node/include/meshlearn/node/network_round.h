@@ -37,6 +37,7 @@
 namespace meshlearn::node {
 
 // Samples one unit trains on (H x samples per step): every unit's weight in the weighted mean.
+uint64_t UnitSamples(const engine::TaskSpec& task, const NetworkSpec& net);
 uint64_t UnitSamples(const engine::Trainer& trainer, const NetworkSpec& net);
 
 // One committed unit's pseudo-gradient. `delta` must stay alive during ApplyRound.

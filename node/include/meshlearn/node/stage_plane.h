@@ -108,6 +108,11 @@ struct StagePlaneOptions {
   // docs/verification.md "Pipeline stages"): a tensor whose key this matches is sent, and
   // signed, as CorruptedStageTensor of it.
   std::function<bool(const protocol::StageTensorKey&)> corrupt_sent;
+  // Testing only, with corrupt_sent: the record Send returns (the one the stage's commit lists
+  // among what it sent) is its signature of the tensor it computed, not of the corrupted one it
+  // sent. A stage that signs one tensor to its neighbour and commits another: only the two
+  // commits together show it (ledger::StageRecordWitness with other; node/task_audit.h).
+  bool commit_uncorrupted = false;
 };
 
 // What StagePlaneOptions::corrupt_sent sends for `values`: the first value changed by 1e-3 (an

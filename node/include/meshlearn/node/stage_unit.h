@@ -226,6 +226,9 @@ struct StageRunHooks {
   int64_t wrong_data_step = -1;
   // wrong_result: trains honestly and commits the negated delta (not start - end).
   bool negate_result = false;
+  // Testing only (AgentOptions::malformed_stage_result): trains honestly and commits its delta
+  // without its last value, a blob no aggregator decodes as the stage's delta.
+  bool malformed_result = false;
 };
 // The hooks with which a stage node plays adversary `adv` on a stage unit of `work`: lazy, noisy
 // and drift (after PoisonAfterSteps(H) steps), wrong_data (step PoisonAfterSteps(H) - 1) and

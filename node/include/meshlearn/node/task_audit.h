@@ -41,7 +41,9 @@
 // commits, or step 0's with the bundle and the round's start state), whatever it received. A step
 // that received a record the re-run did not send is its sender's fault when the sender's commit
 // lists that record (found at the sender's own step); one that its sender did not sign is the
-// stage's own, proven from its commit alone (ledger::StageRecordWitness). A sampled audit re-runs
+// stage's own, proven from its commit alone (ledger::StageRecordWitness); one its sender signed
+// and its sender's commit does not list is the sender's, named at that step and proven against
+// the sender's unit from the two commits (StageRecordWitness with other). A sampled audit re-runs
 // the whole replica of each sampled stage unit.
 //
 // After a mismatch the audit goes on where it can: a later round whose recorded start state can
@@ -163,7 +165,9 @@ struct StageFraudProof {
     // the round's start state).
     kContinuity,
     // It received a record its sender did not sign (the sender's commit does not list it): a
-    // ledger::StageRecordWitness of its committed commit alone.
+    // ledger::StageRecordWitness of its committed commit alone. Or it signed a record its
+    // receiver's commit holds and its own commit does not list: the StageRecordWitness of its
+    // committed commit with the receiver's as other.
     kRecord,
   } kind = kStep;
   Bytes witness;  // the encoded witness ProveFraudTx carries
