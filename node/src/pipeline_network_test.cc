@@ -289,7 +289,8 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
 // deadline, keeps the replica's two other stages on their nodes (a fresh assignment each: their
 // runs stop and start again with the new chain) and places the lost stage on the free node. The
 // task ends with `meshlearn diloco`'s weights, bit for bit, and no other node counts a failure.
-void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
+void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
+                           bool resume_fails = false) {
   PipelineOracle o;
   ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
   testing::SimOptions opt = PipelineSimOptions(seed, dir);
@@ -306,6 +307,9 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
     // passes; their runs on the new chain take pushes of that chain only (StageChainDigest), so
     // none of those waits out a deadline (`new_chain_failures`).
     a.stage_plane.step_deadline_ms = 10'000;
+    // The free node that replaces the lost one fetches at most inbox_bytes of each kept stage's
+    // tensors for the resume (StartStageRun): 1 byte, and it cannot resume.
+    if (resume_fails && node == 6) a.stage_plane.inbox_bytes = 1;
     // The plane's send hook sees every tensor the node sends: the first one of replica 0's stage
     // 1 in round 0's step 1 waits there until the test releases it (nothing is corrupted).
     a.stage_plane.corrupt_sent = [&, node](const protocol::StageTensorKey& k) {
@@ -324,12 +328,20 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
   // Every start and failure of a run of replica 0 in round 0, in order, by node and stage: told
   // apart by chain once the run is over.
   std::vector<std::tuple<int, uint32_t, std::string>> runs;
+  // Round 0, replica 0: the step each stage's node resumed at (its "resumed at step k" line).
+  std::map<uint32_t, std::map<int, uint64_t>> resumed;
+  std::map<int, uint64_t> commits_of;  // CommitStage lines by node, any round
   opt.log_sink = [&](int node, const std::string& line) {
     std::lock_guard<std::mutex> lock(mu);
+    if (line.find("(CommitStage)") != std::string::npos) ++commits_of[node];
     for (uint32_t st = 0; st < 3; ++st) {
       const std::string name = " r0 replica 0 stage " + std::to_string(st);
       if (line.find(name + " failed") != std::string::npos) runs.emplace_back(node, st, line);
       if (line.find(name + ":") == std::string::npos) continue;
+      const size_t at = line.find(": resumed at step ");
+      if (at != std::string::npos) {
+        resumed[st][node] = std::strtoull(line.c_str() + at + 18, nullptr, 10);
+      }
       if (line.find(": training") != std::string::npos) {
         trained[st].insert(node);
         runs.emplace_back(node, st, line);
@@ -406,10 +418,10 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
   EXPECT_NE(*committed[1].begin(), lost);
   EXPECT_EQ(committed[0], neighbours[0]);
   EXPECT_EQ(committed[2], neighbours[2]);
-  // Every stage ran on the new chain (the lost node's replaced), from the round's start (the
-  // resume step: docs/protocol.md, "The resume step"), and none of those runs failed: one that
-  // did is the replacement race, where the replica waited out a step deadline before it ran
-  // again (StageChainDigest).
+  // Every stage ran on the new chain (the lost node's replaced), and none of those runs failed:
+  // one that did is the replacement race, where the replica waited out a step deadline before it
+  // ran again (StageChainDigest). A resume that cannot be made fails each stage's first run on
+  // the new chain, naming why ("no resume"), and the replica runs again from the round's start.
   const std::string gone = sim.node_key(lost).public_key().ShortHex();
   std::set<std::pair<int, uint32_t>> on_new_chain;
   std::vector<std::string> new_chain_failures;
@@ -425,7 +437,44 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
     }
   }
   EXPECT_EQ(on_new_chain.size(), 3u);
-  EXPECT_TRUE(new_chain_failures.empty()) << ::testing::PrintToString(new_chain_failures);
+  if (!resume_fails) {
+    EXPECT_TRUE(new_chain_failures.empty()) << ::testing::PrintToString(new_chain_failures);
+  } else {
+    EXPECT_FALSE(new_chain_failures.empty());
+    for (const std::string& f : new_chain_failures) {
+      EXPECT_NE(f.find("no resume"), std::string::npos) << f;
+    }
+  }
+  // The resume step (docs/protocol.md, "The resume step"): the replica resumed on the new chain
+  // at the step its node was lost in (the victim was held in step 1): the new node re-ran the
+  // lost stage's steps before it alone, and the kept stages did not train them again -- each
+  // node trained every step it committed exactly once (AgentStats::stage_steps_trained), the new
+  // node all but the k it re-ran (stage_steps_recomputed). When the resume cannot be made, no
+  // stage resumed and the kept stages trained steps 0..k-1 twice.
+  const int fresh = *committed[1].begin();
+  const uint64_t h = o.net.inner_steps;
+  if (!resume_fails) {
+    ASSERT_EQ(resumed[1].size(), 1u) << "the new node did not resume";
+    const uint64_t k = resumed[1].begin()->second;
+    EXPECT_EQ(resumed[1].begin()->first, fresh);
+    EXPECT_EQ(k, 1u);
+    EXPECT_EQ(resumed[0], (std::map<int, uint64_t>{{*neighbours[0].begin(), k}}));
+    EXPECT_EQ(resumed[2], (std::map<int, uint64_t>{{*neighbours[2].begin(), k}}));
+    for (uint32_t st : {0u, 2u}) {
+      const int n = *neighbours[st].begin();
+      EXPECT_EQ(sim.agent(n)->stats().stage_steps_trained, commits_of[n] * h) << "node " << n;
+      EXPECT_EQ(sim.agent(n)->stats().stage_resumes, 1u) << "node " << n;
+    }
+    EXPECT_EQ(sim.agent(fresh)->stats().stage_steps_recomputed, k);
+    EXPECT_EQ(sim.agent(fresh)->stats().stage_steps_trained, commits_of[fresh] * h - k);
+  } else {
+    EXPECT_TRUE(resumed.empty()) << "a stage resumed";
+    for (uint32_t st : {0u, 2u}) {
+      const int n = *neighbours[st].begin();
+      EXPECT_EQ(sim.agent(n)->stats().stage_steps_trained, commits_of[n] * h + 1) << "node " << n;
+    }
+    EXPECT_EQ(sim.agent(fresh)->stats().stage_steps_recomputed, 0u);
+  }
 }
 
 TEST(PipelineNetworkTest, AStageNodeKilledMidStepIsReplacedAndTheTaskEndsBitEqual) {
@@ -434,6 +483,10 @@ TEST(PipelineNetworkTest, AStageNodeKilledMidStepIsReplacedAndTheTaskEndsBitEqua
 
 TEST(PipelineNetworkTest, AStageNodeThatLeavesMidStepIsReplacedAndTheTaskEndsBitEqual) {
   LoseAStageNodeMidStep(/*kill=*/false, 19, "pipeline-network-leave");
+}
+
+TEST(PipelineNetworkTest, AReplicaThatCannotResumeAtTheLostStepRerunsFromTheStartBitEqual) {
+  LoseAStageNodeMidStep(/*kill=*/true, 20, "pipeline-network-noresume", /*resume_fails=*/true);
 }
 
 // A node that offers a memory limit holds one stage at a time (NodeAgent::WaitsForStageUnit,

@@ -166,9 +166,18 @@ Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
 // addressed to stage `to_stage`, which a stage serves when it published them (a plane with
 // StagePlaneOptions::keep_sent): what the node that replaces a lost stage `to_stage` re-runs its
 // steps from (stage_resume.h). One the node does not serve is left out; no checkpoint.
+// ResourceExhausted, before any tensor is fetched, when a record declares more than
+// `max_tensor_bytes` (what is fetched is reserved at its declared size).
 Result<StageStepEvidence> FetchStageStepSent(net::Transport* transport, const std::string& endpoint,
                                              const StageStepRef& ref, uint32_t to_stage,
-                                             int64_t timeout_ms = 30'000);
+                                             int64_t timeout_ms = 30'000,
+                                             uint64_t max_tensor_bytes = UINT64_MAX);
+// Only the step's commit (decoded, validated and of `ref`): what a kept stage swaps the lost
+// stage's records from (stage_resume.h). Errors as FetchStageStepEvidence's.
+Result<protocol::StageStepCommit> FetchStageStepCommit(net::Transport* transport,
+                                                       const std::string& endpoint,
+                                                       const StageStepRef& ref,
+                                                       int64_t timeout_ms = 30'000);
 // The same without the checkpoint's bytes (ev.checkpoint stays empty; ev.checkpoint_bytes is its
 // declared size): a verifier loads it with FetchStageCheckpointState instead, as it comes.
 Result<StageStepEvidence> FetchStageStepRecords(net::Transport* transport,
