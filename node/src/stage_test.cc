@@ -2376,7 +2376,11 @@ void StageNodesLoseAStageAtK(bool fails) {
     // The Stager's next run of each: from the round's start, asking nothing.
     stages = StageStages(spec);
     progress.assign(3, {});
-    for (auto& n : nodes) n->plane->SetChain(replaced.chain, endpoints);
+    // (The Stager's next run has a plane of its own; these are at step 0 before any pushes.)
+    for (auto& n : nodes) {
+      n->plane->SetChain(replaced.chain, endpoints);
+      n->plane->BeginStep(0);
+    }
     run_all(/*ask=*/false, &from, &out);
   }
   for (uint32_t s = 0; s < 3; ++s) {
