@@ -26,7 +26,11 @@
 #include "meshlearn/base/test_dir.h"
 #include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/net/http_transport.h"
+#include "meshlearn/node/stage_check.h"
+#include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/task_bundle.h"
 #include "testing/pipeline_task.h"
 #include "testing/sim_harness.h"
 
@@ -289,6 +293,9 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
 // deadline, keeps the replica's two other stages on their nodes (a fresh assignment each: their
 // runs stop and start again with the new chain) and places the lost stage on the free node. The
 // task ends with `meshlearn diloco`'s weights, bit for bit, and no other node counts a failure.
+// The replica resumes on the new chain at the step the node was lost in (docs/protocol.md "The
+// resume step"); with `resume_fails` the new node cannot (its fetch budget is one byte) and the
+// replica runs again from the round's start, bit-equal too.
 void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
                            bool resume_fails = false) {
   PipelineOracle o;
@@ -399,6 +406,51 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
     }
     release();
     ASSERT_EQ(NodeRecordOf(sim, lost).value("status", std::string()), "unbonding");
+  }
+  if (!resume_fails) {
+    // A verifier's check (CheckStageStep, what a verifier of the stage unit runs) of step 0,
+    // before the step the replica resumed at, of the replaced stage on its new node and of a kept
+    // stage whose records of stage 1 were swapped for the new node's: both replay clean against
+    // the new chain. Blocks stop meanwhile, so the round is not final and its steps are served.
+    auto new_node_resumed = [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return resumed[1].empty() ? -1 : resumed[1].begin()->first;
+    };
+    for (int b = 0; b < 20'000 && new_node_resumed() < 0; ++b) {
+      Status stepped = sim.Step();
+      ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const int fresh = new_node_resumed();
+    ASSERT_GE(fresh, 0) << "the new node of replica 0's stage 1 did not resume";
+    const std::vector<protocol::NodeId> chain{sim.node_key(*neighbours[0].begin()).public_key(),
+                                              sim.node_key(fresh).public_key(),
+                                              sim.node_key(*neighbours[2].begin()).public_key()};
+    Result<TaskFacts> facts = ComputeTaskFacts(o.task, o.data, o.net);
+    ASSERT_TRUE(facts.ok()) << facts.status().ToString();
+    net::HttpTransport verifier;
+    for (const auto& [stage, node] : {std::pair<uint32_t, int>{1, fresh},
+                                      std::pair<uint32_t, int>{0, *neighbours[0].begin()}}) {
+      const std::string endpoint = NodeRecordOf(sim, node).value("endpoint", std::string());
+      const StageCheckInput in{.task = &o.task,
+                               .data = &o.data,
+                               .net = &o.net,
+                               .facts = &*facts,
+                               .task_id = sim.task_id(),
+                               .round = 0,
+                               .replica = 0,
+                               .stage = stage,
+                               .chain = chain,
+                               .transport = &verifier,
+                               .endpoint = endpoint};
+      Result<protocol::StageStepCommit> served = FetchStageStepCommit(
+          &verifier, endpoint, {.task = sim.task_id(), .round = 0, .replica = 0, .stage = stage});
+      ASSERT_TRUE(served.ok()) << served.status().ToString();
+      const Hash256 leaf = protocol::StageStepLeaf(*served);
+      Result<StageStepCheck> check = CheckStageStep(in, 0, leaf);
+      ASSERT_TRUE(check.ok()) << check.status().ToString();
+      EXPECT_EQ(check->leaf, leaf) << "stage " << stage << ": " << check->message;
+    }
   }
   ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 4000);
   Result<GlobalState> final_state = sim.FinalState();

@@ -2103,6 +2103,15 @@ TEST(StageResumeTest, OverHttpTheNewNodeFetchesTheKeptStagesTensorsAndTheyServeT
     Result<KeptStageSteps> none =
         FetchKeptStageSteps(fresh->transport.get(), fresh_at, replaced, 0, lost, k);
     EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition) << none.status().ToString();
+    // What a kept node declares is bounded before its bytes are fetched: a tensor over the data
+    // plane's bound, or the k steps' tensors over the budget.
+    for (const auto& [tensor_bound, total_bound] :
+         {std::pair<uint64_t, uint64_t>{4, UINT64_MAX}, {UINT64_MAX, 64}}) {
+      Result<KeptStageSteps> over =
+          FetchKeptStageSteps(fresh->transport.get(), nodes[0]->server->endpoint(), replaced, 0,
+                              lost, k, tensor_bound, total_bound);
+      EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << over.status().ToString();
+    }
     std::unique_ptr<Stage> redo = StageAtRoundStart(spec, static_cast<int>(lost));
     Result<RecomputedStage> redone =
         RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k, kept,
