@@ -313,7 +313,10 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
     // The live stages wait for the lost node until the ledger replaces it or this deadline
     // passes; their runs on the new chain take pushes of that chain only (StageChainDigest), so
     // none of those waits out a deadline (`new_chain_failures`).
-    a.stage_plane.step_deadline_ms = 10'000;
+    // The kept stages' runs hold steps 0..k-1 for the resume only if the ledger replaces the
+    // lost node before this deadline fails their step on the old chain (their re-run on it starts
+    // from the round's start); 30 blocks of a loaded machine can take seconds.
+    a.stage_plane.step_deadline_ms = 30'000;
     // The free node that replaces the lost one fetches at most inbox_bytes of each kept stage's
     // tensors for the resume (StartStageRun): 1 byte, and it cannot resume.
     if (resume_fails && node == 6) a.stage_plane.inbox_bytes = 1;
@@ -416,7 +419,11 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
       std::lock_guard<std::mutex> lock(mu);
       return resumed[1].empty() ? -1 : resumed[1].begin()->first;
     };
-    for (int b = 0; b < 20'000 && new_node_resumed() < 0; ++b) {
+    auto stage_1_committed = [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return !committed[1].empty();
+    };
+    for (int b = 0; b < 20'000 && new_node_resumed() < 0 && !stage_1_committed(); ++b) {
       Status stepped = sim.Step();
       ASSERT_TRUE(stepped.ok()) << stepped.ToString();
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
