@@ -112,8 +112,8 @@ struct StagePlaneOptions {
   uint64_t max_checkpoint_bytes = kMaxEncodedLength - 4096;
   // Keeps a copy of every tensor the stage sends in a step (sent()), as it keeps what it
   // received: what a kept stage serves the node that replaces a lost neighbour, which re-runs the
-  // lost stage's earlier steps from them (stage_resume.h). Off by default: the same order of bytes
-  // as the received tensors, and the node's Stager does not resume at a step yet.
+  // lost stage's earlier steps from them (stage_resume.h). Off by default (the same order of
+  // bytes as the received tensors); the node's Stager turns it on.
   bool keep_sent = false;
   // Testing only (an adversary that computes its part honestly and sends corrupted tensors;
   // docs/verification.md "Pipeline stages"): a tensor whose key this matches is sent, and
