@@ -212,6 +212,27 @@ Status StageEvidence::ServeCommit(const StageStepCommit& commit) {
   return Status::Ok();
 }
 
+uint64_t StageEvidence::DropSent(const StageStepRef& unit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t dropped = 0;
+  for (auto& [ref, e] : steps_) {
+    if (ref.task != unit.task || ref.round != unit.round || ref.replica != unit.replica ||
+        ref.stage != unit.stage || !e.published) {
+      continue;
+    }
+    Result<StageStepCommit> c = protocol::DecodeStageStepCommit(e.commit);
+    if (!c.ok()) continue;  // encoded here: cannot happen
+    std::erase_if(e.tensors, [&](const auto& kv) {
+      const bool received =
+          std::any_of(c->received.begin(), c->received.end(),
+                      [&](const StageTransfer& r) { return r.tensor == kv.first; });
+      if (!received) dropped += kv.second.size();
+      return !received;
+    });
+  }
+  return dropped;
+}
+
 void StageEvidence::Withdraw(const StageStepRef& ref) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = steps_.find(ref);

@@ -2425,6 +2425,22 @@ void StageNodesLoseAStageAtK(bool fails) {
       EXPECT_TRUE(r->ok()) << "stage " << s << " step " << j << ": " << r->message;
     }
   }
+  // The Stager drops what a run sent once it ended whole (DropSent): no resume reads it then, and
+  // its verifiers replay from what it received, still served.
+  EXPECT_GT(nodes[0]->evidence.DropSent({ctx.task, ctx.round, ctx.replica, 0, 0}), 0u);
+  Result<KeptStageSteps> gone = FetchKeptStageSteps(
+      nodes[lost]->transport.get(), nodes[0]->server->endpoint(), replaced, 0, lost, k);
+  EXPECT_EQ(gone.status().code(), StatusCode::kFailedPrecondition) << gone.status().ToString();
+  Result<StageStepEvidence> ev = FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(),
+                                                        {ctx.task, ctx.round, ctx.replica, 0, 0});
+  ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+  Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  Result<StageReplayResult> r =
+      ReplayStageStep(StageSetup(spec, replaced.chain), std::move(*start), ev->commit, ev->blobs,
+                      batches[0], kStageDropoutSeed);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->ok()) << r->message;
 }
 
 TEST(StageResumeTest, StageNodesAgreeOnTheLostStepOverHttpAndTheKeptOnesTrainOnlyTheStepsAfterIt) {

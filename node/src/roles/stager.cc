@@ -259,6 +259,14 @@ Status Stager::Collect(const NodeWork& work) {
     // Nothing of the unit is stored or committed: it runs again while assigned.
     return run->out.status().WithPrefix(Name(run->a) + " failed (nothing committed)");
   }
+  // A run that ended whole is resumed by no neighbour (a replica re-run after it runs from the
+  // round's start): the tensors it sent are no longer served, only those it received, which its
+  // verifiers replay from. So keep_sent holds one run's sent tensors at a time.
+  evidence_.DropSent({.task = run->a.task_id,
+                      .round = run->a.round,
+                      .replica = run->a.stage->replica,
+                      .stage = run->a.stage->stage});
+  st.stage_evidence_bytes = evidence_.bytes();
   return Commit(*run, work);
 }
 

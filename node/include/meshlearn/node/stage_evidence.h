@@ -107,6 +107,10 @@ class StageEvidence {
   // checkpoints, which cannot hash to a forced state (docs/verification.md, "Forced errors for
   // stage units"). FailedPrecondition when the step is not published.
   Status ServeCommit(const protocol::StageStepCommit& commit);
+  // Stops serving the tensors the stage sent in every published step of `unit`'s stage unit
+  // (its step is not read), keeping those it received, which its verifiers replay from: once the
+  // unit's run has ended whole, no neighbour resumes from them (stage_resume.h). The bytes freed.
+  uint64_t DropSent(const StageStepRef& unit);
   // Stops serving a step (its round is final) and deletes its file.
   void Withdraw(const StageStepRef& ref);
   // Stops serving every step of `task` in a round before `round` (rounds [0, round) are final;
