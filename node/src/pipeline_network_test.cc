@@ -26,7 +26,11 @@
 #include "meshlearn/base/test_dir.h"
 #include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/net/http_transport.h"
+#include "meshlearn/node/stage_check.h"
+#include "meshlearn/node/stage_evidence.h"
 #include "meshlearn/node/state_blob.h"
+#include "meshlearn/node/task_bundle.h"
 #include "testing/pipeline_task.h"
 #include "testing/sim_harness.h"
 
@@ -286,7 +290,11 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
 // deadline, keeps the replica's two other stages on their nodes (a fresh assignment each: their
 // runs stop and start again with the new chain) and places the lost stage on the free node. The
 // task ends with `meshlearn diloco`'s weights, bit for bit, and no other node counts a failure.
-void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
+// The replica resumes on the new chain at the step the node was lost in (docs/protocol.md "The
+// resume step"); with `resume_fails` the new node cannot (its fetch budget is one byte) and the
+// replica runs again from the round's start, bit-equal too.
+void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
+                           bool resume_fails = false) {
   PipelineOracle o;
   ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
   testing::SimOptions opt = PipelineSimOptions(seed, dir);
@@ -302,7 +310,13 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
     // The live stages wait for the lost node until the ledger replaces it or this deadline
     // passes; their runs on the new chain take pushes of that chain only (StageChainDigest), so
     // none of those waits out a deadline (`new_chain_failures`).
-    a.stage_plane.step_deadline_ms = 10'000;
+    // The kept stages' runs hold steps 0..k-1 for the resume only if the ledger replaces the
+    // lost node before this deadline fails their step on the old chain (their re-run on it starts
+    // from the round's start); 30 blocks of a loaded machine can take seconds.
+    a.stage_plane.step_deadline_ms = 30'000;
+    // The free node that replaces the lost one fetches at most inbox_bytes of each kept stage's
+    // tensors for the resume (StartStageRun): 1 byte, and it cannot resume.
+    if (resume_fails && node == 6) a.stage_plane.inbox_bytes = 1;
     // The plane's send hook sees every tensor the node sends: the first one of replica 0's stage
     // 1 in round 0's step 1 waits there until the test releases it (nothing is corrupted).
     a.stage_plane.corrupt_sent = [&, node](const protocol::StageTensorKey& k) {
@@ -321,12 +335,20 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
   // Every start and failure of a run of replica 0 in round 0, in order, by node and stage: told
   // apart by chain once the run is over.
   std::vector<std::tuple<int, uint32_t, std::string>> runs;
+  // Round 0, replica 0: the step each stage's node resumed at (its "resumed at step k" line).
+  std::map<uint32_t, std::map<int, uint64_t>> resumed;
+  std::map<int, uint64_t> commits_of;  // CommitStage lines by node, any round
   opt.log_sink = [&](int node, const std::string& line) {
     std::lock_guard<std::mutex> lock(mu);
+    if (line.find("(CommitStage)") != std::string::npos) ++commits_of[node];
     for (uint32_t st = 0; st < 3; ++st) {
       const std::string name = " r0 replica 0 stage " + std::to_string(st);
       if (line.find(name + " failed") != std::string::npos) runs.emplace_back(node, st, line);
       if (line.find(name + ":") == std::string::npos) continue;
+      const size_t at = line.find(": resumed at step ");
+      if (at != std::string::npos) {
+        resumed[st][node] = std::strtoull(line.c_str() + at + 18, nullptr, 10);
+      }
       if (line.find(": training") != std::string::npos) {
         trained[st].insert(node);
         runs.emplace_back(node, st, line);
@@ -385,6 +407,55 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
     release();
     ASSERT_EQ(NodeRecordOf(sim, lost).value("status", std::string()), "unbonding");
   }
+  if (!resume_fails) {
+    // A verifier's check (CheckStageStep, what a verifier of the stage unit runs) of step 0,
+    // before the step the replica resumed at, of the replaced stage on its new node and of a kept
+    // stage whose records of stage 1 were swapped for the new node's: both replay clean against
+    // the new chain. Blocks stop meanwhile, so the round is not final and its steps are served.
+    auto new_node_resumed = [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return resumed[1].empty() ? -1 : resumed[1].begin()->first;
+    };
+    auto stage_1_committed = [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return !committed[1].empty();
+    };
+    for (int b = 0; b < 20'000 && new_node_resumed() < 0 && !stage_1_committed(); ++b) {
+      Status stepped = sim.Step();
+      ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const int fresh = new_node_resumed();
+    ASSERT_GE(fresh, 0) << "the new node of replica 0's stage 1 did not resume";
+    const std::vector<protocol::NodeId> chain{sim.node_key(*neighbours[0].begin()).public_key(),
+                                              sim.node_key(fresh).public_key(),
+                                              sim.node_key(*neighbours[2].begin()).public_key()};
+    Result<TaskFacts> facts = ComputeTaskFacts(o.task, o.data, o.net);
+    ASSERT_TRUE(facts.ok()) << facts.status().ToString();
+    net::HttpTransport verifier;
+    for (const auto& [stage, node] : {std::pair<uint32_t, int>{1, fresh},
+                                      std::pair<uint32_t, int>{0, *neighbours[0].begin()}}) {
+      const std::string endpoint = NodeRecordOf(sim, node).value("endpoint", std::string());
+      const StageCheckInput in{.task = &o.task,
+                               .data = &o.data,
+                               .net = &o.net,
+                               .facts = &*facts,
+                               .task_id = sim.task_id(),
+                               .round = 0,
+                               .replica = 0,
+                               .stage = stage,
+                               .chain = chain,
+                               .transport = &verifier,
+                               .endpoint = endpoint};
+      Result<protocol::StageStepCommit> served = FetchStageStepCommit(
+          &verifier, endpoint, {.task = sim.task_id(), .round = 0, .replica = 0, .stage = stage});
+      ASSERT_TRUE(served.ok()) << served.status().ToString();
+      const Hash256 leaf = protocol::StageStepLeaf(*served);
+      Result<StageStepCheck> check = CheckStageStep(in, 0, leaf);
+      ASSERT_TRUE(check.ok()) << check.status().ToString();
+      EXPECT_EQ(check->leaf, leaf) << "stage " << stage << ": " << check->message;
+    }
+  }
   ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 4000);
   Result<GlobalState> final_state = sim.FinalState();
   ASSERT_TRUE(final_state.ok()) << final_state.status().ToString();
@@ -403,10 +474,10 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
   EXPECT_NE(*committed[1].begin(), lost);
   EXPECT_EQ(committed[0], neighbours[0]);
   EXPECT_EQ(committed[2], neighbours[2]);
-  // Every stage ran on the new chain (the lost node's replaced), from the round's start (the
-  // resume step: docs/protocol.md, "The resume step"), and none of those runs failed: one that
-  // did is the replacement race, where the replica waited out a step deadline before it ran
-  // again (StageChainDigest).
+  // Every stage ran on the new chain (the lost node's replaced), and none of those runs failed:
+  // one that did is the replacement race, where the replica waited out a step deadline before it
+  // ran again (StageChainDigest). A resume that cannot be made fails each stage's first run on
+  // the new chain, naming why ("no resume"), and the replica runs again from the round's start.
   const std::string gone = sim.node_key(lost).public_key().ShortHex();
   std::set<std::pair<int, uint32_t>> on_new_chain;
   std::vector<std::string> new_chain_failures;
@@ -422,7 +493,44 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir) {
     }
   }
   EXPECT_EQ(on_new_chain.size(), 3u);
-  EXPECT_TRUE(new_chain_failures.empty()) << ::testing::PrintToString(new_chain_failures);
+  if (!resume_fails) {
+    EXPECT_TRUE(new_chain_failures.empty()) << ::testing::PrintToString(new_chain_failures);
+  } else {
+    EXPECT_FALSE(new_chain_failures.empty());
+    for (const std::string& f : new_chain_failures) {
+      EXPECT_NE(f.find("no resume"), std::string::npos) << f;
+    }
+  }
+  // The resume step (docs/protocol.md, "The resume step"): the replica resumed on the new chain
+  // at the step its node was lost in (the victim was held in step 1): the new node re-ran the
+  // lost stage's steps before it alone, and the kept stages did not train them again -- each
+  // node trained every step it committed exactly once (AgentStats::stage_steps_trained), the new
+  // node all but the k it re-ran (stage_steps_recomputed). When the resume cannot be made, no
+  // stage resumed and the kept stages trained steps 0..k-1 twice.
+  const int fresh = *committed[1].begin();
+  const uint64_t h = o.net.inner_steps;
+  if (!resume_fails) {
+    ASSERT_EQ(resumed[1].size(), 1u) << "the new node did not resume";
+    const uint64_t k = resumed[1].begin()->second;
+    EXPECT_EQ(resumed[1].begin()->first, fresh);
+    EXPECT_EQ(k, 1u);
+    EXPECT_EQ(resumed[0], (std::map<int, uint64_t>{{*neighbours[0].begin(), k}}));
+    EXPECT_EQ(resumed[2], (std::map<int, uint64_t>{{*neighbours[2].begin(), k}}));
+    for (uint32_t st : {0u, 2u}) {
+      const int n = *neighbours[st].begin();
+      EXPECT_EQ(sim.agent(n)->stats().stage_steps_trained, commits_of[n] * h) << "node " << n;
+      EXPECT_EQ(sim.agent(n)->stats().stage_resumes, 1u) << "node " << n;
+    }
+    EXPECT_EQ(sim.agent(fresh)->stats().stage_steps_recomputed, k);
+    EXPECT_EQ(sim.agent(fresh)->stats().stage_steps_trained, commits_of[fresh] * h - k);
+  } else {
+    EXPECT_TRUE(resumed.empty()) << "a stage resumed";
+    for (uint32_t st : {0u, 2u}) {
+      const int n = *neighbours[st].begin();
+      EXPECT_EQ(sim.agent(n)->stats().stage_steps_trained, commits_of[n] * h + 1) << "node " << n;
+    }
+    EXPECT_EQ(sim.agent(fresh)->stats().stage_steps_recomputed, 0u);
+  }
 }
 
 TEST(PipelineNetworkTest, AStageNodeKilledMidStepIsReplacedAndTheTaskEndsBitEqual) {
@@ -431,6 +539,10 @@ TEST(PipelineNetworkTest, AStageNodeKilledMidStepIsReplacedAndTheTaskEndsBitEqua
 
 TEST(PipelineNetworkTest, AStageNodeThatLeavesMidStepIsReplacedAndTheTaskEndsBitEqual) {
   LoseAStageNodeMidStep(/*kill=*/false, 19, "pipeline-network-leave");
+}
+
+TEST(PipelineNetworkTest, AReplicaThatCannotResumeAtTheLostStepRerunsFromTheStartBitEqual) {
+  LoseAStageNodeMidStep(/*kill=*/true, 20, "pipeline-network-noresume", /*resume_fails=*/true);
 }
 
 // A node that offers a memory limit holds one stage at a time (NodeAgent::WaitsForStageUnit,

@@ -212,6 +212,27 @@ Status StageEvidence::ServeCommit(const StageStepCommit& commit) {
   return Status::Ok();
 }
 
+uint64_t StageEvidence::DropSent(const StageStepRef& unit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t dropped = 0;
+  for (auto& [ref, e] : steps_) {
+    if (ref.task != unit.task || ref.round != unit.round || ref.replica != unit.replica ||
+        ref.stage != unit.stage || !e.published) {
+      continue;
+    }
+    Result<StageStepCommit> c = protocol::DecodeStageStepCommit(e.commit);
+    if (!c.ok()) continue;  // encoded here: cannot happen
+    std::erase_if(e.tensors, [&](const auto& kv) {
+      const bool received =
+          std::any_of(c->received.begin(), c->received.end(),
+                      [&](const StageTransfer& r) { return r.tensor == kv.first; });
+      if (!received) dropped += kv.second.size();
+      return !received;
+    });
+  }
+  return dropped;
+}
+
 void StageEvidence::Withdraw(const StageStepRef& ref) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = steps_.find(ref);
@@ -319,7 +340,7 @@ namespace {
 Result<StageStepEvidence> FetchStageStepWith(
     net::Transport* transport, const std::string& endpoint, const StageStepRef& ref,
     const std::function<std::vector<StageTransfer>(const StageStepCommit&)>& wanted,
-    int64_t timeout_ms) {
+    int64_t timeout_ms, uint64_t max_tensor_bytes = UINT64_MAX) {
   Encoder e;
   PutStageRef(e, ref);
   net::Request req{.method = kMethodStageStep,
@@ -349,7 +370,16 @@ Result<StageStepEvidence> FetchStageStepWith(
   }
   ev.checkpoint_bytes = checkpoint_size;
   StageSliceRequest q{.ref = ref, .part = StageSlicePart::kStageSliceTensor};
-  for (const StageTransfer& t : wanted(ev.commit)) {
+  const std::vector<StageTransfer> tensors = wanted(ev.commit);
+  // A tensor's declared size is reserved before its bytes arrive: bounded before any is fetched.
+  for (const StageTransfer& t : tensors) {
+    if (t.bytes > max_tensor_bytes) {
+      return ResourceExhausted("stage.step answer from " + endpoint + ": " + t.key.ToString() +
+                               " declares " + std::to_string(t.bytes) + " bytes, over the " +
+                               std::to_string(max_tensor_bytes) + " fetched of one tensor");
+    }
+  }
+  for (const StageTransfer& t : tensors) {
     if (ev.blobs.count(t.tensor) > 0) continue;
     q.tensor = t.tensor;
     Result<Bytes> tensor = StageFetchPart(transport, endpoint, q, t.bytes, timeout_ms);
@@ -371,7 +401,7 @@ Result<StageStepEvidence> FetchStageStepRecords(net::Transport* transport,
 
 Result<StageStepEvidence> FetchStageStepSent(net::Transport* transport, const std::string& endpoint,
                                              const StageStepRef& ref, uint32_t to_stage,
-                                             int64_t timeout_ms) {
+                                             int64_t timeout_ms, uint64_t max_tensor_bytes) {
   return FetchStageStepWith(
       transport, endpoint, ref,
       [to_stage](const StageStepCommit& c) {
@@ -381,7 +411,19 @@ Result<StageStepEvidence> FetchStageStepSent(net::Transport* transport, const st
         }
         return out;
       },
-      timeout_ms);
+      timeout_ms, max_tensor_bytes);
+}
+
+Result<protocol::StageStepCommit> FetchStageStepCommit(net::Transport* transport,
+                                                       const std::string& endpoint,
+                                                       const StageStepRef& ref,
+                                                       int64_t timeout_ms) {
+  ML_ASSIGN_OR_RETURN(
+      StageStepEvidence ev,
+      FetchStageStepWith(
+          transport, endpoint, ref,
+          [](const StageStepCommit&) { return std::vector<StageTransfer>(); }, timeout_ms));
+  return std::move(ev.commit);
 }
 
 Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,

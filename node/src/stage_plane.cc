@@ -80,6 +80,9 @@ void StagePlane::Register(net::Router* router) {
       options_.max_tensor_bytes + protocol::kStageTransferWireBytes + 16 + Hash256::kSize);
   router->Register(
       kMethodStageKeep, [this](const net::Request& r) { return HandleKeep(r); }, kMaxEncodedLength);
+  router->Register(
+      kMethodStageResume, [this](const net::Request& r) { return HandleResume(r); },
+      Hash256::kSize + 16);
 }
 
 void StagePlane::SetChain(std::vector<protocol::NodeId> chain, std::vector<std::string> endpoints) {
@@ -242,6 +245,11 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
     return Unavailable(me + ": " + k.ToString() + ": this stage's run was stopped; retry");
   }
   if (chain != chain_digest_) return other_chain();
+  if (resume_ && resume_->held > 0 && resume_->start != resume_->held) {
+    // A kept stage that has not decided to resume where it holds (stage_resume.h): a tensor
+    // taken now would be lost when it re-runs from the round's start on a plane of its own.
+    return Unavailable(me + ": " + k.ToString() + ": this stage decides where it resumes; retry");
+  }
   if (ctx_.chain[k.from_stage] != ctx.chain[k.from_stage]) {
     return Unavailable(me + ": " + k.ToString() + ": stage " + std::to_string(k.from_stage) +
                        "'s node was replaced while the push was checked; retry");
@@ -510,6 +518,98 @@ Result<Bytes> StagePlane::HandleKeep(const net::Request& request) {
   }
   ++stats_.checkpoints_kept;
   return Bytes();
+}
+
+void StagePlane::OfferResume(uint64_t held) {
+  std::lock_guard<std::mutex> lock(mu_);
+  resume_ = StageResumeAnswer{.held = held};
+}
+
+void StagePlane::DecideStart(uint64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!resume_) resume_ = StageResumeAnswer{};
+  resume_->start = step;
+}
+
+Result<Bytes> StagePlane::HandleResume(const net::Request& request) {
+  Decoder d(request.body, "stage.resume");
+  Hash256 chain;
+  ML_RETURN_IF_ERROR(d.GetHash(&chain, "chain"));
+  ML_RETURN_IF_ERROR(d.Finish());
+  std::lock_guard<std::mutex> lock(mu_);
+  // Another chain's run, a stopped one or one that has not offered yet: its answer would not be
+  // this chain's run's (the asker retries until it is).
+  if (cancelled_ || chain != chain_digest_ || !resume_) {
+    return Unavailable("stage.resume to stage " + std::to_string(stage_) + " of replica " +
+                       std::to_string(ctx_.replica) + ": its run on chain " + chain.ShortHex() +
+                       " has not offered yet; retry");
+  }
+  Encoder e;
+  e.PutU64(resume_->held).PutU8(resume_->start ? 1 : 0).PutU64(resume_->start.value_or(0));
+  return e.Take();
+}
+
+Result<StageResumeAnswer> StagePlane::AskResume(uint32_t stage, int64_t deadline_ms, bool decided) {
+  const StagePlaneClock::time_point deadline =
+      StagePlaneClock::now() + std::chrono::milliseconds(deadline_ms);
+  std::string endpoint, peer;
+  Hash256 chain;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CHECK_LT(stage, stages_);
+    endpoint = endpoints_[stage];
+    peer = PeerName(stage);
+    chain = chain_digest_;
+  }
+  const std::string what = "stage.resume of " + peer;
+  if (endpoint.empty()) return FailedPrecondition(what + ": no endpoint (SetChain first)");
+  Encoder e;
+  e.PutHash(chain);
+  const Bytes body = e.Take();
+  int64_t backoff = options_.retry_initial_ms;
+  Status last = Status::Ok();
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) return Cancelled(what);
+    }
+    const int64_t left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - StagePlaneClock::now())
+            .count();
+    if (left <= 0) {
+      return DeadlineExceeded(what + ": no " + (decided ? "decided " : "") + "answer within " +
+                              std::to_string(deadline_ms) + " ms" +
+                              (last.ok() ? "" : " (last: " + last.ToString() + ")"));
+    }
+    Result<Bytes> r = transport_->Send(
+        endpoint, net::Request{.method = kMethodStageResume,
+                               .body = body,
+                               .timeout_ms = std::min(left, options_.request_timeout_ms),
+                               .max_response_bytes = 64});
+    if (r.ok()) {
+      Decoder d(*r, what);
+      StageResumeAnswer a;
+      uint8_t has_start = 0;
+      uint64_t start = 0;
+      ML_RETURN_IF_ERROR(d.GetU64(&a.held, "held"));
+      ML_RETURN_IF_ERROR(d.GetU8(&has_start, "decided"));
+      ML_RETURN_IF_ERROR(d.GetU64(&start, "start"));
+      ML_RETURN_IF_ERROR(d.Finish());
+      if (has_start > 1) return InvalidArgument(what + ": decided must be 0 or 1");
+      if (has_start == 1) a.start = start;
+      if (!decided || a.start) return a;
+      last = Unavailable("not decided yet");
+    } else {
+      last = r.status();
+      const StatusCode code = last.code();
+      if (code != StatusCode::kResourceExhausted && code != StatusCode::kUnavailable &&
+          code != StatusCode::kDeadlineExceeded) {
+        return last.WithPrefix(what);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff, left)));
+    backoff = std::min(backoff * 2, options_.retry_max_ms);
+  }
 }
 
 }  // namespace meshlearn::node

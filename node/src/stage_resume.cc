@@ -1,8 +1,10 @@
 #include "meshlearn/node/stage_resume.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
+#include "meshlearn/base/check.h"
 #include "meshlearn/node/stage_evidence.h"
 
 namespace meshlearn::node {
@@ -101,12 +103,16 @@ class ResumeLink final : public StageLink {
 
 Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std::string& endpoint,
                                            const StageContext& ctx, uint32_t stage, uint32_t lost,
-                                           uint64_t k) {
+                                           uint64_t k, uint64_t max_tensor_bytes,
+                                           uint64_t max_bytes) {
   KeptStageSteps out;
+  uint64_t fetched = 0;
   for (uint64_t j = 0; j < k; ++j) {
     const StageStepRef ref{
         .task = ctx.task, .round = ctx.round, .replica = ctx.replica, .stage = stage, .step = j};
-    Result<StageStepEvidence> ev = FetchStageStepSent(transport, endpoint, ref, lost);
+    Result<StageStepEvidence> ev =
+        FetchStageStepSent(transport, endpoint, ref, lost, 30'000,
+                           std::min(max_tensor_bytes, max_bytes - std::min(max_bytes, fetched)));
     if (ev.status().code() == StatusCode::kNotFound) {
       return FailedPrecondition(Resume(k) + "stage " + std::to_string(stage) + "'s node at " +
                                 endpoint + " serves no commit of " + ref.ToString() +
@@ -119,6 +125,14 @@ Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std:
                                   endpoint + " no longer holds the tensor of " + t.key.ToString() +
                                   "; re-run from the round's start");
       }
+    }
+    for (const auto& [hash, bytes] : ev->blobs) fetched += bytes.size();
+    if (fetched > max_bytes) {
+      return ResourceExhausted(Resume(k) + "stage " + std::to_string(stage) + "'s node at " +
+                               endpoint + " sent stage " + std::to_string(lost) + " " +
+                               std::to_string(fetched) + " bytes by step " + std::to_string(j) +
+                               ", over the " + std::to_string(max_bytes) +
+                               " a resume fetches from one stage; re-run from the round's start");
     }
     out.sent.merge(ev->blobs);
     out.commits.push_back(std::move(ev->commit));
@@ -170,6 +184,27 @@ Result<RecomputedStage> RecomputeLostStage(engine::Stage& stage, const StageCont
       }
     }
   }
+  // The lost node's records the kept stages hold (what it sent them) are one node's, the lost
+  // stage's node of the chain before, and each is signed by it: a record another key signed is
+  // no record of that run, whatever tensor it names.
+  const StageTransfer* first_lost = nullptr;
+  for (const auto& [s, steps] : kept) {
+    for (const StageStepCommit& c : steps.commits) {
+      for (const StageTransfer& r : c.received) {
+        if (r.key.from_stage != lost) continue;
+        if (first_lost == nullptr) first_lost = &r;
+        if (r.sender != first_lost->sender) {
+          return PermissionDenied(Resume(k) + "kept stage " + std::to_string(s) + "'s record of " +
+                                  r.key.ToString() + " is node " + r.sender.ShortHex() +
+                                  "'s; the lost node's other records are " +
+                                  first_lost->sender.ShortHex() + "'s");
+        }
+        ML_RETURN_IF_ERROR(protocol::VerifyStageTransfer(r, r.sender)
+                               .WithPrefix(Resume(k) + "kept stage " + std::to_string(s) +
+                                           "'s record of the lost node"));
+      }
+    }
+  }
   ResumeLink link(ctx, k, key, kept);
   RecomputedStage out;
   for (uint64_t j = 0; j < k; ++j) {
@@ -216,6 +251,122 @@ Status SwapLostStageRecords(std::vector<StageStepCommit>& commits, uint32_t lost
   }
   commits = std::move(swapped);
   return Status::Ok();
+}
+
+StageResumePoint StageResumePointOf(std::span<const uint64_t> held) {
+  StageResumePoint none;
+  uint32_t fresh = 0;
+  uint64_t k = 0;
+  for (uint32_t s = 0; s < held.size(); ++s) {
+    if (held[s] == 0) {
+      ++fresh;
+      none.lost = s;
+    } else if (k == 0) {
+      k = held[s];
+    } else if (held[s] != k) {
+      return {};
+    }
+  }
+  if (fresh != 1 || k == 0 || held.size() < 2) return {};
+  return {.lost = none.lost, .k = k};
+}
+
+Result<uint64_t> StartStageRun(engine::Stage& stage, StagePlane& plane, const KeyPair& key,
+                               net::Transport* transport, std::span<const std::string> endpoints,
+                               std::span<const engine::Batch> batches, uint64_t dropout_seed,
+                               const StageRunHooks& hooks, StageEvidence* evidence,
+                               const StagePlaneOptions& options, bool ask,
+                               StageRunProgress* progress) {
+  const StageContext ctx = plane.context();
+  const uint32_t me = static_cast<uint32_t>(stage.index());
+  const uint32_t stages = ctx.stages();
+  const uint64_t mine = progress->commits.size();
+  CHECK_EQ(endpoints.size(), stages);
+  // Fails the run: every stage that reads this node's decision re-runs from the round's start.
+  auto fail = [&](const Status& why) -> Status {
+    plane.DecideStart(0);
+    return why;
+  };
+  if (!ask) {
+    if (mine != 0) return fail(FailedPrecondition("holds " + std::to_string(mine) + " steps"));
+    plane.DecideStart(0);
+    return 0;
+  }
+  std::vector<uint64_t> held(stages, 0);
+  held[me] = mine;
+  for (uint32_t s = 0; s < stages && stages > 1; ++s) {
+    if (s == me) continue;
+    Result<StageResumeAnswer> a = plane.AskResume(s, options.step_deadline_ms, false);
+    if (!a.ok()) {
+      // An offer not read: no resume (a stage that holds steps cannot know that the others agree).
+      if (mine == 0) {
+        plane.DecideStart(0);
+        return 0;
+      }
+      return fail(a.status().WithPrefix("the replica's offers: "));
+    }
+    held[s] = a->held;
+  }
+  const StageResumePoint at = StageResumePointOf(held);
+  if (at.k == 0) {
+    if (mine != 0) {
+      std::string offers;
+      for (uint64_t h : held) offers += (offers.empty() ? "" : ", ") + std::to_string(h);
+      return fail(FailedPrecondition("the replica's stages hold " + offers +
+                                     " steps: no resume; re-run from the round's start"));
+    }
+    plane.DecideStart(0);
+    return 0;
+  }
+  if (at.lost == me) {
+    // This node replaced stage `me`'s lost node: re-run its steps 0..k-1 from what the kept
+    // stages sent it, each checked against its sender's record and its outputs against the lost
+    // node's.
+    std::map<uint32_t, KeptStageSteps> kept;
+    for (uint32_t s = 0; s < stages; ++s) {
+      if (s == me) continue;
+      Result<KeptStageSteps> got = FetchKeptStageSteps(
+          transport, endpoints[s], ctx, s, me, at.k, options.max_tensor_bytes, options.inbox_bytes);
+      if (!got.ok()) return fail(got.status());
+      kept[s] = std::move(*got);
+    }
+    progress->start = StageFlatParams(stage);
+    Result<RecomputedStage> redone =
+        RecomputeLostStage(stage, ctx, me, key, batches, dropout_seed, at.k, kept, hooks);
+    if (!redone.ok()) return fail(redone.status());
+    progress->commits = std::move(redone->commits);
+    progress->losses = std::move(redone->losses);
+    plane.DecideStart(at.k);
+    return at.k;
+  }
+  // A kept stage: the lost stage's new node decides once it has re-run steps 0..k-1 alone.
+  Result<StageResumeAnswer> decided = plane.AskResume(
+      at.lost, options.step_deadline_ms * static_cast<int64_t>(at.k + 1), /*decided=*/true);
+  if (!decided.ok()) return fail(decided.status().WithPrefix(Resume(at.k)));
+  if (decided->start != at.k) {
+    return fail(FailedPrecondition(
+        Resume(at.k) + "stage " + std::to_string(at.lost) + "'s new node runs from step " +
+        std::to_string(decided->start.value_or(0)) + "; re-run from the round's start"));
+  }
+  std::vector<StageStepCommit> theirs;
+  for (uint64_t j = 0; j < at.k; ++j) {
+    Result<StageStepCommit> c = FetchStageStepCommit(transport, endpoints[at.lost],
+                                                     {.task = ctx.task,
+                                                      .round = ctx.round,
+                                                      .replica = ctx.replica,
+                                                      .stage = at.lost,
+                                                      .step = j});
+    if (!c.ok()) return fail(c.status().WithPrefix(Resume(at.k) + "the new node's commits: "));
+    theirs.push_back(std::move(*c));
+  }
+  Status swapped = SwapLostStageRecords(progress->commits, at.lost, theirs, ctx);
+  if (!swapped.ok()) return fail(swapped.WithPrefix(Resume(at.k)));
+  for (const StageStepCommit& c : progress->commits) {
+    Status served = evidence->ServeCommit(c);
+    if (!served.ok()) return fail(served.WithPrefix(Resume(at.k)));
+  }
+  plane.DecideStart(at.k);
+  return at.k;
 }
 
 }  // namespace meshlearn::node

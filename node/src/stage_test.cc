@@ -2103,6 +2103,15 @@ TEST(StageResumeTest, OverHttpTheNewNodeFetchesTheKeptStagesTensorsAndTheyServeT
     Result<KeptStageSteps> none =
         FetchKeptStageSteps(fresh->transport.get(), fresh_at, replaced, 0, lost, k);
     EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition) << none.status().ToString();
+    // What a kept node declares is bounded before its bytes are fetched: a tensor over the data
+    // plane's bound, or the k steps' tensors over the budget.
+    for (const auto& [tensor_bound, total_bound] :
+         {std::pair<uint64_t, uint64_t>{4, UINT64_MAX}, {UINT64_MAX, 64}}) {
+      Result<KeptStageSteps> over =
+          FetchKeptStageSteps(fresh->transport.get(), nodes[0]->server->endpoint(), replaced, 0,
+                              lost, k, tensor_bound, total_bound);
+      EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << over.status().ToString();
+    }
     std::unique_ptr<Stage> redo = StageAtRoundStart(spec, static_cast<int>(lost));
     Result<RecomputedStage> redone =
         RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k, kept,
@@ -2204,6 +2213,18 @@ TEST(StageResumeTest, AResumeThatCannotBeMadeFailsAndTheReplicaRerunsFromTheRoun
       EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
       EXPECT_NE(r.status().message().find("the lost node sent"), std::string::npos);
     }
+    // A kept stage's record of the lost node signed by another node than its other records.
+    {
+      std::map<uint32_t, KeptStageSteps> kept = StageKeptSteps(run, lost);
+      for (StageTransfer& r : kept[2].commits[1].received) {
+        if (r.key.from_stage == lost) {
+          r = SignStageTensor(r.key, std::vector<float>(r.bytes / 4, 0.5f), StageNodeKey(7),
+                              replaced.TileColsOf(r.bytes / 4));
+        }
+      }
+      Result<RecomputedStage> r = recompute(kept);
+      EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+    }
     // A swap offered records another key signed, or of another tensor, leaves the commits as
     // they were.
     {
@@ -2239,6 +2260,195 @@ TEST(StageResumeTest, AResumeThatCannotBeMadeFailsAndTheReplicaRerunsFromTheRoun
       EXPECT_EQ(engine::StateHash(again[s]->state()), engine::StateHash(want[s]->state()));
     }
   }
+}
+
+// The resume point every stage node derives from the others' offers (StageResumePointOf): one
+// stage holding nothing and every other the same k > 0; anything else is the round's start.
+TEST(StageResumeTest, TheResumePointIsOneFreshStageBesideStagesThatAllHoldTheSameSteps) {
+  auto point = [](std::vector<uint64_t> held) { return StageResumePointOf(held); };
+  EXPECT_EQ(point({2, 0, 2}).k, 2u);
+  EXPECT_EQ(point({2, 0, 2}).lost, 1u);
+  EXPECT_EQ(point({0, 1, 1, 1}).lost, 0u);
+  EXPECT_EQ(point({0, 1, 1, 1}).k, 1u);
+  EXPECT_EQ(point({3, 3, 0}).lost, 2u);
+  EXPECT_EQ(point({0, 0, 0}).k, 0u);  // a run from the round's start
+  EXPECT_EQ(point({2, 0, 1}).k, 0u);  // kept stages that disagree
+  EXPECT_EQ(point({2, 0, 0}).k, 0u);  // two fresh stages
+  EXPECT_EQ(point({2, 2, 2}).k, 0u);  // no fresh stage
+  EXPECT_EQ(point({0}).k, 0u);
+}
+
+// A replica's three stage nodes over loopback HTTP lose stage 1's node in step k: the kept nodes'
+// runs fail there holding steps 0..k-1 (RunStageUnit's progress). On the new chain every node
+// offers what it holds and StartStageRun agrees on k with no coordinator: the new node fetches the
+// kept stages' tensors and re-runs stage 1's steps 0..k-1, the kept nodes read its decision, swap
+// its records into their commits and serve them; then every node trains steps k..3 only, and the
+// replica ends bit-equal to RunPipelineStep, every record of stage 1 in the kept commits signed by
+// the new node, and a verifier's replay of the replaced stage's steps before k passes against the
+// new chain. With `fails`, the new node cannot fetch a kept stage's step (no longer served): it
+// decides 0, each kept node reads that and fails its run, and the replica re-runs from the round's
+// start, bit-equal.
+void StageNodesLoseAStageAtK(bool fails) {
+  constexpr uint64_t k = 2;
+  constexpr uint32_t lost = 1;
+  const ModelSpec spec = StageParseModel(kStageMlp);
+  std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
+  for (int64_t step = 0; step < 4; ++step) {
+    engine::RunPipelineStep(want, StageBatch(spec, step), kStageDropoutSeed);
+  }
+  const StageContext ctx = StageCtx();
+  StagePlaneOptions opt;
+  opt.keep_sent = true;
+  opt.checkpoint_every = 0;
+  opt.step_deadline_ms = 2'000;
+  std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+  std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+  const std::vector<Batch> batches = StageBatches(spec, 4);
+  auto hooks_of = [](StageEvidence* evidence, const StageContext& c, uint32_t s) {
+    StageRunHooks hooks;
+    hooks.checkpoint = [evidence, c, s](uint64_t step, engine::TrainState& state) {
+      return evidence->SaveCheckpoint({c.task, c.round, c.replica, s, step}, state);
+    };
+    hooks.publish = [evidence](const StageStepCommit& commit, std::map<Hash256, Bytes> tensors) {
+      return evidence->Publish(commit, std::move(tensors));
+    };
+    return hooks;
+  };
+  // Stage 1's node trains steps 0..k-1 and no more; the kept stages' step k fails at its deadline.
+  std::vector<StageRunProgress> progress(3);
+  std::vector<Status> first(3, Status::Ok());
+  {
+    std::vector<std::thread> threads;
+    for (uint32_t s = 0; s < 3; ++s) {
+      threads.emplace_back([&, s] {
+        std::span<const Batch> b(batches);
+        first[s] =
+            RunStageUnit(*stages[s], *nodes[s]->plane, s == lost ? b.first(k) : b,
+                         kStageDropoutSeed, hooks_of(&nodes[s]->evidence, ctx, s), &progress[s])
+                .status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  ASSERT_TRUE(first[lost].ok()) << first[lost].ToString();
+  for (uint32_t s : {0u, 2u}) {
+    EXPECT_EQ(first[s].code(), StatusCode::kDeadlineExceeded) << first[s].ToString();
+    ASSERT_EQ(progress[s].commits.size(), k);
+  }
+  nodes[lost]->server->Stop();
+  if (fails) nodes[0]->evidence.Withdraw({ctx.task, ctx.round, ctx.replica, 0, k - 1});
+
+  StageContext replaced = ctx;
+  const KeyPair new_key = StageNodeKey(5);
+  replaced.chain[lost] = new_key.public_key();
+  nodes[lost] = StageStartNode(replaced, static_cast<int>(lost), new_key, opt);
+  StageConnect(nodes, replaced.chain);
+  stages[lost] = StageAtRoundStart(spec, static_cast<int>(lost));
+  progress[lost] = {};
+  std::vector<std::string> endpoints;
+  for (auto& n : nodes) endpoints.push_back(n->server->endpoint());
+  std::vector<KeyPair> keys{StageNodeKey(0), new_key, StageNodeKey(2)};
+  // Each node's run: its offer, the agreed start, then its steps from there.
+  auto run_all = [&](bool ask, std::vector<Result<uint64_t>>* from,
+                     std::vector<Result<StageUnitOutcome>>* out) {
+    from->assign(3, Internal("not run"));
+    out->assign(3, Internal("not run"));
+    for (uint32_t s = 0; s < 3; ++s) nodes[s]->plane->OfferResume(progress[s].commits.size());
+    std::vector<std::thread> threads;
+    for (uint32_t s = 0; s < 3; ++s) {
+      threads.emplace_back([&, s] {
+        const StageRunHooks hooks = hooks_of(&nodes[s]->evidence, replaced, s);
+        (*from)[s] = StartStageRun(*stages[s], *nodes[s]->plane, keys[s], nodes[s]->transport.get(),
+                                   endpoints, batches, kStageDropoutSeed, hooks,
+                                   &nodes[s]->evidence, opt, ask, &progress[s]);
+        if ((*from)[s].ok()) {
+          (*out)[s] = RunStageUnit(*stages[s], *nodes[s]->plane, batches, kStageDropoutSeed, hooks,
+                                   &progress[s]);
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  };
+  std::vector<Result<uint64_t>> from;
+  std::vector<Result<StageUnitOutcome>> out;
+  run_all(/*ask=*/true, &from, &out);
+  if (fails) {
+    // The new node names what it could not fetch; the kept nodes read its 0 and fail.
+    EXPECT_EQ(from[lost].status().code(), StatusCode::kFailedPrecondition)
+        << from[lost].status().ToString();
+    for (uint32_t s : {0u, 2u}) {
+      EXPECT_EQ(from[s].status().code(), StatusCode::kFailedPrecondition)
+          << from[s].status().ToString();
+      EXPECT_NE(from[s].status().message().find("runs from step 0"), std::string::npos)
+          << from[s].status().ToString();
+    }
+    // The Stager's next run of each: from the round's start, asking nothing.
+    stages = StageStages(spec);
+    progress.assign(3, {});
+    // (The Stager's next run has a plane of its own; these are at step 0 before any pushes.)
+    for (auto& n : nodes) {
+      n->plane->SetChain(replaced.chain, endpoints);
+      n->plane->BeginStep(0);
+    }
+    run_all(/*ask=*/false, &from, &out);
+  }
+  for (uint32_t s = 0; s < 3; ++s) {
+    ASSERT_TRUE(from[s].ok()) << "stage " << s << ": " << from[s].status().ToString();
+    EXPECT_EQ(*from[s], fails ? 0u : k) << "stage " << s;
+    ASSERT_TRUE(out[s].ok()) << "stage " << s << ": " << out[s].status().ToString();
+    EXPECT_EQ(engine::StateHash(stages[s]->state()), engine::StateHash(want[s]->state()))
+        << "stage " << s;
+    ASSERT_EQ(out[s]->commits.size(), 4u);
+    // Every record of stage 1 the kept stages hold is the new node's.
+    for (const StageStepCommit& c : out[s]->commits) {
+      for (const StageTransfer& r : c.received) {
+        if (r.key.from_stage == lost) {
+          EXPECT_EQ(r.sender, new_key.public_key()) << "stage " << s;
+        }
+      }
+    }
+  }
+  // A verifier of the replaced stage's steps before k, and of a kept stage's, against the new
+  // chain.
+  net::HttpTransport verifier;
+  for (uint32_t s : {lost, 2u}) {
+    for (uint64_t j = 0; j < k; ++j) {
+      Result<StageStepEvidence> ev = FetchStageStepEvidence(
+          &verifier, nodes[s]->server->endpoint(), {ctx.task, ctx.round, ctx.replica, s, j});
+      ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+      Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
+      ASSERT_TRUE(start.ok()) << start.status().ToString();
+      Result<StageReplayResult> r =
+          ReplayStageStep(StageSetup(spec, replaced.chain), std::move(*start), ev->commit,
+                          ev->blobs, batches[j], kStageDropoutSeed);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->ok()) << "stage " << s << " step " << j << ": " << r->message;
+    }
+  }
+  // The Stager drops what a run sent once it ended whole (DropSent): no resume reads it then, and
+  // its verifiers replay from what it received, still served.
+  EXPECT_GT(nodes[0]->evidence.DropSent({ctx.task, ctx.round, ctx.replica, 0, 0}), 0u);
+  Result<KeptStageSteps> gone = FetchKeptStageSteps(
+      nodes[lost]->transport.get(), nodes[0]->server->endpoint(), replaced, 0, lost, k);
+  EXPECT_EQ(gone.status().code(), StatusCode::kFailedPrecondition) << gone.status().ToString();
+  Result<StageStepEvidence> ev = FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(),
+                                                        {ctx.task, ctx.round, ctx.replica, 0, 0});
+  ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+  Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  Result<StageReplayResult> r =
+      ReplayStageStep(StageSetup(spec, replaced.chain), std::move(*start), ev->commit, ev->blobs,
+                      batches[0], kStageDropoutSeed);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->ok()) << r->message;
+}
+
+TEST(StageResumeTest, StageNodesAgreeOnTheLostStepOverHttpAndTheKeptOnesTrainOnlyTheStepsAfterIt) {
+  StageNodesLoseAStageAtK(/*fails=*/false);
+}
+
+TEST(StageResumeTest, AResumeTheNewNodeCannotMakeIsDecidedZeroAndEveryStageRerunsFromTheStart) {
+  StageNodesLoseAStageAtK(/*fails=*/true);
 }
 
 TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {

@@ -331,11 +331,20 @@ void SetStageAdversary(Adversary adv, const UnitWork& work, StageRunHooks* hooks
 
 Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
                                       std::span<const engine::Batch> batches, uint64_t dropout_seed,
-                                      const StageRunHooks& hooks) {
-  std::vector<float> start = StageFlatParams(stage);
+                                      const StageRunHooks& hooks, StageRunProgress* progress) {
+  StageRunProgress local;
+  StageRunProgress& run = progress != nullptr ? *progress : local;
+  if (run.commits.size() != run.losses.size() || run.commits.size() > batches.size() ||
+      (run.start.empty() && !run.commits.empty())) {
+    return InvalidArgument("a stage unit's run continued from " +
+                           std::to_string(run.commits.size()) + " step commits and " +
+                           std::to_string(run.losses.size()) + " losses (" +
+                           (run.start.empty() ? "no" : "a") + " start) of " +
+                           std::to_string(batches.size()) + " steps");
+  }
+  if (run.start.empty()) run.start = StageFlatParams(stage);
   StageUnitOutcome out;
-  double loss_sum = 0;
-  for (size_t i = 0; i < batches.size(); ++i) {
+  for (size_t i = run.commits.size(); i < batches.size(); ++i) {
     if (hooks.checkpoint) {
       ML_RETURN_IF_ERROR(hooks.checkpoint(static_cast<uint64_t>(i), stage.state()));
     }
@@ -378,16 +387,22 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
       served.merge(plane.sent());
       ML_RETURN_IF_ERROR(hooks.publish(step.commit, std::move(served)));
     }
-    loss_sum += step.loss;
-    out.leaves.push_back(protocol::StageStepLeaf(step.commit));
-    out.commits.push_back(std::move(step.commit));
+    run.losses.push_back(step.loss);
+    run.commits.push_back(std::move(step.commit));
   }
+  double loss_sum = 0;
+  for (float l : run.losses) loss_sum += l;
   if (stage.last() && !batches.empty()) {
     out.mean_loss = static_cast<float>(loss_sum / static_cast<double>(batches.size()));
   }
+  // A run that ends is spent: its start and commits move into the outcome.
+  out.commits = std::move(run.commits);
+  for (const protocol::StageStepCommit& c : out.commits) {
+    out.leaves.push_back(protocol::StageStepLeaf(c));
+  }
   // The pseudo-gradient start - end, computed in place over the start's copy a tensor at a time:
   // the end weights are read where they are, never copied.
-  out.delta = std::move(start);
+  out.delta = std::move(run.start);
   size_t at = 0;
   for (const engine::Param& p : stage.params()) {
     const std::vector<float>& end = p.value.vec();
@@ -490,6 +505,9 @@ void StageHost::Register(net::Router* router, uint64_t max_push_bytes) {
       kMethodStageKeep, [this](const net::Request& r) { return HandleKeep(r); }, kMaxEncodedLength);
   router->Register(
       kMethodStageKept, [this](const net::Request& r) { return HandleKept(r); }, 256);
+  router->Register(
+      kMethodStageResume, [this](const net::Request& r) { return HandleResume(r); },
+      Hash256::kSize + 16);
 }
 
 std::unique_ptr<StageHost::Attachment> StageHost::Attach(StagePlane* plane) {
@@ -613,6 +631,14 @@ Result<Bytes> StageHost::HandlePush(const net::Request& request) {
     return Unavailable("stage.push: this node runs no stage unit yet (retry)");
   }
   return plane_->HandlePush(request);
+}
+
+Result<Bytes> StageHost::HandleResume(const net::Request& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (plane_ == nullptr) {
+    return Unavailable("stage.resume: this node runs no stage unit yet (retry)");
+  }
+  return plane_->HandleResume(request);
 }
 
 Result<Bytes> StageHost::HandleKeep(const net::Request& request) {

@@ -6,6 +6,7 @@
 
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/node/adversary.h"
+#include "meshlearn/node/stage_resume.h"
 #include "meshlearn/node/state_blob.h"
 #include "meshlearn/protocol/task_model.h"
 #include "meshlearn/protocol/verification.h"
@@ -72,6 +73,16 @@ Status Stager::Start(const UnitAssignment& a) {
   auto run = std::make_unique<Run>();
   run->a = a;
   run->ctx = ctx;
+  // A resume is tried on an assignment's first run only: a run after it failed trains from the
+  // round's start, so that stages that disagreed once converge there (stage_resume.h).
+  run->ask = started_.count(KeyOf(a)) == 0;
+  std::optional<Held> held = std::exchange(held_, std::nullopt);
+  if (held && run->ask && ResumesOn(*held, a)) {
+    run->kept = true;
+    run->stage = std::move(held->stage);
+    run->progress = std::move(held->progress);
+  }
+  held.reset();  // not this assignment's: freed before the stage is built again
   // Only the stage is built, never the whole model (its trainer: ctx->Trainer()): the unit's
   // batches come from its data stream, and the stage's weights from their slices of the round's
   // global weights, read from the state blob's chunks that hold them (neither the whole state nor
@@ -85,7 +96,7 @@ Status Stager::Start(const UnitAssignment& a) {
     for (int64_t s = 0; s < work.inner_steps; ++s) run->batches.push_back(stream.BatchForStep(s));
   }
   ctx->ReleaseData();
-  {
+  if (!run->kept) {
     ML_ASSIGN_OR_RETURN(GlobalWeightsReader start,
                         node_->StartWeights(*ctx, a.task_id, a.start_state));
     ML_ASSIGN_OR_RETURN(
@@ -104,18 +115,31 @@ Status Stager::Start(const UnitAssignment& a) {
   // (docs/protocol.md, "The resume step", says why), and a keeper holds its neighbour's
   // checkpoint in memory beside its own stage (tens of MB for a 10M GPT stage), which the
   // ledger's placement by stage_memory_bytes does not count.
+  // The tensors a stage sends are kept and served with its steps' evidence (keep_sent) until
+  // the round is final, beside those it received: what the node that replaces a lost neighbour
+  // re-runs that neighbour's steps from. The same bytes as the received ones (each boundary's
+  // tensors are received by one stage and sent by the other: stage_boundary_bytes a step).
   StagePlaneOptions plane_options = node_->options().stage_plane;
   plane_options.checkpoint_every = 0;
+  plane_options.keep_sent = true;
   run->plane = std::make_unique<StagePlane>(sc, static_cast<int>(slot.stage), node_->key(),
                                             node_->deps().transport, plane_options);
   run->plane->SetChain(slot.chain, slot.endpoints);
+  // What the run holds at its start, answered to its neighbours ("stage.resume") from the moment
+  // its plane is attached.
+  run->plane->OfferResume(run->progress.commits.size());
   run->attached = host_.Attach(run->plane.get());
+  started_.insert(KeyOf(a));
   // The chain is named so that a run on a replaced node's new chain can be told from its stale
   // one in the log.
   std::string chain;
   for (const protocol::NodeId& n : slot.chain) chain += (chain.empty() ? "" : " ") + n.ShortHex();
   node_->Log(Name(a) + ": training " + std::to_string(work.inner_steps) +
-             " steps with its neighbours (chain " + chain + ")" + MemoryNote());
+             " steps with its neighbours (chain " + chain + ")" +
+             (run->kept ? ", holding steps 0.." + std::to_string(run->progress.commits.size() - 1) +
+                              " of its run before"
+                        : "") +
+             MemoryNote());
   Run* r = run.get();
   run_ = std::move(run);
   // Every step's evidence is served as it ends (StageEvidence: a verifier of the stage unit
@@ -135,9 +159,21 @@ Status Stager::Start(const UnitAssignment& a) {
   };
   SetStageAdversary(node_->options().adversary, work, &hooks);
   hooks.malformed_result = node_->options().malformed_stage_result;
-  r->thread = std::thread([r, hooks = std::move(hooks)] {
+  r->thread = std::thread([r, hooks = std::move(hooks), evidence, plane_options,
+                           key = &node_->key(), transport = node_->deps().transport,
+                           endpoints = slot.endpoints] {
     const auto t0 = std::chrono::steady_clock::now();
-    r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed, hooks);
+    // The step it trains from: the replica's resume, agreed with its neighbours (stage_resume.h).
+    Result<uint64_t> from =
+        StartStageRun(*r->stage, *r->plane, *key, transport, endpoints, r->batches, r->dropout_seed,
+                      hooks, evidence, plane_options, r->ask, &r->progress);
+    if (from.ok()) {
+      r->from = *from;
+      r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed, hooks, &r->progress);
+    } else {
+      r->out = from.status().WithPrefix("no resume");
+      r->progress = {};  // a resume tried and not made: its next run is from the round's start
+    }
     // A failed run's plane stays attached until the next tick collects it; until then it answers
     // pushes Unavailable, so that its neighbours retry them into the unit's next run instead of
     // having this one take them and drop them with it.
@@ -150,7 +186,29 @@ Status Stager::Start(const UnitAssignment& a) {
   return Status::Ok();
 }
 
+bool Stager::ResumesOn(const Held& held, const UnitAssignment& a) {
+  const UnitAssignment& b = held.a;
+  if (!a.stage || !b.stage || a.task_id != b.task_id || a.index != b.index || a.round != b.round ||
+      a.start_state != b.start_state || a.stage->replica != b.stage->replica ||
+      a.stage->stage != b.stage->stage || a.stage->chain.size() != b.stage->chain.size()) {
+    return false;
+  }
+  uint32_t replaced = 0;
+  for (size_t s = 0; s < a.stage->chain.size(); ++s) {
+    if (a.stage->chain[s] == b.stage->chain[s]) continue;
+    if (s == a.stage->stage) return false;
+    ++replaced;
+  }
+  return replaced == 1;
+}
+
 Status Stager::Collect(const NodeWork& work) {
+  // A held run whose unit is no longer this node's: nothing resumes from it.
+  if (held_ && std::none_of(work.units.begin(), work.units.end(), [&](const UnitAssignment& u) {
+        return u.task_id == held_->a.task_id && u.index == held_->a.index;
+      })) {
+    held_.reset();
+  }
   if (run_ && !run_->done.load(std::memory_order_acquire) && !run_->cancelled) {
     // A unit no longer assigned to this node (its round re-ran after a stage was caught
     // cheating, or it expired) is stopped now rather than at its next step deadline: the node
@@ -174,18 +232,42 @@ Status Stager::Collect(const NodeWork& work) {
   st.stage_wait_us += plane.wait_us;
   st.stage_run_us += run->run_us;
   st.stage_evidence_bytes = evidence_.bytes();
+  const uint64_t done = run->out.ok() ? run->out->commits.size() : run->progress.commits.size();
+  st.stage_steps_trained += done - std::min(done, run->from);
+  if (run->from > 0) {
+    ++st.stage_resumes;
+    if (!run->kept) st.stage_steps_recomputed += run->from;
+    node_->Log(Name(run->a) + ": resumed at step " + std::to_string(run->from) +
+               (run->kept ? " (kept its steps before it, their lost neighbour's records swapped "
+                            "for its new node's)"
+                          : " (re-ran the lost node's steps before it from its neighbours' "
+                            "tensors)"));
+  }
   // A failed run's pushes measured the links as well as a committed one's.
   ReportLinks(plane, run->a);
   // The stage (weights, gradients, moments), its batches and its plane's tensors are done with
   // (its steps' evidence is served from files): freed before the delta blob is built beside the
-  // delta.
+  // delta. A failed run that trained steps keeps its stage and steps while the unit is assigned
+  // here: a fresh assignment that replaced a lost neighbour resumes from them (ResumesOn).
   run->plane.reset();
+  if (!run->out.ok() && !run->progress.commits.empty() &&
+      run->progress.commits.size() < run->batches.size()) {
+    held_ = Held{.a = run->a, .stage = std::move(run->stage), .progress = std::move(run->progress)};
+  }
   run->stage.reset();
   run->batches = {};
   if (!run->out.ok()) {
-    // Nothing of the unit is stored or committed: it runs again from its start while assigned.
+    // Nothing of the unit is stored or committed: it runs again while assigned.
     return run->out.status().WithPrefix(Name(run->a) + " failed (nothing committed)");
   }
+  // A run that ended whole is resumed by no neighbour (a replica re-run after it runs from the
+  // round's start): the tensors it sent are no longer served, only those it received, which its
+  // verifiers replay from. So keep_sent holds one run's sent tensors at a time.
+  evidence_.DropSent({.task = run->a.task_id,
+                      .round = run->a.round,
+                      .replica = run->a.stage->replica,
+                      .stage = run->a.stage->stage});
+  st.stage_evidence_bytes = evidence_.bytes();
   return Commit(*run, work);
 }
 

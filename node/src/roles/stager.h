@@ -10,8 +10,11 @@
 //   (a zero node in its chain)      (thread)   │         (delta stored, pinned)     ──ok──▶
 //   committed
 //                                              └─ a step failed (a silent neighbour past its
-//                                                 deadline): logged, nothing stored or committed;
-//                                                 started again from step 0 while still assigned
+//                                                 deadline, or the unit was assigned afresh):
+//                                                 logged, nothing stored or committed; started
+//                                                 again from step 0 while still assigned, or from
+//                                                 the failed step k when a fresh assignment
+//                                                 replaced a lost neighbour (StartStageRun)
 //
 // A node runs one stage unit at a time: its StageHost hands "stage.push" to that unit's plane.
 // A restart forgets a running unit (it is run again from the start: a stage is cheap next to
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -88,6 +92,11 @@ class Stager {
     std::unique_ptr<StageHost::Attachment> attached;
     std::vector<engine::Batch> batches;
     uint64_t dropout_seed = 0;
+    // The steps done (RunStageUnit's progress): a failed run's are kept (held_) for a resume.
+    StageRunProgress progress;
+    bool ask = true;    // reads its neighbours' offers (StartStageRun): the assignment's 1st run
+    bool kept = false;  // resumes a run of the chain before (held_), as a kept stage
+    uint64_t from = 0;  // the step it trained from (StartStageRun's)
     Result<StageUnitOutcome> out = Unavailable("not run");
     uint64_t run_us = 0;  // RunStageUnit's wall time
     std::atomic<bool> done{false};
@@ -119,6 +128,21 @@ class Stager {
   StageEvidence evidence_;
   uint64_t confirmed_secret_index_ = 0;  // of the last CommitStage the ledger took
   std::unique_ptr<Run> run_;
+  // A failed run's stage and steps (its stage at the failed step's start), kept while the unit is
+  // assigned to this node: when its next assignment's chain replaced another stage's node, the
+  // run resumes from them (StartStageRun) rather than from the round's start. One at a time (a
+  // node runs one stage unit at a time): the stage it would build again anyway.
+  struct Held {
+    UnitAssignment a;
+    std::unique_ptr<engine::Stage> stage;
+    StageRunProgress progress;
+  };
+  std::optional<Held> held_;
+  // Whether `held` resumes on assignment `a`: the same unit and round start, on a chain that
+  // replaced exactly one other stage's node.
+  static bool ResumesOn(const Held& held, const UnitAssignment& a);
+  // Assignments a run was started for: a resume is tried on the first run of each only.
+  std::set<Key> started_;
   // (task, unit index, assignment beacon) -> the CommitStage in flight. The beacon tells one
   // assignment of a unit from the next (a round re-run after a stage was caught cheating places
   // the same unit again, to be trained again).

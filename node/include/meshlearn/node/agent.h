@@ -245,6 +245,12 @@ struct AgentStats {
   uint64_t stage_bytes_sent = 0;
   uint64_t stage_run_us = 0;
   uint64_t stage_wait_us = 0;
+  // Stage steps this node trained with its neighbours over the data plane, and steps it re-ran
+  // alone for a lost node it replaced (the resume at step k: docs/protocol.md "The resume step");
+  // a kept stage that resumes at k does not train its steps 0..k-1 again.
+  uint64_t stage_steps_trained = 0;
+  uint64_t stage_steps_recomputed = 0;
+  uint64_t stage_resumes = 0;  // runs that resumed at a step k > 0 (kept or new node)
   // What the node serves of its stage steps for their verifiers (checkpoint files on disk and
   // received tensors in memory) until their rounds are final; a gauge.
   uint64_t stage_evidence_bytes = 0;

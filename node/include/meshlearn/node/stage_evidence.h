@@ -107,6 +107,10 @@ class StageEvidence {
   // checkpoints, which cannot hash to a forced state (docs/verification.md, "Forced errors for
   // stage units"). FailedPrecondition when the step is not published.
   Status ServeCommit(const protocol::StageStepCommit& commit);
+  // Stops serving the tensors the stage sent in every published step of `unit`'s stage unit
+  // (its step is not read), keeping those it received, which its verifiers replay from: once the
+  // unit's run has ended whole, no neighbour resumes from them (stage_resume.h). The bytes freed.
+  uint64_t DropSent(const StageStepRef& unit);
   // Stops serving a step (its round is final) and deletes its file.
   void Withdraw(const StageStepRef& ref);
   // Stops serving every step of `task` in a round before `round` (rounds [0, round) are final;
@@ -166,9 +170,18 @@ Result<StageStepEvidence> FetchStageStepEvidence(net::Transport* transport,
 // addressed to stage `to_stage`, which a stage serves when it published them (a plane with
 // StagePlaneOptions::keep_sent): what the node that replaces a lost stage `to_stage` re-runs its
 // steps from (stage_resume.h). One the node does not serve is left out; no checkpoint.
+// ResourceExhausted, before any tensor is fetched, when a record declares more than
+// `max_tensor_bytes` (what is fetched is reserved at its declared size).
 Result<StageStepEvidence> FetchStageStepSent(net::Transport* transport, const std::string& endpoint,
                                              const StageStepRef& ref, uint32_t to_stage,
-                                             int64_t timeout_ms = 30'000);
+                                             int64_t timeout_ms = 30'000,
+                                             uint64_t max_tensor_bytes = UINT64_MAX);
+// Only the step's commit (decoded, validated and of `ref`): what a kept stage swaps the lost
+// stage's records from (stage_resume.h). Errors as FetchStageStepEvidence's.
+Result<protocol::StageStepCommit> FetchStageStepCommit(net::Transport* transport,
+                                                       const std::string& endpoint,
+                                                       const StageStepRef& ref,
+                                                       int64_t timeout_ms = 30'000);
 // The same without the checkpoint's bytes (ev.checkpoint stays empty; ev.checkpoint_bytes is its
 // declared size): a verifier loads it with FetchStageCheckpointState instead, as it comes.
 Result<StageStepEvidence> FetchStageStepRecords(net::Transport* transport,

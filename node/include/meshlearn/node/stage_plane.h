@@ -66,6 +66,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -82,6 +83,16 @@ namespace meshlearn::node {
 
 inline constexpr char kMethodStagePush[] = "stage.push";
 inline constexpr char kMethodStageKeep[] = "stage.keep";
+inline constexpr char kMethodStageResume[] = "stage.resume";
+
+// What a stage's run answers "stage.resume" {chain: StageChainDigest} (its plane's, on that
+// chain; Unavailable on another, or before the run offers it): the steps the run holds at its
+// start (a kept stage's steps 0..held-1 of a run that lost a neighbour; 0 for a run from the
+// round's start), and, once the run decided, the step it trains from (stage_resume.h).
+struct StageResumeAnswer {
+  uint64_t held = 0;
+  std::optional<uint64_t> start;  // unset: not decided yet
+};
 
 struct StagePlaneOptions {
   uint64_t inbox_bytes = 256ull << 20;      // held from one sending stage, not yet taken
@@ -101,8 +112,8 @@ struct StagePlaneOptions {
   uint64_t max_checkpoint_bytes = kMaxEncodedLength - 4096;
   // Keeps a copy of every tensor the stage sends in a step (sent()), as it keeps what it
   // received: what a kept stage serves the node that replaces a lost neighbour, which re-runs the
-  // lost stage's earlier steps from them (stage_resume.h). Off by default: the same order of bytes
-  // as the received tensors, and the node's Stager does not resume at a step yet.
+  // lost stage's earlier steps from them (stage_resume.h). Off by default (the same order of
+  // bytes as the received tensors); the node's Stager turns it on.
   bool keep_sent = false;
   // Testing only (an adversary that computes its part honestly and sends corrupted tensors;
   // docs/verification.md "Pipeline stages"): a tensor whose key this matches is sent, and
@@ -181,7 +192,8 @@ class StagePlane {
   StagePlane(const StagePlane&) = delete;
   StagePlane& operator=(const StagePlane&) = delete;
 
-  // Registers "stage.push" (bodies up to max_tensor_bytes and the record) and "stage.keep".
+  // Registers "stage.push" (bodies up to max_tensor_bytes and the record), "stage.keep" and
+  // "stage.resume".
   void Register(net::Router* router);
   // The replica's nodes and where they serve: chain[s] and endpoints[s] for stage s (this
   // stage's own endpoint is unused). Set before a step that sends anything -- a node serves first
@@ -206,6 +218,18 @@ class StagePlane {
   void Cancel();
   // The link RunStageStep uses for the current step.
   StageLink* link();
+  // The resume (stage_resume.h, StartStageRun): "stage.resume" answers nothing (Unavailable)
+  // until the run offers what it holds at its start, then that, and the step it trains from
+  // once decided. A run that offers steps takes no push until it decided to resume there
+  // (Unavailable: retried), since it may yet re-run from the round's start on a plane of its own.
+  // Thread-safe.
+  void OfferResume(uint64_t held);
+  void DecideStart(uint64_t step);
+  // Stage `stage`'s "stage.resume" answer on this plane's chain, retried as a push is (its node
+  // runs the unit on another chain, or not yet: Unavailable) until `deadline_ms` from now; with
+  // `decided`, until the answer carries the step its run trains from. DeadlineExceeded naming
+  // the stage then; FailedPrecondition once the plane is cancelled; the answer's other errors.
+  Result<StageResumeAnswer> AskResume(uint32_t stage, int64_t deadline_ms, bool decided);
   // After BeginStep(step), before the step's first tensor: when the step is due (a multiple of
   // checkpoint_every, not 0) and the chain has a keeper, sends `state` (the stage's state at the
   // step's start) and its signed claim to the keeper, retried as a push until the step's
@@ -225,6 +249,7 @@ class StagePlane {
   // HTTP).
   Result<Bytes> HandlePush(const net::Request& request);
   Result<Bytes> HandleKeep(const net::Request& request);
+  Result<Bytes> HandleResume(const net::Request& request);
 
  private:
   class Link;
@@ -268,6 +293,7 @@ class StagePlane {
   protocol::StageTensorKey awaited_;        // what Take waits for (default: nothing)
   StagePlaneStats stats_;
   std::map<uint32_t, KeptCheckpoint> kept_;  // by the stage kept
+  std::optional<StageResumeAnswer> resume_;  // what "stage.resume" answers (OfferResume)
 };
 
 // The digest of a replica's chain (its stages' nodes in order) that a push carries.

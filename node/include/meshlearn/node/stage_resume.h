@@ -42,6 +42,8 @@
 #include "meshlearn/base/status.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/net/transport.h"
+#include "meshlearn/node/stage_evidence.h"
+#include "meshlearn/node/stage_plane.h"
 #include "meshlearn/node/stage_step.h"
 #include "meshlearn/node/stage_unit.h"
 #include "meshlearn/protocol/stage_transfer.h"
@@ -60,10 +62,14 @@ struct KeptStageSteps {
 // `endpoint`): each step's commit (checked to be that step's) and the tensors it sent stage `lost`
 // (FetchStageStepSent; served when its plane keeps what it sends, keep_sent). FailedPrecondition
 // naming the step when the node serves no commit of it (NotFound), or a tensor of its commit
-// addressed to `lost` it does not serve; the transport's errors as they come.
+// addressed to `lost` it does not serve; ResourceExhausted when a tensor declares more than
+// `max_tensor_bytes` (the data plane's bound on a push: StagePlaneOptions::max_tensor_bytes) or
+// the tensors of the k steps more than `max_bytes` together, before those bytes are fetched; the
+// transport's errors as they come.
 Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std::string& endpoint,
                                            const StageContext& ctx, uint32_t stage, uint32_t lost,
-                                           uint64_t k);
+                                           uint64_t k, uint64_t max_tensor_bytes = UINT64_MAX,
+                                           uint64_t max_bytes = UINT64_MAX);
 
 // What RecomputeLostStage re-ran: the lost stage's commits of steps 0..k-1, signed by the new
 // node, and their losses (StageStepOutcome::loss: the last stage's mean micro-batch loss, which
@@ -78,7 +84,8 @@ struct RecomputedStage {
 // be its public key): batches[j] and `dropout_seed` as for RunStageUnit; `kept` by stage, every
 // stage of the chain but `lost`. Every input is the tensor a kept stage sent, checked against its
 // record (CheckStageTensor: signed by ctx.chain[sender]); every output is checked against the
-// record the lost node signed for it, which the receiving kept stage's commit holds. `hooks`'
+// record the lost node signed for it, which the receiving kept stage's commit holds (all of those
+// records one node's and signed by it: PermissionDenied naming the record otherwise). `hooks`'
 // checkpoint and publish are called for every step as RunStageUnit calls them (the new node
 // serves these steps' evidence to verifiers); its adversary fields are not read.
 // Returns the lost stage's commits and losses of steps 0..k-1, signed by `key`; `stage` is then
@@ -105,5 +112,48 @@ Result<RecomputedStage> RecomputeLostStage(engine::Stage& stage, const StageCont
 Status SwapLostStageRecords(std::vector<protocol::StageStepCommit>& commits, uint32_t lost,
                             std::span<const protocol::StageStepCommit> recomputed,
                             const StageContext& ctx);
+
+// ---- On the network: the stage nodes of a replica agree on the step they resume at.
+//
+// Each stage node's run of a unit on a chain offers, before it trains, the steps it holds
+// (StagePlane::OfferResume, answered by "stage.resume": a kept stage holds steps 0..k-1 of its
+// run on the chain before, a fresh run none) and reads every other stage's offer. Every node
+// derives the resume from the same offers (StageResumePointOf), so the kept nodes and the new one
+// agree on k without a coordinator: no node resumes while its neighbours re-run from the round's
+// start, or the other way round, unless an offer changed between two nodes' reads (a run that
+// failed and restarted holding nothing); then they wait out one step deadline and, a resume being
+// tried once per assignment (the Stager's), all re-run from the round's start.
+
+// The resume of a replica whose stage s's run holds held[s] steps at its start: when exactly one
+// stage holds none and every other the same k > 0, the replica lost that stage's node in step k
+// (`lost`) and resumes there; otherwise (k = 0) every stage runs from the round's start.
+struct StageResumePoint {
+  uint32_t lost = 0;
+  uint64_t k = 0;
+};
+StageResumePoint StageResumePointOf(std::span<const uint64_t> held);
+
+// What a stage node's run does before its steps (the Stager calls it on the run's thread, then
+// RunStageUnit with `progress`): it reads the other stages' offers (unless `ask` is false: a
+// resume was already tried for this assignment; then it holds nothing and trains from step 0)
+// and returns the step it trains from, `progress` then holding the steps before it.
+//   - k = 0: nothing to resume; a run that holds steps fails (FailedPrecondition: the replica
+//     re-runs from the round's start and this stage must be built again from it).
+//   - the lost stage (this node replaced its node): fetches every kept stage's steps 0..k-1
+//     (FetchKeptStageSteps, each tensor at most options' max_tensor_bytes and each kept stage's
+//     at most its inbox_bytes), re-runs them (RecomputeLostStage, with `hooks`, so it serves
+//     their evidence) and decides k: the kept stages read that from its offer.
+//   - a kept stage: waits for the lost stage's decision (k + 1 step deadlines: it re-runs k steps
+//     alone), fetches its commits of steps 0..k-1 (FetchStageStepCommit), swaps its own
+//     (SwapLostStageRecords) and serves them (`evidence`: StageEvidence::ServeCommit).
+// Any failure decides 0 and fails the run, naming why: the Stager then runs the unit again from
+// the round's start (the other stages follow: a kept stage reads the lost one's 0, and a lost
+// stage's neighbours fail their step k), bit-equal too. `endpoints` as the plane's SetChain.
+Result<uint64_t> StartStageRun(engine::Stage& stage, StagePlane& plane, const KeyPair& key,
+                               net::Transport* transport, std::span<const std::string> endpoints,
+                               std::span<const engine::Batch> batches, uint64_t dropout_seed,
+                               const StageRunHooks& hooks, StageEvidence* evidence,
+                               const StagePlaneOptions& options, bool ask,
+                               StageRunProgress* progress);
 
 }  // namespace meshlearn::node

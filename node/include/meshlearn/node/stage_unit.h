@@ -235,9 +235,24 @@ struct StageRunHooks {
 // wrong_result;
 // every other mode leaves them honest (a stage trains honestly).
 void SetStageAdversary(Adversary adv, const UnitWork& work, StageRunHooks* hooks);
+// What a run of a stage unit has done so far: the stage's weights at the round's start (its
+// delta's start) and each step's commit and loss, in step order. A run that fails keeps the steps
+// before the failed one (the stage then holds that step's start: stage_step.h), so that a kept
+// stage resumes there (stage_resume.h, "The resume step" of docs/protocol.md).
+struct StageRunProgress {
+  std::vector<float> start;  // empty: the run has not begun (RunStageUnit takes the stage's)
+  std::vector<protocol::StageStepCommit> commits;
+  std::vector<float> losses;  // StageStepOutcome::loss of each step
+};
+// With `progress`, runs from step progress->commits.size() (the stage at that step's start),
+// adding each step to it as it ends; the outcome counts every step of it (leaves, commitment,
+// mean loss), its delta the stage's end against progress->start (a run that ends moves its start
+// and commits into the outcome). InvalidArgument when progress
+// holds more steps than `batches`, or steps without a start.
 Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
                                       std::span<const engine::Batch> batches, uint64_t dropout_seed,
-                                      const StageRunHooks& hooks = {});
+                                      const StageRunHooks& hooks = {},
+                                      StageRunProgress* progress = nullptr);
 
 // Testing only: what a stage whose kernel computed a tensor it sent wrongly claims in the tile
 // dispute over its step (AgentOptions::corrupt_sent_in_trace; docs/verification.md "Stage
@@ -275,7 +290,8 @@ class StageHost {
   StageHost& operator=(const StageHost&) = delete;
 
   // Registers "stage.push" (bodies up to `max_push_bytes`: StagePlaneOptions::max_tensor_bytes
-  // plus the record) and "stage.keep" (a stage checkpoint: up to kMaxEncodedLength). `router`
+  // plus the record), "stage.keep" (a stage checkpoint: up to kMaxEncodedLength) and
+  // "stage.resume" (stage_plane.h: the attached plane answers). `router`
   // must outlive the server that serves it.
   void Register(net::Router* router, uint64_t max_push_bytes = (64ull << 20) + 4096);
 
@@ -305,6 +321,7 @@ class StageHost {
   using KeptKey = std::tuple<Hash256, uint32_t, uint32_t, uint32_t>;  // task, round, replica, stage
   Result<Bytes> HandlePush(const net::Request& request);
   Result<Bytes> HandleKeep(const net::Request& request);
+  Result<Bytes> HandleResume(const net::Request& request);
   Result<Bytes> HandleKept(const net::Request& request) const;
   // Keeps `k` unless a checkpoint of a later step of its stage is kept. REQUIRES: mu_ held.
   void KeepLocked(KeptCheckpoint k);
