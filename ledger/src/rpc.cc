@@ -645,7 +645,9 @@ json RpcService::Dispatch(const std::string& method, const json& params,
           // dispute on the step can trace it from them.
           json served = json::array();
           for (const DisputeRuling& r : t.verification.rulings) {
+            // This run's only: a re-run of the unit commits again, after an earlier run's ruling.
             if (r.index == index && r.round == wu->round &&
+                r.height >= check->config().commit_height &&
                 r.tx == static_cast<uint16_t>(TxType::kServeStageEvidence)) {
               served.push_back({{"step", r.step},
                                 {"height", r.height},

@@ -171,7 +171,9 @@ void Disputes::Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
         (!CheatsAsSolver(node_->options().adversary) || unserved_claim))) &&
       // Not again once sent or given up: building a witness replays the unit to the step.
       !outbox_->Done(WitnessAction(node_->VerifyDir(c), *c.dispute, {c.dispute->referee.step})) &&
-      !EvidenceServed(c)) {
+      // (Only a claim that the stage served nothing has pieces: the dispute on the same step
+      // that follows its served ruling, by the same claimant, posts its own witness.)
+      !(unserved_claim && EvidenceServed(c))) {
     urgent->push_back({VerifyJob::Kind::kWitness, &c, c.deadline_height});
   }
 }
