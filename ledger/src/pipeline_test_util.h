@@ -124,7 +124,9 @@ class PipelineVerificationTest : public FollowedChainFixture {
     std::vector<Transaction> regs;
     for (const KeyPair& k : stagers_) regs.push_back(Q(alice_, Reg(k, kRoleSolver, 4 * kGiB)));
     // The verifier node has the solver role only while no stage fits its memory.
-    const uint32_t verifier_roles = kRoleVerifier | kRoleWhistleblower | (tweak ? 0 : kRoleSolver);
+    const uint32_t verifier_roles = kRoleVerifier |
+                                    (verifier_whistleblows_ ? kRoleWhistleblower : 0) |
+                                    (tweak ? 0 : kRoleSolver);
     regs.push_back(Q(alice_, Reg(verifier_, verifier_roles, kGiB / 2)));
     regs.push_back(Q(alice_, Reg(agg_, kRoleAggregator, kGiB)));
     StepOk(regs);
@@ -335,6 +337,8 @@ class PipelineVerificationTest : public FollowedChainFixture {
   }
 
   KeyPair referee_, verifier_, agg_;
+  // Whether verifier_ has the whistleblower role too (set before Start).
+  bool verifier_whistleblows_ = true;
   std::vector<KeyPair> stagers_;
   Hash256 task_id_;
   // The task's bundle: the fashion MLP cut into a linear layer a stage, each with parameters

@@ -5,6 +5,7 @@
 #include <exception>
 #include <iterator>
 #include <limits>
+#include <optional>
 
 #include "meshlearn/base/hex.h"
 #include "meshlearn/base/log.h"
@@ -28,7 +29,7 @@ int64_t SteadyNowMs() {
 
 // Every method Dispatch answers.
 constexpr std::string_view kMethods[] = {
-    "chain_status", "send_tx",      "get_tx",       "get_block",  "get_blocks",
+    "chain_status", "send_tx",      "get_tx",       "get_block",  "get_blocks",  "get_block_txs",
     "get_account",  "get_node",     "get_task",     "node_work",  "referee_work",
     "list_nodes",   "list_tasks",   "account_history", "wait_block", "get_genesis"};
 
@@ -416,6 +417,52 @@ json RpcService::Dispatch(const std::string& method, const json& params,
     return j;
   }
 
+  if (method == "get_block_txs") {
+    // One block's transactions as their canonical bytes, optionally of one type, a page at a
+    // time: at most max_block_txs_bytes of them (always one, whatever its size: a transaction is
+    // at most kMaxLargeTxBytes) and max_page entries. What a node reads evidence posted on chain
+    // from (a stage's ServeStageEvidence pieces) without get_block's whole block as JSON.
+    p.Only({"height", "type", "cursor"});
+    const uint64_t h = p.U64("height");
+    std::optional<TxType> type;
+    if (p.Has("type")) {
+      Result<TxType> t = TxTypeFromName(p.Str("type"));
+      if (!t.ok()) BadParam("get_block_txs: params.type: " + t.status().message());
+      type = *t;
+    }
+    const uint64_t cursor = p.U64("cursor", 0);
+    Block b = OrFail(chain_->With([&](Chain& c) -> Result<Block> {
+      if (h == 0 || h > c.Height()) {
+        return NotFound("get_block_txs: no block at height " + std::to_string(h) +
+                        "; blocks are 1.." + std::to_string(c.Height()));
+      }
+      return c.GetBlock(h);
+    }));
+    if (cursor > b.txs.size()) {
+      BadParam("get_block_txs: params.cursor must be 0.." + std::to_string(b.txs.size()) +
+               " (the block's transactions), got " + std::to_string(cursor));
+    }
+    json txs = json::array();
+    uint64_t bytes = 0;
+    uint64_t next = cursor;
+    for (; next < b.txs.size(); ++next) {
+      const Transaction& tx = b.txs[next];
+      if (type && PayloadType(tx.payload) != *type) continue;
+      if (txs.size() >= static_cast<size_t>(limits_.max_page)) break;
+      Bytes wire = EncodeTx(tx);
+      if (!txs.empty() && bytes + wire.size() > limits_.max_block_txs_bytes) break;
+      bytes += wire.size();
+      txs.push_back({{"position", next},
+                     {"tx_id", TxId(tx).ToHex()},
+                     {"type", std::string(TxTypeName(PayloadType(tx.payload)))},
+                     {"ok", next < b.receipts.size() && b.receipts[next].ok},
+                     {"tx", HexEncode(wire)}});
+    }
+    return {{"height", h},
+            {"txs", std::move(txs)},
+            {"next_cursor", next < b.txs.size() ? json(next) : json(nullptr)}};
+  }
+
   if (method == "get_blocks") {
     p.Only({"from", "limit"});
     uint64_t from = p.U64("from");
@@ -593,6 +640,21 @@ json RpcService::Dispatch(const std::string& method, const json& params,
           j["spec_hash"] = t.spec_hash.ToHex();
           Result<NodeRecord> solver = c.GetNode(check->config().solver);
           j["solver_endpoint"] = solver.ok() ? solver->endpoint : "";
+          // A stage's steps served on chain in this run (ServeStageEvidence rulings): the
+          // claimant checks each from its pieces (get_block_txs), and every party of a later
+          // dispute on the step can trace it from them.
+          json served = json::array();
+          for (const DisputeRuling& r : t.verification.rulings) {
+            // This run's only: a re-run of the unit commits again, after an earlier run's ruling.
+            if (r.index == index && r.round == wu->round &&
+                r.height >= check->config().commit_height &&
+                r.tx == static_cast<uint16_t>(TxType::kServeStageEvidence)) {
+              served.push_back({{"step", r.step},
+                                {"height", r.height},
+                                {"challenger", r.challenger.ToHex()}});
+            }
+          }
+          if (!served.empty()) j["served"] = std::move(served);
           checks.push_back(std::move(j));
         }
       }

@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -248,6 +250,72 @@ TEST(Rpc, BlocksAccountsAndHistoryPages) {
   Result<Genesis> parsed = ParseGenesis(gen["result"]["toml"].get<std::string>());
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   EXPECT_EQ(GenesisHash(*parsed), GenesisHash(t.genesis));
+}
+
+// get_block_txs: one block's transactions as canonical bytes with their receipts' ok, of one type
+// when asked, in pages bounded by max_block_txs_bytes (one transaction always) and max_page, and
+// every parameter checked.
+TEST(Rpc, BlockTxsAreTheBlocksTransactionsInBoundedPages) {
+  TestLedger t;
+  std::vector<Transaction> sent;
+  for (uint64_t n = 0; n < 3; ++n) {
+    sent.push_back(t.Transfer(t.alice, t.bob, 10 + n, n));
+    ASSERT_TRUE(t.Call("send_tx", {{"tx", TxHex(sent.back())}}).contains("result"));
+  }
+  ASSERT_TRUE(t.sequencer->ProduceOnce().ok());
+
+  json all = t.Call("get_block_txs", {{"height", 1}});
+  ASSERT_TRUE(all.contains("result")) << all.dump();
+  ASSERT_EQ(all["result"]["txs"].size(), 3u);
+  EXPECT_TRUE(all["result"]["next_cursor"].is_null());
+  for (size_t i = 0; i < 3; ++i) {
+    const json& x = all["result"]["txs"][i];
+    EXPECT_EQ(x["position"], i);
+    EXPECT_EQ(x["type"], "Transfer");
+    EXPECT_EQ(x["ok"], true);
+    EXPECT_EQ(x["tx_id"], TxId(sent[i]).ToHex());
+    Result<Bytes> wire = HexDecode(x["tx"].get<std::string>());
+    ASSERT_TRUE(wire.ok());
+    Result<Transaction> back = DecodeTx(*wire);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(TxId(*back), TxId(sent[i]));
+  }
+  json none = t.Call("get_block_txs", {{"height", 1}, {"type", "ServeStageEvidence"}});
+  EXPECT_TRUE(none["result"]["txs"].empty()) << none.dump();
+  EXPECT_TRUE(none["result"]["next_cursor"].is_null());
+
+  // Pages of two transactions' bytes: 2, then 1 from the cursor; a page of one byte still
+  // carries one transaction.
+  const uint64_t one = EncodeTx(sent[0]).size();
+  for (const auto& [bound, first_page] : {std::pair<uint64_t, size_t>{2 * one + 1, 2},
+                                          std::pair<uint64_t, size_t>{1, 1}}) {
+    RpcLimits limits;
+    limits.max_block_txs_bytes = bound;
+    RpcService small(t.shared.get(), nullptr, limits);
+    json p1 = small.HandleRpc(Request("get_block_txs", {{"height", 1}, {"type", "Transfer"}}));
+    ASSERT_EQ(p1["result"]["txs"].size(), first_page) << p1.dump();
+    ASSERT_EQ(p1["result"]["next_cursor"], first_page);
+    json p2 = small.HandleRpc(
+        Request("get_block_txs", {{"height", 1}, {"cursor", p1["result"]["next_cursor"]}}));
+    ASSERT_FALSE(p2["result"]["txs"].empty()) << p2.dump();
+    EXPECT_EQ(p2["result"]["txs"][0]["position"], first_page);
+  }
+
+  // Bad parameters, each named.
+  const std::vector<std::pair<json, std::string>> bad = {
+      {{{"height", 1}, {"type", "Nope"}}, "params.type: unknown transaction type 'Nope'"},
+      {{{"height", 1}, {"cursor", 4}}, "params.cursor must be 0..3"},
+      {{{"height", 1}, {"limit", 4}}, "unknown parameter 'limit'"},
+      {{{"height", -1}}, "params.height"},
+      {json::object(), "params.height is required"},
+  };
+  for (const auto& [params, want] : bad) {
+    json r = t.Call("get_block_txs", params);
+    EXPECT_EQ(ErrorCode(r), kRpcInvalidParams) << r.dump();
+    EXPECT_NE(r.dump().find(want), std::string::npos) << r.dump();
+  }
+  EXPECT_EQ(ErrorCode(t.Call("get_block_txs", {{"height", 0}})), kRpcNotFound);
+  EXPECT_EQ(ErrorCode(t.Call("get_block_txs", {{"height", 2}})), kRpcNotFound);
 }
 
 TEST(Rpc, Batch) {

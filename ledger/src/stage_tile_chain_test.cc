@@ -554,13 +554,13 @@ class StageServeTest : public StageTileChainTest {
     return std::move(*p);
   }
 
-  // A challenge of stage cheat_'s step kLieStep by the verifier (a whistleblower too), claiming
-  // `claim`, with the bundle or without.
-  Transaction Challenge(const std::vector<Hash256>& leaves, const Hash256& claim,
-                        bool with_bundle) {
+  // A challenge of stage cheat_'s step kLieStep by the verifier (a whistleblower too unless
+  // verifier_whistleblows_ is off) or by `by`, claiming `claim`, with the bundle or without.
+  Transaction Challenge(const std::vector<Hash256>& leaves, const Hash256& claim, bool with_bundle,
+                        const KeyPair* by = nullptr) {
     return Q(alice_, ChallengeUnitTx{.task_id = task_id_,
                                      .index = cheat_,
-                                     .node_id = verifier_.public_key(),
+                                     .node_id = (by == nullptr ? verifier_ : *by).public_key(),
                                      .claim = Mismatch(cheat_, leaves, kLieStep, claim).claim,
                                      .bundle = {with_bundle ? bundle_ : std::string()}});
   }
@@ -595,6 +595,84 @@ class StageServeTest : public StageTileChainTest {
                                           .piece = piece,
                                           .bundle = {bundle_},
                                           .witness = {EncodeStageServePiece(p)}});
+  }
+
+  // The lazy stage's step kLieStep served and checked from its pieces (the test below). With
+  // `stranger`, the aggregator and the claimant (for the wrong step) try the same finding first
+  // and are refused unless the verifier whistleblows.
+  void ServeALazyStepAndCheckIt(bool stranger = false) {
+    std::vector<std::vector<Hash256>> leaves = TrainHonestly([](TaskParams& p) {
+      p.stage_memory_bytes = {8u << 20, 8u << 20, 8u << 20};
+    });
+    ASSERT_FALSE(LedgerRulesStageStep(Task().params, cheat_));
+    TestStageEvidence committed = Evidence();
+    committed.commit.state_after = committed.commit.state_before;  // lazy
+    leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
+    RevealAll(SealMismatch(leaves, StageUnservedLeaf(leaves[cheat_][kLieStep])), std::string());
+    stage_node_ = Unit(cheat_).assignee;
+    const std::vector<StageServePiece> pieces = Pieces(&committed);
+    const uint64_t failures = Node(verifier_.public_key()).reputation.failures;
+    for (uint32_t p = 0; p < pieces.size(); ++p) StepOk({Serve(p, pieces[p])});
+    ASSERT_NO_FATAL_FAILURE(ExpectServedRuling(failures));
+
+    // The verifier's replay from the pieces alone.
+    Result<engine::TrainState> shapes = StageCheckpointState(evidence_[cheat_][0].checkpoint);
+    ASSERT_TRUE(shapes.ok()) << shapes.status().ToString();
+    ASSERT_NE(engine::StateHash(*shapes), committed.commit.state_before);
+    Result<StageServedEvidence> ev = AssembleStageServeEvidence(Context(), pieces, *shapes);
+    ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+    EXPECT_EQ(ev->commit, committed.commit);
+    EXPECT_FALSE(ev->blobs.empty()) << "stage 1 receives stage 0's activations";
+    for (const auto& [hash, bytes] : ev->blobs) {
+      ASSERT_EQ(committed.blobs.count(hash), 1u) << "a received tensor the stage did not hold";
+      EXPECT_TRUE(bytes == committed.blobs.at(hash)) << "a received tensor, as the stage held it";
+    }
+    EXPECT_EQ(engine::StateHash(*shapes), committed.commit.state_before);
+    StageReplayResult found;
+    const Party honest = TraceFrom(std::move(*shapes), ev->commit, ev->blobs, &found);
+    ASSERT_EQ(found.fault, StageFault::kStageFaultState) << found.message;
+    // Served once, not again: only a finding with the bundle checks the step (one block: the
+    // round's window is short).
+    ASSERT_TRUE(Machine().Unfinal(Unit(cheat_).round));
+    const Hash256 finding = StageFindingLeaf(leaves[cheat_][kLieStep], found);
+    std::vector<Transaction> txs;
+    if (stranger) {
+      // Refused: a node that made no claim, and the claimant on a step that was not served.
+      txs.push_back(Challenge(leaves[cheat_], finding, true, &agg_));
+      txs.push_back(
+          Q(alice_, ChallengeUnitTx{.task_id = task_id_,
+                                    .index = cheat_,
+                                    .node_id = verifier_.public_key(),
+                                    .claim = Mismatch(cheat_, leaves[cheat_], kLieStep + 1,
+                                                      Blake2b("another step's finding"))
+                                                 .claim,
+                                    .bundle = {bundle_}}));
+    }
+    txs.push_back(Challenge(leaves[cheat_], StageUnservedLeaf(leaves[cheat_][kLieStep]), false));
+    txs.push_back(Challenge(leaves[cheat_], finding, true));
+    const std::vector<Receipt> r = Step(txs);
+    ASSERT_EQ(r.size(), txs.size());
+    for (size_t i = 0; i + 1 < r.size(); ++i) {
+      EXPECT_FALSE(r[i].ok) << i;
+      // The claimant without the role sends no second claim that the stage served nothing
+      // either; a whistleblower is told to replay the pieces.
+      const bool refused_for_role = stranger;
+      EXPECT_NE(r[i].reason.find(refused_for_role ? "is not an active whistleblower"
+                                                  : "replay the step from those pieces"),
+                std::string::npos)
+          << r[i].reason;
+    }
+    ASSERT_TRUE(r.back().ok) << r.back().reason;
+    ASSERT_EQ(Check(cheat_).stage(), CheckStage::kCheckDisputed);
+    ASSERT_FALSE(Check(cheat_).dispute()->config().operator_tiles.empty()) << "the tile phase";
+    ASSERT_NO_FATAL_FAILURE(Play(honest, honest));
+    const RefereeTask task = TaskNow();
+    ASSERT_EQ(task.roots, RefereeRoots::kRootsChainEnd);
+    StepOk({RefereeTile(EncodeStageRootsWitness(RootsWitnessOf(honest, task, committed.commit)))});
+    for (int i = 0; i < 6 && HasCheck(cheat_); ++i) Step();
+    EXPECT_FALSE(HasCheck(cheat_)) << "fraud: the round re-runs";
+    EXPECT_EQ(Task().verification.fraud, 1u);
+    ExpectOnlyTheCheaterSlashed(stage_node_);
   }
 
   PublicKey stage_node_;
@@ -643,56 +721,21 @@ TEST_F(StageServeTest, AStageOverTheBoundThatServesEveryPieceAnswersAnUnservedCl
 // with the bundle; the tile phase narrows it to the commit's chain end, the ledger rules it from
 // roots (RefereeTile), and the stage is slashed.
 TEST_F(StageServeTest, AStageThatServesAStepItComputedWronglyIsStillCheckedFromThatEvidence) {
-  std::vector<std::vector<Hash256>> leaves = TrainHonestly([](TaskParams& p) {
-    p.stage_memory_bytes = {8u << 20, 8u << 20, 8u << 20};
-  });
-  ASSERT_FALSE(LedgerRulesStageStep(Task().params, cheat_));
-  TestStageEvidence committed = Evidence();
-  committed.commit.state_after = committed.commit.state_before;  // lazy
-  leaves[cheat_][kLieStep] = protocol::StageStepLeaf(committed.commit);
-  RevealAll(SealMismatch(leaves, StageUnservedLeaf(leaves[cheat_][kLieStep])), std::string());
-  stage_node_ = Unit(cheat_).assignee;
-  const std::vector<StageServePiece> pieces = Pieces(&committed);
-  const uint64_t failures = Node(verifier_.public_key()).reputation.failures;
-  for (uint32_t p = 0; p < pieces.size(); ++p) StepOk({Serve(p, pieces[p])});
-  ASSERT_NO_FATAL_FAILURE(ExpectServedRuling(failures));
+  ServeALazyStepAndCheckIt();
+}
 
-  // The verifier's replay from the pieces alone.
-  Result<engine::TrainState> shapes = StageCheckpointState(evidence_[cheat_][0].checkpoint);
-  ASSERT_TRUE(shapes.ok()) << shapes.status().ToString();
-  ASSERT_NE(engine::StateHash(*shapes), committed.commit.state_before);
-  Result<StageServedEvidence> ev = AssembleStageServeEvidence(Context(), pieces, *shapes);
-  ASSERT_TRUE(ev.ok()) << ev.status().ToString();
-  EXPECT_EQ(ev->commit, committed.commit);
-  EXPECT_FALSE(ev->blobs.empty()) << "stage 1 receives stage 0's activations";
-  for (const auto& [hash, bytes] : ev->blobs) {
-    ASSERT_EQ(committed.blobs.count(hash), 1u) << "a received tensor the stage did not hold";
-    EXPECT_TRUE(bytes == committed.blobs.at(hash)) << "a received tensor, as the stage held it";
-  }
-  EXPECT_EQ(engine::StateHash(*shapes), committed.commit.state_before);
-  StageReplayResult found;
-  const Party honest = TraceFrom(std::move(*shapes), ev->commit, ev->blobs, &found);
-  ASSERT_EQ(found.fault, StageFault::kStageFaultState) << found.message;
-  // Served once, not again: only a finding with the bundle checks the step (one block: the
-  // round's window is short).
-  ASSERT_TRUE(Machine().Unfinal(Unit(cheat_).round));
-  const std::vector<Receipt> r =
-      Step({Challenge(leaves[cheat_], StageUnservedLeaf(leaves[cheat_][kLieStep]), false),
-            Challenge(leaves[cheat_], StageFindingLeaf(leaves[cheat_][kLieStep], found), true)});
-  EXPECT_FALSE(r[0].ok);
-  EXPECT_NE(r[0].reason.find("replay the step from those pieces"), std::string::npos)
-      << r[0].reason;
-  ASSERT_TRUE(r[1].ok) << r[1].reason;
-  ASSERT_EQ(Check(cheat_).stage(), CheckStage::kCheckDisputed);
-  ASSERT_FALSE(Check(cheat_).dispute()->config().operator_tiles.empty()) << "the tile phase";
-  ASSERT_NO_FATAL_FAILURE(Play(honest, honest));
-  const RefereeTask task = TaskNow();
-  ASSERT_EQ(task.roots, RefereeRoots::kRootsChainEnd);
-  StepOk({RefereeTile(EncodeStageRootsWitness(RootsWitnessOf(honest, task, committed.commit)))});
-  for (int i = 0; i < 6 && HasCheck(cheat_); ++i) Step();
-  EXPECT_FALSE(HasCheck(cheat_)) << "fraud: the round re-runs";
-  EXPECT_EQ(Task().verification.fraud, 1u);
-  ExpectOnlyTheCheaterSlashed(stage_node_);
+// The claimant of the served claim checks the step whatever its roles: a verifier without the
+// whistleblower role sends the finding from the pieces (ledger/src/verification.cc
+// ServedStageClaimant), while a node that neither whistleblows nor made the claim (the aggregator,
+// active and staked) is refused the same challenge, as is the claimant's challenge of another
+// step than the one served.
+class StageServeClaimantTest : public StageServeTest {
+ protected:
+  StageServeClaimantTest() { verifier_whistleblows_ = false; }
+};
+
+TEST_F(StageServeClaimantTest, TheClaimantWithoutTheWhistleblowerRoleChecksTheServedStep) {
+  ServeALazyStepAndCheckIt(/*stranger=*/true);
 }
 
 // Pieces that are not the whole evidence, or a state of other shapes, are not put together.
@@ -750,6 +793,53 @@ TEST(StageServeWindowTest, AnEvidenceLargerThanItsDeclarationGetsTheBlocksItsPie
   EXPECT_EQ(ServeWindowEnd(100, kGiB, 2), 186u) << "never shorter than the declaration";
   EXPECT_EQ(ServeWindowEnd(100, kJustOver, UINT32_MAX), 100 + ServeWindowBlocks(UINT64_MAX))
       << "no more than the most pieces a record keeps";
+}
+
+// The window's growth on chain: the tiny GPT made wide (n_embd 256: its middle stage's state is
+// 3 x 786k values, over 2,048 tiles) gives an evidence of more pieces than one block carries
+// (kServePiecesPerBlock), declared just over the bound (one block's room). Its first piece brings
+// the bundle, so the real piece count, and the window grows to the blocks those pieces need
+// (ServeWindowEnd); the last pieces, posted after the declared window's end, are taken and answer
+// the claim, where the declared window alone would have ruled against the stage.
+class StageServeWideTest : public StageServeTest {
+ protected:
+  StageServeWideTest() {
+    const std::string from = "n_embd = 16";
+    const size_t at = bundle_.find(from);
+    CHECK(at != std::string::npos);
+    bundle_.replace(at, from.size(), "n_embd = 256");
+  }
+};
+
+TEST_F(StageServeWideTest, AnEvidenceOfMorePiecesThanTheDeclarationsWindowGrowsItsWindow) {
+  constexpr uint64_t kJustOver = kMaxStageWitnessMemory + 1;
+  ASSERT_NO_FATAL_FAILURE(DisputeUnserved(kJustOver));
+  const std::vector<StageServePiece> pieces = Pieces();
+  const uint32_t n = static_cast<uint32_t>(pieces.size());
+  ASSERT_GT(n, kServePiecesPerBlock) << "the evidence fits the declaration's one block";
+  ASSERT_EQ(ServeWindowBlocks(kJustOver), 1u);
+  ASSERT_GT(ServePieceBlocks(n), ServeWindowBlocks(kJustOver));
+  Step();  // the serving window is open
+  const uint64_t declared_end = Unit(cheat_).serve.window_end;
+  const uint64_t deadline = declared_end - ServeWindowBlocks(kJustOver);
+  const uint64_t failures = Node(verifier_.public_key()).reputation.failures;
+  StepOk({Serve(0, pieces[0])});
+  const uint64_t grown = Unit(cheat_).serve.window_end;
+  EXPECT_EQ(Unit(cheat_).serve.pieces, n);
+  EXPECT_EQ(grown, ServeWindowEnd(deadline, kJustOver, n));
+  EXPECT_EQ(grown, deadline + ServePieceBlocks(n));
+  ASSERT_GT(grown, declared_end) << "the window grew";
+  EXPECT_EQ(Check(cheat_).dispute()->query().deadline_height, grown);
+  while (chain_->Height() < declared_end) {
+    Step();
+    ASSERT_EQ(Check(cheat_).dispute()->stage(), DisputeStage::kDisputeReferee) << "ruled early";
+  }
+  // Past the declared window's end, within the grown one: the rest of the pieces.
+  std::vector<Transaction> rest;
+  for (uint32_t p = 1; p < n; ++p) rest.push_back(Serve(p, pieces[p]));
+  StepOk(rest);
+  ASSERT_GT(chain_->Height(), declared_end);
+  ASSERT_NO_FATAL_FAILURE(ExpectServedRuling(failures));
 }
 
 // A genesis with referee_blocks = 0 gives the referee no deadline; the serving window keeps its

@@ -988,16 +988,41 @@ Status ExecuteDisputeChildren(ExecContext& ctx, const DisputeChildrenTx& tx) {
   return Status::Ok();
 }
 
+// Whether `node` claimed that stage unit `u` served nothing for a step the stage then served on
+// chain (a ServeStageEvidence ruling on the unit's round with `node` its challenger), and `claim`
+// is a finding on that step other than "served nothing" (which is refused below: the evidence is
+// on chain): the recheck of docs/verification.md, "A stage claimed to have served nothing",
+// step 4, which the claimant sends from the pieces whatever its roles.
+static bool ServedStageClaimant(const TaskRecord& t, const WorkUnit& u, const PublicKey& node,
+                                const MismatchClaimField& claim) {
+  if (!IsPipelineTask(t.params) || UnservedStageClaim(t.params, claim)) return false;
+  for (const DisputeRuling& r : t.verification.rulings) {
+    if (r.index == u.index && r.round == u.round &&
+        r.tx == static_cast<uint16_t>(TxType::kServeStageEvidence) && r.challenger == node &&
+        r.step == claim.segment + 1ull) {
+      return true;
+    }
+  }
+  return false;
+}
+
 Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
   constexpr std::string_view kWhat = "challenge unit";
   ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
   const NodeRecord* wb = ctx.state.nodes.Find(tx.node_id);
-  if ((wb->roles & kRoleWhistleblower) == 0 || wb->status != NodeStatus::kActive) {
-    return PermissionDenied("challenge unit: node " + tx.node_id.ShortHex() +
-                            " is not an active whistleblower (its stake is the challenge's bond)");
-  }
   ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  // The claimant of a claim that a stage served nothing, which the stage answered by serving the
+  // step on chain (ServedStageClaimant), may check that step from the evidence without the
+  // whistleblower role: its claim is what put the evidence there. Anyone else needs the role.
+  const bool claimant = ServedStageClaimant(*t, *u, tx.node_id, tx.claim);
+  if (((wb->roles & kRoleWhistleblower) == 0 && !claimant) ||
+      wb->status != NodeStatus::kActive) {
+    return PermissionDenied(
+        "challenge unit: node " + tx.node_id.ShortHex() +
+        " is not an active whistleblower (its stake is the challenge's bond), nor the claimant "
+        "of a stage step served on chain challenging that step with a finding");
+  }
   ML_ASSIGN_OR_RETURN(protocol::RoundStateMachine m, LoadMachine(*t));
   if (!m.Unfinal(u->round)) {
     return FailedPrecondition("challenge unit: round " + std::to_string(u->round) +

@@ -1,6 +1,9 @@
 #include "meshlearn/node/agent.h"
 
 #include <algorithm>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "meshlearn/base/home_layout.h"
 #include "roles/aggregator.h"
@@ -15,6 +18,47 @@
 #include "roles/whistleblower.h"
 
 namespace meshlearn::node {
+
+namespace {
+
+// AgentOptions::withhold_stage_evidence: the node's transport, but a request to its own endpoint
+// is answered by `self` (the withheld stage evidence) instead of the endpoint's public router.
+// Its answer is handed over at the next WaitUntil (never from inside SendAsync).
+class SelfRoutedTransport final : public net::Transport {
+ public:
+  SelfRoutedTransport(net::Transport* inner, std::string endpoint, const net::Router* self)
+      : inner_(inner), endpoint_(std::move(endpoint)), self_(self) {}
+
+  void SendAsync(const std::string& endpoint, net::Request request,
+                 net::ResponseCallback done) override {
+    if (endpoint != endpoint_) {
+      inner_->SendAsync(endpoint, std::move(request), std::move(done));
+      return;
+    }
+    Result<Bytes> answer = self_->Dispatch(request);
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_.emplace_back(std::move(done), std::move(answer));
+  }
+
+  void WaitUntil(const std::function<bool()>& done) override {
+    std::vector<std::pair<net::ResponseCallback, Result<Bytes>>> ready;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready.swap(ready_);
+    }
+    for (auto& [callback, answer] : ready) callback(std::move(answer));
+    if (!done()) inner_->WaitUntil(done);
+  }
+
+ private:
+  net::Transport* inner_;
+  const std::string endpoint_;
+  const net::Router* self_;
+  std::mutex mu_;
+  std::vector<std::pair<net::ResponseCallback, Result<Bytes>>> ready_;
+};
+
+}  // namespace
 
 NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
     : deps_(std::move(deps)), options_(std::move(options)) {
@@ -50,6 +94,12 @@ NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
   };
   upload_service_ = std::make_unique<BlobUploadService>(deps_.store, options_.upload);
   options_.fetch.pin = false;  // the roles pin with a reason (PinBook)
+  if (options_.withhold_stage_evidence && deps_.transport != nullptr) {
+    withheld_router_ = std::make_unique<net::Router>();
+    self_transport_ = std::make_unique<SelfRoutedTransport>(deps_.transport, options_.endpoint,
+                                                            withheld_router_.get());
+    deps_.transport = self_transport_.get();
+  }
   if (options_.speed_factor <= 0 || options_.speed_factor > 1) options_.speed_factor = 1;
   node_ = std::make_unique<NodeContext>(deps_, options_, tx_.get(), book_.get(),
                                         unit_service_.get(), &stats_);
@@ -84,7 +134,7 @@ void NodeAgent::RegisterServices(net::Router* router) {
   blob_service_->Register(router);
   upload_service_->Register(router);
   unit_service_->Register(router);
-  stager_->Register(router);
+  stager_->Register(router, withheld_router_.get());
 }
 
 void NodeAgent::Log(const std::string& line) {
@@ -363,7 +413,7 @@ void NodeAgent::RunStages(const NodeWork& work, uint64_t replay_need) {
 
 uint64_t NodeAgent::StageReplayNeed(const VerifyJob& job) {
   if (job.kind != VerifyJob::Kind::kVerdict && job.kind != VerifyJob::Kind::kWhistle &&
-      job.kind != VerifyJob::Kind::kTrace) {
+      job.kind != VerifyJob::Kind::kTrace && job.kind != VerifyJob::Kind::kRecheck) {
     return 0;
   }
   Result<TaskContext*> ctx = node_->GetTask(job.check->task_id);
@@ -460,6 +510,8 @@ Status NodeAgent::RunVerifyJob(const VerifyJob& job) {
       return disputes_->RunTrace(*job.check);
     case VerifyJob::Kind::kMerits:
       return whistleblower_->RunMerits(*job.check);
+    case VerifyJob::Kind::kRecheck:
+      return disputes_->RunServedRecheck(*job.check);
   }
   return Internal("unknown verification job");
 }

@@ -289,7 +289,9 @@ Status ParseDispute(const RpcAnswer& d, DisputeView* v) {
 // "start_state", "spec_hash", "solver_endpoint" (ledger/rpc.h).
 Result<CheckAssignment> ParseCheck(const RpcAnswer& u) {
   CheckAssignment a;
-  Fields f(u, Plus(kUnitFields, {"roles", "start_state", "spec_hash", "solver_endpoint"}));
+  Fields f(u,
+           Plus(kUnitFields, {"roles", "start_state", "spec_hash", "solver_endpoint", "served"}));
+  f.Optional("served");  // only a stage unit with a step served on chain
   // The check first: it is what the node acts on.
   ML_ASSIGN_OR_RETURN(RpcAnswer c, f.Object("check"));
   Fields cf(c, {"stage", "result", "reason", "solver", "commit_height", "deadline_height",
@@ -354,11 +356,33 @@ Result<CheckAssignment> ParseCheck(const RpcAnswer& u) {
     }
     a.roles.push_back(role);
   }
+  if (u.Has("served")) {
+    ML_ASSIGN_OR_RETURN(RpcAnswer served, f.Array("served"));
+    for (size_t i = 0; i < served.size(); ++i) {
+      const RpcAnswer entry = served.At(i);
+      Fields sf(entry, {"step", "height", "challenger"});
+      ServedStageStep s;
+      sf.Read("step", &s.step).Read("height", &s.height).Read("challenger", &s.challenger);
+      ML_RETURN_IF_ERROR(sf.Done());
+      if (s.step == 0 || s.step >= a.leaves.size()) {
+        return entry.Bad("step", "must be a step of the unit's " +
+                                     std::to_string(a.leaves.size()) + " leaves");
+      }
+      a.served.push_back(s);
+    }
+  }
   ML_RETURN_IF_ERROR(f.Done());
   return a;
 }
 
 }  // namespace
+
+const ServedStageStep* CheckAssignment::ServedStep(uint64_t step) const {
+  for (const ServedStageStep& s : served) {
+    if (s.step == step) return &s;
+  }
+  return nullptr;
+}
 
 std::string_view CheckRoleName(CheckRole r) {
   switch (r) {
@@ -618,6 +642,38 @@ Result<NodeWork> ParseNodeWork(const json& j) {
 Result<NodeWork> GetNodeWork(ChainClient& chain, const PublicKey& node) {
   ML_ASSIGN_OR_RETURN(json j, chain.Call("node_work", {{"id", node.ToHex()}}));
   return ParseNodeWork(j);
+}
+
+Result<BlockTxPage> GetBlockTxs(ChainClient& chain, uint64_t height, std::string_view type,
+                                uint64_t cursor) {
+  json params = {{"height", height}, {"cursor", cursor}};
+  if (!type.empty()) params["type"] = std::string(type);
+  ML_ASSIGN_OR_RETURN(json j, chain.Call("get_block_txs", params));
+  const RpcAnswer a("get_block_txs", j);
+  BlockTxPage page;
+  ML_ASSIGN_OR_RETURN(RpcAnswer txs, a.Array("txs"));
+  for (size_t i = 0; i < txs.size(); ++i) {
+    const RpcAnswer x = txs.At(i);
+    BlockTx t;
+    ML_ASSIGN_OR_RETURN(t.position, x.U64("position"));
+    ML_ASSIGN_OR_RETURN(t.ok, x.Bool("ok"));
+    ML_ASSIGN_OR_RETURN(std::string hex, x.Str("tx"));
+    Result<Bytes> wire = HexDecode(hex);
+    if (!wire.ok()) return x.Bad("tx", wire.status().message());
+    Result<ledger::Transaction> tx = ledger::DecodeTx(*wire);
+    if (!tx.ok()) return x.Bad("tx", tx.status().message());
+    t.tx = std::move(*tx);
+    if (!page.txs.empty() && t.position <= page.txs.back().position) {
+      return x.Bad("position", "must follow the previous transaction's");
+    }
+    page.txs.push_back(std::move(t));
+  }
+  if (a.Has("next_cursor")) {
+    ML_ASSIGN_OR_RETURN(uint64_t next, a.U64("next_cursor"));
+    if (next <= cursor) return a.Bad("next_cursor", "must be past the cursor asked for");
+    page.next_cursor = next;
+  }
+  return page;
 }
 
 Result<TaskInfo> GetTask(ChainClient& chain, const Hash256& id, bool units) {

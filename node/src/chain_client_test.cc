@@ -303,6 +303,39 @@ TEST(ChainClientRecords, CheckWithAMissingOrUnknownFieldIsRefusedNamingIt) {
   EXPECT_EQ(w->checks[0].dispute->position, 2u);
 }
 
+// A stage unit's steps served on chain (node_work "served", rpc.h): each its game step, the
+// ruling's height and the claimant, typed; absent on every other check; a step that is not one of
+// the unit's, or a field missing or unknown, is refused naming it.
+TEST(ChainClientRecords, ACheckListsTheStageStepsServedOnChain) {
+  const std::string a(64, 'a');
+  json check = GoodCheck();
+  check["leaves"] = {a, a, a};  // the commitment and two steps
+  Result<NodeWork> w = ParseNodeWork(WorkWith(check));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE(w->checks[0].served.empty());
+  check["served"] = {{{"step", 2}, {"height", 40}, {"challenger", a}}};
+  w = ParseNodeWork(WorkWith(check));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_EQ(w->checks[0].served.size(), 1u);
+  EXPECT_EQ(w->checks[0].served[0].step, 2u);
+  EXPECT_EQ(w->checks[0].served[0].height, 40u);
+  EXPECT_EQ(w->checks[0].served[0].challenger.ToHex(), a);
+  ASSERT_NE(w->checks[0].ServedStep(2), nullptr);
+  EXPECT_EQ(w->checks[0].ServedStep(1), nullptr);
+  for (const json& bad : {json{{"step", 3}, {"height", 40}, {"challenger", a}},
+                          json{{"step", 0}, {"height", 40}, {"challenger", a}}}) {
+    check["served"] = {bad};
+    ExpectNamed(ParseNodeWork(WorkWith(check)).status(), "node_work",
+                "result.checks[0].served[0].step");
+  }
+  check["served"] = {{{"step", 1}, {"challenger", a}}};
+  ExpectNamed(ParseNodeWork(WorkWith(check)).status(), "node_work",
+              "result.checks[0].served[0].height");
+  check["served"] = {{{"step", 1}, {"height", 4}, {"challenger", a}, {"piece", 0}}};
+  ExpectNamed(ParseNodeWork(WorkWith(check)).status(), "node_work",
+              "result.checks[0].served[0].piece");
+}
+
 // A pipeline task's aggregation inputs carry each stage unit's commitment and step commits blob
 // (null: none named); a unit task's have neither, and decode with both zero.
 TEST(ChainClientRecords, AggregationInputsCarryAStageUnitsCommitmentAndStepCommits) {

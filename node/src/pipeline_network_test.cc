@@ -1080,6 +1080,99 @@ INSTANTIATE_TEST_SUITE_P(
                       true, true}),
     [](const ::testing::TestParamInfo<CheatingStage>& p) { return std::string(p.param.name); });
 
+// A stage over the stage witness bound that withholds its steps' evidence over the data plane
+// (AgentOptions::withhold_stage_evidence: it answers every "stage.step" with NotFound) and computes
+// them lazily (every commit claims the state it started from). Its verifier can fetch nothing, so
+// it claims that the stage served nothing for the step; the stage answers on chain, every piece of
+// the step's evidence (ServeStageEvidence), which rules the claim "served" (nobody slashed). The
+// verifier's node then checks the step by itself (Disputes::RunServedRecheck): it reads the pieces
+// back from the blocks (get_block_txs), replays the step from them, finds the lazy commit and
+// challenges it with the task bundle (ChallengeUnit, which the ledger takes from the claimant
+// without the whistleblower role); the tile phase, traced from the pieces on chain by both parties,
+// ends at the commit's chain end, RefereeTile rules it, and the stage alone is slashed. The model:
+// kPipelineGptTask's, wide enough (n_embd 256) that every stage is over the bound.
+TEST(PipelineNetworkTest, AStageThatServesItsLazyStepOnlyOnChainIsRecheckedAndSlashed) {
+  std::string toml = kPipelineGptTask;
+  const auto set = [&](const std::string& from, const std::string& to) {
+    const size_t at = toml.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    toml.replace(at, from.size(), to);
+  };
+  ASSERT_NO_FATAL_FAILURE(set("n_embd = 16", "n_embd = 256"));
+  ASSERT_NO_FATAL_FAILURE(set("rounds = 2", "rounds = 1"));
+  // The recheck comes within the round's window, which restarts when the served claim settles.
+  ASSERT_NO_FATAL_FAILURE(
+      set("inner_lr_final = 0.5", "inner_lr_final = 0.5\nverification_window_blocks = 60"));
+  constexpr int kCheater = 5;
+  testing::SimOptions opt = VerifyingPipelineSimOptions(29, "pipeline-network-served-lazy");
+  opt.task_toml = toml + "budget = 100000000000\nprice_cap = 1000\n";
+  opt.node_options[6].speed_factor = 0.25;  // left out of the first placement: the cheater stages
+  // Blocks come as fast as the loop turns: the serving window (after the referee's deadline) must
+  // not close before the stage's node has posted its pieces.
+  opt.tweak_genesis = [verifying = opt.tweak_genesis](ledger::Genesis& g) {
+    verifying(g);
+    g.params.referee_blocks = 1'000'000;
+  };
+  opt.agent_options = [](int node, AgentOptions& a) {
+    if (node != kCheater) return;
+    a.adversary = Adversary::kLazy;
+    a.withhold_stage_evidence = true;
+  };
+  std::mutex mu;
+  std::vector<std::string> rechecks;
+  opt.log_sink = [&](int node, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (line.find("served on chain does not replay from its pieces") != std::string::npos) {
+      rechecks.push_back(std::to_string(node) + ": " + line);
+    }
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 4000);
+  const json task = sim.Task(true);
+  for (const json& bytes : task["params"]["stage_memory_bytes"]) {
+    ASSERT_GT(bytes.get<uint64_t>(), ledger::kMaxStageWitnessMemory)
+        << "a stage within the bound is ruled whole (RefereeStageStep): the test means nothing";
+  }
+  const std::string cheater_id = sim.node_key(kCheater).public_key().ToHex();
+  // The claim answered on chain, then the step ruled from the recheck's challenge.
+  bool served = false, ruled = false;
+  for (const json& r : task["verification"]["rulings"]) {
+    std::printf("ruling %s on stage %llu: for %s: %s\n", r.value("tx", "").c_str(),
+                static_cast<unsigned long long>(r.value("stage", uint64_t{0})),
+                r.value("for", "").c_str(), r.value("reason", "").c_str());
+    if (r.value("defender", "") != cheater_id) continue;
+    if (r.value("tx", "") == "ServeStageEvidence") {
+      served = true;
+      EXPECT_EQ(r.value("for", ""), "both") << r.dump();
+    } else if (served && r.value("tx", "") == "RefereeTile") {
+      ruled = true;
+      EXPECT_EQ(r.value("for", ""), "challenger") << r.dump();
+    }
+  }
+  EXPECT_TRUE(served) << "the stage never served a step on chain: " << task["verification"].dump();
+  EXPECT_TRUE(ruled) << "no ruling after the served one: " << task["verification"].dump();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_FALSE(rechecks.empty()) << "no node rechecked the served step";
+    for (const std::string& l : rechecks) std::printf("recheck: %s\n", l.c_str());
+  }
+  EXPECT_GE(task["verification"].value("fraud", uint64_t{0}), 1u) << task["verification"].dump();
+  const json cheater = NodeRecordOf(sim, kCheater);
+  EXPECT_GE(cheater["reputation"].value("slashes", uint64_t{0}), 1u) << cheater.dump();
+  EXPECT_EQ(cheater.value("status", std::string()), "jailed") << cheater.dump();
+  for (int i = 0; i < 7; ++i) {
+    if (i == kCheater) continue;
+    const json n = NodeRecordOf(sim, i);
+    EXPECT_EQ(n["reputation"].value("slashes", uint64_t{1}), 0u)
+        << "honest node " << i << ": " << n.dump();
+  }
+  for (const json& u : task["units"]) {
+    EXPECT_NE(u.value("assignee", std::string()), cheater_id) << u.dump();
+  }
+}
+
 // Forced errors for stage units (docs/verification.md, "Forced errors for stage units"): every
 // stage unit is drawn (the rate is one in one). Six stage nodes, and two verifier nodes outside
 // every replica, so both check every stage unit: one honest, one a rubber stamp (approves without

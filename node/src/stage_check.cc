@@ -1,6 +1,8 @@
 #include "meshlearn/node/stage_check.h"
 
+#include <optional>
 #include <utility>
+#include <variant>
 
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
@@ -59,6 +61,23 @@ struct StageStepStart {
 Result<StageStepStart> FetchStageStepStart(const StageCheckInput& in, const StageStepRef& ref,
                                            const Hash256* committed_leaf) {
   StageStepStart out;
+  if (in.on_chain != nullptr && in.on_chain->step == ref.step) {
+    // Served on chain: nothing is fetched from the stage node.
+    const OnChainStageStep& c = *in.on_chain;
+    if (committed_leaf != nullptr && protocol::StageStepLeaf(c.commit) != *committed_leaf) {
+      return NotFound("the commit served on chain is not the committed step leaf " +
+                      committed_leaf->ShortHex());
+    }
+    out.ev.commit = c.commit;
+    out.ev.blobs = c.blobs;
+    out.ev.checkpoint_bytes = c.checkpoint.size();
+    out.work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
+    ML_ASSIGN_OR_RETURN(out.batch, BatchOfStep(in, ref));
+    ML_ASSIGN_OR_RETURN(out.setup,
+                        ledger::StageReplaySetupOf(*in.task, *in.net, out.work.lr_scale, in.chain));
+    out.start = StageCheckpointState(c.checkpoint);
+    return out;
+  }
   Result<StageStepEvidence> ev = FetchStageStepRecords(in.transport, in.endpoint, ref);
   if (!ev.ok() && ev.status().code() != StatusCode::kNotFound) {
     return ev.status().WithPrefix(ref.ToString() + ": fetching its evidence");
@@ -207,6 +226,69 @@ Result<protocol::StageStepCommit> ServedCommit(const StageCheckInput& in, uint64
 }
 
 }  // namespace
+
+Result<std::vector<ledger::StageServePiece>> ReadServedStagePieces(
+    ChainClient& chain, const ledger::TileRuleContext& ctx, const protocol::TaskId& task,
+    uint32_t index, const Hash256& committed_leaf, uint64_t from_height, uint64_t to_height) {
+  const uint32_t count = ledger::StageServePieceCount(ctx.plan);
+  if (count > ledger::StageServeRecord::kMaxPieces) {
+    return InvalidArgument("an evidence of " + std::to_string(count) +
+                           " pieces, which no chain takes");
+  }
+  std::vector<std::optional<ledger::StageServePiece>> found(count);
+  uint32_t have = 0;
+  const std::string type(ledger::TxTypeName(ledger::TxType::kServeStageEvidence));
+  for (uint64_t h = to_height; h >= from_height && h > 0 && have < count; --h) {
+    std::optional<uint64_t> cursor = 0;
+    while (cursor && have < count) {
+      ML_ASSIGN_OR_RETURN(BlockTxPage page, GetBlockTxs(chain, h, type, *cursor));
+      cursor = page.next_cursor;
+      for (const BlockTx& t : page.txs) {
+        const auto* tx = std::get_if<ledger::ServeStageEvidenceTx>(&t.tx.payload);
+        if (!t.ok || tx == nullptr || tx->task_id != task || tx->index != index ||
+            tx->piece >= count || found[tx->piece].has_value()) {
+          continue;
+        }
+        Result<ledger::StageServePiece> piece = ledger::DecodeStageServePiece(tx->witness.bytes);
+        if (!piece.ok()) continue;
+        Result<protocol::StageStepCommit> commit =
+            protocol::DecodeStageStepCommit(piece->roots.commit);
+        // Another step's evidence of the unit (a step served in another dispute).
+        if (!commit.ok() || protocol::StageStepLeaf(*commit) != committed_leaf) continue;
+        found[tx->piece] = std::move(*piece);
+        ++have;
+      }
+    }
+  }
+  if (have < count) {
+    std::string missing;
+    for (uint32_t p = 0; p < count; ++p) {
+      if (!found[p]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    }
+    return NotFound("pieces " + missing + " of the " + std::to_string(count) +
+                    " of the stage step of leaf " + committed_leaf.ShortHex() +
+                    " served on chain are not in blocks " + std::to_string(from_height) + ".." +
+                    std::to_string(to_height));
+  }
+  std::vector<ledger::StageServePiece> pieces;
+  pieces.reserve(count);
+  for (std::optional<ledger::StageServePiece>& p : found) pieces.push_back(std::move(*p));
+  return pieces;
+}
+
+Result<OnChainStageStep> AssembleOnChainStageStep(const ledger::TileRuleContext& ctx,
+                                                  std::span<const ledger::StageServePiece> pieces,
+                                                  uint64_t step, engine::TrainState& shapes) {
+  ML_ASSIGN_OR_RETURN(ledger::StageServedEvidence ev,
+                      ledger::AssembleStageServeEvidence(ctx, pieces, shapes));
+  if (ev.commit.step != step) {
+    return InvalidArgument("the stage's pieces on chain are of step " +
+                           std::to_string(ev.commit.step) + ", not " + std::to_string(step));
+  }
+  OnChainStageStep out{.step = step, .commit = std::move(ev.commit), .blobs = std::move(ev.blobs)};
+  ML_ASSIGN_OR_RETURN(out.checkpoint, StageCheckpointBytes(shapes));
+  return out;
+}
 
 Result<StageStepCheck> CheckStageContinuity(const StageCheckInput& in, uint64_t step,
                                             std::span<const Hash256> leaves,

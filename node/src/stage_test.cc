@@ -21,6 +21,7 @@
 #include "meshlearn/base/config.h"
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/base/env.h"
+#include "meshlearn/base/hex.h"
 #include "meshlearn/base/rng.h"
 #include "meshlearn/base/test_dir.h"
 #include "meshlearn/engine/checkpoint.h"
@@ -1390,13 +1391,60 @@ TEST(StagePlaneTest, AStageThatWithholdsThePreviousStepsCommitIsUnservedThereAnd
   }
 }
 
+// A chain whose blocks hold given transactions, answering get_block_txs (ledger/rpc.h) a page of
+// two at a time: what a verifier reads a stage's pieces served on chain from.
+class BlockTxsChain : public ChainClient {
+ public:
+  void Add(uint64_t height, ledger::TxPayload payload, bool ok) {
+    ledger::Transaction tx;
+    tx.chain_id = "test";
+    tx.nonce = next_nonce_++;
+    tx.payload = std::move(payload);
+    blocks_[height].push_back({tx, ok});
+  }
+  Result<nlohmann::json> Call(const std::string& method, const nlohmann::json& params) override {
+    if (method != "get_block_txs") return Internal("unexpected call " + method);
+    const uint64_t h = params.at("height").get<uint64_t>();
+    const uint64_t cursor = params.value("cursor", uint64_t{0});
+    const std::string type = params.value("type", std::string());
+    const std::vector<std::pair<ledger::Transaction, bool>>& txs = blocks_[h];
+    nlohmann::json out = nlohmann::json::array();
+    uint64_t next = cursor;
+    for (; next < txs.size(); ++next) {
+      const ledger::Transaction& tx = txs[next].first;
+      const std::string name(ledger::TxTypeName(ledger::PayloadType(tx.payload)));
+      if (!type.empty() && name != type) continue;
+      if (out.size() == 2) break;
+      out.push_back({{"position", next},
+                     {"tx_id", ledger::TxId(tx).ToHex()},
+                     {"type", name},
+                     {"ok", txs[next].second},
+                     {"tx", HexEncode(ledger::EncodeTx(tx))}});
+    }
+    ++calls;
+    return nlohmann::json{
+        {"height", h},
+        {"txs", std::move(out)},
+        {"next_cursor", next < txs.size() ? nlohmann::json(next) : nlohmann::json(nullptr)}};
+  }
+  std::string Describe() const override { return "blocks of given transactions"; }
+  int calls = 0;
+
+ private:
+  uint64_t next_nonce_ = 0;
+  std::map<uint64_t, std::vector<std::pair<ledger::Transaction, bool>>> blocks_;
+};
+
 // A claim that a stage over the witness bound served nothing is answered by the stage's evidence
 // in pieces (ledger/stage_serve.h): a party of the dispute builds every piece from what the stage
 // node serves over HTTP (BuildStageServeTxs, what Disputes::RunStageServeEvidence posts), and the
 // ledger's check of a ServeStageEvidence piece takes each one, for every stage of a GPT replica
 // (its received tensors in rows of n_embd, as a task's stages tile them). A step the node no
 // longer serves gives no piece. Put back together (AssembleStageServeEvidence), the pieces give the
-// step's start state and received tensors, what a verifier replays the step from.
+// step's start state and received tensors, what a verifier replays the step from; a verifier
+// reads them back from the blocks that executed them (ReadServedStagePieces over get_block_txs,
+// BlockTxsChain below), skipping pieces the ledger refused and another unit's, and puts them
+// together into a fresh stage (AssembleOnChainStageStep).
 TEST(StagePlaneTest, AStageNodesServedStepGivesEveryPieceOfItsEvidenceAndTheLedgerTakesEach) {
   const ModelSpec spec = StageParseModel(kStageGpt);
   std::vector<std::unique_ptr<Stage>> got = StageStages(spec);
@@ -1469,6 +1517,44 @@ TEST(StagePlaneTest, AStageNodesServedStepGivesEveryPieceOfItsEvidenceAndTheLedg
       ASSERT_EQ(held.count(r.tensor), 1u);
       EXPECT_TRUE(ev->blobs.at(r.tensor) == held.at(r.tensor)) << "a received tensor";
     }
+    // On chain: piece 0 in block 3, a transfer in block 4, and in block 5 (read first: newest
+    // first, a page of two transactions at a time) a piece 0 the ledger refused and another
+    // unit's, each with other roots (taken, they would not assemble), then the other pieces.
+    BlockTxsChain chain;
+    chain.Add(3, (*txs)[0], true);
+    chain.Add(4, ledger::TransferTx{.to = {}, .amount = 1, .memo = ""}, true);
+    ledger::StageServePiece wrong = pieces[0];
+    wrong.roots.seed += 1;
+    ledger::ServeStageEvidenceTx refused = (*txs)[0];
+    refused.witness = {ledger::EncodeStageServePiece(wrong)};
+    ledger::ServeStageEvidenceTx other = refused;
+    other.index = 8;
+    chain.Add(5, refused, false);
+    chain.Add(5, other, true);
+    for (size_t p = 1; p < txs->size(); ++p) chain.Add(5, (*txs)[p], true);
+    Result<std::vector<ledger::StageServePiece>> read =
+        ReadServedStagePieces(chain, tc, ctx.task, 7, leaf, 2, 5);
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    ASSERT_EQ(read->size(), pieces.size());
+    for (size_t p = 0; p < pieces.size(); ++p) EXPECT_TRUE((*read)[p] == pieces[p]) << p;
+    Result<std::vector<ledger::StageServePiece>> short_of_one =
+        ReadServedStagePieces(chain, tc, ctx.task, 7, leaf, 5, 5);
+    ASSERT_FALSE(short_of_one.ok());
+    EXPECT_EQ(short_of_one.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(short_of_one.status().message().find("pieces 0 of the"), std::string::npos)
+        << short_of_one.status().ToString();
+    EXPECT_FALSE(ReadServedStagePieces(chain, tc, ctx.task, 7, Blake2b("another leaf"), 2, 5).ok())
+        << "another step's pieces";
+    std::vector<std::unique_ptr<Stage>> shapes = StageStages(spec);
+    Result<OnChainStageStep> on_chain =
+        AssembleOnChainStageStep(tc, *read, /*step=*/0, shapes[s]->state());
+    ASSERT_TRUE(on_chain.ok()) << on_chain.status().ToString();
+    EXPECT_EQ(on_chain->commit, out[s][0].commit);
+    EXPECT_EQ(on_chain->blobs.size(), out[s][0].commit.received.size());
+    Result<engine::TrainState> start = StageCheckpointState(on_chain->checkpoint);
+    ASSERT_TRUE(start.ok()) << start.status().ToString();
+    EXPECT_EQ(engine::StateHash(*start), out[s][0].commit.state_before);
+    EXPECT_FALSE(AssembleOnChainStageStep(tc, *read, /*step=*/1, shapes[s]->state()).ok());
     // A commit other than the committed leaf's, or a step no longer served: no piece.
     EXPECT_EQ(BuildStageServeTxs(in, tc, "[task]", 7, 0, Blake2b("another leaf")).status().code(),
               StatusCode::kFailedPrecondition);

@@ -7,6 +7,7 @@
 
 #include "journal.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
 #include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/stage_serve.h"
@@ -16,6 +17,7 @@
 #include "meshlearn/node/step_witness.h"
 #include "meshlearn/protocol/task_model.h"
 #include "records.h"
+#include "verifier.h"
 
 namespace meshlearn::node {
 
@@ -126,6 +128,11 @@ Disputes::RangeState Disputes::StateOf(const CheckAssignment& c) {
 
 void Disputes::Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
   const PublicKey& me = node_->id();
+  // A step this node claimed served nothing, served on chain since: checked from the pieces
+  // before the round is final (its verification window restarted when the claim settled).
+  if (RecheckDue(c) != nullptr) {
+    urgent->push_back({VerifyJob::Kind::kRecheck, &c, c.deadline_height});
+  }
   if (Queried(c, me)) {
     if (StateOf(c) == RangeState::kReplayed) {
       PostMove(c);
@@ -151,13 +158,22 @@ void Disputes::Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
     }
   }
   // At the referee: a party that is not cheating posts the step's witness (the ledger rules).
+  // A claim that a stage served nothing is answered by its evidence whoever defends: a cheating
+  // stage serves it too, its lie being in what it committed, which the pieces then show
+  // (RunServedRecheck), and withholding them would lose it the claim at once.
+  const bool unserved_claim = c.dispute && c.dispute->has_referee && c.dispute->referee.step > 0 &&
+                              c.dispute->referee.challenger_output ==
+                                  ledger::StageUnservedLeaf(c.dispute->referee.defender_output);
   if (c.dispute && c.dispute->has_referee && c.dispute->referee.whole_step &&
       !c.dispute->referee.segment &&
       (c.dispute->challenger == me ||
-       (c.dispute->defender == me && !CheatsAsSolver(node_->options().adversary))) &&
+       (c.dispute->defender == me &&
+        (!CheatsAsSolver(node_->options().adversary) || unserved_claim))) &&
       // Not again once sent or given up: building a witness replays the unit to the step.
       !outbox_->Done(WitnessAction(node_->VerifyDir(c), *c.dispute, {c.dispute->referee.step})) &&
-      !EvidenceServed(c)) {
+      // (Only a claim that the stage served nothing has pieces: the dispute on the same step
+      // that follows its served ruling, by the same claimant, posts its own witness.)
+      !(unserved_claim && EvidenceServed(c))) {
     urgent->push_back({VerifyJob::Kind::kWitness, &c, c.deadline_height});
   }
 }
@@ -172,6 +188,106 @@ void Disputes::Forget(const std::string& dir) {
   for (auto p = serve_pieces_.begin(); p != serve_pieces_.end();) {
     p = p->first.starts_with(dir + "/") ? serve_pieces_.erase(p) : std::next(p);
   }
+  for (auto o = on_chain_.begin(); o != on_chain_.end();) {
+    o = o->first.starts_with(dir + "/") ? on_chain_.erase(o) : std::next(o);
+  }
+}
+
+VerifyAction Disputes::RecheckAction(const CheckAssignment& c, const ServedStageStep& s) const {
+  return {.dir = node_->VerifyDir(c), .kind = Kind::kChallenge, .detail = {s.step, s.height}};
+}
+
+const ServedStageStep* Disputes::RecheckDue(const CheckAssignment& c) const {
+  if (c.stage != protocol::CheckStage::kCheckSettled ||
+      (c.result != protocol::CheckResult::kCheckClean &&
+       c.result != protocol::CheckResult::kCheckUnchecked)) {
+    return nullptr;
+  }
+  for (const ServedStageStep& s : c.served) {
+    if (s.challenger == node_->id() && !outbox_->Done(RecheckAction(c, s))) return &s;
+  }
+  return nullptr;
+}
+
+Result<const OnChainStageStep*> Disputes::OnChainStepOf(const CheckAssignment& c, TaskContext* ctx,
+                                                        const StageCheckInput& in, uint64_t step) {
+  const ServedStageStep* s = c.ServedStep(step);
+  if (s == nullptr) return static_cast<const OnChainStageStep*>(nullptr);
+  const std::string key = JoinPath(node_->VerifyDir(c), "on-chain-" + std::to_string(step));
+  if (auto it = on_chain_.find(key); it != on_chain_.end()) return it->second.get();
+  std::string bundle;
+  ML_ASSIGN_OR_RETURN(ledger::TileRuleContext tc, TileContextFor(*node_, c, &bundle, false));
+  // The pieces lie between the unit's commit and the ruling (the block of the last one).
+  ML_ASSIGN_OR_RETURN(std::vector<ledger::StageServePiece> pieces,
+                      ReadServedStagePieces(node_->chain(), tc, c.task_id, c.index,
+                                            c.leaves.at(step), c.commit_height, s->height));
+  // Put back together in a stage of its shapes: built from the round's start weights.
+  ML_ASSIGN_OR_RETURN(GlobalWeightsReader global,
+                      node_->StartWeights(*ctx, c.task_id, c.start_state));
+  ML_ASSIGN_OR_RETURN(
+      engine::PipelineCut cut,
+      engine::TaskPipelineCut(*in.task, static_cast<int>(in.net->stages), in.net->cut));
+  const UnitWork work = protocol::UnitWorkOf(*in.net, *in.facts, in.round, in.replica);
+  ML_ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::Stage> shapes,
+      StageFromGlobal(*in.task, cut, static_cast<int>(in.stage), global, work.lr_scale));
+  Result<OnChainStageStep> got = AssembleOnChainStageStep(tc, pieces, step - 1, shapes->state());
+  if (!got.ok()) return got.status().WithPrefix(CheckName(c) + ": its pieces on chain");
+  node_->Log(CheckName(c) + ": stage step " + std::to_string(step - 1) +
+             ": read its evidence served on chain (blocks " + std::to_string(c.commit_height) +
+             ".." + std::to_string(s->height) + ")");
+  auto it = on_chain_.emplace(key, std::make_unique<const OnChainStageStep>(std::move(*got))).first;
+  return it->second.get();
+}
+
+Status Disputes::RunServedRecheck(const CheckAssignment& c) {
+  const ServedStageStep* s = RecheckDue(c);
+  if (s == nullptr) return Status::Ok();
+  const VerifyAction action = RecheckAction(c, *s);
+  const uint64_t step = s->step - 1;  // the stage's step
+  auto give_up = [&](const std::string& why) {
+    node_->Log(CheckName(c) + ": stage step " + std::to_string(step) +
+               " served on chain: not checked: " + why);
+    outbox_->GiveUp(action);
+    return Status::Ok();
+  };
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
+  if (ctx->bundle.net.stages < 2) return give_up("not a stage unit");
+  std::shared_ptr<const engine::TaskData> data;
+  Result<StageCheckInput> in = StageInputOf(c, ctx, &data);
+  if (!in.ok()) return give_up(in.status().message());
+  ML_ASSIGN_OR_RETURN(in->on_chain, OnChainStepOf(c, ctx, *in, s->step));
+  const Hash256& committed = c.leaves.at(s->step);
+  ML_ASSIGN_OR_RETURN(StageStepCheck r, CheckStageStep(*in, step, committed));
+  ++node_->stats().replays;
+  if (r.leaf == committed) {
+    node_->Log(CheckName(c) + ": stage step " + std::to_string(step) +
+               " served on chain replays clean from its pieces");
+    outbox_->GiveUp(action);  // done: nothing to send
+    return Status::Ok();
+  }
+  journal::ChallengeRecord record;
+  record.finding.leaves = c.leaves;
+  record.finding.mismatch = true;
+  record.finding.segment = static_cast<uint32_t>(step);
+  record.finding.replayed_end = r.leaf;
+  ML_RETURN_IF_ERROR(node_->env()->CreateDirs(action.dir));
+  ML_RETURN_IF_ERROR(
+      journal::WriteJournal(node_->env(), JoinPath(action.dir, "challenge.json"), record));
+  ML_ASSIGN_OR_RETURN(ledger::MismatchClaimField claim, ClaimOf(record.finding));
+  Result<std::string> bundle = MismatchBundle(*node_, c, claim);
+  if (!bundle.ok()) return give_up(bundle.status().message());
+  node_->Log(CheckName(c) + ": stage step " + std::to_string(step) +
+             " served on chain does not replay from its pieces (" + r.message +
+             "); challenging it (ChallengeUnit with the task bundle)");
+  if (outbox_->Send(action, ledger::ChallengeUnitTx{.task_id = c.task_id,
+                                                    .index = c.index,
+                                                    .node_id = node_->id(),
+                                                    .claim = std::move(claim),
+                                                    .bundle = {std::move(*bundle)}})) {
+    ++node_->stats().challenges;
+  }
+  return Status::Ok();
 }
 
 std::string Disputes::TraceKey(const CheckAssignment& c, uint64_t step) const {
@@ -560,6 +676,9 @@ Status Disputes::TraceStage(const CheckAssignment& c, TaskContext* ctx, uint64_t
   if (step == 0) return FailedPrecondition("the game's step 0 is the stage's start, not a step");
   std::shared_ptr<const engine::TaskData> data;
   ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
+  // A step the stage served on chain is traced from its pieces there, by every party: what the
+  // stage node serves over the data plane may be nothing.
+  ML_ASSIGN_OR_RETURN(in.on_chain, OnChainStepOf(c, ctx, in, step));
   // Testing only: a stage node with a faulty kernel defends its step as it computed it
   // (AgentOptions::corrupt_sent_in_trace), which takes the values of the operators it sent.
   const AgentOptions& options = node_->options();

@@ -82,6 +82,12 @@ class Disputes {
                                    const VerifyAction& action);
   // The disputed step of a tile dispute replayed with its trace; then the query's move.
   Status RunTrace(const CheckAssignment& c);
+  // A step this node claimed a stage served nothing for, which the stage then served on chain
+  // (CheckAssignment::served with this node the challenger; the check settled clean): the step
+  // checked from its pieces (ReadOnChainStageStep, CheckStageStep), and, where it does not replay
+  // to its committed leaf, challenged with the finding and the task bundle (ChallengeUnit, which
+  // the ledger takes from the claimant whatever its roles); else recorded clean. Once a step.
+  Status RunServedRecheck(const CheckAssignment& c);
   // The check of `dir` is over.
   void Forget(const std::string& dir);
 
@@ -127,6 +133,14 @@ class Disputes {
   // tick's one job and do nothing, for as long as the window lasts (tens of blocks), so it is not
   // queued. A piece the chain refuses is not done any more, and the job comes back.
   bool EvidenceServed(const CheckAssignment& c) const;
+  // The outbox action of the recheck of served step `s` (its challenge, or its clean marker).
+  VerifyAction RecheckAction(const CheckAssignment& c, const ServedStageStep& s) const;
+  // The served step of `c` this node claimed and has not rechecked yet, or nullptr.
+  const ServedStageStep* RecheckDue(const CheckAssignment& c) const;
+  // Game step `step` of stage unit `c` as served on chain (ReadOnChainStageStep, kept until the
+  // check is over), or nullptr when the stage did not serve it on chain.
+  Result<const OnChainStageStep*> OnChainStepOf(const CheckAssignment& c, TaskContext* ctx,
+                                                const StageCheckInput& in, uint64_t step);
   // Where the agreed state of the dispute can come from (node/step_witness.h).
   DisputeStart StartOf(const CheckAssignment& c) const;
   std::string JournalPath(const CheckAssignment& c) const;
@@ -142,6 +156,8 @@ class Disputes {
   std::map<std::string, TraceEntry> traces_;
   // ServeKey -> the number of pieces of that claim's evidence, known once built.
   std::map<std::string, uint32_t> serve_pieces_;
+  // The check's folder + "/on-chain-" + game step -> that step as served on chain.
+  std::map<std::string, std::unique_ptr<const OnChainStageStep>> on_chain_;
 };
 
 // The chain's view of the tile phase for check `c` (ledger::TileContextOf on this node's copy of

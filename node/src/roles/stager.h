@@ -57,10 +57,11 @@ class Stager {
   Status DeleteEvidenceLeftovers() { return evidence_.DeleteLeftovers(); }
 
   // Registers the node's data plane ("stage.push") and what it serves verifiers of its stage
-  // steps ("stage.step", "stage.slice": StageEvidence) on its router.
-  void Register(net::Router* router) {
+  // steps ("stage.step", "stage.slice": StageEvidence) on its router (the evidence on
+  // `evidence_router` when given: AgentOptions::withhold_stage_evidence).
+  void Register(net::Router* router, net::Router* evidence_router = nullptr) {
     host_.Register(router);
-    evidence_.Register(router);
+    evidence_.Register(evidence_router != nullptr ? evidence_router : router);
   }
 
   // The stage units of `work` to start: not running, not committing, not committed.

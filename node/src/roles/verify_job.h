@@ -15,8 +15,9 @@ namespace meshlearn::node {
 struct VerifyJob {
   // kTrace: the disputed step replayed with its operator trace (phases 2-4 of a tile dispute).
   // kMerits: a whistleblower's witness of its dispute's segment, in the merits window its silent
-  // solver left (ProveMerits).
-  enum class Kind { kVerdict, kDispute, kWhistle, kWitness, kTrace, kMerits };
+  // solver left (ProveMerits). kRecheck: a stage step this node claimed served nothing, checked
+  // from its pieces on chain.
+  enum class Kind { kVerdict, kDispute, kWhistle, kWitness, kTrace, kMerits, kRecheck };
   Kind kind = Kind::kVerdict;
   const CheckAssignment* check = nullptr;  // in this tick's NodeWork
   uint64_t deadline = 0;  // the last height a transaction it sends may land in

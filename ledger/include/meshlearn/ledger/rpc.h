@@ -17,6 +17,14 @@
 //                     status: pending | included | rejected (with error) | unknown
 //   get_block         {height: N, raw?: bool}           -> the block (and its canonical hex)
 //   get_blocks        {from: N, limit?: N}              -> {blocks: [HEX...]} for followers
+//   get_block_txs     {height: N, type?: NAME, cursor?: N}
+//                     -> {height, txs: [{position, tx_id, type, ok, tx: HEX}], next_cursor}:
+//                     the block's transactions from position `cursor` (of `type` only, a
+//                     TxTypeName such as "ServeStageEvidence", when given), as canonical bytes
+//                     with their receipt's ok; a page holds at most max_page of them and
+//                     max_block_txs_bytes of bytes (always one); next_cursor is where the next
+//                     page starts, null after the last. What a node reads on-chain evidence
+//                     from (a stage's served pieces) without the whole block.
 //   get_account       {address: HEX}                    -> balance, nonce, stake, ...
 //   get_node          {id: HEX}
 //   get_task          {id: HEX, units?: bool}           -> the task (TaskToJson, state.h):
@@ -58,7 +66,10 @@
 //                       stage_commits?}]}],
 //                       checks: [a unit JSON (as in get_task, with "check") plus roles
 //                       (solver | verifier | challenger | whistleblower), start_state,
-//                       spec_hash, solver_endpoint]}; start_state: blob id of the global state
+//                       spec_hash, solver_endpoint, served?: [{step, height, challenger}]:
+//                       the stage steps served on chain in this run, each by the
+//                       ServeStageEvidence that completed it at `height`, answering
+//                       `challenger`'s claim]}; start_state: blob id of the global state
 //                     the round trains from. Commit by deadline_height (inclusive) with
 //                     CommitUnit (secret_index = next_secret_index, one more per commit in
 //                     flight) / CommitAggregate. checks: the units of the unfinal rounds
@@ -130,6 +141,8 @@ struct RpcLimits {
   int64_t max_wait_ms = 30000;
   int max_waiters = 48;  // long-polls at once; keep below the server's thread count
   size_t max_blocks_per_call = 100;
+  // get_block_txs: the transactions' bytes in one page (one transaction is always sent).
+  uint64_t max_block_txs_bytes = kMaxLargeTxBytes;
 };
 
 // Extra facts a service states about itself in chain_status.

@@ -225,6 +225,11 @@ struct AgentOptions {
   // Testing only: the node's stage units commit a delta that does not decode (StageRunHooks::
   // malformed_result), which the round's aggregator reports (docs/verification.md).
   bool malformed_stage_result = false;
+  // Testing only: a stage node that serves its steps' evidence ("stage.step", "stage.slice") to
+  // no one over the data plane (it answers NotFound, as for a step it never ran), and reads it
+  // from itself alone: a verifier claims the step served nothing, and the stage answers only on
+  // chain (ServeStageEvidence), as a stage that withholds until a claim forces it to.
+  bool withhold_stage_evidence = false;
   // Test hook: called after each checkpoint of a unit; an error aborts the Tick as a crash
   // would (nothing after the checkpoint is written).
   std::function<Status(const Hash256& task, uint32_t index, int64_t step)> after_checkpoint;
@@ -380,6 +385,10 @@ class NodeAgent {
   std::unique_ptr<net::BlobService> blob_service_;
   std::unique_ptr<BlobUploadService> upload_service_;
   std::unique_ptr<UnitService> unit_service_;
+  // AgentOptions::withhold_stage_evidence: the stage evidence's router, reached only through
+  // self_transport_ (the node's transport, which answers requests to its own endpoint from it).
+  std::unique_ptr<net::Router> withheld_router_;
+  std::unique_ptr<net::Transport> self_transport_;
   std::unique_ptr<PinBook> book_;
   Status init_status_;
   AgentStats stats_;

@@ -203,6 +203,16 @@ enum class CheckRole : uint8_t {
 };
 std::string_view CheckRoleName(CheckRole r);
 
+// A stage step served on chain (node_work "served"): the ServeStageEvidence that completed the
+// step's evidence at `height` answered `challenger`'s claim that the stage served nothing for
+// game step `step` (the stage's step step - 1; docs/verification.md, "A stage claimed to have
+// served nothing, over the witness bound").
+struct ServedStageStep {
+  uint64_t step = 0;
+  uint64_t height = 0;
+  PublicKey challenger;
+};
+
 // A committed unit of the current round under verification that this node takes part in
 // (node_work "checks"; docs/verification.md).
 struct CheckAssignment {
@@ -231,8 +241,11 @@ struct CheckAssignment {
   // While a whistleblower's dispute the solver lost by its silence awaits its merits
   // (protocol::UnitCheck::awaits_merits): the last height a ProveMerits may land in; else 0.
   uint64_t merits_deadline = 0;
+  std::vector<ServedStageStep> served;  // a stage unit's steps served on chain in this run
 
   bool HasRole(CheckRole role) const;
+  // The served step of game step `step`, or nullptr.
+  const ServedStageStep* ServedStep(uint64_t step) const;
 };
 struct NodeWork {
   uint64_t height = 0;
@@ -244,6 +257,21 @@ struct NodeWork {
   uint64_t next_secret_index = 0;
 };
 Result<NodeWork> GetNodeWork(ChainClient& chain, const PublicKey& node);
+
+// One page of a block's transactions (get_block_txs, rpc.h), of one type when `type` is not
+// empty (a ledger::TxTypeName), from position `cursor`: each decoded (DecodeTx) with its
+// position and its receipt's ok. next_cursor: where the next page starts (none after the last).
+struct BlockTx {
+  uint64_t position = 0;
+  bool ok = false;
+  ledger::Transaction tx;
+};
+struct BlockTxPage {
+  std::vector<BlockTx> txs;
+  std::optional<uint64_t> next_cursor;
+};
+Result<BlockTxPage> GetBlockTxs(ChainClient& chain, uint64_t height, std::string_view type,
+                                uint64_t cursor);
 Result<NodeWork> ParseNodeWork(const nlohmann::json& j);
 
 // A work unit as get_task lists it (units=true; fields in ledger/rpc.h). Its check, when it has

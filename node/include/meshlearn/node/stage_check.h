@@ -52,6 +52,17 @@
 
 namespace meshlearn::node {
 
+// A stage step's evidence as the stage served it on chain (ServeStageEvidence pieces, ledger/
+// stage_serve.h), put back together (ReadOnChainStageStep): what every party checks and traces
+// the step from once the stage answered a claim that it served nothing, whatever its node serves
+// over the data plane since.
+struct OnChainStageStep {
+  uint64_t step = 0;                 // the stage's step (the game's step + 1)
+  protocol::StageStepCommit commit;  // the committed commit
+  std::map<Hash256, Bytes> blobs;    // the received tensors, by their records' hashes
+  Bytes checkpoint;                  // the step's start state (StageCheckpointBytes)
+};
+
 struct StageCheckInput {
   const engine::TaskSpec* task = nullptr;  // the task's (TaskContext::task)
   const engine::TaskData* data = nullptr;  // its data (TaskContext::Data): the step's batch
@@ -67,6 +78,9 @@ struct StageCheckInput {
   // Steps' batches drawn beforehand (StageStepBatch), by step: a step found here is not drawn
   // from `data`, which may then be null (a verifier drops the task's data before it replays).
   const std::map<uint64_t, engine::Batch>* batches = nullptr;
+  // The step's evidence served on chain: for its step, the commit, the received tensors and the
+  // start state come from it, not from the stage node at `endpoint`.
+  const OnChainStageStep* on_chain = nullptr;
 };
 
 // Step `step`'s batch of the replica's stream: a pure function of (seed, stream, step) and the
@@ -110,6 +124,24 @@ Result<ledger::RefereeStageStepTx> BuildStageStepTx(const StageCheckInput& in,
 Result<std::vector<ledger::ServeStageEvidenceTx>> BuildStageServeTxs(
     const StageCheckInput& in, const ledger::TileRuleContext& ctx, const std::string& bundle,
     uint32_t index, uint64_t step, const Hash256& committed_leaf);
+
+// Every piece of the evidence of the stage step whose committed leaf is `committed_leaf`, served
+// on chain for stage unit `index` of task `task` (ServeStageEvidence transactions that executed
+// ok, pieces[p] piece p), read from blocks `to_height` down to `from_height` (get_block_txs, a
+// page at a time; the newest first, as the ruling's block holds the last piece) in `ctx`'s plan.
+// Pieces of another unit, task or step, or refused by the ledger are skipped. NotFound naming
+// the pieces not in those blocks; chain errors as they come.
+Result<std::vector<ledger::StageServePiece>> ReadServedStagePieces(
+    ChainClient& chain, const ledger::TileRuleContext& ctx, const protocol::TaskId& task,
+    uint32_t index, const Hash256& committed_leaf, uint64_t from_height, uint64_t to_height);
+
+// Stage step `step` put back together from its pieces on chain (ledger::AssembleStageServeEvidence)
+// into `shapes`, a training state of the stage's shapes (the stage built from the round's start
+// weights: every value comes from the pieces). InvalidArgument when they do not assemble or are
+// of another step.
+Result<OnChainStageStep> AssembleOnChainStageStep(const ledger::TileRuleContext& ctx,
+                                                  std::span<const ledger::StageServePiece> pieces,
+                                                  uint64_t step, engine::TrainState& shapes);
 
 // ---- The states between a stage's steps (ledger/stage_referee.h, RuleStageContinuity).
 //
