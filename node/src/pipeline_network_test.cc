@@ -747,9 +747,10 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThr
     if (i == kCheater) continue;
     EXPECT_EQ(slashes(i), 0u) << "honest node " << i << ": " << NodeRecordOf(sim, i).dump();
   }
-  // The trace that ran beside the unit held the stage for its job only: the task's data it read
-  // for the step's batch was dropped before the replay, not kept beside the unit through the
-  // ticks after (AgentStats::stage_held_bytes).
+  // Each party's trace held the stage for its job only: the task's data it read for the step's
+  // batch was dropped before the replay, not kept through the ticks after, beside the stage units
+  // they train (AgentStats::stage_held_bytes; a node that aggregated holds the data with its
+  // whole-model trainer, which the count leaves out).
   for (int i = 0; i < 7; ++i) {
     EXPECT_EQ(sim.agent(i)->stats().stage_held_bytes, 0u) << "node " << i << ": " << dump();
   }
