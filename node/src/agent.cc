@@ -277,6 +277,8 @@ Result<TickReport> NodeAgent::Tick() {
   ML_ASSIGN_OR_RETURN(std::optional<NodeWork> work, Prepare(&report));
   if (!work) return report;
   ML_RETURN_IF_ERROR(RunOneJob(*work, &report));
+  stats_.stage_held_bytes = std::max(stats_.stage_held_bytes,
+                                     node_->StageDataBytes() + disputes_->StageValueBytes());
   return report;
 }
 
@@ -412,8 +414,13 @@ void NodeAgent::RunStages(const NodeWork& work, uint64_t replay_need) {
 }
 
 uint64_t NodeAgent::StageReplayNeed(const VerifyJob& job) {
+  // A tile's witness of a stage step traces the step again with its operators' values
+  // (Disputes::RunStepWitness): a stage replay too.
+  const bool tile_witness = job.kind == VerifyJob::Kind::kWitness && job.check->dispute &&
+                            job.check->dispute->has_referee && job.check->dispute->referee.tile;
   if (job.kind != VerifyJob::Kind::kVerdict && job.kind != VerifyJob::Kind::kWhistle &&
-      job.kind != VerifyJob::Kind::kTrace && job.kind != VerifyJob::Kind::kRecheck) {
+      job.kind != VerifyJob::Kind::kTrace && job.kind != VerifyJob::Kind::kRecheck &&
+      !tile_witness) {
     return 0;
   }
   Result<TaskContext*> ctx = node_->GetTask(job.check->task_id);
@@ -439,9 +446,10 @@ bool NodeAgent::WaitsForStageUnit(const VerifyJob& job, uint64_t height) {
   if (!stager_->running()) return false;
   const uint64_t need = StageReplayNeed(job);
   if (need == 0 || FitsBeside(stage_unit_need_, need)) return false;
-  if (job.kind == VerifyJob::Kind::kTrace) {
+  if (job.kind == VerifyJob::Kind::kTrace || job.kind == VerifyJob::Kind::kWitness) {
     // A stage unit runs for seconds, a dispute's turn for tens of them: half of what was left
-    // leaves the trace (seconds for a 10M GPT stage) the other half. Measured on the 10M GPT's
+    // leaves the trace (seconds for a 10M GPT stage) the other half. A tile's witness likewise
+    // (its window is the referee's deadline). Measured on the 10M GPT's
     // devnet before it waited: a trace beside a stage unit took an honest challenger from 125 to
     // 177 MB, over its 100 MiB offer.
     const uint64_t from = trace_wait_from_.emplace(VerifyJobKey(job), height).first->second;

@@ -856,6 +856,13 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThr
     if (i == kCheater) continue;
     EXPECT_EQ(slashes(i), 0u) << "honest node " << i << ": " << NodeRecordOf(sim, i).dump();
   }
+  // Each party's trace held the stage for its job only: the task's data it read for the step's
+  // batch was dropped before the replay, not kept through the ticks after, beside the stage units
+  // they train (AgentStats::stage_held_bytes; a node that aggregated holds the data with its
+  // whole-model trainer, which the count leaves out).
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(sim.agent(i)->stats().stage_held_bytes, 0u) << "node " << i << ": " << dump();
+  }
 }
 
 // A stage node that cheats on a verifying chain -- the adversary `lazy` (every step's commit claims
@@ -999,6 +1006,12 @@ TEST_P(CheatingStageTest, IsCaughtSlashedAndTheTaskEndsBitEqualToMeshlearnDiloco
       stage_only_replays += sim.agent(i)->stats().replays;
     }
     EXPECT_GE(stage_only_replays, 1u) << "no node verified without aggregating: nothing shown";
+  }
+  // Between two ticks no node held a stage task's data or a stage dispute trace's operator values
+  // (the faulty kernel's game reads them at a tile, every move of phases 3-4 and its witness):
+  // what the next tick's stage unit would train beside (AgentStats::stage_held_bytes).
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(sim.agent(i)->stats().stage_held_bytes, 0u) << "node " << i;
   }
   // The verifier's mismatch carried the task bundle (a GPT stage), so the game narrowed the stage's
   // step to a tile, an input operator or the agreed chain end of its plan, and the ledger ruled it

@@ -43,6 +43,16 @@ VerifyAction TraceAction(const std::string& dir, uint64_t step) {
   return {.dir = dir, .kind = Kind::kPost, .detail = {step, UINT64_MAX}};
 }
 
+// What a dispute's job of a pipeline task read of its data (a step's batch, a witness's proofs)
+// is dropped however the job returns (TaskContext::ReleaseStageData): kept, it would sit beside
+// the stage unit the node's next tick may start.
+struct DisputeDataDrop {
+  TaskContext* ctx;
+  ~DisputeDataDrop() {
+    if (ctx != nullptr) ctx->ReleaseStageData();
+  }
+};
+
 }  // namespace
 
 VerifyAction WitnessAction(const std::string& dir, const DisputeView& d,
@@ -141,9 +151,13 @@ void Disputes::Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
     }
   }
   if (TileQueried(c, me)) {
-    if (traces_.count(TraceKey(c, c.dispute->query.step))) {
+    auto it = traces_.find(TraceKey(c, c.dispute->query.step));
+    if (it != traces_.end() && !WaitsForValues(c, it->second)) {
       PostTileMove(c);
     } else if (!outbox_->Done(TraceAction(node_->VerifyDir(c), c.dispute->query.step))) {
+      // Not traced yet, or a stage's step whose move needs its operators' values: traced (again)
+      // by a job, a stage replay that waits for the node's own stage unit as any does
+      // (NodeAgent::WaitsForStageUnit).
       urgent->push_back({VerifyJob::Kind::kTrace, &c, c.dispute->query_deadline});
     }
   }
@@ -292,6 +306,42 @@ Status Disputes::RunServedRecheck(const CheckAssignment& c) {
 
 std::string Disputes::TraceKey(const CheckAssignment& c, uint64_t step) const {
   return JoinPath(node_->VerifyDir(c), "trace-" + std::to_string(step));
+}
+
+VerifyAction Disputes::TileMoveAction(const CheckAssignment& c) const {
+  const DisputeView& d = *c.dispute;
+  const protocol::DisputeQuery& q = d.query;
+  return {.dir = node_->VerifyDir(c),
+          .kind = Kind::kPost,
+          .detail = {d.first_step, d.last_step, q.position, q.deadline_height,
+                     100 + static_cast<uint64_t>(q.stage), q.level, q.operator_index}};
+}
+
+bool Disputes::WaitsForValues(const CheckAssignment& c, const TraceEntry& e) const {
+  return e.stage.has_value() && !e.step.trace->keep_values() &&
+         c.dispute->query.stage != protocol::DisputeStage::kDisputeOperators &&
+         !outbox_->Done(TileMoveAction(c));
+}
+
+void Disputes::DropStageValues(TraceEntry* e) {
+  if (!e->stage.has_value() || !e->step.trace->keep_values()) return;
+  // Appended to a trace that keeps no values, the names, roots and grids move and the values are
+  // freed (engine::OpTrace::Append).
+  auto roots = std::make_shared<engine::OpTrace>();
+  roots->Append(std::move(*e->step.trace));
+  e->step.trace = roots;
+  e->stage->trace = std::move(roots);
+}
+
+uint64_t Disputes::StageValueBytes() const {
+  uint64_t bytes = 0;
+  for (const auto& [key, e] : traces_) {
+    if (!e.stage.has_value() || !e.step.trace->keep_values()) continue;
+    for (size_t i = 0; i < e.step.trace->size(); ++i) {
+      bytes += e.step.trace->values(i).size() * sizeof(float);
+    }
+  }
+  return bytes;
 }
 
 std::string Disputes::ServeKey(const CheckAssignment& c) const {
@@ -487,6 +537,16 @@ void Disputes::PostTileMove(const CheckAssignment& c) {
   auto it = traces_.find(key);
   if (it == traces_.end()) return;
   const protocol::DisputeQuery& q = d.query;
+  const VerifyAction action = TileMoveAction(c);
+  if (outbox_->Done(action)) return;
+  // A stage step's operator values are kept for this move only: held between ticks they would sit
+  // beside the node's next stage unit (several times the stage's state), so the next query that
+  // needs them traces the step again (Play).
+  struct DropValues {
+    Disputes* self;
+    TraceEntry* e;
+    ~DropValues() { self->DropStageValues(e); }
+  } drop_values{this, &it->second};
   if (q.stage != protocol::DisputeStage::kDisputeOperators) {
     if (Status kept = KeepStageValues(c, key, q.step); !kept.ok()) {
       node_->Log(CheckName(c) + ": no move for the dispute's query yet: " + kept.message());
@@ -494,12 +554,6 @@ void Disputes::PostTileMove(const CheckAssignment& c) {
     }
   }
   const TraceEntry& e = it->second;
-  const VerifyAction action{
-      .dir = node_->VerifyDir(c),
-      .kind = Kind::kPost,
-      .detail = {d.first_step, d.last_step, q.position, q.deadline_height,
-                 100 + static_cast<uint64_t>(q.stage), q.level, q.operator_index}};
-  if (outbox_->Done(action)) return;
   Result<ledger::DisputeMoveAnswer> a =
       ledger::AnswerTileQuery(e.ctx, q, e.step.input, *e.step.trace, e.step.batch);
   if (!a.ok()) {
@@ -548,15 +602,22 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
     ML_RETURN_IF_ERROR(RunTrace(c));
     if (!traces_.count(key)) return give_up("the step could not be traced");
   }
-  if (t.tile) {
-    Status kept = KeepStageValues(c, key, t.step);
-    if (kept.code() == StatusCode::kFailedPrecondition) return give_up(kept.message());
-    ML_RETURN_IF_ERROR(kept);
+  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
+  if (traces_.at(key).stage.has_value()) {
+    // The witness is built once: neither the step's values nor the data it read stay.
+    const DisputeDataDrop drop_data{ctx};
+    TraceEntry& e = traces_.at(key);
+    if (t.tile) {
+      Status kept = KeepStageValues(c, key, t.step);
+      if (kept.code() == StatusCode::kFailedPrecondition) return give_up(kept.message());
+      ML_RETURN_IF_ERROR(kept);
+    }
+    Status posted = PostStageTile(c, e, ctx, action);
+    DropStageValues(&e);
+    return posted;
   }
   const TraceEntry& e = traces_.at(key);
-  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
   ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, ctx->Data());
-  if (e.stage.has_value()) return PostStageTile(c, e, *data, action);
   const engine::ClassificationData* train =
       EnsureDataProofs(*data, &ctx->token_pages, &ctx->data_tree);
   Result<ledger::TileWitness> w = ledger::BuildTileWitness(
@@ -590,12 +651,19 @@ Status Disputes::RunTileWitness(const CheckAssignment& c) {
   return Status::Ok();
 }
 
-Status Disputes::PostStageTile(const CheckAssignment& c, const TraceEntry& e,
-                               const engine::TaskData& data, const VerifyAction& action) {
+Status Disputes::PostStageTile(const CheckAssignment& c, const TraceEntry& e, TaskContext* ctx,
+                               const VerifyAction& action) {
   const protocol::RefereeTask& t = c.dispute->referee;
-  ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
-  Result<ledger::RefereeTileTx> tx = BuildStageTileTx(e.ctx, t, *e.stage, data, c.task_id, c.index,
-                                                      e.bundle, &ctx->token_pages, &ctx->data_tree);
+  // Only a tile's footprint reads the data (its token pages or examples, proven); a roots witness
+  // is the served commit and the trace's roots.
+  static const engine::TaskData kNoData;
+  std::shared_ptr<const engine::TaskData> data;
+  if (t.tile) {
+    ML_ASSIGN_OR_RETURN(data, ctx->Data());
+  }
+  Result<ledger::RefereeTileTx> tx =
+      BuildStageTileTx(e.ctx, t, *e.stage, data ? *data : kNoData, c.task_id, c.index, e.bundle,
+                       &ctx->token_pages, &ctx->data_tree);
   if (!tx.ok()) {
     if (!outbox_->Failed(action)) {
       node_->Log(CheckName(c) + ": no witness for the stage's step " +
@@ -674,8 +742,19 @@ Status Disputes::TraceStage(const CheckAssignment& c, TaskContext* ctx, uint64_t
   // A stage unit's check has one leaf per step after its start (protocol::StageCheckLeaves): the
   // game's step s is the stage's step s - 1.
   if (step == 0) return FailedPrecondition("the game's step 0 is the stage's start, not a step");
-  std::shared_ptr<const engine::TaskData> data;
-  ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
+  // The step's batch is drawn and the task's data dropped before the replay, as a verifier's check
+  // does (CheckStageSteps): a trace holds the stage's state and activations, not the corpus.
+  const DisputeDataDrop drop_data{ctx};
+  std::map<uint64_t, engine::Batch> batches;
+  StageCheckInput in;
+  {
+    std::shared_ptr<const engine::TaskData> data;
+    ML_ASSIGN_OR_RETURN(in, StageInputOf(c, ctx, &data));
+    batches.emplace(step - 1, StageStepBatch(in, step - 1));
+    in.batches = &batches;
+    in.data = nullptr;
+  }
+  ctx->ReleaseStageData();
   // A step the stage served on chain is traced from its pieces there, by every party: what the
   // stage node serves over the data plane may be nothing.
   ML_ASSIGN_OR_RETURN(in.on_chain, OnChainStepOf(c, ctx, in, step));
@@ -708,7 +787,7 @@ Status Disputes::KeepStageValues(const CheckAssignment& c, const std::string& ke
   ML_ASSIGN_OR_RETURN(TaskContext * task, node_->GetTask(c.task_id));
   ML_RETURN_IF_ERROR(TraceStage(c, task, step, &e, /*keep_values=*/true));
   node_->Log(CheckName(c) + ": stage dispute at step " + std::to_string(step - 1) +
-             ": traced it again, keeping its operators' values for the tile phase");
+             ": traced it again, keeping its operators' values for this move of the tile phase");
   return Status::Ok();
 }
 
@@ -731,6 +810,7 @@ Status Disputes::RunStageStepWitness(const CheckAssignment& c, TaskContext* ctx,
   }
   if (!d.has_referee || !d.referee.whole_step || d.referee.step == 0) return Status::Ok();
   ML_ASSIGN_OR_RETURN(Bytes bundle, node_->FetchBlob(ctx->info.spec_hash, {}, ""));
+  const DisputeDataDrop drop_data{ctx};
   std::shared_ptr<const engine::TaskData> data;
   ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
   Result<ledger::RefereeStageStepTx> tx =
@@ -766,6 +846,7 @@ Status Disputes::RunStageServeEvidence(const CheckAssignment& c, TaskContext* ct
   bool waiting = false;
   for (uint32_t p = 0; p < pieces && !waiting; ++p) waiting = !outbox_->Done(action_of(p));
   if (!waiting) return Status::Ok();
+  const DisputeDataDrop drop_data{ctx};
   std::shared_ptr<const engine::TaskData> data;
   ML_ASSIGN_OR_RETURN(StageCheckInput in, StageInputOf(c, ctx, &data));
   Result<std::vector<ledger::ServeStageEvidenceTx>> txs =

@@ -90,6 +90,10 @@ class Disputes {
   Status RunServedRecheck(const CheckAssignment& c);
   // The check of `dir` is over.
   void Forget(const std::string& dir);
+  // What the traces of pipeline stage steps hold of their operators' values now: 0 between jobs
+  // (a move or a witness that reads them traces the step again, a stage replay, and drops them
+  // once sent), so that none sits beside the node's next stage unit (AgentStats::stage_held_bytes).
+  uint64_t StageValueBytes() const;
 
  private:
   // The disputed step as this node claims it (a cheating defender: its own update),
@@ -104,6 +108,13 @@ class Disputes {
   };
   // Phases 2-4: the move for the current query, from the traced step.
   void PostTileMove(const CheckAssignment& c);
+  // The outbox action of the move answering the current query of a tile-phase dispute.
+  VerifyAction TileMoveAction(const CheckAssignment& c) const;
+  // The current query's move is still to send and needs the operators' values of a stage step
+  // that `e` does not hold (phases 3-4): it waits for a trace job (RunTrace).
+  bool WaitsForValues(const CheckAssignment& c, const TraceEntry& e) const;
+  // A stage step's trace keeps its roots and drops its operators' values.
+  void DropStageValues(TraceEntry* e);
   // The referee stage at one tile: the witness (RefereeTile).
   Status RunTileWitness(const CheckAssignment& c);
   // A pipeline stage's disputed step (the tile phase over the stage's plan) traced from what the
@@ -113,12 +124,14 @@ class Disputes {
   Status TraceStage(const CheckAssignment& c, TaskContext* ctx, uint64_t step, TraceEntry* entry,
                     bool keep_values);
   // A stage's step is traced first without values (the operator phase and a roots witness read
-  // only the roots); once the game needs a tile's (phases 3-4, a tile witness), the traced entry
-  // `key` of game step `step` is traced again, keeping them. Nothing for a unit's step.
+  // only the roots); each move or witness that needs a tile's (phases 3-4, a tile witness) traces
+  // the entry `key` of game step `step` again, keeping them, in a job (Play queues it), and drops
+  // them once sent (DropStageValues). Nothing for a unit's step.
   Status KeepStageValues(const CheckAssignment& c, const std::string& key, uint64_t step);
   // The referee stage of a stage dispute: RefereeTile from the traced step `e` (a tile's
-  // witness, or the served commit's roots), sent once under `action`.
-  Status PostStageTile(const CheckAssignment& c, const TraceEntry& e, const engine::TaskData& data,
+  // witness, its footprint's batch read from the task's data in `ctx`; or the served commit's
+  // roots, which read no data), sent once under `action`.
+  Status PostStageTile(const CheckAssignment& c, const TraceEntry& e, TaskContext* ctx,
                        const VerifyAction& action);
   // What a stage unit's step is judged from (node/stage_check.h): the task, its data (kept alive
   // in `*data`; none read when `data` is null), the disputed run's chain and the stage node's

@@ -146,6 +146,22 @@ void TaskContext::ReleaseData() {
   if (!data_tree && !token_pages) data_.reset();
 }
 
+void TaskContext::ReleaseStageData() {
+  if (bundle.net.stages <= 1 || trainer_) return;
+  token_pages.reset();
+  data_tree.reset();
+  ReleaseData();
+}
+
+uint64_t TaskContext::DataBytes() const {
+  if (!data_) return 0;
+  const engine::TaskData& d = *data_;
+  return (d.train_tokens.tokens.size() + d.val_tokens.tokens.size() + d.train.y.size() +
+          d.test.y.size()) *
+             sizeof(int32_t) +
+         static_cast<uint64_t>(d.train.x.size() + d.test.x.size()) * sizeof(float);
+}
+
 Result<engine::Trainer*> TaskContext::Trainer() {
   if (!trainer_) {
     ML_ASSIGN_OR_RETURN(std::shared_ptr<const engine::TaskData> data, Data());
@@ -167,6 +183,14 @@ Result<engine::Evaluator*> TaskContext::Evaluator() {
     }
   }
   return evaluator_.get();
+}
+
+uint64_t NodeContext::StageDataBytes() const {
+  uint64_t bytes = 0;
+  for (const auto& [id, ctx] : tasks_) {
+    if (ctx->bundle.net.stages > 1 && !ctx->has_trainer()) bytes += ctx->DataBytes();
+  }
+  return bytes;
 }
 
 Result<TaskContext*> NodeContext::GetTask(const Hash256& task_id) {

@@ -72,6 +72,13 @@ struct TaskContext {
   // facts, a stage unit for its batches: tens of MB for a text corpus that a middle stage never
   // reads). The trainer keeps its own reference.
   void ReleaseData();
+  // A pipeline task's stage node (no whole-model trainer) after a verification job: drops the
+  // proof trees a witness built (token_pages, data_tree: they read the data in place) and the
+  // data. A dispute's job reads the data for a step's batch or proofs, and what it kept would sit
+  // beside the node's next stage unit (NodeContext::StageDataBytes). Nothing otherwise.
+  void ReleaseStageData();
+  // The bytes of the data held now (its examples or tokens; 0 when none is).
+  uint64_t DataBytes() const;
 
   // Counts the trainers built (AgentStats::whole_models_built) and logs each; set by
   // NodeContext::GetTask. `env` reads the task's files (Data).
@@ -131,6 +138,10 @@ class NodeContext {
   bool Refused(const Hash256& task_id) const { return refused_.count(task_id) > 0; }
   // Drops a closed task's context (pin_keeper.h).
   void ForgetTask(const Hash256& task_id) { tasks_.erase(task_id); }
+  // What the loaded pipeline tasks whose whole model this node never built hold of their data
+  // (TaskContext::DataBytes): a stage node reads it for a job and drops it, so what is held
+  // between ticks would sit beside the next stage unit (AgentStats::stage_held_bytes).
+  uint64_t StageDataBytes() const;
 
   // The blob's bytes, fetched first from `preferred`, then from every registered node. With a
   // non-empty `reason` the blob is pinned for it (PinBook).

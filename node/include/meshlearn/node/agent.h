@@ -268,6 +268,13 @@ struct AgentStats {
   // evaluates with the weights alone: TaskContext::Evaluator).
   uint64_t whole_model_moments_bytes = 0;
   uint64_t whole_model_gradient_bytes = 0;
+  // The most this node held between two ticks, of a pipeline task whose whole model it never
+  // built, beyond its stage units: the task's data (a text corpus, tens of MB that no stage need
+  // counts) and a stage dispute trace's operator values (several times the stage's state). A
+  // verification job reads either and drops it before it ends (TaskContext::ReleaseStageData,
+  // Disputes::StageValueBytes): held between ticks, it would sit beside the stage unit a tick
+  // may start. 0 is the rule (PipelineNetworkTest).
+  uint64_t stage_held_bytes = 0;
   uint64_t units_resumed = 0;  // continued from a checkpoint
   uint64_t units_paused = 0;   // paused at a checkpoint for a verification replay
   uint64_t units_refused = 0;  // did not fit in memory (each Tick that refused one)
