@@ -748,6 +748,67 @@ int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
   return TileRuleTilePlanes(o.conv[0], H, W) * tiles * kTile;
 }
 
+// The floats of values footprint `fp` of block `block` of tile `tile` of operator `op` names: its
+// tiles, the examples it reads (by the chunks it reads where chunked) and the partial.
+int64_t TileRuleFootprintFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
+                                const TileFootprint& fp) {
+  int64_t floats = ReductionPartialFloats(plan, op, tile, block);
+  for (const TileRef& r : fp.tiles) {
+    floats += plan.ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
+  }
+  int64_t example = plan.input_size;
+  if (ExampleChunks(plan.input_size) > 0) {
+    example = 0;
+    for (int64_t k : fp.batch_chunks) {
+      example += std::min(plan.input_size, (k + 1) * kExampleChunkFloats) - k * kExampleChunkFloats;
+    }
+  }
+  return floats + static_cast<int64_t>(fp.batch_rows.size()) * example;
+}
+// The blocks of a tile row a max-pool's footprints are read exactly over, past which its
+// arithmetic bound rules alone.
+constexpr int64_t kTileWindowCheckTiles = 1 << 14;
+// Refuses a plan with a max-pool (forward or input gradient) whose blocks could read more than
+// kTileWitnessValueFloats: past TileRuleWindowBlockFloats's arithmetic (at the worst alignment),
+// every block of its first tile row is read exactly (every tile row reads the same columns, the
+// last one fewer rows), up to kTileWindowCheckTiles blocks; past that the arithmetic refuses.
+Status TileRuleCheckWindowBlocks(const TilePlan& plan) {
+  for (int64_t j = 0; j < static_cast<int64_t>(plan.ops.size()); ++j) {
+    const TileOp& o = plan.ops[static_cast<size_t>(j)];
+    if (o.kind != TileOpKind::kTileOpMaxPool && o.kind != TileOpKind::kTileOpMaxPoolInputGrad) {
+      continue;
+    }
+    int64_t floats = TileRuleWindowBlockFloats(plan, o);
+    if (floats <= kTileWitnessValueFloats) continue;
+    const int64_t blocks = std::max<int64_t>(ReductionBlocks(plan, j), 1);
+    if (o.grid.col_tiles() * blocks <= kTileWindowCheckTiles) {
+      floats = 0;
+      for (int64_t t = 0; t < o.grid.col_tiles(); ++t) {
+        for (int64_t b = 0; b < blocks; ++b) {
+          ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, b));
+          floats = std::max(floats, TileRuleFootprintFloats(plan, j, t, b, fp));
+        }
+      }
+      if (floats <= kTileWitnessValueFloats) continue;
+    }
+    // "layers.<i>.out" or "layers.<i>.in.grad" (after a micro-batch's prefix).
+    const size_t at = o.name.find("layers.");
+    const std::string layer = o.name.substr(at, o.name.find('.', at + 7) - at);
+    const auto n = [](int64_t v) { return std::to_string(v); };
+    return FailedPrecondition(
+        "tile rule: model." + layer.substr(0, 6) + "[" + layer.substr(7) + "] (maxpool2d, a " +
+        n(o.conv[4]) + " x " + n(o.conv[4]) + " window of stride " + n(o.conv[6]) + " over " +
+        n(o.conv[0]) + " x " + n(o.conv[1]) + " x " + n(o.conv[2]) + "): a block of its " +
+        (o.kind == TileOpKind::kTileOpMaxPool ? "output" : "input gradient") + " can read " +
+        n(4 * floats / 1024) + " KiB of values, past the " + n(4 * kTileWitnessValueFloats / 1024) +
+        " KiB a tile witness carries under its 256 KiB bound, so the ledger could not rule it; "
+        "the tile plan cuts a max-pool's output down to one output's window, but its input "
+        "gradient reads whole windows (docs/verification.md, \"The witness bound\"): use a "
+        "smaller window or stride");
+  }
+  return Status::Ok();
+}
+
 // The gradients of a windowed operator: the output rows [oh0, oh1) whose windows (KH rows from
 // oh * s - pad) reach input rows [h0, h1), the only outputs whose gradient flows into them.
 std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int64_t h1) {
@@ -1643,28 +1704,6 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
         const int64_t s = l.stride > 0 ? l.stride : l.kernel;
         op.kind = TileOpKind::kTileOpMaxPool;
         op.conv = {cur[0], cur[1], cur[2], cur[0], l.kernel, l.kernel, s, 0};
-        if (held) {
-          // Every block of its tiles and of its input gradient's (none for the model's first
-          // layer) must leave room for the proofs under the 256 KiB witness bound.
-          TileOp grad = op;
-          grad.kind = TileOpKind::kTileOpMaxPoolInputGrad;
-          for (const TileOp* w : {&op, &grad}) {
-            if (w == &grad && i == 0) continue;
-            const int64_t floats = TileRuleWindowBlockFloats(plan, *w);
-            if (floats <= kTileWitnessValueFloats) continue;
-            const auto n = [](int64_t v) { return std::to_string(v); };
-            return FailedPrecondition(
-                "tile rule: model.layers[" + n(static_cast<int64_t>(i)) + "] (maxpool2d, a " +
-                n(l.kernel) + " x " + n(l.kernel) + " window of stride " + n(s) + " over " +
-                n(cur[0]) + " x " + n(cur[1]) + " x " + n(cur[2]) + "): a block of its " +
-                (w == &op ? "output" : "input gradient") + " can read " + n(4 * floats / 1024) +
-                " KiB of values, past the " + n(4 * kTileWitnessValueFloats / 1024) +
-                " KiB a tile witness carries under its 256 KiB bound, so the ledger could not "
-                "rule it; the tile plan cuts a max-pool's output down to one output's window, "
-                "but its input gradient reads whole windows (docs/verification.md, \"The witness "
-                "bound\"): use a smaller window or stride");
-          }
-        }
         cur = {cur[0], (cur[1] - l.kernel) / s + 1, (cur[2] - l.kernel) / s + 1};
       } else {
         return FailedPrecondition("tile rule: model.layers[" + std::to_string(i) + "] is a '" +
@@ -1774,6 +1813,7 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
   }
   end_micro_batches();
   add_updates();
+  ML_RETURN_IF_ERROR(TileRuleCheckWindowBlocks(plan));
   return plan;
 }
 
