@@ -407,7 +407,7 @@ constexpr int64_t kTileConvRowsFloats = 40 * kTileRows * kTileCols;
 // The values a tile witness may carry: 240 KiB, the rest of the 256 KiB bound left for its proofs
 // (the tests' ExpectUnderTheBound). A max-pool over narrow images reads whole rows up to it (the
 // fashion CNN's first pool, a tile across two 28 x 28 planes: 196 KiB), and the tile plan refuses
-// a windowed layer whose smallest block would read more (TileRuleWindowBlockFloats).
+// a max-pool whose blocks would read more (TileRuleCheckWindowBlocks).
 constexpr int64_t kTileWitnessValueFloats = 60 * kTileRows * kTileCols;
 // The rows a tile of a (B, planes x PH x PW) view touches: one plane's rows a run of kTileCols
 // columns crosses, or (a tile across two planes) all of them.
@@ -444,7 +444,13 @@ bool TileRuleConvRowsOver(const TileOp& o) {
   const int64_t n = std::min(kTileConvChannels, forward ? o.conv[0] : o.conv[3]);
   const int64_t read = forward ? std::min(H, (rows(OH, OW) - 1) * s + KH) * W
                                : std::min(OH, (rows(H, W) + KH - 2) / s + 1) * OW;
-  return n * kTileRows * read > kTileConvRowsFloats;
+  // And the weight's columns of its block's channels (forward) or its tile's planes (the input
+  // gradient), in tiles of min(OC, 32) rows: with a large kernel over small images (a 16 x 16 one
+  // to 32 channels over 4 x 16 x 16: 4 x 32 x 256 floats of rows and as many of weight, 256 KiB)
+  // they pass the bound together. The fashion CNN's convs read 400 and 3,200 floats of weight.
+  const int64_t weight = std::min(o.conv[3], kTileRows) * KH * o.conv[5] *
+                         (forward ? n : TileRuleTilePlanes(o.conv[0], H, W));
+  return n * kTileRows * read + weight > kTileConvRowsFloats;
 }
 // A first layer's conv2d over chunked examples (more than kExampleChunkFloats floats: a 3 x 32 x 32
 // image and larger, step_replay.h) would read every chunk of its tile's 32 examples when recomputed
@@ -561,7 +567,8 @@ int64_t TileRuleWindowRunWidth(int64_t s, int64_t KW, int64_t tiles = kTileWindo
 // over 600-wide rows: 16-output segments, one a piece, where the whole tile read 76 tiles). Up to
 // a 4 x 4 window of stride 4 (every shape a model or test used before) a tile is one piece (at
 // most 40 tiles: 2 runs of 4 rows of 5 tiles, or narrower runs of 2). Past k = 20 even
-// one output's window (two tiles a row) passes 40 tiles: such a window is not cut further.
+// one output's window (two tiles a row) passes 40 tiles: such a window's piece is one output (up
+// to 60 tiles at k = 29; past that the plan refuses it: TileRuleCheckWindowBlocks).
 // The most chunks of an example one segment of a first layer's max-pool reads: its window's k
 // rows, (k - 1) W + cols floats from its first, in one chunk where a plane lies in one, or where
 // the windows' rows are aligned blocks of a chunk (3 x 64 x 64 at 2 x 2: rows 2 oh and 2 oh + 1,
@@ -603,11 +610,9 @@ TileRuleConvPieces TileRuleConvPiecesOf(const TileOp& o) {
   const int64_t tiles = (cols - 1 + kTileCols - 1) / kTileCols + 1;
   int64_t per = runs;
   if (TileRuleConvOverChunks(o) && pool) {
-    // A max-pool's segment reads its window's k rows, (k - 1) W + cols floats from its first: one
-    // chunk where a plane lies in one, or where the windows' rows are aligned pairs of a chunk
-    // (3 x 64 x 64 at 2 x 2: rows 2 oh and 2 oh + 1, 128 floats); else as many as that span
-    // crosses. A piece is one segment, of as many of its examples (a power of two) as leave its
-    // chunks within kTileWindowTiles of theirs (16 where a segment reads two chunks).
+    // A first layer's max-pool: a piece is one segment (TileRulePoolSegmentChunks of each of its
+    // examples), of as many of its examples (a power of two) as keep their chunks within
+    // kTileWindowTiles (16 where a segment reads two chunks).
     per = 1;
     const int64_t chunks = TileRulePoolSegmentChunks(o, cols);
     while (kTileRows / p.row_parts * chunks > kTileWindowTiles && p.row_parts < kTileRows) {

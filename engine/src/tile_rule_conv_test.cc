@@ -1061,7 +1061,8 @@ TEST(TileRuleConvTest, AMaxPoolPastTheWitnessBoundIsRefusedNamingTheLayer) {
 // its input gradient recomputes to the traced bits, every block under the bound; over the kernels
 // the engine takes (24, 40 and 64) to 32 and 64 channels, narrow and wide images, strides 1 and 16,
 // and over unchunked examples (a 32 x 32 kernel over 1 x 32 x 32: the examples and 32 x 1,024
-// floats of weight, 256 KiB, read whole before), every block is under the bound.
+// floats of weight, 256 KiB, read whole before), every block is under the bound, and over 4 x 16 x
+// 16 (a 16 x 16 kernel: its rows and its block's weight, 256 KiB whole) too.
 TEST(TileRuleConvTest, AConvWithALargeKernelReadsItsPairsWeightColumnsBitForBit) {
   const auto conv = [](int64_t kernel, int64_t out, int64_t stride) {
     return "[[model.layers]]\nkind = \"conv2d\"\nout = " + std::to_string(out) +
@@ -1084,13 +1085,18 @@ TEST(TileRuleConvTest, AConvWithALargeKernelReadsItsPairsWeightColumnsBitForBit)
   struct Case {
     int64_t k, out, stride;
     bool wide;
+    int64_t C = 2, pad = 2;  // pad: the image is k + pad x stride rows high
   };
   int planned = 0;
-  for (const Case& c : {Case{24, 32, 1, false}, Case{24, 64, 16, true}, Case{40, 32, 1, false},
-                        Case{40, 64, 16, false}, Case{40, 32, 16, true}, Case{64, 32, 1, false},
-                        Case{64, 64, 16, false}, Case{64, 32, 16, true}}) {
-    const int64_t H = c.k + 2 * c.stride, W = c.wide ? H + 40 : H;
-    const std::string shape = "2, " + std::to_string(H) + ", " + std::to_string(W);
+  // The last: a 16 x 16 kernel to 32 channels over 4 x 16 x 16, its rows (128 KiB) and 8 tiles of
+  // weight a channel of its block's 4 (128 KiB) read whole before.
+  for (const Case& c :
+       {Case{24, 32, 1, false}, Case{24, 64, 16, true}, Case{40, 32, 1, false},
+        Case{40, 64, 16, false}, Case{40, 32, 16, true}, Case{64, 32, 1, false},
+        Case{64, 64, 16, false}, Case{64, 32, 16, true}, Case{16, 32, 1, false, 4, 0}}) {
+    const int64_t H = c.k + c.pad * c.stride, W = c.wide ? H + 40 : H;
+    const std::string shape =
+        std::to_string(c.C) + ", " + std::to_string(H) + ", " + std::to_string(W);
     Result<TaskSpec> spec =
         SyntheticTask("tile-conv-sweep", 19, shape,
                       "[[model.layers]]\nkind = \"relu\"\n" + conv(c.k, c.out, c.stride), 32);
