@@ -20,6 +20,7 @@
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/safetensors.h"
+#include "meshlearn/engine/tile_rule.h"
 #include "meshlearn/ledger/genesis.h"
 #include "meshlearn/ledger/tx.h"
 #include "meshlearn/net/blob_service.h"
@@ -99,6 +100,14 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   }
   ML_ASSIGN_OR_RETURN(t.task, engine::TaskSpec::Load(env, path));
   ML_ASSIGN_OR_RETURN(t.trainer, engine::Trainer::Create(env, t.task));
+  // Exact mode: the ledger rules a dispute at one tile of one operator of the step's tile plan
+  // (docs/verification.md), so a model whose plan it would refuse (a layer with a block past the
+  // 256 KiB witness bound) is refused here, naming the layer, not after its first dispute.
+  if (!t.net.tolerance_mode) {
+    Result<engine::TilePlan> plan = engine::PlanStepTiles(
+        t.task.model, t.task.optimizer, t.task.batch_size, t.task.seq_len, t.task.micro_batches);
+    if (!plan.ok()) return plan.status().WithPrefix(path);
+  }
   t.facts = node::ComputeTaskFacts(*t.trainer, t.net);
   // The one derivation of the ledger's params from the file (initial_state: StoreTaskBlobs). It
   // carries data_root, the Merkle root over the training examples (a token task's: over its

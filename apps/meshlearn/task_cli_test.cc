@@ -169,6 +169,47 @@ TEST(TaskCli, DryRunRunsTheLedgersChecksAndDefaultsCheckpointInterval) {
   EXPECT_TRUE(Has(longer.out, "at most 64 hex digits")) << longer.out;
 }
 
+// Issue 16: the ledger rules an exact-mode task's disputes at one tile of one operator, from a
+// witness of at most 256 KiB; a model whose tile plan cannot keep a block under it (a max-pool
+// whose input gradient reads whole 16 x 16 windows of stride 1 over 4 x 64 x 64) is refused at
+// submission, naming the layer and the limit, not after its first dispute.
+TEST(TaskCli, DryRunRefusesAModelWhoseTilesTheLedgerCouldNotRule) {
+  if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  const std::string dir = TempDir();
+  const std::string file = TinyTask(dir, "", "", "pool.toml");
+  std::string text = ReadText(file);
+  const size_t from = text.find("[model]"), to = text.find("[optimizer]");
+  ASSERT_NE(from, std::string::npos);
+  text.replace(from, to - from, R"([model]
+input = [1, 28, 28]
+[[model.layers]]
+kind = "conv2d"
+out = 4
+kernel = 5
+pad = 20
+[[model.layers]]
+kind = "relu"
+[[model.layers]]
+kind = "maxpool2d"
+kernel = 16
+stride = 1
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 10
+
+)");
+  std::ofstream(file) << text;
+  CmdResult r = Meshlearn("task submit " + file + " --dry-run --rpc http://127.0.0.1:9", dir);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Has(r.out, "model.layers[2] (maxpool2d, a 16 x 16 window of stride 1 over 4 x 64 x "
+                         "64): a block of its input gradient can read"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "past the 240 KiB a tile witness carries under its 256 KiB bound"))
+      << r.out;
+}
+
 TEST(TaskCli, DevnetTaskReadsTheSameInEveryCommand) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";
   const std::string base = TempDir();

@@ -404,21 +404,53 @@ constexpr int64_t kTileConvWideRows = 4;
 // (160 KiB of values; the fashion CNN's second conv reads 98 KiB) such a conv reads its windows'
 // columns as over a wide image.
 constexpr int64_t kTileConvRowsFloats = 40 * kTileRows * kTileCols;
+// The values a tile witness may carry: 240 KiB, the rest of the 256 KiB bound left for its proofs
+// (the tests' ExpectUnderTheBound). A max-pool over narrow images reads whole rows up to it (the
+// fashion CNN's first pool, a tile across two 28 x 28 planes: 196 KiB), and the tile plan refuses
+// a max-pool whose blocks would read more (TileRuleCheckWindowBlocks).
+constexpr int64_t kTileWitnessValueFloats = 60 * kTileRows * kTileCols;
+// The rows a tile of a (B, planes x PH x PW) view touches: one plane's rows a run of kTileCols
+// columns crosses, or (a tile across two planes) all of them.
+int64_t TileRuleTileRows(int64_t PH, int64_t PW) {
+  if ((PH * PW) % kTileCols != 0) return PH;
+  return std::min(PH, (kTileCols - 1 + PW - 1) / PW + 1);
+}
+// The most planes of PH x PW a tile's kTileCols columns span.
+int64_t TileRuleTilePlanes(int64_t planes, int64_t PH, int64_t PW) {
+  const int64_t P = PH * PW;
+  return std::min(
+      planes, P % kTileCols == 0 ? std::max<int64_t>(1, kTileCols / P) : (kTileCols - 2) / P + 2);
+}
+// The tiles a max-pool forward tile over narrow images reads whole: its rows of every plane it
+// spans (every row of them where it spans two), at most two tiles more a plane than their floats.
+int64_t TileRulePoolRowsTiles(const TileOp& o) {
+  const int64_t H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
+  const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+  const int64_t floats = std::min(H, (TileRuleTileRows(OH, OW) - 1) * s + k) * W;
+  return TileRuleTilePlanes(o.conv[0], OH, OW) * ((floats + kTileCols - 2) / kTileCols + 1);
+}
 bool TileRuleConvRowsOver(const TileOp& o) {
+  // A max-pool tile over narrow images read, past kTileWitnessValueFloats (4 x 32 x 2 x 400 x 30
+  // bytes over two 400 x 30 planes: 3 MiB), reads its windows' columns as over a wide image; the
+  // fashion CNN's pools read whole rows (its first, a tile across two 28 x 28 planes: 52 tiles).
+  if (o.kind == TileOpKind::kTileOpMaxPool) {
+    return TileRulePoolRowsTiles(o) * kTileRows * kTileCols > kTileWitnessValueFloats;
+  }
   if (o.kind != TileOpKind::kTileOpConv && o.kind != TileOpKind::kTileOpConvInputGrad) return false;
-  const bool forward = o.kind == TileOpKind::kTileOpConv;
-  // The rows a tile of the (B, planes x PH x PW) view it computes touches: one plane's rows a
-  // run of kTileCols columns crosses, or (a tile across two planes) all of them.
-  const auto rows = [](int64_t PH, int64_t PW) {
-    if ((PH * PW) % kTileCols != 0) return PH;
-    return std::min(PH, (kTileCols - 1 + PW - 1) / PW + 1);
-  };
+  const auto rows = TileRuleTileRows;
   const int64_t H = o.conv[1], W = o.conv[2], KH = o.conv[4], s = o.conv[6];
   const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+  const bool forward = o.kind == TileOpKind::kTileOpConv;
   const int64_t n = std::min(kTileConvChannels, forward ? o.conv[0] : o.conv[3]);
   const int64_t read = forward ? std::min(H, (rows(OH, OW) - 1) * s + KH) * W
                                : std::min(OH, (rows(H, W) + KH - 2) / s + 1) * OW;
-  return n * kTileRows * read > kTileConvRowsFloats;
+  // And the weight's columns of its block's channels (forward) or its tile's planes (the input
+  // gradient), in tiles of min(OC, 32) rows: with a large kernel over small images (a 16 x 16 one
+  // to 32 channels over 4 x 16 x 16: 4 x 32 x 256 floats of rows and as many of weight, 256 KiB)
+  // they pass the bound together. The fashion CNN's convs read 400 and 3,200 floats of weight.
+  const int64_t weight = std::min(o.conv[3], kTileRows) * KH * o.conv[5] *
+                         (forward ? n : TileRuleTilePlanes(o.conv[0], H, W));
+  return n * kTileRows * read + weight > kTileConvRowsFloats;
 }
 // A first layer's conv2d over chunked examples (more than kExampleChunkFloats floats: a 3 x 32 x 32
 // image and larger, step_replay.h) would read every chunk of its tile's 32 examples when recomputed
@@ -429,13 +461,37 @@ bool TileRuleConvRowsOver(const TileOp& o) {
 // chunk, so every block reads one, whatever the kernel; over larger planes a tile whose runs' rows
 // straddle a chunk boundary (outputs not a multiple of 32 wide) reads two. Unchunked examples (the
 // fashion CNN's 784 floats) are still read whole, as they always were.
+// A first layer's max-pool over chunked examples likewise read every chunk of its rows (a tile
+// across two 40 x 40 planes of 3 x 40 x 40 examples: four chunks of 32 examples, 512 KiB), and
+// reads its windows' columns too, in pieces (TileRuleConvPiecesOf).
 bool TileRuleConvOverChunks(const TileOp& o) {
-  return o.kind == TileOpKind::kTileOpConv && o.x == kTileOperandBatch &&
-         ExampleChunks(o.conv[0] * o.conv[1] * o.conv[2]) > 0;
+  return (o.kind == TileOpKind::kTileOpConv || o.kind == TileOpKind::kTileOpMaxPool) &&
+         o.x == kTileOperandBatch && ExampleChunks(o.conv[0] * o.conv[1] * o.conv[2]) > 0;
+}
+// A conv2d forward or input-gradient block read the weight's rows of its tile's output channels
+// (the forward) or of its block's (the input gradient) in every (c, kh, kw) column of the block's
+// channels: min(OC, 32) x KH x KW floats a channel, 288 KiB at a 48 x 48 kernel to 32 channels,
+// past the bound with nothing else. Past kTileConvWeightWholeFloats (every kernel a model or test
+// used before reads less: the 33 x 33 one to 4 channels 4,356 floats) a block reads only its
+// pairs' (c, kh) (or (oc, kh)) KW weight columns, and such a conv is narrowed as over wide images,
+// its pairs' weight tiles counted in a block's (TileRuleConvWidePairs); over the examples (whole
+// where unchunked) one pair a block.
+constexpr int64_t kTileConvWeightWholeFloats = 8 * kTileRows * kTileCols;
+bool TileRuleConvWeightByPairs(const TileOp& o) {
+  if (o.kind != TileOpKind::kTileOpConv && o.kind != TileOpKind::kTileOpConvInputGrad) return false;
+  return std::min(o.conv[3], kTileRows) * o.conv[4] * o.conv[5] > kTileConvWeightWholeFloats;
+}
+// The weight tiles one pair of such a block reads at most: KW columns (at the worst alignment) of
+// the forward tile's output channels (up to two tile rows), or of one output channel in each input
+// plane the input-gradient tile spans.
+int64_t TileRuleConvPairWeightTiles(const TileOp& o) {
+  const int64_t cols = (o.conv[5] + kTileCols - 2) / kTileCols + 1;
+  if (o.kind == TileOpKind::kTileOpConv) return 2 * cols;
+  return TileRuleTilePlanes(o.conv[0], o.conv[1], o.conv[2]) * cols;
 }
 bool TileRuleWindowWide(const TileOp& o) {
-  if (o.x == kTileOperandBatch) return TileRuleConvOverChunks(o);
-  return o.conv[2] > kTileConvWholeWidth || TileRuleConvRowsOver(o);
+  if (o.x == kTileOperandBatch) return TileRuleConvOverChunks(o) || TileRuleConvWeightByPairs(o);
+  return o.conv[2] > kTileConvWholeWidth || TileRuleConvRowsOver(o) || TileRuleConvWeightByPairs(o);
 }
 // A wide conv2d block's pairs each read, per output (or input) row run of its tile, one row's
 // window columns: kTileConvWideRows pairs a block, fewer where they would read more than
@@ -443,7 +499,7 @@ bool TileRuleWindowWide(const TileOp& o) {
 // rows), at least one. Over the wide images every model and test used before (3 x 3 at stride 1,
 // 5 x 5 at stride 2) it is kTileConvWideRows.
 int64_t TileRuleConvWidePairs(const TileOp& o) {
-  if (TileRuleConvOverChunks(o)) return 1;
+  if (TileRuleConvOverChunks(o) || o.x == kTileOperandBatch) return 1;
   const bool forward = o.kind == TileOpKind::kTileOpConv;
   const int64_t W = o.conv[2], KW = o.conv[5], s = o.conv[6], OW = TileRuleOutW(o);
   const int64_t PW = forward ? OW : W;  // the tile's row runs
@@ -451,7 +507,8 @@ int64_t TileRuleConvWidePairs(const TileOp& o) {
   const int64_t width = std::min(PW, kTileCols);
   const int64_t cols =
       forward ? std::min(W, (width - 1) * s + KW) : std::min(OW, (width + KW - 2) / s + 1);
-  const int64_t tiles = runs * ((cols - 1 + kTileCols - 1) / kTileCols + 1);
+  int64_t tiles = runs * ((cols - 1 + kTileCols - 1) / kTileCols + 1);
+  if (TileRuleConvWeightByPairs(o)) tiles += TileRuleConvPairWeightTiles(o);
   return std::clamp<int64_t>(kTileConvRowsFloats / (kTileRows * kTileCols) / tiles, 1,
                              kTileConvWideRows);
 }
@@ -510,7 +567,19 @@ int64_t TileRuleWindowRunWidth(int64_t s, int64_t KW, int64_t tiles = kTileWindo
 // over 600-wide rows: 16-output segments, one a piece, where the whole tile read 76 tiles). Up to
 // a 4 x 4 window of stride 4 (every shape a model or test used before) a tile is one piece (at
 // most 40 tiles: 2 runs of 4 rows of 5 tiles, or narrower runs of 2). Past k = 20 even
-// one output's window (two tiles a row) passes 40 tiles: such a window is not cut further.
+// one output's window (two tiles a row) passes 40 tiles: such a window's piece is one output (up
+// to 60 tiles at k = 29; past that the plan refuses it: TileRuleCheckWindowBlocks).
+// The most chunks of an example one segment of a first layer's max-pool reads: its window's k
+// rows, (k - 1) W + cols floats from its first, in one chunk where a plane lies in one, or where
+// the windows' rows are aligned blocks of a chunk (3 x 64 x 64 at 2 x 2: rows 2 oh and 2 oh + 1,
+// 128 floats); else as many as that span can cross.
+int64_t TileRulePoolSegmentChunks(const TileOp& o, int64_t cols) {
+  const int64_t H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
+  const bool aligned =
+      (H * W) % kExampleChunkFloats == 0 && kExampleChunkFloats % (s * W) == 0 && k <= s;
+  if (kExampleChunkFloats % (H * W) == 0 || aligned) return 1;
+  return ((k - 1) * W + cols + kExampleChunkFloats - 2) / kExampleChunkFloats + 1;
+}
 struct TileRuleConvPieces {
   int64_t runs = kTileCols;   // segments a piece; kTileCols: every segment of the tile
   int64_t run_groups = 1;     // the pieces over a tile's segments
@@ -540,7 +609,16 @@ TileRuleConvPieces TileRuleConvPiecesOf(const TileOp& o) {
   const int64_t cols = std::min(W, (std::min({OW, kTileCols, p.width}) - 1) * s + KW);
   const int64_t tiles = (cols - 1 + kTileCols - 1) / kTileCols + 1;
   int64_t per = runs;
-  if (TileRuleConvOverChunks(o)) {
+  if (TileRuleConvOverChunks(o) && pool) {
+    // A first layer's max-pool: a piece is one segment (TileRulePoolSegmentChunks of each of its
+    // examples), of as many of its examples (a power of two) as keep their chunks within
+    // kTileWindowTiles (16 where a segment reads two chunks).
+    per = 1;
+    const int64_t chunks = TileRulePoolSegmentChunks(o, cols);
+    while (kTileRows / p.row_parts * chunks > kTileWindowTiles && p.row_parts < kTileRows) {
+      p.row_parts *= 2;
+    }
+  } else if (TileRuleConvOverChunks(o)) {
     if (kExampleChunkFloats % (H * W) != 0 || p.width < OW) per = 1;
     if (kExampleChunkFloats % W != 0) p.row_parts = 2;
   } else if (runs * rows * tiles > kTileWindowTiles) {
@@ -610,6 +688,130 @@ std::pair<int64_t, int64_t> TileRuleWindowInputCols(const TileOp& o, int64_t ow0
   const int64_t W = o.conv[2], KW = o.conv[5], s = o.conv[6], pad = o.conv[7];
   const int64_t iw0 = std::max<int64_t>(0, ow0 * s - pad);
   return {iw0, std::max(iw0, std::min(W, (ow1 - 1) * s - pad + KW))};
+}
+
+// The most floats of values a block of a max-pool forward or input-gradient tile reads (whole
+// tiles of kTileRows x kTileCols, chunks of 32 examples, the partial's tile), by the footprints'
+// arithmetic at the worst alignment of the windows' columns in the tiles. The tile plan refuses a
+// max-pool past kTileWitnessValueFloats (PlanStepTiles), so every tile witness it leads to stays
+// under the 256 KiB bound. A forward tile is cut into pieces (TileRuleConvPiecesOf) down to one
+// output's window, k rows in up to two tiles each; its input gradient is not cut: a tile reads,
+// for each input row run (two where its 32 columns wrap a row), the outputs whose windows reach
+// it and those windows' k rows (the windows' argmax), which passes the bound from windows of
+// about 16 rows over wide images (a 16 x 16 window of stride 8 over 601-wide rows: 290,816 bytes).
+int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
+  constexpr int64_t kTile = kTileRows * kTileCols;
+  const int64_t H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
+  const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+  // The tiles of a row's window columns [a, a + n) at the worst alignment.
+  const auto row_tiles = [](int64_t n) { return n <= 0 ? 0 : (n + kTileCols - 2) / kTileCols + 1; };
+  if (o.kind == TileOpKind::kTileOpMaxPool) {
+    const TileRuleConvPieces p = TileRuleConvPiecesOf(o);
+    const int64_t partial = p.count() > 1 ? kTile : 0;
+    if (o.x == kTileOperandBatch) {
+      if (!TileRuleConvOverChunks(o)) return kTileRows * plan.input_size;  // whole examples
+      const int64_t cols = std::min(W, (std::min({OW, kTileCols, p.width}) - 1) * s + k);
+      return kTileRows / p.row_parts * TileRulePoolSegmentChunks(o, cols) * kExampleChunkFloats +
+             partial;
+    }
+    if (!TileRuleWindowWide(o)) return TileRulePoolRowsTiles(o) * kTile;
+    // A piece's segments, each k rows of its windows' columns.
+    const int64_t cols = std::min(W, (std::min({OW, kTileCols, p.width}) - 1) * s + k);
+    return p.runs * k * row_tiles(cols) * kTile + partial;
+  }
+  if (o.kind != TileOpKind::kTileOpMaxPoolInputGrad) return 0;
+  // The output rows reaching an input row (one for a plane's first or last row), the outputs of a
+  // row reaching a run of n input columns inside a row (n_ow) or at its start or end (edge), and
+  // the input rows of their windows.
+  const int64_t n_oh = std::min(OH, (k + s - 1) / s);
+  const int64_t rows = std::min(H, (n_oh - 1) * s + k);
+  const auto n_ow = [&](int64_t n) { return std::min(OW, (n + k - 2) / s + 1); };
+  const auto edge = [&](int64_t n) { return std::min(OW, (n - 1) / s + 1); };
+  if (W > kTileConvWholeWidth) {
+    // A tile's columns are one run of kTileCols, or two: the end of a row and the start of the
+    // next, whose windows' columns are contiguous in the (B, C H W) view (so a row of windows of
+    // both lies in the columns within k - 1 of the tile's, shifted by whole rows), or, across two
+    // planes, the end of one plane's last row and the start of the next plane's first.
+    const int64_t one = n_oh * row_tiles(n_ow(kTileCols)) +
+                        rows * row_tiles(std::min(W, (n_ow(kTileCols) - 1) * s + k));
+    const int64_t wrap = (n_oh + 1) * row_tiles(n_ow(kTileCols) + 1) +
+                         std::min(H + 1, rows + s) * row_tiles(kTileCols + 2 * k - 2);
+    int64_t planes = 0;
+    for (int64_t a = 1; o.conv[0] > 1 && a < kTileCols; ++a) {
+      const int64_t e0 = edge(a), e1 = edge(kTileCols - a);
+      planes = std::max(planes, row_tiles(e0) + row_tiles(e1) +
+                                    k * (row_tiles(std::min(W, (e0 - 1) * s + k)) +
+                                         row_tiles(std::min(W, (e1 - 1) * s + k))));
+    }
+    return std::max({one, wrap, planes}) * kTile;
+  }
+  // Over narrow images, per plane the tile spans: the output rows reaching its rows, their dout
+  // and the input rows of their windows, whole.
+  const int64_t tile_rows = std::min(H, (kTileCols - 1 + W - 1) / W + 1);
+  const int64_t oh = std::min(OH, (tile_rows + k - 2) / s + 1);
+  const int64_t tiles = row_tiles(oh * OW) + row_tiles(std::min(H, (oh - 1) * s + k) * W);
+  return TileRuleTilePlanes(o.conv[0], H, W) * tiles * kTile;
+}
+
+// The floats of values footprint `fp` of block `block` of tile `tile` of operator `op` names: its
+// tiles, the examples it reads (by the chunks it reads where chunked) and the partial.
+int64_t TileRuleFootprintFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
+                                const TileFootprint& fp) {
+  int64_t floats = ReductionPartialFloats(plan, op, tile, block);
+  for (const TileRef& r : fp.tiles) {
+    floats += plan.ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
+  }
+  int64_t example = plan.input_size;
+  if (ExampleChunks(plan.input_size) > 0) {
+    example = 0;
+    for (int64_t k : fp.batch_chunks) {
+      example += std::min(plan.input_size, (k + 1) * kExampleChunkFloats) - k * kExampleChunkFloats;
+    }
+  }
+  return floats + static_cast<int64_t>(fp.batch_rows.size()) * example;
+}
+// The blocks of a tile row a max-pool's footprints are read exactly over, past which its
+// arithmetic bound rules alone.
+constexpr int64_t kTileWindowCheckTiles = 1 << 14;
+// Refuses a plan with a max-pool (forward or input gradient) whose blocks could read more than
+// kTileWitnessValueFloats: past TileRuleWindowBlockFloats's arithmetic (at the worst alignment),
+// every block of its first tile row is read exactly (every tile row reads the same columns, the
+// last one fewer rows), up to kTileWindowCheckTiles blocks; past that the arithmetic refuses.
+Status TileRuleCheckWindowBlocks(const TilePlan& plan) {
+  for (int64_t j = 0; j < static_cast<int64_t>(plan.ops.size()); ++j) {
+    const TileOp& o = plan.ops[static_cast<size_t>(j)];
+    if (o.kind != TileOpKind::kTileOpMaxPool && o.kind != TileOpKind::kTileOpMaxPoolInputGrad) {
+      continue;
+    }
+    int64_t floats = TileRuleWindowBlockFloats(plan, o);
+    if (floats <= kTileWitnessValueFloats) continue;
+    const int64_t blocks = std::max<int64_t>(ReductionBlocks(plan, j), 1);
+    if (o.grid.col_tiles() * blocks <= kTileWindowCheckTiles) {
+      floats = 0;
+      for (int64_t t = 0; t < o.grid.col_tiles(); ++t) {
+        for (int64_t b = 0; b < blocks; ++b) {
+          ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, b));
+          floats = std::max(floats, TileRuleFootprintFloats(plan, j, t, b, fp));
+        }
+      }
+      if (floats <= kTileWitnessValueFloats) continue;
+    }
+    // "layers.<i>.out" or "layers.<i>.in.grad" (after a micro-batch's prefix).
+    const size_t at = o.name.find("layers.");
+    const std::string layer = o.name.substr(at, o.name.find('.', at + 7) - at);
+    const auto n = [](int64_t v) { return std::to_string(v); };
+    return FailedPrecondition(
+        "tile rule: model." + layer.substr(0, 6) + "[" + layer.substr(7) + "] (maxpool2d, a " +
+        n(o.conv[4]) + " x " + n(o.conv[4]) + " window of stride " + n(o.conv[6]) + " over " +
+        n(o.conv[0]) + " x " + n(o.conv[1]) + " x " + n(o.conv[2]) + "): a block of its " +
+        (o.kind == TileOpKind::kTileOpMaxPool ? "output" : "input gradient") + " can read " +
+        n(4 * floats / 1024) + " KiB of values, past the " + n(4 * kTileWitnessValueFloats / 1024) +
+        " KiB a tile witness carries under its 256 KiB bound, so the ledger could not rule it; "
+        "the tile plan cuts a max-pool's output down to one output's window, but its input "
+        "gradient reads whole windows (docs/verification.md, \"The witness bound\"): use a "
+        "smaller window or stride");
+  }
+  return Status::Ok();
 }
 
 // The gradients of a windowed operator: the output rows [oh0, oh1) whose windows (KH rows from
@@ -1616,6 +1818,7 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
   }
   end_micro_batches();
   add_updates();
+  ML_RETURN_IF_ERROR(TileRuleCheckWindowBlocks(plan));
   return plan;
 }
 
@@ -2022,7 +2225,16 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
           TileRuleCover(plan, o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W, fp);
         }
       }
-      TileRuleCover(plan, o.w, cs.oc0, cs.oc1, cb0 * KK, cb1 * KK, fp);
+      if (TileRuleConvWeightByPairs(o)) {
+        // A large kernel's weight: the KW columns of each of the block's pairs (c, kh).
+        const int64_t KW = o.conv[5];
+        for (int64_t q = q0; q < q1; ++q) {
+          const int64_t w0 = q / KH * KK + q % KH * KW;
+          TileRuleCoverOnce(plan, o.w, cs.oc0, cs.oc1, w0, w0 + KW, fp);
+        }
+      } else {
+        TileRuleCover(plan, o.w, cs.oc0, cs.oc1, cb0 * KK, cb1 * KK, fp);
+      }
       if (o.b >= 0 && pc.pair_block == 0) TileRuleCover(plan, o.b, 0, 1, cs.oc0, cs.oc1, fp);
       break;
     }
@@ -2054,7 +2266,19 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
           TileRuleCover(plan, o.x, t.r0, t.r1, (oc * OH + oh0) * OW, (oc * OH + oh1) * OW, fp);
         }
       }
-      TileRuleCover(plan, o.w, ob0, ob1, ps.p0 * KK, ps.p1 * KK, fp);
+      if (TileRuleConvWeightByPairs(o)) {
+        // A large kernel's weight: for each of the block's pairs (oc, kh), its KW columns in each
+        // of the tile's input planes.
+        const int64_t KW = o.conv[5];
+        for (int64_t q = q0; q < q1; ++q) {
+          for (int64_t c = ps.p0; c < ps.p1; ++c) {
+            const int64_t w0 = c * KK + q % KH * KW;
+            TileRuleCoverOnce(plan, o.w, q / KH, q / KH + 1, w0, w0 + KW, fp);
+          }
+        }
+      } else {
+        TileRuleCover(plan, o.w, ob0, ob1, ps.p0 * KK, ps.p1 * KK, fp);
+      }
       break;
     }
     case TileOpKind::kTileOpMaxPoolInputGrad: {

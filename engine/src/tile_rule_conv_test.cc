@@ -796,6 +796,13 @@ out = 3
   }
 }
 
+// A max-pool of `kernel` and `stride` (0: the kernel), a flatten and a linear to 3.
+std::string PoolLayers(int64_t kernel, int64_t stride = 0) {
+  return "[[model.layers]]\nkind = \"maxpool2d\"\nkernel = " + std::to_string(kernel) +
+         (stride > 0 ? "\nstride = " + std::to_string(stride) : std::string()) +
+         "\n[[model.layers]]\nkind = \"flatten\"\n[[model.layers]]\nkind = \"linear\"\nout = 3\n";
+}
+
 bool IsPool(TileOpKind k) {
   return k == TileOpKind::kTileOpMaxPool || k == TileOpKind::kTileOpMaxPoolInputGrad;
 }
@@ -863,6 +870,251 @@ out = 3
       EXPECT_GT(whole, 160 * 1024) << "the window reads more than a block may, whole";
     }
   }
+}
+
+// Each windowed operator's largest footprint (FootprintBytes) over every tile and block of
+// `plan`, from the plan alone: no step is taken. `grads`: with the conv's weight and bias
+// gradients.
+std::map<std::string, int64_t> LargestWindowFootprints(const TilePlan& plan, bool grads = true) {
+  std::map<std::string, int64_t> largest;
+  for (int64_t j = 0; j < static_cast<int64_t>(plan.ops.size()); ++j) {
+    const TileOp& op = plan.ops[static_cast<size_t>(j)];
+    const bool param_grad =
+        op.kind == TileOpKind::kTileOpConvWeightGrad || op.kind == TileOpKind::kTileOpConvBiasGrad;
+    if ((op.kind != TileOpKind::kTileOpMaxPool && !IsWindowGrad(op.kind) &&
+         op.kind != TileOpKind::kTileOpConv) ||
+        (param_grad && !grads)) {
+      continue;
+    }
+    const int64_t blocks = ReductionBlocks(plan, j);
+    for (int64_t t = 0; t < op.grid.count(); ++t) {
+      for (int64_t k = 0; k < std::max<int64_t>(blocks, 1); ++k) {
+        Result<TileFootprint> fp = Footprint(plan, j, t, k);
+        EXPECT_TRUE(fp.ok()) << fp.status().ToString();
+        if (!fp.ok()) return largest;
+        int64_t& most = largest[op.name];
+        most = std::max(most, FootprintBytes(plan, j, t, k, *fp));
+      }
+    }
+  }
+  return largest;
+}
+
+// A relu, a max-pool of `kernel` and `stride` (0: the kernel), a flatten and a linear to 3.
+std::string PoolAfterRelu(int64_t kernel, int64_t stride = 0) {
+  return "[[model.layers]]\nkind = \"relu\"\n" + PoolLayers(kernel, stride);
+}
+
+// A max-pool over narrow images (32 wide or less) read its tile's rows of every plane it spans,
+// all of them where the tile spans two: over two 400 x 30 planes (a 2 x 2 pool: 200 x 15
+// outputs, 3,000 a plane, so tiles across planes) 3,072,000 bytes of values, and over 3 x 31 x 31
+// (a 3 x 3 pool, 100 outputs a plane) 245,760, past the 240 KiB a witness has for values. Past
+// that such a pool reads its windows' columns as over a wide image (in pieces where needed):
+// every tile of the pool and of its input gradient recomputes to the traced bits, every block
+// under the bound. (The fashion CNN's pools, at most 52 tiles whole, read whole rows as before:
+// the pinned plans of TileRuleTest and TileDisputeTest.)
+TEST(TileRuleConvTest, AMaxPoolOverNarrowPlanesPastTheBoundReadsItsWindowsColumnsBitForBit) {
+  struct Case {
+    int64_t C, H, W, kernel;
+  };
+  for (const Case& c : {Case{2, 400, 30, 2}, Case{3, 31, 31, 3}}) {
+    const std::string shape =
+        std::to_string(c.C) + ", " + std::to_string(c.H) + ", " + std::to_string(c.W);
+    SCOPED_TRACE(shape);
+    Result<TaskSpec> spec =
+        SyntheticTask("tile-narrow-pool", 14, shape, PoolAfterRelu(c.kernel), 32);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    const TaskData d = testing::RandomTaskData(64, {c.C, c.H, c.W}, 3, 61, -1.0f, 1.0f);
+    int64_t ops = 0;
+    const std::map<std::string, int64_t> largest =
+        ExpectEveryTileRecomputes(*spec, d, IsPool, &ops);
+    EXPECT_EQ(ops, 2);
+    ExpectUnderTheBound("narrow pool " + shape, largest);
+  }
+}
+
+// A first layer's max-pool over chunked examples read every chunk of its tile's rows: over
+// 3 x 40 x 40 (a 2 x 2 pool, tiles across two 400-output planes) four chunks of each of its 32
+// examples, 524,416 bytes of values; over 1 x 96 x 96 (3 x 3) and 1 x 64 x 64 (8 x 8) a window's
+// rows straddling a chunk, two, 262,272. It reads its windows' columns in pieces of one segment
+// (an output row's run) of as many examples as keep their chunks within 40 (16 where a segment
+// can read two): every tile recomputes to the traced bits, every block under the bound; over
+// 3 x 64 x 64 at 2 x 2 (each window's two rows inside one chunk) a tile is one piece of one chunk,
+// and over 1 x 64 x 64 at 8 x 8 (a segment's 8 rows in one chunk) 5 pieces of all 32 examples.
+TEST(TileRuleConvTest, AFirstLayerMaxPoolOverChunkedExamplesReadsAPieceOfItsTileBitForBit) {
+  struct Case {
+    int64_t C, H, kernel, blocks;
+  };
+  for (const Case& c :
+       {Case{3, 40, 2, 3 * 2}, Case{1, 96, 3, 2}, Case{1, 64, 8, 5}, Case{3, 64, 2, 0}}) {
+    const std::string shape =
+        std::to_string(c.C) + ", " + std::to_string(c.H) + ", " + std::to_string(c.H);
+    SCOPED_TRACE(shape + " at " + std::to_string(c.kernel));
+    ASSERT_GT(ExampleChunks(c.C * c.H * c.H), 0) << "the examples must be chunked";
+    Result<TaskSpec> spec = SyntheticTask("tile-first-pool", 15, shape, PoolLayers(c.kernel), 32);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    const TaskData d = testing::RandomTaskData(64, {c.C, c.H, c.H}, 3, 67, -1.0f, 1.0f);
+    int64_t ops = 0;
+    const std::map<std::string, int64_t> largest =
+        ExpectEveryTileRecomputes(*spec, d, IsPool, &ops);
+    EXPECT_EQ(ops, 1);  // the model's first layer: no input gradient
+    ExpectUnderTheBound("first pool " + shape, largest);
+    Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    int64_t j = 0;
+    while (j < static_cast<int64_t>(plan->ops.size()) && plan->ops[j].name != "layers.0.out") ++j;
+    ASSERT_LT(j, static_cast<int64_t>(plan->ops.size()));
+    ASSERT_EQ(plan->ops[j].kind, TileOpKind::kTileOpMaxPool);
+    EXPECT_EQ(ReductionBlocks(*plan, j), c.blocks);
+    for (int64_t t = 0; t < plan->ops[j].grid.count(); ++t) {
+      for (int64_t k = 0; k < std::max<int64_t>(ReductionBlocks(*plan, j), 1); ++k) {
+        Result<TileFootprint> fp = Footprint(*plan, j, t, k);
+        ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+        EXPECT_LE(fp->batch_rows.size() * fp->batch_chunks.size(), 40u)
+            << "tile " << t << " block " << k;
+      }
+    }
+  }
+}
+
+// A max-pool's input gradient is not cut: a tile reads the windows of the outputs reaching its
+// inputs, whole (their argmax), which passes the bound from windows of about 16 rows over wide
+// images. The plan refuses such a pool, naming the layer and the limit, so a task with it is
+// refused at submission (`meshlearn task submit` plans the step of an exact-mode task); the same
+// window as a model's first layer (no input gradient; its forward cut down to one output's
+// window) is planned. Over a sweep of windows, strides and widths, every pool the plan takes has
+// every block of its output and input gradient under the bound.
+TEST(TileRuleConvTest, AMaxPoolPastTheWitnessBoundIsRefusedNamingTheLayer) {
+  {
+    Result<TaskSpec> spec =
+        SyntheticTask("tile-refused-pool", 16, "2, 40, 601", PoolAfterRelu(16, 8), 32);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
+    ASSERT_FALSE(plan.ok());
+    const std::string m = plan.status().ToString();
+    EXPECT_NE(m.find("model.layers[1] (maxpool2d, a 16 x 16 window of stride 8 over 2 x 40 x 601)"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("a block of its input gradient can read"), std::string::npos) << m;
+    EXPECT_NE(m.find("past the 240 KiB a tile witness carries under its 256 KiB bound"),
+              std::string::npos)
+        << m;
+    // apps/meshlearn task_cli_test's model: a 16 x 16 window of stride 1 over 4 x 64 x 64 (a
+    // 5 x 5 conv padded by 20 over 1 x 28 x 28).
+    Result<TaskSpec> fashion =
+        SyntheticTask("tile-refused-pool", 16, "1, 28, 28",
+                      "[[model.layers]]\nkind = \"conv2d\"\nout = 4\nkernel = 5\npad = 20\n"
+                      "[[model.layers]]\nkind = \"relu\"\n" +
+                          PoolLayers(16, 1),
+                      32);
+    ASSERT_TRUE(fashion.ok()) << fashion.status().ToString();
+    Result<TilePlan> refused = PlanStepTiles(fashion->model, fashion->optimizer, 32);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().ToString().find("model.layers[2] (maxpool2d, a 16 x 16 window of "
+                                               "stride 1 over 4 x 64 x 64): a block of its input "
+                                               "gradient can read"),
+              std::string::npos)
+        << refused.status().ToString();
+    Result<TaskSpec> first =
+        SyntheticTask("tile-first-pool", 16, "2, 40, 601", PoolLayers(16, 8), 32);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    Result<TilePlan> taken = PlanStepTiles(first->model, first->optimizer, 32);
+    ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+    ExpectUnderTheBound("first pool 16 x 16", LargestWindowFootprints(*taken));
+  }
+  int taken = 0, refused = 0;
+  for (int64_t k : {2, 4, 8, 12, 16, 20, 32}) {
+    for (int64_t s : {int64_t{1}, std::max<int64_t>(1, k / 2), k}) {
+      for (int64_t W : {40, 600, 601}) {
+        const std::string shape = "2, " + std::to_string(k + 3 * s) + ", " + std::to_string(W);
+        Result<TaskSpec> spec =
+            SyntheticTask("tile-pool-sweep", 17, shape, PoolAfterRelu(k, s), 32);
+        ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+        Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
+        if (!plan.ok()) {
+          ++refused;
+          std::printf("[ pool sweep] refused: %lld x %lld of stride %lld over %s\n",
+                      static_cast<long long>(k), static_cast<long long>(k),
+                      static_cast<long long>(s), shape.c_str());
+          EXPECT_NE(plan.status().ToString().find("model.layers[1] (maxpool2d"), std::string::npos)
+              << plan.status().ToString();
+          continue;
+        }
+        ++taken;
+        ExpectUnderTheBound(
+            "pool " + std::to_string(k) + " stride " + std::to_string(s) + " over " + shape,
+            LargestWindowFootprints(*plan), /*print=*/false);
+      }
+    }
+  }
+  std::printf("[ pool sweep] %d pools planned, every block under the bound; %d refused\n", taken,
+              refused);
+  EXPECT_GT(taken, 0);
+  EXPECT_GT(refused, 0);
+}
+
+// A conv2d block read the weight's rows of its output channels in every (c, kh, kw) column of its
+// channels: a 48 x 48 kernel to 32 channels, 32 x 2,304 floats a channel (288 KiB), so over
+// 1 x 56 x 56 its forward's largest block read 356,352 bytes of values and its input gradient's
+// 311,296 (a 40 x 40 kernel's forward 253,952). Past 8 tiles of weight a channel such a conv reads
+// only its block's pairs' KW weight columns, counted in its block: every tile of the conv and of
+// its input gradient recomputes to the traced bits, every block under the bound; over the kernels
+// the engine takes (24, 40 and 64) to 32 and 64 channels, narrow and wide images, strides 1 and 16,
+// and over unchunked examples (a 32 x 32 kernel over 1 x 32 x 32: the examples and 32 x 1,024
+// floats of weight, 256 KiB, read whole before), every block is under the bound, and over 4 x 16 x
+// 16 (a 16 x 16 kernel: its rows and its block's weight, 256 KiB whole) too.
+TEST(TileRuleConvTest, AConvWithALargeKernelReadsItsPairsWeightColumnsBitForBit) {
+  const auto conv = [](int64_t kernel, int64_t out, int64_t stride) {
+    return "[[model.layers]]\nkind = \"conv2d\"\nout = " + std::to_string(out) +
+           "\nkernel = " + std::to_string(kernel) + "\nstride = " + std::to_string(stride) +
+           "\npad = 0\n[[model.layers]]\nkind = \"relu\"\n[[model.layers]]\nkind = "
+           "\"flatten\"\n[[model.layers]]\nkind = \"linear\"\nout = 3\n";
+  };
+  {
+    Result<TaskSpec> spec =
+        SyntheticTask("tile-large-kernel-conv", 18, "1, 56, 56",
+                      "[[model.layers]]\nkind = \"relu\"\n" + conv(48, 32, 1), 32);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    const TaskData d = testing::RandomTaskData(64, {1, 56, 56}, 3, 71, -1.0f, 1.0f);
+    int64_t ops = 0;
+    const std::map<std::string, int64_t> largest =
+        ExpectEveryTileRecomputes(*spec, d, IsConvOrInputGrad, &ops);
+    EXPECT_EQ(ops, 2);
+    ExpectUnderTheBound("48 x 48 conv to 32", largest);
+  }
+  struct Case {
+    int64_t k, out, stride;
+    bool wide;
+    int64_t C = 2, pad = 2;  // pad: the image is k + pad x stride rows high
+  };
+  int planned = 0;
+  // The last: a 16 x 16 kernel to 32 channels over 4 x 16 x 16, its rows (128 KiB) and 8 tiles of
+  // weight a channel of its block's 4 (128 KiB) read whole before.
+  for (const Case& c :
+       {Case{24, 32, 1, false}, Case{24, 64, 16, true}, Case{40, 32, 1, false},
+        Case{40, 64, 16, false}, Case{40, 32, 16, true}, Case{64, 32, 1, false},
+        Case{64, 64, 16, false}, Case{64, 32, 16, true}, Case{16, 32, 1, false, 4, 0}}) {
+    const int64_t H = c.k + c.pad * c.stride, W = c.wide ? H + 40 : H;
+    const std::string shape =
+        std::to_string(c.C) + ", " + std::to_string(H) + ", " + std::to_string(W);
+    Result<TaskSpec> spec =
+        SyntheticTask("tile-conv-sweep", 19, shape,
+                      "[[model.layers]]\nkind = \"relu\"\n" + conv(c.k, c.out, c.stride), 32);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    ++planned;
+    ExpectUnderTheBound("conv " + std::to_string(c.k) + " to " + std::to_string(c.out) +
+                            " stride " + std::to_string(c.stride) + " over " + shape,
+                        LargestWindowFootprints(*plan, /*grads=*/false), /*print=*/false);
+  }
+  Result<TaskSpec> first = SyntheticTask("tile-conv-sweep", 19, "1, 32, 32", conv(32, 32, 1), 32);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  Result<TilePlan> plan = PlanStepTiles(first->model, first->optimizer, 32);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ExpectUnderTheBound("32 x 32 conv over 1 x 32 x 32 examples", LargestWindowFootprints(*plan));
+  std::printf("[ conv sweep] %d large-kernel convs planned, every block under the bound\n",
+              planned + 1);
 }
 
 }  // namespace tile_rule_conv_test

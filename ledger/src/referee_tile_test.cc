@@ -1437,6 +1437,46 @@ kernel = 8
   ExpectTheHonestSideWinsAtEveryTile(lies, "8 x 8 max-pool over 2 x 16 x 600");
 }
 
+// A first layer's 2 x 2 max-pool over 3 x 40 x 40 examples (3 x 20 x 20 outputs, 400 a plane; 5
+// chunks an example): a tile across two planes read every row of both, four chunks of each of
+// its 32 examples (524,416 bytes of values). It is cut into pieces of one segment of 16 examples
+// (a segment's two rows can straddle a chunk: engine TileRuleConvPiecesOf): a lie at tile 12
+// (channel 0's outputs 384..399, channel 1's 0..15), row 20, output 405 (the second segment, the
+// second half of the examples: block 1 x 2 + 1) is ruled from the chunks of 16 examples.
+TEST(TileDisputeTest, OnLargeExamplesAFirstLayerMaxPoolIsRuledFromAPieceOfItsTile) {
+  static const auto* setup = ChunkedLayersSetup({3, 40, 40}, R"([[model.layers]]
+kind = "maxpool2d"
+kernel = 2
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 10
+init = "xavier"
+)");
+  g_setup = setup;
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.0.out", 20, 405, 3},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "first-layer 2 x 2 max-pool over 3 x 40 x 40");
+}
+
+// A 2 x 2 max-pool over 2 x 400 x 30 (narrow images; 200 x 15 outputs, 3,000 a plane): a tile
+// across two planes read every row of both (3,072,000 bytes of values); it reads its windows'
+// columns as over a wide image instead. A lie at tile 93 (channel 0's outputs 2976..2999, channel
+// 1's 0..7) is ruled from those windows.
+TEST(TileDisputeTest, AMaxPoolOverTallNarrowPlanesIsRuledFromItsWindowsColumns) {
+  static const auto* setup = ConvAfterReluSetup({2, 400, 30}, R"([[model.layers]]
+kind = "maxpool2d"
+kernel = 2
+)");
+  g_setup = setup;
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.1.out", 7, 3003, 0},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "2 x 2 max-pool over 2 x 400 x 30");
+}
+
 // A chunked example's chunk must be the footprint's and proven against the example's chunk root,
 // and the example's leaf over that root proven against the data root; a witness that carries the
 // example whole (the format of smaller examples) is refused too.
