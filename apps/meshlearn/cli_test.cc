@@ -80,6 +80,17 @@ TEST(Cli, EveryCommandsHelpShowsExamples) {
   EXPECT_GE(checked, 40u);
 }
 
+// devnet --help names every adversary mode a node accepts (node/src/adversary.cc's kNames; each
+// is accepted by --adversary: docs/operators.md, "Adversary modes").
+TEST(Cli, DevnetHelpNamesEveryAdversaryMode) {
+  CmdResult r = Meshlearn("devnet --help", TempHome());
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* mode : {"lazy", "noisy", "wrong_data", "copy", "stale", "wrong_result",
+                           "noisy_last", "targeted", "drift", "rubber_stamp"}) {
+    EXPECT_NE(r.out.find(mode), std::string::npos) << mode << " missing from:\n" << r.out;
+  }
+}
+
 TEST(Cli, VersionJson) {
   CmdResult r = Meshlearn("--json version", TempHome());
   ASSERT_EQ(r.code, 0) << r.out;
