@@ -39,6 +39,58 @@ TEST(Cli, HelpListsCommandsWithExamples) {
   EXPECT_NE(r.out.find("Examples"), std::string::npos);
 }
 
+// House rule: every command's --help shows examples. Walks the command tree as `--help` lists
+// it (a subcommand's help inherits its parent's footer unless it sets its own, which must then
+// carry examples itself).
+std::vector<std::string> SubcommandsIn(const std::string& help) {
+  std::vector<std::string> names;
+  std::istringstream in(help);
+  std::string line;
+  bool listing = false;
+  while (std::getline(in, line)) {
+    if (line == "Subcommands:") {
+      listing = true;
+    } else if (listing && line.empty()) {
+      listing = false;
+    } else if (listing && line.size() > 2 && line[0] == ' ' && line[2] != ' ') {
+      names.push_back(line.substr(2, line.find(' ', 2) - 2));
+    }
+  }
+  return names;
+}
+
+TEST(Cli, EveryCommandsHelpShowsExamples) {
+  std::string home = TempHome();
+  std::vector<std::string> commands = SubcommandsIn(Meshlearn("--help", home).out);
+  ASSERT_GE(commands.size(), 10u);
+  size_t checked = 0;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    CmdResult r = Meshlearn(commands[i] + " --help", home);
+    ASSERT_EQ(r.code, 0) << commands[i] << ": " << r.out;
+    EXPECT_NE(r.out.find("Examples"), std::string::npos)
+        << "meshlearn " << commands[i] << " --help:\n"
+        << r.out;
+    ++checked;
+    if (commands[i].find(' ') == std::string::npos) {
+      for (const std::string& sub : SubcommandsIn(r.out))
+        commands.push_back(commands[i] + " " + sub);
+    }
+  }
+  // The command tree: 12 commands, and the subcommands of keys, chain, wallet, task and node.
+  EXPECT_GE(checked, 40u);
+}
+
+// devnet --help names every adversary mode a node accepts (node/src/adversary.cc's kNames; each
+// is accepted by --adversary: docs/operators.md, "Adversary modes").
+TEST(Cli, DevnetHelpNamesEveryAdversaryMode) {
+  CmdResult r = Meshlearn("devnet --help", TempHome());
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* mode : {"lazy", "noisy", "wrong_data", "copy", "stale", "wrong_result",
+                           "noisy_last", "targeted", "drift", "rubber_stamp"}) {
+    EXPECT_NE(r.out.find(mode), std::string::npos) << mode << " missing from:\n" << r.out;
+  }
+}
+
 TEST(Cli, VersionJson) {
   CmdResult r = Meshlearn("--json version", TempHome());
   ASSERT_EQ(r.code, 0) << r.out;

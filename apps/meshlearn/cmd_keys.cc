@@ -122,8 +122,12 @@ void AddKeys(CLI::App& root, GlobalOptions& g) {
   imp->add_option("--name", a.import_name, "Store under this name (default: the name in the backup)");
   imp->add_option("--passphrase-file", a.passphrase_file,
                   "An encrypted backup's passphrase (else $MESHLEARN_PASSPHRASE or a prompt)");
-  imp->footer("The backup is checked in full before it is stored: an encrypted one is decrypted\n"
-              "(give its passphrase), and a secret that does not match the public key is refused.");
+  imp->footer(
+      "The backup is checked in full before it is stored: an encrypted one is decrypted\n"
+      "(give its passphrase), and a secret that does not match the public key is refused.\n"
+      "Examples:\n"
+      "  meshlearn keys import alice-backup.json --name alice-restored\n"
+      "  meshlearn keys import node1-backup.json --passphrase-file pass.txt");
   imp->callback([&g] {
     KeyStore store(Env::Default(), g.KeysDir());
     std::string pass;
