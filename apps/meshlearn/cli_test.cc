@@ -148,6 +148,26 @@ uint64_t Balance(const std::string& who, const std::string& url, const std::stri
   return j.is_discarded() ? 0 : j.value("balance", uint64_t{0});
 }
 
+// One sequencer per chain directory: a second `chain serve` of a served directory is refused,
+// naming the process that holds it and the fix (it once started beside the first and failed every
+// block it produced on the database's unique height), and the first serves on.
+TEST(Cli, ASecondChainServeOfTheSameDirectoryIsRefused) {
+  std::string home = TempHome();
+  ASSERT_EQ(Meshlearn("keys new alice --no-passphrase", home).code, 0);
+  ChainServer server(home);
+  ASSERT_FALSE(server.url().empty()) << "chain serve did not start";
+  // Under `timeout`: without the lock the second server would serve on.
+  CmdResult second = Shell("MESHLEARN_HOME=" + home + " timeout 30 " + MESHLEARN_BIN +
+                           " chain serve --dir " + home + "/chain --listen 127.0.0.1:0 2>&1");
+  EXPECT_EQ(second.code, 1) << second.out;
+  EXPECT_NE(second.out.find("is already served by another `meshlearn chain serve` (pid "),
+            std::string::npos)
+      << second.out;
+  EXPECT_NE(second.out.find("stop that process first, or serve another --dir"), std::string::npos)
+      << second.out;
+  EXPECT_EQ(Balance("alice", server.url(), home), 1000000u);
+}
+
 // A send that timed out is retried by running the same command again: the wallet resends the
 // very same signed transaction (kept in $MESHLEARN_HOME/outbox), so it is paid once. A different
 // command is refused while it is unconfirmed; after a confirmed send, the same command pays again.

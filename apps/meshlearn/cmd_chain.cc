@@ -1,9 +1,12 @@
 // meshlearn chain init|serve|follow|status: run the ledger (the app-chain) and look at it.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <charconv>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -172,6 +175,38 @@ Result<Genesis> LoadChainGenesis(const std::string& dir) {
   return ledger::LoadGenesis(env, GenesisPath(dir));
 }
 
+// One sequencer per chain directory: `chain serve` holds an exclusive lock on DIR/serve.lock for
+// its life (flock: the kernel drops it when the process ends, so a killed server leaves none
+// behind). A second `chain serve` of the directory once started beside the first and failed
+// every block it produced on the database's unique height. Returns the lock's descriptor, kept
+// open until the process exits; the file holds the holder's pid, named in the refusal.
+Result<int> LockChainDir(const std::string& dir) {
+  const std::string path = JoinPath(dir, "serve.lock");
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return FailedPrecondition("cannot open " + path + ": " + std::strerror(errno) +
+                              " (is --dir a chain directory you may write?)");
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {};
+    const ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+    close(fd);
+    if (err != EWOULDBLOCK)
+      return FailedPrecondition("cannot lock " + path + ": " + std::strerror(err));
+    return FailedPrecondition(dir + " is already served by another `meshlearn chain serve` (pid " +
+                              std::string(pid, n > 0 ? static_cast<size_t>(n) : 0) + ", holding " +
+                              path + "): stop that process first, or serve another --dir");
+  }
+  const std::string me = std::to_string(getpid());
+  if (ftruncate(fd, 0) != 0 ||
+      pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    close(fd);
+    return FailedPrecondition("cannot write " + path + ": " + std::strerror(errno));
+  }
+  return fd;
+}
+
 Status RunServe(GlobalOptions& g, ChainArgs& a) {
   ML_ASSIGN_OR_RETURN(auto listen, ledger::ParseListenAddress(a.listen));
   ML_ASSIGN_OR_RETURN(Genesis gen, LoadChainGenesis(a.dir));
@@ -186,6 +221,8 @@ Status RunServe(GlobalOptions& g, ChainArgs& a) {
   if (!a.cluster.empty()) {
     ML_ASSIGN_OR_RETURN(etcd, ledger::ParseEtcdEndpoints(a.cluster, "--cluster"));
   }
+  ML_ASSIGN_OR_RETURN(const int lock_fd, LockChainDir(a.dir));
+  (void)lock_fd;  // held until the process exits
   ML_ASSIGN_OR_RETURN(std::unique_ptr<Chain> chain, Chain::Open(DbPath(a.dir), gen));
   sigset_t stop_signals = BlockStopSignals();
 
