@@ -753,23 +753,6 @@ int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
   return TileRuleTilePlanes(o.conv[0], H, W) * tiles * kTile;
 }
 
-// The floats of values footprint `fp` of block `block` of tile `tile` of operator `op` names: its
-// tiles, the examples it reads (by the chunks it reads where chunked) and the partial.
-int64_t TileRuleFootprintFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
-                                const TileFootprint& fp) {
-  int64_t floats = ReductionPartialFloats(plan, op, tile, block);
-  for (const TileRef& r : fp.tiles) {
-    floats += plan.ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
-  }
-  int64_t example = plan.input_size;
-  if (ExampleChunks(plan.input_size) > 0) {
-    example = 0;
-    for (int64_t k : fp.batch_chunks) {
-      example += std::min(plan.input_size, (k + 1) * kExampleChunkFloats) - k * kExampleChunkFloats;
-    }
-  }
-  return floats + static_cast<int64_t>(fp.batch_rows.size()) * example;
-}
 // The blocks of a tile row a max-pool's footprints are read exactly over, past which its
 // arithmetic bound rules alone.
 constexpr int64_t kTileWindowCheckTiles = 1 << 14;
@@ -1823,6 +1806,22 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
 }
 
 }  // namespace
+
+int64_t TileRuleFootprintFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
+                                const TileFootprint& fp) {
+  int64_t floats = ReductionPartialFloats(plan, op, tile, block);
+  for (const TileRef& r : fp.tiles) {
+    floats += plan.ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
+  }
+  int64_t example = plan.input_size;
+  if (ExampleChunks(plan.input_size) > 0) {
+    example = 0;
+    for (int64_t k : fp.batch_chunks) {
+      example += std::min(plan.input_size, (k + 1) * kExampleChunkFloats) - k * kExampleChunkFloats;
+    }
+  }
+  return floats + static_cast<int64_t>(fp.batch_rows.size()) * example;
+}
 
 Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,
                                int64_t batch, int64_t seq_len, int64_t micro_batches) {

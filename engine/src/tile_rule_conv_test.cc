@@ -34,18 +34,8 @@ bool IsWindowGrad(TileOpKind k) {
 // proofs.
 int64_t FootprintBytes(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
                        const TileFootprint& fp) {
-  int64_t floats = ReductionPartialFloats(plan, op, tile, block);
-  for (const TileRef& r : fp.tiles) {
-    floats += plan.ops[static_cast<size_t>(r.op)].grid.TileRect(r.tile).numel();
-  }
-  int64_t example = plan.input_size;
-  if (ExampleChunks(plan.input_size) > 0) {
-    example = 0;
-    for (int64_t k : fp.batch_chunks) {
-      example += std::min(plan.input_size, (k + 1) * kExampleChunkFloats) - k * kExampleChunkFloats;
-    }
-  }
-  return 4 * floats + static_cast<int64_t>(fp.batch_rows.size()) * (4 * example + 4);
+  return 4 * TileRuleFootprintFloats(plan, op, tile, block, fp) +
+         4 * static_cast<int64_t>(fp.batch_rows.size());
 }
 
 // Asserts that each operator's largest footprint in `largest` (ExpectEveryTileRecomputes) leaves

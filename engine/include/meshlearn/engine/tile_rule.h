@@ -490,6 +490,13 @@ struct TileFootprint {
 // index out of range; FailedPrecondition for an input state operator.
 Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, int64_t block);
 
+// The floats of values footprint `fp` of block `block` of tile `tile` of operator `op` names: its
+// tiles, the examples it reads (by the chunks it reads where chunked) and the partial. A witness
+// of the block carries these (plus one label per example) beside its proofs; the plan refuses a
+// max-pool whose blocks could pass kTileWitnessValueFloats by it.
+int64_t TileRuleFootprintFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
+                                const TileFootprint& fp);
+
 // The values a footprint names.
 struct TileInputs {
   std::vector<std::vector<float>> tiles;  // tiles[i]: footprint.tiles[i]'s values (ExtractTile)
