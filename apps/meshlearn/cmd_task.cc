@@ -103,9 +103,12 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   // Exact mode: the ledger rules a dispute at one tile of one operator of the step's tile plan
   // (docs/verification.md), so a model whose plan it would refuse (a layer with a block past the
   // 256 KiB witness bound) is refused here, naming the layer, not after its first dispute.
+  // The trainer's spec, whose model has what the data decides (a text task's vocab_size).
   if (!t.net.tolerance_mode) {
-    Result<engine::TilePlan> plan = engine::PlanStepTiles(
-        t.task.model, t.task.optimizer, t.task.batch_size, t.task.seq_len, t.task.micro_batches);
+    const engine::TaskSpec& resolved = t.trainer->task();
+    Result<engine::TilePlan> plan =
+        engine::PlanStepTiles(resolved.model, resolved.optimizer, resolved.batch_size,
+                              resolved.seq_len, resolved.micro_batches);
     if (!plan.ok()) return plan.status().WithPrefix(path);
   }
   t.facts = node::ComputeTaskFacts(*t.trainer, t.net);

@@ -147,7 +147,7 @@ void TaskContext::ReleaseData() {
 }
 
 void TaskContext::ReleaseStageData() {
-  if (bundle.net.stages <= 1 || trainer_) return;
+  if (bundle.net.stages <= 1 || has_whole_model()) return;
   token_pages.reset();
   data_tree.reset();
   ReleaseData();
@@ -188,7 +188,7 @@ Result<engine::Evaluator*> TaskContext::Evaluator() {
 uint64_t NodeContext::StageDataBytes() const {
   uint64_t bytes = 0;
   for (const auto& [id, ctx] : tasks_) {
-    if (ctx->bundle.net.stages > 1 && !ctx->has_trainer()) bytes += ctx->DataBytes();
+    if (ctx->bundle.net.stages > 1 && !ctx->has_whole_model()) bytes += ctx->DataBytes();
   }
   return bytes;
 }

@@ -62,6 +62,10 @@ struct TaskContext {
   // pipeline task's aggregator, which evaluates each round's state and trains nothing (a
   // trainer would hold three times the weights with AdamW). Not counted in `builds`.
   Result<engine::Evaluator*> Evaluator();
+  // Whether this node built the whole model (a trainer or an evaluator), which keeps its own
+  // reference to the task's data: a pipeline task's aggregator, or a node that replays whole
+  // units. Its data is that model's, not a stage node's left beside its stage units.
+  bool has_whole_model() const { return trainer_ != nullptr || evaluator_ != nullptr; }
 
   // The task's data (engine::LoadTaskData of `task`'s files: its examples, or a text corpus as
   // tokens, training and validation), read on the first call and kept until ReleaseData. The same
@@ -72,7 +76,7 @@ struct TaskContext {
   // facts, a stage unit for its batches: tens of MB for a text corpus that a middle stage never
   // reads). The trainer keeps its own reference.
   void ReleaseData();
-  // A pipeline task's stage node (no whole-model trainer) after a verification job: drops the
+  // A pipeline task's stage node (no whole model built) after a verification job: drops the
   // proof trees a witness built (token_pages, data_tree: they read the data in place) and the
   // data. A dispute's job reads the data for a step's batch or proofs, and what it kept would sit
   // beside the node's next stage unit (NodeContext::StageDataBytes). Nothing otherwise.
@@ -138,9 +142,9 @@ class NodeContext {
   bool Refused(const Hash256& task_id) const { return refused_.count(task_id) > 0; }
   // Drops a closed task's context (pin_keeper.h).
   void ForgetTask(const Hash256& task_id) { tasks_.erase(task_id); }
-  // What the loaded pipeline tasks whose whole model this node never built hold of their data
-  // (TaskContext::DataBytes): a stage node reads it for a job and drops it, so what is held
-  // between ticks would sit beside the next stage unit (AgentStats::stage_held_bytes).
+  // What the loaded pipeline tasks whose whole model (trainer or evaluator) this node never built
+  // hold of their data (TaskContext::DataBytes): a stage node reads it for a job and drops it, so
+  // what is held between ticks would sit beside the next stage unit (AgentStats::stage_held_bytes).
   uint64_t StageDataBytes() const;
 
   // The blob's bytes, fetched first from `preferred`, then from every registered node. With a
