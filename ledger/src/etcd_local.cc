@@ -32,22 +32,32 @@ std::string FindEtcd() {
   return "";
 }
 
-int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
+std::vector<int> FreeLoopbackPorts(int n) {
+  // Every socket stays bound until all n ports are chosen: a port closed at once can be the
+  // kernel's next pick again (two members once got the same peer port, and etcd refused the
+  // cluster's duplicate url).
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    fds.push_back(fd);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof(a);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      break;
+    }
+    ports.push_back(ntohs(a.sin_port));
   }
-  close(fd);
-  return port;
+  for (int fd : fds) close(fd);
+  ports.resize(static_cast<size_t>(n), 0);
+  return ports;
 }
+
+int FreeLoopbackPort() { return FreeLoopbackPorts(1)[0]; }
 
 LocalEtcdCluster::~LocalEtcdCluster() {
   StopAll();
@@ -64,11 +74,12 @@ Status LocalEtcdCluster::Start(const std::string& bin, int n, const std::string&
   if (bin.empty()) return NotFound("no etcd binary; install it: apt-get install etcd-server");
   bin_ = bin;
   std::string initial;
+  const std::vector<int> ports = FreeLoopbackPorts(2 * n);  // distinct
   for (int i = 0; i < n; ++i) {
     Member m;
     m.name = "m" + std::to_string(i);
-    m.client_url = "http://127.0.0.1:" + std::to_string(FreeLoopbackPort());
-    m.peer_url = "http://127.0.0.1:" + std::to_string(FreeLoopbackPort());
+    m.client_url = "http://127.0.0.1:" + std::to_string(ports[2 * i]);
+    m.peer_url = "http://127.0.0.1:" + std::to_string(ports[2 * i + 1]);
     m.data_dir = dir + "/etcd-" + m.name;
     m.log = dir + "/etcd-" + m.name + ".log";
     initial += (i ? "," : "") + m.name + "=" + m.peer_url;

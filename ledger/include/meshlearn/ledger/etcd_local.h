@@ -28,6 +28,8 @@ std::string FindEtcd();
 
 // A loopback TCP port nobody listens on now (the kernel's choice).
 int FreeLoopbackPort();
+// n distinct free ports (0 for any it could not bind), chosen while all n are held.
+std::vector<int> FreeLoopbackPorts(int n);
 
 class LocalEtcdCluster {
  public:
