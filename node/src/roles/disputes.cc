@@ -267,6 +267,8 @@ Status Disputes::RunServedRecheck(const CheckAssignment& c) {
   };
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
   if (ctx->bundle.net.stages < 2) return give_up("not a stage unit");
+  // Like every other stage job: the data it reads for the step's batch is dropped when it ends.
+  const DisputeDataDrop drop_data{ctx};
   std::shared_ptr<const engine::TaskData> data;
   Result<StageCheckInput> in = StageInputOf(c, ctx, &data);
   if (!in.ok()) return give_up(in.status().message());
