@@ -69,7 +69,16 @@ struct GemmOut {
   // relu_mask (M x N, row stride ldc): c = relu_mask > 0 ? 0 + v : 0, ReluBackward's select
   // into a zeroed buffer (0 + v is v except that -0 becomes +0, as adding it to zero did).
   const float* relu_mask = nullptr;
+  // Causal attention's products (see AttentionForward/AttentionBackward for when each is exact):
+  // kCausalTiles skips the tiles whose every column is past every row (n > m: outputs the caller
+  // overwrites); kCausalUpTo runs row m's chain over k < (its micro-panel's end) only, dropping
+  // terms k > m at the end of the chain; kCausalFrom over k >= (its micro-panel's first row)
+  // only, dropping terms k < m at the start of the chain.
+  int causal = 0;
 };
+inline constexpr int kCausalTiles = 1;
+inline constexpr int kCausalUpTo = 2;
+inline constexpr int kCausalFrom = 3;
 
 // acc[r][j] += A[:, r] * B[:, j-th vector] over kc steps, for the first R rows of the panel
 // (R < kMR serves short edge panels without computing rows that are thrown away).
@@ -276,9 +285,17 @@ void GemmBlock(int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end, i
               PrefetchTile(pref + (m0 + kMR) * ldref + jc, ldref,
                            static_cast<int>(MinI(kMR, mc - (ip + 1) * kMR)));
             }
+            if (o.causal == kCausalTiles && n0 >= m0 + mr) continue;
+            // The tile's k range within this block: all of it, or its causal part (an empty one
+            // keeps the running partial, or starts it from the initial value).
+            int64_t klo = k0, khi = k0 + kc;
+            if (o.causal == kCausalUpTo) khi = MinI(khi, m0 + mr);
+            if (o.causal == kCausalFrom) klo = MaxI(klo, m0);
+            if (khi <= klo) klo = khi = k0;
             const float* cin = first ? nullptr : pbase + m0 * ldb + n0;
-            Tile(kc, pa_k + ip * kc * kMR, pb_buf + jp * kc * kNR, mr, nr, m0, n0, cin, ldb, o,
-                 last, pbase + m0 * ldb + n0, ldb);
+            Tile(khi - klo, pa_k + ip * kc * kMR + (klo - k0) * kMR,
+                 pb_buf + jp * kc * kNR + (klo - k0) * kNR, mr, nr, m0, n0, cin, ldb, o, last,
+                 pbase + m0 * ldb + n0, ldb);
           }
         }
       }
@@ -1705,6 +1722,76 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int
 }
 
 // ---- Attention -------------------------------------------------------------------------------
+//
+// The reference's chains run over every position, masked ones included as fma(0, x, acc) (out and
+// dq: terms t2 > t at the end of row t's chain; dv and dk: terms t < t2 at the start of row t2's).
+// The GEMMs skip the micro-panels' masked terms (causal in GemmOut) where that keeps the bits:
+// - a term at the start, fma(z, x, +0) with z*x a zero (z = ±0, x finite), leaves the chain at +0;
+// - a term at the end, fma(+0, x, c) with x finite, leaves c unchanged unless c is -0 (it then
+//   ends as +0 if some such x is >= +0), so outputs the skipping GEMM leaves at -0 are recomputed
+//   with the whole chain (for dq, where the result is added to dq, the sum is -0 only when both
+//   dq and the chain were -0);
+// - where a skipped factor is not finite (or att's masked entries, an input of the backward, are
+//   not zero), the head runs the whole chains.
+
+// Whether every element of the rows x cols matrix at p (row stride ld) is finite: x * 0 is a
+// zero for finite x, NaN for an infinity or NaN.
+inline bool AllFinite(const float* p, int64_t rows, int64_t cols, int64_t ld) {
+  Vf acc = Zero();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; c += kW) {
+      const int nv = static_cast<int>(MinI(kW, cols - c));
+      acc = acc + LoadPartial(p + r * ld + c, nv) * Zero();
+    }
+  }
+  float lanes[kW];
+  Store(lanes, acc);
+  bool ok = true;
+  for (int i = 0; i < kW; ++i) ok = ok && lanes[i] == 0.0f;
+  return ok;
+}
+
+// Whether every element above the diagonal of the T x T matrix a (a[t * T + t2], t2 > t) is a
+// zero of either sign: a sum of absolute values is 0 only when all are 0 (NaN, Inf stay nonzero).
+inline bool UpperIsZero(const float* a, int64_t T) {
+  Vf acc = Zero();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t2 = t + 1; t2 < T; t2 += kW) {
+      const int nv = static_cast<int>(MinI(kW, T - t2));
+      acc = acc + Abs(LoadPartial(a + t * T + t2, nv));
+    }
+  }
+  float lanes[kW];
+  Store(lanes, acc);
+  bool ok = true;
+  for (int i = 0; i < kW; ++i) ok = ok && lanes[i] == 0.0f;
+  return ok;
+}
+
+// Calls fix(r, i) for every element of the rows x cols matrix at p (row stride ld) that is -0.
+// Zeros are rare in these outputs, so a vector pass looks for any zero first.
+template <typename Fix>
+inline void ForEachNegativeZero(const float* p, int64_t rows, int64_t cols, int64_t ld,
+                                const Fix& fix) {
+  Vf any = Zero();
+  bool tail_zero = false;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t c = 0;
+    for (; c + kW <= cols; c += kW) any = Select(Eq(Load(p + r * ld + c), Zero()), Set1(1.0f), any);
+    for (; c < cols; ++c) tail_zero = tail_zero || p[r * ld + c] == 0.0f;
+  }
+  float lanes[kW];
+  Store(lanes, any);
+  bool found = tail_zero;
+  for (int i = 0; i < kW; ++i) found = found || lanes[i] != 0.0f;
+  if (!found) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float x = p[r * ld + c];
+      if (x == 0.0f && __builtin_signbit(x)) fix(r, c);
+    }
+  }
+}
 
 void AttentionForward(float* out, float* preatt, float* att, const float* qkv, int64_t B, int64_t T,
                       int64_t C, int64_t NH) {
@@ -1722,6 +1809,7 @@ void AttentionForward(float* out, float* preatt, float* att, const float* qkv, i
       o.ldc = T;
       o.alpha = scale;
       o.use_alpha = true;
+      o.causal = kCausalTiles;  // the masked outputs are overwritten with 0 below
       Gemm(T, T, hs, StridedA{q, C3, 1}, StridedB{q + C, 1, C3}, o, 1);
       // Softmax per row t over t2 <= t. Row maxima and sums are sequential chains per row; a full
       // group of kW rows runs them with lanes holding rows (a lane joins the chain at t2 <= t).
@@ -1781,11 +1869,22 @@ void AttentionForward(float* out, float* preatt, float* att, const float* qkv, i
         }
         t0 += group;
       }
-      // out[t,i] = chain over t2 of att[t,t2] v[t2,i].
+      // out[t,i] = chain over t2 of att[t,t2] v[t2,i]; the masked terms (att +0) end the chain.
+      const float* v = q + 2 * C;
+      float* o_bh = out + b * T * C + h * hs;
       GemmOut oo;
-      oo.c = out + b * T * C + h * hs;
+      oo.c = o_bh;
       oo.ldc = C;
-      Gemm(T, hs, T, StridedA{a, T, 1}, StridedB{q + 2 * C, C3, 1}, oo, 1);
+      const bool skip = AllFinite(v, T, hs, C3);
+      if (skip) oo.causal = kCausalUpTo;
+      Gemm(T, hs, T, StridedA{a, T, 1}, StridedB{v, C3, 1}, oo, 1);
+      if (skip) {
+        ForEachNegativeZero(o_bh, T, hs, C, [&](int64_t t, int64_t i) {
+          float acc = 0.0f;
+          for (int64_t t2 = 0; t2 < T; ++t2) acc = ScalarFma(a[t * T + t2], v[t2 * C3 + i], acc);
+          o_bh[t * C + i] = acc;
+        });
+      }
     }
   });
 }
@@ -1812,6 +1911,7 @@ void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* do
         GemmOut o;
         o.c = dA;
         o.ldc = T;
+        o.causal = kCausalTiles;
         Gemm(T, T, hs, StridedA{g, C, 1}, StridedB{v, 1, C3}, o, 1);
         for (int64_t t = 0; t < T; ++t)
           for (int64_t t2 = t + 1; t2 < T; ++t2) dA[t * T + t2] = 0.0f;
@@ -1821,6 +1921,7 @@ void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* do
         o.c = dv;
         o.ldc = C3;
         o.accumulate = true;
+        if (AllFinite(g, T, hs, C) && UpperIsZero(A, T)) o.causal = kCausalFrom;
         Gemm(T, hs, T, StridedA{A, 1, T}, StridedB{g, C, 1}, o, 1);
       }
       for (int64_t t0 = 0; t0 < T;) {
@@ -1859,7 +1960,16 @@ void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* do
         o.accumulate = true;
         o.alpha = scale;
         o.use_alpha = true;
+        const bool skip = AllFinite(k, T, hs, C3);
+        if (skip) o.causal = kCausalUpTo;
         Gemm(T, hs, T, StridedA{dP, T, 1}, StridedB{k, C3, 1}, o, 1);
+        if (skip) {
+          ForEachNegativeZero(dq, T, hs, C3, [&](int64_t t, int64_t i) {
+            float acc = 0.0f;
+            for (int64_t t2 = 0; t2 < T; ++t2) acc = ScalarFma(dP[t * T + t2], k[t2 * C3 + i], acc);
+            dq[t * C3 + i] = dq[t * C3 + i] + acc * scale;  // dq was -0 (see above)
+          });
+        }
       }
       {  // dk += (dpreatt^T @ q) * scale.
         GemmOut o;
@@ -1868,6 +1978,7 @@ void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* do
         o.accumulate = true;
         o.alpha = scale;
         o.use_alpha = true;
+        if (AllFinite(q, T, hs, C3)) o.causal = kCausalFrom;
         Gemm(T, hs, T, StridedA{dP, 1, T}, StridedB{q, C3, 1}, o, 1);
       }
     }

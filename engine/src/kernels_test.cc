@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -479,6 +480,76 @@ TEST(KernelsTest, Attention) {
        s.NH);
       return Outputs{out, pre, att, dqkv, dpre, datt};
     });
+  }
+}
+
+// The fast attention skips the masked terms of its chains where that keeps the reference's bits
+// (kernels_impl.h, "Attention"). Each case makes a skipped term matter: a non-finite factor (0 *
+// Inf is NaN), a nonzero masked att entry passed to the backward, or a chain that ends at -0 before
+// its masked terms (an underflowing product), which a masked +0 * x with x >= 0 turns into +0.
+TEST(KernelsTest, AttentionMaskedTermsKeepTheReferenceBits) {
+  struct S {
+    int64_t B, T, C, NH;
+  };
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float kTiny = -std::numeric_limits<float>::denorm_min();
+  for (S s : {S{2, 40, 64, 2}, S{1, 300, 32, 1}}) {
+    const int64_t hs = s.C / s.NH, C3 = 3 * s.C, N = s.B * s.T;
+    for (int which = 0; which < 7; ++which) {
+      auto qkv = RandomVec(N * C3, 91, -2.0f, 2.0f), g = RandomVec(N * s.C, 92);
+      auto dqkv0 = RandomVec(qkv.size(), 93);
+      bool upper_nonzero = false;
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t t = n % s.T;
+        for (int64_t h = 0; h < s.NH; ++h) {
+          float* q = &qkv[n * C3 + h * hs];
+          float* k = q + s.C;
+          float* v = q + 2 * s.C;
+          switch (which) {
+            case 0:  // v's last row infinite: the reference's out is NaN in every row
+              if (t == s.T - 1) v[1] = kInf;
+              break;
+            case 1:  // out's chains end at -0 in the first rows; the masked v are positive
+              v[0] = t < s.T / 2 ? kTiny : 1.0f;
+              break;
+            case 2:  // dout's first row infinite: every dv row's chain starts with 0 * Inf
+              if (t == 0) g[n * s.C + h * hs + 2] = kInf;
+              break;
+            case 3:  // q's first row NaN: every dk row's chain starts with 0 * NaN
+              if (t == 0) q[3] = std::numeric_limits<float>::quiet_NaN();
+              break;
+            case 4:  // att's masked entries nonzero in the backward's input (below)
+              upper_nonzero = true;
+              break;
+            case 5:  // dq's chains end at -0 onto a -0 dq; the masked k are positive
+              k[0] = t < s.T / 2 ? kTiny : 1.0f;
+              dqkv0[n * C3 + h * hs] = -0.0f;
+              for (int64_t i = 0; i < hs; ++i) g[n * s.C + h * hs + i] *= 1e-3f;
+              break;
+            case 6:  // k's last row infinite: dq's chains end with 0 * Inf
+              if (t == s.T - 1) k[4] = -kInf;
+              break;
+          }
+        }
+      }
+      ExpectFastEqualsRef("AttentionMasked" + std::to_string(which), [&](bool fast) {
+        const int64_t TT = s.B * s.NH * s.T * s.T;
+        std::vector<float> out(N * s.C), pre(TT, 9.0f), att(TT, 9.0f);
+        KERNEL(fast, AttentionForward)
+        (out.data(), pre.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+        std::vector<float> att_in = att;
+        if (upper_nonzero) {
+          for (int64_t r = 0; r < s.B * s.NH * s.T; ++r)
+            for (int64_t t2 = r % s.T + 1; t2 < s.T; ++t2) att_in[r * s.T + t2] = 0.25f;
+        }
+        auto dqkv = dqkv0;
+        std::vector<float> dpre(TT, 5.0f), datt(TT, 5.0f);
+        KERNEL(fast, AttentionBackward)
+        (dqkv.data(), dpre.data(), datt.data(), g.data(), qkv.data(), att_in.data(), s.B, s.T, s.C,
+         s.NH);
+        return Outputs{out, pre, att, dqkv, dpre, datt};
+      });
+    }
   }
 }
 
