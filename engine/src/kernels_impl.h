@@ -1907,6 +1907,8 @@ void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* do
       const float* A = att + bh * T * T;
       float* dA = datt + bh * T * T;
       float* dP = dpreatt + bh * T * T;
+      // att's masked entries (an input here) are zeros, as AttentionForward writes them.
+      const bool upper_zero = UpperIsZero(A, T);
       {  // datt = dout @ v^T, masked to 0.
         GemmOut o;
         o.c = dA;
@@ -1921,31 +1923,45 @@ void AttentionBackward(float* dqkv, float* dpreatt, float* datt, const float* do
         o.c = dv;
         o.ldc = C3;
         o.accumulate = true;
-        if (AllFinite(g, T, hs, C) && UpperIsZero(A, T)) o.causal = kCausalFrom;
+        if (upper_zero && AllFinite(g, T, hs, C)) o.causal = kCausalFrom;
         Gemm(T, hs, T, StridedA{A, 1, T}, StridedB{g, C, 1}, o, 1);
       }
       for (int64_t t0 = 0; t0 < T;) {
-        // s_t = chain over all t2 of att*datt; lanes hold rows for a full group.
+        // s_t = chain over all t2 of att*datt; lanes hold rows for a full group. Past the group's
+        // last row every term is masked, fma(zero, +0, s), which leaves s unchanged unless it is
+        // -0 (when att's masked entries are zeros): those terms are skipped and a row whose s
+        // ends at -0 runs its whole chain.
         const int group = RowGroupFits(t0, T, T) ? kW : 1;
+        const int64_t t2_end = upper_zero ? t0 + group : T;
         float ss[kW];
         if (group > 1) {
           Vf sv = Zero();
-          for (int64_t t2 = 0; t2 < T; ++t2) {
+          for (int64_t t2 = 0; t2 < t2_end; ++t2) {
             sv = Fma(GatherStrided(A + t0 * T + t2, T), GatherStrided(dA + t0 * T + t2, T), sv);
           }
           Store(ss, sv);
         } else {
           float s = 0.0f;
-          for (int64_t t2 = 0; t2 < T; ++t2) s = ScalarFma(A[t0 * T + t2], dA[t0 * T + t2], s);
+          for (int64_t t2 = 0; t2 < t2_end; ++t2) {
+            s = ScalarFma(A[t0 * T + t2], dA[t0 * T + t2], s);
+          }
           ss[0] = s;
+        }
+        for (int i = 0; i < group; ++i) {
+          if (ss[i] == 0.0f && __builtin_signbit(ss[i]) && t2_end < T) {
+            const int64_t t = t0 + i;
+            float s = 0.0f;
+            for (int64_t t2 = 0; t2 < T; ++t2) s = ScalarFma(A[t * T + t2], dA[t * T + t2], s);
+            ss[i] = s;
+          }
         }
         for (int i = 0; i < group; ++i) {
           const int64_t t = t0 + i;
           const float* ar = A + t * T;
           const float* dar = dA + t * T;
           const Vf sv = Set1(ss[i]);
-          for (int64_t t2 = 0; t2 < T; t2 += kW) {
-            const int nv = static_cast<int>(MinI(kW, T - t2));
+          for (int64_t t2 = 0; t2 <= t; t2 += kW) {  // the masked ones are written 0 below
+            const int nv = static_cast<int>(MinI(kW, t + 1 - t2));
             StorePartial(dP + t * T + t2,
                          LoadPartial(ar + t2, nv) * (LoadPartial(dar + t2, nv) - sv), nv);
           }

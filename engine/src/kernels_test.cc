@@ -495,7 +495,7 @@ TEST(KernelsTest, AttentionMaskedTermsKeepTheReferenceBits) {
   const float kTiny = -std::numeric_limits<float>::denorm_min();
   for (S s : {S{2, 40, 64, 2}, S{1, 300, 32, 1}}) {
     const int64_t hs = s.C / s.NH, C3 = 3 * s.C, N = s.B * s.T;
-    for (int which = 0; which < 7; ++which) {
+    for (int which = 0; which < 8; ++which) {
       auto qkv = RandomVec(N * C3, 91, -2.0f, 2.0f), g = RandomVec(N * s.C, 92);
       auto dqkv0 = RandomVec(qkv.size(), 93);
       bool upper_nonzero = false;
@@ -528,6 +528,12 @@ TEST(KernelsTest, AttentionMaskedTermsKeepTheReferenceBits) {
               break;
             case 6:  // k's last row infinite: dq's chains end with 0 * Inf
               if (t == s.T - 1) k[4] = -kInf;
+              break;
+            case 7:  // the softmax backward's row sums end at -0 (dA = dout . v underflows, to
+                     // -0 where v < 0.5); its masked terms turn them into +0, and dA - s then
+                     // differs in sign where dA is -0
+              v[hs - 1] = t % 2 == 0 ? 0.75f : 0.25f;
+              for (int64_t i = 0; i < hs; ++i) g[n * s.C + h * hs + i] = i == hs - 1 ? kTiny : 0.0f;
               break;
           }
         }

@@ -960,8 +960,8 @@ class GptModel final : public Model {
       }
       float* dlogits = zeroed_alloc(N * V);
       SoftmaxCrossEntropyBackward(dlogits, tp.probs, tp.targets, bopts.dloss, N, V);
-      float* dlnf = zeroed_alloc(N * C);
-      LinearBackward(dlnf, head_grad, nullptr, dlogits, tp.lnf, Wte(), N, C, V);
+      float* dlnf = alloc(N * C);  // written whole (0 + chain): no zeroing
+      LinearBackwardOverwrite(dlnf, head_grad, nullptr, dlogits, tp.lnf, Wte(), N, C, V);
       float* dres = zeroed_alloc(N * C);
       LayerNormBackward(dres, params_[lnf].grad.data(), params_[lnf + 1].grad.data(), dlnf,
                         tp.last_residual, params_[lnf].value.data(), tp.lnf_mean, tp.lnf_rstd, N,
@@ -1001,27 +1001,30 @@ class GptModel final : public Model {
       float* dresidual2 = zeroed(buf_dresidual2, N * C);
       float* dfcproj = zeroed(buf_dfcproj, N * C);
       ResidualBackward(dresidual2, dfcproj, dresidual, N * C);
-      float* dfch_gelu = zeroed(buf_dfch_gelu, N * 4 * C);
-      LinearBackward(dfch_gelu, G(l, 10), G(l, 11), dfcproj, a.fch_gelu, P(l, 10), N, 4 * C, C);
+      // The linear layers' input gradients are written whole (0 + chain, the bits adding the
+      // chain to a zeroed buffer gives): no zeroing, and no scratch for the running partials.
+      float* dfch_gelu = buf_dfch_gelu;
+      LinearBackwardOverwrite(dfch_gelu, G(l, 10), G(l, 11), dfcproj, a.fch_gelu, P(l, 10), N,
+                              4 * C, C);
       float* dfch = zeroed(buf_dfch, N * 4 * C);
       GeluBackward(dfch, dfch_gelu, a.fch, N * 4 * C);
-      float* dln2 = zeroed(buf_dln2, N * C);
-      LinearBackward(dln2, G(l, 8), G(l, 9), dfch, a.ln2, P(l, 8), N, C, 4 * C);
+      float* dln2 = buf_dln2;
+      LinearBackwardOverwrite(dln2, G(l, 8), G(l, 9), dfch, a.ln2, P(l, 8), N, C, 4 * C);
       LayerNormBackward(dresidual2, G(l, 6), G(l, 7), dln2, a.residual2, P(l, 6), a.ln2_mean,
                         a.ln2_rstd, N, C);
       // residual2 = residual + attproj
       float* dres_in = zeroed(buf_dres_in[l % 2], N * C);
       float* dattproj = zeroed(buf_dattproj, N * C);
       ResidualBackward(dres_in, dattproj, dresidual2, N * C);
-      float* datty = zeroed(buf_datty, N * C);
-      LinearBackward(datty, G(l, 4), G(l, 5), dattproj, a.atty, P(l, 4), N, C, C);
+      float* datty = buf_datty;
+      LinearBackwardOverwrite(datty, G(l, 4), G(l, 5), dattproj, a.atty, P(l, 4), N, C, C);
       float* dqkv = zeroed(buf_dqkv, N * 3 * C);
       // AttentionBackward overwrites its two (B, NH, T, T) scratch outputs: no zeroing.
       float* dpreatt = buf_dpreatt;
       float* datt = buf_datt;
       AttentionBackward(dqkv, dpreatt, datt, datty, a.qkv, a.att, B, T, C, NH);
-      float* dln1 = zeroed(buf_dln1, N * C);
-      LinearBackward(dln1, G(l, 2), G(l, 3), dqkv, a.ln1, P(l, 2), N, C, 3 * C);
+      float* dln1 = buf_dln1;
+      LinearBackwardOverwrite(dln1, G(l, 2), G(l, 3), dqkv, a.ln1, P(l, 2), N, C, 3 * C);
       LayerNormBackward(dres_in, G(l, 0), G(l, 1), dln1, a.residual, P(l, 0), a.ln1_mean,
                         a.ln1_rstd, N, C);
       dresidual = dres_in;
