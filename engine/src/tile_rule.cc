@@ -695,10 +695,11 @@ std::pair<int64_t, int64_t> TileRuleWindowInputCols(const TileOp& o, int64_t ow0
 // arithmetic at the worst alignment of the windows' columns in the tiles. The tile plan refuses a
 // max-pool past kTileWitnessValueFloats (PlanStepTiles), so every tile witness it leads to stays
 // under the 256 KiB bound. A forward tile is cut into pieces (TileRuleConvPiecesOf) down to one
-// output's window, k rows in up to two tiles each; its input gradient is not cut: a tile reads,
-// for each input row run (two where its 32 columns wrap a row), the outputs whose windows reach
-// it and those windows' k rows (the windows' argmax), which passes the bound from windows of
-// about 16 rows over wide images (a 16 x 16 window of stride 8 over 601-wide rows: 290,816 bytes).
+// output's window, k rows in up to two tiles each; a whole input-gradient tile reads, for each
+// input row run (two where its 32 columns wrap a row), the outputs whose windows reach it and
+// those windows' k rows (the windows' argmax), which passes the bound from windows of about 16
+// rows over wide images (a 16 x 16 window of stride 8 over 601-wide rows: 290,816 bytes); past
+// it the tile is a chain over those outputs (TileOp::window_chain), one output's window a block.
 int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
   constexpr int64_t kTile = kTileRows * kTileCols;
   const int64_t H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
@@ -720,6 +721,9 @@ int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
     return p.runs * k * row_tiles(cols) * kTile + partial;
   }
   if (o.kind != TileOpKind::kTileOpMaxPoolInputGrad) return 0;
+  // Narrowed into a chain over its outputs (TileRulePoolChainSlots): a block reads one output's
+  // dout (one tile) and its window's k rows of k columns, with the tile's accumulators.
+  if (o.window_chain) return (2 + k * row_tiles(k)) * kTile;
   // The output rows reaching an input row (one for a plane's first or last row), the outputs of a
   // row reaching a run of n input columns inside a row (n_ow) or at its start or end (edge), and
   // the input rows of their windows.
@@ -756,13 +760,16 @@ int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
 // The blocks of a tile row a max-pool's footprints are read exactly over, past which its
 // arithmetic bound rules alone.
 constexpr int64_t kTileWindowCheckTiles = 1 << 14;
-// Refuses a plan with a max-pool (forward or input gradient) whose blocks could read more than
-// kTileWitnessValueFloats: past TileRuleWindowBlockFloats's arithmetic (at the worst alignment),
-// every block of its first tile row is read exactly (every tile row reads the same columns, the
-// last one fewer rows), up to kTileWindowCheckTiles blocks; past that the arithmetic refuses.
-Status TileRuleCheckWindowBlocks(const TilePlan& plan) {
+// Narrows, or refuses, a plan's max-pools (forward or input gradient) whose blocks could read more
+// than kTileWitnessValueFloats: past TileRuleWindowBlockFloats's arithmetic (at the worst
+// alignment), every block of its first tile row is read exactly (every tile row reads the same
+// columns, the last one fewer rows), up to kTileWindowCheckTiles blocks; past that the arithmetic
+// decides. An input gradient past the bound whole is made a chain over its outputs
+// (TileOp::window_chain: every pool the plan took before keeps its plan); a forward, or a chain
+// whose one output's window still passes the bound (k past 29), is refused.
+Status TileRuleCheckWindowBlocks(TilePlan& plan) {
   for (int64_t j = 0; j < static_cast<int64_t>(plan.ops.size()); ++j) {
-    const TileOp& o = plan.ops[static_cast<size_t>(j)];
+    TileOp& o = plan.ops[static_cast<size_t>(j)];
     if (o.kind != TileOpKind::kTileOpMaxPool && o.kind != TileOpKind::kTileOpMaxPoolInputGrad) {
       continue;
     }
@@ -779,6 +786,11 @@ Status TileRuleCheckWindowBlocks(const TilePlan& plan) {
       }
       if (floats <= kTileWitnessValueFloats) continue;
     }
+    if (o.kind == TileOpKind::kTileOpMaxPoolInputGrad && !o.window_chain) {
+      o.window_chain = true;
+      floats = TileRuleWindowBlockFloats(plan, o);
+      if (floats <= kTileWitnessValueFloats) continue;
+    }
     // "layers.<i>.out" or "layers.<i>.in.grad" (after a micro-batch's prefix).
     const size_t at = o.name.find("layers.");
     const std::string layer = o.name.substr(at, o.name.find('.', at + 7) - at);
@@ -790,9 +802,9 @@ Status TileRuleCheckWindowBlocks(const TilePlan& plan) {
         (o.kind == TileOpKind::kTileOpMaxPool ? "output" : "input gradient") + " can read " +
         n(4 * floats / 1024) + " KiB of values, past the " + n(4 * kTileWitnessValueFloats / 1024) +
         " KiB a tile witness carries under its 256 KiB bound, so the ledger could not rule it; "
-        "the tile plan cuts a max-pool's output down to one output's window, but its input "
-        "gradient reads whole windows (docs/verification.md, \"The witness bound\"): use a "
-        "smaller window or stride");
+        "the tile plan cuts a max-pool's output, and its input gradient's chain, down to one "
+        "output's window, whose rows it does not cut (docs/verification.md, \"The witness "
+        "bound\"): use a window of at most 29 rows");
   }
   return Status::Ok();
 }
@@ -805,6 +817,63 @@ std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int6
   const int64_t oh0 = lo <= 0 ? 0 : (lo + s - 1) / s;
   const int64_t oh1 = std::min(TileRuleOutH(o), (h1 - 1 + pad) / s + 1);
   return {oh0, std::max(oh0, oh1)};
+}
+// A max-pool input gradient whose whole tile passes the bound (TileOp::window_chain) is a chain
+// over the outputs reaching it. Each input element adds, from 0, dout of the windows whose argmax
+// it is, in increasing output order (kernels.h's MaxPool2dBackward); the elements' chains are
+// independent, so the tile's chain runs over its input row runs (ForEachPlaneRun: one, or two
+// where its columns wrap a row or a plane) one after the other, and over each run's outputs (those
+// whose windows reach it: output rows TileRuleWindowRows by columns TileRuleWindowCols) in
+// increasing (oh, ow), one output a block adding its dout into the run's element that is its
+// argmax, if any. (An output reaching both runs is visited twice, once for each run's elements:
+// each element still sees its outputs in increasing order.) Every tile has the same slots: the
+// most runs a tile's kTileCols columns make, times the most output rows reaching an input row,
+// times the most outputs of a row reaching a run; a slot past a tile's runs or its run's outputs
+// leaves the partial as it is. A block reads dout of its output (one tile) and its window's k rows
+// of k columns (two tiles a row up to k = 33): with the partial, 2k + 2 tiles, under the 60 of
+// kTileWitnessValueFloats up to k = 29 (the forward's one-output piece reads as much).
+struct TileRulePoolChainSlots {
+  int64_t runs = 0, rows = 0, cols = 0;
+  int64_t count() const { return runs * rows * cols; }
+};
+TileRulePoolChainSlots TileRulePoolChainSlotsOf(const TileOp& o) {
+  const int64_t W = o.conv[2], k = o.conv[4], s = o.conv[6];
+  TileRulePoolChainSlots sl;
+  sl.runs = W % kTileCols == 0 ? 1 : std::min(kTileCols, (kTileCols - 2) / W + 2);
+  sl.rows = std::min(TileRuleOutH(o), (k + s - 1) / s);
+  sl.cols = std::min(TileRuleOutW(o), (std::min(W, kTileCols) + k - 2) / s + 1);
+  return sl;
+}
+// Block `block` of such a tile: its run (channel c, input row ih, columns [iw0, iw1), the run's
+// first column in the tile col0) and its output (oh, ow); empty past the tile's runs or outputs.
+struct TileRulePoolChainBlock {
+  bool empty = true;
+  int64_t c = 0, ih = 0, iw0 = 0, iw1 = 0, col0 = 0, oh = 0, ow = 0;
+};
+TileRulePoolChainBlock TileRulePoolChainBlockOf(const TileOp& o, const TileGrid::Rect& t,
+                                                int64_t block) {
+  const TileRulePoolChainSlots sl = TileRulePoolChainSlotsOf(o);
+  const int64_t run = block / (sl.rows * sl.cols);
+  const int64_t rr = block % (sl.rows * sl.cols) / sl.cols, cc = block % sl.cols;
+  TileRulePoolChainBlock b;
+  int64_t i = 0, col = 0;
+  bool found = false;
+  ForEachPlaneRun(o.conv[1], o.conv[2], t.c0, t.c1,
+                  [&](int64_t c, int64_t ih, int64_t w0, int64_t w1) {
+                    if (i++ == run) {
+                      found = true;
+                      b.c = c, b.ih = ih, b.iw0 = w0, b.iw1 = w1, b.col0 = col;
+                    }
+                    col += w1 - w0;
+                  });
+  if (!found) return b;
+  const auto [oh0, oh1] = TileRuleWindowRows(o, b.ih, b.ih + 1);
+  const auto [ow0, ow1] = TileRuleWindowCols(o, b.iw0, b.iw1);
+  if (oh0 + rr >= oh1 || ow0 + cc >= ow1) return b;
+  b.oh = oh0 + rr;
+  b.ow = ow0 + cc;
+  b.empty = false;
+  return b;
 }
 // A conv's weight and bias gradient tiles chain every element over (b, oh, ow) (kernels.h):
 // block (k, g) continues, over the batch's row block k, the elements of the tile's output
@@ -1874,6 +1943,10 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     }
     return n > kTileConvChannels ? (n + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
+  // A max-pool input gradient narrowed into a chain over its outputs: one output a block.
+  if (o.kind == TileOpKind::kTileOpMaxPoolInputGrad && o.window_chain) {
+    return TileRulePoolChainSlotsOf(o).count();
+  }
   // A max-pool forward whose tile is cut into pieces (TileRuleConvPiecesOf): a piece a block.
   if (o.kind == TileOpKind::kTileOpMaxPool) {
     const int64_t pieces = TileRuleConvPiecesOf(o).count();
@@ -2286,6 +2359,19 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // windows (their argmax).
       const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      if (o.window_chain) {
+        // A chain over the outputs reaching the tile (TileRulePoolChainBlockOf): the block's
+        // output's dout and its window's k rows.
+        const TileRulePoolChainBlock pb = TileRulePoolChainBlockOf(o, t, block);
+        if (pb.empty) break;  // past the tile's runs or its run's outputs
+        const int64_t f = (pb.c * OH + pb.oh) * OW + pb.ow;
+        TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f, f + 1, fp);
+        for (int64_t h = pb.oh * s; h < pb.oh * s + k; ++h) {
+          const int64_t x0 = (pb.c * H + h) * W + pb.ow * s;
+          TileRuleCoverOnce(plan, o.w, t.r0, t.r1, x0, x0 + k, fp);
+        }
+        break;
+      }
       if (TileRuleWindowWide(o)) {
         // Over a wide image: each input row's run of the tile, the outputs whose windows reach
         // it and those windows' columns of their rows (TileRuleWindowWide).
@@ -3279,6 +3365,40 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       internal::FpEnvGuard fp_guard;
       const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      if (o.window_chain) {
+        // The chain over the outputs reaching the tile (TileRulePoolChainBlockOf): the block's
+        // output, by the forward's scan, adds its dout into its argmax where that is an element
+        // of the block's run; every other element keeps the agreed accumulator (0 before block 0).
+        if (block > 0) out = in.partial;
+        const TileRulePoolChainBlock pb = TileRulePoolChainBlockOf(o, t, block);
+        if (pb.empty) break;
+        const int64_t f = (pb.c * OH + pb.oh) * OW + pb.ow;
+        const std::vector<float> d = dense(o.x, t.r0, t.r1, f, f + 1);
+        std::vector<std::vector<float>> win;  // the window's rows: (R, k) each
+        for (int64_t kh = 0; kh < k; ++kh) {
+          const int64_t x0 = (pb.c * H + pb.oh * s + kh) * W + pb.ow * s;
+          win.push_back(dense(o.w, t.r0, t.r1, x0, x0 + k));
+        }
+        for (int64_t r = 0; r < R; ++r) {
+          int64_t bh = 0, bw = 0;
+          float best = win[0][static_cast<size_t>(r * k)];
+          for (int64_t kh = 0; kh < k; ++kh) {
+            for (int64_t kw = 0; kw < k; ++kw) {
+              const float v = win[static_cast<size_t>(kh)][static_cast<size_t>(r * k + kw)];
+              if (v > best) {
+                best = v;
+                bh = kh;
+                bw = kw;
+              }
+            }
+          }
+          const int64_t ih = pb.oh * s + bh, iw = pb.ow * s + bw;
+          if (ih != pb.ih || iw < pb.iw0 || iw >= pb.iw1) continue;
+          float& acc = out[static_cast<size_t>(r * K + pb.col0 + iw - pb.iw0)];
+          acc = acc + d[static_cast<size_t>(r)];
+        }
+        break;
+      }
       const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
       struct Plane {
         int64_t oh0 = 0, oh1 = 0, ih0 = 0, IH = 0;
