@@ -212,7 +212,11 @@
 //                                   reaching the tile, each input row run's outputs in increasing
 //                                   (oh, ow), one output's window a block: dout of it (one
 //                                   tile) and its k rows' window columns (the partial: the
-//                                   tile's accumulators);
+//                                   tile's accumulators); a window past 29 rows (its one
+//                                   output's 2 tiles a row pass the bound), forward or input
+//                                   gradient, in chunks of 20 rows (13 past 33), the partial
+//                                   carrying the running maximum (and, for the gradient, its
+//                                   index in the window);
 //   dropout out[r, c], dX[r, c]     the same elements of its input (of the output gradient), and
 //                                   the mask, which is not an input: the recompute draws each
 //                                   element's mask from its position in the micro-batch's tensor
@@ -393,7 +397,8 @@ struct TileOp {
   // 240 KiB of values a witness carries (the windows of every output reaching it: a 16 x 16
   // window of stride 8 over 601-wide rows, 290,816 bytes): PlanStepTiles sets it, and the tile is
   // NARROWED into a chain over the outputs reaching it, one output's window a block (the kernel's
-  // dinp[argmax] += dout in increasing output order; the partial: the tile's accumulators).
+  // dinp[argmax] += dout in increasing output order; the partial: the tile's accumulators), in
+  // chunks of its rows past 29.
   bool window_chain = false;
 };
 
