@@ -290,6 +290,8 @@ int64_t TileRuleBackwardDots(const TileOp& o, const TileGrid::Rect& t, int64_t o
 // without parameters (no blocks). Defined below, with the other walkers of the gradients' block
 // partials.
 int64_t TileRuleNormChunk(const TilePlan& plan, const TileOp& o, int64_t block);
+// The chunks of rows a max-pool's window is read in (below, with the windows).
+int64_t TileRulePoolRowChunks(const TileOp& o);
 
 // The floats of the partial sum S_block a reduction tile `t` continues from: the tile's, but for
 // wte's gradient past the tied head's blocks, which carries the head's finished dW tile and the
@@ -332,6 +334,12 @@ int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, const TileGri
     const int64_t nh = TileRuleBackwardHeadBlocks(o);
     return static_cast<int64_t>(TileRuleBackwardSumGroups(o, t).size()) * o.conv[0] + t.numel() +
            (block % nh == 0 ? 0 : TileRuleBackwardDots(o, t, block / nh));
+  }
+  // A max-pool input gradient's chain over windows past 29 rows: the accumulators, then each row's
+  // running maximum and its index in the window.
+  if (o.kind == TileOpKind::kTileOpMaxPoolInputGrad && o.window_chain &&
+      TileRulePoolRowChunks(o) > 1) {
+    return t.numel() + 2 * (t.r1 - t.r0);
   }
   // (A stage without parameters has no block, chunk -1: its one value is recomputed whole.)
   if (o.kind == TileOpKind::kTileOpGradNorm) return 1 + TileRuleNormChunk(plan, o, block);
@@ -540,6 +548,30 @@ int64_t TileRuleWindowRunWidth(int64_t s, int64_t KW, int64_t tiles = kTileWindo
   const int64_t most = (tiles - 1) * kTileCols + 1 - KW;
   return std::clamp<int64_t>(most < 0 ? 1 : most / s + 1, 1, kTileCols);
 }
+// A max-pool's one output's window, k rows of k columns (two tiles a row at the worst alignment up
+// to k = 33, three to 64), passes kTileWitnessValueFloats with its block's other tile or two (dout,
+// the partial) past k = 29. Such a window is read in chunks of rows, each a block, in the forward's
+// scan order (kh, then kw): the forward's piece (one output) carries its running maximum in the
+// partial's own element; the input gradient's chain carries each row's running maximum and its
+// index in the window (exact in a float: below 4,096) beside the accumulators, and adds dout into
+// the argmax after the window's last chunk. A chunk is kTileWindowTiles / (tiles a row) rows: 20
+// up to k = 33 (two chunks at 32), 13 to 64 (five). Up to k = 29 (every pool planned before) a
+// block reads the whole window.
+int64_t TileRulePoolRowChunk(const TileOp& o) {
+  const int64_t k = o.conv[4], tiles = (k + kTileCols - 2) / kTileCols + 1;
+  // Only a forward read by its windows' columns (TileRuleWindowWide; not a first layer's, whose
+  // pieces are cut by the chunks of its examples), or an input gradient's chain, reads one output's
+  // window a block.
+  const bool cut = o.kind == TileOpKind::kTileOpMaxPoolInputGrad
+                       ? o.window_chain
+                       : o.x != kTileOperandBatch && TileRuleWindowWide(o);
+  if (!cut || (k * tiles + 2) * kTileRows * kTileCols <= kTileWitnessValueFloats) return k;
+  return kTileWindowTiles / tiles;
+}
+int64_t TileRulePoolRowChunks(const TileOp& o) {
+  const int64_t q = TileRulePoolRowChunk(o);
+  return (o.conv[4] + q - 1) / q;
+}
 // Even one pair a block can read too much of a wide conv2d forward: per output row run of its
 // tile one input row's window columns, and a tile crosses up to 32 short rows. So its tile's
 // outputs are cut into pieces, each running its whole chain (every pair block, from the bias)
@@ -568,7 +600,8 @@ int64_t TileRuleWindowRunWidth(int64_t s, int64_t KW, int64_t tiles = kTileWindo
 // a 4 x 4 window of stride 4 (every shape a model or test used before) a tile is one piece (at
 // most 40 tiles: 2 runs of 4 rows of 5 tiles, or narrower runs of 2). Past k = 20 even
 // one output's window (two tiles a row) passes 40 tiles: such a window's piece is one output (up
-// to 60 tiles at k = 29; past that the plan refuses it: TileRuleCheckWindowBlocks).
+// to 60 tiles at k = 29; past that its rows are read in chunks, one a block:
+// TileRulePoolRowChunks).
 // The most chunks of an example one segment of a first layer's max-pool reads: its window's k
 // rows, (k - 1) W + cols floats from its first, in one chunk where a plane lies in one, or where
 // the windows' rows are aligned blocks of a chunk (3 x 64 x 64 at 2 x 2: rows 2 oh and 2 oh + 1,
@@ -638,8 +671,10 @@ TileRuleConvPiece TileRuleConvPieceOf(const TileOp& o, const TileGrid::Rect& t, 
                                       int64_t block) {
   const TileRuleConvPieces p = TileRuleConvPiecesOf(o);
   if (blocks == 0 || p.count() == 1) return {t.r0, t.r1, t.c0, t.c1, block};
-  // A max-pool's piece is one block (no chain of pairs).
-  const int64_t nb = o.kind == TileOpKind::kTileOpMaxPool ? 1 : TileRuleConvPairBlocks(o);
+  // A max-pool's piece is one block, or one a chunk of its window's rows (TileRulePoolRowChunks:
+  // pair_block is then the chunk).
+  const int64_t nb =
+      o.kind == TileOpKind::kTileOpMaxPool ? TileRulePoolRowChunks(o) : TileRuleConvPairBlocks(o);
   const int64_t piece = block / nb;
   const int64_t group = piece / p.row_parts, part = piece % p.row_parts;
   const int64_t rows = kTileRows / p.row_parts;
@@ -695,10 +730,11 @@ std::pair<int64_t, int64_t> TileRuleWindowInputCols(const TileOp& o, int64_t ow0
 // arithmetic at the worst alignment of the windows' columns in the tiles. The tile plan refuses a
 // max-pool past kTileWitnessValueFloats (PlanStepTiles), so every tile witness it leads to stays
 // under the 256 KiB bound. A forward tile is cut into pieces (TileRuleConvPiecesOf) down to one
-// output's window, k rows in up to two tiles each; its input gradient is not cut: a tile reads,
-// for each input row run (two where its 32 columns wrap a row), the outputs whose windows reach
-// it and those windows' k rows (the windows' argmax), which passes the bound from windows of
-// about 16 rows over wide images (a 16 x 16 window of stride 8 over 601-wide rows: 290,816 bytes).
+// output's window, k rows in up to two tiles each; a whole input-gradient tile reads, for each
+// input row run (two where its 32 columns wrap a row), the outputs whose windows reach it and
+// those windows' k rows (the windows' argmax), which passes the bound from windows of about 16
+// rows over wide images (a 16 x 16 window of stride 8 over 601-wide rows: 290,816 bytes); past
+// it the tile is a chain over those outputs (TileOp::window_chain), one output's window a block.
 int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
   constexpr int64_t kTile = kTileRows * kTileCols;
   const int64_t H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
@@ -715,11 +751,20 @@ int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
              partial;
     }
     if (!TileRuleWindowWide(o)) return TileRulePoolRowsTiles(o) * kTile;
-    // A piece's segments, each k rows of its windows' columns.
+    // A piece's segments, each k rows of its windows' columns (or a chunk of them).
     const int64_t cols = std::min(W, (std::min({OW, kTileCols, p.width}) - 1) * s + k);
-    return p.runs * k * row_tiles(cols) * kTile + partial;
+    const int64_t rows = TileRulePoolRowChunk(o);
+    return p.runs * rows * row_tiles(cols) * kTile + (rows < k ? kTile : partial);
   }
   if (o.kind != TileOpKind::kTileOpMaxPoolInputGrad) return 0;
+  // Narrowed into a chain over its outputs (TileRulePoolChainSlots): a block reads one output's
+  // dout (one tile) and its window's k rows of k columns, with the tile's accumulators.
+  // A window past 29 rows in chunks of rows, the partial carrying each row's running maximum and
+  // its index.
+  if (o.window_chain) {
+    const int64_t rows = TileRulePoolRowChunk(o);
+    return (2 + rows * row_tiles(k)) * kTile + (rows < k ? 2 * kTileRows : 0);
+  }
   // The output rows reaching an input row (one for a plane's first or last row), the outputs of a
   // row reaching a run of n input columns inside a row (n_ow) or at its start or end (edge), and
   // the input rows of their windows.
@@ -756,13 +801,18 @@ int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
 // The blocks of a tile row a max-pool's footprints are read exactly over, past which its
 // arithmetic bound rules alone.
 constexpr int64_t kTileWindowCheckTiles = 1 << 14;
-// Refuses a plan with a max-pool (forward or input gradient) whose blocks could read more than
-// kTileWitnessValueFloats: past TileRuleWindowBlockFloats's arithmetic (at the worst alignment),
-// every block of its first tile row is read exactly (every tile row reads the same columns, the
-// last one fewer rows), up to kTileWindowCheckTiles blocks; past that the arithmetic refuses.
-Status TileRuleCheckWindowBlocks(const TilePlan& plan) {
+// Narrows, or refuses, a plan's max-pools (forward or input gradient) whose blocks could read more
+// than kTileWitnessValueFloats: past TileRuleWindowBlockFloats's arithmetic (at the worst
+// alignment), every block of its first tile row is read exactly (every tile row reads the same
+// columns, the last one fewer rows), up to kTileWindowCheckTiles blocks; past that the arithmetic
+// decides. An input gradient past the bound whole is made a chain over its outputs
+// (TileOp::window_chain: every pool the plan took before keeps its plan), past 29 rows over chunks
+// of each window's rows (TileRulePoolRowChunks), as a forward's one-output pieces are; what still
+// passes (a first layer's window over its examples' chunks: a 64 x 64 window over 1 x 64 x 2000)
+// is refused.
+Status TileRuleCheckWindowBlocks(TilePlan& plan) {
   for (int64_t j = 0; j < static_cast<int64_t>(plan.ops.size()); ++j) {
-    const TileOp& o = plan.ops[static_cast<size_t>(j)];
+    TileOp& o = plan.ops[static_cast<size_t>(j)];
     if (o.kind != TileOpKind::kTileOpMaxPool && o.kind != TileOpKind::kTileOpMaxPoolInputGrad) {
       continue;
     }
@@ -779,6 +829,11 @@ Status TileRuleCheckWindowBlocks(const TilePlan& plan) {
       }
       if (floats <= kTileWitnessValueFloats) continue;
     }
+    if (o.kind == TileOpKind::kTileOpMaxPoolInputGrad && !o.window_chain) {
+      o.window_chain = true;
+      floats = TileRuleWindowBlockFloats(plan, o);
+      if (floats <= kTileWitnessValueFloats) continue;
+    }
     // "layers.<i>.out" or "layers.<i>.in.grad" (after a micro-batch's prefix).
     const size_t at = o.name.find("layers.");
     const std::string layer = o.name.substr(at, o.name.find('.', at + 7) - at);
@@ -790,9 +845,10 @@ Status TileRuleCheckWindowBlocks(const TilePlan& plan) {
         (o.kind == TileOpKind::kTileOpMaxPool ? "output" : "input gradient") + " can read " +
         n(4 * floats / 1024) + " KiB of values, past the " + n(4 * kTileWitnessValueFloats / 1024) +
         " KiB a tile witness carries under its 256 KiB bound, so the ledger could not rule it; "
-        "the tile plan cuts a max-pool's output down to one output's window, but its input "
-        "gradient reads whole windows (docs/verification.md, \"The witness bound\"): use a "
-        "smaller window or stride");
+        "the tile plan cuts a max-pool's blocks down to chunks of one output's window's rows, "
+        "but a first layer's window reads whole 1,024-float chunks of its examples "
+        "(docs/verification.md, \"The witness bound\"): use a smaller window or narrower "
+        "images");
   }
   return Status::Ok();
 }
@@ -805,6 +861,63 @@ std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int6
   const int64_t oh0 = lo <= 0 ? 0 : (lo + s - 1) / s;
   const int64_t oh1 = std::min(TileRuleOutH(o), (h1 - 1 + pad) / s + 1);
   return {oh0, std::max(oh0, oh1)};
+}
+// A max-pool input gradient whose whole tile passes the bound (TileOp::window_chain) is a chain
+// over the outputs reaching it. Each input element adds, from 0, dout of the windows whose argmax
+// it is, in increasing output order (kernels.h's MaxPool2dBackward); the elements' chains are
+// independent, so the tile's chain runs over its input row runs (ForEachPlaneRun: one, or two
+// where its columns wrap a row or a plane) one after the other, and over each run's outputs (those
+// whose windows reach it: output rows TileRuleWindowRows by columns TileRuleWindowCols) in
+// increasing (oh, ow), one output a block adding its dout into the run's element that is its
+// argmax, if any. (An output reaching both runs is visited twice, once for each run's elements:
+// each element still sees its outputs in increasing order.) Every tile has the same slots: the
+// most runs a tile's kTileCols columns make, times the most output rows reaching an input row,
+// times the most outputs of a row reaching a run; a slot past a tile's runs or its run's outputs
+// leaves the partial as it is. A block reads dout of its output (one tile) and its window's k rows
+// of k columns (two tiles a row up to k = 33): with the partial, 2k + 2 tiles, under the 60 of
+// kTileWitnessValueFloats up to k = 29 (the forward's one-output piece reads as much).
+struct TileRulePoolChainSlots {
+  int64_t runs = 0, rows = 0, cols = 0;
+  int64_t count() const { return runs * rows * cols; }
+};
+TileRulePoolChainSlots TileRulePoolChainSlotsOf(const TileOp& o) {
+  const int64_t W = o.conv[2], k = o.conv[4], s = o.conv[6];
+  TileRulePoolChainSlots sl;
+  sl.runs = W % kTileCols == 0 ? 1 : std::min(kTileCols, (kTileCols - 2) / W + 2);
+  sl.rows = std::min(TileRuleOutH(o), (k + s - 1) / s);
+  sl.cols = std::min(TileRuleOutW(o), (std::min(W, kTileCols) + k - 2) / s + 1);
+  return sl;
+}
+// Block `block` of such a tile: its run (channel c, input row ih, columns [iw0, iw1), the run's
+// first column in the tile col0) and its output (oh, ow); empty past the tile's runs or outputs.
+struct TileRulePoolChainBlock {
+  bool empty = true;
+  int64_t c = 0, ih = 0, iw0 = 0, iw1 = 0, col0 = 0, oh = 0, ow = 0;
+};
+TileRulePoolChainBlock TileRulePoolChainBlockOf(const TileOp& o, const TileGrid::Rect& t,
+                                                int64_t block) {
+  const TileRulePoolChainSlots sl = TileRulePoolChainSlotsOf(o);
+  const int64_t run = block / (sl.rows * sl.cols);
+  const int64_t rr = block % (sl.rows * sl.cols) / sl.cols, cc = block % sl.cols;
+  TileRulePoolChainBlock b;
+  int64_t i = 0, col = 0;
+  bool found = false;
+  ForEachPlaneRun(o.conv[1], o.conv[2], t.c0, t.c1,
+                  [&](int64_t c, int64_t ih, int64_t w0, int64_t w1) {
+                    if (i++ == run) {
+                      found = true;
+                      b.c = c, b.ih = ih, b.iw0 = w0, b.iw1 = w1, b.col0 = col;
+                    }
+                    col += w1 - w0;
+                  });
+  if (!found) return b;
+  const auto [oh0, oh1] = TileRuleWindowRows(o, b.ih, b.ih + 1);
+  const auto [ow0, ow1] = TileRuleWindowCols(o, b.iw0, b.iw1);
+  if (oh0 + rr >= oh1 || ow0 + cc >= ow1) return b;
+  b.oh = oh0 + rr;
+  b.ow = ow0 + cc;
+  b.empty = false;
+  return b;
 }
 // A conv's weight and bias gradient tiles chain every element over (b, oh, ow) (kernels.h):
 // block (k, g) continues, over the batch's row block k, the elements of the tile's output
@@ -1874,10 +1987,16 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     }
     return n > kTileConvChannels ? (n + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
-  // A max-pool forward whose tile is cut into pieces (TileRuleConvPiecesOf): a piece a block.
+  // A max-pool input gradient narrowed into a chain over its outputs: one output a block.
+  // (Past 29 window rows: one a chunk of its rows, TileRulePoolRowChunks.)
+  if (o.kind == TileOpKind::kTileOpMaxPoolInputGrad && o.window_chain) {
+    return TileRulePoolChainSlotsOf(o).count() * TileRulePoolRowChunks(o);
+  }
+  // A max-pool forward whose tile is cut into pieces (TileRuleConvPiecesOf): a piece a block, or
+  // one a chunk of its window's rows.
   if (o.kind == TileOpKind::kTileOpMaxPool) {
-    const int64_t pieces = TileRuleConvPiecesOf(o).count();
-    return pieces > 1 ? pieces : 0;
+    const int64_t pieces = TileRuleConvPiecesOf(o).count(), chunks = TileRulePoolRowChunks(o);
+    return pieces > 1 || chunks > 1 ? pieces * chunks : 0;
   }
   if (o.kind == TileOpKind::kTileOpConvWeightGrad || o.kind == TileOpKind::kTileOpConvBiasGrad) {
     const int64_t OW = TileRuleOutW(o), groups = TileRuleConvGradGroups(o);
@@ -2178,10 +2297,13 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
         const int64_t k = o.conv[4], s = o.conv[6];
         const TileRuleConvPiece pc = TileRuleConvPieceOf(o, t, blocks, block);
         if (pc.r0 >= pc.r1 || pc.c0 >= pc.c1) break;  // past a short tile's segments
+        // (A window past 29 rows: the block's chunk of them, pc.pair_block.)
+        const int64_t q = TileRulePoolRowChunk(o), kh0 = pc.pair_block * q;
+        const int64_t kh1 = std::min(k, kh0 + q);
         ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), pc.c0, pc.c1,
                         [&](int64_t c, int64_t oh, int64_t ow0, int64_t ow1) {
                           const auto [iw0, iw1] = TileRuleWindowInputCols(o, ow0, ow1);
-                          for (int64_t ih = oh * s; ih < oh * s + k; ++ih) {
+                          for (int64_t ih = oh * s + kh0; ih < oh * s + kh1; ++ih) {
                             const int64_t f = (c * H + ih) * W;
                             TileRuleCoverOnce(plan, o.x, pc.r0, pc.r1, f + iw0, f + iw1, fp);
                           }
@@ -2286,6 +2408,22 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       // windows (their argmax).
       const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      if (o.window_chain) {
+        // A chain over the outputs reaching the tile (TileRulePoolChainBlockOf): the block's
+        // output's dout and its window's k rows.
+        // (Past 29 rows: the block's chunk of them, dout with the last.)
+        const int64_t rc = TileRulePoolRowChunks(o), q = TileRulePoolRowChunk(o);
+        const int64_t kh0 = block % rc * q, kh1 = std::min(k, kh0 + q);
+        const TileRulePoolChainBlock pb = TileRulePoolChainBlockOf(o, t, block / rc);
+        if (pb.empty) break;  // past the tile's runs or its run's outputs
+        const int64_t f = (pb.c * OH + pb.oh) * OW + pb.ow;
+        if (kh1 == k) TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f, f + 1, fp);
+        for (int64_t h = pb.oh * s + kh0; h < pb.oh * s + kh1; ++h) {
+          const int64_t x0 = (pb.c * H + h) * W + pb.ow * s;
+          TileRuleCoverOnce(plan, o.w, t.r0, t.r1, x0, x0 + k, fp);
+        }
+        break;
+      }
       if (TileRuleWindowWide(o)) {
         // Over a wide image: each input row's run of the tile, the outputs whose windows reach
         // it and those windows' columns of their rows (TileRuleWindowWide).
@@ -3146,6 +3284,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // Only the block's piece's outputs are computed (TileRuleConvPieceOf); the others keep the
       // partial (0 before the first piece).
       const TileRuleConvPiece pc = TileRuleConvPieceOf(o, t, blocks, block);
+      const int64_t q = TileRulePoolRowChunk(o);
       std::vector<std::vector<float>> chan;  // per channel: (R, IH, W)
       for (int64_t c = cs.oc0; c < cs.oc1; ++c) {
         chan.push_back(dense(o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W));
@@ -3160,8 +3299,11 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           }
           const std::vector<float>& x = chan[static_cast<size_t>(c - cs.oc0)];
           auto at = [&](int64_t ih, int64_t iw) { return x[(r * IH + ih - cs.ih0) * W + iw]; };
-          float best = at(oh * s, ow * s);
-          for (int64_t kh = 0; kh < k; ++kh) {
+          // A window past 29 rows: the block's chunk of rows, from the running maximum the
+          // partial holds after the chunks before it.
+          const int64_t kh0 = pc.pair_block * q, kh1 = std::min(k, kh0 + q);
+          float best = kh0 == 0 ? at(oh * s, ow * s) : in.partial[static_cast<size_t>(r * K + jj)];
+          for (int64_t kh = kh0; kh < kh1; ++kh) {
             for (int64_t kw = 0; kw < k; ++kw) {
               const float v = at(oh * s + kh, ow * s + kw);
               if (v > best) best = v;
@@ -3279,6 +3421,57 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       internal::FpEnvGuard fp_guard;
       const int64_t C = o.conv[0], H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
+      if (o.window_chain) {
+        // The chain over the outputs reaching the tile (TileRulePoolChainBlockOf): the block's
+        // output, by the forward's scan, adds its dout into its argmax where that is an element
+        // of the block's run; every other element keeps the agreed accumulator (0 before block 0).
+        // Past 29 rows a block is a chunk of the window's rows: the partial carries, after the
+        // accumulators, each row's running maximum and its index in the window (kh k + kw), and
+        // dout is added after the last chunk.
+        const int64_t rc = TileRulePoolRowChunks(o), q = TileRulePoolRowChunk(o), n = t.numel();
+        const int64_t kh0 = block % rc * q, kh1 = std::min(k, kh0 + q);
+        if (block > 0) out = in.partial;
+        out.resize(static_cast<size_t>(n + (rc > 1 ? 2 * R : 0)), 0.0f);
+        const TileRulePoolChainBlock pb = TileRulePoolChainBlockOf(o, t, block / rc);
+        if (!pb.empty) {
+          const int64_t f = (pb.c * OH + pb.oh) * OW + pb.ow;
+          const std::vector<float> d =
+              kh1 == k ? dense(o.x, t.r0, t.r1, f, f + 1) : std::vector<float>();
+          std::vector<std::vector<float>> win;  // the chunk's rows of the window: (R, k) each
+          for (int64_t kh = kh0; kh < kh1; ++kh) {
+            const int64_t x0 = (pb.c * H + pb.oh * s + kh) * W + pb.ow * s;
+            win.push_back(dense(o.w, t.r0, t.r1, x0, x0 + k));
+          }
+          for (int64_t r = 0; r < R; ++r) {
+            float& run_best = rc > 1 ? out[static_cast<size_t>(n + r)] : out[0];
+            float& run_at = rc > 1 ? out[static_cast<size_t>(n + R + r)] : out[0];
+            float best = kh0 == 0 ? win[0][static_cast<size_t>(r * k)] : run_best;
+            int64_t at = kh0 == 0 ? 0 : static_cast<int64_t>(run_at);
+            for (int64_t kh = kh0; kh < kh1; ++kh) {
+              for (int64_t kw = 0; kw < k; ++kw) {
+                const float v =
+                    win[static_cast<size_t>(kh - kh0)][static_cast<size_t>(r * k + kw)];
+                if (v > best) {
+                  best = v;
+                  at = kh * k + kw;
+                }
+              }
+            }
+            if (kh1 < k) {  // the window goes on in the next block
+              run_best = best;
+              run_at = static_cast<float>(at);
+              continue;
+            }
+            if (rc > 1) run_best = run_at = 0.0f;
+            const int64_t ih = pb.oh * s + at / k, iw = pb.ow * s + at % k;
+            if (ih != pb.ih || iw < pb.iw0 || iw >= pb.iw1) continue;
+            float& acc = out[static_cast<size_t>(r * K + pb.col0 + iw - pb.iw0)];
+            acc = acc + d[static_cast<size_t>(r)];
+          }
+        }
+        if (block + 1 == blocks) out.resize(static_cast<size_t>(n));
+        break;
+      }
       const TileRulePlaneSpan ps = TileRulePlanesOf(C, H, W, t.c0, t.c1);
       struct Plane {
         int64_t oh0 = 0, oh1 = 0, ih0 = 0, IH = 0;

@@ -1477,6 +1477,57 @@ kernel = 2
   ExpectTheHonestSideWinsAtEveryTile(lies, "2 x 2 max-pool over 2 x 400 x 30");
 }
 
+// A 16 x 16 max-pool of stride 8 over 2 x 40 x 601 (4 x 74 outputs a plane, overlapping windows):
+// an input-gradient tile read the windows of every output reaching its 32 inputs, whole (290,816
+// bytes of values), and the tile plan refused the pool. Its tile is now a chain over those
+// outputs, one output's window a block (engine TileRulePoolChainBlockOf: 2 runs x 2 output rows x
+// 6 outputs, 24 blocks; the partial, the tile's accumulators): a lie at tile 376 (channel 0's row
+// 20, columns 12..43: output rows 1 and 2 by outputs 0..5), block 7 (output (0, 2, 1)), one at
+// tile 18 (row 0's columns 576..600 and row 1's 0..6), block 12 (the second run's one output,
+// (0, 0, 0)), and one at tile 751 (channel 0's last row and channel 1's first), block 13 (output
+// (1, 0, 1)), are each ruled from one output's dout and its 16 window rows.
+TEST(TileDisputeTest, AMaxPoolsInputGradientPastTheBoundIsRuledFromOneOutputsWindow) {
+  static const auto* setup = ConvAfterReluSetup({2, 40, 601}, R"([[model.layers]]
+kind = "maxpool2d"
+kernel = 16
+stride = 8
+)");
+  g_setup = setup;
+  const int64_t j = OpIndex("layers.1.in.grad");
+  ASSERT_TRUE(Context().plan.ops[static_cast<size_t>(j)].window_chain);
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, j), 24);
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.1.in.grad", 9, 20 * 601 + 20, 7},
+      {LieKind::kTile, "layers.1.in.grad", 9, 601 + 3, 12},
+      {LieKind::kTile, "layers.1.in.grad", 5, 40 * 601 + 10, 13},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "16 x 16 max-pool's input gradient over 2 x 40 x 601");
+}
+
+// A 32 x 32 max-pool of stride 16 over 2 x 80 x 601: one output's window alone (32 rows of two
+// tiles, 64) passed the bound, forward and input gradient, and the plan refused the pool. Both read
+// it in two chunks of rows (20 and 12), one a block: a lie at the forward's tile 0, block 5 x 2 + 1
+// (output 5's second chunk, continuing the running maximum its own element holds), and at the
+// input gradient's tile 376 (channel 0's row 20, columns 12..43), block 6 x 2 (output (0, 1, 2)'s
+// first chunk: the partial's running maximum and index) and 6 x 2 + 1 (its last: dout added into
+// the argmax), are each ruled from one chunk of one window.
+TEST(TileDisputeTest, AMaxPoolWithAWindowPast29RowsIsRuledFromAChunkOfItsRows) {
+  static const auto* setup = ConvAfterReluSetup({2, 80, 601}, R"([[model.layers]]
+kind = "maxpool2d"
+kernel = 32
+stride = 16
+)");
+  g_setup = setup;
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, OpIndex("layers.1.out")), 32 * 2);
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, OpIndex("layers.1.in.grad")), 16 * 2);
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.1.out", 3, 5, 5 * 2 + 1},
+      {LieKind::kTile, "layers.1.in.grad", 9, 20 * 601 + 20, 6 * 2},
+      {LieKind::kTile, "layers.1.in.grad", 9, 20 * 601 + 20, 6 * 2 + 1},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "32 x 32 max-pool over 2 x 80 x 601");
+}
+
 // A chunked example's chunk must be the footprint's and proven against the example's chunk root,
 // and the example's leaf over that root proven against the data root; a witness that carries the
 // example whole (the format of smaller examples) is refused too.
