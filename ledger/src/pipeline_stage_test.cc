@@ -769,6 +769,12 @@ class PipelineLostStageTest : public PipelineStageTest {
     }
     EXPECT_GE(deadline, chain_->Height() + genesis_.params.min_deadline_blocks);
     EXPECT_EQ(Unit(0, 0, 1).assignee, nodes_[7].public_key());  // the fastest free node
+    // The lost node is the stage's earlier node (node_work's `earlier`): the one whose records
+    // the new node recomputes when the replica resumes (node/stage_resume.h). The kept stages
+    // have none.
+    EXPECT_EQ(Machine().LastExcluded(1), lost);
+    EXPECT_EQ(Machine().LastExcluded(0), PublicKey{});
+    EXPECT_EQ(Machine().LastExcluded(2), PublicKey{});
     for (size_t i : {0, 1, 2, 3, 4, 7}) {
       EXPECT_EQ(chain_->GetNode(nodes_[i].public_key()).value().reputation.failures,
                 nodes_[i].public_key() == lost ? 1u : 0u)

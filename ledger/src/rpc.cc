@@ -570,9 +570,12 @@ json RpcService::Dispatch(const std::string& method, const json& params,
               chain.push_back({{"node", placed ? w->assignee.ToHex() : PublicKey{}.ToHex()},
                                {"endpoint", n.ok() ? n->endpoint : std::string()}});
             }
+            // The node that held this stage before and let it expire (zero: none): the node
+            // whose records a resume of the replica recomputes (node/stage_resume.h).
             unit["stage"] = {{"replica", slot.replica},
                              {"stage", slot.stage},
-                             {"chain", std::move(chain)}};
+                             {"chain", std::move(chain)},
+                             {"earlier", m->LastExcluded(a.unit.shard).ToHex()}};
           }
           units.push_back(std::move(unit));
         }

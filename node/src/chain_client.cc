@@ -588,8 +588,9 @@ Result<NodeWork> ParseNodeWork(const json& j) {
     if (uf.ok() && u.raw().contains("stage")) {
       ML_ASSIGN_OR_RETURN(RpcAnswer st, uf.Object("stage"));
       UnitAssignment::Stage stage;
-      Fields sf(st, {"replica", "stage", "chain"});
+      Fields sf(st, {"replica", "stage", "chain", "earlier"});
       sf.Read("replica", &stage.replica).Read("stage", &stage.stage);
+      sf.Read("earlier", &stage.earlier);
       ML_ASSIGN_OR_RETURN(RpcAnswer chain, sf.Array("chain"));
       for (size_t k = 0; k < chain.size(); ++k) {
         Fields cf(chain.At(k), {"node", "endpoint"});

@@ -306,19 +306,38 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
 // task ends with `meshlearn diloco`'s weights, bit for bit, and no other node counts a failure.
 // The replica resumes on the new chain at the step the node was lost in (docs/protocol.md "The
 // resume step"); with `resume_fails` the new node cannot (its fetch budget is one byte) and the
-// replica runs again from the round's start, bit-equal too.
-void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
-                           bool resume_fails = false) {
+// replica runs again from the round's start, bit-equal too. With `ahead` the node held is the
+// last stage's, at its send of step 1's gradient total to stage 1, after it sent it to stage 0:
+// stage 0 finished step 1, stage 1 did not, and the node leaves (released once the kept stages
+// run on the new chain, so that stage 1 never takes that total): stage 0 rolls back to step 1's
+// start from its own checkpoint and the replica resumes at step 1. With `verifying` the chain
+// verifies every stage unit (VerifyingPipelineSimOptions): the verifiers replay every step of the
+// resumed replica's stage units, the recomputed ones and the kept ones with their swapped
+// records, against the new chain; none is fraud and no node is slashed.
+struct LoseAStage {
+  bool kill = true;
+  bool resume_fails = false;
+  bool ahead = false;
+  bool verifying = false;
+};
+void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::string& dir) {
+  const bool kill = how.kill;
+  const bool resume_fails = how.resume_fails;
+  // The stage whose node is lost, the kept ones, and one a verifier replays beside it.
+  const uint32_t lost_stage = how.ahead ? 2 : 1;
+  const std::vector<uint32_t> kept_stages =
+      how.ahead ? std::vector<uint32_t>{0, 1} : std::vector<uint32_t>{0, 2};
   PipelineOracle o;
   ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
-  testing::SimOptions opt = PipelineSimOptions(seed, dir);
+  testing::SimOptions opt =
+      how.verifying ? VerifyingPipelineSimOptions(seed, dir) : PipelineSimOptions(seed, dir);
   opt.log = std::getenv("MESHLEARN_SIM_LOG") != nullptr;
   opt.nodes = 7;
   opt.node_options.resize(7);
   opt.node_options[6].speed_factor = 0.25;
   std::mutex mu;
   std::condition_variable cv;
-  int victim = -1;  // the node held in replica 0's stage 1, round 0, step 1
+  int victim = -1;  // the node held in replica 0's lost stage, round 0, step 1
   bool released = false;
   opt.agent_options = [&](int node, AgentOptions& a) {
     // The live stages wait for the lost node until the ledger replaces it or this deadline
@@ -332,9 +351,22 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
     // tensors for the resume (StartStageRun): 1 byte, and it cannot resume.
     if (resume_fails && node == 6) a.stage_plane.inbox_bytes = 1;
     // The plane's send hook sees every tensor the node sends: the first one of replica 0's stage
-    // 1 in round 0's step 1 waits there until the test releases it (nothing is corrupted).
+    // 1 in round 0's step 1 (with `ahead`: the last stage's total to stage 1) waits there until
+    // the test releases it (nothing is corrupted).
     a.stage_plane.corrupt_sent = [&, node](const protocol::StageTensorKey& k) {
-      if (k.round != 0 || k.replica != 0 || k.from_stage != 1 || k.step != 1) return false;
+      if (how.verifying && k.round == 0 && k.replica == 1 && k.from_stage == 0 && k.step == 1) {
+        // On a verifying chain replica 1 commits round 0 only once the lost node has left: the
+        // ledger draws a check's verifier among active nodes, and one that has left verifies
+        // nothing (its check would wait out a million-block window).
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return released; });
+        return false;
+      }
+      if (k.round != 0 || k.replica != 0 || k.from_stage != lost_stage || k.step != 1) return false;
+      if (how.ahead &&
+          (k.kind != protocol::StageTensorKind::kStageTensorGradTotal || k.to_stage != 1)) {
+        return false;
+      }
       std::unique_lock<std::mutex> lock(mu);
       if (victim >= 0) return false;
       victim = node;
@@ -397,15 +429,29 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const int lost = held();
-  ASSERT_GE(lost, 0) << "no node reached replica 0's stage 1 in round 0";
+  ASSERT_GE(lost, 0) << "no node reached replica 0's stage " << lost_stage << " in round 0";
   ASSERT_NE(lost, 6);
   std::map<uint32_t, std::set<int>> neighbours;  // replica 0's other stages before the loss
   {
     std::lock_guard<std::mutex> lock(mu);
     neighbours = trained;
   }
-  ASSERT_EQ(neighbours[0].size(), 1u);
-  ASSERT_EQ(neighbours[2].size(), 1u);
+  for (uint32_t st : kept_stages) ASSERT_EQ(neighbours[st].size(), 1u) << "stage " << st;
+  const std::string gone = sim.node_key(lost).public_key().ShortHex();
+  // Whether every kept stage's node has started a run on the new chain (its run on the old one
+  // is over then).
+  auto kept_on_new_chain = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    std::set<uint32_t> on;
+    for (const auto& [node, st, line] : runs) {
+      if (line.find(": training") != std::string::npos &&
+          line.find("(chain ") != std::string::npos && line.find(gone) == std::string::npos &&
+          neighbours[st].count(node) != 0) {
+        on.insert(st);
+      }
+    }
+    return on.size() == kept_stages.size();
+  };
   if (kill) {
     release();  // it cannot finish the step: it is killed before any neighbour answers it
     sim.Kill(lost);
@@ -418,37 +464,48 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
       Status stepped = sim.Step();
       ASSERT_TRUE(stepped.ok()) << stepped.ToString();
     }
-    release();
     ASSERT_EQ(NodeRecordOf(sim, lost).value("status", std::string()), "unbonding");
+    // With `ahead`, the held total must never reach stage 1's run of the old chain: released
+    // once the kept stages run on the new chain, which takes no push of the old one
+    // (StageChainDigest).
+    for (int b = 0; b < 20'000 && how.ahead && !kept_on_new_chain(); ++b) {
+      Status stepped = sim.Step();
+      ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(!how.ahead || kept_on_new_chain());
+    release();
   }
   if (!resume_fails) {
     // A verifier's check (CheckStageStep, what a verifier of the stage unit runs) of step 0,
     // before the step the replica resumed at, of the replaced stage on its new node and of a kept
-    // stage whose records of stage 1 were swapped for the new node's: both replay clean against
-    // the new chain. Blocks stop meanwhile, so the round is not final and its steps are served.
+    // stage whose records of the lost one were swapped for the new node's (with `ahead`, stage 0,
+    // which rolled back): both replay clean against the new chain. Blocks stop meanwhile, so the
+    // round is not final and its steps are served.
     auto new_node_resumed = [&] {
       std::lock_guard<std::mutex> lock(mu);
-      return resumed[1].empty() ? -1 : resumed[1].begin()->first;
+      return resumed[lost_stage].empty() ? -1 : resumed[lost_stage].begin()->first;
     };
-    auto stage_1_committed = [&] {
+    auto lost_stage_committed = [&] {
       std::lock_guard<std::mutex> lock(mu);
-      return !committed[1].empty();
+      return !committed[lost_stage].empty();
     };
-    for (int b = 0; b < 20'000 && new_node_resumed() < 0 && !stage_1_committed(); ++b) {
+    for (int b = 0; b < 20'000 && new_node_resumed() < 0 && !lost_stage_committed(); ++b) {
       Status stepped = sim.Step();
       ASSERT_TRUE(stepped.ok()) << stepped.ToString();
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     const int fresh = new_node_resumed();
-    ASSERT_GE(fresh, 0) << "the new node of replica 0's stage 1 did not resume";
-    const std::vector<protocol::NodeId> chain{sim.node_key(*neighbours[0].begin()).public_key(),
-                                              sim.node_key(fresh).public_key(),
-                                              sim.node_key(*neighbours[2].begin()).public_key()};
+    ASSERT_GE(fresh, 0) << "the new node of replica 0's stage " << lost_stage << " did not resume";
+    std::vector<protocol::NodeId> chain(3);
+    chain[lost_stage] = sim.node_key(fresh).public_key();
+    for (uint32_t st : kept_stages) chain[st] = sim.node_key(*neighbours[st].begin()).public_key();
     Result<TaskFacts> facts = ComputeTaskFacts(o.task, o.data, o.net);
     ASSERT_TRUE(facts.ok()) << facts.status().ToString();
     net::HttpTransport verifier;
-    for (const auto& [stage, node] : {std::pair<uint32_t, int>{1, fresh},
-                                      std::pair<uint32_t, int>{0, *neighbours[0].begin()}}) {
+    for (const auto& [stage, node] :
+         {std::pair<uint32_t, int>{lost_stage, fresh},
+          std::pair<uint32_t, int>{kept_stages[0], *neighbours[kept_stages[0]].begin()}}) {
       const std::string endpoint = NodeRecordOf(sim, node).value("endpoint", std::string());
       const StageCheckInput in{.task = &o.task,
                                .data = &o.data,
@@ -482,17 +539,35 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
     EXPECT_EQ(NodeRecordOf(sim, i)["reputation"].value("failures", uint64_t{1}), 0u)
         << "honest node " << i;
   }
+  if (how.verifying) {
+    // Every stage unit's check replayed its steps (the resumed replica's too: the new node's
+    // recomputed steps and the kept stages' with their swapped records, against the new chain)
+    // and found it clean; no node is slashed.
+    const json task = sim.Task(true);
+    EXPECT_EQ(task["verification"].value("fraud", uint64_t{1}), 0u) << task["verification"].dump();
+    EXPECT_GE(task["verification"].value("clean", uint64_t{0}),
+              uint64_t{o.net.rounds} * o.net.units_per_round * o.net.stages)
+        << task["verification"].dump();
+    uint64_t replays = 0;
+    for (int i = 0; i < 7; ++i) {
+      if (i == lost && kill) continue;
+      replays += sim.agent(i)->stats().replays;
+    }
+    EXPECT_GE(replays, uint64_t{o.net.rounds} * o.net.units_per_round * o.net.stages);
+    for (int i = 0; i < 7; ++i) {
+      EXPECT_EQ(NodeRecordOf(sim, i)["reputation"].value("slashes", uint64_t{1}), 0u)
+          << "node " << i;
+    }
+  }
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_TRUE(victim_commits.empty()) << "the lost node committed a stage";
-  ASSERT_EQ(committed[1].size(), 1u);
-  EXPECT_NE(*committed[1].begin(), lost);
-  EXPECT_EQ(committed[0], neighbours[0]);
-  EXPECT_EQ(committed[2], neighbours[2]);
+  ASSERT_EQ(committed[lost_stage].size(), 1u);
+  EXPECT_NE(*committed[lost_stage].begin(), lost);
+  for (uint32_t st : kept_stages) EXPECT_EQ(committed[st], neighbours[st]) << "stage " << st;
   // Every stage ran on the new chain (the lost node's replaced), and none of those runs failed:
   // one that did is the replacement race, where the replica waited out a step deadline before it
   // ran again (StageChainDigest). A resume that cannot be made fails each stage's first run on
   // the new chain, naming why ("no resume"), and the replica runs again from the round's start.
-  const std::string gone = sim.node_key(lost).public_key().ShortHex();
   std::set<std::pair<int, uint32_t>> on_new_chain;
   std::vector<std::string> new_chain_failures;
   for (const auto& [node, st, line] : runs) {
@@ -519,27 +594,29 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
   // at the step its node was lost in (the victim was held in step 1): the new node re-ran the
   // lost stage's steps before it alone, and the kept stages did not train them again -- each
   // node trained every step it committed exactly once (AgentStats::stage_steps_trained), the new
-  // node all but the k it re-ran (stage_steps_recomputed). When the resume cannot be made, no
-  // stage resumed and the kept stages trained steps 0..k-1 twice.
-  const int fresh = *committed[1].begin();
+  // node all but the k it re-ran (stage_steps_recomputed). With `ahead`, stage 0 trained step k
+  // once more: it had finished it on the old chain and rolled back to its start. When the resume
+  // cannot be made, no stage resumed and the kept stages trained steps 0..k-1 twice.
+  const int fresh = *committed[lost_stage].begin();
   const uint64_t h = o.net.inner_steps;
   if (!resume_fails) {
-    ASSERT_EQ(resumed[1].size(), 1u) << "the new node did not resume";
-    const uint64_t k = resumed[1].begin()->second;
-    EXPECT_EQ(resumed[1].begin()->first, fresh);
+    ASSERT_EQ(resumed[lost_stage].size(), 1u) << "the new node did not resume";
+    const uint64_t k = resumed[lost_stage].begin()->second;
+    EXPECT_EQ(resumed[lost_stage].begin()->first, fresh);
     EXPECT_EQ(k, 1u);
-    EXPECT_EQ(resumed[0], (std::map<int, uint64_t>{{*neighbours[0].begin(), k}}));
-    EXPECT_EQ(resumed[2], (std::map<int, uint64_t>{{*neighbours[2].begin(), k}}));
-    for (uint32_t st : {0u, 2u}) {
+    for (uint32_t st : kept_stages) {
       const int n = *neighbours[st].begin();
-      EXPECT_EQ(sim.agent(n)->stats().stage_steps_trained, commits_of[n] * h) << "node " << n;
+      EXPECT_EQ(resumed[st], (std::map<int, uint64_t>{{n, k}})) << "stage " << st;
+      const uint64_t again = how.ahead && st == 0 ? 1 : 0;
+      EXPECT_EQ(sim.agent(n)->stats().stage_steps_trained, commits_of[n] * h + again)
+          << "node " << n;
       EXPECT_EQ(sim.agent(n)->stats().stage_resumes, 1u) << "node " << n;
     }
     EXPECT_EQ(sim.agent(fresh)->stats().stage_steps_recomputed, k);
     EXPECT_EQ(sim.agent(fresh)->stats().stage_steps_trained, commits_of[fresh] * h - k);
   } else {
     EXPECT_TRUE(resumed.empty()) << "a stage resumed";
-    for (uint32_t st : {0u, 2u}) {
+    for (uint32_t st : kept_stages) {
       const int n = *neighbours[st].begin();
       EXPECT_EQ(sim.agent(n)->stats().stage_steps_trained, commits_of[n] * h + 1) << "node " << n;
     }
@@ -548,15 +625,30 @@ void LoseAStageNodeMidStep(bool kill, uint64_t seed, const std::string& dir,
 }
 
 TEST(PipelineNetworkTest, AStageNodeKilledMidStepIsReplacedAndTheTaskEndsBitEqual) {
-  LoseAStageNodeMidStep(/*kill=*/true, 18, "pipeline-network-kill");
+  LoseAStageNodeMidStep({.kill = true}, 18, "pipeline-network-kill");
 }
 
 TEST(PipelineNetworkTest, AStageNodeThatLeavesMidStepIsReplacedAndTheTaskEndsBitEqual) {
-  LoseAStageNodeMidStep(/*kill=*/false, 19, "pipeline-network-leave");
+  LoseAStageNodeMidStep({.kill = false}, 19, "pipeline-network-leave");
 }
 
 TEST(PipelineNetworkTest, AReplicaThatCannotResumeAtTheLostStepRerunsFromTheStartBitEqual) {
-  LoseAStageNodeMidStep(/*kill=*/true, 20, "pipeline-network-noresume", /*resume_fails=*/true);
+  LoseAStageNodeMidStep({.kill = true, .resume_fails = true}, 20, "pipeline-network-noresume");
+}
+
+// Issue 15: the last stage's node leaves between its two sends of step 1's gradient total, so the
+// kept stages finished different numbers of steps (stage 0 two, stage 1 one): stage 0 rolls back
+// to step 1's start from its own checkpoint and the replica resumes at step 1, bit-equal.
+TEST(PipelineNetworkTest, AStageNodeLostBetweenItsTotalsIsReplacedAndTheStageAheadRollsBack) {
+  LoseAStageNodeMidStep({.kill = false, .ahead = true}, 21, "pipeline-network-ahead");
+}
+
+// Issue 15: the resume on a verifying chain: every stage unit of the resumed replica is checked
+// (the replaced stage's recomputed steps and the kept stages' swapped records replayed against
+// the new chain), none is fraud, no node is slashed, and the task ends bit-equal. The node leaves
+// (a killed one stays active on the ledger, and so drawn to verify, until its stake is gone).
+TEST(PipelineNetworkTest, OnAVerifyingChainAResumedReplicaIsVerifiedCleanAndEndsBitEqual) {
+  LoseAStageNodeMidStep({.kill = false, .verifying = true}, 22, "pipeline-network-verify-resume");
 }
 
 // A node that offers a memory limit holds one stage at a time (NodeAgent::WaitsForStageUnit,

@@ -176,6 +176,38 @@ Result<std::string> StageEvidence::CheckpointFile(const StageStepRef& ref) const
   return NotFound("stage evidence: no checkpoint of " + ref.ToString());
 }
 
+Result<engine::TrainState> StageEvidence::PublishedCheckpointState(const StageStepRef& ref) const {
+  std::string path;
+  uint64_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = steps_.find(ref);
+    if (it == steps_.end() || !it->second.published || it->second.checkpoint.file.empty()) {
+      return NotFound("stage evidence: no published checkpoint of " + ref.ToString());
+    }
+    path = it->second.checkpoint.file;
+    size = it->second.checkpoint.bytes;
+  }
+  // Read without the lock, as HandleSlice reads it (a file withdrawn meanwhile fails the read).
+  Result<std::unique_ptr<RandomRWFile>> file = env_->OpenRandomRW(path, /*create=*/false);
+  if (!file.ok()) {
+    return DataLoss("the checkpoint of " + ref.ToString() + " (" + path +
+                    ") cannot be opened: " + file.status().message());
+  }
+  auto read = [&](uint64_t offset, std::span<char> out) -> Status {
+    Result<size_t> got = (*file)->Read(offset, out.size(), out.data());
+    if (!got.ok()) return got.status().WithPrefix("reading " + path);
+    if (*got != out.size()) {
+      return DataLoss("the checkpoint file " + path + " ends at byte " +
+                      std::to_string(offset + *got) + ", before the " + std::to_string(size) +
+                      " bytes it was written with");
+    }
+    return Status::Ok();
+  };
+  return engine::ReadCheckpoint(size, read,
+                                "the checkpoint of " + ref.ToString() + " (" + path + ")");
+}
+
 void StageEvidence::DeleteFiles(const Entry& e) const {
   if (!e.checkpoint.file.empty()) (void)env_->DeleteFile(e.checkpoint.file);
   if (!e.pending.file.empty()) (void)env_->DeleteFile(e.pending.file);

@@ -245,9 +245,10 @@ Result<Bytes> StagePlane::HandlePush(const net::Request& request) {
     return Unavailable(me + ": " + k.ToString() + ": this stage's run was stopped; retry");
   }
   if (chain != chain_digest_) return other_chain();
-  if (resume_ && resume_->held > 0 && resume_->start != resume_->held) {
-    // A kept stage that has not decided to resume where it holds (stage_resume.h): a tensor
-    // taken now would be lost when it re-runs from the round's start on a plane of its own.
+  if (resume_ && resume_->held > 0 && resume_->start.value_or(0) == 0) {
+    // A kept stage that has not decided to resume at a step it holds (at most the steps it holds:
+    // one ahead rolls back; stage_resume.h): a tensor taken now would be lost when it re-runs
+    // from the round's start on a plane of its own.
     return Unavailable(me + ": " + k.ToString() + ": this stage decides where it resumes; retry");
   }
   if (ctx_.chain[k.from_stage] != ctx.chain[k.from_stage]) {

@@ -99,6 +99,42 @@ class ResumeLink final : public StageLink {
   std::map<Hash256, Bytes> received_;
 };
 
+// Stage `stage` (held steps 0..progress->commits.size()-1) back to step k's start: the state of
+// its checkpoint of step k (its evidence's, published when it ran step k), which must hash to what
+// its commit of step k claims it started from; its commits and losses of steps k.. dropped.
+Status RollBackKeptStage(engine::Stage& stage, const StageEvidence* evidence,
+                         const StageContext& ctx, uint64_t k, StageRunProgress* progress) {
+  CHECK_LT(k, progress->commits.size());
+  const StageStepRef ref{.task = ctx.task,
+                         .round = ctx.round,
+                         .replica = ctx.replica,
+                         .stage = static_cast<uint32_t>(stage.index()),
+                         .step = k};
+  if (evidence == nullptr) {
+    return FailedPrecondition("stage " + std::to_string(ref.stage) + " holds " +
+                              std::to_string(progress->commits.size()) +
+                              " steps and keeps no checkpoint of step " + std::to_string(k) +
+                              " to roll back to; re-run from the round's start");
+  }
+  Result<engine::TrainState> loaded = evidence->PublishedCheckpointState(ref);
+  if (!loaded.ok()) {
+    return loaded.status().WithPrefix("rolling back from step " +
+                                      std::to_string(progress->commits.size()));
+  }
+  engine::TrainState back = std::move(*loaded);
+  const Hash256 want = progress->commits[k].state_before;
+  if (back.step != static_cast<int64_t>(k) || engine::StateHash(back) != want) {
+    return DataLoss("the checkpoint of " + ref.ToString() + " is at step " +
+                    std::to_string(back.step) + " and not the state " + want.ShortHex() +
+                    " its commit of the step started from; re-run from the round's start");
+  }
+  // The stage's state is replaced (the current one freed once the checkpoint's is in place).
+  ML_RETURN_IF_ERROR(stage.Restore(std::move(back)));
+  progress->commits.resize(k);
+  progress->losses.resize(k);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std::string& endpoint,
@@ -140,12 +176,10 @@ Result<KeptStageSteps> FetchKeptStageSteps(net::Transport* transport, const std:
   return out;
 }
 
-Result<RecomputedStage> RecomputeLostStage(engine::Stage& stage, const StageContext& ctx,
-                                           uint32_t lost, const KeyPair& key,
-                                           std::span<const engine::Batch> batches,
-                                           uint64_t dropout_seed, uint64_t k,
-                                           const std::map<uint32_t, KeptStageSteps>& kept,
-                                           const StageRunHooks& hooks) {
+Result<RecomputedStage> RecomputeLostStage(
+    engine::Stage& stage, const StageContext& ctx, uint32_t lost, const protocol::NodeId& earlier,
+    const KeyPair& key, std::span<const engine::Batch> batches, uint64_t dropout_seed, uint64_t k,
+    const std::map<uint32_t, KeptStageSteps>& kept, const StageRunHooks& hooks) {
   const uint32_t stages = ctx.stages();
   if (lost >= stages || static_cast<uint32_t>(stage.index()) != lost) {
     return InvalidArgument(Resume(k) + "stage " + std::to_string(stage.index()) +
@@ -184,20 +218,23 @@ Result<RecomputedStage> RecomputeLostStage(engine::Stage& stage, const StageCont
       }
     }
   }
-  // The lost node's records the kept stages hold (what it sent them) are one node's, the lost
-  // stage's node of the chain before, and each is signed by it: a record another key signed is
-  // no record of that run, whatever tensor it names.
-  const StageTransfer* first_lost = nullptr;
+  // The lost node's records the kept stages hold (what it sent them) are the lost stage's node's
+  // of the chain before -- the node the ledger shows held the stage and let it expire, not one
+  // the kept stages name -- and each is signed by it: a record another key signed is no record
+  // of that run, whatever tensor it names.
+  if (earlier == protocol::NodeId{}) {
+    return PermissionDenied(Resume(k) + "the ledger shows no earlier node of stage " +
+                            std::to_string(lost) + " whose records the kept stages hold");
+  }
   for (const auto& [s, steps] : kept) {
     for (const StageStepCommit& c : steps.commits) {
       for (const StageTransfer& r : c.received) {
         if (r.key.from_stage != lost) continue;
-        if (first_lost == nullptr) first_lost = &r;
-        if (r.sender != first_lost->sender) {
+        if (r.sender != earlier) {
           return PermissionDenied(Resume(k) + "kept stage " + std::to_string(s) + "'s record of " +
                                   r.key.ToString() + " is node " + r.sender.ShortHex() +
-                                  "'s; the lost node's other records are " +
-                                  first_lost->sender.ShortHex() + "'s");
+                                  "'s; the ledger's earlier node of stage " + std::to_string(lost) +
+                                  " is " + earlier.ShortHex());
         }
         ML_RETURN_IF_ERROR(protocol::VerifyStageTransfer(r, r.sender)
                                .WithPrefix(Resume(k) + "kept stage " + std::to_string(s) +
@@ -261,10 +298,8 @@ StageResumePoint StageResumePointOf(std::span<const uint64_t> held) {
     if (held[s] == 0) {
       ++fresh;
       none.lost = s;
-    } else if (k == 0) {
-      k = held[s];
-    } else if (held[s] != k) {
-      return {};
+    } else if (k == 0 || held[s] < k) {
+      k = held[s];  // the common step: a kept stage ahead of it rolls back there
     }
   }
   if (fresh != 1 || k == 0 || held.size() < 2) return {};
@@ -276,7 +311,7 @@ Result<uint64_t> StartStageRun(engine::Stage& stage, StagePlane& plane, const Ke
                                std::span<const engine::Batch> batches, uint64_t dropout_seed,
                                const StageRunHooks& hooks, StageEvidence* evidence,
                                const StagePlaneOptions& options, bool ask,
-                               StageRunProgress* progress) {
+                               const protocol::NodeId& earlier, StageRunProgress* progress) {
   const StageContext ctx = plane.context();
   const uint32_t me = static_cast<uint32_t>(stage.index());
   const uint32_t stages = ctx.stages();
@@ -332,7 +367,7 @@ Result<uint64_t> StartStageRun(engine::Stage& stage, StagePlane& plane, const Ke
     }
     progress->start = StageFlatParams(stage);
     Result<RecomputedStage> redone =
-        RecomputeLostStage(stage, ctx, me, key, batches, dropout_seed, at.k, kept, hooks);
+        RecomputeLostStage(stage, ctx, me, earlier, key, batches, dropout_seed, at.k, kept, hooks);
     if (!redone.ok()) return fail(redone.status());
     progress->commits = std::move(redone->commits);
     progress->losses = std::move(redone->losses);
@@ -347,6 +382,13 @@ Result<uint64_t> StartStageRun(engine::Stage& stage, StagePlane& plane, const Ke
     return fail(FailedPrecondition(
         Resume(at.k) + "stage " + std::to_string(at.lost) + "'s new node runs from step " +
         std::to_string(decided->start.value_or(0)) + "; re-run from the round's start"));
+  }
+  if (mine > at.k) {
+    // This stage finished steps the lost node took part in that another kept stage did not (the
+    // lost node sent it all of step k's tensors, not the other): back to step k's start, from its
+    // own checkpoint of it, its steps k.. dropped.
+    Status back = RollBackKeptStage(stage, evidence, ctx, at.k, progress);
+    if (!back.ok()) return fail(back.WithPrefix(Resume(at.k)));
   }
   std::vector<StageStepCommit> theirs;
   for (uint64_t j = 0; j < at.k; ++j) {

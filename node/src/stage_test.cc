@@ -2018,8 +2018,8 @@ TEST(StageResumeTest, ALostStageIsRecomputedFromItsNeighboursTensorsAndTheReplic
       };
       const std::vector<Batch> batches = StageBatches(spec, 4);
       Result<RecomputedStage> redone =
-          RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k,
-                             StageKeptSteps(run, lost), hooks);
+          RecomputeLostStage(*redo, replaced, lost, StageNodeKey(lost).public_key(), new_key,
+                             batches, kStageDropoutSeed, k, StageKeptSteps(run, lost), hooks);
       ASSERT_TRUE(redone.ok()) << redone.status().ToString();
       ASSERT_EQ(redone->commits.size(), k);
       // Its losses too (the last stage's CommitStage counts them).
@@ -2200,8 +2200,8 @@ TEST(StageResumeTest, OverHttpTheNewNodeFetchesTheKeptStagesTensorsAndTheyServeT
     }
     std::unique_ptr<Stage> redo = StageAtRoundStart(spec, static_cast<int>(lost));
     Result<RecomputedStage> redone =
-        RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k, kept,
-                           hooks_of(&fresh->evidence, lost));
+        RecomputeLostStage(*redo, replaced, lost, StageNodeKey(lost).public_key(), new_key, batches,
+                           kStageDropoutSeed, k, kept, hooks_of(&fresh->evidence, lost));
     ASSERT_TRUE(redone.ok()) << redone.status().ToString();
     EXPECT_EQ(engine::StateHash(redo->state()), engine::StateHash(stages[lost]->state()));
 
@@ -2267,10 +2267,16 @@ TEST(StageResumeTest, AResumeThatCannotBeMadeFailsAndTheReplicaRerunsFromTheRoun
     const KeyPair new_key = StageNodeKey(5);
     replaced.chain[lost] = new_key.public_key();
     const std::vector<Batch> batches = StageBatches(spec, 4);
-    auto recompute = [&](const std::map<uint32_t, KeptStageSteps>& kept) {
+    // With `earlier`, the ledger's earlier node of the lost stage: by default the one that ran it
+    // with the kept stages.
+    auto recompute_by = [&](const std::map<uint32_t, KeptStageSteps>& kept,
+                            const protocol::NodeId& earlier) {
       std::unique_ptr<Stage> redo = StageAtRoundStart(spec, static_cast<int>(lost));
-      return RecomputeLostStage(*redo, replaced, lost, new_key, batches, kStageDropoutSeed, k,
-                                kept);
+      return RecomputeLostStage(*redo, replaced, lost, earlier, new_key, batches, kStageDropoutSeed,
+                                k, kept);
+    };
+    auto recompute = [&](const std::map<uint32_t, KeptStageSteps>& kept) {
+      return recompute_by(kept, StageNodeKey(lost).public_key());
     };
     // Stage 0's node dropped the activation it sent in step 1.
     {
@@ -2311,6 +2317,32 @@ TEST(StageResumeTest, AResumeThatCannotBeMadeFailsAndTheReplicaRerunsFromTheRoun
       Result<RecomputedStage> r = recompute(kept);
       EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
     }
+    // Every record of the lost stage signed, over the very tensors it sent, by one node that is
+    // not the one the ledger shows held the stage before (kept stages that name their own lost
+    // node): refused, naming it; and a ledger that shows no earlier node gives no resume.
+    {
+      std::map<uint32_t, KeptStageSteps> kept = StageKeptSteps(run, lost);
+      const KeyPair other = StageNodeKey(7);
+      for (auto& [s, steps] : kept) {
+        for (StageStepCommit& c : steps.commits) {
+          for (StageTransfer& r : c.received) {
+            if (r.key.from_stage != lost) continue;
+            const Bytes& bytes = run.links[lost]->sent.at(r.tensor);
+            r = SignStageTensor(r.key, StageTensorFromBytes(bytes), other,
+                                replaced.TileColsOf(r.bytes / 4));
+          }
+        }
+      }
+      Result<RecomputedStage> r = recompute_by(kept, other.public_key());
+      ASSERT_TRUE(r.ok()) << "the same tensors signed by the ledger's earlier node resume: "
+                          << r.status().ToString();
+      r = recompute(kept);
+      EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+      EXPECT_NE(r.status().message().find("the ledger's earlier node of stage"), std::string::npos)
+          << r.status().ToString();
+      r = recompute_by(StageKeptSteps(run, lost), protocol::NodeId{});
+      EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+    }
     // A swap offered records another key signed, or of another tensor, leaves the commits as
     // they were.
     {
@@ -2349,8 +2381,8 @@ TEST(StageResumeTest, AResumeThatCannotBeMadeFailsAndTheReplicaRerunsFromTheRoun
 }
 
 // The resume point every stage node derives from the others' offers (StageResumePointOf): one
-// stage holding nothing and every other the same k > 0; anything else is the round's start.
-TEST(StageResumeTest, TheResumePointIsOneFreshStageBesideStagesThatAllHoldTheSameSteps) {
+// stage holding nothing and every other some, k the fewest; anything else is the round's start.
+TEST(StageResumeTest, TheResumePointIsOneFreshStageBesideStagesThatHoldStepsAtTheFewest) {
   auto point = [](std::vector<uint64_t> held) { return StageResumePointOf(held); };
   EXPECT_EQ(point({2, 0, 2}).k, 2u);
   EXPECT_EQ(point({2, 0, 2}).lost, 1u);
@@ -2358,7 +2390,12 @@ TEST(StageResumeTest, TheResumePointIsOneFreshStageBesideStagesThatAllHoldTheSam
   EXPECT_EQ(point({0, 1, 1, 1}).k, 1u);
   EXPECT_EQ(point({3, 3, 0}).lost, 2u);
   EXPECT_EQ(point({0, 0, 0}).k, 0u);  // a run from the round's start
-  EXPECT_EQ(point({2, 0, 1}).k, 0u);  // kept stages that disagree
+  // Kept stages one step apart (the lost node sent one all of its step's tensors): the common
+  // step, to which the one ahead rolls back.
+  EXPECT_EQ(point({2, 0, 1}).k, 1u);
+  EXPECT_EQ(point({2, 0, 1}).lost, 1u);
+  EXPECT_EQ(point({2, 1, 0}).k, 1u);
+  EXPECT_EQ(point({2, 1, 0}).lost, 2u);
   EXPECT_EQ(point({2, 0, 0}).k, 0u);  // two fresh stages
   EXPECT_EQ(point({2, 2, 2}).k, 0u);  // no fresh stage
   EXPECT_EQ(point({0}).k, 0u);
@@ -2371,12 +2408,19 @@ TEST(StageResumeTest, TheResumePointIsOneFreshStageBesideStagesThatAllHoldTheSam
 // its records into their commits and serve them; then every node trains steps k..3 only, and the
 // replica ends bit-equal to RunPipelineStep, every record of stage 1 in the kept commits signed by
 // the new node, and a verifier's replay of the replaced stage's steps before k passes against the
-// new chain. With `fails`, the new node cannot fetch a kept stage's step (no longer served): it
-// decides 0, each kept node reads that and fails its run, and the replica re-runs from the round's
-// start, bit-equal.
-void StageNodesLoseAStageAtK(bool fails) {
+// new chain. With `unserved`, the new node cannot fetch a kept stage's step (no longer served),
+// with `wrong_earlier` the ledger shows it another node than the one whose records the kept
+// stages hold (StageNodeKey(7)): it decides 0, each kept node reads that and fails its run, and
+// the replica re-runs from the round's start, bit-equal. With `ahead`, the lost node is the last
+// stage's, lost in step k between its two sends of the gradient total: stage 0 took its total and
+// finished step k, stage 1 did not, so the kept nodes hold k + 1 and k steps; they resume at k,
+// stage 0 rolled back to step k's start from its own checkpoint of it (its step k trained again on
+// the new chain).
+void StageNodesLoseAStageAtK(bool unserved, bool ahead = false, bool wrong_earlier = false) {
+  const bool fails = unserved || wrong_earlier;
   constexpr uint64_t k = 2;
-  constexpr uint32_t lost = 1;
+  const uint32_t lost = ahead ? 2 : 1;
+  const uint32_t other = ahead ? 0 : 2;  // a kept stage a verifier replays beside the lost one
   const ModelSpec spec = StageParseModel(kStageMlp);
   std::vector<std::unique_ptr<Stage>> want = StageStages(spec);
   for (int64_t step = 0; step < 4; ++step) {
@@ -2387,7 +2431,20 @@ void StageNodesLoseAStageAtK(bool fails) {
   opt.keep_sent = true;
   opt.checkpoint_every = 0;
   opt.step_deadline_ms = 2'000;
-  std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+  std::vector<std::unique_ptr<StageNode>> nodes;
+  // With `ahead`: the last stage's node is lost (its plane stopped) as it sends step k's total to
+  // stage 1, after it sent it to stage 0.
+  StagePlaneOptions first_opt = opt;
+  if (ahead) {
+    first_opt.corrupt_sent = [&nodes, lost](const StageTensorKey& key) {
+      if (key.kind == StageTensorKind::kStageTensorGradTotal && key.from_stage == lost &&
+          key.to_stage == 1 && key.step == k) {
+        nodes[lost]->plane->Cancel();
+      }
+      return false;
+    };
+  }
+  nodes = StageNodes(ctx, first_opt);
   std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
   const std::vector<Batch> batches = StageBatches(spec, 4);
   auto hooks_of = [](StageEvidence* evidence, const StageContext& c, uint32_t s) {
@@ -2409,20 +2466,26 @@ void StageNodesLoseAStageAtK(bool fails) {
       threads.emplace_back([&, s] {
         std::span<const Batch> b(batches);
         first[s] =
-            RunStageUnit(*stages[s], *nodes[s]->plane, s == lost ? b.first(k) : b,
+            RunStageUnit(*stages[s], *nodes[s]->plane, s == lost && !ahead ? b.first(k) : b,
                          kStageDropoutSeed, hooks_of(&nodes[s]->evidence, ctx, s), &progress[s])
                 .status();
       });
     }
     for (std::thread& t : threads) t.join();
   }
-  ASSERT_TRUE(first[lost].ok()) << first[lost].ToString();
-  for (uint32_t s : {0u, 2u}) {
+  if (ahead) {
+    EXPECT_EQ(first[lost].code(), StatusCode::kFailedPrecondition) << first[lost].ToString();
+    EXPECT_NE(first[lost].message().find("cancelled"), std::string::npos) << first[lost].ToString();
+  } else {
+    ASSERT_TRUE(first[lost].ok()) << first[lost].ToString();
+  }
+  for (uint32_t s = 0; s < 3; ++s) {
+    if (s == lost) continue;
     EXPECT_EQ(first[s].code(), StatusCode::kDeadlineExceeded) << first[s].ToString();
-    ASSERT_EQ(progress[s].commits.size(), k);
+    ASSERT_EQ(progress[s].commits.size(), ahead && s == 0 ? k + 1 : k) << "stage " << s;
   }
   nodes[lost]->server->Stop();
-  if (fails) nodes[0]->evidence.Withdraw({ctx.task, ctx.round, ctx.replica, 0, k - 1});
+  if (unserved) nodes[0]->evidence.Withdraw({ctx.task, ctx.round, ctx.replica, 0, k - 1});
 
   StageContext replaced = ctx;
   const KeyPair new_key = StageNodeKey(5);
@@ -2433,7 +2496,11 @@ void StageNodesLoseAStageAtK(bool fails) {
   progress[lost] = {};
   std::vector<std::string> endpoints;
   for (auto& n : nodes) endpoints.push_back(n->server->endpoint());
-  std::vector<KeyPair> keys{StageNodeKey(0), new_key, StageNodeKey(2)};
+  std::vector<KeyPair> keys{StageNodeKey(0), StageNodeKey(1), StageNodeKey(2)};
+  keys[lost] = new_key;
+  // What node_work shows each node (UnitAssignment::Stage::earlier): the lost stage's node before.
+  std::vector<protocol::NodeId> earlier(3);
+  earlier[lost] = wrong_earlier ? StageNodeKey(7).public_key() : StageNodeKey(lost).public_key();
   // Each node's run: its offer, the agreed start, then its steps from there.
   auto run_all = [&](bool ask, std::vector<Result<uint64_t>>* from,
                      std::vector<Result<StageUnitOutcome>>* out) {
@@ -2446,7 +2513,7 @@ void StageNodesLoseAStageAtK(bool fails) {
         const StageRunHooks hooks = hooks_of(&nodes[s]->evidence, replaced, s);
         (*from)[s] = StartStageRun(*stages[s], *nodes[s]->plane, keys[s], nodes[s]->transport.get(),
                                    endpoints, batches, kStageDropoutSeed, hooks,
-                                   &nodes[s]->evidence, opt, ask, &progress[s]);
+                                   &nodes[s]->evidence, opt, ask, earlier[s], &progress[s]);
         if ((*from)[s].ok()) {
           (*out)[s] = RunStageUnit(*stages[s], *nodes[s]->plane, batches, kStageDropoutSeed, hooks,
                                    &progress[s]);
@@ -2459,10 +2526,13 @@ void StageNodesLoseAStageAtK(bool fails) {
   std::vector<Result<StageUnitOutcome>> out;
   run_all(/*ask=*/true, &from, &out);
   if (fails) {
-    // The new node names what it could not fetch; the kept nodes read its 0 and fail.
-    EXPECT_EQ(from[lost].status().code(), StatusCode::kFailedPrecondition)
+    // The new node names what it could not fetch, or whose records it refuses; the kept nodes
+    // read its 0 and fail.
+    EXPECT_EQ(from[lost].status().code(),
+              unserved ? StatusCode::kFailedPrecondition : StatusCode::kPermissionDenied)
         << from[lost].status().ToString();
-    for (uint32_t s : {0u, 2u}) {
+    for (uint32_t s : {0u, 1u, 2u}) {
+      if (s == lost) continue;
       EXPECT_EQ(from[s].status().code(), StatusCode::kFailedPrecondition)
           << from[s].status().ToString();
       EXPECT_NE(from[s].status().message().find("runs from step 0"), std::string::npos)
@@ -2495,10 +2565,10 @@ void StageNodesLoseAStageAtK(bool fails) {
     }
   }
   // A verifier of the replaced stage's steps before k, and of a kept stage's, against the new
-  // chain.
+  // chain (and of step k, which the stage ahead trained again from its rolled-back state).
   net::HttpTransport verifier;
-  for (uint32_t s : {lost, 2u}) {
-    for (uint64_t j = 0; j < k; ++j) {
+  for (uint32_t s : {lost, other}) {
+    for (uint64_t j = 0; j <= k; ++j) {
       Result<StageStepEvidence> ev = FetchStageStepEvidence(
           &verifier, nodes[s]->server->endpoint(), {ctx.task, ctx.round, ctx.replica, s, j});
       ASSERT_TRUE(ev.ok()) << ev.status().ToString();
@@ -2512,13 +2582,15 @@ void StageNodesLoseAStageAtK(bool fails) {
     }
   }
   // The Stager drops what a run sent once it ended whole (DropSent): no resume reads it then, and
-  // its verifiers replay from what it received, still served.
-  EXPECT_GT(nodes[0]->evidence.DropSent({ctx.task, ctx.round, ctx.replica, 0, 0}), 0u);
+  // its verifiers replay from what it received, still served. (Stage lost - 1 sends the lost stage
+  // its activations.)
+  const uint32_t sender = lost - 1;
+  EXPECT_GT(nodes[sender]->evidence.DropSent({ctx.task, ctx.round, ctx.replica, sender, 0}), 0u);
   Result<KeptStageSteps> gone = FetchKeptStageSteps(
-      nodes[lost]->transport.get(), nodes[0]->server->endpoint(), replaced, 0, lost, k);
+      nodes[lost]->transport.get(), nodes[sender]->server->endpoint(), replaced, sender, lost, k);
   EXPECT_EQ(gone.status().code(), StatusCode::kFailedPrecondition) << gone.status().ToString();
-  Result<StageStepEvidence> ev = FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(),
-                                                        {ctx.task, ctx.round, ctx.replica, 0, 0});
+  Result<StageStepEvidence> ev = FetchStageStepEvidence(
+      &verifier, nodes[sender]->server->endpoint(), {ctx.task, ctx.round, ctx.replica, sender, 0});
   ASSERT_TRUE(ev.ok()) << ev.status().ToString();
   Result<engine::TrainState> start = StageCheckpointState(ev->checkpoint);
   ASSERT_TRUE(start.ok()) << start.status().ToString();
@@ -2530,11 +2602,24 @@ void StageNodesLoseAStageAtK(bool fails) {
 }
 
 TEST(StageResumeTest, StageNodesAgreeOnTheLostStepOverHttpAndTheKeptOnesTrainOnlyTheStepsAfterIt) {
-  StageNodesLoseAStageAtK(/*fails=*/false);
+  StageNodesLoseAStageAtK(/*unserved=*/false);
 }
 
 TEST(StageResumeTest, AResumeTheNewNodeCannotMakeIsDecidedZeroAndEveryStageRerunsFromTheStart) {
-  StageNodesLoseAStageAtK(/*fails=*/true);
+  StageNodesLoseAStageAtK(/*unserved=*/true);
+}
+
+// Issue 15: the new node resumes only from records of the node the ledger shows held its stage
+// before (node_work's `earlier`), not from whichever node the kept stages' records name.
+TEST(StageResumeTest, ANewNodeRefusesRecordsOfAnotherNodeThanTheLedgersEarlierOneAndAllRerun) {
+  StageNodesLoseAStageAtK(/*unserved=*/false, /*ahead=*/false, /*wrong_earlier=*/true);
+}
+
+// Issue 15: the lost node sent step k's gradient total to stage 0 and not to stage 1, so the kept
+// stages hold k + 1 and k steps: stage 0 rolls back to step k's start from its own checkpoint, and
+// the replica resumes at k, bit-equal.
+TEST(StageResumeTest, AKeptStageAStepAheadRollsBackFromItsCheckpointAndTheReplicaResumesAtK) {
+  StageNodesLoseAStageAtK(/*unserved=*/false, /*ahead=*/true);
 }
 
 TEST(StagePlaneTest, PushesAreCheckedAndTheInboxPushesBack) {

@@ -152,6 +152,11 @@ std::vector<Assignment> RoundStateMachine::OpenAssignments() const {
   return out;
 }
 
+NodeId RoundStateMachine::LastExcluded(uint32_t shard) const {
+  if (shard >= units_.size() || units_[shard].excluded.empty()) return NodeId{};
+  return units_[shard].excluded.back();
+}
+
 std::vector<CommittedUnit> RoundStateMachine::CommittedUnits() const {
   std::vector<CommittedUnit> out;
   for (const Unit& u : units_) {

@@ -161,12 +161,12 @@ Status Stager::Start(const UnitAssignment& a) {
   hooks.malformed_result = node_->options().malformed_stage_result;
   r->thread = std::thread([r, hooks = std::move(hooks), evidence, plane_options,
                            key = &node_->key(), transport = node_->deps().transport,
-                           endpoints = slot.endpoints] {
+                           endpoints = slot.endpoints, earlier = slot.earlier] {
     const auto t0 = std::chrono::steady_clock::now();
     // The step it trains from: the replica's resume, agreed with its neighbours (stage_resume.h).
     Result<uint64_t> from =
         StartStageRun(*r->stage, *r->plane, *key, transport, endpoints, r->batches, r->dropout_seed,
-                      hooks, evidence, plane_options, r->ask, &r->progress);
+                      hooks, evidence, plane_options, r->ask, earlier, &r->progress);
     if (from.ok()) {
       r->from = *from;
       r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed, hooks, &r->progress);

@@ -157,6 +157,10 @@ struct UnitAssignment {
     uint32_t stage = 0;
     std::vector<PublicKey> chain;
     std::vector<std::string> endpoints;
+    // The node that held this stage of the replica before in this round and let it expire (the
+    // ledger's earlier assignee: RoundStateMachine::LastExcluded), zero for none: the node whose
+    // records a resume recomputes (stage_resume.h).
+    PublicKey earlier;
   };
   std::optional<Stage> stage;
 };

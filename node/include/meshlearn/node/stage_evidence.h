@@ -123,6 +123,12 @@ class StageEvidence {
   // The checkpoint file served for a step, or else the one SaveCheckpoint wrote for its next
   // Publish; NotFound when there is neither.
   Result<std::string> CheckpointFile(const StageStepRef& ref) const;
+  // The state in the checkpoint file served for a published step (engine::ReadCheckpoint of the
+  // file, read a piece at a time into the state: never the file in memory): a kept stage that
+  // finished a step more than the replica resumes at rolls back to that step's start from it
+  // (stage_resume.h). NotFound when the step is not published; DataLoss naming the file when it
+  // does not load or does not hash to its state_hash.
+  Result<engine::TrainState> PublishedCheckpointState(const StageStepRef& ref) const;
 
  private:
   struct Checkpoint {

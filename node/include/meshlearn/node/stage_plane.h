@@ -220,8 +220,9 @@ class StagePlane {
   StageLink* link();
   // The resume (stage_resume.h, StartStageRun): "stage.resume" answers nothing (Unavailable)
   // until the run offers what it holds at its start, then that, and the step it trains from
-  // once decided. A run that offers steps takes no push until it decided to resume there
-  // (Unavailable: retried), since it may yet re-run from the round's start on a plane of its own.
+  // once decided. A run that offers steps takes no push until it decided to resume at one of
+  // them (Unavailable: retried), since it may yet re-run from the round's start on a plane of its
+  // own.
   // Thread-safe.
   void OfferResume(uint64_t held);
   void DecideStart(uint64_t step);

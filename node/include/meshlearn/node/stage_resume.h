@@ -24,7 +24,8 @@
 //
 //   // On the new node of stage L, given each kept stage's KeptStageSteps of steps 0..k-1:
 //   ML_ASSIGN_OR_RETURN(RecomputedStage redone,
-//                       RecomputeLostStage(*stage, new_ctx, L, key, batches, seed, k, kept));
+//                       RecomputeLostStage(*stage, new_ctx, L, earlier, key, batches, seed, k,
+//                                          kept));
 //   // On each kept stage, its commits of steps 0..k-1:
 //   ML_RETURN_IF_ERROR(SwapLostStageRecords(my_commits, L, redone.commits, new_ctx));
 //
@@ -84,8 +85,11 @@ struct RecomputedStage {
 // be its public key): batches[j] and `dropout_seed` as for RunStageUnit; `kept` by stage, every
 // stage of the chain but `lost`. Every input is the tensor a kept stage sent, checked against its
 // record (CheckStageTensor: signed by ctx.chain[sender]); every output is checked against the
-// record the lost node signed for it, which the receiving kept stage's commit holds (all of those
-// records one node's and signed by it: PermissionDenied naming the record otherwise). `hooks`'
+// record the lost node signed for it, which the receiving kept stage's commit holds. Each of
+// those records must be signed by `earlier`, the node the ledger shows held stage `lost` before
+// (UnitAssignment::Stage::earlier: the unit's last excluded node), whose run the kept stages
+// shared: PermissionDenied naming the record and its signer otherwise, and for a zero `earlier`
+// (the ledger shows none). `hooks`'
 // checkpoint and publish are called for every step as RunStageUnit calls them (the new node
 // serves these steps' evidence to verifiers); its adversary fields are not read.
 // Returns the lost stage's commits and losses of steps 0..k-1, signed by `key`; `stage` is then
@@ -95,12 +99,10 @@ struct RecomputedStage {
 // DataLoss naming the tensor recomputed otherwise than the lost node sent it; InvalidArgument for
 // arguments that do not fit (a `kept` without k commits of each stage, a stage not at step 0);
 // a kept stage's tensor that does not match its record: CheckStageTensor's error.
-Result<RecomputedStage> RecomputeLostStage(engine::Stage& stage, const StageContext& ctx,
-                                           uint32_t lost, const KeyPair& key,
-                                           std::span<const engine::Batch> batches,
-                                           uint64_t dropout_seed, uint64_t k,
-                                           const std::map<uint32_t, KeptStageSteps>& kept,
-                                           const StageRunHooks& hooks = {});
+Result<RecomputedStage> RecomputeLostStage(
+    engine::Stage& stage, const StageContext& ctx, uint32_t lost, const protocol::NodeId& earlier,
+    const KeyPair& key, std::span<const engine::Batch> batches, uint64_t dropout_seed, uint64_t k,
+    const std::map<uint32_t, KeptStageSteps>& kept, const StageRunHooks& hooks = {});
 
 // A kept stage's commits of steps 0..k-1 (`commits`, in step order) with every record it received
 // from stage `lost` replaced by the record of the same key among `recomputed`'s sent records (the
@@ -125,8 +127,11 @@ Status SwapLostStageRecords(std::vector<protocol::StageStepCommit>& commits, uin
 // tried once per assignment (the Stager's), all re-run from the round's start.
 
 // The resume of a replica whose stage s's run holds held[s] steps at its start: when exactly one
-// stage holds none and every other the same k > 0, the replica lost that stage's node in step k
-// (`lost`) and resumes there; otherwise (k = 0) every stage runs from the round's start.
+// stage holds none and every other some, the replica lost that stage's node (`lost`) and resumes
+// at k, the fewest steps a kept stage holds (the step the lost node was lost in: a kept stage may
+// hold one more when the lost node sent it all of that step's tensors and not the other kept
+// stages -- the last stage sends the gradient total to stage 0 first -- and it rolls back to k);
+// otherwise (k = 0) every stage runs from the round's start.
 struct StageResumePoint {
   uint32_t lost = 0;
   uint64_t k = 0;
@@ -144,16 +149,21 @@ StageResumePoint StageResumePointOf(std::span<const uint64_t> held);
 //     at most its inbox_bytes), re-runs them (RecomputeLostStage, with `hooks`, so it serves
 //     their evidence) and decides k: the kept stages read that from its offer.
 //   - a kept stage: waits for the lost stage's decision (k + 1 step deadlines: it re-runs k steps
-//     alone), fetches its commits of steps 0..k-1 (FetchStageStepCommit), swaps its own
-//     (SwapLostStageRecords) and serves them (`evidence`: StageEvidence::ServeCommit).
+//     alone); when it holds more than k steps, rolls `stage` back to step k's start from its
+//     checkpoint of that step (`evidence`'s PublishedCheckpointState, which must hash to its
+//     commit of step k's state_before) and drops its steps k..; fetches the lost stage's commits
+//     of steps 0..k-1 (FetchStageStepCommit), swaps its own (SwapLostStageRecords) and serves
+//     them (`evidence`: StageEvidence::ServeCommit).
 // Any failure decides 0 and fails the run, naming why: the Stager then runs the unit again from
 // the round's start (the other stages follow: a kept stage reads the lost one's 0, and a lost
-// stage's neighbours fail their step k), bit-equal too. `endpoints` as the plane's SetChain.
+// stage's neighbours fail their step k), bit-equal too. `endpoints` as the plane's SetChain;
+// `earlier`: the node the ledger shows held this node's stage before (UnitAssignment::Stage::
+// earlier; zero for none), whose records the lost stage's new node recomputes.
 Result<uint64_t> StartStageRun(engine::Stage& stage, StagePlane& plane, const KeyPair& key,
                                net::Transport* transport, std::span<const std::string> endpoints,
                                std::span<const engine::Batch> batches, uint64_t dropout_seed,
                                const StageRunHooks& hooks, StageEvidence* evidence,
                                const StagePlaneOptions& options, bool ask,
-                               StageRunProgress* progress);
+                               const protocol::NodeId& earlier, StageRunProgress* progress);
 
 }  // namespace meshlearn::node

@@ -135,6 +135,11 @@ class RoundStateMachine {
   std::vector<Assignment> OpenAssignments() const;
   // Committed units of the current round, sorted by unit (what the aggregator fetches).
   std::vector<CommittedUnit> CommittedUnits() const;
+  // The last node excluded from unit `shard` of the current round (a zero NodeId: none, or
+  // forgiven since): while the unit is assigned after an expiry, the node that held it before and
+  // let it expire (an expiry adds its node at the end). The node that replaces a lost pipeline
+  // stage checks the records it recomputes against it (node/stage_resume.h).
+  NodeId LastExcluded(uint32_t shard) const;
 
   // True in the aggregating phase while no aggregator is assigned (AssignAggregator, then
   // OnAggregatorAssigned).
