@@ -172,6 +172,12 @@ Result<const TaskRecord*> OpenTaskFor(const LedgerState& s, const Hash256& task_
 // A node's transaction is signed by the node's own key or by its owner.
 Status CheckNodeSender(const LedgerState& s, const PublicKey& node_id, const PublicKey& sender,
                        std::string_view what);
+// Whether `who` (an account, or a node's key) is the cheater node `cheater`, its owner, or another
+// node of that owner: a prover so linked to a cheater is paid no reward for proving it (the slash
+// stays in the jackpot and the treasury), or cheating and then reporting oneself first would cost
+// little (docs/verification.md, "Self-reports earn nothing"). A key the ledger cannot link to the
+// owner is not caught by this; the bounty caps bound what it can get back.
+bool LinkedToCheater(const LedgerState& s, const PublicKey& cheater, const PublicKey& who);
 // Reputation: a failure, and the clean streak starts over.
 void CountFailure(LedgerState& s, const PublicKey& node_id);
 uint32_t UnitIndex(const TaskRecord& t, const protocol::UnitId& u);

@@ -98,6 +98,15 @@ Status CheckNodeSender(const LedgerState& s, const PublicKey& node_id, const Pub
   return Status::Ok();
 }
 
+bool LinkedToCheater(const LedgerState& s, const PublicKey& cheater, const PublicKey& who) {
+  if (who == cheater) return true;
+  const NodeRecord* c = s.nodes.Find(cheater);
+  if (c == nullptr) return false;
+  if (who == c->owner) return true;
+  const NodeRecord* n = s.nodes.Find(who);
+  return n != nullptr && n->owner == c->owner;
+}
+
 void CountFailure(LedgerState& s, const PublicKey& node_id) {
   if (NodeRecord* n = s.nodes.FindMutable(node_id)) {
     n->reputation.failures++;

@@ -83,11 +83,13 @@ class PipelineVerificationTest : public FollowedChainFixture {
   static constexpr uint32_t kSteps = 4;
 
   PipelineVerificationTest() : referee_(TestKey(8)), verifier_(TestKey(40)), agg_(TestKey(41)) {
-    genesis_ = DevnetGenesis({alice_.public_key(), bob_.public_key(), referee_.public_key()},
-                             kFunds, "verify-chain");
+    genesis_ = DevnetGenesis(
+        {alice_.public_key(), bob_.public_key(), referee_.public_key(), carol_.public_key()},
+        kFunds, "verify-chain");
     testing::SetVerifyingTestParams(genesis_.params);
     genesis_.params.slash_multiple = kSlashMultiple;
     genesis_.referee = referee_.public_key();
+    checkers_.insert(verifier_.public_key());
     // Four nodes hold a stage (one more than a replica needs: the re-run's spare); the verifier
     // node also has the solver role but too little memory for any stage.
     for (uint8_t i = 0; i < 4; ++i) stagers_.push_back(TestKey(static_cast<uint8_t>(30 + i)));
@@ -95,6 +97,23 @@ class PipelineVerificationTest : public FollowedChainFixture {
 
   static Hash256 Secret(const PublicKey& node, uint64_t i) {
     return protocol::SecretChainElement(Blake2b("secret seed " + node.ToHex()), i);
+  }
+
+  // Alice runs the stages (and the aggregator); the checking nodes (checkers_: the verifier, and
+  // any a test adds) are another operator's, carol's: the ledger pays no reward for catching a
+  // stage to a node of its own owner (LinkedToCheater). So a transaction the tests sign as alice
+  // for a checker (its registration included, which makes carol its owner) is carol's.
+  Transaction Q(const KeyPair& from, TxPayload p) {
+    const bool checker = std::visit(
+        [&](const auto& tx) {
+          if constexpr (requires { tx.node_id; }) {
+            return checkers_.count(tx.node_id) > 0;
+          } else {
+            return false;
+          }
+        },
+        p);
+    return FollowedChainFixture::Q(checker && &from == &alice_ ? carol_ : from, std::move(p));
   }
 
   RegisterNodeTx Reg(const KeyPair& node, uint32_t roles, uint64_t memory) {
@@ -340,6 +359,7 @@ class PipelineVerificationTest : public FollowedChainFixture {
   // Whether verifier_ has the whistleblower role too (set before Start).
   bool verifier_whistleblows_ = true;
   std::vector<KeyPair> stagers_;
+  std::set<PublicKey> checkers_;  // carol's nodes (Q)
   Hash256 task_id_;
   // The task's bundle: the fashion MLP cut into a linear layer a stage, each with parameters
   // (a stage fixture sets another in its constructor).

@@ -535,6 +535,10 @@ json RpcService::Dispatch(const std::string& method, const json& params,
       height = c.Height();
       Result<NodeRecord> me = c.GetNode(node);
       const bool whistleblower = me.ok() && (me->roles & kRoleWhistleblower) != 0;
+      // Any active checker may show the merits of a whistleblower's dispute its solver fell
+      // silent in (ProveMerits), not only the whistleblower that challenged.
+      const bool checker = me.ok() && me->status == NodeStatus::kActive &&
+                           (me->roles & (kRoleWhistleblower | kRoleVerifier)) != 0;
       if (me.ok()) next_secret_index = me->secrets_committed + 1;
       for (const TaskRecord& t : c.ListTasks(0, UINT64_MAX)) {
         if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
@@ -636,6 +640,7 @@ json RpcService::Dispatch(const std::string& method, const json& params,
           if (whistleblower && challengeable && check->config().solver != node) {
             roles.push_back("whistleblower");
           }
+          if (checker && roles.empty() && check->awaits_merits()) roles.push_back("merits");
           if (roles.empty() || (settled && !challengeable)) continue;
           json j = WorkUnitToJson(*wu);
           j["roles"] = roles;

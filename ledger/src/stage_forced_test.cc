@@ -29,6 +29,7 @@ class ForcedStageTest : public pipeline_testing::PipelineVerificationTest {
   ForcedStageTest() : catcher_(TestKey(42)) {
     genesis_.params.forced_error_per_million = 1'000'000;
     genesis_.params.verifiers_per_unit = 2;
+    checkers_.insert(catcher_.public_key());  // carol's, as the verifier
   }
 
   // The catcher registers before the task is placed: it verifies only (no stage fits its memory).

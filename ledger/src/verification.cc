@@ -247,17 +247,32 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
     tally.redo_escrow += to_escrow;
   }
   for (const protocol::NodeId& n : fx.failures) CountFailure(s, n);
-  // Rewards from the jackpot: what this event slashed into it, at most one slash per winner.
-  std::vector<protocol::NodeId> winners = fx.jackpot_winners;
-  for (const protocol::NodeId& n : fx.rewarded) {
-    if (std::find(winners.begin(), winners.end(), n) == winners.end()) winners.push_back(n);
+  // Rewards from the jackpot, never to the solver's own nodes (LinkedToCheater): a solver's owner
+  // catching, challenging or proving its own unit would get back what its slash took, or, for a
+  // forced error, be paid for a mismatch its secret told it of without a replay.
+  auto unlinked = [&](const std::vector<protocol::NodeId>& nodes) {
+    std::vector<protocol::NodeId> out;
+    for (const protocol::NodeId& n : nodes) {
+      if (!LinkedToCheater(s, solver, n) && std::find(out.begin(), out.end(), n) == out.end()) {
+        out.push_back(n);
+      }
+    }
+    return out;
+  };
+  // A forced error's catchers share the jackpot, one slash each at most: nobody is slashed for a
+  // forced error, the pool is what pays for catching one.
+  const std::vector<protocol::NodeId> catchers = unlinked(fx.jackpot_winners);
+  ML_RETURN_IF_ERROR(PayJackpotShares(s, catchers, slash * catchers.size(), &tally.jackpot_paid));
+  // A verifier's dispute won against the solver, and a whistleblower's win: never more than this
+  // event's slash of the solver took (as ProveFraud's bounty), so a solver and its challenger in
+  // league never gain (a solver whose stake is spent, by an earlier slash or by unbonding, would
+  // otherwise fund a whole slash's reward from the jackpot, which other slashes filled, for each
+  // unit it loses); a whistleblower winning by the solver's silence alone gets only what that
+  // slash put into the jackpot.
+  for (const protocol::NodeId& n : unlinked(fx.rewarded)) {
+    ML_RETURN_IF_ERROR(PayJackpotShares(s, {n}, solver_slashed, &tally.jackpot_paid));
   }
-  ML_RETURN_IF_ERROR(PayJackpotShares(s, winners, slash * winners.size(), &tally.jackpot_paid));
-  if (fx.bounty) {
-    // A whistleblower's win: never more than the solver's slash took (as ProveFraud's bounty), so
-    // a solver and a whistleblower in league never gain (a solver whose stake an earlier slash
-    // emptied would otherwise fund a whole slash's bounty from the jackpot for each challenged
-    // unit); by the solver's silence alone, only what that slash put into the jackpot.
+  if (fx.bounty && !unlinked({*fx.bounty}).empty()) {
     const Amount bounty =
         fx.bounty_by_silence ? BasisPoints(solver_slashed, p.slash_jackpot_bps) : solver_slashed;
     ML_RETURN_IF_ERROR(PayJackpotShares(s, {*fx.bounty}, bounty, &tally.jackpot_paid));
@@ -1059,10 +1074,14 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
 Status ExecuteProveMerits(ExecContext& ctx, const ProveMeritsTx& tx) {
   constexpr std::string_view kWhat = "prove merits";
   ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, tx.node_id, ctx.tx.sender, kWhat));
+  // Any active checker may show them, a verifier as well as a whistleblower: whoever replays the
+  // disputed segment holds the evidence (the whistleblower that challenged may have crashed, or be
+  // the solver's accomplice and keep it back).
   const NodeRecord* prover = ctx.state.nodes.Find(tx.node_id);
-  if ((prover->roles & kRoleWhistleblower) == 0 || prover->status != NodeStatus::kActive) {
+  if ((prover->roles & (kRoleWhistleblower | kRoleVerifier)) == 0 ||
+      prover->status != NodeStatus::kActive) {
     return PermissionDenied("prove merits: node " + tx.node_id.ShortHex() +
-                            " is not an active whistleblower");
+                            " is not an active verifier or whistleblower");
   }
   ML_ASSIGN_OR_RETURN(const WorkUnit* u, CheckedUnit(ctx.state, tx.task_id, tx.index, kWhat));
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
@@ -1653,8 +1672,11 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
     ctx.state.tasks.FindMutable(tx.task_id)->verification.clawed_back += f.clawed_back;
   }
   // A whistleblower's reward (at most one slash, never more than the pool holds), capped by what
-  // this slash took: proving one's own fraud never pays.
-  f.bounty = std::min(f.slashed, ctx.state.g().jackpot);
+  // this slash took; nothing to the solver, its owner or the owner's other nodes
+  // (LinkedToCheater): proving one's own fraud gets none of the slash back.
+  f.bounty = LinkedToCheater(ctx.state, solver, ctx.tx.sender)
+                 ? 0
+                 : std::min(f.slashed, ctx.state.g().jackpot);
   if (f.bounty > 0) ML_RETURN_IF_ERROR(PayFromJackpot(ctx.state, ctx.tx.sender, f.bounty));
   TaskRecord* mt = ctx.state.tasks.FindMutable(tx.task_id);
   mt->verification.slashed += f.slashed;

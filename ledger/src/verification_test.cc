@@ -1428,6 +1428,62 @@ TEST_F(FraudProofTest, ASegmentThatDoesNotReplayToItsLeafIsProvenAfterTheFact) {
   Refused(Prove(erin_, 1, SegmentProof(1)), "already");
 }
 
+// Self-reporting: a cheater that proves its own fraud first (from its owner's account, its own
+// key or another node of its owner's) would be paid the bounty its own slash funds, so cheating
+// and then reporting itself before anyone else would cost it little, and no honest prover would be
+// paid for finding it. Such a prover gets nothing: the slash stays in the jackpot and the treasury,
+// and every token is accounted for (the claw-back to the submitter, the rest where it was).
+TEST_F(FraudProofTest, ACheaterProvingItsOwnFraudGetsNoneOfItsSlashBack) {
+  RunPoisonedTask();
+  const uint64_t window_end = AuditWindowEnd(Task(), genesis_.params.audit_window_blocks);
+  while (chain_->Height() + 1 <= window_end) Step();
+  // The slash itself puts its jackpot share in the pool before a bounty is paid from it: until
+  // 2026-12-06 that share went straight back to the cheater's owner.
+  const Totals before = chain_->GetTotals();
+  ASSERT_TRUE(before.Check().ok());
+  const Amount alice_before = Balance(alice_), gina_before = Balance(gina_);
+  StepOk({Prove(alice_, 1, SegmentProof(1))});  // s1's owner
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+  const ProvenFraud& f = t.verification.proven_frauds[0];
+  EXPECT_EQ(f.prover, alice_.public_key());
+  EXPECT_EQ(f.slashed, protocol::SlashAmount(UnitCost(t, Unit(u_).price), kSlashMultiple));
+  EXPECT_EQ(f.bounty, 0u);
+  EXPECT_EQ(Balance(alice_), alice_before);
+  EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
+  // The whole chain's books: nothing minted; the stake taken went to the submitter (the claw-back)
+  // and into the pools (the slash), and none of it came back out.
+  const Totals after = chain_->GetTotals();
+  EXPECT_TRUE(after.Check().ok());
+  EXPECT_EQ(after.minted, before.minted);
+  const Amount to_jackpot = BasisPoints(f.slashed, genesis_.params.slash_jackpot_bps);
+  EXPECT_EQ(after.jackpot, before.jackpot + to_jackpot);
+  EXPECT_EQ(after.treasury, before.treasury + f.slashed - to_jackpot);
+  EXPECT_EQ(before.staked + before.unbonding,
+            after.staked + after.unbonding + f.slashed + f.clawed_back);
+  EXPECT_EQ(after.balances, before.balances + f.clawed_back);
+  EXPECT_EQ(Balance(gina_), gina_before + f.clawed_back);
+  ExpectEarningsAddUpToTheTask();
+}
+
+// Who the ledger links to a cheater (and pays no reward for proving it): the cheater's node key,
+// its owner and the owner's other nodes; not another owner's node, nor an account it cannot link.
+TEST(LinkedToCheaterTest, TheCheaterItsOwnerAndTheOwnersOtherNodesAreLinked) {
+  LedgerState s;
+  const PublicKey cheater = TestKey(1).public_key(), owner = TestKey(2).public_key(),
+                  sibling = TestKey(3).public_key(), other = TestKey(4).public_key(),
+                  stranger = TestKey(5).public_key();
+  s.nodes.Put(cheater, NodeRecord{.id = cheater, .owner = owner});
+  s.nodes.Put(sibling, NodeRecord{.id = sibling, .owner = owner});
+  s.nodes.Put(other, NodeRecord{.id = other, .owner = stranger});
+  EXPECT_TRUE(LinkedToCheater(s, cheater, cheater));
+  EXPECT_TRUE(LinkedToCheater(s, cheater, owner));
+  EXPECT_TRUE(LinkedToCheater(s, cheater, sibling));
+  EXPECT_FALSE(LinkedToCheater(s, cheater, other));
+  EXPECT_FALSE(LinkedToCheater(s, cheater, stranger));
+}
+
 // A token task (a GPT on text, its data root over its token pages) is proven as a classification
 // task is, each step's batch by the pages it reads (StepBatchPages), each proven against the data
 // root as a RefereeStageStep's batch is.
@@ -1711,9 +1767,9 @@ TEST_F(FraudProofTest, ALazySolverFallingSilentInAWhistleblowersDisputeLosesItsS
   const Amount erin_before = Balance(erin_);
   // In one block (the window is dispute_response_blocks long): refusals, each changing nothing,
   // then the merits.
-  std::vector<Receipt> r = Step({merits(v1_, 1, SegmentProof(1)),  // not a whistleblower
-                                 merits(wb_, 0, SegmentProof(0)),  // not the disputed segment
-                                 merits(wb_, 1, damaged),          // does not check out
+  std::vector<Receipt> r = Step({merits(agg_, 1, SegmentProof(1)),  // not a checker
+                                 merits(wb_, 0, SegmentProof(0)),   // not the disputed segment
+                                 merits(wb_, 1, damaged),           // does not check out
                                  merits(wb_, 1, SegmentProof(1))});
   ASSERT_EQ(r.size(), 4u);
   EXPECT_EQ(r[0].code, StatusCode::kPermissionDenied) << r[0].reason;
@@ -1807,9 +1863,11 @@ TEST(ProveMeritsRefusalTest, TheMeritsAreShownOnlyWhereTheLedgerReplaysASegmentW
 }
 
 // The same lazy solver, silent on purpose, shows its own merits first from a second
-// whistleblower node of its owner's: paid only the jackpot's share of its slash, so the fraud
-// still costs its owner the rest (with the whole bounty it got back all its slash took).
-TEST_F(FraudProofTest, ASilentSolverShowingItsOwnMeritsGetsOnlyTheJackpotsShareOfItsSlash) {
+// whistleblower node of its owner's: paid nothing (LinkedToCheater; until 2026-12-06 it got the
+// jackpot's share of its slash), so its fraud costs its owner all its slash took, which stays in
+// the pools. (A node under a key the ledger cannot link to it gets the jackpot's share, as any
+// prover but the whistleblower that challenged: AVerifierShowsTheMeritsTheWhistleblowerKeptBack.)
+TEST_F(FraudProofTest, ASilentSolverShowingItsOwnMeritsFromASecondNodeGetsNothingBack) {
   const KeyPair second = TestKey(27);
   owner_[second.public_key()] = &alice_;  // s1's owner
   Start();
@@ -1823,6 +1881,7 @@ TEST_F(FraudProofTest, ASilentSolverShowingItsOwnMeritsGetsOnlyTheJackpotsShareO
   PlayDispute(ui, nullptr, [&](uint64_t s) { return states_.at(s); });
   ASSERT_TRUE(Check(ui).awaits_merits()) << Check(ui).reason();
   const Amount alice_before = Balance(alice_), erin_before = Balance(erin_);
+  const Totals before = chain_->GetTotals();
   StepOk({N(second, ProveMeritsTx{.task_id = task_id_,
                                   .index = ui,
                                   .node_id = second.public_key(),
@@ -1831,12 +1890,62 @@ TEST_F(FraudProofTest, ASilentSolverShowingItsOwnMeritsGetsOnlyTheJackpotsShareO
   EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
   EXPECT_EQ(Node(v1_).reputation.slashes, 1u);  // the rubber stamp, as on the whistleblower's proof
   const Amount slashed = Node(s1_).earnings.slashed;
-  const Amount share = BasisPoints(slashed, genesis_.params.slash_jackpot_bps);
-  ASSERT_LT(share, slashed);
-  EXPECT_EQ(Node(second).earnings.jackpot, share);
-  EXPECT_EQ(Balance(alice_) - alice_before, share);
+  ASSERT_GT(slashed, 0u);
+  EXPECT_EQ(Node(second).earnings.jackpot, 0u);
+  EXPECT_EQ(Balance(alice_), alice_before);
   EXPECT_EQ(Balance(erin_), erin_before);  // front-run: the whistleblower that challenged, unpaid
+  EXPECT_EQ(Task().verification.jackpot_paid, 0u);
+  // Both slashes (the solver's and the stamp's) went into the pools, and nothing came out.
+  const Totals after = chain_->GetTotals();
+  EXPECT_TRUE(after.Check().ok());
+  EXPECT_EQ(after.minted, before.minted);
+  EXPECT_EQ(
+      after.jackpot + after.treasury + after.escrow,
+      before.jackpot + before.treasury + before.escrow + slashed + Node(v1_).earnings.slashed);
   ExpectEarningsAddUpToTheTask();
+}
+
+// Any verifier may show the merits, not only the whistleblower that challenged: here the
+// whistleblower (crashed, or the solver's accomplice) keeps them back, and a verifier that was not
+// drawn for the unit shows them. The rubber stamp is slashed with the solver; the prover, not the
+// challenger, is paid the jackpot's share of the solver's slash (OnMeritsShown).
+TEST_F(FraudProofTest, AVerifierShowsTheMeritsTheWhistleblowerKeptBack) {
+  Start(/*verifiers=*/2);
+  ASSERT_NO_FATAL_FAILURE(SettlePoisonedUnitClean());
+  const uint32_t ui = static_cast<uint32_t>(u_);
+  const KeyPair& stamp = VerifierOf(ui);
+  const KeyPair& prover = &stamp == &v1_ ? v2_ : v1_;
+  StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
+                                 .index = ui,
+                                 .node_id = wb_.public_key(),
+                                 .claim = ClaimOf(poisoned_, 1, states_[4])})});
+  PlayDispute(ui, nullptr, [&](uint64_t s) { return states_.at(s); });
+  ASSERT_TRUE(Check(ui).awaits_merits()) << Check(ui).reason();
+  const Amount prover_before = Balance(*owner_.at(prover.public_key()));
+  const Amount erin_before = Balance(erin_);
+  // In one block (the window is dispute_response_blocks long): a node with neither checking role
+  // is refused, the verifier's merits are shown.
+  auto merits = [&](const KeyPair& node) {
+    return N(node, ProveMeritsTx{.task_id = task_id_,
+                                 .index = ui,
+                                 .node_id = node.public_key(),
+                                 .segment = 1,
+                                 .witness = {EncodeSegmentWitness(SegmentProof(1))}});
+  };
+  const std::vector<Receipt> r = Step({merits(s2_), merits(prover)});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].code, StatusCode::kPermissionDenied) << r[0].reason;
+  ASSERT_TRUE(r[1].ok) << r[1].reason;
+  EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(stamp).reputation.slashes, 1u);
+  EXPECT_EQ(Node(prover).reputation.slashes, 0u);
+  const Amount share = BasisPoints(Node(s1_).earnings.slashed, genesis_.params.slash_jackpot_bps);
+  ASSERT_GT(share, 0u);
+  EXPECT_EQ(Node(prover).earnings.jackpot, share);
+  EXPECT_EQ(Balance(*owner_.at(prover.public_key())), prover_before + share);
+  EXPECT_EQ(Balance(erin_), erin_before);
+  ExpectEarningsAddUpToTheTask();
+  EXPECT_TRUE(Rerunning());
 }
 
 TEST(ProvenFraudTest, TheTaskRecordKeepsItsProofsThroughItsEncoding) {
@@ -2225,6 +2334,64 @@ TEST_F(VerificationTest, AWinBySilenceAlonePaysOnlyWhatTheSolversSlashPutInTheJa
   EXPECT_LT(share, slashed);
   EXPECT_EQ(Node(wb_).earnings.jackpot, share);
   EXPECT_EQ(Balance(erin_) - erin_before, share);
+  ExpectEarningsAddUpToTheTask();
+}
+
+// A verifier that wins a dispute against the solver is rewarded from the jackpot, which every
+// slash fills. Until 2026-12-06 the reward was one whole slash whatever the solver's slash took: a
+// solver whose stake was spent (here unstaked and withdrawn after its unit was assigned, keeping
+// only the minimum) lost the dispute to a verifier in league with it, and the pair took out of
+// the jackpot what a rubber stamp's slash had put in. The reward is now what this event's slash
+// of the solver took, as a whistleblower's bounty is: the ledger never pays a win more than the
+// loser's slash brought in.
+class CappedRewardTest : public VerificationTest {
+ protected:
+  CappedRewardTest() {
+    genesis_.params.verifiers_per_unit = 2;
+    genesis_.params.unbonding_delay_blocks = 1;  // the solver withdraws at once
+    genesis_.params.audit_window_blocks = 1;
+  }
+};
+
+TEST_F(CappedRewardTest, AVerifiersDisputeWinIsNeverMoreThanTheSolversSlashTook) {
+  Start(/*verifiers=*/2);
+  const int lazy = UnitOf(s1_), honest = UnitOf(s2_);
+  ASSERT_GE(lazy, 0);
+  ASSERT_GE(honest, 0);
+  // Once assigned, the solver keeps only the minimum stake of its role: what its slash can take.
+  const Amount left = genesis_.params.min_stake_solver;
+  StepOk({N(s1_, UnstakeTx{.node_id = s1_.public_key(), .amount = kStake - left})});
+  StepOk({Q(alice_, WithdrawTx{})});
+  ASSERT_EQ(Node(s1_).stake, left);
+  ASSERT_TRUE(chain_->GetAccount(alice_.public_key())->unbonding.empty());
+  CommitAll({{lazy, true}, {honest, false}});
+  Aggregate();
+  ASSERT_EQ(Check(lazy).verifiers().size(), 2u);
+  // v1 catches the lazy unit, v2 stamps it clean; both call the honest one clean.
+  Sealed caught = Mismatch(lazy, 0, /*solver_lazy=*/true, TrueState(lazy, 2));
+  Sealed stamp = Clean(), ok1 = Clean(), ok2 = Clean();
+  StepOk({SealTx(v1_, lazy, caught), SealTx(v2_, lazy, stamp), SealTx(v1_, honest, ok1),
+          SealTx(v2_, honest, ok2)});
+  StepUntil(lazy, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, lazy, caught), RevealTx(v2_, lazy, stamp), RevealTx(v1_, honest, ok1),
+          RevealTx(v2_, honest, ok2), SecretTx(lazy), SecretTx(honest)});
+  StepUntil(lazy, CheckStage::kCheckDisputed);
+  const Totals before = chain_->GetTotals();
+  const Amount carol_before = Balance(carol_);
+  PlayDispute(lazy, nullptr, [&](uint64_t s) { return TrueState(lazy, s); });
+  ASSERT_TRUE(Rerunning());
+  const Amount slash = kSlashMultiple * kTestUnitCost;
+  EXPECT_EQ(Node(s1_).earnings.slashed, left);   // all it had
+  EXPECT_EQ(Node(v2_).earnings.slashed, slash);  // the stamp: a whole slash, into the pools
+  ASSERT_LT(left, slash);
+  // v1's win: what the solver's slash took, not a slash (the jackpot held more: the stamp's).
+  const Totals after = chain_->GetTotals();
+  EXPECT_GT(before.jackpot + BasisPoints(left + slash, genesis_.params.slash_jackpot_bps), left);
+  EXPECT_EQ(Node(v1_).earnings.jackpot, left);
+  EXPECT_EQ(Task().verification.jackpot_paid, left);
+  EXPECT_GE(Balance(carol_), carol_before + left);  // and its replay's pay, net of the cut
+  EXPECT_TRUE(after.Check().ok());
+  EXPECT_EQ(after.minted, before.minted);
   ExpectEarningsAddUpToTheTask();
 }
 

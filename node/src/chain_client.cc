@@ -344,15 +344,16 @@ Result<CheckAssignment> ParseCheck(const RpcAnswer& u) {
     CheckRole role = CheckRole::kCheckRoleSolver;
     ML_ASSIGN_OR_RETURN(std::string name, roles.At(i).Str());
     bool known = false;
-    for (int r = 0; r < 4 && !known; ++r) {
+    for (int r = 0; r <= static_cast<int>(CheckRole::kCheckRoleMerits) && !known; ++r) {
       if (CheckRoleName(static_cast<CheckRole>(r)) == name) {
         role = static_cast<CheckRole>(r);
         known = true;
       }
     }
     if (!known) {
-      return roles.At(i).Bad("", "is not a role this node knows (solver, verifier, challenger, "
-                                 "whistleblower)");
+      return roles.At(i).Bad("",
+                             "is not a role this node knows (solver, verifier, challenger, "
+                             "whistleblower, merits)");
     }
     a.roles.push_back(role);
   }
@@ -390,6 +391,7 @@ std::string_view CheckRoleName(CheckRole r) {
     case CheckRole::kCheckRoleVerifier: return "verifier";
     case CheckRole::kCheckRoleChallenger: return "challenger";
     case CheckRole::kCheckRoleWhistleblower: return "whistleblower";
+    case CheckRole::kCheckRoleMerits: return "merits";
   }
   return "unknown";
 }

@@ -680,5 +680,62 @@ TEST(VerificationSimTest, AWhistleblowerShowsTheMeritsOfADisputeItsSolverFellSil
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
+// The same silent wrong_data solver, but the whistleblower that challenged stalls through the
+// merits window (a crash, or an accomplice keeping them back). Another checker shows them: node 4,
+// a whistleblower that re-checks nothing itself (sample 0), sees the window in its node_work (role
+// "merits"), replays the disputed segment from the solver's checkpoint, and sends ProveMerits. The
+// rubber stamp is slashed with the cheat, as when the challenger shows them; the prover is paid
+// the jackpot's share of the solver's slash.
+TEST(VerificationSimTest, AnotherCheckerShowsTheMeritsTheChallengerKeptBack) {
+  VerifyFixture f(71, /*rounds=*/1, /*units=*/2, /*H=*/4, /*k=*/2);
+  SimHarness* simp = nullptr;
+  bool window_seen = false;
+  SimOptions o{.seed = 71, .nodes = 5, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = ledger::kRoleVerifier},
+                    {.roles = ledger::kRoleWhistleblower},
+                    {.roles = ledger::kRoleWhistleblower}};
+  o.tweak_genesis = VerifyingChain();
+  o.tweak_params = [](ledger::TaskParams& p) { p.verification_window_blocks = 30; };
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) a.adversary = Adversary::kWrongData;
+    if (i == 2) a.adversary = Adversary::kRubberStamp;
+    if (i == 3) a.whistleblower_sample = 1.0;
+    if (i == 4) a.whistleblower_sample = 0.0;
+  };
+  // Asked after each block is produced, before the agents tick: node 3 sits out from the block
+  // that opens the window.
+  o.skip_tick = [&](int node) {
+    if (node != 3) return false;
+    const json t = simp->Task(true);
+    for (const json& u : t.value("units", json::array())) {
+      if (u.contains("check") && u["check"].is_object() && u["check"].contains("merits_deadline")) {
+        window_seen = true;
+        return true;
+      }
+    }
+    return false;
+  };
+  SimHarness sim(o);
+  simp = &sim;
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(600);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  EXPECT_GT(sim.agent(3)->stats().challenges, 0u);
+  EXPECT_TRUE(window_seen) << "the solver never fell silent in a whistleblower's dispute";
+  EXPECT_EQ(sim.agent(3)->stats().merits_shown, 0u);
+  EXPECT_EQ(sim.agent(4)->stats().challenges, 0u);
+  EXPECT_GT(sim.agent(4)->stats().merits_shown, 0u);
+  EXPECT_GE(Tally(sim, "fraud"), 1u);
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  EXPECT_GT(Slashes(sim, 2), 0u) << "the rubber stamp, slashed only on the merits";
+  EXPECT_GT(Node(sim, 4)["earnings"].value("jackpot", uint64_t{0}), 0u);
+  ExpectNeverSlashed(sim, {1, 3, 4});
+  ExpectFinalModelIsHonest(sim, f);
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
 }  // namespace
 }  // namespace meshlearn::node

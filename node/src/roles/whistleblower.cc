@@ -100,12 +100,22 @@ VerifyAction MeritsAction(const std::string& dir, const DisputeView& d) {
 }  // namespace
 
 void Whistleblower::PlayMerits(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
-  if (c.merits_deadline == 0 || !c.dispute || c.dispute->challenger != node_->id()) return;
+  if (c.merits_deadline == 0 || !c.dispute) return;
+  const bool challenger = c.dispute->challenger == node_->id();
+  // Another checker the ledger lists the window to (CheckRole::kCheckRoleMerits: not the solver,
+  // not one of the unit's verifiers, which called it clean and would slash themselves) replays
+  // the disputed segment itself; a rubber stamp replays nothing.
+  if (!challenger &&
+      (!c.HasRole(CheckRole::kCheckRoleMerits) || CheatsAsVerifier(node_->options().adversary))) {
+    return;
+  }
   const std::string dir = node_->VerifyDir(c);
   if (outbox_->Done(MeritsAction(dir, *c.dispute))) return;
   Result<TaskContext*> ctx = node_->GetTask(c.task_id);
   if (!ctx.ok() || ledger::ProveMeritsRefusal((*ctx)->info.params) != nullptr) return;
-  if (!node_->env()->FileExists(JoinPath(dir, "challenge.json"))) return;  // not our finding
+  if (challenger && !node_->env()->FileExists(JoinPath(dir, "challenge.json"))) {
+    return;  // not our finding
+  }
   urgent->push_back({VerifyJob::Kind::kMerits, &c, c.merits_deadline});
 }
 
@@ -119,12 +129,35 @@ Status Whistleblower::RunMerits(const CheckAssignment& c) {
     outbox_->GiveUp(action);
     return Status::Ok();
   };
-  Result<journal::ChallengeRecord> record =
-      journal::ReadJournal<journal::ChallengeRecord>(node_->env(), JoinPath(dir, "challenge.json"));
-  if (!record.ok()) return give_up(record.status().message());
-  const journal::Finding& f = record->finding;
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
   const UnitWork work = protocol::UnitWorkOf(ctx->bundle.net, ctx->facts, c.round, c.shard);
+  journal::Finding f;
+  if (d.challenger == node_->id()) {
+    Result<journal::ChallengeRecord> record = journal::ReadJournal<journal::ChallengeRecord>(
+        node_->env(), JoinPath(dir, "challenge.json"));
+    if (!record.ok()) return give_up(record.status().message());
+    f = record->finding;
+  } else {
+    // Another node's dispute: replay its segment as the whistleblower did (from the solver's
+    // checkpoint at its start, else from the unit's start), once; a clean replay has no merits.
+    std::optional<uint32_t> segment;
+    for (uint32_t s = 0; s < c.num_segments && !segment; ++s) {
+      const protocol::SegmentSteps st =
+          protocol::SegmentStepsOf(static_cast<uint64_t>(work.inner_steps),
+                                   static_cast<uint64_t>(work.checkpoint_interval), s);
+      if (st.first_step == d.first_step && st.last_step == d.last_step) segment = s;
+    }
+    if (!segment) {
+      return give_up("steps " + std::to_string(d.first_step) + ".." + std::to_string(d.last_step) +
+                     " are no segment of the unit");
+    }
+    ML_RETURN_IF_ERROR(node_->env()->CreateDirs(dir));
+    Result<SegmentFinding> found = CheckSegments(*node_, c, {*segment}, dir);
+    if (!found.ok()) return give_up(found.status().message());
+    ++node_->stats().replays;
+    f = found->Record();
+    if (!f.mismatch) return give_up("segment " + std::to_string(*segment) + " replays clean");
+  }
   const protocol::SegmentSteps steps =
       protocol::SegmentStepsOf(static_cast<uint64_t>(work.inner_steps),
                                static_cast<uint64_t>(work.checkpoint_interval), f.segment);
@@ -152,9 +185,11 @@ Status Whistleblower::RunMerits(const CheckAssignment& c) {
   const std::string shown = "segment " + std::to_string(f.segment) + " replays to " +
                             w->replayed_end.ShortHex() + ", committed " +
                             w->committed_end.ShortHex();
-  node_->Log(CheckName(c) +
-             ": the solver fell silent in this node's dispute; showing its merits: " + shown +
-             " (ProveMerits, " + std::to_string(witness.size()) + " bytes)");
+  node_->Log(CheckName(c) + ": the solver fell silent in " +
+             (d.challenger == node_->id() ? std::string("this node's dispute")
+                                          : "the dispute of " + d.challenger.ShortHex()) +
+             "; showing its merits: " + shown + " (ProveMerits, " + std::to_string(witness.size()) +
+             " bytes)");
   if (outbox_->Send(action, ledger::ProveMeritsTx{.task_id = c.task_id,
                                                   .index = c.index,
                                                   .node_id = node_->id(),

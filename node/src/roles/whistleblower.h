@@ -15,7 +15,9 @@
 // (a job, once): the witness of the disputed segment from the state its challenge replayed it
 // from (node/step_witness.h BuildSegmentWitnessOf), sent as ProveMerits; the ledger replays it,
 // and the verifiers that called the unit clean are slashed with the solver
-// (docs/verification.md, "A solver silent in a whistleblower's dispute").
+// (docs/verification.md, "A solver silent in a whistleblower's dispute"). Any other checker node
+// the ledger lists the window to (CheckRole::kCheckRoleMerits) shows them as well, replaying the
+// disputed segment itself, so a challenger that crashed or keeps them back shields nobody.
 //
 // The draw and the segment are protocol/draw.h's, hashes of the node key and the unit: a
 // restarted node draws the same units, and re-checks a drawn one again (its re-check is not
@@ -42,12 +44,14 @@ class Whistleblower {
   // A settled check this node may re-check: drawn into `later`, once per check.
   void Play(const CheckAssignment& c, std::vector<VerifyJob>* later);
   Status Run(const CheckAssignment& c);
-  // A check in its merits window whose dispute this node challenged: the ProveMerits job into
-  // `urgent` (by the window's last height) until sent or given up, where the ledger rules a
-  // unit's merits (ledger::ProveMeritsRefusal) and the challenge's finding is journaled here.
+  // A check in its merits window whose dispute this node challenged (the challenge's finding
+  // journaled here), or that the ledger lists to it as another checker (kCheckRoleMerits; not for
+  // a rubber stamp): the ProveMerits job into `urgent` (by the window's last height) until sent or
+  // given up, where the ledger rules a unit's merits (ledger::ProveMeritsRefusal).
   void PlayMerits(const CheckAssignment& c, std::vector<VerifyJob>* urgent);
-  // Builds the disputed segment's witness and sends ProveMerits (once; given up, with the reason
-  // logged, when the witness cannot be built or does not show the segment false).
+  // Builds the disputed segment's witness (another node's dispute: after replaying the segment,
+  // CheckSegments) and sends ProveMerits (once; given up, with the reason logged, when the
+  // witness cannot be built or does not show the segment false).
   Status RunMerits(const CheckAssignment& c);
   // The check of `dir` is over.
   void Forget(const std::string& dir) {

@@ -65,7 +65,9 @@
 //                       units: [{index, shard, node, result_hash, commitment?,
 //                       stage_commits?}]}],
 //                       checks: [a unit JSON (as in get_task, with "check") plus roles
-//                       (solver | verifier | challenger | whistleblower), start_state,
+//                       (solver | verifier | challenger | whistleblower | merits: an active
+//                       verifier or whistleblower node, none of the others, listed a check in
+//                       its merits window, "merits_deadline", to show them), start_state,
 //                       spec_hash, solver_endpoint, served?: [{step, height, challenger}]:
 //                       the stage steps served on chain in this run, each by the
 //                       ServeStageEvidence that completed it at `height`, answering

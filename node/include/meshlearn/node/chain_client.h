@@ -204,6 +204,9 @@ enum class CheckRole : uint8_t {
   kCheckRoleVerifier,
   kCheckRoleChallenger,  // a challenger of the check's dispute that is not one of its verifiers
   kCheckRoleWhistleblower,
+  // A checker (a verifier or whistleblower node) that is none of the above, listed a check whose
+  // whistleblower's dispute awaits its merits (merits_deadline): it may show them (ProveMerits).
+  kCheckRoleMerits,
 };
 std::string_view CheckRoleName(CheckRole r);
 
