@@ -125,6 +125,9 @@ Status PayFromEscrow(LedgerState& s, const ChainParams& p, const Hash256& task_i
 // Ends an open task in the block at `height` (its closed_height): refunds the remaining escrow
 // to the submitter; status `final_status`.
 Status CloseTask(LedgerState& s, const Hash256& task_id, TaskStatus final_status, uint64_t height);
+// Every serve bond still held on unit `index` (WorkUnit::serve_bonds) back to its payer: the
+// claims it bonded ended without the stage serving them (verification.cc).
+Status RefundServeBonds(LedgerState& s, const Hash256& task_id, uint32_t index);
 // Work units: network.cc schedules and commits (verification is a later issue); these keep
 // the records.
 Status AddWorkUnit(LedgerState& s, const Hash256& task_id, uint32_t* index);
@@ -153,7 +156,8 @@ Amount AssignedUnitCost(const TaskRecord& t, const WorkUnit& u);
 // left (SettleWorkUnit).
 Status SettleAtAssignedPrice(LedgerState& s, const ChainParams& p, const Hash256& task_id,
                              uint32_t index);
-// A unit back to pending with no assignee, result or price (expiry, a re-run round).
+// A unit back to pending with no assignee, result or price (expiry, a re-run round). Its serve
+// bonds stay until DriveChecks gives them back (RefundServeBonds): they are tokens, not a record.
 void ResetWorkUnit(WorkUnit* u);
 // The end-of-block step: after a block's transactions, before its state hash, on every path
 // (sequencer, follower, replay). For every open task in id order: expire overdue assignments

@@ -182,6 +182,26 @@ Hash256 GenesisHash(const Genesis& g) {
     e.PutU32(static_cast<uint32_t>(g.sequencers.size()));
     for (const PublicKey& k : g.sequencers) e.PutPublicKey(k);
   }
+  // The params added since (ChainParams::VisitTail), appended only where they differ from their
+  // defaults, each by name, after a tag: a genesis that keeps them hashes as it always did.
+  std::vector<std::pair<std::string, Bytes>> tail, defaults;
+  const auto collect = [](std::vector<std::pair<std::string, Bytes>>* out) {
+    return [out](const char* n, const auto& v) {
+      Encoder f;
+      ParamEncoder{f}(n, v);
+      out->emplace_back(n, f.bytes());
+    };
+  };
+  ChainParams::VisitTail(g.params, collect(&tail));
+  const ChainParams unset;
+  ChainParams::VisitTail(unset, collect(&defaults));
+  std::erase_if(tail, [&](const auto& f) {
+    return std::find(defaults.begin(), defaults.end(), f) != defaults.end();
+  });
+  if (!tail.empty()) {
+    e.PutString("params_tail").PutU32(static_cast<uint32_t>(tail.size()));
+    for (const auto& [name, value] : tail) e.PutString(name).PutBytes(value);
+  }
   Hasher h("meshlearn.genesis.v1");
   h.Update(e.bytes());
   return h.Finish();
@@ -224,10 +244,10 @@ Result<Genesis> ParseGenesis(std::string_view toml_text, std::string name) {
   if (cfg.Has("params")) {
     ML_ASSIGN_OR_RETURN(ConfigFile p, cfg.GetTable("params"));
     std::vector<std::string> keys;
-    ChainParams::Visit(g.params, [&](const char* n, const auto&) { keys.emplace_back(n); });
+    ChainParams::VisitAll(g.params, [&](const char* n, const auto&) { keys.emplace_back(n); });
     ML_RETURN_IF_ERROR(p.CheckKnownKeys(keys));
     ParamReader reader{p};
-    ChainParams::Visit(g.params, reader);
+    ChainParams::VisitAll(g.params, reader);
     ML_RETURN_IF_ERROR(reader.status);
   }
   if (cfg.Has("accounts")) {
@@ -271,7 +291,7 @@ std::string GenesisToToml(const Genesis& g) {
   o << "faucet = " << (g.faucet ? "true" : "false") << "\n\n";
   const ChainParams& p = g.params;
   o << "[params]\n";
-  ChainParams::Visit(p, [&](const char* n, const auto& v) {
+  ChainParams::VisitAll(p, [&](const char* n, const auto& v) {
     o << n << " = ";
     if constexpr (std::is_same_v<std::decay_t<decltype(v)>, bool>) {
       o << (v ? "true" : "false");
@@ -291,7 +311,7 @@ Status WriteGenesis(Env* env, const std::string& path, const Genesis& g) {
   constexpr uint64_t kMaxToml = static_cast<uint64_t>(INT64_MAX);
   const ChainParams& p = g.params;
   bool too_big = false;
-  ChainParams::Visit(p, [&](const char*, const auto& v) {
+  ChainParams::VisitAll(p, [&](const char*, const auto& v) {
     if constexpr (std::is_same_v<std::decay_t<decltype(v)>, uint64_t>) too_big |= v > kMaxToml;
   });
   if (too_big) return InvalidArgument(path + ": a parameter exceeds the TOML integer range");
@@ -310,7 +330,7 @@ nlohmann::json GenesisToJson(const Genesis& g) {
     accounts.push_back({{"key", a.key.ToHex()}, {"balance", a.balance}});
   }
   nlohmann::json params = nlohmann::json::object();
-  ChainParams::Visit(g.params, [&](const char* n, const auto& v) { params[n] = v; });
+  ChainParams::VisitAll(g.params, [&](const char* n, const auto& v) { params[n] = v; });
   nlohmann::json j = {{"chain_id", g.chain_id},
           {"genesis_hash", GenesisHash(g).ToHex()},
           {"genesis_time_ms", g.genesis_time_ms},

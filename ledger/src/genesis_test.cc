@@ -6,9 +6,12 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <type_traits>
 
 #include <gtest/gtest.h>
 
+#include "meshlearn/base/encoding.h"
+#include "meshlearn/base/hash.h"
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/test_dir.h"
 #include "meshlearn/ledger/chain.h"
@@ -103,6 +106,52 @@ TEST(GenesisTest, HashDependsOnEverything) {
   g2 = g;
   g2.chain_id = "other";
   EXPECT_NE(GenesisHash(g2), h);
+}
+
+// ChainParams::serve_bond_per_piece came after the genesis encoding was fixed: a genesis that
+// keeps its default hashes exactly as the encoding before it (written out here), so no chain's
+// genesis hash, nor any state hash, changed with it; one that sets it hashes otherwise, and it
+// round-trips through TOML and JSON like every param.
+TEST(GenesisTest, TheServeBondPerPieceIsHashedOnlyWhereItIsNotTheDefault) {
+  Genesis g = DevnetGenesis({TestKey(1).public_key()}, 5);
+  ASSERT_EQ(g.params.serve_bond_per_piece, ChainParams::kDefaultServeBondPerPiece);
+  ASSERT_EQ(ChainParams::kDefaultServeBondPerPiece, 100u);
+  Encoder e;
+  e.PutString(g.chain_id).PutI64(g.genesis_time_ms).PutI64(g.block_interval_ms);
+  e.PutPublicKey(g.sequencer).PutBool(g.faucet);
+  e.PutPublicKey(g.referee);
+  ChainParams::Visit(g.params, [&](const char*, const auto& v) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, bool>) {
+      e.PutBool(v);
+    } else if constexpr (sizeof(v) == 4) {
+      e.PutU32(v);
+    } else {
+      e.PutU64(v);
+    }
+  });
+  e.PutU32(static_cast<uint32_t>(g.accounts.size()));
+  for (const GenesisAccount& a : g.accounts) e.PutPublicKey(a.key).PutU64(a.balance);
+  Hasher before("meshlearn.genesis.v1");
+  before.Update(e.bytes());
+  EXPECT_EQ(GenesisHash(g), before.Finish());
+  Genesis set = g;
+  set.params.serve_bond_per_piece = 7;
+  EXPECT_NE(GenesisHash(set), GenesisHash(g));
+  Genesis none = g;
+  none.params.serve_bond_per_piece = 0;  // no bond
+  EXPECT_NE(GenesisHash(none), GenesisHash(g));
+  EXPECT_NE(GenesisHash(none), GenesisHash(set));
+  MemEnv env;
+  ASSERT_TRUE(WriteGenesis(&env, "/g.toml", set).ok());
+  auto back = LoadGenesis(&env, "/g.toml");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->params.serve_bond_per_piece, 7u);
+  EXPECT_EQ(GenesisHash(*back), GenesisHash(set));
+  EXPECT_EQ(GenesisToJson(set)["params"]["serve_bond_per_piece"], 7);
+  auto parsed = ParseGenesis("chain_id = \"x\"\n[params]\nserve_bond_per_piece = 3\n");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->params.serve_bond_per_piece, 3u);
+  EXPECT_FALSE(ParseGenesis("chain_id = \"x\"\n[params]\nserve_bond_per_piece = -1\n").ok());
 }
 
 // A replicated chain's candidates (issue 18): listed, round-tripped, hashed, enforced.

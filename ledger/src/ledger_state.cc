@@ -134,6 +134,9 @@ Totals LedgerState::ComputeTotals() const {
   }
   for (const auto& [k, n] : nodes.rows()) add(t.staked, n.stake);
   for (const auto& [k, task] : tasks.rows()) add(t.escrow, task.escrow);
+  for (const auto& [k, u] : units.rows()) {
+    for (const ServeBond& b : u.serve_bonds) add(t.escrow, b.amount);
+  }
   t.treasury = g().treasury;
   t.jackpot = g().jackpot;
   t.minted = g().minted;

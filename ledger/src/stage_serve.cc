@@ -87,13 +87,32 @@ uint32_t StageServePieceCount(const engine::TilePlan& plan) {
   return static_cast<uint32_t>(std::min<uint64_t>(pieces, UINT32_MAX));
 }
 
-uint64_t ServeWindowBlocks(uint64_t declared) {
+uint64_t ServeDeclaredPieces(uint64_t declared) {
   // Rounded up without adding to `declared`, which the task's submitter sets to any value (a
-  // declaration near UINT64_MAX must not wrap to a one-block window), and no longer than the
-  // most pieces a record keeps take (a larger evidence is refused: CheckStageServePiece).
+  // declaration near UINT64_MAX must not wrap to one piece), and no more than a record keeps (a
+  // larger evidence is refused: CheckStageServePiece).
   const uint64_t witnesses =
       declared / kMaxWitnessBytes + (declared % kMaxWitnessBytes != 0 ? 1 : 0);
-  return ServePieceBlocks(std::min<uint64_t>(1 + 2 * witnesses, StageServeRecord::kMaxPieces));
+  return std::min<uint64_t>(1 + 2 * witnesses, StageServeRecord::kMaxPieces);
+}
+
+uint64_t ServeWindowBlocks(uint64_t declared) {
+  return ServePieceBlocks(ServeDeclaredPieces(declared));
+}
+
+Result<Amount> ServeBondOf(const TaskParams& params, uint32_t index,
+                           const MismatchClaimField& claim, Amount per_piece) {
+  if (!UnservedStageClaim(params, claim)) return Amount{0};
+  const uint32_t stage = StageSlotOf(params, index).stage;
+  if (LedgerRulesStageStep(params, stage)) return Amount{0};  // its whole step is one witness
+  const uint64_t pieces = ServeDeclaredPieces(params.stage_memory_bytes[stage]);
+  Amount bond = 0;
+  if (__builtin_mul_overflow(pieces, per_piece, &bond)) {
+    return InvalidArgument("the serve bond of " + std::to_string(pieces) + " pieces at " +
+                           std::to_string(per_piece) +
+                           " a piece (genesis params.serve_bond_per_piece) overflows an amount");
+  }
+  return bond;
 }
 
 uint64_t ServePieceBlocks(uint64_t pieces) {

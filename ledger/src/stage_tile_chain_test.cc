@@ -530,19 +530,44 @@ class StageServeTest : public StageTileChainTest {
   // The replica trains honestly with stages of `stage_bytes` (over the witness bound) and the
   // verifier claims that stage cheat_ served nothing for step kLieStep: the dispute is at the
   // referee, waiting for the stage's pieces.
-  void DisputeUnserved(uint64_t stage_bytes) {
+  // With `sender`, the verifier's reveal is sent by that key (the verifier node's own), which pays
+  // the claim's serve bond, instead of the nodes' owner.
+  void DisputeUnserved(uint64_t stage_bytes, const KeyPair* sender = nullptr) {
     std::vector<std::vector<Hash256>> leaves = TrainHonestly([&](TaskParams& p) {
       p.stage_memory_bytes = {stage_bytes, stage_bytes, stage_bytes};
     });
     ASSERT_FALSE(LedgerRulesStageStep(Task().params, cheat_));
     ASSERT_EQ(leaves[cheat_][kLieStep], protocol::StageStepLeaf(Evidence().commit));
-    RevealAll(SealMismatch(leaves, StageUnservedLeaf(leaves[cheat_][kLieStep])), std::string());
+    const std::vector<Sealed> verdicts =
+        SealMismatch(leaves, StageUnservedLeaf(leaves[cheat_][kLieStep]));
+    if (sender == nullptr) {
+      RevealAll(verdicts, std::string());
+    } else {
+      std::vector<Transaction> txs;
+      for (uint32_t i = 0; i < kStages; ++i) {
+        txs.push_back(i == cheat_ ? RevealBy(*sender, verdicts[i]) : RevealTx(i, verdicts[i]));
+        txs.push_back(SecretTx(i));
+      }
+      StepOk(txs);
+      StepUntil(cheat_, CheckStage::kCheckDisputed);
+    }
     const RefereeTask task = TaskNow();
     ASSERT_EQ(task.challenger_output, StageUnservedLeaf(task.defender_output));
     stage_node_ = Unit(cheat_).assignee;
   }
 
   const TestStageEvidence& Evidence() const { return evidence_[cheat_][kLieStep]; }
+
+  // The verifier's reveal of `v` on stage cheat_ (no bundle) signed by `sender`.
+  Transaction RevealBy(const KeyPair& sender, const Sealed& v) {
+    return Q(sender, RevealVerdictTx{.task_id = task_id_,
+                                     .index = cheat_,
+                                     .node_id = verifier_.public_key(),
+                                     .verdict = static_cast<uint8_t>(v.verdict),
+                                     .salt = v.salt,
+                                     .claim = v.claim,
+                                     .bundle = {}});
+  }
 
   // Every piece of the stage's evidence, as its node builds them from what it holds (`ev`: what
   // it committed for step kLieStep, its honest evidence unless a test names another).
@@ -899,6 +924,144 @@ TEST_F(StageServeTest, AStageOverTheBoundThatWithholdsAPieceLosesAtTheWindowsEnd
   EXPECT_FALSE(HasCheck(cheat_)) << "fraud: the round re-runs";
   EXPECT_EQ(Task().verification.fraud, 1u);
   ExpectOnlyTheCheaterSlashed(stage_node_);
+}
+
+// The serve bond (docs/verification.md, "A stage claimed to have served nothing, over the witness
+// bound", 3.): a claim that a stage over the bound served nothing posts the declared evidence's
+// pieces x genesis params.serve_bond_per_piece, from the claim's sender (here the verifier node's
+// own key, funded by a transfer, so that its balance shows the bond apart from the nodes' owner,
+// alice). 1 GiB declared: 1 + 2 x 128 pieces of 8 MiB witnesses.
+class StageServeBondTest : public StageServeTest {
+ protected:
+  static constexpr uint64_t kPieces1GiB = 257;
+  static constexpr Amount kFunded = 100'000;
+  Amount Bond(uint64_t pieces) const { return pieces * genesis_.params.serve_bond_per_piece; }
+  void Fund() { StepOk({Q(referee_, TransferTx{.to = verifier_.public_key(), .amount = kFunded})}); }
+};
+
+TEST_F(StageServeBondTest, AServedClaimsBondPaysTheStageThatServedIt) {
+  ASSERT_EQ(genesis_.params.serve_bond_per_piece, ChainParams::kDefaultServeBondPerPiece);
+  ASSERT_EQ(ServeDeclaredPieces(kGiB), kPieces1GiB);
+  ASSERT_NO_FATAL_FAILURE(Fund());
+  ASSERT_NO_FATAL_FAILURE(DisputeUnserved(kGiB, &verifier_));
+  const Amount bond = Bond(kPieces1GiB);
+  ASSERT_EQ(Unit(cheat_).serve_bonds.size(), 1u);
+  EXPECT_EQ(Unit(cheat_).serve_bonds[0],
+            (ServeBond{.claimant = verifier_.public_key(),
+                       .payer = verifier_.public_key(),
+                       .amount = bond}));
+  EXPECT_EQ(Balance(verifier_), kFunded - bond);
+  // The stage's owner (alice) sends the pieces, at no fee here; the last one is paid the bond.
+  const Amount owner_before = Balance(alice_);
+  const std::vector<StageServePiece> pieces = Pieces();
+  for (uint32_t p = 0; p + 1 < pieces.size(); ++p) StepOk({Serve(p, pieces[p])});
+  EXPECT_EQ(Unit(cheat_).serve_bonds.size(), 1u) << "held until every piece is in";
+  const uint64_t failures = Node(verifier_.public_key()).reputation.failures;
+  StepOk({Serve(static_cast<uint32_t>(pieces.size() - 1), pieces.back())});
+  EXPECT_TRUE(Unit(cheat_).serve_bonds.empty());
+  EXPECT_EQ(Balance(alice_), owner_before + bond);
+  EXPECT_EQ(Balance(verifier_), kFunded - bond) << "the claimant's bond went to the stage";
+  ASSERT_NO_FATAL_FAILURE(ExpectServedRuling(failures));
+  EXPECT_EQ(Balance(verifier_), kFunded - bond) << "and stays there once the check settles";
+}
+
+TEST_F(StageServeBondTest, AStageRuledAgainstGivesTheClaimantItsBondBack) {
+  constexpr uint64_t kStageBytes = 64u << 20;  // 17 pieces, 6 blocks after the referee's deadline
+  ASSERT_EQ(ServeDeclaredPieces(kStageBytes), 17u);
+  ASSERT_NO_FATAL_FAILURE(Fund());
+  ASSERT_NO_FATAL_FAILURE(DisputeUnserved(kStageBytes, &verifier_));
+  EXPECT_EQ(Balance(verifier_), kFunded - Bond(17));
+  const std::vector<StageServePiece> pieces = Pieces();
+  std::vector<Transaction> txs;
+  for (uint32_t p = 0; p + 1 < pieces.size(); ++p) txs.push_back(Serve(p, pieces[p]));
+  StepOk(txs);
+  const StageServeRecord rec = Unit(cheat_).serve;
+  ASSERT_TRUE(rec.open());
+  while (chain_->Height() < rec.window_end) {
+    Step();
+    ASSERT_EQ(Unit(cheat_).serve_bonds.size(), 1u) << "held while the window is open";
+  }
+  for (int i = 0; i < 5 && HasCheck(cheat_); ++i) Step();
+  EXPECT_EQ(Task().verification.fraud, 1u);
+  ExpectOnlyTheCheaterSlashed(stage_node_);
+  EXPECT_TRUE(Unit(cheat_).serve_bonds.empty());
+  EXPECT_EQ(Balance(verifier_), kFunded) << "the stage did not serve: the bond comes back";
+}
+
+TEST_F(StageServeBondTest, AClaimantThatCannotPayTheBondIsRefused) {
+  // The verifier node's own key holds 1 token (alice funds and owns every node): an account, too
+  // poor for the bond.
+  StepOk({Q(referee_, TransferTx{.to = verifier_.public_key(), .amount = 1})});
+  std::vector<std::vector<Hash256>> leaves = TrainHonestly([&](TaskParams& p) {
+    p.stage_memory_bytes = {kGiB, kGiB, kGiB};
+  });
+  const std::vector<Sealed> verdicts =
+      SealMismatch(leaves, StageUnservedLeaf(leaves[cheat_][kLieStep]));
+  const std::vector<Receipt> got = Step({RevealBy(verifier_, verdicts[cheat_])});
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_FALSE(got[0].ok);
+  for (const std::string& want :
+       {std::string("posts a bond of ") + std::to_string(Bond(kPieces1GiB)),
+        std::string("genesis params.serve_bond_per_piece"), std::string("insufficient funds"),
+        std::string("fund the sender's account")}) {
+    EXPECT_NE(got[0].reason.find(want), std::string::npos) << got[0].reason;
+  }
+  EXPECT_TRUE(Unit(cheat_).serve_bonds.empty());
+  EXPECT_EQ(Balance(verifier_), 1u);
+  EXPECT_EQ(Check(cheat_).stage(), CheckStage::kCheckRevealVerdicts) << "the reveal took nothing";
+  // The nodes' owner can pay: the same claim, sent by it, is taken.
+  StepOk({RevealBy(alice_, verdicts[cheat_])});
+  ASSERT_EQ(Unit(cheat_).serve_bonds.size(), 1u);
+  EXPECT_EQ(Unit(cheat_).serve_bonds[0].payer, alice_.public_key());
+}
+
+// A unit's serve bonds are its record's third optional tail: written only while held (a unit
+// without one encodes as before), after a closed serving record where none is open, and a bond of
+// nothing or a closed record without a bond after it does not decode.
+TEST(StageServeWindowTest, AWorkUnitsServeBondsRoundTripOnlyWhileHeld) {
+  WorkUnit u;
+  u.index = 3;
+  Encoder plain;
+  EncodeWorkUnit(plain, u);
+  u.serve_bonds.push_back(ServeBond{.claimant = testing::TestKey(1).public_key(),
+                                     .payer = testing::TestKey(2).public_key(),
+                                     .amount = 2'570});
+  Encoder e;
+  EncodeWorkUnit(e, u);
+  const Bytes wire = e.Take();
+  EXPECT_GT(wire.size(), plain.bytes().size());
+  WorkUnit back;
+  Decoder d(wire, "unit");
+  ASSERT_TRUE(DecodeWorkUnit(d, &back).ok());
+  EXPECT_EQ(back, u);
+  // With a serving window open too.
+  u.serve = StageServeRecord{.step = 2, .window_end = 40, .pieces = 3, .served = {0x05}};
+  Encoder open;
+  EncodeWorkUnit(open, u);
+  const Bytes open_wire = open.Take();
+  WorkUnit open_back;
+  Decoder od(open_wire, "unit");
+  ASSERT_TRUE(DecodeWorkUnit(od, &open_back).ok());
+  EXPECT_EQ(open_back, u);
+  // A bond of 0.
+  WorkUnit zero = u;
+  zero.serve_bonds[0].amount = 0;
+  Encoder ze;
+  EncodeWorkUnit(ze, zero);
+  const Bytes zero_wire = ze.Take();
+  WorkUnit out;
+  Decoder zd(zero_wire, "unit");
+  EXPECT_FALSE(DecodeWorkUnit(zd, &out).ok());
+  // A closed record without a bond after it: the bond's bytes cut off.
+  WorkUnit closed;
+  closed.serve_bonds = u.serve_bonds;
+  Encoder ce;
+  EncodeWorkUnit(ce, closed);
+  Bytes cut = ce.Take();
+  cut.resize(cut.size() - (4 + 32 + 32 + 8));
+  WorkUnit cut_out;
+  Decoder cd(cut, "unit");
+  EXPECT_FALSE(DecodeWorkUnit(cd, &cut_out).ok());
 }
 
 // Every piece that does not check out is refused, naming what is wrong, and records nothing: a

@@ -358,10 +358,18 @@ void EncodeWorkUnit(Encoder& e, const WorkUnit& u) {
   // Only a committed stage unit that named its commits has the tail: every other unit's bytes,
   // hence the state hash, are what they were before the field. A stage serving its evidence has a
   // second one (stage_commits first, zero when unset), only while its window is open.
-  if (!u.stage_commits.IsZero() || u.serve.open()) e.PutHash(u.stage_commits);
-  if (u.serve.open()) {
+  // A claimant's serve bond, a third (serve written closed when it is), only while one is held.
+  const bool bonds = !u.serve_bonds.empty();
+  if (!u.stage_commits.IsZero() || u.serve.open() || bonds) e.PutHash(u.stage_commits);
+  if (u.serve.open() || bonds) {
     e.PutU64(u.serve.step).PutU64(u.serve.window_end).PutU32(u.serve.pieces);
     e.PutBytes(u.serve.served);
+  }
+  if (bonds) {
+    e.PutU32(static_cast<uint32_t>(u.serve_bonds.size()));
+    for (const ServeBond& b : u.serve_bonds) {
+      e.PutPublicKey(b.claimant).PutPublicKey(b.payer).PutU64(b.amount);
+    }
   }
 }
 
@@ -393,8 +401,23 @@ Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
       ML_RETURN_IF_ERROR(d.GetU32(&u->serve.pieces, "serve.pieces"));
       ML_RETURN_IF_ERROR(d.GetBytes(&u->serve.served, "serve.served",
                                     StageServeRecord::BitmapBytes(StageServeRecord::kMaxPieces)));
-      if (!u->serve.open() || u->serve.pieces > StageServeRecord::kMaxPieces ||
-          u->serve.served.size() != StageServeRecord::BitmapBytes(u->serve.pieces)) {
+      if (d.remaining() > 0) {
+        uint32_t bonds = 0;
+        ML_RETURN_IF_ERROR(d.GetCount(&bonds, "serve_bonds", WorkUnit::kMaxServeBonds, 72));
+        if (bonds == 0) return DataLoss("work unit: serve_bonds is written only when held");
+        u->serve_bonds.resize(bonds);
+        for (ServeBond& b : u->serve_bonds) {
+          ML_RETURN_IF_ERROR(d.GetPublicKey(&b.claimant, "serve_bonds.claimant"));
+          ML_RETURN_IF_ERROR(d.GetPublicKey(&b.payer, "serve_bonds.payer"));
+          ML_RETURN_IF_ERROR(d.GetU64(&b.amount, "serve_bonds.amount"));
+          if (b.amount == 0) return DataLoss("work unit: a serve bond of 0 is not held");
+        }
+      }
+      // Closed (all zero) only when a bond follows.
+      const bool closed = !u->serve.open() && u->serve.step == 0 && u->serve.pieces == 0 &&
+                          u->serve.served.empty() && !u->serve_bonds.empty();
+      if (!closed && (!u->serve.open() || u->serve.pieces > StageServeRecord::kMaxPieces ||
+                      u->serve.served.size() != StageServeRecord::BitmapBytes(u->serve.pieces))) {
         return DataLoss("work unit: serve is written only while open, with a bit per piece");
       }
     } else if (u->stage_commits.IsZero()) {
@@ -590,6 +613,15 @@ nlohmann::json WorkUnitToJson(const WorkUnit& u) {
                                              ? nlohmann::json(nullptr)
                                              : nlohmann::json(u.stage_commits.ToHex())},
                        {"check", std::move(check)}};
+  if (!u.serve_bonds.empty()) {  // only while held, as encoded
+    nlohmann::json bonds = nlohmann::json::array();
+    for (const ServeBond& b : u.serve_bonds) {
+      bonds.push_back({{"claimant", b.claimant.ToHex()},
+                       {"payer", b.payer.ToHex()},
+                       {"amount", b.amount}});
+    }
+    j["serve_bonds"] = std::move(bonds);
+  }
   // A stage serving its evidence (StageServeRecord): only while open, so that every other unit's
   // view is as before.
   if (u.serve.open()) {

@@ -57,8 +57,9 @@ Status CloseTask(LedgerState& s, const Hash256& task_id, TaskStatus final_status
   ML_RETURN_IF_ERROR(CheckedAdd(t->refunded, refund, &t->refunded, "task refunded"));
   t->status = final_status;
   PublicKey submitter = t->submitter;
-  // Units not yet settled will never be paid now.
+  // Units not yet settled will never be paid now, and the claims on them will not be answered.
   for (uint32_t i = 0; i < t->unit_count; ++i) {
+    ML_RETURN_IF_ERROR(RefundServeBonds(s, task_id, i));
     const WorkUnit* u = s.units.Find({task_id, i});
     if (u == nullptr || u->status == WorkUnitStatus::kVerified ||
         u->status == WorkUnitStatus::kFailed || u->status == WorkUnitStatus::kCancelled) {

@@ -636,6 +636,81 @@ Status RuleUnpostedStageStep(const TaskRecord& t, uint32_t index, uint64_t heigh
   return game->Rule(game->referee_task().challenger_output);
 }
 
+// A claim that stage unit `index`, over the stage witness bound, served nothing for a step
+// (UnservedStageClaim; docs/verification.md, "A stage claimed to have served nothing, over the
+// witness bound") posts its bond: the declared stage's pieces x genesis
+// params.serve_bond_per_piece (ServeBondOf; nothing for any other claim), from the claim's sender
+// `payer`, held on the unit (WorkUnit::serve_bonds) until the claim is answered. One a claimant:
+// its later claim on the unit keeps the bond it holds. A stage within the bound posts its whole
+// step in one transaction (RefereeStageStep), and its claimant posts none. FailedPrecondition
+// naming the bond and the balance when the payer cannot pay (the transaction is refused, and pays
+// nothing).
+static Status PostServeBond(LedgerState& s, const ChainParams& cp, const Hash256& task_id,
+                            uint32_t index, const MismatchClaimField& claim,
+                            const PublicKey& claimant, const PublicKey& payer,
+                            std::string_view what) {
+  const TaskParams& p = s.tasks.Find(task_id)->params;
+  Result<Amount> bond = ServeBondOf(p, index, claim, cp.serve_bond_per_piece);
+  if (!bond.ok()) return bond.status().WithPrefix(std::string(what));
+  WorkUnit* u = s.units.FindMutable({task_id, index});
+  if (*bond == 0) return Status::Ok();
+  for (const ServeBond& b : u->serve_bonds) {
+    if (b.claimant == claimant) return Status::Ok();
+  }
+  if (u->serve_bonds.size() >= WorkUnit::kMaxServeBonds) {
+    return ResourceExhausted(std::string(what) + ": unit " + std::to_string(index) + " holds " +
+                             std::to_string(u->serve_bonds.size()) +
+                             " claims that it served nothing already; wait for them to be "
+                             "answered");
+  }
+  Status paid = Debit(s, payer, *bond, "the serve bond");
+  if (!paid.ok()) {
+    return FailedPrecondition(
+        std::string(what) + ": a claim that stage unit " + std::to_string(index) +
+        " served nothing posts a bond of " + std::to_string(*bond) + " (" +
+        std::to_string(*bond / cp.serve_bond_per_piece) +
+        " pieces of its declared evidence x genesis params.serve_bond_per_piece " +
+        std::to_string(cp.serve_bond_per_piece) +
+        "), paid to the stage if it serves them on chain, back to the sender if not: " +
+        paid.message() + "; fund the sender's account first");
+  }
+  u->serve_bonds.push_back({.claimant = claimant, .payer = payer, .amount = *bond});
+  return Status::Ok();
+}
+
+// The serve bond `claimant` holds on unit `index`, if any, released: paid to the owner of node
+// `stage` (the stage served every piece of its evidence: the claim is answered) or, with `stage`
+// null, back to its payer (the stage did not serve, or the claim ended without it serving).
+static Status ReleaseServeBond(LedgerState& s, const Hash256& task_id, uint32_t index,
+                               const PublicKey& claimant, const PublicKey* stage) {
+  WorkUnit* u = s.units.FindMutable({task_id, index});
+  auto it = std::find_if(u->serve_bonds.begin(), u->serve_bonds.end(),
+                         [&](const ServeBond& b) { return b.claimant == claimant; });
+  if (it == u->serve_bonds.end()) return Status::Ok();
+  const ServeBond bond = *it;
+  u->serve_bonds.erase(it);
+  PublicKey to = bond.payer;
+  if (stage != nullptr) {
+    const NodeRecord* n = s.nodes.Find(*stage);
+    to = n != nullptr ? n->owner : *stage;
+  }
+  ML_LOG_INFO("ledger: task {} unit {}: the serve bond {} of {} {}", task_id.ShortHex(), index,
+              bond.amount, claimant.ShortHex(),
+              stage != nullptr ? "paid to the stage that served" : "back to its payer");
+  return Credit(s, to, bond.amount);
+}
+
+// Every serve bond still held on unit `index` back to its payer: the unit's check settled or was
+// dropped (a re-run), or its task closed, without the stage serving those claims.
+Status RefundServeBonds(LedgerState& s, const Hash256& task_id, uint32_t index) {
+  WorkUnit* u = s.units.FindMutable({task_id, index});
+  while (u != nullptr && !u->serve_bonds.empty()) {
+    ML_RETURN_IF_ERROR(ReleaseServeBond(s, task_id, index, u->serve_bonds.front().claimant,
+                                        nullptr));
+  }
+  return Status::Ok();
+}
+
 // The serving window of a stage over the witness bound claimed to have served nothing
 // (stage_serve.h): from the block its dispute is at the referee, the ledger takes the stage's
 // evidence in pieces (ServeStageEvidenceTx) until ServeWindowBlocks of the declared stage after
@@ -677,6 +752,8 @@ Status DriveServeWindow(LedgerState& s, const TaskRecord& t, uint32_t index, uin
               t.id.ShortHex(), index, mu->serve.window_end);
   const uint64_t end = mu->serve.window_end;
   mu->serve = StageServeRecord{};
+  ML_RETURN_IF_ERROR(
+      ReleaseServeBond(s, t.id, index, game->config().challenger, /*stage=*/nullptr));
   return game->RuleServed(false, end);
 }
 
@@ -696,9 +773,18 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
   for (uint32_t index = from * per_round; index < (to + 1) * per_round; ++index) {
     const uint32_t round = index / per_round;
     const WorkUnit* u = s.units.Find({task_id, index});
-    if (u == nullptr || u->check.empty()) continue;
+    if (u == nullptr) continue;
+    // The serve bonds of claims that ended without the stage serving (a check settled or dropped
+    // with a re-run) go back (RefundServeBonds).
+    if (u->check.empty()) {
+      if (!u->serve_bonds.empty()) ML_RETURN_IF_ERROR(RefundServeBonds(s, task_id, index));
+      continue;
+    }
     ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
-    if (c.stage() == CheckStage::kCheckSettled) continue;
+    if (c.stage() == CheckStage::kCheckSettled) {
+      if (!u->serve_bonds.empty()) ML_RETURN_IF_ERROR(RefundServeBonds(s, task_id, index));
+      continue;
+    }
     CheckEffects fx;
     if (c.stage() == CheckStage::kCheckAwaitingBeacon) {
       if (c.config().commit_height >= height) {  // the beacon is the next block's seed
@@ -743,6 +829,9 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
     SaveCheck(s, task_id, index, c);
     if (c.stage() != CheckStage::kCheckSettled) ++open[round - from];
     ML_RETURN_IF_ERROR(ApplyEffects(s, p, task_id, index, c, fx, &rerun));
+    if (c.stage() == CheckStage::kCheckSettled) {
+      ML_RETURN_IF_ERROR(RefundServeBonds(s, task_id, index));
+    }
     if (fx.settled) {
       ML_LOG_INFO("ledger: task {} unit {}: {} ({})", task_id.ShortHex(), index,
                   protocol::CheckResultName(c.result()), c.reason());
@@ -872,6 +961,10 @@ Status ExecuteRevealVerdict(ExecContext& ctx, const RevealVerdictTx& tx) {
   ML_RETURN_IF_ERROR(c.OnVerdictRevealed(
       tx.node_id, verdict, tx.salt,
       verdict == protocol::Verdict::kVerdictMismatch ? &claim : nullptr, ctx.height));
+  if (verdict == protocol::Verdict::kVerdictMismatch) {
+    ML_RETURN_IF_ERROR(PostServeBond(ctx.state, ctx.params(), tx.task_id, tx.index, tx.claim,
+                                     tx.node_id, ctx.tx.sender, kWhat));
+  }
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
   return Status::Ok();
 }
@@ -1063,6 +1156,8 @@ Status ExecuteChallengeUnit(ExecContext& ctx, const ChallengeUnitTx& tx) {
   }
   ML_RETURN_IF_ERROR(SetTilePhaseFrom(ctx.state, *u, tx.bundle, tx.claim, c, kWhat));
   ML_RETURN_IF_ERROR(c.OnChallenge(tx.node_id, ClaimOf(tx.claim), ctx.height));
+  ML_RETURN_IF_ERROR(PostServeBond(ctx.state, ctx.params(), tx.task_id, tx.index, tx.claim,
+                                   tx.node_id, ctx.tx.sender, kWhat));
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
   // DriveChecks keeps one hold per unsettled check.
   ML_ASSIGN_OR_RETURN(uint32_t holds, m.HoldsOf(u->round));
@@ -1386,6 +1481,10 @@ Status ExecuteServeStageEvidence(ExecContext& ctx, const ServeStageEvidenceTx& t
     // phase: docs/verification.md, "A stage claimed to have served nothing").
     ML_RETURN_IF_ERROR(game->RuleServed(true, rec.window_end));
     rec = StageServeRecord{};
+    // The claimant's bond pays the stage for posting what it claimed was not there.
+    const PublicKey stage = game->config().defender;
+    ML_RETURN_IF_ERROR(
+        ReleaseServeBond(ctx.state, tx.task_id, tx.index, game->config().challenger, &stage));
     SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
     RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
     return Status::Ok();

@@ -10,6 +10,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -1191,18 +1193,15 @@ INSTANTIATE_TEST_SUITE_P(
                       true, true}),
     [](const ::testing::TestParamInfo<CheatingStage>& p) { return std::string(p.param.name); });
 
-// A stage over the stage witness bound that withholds its steps' evidence over the data plane
-// (AgentOptions::withhold_stage_evidence: it answers every "stage.step" with NotFound) and computes
-// them lazily (every commit claims the state it started from). Its verifier can fetch nothing, so
-// it claims that the stage served nothing for the step; the stage answers on chain, every piece of
-// the step's evidence (ServeStageEvidence), which rules the claim "served" (nobody slashed). The
-// verifier's node then checks the step by itself (Disputes::RunServedRecheck): it reads the pieces
-// back from the blocks (get_block_txs), replays the step from them, finds the lazy commit and
-// challenges it with the task bundle (ChallengeUnit, which the ledger takes from the claimant
-// without the whistleblower role); the tile phase, traced from the pieces on chain by both parties,
-// ends at the commit's chain end, RefereeTile rules it, and the stage alone is slashed. The model:
-// kPipelineGptTask's, wide enough (n_embd 256) that every stage is over the bound.
-TEST(PipelineNetworkTest, AStageThatServesItsLazyStepOnlyOnChainIsRecheckedAndSlashed) {
+// The served-on-chain scenario: kPipelineGptTask wide enough (n_embd 256) that every stage is
+// over the stage witness bound, one round, node kWithholder a stage that withholds its steps'
+// evidence over the data plane (AgentOptions::withhold_stage_evidence: it answers every
+// "stage.step" with NotFound), and with `lazy` computes them lazily (every commit claims the state
+// it started from). Its verifier can fetch nothing, so it claims that the stage served nothing for
+// the step; the stage answers on chain (ServeStageEvidence).
+constexpr int kWithholder = 5;
+void WithholdingStageSimOptions(uint64_t seed, const std::string& dir, bool lazy,
+                                testing::SimOptions* out) {
   std::string toml = kPipelineGptTask;
   const auto set = [&](const std::string& from, const std::string& to) {
     const size_t at = toml.find(from);
@@ -1214,8 +1213,7 @@ TEST(PipelineNetworkTest, AStageThatServesItsLazyStepOnlyOnChainIsRecheckedAndSl
   // The recheck comes within the round's window, which restarts when the served claim settles.
   ASSERT_NO_FATAL_FAILURE(
       set("inner_lr_final = 0.5", "inner_lr_final = 0.5\nverification_window_blocks = 60"));
-  constexpr int kCheater = 5;
-  testing::SimOptions opt = VerifyingPipelineSimOptions(29, "pipeline-network-served-lazy");
+  testing::SimOptions opt = VerifyingPipelineSimOptions(seed, dir);
   opt.task_toml = toml + "budget = 100000000000\nprice_cap = 1000\n";
   opt.node_options[6].speed_factor = 0.25;  // left out of the first placement: the cheater stages
   // Blocks come as fast as the loop turns: the serving window (after the referee's deadline) must
@@ -1224,11 +1222,28 @@ TEST(PipelineNetworkTest, AStageThatServesItsLazyStepOnlyOnChainIsRecheckedAndSl
     verifying(g);
     g.params.referee_blocks = 1'000'000;
   };
-  opt.agent_options = [](int node, AgentOptions& a) {
-    if (node != kCheater) return;
-    a.adversary = Adversary::kLazy;
+  opt.agent_options = [lazy](int node, AgentOptions& a) {
+    if (node != kWithholder) return;
+    if (lazy) a.adversary = Adversary::kLazy;
     a.withhold_stage_evidence = true;
   };
+  *out = std::move(opt);
+}
+
+// A stage over the stage witness bound that withholds its steps' evidence over the data plane and
+// computes them lazily (WithholdingStageSimOptions). Its verifier can fetch nothing, so it claims
+// that the stage served nothing for the step; the stage answers on chain, every piece of the
+// step's evidence (ServeStageEvidence), which rules the claim "served" (nobody slashed). The
+// verifier's node then checks the step by itself (Disputes::RunServedRecheck): it reads the pieces
+// back from the blocks (get_block_txs), replays the step from them, finds the lazy commit and
+// challenges it with the task bundle (ChallengeUnit, which the ledger takes from the claimant
+// without the whistleblower role); the tile phase, traced from the pieces on chain by both parties,
+// ends at the commit's chain end, RefereeTile rules it, and the stage alone is slashed.
+TEST(PipelineNetworkTest, AStageThatServesItsLazyStepOnlyOnChainIsRecheckedAndSlashed) {
+  constexpr int kCheater = kWithholder;
+  testing::SimOptions opt;
+  ASSERT_NO_FATAL_FAILURE(
+      WithholdingStageSimOptions(29, "pipeline-network-served-lazy", /*lazy=*/true, &opt));
   std::mutex mu;
   std::vector<std::string> rechecks;
   opt.log_sink = [&](int node, const std::string& line) {
@@ -1278,6 +1293,159 @@ TEST(PipelineNetworkTest, AStageThatServesItsLazyStepOnlyOnChainIsRecheckedAndSl
   for (const json& u : task["units"]) {
     EXPECT_NE(u.value("assignee", std::string()), cheater_id) << u.dump();
   }
+}
+
+// The recheck of a served step is kept across a restart (Disputes::RunServedRecheck journals what
+// it found, recheck-<step>-<height>.json, before it sends anything). The scenario above, with node
+// 6 the only verifier (the claimant), which crashes right after its recheck's journal is written
+// (AgentOptions::after_served_recheck) and is restarted one block later without the hook. Kept is
+// what the node finds after the restart: its record as written, or with `corrupt` bytes that are
+// not a journal, which the node logs, naming the file, and checks the step again.
+struct RecheckRestart {
+  bool lazy = false;     // the withholding stage is lazy: the recheck finds it wrong
+  bool corrupt = false;  // the journal is overwritten with garbage before the restart
+};
+
+struct RecheckRestartRun {
+  std::vector<std::string> replays;   // node 6's "served on chain ... from its pieces" lines
+  std::vector<std::string> kept;      // node 6's "its recheck before a restart found it ..."
+  std::vector<std::string> rejected;  // node 6's "checking the served step again"
+  std::set<int> crashed;
+  json task;
+  std::string withholder;  // its node id, hex
+};
+
+void RunRecheckRestart(const RecheckRestart& p, const std::string& dir, RecheckRestartRun* run) {
+  constexpr int kClaimant = 6;
+  testing::SimOptions opt;
+  ASSERT_NO_FATAL_FAILURE(WithholdingStageSimOptions(31, dir, p.lazy, &opt));
+  // Node 6 alone verifies: the claimant is known, and it holds no stage of the first placement
+  // (whose served evidence a restart would lose).
+  for (int i = 0; i < 6; ++i) {
+    opt.node_options[i].roles = ledger::kRoleSolver | ledger::kRoleAggregator;
+  }
+  std::mutex mu;
+  opt.log_sink = [&](int node, const std::string& line) {
+    if (node != kClaimant) return;
+    std::lock_guard<std::mutex> lock(mu);
+    if (line.find("served on chain replays clean from its pieces") != std::string::npos ||
+        line.find("served on chain does not replay from its pieces") != std::string::npos) {
+      run->replays.push_back(line);
+    }
+    if (line.find("its recheck before a restart found it") != std::string::npos) {
+      run->kept.push_back(line);
+    }
+    if (line.find("checking the served step again") != std::string::npos) {
+      run->rejected.push_back(line);
+    }
+  };
+  opt.agent_options = [withholding = opt.agent_options, &mu, run](int node, AgentOptions& a) {
+    withholding(node, a);
+    if (node == kWithholder) return;
+    a.after_served_recheck = [&mu, run, node](const Hash256&, uint32_t, bool) -> Status {
+      std::lock_guard<std::mutex> lock(mu);
+      run->crashed.insert(node);
+      return Internal("crash: simulated kill -9 after the recheck's journal");
+    };
+  };
+  const std::string root = opt.root;
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  std::set<int> restarted;
+  bool finished = false;
+  for (int b = 0; b < 40'000 && !finished; ++b) {
+    finished = sim.Task(false).value("status", std::string()) == "finished";
+    if (finished) break;
+    Status step = sim.Step();
+    ASSERT_TRUE(step.ok()) << step.ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::set<int> due;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (int i : run->crashed) {
+        if (!restarted.count(i)) due.insert(i);
+      }
+    }
+    for (int i : due) {
+      sim.Kill(i);
+      if (p.corrupt) {
+        int corrupted = 0;
+        const std::filesystem::path verify = root + "/nodes/n" + std::to_string(i) + "/verify";
+        for (const auto& f : std::filesystem::recursive_directory_iterator(verify)) {
+          if (f.path().filename().string().starts_with("recheck-")) {
+            std::ofstream(f.path(), std::ios::trunc) << "{\"journal\": \"served_rech";
+            ++corrupted;
+          }
+        }
+        ASSERT_EQ(corrupted, 1) << "no recheck journal under " << verify;
+      }
+      ASSERT_TRUE(sim.Restart(i, [](AgentOptions& a) { a.after_served_recheck = nullptr; }).ok());
+      restarted.insert(i);
+    }
+  }
+  ASSERT_TRUE(finished) << sim.Task(true).dump().substr(0, 4000);
+  run->task = sim.Task(true);
+  run->withholder = sim.node_key(kWithholder).public_key().ToHex();
+  if (p.lazy) {
+    ExpectOnlyTheCheaterSlashedAndJailed(sim, kWithholder, 7);
+  } else {
+    for (int i = 0; i < 7; ++i) {
+      EXPECT_EQ(NodeRecordOf(sim, i)["reputation"].value("slashes", uint64_t{1}), 0u) << i;
+    }
+  }
+}
+
+// Whether `task` has a ServeStageEvidence ruling on the withholder, then (`ruled`) a RefereeTile
+// ruling for the challenger after it.
+void ExpectServedThenRuled(const json& task, const std::string& withholder, bool ruled) {
+  bool served = false, tile = false;
+  for (const json& r : task["verification"]["rulings"]) {
+    if (r.value("defender", "") != withholder) continue;
+    if (r.value("tx", "") == "ServeStageEvidence") served = true;
+    if (served && r.value("tx", "") == "RefereeTile") {
+      tile = true;
+      EXPECT_EQ(r.value("for", ""), "challenger") << r.dump();
+    }
+  }
+  EXPECT_TRUE(served) << task["verification"].dump();
+  EXPECT_EQ(tile, ruled) << task["verification"].dump();
+}
+
+TEST(PipelineNetworkTest, AClaimantRestartedBeforeItsChallengeSendsTheFindingItJournaled) {
+  RecheckRestartRun run;
+  ASSERT_NO_FATAL_FAILURE(RunRecheckRestart({.lazy = true}, "pipeline-network-recheck-kept", &run));
+  EXPECT_EQ(run.crashed, std::set<int>{6});
+  ExpectServedThenRuled(run.task, run.withholder, /*ruled=*/true);
+  // Replayed once, before the crash; challenged after the restart from the journal.
+  EXPECT_EQ(run.replays.size(), 1u) << ::testing::PrintToString(run.replays);
+  ASSERT_EQ(run.kept.size(), 1u) << ::testing::PrintToString(run.kept);
+  EXPECT_NE(run.kept[0].find("found it wrong"), std::string::npos) << run.kept[0];
+  EXPECT_TRUE(run.rejected.empty()) << ::testing::PrintToString(run.rejected);
+}
+
+TEST(PipelineNetworkTest, AClaimantRestartedAfterACleanRecheckDoesNotReplayTheServedStepAgain) {
+  RecheckRestartRun run;
+  ASSERT_NO_FATAL_FAILURE(
+      RunRecheckRestart({.lazy = false}, "pipeline-network-recheck-clean", &run));
+  EXPECT_EQ(run.crashed, std::set<int>{6});
+  ExpectServedThenRuled(run.task, run.withholder, /*ruled=*/false);
+  EXPECT_EQ(run.replays.size(), 1u) << ::testing::PrintToString(run.replays);
+  ASSERT_EQ(run.kept.size(), 1u) << ::testing::PrintToString(run.kept);
+  EXPECT_NE(run.kept[0].find("found it clean"), std::string::npos) << run.kept[0];
+}
+
+// A recheck journal that does not read back (a torn disk, a hand edit) is no finding: the node logs
+// it, naming the file, and checks the step again (one more replay), as for no journal at all.
+TEST(PipelineNetworkTest, AClaimantsCorruptRecheckJournalIsLoggedAndTheServedStepCheckedAgain) {
+  RecheckRestartRun run;
+  ASSERT_NO_FATAL_FAILURE(RunRecheckRestart({.lazy = false, .corrupt = true},
+                                            "pipeline-network-recheck-corrupt", &run));
+  EXPECT_EQ(run.crashed, std::set<int>{6});
+  EXPECT_EQ(run.replays.size(), 2u) << ::testing::PrintToString(run.replays);
+  EXPECT_TRUE(run.kept.empty()) << ::testing::PrintToString(run.kept);
+  ASSERT_EQ(run.rejected.size(), 1u) << ::testing::PrintToString(run.rejected);
+  EXPECT_NE(run.rejected[0].find("recheck-"), std::string::npos) << run.rejected[0];
 }
 
 // Forced errors for stage units (docs/verification.md, "Forced errors for stage units"): every

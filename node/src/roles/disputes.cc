@@ -254,6 +254,27 @@ Result<const OnChainStageStep*> Disputes::OnChainStepOf(const CheckAssignment& c
   return it->second.get();
 }
 
+std::string Disputes::RecheckPath(const CheckAssignment& c, const ServedStageStep& s) const {
+  return JoinPath(node_->VerifyDir(c),
+                  "recheck-" + std::to_string(s.step) + "-" + std::to_string(s.height) + ".json");
+}
+
+Result<journal::ServedRecheck> Disputes::KeptRecheck(const CheckAssignment& c,
+                                                     const ServedStageStep& s) const {
+  const std::string path = RecheckPath(c, s);
+  Result<journal::ServedRecheck> kept =
+      journal::ReadJournal<journal::ServedRecheck>(node_->env(), path);
+  if (!kept.ok()) return kept.status();
+  // Another step's, another ruling's or another commitment's record under this name is no
+  // finding of this step: it is checked again.
+  if (kept->step != s.step || kept->height != s.height || kept->finding.leaves != c.leaves ||
+      (kept->finding.mismatch && kept->finding.segment != s.step - 1)) {
+    return DataLoss(path + ": not the recheck of step " + std::to_string(s.step - 1) +
+                    " served at height " + std::to_string(s.height) + " of these leaves");
+  }
+  return kept;
+}
+
 Status Disputes::RunServedRecheck(const CheckAssignment& c) {
   const ServedStageStep* s = RecheckDue(c);
   if (s == nullptr) return Status::Ok();
@@ -265,37 +286,64 @@ Status Disputes::RunServedRecheck(const CheckAssignment& c) {
     outbox_->GiveUp(action);
     return Status::Ok();
   };
+  // What a recheck before a restart found: kept, it is not replayed again (a clean step stays
+  // clean; a finding not sent yet is sent now). A record that does not read back as this step's
+  // (corrupt, another version) is as good as none: the step is checked again and the record
+  // rewritten, which costs one replay and loses nothing.
+  Result<journal::ServedRecheck> kept = KeptRecheck(c, *s);
+  if (!kept.ok() && kept.status().code() != StatusCode::kNotFound) {
+    node_->Log(CheckName(c) + ": stage step " + std::to_string(step) + ": " +
+               kept.status().message() + "; checking the served step again");
+  }
   ML_ASSIGN_OR_RETURN(TaskContext * ctx, node_->GetTask(c.task_id));
   if (ctx->bundle.net.stages < 2) return give_up("not a stage unit");
-  // Like every other stage job: the data it reads for the step's batch is dropped when it ends.
-  const DisputeDataDrop drop_data{ctx};
-  std::shared_ptr<const engine::TaskData> data;
-  Result<StageCheckInput> in = StageInputOf(c, ctx, &data);
-  if (!in.ok()) return give_up(in.status().message());
-  ML_ASSIGN_OR_RETURN(in->on_chain, OnChainStepOf(c, ctx, *in, s->step));
-  const Hash256& committed = c.leaves.at(s->step);
-  ML_ASSIGN_OR_RETURN(StageStepCheck r, CheckStageStep(*in, step, committed));
-  ++node_->stats().replays;
-  if (r.leaf == committed) {
+  journal::ServedRecheck record;
+  if (kept.ok()) {
+    record = std::move(*kept);
     node_->Log(CheckName(c) + ": stage step " + std::to_string(step) +
-               " served on chain replays clean from its pieces");
+               " served on chain: its recheck before a restart found it " +
+               (record.finding.mismatch ? "wrong" : "clean") + " (" + RecheckPath(c, *s) + ")");
+  } else {
+    // Like every other stage job: the data it reads for the step's batch is dropped when it ends.
+    const DisputeDataDrop drop_data{ctx};
+    std::shared_ptr<const engine::TaskData> data;
+    Result<StageCheckInput> in = StageInputOf(c, ctx, &data);
+    if (!in.ok()) return give_up(in.status().message());
+    ML_ASSIGN_OR_RETURN(in->on_chain, OnChainStepOf(c, ctx, *in, s->step));
+    const Hash256& committed = c.leaves.at(s->step);
+    ML_ASSIGN_OR_RETURN(StageStepCheck r, CheckStageStep(*in, step, committed));
+    ++node_->stats().replays;
+    record.step = s->step;
+    record.height = s->height;
+    record.finding.leaves = c.leaves;
+    if (r.leaf == committed) {
+      node_->Log(CheckName(c) + ": stage step " + std::to_string(step) +
+                 " served on chain replays clean from its pieces");
+    } else {
+      record.finding.mismatch = true;
+      record.finding.segment = static_cast<uint32_t>(step);
+      record.finding.replayed_end = r.leaf;
+      node_->Log(CheckName(c) + ": stage step " + std::to_string(step) +
+                 " served on chain does not replay from its pieces (" + r.message + ")");
+    }
+    ML_RETURN_IF_ERROR(node_->env()->CreateDirs(action.dir));
+    ML_RETURN_IF_ERROR(journal::WriteJournal(node_->env(), RecheckPath(c, *s), record));
+    if (const auto& hook = node_->options().after_served_recheck) {
+      ML_RETURN_IF_ERROR(hook(c.task_id, c.index, record.finding.mismatch));
+    }
+  }
+  if (!record.finding.mismatch) {
     outbox_->GiveUp(action);  // done: nothing to send
     return Status::Ok();
   }
-  journal::ChallengeRecord record;
-  record.finding.leaves = c.leaves;
-  record.finding.mismatch = true;
-  record.finding.segment = static_cast<uint32_t>(step);
-  record.finding.replayed_end = r.leaf;
-  ML_RETURN_IF_ERROR(node_->env()->CreateDirs(action.dir));
-  ML_RETURN_IF_ERROR(
-      journal::WriteJournal(node_->env(), JoinPath(action.dir, "challenge.json"), record));
+  // The challenge's own record, as a whistleblower's (its merits, the dispute's trusted start).
+  ML_RETURN_IF_ERROR(journal::WriteJournal(node_->env(), JoinPath(action.dir, "challenge.json"),
+                                           journal::ChallengeRecord{.finding = record.finding}));
   ML_ASSIGN_OR_RETURN(ledger::MismatchClaimField claim, ClaimOf(record.finding));
   Result<std::string> bundle = MismatchBundle(*node_, c, claim);
   if (!bundle.ok()) return give_up(bundle.status().message());
   node_->Log(CheckName(c) + ": stage step " + std::to_string(step) +
-             " served on chain does not replay from its pieces (" + r.message +
-             "); challenging it (ChallengeUnit with the task bundle)");
+             " served on chain: challenging it (ChallengeUnit with the task bundle)");
   if (outbox_->Send(action, ledger::ChallengeUnitTx{.task_id = c.task_id,
                                                     .index = c.index,
                                                     .node_id = node_->id(),

@@ -38,6 +38,7 @@
 #include "meshlearn/node/stage_check.h"
 #include "meshlearn/node/step_witness.h"
 #include "node_context.h"
+#include "records.h"
 #include "verify_job.h"
 #include "verify_outbox.h"
 
@@ -86,7 +87,10 @@ class Disputes {
   // (CheckAssignment::served with this node the challenger; the check settled clean): the step
   // checked from its pieces (ReadOnChainStageStep, CheckStageStep), and, where it does not replay
   // to its committed leaf, challenged with the finding and the task bundle (ChallengeUnit, which
-  // the ledger takes from the claimant whatever its roles); else recorded clean. Once a step.
+  // the ledger takes from the claimant whatever its roles); else recorded clean. Once a step,
+  // across restarts too: what the replay found is journaled first (recheck-<step>-<height>.json,
+  // records.h ServedRecheck), and a restarted node sends the kept finding, or nothing for a clean
+  // one, without replaying the step again.
   Status RunServedRecheck(const CheckAssignment& c);
   // The check of `dir` is over.
   void Forget(const std::string& dir);
@@ -150,6 +154,12 @@ class Disputes {
   VerifyAction RecheckAction(const CheckAssignment& c, const ServedStageStep& s) const;
   // The served step of `c` this node claimed and has not rechecked yet, or nullptr.
   const ServedStageStep* RecheckDue(const CheckAssignment& c) const;
+  // The journal of the recheck of served step `s` (records.h ServedRecheck), and that record
+  // when it reads back as this step's: NotFound when none, DataLoss naming the file when it is
+  // not (corrupt, another step's or another commitment's).
+  std::string RecheckPath(const CheckAssignment& c, const ServedStageStep& s) const;
+  Result<journal::ServedRecheck> KeptRecheck(const CheckAssignment& c,
+                                             const ServedStageStep& s) const;
   // Game step `step` of stage unit `c` as served on chain (ReadOnChainStageStep, kept until the
   // check is over), or nullptr when the stage did not serve it on chain.
   Result<const OnChainStageStep*> OnChainStepOf(const CheckAssignment& c, TaskContext* ctx,

@@ -9,6 +9,7 @@
 //   verifier       <data_dir>/verify/<T>-<i>-<h>/verdict.json   VerdictRecord
 //   whistleblower  <data_dir>/verify/<T>-<i>-<h>/challenge.json ChallengeRecord
 //   disputes       <data_dir>/verify/<T>-<i>-<h>/dispute-<first>-<last>.json DisputeHashes
+//                  <data_dir>/verify/<T>-<i>-<h>/recheck-<step>-<height>.json ServedRecheck
 #pragma once
 
 #include <cstdint>
@@ -159,6 +160,25 @@ struct ChallengeRecord {
   Finding finding;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
+    Finding::Visit(s.finding, v);
+  }
+};
+
+// A step this node claimed a stage served nothing for, checked from the pieces the stage then
+// served on chain (Disputes::RunServedRecheck): the served step (game step `step`, ruled served at
+// `height`) and what its replay found, journaled before anything is sent. A clean finding
+// (mismatch false) is not checked again after a restart; a mismatch is challenged from this
+// record without replaying the step again.
+struct ServedRecheck {
+  static constexpr std::string_view kKind = "served_recheck";
+  static constexpr uint32_t kVersion = 1;
+  uint64_t step = 0;
+  uint64_t height = 0;
+  Finding finding;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("step", s.step);
+    v("height", s.height);
     Finding::Visit(s.finding, v);
   }
 };

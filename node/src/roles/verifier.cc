@@ -5,6 +5,7 @@
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/stage_serve.h"
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/protocol/verification.h"
 #include "segment_checker.h"
@@ -167,8 +168,23 @@ void Verifier::RevealVerdict(const CheckAssignment& c) {
       return;
     }
     tx.bundle.text = std::move(*bundle);
+    if (!outbox_->Done(action)) (void)NoteServeBond(*node_, c, tx.claim);
   }
   if (outbox_->Send(action, std::move(tx))) ++node_->stats().verdicts_revealed;
+}
+
+ledger::Amount NoteServeBond(NodeContext& node, const CheckAssignment& c,
+                             const ledger::MismatchClaimField& claim) {
+  Result<TaskContext*> ctx = node.GetTask(c.task_id);
+  Result<const ledger::ChainParams*> params = node.GenesisParams();
+  if (!ctx.ok() || !params.ok()) return 0;  // the ledger decides; nothing to note
+  Result<ledger::Amount> bond =
+      ledger::ServeBondOf((*ctx)->info.params, c.index, claim, (*params)->serve_bond_per_piece);
+  if (!bond.ok() || *bond == 0) return 0;
+  node.Log(CheckName(c) + ": claiming that the stage served nothing for step " +
+           std::to_string(claim.segment) + ": its serve bond of " + std::to_string(*bond) +
+           " goes with the claim (the stage's if it serves its evidence on chain, back if not)");
+  return *bond;
 }
 
 void ProveResult(NodeContext& node, VerifyOutbox& outbox, const CheckAssignment& c) {

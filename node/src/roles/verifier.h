@@ -50,6 +50,15 @@ class Verifier {
 // The claim a mismatch finding proves against the commitment.
 Result<ledger::MismatchClaimField> ClaimOf(const journal::Finding& f);
 
+// The serve bond a mismatch `claim` on check `c` posts from this node's account with the claim
+// (RevealVerdict, ChallengeUnit): ledger::ServeBondOf at the chain's serve_bond_per_piece, for a
+// claim that a stage over the stage witness bound served nothing; 0 for every other claim. The
+// ledger takes it with the claim (paid to the stage if it then serves its evidence on chain, back
+// to this node if not) and refuses a claim this node cannot pay; logged here, so that a refusal
+// for funds reads next to its cause.
+ledger::Amount NoteServeBond(NodeContext& node, const CheckAssignment& c,
+                             const ledger::MismatchClaimField& claim);
+
 // Result binding: sends ProveResult for a check whose result was found wrong (the final state
 // kept in its directory), once. Verifier and whistleblower.
 void ProveResult(NodeContext& node, VerifyOutbox& outbox, const CheckAssignment& c);

@@ -74,6 +74,7 @@ Status Whistleblower::Run(const CheckAssignment& c) {
   // The task bundle, when the ledger requires it or can narrow the dispute to one tile.
   Result<std::string> bundle = MismatchBundle(*node_, c, claim);
   if (!bundle.ok()) return bundle.status().WithPrefix(CheckName(c) + ": challenge");
+  (void)NoteServeBond(*node_, c, claim);
   node_->Log(CheckName(c) + ": whistleblower: segment " + std::to_string(f.segment) +
              " of solver " + c.solver.ShortHex() + " replays to " + f.replayed_end.ShortHex() +
              ", committed " + f.solver_end.ShortHex() + "; challenging the " +

@@ -101,6 +101,15 @@ struct ChainParams {
   // starts only when the one before it is final. Fraud found in a settling round rewinds the
   // rounds after it, so more in flight risks more redone work for less waiting.
   uint32_t rounds_in_flight = 2;  // <= kMaxRoundsInFlight
+  // ---- Added after the genesis encoding was fixed (VisitTail): each is in the genesis hash only
+  // where it differs from its default, so a genesis that keeps the defaults hashes as before.
+  // The bond a claim that a stage over the stage witness bound served nothing for a step posts, a
+  // piece of the evidence the stage must then serve on chain (ServeStageEvidence): the declared
+  // stage's pieces (ServeDeclaredPieces) x this, taken from the claim's sender (RevealVerdict,
+  // ChallengeUnit; a sender that cannot pay is refused), paid to the stage's owner when it serves
+  // every piece, back to the sender when it does not (ledger/state.h ServeBond). 0: no bond.
+  Amount serve_bond_per_piece = kDefaultServeBondPerPiece;
+  static constexpr Amount kDefaultServeBondPerPiece = 100;
   bool operator==(const ChainParams&) const = default;
 
   // Every field once, in canonical order: genesis hash, TOML, JSON.
@@ -130,6 +139,17 @@ struct ChainParams {
     v("referee_blocks", s.referee_blocks);
     v("slash_multiple", s.slash_multiple);
     v("rounds_in_flight", s.rounds_in_flight);
+  }
+  // The fields added since (see above), hashed only where they differ from their defaults.
+  template <typename S, typename V>
+  static void VisitTail(S& s, V&& v) {
+    v("serve_bond_per_piece", s.serve_bond_per_piece);
+  }
+  // Visit, then VisitTail: every field once, for TOML, JSON and the [params] reader.
+  template <typename S, typename V>
+  static void VisitAll(S& s, V&& v) {
+    Visit(s, v);
+    VisitTail(s, v);
   }
 
   // The stake a node with these roles must keep while active: the largest of the roles' minima.

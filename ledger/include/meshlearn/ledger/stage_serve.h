@@ -82,6 +82,15 @@ uint32_t StageServePieceCount(const engine::TilePlan& plan);
 // StageServeRecord::kMaxPieces, at kServePiecesPerBlock a block. Set by the evidence's size and
 // the chain's capacity, never by a node's speed.
 uint64_t ServeWindowBlocks(uint64_t declared);
+// Those pieces: 1 + 2 * ceil(declared / kMaxWitnessBytes), at most StageServeRecord::kMaxPieces.
+uint64_t ServeDeclaredPieces(uint64_t declared);
+// The bond a mismatch `claim` on unit `index` of `params` posts (WorkUnit::serve_bonds): for a
+// claim that a stage over the stage witness bound served nothing (UnservedStageClaim, and
+// LedgerRulesStageStep false: the stage must then serve its evidence in pieces), its declared
+// stage's pieces (ServeDeclaredPieces) x `per_piece` (genesis params.serve_bond_per_piece); 0 for
+// any other claim. InvalidArgument when that overflows an amount.
+Result<Amount> ServeBondOf(const TaskParams& params, uint32_t index,
+                           const MismatchClaimField& claim, Amount per_piece);
 // The blocks `pieces` pieces take at kServePiecesPerBlock a block (at most
 // StageServeRecord::kMaxPieces of them).
 uint64_t ServePieceBlocks(uint64_t pieces);

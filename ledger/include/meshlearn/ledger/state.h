@@ -507,6 +507,20 @@ struct StageServeRecord {
   bool operator==(const StageServeRecord&) const = default;
 };
 
+// The bond a claimant posted with its claim that a stage over the witness bound served nothing for
+// a step (RevealVerdict or ChallengeUnit; docs/verification.md, "A stage claimed to have served
+// nothing, over the witness bound"): the declared evidence's pieces x ChainParams::
+// serve_bond_per_piece, taken from the claim's sender and held on the unit until its claim is
+// answered. Paid to the stage's owner when the stage serves every piece (the claim answered
+// "served"); back to `payer` when the stage is ruled against, and for a claim that ends any other
+// way (its check settled or dropped, the task closed) without the stage serving it.
+struct ServeBond {
+  PublicKey claimant;  // the node that claimed (the dispute's challenger)
+  PublicKey payer;     // the claim's sender, who paid the bond
+  Amount amount = 0;   // > 0
+  bool operator==(const ServeBond&) const = default;
+};
+
 struct WorkUnit {
   Hash256 task_id;
   uint32_t index = 0;
@@ -531,6 +545,12 @@ struct WorkUnit {
   // Open while a stage over the witness bound serves its evidence (StageServeRecord). Encoded as a
   // second optional tail (after stage_commits, written zero when unset), only while open.
   StageServeRecord serve;
+  // The bonds of the claims that this stage served nothing (ServeBond), one a claimant, in the
+  // order posted. Encoded as a third optional tail (after stage_commits and serve, written zero
+  // and closed when unset), only while one is held: every other unit encodes as before. Counted
+  // in Totals::escrow.
+  std::vector<ServeBond> serve_bonds;
+  static constexpr uint32_t kMaxServeBonds = 1024;
   bool operator==(const WorkUnit&) const = default;
 };
 
@@ -540,7 +560,7 @@ struct Totals {
   Amount balances = 0;
   Amount staked = 0;     // bonded on nodes
   Amount unbonding = 0;  // leaving nodes, not yet withdrawn
-  Amount escrow = 0;
+  Amount escrow = 0;     // task budgets, and claimants' serve bonds (WorkUnit::serve_bonds)
   Amount treasury = 0;
   Amount jackpot = 0;
   Amount minted = 0;

@@ -233,6 +233,10 @@ struct AgentOptions {
   // Test hook: called after each checkpoint of a unit; an error aborts the Tick as a crash
   // would (nothing after the checkpoint is written).
   std::function<Status(const Hash256& task, uint32_t index, int64_t step)> after_checkpoint;
+  // Test hook: called after the recheck of a step served on chain (Disputes::RunServedRecheck)
+  // journaled what it found, before its challenge is sent; an error ends the job there, as a
+  // crash would (the test then restarts the node).
+  std::function<Status(const Hash256& task, uint32_t index, bool mismatch)> after_served_recheck;
 };
 
 struct TickReport {
