@@ -133,7 +133,14 @@ Totals LedgerState::ComputeTotals() const {
     for (const Unbonding& u : a.unbonding) add(t.unbonding, u.amount);
   }
   for (const auto& [k, n] : nodes.rows()) add(t.staked, n.stake);
-  for (const auto& [k, task] : tasks.rows()) add(t.escrow, task.escrow);
+  for (const auto& [k, task] : tasks.rows()) {
+    add(t.escrow, task.escrow);
+    // A late challenge's bond is held on its unit while the game runs (LateGame): counted with
+    // the escrows, the tokens a task's work holds.
+    for (uint32_t index : task.verification.late_games) {
+      if (const WorkUnit* u = units.Find({k, index})) add(t.escrow, u->late.bond);
+    }
+  }
   t.treasury = g().treasury;
   t.jackpot = g().jackpot;
   t.minted = g().minted;

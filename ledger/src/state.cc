@@ -255,11 +255,16 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
   // without any encodes as before they existed, so databases written then still load and such a
   // task's record (hence the state hash, the block hashes and the beacons drawn from them) is
   // unchanged. The rulings come last, after a tail that is then written even if both are 0.
-  if (t.closed_height == 0 && v.reopened == 0 && v.rulings.empty()) return;
+  // The late games open come after the rulings (their count then written even if 0), only while
+  // one is open.
+  if (t.closed_height == 0 && v.reopened == 0 && v.rulings.empty() && v.late_games.empty()) return;
   e.PutU64(t.closed_height).PutU64(v.reopened);
-  if (v.rulings.empty()) return;
+  if (v.rulings.empty() && v.late_games.empty()) return;
   e.PutU32(static_cast<uint32_t>(v.rulings.size()));
   for (const DisputeRuling& r : v.rulings) DisputeRuling::Visit(r, internal::FieldEncoder{e});
+  if (v.late_games.empty()) return;
+  e.PutU32(static_cast<uint32_t>(v.late_games.size()));
+  for (uint32_t index : v.late_games) e.PutU32(index);
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -331,7 +336,6 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
     // The least a ruling takes: its fixed fields and an empty reason's length.
     ML_RETURN_IF_ERROR(
         d.GetCount(&rulings, "verification.rulings", 1u << 24, 2 + 32 * 4 + 8 * 3 + 4 * 2 + 2 + 4));
-    if (rulings == 0) return DataLoss("task: verification.rulings is written only when it has one");
     v.rulings.resize(rulings);
     for (DisputeRuling& r : v.rulings) {
       internal::FieldDecoder fd{d, Status::Ok()};
@@ -341,6 +345,18 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
         return DataLoss("task: verification.rulings: tx type " + std::to_string(r.tx) +
                         " is no ruling transaction");
       }
+    }
+    if (d.remaining() > 0) {
+      uint32_t late = 0;
+      ML_RETURN_IF_ERROR(d.GetCount(&late, "verification.late_games",
+                                    static_cast<uint32_t>(kMaxTaskUnits), 4));
+      if (late == 0) return DataLoss("task: verification.late_games is written only when open");
+      v.late_games.resize(late);
+      for (uint32_t& index : v.late_games) {
+        ML_RETURN_IF_ERROR(d.GetU32(&index, "verification.late_games"));
+      }
+    } else if (rulings == 0) {
+      return DataLoss("task: verification.rulings is written only when it has one");
     }
   } else if (t->closed_height == 0 && v.reopened == 0) {
     return DataLoss("task: closed_height and verification.reopened are written only when set");
@@ -358,10 +374,15 @@ void EncodeWorkUnit(Encoder& e, const WorkUnit& u) {
   // Only a committed stage unit that named its commits has the tail: every other unit's bytes,
   // hence the state hash, are what they were before the field. A stage serving its evidence has a
   // second one (stage_commits first, zero when unset), only while its window is open.
-  if (!u.stage_commits.IsZero() || u.serve.open()) e.PutHash(u.stage_commits);
-  if (u.serve.open()) {
+  // A late game (a third tail, only while open) writes the two before it, zero when unset.
+  if (!u.stage_commits.IsZero() || u.serve.open() || u.late.open()) e.PutHash(u.stage_commits);
+  if (u.serve.open() || u.late.open()) {
     e.PutU64(u.serve.step).PutU64(u.serve.window_end).PutU32(u.serve.pieces);
     e.PutBytes(u.serve.served);
+  }
+  if (u.late.open()) {
+    e.PutPublicKey(u.late.challenger).PutU32(u.late.segment).PutU64(u.late.bond);
+    e.PutBytes(u.late.game);
   }
 }
 
@@ -393,8 +414,16 @@ Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
       ML_RETURN_IF_ERROR(d.GetU32(&u->serve.pieces, "serve.pieces"));
       ML_RETURN_IF_ERROR(d.GetBytes(&u->serve.served, "serve.served",
                                     StageServeRecord::BitmapBytes(StageServeRecord::kMaxPieces)));
-      if (!u->serve.open() || u->serve.pieces > StageServeRecord::kMaxPieces ||
-          u->serve.served.size() != StageServeRecord::BitmapBytes(u->serve.pieces)) {
+      if (d.remaining() > 0) {  // a late game: serve written zero
+        ML_RETURN_IF_ERROR(d.GetPublicKey(&u->late.challenger, "late.challenger"));
+        ML_RETURN_IF_ERROR(d.GetU32(&u->late.segment, "late.segment"));
+        ML_RETURN_IF_ERROR(d.GetU64(&u->late.bond, "late.bond"));
+        ML_RETURN_IF_ERROR(d.GetBytes(&u->late.game, "late.game", 1u << 20));
+        if (!u->late.open() || u->serve != StageServeRecord{}) {
+          return DataLoss("work unit: late is written only while open, after a closed serve");
+        }
+      } else if (!u->serve.open() || u->serve.pieces > StageServeRecord::kMaxPieces ||
+                 u->serve.served.size() != StageServeRecord::BitmapBytes(u->serve.pieces)) {
         return DataLoss("work unit: serve is written only while open, with a bit per piece");
       }
     } else if (u->stage_commits.IsZero()) {
@@ -601,6 +630,15 @@ nlohmann::json WorkUnitToJson(const WorkUnit& u) {
                   {"window_end", u.serve.window_end},
                   {"pieces", u.serve.pieces},
                   {"served", std::move(served)}};
+  }
+  // A late dispute (LateGame): only while open, as serve.
+  if (u.late.open()) {
+    Result<protocol::DisputeGame> g = protocol::DisputeGame::Decode(u.late.game);
+    j["late"] = {{"challenger", u.late.challenger.ToHex()},
+                 {"segment", u.late.segment},
+                 {"bond", u.late.bond},
+                 {"game", g.ok() ? DisputeGameToJson(*g)
+                                 : nlohmann::json{{"error", g.status().message()}}}};
   }
   return j;
 }

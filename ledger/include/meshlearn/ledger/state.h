@@ -22,6 +22,7 @@
 #include "meshlearn/protocol/types.h"
 
 namespace meshlearn::protocol {
+class DisputeGame;
 class UnitCheck;
 }  // namespace meshlearn::protocol
 
@@ -408,6 +409,9 @@ struct VerificationTally {
   // Every dispute the ledger ruled on the task, in execution order (one unit may have several:
   // its round re-ran, or a whistleblower disputed it again).
   std::vector<DisputeRuling> rulings;
+  // The units with a late dispute open (WorkUnit::late), in opening order: what the end of each
+  // block drives (their deadlines), whatever the task's status.
+  std::vector<uint32_t> late_games;
   bool operator==(const VerificationTally&) const = default;
 };
 
@@ -507,6 +511,19 @@ struct StageServeRecord {
   bool operator==(const StageServeRecord&) const = default;
 };
 
+// A late dispute on a paid unit of a final round (LateChallengeTx; docs/verification.md, "Over
+// 8 MiB: a late dispute"): the game between the unit's solver and the challenger, kept on the unit
+// while it is open, with the bond the challenger put up (held here, counted with the escrows in
+// Totals). `game` is protocol::DisputeGame::Encode(); empty when no late game is open.
+struct LateGame {
+  PublicKey challenger;  // the LateChallenge's sender
+  uint32_t segment = 0;
+  Amount bond = 0;
+  Bytes game;
+  bool open() const { return !game.empty(); }
+  bool operator==(const LateGame&) const = default;
+};
+
 struct WorkUnit {
   Hash256 task_id;
   uint32_t index = 0;
@@ -531,6 +548,9 @@ struct WorkUnit {
   // Open while a stage over the witness bound serves its evidence (StageServeRecord). Encoded as a
   // second optional tail (after stage_commits, written zero when unset), only while open.
   StageServeRecord serve;
+  // Open while a late dispute runs on the unit (LateGame). Encoded as a third optional tail (after
+  // stage_commits and serve, each written zero when unset), only while open.
+  LateGame late;
   bool operator==(const WorkUnit&) const = default;
 };
 
@@ -540,7 +560,7 @@ struct Totals {
   Amount balances = 0;
   Amount staked = 0;     // bonded on nodes
   Amount unbonding = 0;  // leaving nodes, not yet withdrawn
-  Amount escrow = 0;
+  Amount escrow = 0;  // tasks' escrows, and the bonds of open late games (LateGame)
   Amount treasury = 0;
   Amount jackpot = 0;
   Amount minted = 0;
@@ -571,5 +591,8 @@ nlohmann::json TotalsToJson(const Totals& t);
 // A unit's verification (WorkUnit::check): stage, result, verifiers, segments, deadlines, the
 // dispute's current query or referee task (ledger/src/verification.cc).
 nlohmann::json UnitCheckToJson(const protocol::UnitCheck& c);
+// A dispute game's view (a check's "dispute", a late game's "game"): stage, parties, the current
+// query, the referee task or the outcome.
+nlohmann::json DisputeGameToJson(const protocol::DisputeGame& game);
 
 }  // namespace meshlearn::ledger
