@@ -134,8 +134,11 @@ Totals LedgerState::ComputeTotals() const {
   }
   for (const auto& [k, n] : nodes.rows()) add(t.staked, n.stake);
   for (const auto& [k, task] : tasks.rows()) add(t.escrow, task.escrow);
+  // Bonds held on units, counted with the escrows: claimants' serve bonds (ServeBond), and a late
+  // challenge's while its game runs (LateGame).
   for (const auto& [k, u] : units.rows()) {
     for (const ServeBond& b : u.serve_bonds) add(t.escrow, b.amount);
+    if (u.late.open()) add(t.escrow, u.late.bond);
   }
   t.treasury = g().treasury;
   t.jackpot = g().jackpot;

@@ -771,6 +771,21 @@ void EndBlock(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& 
       ML_LOG_ERROR("ledger: end of block {}: task {}: {}", height, id.ShortHex(), st.ToString());
     }
   }
+  // Late games (after the tasks' steps: a game ruled for its challenger may rewind a task, whose
+  // machine the step above held), on open and finished tasks alike.
+  std::vector<Hash256> late;
+  for (const auto& [id, t] : s.tasks.rows()) {
+    if (!t.verification.late_games.empty()) late.push_back(id);
+  }
+  for (const Hash256& id : late) {
+    LedgerState::Mark mark = s.GetMark();
+    Status st = DriveLateGames(s, g, height, id);
+    if (!st.ok()) {
+      s.RollbackTo(mark);
+      ML_LOG_ERROR("ledger: end of block {}: task {}: late games: {}", height, id.ShortHex(),
+                   st.ToString());
+    }
+  }
 }
 
 }  // namespace meshlearn::ledger

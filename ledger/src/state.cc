@@ -255,11 +255,16 @@ void EncodeTask(Encoder& e, const TaskRecord& t) {
   // without any encodes as before they existed, so databases written then still load and such a
   // task's record (hence the state hash, the block hashes and the beacons drawn from them) is
   // unchanged. The rulings come last, after a tail that is then written even if both are 0.
-  if (t.closed_height == 0 && v.reopened == 0 && v.rulings.empty()) return;
+  // The late games open come after the rulings (their count then written even if 0), only while
+  // one is open.
+  if (t.closed_height == 0 && v.reopened == 0 && v.rulings.empty() && v.late_games.empty()) return;
   e.PutU64(t.closed_height).PutU64(v.reopened);
-  if (v.rulings.empty()) return;
+  if (v.rulings.empty() && v.late_games.empty()) return;
   e.PutU32(static_cast<uint32_t>(v.rulings.size()));
   for (const DisputeRuling& r : v.rulings) DisputeRuling::Visit(r, internal::FieldEncoder{e});
+  if (v.late_games.empty()) return;
+  e.PutU32(static_cast<uint32_t>(v.late_games.size()));
+  for (uint32_t index : v.late_games) e.PutU32(index);
 }
 
 Status DecodeTask(Decoder& d, TaskRecord* t) {
@@ -331,7 +336,6 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
     // The least a ruling takes: its fixed fields and an empty reason's length.
     ML_RETURN_IF_ERROR(
         d.GetCount(&rulings, "verification.rulings", 1u << 24, 2 + 32 * 4 + 8 * 3 + 4 * 2 + 2 + 4));
-    if (rulings == 0) return DataLoss("task: verification.rulings is written only when it has one");
     v.rulings.resize(rulings);
     for (DisputeRuling& r : v.rulings) {
       internal::FieldDecoder fd{d, Status::Ok()};
@@ -341,6 +345,18 @@ Status DecodeTask(Decoder& d, TaskRecord* t) {
         return DataLoss("task: verification.rulings: tx type " + std::to_string(r.tx) +
                         " is no ruling transaction");
       }
+    }
+    if (d.remaining() > 0) {
+      uint32_t late = 0;
+      ML_RETURN_IF_ERROR(
+          d.GetCount(&late, "verification.late_games", static_cast<uint32_t>(kMaxTaskUnits), 4));
+      if (late == 0) return DataLoss("task: verification.late_games is written only when open");
+      v.late_games.resize(late);
+      for (uint32_t& index : v.late_games) {
+        ML_RETURN_IF_ERROR(d.GetU32(&index, "verification.late_games"));
+      }
+    } else if (rulings == 0) {
+      return DataLoss("task: verification.rulings is written only when it has one");
     }
   } else if (t->closed_height == 0 && v.reopened == 0) {
     return DataLoss("task: closed_height and verification.reopened are written only when set");
@@ -358,18 +374,24 @@ void EncodeWorkUnit(Encoder& e, const WorkUnit& u) {
   // Only a committed stage unit that named its commits has the tail: every other unit's bytes,
   // hence the state hash, are what they were before the field. A stage serving its evidence has a
   // second one (stage_commits first, zero when unset), only while its window is open.
-  // A claimant's serve bond, a third (serve written closed when it is), only while one is held.
+  // A claimant's serve bond, a third (serve written closed when it is), only while one is held; a
+  // late game (a fourth, only while open) writes the three before it (zero when unset).
   const bool bonds = !u.serve_bonds.empty();
-  if (!u.stage_commits.IsZero() || u.serve.open() || bonds) e.PutHash(u.stage_commits);
-  if (u.serve.open() || bonds) {
+  const bool late = u.late.open();
+  if (!u.stage_commits.IsZero() || u.serve.open() || bonds || late) e.PutHash(u.stage_commits);
+  if (u.serve.open() || bonds || late) {
     e.PutU64(u.serve.step).PutU64(u.serve.window_end).PutU32(u.serve.pieces);
     e.PutBytes(u.serve.served);
   }
-  if (bonds) {
+  if (bonds || late) {
     e.PutU32(static_cast<uint32_t>(u.serve_bonds.size()));
     for (const ServeBond& b : u.serve_bonds) {
       e.PutPublicKey(b.claimant).PutPublicKey(b.payer).PutU64(b.amount);
     }
+  }
+  if (late) {
+    e.PutPublicKey(u.late.challenger).PutU32(u.late.segment).PutU64(u.late.bond);
+    e.PutBytes(u.late.game);
   }
 }
 
@@ -404,7 +426,6 @@ Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
       if (d.remaining() > 0) {
         uint32_t bonds = 0;
         ML_RETURN_IF_ERROR(d.GetCount(&bonds, "serve_bonds", WorkUnit::kMaxServeBonds, 72));
-        if (bonds == 0) return DataLoss("work unit: serve_bonds is written only when held");
         u->serve_bonds.resize(bonds);
         for (ServeBond& b : u->serve_bonds) {
           ML_RETURN_IF_ERROR(d.GetPublicKey(&b.claimant, "serve_bonds.claimant"));
@@ -412,10 +433,20 @@ Status DecodeWorkUnit(Decoder& d, WorkUnit* u) {
           ML_RETURN_IF_ERROR(d.GetU64(&b.amount, "serve_bonds.amount"));
           if (b.amount == 0) return DataLoss("work unit: a serve bond of 0 is not held");
         }
+        if (d.remaining() > 0) {  // a late game: the tails before it written, zero when unset
+          ML_RETURN_IF_ERROR(d.GetPublicKey(&u->late.challenger, "late.challenger"));
+          ML_RETURN_IF_ERROR(d.GetU32(&u->late.segment, "late.segment"));
+          ML_RETURN_IF_ERROR(d.GetU64(&u->late.bond, "late.bond"));
+          ML_RETURN_IF_ERROR(d.GetBytes(&u->late.game, "late.game", 1u << 20));
+          if (!u->late.open()) return DataLoss("work unit: late is written only while open");
+        } else if (bonds == 0) {
+          return DataLoss(
+              "work unit: serve_bonds is written only when held or a late game follows");
+        }
       }
-      // Closed (all zero) only when a bond follows.
+      // Closed (all zero) only when a bond or a late game follows.
       const bool closed = !u->serve.open() && u->serve.step == 0 && u->serve.pieces == 0 &&
-                          u->serve.served.empty() && !u->serve_bonds.empty();
+                          u->serve.served.empty() && (!u->serve_bonds.empty() || u->late.open());
       if (!closed && (!u->serve.open() || u->serve.pieces > StageServeRecord::kMaxPieces ||
                       u->serve.served.size() != StageServeRecord::BitmapBytes(u->serve.pieces))) {
         return DataLoss("work unit: serve is written only while open, with a bit per piece");
@@ -633,6 +664,15 @@ nlohmann::json WorkUnitToJson(const WorkUnit& u) {
                   {"window_end", u.serve.window_end},
                   {"pieces", u.serve.pieces},
                   {"served", std::move(served)}};
+  }
+  // A late dispute (LateGame): only while open, as serve.
+  if (u.late.open()) {
+    Result<protocol::DisputeGame> g = protocol::DisputeGame::Decode(u.late.game);
+    j["late"] = {
+        {"challenger", u.late.challenger.ToHex()},
+        {"segment", u.late.segment},
+        {"bond", u.late.bond},
+        {"game", g.ok() ? DisputeGameToJson(*g) : nlohmann::json{{"error", g.status().message()}}}};
   }
   return j;
 }

@@ -147,6 +147,12 @@ std::vector<TxPayload> SamplePayloads() {
                     .segment = 1,
                     .witness = {EncodeSegmentWitness(
                         {.bundle = "[task]", .start_state = {}, .state = {3}, .examples = {}})}},
+      LateChallengeTx{.task_id = Blake2b("task"),
+                      .index = 2,
+                      .segment = 1,
+                      .end = Blake2b("end"),
+                      .bond = 70,
+                      .bundle = {"[task]"}},
   };
   return out;
 }

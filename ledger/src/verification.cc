@@ -28,6 +28,12 @@
 //                  its pay for the unit clawed back, the prover's bounty, the round marked;
 //                  while the task is open or within its audit window after it finished, the
 //                  task is reopened and rewound as taint does (ApplyRerun)
+//   LateChallenge  after the fact, for a unit whose segment witness does not fit a ProveFraud:
+//                  opens a DisputeGame on the unit of a final round (WorkUnit::late), the solver
+//                  against the sender, whose moves are DisputePost / DisputeChildren and whose
+//                  rulings RefereeStep / RefereeTile, as a live dispute's; DriveLateGames (end of
+//                  block) keeps its deadlines; ruled for the challenger: ProveFraud's effects
+//                  (ApplyProvenFraud); for the solver: the bond pays its re-run (SettleLateGame)
 //   RefereeStageStep  the witness of a pipeline stage's disputed step (the whole stage step:
 //                  checkpoint, commit, received tensors, batch; stage_referee.h): the ledger
 //                  replays it itself -> DisputeGame::Rule
@@ -57,6 +63,8 @@
 #include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_referee.h"
 #include "meshlearn/ledger/stage_serve.h"
+#include "meshlearn/protocol/decompose.h"
+#include "meshlearn/protocol/task_model.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 #include "referee_step.h"
@@ -863,13 +871,19 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
 // rule the whole step its dispute would end at, or nobody would. A stage's claim that it served
 // nothing must not: the challenger could not trace the step to answer the tile phase
 // (UnservedStageClaim).
-Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleField& bundle,
-                        const MismatchClaimField& claim, UnitCheck& c, std::string_view what) {
+//
+// TilePhaseOf: the layout the bundle gives (nullopt: whole steps), SetTilePhaseFrom sets it on the
+// check; a late game (LateChallenge) puts it in its DisputeConfig.
+Result<std::optional<protocol::DisputeConfig>> TilePhaseOf(const LedgerState& s,
+                                                           const WorkUnit& u,
+                                                           const BundleField& bundle,
+                                                           const MismatchClaimField& claim,
+                                                           std::string_view what) {
   const TaskRecord* t = s.tasks.Find(u.task_id);
   const TaskParams& p = t->params;
   const bool needed = MismatchNeedsBundle(p, u.index, claim);
   if (bundle.text.empty()) {
-    if (!needed) return Status::Ok();
+    if (!needed) return std::optional<protocol::DisputeConfig>{};
     std::string why;
     if (IsPipelineTask(p)) {
       const uint32_t stage = StageSlotOf(p, u.index).stage;
@@ -918,14 +932,140 @@ Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleFie
         "ledger: task {} unit {}: {} (a mismatch the ledger requires the bundle with carries it "
         "all the same); the dispute plays whole steps",
         u.task_id.ShortHex(), u.index, context.status().message());
-    return Status::Ok();
+    return std::optional<protocol::DisputeConfig>{};
   }
   ML_ASSIGN_OR_RETURN(TileRuleContext tc, std::move(context));
   protocol::DisputeConfig layout;
   SetTilePhase(tc.plan, &layout);
-  Status st = c.SetTilePhase(static_cast<uint32_t>(tc.plan.ops.size()),
-                             std::move(layout.operator_tiles), std::move(layout.operator_blocks));
+  layout.num_operators = static_cast<uint32_t>(tc.plan.ops.size());
+  return std::optional<protocol::DisputeConfig>(std::move(layout));
+}
+
+Status SetTilePhaseFrom(const LedgerState& s, const WorkUnit& u, const BundleField& bundle,
+                        const MismatchClaimField& claim, UnitCheck& c, std::string_view what) {
+  ML_ASSIGN_OR_RETURN(std::optional<protocol::DisputeConfig> layout,
+                      TilePhaseOf(s, u, bundle, claim, what));
+  if (!layout) return Status::Ok();
+  Status st = c.SetTilePhase(layout->num_operators, std::move(layout->operator_tiles),
+                             std::move(layout->operator_blocks));
   return st.WithPrefix(std::string(what));
+}
+
+// ---- Late disputes (LateChallengeTx; docs/verification.md, "Over 8 MiB: a late dispute").
+
+// The throughput a late game's turns are sized by: one slow CPU core's training FLOPs a second.
+// An honest solver answers from a re-run of the unit (a final round's evidence is not kept), so
+// its turn must fit that re-run on any machine that could have trained the unit, not a fast one.
+constexpr uint64_t kLateFloorFlopsPerSecond = 1'000'000'000;
+
+Amount LateChallengeMinBond(const TaskRecord& t, const WorkUnit& u) {
+  return AssignedUnitCost(t, u);
+}
+
+uint64_t LateResponseBlocks(const Genesis& g, const TaskRecord& t) {
+  const uint64_t flops = protocol::UnitFlops(TaskSpecViewOf(t.id, t.params, t.price_cap));
+  const uint64_t ms = flops / (kLateFloorFlopsPerSecond / 1000) + 1;
+  const uint64_t interval = std::max<uint64_t>(SchedulerParamsOf(g).block_interval_ms, 1);
+  return std::max(g.params.dispute_response_blocks, ms / interval + 1);
+}
+
+Result<protocol::DisputeGame> LoadLateGame(const WorkUnit& u) {
+  Result<protocol::DisputeGame> g = protocol::DisputeGame::Decode(u.late.game);
+  if (!g.ok()) {
+    return DataLoss("unit " + std::to_string(u.index) + " of task " + u.task_id.ShortHex() +
+                    ": late game: " + g.status().message());
+  }
+  return g;
+}
+
+void SaveLateGame(LedgerState& s, const WorkUnit& u, const protocol::DisputeGame& g) {
+  Bytes enc = g.Encode();
+  if (u.late.game == enc) return;
+  s.units.FindMutable({u.task_id, u.index})->late.game = std::move(enc);
+}
+
+// The unit whose late game a move or a ruling names, or nullptr when none is open on it (the
+// unit's check's dispute, if any, is the one).
+const WorkUnit* LateGameUnit(const LedgerState& s, const Hash256& task_id, uint32_t index) {
+  const WorkUnit* u = s.units.Find({task_id, index});
+  return u != nullptr && u->late.open() ? u : nullptr;
+}
+
+// `node`'s side in the late game on `u`: the solver's node (signed by its owner, as every
+// dispute move), or the challenger, the account that sent the LateChallenge (signed by itself).
+Result<protocol::DisputeParty> LatePartyOf(const ExecContext& ctx, const WorkUnit& u,
+                                           const protocol::DisputeGame& g, const PublicKey& node,
+                                           std::string_view what) {
+  if (node == g.config().defender) {
+    ML_RETURN_IF_ERROR(CheckNodeSender(ctx.state, node, ctx.tx.sender, what));
+    return protocol::DisputeParty::kDefender;
+  }
+  if (node == g.config().challenger) {
+    if (ctx.tx.sender != node) {
+      return PermissionDenied(std::string(what) + ": the challenger " + node.ShortHex() +
+                              " of the late game on unit " + std::to_string(u.index) +
+                              " signs its own moves (it is the account that sent the "
+                              "LateChallenge)");
+    }
+    return protocol::DisputeParty::kChallenger;
+  }
+  return PermissionDenied(std::string(what) + ": node " + node.ShortHex() +
+                          " is not a party of the late game on unit " + std::to_string(u.index));
+}
+
+// Whether the late game on `u` has nothing left to decide: the unit is no longer the defender's
+// paid work (a fraud proof or a rewind took it back), or its solver was proven fraudulent for it
+// meanwhile (ProveFraud).
+bool LateGameMoot(const TaskRecord& t, const WorkUnit& u, const protocol::DisputeGame& g) {
+  if (u.status != WorkUnitStatus::kVerified || u.assignee != g.config().defender) return true;
+  return std::ranges::any_of(t.verification.proven_frauds, [&](const ProvenFraud& f) {
+    return f.index == u.index && f.solver == g.config().defender;
+  });
+}
+
+Status CreditJackpot(LedgerState& s, Amount amount) {
+  Globals* g = s.MutableGlobals();
+  return CheckedAdd(g->jackpot, amount, &g->jackpot, "jackpot");
+}
+
+Status ApplyProvenFraud(LedgerState& s, const ChainParams& p, uint64_t height,
+                        const Hash256& task_id, uint32_t index, uint32_t segment,
+                        const PublicKey& prover, bool bounty);
+
+// Closes the late game on unit `index` (its record and the task's entry) and returns what it held.
+LateGame CloseLateGame(LedgerState& s, const Hash256& task_id, uint32_t index) {
+  WorkUnit* u = s.units.FindMutable({task_id, index});
+  LateGame late = std::move(u->late);
+  u->late = LateGame{};
+  std::erase(s.tasks.FindMutable(task_id)->verification.late_games, index);
+  return late;
+}
+
+// Ends the resolved late game on unit `index`. The solver shown to lie (or silent): ProveFraud's
+// effects (ApplyProvenFraud: slash, jail, claw-back, a reopen and rewind within the audit window),
+// the challenger's bond back and its bounty, unless it lied too (then its bond goes to the
+// jackpot). Otherwise (the solver honest, the challenger silent, or nobody posted the referee's
+// witness in time): the bond pays the solver's owner its re-run, the unit's cost
+// (LateChallengeMinBond), and the rest goes to the jackpot.
+Status SettleLateGame(LedgerState& s, const ChainParams& p, uint64_t height,
+                      const Hash256& task_id, uint32_t index, const protocol::DisputeGame& game) {
+  const protocol::DisputeOutcome& o = game.outcome();
+  const TaskRecord* t = s.tasks.Find(task_id);
+  const WorkUnit* u = s.units.Find({task_id, index});
+  const Amount rerun = LateChallengeMinBond(*t, *u);
+  const LateGame late = CloseLateGame(s, task_id, index);
+  ML_LOG_INFO("ledger: task {} unit {}: late game of {} on segment {} ended: {}",
+              task_id.ShortHex(), index, late.challenger.ShortHex(), late.segment, o.reason);
+  if (!o.undecided && !o.defender_honest) {
+    ML_RETURN_IF_ERROR(ApplyProvenFraud(s, p, height, task_id, index, late.segment,
+                                        late.challenger, o.challenger_honest));
+    return o.challenger_honest ? Credit(s, late.challenger, late.bond)
+                               : CreditJackpot(s, late.bond);
+  }
+  const NodeRecord* n = s.nodes.Find(game.config().defender);
+  const Amount to_solver = n == nullptr ? 0 : std::min(rerun, late.bond);
+  if (to_solver > 0) ML_RETURN_IF_ERROR(Credit(s, n->owner, to_solver));
+  return CreditJackpot(s, late.bond - to_solver);
 }
 
 Status ExecuteCommitVerdict(ExecContext& ctx, const CommitVerdictTx& tx) {
@@ -1080,6 +1220,14 @@ Result<DisputeMove> MoveOf(const ExecContext& ctx, const Hash256& task_id, uint3
 }
 
 Status ExecuteDisputePost(ExecContext& ctx, const DisputePostTx& tx) {
+  if (const WorkUnit* u = LateGameUnit(ctx.state, tx.task_id, tx.index)) {
+    ML_ASSIGN_OR_RETURN(protocol::DisputeGame g, LoadLateGame(*u));
+    ML_ASSIGN_OR_RETURN(protocol::DisputeParty party,
+                        LatePartyOf(ctx, *u, g, tx.node_id, "dispute post"));
+    ML_RETURN_IF_ERROR(g.Post(party, tx.position, tx.hash, ctx.height));
+    SaveLateGame(ctx.state, *u, g);
+    return Status::Ok();
+  }
   ML_ASSIGN_OR_RETURN(DisputeMove m, MoveOf(ctx, tx.task_id, tx.index, tx.node_id, "dispute post"));
   ML_RETURN_IF_ERROR(m.check.mutable_dispute()->Post(m.party, tx.position, tx.hash, ctx.height));
   SaveCheck(ctx.state, tx.task_id, tx.index, m.check);
@@ -1087,6 +1235,15 @@ Status ExecuteDisputePost(ExecContext& ctx, const DisputePostTx& tx) {
 }
 
 Status ExecuteDisputeChildren(ExecContext& ctx, const DisputeChildrenTx& tx) {
+  if (const WorkUnit* u = LateGameUnit(ctx.state, tx.task_id, tx.index)) {
+    ML_ASSIGN_OR_RETURN(protocol::DisputeGame g, LoadLateGame(*u));
+    ML_ASSIGN_OR_RETURN(protocol::DisputeParty party,
+                        LatePartyOf(ctx, *u, g, tx.node_id, "dispute children"));
+    Status st = g.PostChildren(party, tx.position, tx.left, tx.right, ctx.height);
+    if (!st.ok()) return st.WithPrefix("dispute children");
+    SaveLateGame(ctx.state, *u, g);
+    return Status::Ok();
+  }
   ML_ASSIGN_OR_RETURN(DisputeMove m,
                       MoveOf(ctx, tx.task_id, tx.index, tx.node_id, "dispute children"));
   Status s =
@@ -1251,6 +1408,40 @@ void RecordRuling(ExecContext& ctx, const Hash256& task_id, uint32_t index,
                     .reason = game.outcome().reason});
 }
 
+// The game a ledger ruling (RefereeStep, RefereeTile) names on a unit at the referee: its late
+// game (LateChallenge) when one is open, else its check's dispute (DisputeAtReferee).
+struct GameAtReferee {
+  const WorkUnit* unit = nullptr;
+  std::optional<UnitCheck> check;
+  std::optional<protocol::DisputeGame> late;
+  protocol::DisputeGame* game() { return check ? check->mutable_dispute() : &*late; }
+};
+Result<GameAtReferee> GameAtRefereeOf(const LedgerState& s, const Hash256& task_id,
+                                      uint32_t index, std::string_view what) {
+  if (const WorkUnit* u = LateGameUnit(s, task_id, index)) {
+    ML_ASSIGN_OR_RETURN(protocol::DisputeGame g, LoadLateGame(*u));
+    if (g.stage() != protocol::DisputeStage::kDisputeReferee) {
+      return FailedPrecondition(std::string(what) + ": the late game on unit " +
+                                std::to_string(index) + " is not waiting for the referee (stage " +
+                                std::string(protocol::DisputeStageName(g.stage())) + ")");
+    }
+    return GameAtReferee{.unit = u, .check = std::nullopt, .late = std::move(g)};
+  }
+  ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(s, task_id, index, what));
+  return GameAtReferee{.unit = r.unit, .check = std::move(r.check), .late = std::nullopt};
+}
+// Keeps what a ruling decided: the check, or the late game, which the ruling ends
+// (SettleLateGame); the task keeps the ruling either way (RecordRuling).
+Status SaveRuled(ExecContext& ctx, const Hash256& task_id, uint32_t index, GameAtReferee& r,
+                 uint64_t witness_bytes) {
+  RecordRuling(ctx, task_id, index, *r.game(), witness_bytes);
+  if (r.check) {
+    SaveCheck(ctx.state, task_id, index, *r.check);
+    return Status::Ok();
+  }
+  return SettleLateGame(ctx.state, ctx.params(), ctx.height, task_id, index, *r.late);
+}
+
 // Whether the ledger executes this dispute's ruling itself (RefereeStep) rather than taking the
 // genesis referee's word (RuleDispute): a whole step of a task with a data root over examples. A
 // token task's data root (over pages) proves the tokens of a tile (RefereeTile); its whole step
@@ -1287,9 +1478,9 @@ bool LedgerRulesFromRoots(const TaskRecord& t, const protocol::RefereeTask& task
 
 Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
   constexpr std::string_view kWhat = "referee step";
-  ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(ctx.state, tx.task_id, tx.index, kWhat));
+  ML_ASSIGN_OR_RETURN(GameAtReferee r, GameAtRefereeOf(ctx.state, tx.task_id, tx.index, kWhat));
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
-  protocol::DisputeGame* game = r.check.mutable_dispute();
+  protocol::DisputeGame* game = r.game();
   if (game->referee_task().tile) {
     return FailedPrecondition("referee step: the dispute on unit " + std::to_string(tx.index) +
                               " narrowed to one tile; send RefereeTile with the tile's witness");
@@ -1320,9 +1511,7 @@ Status ExecuteRefereeStep(ExecContext& ctx, const RefereeStepTx& tx) {
   ML_ASSIGN_OR_RETURN(Hash256 output,
                       ExecuteRefereeStepWitness(*t, *r.unit, game->referee_task(), *w));
   ML_RETURN_IF_ERROR(game->Rule(output));
-  SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
-  RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
-  return Status::Ok();
+  return SaveRuled(ctx, tx.task_id, tx.index, r, tx.witness.bytes.size());
 }
 
 // The nodes that ran stage unit `index`'s run, stage by stage (what signed its records):
@@ -1495,9 +1684,9 @@ Status ExecuteServeStageEvidence(ExecContext& ctx, const ServeStageEvidenceTx& t
 
 Status ExecuteRefereeTile(ExecContext& ctx, const RefereeTileTx& tx) {
   constexpr std::string_view kWhat = "referee tile";
-  ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(ctx.state, tx.task_id, tx.index, kWhat));
+  ML_ASSIGN_OR_RETURN(GameAtReferee r, GameAtRefereeOf(ctx.state, tx.task_id, tx.index, kWhat));
   const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
-  protocol::DisputeGame* game = r.check.mutable_dispute();
+  protocol::DisputeGame* game = r.game();
   const protocol::RefereeTask& task = game->referee_task();
   const bool roots = task.roots != protocol::RefereeRoots::kRootsNone;
   if (!task.tile && !roots) {
@@ -1546,9 +1735,7 @@ Status ExecuteRefereeTile(ExecContext& ctx, const RefereeTileTx& tx) {
   } else {
     ML_RETURN_IF_ERROR(game->Rule(*output));
   }
-  SaveCheck(ctx.state, tx.task_id, tx.index, r.check);
-  RecordRuling(ctx, tx.task_id, tx.index, *game, tx.witness.bytes.size());
-  return Status::Ok();
+  return SaveRuled(ctx, tx.task_id, tx.index, r, tx.witness.bytes.size());
 }
 
 Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
@@ -1600,30 +1787,143 @@ Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
   return Status::Ok();
 }
 
-Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
-  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
-  if (t == nullptr) return NotFound("prove fraud: task " + tx.task_id.ToHex() + " not found");
-  if (tx.index >= t->unit_count) {
-    return InvalidArgument("prove fraud: index " + std::to_string(tx.index) +
-                           " is out of range; task " + tx.task_id.ShortHex() + " has " +
-                           std::to_string(t->unit_count) + " units");
+// The unit a fraud proof after the fact names (ProveFraud, LateChallenge): a paid unit of a final
+// round, with its leaves.
+Result<const WorkUnit*> FinalPaidUnit(const LedgerState& s, const Hash256& task_id, uint32_t index,
+                                      const std::string& what) {
+  const TaskRecord* t = s.tasks.Find(task_id);
+  if (t == nullptr) return NotFound(what + ": task " + task_id.ToHex() + " not found");
+  if (index >= t->unit_count) {
+    return InvalidArgument(what + ": index " + std::to_string(index) + " is out of range; task " +
+                           task_id.ShortHex() + " has " + std::to_string(t->unit_count) +
+                           " units");
   }
-  const WorkUnit* u = ctx.state.units.Find({tx.task_id, tx.index});
-  const std::string unit = "unit " + std::to_string(tx.index) + " of task " + tx.task_id.ShortHex();
-  if (u == nullptr) return NotFound("prove fraud: " + unit + " not found");
+  const WorkUnit* u = s.units.Find({task_id, index});
+  const std::string unit = "unit " + std::to_string(index) + " of task " + task_id.ShortHex();
+  if (u == nullptr) return NotFound(what + ": " + unit + " not found");
   // Final rounds only: until then the unit's check (verdicts, a dispute, ChallengeUnit) rules.
   if (u->round >= t->rounds_settled) {
-    return FailedPrecondition("prove fraud: round " + std::to_string(u->round) + " of task " +
-                              tx.task_id.ShortHex() +
+    return FailedPrecondition(what + ": round " + std::to_string(u->round) + " of task " +
+                              task_id.ShortHex() +
                               " is not final yet; while it is open a verifier's mismatch or a "
                               "whistleblower's ChallengeUnit disputes the unit");
   }
   if (u->status != WorkUnitStatus::kVerified || u->leaves.empty()) {
-    return FailedPrecondition("prove fraud: " + unit + " is " +
+    return FailedPrecondition(what + ": " + unit + " is " +
                               std::string(WorkUnitStatusName(u->status)) +
                               (u->leaves.empty() ? " and has no committed leaves" : "") +
                               "; only a paid unit of a final round with its leaves can be proven");
   }
+  return u;
+}
+
+// Whether unit `u`'s solver can still answer for it: not proven fraudulent for it already (once
+// per unit and solver), and stake still bonded to slash.
+Status SolverAnswerable(const LedgerState& s, const TaskRecord& t, const WorkUnit& u,
+                        const std::string& what) {
+  const std::string unit = "unit " + std::to_string(u.index) + " of task " + t.id.ShortHex();
+  for (const ProvenFraud& f : t.verification.proven_frauds) {
+    // (A rewind re-ran the unit by another solver: that work is the new solver's to answer for.)
+    if (f.index == u.index && f.solver == u.assignee) {
+      return FailedPrecondition(what + ": " + unit + " was proven fraudulent at height " +
+                                std::to_string(f.height) + " already");
+    }
+  }
+  const NodeRecord* n = s.nodes.Find(u.assignee);
+  if (n == nullptr || BondedStake(s, *n) == 0) {
+    return FailedPrecondition(
+        what + ": the solver " + u.assignee.ShortHex() + " of " + unit +
+        " has no stake bonded any more (unbonded and withdrawn): nothing is left to slash; a "
+        "proof must come within the unbonding delay (params.unbonding_delay_blocks, at least "
+        "params.audit_window_blocks) after the solver unstakes");
+  }
+  return Status::Ok();
+}
+
+// What a unit proven fraudulent after its round was final costs its solver (ProveFraud, and a late
+// dispute ruled for its challenger): see ProveFraudTx. `prover` gets the bounty when `bounty`
+// (not when a late game's challenger lied too). REQUIRES: the unit is paid, of a final round, and
+// not proven already.
+Status ApplyProvenFraud(LedgerState& s, const ChainParams& p, uint64_t height,
+                        const Hash256& task_id, uint32_t index, uint32_t segment,
+                        const PublicKey& prover, bool bounty) {
+  const TaskRecord* t = s.tasks.Find(task_id);
+  const WorkUnit* u = s.units.Find({task_id, index});
+  const PublicKey solver = u->assignee;
+  // Proven. While the task is open, or within its audit window after it finished, the proof
+  // does what fraud found during the task does (taint, ApplyRerun): a finished task is reopened,
+  // the task goes back to the first round that holds a paid unit of the solver, what it was paid
+  // for every unit from there comes back into the escrow, and the rounds run again without it.
+  // After the window the model is final: only what the unit was paid goes back, to the
+  // submitter. Either way the solver is slashed as for a lost dispute (while rewinding, into the
+  // escrow first: it pays for the redo), and the prover gets its bounty.
+  ProvenFraud f{.round = u->round,
+                .index = index,
+                .segment = segment,
+                .solver = solver,
+                .prover = prover,
+                .height = height};
+  const Amount slash = protocol::SlashAmount(AssignedUnitCost(*t, *u), p.slash_multiple);
+  const bool reopen =
+      t->status == TaskStatus::kFinished && height <= AuditWindowEnd(*t, p.audit_window_blocks);
+  f.rewound = reopen || t->status == TaskStatus::kOpen;
+  Amount to_escrow = 0;
+  if (f.rewound) {
+    ML_ASSIGN_OR_RETURN(protocol::RoundStateMachine m, LoadMachine(*t));
+    TaskRecord* mt = s.tasks.FindMutable(task_id);
+    if (reopen) {
+      // Open again, its escrow empty (refunded at the finish) until the claw-back and the
+      // slash fund the redo; the final state is what the redo ends with.
+      mt->status = TaskStatus::kOpen;
+      mt->closed_height = 0;
+      mt->final_state = Hash256{};
+      ++mt->verification.reopened;
+    }
+    Rerun rerun{.whole_round = true,
+                .round = u->round,
+                .shards = {},
+                .exclude = {solver},
+                .cheaters = {solver}};
+    f.rewound_to = FirstTaintedRound(s, task_id, rerun.cheaters, rerun.round);
+    const uint32_t redo_rounds =
+        std::min(m.round() + 1, mt->params.rounds) - f.rewound_to;  // rounds that run again
+    const Amount clawed_before = mt->verification.clawed_back;
+    ML_RETURN_IF_ERROR(ApplyRerun(s, task_id, m, rerun));
+    SaveMachine(s, task_id, m);
+    f.clawed_back = s.tasks.Find(task_id)->verification.clawed_back - clawed_before;
+    ML_RETURN_IF_ERROR(SlashSolverIntoEscrow(s, p, task_id, solver, slash, &f.slashed,
+                                             &to_escrow, redo_rounds));
+  } else {
+    Amount clawed = 0;
+    ML_RETURN_IF_ERROR(ClawBack(s, task_id, solver, u->paid, &clawed));
+    f.clawed_back = clawed;
+    ML_RETURN_IF_ERROR(SlashAndRecord(s, p, solver, slash, &f.slashed));
+    s.tasks.FindMutable(task_id)->verification.clawed_back += f.clawed_back;
+  }
+  // A whistleblower's reward (at most one slash, never more than the pool holds), capped by what
+  // this slash took; nothing to the solver, its owner or the owner's other nodes
+  // (LinkedToCheater): proving one's own fraud gets none of the slash back.
+  f.bounty = bounty && !LinkedToCheater(s, solver, prover) ? std::min(f.slashed, s.g().jackpot) : 0;
+  if (f.bounty > 0) ML_RETURN_IF_ERROR(PayFromJackpot(s, prover, f.bounty));
+  TaskRecord* mt = s.tasks.FindMutable(task_id);
+  mt->verification.slashed += f.slashed;
+  mt->verification.redo_escrow += to_escrow;
+  mt->verification.proven_frauds.push_back(f);
+  ML_LOG_INFO(
+      "ledger: task {} unit {} (round {}): fraud proven after the fact in segment {}: "
+      "slashed {}, clawed back {}, bounty {}{}",
+      task_id.ShortHex(), index, f.round, segment, f.slashed, f.clawed_back, f.bounty,
+      f.rewound ? (reopen ? ", task reopened" : "") + std::string(", rewound to round ") +
+                      std::to_string(f.rewound_to)
+                : std::string(", after the audit window: the model stays"));
+  return Status::Ok();
+}
+
+Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u,
+                      FinalPaidUnit(ctx.state, tx.task_id, tx.index, "prove fraud"));
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  const std::string unit = "unit " + std::to_string(tx.index) + " of task " + tx.task_id.ShortHex();
   // A stage unit's segment t is its step t (OpenUnitCheck): the proof is the witness of that
   // whole stage step, which the ledger replays as it rules a stage dispute (RefereeStageStep), so
   // only where it rules those (a data root, the stage within kMaxStageWitnessMemory).
@@ -1640,22 +1940,7 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
   } else if (const char* why = SegmentReplayRefusal(t->params); why != nullptr) {
     return FailedPrecondition("prove fraud: task " + tx.task_id.ShortHex() + " is " + why);
   }
-  for (const ProvenFraud& f : t->verification.proven_frauds) {
-    // (A rewind re-ran the unit by another solver: that work is the new solver's to answer for.)
-    if (f.index == tx.index && f.solver == u->assignee) {
-      return FailedPrecondition("prove fraud: " + unit + " was proven fraudulent at height " +
-                                std::to_string(f.height) + " already");
-    }
-  }
-  const PublicKey solver = u->assignee;
-  const NodeRecord* n = ctx.state.nodes.Find(solver);
-  if (n == nullptr || BondedStake(ctx.state, *n) == 0) {
-    return FailedPrecondition(
-        "prove fraud: the solver " + solver.ShortHex() + " of " + unit +
-        " has no stake bonded any more (unbonded and withdrawn): nothing is left to slash; a "
-        "proof must come within the unbonding delay (params.unbonding_delay_blocks, at least "
-        "params.audit_window_blocks) after the solver unstakes");
-  }
+  ML_RETURN_IF_ERROR(SolverAnswerable(ctx.state, *t, *u, "prove fraud"));
   Hash256 end, committed;
   if (stage) {
     // Step t's leaf commits the step's start and end states and every tensor it received and
@@ -1719,75 +2004,116 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                               " replays to its committed " + (stage ? "leaf " : "end ") +
                               committed.ShortHex() + "; nothing to prove");
   }
-  // Proven. While the task is open, or within its audit window after it finished, the proof
-  // does what fraud found during the task does (taint, ApplyRerun): a finished task is reopened,
-  // the task goes back to the first round that holds a paid unit of the solver, what it was paid
-  // for every unit from there comes back into the escrow, and the rounds run again without it.
-  // After the window the model is final: only what the unit was paid goes back, to the
-  // submitter. Either way the solver is slashed as for a lost dispute (while rewinding, into the
-  // escrow first: it pays for the redo), and the prover gets its bounty.
-  const ChainParams& p = ctx.params();
-  ProvenFraud f{.round = u->round,
-                .index = tx.index,
-                .segment = tx.segment,
-                .solver = solver,
-                .prover = ctx.tx.sender,
-                .height = ctx.height};
-  const Amount slash = protocol::SlashAmount(AssignedUnitCost(*t, *u), p.slash_multiple);
-  const bool reopen =
-      t->status == TaskStatus::kFinished && ctx.height <= AuditWindowEnd(*t, p.audit_window_blocks);
-  f.rewound = reopen || t->status == TaskStatus::kOpen;
-  Amount to_escrow = 0;
-  if (f.rewound) {
-    ML_ASSIGN_OR_RETURN(protocol::RoundStateMachine m, LoadMachine(*t));
-    TaskRecord* mt = ctx.state.tasks.FindMutable(tx.task_id);
-    if (reopen) {
-      // Open again, its escrow empty (refunded at the finish) until the claw-back and the
-      // slash fund the redo; the final state is what the redo ends with.
-      mt->status = TaskStatus::kOpen;
-      mt->closed_height = 0;
-      mt->final_state = Hash256{};
-      ++mt->verification.reopened;
-    }
-    Rerun rerun{.whole_round = true,
-                .round = u->round,
-                .shards = {},
-                .exclude = {solver},
-                .cheaters = {solver}};
-    f.rewound_to = FirstTaintedRound(ctx.state, tx.task_id, rerun.cheaters, rerun.round);
-    const uint32_t redo_rounds =
-        std::min(m.round() + 1, mt->params.rounds) - f.rewound_to;  // rounds that run again
-    const Amount clawed_before = mt->verification.clawed_back;
-    ML_RETURN_IF_ERROR(ApplyRerun(ctx.state, tx.task_id, m, rerun));
-    SaveMachine(ctx.state, tx.task_id, m);
-    f.clawed_back = ctx.state.tasks.Find(tx.task_id)->verification.clawed_back - clawed_before;
-    ML_RETURN_IF_ERROR(SlashSolverIntoEscrow(ctx.state, p, tx.task_id, solver, slash, &f.slashed,
-                                             &to_escrow, redo_rounds));
-  } else {
-    Amount clawed = 0;
-    ML_RETURN_IF_ERROR(ClawBack(ctx.state, tx.task_id, solver, u->paid, &clawed));
-    f.clawed_back = clawed;
-    ML_RETURN_IF_ERROR(SlashAndRecord(ctx.state, p, solver, slash, &f.slashed));
-    ctx.state.tasks.FindMutable(tx.task_id)->verification.clawed_back += f.clawed_back;
+  return ApplyProvenFraud(ctx.state, ctx.params(), ctx.height, tx.task_id, tx.index, tx.segment,
+                          ctx.tx.sender, /*bounty=*/true);
+}
+
+Status ExecuteLateChallenge(ExecContext& ctx, const LateChallengeTx& tx) {
+  const std::string what = "late challenge";
+  ML_ASSIGN_OR_RETURN(const WorkUnit* u, FinalPaidUnit(ctx.state, tx.task_id, tx.index, what));
+  const TaskRecord* t = ctx.state.tasks.Find(tx.task_id);
+  const std::string unit = "unit " + std::to_string(tx.index) + " of task " + tx.task_id.ShortHex();
+  if (IsPipelineTask(t->params)) {
+    return FailedPrecondition(what + ": " + unit +
+                              " is a pipeline stage; a stage's step is proven by ProveFraud with "
+                              "its stage step witness, not by a late game over segments");
   }
-  // A whistleblower's reward (at most one slash, never more than the pool holds), capped by what
-  // this slash took; nothing to the solver, its owner or the owner's other nodes
-  // (LinkedToCheater): proving one's own fraud gets none of the slash back.
-  f.bounty = LinkedToCheater(ctx.state, solver, ctx.tx.sender)
-                 ? 0
-                 : std::min(f.slashed, ctx.state.g().jackpot);
-  if (f.bounty > 0) ML_RETURN_IF_ERROR(PayFromJackpot(ctx.state, ctx.tx.sender, f.bounty));
-  TaskRecord* mt = ctx.state.tasks.FindMutable(tx.task_id);
-  mt->verification.slashed += f.slashed;
-  mt->verification.redo_escrow += to_escrow;
-  mt->verification.proven_frauds.push_back(f);
-  ML_LOG_INFO(
-      "ledger: task {} unit {} (round {}): fraud proven after the fact in segment {}: "
-      "slashed {}, clawed back {}, bounty {}{}",
-      tx.task_id.ShortHex(), tx.index, f.round, tx.segment, f.slashed, f.clawed_back, f.bounty,
-      f.rewound ? (reopen ? ", task reopened" : "") + std::string(", rewound to round ") +
-                      std::to_string(f.rewound_to)
-                : std::string(", after the audit window: the model stays"));
+  if (const char* why = SegmentReplayRefusal(t->params); why != nullptr) {
+    return FailedPrecondition(what + ": task " + tx.task_id.ShortHex() + " is " + why);
+  }
+  ML_RETURN_IF_ERROR(SolverAnswerable(ctx.state, *t, *u, what));
+  if (u->late.open()) {
+    return FailedPrecondition(what + ": a late game on segment " +
+                              std::to_string(u->late.segment) + " of " + unit +
+                              " is open already (challenger " + u->late.challenger.ShortHex() +
+                              "); its outcome decides the unit");
+  }
+  const uint64_t segments = u->leaves.size() - 1;
+  if (tx.segment >= segments) {
+    return InvalidArgument(what + ": segment " + std::to_string(tx.segment) +
+                           " is out of range; " + unit + " has " + std::to_string(segments) +
+                           " segments");
+  }
+  const Hash256& committed = u->leaves[tx.segment + 1];
+  if (tx.end.IsZero() || tx.end == committed) {
+    return InvalidArgument(what + ": end must be the state hash your replay of segment " +
+                           std::to_string(tx.segment) + " reaches, other than its committed leaf " +
+                           committed.ShortHex());
+  }
+  if (ctx.tx.sender == u->assignee) {
+    return InvalidArgument(what + ": a solver cannot challenge its own unit");
+  }
+  const Amount min_bond = LateChallengeMinBond(*t, *u);
+  if (tx.bond < min_bond) {
+    return InvalidArgument(what + ": bond must be at least " + std::to_string(min_bond) +
+                           " (the unit's cost: what the solver's re-run to answer is worth), got " +
+                           std::to_string(tx.bond));
+  }
+  // The dispute a whistleblower's mismatch on the segment would open (UnitCheck::DisputeOver),
+  // with the committed leaves in place of proven ones and the late game's turns.
+  const MismatchClaimField claim{.segment = tx.segment,
+                                 .start = u->leaves[tx.segment],
+                                 .start_proof = {},
+                                 .solver_end = committed,
+                                 .end_proof = {},
+                                 .replayed_end = tx.end};
+  ML_ASSIGN_OR_RETURN(std::optional<protocol::DisputeConfig> layout,
+                      TilePhaseOf(ctx.state, *u, tx.bundle, claim, what));
+  protocol::DisputeConfig dc = layout.value_or(protocol::DisputeConfig{});
+  dc.unit = protocol::UnitId{tx.task_id, u->round, u->shard};
+  dc.defender = u->assignee;
+  dc.challenger = ctx.tx.sender;
+  const protocol::SegmentSteps steps = protocol::SegmentStepsOf(
+      t->params.inner_steps, t->params.checkpoint_interval, tx.segment);
+  dc.first_step = steps.first_step;
+  dc.last_step = steps.last_step;
+  dc.agreed = u->leaves[tx.segment];
+  dc.defender_claim = committed;
+  dc.challenger_claim = tx.end;
+  dc.response_blocks = LateResponseBlocks(ctx.genesis, *t);
+  dc.start_height = ctx.height;
+  dc.tolerance = false;  // SegmentReplayRefusal: exact mode only
+  dc.referee_blocks = ctx.params().referee_blocks;
+  Result<protocol::DisputeGame> game = protocol::DisputeGame::Create(dc);
+  if (!game.ok()) return game.status().WithPrefix(what);
+  ML_RETURN_IF_ERROR(Debit(ctx.state, ctx.tx.sender, tx.bond, "late challenge bond"));
+  ctx.state.units.FindMutable({tx.task_id, tx.index})->late =
+      LateGame{.challenger = ctx.tx.sender,
+               .segment = tx.segment,
+               .bond = tx.bond,
+               .game = game->Encode()};
+  ctx.state.tasks.FindMutable(tx.task_id)->verification.late_games.push_back(tx.index);
+  ML_LOG_INFO("ledger: task {} unit {}: late game opened on segment {} by {} (bond {}, turns of "
+              "{} blocks)",
+              tx.task_id.ShortHex(), tx.index, tx.segment, ctx.tx.sender.ShortHex(), tx.bond,
+              dc.response_blocks);
+  return Status::Ok();
+}
+
+Status DriveLateGames(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& task_id) {
+  const std::vector<uint32_t> open = s.tasks.Find(task_id)->verification.late_games;
+  for (uint32_t index : open) {
+    const WorkUnit* u = s.units.Find({task_id, index});
+    if (u == nullptr || !u->late.open()) {
+      return DataLoss("task " + task_id.ShortHex() + ": late_games names unit " +
+                      std::to_string(index) + ", which has no late game");
+    }
+    ML_ASSIGN_OR_RETURN(protocol::DisputeGame game, LoadLateGame(*u));
+    if (LateGameMoot(*s.tasks.Find(task_id), *u, game)) {
+      // Nothing left to decide: the challenger gets its bond back.
+      const LateGame late = CloseLateGame(s, task_id, index);
+      ML_LOG_INFO("ledger: task {} unit {}: late game closed: the unit was taken back meanwhile",
+                  task_id.ShortHex(), index);
+      ML_RETURN_IF_ERROR(Credit(s, late.challenger, late.bond));
+      continue;
+    }
+    ML_RETURN_IF_ERROR(game.OnBlock(height));
+    if (game.stage() == protocol::DisputeStage::kDisputeResolved) {
+      ML_RETURN_IF_ERROR(SettleLateGame(s, g.params, height, task_id, index, game));
+    } else {
+      SaveLateGame(s, *u, game);
+    }
+  }
   return Status::Ok();
 }
 
@@ -1901,7 +2227,13 @@ nlohmann::json UnitCheckToJson(const UnitCheck& c) {
   // A whistleblower's dispute lost by the solver's silence: the last height its merits may be
   // shown at (ProveMerits), only while the window is open.
   if (c.awaits_merits()) j["merits_deadline"] = c.merits_deadline();
-  if (const auto& d = c.dispute()) {
+  if (const auto& d = c.dispute()) j["dispute"] = DisputeGameToJson(*d);
+  return j;
+}
+
+nlohmann::json DisputeGameToJson(const protocol::DisputeGame& game) {
+  const protocol::DisputeGame* d = &game;
+  {
     nlohmann::json dj = {{"stage", std::string(protocol::DisputeStageName(d->stage()))},
                          {"defender", d->config().defender.ToHex()},
                          {"challenger", d->config().challenger.ToHex()},
@@ -1954,9 +2286,8 @@ nlohmann::json UnitCheckToJson(const UnitCheck& c) {
                        {"challenger_honest", d->outcome().challenger_honest},
                        {"reason", d->outcome().reason}};
     }
-    j["dispute"] = std::move(dj);
+    return dj;
   }
-  return j;
 }
 
 }  // namespace meshlearn::ledger

@@ -1289,6 +1289,7 @@ class FraudProofTest : public RealTrainingTest {
     trainer_->Step();
     trainer_->state().model->params()[0].value.data()[0] += 0.25f;
     trainer_->Step();
+    poisoned_step3_ = engine::StateHash(trainer_->state());
     trainer_->Step();
     poisoned_ = {states_[0], states_[2], engine::StateHash(trainer_->state())};
     ASSERT_NE(poisoned_[2], states_[4]);
@@ -1334,6 +1335,7 @@ class FraudProofTest : public RealTrainingTest {
 
   int u_ = -1, other_ = -1;
   std::vector<Hash256> poisoned_;
+  Hash256 poisoned_step3_;  // the poisoned trajectory's state after step 3
 };
 
 // After the task's audit window the model is final: the proof slashes and claws back, the task
@@ -1946,6 +1948,228 @@ TEST_F(FraudProofTest, AVerifierShowsTheMeritsTheWhistleblowerKeptBack) {
   EXPECT_EQ(Balance(erin_), erin_before);
   ExpectEarningsAddUpToTheTask();
   EXPECT_TRUE(Rerunning());
+}
+
+// A late dispute (LateChallenge; docs/verification.md, "Over 8 MiB: a late dispute"): the game a
+// fraud proof whose witness does not fit plays after the fact, here after the audit window (the
+// model stays) on s1's poisoned unit, each side lying or silent in turn. Segment 1 is the poisoned
+// one (a true challenge); segment 0 is honest (the challenger lies about it).
+enum class LateCase { kSolverLies, kChallengerLies, kSolverSilent, kChallengerSilent };
+
+class LateGameTest : public FraudProofTest, public ::testing::WithParamInterface<LateCase> {
+ protected:
+  Transaction Late(const KeyPair& sender, uint32_t segment, const Hash256& end, Amount bond) {
+    return Q(sender, LateChallengeTx{.task_id = task_id_,
+                                     .index = static_cast<uint32_t>(u_),
+                                     .segment = segment,
+                                     .end = end,
+                                     .bond = bond,
+                                     .bundle = {}});
+  }
+  protocol::DisputeGame LateGameOf() {
+    return protocol::DisputeGame::Decode(Unit(u_).late.game).value();
+  }
+  Transaction Post(const KeyPair& signer, const PublicKey& party, uint64_t position,
+                   const Hash256& hash) {
+    return Q(signer, DisputePostTx{.task_id = task_id_,
+                                   .index = static_cast<uint32_t>(u_),
+                                   .node_id = party,
+                                   .position = position,
+                                   .hash = hash});
+  }
+  // Plays the late game's steps phase: each side's hash at a position, or silence (no function):
+  // then the turn's deadline passes.
+  void PlayLate(std::function<Hash256(uint64_t)> solver,
+                std::function<Hash256(uint64_t)> challenger) {
+    for (int turn = 0; turn < 20 && Unit(u_).late.open(); ++turn) {
+      const protocol::DisputeGame g = LateGameOf();
+      if (g.stage() != protocol::DisputeStage::kDisputeSteps) return;
+      const uint64_t pos = g.query().position;
+      std::vector<Transaction> txs;
+      if (solver) txs.push_back(Post(alice_, s1_.public_key(), pos, solver(pos)));
+      if (challenger) txs.push_back(Post(dave_, dave_.public_key(), pos, challenger(pos)));
+      StepOk(txs);
+      if (!solver || !challenger) {  // past the turn's deadline (a bounded count of blocks)
+        const uint64_t past = g.query().deadline_height + 2;
+        if (chain_->Height() < past) Steps(static_cast<int>(past - chain_->Height()));
+      }
+    }
+  }
+};
+
+TEST_P(LateGameTest, TheLateGameRulesForTheHonestSideAndSilenceLoses) {
+  const LateCase c = GetParam();
+  const bool true_challenge = c == LateCase::kSolverLies || c == LateCase::kSolverSilent;
+  RunPoisonedTask();
+  const TaskRecord finished = Task();
+  while (chain_->Height() + 1 <= AuditWindowEnd(finished, genesis_.params.audit_window_blocks)) {
+    Step();
+  }
+  const Amount cost = UnitCost(finished, Unit(u_).price);
+  const Amount alice_before = Balance(alice_), dave_before = Balance(dave_);
+  const Amount stake_before = Node(s1_).stake;
+  auto lie = [](uint64_t s) { return Hasher("late lie").UpdateU64(s).Finish(); };
+  // A true challenge: segment 1 reaches states_[4], not s1's leaf 2. A false one: segment 0
+  // "reaches" a made-up state, not s1's (true) leaf 1.
+  const uint32_t segment = true_challenge ? 1 : 0;
+  const Hash256 end = true_challenge ? states_[4] : lie(2);
+
+  // The transaction's terms, each refused alone, changing nothing.
+  ExpectEachRefused({
+      {Late(dave_, segment, end, cost - 1), "bond must be at least " + std::to_string(cost)},
+      {Late(dave_, 1, poisoned_[2], cost), "other than its committed leaf"},
+      {Late(dave_, 2, end, cost), "segment 2 is out of range"},
+      {Q(dave_, LateChallengeTx{.task_id = task_id_, .index = 99, .segment = 0, .end = end,
+                                .bond = cost, .bundle = {}}),
+       "out of range"},
+  });
+  EXPECT_FALSE(Unit(u_).late.open());
+  EXPECT_EQ(Balance(dave_), dave_before);
+
+  StepOk({Late(dave_, segment, end, cost)});
+  EXPECT_EQ(Balance(dave_), dave_before - cost);  // the bond is held on the unit
+  ASSERT_TRUE(Unit(u_).late.open());
+  EXPECT_EQ(Task().verification.late_games, std::vector<uint32_t>{static_cast<uint32_t>(u_)});
+  const protocol::DisputeGame opened = LateGameOf();
+  EXPECT_EQ(opened.config().defender, s1_.public_key());
+  EXPECT_EQ(opened.config().challenger, dave_.public_key());
+  EXPECT_EQ(opened.config().agreed, poisoned_[segment]);
+  EXPECT_EQ(opened.config().defender_claim, poisoned_[segment + 1]);
+  EXPECT_EQ(opened.config().response_blocks, LateResponseBlocks(genesis_, Task()));
+  EXPECT_EQ(WorkUnitToJson(Unit(u_))["late"]["game"]["stage"], "steps");
+  ExpectEachRefused({
+      {Late(erin_, segment, end, cost), "is open already"},
+      {Post(erin_, erin_.public_key(), opened.query().position, end), "not a party"},
+      {Post(erin_, dave_.public_key(), opened.query().position, end), "signs its own moves"},
+  });
+
+  // s1's states: its poisoned trajectory. The challenger's: the true ones, except a lie about
+  // segment 0's end.
+  auto solver_states = [&](uint64_t s) { return s == 3 ? poisoned_step3_ : states_[s]; };
+  auto challenger_states = [&](uint64_t s) { return true_challenge || s < 1 ? states_[s] : lie(s); };
+  PlayLate(c == LateCase::kSolverSilent ? nullptr : std::function<Hash256(uint64_t)>(solver_states),
+           c == LateCase::kChallengerSilent
+               ? nullptr
+               : std::function<Hash256(uint64_t)>(challenger_states));
+  if (c == LateCase::kSolverLies || c == LateCase::kChallengerLies) {
+    ASSERT_TRUE(Unit(u_).late.open());
+    const protocol::DisputeGame g = LateGameOf();
+    ASSERT_EQ(g.stage(), protocol::DisputeStage::kDisputeReferee);
+    const uint64_t step = g.referee_task().step;
+    EXPECT_EQ(step, true_challenge ? 3u : 1u);
+    // The genesis key does not rule it; the ledger executes the step from its witness.
+    std::vector<Receipt> r = Step({Q(referee_, RuleDisputeTx{.task_id = task_id_,
+                                                             .index = static_cast<uint32_t>(u_),
+                                                             .output = states_[step]})});
+    EXPECT_FALSE(r[0].ok);
+    const Transaction ruling = RefereeStep(gina_, static_cast<uint32_t>(u_), Witness(step));
+    StepOk({ruling});
+    ASSERT_FALSE(Task().verification.rulings.empty());
+    const DisputeRuling ruled = Task().verification.rulings.back();
+    EXPECT_EQ(ruled.tx_id, TxId(ruling));
+    EXPECT_EQ(ruled.challenger, dave_.public_key());
+    EXPECT_EQ(ruled.defender_honest, !true_challenge);
+  }
+  Step();
+  // The game is over, its bond paid out, nothing left on the unit.
+  EXPECT_FALSE(Unit(u_).late.open());
+  EXPECT_TRUE(Task().verification.late_games.empty());
+  const TaskRecord t = Task();
+  if (true_challenge) {
+    // ProveFraud's effects: slashed, jailed, what the unit was paid clawed back; the bond back
+    // and the bounty to the challenger.
+    ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+    const ProvenFraud& f = t.verification.proven_frauds[0];
+    EXPECT_EQ(f.index, static_cast<uint32_t>(u_));
+    EXPECT_EQ(f.segment, 1u);
+    EXPECT_EQ(f.solver, s1_.public_key());
+    EXPECT_EQ(f.prover, dave_.public_key());
+    EXPECT_EQ(f.slashed, protocol::SlashAmount(cost, kSlashMultiple));
+    EXPECT_GT(f.bounty, 0u);
+    EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
+    EXPECT_EQ(Node(s1_).stake, stake_before - f.clawed_back - f.slashed);
+    EXPECT_EQ(Balance(dave_), dave_before + f.bounty);
+    EXPECT_EQ(t.status, TaskStatus::kFinished);  // after the audit window: the model stays
+    // Proven once: no second game.
+    std::vector<Receipt> again = Step({Late(erin_, 1, states_[4], cost)});
+    EXPECT_NE(again[0].reason.find("already"), std::string::npos) << again[0].reason;
+  } else {
+    // The honest solver keeps its stake and is paid its re-run from the bond (the rest of it
+    // goes to the jackpot); the challenger loses its bond.
+    EXPECT_TRUE(t.verification.proven_frauds.empty());
+    EXPECT_EQ(Node(s1_).stake, stake_before);
+    EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
+    EXPECT_EQ(Balance(alice_), alice_before + cost);
+    EXPECT_EQ(Balance(dave_), dave_before - cost);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EachSide, LateGameTest,
+                         ::testing::Values(LateCase::kSolverLies, LateCase::kChallengerLies,
+                                           LateCase::kSolverSilent, LateCase::kChallengerSilent),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case LateCase::kSolverLies: return "SolverLies";
+                             case LateCase::kChallengerLies: return "ChallengerLies";
+                             case LateCase::kSolverSilent: return "SolverSilent";
+                             case LateCase::kChallengerSilent: return "ChallengerSilent";
+                           }
+                           return "";
+                         });
+
+// A unit taken back while its late game runs (here proven by a ProveFraud that fits) leaves the
+// game nothing to decide: it closes and the challenger gets its bond back.
+TEST_F(FraudProofTest, ALateGameWhoseUnitIsProvenMeanwhileReturnsItsBond) {
+  RunPoisonedTask();
+  const Amount cost = UnitCost(Task(), Unit(u_).price);
+  const Amount erin_before = Balance(erin_);
+  StepOk({Q(erin_, LateChallengeTx{.task_id = task_id_, .index = static_cast<uint32_t>(u_),
+                                   .segment = 1, .end = states_[4], .bond = cost, .bundle = {}})});
+  ASSERT_TRUE(Unit(u_).late.open());
+  StepOk({Prove(dave_, 1, SegmentProof(1))});
+  Step();
+  EXPECT_FALSE(Unit(u_).late.open());
+  EXPECT_TRUE(Task().verification.late_games.empty());
+  EXPECT_EQ(Balance(erin_), erin_before);
+}
+
+// A unit's late game and a task's list of them are optional tails: present only while a game is
+// open, so every other record encodes as before.
+TEST(LateGameRecordTest, TheTailsRoundTripAndAreAbsentWhenNoGameIsOpen) {
+  WorkUnit u;
+  u.task_id = Blake2b("task");
+  u.index = 3;
+  u.leaves = {Blake2b("a"), Blake2b("b")};
+  Encoder plain;
+  EncodeWorkUnit(plain, u);
+  WorkUnit late = u;
+  late.late = LateGame{.challenger = TestKey(2).public_key(), .segment = 1, .bond = 70,
+                       .game = Bytes{1, 2, 3}};
+  Encoder e;
+  EncodeWorkUnit(e, late);
+  const Bytes enc = e.Take();
+  EXPECT_GT(enc.size(), plain.Take().size());
+  Decoder d(enc, "unit");
+  WorkUnit back;
+  ASSERT_TRUE(DecodeWorkUnit(d, &back).ok());
+  ASSERT_TRUE(d.Finish().ok());
+  EXPECT_EQ(back, late);
+
+  TaskRecord t;
+  t.id = Blake2b("task");
+  Encoder te0;
+  EncodeTask(te0, t);
+  const size_t without = te0.Take().size();
+  t.verification.late_games = {3, 5};
+  Encoder te;
+  EncodeTask(te, t);
+  const Bytes tenc = te.Take();
+  EXPECT_EQ(tenc.size(), without + 8 + 8 + 4 + 4 + 2 * 4);  // the tail, no rulings, the list
+  Decoder td(tenc, "task");
+  TaskRecord tback;
+  ASSERT_TRUE(DecodeTask(td, &tback).ok());
+  ASSERT_TRUE(td.Finish().ok());
+  EXPECT_EQ(tback, t);
 }
 
 TEST(ProvenFraudTest, TheTaskRecordKeepsItsProofsThroughItsEncoding) {

@@ -178,9 +178,10 @@ const std::vector<std::string_view> kUnitFields = {
     // A stage unit's step commits blob (null otherwise): an audit reads it, and the round's
     // aggregator keeps it with the task's states.
     "stage_commits",
-    // A stage serving its evidence on chain (only while its window is open), and the serve bonds
-    // of claims that it served nothing (only while held): the ledger's, not read here.
-    "serve", "serve_bonds"};
+    // A stage serving its evidence on chain (only while its window is open), the serve bonds of
+    // claims that it served nothing (only while held), and a late dispute on the unit (only while
+    // open): the ledger's, not read here.
+    "serve", "serve_bonds", "late"};
 
 std::vector<std::string_view> Plus(std::vector<std::string_view> a,
                                    std::initializer_list<std::string_view> b) {
@@ -197,7 +198,7 @@ Status ReadUnitFields(Fields& f, UnitRecord* u) {
   f.Read("loss_micros", &u->loss_micros).Read("price", &u->price).Read("paid", &u->paid);
   f.Read("assignment_beacon", &u->assignment_beacon).Read("secret_index", &u->secret_index);
   f.Read("leaves", &u->leaves).ReadHashOrNull("stage_commits", &u->stage_commits);
-  f.Optional("serve").Optional("serve_bonds");
+  f.Optional("serve").Optional("serve_bonds").Optional("late");
   return f.status();
 }
 

@@ -22,6 +22,7 @@
 #include "meshlearn/protocol/types.h"
 
 namespace meshlearn::protocol {
+class DisputeGame;
 class UnitCheck;
 }  // namespace meshlearn::protocol
 
@@ -408,6 +409,9 @@ struct VerificationTally {
   // Every dispute the ledger ruled on the task, in execution order (one unit may have several:
   // its round re-ran, or a whistleblower disputed it again).
   std::vector<DisputeRuling> rulings;
+  // The units with a late dispute open (WorkUnit::late), in opening order: what the end of each
+  // block drives (their deadlines), whatever the task's status.
+  std::vector<uint32_t> late_games;
   bool operator==(const VerificationTally&) const = default;
 };
 
@@ -521,6 +525,19 @@ struct ServeBond {
   bool operator==(const ServeBond&) const = default;
 };
 
+// A late dispute on a paid unit of a final round (LateChallengeTx; docs/verification.md, "Over
+// 8 MiB: a late dispute"): the game between the unit's solver and the challenger, kept on the unit
+// while it is open, with the bond the challenger put up (held here, counted with the escrows in
+// Totals). `game` is protocol::DisputeGame::Encode(); empty when no late game is open.
+struct LateGame {
+  PublicKey challenger;  // the LateChallenge's sender
+  uint32_t segment = 0;
+  Amount bond = 0;
+  Bytes game;
+  bool open() const { return !game.empty(); }
+  bool operator==(const LateGame&) const = default;
+};
+
 struct WorkUnit {
   Hash256 task_id;
   uint32_t index = 0;
@@ -551,6 +568,9 @@ struct WorkUnit {
   // in Totals::escrow.
   std::vector<ServeBond> serve_bonds;
   static constexpr uint32_t kMaxServeBonds = 1024;
+  // Open while a late dispute runs on the unit (LateGame). Encoded as a fourth optional tail (after
+  // stage_commits, serve and serve_bonds, each written zero when unset), only while open.
+  LateGame late;
   bool operator==(const WorkUnit&) const = default;
 };
 
@@ -560,7 +580,8 @@ struct Totals {
   Amount balances = 0;
   Amount staked = 0;     // bonded on nodes
   Amount unbonding = 0;  // leaving nodes, not yet withdrawn
-  Amount escrow = 0;     // task budgets, and claimants' serve bonds (WorkUnit::serve_bonds)
+  // Task budgets, claimants' serve bonds (WorkUnit::serve_bonds) and open late games' bonds.
+  Amount escrow = 0;
   Amount treasury = 0;
   Amount jackpot = 0;
   Amount minted = 0;
@@ -591,5 +612,8 @@ nlohmann::json TotalsToJson(const Totals& t);
 // A unit's verification (WorkUnit::check): stage, result, verifiers, segments, deadlines, the
 // dispute's current query or referee task (ledger/src/verification.cc).
 nlohmann::json UnitCheckToJson(const protocol::UnitCheck& c);
+// A dispute game's view (a check's "dispute", a late game's "game"): stage, parties, the current
+// query, the referee task or the outcome.
+nlohmann::json DisputeGameToJson(const protocol::DisputeGame& game);
 
 }  // namespace meshlearn::ledger

@@ -849,6 +849,42 @@ struct ProveFraudTx {
   bool operator==(const ProveFraudTx&) const = default;
 };
 
+// A fraud proof after the fact played as a dispute game, for a unit whose segment witness does
+// not fit a ProveFraud (over kMaxWitnessBytes: a model over about 500k parameters with AdamW;
+// docs/verification.md, "Over 8 MiB: a late dispute"). Accepted on ProveFraud's terms (a paid unit
+// of a final round, an exact-mode task with a data root, not a pipeline stage, the solver's stake
+// still bonded, not proven already) and while no late game is open on the unit. `end`: the state
+// hash the challenger's replay of segment `segment` reaches instead of the committed leaf
+// segment + 1. The ledger opens a DisputeGame on the unit (WorkUnit::late): the solver (defender,
+// bound by its committed leaves `segment` and segment + 1) against the sender (challenger; its
+// moves are DisputePost / DisputeChildren with node_id = the sender's key), played and ruled as a
+// live dispute is (RefereeStep, RefereeTile, silence loses), each turn's deadline sized by the
+// unit's work (LateResponseBlocks). `bundle`: the task's bundle (blob id == spec_hash), whose
+// plan gives the game its tile phase; required where a mismatch needs it (MismatchNeedsBundle).
+// `bond` (at least LateChallengeMinBond: the unit's cost, what the solver's re-run is worth)
+// leaves the sender's balance while the game runs. Ruled for the challenger: ProveFraud's effects
+// and the bond back; for the solver (or unruled by the referee's deadline): the bond pays the
+// solver's owner the unit's cost and the rest goes to the jackpot.
+struct LateChallengeTx {
+  static constexpr TxType kType = TxType::kLateChallenge;
+  Hash256 task_id;
+  uint32_t index = 0;
+  uint32_t segment = 0;
+  Hash256 end;
+  Amount bond = 0;
+  BundleField bundle;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("task_id", s.task_id);
+    v("index", s.index);
+    v("segment", s.segment);
+    v("end", s.end);
+    v("bond", s.bond);
+    v("bundle", s.bundle);
+  }
+  bool operator==(const LateChallengeTx&) const = default;
+};
+
 namespace internal {
 template <typename Ignored, typename... T>
 struct VariantOfRest {

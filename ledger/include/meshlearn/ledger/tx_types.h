@@ -43,4 +43,5 @@
   X(RefereeTile, 60, verification)        \
   X(RefereeStageStep, 61, verification)   \
   X(ServeStageEvidence, 62, verification) \
-  X(ProveMerits, 63, verification)
+  X(ProveMerits, 63, verification)     \
+  X(LateChallenge, 64, verification)
